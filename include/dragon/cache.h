@@ -1,0 +1,112 @@
+/*
+ * dragon — the on-disk kernel cache.
+ *
+ * Root: opts->dir, else $DRAGON_CACHE_DIR, else $XDG_CACHE_HOME/dragon,
+ * else ~/.cache/dragon. Entries live in <root>/kernels/<key>.dgk, one file
+ * each: a fixed header (magic, format version, key, payload sizes, SHA-256
+ * of the payload), then the binary image, then a metadata JSON document.
+ *
+ * Safety:
+ *  - writers publish by temp file + fsync + rename, so a reader sees a whole
+ *    entry or none; a process killed mid-write leaves only a temp file,
+ *    which is never read and which gc removes;
+ *  - every read verifies the header and checksum; a bad entry is moved to
+ *    <root>/quarantine/ and reported as a miss, never loaded;
+ *  - dg_cache_get_or_build serializes builders of one key with an advisory
+ *    lock (<root>/locks/<key>.lock, released by the kernel if the holder
+ *    dies), so concurrent processes build a key once and all return the
+ *    bytes of the one published entry;
+ *  - size is capped (opts->max_bytes, else $DRAGON_CACHE_MAX_BYTES, else
+ *    1 GiB): after each put the least recently used entries are evicted.
+ *    Use is recorded by dragon itself: a hit sets the entry's mtime.
+ */
+#ifndef DRAGON_CACHE_H
+#define DRAGON_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Keys are 64 lowercase hex digits (a SHA-256). */
+#define DG_CACHE_KEY_LEN 64
+
+typedef struct dg_cache dg_cache;
+
+typedef struct dg_cache_opts {
+	const char *dir;    /* NULL: the environment default above */
+	uint64_t max_bytes; /* 0: $DRAGON_CACHE_MAX_BYTES, else 1 GiB */
+} dg_cache_opts;
+
+/* One entry's contents. Owned by the caller: dg_cache_blob_free. */
+typedef struct dg_cache_blob {
+	uint8_t *image; /* binary image (cubin or PTX), image_size bytes */
+	size_t image_size;
+	char *meta; /* metadata JSON, NUL-terminated */
+} dg_cache_blob;
+
+typedef struct dg_cache_stats {
+	uint64_t entries;
+	uint64_t bytes;       /* sum of entry file sizes */
+	uint64_t max_bytes;
+	uint64_t quarantined; /* files in quarantine/ */
+	uint64_t temp_files;  /* unpublished temp files (crashed writers) */
+} dg_cache_stats;
+
+typedef struct dg_cache_verify_report {
+	uint64_t checked;
+	uint64_t ok;
+	uint64_t bad; /* each moved to quarantine/ */
+} dg_cache_verify_report;
+
+/*
+ * Builds a missing entry: on success sets *image (malloc'd, size *size) and
+ * *meta (malloc'd JSON text); the cache takes ownership. On failure returns
+ * a status and leaves a message in the caller's own state; nothing is
+ * published.
+ */
+typedef dg_status (*dg_cache_build_fn)(void *user, uint8_t **image,
+				       size_t *size, char **meta);
+
+/* Creates the root folders if needed. opts may be NULL. */
+dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts);
+void dg_cache_close(dg_cache *cache);
+const char *dg_cache_errmsg(const dg_cache *cache);
+const char *dg_cache_root(const dg_cache *cache);
+
+/* DG_OK and *out filled on a hit; DG_ERR_NOT_FOUND on a miss (a corrupt
+ * entry is quarantined and counts as a miss). */
+dg_status dg_cache_get(dg_cache *cache, const char *key, dg_cache_blob *out);
+
+/* Publishes an entry atomically (replacing any), then evicts down to the
+ * cap. The newest entry is never evicted. */
+dg_status dg_cache_put(dg_cache *cache, const char *key, const uint8_t *image,
+		       size_t image_size, const char *meta);
+
+/* Get, else take the key's lock, get again, else build and put. *hit (may be
+ * NULL) tells whether the bytes came from disk. */
+dg_status dg_cache_get_or_build(dg_cache *cache, const char *key,
+				dg_cache_build_fn build, void *user,
+				dg_cache_blob *out, bool *hit);
+
+void dg_cache_blob_free(dg_cache_blob *blob);
+
+dg_status dg_cache_stat(dg_cache *cache, dg_cache_stats *out);
+/* Reads every entry; moves bad ones to quarantine/. */
+dg_status dg_cache_verify(dg_cache *cache, dg_cache_verify_report *out);
+/* Removes temp files older than a minute and the quarantine, then evicts
+ * least recently used entries down to max_bytes (0: the cache's cap).
+ * *removed (may be NULL) counts files removed. */
+dg_status dg_cache_gc(dg_cache *cache, uint64_t max_bytes, uint64_t *removed);
+/* Removes every entry, temp file and quarantined file. */
+dg_status dg_cache_clear(dg_cache *cache, uint64_t *removed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_CACHE_H */

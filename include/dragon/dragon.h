@@ -1,0 +1,14 @@
+/*
+ * dragon — low-bit BDH kernels, generated per specialization and compiled
+ * at run time. The umbrella header: include this one.
+ */
+#ifndef DRAGON_H
+#define DRAGON_H
+
+#include "status.h"
+#include "spec.h"
+#include "codegen.h"
+#include "cache.h"
+#include "jit.h"
+
+#endif /* DRAGON_H */

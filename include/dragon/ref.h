@@ -1,0 +1,112 @@
+/*
+ * dragon — CPU reference implementations, in plain C.
+ *
+ * Each function computes exactly what the generated kernel of the same op
+ * computes, on the same layouts (spec.h), so tests and the autotuner can
+ * check a GPU result against it: integer paths bit for bit, float paths
+ * within atol + rtol·|ref|. Shapes come from the spec where the kernel has
+ * them as compile-time constants; run-time sizes are arguments.
+ *
+ * Rounding: every float → code conversion is round-half-to-even (rintf in
+ * the default rounding mode, __float2int_rn on the GPU), then clamped.
+ * bf16 is stored as uint16_t and converted with round-half-to-even.
+ */
+#ifndef DRAGON_REF_H
+#define DRAGON_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spec.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* bf16 <-> f32 (round-half-to-even; NaN stays NaN). */
+uint16_t dg_ref_f32_to_bf16(float x);
+float dg_ref_bf16_to_f32(uint16_t x);
+
+/* Largest code magnitude of an integer format: int8 127, int4 7,
+ * uint8pos 255, ternary and sign1 1; 0 for float formats. */
+int dg_ref_qmax(dg_fmt fmt);
+
+/*
+ * Activation quantize, as quantize_act: scale = 2·mean|x| / qmax (0 when
+ * every x is 0), code = clamp(rint(x / scale), lo, qmax) with lo = -qmax,
+ * or 0 for uint8pos (so codes never wrap); code 0 when scale is 0.
+ * x is n floats (src f32) or n bf16 (src bf16); codes is n bytes (int8_t,
+ * or uint8_t for uint8pos). The mean is accumulated in double.
+ */
+dg_status dg_ref_quantize_act(dg_fmt src, dg_fmt act, const void *x, size_t n,
+			      void *codes, float *scale);
+
+/* The apply step alone with a given scale (what the GPU apply kernel does
+ * with the scale it computed). */
+dg_status dg_ref_quantize_act_apply(dg_fmt src, dg_fmt act, const void *x,
+				    size_t n, float scale, void *codes);
+
+/*
+ * Weight quantize to codes (one int8 a value) and scale:
+ *   int8    scale 2·mean|w|/127, code clamp(rint(w/scale), ±127)
+ *   ternary scale mean|w|, code 0 where |w| < scale, else sign(w)
+ *   sign1   scale mean|w|, code +1 where w >= 0, else -1
+ */
+dg_status dg_ref_quantize_weight(dg_fmt weight, const float *w, size_t n,
+				 int8_t *codes, float *scale);
+
+/* pack_i8x4: codes (R, K, C) int8 → packed (R, C, K/4) int32, the four
+ * codes k..k+3 of column c in one word, code k in the low byte. */
+dg_status dg_ref_pack_i8x4(const int8_t *codes, int32_t *packed, size_t rows,
+			   int k, int c);
+/* unpack_i8x4: the inverse. */
+dg_status dg_ref_unpack_i8x4(const int32_t *packed, int8_t *codes,
+			     size_t rows, int k, int c);
+
+/* Weight storage packing along the reduction axis of contiguous rows of k
+ * codes: ternary 16 a uint32 (2 bits: 00 0, 01 +1, 11 -1, code j at bits
+ * 2j..2j+1), sign1 32 a uint32 (bit j set: +1). words must hold
+ * rows·k/16 (ternary) or rows·k/32 (sign1). */
+dg_status dg_ref_pack_ternary(const int8_t *codes, uint32_t *words,
+			      size_t rows, int k);
+dg_status dg_ref_pack_sign1(const int8_t *codes, uint32_t *words, size_t rows,
+			    int k);
+
+/*
+ * lowrank_fwd for spec (op lowrank_fwd; heads H, in_heads Hin, embd E,
+ * latent L; formats from the spec), batch B, time T:
+ *
+ *   y[b,h,t,l] = s · Σ_e x[b,hin(h),t,e] · w[h,l,e]   hin(h) = Hin==1 ? 0 : h
+ *   out = relu ? max(y - thr, 0) : y, stored in the out format
+ *
+ * x: (B, Hin, T, E) in the act storage: i8x4 int32 (B,Hin,T,E/4) for int8,
+ *    int4 and uint8pos (uint8pos lanes unsigned), else f32 / bf16.
+ * w: (H, L, E) in the weight storage: int8 i8x4 (H,L,E/4); ternary uint32
+ *    (H,L,E/16); sign1 uint32 (H,L,E/32); else f32 / bf16 (H,L,E).
+ * s: sa·sw computed as a float product when both are integer formats (the
+ *    sum is an exact int32); sa alone when only act is integer, sw alone
+ *    when only weight is, 1 for float × float (sums in float, fused
+ *    multiply-add order unspecified: compare with a tolerance).
+ * out: (B, H, T, L): f32, bf16, or codes clamp(rint(out / so)) for int8
+ *    (±127) and uint8pos (0..255); code 0 when so <= 0.
+ * out_absum (may be NULL): set to Σ|out| over all outputs before they are
+ *    quantized, accumulated in double (the GPU accumulates the same sum
+ *    with float atomics: compare with a tolerance).
+ */
+typedef struct dg_ref_lowrank_args {
+	const void *x;
+	const void *w;
+	float sa, sw, so;
+	void *out;
+	double *out_absum;
+	int batch, time;
+} dg_ref_lowrank_args;
+
+dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
+			     const dg_ref_lowrank_args *args);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_REF_H */
