@@ -39,9 +39,11 @@ typedef struct dg_source {
 	char canonical[DG_SPEC_TEXT_MAX]; /* canonical spec, tile resolved */
 } dg_source;
 
-/* opts may be NULL. On failure *out is NULL; the reason is returned and, for
- * dg_codegen_create, cannot be read from a handle: a template_dir that does
- * not exist gives DG_ERR_IO, a template that does not load DG_ERR_TEMPLATE. */
+/* opts may be NULL. Like sqlite3_open, a failure other than DG_ERR_NOMEM
+ * still sets *out to a handle whose errmsg says why (a template folder that
+ * does not exist: DG_ERR_IO; a template that does not load:
+ * DG_ERR_TEMPLATE); every later call on it fails the same way. Destroy it
+ * in either case. */
 dg_status dg_codegen_create(dg_codegen **out, const dg_codegen_opts *opts);
 void dg_codegen_destroy(dg_codegen *cg);
 
