@@ -1,0 +1,299 @@
+/*
+ * CPU reference of lowrank_fwd (dragon/ref.h):
+ *
+ *   y[b,h,t,l] = s · Σ_e x[b,hin(h),t,e] · w[h,l,e]     hin(h) = Hin==1 ? 0 : h
+ *   out = relu ? max(y - thr, 0) : y, stored in the out format
+ *
+ * It walks the same storage the kernel reads (templates/lowrank.lua): i8x4
+ * words for integer activations and int8 weights, 16 ternary codes a uint32
+ * (00 0, 01 +1, 11 -1; the unused pattern 10 decodes as 0, like the kernel),
+ * 32 sign1 codes a uint32 (bit set +1), f32 / bf16 plain.
+ *
+ * Integer × integer: exact integer sum (kept to int32 like the kernel's
+ * dp4a accumulator), y = (float)sum · (sa·sw). Otherwise each operand is
+ * converted to float and summed in float in e order, y = sum · (sa | sw | 1).
+ * The epilogue is written as separate float operations, in the kernel's
+ * order, so that it rounds exactly like __fmul_rn/__fsub_rn/__fdiv_rn (the
+ * build is ISO C, so no multiply-add is contracted).
+ */
+#include "dragon/ref.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool act_is_code(dg_fmt f)
+{
+	return f == DG_FMT_INT8 || f == DG_FMT_INT4 || f == DG_FMT_UINT8POS;
+}
+
+static bool weight_is_code(dg_fmt f)
+{
+	return f == DG_FMT_INT8 || f == DG_FMT_TERNARY || f == DG_FMT_SIGN1;
+}
+
+static bool act_ok(dg_fmt f)
+{
+	return f == DG_FMT_F32 || f == DG_FMT_BF16 || act_is_code(f);
+}
+
+static bool weight_ok(dg_fmt f)
+{
+	return f == DG_FMT_F32 || f == DG_FMT_BF16 || weight_is_code(f);
+}
+
+static bool out_ok(dg_fmt f)
+{
+	return f == DG_FMT_F32 || f == DG_FMT_BF16 || f == DG_FMT_INT8 ||
+	       f == DG_FMT_UINT8POS;
+}
+
+static uint32_t word_at(const void *p, size_t i)
+{
+	uint32_t u;
+
+	memcpy(&u, (const unsigned char *)p + 4 * i, sizeof(u));
+	return u;
+}
+
+/* Lane i of a little-endian i8x4 stream, signed or unsigned. */
+static int i8x4_at(const void *p, size_t i, bool is_unsigned)
+{
+	uint8_t b = (uint8_t)(word_at(p, i / 4) >> (8 * (i % 4)));
+	int8_t s;
+
+	if (is_unsigned)
+		return b;
+	memcpy(&s, &b, 1);
+	return s;
+}
+
+/* Element i of the act tensor as an integer code. */
+static int act_code(dg_fmt f, const void *x, size_t i)
+{
+	return i8x4_at(x, i, f == DG_FMT_UINT8POS);
+}
+
+/* Element i of the weight tensor as an integer code. */
+static int weight_code(dg_fmt f, const void *w, size_t i)
+{
+	uint32_t bits;
+
+	switch (f) {
+	case DG_FMT_TERNARY:
+		bits = (word_at(w, i / 16) >> (2 * (i % 16))) & 3u;
+		return bits == 1u ? 1 : bits == 3u ? -1 : 0;
+	case DG_FMT_SIGN1:
+		return (word_at(w, i / 32) >> (i % 32)) & 1u ? 1 : -1;
+	default:
+		return i8x4_at(w, i, false);
+	}
+}
+
+static float plain_at(dg_fmt f, const void *p, size_t i)
+{
+	if (f == DG_FMT_BF16)
+		return dg_ref_bf16_to_f32(((const uint16_t *)p)[i]);
+	return ((const float *)p)[i];
+}
+
+static int code_of(float q, int lo, int hi)
+{
+	float r;
+
+	if (isnan(q))
+		return 0;
+	r = rintf(q);
+	if (r < (float)lo)
+		return lo;
+	if (r > (float)hi)
+		return hi;
+	return (int)r;
+}
+
+static bool mul_ok(size_t *acc, size_t f)
+{
+	if (f && *acc > SIZE_MAX / f)
+		return false;
+	*acc *= f;
+	return true;
+}
+
+static dg_status check(const dg_spec *spec, const dg_ref_lowrank_args *a)
+{
+	size_t n = 1;
+
+	if (!spec || !a || !a->x || !a->w || !a->out)
+		return DG_ERR_INVALID_ARG;
+	if (spec->op != DG_OP_LOWRANK_FWD)
+		return DG_ERR_INVALID_ARG;
+	if (spec->heads <= 0 || spec->latent <= 0 || spec->embd <= 0)
+		return DG_ERR_INVALID_ARG;
+	if (spec->in_heads != 1 && spec->in_heads != spec->heads)
+		return DG_ERR_INVALID_ARG;
+	if (!act_ok(spec->act) || !weight_ok(spec->weight) ||
+	    !out_ok(spec->out))
+		return DG_ERR_INVALID_ARG;
+	if ((act_is_code(spec->act) || spec->weight == DG_FMT_INT8) &&
+	    spec->embd % 4)
+		return DG_ERR_INVALID_ARG;
+	if (spec->weight == DG_FMT_TERNARY && spec->embd % 16)
+		return DG_ERR_INVALID_ARG;
+	if (spec->weight == DG_FMT_SIGN1 && spec->embd % 32)
+		return DG_ERR_INVALID_ARG;
+	if (a->batch < 0 || a->time < 0)
+		return DG_ERR_INVALID_ARG;
+	/* Every index below is a size_t product of these. */
+	if (!mul_ok(&n, (size_t)a->batch) || !mul_ok(&n, (size_t)a->time) ||
+	    !mul_ok(&n, (size_t)spec->heads) ||
+	    !mul_ok(&n, (size_t)spec->latent) ||
+	    !mul_ok(&n, (size_t)spec->embd))
+		return DG_ERR_INVALID_ARG;
+	return DG_OK;
+}
+
+/* out[i] = y in the out format; codes clamp(rint(y / so)), 0 when so <= 0. */
+static void store_out(dg_fmt fmt, void *out, size_t i, float y, float so)
+{
+	switch (fmt) {
+	case DG_FMT_F32:
+		((float *)out)[i] = y;
+		break;
+	case DG_FMT_BF16:
+		((uint16_t *)out)[i] = dg_ref_f32_to_bf16(y);
+		break;
+	case DG_FMT_INT8:
+		((int8_t *)out)[i] =
+			(int8_t)(so <= 0.0f ? 0 : code_of(y / so, -127, 127));
+		break;
+	default: /* uint8pos */
+		((uint8_t *)out)[i] =
+			(uint8_t)(so <= 0.0f ? 0 : code_of(y / so, 0, 255));
+		break;
+	}
+}
+
+/* Σ_e x[e]·w[e] exactly; int32 wrap like the kernel's dp4a accumulator
+ * (never reached for E < 66000). */
+static int32_t dot_int(const int32_t *x, const int32_t *w, size_t n)
+{
+	int64_t acc = 0;
+	uint32_t u;
+	int32_t r;
+
+	for (size_t e = 0; e < n; e++)
+		acc += (int64_t)x[e] * w[e];
+	u = (uint32_t)acc;
+	memcpy(&r, &u, sizeof(r));
+	return r;
+}
+
+/* Σ_e x[e]·w[e] in float, e ascending, each product rounded. */
+static float dot_float(const float *x, const float *w, size_t n)
+{
+	float acc = 0.0f;
+
+	for (size_t e = 0; e < n; e++) {
+		float p = x[e] * w[e];
+
+		acc += p;
+	}
+	return acc;
+}
+
+dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
+			     const dg_ref_lowrank_args *args)
+{
+	dg_status st = check(spec, args);
+	size_t H, Hin, E, L, B, T;
+	bool int_path, act_code_fmt, w_code_fmt;
+	float s;
+	double absum = 0.0;
+	int32_t *xi = NULL, *wi = NULL; /* (E) and (L, E) decoded, int path */
+	float *xf = NULL, *wf = NULL;   /* the same, float path */
+
+	if (st)
+		return st;
+	H = (size_t)spec->heads;
+	Hin = (size_t)spec->in_heads;
+	E = (size_t)spec->embd;
+	L = (size_t)spec->latent;
+	B = (size_t)args->batch;
+	T = (size_t)args->time;
+	act_code_fmt = act_is_code(spec->act);
+	w_code_fmt = weight_is_code(spec->weight);
+	int_path = act_code_fmt && w_code_fmt;
+
+	if (int_path) {
+		s = args->sa * args->sw;
+		xi = malloc(E * sizeof(*xi));
+		wi = malloc(L * E * sizeof(*wi));
+	} else {
+		s = act_code_fmt ? args->sa : w_code_fmt ? args->sw : 1.0f;
+		xf = malloc(E * sizeof(*xf));
+		wf = malloc(L * E * sizeof(*wf));
+	}
+	if (int_path ? !xi || !wi : !xf || !wf) {
+		st = DG_ERR_NOMEM;
+		goto out;
+	}
+
+	for (size_t h = 0; h < H; h++) {
+		size_t hin = Hin == 1 ? 0 : h;
+
+		/* Decode the head's weights once: w[h] is (L, E). */
+		for (size_t i = 0; i < L * E; i++) {
+			size_t gi = h * L * E + i;
+
+			if (int_path)
+				wi[i] = weight_code(spec->weight, args->w, gi);
+			else if (w_code_fmt)
+				wf[i] = (float)weight_code(spec->weight,
+							   args->w, gi);
+			else
+				wf[i] = plain_at(spec->weight, args->w, gi);
+		}
+		for (size_t bt = 0; bt < B * T; bt++) {
+			size_t b = bt / T, t = bt % T;
+			size_t xrow = ((b * Hin + hin) * T + t) * E;
+			size_t orow = ((b * H + h) * T + t) * L;
+
+			for (size_t e = 0; e < E; e++) {
+				if (int_path)
+					xi[e] = act_code(spec->act, args->x,
+							 xrow + e);
+				else if (act_code_fmt)
+					xf[e] = (float)act_code(spec->act,
+								args->x, xrow + e);
+				else
+					xf[e] = plain_at(spec->act, args->x,
+							 xrow + e);
+			}
+			for (size_t l = 0; l < L; l++) {
+				float y;
+
+				if (int_path)
+					y = (float)dot_int(xi, wi + l * E, E) * s;
+				else
+					y = dot_float(xf, wf + l * E, E) * s;
+				if (spec->relu) {
+					y = y - spec->relu_thr;
+					y = y > 0.0f ? y : 0.0f;
+				}
+				absum += fabs((double)y);
+				store_out(spec->out, args->out, orow + l, y,
+					  args->so);
+			}
+		}
+	}
+	if (args->out_absum)
+		*args->out_absum = absum;
+out:
+	free(xi);
+	free(wi);
+	free(xf);
+	free(wf);
+	return st;
+}

@@ -1,0 +1,199 @@
+--[[
+quantize.lua — per-tensor activation quantize, f32 | bf16 → int8 | int4 |
+uint8pos codes, in three launches (dg_ref_quantize_act mirrors them):
+
+  extern "C" __global__ void dg_quantize_act_absum(const ST *x, long long n,
+      float *partials)
+    any grid G, `threads` a block; grid-stride over x; partials[blockIdx.x] =
+    Σ|x| of the block's elements, summed per thread in a fixed order and
+    reduced by a fixed tree, so the partials are deterministic for a fixed G.
+  extern "C" __global__ void dg_quantize_act_scale(const float *partials,
+      int n_partials, long long n, float *scale)
+    <<<1, threads>>>: Σ partials in double in a fixed order;
+    *scale = (float)(2·sum / (n·qmax)), 0 when the sum is 0.
+  extern "C" __global__ void dg_quantize_act_apply(const ST *x, long long n,
+      const float *scale, CT *codes)
+    any grid; codes[i] = clamp(__float2int_rn(__fdiv_rn(x[i], s)), lo, qmax),
+    0 when s == 0; lo = -qmax, or 0 for uint8pos.
+
+  ST: float (src f32) or unsigned short (src bf16). CT: signed char, or
+  unsigned char for uint8pos. qmax: int8 127, int4 7 (one code a byte),
+  uint8pos 255. 16-byte vector loads are used when x is 16-byte aligned
+  (checked at run time), scalar ones otherwise.
+]]
+local C = require("common")
+local fmt = string.format
+
+local M = {}
+
+local KERNELS = [[
+constexpr int NT = ${NT};		// threads a block
+constexpr int QMAX = ${QMAX};		// ${act}: codes in [QLO, QMAX]
+constexpr int QLO = ${QLO};
+constexpr int RED = ${RED};		// first step of the tree reduction (a power of two)
+constexpr int VE = ${VE};		// elements of one 16-byte load
+
+// Element i of x as a float.
+__device__ __forceinline__ float dg_src(const ${ST} *x, long long i)
+{
+	return ${LOAD1};
+}
+
+// The VE elements of one 16-byte load as floats.
+__device__ __forceinline__ void dg_src_vec(const ${ST} *x, long long iv, float (&f)[VE])
+{
+	const uint4 v = __ldg((const uint4 *)x + iv);
+	const unsigned u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+	for (int j = 0; j < 4; ++j) {
+${UNPACK}
+	}
+}
+
+// The code of one value with scale s (s == 0: every code is 0).
+__device__ __forceinline__ int dg_quant(float v, float s)
+{
+	return s == 0.0f ? 0 : dg_code(__fdiv_rn(v, s), QLO, QMAX);
+}
+
+// red[0] = Σ red[0..NT) by a fixed tree (the same order every launch).
+template <typename F>
+__device__ __forceinline__ void dg_tree_sum(F *red, int tid)
+{
+#pragma unroll
+	for (int w = RED; w > 0; w >>= 1) {
+		if (tid < w && tid + w < NT)
+			red[tid] += red[tid + w];
+		__syncthreads();
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+dg_quantize_act_absum(const ${ST} *__restrict__ x, long long n, float *__restrict__ partials)
+{
+	__shared__ float red[NT];
+	const int tid = threadIdx.x;
+	const long long first = (long long)blockIdx.x * NT + tid;
+	const long long stride = (long long)gridDim.x * NT;
+	float s = 0.0f;
+	long long done = 0;		// elements covered by the vector loop
+	if (((unsigned long long)x & 15ull) == 0) {
+		const long long nv = n / VE;
+		for (long long iv = first; iv < nv; iv += stride) {
+			float f[VE];
+			dg_src_vec(x, iv, f);
+#pragma unroll
+			for (int j = 0; j < VE; ++j)
+				s += fabsf(f[j]);
+		}
+		done = nv * VE;
+	}
+	for (long long i = done + first; i < n; i += stride)
+		s += fabsf(dg_src(x, i));
+	red[tid] = s;
+	__syncthreads();
+	dg_tree_sum(red, tid);
+	if (tid == 0)
+		partials[blockIdx.x] = red[0];
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+dg_quantize_act_scale(const float *__restrict__ partials, int n_partials, long long n,
+		      float *__restrict__ scale)
+{
+	__shared__ double red[NT];
+	const int tid = threadIdx.x;
+	if (blockIdx.x != 0)
+		return;			// one block does it all (<<<1, NT>>>)
+	double s = 0.0;
+	for (int i = tid; i < n_partials; i += NT)
+		s += (double)partials[i];
+	red[tid] = s;
+	__syncthreads();
+	dg_tree_sum(red, tid);
+	if (tid == 0) {
+		const double sum = red[0];
+		*scale = sum == 0.0 ? 0.0f : (float)(2.0 * sum / ((double)n * (double)QMAX));
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+dg_quantize_act_apply(const ${ST} *__restrict__ x, long long n, const float *__restrict__ scale,
+		      ${CT} *__restrict__ codes)
+{
+	const float s = *scale;
+	const long long first = (long long)blockIdx.x * NT + threadIdx.x;
+	const long long stride = (long long)gridDim.x * NT;
+	long long done = 0;
+	if (((unsigned long long)x & 15ull) == 0 && ((unsigned long long)codes & (VE - 1)) == 0) {
+		const long long nv = n / VE;
+		for (long long iv = first; iv < nv; iv += stride) {
+			float f[VE];
+			dg_src_vec(x, iv, f);
+			unsigned q[VE / 4];	// VE codes, four a word, code j in byte j % 4
+#pragma unroll
+			for (int k = 0; k < VE / 4; ++k)
+				q[k] = 0u;
+#pragma unroll
+			for (int j = 0; j < VE; ++j)
+				q[j / 4] |= ((unsigned)dg_quant(f[j], s) & 0xffu) << (8 * (j % 4));
+${STORE_VEC}
+		}
+		done = nv * VE;
+	}
+	for (long long i = done + first; i < n; i += stride)
+		codes[i] = (${CT})dg_quant(dg_src(x, i), s);
+}
+]]
+
+local ACTS = { "int8", "int4", "uint8pos" }
+
+function M.render(spec)
+  C.check(spec.op == "quantize_act", "quantize.lua renders op quantize_act, not %s", tostring(spec.op))
+  local src = C.one_of(spec, "src", { "f32", "bf16" })
+  local act = C.one_of(spec, "act", ACTS)
+  local nt = C.tile_field(spec, "threads")
+  C.check(nt <= 1024, "tile threads=%d: at most 1024 threads a block", nt)
+
+  local qmax = C.formats[act].qmax
+  local red = 1
+  while red < nt do red = red * 2 end
+  red = red // 2
+
+  local v = {
+    NT = nt, QMAX = qmax, QLO = act == "uint8pos" and 0 or -qmax, RED = red, act = act,
+    ST = C.formats[src].ctype, CT = act == "uint8pos" and "unsigned char" or "signed char",
+  }
+  if src == "f32" then
+    v.VE = 4
+    v.LOAD1 = "__ldg(x + i)"
+    v.UNPACK = "\t\tf[j] = __uint_as_float(u[j]);"
+    v.STORE_VEC = "\t\t\t*(unsigned *)(codes + 4 * iv) = q[0];"
+  else
+    v.VE = 8
+    v.LOAD1 = "dg_bf16_to_f32(__ldg(x + i))"
+    v.UNPACK = "\t\tf[2 * j] = __uint_as_float(u[j] << 16);\n" ..
+               "\t\tf[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);"
+    v.STORE_VEC = "\t\t\t*(uint2 *)(codes + 8 * iv) = make_uint2(q[0], q[1]);"
+  end
+
+  local about = {
+    fmt("quantize_act: %s → %s codes (qmax %d), scale 2·mean|x|/qmax, per tensor.", src, act, qmax),
+    "",
+    fmt("dg_quantize_act_absum(const %s *x, long long n, float *partials)   any grid, %d threads", v.ST, nt),
+    "dg_quantize_act_scale(const float *partials, int n_partials, long long n, float *scale)   <<<1, "
+      .. nt .. ">>>",
+    fmt("dg_quantize_act_apply(const %s *x, long long n, const float *scale, %s *codes)   any grid", v.ST, v.CT),
+  }
+  local want = { code = true }
+  if src == "bf16" then want.bf16 = true end
+
+  local w = C.writer()
+  w:line(C.banner(spec, "quantize.lua", about))
+  w:line(C.helpers(want))
+  w:line(C.subst(KERNELS, v))
+  return w:text(), { "dg_quantize_act_absum", "dg_quantize_act_scale", "dg_quantize_act_apply" },
+    "quantize_act.cu"
+end
+
+return M
