@@ -64,8 +64,8 @@ static void budget_hook(lua_State *L, lua_Debug *ar)
 	lh->instr_used += HOOK_EVERY;
 	if (lh->instr_used > lh->instr_limit)
 		luaL_error(L,
-			   "instruction budget of %ld exceeded (a runaway loop in a template?)",
-			   lh->instr_limit);
+			   "instruction budget of %I exceeded (a runaway loop in a template?)",
+			   (lua_Integer)lh->instr_limit);
 }
 
 static int traceback(lua_State *L)
@@ -185,8 +185,17 @@ static dg_status pcall_checked(dg__lua *lh, int nargs, int nres, char *err,
 	lua_remove(L, base);
 	if (rc == LUA_OK)
 		return DG_OK;
+	if (rc == LUA_ERRMEM) {
+		/* Lua calls no message handler for memory errors. */
+		lua_pop(L, 1);
+		lua_gc(L, LUA_GCCOLLECT);
+		snprintf(err, size,
+			 "templates: rendering needed more than the %zu-byte memory cap of the template sandbox",
+			 lh->mem_limit);
+		return DG_ERR_NOMEM;
+	}
 	take_error(L, err, size);
-	return rc == LUA_ERRMEM ? DG_ERR_NOMEM : DG_ERR_TEMPLATE;
+	return DG_ERR_TEMPLATE;
 }
 
 dg_status dg__lua_create(dg__lua **out, const dg__template_file *files,

@@ -676,8 +676,10 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 		char *end;
 		errno = 0;
 		float x = strtof(v, &end);
-		if (!*v || *end || errno == ERANGE || !isfinite(x) ||
-		    isspace((unsigned char)v[0]))
+		/* ERANGE with a non-zero result is a subnormal: exact, keep it;
+		 * underflow to zero or overflow to inf is refused. */
+		if (!*v || *end || !isfinite(x) || isspace((unsigned char)v[0]) ||
+		    (errno == ERANGE && x == 0.0f))
 			return fail(msg, size,
 				    "relu=%s: must be none or a finite threshold such as 0 or 0.25",
 				    v);

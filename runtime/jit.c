@@ -60,8 +60,9 @@ dg_status dg_ctx_create(dg_ctx **out, const dg_ctx_opts *opts)
 		cop.max_bytes = opts ? opts->cache_max_bytes : 0;
 		st = dg_cache_open(&ctx->cache, &cop);
 		if (st) {
-			set_err(ctx, st, ctx->cache ? dg_cache_errmsg(ctx->cache)
-						    : "cannot open the kernel cache");
+			/* A failed open leaves no handle: the thread's last
+			 * open failure is read through a NULL handle. */
+			set_err(ctx, st, dg_cache_errmsg(ctx->cache));
 			goto fail;
 		}
 	}
@@ -189,7 +190,6 @@ typedef struct build_job {
 	const dg_source *src;
 	const dg__nvrtc_target *target;
 	const char *key;
-	dg_status st;
 } build_job;
 
 /* dg_cache_build_fn: compile and describe. */
@@ -295,7 +295,7 @@ dg_status dg_jit_compile(dg_ctx *ctx, const dg_spec *spec, dg_binary **out)
 	bin->arch_specific = target.arch_specific;
 	bin->is_ptx = target.ptx;
 
-	build_job job = { ctx, src, &target, bin->key, DG_OK };
+	build_job job = { ctx, src, &target, bin->key };
 	if (ctx->cache) {
 		dg_cache_blob blob = { 0 };
 		st = dg_cache_get_or_build(ctx->cache, bin->key, build_entry, &job,

@@ -1,0 +1,109 @@
+/* Test helpers: see helpers.h. */
+#define _XOPEN_SOURCE 700 /* nftw */
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "helpers.h"
+
+char *dg_test_tmpdir(void)
+{
+	const char *base = getenv("TMPDIR");
+	char tmpl[512];
+	snprintf(tmpl, sizeof(tmpl), "%s/dragon-test-XXXXXX",
+		 base && *base ? base : "/tmp");
+	char *dir = mkdtemp(tmpl);
+	cr_assert_not_null(dir, "mkdtemp %s failed", tmpl);
+	char *copy = strdup(dir);
+	cr_assert_not_null(copy);
+	return copy;
+}
+
+void dg_test_write_file(const char *dir, const char *name, const char *text)
+{
+	char path[1024];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f, "cannot write %s", path);
+	size_t n = strlen(text);
+	cr_assert_eq(fwrite(text, 1, n, f), n);
+	cr_assert_eq(fclose(f), 0);
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag,
+		  struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+void dg_test_rmtree(char *path)
+{
+	if (!path)
+		return;
+	nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	free(path);
+}
+
+int dg_test_quick(void)
+{
+	const char *q = getenv("DRAGON_TEST_QUICK");
+	return q && *q && strcmp(q, "0") != 0;
+}
+
+static void push(dg_spec_list *l, size_t *cap, const dg_spec *s)
+{
+	if (l->n == *cap) {
+		*cap = *cap ? *cap * 2 : 64;
+		l->specs = realloc(l->specs, *cap * sizeof(*s));
+		cr_assert_not_null(l->specs);
+	}
+	l->specs[l->n++] = *s;
+}
+
+void dg_test_all_specs(dg_spec_list *out)
+{
+	const dg_fmt w[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
+	const dg_fmt a[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_INT4, DG_FMT_UINT8POS };
+	const dg_fmt o[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_UINT8POS };
+	const dg_fmt q[] = { DG_FMT_INT8, DG_FMT_INT4, DG_FMT_UINT8POS };
+	const int relu[] = { -1, 0, 1 }; /* none, 0, 0.25 */
+	size_t cap = 0;
+	dg_spec s;
+
+	out->specs = NULL;
+	out->n = 0;
+	for (int i = 0; i < 5; i++)
+		for (int j = 0; j < 5; j++)
+			for (int r = 0; r < 3; r++)
+				for (int k = 0; k < 4; k++)
+					for (int h = 0; h < 2; h++) {
+						dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+						s.weight = w[i];
+						s.act = a[j];
+						s.relu = relu[r] >= 0;
+						s.relu_thr = relu[r] > 0 ? 0.25f : 0.0f;
+						s.out = o[k];
+						s.in_heads = h ? 4 : 1;
+						if (dg_spec_validate(&s, NULL, 0) == DG_OK)
+							push(out, &cap, &s);
+					}
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 3; j++) {
+			dg_spec_init(&s, DG_OP_QUANTIZE_ACT);
+			s.src = i ? DG_FMT_BF16 : DG_FMT_F32;
+			s.act = q[j];
+			push(out, &cap, &s);
+		}
+	dg_spec_init(&s, DG_OP_PACK_I8X4);
+	push(out, &cap, &s);
+	dg_spec_init(&s, DG_OP_UNPACK_I8X4);
+	push(out, &cap, &s);
+}

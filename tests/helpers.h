@@ -1,0 +1,36 @@
+/*
+ * Test helpers shared by the Criterion suites: temp folders, files, and the
+ * list of every valid spec combination.
+ */
+#ifndef DG_TESTS_HELPERS_H
+#define DG_TESTS_HELPERS_H
+
+#include <stddef.h>
+
+#include "dragon/spec.h"
+
+/* A fresh folder under $TMPDIR (or /tmp); malloc'd path, never NULL (a
+ * failure fails the test). */
+char *dg_test_tmpdir(void);
+/* Writes dir/name with text; fails the test on error. */
+void dg_test_write_file(const char *dir, const char *name, const char *text);
+/* rm -rf path, then frees it. */
+void dg_test_rmtree(char *path);
+
+typedef struct dg_spec_list {
+	dg_spec *specs; /* malloc'd */
+	size_t n;
+} dg_spec_list;
+
+/*
+ * Every valid combination at heads 4, embd 256, latent 8192:
+ * lowrank_fwd weight × act × relu {none, 0, 0.25} × out × in_heads {1, 4},
+ * quantize_act src × act, pack_i8x4, unpack_i8x4.
+ */
+void dg_test_all_specs(dg_spec_list *out);
+
+/* true when DRAGON_TEST_QUICK is set: suites cut the slowest exhaustive
+ * loops to a deterministic sample (used by the sanitizer run). */
+int dg_test_quick(void);
+
+#endif

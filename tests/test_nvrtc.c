@@ -1,0 +1,182 @@
+/*
+ * NVRTC: target selection, every rendered kernel compiles to a cubin for
+ * sm_90, and a compile error points at the generated line.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/codegen.h"
+#include "dragon/jit.h"
+#include "helpers.h"
+#include "runtime/nvrtc.h"
+
+static char err[8192];
+
+Test(nvrtc, version_and_archs)
+{
+	int archs[64];
+	int n = dg_nvrtc_archs(archs, 64);
+	cr_assert_gt(n, 3);
+	int has90 = 0;
+	for (int i = 0; i < n; i++) {
+		has90 |= archs[i] == 90;
+		if (i)
+			cr_assert_gt(archs[i], archs[i - 1], "ascending");
+	}
+	cr_assert(has90, "NVRTC must emit sm_90");
+	cr_assert_neq(strcmp(dg_nvrtc_version(), "unknown"), 0);
+}
+
+Test(nvrtc, target_selection)
+{
+	int archs[64];
+	int n = dg_nvrtc_archs(archs, 64);
+	dg__nvrtc_target t;
+	char opts[512];
+
+	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, err, sizeof(err)), DG_OK, "%s", err);
+	cr_assert(!t.ptx && t.arch == 90);
+	dg__nvrtc_opts_string(&t, opts, sizeof(opts));
+	cr_assert(strstr(opts, "--gpu-architecture=sm_90 "), "%s", opts);
+
+	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
+	dg__nvrtc_opts_string(&t, opts, sizeof(opts));
+	cr_assert(strstr(opts, "--gpu-architecture=sm_90a"), "%s", opts);
+
+	/* sm_91 does not exist: a cubin of the same major runs there */
+	cr_assert_eq(dg__nvrtc_target_for(91, false, &t, err, sizeof(err)), DG_OK);
+	cr_assert(!t.ptx && t.arch == 90);
+
+	/* past the newest arch: PTX of the newest, finished by the driver */
+	cr_assert_eq(dg__nvrtc_target_for(archs[n - 1] / 10 * 10 + 100, false, &t, err, sizeof(err)), DG_OK);
+	cr_assert(t.ptx && t.arch == archs[n - 1]);
+	dg__nvrtc_opts_string(&t, opts, sizeof(opts));
+	cr_assert(strstr(opts, "--gpu-architecture=compute_"), "%s", opts);
+
+	cr_assert_eq(dg__nvrtc_target_for(50, false, &t, err, sizeof(err)), DG_ERR_UNSUPPORTED);
+	cr_assert(strstr(err, "arch=sm_50"), "%s", err);
+	cr_assert_eq(dg__nvrtc_target_for(91, true, &t, err, sizeof(err)), DG_ERR_UNSUPPORTED);
+	cr_assert(strstr(err, "sm_91a"), "%s", err);
+}
+
+/* ---- every kernel compiles ------------------------------------------------- */
+
+typedef struct work {
+	dg_spec_list *list;
+	size_t next;
+	size_t step;
+	pthread_mutex_t mu;
+	int failures;
+	char first_failure[8400];
+	double ms;
+	size_t done;
+} work;
+
+static void *compile_worker(void *arg)
+{
+	work *w = arg;
+	dg_codegen *cg = NULL;
+	char e[8192];
+	dg__nvrtc_target t;
+
+	if (dg_codegen_create(&cg, NULL))
+		return NULL;
+	dg__nvrtc_target_for(90, false, &t, e, sizeof(e));
+	for (;;) {
+		pthread_mutex_lock(&w->mu);
+		size_t i = w->next;
+		w->next += w->step;
+		pthread_mutex_unlock(&w->mu);
+		if (i >= w->list->n)
+			break;
+		dg_source *src = NULL;
+		dg__nvrtc_result res;
+		dg_status st = dg_codegen_render(cg, &w->list->specs[i], &src);
+		if (st == DG_OK)
+			st = dg__nvrtc_compile(src, &t, &res, e, sizeof(e));
+		else
+			snprintf(e, sizeof(e), "%s", dg_codegen_errmsg(cg));
+		pthread_mutex_lock(&w->mu);
+		if (st) {
+			if (!w->failures++)
+				snprintf(w->first_failure, sizeof(w->first_failure), "%s", e);
+		} else {
+			w->ms += res.ms;
+			w->done++;
+			if (res.size < 64 || memcmp(res.image, "\177ELF", 4) != 0) {
+				if (!w->failures++)
+					snprintf(w->first_failure, sizeof(w->first_failure),
+						 "%s: not an ELF cubin", src->canonical);
+			}
+		}
+		pthread_mutex_unlock(&w->mu);
+		if (st == DG_OK)
+			dg__nvrtc_result_free(&res);
+		dg_source_destroy(src);
+	}
+	dg_codegen_destroy(cg);
+	return NULL;
+}
+
+Test(nvrtc, every_rendered_kernel_compiles_for_sm90, .timeout = 1500)
+{
+	dg_spec_list list;
+	dg_test_all_specs(&list);
+	work w = { .list = &list, .step = 1 };
+	pthread_mutex_init(&w.mu, NULL);
+	/* The sanitizer run compiles a deterministic sample: NVRTC itself is not
+	 * instrumented, and the full set already ran in the plain build. */
+	if (dg_test_quick())
+		w.step = 23;
+	pthread_t th[2];
+	for (int i = 0; i < 2; i++)
+		pthread_create(&th[i], NULL, compile_worker, &w);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	cr_assert_eq(w.failures, 0, "%d of %zu kernels failed; first: %s", w.failures,
+		     list.n, w.first_failure);
+	cr_assert_eq(w.done, (list.n + w.step - 1) / w.step);
+	cr_log_info("compiled %zu kernels, mean NVRTC %.0f ms", w.done, w.ms / (double)w.done);
+	free(list.specs);
+}
+
+/* ---- a compile error points at the generated line ------------------------ */
+
+Test(nvrtc, compile_error_names_the_generated_line)
+{
+	char *dir = dg_test_tmpdir();
+	dg_test_write_file(dir, "dragon.lua",
+			   "return { render = function(spec)\n"
+			   "  return '// ' .. spec.canonical .. '\\n'\n"
+			   "      .. 'extern \"C\" __global__ void k(float *p)\\n'\n"
+			   "      .. '{\\n'\n"
+			   "      .. '  p[0] = undefined_thing;\\n'\n"
+			   "      .. '}\\n', {'k'}, 'broken.cu'\n"
+			   "end }\n");
+	dg_codegen_opts o = { .template_dir = dir };
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK);
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	dg_source *src = NULL;
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK);
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, err, sizeof(err)), DG_OK);
+	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_ERR_COMPILE);
+	cr_assert(strstr(err, "compile error in act=int8;"), "spec missing: %s", err);
+	cr_assert(strstr(err, "broken.cu(4)"), "NVRTC location missing: %s", err);
+	cr_assert(strstr(err, "undefined_thing"), "%s", err);
+	cr_assert(strstr(err, ">    4 |   p[0] = undefined_thing;"), "marked line missing: %s", err);
+	cr_assert(strstr(err, "     3 | {"), "context missing: %s", err);
+	cr_assert(strstr(res.log, "undefined_thing"), "the log is kept: %s", res.log);
+	cr_assert_null(res.image);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+	dg_codegen_destroy(cg);
+	dg_test_rmtree(dir);
+}
