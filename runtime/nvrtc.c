@@ -146,7 +146,11 @@ static size_t append_line(char *buf, size_t size, size_t n, const char *text,
 static void describe_error(const dg_source *src, const char *log, char *err,
 			   size_t esz)
 {
+	/* NVRTC writes "name(line): error: ..." or "...: catastrophic error: ...". */
 	const char *line = strstr(log, ": error");
+	const char *cat = strstr(log, ": catastrophic error");
+	if (cat && (!line || cat < line))
+		line = cat;
 	const char *start = line;
 	int no = 0;
 

@@ -180,3 +180,31 @@ Test(nvrtc, compile_error_names_the_generated_line)
 	dg_codegen_destroy(cg);
 	dg_test_rmtree(dir);
 }
+
+Test(nvrtc, catastrophic_error_names_the_generated_line)
+{
+	char *dir = dg_test_tmpdir();
+	dg_test_write_file(dir, "dragon.lua",
+			   "return { render = function(spec)\n"
+			   "  return '// ' .. spec.canonical .. '\\n'\n"
+			   "      .. '#include <no_such_header.h>\\n'\n"
+			   "      .. 'extern \"C\" __global__ void k() {}\\n', {'k'}, 'cat.cu'\n"
+			   "end }\n");
+	dg_codegen_opts o = { .template_dir = dir };
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK);
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_PACK_I8X4);
+	dg_source *src = NULL;
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK);
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, err, sizeof(err)), DG_OK);
+	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_ERR_COMPILE);
+	cr_assert(strstr(err, "no_such_header.h"), "%s", err);
+	cr_assert(strstr(err, ">    2 | #include <no_such_header.h>"), "marked line missing: %s", err);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+	dg_codegen_destroy(cg);
+	dg_test_rmtree(dir);
+}

@@ -79,9 +79,8 @@ int main(int argc, char **argv)
 		return finish(DG__GEN_OK);
 	}
 	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
-		printf("dragon-gen %s (generator %s, NVRTC %s)\n",
-		       DG_GENERATOR_VERSION, DG_GENERATOR_VERSION,
-		       dg_nvrtc_version());
+		printf("dragon-gen %s (generator %s, NVRTC %s)\n", DG_VERSION,
+		       DG_GENERATOR_VERSION, dg_nvrtc_version());
 		return finish(DG__GEN_OK);
 	}
 	for (size_t i = 0; i < N_COMMANDS; i++)

@@ -10,5 +10,8 @@
 #include "codegen.h"
 #include "cache.h"
 #include "jit.h"
+#include "manifest.h"
+#include "cubin.h"
+#include "ref.h"
 
 #endif /* DRAGON_H */
