@@ -15,7 +15,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,31 +22,17 @@
 
 #include <cjson/cJSON.h>
 
+#include "codegen/msg.h"
 #include "dragon/cubin.h"
 #include "dragon/manifest.h"
 #include "runtime/sha256.h"
 
 #define MAX_SAFE_INT 9007199254740992.0 /* 2^53: integers a double holds */
 
-static dg_status perr(char *msg, size_t size, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static dg_status perr(char *msg, size_t size, const char *fmt, ...)
-{
-	if (msg && size) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(msg, size, fmt, ap);
-		va_end(ap);
-	}
-	return DG_ERR_PARSE;
-}
-
 static dg_status nomem(char *msg, size_t size)
 {
-	if (msg && size)
-		snprintf(msg, size, "out of memory reading the manifest");
-	return DG_ERR_NOMEM;
+	return dg__msgf(DG_ERR_NOMEM, msg, size,
+			"out of memory reading the manifest");
 }
 
 void dg_manifest_destroy(dg_manifest *m)
@@ -92,8 +77,9 @@ static dg_status collect(const cJSON *obj, fields *f, const char *path,
 			if (strcmp(c->string, f->names[i]) != 0)
 				continue;
 			if (f->item[i])
-				return perr(msg, size, "%s%s: given twice", path,
-					    f->names[i]);
+				return dg__msgf(DG_ERR_PARSE, msg, size,
+						"%s%s: given twice", path,
+						f->names[i]);
 			f->item[i] = c;
 		}
 	}
@@ -158,11 +144,14 @@ static dg_status get_str(const cJSON *it, const char *path, const char *name,
 			 size_t size)
 {
 	if (!it)
-		return perr(msg, size, "%s%s: missing", path, name);
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s%s: missing", path,
+				name);
 	if (!cJSON_IsString(it) || !it->valuestring)
-		return perr(msg, size, "%s%s: expected a string", path, name);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%s%s: expected a string", path, name);
 	if (!str_ok(it->valuestring, kind))
-		return perr(msg, size, "%s%s: %s", path, name, str_expect[kind]);
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s%s: %s", path, name,
+				str_expect[kind]);
 	*out = it->valuestring;
 	return DG_OK;
 }
@@ -183,14 +172,17 @@ static dg_status get_num(const cJSON *it, const char *path, const char *name,
 			 char *msg, size_t size)
 {
 	if (!it)
-		return perr(msg, size, "%s%s: missing", path, name);
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s%s: missing", path,
+				name);
 	if (!cJSON_IsNumber(it))
-		return perr(msg, size, "%s%s: expected a number", path, name);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%s%s: expected a number", path, name);
 	double v = it->valuedouble;
 	if (!isfinite(v) || v < lo || v > hi || (integer && v != floor(v)))
-		return perr(msg, size, "%s%s: expected %s from %.17g to %.17g",
-			    path, name, integer ? "an integer" : "a number", lo,
-			    hi);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%s%s: expected %s from %.17g to %.17g", path,
+				name, integer ? "an integer" : "a number", lo,
+				hi);
 	*out = v;
 	return DG_OK;
 }
@@ -199,10 +191,11 @@ static dg_status get_bool(const cJSON *it, const char *path, const char *name,
 			  bool *out, char *msg, size_t size)
 {
 	if (!it)
-		return perr(msg, size, "%s%s: missing", path, name);
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s%s: missing", path,
+				name);
 	if (!cJSON_IsBool(it))
-		return perr(msg, size, "%s%s: expected true or false", path,
-			    name);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%s%s: expected true or false", path, name);
 	*out = cJSON_IsTrue(it);
 	return DG_OK;
 }
@@ -225,14 +218,17 @@ static dg_status parse_spec(const cJSON *it, const char *path,
 	if (st)
 		return st;
 	if (strlen(text) >= sizeof(k->spec))
-		return perr(msg, size, "%sspec: longer than %d characters", path,
-			    DG_SPEC_TEXT_MAX - 1);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%sspec: longer than %d characters", path,
+				DG_SPEC_TEXT_MAX - 1);
 	if (dg_spec_parse(text, &spec, why, sizeof(why)))
-		return perr(msg, size, "%sspec: %s", path, why);
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%sspec: %s", path,
+				why);
 	if (dg_spec_to_string(&spec, canon, sizeof(canon)) ||
 	    strcmp(canon, text) != 0)
-		return perr(msg, size, "%sspec: not in canonical form; expected \"%s\"",
-			    path, canon);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%sspec: not in canonical form; expected \"%s\"",
+				path, canon);
 	memcpy(k->spec, text, strlen(text) + 1);
 	return DG_OK;
 }
@@ -243,14 +239,16 @@ static dg_status parse_entries(const cJSON *it, const char *path,
 	char epath[96];
 
 	if (!it)
-		return perr(msg, size, "%sentries: missing", path);
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%sentries: missing",
+				path);
 	if (!cJSON_IsArray(it))
-		return perr(msg, size, "%sentries: expected an array of names",
-			    path);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%sentries: expected an array of names", path);
 	int n = cJSON_GetArraySize(it);
 	if (n < 1 || n > DG_MANIFEST_MAX_ENTRIES)
-		return perr(msg, size, "%sentries: expected 1 to %d names, got %d",
-			    path, DG_MANIFEST_MAX_ENTRIES, n);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%sentries: expected 1 to %d names, got %d",
+				path, DG_MANIFEST_MAX_ENTRIES, n);
 	k->entries = calloc((size_t)n, sizeof(*k->entries));
 	if (!k->entries)
 		return nomem(msg, size);
@@ -278,7 +276,8 @@ static dg_status parse_kernel(const cJSON *obj, size_t idx,
 
 	snprintf(path, sizeof(path), "kernels[%zu].", idx);
 	if (!cJSON_IsObject(obj))
-		return perr(msg, size, "kernels[%zu]: expected an object", idx);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"kernels[%zu]: expected an object", idx);
 	if ((st = collect(obj, &f, path, msg, size)))
 		return st;
 	if ((st = parse_spec(field(&f, "spec"), path, k, msg, size)))
@@ -346,8 +345,9 @@ static dg_status check_unique(const dg_manifest *m, bool by_file, char *msg,
 	dg_status st = DG_OK;
 	for (size_t i = 1; i < m->n_kernels; i++) {
 		if (strcmp(v[i - 1].s, v[i].s) == 0) {
-			st = perr(msg, size, "kernels[%zu].%s: same as kernels[%zu].%s",
-				  v[i].i, name, v[i - 1].i, name);
+			st = dg__msgf(DG_ERR_PARSE, msg, size,
+				      "kernels[%zu].%s: same as kernels[%zu].%s",
+				      v[i].i, name, v[i - 1].i, name);
 			break;
 		}
 	}
@@ -367,18 +367,19 @@ static dg_status parse_root(const cJSON *root, dg_manifest *m, char *msg,
 	dg_status st;
 
 	if (!cJSON_IsObject(root))
-		return perr(msg, size, "manifest: expected a JSON object");
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"manifest: expected a JSON object");
 	if ((st = collect(root, &f, "", msg, size)))
 		return st;
 	const cJSON *fmt = field(&f, "format");
 	if (!fmt)
-		return perr(msg, size, "format: missing");
+		return dg__msgf(DG_ERR_PARSE, msg, size, "format: missing");
 	if ((st = get_num(fmt, "", "format", 0, 1e9, true, &v, msg, size)))
 		return st;
 	if (v != DG_MANIFEST_FORMAT)
-		return perr(msg, size,
-			    "format: version %.0f is not supported (this dragon reads %d); rebuild the bundle with this dragon-gen",
-			    v, DG_MANIFEST_FORMAT);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"format: version %.0f is not supported (this dragon reads %d); rebuild the bundle with this dragon-gen",
+				v, DG_MANIFEST_FORMAT);
 	m->format = DG_MANIFEST_FORMAT;
 	if ((st = dup_str(field(&f, "generator_version"), "", "generator_version",
 			  STR_TEXT, &m->generator_version, msg, size)) ||
@@ -389,13 +390,15 @@ static dg_status parse_root(const cJSON *root, dg_manifest *m, char *msg,
 		return st;
 	const cJSON *ks = field(&f, "kernels");
 	if (!ks)
-		return perr(msg, size, "kernels: missing");
+		return dg__msgf(DG_ERR_PARSE, msg, size, "kernels: missing");
 	if (!cJSON_IsArray(ks))
-		return perr(msg, size, "kernels: expected an array");
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"kernels: expected an array");
 	int n = cJSON_GetArraySize(ks);
 	if (n > DG_MANIFEST_MAX_KERNELS)
-		return perr(msg, size, "kernels: %d entries; at most %d", n,
-			    DG_MANIFEST_MAX_KERNELS);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"kernels: %d entries; at most %d", n,
+				DG_MANIFEST_MAX_KERNELS);
 	if (n > 0) {
 		m->kernels = calloc((size_t)n, sizeof(*m->kernels));
 		if (!m->kernels)
@@ -454,20 +457,22 @@ dg_status dg_manifest_parse(const char *json, size_t len, dg_manifest **out,
 		return DG_ERR_INVALID_ARG;
 	*out = NULL;
 	if (!json)
-		return perr(msg, size, "manifest: no text");
+		return dg__msgf(DG_ERR_PARSE, msg, size, "manifest: no text");
 	if (len > DG_MANIFEST_MAX_BYTES)
-		return perr(msg, size, "manifest: %zu bytes; at most %zu", len,
-			    DG_MANIFEST_MAX_BYTES);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"manifest: %zu bytes; at most %zu", len,
+				DG_MANIFEST_MAX_BYTES);
 	const char *nul = memchr(json, '\0', len);
 	if (nul)
-		return perr(msg, size, "manifest: NUL byte at offset %zu; a manifest is JSON text",
-			    (size_t)(nul - json));
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"manifest: NUL byte at offset %zu; a manifest is JSON text",
+				(size_t)(nul - json));
 	size_t esc = find_nul_escape(json, len);
 	if (esc < len) {
 		locate(json, esc, &line, &col);
-		return perr(msg, size,
-			    "manifest: \\u0000 at line %zu, column %zu; no manifest string holds a NUL",
-			    line, col);
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"manifest: \\u0000 at line %zu, column %zu; no manifest string holds a NUL",
+				line, col);
 	}
 	cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
 	if (!root) {
@@ -480,17 +485,18 @@ dg_status dg_manifest_parse(const char *json, size_t len, dg_manifest **out,
 		while (last > 0 && isspace((unsigned char)json[last - 1]))
 			last--;
 		locate(json, off, &line, &col);
-		return perr(msg, size,
-			    "manifest: invalid JSON at line %zu, column %zu%s", line,
-			    col, last == 0 || json[last - 1] != '}' ? " (truncated?)" : "");
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"manifest: invalid JSON at line %zu, column %zu%s",
+				line, col,
+				last == 0 || json[last - 1] != '}' ? " (truncated?)" : "");
 	}
 	for (const char *p = end ? end : json + len; p < json + len; p++) {
 		if (!isspace((unsigned char)*p)) {
 			locate(json, (size_t)(p - json), &line, &col);
 			cJSON_Delete(root);
-			return perr(msg, size,
-				    "manifest: text after the JSON value at line %zu, column %zu",
-				    line, col);
+			return dg__msgf(DG_ERR_PARSE, msg, size,
+					"manifest: text after the JSON value at line %zu, column %zu",
+					line, col);
 		}
 	}
 	dg_manifest *m = calloc(1, sizeof(*m));
@@ -512,9 +518,7 @@ dg_status dg_manifest_parse(const char *json, size_t len, dg_manifest **out,
 
 static dg_status inval(char *msg, size_t size, const char *what)
 {
-	if (msg && size)
-		snprintf(msg, size, "manifest: %s", what);
-	return DG_ERR_INVALID_ARG;
+	return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "manifest: %s", what);
 }
 
 /* Numbers are written by us, not by cJSON: its printer rounds to 15
@@ -642,11 +646,10 @@ dg_status dg_manifest_load(const char *dir, dg_manifest **out, char *msg,
 	FILE *f = fopen(path, "rb");
 	if (!f) {
 		int e = errno;
-		if (msg && size)
-			snprintf(msg, size, "%s: %s%s", path, strerror(e),
-				 e == ENOENT ? " (not a bundle? make one with `dragon-gen build --out DIR`)"
-					     : "");
-		return e == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO;
+		return dg__msgf(e == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO, msg,
+				size, "%s: %s%s", path, strerror(e),
+				e == ENOENT ? " (not a bundle? make one with `dragon-gen build --out DIR`)"
+					    : "");
 	}
 	char *buf = NULL;
 	if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
@@ -701,21 +704,16 @@ dg_status dg_manifest_kernel_verify(const dg_manifest_kernel *k,
 
 	if (!k || (!bytes && size))
 		return inval(msg, msg_size, "kernel or bytes is NULL");
-	if (size != k->size) {
-		if (msg && msg_size)
-			snprintf(msg, msg_size, "%zu bytes; the manifest says %llu%s",
-				 size, (unsigned long long)k->size,
-				 size < k->size ? " (truncated?)" : "");
-		return DG_ERR_CORRUPT;
-	}
+	if (size != k->size)
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"%zu bytes; the manifest says %llu%s", size,
+				(unsigned long long)k->size,
+				size < k->size ? " (truncated?)" : "");
 	dg_manifest_kernel_hash(&got, bytes ? bytes : "", size);
-	if (strcmp(got.sha256, k->sha256) != 0) {
-		if (msg && msg_size)
-			snprintf(msg, msg_size,
-				 "SHA-256 %.16s... differs from the manifest's %.16s... (the file changed after the build)",
-				 got.sha256, k->sha256);
-		return DG_ERR_CORRUPT;
-	}
+	if (strcmp(got.sha256, k->sha256) != 0)
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"SHA-256 %.16s... differs from the manifest's %.16s... (the file changed after the build)",
+				got.sha256, k->sha256);
 	if (k->ptx) {
 		if (msg && msg_size)
 			msg[0] = '\0';

@@ -1,21 +1,19 @@
 /*
- * The specialization key: names, defaults, validation, canonical text.
+ * The specialization key: names, defaults, normalization, validation and
+ * the default tile. Its text form (canonical text, parser, setters) is in
+ * codegen/spec_text.c; the format sets both use are in codegen/spec_int.h.
  *
- * The canonical text is the identity of a kernel: it is hashed into cache
- * keys, written to manifests and tuning records, and shown to users. It
- * holds only the keys the op reads, sorted, so two specs naming the same
- * kernel always print the same. Floats print in the shortest decimal form
- * that reads back to the same float.
+ * Validation is where a spec earns a kernel: every field the op reads is
+ * range-checked, and every refusal names the key, the value and the fix
+ * ("embd=6: must be a multiple of 4 (codes are packed four to a word
+ * along it)").
  */
-#include <ctype.h>
-#include <errno.h>
-#include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
+#include "codegen/msg.h"
+#include "codegen/spec_int.h"
 #include "dragon/spec.h"
 
 #define DG_MAX_HEADS 64
@@ -147,38 +145,25 @@ void dg_spec_normalize(dg_spec *spec)
 
 /* ---- validation ----------------------------------------------------------- */
 
-static dg_status fail(char *msg, size_t size, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+#define FMT_BIT(f) (1u << (f))
 
-static dg_status fail(char *msg, size_t size, const char *fmt, ...)
-{
-	if (msg && size) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(msg, size, fmt, ap);
-		va_end(ap);
-	}
-	return DG_ERR_INVALID_SPEC;
-}
+const unsigned dg__spec_weight_fmts = FMT_BIT(DG_FMT_F32) |
+	FMT_BIT(DG_FMT_BF16) | FMT_BIT(DG_FMT_INT8) | FMT_BIT(DG_FMT_TERNARY) |
+	FMT_BIT(DG_FMT_SIGN1);
+const unsigned dg__spec_act_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16) |
+	FMT_BIT(DG_FMT_INT8) | FMT_BIT(DG_FMT_INT4) | FMT_BIT(DG_FMT_UINT8POS);
+const unsigned dg__spec_quant_fmts = FMT_BIT(DG_FMT_INT8) |
+	FMT_BIT(DG_FMT_INT4) | FMT_BIT(DG_FMT_UINT8POS);
+const unsigned dg__spec_out_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16) |
+	FMT_BIT(DG_FMT_INT8) | FMT_BIT(DG_FMT_UINT8POS);
+const unsigned dg__spec_src_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16);
 
-static bool fmt_in(dg_fmt f, unsigned mask)
+bool dg__spec_fmt_in(dg_fmt f, unsigned mask)
 {
 	return (unsigned)f < DG_FMT__COUNT && (mask & (1u << f));
 }
 
-#define FMT_BIT(f) (1u << (f))
-static const unsigned weight_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16) |
-	FMT_BIT(DG_FMT_INT8) | FMT_BIT(DG_FMT_TERNARY) | FMT_BIT(DG_FMT_SIGN1);
-static const unsigned act_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16) |
-	FMT_BIT(DG_FMT_INT8) | FMT_BIT(DG_FMT_INT4) | FMT_BIT(DG_FMT_UINT8POS);
-static const unsigned quant_fmts = FMT_BIT(DG_FMT_INT8) | FMT_BIT(DG_FMT_INT4) |
-	FMT_BIT(DG_FMT_UINT8POS);
-static const unsigned out_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16) |
-	FMT_BIT(DG_FMT_INT8) | FMT_BIT(DG_FMT_UINT8POS);
-static const unsigned src_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16);
-
-/* "f32|bf16|int8" for messages. */
-static const char *fmt_list(unsigned mask, char *buf, size_t size)
+const char *dg__spec_fmt_list(unsigned mask, char *buf, size_t size)
 {
 	size_t n = 0;
 	buf[0] = '\0';
@@ -239,58 +224,61 @@ static dg_status validate_tile(const dg_spec *s, char *msg, size_t size)
 	dg_tile_to_string(t, tb, sizeof(tb));
 	if (!op_is_gemm(s->op)) {
 		if (t->bm || t->bn || t->bk || t->wm || t->wn || t->stages)
-			return fail(msg, size,
-				    "tile=%s: op %s takes a thread count (tile=t256), not a block tile",
-				    tb, dg_op_name(s->op));
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"tile=%s: op %s takes a thread count (tile=t256), not a block tile",
+					tb, dg_op_name(s->op));
 		if (t->threads < 32 || t->threads > 1024 || t->threads % 32)
-			return fail(msg, size,
-				    "tile=%s: threads must be a multiple of 32 between 32 and 1024",
-				    tb);
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"tile=%s: threads must be a multiple of 32 between 32 and 1024",
+					tb);
 		return DG_OK;
 	}
 	if (t->threads)
-		return fail(msg, size,
-			    "tile=%s: op %s takes a block tile BMxBNxBK/WMxWN/S (e.g. 64x64x64/2x2/2), not a thread count",
-			    tb, dg_op_name(s->op));
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: op %s takes a block tile BMxBNxBK/WMxWN/S (e.g. 64x64x64/2x2/2), not a thread count",
+				tb, dg_op_name(s->op));
 	if (!is_pow2_in(t->bm, 16, 256) || !is_pow2_in(t->bn, 16, 256))
-		return fail(msg, size,
-			    "tile=%s: BM and BN must be powers of two from 16 to 256",
-			    tb);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: BM and BN must be powers of two from 16 to 256",
+				tb);
 	if (!is_pow2_in(t->bk, 4, 128))
-		return fail(msg, size,
-			    "tile=%s: BK must be a power of two from 4 to 128", tb);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: BK must be a power of two from 4 to 128",
+				tb);
 	int cpw = codes_per_word(s->weight);
 	if (codes_per_word(s->act) > cpw)
 		cpw = codes_per_word(s->act);
 	if (t->bk % cpw)
-		return fail(msg, size,
-			    "tile=%s: BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
-			    tb, cpw, dg_fmt_name(s->weight), dg_fmt_name(s->act));
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
+				tb, cpw, dg_fmt_name(s->weight),
+				dg_fmt_name(s->act));
 	if (s->embd % t->bk)
-		return fail(msg, size,
-			    "tile=%s: BK=%d must divide embd=%d", tb, t->bk,
-			    s->embd);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: BK=%d must divide embd=%d", tb, t->bk,
+				s->embd);
 	if (!is_pow2_in(t->wm, 1, 8) || !is_pow2_in(t->wn, 1, 8) ||
 	    t->wm * t->wn > 16)
-		return fail(msg, size,
-			    "tile=%s: WM and WN must be 1, 2, 4 or 8 with WM*WN <= 16 warps",
-			    tb);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: WM and WN must be 1, 2, 4 or 8 with WM*WN <= 16 warps",
+				tb);
 	if ((t->bm / t->wm) % 4 || (t->bn / t->wn) % 8 || t->bm < t->wm * 4 ||
 	    t->bn < t->wn * 8)
-		return fail(msg, size,
-			    "tile=%s: each warp's tile (BM/WM x BN/WN) must be at least 4x8 and a multiple of it",
-			    tb);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: each warp's tile (BM/WM x BN/WN) must be at least 4x8 and a multiple of it",
+				tb);
 	if ((t->bm / t->wm / 4) * (t->bn / t->wn / 8) > 64)
-		return fail(msg, size,
-			    "tile=%s: %d outputs per thread; at most 64 fit in registers (more warps or a smaller tile)",
-			    tb, (t->bm / t->wm / 4) * (t->bn / t->wn / 8));
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: %d outputs per thread; at most 64 fit in registers (more warps or a smaller tile)",
+				tb, (t->bm / t->wm / 4) * (t->bn / t->wn / 8));
 	if (t->stages < 1 || t->stages > 4)
-		return fail(msg, size, "tile=%s: stages must be 1 to 4", tb);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: stages must be 1 to 4", tb);
 	long smem = lowrank_smem(s, t);
 	if (smem > DG_SMEM_LIMIT)
-		return fail(msg, size,
-			    "tile=%s: needs %ld bytes of shared memory, more than %d (fewer stages or a smaller tile)",
-			    tb, smem, DG_SMEM_LIMIT);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: needs %ld bytes of shared memory, more than %d (fewer stages or a smaller tile)",
+				tb, smem, DG_SMEM_LIMIT);
 	return DG_OK;
 }
 
@@ -299,87 +287,97 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 	char fl[96];
 
 	if (!s)
-		return fail(msg, size, "spec is NULL");
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size, "spec is NULL");
 	if ((unsigned)s->op >= DG_OP__COUNT)
-		return fail(msg, size,
-			    "op=%d: unknown; ops are lowrank_fwd, quantize_act, pack_i8x4, unpack_i8x4",
-			    (int)s->op);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"op=%d: unknown; ops are lowrank_fwd, quantize_act, pack_i8x4, unpack_i8x4",
+				(int)s->op);
 	unsigned uses = dg_spec_uses(s->op);
 	const char *op = dg_op_name(s->op);
 
 	if ((uses & DG_FIELD_HEADS) && (s->heads < 1 || s->heads > DG_MAX_HEADS))
-		return fail(msg, size, "heads=%d: must be between 1 and %d",
-			    s->heads, DG_MAX_HEADS);
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"heads=%d: must be between 1 and %d", s->heads,
+				DG_MAX_HEADS);
 	if ((uses & DG_FIELD_IN_HEADS) && s->in_heads != 1 &&
 	    s->in_heads != s->heads)
-		return fail(msg, size,
-			    "in_heads=%d: must be 1 (input shared by all heads) or heads=%d",
-			    s->in_heads, s->heads);
-	if (uses & DG_FIELD_WEIGHT && !fmt_in(s->weight, weight_fmts))
-		return fail(msg, size, "weight=%s: must be one of %s",
-			    dg_fmt_name(s->weight),
-			    fmt_list(weight_fmts, fl, sizeof(fl)));
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"in_heads=%d: must be 1 (input shared by all heads) or heads=%d",
+				s->in_heads, s->heads);
+	if (uses & DG_FIELD_WEIGHT &&
+	    !dg__spec_fmt_in(s->weight, dg__spec_weight_fmts))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"weight=%s: must be one of %s",
+				dg_fmt_name(s->weight),
+				dg__spec_fmt_list(dg__spec_weight_fmts, fl,
+						  sizeof(fl)));
 	if (uses & DG_FIELD_ACT) {
-		unsigned allowed = s->op == DG_OP_QUANTIZE_ACT ? quant_fmts
-							       : act_fmts;
-		if (!fmt_in(s->act, allowed))
-			return fail(msg, size,
-				    "act=%s: op %s takes one of %s", dg_fmt_name(s->act),
-				    op, fmt_list(allowed, fl, sizeof(fl)));
+		unsigned allowed = s->op == DG_OP_QUANTIZE_ACT
+					   ? dg__spec_quant_fmts
+					   : dg__spec_act_fmts;
+		if (!dg__spec_fmt_in(s->act, allowed))
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"act=%s: op %s takes one of %s",
+					dg_fmt_name(s->act), op,
+					dg__spec_fmt_list(allowed, fl,
+							  sizeof(fl)));
 	}
-	if (uses & DG_FIELD_SRC && !fmt_in(s->src, src_fmts))
-		return fail(msg, size, "src=%s: must be one of %s",
-			    dg_fmt_name(s->src),
-			    fmt_list(src_fmts, fl, sizeof(fl)));
-	if (uses & DG_FIELD_OUT && !fmt_in(s->out, out_fmts))
-		return fail(msg, size, "out=%s: must be one of %s",
-			    dg_fmt_name(s->out),
-			    fmt_list(out_fmts, fl, sizeof(fl)));
+	if (uses & DG_FIELD_SRC && !dg__spec_fmt_in(s->src, dg__spec_src_fmts))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"src=%s: must be one of %s", dg_fmt_name(s->src),
+				dg__spec_fmt_list(dg__spec_src_fmts, fl,
+						  sizeof(fl)));
+	if (uses & DG_FIELD_OUT && !dg__spec_fmt_in(s->out, dg__spec_out_fmts))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"out=%s: must be one of %s", dg_fmt_name(s->out),
+				dg__spec_fmt_list(dg__spec_out_fmts, fl,
+						  sizeof(fl)));
 	if (uses & DG_FIELD_EMBD) {
 		if (s->embd < 4 || s->embd > DG_MAX_EMBD)
-			return fail(msg, size, "embd=%d: must be between 4 and %d",
-				    s->embd, DG_MAX_EMBD);
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"embd=%d: must be between 4 and %d",
+					s->embd, DG_MAX_EMBD);
 		if (s->embd % 4)
-			return fail(msg, size,
-				    "embd=%d: must be a multiple of 4 (codes are packed four to a word along it)",
-				    s->embd);
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"embd=%d: must be a multiple of 4 (codes are packed four to a word along it)",
+					s->embd);
 		if (uses & DG_FIELD_WEIGHT) {
 			int cpw = codes_per_word(s->weight);
 			if (cpw > 4 && s->embd % cpw)
-				return fail(msg, size,
-					    "embd=%d: weight=%s packs %d codes a word along embd, so embd must be a multiple of %d",
-					    s->embd, dg_fmt_name(s->weight), cpw,
-					    cpw);
+				return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+						"embd=%d: weight=%s packs %d codes a word along embd, so embd must be a multiple of %d",
+						s->embd, dg_fmt_name(s->weight),
+						cpw, cpw);
 		}
 	}
 	if (uses & DG_FIELD_LATENT) {
 		if (s->latent < 1 || s->latent > DG_MAX_LATENT)
-			return fail(msg, size,
-				    "latent=%d: must be between 1 and %d",
-				    s->latent, DG_MAX_LATENT);
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"latent=%d: must be between 1 and %d",
+					s->latent, DG_MAX_LATENT);
 		if (s->op == DG_OP_LOWRANK_FWD && s->latent % 4)
-			return fail(msg, size,
-				    "latent=%d: must be a multiple of 4 (output codes are packed four to a word for the next op)",
-				    s->latent);
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"latent=%d: must be a multiple of 4 (output codes are packed four to a word for the next op)",
+					s->latent);
 	}
 	if (uses & DG_FIELD_RELU) {
 		if (s->relu && !isfinite(s->relu_thr))
-			return fail(msg, size,
-				    "relu=%g: the threshold must be a finite number (or none)",
-				    (double)s->relu_thr);
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"relu=%g: the threshold must be a finite number (or none)",
+					(double)s->relu_thr);
 		if (uses & DG_FIELD_OUT && s->out == DG_FMT_UINT8POS && !s->relu)
-			return fail(msg, size,
-				    "out=uint8pos: needs relu (unsigned codes hold only values >= 0); use out=int8 or set relu");
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"out=uint8pos: needs relu (unsigned codes hold only values >= 0); use out=int8 or set relu");
 	}
 	if (uses & DG_FIELD_ARCH) {
 		if (s->arch < 50 || s->arch > 199)
-			return fail(msg, size,
-				    "arch=sm_%d: must be sm_50 or newer, e.g. sm_90",
-				    s->arch);
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"arch=sm_%d: must be sm_50 or newer, e.g. sm_90",
+					s->arch);
 		if (s->arch_specific && s->arch < 90)
-			return fail(msg, size,
-				    "arch=sm_%da: arch-specific targets exist from sm_90a on",
-				    s->arch);
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"arch=sm_%da: arch-specific targets exist from sm_90a on",
+					s->arch);
 	}
 	if (uses & DG_FIELD_TILE)
 		return validate_tile(s, msg, size);
@@ -392,17 +390,6 @@ bool dg_tile_is_auto(const dg_tile *t)
 {
 	return !t->bm && !t->bn && !t->bk && !t->wm && !t->wn && !t->stages &&
 	       !t->threads;
-}
-
-void dg_tile_to_string(const dg_tile *t, char *buf, size_t size)
-{
-	if (dg_tile_is_auto(t))
-		snprintf(buf, size, "auto");
-	else if (t->threads)
-		snprintf(buf, size, "t%d", t->threads);
-	else
-		snprintf(buf, size, "%dx%dx%d/%dx%d/%d", t->bm, t->bn, t->bk,
-			 t->wm, t->wn, t->stages);
 }
 
 void dg_spec_default_tile(const dg_spec *s, dg_tile *tile)
@@ -436,392 +423,3 @@ void dg_spec_default_tile(const dg_spec *s, dg_tile *tile)
 	tile->stages = 2;
 }
 
-/* ---- canonical text --------------------------------------------------------- */
-
-/* Shortest "%.Ng" that reads back to the same float. */
-static void float_to_string(float v, char *buf, size_t size)
-{
-	if (v == 0.0f)
-		v = 0.0f;
-	for (int p = 1; p <= 9; p++) {
-		snprintf(buf, size, "%.*g", p, (double)v);
-		if (strtof(buf, NULL) == v)
-			return;
-	}
-}
-
-typedef struct strbuf {
-	char *p;
-	size_t size, len;
-	bool overflow;
-} strbuf;
-
-static void sb_add(strbuf *b, const char *key, const char *val)
-{
-	int w = snprintf(b->p + b->len, b->size - b->len, "%s=%s;", key, val);
-	if (w < 0 || (size_t)w >= b->size - b->len) {
-		b->overflow = true;
-		return;
-	}
-	b->len += (size_t)w;
-}
-
-static void sb_addi(strbuf *b, const char *key, int v)
-{
-	char t[16];
-	snprintf(t, sizeof(t), "%d", v);
-	sb_add(b, key, t);
-}
-
-dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
-{
-	if (!s || !buf || !size)
-		return DG_ERR_INVALID_ARG;
-	strbuf b = { buf, size, 0, false };
-	unsigned uses = dg_spec_uses(s->op);
-	char t[64];
-
-	buf[0] = '\0';
-	/* keys in sorted order */
-	if (uses & DG_FIELD_ACT)
-		sb_add(&b, "act", dg_fmt_name(s->act));
-	if (uses & DG_FIELD_ARCH) {
-		snprintf(t, sizeof(t), "sm_%d%s", s->arch,
-			 s->arch_specific ? "a" : "");
-		sb_add(&b, "arch", t);
-	}
-	if (uses & DG_FIELD_EMBD)
-		sb_addi(&b, "embd", s->embd);
-	if (uses & DG_FIELD_HEADS)
-		sb_addi(&b, "heads", s->heads);
-	if (uses & DG_FIELD_IN_HEADS)
-		sb_addi(&b, "in_heads", s->in_heads);
-	if (uses & DG_FIELD_LATENT)
-		sb_addi(&b, "latent", s->latent);
-	sb_add(&b, "op", dg_op_name(s->op));
-	if (uses & DG_FIELD_OUT)
-		sb_add(&b, "out", dg_fmt_name(s->out));
-	if (uses & DG_FIELD_RELU) {
-		if (s->relu)
-			float_to_string(s->relu_thr, t, sizeof(t));
-		else
-			snprintf(t, sizeof(t), "none");
-		sb_add(&b, "relu", t);
-	}
-	if (uses & DG_FIELD_SRC)
-		sb_add(&b, "src", dg_fmt_name(s->src));
-	if (uses & DG_FIELD_TILE) {
-		dg_tile_to_string(&s->tile, t, sizeof(t));
-		sb_add(&b, "tile", t);
-	}
-	if (uses & DG_FIELD_WEIGHT)
-		sb_add(&b, "weight", dg_fmt_name(s->weight));
-	return b.overflow ? DG_ERR_INVALID_ARG : DG_OK;
-}
-
-bool dg_spec_equal(const dg_spec *a, const dg_spec *b)
-{
-	char ta[DG_SPEC_TEXT_MAX], tb[DG_SPEC_TEXT_MAX];
-	dg_spec na = *a, nb = *b;
-
-	dg_spec_normalize(&na);
-	dg_spec_normalize(&nb);
-	return dg_spec_to_string(&na, ta, sizeof(ta)) == DG_OK &&
-	       dg_spec_to_string(&nb, tb, sizeof(tb)) == DG_OK &&
-	       strcmp(ta, tb) == 0;
-}
-
-/* ---- parsing ------------------------------------------------------------- */
-
-typedef struct key_info {
-	const char *name;
-	dg_field field;
-} key_info;
-
-static const key_info keys[] = {
-	{ "act", DG_FIELD_ACT },       { "arch", DG_FIELD_ARCH },
-	{ "embd", DG_FIELD_EMBD },     { "heads", DG_FIELD_HEADS },
-	{ "in_heads", DG_FIELD_IN_HEADS }, { "latent", DG_FIELD_LATENT },
-	{ "out", DG_FIELD_OUT },       { "relu", DG_FIELD_RELU },
-	{ "src", DG_FIELD_SRC },       { "tile", DG_FIELD_TILE },
-	{ "weight", DG_FIELD_WEIGHT },
-};
-
-static const key_info *find_key(const char *name)
-{
-	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-		if (strcmp(keys[i].name, name) == 0)
-			return &keys[i];
-	return NULL;
-}
-
-static bool parse_int(const char *v, int lo, int hi, int *out)
-{
-	char *end;
-	if (!isdigit((unsigned char)v[0]))
-		return false;
-	errno = 0;
-	long x = strtol(v, &end, 10);
-	if (errno || *end || x < lo || x > hi)
-		return false;
-	*out = (int)x;
-	return true;
-}
-
-/* "auto" | "t<threads>" | "BMxBNxBK/WMxWN/S" */
-static bool parse_tile(const char *v, dg_tile *t)
-{
-	dg_tile r = { 0 };
-	char tail;
-
-	if (strcmp(v, "auto") == 0) {
-		*t = r;
-		return true;
-	}
-	if (v[0] == 't') {
-		if (!parse_int(v + 1, 1, 1 << 20, &r.threads))
-			return false;
-		*t = r;
-		return true;
-	}
-	for (const char *p = v; *p; p++)
-		if (!isdigit((unsigned char)*p) && *p != 'x' && *p != '/')
-			return false;
-	if (sscanf(v, "%4dx%4dx%4d/%2dx%2d/%2d%c", &r.bm, &r.bn, &r.bk, &r.wm,
-		   &r.wn, &r.stages, &tail) != 6)
-		return false;
-	if (r.bm <= 0 || r.bn <= 0 || r.bk <= 0 || r.wm <= 0 || r.wn <= 0 ||
-	    r.stages <= 0)
-		return false;
-	*t = r;
-	return true;
-}
-
-static bool parse_arch(const char *v, int *arch, bool *specific)
-{
-	char digits[8];
-	size_t n;
-
-	if (strncmp(v, "sm_", 3) == 0)
-		v += 3;
-	else if (strncmp(v, "compute_", 8) == 0)
-		v += 8;
-	n = strlen(v);
-	bool a = n > 0 && v[n - 1] == 'a';
-	if (a)
-		n--;
-	if (n < 2 || n > 3)
-		return false;
-	memcpy(digits, v, n);
-	digits[n] = '\0';
-	if (!parse_int(digits, 10, 999, arch))
-		return false;
-	*specific = a;
-	return true;
-}
-
-static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
-			   char *msg, size_t size)
-{
-	char fl[96];
-	dg_fmt f;
-
-	switch (k->field) {
-	case DG_FIELD_HEADS:
-	case DG_FIELD_IN_HEADS:
-	case DG_FIELD_EMBD:
-	case DG_FIELD_LATENT: {
-		int x;
-		if (!parse_int(v, 0, INT_MAX, &x))
-			return fail(msg, size,
-				    "%s=%s: must be a positive decimal integer",
-				    k->name, v);
-		if (k->field == DG_FIELD_HEADS)
-			s->heads = x;
-		else if (k->field == DG_FIELD_IN_HEADS)
-			s->in_heads = x;
-		else if (k->field == DG_FIELD_EMBD)
-			s->embd = x;
-		else
-			s->latent = x;
-		return DG_OK;
-	}
-	case DG_FIELD_WEIGHT:
-	case DG_FIELD_ACT:
-	case DG_FIELD_OUT:
-	case DG_FIELD_SRC: {
-		unsigned mask = k->field == DG_FIELD_WEIGHT ? weight_fmts
-				: k->field == DG_FIELD_ACT  ? act_fmts
-				: k->field == DG_FIELD_OUT  ? out_fmts
-							    : src_fmts;
-		if (!dg_fmt_from_name(v, &f) || !fmt_in(f, mask))
-			return fail(msg, size, "%s=%s: must be one of %s",
-				    k->name, v, fmt_list(mask, fl, sizeof(fl)));
-		if (k->field == DG_FIELD_WEIGHT)
-			s->weight = f;
-		else if (k->field == DG_FIELD_ACT)
-			s->act = f;
-		else if (k->field == DG_FIELD_OUT)
-			s->out = f;
-		else
-			s->src = f;
-		return DG_OK;
-	}
-	case DG_FIELD_RELU: {
-		if (strcmp(v, "none") == 0) {
-			s->relu = false;
-			s->relu_thr = 0.0f;
-			return DG_OK;
-		}
-		char *end;
-		errno = 0;
-		float x = strtof(v, &end);
-		/* ERANGE with a non-zero result is a subnormal: exact, keep it;
-		 * underflow to zero or overflow to inf is refused. */
-		if (!*v || *end || !isfinite(x) || isspace((unsigned char)v[0]) ||
-		    (errno == ERANGE && x == 0.0f))
-			return fail(msg, size,
-				    "relu=%s: must be none or a finite threshold such as 0 or 0.25",
-				    v);
-		s->relu = true;
-		s->relu_thr = x == 0.0f ? 0.0f : x;
-		return DG_OK;
-	}
-	case DG_FIELD_TILE:
-		if (!parse_tile(v, &s->tile))
-			return fail(msg, size,
-				    "tile=%s: must be auto, t<threads> (e.g. t256) or BMxBNxBK/WMxWN/S (e.g. 64x64x64/2x2/2)",
-				    v);
-		return DG_OK;
-	case DG_FIELD_ARCH:
-		if (!parse_arch(v, &s->arch, &s->arch_specific))
-			return fail(msg, size,
-				    "arch=%s: must look like sm_90 or sm_90a", v);
-		return DG_OK;
-	}
-	return fail(msg, size, "%s: unknown key", k->name);
-}
-
-static void list_keys(unsigned uses, char *buf, size_t size)
-{
-	size_t n = 0;
-	buf[0] = '\0';
-	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-		if (!(uses & keys[i].field))
-			continue;
-		int w = snprintf(buf + n, size - n, "%s%s", n ? ", " : "",
-				 keys[i].name);
-		if (w < 0 || (size_t)w >= size - n)
-			return;
-		n += (size_t)w;
-	}
-}
-
-dg_status dg_spec_set(dg_spec *s, const char *key, const char *value,
-		      char *msg, size_t size)
-{
-	char kl[160];
-
-	if (!s || !key || !value)
-		return fail(msg, size, "spec, key and value must not be NULL");
-	if (strcmp(key, "op") == 0) {
-		dg_op op;
-		if (!dg_op_from_name(value, &op))
-			return fail(msg, size,
-				    "op=%s: unknown; ops are lowrank_fwd, quantize_act, pack_i8x4, unpack_i8x4",
-				    value);
-		s->op = op;
-		return DG_OK;
-	}
-	const key_info *k = find_key(key);
-	if (!k)
-		return fail(msg, size,
-			    "%s: unknown key; keys are op, act, arch, embd, heads, in_heads, latent, out, relu, src, tile, weight",
-			    key);
-	if (!(dg_spec_uses(s->op) & k->field)) {
-		list_keys(dg_spec_uses(s->op), kl, sizeof(kl));
-		return fail(msg, size, "%s: op %s does not take it; it takes %s",
-			    key, dg_op_name(s->op), kl);
-	}
-	return set_field(s, k, value, msg, size);
-}
-
-/* Copies the trimmed [b, e) into dst (size cap); false if it does not fit. */
-static bool trim_copy(const char *b, const char *e, char *dst, size_t cap)
-{
-	while (b < e && isspace((unsigned char)*b))
-		b++;
-	while (e > b && isspace((unsigned char)e[-1]))
-		e--;
-	if ((size_t)(e - b) >= cap)
-		return false;
-	memcpy(dst, b, (size_t)(e - b));
-	dst[e - b] = '\0';
-	return true;
-}
-
-#define MAX_PAIRS 16
-
-dg_status dg_spec_parse(const char *text, dg_spec *out, char *msg, size_t size)
-{
-	char kbuf[MAX_PAIRS][32], vbuf[MAX_PAIRS][64];
-	int n = 0, op_at = -1;
-
-	if (!text || !out)
-		return fail(msg, size, "spec text and output must not be NULL");
-	const char *p = text;
-	while (*p) {
-		const char *end = strchr(p, ';');
-		if (!end)
-			end = p + strlen(p);
-		const char *eq = memchr(p, '=', (size_t)(end - p));
-		char whole[128];
-		if (!eq) {
-			if (!trim_copy(p, end, whole, sizeof(whole)))
-				return fail(msg, size, "spec: a token is too long");
-			if (whole[0])
-				return fail(msg, size,
-					    "'%s': expected key=value (pairs end with ';')",
-					    whole);
-		} else {
-			if (n == MAX_PAIRS)
-				return fail(msg, size, "spec: too many keys");
-			if (!trim_copy(p, eq, kbuf[n], sizeof(kbuf[n])) ||
-			    !trim_copy(eq + 1, end, vbuf[n], sizeof(vbuf[n])))
-				return fail(msg, size, "spec: a key or value is too long");
-			if (!kbuf[n][0])
-				return fail(msg, size, "'=%s': missing key", vbuf[n]);
-			for (int i = 0; i < n; i++)
-				if (strcmp(kbuf[i], kbuf[n]) == 0)
-					return fail(msg, size, "%s: given twice",
-						    kbuf[n]);
-			if (strcmp(kbuf[n], "op") == 0)
-				op_at = n;
-			n++;
-		}
-		p = *end ? end + 1 : end;
-	}
-	if (op_at < 0)
-		return fail(msg, size,
-			    "spec: op is missing (e.g. op=lowrank_fwd;)");
-	dg_op op;
-	if (!dg_op_from_name(vbuf[op_at], &op))
-		return fail(msg, size,
-			    "op=%s: unknown; ops are lowrank_fwd, quantize_act, pack_i8x4, unpack_i8x4",
-			    vbuf[op_at]);
-	dg_spec s;
-	dg_spec_init(&s, op);
-	for (int i = 0; i < n; i++) {
-		if (i == op_at)
-			continue;
-		dg_status st = dg_spec_set(&s, kbuf[i], vbuf[i], msg, size);
-		if (st)
-			return st;
-	}
-	dg_status st = dg_spec_validate(&s, msg, size);
-	if (st)
-		return st;
-	dg_spec_normalize(&s);
-	*out = s;
-	return DG_OK;
-}

@@ -2,7 +2,7 @@
  * dragon — disk cache internals: the handle, the entry file layout, the
  * helpers runtime/cache.c (open, get, put, get_or_build) and
  * runtime/cache_admin.c (stat, verify, gc, clear, eviction, quarantine,
- * lock files) share, and the test hook. Only those two files and tests/test_cache.c
+ * lock files) share, and the test hook. Only those two files and the cache tests (tests/test_cache*.c)
  * look here.
  *
  * Entry file <root>/kernels/<key>.dgk, every integer little-endian:

@@ -9,11 +9,11 @@
  * without overflow, so arbitrary bytes are safe here. The e_flags layouts
  * are documented in dragon/cubin.h.
  */
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
+#include "codegen/msg.h"
 #include "dragon/cubin.h"
 
 #define ELF64_EHDR_SIZE 64
@@ -26,21 +26,6 @@
 #define SHN_LORESERVE 0xff00
 /* First EI_ABIVERSION with the SM in bits 8..15 (CUDA 13). */
 #define CUDA_ABI_V2 8
-
-static dg_status fail(dg_status st, char *msg, size_t size, const char *fmt,
-		      ...) __attribute__((format(printf, 4, 5)));
-
-static dg_status fail(dg_status st, char *msg, size_t size, const char *fmt,
-		      ...)
-{
-	if (msg && size) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(msg, size, fmt, ap);
-		va_end(ap);
-	}
-	return st;
-}
 
 static uint16_t rd16(const uint8_t *p)
 {
@@ -73,13 +58,13 @@ static dg_status check_table(const char *what, uint64_t off, unsigned n,
 	if (n == 0)
 		return DG_OK;
 	if (ent != want_ent)
-		return fail(DG_ERR_CORRUPT, msg, msz,
-			    "%s entries are %u bytes; ELF64 has %u", what, ent,
-			    want_ent);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msz,
+				"%s entries are %u bytes; ELF64 has %u", what,
+				ent, want_ent);
 	if (!in_image(off, (uint64_t)n * ent, size))
-		return fail(DG_ERR_CORRUPT, msg, msz,
-			    "%s (%u entries at offset %llu) runs past the end of the %zu-byte image (truncated?)",
-			    what, n, (unsigned long long)off, size);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msz,
+				"%s (%u entries at offset %llu) runs past the end of the %zu-byte image (truncated?)",
+				what, n, (unsigned long long)off, size);
 	return DG_OK;
 }
 
@@ -93,10 +78,10 @@ static dg_status check_sections(const uint8_t *b, size_t size, uint64_t shoff,
 		if (type == 0 || type == SHT_NOBITS)
 			continue;
 		if (!in_image(off, len, size))
-			return fail(DG_ERR_CORRUPT, msg, msz,
-				    "section %u (offset %llu, %llu bytes) runs past the end of the %zu-byte image (truncated?)",
-				    i, (unsigned long long)off,
-				    (unsigned long long)len, size);
+			return dg__msgf(DG_ERR_CORRUPT, msg, msz,
+					"section %u (offset %llu, %llu bytes) runs past the end of the %zu-byte image (truncated?)",
+					i, (unsigned long long)off,
+					(unsigned long long)len, size);
 	}
 	return DG_OK;
 }
@@ -108,10 +93,10 @@ static dg_status check_segments(const uint8_t *b, size_t size, uint64_t phoff,
 		const uint8_t *ph = b + phoff + (uint64_t)i * ELF64_PHDR_SIZE;
 		uint64_t off = rd64(ph + 8), len = rd64(ph + 32);
 		if (!in_image(off, len, size))
-			return fail(DG_ERR_CORRUPT, msg, msz,
-				    "segment %u (offset %llu, %llu bytes) runs past the end of the %zu-byte image (truncated?)",
-				    i, (unsigned long long)off,
-				    (unsigned long long)len, size);
+			return dg__msgf(DG_ERR_CORRUPT, msg, msz,
+					"segment %u (offset %llu, %llu bytes) runs past the end of the %zu-byte image (truncated?)",
+					i, (unsigned long long)off,
+					(unsigned long long)len, size);
 	}
 	return DG_OK;
 }
@@ -123,53 +108,57 @@ dg_status dg_cubin_check(const void *image, size_t size, int arch, char *msg,
 	dg_status st;
 
 	if (!image)
-		return fail(DG_ERR_INVALID_ARG, msg, msg_size, "cubin image is NULL");
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"cubin image is NULL");
 	if (arch < 10 || arch > 999)
-		return fail(DG_ERR_INVALID_ARG, msg, msg_size,
-			    "arch %d: expected an SM number such as 90", arch);
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"arch %d: expected an SM number such as 90",
+				arch);
 	if (size < 4 || b[0] != 0x7f || b[1] != 'E' || b[2] != 'L' ||
 	    b[3] != 'F')
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "not an ELF file (no \\x7fELF magic); a cubin is a CUDA ELF image");
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"not an ELF file (no \\x7fELF magic); a cubin is a CUDA ELF image");
 	if (size < ELF64_EHDR_SIZE)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "truncated: %zu bytes, less than the %d-byte ELF64 header",
-			    size, ELF64_EHDR_SIZE);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"truncated: %zu bytes, less than the %d-byte ELF64 header",
+				size, ELF64_EHDR_SIZE);
 	if (b[4] != 2)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "ELF class %u; a cubin is ELF64 (class 2)", b[4]);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"ELF class %u; a cubin is ELF64 (class 2)",
+				b[4]);
 	if (b[5] != 1)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "ELF data encoding %u; a cubin is little-endian (1)",
-			    b[5]);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"ELF data encoding %u; a cubin is little-endian (1)",
+				b[5]);
 	if (b[6] != 1 || rd32(b + 20) != 1)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "ELF version %u/%u; expected 1", b[6], rd32(b + 20));
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"ELF version %u/%u; expected 1", b[6],
+				rd32(b + 20));
 	unsigned type = rd16(b + 16), machine = rd16(b + 18);
 	if (machine != EM_CUDA)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "ELF machine %u is not EM_CUDA (%d): not a cubin",
-			    machine, EM_CUDA);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"ELF machine %u is not EM_CUDA (%d): not a cubin",
+				machine, EM_CUDA);
 	if (type != ET_EXEC && type != ET_REL)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "ELF type %u; a cubin is ET_EXEC (2) or ET_REL (1)",
-			    type);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"ELF type %u; a cubin is ET_EXEC (2) or ET_REL (1)",
+				type);
 	if (rd16(b + 52) < ELF64_EHDR_SIZE)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "ELF header size %u is below %d", rd16(b + 52),
-			    ELF64_EHDR_SIZE);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"ELF header size %u is below %d", rd16(b + 52),
+				ELF64_EHDR_SIZE);
 
 	uint64_t phoff = rd64(b + 32), shoff = rd64(b + 40);
 	unsigned phent = rd16(b + 54), phnum = rd16(b + 56);
 	unsigned shent = rd16(b + 58), shnum = rd16(b + 60);
 	unsigned shstrndx = rd16(b + 62);
 	if (shnum == 0 || shoff == 0)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "no section headers; a cubin has its code in sections");
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"no section headers; a cubin has its code in sections");
 	if (shnum >= SHN_LORESERVE || shstrndx >= shnum)
-		return fail(DG_ERR_CORRUPT, msg, msg_size,
-			    "section name table index %u is not below the section count %u",
-			    shstrndx, shnum);
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"section name table index %u is not below the section count %u",
+				shstrndx, shnum);
 	st = check_table("section header table", shoff, shnum, shent,
 			 ELF64_SHDR_SIZE, size, msg, msg_size);
 	if (st)
@@ -189,9 +178,9 @@ dg_status dg_cubin_check(const void *image, size_t size, int arch, char *msg,
 	unsigned abi = b[8];
 	unsigned sm = abi >= CUDA_ABI_V2 ? (flags >> 8) & 0xff : flags & 0xff;
 	if (sm != (unsigned)arch)
-		return fail(DG_ERR_UNSUPPORTED, msg, msg_size,
-			    "cubin targets sm_%u (e_flags 0x%08x, ELF ABI %u), expected sm_%d",
-			    sm, flags, abi, arch);
+		return dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
+				"cubin targets sm_%u (e_flags 0x%08x, ELF ABI %u), expected sm_%d",
+				sm, flags, abi, arch);
 	if (msg && msg_size)
 		msg[0] = '\0';
 	return DG_OK;

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "runtime/ref_int.h"
+
 /* --- bf16 ---------------------------------------------------------------- */
 
 uint16_t dg_ref_f32_to_bf16(float x)
@@ -63,37 +65,9 @@ int dg_ref_qmax(dg_fmt fmt)
 	}
 }
 
-static int is_act_code_fmt(dg_fmt fmt)
-{
-	return fmt == DG_FMT_INT8 || fmt == DG_FMT_INT4 ||
-	       fmt == DG_FMT_UINT8POS;
-}
-
 static int is_src_fmt(dg_fmt fmt)
 {
 	return fmt == DG_FMT_F32 || fmt == DG_FMT_BF16;
-}
-
-/* clamp(rint(q), lo, hi); NaN → 0, as __float2int_rn then a clamp. */
-static int code_of(float q, int lo, int hi)
-{
-	float r;
-
-	if (isnan(q))
-		return 0;
-	r = rintf(q);
-	if (r < (float)lo)
-		return lo;
-	if (r > (float)hi)
-		return hi;
-	return (int)r;
-}
-
-static float src_at(dg_fmt src, const void *x, size_t i)
-{
-	if (src == DG_FMT_BF16)
-		return dg_ref_bf16_to_f32(((const uint16_t *)x)[i]);
-	return ((const float *)x)[i];
 }
 
 /* --- activation quantize ------------------------------------------------- */
@@ -103,14 +77,17 @@ dg_status dg_ref_quantize_act_apply(dg_fmt src, dg_fmt act, const void *x,
 {
 	int qmax, lo;
 
-	if (!x || !codes || !is_src_fmt(src) || !is_act_code_fmt(act))
+	if (!x || !codes || !is_src_fmt(src) || !dg__ref_is_act_code(act))
 		return DG_ERR_INVALID_ARG;
 	qmax = dg_ref_qmax(act);
 	lo = act == DG_FMT_UINT8POS ? 0 : -qmax;
 	for (size_t i = 0; i < n; i++) {
+		int c = 0;
+
 		/* x / scale is one IEEE division, as __fdiv_rn on the GPU. */
-		int c = scale == 0.0f ? 0 : code_of(src_at(src, x, i) / scale,
-						    lo, qmax);
+		if (scale != 0.0f)
+			c = dg__ref_code_of(dg__ref_plain_at(src, x, i) / scale,
+					    lo, qmax);
 
 		if (act == DG_FMT_UINT8POS)
 			((uint8_t *)codes)[i] = (uint8_t)c;
@@ -127,10 +104,10 @@ dg_status dg_ref_quantize_act(dg_fmt src, dg_fmt act, const void *x, size_t n,
 	float s;
 
 	if (!x || !codes || !scale || !is_src_fmt(src) ||
-	    !is_act_code_fmt(act))
+	    !dg__ref_is_act_code(act))
 		return DG_ERR_INVALID_ARG;
 	for (size_t i = 0; i < n; i++)
-		sum += fabs((double)src_at(src, x, i));
+		sum += fabs((double)dg__ref_plain_at(src, x, i));
 	/* The same expression as dg_quantize_act_scale: 2·sum / (n·qmax). */
 	s = sum == 0.0 ? 0.0f
 		       : (float)(2.0 * sum /
@@ -166,7 +143,7 @@ dg_status dg_ref_quantize_weight(dg_fmt weight, const float *w, size_t n,
 		int c;
 
 		if (weight == DG_FMT_INT8)
-			c = s == 0.0f ? 0 : code_of(v / s, -127, 127);
+			c = s == 0.0f ? 0 : dg__ref_code_of(v / s, -127, 127);
 		else if (weight == DG_FMT_TERNARY)
 			c = fabsf(v) < s ? 0 : (v > 0.0f) - (v < 0.0f);
 		else

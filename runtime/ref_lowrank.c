@@ -24,10 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool act_is_code(dg_fmt f)
-{
-	return f == DG_FMT_INT8 || f == DG_FMT_INT4 || f == DG_FMT_UINT8POS;
-}
+#include "runtime/ref_int.h"
 
 static bool weight_is_code(dg_fmt f)
 {
@@ -36,7 +33,7 @@ static bool weight_is_code(dg_fmt f)
 
 static bool act_ok(dg_fmt f)
 {
-	return f == DG_FMT_F32 || f == DG_FMT_BF16 || act_is_code(f);
+	return f == DG_FMT_F32 || f == DG_FMT_BF16 || dg__ref_is_act_code(f);
 }
 
 static bool weight_ok(dg_fmt f)
@@ -92,27 +89,6 @@ static int weight_code(dg_fmt f, const void *w, size_t i)
 	}
 }
 
-static float plain_at(dg_fmt f, const void *p, size_t i)
-{
-	if (f == DG_FMT_BF16)
-		return dg_ref_bf16_to_f32(((const uint16_t *)p)[i]);
-	return ((const float *)p)[i];
-}
-
-static int code_of(float q, int lo, int hi)
-{
-	float r;
-
-	if (isnan(q))
-		return 0;
-	r = rintf(q);
-	if (r < (float)lo)
-		return lo;
-	if (r > (float)hi)
-		return hi;
-	return (int)r;
-}
-
 static bool mul_ok(size_t *acc, size_t f)
 {
 	if (f && *acc > SIZE_MAX / f)
@@ -136,7 +112,7 @@ static dg_status check(const dg_spec *spec, const dg_ref_lowrank_args *a)
 	if (!act_ok(spec->act) || !weight_ok(spec->weight) ||
 	    !out_ok(spec->out))
 		return DG_ERR_INVALID_ARG;
-	if ((act_is_code(spec->act) || spec->weight == DG_FMT_INT8) &&
+	if ((dg__ref_is_act_code(spec->act) || spec->weight == DG_FMT_INT8) &&
 	    spec->embd % 4)
 		return DG_ERR_INVALID_ARG;
 	if (spec->weight == DG_FMT_TERNARY && spec->embd % 16)
@@ -166,11 +142,13 @@ static void store_out(dg_fmt fmt, void *out, size_t i, float y, float so)
 		break;
 	case DG_FMT_INT8:
 		((int8_t *)out)[i] =
-			(int8_t)(so <= 0.0f ? 0 : code_of(y / so, -127, 127));
+			(int8_t)(so <= 0.0f ? 0
+					    : dg__ref_code_of(y / so, -127, 127));
 		break;
 	default: /* uint8pos */
 		((uint8_t *)out)[i] =
-			(uint8_t)(so <= 0.0f ? 0 : code_of(y / so, 0, 255));
+			(uint8_t)(so <= 0.0f ? 0
+					     : dg__ref_code_of(y / so, 0, 255));
 		break;
 	}
 }
@@ -222,7 +200,7 @@ dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
 	L = (size_t)spec->latent;
 	B = (size_t)args->batch;
 	T = (size_t)args->time;
-	act_code_fmt = act_is_code(spec->act);
+	act_code_fmt = dg__ref_is_act_code(spec->act);
 	w_code_fmt = weight_is_code(spec->weight);
 	int_path = act_code_fmt && w_code_fmt;
 
@@ -253,7 +231,8 @@ dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
 				wf[i] = (float)weight_code(spec->weight,
 							   args->w, gi);
 			else
-				wf[i] = plain_at(spec->weight, args->w, gi);
+				wf[i] = dg__ref_plain_at(spec->weight,
+							 args->w, gi);
 		}
 		for (size_t bt = 0; bt < B * T; bt++) {
 			size_t b = bt / T, t = bt % T;
@@ -268,8 +247,9 @@ dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
 					xf[e] = (float)act_code(spec->act,
 								args->x, xrow + e);
 				else
-					xf[e] = plain_at(spec->act, args->x,
-							 xrow + e);
+					xf[e] = dg__ref_plain_at(spec->act,
+								 args->x,
+								 xrow + e);
 			}
 			for (size_t l = 0; l < L; l++) {
 				float y;

@@ -745,6 +745,13 @@ Test(cli, cache_commands)
 	cr_expect_eq(r.code, 1, "verify must fail on a bad entry");
 	j = parse_json(r.out);
 	cr_expect_eq(num(j, "bad"), 1);
+	cJSON *bad = cJSON_GetObjectItem(j, "bad_entries");
+	cr_expect(cJSON_GetArraySize(bad) == 1, "the bad entry is named: %s", r.out);
+	cJSON *e0 = cJSON_GetArrayItem(bad, 0);
+	cr_expect(e0 && cJSON_IsString(cJSON_GetObjectItem(e0, "key")) &&
+		  strlen(cJSON_GetObjectItem(e0, "key")->valuestring) == 64, "%s", r.out);
+	cr_expect(e0 && strstr(cJSON_GetObjectItem(e0, "reason")->valuestring, "checksum"),
+		  "%s", r.out);
 	cJSON_Delete(j);
 	cr_expect(strstr(r.err, "quarantine") != NULL, "%s", r.err);
 	run_free(&r);

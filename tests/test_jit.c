@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -12,6 +14,7 @@
 
 #include "dragon/jit.h"
 #include "helpers.h"
+#include "runtime/sha256.h"
 
 static dg_ctx *make_ctx(const char *cache_dir, const char *tpl_dir)
 {
@@ -198,5 +201,70 @@ Test(jit, corrupt_entry_is_rebuilt)
 	dg_binary_destroy(a);
 	dg_binary_destroy(b);
 	dg_ctx_destroy(ctx);
+	dg_test_rmtree(dir);
+}
+
+/* Eight processes JIT one spec into one empty cache at once: NVRTC runs
+ * once, one entry is published, and every process holds the same bytes. */
+Test(jit, eight_processes_one_spec_one_build, .timeout = 120)
+{
+	char *dir = dg_test_tmpdir();
+	dg_spec s = ternary_spec();
+	int fd[2];
+	cr_assert_eq(pipe(fd), 0);
+	pid_t pids[8];
+	for (int i = 0; i < 8; i++) {
+		pids[i] = fork();
+		cr_assert_geq(pids[i], 0);
+		if (pids[i] == 0) {
+			close(fd[0]);
+			dg_ctx_opts o = { .cache_dir = dir };
+			dg_ctx *ctx = NULL;
+			dg_binary *b = NULL;
+			char line[80] = "error\n";
+			if (dg_ctx_create(&ctx, &o) == DG_OK && dg_jit_compile(ctx, &s, &b) == DG_OK) {
+				uint8_t d[32];
+				char hex[65];
+				dg__sha256_digest(b->image, b->image_size, d);
+				dg__sha256_hex(d, hex);
+				snprintf(line, sizeof(line), "%c %s\n", b->cache_hit ? 'h' : 'm', hex);
+			}
+			if (write(fd[1], line, strlen(line)) < 0)
+				_exit(2);
+			_exit(0);
+		}
+	}
+	close(fd[1]);
+	char buf[8 * 80 + 1] = { 0 };
+	size_t n = 0;
+	ssize_t r;
+	while ((r = read(fd[0], buf + n, sizeof(buf) - 1 - n)) > 0)
+		n += (size_t)r;
+	close(fd[0]);
+	for (int i = 0; i < 8; i++) {
+		int status;
+		waitpid(pids[i], &status, 0);
+		cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	}
+	int misses = 0, lines = 0;
+	char first[65] = "";
+	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+		cr_assert(strlen(line) == 66, "child failed: %s", line);
+		lines++;
+		misses += line[0] == 'm';
+		if (!first[0])
+			snprintf(first, sizeof(first), "%s", line + 2);
+		cr_assert_str_eq(line + 2, first, "every process gets the same bytes");
+	}
+	cr_assert_eq(lines, 8);
+	cr_assert_eq(misses, 1, "NVRTC must run once, ran %d times", misses);
+	dg_cache *c = NULL;
+	dg_cache_opts co = { .dir = dir };
+	cr_assert_eq(dg_cache_open(&c, &co), DG_OK);
+	dg_cache_stats st;
+	cr_assert_eq(dg_cache_stat(c, &st), DG_OK);
+	cr_assert_eq(st.entries, 1);
+	cr_assert_eq(st.temp_files, 0);
+	dg_cache_close(c);
 	dg_test_rmtree(dir);
 }

@@ -146,28 +146,41 @@ Test(nvrtc, every_rendered_kernel_compiles_for_sm90, .timeout = 1500)
 
 /* ---- a compile error points at the generated line ------------------------ */
 
-Test(nvrtc, compile_error_names_the_generated_line)
+/* Renders the default spec of op with a template set whose dragon.lua is
+ * lua, and compiles it for sm_90 expecting DG_ERR_COMPILE: NVRTC's message
+ * is left in err and its result in *res (the caller frees it). */
+static void compile_broken(const char *lua, dg_op op, dg__nvrtc_result *res)
 {
 	char *dir = dg_test_tmpdir();
-	dg_test_write_file(dir, "dragon.lua",
-			   "return { render = function(spec)\n"
-			   "  return '// ' .. spec.canonical .. '\\n'\n"
-			   "      .. 'extern \"C\" __global__ void k(float *p)\\n'\n"
-			   "      .. '{\\n'\n"
-			   "      .. '  p[0] = undefined_thing;\\n'\n"
-			   "      .. '}\\n', {'k'}, 'broken.cu'\n"
-			   "end }\n");
 	dg_codegen_opts o = { .template_dir = dir };
 	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK);
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
 	dg_source *src = NULL;
-	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK);
 	dg__nvrtc_target t;
-	dg__nvrtc_result res;
+	dg_spec s;
+
+	dg_test_write_file(dir, "dragon.lua", lua);
+	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK);
+	dg_spec_init(&s, op);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK);
 	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, err, sizeof(err)), DG_OK);
-	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_ERR_COMPILE);
+	cr_assert_eq(dg__nvrtc_compile(src, &t, res, err, sizeof(err)), DG_ERR_COMPILE);
+	dg_source_destroy(src);
+	dg_codegen_destroy(cg);
+	dg_test_rmtree(dir);
+}
+
+Test(nvrtc, compile_error_names_the_generated_line)
+{
+	dg__nvrtc_result res;
+
+	compile_broken("return { render = function(spec)\n"
+		       "  return '// ' .. spec.canonical .. '\\n'\n"
+		       "      .. 'extern \"C\" __global__ void k(float *p)\\n'\n"
+		       "      .. '{\\n'\n"
+		       "      .. '  p[0] = undefined_thing;\\n'\n"
+		       "      .. '}\\n', {'k'}, 'broken.cu'\n"
+		       "end }\n",
+		       DG_OP_LOWRANK_FWD, &res);
 	cr_assert(strstr(err, "compile error in act=int8;"), "spec missing: %s", err);
 	cr_assert(strstr(err, "broken.cu(4)"), "NVRTC location missing: %s", err);
 	cr_assert(strstr(err, "undefined_thing"), "%s", err);
@@ -176,35 +189,19 @@ Test(nvrtc, compile_error_names_the_generated_line)
 	cr_assert(strstr(res.log, "undefined_thing"), "the log is kept: %s", res.log);
 	cr_assert_null(res.image);
 	dg__nvrtc_result_free(&res);
-	dg_source_destroy(src);
-	dg_codegen_destroy(cg);
-	dg_test_rmtree(dir);
 }
 
 Test(nvrtc, catastrophic_error_names_the_generated_line)
 {
-	char *dir = dg_test_tmpdir();
-	dg_test_write_file(dir, "dragon.lua",
-			   "return { render = function(spec)\n"
-			   "  return '// ' .. spec.canonical .. '\\n'\n"
-			   "      .. '#include <no_such_header.h>\\n'\n"
-			   "      .. 'extern \"C\" __global__ void k() {}\\n', {'k'}, 'cat.cu'\n"
-			   "end }\n");
-	dg_codegen_opts o = { .template_dir = dir };
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK);
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_PACK_I8X4);
-	dg_source *src = NULL;
-	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK);
-	dg__nvrtc_target t;
 	dg__nvrtc_result res;
-	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, err, sizeof(err)), DG_OK);
-	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_ERR_COMPILE);
+
+	compile_broken("return { render = function(spec)\n"
+		       "  return '// ' .. spec.canonical .. '\\n'\n"
+		       "      .. '#include <no_such_header.h>\\n'\n"
+		       "      .. 'extern \"C\" __global__ void k() {}\\n', {'k'}, 'cat.cu'\n"
+		       "end }\n",
+		       DG_OP_PACK_I8X4, &res);
 	cr_assert(strstr(err, "no_such_header.h"), "%s", err);
 	cr_assert(strstr(err, ">    2 | #include <no_such_header.h>"), "marked line missing: %s", err);
 	dg__nvrtc_result_free(&res);
-	dg_source_destroy(src);
-	dg_codegen_destroy(cg);
-	dg_test_rmtree(dir);
 }

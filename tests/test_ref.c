@@ -1,10 +1,13 @@
 /*
- * Tests of the CPU references (runtime/ref.c, runtime/ref_lowrank.c): the
- * contracts the GPU kernels are compared against, so they must be right on
- * their own. Hand-computed cases (worked in the comments) pin the layouts
- * and the rounding; random property tests check the references against
- * independent naive implementations written here (their own decoders and
- * packers, double sums). Random data comes from a fixed-seed generator, so
+ * Tests of the element-wise CPU references (runtime/ref.c): bf16 <-> f32,
+ * qmax, activation and weight quantize, and the i8x4, ternary and sign1
+ * packings. lowrank_fwd's reference is tested in tests/test_ref_lowrank.c.
+ *
+ * The references are the contracts the GPU kernels are compared against,
+ * so they must be right on their own. Hand-computed cases (worked in the
+ * comments) pin the layouts and the rounding; random property tests check
+ * the references against independent naive implementations written here.
+ * Random data comes from a fixed-seed generator (tests/ref_helpers.h), so
  * every run sees the same inputs.
  */
 #include <criterion/criterion.h>
@@ -16,22 +19,9 @@
 #include <string.h>
 
 #include "dragon/ref.h"
+#include "ref_helpers.h"
 
 /* --- helpers ------------------------------------------------------------- */
-
-static const char *const fmt_names[] = {
-#define X(e, s) s,
-	DG_FMT_LIST(X)
-#undef X
-};
-
-static uint32_t fbits(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
 
 static float bitsf(uint32_t u)
 {
@@ -39,87 +29,6 @@ static float bitsf(uint32_t u)
 
 	memcpy(&f, &u, sizeof(f));
 	return f;
-}
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t s)
-{
-	rng_state = s * 0x9e3779b97f4a7c15ull + 1;
-}
-
-static uint32_t rng_u32(void)
-{
-	/* xorshift64* */
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
-}
-
-/* Uniform integer in [lo, hi]. */
-static int rng_int(int lo, int hi)
-{
-	return lo + (int)(rng_u32() % (uint32_t)(hi - lo + 1));
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	cr_assert_not_null(p, "out of memory");
-	return p;
-}
-
-/* Little-endian i8x4 words from bytes (n a multiple of 4). */
-static void pack_bytes(const uint8_t *b, int32_t *w, size_t n)
-{
-	for (size_t i = 0; i < n / 4; i++) {
-		uint32_t u = (uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 |
-			     (uint32_t)b[4 * i + 2] << 16 |
-			     (uint32_t)b[4 * i + 3] << 24;
-
-		memcpy(&w[i], &u, sizeof(u));
-	}
-}
-
-/* The documented ternary / sign1 layouts, written independently of ref.c. */
-static void pack_ternary_naive(const int8_t *c, uint32_t *w, size_t n)
-{
-	memset(w, 0, n / 16 * sizeof(*w));
-	for (size_t i = 0; i < n; i++) {
-		uint32_t bits = c[i] == 1 ? 1u : c[i] == -1 ? 3u : 0u;
-
-		w[i / 16] |= bits << (2 * (i % 16));
-	}
-}
-
-static void pack_sign1_naive(const int8_t *c, uint32_t *w, size_t n)
-{
-	memset(w, 0, n / 32 * sizeof(*w));
-	for (size_t i = 0; i < n; i++)
-		if (c[i] == 1)
-			w[i / 32] |= 1u << (i % 32);
-}
-
-static dg_spec lowrank_spec(int heads, int in_heads, int embd, int latent,
-			    dg_fmt weight, dg_fmt act, dg_fmt out)
-{
-	dg_spec s;
-
-	memset(&s, 0, sizeof(s));
-	s.op = DG_OP_LOWRANK_FWD;
-	s.heads = heads;
-	s.in_heads = in_heads;
-	s.embd = embd;
-	s.latent = latent;
-	s.weight = weight;
-	s.act = act;
-	s.out = out;
-	s.src = DG_FMT_F32;
-	s.relu = false;
-	s.arch = 90;
-	return s;
 }
 
 /* --- bf16 ---------------------------------------------------------------- */
@@ -183,7 +92,7 @@ Test(bf16, roundtrip_every_value)
 		float f = dg_ref_bf16_to_f32((uint16_t)h);
 		uint16_t back = dg_ref_f32_to_bf16(f);
 
-		cr_assert_eq(fbits(f), h << 16);
+		cr_assert_eq(rh_fbits(f), h << 16);
 		if (isnan(f))
 			cr_assert(isnan(dg_ref_bf16_to_f32(back)), "0x%04x", h);
 		else
@@ -196,9 +105,9 @@ Test(bf16, nearest_ties_to_even_random)
 	/* For finite x, the result is one of the two bf16 neighbours around
 	 * the truncation, the nearer one in exact (double) arithmetic, and
 	 * the even one on a tie. */
-	rng_seed(1);
+	rh_rng_seed(1);
 	for (int i = 0; i < 200000; i++) {
-		uint32_t u = rng_u32();
+		uint32_t u = rh_rng_u32();
 		float x = bitsf(u);
 		uint16_t lo, hi, r;
 		double dlo, dhi, dx;
@@ -356,9 +265,9 @@ Test(quantize_act, bf16_src_equals_f32_of_same_values)
 	int8_t cb[N], cf[N];
 	float sb, sf;
 
-	rng_seed(2);
+	rh_rng_seed(2);
 	for (int i = 0; i < N; i++) {
-		xb[i] = dg_ref_f32_to_bf16((float)rng_int(-100000, 100000) / 997.0f);
+		xb[i] = dg_ref_f32_to_bf16((float)rh_rng_int(-100000, 100000) / 997.0f);
 		xf[i] = dg_ref_bf16_to_f32(xb[i]);
 	}
 	for (dg_fmt act = DG_FMT_INT8; act <= DG_FMT_UINT8POS; act++) {
@@ -366,8 +275,8 @@ Test(quantize_act, bf16_src_equals_f32_of_same_values)
 			continue;
 		cr_assert_eq(dg_ref_quantize_act(DG_FMT_BF16, act, xb, N, cb, &sb), DG_OK);
 		cr_assert_eq(dg_ref_quantize_act(DG_FMT_F32, act, xf, N, cf, &sf), DG_OK);
-		cr_assert_eq(sb, sf, "%s", fmt_names[act]);
-		cr_assert_eq(memcmp(cb, cf, N), 0, "%s", fmt_names[act]);
+		cr_assert_eq(sb, sf, "%s", dg_fmt_name(act));
+		cr_assert_eq(memcmp(cb, cf, N), 0, "%s", dg_fmt_name(act));
 	}
 }
 
@@ -375,17 +284,17 @@ Test(quantize_act, random_codes_in_range)
 {
 	enum { N = 4096 };
 	static const dg_fmt acts[3] = { DG_FMT_INT8, DG_FMT_INT4, DG_FMT_UINT8POS };
-	float *x = xmalloc(N * sizeof(*x));
-	uint8_t *c = xmalloc(N);
+	float *x = rh_xmalloc(N * sizeof(*x));
+	uint8_t *c = rh_xmalloc(N);
 
-	rng_seed(3);
+	rh_rng_seed(3);
 	for (int rep = 0; rep < 6; rep++) {
 		double sum = 0.0;
 
 		for (int i = 0; i < N; i++) {
 			/* heavy-tailed: some values far past the mean */
-			x[i] = (float)rng_int(-1000, 1000) / 100.0f *
-			       (rng_int(0, 50) == 0 ? 40.0f : 1.0f);
+			x[i] = (float)rh_rng_int(-1000, 1000) / 100.0f *
+			       (rh_rng_int(0, 50) == 0 ? 40.0f : 1.0f);
 			sum += fabs((double)x[i]);
 		}
 		for (int a = 0; a < 3; a++) {
@@ -395,16 +304,16 @@ Test(quantize_act, random_codes_in_range)
 			float s;
 
 			cr_assert_eq(dg_ref_quantize_act(DG_FMT_F32, act, x, N, c, &s), DG_OK);
-			cr_assert_eq(s, (float)(2.0 * sum / ((double)N * qmax)), "%s", fmt_names[act]);
+			cr_assert_eq(s, (float)(2.0 * sum / ((double)N * qmax)), "%s", dg_fmt_name(act));
 			for (int i = 0; i < N; i++) {
 				int code = act == DG_FMT_UINT8POS ? (int)c[i] : (int)(int8_t)c[i];
 				double q = (double)(x[i] / s);
 
-				cr_assert(code >= lo && code <= qmax, "%s code %d", fmt_names[act], code);
+				cr_assert(code >= lo && code <= qmax, "%s code %d", dg_fmt_name(act), code);
 				if (act == DG_FMT_UINT8POS && x[i] <= 0.0f)
 					cr_assert_eq(code, 0, "uint8pos of %g", (double)x[i]);
 				if (q > lo && q < qmax) /* not clamped: nearest */
-					cr_assert(fabs(code - q) <= 0.5, "%s %g → %d", fmt_names[act], q, code);
+					cr_assert(fabs(code - q) <= 0.5, "%s %g → %d", dg_fmt_name(act), q, code);
 				else
 					cr_assert_eq(code, q <= lo ? lo : qmax);
 			}
@@ -490,14 +399,14 @@ Test(quantize_weight, hand_ternary_and_sign1)
 Test(quantize_weight, random_properties)
 {
 	enum { N = 3000 };
-	float *w = xmalloc(N * sizeof(*w));
-	int8_t *c = xmalloc(N);
+	float *w = rh_xmalloc(N * sizeof(*w));
+	int8_t *c = rh_xmalloc(N);
 	double sum = 0.0;
 	float s;
 
-	rng_seed(4);
+	rh_rng_seed(4);
 	for (int i = 0; i < N; i++) {
-		w[i] = (float)rng_int(-30000, 30000) / 7919.0f;
+		w[i] = (float)rh_rng_int(-30000, 30000) / 7919.0f;
 		sum += fabs((double)w[i]);
 	}
 	cr_assert_eq(dg_ref_quantize_weight(DG_FMT_INT8, w, N, c, &s), DG_OK);
@@ -557,17 +466,17 @@ Test(pack, i8x4_random_roundtrip_and_layout)
 {
 	static const int ks[3] = { 4, 8, 36 }, cs[3] = { 1, 3, 8 };
 
-	rng_seed(5);
+	rh_rng_seed(5);
 	for (size_t rows = 1; rows <= 3; rows++)
 		for (int ki = 0; ki < 3; ki++)
 			for (int ci = 0; ci < 3; ci++) {
 				int K = ks[ki], C = cs[ci];
 				size_t n = rows * (size_t)K * (size_t)C;
-				int8_t *codes = xmalloc(n), *back = xmalloc(n);
-				int32_t *packed = xmalloc(n);
+				int8_t *codes = rh_xmalloc(n), *back = rh_xmalloc(n);
+				int32_t *packed = rh_xmalloc(n);
 
 				for (size_t i = 0; i < n; i++)
-					codes[i] = (int8_t)rng_int(-128, 127);
+					codes[i] = (int8_t)rh_rng_int(-128, 127);
 				cr_assert_eq(dg_ref_pack_i8x4(codes, packed, rows, K, C), DG_OK);
 				/* word (r, c, k/4), byte j = codes (r, k + j, c) */
 				for (size_t r = 0; r < rows; r++)
@@ -636,10 +545,10 @@ Test(pack, ternary_sign1_random_layout)
 	int8_t t[N], s[N];
 	uint32_t wt[N / 16], ws[N / 32];
 
-	rng_seed(6);
+	rh_rng_seed(6);
 	for (int i = 0; i < N; i++) {
-		t[i] = (int8_t)rng_int(-1, 1);
-		s[i] = rng_int(0, 1) ? 1 : -1;
+		t[i] = (int8_t)rh_rng_int(-1, 1);
+		s[i] = rh_rng_int(0, 1) ? 1 : -1;
 	}
 	cr_assert_eq(dg_ref_pack_ternary(t, wt, ROWS, K), DG_OK);
 	cr_assert_eq(dg_ref_pack_sign1(s, ws, ROWS, K), DG_OK);
@@ -669,536 +578,4 @@ Test(pack, ternary_sign1_bad_args)
 	cr_assert_eq(w[0], 0x12345678u);
 	cr_assert_eq(dg_ref_pack_sign1(c, w, 1, 16), DG_ERR_INVALID_ARG);
 	cr_assert_eq(dg_ref_pack_sign1(c, NULL, 1, 32), DG_ERR_INVALID_ARG);
-}
-
-/* --- lowrank_fwd: hand cases --------------------------------------------- */
-
-/* H = Hin = 1, E = 4, L = 2, B = T = 1, int8 × int8:
- *   x = 1 2 3 4;  w[l=0] = 1 0 -1 2 → Σ = 1 - 3 + 8 = 6
- *                 w[l=1] = -1 -1 -1 -1 → Σ = -10
- *   sa·sw = 0.5·0.25 = 0.125 → y = 0.75, -1.25. */
-static void hand_int8_setup(int32_t *x, int32_t w[2])
-{
-	const uint8_t xb[4] = { 1, 2, 3, 4 };
-	const int8_t wc[8] = { 1, 0, -1, 2, -1, -1, -1, -1 };
-
-	pack_bytes(xb, x, 4);
-	pack_bytes((const uint8_t *)wc, w, 8);
-}
-
-Test(lowrank, hand_int8_f32_out)
-{
-	int32_t x, w[2];
-	float out[2];
-	double absum = -1;
-	dg_spec s = lowrank_spec(1, 1, 4, 2, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32);
-	dg_ref_lowrank_args a = { .x = &x, .w = w, .sa = 0.5f, .sw = 0.25f,
-				  .out = out, .out_absum = &absum, .batch = 1, .time = 1 };
-
-	hand_int8_setup(&x, w);
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out[0], 0.75f);
-	cr_assert_eq(out[1], -1.25f);
-	cr_assert_eq(absum, 2.0);
-	/* relu(y - 0.25): 0.5, 0; Σ|out| = 0.5. */
-	s.relu = true;
-	s.relu_thr = 0.25f;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out[0], 0.5f);
-	cr_assert_eq(out[1], 0.0f);
-	cr_assert_eq(absum, 0.5);
-}
-
-Test(lowrank, hand_int8_code_outs)
-{
-	int32_t x, w[2];
-	int8_t o8[2];
-	uint8_t u8[2];
-	uint16_t ob[2];
-	dg_spec s = lowrank_spec(1, 1, 4, 2, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_INT8);
-	dg_ref_lowrank_args a = { .x = &x, .w = w, .sa = 0.5f, .sw = 0.25f,
-				  .so = 0.25f, .out = o8, .batch = 1, .time = 1 };
-
-	hand_int8_setup(&x, w);
-	/* int8 codes with so = 0.25: 0.75/0.25 = 3, -1.25/0.25 = -5. */
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(o8[0], 3);
-	cr_assert_eq(o8[1], -5);
-	/* uint8pos after relu(y - 0.25) = 0.5, 0 with so = 0.125: 4, 0. */
-	s.out = DG_FMT_UINT8POS;
-	s.relu = true;
-	s.relu_thr = 0.25f;
-	a.so = 0.125f;
-	a.out = u8;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(u8[0], 4);
-	cr_assert_eq(u8[1], 0);
-	/* uint8pos without relu clamps at 0 (y = 0.75, -1.25; so = 0.125):
-	 * 6, 0 — a negative y never wraps into a large code. */
-	s.relu = false;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(u8[0], 6);
-	cr_assert_eq(u8[1], 0);
-	/* bf16 without relu: 0.75 = 0x3f40, -1.25 = 0xbfa0. */
-	s.out = DG_FMT_BF16;
-	s.relu = false;
-	a.out = ob;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(ob[0], 0x3f40);
-	cr_assert_eq(ob[1], 0xbfa0);
-	/* so <= 0: code 0. */
-	s.out = DG_FMT_INT8;
-	a.out = o8;
-	a.so = 0.0f;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(o8[0], 0);
-	cr_assert_eq(o8[1], 0);
-}
-
-Test(lowrank, hand_uint8pos_lanes_are_unsigned)
-{
-	/* x (uint8pos) = 200 255 0 1, w = 1 -1 2 127:
-	 * 200 - 255 + 0 + 127 = 72. Read as signed bytes, 255 would be -1
-	 * and the sum 200 + 1 + 127 = 328. */
-	const uint8_t xb[4] = { 200, 255, 0, 1 };
-	const int8_t wc[4] = { 1, -1, 2, 127 };
-	int32_t x, w;
-	float out;
-	dg_spec s = lowrank_spec(1, 1, 4, 1, DG_FMT_INT8, DG_FMT_UINT8POS, DG_FMT_F32);
-	dg_ref_lowrank_args a = { .x = &x, .w = &w, .sa = 1.0f, .sw = 1.0f,
-				  .out = &out, .batch = 1, .time = 1 };
-
-	pack_bytes(xb, &x, 4);
-	pack_bytes((const uint8_t *)wc, &w, 4);
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, 72.0f);
-}
-
-Test(lowrank, hand_ternary_and_sign1_weights)
-{
-	/* E = 32, L = 1, x = 1, 2, ..., 32 (int8).
-	 * ternary w: +1 at e=0, -1 at e=1, +1 at e=3, -1 at e=31, else 0:
-	 *   1 - 2 + 4 - 32 = -29.
-	 * sign1 w: +1 at e=0 and e=3, else -1:
-	 *   (1 + 4) - (528 - 1 - 4) = -518   (Σ 1..32 = 528). */
-	uint8_t xb[32];
-	int32_t x[8];
-	uint32_t wt[2], ws = 0x00000009u;
-	float out;
-	dg_spec s = lowrank_spec(1, 1, 32, 1, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32);
-	dg_ref_lowrank_args a = { .x = x, .w = wt, .sa = 1.0f, .sw = 1.0f,
-				  .out = &out, .batch = 1, .time = 1 };
-
-	for (int e = 0; e < 32; e++)
-		xb[e] = (uint8_t)(e + 1);
-	pack_bytes(xb, x, 32);
-	/* e=0: 01, e=1: 11 (bits 2-3), e=3: 01 (bits 6-7) → 0x4d; e=31 is
-	 * code 15 of word 1: 11 at bits 30-31. */
-	wt[0] = 0x0000004du;
-	wt[1] = 0xc0000000u;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -29.0f);
-	s.weight = DG_FMT_SIGN1;
-	a.w = &ws;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -518.0f);
-}
-
-Test(lowrank, hand_float_and_mixed)
-{
-	/* x = 0.5 -1 2 0, w = 2 3 -1 5 → Σ = 1 - 3 - 2 + 0 = -4.
-	 * f32 × int8 (sw = 0.5): y = -2. bf16 × int8: the same values are
-	 * exact in bf16. int8 × f32 with x codes 1 -2 4 0 and sa = 0.25,
-	 * w = 2 3 -1 5: Σ = 2 - 6 - 4 = -8, y = -2. f32 × f32: y = Σ = -4. */
-	const float xf[4] = { 0.5f, -1.0f, 2.0f, 0.0f };
-	const float wf[4] = { 2.0f, 3.0f, -1.0f, 5.0f };
-	const int8_t wc[4] = { 2, 3, -1, 5 };
-	const int8_t xc[4] = { 1, -2, 4, 0 };
-	uint16_t xh[4];
-	int32_t w8, x8;
-	float out;
-	dg_spec s = lowrank_spec(1, 1, 4, 1, DG_FMT_INT8, DG_FMT_F32, DG_FMT_F32);
-	dg_ref_lowrank_args a = { .x = xf, .w = &w8, .sa = 7.0f, .sw = 0.5f,
-				  .out = &out, .batch = 1, .time = 1 };
-
-	pack_bytes((const uint8_t *)wc, &w8, 4);
-	pack_bytes((const uint8_t *)xc, &x8, 4);
-	for (int i = 0; i < 4; i++)
-		xh[i] = dg_ref_f32_to_bf16(xf[i]);
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -2.0f);
-	s.act = DG_FMT_BF16;
-	a.x = xh;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -2.0f);
-	s.act = DG_FMT_INT8;
-	s.weight = DG_FMT_F32;
-	a.x = &x8;
-	a.w = wf;
-	a.sa = 0.25f;
-	a.sw = 9.0f; /* unused: the weight is float */
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -2.0f);
-	s.act = DG_FMT_F32;
-	a.x = xf;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -4.0f);
-}
-
-/* --- lowrank_fwd: every format against a naive double loop ---------------- */
-
-static bool is_code(dg_fmt f)
-{
-	return f == DG_FMT_INT8 || f == DG_FMT_INT4 || f == DG_FMT_UINT8POS ||
-	       f == DG_FMT_TERNARY || f == DG_FMT_SIGN1;
-}
-
-/* A random value of format f: integer codes in range, float values k/8
- * (|k| <= 64, exact in bf16), so that every float-path sum is exact too. */
-static double rand_value(dg_fmt f)
-{
-	switch (f) {
-	case DG_FMT_INT8:
-		return rng_int(-127, 127);
-	case DG_FMT_INT4:
-		return rng_int(-7, 7);
-	case DG_FMT_UINT8POS:
-		return rng_int(0, 255);
-	case DG_FMT_TERNARY:
-		return rng_int(-1, 1);
-	case DG_FMT_SIGN1:
-		return rng_int(0, 1) ? 1 : -1;
-	default:
-		return rng_int(-64, 64) / 8.0;
-	}
-}
-
-/* The storage of n values (one row-major tensor) in format f. */
-static void *to_storage(dg_fmt f, const double *v, size_t n)
-{
-	void *p;
-
-	switch (f) {
-	case DG_FMT_F32:
-		p = xmalloc(n * sizeof(float));
-		for (size_t i = 0; i < n; i++)
-			((float *)p)[i] = (float)v[i];
-		return p;
-	case DG_FMT_BF16:
-		p = xmalloc(n * sizeof(uint16_t));
-		for (size_t i = 0; i < n; i++)
-			((uint16_t *)p)[i] = (uint16_t)(fbits((float)v[i]) >> 16); /* exact */
-		return p;
-	case DG_FMT_TERNARY:
-	case DG_FMT_SIGN1: {
-		int8_t *c = xmalloc(n);
-
-		for (size_t i = 0; i < n; i++)
-			c[i] = (int8_t)v[i];
-		p = xmalloc(n / 4 + 4); /* 2 bits a ternary code at most */
-		if (f == DG_FMT_TERNARY)
-			pack_ternary_naive(c, p, n);
-		else
-			pack_sign1_naive(c, p, n);
-		free(c);
-		return p;
-	}
-	default: { /* i8x4 words of bytes, uint8pos unsigned */
-		uint8_t *b = xmalloc(n);
-
-		for (size_t i = 0; i < n; i++)
-			b[i] = (uint8_t)(int)v[i];
-		p = xmalloc(n);
-		pack_bytes(b, p, n);
-		free(b);
-		return p;
-	}
-	}
-}
-
-struct lr_case {
-	int H, Hin, E, L, B, T;
-	dg_fmt weight, act;
-	float sa, sw;
-	double *x, *w; /* values, (B,Hin,T,E) and (H,L,E) */
-	void *xs, *ws; /* their storage */
-	float *y;      /* expected pre-relu y, (B,H,T,L) */
-};
-
-static void lr_case_make(struct lr_case *c, dg_fmt weight, dg_fmt act, int Hin)
-{
-	size_t nx, nw, ny;
-
-	c->H = 3;
-	c->Hin = Hin;
-	c->E = 64;
-	c->L = 7;
-	c->B = 2;
-	c->T = 3;
-	c->weight = weight;
-	c->act = act;
-	c->sa = (float)rng_int(1, 1000) / 3000.0f;
-	c->sw = (float)rng_int(1, 1000) / 7000.0f;
-	nx = (size_t)c->B * c->Hin * c->T * c->E;
-	nw = (size_t)c->H * c->L * c->E;
-	ny = (size_t)c->B * c->H * c->T * c->L;
-	c->x = xmalloc(nx * sizeof(double));
-	c->w = xmalloc(nw * sizeof(double));
-	c->y = xmalloc(ny * sizeof(float));
-	for (size_t i = 0; i < nx; i++)
-		c->x[i] = rand_value(act);
-	for (size_t i = 0; i < nw; i++)
-		c->w[i] = rand_value(weight);
-	c->xs = to_storage(act, c->x, nx);
-	c->ws = to_storage(weight, c->w, nw);
-
-	/* Naive: the double sum is exact (integers, or multiples of 1/64 far
-	 * below 2^24), so rounding it to float gives the exact sum; then one
-	 * float multiply by the format's scale. */
-	for (int b = 0; b < c->B; b++)
-		for (int h = 0; h < c->H; h++)
-			for (int t = 0; t < c->T; t++)
-				for (int l = 0; l < c->L; l++) {
-					int hin = c->Hin == 1 ? 0 : h;
-					double acc = 0.0;
-					float s, y;
-
-					for (int e = 0; e < c->E; e++)
-						acc += c->x[(((size_t)b * c->Hin + hin) * c->T + t) * c->E + e] *
-						       c->w[((size_t)h * c->L + l) * c->E + e];
-					if (is_code(act) && is_code(weight))
-						s = c->sa * c->sw;
-					else if (is_code(act))
-						s = c->sa;
-					else if (is_code(weight))
-						s = c->sw;
-					else
-						s = 1.0f;
-					y = (float)acc * s;
-					c->y[(((size_t)b * c->H + h) * c->T + t) * c->L + l] = y;
-				}
-}
-
-static void lr_case_free(struct lr_case *c)
-{
-	free(c->x);
-	free(c->w);
-	free(c->xs);
-	free(c->ws);
-	free(c->y);
-}
-
-/* The epilogue, written independently: relu(y - thr), then the code. */
-static float ep_relu(float y, bool relu, float thr)
-{
-	if (!relu)
-		return y;
-	y = y - thr;
-	return y > 0.0f ? y : 0.0f;
-}
-
-static int ep_code(float y, float so, int lo, int hi)
-{
-	double q;
-
-	if (so <= 0.0f)
-		return 0;
-	q = nearbyint((double)(y / so)); /* y/so in float, then ties to even */
-	return q < lo ? lo : q > hi ? hi : (int)q;
-}
-
-static void check_case(struct lr_case *c, dg_fmt out, bool relu, float thr)
-{
-	size_t ny = (size_t)c->B * c->H * c->T * c->L;
-	size_t osz = out == DG_FMT_F32 ? 4 : out == DG_FMT_BF16 ? 2 : 1;
-	unsigned char *o = xmalloc(ny * osz);
-	dg_spec s = lowrank_spec(c->H, c->Hin, c->E, c->L, c->weight, c->act, out);
-	const float so = 0.0371f;
-	double absum = -1.0, want_absum = 0.0;
-	dg_ref_lowrank_args a = { .x = c->xs, .w = c->ws, .sa = c->sa, .sw = c->sw,
-				  .so = so, .out = o, .out_absum = &absum,
-				  .batch = c->B, .time = c->T };
-
-	s.relu = relu;
-	s.relu_thr = thr;
-	memset(o, 0xa5, ny * osz);
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	for (size_t i = 0; i < ny; i++) {
-		float y = ep_relu(c->y[i], relu, thr);
-
-		want_absum += fabs((double)y);
-		switch (out) {
-		case DG_FMT_F32: {
-			float got;
-
-			memcpy(&got, o + 4 * i, 4);
-			cr_assert_eq(fbits(got), fbits(y), "w=%s a=%s Hin=%d relu=%d: out[%zu] %a != %a",
-				     fmt_names[c->weight], fmt_names[c->act], c->Hin, relu, i,
-				     (double)got, (double)y);
-			break;
-		}
-		case DG_FMT_BF16: {
-			uint16_t got;
-
-			memcpy(&got, o + 2 * i, 2);
-			cr_assert_eq(got, dg_ref_f32_to_bf16(y), "w=%s a=%s bf16 out[%zu]",
-				     fmt_names[c->weight], fmt_names[c->act], i);
-			break;
-		}
-		case DG_FMT_INT8:
-			cr_assert_eq((int)(int8_t)o[i], ep_code(y, so, -127, 127),
-				     "w=%s a=%s int8 out[%zu] y=%a", fmt_names[c->weight],
-				     fmt_names[c->act], i, (double)y);
-			break;
-		default:
-			cr_assert_eq((int)o[i], ep_code(y, so, 0, 255),
-				     "w=%s a=%s uint8pos out[%zu] y=%a", fmt_names[c->weight],
-				     fmt_names[c->act], i, (double)y);
-			break;
-		}
-	}
-	cr_assert_eq(absum, want_absum, "w=%s a=%s absum %.17g != %.17g", fmt_names[c->weight],
-		     fmt_names[c->act], absum, want_absum);
-	free(o);
-}
-
-static const dg_fmt all_weights[5] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
-static const dg_fmt all_acts[5] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_INT4, DG_FMT_UINT8POS };
-
-Test(lowrank, every_format_against_naive)
-{
-	rng_seed(7);
-	for (int wi = 0; wi < 5; wi++)
-		for (int ai = 0; ai < 5; ai++)
-			for (int hin = 1; hin <= 3; hin += 2) {
-				struct lr_case c;
-
-				lr_case_make(&c, all_weights[wi], all_acts[ai], hin);
-				check_case(&c, DG_FMT_F32, false, 0.0f);
-				check_case(&c, DG_FMT_F32, true, 0.0f);
-				check_case(&c, DG_FMT_F32, true, 0.25f);
-				check_case(&c, DG_FMT_BF16, false, 0.0f);
-				check_case(&c, DG_FMT_BF16, true, 0.25f);
-				check_case(&c, DG_FMT_INT8, false, 0.0f);
-				check_case(&c, DG_FMT_INT8, true, 0.25f);
-				check_case(&c, DG_FMT_UINT8POS, true, 0.0f);
-				check_case(&c, DG_FMT_UINT8POS, true, 0.25f);
-				lr_case_free(&c);
-			}
-}
-
-Test(lowrank, in_heads_one_equals_replicated_input)
-{
-	/* Hin = 1 reads the same x for every head: it must equal Hin = H with
-	 * x copied into every input head. */
-	enum { H = 3, E = 32, L = 5, B = 2, T = 4 };
-	int8_t x1[B * T * E], xh[B * H * T * E];
-	int8_t wc[H * L * E];
-	int32_t x1s[B * T * E / 4], xhs[B * H * T * E / 4];
-	uint32_t ws[H * L * E / 32];
-	float o1[B * H * T * L], oh[B * H * T * L];
-	dg_spec s = lowrank_spec(H, 1, E, L, DG_FMT_SIGN1, DG_FMT_INT8, DG_FMT_F32);
-	dg_ref_lowrank_args a = { .w = ws, .sa = 0.01f, .sw = 0.3f, .batch = B, .time = T };
-
-	rng_seed(8);
-	for (int i = 0; i < B * T * E; i++)
-		x1[i] = (int8_t)rng_int(-127, 127);
-	for (int i = 0; i < H * L * E; i++)
-		wc[i] = rng_int(0, 1) ? 1 : -1;
-	for (int b = 0; b < B; b++)
-		for (int h = 0; h < H; h++)
-			memcpy(&xh[((b * H + h) * T) * E], &x1[(b * T) * E], T * E);
-	pack_bytes((const uint8_t *)x1, x1s, sizeof(x1));
-	pack_bytes((const uint8_t *)xh, xhs, sizeof(xh));
-	pack_sign1_naive(wc, ws, H * L * E);
-	a.x = x1s;
-	a.out = o1;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	s.in_heads = H;
-	a.x = xhs;
-	a.out = oh;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(memcmp(o1, oh, sizeof(o1)), 0);
-	/* ... and the heads differ (the weights do), so the test would see a
-	 * kernel that always read head 0's weights. */
-	cr_assert_neq(memcmp(o1, o1 + T * L, T * L * sizeof(float)), 0);
-}
-
-Test(lowrank, relu_threshold_semantics)
-{
-	/* relu(y - thr) on int8 × int8 with unit scales: y is the exact dot
-	 * product; every output is max(y - thr, 0) and never negative. */
-	enum { E = 16, L = 9 };
-	int8_t xc[E], wc[L * E];
-	int32_t xs[E / 4], wsv[L * E / 4];
-	float o[L];
-	dg_spec s = lowrank_spec(1, 1, E, L, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32);
-	dg_ref_lowrank_args a = { .x = xs, .w = wsv, .sa = 1.0f, .sw = 1.0f, .out = o,
-				  .batch = 1, .time = 1 };
-
-	rng_seed(9);
-	for (int i = 0; i < E; i++)
-		xc[i] = (int8_t)rng_int(-5, 5);
-	for (int i = 0; i < L * E; i++)
-		wc[i] = (int8_t)rng_int(-5, 5);
-	pack_bytes((const uint8_t *)xc, xs, E);
-	pack_bytes((const uint8_t *)wc, wsv, L * E);
-	s.relu = true;
-	for (float thr = -20.0f; thr <= 20.0f; thr += 2.5f) {
-		s.relu_thr = thr;
-		cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-		for (int l = 0; l < L; l++) {
-			int y = 0;
-
-			for (int e = 0; e < E; e++)
-				y += xc[e] * wc[l * E + e];
-			cr_assert_eq(o[l], (float)y - thr > 0 ? (float)y - thr : 0.0f,
-				     "thr %g l %d y %d", (double)thr, l, y);
-			cr_assert(!signbit(o[l]));
-		}
-	}
-}
-
-Test(lowrank, bad_args)
-{
-	int32_t x[16] = { 0 }, w[64] = { 0 };
-	float o[16];
-	dg_spec s = lowrank_spec(2, 1, 32, 2, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32);
-	dg_ref_lowrank_args a = { .x = x, .w = w, .sa = 1, .sw = 1, .out = o, .batch = 1, .time = 1 };
-	dg_spec bad;
-	dg_ref_lowrank_args ba;
-
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(dg_ref_lowrank_fwd(NULL, &a), DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, NULL), DG_ERR_INVALID_ARG);
-	ba = a, ba.x = NULL;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	ba = a, ba.w = NULL;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	ba = a, ba.out = NULL;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	ba = a, ba.batch = -1;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	ba = a, ba.time = -2;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	bad = s, bad.op = DG_OP_QUANTIZE_ACT;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.in_heads = 3; /* neither 1 nor heads */
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.heads = 0;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.embd = 6; /* i8x4 needs a multiple of 4 */
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.embd = 8, bad.weight = DG_FMT_TERNARY; /* 16 a word */
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.embd = 16, bad.weight = DG_FMT_SIGN1; /* 32 a word */
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.weight = DG_FMT_INT4;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.act = DG_FMT_TERNARY;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.out = DG_FMT_INT4;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.out = DG_FMT__COUNT;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
 }

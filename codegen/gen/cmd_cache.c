@@ -75,18 +75,40 @@ static int do_stat(dg_cache *c, bool json)
 	return DG__GEN_OK;
 }
 
+/* Collects each bad entry for the report: JSON array, or lines on stdout. */
+typedef struct bad_list {
+	cJSON *arr; /* NULL without --json */
+} bad_list;
+
+static void note_bad(void *user, const char *key, const char *reason)
+{
+	bad_list *b = user;
+	if (b->arr) {
+		cJSON *e = cJSON_CreateObject();
+		cJSON_AddStringToObject(e, "key", key);
+		cJSON_AddStringToObject(e, "reason", reason);
+		cJSON_AddItemToArray(b->arr, e);
+	} else {
+		printf("bad %s: %s\n", key, reason);
+	}
+}
+
 static int do_verify(dg_cache *c, bool json)
 {
 	dg_cache_verify_report r;
-	dg_status st = dg_cache_verify(c, &r);
-	if (st)
+	bad_list bad = { json ? cJSON_CreateArray() : NULL };
+	dg_status st = dg_cache_verify_each(c, note_bad, &bad, &r);
+	if (st) {
+		cJSON_Delete(bad.arr);
 		return fail(c, st, "verify");
+	}
 	if (json) {
 		cJSON *j = cJSON_CreateObject();
 		cJSON_AddStringToObject(j, "root", dg_cache_root(c));
 		cJSON_AddNumberToObject(j, "checked", (double)r.checked);
 		cJSON_AddNumberToObject(j, "ok", (double)r.ok);
 		cJSON_AddNumberToObject(j, "bad", (double)r.bad);
+		cJSON_AddItemToObject(j, "bad_entries", bad.arr);
 		int code = dg__gen_json_print(j);
 		if (code)
 			return code;

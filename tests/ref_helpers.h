@@ -1,0 +1,26 @@
+/*
+ * Helpers shared by the CPU reference suites (tests/test_ref.c,
+ * tests/test_ref_lowrank.c): float bits, a fixed-seed generator so every
+ * run sees the same inputs, and a checked malloc. Names start with rh_
+ * (ref helpers).
+ */
+#ifndef DG_TESTS_REF_HELPERS_H
+#define DG_TESTS_REF_HELPERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The IEEE bits of f. */
+uint32_t rh_fbits(float f);
+
+/* xorshift64*, seeded per test (Criterion forks each, so tests do not see
+ * each other's draws). */
+void rh_rng_seed(uint64_t s);
+uint32_t rh_rng_u32(void);
+/* Uniform integer in [lo, hi]. */
+int rh_rng_int(int lo, int hi);
+
+/* malloc(n ? n : 1), failing the test when it returns NULL. */
+void *rh_xmalloc(size_t n);
+
+#endif
