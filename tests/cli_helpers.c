@@ -1,0 +1,214 @@
+/* Helpers of the dragon-gen tests: see cli_helpers.h. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+
+#include "codegen/gen/specset.h"
+#include "dragon/cubin.h"
+#include "dragon/manifest.h"
+#include "helpers.h"
+
+#include "cli_helpers.h"
+extern char **environ;
+
+
+
+void sandbox_init(sandbox *sb)
+{
+	memset(sb, 0, sizeof(*sb));
+	sb->root = dg_test_tmpdir();
+	snprintf(sb->cache, sizeof(sb->cache), "%s/cache", sb->root);
+	snprintf(sb->out, sizeof(sb->out), "%s/out", sb->root);
+}
+
+void sandbox_fini(sandbox *sb)
+{
+	dg_test_rmtree(sb->root);
+}
+
+static const char *gen_path(void)
+{
+	const char *p = getenv("DRAGON_GEN");
+	cr_assert(p && *p, "DRAGON_GEN is not set (run through ctest)");
+	return p;
+}
+
+char *slurp(const char *path, size_t *size)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "cannot read %s", path);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *buf = malloc((size_t)n + 1);
+	cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+	buf[n] = '\0';
+	fclose(f);
+	if (size)
+		*size = (size_t)n;
+	return buf;
+}
+
+/* The environment with our two variables replaced. */
+static char **child_env(const sandbox *sb)
+{
+	size_t n = 0;
+	while (environ[n])
+		n++;
+	char **env = calloc(n + 3, sizeof(char *));
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "DRAGON_CACHE_DIR=", 17) != 0 &&
+		    strncmp(environ[i], "DRAGON_TEMPLATE_DIR=", 20) != 0)
+			env[k++] = environ[i];
+	static char cache[700], tmpl[700];
+	snprintf(cache, sizeof(cache), "DRAGON_CACHE_DIR=%s", sb->cache);
+	env[k++] = cache;
+	if (sb->template_dir) {
+		snprintf(tmpl, sizeof(tmpl), "DRAGON_TEMPLATE_DIR=%s", sb->template_dir);
+		env[k++] = tmpl;
+	}
+	return env;
+}
+
+/* Starts dragon-gen with argv (NULL-terminated, without the program);
+ * stdout and stderr go to files in the sandbox. */
+pid_t spawn_gen(const sandbox *sb, const char *const *args)
+{
+	char *argv[64];
+	char outp[700], errp[700];
+	int n = 0;
+
+	argv[n++] = (char *)gen_path();
+	for (; args[n - 1]; n++) {
+		cr_assert_lt(n, 63);
+		argv[n] = (char *)args[n - 1];
+	}
+	argv[n] = NULL;
+	snprintf(outp, sizeof(outp), "%s/stdout", sb->root);
+	snprintf(errp, sizeof(errp), "%s/stderr", sb->root);
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	char **env = child_env(sb);
+	pid_t pid;
+	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, env);
+	cr_assert_eq(rc, 0, "posix_spawn %s: %s", argv[0], strerror(rc));
+	posix_spawn_file_actions_destroy(&fa);
+	free(env);
+	return pid;
+}
+
+void collect(const sandbox *sb, pid_t pid, run *r)
+{
+	char path[700];
+	int status;
+
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	snprintf(path, sizeof(path), "%s/stdout", sb->root);
+	r->out = slurp(path, NULL);
+	snprintf(path, sizeof(path), "%s/stderr", sb->root);
+	r->err = slurp(path, NULL);
+}
+
+void run_free(run *r)
+{
+	free(r->out);
+	free(r->err);
+	memset(r, 0, sizeof(*r));
+}
+
+/* gen(&sb, &r, "build", "--op", "x", NULL) */
+void gen(const sandbox *sb, run *r, ...)
+{
+	const char *args[64];
+	va_list ap;
+	int n = 0;
+
+	va_start(ap, r);
+	while ((args[n] = va_arg(ap, const char *)))
+		cr_assert_lt(++n, 63);
+	va_end(ap);
+	collect(sb, spawn_gen(sb, args), r);
+}
+
+int count_lines(const char *s)
+{
+	int n = 0;
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+/* A usage or failure message: exactly one line, "dragon-gen: ...". */
+void expect_one_line_error(const run *r, int code, const char *want)
+{
+	cr_expect_eq(r->code, code, "exit %d, want %d; stderr: %s", r->code, code, r->err);
+	cr_expect_eq(count_lines(r->err), 1, "stderr should be one line: '%s'", r->err);
+	cr_expect_eq(strncmp(r->err, "dragon-gen: ", 12), 0, "stderr: %s", r->err);
+	cr_expect(strstr(r->err, want) != NULL, "stderr '%s' should name '%s'", r->err, want);
+}
+
+bool exists(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0;
+}
+
+static int not_dots(const struct dirent *e)
+{
+	return strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+}
+
+/* Names in dir (hidden ones too), sorted, joined by '\n' ("" if dir is
+ * missing). */
+char *listing(const char *dir)
+{
+	struct dirent **names;
+	int n = scandir(dir, &names, not_dots, alphasort);
+	char *out = calloc(1, 1);
+	size_t len = 0;
+	for (int i = 0; i < n; i++) {
+		size_t l = strlen(names[i]->d_name);
+		out = realloc(out, len + l + 2);
+		memcpy(out + len, names[i]->d_name, l);
+		len += l;
+		out[len++] = '\n';
+		out[len] = '\0';
+		free(names[i]);
+	}
+	if (n > 0)
+		free(names);
+	return out;
+}
+
+cJSON *parse_json(const char *text)
+{
+	cJSON *j = cJSON_Parse(text);
+	cr_assert_not_null(j, "stdout is not JSON: %.500s", text);
+	return j;
+}
+
+double num(const cJSON *obj, const char *name)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+	cr_assert(cJSON_IsNumber(v), "'%s' is not a number", name);
+	return v->valuedouble;
+}
+

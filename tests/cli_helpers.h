@@ -1,0 +1,42 @@
+/*
+ * Helpers of the dragon-gen tests: run the binary at $DRAGON_GEN with
+ * posix_spawn in a sandbox (own cache and output folders), capture its
+ * output and exit status, and read what it wrote.
+ */
+#ifndef DG_TESTS_CLI_HELPERS_H
+#define DG_TESTS_CLI_HELPERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include <cjson/cJSON.h>
+
+typedef struct run {
+	int code;   /* exit status, or 128 + signal */
+	char *out;  /* stdout, NUL-terminated */
+	char *err;  /* stderr */
+} run;
+
+typedef struct sandbox {
+	char *root;      /* temp folder, removed at the end */
+	char cache[600]; /* root/cache: DRAGON_CACHE_DIR */
+	char out[600];   /* root/out: the bundle folder (not created) */
+	const char *template_dir; /* DRAGON_TEMPLATE_DIR, or NULL for none */
+} sandbox;
+
+void sandbox_init(sandbox *sb);
+void sandbox_fini(sandbox *sb);
+char *slurp(const char *path, size_t *size);
+pid_t spawn_gen(const sandbox *sb, const char *const *args);
+void collect(const sandbox *sb, pid_t pid, run *r);
+void run_free(run *r);
+void gen(const sandbox *sb, run *r, ...);
+int count_lines(const char *s);
+void expect_one_line_error(const run *r, int code, const char *want);
+bool exists(const char *path);
+char *listing(const char *dir);
+cJSON *parse_json(const char *text);
+double num(const cJSON *obj, const char *name);
+
+#endif
