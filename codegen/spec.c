@@ -370,9 +370,9 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 					"out=uint8pos: needs relu (unsigned codes hold only values >= 0); use out=int8 or set relu");
 	}
 	if (uses & DG_FIELD_ARCH) {
-		if (s->arch < 50 || s->arch > 199)
+		if (s->arch < 50 || s->arch > 999)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-					"arch=sm_%d: must be sm_50 or newer, e.g. sm_90",
+					"arch=sm_%d: must be between sm_50 and sm_999, e.g. sm_90",
 					s->arch);
 		if (s->arch_specific && s->arch < 90)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,

@@ -191,7 +191,8 @@ Test(spec, validation_names_the_field)
 	refused("op=lowrank_fwd;relu=1e99", "relu=1e99");
 	refused("op=lowrank_fwd;relu=", "relu=");
 	refused("op=lowrank_fwd;relu=0.5x", "relu=0.5x");
-	refused("op=lowrank_fwd;arch=sm_20", "arch=sm_20");
+	refused("op=lowrank_fwd;arch=sm_20", "arch=sm_20: must be between sm_50 and sm_999");
+	cr_assert_eq(parsed("op=lowrank_fwd;arch=sm_200").arch, 200);
 	refused("op=lowrank_fwd;arch=sm_80a", "arch-specific");
 	refused("op=lowrank_fwd;arch=gfx90", "arch=gfx90");
 	refused("op=quantize_act;act=f32", "act=f32: op quantize_act takes one of int8|int4|uint8pos");
