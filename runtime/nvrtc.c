@@ -6,6 +6,7 @@
  * compile error is reported the way a user can act on it: NVRTC's first
  * error, the generated lines around it, and the spec that produced them.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,18 +26,24 @@ static double now_ms(void)
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-const char *dg_nvrtc_version(void)
+static char nvrtc_version[32];
+static pthread_once_t nvrtc_version_once = PTHREAD_ONCE_INIT;
+
+static void read_nvrtc_version(void)
 {
-	static char v[32];
 	int major = 0, minor = 0;
 
-	if (!v[0]) {
-		if (nvrtcVersion(&major, &minor) == NVRTC_SUCCESS)
-			snprintf(v, sizeof(v), "%d.%d", major, minor);
-		else
-			snprintf(v, sizeof(v), "unknown");
-	}
-	return v;
+	if (nvrtcVersion(&major, &minor) == NVRTC_SUCCESS)
+		snprintf(nvrtc_version, sizeof(nvrtc_version), "%d.%d", major, minor);
+	else
+		snprintf(nvrtc_version, sizeof(nvrtc_version), "unknown");
+}
+
+/* Thread-safe: build workers ask for it concurrently. */
+const char *dg_nvrtc_version(void)
+{
+	pthread_once(&nvrtc_version_once, read_nvrtc_version);
+	return nvrtc_version;
 }
 
 int dg_nvrtc_archs(int *archs, int max)
