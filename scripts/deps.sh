@@ -6,7 +6,7 @@
 set -euo pipefail
 
 pkgs=(gcc make cmake pkg-config liblua5.4-dev libcjson-dev libcriterion-dev)
-[ "${DG_WITH_CLANG:-0}" = 1 ] && pkgs+=(clang)
+[ "${DG_WITH_CLANG:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev)  # libFuzzer + sanitizer runtimes
 
 missing=()
 for p in "${pkgs[@]}"; do
