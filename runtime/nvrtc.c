@@ -6,6 +6,8 @@
  * compile error is reported the way a user can act on it: NVRTC's first
  * error, the generated lines around it, and the spec that produced them.
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +61,35 @@ int dg_nvrtc_archs(int *archs, int max)
 	for (int i = 0; archs && i < n && i < max; i++)
 		archs[i] = all[i];
 	return n;
+}
+
+/*
+ * NVRTC dlopens libnvrtc-builtins.so.<major>.<minor> by name at its first
+ * compile, which finds it only through the loader's search path: a toolkit
+ * outside ld.so.conf (a tarball, a wheel, a bind mount) fails with "failed
+ * to open libnvrtc-builtins". Loading it first from the folder libnvrtc
+ * itself came from makes the later by-name open match the loaded soname.
+ * This is NVRTC's own companion library, not the CUDA driver (which only
+ * runtime/cu_loader.c opens). The handle is kept for the process.
+ */
+static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
+
+static void preload_builtins(void)
+{
+	Dl_info info;
+	int major = 0, minor = 0;
+	char path[4096];
+
+	if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS ||
+	    !dladdr((void *)nvrtcVersion, &info) || !info.dli_fname)
+		return;
+	const char *slash = strrchr(info.dli_fname, '/');
+	if (!slash)
+		return;
+	snprintf(path, sizeof(path), "%.*s/libnvrtc-builtins.so.%d.%d",
+		 (int)(slash - info.dli_fname), info.dli_fname, major, minor);
+	/* Failure is fine: NVRTC then searches as it always does and reports. */
+	dlopen(path, RTLD_NOW | RTLD_GLOBAL);
 }
 
 static void add_opt(dg__nvrtc_target *t, const char *o)
@@ -194,6 +225,7 @@ dg_status dg__nvrtc_compile(const dg_source *src, const dg__nvrtc_target *t,
 	dg_status st = DG_OK;
 
 	memset(res, 0, sizeof(*res));
+	pthread_once(&builtins_once, preload_builtins);
 	rc = nvrtcCreateProgram(&prog, src->text, src->name, 0, NULL, NULL);
 	if (rc != NVRTC_SUCCESS) {
 		snprintf(err, esz, "nvrtcCreateProgram: %s", nvrtcGetErrorString(rc));
