@@ -135,7 +135,13 @@ dg_status dg__nvrtc_target_for(int arch, bool arch_specific,
 		 t->ptx ? "compute" : "sm", best, arch_specific ? "a" : "");
 	add_opt(t, o);
 	add_opt(t, "--std=c++17");
-	add_opt(t, "--generate-line-info");
+	/* Line info embeds the compiling process's working directory in the
+	 * cubin, so the same key would give different bytes from different
+	 * folders (and leak the path into bundles). Opt-in, for profiling;
+	 * being an option, it is part of the key. */
+	const char *li = getenv("DRAGON_NVRTC_LINEINFO");
+	if (li && *li && strcmp(li, "0") != 0)
+		add_opt(t, "--generate-line-info");
 	return DG_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -204,4 +205,35 @@ Test(nvrtc, catastrophic_error_names_the_generated_line)
 	cr_assert(strstr(err, "no_such_header.h"), "%s", err);
 	cr_assert(strstr(err, ">    2 | #include <no_such_header.h>"), "marked line missing: %s", err);
 	dg__nvrtc_result_free(&res);
+}
+
+/* The same kernel compiles to the same bytes from any working directory:
+ * bundles are reproducible and a cache entry does not depend on where its
+ * builder ran. */
+Test(nvrtc, bytes_do_not_depend_on_the_working_directory)
+{
+	unsetenv("DRAGON_NVRTC_LINEINFO");
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_PACK_I8X4);
+	dg_source *src = NULL;
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK);
+	dg__nvrtc_target t;
+	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, err, sizeof(err)), DG_OK);
+	dg__nvrtc_result r[2];
+	char *dirs[2] = { dg_test_tmpdir(), dg_test_tmpdir() };
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(chdir(dirs[i]), 0);
+		cr_assert_eq(dg__nvrtc_compile(src, &t, &r[i], err, sizeof(err)), DG_OK, "%s", err);
+	}
+	cr_assert_eq(r[0].size, r[1].size);
+	cr_assert(memcmp(r[0].image, r[1].image, r[0].size) == 0,
+		  "cubin bytes differ between working directories");
+	for (int i = 0; i < 2; i++) {
+		dg__nvrtc_result_free(&r[i]);
+		dg_test_rmtree(dirs[i]);
+	}
+	dg_source_destroy(src);
+	dg_codegen_destroy(cg);
 }
