@@ -80,6 +80,35 @@ unsigned dg_spec_uses(dg_op op)
 	case DG_OP_UNPACK_I8X4:
 		return DG_FIELD_ARCH | DG_FIELD_EMBD | DG_FIELD_LATENT |
 		       DG_FIELD_TILE;
+	case DG_OP_QUANTIZE_WEIGHT:
+		return DG_FIELD_ARCH | DG_FIELD_SRC | DG_FIELD_TILE |
+		       DG_FIELD_WEIGHT;
+	case DG_OP_PACK_TERNARY:
+	case DG_OP_PACK_SIGN1:
+		/* embd = the row length packed (the reduction axis) */
+		return DG_FIELD_ARCH | DG_FIELD_EMBD | DG_FIELD_TILE;
+	case DG_OP_RELU_MASK:
+		return DG_FIELD_ACT | DG_FIELD_ARCH | DG_FIELD_EMBD |
+		       DG_FIELD_HEADS | DG_FIELD_IN_HEADS | DG_FIELD_LATENT |
+		       DG_FIELD_RELU | DG_FIELD_TILE | DG_FIELD_WEIGHT;
+	case DG_OP_DECODER_FWD:
+		return DG_FIELD_ACT | DG_FIELD_ARCH | DG_FIELD_EMBD |
+		       DG_FIELD_HEADS | DG_FIELD_LATENT | DG_FIELD_OUT |
+		       DG_FIELD_TILE | DG_FIELD_WEIGHT;
+	case DG_OP_LOWRANK_GRAD_INPUT:
+		return DG_FIELD_ARCH | DG_FIELD_EMBD | DG_FIELD_HEADS |
+		       DG_FIELD_IN_HEADS | DG_FIELD_LATENT | DG_FIELD_TILE |
+		       DG_FIELD_WEIGHT;
+	case DG_OP_LOWRANK_GRAD_WEIGHT:
+		return DG_FIELD_ACT | DG_FIELD_ARCH | DG_FIELD_EMBD |
+		       DG_FIELD_HEADS | DG_FIELD_IN_HEADS | DG_FIELD_LATENT |
+		       DG_FIELD_TILE;
+	case DG_OP_DECODER_GRAD_INPUT:
+		return DG_FIELD_ARCH | DG_FIELD_EMBD | DG_FIELD_HEADS |
+		       DG_FIELD_LATENT | DG_FIELD_TILE | DG_FIELD_WEIGHT;
+	case DG_OP_DECODER_GRAD_WEIGHT:
+		return DG_FIELD_ACT | DG_FIELD_ARCH | DG_FIELD_EMBD |
+		       DG_FIELD_HEADS | DG_FIELD_LATENT | DG_FIELD_TILE;
 	default:
 		return 0;
 	}
@@ -88,7 +117,43 @@ unsigned dg_spec_uses(dg_op op)
 /* GEMM-like ops take a block tile; the rest take a thread count. */
 static bool op_is_gemm(dg_op op)
 {
-	return op == DG_OP_LOWRANK_FWD;
+	switch (op) {
+	case DG_OP_LOWRANK_FWD:
+	case DG_OP_RELU_MASK:
+	case DG_OP_DECODER_FWD:
+	case DG_OP_LOWRANK_GRAD_INPUT:
+	case DG_OP_LOWRANK_GRAD_WEIGHT:
+	case DG_OP_DECODER_GRAD_INPUT:
+	case DG_OP_DECODER_GRAD_WEIGHT:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The reduction length a GEMM op has as a compile-time constant (a block
+ * tile's BK must divide it); 0 when it is B*T, known only at run time. */
+static int gemm_reduction(const dg_spec *s)
+{
+	switch (s->op) {
+	case DG_OP_LOWRANK_FWD:
+	case DG_OP_RELU_MASK:
+	case DG_OP_DECODER_GRAD_INPUT:
+		return s->embd;
+	case DG_OP_DECODER_FWD:
+	case DG_OP_LOWRANK_GRAD_INPUT:
+		return s->latent;
+	default:
+		return 0;
+	}
+}
+
+/* The formats a GEMM op reads along its reduction axis: packed codes make
+ * BK a multiple of the codes a storage word holds. */
+static bool gemm_reads_weight_codes(dg_op op)
+{
+	return op == DG_OP_LOWRANK_FWD || op == DG_OP_RELU_MASK ||
+	       op == DG_OP_DECODER_FWD;
 }
 
 void dg_spec_init(dg_spec *spec, dg_op op)
@@ -157,6 +222,8 @@ const unsigned dg__spec_quant_fmts = FMT_BIT(DG_FMT_INT8) |
 const unsigned dg__spec_out_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16) |
 	FMT_BIT(DG_FMT_INT8) | FMT_BIT(DG_FMT_UINT8POS);
 const unsigned dg__spec_src_fmts = FMT_BIT(DG_FMT_F32) | FMT_BIT(DG_FMT_BF16);
+const unsigned dg__spec_wquant_fmts = FMT_BIT(DG_FMT_INT8) |
+	FMT_BIT(DG_FMT_TERNARY) | FMT_BIT(DG_FMT_SIGN1);
 
 bool dg__spec_fmt_in(dg_fmt f, unsigned mask)
 {
@@ -214,6 +281,20 @@ static long lowrank_smem(const dg_spec *s, const dg_tile *t)
 	return (long)t->stages * (t->bm + t->bn) * t->bk * p;
 }
 
+/* Shared memory one block may use (dynamic, opted in above 48 KiB). */
+static long smem_limit(int arch)
+{
+	if (arch >= 90)
+		return 227 * 1024;
+	if (arch == 80 || arch == 87)
+		return 163 * 1024;
+	if (arch >= 86)
+		return 99 * 1024;
+	if (arch >= 70)
+		return arch == 75 ? 64 * 1024 : 96 * 1024;
+	return DG_SMEM_LIMIT;
+}
+
 static dg_status validate_tile(const dg_spec *s, char *msg, size_t size)
 {
 	const dg_tile *t = &s->tile;
@@ -245,18 +326,26 @@ static dg_status validate_tile(const dg_spec *s, char *msg, size_t size)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"tile=%s: BK must be a power of two from 4 to 128",
 				tb);
-	int cpw = codes_per_word(s->weight);
-	if (codes_per_word(s->act) > cpw)
-		cpw = codes_per_word(s->act);
-	if (t->bk % cpw)
+	if (gemm_reads_weight_codes(s->op)) {
+		int cpw = codes_per_word(s->weight);
+		if (codes_per_word(s->act) > cpw)
+			cpw = codes_per_word(s->act);
+		if (t->bk % cpw)
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"tile=%s: BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
+					tb, cpw, dg_fmt_name(s->weight),
+					dg_fmt_name(s->act));
+	}
+	int red = gemm_reduction(s);
+	if (red && red % t->bk)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"tile=%s: BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
-				tb, cpw, dg_fmt_name(s->weight),
-				dg_fmt_name(s->act));
-	if (s->embd % t->bk)
-		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"tile=%s: BK=%d must divide embd=%d", tb, t->bk,
-				s->embd);
+				"tile=%s: BK=%d must divide %s=%d (the reduction length)",
+				tb, t->bk,
+				red == s->embd && s->op != DG_OP_DECODER_FWD &&
+						s->op != DG_OP_LOWRANK_GRAD_INPUT
+					? "embd"
+					: "latent",
+				red);
 	if (!is_pow2_in(t->wm, 1, 8) || !is_pow2_in(t->wn, 1, 8) ||
 	    t->wm * t->wn > 16)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -275,10 +364,11 @@ static dg_status validate_tile(const dg_spec *s, char *msg, size_t size)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"tile=%s: stages must be 1 to 4", tb);
 	long smem = lowrank_smem(s, t);
-	if (smem > DG_SMEM_LIMIT)
+	long limit = smem_limit(s->arch);
+	if (smem > limit)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"tile=%s: needs %ld bytes of shared memory, more than %d (fewer stages or a smaller tile)",
-				tb, smem, DG_SMEM_LIMIT);
+				"tile=%s: needs %ld bytes of shared memory, more than the %ld an sm_%d block can have (fewer stages or a smaller tile)",
+				tb, smem, limit, s->arch);
 	return DG_OK;
 }
 
@@ -290,7 +380,7 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size, "spec is NULL");
 	if ((unsigned)s->op >= DG_OP__COUNT)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"op=%d: unknown; ops are lowrank_fwd, quantize_act, pack_i8x4, unpack_i8x4",
+				"op=%d: unknown op",
 				(int)s->op);
 	unsigned uses = dg_spec_uses(s->op);
 	const char *op = dg_op_name(s->op);
@@ -304,6 +394,13 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"in_heads=%d: must be 1 (input shared by all heads) or heads=%d",
 				s->in_heads, s->heads);
+	if (s->op == DG_OP_QUANTIZE_WEIGHT &&
+	    !dg__spec_fmt_in(s->weight, dg__spec_wquant_fmts))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"weight=%s: op quantize_weight makes one of %s",
+				dg_fmt_name(s->weight),
+				dg__spec_fmt_list(dg__spec_wquant_fmts, fl,
+						  sizeof(fl)));
 	if (uses & DG_FIELD_WEIGHT &&
 	    !dg__spec_fmt_in(s->weight, dg__spec_weight_fmts))
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -327,6 +424,16 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 				"src=%s: must be one of %s", dg_fmt_name(s->src),
 				dg__spec_fmt_list(dg__spec_src_fmts, fl,
 						  sizeof(fl)));
+	if (s->op == DG_OP_DECODER_FWD &&
+	    !dg__spec_fmt_in(s->out, dg__spec_src_fmts))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"out=%s: op decoder_fwd writes one of %s (its output joins the float residual stream)",
+				dg_fmt_name(s->out),
+				dg__spec_fmt_list(dg__spec_src_fmts, fl,
+						  sizeof(fl)));
+	if (s->op == DG_OP_RELU_MASK && !s->relu)
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"relu=none: op relu_mask needs the forward's threshold (relu=0 or relu=T)");
 	if (uses & DG_FIELD_OUT && !dg__spec_fmt_in(s->out, dg__spec_out_fmts))
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"out=%s: must be one of %s", dg_fmt_name(s->out),
@@ -341,7 +448,9 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 					"embd=%d: must be a multiple of 4 (codes are packed four to a word along it)",
 					s->embd);
-		if (uses & DG_FIELD_WEIGHT) {
+		if (uses & DG_FIELD_WEIGHT && s->op != DG_OP_DECODER_FWD &&
+		    s->op != DG_OP_DECODER_GRAD_INPUT &&
+		    s->op != DG_OP_QUANTIZE_WEIGHT) {
 			int cpw = codes_per_word(s->weight);
 			if (cpw > 4 && s->embd % cpw)
 				return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -355,10 +464,19 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 					"latent=%d: must be between 1 and %d",
 					s->latent, DG_MAX_LATENT);
-		if (s->op == DG_OP_LOWRANK_FWD && s->latent % 4)
+		if (s->op != DG_OP_PACK_I8X4 && s->op != DG_OP_UNPACK_I8X4 &&
+		    s->latent % 4)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-					"latent=%d: must be a multiple of 4 (output codes are packed four to a word for the next op)",
+					"latent=%d: must be a multiple of 4 (codes are packed four to a word along it)",
 					s->latent);
+		if (s->op == DG_OP_DECODER_FWD || s->op == DG_OP_DECODER_GRAD_INPUT) {
+			int cpw = codes_per_word(s->weight);
+			if (cpw > 4 && s->latent % cpw)
+				return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+						"latent=%d: weight=%s packs %d codes a word along the decoder's rows (heads*latent), so latent must be a multiple of %d",
+						s->latent, dg_fmt_name(s->weight),
+						cpw, cpw);
+		}
 	}
 	if (uses & DG_FIELD_RELU) {
 		if (s->relu && !isfinite(s->relu_thr))
@@ -413,7 +531,8 @@ void dg_spec_default_tile(const dg_spec *s, dg_tile *tile)
 	if (cpw < 4)
 		cpw = 4;
 	int bk = ints ? 64 : 32;
-	while (bk > cpw && (s->embd % bk))
+	int red = gemm_reduction(s);
+	while (red && bk > cpw && (red % bk))
 		bk /= 2;
 	tile->bm = 64;
 	tile->bn = 64;

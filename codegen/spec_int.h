@@ -20,6 +20,7 @@ extern const unsigned dg__spec_act_fmts;
 extern const unsigned dg__spec_quant_fmts;
 extern const unsigned dg__spec_out_fmts;
 extern const unsigned dg__spec_src_fmts;
+extern const unsigned dg__spec_wquant_fmts; /* quantize_weight's weight */
 
 /* Is f a format in mask? False for an out-of-range f. */
 bool dg__spec_fmt_in(dg_fmt f, unsigned mask);

@@ -24,6 +24,15 @@ local OPS = {
   quantize_act = "quantize",
   pack_i8x4 = "pack",
   unpack_i8x4 = "pack",
+  quantize_weight = "qweight",
+  pack_ternary = "qweight",
+  pack_sign1 = "qweight",
+  relu_mask = "lowrank",
+  decoder_fwd = "decoder",
+  lowrank_grad_input = "backward",
+  lowrank_grad_weight = "backward",
+  decoder_grad_input = "backward",
+  decoder_grad_weight = "backward",
 }
 
 -- Load every op module now: the host loads this module when it creates the

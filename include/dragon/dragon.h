@@ -13,5 +13,8 @@
 #include "manifest.h"
 #include "cubin.h"
 #include "ref.h"
+#include "runtime.h"
+#include "tensor.h"
+#include "ops.h"
 
 #endif /* DRAGON_H */

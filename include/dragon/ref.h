@@ -106,6 +106,68 @@ typedef struct dg_ref_lowrank_args {
 dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
 			     const dg_ref_lowrank_args *args);
 
+
+/*
+ * Scales in the ops below follow lowrank_fwd: an integer operand's codes
+ * count times its scale (sa for act/x/y, sw for the weight); a float
+ * operand is its own value (its scale argument is ignored). Gradients are
+ * f32 and sums are accumulated in double (the GPU sums in float: compare
+ * with a tolerance).
+ */
+
+/* relu_mask: y as lowrank_fwd computes it before the ReLU (same inputs and
+ * scales); grad_out[i] = y[i] > thr ? grad[i] : 0, both (B,H,T,L) f32
+ * (they may alias). spec op relu_mask (relu set). */
+dg_status dg_ref_relu_mask(const dg_spec *spec, const void *x, const void *w,
+			   float sa, float sw, const float *grad,
+			   float *grad_out, int batch, int time);
+
+/*
+ * decoder_fwd (spec op decoder_fwd: heads H, latent L, embd E = D):
+ *   out[b,0,t,d] = s · Σ_h Σ_l y[b,h,t,l] · w[d, h·L + l]
+ * y: (B,H,T,L) in the act storage (i8x4 words along L for codes);
+ * w: (E, H·L) in the weight storage, packed along H·L;
+ * out: (B,1,T,E) f32 or bf16. s as lowrank_fwd.
+ */
+typedef struct dg_ref_decoder_args {
+	const void *y;
+	const void *w;
+	float sa, sw;
+	void *out;
+	int batch, time;
+} dg_ref_decoder_args;
+dg_status dg_ref_decoder_fwd(const dg_spec *spec,
+			     const dg_ref_decoder_args *args);
+
+/* lowrank_grad_input: grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l
+ * grad[b,h,t,l] · w[h,l,e]; grad (B,H,T,L), grad_x (B,Hin,T,E). */
+dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const float *grad,
+				    const void *w, float sw, float *grad_x,
+				    int batch, int time);
+/* lowrank_grad_weight: grad_w[h,l,e] = sa · Σ_{b,t} grad[b,h,t,l] ·
+ * x[b,hin(h),t,e]; x in the act storage, grad_w (H,L,E). */
+dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const float *grad,
+				     const void *x, float sa, float *grad_w,
+				     int batch, int time);
+/* decoder_grad_input: grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] ·
+ * w[d, h·L + l]; grad (B,1,T,E), grad_y (B,H,T,L). */
+dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
+				    const void *w, float sw, float *grad_y,
+				    int batch, int time);
+/* decoder_grad_weight: grad_w[d, h·L + l] = sa · Σ_{b,t} grad[b,0,t,d] ·
+ * y[b,h,t,l]; y in the act storage, grad_w (E, H·L). */
+dg_status dg_ref_decoder_grad_weight(const dg_spec *spec, const float *grad,
+				     const void *y, float sa, float *grad_w,
+				     int batch, int time);
+
+/* The inverse of dg_ref_pack_ternary / dg_ref_pack_sign1: words → one
+ * int8 code a byte (rows of k codes). A ternary pair 10 is refused
+ * (DG_ERR_CORRUPT). */
+dg_status dg_ref_unpack_ternary(const uint32_t *words, int8_t *codes,
+				size_t rows, int k);
+dg_status dg_ref_unpack_sign1(const uint32_t *words, int8_t *codes,
+			      size_t rows, int k);
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,7 +43,16 @@ extern "C" {
 	X(DG_OP_LOWRANK_FWD, "lowrank_fwd")                                   \
 	X(DG_OP_QUANTIZE_ACT, "quantize_act")                                 \
 	X(DG_OP_PACK_I8X4, "pack_i8x4")                                       \
-	X(DG_OP_UNPACK_I8X4, "unpack_i8x4")
+	X(DG_OP_UNPACK_I8X4, "unpack_i8x4")                                   \
+	X(DG_OP_QUANTIZE_WEIGHT, "quantize_weight")                           \
+	X(DG_OP_PACK_TERNARY, "pack_ternary")                                 \
+	X(DG_OP_PACK_SIGN1, "pack_sign1")                                     \
+	X(DG_OP_RELU_MASK, "relu_mask")                                       \
+	X(DG_OP_DECODER_FWD, "decoder_fwd")                                   \
+	X(DG_OP_LOWRANK_GRAD_INPUT, "lowrank_grad_input")                     \
+	X(DG_OP_LOWRANK_GRAD_WEIGHT, "lowrank_grad_weight")                   \
+	X(DG_OP_DECODER_GRAD_INPUT, "decoder_grad_input")                     \
+	X(DG_OP_DECODER_GRAD_WEIGHT, "decoder_grad_weight")
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,

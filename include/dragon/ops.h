@@ -1,0 +1,172 @@
+/*
+ * dragon — ops: one call validates the tensors against the spec, fetches
+ * the specialized kernel (JIT at first use) and launches it on the
+ * device's stream. Nothing is launched when a check fails: the status is
+ * DG_ERR_INVALID_ARG (tensors) or DG_ERR_INVALID_SPEC (spec), and the
+ * device's message names the tensor and the expected shape.
+ *
+ * Every op has a _check twin that runs the same checks without a device
+ * (tests, and tools that plan ahead).
+ *
+ * Shapes (BDH): B batch, T time, H heads, Hin input heads (1 or H),
+ * E embd, L latent — H, Hin, E, L come from the spec, B and T from the
+ * tensors. Integer tensors carry their scale (dg_tensor.scale). Gradients
+ * are f32. The straight-through estimator: gradients w.r.t. a quantized
+ * weight are the gradients of its float master, and are returned as such.
+ *
+ *   lowrank_fwd          x (B,Hin,T,E) act, w (H,L,E) weight
+ *                        → out (B,H,T,L) out      relu(s·x·wᵀ − thr)
+ *   relu_mask            x, w as lowrank_fwd; grad (B,H,T,L) f32
+ *                        → grad_out (B,H,T,L) f32 = grad · [y > thr],
+ *                          y recomputed from the codes (may alias grad)
+ *   lowrank_grad_input   grad (B,H,T,L) f32 (masked), w (H,L,E) weight
+ *                        → grad_x (B,Hin,T,E) f32 (head sum when Hin = 1)
+ *   lowrank_grad_weight  grad (B,H,T,L) f32 (masked), x (B,Hin,T,E) act
+ *                        → grad_w (H,L,E) f32
+ *   decoder_fwd          y (B,H,T,L) act, w (E,H·L) weight
+ *                        → out (B,1,T,E) f32|bf16 (head sum fused)
+ *   decoder_grad_input   grad (B,1,T,E) f32, w (E,H·L) weight
+ *                        → grad_y (B,H,T,L) f32
+ *   decoder_grad_weight  grad (B,1,T,E) f32, y (B,H,T,L) act
+ *                        → grad_w (E,H·L) f32
+ *   quantize_act         x (any) f32|bf16 → codes (same shape) act, scale
+ *   quantize_weight      w (any) f32|bf16 → codes (same shape) int8 bytes
+ *                        (one code a byte) and scale, per the weight format
+ *   pack_ternary / pack_sign1   codes (R,K) int8 → packed (R,K) ternary|sign1
+ *   unpack_ternary / unpack_sign1   packed (R,K) → codes (R,K) int8 (i8x4)
+ *   pack_i8x4 / unpack_i8x4      codes (R,K,C) int8 ↔ packed (R,C,K) int8
+ */
+#ifndef DRAGON_OPS_H
+#define DRAGON_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "runtime.h"
+#include "spec.h"
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- projection -------------------------------------------------------- */
+typedef struct dg_lowrank_fwd_args {
+	const dg_tensor *x;
+	const dg_tensor *w;
+	const dg_tensor *out;
+	dg_dptr out_absum; /* 0, or a float that gets += Σ|y| (caller zeroes) */
+} dg_lowrank_fwd_args;
+dg_status dg_lowrank_fwd_check(const dg_spec *spec,
+			       const dg_lowrank_fwd_args *a, char *msg,
+			       size_t msg_size);
+dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
+			 const dg_lowrank_fwd_args *a);
+
+typedef struct dg_relu_mask_args {
+	const dg_tensor *x;
+	const dg_tensor *w;
+	const dg_tensor *grad;
+	const dg_tensor *grad_out;
+} dg_relu_mask_args;
+dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a,
+			     char *msg, size_t msg_size);
+dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
+		       const dg_relu_mask_args *a);
+
+typedef struct dg_lowrank_grad_input_args {
+	const dg_tensor *grad;
+	const dg_tensor *w;
+	const dg_tensor *grad_x;
+} dg_lowrank_grad_input_args;
+dg_status dg_lowrank_grad_input_check(const dg_spec *spec,
+				      const dg_lowrank_grad_input_args *a,
+				      char *msg, size_t msg_size);
+dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
+				const dg_lowrank_grad_input_args *a);
+
+typedef struct dg_lowrank_grad_weight_args {
+	const dg_tensor *grad;
+	const dg_tensor *x;
+	const dg_tensor *grad_w;
+	bool accumulate; /* grad_w += instead of = */
+} dg_lowrank_grad_weight_args;
+dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
+				       const dg_lowrank_grad_weight_args *a,
+				       char *msg, size_t msg_size);
+dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
+				 const dg_lowrank_grad_weight_args *a);
+
+/* ---- decoder tail ------------------------------------------------------ */
+typedef struct dg_decoder_fwd_args {
+	const dg_tensor *y;
+	const dg_tensor *w;
+	const dg_tensor *out;
+} dg_decoder_fwd_args;
+dg_status dg_decoder_fwd_check(const dg_spec *spec,
+			       const dg_decoder_fwd_args *a, char *msg,
+			       size_t msg_size);
+dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
+			 const dg_decoder_fwd_args *a);
+
+typedef struct dg_decoder_grad_input_args {
+	const dg_tensor *grad;
+	const dg_tensor *w;
+	const dg_tensor *grad_y;
+} dg_decoder_grad_input_args;
+dg_status dg_decoder_grad_input_check(const dg_spec *spec,
+				      const dg_decoder_grad_input_args *a,
+				      char *msg, size_t msg_size);
+dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
+				const dg_decoder_grad_input_args *a);
+
+typedef struct dg_decoder_grad_weight_args {
+	const dg_tensor *grad;
+	const dg_tensor *y;
+	const dg_tensor *grad_w;
+	bool accumulate;
+} dg_decoder_grad_weight_args;
+dg_status dg_decoder_grad_weight_check(const dg_spec *spec,
+				       const dg_decoder_grad_weight_args *a,
+				       char *msg, size_t msg_size);
+dg_status dg_decoder_grad_weight(dg_device *dev, const dg_spec *spec,
+				 const dg_decoder_grad_weight_args *a);
+
+/* ---- quantize and pack ------------------------------------------------- */
+/* quantize_act: codes->scale receives the scale (2·mean|x|/qmax). */
+dg_status dg_quantize_act_check(const dg_spec *spec, const dg_tensor *x,
+				const dg_tensor *codes, char *msg,
+				size_t msg_size);
+dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
+			  const dg_tensor *x, const dg_tensor *codes);
+
+/* quantize_weight: codes is int8 (one code a byte, same shape as w) and
+ * codes->scale receives the weight scale of spec->weight. */
+dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_tensor *w,
+				   const dg_tensor *codes, char *msg,
+				   size_t msg_size);
+dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
+			     const dg_tensor *w, const dg_tensor *codes);
+
+/* spec op pack_ternary or pack_sign1; unpack=false: codes → packed,
+ * unpack=true: packed → codes (i8x4). The scale pointer is carried over by
+ * the caller (it is the same float). */
+dg_status dg_pack_weight_check(const dg_spec *spec, const dg_tensor *codes,
+			       const dg_tensor *packed, bool unpack,
+			       char *msg, size_t msg_size);
+dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec,
+			 const dg_tensor *codes, const dg_tensor *packed,
+			 bool unpack);
+
+/* spec op pack_i8x4 (codes → packed) or unpack_i8x4 (packed → codes). */
+dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_tensor *codes,
+			     const dg_tensor *packed, char *msg,
+			     size_t msg_size);
+dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
+		       const dg_tensor *codes, const dg_tensor *packed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_OPS_H */

@@ -1,0 +1,10 @@
+--[[
+decoder.lua — placeholder; the op family lands here.
+]]
+local M = {}
+
+function M.render(spec)
+  error(string.format("op=%s: not implemented yet (templates/decoder.lua)", tostring(spec.op)))
+end
+
+return M
