@@ -249,6 +249,8 @@ void dg_source_destroy(dg_source *src)
 	for (int i = 0; src->entries && i < src->n_entries; i++)
 		free(src->entries[i]);
 	free(src->entries);
+	free(src->block_threads);
+	free(src->dyn_smem);
 	free(src);
 }
 

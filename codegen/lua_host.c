@@ -10,6 +10,7 @@
  * process. Modules are reached through our own require(), which loads only
  * from the template set handed in.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,6 +252,67 @@ static void set_str(lua_State *L, const char *k, const char *v)
 	lua_setfield(L, -2, k);
 }
 
+/* Field `key` of the table at idx as an integer in lo..hi; 0 when absent.
+ * Raises a Lua error naming the entry otherwise. */
+static int launch_int(lua_State *L, int idx, const char *entry,
+		      const char *key, lua_Integer lo, lua_Integer hi)
+{
+	int isnum = 0;
+	lua_Integer v = 0;
+
+	lua_getfield(L, idx, key);
+	if (!lua_isnil(L, -1)) {
+		v = lua_tointegerx(L, -1, &isnum);
+		if (!isnum || v < lo || v > hi)
+			return luaL_error(L,
+					  "render's launch info: %s.%s=%s: must be an integer in %I..%I",
+					  entry, key, luaL_tolstring(L, -1, NULL),
+					  lo, hi);
+	}
+	lua_pop(L, 1);
+	return (int)v;
+}
+
+/* The optional 4th value of render: entry name → { threads = N, smem = B }.
+ * Every key must be one of the entries (a typo must not be dropped). */
+static void check_launch(lua_State *L, int i_entries, int i_launch)
+{
+	if (!lua_istable(L, i_launch)) {
+		luaL_error(L, "render's 4th value (launch info) must be a table entry → { threads = N, smem = BYTES }, got %s",
+			   luaL_typename(L, i_launch));
+		return;
+	}
+	lua_Integer n = luaL_len(L, i_entries);
+	lua_pushnil(L);
+	while (lua_next(L, i_launch)) {
+		if (lua_type(L, -2) != LUA_TSTRING) {
+			luaL_error(L, "render's launch info: keys must be entry names, got a %s",
+				   luaL_typename(L, -2));
+			return;
+		}
+		const char *key = lua_tostring(L, -2);
+		bool found = false;
+		for (lua_Integer i = 1; i <= n && !found; i++) {
+			lua_geti(L, i_entries, i);
+			found = strcmp(lua_tostring(L, -1), key) == 0;
+			lua_pop(L, 1);
+		}
+		if (!found) {
+			luaL_error(L, "render's launch info: '%s' is not one of the entries", key);
+			return;
+		}
+		if (!lua_istable(L, -1)) {
+			luaL_error(L, "render's launch info: %s must be a table { threads = N, smem = BYTES }",
+				   key);
+			return;
+		}
+		int v = lua_gettop(L);
+		launch_int(L, v, key, "threads", 1, 1024);
+		launch_int(L, v, key, "smem", 0, (lua_Integer)1 << 30);
+		lua_pop(L, 1);
+	}
+}
+
 /* Runs inside lua_pcall: builds the spec table and calls render.
  * Upvalue-free: the arguments are a light userdata (spec) and the
  * canonical string. */
@@ -292,23 +354,27 @@ static int call_render(lua_State *L)
 	lua_setfield(L, -2, "arch_specific");
 	set_str(L, "canonical", canonical);
 	set_str(L, "generator_version", DG_GENERATOR_VERSION);
-	lua_call(L, 1, 3);
-	if (!lua_isstring(L, -3) || lua_type(L, -3) != LUA_TSTRING)
+	lua_call(L, 1, 4);
+	int top = lua_gettop(L);
+	int i_src = top - 3, i_entries = top - 2, i_name = top - 1, i_launch = top;
+	if (!lua_isstring(L, i_src) || lua_type(L, i_src) != LUA_TSTRING)
 		return luaL_error(L, "render must return the source as a string");
-	if (!lua_istable(L, -2))
+	if (!lua_istable(L, i_entries))
 		return luaL_error(L, "render must return the entry names as a table");
-	if (lua_type(L, -1) != LUA_TSTRING)
+	if (lua_type(L, i_name) != LUA_TSTRING)
 		return luaL_error(L, "render must return the program name as a string");
-	lua_Integer n = luaL_len(L, -2);
+	lua_Integer n = luaL_len(L, i_entries);
 	if (n < 1 || n > 64)
 		return luaL_error(L, "render returned %d entry names; 1 to 64 expected",
 				  (int)n);
 	for (lua_Integer i = 1; i <= n; i++) {
-		if (lua_geti(L, -2, i) != LUA_TSTRING)
+		if (lua_geti(L, i_entries, i) != LUA_TSTRING)
 			return luaL_error(L, "entry name %d is not a string", (int)i);
 		lua_pop(L, 1);
 	}
-	return 3;
+	if (!lua_isnil(L, i_launch))
+		check_launch(L, i_entries, i_launch);
+	return 4;
 }
 
 static char *dup_str(const char *s, size_t n)
@@ -332,29 +398,50 @@ dg_status dg__lua_render(dg__lua *lh, const dg_spec *spec,
 	lua_pushcfunction(L, call_render);
 	lua_pushlightuserdata(L, (void *)spec);
 	lua_pushstring(L, canonical);
-	dg_status st = pcall_checked(lh, 2, 3, err, err_size);
+	dg_status st = pcall_checked(lh, 2, 4, err, err_size);
 	if (st) {
 		lua_settop(L, top);
 		return st;
 	}
-	/* Copy everything out before popping: Lua owns those strings. */
-	const char *text = lua_tolstring(L, -3, &len);
-	const char *name = lua_tolstring(L, -1, &nlen);
-	int n = (int)luaL_len(L, -2);
+	/* Copy everything out before popping: Lua owns those strings. The
+	 * results are source, entries, name, launch (nil or checked table). */
+	const int i_src = top + 1, i_entries = top + 2, i_name = top + 3,
+		  i_launch = top + 4;
+	const char *text = lua_tolstring(L, i_src, &len);
+	const char *name = lua_tolstring(L, i_name, &nlen);
+	int n = (int)luaL_len(L, i_entries);
 	src->text = dup_str(text, len);
 	src->len = len;
 	src->name = dup_str(name, nlen);
 	src->entries = calloc((size_t)n, sizeof(char *));
+	src->block_threads = calloc((size_t)n, sizeof(int));
+	src->dyn_smem = calloc((size_t)n, sizeof(int));
 	src->n_entries = n;
-	st = src->text && src->name && src->entries ? DG_OK : DG_ERR_NOMEM;
+	st = src->text && src->name && src->entries && src->block_threads &&
+			     src->dyn_smem
+		     ? DG_OK
+		     : DG_ERR_NOMEM;
 	for (int i = 0; st == DG_OK && i < n; i++) {
 		size_t el;
-		lua_geti(L, -2, i + 1);
+		lua_geti(L, i_entries, i + 1);
 		const char *e = lua_tolstring(L, -1, &el);
 		src->entries[i] = dup_str(e, el);
-		if (!src->entries[i])
-			st = DG_ERR_NOMEM;
 		lua_pop(L, 1);
+		if (!src->entries[i]) {
+			st = DG_ERR_NOMEM;
+			break;
+		}
+		/* Already checked by check_launch: integers in range. */
+		if (lua_istable(L, i_launch) &&
+		    lua_getfield(L, i_launch, src->entries[i]) == LUA_TTABLE) {
+			lua_getfield(L, -1, "threads");
+			src->block_threads[i] = (int)lua_tointeger(L, -1);
+			lua_getfield(L, -2, "smem");
+			src->dyn_smem[i] = (int)lua_tointeger(L, -1);
+			lua_pop(L, 2);
+		}
+		if (lua_istable(L, i_launch))
+			lua_pop(L, 1);
 	}
 	lua_settop(L, top);
 	lua_gc(L, LUA_GCCOLLECT);

@@ -24,7 +24,9 @@ void dg__lua_destroy(dg__lua *lh);
 
 /*
  * Calls require("dragon").render(spec) with the spec as a table (tile
- * resolved, canonical text given) and fills src->text, name, entries.
+ * resolved, canonical text given) and fills src->text, name, entries,
+ * and the per-entry launch info (block_threads, dyn_smem) from render's
+ * optional 4th value, a table entry → { threads = N, smem = BYTES }.
  * Errors read "templates/<file>.lua:<line>: <message>" then a traceback.
  */
 dg_status dg__lua_render(dg__lua *lh, const dg_spec *spec,

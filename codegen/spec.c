@@ -273,12 +273,58 @@ static bool is_pow2_in(int v, int lo, int hi)
 	return v >= lo && v <= hi && (v & (v - 1)) == 0;
 }
 
-/* Bytes of shared memory a lowrank tile stages: codes as bytes on the
- * integer path, floats otherwise. */
-static long lowrank_smem(const dg_spec *s, const dg_tile *t)
+/* Bytes an output element of the op's epilogue staging takes (relu_mask
+ * stages one mask byte an element). */
+static int out_elem_bytes(const dg_spec *s)
 {
+	if (s->op == DG_OP_RELU_MASK)
+		return 1;
+	return s->out == DG_FMT_F32 ? 4 : s->out == DG_FMT_BF16 ? 2 : 1;
+}
+
+/* The tensor-core path of lowrank_fwd / relu_mask / decoder_fwd applies
+ * (templates/mma.lua M.fits): sm_80 or newer, integer × integer, BK a
+ * multiple of 32, the warp tile whole 16x8 fragments. */
+static bool mma_fits(const dg_spec *s, const dg_tile *t)
+{
+	return s->arch >= 80 && fmt_is_int(s->weight) && fmt_is_int(s->act) &&
+	       t->bk % 32 == 0 &&
+	       (t->bm / t->wm) % 16 == 0 && (t->bn / t->wn) % 8 == 0;
+}
+
+/*
+ * Shared memory (bytes) a GEMM tile takes, per path, mirroring the
+ * templates:
+ *   tensor cores (mma.lua): max(2, stages) buffers of (BM + BN) rows of RS
+ *     bytes (RS = BK padded to ≡ KC mod 128, KC = 64 when BK % 64 == 0 else
+ *     32); lowrank also stages its output tile, BM rows of
+ *     BN·osz + max(16, 8·osz) bytes, in the same (dynamic) buffer;
+ *   decoder SIMT (decoder.lua): (BM + BN)·(min(BK, 32) + 1)·4, dynamic;
+ *   lowrank SIMT (dp4a / fp32, lowrank.lua): min(stages, 2)·(BM + BN)·BK·P
+ *     with P = 1 (codes) or 4 (floats), static (48 KiB at most).
+ * *is_static tells which limit applies.
+ */
+static long lowrank_smem(const dg_spec *s, const dg_tile *t, bool *is_static)
+{
+	*is_static = false;
+	if (mma_fits(s, t)) {
+		long kc = t->bk % 64 == 0 ? 64 : 32;
+		long rs = t->bk + (((kc - t->bk) % 128) + 128) % 128;
+		long st = t->stages < 2 ? 2 : t->stages;
+		long pipe = st * (t->bm + t->bn) * rs;
+		if (s->op == DG_OP_DECODER_FWD)
+			return pipe;
+		long osz = out_elem_bytes(s);
+		long stage = (long)t->bm * (t->bn * osz + (8 * osz > 16 ? 8 * osz : 16));
+		return pipe > stage ? pipe : stage;
+	}
+	if (s->op == DG_OP_DECODER_FWD) {
+		long ks = t->bk < 32 ? t->bk : 32;
+		return (long)(t->bm + t->bn) * (ks + 1) * 4;
+	}
 	int p = fmt_is_int(s->weight) && fmt_is_int(s->act) ? 1 : 4;
-	return (long)t->stages * (t->bm + t->bn) * t->bk * p;
+	*is_static = true;
+	return (long)(t->stages < 2 ? t->stages : 2) * (t->bm + t->bn) * t->bk * p;
 }
 
 /* Shared memory one block may use (dynamic, opted in above 48 KiB). */
@@ -363,8 +409,24 @@ static dg_status validate_tile(const dg_spec *s, char *msg, size_t size)
 	if (t->stages < 1 || t->stages > 4)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"tile=%s: stages must be 1 to 4", tb);
-	long smem = lowrank_smem(s, t);
-	long limit = smem_limit(s->arch);
+	if (mma_fits(s, t) && (s->op == DG_OP_LOWRANK_FWD || s->op == DG_OP_RELU_MASK ||
+			       s->op == DG_OP_DECODER_FWD)) {
+		/* registers a thread: the int32 accumulators plus the A
+		 * fragments of one K chunk (two rows of KC/4 bytes an m16 tile) */
+		int acc = (t->bm / t->wm) * (t->bn / t->wn) / 32;
+		int afrag = (t->bm / t->wm / 16) * 2 * (t->bk % 64 == 0 ? 4 : 2);
+		if (acc + afrag > 128)
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"tile=%s: the tensor-core path needs %d accumulator and %d fragment registers a thread; at most 128 (more warps or a smaller tile)",
+					tb, acc, afrag);
+	}
+	bool is_static = false;
+	long smem = s->op == DG_OP_LOWRANK_FWD || s->op == DG_OP_RELU_MASK ||
+				    s->op == DG_OP_DECODER_FWD
+			    ? lowrank_smem(s, t, &is_static)
+			    : (long)t->stages * (t->bm + t->bn) * t->bk *
+				      (fmt_is_int(s->weight) && fmt_is_int(s->act) ? 1 : 4);
+	long limit = is_static ? DG_SMEM_LIMIT : smem_limit(s->arch);
 	if (smem > limit)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"tile=%s: needs %ld bytes of shared memory, more than the %ld an sm_%d block can have (fewer stages or a smaller tile)",
@@ -521,17 +583,45 @@ void dg_spec_default_tile(const dg_spec *s, dg_tile *tile)
 		tile->threads = 256;
 		return;
 	}
-	/* 64x64 blocks of 2x2 warps (128 threads, 32 outputs a thread) keep
-	 * enough blocks in flight at BDH shapes; BK is the largest step up to
-	 * 64 that divides embd and whole storage words, double-buffered. */
 	bool ints = fmt_is_int(s->weight) && fmt_is_int(s->act);
-	int cpw = codes_per_word(s->weight);
-	if (codes_per_word(s->act) > cpw)
-		cpw = codes_per_word(s->act);
-	if (cpw < 4)
-		cpw = 4;
-	int bk = ints ? 64 : 32;
+	/* BK stays a multiple of the codes a storage word holds only where
+	 * the reduction runs along packed codes (the backward GEMMs reduce
+	 * along latent / embd of f32 gradients). */
+	int cpw = 4;
+	if (gemm_reads_weight_codes(s->op)) {
+		if (codes_per_word(s->weight) > cpw)
+			cpw = codes_per_word(s->weight);
+		if (codes_per_word(s->act) > cpw)
+			cpw = codes_per_word(s->act);
+	}
 	int red = gemm_reduction(s);
+	bool mma_op = s->op == DG_OP_LOWRANK_FWD || s->op == DG_OP_RELU_MASK ||
+		      s->op == DG_OP_DECODER_FWD;
+	if (ints && mma_op && s->arch >= 80 && red && red % 32 == 0) {
+		/* Tensor cores (templates/mma.lua). lowrank / relu_mask: 128x128
+		 * blocks of 4x2 warps (32x64 warp tiles: 64 accumulators and 16
+		 * fragment registers a thread, two blocks an SM), K = embd in 4
+		 * steps at BDH (the whole K in flight). decoder: 128x256 blocks
+		 * of 4x4 warps, so at embd = 256 each y row is read once. */
+		tile->bk = red % 64 == 0 ? 64 : 32;
+		tile->bm = 128;
+		tile->stages = 4;
+		if (s->op == DG_OP_DECODER_FWD && s->embd >= 256) {
+			tile->bn = 256;
+			tile->wm = 4;
+			tile->wn = 4;
+		} else {
+			tile->bn = 128;
+			tile->wm = 4;
+			tile->wn = 2;
+		}
+		return;
+	}
+	/* SIMT (dp4a / fp32): 64x64 blocks of 2x2 warps (128 threads, 32
+	 * outputs a thread); BK is the largest step up to 64 (codes) or 32
+	 * (floats) that divides the reduction and whole storage words,
+	 * double-buffered. */
+	int bk = ints ? 64 : 32;
 	while (red && bk > cpw && (red % bk))
 		bk /= 2;
 	tile->bm = 64;

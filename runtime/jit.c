@@ -107,6 +107,8 @@ void dg_binary_destroy(dg_binary *bin)
 	for (int i = 0; bin->entries && i < bin->n_entries; i++)
 		free(bin->entries[i]);
 	free(bin->entries);
+	free(bin->block_threads);
+	free(bin->dyn_smem);
 	free(bin->log);
 	free(bin->meta);
 	free(bin);
@@ -149,6 +151,27 @@ static void iso_now(char *buf, size_t size)
 	strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+/* "launch": { entry: { "threads": N, "smem": B } } for the entries the
+ * template gave launch info for (absent when none did). Non-zero on OOM. */
+static int add_launch(cJSON *m, const dg_source *src)
+{
+	cJSON *launch = NULL;
+
+	for (int i = 0; i < src->n_entries; i++) {
+		int t = src->block_threads ? src->block_threads[i] : 0;
+		int sm = src->dyn_smem ? src->dyn_smem[i] : 0;
+		if (!t && !sm)
+			continue;
+		if (!launch && !(launch = cJSON_AddObjectToObject(m, "launch")))
+			return 1;
+		cJSON *e = cJSON_AddObjectToObject(launch, src->entries[i]);
+		if (!e || !cJSON_AddNumberToObject(e, "threads", t) ||
+		    !cJSON_AddNumberToObject(e, "smem", sm))
+			return 1;
+	}
+	return 0;
+}
+
 static char *make_meta(const dg_codegen *cg, const dg_source *src,
 		       const dg__nvrtc_target *t, const char *key,
 		       const dg__nvrtc_result *res)
@@ -170,6 +193,10 @@ static char *make_meta(const dg_codegen *cg, const dg_source *src,
 	cJSON_AddStringToObject(m, "spec", src->canonical);
 	cJSON_AddStringToObject(m, "key", key);
 	cJSON_AddItemToObject(m, "entries", entries);
+	if (add_launch(m, src)) {
+		cJSON_Delete(m);
+		return NULL;
+	}
 	cJSON_AddNumberToObject(m, "arch", t->arch);
 	cJSON_AddBoolToObject(m, "arch_specific", t->arch_specific);
 	cJSON_AddBoolToObject(m, "ptx", t->ptx);
@@ -235,9 +262,14 @@ static dg_status read_meta(dg_ctx *ctx, dg_binary *bin)
 	int n = cJSON_GetArraySize(entries);
 	if (n < 1 || n > 64)
 		goto bad;
+	const cJSON *launch = cJSON_GetObjectItemCaseSensitive(m, "launch");
+	if (launch && !cJSON_IsObject(launch))
+		goto bad;
 	bin->entries = calloc((size_t)n, sizeof(char *));
+	bin->block_threads = calloc((size_t)n, sizeof(int));
+	bin->dyn_smem = calloc((size_t)n, sizeof(int));
 	bin->log = strdup(log->valuestring);
-	if (!bin->entries || !bin->log) {
+	if (!bin->entries || !bin->block_threads || !bin->dyn_smem || !bin->log) {
 		st = DG_ERR_NOMEM;
 		goto out;
 	}
@@ -251,6 +283,19 @@ static dg_status read_meta(dg_ctx *ctx, dg_binary *bin)
 			goto out;
 		}
 		bin->n_entries = i + 1;
+		/* Launch info is optional (entries written before it existed,
+		 * templates that give none): absent reads as 0. */
+		const cJSON *li = cJSON_GetObjectItemCaseSensitive(launch, e->valuestring);
+		if (!li)
+			continue;
+		const cJSON *t = cJSON_GetObjectItemCaseSensitive(li, "threads");
+		const cJSON *sm = cJSON_GetObjectItemCaseSensitive(li, "smem");
+		if (!cJSON_IsNumber(t) || !cJSON_IsNumber(sm) || t->valuedouble < 0 ||
+		    t->valuedouble > 1024 || sm->valuedouble < 0 ||
+		    sm->valuedouble > (double)(1 << 30))
+			goto bad;
+		bin->block_threads[i] = (int)t->valuedouble;
+		bin->dyn_smem[i] = (int)sm->valuedouble;
 	}
 	bin->compile_ms = ms->valuedouble;
 	st = DG_OK;

@@ -15,6 +15,10 @@
  * The epilogue is written as separate float operations, in the kernel's
  * order, so that it rounds exactly like __fmul_rn/__fsub_rn/__fdiv_rn (the
  * build is ISO C, so no multiply-add is contracted).
+ *
+ * relu_mask (dg_ref_relu_mask) runs the same loop and keeps grad where the
+ * forward's y - thr is > 0 (grad and grad_out may alias: each element is
+ * read before it is written, once).
  */
 #include "dragon/ref.h"
 
@@ -97,20 +101,24 @@ static bool mul_ok(size_t *acc, size_t f)
 	return true;
 }
 
-static dg_status check(const dg_spec *spec, const dg_ref_lowrank_args *a)
+/* mask: relu_mask (no out; grad and grad_out checked by the caller). */
+static dg_status check(const dg_spec *spec, const dg_ref_lowrank_args *a,
+		       bool mask)
 {
 	size_t n = 1;
 
-	if (!spec || !a || !a->x || !a->w || !a->out)
+	if (!spec || !a || !a->x || !a->w || (!mask && !a->out))
 		return DG_ERR_INVALID_ARG;
-	if (spec->op != DG_OP_LOWRANK_FWD)
+	if (spec->op != (mask ? DG_OP_RELU_MASK : DG_OP_LOWRANK_FWD))
+		return DG_ERR_INVALID_ARG;
+	if (mask && !spec->relu)
 		return DG_ERR_INVALID_ARG;
 	if (spec->heads <= 0 || spec->latent <= 0 || spec->embd <= 0)
 		return DG_ERR_INVALID_ARG;
 	if (spec->in_heads != 1 && spec->in_heads != spec->heads)
 		return DG_ERR_INVALID_ARG;
 	if (!act_ok(spec->act) || !weight_ok(spec->weight) ||
-	    !out_ok(spec->out))
+	    (!mask && !out_ok(spec->out)))
 		return DG_ERR_INVALID_ARG;
 	if ((dg__ref_is_act_code(spec->act) || spec->weight == DG_FMT_INT8) &&
 	    spec->embd % 4)
@@ -181,10 +189,13 @@ static float dot_float(const float *x, const float *w, size_t n)
 	return acc;
 }
 
-dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
-			     const dg_ref_lowrank_args *args)
+/* The forward, or (grad_out non-NULL) relu_mask: grad_out = grad where
+ * y - thr > 0, else 0, y exactly as the forward computes it. */
+static dg_status lowrank_run(const dg_spec *spec,
+			     const dg_ref_lowrank_args *args,
+			     const float *grad, float *grad_out)
 {
-	dg_status st = check(spec, args);
+	dg_status st = check(spec, args, grad_out != NULL);
 	size_t H, Hin, E, L, B, T;
 	bool int_path, act_code_fmt, w_code_fmt;
 	float s;
@@ -258,6 +269,12 @@ dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
 					y = (float)dot_int(xi, wi + l * E, E) * s;
 				else
 					y = dot_float(xf, wf + l * E, E) * s;
+				if (grad_out) {
+					y = y - spec->relu_thr;
+					grad_out[orow + l] =
+						y > 0.0f ? grad[orow + l] : 0.0f;
+					continue;
+				}
 				if (spec->relu) {
 					y = y - spec->relu_thr;
 					y = y > 0.0f ? y : 0.0f;
@@ -268,7 +285,7 @@ dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
 			}
 		}
 	}
-	if (args->out_absum)
+	if (args->out_absum && !grad_out)
 		*args->out_absum = absum;
 out:
 	free(xi);
@@ -276,4 +293,22 @@ out:
 	free(xf);
 	free(wf);
 	return st;
+}
+
+dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
+			     const dg_ref_lowrank_args *args)
+{
+	return lowrank_run(spec, args, NULL, NULL);
+}
+
+dg_status dg_ref_relu_mask(const dg_spec *spec, const void *x, const void *w,
+			   float sa, float sw, const float *grad,
+			   float *grad_out, int batch, int time)
+{
+	dg_ref_lowrank_args a = { .x = x, .w = w, .sa = sa, .sw = sw,
+				  .batch = batch, .time = time };
+
+	if (!grad || !grad_out)
+		return DG_ERR_INVALID_ARG;
+	return lowrank_run(spec, &a, grad, grad_out);
 }

@@ -1,10 +1,702 @@
 --[[
-backward.lua — placeholder; the op family lands here.
+backward.lua — the four backward GEMMs of BDH's projection and decoder
+(dg_ref_lowrank_grad_input / _weight and dg_ref_decoder_grad_input /
+_weight in dragon/ref.h mirror them). Every gradient is f32.
+
+  lowrank_grad_input   grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]
+    extern "C" __global__ void dg_lowrank_grad_input(const float *grad,
+        const WT *w, const float *sw, float *grad_x, int B, int T)
+    grid (ceil(E/bn), ceil(B*T/bm), Hin). GEMM M = B*T, N = E, K = (H/Hin)·L:
+    with Hin = 1 a block's K runs over every head (w is (H·L, E), so the
+    head sum is one longer reduction, summed in order, no atomics).
+  decoder_grad_input   grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] · w[d, h·L + l]
+    extern "C" __global__ void dg_decoder_grad_input(const float *grad,
+        const WT *w, const float *sw, float *grad_y, int B, int T)
+    grid (ceil(L/bn), ceil(B*T/bm), H). M = B*T, N = L (head h = grid z), K = E.
+  lowrank_grad_weight  grad_w[h,l,e] (+)= sa · Σ_{b,t} grad[b,h,t,l] · x[b,hin(h),t,e]
+    extern "C" __global__ void dg_lowrank_grad_weight(const float *grad,
+        const XT *x, const float *sa, float *dst, int B, int T, int splits,
+        int kt_per_split, int accumulate)
+    grid (ceil(E/bn), ceil(L/bm), H·splits). M = L, N = E, K = B*T.
+  decoder_grad_weight  grad_w[d, h·L + l] (+)= sa · Σ_{b,t} grad[b,0,t,d] · y[b,h,t,l]
+    extern "C" __global__ void dg_decoder_grad_weight(const float *grad,
+        const XT *y, const float *sa, float *dst, int B, int T, int splits,
+        int kt_per_split, int accumulate)
+    grid (ceil(L/bn), ceil(E/bm), H·splits). M = E, N = L (head h), K = B*T.
+  and for both grad_weight ops, the deterministic second pass:
+    extern "C" __global__ void dg_<op>_reduce(const float *part, int splits,
+        const float *sa, float *grad_w, int accumulate)
+    any grid, `NT` threads: grad_w[i] (+)= s · Σ_{p < splits} part[p·NW + i],
+    p ascending (NW = H·L·E, the size of grad_w).
+
+  The grad_weight reduction (B*T) is known only at run time, so it is split
+  over grid z: block (h, p) sums K tiles [p·kt_per_split, (p+1)·kt_per_split)
+  (an empty range sums to 0). splits == 1: the block scales and writes (or
+  adds to) grad_w itself; splits > 1: it writes its raw sum to
+  dst + p·NW (partials the caller takes from scratch) and the reduce entry
+  sums them in a fixed order. No float atomics anywhere, so every result is
+  reproducible for a fixed (splits, tile).
+
+  WT / XT: float (f32), unsigned short (bf16), int i8x4 words (int8, int4,
+  uint8pos), unsigned words (ternary 16 codes, sign1 32). sw / sa: device
+  floats, read only when that operand is an integer format (else may be
+  NULL). All tensors 16-byte aligned (whole allocations are).
+
+Compute path (all four ops): fp32 FMA on a block tile. The gradient is f32,
+so an exact integer path (dp4a) does not apply; the integer operand's codes
+are decoded to floats exactly (|code| <= 255) while they are staged into
+shared memory, and its scale multiplies the f32 sum once at the end
+(tensor cores for the backward come later). Shared tiles are k-major —
+As[k][m], Bs[k][n] — so the inner loop reads a column of A and a row of B
+per k:
+  * A (the f32 gradient) is K-major in the grad_input ops (a row of grad
+    is contiguous along the reduction): 16-byte loads along k, transposed
+    into As whose rows are padded by one float, so the scattered stores do
+    not collide in a bank. In the grad_weight ops A is M-major (contiguous
+    along l or d): 16-byte loads land as 16-byte stores, no transpose.
+  * B (weight or activation, any storage format) is N-major in all four
+    ops: one unit (4 values, or one ternary / sign1 word) a thread, decoded
+    to floats and stored as float4s along the row.
+  * a warp's 32 lanes are 4 rows × 8 cols of its tile; a thread owns
+    TM = bm/wm/4 rows (strided by 4) by TN = bn/wn/8 cols (strided by 8), so
+    each k reads 4 distinct A words and 8 consecutive B words a warp
+    (broadcasts, no conflicts), and stores write 8 consecutive floats a row.
+  * stages >= 2: two shared buffers, the next K step's global loads in
+    flight in registers while the current one is computed (one barrier a
+    step) — when two buffers fit in 48 KiB of static shared memory; a tile
+    that fits only once runs single-buffered.
 ]]
+local C = require("common")
+local fmt = string.format
+
 local M = {}
 
+local ACTS = { "f32", "bf16", "int8", "int4", "uint8pos" }
+local WEIGHTS = { "f32", "bf16", "int8", "ternary", "sign1" }
+
+local SMEM_STATIC = 48 * 1024
+
+-- ---- the B operand: decode units of one storage format -----------------------
+
+-- How one staging unit of format f is loaded and decoded: EU values along n,
+-- NWB raw 32-bit words in flight, the load statement (fills r[] from the
+-- word pointer p at element n) and the decode statement (writes EU floats at
+-- bd, 16-byte aligned, from r[]).
+local function b_unit(f, bn)
+  local F = C.formats[f]
+  if f == "f32" then
+    return { EU = 4, NWB = 4,
+      load = "const uint4 v = __ldg((const uint4 *)(p + n));\n" ..
+             "r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;",
+      decode = "*(float4 *)bd = make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]),\n" ..
+               "\t\t\t\t  __uint_as_float(r[2]), __uint_as_float(r[3]));" }
+  elseif f == "bf16" then
+    return { EU = 4, NWB = 2,
+      load = "const uint2 v = __ldg((const uint2 *)(p + n / 2));\n" ..
+             "r[0] = v.x; r[1] = v.y;",
+      decode = "*(float4 *)bd = make_float4(__uint_as_float(r[0] << 16), __uint_as_float(r[0] & 0xffff0000u),\n" ..
+               "\t\t\t\t  __uint_as_float(r[1] << 16), __uint_as_float(r[1] & 0xffff0000u));" }
+  elseif f == "ternary" then
+    return { EU = 16, NWB = 1,
+      load = "r[0] = __ldg(p + n / 16);",
+      decode = [[
+#pragma unroll
+for (int c = 0; c < 4; ++c) {	// 16 codes = four float4
+	const unsigned q = (r[0] >> (8 * c)) & 0xffu;
+	*(float4 *)(bd + 4 * c) = make_float4(dg_tern1f(q & 3u), dg_tern1f((q >> 2) & 3u),
+					       dg_tern1f((q >> 4) & 3u), dg_tern1f(q >> 6));
+}]] }
+  elseif f == "sign1" then
+    -- bn 16: a unit is half a word (the shift picks the half)
+    local eu = math.min(32, bn)
+    return { EU = eu, NWB = 1,
+      load = "r[0] = __ldg(p + n / 32) >> (n % 32);",
+      decode = fmt([[
+#pragma unroll
+for (int c = 0; c < %d; ++c) {	// %d codes = %d float4
+	const unsigned q = (r[0] >> (4 * c)) & 15u;
+	*(float4 *)(bd + 4 * c) = make_float4(dg_sign1f(q & 1u), dg_sign1f(q & 2u),
+					       dg_sign1f(q & 4u), dg_sign1f(q & 8u));
+}]], eu // 4, eu, eu // 4) }
+  else -- i8x4 codes: int8, int4, uint8pos
+    local lane = F.unsigned and "dg_u8f" or "dg_s8f"
+    return { EU = 4, NWB = 1,
+      load = "r[0] = __ldg(p + n / 4);",
+      decode = fmt("*(float4 *)bd = make_float4(%s(r[0], 0), %s(r[0], 1), %s(r[0], 2), %s(r[0], 3));",
+                   lane, lane, lane, lane) }
+  end
+end
+
+-- Indents every line of `text` by `n` tabs.
+local function indent(text, n)
+  local pad = string.rep("\t", n)
+  return (text:gsub("([^\n]+)", pad .. "%1"))
+end
+
+-- ---- per-op addressing ------------------------------------------------------
+-- Each op gives device functions (text) over the compile-time constants:
+--   K-major A (grad_input ops): dg_a_row(g, m, kt, z, T) → the BK floats
+--     A(m, kt·BK ..) (contiguous), m < M.
+--   M-major A (grad_weight ops): dg_a_col(g, k, h, T) → p with A(m, k) = p[m].
+--   dg_b_row(wp, k, z, T) → word pointer of B's row k (element n in word
+--     n / EPW_B); k is the tile's global k (kt·BK + kk).
+--   dg_out(m, n, z, T) → the element offset of output (m, n).
+
+local OPS = {}
+
+OPS.lowrank_grad_input = {
+  a_kmajor = true, w_operand = true, out_name = "grad_x", scale = "sw",
+  sig = "const float *__restrict__ grad, const ${BT} *__restrict__ w, const float *__restrict__ sw,\n" ..
+        "\t\tfloat *__restrict__ grad_x, int B, int T",
+  text = [[
+constexpr int HPB = H / HIN;		// heads a block reduces over (H when Hin = 1)
+constexpr int N = E;			// output cols
+constexpr int KT = HPB * L / BK;	// K steps (a step never straddles two heads: BK | L)
+
+// A(m, k) = grad[b, h, t, l] with m = b*T + t and k = (h - z*HPB)*L + l.
+__device__ __forceinline__ const float *dg_a_row(const float *g, int m, int kt, int z, int T)
+{
+	const int k = kt * BK;
+	const int h = z * HPB + k / L, l = k % L;
+	const int b = m / T, t = m - b * T;
+	return g + ((long long)(b * H + h) * T + t) * L + l;
+}
+
+// B(k, e) = w[h, l, e]: w is (H·L, E), and block z's heads are rows z·HPB·L ..
+__device__ __forceinline__ const unsigned *dg_b_row(const unsigned *wp, int k, int z, int T)
+{
+	return wp + ((long long)z * HPB * L + k) * (E / EPW_B);
+}
+
+__device__ __forceinline__ long long dg_out(int m, int n, int z, int T)
+{
+	const int b = m / T, t = m - b * T;
+	return ((long long)(b * HIN + z) * T + t) * E + n;
+}
+]],
+}
+
+OPS.decoder_grad_input = {
+  a_kmajor = true, w_operand = true, out_name = "grad_y", scale = "sw",
+  sig = "const float *__restrict__ grad, const ${BT} *__restrict__ w, const float *__restrict__ sw,\n" ..
+        "\t\tfloat *__restrict__ grad_y, int B, int T",
+  text = [[
+constexpr int N = L;			// output cols (head z's latent)
+constexpr int KT = E / BK;		// K steps
+
+// A(m, d) = grad[b, 0, t, d], m = b*T + t.
+__device__ __forceinline__ const float *dg_a_row(const float *g, int m, int kt, int z, int T)
+{
+	return g + (long long)m * E + kt * BK;
+}
+
+// B(d, l) = w[d, z·L + l]: w is (E, H·L), packed along H·L (L % EPW_B == 0).
+__device__ __forceinline__ const unsigned *dg_b_row(const unsigned *wp, int k, int z, int T)
+{
+	return wp + (long long)k * (H * L / EPW_B) + z * (L / EPW_B);
+}
+
+__device__ __forceinline__ long long dg_out(int m, int n, int z, int T)
+{
+	const int b = m / T, t = m - b * T;
+	return ((long long)(b * H + z) * T + t) * L + n;
+}
+]],
+}
+
+OPS.lowrank_grad_weight = {
+  a_kmajor = false, w_operand = false, out_name = "dst", scale = "sa",
+  sig = "const float *__restrict__ grad, const ${BT} *__restrict__ x, const float *__restrict__ sa,\n" ..
+        "\t\tfloat *__restrict__ dst, int B, int T, int splits, int kt_per_split, int accumulate",
+  text = [[
+constexpr int MM = L;			// output rows (l)
+constexpr int N = E;			// output cols (e)
+constexpr long long NW = (long long)H * L * E;	// elements of grad_w (one partial)
+
+// A(l, k) = grad[b, h, t, l] with k = b*T + t: p[l].
+__device__ __forceinline__ const float *dg_a_col(const float *g, int k, int h, int T)
+{
+	const int b = k / T, t = k - b * T;
+	return g + ((long long)(b * H + h) * T + t) * L;
+}
+
+// B(k, e) = x[b, hin(h), t, e].
+__device__ __forceinline__ const unsigned *dg_b_row(const unsigned *xp, int k, int h, int T)
+{
+	const int b = k / T, t = k - b * T;
+	return xp + ((long long)(b * HIN + ${HIN_H}) * T + t) * (E / EPW_B);
+}
+
+__device__ __forceinline__ long long dg_out(int m, int n, int h, int T)
+{
+	return ((long long)h * L + m) * E + n;
+}
+]],
+}
+
+OPS.decoder_grad_weight = {
+  a_kmajor = false, w_operand = false, out_name = "dst", scale = "sa",
+  sig = "const float *__restrict__ grad, const ${BT} *__restrict__ y, const float *__restrict__ sa,\n" ..
+        "\t\tfloat *__restrict__ dst, int B, int T, int splits, int kt_per_split, int accumulate",
+  text = [[
+constexpr int MM = E;			// output rows (d)
+constexpr int N = L;			// output cols (head h's latent)
+constexpr long long NW = (long long)H * L * E;	// elements of grad_w (one partial)
+
+// A(d, k) = grad[b, 0, t, d] with k = b*T + t: p[d].
+__device__ __forceinline__ const float *dg_a_col(const float *g, int k, int h, int T)
+{
+	return g + (long long)k * E;
+}
+
+// B(k, l) = y[b, h, t, l].
+__device__ __forceinline__ const unsigned *dg_b_row(const unsigned *yp, int k, int h, int T)
+{
+	const int b = k / T, t = k - b * T;
+	return yp + ((long long)(b * H + h) * T + t) * (L / EPW_B);
+}
+
+__device__ __forceinline__ long long dg_out(int m, int n, int h, int T)
+{
+	return (long long)m * (H * L) + (long long)h * L + n;
+}
+]],
+}
+
+-- ---- the kernel ---------------------------------------------------------------
+
+local HEAD = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int HIN = ${HIN};		// input heads of the projection: 1 or H
+constexpr int E = ${E};		// embd
+constexpr int L = ${L};		// latent width per head
+
+// ---- tile ------------------------------------------------------------------
+constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};	// block tile, K step
+constexpr int WM = ${WM}, WN = ${WN};		// warps a block: WM rows x WN cols
+constexpr int NT = WM * WN * 32;		// threads a block
+constexpr int TM = BM / WM / 4;		// rows a thread: lr + 4i of its warp's rows
+constexpr int TN = BN / WN / 8;		// cols a thread: lc + 8j of its warp's cols
+constexpr int NBUF = ${NBUF};			// shared buffers (2: double-buffered)
+
+// ---- shared memory (floats): As[k][m] at k*PA + m, then Bs[k][n] at
+// A_FL + k*BN + n, a buffer each stage.
+constexpr int PA = ${PA};		// A row pitch: ${PA_WHY}
+constexpr int A_FL = BK * PA;
+constexpr int B_FL = BK * BN;
+constexpr int STAGE_FL = A_FL + B_FL;
+constexpr int SMEM_FL = NBUF * STAGE_FL;	// ${SMEM} bytes
+
+// ---- staging: A in float4 units, B in units of EU_B values (${bfmt})
+constexpr int UA = ${UA};			// A units a tile row (${UA_WHY})
+constexpr int A_UNITS = ${A_UNITS};
+constexpr int SA = (A_UNITS + NT - 1) / NT;	// A units a thread
+constexpr int EPW_B = ${EPW_B};		// B values a 32-bit storage word
+constexpr int EU_B = ${EU_B};		// B values a unit
+constexpr int NWB = ${NWB};			// raw words a B unit
+constexpr int UB = BN / EU_B;			// B units a tile row
+constexpr int SB = (BK * UB + NT - 1) / NT;	// B units a thread
+]]
+
+local KERNEL = [=[
+extern "C" __global__ void __launch_bounds__(NT)
+${ENTRY}(${SIG})
+{
+	__shared__ __align__(16) float smem[SMEM_FL];
+	const int tid = threadIdx.x;
+	const int lane = tid & 31, warp = tid >> 5;
+	const int lr = lane >> 3, lc = lane & 7;	// lane's row / col in its warp
+	const int wr = warp / WN, wc = warp % WN;	// warp's row / col in the block
+	const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+${PROLOGUE}
+	const unsigned *bw = (const unsigned *)${BNAME};	// B as 32-bit words
+
+	float ra[SA][4];		// one K step of staging, in flight
+	unsigned rb[SB][NWB];
+	bool rbv[SB];		// B unit inside K and N (else it stores zeros)
+	auto load_step = [&](int kt) {
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT;
+${LOAD_A}
+		}
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT, kk = u / UB, n = n0 + (u % UB) * EU_B;
+			const int k = kt * BK + kk;
+			rbv[s] = ${B_GUARD}${K_GUARD_B}n < N;
+#pragma unroll
+			for (int i = 0; i < NWB; ++i)
+				rb[s][i] = 0u;
+			if (rbv[s]) {
+				const unsigned *p = dg_b_row(bw, k, ${ZH}, T);
+				unsigned (&r)[NWB] = rb[s];
+${LOAD_B}
+			}
+		}
+	};
+	auto store_step = [&](float *stage) {
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT;
+${STORE_A}
+		}
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT, kk = u / UB, nu = u % UB;
+			if (${B_GUARD_S}true) {
+				float *bd = stage + A_FL + kk * BN + nu * EU_B;	// Bs[kk][nu·EU_B ..]
+				const unsigned (&r)[NWB] = rb[s];
+				if (rbv[s]) {
+${DECODE_B}
+				} else {
+#pragma unroll
+					for (int c = 0; c < EU_B / 4; ++c)
+						*(float4 *)(bd + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+				}
+			}
+		}
+	};
+
+	int a_off[TM], b_off[TN];	// this thread's rows of As / cols of Bs
+#pragma unroll
+	for (int i = 0; i < TM; ++i)
+		a_off[i] = wr * (BM / WM) + lr + 4 * i;
+#pragma unroll
+	for (int j = 0; j < TN; ++j)
+		b_off[j] = wc * (BN / WN) + lc + 8 * j;
+
+	// fp32 sums (FMA), k ascending within a thread.
+	float acc[TM][TN];
+#pragma unroll
+	for (int i = 0; i < TM; ++i)
+#pragma unroll
+		for (int j = 0; j < TN; ++j)
+			acc[i][j] = 0.0f;
+	auto compute_step = [&](const float *stage) {
+		const float *as = stage, *bs = stage + A_FL;
+#pragma unroll 4
+		for (int k = 0; k < BK; ++k) {
+			float a[TM], b[TN];
+#pragma unroll
+			for (int i = 0; i < TM; ++i)
+				a[i] = as[k * PA + a_off[i]];
+#pragma unroll
+			for (int j = 0; j < TN; ++j)
+				b[j] = bs[k * BN + b_off[j]];
+#pragma unroll
+			for (int i = 0; i < TM; ++i)
+#pragma unroll
+				for (int j = 0; j < TN; ++j)
+					acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+		}
+	};
+
+${MAINLOOP}
+
+${EPILOGUE}
+}
+]=]
+
+-- K-major A (grad_input ops): unit u = (row u / UA, float4 u % UA along k).
+local LOAD_A_KMAJOR = [[
+			const int row = u / UA, kq = u % UA, m = m0 + row;
+			float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			if (${A_GUARD}m < M)
+				v = __ldg((const float4 *)(dg_a_row(grad, m, kt, z, T) + 4 * kq));
+			ra[s][0] = v.x; ra[s][1] = v.y; ra[s][2] = v.z; ra[s][3] = v.w;]]
+
+-- Transposed into As[k][m]: with the pitch BM + 1, store c of a warp's lanes
+-- (UA k-quads of 32/UA rows) lands in distinct banks.
+local STORE_A_KMAJOR = [[
+			const int row = u / UA, kq = u % UA;
+			if (${A_GUARD}true) {
+#pragma unroll
+				for (int c = 0; c < 4; ++c)
+					stage[(4 * kq + c) * PA + row] = ra[s][c];
+			}]]
+
+-- M-major A (grad_weight ops): unit u = (k row u / UA, float4 u % UA along m).
+local LOAD_A_MMAJOR = [[
+			const int kk = u / UA, m = m0 + (u % UA) * 4, k = kt * BK + kk;
+			float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			if (${A_GUARD}k < K && m < MM)	// MM % 4 == 0: a float4 is wholly in or out
+				v = __ldg((const float4 *)(dg_a_col(grad, k, h, T) + m));
+			ra[s][0] = v.x; ra[s][1] = v.y; ra[s][2] = v.z; ra[s][3] = v.w;]]
+
+local STORE_A_MMAJOR = [[
+			const int kk = u / UA, mq = u % UA;
+			if (${A_GUARD}true)
+				*(float4 *)(stage + kk * PA + 4 * mq) = make_float4(ra[s][0], ra[s][1], ra[s][2], ra[s][3]);]]
+
+local MAIN_2 = [[
+	// Double-buffered: step i+1's global loads are issued before step i is
+	// computed and land in the other buffer after it; one barrier a step.
+	if (k_begin < k_end) {
+		load_step(k_begin);
+		store_step(smem);
+		__syncthreads();
+#pragma unroll 1
+		for (int kt = k_begin; kt < k_end; ++kt) {
+			const int i = kt - k_begin;
+			if (kt + 1 < k_end)
+				load_step(kt + 1);
+			compute_step(smem + (i & 1) * STAGE_FL);
+			if (kt + 1 < k_end)
+				store_step(smem + ((i + 1) & 1) * STAGE_FL);
+			__syncthreads();
+		}
+	}]]
+
+local MAIN_1 = [[
+	// Single buffer: load, barrier, compute, barrier.
+#pragma unroll 1
+	for (int kt = k_begin; kt < k_end; ++kt) {
+		load_step(kt);
+		store_step(smem);
+		__syncthreads();
+		compute_step(smem);
+		__syncthreads();
+	}]]
+
+local EPI_INPUT = [[
+	// ---- epilogue: ${SCALE_WHY}
+${SCALE_LOAD}
+#pragma unroll
+	for (int i = 0; i < TM; ++i) {
+		const int m = m0 + a_off[i];
+		if (m >= M)
+			continue;
+#pragma unroll
+		for (int j = 0; j < TN; ++j) {
+			const int n = n0 + b_off[j];
+			if (n < N)
+				${OUT}[dg_out(m, n, z, T)] = ${SCALED};
+		}
+	}]]
+
+local EPI_WEIGHT = [[
+	// ---- epilogue: splits == 1: grad_w (+)= ${SCALED_DESC}; else the raw sum
+	// into partial p (dst + p·NW), summed by the reduce entry.
+${SCALE_LOAD}
+	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
+#pragma unroll
+	for (int i = 0; i < TM; ++i) {
+		const int m = m0 + a_off[i];
+		if (m >= MM)
+			continue;
+#pragma unroll
+		for (int j = 0; j < TN; ++j) {
+			const int n = n0 + b_off[j];
+			if (n >= N)
+				continue;
+			const long long o = dg_out(m, n, h, T);
+			if (splits != 1)
+				out[o] = acc[i][j];
+			else
+				out[o] = accumulate ? __fadd_rn(out[o], ${SCALED}) : ${SCALED};
+		}
+	}]]
+
+local REDUCE = [[
+
+// grad_w[i] (+)= s · Σ_{p < splits} part[p·NW + i], p ascending; float4 a
+// thread (NW % 4 == 0), grid-stride.
+extern "C" __global__ void __launch_bounds__(RNT)
+${ENTRY}_reduce(const float *__restrict__ part, int splits, const float *__restrict__ sa,
+		float *__restrict__ grad_w, int accumulate)
+{
+${SCALE_LOAD}
+	const long long nv = NW / 4;
+	for (long long iv = (long long)blockIdx.x * RNT + threadIdx.x; iv < nv;
+	     iv += (long long)gridDim.x * RNT) {
+		float4 sum = __ldg((const float4 *)part + iv);
+		for (int q = 1; q < splits; ++q) {
+			const float4 v = __ldg((const float4 *)(part + (long long)q * NW) + iv);
+			sum.x = __fadd_rn(sum.x, v.x);
+			sum.y = __fadd_rn(sum.y, v.y);
+			sum.z = __fadd_rn(sum.z, v.z);
+			sum.w = __fadd_rn(sum.w, v.w);
+		}
+${SCALE_APPLY}
+		if (accumulate) {
+			const float4 o = ((const float4 *)grad_w)[iv];
+			sum.x = __fadd_rn(o.x, sum.x);
+			sum.y = __fadd_rn(o.y, sum.y);
+			sum.z = __fadd_rn(o.z, sum.z);
+			sum.w = __fadd_rn(o.w, sum.w);
+		}
+		((float4 *)grad_w)[iv] = sum;
+	}
+}
+]]
+
+local RNT = 256 -- threads a block of the reduce entry
+
 function M.render(spec)
-  error(string.format("op=%s: not implemented yet (templates/backward.lua)", tostring(spec.op)))
+  local op = C.one_of(spec, "op", { "lowrank_grad_input", "lowrank_grad_weight",
+                                    "decoder_grad_input", "decoder_grad_weight" })
+  local o = OPS[op]
+  local H = C.int_field(spec, "heads", 1)
+  local HIN = op:match("^lowrank") and C.int_field(spec, "in_heads", 1) or 1
+  local E = C.int_field(spec, "embd", 4)
+  local L = C.int_field(spec, "latent", 4)
+  C.check(HIN == 1 or HIN == H, "in_heads=%d: must be 1 or heads (%d)", HIN, H)
+  C.check(E % 4 == 0, "embd=%d: must be a multiple of 4", E)
+  C.check(L % 4 == 0, "latent=%d: must be a multiple of 4", L)
+  local bfmt
+  if o.w_operand then
+    bfmt = C.one_of(spec, "weight", WEIGHTS)
+  else
+    bfmt = C.one_of(spec, "act", ACTS)
+  end
+  local F = C.formats[bfmt]
+  -- B's packed axis: E for lowrank (w rows, x rows), L for decoder (w's
+  -- H·L columns per head, y rows)
+  local packed_len = op:match("^lowrank") and E or L
+  C.check(packed_len % F.epw == 0, "%s=%d: %s=%s packs %d values a word along it; must be a multiple of %d",
+          op:match("^lowrank") and "embd" or "latent", packed_len, o.w_operand and "weight" or "act",
+          bfmt, F.epw, F.epw)
+
+  local bm, bn, bk = C.tile_field(spec, "bm"), C.tile_field(spec, "bn"), C.tile_field(spec, "bk")
+  local wm, wn = C.tile_field(spec, "wm"), C.tile_field(spec, "wn")
+  local stages = C.tile_field(spec, "stages")
+  C.check(bm % (4 * wm) == 0, "tile bm=%d: must be a multiple of 4·wm = %d (4 lane rows a warp)", bm, 4 * wm)
+  C.check(bn % (8 * wn) == 0, "tile bn=%d: must be a multiple of 8·wn = %d (8 lane cols a warp)", bn, 8 * wn)
+  C.check(bm % 4 == 0 and bk % 4 == 0, "tile bm=%d bk=%d: must be multiples of 4", bm, bk)
+  local u = b_unit(bfmt, bn)
+  C.check(bn % u.EU == 0, "tile bn=%d: must be a multiple of %d (%s units)", bn, u.EU, bfmt)
+  if op == "lowrank_grad_input" then
+    C.check(L % bk == 0, "tile bk=%d: must divide latent=%d (the reduction)", bk, L)
+  elseif op == "decoder_grad_input" then
+    C.check(E % bk == 0, "tile bk=%d: must divide embd=%d (the reduction)", bk, E)
+  end
+
+  local pa = o.a_kmajor and bm + 1 or bm
+  local stage_bytes = (bk * pa + bk * bn) * 4
+  local nbuf = math.min(stages, 2)
+  if nbuf == 2 and 2 * stage_bytes > SMEM_STATIC then nbuf = 1 end
+  local smem = nbuf * stage_bytes
+  C.check(smem <= SMEM_STATIC, "tile %dx%dx%d/%dx%d/%d: needs %d bytes of shared memory, more than 48 KiB",
+          bm, bn, bk, wm, wn, stages, smem)
+
+  local nt = wm * wn * 32
+  local ua = o.a_kmajor and bk // 4 or bm // 4
+  local a_units = o.a_kmajor and bm * ua or bk * ua
+  local a_guard = a_units % nt ~= 0 and "u < A_UNITS && " or ""
+  local ub = bn // u.EU
+  local b_guard = (bk * ub) % nt ~= 0 and "u < BK * UB && " or ""
+
+  local ctype = F.ctype
+  local entry = "dg_" .. op
+  local is_code = F.code
+  local v = {
+    H = H, HIN = HIN, E = E, L = L,
+    BM = bm, BN = bn, BK = bk, WM = wm, WN = wn, NBUF = nbuf,
+    PA = pa, PA_WHY = o.a_kmajor and "BM + 1 (A is transposed in; the pad spreads its stores over the banks)"
+                                 or "BM (A lands as it is, float4 stores)",
+    SMEM = smem, bfmt = bfmt,
+    UA = ua, UA_WHY = o.a_kmajor and "float4s along k" or "float4s along m", A_UNITS = a_units,
+    EPW_B = F.epw, EU_B = u.EU, NWB = u.NWB,
+  }
+
+  local kv = {
+    ENTRY = entry, BT = ctype, BNAME = o.w_operand and "w" or (op == "lowrank_grad_weight" and "x" or "y"),
+    A_GUARD = a_guard, B_GUARD = b_guard, B_GUARD_S = b_guard,
+    HIN_H = HIN == 1 and "0" or "h",
+  }
+  kv.SIG = C.subst(o.sig, kv)
+  local scale_name = o.scale
+  local scale_load = is_code and fmt("\tconst float s = *%s;		// the %s's scale", scale_name,
+                                     o.w_operand and "weight" or "activation")
+                             or "\t// float operand: no scale"
+  local scaled = is_code and "__fmul_rn(acc[i][j], s)" or "acc[i][j]"
+  if o.a_kmajor then
+    kv.PROLOGUE = "\tconst int M = B * T;\t\t\t// output rows (b, t)\n" ..
+                  "\tconst int z = blockIdx.z;\t\t// " .. (op == "lowrank_grad_input" and "input head" or "head") ..
+                  "\n\tconst int k_begin = 0, k_end = KT;"
+    kv.ZH = "z"
+    kv.K_GUARD_B = ""
+    kv.LOAD_A = C.subst(LOAD_A_KMAJOR, kv)
+    kv.STORE_A = C.subst(STORE_A_KMAJOR, kv)
+    kv.EPILOGUE = C.subst(EPI_INPUT, {
+      SCALE_WHY = is_code and fmt("%s = %s · Σ (the integer operand's scale, once)", o.out_name, scale_name)
+                          or fmt("%s = Σ", o.out_name),
+      SCALE_LOAD = scale_load, OUT = o.out_name, SCALED = scaled })
+  else
+    kv.PROLOGUE = "\tconst int K = B * T;\t\t\t// the reduction (b, t)\n" ..
+                  "\tconst int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split\n" ..
+                  "\tconst int kt_all = (K + BK - 1) / BK;\n" ..
+                  "\tconst int k_begin = min(sp * kt_per_split, kt_all);\n" ..
+                  "\tconst int k_end = min(k_begin + kt_per_split, kt_all);	// empty: writes zeros"
+    kv.ZH = "h"
+    kv.K_GUARD_B = "k < K && "
+    kv.LOAD_A = C.subst(LOAD_A_MMAJOR, kv)
+    kv.STORE_A = C.subst(STORE_A_MMAJOR, kv)
+    kv.EPILOGUE = C.subst(EPI_WEIGHT, {
+      SCALED_DESC = is_code and "sa · Σ" or "Σ",
+      SCALE_LOAD = scale_load, SCALED = scaled })
+  end
+  kv.LOAD_B = indent(u.load, 4)
+  kv.DECODE_B = indent(u.decode, 5)
+  kv.MAINLOOP = nbuf == 2 and MAIN_2 or MAIN_1
+
+  local helpers = {}
+  if bfmt == "ternary" then helpers.ternary = true end
+  if bfmt == "sign1" then helpers.sign1 = true end
+  if F.epw == 4 then helpers.i8x4f = true end
+
+  local about = {
+    (o.a_kmajor and (op == "lowrank_grad_input"
+      and "lowrank_grad_input: grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]"
+      or "decoder_grad_input: grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] · w[d, h·L + l]")
+      or (op == "lowrank_grad_weight"
+      and "lowrank_grad_weight: grad_w[h,l,e] (+)= sa · Σ_{b,t} grad[b,h,t,l] · x[b,hin(h),t,e]"
+      or "decoder_grad_weight: grad_w[d, h·L + l] (+)= sa · Σ_{b,t} grad[b,0,t,d] · y[b,h,t,l]")),
+    "",
+    fmt("extern \"C\" __global__ void %s(%s)", entry, (kv.SIG:gsub("%s+", " "))),
+  }
+  if op == "lowrank_grad_input" then
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", E, bn, bm, HIN, nt)
+    about[#about + 1] = fmt("grad (B, %d, T, %d) f32; w (%d, %d, %d) %s; grad_x (B, %d, T, %d) f32.",
+                            H, L, H, L, E, bfmt, HIN, E)
+  elseif op == "decoder_grad_input" then
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", L, bn, bm, H, nt)
+    about[#about + 1] = fmt("grad (B, 1, T, %d) f32; w (%d, %d) %s; grad_y (B, %d, T, %d) f32.",
+                            E, E, H * L, bfmt, H, L)
+  elseif op == "lowrank_grad_weight" then
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(%d/%d), %d·splits), block %d threads.", E, bn, L, bm, H, nt)
+    about[#about + 1] = fmt("grad (B, %d, T, %d) f32; x (B, %d, T, %d) %s; grad_w (%d, %d, %d) f32.",
+                            H, L, HIN, E, bfmt, H, L, E)
+  else
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(%d/%d), %d·splits), block %d threads.", L, bn, E, bm, H, nt)
+    about[#about + 1] = fmt("grad (B, 1, T, %d) f32; y (B, %d, T, %d) %s; grad_w (%d, %d) f32.",
+                            E, H, L, bfmt, E, H * L)
+  end
+  about[#about + 1] = fmt("path: fp32 FMA, %s operand decoded to f32 while staged; shared memory %d bytes, %s.",
+                          bfmt, smem, nbuf == 2 and "double-buffered" or "single buffer")
+
+  local w = C.writer()
+  w:line(C.banner(spec, "backward.lua", about))
+  w:line(C.helpers(helpers))
+  w:line(C.subst(HEAD, v))
+  w:line(C.subst(o.text, { HIN_H = kv.HIN_H }))
+  w:line(C.subst(KERNEL, kv))
+  local entries = { entry }
+  local launch = { [entry] = { threads = nt } }
+  if not o.a_kmajor then
+    w:line(fmt("constexpr int RNT = %d;\t\t// threads a block of %s_reduce", RNT, entry))
+    w:line(C.subst(REDUCE, {
+      ENTRY = entry,
+      SCALE_LOAD = is_code and "\tconst float s = *sa;\t\t// the activation's scale" or "\t// float operand: no scale",
+      SCALE_APPLY = is_code and "\t\tsum.x = __fmul_rn(sum.x, s);\n\t\tsum.y = __fmul_rn(sum.y, s);\n" ..
+                                "\t\tsum.z = __fmul_rn(sum.z, s);\n\t\tsum.w = __fmul_rn(sum.w, s);" or "",
+    }))
+    entries[2] = entry .. "_reduce"
+    launch[entry .. "_reduce"] = { threads = RNT }
+  end
+  return w:text(), entries, op .. ".cu", launch
 end
 
 return M

@@ -1,10 +1,379 @@
 --[[
-decoder.lua — placeholder; the op family lands here.
+decoder.lua — the decoder tail of BDH, forward (the head sum fused):
+
+  out[b,0,t,d] = s · Σ_h Σ_l y[b,h,t,l] · w[d, h·L + l]
+
+A GEMM with M = B·T rows, N = E columns and K = H·L: row m = b·T + t of A
+is y[b,:,t,:] (H segments of L codes, one a head), row d of B is w[d,:].
+The grid has few output tiles (M/BM · E/BN), so K is split: work item
+(tile, split) sums the K steps [split·KT/nsplit, (split+1)·KT/nsplit) and
+the partial sums meet in a workspace ws (M, E); a second entry converts ws
+to out.
+
+Kernel ABI (runtime/ops_forward.c launches it; dragon/ref.h mirrors it in
+dg_ref_decoder_fwd):
+
+  extern "C" __global__ void dg_decoder_fwd(const YT *y, const WT *w,
+      void *ws, int B, int T, int nsplit)
+    grid: any number of blocks (they stride over ceil(B·T/BM)·ceil(E/BN)
+    tiles × nsplit splits); block and dynamic shared memory from the launch
+    info. Integer × integer: ws is int32 (M, E), zeroed by the caller, and
+    receives the exact partial sums with atomic adds (red.global.add.s32:
+    integer addition is associative, so the result is deterministic).
+    Any float operand: ws is f32 (M, E) and written with plain stores; the
+    kernel sums the whole K in one work item (split 0; other splits do
+    nothing), so the result is deterministic too: pass nsplit = 1.
+  extern "C" __global__ void dg_decoder_fwd_out(const void *ws,
+      const float *sa, const float *sw, OT *out, long long n)
+    n = B·T·E (a multiple of 4), 256 threads a block, any grid:
+    out[i] = __fmul_rn((float)ws[i], s) as f32 or bf16 (round half to even);
+    s = sa·sw (both integer), sa or sw (one), 1 (none).
+
+    y    (B, H, T, L): i8x4 codes (int8, int4, uint8pos lanes unsigned) |
+         f32 | bf16
+    w    (E, H·L): int8 i8x4 | ternary (16 a word) | sign1 (32 a word) | f32 |
+         bf16, packed along H·L
+    y, w, ws, out 16-byte aligned; BK divides L (spec validation).
+
+Paths
+  tensor cores   both integer, BK % 32 == 0, warp tile whole 16x8 fragments
+                 (templates/mma.lua): cp.async pipeline, mma.sync s8/u8;
+  SIMT integer   both integer otherwise: int32 multiply-add, same ABI;
+  SIMT float     any float operand: fp32 FMA, K in steps of up to 32.
 ]]
+local C = require("common")
+local fmt = string.format
+
 local M = {}
 
+local ACTS = { "f32", "bf16", "int8", "int4", "uint8pos" }
+local WEIGHTS = { "f32", "bf16", "int8", "ternary", "sign1" }
+local OUTS = { "f32", "bf16" }
+
+local KERNEL_MMA = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int L = ${L};		// latent width per head (a head's K segment)
+constexpr int E = ${E};		// model width: the N of the GEMM
+constexpr int WDIV = ${WDIV};		// codes a weight storage byte
+constexpr long long WROW = (long long)H * L / WDIV;	// bytes a weight row
+${CONSTANTS}
+constexpr int SMEM_BYTES = ${SMEM};	// dynamic
+
+extern "C" __global__ void __launch_bounds__(NT)
+dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
+	       void *__restrict__ ws_, int B, int T, int nsplit)
+{
+	extern __shared__ __align__(16) unsigned char smem[];
+	const int tid = threadIdx.x;
+	const int lane = tid & 31, warp = tid >> 5;
+	const int M = B * T;
+	int *ws = (int *)ws_;		// (M, E) int32 partial sums
+	const unsigned char *yb = (const unsigned char *)y;
+	const unsigned char *wb = (const unsigned char *)w;
+	const void *a_zf = y, *b_zf = w;	// valid addresses for zero-fill copies
+	(void)b_zf;
+	const int NTN = (E + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+	const long long ntile = (long long)NTN * NTM;
+#pragma unroll 1
+	for (long long item = blockIdx.x; item < ntile * nsplit; item += gridDim.x) {
+	const long long tile = item % ntile;
+	const int split = (int)(item / ntile);
+	const int n0 = (int)(tile % NTN) * BN;
+	const int m0 = (int)(tile / NTN) * BM;
+	const int kt0 = (int)((long long)split * KT / nsplit);
+	const int nkt = (int)((long long)(split + 1) * KT / nsplit) - kt0;
+	// A row r: y[b, 0, t, 0] of m = m0 + r; K step kt lies in head kt·BK / L
+	// (BK divides L). B row r: w row d = n0 + r.
+	auto a_row = [&](int row) -> const unsigned char * {
+		const int m = m0 + row;
+		if (m >= M)
+			return nullptr;
+		const int b = m / T, t = m - b * T;
+		return yb + ((long long)b * H * T + t) * L;
+	};
+	auto a_koff = [&](int kt) -> long long {
+		const long long kg = (long long)kt * BK;
+		const long long hh = kg / L;
+		return hh * T * L + (kg - hh * L);
+	};
+	auto b_row = [&](int row) -> const unsigned char * {
+		const int d = n0 + row;
+		return d < E ? wb + d * WROW : nullptr;
+	};
+	auto b_koff = [&](int kt) -> long long { return (long long)kt * (BK / WDIV); };
+${GEMM}
+	// ---- partial sums into the workspace: exact integer atomics
+	if (nkt > 0) {
+#pragma unroll
+		for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+			for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+				for (int i = 0; i < 4; ++i) {
+					const int m = m0 + wr * WTM + mt * 16 + g + 8 * (i >> 1);
+					const int d = n0 + wc * WTN + nt * 8 + 2 * q + (i & 1);
+					if (m < M && d < E)
+						atomicAdd(ws + (long long)m * E + d, acc[mt][nt][i]);
+				}
+	}
+	__syncthreads();	// the next item's copies overwrite the shared buffers
+	}
+}
+]]
+
+local KERNEL_SIMT = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int L = ${L};		// latent width per head
+constexpr int E = ${E};		// model width: the N of the GEMM
+constexpr long long KTOT = (long long)H * L;	// the reduction length
+constexpr int BM = ${BM}, BN = ${BN};		// block tile
+constexpr int KS = ${KS};			// K elements staged a step
+constexpr int WM = ${WM}, WN = ${WN};
+constexpr int NT = WM * WN * 32;
+constexpr int TM = BM / WM / 4, TN = BN / WN / 8;	// outputs a thread
+constexpr int KT = (int)(KTOT / KS);		// K steps
+constexpr int SMEM_BYTES = ${SMEM};	// dynamic: A then B, rows of KS + 1
+
+// Element (m, kg) of A = y[b, h, t, l] (kg = h·L + l), element (d, kg) of B.
+__device__ __forceinline__ ${AT} dg_a_at(const ${YT} *__restrict__ y, int T, int m, long long kg)
+{
+	const int b = m / T, t = m - b * T;
+	const long long hh = kg / L;
+	const long long i = (((long long)b * H + hh) * T + t) * L + (kg - hh * L);
+	return ${A_LOAD};
+}
+
+__device__ __forceinline__ ${AT} dg_b_at(const ${WT} *__restrict__ w, int d, long long kg)
+{
+	const long long i = (long long)d * KTOT + kg;
+	return ${B_LOAD};
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
+	       void *__restrict__ ws_, int B, int T, int nsplit)
+{
+	extern __shared__ __align__(16) unsigned char smem[];
+	${AT} (*sa_)[KS + 1] = (${AT} (*)[KS + 1])smem;			// [BM][KS + 1]
+	${AT} (*sb_)[KS + 1] = (${AT} (*)[KS + 1])(smem + BM * (KS + 1) * 4);	// [BN][KS + 1]
+	${WS_T} *ws = (${WS_T} *)ws_;	// (M, E)
+	const int tid = threadIdx.x;
+	const int lane = tid & 31, warp = tid >> 5;
+	const int lr = lane >> 3, lc = lane & 7;
+	const int wr = warp / WN, wc = warp % WN;
+	const int M = B * T;
+	const int NTN = (E + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+	const long long ntile = (long long)NTN * NTM;
+#pragma unroll 1
+	for (long long item = blockIdx.x; item < ntile * nsplit; item += gridDim.x) {
+	const long long tile = item % ntile;
+	const int split = (int)(item / ntile);
+	const int n0 = (int)(tile % NTN) * BN;
+	const int m0 = (int)(tile / NTN) * BM;
+${RANGE}
+	${AT} acc[TM][TN];
+#pragma unroll
+	for (int i = 0; i < TM; ++i)
+#pragma unroll
+		for (int j = 0; j < TN; ++j)
+			acc[i][j] = 0;
+#pragma unroll 1
+	for (int ks = kt0; ks < kt1; ++ks) {
+		__syncthreads();	// the previous step's reads are done
+		for (int e = tid; e < BM * KS; e += NT) {
+			const int row = e / KS, kk = e - row * KS;
+			const int m = m0 + row;
+			sa_[row][kk] = m < M ? dg_a_at(y, T, m, (long long)ks * KS + kk) : (${AT})0;
+		}
+		for (int e = tid; e < BN * KS; e += NT) {
+			const int row = e / KS, kk = e - row * KS;
+			const int d = n0 + row;
+			sb_[row][kk] = d < E ? dg_b_at(w, d, (long long)ks * KS + kk) : (${AT})0;
+		}
+		__syncthreads();
+#pragma unroll 4
+		for (int kk = 0; kk < KS; ++kk) {
+			${AT} bv[TN];
+#pragma unroll
+			for (int j = 0; j < TN; ++j)
+				bv[j] = sb_[wc * (BN / WN) + lc + 8 * j][kk];
+#pragma unroll
+			for (int i = 0; i < TM; ++i) {
+				const ${AT} av = sa_[wr * (BM / WM) + lr + 4 * i][kk];
+#pragma unroll
+				for (int j = 0; j < TN; ++j)
+					${MAC};
+			}
+		}
+	}
+	if (kt1 > kt0) {
+#pragma unroll
+		for (int i = 0; i < TM; ++i)
+#pragma unroll
+			for (int j = 0; j < TN; ++j) {
+				const int m = m0 + wr * (BM / WM) + lr + 4 * i;
+				const int d = n0 + wc * (BN / WN) + lc + 8 * j;
+				if (m < M && d < E)
+					${STORE};
+			}
+	}
+	__syncthreads();	// the next item restages the shared buffers
+	}
+}
+]]
+
+local CONVERT = [[
+// ws (M, E) → out, four elements a thread a round.
+extern "C" __global__ void __launch_bounds__(256)
+dg_decoder_fwd_out(const void *__restrict__ ws_, const float *__restrict__ sa,
+		   const float *__restrict__ sw, ${OT} *__restrict__ out, long long n)
+{
+	const ${WS_T} *ws = (const ${WS_T} *)ws_;
+	const float s = ${SCALE};
+	for (long long i = ((long long)blockIdx.x * 256 + threadIdx.x) * 4; i < n;
+	     i += (long long)gridDim.x * 256 * 4) {
+		const ${WS_V} v = *(const ${WS_V} *)(ws + i);
+		const float y0 = __fmul_rn(${CVT}(v.x), s), y1 = __fmul_rn(${CVT}(v.y), s);
+		const float y2 = __fmul_rn(${CVT}(v.z), s), y3 = __fmul_rn(${CVT}(v.w), s);
+${STORE}
+	}
+}
+]]
+
+
 function M.render(spec)
-  error(string.format("op=%s: not implemented yet (templates/decoder.lua)", tostring(spec.op)))
+  C.check(spec.op == "decoder_fwd", "decoder.lua renders op decoder_fwd, not %s", tostring(spec.op))
+  local H = C.int_field(spec, "heads", 1)
+  local E = C.int_field(spec, "embd", 4)
+  local L = C.int_field(spec, "latent", 1)
+  local act = C.one_of(spec, "act", ACTS)
+  local weight = C.one_of(spec, "weight", WEIGHTS)
+  local out = C.one_of(spec, "out", OUTS)
+  C.check(E % 4 == 0, "embd=%d: must be a multiple of 4", E)
+  local bm, bn, bk = C.tile_field(spec, "bm"), C.tile_field(spec, "bn"), C.tile_field(spec, "bk")
+  local wm, wn = C.tile_field(spec, "wm"), C.tile_field(spec, "wn")
+  local stages = C.tile_field(spec, "stages")
+  C.check(L % bk == 0, "latent=%d: must be a multiple of tile bk=%d", L, bk)
+  local fa, fw = C.formats[act], C.formats[weight]
+  C.check(bk % fw.epw == 0, "tile bk=%d: weight %s packs %d a word; bk must be a multiple", bk, weight, fw.epw)
+  local int_path = fa.code and fw.code
+  local MMA = require("mma")
+  local use_mma = int_path and MMA.fits(C.int_field(spec, "arch", 1), bm, bn, bk, wm, wn)
+
+  local helpers = { bf16 = (out == "bf16" or act == "bf16" or weight == "bf16") or nil }
+  local w = C.writer()
+  local main, about, launch_main, smem, nt
+  if use_mma then
+    local p = MMA.plan(bm, bn, bk, wm, wn, stages, weight)
+    local wdiv = weight == "ternary" and 4 or (weight == "sign1" and 8 or 1)
+    smem = p.pipe
+    nt = p.nt
+    helpers.ternary = (weight == "ternary") or nil
+    helpers.sign1 = (weight == "sign1") or nil
+    main = MMA.helpers(p, fa.unsigned) .. "\n" .. C.subst(KERNEL_MMA, {
+      H = H, L = L, E = E, WDIV = wdiv, CONSTANTS = MMA.constants(p, H * L), SMEM = smem,
+      YT = fa.ctype, WT = fw.ctype, GEMM = MMA.gemm(p),
+    })
+    about = fmt("integer × integer on tensor cores: mma.sync m16n8k32 %s.s8 (%d stages, row stride %d), "
+      .. "split-K with int32 atomics", fa.unsigned and "u8" or "s8", p.stages, p.rs)
+  else
+    C.check(bm % (4 * wm) == 0 and bn % (8 * wn) == 0,
+            "tile %dx%d/%dx%d: each warp's tile must be a multiple of 4x8", bm, bn, wm, wn)
+    local ks = math.min(bk, 32)
+    nt = wm * wn * 32
+    smem = (bm + bn) * (ks + 1) * 4
+    local v = { H = H, L = L, E = E, BM = bm, BN = bn, KS = ks, WM = wm, WN = wn, SMEM = smem,
+                YT = fa.ctype, WT = fw.ctype }
+    if int_path then
+      v.AT = "int"
+      v.WS_T = "int"
+      v.MAC = "acc[i][j] += av * bv[j]"
+      v.STORE = "atomicAdd(ws + (long long)m * E + d, acc[i][j])"
+      v.RANGE = [[
+	const int kt0 = (int)((long long)split * KT / nsplit);
+	const int kt1 = (int)((long long)(split + 1) * KT / nsplit);]]
+    else
+      v.AT = "float"
+      v.WS_T = "float"
+      v.MAC = "acc[i][j] = fmaf(av, bv[j], acc[i][j])"
+      v.STORE = "ws[(long long)m * E + d] = acc[i][j]"
+      v.RANGE = [[
+	// float sums: one work item sums the whole K (split 0), so the result
+	// does not depend on nsplit
+	const int kt0 = 0, kt1 = split == 0 ? KT : 0;]]
+    end
+    if fa.code then
+      v.A_LOAD = fa.unsigned and "(" .. v.AT .. ")((const unsigned char *)y)[i]"
+        or "(" .. v.AT .. ")((const signed char *)y)[i]"
+    elseif act == "bf16" then
+      v.A_LOAD = "dg_bf16_to_f32(y[i])"
+    else
+      v.A_LOAD = "y[i]"
+    end
+    if weight == "int8" then
+      v.B_LOAD = "(" .. v.AT .. ")((const signed char *)w)[i]"
+    elseif weight == "ternary" then
+      v.B_LOAD = "(" .. v.AT .. ")dg_tern_at(w, i)"
+      helpers.tern_at = true
+    elseif weight == "sign1" then
+      v.B_LOAD = "(" .. v.AT .. ")((w[i >> 5] >> (i & 31)) & 1u ? 1 : -1)"
+    elseif weight == "bf16" then
+      v.B_LOAD = "dg_bf16_to_f32(w[i])"
+    else
+      v.B_LOAD = "w[i]"
+    end
+    main = C.subst(KERNEL_SIMT, v)
+    about = int_path and "integer × integer, SIMT: int32 multiply-add, split-K with int32 atomics"
+      or "float (SIMT): operands converted to f32, fp32 FMA, K unsplit (deterministic)"
+  end
+
+  -- the convert entry
+  local cv = { OT = C.out_types[out].ctype }
+  if int_path then
+    cv.WS_T, cv.WS_V, cv.CVT = "int", "int4", "__int2float_rn"
+    cv.SCALE = "__fmul_rn(*sa, *sw)"
+  else
+    cv.WS_T, cv.WS_V, cv.CVT = "float", "float4", ""
+    cv.SCALE = fa.code and "*sa" or (fw.code and "*sw" or "1.0f")
+  end
+  if out == "f32" then
+    cv.STORE = "\t\t*(float4 *)(out + i) = make_float4(y0, y1, y2, y3);"
+  else
+    cv.STORE = "\t\t*(uint2 *)(out + i) = make_uint2((unsigned)dg_f32_to_bf16(y0) | ((unsigned)dg_f32_to_bf16(y1) << 16),\n"
+      .. "\t\t\t\t\t      (unsigned)dg_f32_to_bf16(y2) | ((unsigned)dg_f32_to_bf16(y3) << 16));"
+  end
+
+  local tern_at = [[
+// Ternary code i of a packed row-major stream (00 0, 01 +1, 11 -1, 10 0).
+__device__ __forceinline__ int dg_tern_at(const unsigned *__restrict__ w, long long i)
+{
+	const unsigned c = (w[i >> 4] >> (2 * (i & 15))) & 3u;
+	return c == 1u ? 1 : (c == 3u ? -1 : 0);
+}
+]]
+  local want_tern_at = helpers.tern_at
+  helpers.tern_at = nil
+  w:line(C.banner(spec, "decoder.lua", {
+    "decoder_fwd: out[b,0,t,d] = s · Σ_h Σ_l y[b,h,t,l] · w[d, h·L + l]",
+    "",
+    fmt("extern \"C\" __global__ void dg_decoder_fwd(const %s *y, const %s *w, void *ws, int B, int T, int nsplit)",
+        fa.ctype, fw.ctype),
+    fmt("extern \"C\" __global__ void dg_decoder_fwd_out(const void *ws, const float *sa, const float *sw, %s *out, long long n)",
+        cv.OT),
+    fmt("y (B, %d, T, %d) %s; w (%d, %d) %s; ws (B·T, %d) %s; out (B, 1, T, %d) %s.", H, L, act, E, H * L,
+        weight, E, int_path and "int32 (zeroed by the caller)" or "f32", E, out),
+    fmt("tile %dx%dx%d/%dx%d/%d: block %d threads, %d bytes of dynamic shared memory.", bm, bn, bk, wm, wn,
+        stages, nt, smem),
+    "path: " .. about .. ".",
+  }))
+  w:line(C.helpers(helpers))
+  if want_tern_at then w:line(tern_at) end
+  w:line(main)
+  w:line(C.subst(CONVERT, cv))
+  return w:text(), { "dg_decoder_fwd", "dg_decoder_fwd_out" }, "decoder_fwd.cu",
+    { dg_decoder_fwd = { threads = nt, smem = smem }, dg_decoder_fwd_out = { threads = 256, smem = 0 } }
 end
 
 return M

@@ -3,7 +3,7 @@ dragon.lua — the entry point of the templates.
 
 The C host (codegen/) runs this in a sandboxed Lua state and calls
 
-  local source, entries, name = require("dragon").render(spec)
+  local source, entries, name, launch = require("dragon").render(spec)
 
   spec     the validated spec, tile resolved (fields: op, heads, in_heads,
            embd, latent, weight, act, out, src, relu (false or the threshold),
@@ -12,6 +12,8 @@ The C host (codegen/) runs this in a sandboxed Lua state and calls
   source   the whole CUDA C++ file (no #include: NVRTC compiles it alone)
   entries  the extern "C" kernel names it defines, in a fixed order
   name     the NVRTC program name, "<op>.cu"
+  launch   optional: entry → { threads = N, smem = BYTES } (block size and
+           dynamic shared memory the runtime launches the entry with)
 
 Each op family lives in its own module; this one only dispatches. Errors
 are raised with error("message") naming the field and the problem.
@@ -63,11 +65,11 @@ function M.render(spec)
   if not mod then
     error(string.format("spec.op=%s: unknown op (known: %s)", tostring(spec.op), op_list()))
   end
-  local source, entries, name = MODULES[mod].render(spec)
+  local source, entries, name, launch = MODULES[mod].render(spec)
   if type(source) ~= "string" or type(entries) ~= "table" or #entries == 0 or type(name) ~= "string" then
     error(string.format("templates/%s.lua: render returned no source, entries and name", mod))
   end
-  return source, entries, name
+  return source, entries, name, launch
 end
 
 return M

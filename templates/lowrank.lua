@@ -1,17 +1,28 @@
 --[[
-lowrank.lua — the low-rank projection of BDH, forward:
+lowrank.lua — the low-rank projection of BDH, forward, and its ReLU mask:
 
-  out[b,h,t,l] = relu(s · Σ_e x[b,hin(h),t,e] · w[h,l,e] − thr)   hin(h) = Hin==1 ? 0 : h
+  lowrank_fwd  out[b,h,t,l] = relu(s · Σ_e x[b,hin(h),t,e] · w[h,l,e] − thr)
+  relu_mask    grad_out[b,h,t,l] = (s · Σ_e x·w − thr) > 0 ? grad[b,h,t,l] : 0
+               (y computed exactly as the forward does, so the mask is the
+               forward's ReLU mask bit for bit)
+  hin(h) = Hin==1 ? 0 : h
 
-Kernel ABI (dragon/ref.h mirrors it in dg_ref_lowrank_fwd):
+Kernel ABI (dragon/ref.h mirrors it in dg_ref_lowrank_fwd / dg_ref_relu_mask;
+runtime/ops_forward.c launches it):
 
   extern "C" __global__ void dg_lowrank_fwd(const XT *x, const WT *w,
       const float *sa, const float *sw, OT *out, const float *so,
       float *out_absum, int B, int T)
+  extern "C" __global__ void dg_relu_mask(const XT *x, const WT *w,
+      const float *sa, const float *sw, const float *grad, float *grad_out,
+      int B, int T)
 
-  grid (ceil(L/bn), ceil(B*T/bm), H), block wm*wn*32 threads, no dynamic
-  shared memory. Row m = b*T + t of head h's GEMM (M = B*T rows, N = L cols,
-  K = E) reads x row ((b*Hin + hin(h))*T + t) and writes out row
+  grid: any number of blocks (1-D): blocks walk the ceil(B*T/bm) ·
+  ceil(L/bn) · H tiles (n fastest, then m, then head) with a stride of the
+  grid. block: the launch info's threads (wm*wn*32); dynamic shared memory:
+  the launch info's smem (tensor-core path; 0 on the others, whose shared
+  memory is static). Row m = b*T + t of head h's GEMM (M = B*T rows, N = L
+  cols, K = E) reads x row ((b*Hin + hin(h))*T + t) and writes out row
   ((b*H + h)*T + t).
     x    (B, Hin, T, E): f32 | bf16 (unsigned short) | i8x4 int words
          (B, Hin, T, E/4) for int8, int4 and uint8pos (uint8pos lanes unsigned)
@@ -22,38 +33,42 @@ Kernel ABI (dragon/ref.h mirrors it in dg_ref_lowrank_fwd):
     out  (B, H, T, L): float | unsigned short (bf16) | signed char (int8
          codes) | unsigned char (uint8pos codes)
     out_absum  NULL, or a float that receives += Σ|y| over the block's
-         outputs (post-ReLU, pre-quantize), one atomicAdd per block
-  x, w and out must be 16-byte aligned (whole allocations are). B*T must fit
-  the grid: ceil(B*T/bm) <= 65535.
+         outputs (post-ReLU, pre-quantize), one atomicAdd per block and tile
+    grad, grad_out  (B, H, T, L) f32; they may alias (no __restrict__: each
+         element is read, then written, by one thread)
+  x, w, out, grad, grad_out must be 16-byte aligned (whole allocations are);
+  B*T < 2^30 (int row arithmetic).
 
-Paths
-  integer × integer (act int8/int4/uint8pos, weight int8/ternary/sign1):
-    codes are staged into shared memory as i8x4 bytes (ternary and sign1
-    words are decoded to one signed byte a code on the way, so shared memory
-    is P = 1 byte an element), the sum is exact int32 through dp4a (s32.s32,
-    or u32.s32 for uint8pos activations so u8 codes never wrap), and
-    y = __fmul_rn((float)acc, __fmul_rn(*sa, *sw)).
-    Why dp4a: it is simple, and exact by construction, so the kernel can be
-    compared bit for bit with the CPU reference from day one. Tensor-core
-    mma.sync / wgmma (s8, K-major operands) comes with the GPU performance
-    work; its result is the same integer sum.
-  otherwise (any float operand): each operand is converted to f32 while
-    staging (P = 4 bytes an element), fp32 FMA accumulation,
-    y = acc · (*sa if act is integer, *sw if weight is, else 1).
-  Epilogue: y = __fsub_rn(y, thr); y = y > 0 ? y : 0 (only with ReLU), then
-  f32 | bf16 (round half to even) | int8 clamp(rint(y / so), ±127) |
-  uint8pos clamp(rint(y / so), 0, 255), code 0 when so <= 0. No contraction
-  into FMA in the epilogue (__fmul_rn, __fsub_rn, __fdiv_rn), so integer
-  paths match the reference bit for bit.
+Paths (which one a spec takes: M.render; codegen/spec.c mirrors the rule)
+  tensor cores (templates/mma.lua): act and weight integer codes, sm_80+,
+    BK % 32 == 0 (so E % 32 == 0), warp tile whole 16x8 fragments.
+    mma.sync m16n8k32 s8.s8 (u8.s8 for uint8pos acts, never wrapped),
+    exact int32 sums; cp.async multi-stage pipeline; ternary / sign1 decoded
+    to s8 rows in shared memory. Epilogue pairs staged through shared memory
+    (stride padded against bank conflicts), then 16-byte (or the largest
+    that divides L) coalesced stores. The fast path: BDH's default tile.
+  dp4a (SIMT): integer × integer otherwise (odd tiles, E % 32 != 0, older
+    archs): codes staged into shared memory as i8x4 bytes (ternary and sign1
+    decoded on the way), exact int32 sums through dp4a (s32.s32, or u32.s32
+    for uint8pos activations).
+  fp32 (SIMT): any float operand: each operand converted to f32 while
+    staging, fp32 FMA accumulation, y = acc · (*sa if act is integer, *sw
+    if weight is, else 1).
+  Integer paths: y = __fmul_rn((float)acc, __fmul_rn(*sa, *sw)).
+  Epilogue (every path): y = __fsub_rn(y, thr); y = y > 0 ? y : 0 (only with
+  ReLU), then f32 | bf16 (round half to even) | int8 clamp(rint(y / so),
+  ±127) | uint8pos clamp(rint(y / so), 0, 255), code 0 when so <= 0. No
+  contraction into FMA in the epilogue (__fmul_rn, __fsub_rn, __fdiv_rn), so
+  integer paths match the reference bit for bit. relu_mask keeps
+  __fsub_rn(y, thr) > 0 as its mask.
 
-Tile: block bm × bn, K step bk, wm × wn warps; a warp's 32 lanes are 4 rows ×
-8 cols, a thread owns TM = bm/wm/4 rows (strided by 4) by TN = bn/wn/8 cols
-(strided by 8). stages = 1: one shared buffer (load, sync, compute, sync);
-stages >= 2: two buffers, the next K step's global loads in flight (in
-registers) while the current one is computed, one barrier a step (stages > 2
-behaves as 2 until the cp.async/TMA pipeline lands). Shared memory used:
-min(stages, 2)·(bm + bn)·bk·P bytes, reused by the epilogue to stage the
-output tile for coalesced 16-byte stores when it fits.
+SIMT tile: block bm × bn, K step bk, wm × wn warps; a warp's 32 lanes are 4
+rows × 8 cols, a thread owns TM = bm/wm/4 rows (strided by 4) by TN =
+bn/wn/8 cols (strided by 8). stages = 1: one shared buffer (load, sync,
+compute, sync); stages >= 2: two buffers, the next K step's global loads in
+flight (in registers) while the current one is computed. Shared memory:
+min(stages, 2)·(bm + bn)·bk·P bytes (P = 1 codes, 4 floats), static (48 KiB
+at most), reused by the epilogue to stage the output tile when it fits.
 ]]
 local C = require("common")
 local fmt = string.format
@@ -239,10 +254,7 @@ constexpr int SB = (BN * UB + NT - 1) / NT;
 ${LOADERS}${OUTSTAGE}
 // ---- kernel ----------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(NT)
-dg_lowrank_fwd(const ${XT} *__restrict__ x, const ${WT} *__restrict__ w,
-	       const float *__restrict__ sa, const float *__restrict__ sw,
-	       ${OT} *__restrict__ out, const float *__restrict__ so,
-	       float *__restrict__ out_absum, int B, int T)
+${SIGNATURE}
 {
 	__shared__ __align__(16) unsigned char smem[SMEM_BYTES];
 	const int tid = threadIdx.x;
@@ -250,10 +262,17 @@ dg_lowrank_fwd(const ${XT} *__restrict__ x, const ${WT} *__restrict__ w,
 	const int lr = lane >> 3, lc = lane & 7;	// lane's row / col in its warp
 	const int wr = warp / WN, wc = warp % WN;	// warp's row / col in the block
 	const int M = B * T;
-	const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-	const int h = blockIdx.z;
 	const unsigned *xw = (const unsigned *)x;	// x as 32-bit words
 	const unsigned *ww = (const unsigned *)w;	// w as 32-bit words
+	// Blocks walk the tiles (n fastest, then m, then head) with a stride of
+	// the grid, so any grid size is correct.
+	const int NTN = (L + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+	const long long ntile = (long long)NTN * NTM * H;
+#pragma unroll 1
+	for (long long tile = blockIdx.x; tile < ntile; tile += gridDim.x) {
+	const int n0 = (int)(tile % NTN) * BN;
+	const int m0 = (int)((tile / NTN) % NTM) * BM;
+	const int h = (int)(tile / ((long long)NTN * NTM));
 
 	// Staging slots: unit u = tid + s*NT is (row u / U*, unit u % U*) of the
 	// tile; *_src[s] is its first word at k = 0, or null past M / L (zeros).
@@ -323,6 +342,8 @@ ${COMPUTE}
 ${MAINLOOP}
 
 ${EPILOGUE}
+	__syncthreads();	// the next tile restages the shared buffers
+	}
 }
 ]]
 
@@ -475,7 +496,9 @@ local function epilogue_text(p)
   if p.out_code then
     w:line("const float so_v = *so;			// out scale: codes rint(y / so)")
   end
-  w:line("float absum = 0.0f;			// Σ|y| of this thread's valid outputs")
+  if not p.mask then
+    w:line("float absum = 0.0f;			// Σ|y| of this thread's valid outputs")
+  end
   w:line("int o_row[TM];")
   w:line("#pragma unroll")
   w:line("for (int i = 0; i < TM; ++i)")
@@ -506,6 +529,18 @@ local function epilogue_text(p)
     w:line("float y = __fmul_rn(acc[i][j], s);")
   else
     w:line("float y = acc[i][j];")
+  end
+  if p.mask then
+    -- relu_mask: the forward's y - thr, bit for bit; its sign is the mask
+    w:linef("y = __fsub_rn(y, %s);	// the forward's relu(y - thr) is > 0 here", p.thr)
+    w:line("if (m0 + o_row[i] < M && n0 + o_col[j] < L) {")
+    w:line("\tconst long long o = o_off[i] + n0 + o_col[j];")
+    w:line("\tgrad_out[o] = y > 0.0f ? grad[o] : 0.0f;")
+    w:line("}")
+    w:indent(-2)
+    w:line("\t}")
+    w:line("}")
+    return w:text()
   end
   if p.thr then
     w:linef("y = __fsub_rn(y, %s);	// relu(y - thr)", p.thr)
@@ -572,21 +607,12 @@ if (out_absum) {
   return w:text()
 end
 
-function M.render(spec)
-  C.check(spec.op == "lowrank_fwd", "lowrank.lua renders op lowrank_fwd, not %s", tostring(spec.op))
-  local H = C.int_field(spec, "heads", 1)
-  local HIN = C.int_field(spec, "in_heads", 1)
-  local E = C.int_field(spec, "embd", 1)
-  local L = C.int_field(spec, "latent", 1)
-  C.check(HIN == 1 or HIN == H, "in_heads=%d: must be 1 or heads (%d)", HIN, H)
-  local act = C.one_of(spec, "act", ACTS)
-  local weight = C.one_of(spec, "weight", WEIGHTS)
-  local out = C.one_of(spec, "out", OUTS)
-  local thr = relu_of(spec)
-
-  local bm, bn, bk = C.tile_field(spec, "bm"), C.tile_field(spec, "bn"), C.tile_field(spec, "bk")
-  local wm, wn = C.tile_field(spec, "wm"), C.tile_field(spec, "wn")
-  local stages = C.tile_field(spec, "stages")
+-- The SIMT kernel: dp4a (integer × integer) or fp32 FMA (any float operand).
+local function render_simt(spec, k)
+  local H, HIN, E, L = k.H, k.HIN, k.E, k.L
+  local act, weight, out, thr = k.act, k.weight, k.out, k.thr
+  local bm, bn, bk, wm, wn, stages = k.bm, k.bn, k.bk, k.wm, k.wn, k.stages
+  local mask = k.mask
 
   local fa, fw = C.formats[act], C.formats[weight]
   local int_path = fa.code and fw.code
@@ -623,9 +649,9 @@ function M.render(spec)
   local a_guard = (bm * ua) % nt ~= 0 and "u < BM * UA && " or ""
   local b_guard = (bn * ub) % nt ~= 0 and "u < BN * UB && " or ""
 
-  local ot = C.out_types[out]
+  local ot = C.out_types[mask and "f32" or out]
   local osz = ot.size
-  local staged = bm * bn * osz <= smem
+  local staged = not mask and bm * bn * osz <= smem
   local vb = 16
   while (L * osz) % vb ~= 0 or (bn * osz) % vb ~= 0 do vb = vb // 2 end
   -- Output staging swizzle: element (r, c) at column c ^ osw(r), osw(r) =
@@ -638,8 +664,8 @@ function M.render(spec)
     osw_r = math.max(1, 4 // rb)
   end
 
-  local helpers = { code = (out == "int8" or out == "uint8pos") or nil,
-                    bf16 = (out == "bf16") or nil }
+  local helpers = { code = (not mask and (out == "int8" or out == "uint8pos")) or nil,
+                    bf16 = (not mask and out == "bf16") or nil }
   if int_path then
     helpers.dp4a = true
     if weight == "ternary" then helpers.ternary = true end
@@ -652,8 +678,8 @@ function M.render(spec)
 
   local p = {
     int_path = int_path, act_code = fa.code, w_code = fw.code,
-    out = out, OT = ot.ctype, staged = staged, VB = vb,
-    out_code = (out == "int8" or out == "uint8pos"),
+    out = out, OT = ot.ctype, staged = staged, VB = vb, mask = mask,
+    out_code = not mask and (out == "int8" or out == "uint8pos"),
     thr = thr and C.cfloat(thr) or nil,
   }
 
@@ -665,6 +691,7 @@ function M.render(spec)
     EPW_A = fa.epw, NW_A = nw_a, EPW_B = fw.epw, NW_B = nw_b,
     LOADERS = loaders({ nw_a, nw_b }),
     XT = fa.ctype, WT = fw.ctype, OT = ot.ctype,
+    SIGNATURE = k.signature(fa.ctype, fw.ctype),
     A_GUARD = a_guard, B_GUARD = b_guard,
     HIN_H = HIN == 1 and "0" or "h",
     STAGE_A = guarded(regs(stage_body(act, int_path, nw_a), "ra[s]"), a_guard ~= "" and "u < BM * UA"),
@@ -680,19 +707,9 @@ function M.render(spec)
   else
     path = "float: operands converted to f32 while staging, fp32 FMA sums"
   end
-  local about = {
-    "lowrank_fwd: out[b,h,t,l] = " .. (thr and "relu(" or "") .. "s · Σ_e x[b,hin(h),t,e] · w[h,l,e]" ..
-      (thr and " − thr)" or ""),
-    "",
-    fmt("extern \"C\" __global__ void dg_lowrank_fwd(const %s *x, const %s *w,", fa.ctype, fw.ctype),
-    fmt("    const float *sa, const float *sw, %s *out, const float *so, float *out_absum,", ot.ctype),
-    "    int B, int T)",
-    fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads; x, w, out 16-byte aligned.", L, bn, bm, H, nt),
-    fmt("x (B, %d, T, %d) %s; w (%d, %d, %d) %s; out (B, %d, T, %d) %s.", HIN, E, act, H, L, E, weight, H, L, out),
-    "path: " .. path .. ".",
-    fmt("shared memory %d bytes; epilogue %s.", smem,
-        staged and fmt("staged through shared memory, %d-byte stores", vb) or "direct stores"),
-  }
+  local about = k.about(path, nt, fmt("shared memory %d bytes (static); epilogue %s.", smem,
+    mask and "direct stores of grad · mask" or
+    (staged and fmt("staged through shared memory, %d-byte stores", vb) or "direct stores")))
 
   vars.OUTSTAGE = ""
   if staged then
@@ -714,7 +731,81 @@ __device__ __forceinline__ int dg_ocol(int r, int c)
   w:line(C.banner(spec, "lowrank.lua", about))
   w:line(C.helpers(helpers))
   w:line(C.subst(KERNEL, vars))
-  return w:text(), { "dg_lowrank_fwd" }, "lowrank_fwd.cu"
+  return w:text(), { k.entry }, k.op .. ".cu", { [k.entry] = { threads = nt, smem = 0 } }
+end
+
+--[[
+Which path a spec takes (codegen/spec.c mirrors it in its smem estimate):
+  tensor cores   act and weight integer codes, BK a multiple of 32 (so
+                 E % 32 == 0), the warp tile (BM/WM x BN/WN) whole 16x8
+                 fragments: mma.sync s8 (u8 for uint8pos acts) — the fast path;
+  dp4a (SIMT)    integer × integer otherwise (small or odd tiles, E % 32 != 0,
+                 arch below sm_80);
+  fp32 (SIMT)    any float operand.
+]]
+function M.render(spec)
+  C.check(spec.op == "lowrank_fwd" or spec.op == "relu_mask",
+          "lowrank.lua renders ops lowrank_fwd and relu_mask, not %s", tostring(spec.op))
+  local k = { op = spec.op, mask = spec.op == "relu_mask" }
+  k.H = C.int_field(spec, "heads", 1)
+  k.HIN = C.int_field(spec, "in_heads", 1)
+  k.E = C.int_field(spec, "embd", 1)
+  k.L = C.int_field(spec, "latent", 1)
+  C.check(k.HIN == 1 or k.HIN == k.H, "in_heads=%d: must be 1 or heads (%d)", k.HIN, k.H)
+  k.act = C.one_of(spec, "act", ACTS)
+  k.weight = C.one_of(spec, "weight", WEIGHTS)
+  k.out = k.mask and "f32" or C.one_of(spec, "out", OUTS)
+  k.thr = relu_of(spec)
+  C.check(not k.mask or k.thr, "relu=none: op relu_mask needs the forward's threshold")
+  k.bm, k.bn, k.bk = C.tile_field(spec, "bm"), C.tile_field(spec, "bn"), C.tile_field(spec, "bk")
+  k.wm, k.wn = C.tile_field(spec, "wm"), C.tile_field(spec, "wn")
+  k.stages = C.tile_field(spec, "stages")
+  k.entry = k.mask and "dg_relu_mask" or "dg_lowrank_fwd"
+
+  local ot = C.out_types[k.out].ctype
+  k.signature = function(xt, wt)
+    if k.mask then
+      return fmt("dg_relu_mask(const %s *__restrict__ x, const %s *__restrict__ w,\n"
+        .. "\t     const float *__restrict__ sa, const float *__restrict__ sw,\n"
+        .. "\t     const float *grad, float *grad_out, int B, int T)", xt, wt)
+    end
+    return fmt("dg_lowrank_fwd(const %s *__restrict__ x, const %s *__restrict__ w,\n"
+      .. "\t       const float *__restrict__ sa, const float *__restrict__ sw,\n"
+      .. "\t       %s *__restrict__ out, const float *__restrict__ so,\n"
+      .. "\t       float *__restrict__ out_absum, int B, int T)", xt, wt, ot)
+  end
+  k.about = function(path, nt, extra)
+    local fa, fw = C.formats[k.act], C.formats[k.weight]
+    local t = {}
+    if k.mask then
+      t[#t + 1] = "relu_mask: grad_out[b,h,t,l] = (s · Σ_e x[b,hin(h),t,e] · w[h,l,e] − thr) > 0 ? grad : 0"
+      t[#t + 1] = ""
+      t[#t + 1] = fmt("extern \"C\" __global__ void dg_relu_mask(const %s *x, const %s *w,", fa.ctype, fw.ctype)
+      t[#t + 1] = "    const float *sa, const float *sw, const float *grad, float *grad_out, int B, int T)"
+    else
+      t[#t + 1] = "lowrank_fwd: out[b,h,t,l] = " .. (k.thr and "relu(" or "") ..
+        "s · Σ_e x[b,hin(h),t,e] · w[h,l,e]" .. (k.thr and " − thr)" or "")
+      t[#t + 1] = ""
+      t[#t + 1] = fmt("extern \"C\" __global__ void dg_lowrank_fwd(const %s *x, const %s *w,", fa.ctype, fw.ctype)
+      t[#t + 1] = fmt("    const float *sa, const float *sw, %s *out, const float *so, float *out_absum,", ot)
+      t[#t + 1] = "    int B, int T)"
+    end
+    t[#t + 1] = fmt("grid: any number of blocks (they stride over the ceil(B*T/%d)·ceil(%d/%d)·%d tiles);",
+                    k.bm, k.L, k.bn, k.H)
+    t[#t + 1] = fmt("block %d threads; x, w, out (grad, grad_out) 16-byte aligned.", nt)
+    t[#t + 1] = fmt("x (B, %d, T, %d) %s; w (%d, %d, %d) %s; %s (B, %d, T, %d) %s.", k.HIN, k.E, k.act,
+                    k.H, k.L, k.E, k.weight, k.mask and "grad, grad_out" or "out", k.H, k.L,
+                    k.mask and "f32" or k.out)
+    t[#t + 1] = "path: " .. path .. "."
+    t[#t + 1] = extra
+    return t
+  end
+
+  local fa, fw = C.formats[k.act], C.formats[k.weight]
+  if fa.code and fw.code and k.E % k.bk == 0 and require("mma").fits(C.int_field(spec, "arch", 1), k.bm, k.bn, k.bk, k.wm, k.wn) then
+    return require("lowrank_mma").render(spec, k)
+  end
+  return render_simt(spec, k)
 end
 
 return M

@@ -606,3 +606,73 @@ Test(lowrank, bad_args)
 	bad = s, bad.out = DG_FMT__COUNT;
 	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
 }
+
+/* --- relu_mask ------------------------------------------------------------ */
+
+/* grad_out = grad where the forward's y - thr > 0: checked against the
+ * forward's own f32 output (out > 0 exactly where the mask is set), on
+ * every format pair, with grad and grad_out aliased in one of the runs. */
+Test(relu_mask, equals_the_forward_mask)
+{
+	rh_rng_seed(21);
+	for (int wi = 0; wi < 5; wi++)
+		for (int ai = 0; ai < 5; ai++) {
+			struct lr_case c;
+			size_t ny;
+
+			lr_case_make(&c, all_weights[wi], all_acts[ai], 1);
+			ny = (size_t)c.B * c.H * c.T * c.L;
+			for (int k = 0; k < 2; k++) {
+				float thr = k ? 0.25f : 0.0f;
+				float *fwd = rh_xmalloc(ny * 4), *g = rh_xmalloc(ny * 4), *go = rh_xmalloc(ny * 4);
+				dg_spec s = lowrank_spec(c.H, c.Hin, c.E, c.L, c.weight, c.act, DG_FMT_F32);
+				dg_ref_lowrank_args a = { .x = c.xs, .w = c.ws, .sa = c.sa, .sw = c.sw,
+							  .out = fwd, .batch = c.B, .time = c.T };
+				size_t set = 0;
+
+				s.relu = true;
+				s.relu_thr = thr;
+				cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
+				for (size_t i = 0; i < ny; i++)
+					g[i] = (float)rh_rng_int(1, 1000) / 10.0f;
+				s.op = DG_OP_RELU_MASK;
+				cr_assert_eq(dg_ref_relu_mask(&s, c.xs, c.ws, c.sa, c.sw, g, go, c.B, c.T), DG_OK);
+				for (size_t i = 0; i < ny; i++) {
+					cr_assert_eq(go[i], fwd[i] > 0.0f ? g[i] : 0.0f, "w=%s a=%s [%zu]",
+						     dg_fmt_name(c.weight), dg_fmt_name(c.act), i);
+					set += fwd[i] > 0.0f;
+				}
+				/* aliased: the same result in place */
+				cr_assert_eq(dg_ref_relu_mask(&s, c.xs, c.ws, c.sa, c.sw, g, g, c.B, c.T), DG_OK);
+				cr_assert_eq(memcmp(g, go, ny * 4), 0);
+				/* at thr 0 both kinds of element occur (the test can tell a mask
+				 * of all ones or all zeros) */
+				if (k == 0)
+					cr_assert(set > 0 && set < ny, "mask trivially %zu of %zu", set, ny);
+				free(fwd);
+				free(g);
+				free(go);
+			}
+			lr_case_free(&c);
+		}
+}
+
+Test(relu_mask, bad_args)
+{
+	int32_t x[16] = { 0 }, w[64] = { 0 };
+	float g[16] = { 0 }, go[16];
+	dg_spec s = lowrank_spec(2, 1, 32, 2, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32);
+
+	s.op = DG_OP_RELU_MASK;
+	s.relu = true;
+	cr_assert_eq(dg_ref_relu_mask(&s, x, w, 1, 1, g, go, 1, 1), DG_OK);
+	cr_assert_eq(dg_ref_relu_mask(&s, x, w, 1, 1, NULL, go, 1, 1), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_relu_mask(&s, x, w, 1, 1, g, NULL, 1, 1), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_relu_mask(&s, NULL, w, 1, 1, g, go, 1, 1), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_relu_mask(&s, x, w, 1, 1, g, go, -1, 1), DG_ERR_INVALID_ARG);
+	s.relu = false; /* the mask needs the threshold */
+	cr_assert_eq(dg_ref_relu_mask(&s, x, w, 1, 1, g, go, 1, 1), DG_ERR_INVALID_ARG);
+	s.relu = true;
+	s.op = DG_OP_LOWRANK_FWD;
+	cr_assert_eq(dg_ref_relu_mask(&s, x, w, 1, 1, g, go, 1, 1), DG_ERR_INVALID_ARG);
+}

@@ -36,6 +36,11 @@ typedef struct dg_source {
 	char *name;          /* program name for NVRTC, e.g. "lowrank_fwd.cu" */
 	char **entries;      /* extern "C" kernel names, n_entries of them */
 	int n_entries;
+	/* Launch info the template gives per entry (parallel to entries; 0
+	 * where it says nothing): threads a block, and the dynamic shared
+	 * memory in bytes the launch must pass. */
+	int *block_threads;
+	int *dyn_smem;
 	char canonical[DG_SPEC_TEXT_MAX]; /* canonical spec, tile resolved */
 } dg_source;
 

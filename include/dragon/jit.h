@@ -45,6 +45,8 @@ typedef struct dg_binary {
 	char canonical[DG_SPEC_TEXT_MAX];
 	char **entries;    /* kernel entry points, n_entries */
 	int n_entries;
+	int *block_threads; /* per entry, from the template; 0: not given */
+	int *dyn_smem;      /* per entry, dynamic shared memory bytes; 0: none */
 	char *log;         /* NVRTC log, kept even on success ("" if none) */
 	char *meta;        /* the cache entry's metadata JSON */
 	double compile_ms; /* NVRTC time when it was built */

@@ -1,0 +1,605 @@
+/*
+ * GPU tests of the forward GEMM ops (runtime/ops_forward.c, templates
+ * lowrank.lua, mma.lua, decoder.lua) against the CPU references:
+ *
+ *   lowrank_fwd  every weight × act × relu {none, 0, 0.25} × out × in_heads
+ *                {1, H} on small odd shapes (B 2, T 1/3/127, L 200, E 96 or
+ *                64), default tiles (tensor cores for integer × integer) and
+ *                a dp4a tile; then the BDH shape (H 4, E 256, L 8192,
+ *                B·T 4096) with the reference on sampled rows;
+ *   relu_mask    the same formats, grad and grad_out separate and aliased;
+ *   decoder_fwd  every weight × act × out, heads 1 and 3, SIMT and tensor-
+ *                core tiles; the BDH shape (sampled rows).
+ *
+ * Integer paths compare bit for bit (codes, and f32 / bf16 outputs too: the
+ * int32 sums are exact and the epilogue rounds like the reference); float
+ * paths within atol + rtol·|ref|. Outputs are filled with 0xff first, so an
+ * element the kernel never writes cannot pass. Tests skip without a GPU.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/ref.h"
+#include "gpu_helpers.h"
+
+static bool is_code(dg_fmt f)
+{
+	return f == DG_FMT_INT8 || f == DG_FMT_INT4 || f == DG_FMT_UINT8POS ||
+	       f == DG_FMT_TERNARY || f == DG_FMT_SIGN1;
+}
+
+static size_t elem_bytes(dg_fmt f)
+{
+	return f == DG_FMT_F32 ? 4 : f == DG_FMT_BF16 ? 2 : 1;
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	cr_assert_not_null(p);
+	return p;
+}
+
+/* n random values of format f in its storage (codes across the full range;
+ * floats uniform in [-1, 1]); rows of `row` elements are packed along the
+ * row (ternary 16, sign1 32 a word; n a multiple of row). *bytes: size. */
+static void *rand_storage(dg_fmt f, size_t n, size_t *bytes)
+{
+	size_t i;
+
+	switch (f) {
+	case DG_FMT_F32: {
+		float *p = xmalloc(n * 4);
+		for (i = 0; i < n; i++)
+			p[i] = gh_uniform(-1.0f, 1.0f);
+		*bytes = n * 4;
+		return p;
+	}
+	case DG_FMT_BF16: {
+		uint16_t *p = xmalloc(n * 2);
+		for (i = 0; i < n; i++)
+			p[i] = dg_ref_f32_to_bf16(gh_uniform(-1.0f, 1.0f));
+		*bytes = n * 2;
+		return p;
+	}
+	case DG_FMT_TERNARY: {
+		uint32_t *p = xmalloc(n / 16 * 4);
+		memset(p, 0, n / 16 * 4);
+		for (i = 0; i < n; i++) {
+			int c = gh_int(-1, 1);
+			p[i / 16] |= (c == 1 ? 1u : c == -1 ? 3u : 0u) << (2 * (i % 16));
+		}
+		*bytes = n / 16 * 4;
+		return p;
+	}
+	case DG_FMT_SIGN1: {
+		uint32_t *p = xmalloc(n / 32 * 4);
+		memset(p, 0, n / 32 * 4);
+		for (i = 0; i < n; i++)
+			if (gh_int(0, 1))
+				p[i / 32] |= 1u << (i % 32);
+		*bytes = n / 32 * 4;
+		return p;
+	}
+	default: {
+		uint8_t *p = xmalloc(n);
+		int lo = f == DG_FMT_UINT8POS ? 0 : f == DG_FMT_INT4 ? -7 : -127;
+		int hi = f == DG_FMT_UINT8POS ? 255 : f == DG_FMT_INT4 ? 7 : 127;
+		for (i = 0; i < n; i++)
+			p[i] = (uint8_t)gh_int(lo, hi);
+		*bytes = n;
+		return p;
+	}
+	}
+}
+
+static dg_dptr upload_ff(dg_device *dev, size_t bytes)
+{
+	void *h = xmalloc(bytes);
+	memset(h, 0xff, bytes);
+	dg_dptr d = gh_upload(dev, h, bytes);
+	free(h);
+	return d;
+}
+
+/* Compares n outputs of format f: bytes when exact, else floats within a
+ * tolerance (codes within 1: a float sum may round across a code edge). */
+static void compare_out(const char *what, dg_fmt f, const void *got, const void *want, size_t n,
+			bool exact)
+{
+	if (exact) {
+		gh_expect_bytes(what, got, want, n * elem_bytes(f));
+		return;
+	}
+	float *g = xmalloc(n * 4), *w = xmalloc(n * 4);
+	float atol = 2e-3f, rtol = 2e-3f;
+	for (size_t i = 0; i < n; i++) {
+		switch (f) {
+		case DG_FMT_F32:
+			g[i] = ((const float *)got)[i];
+			w[i] = ((const float *)want)[i];
+			break;
+		case DG_FMT_BF16:
+			g[i] = dg_ref_bf16_to_f32(((const uint16_t *)got)[i]);
+			w[i] = dg_ref_bf16_to_f32(((const uint16_t *)want)[i]);
+			rtol = 1e-2f;
+			break;
+		case DG_FMT_INT8:
+			g[i] = (float)((const int8_t *)got)[i];
+			w[i] = (float)((const int8_t *)want)[i];
+			atol = 1.0f;
+			break;
+		default:
+			g[i] = (float)((const uint8_t *)got)[i];
+			w[i] = (float)((const uint8_t *)want)[i];
+			atol = 1.0f;
+			break;
+		}
+		cr_assert(!isnan(g[i]) || isnan(w[i]), "%s[%zu]: NaN (never written?)", what, i);
+	}
+	gh_expect_close(what, g, w, n, atol, rtol);
+	free(g);
+	free(w);
+}
+
+/* ---- lowrank_fwd / relu_mask: one spec, small shapes ---------------------- */
+
+struct lr_shape {
+	int H, Hin, E, L, B, T;
+};
+
+/* Runs lowrank_fwd (or relu_mask) for spec on random data of shape sh and
+ * compares with the reference. */
+static void run_lowrank(dg_device *dev, const dg_spec *spec0, int B, int T)
+{
+	dg_spec spec = *spec0;
+	const bool mask = spec.op == DG_OP_RELU_MASK;
+	const int H = spec.heads, Hin = spec.in_heads, E = spec.embd, L = spec.latent;
+	size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
+	size_t xb, wb;
+	void *xh = rand_storage(spec.act, nx, &xb);
+	void *wh = rand_storage(spec.weight, nw, &wb);
+	float sa = gh_uniform(0.001f, 0.01f), sw = gh_uniform(0.01f, 0.1f);
+	char what[DG_SPEC_TEXT_MAX + 64];
+	char canon[DG_SPEC_TEXT_MAX];
+
+	dg_spec_to_string(&spec, canon, sizeof(canon));
+	snprintf(what, sizeof(what), "%s B=%d T=%d", canon, B, T);
+
+	/* The reference y (f32, with the spec's relu) sets a scale `so` that
+	 * spans the code range with some clamping at the top. */
+	dg_spec fs = spec;
+	fs.op = DG_OP_LOWRANK_FWD;
+	fs.out = DG_FMT_F32;
+	if (mask)
+		fs.relu = false;
+	float *yref = xmalloc(no * 4);
+	dg_ref_lowrank_args ra = { .x = xh, .w = wh, .sa = sa, .sw = sw, .out = yref,
+				   .batch = B, .time = T };
+	cr_assert_eq(dg_ref_lowrank_fwd(&fs, &ra), DG_OK);
+	float ymax = 0.0f;
+	for (size_t i = 0; i < no; i++)
+		ymax = fmaxf(ymax, fabsf(yref[i]));
+	float so = ymax > 0 ? ymax / 100.0f : 1.0f;
+
+	dg_dptr xd = gh_upload(dev, xh, xb), wd = gh_upload(dev, wh, wb);
+	dg_tensor x = dg_tensor_4d("x", spec.act, xd, B, Hin, T, E);
+	dg_tensor w = dg_tensor_3d("w", spec.weight, wd, H, L, E);
+	if (is_code(spec.act))
+		x.scale = gh_scalar(dev, sa);
+	if (is_code(spec.weight))
+		w.scale = gh_scalar(dev, sw);
+	bool exact = is_code(spec.act) && is_code(spec.weight);
+
+	if (!mask) {
+		size_t ob = no * elem_bytes(spec.out);
+		dg_dptr od = upload_ff(dev, ob);
+		dg_tensor out = dg_tensor_4d("out", spec.out, od, B, H, T, L);
+		if (is_code(spec.out))
+			out.scale = gh_scalar(dev, so);
+		dg_dptr absum = gh_scalar(dev, 0.0f);
+		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out, .out_absum = absum };
+		cr_assert_eq(dg_lowrank_fwd(dev, &spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		void *got = xmalloc(ob), *want = xmalloc(ob);
+		gh_download(dev, got, od, ob);
+		double want_absum = 0;
+		ra.out = want;
+		ra.so = so;
+		ra.out_absum = &want_absum;
+		cr_assert_eq(dg_ref_lowrank_fwd(&spec, &ra), DG_OK);
+		compare_out(what, spec.out, got, want, no, exact);
+		float got_absum = gh_read_scalar(dev, absum);
+		cr_assert(fabs((double)got_absum - want_absum) <= 1e-3 * want_absum + 1e-3,
+			  "%s: out_absum %.9g, want %.9g", what, (double)got_absum, want_absum);
+		free(got);
+		free(want);
+	} else {
+		float *g = xmalloc(no * 4), *want = xmalloc(no * 4), *got = xmalloc(no * 4);
+		for (size_t i = 0; i < no; i++)
+			g[i] = gh_uniform(-1.0f, 1.0f);
+		cr_assert_eq(dg_ref_relu_mask(&spec, xh, wh, sa, sw, g, want, B, T), DG_OK);
+		dg_dptr gd = gh_upload(dev, g, no * 4), god = upload_ff(dev, no * 4);
+		dg_tensor gt = dg_tensor_4d("grad", DG_FMT_F32, gd, B, H, T, L);
+		dg_tensor got_t = dg_tensor_4d("grad_out", DG_FMT_F32, god, B, H, T, L);
+		dg_relu_mask_args a = { .x = &x, .w = &w, .grad = &gt, .grad_out = &got_t };
+		cr_assert_eq(dg_relu_mask(dev, &spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		gh_download(dev, got, god, no * 4);
+		if (exact) {
+			gh_expect_bytes(what, got, want, no * 4);
+		} else {
+			/* float sums: the mask may differ where y is within rounding
+			 * of thr; count those, allow a few */
+			size_t off = 0;
+			for (size_t i = 0; i < no; i++)
+				if (memcmp(&got[i], &want[i], 4) != 0) {
+					cr_assert(got[i] == 0.0f || got[i] == g[i], "%s[%zu]: %g not grad or 0",
+						  what, i, (double)got[i]);
+					off++;
+				}
+			cr_assert_leq(off, no / 1000 + 2, "%s: %zu mask differences", what, off);
+		}
+		/* aliased: grad_out = grad, in place */
+		got_t.data = gd;
+		cr_assert_eq(dg_relu_mask(dev, &spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		float *inplace = xmalloc(no * 4);
+		gh_download(dev, inplace, gd, no * 4);
+		gh_expect_bytes("relu_mask in place", inplace, got, no * 4);
+		free(inplace);
+		free(g);
+		free(want);
+		free(got);
+	}
+	free(yref);
+	free(xh);
+	free(wh);
+}
+
+static const dg_fmt W_FMTS[5] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
+static const dg_fmt A_FMTS[5] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_INT4, DG_FMT_UINT8POS };
+static const dg_fmt O_FMTS[4] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_UINT8POS };
+
+/* Every act × relu × out × in_heads for one weight format. */
+static void lowrank_weight(dg_fmt weight, dg_op op)
+{
+	dg_device *dev = gh_open();
+	const int Ts[3] = { 1, 3, 127 };
+
+	gh_seed(1000 + (uint64_t)weight * 10 + (uint64_t)op);
+	for (int ai = 0; ai < 5; ai++)
+		for (int r = 0; r < 3; r++)
+			for (int oi = 0; oi < (op == DG_OP_RELU_MASK ? 1 : 4); oi++)
+				for (int hin = 0; hin < 2; hin++) {
+					dg_spec s;
+					dg_spec_init(&s, op);
+					s.heads = 3;
+					s.in_heads = hin ? 3 : 1;
+					s.embd = (ai + r) % 2 ? 64 : 96;
+					s.latent = 200;
+					s.weight = weight;
+					s.act = A_FMTS[ai];
+					s.out = O_FMTS[oi];
+					s.relu = r > 0;
+					s.relu_thr = r == 2 ? 0.25f : 0.0f;
+					if (op == DG_OP_RELU_MASK && !s.relu)
+						continue;
+					if (dg_spec_validate(&s, NULL, 0) != DG_OK)
+						continue; /* uint8pos without relu */
+					for (int ti = 0; ti < 3; ti++)
+						run_lowrank(dev, &s, 2, Ts[ti]);
+				}
+	gh_close(dev);
+}
+
+Test(gpu_lowrank, weight_f32, .timeout = 1200) { lowrank_weight(DG_FMT_F32, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_bf16, .timeout = 1200) { lowrank_weight(DG_FMT_BF16, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_int8, .timeout = 1200) { lowrank_weight(DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_ternary, .timeout = 1200) { lowrank_weight(DG_FMT_TERNARY, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_sign1, .timeout = 1200) { lowrank_weight(DG_FMT_SIGN1, DG_OP_LOWRANK_FWD); }
+
+Test(gpu_relu_mask, every_format, .timeout = 1200)
+{
+	for (int wi = 0; wi < 5; wi++)
+		lowrank_weight(W_FMTS[wi], DG_OP_RELU_MASK);
+}
+
+/* Explicit tiles: the dp4a path (tiles the tensor cores cannot take), a
+ * single-stage tile, a BK = 128 tensor-core tile, a 32-wide K step. */
+Test(gpu_lowrank, explicit_tiles, .timeout = 1200)
+{
+	static const char *texts[] = {
+		"op=lowrank_fwd;heads=3;embd=64;latent=200;weight=int8;act=int8;out=int8;tile=64x64x16/2x2/2",
+		"op=lowrank_fwd;heads=3;embd=64;latent=200;weight=ternary;act=uint8pos;relu=0;out=uint8pos;tile=32x32x16/4x2/1",
+		"op=lowrank_fwd;heads=2;embd=256;latent=200;weight=sign1;act=int8;relu=0.25;out=f32;tile=64x128x128/2x2/3",
+		"op=lowrank_fwd;heads=2;in_heads=2;embd=96;latent=200;weight=int8;act=int4;out=bf16;tile=64x64x32/2x2/1",
+		"op=lowrank_fwd;heads=2;embd=48;latent=200;weight=int8;act=int8;out=int8",
+		"op=relu_mask;heads=2;embd=64;latent=200;weight=int8;act=int8;relu=0;tile=64x64x16/2x2/2",
+	};
+	dg_device *dev = gh_open();
+	gh_seed(77);
+	for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+		dg_spec s;
+		char m[256];
+		cr_assert_eq(dg_spec_parse(texts[i], &s, m, sizeof(m)), DG_OK, "%s", m);
+		run_lowrank(dev, &s, 2, 127);
+		run_lowrank(dev, &s, 3, 1);
+	}
+	gh_close(dev);
+}
+
+/* ---- BDH shape: full GPU run, reference on sampled rows ------------------ */
+
+#define BDH_B 2
+#define BDH_T 2048
+#define SAMPLE_ROWS 8
+
+static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
+{
+	dg_device *dev = gh_open();
+	dg_spec s;
+	dg_spec_init(&s, op);
+	s.weight = weight;
+	s.act = act;
+	s.relu = true;
+	s.relu_thr = 0.0f;
+	s.out = act == DG_FMT_UINT8POS ? DG_FMT_UINT8POS : DG_FMT_INT8;
+	cr_assert_eq(dg_spec_validate(&s, NULL, 0), DG_OK);
+	const int H = s.heads, E = s.embd, L = s.latent, B = BDH_B, T = BDH_T;
+	size_t nx = (size_t)B * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
+	size_t xb, wb;
+	gh_seed(4242 + (uint64_t)weight);
+	void *xh = rand_storage(act, nx, &xb), *wh = rand_storage(weight, nw, &wb);
+	float sa = 0.01f, sw = 0.02f, so = 0.5f;
+	dg_dptr xd = gh_upload(dev, xh, xb), wd = gh_upload(dev, wh, wb);
+	dg_tensor x = dg_tensor_4d("x", act, xd, B, 1, T, E);
+	dg_tensor w = dg_tensor_3d("w", weight, wd, H, L, E);
+	x.scale = gh_scalar(dev, sa);
+	w.scale = gh_scalar(dev, sw);
+	float *g = NULL;
+	dg_dptr od, gd = 0;
+	size_t ob = op == DG_OP_RELU_MASK ? no * 4 : no;
+	od = upload_ff(dev, ob);
+	if (op == DG_OP_RELU_MASK) {
+		g = xmalloc(no * 4);
+		for (size_t i = 0; i < no; i++)
+			g[i] = (float)(i % 1000) + 1.0f;
+		gd = gh_upload(dev, g, no * 4);
+		dg_tensor gt = dg_tensor_4d("grad", DG_FMT_F32, gd, B, H, T, L);
+		dg_tensor got = dg_tensor_4d("grad_out", DG_FMT_F32, od, B, H, T, L);
+		dg_relu_mask_args a = { .x = &x, .w = &w, .grad = &gt, .grad_out = &got };
+		cr_assert_eq(dg_relu_mask(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	} else {
+		/* so: a typical |y| at these scales lands mid-range */
+		dg_tensor out = dg_tensor_4d("out", s.out, od, B, H, T, L);
+		out.scale = gh_scalar(dev, so);
+		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out };
+		cr_assert_eq(dg_lowrank_fwd(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	}
+	unsigned char *got = xmalloc(ob);
+	gh_download(dev, got, od, ob);
+
+	/* Sampled rows: (b, t0..t0+SAMPLE_ROWS) at the start, middle, end. */
+	const int starts[3][2] = { { 0, 0 }, { 1, T / 2 - 3 }, { 1, T - SAMPLE_ROWS } };
+	size_t eb = op == DG_OP_RELU_MASK ? 4 : 1;
+	size_t slice = (size_t)H * SAMPLE_ROWS * L;
+	unsigned char *want = xmalloc(slice * eb);
+	float *gs = xmalloc(slice * 4);
+	for (int si = 0; si < 3; si++) {
+		int b = starts[si][0], t0 = starts[si][1];
+		const unsigned char *xs = (const unsigned char *)xh + ((size_t)b * T + t0) * E;
+		if (op == DG_OP_RELU_MASK) {
+			for (int h = 0; h < H; h++)
+				memcpy(gs + (size_t)h * SAMPLE_ROWS * L,
+				       g + (((size_t)b * H + h) * T + t0) * L, (size_t)SAMPLE_ROWS * L * 4);
+			cr_assert_eq(dg_ref_relu_mask(&s, xs, wh, sa, sw, gs, (float *)want, 1, SAMPLE_ROWS),
+				     DG_OK);
+		} else {
+			dg_ref_lowrank_args ra = { .x = xs, .w = wh, .sa = sa, .sw = sw, .so = so,
+						   .out = want, .batch = 1, .time = SAMPLE_ROWS };
+			cr_assert_eq(dg_ref_lowrank_fwd(&s, &ra), DG_OK);
+		}
+		for (int h = 0; h < H; h++)
+			gh_expect_bytes("BDH rows", got + (((size_t)b * H + h) * T + t0) * L * eb,
+					want + (size_t)h * SAMPLE_ROWS * L * eb, (size_t)SAMPLE_ROWS * L * eb);
+	}
+	/* every element written: no 0xff f32 pattern (NaN) / count of 0xff codes
+	 * is plausible only for clamped uint8pos; check f32 for NaN */
+	if (op == DG_OP_RELU_MASK)
+		for (size_t i = 0; i < no; i++)
+			cr_assert(!isnan(((float *)got)[i]), "grad_out[%zu] never written", i);
+	free(got);
+	free(want);
+	free(gs);
+	free(g);
+	free(xh);
+	free(wh);
+	gh_close(dev);
+}
+
+Test(gpu_bdh, lowrank_int8_int8, .timeout = 600) { lowrank_bdh(DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
+Test(gpu_bdh, lowrank_ternary_int8, .timeout = 600) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
+Test(gpu_bdh, lowrank_sign1_uint8pos, .timeout = 600) { lowrank_bdh(DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD); }
+Test(gpu_bdh, lowrank_ternary_uint8pos, .timeout = 600) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD); }
+Test(gpu_bdh, relu_mask_ternary_int8, .timeout = 600) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_RELU_MASK); }
+
+/* ---- decoder_fwd ---------------------------------------------------------- */
+
+static void run_decoder(dg_device *dev, const dg_spec *spec, int B, int T)
+{
+	const int H = spec->heads, L = spec->latent, E = spec->embd;
+	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
+	size_t yb, wb, ob = no * elem_bytes(spec->out);
+	void *yh = rand_storage(spec->act, ny, &yb), *wh = rand_storage(spec->weight, nw, &wb);
+	float sa = gh_uniform(0.001f, 0.01f), sw = gh_uniform(0.01f, 0.1f);
+	char canon[DG_SPEC_TEXT_MAX], what[DG_SPEC_TEXT_MAX + 64];
+	dg_spec_to_string(spec, canon, sizeof(canon));
+	snprintf(what, sizeof(what), "%s B=%d T=%d", canon, B, T);
+
+	dg_dptr yd = gh_upload(dev, yh, yb), wd = gh_upload(dev, wh, wb), od = upload_ff(dev, ob);
+	dg_tensor y = dg_tensor_4d("y", spec->act, yd, B, H, T, L);
+	dg_tensor w = dg_tensor_2d("w", spec->weight, wd, E, (int64_t)H * L);
+	dg_tensor out = dg_tensor_4d("out", spec->out, od, B, 1, T, E);
+	if (is_code(spec->act))
+		y.scale = gh_scalar(dev, sa);
+	if (is_code(spec->weight))
+		w.scale = gh_scalar(dev, sw);
+	dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &out };
+	cr_assert_eq(dg_decoder_fwd(dev, spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+	void *got = xmalloc(ob), *want = xmalloc(ob);
+	gh_download(dev, got, od, ob);
+	dg_ref_decoder_args ra = { .y = yh, .w = wh, .sa = sa, .sw = sw, .out = want, .batch = B, .time = T };
+	cr_assert_eq(dg_ref_decoder_fwd(spec, &ra), DG_OK);
+	compare_out(what, spec->out, got, want, no, is_code(spec->act) && is_code(spec->weight));
+	/* run twice: the split-K workspace is re-zeroed, the result identical */
+	cr_assert_eq(dg_decoder_fwd(dev, spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+	void *again = xmalloc(ob);
+	gh_download(dev, again, od, ob);
+	gh_expect_bytes("decoder rerun", again, got, ob);
+	free(again);
+	free(got);
+	free(want);
+	free(yh);
+	free(wh);
+}
+
+static void decoder_weight(dg_fmt weight)
+{
+	dg_device *dev = gh_open();
+	gh_seed(2000 + (uint64_t)weight);
+	for (int ai = 0; ai < 5; ai++)
+		for (int oi = 0; oi < 2; oi++)
+			for (int hi = 0; hi < 2; hi++)
+				for (int li = 0; li < 2; li++) {
+					dg_spec s;
+					dg_spec_init(&s, DG_OP_DECODER_FWD);
+					s.heads = hi ? 3 : 1;
+					s.latent = li ? 224 : 200; /* 224: tensor cores; 200: SIMT */
+					s.embd = (ai + oi) % 2 ? 64 : 96;
+					s.weight = weight;
+					s.act = A_FMTS[ai];
+					s.out = oi ? DG_FMT_BF16 : DG_FMT_F32;
+					if (dg_spec_validate(&s, NULL, 0) != DG_OK)
+						continue; /* ternary / sign1 with latent 200 */
+					run_decoder(dev, &s, 2, 3);
+					run_decoder(dev, &s, 2, 127);
+					run_decoder(dev, &s, 1, 1);
+				}
+	gh_close(dev);
+}
+
+Test(gpu_decoder, weight_f32, .timeout = 1200) { decoder_weight(DG_FMT_F32); }
+Test(gpu_decoder, weight_bf16, .timeout = 1200) { decoder_weight(DG_FMT_BF16); }
+Test(gpu_decoder, weight_int8, .timeout = 1200) { decoder_weight(DG_FMT_INT8); }
+Test(gpu_decoder, weight_ternary, .timeout = 1200) { decoder_weight(DG_FMT_TERNARY); }
+Test(gpu_decoder, weight_sign1, .timeout = 1200) { decoder_weight(DG_FMT_SIGN1); }
+
+static void decoder_bdh(dg_fmt weight, dg_fmt act)
+{
+	dg_device *dev = gh_open();
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DECODER_FWD);
+	s.weight = weight;
+	s.act = act;
+	s.out = DG_FMT_F32;
+	const int H = s.heads, L = s.latent, E = s.embd, B = BDH_B, T = BDH_T;
+	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
+	size_t yb, wb;
+	gh_seed(99 + (uint64_t)weight);
+	unsigned char *yh = rand_storage(act, ny, &yb);
+	void *wh = rand_storage(weight, nw, &wb);
+	float sa = 0.01f, sw = 0.02f;
+	dg_dptr yd = gh_upload(dev, yh, yb), wd = gh_upload(dev, wh, wb), od = upload_ff(dev, no * 4);
+	dg_tensor y = dg_tensor_4d("y", act, yd, B, H, T, L);
+	dg_tensor w = dg_tensor_2d("w", weight, wd, E, (int64_t)H * L);
+	dg_tensor out = dg_tensor_4d("out", DG_FMT_F32, od, B, 1, T, E);
+	y.scale = gh_scalar(dev, sa);
+	w.scale = gh_scalar(dev, sw);
+	dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &out };
+	cr_assert_eq(dg_decoder_fwd(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	float *got = xmalloc(no * 4);
+	gh_download(dev, got, od, no * 4);
+	/* sampled rows: copy (b, t0..t0+n) of every head into a (1, H, n, L) slice */
+	const int starts[3][2] = { { 0, 0 }, { 1, T / 2 - 1 }, { 1, T - SAMPLE_ROWS } };
+	unsigned char *ys = xmalloc((size_t)H * SAMPLE_ROWS * L);
+	float *want = xmalloc((size_t)SAMPLE_ROWS * E * 4);
+	for (int si = 0; si < 3; si++) {
+		int b = starts[si][0], t0 = starts[si][1];
+		for (int h = 0; h < H; h++)
+			memcpy(ys + (size_t)h * SAMPLE_ROWS * L, yh + (((size_t)b * H + h) * T + t0) * L,
+			       (size_t)SAMPLE_ROWS * L);
+		dg_ref_decoder_args ra = { .y = ys, .w = wh, .sa = sa, .sw = sw, .out = want,
+					   .batch = 1, .time = SAMPLE_ROWS };
+		cr_assert_eq(dg_ref_decoder_fwd(&s, &ra), DG_OK);
+		gh_expect_bytes("decoder BDH rows", got + ((size_t)b * T + t0) * E, want,
+				(size_t)SAMPLE_ROWS * E * 4);
+	}
+	for (size_t i = 0; i < no; i++)
+		cr_assert(!isnan(got[i]), "out[%zu] never written", i);
+	free(ys);
+	free(want);
+	free(got);
+	free(yh);
+	free(wh);
+	gh_close(dev);
+}
+
+Test(gpu_bdh, decoder_int8_int8, .timeout = 600) { decoder_bdh(DG_FMT_INT8, DG_FMT_INT8); }
+Test(gpu_bdh, decoder_ternary_uint8pos, .timeout = 600) { decoder_bdh(DG_FMT_TERNARY, DG_FMT_UINT8POS); }
+
+/* ---- checks: nothing launched on bad tensors ----------------------------- */
+
+Test(gpu_forward_checks, bad_tensors_are_named)
+{
+	dg_spec s;
+	char msg[512];
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	dg_tensor x = dg_tensor_4d("x", DG_FMT_INT8, 256, 2, 1, 3, 256);
+	dg_tensor w = dg_tensor_3d("w", DG_FMT_INT8, 512, 4, 8192, 256);
+	dg_tensor out = dg_tensor_4d("out", DG_FMT_INT8, 1024, 2, 4, 3, 8192);
+	x.scale = w.scale = out.scale = 2048;
+	dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out };
+	cr_assert_eq(dg_lowrank_fwd_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_tensor bad = dg_tensor_3d("w", DG_FMT_INT8, 512, 4, 256, 8192);
+	bad.scale = 2048;
+	a.w = &bad;
+	cr_assert_eq(dg_lowrank_fwd_check(&s, &a, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "w"), "%s", msg);
+	a.w = &w;
+	out.shape[2] = 4; /* T differs from x */
+	cr_assert_eq(dg_lowrank_fwd_check(&s, &a, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	out.shape[2] = 3;
+	out.scale = 0; /* int8 out needs its scale */
+	cr_assert_eq(dg_lowrank_fwd_check(&s, &a, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+
+	dg_spec d;
+	dg_spec_init(&d, DG_OP_DECODER_FWD);
+	d.out = DG_FMT_F32;
+	dg_tensor y = dg_tensor_4d("y", DG_FMT_INT8, 256, 2, 4, 3, 8192);
+	dg_tensor wd = dg_tensor_2d("w", DG_FMT_INT8, 512, 256, 4 * 8192);
+	dg_tensor od = dg_tensor_4d("out", DG_FMT_F32, 1024, 2, 1, 3, 256);
+	y.scale = wd.scale = 2048;
+	dg_decoder_fwd_args da = { .y = &y, .w = &wd, .out = &od };
+	cr_assert_eq(dg_decoder_fwd_check(&d, &da, msg, sizeof(msg)), DG_OK, "%s", msg);
+	od.fmt = DG_FMT_BF16;
+	cr_assert_eq(dg_decoder_fwd_check(&d, &da, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	od.fmt = DG_FMT_F32;
+	cr_assert_eq(dg_decoder_fwd_check(&s, &da, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+
+	dg_spec r;
+	dg_spec_init(&r, DG_OP_RELU_MASK);
+	r.relu = true;
+	dg_tensor g = dg_tensor_4d("grad", DG_FMT_F32, 4096, 2, 4, 3, 8192);
+	dg_relu_mask_args ra = { .x = &x, .w = &w, .grad = &g, .grad_out = &g };
+	cr_assert_eq(dg_relu_mask_check(&r, &ra, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_tensor g2 = g;
+	g2.fmt = DG_FMT_BF16;
+	g2.name = "grad_out";
+	ra.grad_out = &g2;
+	cr_assert_eq(dg_relu_mask_check(&r, &ra, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "grad_out"), "%s", msg);
+}

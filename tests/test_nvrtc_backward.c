@@ -1,0 +1,220 @@
+/*
+ * Every kernel variant of templates/backward.lua and templates/qweight.lua
+ * renders and compiles to an sm_90 cubin: each backward op × each weight /
+ * act format × in_heads 1 / H at the BDH shape, odd tiles (single buffer,
+ * bn 16 so a sign1 unit is half a word, tiles that need the A / B staging
+ * guards), quantize_weight src × weight, pack_ternary / pack_sign1; and
+ * the render refuses tiles and shapes it cannot run.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/codegen.h"
+#include "runtime/nvrtc.h"
+
+static const dg_fmt weights[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
+				  DG_FMT_TERNARY, DG_FMT_SIGN1 };
+static const dg_fmt acts[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
+			       DG_FMT_INT4, DG_FMT_UINT8POS };
+
+/* Renders spec and compiles it for sm_90; fails the test with the message.
+ * Checks the entries the template declares are in the source. */
+static void compile_one(dg_codegen *cg, const dg_spec *spec,
+			const char *const *entries, int n_entries)
+{
+	char e[8192];
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+	dg_source *src = NULL;
+	char text[DG_SPEC_TEXT_MAX];
+
+	dg_spec_to_string(spec, text, sizeof(text));
+	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, e, sizeof(e)), DG_OK, "%s", e);
+	dg_status st = dg_codegen_render(cg, spec, &src);
+	cr_assert_eq(st, DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_eq(src->n_entries, n_entries, "%s: %d entries", text, src->n_entries);
+	for (int i = 0; i < n_entries; i++) {
+		cr_assert_str_eq(src->entries[i], entries[i], "%s", text);
+		cr_assert(strstr(src->text, entries[i]), "%s: %s not in the source", text,
+			  entries[i]);
+	}
+	st = dg__nvrtc_compile(src, &t, &res, e, sizeof(e));
+	cr_assert_eq(st, DG_OK, "%s: %s", text, e);
+	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0,
+		  "%s: not an ELF cubin", text);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+static dg_codegen *make_cg(void)
+{
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s",
+		     cg ? dg_codegen_errmsg(cg) : "no memory");
+	return cg;
+}
+
+static dg_spec bdh(dg_op op)
+{
+	dg_spec s;
+
+	dg_spec_init(&s, op);
+	return s; /* H 4, E 256, L 8192 */
+}
+
+static const char *gi_entries[] = { "dg_lowrank_grad_input" };
+static const char *dgi_entries[] = { "dg_decoder_grad_input" };
+static const char *gw_entries[] = { "dg_lowrank_grad_weight",
+				    "dg_lowrank_grad_weight_reduce" };
+static const char *dgw_entries[] = { "dg_decoder_grad_weight",
+				     "dg_decoder_grad_weight_reduce" };
+
+Test(nvrtc_backward, lowrank_grad_input_every_weight_and_in_heads, .timeout = 600)
+{
+	dg_codegen *cg = make_cg();
+
+	for (int f = 0; f < 5; f++)
+		for (int hin = 0; hin < 2; hin++) {
+			dg_spec s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
+			s.weight = weights[f];
+			s.in_heads = hin ? s.heads : 1;
+			compile_one(cg, &s, gi_entries, 1);
+		}
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_backward, lowrank_grad_weight_every_act_and_in_heads, .timeout = 600)
+{
+	dg_codegen *cg = make_cg();
+
+	for (int f = 0; f < 5; f++)
+		for (int hin = 0; hin < 2; hin++) {
+			dg_spec s = bdh(DG_OP_LOWRANK_GRAD_WEIGHT);
+			s.act = acts[f];
+			s.in_heads = hin ? s.heads : 1;
+			compile_one(cg, &s, gw_entries, 2);
+		}
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_backward, decoder_grads_every_format, .timeout = 600)
+{
+	dg_codegen *cg = make_cg();
+
+	for (int f = 0; f < 5; f++) {
+		dg_spec s = bdh(DG_OP_DECODER_GRAD_INPUT);
+		s.weight = weights[f];
+		compile_one(cg, &s, dgi_entries, 1);
+		s = bdh(DG_OP_DECODER_GRAD_WEIGHT);
+		s.act = acts[f];
+		compile_one(cg, &s, dgw_entries, 2);
+	}
+	dg_codegen_destroy(cg);
+}
+
+/* Tiles off the default path: single buffer, bn 16 (sign1 half words),
+ * unit counts that do not divide the threads (staging guards), 1-warp
+ * blocks, latent not a multiple of the block tile. */
+Test(nvrtc_backward, odd_tiles, .timeout = 600)
+{
+	static const struct {
+		dg_op op;
+		dg_fmt f;
+		int latent, embd;
+		dg_tile tile;
+	} cases[] = {
+		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 36, 64, { 16, 16, 4, 1, 1, 1, 0 } },
+		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, 20, 48, { 32, 16, 4, 2, 2, 2, 0 } },
+		{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_SIGN1, 32, 12, { 16, 16, 4, 1, 2, 2, 0 } },
+		{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_BF16, 44, 8, { 128, 64, 8, 4, 2, 2, 0 } },
+		{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_INT4, 20, 12, { 16, 32, 16, 1, 1, 1, 0 } },
+		{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_F32, 100, 20, { 64, 128, 16, 2, 4, 2, 0 } },
+		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_UINT8POS, 20, 12, { 32, 16, 8, 2, 1, 2, 0 } },
+		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_BF16, 132, 40, { 128, 128, 8, 4, 4, 2, 0 } },
+	};
+	dg_codegen *cg = make_cg();
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dg_spec s;
+		dg_spec_init(&s, cases[i].op);
+		s.heads = 3;
+		s.in_heads = i % 2 ? 3 : 1;
+		s.latent = cases[i].latent;
+		s.embd = cases[i].embd;
+		s.weight = cases[i].f;
+		s.act = cases[i].f;
+		if (s.op == DG_OP_LOWRANK_GRAD_WEIGHT || s.op == DG_OP_DECODER_GRAD_WEIGHT)
+			s.weight = DG_FMT_INT8;
+		else
+			s.act = DG_FMT_INT8;
+		s.tile = cases[i].tile;
+		const char *const *en = s.op == DG_OP_LOWRANK_GRAD_INPUT ? gi_entries
+				      : s.op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
+				      : s.op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
+									    : dgw_entries;
+		int n = s.op == DG_OP_LOWRANK_GRAD_INPUT || s.op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2;
+		compile_one(cg, &s, en, n);
+	}
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_backward, quantize_weight_and_packers, .timeout = 600)
+{
+	static const char *q_entries[] = { "dg_quantize_weight_absum",
+					   "dg_quantize_weight_scale",
+					   "dg_quantize_weight_apply" };
+	static const char *t_entries[] = { "dg_pack_ternary", "dg_unpack_ternary" };
+	static const char *s_entries[] = { "dg_pack_sign1", "dg_unpack_sign1" };
+	static const dg_fmt wq[] = { DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
+	dg_codegen *cg = make_cg();
+
+	for (int src = 0; src < 2; src++)
+		for (int f = 0; f < 3; f++) {
+			dg_spec s = bdh(DG_OP_QUANTIZE_WEIGHT);
+			s.src = src ? DG_FMT_BF16 : DG_FMT_F32;
+			s.weight = wq[f];
+			s.tile.threads = f == 1 ? 96 : 0; /* a non power of two */
+			compile_one(cg, &s, q_entries, 3);
+		}
+	dg_spec s = bdh(DG_OP_PACK_TERNARY);
+	compile_one(cg, &s, t_entries, 2);
+	s.embd = 48;
+	s.tile.threads = 64;
+	compile_one(cg, &s, t_entries, 2);
+	s = bdh(DG_OP_PACK_SIGN1);
+	compile_one(cg, &s, s_entries, 2);
+	s.embd = 96;
+	compile_one(cg, &s, s_entries, 2);
+	dg_codegen_destroy(cg);
+}
+
+/* What the templates refuse, with the field named. */
+Test(nvrtc_backward, render_refusals)
+{
+	dg_codegen *cg = make_cg();
+	dg_source *src = NULL;
+
+	/* two buffers of 128x128x32 do not fit 48 KiB, one does not either */
+	dg_spec s = bdh(DG_OP_LOWRANK_GRAD_WEIGHT);
+	s.act = DG_FMT_F32;
+	s.tile = (dg_tile){ 128, 128, 64, 4, 4, 2, 0 };
+	cr_assert_neq(dg_codegen_render(cg, &s, &src), DG_OK);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "48 KiB"), "%s", dg_codegen_errmsg(cg));
+	/* the same tile at bk 32: single-buffered, renders */
+	s.tile.bk = 32;
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(strstr(src->text, "NBUF = 1"), "expected a single buffer");
+	dg_source_destroy(src);
+	src = NULL;
+	/* pack_ternary rows of 8 codes do not fill a word: the spec refuses
+	 * embd % 4, the template embd % 16 */
+	s = bdh(DG_OP_PACK_TERNARY);
+	s.embd = 24;
+	cr_assert_neq(dg_codegen_render(cg, &s, &src), DG_OK);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "embd=24"), "%s", dg_codegen_errmsg(cg));
+	dg_codegen_destroy(cg);
+}

@@ -1,0 +1,161 @@
+/*
+ * The forward GEMM kernels (lowrank_fwd, relu_mask, decoder_fwd) render and
+ * NVRTC-compile to sm_90 cubins on every path — tensor cores (mma.sync),
+ * dp4a, SIMT integer, fp32 — and each spec takes the path the templates
+ * and codegen/spec.c promise (the source names its instruction), with the
+ * launch info (threads, dynamic shared memory) reaching dg_source.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/codegen.h"
+#include "runtime/nvrtc.h"
+
+static char err[8192];
+
+enum path { P_MMA, P_DP4A, P_FLOAT, P_SIMT_INT };
+
+struct fcase {
+	const char *text; /* spec text */
+	enum path path;
+};
+
+static void spec_of(const char *text, dg_spec *s)
+{
+	cr_assert_eq(dg_spec_parse(text, s, err, sizeof(err)), DG_OK, "%s: %s", text, err);
+}
+
+/* Renders and compiles; checks the path by the instructions in the source
+ * and the launch info of the first entry. */
+static void compile_case(dg_codegen *cg, const struct fcase *c)
+{
+	dg_spec s;
+	dg_source *src = NULL;
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+
+	spec_of(c->text, &s);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", c->text,
+		     dg_codegen_errmsg(cg));
+	const char *code = src->text;
+	bool mma = strstr(code, "mma.sync.aligned.m16n8k32") != NULL;
+	bool dp4a = strstr(code, "dp4a.") != NULL;
+	switch (c->path) {
+	case P_MMA:
+		cr_assert(mma && !dp4a, "%s: expected the tensor-core path", c->text);
+		break;
+	case P_DP4A:
+		cr_assert(dp4a && !mma, "%s: expected the dp4a path", c->text);
+		break;
+	case P_SIMT_INT:
+		cr_assert(!mma && strstr(code, "acc[i][j] += av * bv[j]"),
+			  "%s: expected the SIMT integer path", c->text);
+		break;
+	default:
+		cr_assert(!mma && !dp4a && strstr(code, "fmaf("), "%s: expected the fp32 path",
+			  c->text);
+		break;
+	}
+	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, err, sizeof(err)), DG_OK, "%s", err);
+	dg_status st = dg__nvrtc_compile(src, &t, &res, err, sizeof(err));
+	cr_assert_eq(st, DG_OK, "%s: %s", c->text, err);
+	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not a cubin", c->text);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+static void compile_all(const struct fcase *cases, size_t n)
+{
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	for (size_t i = 0; i < n; i++)
+		compile_case(cg, &cases[i]);
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_forward, lowrank_every_path, .timeout = 600)
+{
+	static const struct fcase cases[] = {
+		/* default tile at BDH: tensor cores, every integer format pair */
+		{ "op=lowrank_fwd;weight=int8;act=int8;out=int8", P_MMA },
+		{ "op=lowrank_fwd;weight=ternary;act=int8;relu=0;out=uint8pos", P_MMA },
+		{ "op=lowrank_fwd;weight=sign1;act=uint8pos;relu=0.25;out=f32", P_MMA },
+		{ "op=lowrank_fwd;weight=int8;act=int4;out=bf16;in_heads=4", P_MMA },
+		{ "op=lowrank_fwd;weight=ternary;act=uint8pos;out=int8;latent=200;embd=96", P_MMA },
+		{ "op=lowrank_fwd;weight=sign1;act=int8;out=f32;embd=64;tile=64x64x32/2x2/1", P_MMA },
+		{ "op=lowrank_fwd;weight=int8;act=int8;out=int8;tile=64x128x128/2x2/3", P_MMA },
+		/* tiles the tensor cores cannot take: dp4a */
+		{ "op=lowrank_fwd;weight=int8;act=int8;out=int8;tile=64x64x16/2x2/2", P_DP4A },
+		{ "op=lowrank_fwd;weight=ternary;act=uint8pos;relu=0;out=uint8pos;tile=32x32x16/4x2/2", P_DP4A },
+		{ "op=lowrank_fwd;weight=int8;act=int4;out=f32;embd=48", P_DP4A },
+		/* any float operand */
+		{ "op=lowrank_fwd;weight=f32;act=int8;out=int8", P_FLOAT },
+		{ "op=lowrank_fwd;weight=ternary;act=bf16;relu=0;out=bf16", P_FLOAT },
+	};
+	compile_all(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+Test(nvrtc_forward, relu_mask_every_path, .timeout = 600)
+{
+	static const struct fcase cases[] = {
+		{ "op=relu_mask;weight=int8;act=int8;relu=0", P_MMA },
+		{ "op=relu_mask;weight=ternary;act=uint8pos;relu=0.25;in_heads=4", P_MMA },
+		{ "op=relu_mask;weight=sign1;act=int4;relu=0;embd=96;latent=200", P_MMA },
+		{ "op=relu_mask;weight=int8;act=int8;relu=0;tile=64x64x16/2x2/2", P_DP4A },
+		{ "op=relu_mask;weight=bf16;act=f32;relu=0", P_FLOAT },
+	};
+	compile_all(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+Test(nvrtc_forward, decoder_every_path, .timeout = 600)
+{
+	static const struct fcase cases[] = {
+		{ "op=decoder_fwd;weight=int8;act=int8;out=f32", P_MMA },
+		{ "op=decoder_fwd;weight=ternary;act=uint8pos;out=bf16", P_MMA },
+		{ "op=decoder_fwd;weight=sign1;act=int4;out=f32;embd=96;latent=224", P_MMA },
+		{ "op=decoder_fwd;weight=int8;act=int8;out=bf16;embd=64;latent=200", P_SIMT_INT },
+		{ "op=decoder_fwd;weight=ternary;act=int8;out=f32;tile=64x64x16/2x2/2", P_SIMT_INT },
+		{ "op=decoder_fwd;weight=f32;act=int8;out=f32", P_FLOAT },
+		{ "op=decoder_fwd;weight=bf16;act=bf16;out=bf16;latent=200", P_FLOAT },
+		{ "op=decoder_fwd;weight=sign1;act=f32;out=f32", P_FLOAT },
+	};
+	compile_all(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+/* The tensor-core kernels use dynamic shared memory: the template's launch
+ * info must reach dg_source (templates/dragon.lua passes render's 4th value
+ * through), else they would launch with none. */
+Test(nvrtc_forward, launch_info_reaches_the_source)
+{
+	static const char *texts[] = {
+		"op=lowrank_fwd;weight=int8;act=int8;out=int8",
+		"op=relu_mask;weight=ternary;act=int8;relu=0",
+		"op=decoder_fwd;weight=int8;act=int8;out=f32",
+	};
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+		dg_spec s;
+		dg_source *src = NULL;
+
+		spec_of(texts[i], &s);
+		cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_not_null(src->block_threads, "%s: no launch info (threads)", texts[i]);
+		cr_assert_not_null(src->dyn_smem, "%s: no launch info (smem)", texts[i]);
+		cr_assert_eq(src->block_threads[0], s.op == DG_OP_DECODER_FWD ? 512 : 256, "%s", texts[i]);
+		cr_assert_gt(src->dyn_smem[0], 48 * 1024, "%s", texts[i]);
+		if (s.op == DG_OP_DECODER_FWD) {
+			cr_assert_eq(src->n_entries, 2);
+			cr_assert_str_eq(src->entries[1], "dg_decoder_fwd_out");
+			cr_assert_eq(src->block_threads[1], 256);
+			cr_assert_eq(src->dyn_smem[1], 0);
+		}
+		dg_source_destroy(src);
+	}
+	dg_codegen_destroy(cg);
+}
