@@ -490,6 +490,10 @@ static double code_rms(dg_fmt f)
 }
 
 /* Builds the spec and tensors of c (random data), nothing launched. */
+/* --tile: one tile for every case run (a manual sweep; NULL: the spec's
+ * auto tile). */
+static const char *bench_tile;
+
 static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 {
 	char msg[512];
@@ -509,6 +513,10 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 	s->arch_specific = false;
 	if (arch && dg_spec_set(s, "arch", arch, msg, sizeof(msg))) {
 		snprintf(b->err, sizeof(b->err), "--arch: %s", msg);
+		return false;
+	}
+	if (bench_tile && dg_spec_set(s, "tile", bench_tile, msg, sizeof(msg))) {
+		snprintf(b->err, sizeof(b->err), "--tile: %s", msg);
 		return false;
 	}
 	dg_spec_normalize(s);
@@ -775,7 +783,7 @@ static void bench_fini(bench *b)
 static int usage(FILE *f, int code)
 {
 	fprintf(f, "usage: kernels [--out FILE] [--reps N] [--warmup N] [--case TEXT]... "
-			"[--arch sm_XX[a]] [--require-gpu]\n"
+			"[--arch sm_XX[a]] [--tile BMxBNxBK/WMxWN/S] [--require-gpu]\n"
 			"  --case TEXT  run the cases whose name holds TEXT (names: "
 			"lowrank_fwd.ternary.int8.bf16.m4096, ...)\n");
 	return code;
@@ -816,6 +824,8 @@ int main(int argc, char **argv)
 			b.warmup = atoi(v), i++;
 		else if (strcmp(a, "--arch") == 0)
 			arch = v, i++;
+		else if (strcmp(a, "--tile") == 0)
+			bench_tile = v, i++;
 		else if (strcmp(a, "--case") == 0 && nfilters < MAX_FILTERS)
 			filters[nfilters++] = v, i++;
 		else

@@ -138,7 +138,10 @@ static dg_status check(const dg_spec *spec, const dg_ref_lowrank_args *a,
 	return DG_OK;
 }
 
-/* out[i] = y in the out format; codes clamp(rint(y / so)), 0 when so <= 0. */
+/* out[i] = y in the out format; codes clamp(rint(y · (1/so))), 0 when
+ * so <= 0. The kernels multiply by the reciprocal (one IEEE division a
+ * launch, not one an element): 1.0f / so here is the same float as the
+ * GPU's __frcp_rn(so), and the product is rounded once on both sides. */
 static void store_out(dg_fmt fmt, void *out, size_t i, float y, float so)
 {
 	switch (fmt) {
@@ -151,12 +154,12 @@ static void store_out(dg_fmt fmt, void *out, size_t i, float y, float so)
 	case DG_FMT_INT8:
 		((int8_t *)out)[i] =
 			(int8_t)(so <= 0.0f ? 0
-					    : dg__ref_code_of(y / so, -127, 127));
+					    : dg__ref_code_of(y * (1.0f / so), -127, 127));
 		break;
 	default: /* uint8pos */
 		((uint8_t *)out)[i] =
 			(uint8_t)(so <= 0.0f ? 0
-					     : dg__ref_code_of(y / so, 0, 255));
+					     : dg__ref_code_of(y * (1.0f / so), 0, 255));
 		break;
 	}
 }

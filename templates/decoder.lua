@@ -60,7 +60,7 @@ constexpr long long WROW = (long long)H * L / WDIV;	// bytes a weight row
 ${CONSTANTS}
 constexpr int SMEM_BYTES = ${SMEM};	// dynamic
 
-extern "C" __global__ void __launch_bounds__(NT)
+extern "C" __global__ void __launch_bounds__(NT, ${MINB})
 dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
 	       void *__restrict__ ws_, int B, int T, int nsplit)
 {
@@ -274,6 +274,7 @@ function M.render(spec)
     helpers.sign1 = (weight == "sign1") or nil
     main = MMA.helpers(p, fa.unsigned) .. "\n" .. C.subst(KERNEL_MMA, {
       H = H, L = L, E = E, WDIV = wdiv, CONSTANTS = MMA.constants(p, H * L), SMEM = smem,
+      MINB = (p.nt <= 256 and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
       YT = fa.ctype, WT = fw.ctype, GEMM = MMA.gemm(p),
     })
     about = fmt("integer × integer on tensor cores: mma.sync m16n8k32 %s.s8 (%d stages, row stride %d), "

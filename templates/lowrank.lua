@@ -56,9 +56,9 @@ Paths (which one a spec takes: M.render; codegen/spec.c mirrors the rule)
     if weight is, else 1).
   Integer paths: y = __fmul_rn((float)acc, __fmul_rn(*sa, *sw)).
   Epilogue (every path): y = __fsub_rn(y, thr); y = y > 0 ? y : 0 (only with
-  ReLU), then f32 | bf16 (round half to even) | int8 clamp(rint(y / so),
-  ±127) | uint8pos clamp(rint(y / so), 0, 255), code 0 when so <= 0. No
-  contraction into FMA in the epilogue (__fmul_rn, __fsub_rn, __fdiv_rn), so
+  ReLU), then f32 | bf16 (round half to even) | int8 clamp(rint(y · (1/so)),
+  ±127) | uint8pos clamp(rint(y · (1/so)), 0, 255), code 0 when so <= 0. No
+  contraction into FMA in the epilogue (__fmul_rn, __fsub_rn, __fmul_rn by __frcp_rn(so)), so
   integer paths match the reference bit for bit. relu_mask keeps
   __fsub_rn(y, thr) > 0 as its mask.
 
@@ -494,7 +494,8 @@ local function epilogue_text(p)
     w:line("// float × float: y = acc")
   end
   if p.out_code then
-    w:line("const float so_v = *so;			// out scale: codes rint(y / so)")
+    w:line("const float so_v = *so;			// out scale: codes rint(y · (1/so))")
+    w:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;	// one IEEE reciprocal, not a division an element")
   end
   if not p.mask then
     w:line("float absum = 0.0f;			// Σ|y| of this thread's valid outputs")
@@ -555,9 +556,9 @@ local function epilogue_text(p)
   elseif p.out == "bf16" then
     conv = "dg_f32_to_bf16(y)"
   elseif p.out == "int8" then
-    conv = "(signed char)(so_v <= 0.0f ? 0 : dg_code(__fdiv_rn(y, so_v), -127, 127))"
+    conv = "(signed char)(so_v <= 0.0f ? 0 : dg_code(__fmul_rn(y, so_r), -127, 127))"
   else
-    conv = "(unsigned char)(so_v <= 0.0f ? 0 : dg_code(__fdiv_rn(y, so_v), 0, 255))"
+    conv = "(unsigned char)(so_v <= 0.0f ? 0 : dg_code(__fmul_rn(y, so_r), 0, 255))"
   end
   w:linef("const %s v = %s;", p.OT, conv)
   if p.staged then

@@ -33,7 +33,7 @@ constexpr int VE = ${VE};			// elements a global store (${VB} bytes)
 constexpr int SMEM_BYTES = ${SMEM};	// dynamic: max(pipeline, staging)
 
 // ---- kernel ----------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(NT)
+extern "C" __global__ void __launch_bounds__(NT, ${MINB})
 ${SIGNATURE}
 {
 	extern __shared__ __align__(16) unsigned char smem[];
@@ -85,7 +85,8 @@ local function mma_epilogue(k, vb)
   w:line("const float s = __fmul_rn(*sa, *sw);	// integer × integer: y = acc · sa·sw")
   local out_code = not k.mask and (k.out == "int8" or k.out == "uint8pos")
   if out_code then
-    w:line("const float so_v = *so;			// out scale: codes rint(y / so)")
+    w:line("const float so_v = *so;			// out scale: codes rint(y · (1/so))")
+    w:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;	// one IEEE reciprocal, not a division an element")
   end
   if not k.mask then
     w:line("float absum = 0.0f;			// Σ|y| of this thread's valid outputs")
@@ -126,8 +127,8 @@ for (int mt = 0; mt < MT; ++mt) {
     else
       local lo, hi = "-127", "127"
       if k.out == "uint8pos" then lo, hi = "0", "255" end
-      w:linef("const int c0 = so_v <= 0.0f ? 0 : dg_code(__fdiv_rn(y0, so_v), %s, %s);", lo, hi)
-      w:linef("const int c1 = so_v <= 0.0f ? 0 : dg_code(__fdiv_rn(y1, so_v), %s, %s);", lo, hi)
+      w:linef("const int c0 = so_v <= 0.0f ? 0 : dg_code(__fmul_rn(y0, so_r), %s, %s);", lo, hi)
+      w:linef("const int c1 = so_v <= 0.0f ? 0 : dg_code(__fmul_rn(y1, so_r), %s, %s);", lo, hi)
       w:line("*(unsigned short *)(ot + r * OS + c) = (unsigned short)((c0 & 0xff) | ((c1 & 0xff) << 8));")
     end
   end
@@ -212,6 +213,10 @@ function M.render(spec, k)
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = k.E // wdiv, WDIV = wdiv,
     CONSTANTS = MMA.constants(p, k.E),
     OSZ = osz, OPAD = opad, VE = vb // osz, VB = vb, SMEM = smem,
+    -- two blocks an SM when their shared memory fits (227 KiB) and 256
+    -- threads or fewer: one block's epilogue and prologue then overlap the
+    -- other's math (registers capped at 65536 / (2·NT))
+    MINB = (p.nt <= 256 and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
     SIGNATURE = k.signature(fa.ctype, fw.ctype),
     HIN_H = k.HIN == 1 and "0" or "h",
     GEMM = MMA.gemm(p),
