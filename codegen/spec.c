@@ -598,22 +598,27 @@ void dg_spec_default_tile(const dg_spec *s, dg_tile *tile)
 	bool mma_op = s->op == DG_OP_LOWRANK_FWD || s->op == DG_OP_RELU_MASK ||
 		      s->op == DG_OP_DECODER_FWD;
 	if (ints && mma_op && s->arch >= 80 && red && red % 32 == 0) {
-		/* Tensor cores (templates/mma.lua). lowrank / relu_mask: 128x128
-		 * blocks of 4x2 warps (32x64 warp tiles: 64 accumulators and 16
-		 * fragment registers a thread, two blocks an SM), K = embd in 4
-		 * steps at BDH (the whole K in flight). decoder: 128x256 blocks
-		 * of 4x4 warps, so at embd = 256 each y row is read once. */
+		/* Tensor cores (templates/mma.lua), from a sweep on the H200
+		 * (bench/kernels --tile, BDH shape, M = 4096):
+		 *   lowrank / relu_mask 128x128x64/2x4/4 (64x32 warp tiles, 2
+		 *     blocks an SM): 277 us int8 out; 4x2 warps 312, 64x128
+		 *     329, 64x64 389, 128x64 334, 64x256 349;
+		 *   decoder 64x128x64/2x2/4 (4 warps, several blocks an SM):
+		 *     152 us int8 weights; 128x64 205, 128x128/2x4/3 193,
+		 *     128x128 239, 128x256/4x4 269, 64x256 252.
+		 * K = embd in 4 steps at BDH (the whole K in flight). */
 		tile->bk = red % 64 == 0 ? 64 : 32;
-		tile->bm = 128;
 		tile->stages = 4;
-		if (s->op == DG_OP_DECODER_FWD && s->embd >= 256) {
-			tile->bn = 256;
-			tile->wm = 4;
-			tile->wn = 4;
-		} else {
+		if (s->op == DG_OP_DECODER_FWD) {
+			tile->bm = 64;
 			tile->bn = 128;
-			tile->wm = 4;
+			tile->wm = 2;
 			tile->wn = 2;
+		} else {
+			tile->bm = 128;
+			tile->bn = 128;
+			tile->wm = 2;
+			tile->wn = 4;
 		}
 		return;
 	}

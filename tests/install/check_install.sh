@@ -10,7 +10,9 @@ prefix=$(mktemp -d /tmp/dragon-install-XXXXXX)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
 libdir=$(find "$prefix" -name dragon.pc -path '*pkgconfig*' -exec dirname {} \;)
-export PKG_CONFIG_PATH="$libdir"
+# the install first; where the dependencies come from (a private prefix on
+# the GPU machine) stays on the path after it
+export PKG_CONFIG_PATH="$libdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 test -f "$prefix/include/dragon/dragon.h"
 cc -std=c17 -Wall -Wextra -Werror ${CFLAGS:-} "$src/tests/install/consumer.c" \
   $(pkg-config --cflags --libs dragon) -Wl,-rpath,"$(pkg-config --variable=libdir dragon)" \
