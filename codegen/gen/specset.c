@@ -54,8 +54,12 @@ unsigned dg__spec_flag_field(dg__spec_flag f)
 
 const char dg__specset_help[] =
 	"Spec flags (each takes a comma-separated list; the product is built):\n"
-	"  --op LIST          lowrank_fwd, quantize_act, pack_i8x4, unpack_i8x4\n"
-	"                     (default: every op)\n"
+	"  --op LIST          lowrank_fwd, relu_mask, decoder_fwd, quantize_act,\n"
+	"                     quantize_weight, pack_i8x4, unpack_i8x4, pack_ternary,\n"
+	"                     pack_sign1, lowrank_grad_input, lowrank_grad_weight,\n"
+	"                     decoder_grad_input, decoder_grad_weight\n"
+	"                     (default set: the forward ops lowrank_fwd,\n"
+	"                     quantize_act, pack_i8x4, unpack_i8x4)\n"
 	"  --heads LIST       output heads H (1..64)\n"
 	"  --in-heads LIST    input heads: 1 (shared) or H\n"
 	"  --embd LIST        model width E (multiple of 4)\n"
