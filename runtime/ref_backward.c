@@ -64,37 +64,12 @@ static int per_word(dg_fmt f)
 	}
 }
 
-static uint32_t word_at(const void *p, size_t i)
-{
-	uint32_t u;
-
-	memcpy(&u, (const unsigned char *)p + 4 * i, sizeof(u));
-	return u;
-}
-
 /* Value i of a tensor in storage format f, as a float (codes unscaled). */
 static float value_at(dg_fmt f, const void *p, size_t i)
 {
-	uint32_t bits;
-	uint8_t b;
-	int8_t s;
-
-	switch (f) {
-	case DG_FMT_F32:
-	case DG_FMT_BF16:
+	if (f == DG_FMT_F32 || f == DG_FMT_BF16)
 		return dg__ref_plain_at(f, p, i);
-	case DG_FMT_TERNARY:
-		bits = (word_at(p, i / 16) >> (2 * (i % 16))) & 3u;
-		return bits == 1u ? 1.0f : bits == 3u ? -1.0f : 0.0f;
-	case DG_FMT_SIGN1:
-		return (word_at(p, i / 32) >> (i % 32)) & 1u ? 1.0f : -1.0f;
-	case DG_FMT_UINT8POS:
-		return (float)(uint8_t)(word_at(p, i / 4) >> (8 * (i % 4)));
-	default: /* int8, int4: signed lanes */
-		b = (uint8_t)(word_at(p, i / 4) >> (8 * (i % 4)));
-		memcpy(&s, &b, 1);
-		return (float)s;
-	}
+	return (float)dg__ref_code_at(f, p, i);
 }
 
 /* n values of p decoded into a malloc'd float array (NULL: no memory). */

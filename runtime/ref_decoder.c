@@ -28,41 +28,6 @@ static bool weight_is_code(dg_fmt f)
 	return f == DG_FMT_INT8 || f == DG_FMT_TERNARY || f == DG_FMT_SIGN1;
 }
 
-static uint32_t word_at(const void *p, size_t i)
-{
-	uint32_t u;
-
-	memcpy(&u, (const unsigned char *)p + 4 * i, sizeof(u));
-	return u;
-}
-
-/* Code i of an i8x4 stream (little-endian lanes), signed or unsigned. */
-static int byte_code(const void *p, size_t i, bool is_unsigned)
-{
-	uint8_t b = (uint8_t)(word_at(p, i / 4) >> (8 * (i % 4)));
-	int8_t s;
-
-	if (is_unsigned)
-		return b;
-	memcpy(&s, &b, 1);
-	return s;
-}
-
-static int weight_code(dg_fmt f, const void *w, size_t i)
-{
-	uint32_t bits;
-
-	switch (f) {
-	case DG_FMT_TERNARY:
-		bits = (word_at(w, i / 16) >> (2 * (i % 16))) & 3u;
-		return bits == 1u ? 1 : bits == 3u ? -1 : 0;
-	case DG_FMT_SIGN1:
-		return (word_at(w, i / 32) >> (i % 32)) & 1u ? 1 : -1;
-	default:
-		return byte_code(w, i, false);
-	}
-}
-
 static dg_status check(const dg_spec *spec, const dg_ref_decoder_args *a)
 {
 	if (!spec || !a || !a->y || !a->w || !a->out)
@@ -135,9 +100,9 @@ dg_status dg_ref_decoder_fwd(const dg_spec *spec,
 	}
 	for (size_t i = 0; i < E * K; i++) {
 		if (int_path)
-			wi[i] = weight_code(spec->weight, args->w, i);
+			wi[i] = dg__ref_code_at(spec->weight, args->w, i);
 		else if (w_code)
-			wf[i] = (float)weight_code(spec->weight, args->w, i);
+			wf[i] = (float)dg__ref_code_at(spec->weight, args->w, i);
 		else
 			wf[i] = dg__ref_plain_at(spec->weight, args->w, i);
 	}
@@ -151,11 +116,9 @@ dg_status dg_ref_decoder_fwd(const dg_spec *spec,
 					size_t k = h * L + l;
 
 					if (int_path)
-						yi[k] = byte_code(args->y, base + l,
-								  spec->act == DG_FMT_UINT8POS);
+						yi[k] = dg__ref_code_at(spec->act, args->y, base + l);
 					else if (act_code)
-						yf[k] = (float)byte_code(args->y, base + l,
-									 spec->act == DG_FMT_UINT8POS);
+						yf[k] = (float)dg__ref_code_at(spec->act, args->y, base + l);
 					else
 						yf[k] = dg__ref_plain_at(spec->act, args->y,
 									 base + l);

@@ -1,8 +1,8 @@
 /*
- * CPU reference internals shared by runtime/ref.c (bf16, quantize, packing)
- * and runtime/ref_lowrank.c (lowrank_fwd): the float → code rounding every
- * reference uses, and the plain f32/bf16 element loader. Only those two
- * files look here.
+ * CPU reference internals shared by the runtime/ref*.c files: the float →
+ * code rounding every reference uses, and the element loaders of every
+ * storage format (plain f32/bf16, i8x4 lanes, ternary and sign1 words).
+ * Only those files look here.
  */
 #ifndef DG_RUNTIME_REF_INT_H
 #define DG_RUNTIME_REF_INT_H
@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "dragon/ref.h"
 
@@ -41,6 +42,39 @@ static inline float dg__ref_plain_at(dg_fmt f, const void *p, size_t i)
 	if (f == DG_FMT_BF16)
 		return dg_ref_bf16_to_f32(((const uint16_t *)p)[i]);
 	return ((const float *)p)[i];
+}
+
+/* Word i of a packed stream (any alignment). */
+static inline uint32_t dg__ref_word_at(const void *p, size_t i)
+{
+	uint32_t u;
+
+	memcpy(&u, (const unsigned char *)p + 4 * i, sizeof(u));
+	return u;
+}
+
+/* Code i of a tensor in an integer storage format f: i8x4 lanes (signed
+ * for int8 / int4, unsigned for uint8pos), ternary 2-bit pairs (01 +1,
+ * 11 -1, else 0), sign1 bits (1 +1, 0 -1). */
+static inline int dg__ref_code_at(dg_fmt f, const void *p, size_t i)
+{
+	uint32_t bits;
+	uint8_t b;
+	int8_t s;
+
+	switch (f) {
+	case DG_FMT_TERNARY:
+		bits = (dg__ref_word_at(p, i / 16) >> (2 * (i % 16))) & 3u;
+		return bits == 1u ? 1 : bits == 3u ? -1 : 0;
+	case DG_FMT_SIGN1:
+		return (dg__ref_word_at(p, i / 32) >> (i % 32)) & 1u ? 1 : -1;
+	default:
+		b = (uint8_t)(dg__ref_word_at(p, i / 4) >> (8 * (i % 4)));
+		if (f == DG_FMT_UINT8POS)
+			return b;
+		memcpy(&s, &b, 1);
+		return s;
+	}
 }
 
 #endif

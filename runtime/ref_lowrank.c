@@ -51,48 +51,6 @@ static bool out_ok(dg_fmt f)
 	       f == DG_FMT_UINT8POS;
 }
 
-static uint32_t word_at(const void *p, size_t i)
-{
-	uint32_t u;
-
-	memcpy(&u, (const unsigned char *)p + 4 * i, sizeof(u));
-	return u;
-}
-
-/* Lane i of a little-endian i8x4 stream, signed or unsigned. */
-static int i8x4_at(const void *p, size_t i, bool is_unsigned)
-{
-	uint8_t b = (uint8_t)(word_at(p, i / 4) >> (8 * (i % 4)));
-	int8_t s;
-
-	if (is_unsigned)
-		return b;
-	memcpy(&s, &b, 1);
-	return s;
-}
-
-/* Element i of the act tensor as an integer code. */
-static int act_code(dg_fmt f, const void *x, size_t i)
-{
-	return i8x4_at(x, i, f == DG_FMT_UINT8POS);
-}
-
-/* Element i of the weight tensor as an integer code. */
-static int weight_code(dg_fmt f, const void *w, size_t i)
-{
-	uint32_t bits;
-
-	switch (f) {
-	case DG_FMT_TERNARY:
-		bits = (word_at(w, i / 16) >> (2 * (i % 16))) & 3u;
-		return bits == 1u ? 1 : bits == 3u ? -1 : 0;
-	case DG_FMT_SIGN1:
-		return (word_at(w, i / 32) >> (i % 32)) & 1u ? 1 : -1;
-	default:
-		return i8x4_at(w, i, false);
-	}
-}
-
 static bool mul_ok(size_t *acc, size_t f)
 {
 	if (f && *acc > SIZE_MAX / f)
@@ -240,9 +198,9 @@ static dg_status lowrank_run(const dg_spec *spec,
 			size_t gi = h * L * E + i;
 
 			if (int_path)
-				wi[i] = weight_code(spec->weight, args->w, gi);
+				wi[i] = dg__ref_code_at(spec->weight, args->w, gi);
 			else if (w_code_fmt)
-				wf[i] = (float)weight_code(spec->weight,
+				wf[i] = (float)dg__ref_code_at(spec->weight,
 							   args->w, gi);
 			else
 				wf[i] = dg__ref_plain_at(spec->weight,
@@ -255,10 +213,10 @@ static dg_status lowrank_run(const dg_spec *spec,
 
 			for (size_t e = 0; e < E; e++) {
 				if (int_path)
-					xi[e] = act_code(spec->act, args->x,
+					xi[e] = dg__ref_code_at(spec->act, args->x,
 							 xrow + e);
 				else if (act_code_fmt)
-					xf[e] = (float)act_code(spec->act,
+					xf[e] = (float)dg__ref_code_at(spec->act,
 								args->x, xrow + e);
 				else
 					xf[e] = dg__ref_plain_at(spec->act,
