@@ -7,6 +7,20 @@
  *   decoder_fwd  y (1,4,M,8192) int8, w (256,32768) ternary | int8
  *                → out (1,1,M,256) bf16                 (K=32768, N=256)
  *
+ * and the backward GEMMs (f32 gradients; the GEMM is gemm_m × N × K):
+ *
+ *   lowrank_grad_input   grad (1,4,M,8192) f32, w (4,8192,256) ternary
+ *                        → grad_x (1,1,M,256) f32     (M × 256 × 32768)
+ *   lowrank_grad_weight  grad (1,4,M,8192) f32, x (1,1,M,256) int8
+ *                        → grad_w (4,8192,256) f32    (32768 × 256 × M)
+ *   decoder_grad_input   grad (1,1,M,256) f32, w (256,32768) int8
+ *                        → grad_y (1,4,M,8192) f32    (M × 32768 × 256)
+ *   decoder_grad_weight  grad (1,1,M,256) f32, y (1,4,M,8192) int8
+ *                        → grad_w (256,32768) f32     (256 × 32768 × M)
+ *
+ * named <op>.<weight>.<act>.f32.m<M> (the weight of a grad_weight case is
+ * the layer's, which that kernel does not read).
+ *
  * Each call is timed with CUDA events on the device's stream, after
  * --warmup untimed calls (the first compiles the kernel), with the L2
  * flushed before every rep (a cuMemsetD8Async over a buffer larger than the
@@ -21,10 +35,14 @@
  * no ReLU, so it gets no such anchor (null in the JSON).
  *
  * floor_us = max(bytes / copy bandwidth, 2·M·N·K / tensor-core peak), bytes
- * = inputs + weights (as stored) + outputs, the copy bandwidth measured
- * here (cuMemcpyDtoDAsync of 1 GiB, read + write), the peak from a table
- * keyed by sm and name (int8 peak for integer × integer kernels, else bf16);
- * a device not in the table gets "unknown peak" and a bytes-only floor.
+ * = inputs + weights (as stored) + outputs, each read or written once (a
+ * grad_weight's split partials are not counted), the copy bandwidth
+ * measured here (cuMemcpyDtoDAsync of 1 GiB, read + write), the peak from
+ * a table keyed by sm and name (int8 peak for integer × integer kernels,
+ * else bf16; the backward kernels run bf16 tensor cores and use the
+ * measured bf16 peak where the table has one); a device not in the table
+ * gets "unknown peak" and a bytes-only floor. Each result names the peak
+ * it used (floor_peak_ops_per_s).
  *
  * The driver functions the bench needs beyond libdragon (events, module
  * loading for the ReLU kernel) are looked up in the libcuda.so.1 that
@@ -158,8 +176,9 @@ static uint64_t rng(void) /* splitmix64 */
 }
 
 /* Fills bytes of device memory with random data of format fmt: int8 codes
- * in [-127, 127], ternary 2-bit fields in {0, +1, -1}, bf16 in [-1, 1]. A
- * 16 MiB host block is made once per call and uploaded repeatedly. */
+ * in [-127, 127], ternary 2-bit fields in {0, +1, -1}, bf16 and f32 in
+ * [-1, 1]. A 16 MiB host block is made once per call and uploaded
+ * repeatedly. */
 static bool fill_random(bench *b, dg_dptr dst, size_t bytes, dg_fmt fmt)
 {
 	size_t block = bytes < ((size_t)16 << 20) ? bytes : ((size_t)16 << 20);
@@ -174,6 +193,10 @@ static bool fill_random(bench *b, dg_dptr dst, size_t bytes, dg_fmt fmt)
 			static const uint8_t code[3] = { 0x0, 0x1, 0x3 };
 			h[i] = (uint8_t)(code[r % 3] | code[(r >> 8) % 3] << 2 |
 					 code[(r >> 16) % 3] << 4 | code[(r >> 24) % 3] << 6);
+		} else if (fmt == DG_FMT_F32 && i % 4 == 0 && i + 3 < block) {
+			float f = (float)((double)(r >> 40) / (double)(1u << 23) - 1.0);
+			memcpy(h + i, &f, sizeof(f));
+			i += 3;
 		} else if (fmt == DG_FMT_BF16 && i % 2 == 0 && i + 1 < block) {
 			float f = (float)((double)(r >> 40) / (double)(1u << 23) - 1.0);
 			uint32_t u;
@@ -447,6 +470,14 @@ static const bcase cases[] = {
 	{ DG_OP_DECODER_FWD, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 4096 },
 	{ DG_OP_DECODER_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 16384 },
 	{ DG_OP_DECODER_FWD, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 16384 },
+	{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 4096 },
+	{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 16384 },
+	{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 4096 },
+	{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 16384 },
+	{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 4096 },
+	{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 16384 },
+	{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 4096 },
+	{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 16384 },
 };
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
 
@@ -461,7 +492,41 @@ static bool is_int_fmt(dg_fmt f)
 	return f != DG_FMT_F32 && f != DG_FMT_BF16;
 }
 
-/* The tensors of one case, their memory, and the op's arguments. */
+static bool is_backward(dg_op op)
+{
+	return op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_LOWRANK_GRAD_WEIGHT ||
+	       op == DG_OP_DECODER_GRAD_INPUT || op == DG_OP_DECODER_GRAD_WEIGHT;
+}
+
+/* The GEMM of case c: gemm_m × n × k. */
+static void case_gemm(const bcase *c, int64_t *gm, int64_t *n, int64_t *k)
+{
+	const int64_t hl = (int64_t)BDH_H * BDH_L;
+	switch (c->op) {
+	case DG_OP_LOWRANK_FWD:
+		*gm = c->m, *n = hl, *k = BDH_E;
+		break;
+	case DG_OP_LOWRANK_GRAD_INPUT:
+		*gm = c->m, *n = BDH_E, *k = hl;
+		break;
+	case DG_OP_LOWRANK_GRAD_WEIGHT:
+		*gm = hl, *n = BDH_E, *k = c->m;
+		break;
+	case DG_OP_DECODER_GRAD_INPUT:
+		*gm = c->m, *n = hl, *k = BDH_E;
+		break;
+	case DG_OP_DECODER_GRAD_WEIGHT:
+		*gm = BDH_E, *n = hl, *k = c->m;
+		break;
+	default: /* decoder_fwd */
+		*gm = c->m, *n = BDH_E, *k = hl;
+		break;
+	}
+}
+
+/* The tensors of one case, their memory, and the op's arguments. The
+ * backward ops put the gradient in x, the other operand (weight, or the
+ * forward's input codes) in w, and the gradient they make in out. */
 typedef struct run_case {
 	dg_spec spec;
 	dg_tensor x, w, out;
@@ -473,12 +538,39 @@ static bool run_ours(bench *b, void *arg)
 {
 	run_case *r = arg;
 	dg_status st;
-	if (r->spec.op == DG_OP_LOWRANK_FWD) {
+	switch (r->spec.op) {
+	case DG_OP_LOWRANK_FWD: {
 		dg_lowrank_fwd_args a = { .x = &r->x, .w = &r->w, .out = &r->out, .out_absum = 0 };
 		st = dg_lowrank_fwd(b->dev, &r->spec, &a);
-	} else {
+		break;
+	}
+	case DG_OP_LOWRANK_GRAD_INPUT: {
+		dg_lowrank_grad_input_args a = { .grad = &r->x, .w = &r->w, .grad_x = &r->out };
+		st = dg_lowrank_grad_input(b->dev, &r->spec, &a);
+		break;
+	}
+	case DG_OP_LOWRANK_GRAD_WEIGHT: {
+		dg_lowrank_grad_weight_args a = { .grad = &r->x, .x = &r->w, .grad_w = &r->out,
+						  .accumulate = false };
+		st = dg_lowrank_grad_weight(b->dev, &r->spec, &a);
+		break;
+	}
+	case DG_OP_DECODER_GRAD_INPUT: {
+		dg_decoder_grad_input_args a = { .grad = &r->x, .w = &r->w, .grad_y = &r->out };
+		st = dg_decoder_grad_input(b->dev, &r->spec, &a);
+		break;
+	}
+	case DG_OP_DECODER_GRAD_WEIGHT: {
+		dg_decoder_grad_weight_args a = { .grad = &r->x, .y = &r->w, .grad_w = &r->out,
+						  .accumulate = false };
+		st = dg_decoder_grad_weight(b->dev, &r->spec, &a);
+		break;
+	}
+	default: {
 		dg_decoder_fwd_args a = { .y = &r->x, .w = &r->w, .out = &r->out };
 		st = dg_decoder_fwd(b->dev, &r->spec, &a);
+		break;
+	}
 	}
 	return dg_ok(b, st, dg_op_name(r->spec.op));
 }
@@ -524,14 +616,38 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 		snprintf(b->err, sizeof(b->err), "spec: %s", msg);
 		return false;
 	}
-	if (c->op == DG_OP_LOWRANK_FWD) {
+	const int64_t hl = (int64_t)BDH_H * BDH_L;
+	switch (c->op) {
+	case DG_OP_LOWRANK_FWD:
 		r->x = dg_tensor_4d("x", c->act, 0, 1, 1, m, BDH_E);
 		r->w = dg_tensor_3d("w", c->weight, 0, BDH_H, BDH_L, BDH_E);
 		r->out = dg_tensor_4d("out", c->out, 0, 1, BDH_H, m, BDH_L);
-	} else {
+		break;
+	case DG_OP_LOWRANK_GRAD_INPUT:
+		r->x = dg_tensor_4d("grad", DG_FMT_F32, 0, 1, BDH_H, m, BDH_L);
+		r->w = dg_tensor_3d("w", c->weight, 0, BDH_H, BDH_L, BDH_E);
+		r->out = dg_tensor_4d("grad_x", DG_FMT_F32, 0, 1, 1, m, BDH_E);
+		break;
+	case DG_OP_LOWRANK_GRAD_WEIGHT:
+		r->x = dg_tensor_4d("grad", DG_FMT_F32, 0, 1, BDH_H, m, BDH_L);
+		r->w = dg_tensor_4d("x", c->act, 0, 1, 1, m, BDH_E);
+		r->out = dg_tensor_3d("grad_w", DG_FMT_F32, 0, BDH_H, BDH_L, BDH_E);
+		break;
+	case DG_OP_DECODER_GRAD_INPUT:
+		r->x = dg_tensor_4d("grad", DG_FMT_F32, 0, 1, 1, m, BDH_E);
+		r->w = dg_tensor_2d("w", c->weight, 0, BDH_E, hl);
+		r->out = dg_tensor_4d("grad_y", DG_FMT_F32, 0, 1, BDH_H, m, BDH_L);
+		break;
+	case DG_OP_DECODER_GRAD_WEIGHT:
+		r->x = dg_tensor_4d("grad", DG_FMT_F32, 0, 1, 1, m, BDH_E);
+		r->w = dg_tensor_4d("y", c->act, 0, 1, BDH_H, m, BDH_L);
+		r->out = dg_tensor_2d("grad_w", DG_FMT_F32, 0, BDH_E, hl);
+		break;
+	default:
 		r->x = dg_tensor_4d("y", c->act, 0, 1, BDH_H, m, BDH_L);
-		r->w = dg_tensor_2d("w", c->weight, 0, BDH_E, (int64_t)BDH_H * BDH_L);
+		r->w = dg_tensor_2d("w", c->weight, 0, BDH_E, hl);
 		r->out = dg_tensor_4d("out", c->out, 0, 1, 1, m, BDH_E);
+		break;
 	}
 	dg_tensor *t[3] = { &r->x, &r->w, &r->out };
 	r->bytes = 0;
@@ -553,6 +669,8 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 	 * these inputs (half-normal y after the ReLU), so codes are not all
 	 * saturated or zero. */
 	double sx = 1.0 / 127, sw = 0.02;
+	if (is_backward(c->op)) /* only the operand in w is integer: its scale */
+		return !r->w.scale || put_float(b, r->w.scale, (float)(r->w.fmt == DG_FMT_INT8 ? sx : sw));
 	double y_rms = code_rms(c->act) * code_rms(c->weight) * sqrt((double)BDH_E) * sx * sw;
 	if (!put_float(b, r->x.scale, (float)sx) || !put_float(b, r->w.scale, (float)sw))
 		return false;
@@ -572,12 +690,13 @@ typedef struct peak {
 	int sm;
 	const char *name_has, *name_not; /* substrings of the device name */
 	double int8_ops, bf16_flops;     /* dense tensor-core peaks, per second */
+	double bf16_measured;            /* measured dense bf16 rate (0: none) */
 	const char *source;
 } peak;
 
 static const peak peaks[] = {
-	{ 90, "H200", "NVL", 1979e12, 989e12, "H200 SXM datasheet, dense" },
-	{ 90, "H100 80GB HBM3", NULL, 1979e12, 989e12, "H100 SXM datasheet, dense" },
+	{ 90, "H200", "NVL", 1979e12, 989e12, 790e12, "H200 SXM datasheet, dense; bf16 measured 790e12" },
+	{ 90, "H100 80GB HBM3", NULL, 1979e12, 989e12, 0, "H100 SXM datasheet, dense" },
 };
 
 static const peak *peak_find(const dg_device_info *info)
@@ -621,19 +740,17 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 		       dg_kernel_info_get(kern, &ki) == DG_OK;
 	case_free(b, &r);
 
-	int64_t m = c->m, k, n;
-	if (c->op == DG_OP_LOWRANK_FWD)
-		k = BDH_E, n = (int64_t)BDH_H * BDH_L;
-	else
-		k = (int64_t)BDH_H * BDH_L, n = BDH_E;
+	int64_t m = c->m, gm, k, n;
+	case_gemm(c, &gm, &n, &k);
 	cJSON *o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "kernel", dg_op_name(c->op));
 	cJSON_AddStringToObject(o, "weight", dg_fmt_name(c->weight));
 	cJSON_AddStringToObject(o, "act", dg_fmt_name(c->act));
 	cJSON_AddStringToObject(o, "out", dg_fmt_name(c->out));
-	cJSON_AddNumberToObject(o, "M", (double)m);
+	cJSON_AddNumberToObject(o, "M", (double)m); /* B·T rows, as in the name */
 	cJSON_AddNumberToObject(o, "N", (double)n);
 	cJSON_AddNumberToObject(o, "K", (double)k);
+	cJSON_AddNumberToObject(o, "gemm_m", (double)gm); /* the GEMM is gemm_m × N × K */
 	cJSON_AddStringToObject(o, "spec", canonical);
 	if (have_ki) {
 		cJSON_AddStringToObject(o, "kernel_spec", ki.canonical);
@@ -655,15 +772,18 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 
 	/* The anchor for this shape, measured once. */
 	if (!an->done) {
-		an->m = m, an->n = n, an->k = k, an->relu = c->op == DG_OP_LOWRANK_FWD;
+		an->m = gm, an->n = n, an->k = k, an->relu = c->op == DG_OP_LOWRANK_FWD;
 		anchor_run(b, an);
 		if (an->err[0])
 			fprintf(stderr, "kernels: cuBLASLt %lldx%lldx%lld: %s\n", (long long)m,
 				(long long)n, (long long)k, an->err);
 	}
-	double ops = 2.0 * (double)m * (double)n * (double)k;
-	bool int_kernel = is_int_fmt(c->act) && is_int_fmt(c->weight);
+	double ops = 2.0 * (double)gm * (double)n * (double)k;
+	/* the backward kernels are bf16 tensor-core GEMMs on an f32 gradient */
+	bool int_kernel = !is_backward(c->op) && is_int_fmt(c->act) && is_int_fmt(c->weight);
 	double peak_ops = pk ? (int_kernel ? pk->int8_ops : pk->bf16_flops) : 0;
+	if (pk && is_backward(c->op) && pk->bf16_measured > 0)
+		peak_ops = pk->bf16_measured;
 	double floor_us = (double)r.bytes / copy_bps * 1e6;
 	if (peak_ops > 0 && ops / peak_ops * 1e6 > floor_us)
 		floor_us = ops / peak_ops * 1e6;
@@ -675,8 +795,12 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 	cJSON_AddNumberToObject(o, "bytes", (double)r.bytes);
 	cJSON_AddNumberToObject(o, "ops", ops);
 	cJSON_AddNumberToObject(o, "floor_us", floor_us);
-	cJSON_AddStringToObject(o, "floor_basis", pk ? (int_kernel ? "bytes, int8 peak" : "bytes, bf16 peak")
-						     : "bytes only (unknown peak)");
+	cJSON_AddStringToObject(o, "floor_basis",
+				!pk ? "bytes only (unknown peak)"
+				: int_kernel ? "bytes, int8 peak"
+				: is_backward(c->op) && pk->bf16_measured > 0 ? "bytes, bf16 peak (measured)"
+				: "bytes, bf16 peak");
+	add_num_or_null(o, "floor_peak_ops_per_s", peak_ops, peak_ops > 0);
 	add_num_or_null(o, "cublas_bf16_us", an->us, have_lt);
 	add_num_or_null(o, "cublas_bf16_relu_us", an->relu_us, have_relu);
 	if (an->err[0])
@@ -684,6 +808,7 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 	cJSON_AddNumberToObject(o, "GBps", (double)r.bytes / s.median * 1e-3);
 	cJSON_AddNumberToObject(o, "TOPS", ops / s.median * 1e-6);
 	cJSON_AddNumberToObject(o, "fraction_of_floor", floor_us / s.median);
+	cJSON_AddNumberToObject(o, "ratio_to_floor", s.median / floor_us);
 	add_num_or_null(o, "speedup_vs_cublas_bf16", an->us / s.median, have_lt);
 	add_num_or_null(o, "speedup_vs_cublas_bf16_relu", an->relu_us / s.median, have_relu);
 
@@ -785,7 +910,7 @@ static int usage(FILE *f, int code)
 	fprintf(f, "usage: kernels [--out FILE] [--reps N] [--warmup N] [--case TEXT]... "
 			"[--arch sm_XX[a]] [--tile BMxBNxBK/WMxWN/S] [--require-gpu]\n"
 			"  --case TEXT  run the cases whose name holds TEXT (names: "
-			"lowrank_fwd.ternary.int8.bf16.m4096, ...)\n");
+			"lowrank_fwd.ternary.int8.bf16.m4096, decoder_grad_weight.int8.int8.f32.m16384, ...)\n");
 	return code;
 }
 
@@ -883,6 +1008,7 @@ int main(int argc, char **argv)
 	if (pk) {
 		cJSON_AddNumberToObject(pj, "int8_ops_per_s", pk->int8_ops);
 		cJSON_AddNumberToObject(pj, "bf16_flops_per_s", pk->bf16_flops);
+		add_num_or_null(pj, "bf16_measured_flops_per_s", pk->bf16_measured, pk->bf16_measured > 0);
 		cJSON_AddStringToObject(pj, "source", pk->source);
 	} else {
 		cJSON_AddStringToObject(pj, "unknown", "unknown peak for this device: floors are bytes only");
@@ -923,7 +1049,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kernels: no case matches --case\n");
 		rc = 2;
 	}
-	printf("speedup: over cuBLASLt bf16 + ReLU for lowrank_fwd, over the plain GEMM for decoder_fwd\n");
+	printf("speedup: over cuBLASLt bf16 + ReLU for lowrank_fwd, over the plain GEMM (same gemm_m x N x K) "
+	       "for the others\n");
 out:;
 	char *text = cJSON_Print(j);
 	if (out_path && results) {

@@ -7,7 +7,12 @@
  *
  * The grid depends on the tile the kernel was compiled with, which the JIT
  * resolves (an auto tile gets the tuning DB's or the default one): it is
- * read back from the loaded kernel's canonical spec, never guessed.
+ * read back from the loaded kernel's canonical spec, never guessed. The
+ * tile also picks the kernel's path (bf16 tensor cores from sm_80 with the
+ * default tiles, templates/backward_mma.lua; fp32 SIMT otherwise,
+ * templates/backward.lua): the grid and block are the same for both, and
+ * the tensor-core path's dynamic shared memory comes from the template's
+ * launch info (launch.smem 0).
  *
  * The grad_weight ops reduce over B·T, a run-time length: when the output
  * tiles alone would leave the GPU idle, the reduction is split over grid z

@@ -42,11 +42,37 @@ _weight in dragon/ref.h mirror them). Every gradient is f32.
   floats, read only when that operand is an integer format (else may be
   NULL). All tensors 16-byte aligned (whole allocations are).
 
-Compute path (all four ops): fp32 FMA on a block tile. The gradient is f32,
+Paths (M.render picks one from the arch and the tile; codegen/spec.c
+mirrors the rule in its backward tile checks and defaults):
+  tensor cores (templates/backward_mma.lua; the default from sm_80 on):
+    sm_80+, BK % 16 == 0, warp tiles whole 16x16 blocks. mma.sync m16n8k16
+    bf16 with f32 sums. Each element is converted once as it is staged:
+    the f32 gradient streams through a cp.async ring and is rounded to
+    bf16 into shared memory; the other operand is decoded to bf16 (exact
+    for every integer code and for bf16, f32 rounded); ldmatrix feeds both
+    operands. Layouts, pipeline and precision: backward_mma.lua's notes.
+    |got − ref| <= (2^-8 + K·2^-24)·Σ|terms| per output, about 1e-3 of
+    the norm. Every op takes it with its default tile, because all four
+    are GEMMs whose f32 gradient would otherwise cost fp32 FMA rate; the
+    defaults (codegen/spec.c backward_default_tile) at the BDH shape:
+      lowrank_grad_input  64x128x64/2x4/4 — streams the gradient (K = H·L,
+        537 MB), 128 blocks: 8 warps of 32x32 a block, 3 steps of 16 KiB
+        of gradient in flight;
+      decoder_grad_input  128x128x32/2x2/3 — writes grad_y (537 MB), K = E
+        is 8 steps: 64x64 warp tiles, two blocks an SM overlap one's stores
+        with the other's math;
+      lowrank_grad_weight, decoder_grad_weight 128x128x32/2x2/4 — tensor
+        bound (K = B·T): 64x64 warp tiles (the least shared-memory traffic
+        a MMA), two blocks an SM, 512 blocks (no split at B·T 4096).
+  fp32 SIMT (sm < 80, or BK % 16 != 0, or warp tiles not 16x16 blocks,
+    e.g. a reduction 16 does not divide): exact f32 sums, the description
+    below.
+
+SIMT path: fp32 FMA on a block tile. The gradient is f32,
 so an exact integer path (dp4a) does not apply; the integer operand's codes
 are decoded to floats exactly (|code| <= 255) while they are staged into
-shared memory, and its scale multiplies the f32 sum once at the end
-(tensor cores for the backward come later). Shared tiles are k-major —
+shared memory, and its scale multiplies the f32 sum once at the end.
+Shared tiles are k-major —
 As[k][m], Bs[k][n] — so the inner loop reads a column of A and a row of B
 per k:
   * A (the f32 gradient) is K-major in the grad_input ops (a row of grad
@@ -67,6 +93,7 @@ per k:
     that fits only once runs single-buffered.
 ]]
 local C = require("common")
+local MMA = require("backward_mma")
 local fmt = string.format
 
 local M = {}
@@ -534,6 +561,58 @@ ${SCALE_APPLY}
 
 local RNT = 256 -- threads a block of the reduce entry
 
+-- The ABI lines of the banner (both paths).
+local function about_lines(op, o, entry, sig, c)
+  local about = {
+    (o.a_kmajor and (op == "lowrank_grad_input"
+      and "lowrank_grad_input: grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]"
+      or "decoder_grad_input: grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] · w[d, h·L + l]")
+      or (op == "lowrank_grad_weight"
+      and "lowrank_grad_weight: grad_w[h,l,e] (+)= sa · Σ_{b,t} grad[b,h,t,l] · x[b,hin(h),t,e]"
+      or "decoder_grad_weight: grad_w[d, h·L + l] (+)= sa · Σ_{b,t} grad[b,0,t,d] · y[b,h,t,l]")),
+    "",
+    fmt("extern \"C\" __global__ void %s(%s)", entry, (sig:gsub("%s+", " "))),
+  }
+  local H, HIN, E, L, bm, bn, nt, bfmt = c.H, c.HIN, c.E, c.L, c.bm, c.bn, c.wm * c.wn * 32, c.bfmt
+  if op == "lowrank_grad_input" then
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", E, bn, bm, HIN, nt)
+    about[#about + 1] = fmt("grad (B, %d, T, %d) f32; w (%d, %d, %d) %s; grad_x (B, %d, T, %d) f32.",
+                            H, L, H, L, E, bfmt, HIN, E)
+  elseif op == "decoder_grad_input" then
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", L, bn, bm, H, nt)
+    about[#about + 1] = fmt("grad (B, 1, T, %d) f32; w (%d, %d) %s; grad_y (B, %d, T, %d) f32.",
+                            E, E, H * L, bfmt, H, L)
+  elseif op == "lowrank_grad_weight" then
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(%d/%d), %d·splits), block %d threads.", E, bn, L, bm, H, nt)
+    about[#about + 1] = fmt("grad (B, %d, T, %d) f32; x (B, %d, T, %d) %s; grad_w (%d, %d, %d) f32.",
+                            H, L, HIN, E, bfmt, H, L, E)
+  else
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(%d/%d), %d·splits), block %d threads.", L, bn, E, bm, H, nt)
+    about[#about + 1] = fmt("grad (B, 1, T, %d) f32; y (B, %d, T, %d) %s; grad_w (%d, %d) f32.",
+                            E, H, L, bfmt, E, H * L)
+  end
+  return about
+end
+
+-- Appends the grad_weight ops' reduce entry; returns the entries and the
+-- launch info (the main entry's dynamic shared memory `smem`, 0: static).
+local function finish(w, o, entry, is_code, nt, smem)
+  local entries = { entry }
+  local launch = { [entry] = { threads = nt, smem = smem > 0 and smem or nil } }
+  if not o.a_kmajor then
+    w:line(fmt("constexpr int RNT = %d;\t\t// threads a block of %s_reduce", RNT, entry))
+    w:line(C.subst(REDUCE, {
+      ENTRY = entry,
+      SCALE_LOAD = is_code and "\tconst float s = *sa;\t\t// the activation's scale" or "\t// float operand: no scale",
+      SCALE_APPLY = is_code and "\t\tsum.x = __fmul_rn(sum.x, s);\n\t\tsum.y = __fmul_rn(sum.y, s);\n" ..
+                                "\t\tsum.z = __fmul_rn(sum.z, s);\n\t\tsum.w = __fmul_rn(sum.w, s);" or "",
+    }))
+    entries[2] = entry .. "_reduce"
+    launch[entry .. "_reduce"] = { threads = RNT }
+  end
+  return entries, launch
+end
+
 function M.render(spec)
   local op = C.one_of(spec, "op", { "lowrank_grad_input", "lowrank_grad_weight",
                                     "decoder_grad_input", "decoder_grad_weight" })
@@ -562,16 +641,33 @@ function M.render(spec)
   local bm, bn, bk = C.tile_field(spec, "bm"), C.tile_field(spec, "bn"), C.tile_field(spec, "bk")
   local wm, wn = C.tile_field(spec, "wm"), C.tile_field(spec, "wn")
   local stages = C.tile_field(spec, "stages")
-  C.check(bm % (4 * wm) == 0, "tile bm=%d: must be a multiple of 4·wm = %d (4 lane rows a warp)", bm, 4 * wm)
-  C.check(bn % (8 * wn) == 0, "tile bn=%d: must be a multiple of 8·wn = %d (8 lane cols a warp)", bn, 8 * wn)
-  C.check(bm % 4 == 0 and bk % 4 == 0, "tile bm=%d bk=%d: must be multiples of 4", bm, bk)
-  local u = b_unit(bfmt, bn)
-  C.check(bn % u.EU == 0, "tile bn=%d: must be a multiple of %d (%s units)", bn, u.EU, bfmt)
   if op == "lowrank_grad_input" then
     C.check(L % bk == 0, "tile bk=%d: must divide latent=%d (the reduction)", bk, L)
   elseif op == "decoder_grad_input" then
     C.check(E % bk == 0, "tile bk=%d: must divide embd=%d (the reduction)", bk, E)
   end
+  local entry = "dg_" .. op
+  local c = {
+    spec = spec, op = op, o = o, entry = entry, bfmt = bfmt, F = F,
+    H = H, HIN = HIN, E = E, L = L, bm = bm, bn = bn, bk = bk, wm = wm, wn = wn, stages = stages,
+    HIN_H = HIN == 1 and "0" or "h", arch = C.int_field(spec, "arch", 1),
+    bname = o.w_operand and "w" or (op == "lowrank_grad_weight" and "x" or "y"),
+  }
+  if MMA.fits(c.arch, bm, bn, bk, wm, wn) then
+    c.about = about_lines(op, o, entry, C.subst(o.sig, { BT = F.ctype }), c)
+    local text, smem = MMA.render(c)
+    local w = C.writer()
+    w:line(text)
+    local entries, launch = finish(w, o, entry, F.code, wm * wn * 32, smem)
+    return w:text(), entries, op .. ".cu", launch
+  end
+
+  -- fp32 SIMT: sm < 80, or a tile the tensor-core path cannot run
+  C.check(bm % (4 * wm) == 0, "tile bm=%d: must be a multiple of 4·wm = %d (4 lane rows a warp)", bm, 4 * wm)
+  C.check(bn % (8 * wn) == 0, "tile bn=%d: must be a multiple of 8·wn = %d (8 lane cols a warp)", bn, 8 * wn)
+  C.check(bm % 4 == 0 and bk % 4 == 0, "tile bm=%d bk=%d: must be multiples of 4", bm, bk)
+  local u = b_unit(bfmt, bn)
+  C.check(bn % u.EU == 0, "tile bn=%d: must be a multiple of %d (%s units)", bn, u.EU, bfmt)
 
   local pa = o.a_kmajor and bm + 1 or bm
   local stage_bytes = (bk * pa + bk * bn) * 4
@@ -589,7 +685,6 @@ function M.render(spec)
   local b_guard = (bk * ub) % nt ~= 0 and "u < BK * UB && " or ""
 
   local ctype = F.ctype
-  local entry = "dg_" .. op
   local is_code = F.code
   local v = {
     H = H, HIN = HIN, E = E, L = L,
@@ -647,33 +742,7 @@ function M.render(spec)
   if bfmt == "sign1" then helpers.sign1 = true end
   if F.epw == 4 then helpers.i8x4f = true end
 
-  local about = {
-    (o.a_kmajor and (op == "lowrank_grad_input"
-      and "lowrank_grad_input: grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]"
-      or "decoder_grad_input: grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] · w[d, h·L + l]")
-      or (op == "lowrank_grad_weight"
-      and "lowrank_grad_weight: grad_w[h,l,e] (+)= sa · Σ_{b,t} grad[b,h,t,l] · x[b,hin(h),t,e]"
-      or "decoder_grad_weight: grad_w[d, h·L + l] (+)= sa · Σ_{b,t} grad[b,0,t,d] · y[b,h,t,l]")),
-    "",
-    fmt("extern \"C\" __global__ void %s(%s)", entry, (kv.SIG:gsub("%s+", " "))),
-  }
-  if op == "lowrank_grad_input" then
-    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", E, bn, bm, HIN, nt)
-    about[#about + 1] = fmt("grad (B, %d, T, %d) f32; w (%d, %d, %d) %s; grad_x (B, %d, T, %d) f32.",
-                            H, L, H, L, E, bfmt, HIN, E)
-  elseif op == "decoder_grad_input" then
-    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", L, bn, bm, H, nt)
-    about[#about + 1] = fmt("grad (B, 1, T, %d) f32; w (%d, %d) %s; grad_y (B, %d, T, %d) f32.",
-                            E, E, H * L, bfmt, H, L)
-  elseif op == "lowrank_grad_weight" then
-    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(%d/%d), %d·splits), block %d threads.", E, bn, L, bm, H, nt)
-    about[#about + 1] = fmt("grad (B, %d, T, %d) f32; x (B, %d, T, %d) %s; grad_w (%d, %d, %d) f32.",
-                            H, L, HIN, E, bfmt, H, L, E)
-  else
-    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(%d/%d), %d·splits), block %d threads.", L, bn, E, bm, H, nt)
-    about[#about + 1] = fmt("grad (B, 1, T, %d) f32; y (B, %d, T, %d) %s; grad_w (%d, %d) f32.",
-                            E, H, L, bfmt, E, H * L)
-  end
+  local about = about_lines(op, o, entry, kv.SIG, c)
   about[#about + 1] = fmt("path: fp32 FMA, %s operand decoded to f32 while staged; shared memory %d bytes, %s.",
                           bfmt, smem, nbuf == 2 and "double-buffered" or "single buffer")
 
@@ -683,19 +752,7 @@ function M.render(spec)
   w:line(C.subst(HEAD, v))
   w:line(C.subst(o.text, { HIN_H = kv.HIN_H }))
   w:line(C.subst(KERNEL, kv))
-  local entries = { entry }
-  local launch = { [entry] = { threads = nt } }
-  if not o.a_kmajor then
-    w:line(fmt("constexpr int RNT = %d;\t\t// threads a block of %s_reduce", RNT, entry))
-    w:line(C.subst(REDUCE, {
-      ENTRY = entry,
-      SCALE_LOAD = is_code and "\tconst float s = *sa;\t\t// the activation's scale" or "\t// float operand: no scale",
-      SCALE_APPLY = is_code and "\t\tsum.x = __fmul_rn(sum.x, s);\n\t\tsum.y = __fmul_rn(sum.y, s);\n" ..
-                                "\t\tsum.z = __fmul_rn(sum.z, s);\n\t\tsum.w = __fmul_rn(sum.w, s);" or "",
-    }))
-    entries[2] = entry .. "_reduce"
-    launch[entry .. "_reduce"] = { threads = RNT }
-  end
+  local entries, launch = finish(w, o, entry, is_code, nt, 0)
   return w:text(), entries, op .. ".cu", launch
 end
 

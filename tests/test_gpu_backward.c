@@ -4,8 +4,9 @@
  *
  *   - each op × each storage format × in_heads 1 / H on small odd shapes
  *     (T = 1, 3, 127; B = 2; latent and embd not multiples of the tile)
- *     against the CPU references, within atol + rtol·|ref| (the GPU sums
- *     in float, the reference in double);
+ *     against the CPU references, on three tiles: the default (tensor
+ *     cores on sm_80+), an odd tensor-core tile (16x32 warp tiles, 3
+ *     stages) and a SIMT tile (BK 8: the fp32 FMA path);
  *   - grad_weight: accumulate (+=), a reduction long enough to be split
  *     over grid z (the deterministic second pass), and bitwise
  *     reproducibility;
@@ -14,13 +15,31 @@
  *     sums over those rows only;
  *   - finite differences of the GPU forwards (dg_lowrank_fwd,
  *     dg_decoder_fwd, f32, no ReLU: the loss Σ r·out is bilinear) against
- *     the GPU gradients.
+ *     the GPU gradients (shapes whose default tiles take the tensor cores).
+ *
+ * Tolerance (expect_bf16). The references are exact (double sums of the
+ * f32 gradient times the decoded operand). The tensor-core path rounds the
+ * gradient (and an f32 operand) to bf16, round to nearest even — a
+ * relative error of at most 2^-8 a value — and sums exact products in f32,
+ * so an output's error is at most (2^-8 + K·2^-24)·Σ_k |a_k·b_k| (twice
+ * the first term with an f32 operand). Each check asks for both:
+ *   - elementwise |got − want| <= c·2^-8·Σ_k |a_k·b_k| + 1e-6·(1 + |want|),
+ *     c = 2 (3 with an f32 operand), the Σ|terms| from the same CPU
+ *     reference run on |grad| and |operand| (abs_sum) — a bound the
+ *     rounding can never exceed, so the test cannot flake;
+ *   - ‖got − want‖ <= 1e-2·‖want‖ (the rounding gives about 1e-3): on long
+ *     reductions the elementwise bound grows like K while a wrong element
+ *     is off by about √K, so this is what keeps a wrong index, a
+ *     transposed or shifted tile, a lost K step or a missing scale failing
+ *     loudly (tolerance_catches_layout_errors proves it without a device).
+ * The SIMT path (f32 sums) passes both with room to spare.
  */
 #include <criterion/criterion.h>
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,11 +133,123 @@ static float *rand_f32(size_t n)
 	return p;
 }
 
-/* Tolerance of an f32 GEMM with a reduction of k terms of size ~1. */
-static float atol_for(size_t k)
+#define BF16_REL 1e-2 /* relative-to-norm bound of a bf16-rounded gradient */
+#define BF16_U (1.0 / 256) /* 2^-8: bf16's unit roundoff (round to nearest even) */
+
+/* RMS of n floats (0 for n = 0). */
+static double rms_of(const float *v, size_t n)
 {
-	return 1e-5f + 2e-6f * (float)k;
+	double ss = 0;
+
+	for (size_t i = 0; i < n; i++)
+		ss += (double)v[i] * v[i];
+	return n ? sqrt(ss / (double)n) : 0;
 }
+
+/* The elementwise factor c of the bound: the gradient is rounded (2^-8),
+ * and an f32 operand too (another 2^-8); one unit of c to spare for the
+ * f32 sums (K·2^-24 <= 2^-8 for K <= 2^16). */
+static double bound_c(dg_fmt f)
+{
+	return f == DG_FMT_F32 ? 3.0 : 2.0;
+}
+
+/* Whether got matches want within the bounds of the file comment; absum[i]
+ * is Σ_k |a_k·b_k| of output i (scale included). Prints the first misses;
+ * `why` gets the first failed rule. */
+static bool bf16_ok(const char *what, const float *got, const float *want, const float *absum,
+		    size_t n, double c, char *why, size_t why_size)
+{
+	double ss = 0, se = 0;
+	size_t bad = 0, first = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)got[i] - want[i];
+		double tol = c * BF16_U * absum[i] + 1e-6 * (1.0 + fabs((double)want[i]));
+		ss += (double)want[i] * want[i];
+		se += d * d;
+		if (fabs(d) <= tol)
+			continue;
+		if (bad < 4)
+			fprintf(stderr, "%s[%zu]: got %.9g, want %.9g, |diff| %.3g > %.3g (Σ|terms| %.6g)\n",
+				what, i, (double)got[i], (double)want[i], fabs(d), tol, (double)absum[i]);
+		if (!bad)
+			first = i;
+		bad++;
+	}
+	if (bad) {
+		snprintf(why, why_size, "%s: %zu of %zu values outside %g·2^-8·Σ|terms| (first at %zu)",
+			 what, bad, n, c, first);
+		return false;
+	}
+	if (se > BF16_REL * BF16_REL * ss + 1e-12) {
+		snprintf(why, why_size, "%s: relative-to-norm error %.3g, more than %g", what,
+			 ss > 0 ? sqrt(se / ss) : sqrt(se), BF16_REL);
+		return false;
+	}
+	return true;
+}
+
+static void expect_bf16(const char *what, const float *got, const float *want, const float *absum,
+			size_t n, double c)
+{
+	char why[256];
+
+	cr_assert(bf16_ok(what, got, want, absum, n, c, why, sizeof(why)), "%s", why);
+}
+
+/* |values| of a storage of n values of format f (same layout), so that a
+ * reference run on it and on |grad| gives Σ|terms| (malloc'd). */
+static void *abs_storage(dg_fmt f, const void *src, size_t n)
+{
+	size_t bytes = storage_bytes(f, n);
+	uint8_t *p = xmalloc(bytes + 16);
+
+	memcpy(p, src, bytes);
+	for (size_t i = 0; i < n; i++) {
+		switch (f) {
+		case DG_FMT_F32:
+			((float *)p)[i] = fabsf(((float *)p)[i]);
+			break;
+		case DG_FMT_BF16:
+			((uint16_t *)p)[i] &= 0x7fff;
+			break;
+		case DG_FMT_TERNARY: { /* -1 (11) → +1 (01) */
+			uint32_t *wd = (uint32_t *)p + i / 16;
+			*wd &= ~(2u << (2 * (i % 16)));
+			break;
+		}
+		case DG_FMT_SIGN1: /* every value +1 */
+			((uint32_t *)p)[i / 32] |= 1u << (i % 32);
+			break;
+		case DG_FMT_INT8:
+		case DG_FMT_INT4:
+			p[i] = (uint8_t)abs((int8_t)p[i]);
+			break;
+		default: /* uint8pos: already >= 0 */
+			break;
+		}
+	}
+	return p;
+}
+
+static float *abs_f32(const float *v, size_t n)
+{
+	float *p = xmalloc(n * 4);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = fabsf(v[i]);
+	return p;
+}
+
+/* The tiles a small-shape check runs on: the default, an odd tensor-core
+ * tile (warp tiles 16x32, three stages, BK 16) and a SIMT tile (BK 8). */
+static const dg_tile small_tiles[] = {
+	{ 0, 0, 0, 0, 0, 0, 0 },
+	{ 32, 32, 16, 2, 1, 3, 0 },
+	{ 64, 64, 8, 2, 2, 2, 0 },
+};
+#define N_SMALL_TILES 3
 
 /* --- small odd shapes against the references -------------------------------- */
 
@@ -126,7 +257,7 @@ typedef struct shape {
 	int H, Hin, E, L, B, T;
 } shape;
 
-static dg_spec spec_of(dg_op op, const shape *s, dg_fmt f)
+static dg_spec spec_of(dg_op op, const shape *s, dg_fmt f, const dg_tile *tile)
 {
 	dg_spec sp;
 
@@ -139,12 +270,14 @@ static dg_spec spec_of(dg_op op, const shape *s, dg_fmt f)
 		sp.weight = f;
 	else
 		sp.act = f;
+	if (tile)
+		sp.tile = *tile;
 	return sp;
 }
 
-static void check_lowrank_grad_input(dg_device *dev, const shape *s, dg_fmt f)
+static void check_lowrank_grad_input(dg_device *dev, const shape *s, dg_fmt f, const dg_tile *tile)
 {
-	dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_INPUT, s, f);
+	dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_INPUT, s, f, tile);
 	size_t ng = (size_t)s->B * s->H * s->T * s->L, nw = (size_t)s->H * s->L * s->E,
 	       nx = (size_t)s->B * s->Hin * s->T * s->E;
 	float *g = rand_f32(ng), *got = xmalloc(nx * 4), *want = xmalloc(nx * 4);
@@ -159,16 +292,22 @@ static void check_lowrank_grad_input(dg_device *dev, const shape *s, dg_fmt f)
 	cr_assert_eq(dg_lowrank_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tx.data, nx * 4);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	gh_expect_close(dg_fmt_name(f), got, want, nx, atol_for((size_t)s->H * s->L), 1e-4f);
+	float *ga = abs_f32(g, ng), *absum = xmalloc(nx * 4);
+	void *wa = abs_storage(f, w, nw);
+	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
+	expect_bf16(dg_fmt_name(f), got, want, absum, nx, bound_c(f));
 	free(g);
 	free(got);
 	free(want);
 	free(w);
+	free(ga);
+	free(wa);
+	free(absum);
 }
 
-static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f)
+static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f, const dg_tile *tile)
 {
-	dg_spec sp = spec_of(DG_OP_DECODER_GRAD_INPUT, s, f);
+	dg_spec sp = spec_of(DG_OP_DECODER_GRAD_INPUT, s, f, tile);
 	size_t ng = (size_t)s->B * s->T * s->E, nw = (size_t)s->E * s->H * s->L,
 	       ny = (size_t)s->B * s->H * s->T * s->L;
 	float *g = rand_f32(ng), *got = xmalloc(ny * 4), *want = xmalloc(ny * 4);
@@ -184,26 +323,34 @@ static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f)
 	cr_assert_eq(dg_decoder_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, ty.data, ny * 4);
 	cr_assert_eq(dg_ref_decoder_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	gh_expect_close(dg_fmt_name(f), got, want, ny, atol_for((size_t)s->E), 1e-4f);
+	float *ga = abs_f32(g, ng), *absum = xmalloc(ny * 4);
+	void *wa = abs_storage(f, w, nw);
+	cr_assert_eq(dg_ref_decoder_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
+	expect_bf16(dg_fmt_name(f), got, want, absum, ny, bound_c(f));
 	free(g);
 	free(got);
 	free(want);
 	free(w);
+	free(ga);
+	free(wa);
+	free(absum);
 }
 
 /* grad_weight of either op; with accumulate, grad_w starts random and the
  * expectation is start + reference. Returns the result (malloc'd). */
 static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt f,
-				bool accumulate)
+				bool accumulate, const dg_tile *tile)
 {
 	bool lowrank = op == DG_OP_LOWRANK_GRAD_WEIGHT;
-	dg_spec sp = spec_of(op, s, f);
+	dg_spec sp = spec_of(op, s, f, tile);
 	size_t ng = lowrank ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->B * s->T * s->E;
 	size_t nx = lowrank ? (size_t)s->B * s->Hin * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
 	size_t nw = (size_t)s->H * s->L * s->E;
 	float *g = rand_f32(ng), *start = rand_f32(nw);
-	float *got = xmalloc(nw * 4), *want = xmalloc(nw * 4);
+	float *got = xmalloc(nw * 4), *want = xmalloc(nw * 4), *absum = xmalloc(nw * 4);
 	void *x = make_storage(f, nx);
+	float *ga = abs_f32(g, ng);
+	void *xa = abs_storage(f, x, nx);
 	float sa = scale_of(f);
 
 	dg_dptr dg_ = gh_upload(dev, g, ng * 4), dx = gh_upload(dev, x, storage_bytes(f, nx));
@@ -218,6 +365,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		st = dg_lowrank_grad_weight(dev, &sp, &a);
 		cr_assert_eq(st, DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, g, x, sa, want, s->B, s->T), DG_OK);
+		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s->B, s->T), DG_OK);
 	} else {
 		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dg_, s->B, 1, s->T, s->E);
 		dg_tensor ty = dg_tensor_4d("y", f, dx, s->B, s->H, s->T, s->L);
@@ -227,16 +375,20 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		st = dg_decoder_grad_weight(dev, &sp, &a);
 		cr_assert_eq(st, DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_decoder_grad_weight(&sp, g, x, sa, want, s->B, s->T), DG_OK);
+		cr_assert_eq(dg_ref_decoder_grad_weight(&sp, ga, xa, sa, absum, s->B, s->T), DG_OK);
 	}
 	if (accumulate)
 		for (size_t i = 0; i < nw; i++)
 			want[i] += start[i];
 	gh_download(dev, got, dw, nw * 4);
-	gh_expect_close(dg_fmt_name(f), got, want, nw, atol_for((size_t)s->B * s->T), 1e-4f);
+	expect_bf16(dg_fmt_name(f), got, want, absum, nw, bound_c(f));
 	free(g);
 	free(start);
 	free(want);
 	free(x);
+	free(ga);
+	free(xa);
+	free(absum);
 	return got;
 }
 
@@ -249,11 +401,13 @@ Test(gpu_backward, lowrank_grad_input_small, .timeout = 600)
 	gh_seed(10);
 	for (int hin = 0; hin < 2; hin++)
 		for (int ti = 0; ti < 3; ti++)
-			for (int f = 0; f < 5; f++) {
-				/* E 96: a multiple of sign1's 32, not of the 64 tile */
-				shape s = { 3, hin ? 3 : 1, 96, 100, 2, times[ti] };
-				check_lowrank_grad_input(dev, &s, weights[f]);
-			}
+			for (int f = 0; f < 5; f++)
+				for (int k = 0; k < N_SMALL_TILES; k++) {
+					/* E 96: a multiple of sign1's 32, not of the 128 tile;
+					 * L 112: a multiple of 16, not of 32 */
+					shape s = { 3, hin ? 3 : 1, 96, 112, 2, times[ti] };
+					check_lowrank_grad_input(dev, &s, weights[f], &small_tiles[k]);
+				}
 	gh_close(dev);
 }
 
@@ -263,11 +417,13 @@ Test(gpu_backward, decoder_grad_input_small, .timeout = 600)
 
 	gh_seed(11);
 	for (int ti = 0; ti < 3; ti++)
-		for (int f = 0; f < 5; f++) {
-			/* L 96: a multiple of sign1's 32, not of the 64 tile */
-			shape s = { 3, 1, 40, 96, 2, times[ti] };
-			check_decoder_grad_input(dev, &s, weights[f]);
-		}
+		for (int f = 0; f < 5; f++)
+			for (int k = 0; k < N_SMALL_TILES; k++) {
+				/* L 96: a multiple of sign1's 32, not of the 128 tile;
+				 * E 48: a multiple of 16, not of 32 */
+				shape s = { 3, 1, 48, 96, 2, times[ti] };
+				check_decoder_grad_input(dev, &s, weights[f], &small_tiles[k]);
+			}
 	gh_close(dev);
 }
 
@@ -278,11 +434,12 @@ Test(gpu_backward, lowrank_grad_weight_small, .timeout = 600)
 	gh_seed(12);
 	for (int hin = 0; hin < 2; hin++)
 		for (int ti = 0; ti < 3; ti++)
-			for (int f = 0; f < 5; f++) {
-				shape s = { 3, hin ? 3 : 1, 40, 100, 2, times[ti] };
-				free(check_grad_weight(dev, DG_OP_LOWRANK_GRAD_WEIGHT, &s, acts[f],
-						       f == 2));
-			}
+			for (int f = 0; f < 5; f++)
+				for (int k = 0; k < N_SMALL_TILES; k++) {
+					shape s = { 3, hin ? 3 : 1, 40, 100, 2, times[ti] };
+					free(check_grad_weight(dev, DG_OP_LOWRANK_GRAD_WEIGHT, &s, acts[f],
+							       f == 2, &small_tiles[k]));
+				}
 	gh_close(dev);
 }
 
@@ -292,10 +449,12 @@ Test(gpu_backward, decoder_grad_weight_small, .timeout = 600)
 
 	gh_seed(13);
 	for (int ti = 0; ti < 3; ti++)
-		for (int f = 0; f < 5; f++) {
-			shape s = { 3, 1, 40, 100, 2, times[ti] };
-			free(check_grad_weight(dev, DG_OP_DECODER_GRAD_WEIGHT, &s, acts[f], f == 3));
-		}
+		for (int f = 0; f < 5; f++)
+			for (int k = 0; k < N_SMALL_TILES; k++) {
+				shape s = { 3, 1, 40, 100, 2, times[ti] };
+				free(check_grad_weight(dev, DG_OP_DECODER_GRAD_WEIGHT, &s, acts[f], f == 3,
+						       &small_tiles[k]));
+			}
 	gh_close(dev);
 }
 
@@ -311,15 +470,68 @@ Test(gpu_backward, grad_weight_split_and_reproducible, .timeout = 600)
 		dg_op o = op ? DG_OP_DECODER_GRAD_WEIGHT : DG_OP_LOWRANK_GRAD_WEIGHT;
 		for (int acc = 0; acc < 2; acc++) {
 			gh_seed(14);
-			float *a = check_grad_weight(dev, o, &s, DG_FMT_INT8, acc);
+			float *a = check_grad_weight(dev, o, &s, DG_FMT_INT8, acc, NULL);
 			gh_seed(14);
-			float *b = check_grad_weight(dev, o, &s, DG_FMT_INT8, acc);
+			float *b = check_grad_weight(dev, o, &s, DG_FMT_INT8, acc, NULL);
 			gh_expect_bytes("run to run", a, b, nw * 4);
 			free(a);
 			free(b);
 		}
 	}
 	gh_close(dev);
+}
+
+/* The tolerance fails a wrong layout: no device; a bf16-rounded gradient
+ * (what the tensor cores compute) passes, while the same result shifted by
+ * one element, read transposed, or missing the operand's scale fails — on
+ * a short reduction and on a long one, where the elementwise bound alone is
+ * near the RMS and the norm check is what fails. */
+Test(gpu_backward, tolerance_catches_layout_errors)
+{
+	static const int Ts[] = { 3, 2000 };
+
+	for (int ti = 0; ti < 2; ti++) {
+		shape s = { 2, 1, 40, 36, 2, Ts[ti] };
+		dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_WEIGHT, &s, DG_FMT_INT8, NULL);
+		size_t ng = (size_t)s.B * s.H * s.T * s.L, nx = (size_t)s.B * s.T * s.E,
+		       nw = (size_t)s.H * s.L * s.E, pl = (size_t)s.L * s.E;
+		gh_seed(50 + (uint64_t)ti);
+		float *g = rand_f32(ng), *gr = xmalloc(ng * 4);
+		void *x = make_storage(DG_FMT_INT8, nx);
+		float *ga = abs_f32(g, ng);
+		void *xa = abs_storage(DG_FMT_INT8, x, nx);
+		float *want = xmalloc(nw * 4), *absum = xmalloc(nw * 4), *ok = xmalloc(nw * 4),
+		      *bad = xmalloc(nw * 4);
+		const float sa = scale_of(DG_FMT_INT8);
+		char why[256];
+
+		for (size_t i = 0; i < ng; i++)
+			gr[i] = dg_ref_bf16_to_f32(dg_ref_f32_to_bf16(g[i]));
+		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, g, x, sa, want, s.B, s.T), DG_OK);
+		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s.B, s.T), DG_OK);
+		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, gr, x, sa, ok, s.B, s.T), DG_OK);
+		cr_assert(bf16_ok("bf16-rounded", ok, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
+		for (size_t i = 0; i < nw; i++) /* shifted by one element */
+			bad[i] = ok[(i + 1) % nw];
+		cr_assert_not(bf16_ok("shifted", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		for (size_t i = 0; i < nw; i++) { /* each head's (L, E) read as (E, L) */
+			size_t h = i / pl, r = i % pl, l = r / (size_t)s.E, e = r % (size_t)s.E;
+			bad[i] = ok[h * pl + e * (size_t)s.L + l];
+		}
+		cr_assert_not(bf16_ok("transposed", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		for (size_t i = 0; i < nw; i++) /* the scale forgotten */
+			bad[i] = ok[i] / sa;
+		cr_assert_not(bf16_ok("unscaled", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		free(g);
+		free(gr);
+		free(x);
+		free(ga);
+		free(xa);
+		free(want);
+		free(absum);
+		free(ok);
+		free(bad);
+	}
 }
 
 /* --- the BDH shape ------------------------------------------------------------ */
@@ -358,20 +570,25 @@ Test(gpu_backward, bdh_lowrank_grad_input_sampled, .timeout = 600)
 	cr_assert_eq(dg_lowrank_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tx.data, nx * 4);
 
-	float want[BDH_E];
+	float want[BDH_E], absum[BDH_E];
 	for (int smp = 0; smp < SAMPLES; smp++) {
 		int b = gh_int(0, BDH_B - 1), t = smp == 0 ? BDH_T - 1 : gh_int(0, BDH_T - 1);
-		double acc[BDH_E] = { 0 };
+		double acc[BDH_E] = { 0 }, aacc[BDH_E] = { 0 };
 		for (int h = 0; h < BDH_H; h++)
 			for (int l = 0; l < BDH_L; l++) {
 				double gv = g[(((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l];
-				for (int e = 0; e < BDH_E; e++)
-					acc[e] += gv * i8_at(w, ((size_t)h * BDH_L + l) * BDH_E + e);
+				for (int e = 0; e < BDH_E; e++) {
+					double term = gv * i8_at(w, ((size_t)h * BDH_L + l) * BDH_E + e);
+					acc[e] += term;
+					aacc[e] += fabs(term);
+				}
 			}
-		for (int e = 0; e < BDH_E; e++)
+		for (int e = 0; e < BDH_E; e++) {
 			want[e] = (float)(sw * acc[e]);
-		gh_expect_close("bdh grad_x row", got + ((size_t)b * BDH_T + t) * BDH_E, want, BDH_E,
-				atol_for((size_t)BDH_H * BDH_L) * sw * 127, 1e-4f);
+			absum[e] = (float)(sw * aacc[e]);
+		}
+		expect_bf16("bdh grad_x row", got + ((size_t)b * BDH_T + t) * BDH_E, want, absum, BDH_E,
+			    bound_c(DG_FMT_INT8));
 	}
 	free(g);
 	free(w);
@@ -400,21 +617,25 @@ Test(gpu_backward, bdh_lowrank_grad_weight_sampled, .timeout = 600)
 	cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tw.data, nw * 4);
 
-	float want[BDH_E];
+	float want[BDH_E], absum[BDH_E];
 	for (int smp = 0; smp < SAMPLES; smp++) {
 		int h = gh_int(0, BDH_H - 1), l = smp == 0 ? BDH_L - 1 : gh_int(0, BDH_L - 1);
-		double acc[BDH_E] = { 0 };
+		double acc[BDH_E] = { 0 }, aacc[BDH_E] = { 0 };
 		for (int b = 0; b < BDH_B; b++)
 			for (int t = 0; t < BDH_T; t++) {
 				double gv = g[(((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l];
 				const int8_t *xr = x + ((size_t)b * BDH_T + t) * BDH_E;
-				for (int e = 0; e < BDH_E; e++)
+				for (int e = 0; e < BDH_E; e++) {
 					acc[e] += gv * xr[e];
+					aacc[e] += fabs(gv * xr[e]);
+				}
 			}
-		for (int e = 0; e < BDH_E; e++)
+		for (int e = 0; e < BDH_E; e++) {
 			want[e] = (float)(sa * acc[e]);
-		gh_expect_close("bdh grad_w row", got + ((size_t)h * BDH_L + l) * BDH_E, want, BDH_E,
-				atol_for((size_t)BDH_B * BDH_T), 1e-4f);
+			absum[e] = (float)(sa * aacc[e]);
+		}
+		expect_bf16("bdh grad_w row", got + ((size_t)h * BDH_L + l) * BDH_E, want, absum, BDH_E,
+			    bound_c(DG_FMT_INT8));
 	}
 	free(g);
 	free(x);
@@ -455,33 +676,40 @@ Test(gpu_backward, bdh_decoder_grads_sampled, .timeout = 600)
 		/* grad_y[b, h, t, l0 .. l0+255] */
 		int b = gh_int(0, BDH_B - 1), h = gh_int(0, BDH_H - 1), t = gh_int(0, BDH_T - 1);
 		int l0 = 256 * gh_int(0, BDH_L / 256 - 1);
-		float want[256];
+		float want[256], absum[256];
 		for (int j = 0; j < 256; j++) {
-			double acc = 0;
-			for (int d = 0; d < BDH_E; d++)
-				acc += (double)g[((size_t)b * BDH_T + t) * BDH_E + d] *
-				       w[(size_t)d * HL + (size_t)h * BDH_L + l0 + j];
+			double acc = 0, aacc = 0;
+			for (int d = 0; d < BDH_E; d++) {
+				double term = (double)g[((size_t)b * BDH_T + t) * BDH_E + d] *
+					      w[(size_t)d * HL + (size_t)h * BDH_L + l0 + j];
+				acc += term;
+				aacc += fabs(term);
+			}
 			want[j] = (float)(s * acc);
+			absum[j] = (float)(s * aacc);
 		}
-		gh_expect_close("bdh grad_y row",
-				gy + (((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l0, want, 256,
-				atol_for(BDH_E), 1e-4f);
+		expect_bf16("bdh grad_y row", gy + (((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l0,
+			    want, absum, 256, bound_c(DG_FMT_INT8));
 		/* grad_w[d, c0 .. c0+255] */
 		int d = smp == 0 ? BDH_E - 1 : gh_int(0, BDH_E - 1);
 		size_t c0 = 256 * (size_t)gh_int(0, (int)(HL / 256) - 1);
-		double acc[256] = { 0 };
+		double acc[256] = { 0 }, aacc[256] = { 0 };
 		for (int bb = 0; bb < BDH_B; bb++)
 			for (int tt = 0; tt < BDH_T; tt++) {
 				double gv = g[((size_t)bb * BDH_T + tt) * BDH_E + d];
 				for (int j = 0; j < 256; j++) {
 					size_t c = c0 + (size_t)j, hh = c / BDH_L, l = c % BDH_L;
-					acc[j] += gv * y[(((size_t)bb * BDH_H + hh) * BDH_T + tt) * BDH_L + l];
+					double term = gv * y[(((size_t)bb * BDH_H + hh) * BDH_T + tt) * BDH_L + l];
+					acc[j] += term;
+					aacc[j] += fabs(term);
 				}
 			}
-		for (int j = 0; j < 256; j++)
+		for (int j = 0; j < 256; j++) {
 			want[j] = (float)(s * acc[j]);
-		gh_expect_close("bdh decoder grad_w row", gw + (size_t)d * HL + c0, want, 256,
-				atol_for((size_t)BDH_B * BDH_T), 1e-4f);
+			absum[j] = (float)(s * aacc[j]);
+		}
+		expect_bf16("bdh decoder grad_w row", gw + (size_t)d * HL + c0, want, absum, 256,
+			    bound_c(DG_FMT_INT8));
 	}
 	free(g);
 	free(w);
@@ -513,7 +741,8 @@ static double loss_of(dg_device *dev, dg_dptr out, const float *r, float *buf, s
 Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
 {
 	dg_device *dev = gh_open();
-	const int H = 2, E = 32, L = 20, B = 2, T = 3;
+	/* L 48: the default grad_input tile (BK 16) takes the tensor cores */
+	const int H = 2, E = 32, L = 48, B = 2, T = 3;
 	const float eps = 0.125f;
 
 	for (int hin_i = 0; hin_i < 2; hin_i++) {
@@ -568,8 +797,11 @@ Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
 			put(dev, dp, i, p[i]);
 			fd[0] = (float)((lp - lm) / (2.0 * eps));
 			an[0] = on_x ? gx[i] : gw[i];
+			/* the gradient is bf16-rounded on the tensor cores:
+			 * BF16_REL of its RMS, plus the differences' rounding */
 			gh_expect_close(on_x ? "grad_x vs finite differences" : "grad_w vs finite differences",
-					an, fd, 1, 1e-3f, 1e-3f);
+					an, fd, 1,
+					(float)(BF16_REL * rms_of(on_x ? gx : gw, n)) + 1e-3f, 0.0f);
 		}
 		free(x);
 		free(w);
@@ -584,7 +816,8 @@ Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
 Test(gpu_backward, finite_differences_decoder, .timeout = 600)
 {
 	dg_device *dev = gh_open();
-	const int H = 2, E = 24, L = 20, B = 2, T = 3;
+	/* E 48: the default grad_input tile (BK 16) takes the tensor cores */
+	const int H = 2, E = 48, L = 20, B = 2, T = 3;
 	const float eps = 0.125f;
 	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
 
@@ -637,7 +870,8 @@ Test(gpu_backward, finite_differences_decoder, .timeout = 600)
 		fd[0] = (float)((lp - lm) / (2.0 * eps));
 		an[0] = on_y ? gy[i] : gw[i];
 		gh_expect_close(on_y ? "grad_y vs finite differences" : "grad_w vs finite differences",
-				an, fd, 1, 1e-3f, 1e-3f);
+				an, fd, 1, (float)(BF16_REL * rms_of(on_y ? gy : gw, n)) + 1e-3f,
+				0.0f);
 	}
 	free(y);
 	free(w);

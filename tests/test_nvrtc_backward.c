@@ -1,10 +1,14 @@
 /*
  * Every kernel variant of templates/backward.lua and templates/qweight.lua
  * renders and compiles to an sm_90 cubin: each backward op × each weight /
- * act format × in_heads 1 / H at the BDH shape, odd tiles (single buffer,
- * bn 16 so a sign1 unit is half a word, tiles that need the A / B staging
- * guards), quantize_weight src × weight, pack_ternary / pack_sign1; and
- * the render refuses tiles and shapes it cannot run.
+ * act format × in_heads 1 / H at the BDH shape (the default tiles: the
+ * tensor-core path, mma.sync m16n8k16 bf16), the same for sm_80 and for
+ * sm_75 (the fp32 SIMT path), odd tiles of both paths (SIMT: single
+ * buffer, bn 16 so a sign1 unit is half a word, staging guards; tensor
+ * cores: 16x16 and 16x32 warp tiles, BK 16 to 128, stages 1 to 4, staging
+ * guards, latent / embd not multiples of the tile), quantize_weight src ×
+ * weight, pack_ternary / pack_sign1; and the render and the spec refuse
+ * tiles and shapes they cannot run.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +17,7 @@
 #include <criterion/criterion.h>
 
 #include "dragon/codegen.h"
+#include "dragon/spec.h"
 #include "runtime/nvrtc.h"
 
 static const dg_fmt weights[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
@@ -101,6 +106,100 @@ Test(nvrtc_backward, lowrank_grad_weight_every_act_and_in_heads, .timeout = 600)
 	dg_codegen_destroy(cg);
 }
 
+/* Renders spec and checks the path its banner names. */
+static void expect_path(dg_codegen *cg, const dg_spec *spec, const char *path)
+{
+	dg_source *src = NULL;
+	char text[DG_SPEC_TEXT_MAX];
+
+	dg_spec_to_string(spec, text, sizeof(text));
+	cr_assert_eq(dg_codegen_render(cg, spec, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert(strstr(src->text, path), "%s: expected '%s' in the banner", text, path);
+	dg_source_destroy(src);
+}
+
+/* The default tiles take the tensor cores from sm_80 on and the SIMT path
+ * before; both compile for every format (an sm_75 spec still compiles for
+ * the sm_90 target here: the SIMT source has nothing newer than sm_50). */
+Test(nvrtc_backward, paths_by_arch, .timeout = 600)
+{
+	static const dg_op ops[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT,
+				     DG_OP_DECODER_GRAD_INPUT, DG_OP_DECODER_GRAD_WEIGHT };
+	static const char *const *ens[] = { gi_entries, gw_entries, dgi_entries, dgw_entries };
+	static const int nen[] = { 1, 2, 1, 2 };
+	dg_codegen *cg = make_cg();
+
+	for (int o = 0; o < 4; o++) {
+		dg_spec s = bdh(ops[o]);
+		expect_path(cg, &s, "path: tensor cores");
+		for (int a = 0; a < 2; a++)
+			for (int f = 0; f < 5; f++) {
+				s = bdh(ops[o]);
+				s.arch = a ? 75 : 80;
+				s.weight = weights[f];
+				s.act = acts[f];
+				dg_spec_normalize(&s);
+				expect_path(cg, &s, a ? "path: fp32 FMA" : "path: tensor cores");
+				compile_one(cg, &s, ens[o], nen[o]);
+			}
+	}
+	dg_codegen_destroy(cg);
+}
+
+/* Tensor-core tiles off the default: 16x16 and 16x32 warp tiles (one or
+ * two ldmatrix.x4 a k16 step), BK 16..128, stages 1 (run as 2) to 4, unit
+ * and chunk counts that do not divide the threads (staging guards),
+ * sign1 units of half a word (bn 16), latent / embd smaller than or not a
+ * multiple of the block tile, in_heads 1 and H. */
+Test(nvrtc_backward, mma_odd_tiles, .timeout = 600)
+{
+	static const struct {
+		dg_op op;
+		dg_fmt f;
+		int latent, embd;
+		dg_tile tile;
+	} cases[] = {
+		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 48, 64, { 16, 16, 16, 1, 1, 1, 0 } },
+		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, 128, 48, { 32, 32, 128, 2, 1, 2, 0 } },
+		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_F32, 96, 40, { 64, 64, 32, 4, 2, 3, 0 } },
+		{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_SIGN1, 32, 16, { 16, 16, 16, 1, 1, 4, 0 } },
+		{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_BF16, 44, 64, { 128, 64, 64, 4, 2, 2, 0 } },
+		{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_INT8, 100, 32, { 256, 128, 32, 8, 2, 2, 0 } },
+		{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_INT4, 20, 12, { 16, 32, 16, 1, 1, 1, 0 } },
+		{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_F32, 100, 20, { 64, 128, 16, 2, 4, 2, 0 } },
+		{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_UINT8POS, 36, 256, { 32, 256, 64, 1, 8, 3, 0 } },
+		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_UINT8POS, 20, 12, { 32, 16, 16, 2, 1, 2, 0 } },
+		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_BF16, 132, 40, { 128, 128, 16, 4, 4, 4, 0 } },
+		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_INT8, 8192, 256, { 64, 64, 128, 2, 2, 2, 0 } },
+	};
+	dg_codegen *cg = make_cg();
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dg_spec s;
+		dg_spec_init(&s, cases[i].op);
+		s.heads = 3;
+		s.in_heads = i % 2 ? 3 : 1;
+		s.latent = cases[i].latent;
+		s.embd = cases[i].embd;
+		s.weight = cases[i].f;
+		s.act = cases[i].f;
+		if (s.op == DG_OP_LOWRANK_GRAD_WEIGHT || s.op == DG_OP_DECODER_GRAD_WEIGHT)
+			s.weight = DG_FMT_INT8;
+		else
+			s.act = DG_FMT_INT8;
+		s.tile = cases[i].tile;
+		dg_spec_normalize(&s);
+		const char *const *en = s.op == DG_OP_LOWRANK_GRAD_INPUT ? gi_entries
+				      : s.op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
+				      : s.op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
+									    : dgw_entries;
+		int n = s.op == DG_OP_LOWRANK_GRAD_INPUT || s.op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2;
+		expect_path(cg, &s, "path: tensor cores");
+		compile_one(cg, &s, en, n);
+	}
+	dg_codegen_destroy(cg);
+}
+
 Test(nvrtc_backward, decoder_grads_every_format, .timeout = 600)
 {
 	dg_codegen *cg = make_cg();
@@ -116,9 +215,10 @@ Test(nvrtc_backward, decoder_grads_every_format, .timeout = 600)
 	dg_codegen_destroy(cg);
 }
 
-/* Tiles off the default path: single buffer, bn 16 (sign1 half words),
- * unit counts that do not divide the threads (staging guards), 1-warp
- * blocks, latent not a multiple of the block tile. */
+/* SIMT tiles off the default path (sm_75, so every one takes it): single
+ * buffer, bn 16 (sign1 half words), unit counts that do not divide the
+ * threads (staging guards), 1-warp blocks, latent not a multiple of the
+ * block tile. */
 Test(nvrtc_backward, odd_tiles, .timeout = 600)
 {
 	static const struct {
@@ -152,11 +252,13 @@ Test(nvrtc_backward, odd_tiles, .timeout = 600)
 		else
 			s.act = DG_FMT_INT8;
 		s.tile = cases[i].tile;
+		s.arch = 75;
 		const char *const *en = s.op == DG_OP_LOWRANK_GRAD_INPUT ? gi_entries
 				      : s.op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
 				      : s.op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
 									    : dgw_entries;
 		int n = s.op == DG_OP_LOWRANK_GRAD_INPUT || s.op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2;
+		expect_path(cg, &s, "path: fp32 FMA");
 		compile_one(cg, &s, en, n);
 	}
 	dg_codegen_destroy(cg);
@@ -198,16 +300,23 @@ Test(nvrtc_backward, render_refusals)
 	dg_codegen *cg = make_cg();
 	dg_source *src = NULL;
 
-	/* two buffers of 128x128x32 do not fit 48 KiB, one does not either */
+	/* SIMT (sm_70): one buffer of 128x128x64 floats does not fit 48 KiB */
 	dg_spec s = bdh(DG_OP_LOWRANK_GRAD_WEIGHT);
 	s.act = DG_FMT_F32;
-	s.tile = (dg_tile){ 128, 128, 64, 4, 4, 2, 0 };
+	s.arch = 70;
+	s.tile = (dg_tile){ 128, 128, 64, 4, 4, 1, 0 };
 	cr_assert_neq(dg_codegen_render(cg, &s, &src), DG_OK);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "48 KiB"), "%s", dg_codegen_errmsg(cg));
 	/* the same tile at bk 32: single-buffered, renders */
 	s.tile.bk = 32;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert(strstr(src->text, "NBUF = 1"), "expected a single buffer");
+	dg_source_destroy(src);
+	src = NULL;
+	/* the same tile on sm_90 takes the tensor cores (dynamic shared memory) */
+	s.arch = 90;
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(strstr(src->text, "path: tensor cores"), "expected the tensor-core path");
 	dg_source_destroy(src);
 	src = NULL;
 	/* pack_ternary rows of 8 codes do not fill a word: the spec refuses
@@ -217,4 +326,53 @@ Test(nvrtc_backward, render_refusals)
 	cr_assert_neq(dg_codegen_render(cg, &s, &src), DG_OK);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "embd=24"), "%s", dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
+}
+
+/* What the spec refuses of a backward tile, per path, with the rule named. */
+Test(nvrtc_backward, spec_refusals)
+{
+	char msg[512];
+	dg_spec s = bdh(DG_OP_DECODER_GRAD_WEIGHT);
+
+	/* tensor cores: 128x128 warp tiles are 512 accumulators a thread */
+	s.tile = (dg_tile){ 256, 256, 32, 2, 2, 2, 0 };
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "accumulators"), "%s", msg);
+	/* tensor cores: 4 stages of 256x256x128 exceed 227 KiB */
+	s.tile = (dg_tile){ 256, 256, 128, 8, 2, 4, 0 };
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "shared memory"), "%s", msg);
+	/* the default fits both rules */
+	s.tile = (dg_tile){ 0, 0, 0, 0, 0, 0, 0 };
+	dg_spec_default_tile(&s, &s.tile);
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	/* SIMT (BK 8): 64x64 warp tiles are 128 outputs a thread */
+	s.tile = (dg_tile){ 128, 128, 8, 2, 2, 2, 0 };
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "outputs per thread"), "%s", msg);
+	/* grad_input: BK must divide the reduction (latent 8192 / embd 256) */
+	s = bdh(DG_OP_DECODER_GRAD_INPUT);
+	s.embd = 48;
+	s.tile = (dg_tile){ 64, 64, 32, 2, 2, 2, 0 };
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "embd=48"), "%s", msg);
+	/* a thread count is not a GEMM tile */
+	s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
+	s.tile = (dg_tile){ 0, 0, 0, 0, 0, 0, 256 };
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "block tile"), "%s", msg);
+	/* default tiles: the tensor-core path from sm_80 (BK dividing the
+	 * reduction), the SIMT default before it or when 16 does not divide */
+	s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
+	s.latent = 48;
+	dg_spec_default_tile(&s, &s.tile);
+	cr_assert(s.tile.bk == 16 && s.tile.bm == 64 && s.tile.bn == 128, "bk %d", s.tile.bk);
+	s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
+	s.latent = 100;
+	dg_spec_default_tile(&s, &s.tile);
+	cr_assert(s.tile.bk == 4 && s.tile.bm == 64 && s.tile.bn == 64, "bk %d", s.tile.bk);
+	s = bdh(DG_OP_LOWRANK_GRAD_WEIGHT);
+	s.arch = 75;
+	dg_spec_default_tile(&s, &s.tile);
+	cr_assert(s.tile.bm == 64 && s.tile.bn == 64, "bm %d", s.tile.bm);
 }
