@@ -77,7 +77,16 @@
 	X(LaunchKernel, "cuLaunchKernel", "cuLaunchKernel", 1,                \
 	  (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, \
 	   unsigned int, unsigned int, unsigned int, CUstream, void **,       \
-	   void **))
+	   void **))                                                          \
+	X(EventCreate, "cuEventCreate", "cuEventCreate", 1,                   \
+	  (CUevent *, unsigned int))                                          \
+	X(EventDestroy, "cuEventDestroy", "cuEventDestroy_v2", 1, (CUevent))  \
+	X(EventRecord, "cuEventRecord", "cuEventRecord", 1,                   \
+	  (CUevent, CUstream))                                                \
+	X(EventSynchronize, "cuEventSynchronize", "cuEventSynchronize", 1,    \
+	  (CUevent))                                                          \
+	X(EventElapsedTime, "cuEventElapsedTime", "cuEventElapsedTime", 1,    \
+	  (float *, CUevent, CUevent))
 
 typedef struct dg__cu {
 #define DG__CU_FIELD(f, name, sym, req, params) CUresult(CUDAAPI *f) params;

@@ -1,7 +1,7 @@
 /*
  * The device: one GPU's primary context, a stream, the JIT context, device
- * memory (plain allocations, arenas, the op scratch slots) and the
- * messages failures leave behind.
+ * memory (plain allocations, arenas, the op scratch slots), the CUDA
+ * events timing uses and the messages failures leave behind.
  *
  * The primary context is the one the CUDA runtime, cuBLAS and PyTorch use,
  * so device pointers pass between them and dragon unchanged. It is made
@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "dragon/tensor.h"
+#include "dragon/tune.h"
 #include "runtime/device_int.h"
 #include "runtime/runtime_int.h"
 
@@ -300,6 +301,7 @@ dg_status dg_device_open(dg_device **out, const dg_device_opts *opts)
 	dev->msg_key_ok = pthread_key_create(&dev->msg_key, NULL) == 0;
 	pthread_mutex_init(&dev->msg_mu, NULL);
 	pthread_mutex_init(&dev->mu, NULL);
+	pthread_mutex_init(&dev->tune_mu, NULL);
 	pthread_cond_init(&dev->cv, NULL);
 	st = open_device(dev, opts);
 	if (st) {
@@ -346,7 +348,9 @@ void dg_device_close(dg_device *dev)
 		next = m->next;
 		free(m);
 	}
+	dg__dev_tune_destroy(dev);
 	pthread_cond_destroy(&dev->cv);
+	pthread_mutex_destroy(&dev->tune_mu);
 	pthread_mutex_destroy(&dev->mu);
 	pthread_mutex_destroy(&dev->msg_mu);
 	free(dev);
@@ -635,4 +639,89 @@ size_t dg_arena_used(const dg_arena *arena)
 size_t dg_arena_capacity(const dg_arena *arena)
 {
 	return arena ? arena->capacity : 0;
+}
+
+/* ---- events ---------------------------------------------------------------- */
+
+struct dg_event {
+	dg_device *dev;
+	CUevent ev;
+};
+
+dg_status dg_event_create(dg_device *dev, dg_event **out)
+{
+	dg_status st;
+
+	if (out)
+		*out = NULL;
+	st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (!out)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_event_create: out is NULL");
+	dg_event *e = calloc(1, sizeof(*e));
+	if (!e)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory creating an event");
+	CUresult rc = dev->cu->EventCreate(&e->ev, CU_EVENT_DEFAULT);
+	if (rc != CUDA_SUCCESS) {
+		free(e);
+		return dg__dev_cu_fail(dev, rc, "cuEventCreate");
+	}
+	e->dev = dev;
+	*out = e;
+	return DG_OK;
+}
+
+void dg_event_destroy(dg_event *ev)
+{
+	if (!ev)
+		return;
+	if (dg__dev_enter(ev->dev) == DG_OK)
+		(void)ev->dev->cu->EventDestroy(ev->ev);
+	free(ev);
+}
+
+dg_status dg_event_record(dg_event *ev)
+{
+	if (!ev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = dg__dev_enter(ev->dev);
+	if (st)
+		return st;
+	CUresult rc = ev->dev->cu->EventRecord(ev->ev, ev->dev->stream);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(ev->dev, rc, "cuEventRecord");
+	return DG_OK;
+}
+
+dg_status dg_event_synchronize(dg_event *ev)
+{
+	if (!ev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = dg__dev_enter(ev->dev);
+	if (st)
+		return st;
+	CUresult rc = ev->dev->cu->EventSynchronize(ev->ev);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(ev->dev, rc,
+				       "cuEventSynchronize (a kernel before the event failed)");
+	return DG_OK;
+}
+
+dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end, float *ms)
+{
+	if (!start || !end)
+		return DG_ERR_INVALID_ARG;
+	dg_device *dev = start->dev;
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (!ms || end->dev != dev)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_event_elapsed_ms: %s", !ms ? "ms is NULL"
+								   : "the events belong to two devices");
+	CUresult rc = dev->cu->EventElapsedTime(ms, start->ev, end->ev);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuEventElapsedTime");
+	return DG_OK;
 }

@@ -4,7 +4,8 @@
  * map, launch). Private to those two files and the GPU tests.
  *
  * Locking: dev->mu guards the kernel map, the JIT context pool, the
- * build counter, the scratch slots and each kernel's smem_opted. Builds
+ * build counter, the scratch slots and each kernel's smem_opted;
+ * dev->tune_mu the tuning DB. Builds
  * (render, NVRTC, module load) run outside it; threads that ask for a
  * spec being built wait on dev->cv.
  */
@@ -98,6 +99,13 @@ struct dg_device {
 	size_t n_kernels;       /* kernels of READY modules */
 	size_t n_builds;        /* modules built (compiled or cached + loaded) */
 
+	/* The tuning DB (kernel.c), read at the first auto tile and kept
+	 * until close; tune_mu guards both fields (not dev->mu: reading the
+	 * records must not stall kernel lookups of explicit tiles). */
+	pthread_mutex_t tune_mu;
+	bool tune_loaded;
+	struct dg_tune_db *tune_db; /* NULL: none (or it could not be made) */
+
 	dg_dptr scratch[DG__SCRATCH_SLOTS];
 	size_t scratch_size[DG__SCRATCH_SLOTS];
 
@@ -125,6 +133,9 @@ void dg__dev_kernels_destroy(dg_device *dev);
 dg_status dg__dev_jit_take(dg_device *dev, dg_ctx **out, char *err,
 			   size_t err_size);
 void dg__dev_jit_give(dg_device *dev, dg_ctx *ctx);
+
+/* Frees the tuning DB (kernel.c; called by dg_device_close). */
+void dg__dev_tune_destroy(dg_device *dev);
 
 /* Modules built on dev so far (a spec asked for by many threads at once
  * counts once): for tests. */

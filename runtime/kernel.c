@@ -9,6 +9,10 @@
  * threads want it. A failed build wakes its waiters with the builder's
  * message and leaves the map, so a later call tries again.
  *
+ * An auto tile is resolved first: the device's tuning DB (dragon/tune.h,
+ * read once per device at the first auto tile), else the heuristic
+ * default; the map key is the resolved spec, so a hit costs a hash lookup.
+ *
  * dg_ctx handles are single-threaded: a build takes an idle one from the
  * device's pool (making a new one when all are busy) and gives it back,
  * so builds of different specs run in parallel.
@@ -18,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dragon/tune.h"
 #include "runtime/device_int.h"
 #include "runtime/runtime_int.h"
 
@@ -332,6 +337,83 @@ out:
 	return st;
 }
 
+/* ---- the tile of an auto spec: tuning DB, else the heuristic --------------- */
+
+/* The device's tuning DB, read at the first call (records of this device
+ * only) and kept until close; NULL when there is none. Once loaded it is
+ * never changed, so lookups need no lock. A device without a disk cache
+ * (no_cache) reads only $DRAGON_TUNE_DB. */
+static const dg_tune_db *tune_db(dg_device *dev)
+{
+	pthread_mutex_lock(&dev->tune_mu);
+	if (!dev->tune_loaded) {
+		dg_tune_db_opts o;
+		const char *env = getenv("DRAGON_TUNE_DB");
+		dg_cache *c = dev->jit ? dg_ctx_cache(dev->jit) : NULL;
+
+		memset(&o, 0, sizeof(o));
+		if (c)
+			o.cache_root = dg_cache_root(c);
+		else if (!env || !env[0])
+			o.path = "none";
+		o.device = dev->info.name;
+		o.sm = dev->info.sm;
+		if (dg_tune_db_open(&dev->tune_db, &o) != DG_OK)
+			dev->tune_db = NULL; /* out of memory: the heuristic */
+		dev->tune_loaded = true;
+	}
+	const dg_tune_db *db = dev->tune_db;
+	pthread_mutex_unlock(&dev->tune_mu);
+	return db;
+}
+
+void dg__dev_tune_destroy(dg_device *dev)
+{
+	dg_tune_db_destroy(dev->tune_db);
+	dev->tune_db = NULL;
+	dev->tune_loaded = false;
+}
+
+/* Resolves s (valid, normalized) in place: an auto tile from the DB, else
+ * the heuristic default; why (may be NULL) says which. */
+static void resolve_tile(dg_device *dev, dg_spec *s, dg_tune_choice *why)
+{
+	dg_tune_choice local;
+	dg_tune_choice *ch = why ? why : &local;
+
+	if ((dg_spec_uses(s->op) & DG_FIELD_TILE) && dg_tile_is_auto(&s->tile)) {
+		dg_tune_resolve(tune_db(dev), s, dev->info.name, dev->info.sm, ch);
+		*s = ch->spec;
+		return;
+	}
+	dg_spec_default_resolve(s, dev->info.sm);
+	if (why) {
+		memset(why, 0, sizeof(*why));
+		why->spec = *s;
+		snprintf(why->why, sizeof(why->why), "the spec names its tile");
+	}
+}
+
+dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
+				dg_tune_choice *out)
+{
+	char msg[DG_SPEC_TEXT_MAX + 256];
+	dg_status st = dg__dev_enter(dev);
+
+	if (st)
+		return st;
+	if (!spec || !out)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_device_tile_choice: %s is NULL",
+				    !spec ? "spec" : "out");
+	st = dg_spec_validate(spec, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail(dev, st, "%s", msg);
+	dg_spec s = *spec;
+	dg_spec_normalize(&s);
+	resolve_tile(dev, &s, out);
+	return DG_OK;
+}
+
 /* ---- get ------------------------------------------------------------------ */
 
 static dg_status find_entry(dg_device *dev, dg__module *m, const char *entry,
@@ -381,8 +463,7 @@ dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec, const char *entry,
 		return dg__dev_fail(dev, st, "%s", msg);
 	s = *spec;
 	dg_spec_normalize(&s);
-	/* No tuning DB yet: an auto tile gets the heuristic default. */
-	dg_spec_default_tile(&s, &s.tile);
+	resolve_tile(dev, &s, NULL);
 	st = dg_spec_to_string(&s, key, sizeof(key));
 	if (st)
 		return dg__dev_fail(dev, DG_ERR_INTERNAL, "spec text does not fit %d bytes",

@@ -9,6 +9,13 @@
  * in last: that rename is the commit. Any failure or SIGINT/SIGTERM before
  * it removes the temp folder (and the folders this build created), so DIR
  * is left exactly as it was.
+ *
+ * --tuned: every spec whose tile is auto gets the tile the tuning DB
+ * names for it on the device (--device/--sm, else the one device the
+ * records name; dg_tune_resolve, as the runtime would), else the
+ * heuristic; the records used are copied into DIR/tune/ and listed in the
+ * manifest's "tuning" array (a field manifest readers ignore), with each
+ * spec's choice, so a bundle says where its tiles came from.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -28,13 +35,14 @@
 #include "dragon/cubin.h"
 #include "dragon/jit.h"
 #include "dragon/manifest.h"
+#include "dragon/tune.h"
 
 #define MAX_JOBS 1024
 #define NO_FAILURE SIZE_MAX
 
 enum {
 	OPT_HELP = 1, OPT_OUT, OPT_JOBS, OPT_JSON, OPT_NO_CACHE, OPT_CACHE_DIR,
-	OPT_PROGRESS, OPT_VERBOSE, OPT_QUIET,
+	OPT_PROGRESS, OPT_VERBOSE, OPT_QUIET, OPT_TUNED, OPT_DEVICE, OPT_SM, OPT_TUNE_DB,
 };
 
 static const dg__gen_opt opts[] = {
@@ -47,6 +55,10 @@ static const dg__gen_opt opts[] = {
 	{ "progress", 0, false, OPT_PROGRESS },
 	{ "verbose", 'v', false, OPT_VERBOSE },
 	{ "quiet", 'q', false, OPT_QUIET },
+	{ "tuned", 0, false, OPT_TUNED },
+	{ "device", 0, true, OPT_DEVICE },
+	{ "sm", 0, true, OPT_SM },
+	{ "tune-db", 0, true, OPT_TUNE_DB },
 	DG__SPEC_OPTS
 	{ NULL, 0, false, 0 },
 };
@@ -54,7 +66,7 @@ static const dg__gen_opt opts[] = {
 static void help(void)
 {
 	printf("usage: dragon-gen build [spec flags] [--out DIR] [-j N] [--json]\n"
-	       "                        [--no-cache | --cache-dir DIR]\n\n"
+	       "                        [--no-cache | --cache-dir DIR] [--tuned]\n\n"
 	       "Compiles every spec of the product of the spec flags (or the built-in\n"
 	       "default set) with NVRTC, through the kernel cache, into DIR: one\n"
 	       "<op>-<key16>.cubin (.ptx past what NVRTC emits SASS for) per kernel and\n"
@@ -67,6 +79,12 @@ static void help(void)
 	       "      --progress     progress on stderr even when it is not a terminal\n"
 	       "  -v, --verbose      say what was left out; full compile errors\n"
 	       "  -q, --quiet        no summary line\n"
+	       "      --tuned        auto tiles from the tuning DB (else the heuristic);\n"
+	       "                     the records used are copied into DIR/tune/\n"
+	       "      --device NAME  with --sm N: the device the records are for\n"
+	       "                     (default: the one device the records name)\n"
+	       "      --tune-db PATH records: a file or folder (default $DRAGON_TUNE_DB,\n"
+	       "                     else <cache root>/tune)\n"
 	       "  -h, --help         this text\n\n%s\n"
 	       "Example: dragon-gen build --op lowrank_fwd --weight int8,ternary --relu none,0 -j4\n",
 	       dg__specset_help);
@@ -265,10 +283,183 @@ static void iso_now(char *buf, size_t size)
 	strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-/* Moves every file from tmp into dir, then manifest.json (the commit).
- * On failure unlinks the files it moved that were not there before. */
-static dg_status publish(const dg_manifest *m, const char *tmp, const char *dir,
-			 char *msg, size_t msz)
+typedef struct build_args {
+	dg__spec_flags flags;
+	const char *out;
+	const char *cache_dir;
+	const char *device, *sm, *tune_db; /* --tuned */
+	long jobs;
+	bool json, no_cache, progress, verbose, quiet, tuned;
+} build_args;
+
+/* The tuning records a --tuned build used. */
+typedef struct tuned_set {
+	char **paths; /* distinct record files, n of them */
+	char **names; /* their names in the bundle's tune/ folder */
+	size_t n;
+	cJSON *json;  /* the manifest's "tuning" array, or NULL */
+} tuned_set;
+
+static void tuned_free(tuned_set *ts)
+{
+	for (size_t i = 0; i < ts->n; i++) {
+		free(ts->paths[i]);
+		free(ts->names[i]);
+	}
+	free(ts->paths);
+	free(ts->names);
+	cJSON_Delete(ts->json);
+	memset(ts, 0, sizeof(*ts));
+}
+
+/* The bundle name of record `path` (added to ts if new); NULL: no memory. */
+static const char *tuned_add(tuned_set *ts, const char *path)
+{
+	for (size_t i = 0; i < ts->n; i++)
+		if (strcmp(ts->paths[i], path) == 0)
+			return ts->names[i];
+	char **p = realloc(ts->paths, (ts->n + 1) * sizeof(*p));
+	if (!p)
+		return NULL;
+	ts->paths = p;
+	char **q = realloc(ts->names, (ts->n + 1) * sizeof(*q));
+	if (!q)
+		return NULL;
+	ts->names = q;
+	const char *base = strrchr(path, '/');
+	base = base ? base + 1 : path;
+	char name[300];
+	snprintf(name, sizeof(name), "%.250s", base);
+	for (size_t i = 0; i < ts->n; i++)
+		if (strcmp(ts->names[i], name) == 0) /* same name, other folder */
+			snprintf(name, sizeof(name), "%zu-%.240s", ts->n, base);
+	ts->paths[ts->n] = strdup(path);
+	ts->names[ts->n] = strdup(name);
+	if (!ts->paths[ts->n] || !ts->names[ts->n]) {
+		free(ts->paths[ts->n]);
+		free(ts->names[ts->n]);
+		return NULL;
+	}
+	return ts->names[ts->n++];
+}
+
+/* --tuned: resolves every auto tile of set from the DB. Exit code. */
+static int resolve_tuned(const build_args *a, dg__specset *set, tuned_set *ts)
+{
+	dg__gen_tune t;
+	char text[DG_SPEC_TEXT_MAX], runs[DG_SPEC_TEXT_MAX];
+	int code = dg__gen_tune_open(a->tune_db, a->cache_dir, a->device, a->sm, "build",
+				     a->verbose, &t);
+	if (code)
+		return code;
+	ts->json = cJSON_CreateArray();
+	for (size_t i = 0; i < set->n && ts->json && !code; i++) {
+		dg_spec *s = &set->specs[i];
+		dg_tune_choice ch;
+		if (!dg_tile_is_auto(&s->tile))
+			continue;
+		dg__gen_tune_resolve(&t, s, &ch);
+		dg_spec_to_string(s, text, sizeof(text));
+		dg_spec_to_string(&ch.spec, runs, sizeof(runs));
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "spec", text);
+		cJSON_AddStringToObject(o, "kernel_spec", runs);
+		cJSON_AddBoolToObject(o, "tuned", ch.tuned);
+		if (ch.tuned && ch.record[0]) {
+			const char *name = tuned_add(ts, ch.record);
+			char rel[320];
+			if (!name)
+				code = dg__gen_err(DG__GEN_FAIL, "build: out of memory");
+			snprintf(rel, sizeof(rel), "tune/%s", name ? name : "");
+			cJSON_AddStringToObject(o, "record", rel);
+		} else {
+			cJSON_AddStringToObject(o, "why", ch.why);
+		}
+		cJSON_AddItemToArray(ts->json, o);
+		dg__gen_note(a->verbose, "%s: %s", text, ch.tuned ? ch.record : ch.why);
+		*s = ch.spec;
+	}
+	dg__gen_tune_close(&t);
+	if (!ts->json && !code)
+		code = dg__gen_err(DG__GEN_FAIL, "build: out of memory");
+	return code;
+}
+
+/* Copies the records into tmp/tune/. */
+static dg_status copy_records(const tuned_set *ts, const char *tmp, char *msg, size_t msz)
+{
+	char dir[4200], path[4600];
+	uint8_t *bytes = NULL;
+	size_t n = 0;
+
+	if (!ts->n)
+		return DG_OK;
+	snprintf(dir, sizeof(dir), "%s/tune", tmp);
+	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+		snprintf(msg, msz, "%s: %s", dir, strerror(errno));
+		return DG_ERR_IO;
+	}
+	for (size_t i = 0; i < ts->n; i++) {
+		dg_status st = dg__gen_read_file(ts->paths[i], (size_t)16 << 20, &bytes, &n, msg,
+						 msz);
+		if (st)
+			return st;
+		snprintf(path, sizeof(path), "%s/%s", dir, ts->names[i]);
+		st = dg__gen_write_file(path, bytes, n, msg, msz);
+		free(bytes);
+		if (st)
+			return st;
+	}
+	return DG_OK;
+}
+
+/* Moves tmp/tune/<names> into dir/tune/ (made if needed); on failure
+ * unlinks what it moved that was not there before. */
+static dg_status publish_records(const tuned_set *ts, const char *tmp, const char *dir,
+				 char *msg, size_t msz)
+{
+	char from[4600], to[4600], tdir[4200];
+	struct stat sb;
+	size_t moved = 0;
+	bool *fresh;
+	dg_status st = DG_OK;
+
+	if (!ts || !ts->n)
+		return DG_OK;
+	snprintf(tdir, sizeof(tdir), "%s/tune", dir);
+	if (mkdir(tdir, 0755) != 0 && errno != EEXIST) {
+		snprintf(msg, msz, "%s: %s", tdir, strerror(errno));
+		return DG_ERR_IO;
+	}
+	fresh = calloc(ts->n, sizeof(*fresh));
+	if (!fresh) {
+		snprintf(msg, msz, "out of memory");
+		return DG_ERR_NOMEM;
+	}
+	for (; moved < ts->n; moved++) {
+		snprintf(from, sizeof(from), "%s/tune/%s", tmp, ts->names[moved]);
+		snprintf(to, sizeof(to), "%s/%s", tdir, ts->names[moved]);
+		fresh[moved] = lstat(to, &sb) != 0;
+		if (rename(from, to) != 0) {
+			snprintf(msg, msz, "%s: %s", to, strerror(errno));
+			st = DG_ERR_IO;
+			break;
+		}
+	}
+	for (size_t i = 0; st && i < moved; i++) {
+		snprintf(to, sizeof(to), "%s/%s", tdir, ts->names[i]);
+		if (fresh[i])
+			unlink(to);
+	}
+	free(fresh);
+	return st;
+}
+
+/* Moves every file from tmp into dir (the records of ts too), then
+ * manifest.json (the commit). On failure unlinks the files it moved that
+ * were not there before. */
+static dg_status publish(const dg_manifest *m, const tuned_set *ts, const char *tmp,
+			 const char *dir, char *msg, size_t msz)
 {
 	char from[4096], to[4096];
 	struct stat sb;
@@ -295,6 +486,8 @@ static dg_status publish(const dg_manifest *m, const char *tmp, const char *dir,
 			break;
 		}
 	}
+	if (!st)
+		st = publish_records(ts, tmp, dir, msg, msz);
 	if (!st) {
 		if (!dg__gen_join(from, sizeof(from), tmp, DG_MANIFEST_FILE) ||
 		    !dg__gen_join(to, sizeof(to), dir, DG_MANIFEST_FILE) ||
@@ -316,9 +509,10 @@ static dg_status publish(const dg_manifest *m, const char *tmp, const char *dir,
 	return st;
 }
 
-/* Writes the manifest into tmp, after reading it back as inspect will. */
-static dg_status write_manifest(const dg_manifest *m, const char *tmp,
-				char **json, char *msg, size_t msz)
+/* Writes the manifest (with the "tuning" array, if any) into tmp, after
+ * reading it back as inspect will. */
+static dg_status write_manifest(const dg_manifest *m, const cJSON *tuning,
+				const char *tmp, char **json, char *msg, size_t msz)
 {
 	char path[4096];
 	dg_manifest *back = NULL;
@@ -326,6 +520,27 @@ static dg_status write_manifest(const dg_manifest *m, const char *tmp,
 	dg_status st = dg_manifest_to_json(m, json, msg, msz);
 	if (st)
 		return st;
+	if (tuning) {
+		cJSON *root = cJSON_Parse(*json);
+		cJSON *dup = cJSON_Duplicate(tuning, true);
+		char *text = NULL;
+		if (root && dup && cJSON_AddItemToObject(root, "tuning", dup)) {
+			dup = NULL;
+			text = cJSON_Print(root);
+		}
+		cJSON_Delete(dup);
+		cJSON_Delete(root);
+		size_t len = text ? strlen(text) : 0;
+		char *t2 = text ? realloc(text, len + 2) : NULL;
+		if (!t2) {
+			free(text);
+			snprintf(msg, msz, "out of memory writing the manifest");
+			return DG_ERR_NOMEM;
+		}
+		memcpy(t2 + len, "\n", 2);
+		free(*json);
+		*json = t2;
+	}
 	st = dg_manifest_parse(*json, strlen(*json), &back, msg, msz);
 	dg_manifest_destroy(back);
 	if (st)
@@ -391,13 +606,6 @@ static void render_hint(const dg_spec *spec, const char *canonical, char *buf,
 
 /* ---- the command ------------------------------------------------------------- */
 
-typedef struct build_args {
-	dg__spec_flags flags;
-	const char *out;
-	const char *cache_dir;
-	long jobs;
-	bool json, no_cache, progress, verbose, quiet;
-} build_args;
 
 static int parse_args(int argc, char **argv, build_args *a)
 {
@@ -433,6 +641,10 @@ static int parse_args(int argc, char **argv, build_args *a)
 		case OPT_PROGRESS: a->progress = true; break;
 		case OPT_VERBOSE: a->verbose = true; break;
 		case OPT_QUIET: a->quiet = true; break;
+		case OPT_TUNED: a->tuned = true; break;
+		case OPT_DEVICE: a->device = arg; break;
+		case OPT_SM: a->sm = arg; break;
+		case OPT_TUNE_DB: a->tune_db = arg; break;
 		case DG__GEN_SCAN_ARG:
 			return dg__gen_err(DG__GEN_USAGE,
 					   "build takes no arguments, got '%s' (the folder goes after --out)",
@@ -447,6 +659,9 @@ static int parse_args(int argc, char **argv, build_args *a)
 	if (a->no_cache && a->cache_dir)
 		return dg__gen_err(DG__GEN_USAGE,
 				   "--no-cache and --cache-dir contradict each other; give one");
+	if (!a->tuned && (a->device || a->sm || a->tune_db))
+		return dg__gen_err(DG__GEN_USAGE,
+				   "--device, --sm and --tune-db go with --tuned");
 	return DG__GEN_OK;
 }
 
@@ -463,8 +678,8 @@ static cJSON *timing_json(const pool *p, double wall_ms, long jobs)
 }
 
 /* Compile, then publish; returns the exit code. tmp exists and is empty. */
-static int build(const build_args *a, const dg__specset *set, const char *tmp,
-		 dg_manifest *m)
+static int build(const build_args *a, const dg__specset *set, const tuned_set *ts,
+		 const char *tmp, dg_manifest *m)
 {
 	pool p;
 	char msg[8192], hint[1024], when[32];
@@ -511,9 +726,11 @@ static int build(const build_args *a, const dg__specset *set, const char *tmp,
 	m->created = strdup(when);
 	if (!m->generator_version || !m->nvrtc_version || !m->created)
 		return dg__gen_err(DG__GEN_FAIL, "build: out of memory");
-	dg_status st = write_manifest(m, tmp, &json, msg, sizeof(msg));
+	dg_status st = copy_records(ts, tmp, msg, sizeof(msg));
 	if (!st)
-		st = publish(m, tmp, a->out, msg, sizeof(msg));
+		st = write_manifest(m, ts->json, tmp, &json, msg, sizeof(msg));
+	if (!st)
+		st = publish(m, ts, tmp, a->out, msg, sizeof(msg));
 	if (st) {
 		free(json);
 		return dg__gen_err(DG__GEN_FAIL, "build: %s; %s left as it was", msg,
@@ -538,6 +755,7 @@ int dg__gen_cmd_build(int argc, char **argv)
 {
 	build_args a;
 	dg__specset set = { 0 };
+	tuned_set ts = { 0 };
 	dg_manifest *m = NULL;
 	char msg[1024], tmp[4096];
 	char made[4096] = "";
@@ -554,6 +772,11 @@ int dg__gen_cmd_build(int argc, char **argv)
 	}
 	dg__gen_note(a.verbose, "spec flags expand to %zu kernels (%zu combinations of out-format=uint8pos with relu=none left out)",
 		     set.n, set.dropped);
+	if (a.tuned) {
+		code = resolve_tuned(&a, &set, &ts);
+		if (code)
+			goto out;
+	}
 	m = calloc(1, sizeof(*m));
 	if (m)
 		m->kernels = calloc(set.n, sizeof(*m->kernels));
@@ -581,7 +804,7 @@ int dg__gen_cmd_build(int argc, char **argv)
 		goto out;
 	}
 	have_tmp = true;
-	code = build(&a, &set, tmp, m);
+	code = build(&a, &set, &ts, tmp, m);
 out:
 	if (have_tmp)
 		dg__gen_remove_tree(tmp);
@@ -590,6 +813,7 @@ out:
 	catch_signals(false);
 	int sig = interrupted;
 	dg_manifest_destroy(m);
+	tuned_free(&ts);
 	dg__specset_free(&set);
 	dg__spec_flags_free(&a.flags);
 	if (sig)

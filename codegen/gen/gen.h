@@ -6,10 +6,43 @@
 #ifndef DG_GEN_GEN_H
 #define DG_GEN_GEN_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "dragon/spec.h"
+#include "dragon/tune.h"
+
 int dg__gen_cmd_build(int argc, char **argv);
 int dg__gen_cmd_render(int argc, char **argv);
 int dg__gen_cmd_list(int argc, char **argv);
 int dg__gen_cmd_cache(int argc, char **argv);
 int dg__gen_cmd_inspect(int argc, char **argv);
+int dg__gen_cmd_tune(int argc, char **argv);
+
+/* ---- the tuning DB, for inspect and build --tuned (cmd_tune.c) ---------------- */
+
+/* An open DB and the device its records are looked up for. */
+typedef struct dg__gen_tune {
+	dg_tune_db *db;
+	char device[128]; /* "" when none is named and the DB has none */
+	int sm;           /* 0 likewise */
+} dg__gen_tune;
+
+/*
+ * Opens the DB (db_path: --tune-db, NULL for $DRAGON_TUNE_DB or the
+ * cache's tune/ under cache_dir) for the device --device/--sm name (both
+ * or neither; NULL when not given), else the one device its records name.
+ * Skipped records are reported on stderr. Returns the exit code (reported).
+ */
+int dg__gen_tune_open(const char *db_path, const char *cache_dir, const char *device,
+		      const char *sm_text, const char *cmd, bool verbose,
+		      dg__gen_tune *out);
+void dg__gen_tune_close(dg__gen_tune *t);
+/* dg_tune_resolve for t's device. */
+void dg__gen_tune_resolve(const dg__gen_tune *t, const dg_spec *spec,
+			  dg_tune_choice *out);
+/* "tile: 128x128x64/2x4/4 (tuned: /path/record.json)" or
+ * "tile: 64x64x32/2x2/2 (default heuristic: <why>)". */
+void dg__gen_tile_line(const dg_tune_choice *ch, char *buf, size_t size);
 
 #endif

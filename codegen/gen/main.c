@@ -25,7 +25,8 @@ static const command commands[] = {
 	{ "render", dg__gen_cmd_render, "print the CUDA source (or canonical text) of one spec" },
 	{ "list", dg__gen_cmd_list, "ops, the spec keys each takes, formats, the default set" },
 	{ "cache", dg__gen_cmd_cache, "stat, verify, gc or clear the kernel cache" },
-	{ "inspect", dg__gen_cmd_inspect, "check a bundle: manifest, files, checksums, cubins" },
+	{ "inspect", dg__gen_cmd_inspect, "check a bundle, or say which tile a spec runs with" },
+	{ "tune", dg__gen_cmd_tune, "time candidate tiles on the GPU, record the winners" },
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -42,7 +43,8 @@ static void usage(FILE *to)
 	fputs("\n`dragon-gen <command> --help` describes each one.\n"
 	      "Exit status: 0 ok, 1 failure, 2 usage error.\n"
 	      "Environment: DRAGON_CACHE_DIR (kernel cache), DRAGON_TEMPLATE_DIR\n"
-	      "(templates from a folder instead of the built-in ones).\n",
+	      "(templates from a folder instead of the built-in ones), DRAGON_TUNE_DB\n"
+	      "(tuning records: a file or folder; default <cache>/tune).\n",
 	      to);
 }
 
@@ -91,6 +93,6 @@ int main(int argc, char **argv)
 				   "unknown flag %s before the command; see `dragon-gen --help`",
 				   cmd);
 	return dg__gen_err(DG__GEN_USAGE,
-			   "unknown command '%s'; commands are build, render, list, cache, inspect (see `dragon-gen --help`)",
+			   "unknown command '%s'; commands are build, render, list, cache, inspect, tune (see `dragon-gen --help`)",
 			   cmd);
 }

@@ -1,0 +1,337 @@
+/*
+ * dragon — autotuning: candidate tiles, sweeps, records, the tuning DB.
+ *
+ * A spec with an auto tile (tile=auto) is run with the tile a tuning
+ * record names for it on this device, else with the heuristic default
+ * (dg_spec_default_resolve). A sweep (dg_tune_sweep) makes such a record:
+ *
+ *   1. the candidate space (dg_tune_space): a small grid of tiles per op
+ *      family — GEMM ops BMxBNxBK/WMxWN/S, element-wise ops t64..t1024 —
+ *      for the spec's arch and, on a device of exactly that arch from
+ *      sm_90 on, for its arch-specific target too (sm_90a), each kept only
+ *      if dg_spec_validate accepts it;
+ *   2. every candidate is compiled (in parallel) and loaded; one whose
+ *      cubin cannot run (registers, shared memory, threads a block, read
+ *      back from the driver) is rejected with the reason;
+ *   3. every candidate is run on the same random inputs at a small shape
+ *      (check_rows rows B·T) and compared with the CPU reference
+ *      (dragon/ref.h): integer outputs bit for bit, float outputs within a
+ *      tolerance; a wrong one is rejected;
+ *   4. the rest are timed at the real shape (rows, default 4096) with CUDA
+ *      events: warm-up calls, then reps calls each after a write of a
+ *      buffer larger than the L2 (so every rep starts cold), median, p10
+ *      and p90;
+ *   5. the winner (dg_tune_choose): among the candidates within the tie
+ *      band (2%) of the fastest median, the simplest tile (fewer threads,
+ *      then fewer stages, then less shared memory, then the portable
+ *      target, then the tile text), so repeated sweeps agree.
+ *
+ * The record (one JSON document a sweep, dg_tune_record_to_json) holds the
+ * canonical spec without its tile, the device, every candidate with its
+ * figures or rejection reason, the winner, the generator version, the
+ * date and the budget. The tuning DB is every record under
+ * $DRAGON_TUNE_DB (a record file or a folder of them; several joined with
+ * ':'; "none" turns the DB off), else <cache root>/tune/. It is keyed by
+ * (canonical spec without tile, device name, device SM); when several
+ * records name one key (records merged from several machines or sweeps)
+ * the newest date wins.
+ *
+ * Without a GPU: spaces, records, the DB and the chooser all work; only
+ * dg_tune_sweep and the events need a device.
+ */
+#ifndef DRAGON_TUNE_H
+#define DRAGON_TUNE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime.h"
+#include "spec.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- timing: CUDA events -----------------------------------------------------
+ * Events on the device's current stream. Messages on the device. */
+typedef struct dg_event dg_event;
+
+dg_status dg_event_create(dg_device *dev, dg_event **out);
+void dg_event_destroy(dg_event *ev); /* NULL is fine */
+/* Records ev on the device's current stream. */
+dg_status dg_event_record(dg_event *ev);
+/* Waits until the work before ev's last record has run. */
+dg_status dg_event_synchronize(dg_event *ev);
+/* Milliseconds between two recorded (and completed) events. */
+dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end,
+			      float *ms);
+
+/* ---- candidate spaces ----------------------------------------------------------- */
+
+/*
+ * The candidates for tuning spec (its tile ignored) on a device of SM
+ * device_sm (0: the spec's arch): every tile of the op family's grid that
+ * dg_spec_validate accepts, the heuristic default first; for a spec whose
+ * arch equals device_sm (sm_90 or newer, not already arch-specific) each
+ * tile again on the arch-specific target (arch_specific true), which
+ * enables other tiles. At most DG_TUNE_MAX_CANDIDATES.
+ *
+ * *out is malloc'd (the caller frees it with free()), *n its length.
+ * DG_ERR_INVALID_SPEC when spec itself is invalid or its op takes no tile;
+ * DG_ERR_NOMEM.
+ */
+#define DG_TUNE_MAX_CANDIDATES 256
+dg_status dg_tune_space(const dg_spec *spec, int device_sm, dg_spec **out,
+			size_t *n, char *msg, size_t msg_size);
+
+/* What a compiled kernel entry uses, and what the device allows. */
+typedef struct dg_tune_resources {
+	int threads;     /* a block, from the template's launch info */
+	int dyn_smem;    /* dynamic shared memory, bytes (launch info) */
+	int static_smem; /* static shared memory, bytes (cubin) */
+	int regs;        /* registers a thread (cubin) */
+	int local_bytes; /* local memory a thread: spills (cubin) */
+	int max_threads; /* threads a block the compiled kernel allows */
+} dg_tune_resources;
+
+typedef struct dg_tune_limits {
+	int max_threads;    /* threads a block (1024) */
+	int smem_optin;     /* shared memory a block may opt in to, bytes */
+	int regs_per_block; /* registers a block (65536) */
+} dg_tune_limits;
+
+/* true when a kernel of these resources can be launched; otherwise false
+ * and one line in why naming the resource, e.g. "256 threads a block x 255
+ * registers = 65280 ... more than the 65536 a block has". */
+bool dg_tune_fits(const dg_tune_resources *r, const dg_tune_limits *lim,
+		  char *why, size_t why_size);
+
+/*
+ * The ops the BDH training step runs, one spec each, at H=4, E=256,
+ * L=8192 (the set `dragon-gen tune` tunes without spec flags):
+ *   lowrank_fwd ternary·int8 → int8 relu=0, and → bf16 relu=0;
+ *   relu_mask ternary·int8 relu=0; decoder_fwd int8·int8 → bf16 and
+ *   ternary·int8 → bf16; lowrank_grad_input ternary; lowrank_grad_weight
+ *   int8; decoder_grad_input ternary; decoder_grad_weight int8;
+ *   quantize_act f32 → int8; quantize_weight f32 → ternary;
+ *   pack_ternary; pack_i8x4.
+ * Writes up to max specs into out (may be NULL) and returns how many
+ * there are.
+ */
+size_t dg_tune_bdh_set(dg_spec *out, size_t max);
+
+/* ---- candidates, figures, the winner ------------------------------------------ */
+
+typedef enum dg_tune_state {
+	DG_TUNE_TIMED,    /* compiled, correct, timed */
+	DG_TUNE_REJECTED, /* did not compile or cannot run (reason) */
+	DG_TUNE_WRONG,    /* ran, but differs from the reference (reason) */
+	DG_TUNE_SKIPPED,  /* the budget ran out first (reason) */
+} dg_tune_state;
+
+typedef struct dg_tune_cand {
+	dg_tile tile;
+	bool arch_specific; /* compiled for sm_XXa */
+	dg_tune_state state;
+	double median_us, p10_us, p90_us; /* TIMED */
+	int reps;                         /* TIMED */
+	int threads;     /* a block (0: unknown) */
+	int smem;        /* static + dynamic shared memory a block, bytes */
+	int regs;        /* registers a thread, most of any entry */
+	int local_bytes; /* spills a thread, most of any entry */
+	char reason[512]; /* not TIMED: why */
+} dg_tune_cand;
+
+/* Default tie band: candidates within 2% of the fastest median tie. */
+#define DG_TUNE_TIE_BAND 0.02
+
+/*
+ * The winner among the TIMED candidates of cands (n of them): the fastest
+ * median m, then among every candidate with median <= m·(1 + band) the
+ * simplest: fewer threads a block (the tile's warps·32 or threads), then
+ * fewer stages, then less shared memory (the recorded figure), then the
+ * portable target before the arch-specific one, then the smaller tile
+ * text (strcmp). Returns its index, or -1 when none was timed. band < 0
+ * is taken as 0.
+ */
+int dg_tune_choose(const dg_tune_cand *cands, size_t n, double band);
+
+/* ---- records ---------------------------------------------------------------------- */
+
+#define DG_TUNE_RECORD_FORMAT 1
+
+typedef struct dg_tune_device {
+	char name[128];
+	int sm;             /* 90 */
+	int sm_count;
+	int driver_version; /* 13000 */
+	char nvrtc_version[32];
+} dg_tune_device;
+
+/* One sweep. Every pointer is malloc'd and owned by the record
+ * (dg_tune_record_destroy frees them). */
+typedef struct dg_tune_record {
+	dg_spec spec;                /* tile auto, normalized */
+	char spec_text[DG_SPEC_TEXT_MAX]; /* its canonical text */
+	dg_tune_device device;
+	char generator_version[32];
+	char date[32];   /* ISO-8601 UTC, "2026-12-01T10:00:00Z" */
+	int rows;        /* B·T timed at */
+	int check_rows;  /* B·T checked against the reference at */
+	int warmup, reps;
+	double tie_band;
+	double budget_s, elapsed_s;
+	bool budget_exhausted; /* the budget ran out: some were SKIPPED */
+	dg_tune_cand *cands;
+	size_t n_cands;
+	int winner;      /* index into cands, or -1 when none was timed */
+	char *path;      /* the file it was read from, or NULL */
+} dg_tune_record;
+
+void dg_tune_record_destroy(dg_tune_record *r); /* NULL is fine */
+
+/* Indented JSON text (trailing newline) into *out, malloc'd (free).
+ * DG_ERR_INVALID_ARG when a field would not read back. */
+dg_status dg_tune_record_to_json(const dg_tune_record *r, char **out,
+				 char *msg, size_t msg_size);
+
+/*
+ * Parses len bytes of JSON. name (may be NULL) is how messages call the
+ * input, usually its path. Malformed or inconsistent input (not JSON, a
+ * missing or mistyped field, an unknown op, a spec not in canonical form,
+ * a tile the op does not take, a winner that names no timed candidate)
+ * gives DG_ERR_PARSE and one line naming the input and the field, e.g.
+ * "/db/x.json: candidates[2].median_us: expected a number". *out is NULL
+ * on failure; on success a new record (dg_tune_record_destroy).
+ */
+dg_status dg_tune_record_parse(const char *json, size_t len, const char *name,
+			       dg_tune_record **out, char *msg,
+			       size_t msg_size);
+
+/* Reads and parses a file (r->path set). DG_ERR_NOT_FOUND, DG_ERR_IO. */
+dg_status dg_tune_record_load(const char *path, dg_tune_record **out,
+			      char *msg, size_t msg_size);
+
+/* Writes r to path atomically (temp file, fsync, rename); the folder must
+ * exist. */
+dg_status dg_tune_record_save(const dg_tune_record *r, const char *path,
+			      char *msg, size_t msg_size);
+
+/* The file name a record gets in a DB folder:
+ * "<op>-<16 hex digits of the spec's hash>-<device>-sm<N>.json", the
+ * device name reduced to [a-z0-9-]; one file per (spec, device), so a new
+ * sweep replaces the old one. */
+void dg_tune_record_file_name(const dg_tune_record *r, char *buf,
+			      size_t size);
+
+/* ---- the tuning DB ----------------------------------------------------------------- */
+
+typedef struct dg_tune_db dg_tune_db;
+
+typedef struct dg_tune_db_opts {
+	/* Records to read: a file, a folder (every *.json in it), or several
+	 * joined with ':'. NULL: $DRAGON_TUNE_DB if set and not empty, else
+	 * <cache_root>/tune. "none": no records. */
+	const char *path;
+	/* The cache root whose tune/ folder is the default (NULL: the
+	 * cache's own default, $DRAGON_CACHE_DIR, ...). */
+	const char *cache_root;
+	/* Keep only records of this device (name and SM); NULL / 0: keep
+	 * every device's. A record of another device is not an error; it is
+	 * counted in n_other_device. */
+	const char *device;
+	int sm;
+} dg_tune_db_opts;
+
+/*
+ * Loads the records. A record that cannot be read or is malformed is
+ * skipped and its message kept (dg_tune_db_problem): one bad file never
+ * hides the others, and a missing folder is an empty DB. Fails only with
+ * DG_ERR_NOMEM (then *out is NULL). opts may be NULL.
+ */
+dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts);
+void dg_tune_db_destroy(dg_tune_db *db); /* NULL is fine */
+
+/* What was read: the paths, ':'-joined ("none" when off). */
+const char *dg_tune_db_where(const dg_tune_db *db);
+/* Records kept (one a key, after newest-wins merging). */
+size_t dg_tune_db_size(const dg_tune_db *db);
+/* Records skipped because they name another device. */
+size_t dg_tune_db_n_other_device(const dg_tune_db *db);
+/* Records skipped as unreadable or malformed, and why (one line each,
+ * naming the file and the field). */
+size_t dg_tune_db_n_problems(const dg_tune_db *db);
+const char *dg_tune_db_problem(const dg_tune_db *db, size_t i);
+/* The distinct devices (name, SM) the kept records name; writes up to
+ * max into out (may be NULL), returns how many there are. */
+size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out,
+			  size_t max);
+
+/* How a spec's tile was chosen. */
+typedef struct dg_tune_choice {
+	dg_spec spec;       /* what runs: tile and arch_specific resolved */
+	bool tuned;         /* from a record */
+	char record[1024];  /* tuned: the record's file ("" if not a file) */
+	char date[32];      /* tuned: the record's date */
+	char why[512];      /* not tuned: why the heuristic default */
+} dg_tune_choice;
+
+/*
+ * The tile spec runs with on device (name, sm): a spec with an explicit
+ * tile keeps it (dg_spec_default_resolve); an auto tile gets the DB's
+ * winner for (spec, device) if it is still valid, else the heuristic
+ * default. db may be NULL (no DB). spec must be valid.
+ */
+void dg_tune_resolve(const dg_tune_db *db, const dg_spec *spec,
+		     const char *device, int sm, dg_tune_choice *out);
+
+/* What dg_kernel_get does with spec on dev, and why: the device's tuning
+ * DB (loaded once, at the first kernel an auto tile asks for) or the
+ * heuristic default. */
+dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
+				dg_tune_choice *out);
+
+/* ---- sweeps ------------------------------------------------------------------------ */
+
+typedef enum dg_tune_phase {
+	DG_TUNE_PHASE_COMPILE, /* compiling and loading candidates */
+	DG_TUNE_PHASE_REFERENCE, /* computing the CPU reference */
+	DG_TUNE_PHASE_TIME,    /* checking and timing candidates */
+} dg_tune_phase;
+
+/* Progress: done of total in the phase, an estimate of the seconds left
+ * in the sweep (< 0: unknown). */
+typedef void (*dg_tune_progress_fn)(void *user, const dg_spec *spec,
+				    dg_tune_phase phase, size_t done,
+				    size_t total, double eta_s);
+
+typedef struct dg_tune_opts {
+	double budget_s;    /* wall-clock budget of the sweep; 0: 60 */
+	int rows;           /* B·T timed at; 0: 4096 */
+	int check_rows;     /* B·T checked at; 0: 64 */
+	int warmup;         /* untimed calls before the reps; 0: 3 */
+	int reps;           /* timed calls; 0: 25 */
+	int jobs;           /* compile threads; 0: online CPUs */
+	double tie_band;    /* 0: DG_TUNE_TIE_BAND */
+	int max_candidates; /* first N of the space only; 0: all */
+	uint64_t seed;      /* inputs; 0: a fixed default */
+	dg_tune_progress_fn progress; /* may be NULL */
+	void *user;
+} dg_tune_opts;
+
+/*
+ * Sweeps spec (its tile ignored) on dev. On DG_OK *out is the record (a
+ * new one: dg_tune_record_destroy; winner -1 when no candidate passed).
+ * Failures of the sweep itself (the spec, memory, the device) return the
+ * status with the message on dev; failures of candidates are recorded in
+ * the record, not returned. opts may be NULL.
+ */
+dg_status dg_tune_sweep(dg_device *dev, const dg_spec *spec,
+			const dg_tune_opts *opts, dg_tune_record **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_TUNE_H */
