@@ -282,6 +282,45 @@ static int out_elem_bytes(const dg_spec *s)
 	return s->out == DG_FMT_F32 ? 4 : s->out == DG_FMT_BF16 ? 2 : 1;
 }
 
+/*
+ * The warpgroup tensor-core path (wgmma, sm_90a) applies, mirroring
+ * templates/lowrank_wgmma.lua M.fits and templates/decoder.lua
+ * M.wgmma_fits: integer × integer on sm_90a, warps WM x 1 in whole
+ * warpgroups of 64 rows (BM = 16·WM);
+ *   lowrank_fwd: BN 64 or 128, stages 1 or 2 (the weight tile is always
+ *     triple-buffered; stages 1: packed weights are unpacked to s8 by the
+ *     op before the launch, runtime/ops_forward.c),
+ *     E a multiple of 64 (128 for sign1), L of 16, E·(BM + 3·BN) bytes of
+ *     shared memory (the whole reduction resident);
+ *   decoder_fwd: BN 64, 128 or 256, BK a multiple of 32 (64 ternary, 128
+ *     sign1), stages 3 to 8, stages·(BM + BN)·BK bytes.
+ * *smem gets the bytes when it applies.
+ */
+static bool wgmma_fits(const dg_spec *s, const dg_tile *t, long *smem)
+{
+	if (s->arch != 90 || !s->arch_specific || !fmt_is_int(s->weight) ||
+	    !fmt_is_int(s->act) || t->wn != 1 || t->wm % 4 || t->wm > 16 ||
+	    t->bm != 16 * t->wm)
+		return false;
+	if (s->op == DG_OP_LOWRANK_FWD) {
+		int ke = s->weight == DG_FMT_SIGN1 ? 128 : 64;
+		*smem = (long)s->embd * (t->bm + 3 * t->bn);
+		return (t->bn == 64 || t->bn == 128) && (t->stages == 1 || t->stages == 2) &&
+		       s->embd % ke == 0 && s->latent % 16 == 0 && *smem <= 227 * 1024;
+	}
+	if (s->op == DG_OP_DECODER_FWD) {
+		int unit = s->weight == DG_FMT_TERNARY ? 64
+			   : s->weight == DG_FMT_SIGN1 ? 128
+						       : 32;
+		int red = gemm_reduction(s);
+		*smem = (long)t->stages * (t->bm + t->bn) * t->bk;
+		return (t->bn == 64 || t->bn == 128 || t->bn == 256) && t->bk % unit == 0 &&
+		       red && red % t->bk == 0 && t->stages >= 3 && t->stages <= 8 &&
+		       *smem <= 227 * 1024;
+	}
+	return false;
+}
+
 /* The tensor-core path of lowrank_fwd / relu_mask / decoder_fwd applies
  * (templates/mma.lua M.fits): sm_80 or newer, integer × integer, BK a
  * multiple of 32, the warp tile whole 16x8 fragments. */
@@ -341,8 +380,137 @@ static long smem_limit(int arch)
 	return DG_SMEM_LIMIT;
 }
 
+/* The four backward GEMMs (templates/backward.lua). */
+static bool op_is_backward(dg_op op)
+{
+	return op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_DECODER_GRAD_INPUT ||
+	       op == DG_OP_LOWRANK_GRAD_WEIGHT || op == DG_OP_DECODER_GRAD_WEIGHT;
+}
+
+/*
+ * The tile rules of the four backward GEMMs (templates/backward.lua picks
+ * the path from the tile and mirrors these rules): tensor cores (mma.sync
+ * m16n8k16 bf16, f32 sums) on sm_80+ when BK is a multiple of 16 and each
+ * warp tile is whole 16x16 blocks; fp32 SIMT otherwise, under the rules
+ * every GEMM tile had before. Tensor-core shared memory (dynamic,
+ * templates/backward_mma.lua M.smem_bytes): a ring of max(2, stages) f32
+ * A steps of BM·BK floats, and two bf16 buffers of the A tile — BM·(BK+8)
+ * (grad_input, A k-contiguous) or BK·(BM+8) (grad_weight, A m-contiguous)
+ * — and the B tile BK·(BN+8). Auto tiles are DG_OK.
+ */
+static dg_status validate_backward_tile(const dg_spec *s, char *msg, size_t size)
+{
+	const dg_tile *t = &s->tile;
+	char tb[64];
+	bool gi = s->op == DG_OP_LOWRANK_GRAD_INPUT || s->op == DG_OP_DECODER_GRAD_INPUT;
+
+	if (dg_tile_is_auto(t))
+		return DG_OK;
+	dg_tile_to_string(t, tb, sizeof(tb));
+	if (t->threads)
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: op %s takes a block tile BMxBNxBK/WMxWN/S (e.g. 64x64x64/2x2/2), not a thread count",
+				tb, dg_op_name(s->op));
+	if (!is_pow2_in(t->bm, 16, 256) || !is_pow2_in(t->bn, 16, 256))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: BM and BN must be powers of two from 16 to 256", tb);
+	if (!is_pow2_in(t->bk, 4, 128))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: BK must be a power of two from 4 to 128", tb);
+	int red = gemm_reduction(s);
+	if (red && red % t->bk)
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: BK=%d must divide %s=%d (the reduction length)", tb,
+				t->bk, s->op == DG_OP_LOWRANK_GRAD_INPUT ? "latent" : "embd", red);
+	if (!is_pow2_in(t->wm, 1, 8) || !is_pow2_in(t->wn, 1, 8) || t->wm * t->wn > 16)
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: WM and WN must be 1, 2, 4 or 8 with WM*WN <= 16 warps", tb);
+	if (t->stages < 1 || t->stages > 4)
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size, "tile=%s: stages must be 1 to 4", tb);
+	int wtm = t->bm / t->wm, wtn = t->bn / t->wn;
+	long smem;
+	if (s->arch >= 80 && t->bk % 16 == 0 && wtm % 16 == 0 && wtn % 16 == 0) {
+		if (wtm * wtn / 32 > 128)
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"tile=%s: %d f32 accumulators a thread on the tensor-core path; at most 128 (more warps or a smaller tile)",
+					tb, wtm * wtn / 32);
+		long a16 = gi ? (long)t->bm * (t->bk + 8) : (long)t->bk * (t->bm + 8);
+		smem = (t->stages < 2 ? 2 : t->stages) * (long)t->bm * t->bk * 4 +
+		       2 * (a16 + (long)t->bk * (t->bn + 8)) * 2;
+	} else {
+		if (wtm % 4 || wtn % 8 || t->bm < t->wm * 4 || t->bn < t->wn * 8)
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"tile=%s: each warp's tile (BM/WM x BN/WN) must be at least 4x8 and a multiple of it",
+					tb);
+		if ((wtm / 4) * (wtn / 8) > 64)
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"tile=%s: %d outputs per thread; at most 64 fit in registers (more warps or a smaller tile)",
+					tb, (wtm / 4) * (wtn / 8));
+		smem = (long)t->stages * (t->bm + t->bn) * t->bk *
+		       (fmt_is_int(s->weight) && fmt_is_int(s->act) ? 1 : 4);
+	}
+	if (smem > smem_limit(s->arch))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"tile=%s: needs %ld bytes of shared memory, more than the %ld an sm_%d block can have (fewer stages or a smaller tile)",
+				tb, smem, smem_limit(s->arch), s->arch);
+	return DG_OK;
+}
+
+/*
+ * Default tiles of the backward GEMMs (false for other ops). Tensor cores
+ * on sm_80+ when BK (halved from 64 / 32 until it divides the grad_input
+ * reduction) is at least 16; at the BDH shape (H 4, E 256, L 8192, B·T
+ * 4096):
+ *   lowrank_grad_input 64x128x64/2x4/4: (E/128)·(B·T/64) = 128 blocks for
+ *     132 SMs, 8 warps of 32x32 a block (one block an SM, two warps a
+ *     scheduler), 116 KiB: three 16 KiB gradient steps in flight a block
+ *     (the op streams 537 MB of gradient);
+ *   decoder_grad_input 128x128x32/2x2/3: K = E = 256 is 8 steps, so two
+ *     blocks an SM (85 KiB each) overlap one block's stores with the
+ *     other's math; 64x64 warp tiles;
+ *   lowrank_grad_weight, decoder_grad_weight 128x128x32/2x2/4: 64x64 warp
+ *     tiles (the least shared-memory traffic a MMA), 98 KiB, two blocks an SM.
+ * Otherwise (before sm_80, or a reduction 16 does not divide) the SIMT
+ * default every GEMM had: 64x64 blocks of 2x2 warps, double-buffered.
+ */
+static bool backward_default_tile(const dg_spec *s, dg_tile *tile)
+{
+	if (!op_is_backward(s->op))
+		return false;
+	if (!dg_tile_is_auto(&s->tile)) {
+		*tile = s->tile;
+		return true;
+	}
+	memset(tile, 0, sizeof(*tile));
+	int red = gemm_reduction(s);
+	int bk = s->op == DG_OP_LOWRANK_GRAD_INPUT ? 64 : 32;
+	while (red && bk > 16 && red % bk)
+		bk /= 2;
+	if (s->arch >= 80 && !(red && red % bk)) {
+		bool gw = s->op == DG_OP_LOWRANK_GRAD_WEIGHT || s->op == DG_OP_DECODER_GRAD_WEIGHT;
+		tile->bm = s->op == DG_OP_LOWRANK_GRAD_INPUT ? 64 : 128;
+		tile->bn = 128;
+		tile->bk = bk;
+		tile->wm = 2;
+		tile->wn = s->op == DG_OP_LOWRANK_GRAD_INPUT ? 4 : 2;
+		tile->stages = gw || s->op == DG_OP_LOWRANK_GRAD_INPUT ? 4 : 3;
+		return true;
+	}
+	bk = fmt_is_int(s->weight) && fmt_is_int(s->act) ? 64 : 32;
+	while (red && bk > 4 && red % bk)
+		bk /= 2;
+	tile->bm = 64;
+	tile->bn = 64;
+	tile->bk = bk;
+	tile->wm = 2;
+	tile->wn = 2;
+	tile->stages = 2;
+	return true;
+}
+
 static dg_status validate_tile(const dg_spec *s, char *msg, size_t size)
 {
+	if (op_is_backward(s->op)) return validate_backward_tile(s, msg, size);
 	const dg_tile *t = &s->tile;
 	char tb[64];
 
@@ -392,6 +560,9 @@ static dg_status validate_tile(const dg_spec *s, char *msg, size_t size)
 					? "embd"
 					: "latent",
 				red);
+	long wg_smem = 0;
+	if (wgmma_fits(s, t, &wg_smem))
+		return DG_OK; /* its own rules hold (registers: BN/2 accumulators) */
 	if (!is_pow2_in(t->wm, 1, 8) || !is_pow2_in(t->wn, 1, 8) ||
 	    t->wm * t->wn > 16)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -574,6 +745,7 @@ bool dg_tile_is_auto(const dg_tile *t)
 
 void dg_spec_default_tile(const dg_spec *s, dg_tile *tile)
 {
+	if (backward_default_tile(s, tile)) return;
 	if (!dg_tile_is_auto(&s->tile)) {
 		*tile = s->tile;
 		return;
@@ -597,6 +769,29 @@ void dg_spec_default_tile(const dg_spec *s, dg_tile *tile)
 	int red = gemm_reduction(s);
 	bool mma_op = s->op == DG_OP_LOWRANK_FWD || s->op == DG_OP_RELU_MASK ||
 		      s->op == DG_OP_DECODER_FWD;
+	if (ints && s->arch == 90 && s->arch_specific &&
+	    (s->op == DG_OP_LOWRANK_FWD || s->op == DG_OP_DECODER_FWD)) {
+		/* Warpgroup tensor cores (sm_90a; wgmma_fits): two warpgroups
+		 * of 64 rows; the projection keeps E resident with 64 latent
+		 * columns a tile (two blocks an SM), the decoder walks K in
+		 * 128-code steps, 4 stages, all 256 columns of BDH's E. From
+		 * `dragon-gen tune` on the H200 (M = 4096): projection
+		 * 128x64/8x1/2 122 us, 256x64/16x1/2 125, 128x128/8x1/2 142,
+		 * 64x64/4x1/2 205, stages 1 (weights unpacked first) 175-236;
+		 * decoder (ternary) 128x256x128/8x1/4 123, 128x256x64/8x1/6
+		 * 129, 256x128x64/16x1/6 148. */
+		dg_tile w = { .bm = 128, .bn = 64, .bk = 64, .wm = 8, .wn = 1, .stages = 2 };
+		if (s->op == DG_OP_DECODER_FWD) {
+			w.bn = s->embd >= 256 ? 256 : s->embd > 64 ? 128 : 64;
+			w.bk = red % 128 == 0 ? 128 : red % 64 == 0 ? 64 : 32;
+			w.stages = 4;
+		}
+		long sm;
+		if (wgmma_fits(s, &w, &sm)) {
+			*tile = w;
+			return;
+		}
+	}
 	if (ints && mma_op && s->arch >= 80 && red && red % 32 == 0) {
 		/* Tensor cores (templates/mma.lua), from a sweep on the H200
 		 * (bench/kernels --tile, BDH shape, M = 4096):
@@ -637,3 +832,21 @@ void dg_spec_default_tile(const dg_spec *s, dg_tile *tile)
 	tile->stages = 2;
 }
 
+
+void dg_spec_default_resolve(dg_spec *s, int device_sm)
+{
+	if (dg_tile_is_auto(&s->tile) && device_sm == 90 && s->arch == 90 &&
+	    !s->arch_specific &&
+	    (s->op == DG_OP_LOWRANK_FWD || s->op == DG_OP_DECODER_FWD)) {
+		/* sm_90a where its default tile takes the wgmma path */
+		dg_spec a = *s;
+		long sm;
+		a.arch_specific = true;
+		dg_spec_default_tile(&a, &a.tile);
+		if (wgmma_fits(&a, &a.tile, &sm)) {
+			*s = a;
+			return;
+		}
+	}
+	dg_spec_default_tile(s, &s->tile);
+}

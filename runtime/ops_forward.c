@@ -1,7 +1,8 @@
 /*
  * The forward GEMM ops: lowrank_fwd (the projection), relu_mask (its ReLU
  * mask applied to a gradient, recomputed from the codes) and decoder_fwd
- * (the decoder tail, split-K).
+ * (the decoder tail, split-K into per-split slices of partial sums that a
+ * second launch adds and converts).
  *
  * Each op runs its _check first (no device needed) and launches nothing
  * when it fails; the message then sits on the device. The kernels walk
@@ -13,7 +14,10 @@
  */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "dragon/tune.h"
 
 #include "runtime/runtime_int.h"
 
@@ -128,14 +132,49 @@ dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
 	long long m = (long long)B * T;
 	if (m == 0)
 		return DG_OK;
+	const int sms = dg__dev_info(dev)->sm_count;
 	long long work = cdiv(m, 16) * cdiv(spec->latent, 16) * spec->heads;
-	dg_launch l = { { grid_for(work, dg__dev_info(dev)->sm_count), 1, 1 },
-			{ 0, 0, 0 }, 0 };
-	dg_dptr x = a->x->data, w = a->w->data, out = a->out->data;
+	dg_tune_choice *ch = malloc(sizeof(*ch)); /* what runs: tuned or default */
+	if (!ch)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	st = dg_device_tile_choice(dev, spec, ch);
+	dg_spec r = ch->spec;
+	free(ch);
+	if (st)
+		return st;
+	dg_dptr w = a->w->data;
+	if (r.arch_specific) {
+		/* wgmma path: (head, m-tile) rows of tiles, split into as many
+		 * runs along n as two blocks an SM take (templates/
+		 * lowrank_wgmma.lua) */
+		work = 2LL * sms;
+		if (r.tile.stages == 1 && (r.weight == DG_FMT_TERNARY || r.weight == DG_FMT_SIGN1)) {
+			/* stages 1: the packed weights are unpacked to s8 codes once
+			 * (2 or 1 bits → 8 a code), and the int8 kernel streams
+			 * them, instead of every block decoding every tile */
+			bool tern = r.weight == DG_FMT_TERNARY;
+			int64_t rows = (int64_t)spec->heads * spec->latent;
+			dg_spec u;
+			dg_spec_init(&u, tern ? DG_OP_PACK_TERNARY : DG_OP_PACK_SIGN1);
+			u.embd = spec->embd;
+			u.arch = r.arch;
+			st = dg__dev_scratch(dev, 1, (size_t)rows * (size_t)spec->embd, &w);
+			if (st)
+				return st;
+			dg_tensor codes = dg_tensor_2d("w (unpacked)", DG_FMT_INT8, w, rows, spec->embd);
+			dg_tensor packed = dg_tensor_2d("w", r.weight, a->w->data, rows, spec->embd);
+			st = dg_pack_weight(dev, &u, &codes, &packed, true);
+			if (st)
+				return st;
+			r.weight = DG_FMT_INT8;
+		}
+	}
+	dg_launch l = { { grid_for(work, sms), 1, 1 }, { 0, 0, 0 }, 0 };
+	dg_dptr x = a->x->data, out = a->out->data;
 	dg_dptr sa = a->x->scale, sw = a->w->scale, so = a->out->scale;
 	dg_dptr absum = a->out_absum;
 	void *args[] = { &x, &w, &sa, &sw, &out, &so, &absum, &B, &T };
-	return dg__op_launch(dev, spec, "dg_lowrank_fwd", &l, args);
+	return dg__op_launch(dev, &r, "dg_lowrank_fwd", &l, args);
 }
 
 /* ---- relu_mask ------------------------------------------------------------ */
@@ -217,18 +256,21 @@ dg_status dg_decoder_fwd_check(const dg_spec *spec, const dg_decoder_fwd_args *a
 }
 
 /* K splits of the integer path: enough (tile, split) items for two a SM
- * with the default tile, each split at least 256 codes of K, at most 32.
- * The float path sums K in one item (deterministic): 1. */
-static int decoder_splits(const dg_spec *spec, long long m, int sms)
+ * with the default tile (one a SM, one wave, on the wgmma path: a block
+ * fills its SM), each split at least 256 codes of K, at most 32. The
+ * float path sums K in one item (deterministic): 1. *tiles gets the
+ * output tiles of the tile the runtime resolves by default. */
+static int decoder_splits(const dg_spec *spec, const dg_spec *r, long long m,
+			  int sms, long long *tiles)
 {
-	dg_tile t;
-
+	const dg_tile t = r->tile;
+	*tiles = cdiv(m, t.bm > 0 ? t.bm : 128) * cdiv(spec->embd, t.bn > 0 ? t.bn : 128);
 	if (!is_code(spec->act) || !is_code(spec->weight))
 		return 1;
-	dg_spec_default_tile(spec, &t);
-	long long tiles = cdiv(m, t.bm > 0 ? t.bm : 128) *
-			  cdiv(spec->embd, t.bn > 0 ? t.bn : 128);
-	long long want = cdiv(2LL * (sms > 0 ? sms : 1), tiles);
+	if (sms < 1)
+		sms = 1;
+	long long want = r->arch_specific ? (sms / *tiles > 1 ? sms / *tiles : 1)
+					 : cdiv(2LL * sms, *tiles);
 	long long most = (long long)spec->heads * spec->latent / 256;
 	if (want > most)
 		want = most;
@@ -253,28 +295,33 @@ dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
 	if (m == 0)
 		return DG_OK;
 	const int sms = dg__dev_info(dev)->sm_count;
-	int nsplit = decoder_splits(spec, m, sms);
-	dg_dptr ws = 0;
-	st = dg__dev_scratch(dev, 0, (size_t)n * 4, &ws);
+	long long tiles = 0;
+	dg_tune_choice *ch = malloc(sizeof(*ch)); /* what runs: tuned or default */
+	if (!ch)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	st = dg_device_tile_choice(dev, spec, ch);
+	dg_spec r = ch->spec;
+	free(ch);
 	if (st)
 		return st;
-	if (nsplit > 1 || (is_code(spec->act) && is_code(spec->weight))) {
-		/* the integer path adds into ws */
-		st = dg_memset8(dev, ws, 0, (size_t)n * 4);
-		if (st)
-			return st;
-	}
-	long long work = cdiv(m, 16) * cdiv(spec->embd, 16) * nsplit;
+	int nsplit = decoder_splits(spec, &r, m, sms, &tiles);
+	/* One slice of partial sums a split (int32; f32 for the float path,
+	 * which runs one split): every element written, nothing to zero. */
+	dg_dptr ws = 0;
+	st = dg__dev_scratch(dev, 0, (size_t)nsplit * (size_t)n * 4, &ws);
+	if (st)
+		return st;
+	long long work = tiles * nsplit; /* the kernel strides over any grid */
 	dg_launch l1 = { { grid_for(work, sms), 1, 1 }, { 0, 0, 0 }, 0 };
 	dg_dptr y = a->y->data, w = a->w->data;
 	void *a1[] = { &y, &w, &ws, &B, &T, &nsplit };
-	st = dg__op_launch(dev, spec, "dg_decoder_fwd", &l1, a1);
+	st = dg__op_launch(dev, &r, "dg_decoder_fwd", &l1, a1);
 	if (st)
 		return st;
 
 	dg_launch l2 = { { grid_for(cdiv(n, 1024), sms / 2 > 0 ? sms / 2 : 1), 1, 1 },
 			 { 256, 1, 1 }, 0 };
 	dg_dptr sa = a->y->scale, sw = a->w->scale, out = a->out->data;
-	void *a2[] = { &ws, &sa, &sw, &out, &n };
-	return dg__op_launch(dev, spec, "dg_decoder_fwd_out", &l2, a2);
+	void *a2[] = { &ws, &sa, &sw, &out, &n, &nsplit };
+	return dg__op_launch(dev, &r, "dg_decoder_fwd_out", &l2, a2);
 }

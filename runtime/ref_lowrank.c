@@ -2,7 +2,8 @@
  * CPU reference of lowrank_fwd (dragon/ref.h):
  *
  *   y[b,h,t,l] = s · Σ_e x[b,hin(h),t,e] · w[h,l,e]     hin(h) = Hin==1 ? 0 : h
- *   out = relu ? max(y - thr, 0) : y, stored in the out format
+ *   out = relu ? max(y - thr, 0) : y, stored in the out format (f32, bf16),
+ *   or as codes from one fused multiply-add of the sum (store_code)
  *
  * It walks the same storage the kernel reads (templates/lowrank.lua): i8x4
  * words for integer activations and int8 weights, 16 ternary codes a uint32
@@ -96,30 +97,61 @@ static dg_status check(const dg_spec *spec, const dg_ref_lowrank_args *a,
 	return DG_OK;
 }
 
-/* out[i] = y in the out format; codes clamp(rint(y · (1/so))), 0 when
- * so <= 0. The kernels multiply by the reciprocal (one IEEE division a
- * launch, not one an element): 1.0f / so here is the same float as the
- * GPU's __frcp_rn(so), and the product is rounded once on both sides. */
-static void store_out(dg_fmt fmt, void *out, size_t i, float y, float so)
+/* out[i] = y in the out format (f32, bf16). */
+static void store_float(dg_fmt fmt, void *out, size_t i, float y)
 {
-	switch (fmt) {
-	case DG_FMT_F32:
+	if (fmt == DG_FMT_F32)
 		((float *)out)[i] = y;
-		break;
-	case DG_FMT_BF16:
+	else
 		((uint16_t *)out)[i] = dg_ref_f32_to_bf16(y);
-		break;
-	case DG_FMT_INT8:
-		((int8_t *)out)[i] =
-			(int8_t)(so <= 0.0f ? 0
-					    : dg__ref_code_of(y * (1.0f / so), -127, 127));
-		break;
-	default: /* uint8pos */
-		((uint8_t *)out)[i] =
-			(uint8_t)(so <= 0.0f ? 0
-					     : dg__ref_code_of(y * (1.0f / so), 0, 255));
-		break;
-	}
+}
+
+/*
+ * Codes out (int8, uint8pos): a saturating fused multiply-add from the
+ * accumulator, then a rounding one; with lo..hi the code range (relu int8
+ * 0..127, int8 -127..127, uint8pos 0..255) and R = hi - lo:
+ *   r = 1/so, ca = s·r, cb = relu ? -thr·r : 0       (each a rounded float)
+ *   a1 = ca / R, b1 = (cb - lo) / R                   (rounded)
+ *   u = clamp(fmaf(acc, a1, b1), 0, 1)                (NaN → 0)
+ *   code = lo + rint(u · R)                           (half to even, one rounding)
+ * That is clamp(rint((acc·s - thr) / so)) up to the rounding of a1, b1 and
+ * u (a code can differ by one next to a tie), computed the way the
+ * tensor-core epilogue does it: two FMAs an output on the FP32 pipe, the
+ * clamp for free (FFMA.SAT), the rounding by adding 1.5·2^23. so <= 0
+ * gives r = 0 and so code 0.
+ */
+typedef struct code_map {
+	float a1, b1, r, lo;
+} code_map;
+
+static code_map code_map_of(dg_fmt fmt, bool relu, float relu_thr, float s,
+			    float so)
+{
+	code_map c;
+	float so_r = so > 0.0f ? 1.0f / so : 0.0f;
+	float ca = s * so_r;
+	float cb = relu ? -relu_thr * so_r : 0.0f;
+
+	c.lo = fmt == DG_FMT_INT8 && !relu ? -127.0f : 0.0f;
+	c.r = (fmt == DG_FMT_INT8 ? 127.0f : 255.0f) - c.lo;
+	c.a1 = ca / c.r;
+	c.b1 = (cb - c.lo) / c.r;
+	return c;
+}
+
+static void store_code(dg_fmt fmt, void *out, size_t i, float acc,
+		       const code_map *c)
+{
+	float u = fmaf(acc, c->a1, c->b1);
+	float t;
+
+	u = u > 0.0f ? (u < 1.0f ? u : 1.0f) : 0.0f;
+	t = fmaf(u, c->r, 12582912.0f + c->lo); /* rounds to an integer */
+	int code = (int)t - 12582912;
+	if (fmt == DG_FMT_INT8)
+		((int8_t *)out)[i] = (int8_t)code;
+	else
+		((uint8_t *)out)[i] = (uint8_t)code;
 }
 
 /* Σ_e x[e]·w[e] exactly; int32 wrap like the kernel's dp4a accumulator
@@ -158,8 +190,9 @@ static dg_status lowrank_run(const dg_spec *spec,
 {
 	dg_status st = check(spec, args, grad_out != NULL);
 	size_t H, Hin, E, L, B, T;
-	bool int_path, act_code_fmt, w_code_fmt;
+	bool int_path, act_code_fmt, w_code_fmt, out_code;
 	float s;
+	code_map cm = { 0 }; /* codes out: store_code */
 	double absum = 0.0;
 	int32_t *xi = NULL, *wi = NULL; /* (E) and (L, E) decoded, int path */
 	float *xf = NULL, *wf = NULL;   /* the same, float path */
@@ -185,6 +218,11 @@ static dg_status lowrank_run(const dg_spec *spec,
 		xf = malloc(E * sizeof(*xf));
 		wf = malloc(L * E * sizeof(*wf));
 	}
+	out_code = !grad_out && (spec->out == DG_FMT_INT8 ||
+				 spec->out == DG_FMT_UINT8POS);
+	if (out_code)
+		cm = code_map_of(spec->out, spec->relu, spec->relu_thr, s,
+				 args->so);
 	if (int_path ? !xi || !wi : !xf || !wf) {
 		st = DG_ERR_NOMEM;
 		goto out;
@@ -224,12 +262,13 @@ static dg_status lowrank_run(const dg_spec *spec,
 								 xrow + e);
 			}
 			for (size_t l = 0; l < L; l++) {
-				float y;
+				float acc, y;
 
 				if (int_path)
-					y = (float)dot_int(xi, wi + l * E, E) * s;
+					acc = (float)dot_int(xi, wi + l * E, E);
 				else
-					y = dot_float(xf, wf + l * E, E) * s;
+					acc = dot_float(xf, wf + l * E, E);
+				y = acc * s;
 				if (grad_out) {
 					y = y - spec->relu_thr;
 					grad_out[orow + l] =
@@ -241,8 +280,12 @@ static dg_status lowrank_run(const dg_spec *spec,
 					y = y > 0.0f ? y : 0.0f;
 				}
 				absum += fabs((double)y);
-				store_out(spec->out, args->out, orow + l, y,
-					  args->so);
+				if (out_code)
+					store_code(spec->out, args->out, orow + l,
+						   acc, &cm);
+				else
+					store_float(spec->out, args->out,
+						    orow + l, y);
 			}
 		}
 	}

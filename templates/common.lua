@@ -182,7 +182,35 @@ __device__ __forceinline__ int dg_code(float q, int lo, int hi)
 	int c = __float2int_rn(q);
 	return c < lo ? lo : (c > hi ? hi : c);
 }
+
+// Output codes of the projection (dragon/ref.h): u = sat(fmaf(acc, a1, b1)),
+// code = lo + rint(u·r), returned as the float 1.5·2^23 + code (lo_m =
+// 1.5·2^23 + lo): adding it rounds u·r + lo to an integer, half to even, and
+// the float's bits minus 0x4b400000 are the code (its low byte, the byte).
+// Two FMAs on the FP32 pipe; the clamp is the FMA's saturation.
+__device__ __forceinline__ float dg_code_t(float acc, float a1, float b1, float r, float lo_m)
+{
+	float u;	// fma.rn.sat: the saturation clamps to [0, 1] (NaN gives 0)
+	asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(u) : "f"(acc), "f"(a1), "f"(b1));
+	return fmaf(u, r, lo_m);
+}
 ]]
+
+-- The per-launch constants of dg_code_t for an out format (int8 | uint8pos)
+-- and ReLU (relu: the threshold's C literal or nil), given the C names of
+-- the scale s (or a literal) and of so_r = 1/so (0 when so <= 0). Lines of
+-- C declaring ca, cb, CR, CLOM, a1, b1.
+function M.code_consts(out, thr, s)
+  local lo = (out == "int8" and not thr) and -127 or 0
+  local hi = out == "int8" and 127 or 255
+  local t = {
+    fmt("const float ca = __fmul_rn(%s, so_r);	// codes (dragon/ref.h)", s),
+    fmt("const float cb = %s;", thr and fmt("__fmul_rn(-(%s), so_r)", thr) or "0.0f"),
+    fmt("constexpr float CR = %d.0f, CLO = %d.0f, CLOM = 12582912.0f + CLO;	// code range %d..%d", hi - lo, lo, lo, hi),
+    "const float a1 = __fdiv_rn(ca, CR), b1 = __fdiv_rn(__fsub_rn(cb, CLO), CR);",
+  }
+  return t
+end
 
 H.dp4a = [[
 // dp4a through inline PTX: c + Σ_j a.byte[j] · b.byte[j], exact in int32.

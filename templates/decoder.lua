@@ -17,16 +17,18 @@ dg_ref_decoder_fwd):
       void *ws, int B, int T, int nsplit)
     grid: any number of blocks (they stride over ceil(B·T/BM)·ceil(E/BN)
     tiles × nsplit splits); block and dynamic shared memory from the launch
-    info. Integer × integer: ws is int32 (M, E), zeroed by the caller, and
-    receives the exact partial sums with atomic adds (red.global.add.s32:
-    integer addition is associative, so the result is deterministic).
+    info. Integer × integer: ws is int32 (nsplit, M, E): split s writes its
+    exact partial sums to slice s with plain stores (every element of its
+    rows < M, zeros where its K range is empty), so nothing needs zeroing
+    and nothing is added atomically.
     Any float operand: ws is f32 (M, E) and written with plain stores; the
     kernel sums the whole K in one work item (split 0; other splits do
     nothing), so the result is deterministic too: pass nsplit = 1.
   extern "C" __global__ void dg_decoder_fwd_out(const void *ws,
-      const float *sa, const float *sw, OT *out, long long n)
+      const float *sa, const float *sw, OT *out, long long n, int nsplit)
     n = B·T·E (a multiple of 4), 256 threads a block, any grid:
-    out[i] = __fmul_rn((float)ws[i], s) as f32 or bf16 (round half to even);
+    out[i] = __fmul_rn((float)Σ_s ws[s·n + i], s) as f32 or bf16 (round half
+    to even; the int32 sum of the nsplit slices is exact in any order);
     s = sa·sw (both integer), sa or sw (one), 1 (none).
 
     y    (B, H, T, L): i8x4 codes (int8, int4, uint8pos lanes unsigned) |
@@ -68,7 +70,7 @@ dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
 	const int tid = threadIdx.x;
 	const int lane = tid & 31, warp = tid >> 5;
 	const int M = B * T;
-	int *ws = (int *)ws_;		// (M, E) int32 partial sums
+	int *ws = (int *)ws_;		// (nsplit, M, E) int32 partial sums
 	const unsigned char *yb = (const unsigned char *)y;
 	const unsigned char *wb = (const unsigned char *)w;
 	const void *a_zf = y, *b_zf = w;	// valid addresses for zero-fill copies
@@ -103,19 +105,168 @@ dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
 	};
 	auto b_koff = [&](int kt) -> long long { return (long long)kt * (BK / WDIV); };
 ${GEMM}
-	// ---- partial sums into the workspace: exact integer atomics
-	if (nkt > 0) {
+	// ---- this split's partial sums into its slice of the workspace (pairs)
+	{
+		int *slice = ws + (long long)split * M * E;
 #pragma unroll
 		for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
 			for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-				for (int i = 0; i < 4; ++i) {
-					const int m = m0 + wr * WTM + mt * 16 + g + 8 * (i >> 1);
-					const int d = n0 + wc * WTN + nt * 8 + 2 * q + (i & 1);
+				for (int hh = 0; hh < 2; ++hh) {
+					const int m = m0 + wr * WTM + mt * 16 + g + 8 * hh;
+					const int d = n0 + wc * WTN + nt * 8 + 2 * q;	// even; E is even
 					if (m < M && d < E)
-						atomicAdd(ws + (long long)m * E + d, acc[mt][nt][i]);
+						*(int2 *)(slice + (long long)m * E + d) =
+							make_int2(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
 				}
+	}
+	__syncthreads();	// the next item's copies overwrite the shared buffers
+	}
+}
+]]
+
+local KERNEL_WG = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int L = ${L};		// latent width per head (a head's K segment)
+constexpr int E = ${E};		// model width: the N of the GEMM
+constexpr long long WROW = (long long)H * L / ${WDIV};	// bytes a weight row
+constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};	// block tile, K step (codes)
+constexpr int NWG = BM / 64, NT = NWG * 128;	// warpgroups (64 rows each), threads
+constexpr int S = ${S};				// stages; S - 2 K steps in flight
+constexpr int KT = (int)((long long)H * L / BK);	// K steps of the whole reduction
+constexpr int KCH = BK / 16;			// core matrices along K a row
+constexpr int SBO = KCH * 128;			// bytes between 8-row core-matrix groups
+constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
+constexpr int SA = BM * KCH / NT;		// A chunks a thread a step
+constexpr int UB = ${UB};			// codes a B unit (16 bytes of storage)
+constexpr int SB = (BN * (BK / UB) + NT - 1) / NT;	// B units a thread a step
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
+	       void *__restrict__ ws_, int B, int T, int nsplit)
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x;
+	const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int M = B * T;
+	int *ws = (int *)ws_;		// (nsplit, M, E) int32 partial sums
+	const unsigned char *yb = (const unsigned char *)y;
+	const unsigned char *wb = (const unsigned char *)w;
+	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+	const int NTN = (E + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+	const long long ntile = (long long)NTN * NTM;
+	int acc[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i)
+		acc[i] = 0;
+#pragma unroll 1
+	for (long long item = blockIdx.x; item < ntile * nsplit; item += gridDim.x) {
+	const long long tile = item % ntile;
+	const int split = (int)(item / ntile);
+	const int n0 = (int)(tile % NTN) * BN;
+	const int m0 = (int)(tile / NTN) * BM;
+	const int kt0 = (int)((long long)split * KT / nsplit);
+	const int nkt = (int)((long long)(split + 1) * KT / nsplit) - kt0;
+	int *slice = ws + (long long)split * M * E;	// this split's partial sums
+	const int r0 = m0 + wg * 64 + (warp & 3) * 16 + g;
+	if (nkt <= 0) {	// an empty K range: its slice is zeros
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+			for (int hh = 0; hh < 2; ++hh) {
+				const int m = r0 + 8 * hh, d = n0 + 8 * j + 2 * q;
+				if (m < M && d < E)
+					*(int2 *)(slice + (long long)m * E + d) = make_int2(0, 0);
+			}
+		continue;
+	}
+	// Tiles of one split start their K walk at staggered steps, so that the
+	// blocks do not all read the same weight columns (the same L2 lines) at
+	// once: step i of the item is K step kstep(i).
+	const int rot = (int)(tile * nkt / ntile);
+	auto kstep = [&](int i) -> int {
+		const int r = i + rot;
+		return kt0 + (r >= nkt ? r - nkt : r);
+	};
+	// A chunk u = tid + s·NT: row (u%8) of core group u/(8·KCH), chunk (u/8)%KCH
+	const unsigned char *a_src[SA];
+	int a_dst[SA];
+#pragma unroll
+	for (int s = 0; s < SA; ++s) {
+		const int u = tid + s * NT;
+		const int r = (u & 7) | ((u / (8 * KCH)) << 3), kc = (u >> 3) % KCH;
+		const int m = m0 + r;
+		a_dst[s] = (r >> 3) * SBO + kc * 128 + (r & 7) * 16;
+		a_src[s] = nullptr;
+		if (m < M) {
+			const int b = m / T, t = m - b * T;
+			a_src[s] = yb + ((long long)b * H * T + t) * L + kc * 16;
+		}
+	}
+	// K step kt of an A row lies in head kt·BK / L (BK divides L)
+	auto a_koff = [&](int kt) -> long long {
+		const long long kg = (long long)kt * BK;
+		const long long hh = kg / L;
+		return hh * T * L + (kg - hh * L);
+	};
+	auto issue = [&](int kt, int stg) {
+		unsigned char *base = smem + stg * STAGE_BYTES;
+		const long long ao = a_koff(kt);
+#pragma unroll
+		for (int s = 0; s < SA; ++s)
+			dg_cp16(base + a_dst[s], a_src[s] ? (const void *)(a_src[s] + ao) : (const void *)yb,
+				a_src[s] ? 16 : 0);
+${ISSUE_B}
+	};
+${B_DECODE}
+	// ---- pipeline: S - 2 steps in flight; a stage is refilled two steps
+	// after the MMAs that read it were issued (wait_group 1 a step).
+#pragma unroll
+	for (int st = 0; st < S - 2; ++st) {
+		if (st < nkt)
+			issue(kstep(st), st);
+		dg_cp_commit();
+${B_PROLOGUE}
+	}
+${B_PREFETCH}
+#pragma unroll 1
+	for (int i = 0; i < nkt; ++i) {
+		dg_cp_wait<S - 3>();	// step i's copies (this thread's) have landed
+		dg_fence_async_smem();	// ... and this thread's decoded stores
+		__syncthreads();	// everyone's; every warpgroup's MMAs of step i-2 are done
+		const int nx = i + S - 2;
+		if (nx < nkt)
+			issue(kstep(nx), nx % S);
+		dg_cp_commit();
+		{
+			const unsigned st_addr = sbase + (i % S) * STAGE_BYTES;
+			dg_wg_fence();
+#pragma unroll
+			for (int ks = 0; ks < BK / 32; ++ks)
+				dg_wgmma(acc, dg_wg_desc(st_addr + wg * 8 * SBO + ks * 256, SBO),
+					 dg_wg_desc(st_addr + A_BYTES + ks * 256, SBO), (i > 0 || ks > 0) ? 1 : 0);
+			dg_wg_commit();
+		}
+${B_STEP}
+		dg_wg_wait<1>();
+	}
+	dg_wg_wait<0>();
+	dg_wg_pin(acc);
+	// ---- this split's partial sums into its slice of the workspace (pairs)
+	{
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+			for (int hh = 0; hh < 2; ++hh) {
+				const int m = r0 + 8 * hh;
+				const int d = n0 + 8 * j + 2 * q;	// even; E is even
+				if (m < M && d < E)
+					*(int2 *)(slice + (long long)m * E + d) =
+						make_int2(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+			}
 	}
 	__syncthreads();	// the next item's copies overwrite the shared buffers
 	}
@@ -158,7 +309,7 @@ dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
 	extern __shared__ __align__(16) unsigned char smem[];
 	${AT} (*sa_)[KS + 1] = (${AT} (*)[KS + 1])smem;			// [BM][KS + 1]
 	${AT} (*sb_)[KS + 1] = (${AT} (*)[KS + 1])(smem + BM * (KS + 1) * 4);	// [BN][KS + 1]
-	${WS_T} *ws = (${WS_T} *)ws_;	// (M, E)
+	${WS_T} *ws = (${WS_T} *)ws_;	// (nsplit, M, E) int32 slices | (M, E) f32
 	const int tid = threadIdx.x;
 	const int lane = tid & 31, warp = tid >> 5;
 	const int lr = lane >> 3, lc = lane & 7;
@@ -208,7 +359,7 @@ ${RANGE}
 			}
 		}
 	}
-	if (kt1 > kt0) {
+	if (${STORE_IF}) {
 #pragma unroll
 		for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -225,16 +376,17 @@ ${RANGE}
 ]]
 
 local CONVERT = [[
-// ws (M, E) → out, four elements a thread a round.
+// ws (nsplit slices of M·E) → out, four elements a thread a round.
 extern "C" __global__ void __launch_bounds__(256)
 dg_decoder_fwd_out(const void *__restrict__ ws_, const float *__restrict__ sa,
-		   const float *__restrict__ sw, ${OT} *__restrict__ out, long long n)
+		   const float *__restrict__ sw, ${OT} *__restrict__ out, long long n, int nsplit)
 {
 	const ${WS_T} *ws = (const ${WS_T} *)ws_;
 	const float s = ${SCALE};
 	for (long long i = ((long long)blockIdx.x * 256 + threadIdx.x) * 4; i < n;
 	     i += (long long)gridDim.x * 256 * 4) {
-		const ${WS_V} v = *(const ${WS_V} *)(ws + i);
+		${WS_V} v = *(const ${WS_V} *)(ws + i);
+${SUM}
 		const float y0 = __fmul_rn(${CVT}(v.x), s), y1 = __fmul_rn(${CVT}(v.y), s);
 		const float y2 = __fmul_rn(${CVT}(v.z), s), y3 = __fmul_rn(${CVT}(v.w), s);
 ${STORE}
@@ -242,6 +394,112 @@ ${STORE}
 }
 ]]
 
+
+-- The sm_90a path applies (codegen/spec.c wgmma_fits mirrors this):
+-- integer × integer, arch sm_90a, warps WM x 1 in whole warpgroups of 64
+-- rows (BM = 16·WM), BN 64, 128 or 256, BK a multiple of 32 (64 for
+-- ternary, 128 for sign1: whole 16-byte storage units), 3 to 8 stages, the
+-- stages within 227 KiB.
+function M.wgmma_fits(spec, fa, fw, E, bm, bn, bk, wm, wn, stages)
+  local unit = fw.epw == 16 and 64 or (fw.epw == 32 and 128 or 32)
+  return C.int_field(spec, "arch", 1) == 90 and spec.arch_specific == true and fa.code and fw.code and
+    wn == 1 and wm % 4 == 0 and wm <= 16 and bm == 16 * wm and (bn == 64 or bn == 128 or bn == 256) and
+    bk % unit == 0 and stages >= 3 and stages <= 8 and stages * (bm + bn) * bk <= 227 * 1024
+end
+
+local function render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages)
+  local WG = require("wgmma")
+  local MMA = require("mma")
+  local nt = bm // 64 * 128
+  local smem = stages * (bm + bn) * bk
+  local wdiv = weight == "ternary" and 4 or (weight == "sign1" and 8 or 1)
+  local v = { H = H, L = L, E = E, WDIV = wdiv, BM = bm, BN = bn, BK = bk, S = stages,
+              YT = fa.ctype, WT = fw.ctype, UB = weight == "ternary" and 64 or (weight == "sign1" and 128 or 16),
+              ISSUE_B = "", B_DECODE = "", B_PROLOGUE = "", B_PREFETCH = "", B_STEP = "" }
+  if weight ~= "ternary" and weight ~= "sign1" then
+    v.ISSUE_B = [[
+		const long long bo = (long long)kt * BK;
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT;
+			if (u < BN * KCH) {
+				const int p = (u & 7) | ((u / (8 * KCH)) << 3), kc = (u >> 3) % KCH;
+				const int d = n0 + p;
+				dg_cp16(base + A_BYTES + (p >> 3) * SBO + kc * 128 + (p & 7) * 16,
+					d < E ? (const void *)(wb + d * WROW + bo + kc * 16) : (const void *)wb, d < E ? 16 : 0);
+			}
+		}]]
+  else
+    local dec
+    if weight == "ternary" then
+      dec = [[
+				*(uint4 *)(o + 0 * 128) = dg_tern16(rb[s].x);
+				*(uint4 *)(o + 1 * 128) = dg_tern16(rb[s].y);
+				*(uint4 *)(o + 2 * 128) = dg_tern16(rb[s].z);
+				*(uint4 *)(o + 3 * 128) = dg_tern16(rb[s].w);]]
+    else
+      dec = [[
+				const unsigned vw[4] = { rb[s].x, rb[s].y, rb[s].z, rb[s].w };
+#pragma unroll
+				for (int k = 0; k < 4; ++k) {
+					const unsigned x_ = vw[k];
+					*(uint4 *)(o + (2 * k) * 128) = make_uint4(dg_sign4(x_ & 15u), dg_sign4((x_ >> 4) & 15u),
+										    dg_sign4((x_ >> 8) & 15u), dg_sign4((x_ >> 12) & 15u));
+					*(uint4 *)(o + (2 * k + 1) * 128) = make_uint4(dg_sign4((x_ >> 16) & 15u), dg_sign4((x_ >> 20) & 15u),
+											dg_sign4((x_ >> 24) & 15u), dg_sign4(x_ >> 28));
+				}]]
+    end
+    v.B_DECODE = C.subst([[
+	// B: packed weight units (16 bytes, UB codes) loaded to registers one
+	// step ahead, decoded to s8 core-matrix rows after the step's MMAs issue.
+	// Unit u = tid + s·NT: row (u%8) of core group u/(8·UPR), unit (u/8)%UPR.
+	constexpr int UPR = BK / UB;
+	uint4 rb[SB];
+	auto b_load = [&](int kt) {
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT;
+			rb[s] = make_uint4(0u, 0u, 0u, 0u);
+			if (u < BN * UPR) {
+				const int p = (u & 7) | ((u / (8 * UPR)) << 3), c = (u >> 3) % UPR;
+				const int d = n0 + p;
+				if (d < E)
+					rb[s] = __ldg((const uint4 *)(wb + d * WROW + (long long)kt * (BK / ${WDIV}) + c * 16));
+			}
+		}
+	};
+	auto b_store = [&](int stg) {
+		unsigned char *dst = smem + stg * STAGE_BYTES + A_BYTES;
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT;
+			if (u < BN * UPR) {
+				const int p = (u & 7) | ((u / (8 * UPR)) << 3), c = (u >> 3) % UPR;
+				unsigned char *o = dst + (p >> 3) * SBO + c * (UB / 16) * 128 + (p & 7) * 16;
+${DEC}
+			}
+		}
+	};]], { DEC = dec, WDIV = wdiv })
+    v.B_PROLOGUE = [[
+		if (st < nkt) {
+			b_load(kstep(st));
+			b_store(st);
+		}]]
+    v.B_PREFETCH = "\tif (S - 2 < nkt)\n\t\tb_load(kstep(S - 2));"
+    v.B_STEP = [[
+		if (nx < nkt) {
+			b_store(nx % S);	// stage nx % S was read by step i-2's MMAs: done
+			if (nx + 1 < nkt)
+				b_load(kstep(nx + 1));
+		}]]
+  end
+  local main = MMA.helpers({ decode = false }, fa.unsigned) .. "\n" .. WG.helpers(bn, fa.unsigned) .. "\n" ..
+    (weight == "ternary" and (WG.decoders .. "\n") or "") .. C.subst(KERNEL_WG, v)
+  local about = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, %d stages "
+    .. "(%d K steps in flight)%s, split-K into int32 slices", bn, fa.unsigned and "u8" or "s8", stages, stages - 2,
+    (weight == "ternary" or weight == "sign1") and (", " .. weight .. " weights decoded to s8 in shared memory") or "")
+  return main, about, smem, nt
+end
 
 function M.render(spec)
   C.check(spec.op == "decoder_fwd", "decoder.lua renders op decoder_fwd, not %s", tostring(spec.op))
@@ -260,12 +518,16 @@ function M.render(spec)
   C.check(bk % fw.epw == 0, "tile bk=%d: weight %s packs %d a word; bk must be a multiple", bk, weight, fw.epw)
   local int_path = fa.code and fw.code
   local MMA = require("mma")
-  local use_mma = int_path and MMA.fits(C.int_field(spec, "arch", 1), bm, bn, bk, wm, wn)
+  local use_wg = M.wgmma_fits(spec, fa, fw, E, bm, bn, bk, wm, wn, stages)
+  local use_mma = not use_wg and int_path and MMA.fits(C.int_field(spec, "arch", 1), bm, bn, bk, wm, wn)
 
   local helpers = { bf16 = (out == "bf16" or act == "bf16" or weight == "bf16") or nil }
   local w = C.writer()
   local main, about, launch_main, smem, nt
-  if use_mma then
+  if use_wg then
+    main, about, smem, nt = render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages)
+    helpers.sign1 = (weight == "sign1") or nil
+  elseif use_mma then
     local p = MMA.plan(bm, bn, bk, wm, wn, stages, weight)
     local wdiv = weight == "ternary" and 4 or (weight == "sign1" and 8 or 1)
     smem = p.pipe
@@ -278,7 +540,7 @@ function M.render(spec)
       YT = fa.ctype, WT = fw.ctype, GEMM = MMA.gemm(p),
     })
     about = fmt("integer × integer on tensor cores: mma.sync m16n8k32 %s.s8 (%d stages, row stride %d), "
-      .. "split-K with int32 atomics", fa.unsigned and "u8" or "s8", p.stages, p.rs)
+      .. "split-K into int32 slices", fa.unsigned and "u8" or "s8", p.stages, p.rs)
   else
     C.check(bm % (4 * wm) == 0 and bn % (8 * wn) == 0,
             "tile %dx%d/%dx%d: each warp's tile must be a multiple of 4x8", bm, bn, wm, wn)
@@ -291,7 +553,8 @@ function M.render(spec)
       v.AT = "int"
       v.WS_T = "int"
       v.MAC = "acc[i][j] += av * bv[j]"
-      v.STORE = "atomicAdd(ws + (long long)m * E + d, acc[i][j])"
+      v.STORE = "ws[(long long)split * M * E + (long long)m * E + d] = acc[i][j]"
+      v.STORE_IF = "true"	-- every split writes its slice, zeros included
       v.RANGE = [[
 	const int kt0 = (int)((long long)split * KT / nsplit);
 	const int kt1 = (int)((long long)(split + 1) * KT / nsplit);]]
@@ -300,6 +563,7 @@ function M.render(spec)
       v.WS_T = "float"
       v.MAC = "acc[i][j] = fmaf(av, bv[j], acc[i][j])"
       v.STORE = "ws[(long long)m * E + d] = acc[i][j]"
+      v.STORE_IF = "kt1 > kt0"	-- split 0 alone (nsplit = 1)
       v.RANGE = [[
 	// float sums: one work item sums the whole K (split 0), so the result
 	// does not depend on nsplit
@@ -326,7 +590,7 @@ function M.render(spec)
       v.B_LOAD = "w[i]"
     end
     main = C.subst(KERNEL_SIMT, v)
-    about = int_path and "integer × integer, SIMT: int32 multiply-add, split-K with int32 atomics"
+    about = int_path and "integer × integer, SIMT: int32 multiply-add, split-K into int32 slices"
       or "float (SIMT): operands converted to f32, fp32 FMA, K unsplit (deterministic)"
   end
 
@@ -335,8 +599,17 @@ function M.render(spec)
   if int_path then
     cv.WS_T, cv.WS_V, cv.CVT = "int", "int4", "__int2float_rn"
     cv.SCALE = "__fmul_rn(*sa, *sw)"
+    cv.SUM = [[
+		for (int sp = 1; sp < nsplit; ++sp) {	// exact int32 sums of the slices
+			const int4 u = *(const int4 *)(ws + sp * n + i);
+			v.x += u.x;
+			v.y += u.y;
+			v.z += u.z;
+			v.w += u.w;
+		}]]
   else
     cv.WS_T, cv.WS_V, cv.CVT = "float", "float4", ""
+    cv.SUM = "\t\t(void)nsplit;	// one f32 slice"
     cv.SCALE = fa.code and "*sa" or (fw.code and "*sw" or "1.0f")
   end
   if out == "f32" then
@@ -361,10 +634,10 @@ __device__ __forceinline__ int dg_tern_at(const unsigned *__restrict__ w, long l
     "",
     fmt("extern \"C\" __global__ void dg_decoder_fwd(const %s *y, const %s *w, void *ws, int B, int T, int nsplit)",
         fa.ctype, fw.ctype),
-    fmt("extern \"C\" __global__ void dg_decoder_fwd_out(const void *ws, const float *sa, const float *sw, %s *out, long long n)",
+    fmt("extern \"C\" __global__ void dg_decoder_fwd_out(const void *ws, const float *sa, const float *sw, %s *out, long long n, int nsplit)",
         cv.OT),
     fmt("y (B, %d, T, %d) %s; w (%d, %d) %s; ws (B·T, %d) %s; out (B, 1, T, %d) %s.", H, L, act, E, H * L,
-        weight, E, int_path and "int32 (zeroed by the caller)" or "f32", E, out),
+        weight, E, int_path and "int32, a slice a split" or "f32", E, out),
     fmt("tile %dx%dx%d/%dx%d/%d: block %d threads, %d bytes of dynamic shared memory.", bm, bn, bk, wm, wn,
         stages, nt, smem),
     "path: " .. about .. ".",

@@ -496,6 +496,9 @@ local function epilogue_text(p)
   if p.out_code then
     w:line("const float so_v = *so;			// out scale: codes rint(y · (1/so))")
     w:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;	// one IEEE reciprocal, not a division an element")
+    for _, l in ipairs(C.code_consts(p.out, p.thr, (p.int_path or p.act_code or p.w_code) and "s" or "1.0f")) do
+      w:line(l)
+    end
   end
   if not p.mask then
     w:line("float absum = 0.0f;			// Σ|y| of this thread's valid outputs")
@@ -525,11 +528,14 @@ local function epilogue_text(p)
   w:line("\tfor (int j = 0; j < TN; ++j) {")
   w:indent(2)
   if p.int_path then
-    w:line("float y = __fmul_rn(__int2float_rn(acc[i][j]), s);")
-  elseif p.act_code or p.w_code then
-    w:line("float y = __fmul_rn(acc[i][j], s);")
+    w:line("const float accf = __int2float_rn(acc[i][j]);")
   else
-    w:line("float y = acc[i][j];")
+    w:line("const float accf = acc[i][j];")
+  end
+  if p.int_path or p.act_code or p.w_code then
+    w:line("float y = __fmul_rn(accf, s);")
+  else
+    w:line("float y = accf;")
   end
   if p.mask then
     -- relu_mask: the forward's y - thr, bit for bit; its sign is the mask
@@ -555,10 +561,10 @@ local function epilogue_text(p)
     conv = "y"
   elseif p.out == "bf16" then
     conv = "dg_f32_to_bf16(y)"
-  elseif p.out == "int8" then
-    conv = "(signed char)(so_v <= 0.0f ? 0 : dg_code(__fmul_rn(y, so_r), -127, 127))"
   else
-    conv = "(unsigned char)(so_v <= 0.0f ? 0 : dg_code(__fmul_rn(y, so_r), 0, 255))"
+    -- codes: two FMAs from the sum (dragon/ref.h, dg_code_t)
+    w:line("const int cv = __float_as_int(dg_code_t(accf, a1, b1, CR, CLOM)) - 0x4b400000;")
+    conv = p.out == "int8" and "(signed char)cv" or "(unsigned char)cv"
   end
   w:linef("const %s v = %s;", p.OT, conv)
   if p.staged then
@@ -737,6 +743,9 @@ end
 
 --[[
 Which path a spec takes (codegen/spec.c mirrors it in its smem estimate):
+  wgmma (sm_90a) lowrank_fwd, act and weight integer codes, arch sm_90a, a
+                 warpgroup tile (templates/lowrank_wgmma.lua M.fits): the
+                 whole E resident, one FMA an output, stores from registers;
   tensor cores   act and weight integer codes, BK a multiple of 32 (so
                  E % 32 == 0), the warp tile (BM/WM x BN/WN) whole 16x8
                  fragments: mma.sync s8 (u8 for uint8pos acts) — the fast path;
@@ -803,6 +812,9 @@ function M.render(spec)
   end
 
   local fa, fw = C.formats[k.act], C.formats[k.weight]
+  if require("lowrank_wgmma").fits(k, C.int_field(spec, "arch", 1), spec.arch_specific == true) then
+    return require("lowrank_wgmma").render(spec, k)
+  end
   if fa.code and fw.code and k.E % k.bk == 0 and require("mma").fits(C.int_field(spec, "arch", 1), k.bm, k.bn, k.bk, k.wm, k.wn) then
     return require("lowrank_mma").render(spec, k)
   end

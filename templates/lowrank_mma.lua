@@ -87,6 +87,9 @@ local function mma_epilogue(k, vb)
   if out_code then
     w:line("const float so_v = *so;			// out scale: codes rint(y · (1/so))")
     w:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;	// one IEEE reciprocal, not a division an element")
+    for _, l in ipairs(C.code_consts(k.out, k.thr and C.cfloat(k.thr), "s")) do
+      w:line(l)
+    end
   end
   if not k.mask then
     w:line("float absum = 0.0f;			// Σ|y| of this thread's valid outputs")
@@ -127,8 +130,9 @@ for (int mt = 0; mt < MT; ++mt) {
     else
       local lo, hi = "-127", "127"
       if k.out == "uint8pos" then lo, hi = "0", "255" end
-      w:linef("const int c0 = so_v <= 0.0f ? 0 : dg_code(__fmul_rn(y0, so_r), %s, %s);", lo, hi)
-      w:linef("const int c1 = so_v <= 0.0f ? 0 : dg_code(__fmul_rn(y1, so_r), %s, %s);", lo, hi)
+      -- two FMAs from the sum (dragon/ref.h, dg_code_t)
+      w:line("const int c0 = __float_as_int(dg_code_t(__int2float_rn(acc[mt][nt][2 * hh]), a1, b1, CR, CLOM)) - 0x4b400000;")
+      w:line("const int c1 = __float_as_int(dg_code_t(__int2float_rn(acc[mt][nt][2 * hh + 1]), a1, b1, CR, CLOM)) - 0x4b400000;")
       w:line("*(unsigned short *)(ot + r * OS + c) = (unsigned short)((c0 & 0xff) | ((c1 & 0xff) << 8));")
     end
   end

@@ -455,7 +455,7 @@ static void run_decoder(dg_device *dev, const dg_spec *spec, int B, int T)
 	dg_ref_decoder_args ra = { .y = yh, .w = wh, .sa = sa, .sw = sw, .out = want, .batch = B, .time = T };
 	cr_assert_eq(dg_ref_decoder_fwd(spec, &ra), DG_OK);
 	compare_out(what, spec->out, got, want, no, is_code(spec->act) && is_code(spec->weight));
-	/* run twice: the split-K workspace is re-zeroed, the result identical */
+	/* run twice: the split-K slices are rewritten, the result identical */
 	cr_assert_eq(dg_decoder_fwd(dev, spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
 	void *again = xmalloc(ob);
 	gh_download(dev, again, od, ob);

@@ -88,9 +88,11 @@ dg_status dg_ref_pack_sign1(const int8_t *codes, uint32_t *words, size_t rows,
  *    sum is an exact int32); sa alone when only act is integer, sw alone
  *    when only weight is, 1 for float × float (sums in float, fused
  *    multiply-add order unspecified: compare with a tolerance).
- * out: (B, H, T, L): f32, bf16, or codes clamp(rint(out · (1/so)), the reciprocal
- *    a float, 1.0f / so) for int8
- *    (±127) and uint8pos (0..255); code 0 when so <= 0.
+ * out: (B, H, T, L): f32, bf16, or codes for int8 (±127) and uint8pos
+ *    (0..255): v = fmaf(sum, a, b) with a = s·r, b = relu ? -thr·r : 0,
+ *    r = 1.0f / so (each one rounded float); v = max(v, 0) with relu;
+ *    code = clamp(rint(v)); code 0 when so <= 0. That is out / so, rounded
+ *    once from the exact sum.
  * out_absum (may be NULL): set to Σ|out| over all outputs before they are
  *    quantized, accumulated in double (the GPU accumulates the same sum
  *    with float atomics: compare with a tolerance).

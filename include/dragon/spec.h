@@ -156,6 +156,16 @@ dg_status dg_spec_validate(const dg_spec *spec, char *msg, size_t msg_size);
  * the caller is kept). The spec must be valid. */
 void dg_spec_default_tile(const dg_spec *spec, dg_tile *tile);
 
+/*
+ * What the runtime runs for a spec on a device of SM `device_sm` when no
+ * tuning record names a tile: on a device of exactly the spec's arch, an
+ * op with an arch-specific path (wgmma on sm_90a) and an auto tile is
+ * moved to that target; then an auto tile gets dg_spec_default_tile's
+ * default for the (possibly moved) arch. Explicit tiles and archs other
+ * than the device's are kept. The spec must be valid.
+ */
+void dg_spec_default_resolve(dg_spec *spec, int device_sm);
+
 /* Canonical text into buf (DG_SPEC_TEXT_MAX is always enough). Returns
  * DG_ERR_INVALID_ARG if buf is too small. Does not validate. */
 dg_status dg_spec_to_string(const dg_spec *spec, char *buf, size_t size);

@@ -1,0 +1,432 @@
+--[[
+lowrank_wgmma.lua — the sm_90a path of lowrank_fwd: warpgroup tensor cores
+(templates/wgmma.lua), the whole reduction (E) resident in shared memory,
+and an epilogue that spends one FMA an output and stores straight from the
+accumulators (templates/lowrank.lua documents the ABI and picks the path).
+
+Block: BM/64 warpgroups (BM rows of x, 64 a warpgroup) × BN latent columns.
+Work units are (head, m-tile) rows of tiles split into contiguous runs of
+n-tiles (as many runs as the grid allows); a unit loads its x rows (A,
+BM × E codes) once and walks its n-tiles. The weight rows (B, BN × E) are
+triple-buffered and the accumulators double-buffered: while tile j's
+epilogue runs, tile j+1's wgmma run on the other accumulator set, and tile
+j+2's weights are fetched (ternary / sign1: into registers, then decoded to
+s8) into the buffer tile j-1 read. One barrier a tile.
+
+Column order: B row p of the shared tile holds weight row n0 + col(p),
+  p = 8j + 2q + r  →  col(p) = 64·(j / 8) + 16·q + 2·(j % 8) + r,
+so that lane q of each quad holds 16 consecutive output columns
+(64a + 16q .. +15) of its rows g and g + 8 for each a < BN/64: one 16-byte
+store of int8 codes (two of bf16, four of f32) with no shuffle and no
+shared-memory staging.
+
+Codes out: u = sat(fmaf(acc, a1, b1)), then fmaf(u, R, 1.5·2^23 + lo)
+rounds to the integer code (dragon/ref.h, common.lua dg_code_t): two FMAs
+on the FP32 pipe, the float's low byte is the code; the accumulator becomes
+a float exactly by the 1.5·2^23 trick too (|acc| < 2^22, checked
+at render time from E and the formats' largest codes; otherwise I2F).
+]]
+local C = require("common")
+local fmt = string.format
+
+local M = {}
+
+-- The path applies (codegen/spec.c wgmma_fits mirrors this): lowrank_fwd,
+-- sm_90a, integer × integer, warps WM x 1 in whole warpgroups with 64 rows
+-- each (BM = 16·WM), BN 64 or 128, stages 1 or 2 (the same kernel; with
+-- stages 1 the op unpacks packed weights to s8 first and runs the int8 one), E a multiple of 64, L a
+-- multiple of 16 (E of 128 for sign1), and the shared memory (E·(BM + 3·BN)) within 227 KiB.
+function M.fits(k, arch, arch_specific)
+  return arch == 90 and arch_specific and k.op == "lowrank_fwd" and
+    C.formats[k.act].code and C.formats[k.weight].code and
+    k.wn == 1 and k.wm % 4 == 0 and k.wm <= 16 and k.bm == 16 * k.wm and (k.bn == 64 or k.bn == 128) and
+    (k.stages == 1 or k.stages == 2) and k.E % (k.weight == "sign1" and 128 or 64) == 0 and k.L % 16 == 0 and k.E * (k.bm + 3 * k.bn) <= 227 * 1024
+end
+
+local KERNEL = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// output heads
+constexpr int HIN = ${HIN};		// input heads
+constexpr int E = ${E};		// the reduction: resident in shared memory
+constexpr int L = ${L};		// latent width per head
+constexpr int WROW = ${WROW};		// bytes a weight row in its storage
+constexpr int BM = ${BM}, BN = ${BN};	// block tile
+constexpr int NWG = BM / 64;		// warpgroups, 64 rows each
+constexpr int NT = NWG * 128;		// threads
+constexpr int KCH = E / 16;		// 16-byte K chunks (core matrices) a row
+constexpr int SBO = KCH * 128;		// bytes between 8-row core-matrix groups
+constexpr int A_BYTES = BM * E, B_BYTES = BN * E;	// x tile, one of three weight tiles
+constexpr int UCODES = ${UCODES};		// codes a B load unit (16 bytes of storage)
+constexpr int UPR = E / UCODES;		// B units a row
+constexpr int NUB = (BN * UPR + NT - 1) / NT;	// B units a thread
+
+// Weight row of shared B row p (see the column order above).
+__device__ __forceinline__ int dg_bcol(int p)
+{
+	const int j = p >> 3, q = (p >> 1) & 3, r = p & 1;
+	return ((j >> 3) << 6) + (q << 4) + ((j & 7) << 1) + r;
+}
+
+extern "C" __global__ void __launch_bounds__(NT, ${MINB})
+${SIGNATURE}
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x;
+	const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int M = B * T;
+	const unsigned char *xb = (const unsigned char *)x;
+	const unsigned char *wb = (const unsigned char *)w;
+	const int NTN = (L + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+	// Work units: (head, m-tile) rows split into nch contiguous runs of
+	// n-tiles, so a unit's x rows (A) are loaded once; units stride the grid.
+	const int rows = H * NTM;
+	const int nch = gridDim.x > (unsigned)rows ? (int)(gridDim.x / rows) : 1;
+	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+${SCALES}
+	float absum = 0.0f;
+	int acc0[BN / 2], acc1[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i) {
+		acc0[i] = 0;
+		acc1[i] = 0;
+	}
+
+#pragma unroll 1
+	for (long long unit = blockIdx.x; unit < (long long)rows * nch; unit += gridDim.x) {
+	const int row = (int)(unit / nch), ch = (int)(unit % nch);
+	const int h = row / NTM, m0 = (row - h * NTM) * BM;
+	const int j0 = (int)((long long)ch * NTN / nch), cnt = (int)((long long)(ch + 1) * NTN / nch) - j0;
+	if (cnt <= 0)
+		continue;
+	// The units of one run start at staggered n-tiles, so that the blocks do
+	// not all read the same weight rows (the same L2 lines) at once: step j
+	// of the unit is n-tile ntile_of(j).
+	const int rot = (int)((long long)row * cnt / rows);
+	auto ntile_of = [&](int j) -> int {
+		const int r_ = j + rot;
+		return j0 + (r_ >= cnt ? r_ - cnt : r_);
+	};
+	// A: BM x-rows of E codes by 16-byte cp.async, zero past M. Chunk u is
+	// (row u%8 of core group u/(8·KCH), chunk (u/8)%KCH): a quarter warp
+	// writes 8 rows of one core matrix, 128 contiguous bytes.
+#pragma unroll 4
+	for (int u = tid; u < BM * KCH; u += NT) {
+		const int r = (u & 7) | ((u / (8 * KCH)) << 3), kc = (u >> 3) % KCH;
+		const int m = m0 + r;
+		const void *src = xb;
+		int bytes = 0;
+		if (m < M) {
+			const int b = m / T, t = m - b * T;
+			src = xb + ((long long)(b * HIN + ${HIN_H}) * T + t) * E + kc * 16;
+			bytes = 16;
+		}
+		dg_cp16(smem + (r >> 3) * SBO + kc * 128 + (r & 7) * 16, src, bytes);
+	}
+	// This thread's two output rows (g and g + 8 of its warp's 16), once a unit.
+	${OT} *orow[2];
+#pragma unroll
+	for (int hh = 0; hh < 2; ++hh) {
+		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hh;
+		orow[hh] = nullptr;
+		if (m < M) {
+			const int b = m / T, t = m - b * T;
+			orow[hh] = out + ((long long)(b * H + h) * T + t) * L + 16 * q;
+		}
+	}
+	// B: BN weight rows of n-tile j (col order dg_bcol) into buffer bf.
+	// Unit u is (row u%8 of core group u/(8·UPR), unit (u/8)%UPR).
+${LOAD_B}
+	auto mma = [&](int (&acc)[BN / 2], int bf) {
+		const unsigned a_addr = sbase + wg * 8 * SBO;	// this warpgroup's 64 rows
+		const unsigned b_addr = sbase + A_BYTES + bf * B_BYTES;
+		dg_wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < E / 32; ++ks)
+			dg_wgmma(acc, dg_wg_desc(a_addr + ks * 256, SBO), dg_wg_desc(b_addr + ks * 256, SBO), ks);
+		dg_wg_commit();
+	};
+	auto epilogue = [&](int (&acc)[BN / 2], int j) {
+		const int n0 = ntile_of(j) * BN;
+#pragma unroll
+		for (int hh = 0; hh < 2; ++hh) {
+			if (orow[hh]) {
+#pragma unroll
+				for (int a = 0; a < BN / 64; ++a) {
+					if (n0 + 64 * a + 16 * q < L) {
+						${OT} *orp = orow[hh] + n0;
+${EPI}
+					}
+				}
+			}
+		}
+	};
+	b_fetch(0);
+	b_put(0, 0);
+	if (cnt > 1)
+		b_fetch(1);
+	dg_cp_commit();
+	dg_cp_wait<0>();
+	dg_fence_async_smem();
+	__syncthreads();
+	mma(acc0, 0);
+	if (cnt > 1) {
+		b_put(1, 1);
+		dg_cp_commit();
+		dg_cp_wait<0>();
+		dg_fence_async_smem();
+		__syncthreads();
+	}
+	// Tile j: its MMAs are in flight in acc(j%2) and tile j+1's weights are
+	// in buffer (j+1)%3. Issue j+1's MMAs, finish j (epilogue), fill buffer
+	// (j+2)%3 with tile j+2's weights; one barrier a tile.
+#pragma unroll 1
+	for (int j = 0; j < cnt; j += 2) {
+${STEP0}
+		if (j + 1 >= cnt)
+			break;
+${STEP1}
+	}
+	__syncthreads();	// the next unit overwrites A and the buffers
+	}
+${ABSUM}
+}
+]]
+
+-- The 16 values of (row half hh, column group a), in column order: the
+-- accumulator registers 4·(8a + j) + 2·hh + r for j = 0..7, r = 0..1.
+local function acc_ref(i)
+  return fmt("acc[4 * (8 * a + %d) + 2 * hh + %d]", i // 2, i % 2)
+end
+
+local function epilogue(k, magic)
+  local w = C.writer()
+  w:indent(7)
+  local out_code = k.out == "int8" or k.out == "uint8pos"
+  local tofloat = magic and "(__int_as_float(%s + 0x4b400000) - 12582912.0f)" or "__int2float_rn(%s)"
+  if out_code then
+    w:line("unsigned cw[16];	// 1.5·2^23 + code: the low byte is the code (dg_code_t)")
+    for i = 0, 15 do
+      local f = fmt(tofloat, acc_ref(i))
+      w:linef("cw[%d] = __float_as_uint(dg_code_t(%s, a1, b1, CR, CLOM));", i, f)
+    end
+    w:line("uint4 o;")
+    local comp = { "x", "y", "z", "w" }
+    for j = 0, 3 do
+      w:linef("o.%s = __byte_perm(__byte_perm(cw[%d], cw[%d], 0x0040), __byte_perm(cw[%d], cw[%d], 0x0040), 0x5410);",
+              comp[j + 1], 4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3)
+    end
+    w:line("*(uint4 *)(orp + 64 * a) = o;")
+    w:line("if (out_absum) {	// Σ|y| of y = relu(acc·s − thr), as the float outputs compute it")
+    for i = 0, 15 do
+      local y = fmt("__fmul_rn(%s, s)", fmt(tofloat, acc_ref(i)))
+      if k.thr then
+        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, C.cfloat(k.thr))
+      end
+      w:linef("\tabsum += fabsf(%s);", y)
+    end
+    w:line("}")
+  else
+    w:line("float y[16];")
+    for i = 0, 15 do
+      local y = fmt("__fmul_rn(%s, s)", fmt(tofloat, acc_ref(i)))
+      if k.thr then
+        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, C.cfloat(k.thr))
+      end
+      w:linef("y[%d] = %s;", i, y)
+      w:linef("absum += fabsf(y[%d]);", i)
+    end
+    if k.out == "f32" then
+      for j = 0, 3 do
+        w:linef("*(float4 *)(orp + 64 * a + %d) = make_float4(y[%d], y[%d], y[%d], y[%d]);",
+                4 * j, 4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3)
+      end
+    else
+      for j = 0, 1 do
+        local p = {}
+        for i = 0, 3 do
+          p[#p + 1] = fmt("(unsigned)dg_f32_to_bf16(y[%d]) | ((unsigned)dg_f32_to_bf16(y[%d]) << 16)",
+                          8 * j + 2 * i, 8 * j + 2 * i + 1)
+        end
+        w:linef("*(uint4 *)(orp + 64 * a + %d) = make_uint4(%s);", 8 * j, table.concat(p, ",\n\t\t\t\t\t\t\t\t"))
+      end
+    end
+  end
+  return w:text()
+end
+
+local function load_b(k)
+  local w = C.writer()
+  w:indent(1)
+  if k.weight == "int8" then
+    -- one byte a code: 16-byte cp.async straight into the core matrices
+    w:line([[
+auto b_fetch = [&](int j) { (void)j; };
+auto b_put = [&](int j, int bf) {
+	unsigned char *dst = smem + A_BYTES + bf * B_BYTES;
+	const int n0 = ntile_of(j) * BN;
+#pragma unroll 4
+	for (int u = tid; u < BN * KCH; u += NT) {
+		const int p = (u & 7) | ((u / (8 * KCH)) << 3), kc = (u >> 3) % KCH;
+		const int n = n0 + dg_bcol(p);
+		const bool in = n < L;
+		dg_cp16(dst + (p >> 3) * SBO + kc * 128 + (p & 7) * 16,
+			in ? (const void *)(wb + ((long long)h * L + n) * WROW + kc * 16) : (const void *)wb, in ? 16 : 0);
+	}
+};]])
+    return w:text()
+  end
+  -- packed: this thread's 16-byte units fetched to registers ahead, decoded later
+  local dec
+  if k.weight == "ternary" then
+    -- a unit: 4 words = 64 codes = 4 core-matrix rows
+    dec = [[
+			*(uint4 *)(o + 0 * 128) = dg_tern16(rb[s].x);
+			*(uint4 *)(o + 1 * 128) = dg_tern16(rb[s].y);
+			*(uint4 *)(o + 2 * 128) = dg_tern16(rb[s].z);
+			*(uint4 *)(o + 3 * 128) = dg_tern16(rb[s].w);]]
+  else
+    -- sign1: a unit: 4 words = 128 codes = 8 core-matrix rows
+    dec = [[
+			const unsigned vw[4] = { rb[s].x, rb[s].y, rb[s].z, rb[s].w };
+#pragma unroll
+			for (int i = 0; i < 4; ++i) {
+				const unsigned x_ = vw[i];
+				*(uint4 *)(o + (2 * i) * 128) = make_uint4(dg_sign4(x_ & 15u), dg_sign4((x_ >> 4) & 15u),
+									    dg_sign4((x_ >> 8) & 15u), dg_sign4((x_ >> 12) & 15u));
+				*(uint4 *)(o + (2 * i + 1) * 128) = make_uint4(dg_sign4((x_ >> 16) & 15u), dg_sign4((x_ >> 20) & 15u),
+										dg_sign4((x_ >> 24) & 15u), dg_sign4(x_ >> 28));
+			}]]
+  end
+  w:line(C.subst([[
+uint4 rb[NUB];	// packed weight units of the next tile, in flight
+auto b_fetch = [&](int j) {
+	const int n0 = ntile_of(j) * BN;
+#pragma unroll
+	for (int s = 0; s < NUB; ++s) {
+		const int u = tid + s * NT;
+		rb[s] = make_uint4(0u, 0u, 0u, 0u);
+		if (u < BN * UPR) {
+			const int p = (u & 7) | ((u / (8 * UPR)) << 3), c = (u >> 3) % UPR;
+			const int n = n0 + dg_bcol(p);
+			if (n < L)
+				rb[s] = __ldg((const uint4 *)(wb + ((long long)h * L + n) * WROW + c * 16));
+		}
+	}
+};
+auto b_put = [&](int j, int bf) {
+	(void)j;
+	unsigned char *dst = smem + A_BYTES + bf * B_BYTES;
+#pragma unroll
+	for (int s = 0; s < NUB; ++s) {
+		const int u = tid + s * NT;
+		if (u < BN * UPR) {
+			const int p = (u & 7) | ((u / (8 * UPR)) << 3), c = (u >> 3) % UPR;
+			unsigned char *o = dst + (p >> 3) * SBO + c * (UCODES / 16) * 128 + (p & 7) * 16;
+${DEC}
+		}
+	}
+};]], { DEC = dec }))
+  return w:text()
+end
+
+local STEP = [[
+		{
+			const int jj = j + ${P};
+			if (jj + 1 < cnt) {
+				mma(${ACCB}, (jj + 1) % 3);	// the next tile's MMAs run under this one's epilogue
+				dg_wg_wait<1>();
+			} else {
+				dg_wg_wait<0>();
+			}
+			dg_wg_pin(${ACCA});
+			if (jj + 2 < cnt)
+				b_fetch(jj + 2);
+			epilogue(${ACCA}, jj);
+			if (jj + 2 < cnt) {
+				// buffer (jj+2)%3 was read by tile jj-1's MMAs, which every
+				// warpgroup finished before the last barrier
+				b_put(jj + 2, (jj + 2) % 3);
+				dg_cp_commit();
+				dg_cp_wait<0>();
+				dg_fence_async_smem();
+				__syncthreads();	// tile jj+2's weights visible; every tile-jj MMA done
+			}
+		}]]
+
+function M.render(spec, k)
+  local WG = require("wgmma")
+  local MMA = require("mma")
+  local fa, fw = C.formats[k.act], C.formats[k.weight]
+  local nt = k.bm // 64 * 128
+  local smem = k.E * (k.bm + 3 * k.bn)
+  local qa = k.act == "uint8pos" and 255 or (k.act == "int4" and 7 or 127)
+  local qw = k.weight == "int8" and 127 or 1
+  local magic = k.E * qa * qw < (1 << 22)
+  local out_code = k.out == "int8" or k.out == "uint8pos"
+  local wdiv = k.weight == "ternary" and 4 or (k.weight == "sign1" and 8 or 1)
+  local sc = C.writer()
+  sc:indent(1)
+  sc:line("const float s = __fmul_rn(*sa, *sw);	// integer × integer: y = acc · sa·sw")
+  if out_code then
+    sc:line("const float so_v = *so;")
+    sc:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;")
+    for _, l in ipairs(C.code_consts(k.out, k.thr and C.cfloat(k.thr), "s")) do
+      sc:line(l)
+    end
+  end
+  local ab = C.writer()
+  ab:indent(1)
+  ab:line([[
+// Σ|y| of the block: warp shuffles, then the warps in order, one atomic.
+if (out_absum) {
+#pragma unroll
+	for (int o_ = 16; o_ > 0; o_ >>= 1)
+		absum += __shfl_xor_sync(0xffffffffu, absum, o_);
+	__syncthreads();	// the shared buffers are no longer read
+	float *red = (float *)smem;
+	if (lane == 0)
+		red[warp] = absum;
+	__syncthreads();
+	if (tid == 0) {
+		float sum = 0.0f;
+		for (int i = 0; i < NT / 32; ++i)
+			sum += red[i];
+		atomicAdd(out_absum, sum);
+	}
+}]])
+  local vars = {
+    H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = k.E // wdiv,
+    BM = k.bm, BN = k.bn,
+    UCODES = k.weight == "int8" and 16 or (k.weight == "ternary" and 64 or 128),
+    -- two blocks an SM when both accumulator sets (BN registers) and the
+    -- rest fit 65536 / (2·NT) registers and the shared memory fits
+    MINB = (nt <= 256 and k.bn <= 64 and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
+    SIGNATURE = k.signature(fa.ctype, fw.ctype),
+    HIN_H = k.HIN == 1 and "0" or "h",
+    SCALES = sc:text(),
+    OT = C.out_types[k.out].ctype,
+    LOAD_B = load_b(k),
+    STEP0 = C.subst(STEP, { P = 0, ACCA = "acc0", ACCB = "acc1" }),
+    STEP1 = C.subst(STEP, { P = 1, ACCA = "acc1", ACCB = "acc0" }),
+    EPI = epilogue(k, magic),
+    ABSUM = ab:text(),
+  }
+  local path = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, exact int32 sums; %s",
+                   k.bn, fa.unsigned and "u8" or "s8",
+                   (k.weight == "int8") and "cp.async operands" or (k.weight .. " weights decoded to s8 in shared memory"))
+  local about = k.about(path, nt, fmt("dynamic shared memory %d bytes (x tile + two weight tiles, whole E); "
+    .. "contiguous tile runs a block; %s; epilogue straight from the accumulators, 16-byte stores.",
+    smem, magic and "accumulators to float by the 1.5·2^23 trick (|acc| < 2^22)" or "accumulators to float by I2F"))
+  local w = C.writer()
+  w:line(C.banner(spec, "lowrank.lua", about))
+  w:line(C.helpers({ bf16 = (k.out == "bf16") or nil, sign1 = (k.weight == "sign1") or nil,
+                     code = (k.out == "int8" or k.out == "uint8pos") or nil }))
+  w:line(MMA.helpers({ decode = false }, fa.unsigned))
+  w:line(WG.helpers(k.bn, fa.unsigned))
+  if k.weight == "ternary" then w:line(WG.decoders) end
+  w:line(C.subst(KERNEL, vars))
+  return w:text(), { k.entry }, k.op .. ".cu", { [k.entry] = { threads = nt, smem = smem } }
+end
+
+return M
