@@ -3,7 +3,8 @@
  * random inputs, the call through the public ops API (dragon/ops.h) with a
  * candidate's spec, and the comparison with the CPU reference
  * (dragon/ref.h) — integer outputs bit for bit, float outputs within
- * atol + rtol·|ref|, like the GPU tests.
+ * atol + rtol·|ref|, gradients by their norm error (bf16 tensor cores),
+ * like the GPU tests.
  *
  * Shapes at R rows (B = 1, T = R; H, Hin, E, L from the spec):
  *   lowrank_fwd          x (1,Hin,R,E), w (H,L,E) → out (1,H,R,L)
@@ -602,6 +603,36 @@ static bool close_values(dg_fmt f, const void *got, const void *want, size_t n, 
 	return bad == 0;
 }
 
+/* ‖got − want‖ ≤ rel·‖want‖ and every |got − want| ≤ elem·max|want|. */
+static bool close_norm(const float *got, const float *want, size_t n, double rel,
+		       float elem, char *why, size_t size)
+{
+	double d2 = 0.0, w2 = 0.0;
+	float wmax = 0.0f, dmax = 0.0f;
+	size_t at = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		float d = fabsf(got[i] - want[i]);
+		if (isnan(got[i]) != isnan(want[i]))
+			d = INFINITY;
+		d2 += (double)d * d;
+		w2 += (double)want[i] * want[i];
+		if (fabsf(want[i]) > wmax)
+			wmax = fabsf(want[i]);
+		if (!(d <= dmax)) {
+			dmax = d;
+			at = i;
+		}
+	}
+	double err = w2 > 0.0 ? sqrt(d2 / w2) : sqrt(d2);
+	if (err <= rel && dmax <= elem * wmax)
+		return true;
+	snprintf(why, size,
+		 "norm error %.3g (at most %.3g), largest difference %.3g at [%zu]: %.9g, want %.9g (at most %.3g)",
+		 err, rel, (double)dmax, at, (double)got[at], (double)want[at], (double)(elem * wmax));
+	return false;
+}
+
 /* The quantize rule of a weight format with a given scale. */
 static int8_t weight_code(dg_fmt f, float v, float s)
 {
@@ -621,7 +652,6 @@ static bool compare(dg__at_case *c, const void *got, float gscale, char *why, si
 	const dg_spec *s = &c->spec;
 	bool ints = is_code(s->act) && is_code(s->weight);
 	size_t n = c->out.n, bytes = c->out.bytes;
-	float k;
 
 	switch (s->op) {
 	case DG_OP_LOWRANK_FWD:
@@ -654,15 +684,15 @@ static bool compare(dg__at_case *c, const void *got, float gscale, char *why, si
 		return true;
 	}
 	case DG_OP_LOWRANK_GRAD_INPUT:
-		k = (float)(s->heads * s->latent);
-		return close_values(DG_FMT_F32, got, c->want, n, 1e-5f + 2e-6f * k, 1e-4f, why, size);
 	case DG_OP_DECODER_GRAD_INPUT:
-		k = (float)s->embd;
-		return close_values(DG_FMT_F32, got, c->want, n, 1e-5f + 2e-6f * k, 1e-4f, why, size);
 	case DG_OP_LOWRANK_GRAD_WEIGHT:
 	case DG_OP_DECODER_GRAD_WEIGHT:
-		k = (float)c->rows;
-		return close_values(DG_FMT_F32, got, c->want, n, 1e-5f + 2e-6f * k, 1e-4f, why, size);
+		/* The tensor-core path rounds the gradient to bf16 (2^-9
+		 * relative a term), so a sum that cancels can be off by 1% of
+		 * itself: judge the whole result by its norm error, as the GPU
+		 * tests do, plus a bound on any one element; an indexing error
+		 * is off by about 100% of the norm. */
+		return close_norm(got, c->want, n, 1e-2, 5e-2f, why, size);
 	case DG_OP_QUANTIZE_ACT: {
 		/* the scale within float summation error; the codes exactly the
 		 * reference's for the GPU's scale */
