@@ -377,33 +377,6 @@ size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out, size_t max)
 	return total;
 }
 
-/*
- * Ops whose launch code does not read the tile back from the loaded
- * kernel: quantize_act, pack_i8x4 and unpack_i8x4 size their blocks from
- * the default tile (runtime/ops_basic.c), and the backward GEMMs resolve
- * an auto tile themselves before they ask for the kernel
- * (runtime/ops_backward.c). A tuned tile must not reach an auto spec of
- * these ops (it would not be used, or be launched with the wrong block),
- * so the lookup says so; their sweeps and records still work, and callers
- * can pass the recorded tile explicitly.
- */
-static const char *runtime_keeps_default(dg_op op)
-{
-	switch (op) {
-	case DG_OP_QUANTIZE_ACT:
-	case DG_OP_PACK_I8X4:
-	case DG_OP_UNPACK_I8X4:
-		return "sizes its blocks from the default tile (runtime/ops_basic.c)";
-	case DG_OP_LOWRANK_GRAD_INPUT:
-	case DG_OP_LOWRANK_GRAD_WEIGHT:
-	case DG_OP_DECODER_GRAD_INPUT:
-	case DG_OP_DECODER_GRAD_WEIGHT:
-		return "resolves tile=auto itself (runtime/ops_backward.c)";
-	default:
-		return NULL;
-	}
-}
-
 void dg_tune_resolve(const dg_tune_db *db, const dg_spec *spec, const char *device,
 		     int sm, dg_tune_choice *out)
 {
@@ -413,14 +386,10 @@ void dg_tune_resolve(const dg_tune_db *db, const dg_spec *spec, const char *devi
 	memset(out, 0, sizeof(*out));
 	dg_spec_normalize(&s);
 	int dev_sm = sm > 0 ? sm : s.arch;
-	const char *keep = runtime_keeps_default(s.op);
 	if (!(dg_spec_uses(s.op) & DG_FIELD_TILE)) {
 		snprintf(out->why, sizeof(out->why), "op %s takes no tile", dg_op_name(s.op));
 	} else if (!dg_tile_is_auto(&s.tile)) {
 		snprintf(out->why, sizeof(out->why), "the spec names its tile");
-	} else if (keep) {
-		snprintf(out->why, sizeof(out->why), "op %s %s; tuned tiles apply when given explicitly",
-			 dg_op_name(s.op), keep);
 	} else if (!db || strcmp(db->where, "none") == 0) {
 		snprintf(out->why, sizeof(out->why), "no tuning DB");
 	} else if (!device || !device[0]) {

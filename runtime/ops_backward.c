@@ -220,30 +220,6 @@ dg_status dg_decoder_grad_weight_check(const dg_spec *spec,
 
 /* ---- launch helpers -------------------------------------------------------- */
 
-/*
- * The spec a kernel is fetched with. An auto tile gets the default, with
- * one repair: dg_spec_default_tile keeps BK a multiple of the codes a
- * weight word holds (right for the forward, which reduces along the
- * packed axis), but the grad_input ops reduce along latent / embd, which
- * is not packed, and BK must divide it (latent 100 with sign1 weights gets
- * BK 32 otherwise). BK is halved until it divides (the reduction is a
- * multiple of 4).
- */
-static dg_spec resolved(const dg_spec *spec)
-{
-	dg_spec s = *spec;
-	int red = spec->op == DG_OP_LOWRANK_GRAD_INPUT   ? spec->latent
-		  : spec->op == DG_OP_DECODER_GRAD_INPUT ? spec->embd
-							 : 0;
-
-	if (!dg_tile_is_auto(&s.tile))
-		return s;
-	dg_spec_default_tile(spec, &s.tile);
-	while (red > 0 && s.tile.bk > 4 && red % s.tile.bk)
-		s.tile.bk /= 2;
-	return s;
-}
-
 /* The kernel `entry` of spec and the tile it was compiled with. */
 static dg_status kernel_and_tile(dg_device *dev, const dg_spec *spec_in,
 				 const char *entry, dg_kernel **k,
@@ -252,8 +228,9 @@ static dg_status kernel_and_tile(dg_device *dev, const dg_spec *spec_in,
 	dg_kernel_info info;
 	dg_spec ks;
 	char msg[256];
-	dg_spec rs = resolved(spec_in);
-	const dg_spec *spec = &rs;
+	/* an auto tile: the JIT resolves it (tuning DB, else the default,
+	 * whose BK divides the reduction) and the tile is read back */
+	const dg_spec *spec = spec_in;
 	dg_status st = dg_kernel_get(dev, spec, entry, k);
 
 	if (st)

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <stdlib.h>
+
+#include "dragon/tune.h"
 #include "runtime/runtime_int.h"
 
 /* Blocks a grid-stride launch needs for `work` items of `per_block`,
@@ -44,12 +47,22 @@ static dg_status spec_check(const dg_spec *spec, const char *fn, dg_op op1,
 	return dg_spec_validate(spec, msg, msg_size);
 }
 
-/* Threads a block of the spec's kernel (its tile, auto resolved). */
-static int spec_threads(const dg_spec *spec)
+/* The spec as it runs on dev (an auto tile resolved as the JIT does it:
+ * the tuning DB's threads, else the default), so that the launch's block
+ * size is the one the kernel was built for. */
+static dg_status spec_resolved(dg_device *dev, const dg_spec *spec, dg_spec *out)
 {
-	dg_tile t;
-	dg_spec_default_tile(spec, &t);
-	return t.threads > 0 ? t.threads : 256;
+	dg_tune_choice *ch = malloc(sizeof(*ch));
+
+	if (!ch)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	dg_status st = dg_device_tile_choice(dev, spec, ch);
+	if (st == DG_OK)
+		*out = ch->spec;
+	free(ch);
+	if (st == DG_OK && out->tile.threads <= 0)
+		out->tile.threads = 256;
+	return st;
 }
 
 /* ---- quantize_act --------------------------------------------------------- */
@@ -87,7 +100,11 @@ dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
 	if (st)
 		return dg__dev_fail_msg(dev, st, msg);
 
-	const int nt = spec_threads(spec);
+	dg_spec r;
+	st = spec_resolved(dev, spec, &r);
+	if (st)
+		return st;
+	const int nt = r.tile.threads;
 	const long long ve = spec->src == DG_FMT_BF16 ? 8 : 4; /* one 16-byte load */
 	const int sms = dg__dev_info(dev)->sm_count;
 	long long n = (long long)dg_tensor_numel(x);
@@ -104,20 +121,20 @@ dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
 
 	dg_launch l1 = { { g, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
 	void *a1[] = { &x_p, &n, &partials };
-	st = dg__op_launch(dev, spec, "dg_quantize_act_absum", &l1, a1);
+	st = dg__op_launch(dev, &r, "dg_quantize_act_absum", &l1, a1);
 	if (st)
 		return st;
 
 	dg_launch l2 = { { 1, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
 	void *a2[] = { &partials, &n_partials, &n, &scale_p };
-	st = dg__op_launch(dev, spec, "dg_quantize_act_scale", &l2, a2);
+	st = dg__op_launch(dev, &r, "dg_quantize_act_scale", &l2, a2);
 	if (st)
 		return st;
 
 	unsigned g3 = grid_for(n, (long long)nt * ve, 16LL * (sms > 0 ? sms : 1));
 	dg_launch l3 = { { g3, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
 	void *a3[] = { &x_p, &n, &scale_p, &codes_p };
-	return dg__op_launch(dev, spec, "dg_quantize_act_apply", &l3, a3);
+	return dg__op_launch(dev, &r, "dg_quantize_act_apply", &l3, a3);
 }
 
 /* ---- pack_i8x4 / unpack_i8x4 ---------------------------------------------- */
@@ -154,7 +171,11 @@ dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
 
 	/* Tiles as pack.lua cuts them: TK = min(128, K) codes along K by
 	 * TC = 32 columns, walked grid-stride. */
-	const int nt = spec_threads(spec);
+	dg_spec r;
+	st = spec_resolved(dev, spec, &r);
+	if (st)
+		return st;
+	const int nt = r.tile.threads;
 	const long long k = spec->embd, c = spec->latent;
 	const long long tk = k < 128 ? k : 128, tc = 32;
 	long long rows = (long long)codes->shape[0];
@@ -166,8 +187,8 @@ dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
 	dg_launch l = { { g, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
 	if (spec->op == DG_OP_PACK_I8X4) {
 		void *a[] = { &codes_p, &packed_p, &rows };
-		return dg__op_launch(dev, spec, "dg_pack_i8x4", &l, a);
+		return dg__op_launch(dev, &r, "dg_pack_i8x4", &l, a);
 	}
 	void *a[] = { &packed_p, &codes_p, &rows };
-	return dg__op_launch(dev, spec, "dg_unpack_i8x4", &l, a);
+	return dg__op_launch(dev, &r, "dg_unpack_i8x4", &l, a);
 }
