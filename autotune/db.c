@@ -23,6 +23,7 @@
 
 #include "dragon/cache.h"
 #include "dragon/tune.h"
+#include "runtime/fnv.h"
 
 typedef struct entry {
 	struct entry *next; /* hash chain */
@@ -40,16 +41,6 @@ struct dg_tune_db {
 	size_t n_problems, cap_problems;
 	bool oom;
 };
-
-static uint64_t fnv1a(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;
-	for (; *s; s++) {
-		h ^= (unsigned char)*s;
-		h *= 1099511628211ull;
-	}
-	return h;
-}
 
 /* "spec\ndevice\nsm" (malloc'd), or NULL when out of memory. */
 static char *make_key(const char *spec_text, const char *device, int sm)
@@ -114,7 +105,7 @@ static void add_record(dg_tune_db *db, dg_tune_record *r, const char *device, in
 		dg_tune_record_destroy(r);
 		return;
 	}
-	uint64_t h = fnv1a(key);
+	uint64_t h = dg__fnv1a(key);
 	entry *e = find(db, h, key);
 	if (e) {
 		free(key);
@@ -397,7 +388,7 @@ void dg_tune_resolve(const dg_tune_db *db, const dg_spec *spec, const char *devi
 	} else {
 		dg_spec_to_string(&s, text, sizeof(text));
 		char *key = make_key(text, device, dev_sm);
-		entry *e = key ? find(db, fnv1a(key), key) : NULL;
+		entry *e = key ? find(db, dg__fnv1a(key), key) : NULL;
 		free(key);
 		if (!e) {
 			snprintf(out->why, sizeof(out->why), "no record for %s (sm_%d) in %.300s",

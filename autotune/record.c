@@ -41,6 +41,7 @@
 #include <cjson/cJSON.h>
 
 #include "dragon/tune.h"
+#include "runtime/fnv.h"
 
 #define RECORD_MAX_BYTES ((size_t)16 << 20)
 
@@ -714,16 +715,6 @@ dg_status dg_tune_record_save(const dg_tune_record *r, const char *path, char *m
 	return DG_OK;
 }
 
-static uint64_t fnv1a(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;
-	for (; *s; s++) {
-		h ^= (unsigned char)*s;
-		h *= 1099511628211ull;
-	}
-	return h;
-}
-
 void dg_tune_record_file_name(const dg_tune_record *r, char *buf, size_t size)
 {
 	char dev[64];
@@ -746,5 +737,5 @@ void dg_tune_record_file_name(const dg_tune_record *r, char *buf, size_t size)
 		k--;
 	dev[k] = '\0';
 	snprintf(buf, size, "%s-%016llx-%s-sm%d.json", dg_op_name(r->spec.op),
-		 (unsigned long long)fnv1a(r->spec_text), k ? dev : "gpu", r->device.sm);
+		 (unsigned long long)dg__fnv1a(r->spec_text), k ? dev : "gpu", r->device.sm);
 }

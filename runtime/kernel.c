@@ -24,6 +24,7 @@
 
 #include "dragon/tune.h"
 #include "runtime/device_int.h"
+#include "runtime/fnv.h"
 #include "runtime/runtime_int.h"
 
 #define SMEM_DEFAULT_LIMIT 49152
@@ -33,16 +34,6 @@ static double now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static uint64_t fnv1a(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;
-	for (; *s; s++) {
-		h ^= (unsigned char)*s;
-		h *= 1099511628211ull;
-	}
-	return h;
 }
 
 /* ---- the JIT context pool ------------------------------------------------ */
@@ -414,6 +405,19 @@ dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
 	return DG_OK;
 }
 
+dg_status dg__spec_as_run(dg_device *dev, const dg_spec *spec, dg_spec *out)
+{
+	dg_tune_choice *ch = malloc(sizeof(*ch)); /* large: its messages */
+
+	if (!ch)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	dg_status st = dg_device_tile_choice(dev, spec, ch);
+	if (st == DG_OK)
+		*out = ch->spec;
+	free(ch);
+	return st;
+}
+
 /* ---- get ------------------------------------------------------------------ */
 
 static dg_status find_entry(dg_device *dev, dg__module *m, const char *entry,
@@ -474,7 +478,7 @@ dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec, const char *entry,
 				    key, s.arch, s.arch_specific ? "a" : "",
 				    dev->info.name, dev->info.sm, dev->info.sm);
 
-	uint64_t h = fnv1a(key);
+	uint64_t h = dg__fnv1a(key);
 	pthread_mutex_lock(&dev->mu);
 	dg__module *m = map_find(dev, h, key);
 	if (m) {

@@ -9,9 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <stdlib.h>
-
-#include "dragon/tune.h"
 #include "runtime/runtime_int.h"
 
 /* Blocks a grid-stride launch needs for `work` items of `per_block`,
@@ -47,19 +44,11 @@ static dg_status spec_check(const dg_spec *spec, const char *fn, dg_op op1,
 	return dg_spec_validate(spec, msg, msg_size);
 }
 
-/* The spec as it runs on dev (an auto tile resolved as the JIT does it:
- * the tuning DB's threads, else the default), so that the launch's block
- * size is the one the kernel was built for. */
+/* The spec as it runs on dev, its threads at least set. */
 static dg_status spec_resolved(dg_device *dev, const dg_spec *spec, dg_spec *out)
 {
-	dg_tune_choice *ch = malloc(sizeof(*ch));
+	dg_status st = dg__spec_as_run(dev, spec, out);
 
-	if (!ch)
-		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	dg_status st = dg_device_tile_choice(dev, spec, ch);
-	if (st == DG_OK)
-		*out = ch->spec;
-	free(ch);
 	if (st == DG_OK && out->tile.threads <= 0)
 		out->tile.threads = 256;
 	return st;

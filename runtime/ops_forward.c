@@ -14,10 +14,8 @@
  */
 #include <limits.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "dragon/tune.h"
 
 #include "runtime/runtime_int.h"
 
@@ -134,12 +132,8 @@ dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
 		return DG_OK;
 	const int sms = dg__dev_info(dev)->sm_count;
 	long long work = cdiv(m, 16) * cdiv(spec->latent, 16) * spec->heads;
-	dg_tune_choice *ch = malloc(sizeof(*ch)); /* what runs: tuned or default */
-	if (!ch)
-		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	st = dg_device_tile_choice(dev, spec, ch);
-	dg_spec r = ch->spec;
-	free(ch);
+	dg_spec r; /* what runs: the tuned or the default tile */
+	st = dg__spec_as_run(dev, spec, &r);
 	if (st)
 		return st;
 	dg_dptr w = a->w->data;
@@ -296,12 +290,8 @@ dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
 		return DG_OK;
 	const int sms = dg__dev_info(dev)->sm_count;
 	long long tiles = 0;
-	dg_tune_choice *ch = malloc(sizeof(*ch)); /* what runs: tuned or default */
-	if (!ch)
-		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	st = dg_device_tile_choice(dev, spec, ch);
-	dg_spec r = ch->spec;
-	free(ch);
+	dg_spec r; /* what runs: the tuned or the default tile */
+	st = dg__spec_as_run(dev, spec, &r);
 	if (st)
 		return st;
 	int nsplit = decoder_splits(spec, &r, m, sms, &tiles);

@@ -18,6 +18,11 @@
 dg_status dg__dev_fail(dg_device *dev, dg_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* The spec as dg_kernel_get runs it on dev: an auto tile resolved (the
+ * tuning DB's, else the default, on the target it picks). Ops size their
+ * launches from it. */
+dg_status dg__spec_as_run(dg_device *dev, const dg_spec *spec, dg_spec *out);
+
 /* Copies a _check's message onto the device and returns st. */
 dg_status dg__dev_fail_msg(dg_device *dev, dg_status st, const char *msg);
 

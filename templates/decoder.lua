@@ -430,25 +430,7 @@ local function render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages)
 			}
 		}]]
   else
-    local dec
-    if weight == "ternary" then
-      dec = [[
-				*(uint4 *)(o + 0 * 128) = dg_tern16(rb[s].x);
-				*(uint4 *)(o + 1 * 128) = dg_tern16(rb[s].y);
-				*(uint4 *)(o + 2 * 128) = dg_tern16(rb[s].z);
-				*(uint4 *)(o + 3 * 128) = dg_tern16(rb[s].w);]]
-    else
-      dec = [[
-				const unsigned vw[4] = { rb[s].x, rb[s].y, rb[s].z, rb[s].w };
-#pragma unroll
-				for (int k = 0; k < 4; ++k) {
-					const unsigned x_ = vw[k];
-					*(uint4 *)(o + (2 * k) * 128) = make_uint4(dg_sign4(x_ & 15u), dg_sign4((x_ >> 4) & 15u),
-										    dg_sign4((x_ >> 8) & 15u), dg_sign4((x_ >> 12) & 15u));
-					*(uint4 *)(o + (2 * k + 1) * 128) = make_uint4(dg_sign4((x_ >> 16) & 15u), dg_sign4((x_ >> 20) & 15u),
-											dg_sign4((x_ >> 24) & 15u), dg_sign4(x_ >> 28));
-				}]]
-    end
+    local dec = WG.unit_decoder(weight)
     v.B_DECODE = C.subst([[
 	// B: packed weight units (16 bytes, UB codes) loaded to registers one
 	// step ahead, decoded to s8 core-matrix rows after the step's MMAs issue.

@@ -277,27 +277,7 @@ auto b_put = [&](int j, int bf) {
     return w:text()
   end
   -- packed: this thread's 16-byte units fetched to registers ahead, decoded later
-  local dec
-  if k.weight == "ternary" then
-    -- a unit: 4 words = 64 codes = 4 core-matrix rows
-    dec = [[
-			*(uint4 *)(o + 0 * 128) = dg_tern16(rb[s].x);
-			*(uint4 *)(o + 1 * 128) = dg_tern16(rb[s].y);
-			*(uint4 *)(o + 2 * 128) = dg_tern16(rb[s].z);
-			*(uint4 *)(o + 3 * 128) = dg_tern16(rb[s].w);]]
-  else
-    -- sign1: a unit: 4 words = 128 codes = 8 core-matrix rows
-    dec = [[
-			const unsigned vw[4] = { rb[s].x, rb[s].y, rb[s].z, rb[s].w };
-#pragma unroll
-			for (int i = 0; i < 4; ++i) {
-				const unsigned x_ = vw[i];
-				*(uint4 *)(o + (2 * i) * 128) = make_uint4(dg_sign4(x_ & 15u), dg_sign4((x_ >> 4) & 15u),
-									    dg_sign4((x_ >> 8) & 15u), dg_sign4((x_ >> 12) & 15u));
-				*(uint4 *)(o + (2 * i + 1) * 128) = make_uint4(dg_sign4((x_ >> 16) & 15u), dg_sign4((x_ >> 20) & 15u),
-										dg_sign4((x_ >> 24) & 15u), dg_sign4(x_ >> 28));
-			}]]
-  end
+  local dec = require("wgmma").unit_decoder(k.weight)
   w:line(C.subst([[
 uint4 rb[NUB];	// packed weight units of the next tile, in flight
 auto b_fetch = [&](int j) {

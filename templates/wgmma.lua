@@ -133,4 +133,28 @@ __device__ __forceinline__ uint4 dg_tern16(unsigned w)
 }
 ]]
 
+-- The statements that decode this thread's packed weight unit rb[s] (16
+-- bytes of storage: ternary 64 codes, sign1 128) into s8 core-matrix rows
+-- at `o` (unsigned char *; rows of 16 codes 128 bytes apart), natural K
+-- order. Shared by lowrank_wgmma.lua and decoder.lua.
+function M.unit_decoder(weight)
+  if weight == "ternary" then
+    return [[
+*(uint4 *)(o + 0 * 128) = dg_tern16(rb[s].x);
+*(uint4 *)(o + 1 * 128) = dg_tern16(rb[s].y);
+*(uint4 *)(o + 2 * 128) = dg_tern16(rb[s].z);
+*(uint4 *)(o + 3 * 128) = dg_tern16(rb[s].w);]]
+  end
+  return [[
+const unsigned vw[4] = { rb[s].x, rb[s].y, rb[s].z, rb[s].w };
+#pragma unroll
+for (int i = 0; i < 4; ++i) {
+	const unsigned x_ = vw[i];
+	*(uint4 *)(o + (2 * i) * 128) = make_uint4(dg_sign4(x_ & 15u), dg_sign4((x_ >> 4) & 15u),
+						    dg_sign4((x_ >> 8) & 15u), dg_sign4((x_ >> 12) & 15u));
+	*(uint4 *)(o + (2 * i + 1) * 128) = make_uint4(dg_sign4((x_ >> 16) & 15u), dg_sign4((x_ >> 20) & 15u),
+							dg_sign4((x_ >> 24) & 15u), dg_sign4(x_ >> 28));
+}]]
+end
+
 return M
