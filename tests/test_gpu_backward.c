@@ -10,39 +10,25 @@
  *   - grad_weight: accumulate (+=), a reduction long enough to be split
  *     over grid z (the deterministic second pass), and bitwise
  *     reproducibility;
- *   - the BDH shape (H 4, E 256, L 8192, B·T 4096): grad_input on sampled
- *     rows, grad_weight in full with sampled output rows checked against
- *     sums over those rows only;
  *   - finite differences of the GPU forwards (dg_lowrank_fwd,
  *     dg_decoder_fwd, f32, no ReLU: the loss Σ r·out is bilinear) against
  *     the GPU gradients (shapes whose default tiles take the tensor cores).
  *
- * Tolerance (expect_bf16). The references are exact (double sums of the
- * f32 gradient times the decoded operand). The tensor-core path rounds the
- * gradient (and an f32 operand) to bf16, round to nearest even — a
- * relative error of at most 2^-8 a value — and sums exact products in f32,
- * so an output's error is at most (2^-8 + K·2^-24)·Σ_k |a_k·b_k| (twice
- * the first term with an f32 operand). Each check asks for both:
- *   - elementwise |got − want| <= c·2^-8·Σ_k |a_k·b_k| + 1e-6·(1 + |want|),
- *     c = 2 (3 with an f32 operand), the Σ|terms| from the same CPU
- *     reference run on |grad| and |operand| (abs_sum) — a bound the
- *     rounding can never exceed, so the test cannot flake;
- *   - ‖got − want‖ <= 1e-2·‖want‖ (the rounding gives about 1e-3): on long
- *     reductions the elementwise bound grows like K while a wrong element
- *     is off by about √K, so this is what keeps a wrong index, a
- *     transposed or shifted tile, a lost K step or a missing scale failing
- *     loudly (tolerance_catches_layout_errors proves it without a device).
- * The SIMT path (f32 sums) passes both with room to spare.
+ * The BDH shape is in tests/test_gpu_backward_bdh.c.
+ *
+ * Tolerance: tests/backward_helpers.h (bh_expect_bf16, the elementwise
+ * Σ|terms| bound and the relative-to-norm bound);
+ * tolerance_catches_layout_errors proves without a device that it fails a
+ * wrong index, a transposed or shifted tile or a missing scale.
  */
 #include <criterion/criterion.h>
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "backward_helpers.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 
@@ -50,91 +36,6 @@ static const dg_fmt weights[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
 				  DG_FMT_TERNARY, DG_FMT_SIGN1 };
 static const dg_fmt acts[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
 			       DG_FMT_INT4, DG_FMT_UINT8POS };
-
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	cr_assert_not_null(p);
-	return p;
-}
-
-/* Storage bytes of n values of format f. */
-static size_t storage_bytes(dg_fmt f, size_t n)
-{
-	switch (f) {
-	case DG_FMT_F32:
-		return 4 * n;
-	case DG_FMT_BF16:
-		return 2 * n;
-	case DG_FMT_TERNARY:
-		return n / 4;
-	case DG_FMT_SIGN1:
-		return n / 8;
-	default:
-		return n;
-	}
-}
-
-/* Random storage of n values of format f (packed along the flat order,
- * which is the last axis: n is whole rows). */
-static void *make_storage(dg_fmt f, size_t n)
-{
-	size_t bytes = storage_bytes(f, n);
-	uint8_t *p = xmalloc(bytes + 16);
-
-	memset(p, 0, bytes + 16);
-	for (size_t i = 0; i < n; i++) {
-		switch (f) {
-		case DG_FMT_F32:
-			((float *)p)[i] = gh_uniform(-1, 1);
-			break;
-		case DG_FMT_BF16:
-			((uint16_t *)p)[i] = dg_ref_f32_to_bf16(gh_uniform(-1, 1));
-			break;
-		case DG_FMT_TERNARY: {
-			int c = gh_int(-1, 1);
-			uint32_t bits = c == 1 ? 1u : c == -1 ? 3u : 0u;
-			((uint32_t *)p)[i / 16] |= bits << (2 * (i % 16));
-			break;
-		}
-		case DG_FMT_SIGN1:
-			if (gh_int(0, 1))
-				((uint32_t *)p)[i / 32] |= 1u << (i % 32);
-			break;
-		case DG_FMT_INT4:
-			p[i] = (uint8_t)gh_int(-7, 7);
-			break;
-		case DG_FMT_UINT8POS:
-			p[i] = (uint8_t)gh_int(0, 255);
-			break;
-		default:
-			p[i] = (uint8_t)gh_int(-127, 127);
-			break;
-		}
-	}
-	return p;
-}
-
-/* A scale that keeps decoded values about 1. */
-static float scale_of(dg_fmt f)
-{
-	int q = dg_ref_qmax(f);
-
-	return q ? 1.0f / (float)q : 1.0f;
-}
-
-static float *rand_f32(size_t n)
-{
-	float *p = xmalloc(n * 4);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = gh_uniform(-1, 1);
-	return p;
-}
-
-#define BF16_REL 1e-2 /* relative-to-norm bound of a bf16-rounded gradient */
-#define BF16_U (1.0 / 256) /* 2^-8: bf16's unit roundoff (round to nearest even) */
 
 /* RMS of n floats (0 for n = 0). */
 static double rms_of(const float *v, size_t n)
@@ -144,102 +45,6 @@ static double rms_of(const float *v, size_t n)
 	for (size_t i = 0; i < n; i++)
 		ss += (double)v[i] * v[i];
 	return n ? sqrt(ss / (double)n) : 0;
-}
-
-/* The elementwise factor c of the bound: the gradient is rounded (2^-8),
- * and an f32 operand too (another 2^-8); one unit of c to spare for the
- * f32 sums (K·2^-24 <= 2^-8 for K <= 2^16). */
-static double bound_c(dg_fmt f)
-{
-	return f == DG_FMT_F32 ? 3.0 : 2.0;
-}
-
-/* Whether got matches want within the bounds of the file comment; absum[i]
- * is Σ_k |a_k·b_k| of output i (scale included). Prints the first misses;
- * `why` gets the first failed rule. */
-static bool bf16_ok(const char *what, const float *got, const float *want, const float *absum,
-		    size_t n, double c, char *why, size_t why_size)
-{
-	double ss = 0, se = 0;
-	size_t bad = 0, first = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		double d = (double)got[i] - want[i];
-		double tol = c * BF16_U * absum[i] + 1e-6 * (1.0 + fabs((double)want[i]));
-		ss += (double)want[i] * want[i];
-		se += d * d;
-		if (fabs(d) <= tol)
-			continue;
-		if (bad < 4)
-			fprintf(stderr, "%s[%zu]: got %.9g, want %.9g, |diff| %.3g > %.3g (Σ|terms| %.6g)\n",
-				what, i, (double)got[i], (double)want[i], fabs(d), tol, (double)absum[i]);
-		if (!bad)
-			first = i;
-		bad++;
-	}
-	if (bad) {
-		snprintf(why, why_size, "%s: %zu of %zu values outside %g·2^-8·Σ|terms| (first at %zu)",
-			 what, bad, n, c, first);
-		return false;
-	}
-	if (se > BF16_REL * BF16_REL * ss + 1e-12) {
-		snprintf(why, why_size, "%s: relative-to-norm error %.3g, more than %g", what,
-			 ss > 0 ? sqrt(se / ss) : sqrt(se), BF16_REL);
-		return false;
-	}
-	return true;
-}
-
-static void expect_bf16(const char *what, const float *got, const float *want, const float *absum,
-			size_t n, double c)
-{
-	char why[256];
-
-	cr_assert(bf16_ok(what, got, want, absum, n, c, why, sizeof(why)), "%s", why);
-}
-
-/* |values| of a storage of n values of format f (same layout), so that a
- * reference run on it and on |grad| gives Σ|terms| (malloc'd). */
-static void *abs_storage(dg_fmt f, const void *src, size_t n)
-{
-	size_t bytes = storage_bytes(f, n);
-	uint8_t *p = xmalloc(bytes + 16);
-
-	memcpy(p, src, bytes);
-	for (size_t i = 0; i < n; i++) {
-		switch (f) {
-		case DG_FMT_F32:
-			((float *)p)[i] = fabsf(((float *)p)[i]);
-			break;
-		case DG_FMT_BF16:
-			((uint16_t *)p)[i] &= 0x7fff;
-			break;
-		case DG_FMT_TERNARY: { /* -1 (11) → +1 (01) */
-			uint32_t *wd = (uint32_t *)p + i / 16;
-			*wd &= ~(2u << (2 * (i % 16)));
-			break;
-		}
-		case DG_FMT_SIGN1: /* every value +1 */
-			((uint32_t *)p)[i / 32] |= 1u << (i % 32);
-			break;
-		case DG_FMT_INT8:
-		case DG_FMT_INT4:
-			p[i] = (uint8_t)abs((int8_t)p[i]);
-			break;
-		default: /* uint8pos: already >= 0 */
-			break;
-		}
-	}
-	return p;
-}
-
-static float *abs_f32(const float *v, size_t n)
-{
-	float *p = xmalloc(n * 4);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = fabsf(v[i]);
-	return p;
 }
 
 /* The tiles a small-shape check runs on: the default, an odd tensor-core
@@ -280,22 +85,22 @@ static void check_lowrank_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 	dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_INPUT, s, f, tile);
 	size_t ng = (size_t)s->B * s->H * s->T * s->L, nw = (size_t)s->H * s->L * s->E,
 	       nx = (size_t)s->B * s->Hin * s->T * s->E;
-	float *g = rand_f32(ng), *got = xmalloc(nx * 4), *want = xmalloc(nx * 4);
-	void *w = make_storage(f, nw);
-	float sw = scale_of(f);
+	float *g = bh_rand_f32(ng), *got = bh_xmalloc(nx * 4), *want = bh_xmalloc(nx * 4);
+	void *w = bh_make_storage(f, nw);
+	float sw = bh_scale_of(f);
 
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, s->H, s->T, s->L);
-	dg_tensor tw = dg_tensor_3d("w", f, gh_upload(dev, w, storage_bytes(f, nw)), s->H, s->L, s->E);
+	dg_tensor tw = dg_tensor_3d("w", f, gh_upload(dev, w, bh_storage_bytes(f, nw)), s->H, s->L, s->E);
 	tw.scale = gh_scalar(dev, sw);
 	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc(dev, nx * 4), s->B, s->Hin, s->T, s->E);
 	dg_lowrank_grad_input_args a = { &tg, &tw, &tx };
 	cr_assert_eq(dg_lowrank_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tx.data, nx * 4);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	float *ga = abs_f32(g, ng), *absum = xmalloc(nx * 4);
-	void *wa = abs_storage(f, w, nw);
+	float *ga = bh_abs_f32(g, ng), *absum = bh_xmalloc(nx * 4);
+	void *wa = bh_abs_storage(f, w, nw);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
-	expect_bf16(dg_fmt_name(f), got, want, absum, nx, bound_c(f));
+	bh_expect_bf16(dg_fmt_name(f), got, want, absum, nx, bh_bound_c(f));
 	free(g);
 	free(got);
 	free(want);
@@ -310,12 +115,12 @@ static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 	dg_spec sp = spec_of(DG_OP_DECODER_GRAD_INPUT, s, f, tile);
 	size_t ng = (size_t)s->B * s->T * s->E, nw = (size_t)s->E * s->H * s->L,
 	       ny = (size_t)s->B * s->H * s->T * s->L;
-	float *g = rand_f32(ng), *got = xmalloc(ny * 4), *want = xmalloc(ny * 4);
-	void *w = make_storage(f, nw);
-	float sw = scale_of(f);
+	float *g = bh_rand_f32(ng), *got = bh_xmalloc(ny * 4), *want = bh_xmalloc(ny * 4);
+	void *w = bh_make_storage(f, nw);
+	float sw = bh_scale_of(f);
 
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, 1, s->T, s->E);
-	dg_tensor tw = dg_tensor_2d("w", f, gh_upload(dev, w, storage_bytes(f, nw)), s->E,
+	dg_tensor tw = dg_tensor_2d("w", f, gh_upload(dev, w, bh_storage_bytes(f, nw)), s->E,
 				    (int64_t)s->H * s->L);
 	tw.scale = gh_scalar(dev, sw);
 	dg_tensor ty = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc(dev, ny * 4), s->B, s->H, s->T, s->L);
@@ -323,10 +128,10 @@ static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 	cr_assert_eq(dg_decoder_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, ty.data, ny * 4);
 	cr_assert_eq(dg_ref_decoder_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	float *ga = abs_f32(g, ng), *absum = xmalloc(ny * 4);
-	void *wa = abs_storage(f, w, nw);
+	float *ga = bh_abs_f32(g, ng), *absum = bh_xmalloc(ny * 4);
+	void *wa = bh_abs_storage(f, w, nw);
 	cr_assert_eq(dg_ref_decoder_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
-	expect_bf16(dg_fmt_name(f), got, want, absum, ny, bound_c(f));
+	bh_expect_bf16(dg_fmt_name(f), got, want, absum, ny, bh_bound_c(f));
 	free(g);
 	free(got);
 	free(want);
@@ -346,14 +151,14 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 	size_t ng = lowrank ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->B * s->T * s->E;
 	size_t nx = lowrank ? (size_t)s->B * s->Hin * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
 	size_t nw = (size_t)s->H * s->L * s->E;
-	float *g = rand_f32(ng), *start = rand_f32(nw);
-	float *got = xmalloc(nw * 4), *want = xmalloc(nw * 4), *absum = xmalloc(nw * 4);
-	void *x = make_storage(f, nx);
-	float *ga = abs_f32(g, ng);
-	void *xa = abs_storage(f, x, nx);
-	float sa = scale_of(f);
+	float *g = bh_rand_f32(ng), *start = bh_rand_f32(nw);
+	float *got = bh_xmalloc(nw * 4), *want = bh_xmalloc(nw * 4), *absum = bh_xmalloc(nw * 4);
+	void *x = bh_make_storage(f, nx);
+	float *ga = bh_abs_f32(g, ng);
+	void *xa = bh_abs_storage(f, x, nx);
+	float sa = bh_scale_of(f);
 
-	dg_dptr dg_ = gh_upload(dev, g, ng * 4), dx = gh_upload(dev, x, storage_bytes(f, nx));
+	dg_dptr dg_ = gh_upload(dev, g, ng * 4), dx = gh_upload(dev, x, bh_storage_bytes(f, nx));
 	dg_dptr dw = accumulate ? gh_upload(dev, start, nw * 4) : gh_alloc(dev, nw * 4);
 	dg_status st;
 	if (lowrank) {
@@ -381,7 +186,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		for (size_t i = 0; i < nw; i++)
 			want[i] += start[i];
 	gh_download(dev, got, dw, nw * 4);
-	expect_bf16(dg_fmt_name(f), got, want, absum, nw, bound_c(f));
+	bh_expect_bf16(dg_fmt_name(f), got, want, absum, nw, bh_bound_c(f));
 	free(g);
 	free(start);
 	free(want);
@@ -496,13 +301,13 @@ Test(gpu_backward, tolerance_catches_layout_errors)
 		size_t ng = (size_t)s.B * s.H * s.T * s.L, nx = (size_t)s.B * s.T * s.E,
 		       nw = (size_t)s.H * s.L * s.E, pl = (size_t)s.L * s.E;
 		gh_seed(50 + (uint64_t)ti);
-		float *g = rand_f32(ng), *gr = xmalloc(ng * 4);
-		void *x = make_storage(DG_FMT_INT8, nx);
-		float *ga = abs_f32(g, ng);
-		void *xa = abs_storage(DG_FMT_INT8, x, nx);
-		float *want = xmalloc(nw * 4), *absum = xmalloc(nw * 4), *ok = xmalloc(nw * 4),
-		      *bad = xmalloc(nw * 4);
-		const float sa = scale_of(DG_FMT_INT8);
+		float *g = bh_rand_f32(ng), *gr = bh_xmalloc(ng * 4);
+		void *x = bh_make_storage(DG_FMT_INT8, nx);
+		float *ga = bh_abs_f32(g, ng);
+		void *xa = bh_abs_storage(DG_FMT_INT8, x, nx);
+		float *want = bh_xmalloc(nw * 4), *absum = bh_xmalloc(nw * 4), *ok = bh_xmalloc(nw * 4),
+		      *bad = bh_xmalloc(nw * 4);
+		const float sa = bh_scale_of(DG_FMT_INT8);
 		char why[256];
 
 		for (size_t i = 0; i < ng; i++)
@@ -510,18 +315,18 @@ Test(gpu_backward, tolerance_catches_layout_errors)
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, g, x, sa, want, s.B, s.T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s.B, s.T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, gr, x, sa, ok, s.B, s.T), DG_OK);
-		cr_assert(bf16_ok("bf16-rounded", ok, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
+		cr_assert(bh_bf16_ok("bf16-rounded", ok, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
 		for (size_t i = 0; i < nw; i++) /* shifted by one element */
 			bad[i] = ok[(i + 1) % nw];
-		cr_assert_not(bf16_ok("shifted", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		cr_assert_not(bh_bf16_ok("shifted", bad, want, absum, nw, 2.0, why, sizeof(why)));
 		for (size_t i = 0; i < nw; i++) { /* each head's (L, E) read as (E, L) */
 			size_t h = i / pl, r = i % pl, l = r / (size_t)s.E, e = r % (size_t)s.E;
 			bad[i] = ok[h * pl + e * (size_t)s.L + l];
 		}
-		cr_assert_not(bf16_ok("transposed", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		cr_assert_not(bh_bf16_ok("transposed", bad, want, absum, nw, 2.0, why, sizeof(why)));
 		for (size_t i = 0; i < nw; i++) /* the scale forgotten */
 			bad[i] = ok[i] / sa;
-		cr_assert_not(bf16_ok("unscaled", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		cr_assert_not(bh_bf16_ok("unscaled", bad, want, absum, nw, 2.0, why, sizeof(why)));
 		free(g);
 		free(gr);
 		free(x);
@@ -532,191 +337,6 @@ Test(gpu_backward, tolerance_catches_layout_errors)
 		free(ok);
 		free(bad);
 	}
-}
-
-/* --- the BDH shape ------------------------------------------------------------ */
-
-#define BDH_H 4
-#define BDH_E 256
-#define BDH_L 8192
-#define BDH_B 2
-#define BDH_T 2048
-#define SAMPLES 12
-
-/* Value i of an i8x4 int8 storage. */
-static double i8_at(const int8_t *p, size_t i)
-{
-	return p[i];
-}
-
-Test(gpu_backward, bdh_lowrank_grad_input_sampled, .timeout = 600)
-{
-	dg_device *dev = gh_open();
-	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L, nw = (size_t)BDH_H * BDH_L * BDH_E,
-		     nx = (size_t)BDH_B * BDH_T * BDH_E;
-	dg_spec sp;
-	dg_spec_init(&sp, DG_OP_LOWRANK_GRAD_INPUT); /* H 4, Hin 1, E 256, L 8192, int8 */
-
-	gh_seed(20);
-	float *g = rand_f32(ng);
-	int8_t *w = make_storage(DG_FMT_INT8, nw);
-	float *got = xmalloc(nx * 4);
-	const float sw = 1.0f / 127;
-	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), BDH_B, BDH_H, BDH_T, BDH_L);
-	dg_tensor tw = dg_tensor_3d("w", DG_FMT_INT8, gh_upload(dev, w, nw), BDH_H, BDH_L, BDH_E);
-	tw.scale = gh_scalar(dev, sw);
-	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc(dev, nx * 4), BDH_B, 1, BDH_T, BDH_E);
-	dg_lowrank_grad_input_args a = { &tg, &tw, &tx };
-	cr_assert_eq(dg_lowrank_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
-	gh_download(dev, got, tx.data, nx * 4);
-
-	float want[BDH_E], absum[BDH_E];
-	for (int smp = 0; smp < SAMPLES; smp++) {
-		int b = gh_int(0, BDH_B - 1), t = smp == 0 ? BDH_T - 1 : gh_int(0, BDH_T - 1);
-		double acc[BDH_E] = { 0 }, aacc[BDH_E] = { 0 };
-		for (int h = 0; h < BDH_H; h++)
-			for (int l = 0; l < BDH_L; l++) {
-				double gv = g[(((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l];
-				for (int e = 0; e < BDH_E; e++) {
-					double term = gv * i8_at(w, ((size_t)h * BDH_L + l) * BDH_E + e);
-					acc[e] += term;
-					aacc[e] += fabs(term);
-				}
-			}
-		for (int e = 0; e < BDH_E; e++) {
-			want[e] = (float)(sw * acc[e]);
-			absum[e] = (float)(sw * aacc[e]);
-		}
-		expect_bf16("bdh grad_x row", got + ((size_t)b * BDH_T + t) * BDH_E, want, absum, BDH_E,
-			    bound_c(DG_FMT_INT8));
-	}
-	free(g);
-	free(w);
-	free(got);
-	gh_close(dev);
-}
-
-Test(gpu_backward, bdh_lowrank_grad_weight_sampled, .timeout = 600)
-{
-	dg_device *dev = gh_open();
-	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L, nw = (size_t)BDH_H * BDH_L * BDH_E,
-		     nx = (size_t)BDH_B * BDH_T * BDH_E;
-	dg_spec sp;
-	dg_spec_init(&sp, DG_OP_LOWRANK_GRAD_WEIGHT); /* act int8 */
-
-	gh_seed(21);
-	float *g = rand_f32(ng);
-	int8_t *x = make_storage(DG_FMT_INT8, nx);
-	float *got = xmalloc(nw * 4);
-	const float sa = 1.0f / 127;
-	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), BDH_B, BDH_H, BDH_T, BDH_L);
-	dg_tensor tx = dg_tensor_4d("x", DG_FMT_INT8, gh_upload(dev, x, nx), BDH_B, 1, BDH_T, BDH_E);
-	tx.scale = gh_scalar(dev, sa);
-	dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc(dev, nw * 4), BDH_H, BDH_L, BDH_E);
-	dg_lowrank_grad_weight_args a = { &tg, &tx, &tw, false };
-	cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
-	gh_download(dev, got, tw.data, nw * 4);
-
-	float want[BDH_E], absum[BDH_E];
-	for (int smp = 0; smp < SAMPLES; smp++) {
-		int h = gh_int(0, BDH_H - 1), l = smp == 0 ? BDH_L - 1 : gh_int(0, BDH_L - 1);
-		double acc[BDH_E] = { 0 }, aacc[BDH_E] = { 0 };
-		for (int b = 0; b < BDH_B; b++)
-			for (int t = 0; t < BDH_T; t++) {
-				double gv = g[(((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l];
-				const int8_t *xr = x + ((size_t)b * BDH_T + t) * BDH_E;
-				for (int e = 0; e < BDH_E; e++) {
-					acc[e] += gv * xr[e];
-					aacc[e] += fabs(gv * xr[e]);
-				}
-			}
-		for (int e = 0; e < BDH_E; e++) {
-			want[e] = (float)(sa * acc[e]);
-			absum[e] = (float)(sa * aacc[e]);
-		}
-		expect_bf16("bdh grad_w row", got + ((size_t)h * BDH_L + l) * BDH_E, want, absum, BDH_E,
-			    bound_c(DG_FMT_INT8));
-	}
-	free(g);
-	free(x);
-	free(got);
-	gh_close(dev);
-}
-
-Test(gpu_backward, bdh_decoder_grads_sampled, .timeout = 600)
-{
-	dg_device *dev = gh_open();
-	const size_t HL = (size_t)BDH_H * BDH_L, ng = (size_t)BDH_B * BDH_T * BDH_E,
-		     ny = (size_t)BDH_B * BDH_H * BDH_T * BDH_L, nw = (size_t)BDH_E * HL;
-	const float s = 1.0f / 127;
-
-	gh_seed(22);
-	float *g = rand_f32(ng);
-	int8_t *w = make_storage(DG_FMT_INT8, nw), *y = make_storage(DG_FMT_INT8, ny);
-	float *gy = xmalloc(ny * 4), *gw = xmalloc(nw * 4);
-	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), BDH_B, 1, BDH_T, BDH_E);
-	dg_tensor tw = dg_tensor_2d("w", DG_FMT_INT8, gh_upload(dev, w, nw), BDH_E, (int64_t)HL);
-	tw.scale = gh_scalar(dev, s);
-	dg_tensor tgy = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc(dev, ny * 4), BDH_B, BDH_H, BDH_T, BDH_L);
-	dg_spec sp;
-	dg_spec_init(&sp, DG_OP_DECODER_GRAD_INPUT);
-	dg_decoder_grad_input_args ai = { &tg, &tw, &tgy };
-	cr_assert_eq(dg_decoder_grad_input(dev, &sp, &ai), DG_OK, "%s", dg_device_errmsg(dev));
-	gh_download(dev, gy, tgy.data, ny * 4);
-
-	dg_tensor ty = dg_tensor_4d("y", DG_FMT_INT8, gh_upload(dev, y, ny), BDH_B, BDH_H, BDH_T, BDH_L);
-	ty.scale = gh_scalar(dev, s);
-	dg_tensor tgw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc(dev, nw * 4), BDH_E, (int64_t)HL);
-	dg_spec_init(&sp, DG_OP_DECODER_GRAD_WEIGHT);
-	dg_decoder_grad_weight_args aw = { &tg, &ty, &tgw, false };
-	cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &aw), DG_OK, "%s", dg_device_errmsg(dev));
-	gh_download(dev, gw, tgw.data, nw * 4);
-
-	for (int smp = 0; smp < SAMPLES; smp++) {
-		/* grad_y[b, h, t, l0 .. l0+255] */
-		int b = gh_int(0, BDH_B - 1), h = gh_int(0, BDH_H - 1), t = gh_int(0, BDH_T - 1);
-		int l0 = 256 * gh_int(0, BDH_L / 256 - 1);
-		float want[256], absum[256];
-		for (int j = 0; j < 256; j++) {
-			double acc = 0, aacc = 0;
-			for (int d = 0; d < BDH_E; d++) {
-				double term = (double)g[((size_t)b * BDH_T + t) * BDH_E + d] *
-					      w[(size_t)d * HL + (size_t)h * BDH_L + l0 + j];
-				acc += term;
-				aacc += fabs(term);
-			}
-			want[j] = (float)(s * acc);
-			absum[j] = (float)(s * aacc);
-		}
-		expect_bf16("bdh grad_y row", gy + (((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l0,
-			    want, absum, 256, bound_c(DG_FMT_INT8));
-		/* grad_w[d, c0 .. c0+255] */
-		int d = smp == 0 ? BDH_E - 1 : gh_int(0, BDH_E - 1);
-		size_t c0 = 256 * (size_t)gh_int(0, (int)(HL / 256) - 1);
-		double acc[256] = { 0 }, aacc[256] = { 0 };
-		for (int bb = 0; bb < BDH_B; bb++)
-			for (int tt = 0; tt < BDH_T; tt++) {
-				double gv = g[((size_t)bb * BDH_T + tt) * BDH_E + d];
-				for (int j = 0; j < 256; j++) {
-					size_t c = c0 + (size_t)j, hh = c / BDH_L, l = c % BDH_L;
-					double term = gv * y[(((size_t)bb * BDH_H + hh) * BDH_T + tt) * BDH_L + l];
-					acc[j] += term;
-					aacc[j] += fabs(term);
-				}
-			}
-		for (int j = 0; j < 256; j++) {
-			want[j] = (float)(s * acc[j]);
-			absum[j] = (float)(s * aacc[j]);
-		}
-		expect_bf16("bdh decoder grad_w row", gw + (size_t)d * HL + c0, want, absum, 256,
-			    bound_c(DG_FMT_INT8));
-	}
-	free(g);
-	free(w);
-	free(y);
-	free(gy);
-	free(gw);
-	gh_close(dev);
 }
 
 /* --- finite differences of the GPU forwards ------------------------------------ */
@@ -749,8 +369,8 @@ Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
 		int Hin = hin_i ? H : 1;
 		size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 		gh_seed(30 + (uint64_t)Hin);
-		float *x = rand_f32(nx), *w = rand_f32(nw), *r = rand_f32(no), *buf = xmalloc(no * 4);
-		float *gx = xmalloc(nx * 4), *gw = xmalloc(nw * 4);
+		float *x = bh_rand_f32(nx), *w = bh_rand_f32(nw), *r = bh_rand_f32(no), *buf = bh_xmalloc(no * 4);
+		float *gx = bh_xmalloc(nx * 4), *gw = bh_xmalloc(nw * 4);
 		dg_dptr dx = gh_upload(dev, x, nx * 4), dw = gh_upload(dev, w, nw * 4);
 		dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
 		dg_tensor tx = dg_tensor_4d("x", DG_FMT_F32, dx, B, Hin, T, E);
@@ -798,10 +418,10 @@ Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
 			fd[0] = (float)((lp - lm) / (2.0 * eps));
 			an[0] = on_x ? gx[i] : gw[i];
 			/* the gradient is bf16-rounded on the tensor cores:
-			 * BF16_REL of its RMS, plus the differences' rounding */
+			 * BH_BF16_REL of its RMS, plus the differences' rounding */
 			gh_expect_close(on_x ? "grad_x vs finite differences" : "grad_w vs finite differences",
 					an, fd, 1,
-					(float)(BF16_REL * rms_of(on_x ? gx : gw, n)) + 1e-3f, 0.0f);
+					(float)(BH_BF16_REL * rms_of(on_x ? gx : gw, n)) + 1e-3f, 0.0f);
 		}
 		free(x);
 		free(w);
@@ -822,8 +442,8 @@ Test(gpu_backward, finite_differences_decoder, .timeout = 600)
 	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
 
 	gh_seed(40);
-	float *y = rand_f32(ny), *w = rand_f32(nw), *r = rand_f32(no), *buf = xmalloc(no * 4);
-	float *gy = xmalloc(ny * 4), *gw = xmalloc(nw * 4);
+	float *y = bh_rand_f32(ny), *w = bh_rand_f32(nw), *r = bh_rand_f32(no), *buf = bh_xmalloc(no * 4);
+	float *gy = bh_xmalloc(ny * 4), *gw = bh_xmalloc(nw * 4);
 	dg_dptr dy = gh_upload(dev, y, ny * 4), dw = gh_upload(dev, w, nw * 4);
 	dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
 	dg_tensor ty = dg_tensor_4d("y", DG_FMT_F32, dy, B, H, T, L);
@@ -870,7 +490,7 @@ Test(gpu_backward, finite_differences_decoder, .timeout = 600)
 		fd[0] = (float)((lp - lm) / (2.0 * eps));
 		an[0] = on_y ? gy[i] : gw[i];
 		gh_expect_close(on_y ? "grad_y vs finite differences" : "grad_w vs finite differences",
-				an, fd, 1, (float)(BF16_REL * rms_of(on_y ? gy : gw, n)) + 1e-3f,
+				an, fd, 1, (float)(BH_BF16_REL * rms_of(on_y ? gy : gw, n)) + 1e-3f,
 				0.0f);
 	}
 	free(y);

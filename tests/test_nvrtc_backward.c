@@ -146,6 +146,48 @@ Test(nvrtc_backward, paths_by_arch, .timeout = 600)
 	dg_codegen_destroy(cg);
 }
 
+/* A backward spec on a tile off the default: the operand format under
+ * test (the other operand int8), heads 3, latent / embd, the tile. */
+typedef struct odd_tile {
+	dg_op op;
+	dg_fmt f;
+	int latent, embd;
+	dg_tile tile;
+} odd_tile;
+
+static dg_spec odd_tile_spec(const odd_tile *c, int in_heads)
+{
+	dg_spec s;
+
+	dg_spec_init(&s, c->op);
+	s.heads = 3;
+	s.in_heads = in_heads;
+	s.latent = c->latent;
+	s.embd = c->embd;
+	s.weight = c->f;
+	s.act = c->f;
+	if (s.op == DG_OP_LOWRANK_GRAD_WEIGHT || s.op == DG_OP_DECODER_GRAD_WEIGHT)
+		s.weight = DG_FMT_INT8;
+	else
+		s.act = DG_FMT_INT8;
+	s.tile = c->tile;
+	return s;
+}
+
+/* Checks spec's banner names `path`, then compiles it with its op's
+ * entries. */
+static void compile_on_path(dg_codegen *cg, const dg_spec *s, const char *path)
+{
+	const char *const *en = s->op == DG_OP_LOWRANK_GRAD_INPUT ? gi_entries
+			      : s->op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
+			      : s->op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
+								   : dgw_entries;
+	int n = s->op == DG_OP_LOWRANK_GRAD_INPUT || s->op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2;
+
+	expect_path(cg, s, path);
+	compile_one(cg, s, en, n);
+}
+
 /* Tensor-core tiles off the default: 16x16 and 16x32 warp tiles (one or
  * two ldmatrix.x4 a k16 step), BK 16..128, stages 1 (run as 2) to 4, unit
  * and chunk counts that do not divide the threads (staging guards),
@@ -153,12 +195,7 @@ Test(nvrtc_backward, paths_by_arch, .timeout = 600)
  * multiple of the block tile, in_heads 1 and H. */
 Test(nvrtc_backward, mma_odd_tiles, .timeout = 600)
 {
-	static const struct {
-		dg_op op;
-		dg_fmt f;
-		int latent, embd;
-		dg_tile tile;
-	} cases[] = {
+	static const odd_tile cases[] = {
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 48, 64, { 16, 16, 16, 1, 1, 1, 0 } },
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, 128, 48, { 32, 32, 128, 2, 1, 2, 0 } },
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_F32, 96, 40, { 64, 64, 32, 4, 2, 3, 0 } },
@@ -175,27 +212,9 @@ Test(nvrtc_backward, mma_odd_tiles, .timeout = 600)
 	dg_codegen *cg = make_cg();
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		dg_spec s;
-		dg_spec_init(&s, cases[i].op);
-		s.heads = 3;
-		s.in_heads = i % 2 ? 3 : 1;
-		s.latent = cases[i].latent;
-		s.embd = cases[i].embd;
-		s.weight = cases[i].f;
-		s.act = cases[i].f;
-		if (s.op == DG_OP_LOWRANK_GRAD_WEIGHT || s.op == DG_OP_DECODER_GRAD_WEIGHT)
-			s.weight = DG_FMT_INT8;
-		else
-			s.act = DG_FMT_INT8;
-		s.tile = cases[i].tile;
+		dg_spec s = odd_tile_spec(&cases[i], i % 2 ? 3 : 1);
 		dg_spec_normalize(&s);
-		const char *const *en = s.op == DG_OP_LOWRANK_GRAD_INPUT ? gi_entries
-				      : s.op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
-				      : s.op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
-									    : dgw_entries;
-		int n = s.op == DG_OP_LOWRANK_GRAD_INPUT || s.op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2;
-		expect_path(cg, &s, "path: tensor cores");
-		compile_one(cg, &s, en, n);
+		compile_on_path(cg, &s, "path: tensor cores");
 	}
 	dg_codegen_destroy(cg);
 }
@@ -221,12 +240,7 @@ Test(nvrtc_backward, decoder_grads_every_format, .timeout = 600)
  * block tile. */
 Test(nvrtc_backward, odd_tiles, .timeout = 600)
 {
-	static const struct {
-		dg_op op;
-		dg_fmt f;
-		int latent, embd;
-		dg_tile tile;
-	} cases[] = {
+	static const odd_tile cases[] = {
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 36, 64, { 16, 16, 4, 1, 1, 1, 0 } },
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, 20, 48, { 32, 16, 4, 2, 2, 2, 0 } },
 		{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_SIGN1, 32, 12, { 16, 16, 4, 1, 2, 2, 0 } },
@@ -239,27 +253,9 @@ Test(nvrtc_backward, odd_tiles, .timeout = 600)
 	dg_codegen *cg = make_cg();
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		dg_spec s;
-		dg_spec_init(&s, cases[i].op);
-		s.heads = 3;
-		s.in_heads = i % 2 ? 3 : 1;
-		s.latent = cases[i].latent;
-		s.embd = cases[i].embd;
-		s.weight = cases[i].f;
-		s.act = cases[i].f;
-		if (s.op == DG_OP_LOWRANK_GRAD_WEIGHT || s.op == DG_OP_DECODER_GRAD_WEIGHT)
-			s.weight = DG_FMT_INT8;
-		else
-			s.act = DG_FMT_INT8;
-		s.tile = cases[i].tile;
+		dg_spec s = odd_tile_spec(&cases[i], i % 2 ? 3 : 1);
 		s.arch = 75;
-		const char *const *en = s.op == DG_OP_LOWRANK_GRAD_INPUT ? gi_entries
-				      : s.op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
-				      : s.op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
-									    : dgw_entries;
-		int n = s.op == DG_OP_LOWRANK_GRAD_INPUT || s.op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2;
-		expect_path(cg, &s, "path: fp32 FMA");
-		compile_one(cg, &s, en, n);
+		compile_on_path(cg, &s, "path: fp32 FMA");
 	}
 	dg_codegen_destroy(cg);
 }

@@ -10,12 +10,8 @@
  * it removes the temp folder (and the folders this build created), so DIR
  * is left exactly as it was.
  *
- * --tuned: every spec whose tile is auto gets the tile the tuning DB
- * names for it on the device (--device/--sm, else the one device the
- * records name; dg_tune_resolve, as the runtime would), else the
- * heuristic; the records used are copied into DIR/tune/ and listed in the
- * manifest's "tuning" array (a field manifest readers ignore), with each
- * spec's choice, so a bundle says where its tiles came from.
+ * --tuned: auto tiles from the tuning DB, the records used copied into
+ * DIR/tune/ and listed in the manifest's "tuning" array (build_tuned.c).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -35,7 +31,6 @@
 #include "dragon/cubin.h"
 #include "dragon/jit.h"
 #include "dragon/manifest.h"
-#include "dragon/tune.h"
 
 #define MAX_JOBS 1024
 #define NO_FAILURE SIZE_MAX
@@ -292,173 +287,10 @@ typedef struct build_args {
 	bool json, no_cache, progress, verbose, quiet, tuned;
 } build_args;
 
-/* The tuning records a --tuned build used. */
-typedef struct tuned_set {
-	char **paths; /* distinct record files, n of them */
-	char **names; /* their names in the bundle's tune/ folder */
-	size_t n;
-	cJSON *json;  /* the manifest's "tuning" array, or NULL */
-} tuned_set;
-
-static void tuned_free(tuned_set *ts)
-{
-	for (size_t i = 0; i < ts->n; i++) {
-		free(ts->paths[i]);
-		free(ts->names[i]);
-	}
-	free(ts->paths);
-	free(ts->names);
-	cJSON_Delete(ts->json);
-	memset(ts, 0, sizeof(*ts));
-}
-
-/* The bundle name of record `path` (added to ts if new); NULL: no memory. */
-static const char *tuned_add(tuned_set *ts, const char *path)
-{
-	for (size_t i = 0; i < ts->n; i++)
-		if (strcmp(ts->paths[i], path) == 0)
-			return ts->names[i];
-	char **p = realloc(ts->paths, (ts->n + 1) * sizeof(*p));
-	if (!p)
-		return NULL;
-	ts->paths = p;
-	char **q = realloc(ts->names, (ts->n + 1) * sizeof(*q));
-	if (!q)
-		return NULL;
-	ts->names = q;
-	const char *base = strrchr(path, '/');
-	base = base ? base + 1 : path;
-	char name[300];
-	snprintf(name, sizeof(name), "%.250s", base);
-	for (size_t i = 0; i < ts->n; i++)
-		if (strcmp(ts->names[i], name) == 0) /* same name, other folder */
-			snprintf(name, sizeof(name), "%zu-%.240s", ts->n, base);
-	ts->paths[ts->n] = strdup(path);
-	ts->names[ts->n] = strdup(name);
-	if (!ts->paths[ts->n] || !ts->names[ts->n]) {
-		free(ts->paths[ts->n]);
-		free(ts->names[ts->n]);
-		return NULL;
-	}
-	return ts->names[ts->n++];
-}
-
-/* --tuned: resolves every auto tile of set from the DB. Exit code. */
-static int resolve_tuned(const build_args *a, dg__specset *set, tuned_set *ts)
-{
-	dg__gen_tune t;
-	char text[DG_SPEC_TEXT_MAX], runs[DG_SPEC_TEXT_MAX];
-	int code = dg__gen_tune_open(a->tune_db, a->cache_dir, a->device, a->sm, "build",
-				     a->verbose, &t);
-	if (code)
-		return code;
-	ts->json = cJSON_CreateArray();
-	for (size_t i = 0; i < set->n && ts->json && !code; i++) {
-		dg_spec *s = &set->specs[i];
-		dg_tune_choice ch;
-		if (!dg_tile_is_auto(&s->tile))
-			continue;
-		dg__gen_tune_resolve(&t, s, &ch);
-		dg_spec_to_string(s, text, sizeof(text));
-		dg_spec_to_string(&ch.spec, runs, sizeof(runs));
-		cJSON *o = cJSON_CreateObject();
-		cJSON_AddStringToObject(o, "spec", text);
-		cJSON_AddStringToObject(o, "kernel_spec", runs);
-		cJSON_AddBoolToObject(o, "tuned", ch.tuned);
-		if (ch.tuned && ch.record[0]) {
-			const char *name = tuned_add(ts, ch.record);
-			char rel[320];
-			if (!name)
-				code = dg__gen_err(DG__GEN_FAIL, "build: out of memory");
-			snprintf(rel, sizeof(rel), "tune/%s", name ? name : "");
-			cJSON_AddStringToObject(o, "record", rel);
-		} else {
-			cJSON_AddStringToObject(o, "why", ch.why);
-		}
-		cJSON_AddItemToArray(ts->json, o);
-		dg__gen_note(a->verbose, "%s: %s", text, ch.tuned ? ch.record : ch.why);
-		*s = ch.spec;
-	}
-	dg__gen_tune_close(&t);
-	if (!ts->json && !code)
-		code = dg__gen_err(DG__GEN_FAIL, "build: out of memory");
-	return code;
-}
-
-/* Copies the records into tmp/tune/. */
-static dg_status copy_records(const tuned_set *ts, const char *tmp, char *msg, size_t msz)
-{
-	char dir[4200], path[4600];
-	uint8_t *bytes = NULL;
-	size_t n = 0;
-
-	if (!ts->n)
-		return DG_OK;
-	snprintf(dir, sizeof(dir), "%s/tune", tmp);
-	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-		snprintf(msg, msz, "%s: %s", dir, strerror(errno));
-		return DG_ERR_IO;
-	}
-	for (size_t i = 0; i < ts->n; i++) {
-		dg_status st = dg__gen_read_file(ts->paths[i], (size_t)16 << 20, &bytes, &n, msg,
-						 msz);
-		if (st)
-			return st;
-		snprintf(path, sizeof(path), "%s/%s", dir, ts->names[i]);
-		st = dg__gen_write_file(path, bytes, n, msg, msz);
-		free(bytes);
-		if (st)
-			return st;
-	}
-	return DG_OK;
-}
-
-/* Moves tmp/tune/<names> into dir/tune/ (made if needed); on failure
- * unlinks what it moved that was not there before. */
-static dg_status publish_records(const tuned_set *ts, const char *tmp, const char *dir,
-				 char *msg, size_t msz)
-{
-	char from[4600], to[4600], tdir[4200];
-	struct stat sb;
-	size_t moved = 0;
-	bool *fresh;
-	dg_status st = DG_OK;
-
-	if (!ts || !ts->n)
-		return DG_OK;
-	snprintf(tdir, sizeof(tdir), "%s/tune", dir);
-	if (mkdir(tdir, 0755) != 0 && errno != EEXIST) {
-		snprintf(msg, msz, "%s: %s", tdir, strerror(errno));
-		return DG_ERR_IO;
-	}
-	fresh = calloc(ts->n, sizeof(*fresh));
-	if (!fresh) {
-		snprintf(msg, msz, "out of memory");
-		return DG_ERR_NOMEM;
-	}
-	for (; moved < ts->n; moved++) {
-		snprintf(from, sizeof(from), "%s/tune/%s", tmp, ts->names[moved]);
-		snprintf(to, sizeof(to), "%s/%s", tdir, ts->names[moved]);
-		fresh[moved] = lstat(to, &sb) != 0;
-		if (rename(from, to) != 0) {
-			snprintf(msg, msz, "%s: %s", to, strerror(errno));
-			st = DG_ERR_IO;
-			break;
-		}
-	}
-	for (size_t i = 0; st && i < moved; i++) {
-		snprintf(to, sizeof(to), "%s/%s", tdir, ts->names[i]);
-		if (fresh[i])
-			unlink(to);
-	}
-	free(fresh);
-	return st;
-}
-
 /* Moves every file from tmp into dir (the records of ts too), then
  * manifest.json (the commit). On failure unlinks the files it moved that
  * were not there before. */
-static dg_status publish(const dg_manifest *m, const tuned_set *ts, const char *tmp,
+static dg_status publish(const dg_manifest *m, const dg__gen_tuned *ts, const char *tmp,
 			 const char *dir, char *msg, size_t msz)
 {
 	char from[4096], to[4096];
@@ -487,7 +319,7 @@ static dg_status publish(const dg_manifest *m, const tuned_set *ts, const char *
 		}
 	}
 	if (!st)
-		st = publish_records(ts, tmp, dir, msg, msz);
+		st = dg__gen_tuned_publish_records(ts, tmp, dir, msg, msz);
 	if (!st) {
 		if (!dg__gen_join(from, sizeof(from), tmp, DG_MANIFEST_FILE) ||
 		    !dg__gen_join(to, sizeof(to), dir, DG_MANIFEST_FILE) ||
@@ -511,36 +343,17 @@ static dg_status publish(const dg_manifest *m, const tuned_set *ts, const char *
 
 /* Writes the manifest (with the "tuning" array, if any) into tmp, after
  * reading it back as inspect will. */
-static dg_status write_manifest(const dg_manifest *m, const cJSON *tuning,
+static dg_status write_manifest(const dg_manifest *m, const dg__gen_tuned *ts,
 				const char *tmp, char **json, char *msg, size_t msz)
 {
 	char path[4096];
 	dg_manifest *back = NULL;
 
 	dg_status st = dg_manifest_to_json(m, json, msg, msz);
+	if (!st)
+		st = dg__gen_tuned_manifest(ts, json, msg, msz);
 	if (st)
 		return st;
-	if (tuning) {
-		cJSON *root = cJSON_Parse(*json);
-		cJSON *dup = cJSON_Duplicate(tuning, true);
-		char *text = NULL;
-		if (root && dup && cJSON_AddItemToObject(root, "tuning", dup)) {
-			dup = NULL;
-			text = cJSON_Print(root);
-		}
-		cJSON_Delete(dup);
-		cJSON_Delete(root);
-		size_t len = text ? strlen(text) : 0;
-		char *t2 = text ? realloc(text, len + 2) : NULL;
-		if (!t2) {
-			free(text);
-			snprintf(msg, msz, "out of memory writing the manifest");
-			return DG_ERR_NOMEM;
-		}
-		memcpy(t2 + len, "\n", 2);
-		free(*json);
-		*json = t2;
-	}
 	st = dg_manifest_parse(*json, strlen(*json), &back, msg, msz);
 	dg_manifest_destroy(back);
 	if (st)
@@ -678,7 +491,7 @@ static cJSON *timing_json(const pool *p, double wall_ms, long jobs)
 }
 
 /* Compile, then publish; returns the exit code. tmp exists and is empty. */
-static int build(const build_args *a, const dg__specset *set, const tuned_set *ts,
+static int build(const build_args *a, const dg__specset *set, const dg__gen_tuned *ts,
 		 const char *tmp, dg_manifest *m)
 {
 	pool p;
@@ -726,9 +539,9 @@ static int build(const build_args *a, const dg__specset *set, const tuned_set *t
 	m->created = strdup(when);
 	if (!m->generator_version || !m->nvrtc_version || !m->created)
 		return dg__gen_err(DG__GEN_FAIL, "build: out of memory");
-	dg_status st = copy_records(ts, tmp, msg, sizeof(msg));
+	dg_status st = dg__gen_tuned_copy_records(ts, tmp, msg, sizeof(msg));
 	if (!st)
-		st = write_manifest(m, ts->json, tmp, &json, msg, sizeof(msg));
+		st = write_manifest(m, ts, tmp, &json, msg, sizeof(msg));
 	if (!st)
 		st = publish(m, ts, tmp, a->out, msg, sizeof(msg));
 	if (st) {
@@ -755,7 +568,7 @@ int dg__gen_cmd_build(int argc, char **argv)
 {
 	build_args a;
 	dg__specset set = { 0 };
-	tuned_set ts = { 0 };
+	dg__gen_tuned ts = { 0 };
 	dg_manifest *m = NULL;
 	char msg[1024], tmp[4096];
 	char made[4096] = "";
@@ -773,7 +586,8 @@ int dg__gen_cmd_build(int argc, char **argv)
 	dg__gen_note(a.verbose, "spec flags expand to %zu kernels (%zu combinations of out-format=uint8pos with relu=none left out)",
 		     set.n, set.dropped);
 	if (a.tuned) {
-		code = resolve_tuned(&a, &set, &ts);
+		code = dg__gen_tuned_resolve(a.tune_db, a.cache_dir, a.device, a.sm, a.verbose,
+					     &set, &ts);
 		if (code)
 			goto out;
 	}
@@ -813,7 +627,7 @@ out:
 	catch_signals(false);
 	int sig = interrupted;
 	dg_manifest_destroy(m);
-	tuned_free(&ts);
+	dg__gen_tuned_free(&ts);
 	dg__specset_free(&set);
 	dg__spec_flags_free(&a.flags);
 	if (sig)

@@ -16,5 +16,6 @@
 #include "runtime.h"
 #include "tensor.h"
 #include "ops.h"
+#include "tune.h"
 
 #endif /* DRAGON_H */

@@ -1,0 +1,70 @@
+/*
+ * Helpers shared by the GPU backward suites (tests/test_gpu_backward.c,
+ * tests/test_gpu_backward_bdh.c): random operand storage in every format,
+ * its |values| for the Σ|terms| reference, and the bf16 tolerance the
+ * gradients are checked with. Names start with bh_ (backward helpers).
+ * The random draws come from gpu_helpers' stream (gh_seed).
+ *
+ * Tolerance (bh_expect_bf16). The references are exact (double sums of the
+ * f32 gradient times the decoded operand). The tensor-core path rounds the
+ * gradient (and an f32 operand) to bf16, round to nearest even — a
+ * relative error of at most 2^-8 a value — and sums exact products in f32,
+ * so an output's error is at most (2^-8 + K·2^-24)·Σ_k |a_k·b_k| (twice
+ * the first term with an f32 operand). Each check asks for both:
+ *   - elementwise |got − want| <= c·2^-8·Σ_k |a_k·b_k| + 1e-6·(1 + |want|),
+ *     c = 2 (3 with an f32 operand), the Σ|terms| from the same CPU
+ *     reference run on |grad| and |operand| (bh_abs_storage) — a bound the
+ *     rounding can never exceed, so the test cannot flake;
+ *   - ‖got − want‖ <= 1e-2·‖want‖ (the rounding gives about 1e-3): on long
+ *     reductions the elementwise bound grows like K while a wrong element
+ *     is off by about √K, so this is what keeps a wrong index, a
+ *     transposed or shifted tile, a lost K step or a missing scale failing
+ *     loudly (tolerance_catches_layout_errors in tests/test_gpu_backward.c
+ *     proves it without a device).
+ * The SIMT path (f32 sums) passes both with room to spare.
+ */
+#ifndef DG_TESTS_BACKWARD_HELPERS_H
+#define DG_TESTS_BACKWARD_HELPERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "dragon/spec.h"
+
+#define BH_BF16_REL 1e-2 /* relative-to-norm bound of a bf16-rounded gradient */
+#define BH_BF16_U (1.0 / 256) /* 2^-8: bf16's unit roundoff (round to nearest even) */
+
+/* malloc(n ? n : 1), failing the test when it returns NULL. */
+void *bh_xmalloc(size_t n);
+
+/* Storage bytes of n values of format f. */
+size_t bh_storage_bytes(dg_fmt f, size_t n);
+/* Random storage of n values of format f (packed along the flat order,
+ * which is the last axis: n is whole rows); malloc'd, the caller frees. */
+void *bh_make_storage(dg_fmt f, size_t n);
+/* |values| of a storage of n values of format f (same layout), so that a
+ * reference run on it and on |grad| gives Σ|terms| (malloc'd). */
+void *bh_abs_storage(dg_fmt f, const void *src, size_t n);
+/* A scale that keeps decoded values about 1. */
+float bh_scale_of(dg_fmt f);
+
+/* n uniform floats in [-1, 1] (malloc'd). */
+float *bh_rand_f32(size_t n);
+/* |v[i]| of n floats (malloc'd). */
+float *bh_abs_f32(const float *v, size_t n);
+
+/* The elementwise factor c of the bound: the gradient is rounded (2^-8),
+ * and an f32 operand too (another 2^-8); one unit of c to spare for the
+ * f32 sums (K·2^-24 <= 2^-8 for K <= 2^16). */
+double bh_bound_c(dg_fmt f);
+
+/* Whether got matches want within the bounds above; absum[i] is
+ * Σ_k |a_k·b_k| of output i (scale included). Prints the first misses;
+ * `why` gets the first failed rule. */
+bool bh_bf16_ok(const char *what, const float *got, const float *want, const float *absum,
+		size_t n, double c, char *why, size_t why_size);
+/* bh_bf16_ok, failing the test with its reason. */
+void bh_expect_bf16(const char *what, const float *got, const float *want, const float *absum,
+		    size_t n, double c);
+
+#endif
