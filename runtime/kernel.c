@@ -407,15 +407,16 @@ dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
 
 dg_status dg__spec_as_run(dg_device *dev, const dg_spec *spec, dg_spec *out)
 {
-	dg_tune_choice *ch = malloc(sizeof(*ch)); /* large: its messages */
+	/* what dg_kernel_get resolves, minus the validation the op's _check
+	 * already did: no message buffers, no allocation */
+	dg_status st = dg__dev_enter(dev);
 
-	if (!ch)
-		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	dg_status st = dg_device_tile_choice(dev, spec, ch);
-	if (st == DG_OK)
-		*out = ch->spec;
-	free(ch);
-	return st;
+	if (st)
+		return st;
+	*out = *spec;
+	dg_spec_normalize(out);
+	resolve_tile(dev, out, NULL);
+	return DG_OK;
 }
 
 /* ---- get ------------------------------------------------------------------ */

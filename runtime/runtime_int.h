@@ -20,7 +20,7 @@ dg_status dg__dev_fail(dg_device *dev, dg_status st, const char *fmt, ...)
 
 /* The spec as dg_kernel_get runs it on dev: an auto tile resolved (the
  * tuning DB's, else the default, on the target it picks). Ops size their
- * launches from it. */
+ * launches from it. spec must be valid (the op's _check ran). */
 dg_status dg__spec_as_run(dg_device *dev, const dg_spec *spec, dg_spec *out);
 
 /* Copies a _check's message onto the device and returns st. */
