@@ -56,9 +56,6 @@ constexpr int NT = NWG * 128;		// threads
 constexpr int KCH = E / 16;		// 16-byte K chunks (core matrices) a row
 constexpr int SBO = KCH * 128;		// bytes between 8-row core-matrix groups
 constexpr int A_BYTES = BM * E, B_BYTES = BN * E;	// x tile, one of three weight tiles
-constexpr int UCODES = ${UCODES};		// codes a B load unit (16 bytes of storage)
-constexpr int UPR = E / UCODES;		// B units a row
-constexpr int NUB = (BN * UPR + NT - 1) / NT;	// B units a thread
 
 // Weight row of shared B row p (see the column order above).
 __device__ __forceinline__ int dg_bcol(int p)
@@ -279,6 +276,9 @@ auto b_put = [&](int j, int bf) {
   -- packed: this thread's 16-byte units fetched to registers ahead, decoded later
   local dec = require("wgmma").unit_decoder(k.weight)
   w:line(C.subst([[
+constexpr int UCODES = ${UCODES};		// codes a B load unit (16 bytes of storage)
+constexpr int UPR = E / UCODES;			// B units a row
+constexpr int NUB = (BN * UPR + NT - 1) / NT;	// B units a thread
 uint4 rb[NUB];	// packed weight units of the next tile, in flight
 auto b_fetch = [&](int j) {
 	const int n0 = ntile_of(j) * BN;
@@ -306,7 +306,7 @@ auto b_put = [&](int j, int bf) {
 ${DEC}
 		}
 	}
-};]], { DEC = dec }))
+};]], { DEC = dec, UCODES = k.weight == "ternary" and 64 or 128 }))
   return w:text()
 end
 
@@ -378,7 +378,6 @@ if (out_absum) {
   local vars = {
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = k.E // wdiv,
     BM = k.bm, BN = k.bn,
-    UCODES = k.weight == "int8" and 16 or (k.weight == "ternary" and 64 or 128),
     -- two blocks an SM when both accumulator sets (BN registers) and the
     -- rest fit 65536 / (2·NT) registers and the shared memory fits
     MINB = (nt <= 256 and k.bn <= 64 and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
