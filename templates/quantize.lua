@@ -33,22 +33,7 @@ constexpr int QLO = ${QLO};
 constexpr int RED = ${RED};		// first step of the tree reduction (a power of two)
 constexpr int VE = ${VE};		// elements of one 16-byte load
 
-// Element i of x as a float.
-__device__ __forceinline__ float dg_src(const ${ST} *x, long long i)
-{
-	return ${LOAD1};
-}
-
-// The VE elements of one 16-byte load as floats.
-__device__ __forceinline__ void dg_src_vec(const ${ST} *x, long long iv, float (&f)[VE])
-{
-	const uint4 v = __ldg((const uint4 *)x + iv);
-	const unsigned u[4] = { v.x, v.y, v.z, v.w };
-#pragma unroll
-	for (int j = 0; j < 4; ++j) {
-${UNPACK}
-	}
-}
+${SRC_READER}
 
 // The code of one value with scale s (s == 0: every code is 0).
 __device__ __forceinline__ int dg_quant(float v, float s)
@@ -56,66 +41,7 @@ __device__ __forceinline__ int dg_quant(float v, float s)
 	return s == 0.0f ? 0 : dg_code(__fdiv_rn(v, s), QLO, QMAX);
 }
 
-// red[0] = Σ red[0..NT) by a fixed tree (the same order every launch).
-template <typename F>
-__device__ __forceinline__ void dg_tree_sum(F *red, int tid)
-{
-#pragma unroll
-	for (int w = RED; w > 0; w >>= 1) {
-		if (tid < w && tid + w < NT)
-			red[tid] += red[tid + w];
-		__syncthreads();
-	}
-}
-
-extern "C" __global__ void __launch_bounds__(NT)
-dg_quantize_act_absum(const ${ST} *__restrict__ x, long long n, float *__restrict__ partials)
-{
-	__shared__ float red[NT];
-	const int tid = threadIdx.x;
-	const long long first = (long long)blockIdx.x * NT + tid;
-	const long long stride = (long long)gridDim.x * NT;
-	float s = 0.0f;
-	long long done = 0;		// elements covered by the vector loop
-	if (((unsigned long long)x & 15ull) == 0) {
-		const long long nv = n / VE;
-		for (long long iv = first; iv < nv; iv += stride) {
-			float f[VE];
-			dg_src_vec(x, iv, f);
-#pragma unroll
-			for (int j = 0; j < VE; ++j)
-				s += fabsf(f[j]);
-		}
-		done = nv * VE;
-	}
-	for (long long i = done + first; i < n; i += stride)
-		s += fabsf(dg_src(x, i));
-	red[tid] = s;
-	__syncthreads();
-	dg_tree_sum(red, tid);
-	if (tid == 0)
-		partials[blockIdx.x] = red[0];
-}
-
-extern "C" __global__ void __launch_bounds__(NT)
-dg_quantize_act_scale(const float *__restrict__ partials, int n_partials, long long n,
-		      float *__restrict__ scale)
-{
-	__shared__ double red[NT];
-	const int tid = threadIdx.x;
-	if (blockIdx.x != 0)
-		return;			// one block does it all (<<<1, NT>>>)
-	double s = 0.0;
-	for (int i = tid; i < n_partials; i += NT)
-		s += (double)partials[i];
-	red[tid] = s;
-	__syncthreads();
-	dg_tree_sum(red, tid);
-	if (tid == 0) {
-		const double sum = red[0];
-		*scale = sum == 0.0 ? 0.0f : (float)(2.0 * sum / ((double)n * (double)QMAX));
-	}
-}
+${ABSUM_SCALE}
 
 extern "C" __global__ void __launch_bounds__(NT)
 dg_quantize_act_apply(const ${ST} *__restrict__ x, long long n, const float *__restrict__ scale,
@@ -156,26 +82,13 @@ function M.render(spec)
   C.check(nt <= 1024, "tile threads=%d: at most 1024 threads a block", nt)
 
   local qmax = C.formats[act].qmax
-  local red = 1
-  while red < nt do red = red * 2 end
-  red = red // 2
-
-  local v = {
-    NT = nt, QMAX = qmax, QLO = act == "uint8pos" and 0 or -qmax, RED = red, act = act,
-    ST = C.formats[src].ctype, CT = act == "uint8pos" and "unsigned char" or "signed char",
-  }
-  if src == "f32" then
-    v.VE = 4
-    v.LOAD1 = "__ldg(x + i)"
-    v.UNPACK = "\t\tf[j] = __uint_as_float(u[j]);"
-    v.STORE_VEC = "\t\t\t*(unsigned *)(codes + 4 * iv) = q[0];"
-  else
-    v.VE = 8
-    v.LOAD1 = "dg_bf16_to_f32(__ldg(x + i))"
-    v.UNPACK = "\t\tf[2 * j] = __uint_as_float(u[j] << 16);\n" ..
-               "\t\tf[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);"
-    v.STORE_VEC = "\t\t\t*(uint2 *)(codes + 8 * iv) = make_uint2(q[0], q[1]);"
-  end
+  local v = C.src_vars(src, "x")
+  v.NT, v.QMAX, v.QLO, v.RED, v.act = nt, qmax, act == "uint8pos" and 0 or -qmax, C.tree_first(nt), act
+  v.ST, v.CT = C.formats[src].ctype, act == "uint8pos" and "unsigned char" or "signed char"
+  v.P, v.PREFIX, v.ACC, v.CAST = "x", "dg_quantize_act", "float", ""
+  v.SCALE_EXPR = "2.0 * sum / ((double)n * (double)QMAX)"
+  v.SRC_READER = C.subst(C.SRC_READER, v)
+  v.ABSUM_SCALE = C.subst(C.ABSUM_SCALE, v)
 
   local about = {
     fmt("quantize_act: %s → %s codes (qmax %d), scale 2·mean|x|/qmax, per tensor.", src, act, qmax),

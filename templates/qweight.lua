@@ -62,22 +62,7 @@ constexpr int NT = ${NT};		// threads a block
 constexpr int RED = ${RED};		// first step of the tree reduction (a power of two)
 constexpr int VE = ${VE};		// elements of one 16-byte load
 
-// Element i of w as a float.
-__device__ __forceinline__ float dg_src(const ${ST} *w, long long i)
-{
-	return ${LOAD1};
-}
-
-// The VE elements of one 16-byte load as floats.
-__device__ __forceinline__ void dg_src_vec(const ${ST} *w, long long iv, float (&f)[VE])
-{
-	const uint4 v = __ldg((const uint4 *)w + iv);
-	const unsigned u[4] = { v.x, v.y, v.z, v.w };
-#pragma unroll
-	for (int j = 0; j < 4; ++j) {
-${UNPACK}
-	}
-}
+${SRC_READER}
 
 // The code of one value with scale s (${weight}).
 __device__ __forceinline__ int dg_wcode(float v, float s)
@@ -85,65 +70,7 @@ __device__ __forceinline__ int dg_wcode(float v, float s)
 ${CODE}
 }
 
-// red[0] = Σ red[0..NT) by a fixed tree (the same order every launch).
-__device__ __forceinline__ void dg_tree_sum(double *red, int tid)
-{
-#pragma unroll
-	for (int w = RED; w > 0; w >>= 1) {
-		if (tid < w && tid + w < NT)
-			red[tid] += red[tid + w];
-		__syncthreads();
-	}
-}
-
-extern "C" __global__ void __launch_bounds__(NT)
-dg_quantize_weight_absum(const ${ST} *__restrict__ w, long long n, double *__restrict__ partials)
-{
-	__shared__ double red[NT];
-	const int tid = threadIdx.x;
-	const long long first = (long long)blockIdx.x * NT + tid;
-	const long long stride = (long long)gridDim.x * NT;
-	double s = 0.0;
-	long long done = 0;		// elements covered by the vector loop
-	if (((unsigned long long)w & 15ull) == 0) {
-		const long long nv = n / VE;
-		for (long long iv = first; iv < nv; iv += stride) {
-			float f[VE];
-			dg_src_vec(w, iv, f);
-#pragma unroll
-			for (int j = 0; j < VE; ++j)
-				s += (double)fabsf(f[j]);
-		}
-		done = nv * VE;
-	}
-	for (long long i = done + first; i < n; i += stride)
-		s += (double)fabsf(dg_src(w, i));
-	red[tid] = s;
-	__syncthreads();
-	dg_tree_sum(red, tid);
-	if (tid == 0)
-		partials[blockIdx.x] = red[0];
-}
-
-extern "C" __global__ void __launch_bounds__(NT)
-dg_quantize_weight_scale(const double *__restrict__ partials, int n_partials, long long n,
-			 float *__restrict__ scale)
-{
-	__shared__ double red[NT];
-	const int tid = threadIdx.x;
-	if (blockIdx.x != 0)
-		return;			// one block does it all (<<<1, NT>>>)
-	double s = 0.0;
-	for (int i = tid; i < n_partials; i += NT)
-		s += partials[i];
-	red[tid] = s;
-	__syncthreads();
-	dg_tree_sum(red, tid);
-	if (tid == 0) {
-		const double sum = red[0];
-		*scale = sum == 0.0 ? 0.0f : (float)(${SCALE_EXPR});
-	}
-}
+${ABSUM_SCALE}
 
 extern "C" __global__ void __launch_bounds__(NT)
 dg_quantize_weight_apply(const ${ST} *__restrict__ w, long long n, const float *__restrict__ scale,
@@ -191,26 +118,12 @@ local function render_quantize(spec)
   local weight = C.one_of(spec, "weight", { "int8", "ternary", "sign1" })
   local nt = C.tile_field(spec, "threads")
   C.check(nt <= 1024, "tile threads=%d: at most 1024 threads a block", nt)
-  local red = 1
-  while red < nt do red = red * 2 end
-  red = red // 2
-
-  local v = {
-    NT = nt, RED = red, weight = weight, ST = C.formats[src].ctype,
-    CODE = CODES[weight], SCALE_EXPR = SCALES[weight],
-  }
-  if src == "f32" then
-    v.VE = 4
-    v.LOAD1 = "__ldg(w + i)"
-    v.UNPACK = "\t\tf[j] = __uint_as_float(u[j]);"
-    v.STORE_VEC = "\t\t\t*(unsigned *)(codes + 4 * iv) = q[0];"
-  else
-    v.VE = 8
-    v.LOAD1 = "dg_bf16_to_f32(__ldg(w + i))"
-    v.UNPACK = "\t\tf[2 * j] = __uint_as_float(u[j] << 16);\n" ..
-               "\t\tf[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);"
-    v.STORE_VEC = "\t\t\t*(uint2 *)(codes + 8 * iv) = make_uint2(q[0], q[1]);"
-  end
+  local v = C.src_vars(src, "w")
+  v.NT, v.RED, v.weight, v.ST = nt, C.tree_first(nt), weight, C.formats[src].ctype
+  v.CODE, v.SCALE_EXPR = CODES[weight], SCALES[weight]
+  v.P, v.PREFIX, v.ACC, v.CAST = "w", "dg_quantize_weight", "double", "(double)"
+  v.SRC_READER = C.subst(C.SRC_READER, v)
+  v.ABSUM_SCALE = C.subst(C.ABSUM_SCALE, v)
   local about = {
     fmt("quantize_weight: %s → %s codes (one signed byte a code) and scale %s.", src, weight,
         weight == "int8" and "2·mean|w|/127" or "mean|w|"),
