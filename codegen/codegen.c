@@ -15,7 +15,7 @@
 #include "codegen/lua_host.h"
 #include "codegen/templates_embedded.h"
 #include "dragon/codegen.h"
-#include "runtime/sha256.h"
+#include "base/sha256.h"
 
 #define DEFAULT_MEM_LIMIT ((size_t)64 << 20)
 #define DEFAULT_INSTR_LIMIT 50000000L

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "codegen/msg.h"
+#include "base/msg.h"
 #include "codegen/spec_int.h"
 #include "dragon/spec.h"
 
@@ -289,7 +289,7 @@ static int out_elem_bytes(const dg_spec *s)
  * warpgroups of 64 rows (BM = 16·WM);
  *   lowrank_fwd: BN 64 or 128, stages 1 or 2 (the weight tile is always
  *     triple-buffered; stages 1: packed weights are unpacked to s8 by the
- *     op before the launch, runtime/ops_forward.c),
+ *     op before the launch, runtime/ops/ops_forward.c),
  *     E a multiple of 64 (128 for sign1), L of 16, E·(BM + 3·BN) bytes of
  *     shared memory (the whole reduction resident);
  *   decoder_fwd: BN 64, 128 or 256, BK a multiple of 32 (64 ternary, 128

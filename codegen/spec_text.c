@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen/msg.h"
+#include "base/msg.h"
 #include "codegen/spec_int.h"
 #include "dragon/spec.h"
 

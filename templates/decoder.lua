@@ -10,7 +10,7 @@ The grid has few output tiles (M/BM · E/BN), so K is split: work item
 the partial sums meet in a workspace ws (M, E); a second entry converts ws
 to out.
 
-Kernel ABI (runtime/ops_forward.c launches it; dragon/ref.h mirrors it in
+Kernel ABI (runtime/ops/ops_forward.c launches it; dragon/ref.h mirrors it in
 dg_ref_decoder_fwd):
 
   extern "C" __global__ void dg_decoder_fwd(const YT *y, const WT *w,

@@ -8,7 +8,7 @@ lowrank.lua — the low-rank projection of BDH, forward, and its ReLU mask:
   hin(h) = Hin==1 ? 0 : h
 
 Kernel ABI (dragon/ref.h mirrors it in dg_ref_lowrank_fwd / dg_ref_relu_mask;
-runtime/ops_forward.c launches it):
+runtime/ops/ops_forward.c launches it):
 
   extern "C" __global__ void dg_lowrank_fwd(const XT *x, const WT *w,
       const float *sa, const float *sw, OT *out, const float *so,

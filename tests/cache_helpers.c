@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "cache_helpers.h"
-#include "runtime/sha256.h"
+#include "base/sha256.h"
 
 char ch_root[256];
 

@@ -16,7 +16,7 @@
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 
-#include "codegen/gen/specset.h"
+#include "cli/dragon-gen/specset.h"
 #include "dragon/cubin.h"
 #include "dragon/manifest.h"
 #include "helpers.h"

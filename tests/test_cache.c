@@ -1,5 +1,5 @@
 /*
- * Tests for runtime/sha256.c and the get/put side of runtime/cache.c:
+ * Tests for base/sha256.c and the get/put side of runtime/store/cache.c:
  * SHA-256 vectors, the entry format, hits and misses, bad keys, corruption
  * (each a quarantined miss; repeated quarantines keep every copy), a writer
  * killed mid-write, and NULL handles. get_or_build is tested in
@@ -22,8 +22,8 @@
 
 #include "cache_helpers.h"
 #include "dragon/cache.h"
-#include "runtime/cache_int.h"
-#include "runtime/sha256.h"
+#include "runtime/store/cache_int.h"
+#include "base/sha256.h"
 
 TestSuite(cache, .init = ch_setup, .fini = ch_teardown, .timeout = 120);
 

@@ -1,5 +1,5 @@
 /*
- * Tests for runtime/cache_admin.c and for how a cache is configured: LRU
+ * Tests for runtime/store/cache_admin.c and for how a cache is configured: LRU
  * eviction (the newest entry is never evicted), stat/verify/gc/clear and
  * the list of bad entries, the root and the size cap from options and the
  * environment, and the per-thread message of a failed open. Fixture and
@@ -19,7 +19,7 @@
 
 #include "cache_helpers.h"
 #include "dragon/cache.h"
-#include "runtime/cache_int.h"
+#include "runtime/store/cache_int.h"
 
 TestSuite(cache, .init = ch_setup, .fini = ch_teardown, .timeout = 120);
 

@@ -1,5 +1,5 @@
 /*
- * Tests for dg_cache_get_or_build (runtime/cache.c): eight processes asking
+ * Tests for dg_cache_get_or_build (runtime/store/cache.c): eight processes asking
  * for one key build it once; a failing builder publishes nothing and its
  * outputs are not touched; a cache that cannot lock or store what was built
  * (a vanished folder, a full disk) still returns it and says why. Fixture
@@ -21,7 +21,7 @@
 
 #include "cache_helpers.h"
 #include "dragon/cache.h"
-#include "runtime/sha256.h"
+#include "base/sha256.h"
 
 TestSuite(cache, .init = ch_setup, .fini = ch_teardown, .timeout = 120);
 

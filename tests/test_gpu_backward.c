@@ -1,6 +1,6 @@
 /*
  * GPU tests of the four backward GEMMs (templates/backward.lua,
- * runtime/ops_backward.c). Skip without a device (gh_open).
+ * runtime/ops/ops_backward.c). Skip without a device (gh_open).
  *
  *   - each op × each storage format × in_heads 1 / H on small odd shapes
  *     (T = 1, 3, 127; B = 2; latent and embd not multiples of the tile)

@@ -1,6 +1,6 @@
 /*
  * GPU tests of the four backward GEMMs at the BDH shape (H 4, E 256,
- * L 8192, B·T 4096; templates/backward.lua, runtime/ops_backward.c), on
+ * L 8192, B·T 4096; templates/backward.lua, runtime/ops/ops_backward.c), on
  * the default tiles, int8 operands. Skip without a device (gh_open).
  *
  *   - lowrank grad_input on sampled rows;

@@ -1,5 +1,5 @@
 /*
- * GPU tests of the forward GEMM ops (runtime/ops_forward.c, templates
+ * GPU tests of the forward GEMM ops (runtime/ops/ops_forward.c, templates
  * lowrank.lua, mma.lua, decoder.lua) against the CPU references:
  *
  *   lowrank_fwd  every weight × act × relu {none, 0, 0.25} × out × in_heads

@@ -1,9 +1,9 @@
 /*
  * GPU tests of quantize_weight and the ternary / sign1 packers
- * (templates/qweight.lua, runtime/ops_qweight.c) against the CPU
+ * (templates/qweight.lua, runtime/ops/ops_qweight.c) against the CPU
  * references. Skip without a device (gh_open).
  *
- * What quantize_weight guarantees (runtime/ops_qweight.c): the scale is
+ * What quantize_weight guarantees (runtime/ops/ops_qweight.c): the scale is
  * dg_ref_quantize_weight's to within one ulp (double partial sums; equal
  * unless the exact sum sits on a float rounding boundary), and the codes
  * are exactly the reference rule applied with the GPU's scale — so equal

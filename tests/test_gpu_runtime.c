@@ -14,7 +14,7 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "helpers.h"
-#include "runtime/device_int.h"
+#include "runtime/gpu/device_int.h"
 
 static bool own_cache(void)
 {

@@ -14,7 +14,7 @@
 
 #include "dragon/jit.h"
 #include "helpers.h"
-#include "runtime/sha256.h"
+#include "base/sha256.h"
 
 static dg_ctx *make_ctx(const char *cache_dir, const char *tpl_dir)
 {

@@ -13,7 +13,7 @@
 #include "dragon/codegen.h"
 #include "dragon/jit.h"
 #include "helpers.h"
-#include "runtime/nvrtc.h"
+#include "runtime/store/nvrtc.h"
 
 static char err[8192];
 

@@ -18,7 +18,7 @@
 
 #include "dragon/codegen.h"
 #include "dragon/spec.h"
-#include "runtime/nvrtc.h"
+#include "runtime/store/nvrtc.h"
 
 static const dg_fmt weights[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
 				  DG_FMT_TERNARY, DG_FMT_SIGN1 };

@@ -12,7 +12,7 @@
 #include <criterion/criterion.h>
 
 #include "dragon/codegen.h"
-#include "runtime/nvrtc.h"
+#include "runtime/store/nvrtc.h"
 
 static char err[8192];
 

@@ -1,5 +1,5 @@
 /*
- * Tests of the element-wise CPU references (runtime/ref.c): bf16 <-> f32,
+ * Tests of the element-wise CPU references (runtime/ref/ref.c): bf16 <-> f32,
  * qmax, activation and weight quantize, and the i8x4, ternary and sign1
  * packings. lowrank_fwd's reference is tested in tests/test_ref_lowrank.c.
  *

@@ -1,5 +1,5 @@
 /*
- * Tests of the backward CPU references (runtime/ref_backward.c) and of the
+ * Tests of the backward CPU references (runtime/ref/ref_backward.c) and of the
  * _check twins of the backward and weight-quantize ops (no device needed):
  *
  *   - every grad ref against central finite differences of a forward:

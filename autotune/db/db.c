@@ -1,0 +1,420 @@
+/*
+ * The tuning DB: every record under the DB path, merged by key
+ * (canonical spec without tile, device name, device SM), and the lookup
+ * the JIT does for an auto tile.
+ *
+ * Merging: records copied from several machines (or several sweeps of
+ * one) may name the same key. The newest date wins (dates are ISO-8601
+ * UTC, so text order is time order); on equal dates the record whose path
+ * sorts last wins, so the outcome does not depend on the order files are
+ * listed in. Records of other devices are left out when the DB is opened
+ * for one device.
+ *
+ * A DB never fails to open over a bad record: an unreadable, truncated or
+ * malformed file is skipped and its message kept (dg_tune_db_problem),
+ * because one stray file in a shared folder must not stop training.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dragon/cache.h"
+#include "dragon/tune.h"
+#include "base/fnv.h"
+
+typedef struct entry {
+	struct entry *next; /* hash chain */
+	uint64_t hash;
+	char *key;          /* spec text \n device name \n sm */
+	dg_tune_record *rec;
+} entry;
+
+struct dg_tune_db {
+	char *where;
+	entry **buckets;
+	size_t n_buckets, n_entries;
+	size_t n_other;
+	char **problems;
+	size_t n_problems, cap_problems;
+	bool oom;
+};
+
+/* "spec\ndevice\nsm" (malloc'd), or NULL when out of memory. */
+static char *make_key(const char *spec_text, const char *device, int sm)
+{
+	size_t n = strlen(spec_text) + strlen(device) + 16;
+	char *k = malloc(n);
+	if (k)
+		snprintf(k, n, "%s\n%s\n%d", spec_text, device, sm);
+	return k;
+}
+
+static void problem(dg_tune_db *db, const char *msg)
+{
+	if (db->n_problems == db->cap_problems) {
+		size_t cap = db->cap_problems ? db->cap_problems * 2 : 8;
+		char **p = realloc(db->problems, cap * sizeof(*p));
+		if (!p) {
+			db->oom = true;
+			return;
+		}
+		db->problems = p;
+		db->cap_problems = cap;
+	}
+	char *m = strdup(msg);
+	if (!m) {
+		db->oom = true;
+		return;
+	}
+	db->problems[db->n_problems++] = m;
+}
+
+static entry *find(const dg_tune_db *db, uint64_t h, const char *key)
+{
+	if (!db->n_buckets)
+		return NULL;
+	for (entry *e = db->buckets[h % db->n_buckets]; e; e = e->next)
+		if (e->hash == h && strcmp(e->key, key) == 0)
+			return e;
+	return NULL;
+}
+
+/* true when a is newer than b (see the merge rule above). */
+static bool newer(const dg_tune_record *a, const dg_tune_record *b)
+{
+	int d = strcmp(a->date, b->date);
+	if (d)
+		return d > 0;
+	return strcmp(a->path ? a->path : "", b->path ? b->path : "") > 0;
+}
+
+/* Takes r (keeps it or destroys it). */
+static void add_record(dg_tune_db *db, dg_tune_record *r, const char *device, int sm)
+{
+	if ((device && strcmp(r->device.name, device) != 0) || (sm > 0 && r->device.sm != sm)) {
+		db->n_other++;
+		dg_tune_record_destroy(r);
+		return;
+	}
+	char *key = make_key(r->spec_text, r->device.name, r->device.sm);
+	if (!key) {
+		db->oom = true;
+		dg_tune_record_destroy(r);
+		return;
+	}
+	uint64_t h = dg__fnv1a(key);
+	entry *e = find(db, h, key);
+	if (e) {
+		free(key);
+		if (newer(r, e->rec)) {
+			dg_tune_record_destroy(e->rec);
+			e->rec = r;
+		} else {
+			dg_tune_record_destroy(r);
+		}
+		return;
+	}
+	if (db->n_entries + 1 > 2 * db->n_buckets) {
+		size_t nb = db->n_buckets ? db->n_buckets * 4 : 64;
+		entry **b = calloc(nb, sizeof(*b));
+		if (!b) {
+			db->oom = true;
+			free(key);
+			dg_tune_record_destroy(r);
+			return;
+		}
+		for (size_t i = 0; i < db->n_buckets; i++)
+			for (entry *x = db->buckets[i], *next; x; x = next) {
+				next = x->next;
+				x->next = b[x->hash % nb];
+				b[x->hash % nb] = x;
+			}
+		free(db->buckets);
+		db->buckets = b;
+		db->n_buckets = nb;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		db->oom = true;
+		free(key);
+		dg_tune_record_destroy(r);
+		return;
+	}
+	e->hash = h;
+	e->key = key;
+	e->rec = r;
+	e->next = db->buckets[h % db->n_buckets];
+	db->buckets[h % db->n_buckets] = e;
+	db->n_entries++;
+}
+
+static void load_file(dg_tune_db *db, const char *path, const char *device, int sm)
+{
+	char msg[1024];
+	dg_tune_record *r = NULL;
+	dg_status st = dg_tune_record_load(path, &r, msg, sizeof(msg));
+
+	if (st == DG_ERR_NOMEM) {
+		db->oom = true;
+		return;
+	}
+	if (st) {
+		problem(db, msg);
+		return;
+	}
+	add_record(db, r, device, sm);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.json of a folder, in name order (temp files of writers, which
+ * end in .tmp, are not records). */
+static void load_dir(dg_tune_db *db, const char *dir, const char *device, int sm)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	char **names = NULL;
+	size_t n = 0, cap = 0;
+
+	if (!d) {
+		if (errno != ENOENT) {
+			char msg[1024];
+			snprintf(msg, sizeof(msg), "%s: %s", dir, strerror(errno));
+			problem(db, msg);
+		}
+		return;
+	}
+	while ((de = readdir(d))) {
+		size_t len = strlen(de->d_name);
+		if (len < 6 || de->d_name[0] == '.' || strcmp(de->d_name + len - 5, ".json") != 0)
+			continue;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 16;
+			char **p = realloc(names, cap * sizeof(*p));
+			if (!p) {
+				db->oom = true;
+				break;
+			}
+			names = p;
+		}
+		size_t plen = strlen(dir) + len + 2;
+		names[n] = malloc(plen);
+		if (!names[n]) {
+			db->oom = true;
+			break;
+		}
+		snprintf(names[n], plen, "%s/%s", dir, de->d_name);
+		n++;
+	}
+	closedir(d);
+	if (n)
+		qsort(names, n, sizeof(*names), cmp_str);
+	for (size_t i = 0; i < n; i++) {
+		if (!db->oom)
+			load_file(db, names[i], device, sm);
+		free(names[i]);
+	}
+	free(names);
+}
+
+static void load_path(dg_tune_db *db, const char *path, const char *device, int sm)
+{
+	struct stat sb;
+
+	if (stat(path, &sb) != 0) {
+		if (errno != ENOENT) {
+			char msg[1024];
+			snprintf(msg, sizeof(msg), "%s: %s", path, strerror(errno));
+			problem(db, msg);
+		}
+		return;
+	}
+	if (S_ISDIR(sb.st_mode))
+		load_dir(db, path, device, sm);
+	else
+		load_file(db, path, device, sm);
+}
+
+/* The path list: opts->path, $DRAGON_TUNE_DB, or <cache root>/tune. */
+static char *choose_where(const dg_tune_db_opts *o)
+{
+	const char *env = getenv("DRAGON_TUNE_DB");
+
+	if (o && o->path)
+		return strdup(o->path);
+	if (env && env[0])
+		return strdup(env);
+	const char *root = o ? o->cache_root : NULL;
+	dg_cache *c = NULL;
+	if (!root) {
+		dg_cache_opts co = { 0 };
+		if (dg_cache_open(&c, &co) == DG_OK)
+			root = dg_cache_root(c);
+	}
+	char *w = NULL;
+	if (root) {
+		size_t n = strlen(root) + 6;
+		w = malloc(n);
+		if (w)
+			snprintf(w, n, "%s/tune", root);
+	} else {
+		w = strdup("none"); /* no cache folder: no default DB */
+	}
+	dg_cache_close(c);
+	return w;
+}
+
+dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts)
+{
+	if (!out)
+		return DG_ERR_INVALID_ARG;
+	*out = NULL;
+	dg_tune_db *db = calloc(1, sizeof(*db));
+	if (!db)
+		return DG_ERR_NOMEM;
+	db->where = choose_where(opts);
+	if (!db->where) {
+		dg_tune_db_destroy(db);
+		return DG_ERR_NOMEM;
+	}
+	const char *device = opts ? opts->device : NULL;
+	int sm = opts ? opts->sm : 0;
+	if (strcmp(db->where, "none") != 0) {
+		char *list = strdup(db->where), *save = NULL;
+		if (!list)
+			db->oom = true;
+		for (char *p = list ? strtok_r(list, ":", &save) : NULL; p && !db->oom;
+		     p = strtok_r(NULL, ":", &save))
+			load_path(db, p, device, sm);
+		free(list);
+	}
+	if (db->oom) {
+		dg_tune_db_destroy(db);
+		return DG_ERR_NOMEM;
+	}
+	*out = db;
+	return DG_OK;
+}
+
+void dg_tune_db_destroy(dg_tune_db *db)
+{
+	if (!db)
+		return;
+	for (size_t i = 0; i < db->n_buckets; i++)
+		for (entry *e = db->buckets[i], *next; e; e = next) {
+			next = e->next;
+			dg_tune_record_destroy(e->rec);
+			free(e->key);
+			free(e);
+		}
+	free(db->buckets);
+	for (size_t i = 0; i < db->n_problems; i++)
+		free(db->problems[i]);
+	free(db->problems);
+	free(db->where);
+	free(db);
+}
+
+const char *dg_tune_db_where(const dg_tune_db *db)
+{
+	return db ? db->where : "none";
+}
+
+size_t dg_tune_db_size(const dg_tune_db *db)
+{
+	return db ? db->n_entries : 0;
+}
+
+size_t dg_tune_db_n_other_device(const dg_tune_db *db)
+{
+	return db ? db->n_other : 0;
+}
+
+size_t dg_tune_db_n_problems(const dg_tune_db *db)
+{
+	return db ? db->n_problems : 0;
+}
+
+const char *dg_tune_db_problem(const dg_tune_db *db, size_t i)
+{
+	return db && i < db->n_problems ? db->problems[i] : "";
+}
+
+size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out, size_t max)
+{
+	dg_tune_device seen[64];
+	size_t n = 0, total = 0;
+
+	for (size_t i = 0; db && i < db->n_buckets; i++)
+		for (entry *e = db->buckets[i]; e; e = e->next) {
+			const dg_tune_device *d = &e->rec->device;
+			bool dup = false;
+			for (size_t k = 0; k < n && !dup; k++)
+				dup = seen[k].sm == d->sm && strcmp(seen[k].name, d->name) == 0;
+			if (dup)
+				continue;
+			if (n < sizeof(seen) / sizeof(seen[0]))
+				seen[n++] = *d;
+			if (out && total < max)
+				out[total] = *d;
+			total++;
+		}
+	return total;
+}
+
+void dg_tune_resolve(const dg_tune_db *db, const dg_spec *spec, const char *device,
+		     int sm, dg_tune_choice *out)
+{
+	char text[DG_SPEC_TEXT_MAX], why[512];
+	dg_spec s = *spec;
+
+	memset(out, 0, sizeof(*out));
+	dg_spec_normalize(&s);
+	int dev_sm = sm > 0 ? sm : s.arch;
+	if (!(dg_spec_uses(s.op) & DG_FIELD_TILE)) {
+		snprintf(out->why, sizeof(out->why), "op %s takes no tile", dg_op_name(s.op));
+	} else if (!dg_tile_is_auto(&s.tile)) {
+		snprintf(out->why, sizeof(out->why), "the spec names its tile");
+	} else if (!db || strcmp(db->where, "none") == 0) {
+		snprintf(out->why, sizeof(out->why), "no tuning DB");
+	} else if (!device || !device[0]) {
+		snprintf(out->why, sizeof(out->why), "no device named to look records up for");
+	} else {
+		dg_spec_to_string(&s, text, sizeof(text));
+		char *key = make_key(text, device, dev_sm);
+		entry *e = key ? find(db, dg__fnv1a(key), key) : NULL;
+		free(key);
+		if (!e) {
+			snprintf(out->why, sizeof(out->why), "no record for %s (sm_%d) in %.300s",
+				 device, dev_sm, db->where);
+		} else if (e->rec->winner < 0) {
+			snprintf(out->why, sizeof(out->why), "%.400s: the sweep found no winner",
+				 e->rec->path ? e->rec->path : "record");
+		} else {
+			const dg_tune_cand *w = &e->rec->cands[e->rec->winner];
+			dg_spec t = s;
+			t.tile = w->tile;
+			t.arch_specific = w->arch_specific;
+			if (dg_spec_validate(&t, why, sizeof(why)) != DG_OK) {
+				snprintf(out->why, sizeof(out->why),
+					 "%.300s: the tuned tile is no longer valid: %.150s",
+					 e->rec->path ? e->rec->path : "record", why);
+			} else {
+				out->spec = t;
+				out->tuned = true;
+				snprintf(out->record, sizeof(out->record), "%s",
+					 e->rec->path ? e->rec->path : "");
+				snprintf(out->date, sizeof(out->date), "%s", e->rec->date);
+				return;
+			}
+		}
+	}
+	dg_spec_default_resolve(&s, dev_sm);
+	out->spec = s;
+}

@@ -1,0 +1,636 @@
+/*
+ * dragon-gen build: compile a set of specs into a bundle folder.
+ *
+ * A pool of threads, each with its own dg_ctx (a ctx is single-threaded;
+ * NVRTC and the disk cache are safe across threads and processes), takes
+ * specs off a shared counter. Every binary goes into a private temp folder
+ * DIR/.dragon-build.<pid>.tmp/; only when all of them compiled and passed
+ * dg_cubin_check are they renamed into DIR, and manifest.json is renamed
+ * in last: that rename is the commit. Any failure or SIGINT/SIGTERM before
+ * it removes the temp folder (and the folders this build created), so DIR
+ * is left exactly as it was.
+ *
+ * --tuned: auto tiles from the tuning DB, the records used copied into
+ * DIR/tune/ and listed in the manifest's "tuning" array (build_tuned.c).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/dragon-gen/gen.h"
+#include "cli/dragon-gen/specset.h"
+#include "cli/dragon-gen/util.h"
+#include "dragon/cubin.h"
+#include "dragon/jit.h"
+#include "dragon/manifest.h"
+
+#define MAX_JOBS 1024
+#define NO_FAILURE SIZE_MAX
+
+enum {
+	OPT_HELP = 1, OPT_OUT, OPT_JOBS, OPT_JSON, OPT_NO_CACHE, OPT_CACHE_DIR,
+	OPT_PROGRESS, OPT_VERBOSE, OPT_QUIET, OPT_TUNED, OPT_DEVICE, OPT_SM, OPT_TUNE_DB,
+};
+
+static const dg__gen_opt opts[] = {
+	{ "help", 'h', false, OPT_HELP },
+	{ "out", 'o', true, OPT_OUT },
+	{ "jobs", 'j', true, OPT_JOBS },
+	{ "json", 0, false, OPT_JSON },
+	{ "no-cache", 0, false, OPT_NO_CACHE },
+	{ "cache-dir", 0, true, OPT_CACHE_DIR },
+	{ "progress", 0, false, OPT_PROGRESS },
+	{ "verbose", 'v', false, OPT_VERBOSE },
+	{ "quiet", 'q', false, OPT_QUIET },
+	{ "tuned", 0, false, OPT_TUNED },
+	{ "device", 0, true, OPT_DEVICE },
+	{ "sm", 0, true, OPT_SM },
+	{ "tune-db", 0, true, OPT_TUNE_DB },
+	DG__SPEC_OPTS
+	{ NULL, 0, false, 0 },
+};
+
+static void help(void)
+{
+	printf("usage: dragon-gen build [spec flags] [--out DIR] [-j N] [--json]\n"
+	       "                        [--no-cache | --cache-dir DIR] [--tuned]\n\n"
+	       "Compiles every spec of the product of the spec flags (or the built-in\n"
+	       "default set) with NVRTC, through the kernel cache, into DIR: one\n"
+	       "<op>-<key16>.cubin (.ptx past what NVRTC emits SASS for) per kernel and\n"
+	       "manifest.json. DIR changes only if every kernel builds.\n\n"
+	       "  -o, --out DIR      bundle folder (default ./dragon-kernels)\n"
+	       "  -j, --jobs N       compile N specs at a time (default: online CPUs)\n"
+	       "      --json         print the manifest and timings on stdout\n"
+	       "      --no-cache     compile everything, read and write no cache\n"
+	       "      --cache-dir D  kernel cache root (default $DRAGON_CACHE_DIR, ...)\n"
+	       "      --progress     progress on stderr even when it is not a terminal\n"
+	       "  -v, --verbose      say what was left out; full compile errors\n"
+	       "  -q, --quiet        no summary line\n"
+	       "      --tuned        auto tiles from the tuning DB (else the heuristic);\n"
+	       "                     the records used are copied into DIR/tune/\n"
+	       "      --device NAME  with --sm N: the device the records are for\n"
+	       "                     (default: the one device the records name)\n"
+	       "      --tune-db PATH records: a file or folder (default $DRAGON_TUNE_DB,\n"
+	       "                     else <cache root>/tune)\n"
+	       "  -h, --help         this text\n\n%s\n"
+	       "Example: dragon-gen build --op lowrank_fwd --weight int8,ternary --relu none,0 -j4\n",
+	       dg__specset_help);
+}
+
+/* ---- signals --------------------------------------------------------------- */
+
+static volatile sig_atomic_t interrupted;
+static const int caught[] = { SIGINT, SIGTERM, SIGHUP };
+
+/* First signal: stop taking specs and clean up. Second: die now. */
+static void on_signal(int sig)
+{
+	if (interrupted) {
+		signal(sig, SIG_DFL);
+		raise(sig);
+		return;
+	}
+	interrupted = sig;
+}
+
+static void catch_signals(bool on)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on ? on_signal : SIG_DFL;
+	sa.sa_flags = SA_RESTART; /* library I/O in flight should not see EINTR */
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < sizeof(caught) / sizeof(caught[0]); i++)
+		sigaction(caught[i], &sa, NULL);
+}
+
+/* ---- the pool ---------------------------------------------------------------- */
+
+typedef struct pool {
+	const dg__specset *set;
+	const char *tmp;         /* temp folder the binaries go into */
+	dg_ctx_opts ctx_opts;
+	pthread_mutex_t mu;      /* guards everything below */
+	size_t next;             /* next spec to take */
+	size_t done;
+	size_t hits;
+	size_t fail_idx;         /* spec that failed first (lowest), or NO_FAILURE */
+	bool fail_setup;         /* ...or a thread could not make its ctx */
+	dg_status fail_st;
+	char fail_msg[8192];     /* its full message */
+	dg_manifest_kernel *kernels; /* set->n results, in spec order */
+	dg__gen_progress prog;
+} pool;
+
+/* Keeps the failure of the lowest spec index (so -j does not change which
+ * one is reported); a setup failure counts as index 0. */
+static void record_failure(pool *p, size_t idx, bool setup, dg_status st,
+			   const char *msg)
+{
+	if (p->fail_idx != NO_FAILURE && p->fail_idx <= idx)
+		return;
+	p->fail_idx = idx;
+	p->fail_setup = setup;
+	p->fail_st = st;
+	snprintf(p->fail_msg, sizeof(p->fail_msg), "%s", msg);
+}
+
+/* Copies what the manifest needs from bin into k (k->file already set). */
+static dg_status describe(dg_manifest_kernel *k, const dg_binary *bin,
+			  const uint8_t *bytes, size_t size)
+{
+	snprintf(k->spec, sizeof(k->spec), "%s", bin->canonical);
+	snprintf(k->key, sizeof(k->key), "%s", bin->key);
+	k->entries = calloc((size_t)(bin->n_entries > 0 ? bin->n_entries : 1),
+			    sizeof(*k->entries));
+	if (!k->entries)
+		return DG_ERR_NOMEM;
+	for (int e = 0; e < bin->n_entries; e++) {
+		k->entries[e] = strdup(bin->entries[e]);
+		if (!k->entries[e])
+			return DG_ERR_NOMEM;
+		k->n_entries = e + 1;
+	}
+	k->arch = bin->arch;
+	k->ptx = bin->is_ptx;
+	k->compile_ms = bin->compile_ms;
+	k->cache_hit = bin->cache_hit;
+	dg_manifest_kernel_hash(k, bytes, size);
+	return DG_OK;
+}
+
+/* Compiles spec i, checks it, writes its file into the temp folder. */
+static dg_status build_one(pool *p, dg_ctx *ctx, size_t i, char *msg,
+			   size_t msz)
+{
+	const dg_spec *spec = &p->set->specs[i];
+	dg_manifest_kernel *k = &p->kernels[i];
+	dg_binary *bin = NULL;
+	char path[4096], name[128];
+
+	dg_status st = dg_jit_compile(ctx, spec, &bin);
+	if (st) {
+		snprintf(msg, msz, "%s", dg_ctx_errmsg(ctx));
+		return st;
+	}
+	/* PTX comes with its NUL; the file is plain text. */
+	size_t size = bin->image_size;
+	if (bin->is_ptx && size && bin->image[size - 1] == '\0')
+		size--;
+	if (!bin->is_ptx) {
+		char why[512];
+		st = dg_cubin_check(bin->image, size, bin->arch, why, sizeof(why));
+		if (st) {
+			snprintf(msg, msz, "%s: NVRTC returned a bad cubin: %s (try --no-cache)",
+				 bin->canonical, why);
+			goto out;
+		}
+	}
+	snprintf(name, sizeof(name), "%s-%.16s.%s", dg_op_name(spec->op),
+		 bin->key, bin->is_ptx ? "ptx" : "cubin");
+	if (!dg__gen_join(path, sizeof(path), p->tmp, name)) {
+		snprintf(msg, msz, "%s: path too long", p->tmp);
+		st = DG_ERR_IO;
+		goto out;
+	}
+	st = dg__gen_write_file(path, bin->image, size, msg, msz);
+	if (st)
+		goto out;
+	k->file = strdup(name);
+	st = k->file ? describe(k, bin, bin->image, size) : DG_ERR_NOMEM;
+	if (st)
+		snprintf(msg, msz, "out of memory describing %s", name);
+out:
+	dg_binary_destroy(bin);
+	return st;
+}
+
+static void *worker(void *arg)
+{
+	pool *p = arg;
+	dg_ctx *ctx = NULL;
+	char msg[8192];
+
+	dg_status st = dg_ctx_create(&ctx, &p->ctx_opts);
+	if (st) {
+		pthread_mutex_lock(&p->mu);
+		record_failure(p, 0, true, st,
+			       ctx ? dg_ctx_errmsg(ctx) : dg_status_str(st));
+		pthread_mutex_unlock(&p->mu);
+		dg_ctx_destroy(ctx);
+		return NULL;
+	}
+	for (;;) {
+		pthread_mutex_lock(&p->mu);
+		bool stop = interrupted || p->fail_idx != NO_FAILURE ||
+			    p->next == p->set->n;
+		size_t i = p->next;
+		if (!stop)
+			p->next++;
+		pthread_mutex_unlock(&p->mu);
+		if (stop)
+			break;
+		st = build_one(p, ctx, i, msg, sizeof(msg));
+		pthread_mutex_lock(&p->mu);
+		if (st) {
+			record_failure(p, i, false, st, msg);
+		} else {
+			p->done++;
+			p->hits += p->kernels[i].cache_hit;
+			dg__gen_progress_tick(&p->prog, p->done, p->kernels[i].file);
+		}
+		pthread_mutex_unlock(&p->mu);
+	}
+	dg_ctx_destroy(ctx);
+	return NULL;
+}
+
+/* Runs `jobs` workers (or the work on this thread if none can start). */
+static void run_pool(pool *p, int jobs)
+{
+	pthread_t th[MAX_JOBS];
+	int started = 0;
+
+	while (started < jobs &&
+	       pthread_create(&th[started], NULL, worker, p) == 0)
+		started++;
+	if (started == 0)
+		worker(p);
+	for (int t = 0; t < started; t++)
+		pthread_join(th[t], NULL);
+}
+
+/* ---- publishing ------------------------------------------------------------- */
+
+static void iso_now(char *buf, size_t size)
+{
+	time_t now = time(NULL);
+	struct tm tm;
+	gmtime_r(&now, &tm);
+	strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+typedef struct build_args {
+	dg__spec_flags flags;
+	const char *out;
+	const char *cache_dir;
+	const char *device, *sm, *tune_db; /* --tuned */
+	long jobs;
+	bool json, no_cache, progress, verbose, quiet, tuned;
+} build_args;
+
+/* Moves every file from tmp into dir (the records of ts too), then
+ * manifest.json (the commit). On failure unlinks the files it moved that
+ * were not there before. */
+static dg_status publish(const dg_manifest *m, const dg__gen_tuned *ts, const char *tmp,
+			 const char *dir, char *msg, size_t msz)
+{
+	char from[4096], to[4096];
+	struct stat sb;
+	bool *fresh = calloc(m->n_kernels + 1, sizeof(*fresh));
+	size_t moved = 0;
+	dg_status st = DG_OK;
+
+	if (!fresh) {
+		snprintf(msg, msz, "out of memory");
+		return DG_ERR_NOMEM;
+	}
+	for (; moved < m->n_kernels; moved++) {
+		const char *f = m->kernels[moved].file;
+		if (!dg__gen_join(from, sizeof(from), tmp, f) ||
+		    !dg__gen_join(to, sizeof(to), dir, f)) {
+			snprintf(msg, msz, "%s: path too long", dir);
+			st = DG_ERR_IO;
+			break;
+		}
+		fresh[moved] = lstat(to, &sb) != 0;
+		if (rename(from, to) != 0) {
+			snprintf(msg, msz, "%s: %s", to, strerror(errno));
+			st = DG_ERR_IO;
+			break;
+		}
+	}
+	if (!st)
+		st = dg__gen_tuned_publish_records(ts, tmp, dir, msg, msz);
+	if (!st) {
+		if (!dg__gen_join(from, sizeof(from), tmp, DG_MANIFEST_FILE) ||
+		    !dg__gen_join(to, sizeof(to), dir, DG_MANIFEST_FILE) ||
+		    rename(from, to) != 0) {
+			snprintf(msg, msz, "%s: %s", to, strerror(errno));
+			st = DG_ERR_IO;
+		}
+	}
+	if (st) {
+		for (size_t i = 0; i < moved; i++) {
+			if (!fresh[i])
+				continue;
+			if (dg__gen_join(to, sizeof(to), dir, m->kernels[i].file))
+				unlink(to);
+		}
+	}
+	free(fresh);
+	dg__gen_sync_dir(dir);
+	return st;
+}
+
+/* Writes the manifest (with the "tuning" array, if any) into tmp, after
+ * reading it back as inspect will. */
+static dg_status write_manifest(const dg_manifest *m, const dg__gen_tuned *ts,
+				const char *tmp, char **json, char *msg, size_t msz)
+{
+	char path[4096];
+	dg_manifest *back = NULL;
+
+	dg_status st = dg_manifest_to_json(m, json, msg, msz);
+	if (!st)
+		st = dg__gen_tuned_manifest(ts, json, msg, msz);
+	if (st)
+		return st;
+	st = dg_manifest_parse(*json, strlen(*json), &back, msg, msz);
+	dg_manifest_destroy(back);
+	if (st)
+		return DG_ERR_INTERNAL; /* we wrote something we cannot read */
+	if (!dg__gen_join(path, sizeof(path), tmp, DG_MANIFEST_FILE)) {
+		snprintf(msg, msz, "%s: path too long", tmp);
+		return DG_ERR_IO;
+	}
+	return dg__gen_write_file(path, *json, strlen(*json), msg, msz);
+}
+
+/* Temp folders of builds whose process is gone (killed mid-build). */
+static void remove_stale_temps(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		long pid;
+		char tail[8];
+		if (sscanf(e->d_name, ".dragon-build.%ld.%4s", &pid, tail) != 2 ||
+		    strcmp(tail, "tmp") != 0 || pid <= 0)
+			continue;
+		if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;
+		char path[4096];
+		if (dg__gen_join(path, sizeof(path), dir, e->d_name))
+			dg__gen_remove_tree(path);
+	}
+	if (d)
+		closedir(d);
+}
+
+/* "dragon-gen render --op X --flag value ..." for the pairs of canonical
+ * that differ from the op's defaults: the command that shows the source. */
+static void render_hint(const dg_spec *spec, const char *canonical, char *buf,
+			size_t size)
+{
+	char def[DG_SPEC_TEXT_MAX + 1] = ";", pair[DG_SPEC_TEXT_MAX + 1];
+	dg_spec d;
+
+	dg_spec_init(&d, spec->op);
+	dg_spec_to_string(&d, def + 1, sizeof(def) - 1);
+	int n = snprintf(buf, size, "dragon-gen render --op %s",
+			 dg_op_name(spec->op));
+	for (const char *p = canonical; n > 0 && (size_t)n < size;) {
+		const char *end = strchr(p, ';'), *eq = strchr(p, '=');
+		if (!end || !eq || eq > end)
+			break;
+		snprintf(pair, sizeof(pair), ";%.*s", (int)(end - p + 1), p);
+		for (int f = 1; f < DG__SF__COUNT && !strstr(def, pair); f++) {
+			const char *key = dg__spec_flag_key((dg__spec_flag)f);
+			if (strlen(key) != (size_t)(eq - p) ||
+			    strncmp(key, p, (size_t)(eq - p)) != 0)
+				continue;
+			n += snprintf(buf + n, size - (size_t)n, " --%s %.*s",
+				      dg__spec_flag_name((dg__spec_flag)f),
+				      (int)(end - eq - 1), eq + 1);
+			break;
+		}
+		p = end + 1;
+	}
+}
+
+/* ---- the command ------------------------------------------------------------- */
+
+
+static int parse_args(int argc, char **argv, build_args *a)
+{
+	dg__gen_scan_state sc;
+	const char *arg;
+	uint64_t v;
+	int id;
+
+	a->out = "dragon-kernels";
+	a->jobs = sysconf(_SC_NPROCESSORS_ONLN);
+	if (a->jobs < 1)
+		a->jobs = 1;
+	dg__gen_scan_init(&sc, argc, argv, "build");
+	while ((id = dg__gen_scan(&sc, opts, &arg)) != DG__GEN_SCAN_END) {
+		switch (id) {
+		case OPT_HELP:
+			help();
+			return -1;
+		case OPT_OUT:
+			if (!arg[0] || strlen(arg) > 3000)
+				return dg__gen_err(DG__GEN_USAGE,
+						   "--out: give a folder name of 1 to 3000 characters");
+			a->out = arg;
+			break;
+		case OPT_JOBS:
+			if (!dg__gen_parse_u64("-j", arg, 1, MAX_JOBS, &v))
+				return DG__GEN_USAGE;
+			a->jobs = (long)v;
+			break;
+		case OPT_JSON: a->json = true; break;
+		case OPT_NO_CACHE: a->no_cache = true; break;
+		case OPT_CACHE_DIR: a->cache_dir = arg; break;
+		case OPT_PROGRESS: a->progress = true; break;
+		case OPT_VERBOSE: a->verbose = true; break;
+		case OPT_QUIET: a->quiet = true; break;
+		case OPT_TUNED: a->tuned = true; break;
+		case OPT_DEVICE: a->device = arg; break;
+		case OPT_SM: a->sm = arg; break;
+		case OPT_TUNE_DB: a->tune_db = arg; break;
+		case DG__GEN_SCAN_ARG:
+			return dg__gen_err(DG__GEN_USAGE,
+					   "build takes no arguments, got '%s' (the folder goes after --out)",
+					   arg);
+		case DG__GEN_SCAN_ERROR:
+			return DG__GEN_USAGE;
+		default:
+			if (!dg__spec_flags_add(&a->flags, id, arg))
+				return DG__GEN_FAIL;
+		}
+	}
+	if (a->no_cache && a->cache_dir)
+		return dg__gen_err(DG__GEN_USAGE,
+				   "--no-cache and --cache-dir contradict each other; give one");
+	if (!a->tuned && (a->device || a->sm || a->tune_db))
+		return dg__gen_err(DG__GEN_USAGE,
+				   "--device, --sm and --tune-db go with --tuned");
+	return DG__GEN_OK;
+}
+
+static cJSON *timing_json(const pool *p, double wall_ms, long jobs)
+{
+	cJSON *t = cJSON_CreateObject();
+	cJSON_AddNumberToObject(t, "wall_ms", wall_ms);
+	cJSON_AddNumberToObject(t, "jobs", (double)jobs);
+	cJSON_AddNumberToObject(t, "kernels", (double)p->set->n);
+	cJSON_AddNumberToObject(t, "cache_hits", (double)p->hits);
+	cJSON_AddNumberToObject(t, "compiled", (double)(p->set->n - p->hits));
+	cJSON_AddNumberToObject(t, "dropped", (double)p->set->dropped);
+	return t;
+}
+
+/* Compile, then publish; returns the exit code. tmp exists and is empty. */
+static int build(const build_args *a, const dg__specset *set, const dg__gen_tuned *ts,
+		 const char *tmp, dg_manifest *m)
+{
+	pool p;
+	char msg[8192], hint[1024], when[32];
+	char *json = NULL;
+	int code = DG__GEN_OK;
+	double t0 = dg__gen_now_ms();
+
+	memset(&p, 0, sizeof(p));
+	p.set = set;
+	p.tmp = tmp;
+	p.ctx_opts.cache_dir = a->cache_dir;
+	p.ctx_opts.no_cache = a->no_cache;
+	p.fail_idx = NO_FAILURE;
+	p.kernels = m->kernels;
+	pthread_mutex_init(&p.mu, NULL);
+	dg__gen_progress_init(&p.prog, a->progress, set->n);
+	long jobs = a->jobs < (long)set->n ? a->jobs : (long)set->n;
+	run_pool(&p, (int)jobs);
+	dg__gen_progress_end(&p.prog);
+	pthread_mutex_destroy(&p.mu);
+
+	if (interrupted)
+		return dg__gen_err(DG__GEN_FAIL, "build interrupted; %s left as it was",
+				   a->out);
+	if (p.fail_idx != NO_FAILURE) {
+		/* Only a template or compile error has source worth reading. */
+		hint[0] = '\0';
+		if (!p.fail_setup &&
+		    (p.fail_st == DG_ERR_TEMPLATE || p.fail_st == DG_ERR_COMPILE))
+			render_hint(&set->specs[p.fail_idx],
+				    set->canonical[p.fail_idx], hint, sizeof(hint));
+		dg__gen_err(DG__GEN_FAIL, "build: %.*s%s%s%s",
+			    dg__gen_first_line_len(p.fail_msg), p.fail_msg,
+			    hint[0] ? "; run `" : "", hint,
+			    hint[0] ? "` to see the source" : "");
+		if (a->verbose && strchr(p.fail_msg, '\n'))
+			fprintf(stderr, "%s\n", p.fail_msg);
+		return DG__GEN_FAIL;
+	}
+	iso_now(when, sizeof(when));
+	m->format = DG_MANIFEST_FORMAT;
+	m->generator_version = strdup(DG_GENERATOR_VERSION);
+	m->nvrtc_version = strdup(dg_nvrtc_version());
+	m->created = strdup(when);
+	if (!m->generator_version || !m->nvrtc_version || !m->created)
+		return dg__gen_err(DG__GEN_FAIL, "build: out of memory");
+	dg_status st = dg__gen_tuned_copy_records(ts, tmp, msg, sizeof(msg));
+	if (!st)
+		st = write_manifest(m, ts, tmp, &json, msg, sizeof(msg));
+	if (!st)
+		st = publish(m, ts, tmp, a->out, msg, sizeof(msg));
+	if (st) {
+		free(json);
+		return dg__gen_err(DG__GEN_FAIL, "build: %s; %s left as it was", msg,
+				   a->out);
+	}
+	double wall = dg__gen_now_ms() - t0;
+	if (!a->quiet)
+		fprintf(stderr, "dragon-gen: built %zu kernel%s into %s (%zu cache hits, %zu compiled) in %.1f s\n",
+			set->n, set->n == 1 ? "" : "s", a->out, p.hits,
+			set->n - p.hits, wall / 1e3);
+	if (a->json) {
+		cJSON *root = cJSON_Parse(json);
+		if (root)
+			cJSON_AddItemToObject(root, "timing", timing_json(&p, wall, jobs));
+		code = dg__gen_json_print(root);
+	}
+	free(json);
+	return code;
+}
+
+int dg__gen_cmd_build(int argc, char **argv)
+{
+	build_args a;
+	dg__specset set = { 0 };
+	dg__gen_tuned ts = { 0 };
+	dg_manifest *m = NULL;
+	char msg[1024], tmp[4096];
+	char made[4096] = "";
+	bool have_tmp = false;
+
+	memset(&a, 0, sizeof(a));
+	int code = parse_args(argc, argv, &a);
+	if (code)
+		goto out;
+	dg_status st = dg__specset_expand(&a.flags, &set, msg, sizeof(msg));
+	if (st) {
+		code = dg__gen_err(dg__gen_exit_for(st), "%s", msg);
+		goto out;
+	}
+	dg__gen_note(a.verbose, "spec flags expand to %zu kernels (%zu combinations of out-format=uint8pos with relu=none left out)",
+		     set.n, set.dropped);
+	if (a.tuned) {
+		code = dg__gen_tuned_resolve(a.tune_db, a.cache_dir, a.device, a.sm, a.verbose,
+					     &set, &ts);
+		if (code)
+			goto out;
+	}
+	m = calloc(1, sizeof(*m));
+	if (m)
+		m->kernels = calloc(set.n, sizeof(*m->kernels));
+	if (!m || !m->kernels) {
+		code = dg__gen_err(DG__GEN_FAIL, "build: out of memory");
+		goto out;
+	}
+	m->n_kernels = set.n;
+	catch_signals(true);
+	st = dg__gen_mkdirs(a.out, made, sizeof(made), msg, sizeof(msg));
+	if (st) {
+		code = dg__gen_err(DG__GEN_FAIL, "build --out %s", msg);
+		goto out;
+	}
+	remove_stale_temps(a.out);
+	char tname[64];
+	snprintf(tname, sizeof(tname), ".dragon-build.%ld.tmp", (long)getpid());
+	if (!dg__gen_join(tmp, sizeof(tmp), a.out, tname)) {
+		code = dg__gen_err(DG__GEN_USAGE, "--out %s: path too long", a.out);
+		goto out;
+	}
+	dg__gen_remove_tree(tmp);
+	if (mkdir(tmp, 0755) != 0) {
+		code = dg__gen_err(DG__GEN_FAIL, "build: %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	have_tmp = true;
+	code = build(&a, &set, &ts, tmp, m);
+out:
+	if (have_tmp)
+		dg__gen_remove_tree(tmp);
+	if (code)
+		dg__gen_rmdirs(a.out, made);
+	catch_signals(false);
+	int sig = interrupted;
+	dg_manifest_destroy(m);
+	dg__gen_tuned_free(&ts);
+	dg__specset_free(&set);
+	dg__spec_flags_free(&a.flags);
+	if (sig)
+		raise(sig); /* exit the way an interrupted program does */
+	return code < 0 ? DG__GEN_OK : code;
+}

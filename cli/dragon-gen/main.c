@@ -1,0 +1,98 @@
+/*
+ * dragon-gen — build CUDA kernel bundles ahead of time.
+ *
+ * The entry point: global --help and --version, then dispatch to one
+ * subcommand (gen.h). Output written to stdout is checked at exit, so a
+ * full disk or a closed pipe is a failure, not silence.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/dragon-gen/gen.h"
+#include "cli/dragon-gen/util.h"
+#include "dragon/codegen.h"
+#include "dragon/jit.h"
+
+typedef struct command {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *summary;
+} command;
+
+static const command commands[] = {
+	{ "build", dg__gen_cmd_build, "compile specs into a kernel bundle (cubins + manifest.json)" },
+	{ "render", dg__gen_cmd_render, "print the CUDA source (or canonical text) of one spec" },
+	{ "list", dg__gen_cmd_list, "ops, the spec keys each takes, formats, the default set" },
+	{ "cache", dg__gen_cmd_cache, "stat, verify, gc or clear the kernel cache" },
+	{ "inspect", dg__gen_cmd_inspect, "check a bundle, or say which tile a spec runs with" },
+	{ "tune", dg__gen_cmd_tune, "time candidate tiles on the GPU, record the winners" },
+};
+
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void usage(FILE *to)
+{
+	fputs("usage: dragon-gen <command> [flags]\n"
+	      "       dragon-gen --help | --version\n\n"
+	      "Generates, compiles and checks dragon's specialized CUDA kernels.\n\n"
+	      "Commands:\n",
+	      to);
+	for (size_t i = 0; i < N_COMMANDS; i++)
+		fprintf(to, "  %-8s %s\n", commands[i].name, commands[i].summary);
+	fputs("\n`dragon-gen <command> --help` describes each one.\n"
+	      "Exit status: 0 ok, 1 failure, 2 usage error.\n"
+	      "Environment: DRAGON_CACHE_DIR (kernel cache), DRAGON_TEMPLATE_DIR\n"
+	      "(templates from a folder instead of the built-in ones), DRAGON_TUNE_DB\n"
+	      "(tuning records: a file or folder; default <cache>/tune).\n",
+	      to);
+}
+
+static int finish(int code)
+{
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		int e = errno;
+		return dg__gen_err(DG__GEN_FAIL, "writing output: %s",
+				   e ? strerror(e) : "write error");
+	}
+	return code;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return DG__GEN_USAGE;
+	}
+	const char *cmd = argv[1];
+	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
+	    strcmp(cmd, "help") == 0) {
+		if (strcmp(cmd, "help") == 0 && argc > 2) {
+			char help[] = "--help";
+			char *sub[] = { argv[2], help, NULL };
+			for (size_t i = 0; i < N_COMMANDS; i++)
+				if (strcmp(argv[2], commands[i].name) == 0)
+					return finish(commands[i].run(2, sub));
+			return dg__gen_err(DG__GEN_USAGE,
+					   "help: unknown command '%s'; see `dragon-gen --help`",
+					   argv[2]);
+		}
+		usage(stdout);
+		return finish(DG__GEN_OK);
+	}
+	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+		printf("dragon-gen %s (generator %s, NVRTC %s)\n", DG_VERSION,
+		       DG_GENERATOR_VERSION, dg_nvrtc_version());
+		return finish(DG__GEN_OK);
+	}
+	for (size_t i = 0; i < N_COMMANDS; i++)
+		if (strcmp(cmd, commands[i].name) == 0)
+			return finish(commands[i].run(argc - 1, argv + 1));
+	if (cmd[0] == '-')
+		return dg__gen_err(DG__GEN_USAGE,
+				   "unknown flag %s before the command; see `dragon-gen --help`",
+				   cmd);
+	return dg__gen_err(DG__GEN_USAGE,
+			   "unknown command '%s'; commands are build, render, list, cache, inspect, tune (see `dragon-gen --help`)",
+			   cmd);
+}

@@ -1,0 +1,727 @@
+/*
+ * The device: one GPU's primary context, a stream, the JIT context, device
+ * memory (plain allocations, arenas, the op scratch slots), the CUDA
+ * events timing uses and the messages failures leave behind.
+ *
+ * The primary context is the one the CUDA runtime, cuBLAS and PyTorch use,
+ * so device pointers pass between them and dragon unchanged. It is made
+ * current at the start of every call that touches the GPU, because the
+ * calling thread may differ from call to call.
+ *
+ * Messages are per thread and per device: dg_device_errmsg returns the
+ * message of the calling thread's last failure on dev, valid until that
+ * thread's next failing call on dev (a success leaves it in place). Each
+ * thread's buffer lives until dg_device_close.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/tensor.h"
+#include "dragon/tune.h"
+#include "runtime/gpu/device_int.h"
+#include "runtime/gpu/gpu_int.h"
+
+#define SMEM_DEFAULT_LIMIT 49152
+
+/* ---- messages ------------------------------------------------------------- */
+
+/* The calling thread's buffer on dev, made on first use. */
+static char *msg_buf(dg_device *dev)
+{
+	dg__msg *m;
+
+	if (!dev->msg_key_ok)
+		return dev->msg_shared;
+	m = pthread_getspecific(dev->msg_key);
+	if (m)
+		return m->text;
+	m = malloc(sizeof(*m));
+	if (!m)
+		return dev->msg_shared;
+	m->text[0] = '\0';
+	if (pthread_setspecific(dev->msg_key, m)) {
+		free(m);
+		return dev->msg_shared;
+	}
+	pthread_mutex_lock(&dev->msg_mu);
+	m->next = dev->msgs;
+	dev->msgs = m;
+	pthread_mutex_unlock(&dev->msg_mu);
+	return m->text;
+}
+
+static dg_status dev_vfail(dg_device *dev, dg_status st, const char *fmt,
+			   va_list ap)
+{
+	if (!dev)
+		return st;
+	vsnprintf(msg_buf(dev), DG__MSG_SIZE, fmt, ap);
+	return st;
+}
+
+dg_status dg__dev_fail(dg_device *dev, dg_status st, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	st = dev_vfail(dev, st, fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+dg_status dg__dev_fail_msg(dg_device *dev, dg_status st, const char *msg)
+{
+	return dg__dev_fail(dev, st, "%s", msg ? msg : "");
+}
+
+dg_status dg__dev_cu_fail(dg_device *dev, CUresult rc, const char *call)
+{
+	char m[512];
+	dg_status st = dg__cu_error(dev ? dev->cu : NULL, rc, call, m, sizeof(m));
+	return dg__dev_fail(dev, st, "%s", m);
+}
+
+const char *dg_device_errmsg(const dg_device *dev)
+{
+	const dg__msg *m;
+
+	if (!dev)
+		return "device is NULL";
+	if (!dev->msg_key_ok)
+		return dev->msg_shared;
+	m = pthread_getspecific(dev->msg_key);
+	if (m)
+		return m->text;
+	/* A thread that never failed here still learns why open failed. */
+	return dev->init_status ? dev->init_msg : "";
+}
+
+/* ---- open and close -------------------------------------------------------- */
+
+dg_status dg__dev_enter(dg_device *dev)
+{
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	if (dev->init_status)
+		return dg__dev_fail(dev, dev->init_status, "%s", dev->init_msg);
+	CUresult rc = dev->cu->CtxSetCurrent(dev->ctx);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuCtxSetCurrent");
+	return DG_OK;
+}
+
+dg_status dg_device_count(int *n, char *msg, size_t msg_size)
+{
+	const dg__cu *cu;
+	dg_status st;
+
+	if (!n)
+		return DG_ERR_INVALID_ARG;
+	*n = 0;
+	st = dg__cu_load(&cu, msg, msg_size);
+	if (st == DG_ERR_NO_DEVICE)
+		return DG_OK; /* msg says why there are none */
+	if (st)
+		return st;
+	int count = 0;
+	CUresult rc = cu->DeviceGetCount(&count);
+	if (rc == CUDA_ERROR_NO_DEVICE) {
+		if (msg && msg_size)
+			snprintf(msg, msg_size,
+				 "the driver reports no CUDA device (cuDeviceGetCount: CUDA_ERROR_NO_DEVICE)");
+		return DG_OK;
+	}
+	if (rc != CUDA_SUCCESS)
+		return dg__cu_error(cu, rc, "cuDeviceGetCount", msg, msg_size);
+	*n = count;
+	if (msg && msg_size)
+		snprintf(msg, msg_size, "%d CUDA device%s", count,
+			 count == 1 ? "" : "s");
+	return DG_OK;
+}
+
+/* An attribute that only describes the device: 0 when the driver
+ * does not answer (a newer driver may retire one). */
+static int attr(dg_device *dev, CUdevice_attribute a)
+{
+	int v = 0;
+	if (dev->cu->DeviceGetAttribute(&v, a, dev->cudev) != CUDA_SUCCESS)
+		return 0;
+	return v;
+}
+
+static dg_status read_info(dg_device *dev)
+{
+	const dg__cu *cu = dev->cu;
+	dg_device_info *in = &dev->info;
+	CUresult rc;
+
+	in->ordinal = dev->ordinal;
+	rc = cu->DeviceGetName(in->name, (int)sizeof(in->name), dev->cudev);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuDeviceGetName");
+	in->name[sizeof(in->name) - 1] = '\0';
+	int major = attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+	int minor = attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+	in->sm = major * 10 + minor;
+	in->sm_count = attr(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+	rc = cu->DriverGetVersion(&in->driver_version);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuDriverGetVersion");
+	rc = cu->DeviceTotalMem(&in->total_mem, dev->cudev);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuDeviceTotalMem");
+	in->smem_optin = attr(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+	if (in->smem_optin < SMEM_DEFAULT_LIMIT)
+		in->smem_optin = SMEM_DEFAULT_LIMIT;
+	in->clock_khz = attr(dev, CU_DEVICE_ATTRIBUTE_CLOCK_RATE);
+	in->l2_bytes = attr(dev, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+
+	static const CUdevice_attribute grid[3] = {
+		CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y,
+		CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z
+	};
+	static const CUdevice_attribute block[3] = {
+		CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y,
+		CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z
+	};
+	/* Fallbacks: the limits of every GPU since sm_30. */
+	static const int grid_def[3] = { 2147483647, 65535, 65535 };
+	static const int block_def[3] = { 1024, 1024, 64 };
+	for (int i = 0; i < 3; i++) {
+		dev->max_grid[i] = attr(dev, grid[i]);
+		if (dev->max_grid[i] <= 0)
+			dev->max_grid[i] = grid_def[i];
+		dev->max_block[i] = attr(dev, block[i]);
+		if (dev->max_block[i] <= 0)
+			dev->max_block[i] = block_def[i];
+	}
+	dev->max_block_threads = attr(dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+	if (dev->max_block_threads <= 0)
+		dev->max_block_threads = 1024;
+	return DG_OK;
+}
+
+static char *dup_or_null(const char *s, bool *oom)
+{
+	if (!s)
+		return NULL;
+	char *d = strdup(s);
+	if (!d)
+		*oom = true;
+	return d;
+}
+
+/* Everything open does once the handle exists; the message is on dev. */
+static dg_status open_device(dg_device *dev, const dg_device_opts *opts)
+{
+	char why[512];
+	dg_status st;
+	CUresult rc;
+	int count = 0;
+
+	st = dg__cu_load(&dev->cu, why, sizeof(why));
+	if (st)
+		return dg__dev_fail(dev, st, "%s", why);
+	rc = dev->cu->DeviceGetCount(&count);
+	if (rc == CUDA_ERROR_NO_DEVICE)
+		count = 0;
+	else if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuDeviceGetCount");
+	if (dev->ordinal < 0 || dev->ordinal >= count) {
+		if (count == 0)
+			return dg__dev_fail(dev, DG_ERR_NO_DEVICE,
+					    "the driver reports no CUDA device");
+		return dg__dev_fail(dev, DG_ERR_NO_DEVICE,
+				    "device %d requested, but the driver reports %d device%s (ordinals 0..%d)",
+				    dev->ordinal, count, count == 1 ? "" : "s",
+				    count - 1);
+	}
+	rc = dev->cu->DeviceGet(&dev->cudev, dev->ordinal);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuDeviceGet");
+	rc = dev->cu->DevicePrimaryCtxRetain(&dev->ctx, dev->cudev);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuDevicePrimaryCtxRetain");
+	dev->ctx_retained = true;
+	rc = dev->cu->CtxSetCurrent(dev->ctx);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuCtxSetCurrent");
+	rc = dev->cu->StreamCreate(&dev->own_stream, CU_STREAM_NON_BLOCKING);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuStreamCreate");
+	dev->stream = dev->own_stream;
+	st = read_info(dev);
+	if (st)
+		return st;
+
+	bool oom = false;
+	if (opts && opts->jit) {
+		dev->jit_opts = *opts->jit;
+		dev->jit_cache_dir = dup_or_null(opts->jit->cache_dir, &oom);
+		dev->jit_template_dir = dup_or_null(opts->jit->template_dir, &oom);
+		dev->jit_opts.cache_dir = dev->jit_cache_dir;
+		dev->jit_opts.template_dir = dev->jit_template_dir;
+	}
+	dev->jit_cap = 8;
+	dev->jit_all = calloc(dev->jit_cap, sizeof(dg_ctx *));
+	dev->jit_idle = calloc(dev->jit_cap, sizeof(dg_ctx *));
+	dev->n_buckets = 64;
+	dev->buckets = calloc(dev->n_buckets, sizeof(dg__module *));
+	if (oom || !dev->jit_all || !dev->jit_idle || !dev->buckets)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory opening the device");
+	st = dg_ctx_create(&dev->jit, &dev->jit_opts);
+	if (st) {
+		if (!dev->jit)
+			return dg__dev_fail(dev, st, "creating the JIT context: %s",
+					    dg_status_str(st));
+		dg__dev_fail(dev, st, "JIT context: %s", dg_ctx_errmsg(dev->jit));
+		dg_ctx_destroy(dev->jit);
+		dev->jit = NULL;
+		return st;
+	}
+	dev->jit_all[dev->n_jit_all++] = dev->jit;
+	dev->jit_idle[dev->n_jit_idle++] = dev->jit;
+	return DG_OK;
+}
+
+dg_status dg_device_open(dg_device **out, const dg_device_opts *opts)
+{
+	dg_device *dev;
+	dg_status st;
+
+	if (!out)
+		return DG_ERR_INVALID_ARG;
+	*out = NULL;
+	dev = calloc(1, sizeof(*dev));
+	if (!dev)
+		return DG_ERR_NOMEM;
+	dev->ordinal = opts ? opts->ordinal : 0;
+	dev->msg_key_ok = pthread_key_create(&dev->msg_key, NULL) == 0;
+	pthread_mutex_init(&dev->msg_mu, NULL);
+	pthread_mutex_init(&dev->mu, NULL);
+	pthread_mutex_init(&dev->tune_mu, NULL);
+	pthread_cond_init(&dev->cv, NULL);
+	st = open_device(dev, opts);
+	if (st) {
+		/* Like sqlite3_open: hand the handle out so errmsg says why;
+		 * every later call fails the same way. */
+		dev->init_status = st;
+		snprintf(dev->init_msg, sizeof(dev->init_msg), "%s",
+			 dg_device_errmsg(dev));
+	}
+	*out = dev;
+	return st;
+}
+
+void dg_device_close(dg_device *dev)
+{
+	if (!dev)
+		return;
+	if (dev->ctx_retained && dev->cu->CtxSetCurrent(dev->ctx) == CUDA_SUCCESS) {
+		if (dev->own_stream) {
+			/* Work still queued must not outlive its memory. */
+			(void)dev->cu->StreamSynchronize(dev->own_stream);
+			if (dev->stream != dev->own_stream)
+				(void)dev->cu->StreamSynchronize(dev->stream);
+		}
+		dg__dev_kernels_destroy(dev);
+		for (int i = 0; i < DG__SCRATCH_SLOTS; i++)
+			if (dev->scratch[i])
+				(void)dev->cu->MemFree(dev->scratch[i]);
+		if (dev->own_stream)
+			(void)dev->cu->StreamDestroy(dev->own_stream);
+	}
+	if (dev->ctx_retained)
+		(void)dev->cu->DevicePrimaryCtxRelease(dev->cudev);
+	for (size_t i = 0; i < dev->n_jit_all; i++)
+		dg_ctx_destroy(dev->jit_all[i]);
+	free(dev->jit_all);
+	free(dev->jit_idle);
+	free(dev->buckets);
+	free(dev->jit_cache_dir);
+	free(dev->jit_template_dir);
+	if (dev->msg_key_ok)
+		pthread_key_delete(dev->msg_key);
+	for (dg__msg *m = dev->msgs, *next; m; m = next) {
+		next = m->next;
+		free(m);
+	}
+	dg__dev_tune_destroy(dev);
+	pthread_cond_destroy(&dev->cv);
+	pthread_mutex_destroy(&dev->tune_mu);
+	pthread_mutex_destroy(&dev->mu);
+	pthread_mutex_destroy(&dev->msg_mu);
+	free(dev);
+}
+
+dg_status dg_device_info_get(dg_device *dev, dg_device_info *info)
+{
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	if (dev->init_status)
+		return dg__dev_fail(dev, dev->init_status, "%s", dev->init_msg);
+	if (!info)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_device_info_get: info is NULL");
+	*info = dev->info;
+	return DG_OK;
+}
+
+const dg_device_info *dg__dev_info(const dg_device *dev)
+{
+	return &dev->info;
+}
+
+dg_ctx *dg_device_jit(dg_device *dev)
+{
+	return dev ? dev->jit : NULL;
+}
+
+dg_status dg_device_set_stream(dg_device *dev, void *cu_stream)
+{
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	dev->stream = cu_stream ? (CUstream)cu_stream : dev->own_stream;
+	return DG_OK;
+}
+
+void *dg_device_stream(dg_device *dev)
+{
+	return dev ? (void *)dev->stream : NULL;
+}
+
+dg_status dg_device_sync(dg_device *dev)
+{
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	CUresult rc = dev->cu->StreamSynchronize(dev->stream);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuStreamSynchronize");
+	return DG_OK;
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+dg_status dg_malloc(dg_device *dev, size_t bytes, dg_dptr *out)
+{
+	dg_status st;
+	CUdeviceptr p = 0;
+
+	if (out)
+		*out = 0;
+	st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (!out)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_malloc: out is NULL");
+	if (bytes == 0)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_malloc: 0 bytes asked for (allocations must be at least 1 byte)");
+	CUresult rc = dev->cu->MemAlloc(&p, bytes);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+		size_t free_b = 0, total_b = 0;
+		(void)dev->cu->MemGetInfo(&free_b, &total_b);
+		return dg__dev_fail(dev, DG_ERR_NOMEM,
+				    "cuMemAlloc(%zu bytes): CUDA_ERROR_OUT_OF_MEMORY (%zu of %zu bytes free on device %d)",
+				    bytes, free_b, total_b, dev->ordinal);
+	}
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuMemAlloc");
+	*out = (dg_dptr)p;
+	return DG_OK;
+}
+
+dg_status dg_free(dg_device *dev, dg_dptr ptr)
+{
+	if (!ptr)
+		return dev ? DG_OK : DG_ERR_INVALID_ARG;
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	CUresult rc = dev->cu->MemFree((CUdeviceptr)ptr);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuMemFree");
+	return DG_OK;
+}
+
+/* Common argument checks of the copies; the message names the call. */
+static dg_status copy_args(dg_device *dev, const char *call, bool dst_ok,
+			   bool src_ok, size_t bytes)
+{
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (bytes && (!dst_ok || !src_ok))
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: %s is NULL (%zu bytes)",
+				    call, !dst_ok ? "dst" : "src", bytes);
+	return DG_OK;
+}
+
+dg_status dg_memcpy_htod(dg_device *dev, dg_dptr dst, const void *src,
+			 size_t bytes)
+{
+	dg_status st = copy_args(dev, "dg_memcpy_htod", dst != 0, src != NULL, bytes);
+	if (st || !bytes)
+		return st;
+	CUresult rc = dev->cu->MemcpyHtoDAsync((CUdeviceptr)dst, src, bytes, dev->stream);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuMemcpyHtoDAsync");
+	return DG_OK;
+}
+
+dg_status dg_memcpy_dtoh(dg_device *dev, void *dst, dg_dptr src, size_t bytes)
+{
+	dg_status st = copy_args(dev, "dg_memcpy_dtoh", dst != NULL, src != 0, bytes);
+	if (st || !bytes)
+		return st;
+	CUresult rc = dev->cu->MemcpyDtoHAsync(dst, (CUdeviceptr)src, bytes, dev->stream);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuMemcpyDtoHAsync");
+	rc = dev->cu->StreamSynchronize(dev->stream);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuStreamSynchronize (after a copy to the host)");
+	return DG_OK;
+}
+
+dg_status dg_memcpy_dtod(dg_device *dev, dg_dptr dst, dg_dptr src, size_t bytes)
+{
+	dg_status st = copy_args(dev, "dg_memcpy_dtod", dst != 0, src != 0, bytes);
+	if (st || !bytes)
+		return st;
+	CUresult rc = dev->cu->MemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src,
+					       bytes, dev->stream);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuMemcpyDtoDAsync");
+	return DG_OK;
+}
+
+dg_status dg_memset8(dg_device *dev, dg_dptr dst, uint8_t value, size_t bytes)
+{
+	dg_status st = copy_args(dev, "dg_memset8", dst != 0, true, bytes);
+	if (st || !bytes)
+		return st;
+	CUresult rc = dev->cu->MemsetD8Async((CUdeviceptr)dst, value, bytes, dev->stream);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuMemsetD8Async");
+	return DG_OK;
+}
+
+dg_status dg__dev_scratch(dg_device *dev, int slot, size_t bytes, dg_dptr *out)
+{
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (slot < 0 || slot >= DG__SCRATCH_SLOTS || !out)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "scratch slot %d: must be 0..%d", slot,
+				    DG__SCRATCH_SLOTS - 1);
+	if (bytes == 0)
+		bytes = 1;
+	pthread_mutex_lock(&dev->mu);
+	if (dev->scratch_size[slot] < bytes) {
+		/* Grow by at least half, in whole pages, so a run of slowly
+		 * growing requests does not reallocate every time. */
+		size_t want = bytes > dev->scratch_size[slot] + dev->scratch_size[slot] / 2
+				      ? bytes
+				      : dev->scratch_size[slot] + dev->scratch_size[slot] / 2;
+		want = (want + 4095) & ~(size_t)4095;
+		if (dev->scratch[slot]) {
+			/* Work in flight may still read the old buffer. */
+			CUresult rc = dev->cu->StreamSynchronize(dev->stream);
+			if (rc != CUDA_SUCCESS) {
+				pthread_mutex_unlock(&dev->mu);
+				return dg__dev_cu_fail(dev, rc, "cuStreamSynchronize (growing scratch)");
+			}
+			(void)dev->cu->MemFree(dev->scratch[slot]);
+			dev->scratch[slot] = 0;
+			dev->scratch_size[slot] = 0;
+		}
+		dg_dptr p = 0;
+		st = dg_malloc(dev, want, &p);
+		if (st) {
+			pthread_mutex_unlock(&dev->mu);
+			return st;
+		}
+		dev->scratch[slot] = p;
+		dev->scratch_size[slot] = want;
+	}
+	*out = dev->scratch[slot];
+	pthread_mutex_unlock(&dev->mu);
+	return DG_OK;
+}
+
+/* ---- arenas ---------------------------------------------------------------- */
+
+struct dg_arena {
+	dg_device *dev;
+	dg_dptr base;   /* one dg_malloc allocation, capacity bytes */
+	size_t capacity;
+	size_t used;    /* bytes from base handed out, padding included */
+};
+
+dg_status dg_arena_create(dg_device *dev, size_t bytes, dg_arena **out)
+{
+	dg_arena *a;
+	dg_status st;
+
+	if (!out)
+		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_arena_create: out is NULL")
+			   : DG_ERR_INVALID_ARG;
+	*out = NULL;
+	st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory creating an arena");
+	st = dg_malloc(dev, bytes, &a->base);
+	if (st) {
+		free(a);
+		return st;
+	}
+	a->dev = dev;
+	a->capacity = bytes;
+	*out = a;
+	return DG_OK;
+}
+
+void dg_arena_destroy(dg_arena *arena)
+{
+	if (!arena)
+		return;
+	(void)dg_free(arena->dev, arena->base);
+	free(arena);
+}
+
+dg_status dg_arena_alloc(dg_arena *arena, size_t bytes, size_t align, dg_dptr *out)
+{
+	if (out)
+		*out = 0;
+	if (!arena)
+		return DG_ERR_INVALID_ARG;
+	dg_device *dev = arena->dev;
+	if (!out)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_arena_alloc: out is NULL");
+	if (align == 0)
+		align = 256;
+	if (align < 16 || (align & (align - 1)))
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_arena_alloc: align=%zu must be a power of two, at least 16",
+				    align);
+	/* Align the address, not the offset: base is only 256-aligned. */
+	uint64_t addr = arena->base + arena->used;
+	uint64_t aligned = (addr + (align - 1)) & ~(uint64_t)(align - 1);
+	size_t off = (size_t)(aligned - arena->base);
+	if (off > arena->capacity || bytes > arena->capacity - off)
+		return dg__dev_fail(dev, DG_ERR_NOMEM,
+				    "arena full: %zu bytes (aligned to %zu) asked for, %zu of %zu bytes used, %zu free; create the arena larger",
+				    bytes, align, arena->used, arena->capacity,
+				    arena->capacity - arena->used);
+	arena->used = off + bytes;
+	*out = aligned;
+	return DG_OK;
+}
+
+void dg_arena_reset(dg_arena *arena)
+{
+	if (arena)
+		arena->used = 0;
+}
+
+size_t dg_arena_used(const dg_arena *arena)
+{
+	return arena ? arena->used : 0;
+}
+
+size_t dg_arena_capacity(const dg_arena *arena)
+{
+	return arena ? arena->capacity : 0;
+}
+
+/* ---- events ---------------------------------------------------------------- */
+
+struct dg_event {
+	dg_device *dev;
+	CUevent ev;
+};
+
+dg_status dg_event_create(dg_device *dev, dg_event **out)
+{
+	dg_status st;
+
+	if (out)
+		*out = NULL;
+	st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (!out)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_event_create: out is NULL");
+	dg_event *e = calloc(1, sizeof(*e));
+	if (!e)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory creating an event");
+	CUresult rc = dev->cu->EventCreate(&e->ev, CU_EVENT_DEFAULT);
+	if (rc != CUDA_SUCCESS) {
+		free(e);
+		return dg__dev_cu_fail(dev, rc, "cuEventCreate");
+	}
+	e->dev = dev;
+	*out = e;
+	return DG_OK;
+}
+
+void dg_event_destroy(dg_event *ev)
+{
+	if (!ev)
+		return;
+	if (dg__dev_enter(ev->dev) == DG_OK)
+		(void)ev->dev->cu->EventDestroy(ev->ev);
+	free(ev);
+}
+
+dg_status dg_event_record(dg_event *ev)
+{
+	if (!ev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = dg__dev_enter(ev->dev);
+	if (st)
+		return st;
+	CUresult rc = ev->dev->cu->EventRecord(ev->ev, ev->dev->stream);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(ev->dev, rc, "cuEventRecord");
+	return DG_OK;
+}
+
+dg_status dg_event_synchronize(dg_event *ev)
+{
+	if (!ev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = dg__dev_enter(ev->dev);
+	if (st)
+		return st;
+	CUresult rc = ev->dev->cu->EventSynchronize(ev->ev);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(ev->dev, rc,
+				       "cuEventSynchronize (a kernel before the event failed)");
+	return DG_OK;
+}
+
+dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end, float *ms)
+{
+	if (!start || !end)
+		return DG_ERR_INVALID_ARG;
+	dg_device *dev = start->dev;
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (!ms || end->dev != dev)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_event_elapsed_ms: %s", !ms ? "ms is NULL"
+								   : "the events belong to two devices");
+	CUresult rc = dev->cu->EventElapsedTime(ms, start->ev, end->ev);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuEventElapsedTime");
+	return DG_OK;
+}

@@ -1,0 +1,289 @@
+/*
+ * CPU references of the element-wise kernels: bf16 <-> f32, activation and
+ * weight quantize, and the three storage packings (i8x4, ternary, sign1).
+ *
+ * Each function computes what its generated kernel computes, on the same
+ * layouts (dragon/spec.h, dragon/ref.h), so a GPU result can be compared bit
+ * for bit: every float → code conversion is rintf (round half to even in the
+ * default rounding mode, __float2int_rn on the GPU) followed by a clamp, and
+ * a NaN quotient gives code 0 (what cvt.rni.s32.f32 gives for NaN). Nothing
+ * here allocates; bad pointers, sizes and formats give DG_ERR_INVALID_ARG
+ * and leave the outputs untouched.
+ */
+#include "dragon/ref.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "runtime/ref/ref_int.h"
+
+/* --- bf16 ---------------------------------------------------------------- */
+
+uint16_t dg_ref_f32_to_bf16(float x)
+{
+	uint32_t u;
+
+	memcpy(&u, &x, sizeof(u));
+	/* NaN: keep the sign and the top of the payload and set the quiet bit,
+	 * so a payload that lives only in the low 16 bits does not become inf. */
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x0040u);
+	/* Round half to even on the 16 bits that are dropped; a carry out of
+	 * the mantissa correctly bumps the exponent (up to inf). */
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+float dg_ref_bf16_to_f32(uint16_t x)
+{
+	uint32_t u = (uint32_t)x << 16;
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* --- formats ------------------------------------------------------------- */
+
+int dg_ref_qmax(dg_fmt fmt)
+{
+	switch (fmt) {
+	case DG_FMT_INT8:
+		return 127;
+	case DG_FMT_INT4:
+		return 7;
+	case DG_FMT_UINT8POS:
+		return 255;
+	case DG_FMT_TERNARY:
+	case DG_FMT_SIGN1:
+		return 1;
+	case DG_FMT_F32:
+	case DG_FMT_BF16:
+	default:
+		return 0;
+	}
+}
+
+static int is_src_fmt(dg_fmt fmt)
+{
+	return fmt == DG_FMT_F32 || fmt == DG_FMT_BF16;
+}
+
+/* --- activation quantize ------------------------------------------------- */
+
+dg_status dg_ref_quantize_act_apply(dg_fmt src, dg_fmt act, const void *x,
+				    size_t n, float scale, void *codes)
+{
+	int qmax, lo;
+
+	if (!x || !codes || !is_src_fmt(src) || !dg__ref_is_act_code(act))
+		return DG_ERR_INVALID_ARG;
+	qmax = dg_ref_qmax(act);
+	lo = act == DG_FMT_UINT8POS ? 0 : -qmax;
+	for (size_t i = 0; i < n; i++) {
+		int c = 0;
+
+		/* x / scale is one IEEE division, as __fdiv_rn on the GPU. */
+		if (scale != 0.0f)
+			c = dg__ref_code_of(dg__ref_plain_at(src, x, i) / scale,
+					    lo, qmax);
+
+		if (act == DG_FMT_UINT8POS)
+			((uint8_t *)codes)[i] = (uint8_t)c;
+		else
+			((int8_t *)codes)[i] = (int8_t)c;
+	}
+	return DG_OK;
+}
+
+dg_status dg_ref_quantize_act(dg_fmt src, dg_fmt act, const void *x, size_t n,
+			      void *codes, float *scale)
+{
+	double sum = 0.0;
+	float s;
+
+	if (!x || !codes || !scale || !is_src_fmt(src) ||
+	    !dg__ref_is_act_code(act))
+		return DG_ERR_INVALID_ARG;
+	for (size_t i = 0; i < n; i++)
+		sum += fabs((double)dg__ref_plain_at(src, x, i));
+	/* The same expression as dg_quantize_act_scale: 2·sum / (n·qmax). */
+	s = sum == 0.0 ? 0.0f
+		       : (float)(2.0 * sum /
+				 ((double)n * (double)dg_ref_qmax(act)));
+	*scale = s;
+	return dg_ref_quantize_act_apply(src, act, x, n, s, codes);
+}
+
+/* --- weight quantize ----------------------------------------------------- */
+
+dg_status dg_ref_quantize_weight(dg_fmt weight, const float *w, size_t n,
+				 int8_t *codes, float *scale)
+{
+	double sum = 0.0;
+	float s;
+
+	if (!w || !codes || !scale)
+		return DG_ERR_INVALID_ARG;
+	if (weight != DG_FMT_INT8 && weight != DG_FMT_TERNARY &&
+	    weight != DG_FMT_SIGN1)
+		return DG_ERR_INVALID_ARG;
+	for (size_t i = 0; i < n; i++)
+		sum += fabs((double)w[i]);
+	if (sum == 0.0)
+		s = 0.0f;
+	else if (weight == DG_FMT_INT8)
+		s = (float)(2.0 * sum / ((double)n * 127.0));
+	else
+		s = (float)(sum / (double)n);
+
+	for (size_t i = 0; i < n; i++) {
+		float v = w[i];
+		int c;
+
+		if (weight == DG_FMT_INT8)
+			c = s == 0.0f ? 0 : dg__ref_code_of(v / s, -127, 127);
+		else if (weight == DG_FMT_TERNARY)
+			c = fabsf(v) < s ? 0 : (v > 0.0f) - (v < 0.0f);
+		else
+			c = v >= 0.0f ? 1 : -1; /* NaN → -1 */
+		codes[i] = (int8_t)c;
+	}
+	*scale = s;
+	return DG_OK;
+}
+
+/* --- packing ------------------------------------------------------------- */
+
+/* a·b·c fits in size_t (all > 0). */
+static int size3_ok(size_t a, size_t b, size_t c)
+{
+	if (b > SIZE_MAX / c)
+		return 0;
+	return a <= SIZE_MAX / (b * c);
+}
+
+static int32_t word_from_bytes(const uint8_t b[4])
+{
+	uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 |
+		     (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+	int32_t w;
+
+	memcpy(&w, &u, sizeof(w));
+	return w;
+}
+
+dg_status dg_ref_pack_i8x4(const int8_t *codes, int32_t *packed, size_t rows,
+			   int k, int c)
+{
+	size_t K, C;
+
+	if (!codes || !packed || k <= 0 || k % 4 || c <= 0)
+		return DG_ERR_INVALID_ARG;
+	K = (size_t)k;
+	C = (size_t)c;
+	if (rows && !size3_ok(rows, K, C))
+		return DG_ERR_INVALID_ARG;
+	for (size_t r = 0; r < rows; r++) {
+		const int8_t *src = codes + r * K * C;   /* (K, C) */
+		int32_t *dst = packed + r * C * (K / 4); /* (C, K/4) */
+
+		for (size_t j = 0; j < C; j++) {
+			for (size_t k4 = 0; k4 < K / 4; k4++) {
+				uint8_t b[4];
+
+				for (size_t l = 0; l < 4; l++)
+					b[l] = (uint8_t)src[(4 * k4 + l) * C + j];
+				dst[j * (K / 4) + k4] = word_from_bytes(b);
+			}
+		}
+	}
+	return DG_OK;
+}
+
+dg_status dg_ref_unpack_i8x4(const int32_t *packed, int8_t *codes,
+			     size_t rows, int k, int c)
+{
+	size_t K, C;
+
+	if (!codes || !packed || k <= 0 || k % 4 || c <= 0)
+		return DG_ERR_INVALID_ARG;
+	K = (size_t)k;
+	C = (size_t)c;
+	if (rows && !size3_ok(rows, K, C))
+		return DG_ERR_INVALID_ARG;
+	for (size_t r = 0; r < rows; r++) {
+		const int32_t *src = packed + r * C * (K / 4); /* (C, K/4) */
+		int8_t *dst = codes + r * K * C;               /* (K, C) */
+
+		for (size_t j = 0; j < C; j++) {
+			for (size_t k4 = 0; k4 < K / 4; k4++) {
+				uint32_t u;
+
+				memcpy(&u, &src[j * (K / 4) + k4], sizeof(u));
+				for (size_t l = 0; l < 4; l++) {
+					uint8_t b = (uint8_t)(u >> (8 * l));
+					int8_t s;
+
+					memcpy(&s, &b, 1);
+					dst[(4 * k4 + l) * C + j] = s;
+				}
+			}
+		}
+	}
+	return DG_OK;
+}
+
+dg_status dg_ref_pack_ternary(const int8_t *codes, uint32_t *words,
+			      size_t rows, int k)
+{
+	size_t n;
+
+	if (!codes || !words || k <= 0 || k % 16)
+		return DG_ERR_INVALID_ARG;
+	if (rows > SIZE_MAX / (size_t)k)
+		return DG_ERR_INVALID_ARG;
+	n = rows * (size_t)k;
+	for (size_t i = 0; i < n; i++)
+		if (codes[i] < -1 || codes[i] > 1)
+			return DG_ERR_INVALID_ARG;
+	/* Rows of k codes are contiguous and k % 16 == 0, so packing the
+	 * flat sequence is packing each row. */
+	for (size_t i = 0; i < n / 16; i++) {
+		uint32_t u = 0;
+
+		for (unsigned j = 0; j < 16; j++) {
+			int8_t v = codes[16 * i + j];
+			uint32_t bits = v == 1 ? 1u : v == -1 ? 3u : 0u;
+
+			u |= bits << (2 * j);
+		}
+		words[i] = u;
+	}
+	return DG_OK;
+}
+
+dg_status dg_ref_pack_sign1(const int8_t *codes, uint32_t *words, size_t rows,
+			    int k)
+{
+	size_t n;
+
+	if (!codes || !words || k <= 0 || k % 32)
+		return DG_ERR_INVALID_ARG;
+	if (rows > SIZE_MAX / (size_t)k)
+		return DG_ERR_INVALID_ARG;
+	n = rows * (size_t)k;
+	for (size_t i = 0; i < n; i++)
+		if (codes[i] != 1 && codes[i] != -1)
+			return DG_ERR_INVALID_ARG;
+	for (size_t i = 0; i < n / 32; i++) {
+		uint32_t u = 0;
+
+		for (unsigned j = 0; j < 32; j++)
+			if (codes[32 * i + j] == 1)
+				u |= 1u << j;
+		words[i] = u;
+	}
+	return DG_OK;
+}

@@ -1,0 +1,395 @@
+/*
+ * CPU references of the four backward GEMMs (dragon/ref.h) and of the
+ * ternary / sign1 unpackers:
+ *
+ *   lowrank_grad_input   grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]
+ *   lowrank_grad_weight  grad_w[h,l,e]   = sa · Σ_{b,t} grad[b,h,t,l] · x[b,hin(h),t,e]
+ *   decoder_grad_input   grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] · w[d, h·L + l]
+ *   decoder_grad_weight  grad_w[d,h·L+l] = sa · Σ_{b,t} grad[b,0,t,d] · y[b,h,t,l]
+ *
+ * The operand in a storage format is first decoded to one float a value
+ * (exact: codes are small integers, bf16 widens exactly), then every sum
+ * runs in double and is scaled in double (by the integer operand's scale,
+ * 1 for a float operand) and rounded to float once: exact math, the
+ * kernels' target. The GPU differs in two ways (templates/backward.lua):
+ * its sums are f32, and on the tensor-core path (sm_80+, the default
+ * tiles) the f32 gradient — and an f32 operand — is rounded to bf16 (round
+ * to nearest even, at most 2^-9 relative a term) before the products. So
+ * compare relative to the norm of the reference: the tensor-core error is
+ * about 1e-3 · RMS(ref) an element; tests accept 1e-2 · RMS(ref)
+ * (tests/test_gpu_backward.c); the SIMT path (f32 FMA, before sm_80 or on
+ * odd tiles) is within f32 rounding of the sum.
+ *
+ * Storage walked here is the kernels' (dragon/spec.h): i8x4 words for
+ * int8 / int4 / uint8pos (uint8pos lanes unsigned), 16 ternary codes a
+ * uint32 (00 0, 01 +1, 11 -1, the unused 10 decodes as 0 like the kernels),
+ * 32 sign1 codes a uint32 (bit set +1), packed along the last axis.
+ * Bad pointers, shapes and formats give DG_ERR_INVALID_ARG and leave the
+ * outputs untouched.
+ */
+#include "dragon/ref.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/ref/ref_int.h"
+
+/* --- decoding ------------------------------------------------------------ */
+
+static bool weight_ok(dg_fmt f)
+{
+	return f == DG_FMT_F32 || f == DG_FMT_BF16 || f == DG_FMT_INT8 ||
+	       f == DG_FMT_TERNARY || f == DG_FMT_SIGN1;
+}
+
+static bool act_ok(dg_fmt f)
+{
+	return f == DG_FMT_F32 || f == DG_FMT_BF16 || dg__ref_is_act_code(f);
+}
+
+static bool is_code(dg_fmt f)
+{
+	return f != DG_FMT_F32 && f != DG_FMT_BF16;
+}
+
+/* Values a storage word holds along the packed axis (1 for f32). */
+static int per_word(dg_fmt f)
+{
+	switch (f) {
+	case DG_FMT_F32:
+		return 1;
+	case DG_FMT_BF16:
+		return 2;
+	case DG_FMT_TERNARY:
+		return 16;
+	case DG_FMT_SIGN1:
+		return 32;
+	default:
+		return 4;
+	}
+}
+
+/* Value i of a tensor in storage format f, as a float (codes unscaled). */
+static float value_at(dg_fmt f, const void *p, size_t i)
+{
+	if (f == DG_FMT_F32 || f == DG_FMT_BF16)
+		return dg__ref_plain_at(f, p, i);
+	return (float)dg__ref_code_at(f, p, i);
+}
+
+/* n values of p decoded into a malloc'd float array (NULL: no memory). */
+static float *decode_all(dg_fmt f, const void *p, size_t n)
+{
+	float *out = malloc((n ? n : 1) * sizeof(*out));
+
+	if (!out)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		out[i] = value_at(f, p, i);
+	return out;
+}
+
+/* --- argument checks ------------------------------------------------------ */
+
+static bool mul_ok(size_t *acc, size_t f)
+{
+	if (f && *acc > SIZE_MAX / f / sizeof(double))
+		return false;
+	*acc *= f;
+	return true;
+}
+
+/* Common checks of the four ops: op, H, Hin, E, L, B, T, the operand's
+ * format and its packing along `packed_len` (E or L). Every index below is
+ * a size_t product of H·L·E and B·T. */
+static dg_status check(const dg_spec *spec, dg_op op, const void *a,
+		       const void *b, const void *out, dg_fmt fmt,
+		       bool fmt_is_weight, int batch, int time)
+{
+	size_t n = 1;
+
+	if (!spec || !a || !b || !out || spec->op != op)
+		return DG_ERR_INVALID_ARG;
+	if (spec->heads <= 0 || spec->latent <= 0 || spec->embd <= 0)
+		return DG_ERR_INVALID_ARG;
+	if ((op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_LOWRANK_GRAD_WEIGHT) &&
+	    spec->in_heads != 1 && spec->in_heads != spec->heads)
+		return DG_ERR_INVALID_ARG;
+	if (fmt_is_weight ? !weight_ok(fmt) : !act_ok(fmt))
+		return DG_ERR_INVALID_ARG;
+	int packed_len = (op == DG_OP_LOWRANK_GRAD_INPUT ||
+			  op == DG_OP_LOWRANK_GRAD_WEIGHT)
+				 ? spec->embd
+				 : spec->latent;
+	if (packed_len % per_word(fmt))
+		return DG_ERR_INVALID_ARG;
+	if (batch < 0 || time < 0)
+		return DG_ERR_INVALID_ARG;
+	if (!mul_ok(&n, (size_t)batch) || !mul_ok(&n, (size_t)time) ||
+	    !mul_ok(&n, (size_t)spec->heads) ||
+	    !mul_ok(&n, (size_t)spec->latent) ||
+	    !mul_ok(&n, (size_t)spec->embd))
+		return DG_ERR_INVALID_ARG;
+	return DG_OK;
+}
+
+/* --- the four GEMMs ------------------------------------------------------- */
+
+dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const float *grad,
+				    const void *w, float sw, float *grad_x,
+				    int batch, int time)
+{
+	dg_status st = check(spec, DG_OP_LOWRANK_GRAD_INPUT, grad, w, grad_x,
+			     spec ? spec->weight : DG_FMT_F32, true, batch,
+			     time);
+	size_t H, Hin, E, L, B, T;
+	double s, *acc;
+	float *wf;
+
+	if (st)
+		return st;
+	H = (size_t)spec->heads;
+	Hin = (size_t)spec->in_heads;
+	E = (size_t)spec->embd;
+	L = (size_t)spec->latent;
+	B = (size_t)batch;
+	T = (size_t)time;
+	s = is_code(spec->weight) ? (double)sw : 1.0;
+	wf = decode_all(spec->weight, w, H * L * E); /* (H, L, E) */
+	acc = malloc(E * sizeof(*acc));
+	if (!wf || !acc) {
+		free(wf);
+		free(acc);
+		return DG_ERR_NOMEM;
+	}
+	for (size_t b = 0; b < B; b++) {
+		for (size_t i = 0; i < Hin; i++) {
+			for (size_t t = 0; t < T; t++) {
+				memset(acc, 0, E * sizeof(*acc));
+				for (size_t h = 0; h < H; h++) {
+					if (Hin != 1 && h != i)
+						continue;
+					const float *g = grad + ((b * H + h) * T + t) * L;
+
+					for (size_t l = 0; l < L; l++) {
+						const float *wr = wf + (h * L + l) * E;
+						double gv = g[l];
+
+						for (size_t e = 0; e < E; e++)
+							acc[e] += gv * wr[e];
+					}
+				}
+				float *o = grad_x + ((b * Hin + i) * T + t) * E;
+
+				for (size_t e = 0; e < E; e++)
+					o[e] = (float)(s * acc[e]);
+			}
+		}
+	}
+	free(wf);
+	free(acc);
+	return DG_OK;
+}
+
+dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const float *grad,
+				     const void *x, float sa, float *grad_w,
+				     int batch, int time)
+{
+	dg_status st = check(spec, DG_OP_LOWRANK_GRAD_WEIGHT, grad, x, grad_w,
+			     spec ? spec->act : DG_FMT_F32, false, batch, time);
+	size_t H, Hin, E, L, B, T;
+	double s, *acc;
+	float *xf;
+
+	if (st)
+		return st;
+	H = (size_t)spec->heads;
+	Hin = (size_t)spec->in_heads;
+	E = (size_t)spec->embd;
+	L = (size_t)spec->latent;
+	B = (size_t)batch;
+	T = (size_t)time;
+	s = is_code(spec->act) ? (double)sa : 1.0;
+	xf = decode_all(spec->act, x, B * Hin * T * E); /* (B, Hin, T, E) */
+	acc = malloc(L * E * sizeof(*acc));              /* one head's (L, E) */
+	if (!xf || !acc) {
+		free(xf);
+		free(acc);
+		return DG_ERR_NOMEM;
+	}
+	for (size_t h = 0; h < H; h++) {
+		size_t hin = Hin == 1 ? 0 : h;
+
+		memset(acc, 0, L * E * sizeof(*acc));
+		for (size_t b = 0; b < B; b++) {
+			for (size_t t = 0; t < T; t++) {
+				const float *g = grad + ((b * H + h) * T + t) * L;
+				const float *xr = xf + ((b * Hin + hin) * T + t) * E;
+
+				for (size_t l = 0; l < L; l++) {
+					double gv = g[l];
+					double *a = acc + l * E;
+
+					for (size_t e = 0; e < E; e++)
+						a[e] += gv * xr[e];
+				}
+			}
+		}
+		for (size_t i = 0; i < L * E; i++)
+			grad_w[h * L * E + i] = (float)(s * acc[i]);
+	}
+	free(xf);
+	free(acc);
+	return DG_OK;
+}
+
+dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
+				    const void *w, float sw, float *grad_y,
+				    int batch, int time)
+{
+	dg_status st = check(spec, DG_OP_DECODER_GRAD_INPUT, grad, w, grad_y,
+			     spec ? spec->weight : DG_FMT_F32, true, batch,
+			     time);
+	size_t H, E, L, B, T, HL;
+	double s, *acc;
+	float *wf;
+
+	if (st)
+		return st;
+	H = (size_t)spec->heads;
+	E = (size_t)spec->embd;
+	L = (size_t)spec->latent;
+	B = (size_t)batch;
+	T = (size_t)time;
+	HL = H * L;
+	s = is_code(spec->weight) ? (double)sw : 1.0;
+	wf = decode_all(spec->weight, w, E * HL); /* (E, H·L) */
+	acc = malloc(HL * sizeof(*acc));
+	if (!wf || !acc) {
+		free(wf);
+		free(acc);
+		return DG_ERR_NOMEM;
+	}
+	for (size_t b = 0; b < B; b++) {
+		for (size_t t = 0; t < T; t++) {
+			const float *g = grad + (b * T + t) * E;
+
+			memset(acc, 0, HL * sizeof(*acc));
+			for (size_t d = 0; d < E; d++) {
+				const float *wr = wf + d * HL;
+				double gv = g[d];
+
+				for (size_t j = 0; j < HL; j++)
+					acc[j] += gv * wr[j];
+			}
+			for (size_t h = 0; h < H; h++) {
+				float *o = grad_y + ((b * H + h) * T + t) * L;
+
+				for (size_t l = 0; l < L; l++)
+					o[l] = (float)(s * acc[h * L + l]);
+			}
+		}
+	}
+	free(wf);
+	free(acc);
+	return DG_OK;
+}
+
+dg_status dg_ref_decoder_grad_weight(const dg_spec *spec, const float *grad,
+				     const void *y, float sa, float *grad_w,
+				     int batch, int time)
+{
+	dg_status st = check(spec, DG_OP_DECODER_GRAD_WEIGHT, grad, y, grad_w,
+			     spec ? spec->act : DG_FMT_F32, false, batch, time);
+	size_t H, E, L, B, T, HL;
+	double s, *acc;
+	float *yf;
+
+	if (st)
+		return st;
+	H = (size_t)spec->heads;
+	E = (size_t)spec->embd;
+	L = (size_t)spec->latent;
+	B = (size_t)batch;
+	T = (size_t)time;
+	HL = H * L;
+	s = is_code(spec->act) ? (double)sa : 1.0;
+	yf = decode_all(spec->act, y, B * H * T * L); /* (B, H, T, L) */
+	acc = malloc(E * HL * sizeof(*acc));          /* (E, H·L) */
+	if (!yf || !acc) {
+		free(yf);
+		free(acc);
+		return DG_ERR_NOMEM;
+	}
+	memset(acc, 0, E * HL * sizeof(*acc));
+	for (size_t b = 0; b < B; b++) {
+		for (size_t t = 0; t < T; t++) {
+			const float *g = grad + (b * T + t) * E;
+
+			for (size_t d = 0; d < E; d++) {
+				double gv = g[d];
+				double *a = acc + d * HL;
+
+				for (size_t h = 0; h < H; h++) {
+					const float *yr = yf + ((b * H + h) * T + t) * L;
+
+					for (size_t l = 0; l < L; l++)
+						a[h * L + l] += gv * yr[l];
+				}
+			}
+		}
+	}
+	for (size_t i = 0; i < E * HL; i++)
+		grad_w[i] = (float)(s * acc[i]);
+	free(yf);
+	free(acc);
+	return DG_OK;
+}
+
+/* --- unpacking ------------------------------------------------------------ */
+
+dg_status dg_ref_unpack_ternary(const uint32_t *words, int8_t *codes,
+				size_t rows, int k)
+{
+	size_t nw;
+
+	if (!words || !codes || k <= 0 || k % 16)
+		return DG_ERR_INVALID_ARG;
+	if (rows > SIZE_MAX / (size_t)k)
+		return DG_ERR_INVALID_ARG;
+	nw = rows * (size_t)k / 16;
+	/* Refuse the pair 10 before writing anything. */
+	for (size_t i = 0; i < nw; i++) {
+		uint32_t u = words[i];
+
+		if ((u >> 1) & ~u & 0x55555555u)
+			return DG_ERR_CORRUPT;
+	}
+	for (size_t i = 0; i < nw; i++) {
+		for (unsigned j = 0; j < 16; j++) {
+			uint32_t bits = (words[i] >> (2 * j)) & 3u;
+
+			codes[16 * i + j] = (int8_t)(bits == 1u ? 1 : bits == 3u ? -1 : 0);
+		}
+	}
+	return DG_OK;
+}
+
+dg_status dg_ref_unpack_sign1(const uint32_t *words, int8_t *codes,
+			      size_t rows, int k)
+{
+	size_t nw;
+
+	if (!words || !codes || k <= 0 || k % 32)
+		return DG_ERR_INVALID_ARG;
+	if (rows > SIZE_MAX / (size_t)k)
+		return DG_ERR_INVALID_ARG;
+	nw = rows * (size_t)k / 32;
+	for (size_t i = 0; i < nw; i++)
+		for (unsigned j = 0; j < 32; j++)
+			codes[32 * i + j] =
+				(int8_t)((words[i] >> j) & 1u ? 1 : -1);
+	return DG_OK;
+}

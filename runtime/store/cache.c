@@ -1,0 +1,800 @@
+/*
+ * dragon — the on-disk kernel cache (contract: include/dragon/cache.h,
+ * entry layout: runtime/cache_int.h).
+ *
+ * A handle holds the root path and one directory descriptor per subfolder;
+ * every file operation is relative to those (openat, renameat, ...), so
+ * paths never need rebuilding and a long root cannot overflow a buffer.
+ *
+ * Why readers never see a bad entry:
+ *  - an entry is only ever created by renaming a fully written and fsync'd
+ *    temp file over kernels/<key>.dgk; rename is atomic, so the name refers
+ *    to a complete old file or a complete new one, never to a partial one;
+ *  - a writer that dies leaves only tmp/<key>.<pid>.<random>.tmp, which no
+ *    reader opens; gc removes such files once they are a minute old;
+ *  - whatever else happens to a file (disk error, a person editing it,
+ *    truncation), a reader checks every header field and the checksum
+ *    before handing bytes out, and quarantines the file otherwise.
+ * Why concurrent builders build once: get_or_build takes an exclusive flock
+ * on locks/<key>.lock and looks again before building, so the second
+ * process finds the first one's entry. The kernel drops the lock when its
+ * holder dies. Lock files (both sides of their protocol with gc), stat,
+ * verify, gc, clear, eviction and quarantine are in runtime/store/cache_admin.c.
+ */
+#include "dragon/cache.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/store/cache_int.h"
+#include "base/sha256.h"
+
+void (*dg__cache_test_after_partial_write)(void);
+
+#define DEFAULT_MAX_BYTES ((uint64_t)1 << 30)
+#define HDR DG__CACHE_HEADER_SIZE
+
+const char *const dg__cache_subdir_name[DG__CACHE_NDIRS] = {
+	"kernels", "quarantine", "locks", "tmp",
+};
+
+/* Reason of the last failed dg_cache_open on this thread (no handle then). */
+static _Thread_local char open_errmsg[1024];
+
+dg_status dg__cache_fail(dg_cache *c, dg_status st, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+/* ---- small helpers --------------------------------------------------- */
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_le32(const uint8_t *p)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static uint64_t get_le64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+bool dg__cache_key_valid(const char *key)
+{
+	size_t i;
+
+	for (i = 0; i < DG_CACHE_KEY_LEN; i++) {
+		char ch = key[i];
+		if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
+			return false; /* also stops at a NUL */
+	}
+	return key[i] == '\0';
+}
+
+static dg_status key_check(dg_cache *c, const char *key)
+{
+	if (!key)
+		return dg__cache_fail(c, DG_ERR_INVALID_ARG,
+				      "cache key is NULL; pass the 64-hex-digit "
+				      "SHA-256 of the entry's inputs");
+	if (!dg__cache_key_valid(key))
+		return dg__cache_fail(c, DG_ERR_INVALID_ARG,
+				      "cache key \"%.80s\" is not 64 lowercase "
+				      "hex digits; pass a SHA-256 in lowercase "
+				      "hex", key);
+	return DG_OK;
+}
+
+/* Reads exactly n bytes; returns n, fewer at end of file, or -1 (errno). */
+static ssize_t read_full(int fd, void *buf, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = read(fd, (uint8_t *)buf + got, n - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -1;
+		if (r == 0)
+			break;
+		got += (size_t)r;
+	}
+	return (ssize_t)got;
+}
+
+static int write_full(int fd, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -1;
+		if (w == 0) {
+			errno = EIO; /* no progress: do not spin */
+			return -1;
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static int fsync_retry(int fd)
+{
+	int r;
+
+	do
+		r = fsync(fd);
+	while (r < 0 && errno == EINTR);
+	return r;
+}
+
+/* ---- open / close ---------------------------------------------------- */
+
+static char *strip_dup(const char *s)
+{
+	size_t n = strlen(s);
+	char *p;
+
+	while (n > 1 && s[n - 1] == '/')
+		n--;
+	p = malloc(n + 1);
+	if (p) {
+		memcpy(p, s, n);
+		p[n] = '\0';
+	}
+	return p;
+}
+
+static char *join(const char *a, const char *b)
+{
+	size_t na = strlen(a), nb = strlen(b);
+	char *p = malloc(na + nb + 2);
+
+	if (p)
+		snprintf(p, na + nb + 2, "%s/%s", a, b);
+	return p;
+}
+
+/* opts->dir, $DRAGON_CACHE_DIR, $XDG_CACHE_HOME/dragon, ~/.cache/dragon.
+ * Empty variables count as unset; a relative $XDG_CACHE_HOME is ignored,
+ * as the XDG base-directory spec asks. */
+static dg_status root_choose(dg_cache *c, const dg_cache_opts *opts)
+{
+	const char *v;
+	char *home, *cache_dir;
+
+	if (opts && opts->dir && opts->dir[0])
+		c->root = strip_dup(opts->dir);
+	else if ((v = getenv("DRAGON_CACHE_DIR")) && v[0])
+		c->root = strip_dup(v);
+	else if ((v = getenv("XDG_CACHE_HOME")) && v[0] == '/')
+		c->root = join(v, "dragon");
+	else {
+		struct passwd pw, *res = NULL;
+		char buf[4096];
+
+		v = getenv("HOME");
+		if ((!v || !v[0]) &&
+		    getpwuid_r(getuid(), &pw, buf, sizeof(buf), &res) == 0 && res)
+			v = res->pw_dir;
+		if (!v || !v[0])
+			return dg__cache_fail(c, DG_ERR_INVALID_ARG,
+					      "no cache folder: $HOME is not "
+					      "set and the user has no home; "
+					      "set DRAGON_CACHE_DIR");
+		home = strip_dup(v);
+		cache_dir = home ? join(home, ".cache") : NULL;
+		c->root = cache_dir ? join(cache_dir, "dragon") : NULL;
+		free(home);
+		free(cache_dir);
+	}
+	if (!c->root)
+		return dg__cache_fail(c, DG_ERR_NOMEM,
+				      "out of memory opening the cache");
+	return DG_OK;
+}
+
+/* Decimal digits only (no sign, space or suffix), no overflow, not 0. */
+static bool parse_bytes(const char *s, uint64_t *out)
+{
+	uint64_t v = 0;
+
+	if (!*s)
+		return false;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return false;
+		if (v > (UINT64_MAX - (uint64_t)(*s - '0')) / 10)
+			return false;
+		v = v * 10 + (uint64_t)(*s - '0');
+	}
+	*out = v;
+	return v > 0;
+}
+
+static dg_status cap_choose(dg_cache *c, const dg_cache_opts *opts)
+{
+	const char *v = getenv("DRAGON_CACHE_MAX_BYTES");
+
+	if (opts && opts->max_bytes)
+		c->max_bytes = opts->max_bytes;
+	else if (v && v[0]) {
+		if (!parse_bytes(v, &c->max_bytes))
+			return dg__cache_fail(c, DG_ERR_INVALID_ARG,
+					      "DRAGON_CACHE_MAX_BYTES=\"%.64s\" "
+					      "is not a positive decimal number "
+					      "of bytes (e.g. 1073741824); fix "
+					      "or unset it", v);
+	} else
+		c->max_bytes = DEFAULT_MAX_BYTES;
+	return DG_OK;
+}
+
+/* mkdir -p path, mode 0755. */
+static dg_status mkdir_p(dg_cache *c, const char *path)
+{
+	char *p = strdup(path);
+	struct stat sb;
+
+	if (!p)
+		return dg__cache_fail(c, DG_ERR_NOMEM,
+				      "out of memory opening the cache");
+	for (char *s = p + 1;; s++) {
+		if (*s != '/' && *s != '\0')
+			continue;
+		char saved = *s;
+		*s = '\0';
+		int e = mkdir(p, 0755) < 0 ? errno : 0;
+		if (e && e != EEXIST &&
+		    !(stat(p, &sb) == 0 && S_ISDIR(sb.st_mode))) {
+			dg_status st = dg__cache_fail(
+				c, DG_ERR_IO, "cannot create cache folder %s: "
+				"%s; set DRAGON_CACHE_DIR to a writable folder",
+				p, strerror(e));
+			free(p);
+			return st;
+		}
+		*s = saved;
+		if (!saved)
+			break;
+	}
+	free(p);
+	return DG_OK;
+}
+
+static dg_status dirs_open(dg_cache *c)
+{
+	dg_status st = mkdir_p(c, c->root);
+
+	if (st)
+		return st;
+	c->root_fd = open(c->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (c->root_fd < 0)
+		return dg__cache_fail(c, DG_ERR_IO, "cannot open cache folder "
+				      "%s: %s; set DRAGON_CACHE_DIR to a "
+				      "writable folder", c->root,
+				      strerror(errno));
+	for (int d = 0; d < DG__CACHE_NDIRS; d++) {
+		const char *sub = dg__cache_subdir_name[d];
+
+		if (mkdirat(c->root_fd, sub, 0755) < 0 && errno != EEXIST)
+			return dg__cache_fail(c, DG_ERR_IO, "cannot create "
+					      "%s/%s: %s", c->root, sub,
+					      strerror(errno));
+		c->dfd[d] = openat(c->root_fd, sub,
+				   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (c->dfd[d] < 0)
+			return dg__cache_fail(c, DG_ERR_IO, "cannot open "
+					      "%s/%s: %s", c->root, sub,
+					      strerror(errno));
+	}
+	return DG_OK;
+}
+
+dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts)
+{
+	dg_cache *c;
+	dg_status st;
+
+	if (!out) {
+		snprintf(open_errmsg, sizeof(open_errmsg),
+			 "dg_cache_open: out is NULL");
+		return DG_ERR_INVALID_ARG;
+	}
+	*out = NULL;
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		snprintf(open_errmsg, sizeof(open_errmsg),
+			 "out of memory opening the cache");
+		return DG_ERR_NOMEM;
+	}
+	c->root_fd = -1;
+	for (int d = 0; d < DG__CACHE_NDIRS; d++)
+		c->dfd[d] = -1;
+
+	st = root_choose(c, opts);
+	if (!st)
+		st = cap_choose(c, opts);
+	if (!st)
+		st = dirs_open(c);
+	if (st) {
+		memcpy(open_errmsg, c->errmsg, sizeof(open_errmsg));
+		dg_cache_close(c);
+		return st;
+	}
+	open_errmsg[0] = '\0';
+	*out = c;
+	return DG_OK;
+}
+
+void dg_cache_close(dg_cache *cache)
+{
+	if (!cache)
+		return;
+	for (int d = 0; d < DG__CACHE_NDIRS; d++)
+		if (cache->dfd[d] >= 0)
+			close(cache->dfd[d]);
+	if (cache->root_fd >= 0)
+		close(cache->root_fd);
+	free(cache->root);
+	free(cache);
+}
+
+/* NULL: the reason the last dg_cache_open on this thread failed. */
+const char *dg_cache_errmsg(const dg_cache *cache)
+{
+	return cache ? cache->errmsg : open_errmsg;
+}
+
+const char *dg_cache_root(const dg_cache *cache)
+{
+	return cache ? cache->root : "";
+}
+
+void dg_cache_blob_free(dg_cache_blob *blob)
+{
+	if (!blob)
+		return;
+	free(blob->image);
+	free(blob->meta);
+	blob->image = NULL;
+	blob->image_size = 0;
+	blob->meta = NULL;
+}
+
+/* ---- reading and quarantining entries -------------------------------- */
+
+/* See cache_int.h. */
+dg_status dg__cache_entry_read(dg_cache *c, const char *name, const char *key,
+			       bool touch, dg_cache_blob *out, char *why,
+			       size_t whylen, struct stat *seen)
+{
+	uint8_t h[HDR], sum[32], want[32];
+	uint64_t isz, msz, fsz;
+	uint8_t *image = NULL;
+	char *meta = NULL;
+	dg_status st = DG_ERR_CORRUPT;
+	ssize_t r = 0;
+	int fd;
+
+	memset(seen, 0, sizeof(*seen));
+	fd = openat(c->dfd[DG__CACHE_KERNELS], name,
+		    O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return DG_ERR_NOT_FOUND;
+		if (errno == ELOOP) {
+			fstatat(c->dfd[DG__CACHE_KERNELS], name, seen,
+				AT_SYMLINK_NOFOLLOW);
+			snprintf(why, whylen, "is a symbolic link");
+			return DG_ERR_CORRUPT;
+		}
+		return dg__cache_fail(c, DG_ERR_IO, "%s/kernels/%s: open: %s",
+				      c->root, name, strerror(errno));
+	}
+	if (fstat(fd, seen) < 0) {
+		st = dg__cache_fail(c, DG_ERR_IO, "%s/kernels/%s: fstat: %s",
+				    c->root, name, strerror(errno));
+		goto out_close;
+	}
+	fsz = (uint64_t)seen->st_size;
+	if (!S_ISREG(seen->st_mode)) {
+		snprintf(why, whylen, "not a regular file");
+		goto out_close;
+	}
+	if (fsz < HDR) {
+		snprintf(why, whylen, "%llu bytes, shorter than the %u-byte "
+			 "header", (unsigned long long)fsz, HDR);
+		goto out_close;
+	}
+	if ((r = read_full(fd, h, HDR)) != (ssize_t)HDR)
+		goto out_short;
+	isz = get_le64(h + DG__CACHE_OFF_IMAGE_SIZE);
+	msz = get_le64(h + DG__CACHE_OFF_META_SIZE);
+	if (memcmp(h, DG__CACHE_MAGIC, 8) != 0) {
+		snprintf(why, whylen, "bad magic (not a dragon cache entry)");
+		goto out_close;
+	}
+	if (get_le32(h + DG__CACHE_OFF_VERSION) != DG__CACHE_VERSION) {
+		snprintf(why, whylen, "format version %u, expected %u",
+			 get_le32(h + DG__CACHE_OFF_VERSION), DG__CACHE_VERSION);
+		goto out_close;
+	}
+	if (get_le32(h + DG__CACHE_OFF_HSIZE) != HDR) {
+		snprintf(why, whylen, "header size %u, expected %u",
+			 get_le32(h + DG__CACHE_OFF_HSIZE), HDR);
+		goto out_close;
+	}
+	if (memcmp(h + DG__CACHE_OFF_KEY, key, DG_CACHE_KEY_LEN) != 0) {
+		char other[DG_CACHE_KEY_LEN + 1];
+		for (int i = 0; i < DG_CACHE_KEY_LEN; i++) {
+			uint8_t ch = h[DG__CACHE_OFF_KEY + i];
+			other[i] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+		}
+		other[DG_CACHE_KEY_LEN] = '\0';
+		snprintf(why, whylen, "holds key %s, not the key in its name",
+			 other);
+		goto out_close;
+	}
+	if (isz > fsz - HDR || msz != fsz - HDR - isz || msz >= SIZE_MAX) {
+		snprintf(why, whylen, "header sizes (image %llu + meta %llu) "
+			 "do not match the file size %llu",
+			 (unsigned long long)isz, (unsigned long long)msz,
+			 (unsigned long long)fsz);
+		goto out_close;
+	}
+	image = malloc(isz ? (size_t)isz : 1);
+	meta = malloc((size_t)msz + 1);
+	if (!image || !meta) {
+		st = dg__cache_fail(c, DG_ERR_NOMEM, "out of memory reading "
+				    "%s/kernels/%s (%llu bytes)", c->root, name,
+				    (unsigned long long)fsz);
+		goto out_free;
+	}
+	if ((r = read_full(fd, image, (size_t)isz)) != (ssize_t)isz ||
+	    (r = read_full(fd, meta, (size_t)msz)) != (ssize_t)msz)
+		goto out_short;
+	meta[msz] = '\0';
+	{
+		dg__sha256 s;
+		dg__sha256_init(&s);
+		dg__sha256_update(&s, image, (size_t)isz);
+		dg__sha256_update(&s, meta, (size_t)msz);
+		dg__sha256_final(&s, sum);
+	}
+	memcpy(want, h + DG__CACHE_OFF_SUM, 32);
+	if (memcmp(sum, want, 32) != 0) {
+		snprintf(why, whylen, "checksum mismatch");
+		goto out_free;
+	}
+	if (memchr(meta, '\0', (size_t)msz)) {
+		snprintf(why, whylen, "metadata holds a NUL byte");
+		goto out_free;
+	}
+	if (touch) {
+		/* Record the use for LRU eviction. Best effort: a read-only
+		 * cache still serves hits. */
+		const struct timespec ts[2] = {
+			{ .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_NOW },
+		};
+		futimens(fd, ts);
+	}
+	close(fd);
+	out->image = image;
+	out->image_size = (size_t)isz;
+	out->meta = meta;
+	return DG_OK;
+
+out_short:
+	if (r < 0) {
+		st = dg__cache_fail(c, DG_ERR_IO, "%s/kernels/%s: read: %s",
+				    c->root, name, strerror(errno));
+		goto out_free;
+	}
+	snprintf(why, whylen, "shorter than its size while reading");
+out_free:
+	free(image);
+	free(meta);
+out_close:
+	close(fd);
+	return st;
+}
+
+dg_status dg_cache_get(dg_cache *cache, const char *key, dg_cache_blob *out)
+{
+	char name[DG_CACHE_KEY_LEN + 5], why[256], res[512];
+	struct stat seen;
+	dg_status st;
+
+	if (!cache)
+		return DG_ERR_INVALID_ARG;
+	cache->errmsg[0] = '\0';
+	if (!out)
+		return dg__cache_fail(cache, DG_ERR_INVALID_ARG,
+				      "dg_cache_get: out is NULL");
+	memset(out, 0, sizeof(*out));
+	st = key_check(cache, key);
+	if (st)
+		return st;
+	snprintf(name, sizeof(name), "%s.dgk", key);
+	st = dg__cache_entry_read(cache, name, key, true, out, why, sizeof(why),
+				  &seen);
+	if (st == DG_ERR_NOT_FOUND)
+		return dg__cache_fail(cache, st, "no cache entry kernels/%s in "
+				      "%s", name, cache->root);
+	if (st == DG_ERR_CORRUPT) {
+		dg__cache_quarantine(cache, name, &seen, res, sizeof(res));
+		return dg__cache_fail(cache, DG_ERR_NOT_FOUND, "cache entry "
+				      "kernels/%s in %s: %s (%s); it will be "
+				      "rebuilt", name, cache->root, why, res);
+	}
+	return st;
+}
+
+/* ---- publishing and eviction ----------------------------------------- */
+
+typedef struct span {
+	const uint8_t *p;
+	size_t n;
+} span;
+
+/* Writes bytes [from, to) of the concatenation of spans. */
+static int write_spans(int fd, const span *s, int ns, size_t from, size_t to)
+{
+	size_t base = 0;
+
+	for (int i = 0; i < ns; base += s[i].n, i++) {
+		size_t lo = from > base ? from - base : 0;
+		size_t hi = to - base < s[i].n ? to - base : s[i].n;
+		if (to <= base)
+			break;
+		if (lo < hi && write_full(fd, s[i].p + lo, hi - lo) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static uint64_t random_u64(unsigned attempt)
+{
+	uint64_t r;
+	struct timespec ts;
+
+	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) == (ssize_t)sizeof(r))
+		return r;
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* O_EXCL keeps it unique */
+	return (uint64_t)ts.tv_nsec * 2654435761u + (uint64_t)ts.tv_sec +
+	       attempt;
+}
+
+/* Writes tmp/<key>.<pid>.<random>.tmp, fsyncs it, renames it to
+ * kernels/<key>.dgk and fsyncs kernels/. */
+static dg_status entry_publish(dg_cache *c, const char *key,
+			       const uint8_t *image, size_t isz,
+			       const char *meta, size_t msz)
+{
+	char tmp[DG_CACHE_KEY_LEN + 64], name[DG_CACHE_KEY_LEN + 5];
+	uint8_t h[HDR], sum[32];
+	const char *op = "open";
+	dg__sha256 s;
+	int fd = -1, e;
+
+	dg__sha256_init(&s);
+	dg__sha256_update(&s, image, isz);
+	dg__sha256_update(&s, meta, msz);
+	dg__sha256_final(&s, sum);
+	memset(h, 0, sizeof(h));
+	memcpy(h, DG__CACHE_MAGIC, 8);
+	put_le32(h + DG__CACHE_OFF_VERSION, DG__CACHE_VERSION);
+	put_le32(h + DG__CACHE_OFF_HSIZE, HDR);
+	memcpy(h + DG__CACHE_OFF_KEY, key, DG_CACHE_KEY_LEN);
+	put_le64(h + DG__CACHE_OFF_IMAGE_SIZE, isz);
+	put_le64(h + DG__CACHE_OFF_META_SIZE, msz);
+	memcpy(h + DG__CACHE_OFF_SUM, sum, 32);
+
+	for (unsigned i = 0; fd < 0 && i < 16; i++) {
+		snprintf(tmp, sizeof(tmp), "%s.%ld.%016llx.tmp", key,
+			 (long)getpid(), (unsigned long long)random_u64(i));
+		fd = openat(c->dfd[DG__CACHE_TMP], tmp,
+			    O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (fd < 0 && errno != EEXIST)
+			return dg__cache_fail(c, DG_ERR_IO, "%s/tmp/%s: open: "
+					      "%s; nothing was published",
+					      c->root, tmp, strerror(errno));
+	}
+	if (fd < 0)
+		return dg__cache_fail(c, DG_ERR_IO, "%s/tmp: no free temp file "
+				      "name; nothing was published", c->root);
+
+	const span sp[3] = {
+		{ h, HDR }, { image, isz }, { (const uint8_t *)meta, msz },
+	};
+	size_t total = HDR + isz + msz;
+	op = "write";
+	if (write_spans(fd, sp, 3, 0, total / 2) < 0)
+		goto out_fail;
+	if (dg__cache_test_after_partial_write)
+		dg__cache_test_after_partial_write();
+	if (write_spans(fd, sp, 3, total / 2, total) < 0)
+		goto out_fail;
+	op = "fsync";
+	if (fsync_retry(fd) < 0)
+		goto out_fail;
+	op = "close";
+	e = close(fd);
+	fd = -1;
+	if (e < 0)
+		goto out_fail;
+	op = "rename into kernels/";
+	snprintf(name, sizeof(name), "%s.dgk", key);
+	if (renameat(c->dfd[DG__CACHE_TMP], tmp, c->dfd[DG__CACHE_KERNELS],
+		     name) < 0)
+		goto out_fail;
+	/* Make the rename durable. EINVAL: the file system cannot sync a
+	 * folder, and there is nothing more to do. */
+	if (fsync_retry(c->dfd[DG__CACHE_KERNELS]) < 0 && errno != EINVAL)
+		return dg__cache_fail(c, DG_ERR_IO, "%s/kernels: fsync: %s; "
+				      "the entry for %s may not survive a "
+				      "power loss", c->root, strerror(errno),
+				      key);
+	return DG_OK;
+
+out_fail:
+	e = errno;
+	if (fd >= 0)
+		close(fd);
+	unlinkat(c->dfd[DG__CACHE_TMP], tmp, 0);
+	return dg__cache_fail(c, DG_ERR_IO, "%s/tmp/%s: %s: %s; nothing was "
+			      "published", c->root, tmp, op, strerror(e));
+}
+
+dg_status dg_cache_put(dg_cache *cache, const char *key, const uint8_t *image,
+		       size_t image_size, const char *meta)
+{
+	char name[DG_CACHE_KEY_LEN + 5];
+	dg_status st;
+
+	if (!cache)
+		return DG_ERR_INVALID_ARG;
+	cache->errmsg[0] = '\0';
+	st = key_check(cache, key);
+	if (st)
+		return st;
+	if (!image && image_size)
+		return dg__cache_fail(cache, DG_ERR_INVALID_ARG,
+				      "dg_cache_put: image is NULL but "
+				      "image_size is %zu", image_size);
+	if (!meta)
+		meta = "";
+	st = entry_publish(cache, key, image, image_size, meta, strlen(meta));
+	if (st)
+		return st;
+	/* Eviction is housekeeping: the entry is published whatever happens
+	 * here, and the next put or gc tries again. */
+	snprintf(name, sizeof(name), "%s.dgk", key);
+	dg__cache_evict(cache, cache->max_bytes, name, NULL);
+	cache->errmsg[0] = '\0';
+	return DG_OK;
+}
+
+/* ---- get_or_build ---------------------------------------------------- */
+
+dg_status dg_cache_get_or_build(dg_cache *cache, const char *key,
+				dg_cache_build_fn build, void *user,
+				dg_cache_blob *out, bool *hit)
+{
+	char why[sizeof(cache->errmsg)] = ""; /* why the cache was bypassed */
+	uint8_t *image = NULL;
+	size_t size = 0;
+	char *meta = NULL;
+	dg_status st;
+	int lock = -1;
+
+	if (hit)
+		*hit = false;
+	if (!cache)
+		return DG_ERR_INVALID_ARG;
+	cache->errmsg[0] = '\0';
+	if (!out || !build)
+		return dg__cache_fail(cache, DG_ERR_INVALID_ARG,
+				      "dg_cache_get_or_build: out and build "
+				      "must not be NULL");
+	st = dg_cache_get(cache, key, out);
+	if (st != DG_ERR_NOT_FOUND)
+		goto out_hit; /* a hit, a bad key or an i/o error */
+	/* The cache is an optimisation: one we cannot lock (read-only, full)
+	 * still builds, and at worst processes build the key once each. */
+	if (dg__cache_lock_take(cache, key, &lock)) {
+		snprintf(why, sizeof(why), "%s", cache->errmsg);
+	} else {
+		/* Another process may have built it while we waited. */
+		st = dg_cache_get(cache, key, out);
+		if (st != DG_ERR_NOT_FOUND)
+			goto out_hit;
+	}
+
+	cache->errmsg[0] = '\0';
+	st = build(user, &image, &size, &meta);
+	if (st) {
+		/* What the builder set on failure is its own business. */
+		dg__cache_fail(cache, st, "building cache entry %s failed (%s); "
+			       "nothing was published; the builder's own "
+			       "state has the reason", key, dg_status_str(st));
+		goto out_unlock;
+	}
+	if (!image && size) {
+		free(meta);
+		st = dg__cache_fail(cache, DG_ERR_INTERNAL, "the builder of "
+				    "cache entry %s returned DG_OK, a NULL "
+				    "image and size %zu", key, size);
+		goto out_unlock;
+	}
+	/* Neither a failed publish nor a missing lock fails the call: the
+	 * caller gets the bytes it asked for, the message says why the cache
+	 * did not help. */
+	if (dg_cache_put(cache, key, image, size, meta)) {
+		snprintf(why, sizeof(why), "%s", cache->errmsg);
+		dg__cache_fail(cache, DG_OK, "cache entry %s was built and "
+			       "returned but could not be stored: %s", key,
+			       why);
+	} else if (why[0]) {
+		dg__cache_fail(cache, DG_OK, "cache entry %s was built and "
+			       "stored without its build lock: %s", key, why);
+	}
+	if (!image)
+		image = malloc(1);
+	if (!meta)
+		meta = calloc(1, 1);
+	if (!image || !meta) {
+		free(image);
+		free(meta);
+		st = dg__cache_fail(cache, DG_ERR_NOMEM, "out of memory "
+				    "returning cache entry %s", key);
+		goto out_unlock;
+	}
+	out->image = image; /* the bytes just built */
+	out->image_size = size;
+	out->meta = meta;
+	goto out_unlock;
+
+out_hit:
+	if (!st && hit)
+		*hit = true;
+out_unlock:
+	if (lock >= 0)
+		close(lock); /* releases the flock */
+	return st;
+}
