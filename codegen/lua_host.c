@@ -10,6 +10,7 @@
  * process. Modules are reached through our own require(), which loads only
  * from the template set handed in.
  */
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +28,10 @@ struct dg__lua {
 	lua_State *L;
 	size_t mem_used, mem_limit;
 	long instr_limit, instr_used;
-	const dg__template_file *files;
+	const dg__embedded_file *files;
 	size_t n_files;
+	const char *const *modules; /* loaded at create (borrowed until then) */
+	size_t n_modules;
 };
 
 /* lua_Alloc with a cap. When ptr is NULL, osize is a type tag, not a size. */
@@ -78,7 +81,7 @@ static int traceback(lua_State *L)
 	return 1;
 }
 
-static const dg__template_file *find_file(dg__lua *lh, const char *name)
+static const dg__embedded_file *find_file(dg__lua *lh, const char *name)
 {
 	for (size_t i = 0; i < lh->n_files; i++)
 		if (strcmp(lh->files[i].name, name) == 0)
@@ -105,7 +108,7 @@ static int sandbox_require(lua_State *L)
 		return 1;
 	lua_pop(L, 1);
 	snprintf(file, sizeof(file), "%s.lua", name);
-	const dg__template_file *f = find_file(lh, file);
+	const dg__embedded_file *f = find_file(lh, file);
 	if (!f)
 		return luaL_error(L, "require '%s': no templates/%s", name,
 				  file);
@@ -150,16 +153,29 @@ static int open_sandbox(lua_State *L)
 	lua_setfield(L, LUA_REGISTRYINDEX, "dg_loaded");
 	lua_pushcfunction(L, sandbox_require);
 	lua_setglobal(L, "require");
-	/* Load the entry module now, so a broken template fails at create. */
+	/* Load the entry module and every op module now, so a broken
+	 * template fails at create. */
 	lua_getglobal(L, "require");
 	lua_pushstring(L, "dragon");
 	lua_call(L, 1, 1);
 	if (!lua_istable(L, -1))
 		return luaL_error(L, "templates/dragon.lua must return a table");
-	lua_getfield(L, -1, "render");
-	if (!lua_isfunction(L, -1))
+	lua_getfield(L, -1, "plan");
+	lua_getfield(L, -2, "render");
+	if (!lua_isfunction(L, -1) || !lua_isfunction(L, -2))
 		return luaL_error(L,
-				  "templates/dragon.lua must return a table with a render function");
+				  "templates/dragon.lua must return a table with plan and render functions");
+	lua_settop(L, 0);
+	dg__lua *lh = host_of(L);
+	for (size_t i = 0; i < lh->n_modules; i++) {
+		lua_getglobal(L, "require");
+		lua_pushstring(L, lh->modules[i]);
+		lua_call(L, 1, 1);
+		if (!lua_istable(L, -1))
+			return luaL_error(L, "templates/%s.lua must return a table (a module)",
+					  lh->modules[i]);
+		lua_pop(L, 1);
+	}
 	return 0;
 }
 
@@ -199,9 +215,9 @@ static dg_status pcall_checked(dg__lua *lh, int nargs, int nres, char *err,
 	return DG_ERR_TEMPLATE;
 }
 
-dg_status dg__lua_create(dg__lua **out, const dg__template_file *files,
-			 size_t n_files, size_t mem_limit, long instr_limit,
-			 char *err, size_t err_size)
+dg_status dg__lua_create(dg__lua **out, const dg__embedded_file *files,
+			 size_t n_files, const char *const *modules, size_t n_modules,
+			 size_t mem_limit, long instr_limit, char *err, size_t err_size)
 {
 	dg__lua *lh;
 
@@ -215,6 +231,8 @@ dg_status dg__lua_create(dg__lua **out, const dg__template_file *files,
 	lh->instr_limit = instr_limit;
 	lh->files = files;
 	lh->n_files = n_files;
+	lh->modules = modules;
+	lh->n_modules = n_modules;
 	lh->L = lua_newstate(sandbox_alloc, lh);
 	if (!lh->L) {
 		free(lh);
@@ -223,6 +241,8 @@ dg_status dg__lua_create(dg__lua **out, const dg__template_file *files,
 	}
 	lua_pushcfunction(lh->L, open_sandbox);
 	dg_status st = pcall_checked(lh, 0, 0, err, err_size);
+	lh->modules = NULL;
+	lh->n_modules = 0;
 	if (st) {
 		dg__lua_destroy(lh);
 		return st;
@@ -252,81 +272,13 @@ static void set_str(lua_State *L, const char *k, const char *v)
 	lua_setfield(L, -2, k);
 }
 
-/* Field `key` of the table at idx as an integer in lo..hi; 0 when absent.
- * Raises a Lua error naming the entry otherwise. */
-static int launch_int(lua_State *L, int idx, const char *entry,
-		      const char *key, lua_Integer lo, lua_Integer hi)
+/* The spec as a table on the top of the stack. */
+static void push_spec(lua_State *L, const dg_spec *s, const char *module,
+		      const char *canonical)
 {
-	int isnum = 0;
-	lua_Integer v = 0;
-
-	lua_getfield(L, idx, key);
-	if (!lua_isnil(L, -1)) {
-		v = lua_tointegerx(L, -1, &isnum);
-		if (!isnum || v < lo || v > hi)
-			return luaL_error(L,
-					  "render's launch info: %s.%s=%s: must be an integer in %I..%I",
-					  entry, key, luaL_tolstring(L, -1, NULL),
-					  lo, hi);
-	}
-	lua_pop(L, 1);
-	return (int)v;
-}
-
-/* The optional 4th value of render: entry name → { threads = N, smem = B }.
- * Every key must be one of the entries (a typo must not be dropped). */
-static void check_launch(lua_State *L, int i_entries, int i_launch)
-{
-	if (!lua_istable(L, i_launch)) {
-		luaL_error(L, "render's 4th value (launch info) must be a table entry → { threads = N, smem = BYTES }, got %s",
-			   luaL_typename(L, i_launch));
-		return;
-	}
-	lua_Integer n = luaL_len(L, i_entries);
-	lua_pushnil(L);
-	while (lua_next(L, i_launch)) {
-		if (lua_type(L, -2) != LUA_TSTRING) {
-			luaL_error(L, "render's launch info: keys must be entry names, got a %s",
-				   luaL_typename(L, -2));
-			return;
-		}
-		const char *key = lua_tostring(L, -2);
-		bool found = false;
-		for (lua_Integer i = 1; i <= n && !found; i++) {
-			lua_geti(L, i_entries, i);
-			found = strcmp(lua_tostring(L, -1), key) == 0;
-			lua_pop(L, 1);
-		}
-		if (!found) {
-			luaL_error(L, "render's launch info: '%s' is not one of the entries", key);
-			return;
-		}
-		if (!lua_istable(L, -1)) {
-			luaL_error(L, "render's launch info: %s must be a table { threads = N, smem = BYTES }",
-				   key);
-			return;
-		}
-		int v = lua_gettop(L);
-		launch_int(L, v, key, "threads", 1, 1024);
-		launch_int(L, v, key, "smem", 0, (lua_Integer)1 << 30);
-		lua_pop(L, 1);
-	}
-}
-
-/* Runs inside lua_pcall: builds the spec table and calls render.
- * Upvalue-free: the arguments are a light userdata (spec) and the
- * canonical string. */
-static int call_render(lua_State *L)
-{
-	const dg_spec *s = lua_touserdata(L, 1);
-	const char *canonical = lua_tostring(L, 2);
-
-	lua_getglobal(L, "require");
-	lua_pushstring(L, "dragon");
-	lua_call(L, 1, 1);
-	lua_getfield(L, -1, "render");
 	lua_newtable(L);
 	set_str(L, "op", dg_op_name(s->op));
+	set_str(L, "module", module);
 	set_int(L, "heads", s->heads);
 	set_int(L, "in_heads", s->in_heads);
 	set_int(L, "embd", s->embd);
@@ -352,29 +304,126 @@ static int call_render(lua_State *L)
 	set_int(L, "arch", s->arch);
 	lua_pushboolean(L, s->arch_specific);
 	lua_setfield(L, -2, "arch_specific");
-	set_str(L, "canonical", canonical);
+	if (canonical)
+		set_str(L, "canonical", canonical);
 	set_str(L, "generator_version", DG_GENERATOR_VERSION);
-	lua_call(L, 1, 4);
-	int top = lua_gettop(L);
-	int i_src = top - 3, i_entries = top - 2, i_name = top - 1, i_launch = top;
-	if (!lua_isstring(L, i_src) || lua_type(L, i_src) != LUA_TSTRING)
-		return luaL_error(L, "render must return the source as a string");
-	if (!lua_istable(L, i_entries))
-		return luaL_error(L, "render must return the entry names as a table");
-	if (lua_type(L, i_name) != LUA_TSTRING)
-		return luaL_error(L, "render must return the program name as a string");
-	lua_Integer n = luaL_len(L, i_entries);
-	if (n < 1 || n > 64)
-		return luaL_error(L, "render returned %d entry names; 1 to 64 expected",
-				  (int)n);
+}
+
+/* Integer field `key` of the table at idx (dragon.lua checked its type). */
+static int get_int(lua_State *L, int idx, const char *key)
+{
+	lua_getfield(L, idx, key);
+	lua_Integer v = lua_tointeger(L, -1);
+	lua_pop(L, 1);
+	return v > INT_MAX ? INT_MAX : (int)v;
+}
+
+/* Copies string field `key` of the table at idx into buf; false if it is
+ * not a string or does not fit. */
+static bool get_str(lua_State *L, int idx, const char *key, char *buf, size_t size)
+{
+	size_t n = 0;
+	lua_getfield(L, idx, key);
+	const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
+	bool ok = v && n < size;
+	if (ok)
+		memcpy(buf, v, n + 1);
+	lua_pop(L, 1);
+	return ok;
+}
+
+/* Runs inside lua_pcall: (spec, module) → dragon.plan's one or two values,
+ * read into the plan (a light userdata). Returns a refusal's message, or
+ * nothing. */
+static int call_plan(lua_State *L)
+{
+	const dg_spec *s = lua_touserdata(L, 1);
+	const char *module = lua_tostring(L, 2);
+	dg_plan *p = lua_touserdata(L, 3);
+
+	lua_getglobal(L, "require");
+	lua_pushstring(L, "dragon");
+	lua_call(L, 1, 1);
+	lua_getfield(L, -1, "plan");
+	push_spec(L, s, module, NULL);
+	lua_call(L, 1, 2);
+	if (lua_isnil(L, -2))
+		return 1; /* the message */
+	int t = lua_gettop(L) - 1;
+	lua_getfield(L, t, "tile");
+	int ti = lua_gettop(L);
+	p->spec.tile.bm = get_int(L, ti, "bm");
+	p->spec.tile.bn = get_int(L, ti, "bn");
+	p->spec.tile.bk = get_int(L, ti, "bk");
+	p->spec.tile.wm = get_int(L, ti, "wm");
+	p->spec.tile.wn = get_int(L, ti, "wn");
+	p->spec.tile.stages = get_int(L, ti, "stages");
+	p->spec.tile.threads = get_int(L, ti, "threads");
+	lua_pop(L, 1);
+	lua_getfield(L, t, "arch_specific");
+	p->needs_arch_specific = lua_toboolean(L, -1);
+	lua_pop(L, 1);
+	if (!get_str(L, t, "path", p->path, sizeof(p->path)) ||
+	    !get_str(L, t, "name", p->program, sizeof(p->program)))
+		return luaL_error(L, "templates/%s.lua: plan's path and name must be short strings",
+				  module);
+	lua_getfield(L, t, "entries");
+	int ei = lua_gettop(L);
+	lua_Integer n = luaL_len(L, ei);
+	if (n < 1 || n > DG_PLAN_MAX_ENTRIES)
+		return luaL_error(L, "templates/%s.lua: plan has %d entries; 1 to %d expected",
+				  module, (int)n, DG_PLAN_MAX_ENTRIES);
+	p->n_entries = (int)n;
 	for (lua_Integer i = 1; i <= n; i++) {
-		if (lua_geti(L, i_entries, i) != LUA_TSTRING)
-			return luaL_error(L, "entry name %d is not a string", (int)i);
+		dg_plan_entry *e = &p->entries[i - 1];
+		lua_geti(L, ei, i);
+		int ii = lua_gettop(L);
+		if (!get_str(L, ii, "name", e->name, sizeof(e->name)))
+			return luaL_error(L, "templates/%s.lua: plan entry %d: name must be a string of at most %d bytes",
+					  module, (int)i, (int)sizeof(e->name) - 1);
+		e->threads = get_int(L, ii, "threads");
+		e->smem = get_int(L, ii, "smem");
 		lua_pop(L, 1);
 	}
-	if (!lua_isnil(L, i_launch))
-		check_launch(L, i_entries, i_launch);
-	return 4;
+	return 0;
+}
+
+dg_status dg__lua_plan(dg__lua *lh, const dg_spec *spec, const char *module,
+		       dg_plan *plan, char *err, size_t err_size)
+{
+	lua_State *L = lh->L;
+	int top = lua_gettop(L);
+
+	lua_pushcfunction(L, call_plan);
+	lua_pushlightuserdata(L, (void *)spec);
+	lua_pushstring(L, module);
+	lua_pushlightuserdata(L, plan);
+	dg_status st = pcall_checked(lh, 3, 1, err, err_size);
+	if (st == DG_OK && lua_type(L, -1) == LUA_TSTRING) {
+		/* the template refused the spec: a usage error */
+		snprintf(err, err_size, "%s", lua_tostring(L, -1));
+		st = DG_ERR_INVALID_SPEC;
+	}
+	lua_settop(L, top);
+	return st;
+}
+
+/* Runs inside lua_pcall: (spec, module, canonical) → the source. */
+static int call_render(lua_State *L)
+{
+	const dg_spec *s = lua_touserdata(L, 1);
+	const char *module = lua_tostring(L, 2);
+	const char *canonical = lua_tostring(L, 3);
+
+	lua_getglobal(L, "require");
+	lua_pushstring(L, "dragon");
+	lua_call(L, 1, 1);
+	lua_getfield(L, -1, "render");
+	push_spec(L, s, module, canonical);
+	lua_call(L, 1, 1);
+	if (lua_type(L, -1) != LUA_TSTRING)
+		return luaL_error(L, "render must return the source as a string");
+	return 1;
 }
 
 static char *dup_str(const char *s, size_t n)
@@ -387,65 +436,32 @@ static char *dup_str(const char *s, size_t n)
 	return d;
 }
 
-dg_status dg__lua_render(dg__lua *lh, const dg_spec *spec,
-			 const char *canonical, dg_source *src, char *err,
+dg_status dg__lua_render(dg__lua *lh, const dg_spec *spec, const char *module,
+			 const char *canonical, char **text, size_t *len, char *err,
 			 size_t err_size)
 {
 	lua_State *L = lh->L;
 	int top = lua_gettop(L);
-	size_t len, nlen;
 
+	*text = NULL;
+	*len = 0;
 	lua_pushcfunction(L, call_render);
 	lua_pushlightuserdata(L, (void *)spec);
+	lua_pushstring(L, module);
 	lua_pushstring(L, canonical);
-	dg_status st = pcall_checked(lh, 2, 4, err, err_size);
-	if (st) {
-		lua_settop(L, top);
-		return st;
-	}
-	/* Copy everything out before popping: Lua owns those strings. The
-	 * results are source, entries, name, launch (nil or checked table). */
-	const int i_src = top + 1, i_entries = top + 2, i_name = top + 3,
-		  i_launch = top + 4;
-	const char *text = lua_tolstring(L, i_src, &len);
-	const char *name = lua_tolstring(L, i_name, &nlen);
-	int n = (int)luaL_len(L, i_entries);
-	src->text = dup_str(text, len);
-	src->len = len;
-	src->name = dup_str(name, nlen);
-	src->entries = calloc((size_t)n, sizeof(char *));
-	src->block_threads = calloc((size_t)n, sizeof(int));
-	src->dyn_smem = calloc((size_t)n, sizeof(int));
-	src->n_entries = n;
-	st = src->text && src->name && src->entries && src->block_threads &&
-			     src->dyn_smem
-		     ? DG_OK
-		     : DG_ERR_NOMEM;
-	for (int i = 0; st == DG_OK && i < n; i++) {
-		size_t el;
-		lua_geti(L, i_entries, i + 1);
-		const char *e = lua_tolstring(L, -1, &el);
-		src->entries[i] = dup_str(e, el);
-		lua_pop(L, 1);
-		if (!src->entries[i]) {
+	dg_status st = pcall_checked(lh, 3, 1, err, err_size);
+	if (st == DG_OK) {
+		/* copy before popping: Lua owns the string */
+		size_t n;
+		const char *src = lua_tolstring(L, -1, &n);
+		*text = dup_str(src, n);
+		*len = n;
+		if (!*text) {
+			snprintf(err, err_size, "out of memory copying the rendered source");
 			st = DG_ERR_NOMEM;
-			break;
 		}
-		/* Already checked by check_launch: integers in range. */
-		if (lua_istable(L, i_launch) &&
-		    lua_getfield(L, i_launch, src->entries[i]) == LUA_TTABLE) {
-			lua_getfield(L, -1, "threads");
-			src->block_threads[i] = (int)lua_tointeger(L, -1);
-			lua_getfield(L, -2, "smem");
-			src->dyn_smem[i] = (int)lua_tointeger(L, -1);
-			lua_pop(L, 2);
-		}
-		if (lua_istable(L, i_launch))
-			lua_pop(L, 1);
 	}
 	lua_settop(L, top);
 	lua_gc(L, LUA_GCCOLLECT);
-	if (st)
-		snprintf(err, err_size, "out of memory copying the rendered source");
 	return st;
 }

@@ -22,19 +22,6 @@
 #include "codegen/spec_int.h"
 #include "dragon/spec.h"
 
-/* ---- tile text ------------------------------------------------------------ */
-
-void dg_tile_to_string(const dg_tile *t, char *buf, size_t size)
-{
-	if (dg_tile_is_auto(t))
-		snprintf(buf, size, "auto");
-	else if (t->threads)
-		snprintf(buf, size, "t%d", t->threads);
-	else
-		snprintf(buf, size, "%dx%dx%d/%dx%d/%d", t->bm, t->bn, t->bk,
-			 t->wm, t->wn, t->stages);
-}
-
 /* ---- canonical text --------------------------------------------------------- */
 
 /* Shortest "%.Ng" that reads back to the same float. */
@@ -249,16 +236,11 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 	case DG_FIELD_ACT:
 	case DG_FIELD_OUT:
 	case DG_FIELD_SRC: {
-		unsigned mask =
-			k->field == DG_FIELD_WEIGHT ? dg__spec_weight_fmts
-			: k->field == DG_FIELD_ACT  ? dg__spec_act_fmts
-			: k->field == DG_FIELD_OUT  ? dg__spec_out_fmts
-						    : dg__spec_src_fmts;
-		if (!dg_fmt_from_name(v, &f) || !dg__spec_fmt_in(f, mask))
+		unsigned mask = dg__spec_fmts(dg_op_info_of(s->op), k->field);
+		if (!dg_fmt_from_name(v, &f) || !(mask & DG_FMT_BIT(f)))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-					"%s=%s: must be one of %s", k->name, v,
-					dg__spec_fmt_list(mask, fl,
-							  sizeof(fl)));
+					"%s=%s: op %s takes one of %s", k->name, v,
+					dg_op_name(s->op), dg_fmt_list(mask, fl, sizeof(fl)));
 		if (k->field == DG_FIELD_WEIGHT)
 			s->weight = f;
 		else if (k->field == DG_FIELD_ACT)
@@ -306,6 +288,20 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 			k->name);
 }
 
+/* "lowrank_fwd, relu_mask, ..." : every op of the op table. */
+static const char *op_list(char *buf, size_t size)
+{
+	size_t n = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		int w = snprintf(buf + n, size - n, "%s%s", i ? ", " : "", dg_op_name((dg_op)i));
+		if (w < 0 || (size_t)w >= size - n)
+			break;
+		n += (size_t)w;
+	}
+	return buf;
+}
+
 static void list_keys(unsigned uses, char *buf, size_t size)
 {
 	size_t n = 0;
@@ -324,7 +320,7 @@ static void list_keys(unsigned uses, char *buf, size_t size)
 dg_status dg_spec_set(dg_spec *s, const char *key, const char *value,
 		      char *msg, size_t size)
 {
-	char kl[160];
+	char kl[400];
 
 	if (!s || !key || !value)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -333,8 +329,7 @@ dg_status dg_spec_set(dg_spec *s, const char *key, const char *value,
 		dg_op op;
 		if (!dg_op_from_name(value, &op))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-					"op=%s: unknown; ops are lowrank_fwd, quantize_act, pack_i8x4, unpack_i8x4",
-					value);
+					"op=%s: unknown; ops are %s", value, op_list(kl, sizeof(kl)));
 		s->op = op;
 		return DG_OK;
 	}
@@ -418,10 +413,11 @@ dg_status dg_spec_parse(const char *text, dg_spec *out, char *msg, size_t size)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"spec: op is missing (e.g. op=lowrank_fwd;)");
 	dg_op op;
-	if (!dg_op_from_name(vbuf[op_at], &op))
-		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"op=%s: unknown; ops are lowrank_fwd, quantize_act, pack_i8x4, unpack_i8x4",
-				vbuf[op_at]);
+	if (!dg_op_from_name(vbuf[op_at], &op)) {
+		char ol[400];
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size, "op=%s: unknown; ops are %s",
+				vbuf[op_at], op_list(ol, sizeof(ol)));
+	}
 	dg_spec s;
 	dg_spec_init(&s, op);
 	for (int i = 0; i < n; i++) {

@@ -42,8 +42,7 @@ _weight in dragon/ref.h mirror them). Every gradient is f32.
   floats, read only when that operand is an integer format (else may be
   NULL). All tensors 16-byte aligned (whole allocations are).
 
-Paths (M.render picks one from the arch and the tile; codegen/spec.c
-mirrors the rule in its backward tile checks and defaults):
+Paths (M.plan picks one from the arch and the tile; render follows it):
   tensor cores (templates/backward_mma.lua; the default from sm_80 on):
     sm_80+, BK % 16 == 0, warp tiles whole 16x16 blocks. mma.sync m16n8k16
     bf16 with f32 sums. Each element is converted once as it is staged:
@@ -54,7 +53,7 @@ mirrors the rule in its backward tile checks and defaults):
     |got − ref| <= (2^-8 + K·2^-24)·Σ|terms| per output, about 1e-3 of
     the norm. Every op takes it with its default tile, because all four
     are GEMMs whose f32 gradient would otherwise cost fp32 FMA rate; the
-    defaults (codegen/spec.c backward_default_tile) at the BDH shape:
+    defaults (M.plan's default_tile) at the BDH shape:
       lowrank_grad_input  64x128x64/2x4/4 — streams the gradient (K = H·L,
         537 MB), 128 blocks: 8 warps of 32x32 a block, 3 steps of 16 KiB
         of gradient in flight;
@@ -594,11 +593,8 @@ local function about_lines(op, o, entry, sig, c)
   return about
 end
 
--- Appends the grad_weight ops' reduce entry; returns the entries and the
--- launch info (the main entry's dynamic shared memory `smem`, 0: static).
-local function finish(w, o, entry, is_code, nt, smem)
-  local entries = { entry }
-  local launch = { [entry] = { threads = nt, smem = smem > 0 and smem or nil } }
+-- Appends the grad_weight ops' reduce entry (M.plan lists it).
+local function finish(w, o, entry, is_code)
   if not o.a_kmajor then
     w:line(fmt("constexpr int RNT = %d;\t\t// threads a block of %s_reduce", RNT, entry))
     w:line(C.subst(REDUCE, {
@@ -607,45 +603,118 @@ local function finish(w, o, entry, is_code, nt, smem)
       SCALE_APPLY = is_code and "\t\tsum.x = __fmul_rn(sum.x, s);\n\t\tsum.y = __fmul_rn(sum.y, s);\n" ..
                                 "\t\tsum.z = __fmul_rn(sum.z, s);\n\t\tsum.w = __fmul_rn(sum.w, s);" or "",
     }))
-    entries[2] = entry .. "_reduce"
-    launch[entry .. "_reduce"] = { threads = RNT }
   end
-  return entries, launch
 end
 
-function M.render(spec)
+local function fields(spec)
   local op = C.one_of(spec, "op", { "lowrank_grad_input", "lowrank_grad_weight",
                                     "decoder_grad_input", "decoder_grad_weight" })
-  local o = OPS[op]
-  local H = C.int_field(spec, "heads", 1)
-  local HIN = op:match("^lowrank") and C.int_field(spec, "in_heads", 1) or 1
-  local E = C.int_field(spec, "embd", 4)
-  local L = C.int_field(spec, "latent", 4)
-  C.check(HIN == 1 or HIN == H, "in_heads=%d: must be 1 or heads (%d)", HIN, H)
-  C.check(E % 4 == 0, "embd=%d: must be a multiple of 4", E)
-  C.check(L % 4 == 0, "latent=%d: must be a multiple of 4", L)
-  local bfmt
-  if o.w_operand then
-    bfmt = C.one_of(spec, "weight", WEIGHTS)
-  else
-    bfmt = C.one_of(spec, "act", ACTS)
-  end
-  local F = C.formats[bfmt]
+  local k = { op = op, o = OPS[op] }
+  k.H = C.int_field(spec, "heads", 1)
+  k.HIN = op:match("^lowrank") and C.int_field(spec, "in_heads", 1) or 1
+  k.E = C.int_field(spec, "embd", 4)
+  k.L = C.int_field(spec, "latent", 4)
+  k.arch = C.int_field(spec, "arch", 1)
+  k.bfmt = k.o.w_operand and C.one_of(spec, "weight", WEIGHTS) or C.one_of(spec, "act", ACTS)
+  k.F = C.formats[k.bfmt]
+  -- the reduction of the grad_input ops is a compile-time length; the
+  -- grad_weight ops reduce over B·T (run time)
+  k.red = op == "lowrank_grad_input" and k.L or (op == "decoder_grad_input" and k.E or 0)
+  k.red_name = op == "lowrank_grad_input" and "latent" or "embd"
   -- B's packed axis: E for lowrank (w rows, x rows), L for decoder (w's
   -- H·L columns per head, y rows)
-  local packed_len = op:match("^lowrank") and E or L
-  C.check(packed_len % F.epw == 0, "%s=%d: %s=%s packs %d values a word along it; must be a multiple of %d",
-          op:match("^lowrank") and "embd" or "latent", packed_len, o.w_operand and "weight" or "act",
-          bfmt, F.epw, F.epw)
+  k.packed_len = op:match("^lowrank") and k.E or k.L
+  return k
+end
 
-  local bm, bn, bk = C.tile_field(spec, "bm"), C.tile_field(spec, "bn"), C.tile_field(spec, "bk")
-  local wm, wn = C.tile_field(spec, "wm"), C.tile_field(spec, "wn")
-  local stages = C.tile_field(spec, "stages")
-  if op == "lowrank_grad_input" then
-    C.check(L % bk == 0, "tile bk=%d: must divide latent=%d (the reduction)", bk, L)
-  elseif op == "decoder_grad_input" then
-    C.check(E % bk == 0, "tile bk=%d: must divide embd=%d (the reduction)", bk, E)
+-- The heuristic default tile. Tensor cores from sm_80 when BK (halved from
+-- 64 / 32 until it divides the grad_input reduction) is at least 16; at the
+-- BDH shape (H 4, E 256, L 8192, B·T 4096):
+--   lowrank_grad_input 64x128x64/2x4/4: (E/128)·(B·T/64) = 128 blocks for
+--     132 SMs, 8 warps of 32x32 a block (one block an SM, two warps a
+--     scheduler), 116 KiB: three 16 KiB gradient steps in flight a block
+--     (the op streams 537 MB of gradient);
+--   decoder_grad_input 128x128x32/2x2/3: K = E = 256 is 8 steps, so two
+--     blocks an SM (85 KiB each) overlap one block's stores with the
+--     other's math; 64x64 warp tiles;
+--   lowrank_grad_weight, decoder_grad_weight 128x128x32/2x2/4: 64x64 warp
+--     tiles (the least shared-memory traffic a MMA), 98 KiB, two blocks an SM.
+-- Otherwise (before sm_80, or a reduction 16 does not divide) the SIMT
+-- default every GEMM had: 64x64 blocks of 2x2 warps, double-buffered.
+local function default_tile(k)
+  local op, red = k.op, k.red
+  local bk = op == "lowrank_grad_input" and 64 or 32
+  while red ~= 0 and bk > 16 and red % bk ~= 0 do bk = bk // 2 end
+  if k.arch >= 80 and not (red ~= 0 and red % bk ~= 0) then
+    local gw = not k.o.a_kmajor
+    return { bm = op == "lowrank_grad_input" and 64 or 128, bn = 128, bk = bk, wm = 2,
+             wn = op == "lowrank_grad_input" and 4 or 2,
+             stages = (gw or op == "lowrank_grad_input") and 4 or 3, threads = 0 }
   end
+  bk = k.F.code and 64 or 32
+  while red ~= 0 and bk > 4 and red % bk ~= 0 do bk = bk // 2 end
+  return { bm = 64, bn = 64, bk = bk, wm = 2, wn = 2, stages = 2, threads = 0 }
+end
+
+-- Shared memory of the SIMT path (static): one or two stages of the A tile
+-- (BK·PA floats, PA = BM + 1 when A is transposed in) and the B tile.
+local function simt_smem(k, t)
+  local pa = k.o.a_kmajor and t.bm + 1 or t.bm
+  local stage_bytes = (t.bk * pa + t.bk * t.bn) * 4
+  local nbuf = math.min(t.stages, 2)
+  if nbuf == 2 and 2 * stage_bytes > SMEM_STATIC then nbuf = 1 end
+  return nbuf * stage_bytes, nbuf
+end
+
+function M.plan(spec)
+  local k = fields(spec)
+  local t = C.tile_of(spec)
+  local auto = C.tile_is_auto(t)
+  if auto then t = default_tile(k) end
+  local ok, err = C.gemm_tile_pow2(t, auto)
+  if ok and k.red ~= 0 then ok, err = C.bk_divides(t, auto, k.red, k.red_name) end
+  if ok then ok, err = C.warps_ok(t, auto) end
+  if ok then ok, err = C.stages_ok(t, auto, 1, 4) end
+  if not ok then return nil, err end
+  local nt = t.wm * t.wn * 32
+  local entry = "dg_" .. k.op
+  local p = { tile = t, arch_specific = false, name = k.op .. ".cu", entries = { { name = entry, threads = nt } } }
+  if not k.o.a_kmajor then
+    p.entries[2] = { name = entry .. "_reduce", threads = RNT, smem = 0 }
+  end
+  if MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then
+    local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
+    if acc > 128 then
+      return C.refuse(t, auto, "%d f32 accumulators a thread on the tensor-core path; at most 128 (more warps or a smaller tile)", acc)
+    end
+    local eu = MMA.unit_eu(k.bfmt, t.bn, k.packed_len % 16 == 0 and t.bn % 16 == 0)
+    if t.bn % eu ~= 0 then
+      return C.refuse(t, auto, "BN must be a multiple of %d (%s units)", eu, k.bfmt)
+    end
+    local smem = MMA.smem_bytes(k.o.a_kmajor, t.bm, t.bn, t.bk, t.stages)
+    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    if not ok then return nil, err end
+    p.path, p.smem_bytes, p.entries[1].smem = "mma.sync bf16", smem, smem
+    return p
+  end
+  ok, err = C.simt_warp_tile(t, auto)
+  if not ok then return nil, err end
+  local eu = b_unit(k.bfmt, t.bn).EU
+  if t.bn % eu ~= 0 then
+    return C.refuse(t, auto, "BN must be a multiple of %d (%s units)", eu, k.bfmt)
+  end
+  local smem, nbuf = simt_smem(k, t)
+  ok, err = C.smem_fits(t, auto, smem, k.arch, true)
+  if not ok then return nil, err end
+  p.path, p.smem_bytes, p.nbuf, p.entries[1].smem = "fp32", smem, nbuf, 0
+  return p
+end
+
+function M.render(spec, plan)
+  local k = fields(spec)
+  local op, o, H, HIN, E, L, bfmt, F = k.op, k.o, k.H, k.HIN, k.E, k.L, k.bfmt, k.F
+  local t = plan.tile
+  local bm, bn, bk, wm, wn, stages = t.bm, t.bn, t.bk, t.wm, t.wn, t.stages
   local entry = "dg_" .. op
   local c = {
     spec = spec, op = op, o = o, entry = entry, bfmt = bfmt, F = F,
@@ -653,30 +722,19 @@ function M.render(spec)
     HIN_H = HIN == 1 and "0" or "h", arch = C.int_field(spec, "arch", 1),
     bname = o.w_operand and "w" or (op == "lowrank_grad_weight" and "x" or "y"),
   }
-  if MMA.fits(c.arch, bm, bn, bk, wm, wn) then
+  if plan.path == "mma.sync bf16" then
     c.about = about_lines(op, o, entry, C.subst(o.sig, { BT = F.ctype }), c)
-    local text, smem = MMA.render(c)
+    c.smem = plan.smem_bytes
     local w = C.writer()
-    w:line(text)
-    local entries, launch = finish(w, o, entry, F.code, wm * wn * 32, smem)
-    return w:text(), entries, op .. ".cu", launch
+    w:line(MMA.render(c))
+    finish(w, o, entry, F.code)
+    return w:text()
   end
 
-  -- fp32 SIMT: sm < 80, or a tile the tensor-core path cannot run
-  C.check(bm % (4 * wm) == 0, "tile bm=%d: must be a multiple of 4·wm = %d (4 lane rows a warp)", bm, 4 * wm)
-  C.check(bn % (8 * wn) == 0, "tile bn=%d: must be a multiple of 8·wn = %d (8 lane cols a warp)", bn, 8 * wn)
-  C.check(bm % 4 == 0 and bk % 4 == 0, "tile bm=%d bk=%d: must be multiples of 4", bm, bk)
+  -- fp32 SIMT: sm < 80, or a tile the tensor-core path cannot run (M.plan)
   local u = b_unit(bfmt, bn)
-  C.check(bn % u.EU == 0, "tile bn=%d: must be a multiple of %d (%s units)", bn, u.EU, bfmt)
-
   local pa = o.a_kmajor and bm + 1 or bm
-  local stage_bytes = (bk * pa + bk * bn) * 4
-  local nbuf = math.min(stages, 2)
-  if nbuf == 2 and 2 * stage_bytes > SMEM_STATIC then nbuf = 1 end
-  local smem = nbuf * stage_bytes
-  C.check(smem <= SMEM_STATIC, "tile %dx%dx%d/%dx%d/%d: needs %d bytes of shared memory, more than 48 KiB",
-          bm, bn, bk, wm, wn, stages, smem)
-
+  local nbuf, smem = plan.nbuf, plan.smem_bytes
   local nt = wm * wn * 32
   local ua = o.a_kmajor and bk // 4 or bm // 4
   local a_units = o.a_kmajor and bm * ua or bk * ua
@@ -752,8 +810,8 @@ function M.render(spec)
   w:line(C.subst(HEAD, v))
   w:line(C.subst(o.text, { HIN_H = kv.HIN_H }))
   w:line(C.subst(KERNEL, kv))
-  local entries, launch = finish(w, o, entry, is_code, nt, 0)
-  return w:text(), entries, op .. ".cu", launch
+  finish(w, o, entry, is_code)
+  return w:text()
 end
 
 return M

@@ -60,8 +60,8 @@ gradient at half the bf16 rate.) The scale multiplies the f32 sum once at
 the end.
 
 Shared memory (dynamic): S·BM·BK·4 bytes of f32 ring plus two buffers of
-the bf16 A tile and BK·PB bf16 of B (codegen/spec.c validate_backward_tile
-computes the same), and 64 bytes of static table for ternary.
+the bf16 A tile and BK·PB bf16 of B (backward.lua M.plan
+checks it), and 64 bytes of static table for ternary.
 ]]
 local C = require("common")
 local fmt = string.format
@@ -70,7 +70,7 @@ local M = {}
 
 -- The tensor-core path applies: sm_80 or newer, BK a multiple of 16 (one
 -- k16 MMA step), warp tiles whole 16x16 (an m16 A fragment; two n8 B tiles
--- a ldmatrix.x4). codegen/spec.c (validate_backward_tile) mirrors this.
+-- a ldmatrix.x4). backward.lua M.plan asks.
 function M.fits(arch, bm, bn, bk, wm, wn)
   return arch >= 80 and bk % 16 == 0 and bm % wm == 0 and bn % wn == 0 and
          (bm // wm) % 16 == 0 and (bn // wn) % 16 == 0
@@ -200,6 +200,12 @@ for (int c = 0; c < 2; ++c) {	// 16 codes = two uint4 of bf16 pairs
       load = "r[0] = __ldg(p + n / 4);",
       decode = fmt("*(uint2 *)bd = %s(r[0]);", fn) }
   end
+end
+
+-- Values a B staging unit of format f holds along n (backward.lua M.plan:
+-- BN must be a multiple).
+function M.unit_eu(f, bn, wide)
+  return b_unit(f, bn, wide).EU
 end
 
 -- Four i8x4 codes → two bf16 pairs without a conversion instruction (the
@@ -618,8 +624,7 @@ ${SCALE_LOAD}
 			}
 		}]]
 
--- Shared memory bytes of the tensor-core tile (codegen/spec.c
--- validate_backward_tile computes the same).
+-- Shared memory bytes of the tensor-core tile (backward.lua M.plan).
 function M.smem_bytes(a_kmajor, bm, bn, bk, stages)
   local S = math.max(2, stages)
   local a16 = a_kmajor and bm * (bk + 8) or bk * (bm + 8)
@@ -632,13 +637,9 @@ function M.render(c)
   local o, op, bfmt, F = c.o, c.op, c.bfmt, c.F
   local bm, bn, bk, wm, wn = c.bm, c.bn, c.bk, c.wm, c.wn
   local S = math.max(2, c.stages)
-  local acc = (bm // wm) * (bn // wn) // 32
-  C.check(acc <= 128, "tile %dx%dx%d/%dx%d: %d f32 accumulators a thread on the tensor-core path; at most 128 (more warps or a smaller tile)",
-          bm, bn, bk, wm, wn, acc)
   local packed_len = op:match("^lowrank") and c.E or c.L
   local u = b_unit(bfmt, bn, packed_len % 16 == 0 and bn % 16 == 0)
-  C.check(bn % u.EU == 0, "tile bn=%d: must be a multiple of %d (%s units)", bn, u.EU, bfmt)
-  local smem = M.smem_bytes(o.a_kmajor, bm, bn, bk, c.stages)
+  local smem = c.smem -- backward.lua M.plan: M.smem_bytes
   local nt = wm * wn * 32
   local a_chunks = bm * bk // 4
   local ub = bn // u.EU
@@ -720,7 +721,7 @@ function M.render(c)
   w:line(C.subst(o.text, { HIN_H = c.HIN_H }))
   w:line(C.subst(ADDR[op], { HIN_H = c.HIN_H }))
   w:line(C.subst(KERNEL, kv))
-  return w:text(), smem
+  return w:text()
 end
 
 return M

@@ -395,23 +395,21 @@ ${STORE}
 ]]
 
 
--- The sm_90a path applies (codegen/spec.c wgmma_fits mirrors this):
--- integer × integer, arch sm_90a, warps WM x 1 in whole warpgroups of 64
--- rows (BM = 16·WM), BN 64, 128 or 256, BK a multiple of 32 (64 for
--- ternary, 128 for sign1: whole 16-byte storage units), 3 to 8 stages, the
--- stages within 227 KiB.
-function M.wgmma_fits(spec, fa, fw, E, bm, bn, bk, wm, wn, stages)
-  local unit = fw.epw == 16 and 64 or (fw.epw == 32 and 128 or 32)
-  return C.int_field(spec, "arch", 1) == 90 and spec.arch_specific == true and fa.code and fw.code and
-    wn == 1 and wm % 4 == 0 and wm <= 16 and bm == 16 * wm and (bn == 64 or bn == 128 or bn == 256) and
-    bk % unit == 0 and stages >= 3 and stages <= 8 and stages * (bm + bn) * bk <= 227 * 1024
+-- The sm_90a path applies (M.plan asks): integer × integer, arch sm_90a,
+-- warps WM x 1 in whole warpgroups of 64 rows (BM = 16·WM), BN 64, 128 or
+-- 256, BK a multiple of 32 (64 for ternary, 128 for sign1: whole 16-byte
+-- storage units), 3 to 8 stages, the stages within 227 KiB.
+local function wgmma_fits(k, t)
+  local unit = k.weight == "ternary" and 64 or (k.weight == "sign1" and 128 or 32)
+  return k.arch == 90 and k.arch_specific and k.ints and
+    t.wn == 1 and t.wm % 4 == 0 and t.wm <= 16 and t.bm == 16 * t.wm and
+    (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk % unit == 0 and t.stages >= 3 and t.stages <= 8 and
+    t.stages * (t.bm + t.bn) * t.bk <= 227 * 1024
 end
 
-local function render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages)
+local function render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages, nt, smem)
   local WG = require("wgmma")
   local MMA = require("mma")
-  local nt = bm // 64 * 128
-  local smem = stages * (bm + bn) * bk
   local wdiv = weight == "ternary" and 4 or (weight == "sign1" and 8 or 1)
   local v = { H = H, L = L, E = E, WDIV = wdiv, BM = bm, BN = bn, BK = bk, S = stages,
               YT = fa.ctype, WT = fw.ctype, UB = weight == "ternary" and 64 or (weight == "sign1" and 128 or 16),
@@ -480,40 +478,118 @@ ${DEC}
   local about = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, %d stages "
     .. "(%d K steps in flight)%s, split-K into int32 slices", bn, fa.unsigned and "u8" or "s8", stages, stages - 2,
     (weight == "ternary" or weight == "sign1") and (", " .. weight .. " weights decoded to s8 in shared memory") or "")
-  return main, about, smem, nt
+  return main, about
 end
 
-function M.render(spec)
+local function fields(spec)
   C.check(spec.op == "decoder_fwd", "decoder.lua renders op decoder_fwd, not %s", tostring(spec.op))
-  local H = C.int_field(spec, "heads", 1)
-  local E = C.int_field(spec, "embd", 4)
-  local L = C.int_field(spec, "latent", 1)
-  local act = C.one_of(spec, "act", ACTS)
-  local weight = C.one_of(spec, "weight", WEIGHTS)
-  local out = C.one_of(spec, "out", OUTS)
-  C.check(E % 4 == 0, "embd=%d: must be a multiple of 4", E)
-  local bm, bn, bk = C.tile_field(spec, "bm"), C.tile_field(spec, "bn"), C.tile_field(spec, "bk")
-  local wm, wn = C.tile_field(spec, "wm"), C.tile_field(spec, "wn")
-  local stages = C.tile_field(spec, "stages")
-  C.check(L % bk == 0, "latent=%d: must be a multiple of tile bk=%d", L, bk)
-  local fa, fw = C.formats[act], C.formats[weight]
-  C.check(bk % fw.epw == 0, "tile bk=%d: weight %s packs %d a word; bk must be a multiple", bk, weight, fw.epw)
-  local int_path = fa.code and fw.code
+  local k = {}
+  k.H = C.int_field(spec, "heads", 1)
+  k.E = C.int_field(spec, "embd", 4)
+  k.L = C.int_field(spec, "latent", 1)
+  k.act = C.one_of(spec, "act", ACTS)
+  k.weight = C.one_of(spec, "weight", WEIGHTS)
+  k.out = C.one_of(spec, "out", OUTS)
+  k.arch = C.int_field(spec, "arch", 1)
+  k.arch_specific = spec.arch_specific == true
+  k.fa, k.fw = C.formats[k.act], C.formats[k.weight]
+  k.ints = k.fa.code and k.fw.code
+  return k
+end
+
+-- The heuristic default tile (sweeps on the H200, BDH shape, M = 4096):
+--   wgmma (sm_90a): two warpgroups of 64 rows, all 256 columns of BDH's E,
+--     K in 128-code steps, 4 stages — ternary 128x256x128/8x1/4 123 us;
+--     128x256x64/8x1/6 129, 256x128x64/16x1/6 148;
+--   tensor cores 64x128x64/2x2/4 (4 warps, several blocks an SM): 152 us
+--     int8 weights; 128x64 205, 128x128/2x4/3 193, 128x128 239,
+--     128x256/4x4 269, 64x256 252;
+--   SIMT: 64x64 blocks of 2x2 warps, BK the largest step up to 64 (codes)
+--     or 32 (floats) that divides L and whole storage words.
+local function default_tile(k)
+  local L = k.L
+  if k.ints and k.arch == 90 and k.arch_specific then
+    local t = { bm = 128, bn = k.E >= 256 and 256 or (k.E > 64 and 128 or 64),
+                bk = L % 128 == 0 and 128 or (L % 64 == 0 and 64 or 32), wm = 8, wn = 1, stages = 4, threads = 0 }
+    if L % t.bk == 0 and wgmma_fits(k, t) then return t end
+  end
+  if k.ints and k.arch >= 80 and L % 32 == 0 then
+    return { bm = 64, bn = 128, bk = L % 64 == 0 and 64 or 32, wm = 2, wn = 2, stages = 4, threads = 0 }
+  end
+  local cpw = math.max(4, C.codes_per_word(k.act), C.codes_per_word(k.weight))
+  local bk = k.ints and 64 or 32
+  while L % bk ~= 0 and bk > cpw do bk = bk // 2 end
+  return { bm = 64, bn = 64, bk = bk, wm = 2, wn = 2, stages = 2, threads = 0 }
+end
+
+local function plan_of(t, path, arch_specific, nt, smem)
+  return { tile = t, path = path, arch_specific = arch_specific, name = "decoder_fwd.cu", smem_bytes = smem,
+           entries = { { name = "dg_decoder_fwd", threads = nt, smem = smem },
+                       { name = "dg_decoder_fwd_out", threads = 256, smem = 0 } } }
+end
+
+function M.plan(spec)
+  local k = fields(spec)
+  local t = C.tile_of(spec)
+  local auto = C.tile_is_auto(t)
+  if auto then t = default_tile(k) end
+  local ok, err = C.gemm_tile_pow2(t, auto)
+  if not ok then return nil, err end
+  local cpw = math.max(C.codes_per_word(k.weight), C.codes_per_word(k.act))
+  if t.bk % cpw ~= 0 then
+    return C.refuse(t, auto, "BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
+                    cpw, k.weight, k.act)
+  end
+  ok, err = C.bk_divides(t, auto, k.L, "latent")
+  if not ok then return nil, err end
+  if wgmma_fits(k, t) then
+    return plan_of(t, "wgmma", true, t.bm // 64 * 128, t.stages * (t.bm + t.bn) * t.bk)
+  end
+  ok, err = C.warps_ok(t, auto)
+  if ok then ok, err = C.simt_warp_tile(t, auto) end
+  if ok then ok, err = C.stages_ok(t, auto, 1, 4) end
+  if not ok then return nil, err end
   local MMA = require("mma")
-  local use_wg = M.wgmma_fits(spec, fa, fw, E, bm, bn, bk, wm, wn, stages)
-  local use_mma = not use_wg and int_path and MMA.fits(C.int_field(spec, "arch", 1), bm, bn, bk, wm, wn)
+  if k.ints and MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then
+    local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
+    local afrag = (t.bm // t.wm // 16) * 2 * (t.bk % 64 == 0 and 4 or 2)
+    if acc + afrag > 128 then
+      return C.refuse(t, auto, "the tensor-core path needs %d accumulator and %d fragment registers a thread; at most 128 (more warps or a smaller tile)",
+                      acc, afrag)
+    end
+    local smem = MMA.plan(t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, k.weight).pipe
+    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    if not ok then return nil, err end
+    return plan_of(t, "mma.sync", false, t.wm * t.wn * 32, smem)
+  end
+  local smem = (t.bm + t.bn) * (math.min(t.bk, 32) + 1) * 4
+  ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+  if not ok then return nil, err end
+  return plan_of(t, "simt", false, t.wm * t.wn * 32, smem)
+end
+
+function M.render(spec, plan)
+  local k = fields(spec)
+  local H, E, L, act, weight, out, fa, fw = k.H, k.E, k.L, k.act, k.weight, k.out, k.fa, k.fw
+  local t = plan.tile
+  local bm, bn, bk, wm, wn, stages = t.bm, t.bn, t.bk, t.wm, t.wn, t.stages
+  local int_path = k.ints
+  local MMA = require("mma")
+  local use_wg = plan.path == "wgmma"
+  local use_mma = plan.path == "mma.sync"
 
   local helpers = { bf16 = (out == "bf16" or act == "bf16" or weight == "bf16") or nil }
   local w = C.writer()
   local main, about, launch_main, smem, nt
   if use_wg then
-    main, about, smem, nt = render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages)
+    nt, smem = plan.entries[1].threads, plan.smem_bytes
+    main, about = render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages, nt, smem)
     helpers.sign1 = (weight == "sign1") or nil
   elseif use_mma then
     local p = MMA.plan(bm, bn, bk, wm, wn, stages, weight)
     local wdiv = weight == "ternary" and 4 or (weight == "sign1" and 8 or 1)
-    smem = p.pipe
-    nt = p.nt
+    smem = plan.smem_bytes
+    nt = plan.entries[1].threads
     helpers.ternary = (weight == "ternary") or nil
     helpers.sign1 = (weight == "sign1") or nil
     main = MMA.helpers(p, fa.unsigned) .. "\n" .. C.subst(KERNEL_MMA, {
@@ -524,11 +600,9 @@ function M.render(spec)
     about = fmt("integer × integer on tensor cores: mma.sync m16n8k32 %s.s8 (%d stages, row stride %d), "
       .. "split-K into int32 slices", fa.unsigned and "u8" or "s8", p.stages, p.rs)
   else
-    C.check(bm % (4 * wm) == 0 and bn % (8 * wn) == 0,
-            "tile %dx%d/%dx%d: each warp's tile must be a multiple of 4x8", bm, bn, wm, wn)
     local ks = math.min(bk, 32)
-    nt = wm * wn * 32
-    smem = (bm + bn) * (ks + 1) * 4
+    nt = plan.entries[1].threads
+    smem = plan.smem_bytes
     local v = { H = H, L = L, E = E, BM = bm, BN = bn, KS = ks, WM = wm, WN = wn, SMEM = smem,
                 YT = fa.ctype, WT = fw.ctype }
     if int_path then
@@ -628,8 +702,7 @@ __device__ __forceinline__ int dg_tern_at(const unsigned *__restrict__ w, long l
   if want_tern_at then w:line(tern_at) end
   w:line(main)
   w:line(C.subst(CONVERT, cv))
-  return w:text(), { "dg_decoder_fwd", "dg_decoder_fwd_out" }, "decoder_fwd.cu",
-    { dg_decoder_fwd = { threads = nt, smem = smem }, dg_decoder_fwd_out = { threads = 256, smem = 0 } }
+  return w:text()
 end
 
 return M

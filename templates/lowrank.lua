@@ -39,7 +39,7 @@ runtime/ops/ops_forward.c launches it):
   x, w, out, grad, grad_out must be 16-byte aligned (whole allocations are);
   B*T < 2^30 (int row arithmetic).
 
-Paths (which one a spec takes: M.render; codegen/spec.c mirrors the rule)
+Paths (which one a spec takes: M.plan)
   tensor cores (templates/mma.lua): act and weight integer codes, sm_80+,
     BK % 32 == 0 (so E % 32 == 0), warp tile whole 16x8 fragments.
     mma.sync m16n8k32 s8.s8 (u8.s8 for uint8pos acts, never wrapped),
@@ -629,18 +629,10 @@ local function render_simt(spec, k)
   local CB = int_path and math.min(16, bk) or 16 -- bytes a chunk
   local CE = CB // P                              -- elements a chunk
 
-  C.check(bm % (4 * wm) == 0, "tile bm=%d: must be a multiple of 4·wm = %d (4 lane rows a warp)", bm, 4 * wm)
-  C.check(bn % (8 * wn) == 0, "tile bn=%d: must be a multiple of 8·wn = %d (8 lane cols a warp)", bn, 8 * wn)
-  C.check(bk % 4 == 0 and bk % CE == 0, "tile bk=%d: must be a multiple of 4", bk)
-  C.check(E % bk == 0, "embd=%d: must be a multiple of tile bk=%d", E, bk)
-  C.check(bk % fa.epw == 0, "tile bk=%d: act %s packs %d a word; bk must be a multiple", bk, act, fa.epw)
-  C.check(bk % fw.epw == 0, "tile bk=%d: weight %s packs %d a word; bk must be a multiple", bk, weight, fw.epw)
-
+  -- plan checked the tile (M.plan): warp grids, BK against E and the
+  -- packed words, the static shared memory
   local nbuf = math.min(stages, 2)
-  local rowb = bk * P
-  local smem = nbuf * (bm + bn) * rowb
-  C.check(smem <= 48 * 1024, "tile %dx%dx%d/%dx%d/%d: needs %d bytes of shared memory, more than 48 KiB",
-          bm, bn, bk, wm, wn, stages, smem)
+  local smem = k.smem
 
   local ch = bk // CE
   local sw_r, sw_c = 1, 1
@@ -738,11 +730,11 @@ __device__ __forceinline__ int dg_ocol(int r, int c)
   w:line(C.banner(spec, "lowrank.lua", about))
   w:line(C.helpers(helpers))
   w:line(C.subst(KERNEL, vars))
-  return w:text(), { k.entry }, k.op .. ".cu", { [k.entry] = { threads = nt, smem = 0 } }
+  return w:text()
 end
 
 --[[
-Which path a spec takes (codegen/spec.c mirrors it in its smem estimate):
+Which path a spec takes (M.plan decides; render follows it):
   wgmma (sm_90a) lowrank_fwd, act and weight integer codes, arch sm_90a, a
                  warpgroup tile (templates/lowrank_wgmma.lua M.fits): the
                  whole E resident, one FMA an output, stores from registers;
@@ -753,7 +745,9 @@ Which path a spec takes (codegen/spec.c mirrors it in its smem estimate):
                  arch below sm_80);
   fp32 (SIMT)    any float operand.
 ]]
-function M.render(spec)
+
+-- The spec's fields as the plan and the renderers read them.
+local function fields(spec)
   C.check(spec.op == "lowrank_fwd" or spec.op == "relu_mask",
           "lowrank.lua renders ops lowrank_fwd and relu_mask, not %s", tostring(spec.op))
   local k = { op = spec.op, mask = spec.op == "relu_mask" }
@@ -761,16 +755,104 @@ function M.render(spec)
   k.HIN = C.int_field(spec, "in_heads", 1)
   k.E = C.int_field(spec, "embd", 1)
   k.L = C.int_field(spec, "latent", 1)
-  C.check(k.HIN == 1 or k.HIN == k.H, "in_heads=%d: must be 1 or heads (%d)", k.HIN, k.H)
   k.act = C.one_of(spec, "act", ACTS)
   k.weight = C.one_of(spec, "weight", WEIGHTS)
   k.out = k.mask and "f32" or C.one_of(spec, "out", OUTS)
   k.thr = relu_of(spec)
-  C.check(not k.mask or k.thr, "relu=none: op relu_mask needs the forward's threshold")
-  k.bm, k.bn, k.bk = C.tile_field(spec, "bm"), C.tile_field(spec, "bn"), C.tile_field(spec, "bk")
-  k.wm, k.wn = C.tile_field(spec, "wm"), C.tile_field(spec, "wn")
-  k.stages = C.tile_field(spec, "stages")
+  k.arch = C.int_field(spec, "arch", 1)
+  k.arch_specific = spec.arch_specific == true
   k.entry = k.mask and "dg_relu_mask" or "dg_lowrank_fwd"
+  return k
+end
+
+-- The heuristic default tile (from sweeps on the H200, bench/kernels
+-- --tile and `dragon-gen tune`, BDH shape, M = 4096):
+--   wgmma (sm_90a) 128x64/8x1/2: two warpgroups of 64 rows, E resident,
+--     64 latent columns a tile, two blocks an SM — 122 us int8 out;
+--     256x64/16x1/2 125, 128x128/8x1/2 142, 64x64/4x1/2 205;
+--   tensor cores 128x128x64/2x4/4 (64x32 warp tiles, 2 blocks an SM): 277
+--     us int8 out; 4x2 warps 312, 64x128 329, 64x64 389, 128x64 334, 64x256
+--     349; K = embd in 4 steps at BDH (the whole K in flight);
+--   SIMT (dp4a / fp32): 64x64 blocks of 2x2 warps (128 threads, 32
+--     outputs a thread); BK the largest step up to 64 (codes) or 32
+--     (floats) that divides E and whole storage words, double-buffered.
+local function default_tile(k)
+  local fa, fw = C.formats[k.act], C.formats[k.weight]
+  local ints = fa.code and fw.code
+  if ints and k.op == "lowrank_fwd" and k.arch == 90 and k.arch_specific then
+    local t = { bm = 128, bn = 64, bk = 64, wm = 8, wn = 1, stages = 2, threads = 0 }
+    if require("lowrank_wgmma").fits(k, t) then return t end
+  end
+  if ints and k.arch >= 80 and k.E % 32 == 0 then
+    return { bm = 128, bn = 128, bk = k.E % 64 == 0 and 64 or 32, wm = 2, wn = 4, stages = 4, threads = 0 }
+  end
+  local cpw = math.max(4, C.codes_per_word(k.act), C.codes_per_word(k.weight))
+  local bk = ints and 64 or 32
+  while k.E % bk ~= 0 and bk > cpw do bk = bk // 2 end
+  return { bm = 64, bn = 64, bk = bk, wm = 2, wn = 2, stages = 2, threads = 0 }
+end
+
+local function plan_of(k, t, path, arch_specific, threads, smem, dyn)
+  k.bm, k.bn, k.bk, k.wm, k.wn, k.stages = t.bm, t.bn, t.bk, t.wm, t.wn, t.stages
+  return { tile = t, path = path, arch_specific = arch_specific, name = k.op .. ".cu",
+           smem_bytes = smem,
+           entries = { { name = k.entry, threads = threads, smem = dyn and smem or 0 } } }
+end
+
+function M.plan(spec)
+  local k = fields(spec)
+  local t = C.tile_of(spec)
+  local auto = C.tile_is_auto(t)
+  if auto then t = default_tile(k) end
+  local ok, err = C.gemm_tile_pow2(t, auto)
+  if not ok then return nil, err end
+  local cpw = math.max(C.codes_per_word(k.weight), C.codes_per_word(k.act))
+  if t.bk % cpw ~= 0 then
+    return C.refuse(t, auto, "BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
+                    cpw, k.weight, k.act)
+  end
+  ok, err = C.bk_divides(t, auto, k.E, "embd")
+  if not ok then return nil, err end
+  local fa, fw = C.formats[k.act], C.formats[k.weight]
+  local ints = fa.code and fw.code
+  if require("lowrank_wgmma").fits(k, t) then
+    return plan_of(k, t, "wgmma", true, t.bm // 64 * 128, k.E * (t.bm + 3 * t.bn), true)
+  end
+  ok, err = C.warps_ok(t, auto)
+  if ok then ok, err = C.simt_warp_tile(t, auto) end
+  if ok then ok, err = C.stages_ok(t, auto, 1, 4) end
+  if not ok then return nil, err end
+  local nt = t.wm * t.wn * 32
+  local MMA = require("mma")
+  if ints and MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then
+    -- registers a thread: the int32 accumulators plus the A fragments of
+    -- one K chunk (two rows of KC/4 bytes an m16 tile)
+    local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
+    local afrag = (t.bm // t.wm // 16) * 2 * (t.bk % 64 == 0 and 4 or 2)
+    if acc + afrag > 128 then
+      return C.refuse(t, auto, "the tensor-core path needs %d accumulator and %d fragment registers a thread; at most 128 (more warps or a smaller tile)",
+                      acc, afrag)
+    end
+    -- the pipeline, and the output tile staged in the same buffer
+    local mp = MMA.plan(t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, k.weight)
+    local osz = k.mask and 1 or C.out_types[k.out].size
+    local smem = math.max(mp.pipe, t.bm * (t.bn * osz + math.max(16, 8 * osz)), 4 * t.wm * t.wn)
+    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    if not ok then return nil, err end
+    return plan_of(k, t, "mma.sync", false, nt, smem, true)
+  end
+  local smem = math.min(t.stages, 2) * (t.bm + t.bn) * t.bk * (ints and 1 or 4)
+  ok, err = C.smem_fits(t, auto, smem, k.arch, true)
+  if not ok then return nil, err end
+  return plan_of(k, t, ints and "dp4a" or "fp32", false, nt, smem, false)
+end
+
+function M.render(spec, plan)
+  local k = fields(spec)
+  local t = plan.tile
+  k.bm, k.bn, k.bk, k.wm, k.wn, k.stages = t.bm, t.bn, t.bk, t.wm, t.wn, t.stages
+  k.smem = plan.smem_bytes
+  k.threads = plan.entries[1].threads
 
   local ot = C.out_types[k.out].ctype
   k.signature = function(xt, wt)
@@ -811,11 +893,9 @@ function M.render(spec)
     return t
   end
 
-  local fa, fw = C.formats[k.act], C.formats[k.weight]
-  if require("lowrank_wgmma").fits(k, C.int_field(spec, "arch", 1), spec.arch_specific == true) then
+  if plan.path == "wgmma" then
     return require("lowrank_wgmma").render(spec, k)
-  end
-  if fa.code and fw.code and k.E % k.bk == 0 and require("mma").fits(C.int_field(spec, "arch", 1), k.bm, k.bn, k.bk, k.wm, k.wn) then
+  elseif plan.path == "mma.sync" then
     return require("lowrank_mma").render(spec, k)
   end
   return render_simt(spec, k)

@@ -201,8 +201,7 @@ function M.render(spec, k)
   local p = MMA.plan(k.bm, k.bn, k.bk, k.wm, k.wn, k.stages, k.weight)
   local osz = k.mask and 1 or C.out_types[k.out].size
   local opad = math.max(16, 8 * osz)
-  local stage_bytes = k.bm * (k.bn * osz + opad)
-  local smem = math.max(p.pipe, stage_bytes, 4 * k.wm * k.wn)
+  local smem = k.smem -- lowrank.lua M.plan: the pipeline, the staged output tile
   local vb = 16
   while (k.L * osz) % vb ~= 0 or (k.bn * osz) % vb ~= 0 do vb = vb // 2 end
   local wdiv = k.weight == "ternary" and 4 or (k.weight == "sign1" and 8 or 1)
@@ -236,7 +235,7 @@ function M.render(spec, k)
   w:line(C.helpers(helpers))
   w:line(MMA.helpers(p, fa.unsigned))
   w:line(C.subst(KERNEL_MMA, vars))
-  return w:text(), { k.entry }, k.op .. ".cu", { [k.entry] = { threads = p.nt, smem = smem } }
+  return w:text()
 end
 
 return M

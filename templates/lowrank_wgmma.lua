@@ -31,16 +31,17 @@ local fmt = string.format
 
 local M = {}
 
--- The path applies (codegen/spec.c wgmma_fits mirrors this): lowrank_fwd,
+-- The path applies (templates/lowrank.lua M.plan asks): lowrank_fwd,
 -- sm_90a, integer × integer, warps WM x 1 in whole warpgroups with 64 rows
--- each (BM = 16·WM), BN 64 or 128, stages 1 or 2 (the same kernel; with
--- stages 1 the op unpacks packed weights to s8 first and runs the int8 one), E a multiple of 64, L a
--- multiple of 16 (E of 128 for sign1), and the shared memory (E·(BM + 3·BN)) within 227 KiB.
-function M.fits(k, arch, arch_specific)
-  return arch == 90 and arch_specific and k.op == "lowrank_fwd" and
+-- each (BM = 16·WM), BN 64 or 128, stages 2 (the weight tile is always
+-- triple-buffered), E a multiple of 64 (128 for sign1), L a multiple of
+-- 16, and the shared memory (E·(BM + 3·BN)) within 227 KiB. t: the tile.
+function M.fits(k, t)
+  return k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and
     C.formats[k.act].code and C.formats[k.weight].code and
-    k.wn == 1 and k.wm % 4 == 0 and k.wm <= 16 and k.bm == 16 * k.wm and (k.bn == 64 or k.bn == 128) and
-    (k.stages == 1 or k.stages == 2) and k.E % (k.weight == "sign1" and 128 or 64) == 0 and k.L % 16 == 0 and k.E * (k.bm + 3 * k.bn) <= 227 * 1024
+    t.wn == 1 and t.wm % 4 == 0 and t.wm <= 16 and t.bm == 16 * t.wm and (t.bn == 64 or t.bn == 128) and
+    t.stages == 2 and k.E % (k.weight == "sign1" and 128 or 64) == 0 and k.L % 16 == 0 and
+    k.E * (t.bm + 3 * t.bn) <= 227 * 1024
 end
 
 local KERNEL = [[
@@ -338,8 +339,8 @@ function M.render(spec, k)
   local WG = require("wgmma")
   local MMA = require("mma")
   local fa, fw = C.formats[k.act], C.formats[k.weight]
-  local nt = k.bm // 64 * 128
-  local smem = k.E * (k.bm + 3 * k.bn)
+  local nt = k.threads
+  local smem = k.smem -- lowrank.lua M.plan: the x tile and three weight tiles, whole E
   local qa = k.act == "uint8pos" and 255 or (k.act == "int4" and 7 or 127)
   local qw = k.weight == "int8" and 127 or 1
   local magic = k.E * qa * qw < (1 << 22)
@@ -405,7 +406,7 @@ if (out_absum) {
   w:line(WG.helpers(k.bn, fa.unsigned))
   if k.weight == "ternary" then w:line(WG.decoders) end
   w:line(C.subst(KERNEL, vars))
-  return w:text(), { k.entry }, k.op .. ".cu", { [k.entry] = { threads = nt, smem = smem } }
+  return w:text()
 end
 
 return M

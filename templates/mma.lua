@@ -42,12 +42,12 @@ local M = {}
 -- The tensor-core path applies (the caller checks that both operands are
 -- integer codes): sm_80 or newer (mma.sync s8 m16n8k32, cp.async), BK a
 -- multiple of 32 (one k32 step), the warp tile whole m16n8 fragments.
--- codegen/spec.c (mma_fits) mirrors this rule.
+-- The plans of lowrank.lua and decoder.lua ask it.
 function M.fits(arch, bm, bn, bk, wm, wn)
   return arch >= 80 and bk % 32 == 0 and (bm // wm) % 16 == 0 and (bn // wn) % 8 == 0 and bm % wm == 0 and bn % wn == 0
 end
 
--- Layout constants of a plan; codegen/spec.c (mma_smem) mirrors them.
+-- Layout constants of a tile (the op plans read the pipeline bytes here).
 function M.plan(bm, bn, bk, wm, wn, stages, weight)
   local p = { bm = bm, bn = bn, bk = bk, wm = wm, wn = wn }
   p.stages = math.max(2, stages)          -- stages 1 behaves as 2 here

@@ -104,13 +104,16 @@ dg_unpack_i8x4(const int *__restrict__ packed, signed char *__restrict__ codes, 
 }
 ]]
 
-function M.render(spec)
+function M.plan(spec)
+  local op = C.one_of(spec, "op", { "pack_i8x4", "unpack_i8x4" })
+  return C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+end
+
+function M.render(spec, plan)
   local op = C.one_of(spec, "op", { "pack_i8x4", "unpack_i8x4" })
   local K = C.int_field(spec, "embd", 4)
   local Cc = C.int_field(spec, "latent", 1)
-  C.check(K % 4 == 0, "embd=%d: must be a multiple of 4 (codes are packed four to a word)", K)
-  local nt = C.tile_field(spec, "threads")
-  C.check(nt <= 1024, "tile threads=%d: at most 1024 threads a block", nt)
+  local nt = plan.tile.threads
 
   local v = { K = K, C = Cc, NT = nt, TK = math.min(128, K), TC = 32 }
   local about
@@ -132,12 +135,8 @@ function M.render(spec)
   local w = C.writer()
   w:line(C.banner(spec, "pack.lua", about))
   w:line(C.subst(COMMON, v))
-  if op == "pack_i8x4" then
-    w:line(PACK)
-    return w:text(), { "dg_pack_i8x4" }, "pack_i8x4.cu"
-  end
-  w:line(UNPACK)
-  return w:text(), { "dg_unpack_i8x4" }, "unpack_i8x4.cu"
+  w:line(op == "pack_i8x4" and PACK or UNPACK)
+  return w:text()
 end
 
 return M

@@ -74,12 +74,17 @@ ${STORE_VEC}
 
 local ACTS = { "int8", "int4", "uint8pos" }
 
-function M.render(spec)
+local ENTRIES = { "dg_quantize_act_absum", "dg_quantize_act_scale", "dg_quantize_act_apply" }
+
+function M.plan(spec)
   C.check(spec.op == "quantize_act", "quantize.lua renders op quantize_act, not %s", tostring(spec.op))
+  return C.threads_plan(spec, ENTRIES, "quantize_act.cu")
+end
+
+function M.render(spec, plan)
   local src = C.one_of(spec, "src", { "f32", "bf16" })
   local act = C.one_of(spec, "act", ACTS)
-  local nt = C.tile_field(spec, "threads")
-  C.check(nt <= 1024, "tile threads=%d: at most 1024 threads a block", nt)
+  local nt = plan.tile.threads
 
   local qmax = C.formats[act].qmax
   local v = C.src_vars(src, "x")
@@ -105,8 +110,7 @@ function M.render(spec)
   w:line(C.banner(spec, "quantize.lua", about))
   w:line(C.helpers(want))
   w:line(C.subst(KERNELS, v))
-  return w:text(), { "dg_quantize_act_absum", "dg_quantize_act_scale", "dg_quantize_act_apply" },
-    "quantize_act.cu"
+  return w:text()
 end
 
 return M

@@ -113,11 +113,9 @@ local SCALES = {
   sign1 = "sum / (double)n",
 }
 
-local function render_quantize(spec)
+local function render_quantize(spec, nt)
   local src = C.one_of(spec, "src", { "f32", "bf16" })
   local weight = C.one_of(spec, "weight", { "int8", "ternary", "sign1" })
-  local nt = C.tile_field(spec, "threads")
-  C.check(nt <= 1024, "tile threads=%d: at most 1024 threads a block", nt)
   local v = C.src_vars(src, "w")
   v.NT, v.RED, v.weight, v.ST = nt, C.tree_first(nt), weight, C.formats[src].ctype
   v.CODE, v.SCALE_EXPR = CODES[weight], SCALES[weight]
@@ -140,10 +138,7 @@ local function render_quantize(spec)
   w:line(C.banner(spec, "qweight.lua", about))
   w:line(C.helpers(want))
   w:line(C.subst(QUANT, v))
-  local entries = { "dg_quantize_weight_absum", "dg_quantize_weight_scale", "dg_quantize_weight_apply" }
-  local launch = {}
-  for _, e in ipairs(entries) do launch[e] = { threads = nt } end
-  return w:text(), entries, "quantize_weight.cu", launch
+  return w:text()
 end
 
 -- ---- pack_ternary / pack_sign1 ------------------------------------------------
@@ -221,14 +216,10 @@ dg_unpack_sign1(const unsigned *__restrict__ words, int *__restrict__ codes, lon
 }
 ]]
 
-local function render_pack(spec)
+local function render_pack(spec, nt)
   local op = spec.op
   local K = C.int_field(spec, "embd", 1)
-  local nt = C.tile_field(spec, "threads")
-  C.check(nt <= 1024, "tile threads=%d: at most 1024 threads a block", nt)
   local per = op == "pack_ternary" and 16 or 32
-  C.check(K % per == 0, "embd=%d: %s packs %d codes a word along the row; embd must be a multiple of %d",
-          K, op, per, per)
   local what = op == "pack_ternary" and "ternary" or "sign1"
   local about = {
     fmt("%s: codes (rows, %d) int8 ↔ words (rows, %d) %s (%d codes a word).", op, K, K // per, what, per),
@@ -241,18 +232,24 @@ local function render_pack(spec)
   w:line(C.banner(spec, "qweight.lua", about))
   w:line(C.helpers({ [what] = true }))
   w:line(C.subst(op == "pack_ternary" and PACK_TERNARY or PACK_SIGN1, { K = K, NT = nt }))
-  local entries = { "dg_pack_" .. what, "dg_unpack_" .. what }
-  local launch = {}
-  for _, e in ipairs(entries) do launch[e] = { threads = nt } end
-  return w:text(), entries, op .. ".cu", launch
+  return w:text()
 end
 
-function M.render(spec)
+function M.plan(spec)
   local op = C.one_of(spec, "op", { "quantize_weight", "pack_ternary", "pack_sign1" })
   if op == "quantize_weight" then
-    return render_quantize(spec)
+    return C.threads_plan(spec, { "dg_quantize_weight_absum", "dg_quantize_weight_scale",
+                                  "dg_quantize_weight_apply" }, "quantize_weight.cu")
   end
-  return render_pack(spec)
+  local what = op == "pack_ternary" and "ternary" or "sign1"
+  return C.threads_plan(spec, { "dg_pack_" .. what, "dg_unpack_" .. what }, op .. ".cu")
+end
+
+function M.render(spec, plan)
+  if spec.op == "quantize_weight" then
+    return render_quantize(spec, plan.tile.threads)
+  end
+  return render_pack(spec, plan.tile.threads)
 end
 
 return M

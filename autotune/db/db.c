@@ -10,6 +10,12 @@
  * listed in. Records of other devices are left out when the DB is opened
  * for one device.
  *
+ * Below the user's records serve the records of the devices dragon was
+ * tuned on, built into the library (autotune/records/, embedded at build
+ * time): a user record of a key always wins over a built-in one, whatever
+ * the dates, so an H200 user gets tuned tiles with no set-up and keeps
+ * whatever they tune themselves.
+ *
  * A DB never fails to open over a bad record: an unreadable, truncated or
  * malformed file is skipped and its message kept (dg_tune_db_problem),
  * because one stray file in a shared folder must not stop training.
@@ -21,15 +27,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/embedded.h"
+#include "base/fnv.h"
 #include "dragon/cache.h"
 #include "dragon/tune.h"
-#include "base/fnv.h"
 
 typedef struct entry {
 	struct entry *next; /* hash chain */
 	uint64_t hash;
 	char *key;          /* spec text \n device name \n sm */
 	dg_tune_record *rec;
+	bool builtin;       /* a record built into the library */
 } entry;
 
 struct dg_tune_db {
@@ -37,6 +45,7 @@ struct dg_tune_db {
 	entry **buckets;
 	size_t n_buckets, n_entries;
 	size_t n_other;
+	size_t n_builtin;   /* entries holding a built-in record */
 	char **problems;
 	size_t n_problems, cap_problems;
 	bool oom;
@@ -92,7 +101,8 @@ static bool newer(const dg_tune_record *a, const dg_tune_record *b)
 }
 
 /* Takes r (keeps it or destroys it). */
-static void add_record(dg_tune_db *db, dg_tune_record *r, const char *device, int sm)
+static void add_record(dg_tune_db *db, dg_tune_record *r, const char *device, int sm,
+		       bool builtin)
 {
 	if ((device && strcmp(r->device.name, device) != 0) || (sm > 0 && r->device.sm != sm)) {
 		db->n_other++;
@@ -109,9 +119,14 @@ static void add_record(dg_tune_db *db, dg_tune_record *r, const char *device, in
 	entry *e = find(db, h, key);
 	if (e) {
 		free(key);
-		if (newer(r, e->rec)) {
+		/* a user record over a built-in one; else the newest */
+		bool take = e->builtin != builtin ? e->builtin : newer(r, e->rec);
+		if (take) {
 			dg_tune_record_destroy(e->rec);
 			e->rec = r;
+			db->n_builtin -= e->builtin;
+			e->builtin = builtin;
+			db->n_builtin += builtin;
 		} else {
 			dg_tune_record_destroy(r);
 		}
@@ -146,6 +161,8 @@ static void add_record(dg_tune_db *db, dg_tune_record *r, const char *device, in
 	e->hash = h;
 	e->key = key;
 	e->rec = r;
+	e->builtin = builtin;
+	db->n_builtin += builtin;
 	e->next = db->buckets[h % db->n_buckets];
 	db->buckets[h % db->n_buckets] = e;
 	db->n_entries++;
@@ -165,7 +182,34 @@ static void load_file(dg_tune_db *db, const char *path, const char *device, int 
 		problem(db, msg);
 		return;
 	}
-	add_record(db, r, device, sm);
+	add_record(db, r, device, sm, false);
+}
+
+/* The records built into the library ("built-in:<file>" in messages). */
+static void load_builtin(dg_tune_db *db, const char *device, int sm)
+{
+	for (size_t i = 0; i < dg__tune_records_count && !db->oom; i++) {
+		const dg__embedded_file *f = &dg__tune_records[i];
+		char name[300], msg[1024];
+		dg_tune_record *r = NULL;
+		snprintf(name, sizeof(name), "built-in:%s", f->name);
+		dg_status st = dg_tune_record_parse((const char *)f->bytes, f->size, name, &r, msg,
+						    sizeof(msg));
+		if (st == DG_ERR_NOMEM) {
+			db->oom = true;
+		} else if (st) {
+			problem(db, msg);
+		} else {
+			free(r->path);
+			r->path = strdup(name);
+			if (!r->path) {
+				db->oom = true;
+				dg_tune_record_destroy(r);
+			} else {
+				add_record(db, r, device, sm, true);
+			}
+		}
+	}
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -241,7 +285,8 @@ static void load_path(dg_tune_db *db, const char *path, const char *device, int 
 		load_file(db, path, device, sm);
 }
 
-/* The path list: opts->path, $DRAGON_TUNE_DB, or <cache root>/tune. */
+/* The path list: opts->path, $DRAGON_TUNE_DB, or <cache root>/tune
+ * ("none": no records at all; "builtin": the built-in ones alone). */
 static char *choose_where(const dg_tune_db_opts *o)
 {
 	const char *env = getenv("DRAGON_TUNE_DB");
@@ -285,7 +330,9 @@ dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts)
 	}
 	const char *device = opts ? opts->device : NULL;
 	int sm = opts ? opts->sm : 0;
-	if (strcmp(db->where, "none") != 0) {
+	if (strcmp(db->where, "none") != 0)
+		load_builtin(db, device, sm);
+	if (strcmp(db->where, "none") != 0 && strcmp(db->where, "builtin") != 0) {
 		char *list = strdup(db->where), *save = NULL;
 		if (!list)
 			db->oom = true;
@@ -331,6 +378,11 @@ size_t dg_tune_db_size(const dg_tune_db *db)
 	return db ? db->n_entries : 0;
 }
 
+size_t dg_tune_db_n_builtin(const dg_tune_db *db)
+{
+	return db ? db->n_builtin : 0;
+}
+
 size_t dg_tune_db_n_other_device(const dg_tune_db *db)
 {
 	return db ? db->n_other : 0;
@@ -368,10 +420,10 @@ size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out, size_t max)
 	return total;
 }
 
-void dg_tune_resolve(const dg_tune_db *db, const dg_spec *spec, const char *device,
-		     int sm, dg_tune_choice *out)
+dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *spec,
+			  const char *device, int sm, dg_tune_choice *out)
 {
-	char text[DG_SPEC_TEXT_MAX], why[512];
+	char text[DG_SPEC_TEXT_MAX];
 	dg_spec s = *spec;
 
 	memset(out, 0, sizeof(*out));
@@ -401,20 +453,23 @@ void dg_tune_resolve(const dg_tune_db *db, const dg_spec *spec, const char *devi
 			dg_spec t = s;
 			t.tile = w->tile;
 			t.arch_specific = w->arch_specific;
-			if (dg_spec_validate(&t, why, sizeof(why)) != DG_OK) {
+			if (dg_codegen_plan(cg, &t, &out->plan) != DG_OK) {
 				snprintf(out->why, sizeof(out->why),
 					 "%.300s: the tuned tile is no longer valid: %.150s",
-					 e->rec->path ? e->rec->path : "record", why);
+					 e->rec->path ? e->rec->path : "record", dg_codegen_errmsg(cg));
 			} else {
-				out->spec = t;
+				out->spec = out->plan.spec;
 				out->tuned = true;
 				snprintf(out->record, sizeof(out->record), "%s",
 					 e->rec->path ? e->rec->path : "");
 				snprintf(out->date, sizeof(out->date), "%s", e->rec->date);
-				return;
+				return DG_OK;
 			}
 		}
 	}
-	dg_spec_default_resolve(&s, dev_sm);
-	out->spec = s;
+	dg_status st = dg_codegen_plan_for(cg, &s, dev_sm, &out->plan);
+	if (st)
+		return st;
+	out->spec = out->plan.spec;
+	return DG_OK;
 }

@@ -292,11 +292,10 @@ static dg_status read_tile_arch(reader *rd, const cJSON *o, const char *field,
 	    dg_tile_is_auto(&s.tile))
 		return bad(rd, f, "'%s' is not a tile of op %s (%s)", t, dg_op_name(spec->op),
 			   strcmp(t, "auto") == 0 ? "a candidate names its tile" : why);
-	dg_tile def;
-	dg_spec_default_tile(spec, &def); /* the op's family: threads or a block */
-	if ((def.threads != 0) != (s.tile.threads != 0))
+	bool threads = dg_op_info_of(spec->op)->tile == DG_TILE_THREADS;
+	if (threads != (s.tile.threads != 0))
 		return bad(rd, f, "'%s': op %s takes %s", t, dg_op_name(spec->op),
-			   def.threads ? "a thread count (t256)" : "a block tile (BMxBNxBK/WMxWN/S)");
+			   threads ? "a thread count (t256)" : "a block tile (BMxBNxBK/WMxWN/S)");
 	snprintf(f, sizeof(f), "%s.arch", field);
 	st = get_string(rd, o, "arch", f, 16, &a);
 	if (st)

@@ -5,9 +5,9 @@
  *
  * The grids are small on purpose: a sweep compiles every candidate (NVRTC
  * takes 1-3 s a kernel) and must finish in about a minute on a 16-core
- * host. Which tiles a template takes is dg_spec_validate's business
- * (codegen/spec.c knows every template's rules, and the arch-specific
- * target may enable more): the grid here only proposes, validation
+ * host. Which tiles a template takes is its plan's business
+ * (dg_codegen_plan: every template owns its rules, and the arch-specific
+ * target may enable more): the grid here only proposes, the plan
  * disposes, so a rule change there needs no change here.
  *
  *   GEMM ops (the default tile has a block tile):
@@ -45,6 +45,7 @@ static const int elem_threads[] = { 64, 128, 256, 512, 1024 };
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 typedef struct list {
+	dg_codegen *cg; /* plans every candidate */
 	dg_spec *v;
 	size_t n, cap;
 } list;
@@ -55,10 +56,12 @@ static bool same_candidate(const dg_spec *a, const dg_spec *b)
 	       a->arch_specific == b->arch_specific;
 }
 
-/* Appends s if valid and new; false only when out of memory. */
+/* Appends s if its template plans it and it is new; false only when out
+ * of memory. */
 static bool add(list *l, const dg_spec *s)
 {
-	if (dg_spec_validate(s, NULL, 0) != DG_OK)
+	dg_plan p;
+	if (dg_codegen_plan(l->cg, s, &p) != DG_OK)
 		return true;
 	for (size_t i = 0; i < l->n; i++)
 		if (same_candidate(&l->v[i], s))
@@ -76,12 +79,13 @@ static bool add(list *l, const dg_spec *s)
 }
 
 /*
- * Warpgroup tiles (the wgmma paths of sm_90a, codegen/spec.c wgmma_fits):
+ * Warpgroup tiles (the wgmma paths of sm_90a, templates/lowrank_wgmma.lua
+ * and decoder.lua):
  * WM = BM/16 warps in whole warpgroups, WN = 1, BN 64..256; the K step and
  * the stages mean what each template makes of them (lowrank: stages 1
  * unpacks packed weights first, the K step is unused, so it stays the
- * default's; decoder: K step 64 or 128, 3 to 8 stages). dg_spec_validate
- * keeps the ones that apply.
+ * default's; decoder: K step 64 or 128, 3 to 8 stages). The plan keeps
+ * the ones that apply.
  */
 static bool warpgroup_grid(list *l, const dg_spec *base, const dg_tile *def)
 {
@@ -109,14 +113,17 @@ static bool warpgroup_grid(list *l, const dg_spec *base, const dg_tile *def)
 	return true;
 }
 
-/* The grid of one target into l, the default first. */
+/* The grid of one target into l, the template's default first (none
+ * when the template plans no default for it). */
 static bool grid(list *l, const dg_spec *base)
 {
 	dg_spec s = *base;
-	dg_tile def;
+	dg_plan p;
 
 	memset(&s.tile, 0, sizeof(s.tile));
-	dg_spec_default_tile(&s, &def);
+	if (dg_codegen_plan(l->cg, &s, &p) != DG_OK)
+		return true;
+	const dg_tile def = p.spec.tile;
 	s.tile = def;
 	if (!add(l, &s))
 		return false;
@@ -149,20 +156,20 @@ static bool grid(list *l, const dg_spec *base)
 	return true;
 }
 
-dg_status dg_tune_space(const dg_spec *spec, int device_sm, dg_spec **out,
+dg_status dg_tune_space(dg_codegen *cg, const dg_spec *spec, int device_sm, dg_spec **out,
 			size_t *n, char *msg, size_t msg_size)
 {
 	char why[512];
-	list port = { 0 }, spec_a = { 0 }, all = { 0 };
+	list port = { cg, NULL, 0, 0 }, spec_a = { cg, NULL, 0, 0 }, all = { cg, NULL, 0, 0 };
 	dg_status st = DG_OK;
 
 	if (out)
 		*out = NULL;
 	if (n)
 		*n = 0;
-	if (!spec || !out || !n) {
+	if (!cg || !spec || !out || !n) {
 		if (msg && msg_size)
-			snprintf(msg, msg_size, "dg_tune_space: spec, out and n must not be NULL");
+			snprintf(msg, msg_size, "dg_tune_space: cg, spec, out and n must not be NULL");
 		return DG_ERR_INVALID_ARG;
 	}
 	dg_spec base = *spec;
@@ -177,6 +184,12 @@ dg_status dg_tune_space(const dg_spec *spec, int device_sm, dg_spec **out,
 		if (msg && msg_size)
 			snprintf(msg, msg_size, "op %s takes no tile: there is nothing to tune",
 				 dg_op_name(base.op));
+		return DG_ERR_INVALID_SPEC;
+	}
+	dg_plan bp;
+	if (dg_codegen_plan(cg, &base, &bp) != DG_OK) {
+		if (msg && msg_size)
+			snprintf(msg, msg_size, "%s", dg_codegen_errmsg(cg));
 		return DG_ERR_INVALID_SPEC;
 	}
 	if (device_sm <= 0)

@@ -14,12 +14,12 @@
  * rest is kept for checking and timing what compiled.
  *
  * Checking and timing run on the calling thread, one candidate at a time
- * (so timings never overlap): run at check_rows and compare; then warmup
- * calls, then reps calls, each after a write of a buffer four times the L2
- * (at least 256 MiB) outside the events, with a pair of events around the
- * call; median, p10 and p90 of the reps. A candidate whose launch fails
- * for a reason of its own (the op's checks, its launch limits) is
- * rejected; a failure of the device ends the sweep.
+ * (so timings never overlap): run at check_rows and compare; then the
+ * device's timer (dragon/runtime.h dg_timer: warm-up calls, then reps
+ * calls each after an L2 flush, events around the call; median, p10 and
+ * p90). A candidate whose launch fails for a reason of its own (the op's
+ * checks, its launch limits) is rejected; a failure of the device ends
+ * the sweep.
  */
 #include <math.h>
 #include <pthread.h>
@@ -33,7 +33,6 @@
 #include "dragon/codegen.h"
 #include "dragon/jit.h"
 #include "dragon/tune.h"
-#include "runtime/gpu/device_int.h"
 #include "runtime/gpu/gpu_int.h"
 
 #define COMPILE_SHARE 0.7 /* of the budget */
@@ -108,17 +107,16 @@ static bool compile_one(sweep *w, size_t i)
 		c->state = DG_TUNE_REJECTED;
 		return false;
 	}
-	const dg__module *m = k->mod;
-	for (int e = 0; e < m->n_kernels; e++) {
-		const dg_kernel *ke = &m->kernels[e];
+	for (int e = 0; e < dg_kernel_entry_count(k); e++) {
+		dg_kernel_info ki;
+		dg_kernel_info_get(dg_kernel_entry(k, e), &ki);
 		dg_tune_resources r = {
-			.threads = ke->block_threads > 0 ? ke->block_threads
-							 : tile_threads(&s->tile),
-			.dyn_smem = ke->dyn_smem,
-			.static_smem = ke->static_smem,
-			.regs = ke->regs,
-			.local_bytes = ke->local_bytes,
-			.max_threads = ke->max_threads,
+			.threads = ki.block_threads > 0 ? ki.block_threads : tile_threads(&s->tile),
+			.dyn_smem = ki.dyn_smem,
+			.static_smem = ki.static_smem,
+			.regs = ki.regs,
+			.local_bytes = ki.local_bytes,
+			.max_threads = ki.max_threads,
 		};
 		if (e == 0)
 			c->threads = r.threads;
@@ -129,7 +127,7 @@ static bool compile_one(sweep *w, size_t i)
 		if (r.local_bytes > c->local_bytes)
 			c->local_bytes = r.local_bytes;
 		if (!dg_tune_fits(&r, &w->lim, why, sizeof(why))) {
-			snprintf(c->reason, sizeof(c->reason), "%.100s: %.400s", ke->entry, why);
+			snprintf(c->reason, sizeof(c->reason), "%.100s: %.400s", ki.entry, why);
 			c->state = DG_TUNE_REJECTED;
 			return false;
 		}
@@ -182,97 +180,33 @@ static void compile_all(sweep *w)
 
 /* ---- time ------------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-/* Quantile q of n sorted values, linear between neighbours. */
-static double quantile(const double *v, int n, double q)
-{
-	double pos = q * (n - 1);
-	int lo = (int)floor(pos);
-	int hi = lo + 1 < n ? lo + 1 : lo;
-	return v[lo] + (v[hi] - v[lo]) * (pos - lo);
-}
-
-typedef struct timer {
-	dg_event **ev0, **ev1;
-	double *us;
-	dg_dptr flush;
-	size_t flush_bytes;
-} timer;
-
-static dg_status timer_make(sweep *w, timer *t)
-{
-	int reps = w->o.reps;
-	dg_status st;
-
-	t->ev0 = calloc((size_t)reps, sizeof(*t->ev0));
-	t->ev1 = calloc((size_t)reps, sizeof(*t->ev1));
-	t->us = calloc((size_t)reps, sizeof(*t->us));
-	if (!t->ev0 || !t->ev1 || !t->us)
-		return dg__dev_fail(w->dev, DG_ERR_NOMEM, "out of memory");
-	for (int i = 0; i < reps; i++) {
-		st = dg_event_create(w->dev, &t->ev0[i]);
-		if (!st)
-			st = dg_event_create(w->dev, &t->ev1[i]);
-		if (st)
-			return st;
-	}
-	t->flush_bytes = (size_t)dg__dev_info(w->dev)->l2_bytes * 4;
-	if (t->flush_bytes < ((size_t)256 << 20))
-		t->flush_bytes = (size_t)256 << 20;
-	return dg_malloc(w->dev, t->flush_bytes, &t->flush);
-}
-
-static void timer_free(sweep *w, const timer *t)
-{
-	for (int i = 0; i < w->o.reps; i++) {
-		if (t->ev0)
-			dg_event_destroy(t->ev0[i]);
-		if (t->ev1)
-			dg_event_destroy(t->ev1[i]);
-	}
-	free(t->ev0);
-	free(t->ev1);
-	free(t->us);
-	(void)dg_free(w->dev, t->flush);
-}
-
 static bool own_fault(dg_status st)
 {
 	return st == DG_ERR_INVALID_ARG || st == DG_ERR_INVALID_SPEC ||
 	       st == DG_ERR_UNSUPPORTED || st == DG_ERR_COMPILE;
 }
 
+typedef struct timed_call {
+	dg__at_case *tc;
+	const dg_spec *cand;
+} timed_call;
+
+static dg_status run_timed(void *user)
+{
+	timed_call *t = user;
+	return dg__at_case_run(t->tc, t->cand);
+}
+
 /* Times candidate cand on the timing case into c. A status only when the
  * device failed; a refusal of the candidate rejects it. */
-static dg_status time_one(sweep *w, timer *t, dg__at_case *tc, const dg_spec *cand,
+static dg_status time_one(sweep *w, dg_timer *t, dg__at_case *tc, const dg_spec *cand,
 			  dg_tune_cand *c)
 {
-	dg_status st = DG_OK;
-	int reps = w->o.reps;
+	timed_call call = { tc, cand };
+	dg_timer_opts o = { .warmup = w->o.warmup, .reps = w->o.reps };
+	dg_timing tm;
+	dg_status st = dg_timer_run(t, &o, run_timed, &call, &tm);
 
-	for (int i = 0; i < w->o.warmup && !st; i++)
-		st = dg__at_case_run(tc, cand);
-	for (int i = 0; i < reps && !st; i++) {
-		st = dg_memset8(w->dev, t->flush, (uint8_t)i, t->flush_bytes);
-		if (!st)
-			st = dg_event_record(t->ev0[i]);
-		if (!st)
-			st = dg__at_case_run(tc, cand);
-		if (!st)
-			st = dg_event_record(t->ev1[i]);
-	}
-	if (!st)
-		st = dg_event_synchronize(t->ev1[reps - 1]);
-	for (int i = 0; i < reps && !st; i++) {
-		float ms = 0;
-		st = dg_event_elapsed_ms(t->ev0[i], t->ev1[i], &ms);
-		t->us[i] = (double)ms * 1e3;
-	}
 	if (st && own_fault(st)) {
 		c->state = DG_TUNE_REJECTED;
 		set_reason(c, dg_device_errmsg(w->dev));
@@ -280,23 +214,21 @@ static dg_status time_one(sweep *w, timer *t, dg__at_case *tc, const dg_spec *ca
 	}
 	if (st)
 		return st;
-	qsort(t->us, (size_t)reps, sizeof(double), cmp_double);
 	c->state = DG_TUNE_TIMED;
-	c->median_us = quantile(t->us, reps, 0.5);
-	c->p10_us = quantile(t->us, reps, 0.1);
-	c->p90_us = quantile(t->us, reps, 0.9);
-	c->reps = reps;
+	c->median_us = tm.median_us;
+	c->p10_us = tm.p10_us;
+	c->p90_us = tm.p90_us;
+	c->reps = tm.reps;
 	return DG_OK;
 }
 
 static dg_status check_and_time(sweep *w)
 {
 	dg__at_case *check = NULL, *tc = NULL;
-	timer t;
+	dg_timer *t = NULL;
 	size_t todo = 0, done = 0;
 	dg_status st;
 
-	memset(&t, 0, sizeof(t));
 	for (size_t i = 0; i < w->n; i++)
 		todo += w->loaded[i];
 	if (!todo)
@@ -306,7 +238,7 @@ static dg_status check_and_time(sweep *w)
 	if (!st)
 		st = dg__at_case_create(w->dev, &w->spec, w->o.rows, false, w->o.seed + 1, &tc);
 	if (!st)
-		st = timer_make(w, &t);
+		st = dg_timer_create(w->dev, w->o.reps, &t);
 	progress(w, DG_TUNE_PHASE_REFERENCE, 1, 1);
 	for (size_t i = 0; i < w->n && !st; i++) {
 		dg_tune_cand *c = &w->res[i];
@@ -329,11 +261,11 @@ static dg_status check_and_time(sweep *w)
 			c->state = v == DG__AT_WRONG ? DG_TUNE_WRONG : DG_TUNE_REJECTED;
 			set_reason(c, why);
 		} else {
-			st = time_one(w, &t, tc, &w->cands[i], c);
+			st = time_one(w, t, tc, &w->cands[i], c);
 		}
 		progress(w, DG_TUNE_PHASE_TIME, ++done, todo);
 	}
-	timer_free(w, &t);
+	dg_timer_destroy(t);
 	dg__at_case_destroy(tc);
 	dg__at_case_destroy(check);
 	return st;
@@ -386,7 +318,8 @@ dg_status dg_tune_sweep(dg_device *dev, const dg_spec *spec, const dg_tune_opts 
 
 	if (out)
 		*out = NULL;
-	st = dg__dev_enter(dev);
+	dg_device_info dinfo;
+	st = dg_device_info_get(dev, &dinfo); /* the device is open */
 	if (st)
 		return st;
 	if (!spec || !out)
@@ -399,7 +332,17 @@ dg_status dg_tune_sweep(dg_device *dev, const dg_spec *spec, const dg_tune_opts 
 		w.o = *opts;
 	fill_defaults(&w.o);
 	const dg_device_info *info = dg__dev_info(dev);
-	st = dg_tune_space(spec, info->sm, &cands, &n, msg, sizeof(msg));
+	/* a codegen of the device's templates of our own, to plan the space
+	 * (the device's contexts serve its builds) */
+	dg_codegen *cg = NULL;
+	const char *origin = dg_codegen_template_origin(dg_ctx_codegen(dg_device_jit(dev)));
+	dg_codegen_opts co = { .template_dir = strcmp(origin, "embedded") ? origin : NULL };
+	st = dg_codegen_create(&cg, &co);
+	if (!st)
+		st = dg_tune_space(cg, spec, info->sm, &cands, &n, msg, sizeof(msg));
+	else
+		snprintf(msg, sizeof(msg), "%s", dg_codegen_errmsg(cg));
+	dg_codegen_destroy(cg);
 	if (st)
 		return dg__dev_fail(dev, st, "%s", msg);
 	if (w.o.max_candidates > 0 && (size_t)w.o.max_candidates < n)
@@ -409,9 +352,9 @@ dg_status dg_tune_sweep(dg_device *dev, const dg_spec *spec, const dg_tune_opts 
 	dg_spec_normalize(&w.spec);
 	w.cands = cands;
 	w.n = n;
-	w.lim.max_threads = dev->max_block_threads;
+	w.lim.max_threads = info->max_block_threads;
 	w.lim.smem_optin = info->smem_optin;
-	w.lim.regs_per_block = 65536;
+	w.lim.regs_per_block = info->regs_per_block;
 	dg_tune_record *r = calloc(1, sizeof(*r));
 	w.res = calloc(n ? n : 1, sizeof(*w.res));
 	w.loaded = calloc(n ? n : 1, sizeof(*w.loaded));

@@ -29,6 +29,50 @@ typedef struct dg_codegen_opts {
 	long instr_limit;         /* VM instructions per render; 0: 50 million */
 } dg_codegen_opts;
 
+/* ---- plans ----------------------------------------------------------------
+ * The template of an op owns its kernel's rules: which path a tile takes
+ * (warpgroup or warp tensor cores, SIMT), what it needs (threads, shared
+ * memory) and the default tile. A plan is its answer for one spec. */
+
+#define DG_PLAN_MAX_ENTRIES 8
+
+typedef struct dg_plan_entry {
+	char name[64]; /* extern "C" kernel name */
+	int threads;   /* a block */
+	int smem;      /* dynamic shared memory a launch passes, bytes */
+} dg_plan_entry;
+
+typedef struct dg_plan {
+	dg_spec spec;           /* what renders: normalized, the tile resolved */
+	char canonical[DG_SPEC_TEXT_MAX]; /* spec's canonical text */
+	char path[32];          /* "wgmma", "mma.sync", "mma.sync bf16", "dp4a",
+				 * "fp32", "simt", "element-wise" */
+	bool needs_arch_specific; /* the path uses sm_XXa features */
+	char program[64];       /* NVRTC program name, "lowrank_fwd.cu" */
+	int n_entries;
+	dg_plan_entry entries[DG_PLAN_MAX_ENTRIES];
+} dg_plan;
+
+/*
+ * Validates spec (dg_spec_validate) and asks its template for the plan: an
+ * auto tile becomes the template's default. DG_ERR_INVALID_SPEC with the
+ * template's one line ("tile=48x64x64/2x2/2: BM and BN must be powers of
+ * two from 16 to 256") when the tile cannot run; DG_ERR_TEMPLATE when a
+ * template fails. Answers are cached on cg by canonical spec, so asking
+ * again costs a hash lookup. The message is on cg.
+ */
+dg_status dg_codegen_plan(dg_codegen *cg, const dg_spec *spec, dg_plan *out);
+
+/*
+ * The plan of spec on a device of SM device_sm when no tuning record names
+ * its tile: an auto tile of a spec whose arch is the device's (sm_90 and
+ * later) moves to the arch-specific target when the template's default
+ * there takes an arch-specific path (wgmma on sm_90a); otherwise
+ * dg_codegen_plan. device_sm 0: the spec's own arch.
+ */
+dg_status dg_codegen_plan_for(dg_codegen *cg, const dg_spec *spec, int device_sm,
+			      dg_plan *out);
+
 /* Rendered kernel source. Owned by the caller: dg_source_destroy. */
 typedef struct dg_source {
 	char *text;          /* CUDA C++ source, NUL-terminated */
@@ -63,7 +107,8 @@ const char *dg_codegen_template_hash(const dg_codegen *cg);
 /* Where templates come from: "embedded" or the folder path. */
 const char *dg_codegen_template_origin(const dg_codegen *cg);
 
-/* Validates spec, fills an auto tile with its default, renders. */
+/* Plans spec (dg_codegen_plan: an auto tile gets its default) and renders
+ * the planned kernel; the source's launch info is the plan's. */
 dg_status dg_codegen_render(dg_codegen *cg, const dg_spec *spec,
 			    dg_source **out);
 void dg_source_destroy(dg_source *src);

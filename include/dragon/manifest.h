@@ -5,21 +5,28 @@
  * DIR/manifest.json last, which describes them:
  *
  *   {
- *     "format": 1,
+ *     "format": 2,
  *     "generator_version": "0.1.0",
+ *     "template_hash": "<64 lowercase hex digits: the templates it rendered>",
  *     "nvrtc_version": "13.0",
  *     "created": "2025-01-31T12:00:00Z",
+ *     "device": "NVIDIA H200", "sm": 90,
  *     "kernels": [
- *       { "spec": "act=int8;arch=sm_90;...;weight=int8;",
+ *       { "spec": "act=int8;arch=sm_90a;...;tile=128x64x64/8x1/2;weight=int8;",
  *         "key": "<64 lowercase hex digits: the cache key>",
  *         "file": "lowrank_fwd-0123456789abcdef.cubin",
- *         "entries": ["dg_lowrank_fwd"],
+ *         "entries": [ { "name": "dg_lowrank_fwd", "threads": 256, "smem": 98304 } ],
  *         "arch": 90, "ptx": false,
  *         "compile_ms": 412.5, "cache_hit": false,
  *         "size": 23456,
  *         "sha256": "<64 lowercase hex digits: of the file's bytes>" }
  *     ]
  *   }
+ *
+ * A kernel's spec is what runs: its tile and target resolved (for the
+ * device the bundle was built for: "device" and "sm", "" and 0 when built
+ * for none), each entry with the block size and dynamic shared memory its
+ * launch takes.
  *
  * The reader is strict about what it knows and lenient about what it does
  * not: every field above is required and checked (a spec must be in
@@ -42,7 +49,7 @@
 extern "C" {
 #endif
 
-#define DG_MANIFEST_FORMAT 1
+#define DG_MANIFEST_FORMAT 2
 #define DG_MANIFEST_FILE "manifest.json"
 /* Limits the reader enforces (a manifest past them is refused). */
 #define DG_MANIFEST_MAX_BYTES ((size_t)64 << 20)
@@ -55,6 +62,8 @@ typedef struct dg_manifest_kernel {
 	char key[DG_CACHE_KEY_LEN + 1]; /* cache key */
 	char *file;      /* file name inside the bundle folder, no '/' */
 	char **entries;  /* kernel entry points, n_entries of them */
+	int *threads;    /* per entry: a block (1..1024) */
+	int *smem;       /* per entry: dynamic shared memory, bytes */
 	int n_entries;
 	int arch;        /* SM the image targets (90) */
 	bool ptx;        /* file is PTX text, not a cubin */
@@ -69,7 +78,10 @@ typedef struct dg_manifest_kernel {
 typedef struct dg_manifest {
 	int format; /* DG_MANIFEST_FORMAT */
 	char *generator_version;
+	char template_hash[DG_CACHE_KEY_LEN + 1];
 	char *nvrtc_version;
+	char *device; /* "" when built for no device */
+	int sm;       /* 0 likewise */
 	char *created; /* ISO-8601 UTC */
 	dg_manifest_kernel *kernels;
 	size_t n_kernels;

@@ -1,12 +1,20 @@
 /*
  * dragon — ops: one call validates the tensors against the spec, fetches
- * the specialized kernel (JIT at first use) and launches it on the
- * device's stream. Nothing is launched when a check fails: the status is
+ * the specialized kernel (JIT at first use) and launches it on the calling
+ * thread's stream. Nothing is launched when a check fails: the status is
  * DG_ERR_INVALID_ARG (tensors) or DG_ERR_INVALID_SPEC (spec), and the
  * device's message names the tensor and the expected shape.
  *
  * Every op has a _check twin that runs the same checks without a device
- * (tests, and tools that plan ahead).
+ * (tests, and tools that plan ahead). Each op's tensors, their formats and
+ * shapes are the op table's (dg_op_info_of(op)->args); the checks read
+ * them there.
+ *
+ * Graph-safe: no op allocates, frees or synchronizes once its kernels are
+ * loaded. An op that needs scratch memory takes a caller-owned workspace,
+ * sized ahead by its _workspace twin (like cuBLASLt's): a workspace too
+ * small is refused by name. Plan it once per shape; the size depends on
+ * the tile the device resolves, so ask on the device that runs the op.
  *
  * Shapes (BDH): B batch, T time, H heads, Hin input heads (1 or H),
  * E embd, L latent — H, Hin, E, L come from the spec, B and T from the
@@ -51,6 +59,14 @@
 extern "C" {
 #endif
 
+/* Scratch device memory an op may use during the call (and, in a graph,
+ * during every replay): ptr 0 and bytes 0 when the op needs none. 256-byte
+ * aligned (dg_malloc and arena allocations are). */
+typedef struct dg_workspace {
+	dg_dptr ptr;
+	size_t bytes;
+} dg_workspace;
+
 /* ---- projection -------------------------------------------------------- */
 typedef struct dg_lowrank_fwd_args {
 	const dg_tensor *x;
@@ -91,10 +107,15 @@ typedef struct dg_lowrank_grad_weight_args {
 	const dg_tensor *x;
 	const dg_tensor *grad_w;
 	bool accumulate; /* grad_w += instead of = */
+	dg_workspace ws; /* partial sums of a split reduction over B·T */
 } dg_lowrank_grad_weight_args;
 dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
 				       const dg_lowrank_grad_weight_args *a,
 				       char *msg, size_t msg_size);
+/* The workspace a call with a's tensors needs on dev (a->ws is ignored). */
+dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
+					   const dg_lowrank_grad_weight_args *a,
+					   size_t *bytes);
 dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
 				 const dg_lowrank_grad_weight_args *a);
 
@@ -103,10 +124,13 @@ typedef struct dg_decoder_fwd_args {
 	const dg_tensor *y;
 	const dg_tensor *w;
 	const dg_tensor *out;
+	dg_workspace ws; /* one slice of partial sums a K split */
 } dg_decoder_fwd_args;
 dg_status dg_decoder_fwd_check(const dg_spec *spec,
 			       const dg_decoder_fwd_args *a, char *msg,
 			       size_t msg_size);
+dg_status dg_decoder_fwd_workspace(dg_device *dev, const dg_spec *spec,
+				   const dg_decoder_fwd_args *a, size_t *bytes);
 dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
 			 const dg_decoder_fwd_args *a);
 
@@ -126,45 +150,67 @@ typedef struct dg_decoder_grad_weight_args {
 	const dg_tensor *y;
 	const dg_tensor *grad_w;
 	bool accumulate;
+	dg_workspace ws; /* partial sums of a split reduction over B·T */
 } dg_decoder_grad_weight_args;
 dg_status dg_decoder_grad_weight_check(const dg_spec *spec,
 				       const dg_decoder_grad_weight_args *a,
 				       char *msg, size_t msg_size);
+dg_status dg_decoder_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
+					   const dg_decoder_grad_weight_args *a,
+					   size_t *bytes);
 dg_status dg_decoder_grad_weight(dg_device *dev, const dg_spec *spec,
 				 const dg_decoder_grad_weight_args *a);
 
 /* ---- quantize and pack ------------------------------------------------- */
 /* quantize_act: codes->scale receives the scale (2·mean|x|/qmax). */
-dg_status dg_quantize_act_check(const dg_spec *spec, const dg_tensor *x,
-				const dg_tensor *codes, char *msg,
-				size_t msg_size);
+typedef struct dg_quantize_act_args {
+	const dg_tensor *x;
+	const dg_tensor *codes;
+	dg_workspace ws; /* the |x| partial sums */
+} dg_quantize_act_args;
+dg_status dg_quantize_act_check(const dg_spec *spec, const dg_quantize_act_args *a,
+				char *msg, size_t msg_size);
+dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
+				    const dg_quantize_act_args *a, size_t *bytes);
 dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
-			  const dg_tensor *x, const dg_tensor *codes);
+			  const dg_quantize_act_args *a);
 
 /* quantize_weight: codes is int8 (one code a byte, same shape as w) and
  * codes->scale receives the weight scale of spec->weight. */
-dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_tensor *w,
-				   const dg_tensor *codes, char *msg,
-				   size_t msg_size);
+typedef struct dg_quantize_weight_args {
+	const dg_tensor *w;
+	const dg_tensor *codes;
+	dg_workspace ws; /* the |w| partial sums */
+} dg_quantize_weight_args;
+dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_quantize_weight_args *a,
+				   char *msg, size_t msg_size);
+dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
+				       const dg_quantize_weight_args *a, size_t *bytes);
 dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
-			     const dg_tensor *w, const dg_tensor *codes);
+			     const dg_quantize_weight_args *a);
 
 /* spec op pack_ternary or pack_sign1; unpack=false: codes → packed,
  * unpack=true: packed → codes (i8x4). The scale pointer is carried over by
  * the caller (it is the same float). */
-dg_status dg_pack_weight_check(const dg_spec *spec, const dg_tensor *codes,
-			       const dg_tensor *packed, bool unpack,
+typedef struct dg_pack_weight_args {
+	const dg_tensor *codes;
+	const dg_tensor *packed;
+	bool unpack;
+} dg_pack_weight_args;
+dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a,
 			       char *msg, size_t msg_size);
 dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec,
-			 const dg_tensor *codes, const dg_tensor *packed,
-			 bool unpack);
+			 const dg_pack_weight_args *a);
 
 /* spec op pack_i8x4 (codes → packed) or unpack_i8x4 (packed → codes). */
-dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_tensor *codes,
-			     const dg_tensor *packed, char *msg,
-			     size_t msg_size);
+typedef struct dg_pack_i8x4_args {
+	const dg_tensor *codes;
+	const dg_tensor *packed;
+} dg_pack_i8x4_args;
+dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a,
+			     char *msg, size_t msg_size);
 dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
-		       const dg_tensor *codes, const dg_tensor *packed);
+		       const dg_pack_i8x4_args *a);
 
 #ifdef __cplusplus
 }

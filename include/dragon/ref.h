@@ -14,6 +14,7 @@
 #ifndef DRAGON_REF_H
 #define DRAGON_REF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -170,6 +171,49 @@ dg_status dg_ref_unpack_ternary(const uint32_t *words, int8_t *codes,
 				size_t rows, int k);
 dg_status dg_ref_unpack_sign1(const uint32_t *words, int8_t *codes,
 			      size_t rows, int k);
+
+/* ---- any op by the op table's arguments ---------------------------------
+ * The reference of spec->op with its tensors in the op table's order
+ * (dg_op_info_of(op)->args): the tuner and the tests reach every op's
+ * reference through this one entry. */
+typedef struct dg_ref_call {
+	const void *in[DG_OP_MAX_ARGS]; /* each input's host storage (outputs: NULL) */
+	float scale[DG_OP_MAX_ARGS];    /* each code argument's scale (an output's
+					 * when the op writes codes with it) */
+	void *out;                      /* the output's host storage */
+	float *out_scale;               /* the quantizers: gets the scale */
+	int64_t b, t, r, n;             /* the call's B, T (B·T ops), R (pack
+					 * ops), n (the quantizers' elements) */
+	bool unpack;                    /* pack_ternary / pack_sign1 */
+} dg_ref_call;
+
+dg_status dg_ref_run(const dg_spec *spec, const dg_ref_call *call);
+
+/* ---- comparing a result with its reference ---------------------------------
+ * The one tolerance check of the tests, the tuner and the bench. Each
+ * returns true when got is within bounds of want, else false with one line
+ * in why (may be NULL) naming how many differ and the worst or first one. */
+
+/* Bit for bit (integer paths). */
+bool dg_ref_same_bytes(const void *got, const void *want, size_t n, char *why,
+		       size_t why_size);
+
+/* n values of format fmt (f32, bf16, or one-a-byte codes), each within
+ * atol + rtol·|want| (NaN matches NaN). */
+bool dg_ref_close(dg_fmt fmt, const void *got, const void *want, size_t n, float atol,
+		  float rtol, char *why, size_t why_size);
+
+/* The whole result by its norm, ‖got − want‖ ≤ rel·‖want‖, and every
+ * element: |got − want| ≤ elem·max|want| (rounded tensor-core sums: a sum
+ * that cancels can be off by a percent of itself, an indexing error by
+ * the whole norm). */
+bool dg_ref_close_norm(const float *got, const float *want, size_t n, double rel,
+		       float elem, char *why, size_t why_size);
+
+/* Every element within its own bound: |got[i] − want[i]| ≤ bound[i] (a
+ * rounding model's per-element bound, e.g. 2·2^-8·Σ|a·b|). */
+bool dg_ref_within(const float *got, const float *want, const float *bound, size_t n,
+		   char *why, size_t why_size);
 
 #ifdef __cplusplus
 }

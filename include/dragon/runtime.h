@@ -9,10 +9,14 @@
  * A dg_device is one GPU's primary context (the one the CUDA runtime,
  * cuBLAS and PyTorch use, so pointers interoperate), a stream, a JIT
  * context (dg_ctx) and an in-memory map spec → loaded kernel in front of
- * the disk cache: the first request for a spec renders, compiles, caches
- * and loads it; later ones cost a hash lookup. Concurrent requests for one
- * spec from several threads compile it once (the others wait for it).
- * Launches go to the device's current stream (dg_device_set_stream).
+ * the disk cache: the first request for a spec plans, renders, compiles,
+ * caches and loads it (or finds it in a loaded bundle: dg_device_load_bundle,
+ * $DRAGON_KERNELS); later ones cost a hash lookup. Concurrent requests for
+ * one spec from several threads compile it once (the others wait for it).
+ * Work goes to the calling thread's stream (dg_device_set_stream), as
+ * PyTorch's current stream does; nothing on a launch path allocates,
+ * frees or synchronizes, so a sequence of ops captures into a CUDA graph
+ * (dg_graph_begin).
  *
  * Device pointers are dg_dptr (CUdeviceptr). Messages: every call that
  * fails leaves a message on the device (dg_device_errmsg), per thread.
@@ -51,6 +55,8 @@ typedef struct dg_device_info {
 	int smem_optin;  /* most shared memory a block may opt in to, bytes */
 	int clock_khz;   /* SM clock */
 	int l2_bytes;
+	int max_block_threads; /* threads a block */
+	int regs_per_block;
 } dg_device_info;
 
 /*
@@ -72,12 +78,39 @@ dg_status dg_device_info_get(dg_device *dev, dg_device_info *info);
 /* The JIT context kernels are compiled with (for tools and tests). */
 dg_ctx *dg_device_jit(dg_device *dev);
 
-/* The stream launches and copies go to: a CUstream, or NULL for the
- * device's own stream (created at open, non-blocking). */
+/* The stream the calling thread's launches and copies go to: a CUstream
+ * (PyTorch's current stream, say), or NULL for the device's own stream
+ * (created at open, non-blocking). Per thread: another thread keeps its
+ * own. */
 dg_status dg_device_set_stream(dg_device *dev, void *cu_stream);
-void *dg_device_stream(dg_device *dev);
-/* Waits for the device's stream. */
+void *dg_device_stream(dg_device *dev); /* the calling thread's */
+/* Waits for the calling thread's stream. */
 dg_status dg_device_sync(dg_device *dev);
+
+/* Where the device's kernels came from, since open. */
+typedef struct dg_device_stats {
+	size_t kernels;   /* entries loaded (distinct spec + entry) */
+	size_t modules;   /* specs loaded */
+	size_t compiled;  /* specs compiled by NVRTC */
+	size_t cached;    /* specs read from the disk cache */
+	size_t bundled;   /* specs loaded from bundles */
+	size_t planned;   /* specs planned to find their kernel (no compile) */
+} dg_device_stats;
+dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out);
+
+/*
+ * Loads the kernels of a `dragon-gen build` bundle (DIR/manifest.json and
+ * its cubins) into the device's kernel map, so a process whose kernels are
+ * all in it compiles nothing. Every file is checked against the manifest
+ * (size, SHA-256, the cubin's SM) before it is loaded; a manifest made by
+ * another generator or other templates is refused (its kernels would not
+ * match what this library plans). Kernels for another SM than the device's
+ * are skipped and counted. Specs already in the map are kept. *loaded
+ * (may be NULL) gets how many specs were added. $DRAGON_KERNELS=DIR (':'
+ * joins several) loads bundles at dg_device_open, a failure there failing
+ * the open.
+ */
+dg_status dg_device_load_bundle(dg_device *dev, const char *dir, size_t *loaded);
 
 /* ---- memory ---------------------------------------------------------------
  * Allocations are 256-byte aligned (every kernel's 16-byte alignment rule
@@ -115,6 +148,12 @@ size_t dg_arena_capacity(const dg_arena *arena);
  * to the device and stays valid until dg_device_close. */
 typedef struct dg_kernel dg_kernel;
 
+typedef enum dg_kernel_origin {
+	DG_KERNEL_COMPILED, /* NVRTC, in this process */
+	DG_KERNEL_CACHED,   /* the disk cache */
+	DG_KERNEL_BUNDLED,  /* a bundle (dg_device_load_bundle) */
+} dg_kernel_origin;
+
 typedef struct dg_kernel_info {
 	const char *entry;
 	char canonical[DG_SPEC_TEXT_MAX];
@@ -125,18 +164,26 @@ typedef struct dg_kernel_info {
 	int local_bytes;    /* local memory a thread (spills) */
 	int max_threads;    /* most threads a block can have */
 	bool cache_hit;     /* the binary came from the disk cache */
+	dg_kernel_origin origin;
 	double load_ms;     /* render + compile/cache + load, first request */
 } dg_kernel_info;
 
 /*
  * The kernel `entry` of spec (NULL: the spec's first entry). JIT at first
- * use; an auto tile is resolved first (tuning DB, else the heuristic
- * default). Kernels with more than 48 KiB of dynamic shared memory are
- * opted in here.
+ * use; an auto tile is resolved first (the tuning DB, else the template's
+ * default for this device: dg_tune_resolve). A spec already asked for is
+ * a hash lookup: no planning, no allocation. Kernels with more than 48 KiB
+ * of dynamic shared memory are opted in here.
  */
 dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec,
 			const char *entry, dg_kernel **out);
 dg_status dg_kernel_info_get(const dg_kernel *k, dg_kernel_info *info);
+/* The spec k was built for: the tile and target resolved (ops size their
+ * grids and workspaces from it). Valid while the device is open. */
+const dg_spec *dg_kernel_spec(const dg_kernel *k);
+/* The entries of k's spec (k is one of them): how many, and the i-th. */
+int dg_kernel_entry_count(const dg_kernel *k);
+const dg_kernel *dg_kernel_entry(const dg_kernel *k, int i); /* NULL out of range */
 
 typedef struct dg_launch {
 	unsigned grid[3];
@@ -144,7 +191,7 @@ typedef struct dg_launch {
 	unsigned smem;      /* 0: the template's dyn_smem */
 } dg_launch;
 
-/* Launches on the device's current stream. args as cuLaunchKernel's
+/* Launches on the calling thread's stream. args as cuLaunchKernel's
  * kernelParams. Checks the grid and block against the device's limits
  * first (message names the dimension). */
 dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
@@ -152,6 +199,68 @@ dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
 
 /* Number of kernels loaded (distinct spec+entry). */
 size_t dg_device_kernel_count(const dg_device *dev);
+
+/* ---- events --------------------------------------------------------------
+ * Events on the calling thread's stream. Messages on the device. */
+typedef struct dg_event dg_event;
+
+dg_status dg_event_create(dg_device *dev, dg_event **out);
+void dg_event_destroy(dg_event *ev); /* NULL is fine */
+/* Records ev on the calling thread's stream. */
+dg_status dg_event_record(dg_event *ev);
+/* Waits until the work before ev's last record has run. */
+dg_status dg_event_synchronize(dg_event *ev);
+/* Milliseconds between two recorded (and completed) events. */
+dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end,
+			      float *ms);
+
+/* ---- timing --------------------------------------------------------------
+ * The one way dragon times a call (the tuner, the bench): warm-up calls,
+ * then for each rep a write of a buffer four times the L2 (at least 256
+ * MiB, outside the timing, so every rep starts with a cold L2) and a pair
+ * of CUDA events around the call, all on the calling thread's stream;
+ * the median, p10 and p90 of the reps. */
+typedef struct dg_timer dg_timer;
+
+typedef struct dg_timer_opts {
+	int warmup;   /* untimed calls first; 0: 3 (negative: none) */
+	int reps;     /* timed calls; 0: 25 */
+	bool warm_l2; /* do not flush the L2 between reps */
+} dg_timer_opts;
+
+typedef struct dg_timing {
+	double median_us, p10_us, p90_us, min_us;
+	int reps;
+} dg_timing;
+
+/* Enqueues one call on the calling thread's stream. */
+typedef dg_status (*dg_timed_fn)(void *user);
+
+/* A timer of up to max_reps reps (0: 1000): its events and flush buffer. */
+dg_status dg_timer_create(dg_device *dev, int max_reps, dg_timer **out);
+void dg_timer_destroy(dg_timer *t); /* NULL is fine */
+/* Bytes the timer writes to flush the L2. */
+size_t dg_timer_flush_bytes(const dg_timer *t);
+/* Times fn (opts may be NULL). A failure of fn is returned as it is (its
+ * message on the device); a failure of the timing itself likewise. */
+dg_status dg_timer_run(dg_timer *t, const dg_timer_opts *opts, dg_timed_fn fn, void *user,
+		       dg_timing *out);
+
+/* ---- CUDA graphs ---------------------------------------------------------
+ * dg_graph_begin starts capturing the calling thread's stream (which must
+ * not be the legacy default stream; the device's own is fine): the ops and
+ * copies that follow are recorded, not run, until dg_graph_end turns them
+ * into an executable graph that dg_graph_launch replays on the calling
+ * thread's stream. Capture is thread-local: a call on this thread that
+ * CUDA forbids during capture fails it (the message names the call), and
+ * dg_graph_end then reports that. Pointers in the graph are the ones the
+ * ops were given: keep them valid and unchanged while the graph lives. */
+typedef struct dg_graph dg_graph;
+
+dg_status dg_graph_begin(dg_device *dev);
+dg_status dg_graph_end(dg_device *dev, dg_graph **out);
+dg_status dg_graph_launch(dg_graph *g);
+void dg_graph_destroy(dg_graph *g); /* NULL is fine */
 
 #ifdef __cplusplus
 }

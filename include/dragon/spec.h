@@ -15,16 +15,11 @@
  * (one line; wrapped here). Floats are written in the shortest decimal form
  * that reads back to the same float, so the text round-trips exactly.
  *
- * Data formats and layouts (the kernel ABI; CPU references mirror it):
- *   weight  f32 | bf16 | int8 (scale 2·mean|w|/127, codes ±127)
- *           | ternary (scale mean|w|, code 0 where |w| < scale, else sign;
- *             stored 2 bits a value: 00 = 0, 01 = +1, 11 = -1)
- *           | sign1 (scale mean|w|, code ±1; stored 1 bit a value, 1 = +1)
- *   act     f32 | bf16 | int8 (scale 2·mean|x|/127, per tensor, codes ±127)
- *           | int4 (qmax 7, one code a byte) | uint8pos (qmax 255, unsigned)
- *   out     f32 | bf16 | int8 | uint8pos (codes with a caller-owned scale)
- * Integer storage is packed along the reduction axis, little-endian lanes:
- * i8x4 (four codes an int32), ternary 16 codes a word, sign1 32 a word.
+ * Which fields an op reads, the formats each takes and the packing rules
+ * of its axes are the op table's (dg_op_info_of, codegen/optable.c); data
+ * formats are dragon/fmt.h's. Whether a tile can run is the rule of the
+ * template that renders the op: dg_codegen_plan (dragon/codegen.h) asks it,
+ * and resolves an auto tile to its default there.
  */
 #ifndef DRAGON_SPEC_H
 #define DRAGON_SPEC_H
@@ -32,27 +27,29 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "fmt.h"
 #include "status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* X(enum, text) */
+/* X(enum, name): the name is a bare token (stringified for the text form;
+ * the ops layer names each op's entries after it). */
 #define DG_OP_LIST(X)                                                         \
-	X(DG_OP_LOWRANK_FWD, "lowrank_fwd")                                   \
-	X(DG_OP_QUANTIZE_ACT, "quantize_act")                                 \
-	X(DG_OP_PACK_I8X4, "pack_i8x4")                                       \
-	X(DG_OP_UNPACK_I8X4, "unpack_i8x4")                                   \
-	X(DG_OP_QUANTIZE_WEIGHT, "quantize_weight")                           \
-	X(DG_OP_PACK_TERNARY, "pack_ternary")                                 \
-	X(DG_OP_PACK_SIGN1, "pack_sign1")                                     \
-	X(DG_OP_RELU_MASK, "relu_mask")                                       \
-	X(DG_OP_DECODER_FWD, "decoder_fwd")                                   \
-	X(DG_OP_LOWRANK_GRAD_INPUT, "lowrank_grad_input")                     \
-	X(DG_OP_LOWRANK_GRAD_WEIGHT, "lowrank_grad_weight")                   \
-	X(DG_OP_DECODER_GRAD_INPUT, "decoder_grad_input")                     \
-	X(DG_OP_DECODER_GRAD_WEIGHT, "decoder_grad_weight")
+	X(DG_OP_LOWRANK_FWD, lowrank_fwd)                                   \
+	X(DG_OP_QUANTIZE_ACT, quantize_act)                                 \
+	X(DG_OP_PACK_I8X4, pack_i8x4)                                       \
+	X(DG_OP_UNPACK_I8X4, unpack_i8x4)                                   \
+	X(DG_OP_QUANTIZE_WEIGHT, quantize_weight)                           \
+	X(DG_OP_PACK_TERNARY, pack_ternary)                                 \
+	X(DG_OP_PACK_SIGN1, pack_sign1)                                     \
+	X(DG_OP_RELU_MASK, relu_mask)                                       \
+	X(DG_OP_DECODER_FWD, decoder_fwd)                                   \
+	X(DG_OP_LOWRANK_GRAD_INPUT, lowrank_grad_input)                     \
+	X(DG_OP_LOWRANK_GRAD_WEIGHT, lowrank_grad_weight)                   \
+	X(DG_OP_DECODER_GRAD_INPUT, decoder_grad_input)                     \
+	X(DG_OP_DECODER_GRAD_WEIGHT, decoder_grad_weight)
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,
@@ -60,22 +57,6 @@ typedef enum dg_op {
 #undef DG__OP_ENUM
 	DG_OP__COUNT
 } dg_op;
-
-#define DG_FMT_LIST(X)                                                        \
-	X(DG_FMT_F32, "f32")                                                  \
-	X(DG_FMT_BF16, "bf16")                                                \
-	X(DG_FMT_INT8, "int8")                                                \
-	X(DG_FMT_TERNARY, "ternary")                                          \
-	X(DG_FMT_SIGN1, "sign1")                                              \
-	X(DG_FMT_INT4, "int4")                                                \
-	X(DG_FMT_UINT8POS, "uint8pos")
-
-typedef enum dg_fmt {
-#define DG__FMT_ENUM(e, s) e,
-	DG_FMT_LIST(DG__FMT_ENUM)
-#undef DG__FMT_ENUM
-	DG_FMT__COUNT
-} dg_fmt;
 
 /* The spec fields a user can set; each op uses a subset (dg_spec_uses). */
 typedef enum dg_field {
@@ -123,20 +104,122 @@ typedef struct dg_spec {
 	bool arch_specific; /* sm_90a: arch-specific features (wgmma) */
 } dg_spec;
 
+/* ---- the op table --------------------------------------------------------
+ * One row an op (codegen/optable.c; its name is DG_OP_LIST's): every part of dragon that needs to
+ * know an op — validation, defaults, the parser, `dragon-gen list` and
+ * help, the default build set, tuning, the bench — reads it here. */
+
+typedef enum dg_tile_kind {
+	DG_TILE_GEMM,    /* a block tile BMxBNxBK/WMxWN/S */
+	DG_TILE_THREADS, /* a thread count t<N> */
+} dg_tile_kind;
+
+/* The dimensions of an op's tensors, in the spec's sizes and the call's. */
+typedef enum dg_dim {
+	DG_DIM_B = 1, /* batch: the call's (the first tensor that has it) */
+	DG_DIM_T,     /* time: the call's */
+	DG_DIM_R,     /* rows: the call's (pack ops) */
+	DG_DIM_H,     /* the spec's heads */
+	DG_DIM_HIN,   /* the spec's in_heads */
+	DG_DIM_E,     /* the spec's embd */
+	DG_DIM_L,     /* the spec's latent */
+	DG_DIM_HL,    /* heads · latent */
+	DG_DIM_ONE,   /* 1 */
+} dg_dim;
+
+/* Where an argument's format comes from. */
+typedef enum dg_arg_fmt {
+	DG_ARG_ACT,    /* the spec's act */
+	DG_ARG_WEIGHT, /* the spec's weight */
+	DG_ARG_OUT,    /* the spec's out */
+	DG_ARG_SRC,    /* the spec's src */
+	DG_ARG_F32,
+	DG_ARG_INT8,   /* one code a byte */
+	DG_ARG_PACK,   /* the op's pack_fmt */
+} dg_arg_fmt;
+
+#define DG_OP_MAX_ARGS 4
+
+/* One tensor argument of an op, in call order. ndim 0: any shape, the
+ * first such argument's (the quantizers). */
+typedef struct dg_op_arg {
+	const char *name; /* "x", "w", "out": as messages name it */
+	bool output;
+	dg_arg_fmt fmt;
+	bool scale;       /* an integer format carries its scale */
+	int ndim;
+	dg_dim dims[4];
+} dg_op_arg;
+
+/* How the tuner and the bench shape an op without B·T (a rows count R
+ * and, for the any-shape quantizers, a width): at `rows` rows of a case,
+ * R = clamp(rows · r_mul / r_div, 1, r_max (0: no cap)), and the
+ * quantizers take (R, cols). */
+typedef struct dg_op_case {
+	int r_mul, r_div, r_max;
+	int cols;
+} dg_op_case;
+
+/* How a result is judged against the CPU reference (tests, tuner). */
+typedef enum dg_op_check {
+	DG_CHECK_EXACT,        /* integer paths bit for bit, floats within atol + rtol */
+	DG_CHECK_MASK,         /* relu_mask: floats may flip within rounding of thr */
+	DG_CHECK_NORM,         /* bf16 tensor-core gradients: norm and element bounds */
+	DG_CHECK_SCALED_CODES, /* quantizers: the scale, then the codes for it */
+} dg_op_check;
+
+/* Fields of an op's defaults that differ from the common ones. */
+typedef struct dg_op_defaults {
+	unsigned fields; /* the dg_field mask of the values below that apply */
+	dg_fmt weight, act, out, src;
+	bool relu;
+	float relu_thr;
+} dg_op_defaults;
+
+typedef struct dg_op_info {
+	const char *family;  /* lowrank | decoder | quantize | pack: the name of
+			      * its ops file, references and tests */
+	const char *module;  /* templates/<module>.lua plans and renders it */
+	const char *about;   /* one line: what it computes, with shapes */
+	unsigned fields;     /* the dg_field mask it reads */
+	dg_tile_kind tile;
+	/* Formats each format field takes (DG_FMT_BIT masks; 0: not read). */
+	unsigned weight_fmts, act_fmts, out_fmts, src_fmts;
+	/* Packing: the spec's weight format is packed along this length
+	 * (DG_FIELD_EMBD or DG_FIELD_LATENT; 0: not packed), which must then
+	 * be a multiple of its codes a word. pack_fmt: a format the op packs
+	 * along embd whatever the spec says (pack_ternary), or DG_FMT__COUNT. */
+	unsigned weight_axis;
+	dg_fmt pack_fmt;
+	bool latent_any;     /* latent need not be a multiple of 4 */
+	bool needs_relu;     /* relu=none is refused */
+	dg_op_defaults defaults;
+	int n_args;
+	dg_op_arg args[DG_OP_MAX_ARGS];
+	dg_op_case tune;
+	dg_op_check check;
+	/* The default build set: for each field a comma list, the product is
+	 * built ("weight=int8,ternary;relu=0"); "" is the op's defaults. */
+	const char *build;
+} dg_op_info;
+
+/* The row of op; NULL for a value outside the enum. */
+const dg_op_info *dg_op_info_of(dg_op op);
+
 /* Longest canonical text, terminator included. */
 #define DG_SPEC_TEXT_MAX 512
 
-const char *dg_op_name(dg_op op);
-const char *dg_fmt_name(dg_fmt fmt);
+const char *dg_op_name(dg_op op); /* "?" outside the enum */
 /* Name → enum; false when unknown. */
 bool dg_op_from_name(const char *name, dg_op *out);
-bool dg_fmt_from_name(const char *name, dg_fmt *out);
 
 /* Fields that `op` reads (a mask of dg_field). */
 unsigned dg_spec_uses(dg_op op);
 
-/* The built-in default of every field, for `op` (BDH: H=4, E=256, L=8192,
- * int8 weights and activations, int8 out, no ReLU, auto tile, sm_90). */
+/* The defaults of `op`: BDH's shape (H=4, E=256, L=8192), int8 weights
+ * and activations, int8 out, no ReLU, auto tile, sm_90, then the op's own
+ * (dg_op_info.defaults: decoder_fwd writes bf16, relu_mask has relu=0).
+ * Always a valid spec. */
 void dg_spec_init(dg_spec *spec, dg_op op);
 
 /* Resets the fields `spec->op` does not read to their defaults, so two specs
@@ -144,27 +227,16 @@ void dg_spec_init(dg_spec *spec, dg_op op);
 void dg_spec_normalize(dg_spec *spec);
 
 /*
- * Checks every field and the combination. On failure returns
- * DG_ERR_INVALID_SPEC and writes one line into msg (if non-NULL) naming the
- * field, the bad value and what is allowed, e.g.
+ * Checks every field the op reads against the op table: ranges, formats,
+ * the packing of each axis, the combination (out=uint8pos needs relu), and
+ * the kind of the tile (a block tile or a thread count). On failure
+ * returns DG_ERR_INVALID_SPEC and writes one line into msg (if non-NULL)
+ * naming the field, the bad value and what is allowed, e.g.
  * "latent=8190: must be a multiple of 4 (codes are packed four to a word)".
- * Fields the op does not read are ignored.
+ * Fields the op does not read are ignored. Whether the tile's values can
+ * run is the template's to say: dg_codegen_plan.
  */
 dg_status dg_spec_validate(const dg_spec *spec, char *msg, size_t msg_size);
-
-/* Fills an auto tile with the heuristic default for the spec (tile set by
- * the caller is kept). The spec must be valid. */
-void dg_spec_default_tile(const dg_spec *spec, dg_tile *tile);
-
-/*
- * What the runtime runs for a spec on a device of SM `device_sm` when no
- * tuning record names a tile: on a device of exactly the spec's arch, an
- * op with an arch-specific path (wgmma on sm_90a) and an auto tile is
- * moved to that target; then an auto tile gets dg_spec_default_tile's
- * default for the (possibly moved) arch. Explicit tiles and archs other
- * than the device's are kept. The spec must be valid.
- */
-void dg_spec_default_resolve(dg_spec *spec, int device_sm);
 
 /* Canonical text into buf (DG_SPEC_TEXT_MAX is always enough). Returns
  * DG_ERR_INVALID_ARG if buf is too small. Does not validate. */

@@ -57,9 +57,6 @@ int64_t dg_tensor_numel(const dg_tensor *t);
 /* Storage bytes of a contiguous tensor of this format and shape (0 when the
  * last dimension does not fill whole words of the format). */
 size_t dg_tensor_bytes(const dg_tensor *t);
-/* Bytes n elements of the last dimension take in format fmt (0 when n does
- * not fill whole words: ternary 16, sign1 32, other codes 4). */
-size_t dg_fmt_row_bytes(dg_fmt fmt, int64_t n);
 bool dg_tensor_is_contiguous(const dg_tensor *t);
 
 /* "x (int8, 2x1x3x256)" into buf; returns buf. */

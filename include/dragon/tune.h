@@ -46,6 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codegen.h"
 #include "runtime.h"
 #include "spec.h"
 #include "status.h"
@@ -54,36 +55,23 @@
 extern "C" {
 #endif
 
-/* ---- timing: CUDA events -----------------------------------------------------
- * Events on the device's current stream. Messages on the device. */
-typedef struct dg_event dg_event;
-
-dg_status dg_event_create(dg_device *dev, dg_event **out);
-void dg_event_destroy(dg_event *ev); /* NULL is fine */
-/* Records ev on the device's current stream. */
-dg_status dg_event_record(dg_event *ev);
-/* Waits until the work before ev's last record has run. */
-dg_status dg_event_synchronize(dg_event *ev);
-/* Milliseconds between two recorded (and completed) events. */
-dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end,
-			      float *ms);
-
 /* ---- candidate spaces ----------------------------------------------------------- */
 
 /*
  * The candidates for tuning spec (its tile ignored) on a device of SM
  * device_sm (0: the spec's arch): every tile of the op family's grid that
- * dg_spec_validate accepts, the heuristic default first; for a spec whose
- * arch equals device_sm (sm_90 or newer, not already arch-specific) each
- * tile again on the arch-specific target (arch_specific true), which
- * enables other tiles. At most DG_TUNE_MAX_CANDIDATES.
+ * the op's template plans (dg_codegen_plan on cg), the template's default
+ * first; for a spec whose arch equals device_sm (sm_90 or newer, not
+ * already arch-specific) each tile again on the arch-specific target
+ * (arch_specific true), which enables other tiles. At most
+ * DG_TUNE_MAX_CANDIDATES.
  *
  * *out is malloc'd (the caller frees it with free()), *n its length.
  * DG_ERR_INVALID_SPEC when spec itself is invalid or its op takes no tile;
  * DG_ERR_NOMEM.
  */
 #define DG_TUNE_MAX_CANDIDATES 256
-dg_status dg_tune_space(const dg_spec *spec, int device_sm, dg_spec **out,
+dg_status dg_tune_space(dg_codegen *cg, const dg_spec *spec, int device_sm, dg_spec **out,
 			size_t *n, char *msg, size_t msg_size);
 
 /* What a compiled kernel entry uses, and what the device allows. */
@@ -231,9 +219,10 @@ void dg_tune_record_file_name(const dg_tune_record *r, char *buf,
 typedef struct dg_tune_db dg_tune_db;
 
 typedef struct dg_tune_db_opts {
-	/* Records to read: a file, a folder (every *.json in it), or several
-	 * joined with ':'. NULL: $DRAGON_TUNE_DB if set and not empty, else
-	 * <cache_root>/tune. "none": no records. */
+	/* Records to read, above the built-in ones: a file, a folder (every
+	 * *.json in it), or several joined with ':'. NULL: $DRAGON_TUNE_DB if
+	 * set and not empty, else <cache_root>/tune. "builtin": the built-in
+	 * records alone; "none": no records at all. */
 	const char *path;
 	/* The cache root whose tune/ folder is the default (NULL: the
 	 * cache's own default, $DRAGON_CACHE_DIR, ...). */
@@ -258,6 +247,9 @@ void dg_tune_db_destroy(dg_tune_db *db); /* NULL is fine */
 const char *dg_tune_db_where(const dg_tune_db *db);
 /* Records kept (one a key, after newest-wins merging). */
 size_t dg_tune_db_size(const dg_tune_db *db);
+/* Kept records that are built into the library (the devices dragon was
+ * tuned on, autotune/records/); a user's record of a key wins over one. */
+size_t dg_tune_db_n_builtin(const dg_tune_db *db);
 /* Records skipped because they name another device. */
 size_t dg_tune_db_n_other_device(const dg_tune_db *db);
 /* Records skipped as unreadable or malformed, and why (one line each,
@@ -272,6 +264,7 @@ size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out,
 /* How a spec's tile was chosen. */
 typedef struct dg_tune_choice {
 	dg_spec spec;       /* what runs: tile and arch_specific resolved */
+	dg_plan plan;       /* its template's plan (plan.spec == spec) */
 	bool tuned;         /* from a record */
 	char record[1024];  /* tuned: the record's file ("" if not a file) */
 	char date[32];      /* tuned: the record's date */
@@ -279,13 +272,15 @@ typedef struct dg_tune_choice {
 } dg_tune_choice;
 
 /*
- * The tile spec runs with on device (name, sm): a spec with an explicit
- * tile keeps it (dg_spec_default_resolve); an auto tile gets the DB's
- * winner for (spec, device) if it is still valid, else the heuristic
- * default. db may be NULL (no DB). spec must be valid.
+ * The tile spec runs with on device (name, sm), as the runtime resolves it:
+ * a spec with an explicit tile keeps it; an auto tile gets the DB's winner
+ * for (spec, device) if its template still plans it, else the template's
+ * default on that device (dg_codegen_plan_for). db may be NULL (no DB); sm
+ * 0: the spec's arch. Fails (the message on cg) only when the spec itself
+ * cannot be planned: DG_ERR_INVALID_SPEC, or the codegen's failure.
  */
-void dg_tune_resolve(const dg_tune_db *db, const dg_spec *spec,
-		     const char *device, int sm, dg_tune_choice *out);
+dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *spec,
+			  const char *device, int sm, dg_tune_choice *out);
 
 /* What dg_kernel_get does with spec on dev, and why: the device's tuning
  * DB (loaded once, at the first kernel an auto tile asks for) or the

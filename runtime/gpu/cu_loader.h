@@ -3,7 +3,7 @@
  * it is needed (never at load time, so a process that forks before using a
  * GPU — Criterion does — is safe) and the driver functions the runtime
  * uses are resolved into one table. <cuda.h> is included for its types
- * only: nothing links against libcuda. Private to runtime/.
+ * only: nothing links against libcuda. Private to runtime/gpu/.
  */
 #ifndef DG_RUNTIME_CU_LOADER_H
 #define DG_RUNTIME_CU_LOADER_H
@@ -39,6 +39,7 @@
 	X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease",               \
 	  "cuDevicePrimaryCtxRelease_v2", 1, (CUdevice))                      \
 	X(CtxSetCurrent, "cuCtxSetCurrent", "cuCtxSetCurrent", 1, (CUcontext)) \
+	X(CtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize", 1, (void))   \
 	X(StreamCreate, "cuStreamCreate", "cuStreamCreate", 1,                \
 	  (CUstream *, unsigned int))                                         \
 	X(StreamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2", 1,          \
@@ -86,7 +87,21 @@
 	X(EventSynchronize, "cuEventSynchronize", "cuEventSynchronize", 1,    \
 	  (CUevent))                                                          \
 	X(EventElapsedTime, "cuEventElapsedTime", "cuEventElapsedTime", 1,    \
-	  (float *, CUevent, CUevent))
+	  (float *, CUevent, CUevent))                                        \
+	X(StreamBeginCapture, "cuStreamBeginCapture", "cuStreamBeginCapture_v2", \
+	  1, (CUstream, CUstreamCaptureMode))                                 \
+	X(StreamEndCapture, "cuStreamEndCapture", "cuStreamEndCapture", 1,    \
+	  (CUstream, CUgraph *))                                              \
+	X(StreamIsCapturing, "cuStreamIsCapturing", "cuStreamIsCapturing", 1, \
+	  (CUstream, CUstreamCaptureStatus *))                                \
+	X(GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags",           \
+	  "cuGraphInstantiateWithFlags", 1,                                   \
+	  (CUgraphExec *, CUgraph, unsigned long long))                       \
+	X(GraphLaunch, "cuGraphLaunch", "cuGraphLaunch", 1,                   \
+	  (CUgraphExec, CUstream))                                            \
+	X(GraphExecDestroy, "cuGraphExecDestroy", "cuGraphExecDestroy", 1,    \
+	  (CUgraphExec))                                                      \
+	X(GraphDestroy, "cuGraphDestroy", "cuGraphDestroy", 1, (CUgraph))
 
 typedef struct dg__cu {
 #define DG__CU_FIELD(f, name, sym, req, params) CUresult(CUDAAPI *f) params;

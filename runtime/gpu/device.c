@@ -1,17 +1,13 @@
 /*
- * The device: one GPU's primary context, a stream, the JIT context, device
- * memory (plain allocations, arenas, the op scratch slots), the CUDA
- * events timing uses and the messages failures leave behind.
+ * The device: one GPU's primary context, its own stream, the JIT context,
+ * device memory (plain allocations and arenas) and the CUDA events timing
+ * uses. Each thread's message and stream are in runtime/gpu/thread.c, the
+ * kernel map in kernel.c.
  *
  * The primary context is the one the CUDA runtime, cuBLAS and PyTorch use,
  * so device pointers pass between them and dragon unchanged. It is made
  * current at the start of every call that touches the GPU, because the
  * calling thread may differ from call to call.
- *
- * Messages are per thread and per device: dg_device_errmsg returns the
- * message of the calling thread's last failure on dev, valid until that
- * thread's next failing call on dev (a success leaves it in place). Each
- * thread's buffer lives until dg_device_close.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,97 +15,12 @@
 #include <string.h>
 
 #include "dragon/tensor.h"
-#include "dragon/tune.h"
 #include "runtime/gpu/device_int.h"
 #include "runtime/gpu/gpu_int.h"
 
 #define SMEM_DEFAULT_LIMIT 49152
 
-/* ---- messages ------------------------------------------------------------- */
-
-/* The calling thread's buffer on dev, made on first use. */
-static char *msg_buf(dg_device *dev)
-{
-	dg__msg *m;
-
-	if (!dev->msg_key_ok)
-		return dev->msg_shared;
-	m = pthread_getspecific(dev->msg_key);
-	if (m)
-		return m->text;
-	m = malloc(sizeof(*m));
-	if (!m)
-		return dev->msg_shared;
-	m->text[0] = '\0';
-	if (pthread_setspecific(dev->msg_key, m)) {
-		free(m);
-		return dev->msg_shared;
-	}
-	pthread_mutex_lock(&dev->msg_mu);
-	m->next = dev->msgs;
-	dev->msgs = m;
-	pthread_mutex_unlock(&dev->msg_mu);
-	return m->text;
-}
-
-static dg_status dev_vfail(dg_device *dev, dg_status st, const char *fmt,
-			   va_list ap)
-{
-	if (!dev)
-		return st;
-	vsnprintf(msg_buf(dev), DG__MSG_SIZE, fmt, ap);
-	return st;
-}
-
-dg_status dg__dev_fail(dg_device *dev, dg_status st, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	st = dev_vfail(dev, st, fmt, ap);
-	va_end(ap);
-	return st;
-}
-
-dg_status dg__dev_fail_msg(dg_device *dev, dg_status st, const char *msg)
-{
-	return dg__dev_fail(dev, st, "%s", msg ? msg : "");
-}
-
-dg_status dg__dev_cu_fail(dg_device *dev, CUresult rc, const char *call)
-{
-	char m[512];
-	dg_status st = dg__cu_error(dev ? dev->cu : NULL, rc, call, m, sizeof(m));
-	return dg__dev_fail(dev, st, "%s", m);
-}
-
-const char *dg_device_errmsg(const dg_device *dev)
-{
-	const dg__msg *m;
-
-	if (!dev)
-		return "device is NULL";
-	if (!dev->msg_key_ok)
-		return dev->msg_shared;
-	m = pthread_getspecific(dev->msg_key);
-	if (m)
-		return m->text;
-	/* A thread that never failed here still learns why open failed. */
-	return dev->init_status ? dev->init_msg : "";
-}
-
 /* ---- open and close -------------------------------------------------------- */
-
-dg_status dg__dev_enter(dg_device *dev)
-{
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	if (dev->init_status)
-		return dg__dev_fail(dev, dev->init_status, "%s", dev->init_msg);
-	CUresult rc = dev->cu->CtxSetCurrent(dev->ctx);
-	if (rc != CUDA_SUCCESS)
-		return dg__dev_cu_fail(dev, rc, "cuCtxSetCurrent");
-	return DG_OK;
-}
 
 dg_status dg_device_count(int *n, char *msg, size_t msg_size)
 {
@@ -197,9 +108,12 @@ static dg_status read_info(dg_device *dev)
 		if (dev->max_block[i] <= 0)
 			dev->max_block[i] = block_def[i];
 	}
-	dev->max_block_threads = attr(dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
-	if (dev->max_block_threads <= 0)
-		dev->max_block_threads = 1024;
+	in->max_block_threads = attr(dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+	if (in->max_block_threads <= 0)
+		in->max_block_threads = 1024;
+	in->regs_per_block = attr(dev, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
+	if (in->regs_per_block <= 0)
+		in->regs_per_block = 65536;
 	return DG_OK;
 }
 
@@ -211,6 +125,29 @@ static char *dup_or_null(const char *s, bool *oom)
 	if (!d)
 		*oom = true;
 	return d;
+}
+
+/* The bundles $DRAGON_KERNELS names (':' joins several). */
+static dg_status load_env_bundles(dg_device *dev)
+{
+	const char *env = getenv("DRAGON_KERNELS");
+	if (!env || !env[0])
+		return DG_OK;
+	char *list = strdup(env);
+	if (!list)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory reading DRAGON_KERNELS");
+	dg_status st = DG_OK;
+	char *save = NULL;
+	for (char *dir = strtok_r(list, ":", &save); dir && !st; dir = strtok_r(NULL, ":", &save)) {
+		st = dg_device_load_bundle(dev, dir, NULL);
+		if (st) {
+			char m[DG__MSG_SIZE];
+			snprintf(m, sizeof(m), "%s", dg_device_errmsg(dev));
+			dg__dev_fail(dev, st, "DRAGON_KERNELS: %s", m);
+		}
+	}
+	free(list);
+	return st;
 }
 
 /* Everything open does once the handle exists; the message is on dev. */
@@ -251,7 +188,6 @@ static dg_status open_device(dg_device *dev, const dg_device_opts *opts)
 	rc = dev->cu->StreamCreate(&dev->own_stream, CU_STREAM_NON_BLOCKING);
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(dev, rc, "cuStreamCreate");
-	dev->stream = dev->own_stream;
 	st = read_info(dev);
 	if (st)
 		return st;
@@ -268,7 +204,7 @@ static dg_status open_device(dg_device *dev, const dg_device_opts *opts)
 	dev->jit_all = calloc(dev->jit_cap, sizeof(dg_ctx *));
 	dev->jit_idle = calloc(dev->jit_cap, sizeof(dg_ctx *));
 	dev->n_buckets = 64;
-	dev->buckets = calloc(dev->n_buckets, sizeof(dg__module *));
+	dev->buckets = calloc(dev->n_buckets, sizeof(dg__kentry *));
 	if (oom || !dev->jit_all || !dev->jit_idle || !dev->buckets)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory opening the device");
 	st = dg_ctx_create(&dev->jit, &dev->jit_opts);
@@ -283,7 +219,7 @@ static dg_status open_device(dg_device *dev, const dg_device_opts *opts)
 	}
 	dev->jit_all[dev->n_jit_all++] = dev->jit;
 	dev->jit_idle[dev->n_jit_idle++] = dev->jit;
-	return DG_OK;
+	return load_env_bundles(dev);
 }
 
 dg_status dg_device_open(dg_device **out, const dg_device_opts *opts)
@@ -298,8 +234,8 @@ dg_status dg_device_open(dg_device **out, const dg_device_opts *opts)
 	if (!dev)
 		return DG_ERR_NOMEM;
 	dev->ordinal = opts ? opts->ordinal : 0;
-	dev->msg_key_ok = pthread_key_create(&dev->msg_key, NULL) == 0;
-	pthread_mutex_init(&dev->msg_mu, NULL);
+	dev->thr_key_ok = pthread_key_create(&dev->thr_key, NULL) == 0;
+	pthread_mutex_init(&dev->thr_mu, NULL);
 	pthread_mutex_init(&dev->mu, NULL);
 	pthread_mutex_init(&dev->tune_mu, NULL);
 	pthread_cond_init(&dev->cv, NULL);
@@ -320,16 +256,9 @@ void dg_device_close(dg_device *dev)
 	if (!dev)
 		return;
 	if (dev->ctx_retained && dev->cu->CtxSetCurrent(dev->ctx) == CUDA_SUCCESS) {
-		if (dev->own_stream) {
-			/* Work still queued must not outlive its memory. */
-			(void)dev->cu->StreamSynchronize(dev->own_stream);
-			if (dev->stream != dev->own_stream)
-				(void)dev->cu->StreamSynchronize(dev->stream);
-		}
+		/* Work still queued must not outlive its kernels. */
+		(void)dev->cu->CtxSynchronize();
 		dg__dev_kernels_destroy(dev);
-		for (int i = 0; i < DG__SCRATCH_SLOTS; i++)
-			if (dev->scratch[i])
-				(void)dev->cu->MemFree(dev->scratch[i]);
 		if (dev->own_stream)
 			(void)dev->cu->StreamDestroy(dev->own_stream);
 	}
@@ -342,17 +271,14 @@ void dg_device_close(dg_device *dev)
 	free(dev->buckets);
 	free(dev->jit_cache_dir);
 	free(dev->jit_template_dir);
-	if (dev->msg_key_ok)
-		pthread_key_delete(dev->msg_key);
-	for (dg__msg *m = dev->msgs, *next; m; m = next) {
-		next = m->next;
-		free(m);
-	}
+	if (dev->thr_key_ok)
+		pthread_key_delete(dev->thr_key);
+	dg__dev_threads_destroy(dev);
 	dg__dev_tune_destroy(dev);
 	pthread_cond_destroy(&dev->cv);
 	pthread_mutex_destroy(&dev->tune_mu);
 	pthread_mutex_destroy(&dev->mu);
-	pthread_mutex_destroy(&dev->msg_mu);
+	pthread_mutex_destroy(&dev->thr_mu);
 	free(dev);
 }
 
@@ -368,39 +294,9 @@ dg_status dg_device_info_get(dg_device *dev, dg_device_info *info)
 	return DG_OK;
 }
 
-const dg_device_info *dg__dev_info(const dg_device *dev)
-{
-	return &dev->info;
-}
-
 dg_ctx *dg_device_jit(dg_device *dev)
 {
 	return dev ? dev->jit : NULL;
-}
-
-dg_status dg_device_set_stream(dg_device *dev, void *cu_stream)
-{
-	dg_status st = dg__dev_enter(dev);
-	if (st)
-		return st;
-	dev->stream = cu_stream ? (CUstream)cu_stream : dev->own_stream;
-	return DG_OK;
-}
-
-void *dg_device_stream(dg_device *dev)
-{
-	return dev ? (void *)dev->stream : NULL;
-}
-
-dg_status dg_device_sync(dg_device *dev)
-{
-	dg_status st = dg__dev_enter(dev);
-	if (st)
-		return st;
-	CUresult rc = dev->cu->StreamSynchronize(dev->stream);
-	if (rc != CUDA_SUCCESS)
-		return dg__dev_cu_fail(dev, rc, "cuStreamSynchronize");
-	return DG_OK;
 }
 
 /* ---- memory ---------------------------------------------------------------- */
@@ -466,7 +362,7 @@ dg_status dg_memcpy_htod(dg_device *dev, dg_dptr dst, const void *src,
 	dg_status st = copy_args(dev, "dg_memcpy_htod", dst != 0, src != NULL, bytes);
 	if (st || !bytes)
 		return st;
-	CUresult rc = dev->cu->MemcpyHtoDAsync((CUdeviceptr)dst, src, bytes, dev->stream);
+	CUresult rc = dev->cu->MemcpyHtoDAsync((CUdeviceptr)dst, src, bytes, dg__dev_stream(dev));
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(dev, rc, "cuMemcpyHtoDAsync");
 	return DG_OK;
@@ -477,10 +373,10 @@ dg_status dg_memcpy_dtoh(dg_device *dev, void *dst, dg_dptr src, size_t bytes)
 	dg_status st = copy_args(dev, "dg_memcpy_dtoh", dst != NULL, src != 0, bytes);
 	if (st || !bytes)
 		return st;
-	CUresult rc = dev->cu->MemcpyDtoHAsync(dst, (CUdeviceptr)src, bytes, dev->stream);
+	CUresult rc = dev->cu->MemcpyDtoHAsync(dst, (CUdeviceptr)src, bytes, dg__dev_stream(dev));
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(dev, rc, "cuMemcpyDtoHAsync");
-	rc = dev->cu->StreamSynchronize(dev->stream);
+	rc = dev->cu->StreamSynchronize(dg__dev_stream(dev));
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(dev, rc, "cuStreamSynchronize (after a copy to the host)");
 	return DG_OK;
@@ -492,7 +388,7 @@ dg_status dg_memcpy_dtod(dg_device *dev, dg_dptr dst, dg_dptr src, size_t bytes)
 	if (st || !bytes)
 		return st;
 	CUresult rc = dev->cu->MemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src,
-					       bytes, dev->stream);
+					       bytes, dg__dev_stream(dev));
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(dev, rc, "cuMemcpyDtoDAsync");
 	return DG_OK;
@@ -503,53 +399,9 @@ dg_status dg_memset8(dg_device *dev, dg_dptr dst, uint8_t value, size_t bytes)
 	dg_status st = copy_args(dev, "dg_memset8", dst != 0, true, bytes);
 	if (st || !bytes)
 		return st;
-	CUresult rc = dev->cu->MemsetD8Async((CUdeviceptr)dst, value, bytes, dev->stream);
+	CUresult rc = dev->cu->MemsetD8Async((CUdeviceptr)dst, value, bytes, dg__dev_stream(dev));
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(dev, rc, "cuMemsetD8Async");
-	return DG_OK;
-}
-
-dg_status dg__dev_scratch(dg_device *dev, int slot, size_t bytes, dg_dptr *out)
-{
-	dg_status st = dg__dev_enter(dev);
-	if (st)
-		return st;
-	if (slot < 0 || slot >= DG__SCRATCH_SLOTS || !out)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
-				    "scratch slot %d: must be 0..%d", slot,
-				    DG__SCRATCH_SLOTS - 1);
-	if (bytes == 0)
-		bytes = 1;
-	pthread_mutex_lock(&dev->mu);
-	if (dev->scratch_size[slot] < bytes) {
-		/* Grow by at least half, in whole pages, so a run of slowly
-		 * growing requests does not reallocate every time. */
-		size_t want = bytes > dev->scratch_size[slot] + dev->scratch_size[slot] / 2
-				      ? bytes
-				      : dev->scratch_size[slot] + dev->scratch_size[slot] / 2;
-		want = (want + 4095) & ~(size_t)4095;
-		if (dev->scratch[slot]) {
-			/* Work in flight may still read the old buffer. */
-			CUresult rc = dev->cu->StreamSynchronize(dev->stream);
-			if (rc != CUDA_SUCCESS) {
-				pthread_mutex_unlock(&dev->mu);
-				return dg__dev_cu_fail(dev, rc, "cuStreamSynchronize (growing scratch)");
-			}
-			(void)dev->cu->MemFree(dev->scratch[slot]);
-			dev->scratch[slot] = 0;
-			dev->scratch_size[slot] = 0;
-		}
-		dg_dptr p = 0;
-		st = dg_malloc(dev, want, &p);
-		if (st) {
-			pthread_mutex_unlock(&dev->mu);
-			return st;
-		}
-		dev->scratch[slot] = p;
-		dev->scratch_size[slot] = want;
-	}
-	*out = dev->scratch[slot];
-	pthread_mutex_unlock(&dev->mu);
 	return DG_OK;
 }
 
@@ -688,7 +540,7 @@ dg_status dg_event_record(dg_event *ev)
 	dg_status st = dg__dev_enter(ev->dev);
 	if (st)
 		return st;
-	CUresult rc = ev->dev->cu->EventRecord(ev->ev, ev->dev->stream);
+	CUresult rc = ev->dev->cu->EventRecord(ev->ev, dg__dev_stream(ev->dev));
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(ev->dev, rc, "cuEventRecord");
 	return DG_OK;

@@ -1,16 +1,19 @@
 /*
- * The device handle's insides, shared by runtime/gpu/device.c (context,
- * stream, memory, messages) and runtime/gpu/kernel.c (spec → loaded kernel
- * map, launch). Private to those two files and the GPU tests.
+ * The device handle's insides, shared by the files of runtime/gpu/ alone:
+ * thread.c (each thread's message and stream, the entry check), device.c
+ * (open, close, memory, events), kernel.c (the kernel map, builds,
+ * launches, tile resolution), bundle.c (bundles into the map) and graph.c
+ * (capture and replay). Nothing outside runtime/gpu/ includes it; the
+ * layers above use runtime/gpu/gpu_int.h and the public headers.
  *
- * Locking: dev->mu guards the kernel map, the JIT context pool, the
- * build counter, the scratch slots and each kernel's smem_opted;
- * dev->tune_mu the tuning DB. Builds
- * (render, NVRTC, module load) run outside it; threads that ask for a
+ * Locking: dev->mu guards the kernel map (entries and modules), the JIT
+ * context pool, the counters and each kernel's smem_opted; dev->tune_mu
+ * the tuning DB; dev->thr_mu the list of thread records. Builds (plan,
+ * render, NVRTC, module load) run outside dev->mu; threads that ask for a
  * spec being built wait on dev->cv.
  */
-#ifndef DG_RUNTIME_DEVICE_INT_H
-#define DG_RUNTIME_DEVICE_INT_H
+#ifndef DG_RUNTIME_GPU_DEVICE_INT_H
+#define DG_RUNTIME_GPU_DEVICE_INT_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -18,9 +21,9 @@
 #include <stdint.h>
 
 #include "dragon/runtime.h"
+#include "dragon/tune.h"
 #include "runtime/gpu/cu_loader.h"
 
-#define DG__SCRATCH_SLOTS 4
 #define DG__MSG_SIZE 8192
 
 struct dg__module;
@@ -29,8 +32,8 @@ struct dg_kernel {
 	struct dg__module *mod;
 	char *entry;
 	CUfunction fn;
-	int block_threads; /* from the template; 0: the launch says */
-	int dyn_smem;      /* from the template */
+	int block_threads; /* from the plan; 0: the launch says */
+	int dyn_smem;      /* from the plan */
 	int static_smem;
 	int regs;
 	int local_bytes;
@@ -46,9 +49,9 @@ typedef enum dg__mod_state {
 
 /* One spec's loaded binary: every entry of it as a dg_kernel. */
 typedef struct dg__module {
-	struct dg__module *next; /* hash chain */
-	uint64_t hash;
-	char key[DG_SPEC_TEXT_MAX]; /* canonical spec, tile resolved */
+	struct dg__module *next; /* every module of the device (dev->modules) */
+	dg_spec spec;               /* what it was built for: the tile resolved */
+	char key[DG_SPEC_TEXT_MAX]; /* spec's canonical text */
 	dg__mod_state state;
 	int waiters;   /* threads waiting for this build (dev->mu) */
 	dg_status st;  /* FAILED: why, and err the message */
@@ -57,16 +60,26 @@ typedef struct dg__module {
 	CUmodule cumod; /* ... the module API */
 	dg_kernel *kernels;
 	int n_kernels;
-	bool cache_hit;
+	dg_kernel_origin origin;
 	double load_ms;
 } dg__module;
 
-/* A thread's message buffer on one device (kept in a list so close frees
- * the buffers of every thread, living or gone). */
-typedef struct dg__msg {
-	struct dg__msg *next;
+/* The kernel map: the canonical text of a spec as asked for (an auto tile)
+ * or as resolved → its module. Several entries may name one module. */
+typedef struct dg__kentry {
+	struct dg__kentry *next; /* hash chain */
+	uint64_t hash;
+	char key[DG_SPEC_TEXT_MAX];
+	dg__module *mod;
+} dg__kentry;
+
+/* A thread's state on one device: its message and its stream (kept in a
+ * list so close frees the records of every thread, living or gone). */
+typedef struct dg__thread {
+	struct dg__thread *next;
+	CUstream stream;  /* NULL: the device's own stream */
 	char text[DG__MSG_SIZE];
-} dg__msg;
+} dg__thread;
 
 struct dg_device {
 	const dg__cu *cu;       /* NULL when open failed before loading */
@@ -77,9 +90,8 @@ struct dg_device {
 	CUcontext ctx;          /* the primary context, retained */
 	bool ctx_retained;
 	CUstream own_stream;    /* created at open, non-blocking */
-	CUstream stream;        /* where work goes: own_stream or the user's */
 	dg_device_info info;
-	int max_grid[3], max_block[3], max_block_threads;
+	int max_grid[3], max_block[3];
 
 	/* JIT: the context made at open (dg_device_jit) and a pool of idle
 	 * ones; a build takes one, so builds of different specs overlap. */
@@ -94,29 +106,28 @@ struct dg_device {
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	dg__module **buckets;
-	size_t n_buckets, n_modules;
-	size_t n_kernels;       /* kernels of READY modules */
-	size_t n_builds;        /* modules built (compiled or cached + loaded) */
+	dg__kentry **buckets;
+	size_t n_buckets, n_entries;
+	dg__module *modules;    /* every module, built or loaded */
+	dg_device_stats stats;
 
 	/* The tuning DB (kernel.c), read at the first auto tile and kept
 	 * until close; tune_mu guards both fields (not dev->mu: reading the
-	 * records must not stall kernel lookups of explicit tiles). */
+	 * records must not stall kernel lookups). */
 	pthread_mutex_t tune_mu;
 	bool tune_loaded;
 	struct dg_tune_db *tune_db; /* NULL: none (or it could not be made) */
 
-	dg_dptr scratch[DG__SCRATCH_SLOTS];
-	size_t scratch_size[DG__SCRATCH_SLOTS];
-
-	/* Messages: one buffer a thread (pthread key); msg_shared when the
-	 * key or a buffer could not be made. */
-	pthread_key_t msg_key;
-	bool msg_key_ok;
-	pthread_mutex_t msg_mu;
-	dg__msg *msgs;
-	char msg_shared[DG__MSG_SIZE];
+	/* Per-thread records (pthread key); thr_shared when the key or a
+	 * record could not be made. */
+	pthread_key_t thr_key;
+	bool thr_key_ok;
+	pthread_mutex_t thr_mu;
+	dg__thread *threads;
+	dg__thread thr_shared;
 };
+
+/* ---- thread.c ------------------------------------------------------------- */
 
 /* Checks dev is usable (non-NULL, opened) and makes its context current
  * on the calling thread; the message is on dev on failure. */
@@ -125,20 +136,34 @@ dg_status dg__dev_enter(dg_device *dev);
 /* CUDA failure of `call` → status, message on dev. */
 dg_status dg__dev_cu_fail(dg_device *dev, CUresult rc, const char *call);
 
-/* Unloads every module (kernel.c; called by dg_device_close with the
- * context current). */
+/* The calling thread's record on dev, made on first use (never NULL). */
+dg__thread *dg__dev_thread(dg_device *dev);
+
+/* The stream the calling thread's work goes to. */
+CUstream dg__dev_stream(dg_device *dev);
+
+/* Frees every thread record (device.c, at close). */
+void dg__dev_threads_destroy(dg_device *dev);
+
+/* ---- kernel.c ------------------------------------------------------------- */
+
+/* Unloads every module and frees the map (called by dg_device_close with
+ * the context current). */
 void dg__dev_kernels_destroy(dg_device *dev);
 
-/* The JIT context pool (kernel.c): a context for one build, and back. */
-dg_status dg__dev_jit_take(dg_device *dev, dg_ctx **out, char *err,
-			   size_t err_size);
-void dg__dev_jit_give(dg_device *dev, dg_ctx *ctx);
-
-/* Frees the tuning DB (kernel.c; called by dg_device_close). */
+/* Frees the tuning DB (called by dg_device_close). */
 void dg__dev_tune_destroy(dg_device *dev);
 
-/* Modules built on dev so far (a spec asked for by many threads at once
- * counts once): for tests. */
-size_t dg__dev_build_count(dg_device *dev);
+/*
+ * Puts a ready binary into the map under spec's canonical text (spec: the
+ * tile resolved), as a bundle loads it: image (a cubin or PTX), its entry
+ * names with their block sizes and dynamic shared memory. A spec already
+ * in the map is left as it is (*added false). Runs with the context
+ * current; the message is in err.
+ */
+dg_status dg__dev_module_add(dg_device *dev, const dg_spec *spec, const void *image,
+			     char *const *entries, const int *threads, const int *smem,
+			     int n_entries, dg_kernel_origin origin, bool *added, char *err,
+			     size_t err_size);
 
 #endif

@@ -1,30 +1,32 @@
 /*
  * Kernels: spec → loaded module → dg_kernel, and the launch.
  *
- * The device keeps a hash map canonical spec (tile resolved) → module, in
- * front of the JIT and its disk cache. A miss inserts a BUILDING module
- * and builds it outside the lock (render, NVRTC or cache, load, read the
- * attributes of every entry); other threads asking for the same spec wait
- * on dev->cv and share the result, so a spec is compiled once however many
- * threads want it. A failed build wakes its waiters with the builder's
- * message and leaves the map, so a later call tries again.
+ * The device keeps a hash map from canonical spec text to module, in
+ * front of the JIT and its disk cache. A spec is looked up first as asked
+ * (its auto tile unresolved): a hit is a hash lookup, with no planning
+ * and no allocation. A miss resolves the spec (dg_tune_resolve: the tuning
+ * DB's tile, else the template's default for this device), looks the
+ * resolved text up (a bundle's kernels are there), and only then builds:
+ * it inserts a BUILDING module and builds it outside the lock (render,
+ * NVRTC or the cache, load, read every entry's attributes). Other threads
+ * asking for the same spec wait on dev->cv and share the result, so a spec
+ * is compiled once however many threads want it. A failed build wakes its
+ * waiters with the builder's message and leaves the map, so a later call
+ * tries again. Both texts (as asked and as resolved) end up naming the
+ * module.
  *
- * An auto tile is resolved first: the device's tuning DB (dragon/tune.h,
- * read once per device at the first auto tile), else the heuristic
- * default; the map key is the resolved spec, so a hit costs a hash lookup.
- *
- * dg_ctx handles are single-threaded: a build takes an idle one from the
- * device's pool (making a new one when all are busy) and gives it back,
- * so builds of different specs run in parallel.
+ * dg_ctx handles are single-threaded: a resolution or a build takes an
+ * idle one from the device's pool (making a new one when all are busy)
+ * and gives it back, so builds of different specs run in parallel.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "base/fnv.h"
 #include "dragon/tune.h"
 #include "runtime/gpu/device_int.h"
-#include "base/fnv.h"
 #include "runtime/gpu/gpu_int.h"
 
 #define SMEM_DEFAULT_LIMIT 49152
@@ -38,7 +40,7 @@ static double now_ms(void)
 
 /* ---- the JIT context pool ------------------------------------------------ */
 
-dg_status dg__dev_jit_take(dg_device *dev, dg_ctx **out, char *err, size_t err_size)
+static dg_status jit_take(dg_device *dev, dg_ctx **out, char *err, size_t err_size)
 {
 	dg_ctx *c = NULL;
 	dg_status st;
@@ -81,40 +83,41 @@ dg_status dg__dev_jit_take(dg_device *dev, dg_ctx **out, char *err, size_t err_s
 	return DG_OK;
 }
 
-void dg__dev_jit_give(dg_device *dev, dg_ctx *ctx)
+/* dev->mu held. jit_idle has room for every context in jit_all. */
+static void jit_give_locked(dg_device *dev, dg_ctx *ctx)
 {
-	pthread_mutex_lock(&dev->mu);
-	/* jit_idle has room for every context in jit_all. */
 	dev->jit_idle[dev->n_jit_idle++] = ctx;
-	pthread_mutex_unlock(&dev->mu);
 }
 
-size_t dg__dev_build_count(dg_device *dev)
+static void jit_give(dg_device *dev, dg_ctx *ctx)
 {
 	pthread_mutex_lock(&dev->mu);
-	size_t n = dev->n_builds;
+	jit_give_locked(dev, ctx);
 	pthread_mutex_unlock(&dev->mu);
-	return n;
 }
 
 /* ---- the map (dev->mu held) ---------------------------------------------- */
 
-static dg__module *map_find(dg_device *dev, uint64_t h, const char *key)
+static dg__kentry *map_find(dg_device *dev, uint64_t h, const char *key)
 {
-	for (dg__module *m = dev->buckets[h & (dev->n_buckets - 1)]; m; m = m->next)
-		if (m->hash == h && strcmp(m->key, key) == 0)
-			return m;
+	for (dg__kentry *e = dev->buckets[h & (dev->n_buckets - 1)]; e; e = e->next)
+		if (e->hash == h && strcmp(e->key, key) == 0)
+			return e;
 	return NULL;
 }
 
-static void map_insert(dg_device *dev, dg__module *m)
+/* Adds key → m; false when out of memory. */
+static bool map_add(dg_device *dev, const char *key, dg__module *m)
 {
-	if (dev->n_modules + 1 > 2 * dev->n_buckets) {
+	dg__kentry *e = malloc(sizeof(*e));
+	if (!e)
+		return false;
+	if (dev->n_entries + 1 > 2 * dev->n_buckets) {
 		size_t nb = dev->n_buckets * 2;
-		dg__module **b = calloc(nb, sizeof(*b));
+		dg__kentry **b = calloc(nb, sizeof(*b));
 		if (b) { /* else keep the old table: only chains get longer */
 			for (size_t i = 0; i < dev->n_buckets; i++) {
-				for (dg__module *x = dev->buckets[i], *next; x; x = next) {
+				for (dg__kentry *x = dev->buckets[i], *next; x; x = next) {
 					next = x->next;
 					x->next = b[x->hash & (nb - 1)];
 					b[x->hash & (nb - 1)] = x;
@@ -125,20 +128,35 @@ static void map_insert(dg_device *dev, dg__module *m)
 			dev->n_buckets = nb;
 		}
 	}
-	dg__module **head = &dev->buckets[m->hash & (dev->n_buckets - 1)];
-	m->next = *head;
-	*head = m;
-	dev->n_modules++;
+	snprintf(e->key, sizeof(e->key), "%s", key);
+	e->hash = dg__fnv1a(key);
+	e->mod = m;
+	dg__kentry **head = &dev->buckets[e->hash & (dev->n_buckets - 1)];
+	e->next = *head;
+	*head = e;
+	dev->n_entries++;
+	return true;
 }
 
-static void map_remove(dg_device *dev, dg__module *m)
+/* Removes every entry naming m, and m from the module list. */
+static void map_drop(dg_device *dev, dg__module *m)
 {
-	for (dg__module **p = &dev->buckets[m->hash & (dev->n_buckets - 1)]; *p;
-	     p = &(*p)->next) {
+	for (size_t i = 0; i < dev->n_buckets; i++) {
+		for (dg__kentry **p = &dev->buckets[i]; *p;) {
+			if ((*p)->mod == m) {
+				dg__kentry *dead = *p;
+				*p = dead->next;
+				free(dead);
+				dev->n_entries--;
+			} else {
+				p = &(*p)->next;
+			}
+		}
+	}
+	for (dg__module **p = &dev->modules; *p; p = &(*p)->next) {
 		if (*p == m) {
 			*p = m->next;
 			m->next = NULL;
-			dev->n_modules--;
 			return;
 		}
 	}
@@ -163,17 +181,22 @@ static void module_free(dg_device *dev, dg__module *m)
 void dg__dev_kernels_destroy(dg_device *dev)
 {
 	for (size_t i = 0; dev->buckets && i < dev->n_buckets; i++) {
-		for (dg__module *m = dev->buckets[i], *next; m; m = next) {
-			next = m->next;
-			module_free(dev, m);
+		for (dg__kentry *e = dev->buckets[i], *next; e; e = next) {
+			next = e->next;
+			free(e);
 		}
 		dev->buckets[i] = NULL;
 	}
-	dev->n_modules = 0;
-	dev->n_kernels = 0;
+	for (dg__module *m = dev->modules, *next; m; m = next) {
+		next = m->next;
+		module_free(dev, m);
+	}
+	dev->modules = NULL;
+	dev->n_entries = 0;
+	memset(&dev->stats, 0, sizeof(dev->stats));
 }
 
-/* ---- build ---------------------------------------------------------------- */
+/* ---- load ----------------------------------------------------------------- */
 
 static dg_status cu_err(dg_device *dev, CUresult rc, const char *what,
 			char *err, size_t esz)
@@ -256,84 +279,135 @@ static dg_status load_entry(dg_device *dev, dg__module *m, dg_kernel *k,
 	return DG_OK;
 }
 
-/* Renders/compiles (or reads from the cache) and loads spec s into m,
- * whose key is s's canonical text. Runs without dev->mu. */
-static dg_status build(dg_device *dev, const dg_spec *s, dg__module *m,
-		       char *err, size_t esz)
+/* Loads image into m and every entry of it (context current). */
+static dg_status load_image(dg_device *dev, dg__module *m, const void *image, bool is_ptx,
+			    char *const *entries, const int *threads, const int *smem, int n,
+			    char *err, size_t esz)
 {
 	const dg__cu *cu = dev->cu;
-	dg_binary *bin = NULL;
-	dg_ctx *jit = NULL;
-	dg_status st;
-	double t0 = now_ms();
+	CUresult rc;
 
-	st = dg__dev_jit_take(dev, &jit, err, esz);
-	if (st)
-		return st;
-	st = dg_jit_compile(jit, s, &bin);
-	if (st)
-		snprintf(err, esz, "%s", dg_ctx_errmsg(jit));
-	dg__dev_jit_give(dev, jit);
-	if (st)
-		return st;
-
-	CUresult rc = cu->CtxSetCurrent(dev->ctx);
-	if (rc != CUDA_SUCCESS) {
-		st = cu_err(dev, rc, "cuCtxSetCurrent", err, esz);
-		goto out;
-	}
 	if (cu->has_library)
-		rc = cu->LibraryLoadData(&m->lib, bin->image, NULL, NULL, 0, NULL,
-					 NULL, 0);
+		rc = cu->LibraryLoadData(&m->lib, image, NULL, NULL, 0, NULL, NULL, 0);
 	else
-		rc = cu->ModuleLoadData(&m->cumod, bin->image);
+		rc = cu->ModuleLoadData(&m->cumod, image);
 	if (rc != CUDA_SUCCESS) {
 		char what[DG_SPEC_TEXT_MAX + 128];
 		snprintf(what, sizeof(what), "%s of %s (a %s for %s_%d%s; the device is sm_%d)",
 			 cu->has_library ? "cuLibraryLoadData" : "cuModuleLoadData",
-			 m->key, bin->is_ptx ? "PTX image" : "cubin",
-			 bin->is_ptx ? "compute" : "sm", bin->arch,
-			 bin->arch_specific ? "a" : "", dev->info.sm);
-		st = cu_err(dev, rc, what, err, esz);
+			 m->key, is_ptx ? "PTX image" : "cubin", is_ptx ? "compute" : "sm",
+			 m->spec.arch, m->spec.arch_specific ? "a" : "", dev->info.sm);
 		m->lib = NULL;
 		m->cumod = NULL;
-		goto out;
+		return cu_err(dev, rc, what, err, esz);
 	}
-	m->kernels = calloc((size_t)bin->n_entries, sizeof(dg_kernel));
+	m->kernels = calloc((size_t)n, sizeof(dg_kernel));
 	if (!m->kernels) {
-		st = DG_ERR_NOMEM;
 		snprintf(err, esz, "out of memory loading %s", m->key);
-		goto out;
+		return DG_ERR_NOMEM;
 	}
-	m->n_kernels = bin->n_entries;
-	for (int i = 0; i < bin->n_entries; i++) {
+	m->n_kernels = n;
+	for (int i = 0; i < n; i++) {
 		dg_kernel *k = &m->kernels[i];
 		k->mod = m;
-		k->entry = strdup(bin->entries[i]);
+		k->entry = strdup(entries[i]);
 		if (!k->entry) {
-			st = DG_ERR_NOMEM;
 			snprintf(err, esz, "out of memory loading %s", m->key);
-			goto out;
+			return DG_ERR_NOMEM;
 		}
-		k->block_threads = bin->block_threads ? bin->block_threads[i] : 0;
-		k->dyn_smem = bin->dyn_smem ? bin->dyn_smem[i] : 0;
-		st = load_entry(dev, m, k, err, esz);
+		k->block_threads = threads ? threads[i] : 0;
+		k->dyn_smem = smem ? smem[i] : 0;
+		dg_status st = load_entry(dev, m, k, err, esz);
 		if (st)
-			goto out;
+			return st;
 	}
-	m->cache_hit = bin->cache_hit;
+	return DG_OK;
+}
+
+/* Renders/compiles (or reads from the cache) and loads m->spec. Runs
+ * without dev->mu, with jit taken from the pool. */
+static dg_status build(dg_device *dev, dg_ctx *jit, dg__module *m, char *err, size_t esz)
+{
+	dg_binary *bin = NULL;
+	double t0 = now_ms();
+
+	dg_status st = dg_jit_compile(jit, &m->spec, &bin);
+	if (st) {
+		snprintf(err, esz, "%s", dg_ctx_errmsg(jit));
+		return st;
+	}
+	CUresult rc = dev->cu->CtxSetCurrent(dev->ctx);
+	if (rc != CUDA_SUCCESS)
+		st = cu_err(dev, rc, "cuCtxSetCurrent", err, esz);
+	if (!st)
+		st = load_image(dev, m, bin->image, bin->is_ptx, bin->entries, bin->block_threads,
+				bin->dyn_smem, bin->n_entries, err, esz);
+	m->origin = bin->cache_hit ? DG_KERNEL_CACHED : DG_KERNEL_COMPILED;
 	m->load_ms = now_ms() - t0;
-out:
 	dg_binary_destroy(bin);
 	return st;
 }
 
-/* ---- the tile of an auto spec: tuning DB, else the heuristic --------------- */
+dg_status dg__dev_module_add(dg_device *dev, const dg_spec *spec, const void *image,
+			     char *const *entries, const int *threads, const int *smem,
+			     int n_entries, dg_kernel_origin origin, bool *added, char *err,
+			     size_t err_size)
+{
+	char key[DG_SPEC_TEXT_MAX];
+	double t0 = now_ms();
+
+	*added = false;
+	if (dg_spec_to_string(spec, key, sizeof(key))) {
+		snprintf(err, err_size, "spec text does not fit %d bytes", DG_SPEC_TEXT_MAX);
+		return DG_ERR_INTERNAL;
+	}
+	pthread_mutex_lock(&dev->mu);
+	bool have = map_find(dev, dg__fnv1a(key), key) != NULL;
+	pthread_mutex_unlock(&dev->mu);
+	if (have)
+		return DG_OK;
+	dg__module *m = calloc(1, sizeof(*m));
+	if (!m) {
+		snprintf(err, err_size, "out of memory");
+		return DG_ERR_NOMEM;
+	}
+	m->spec = *spec;
+	memcpy(m->key, key, sizeof(key));
+	m->origin = origin;
+	dg_status st = load_image(dev, m, image, false, entries, threads, smem, n_entries, err,
+				  err_size);
+	m->load_ms = now_ms() - t0;
+	pthread_mutex_lock(&dev->mu);
+	if (!st && map_find(dev, dg__fnv1a(key), key)) {
+		pthread_mutex_unlock(&dev->mu); /* another thread was quicker */
+		module_free(dev, m);
+		return DG_OK;
+	}
+	if (!st && !map_add(dev, key, m)) {
+		snprintf(err, err_size, "out of memory");
+		st = DG_ERR_NOMEM;
+	}
+	if (!st) {
+		m->state = DG__MOD_READY;
+		m->next = dev->modules;
+		dev->modules = m;
+		dev->stats.modules++;
+		dev->stats.kernels += (size_t)m->n_kernels;
+		dev->stats.bundled += origin == DG_KERNEL_BUNDLED;
+		*added = true;
+	}
+	pthread_mutex_unlock(&dev->mu);
+	if (st)
+		module_free(dev, m);
+	return st;
+}
+
+/* ---- the tile of an auto spec: tuning DB, else the template's default ---- */
 
 /* The device's tuning DB, read at the first call (records of this device
  * only) and kept until close; NULL when there is none. Once loaded it is
  * never changed, so lookups need no lock. A device without a disk cache
- * (no_cache) reads only $DRAGON_TUNE_DB. */
+ * (no_cache) reads only $DRAGON_TUNE_DB and the records built in. */
 static const dg_tune_db *tune_db(dg_device *dev)
 {
 	pthread_mutex_lock(&dev->tune_mu);
@@ -346,7 +420,7 @@ static const dg_tune_db *tune_db(dg_device *dev)
 		if (c)
 			o.cache_root = dg_cache_root(c);
 		else if (!env || !env[0])
-			o.path = "none";
+			o.path = "builtin";
 		o.device = dev->info.name;
 		o.sm = dev->info.sm;
 		if (dg_tune_db_open(&dev->tune_db, &o) != DG_OK)
@@ -365,30 +439,11 @@ void dg__dev_tune_destroy(dg_device *dev)
 	dev->tune_loaded = false;
 }
 
-/* Resolves s (valid, normalized) in place: an auto tile from the DB, else
- * the heuristic default; why (may be NULL) says which. */
-static void resolve_tile(dg_device *dev, dg_spec *s, dg_tune_choice *why)
-{
-	dg_tune_choice local;
-	dg_tune_choice *ch = why ? why : &local;
-
-	if ((dg_spec_uses(s->op) & DG_FIELD_TILE) && dg_tile_is_auto(&s->tile)) {
-		dg_tune_resolve(tune_db(dev), s, dev->info.name, dev->info.sm, ch);
-		*s = ch->spec;
-		return;
-	}
-	dg_spec_default_resolve(s, dev->info.sm);
-	if (why) {
-		memset(why, 0, sizeof(*why));
-		why->spec = *s;
-		snprintf(why->why, sizeof(why->why), "the spec names its tile");
-	}
-}
-
 dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
 				dg_tune_choice *out)
 {
-	char msg[DG_SPEC_TEXT_MAX + 256];
+	char err[DG__MSG_SIZE];
+	dg_ctx *jit = NULL;
 	dg_status st = dg__dev_enter(dev);
 
 	if (st)
@@ -396,27 +451,18 @@ dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
 	if (!spec || !out)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_device_tile_choice: %s is NULL",
 				    !spec ? "spec" : "out");
-	st = dg_spec_validate(spec, msg, sizeof(msg));
+	st = dg_spec_validate(spec, err, sizeof(err));
 	if (st)
-		return dg__dev_fail(dev, st, "%s", msg);
-	dg_spec s = *spec;
-	dg_spec_normalize(&s);
-	resolve_tile(dev, &s, out);
-	return DG_OK;
-}
-
-dg_status dg__spec_as_run(dg_device *dev, const dg_spec *spec, dg_spec *out)
-{
-	/* what dg_kernel_get resolves, minus the validation the op's _check
-	 * already did: no message buffers, no allocation */
-	dg_status st = dg__dev_enter(dev);
-
+		return dg__dev_fail(dev, st, "%s", err);
+	st = jit_take(dev, &jit, err, sizeof(err));
 	if (st)
-		return st;
-	*out = *spec;
-	dg_spec_normalize(out);
-	resolve_tile(dev, out, NULL);
-	return DG_OK;
+		return dg__dev_fail(dev, st, "%s", err);
+	dg_codegen *cg = dg_ctx_codegen(jit);
+	st = dg_tune_resolve(cg, tune_db(dev), spec, dev->info.name, dev->info.sm, out);
+	if (st)
+		dg__dev_fail(dev, st, "%s", dg_codegen_errmsg(cg));
+	jit_give(dev, jit);
+	return st;
 }
 
 /* ---- get ------------------------------------------------------------------ */
@@ -447,11 +493,36 @@ static dg_status find_entry(dg_device *dev, dg__module *m, const char *entry,
 			    m->key, entry, list);
 }
 
+/* Waits (dev->mu held, released on return) for m and hands out its entry. */
+static dg_status take_module(dg_device *dev, dg__module *m, const char *entry,
+			     dg_kernel **out)
+{
+	if (m->state == DG__MOD_BUILDING) {
+		m->waiters++;
+		while (m->state == DG__MOD_BUILDING)
+			pthread_cond_wait(&dev->cv, &dev->mu);
+		m->waiters--;
+	}
+	if (m->state == DG__MOD_FAILED) {
+		/* The builder took it out of the map; the last of its waiters
+		 * frees it. */
+		dg_status st = dg__dev_fail(dev, m->st, "%s", m->err ? m->err : dg_status_str(m->st));
+		bool last = m->waiters == 0;
+		pthread_mutex_unlock(&dev->mu);
+		if (last)
+			module_free(dev, m);
+		return st;
+	}
+	pthread_mutex_unlock(&dev->mu);
+	return find_entry(dev, m, entry, out);
+}
+
 dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec, const char *entry,
 			dg_kernel **out)
 {
-	char msg[DG_SPEC_TEXT_MAX + 256];
-	char key[DG_SPEC_TEXT_MAX];
+	char asked[DG_SPEC_TEXT_MAX];
+	char *err = NULL;
+	dg_ctx *jit = NULL;
 	dg_spec s;
 	dg_status st;
 
@@ -463,70 +534,88 @@ dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec, const char *entry,
 	if (!out || !spec)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_kernel_get: %s is NULL",
 				    !out ? "out" : "spec");
-	st = dg_spec_validate(spec, msg, sizeof(msg));
+	st = dg_spec_validate(spec, dg__dev_thread(dev)->text, DG__MSG_SIZE);
 	if (st)
-		return dg__dev_fail(dev, st, "%s", msg);
+		return st;
 	s = *spec;
 	dg_spec_normalize(&s);
-	resolve_tile(dev, &s, NULL);
-	st = dg_spec_to_string(&s, key, sizeof(key));
-	if (st)
+	if (dg_spec_to_string(&s, asked, sizeof(asked)))
 		return dg__dev_fail(dev, DG_ERR_INTERNAL, "spec text does not fit %d bytes",
 				    DG_SPEC_TEXT_MAX);
-	if (s.arch > dev->info.sm)
-		return dg__dev_fail(dev, DG_ERR_UNSUPPORTED,
-				    "%s: arch=sm_%d%s does not run on %s (sm_%d); set arch=sm_%d",
-				    key, s.arch, s.arch_specific ? "a" : "",
-				    dev->info.name, dev->info.sm, dev->info.sm);
 
-	uint64_t h = dg__fnv1a(key);
+	/* the hit path: one lookup of the spec as asked */
+	uint64_t h = dg__fnv1a(asked);
 	pthread_mutex_lock(&dev->mu);
-	dg__module *m = map_find(dev, h, key);
-	if (m) {
-		if (m->state == DG__MOD_BUILDING) {
-			m->waiters++;
-			while (m->state == DG__MOD_BUILDING)
-				pthread_cond_wait(&dev->cv, &dev->mu);
-			m->waiters--;
-		}
-		if (m->state == DG__MOD_FAILED) {
-			/* The builder took it out of the map; the last of its
-			 * waiters frees it. */
-			st = dg__dev_fail(dev, m->st, "%s", m->err ? m->err : dg_status_str(m->st));
-			bool last = m->waiters == 0;
-			pthread_mutex_unlock(&dev->mu);
-			if (last)
-				module_free(dev, m);
-			return st;
-		}
-		pthread_mutex_unlock(&dev->mu);
-		return find_entry(dev, m, entry, out);
-	}
-
-	m = calloc(1, sizeof(*m));
-	if (!m) {
-		pthread_mutex_unlock(&dev->mu);
-		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	}
-	m->hash = h;
-	memcpy(m->key, key, sizeof(key));
-	m->state = DG__MOD_BUILDING;
-	map_insert(dev, m);
+	dg__kentry *e = map_find(dev, h, asked);
+	if (e)
+		return take_module(dev, e->mod, entry, out);
 	pthread_mutex_unlock(&dev->mu);
 
-	char *err = malloc(DG__MSG_SIZE);
-	if (err) {
-		err[0] = '\0';
-		st = build(dev, &s, m, err, DG__MSG_SIZE);
-	} else {
-		st = DG_ERR_NOMEM;
+	/* a miss: resolve the tile (plans, reads the tuning DB once) */
+	err = malloc(DG__MSG_SIZE);
+	if (!err)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	err[0] = '\0';
+	st = jit_take(dev, &jit, err, DG__MSG_SIZE);
+	if (st)
+		goto fail;
+	dg_tune_choice ch;
+	st = dg_tune_resolve(dg_ctx_codegen(jit), tune_db(dev), &s, dev->info.name, dev->info.sm,
+			     &ch);
+	if (st) {
+		snprintf(err, DG__MSG_SIZE, "%s", dg_codegen_errmsg(dg_ctx_codegen(jit)));
+		goto fail;
 	}
+	const char *key = ch.plan.canonical;
+	if (ch.spec.arch > dev->info.sm) {
+		st = DG_ERR_UNSUPPORTED;
+		snprintf(err, DG__MSG_SIZE, "%s: arch=sm_%d%s does not run on %s (sm_%d); set arch=sm_%d",
+			 key, ch.spec.arch, ch.spec.arch_specific ? "a" : "", dev->info.name,
+			 dev->info.sm, dev->info.sm);
+		goto fail;
+	}
+
+	pthread_mutex_lock(&dev->mu);
+	dev->stats.planned++;
+	e = map_find(dev, dg__fnv1a(key), key);
+	if (e) {
+		/* built, loaded from a bundle, or being built: name it as asked too */
+		if (strcmp(key, asked) != 0 && !map_find(dev, h, asked))
+			(void)map_add(dev, asked, e->mod); /* out of memory: lookups resolve again */
+		jit_give_locked(dev, jit);
+		jit = NULL;
+		free(err);
+		return take_module(dev, e->mod, entry, out);
+	}
+	dg__module *m = calloc(1, sizeof(*m));
+	if (!m || !map_add(dev, key, m) ||
+	    (strcmp(key, asked) != 0 && !map_add(dev, asked, m))) {
+		if (m)
+			map_drop(dev, m);
+		pthread_mutex_unlock(&dev->mu);
+		free(m);
+		st = DG_ERR_NOMEM;
+		snprintf(err, DG__MSG_SIZE, "out of memory");
+		goto fail;
+	}
+	m->spec = ch.spec;
+	snprintf(m->key, sizeof(m->key), "%s", key);
+	m->state = DG__MOD_BUILDING;
+	m->next = dev->modules;
+	dev->modules = m;
+	pthread_mutex_unlock(&dev->mu);
+
+	st = build(dev, jit, m, err, DG__MSG_SIZE);
+	jit_give(dev, jit);
+	jit = NULL;
 
 	pthread_mutex_lock(&dev->mu);
 	if (st == DG_OK) {
 		m->state = DG__MOD_READY;
-		dev->n_kernels += (size_t)m->n_kernels;
-		dev->n_builds++;
+		dev->stats.modules++;
+		dev->stats.kernels += (size_t)m->n_kernels;
+		dev->stats.compiled += m->origin == DG_KERNEL_COMPILED;
+		dev->stats.cached += m->origin == DG_KERNEL_CACHED;
 		free(err);
 		pthread_cond_broadcast(&dev->cv);
 		pthread_mutex_unlock(&dev->mu);
@@ -535,13 +624,20 @@ dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec, const char *entry,
 	m->state = DG__MOD_FAILED;
 	m->st = st;
 	m->err = err;
-	map_remove(dev, m);
+	err = NULL;
+	map_drop(dev, m);
 	pthread_cond_broadcast(&dev->cv);
 	bool last = m->waiters == 0;
-	st = dg__dev_fail(dev, st, "%s", err ? err : "out of memory");
+	st = dg__dev_fail(dev, st, "%s", m->err);
 	pthread_mutex_unlock(&dev->mu);
 	if (last)
 		module_free(dev, m);
+	return st;
+fail:
+	if (jit)
+		jit_give(dev, jit);
+	st = dg__dev_fail(dev, st, "%s", err);
+	free(err);
 	return st;
 }
 
@@ -558,9 +654,25 @@ dg_status dg_kernel_info_get(const dg_kernel *k, dg_kernel_info *info)
 	info->regs = k->regs;
 	info->local_bytes = k->local_bytes;
 	info->max_threads = k->max_threads;
-	info->cache_hit = k->mod->cache_hit;
+	info->cache_hit = k->mod->origin == DG_KERNEL_CACHED;
+	info->origin = k->mod->origin;
 	info->load_ms = k->mod->load_ms;
 	return DG_OK;
+}
+
+const dg_spec *dg_kernel_spec(const dg_kernel *k)
+{
+	return k ? &k->mod->spec : NULL;
+}
+
+int dg_kernel_entry_count(const dg_kernel *k)
+{
+	return k ? k->mod->n_kernels : 0;
+}
+
+const dg_kernel *dg_kernel_entry(const dg_kernel *k, int i)
+{
+	return k && i >= 0 && i < k->mod->n_kernels ? &k->mod->kernels[i] : NULL;
 }
 
 size_t dg_device_kernel_count(const dg_device *dev)
@@ -569,9 +681,23 @@ size_t dg_device_kernel_count(const dg_device *dev)
 		return 0;
 	dg_device *d = (dg_device *)dev; /* the lock, not the state, changes */
 	pthread_mutex_lock(&d->mu);
-	size_t n = d->n_kernels;
+	size_t n = d->stats.kernels;
 	pthread_mutex_unlock(&d->mu);
 	return n;
+}
+
+dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out)
+{
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	if (dev->init_status)
+		return dg__dev_fail(dev, dev->init_status, "%s", dev->init_msg);
+	if (!out)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_device_stats_get: out is NULL");
+	pthread_mutex_lock(&dev->mu);
+	*out = dev->stats;
+	pthread_mutex_unlock(&dev->mu);
+	return DG_OK;
 }
 
 /* ---- launch --------------------------------------------------------------- */
@@ -617,8 +743,8 @@ dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
 					    k->entry, dim[i], block[i], dev->max_block[i]);
 	}
 	uint64_t threads = (uint64_t)block[0] * block[1] * block[2];
-	int limit = k->max_threads < dev->max_block_threads ? k->max_threads
-							    : dev->max_block_threads;
+	int limit = k->max_threads < dev->info.max_block_threads ? k->max_threads
+								 : dev->info.max_block_threads;
 	if (threads > (uint64_t)limit)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
 				    "%s: block %ux%ux%u is %llu threads, more than the %d this kernel can run a block",
@@ -646,7 +772,7 @@ dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
 	}
 	CUresult rc = dev->cu->LaunchKernel(k->fn, launch->grid[0], launch->grid[1],
 					    launch->grid[2], block[0], block[1], block[2],
-					    smem, dev->stream, args, NULL);
+					    smem, dg__dev_stream(dev), args, NULL);
 	if (rc != CUDA_SUCCESS) {
 		char what[256];
 		snprintf(what, sizeof(what), "cuLaunchKernel(%s, grid %ux%ux%u, block %ux%ux%u, smem %u)",
@@ -655,14 +781,4 @@ dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
 		return dg__dev_cu_fail(dev, rc, what);
 	}
 	return DG_OK;
-}
-
-dg_status dg__op_launch(dg_device *dev, const dg_spec *spec, const char *entry,
-			const dg_launch *launch, void **args)
-{
-	dg_kernel *k = NULL;
-	dg_status st = dg_kernel_get(dev, spec, entry, &k);
-	if (st)
-		return st;
-	return dg_kernel_launch(dev, k, launch, args);
 }

@@ -57,28 +57,6 @@ static bool ndim_ok(int ndim)
 	return ndim >= 1 && ndim <= DG_TENSOR_MAX_DIMS;
 }
 
-static bool fmt_is_int(dg_fmt f)
-{
-	return f != DG_FMT_F32 && f != DG_FMT_BF16;
-}
-
-/* Codes a storage word holds (the last dimension must fill whole words);
- * 1 for float formats. */
-static int codes_per_word(dg_fmt f)
-{
-	switch (f) {
-	case DG_FMT_F32:
-	case DG_FMT_BF16:
-		return 1;
-	case DG_FMT_TERNARY:
-		return 16;
-	case DG_FMT_SIGN1:
-		return 32;
-	default:
-		return 4;
-	}
-}
-
 int64_t dg_tensor_numel(const dg_tensor *t)
 {
 	if (!t || !ndim_ok(t->ndim))
@@ -90,24 +68,6 @@ int64_t dg_tensor_numel(const dg_tensor *t)
 		n *= t->shape[i];
 	}
 	return n;
-}
-
-size_t dg_fmt_row_bytes(dg_fmt fmt, int64_t n)
-{
-	if (n < 0 || (unsigned)fmt >= DG_FMT__COUNT || n % codes_per_word(fmt))
-		return 0;
-	switch (fmt) {
-	case DG_FMT_F32:
-		return (size_t)n * 4;
-	case DG_FMT_BF16:
-		return (size_t)n * 2;
-	case DG_FMT_TERNARY:
-		return (size_t)n / 4;
-	case DG_FMT_SIGN1:
-		return (size_t)n / 8;
-	default:
-		return (size_t)n;
-	}
 }
 
 size_t dg_tensor_bytes(const dg_tensor *t)
@@ -240,7 +200,7 @@ dg_status dg_tensor_expect(const dg_tensor *t, const char *role, dg_fmt fmt,
 	 * whole words. Byte codes are one a byte whatever their i8x4 reading
 	 * (pack_i8x4 packs along another axis), so any length stores. */
 	int64_t last = t->shape[t->ndim - 1];
-	int cpw = codes_per_word(fmt);
+	int cpw = dg_fmt_per_word(fmt);
 	if (cpw > 4 && last % cpw)
 		return fail(msg, msg_size,
 			    "%s: last dimension %" PRId64 " of %s %s does not fill whole words (%s stores %d codes a word: a multiple of %d)",
@@ -259,7 +219,7 @@ dg_status dg_tensor_expect(const dg_tensor *t, const char *role, dg_fmt fmt,
 		return fail(msg, msg_size,
 			    "%s: data pointer 0x%" PRIx64 " is not 16-byte aligned (allocations and arena blocks are)",
 			    name, t->data);
-	if (need_scale && fmt_is_int(fmt)) {
+	if (need_scale && dg_fmt_is_code(fmt)) {
 		if (!t->scale)
 			return fail(msg, msg_size,
 				    "%s: %s codes need their scale (dg_tensor.scale is 0; point it at one float on the device)",

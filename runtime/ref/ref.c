@@ -22,26 +22,12 @@
 
 uint16_t dg_ref_f32_to_bf16(float x)
 {
-	uint32_t u;
-
-	memcpy(&u, &x, sizeof(u));
-	/* NaN: keep the sign and the top of the payload and set the quiet bit,
-	 * so a payload that lives only in the low 16 bits does not become inf. */
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x0040u);
-	/* Round half to even on the 16 bits that are dropped; a carry out of
-	 * the mantissa correctly bumps the exponent (up to inf). */
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
+	return dg_f32_to_bf16(x);
 }
 
 float dg_ref_bf16_to_f32(uint16_t x)
 {
-	uint32_t u = (uint32_t)x << 16;
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
+	return dg_bf16_to_f32(x);
 }
 
 /* --- formats ------------------------------------------------------------- */

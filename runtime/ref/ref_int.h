@@ -40,7 +40,7 @@ static inline int dg__ref_code_of(float q, int lo, int hi)
 static inline float dg__ref_plain_at(dg_fmt f, const void *p, size_t i)
 {
 	if (f == DG_FMT_BF16)
-		return dg_ref_bf16_to_f32(((const uint16_t *)p)[i]);
+		return dg_bf16_to_f32(((const uint16_t *)p)[i]);
 	return ((const float *)p)[i];
 }
 
@@ -76,5 +76,10 @@ static inline int dg__ref_code_at(dg_fmt f, const void *p, size_t i)
 		return s;
 	}
 }
+
+/* The generic entry of each op of DG_OP_LIST (runtime/ref/registry.c). */
+#define DG__REF_ENTRY(e, name) dg_status dg__ref_##name(const dg_spec *spec, const dg_ref_call *c);
+DG_OP_LIST(DG__REF_ENTRY)
+#undef DG__REF_ENTRY
 
 #endif

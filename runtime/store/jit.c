@@ -309,6 +309,43 @@ out:
 	return st;
 }
 
+dg_status dg_jit_check_arch(int arch, bool arch_specific, char *msg, size_t msg_size)
+{
+	dg__nvrtc_target t;
+	char local[256];
+
+	if (!msg || !msg_size) {
+		msg = local;
+		msg_size = sizeof(local);
+	}
+	return dg__nvrtc_target_for(arch, arch_specific, &t, msg, msg_size);
+}
+
+dg_status dg_jit_key(dg_ctx *ctx, const dg_spec *spec, char *key, char *canonical)
+{
+	dg_source *src = NULL;
+	dg__nvrtc_target target;
+	dg_status st;
+
+	if (!ctx || !spec || !key)
+		return DG_ERR_INVALID_ARG;
+	if (ctx->init_status)
+		return ctx->init_status;
+	ctx->err[0] = '\0';
+	st = dg_codegen_render(ctx->cg, spec, &src);
+	if (st)
+		return set_err(ctx, st, dg_codegen_errmsg(ctx->cg));
+	st = dg__nvrtc_target_for(spec->arch, spec->arch_specific, &target, ctx->err,
+				  sizeof(ctx->err));
+	if (!st) {
+		compute_key(ctx->cg, src, &target, key);
+		if (canonical)
+			snprintf(canonical, DG_SPEC_TEXT_MAX, "%s", src->canonical);
+	}
+	dg_source_destroy(src);
+	return st;
+}
+
 dg_status dg_jit_compile(dg_ctx *ctx, const dg_spec *spec, dg_binary **out)
 {
 	dg_source *src = NULL;

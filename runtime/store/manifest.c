@@ -45,9 +45,12 @@ void dg_manifest_destroy(dg_manifest *m)
 		for (int e = 0; k->entries && e < k->n_entries; e++)
 			free(k->entries[e]);
 		free(k->entries);
+		free(k->threads);
+		free(k->smem);
 	}
 	free(m->kernels);
 	free(m->generator_version);
+	free(m->device);
 	free(m->nvrtc_version);
 	free(m->created);
 	free(m);
@@ -233,33 +236,53 @@ static dg_status parse_spec(const cJSON *it, const char *path,
 	return DG_OK;
 }
 
+static const char *const entry_names[] = { "name", "threads", "smem" };
+
 static dg_status parse_entries(const cJSON *it, const char *path,
 			       dg_manifest_kernel *k, char *msg, size_t size)
 {
 	char epath[96];
+	double v;
 
 	if (!it)
 		return dg__msgf(DG_ERR_PARSE, msg, size, "%sentries: missing",
 				path);
 	if (!cJSON_IsArray(it))
 		return dg__msgf(DG_ERR_PARSE, msg, size,
-				"%sentries: expected an array of names", path);
+				"%sentries: expected an array of { name, threads, smem }", path);
 	int n = cJSON_GetArraySize(it);
 	if (n < 1 || n > DG_MANIFEST_MAX_ENTRIES)
 		return dg__msgf(DG_ERR_PARSE, msg, size,
-				"%sentries: expected 1 to %d names, got %d",
+				"%sentries: expected 1 to %d entries, got %d",
 				path, DG_MANIFEST_MAX_ENTRIES, n);
 	k->entries = calloc((size_t)n, sizeof(*k->entries));
-	if (!k->entries)
+	k->threads = calloc((size_t)n, sizeof(*k->threads));
+	k->smem = calloc((size_t)n, sizeof(*k->smem));
+	if (!k->entries || !k->threads || !k->smem)
 		return nomem(msg, size);
 	int i = 0;
 	for (const cJSON *e = it->child; e; e = e->next, i++) {
-		snprintf(epath, sizeof(epath), "%sentries[%d]", path, i);
-		dg_status st = dup_str(e, epath, "", STR_IDENT, &k->entries[i],
-				       msg, size);
+		fields f = { entry_names, sizeof(entry_names) / sizeof(entry_names[0]), { 0 } };
+		dg_status st;
+		snprintf(epath, sizeof(epath), "%sentries[%d].", path, i);
+		if (!cJSON_IsObject(e))
+			return dg__msgf(DG_ERR_PARSE, msg, size,
+					"%sentries[%d]: expected an object { name, threads, smem }",
+					path, i);
+		if ((st = collect(e, &f, epath, msg, size)))
+			return st;
+		st = dup_str(field(&f, "name"), epath, "name", STR_IDENT, &k->entries[i], msg, size);
 		if (st)
 			return st;
 		k->n_entries = i + 1;
+		if ((st = get_num(field(&f, "threads"), epath, "threads", 1, 1024, true, &v, msg,
+				  size)))
+			return st;
+		k->threads[i] = (int)v;
+		if ((st = get_num(field(&f, "smem"), epath, "smem", 0, 1 << 30, true, &v, msg,
+				  size)))
+			return st;
+		k->smem[i] = (int)v;
 	}
 	return DG_OK;
 }
@@ -356,7 +379,8 @@ static dg_status check_unique(const dg_manifest *m, bool by_file, char *msg,
 }
 
 static const char *const top_names[] = {
-	"format", "generator_version", "nvrtc_version", "created", "kernels",
+	"format", "generator_version", "template_hash", "nvrtc_version", "created",
+	"device", "sm", "kernels",
 };
 
 static dg_status parse_root(const cJSON *root, dg_manifest *m, char *msg,
@@ -388,6 +412,24 @@ static dg_status parse_root(const cJSON *root, dg_manifest *m, char *msg,
 	    (st = dup_str(field(&f, "created"), "", "created", STR_TEXT,
 			  &m->created, msg, size)))
 		return st;
+	const char *th;
+	if ((st = get_str(field(&f, "template_hash"), "", "template_hash", STR_HEX64, &th, msg,
+			  size)))
+		return st;
+	memcpy(m->template_hash, th, DG_CACHE_KEY_LEN + 1);
+	const cJSON *dv = field(&f, "device");
+	if (!dv)
+		return dg__msgf(DG_ERR_PARSE, msg, size, "device: missing");
+	if (!cJSON_IsString(dv) || !dv->valuestring)
+		return dg__msgf(DG_ERR_PARSE, msg, size, "device: expected a string (\"\": none)");
+	if (dv->valuestring[0] && !str_ok(dv->valuestring, STR_TEXT))
+		return dg__msgf(DG_ERR_PARSE, msg, size, "device: %s", str_expect[STR_TEXT]);
+	m->device = strdup(dv->valuestring);
+	if (!m->device)
+		return nomem(msg, size);
+	if ((st = get_num(field(&f, "sm"), "", "sm", 0, 999, true, &v, msg, size)))
+		return st;
+	m->sm = (int)v;
 	const cJSON *ks = field(&f, "kernels");
 	if (!ks)
 		return dg__msgf(DG_ERR_PARSE, msg, size, "kernels: missing");
@@ -539,12 +581,24 @@ static bool add_raw_number(cJSON *o, const char *name, bool integer,
 static cJSON *kernel_json(const dg_manifest_kernel *k)
 {
 	cJSON *o = cJSON_CreateObject();
-	cJSON *e = cJSON_CreateStringArray((const char *const *)k->entries,
-					   k->n_entries);
+	cJSON *e = cJSON_CreateArray();
 	if (!o || !e) {
 		cJSON_Delete(o);
 		cJSON_Delete(e);
 		return NULL;
+	}
+	for (int i = 0; i < k->n_entries; i++) {
+		cJSON *x = cJSON_CreateObject();
+		bool in = x && cJSON_AddItemToArray(e, x);
+		if (x && !in)
+			cJSON_Delete(x);
+		if (!in || !cJSON_AddStringToObject(x, "name", k->entries[i]) ||
+		    !add_raw_number(x, "threads", true, k->threads[i]) ||
+		    !add_raw_number(x, "smem", true, k->smem[i])) {
+			cJSON_Delete(o);
+			cJSON_Delete(e); /* and the entries added to it */
+			return NULL;
+		}
 	}
 	bool ok = cJSON_AddStringToObject(o, "spec", k->spec) &&
 		  cJSON_AddStringToObject(o, "key", k->key) &&
@@ -567,13 +621,15 @@ static cJSON *kernel_json(const dg_manifest_kernel *k)
 
 static dg_status check_writable(const dg_manifest *m, char *msg, size_t size)
 {
-	if (!m->generator_version || !m->nvrtc_version || !m->created)
-		return inval(msg, size, "a version or date string is NULL");
+	if (!m->generator_version || !m->nvrtc_version || !m->created || !m->device)
+		return inval(msg, size, "a version, device or date string is NULL");
+	if (memchr(m->template_hash, '\0', sizeof(m->template_hash)) == NULL)
+		return inval(msg, size, "template_hash is not a string");
 	if (m->n_kernels && !m->kernels)
 		return inval(msg, size, "kernels is NULL");
 	for (size_t i = 0; i < m->n_kernels; i++) {
 		const dg_manifest_kernel *k = &m->kernels[i];
-		if (!k->file || (k->n_entries && !k->entries) ||
+		if (!k->file || (k->n_entries && (!k->entries || !k->threads || !k->smem)) ||
 		    k->n_entries < 0 || !isfinite(k->compile_ms) ||
 		    (double)k->size > MAX_SAFE_INT ||
 		    memchr(k->spec, '\0', sizeof(k->spec)) == NULL ||
@@ -605,8 +661,11 @@ dg_status dg_manifest_to_json(const dg_manifest *m, char **out, char *msg,
 		  add_raw_number(root, "format", true, m->format) &&
 		  cJSON_AddStringToObject(root, "generator_version",
 					  m->generator_version) &&
+		  cJSON_AddStringToObject(root, "template_hash", m->template_hash) &&
 		  cJSON_AddStringToObject(root, "nvrtc_version", m->nvrtc_version) &&
 		  cJSON_AddStringToObject(root, "created", m->created) &&
+		  cJSON_AddStringToObject(root, "device", m->device) &&
+		  add_raw_number(root, "sm", true, m->sm) &&
 		  cJSON_AddItemToObject(root, "kernels", ks);
 	if (!ok)
 		cJSON_Delete(ks);

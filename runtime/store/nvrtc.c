@@ -114,7 +114,7 @@ dg_status dg__nvrtc_target_for(int arch, bool arch_specific,
 		snprintf(err, esz,
 			 "arch=sm_%d: NVRTC %s targets sm_%d to sm_%d; pick one of those",
 			 arch, dg_nvrtc_version(), archs[0], archs[n - 1]);
-		return DG_ERR_UNSUPPORTED;
+		return DG_ERR_INVALID_SPEC; /* a usage error, like every spec error */
 	}
 	int best = archs[0];
 	for (int i = 0; i < n; i++)

@@ -1,0 +1,71 @@
+/*
+ * The random stream of test and benchmark data (dragon/rng.h).
+ */
+#include <string.h>
+
+#include "dragon/rng.h"
+
+void dg_rng_seed(dg_rng *r, uint64_t seed)
+{
+	r->state = seed;
+}
+
+uint64_t dg_rng_u64(dg_rng *r)
+{
+	uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+float dg_rng_uniform(dg_rng *r, float lo, float hi)
+{
+	double u = (double)(dg_rng_u64(r) >> 11) / 9007199254740992.0; /* [0, 1) */
+	return (float)(lo + (hi - lo) * u);
+}
+
+int dg_rng_int(dg_rng *r, int lo, int hi)
+{
+	uint64_t span = (uint64_t)((int64_t)hi - lo + 1);
+	return (int)((int64_t)lo + (int64_t)(dg_rng_u64(r) % span));
+}
+
+void dg_rng_fill(dg_rng *r, dg_fmt f, void *p, size_t n)
+{
+	uint8_t *b = p;
+
+	switch (f) {
+	case DG_FMT_F32:
+		for (size_t i = 0; i < n; i++)
+			((float *)p)[i] = dg_rng_uniform(r, -1.0f, 1.0f);
+		return;
+	case DG_FMT_BF16:
+		for (size_t i = 0; i < n; i++)
+			((uint16_t *)p)[i] = dg_f32_to_bf16(dg_rng_uniform(r, -1.0f, 1.0f));
+		return;
+	case DG_FMT_TERNARY:
+		memset(p, 0, n / 4);
+		for (size_t i = 0; i < n; i++) {
+			uint64_t c = dg_rng_u64(r) % 3; /* 0, +1 (01), -1 (11) */
+			((uint32_t *)p)[i / 16] |= (uint32_t)(c == 0 ? 0 : c == 1 ? 1 : 3)
+						   << (2 * (i % 16));
+		}
+		return;
+	case DG_FMT_SIGN1:
+		for (size_t i = 0; i < n / 32; i++)
+			((uint32_t *)p)[i] = (uint32_t)dg_rng_u64(r);
+		return;
+	case DG_FMT_INT4:
+		for (size_t i = 0; i < n; i++)
+			b[i] = (uint8_t)(int8_t)dg_rng_int(r, -7, 7);
+		return;
+	case DG_FMT_UINT8POS:
+		for (size_t i = 0; i < n; i++)
+			b[i] = (uint8_t)dg_rng_int(r, 0, 255);
+		return;
+	default:
+		for (size_t i = 0; i < n; i++)
+			b[i] = (uint8_t)(int8_t)dg_rng_int(r, -127, 127);
+		return;
+	}
+}

@@ -1,0 +1,246 @@
+/*
+ * The op table: a row an op (dragon/spec.h dg_op_info). Validation
+ * (codegen/spec.c), the parser's key list (codegen/spec_text.c), the
+ * template module that renders an op (codegen/codegen.c), `dragon-gen list`
+ * and its help texts, the default build set and the tuner read these rows
+ * and nothing else, so adding an op is a name in DG_OP_LIST, a row here,
+ * its template, its op wrapper, its CPU reference and its tests.
+ *
+ * Shapes: B batch, T time (run-time), H heads, Hin input heads, E embd,
+ * L latent (the spec's).
+ */
+#include <string.h>
+
+#include "dragon/spec.h"
+
+#define B(f) DG_FMT_BIT(DG_FMT_##f)
+/* Every weight format, every activation format, every projection output. */
+#define W_ALL (B(F32) | B(BF16) | B(INT8) | B(TERNARY) | B(SIGN1))
+#define A_ALL (B(F32) | B(BF16) | B(INT8) | B(INT4) | B(UINT8POS))
+#define O_ALL (B(F32) | B(BF16) | B(INT8) | B(UINT8POS))
+#define FLOATS (B(F32) | B(BF16))
+
+#define F(x) DG_FIELD_##x
+#define D(x) DG_DIM_##x
+/* The fields of the projection and of its gradients. */
+#define LOWRANK_SHAPE (F(ARCH) | F(EMBD) | F(HEADS) | F(IN_HEADS) | F(LATENT) | F(TILE))
+#define DECODER_SHAPE (F(ARCH) | F(EMBD) | F(HEADS) | F(LATENT) | F(TILE))
+/* The low-bit recipes a training step is built for: each weight format
+ * with int8 activations. */
+#define LOWBIT "weight=int8,ternary,sign1"
+
+static const dg_op_info rows[DG_OP__COUNT] = {
+	[DG_OP_LOWRANK_FWD] = {
+		.family = "lowrank", .module = "lowrank",
+		.about = "projection: out (B,H,T,L) = relu(s * x (B,Hin,T,E) . w (H,L,E)^T - thr)",
+		.fields = LOWRANK_SHAPE | F(ACT) | F(OUT) | F(RELU) | F(WEIGHT),
+		.tile = DG_TILE_GEMM,
+		.weight_fmts = W_ALL, .act_fmts = A_ALL, .out_fmts = O_ALL,
+		.weight_axis = F(EMBD), .pack_fmt = DG_FMT__COUNT,
+		.n_args = 3, .args = {
+			{ "x", false, DG_ARG_ACT, true, 4, { D(B), D(HIN), D(T), D(E) } },
+			{ "w", false, DG_ARG_WEIGHT, true, 3, { D(H), D(L), D(E) } },
+			{ "out", true, DG_ARG_OUT, true, 4, { D(B), D(H), D(T), D(L) } } },
+		.check = DG_CHECK_EXACT,
+		.build = "in_heads=1,4;" LOWBIT ";act=int8;out=bf16,uint8pos;relu=0",
+	},
+	[DG_OP_RELU_MASK] = {
+		.family = "lowrank", .module = "lowrank",
+		.about = "ReLU mask: grad_out (B,H,T,L) = grad * [y > thr], y recomputed from the projection's codes",
+		.fields = LOWRANK_SHAPE | F(ACT) | F(RELU) | F(WEIGHT),
+		.tile = DG_TILE_GEMM,
+		.weight_fmts = W_ALL, .act_fmts = A_ALL,
+		.weight_axis = F(EMBD), .pack_fmt = DG_FMT__COUNT, .needs_relu = true,
+		.defaults = { .fields = F(RELU), .relu = true, .relu_thr = 0.0f },
+		.n_args = 4, .args = {
+			{ "x", false, DG_ARG_ACT, true, 4, { D(B), D(HIN), D(T), D(E) } },
+			{ "w", false, DG_ARG_WEIGHT, true, 3, { D(H), D(L), D(E) } },
+			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "grad_out", true, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } } },
+		.check = DG_CHECK_MASK,
+		.build = "in_heads=1,4;" LOWBIT ";act=int8;relu=0",
+	},
+	[DG_OP_LOWRANK_GRAD_INPUT] = {
+		.family = "lowrank", .module = "backward",
+		.about = "projection input gradient: grad_x (B,Hin,T,E) = sw * grad (B,H,T,L) . w (H,L,E)",
+		.fields = LOWRANK_SHAPE | F(WEIGHT),
+		.tile = DG_TILE_GEMM,
+		.weight_fmts = W_ALL,
+		.weight_axis = F(EMBD), .pack_fmt = DG_FMT__COUNT,
+		.n_args = 3, .args = {
+			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "w", false, DG_ARG_WEIGHT, true, 3, { D(H), D(L), D(E) } },
+			{ "grad_x", true, DG_ARG_F32, false, 4, { D(B), D(HIN), D(T), D(E) } } },
+		.check = DG_CHECK_NORM,
+		.build = "in_heads=1,4;" LOWBIT,
+	},
+	[DG_OP_LOWRANK_GRAD_WEIGHT] = {
+		.family = "lowrank", .module = "backward",
+		.about = "projection weight gradient: grad_w (H,L,E) (+)= sa * sum_bt grad (B,H,T,L) x (B,Hin,T,E)",
+		.fields = LOWRANK_SHAPE | F(ACT),
+		.tile = DG_TILE_GEMM,
+		.act_fmts = A_ALL,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 3, .args = {
+			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "x", false, DG_ARG_ACT, true, 4, { D(B), D(HIN), D(T), D(E) } },
+			{ "grad_w", true, DG_ARG_F32, false, 3, { D(H), D(L), D(E) } } },
+		.check = DG_CHECK_NORM,
+		.build = "in_heads=1,4;act=int8",
+	},
+	[DG_OP_DECODER_FWD] = {
+		.family = "decoder", .module = "decoder",
+		.about = "decoder tail: out (B,1,T,E) = s * sum_h y (B,H,T,L) . w (E,H*L)^T, f32|bf16",
+		.fields = DECODER_SHAPE | F(ACT) | F(OUT) | F(WEIGHT),
+		.tile = DG_TILE_GEMM,
+		.weight_fmts = W_ALL, .act_fmts = A_ALL, .out_fmts = FLOATS,
+		.weight_axis = F(LATENT), .pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(OUT), .out = DG_FMT_BF16 },
+		.n_args = 3, .args = {
+			{ "y", false, DG_ARG_ACT, true, 4, { D(B), D(H), D(T), D(L) } },
+			{ "w", false, DG_ARG_WEIGHT, true, 2, { D(E), D(HL) } },
+			{ "out", true, DG_ARG_OUT, false, 4, { D(B), D(ONE), D(T), D(E) } } },
+		.check = DG_CHECK_EXACT,
+		.build = LOWBIT ";act=uint8pos;out=bf16",
+	},
+	[DG_OP_DECODER_GRAD_INPUT] = {
+		.family = "decoder", .module = "backward",
+		.about = "decoder input gradient: grad_y (B,H,T,L) = sw * grad (B,1,T,E) . w (E,H*L)",
+		.fields = DECODER_SHAPE | F(WEIGHT),
+		.tile = DG_TILE_GEMM,
+		.weight_fmts = W_ALL,
+		.weight_axis = F(LATENT), .pack_fmt = DG_FMT__COUNT,
+		.n_args = 3, .args = {
+			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(ONE), D(T), D(E) } },
+			{ "w", false, DG_ARG_WEIGHT, true, 2, { D(E), D(HL) } },
+			{ "grad_y", true, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } } },
+		.check = DG_CHECK_NORM,
+		.build = LOWBIT,
+	},
+	[DG_OP_DECODER_GRAD_WEIGHT] = {
+		.family = "decoder", .module = "backward",
+		.about = "decoder weight gradient: grad_w (E,H*L) (+)= sa * sum_bt grad (B,1,T,E) y (B,H,T,L)",
+		.fields = DECODER_SHAPE | F(ACT),
+		.tile = DG_TILE_GEMM,
+		.act_fmts = A_ALL,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 3, .args = {
+			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(ONE), D(T), D(E) } },
+			{ "y", false, DG_ARG_ACT, true, 4, { D(B), D(H), D(T), D(L) } },
+			{ "grad_w", true, DG_ARG_F32, false, 2, { D(E), D(HL) } } },
+		.check = DG_CHECK_NORM,
+		.build = "act=uint8pos",
+	},
+	[DG_OP_QUANTIZE_ACT] = {
+		.family = "quantize", .module = "quantize",
+		.about = "activation quantize: x (any shape) f32|bf16 -> codes and scale 2*mean|x|/qmax",
+		.fields = F(ACT) | F(ARCH) | F(SRC) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = B(INT8) | B(INT4) | B(UINT8POS), .src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 2, .args = {
+			{ "x", false, DG_ARG_SRC, false, 0, { 0 } },
+			{ "codes", true, DG_ARG_ACT, true, 0, { 0 } } },
+		.tune = { .r_mul = 1, .r_div = 1, .cols = 32768 }, /* the BDH latent, H·L wide */
+		.check = DG_CHECK_SCALED_CODES,
+		.build = "src=f32,bf16;act=int8,uint8pos",
+	},
+	[DG_OP_QUANTIZE_WEIGHT] = {
+		.family = "quantize", .module = "qweight",
+		.about = "weight quantize: w (any shape) f32|bf16 -> int8 codes (a byte each) and the format's scale",
+		.fields = F(ARCH) | F(SRC) | F(TILE) | F(WEIGHT),
+		.tile = DG_TILE_THREADS,
+		.weight_fmts = B(INT8) | B(TERNARY) | B(SIGN1), .src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 2, .args = {
+			{ "w", false, DG_ARG_SRC, false, 0, { 0 } },
+			{ "codes", true, DG_ARG_INT8, true, 0, { 0 } } },
+		.tune = { .r_mul = 8, .r_div = 1, .cols = 256 }, /* at 4096 rows the BDH weight */
+		.check = DG_CHECK_SCALED_CODES,
+		.build = "src=f32;" LOWBIT,
+	},
+	[DG_OP_PACK_TERNARY] = {
+		.family = "pack", .module = "qweight",
+		.about = "ternary pack: codes (R,E) int8 <-> words (R,E/16), 2 bits a code; and the unpack to i8x4",
+		.fields = F(ARCH) | F(EMBD) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.pack_fmt = DG_FMT_TERNARY,
+		.n_args = 2, .args = {
+			{ "codes", false, DG_ARG_INT8, false, 2, { D(R), D(E) } },
+			{ "packed", true, DG_ARG_PACK, false, 2, { D(R), D(E) } } },
+		.tune = { .r_mul = 8, .r_div = 1 },
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
+	[DG_OP_PACK_SIGN1] = {
+		.family = "pack", .module = "qweight",
+		.about = "sign1 pack: codes (R,E) int8 <-> words (R,E/32), 1 bit a code; and the unpack to i8x4",
+		.fields = F(ARCH) | F(EMBD) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.pack_fmt = DG_FMT_SIGN1,
+		.n_args = 2, .args = {
+			{ "codes", false, DG_ARG_INT8, false, 2, { D(R), D(E) } },
+			{ "packed", true, DG_ARG_PACK, false, 2, { D(R), D(E) } } },
+		.tune = { .r_mul = 8, .r_div = 1 },
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
+	[DG_OP_PACK_I8X4] = {
+		.family = "pack", .module = "pack",
+		.about = "i8x4 pack: codes (R,E,L) int8 -> packed (R,L,E/4), four codes of E a word",
+		.fields = F(ARCH) | F(EMBD) | F(LATENT) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.n_args = 2, .args = {
+			{ "codes", false, DG_ARG_INT8, false, 3, { D(R), D(E), D(L) } },
+			{ "packed", true, DG_ARG_INT8, false, 3, { D(R), D(L), D(E) } } },
+		.tune = { .r_mul = 1, .r_div = 1024, .r_max = 4 }, /* the BDH heads from 4096 rows */
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
+	[DG_OP_UNPACK_I8X4] = {
+		.family = "pack", .module = "pack",
+		.about = "i8x4 unpack: packed (R,L,E/4) -> codes (R,E,L) int8",
+		.fields = F(ARCH) | F(EMBD) | F(LATENT) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.n_args = 2, .args = {
+			{ "packed", false, DG_ARG_INT8, false, 3, { D(R), D(L), D(E) } },
+			{ "codes", true, DG_ARG_INT8, false, 3, { D(R), D(E), D(L) } } },
+		.tune = { .r_mul = 1, .r_div = 1024, .r_max = 4 },
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
+};
+
+static const char *const names[DG_OP__COUNT] = {
+#define DG__OP_STR(e, name) [e] = #name,
+	DG_OP_LIST(DG__OP_STR)
+#undef DG__OP_STR
+};
+
+const dg_op_info *dg_op_info_of(dg_op op)
+{
+	return (unsigned)op < DG_OP__COUNT ? &rows[op] : NULL;
+}
+
+const char *dg_op_name(dg_op op)
+{
+	return (unsigned)op < DG_OP__COUNT ? names[op] : "?";
+}
+
+bool dg_op_from_name(const char *name, dg_op *out)
+{
+	for (int i = 0; name && i < DG_OP__COUNT; i++) {
+		if (strcmp(name, names[i]) == 0) {
+			*out = (dg_op)i;
+			return true;
+		}
+	}
+	return false;
+}
+
+unsigned dg_spec_uses(dg_op op)
+{
+	return (unsigned)op < DG_OP__COUNT ? rows[op].fields : 0;
+}

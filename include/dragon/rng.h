@@ -1,0 +1,42 @@
+/*
+ * dragon — the one random stream of test and benchmark data: splitmix64
+ * (Steele, Lea, Flood 2014). The tuner's inputs, the bench's and the
+ * tests' all come from here, so "seed 42" means the same data everywhere.
+ * Not for anything that must resist prediction.
+ */
+#ifndef DRAGON_RNG_H
+#define DRAGON_RNG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fmt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_rng {
+	uint64_t state;
+} dg_rng;
+
+void dg_rng_seed(dg_rng *r, uint64_t seed);
+uint64_t dg_rng_u64(dg_rng *r);
+/* Uniform in [lo, hi), from 53 random bits. */
+float dg_rng_uniform(dg_rng *r, float lo, float hi);
+/* Uniform integer in [lo, hi]. */
+int dg_rng_int(dg_rng *r, int lo, int hi);
+
+/*
+ * n random values of format fmt in its storage layout (dragon/fmt.h):
+ * floats uniform in [-1, 1) (bf16 rounded from them), int8 codes in
+ * -127..127, int4 in -7..7, uint8pos in 0..255 (one a byte), ternary codes
+ * -1, 0, +1 packed 16 a word, sign1 bits 32 a word (n a multiple of the
+ * codes a word). storage holds dg_fmt_row_bytes(fmt, n) bytes.
+ */
+void dg_rng_fill(dg_rng *r, dg_fmt fmt, void *storage, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_RNG_H */

@@ -1,0 +1,260 @@
+/*
+ * The lowrank family: the projection (lowrank_fwd), its ReLU mask applied
+ * to a gradient (relu_mask, y recomputed from the codes), and its input
+ * and weight gradients (the GEMMs of grad.c). Kernels: templates/lowrank.lua
+ * and templates/backward.lua.
+ *
+ * The projection's kernels walk their tiles with a grid stride, so the
+ * grid does not depend on the tile: a multiple of the SM count, capped by
+ * the most tiles any valid tile (16x16 at least) can make; on the wgmma
+ * path (sm_90a) two blocks an SM, each a run of (head, m-tile) tiles.
+ * Block size and dynamic shared memory come from the plan (launch.block /
+ * launch.smem left 0).
+ */
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+/* Blocks for a grid-stride walk over `work` tiles: at most 16 an SM. */
+static unsigned tile_grid(long long work, int sms)
+{
+	return dg__op_grid(work, 1, 16LL * (sms > 0 ? sms : 1));
+}
+
+/* ---- lowrank_fwd ---------------------------------------------------------- */
+
+static dg__op_call fwd_call(const dg_lowrank_fwd_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->x;
+		c.t[1] = a->w;
+		c.t[2] = a->out;
+		c.absum = a->out_absum;
+	}
+	return c;
+}
+
+dg_status dg_lowrank_fwd_check(const dg_spec *spec, const dg_lowrank_fwd_args *a,
+			       char *msg, size_t msg_size)
+{
+	dg__op_call c = fwd_call(a);
+	return dg__op_check(spec, DG_OP_LOWRANK_FWD, "dg_lowrank_fwd", a ? &c : NULL, NULL,
+			    msg, msg_size);
+}
+
+dg_status dg__run_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	dg__op_shape sh;
+	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_FWD, "dg_lowrank_fwd", c, &sh);
+	if (st)
+		return st;
+	int B = (int)sh.b, T = (int)sh.t;
+	if ((long long)B * T == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, "dg_lowrank_fwd", &k);
+	if (st)
+		return st;
+	const int sms = dg__dev_info(dev)->sm_count;
+	/* the wgmma path: (head, m-tile) rows of tiles, split into as many runs
+	 * along n as two blocks an SM take (templates/lowrank_wgmma.lua) */
+	long long work = dg_kernel_spec(k)->arch_specific
+				 ? 2LL * sms
+				 : dg__op_cdiv((long long)B * T, 16) * dg__op_cdiv(spec->latent, 16) *
+					   spec->heads;
+	dg_launch l = { { tile_grid(work, sms), 1, 1 }, { 0, 0, 0 }, 0 };
+	dg_dptr x = c->t[0]->data, w = c->t[1]->data, out = c->t[2]->data;
+	dg_dptr sa = c->t[0]->scale, sw = c->t[1]->scale, so = c->t[2]->scale;
+	dg_dptr absum = c->absum;
+	void *args[] = { &x, &w, &sa, &sw, &out, &so, &absum, &B, &T };
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+dg_status dg__workspace_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				    size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	*bytes = 0;
+	return DG_OK;
+}
+
+dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg_lowrank_fwd_args *a)
+{
+	dg__op_call c = fwd_call(a);
+	return dg__run_lowrank_fwd(dev, spec, a ? &c : NULL);
+}
+
+/* ---- relu_mask ------------------------------------------------------------ */
+
+static dg__op_call mask_call(const dg_relu_mask_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->x;
+		c.t[1] = a->w;
+		c.t[2] = a->grad;
+		c.t[3] = a->grad_out;
+	}
+	return c;
+}
+
+dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a, char *msg,
+			     size_t msg_size)
+{
+	dg__op_call c = mask_call(a);
+	return dg__op_check(spec, DG_OP_RELU_MASK, "dg_relu_mask", a ? &c : NULL, NULL, msg,
+			    msg_size);
+}
+
+dg_status dg__run_relu_mask(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	dg__op_shape sh;
+	dg_status st = dg__op_check_dev(dev, spec, DG_OP_RELU_MASK, "dg_relu_mask", c, &sh);
+	if (st)
+		return st;
+	int B = (int)sh.b, T = (int)sh.t;
+	if ((long long)B * T == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, "dg_relu_mask", &k);
+	if (st)
+		return st;
+	long long work = dg__op_cdiv((long long)B * T, 16) * dg__op_cdiv(spec->latent, 16) *
+			 spec->heads;
+	dg_launch l = { { tile_grid(work, dg__dev_info(dev)->sm_count), 1, 1 }, { 0, 0, 0 }, 0 };
+	dg_dptr x = c->t[0]->data, w = c->t[1]->data;
+	dg_dptr sa = c->t[0]->scale, sw = c->t[1]->scale;
+	dg_dptr grad = c->t[2]->data, grad_out = c->t[3]->data;
+	void *args[] = { &x, &w, &sa, &sw, &grad, &grad_out, &B, &T };
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+dg_status dg__workspace_relu_mask(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				  size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	*bytes = 0;
+	return DG_OK;
+}
+
+dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec, const dg_relu_mask_args *a)
+{
+	dg__op_call c = mask_call(a);
+	return dg__run_relu_mask(dev, spec, a ? &c : NULL);
+}
+
+/* ---- lowrank_grad_input ----------------------------------------------------- */
+
+static dg__op_call gi_call(const dg_lowrank_grad_input_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->grad;
+		c.t[1] = a->w;
+		c.t[2] = a->grad_x;
+	}
+	return c;
+}
+
+dg_status dg_lowrank_grad_input_check(const dg_spec *spec, const dg_lowrank_grad_input_args *a,
+				      char *msg, size_t msg_size)
+{
+	dg__op_call c = gi_call(a);
+	return dg__op_check(spec, DG_OP_LOWRANK_GRAD_INPUT, "dg_lowrank_grad_input",
+			    a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg__run_lowrank_grad_input(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_GRAD_INPUT,
+					"dg_lowrank_grad_input", c, NULL);
+	if (st)
+		return st;
+	return dg__grad_input_launch(dev, spec, "dg_lowrank_grad_input", c->t[0], c->t[1],
+				     c->t[2], spec->embd, (unsigned)spec->in_heads);
+}
+
+dg_status dg__workspace_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
+					   const dg__op_call *c, size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	*bytes = 0;
+	return DG_OK;
+}
+
+dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
+				const dg_lowrank_grad_input_args *a)
+{
+	dg__op_call c = gi_call(a);
+	return dg__run_lowrank_grad_input(dev, spec, a ? &c : NULL);
+}
+
+/* ---- lowrank_grad_weight ---------------------------------------------------- */
+
+static dg__op_call gw_call(const dg_lowrank_grad_weight_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->grad;
+		c.t[1] = a->x;
+		c.t[2] = a->grad_w;
+		c.accumulate = a->accumulate;
+		c.ws = a->ws;
+	}
+	return c;
+}
+
+dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
+				       const dg_lowrank_grad_weight_args *a, char *msg,
+				       size_t msg_size)
+{
+	dg__op_call c = gw_call(a);
+	return dg__op_check(spec, DG_OP_LOWRANK_GRAD_WEIGHT, "dg_lowrank_grad_weight",
+			    a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg__workspace_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
+					    const dg__op_call *c, size_t *bytes)
+{
+	dg__op_shape sh;
+	*bytes = 0;
+	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_GRAD_WEIGHT,
+					"dg_lowrank_grad_weight_workspace", c, &sh);
+	if (st)
+		return st;
+	/* per head: rows l (L), cols e (E) */
+	return dg__grad_weight_workspace(dev, spec, "dg_lowrank_grad_weight", sh.b * sh.t,
+					 spec->latent, spec->embd, bytes);
+}
+
+dg_status dg__run_lowrank_grad_weight(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_GRAD_WEIGHT,
+					"dg_lowrank_grad_weight", c, NULL);
+	if (st)
+		return st;
+	return dg__grad_weight_launch(dev, spec, "dg_lowrank_grad_weight",
+				      "dg_lowrank_grad_weight_reduce", c->t[0], c->t[1], c->t[2],
+				      c->accumulate, &c->ws, spec->latent, spec->embd);
+}
+
+dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
+					   const dg_lowrank_grad_weight_args *a, size_t *bytes)
+{
+	if (!bytes)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_lowrank_grad_weight_workspace: bytes is NULL");
+	dg__op_call c = gw_call(a);
+	return dg__workspace_lowrank_grad_weight(dev, spec, a ? &c : NULL, bytes);
+}
+
+dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
+				 const dg_lowrank_grad_weight_args *a)
+{
+	dg__op_call c = gw_call(a);
+	return dg__run_lowrank_grad_weight(dev, spec, a ? &c : NULL);
+}

@@ -1,0 +1,90 @@
+/*
+ * Op internals shared by the files of runtime/ops/: the generic call every
+ * typed op is turned into, the one check of its tensors against the op
+ * table's signature, the launch helpers, and the per-op dispatch the tuner
+ * and the bench use (registry.c). The layers above (autotune/sweep, the
+ * training step) reach ops through dg__op_run and dg__op_workspace.
+ */
+#ifndef DG_RUNTIME_OPS_INT_H
+#define DG_RUNTIME_OPS_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dragon/ops.h"
+#include "runtime/gpu/gpu_int.h"
+
+/* One call of an op: its tensors in the op table's order
+ * (dg_op_info_of(op)->args), and the few non-tensor arguments. */
+typedef struct dg__op_call {
+	const dg_tensor *t[DG_OP_MAX_ARGS];
+	dg_workspace ws;
+	dg_dptr absum;   /* lowrank_fwd: Σ|y| accumulator, or 0 */
+	bool accumulate; /* the grad_weight ops */
+	bool unpack;     /* pack_ternary / pack_sign1: packed → codes */
+} dg__op_call;
+
+/* The sizes a checked call has: B and T of its first tensor with them, R
+ * of the pack ops, n the elements of the quantizers' input. */
+typedef struct dg__op_shape {
+	int64_t b, t, r, n;
+} dg__op_shape;
+
+/*
+ * Checks spec (op op, valid) and c's tensors against the op table: every
+ * argument's format, shape (B, T and R bound by the first tensor that has
+ * them) and scale, the row limits of the kernels. fn names the call in
+ * messages. *shape (may be NULL) gets the sizes.
+ */
+dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
+		       dg__op_shape *shape, char *msg, size_t msg_size);
+
+/* The check of a typed call with the message put on dev. */
+dg_status dg__op_check_dev(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
+			   const dg__op_call *c, dg__op_shape *shape);
+
+/* Refuses a workspace smaller than need (its message names the call). */
+dg_status dg__op_workspace_ok(dg_device *dev, const char *fn, const dg_workspace *ws,
+			      size_t need);
+
+/* Blocks for a grid-stride walk over `work` items of per_block each: at
+ * least 1, at most cap. */
+unsigned dg__op_grid(long long work, long long per_block, long long cap);
+
+long long dg__op_cdiv(long long a, long long b);
+
+/* ---- per-op entries (registry.c) -------------------------------------------- */
+
+/* Runs op spec->op with c (checked first). */
+dg_status dg__op_run(dg_device *dev, const dg_spec *spec, const dg__op_call *c);
+/* The workspace c needs on dev (0 for ops that take none). */
+dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+			   size_t *bytes);
+
+/* The generic entries of each op of DG_OP_LIST, defined in its family's
+ * file as dg__run_<name> and dg__workspace_<name>. */
+#define DG__OP_ENTRY(e, name)                                                 \
+	dg_status dg__run_##name(dg_device *dev, const dg_spec *spec,          \
+				 const dg__op_call *c);                        \
+	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec,    \
+				       const dg__op_call *c, size_t *bytes);
+DG_OP_LIST(DG__OP_ENTRY)
+#undef DG__OP_ENTRY
+
+/* ---- the gradient GEMMs (grad.c), shared by the lowrank and decoder ---- */
+
+/* grad_input: out (rows B·T, n_cols) per grid z, of kernel `entry`. */
+dg_status dg__grad_input_launch(dg_device *dev, const dg_spec *spec, const char *entry,
+				const dg_tensor *grad, const dg_tensor *w, const dg_tensor *out,
+				int64_t n_cols, unsigned gz);
+/* grad_weight: grad_w (H, rows, cols) reduced over B·T, split when the
+ * tiles are few; ws holds the splits' partials. */
+dg_status dg__grad_weight_workspace(dg_device *dev, const dg_spec *spec, const char *entry,
+				    int64_t bt, int64_t rows, int64_t cols, size_t *bytes);
+dg_status dg__grad_weight_launch(dg_device *dev, const dg_spec *spec, const char *entry,
+				 const char *reduce, const dg_tensor *grad, const dg_tensor *x,
+				 const dg_tensor *grad_w, bool accumulate, const dg_workspace *ws,
+				 int64_t rows, int64_t cols);
+
+#endif

@@ -1,0 +1,185 @@
+/*
+ * The pack family: the ternary / sign1 storage packers of quantized weights
+ * (pack_ternary, pack_sign1 and their unpacks to i8x4: templates/qweight.lua)
+ * and the i8x4 transposing pack of int8 codes (pack_i8x4, unpack_i8x4:
+ * templates/pack.lua). Element-wise, grid-stride: any grid is correct.
+ */
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+static dg_status no_workspace(size_t *bytes)
+{
+	*bytes = 0;
+	return DG_OK;
+}
+
+/* ---- pack_ternary / pack_sign1 -------------------------------------------- */
+
+static dg__op_call weight_call(const dg_pack_weight_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->codes;
+		c.t[1] = a->packed;
+		c.unpack = a->unpack;
+	}
+	return c;
+}
+
+static dg_status run_weight(dg_device *dev, const dg_spec *spec, dg_op op,
+			    const dg__op_call *c)
+{
+	dg__op_shape sh;
+	dg_status st = dg__op_check_dev(dev, spec, op, "dg_pack_weight", c, &sh);
+	if (st)
+		return st;
+	bool tern = op == DG_OP_PACK_TERNARY;
+	long long rows = sh.r;
+	long long words = rows * (spec->embd / (tern ? 16 : 32));
+	const char *entry = tern ? (c->unpack ? "dg_unpack_ternary" : "dg_pack_ternary")
+				 : (c->unpack ? "dg_unpack_sign1" : "dg_pack_sign1");
+	if (words == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, entry, &k);
+	if (st)
+		return st;
+	int nt = dg_kernel_spec(k)->tile.threads;
+	dg_launch l = { { dg__op_grid(words, nt, 8LL * dg__dev_info(dev)->sm_count), 1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	dg_dptr codes = c->t[0]->data, packed = c->t[1]->data;
+	void *args[3] = { c->unpack ? (void *)&packed : (void *)&codes,
+			  c->unpack ? (void *)&codes : (void *)&packed, &rows };
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+dg_status dg__run_pack_ternary(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run_weight(dev, spec, DG_OP_PACK_TERNARY, c);
+}
+
+dg_status dg__run_pack_sign1(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run_weight(dev, spec, DG_OP_PACK_SIGN1, c);
+}
+
+dg_status dg__workspace_pack_ternary(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				     size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	return no_workspace(bytes);
+}
+
+dg_status dg__workspace_pack_sign1(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				   size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	return no_workspace(bytes);
+}
+
+/* spec->op picks the format; an op of neither is refused by the check. */
+static dg_op weight_op(const dg_spec *spec)
+{
+	return spec && spec->op == DG_OP_PACK_SIGN1 ? DG_OP_PACK_SIGN1 : DG_OP_PACK_TERNARY;
+}
+
+dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a, char *msg,
+			       size_t msg_size)
+{
+	dg__op_call c = weight_call(a);
+	return dg__op_check(spec, weight_op(spec), "dg_pack_weight", a ? &c : NULL, NULL, msg,
+			    msg_size);
+}
+
+dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec, const dg_pack_weight_args *a)
+{
+	dg__op_call c = weight_call(a);
+	return run_weight(dev, spec, weight_op(spec), a ? &c : NULL);
+}
+
+/* ---- pack_i8x4 / unpack_i8x4 ---------------------------------------------- */
+
+/* The op table's order: pack_i8x4 (codes, packed), unpack_i8x4 (packed,
+ * codes). */
+static dg__op_call i8x4_call(const dg_spec *spec, const dg_pack_i8x4_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		bool unpack = spec && spec->op == DG_OP_UNPACK_I8X4;
+		c.t[0] = unpack ? a->packed : a->codes;
+		c.t[1] = unpack ? a->codes : a->packed;
+	}
+	return c;
+}
+
+static dg_op i8x4_op(const dg_spec *spec)
+{
+	return spec && spec->op == DG_OP_UNPACK_I8X4 ? DG_OP_UNPACK_I8X4 : DG_OP_PACK_I8X4;
+}
+
+static dg_status run_i8x4(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+{
+	dg__op_shape sh;
+	dg_status st = dg__op_check_dev(dev, spec, op, "dg_pack_i8x4", c, &sh);
+	if (st)
+		return st;
+	const char *entry = op == DG_OP_PACK_I8X4 ? "dg_pack_i8x4" : "dg_unpack_i8x4";
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, entry, &k);
+	if (st)
+		return st;
+	/* Tiles as pack.lua cuts them: TK = min(128, K) codes along K by
+	 * TC = 32 columns, walked grid-stride. */
+	int nt = dg_kernel_spec(k)->tile.threads;
+	const long long kk = spec->embd, cc = spec->latent;
+	const long long tk = kk < 128 ? kk : 128, tc = 32;
+	long long rows = sh.r;
+	long long tiles = rows * dg__op_cdiv(kk, tk) * dg__op_cdiv(cc, tc);
+	const int sms = dg__dev_info(dev)->sm_count;
+	dg_launch l = { { dg__op_grid(tiles, 1, 8LL * (sms > 0 ? sms : 1)), 1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	dg_dptr src = c->t[0]->data, dst = c->t[1]->data;
+	void *a[] = { &src, &dst, &rows };
+	return dg_kernel_launch(dev, k, &l, a);
+}
+
+dg_status dg__run_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run_i8x4(dev, spec, DG_OP_PACK_I8X4, c);
+}
+
+dg_status dg__run_unpack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run_i8x4(dev, spec, DG_OP_UNPACK_I8X4, c);
+}
+
+dg_status dg__workspace_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				  size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	return no_workspace(bytes);
+}
+
+dg_status dg__workspace_unpack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				    size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	return no_workspace(bytes);
+}
+
+dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a, char *msg,
+			     size_t msg_size)
+{
+	dg__op_call c = i8x4_call(spec, a);
+	return dg__op_check(spec, i8x4_op(spec), "dg_pack_i8x4", a ? &c : NULL, NULL, msg,
+			    msg_size);
+}
+
+dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg_pack_i8x4_args *a)
+{
+	dg__op_call c = i8x4_call(spec, a);
+	return run_i8x4(dev, spec, i8x4_op(spec), a ? &c : NULL);
+}

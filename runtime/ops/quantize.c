@@ -1,0 +1,212 @@
+/*
+ * The quantize family: activations (quantize_act, templates/quantize.lua)
+ * and weights (quantize_weight, templates/qweight.lua). Each runs three
+ * launches: per-block partial sums of |x| (in the caller's workspace), the
+ * scale from them in a fixed order, then the codes.
+ *
+ * quantize_act's partial blocks are a few an SM: the partials are
+ * deterministic for a given grid, which depends only on n and the device.
+ * quantize_weight's depend only on the size of w (about 16 loads a
+ * thread), so its scale is the same on every device; it equals
+ * dg_ref_quantize_weight's except when the exact double sum falls within
+ * ~1e-15 relative of a float rounding boundary (then it is one ulp away),
+ * and the codes are exactly the reference's codes for that scale.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+#define QW_MAX_PARTIALS 1024 /* blocks of quantize_weight's absum pass */
+
+/* The three kernels of a quantizer and their threads a block. */
+static dg_status kernels(dg_device *dev, const dg_spec *spec, const char *prefix,
+			 dg_kernel *k[3], int *nt)
+{
+	static const char *const suffix[3] = { "_absum", "_scale", "_apply" };
+	char entry[64];
+
+	for (int i = 0; i < 3; i++) {
+		snprintf(entry, sizeof(entry), "%s%s", prefix, suffix[i]);
+		dg_status st = dg_kernel_get(dev, spec, entry, &k[i]);
+		if (st)
+			return st;
+	}
+	*nt = dg_kernel_spec(k[0])->tile.threads;
+	return DG_OK;
+}
+
+static dg_launch flat(unsigned grid, int threads)
+{
+	dg_launch l = { { grid, 1, 1 }, { (unsigned)threads, 1, 1 }, 0 };
+	return l;
+}
+
+/* The partial blocks of n values: quantize_act's or quantize_weight's rule. */
+static unsigned partial_blocks(dg_device *dev, const dg_spec *spec, long long n, int nt)
+{
+	const long long ve = spec->src == DG_FMT_BF16 ? 8 : 4; /* values a 16-byte load */
+	if (spec->op == DG_OP_QUANTIZE_ACT) {
+		int sms = dg__dev_info(dev)->sm_count;
+		return dg__op_grid(n, (long long)nt * ve, 4LL * (sms > 0 ? sms : 1));
+	}
+	return dg__op_grid(n / ve / 16 + 1, nt, QW_MAX_PARTIALS);
+}
+
+/* Workspace: one partial a block (float for activations, double for weights). */
+static dg_status workspace(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
+			   const dg__op_call *c, size_t *bytes)
+{
+	dg__op_shape sh;
+	dg_kernel *k[3];
+	int nt;
+
+	*bytes = 0;
+	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	if (!st)
+		st = kernels(dev, spec, op == DG_OP_QUANTIZE_ACT ? "dg_quantize_act" : "dg_quantize_weight",
+			     k, &nt);
+	if (!st)
+		*bytes = (size_t)partial_blocks(dev, spec, sh.n, nt) *
+			 (op == DG_OP_QUANTIZE_ACT ? sizeof(float) : sizeof(double));
+	return st;
+}
+
+static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
+		     const dg__op_call *c)
+{
+	dg__op_shape sh;
+	dg_kernel *k[3];
+	int nt;
+
+	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	if (!st)
+		st = kernels(dev, spec, op == DG_OP_QUANTIZE_ACT ? "dg_quantize_act" : "dg_quantize_weight",
+			     k, &nt);
+	if (st)
+		return st;
+	long long n = sh.n;
+	unsigned g = partial_blocks(dev, spec, n, nt);
+	int n_partials = (int)g;
+	st = dg__op_workspace_ok(dev, fn, &c->ws,
+				 (size_t)g * (op == DG_OP_QUANTIZE_ACT ? sizeof(float) : sizeof(double)));
+	if (st)
+		return st;
+	dg_dptr x = c->t[0]->data, codes = c->t[1]->data, scale = c->t[1]->scale;
+	dg_dptr partials = c->ws.ptr;
+
+	dg_launch l = flat(g, nt);
+	void *a1[] = { &x, &n, &partials };
+	st = dg_kernel_launch(dev, k[0], &l, a1);
+	if (st)
+		return st;
+	l = flat(1, nt);
+	void *a2[] = { &partials, &n_partials, &n, &scale };
+	st = dg_kernel_launch(dev, k[1], &l, a2);
+	if (st)
+		return st;
+	const long long ve = spec->src == DG_FMT_BF16 ? 8 : 4;
+	const int sms = dg__dev_info(dev)->sm_count;
+	l = op == DG_OP_QUANTIZE_ACT ? flat(dg__op_grid(n, (long long)nt * ve, 16LL * (sms > 0 ? sms : 1)), nt)
+				     : flat(dg__op_grid(n / ve + 1, nt, 8LL * sms), nt);
+	void *a3[] = { &x, &n, &scale, &codes };
+	return dg_kernel_launch(dev, k[2], &l, a3);
+}
+
+/* ---- quantize_act --------------------------------------------------------- */
+
+static dg__op_call act_call(const dg_quantize_act_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->x;
+		c.t[1] = a->codes;
+		c.ws = a->ws;
+	}
+	return c;
+}
+
+dg_status dg_quantize_act_check(const dg_spec *spec, const dg_quantize_act_args *a, char *msg,
+				size_t msg_size)
+{
+	dg__op_call c = act_call(a);
+	return dg__op_check(spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", a ? &c : NULL, NULL,
+			    msg, msg_size);
+}
+
+dg_status dg__workspace_quantize_act(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				     size_t *bytes)
+{
+	return workspace(dev, spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act_workspace", c, bytes);
+}
+
+dg_status dg__run_quantize_act(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run(dev, spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", c);
+}
+
+dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
+				    const dg_quantize_act_args *a, size_t *bytes)
+{
+	if (!bytes)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_quantize_act_workspace: bytes is NULL");
+	dg__op_call c = act_call(a);
+	return dg__workspace_quantize_act(dev, spec, a ? &c : NULL, bytes);
+}
+
+dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec, const dg_quantize_act_args *a)
+{
+	dg__op_call c = act_call(a);
+	return dg__run_quantize_act(dev, spec, a ? &c : NULL);
+}
+
+/* ---- quantize_weight ------------------------------------------------------ */
+
+static dg__op_call weight_call(const dg_quantize_weight_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->w;
+		c.t[1] = a->codes;
+		c.ws = a->ws;
+	}
+	return c;
+}
+
+dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_quantize_weight_args *a,
+				   char *msg, size_t msg_size)
+{
+	dg__op_call c = weight_call(a);
+	return dg__op_check(spec, DG_OP_QUANTIZE_WEIGHT, "dg_quantize_weight", a ? &c : NULL,
+			    NULL, msg, msg_size);
+}
+
+dg_status dg__workspace_quantize_weight(dg_device *dev, const dg_spec *spec,
+					const dg__op_call *c, size_t *bytes)
+{
+	return workspace(dev, spec, DG_OP_QUANTIZE_WEIGHT, "dg_quantize_weight_workspace", c,
+			 bytes);
+}
+
+dg_status dg__run_quantize_weight(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run(dev, spec, DG_OP_QUANTIZE_WEIGHT, "dg_quantize_weight", c);
+}
+
+dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
+				       const dg_quantize_weight_args *a, size_t *bytes)
+{
+	if (!bytes)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_quantize_weight_workspace: bytes is NULL");
+	dg__op_call c = weight_call(a);
+	return dg__workspace_quantize_weight(dev, spec, a ? &c : NULL, bytes);
+}
+
+dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
+			     const dg_quantize_weight_args *a)
+{
+	dg__op_call c = weight_call(a);
+	return dg__run_quantize_weight(dev, spec, a ? &c : NULL);
+}
