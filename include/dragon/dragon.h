@@ -6,6 +6,8 @@
 #define DRAGON_H
 
 #include "status.h"
+#include "fmt.h"
+#include "rng.h"
 #include "spec.h"
 #include "codegen.h"
 #include "cache.h"
