@@ -17,20 +17,9 @@
 #include "dragon/codegen.h"
 #include "helpers.h"
 
-/* A template folder holding dragon.lua (and optional helper.lua), and a stub
- * for every module the op table names (codegen loads them all at create). */
 static char *tpl_dir(const char *dragon_lua, const char *helper_lua)
 {
-	char *dir = dg_test_tmpdir();
-	dg_test_write_file(dir, "dragon.lua", dragon_lua);
-	if (helper_lua)
-		dg_test_write_file(dir, "helper.lua", helper_lua);
-	for (int i = 0; i < DG_OP__COUNT; i++) {
-		char name[64];
-		snprintf(name, sizeof(name), "%s.lua", dg_op_info_of((dg_op)i)->module);
-		dg_test_write_file(dir, name, "return {}\n");
-	}
-	return dir;
+	return dg_test_template_dir(dragon_lua, helper_lua);
 }
 
 static dg_status render_with(const char *dir, dg_codegen **cg, dg_source **src)
