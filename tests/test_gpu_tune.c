@@ -1,5 +1,5 @@
 /*
- * A real sweep on the GPU (autotune/sweep/sweep.c): one lowrank_fwd and one
+ * A real sweep on the GPU (autotune/sweep.c): one lowrank_fwd and one
  * decoder_fwd spec at a reduced shape, a few candidates, a small budget.
  * Checks that every candidate ends timed (with ordered quantiles) or with
  * a reason, that a winner is chosen and its record is written and reads

@@ -248,7 +248,7 @@ const char *dg_tune_db_where(const dg_tune_db *db);
 /* Records kept (one a key, after newest-wins merging). */
 size_t dg_tune_db_size(const dg_tune_db *db);
 /* Kept records that are built into the library (the devices dragon was
- * tuned on, autotune/records/); a user's record of a key wins over one. */
+ * tuned on, runtime/tunedb/records/); a user's record of a key wins over one. */
 size_t dg_tune_db_n_builtin(const dg_tune_db *db);
 /* Records skipped because they name another device. */
 size_t dg_tune_db_n_other_device(const dg_tune_db *db);

@@ -11,7 +11,7 @@
  * for one device.
  *
  * Below the user's records serve the records of the devices dragon was
- * tuned on, built into the library (autotune/records/, embedded at build
+ * tuned on, built into the library (runtime/tunedb/records/, embedded at build
  * time): a user record of a key always wins over a built-in one, whatever
  * the dates, so an H200 user gets tuned tiles with no set-up and keeps
  * whatever they tune themselves.
