@@ -83,7 +83,7 @@ Test(cli, help_text_follows_the_op_table)
 	for (int op = 0; op < DG_OP__COUNT; op++)
 		cr_expect(strstr(r.out, dg_op_name((dg_op)op)) != NULL, "--help lacks op %s",
 			  dg_op_name((dg_op)op));
-	snprintf(want, sizeof(want), "the default build set, %d kernels", DG__SPECSET_DEFAULT_SIZE);
+	snprintf(want, sizeof(want), "the default build set, %d specs", DG__SPECSET_DEFAULT_SIZE);
 	cr_expect(strstr(r.out, want) != NULL, "--help should say '%s': %s", want, r.out);
 	for (int f = 0; f < DG_FMT__COUNT; f++)
 		cr_expect(strstr(r.out, dg_fmt_name((dg_fmt)f)) != NULL, "--help lacks format %s",

@@ -48,7 +48,8 @@ static void usage(FILE *to)
 	      "Exit status: 0 ok, 1 failure, 2 usage error.\n"
 	      "Environment: DRAGON_CACHE_DIR (kernel cache), DRAGON_TEMPLATE_DIR\n"
 	      "(templates from a folder instead of the built-in ones), DRAGON_TUNE_DB\n"
-	      "(tuning records: a file or folder; default <cache>/tune).\n",
+	      "(tuning records: a file or folder, default <cache>/tune, above the\n"
+	      "built-in ones; builtin: those alone; none: no records).\n",
 	      to);
 }
 

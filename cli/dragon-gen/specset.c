@@ -716,7 +716,7 @@ void dg__specset_help(FILE *to)
 		"A flag applies to the ops that read it (`dragon-gen list` shows which);\n"
 		"fields without a flag keep the op's default, and combinations an op's\n"
 		"rules or its template refuse are left out of the product.\n"
-		"With no spec flag: the default build set, %zu kernels of every op of a\n"
+		"With no spec flag: the default build set, %zu specs of every op of a\n"
 		"BDH training step, forward and backward, at H=%d, E=%d, L=%d (the op\n"
 		"table's build lists; `dragon-gen list` shows them).\n",
 		dg__specset_default_size(), d.heads, d.embd, d.latent);
