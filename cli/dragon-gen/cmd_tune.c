@@ -1,16 +1,17 @@
 /*
  * dragon-gen tune: sweep candidate tiles of specs on the GPU and record
  * the winners in the tuning DB (dragon/tune.h); and the DB helpers
- * `inspect` and `build --tuned` share (gen.h).
+ * `inspect` and `build` share (gen.h).
  *
  * Without spec flags the BDH set is tuned (dg_tune_bdh_set). Records go
  * to --record, else to $DRAGON_TUNE_DB when it names one folder, else to
  * <cache root>/tune/ — where the runtime looks them up — one file per
  * (spec, device), replaced by a new sweep.
  *
- * Device identity without a GPU (inspect, build --tuned): --device NAME
- * and --sm N; without them, the one device the DB's records name (several
- * devices: a usage error listing them; no records: the heuristic).
+ * Device identity without a GPU (inspect, build): --device NAME and --sm
+ * N, or --device none; without them, the one device the DB's records
+ * (the user's and the built-in ones) name for the spec's SM, else none —
+ * then a spec gets its template's default (dg_codegen_plan_for).
  */
 #include <errno.h>
 #include <stdio.h>
