@@ -242,30 +242,35 @@ static dg_status mkdir_p(dg_cache *c, const char *path)
 	return DG_OK;
 }
 
-static dg_status dirs_open(dg_cache *c)
+/* Opens the root and its folders, making them unless no_create (then one
+ * that is missing is DG_ERR_NOT_FOUND). */
+static dg_status dirs_open(dg_cache *c, bool no_create)
 {
-	dg_status st = mkdir_p(c, c->root);
+	dg_status st = no_create ? DG_OK : mkdir_p(c, c->root);
 
 	if (st)
 		return st;
 	c->root_fd = open(c->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (c->root_fd < 0)
-		return dg__cache_fail(c, DG_ERR_IO, "cannot open cache folder "
-				      "%s: %s; set DRAGON_CACHE_DIR to a "
-				      "writable folder", c->root,
-				      strerror(errno));
+		return dg__cache_fail(c, no_create && errno == ENOENT ? DG_ERR_NOT_FOUND
+								      : DG_ERR_IO,
+				      "cannot open cache folder %s: %s%s", c->root,
+				      strerror(errno),
+				      no_create ? "" : "; set DRAGON_CACHE_DIR to a "
+						       "writable folder");
 	for (int d = 0; d < DG__CACHE_NDIRS; d++) {
 		const char *sub = dg__cache_subdir_name[d];
 
-		if (mkdirat(c->root_fd, sub, 0755) < 0 && errno != EEXIST)
+		if (!no_create && mkdirat(c->root_fd, sub, 0755) < 0 && errno != EEXIST)
 			return dg__cache_fail(c, DG_ERR_IO, "cannot create "
 					      "%s/%s: %s", c->root, sub,
 					      strerror(errno));
 		c->dfd[d] = openat(c->root_fd, sub,
 				   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (c->dfd[d] < 0)
-			return dg__cache_fail(c, DG_ERR_IO, "cannot open "
-					      "%s/%s: %s", c->root, sub,
+			return dg__cache_fail(c, no_create && errno == ENOENT
+						      ? DG_ERR_NOT_FOUND : DG_ERR_IO,
+					      "cannot open %s/%s: %s", c->root, sub,
 					      strerror(errno));
 	}
 	return DG_OK;
@@ -296,7 +301,7 @@ dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts)
 	if (!st)
 		st = cap_choose(c, opts);
 	if (!st)
-		st = dirs_open(c);
+		st = dirs_open(c, opts && opts->no_create);
 	if (st) {
 		memcpy(open_errmsg, c->errmsg, sizeof(open_errmsg));
 		dg_cache_close(c);
