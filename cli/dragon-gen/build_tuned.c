@@ -22,7 +22,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/embedded.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
 #include "cli/dragon-gen/util.h"
@@ -37,17 +36,20 @@ void dg__gen_resolved_free(dg__gen_resolved *r)
 	for (size_t i = 0; i < r->n_recs; i++) {
 		free(r->rec_paths[i]);
 		free(r->rec_names[i]);
+		free(r->rec_json[i]);
 	}
 	free(r->specs);
 	free(r->canonical);
 	free(r->rec_paths);
 	free(r->rec_names);
+	free(r->rec_json);
 	cJSON_Delete(r->tuning);
 	memset(r, 0, sizeof(*r));
 }
 
-/* The bundle name of record `path` (added to r if new); NULL: no memory. */
-static const char *record_add(dg__gen_resolved *r, const char *path)
+/* The bundle name of record `path` (added to r if new; rec is the DB's
+ * record, whose JSON a built-in one is written from); NULL: no memory. */
+static const char *record_add(dg__gen_resolved *r, const char *path, const dg_tune_record *rec)
 {
 	for (size_t i = 0; i < r->n_recs; i++)
 		if (strcmp(r->rec_paths[i], path) == 0)
@@ -60,6 +62,17 @@ static const char *record_add(dg__gen_resolved *r, const char *path)
 	if (!q)
 		return NULL;
 	r->rec_names = q;
+	char **jj = realloc(r->rec_json, (r->n_recs + 1) * sizeof(*jj));
+	if (!jj)
+		return NULL;
+	r->rec_json = jj;
+	r->rec_json[r->n_recs] = NULL;
+	bool builtin = strncmp(path, BUILTIN_PREFIX, strlen(BUILTIN_PREFIX)) == 0;
+	if (builtin) {
+		char msg[256];
+		if (!rec || dg_tune_record_to_json(rec, &r->rec_json[r->n_recs], msg, sizeof(msg)))
+			return NULL;
+	}
 	const char *base = strncmp(path, BUILTIN_PREFIX, strlen(BUILTIN_PREFIX)) == 0
 				   ? path + strlen(BUILTIN_PREFIX)
 				   : strrchr(path, '/');
@@ -74,6 +87,7 @@ static const char *record_add(dg__gen_resolved *r, const char *path)
 	if (!r->rec_paths[r->n_recs] || !r->rec_names[r->n_recs]) {
 		free(r->rec_paths[r->n_recs]);
 		free(r->rec_names[r->n_recs]);
+		free(r->rec_json[r->n_recs]);
 		return NULL;
 	}
 	return r->rec_names[r->n_recs++];
@@ -105,8 +119,9 @@ static int note_device(dg__gen_resolved *r, const char *name, int sm)
 			   r->device, r->sm, name, sm);
 }
 
-/* The "tuning" entry of one spec. */
-static int tuning_entry(dg__gen_resolved *r, const char *given, const dg_tune_choice *ch)
+/* The "tuning" entry of one spec; rec: the DB's record behind ch. */
+static int tuning_entry(dg__gen_resolved *r, const char *given, const dg_tune_choice *ch,
+			const dg_tune_record *rec)
 {
 	cJSON *o = cJSON_CreateObject();
 	if (!o || !cJSON_AddItemToArray(r->tuning, o)) {
@@ -117,7 +132,7 @@ static int tuning_entry(dg__gen_resolved *r, const char *given, const dg_tune_ch
 	cJSON_AddStringToObject(o, "kernel_spec", ch->plan.canonical);
 	cJSON_AddBoolToObject(o, "tuned", ch->tuned);
 	if (ch->tuned && ch->record[0]) {
-		const char *name = record_add(r, ch->record);
+		const char *name = record_add(r, ch->record, rec);
 		char rel[320];
 		if (!name)
 			return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
@@ -155,7 +170,8 @@ int dg__gen_build_resolve(const dg__gen_tune *t, dg_codegen *cg, const dg__specs
 		if ((code = note_device(out, name, sm)))
 			break;
 		if (tuned && dg_tile_is_auto(&s->tile) &&
-		    (code = tuning_entry(out, set->canonical[i], &ch)))
+		    (code = tuning_entry(out, set->canonical[i], &ch,
+					 dg_tune_db_record(t->db, s, name, sm))))
 			break;
 		if (dg_tile_is_auto(&s->tile))
 			dg__gen_note(verbose, "%s: %s", set->canonical[i],
@@ -168,27 +184,6 @@ int dg__gen_build_resolve(const dg__gen_tune *t, dg_codegen *cg, const dg__specs
 		out->specs[out->n++] = ch.spec;
 	}
 	return code;
-}
-
-/* The JSON text of a record built into the library. No public call hands
- * out a DB's record, so the library's embedded copy is read by name. */
-static dg_status builtin_json(const char *path, char **json, char *msg, size_t msz)
-{
-	const char *name = path + strlen(BUILTIN_PREFIX);
-	for (size_t i = 0; i < dg__tune_records_count; i++) {
-		const dg__embedded_file *f = &dg__tune_records[i];
-		if (strcmp(f->name, name) != 0)
-			continue;
-		dg_tune_record *r = NULL;
-		dg_status st = dg_tune_record_parse((const char *)f->bytes, f->size, path, &r, msg,
-						    msz);
-		if (!st)
-			st = dg_tune_record_to_json(r, json, msg, msz);
-		dg_tune_record_destroy(r);
-		return st;
-	}
-	snprintf(msg, msz, "%s: no such built-in record", path);
-	return DG_ERR_NOT_FOUND;
 }
 
 dg_status dg__gen_records_write(const dg__gen_resolved *r, const char *tmp, char *msg,
@@ -204,21 +199,18 @@ dg_status dg__gen_records_write(const dg__gen_resolved *r, const char *tmp, char
 		return DG_ERR_IO;
 	}
 	for (size_t i = 0; i < r->n_recs; i++) {
-		uint8_t *bytes = NULL;
-		char *json = NULL;
+		uint8_t *file = NULL; /* a user record's bytes, as they are */
 		size_t n = 0;
-		dg_status st;
-		if (strncmp(r->rec_paths[i], BUILTIN_PREFIX, strlen(BUILTIN_PREFIX)) == 0) {
-			st = builtin_json(r->rec_paths[i], &json, msg, msz);
-			bytes = (uint8_t *)json;
-			n = json ? strlen(json) : 0;
-		} else {
-			st = dg__gen_read_file(r->rec_paths[i], (size_t)16 << 20, &bytes, &n, msg, msz);
-		}
+		dg_status st = DG_OK;
+		if (r->rec_json[i])
+			n = strlen(r->rec_json[i]);
+		else
+			st = dg__gen_read_file(r->rec_paths[i], (size_t)16 << 20, &file, &n, msg, msz);
 		snprintf(path, sizeof(path), "%s/%s", dir, r->rec_names[i]);
 		if (!st)
-			st = dg__gen_write_file(path, bytes, n, msg, msz);
-		free(bytes);
+			st = dg__gen_write_file(path, file ? file : (const uint8_t *)r->rec_json[i], n,
+						msg, msz);
+		free(file);
 		if (st)
 			return st;
 	}

@@ -83,6 +83,7 @@ typedef struct dg__gen_resolved {
 	/* --tuned: the records used and the manifest's "tuning" array */
 	char **rec_paths;   /* distinct record paths ("built-in:<file>" too), owned */
 	char **rec_names;   /* their names in the bundle's tune/ folder, owned */
+	char **rec_json;    /* a built-in record's JSON text, NULL for a file; owned */
 	size_t n_recs;
 	struct cJSON *tuning; /* owned, or NULL without --tuned */
 } dg__gen_resolved;

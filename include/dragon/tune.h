@@ -261,6 +261,13 @@ const char *dg_tune_db_problem(const dg_tune_db *db, size_t i);
 size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out,
 			  size_t max);
 
+/* The record the DB keeps for spec's key (its canonical text with tile
+ * auto, device name, sm; sm 0: the spec's arch), or NULL: what
+ * dg_tune_resolve looks up, for a tool that copies records (dragon-gen
+ * build --tuned). Owned by db. */
+const dg_tune_record *dg_tune_db_record(const dg_tune_db *db, const dg_spec *spec,
+					const char *device, int sm);
+
 /* How a spec's tile was chosen. */
 typedef struct dg_tune_choice {
 	dg_spec spec;       /* what runs: tile and arch_specific resolved */
