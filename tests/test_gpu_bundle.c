@@ -412,7 +412,7 @@ static bool case_run(op_case *c, dg_device *dev, dg_device *mem)
 
 /* ---- the default set ---------------------------------------------------------- */
 
-Test(gpu_bundle, default_set_runs_without_compiling, .timeout = 1800)
+Test(gpu_bundle, default_set_runs_without_compiling, .timeout = 1200)
 {
 	dg_device *mem = gh_open(); /* skips without a GPU; holds the tensors */
 	char *cache = fresh_env();
