@@ -2,14 +2,15 @@
  * dragon — autotuning: candidate tiles, sweeps, records, the tuning DB.
  *
  * A spec with an auto tile (tile=auto) is run with the tile a tuning
- * record names for it on this device, else with the heuristic default
- * (dg_spec_default_resolve). A sweep (dg_tune_sweep) makes such a record:
+ * record names for it on this device, else with its template's default
+ * for the device (dg_codegen_plan_for; dg_tune_resolve says which and
+ * why). A sweep (dg_tune_sweep) makes such a record:
  *
  *   1. the candidate space (dg_tune_space): a small grid of tiles per op
  *      family — GEMM ops BMxBNxBK/WMxWN/S, element-wise ops t64..t1024 —
  *      for the spec's arch and, on a device of exactly that arch from
  *      sm_90 on, for its arch-specific target too (sm_90a), each kept only
- *      if dg_spec_validate accepts it;
+ *      if its template plans it (the plan is the one judge of a tile);
  *   2. every candidate is compiled (in parallel) and loaded; one whose
  *      cubin cannot run (registers, shared memory, threads a block, read
  *      back from the driver) is rejected with the reason;
