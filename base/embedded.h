@@ -1,7 +1,7 @@
 /*
  * Files the library carries inside itself, generated at build time by
  * cmake/embed_files.cmake: the templates (codegen) and the tuning records
- * of the devices dragon was tuned on (autotune/db).
+ * of the devices dragon was tuned on (runtime/tunedb).
  */
 #ifndef DG_BASE_EMBEDDED_H
 #define DG_BASE_EMBEDDED_H
@@ -18,7 +18,7 @@ typedef struct dg__embedded_file {
 extern const dg__embedded_file dg__templates[];
 extern const size_t dg__templates_count;
 
-/* the shipped tuning records (autotune/records/, every .json) */
+/* the shipped tuning records (runtime/tunedb/records/, every .json) */
 extern const dg__embedded_file dg__tune_records[];
 extern const size_t dg__tune_records_count;
 

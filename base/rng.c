@@ -69,3 +69,54 @@ void dg_rng_fill(dg_rng *r, dg_fmt f, void *p, size_t n)
 		return;
 	}
 }
+
+/* ---- Philox4x32-10 ---------------------------------------------------------- */
+
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+void dg_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+{
+	uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+	uint32_t k0 = key[0], k1 = key[1];
+
+	for (int r = 0; r < 10; r++) {
+		uint64_t p0 = (uint64_t)PHILOX_M0 * c0, p1 = (uint64_t)PHILOX_M1 * c2;
+		uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+		uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+		c0 = hi1 ^ c1 ^ k0;
+		c1 = lo1;
+		c2 = hi0 ^ c3 ^ k1;
+		c3 = lo0;
+		k0 += PHILOX_W0;
+		k1 += PHILOX_W1;
+	}
+	out[0] = c0;
+	out[1] = c1;
+	out[2] = c2;
+	out[3] = c3;
+}
+
+uint32_t dg_dropout_threshold(float p)
+{
+	if (!(p > 0.0f))
+		return 0;
+	if (!(p < 1.0f))
+		return UINT32_MAX;
+	return (uint32_t)((double)p * 4294967296.0);
+}
+
+bool dg_dropout_keep(uint64_t seed, uint32_t step, uint32_t layer, uint64_t i, float p)
+{
+	uint32_t t = dg_dropout_threshold(p);
+	if (t == 0)
+		return true;
+	uint64_t q = i >> 2;
+	const uint32_t ctr[4] = { (uint32_t)q, (uint32_t)(q >> 32), step, layer };
+	const uint32_t key[2] = { (uint32_t)seed, (uint32_t)(seed >> 32) };
+	uint32_t out[4];
+	dg_philox4x32(ctr, key, out);
+	return out[i & 3] >= t;
+}

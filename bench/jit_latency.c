@@ -4,8 +4,11 @@
  *   cold: render + NVRTC + cache write, into an empty cache (a fresh cache
  *         folder per repetition, in this process);
  *   warm: a fresh process that creates a context and asks for the same spec:
- *         cache lookup, checksum verify, binary in memory (process start
- *         and exit excluded; timed inside the child).
+ *         plan, cache lookup, checksum verify, binary in memory (process
+ *         start and exit excluded; timed inside the child).
+ *
+ * "spec" is the spec as asked (an auto tile), "kernel_spec" what compiled
+ * (the template's default tile; no GPU, so no tuning record applies).
  *
  * Medians of --reps repetitions, written as JSON (--out FILE, default
  * stdout too). Usage: jit_latency [--spec TEXT] [--reps N] [--out FILE]
@@ -44,7 +47,11 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* One JIT request; returns ms, or a negative number on failure. */
+/* The spec as it compiled (tile resolved by its template), from a cold run. */
+static char kernel_spec[DG_SPEC_TEXT_MAX];
+
+/* One JIT request; returns ms, or a negative number on failure. Like
+ * sqlite3_open, dg_ctx_create hands out a handle that says why it failed. */
 static double jit_once(const char *cache_dir, const dg_spec *spec, bool want_hit)
 {
 	dg_ctx_opts o = { .cache_dir = cache_dir };
@@ -56,11 +63,14 @@ static double jit_once(const char *cache_dir, const dg_spec *spec, bool want_hit
 		st = dg_jit_compile(ctx, spec, &bin);
 	double ms = now_ms() - t0;
 	if (st) {
-		fprintf(stderr, "jit_latency: %s\n", dg_ctx_errmsg(ctx));
+		fprintf(stderr, "jit_latency: %s: %s\n", dg_status_str(st),
+			ctx ? dg_ctx_errmsg(ctx) : "out of memory");
 		ms = -1;
 	} else if (bin->cache_hit != want_hit) {
 		fprintf(stderr, "jit_latency: expected a cache %s\n", want_hit ? "hit" : "miss");
 		ms = -1;
+	} else if (!want_hit) {
+		snprintf(kernel_spec, sizeof(kernel_spec), "%s", bin->canonical);
 	}
 	dg_binary_destroy(bin);
 	dg_ctx_destroy(ctx);
@@ -174,6 +184,7 @@ int main(int argc, char **argv)
 	cJSON_AddNumberToObject(j, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
 	cJSON_AddStringToObject(j, "nvrtc_version", dg_nvrtc_version());
 	cJSON_AddStringToObject(j, "spec", canonical);
+	cJSON_AddStringToObject(j, "kernel_spec", kernel_spec);
 	cJSON_AddNumberToObject(j, "reps_cold", reps);
 	cJSON_AddNumberToObject(j, "reps_warm", nwarm);
 	cJSON_AddNumberToObject(j, "cold_ms_median", cold_med);

@@ -21,12 +21,14 @@
  * named <op>.<weight>.<act>.f32.m<M> (the weight of a grad_weight case is
  * the layer's, which that kernel does not read).
  *
- * Each call is timed with CUDA events on the device's stream, after
- * --warmup untimed calls (the first compiles the kernel), with the L2
- * flushed before every rep (a cuMemsetD8Async over a buffer larger than the
- * L2, outside the events); median, p10 and p90 of --reps. The host-side
- * cost of an op (checks, kernel lookup) is hidden behind the flush, so the
- * figures are device time.
+ * Every call, ours and cuBLASLt's, is timed by the one timer (dg_timer,
+ * dragon/runtime.h): --warmup untimed calls (the first compiles the
+ * kernel), then --reps calls, each between two CUDA events on the calling
+ * thread's stream (the device's own; cuBLASLt is given that stream too),
+ * after a write of a buffer four times the L2 outside the events; median,
+ * p10 and p90. The host-side cost of an op (checks, kernel lookup) is
+ * hidden behind the flush, so the figures are device time. Inputs are
+ * dg_rng's (dragon/rng.h), the data the tuner and the tests draw.
  *
  * Anchors, same run and shapes: a cuBLASLt bf16 GEMM (bf16 in and out, fp32
  * compute, the heuristic's first algo, 32 MiB workspace), and for the
@@ -37,24 +39,26 @@
  * floor_us = max(bytes / copy bandwidth, 2·M·N·K / tensor-core peak), bytes
  * = inputs + weights (as stored) + outputs, each read or written once (a
  * grad_weight's split partials are not counted), the copy bandwidth
- * measured here (cuMemcpyDtoDAsync of 1 GiB, read + write), the peak from
+ * measured here (dg_memcpy_dtod of 1 GiB, read + write), the peak from
  * a table keyed by sm and name (int8 peak for integer × integer kernels,
  * else bf16; the backward kernels run bf16 tensor cores and use the
  * measured bf16 peak where the table has one); a device not in the table
  * gets "unknown peak" and a bytes-only floor. Each result names the peak
  * it used (floor_peak_ops_per_s).
  *
- * The driver functions the bench needs beyond libdragon (events, module
- * loading for the ReLU kernel) are looked up in the libcuda.so.1 that
- * dg_device_open already loaded: linking libcuda would keep the binary from
- * starting at all on a machine without a driver, where it must print
- * "skipped: no CUDA device". cuBLASLt and NVRTC are linked.
+ * The driver functions the bench needs beyond libdragon (loading and
+ * launching the anchor's ReLU kernel) are looked up in the libcuda.so.1
+ * that dg_device_open already loaded: linking libcuda would keep the binary
+ * from starting at all on a machine without a driver, where it must print
+ * "skipped: no CUDA device". cuBLASLt and NVRTC are linked; every dg_ call
+ * makes the device's primary context current on the calling thread, which
+ * is the context cuBLASLt (the CUDA runtime) and the module loads use.
+ * Setup and timing: bench/kernels_run.c; the anchors: bench/kernels_cublas.c.
  *
  * Usage: kernels [--out FILE] [--reps N] [--warmup N] [--case TEXT]...
  *                [--arch sm_XX[a]] [--require-gpu]
  * Exit: 0 ok (or skipped), 1 a case or the setup failed, 2 usage.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -63,396 +67,10 @@
 #include <time.h>
 
 #include <cjson/cJSON.h>
-#include <cuda.h>
-/* cublasLt.h declares cublasLtLoggerForceDisable() without a prototype. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstrict-prototypes"
-#include <cublasLt.h>
-#pragma GCC diagnostic pop
-#include <nvrtc.h>
 
-#include "dragon/dragon.h"
+#include "bench/kernels.h"
 
-#define STR_(x) #x
-#define STR(x) STR_(x) /* the exported name: cuda.h maps some to _v2 */
-
-/* Driver entry points, typed by cuda.h's own prototypes. */
-#define BENCH_CU_FUNCS(X)                                                     \
-	X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
-	X(cuCtxSetCurrent) X(cuGetErrorName) X(cuEventCreate)                 \
-	X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)              \
-	X(cuEventElapsedTime) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)         \
-	X(cuStreamSynchronize) X(cuModuleLoadData) X(cuModuleUnload)          \
-	X(cuModuleGetFunction) X(cuLaunchKernel)
-
-static struct {
-#define BENCH_CU_FIELD(f) __typeof__(&f) f;
-	BENCH_CU_FUNCS(BENCH_CU_FIELD)
-#undef BENCH_CU_FIELD
-} cu;
-
-enum { BDH_H = 4, BDH_L = 8192, BDH_E = 256 };
-#define LT_WORKSPACE (32u << 20)
-#define COPY_BYTES ((size_t)1 << 30)
 #define MAX_FILTERS 16
-
-typedef struct stats {
-	double median, p10, p90; /* microseconds */
-} stats;
-
-typedef struct bench {
-	dg_device *dev;
-	dg_device_info info;
-	CUstream stream;
-	CUdevice cudev;
-	bool ctx_retained;
-	int reps, warmup;
-	int nev;            /* max(reps, 10): the copy is timed 10 times at least */
-	CUevent *ev0, *ev1; /* [nev] */
-	double *us;         /* [nev] */
-	dg_dptr flush;      /* flush_bytes, written before every rep */
-	size_t flush_bytes;
-	cublasLtHandle_t lt;
-	dg_dptr lt_ws; /* LT_WORKSPACE bytes */
-	CUmodule relu_mod;
-	CUfunction relu_fn;
-	char relu_err[512]; /* why there is no ReLU kernel, if there is none */
-	char err[1024];     /* the last failure */
-} bench;
-
-/* ---- small helpers ------------------------------------------------------ */
-
-static bool cu_ok(bench *b, CUresult rc, const char *call)
-{
-	if (rc == CUDA_SUCCESS)
-		return true;
-	const char *name = "?";
-	if (cu.cuGetErrorName)
-		cu.cuGetErrorName(rc, &name);
-	snprintf(b->err, sizeof(b->err), "%s: %s (%d)", call, name, (int)rc);
-	return false;
-}
-
-static bool lt_ok(bench *b, cublasStatus_t st, const char *call)
-{
-	if (st == CUBLAS_STATUS_SUCCESS)
-		return true;
-	snprintf(b->err, sizeof(b->err), "%s: %s", call, cublasLtGetStatusName(st));
-	return false;
-}
-
-static bool dg_ok(bench *b, dg_status st, const char *call)
-{
-	if (st == DG_OK)
-		return true;
-	snprintf(b->err, sizeof(b->err), "%s: %s: %s", call, dg_status_str(st),
-		 dg_device_errmsg(b->dev));
-	return false;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-/* Quantile of sorted v by linear interpolation. */
-static double quantile(const double *v, int n, double q)
-{
-	double pos = q * (n - 1);
-	int i = (int)pos;
-	if (i >= n - 1)
-		return v[n - 1];
-	return v[i] + (pos - i) * (v[i + 1] - v[i]);
-}
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15u;
-static uint64_t rng(void) /* splitmix64 */
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15u);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-	return z ^ (z >> 31);
-}
-
-/* Fills bytes of device memory with random data of format fmt: int8 codes
- * in [-127, 127], ternary 2-bit fields in {0, +1, -1}, bf16 and f32 in
- * [-1, 1]. A 16 MiB host block is made once per call and uploaded
- * repeatedly. */
-static bool fill_random(bench *b, dg_dptr dst, size_t bytes, dg_fmt fmt)
-{
-	size_t block = bytes < ((size_t)16 << 20) ? bytes : ((size_t)16 << 20);
-	uint8_t *h = malloc(block);
-	if (!h) {
-		snprintf(b->err, sizeof(b->err), "out of host memory (%zu bytes)", block);
-		return false;
-	}
-	for (size_t i = 0; i < block; i++) {
-		uint64_t r = rng();
-		if (fmt == DG_FMT_TERNARY) {
-			static const uint8_t code[3] = { 0x0, 0x1, 0x3 };
-			h[i] = (uint8_t)(code[r % 3] | code[(r >> 8) % 3] << 2 |
-					 code[(r >> 16) % 3] << 4 | code[(r >> 24) % 3] << 6);
-		} else if (fmt == DG_FMT_F32 && i % 4 == 0 && i + 3 < block) {
-			float f = (float)((double)(r >> 40) / (double)(1u << 23) - 1.0);
-			memcpy(h + i, &f, sizeof(f));
-			i += 3;
-		} else if (fmt == DG_FMT_BF16 && i % 2 == 0 && i + 1 < block) {
-			float f = (float)((double)(r >> 40) / (double)(1u << 23) - 1.0);
-			uint32_t u;
-			memcpy(&u, &f, sizeof(u));
-			h[i] = (uint8_t)(u >> 16);
-			h[i + 1] = (uint8_t)(u >> 24);
-			i++;
-		} else {
-			h[i] = (uint8_t)(int8_t)((int)(r % 255) - 127);
-		}
-	}
-	bool ok = true;
-	for (size_t off = 0; ok && off < bytes; off += block) {
-		size_t n = bytes - off < block ? bytes - off : block;
-		ok = dg_ok(b, dg_memcpy_htod(b->dev, dst + off, h, n), "dg_memcpy_htod");
-	}
-	free(h);
-	return ok;
-}
-
-static bool put_float(bench *b, dg_dptr dst, float v)
-{
-	return dg_ok(b, dg_memcpy_htod(b->dev, dst, &v, sizeof(v)), "dg_memcpy_htod");
-}
-
-/* ---- timing ---------------------------------------------------------------
- * A run_fn enqueues one call on b->stream; false with b->err on failure. */
-typedef bool (*run_fn)(bench *b, void *arg);
-
-static bool time_op(bench *b, run_fn fn, void *arg, bool flush, int reps, stats *out)
-{
-	for (int i = 0; i < b->warmup; i++)
-		if (!fn(b, arg))
-			return false;
-	for (int i = 0; i < reps; i++) {
-		if (flush && !cu_ok(b, cu.cuMemsetD8Async(b->flush, (unsigned char)i,
-							  b->flush_bytes, b->stream),
-				    "cuMemsetD8Async"))
-			return false;
-		if (!cu_ok(b, cu.cuEventRecord(b->ev0[i], b->stream), "cuEventRecord"))
-			return false;
-		if (!fn(b, arg))
-			return false;
-		if (!cu_ok(b, cu.cuEventRecord(b->ev1[i], b->stream), "cuEventRecord"))
-			return false;
-	}
-	if (!cu_ok(b, cu.cuStreamSynchronize(b->stream), "cuStreamSynchronize (a kernel failed)"))
-		return false;
-	for (int i = 0; i < reps; i++) {
-		float ms;
-		if (!cu_ok(b, cu.cuEventElapsedTime(&ms, b->ev0[i], b->ev1[i]), "cuEventElapsedTime"))
-			return false;
-		b->us[i] = ms * 1e3;
-	}
-	qsort(b->us, (size_t)reps, sizeof(double), cmp_double);
-	out->median = quantile(b->us, reps, 0.5);
-	out->p10 = quantile(b->us, reps, 0.1);
-	out->p90 = quantile(b->us, reps, 0.9);
-	return true;
-}
-
-/* ---- copy bandwidth -------------------------------------------------------- */
-typedef struct copy_arg {
-	dg_dptr src, dst;
-} copy_arg;
-
-static bool run_copy(bench *b, void *arg)
-{
-	copy_arg *c = arg;
-	return cu_ok(b, cu.cuMemcpyDtoDAsync(c->dst, c->src, COPY_BYTES, b->stream),
-		     "cuMemcpyDtoDAsync");
-}
-
-/* Bytes read + written per second; 0 on failure. */
-static double copy_bandwidth(bench *b)
-{
-	copy_arg c = { 0, 0 };
-	stats s = { 0, 0, 0 };
-	bool ok = dg_ok(b, dg_malloc(b->dev, COPY_BYTES, &c.src), "dg_malloc") &&
-		  dg_ok(b, dg_malloc(b->dev, COPY_BYTES, &c.dst), "dg_malloc") &&
-		  dg_ok(b, dg_memset8(b->dev, c.src, 1, COPY_BYTES), "dg_memset8") &&
-		  time_op(b, run_copy, &c, false, b->nev, &s);
-	dg_free(b->dev, c.src);
-	dg_free(b->dev, c.dst);
-	return ok ? 2.0 * (double)COPY_BYTES / (s.median * 1e-6) : 0;
-}
-
-/* ---- the ReLU kernel of the anchor ---------------------------------------- */
-static const char relu_src[] =
-	"__device__ unsigned int bf16_rne(float f)\n"
-	"{\n"
-	"\tunsigned int u = __float_as_uint(f);\n"
-	"\treturn (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n"
-	"}\n"
-	"/* out = relu(in - thr), bf16, eight a thread (n8 = n / 8) */\n"
-	"extern \"C\" __global__ void relu_bf16(const uint4 *in, uint4 *out,\n"
-	"\tunsigned long long n8, float thr)\n"
-	"{\n"
-	"\tunsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
-	"\tif (i >= n8)\n"
-	"\t\treturn;\n"
-	"\tuint4 v = in[i];\n"
-	"\tunsigned int w[4] = { v.x, v.y, v.z, v.w };\n"
-	"#pragma unroll\n"
-	"\tfor (int k = 0; k < 4; k++) {\n"
-	"\t\tfloat lo = fmaxf(__uint_as_float(w[k] << 16) - thr, 0.f);\n"
-	"\t\tfloat hi = fmaxf(__uint_as_float(w[k] & 0xffff0000u) - thr, 0.f);\n"
-	"\t\tw[k] = bf16_rne(lo) | (bf16_rne(hi) << 16);\n"
-	"\t}\n"
-	"\tuint4 r;\n"
-	"\tr.x = w[0]; r.y = w[1]; r.z = w[2]; r.w = w[3];\n"
-	"\tout[i] = r;\n"
-	"}\n";
-
-/* Compiles and loads relu_bf16 for the device's arch; on failure leaves
- * b->relu_fn NULL and says why in b->relu_err (the anchor is then null). */
-static void relu_load(bench *b)
-{
-	nvrtcProgram prog = NULL;
-	char arch[32], *cubin = NULL, *log = NULL;
-	size_t n = 0;
-	snprintf(arch, sizeof(arch), "--gpu-architecture=sm_%d", b->info.sm);
-	const char *opts[] = { arch, "-default-device" };
-	nvrtcResult rc = nvrtcCreateProgram(&prog, relu_src, "relu_bf16.cu", 0, NULL, NULL);
-	if (rc == NVRTC_SUCCESS)
-		rc = nvrtcCompileProgram(prog, 2, opts);
-	if (rc != NVRTC_SUCCESS) {
-		size_t ln = 0;
-		if (prog && nvrtcGetProgramLogSize(prog, &ln) == NVRTC_SUCCESS && ln > 1 &&
-		    (log = malloc(ln)) && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS)
-			snprintf(b->relu_err, sizeof(b->relu_err), "NVRTC (%s): %.400s",
-				 nvrtcGetErrorString(rc), log);
-		else
-			snprintf(b->relu_err, sizeof(b->relu_err), "NVRTC: %s", nvrtcGetErrorString(rc));
-		goto out;
-	}
-	if (nvrtcGetCUBINSize(prog, &n) != NVRTC_SUCCESS || !(cubin = malloc(n)) ||
-	    nvrtcGetCUBIN(prog, cubin) != NVRTC_SUCCESS) {
-		snprintf(b->relu_err, sizeof(b->relu_err), "NVRTC: no cubin for %s", arch);
-		goto out;
-	}
-	if (!cu_ok(b, cu.cuModuleLoadData(&b->relu_mod, cubin), "cuModuleLoadData") ||
-	    !cu_ok(b, cu.cuModuleGetFunction(&b->relu_fn, b->relu_mod, "relu_bf16"),
-		   "cuModuleGetFunction")) {
-		snprintf(b->relu_err, sizeof(b->relu_err), "%.400s", b->err);
-		b->relu_fn = NULL;
-	}
-out:
-	free(log);
-	free(cubin);
-	nvrtcDestroyProgram(&prog);
-}
-
-/* ---- cuBLASLt anchor ------------------------------------------------------
- * Row-major Y (M,N) = X (M,K) · Wᵀ, W (N,K) as our weights are stored: in
- * cuBLASLt's column-major terms Yᵀ (N×M) = op_T(W: K×N) · Xᵀ (K×M), "TN". */
-typedef struct gemm {
-	int64_t m, n, k;
-	dg_dptr x, w, y; /* bf16 (M,K), (N,K), (M,N) */
-	cublasLtMatmulDesc_t desc;
-	cublasLtMatrixLayout_t la, lb, lc;
-	cublasLtMatmulHeuristicResult_t algo;
-	float thr;
-} gemm;
-
-static bool run_gemm(bench *b, void *arg)
-{
-	gemm *g = arg;
-	const float alpha = 1.0f, beta = 0.0f;
-	return lt_ok(b, cublasLtMatmul(b->lt, g->desc, &alpha, (const void *)g->w, g->la,
-				       (const void *)g->x, g->lb, &beta, (const void *)g->y,
-				       g->lc, (void *)g->y, g->lc, &g->algo.algo,
-				       (void *)b->lt_ws, LT_WORKSPACE, b->stream),
-		     "cublasLtMatmul");
-}
-
-static bool run_gemm_relu(bench *b, void *arg)
-{
-	gemm *g = arg;
-	if (!run_gemm(b, arg))
-		return false;
-	unsigned long long n8 = (unsigned long long)(g->m * g->n / 8);
-	unsigned grid = (unsigned)((n8 + 255) / 256);
-	void *args[] = { &g->y, &g->y, &n8, &g->thr };
-	return cu_ok(b, cu.cuLaunchKernel(b->relu_fn, grid, 1, 1, 256, 1, 1, 0, b->stream,
-					  args, NULL),
-		     "cuLaunchKernel (relu_bf16)");
-}
-
-typedef struct anchor {
-	int64_t m, n, k;
-	bool relu;
-	bool done, failed;
-	double us, relu_us; /* medians; relu_us < 0: none */
-	char err[1024];
-} anchor;
-
-/* Times the GEMM (and GEMM + ReLU when a->relu) for a's shape. */
-static void anchor_run(bench *b, anchor *a)
-{
-	gemm g = { .m = a->m, .n = a->n, .k = a->k, .thr = 0.0f };
-	cublasLtMatmulPreference_t pref = NULL;
-	stats s;
-	uint64_t ws = LT_WORKSPACE;
-	cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-	int found = 0;
-	a->done = true;
-	a->relu_us = -1;
-	bool ok = dg_ok(b, dg_malloc(b->dev, (size_t)(g.m * g.k * 2), &g.x), "dg_malloc") &&
-		  dg_ok(b, dg_malloc(b->dev, (size_t)(g.n * g.k * 2), &g.w), "dg_malloc") &&
-		  dg_ok(b, dg_malloc(b->dev, (size_t)(g.m * g.n * 2), &g.y), "dg_malloc") &&
-		  fill_random(b, g.x, (size_t)(g.m * g.k * 2), DG_FMT_BF16) &&
-		  fill_random(b, g.w, (size_t)(g.n * g.k * 2), DG_FMT_BF16);
-	ok = ok && lt_ok(b, cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-			 "cublasLtMatmulDescCreate") &&
-	     lt_ok(b, cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
-		   "cublasLtMatmulDescSetAttribute") &&
-	     lt_ok(b, cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
-		   "cublasLtMatmulDescSetAttribute") &&
-	     lt_ok(b, cublasLtMatrixLayoutCreate(&g.la, CUDA_R_16BF, (uint64_t)g.k, (uint64_t)g.n, g.k),
-		   "cublasLtMatrixLayoutCreate") &&
-	     lt_ok(b, cublasLtMatrixLayoutCreate(&g.lb, CUDA_R_16BF, (uint64_t)g.k, (uint64_t)g.m, g.k),
-		   "cublasLtMatrixLayoutCreate") &&
-	     lt_ok(b, cublasLtMatrixLayoutCreate(&g.lc, CUDA_R_16BF, (uint64_t)g.n, (uint64_t)g.m, g.n),
-		   "cublasLtMatrixLayoutCreate") &&
-	     lt_ok(b, cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate") &&
-	     lt_ok(b, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-							   &ws, sizeof(ws)),
-		   "cublasLtMatmulPreferenceSetAttribute") &&
-	     lt_ok(b, cublasLtMatmulAlgoGetHeuristic(b->lt, g.desc, g.la, g.lb, g.lc, g.lc, pref, 1,
-						     &g.algo, &found),
-		   "cublasLtMatmulAlgoGetHeuristic");
-	if (ok && found < 1) {
-		snprintf(b->err, sizeof(b->err), "cuBLASLt has no algorithm for bf16 %lldx%lldx%lld",
-			 (long long)g.m, (long long)g.n, (long long)g.k);
-		ok = false;
-	}
-	if (ok && (ok = time_op(b, run_gemm, &g, true, b->reps, &s)))
-		a->us = s.median;
-	if (ok && a->relu && b->relu_fn && (ok = time_op(b, run_gemm_relu, &g, true, b->reps, &s)))
-		a->relu_us = s.median;
-	if (!ok) {
-		a->failed = true;
-		snprintf(a->err, sizeof(a->err), "%s", b->err);
-	} else if (a->relu && !b->relu_fn) {
-		snprintf(a->err, sizeof(a->err), "no ReLU kernel: %s", b->relu_err);
-	}
-	cublasLtMatmulPreferenceDestroy(pref);
-	cublasLtMatrixLayoutDestroy(g.la);
-	cublasLtMatrixLayoutDestroy(g.lb);
-	cublasLtMatrixLayoutDestroy(g.lc);
-	cublasLtMatmulDescDestroy(g.desc);
-	dg_free(b->dev, g.x);
-	dg_free(b->dev, g.w);
-	dg_free(b->dev, g.y);
-}
 
 /* ---- our kernels ---------------------------------------------------------- */
 typedef struct bcase {
@@ -485,11 +103,6 @@ static void case_name(const bcase *c, char *buf, size_t size)
 {
 	snprintf(buf, size, "%s.%s.%s.%s.m%d", dg_op_name(c->op), dg_fmt_name(c->weight),
 		 dg_fmt_name(c->act), dg_fmt_name(c->out), c->m);
-}
-
-static bool is_int_fmt(dg_fmt f)
-{
-	return f != DG_FMT_F32 && f != DG_FMT_BF16;
 }
 
 static bool is_backward(dg_op op)
@@ -530,55 +143,83 @@ static void case_gemm(const bcase *c, int64_t *gm, int64_t *n, int64_t *k)
 typedef struct run_case {
 	dg_spec spec;
 	dg_tensor x, w, out;
-	dg_dptr mem[6]; /* x, w, out, and their three scales */
-	size_t bytes;   /* x + w + out as stored */
+	dg_dptr mem[7]; /* x, w, out, their three scales, the workspace */
+	dg_workspace ws; /* what the op asks for (decoder_fwd, the grad_weight splits) */
+	size_t bytes;   /* x + w + out as stored (not the workspace) */
 } run_case;
 
-static bool run_ours(bench *b, void *arg)
+/* Enqueues r's op, or (ws_bytes non-NULL) asks it for its workspace. */
+static bool call_ours(bench *b, run_case *r, size_t *ws_bytes)
 {
-	run_case *r = arg;
-	dg_status st;
+	dg_status st = DG_OK;
+	if (ws_bytes)
+		*ws_bytes = 0;
 	switch (r->spec.op) {
 	case DG_OP_LOWRANK_FWD: {
 		dg_lowrank_fwd_args a = { .x = &r->x, .w = &r->w, .out = &r->out, .out_absum = 0 };
-		st = dg_lowrank_fwd(b->dev, &r->spec, &a);
+		if (!ws_bytes)
+			st = dg_lowrank_fwd(b->dev, &r->spec, &a);
 		break;
 	}
 	case DG_OP_LOWRANK_GRAD_INPUT: {
 		dg_lowrank_grad_input_args a = { .grad = &r->x, .w = &r->w, .grad_x = &r->out };
-		st = dg_lowrank_grad_input(b->dev, &r->spec, &a);
+		if (!ws_bytes)
+			st = dg_lowrank_grad_input(b->dev, &r->spec, &a);
 		break;
 	}
 	case DG_OP_LOWRANK_GRAD_WEIGHT: {
 		dg_lowrank_grad_weight_args a = { .grad = &r->x, .x = &r->w, .grad_w = &r->out,
-						  .accumulate = false };
-		st = dg_lowrank_grad_weight(b->dev, &r->spec, &a);
+						  .accumulate = false, .ws = r->ws };
+		st = ws_bytes ? dg_lowrank_grad_weight_workspace(b->dev, &r->spec, &a, ws_bytes)
+			      : dg_lowrank_grad_weight(b->dev, &r->spec, &a);
 		break;
 	}
 	case DG_OP_DECODER_GRAD_INPUT: {
 		dg_decoder_grad_input_args a = { .grad = &r->x, .w = &r->w, .grad_y = &r->out };
-		st = dg_decoder_grad_input(b->dev, &r->spec, &a);
+		if (!ws_bytes)
+			st = dg_decoder_grad_input(b->dev, &r->spec, &a);
 		break;
 	}
 	case DG_OP_DECODER_GRAD_WEIGHT: {
 		dg_decoder_grad_weight_args a = { .grad = &r->x, .y = &r->w, .grad_w = &r->out,
-						  .accumulate = false };
-		st = dg_decoder_grad_weight(b->dev, &r->spec, &a);
+						  .accumulate = false, .ws = r->ws };
+		st = ws_bytes ? dg_decoder_grad_weight_workspace(b->dev, &r->spec, &a, ws_bytes)
+			      : dg_decoder_grad_weight(b->dev, &r->spec, &a);
 		break;
 	}
 	default: {
-		dg_decoder_fwd_args a = { .y = &r->x, .w = &r->w, .out = &r->out };
-		st = dg_decoder_fwd(b->dev, &r->spec, &a);
+		dg_decoder_fwd_args a = { .y = &r->x, .w = &r->w, .out = &r->out, .ws = r->ws };
+		st = ws_bytes ? dg_decoder_fwd_workspace(b->dev, &r->spec, &a, ws_bytes)
+			      : dg_decoder_fwd(b->dev, &r->spec, &a);
 		break;
 	}
 	}
-	return dg_ok(b, st, dg_op_name(r->spec.op));
+	return bk_dg_ok(b, st, dg_op_name(r->spec.op));
 }
 
-/* RMS of an integer code of format f, drawn as fill_random draws it. */
+static bool run_ours(bench *b, void *arg)
+{
+	return call_ours(b, arg, NULL);
+}
+
+/* RMS of an integer code of format f, drawn as dg_rng_fill draws it. */
 static double code_rms(dg_fmt f)
 {
 	return f == DG_FMT_TERNARY ? sqrt(2.0 / 3.0) : 127.0 / sqrt(3.0);
+}
+
+/* The workspace r's op asks for on this device (its tile resolved), made
+ * once outside the timing: the same one serves every rep. */
+static bool case_workspace(bench *b, run_case *r)
+{
+	size_t need = 0;
+	if (!call_ours(b, r, &need))
+		return false;
+	if (need && !bk_dg_ok(b, dg_malloc(b->dev, need, &r->mem[6]), "dg_malloc (workspace)"))
+		return false;
+	r->ws.ptr = r->mem[6];
+	r->ws.bytes = need;
+	return true;
 }
 
 /* Builds the spec and tensors of c (random data), nothing launched. */
@@ -654,13 +295,13 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 	for (int i = 0; i < 3; i++) {
 		size_t n = dg_tensor_bytes(t[i]);
 		r->bytes += n;
-		if (!dg_ok(b, dg_malloc(b->dev, n, &r->mem[i]), "dg_malloc"))
+		if (!bk_dg_ok(b, dg_malloc(b->dev, n, &r->mem[i]), "dg_malloc"))
 			return false;
 		t[i]->data = r->mem[i];
-		if (i < 2 && !fill_random(b, t[i]->data, n, t[i]->fmt))
+		if (i < 2 && !bk_fill_random(b, t[i]->data, n, t[i]->fmt))
 			return false;
-		if (is_int_fmt(t[i]->fmt)) {
-			if (!dg_ok(b, dg_malloc(b->dev, sizeof(float), &r->mem[3 + i]), "dg_malloc"))
+		if (dg_fmt_is_code(t[i]->fmt)) {
+			if (!bk_dg_ok(b, dg_malloc(b->dev, sizeof(float), &r->mem[3 + i]), "dg_malloc"))
 				return false;
 			t[i]->scale = r->mem[3 + i];
 		}
@@ -670,18 +311,20 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 	 * saturated or zero. */
 	double sx = 1.0 / 127, sw = 0.02;
 	if (is_backward(c->op)) /* only the operand in w is integer: its scale */
-		return !r->w.scale || put_float(b, r->w.scale, (float)(r->w.fmt == DG_FMT_INT8 ? sx : sw));
+		return (!r->w.scale ||
+			bk_put_float(b, r->w.scale, (float)(r->w.fmt == DG_FMT_INT8 ? sx : sw))) &&
+		       case_workspace(b, r);
 	double y_rms = code_rms(c->act) * code_rms(c->weight) * sqrt((double)BDH_E) * sx * sw;
-	if (!put_float(b, r->x.scale, (float)sx) || !put_float(b, r->w.scale, (float)sw))
+	if (!bk_put_float(b, r->x.scale, (float)sx) || !bk_put_float(b, r->w.scale, (float)sw))
 		return false;
-	if (r->out.scale && !put_float(b, r->out.scale, (float)(2 * 0.3989 * y_rms / 127)))
+	if (r->out.scale && !bk_put_float(b, r->out.scale, (float)(2 * 0.3989 * y_rms / 127)))
 		return false;
-	return true;
+	return case_workspace(b, r);
 }
 
 static void case_free(bench *b, run_case *r)
 {
-	for (int i = 0; i < 6; i++)
+	for (int i = 0; i < 7; i++)
 		dg_free(b->dev, r->mem[i]);
 }
 
@@ -725,13 +368,14 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 	run_case r;
 	memset(&r, 0, sizeof(r));
 	char name[128], canonical[DG_SPEC_TEXT_MAX] = "";
-	stats s = { 0, 0, 0 };
+	dg_timing s;
+	memset(&s, 0, sizeof(s));
 	case_name(c, name, sizeof(name));
 	fprintf(stderr, "kernels: %s\n", name);
 	bool ok = case_setup(b, c, arch, &r);
 	if (ok)
 		dg_spec_to_string(&r.spec, canonical, sizeof(canonical));
-	ok = ok && time_op(b, run_ours, &r, true, b->reps, &s);
+	ok = ok && bk_time_op(b, run_ours, &r, false, b->reps, &s);
 	/* The kernel that ran: its tile resolved, registers, shared memory
 	 * (a cache lookup now: the op above loaded it). */
 	dg_kernel_info ki;
@@ -773,14 +417,14 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 	/* The anchor for this shape, measured once. */
 	if (!an->done) {
 		an->m = gm, an->n = n, an->k = k, an->relu = c->op == DG_OP_LOWRANK_FWD;
-		anchor_run(b, an);
+		bk_anchor_run(b, an);
 		if (an->err[0])
 			fprintf(stderr, "kernels: cuBLASLt %lldx%lldx%lld: %s\n", (long long)m,
 				(long long)n, (long long)k, an->err);
 	}
 	double ops = 2.0 * (double)gm * (double)n * (double)k;
 	/* the backward kernels are bf16 tensor-core GEMMs on an f32 gradient */
-	bool int_kernel = !is_backward(c->op) && is_int_fmt(c->act) && is_int_fmt(c->weight);
+	bool int_kernel = !is_backward(c->op) && dg_fmt_is_code(c->act) && dg_fmt_is_code(c->weight);
 	double peak_ops = pk ? (int_kernel ? pk->int8_ops : pk->bf16_flops) : 0;
 	if (pk && is_backward(c->op) && pk->bf16_measured > 0)
 		peak_ops = pk->bf16_measured;
@@ -789,9 +433,9 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 		floor_us = ops / peak_ops * 1e6;
 	bool have_lt = !an->failed, have_relu = have_lt && an->relu_us > 0;
 
-	cJSON_AddNumberToObject(o, "median_us", s.median);
-	cJSON_AddNumberToObject(o, "p10_us", s.p10);
-	cJSON_AddNumberToObject(o, "p90_us", s.p90);
+	cJSON_AddNumberToObject(o, "median_us", s.median_us);
+	cJSON_AddNumberToObject(o, "p10_us", s.p10_us);
+	cJSON_AddNumberToObject(o, "p90_us", s.p90_us);
 	cJSON_AddNumberToObject(o, "bytes", (double)r.bytes);
 	cJSON_AddNumberToObject(o, "ops", ops);
 	cJSON_AddNumberToObject(o, "floor_us", floor_us);
@@ -805,104 +449,24 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 	add_num_or_null(o, "cublas_bf16_relu_us", an->relu_us, have_relu);
 	if (an->err[0])
 		cJSON_AddStringToObject(o, "cublas_error", an->err);
-	cJSON_AddNumberToObject(o, "GBps", (double)r.bytes / s.median * 1e-3);
-	cJSON_AddNumberToObject(o, "TOPS", ops / s.median * 1e-6);
-	cJSON_AddNumberToObject(o, "fraction_of_floor", floor_us / s.median);
-	cJSON_AddNumberToObject(o, "ratio_to_floor", s.median / floor_us);
-	add_num_or_null(o, "speedup_vs_cublas_bf16", an->us / s.median, have_lt);
-	add_num_or_null(o, "speedup_vs_cublas_bf16_relu", an->relu_us / s.median, have_relu);
+	cJSON_AddNumberToObject(o, "GBps", (double)r.bytes / s.median_us * 1e-3);
+	cJSON_AddNumberToObject(o, "TOPS", ops / s.median_us * 1e-6);
+	cJSON_AddNumberToObject(o, "fraction_of_floor", floor_us / s.median_us);
+	cJSON_AddNumberToObject(o, "ratio_to_floor", s.median_us / floor_us);
+	add_num_or_null(o, "speedup_vs_cublas_bf16", an->us / s.median_us, have_lt);
+	add_num_or_null(o, "speedup_vs_cublas_bf16_relu", an->relu_us / s.median_us, have_relu);
 
 	char lt[16] = "-", ltr[16] = "-";
 	if (have_lt)
 		snprintf(lt, sizeof(lt), "%.1f", an->us);
 	if (have_relu)
 		snprintf(ltr, sizeof(ltr), "%.1f", an->relu_us);
-	printf("%-40s %9.1f %9.1f %9.1f %9.1f %6.2f %9s %9s %7.2f %7.1f\n", name, s.median, s.p10,
-	       s.p90, floor_us, floor_us / s.median, lt, ltr,
-	       have_relu ? an->relu_us / s.median : have_lt ? an->us / s.median : 0,
-	       ops / s.median * 1e-6);
+	printf("%-40s %9.1f %9.1f %9.1f %9.1f %6.2f %9s %9s %7.2f %7.1f\n", name, s.median_us, s.p10_us,
+	       s.p90_us, floor_us, floor_us / s.median_us, lt, ltr,
+	       have_relu ? an->relu_us / s.median_us : have_lt ? an->us / s.median_us : 0,
+	       ops / s.median_us * 1e-6);
 	fflush(stdout);
 	return !an->failed;
-}
-
-/* ---- setup and main ----------------------------------------------------------- */
-static bool bench_init(bench *b)
-{
-	static const struct {
-		const char *name;
-		void **slot;
-	} syms[] = {
-#define BENCH_CU_SYM(f) { STR(f), (void **)&cu.f },
-		BENCH_CU_FUNCS(BENCH_CU_SYM)
-#undef BENCH_CU_SYM
-	};
-	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		snprintf(b->err, sizeof(b->err), "dlopen libcuda.so.1: %s", dlerror());
-		return false;
-	}
-	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-		*syms[i].slot = dlsym(h, syms[i].name);
-		if (!*syms[i].slot) {
-			snprintf(b->err, sizeof(b->err), "libcuda.so.1 lacks %s", syms[i].name);
-			return false;
-		}
-	}
-	CUcontext ctx;
-	/* dg_device_open retained the primary context; make it current here too
-	 * (cuBLASLt and our events use the current context). */
-	if (!cu_ok(b, cu.cuDeviceGet(&b->cudev, b->info.ordinal), "cuDeviceGet") ||
-	    !cu_ok(b, cu.cuDevicePrimaryCtxRetain(&ctx, b->cudev), "cuDevicePrimaryCtxRetain"))
-		return false;
-	b->ctx_retained = true;
-	if (!cu_ok(b, cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent"))
-		return false;
-	b->stream = (CUstream)dg_device_stream(b->dev);
-	b->nev = b->reps < 10 ? 10 : b->reps;
-	b->ev0 = calloc((size_t)b->nev, sizeof(CUevent));
-	b->ev1 = calloc((size_t)b->nev, sizeof(CUevent));
-	b->us = calloc((size_t)b->nev, sizeof(double));
-	if (!b->ev0 || !b->ev1 || !b->us) {
-		snprintf(b->err, sizeof(b->err), "out of host memory");
-		return false;
-	}
-	for (int i = 0; i < b->nev; i++)
-		if (!cu_ok(b, cu.cuEventCreate(&b->ev0[i], CU_EVENT_DEFAULT), "cuEventCreate") ||
-		    !cu_ok(b, cu.cuEventCreate(&b->ev1[i], CU_EVENT_DEFAULT), "cuEventCreate"))
-			return false;
-	b->flush_bytes = (size_t)b->info.l2_bytes * 4;
-	if (b->flush_bytes < ((size_t)256 << 20))
-		b->flush_bytes = (size_t)256 << 20;
-	if (!dg_ok(b, dg_malloc(b->dev, b->flush_bytes, &b->flush), "dg_malloc") ||
-	    !dg_ok(b, dg_malloc(b->dev, LT_WORKSPACE, &b->lt_ws), "dg_malloc") ||
-	    !lt_ok(b, cublasLtCreate(&b->lt), "cublasLtCreate"))
-		return false;
-	relu_load(b);
-	return true;
-}
-
-static void bench_fini(bench *b)
-{
-	for (int i = 0; b->ev0 && i < b->nev; i++) {
-		if (b->ev0[i])
-			cu.cuEventDestroy(b->ev0[i]);
-		if (b->ev1[i])
-			cu.cuEventDestroy(b->ev1[i]);
-	}
-	free(b->ev0);
-	free(b->ev1);
-	free(b->us);
-	if (b->relu_mod)
-		cu.cuModuleUnload(b->relu_mod);
-	if (b->lt)
-		cublasLtDestroy(b->lt);
-	if (b->dev) {
-		dg_free(b->dev, b->flush);
-		dg_free(b->dev, b->lt_ws);
-	}
-	if (b->ctx_retained)
-		cu.cuDevicePrimaryCtxRelease(b->cudev);
-	dg_device_close(b->dev);
 }
 
 static int usage(FILE *f, int code)
@@ -978,12 +542,12 @@ int main(int argc, char **argv)
 	}
 	int rc = 0;
 	cJSON *j = cJSON_CreateObject(), *results = NULL;
-	if (!bench_init(&b)) {
+	if (!bk_init(&b)) {
 		fprintf(stderr, "kernels: setup: %s\n", b.err);
 		rc = 1;
 		goto out;
 	}
-	double copy_bps = copy_bandwidth(&b);
+	double copy_bps = bk_copy_bandwidth(&b);
 	if (copy_bps <= 0) {
 		fprintf(stderr, "kernels: copy bandwidth: %s\n", b.err);
 		rc = 1;
@@ -1016,9 +580,11 @@ int main(int argc, char **argv)
 	cJSON *tj = cJSON_AddObjectToObject(j, "timing");
 	cJSON_AddNumberToObject(tj, "reps", b.reps);
 	cJSON_AddNumberToObject(tj, "warmup", b.warmup);
-	cJSON_AddNumberToObject(tj, "l2_flush_bytes", (double)b.flush_bytes);
-	cJSON_AddStringToObject(tj, "method", "CUDA events around each call; L2 flushed by "
-					      "cuMemsetD8Async before each rep, outside the events");
+	cJSON_AddNumberToObject(tj, "l2_flush_bytes", (double)dg_timer_flush_bytes(b.timer));
+	cJSON_AddStringToObject(tj, "method", "dg_timer: CUDA events around each call on the calling "
+					      "thread's stream (cuBLASLt on it too); L2 flushed by a "
+					      "write before each rep, outside the events");
+	cJSON_AddNumberToObject(tj, "seed", SEED);
 	if (!b.relu_fn)
 		cJSON_AddStringToObject(tj, "relu_kernel_error", b.relu_err);
 	results = cJSON_AddArrayToObject(j, "results");
@@ -1064,6 +630,6 @@ out:;
 	}
 	cJSON_free(text);
 	cJSON_Delete(j);
-	bench_fini(&b);
+	bk_fini(&b);
 	return rc;
 }

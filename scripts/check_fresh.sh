@@ -2,7 +2,8 @@
 # Proves the README's quick start on a fresh machine: debootstraps a minimal
 # Debian 12 root, mounts the CUDA toolkit into it read-only (nothing else of
 # this machine), clones this repo's HEAD there, and runs the two quick-start
-# commands. Needs root, debootstrap and Debian's package mirror.
+# commands. Needs root, debootstrap and the Debian package mirror this
+# machine's apt sources name (the first bookworm "main" source).
 #   scripts/check_fresh.sh [ROOT_DIR]   (default /tmp/dragon-fresh; removed after)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,9 +17,27 @@ cleanup() {
   umount "$root$cuda" 2>/dev/null || true
   rm -rf "$root"
 }
+# The mirror: the URI of the first deb source carrying bookworm, from the
+# deb822 .sources files or the one-line sources.list format.
+mirror() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk 'BEGIN { RS = ""; FS = "\n" }
+         /(^|\n)Suites:[^\n]*bookworm([ \n]|$)/ {
+           for (i = 1; i <= NF; i++) if ($i ~ /^URIs:/) { split($i, u, " "); print u[2]; exit } }' "$f"
+  done
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    awk '$1 == "deb" && $3 == "bookworm" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { print $i; exit } }' "$f"
+  done
+}
+url=$(mirror | head -n 1)
+[ -n "$url" ] || { echo "check_fresh: no bookworm source in /etc/apt/sources*; debootstrap needs a mirror" >&2; exit 2; }
+
 trap cleanup EXIT
 cleanup
-debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian >/dev/null
+debootstrap --variant=minbase bookworm "$root" "$url" >/dev/null
 mkdir -p "$root$cuda"
 mount --bind "$cuda" "$root$cuda"
 mount -o remount,bind,ro "$root$cuda"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite, on a GPU machine without network (run from anywhere):
 #
-#   scripts/gpu_test.sh [--bench | --bench-only] [--reps N] [-- CTEST_ARGS...]
+#   scripts/gpu_test.sh [--bench | --bench-only] [--reps N] [--target T]...
+#                       [-- CTEST_ARGS...]
 #
 # 1. unpacks the .debs that scripts/gpu_deps.sh fetched (.gpu/debs) into
 #    .gpu/prefix with dpkg -x, rewrites their .pc files to point there (and
@@ -9,6 +10,8 @@
 #    only the libraries this machine lacks (by soname) on LD_LIBRARY_PATH;
 # 2. configures and builds Release in build-gpu/ with -j$(nproc) (a build
 #    folder made elsewhere, or against another prefix, is started afresh);
+#    --target T (repeatable) builds only those targets (and what they
+#    need), for a quick run of a few suites with `-- -R ...`;
 # 3. runs ctest with DRAGON_REQUIRE_GPU=1, so a missing driver or device
 #    fails the GPU tests instead of skipping them;
 # 4. with --bench (or --bench-only, which skips step 3) runs bench/kernels,
@@ -24,13 +27,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 
-bench=0 tests=1 reps="" ctest_args=()
+bench=0 tests=1 reps="" ctest_args=() targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1 ;;
     --bench-only) bench=1 tests=0 ;;
     --reps) [ $# -ge 2 ] || { echo "gpu_test.sh: --reps needs a number" >&2; exit 2; }
             reps=$2; shift ;;
+    --target) [ $# -ge 2 ] || { echo "gpu_test.sh: --target needs a target name" >&2; exit 2; }
+              targets+=(--target "$2"); shift ;;
     --) shift; ctest_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -142,12 +147,12 @@ if ! configure >"$log" 2>&1; then
   configure >>"$log" 2>&1 || { tail -40 "$log" >&2; say "build: configure failed (see build.log)"; exit 1; }
 fi
 echo "$want_stamp" >"$stamp"
-if ! cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1; then
+if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" >>"$log" 2>&1; then
   grep -E 'error|Error' "$log" | head -40 >&2
   say "build: failed (see build.log)"
   exit 1
 fi
-say "build: Release in $build, $(( $(date +%s) - t0 )) s"
+say "build: Release in $build${targets[*]:+ (${targets[*]})}, $(( $(date +%s) - t0 )) s"
 
 # --- 3. tests --------------------------------------------------------------
 if [ "$tests" = 1 ]; then

@@ -3,6 +3,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -11,94 +12,22 @@
 #include <string.h>
 
 #include "backward_helpers.h"
+#include "dragon/fmt.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 
-void *bh_xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	cr_assert_not_null(p);
-	return p;
-}
-
-/* Storage bytes of n values of format f. */
-size_t bh_storage_bytes(dg_fmt f, size_t n)
-{
-	switch (f) {
-	case DG_FMT_F32:
-		return 4 * n;
-	case DG_FMT_BF16:
-		return 2 * n;
-	case DG_FMT_TERNARY:
-		return n / 4;
-	case DG_FMT_SIGN1:
-		return n / 8;
-	default:
-		return n;
-	}
-}
-
-/* Random storage of n values of format f (packed along the flat order,
- * which is the last axis: n is whole rows). */
-void *bh_make_storage(dg_fmt f, size_t n)
-{
-	size_t bytes = bh_storage_bytes(f, n);
-	uint8_t *p = bh_xmalloc(bytes + 16);
-
-	memset(p, 0, bytes + 16);
-	for (size_t i = 0; i < n; i++) {
-		switch (f) {
-		case DG_FMT_F32:
-			((float *)p)[i] = gh_uniform(-1, 1);
-			break;
-		case DG_FMT_BF16:
-			((uint16_t *)p)[i] = dg_ref_f32_to_bf16(gh_uniform(-1, 1));
-			break;
-		case DG_FMT_TERNARY: {
-			int c = gh_int(-1, 1);
-			uint32_t bits = c == 1 ? 1u : c == -1 ? 3u : 0u;
-			((uint32_t *)p)[i / 16] |= bits << (2 * (i % 16));
-			break;
-		}
-		case DG_FMT_SIGN1:
-			if (gh_int(0, 1))
-				((uint32_t *)p)[i / 32] |= 1u << (i % 32);
-			break;
-		case DG_FMT_INT4:
-			p[i] = (uint8_t)gh_int(-7, 7);
-			break;
-		case DG_FMT_UINT8POS:
-			p[i] = (uint8_t)gh_int(0, 255);
-			break;
-		default:
-			p[i] = (uint8_t)gh_int(-127, 127);
-			break;
-		}
-	}
-	return p;
-}
-
-/* A scale that keeps decoded values about 1. */
 float bh_scale_of(dg_fmt f)
 {
-	int q = dg_ref_qmax(f);
+	int q = dg_fmt_info_of(f)->qmax;
 
 	return q ? 1.0f / (float)q : 1.0f;
 }
 
 float *bh_rand_f32(size_t n)
 {
-	float *p = bh_xmalloc(n * 4);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = gh_uniform(-1, 1);
-	return p;
+	return gh_rand_storage(DG_FMT_F32, n, NULL);
 }
 
-/* The elementwise factor c of the bound: the gradient is rounded (2^-8),
- * and an f32 operand too (another 2^-8); one unit of c to spare for the
- * f32 sums (K·2^-24 <= 2^-8 for K <= 2^16). */
 double bh_bound_c(dg_fmt f)
 {
 	return f == DG_FMT_F32 ? 3.0 : 2.0;
@@ -108,31 +37,21 @@ double bh_bound_c(dg_fmt f)
 bool bh_bf16_ok(const char *what, const float *got, const float *want, const float *absum,
 		size_t n, double c, char *why, size_t why_size)
 {
-	double ss = 0, se = 0;
-	size_t bad = 0, first = 0;
+	float *bound = gh_xmalloc(n * sizeof(float));
+	char r[400];
+	bool ok;
 
-	for (size_t i = 0; i < n; i++) {
-		double d = (double)got[i] - want[i];
-		double tol = c * BH_BF16_U * absum[i] + 1e-6 * (1.0 + fabs((double)want[i]));
-		ss += (double)want[i] * want[i];
-		se += d * d;
-		if (fabs(d) <= tol)
-			continue;
-		if (bad < 4)
-			fprintf(stderr, "%s[%zu]: got %.9g, want %.9g, |diff| %.3g > %.3g (Σ|terms| %.6g)\n",
-				what, i, (double)got[i], (double)want[i], fabs(d), tol, (double)absum[i]);
-		if (!bad)
-			first = i;
-		bad++;
-	}
-	if (bad) {
-		snprintf(why, why_size, "%s: %zu of %zu values outside %g·2^-8·Σ|terms| (first at %zu)",
-			 what, bad, n, c, first);
+	for (size_t i = 0; i < n; i++)
+		bound[i] = (float)(c * BH_BF16_U * absum[i] + 1e-6 * (1.0 + fabs((double)want[i])));
+	ok = dg_ref_within(got, want, bound, n, r, sizeof(r));
+	free(bound);
+	if (!ok) {
+		snprintf(why, why_size, "%s: outside %g·2^-8·Σ|terms|: %s", what, c, r);
 		return false;
 	}
-	if (se > BH_BF16_REL * BH_BF16_REL * ss + 1e-12) {
-		snprintf(why, why_size, "%s: relative-to-norm error %.3g, more than %g", what,
-			 ss > 0 ? sqrt(se / ss) : sqrt(se), BH_BF16_REL);
+	/* the norm rule alone: the element rule is dg_ref_within's above */
+	if (!dg_ref_close_norm(got, want, n, BH_BF16_REL, FLT_MAX, r, sizeof(r))) {
+		snprintf(why, why_size, "%s: relative-to-norm: %s", what, r);
 		return false;
 	}
 	return true;
@@ -141,17 +60,15 @@ bool bh_bf16_ok(const char *what, const float *got, const float *want, const flo
 void bh_expect_bf16(const char *what, const float *got, const float *want, const float *absum,
 		    size_t n, double c)
 {
-	char why[256];
+	char why[512];
 
 	cr_assert(bh_bf16_ok(what, got, want, absum, n, c, why, sizeof(why)), "%s", why);
 }
 
-/* |values| of a storage of n values of format f (same layout), so that a
- * reference run on it and on |grad| gives Σ|terms| (malloc'd). */
 void *bh_abs_storage(dg_fmt f, const void *src, size_t n)
 {
-	size_t bytes = bh_storage_bytes(f, n);
-	uint8_t *p = bh_xmalloc(bytes + 16);
+	size_t bytes = gh_bytes(f, n);
+	uint8_t *p = gh_xmalloc(bytes + 16);
 
 	memcpy(p, src, bytes);
 	for (size_t i = 0; i < n; i++) {
@@ -183,9 +100,15 @@ void *bh_abs_storage(dg_fmt f, const void *src, size_t n)
 
 float *bh_abs_f32(const float *v, size_t n)
 {
-	float *p = bh_xmalloc(n * 4);
+	float *p = gh_xmalloc(n * 4);
 
 	for (size_t i = 0; i < n; i++)
 		p[i] = fabsf(v[i]);
 	return p;
+}
+
+void bh_expect_written(const char *what, const float *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		cr_assert(!isnan(v[i]), "%s[%zu] never written (still 0xff)", what, i);
 }

@@ -1,9 +1,9 @@
 /*
  * Helpers shared by the GPU backward suites (tests/test_gpu_backward.c,
- * tests/test_gpu_backward_bdh.c): random operand storage in every format,
- * its |values| for the Σ|terms| reference, and the bf16 tolerance the
- * gradients are checked with. Names start with bh_ (backward helpers).
- * The random draws come from gpu_helpers' stream (gh_seed).
+ * tests/test_gpu_backward_bdh.c): |values| of an operand storage for the
+ * Σ|terms| reference, and the bf16 tolerance the gradients are checked
+ * with. Names start with bh_ (backward helpers). Random operands come from
+ * gpu_helpers (gh_rand_storage, the test's dg_rng).
  *
  * Tolerance (bh_expect_bf16). The references are exact (double sums of the
  * f32 gradient times the decoded operand). The tensor-core path rounds the
@@ -14,13 +14,13 @@
  *   - elementwise |got − want| <= c·2^-8·Σ_k |a_k·b_k| + 1e-6·(1 + |want|),
  *     c = 2 (3 with an f32 operand), the Σ|terms| from the same CPU
  *     reference run on |grad| and |operand| (bh_abs_storage) — a bound the
- *     rounding can never exceed, so the test cannot flake;
+ *     rounding can never exceed, so the test cannot flake (dg_ref_within);
  *   - ‖got − want‖ <= 1e-2·‖want‖ (the rounding gives about 1e-3): on long
  *     reductions the elementwise bound grows like K while a wrong element
  *     is off by about √K, so this is what keeps a wrong index, a
  *     transposed or shifted tile, a lost K step or a missing scale failing
- *     loudly (tolerance_catches_layout_errors in tests/test_gpu_backward.c
- *     proves it without a device).
+ *     loudly (dg_ref_close_norm; tolerance_catches_layout_errors in
+ *     tests/test_gpu_backward.c proves it without a device).
  * The SIMT path (f32 sums) passes both with room to spare.
  */
 #ifndef DG_TESTS_BACKWARD_HELPERS_H
@@ -34,21 +34,13 @@
 #define BH_BF16_REL 1e-2 /* relative-to-norm bound of a bf16-rounded gradient */
 #define BH_BF16_U (1.0 / 256) /* 2^-8: bf16's unit roundoff (round to nearest even) */
 
-/* malloc(n ? n : 1), failing the test when it returns NULL. */
-void *bh_xmalloc(size_t n);
-
-/* Storage bytes of n values of format f. */
-size_t bh_storage_bytes(dg_fmt f, size_t n);
-/* Random storage of n values of format f (packed along the flat order,
- * which is the last axis: n is whole rows); malloc'd, the caller frees. */
-void *bh_make_storage(dg_fmt f, size_t n);
 /* |values| of a storage of n values of format f (same layout), so that a
  * reference run on it and on |grad| gives Σ|terms| (malloc'd). */
 void *bh_abs_storage(dg_fmt f, const void *src, size_t n);
-/* A scale that keeps decoded values about 1. */
+/* A scale that keeps decoded values about 1: 1/qmax of a code format. */
 float bh_scale_of(dg_fmt f);
 
-/* n uniform floats in [-1, 1] (malloc'd). */
+/* n uniform floats in [-1, 1) from the test's stream (malloc'd). */
 float *bh_rand_f32(size_t n);
 /* |v[i]| of n floats (malloc'd). */
 float *bh_abs_f32(const float *v, size_t n);
@@ -59,12 +51,16 @@ float *bh_abs_f32(const float *v, size_t n);
 double bh_bound_c(dg_fmt f);
 
 /* Whether got matches want within the bounds above; absum[i] is
- * Σ_k |a_k·b_k| of output i (scale included). Prints the first misses;
- * `why` gets the first failed rule. */
+ * Σ_k |a_k·b_k| of output i (scale included). `why` gets the failed rule
+ * and its worst or first element. */
 bool bh_bf16_ok(const char *what, const float *got, const float *want, const float *absum,
 		size_t n, double c, char *why, size_t why_size);
 /* bh_bf16_ok, failing the test with its reason. */
 void bh_expect_bf16(const char *what, const float *got, const float *want, const float *absum,
 		    size_t n, double c);
+
+/* Fails the test when any of n outputs is NaN: never written (the tests
+ * fill outputs with 0xff bytes, a NaN, first). */
+void bh_expect_written(const char *what, const float *v, size_t n);
 
 #endif

@@ -1,12 +1,11 @@
 /*
  * GPU test helpers (gpu_helpers.h): open the device or skip, tracked
- * allocations, deterministic data, comparisons that print the first
- * differences.
+ * allocations and workspaces, data from one dg_rng, the comparisons of
+ * dragon/ref.h.
  *
  * Criterion runs each test in its own process, so the state here (the
  * allocation list, the cache folder, the random stream) is per test.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +18,7 @@
 static dg_dptr *allocs;
 static size_t n_allocs, cap_allocs;
 static char *cache_dir; /* ours, removed at gh_close; NULL with DRAGON_CACHE_DIR */
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static dg_rng rng = { 0x9e3779b97f4a7c15ull }; /* the test's stream (gh_seed) */
 
 static bool require_gpu(void)
 {
@@ -128,61 +127,86 @@ void gh_sync(dg_device *dev)
 	cr_assert_eq(dg_device_sync(dev), DG_OK, "sync: %s", dg_device_errmsg(dev));
 }
 
+dg_dptr gh_alloc_ff(dg_device *dev, size_t bytes)
+{
+	dg_dptr p = gh_alloc(dev, bytes);
+	cr_assert_eq(dg_memset8(dev, p, 0xff, bytes), DG_OK, "dg_memset8: %s",
+		     dg_device_errmsg(dev));
+	return p;
+}
+
+dg_workspace gh_workspace(dg_device *dev, size_t bytes)
+{
+	dg_workspace ws = { 0, 0 };
+	if (bytes) {
+		ws.ptr = gh_alloc(dev, bytes);
+		ws.bytes = bytes;
+	}
+	return ws;
+}
+
+size_t gh_bytes(dg_fmt f, size_t n)
+{
+	const dg_fmt_info *fi = dg_fmt_info_of(f);
+	cr_assert_not_null(fi, "format %d", (int)f);
+	cr_assert(fi->bits >= 8 || n % (size_t)fi->per_word == 0,
+		  "%zu %s values do not fill whole words of %d", n, fi->name, fi->per_word);
+	return n * (size_t)fi->bits / 8;
+}
+
+void *gh_xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	cr_assert_not_null(p, "out of memory (%zu bytes)", n);
+	return p;
+}
+
+void *gh_rand_storage(dg_fmt f, size_t n, size_t *bytes)
+{
+	size_t b = gh_bytes(f, n);
+	void *p = gh_xmalloc(b + 16);
+	memset(p, 0, b + 16);
+	dg_rng_fill(&rng, f, p, n);
+	if (bytes)
+		*bytes = b;
+	return p;
+}
+
+dg_rng *gh_rng(void)
+{
+	return &rng;
+}
+
 void gh_seed(uint64_t seed)
 {
-	rng_state = seed;
+	dg_rng_seed(&rng, seed);
 }
 
 uint64_t gh_u64(void)
 {
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return dg_rng_u64(&rng);
 }
 
 float gh_uniform(float lo, float hi)
 {
-	double u = (double)(gh_u64() >> 11) / 9007199254740992.0; /* [0, 1) */
-	return (float)(lo + (hi - lo) * u);
+	return dg_rng_uniform(&rng, lo, hi);
 }
 
 int gh_int(int lo, int hi)
 {
-	uint64_t span = (uint64_t)((int64_t)hi - lo + 1);
-	return (int)((int64_t)lo + (int64_t)(gh_u64() % span));
+	return dg_rng_int(&rng, lo, hi);
 }
 
 void gh_expect_bytes(const char *what, const void *got, const void *want, size_t n)
 {
-	const unsigned char *g = got, *w = want;
-	size_t bad = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (g[i] == w[i])
-			continue;
-		if (bad < 8)
-			fprintf(stderr, "%s: byte %zu: got 0x%02x, want 0x%02x\n", what,
-				i, g[i], w[i]);
-		bad++;
-	}
-	cr_assert_eq(bad, 0, "%s: %zu of %zu bytes differ", what, bad, n);
+	char why[512];
+	cr_assert(dg_ref_same_bytes(got, want, n, why, sizeof(why)), "%s: %s", what, why);
 }
 
 void gh_expect_close(const char *what, const float *got, const float *want,
 		     size_t n, float atol, float rtol)
 {
-	size_t bad = 0;
-	for (size_t i = 0; i < n; i++) {
-		float tol = atol + rtol * fabsf(want[i]);
-		bool ok = fabsf(got[i] - want[i]) <= tol ||
-			  (isnan(got[i]) && isnan(want[i]));
-		if (ok)
-			continue;
-		if (bad < 8)
-			fprintf(stderr, "%s[%zu]: got %.9g, want %.9g (tolerance %.3g)\n",
-				what, i, (double)got[i], (double)want[i], (double)tol);
-		bad++;
-	}
-	cr_assert_eq(bad, 0, "%s: %zu of %zu values outside atol %g + rtol %g", what,
-		     bad, n, (double)atol, (double)rtol);
+	char why[512];
+	cr_assert(dg_ref_close(DG_FMT_F32, got, want, n, atol, rtol, why, sizeof(why)), "%s: %s",
+		  what, why);
 }

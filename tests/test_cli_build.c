@@ -1,9 +1,13 @@
 /*
  * dragon-gen build and inspect, end to end (see test_cli.c for the
- * sandbox): every file of a built product passes the cubin check, a second
- * build is all cache hits, a failed or interrupted build leaves the output
- * folder as it was, inspect catches a damaged bundle, and the built-in
- * default set builds in full.
+ * sandbox): every file of a built product passes the cubin check and the
+ * manifest (format 2) names the templates, the device and each entry's
+ * launch info; a second build is all cache hits; auto tiles resolve for
+ * the device as the runtime would and specs that resolve alike are one
+ * kernel; a rebuild removes what the old bundle listed alone; a failed or
+ * interrupted build leaves the output folder as it was; inspect catches a
+ * damaged bundle, an edited key and other templates; the default build
+ * set holds every op.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -25,6 +29,8 @@
 #include "cli/dragon-gen/specset.h"
 #include "dragon/cubin.h"
 #include "dragon/manifest.h"
+#include "dragon/codegen.h"
+#include "dragon/tune.h"
 #include "helpers.h"
 
 #include "cli_helpers.h"
@@ -51,6 +57,12 @@ static dg_manifest *check_bundle(const sandbox *sb, size_t want_kernels)
 		cr_expect_eq(dg_manifest_kernel_verify(k, bytes, size, msg, sizeof(msg)),
 			     DG_OK, "%s: %s", k->file, msg);
 		cr_expect_gt(k->n_entries, 0);
+		for (int e = 0; e < k->n_entries; e++)
+			cr_expect(k->threads[e] >= 32 && k->threads[e] <= 1024 && k->smem[e] >= 0,
+				  "%s: entry %s: %d threads, %d smem", k->file, k->entries[e],
+				  k->threads[e], k->smem[e]);
+		cr_expect(strstr(k->spec, "tile=auto") == NULL, "a bundle's tiles are resolved: %s",
+			  k->spec);
 		char prefix[64];
 		snprintf(prefix, sizeof(prefix), "%.*s-%.16s.cubin",
 			 (int)strcspn(k->file, "-"), k->file, k->key);
@@ -60,7 +72,27 @@ static dg_manifest *check_bundle(const sandbox *sb, size_t want_kernels)
 	char *names = listing(sb->out);
 	cr_expect(strstr(names, ".dragon-build.") == NULL, "temp folder left: %s", names);
 	free(names);
+	cr_expect_eq(m->format, 2);
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	cr_expect_str_eq(m->template_hash, dg_codegen_template_hash(cg));
+	dg_codegen_destroy(cg);
 	return m;
+}
+
+/* The manifest's text, and the same with `from` replaced by `to` once. */
+static void edit_manifest(const sandbox *sb, const char *from, const char *to)
+{
+	char path[800];
+	snprintf(path, sizeof(path), "%s/manifest.json", sb->out);
+	char *text = slurp(path, NULL);
+	char *at = strstr(text, from);
+	cr_assert_not_null(at, "'%s' is not in the manifest", from);
+	char *out = malloc(strlen(text) + strlen(to) + 1);
+	sprintf(out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+	dg_test_write_file(sb->out, "manifest.json", out);
+	free(out);
+	free(text);
 }
 
 Test(cli, build_product_then_all_cache_hits)
@@ -69,6 +101,7 @@ Test(cli, build_product_then_all_cache_hits)
 	run r;
 
 	sandbox_init(&sb);
+	unsetenv("DRAGON_TUNE_DB"); /* the built-in records alone: the H200's */
 	gen(&sb, &r, "build", "--op", "lowrank_fwd", "--weight", "int8,ternary", "--relu",
 	    "none,0", "--latent", "256", "-j2", "--out", sb.out, "--json", NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);
@@ -76,13 +109,17 @@ Test(cli, build_product_then_all_cache_hits)
 	const cJSON *ks = cJSON_GetObjectItem(j, "kernels");
 	cr_assert_eq(cJSON_GetArraySize(ks), 4);
 	cr_expect_eq(num(cJSON_GetObjectItem(j, "timing"), "kernels"), 4);
-	cr_expect(strstr(r.err, "built 4 kernels") != NULL, "summary line: %s", r.err);
+	/* the one device the records name for sm_90 */
+	cr_expect(strstr(r.err, "built 4 kernels for NVIDIA H200 (sm_90) into ") != NULL,
+		  "summary line: %s", r.err);
 	cr_expect_eq(count_lines(r.err), 1, "quiet when not a TTY: %s", r.err);
 	cJSON_Delete(j);
 	run_free(&r);
 	dg_manifest *m = check_bundle(&sb, 4);
 	for (size_t i = 0; i < 4; i++)
 		cr_expect(strstr(m->kernels[i].spec, "latent=256;") != NULL);
+	cr_expect_str_eq(m->device, "NVIDIA H200");
+	cr_expect_eq(m->sm, 90);
 	dg_manifest_destroy(m);
 
 	gen(&sb, &r, "build", "--op", "lowrank_fwd", "--weight", "int8,ternary", "--relu",
@@ -113,7 +150,7 @@ Test(cli, inspect_good_and_truncated_bundle)
 	run_free(&r);
 	gen(&sb, &r, "inspect", sb.out, NULL);
 	cr_expect_eq(r.code, 0, "%s", r.err);
-	cr_expect(strstr(r.out, "2 kernels ok") != NULL, "%s", r.out);
+	cr_expect(strstr(r.out, "2 kernels ok, keys checked") != NULL, "%s", r.out);
 	run_free(&r);
 	gen(&sb, &r, "inspect", sb.out, "--json", NULL);
 	cr_expect_eq(r.code, 0, "%s", r.err);
@@ -168,9 +205,8 @@ static void broken_templates(const sandbox *sb, char *dir, size_t size, int mode
 		cr_assert_not_null(ret, "lowrank.lua does not end with `return M`");
 		at = (size_t)(ret + 1 - orig);
 		bad = "local render = M.render\n"
-		      "function M.render(spec)\n"
-		      "  local s, e, n = render(spec)\n"
-		      "  return s .. \"\\n#error broken on purpose\\n\", e, n\n"
+		      "function M.render(...)\n"
+		      "  return render(...) .. \"\\n#error broken on purpose\\n\"\n"
 		      "end\n";
 	}
 	if (mode == 1) {
@@ -222,8 +258,11 @@ Test(cli, failed_build_leaves_out_dir_alone)
 			snprintf(want, sizeof(want), "compile error in ");
 		expect_one_line_error(&r, 1, want);
 		cr_expect(strstr(r.err, "broken on purpose") != NULL, "%s", r.err);
+		/* the hint names the kernel that failed: its tile resolved */
 		if (mode >= 1)
-			cr_expect(strstr(r.err, "run `dragon-gen render --op lowrank_fwd --latent 512`"),
+			cr_expect(strstr(r.err, "run `dragon-gen render --op lowrank_fwd ") &&
+					  strstr(r.err, " --latent 512 ") && strstr(r.err, " --tile ") &&
+					  strstr(r.err, "` to see the source"),
 				  "a render failure points at render: %s", r.err);
 		run_free(&r);
 		char *after = listing(sb.out);
@@ -288,7 +327,9 @@ Test(cli, interrupted_build_leaves_nothing)
 	sandbox_fini(&sb);
 }
 
-Test(cli, default_set_builds, .timeout = 1100)
+/* The default build set holds every op of the op table (a BDH training
+ * step, forward and backward), and builds. */
+Test(cli, default_set_builds, .timeout = 600)
 {
 	sandbox sb;
 	run r;
@@ -299,11 +340,228 @@ Test(cli, default_set_builds, .timeout = 1100)
 	gen(&sb, &r, "build", "-j2", "--out", sb.out, "--json", NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);
 	cJSON *j = parse_json(r.out);
-	cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "kernels")),
-		     DG__SPECSET_DEFAULT_SIZE);
-	cr_expect_eq(num(cJSON_GetObjectItem(j, "timing"), "dropped"), 10);
+	cr_expect_eq(num(cJSON_GetObjectItem(j, "timing"), "specs"), DG__SPECSET_DEFAULT_SIZE);
+	cr_expect_eq(num(cJSON_GetObjectItem(j, "timing"), "dropped"), 0);
+	size_t n = (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(j, "kernels"));
 	cJSON_Delete(j);
 	run_free(&r);
-	dg_manifest_destroy(check_bundle(&sb, DG__SPECSET_DEFAULT_SIZE));
+	cr_expect(n > 0 && n <= DG__SPECSET_DEFAULT_SIZE, "%zu kernels", n);
+	dg_manifest *m = check_bundle(&sb, n);
+	for (int op = 0; op < DG_OP__COUNT; op++) {
+		char want[64];
+		size_t have = 0;
+		snprintf(want, sizeof(want), ";op=%s;", dg_op_name((dg_op)op));
+		for (size_t i = 0; i < m->n_kernels; i++) {
+			char spec[DG_SPEC_TEXT_MAX + 1];
+			snprintf(spec, sizeof(spec), ";%s", m->kernels[i].spec);
+			have += strstr(spec, want) != NULL;
+		}
+		cr_expect_gt(have, 0, "the default set has no %s", dg_op_name((dg_op)op));
+	}
+	dg_manifest_destroy(m);
+	sandbox_fini(&sb);
+}
+
+/* A bare flag: every op (--op defaults to all), the flag where an op reads
+ * it, its defaults elsewhere; each op's defaults are valid (decoder_fwd,
+ * relu_mask), so it builds. */
+Test(cli, build_heads_flag_alone)
+{
+	sandbox sb;
+	run r;
+	size_t readers = DG_OP__COUNT;
+
+	sandbox_init(&sb);
+	gen(&sb, &r, "build", "--heads", "4", "--latent", "256", "--device", "none", "-j2",
+	    "--out", sb.out, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	dg_manifest *m = check_bundle(&sb, readers);
+	cr_expect_str_eq(m->device, "");
+	cr_expect_eq(m->sm, 0);
+	dg_manifest_destroy(m);
+	sandbox_fini(&sb);
+}
+
+/* An auto tile resolves as the runtime resolves it on the device: with
+ * the H200's built-in record, its winner on sm_90a. */
+Test(cli, build_resolves_for_the_device)
+{
+	sandbox sb;
+	run r;
+	const char *want = "act=int8;arch=sm_90a;embd=256;heads=4;in_heads=1;latent=8192;"
+			   "op=lowrank_fwd;out=int8;relu=0;tile=128x64x64/8x1/2;weight=ternary;";
+
+	sandbox_init(&sb);
+	unsetenv("DRAGON_TUNE_DB");
+	gen(&sb, &r, "build", "--device", "NVIDIA H200", "--sm", "90", "--op", "lowrank_fwd",
+	    "--weight", "ternary", "--relu", "0", "--out-format", "int8", "--out", sb.out, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cr_expect(strstr(r.err, "built 1 kernel for NVIDIA H200 (sm_90) into "), "%s", r.err);
+	run_free(&r);
+	dg_manifest *m = check_bundle(&sb, 1);
+	cr_expect_str_eq(m->kernels[0].spec, want);
+	cr_expect_str_eq(m->device, "NVIDIA H200");
+	cr_expect_eq(m->sm, 90);
+	dg_manifest_destroy(m);
+	/* without --device: the one device the records name for sm_90 */
+	gen(&sb, &r, "build", "--op", "lowrank_fwd", "--weight", "ternary", "--relu", "0",
+	    "--out-format", "int8", "--out", sb.out, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	m = check_bundle(&sb, 1);
+	cr_expect_str_eq(m->kernels[0].spec, want);
+	dg_manifest_destroy(m);
+	/* decoder_fwd int8: the record's winner (sm_90) is not the template's
+	 * default (a warpgroup tile on sm_90a), so the device shows */
+	gen(&sb, &r, "build", "--op", "decoder_fwd", "--out", sb.out, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	m = check_bundle(&sb, 1);
+	cr_expect(strstr(m->kernels[0].spec, "arch=sm_90;") &&
+			  strstr(m->kernels[0].spec, "tile=64x128x64/2x2/4;"),
+		  "the built-in record's winner: %s", m->kernels[0].spec);
+	dg_manifest_destroy(m);
+	/* --device none: the template's default, whatever the records say */
+	gen(&sb, &r, "build", "--device", "none", "--op", "decoder_fwd", "--out", sb.out, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cr_expect(strstr(r.err, "built 1 kernel into "), "%s", r.err);
+	run_free(&r);
+	m = check_bundle(&sb, 1);
+	cr_expect_str_eq(m->device, "");
+	cr_expect_eq(m->sm, 0);
+	cr_expect(strstr(m->kernels[0].spec, "tile=64x128x64/2x2/4;") == NULL,
+		  "no device, no record: %s", m->kernels[0].spec);
+	dg_manifest_destroy(m);
+	sandbox_fini(&sb);
+}
+
+/* A spec with the auto tile and the same spec with the tile auto resolves
+ * to are one kernel. */
+Test(cli, build_auto_and_its_tile_once)
+{
+	sandbox sb;
+	run r, c;
+	char tiles[128];
+
+	sandbox_init(&sb);
+	gen(&sb, &c, "render", "--canonical", "--op", "pack_i8x4", "--latent", "256", NULL);
+	cr_assert_eq(c.code, 0, "%s", c.err);
+	const char *t = strstr(c.out, "tile=");
+	cr_assert_not_null(t, "%s", c.out);
+	snprintf(tiles, sizeof(tiles), "auto,%.*s", (int)strcspn(t + 5, ";"), t + 5);
+	gen(&sb, &r, "build", "--device", "none", "--op", "pack_i8x4", "--latent", "256", "--tile",
+	    tiles, "--out", sb.out, "--json", NULL);
+	cr_assert_eq(r.code, 0, "--tile %s: %s", tiles, r.err);
+	cr_expect(strstr(r.err, "built 1 kernel into "), "%s", r.err);
+	cJSON *j = parse_json(r.out);
+	cr_expect_eq(num(cJSON_GetObjectItem(j, "timing"), "specs"), 2);
+	cr_expect_eq(num(cJSON_GetObjectItem(j, "timing"), "kernels"), 1);
+	cJSON_Delete(j);
+	run_free(&r);
+	dg_manifest *m = check_bundle(&sb, 1);
+	c.out[strcspn(c.out, "\n")] = '\0';
+	cr_expect_str_eq(m->kernels[0].spec, c.out);
+	dg_manifest_destroy(m);
+	run_free(&c);
+	sandbox_fini(&sb);
+}
+
+/* A rebuild into a bundle folder removes the files (and tune/ records)
+ * the old manifest listed and the new one does not; others stay. */
+Test(cli, rebuild_removes_orphans)
+{
+	sandbox sb;
+	run r;
+	char path[900], rec[900];
+
+	sandbox_init(&sb);
+	unsetenv("DRAGON_TUNE_DB");
+	/* pack_i8x4 at the BDH shape has a built-in record: --tuned bundles it */
+	gen(&sb, &r, "build", "--tuned", "--op", "pack_i8x4,unpack_i8x4", "--out", sb.out, "-q",
+	    NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	dg_manifest *m = check_bundle(&sb, 2);
+	char pack[256];
+	snprintf(pack, sizeof(pack), "%s", strncmp(m->kernels[0].file, "pack", 4) == 0
+						   ? m->kernels[0].file
+						   : m->kernels[1].file);
+	dg_manifest_destroy(m);
+	snprintf(rec, sizeof(rec), "%s/tune/pack_i8x4-95f9d53f548b9e0d-nvidia-h200-sm90.json",
+		 sb.out);
+	cr_assert(exists(rec), "the built-in record is bundled: %s", listing(sb.out));
+	/* written from the record: it reads back as one, of the H200 */
+	dg_tune_record *tr = NULL;
+	char msg[512];
+	cr_expect_eq(dg_tune_record_load(rec, &tr, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_expect(tr && strcmp(tr->device.name, "NVIDIA H200") == 0 && tr->winner >= 0);
+	dg_tune_record_destroy(tr);
+	dg_test_write_file(sb.out, "keep.txt", "mine");
+
+	gen(&sb, &r, "build", "--op", "unpack_i8x4", "--out", sb.out, "-q", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	dg_manifest_destroy(check_bundle(&sb, 1));
+	snprintf(path, sizeof(path), "%s/%s", sb.out, pack);
+	cr_expect_not(exists(path), "the old kernel %s stayed", pack);
+	cr_expect_not(exists(rec), "the old record stayed");
+	snprintf(path, sizeof(path), "%s/tune", sb.out);
+	cr_expect_not(exists(path), "the emptied tune/ folder stayed");
+	snprintf(path, sizeof(path), "%s/keep.txt", sb.out);
+	cr_expect(exists(path), "a file no manifest listed was removed");
+	sandbox_fini(&sb);
+}
+
+/* inspect recomputes keys: an edited key is caught, naming the kernel; a
+ * bundle of other templates is one this library will not load. */
+Test(cli, inspect_checks_keys_and_templates)
+{
+	sandbox sb;
+	run r;
+	char msg[512];
+
+	sandbox_init(&sb);
+	gen(&sb, &r, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out",
+	    sb.out, "-q", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	dg_manifest *m = NULL;
+	cr_assert_eq(dg_manifest_load(sb.out, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	char key[80], bad[80], hash[80], other[80];
+	snprintf(key, sizeof(key), "\"%s\"", m->kernels[1].key);
+	snprintf(bad, sizeof(bad), "%s", key);
+	bad[1] = bad[1] == '0' ? '1' : '0';
+	snprintf(hash, sizeof(hash), "\"%s\"", m->template_hash);
+	snprintf(other, sizeof(other), "%s", hash);
+	other[1] = other[1] == '0' ? '1' : '0';
+
+	edit_manifest(&sb, key, bad);
+	gen(&sb, &r, "inspect", sb.out, NULL);
+	cr_expect_eq(r.code, 1, "an edited key must fail inspect: %s", r.err);
+	cr_expect(strstr(r.err, m->kernels[1].file) && strstr(r.err, "key"), "names the kernel: %s",
+		  r.err);
+	cr_expect(strstr(r.err, m->kernels[0].file) == NULL, "the good kernel is not named: %s",
+		  r.err);
+	run_free(&r);
+	gen(&sb, &r, "inspect", sb.out, "--json", NULL);
+	cr_expect_eq(r.code, 1);
+	cJSON *j = parse_json(r.out);
+	cr_expect(cJSON_IsFalse(cJSON_GetObjectItem(j, "ok")));
+	cr_expect(cJSON_IsString(cJSON_GetObjectItem(j, "error")), "%s", r.out);
+	cJSON_Delete(j);
+	run_free(&r);
+	edit_manifest(&sb, bad, key);
+
+	edit_manifest(&sb, hash, other);
+	gen(&sb, &r, "inspect", sb.out, NULL);
+	expect_one_line_error(&r, 1, "other templates, so dg_device_load_bundle refuses it");
+	cr_expect_str_empty(r.out);
+	run_free(&r);
+	edit_manifest(&sb, other, hash);
+	gen(&sb, &r, "inspect", sb.out, NULL);
+	cr_expect_eq(r.code, 0, "restored: %s", r.err);
+	run_free(&r);
+	dg_manifest_destroy(m);
 	sandbox_fini(&sb);
 }

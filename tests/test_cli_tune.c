@@ -2,7 +2,8 @@
  * dragon-gen tune, inspect's tile line and build --tuned, end to end (see
  * test_cli.c for the sandbox). No GPU needed: tune is run with
  * CUDA_VISIBLE_DEVICES empty, so it meets "no device" on any machine;
- * inspect and build read a hand-written record through DRAGON_TUNE_DB.
+ * inspect and build read the built-in H200 records, and a hand-written
+ * record through DRAGON_TUNE_DB above them.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,16 +99,21 @@ Test(cli_tune, without_a_gpu_fails_cleanly)
 	expect_one_line_error(&r, 1, "no CUDA device");
 	cr_expect_str_empty(r.out);
 	run_free(&r);
-	/* the default set too, and --json prints nothing half-made */
+	/* the default set too; --json answers with the error as an object */
 	gen(&sb, &r, "tune", "--json", NULL);
 	expect_one_line_error(&r, 1, "no CUDA device");
-	cr_expect_str_empty(r.out);
+	cJSON *j = parse_json(r.out);
+	cr_expect_str_eq(cJSON_GetObjectItem(j, "status")->valuestring, "no CUDA device");
+	cr_expect_eq(num(j, "exit"), 1);
+	cr_expect(strstr(cJSON_GetObjectItem(j, "error")->valuestring, "no CUDA device"), "%s",
+		  r.out);
+	cJSON_Delete(j);
 	run_free(&r);
 	unsetenv("CUDA_VISIBLE_DEVICES");
 	sandbox_fini(&sb);
 }
 
-Test(cli_tune, inspect_says_default_heuristic_or_tuned)
+Test(cli_tune, inspect_says_template_default_or_tuned)
 {
 	sandbox sb;
 	run r;
@@ -115,15 +121,30 @@ Test(cli_tune, inspect_says_default_heuristic_or_tuned)
 
 	sandbox_init(&sb);
 	unsetenv("DRAGON_TUNE_DB");
-	/* no records: the heuristic, saying so */
+	/* no records of the user's: the H200's built-in one, on sm_90a */
 	gen(&sb, &r, "inspect", SPEC_FLAGS, NULL);
 	cr_expect_eq(r.code, 0, "%s", r.err);
-	cr_expect(strstr(r.out, "tile: "), "%s", r.out);
-	cr_expect(strstr(r.out, "(default heuristic: no tuning records in "), "%s", r.out);
+	cr_expect(strstr(r.out, "for:  NVIDIA H200 (sm_90)"), "%s", r.out);
+	cr_expect(strstr(r.out, "tile: 128x64x64/8x1/2 on the arch-specific target (tuned: "
+				"built-in:lowrank_fwd-eb0f52d9a0e89df6-nvidia-h200-sm90.json)"),
+		  "%s", r.out);
 	cr_expect(strstr(r.out, "spec: act=int8;arch=sm_90;"), "%s", r.out);
+	cr_expect(strstr(r.out, "runs: act=int8;arch=sm_90a;"), "%s", r.out);
+	cr_expect_not(exists(sb.cache), "inspect made the cache folder");
+	run_free(&r);
+	/* no records at all: the template's default, saying so */
+	gen(&sb, &r, "inspect", SPEC_FLAGS, "--tune-db", "none", NULL);
+	cr_expect_eq(r.code, 0, "%s", r.err);
+	cr_expect(strstr(r.out, "(template default: no tuning DB)"), "%s", r.out);
+	run_free(&r);
+	gen(&sb, &r, "inspect", SPEC_FLAGS, "--device", "none", NULL);
+	cr_expect_eq(r.code, 0, "%s", r.err);
+	cr_expect(strstr(r.out, "for:  no device"), "%s", r.out);
+	cr_expect(strstr(r.out, "(template default: no device named"), "%s", r.out);
 	run_free(&r);
 
-	/* a hand-written record (and a broken file beside it) */
+	/* a hand-written record (and a broken file beside it) wins over the
+	 * built-in one */
 	make_db(&sb, dir, sizeof(dir), true);
 	snprintf(rec, sizeof(rec), "%s/h200.json", dir);
 	setenv("DRAGON_TUNE_DB", dir, 1);
@@ -141,14 +162,14 @@ Test(cli_tune, inspect_says_default_heuristic_or_tuned)
 	/* another spec: no record for it */
 	gen(&sb, &r, "inspect", "--op", "lowrank_fwd", "--weight", "int8", NULL);
 	cr_expect_eq(r.code, 0, "%s", r.err);
-	cr_expect(strstr(r.out, "(default heuristic: no record for NVIDIA H200 (sm_90)"), "%s",
+	cr_expect(strstr(r.out, "(template default: no record for NVIDIA H200 (sm_90)"), "%s",
 		  r.out);
 	run_free(&r);
 
 	/* another device, named */
 	gen(&sb, &r, "inspect", SPEC_FLAGS, "--device", "NVIDIA A100", "--sm", "80", NULL);
 	cr_expect_eq(r.code, 0, "%s", r.err);
-	cr_expect(strstr(r.out, "default heuristic: no record for NVIDIA A100 (sm_80)"), "%s",
+	cr_expect(strstr(r.out, "template default: no record for NVIDIA A100 (sm_80)"), "%s",
 		  r.out);
 	run_free(&r);
 	gen(&sb, &r, "inspect", SPEC_FLAGS, "--device", "NVIDIA A100", NULL);
@@ -164,12 +185,13 @@ Test(cli_tune, inspect_says_default_heuristic_or_tuned)
 	cr_expect(cJSON_IsTrue(cJSON_GetObjectItem(o, "tuned")));
 	cr_expect_str_eq(cJSON_GetObjectItem(o, "tile")->valuestring, "64x128x64/2x2/2");
 	cr_expect_str_eq(cJSON_GetObjectItem(o, "record")->valuestring, rec);
+	cr_expect_str_eq(cJSON_GetObjectItem(o, "device")->valuestring, "NVIDIA H200");
 	cJSON_Delete(j);
 	run_free(&r);
 
 	/* --tune-db beats the environment */
 	gen(&sb, &r, "inspect", SPEC_FLAGS, "--tune-db", "none", NULL);
-	cr_expect(strstr(r.out, "default heuristic"), "%s", r.out);
+	cr_expect(strstr(r.out, "template default"), "%s", r.out);
 	run_free(&r);
 	unsetenv("DRAGON_TUNE_DB");
 	sandbox_fini(&sb);
@@ -205,9 +227,21 @@ Test(cli_tune, build_tuned_bundles_the_record, .timeout = 600)
 	gen(&sb, &r, "inspect", sb.out, NULL);
 	cr_expect_eq(r.code, 0, "%s", r.err);
 	run_free(&r);
-	/* --device without --tuned is a usage error */
+	/* without --tuned the kernel is the same (the records resolve every
+	 * build), and the bundle's records go */
+	gen(&sb, &r, "build", SPEC_FLAGS, "--out", sb.out, "--tune-db", dir, "-q", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	snprintf(path, sizeof(path), "%s/manifest.json", sb.out);
+	text = slurp(path, NULL);
+	cr_expect(strstr(text, "tile=64x128x64/2x2/2;"), "%s", text);
+	cr_expect(strstr(text, "\"tuning\"") == NULL, "%s", text);
+	free(text);
+	snprintf(path, sizeof(path), "%s/tune/h200.json", sb.out);
+	cr_expect_not(exists(path), "the record of the old bundle stayed");
+	/* --device without --sm is a usage error */
 	gen(&sb, &r, "build", SPEC_FLAGS, "--out", sb.out, "--device", "x", NULL);
-	expect_one_line_error(&r, 2, "--tuned");
+	expect_one_line_error(&r, 2, "--sm");
 	run_free(&r);
 	sandbox_fini(&sb);
 }

@@ -1,6 +1,7 @@
 /*
  * GPU tests of the four backward GEMMs (templates/backward.lua,
- * runtime/ops/ops_backward.c). Skip without a device (gh_open).
+ * backward_mma.lua; runtime/ops/grad.c, lowrank.c, decoder.c). Skip without
+ * a device (gh_open).
  *
  *   - each op × each storage format × in_heads 1 / H on small odd shapes
  *     (T = 1, 3, 127; B = 2; latent and embd not multiples of the tile)
@@ -8,7 +9,9 @@
  *     cores on sm_80+), an odd tensor-core tile (16x32 warp tiles, 3
  *     stages) and a SIMT tile (BK 8: the fp32 FMA path);
  *   - grad_weight: accumulate (+=), a reduction long enough to be split
- *     over grid z (the deterministic second pass), and bitwise
+ *     over grid z (the deterministic second pass, its partials in the
+ *     caller's workspace: the op's _workspace size, and a missing or short
+ *     one refused by name with nothing launched), and bitwise
  *     reproducibility;
  *   - finite differences of the GPU forwards (dg_lowrank_fwd,
  *     dg_decoder_fwd, f32, no ReLU: the loss Σ r·out is bilinear) against
@@ -27,6 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backward_helpers.h"
 #include "dragon/ref.h"
@@ -85,19 +89,19 @@ static void check_lowrank_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 	dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_INPUT, s, f, tile);
 	size_t ng = (size_t)s->B * s->H * s->T * s->L, nw = (size_t)s->H * s->L * s->E,
 	       nx = (size_t)s->B * s->Hin * s->T * s->E;
-	float *g = bh_rand_f32(ng), *got = bh_xmalloc(nx * 4), *want = bh_xmalloc(nx * 4);
-	void *w = bh_make_storage(f, nw);
+	float *g = bh_rand_f32(ng), *got = gh_xmalloc(nx * 4), *want = gh_xmalloc(nx * 4);
+	void *w = gh_rand_storage(f, nw, NULL);
 	float sw = bh_scale_of(f);
 
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, s->H, s->T, s->L);
-	dg_tensor tw = dg_tensor_3d("w", f, gh_upload(dev, w, bh_storage_bytes(f, nw)), s->H, s->L, s->E);
+	dg_tensor tw = dg_tensor_3d("w", f, gh_upload(dev, w, gh_bytes(f, nw)), s->H, s->L, s->E);
 	tw.scale = gh_scalar(dev, sw);
-	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc(dev, nx * 4), s->B, s->Hin, s->T, s->E);
-	dg_lowrank_grad_input_args a = { &tg, &tw, &tx };
+	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), s->B, s->Hin, s->T, s->E);
+	dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
 	cr_assert_eq(dg_lowrank_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tx.data, nx * 4);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	float *ga = bh_abs_f32(g, ng), *absum = bh_xmalloc(nx * 4);
+	float *ga = bh_abs_f32(g, ng), *absum = gh_xmalloc(nx * 4);
 	void *wa = bh_abs_storage(f, w, nw);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
 	bh_expect_bf16(dg_fmt_name(f), got, want, absum, nx, bh_bound_c(f));
@@ -115,20 +119,20 @@ static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 	dg_spec sp = spec_of(DG_OP_DECODER_GRAD_INPUT, s, f, tile);
 	size_t ng = (size_t)s->B * s->T * s->E, nw = (size_t)s->E * s->H * s->L,
 	       ny = (size_t)s->B * s->H * s->T * s->L;
-	float *g = bh_rand_f32(ng), *got = bh_xmalloc(ny * 4), *want = bh_xmalloc(ny * 4);
-	void *w = bh_make_storage(f, nw);
+	float *g = bh_rand_f32(ng), *got = gh_xmalloc(ny * 4), *want = gh_xmalloc(ny * 4);
+	void *w = gh_rand_storage(f, nw, NULL);
 	float sw = bh_scale_of(f);
 
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, 1, s->T, s->E);
-	dg_tensor tw = dg_tensor_2d("w", f, gh_upload(dev, w, bh_storage_bytes(f, nw)), s->E,
+	dg_tensor tw = dg_tensor_2d("w", f, gh_upload(dev, w, gh_bytes(f, nw)), s->E,
 				    (int64_t)s->H * s->L);
 	tw.scale = gh_scalar(dev, sw);
-	dg_tensor ty = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc(dev, ny * 4), s->B, s->H, s->T, s->L);
-	dg_decoder_grad_input_args a = { &tg, &tw, &ty };
+	dg_tensor ty = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc_ff(dev, ny * 4), s->B, s->H, s->T, s->L);
+	dg_decoder_grad_input_args a = { .grad = &tg, .w = &tw, .grad_y = &ty };
 	cr_assert_eq(dg_decoder_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, ty.data, ny * 4);
 	cr_assert_eq(dg_ref_decoder_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	float *ga = bh_abs_f32(g, ng), *absum = bh_xmalloc(ny * 4);
+	float *ga = bh_abs_f32(g, ng), *absum = gh_xmalloc(ny * 4);
 	void *wa = bh_abs_storage(f, w, nw);
 	cr_assert_eq(dg_ref_decoder_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
 	bh_expect_bf16(dg_fmt_name(f), got, want, absum, ny, bh_bound_c(f));
@@ -142,33 +146,36 @@ static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 }
 
 /* grad_weight of either op; with accumulate, grad_w starts random and the
- * expectation is start + reference. Returns the result (malloc'd). */
+ * expectation is start + reference. The workspace is the size the op asks
+ * for (*ws_bytes, may be NULL). Returns the result (malloc'd). */
 static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt f,
-				bool accumulate, const dg_tile *tile)
+				bool accumulate, const dg_tile *tile, size_t *ws_bytes)
 {
 	bool lowrank = op == DG_OP_LOWRANK_GRAD_WEIGHT;
 	dg_spec sp = spec_of(op, s, f, tile);
 	size_t ng = lowrank ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->B * s->T * s->E;
 	size_t nx = lowrank ? (size_t)s->B * s->Hin * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
-	size_t nw = (size_t)s->H * s->L * s->E;
+	size_t nw = (size_t)s->H * s->L * s->E, need = 0;
 	float *g = bh_rand_f32(ng), *start = bh_rand_f32(nw);
-	float *got = bh_xmalloc(nw * 4), *want = bh_xmalloc(nw * 4), *absum = bh_xmalloc(nw * 4);
-	void *x = bh_make_storage(f, nx);
+	float *got = gh_xmalloc(nw * 4), *want = gh_xmalloc(nw * 4), *absum = gh_xmalloc(nw * 4);
+	void *x = gh_rand_storage(f, nx, NULL);
 	float *ga = bh_abs_f32(g, ng);
 	void *xa = bh_abs_storage(f, x, nx);
 	float sa = bh_scale_of(f);
 
-	dg_dptr dg_ = gh_upload(dev, g, ng * 4), dx = gh_upload(dev, x, bh_storage_bytes(f, nx));
-	dg_dptr dw = accumulate ? gh_upload(dev, start, nw * 4) : gh_alloc(dev, nw * 4);
-	dg_status st;
+	dg_dptr dg_ = gh_upload(dev, g, ng * 4), dx = gh_upload(dev, x, gh_bytes(f, nx));
+	dg_dptr dw = accumulate ? gh_upload(dev, start, nw * 4) : gh_alloc_ff(dev, nw * 4);
 	if (lowrank) {
 		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dg_, s->B, s->H, s->T, s->L);
 		dg_tensor tx = dg_tensor_4d("x", f, dx, s->B, s->Hin, s->T, s->E);
 		tx.scale = gh_scalar(dev, sa);
 		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dw, s->H, s->L, s->E);
-		dg_lowrank_grad_weight_args a = { &tg, &tx, &tw, accumulate };
-		st = dg_lowrank_grad_weight(dev, &sp, &a);
-		cr_assert_eq(st, DG_OK, "%s", dg_device_errmsg(dev));
+		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw,
+						  .accumulate = accumulate };
+		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		a.ws = gh_workspace(dev, need);
+		cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, g, x, sa, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s->B, s->T), DG_OK);
 	} else {
@@ -176,9 +183,12 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		dg_tensor ty = dg_tensor_4d("y", f, dx, s->B, s->H, s->T, s->L);
 		ty.scale = gh_scalar(dev, sa);
 		dg_tensor tw = dg_tensor_2d("grad_w", DG_FMT_F32, dw, s->E, (int64_t)s->H * s->L);
-		dg_decoder_grad_weight_args a = { &tg, &ty, &tw, accumulate };
-		st = dg_decoder_grad_weight(dev, &sp, &a);
-		cr_assert_eq(st, DG_OK, "%s", dg_device_errmsg(dev));
+		dg_decoder_grad_weight_args a = { .grad = &tg, .y = &ty, .grad_w = &tw,
+						  .accumulate = accumulate };
+		cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		a.ws = gh_workspace(dev, need);
+		cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_decoder_grad_weight(&sp, g, x, sa, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_decoder_grad_weight(&sp, ga, xa, sa, absum, s->B, s->T), DG_OK);
 	}
@@ -187,6 +197,8 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 			want[i] += start[i];
 	gh_download(dev, got, dw, nw * 4);
 	bh_expect_bf16(dg_fmt_name(f), got, want, absum, nw, bh_bound_c(f));
+	if (ws_bytes)
+		*ws_bytes = need;
 	free(g);
 	free(start);
 	free(want);
@@ -243,7 +255,7 @@ Test(gpu_backward, lowrank_grad_weight_small, .timeout = 600)
 				for (int k = 0; k < N_SMALL_TILES; k++) {
 					shape s = { 3, hin ? 3 : 1, 40, 100, 2, times[ti] };
 					free(check_grad_weight(dev, DG_OP_LOWRANK_GRAD_WEIGHT, &s, acts[f],
-							       f == 2, &small_tiles[k]));
+							       f == 2, &small_tiles[k], NULL));
 				}
 	gh_close(dev);
 }
@@ -258,13 +270,14 @@ Test(gpu_backward, decoder_grad_weight_small, .timeout = 600)
 			for (int k = 0; k < N_SMALL_TILES; k++) {
 				shape s = { 3, 1, 40, 100, 2, times[ti] };
 				free(check_grad_weight(dev, DG_OP_DECODER_GRAD_WEIGHT, &s, acts[f], f == 3,
-						       &small_tiles[k]));
+						       &small_tiles[k], NULL));
 			}
 	gh_close(dev);
 }
 
-/* A long reduction over few output tiles is split over grid z and summed
- * by the second pass; the result is bitwise the same run to run. */
+/* A long reduction over few output tiles is split over grid z (its
+ * partials in the workspace, so the op asks for one) and summed by the
+ * second pass; the result is bitwise the same run to run. */
 Test(gpu_backward, grad_weight_split_and_reproducible, .timeout = 600)
 {
 	dg_device *dev = gh_open();
@@ -274,15 +287,81 @@ Test(gpu_backward, grad_weight_split_and_reproducible, .timeout = 600)
 	for (int op = 0; op < 2; op++) {
 		dg_op o = op ? DG_OP_DECODER_GRAD_WEIGHT : DG_OP_LOWRANK_GRAD_WEIGHT;
 		for (int acc = 0; acc < 2; acc++) {
+			size_t wa = 0, wb = 0;
 			gh_seed(14);
-			float *a = check_grad_weight(dev, o, &s, DG_FMT_INT8, acc, NULL);
+			float *a = check_grad_weight(dev, o, &s, DG_FMT_INT8, acc, NULL, &wa);
 			gh_seed(14);
-			float *b = check_grad_weight(dev, o, &s, DG_FMT_INT8, acc, NULL);
+			float *b = check_grad_weight(dev, o, &s, DG_FMT_INT8, acc, NULL, &wb);
+			cr_assert_gt(wa, 0, "%s: B·T %d over 2 output tiles is not split", dg_op_name(o),
+				     s.B * s.T);
+			cr_assert_eq(wa % (nw * 4), 0, "a whole grad_w of partials a split: %zu", wa);
+			cr_assert_eq(wa, wb);
 			gh_expect_bytes("run to run", a, b, nw * 4);
 			free(a);
 			free(b);
 		}
 	}
+	gh_close(dev);
+}
+
+/* The split's workspace is the caller's: missing or one byte short, the
+ * call is refused with a message naming the op and "ws", and nothing runs
+ * (grad_w keeps its 0xff bytes). */
+Test(gpu_backward, grad_weight_workspace_is_checked, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	shape s = { 2, 1, 40, 36, 2, 1000 };
+	size_t nw = (size_t)s.H * s.L * s.E;
+	unsigned char *ff = gh_xmalloc(nw * 4), *got = gh_xmalloc(nw * 4);
+	memset(ff, 0xff, nw * 4);
+
+	gh_seed(15);
+	for (int op = 0; op < 2; op++) {
+		bool lowrank = op == 0;
+		dg_op o = lowrank ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_DECODER_GRAD_WEIGHT;
+		dg_spec sp = spec_of(o, &s, DG_FMT_INT8, NULL);
+		size_t ng = lowrank ? (size_t)s.B * s.H * s.T * s.L : (size_t)s.B * s.T * s.E;
+		size_t nx = lowrank ? (size_t)s.B * s.T * s.E : (size_t)s.B * s.H * s.T * s.L;
+		float *g = bh_rand_f32(ng);
+		void *x = gh_rand_storage(DG_FMT_INT8, nx, NULL);
+		dg_dptr dw = gh_alloc_ff(dev, nw * 4);
+		dg_tensor tg = lowrank ? dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s.B, s.H, s.T, s.L)
+				       : dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s.B, 1, s.T, s.E);
+		dg_tensor tx = lowrank ? dg_tensor_4d("x", DG_FMT_INT8, gh_upload(dev, x, nx), s.B, 1, s.T, s.E)
+				       : dg_tensor_4d("y", DG_FMT_INT8, gh_upload(dev, x, nx), s.B, s.H, s.T, s.L);
+		tx.scale = gh_scalar(dev, 1.0f / 127);
+		dg_tensor tw = lowrank ? dg_tensor_3d("grad_w", DG_FMT_F32, dw, s.H, s.L, s.E)
+				       : dg_tensor_2d("grad_w", DG_FMT_F32, dw, s.E, (int64_t)s.H * s.L);
+		dg_lowrank_grad_weight_args la = { .grad = &tg, .x = &tx, .grad_w = &tw };
+		dg_decoder_grad_weight_args da = { .grad = &tg, .y = &tx, .grad_w = &tw };
+		size_t need = 0;
+		dg_status st = lowrank ? dg_lowrank_grad_weight_workspace(dev, &sp, &la, &need)
+				       : dg_decoder_grad_weight_workspace(dev, &sp, &da, &need);
+		cr_assert_eq(st, DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_gt(need, 0, "%s: not split", dg_op_name(o));
+		dg_workspace ok = gh_workspace(dev, need);
+		const dg_workspace bad[3] = { { 0, 0 }, { ok.ptr, need - 1 }, { 0, need } };
+		for (int i = 0; i < 3; i++) {
+			la.ws = da.ws = bad[i];
+			st = lowrank ? dg_lowrank_grad_weight(dev, &sp, &la)
+				     : dg_decoder_grad_weight(dev, &sp, &da);
+			cr_assert_eq(st, DG_ERR_INVALID_ARG, "%s: case %d ran", dg_op_name(o), i);
+			const char *m = dg_device_errmsg(dev);
+			cr_assert(strstr(m, dg_op_name(o)) && strstr(m, "ws"), "case %d: %s", i, m);
+		}
+		gh_download(dev, got, dw, nw * 4);
+		gh_expect_bytes("grad_w after refused calls", got, ff, nw * 4);
+		la.ws = da.ws = ok;
+		st = lowrank ? dg_lowrank_grad_weight(dev, &sp, &la) : dg_decoder_grad_weight(dev, &sp, &da);
+		cr_assert_eq(st, DG_OK, "%s", dg_device_errmsg(dev));
+		gh_download(dev, got, dw, nw * 4);
+		for (size_t i = 0; i < nw; i++)
+			cr_assert(!isnan(((float *)got)[i]), "grad_w[%zu] never written", i);
+		free(g);
+		free(x);
+	}
+	free(ff);
+	free(got);
 	gh_close(dev);
 }
 
@@ -301,17 +380,17 @@ Test(gpu_backward, tolerance_catches_layout_errors)
 		size_t ng = (size_t)s.B * s.H * s.T * s.L, nx = (size_t)s.B * s.T * s.E,
 		       nw = (size_t)s.H * s.L * s.E, pl = (size_t)s.L * s.E;
 		gh_seed(50 + (uint64_t)ti);
-		float *g = bh_rand_f32(ng), *gr = bh_xmalloc(ng * 4);
-		void *x = bh_make_storage(DG_FMT_INT8, nx);
+		float *g = bh_rand_f32(ng), *gr = gh_xmalloc(ng * 4);
+		void *x = gh_rand_storage(DG_FMT_INT8, nx, NULL);
 		float *ga = bh_abs_f32(g, ng);
 		void *xa = bh_abs_storage(DG_FMT_INT8, x, nx);
-		float *want = bh_xmalloc(nw * 4), *absum = bh_xmalloc(nw * 4), *ok = bh_xmalloc(nw * 4),
-		      *bad = bh_xmalloc(nw * 4);
+		float *want = gh_xmalloc(nw * 4), *absum = gh_xmalloc(nw * 4), *ok = gh_xmalloc(nw * 4),
+		      *bad = gh_xmalloc(nw * 4);
 		const float sa = bh_scale_of(DG_FMT_INT8);
 		char why[256];
 
 		for (size_t i = 0; i < ng; i++)
-			gr[i] = dg_ref_bf16_to_f32(dg_ref_f32_to_bf16(g[i]));
+			gr[i] = dg_bf16_to_f32(dg_f32_to_bf16(g[i]));
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, g, x, sa, want, s.B, s.T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s.B, s.T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, gr, x, sa, ok, s.B, s.T), DG_OK);
@@ -369,16 +448,16 @@ Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
 		int Hin = hin_i ? H : 1;
 		size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 		gh_seed(30 + (uint64_t)Hin);
-		float *x = bh_rand_f32(nx), *w = bh_rand_f32(nw), *r = bh_rand_f32(no), *buf = bh_xmalloc(no * 4);
-		float *gx = bh_xmalloc(nx * 4), *gw = bh_xmalloc(nw * 4);
+		float *x = bh_rand_f32(nx), *w = bh_rand_f32(nw), *r = bh_rand_f32(no), *buf = gh_xmalloc(no * 4);
+		float *gx = gh_xmalloc(nx * 4), *gw = gh_xmalloc(nw * 4);
 		dg_dptr dx = gh_upload(dev, x, nx * 4), dw = gh_upload(dev, w, nw * 4);
 		dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
 		dg_tensor tx = dg_tensor_4d("x", DG_FMT_F32, dx, B, Hin, T, E);
 		dg_tensor tw = dg_tensor_3d("w", DG_FMT_F32, dw, H, L, E);
 		dg_tensor to = dg_tensor_4d("out", DG_FMT_F32, dout, B, H, T, L);
 		dg_tensor tr = dg_tensor_4d("grad", DG_FMT_F32, dr, B, H, T, L);
-		dg_tensor tgx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc(dev, nx * 4), B, Hin, T, E);
-		dg_tensor tgw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc(dev, nw * 4), H, L, E);
+		dg_tensor tgx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), B, Hin, T, E);
+		dg_tensor tgw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), H, L, E);
 		dg_spec fs, gis, gws;
 		dg_spec_init(&fs, DG_OP_LOWRANK_FWD);
 		fs.heads = H;
@@ -390,9 +469,13 @@ Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
 		gis.op = DG_OP_LOWRANK_GRAD_INPUT;
 		gws = fs;
 		gws.op = DG_OP_LOWRANK_GRAD_WEIGHT;
-		dg_lowrank_fwd_args fa = { &tx, &tw, &to, 0 };
-		dg_lowrank_grad_input_args ia = { &tr, &tw, &tgx };
-		dg_lowrank_grad_weight_args wa = { &tr, &tx, &tgw, false };
+		dg_lowrank_fwd_args fa = { .x = &tx, .w = &tw, .out = &to };
+		dg_lowrank_grad_input_args ia = { .grad = &tr, .w = &tw, .grad_x = &tgx };
+		dg_lowrank_grad_weight_args wa = { .grad = &tr, .x = &tx, .grad_w = &tgw };
+		size_t need = 0;
+		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &gws, &wa, &need), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		wa.ws = gh_workspace(dev, need);
 		cr_assert_eq(dg_lowrank_grad_input(dev, &gis, &ia), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_lowrank_grad_weight(dev, &gws, &wa), DG_OK, "%s", dg_device_errmsg(dev));
 		gh_download(dev, gx, tgx.data, nx * 4);
@@ -442,16 +525,16 @@ Test(gpu_backward, finite_differences_decoder, .timeout = 600)
 	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
 
 	gh_seed(40);
-	float *y = bh_rand_f32(ny), *w = bh_rand_f32(nw), *r = bh_rand_f32(no), *buf = bh_xmalloc(no * 4);
-	float *gy = bh_xmalloc(ny * 4), *gw = bh_xmalloc(nw * 4);
+	float *y = bh_rand_f32(ny), *w = bh_rand_f32(nw), *r = bh_rand_f32(no), *buf = gh_xmalloc(no * 4);
+	float *gy = gh_xmalloc(ny * 4), *gw = gh_xmalloc(nw * 4);
 	dg_dptr dy = gh_upload(dev, y, ny * 4), dw = gh_upload(dev, w, nw * 4);
 	dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
 	dg_tensor ty = dg_tensor_4d("y", DG_FMT_F32, dy, B, H, T, L);
 	dg_tensor tw = dg_tensor_2d("w", DG_FMT_F32, dw, E, (int64_t)H * L);
 	dg_tensor to = dg_tensor_4d("out", DG_FMT_F32, dout, B, 1, T, E);
 	dg_tensor tr = dg_tensor_4d("grad", DG_FMT_F32, dr, B, 1, T, E);
-	dg_tensor tgy = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc(dev, ny * 4), B, H, T, L);
-	dg_tensor tgw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc(dev, nw * 4), E, (int64_t)H * L);
+	dg_tensor tgy = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc_ff(dev, ny * 4), B, H, T, L);
+	dg_tensor tgw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), E, (int64_t)H * L);
 	dg_spec fs, gis, gws;
 	dg_spec_init(&fs, DG_OP_DECODER_FWD);
 	fs.heads = H;
@@ -462,9 +545,15 @@ Test(gpu_backward, finite_differences_decoder, .timeout = 600)
 	gis.op = DG_OP_DECODER_GRAD_INPUT;
 	gws = fs;
 	gws.op = DG_OP_DECODER_GRAD_WEIGHT;
-	dg_decoder_fwd_args fa = { &ty, &tw, &to };
-	dg_decoder_grad_input_args ia = { &tr, &tw, &tgy };
-	dg_decoder_grad_weight_args wa = { &tr, &ty, &tgw, false };
+	dg_decoder_fwd_args fa = { .y = &ty, .w = &tw, .out = &to };
+	dg_decoder_grad_input_args ia = { .grad = &tr, .w = &tw, .grad_y = &tgy };
+	dg_decoder_grad_weight_args wa = { .grad = &tr, .y = &ty, .grad_w = &tgw };
+	size_t need = 0;
+	cr_assert_eq(dg_decoder_fwd_workspace(dev, &fs, &fa, &need), DG_OK, "%s", dg_device_errmsg(dev));
+	fa.ws = gh_workspace(dev, need);
+	cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &gws, &wa, &need), DG_OK, "%s",
+		     dg_device_errmsg(dev));
+	wa.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_decoder_grad_input(dev, &gis, &ia), DG_OK, "%s", dg_device_errmsg(dev));
 	cr_assert_eq(dg_decoder_grad_weight(dev, &gws, &wa), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gy, tgy.data, ny * 4);

@@ -1,13 +1,14 @@
 /*
  * GPU tests of the four backward GEMMs at the BDH shape (H 4, E 256,
- * L 8192, B·T 4096; templates/backward.lua, runtime/ops/ops_backward.c), on
+ * L 8192, B·T 4096; templates/backward.lua, runtime/ops/grad.c), on
  * the default tiles, int8 operands. Skip without a device (gh_open).
  *
  *   - lowrank grad_input on sampled rows;
- *   - lowrank grad_weight in full, sampled output rows checked against
- *     sums over those rows only;
+ *   - lowrank grad_weight in full (its workspace as the op sizes it),
+ *     sampled output rows checked against sums over those rows only;
  *   - decoder grad_input and grad_weight, sampled 256-wide row pieces.
  *
+ * Outputs start as 0xff bytes (NaN): every element must be written.
  * Tolerance: tests/backward_helpers.h.
  * The small odd shapes are in tests/test_gpu_backward.c.
  */
@@ -44,16 +45,17 @@ Test(gpu_backward, bdh_lowrank_grad_input_sampled, .timeout = 600)
 
 	gh_seed(20);
 	float *g = bh_rand_f32(ng);
-	int8_t *w = bh_make_storage(DG_FMT_INT8, nw);
-	float *got = bh_xmalloc(nx * 4);
+	int8_t *w = gh_rand_storage(DG_FMT_INT8, nw, NULL);
+	float *got = gh_xmalloc(nx * 4);
 	const float sw = 1.0f / 127;
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), BDH_B, BDH_H, BDH_T, BDH_L);
 	dg_tensor tw = dg_tensor_3d("w", DG_FMT_INT8, gh_upload(dev, w, nw), BDH_H, BDH_L, BDH_E);
 	tw.scale = gh_scalar(dev, sw);
-	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc(dev, nx * 4), BDH_B, 1, BDH_T, BDH_E);
-	dg_lowrank_grad_input_args a = { &tg, &tw, &tx };
+	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), BDH_B, 1, BDH_T, BDH_E);
+	dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
 	cr_assert_eq(dg_lowrank_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tx.data, nx * 4);
+	bh_expect_written("grad_x", got, nx);
 
 	float want[BDH_E], absum[BDH_E];
 	for (int smp = 0; smp < SAMPLES; smp++) {
@@ -91,16 +93,21 @@ Test(gpu_backward, bdh_lowrank_grad_weight_sampled, .timeout = 600)
 
 	gh_seed(21);
 	float *g = bh_rand_f32(ng);
-	int8_t *x = bh_make_storage(DG_FMT_INT8, nx);
-	float *got = bh_xmalloc(nw * 4);
+	int8_t *x = gh_rand_storage(DG_FMT_INT8, nx, NULL);
+	float *got = gh_xmalloc(nw * 4);
 	const float sa = 1.0f / 127;
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), BDH_B, BDH_H, BDH_T, BDH_L);
 	dg_tensor tx = dg_tensor_4d("x", DG_FMT_INT8, gh_upload(dev, x, nx), BDH_B, 1, BDH_T, BDH_E);
 	tx.scale = gh_scalar(dev, sa);
-	dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc(dev, nw * 4), BDH_H, BDH_L, BDH_E);
-	dg_lowrank_grad_weight_args a = { &tg, &tx, &tw, false };
+	dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), BDH_H, BDH_L, BDH_E);
+	dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
+	size_t need = 0;
+	cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
+		     dg_device_errmsg(dev));
+	a.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tw.data, nw * 4);
+	bh_expect_written("grad_w", got, nw);
 
 	float want[BDH_E], absum[BDH_E];
 	for (int smp = 0; smp < SAMPLES; smp++) {
@@ -137,25 +144,31 @@ Test(gpu_backward, bdh_decoder_grads_sampled, .timeout = 600)
 
 	gh_seed(22);
 	float *g = bh_rand_f32(ng);
-	int8_t *w = bh_make_storage(DG_FMT_INT8, nw), *y = bh_make_storage(DG_FMT_INT8, ny);
-	float *gy = bh_xmalloc(ny * 4), *gw = bh_xmalloc(nw * 4);
+	int8_t *w = gh_rand_storage(DG_FMT_INT8, nw, NULL), *y = gh_rand_storage(DG_FMT_INT8, ny, NULL);
+	float *gy = gh_xmalloc(ny * 4), *gw = gh_xmalloc(nw * 4);
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), BDH_B, 1, BDH_T, BDH_E);
 	dg_tensor tw = dg_tensor_2d("w", DG_FMT_INT8, gh_upload(dev, w, nw), BDH_E, (int64_t)HL);
 	tw.scale = gh_scalar(dev, s);
-	dg_tensor tgy = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc(dev, ny * 4), BDH_B, BDH_H, BDH_T, BDH_L);
+	dg_tensor tgy = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc_ff(dev, ny * 4), BDH_B, BDH_H, BDH_T, BDH_L);
 	dg_spec sp;
 	dg_spec_init(&sp, DG_OP_DECODER_GRAD_INPUT);
-	dg_decoder_grad_input_args ai = { &tg, &tw, &tgy };
+	dg_decoder_grad_input_args ai = { .grad = &tg, .w = &tw, .grad_y = &tgy };
 	cr_assert_eq(dg_decoder_grad_input(dev, &sp, &ai), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gy, tgy.data, ny * 4);
+	bh_expect_written("grad_y", gy, ny);
 
 	dg_tensor ty = dg_tensor_4d("y", DG_FMT_INT8, gh_upload(dev, y, ny), BDH_B, BDH_H, BDH_T, BDH_L);
 	ty.scale = gh_scalar(dev, s);
-	dg_tensor tgw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc(dev, nw * 4), BDH_E, (int64_t)HL);
+	dg_tensor tgw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), BDH_E, (int64_t)HL);
 	dg_spec_init(&sp, DG_OP_DECODER_GRAD_WEIGHT);
-	dg_decoder_grad_weight_args aw = { &tg, &ty, &tgw, false };
+	dg_decoder_grad_weight_args aw = { .grad = &tg, .y = &ty, .grad_w = &tgw };
+	size_t need = 0;
+	cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &sp, &aw, &need), DG_OK, "%s",
+		     dg_device_errmsg(dev));
+	aw.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &aw), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gw, tgw.data, nw * 4);
+	bh_expect_written("decoder grad_w", gw, nw);
 
 	for (int smp = 0; smp < SAMPLES; smp++) {
 		/* grad_y[b, h, t, l0 .. l0+255] */

@@ -1,6 +1,7 @@
 /*
- * GPU tests of the forward GEMM ops (runtime/ops/ops_forward.c, templates
- * lowrank.lua, mma.lua, decoder.lua) against the CPU references:
+ * GPU tests of the forward GEMM ops (runtime/ops/lowrank.c, decoder.c;
+ * templates lowrank*.lua, mma.lua, wgmma.lua, decoder.lua) against the CPU
+ * references:
  *
  *   lowrank_fwd  every weight × act × relu {none, 0, 0.25} × out × in_heads
  *                {1, H} on small odd shapes (B 2, T 1/3/127, L 200, E 96 or
@@ -9,7 +10,9 @@
  *                B·T 4096) with the reference on sampled rows;
  *   relu_mask    the same formats, grad and grad_out separate and aliased;
  *   decoder_fwd  every weight × act × out, heads 1 and 3, SIMT and tensor-
- *                core tiles; the BDH shape (sampled rows).
+ *                core tiles, in a workspace the op sizes (_workspace); the
+ *                BDH shape (sampled rows); a missing or short workspace is
+ *                refused by name and launches nothing.
  *
  * Integer paths compare bit for bit (codes, and f32 / bf16 outputs too: the
  * int32 sums are exact and the epilogue rounds like the reference); float
@@ -28,124 +31,20 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 
-static bool is_code(dg_fmt f)
-{
-	return f == DG_FMT_INT8 || f == DG_FMT_INT4 || f == DG_FMT_UINT8POS ||
-	       f == DG_FMT_TERNARY || f == DG_FMT_SIGN1;
-}
-
-static size_t elem_bytes(dg_fmt f)
-{
-	return f == DG_FMT_F32 ? 4 : f == DG_FMT_BF16 ? 2 : 1;
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-	cr_assert_not_null(p);
-	return p;
-}
-
-/* n random values of format f in its storage (codes across the full range;
- * floats uniform in [-1, 1]); rows of `row` elements are packed along the
- * row (ternary 16, sign1 32 a word; n a multiple of row). *bytes: size. */
-static void *rand_storage(dg_fmt f, size_t n, size_t *bytes)
-{
-	size_t i;
-
-	switch (f) {
-	case DG_FMT_F32: {
-		float *p = xmalloc(n * 4);
-		for (i = 0; i < n; i++)
-			p[i] = gh_uniform(-1.0f, 1.0f);
-		*bytes = n * 4;
-		return p;
-	}
-	case DG_FMT_BF16: {
-		uint16_t *p = xmalloc(n * 2);
-		for (i = 0; i < n; i++)
-			p[i] = dg_ref_f32_to_bf16(gh_uniform(-1.0f, 1.0f));
-		*bytes = n * 2;
-		return p;
-	}
-	case DG_FMT_TERNARY: {
-		uint32_t *p = xmalloc(n / 16 * 4);
-		memset(p, 0, n / 16 * 4);
-		for (i = 0; i < n; i++) {
-			int c = gh_int(-1, 1);
-			p[i / 16] |= (c == 1 ? 1u : c == -1 ? 3u : 0u) << (2 * (i % 16));
-		}
-		*bytes = n / 16 * 4;
-		return p;
-	}
-	case DG_FMT_SIGN1: {
-		uint32_t *p = xmalloc(n / 32 * 4);
-		memset(p, 0, n / 32 * 4);
-		for (i = 0; i < n; i++)
-			if (gh_int(0, 1))
-				p[i / 32] |= 1u << (i % 32);
-		*bytes = n / 32 * 4;
-		return p;
-	}
-	default: {
-		uint8_t *p = xmalloc(n);
-		int lo = f == DG_FMT_UINT8POS ? 0 : f == DG_FMT_INT4 ? -7 : -127;
-		int hi = f == DG_FMT_UINT8POS ? 255 : f == DG_FMT_INT4 ? 7 : 127;
-		for (i = 0; i < n; i++)
-			p[i] = (uint8_t)gh_int(lo, hi);
-		*bytes = n;
-		return p;
-	}
-	}
-}
-
-static dg_dptr upload_ff(dg_device *dev, size_t bytes)
-{
-	void *h = xmalloc(bytes);
-	memset(h, 0xff, bytes);
-	dg_dptr d = gh_upload(dev, h, bytes);
-	free(h);
-	return d;
-}
-
-/* Compares n outputs of format f: bytes when exact, else floats within a
- * tolerance (codes within 1: a float sum may round across a code edge). */
+/* Compares n outputs of format f: bytes when exact, else within a
+ * tolerance (codes within 1: a float sum may round across a code edge).
+ * An unwritten f32 / bf16 element is NaN (0xff bytes) and fails. */
 static void compare_out(const char *what, dg_fmt f, const void *got, const void *want, size_t n,
 			bool exact)
 {
+	char why[512];
+
 	if (exact) {
-		gh_expect_bytes(what, got, want, n * elem_bytes(f));
+		gh_expect_bytes(what, got, want, gh_bytes(f, n));
 		return;
 	}
-	float *g = xmalloc(n * 4), *w = xmalloc(n * 4);
-	float atol = 2e-3f, rtol = 2e-3f;
-	for (size_t i = 0; i < n; i++) {
-		switch (f) {
-		case DG_FMT_F32:
-			g[i] = ((const float *)got)[i];
-			w[i] = ((const float *)want)[i];
-			break;
-		case DG_FMT_BF16:
-			g[i] = dg_ref_bf16_to_f32(((const uint16_t *)got)[i]);
-			w[i] = dg_ref_bf16_to_f32(((const uint16_t *)want)[i]);
-			rtol = 1e-2f;
-			break;
-		case DG_FMT_INT8:
-			g[i] = (float)((const int8_t *)got)[i];
-			w[i] = (float)((const int8_t *)want)[i];
-			atol = 1.0f;
-			break;
-		default:
-			g[i] = (float)((const uint8_t *)got)[i];
-			w[i] = (float)((const uint8_t *)want)[i];
-			atol = 1.0f;
-			break;
-		}
-		cr_assert(!isnan(g[i]) || isnan(w[i]), "%s[%zu]: NaN (never written?)", what, i);
-	}
-	gh_expect_close(what, g, w, n, atol, rtol);
-	free(g);
-	free(w);
+	float atol = dg_fmt_is_code(f) ? 1.0f : 2e-3f, rtol = f == DG_FMT_BF16 ? 1e-2f : 2e-3f;
+	cr_assert(dg_ref_close(f, got, want, n, atol, rtol, why, sizeof(why)), "%s: %s", what, why);
 }
 
 /* ---- lowrank_fwd / relu_mask: one spec, small shapes ---------------------- */
@@ -163,8 +62,8 @@ static void run_lowrank(dg_device *dev, const dg_spec *spec0, int B, int T)
 	const int H = spec.heads, Hin = spec.in_heads, E = spec.embd, L = spec.latent;
 	size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 	size_t xb, wb;
-	void *xh = rand_storage(spec.act, nx, &xb);
-	void *wh = rand_storage(spec.weight, nw, &wb);
+	void *xh = gh_rand_storage(spec.act, nx, &xb);
+	void *wh = gh_rand_storage(spec.weight, nw, &wb);
 	float sa = gh_uniform(0.001f, 0.01f), sw = gh_uniform(0.01f, 0.1f);
 	char what[DG_SPEC_TEXT_MAX + 64];
 	char canon[DG_SPEC_TEXT_MAX];
@@ -179,7 +78,7 @@ static void run_lowrank(dg_device *dev, const dg_spec *spec0, int B, int T)
 	fs.out = DG_FMT_F32;
 	if (mask)
 		fs.relu = false;
-	float *yref = xmalloc(no * 4);
+	float *yref = gh_xmalloc(no * 4);
 	dg_ref_lowrank_args ra = { .x = xh, .w = wh, .sa = sa, .sw = sw, .out = yref,
 				   .batch = B, .time = T };
 	cr_assert_eq(dg_ref_lowrank_fwd(&fs, &ra), DG_OK);
@@ -191,22 +90,22 @@ static void run_lowrank(dg_device *dev, const dg_spec *spec0, int B, int T)
 	dg_dptr xd = gh_upload(dev, xh, xb), wd = gh_upload(dev, wh, wb);
 	dg_tensor x = dg_tensor_4d("x", spec.act, xd, B, Hin, T, E);
 	dg_tensor w = dg_tensor_3d("w", spec.weight, wd, H, L, E);
-	if (is_code(spec.act))
+	if (dg_fmt_is_code(spec.act))
 		x.scale = gh_scalar(dev, sa);
-	if (is_code(spec.weight))
+	if (dg_fmt_is_code(spec.weight))
 		w.scale = gh_scalar(dev, sw);
-	bool exact = is_code(spec.act) && is_code(spec.weight);
+	bool exact = dg_fmt_is_code(spec.act) && dg_fmt_is_code(spec.weight);
 
 	if (!mask) {
-		size_t ob = no * elem_bytes(spec.out);
-		dg_dptr od = upload_ff(dev, ob);
+		size_t ob = gh_bytes(spec.out, no);
+		dg_dptr od = gh_alloc_ff(dev, ob);
 		dg_tensor out = dg_tensor_4d("out", spec.out, od, B, H, T, L);
-		if (is_code(spec.out))
+		if (dg_fmt_is_code(spec.out))
 			out.scale = gh_scalar(dev, so);
 		dg_dptr absum = gh_scalar(dev, 0.0f);
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out, .out_absum = absum };
 		cr_assert_eq(dg_lowrank_fwd(dev, &spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
-		void *got = xmalloc(ob), *want = xmalloc(ob);
+		void *got = gh_xmalloc(ob), *want = gh_xmalloc(ob);
 		gh_download(dev, got, od, ob);
 		double want_absum = 0;
 		ra.out = want;
@@ -220,11 +119,11 @@ static void run_lowrank(dg_device *dev, const dg_spec *spec0, int B, int T)
 		free(got);
 		free(want);
 	} else {
-		float *g = xmalloc(no * 4), *want = xmalloc(no * 4), *got = xmalloc(no * 4);
+		float *g = gh_xmalloc(no * 4), *want = gh_xmalloc(no * 4), *got = gh_xmalloc(no * 4);
 		for (size_t i = 0; i < no; i++)
 			g[i] = gh_uniform(-1.0f, 1.0f);
 		cr_assert_eq(dg_ref_relu_mask(&spec, xh, wh, sa, sw, g, want, B, T), DG_OK);
-		dg_dptr gd = gh_upload(dev, g, no * 4), god = upload_ff(dev, no * 4);
+		dg_dptr gd = gh_upload(dev, g, no * 4), god = gh_alloc_ff(dev, no * 4);
 		dg_tensor gt = dg_tensor_4d("grad", DG_FMT_F32, gd, B, H, T, L);
 		dg_tensor got_t = dg_tensor_4d("grad_out", DG_FMT_F32, god, B, H, T, L);
 		dg_relu_mask_args a = { .x = &x, .w = &w, .grad = &gt, .grad_out = &got_t };
@@ -247,7 +146,7 @@ static void run_lowrank(dg_device *dev, const dg_spec *spec0, int B, int T)
 		/* aliased: grad_out = grad, in place */
 		got_t.data = gd;
 		cr_assert_eq(dg_relu_mask(dev, &spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
-		float *inplace = xmalloc(no * 4);
+		float *inplace = gh_xmalloc(no * 4);
 		gh_download(dev, inplace, gd, no * 4);
 		gh_expect_bytes("relu_mask in place", inplace, got, no * 4);
 		free(inplace);
@@ -353,7 +252,7 @@ static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
 	size_t nx = (size_t)B * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 	size_t xb, wb;
 	gh_seed(4242 + (uint64_t)weight);
-	void *xh = rand_storage(act, nx, &xb), *wh = rand_storage(weight, nw, &wb);
+	void *xh = gh_rand_storage(act, nx, &xb), *wh = gh_rand_storage(weight, nw, &wb);
 	float sa = 0.01f, sw = 0.02f, so = 0.5f;
 	dg_dptr xd = gh_upload(dev, xh, xb), wd = gh_upload(dev, wh, wb);
 	dg_tensor x = dg_tensor_4d("x", act, xd, B, 1, T, E);
@@ -363,9 +262,9 @@ static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
 	float *g = NULL;
 	dg_dptr od, gd = 0;
 	size_t ob = op == DG_OP_RELU_MASK ? no * 4 : no;
-	od = upload_ff(dev, ob);
+	od = gh_alloc_ff(dev, ob);
 	if (op == DG_OP_RELU_MASK) {
-		g = xmalloc(no * 4);
+		g = gh_xmalloc(no * 4);
 		for (size_t i = 0; i < no; i++)
 			g[i] = (float)(i % 1000) + 1.0f;
 		gd = gh_upload(dev, g, no * 4);
@@ -380,15 +279,15 @@ static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out };
 		cr_assert_eq(dg_lowrank_fwd(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	}
-	unsigned char *got = xmalloc(ob);
+	unsigned char *got = gh_xmalloc(ob);
 	gh_download(dev, got, od, ob);
 
 	/* Sampled rows: (b, t0..t0+SAMPLE_ROWS) at the start, middle, end. */
 	const int starts[3][2] = { { 0, 0 }, { 1, T / 2 - 3 }, { 1, T - SAMPLE_ROWS } };
 	size_t eb = op == DG_OP_RELU_MASK ? 4 : 1;
 	size_t slice = (size_t)H * SAMPLE_ROWS * L;
-	unsigned char *want = xmalloc(slice * eb);
-	float *gs = xmalloc(slice * 4);
+	unsigned char *want = gh_xmalloc(slice * eb);
+	float *gs = gh_xmalloc(slice * 4);
 	for (int si = 0; si < 3; si++) {
 		int b = starts[si][0], t0 = starts[si][1];
 		const unsigned char *xs = (const unsigned char *)xh + ((size_t)b * T + t0) * E;
@@ -429,35 +328,47 @@ Test(gpu_bdh, relu_mask_ternary_int8, .timeout = 600) { lowrank_bdh(DG_FMT_TERNA
 
 /* ---- decoder_fwd ---------------------------------------------------------- */
 
+/* The workspace a's call needs (its split-K slices), as the op sizes it. */
+static dg_workspace decoder_workspace(dg_device *dev, const dg_spec *spec,
+				      const dg_decoder_fwd_args *a)
+{
+	size_t need = 0;
+	cr_assert_eq(dg_decoder_fwd_workspace(dev, spec, a, &need), DG_OK, "%s",
+		     dg_device_errmsg(dev));
+	cr_assert_gt(need, 0, "decoder_fwd always writes its partial sums to the workspace");
+	return gh_workspace(dev, need);
+}
+
 static void run_decoder(dg_device *dev, const dg_spec *spec, int B, int T)
 {
 	const int H = spec->heads, L = spec->latent, E = spec->embd;
 	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
-	size_t yb, wb, ob = no * elem_bytes(spec->out);
-	void *yh = rand_storage(spec->act, ny, &yb), *wh = rand_storage(spec->weight, nw, &wb);
+	size_t yb, wb, ob = gh_bytes(spec->out, no);
+	void *yh = gh_rand_storage(spec->act, ny, &yb), *wh = gh_rand_storage(spec->weight, nw, &wb);
 	float sa = gh_uniform(0.001f, 0.01f), sw = gh_uniform(0.01f, 0.1f);
 	char canon[DG_SPEC_TEXT_MAX], what[DG_SPEC_TEXT_MAX + 64];
 	dg_spec_to_string(spec, canon, sizeof(canon));
 	snprintf(what, sizeof(what), "%s B=%d T=%d", canon, B, T);
 
-	dg_dptr yd = gh_upload(dev, yh, yb), wd = gh_upload(dev, wh, wb), od = upload_ff(dev, ob);
+	dg_dptr yd = gh_upload(dev, yh, yb), wd = gh_upload(dev, wh, wb), od = gh_alloc_ff(dev, ob);
 	dg_tensor y = dg_tensor_4d("y", spec->act, yd, B, H, T, L);
 	dg_tensor w = dg_tensor_2d("w", spec->weight, wd, E, (int64_t)H * L);
 	dg_tensor out = dg_tensor_4d("out", spec->out, od, B, 1, T, E);
-	if (is_code(spec->act))
+	if (dg_fmt_is_code(spec->act))
 		y.scale = gh_scalar(dev, sa);
-	if (is_code(spec->weight))
+	if (dg_fmt_is_code(spec->weight))
 		w.scale = gh_scalar(dev, sw);
 	dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &out };
+	a.ws = decoder_workspace(dev, spec, &a);
 	cr_assert_eq(dg_decoder_fwd(dev, spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
-	void *got = xmalloc(ob), *want = xmalloc(ob);
+	void *got = gh_xmalloc(ob), *want = gh_xmalloc(ob);
 	gh_download(dev, got, od, ob);
 	dg_ref_decoder_args ra = { .y = yh, .w = wh, .sa = sa, .sw = sw, .out = want, .batch = B, .time = T };
 	cr_assert_eq(dg_ref_decoder_fwd(spec, &ra), DG_OK);
-	compare_out(what, spec->out, got, want, no, is_code(spec->act) && is_code(spec->weight));
+	compare_out(what, spec->out, got, want, no, dg_fmt_is_code(spec->act) && dg_fmt_is_code(spec->weight));
 	/* run twice: the split-K slices are rewritten, the result identical */
 	cr_assert_eq(dg_decoder_fwd(dev, spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
-	void *again = xmalloc(ob);
+	void *again = gh_xmalloc(ob);
 	gh_download(dev, again, od, ob);
 	gh_expect_bytes("decoder rerun", again, got, ob);
 	free(again);
@@ -510,23 +421,24 @@ static void decoder_bdh(dg_fmt weight, dg_fmt act)
 	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
 	size_t yb, wb;
 	gh_seed(99 + (uint64_t)weight);
-	unsigned char *yh = rand_storage(act, ny, &yb);
-	void *wh = rand_storage(weight, nw, &wb);
+	unsigned char *yh = gh_rand_storage(act, ny, &yb);
+	void *wh = gh_rand_storage(weight, nw, &wb);
 	float sa = 0.01f, sw = 0.02f;
-	dg_dptr yd = gh_upload(dev, yh, yb), wd = gh_upload(dev, wh, wb), od = upload_ff(dev, no * 4);
+	dg_dptr yd = gh_upload(dev, yh, yb), wd = gh_upload(dev, wh, wb), od = gh_alloc_ff(dev, no * 4);
 	dg_tensor y = dg_tensor_4d("y", act, yd, B, H, T, L);
 	dg_tensor w = dg_tensor_2d("w", weight, wd, E, (int64_t)H * L);
 	dg_tensor out = dg_tensor_4d("out", DG_FMT_F32, od, B, 1, T, E);
 	y.scale = gh_scalar(dev, sa);
 	w.scale = gh_scalar(dev, sw);
 	dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &out };
+	a.ws = decoder_workspace(dev, &s, &a);
 	cr_assert_eq(dg_decoder_fwd(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
-	float *got = xmalloc(no * 4);
+	float *got = gh_xmalloc(no * 4);
 	gh_download(dev, got, od, no * 4);
 	/* sampled rows: copy (b, t0..t0+n) of every head into a (1, H, n, L) slice */
 	const int starts[3][2] = { { 0, 0 }, { 1, T / 2 - 1 }, { 1, T - SAMPLE_ROWS } };
-	unsigned char *ys = xmalloc((size_t)H * SAMPLE_ROWS * L);
-	float *want = xmalloc((size_t)SAMPLE_ROWS * E * 4);
+	unsigned char *ys = gh_xmalloc((size_t)H * SAMPLE_ROWS * L);
+	float *want = gh_xmalloc((size_t)SAMPLE_ROWS * E * 4);
 	for (int si = 0; si < 3; si++) {
 		int b = starts[si][0], t0 = starts[si][1];
 		for (int h = 0; h < H; h++)
@@ -602,4 +514,55 @@ Test(gpu_forward_checks, bad_tensors_are_named)
 	ra.grad_out = &g2;
 	cr_assert_eq(dg_relu_mask_check(&r, &ra, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "grad_out"), "%s", msg);
+}
+
+/* ---- the decoder's workspace --------------------------------------------- */
+
+/* A workspace that is missing or one byte short is refused with a message
+ * naming the op and "ws", before anything runs: out keeps its 0xff. */
+Test(gpu_decoder, workspace_is_checked)
+{
+	dg_device *dev = gh_open();
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DECODER_FWD); /* int8 · int8 → bf16 */
+	s.latent = 256;
+	const int H = s.heads, L = s.latent, E = s.embd, B = 2, T = 33;
+	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, ob = gh_bytes(s.out, (size_t)B * T * E);
+	gh_seed(5);
+	void *yh = gh_rand_storage(s.act, ny, NULL), *wh = gh_rand_storage(s.weight, nw, NULL);
+	dg_tensor y = dg_tensor_4d("y", s.act, gh_upload(dev, yh, ny), B, H, T, L);
+	dg_tensor w = dg_tensor_2d("w", s.weight, gh_upload(dev, wh, nw), E, (int64_t)H * L);
+	dg_tensor out = dg_tensor_4d("out", s.out, gh_alloc_ff(dev, ob), B, 1, T, E);
+	y.scale = gh_scalar(dev, 0.01f);
+	w.scale = gh_scalar(dev, 0.02f);
+	dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &out };
+	size_t need = 0;
+	cr_assert_eq(dg_decoder_fwd_workspace(dev, &s, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_gt(need, 0);
+	dg_workspace big = gh_workspace(dev, need);
+	const dg_workspace bad[3] = { { 0, 0 }, { big.ptr, need - 1 }, { 0, need } };
+	for (int i = 0; i < 3; i++) {
+		a.ws = bad[i];
+		cr_assert_eq(dg_decoder_fwd(dev, &s, &a), DG_ERR_INVALID_ARG, "case %d ran", i);
+		const char *m = dg_device_errmsg(dev);
+		cr_assert(strstr(m, "dg_decoder_fwd") && strstr(m, "ws"), "case %d: %s", i, m);
+	}
+	unsigned char *got = gh_xmalloc(ob), *ff = gh_xmalloc(ob);
+	memset(ff, 0xff, ob);
+	gh_download(dev, got, out.data, ob);
+	gh_expect_bytes("out after refused calls", got, ff, ob);
+	a.ws = big;
+	cr_assert_eq(dg_decoder_fwd(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	gh_download(dev, got, out.data, ob);
+	void *want = gh_xmalloc(ob);
+	dg_ref_decoder_args ra = { .y = yh, .w = wh, .sa = 0.01f, .sw = 0.02f, .out = want,
+				   .batch = B, .time = T };
+	cr_assert_eq(dg_ref_decoder_fwd(&s, &ra), DG_OK);
+	gh_expect_bytes("decoder with its workspace", got, want, ob);
+	free(yh);
+	free(wh);
+	free(got);
+	free(ff);
+	free(want);
+	gh_close(dev);
 }

@@ -1,9 +1,11 @@
 /*
  * GPU tests of quantize_weight and the ternary / sign1 packers
- * (templates/qweight.lua, runtime/ops/ops_qweight.c) against the CPU
- * references. Skip without a device (gh_open).
+ * (templates/qweight.lua, runtime/ops/quantize.c, pack.c) against the CPU
+ * references. Skip without a device (gh_open). quantize_weight's |w|
+ * partial sums live in the caller's workspace (_workspace sizes it); a
+ * missing or short one is refused by name and nothing runs.
  *
- * What quantize_weight guarantees (runtime/ops/ops_qweight.c): the scale is
+ * What quantize_weight guarantees (runtime/ops/quantize.c): the scale is
  * dg_ref_quantize_weight's to within one ulp (double partial sums; equal
  * unless the exact sum sits on a float rounding boundary), and the codes
  * are exactly the reference rule applied with the GPU's scale — so equal
@@ -19,14 +21,6 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	cr_assert_not_null(p);
-	return p;
-}
-
 /* The reference rule with a given scale (dg_ref_quantize_weight's apply). */
 static int8_t code_of(dg_fmt f, float v, float s)
 {
@@ -41,12 +35,23 @@ static int8_t code_of(dg_fmt f, float v, float s)
 	return (int8_t)(v >= 0.0f ? 1 : -1);
 }
 
+/* The workspace a's call needs, as the op sizes it (never none: the |w|
+ * partials of the first pass). */
+static dg_workspace qw_workspace(dg_device *dev, const dg_spec *s, const dg_quantize_weight_args *a)
+{
+	size_t need = 0;
+	cr_assert_eq(dg_quantize_weight_workspace(dev, s, a, &need), DG_OK, "%s",
+		     dg_device_errmsg(dev));
+	cr_assert_gt(need, 0);
+	return gh_workspace(dev, need);
+}
+
 static void run_quantize(dg_fmt weight, dg_fmt src, size_t n, int mode)
 {
 	dg_device *dev = gh_open();
-	float *w = xmalloc(n * 4);
-	uint16_t *wb = xmalloc(n * 2);
-	int8_t *ref = xmalloc(n), *got = xmalloc(n), *want = xmalloc(n);
+	float *w = gh_xmalloc(n * 4);
+	uint16_t *wb = gh_xmalloc(n * 2);
+	int8_t *ref = gh_xmalloc(n), *got = gh_xmalloc(n), *want = gh_xmalloc(n);
 	float ref_scale = 0;
 
 	for (size_t i = 0; i < n; i++) {
@@ -60,13 +65,13 @@ static void run_quantize(dg_fmt weight, dg_fmt src, size_t n, int mode)
 			v = (float)gh_int(-8, 8) * 0.25f; /* ties of small grids */
 		if (mode == 2)
 			v = 0.0f; /* all zero: scale 0 */
-		wb[i] = dg_ref_f32_to_bf16(v);
-		w[i] = src == DG_FMT_BF16 ? dg_ref_bf16_to_f32(wb[i]) : v;
+		wb[i] = dg_f32_to_bf16(v);
+		w[i] = src == DG_FMT_BF16 ? dg_bf16_to_f32(wb[i]) : v;
 	}
 	cr_assert_eq(dg_ref_quantize_weight(weight, w, n, ref, &ref_scale), DG_OK);
 
 	dg_dptr dw = src == DG_FMT_BF16 ? gh_upload(dev, wb, n * 2) : gh_upload(dev, w, n * 4);
-	dg_dptr dc = gh_alloc(dev, n + 16), ds = gh_scalar(dev, -1.0f);
+	dg_dptr dc = gh_alloc_ff(dev, n + 16), ds = gh_scalar(dev, -1.0f);
 	dg_tensor tw = dg_tensor_2d("w", src, dw, 1, (int64_t)n);
 	dg_tensor tc = dg_tensor_2d("codes", DG_FMT_INT8, dc, 1, (int64_t)n);
 	tc.scale = ds;
@@ -74,7 +79,9 @@ static void run_quantize(dg_fmt weight, dg_fmt src, size_t n, int mode)
 	dg_spec_init(&s, DG_OP_QUANTIZE_WEIGHT);
 	s.weight = weight;
 	s.src = src;
-	cr_assert_eq(dg_quantize_weight(dev, &s, &tw, &tc), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_quantize_weight_args a = { .w = &tw, .codes = &tc };
+	a.ws = qw_workspace(dev, &s, &a);
+	cr_assert_eq(dg_quantize_weight(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, dc, n);
 	float scale = gh_read_scalar(dev, ds);
 
@@ -120,7 +127,7 @@ Test(gpu_qweight, quantize_bdh_reproducible)
 {
 	const size_t n = 4ull * 8192 * 256;
 	dg_device *dev = gh_open();
-	float *w = xmalloc(n * 4);
+	float *w = gh_xmalloc(n * 4);
 
 	gh_seed(2);
 	for (size_t i = 0; i < n; i++)
@@ -133,12 +140,14 @@ Test(gpu_qweight, quantize_bdh_reproducible)
 	dg_spec_init(&s, DG_OP_QUANTIZE_WEIGHT);
 	s.weight = DG_FMT_TERNARY;
 	tc.scale = s1;
-	cr_assert_eq(dg_quantize_weight(dev, &s, &tw, &tc), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_quantize_weight_args qa = { .w = &tw, .codes = &tc };
+	qa.ws = qw_workspace(dev, &s, &qa);
+	cr_assert_eq(dg_quantize_weight(dev, &s, &qa), DG_OK, "%s", dg_device_errmsg(dev));
 	tc.scale = s2;
-	cr_assert_eq(dg_quantize_weight(dev, &s, &tw, &tc), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_quantize_weight(dev, &s, &qa), DG_OK, "%s", dg_device_errmsg(dev));
 	float a = gh_read_scalar(dev, s1), b = gh_read_scalar(dev, s2);
 	cr_assert(memcmp(&a, &b, 4) == 0, "scale %.9g then %.9g", (double)a, (double)b);
-	int8_t *ref = xmalloc(n);
+	int8_t *ref = gh_xmalloc(n);
 	float rs;
 	cr_assert_eq(dg_ref_quantize_weight(DG_FMT_TERNARY, w, n, ref, &rs), DG_OK);
 	cr_assert(fabsf(a - rs) <= nextafterf(rs, INFINITY) - rs, "scale %.9g, reference %.9g",
@@ -153,8 +162,8 @@ static void run_pack(dg_op op, size_t rows, int k)
 	dg_device *dev = gh_open();
 	bool tern = op == DG_OP_PACK_TERNARY;
 	size_t n = rows * (size_t)k, nw = n / (tern ? 16 : 32);
-	int8_t *c = xmalloc(n), *back = xmalloc(n), *ref_back = xmalloc(n);
-	uint32_t *ref = xmalloc(nw * 4), *got = xmalloc(nw * 4);
+	int8_t *c = gh_xmalloc(n), *back = gh_xmalloc(n), *ref_back = gh_xmalloc(n);
+	uint32_t *ref = gh_xmalloc(nw * 4), *got = gh_xmalloc(nw * 4);
 
 	for (size_t i = 0; i < n; i++)
 		c[i] = (int8_t)(tern ? gh_int(-1, 1) : (gh_int(0, 1) ? 1 : -1));
@@ -163,7 +172,7 @@ static void run_pack(dg_op op, size_t rows, int k)
 	cr_assert_eq(tern ? dg_ref_unpack_ternary(ref, ref_back, rows, k)
 			  : dg_ref_unpack_sign1(ref, ref_back, rows, k), DG_OK);
 
-	dg_dptr dc = gh_upload(dev, c, n), dp = gh_alloc(dev, nw * 4), du = gh_alloc(dev, n);
+	dg_dptr dc = gh_upload(dev, c, n), dp = gh_alloc_ff(dev, nw * 4), du = gh_alloc_ff(dev, n);
 	dg_tensor tc = dg_tensor_2d("codes", DG_FMT_INT8, dc, (int64_t)rows, k);
 	dg_tensor tp = dg_tensor_2d("packed", tern ? DG_FMT_TERNARY : DG_FMT_SIGN1, dp,
 				    (int64_t)rows, k);
@@ -171,10 +180,12 @@ static void run_pack(dg_op op, size_t rows, int k)
 	dg_spec s;
 	dg_spec_init(&s, op);
 	s.embd = k;
-	cr_assert_eq(dg_pack_weight(dev, &s, &tc, &tp, false), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_pack_weight_args pa = { .codes = &tc, .packed = &tp, .unpack = false };
+	cr_assert_eq(dg_pack_weight(dev, &s, &pa), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, dp, nw * 4);
 	gh_expect_bytes(tern ? "pack_ternary" : "pack_sign1", got, ref, nw * 4);
-	cr_assert_eq(dg_pack_weight(dev, &s, &tu, &tp, true), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_pack_weight_args ua = { .codes = &tu, .packed = &tp, .unpack = true };
+	cr_assert_eq(dg_pack_weight(dev, &s, &ua), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, back, du, n);
 	gh_expect_bytes(tern ? "unpack_ternary" : "unpack_sign1", back, ref_back, n);
 	gh_expect_bytes("round trip", back, c, n);
@@ -205,15 +216,54 @@ Test(gpu_qweight, pack_out_of_range_codes)
 	int8_t c[32] = { 1, -1, 0, 2, -2, 127, -128, 1 };
 	uint32_t got[2];
 
-	dg_dptr dc = gh_upload(dev, c, 32), dp = gh_alloc(dev, 16);
+	dg_dptr dc = gh_upload(dev, c, 32), dp = gh_alloc_ff(dev, 16);
 	dg_tensor tc = dg_tensor_2d("codes", DG_FMT_INT8, dc, 1, 32);
 	dg_tensor tp = dg_tensor_2d("packed", DG_FMT_TERNARY, dp, 1, 32);
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_PACK_TERNARY);
 	s.embd = 32;
-	cr_assert_eq(dg_pack_weight(dev, &s, &tc, &tp, false), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_pack_weight_args pa = { .codes = &tc, .packed = &tp, .unpack = false };
+	cr_assert_eq(dg_pack_weight(dev, &s, &pa), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, dp, 8);
 	cr_assert_eq(got[0], 0x1u | 0x3u << 2 | 0x1u << 14, "0x%08x", got[0]);
 	cr_assert_eq(got[1], 0u);
+	gh_close(dev);
+}
+
+/* The |w| partials go to the caller's workspace: missing or one byte
+ * short, the call is refused naming the op and "ws", and neither the codes
+ * nor the scale is touched. */
+Test(gpu_qweight, workspace_is_checked)
+{
+	dg_device *dev = gh_open();
+	const size_t n = 4096 * 33;
+	float *w = gh_rand_storage(DG_FMT_F32, n, NULL);
+	unsigned char *got = gh_xmalloc(n), *ff = gh_xmalloc(n);
+	memset(ff, 0xff, n);
+	dg_dptr dc = gh_alloc_ff(dev, n), ds = gh_scalar(dev, -1.0f);
+	dg_tensor tw = dg_tensor_2d("w", DG_FMT_F32, gh_upload(dev, w, n * 4), 33, 4096);
+	dg_tensor tc = dg_tensor_2d("codes", DG_FMT_INT8, dc, 33, 4096);
+	tc.scale = ds;
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_QUANTIZE_WEIGHT);
+	s.weight = DG_FMT_TERNARY;
+	dg_quantize_weight_args a = { .w = &tw, .codes = &tc };
+	dg_workspace ok = qw_workspace(dev, &s, &a);
+	const dg_workspace bad[3] = { { 0, 0 }, { ok.ptr, ok.bytes - 1 }, { 0, ok.bytes } };
+	for (int i = 0; i < 3; i++) {
+		a.ws = bad[i];
+		cr_assert_eq(dg_quantize_weight(dev, &s, &a), DG_ERR_INVALID_ARG, "case %d ran", i);
+		const char *m = dg_device_errmsg(dev);
+		cr_assert(strstr(m, "dg_quantize_weight") && strstr(m, "ws"), "case %d: %s", i, m);
+	}
+	gh_download(dev, got, dc, n);
+	gh_expect_bytes("codes after refused calls", got, ff, n);
+	cr_assert_eq(gh_read_scalar(dev, ds), -1.0f, "scale untouched");
+	a.ws = ok;
+	cr_assert_eq(dg_quantize_weight(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_gt(gh_read_scalar(dev, ds), 0.0f);
+	free(w);
+	free(got);
+	free(ff);
 	gh_close(dev);
 }

@@ -1,8 +1,10 @@
 /*
- * The runtime on a GPU: memory round trips, arenas, the kernel map (one
- * build however many threads ask), launch-info opt-in above 48 KiB,
- * launch checks, and quantize_act / pack_i8x4 / unpack_i8x4 against the
- * CPU references. Skips without a device (DRAGON_REQUIRE_GPU=1: fails).
+ * The runtime on a GPU, through the public API alone: memory round trips,
+ * arenas, the per-thread stream, the kernel map (one build however many
+ * threads ask; dg_device_stats_get says where each kernel came from),
+ * launch-info opt-in above 48 KiB, launch checks, and quantize_act /
+ * pack_i8x4 / unpack_i8x4 against the CPU references, quantize_act's
+ * workspace checked. Skips without a device (DRAGON_REQUIRE_GPU=1: fails).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -14,12 +16,26 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "helpers.h"
-#include "runtime/gpu/device_int.h"
 
 static bool own_cache(void)
 {
 	const char *e = getenv("DRAGON_CACHE_DIR");
 	return !(e && *e);
+}
+
+static dg_device_stats stats_of(dg_device *dev)
+{
+	dg_device_stats st;
+	cr_assert_eq(dg_device_stats_get(dev, &st), DG_OK, "%s", dg_device_errmsg(dev));
+	return st;
+}
+
+/* Specs built since open: compiled by NVRTC or read from the disk cache
+ * (which of the two depends on whether DRAGON_CACHE_DIR is shared). */
+static size_t built(dg_device *dev)
+{
+	dg_device_stats st = stats_of(dev);
+	return st.compiled + st.cached;
 }
 
 Test(gpu_runtime, device_info)
@@ -156,8 +172,17 @@ Test(gpu_runtime, kernel_get_twice_loads_once)
 	cr_assert_eq(dg_kernel_get(dev, &t, NULL, &k3), DG_OK, "%s", dg_device_errmsg(dev));
 	cr_assert_eq(k1, k2);
 	cr_assert_eq(k1, k3);
-	cr_assert_eq(dg__dev_build_count(dev), 1);
+	cr_assert_eq(built(dev), 1);
 	cr_assert_eq(dg_device_kernel_count(dev), 1);
+	dg_device_stats st = stats_of(dev);
+	cr_assert_eq(st.modules, 1);
+	cr_assert_eq(st.kernels, 1);
+	cr_assert_eq(st.bundled, 0);
+	cr_assert_eq(st.planned, 1, "planned once: the entry and the written-out default are hits");
+	cr_assert_eq(dg_kernel_entry_count(k1), 1);
+	cr_assert_eq(dg_kernel_entry(k1, 0), k1);
+	cr_assert_null(dg_kernel_entry(k1, 1));
+	cr_assert_eq(dg_kernel_spec(k1)->tile.threads, 256, "the resolved tile");
 
 	dg_kernel_info in;
 	cr_assert_eq(dg_kernel_info_get(k1, &in), DG_OK);
@@ -188,7 +213,7 @@ Test(gpu_runtime, kernel_get_twice_loads_once)
 	future.arch = di.sm + 10;
 	cr_assert_eq(dg_kernel_get(dev, &future, NULL, &none), DG_ERR_UNSUPPORTED);
 	cr_assert(strstr(dg_device_errmsg(dev), "does not run on"), "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg__dev_build_count(dev), 1);
+	cr_assert_eq(built(dev), 1);
 	gh_close(dev);
 }
 
@@ -240,7 +265,7 @@ Test(gpu_runtime, eight_threads_compile_once)
 		cr_assert_eq(g[i].st, DG_OK, "thread %d: %s", i, g[i].msg);
 		cr_assert_eq(g[i].k, g[0].k, "thread %d got another kernel", i);
 	}
-	cr_assert_eq(dg__dev_build_count(dev), 1, "one build for eight threads");
+	cr_assert_eq(built(dev), 1, "one build for eight threads");
 	cr_assert_eq(dg_device_kernel_count(dev), 3, "absum, scale, apply");
 	dg_kernel_info in;
 	dg_kernel_info_get(g[0].k, &in);
@@ -250,7 +275,93 @@ Test(gpu_runtime, eight_threads_compile_once)
 	gh_close(dev);
 }
 
-/* A template folder for device-level tests of launch info and failures. */
+/* Where kernels came from: a fresh cache compiles, a second device on the
+ * same cache reads it, a device without a cache compiles again. */
+Test(gpu_runtime, stats_say_where_kernels_came_from)
+{
+	dg_device *main_dev = gh_open(); /* skips without a GPU */
+	char *cache = dg_test_tmpdir();
+	dg_spec s = pack_spec(64, 32);
+	dg_kernel *k = NULL;
+	for (int round = 0; round < 3; round++) {
+		dg_ctx_opts jit = { .cache_dir = cache, .no_cache = round == 2 };
+		dg_device_opts o = { .ordinal = 0, .jit = &jit };
+		dg_device *dev = NULL;
+		cr_assert_eq(dg_device_open(&dev, &o), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_device_stats st = stats_of(dev);
+		cr_assert_eq(st.kernels + st.modules + st.compiled + st.cached + st.bundled + st.planned, 0,
+			     "a new device has loaded nothing");
+		cr_assert_eq(dg_kernel_get(dev, &s, NULL, &k), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_kernel_info in;
+		cr_assert_eq(dg_kernel_info_get(k, &in), DG_OK);
+		st = stats_of(dev);
+		cr_assert_eq(st.modules, 1);
+		cr_assert_eq(st.kernels, 1);
+		cr_assert_eq(st.planned, 1);
+		cr_assert_eq(st.bundled, 0);
+		cr_assert_eq(st.compiled, round == 1 ? 0 : 1, "round %d", round);
+		cr_assert_eq(st.cached, round == 1 ? 1 : 0, "round %d", round);
+		cr_assert_eq(in.origin, round == 1 ? DG_KERNEL_CACHED : DG_KERNEL_COMPILED);
+		cr_assert_eq(in.cache_hit, round == 1);
+		dg_device_close(dev);
+	}
+	gh_close(main_dev);
+	dg_test_rmtree(cache);
+}
+
+typedef struct streamer {
+	dg_device *dev;
+	void *set;  /* what this thread sets (NULL: nothing) */
+	void *seen; /* what dg_device_stream then says on this thread */
+	pthread_barrier_t *go;
+} streamer;
+
+static void *stream_thread(void *arg)
+{
+	streamer *t = arg;
+	if (t->set && dg_device_set_stream(t->dev, t->set) != DG_OK)
+		t->seen = NULL;
+	else
+		t->seen = dg_device_stream(t->dev);
+	pthread_barrier_wait(t->go); /* both have set theirs before either reads again */
+	if (dg_device_stream(t->dev) != t->seen)
+		t->seen = NULL;
+	return NULL;
+}
+
+/* The stream is per thread: a thread that sets one sees it, another keeps
+ * the device's own; NULL gives the own stream back. Nothing is launched on
+ * the stand-in handle. */
+Test(gpu_runtime, the_stream_is_per_thread)
+{
+	dg_device *dev = gh_open();
+	void *own = dg_device_stream(dev);
+	cr_assert_not_null(own);
+	void *fake = (void *)(uintptr_t)0x1230; /* a stand-in handle, never used */
+	pthread_barrier_t go;
+	pthread_barrier_init(&go, NULL, 2);
+	streamer a = { .dev = dev, .set = fake, .go = &go }, b = { .dev = dev, .go = &go };
+	pthread_t ta, tb;
+	cr_assert_eq(pthread_create(&ta, NULL, stream_thread, &a), 0);
+	cr_assert_eq(pthread_create(&tb, NULL, stream_thread, &b), 0);
+	pthread_join(ta, NULL);
+	pthread_join(tb, NULL);
+	pthread_barrier_destroy(&go);
+	cr_assert_eq(a.seen, fake, "the setting thread sees its stream");
+	cr_assert_eq(b.seen, own, "another thread keeps the device's own");
+	cr_assert_eq(dg_device_stream(dev), own, "and so does this one");
+	cr_assert_eq(dg_device_set_stream(dev, fake), DG_OK);
+	cr_assert_eq(dg_device_stream(dev), fake);
+	cr_assert_eq(dg_device_set_stream(dev, NULL), DG_OK);
+	cr_assert_eq(dg_device_stream(dev), own, "NULL is the device's own stream again");
+	gh_sync(dev);
+	gh_close(dev);
+}
+
+/* A template folder for device-level tests of launch info and failures:
+ * dragon.lua plans every spec as one kernel k_big of 128 threads and 64 KiB
+ * of dynamic shared memory, and renders garbage for embd=8; the op modules
+ * the op table names are empty tables (the host loads them at create). */
 static const char *smem_tpl =
 	"local SRC = [[\n"
 	"extern \"C\" __global__ void k_big(int *p)\n"
@@ -263,13 +374,32 @@ static const char *smem_tpl =
 	"\tp[threadIdx.x] = s[n - 1 - threadIdx.x] + (int)blockDim.x;\n"
 	"}\n"
 	"]]\n"
-	"return { render = function(spec)\n"
+	"local M = {}\n"
+	"function M.plan(spec)\n"
+	"  return { tile = { bm = 0, bn = 0, bk = 0, wm = 0, wn = 0, stages = 0, threads = 128 },\n"
+	"           path = 'simt', arch_specific = false, name = 'k.cu',\n"
+	"           entries = { { name = 'k_big', threads = 128, smem = 65536 } } }\n"
+	"end\n"
+	"function M.render(spec)\n"
 	"  if spec.embd == 8 then\n"
-	"    return '// ' .. spec.canonical .. '\\n' .. 'this is not CUDA;\\n', {'k_big'}, 'k.cu'\n"
+	"    return '// ' .. spec.canonical .. '\\n' .. 'this is not CUDA;\\n'\n"
 	"  end\n"
-	"  return '// ' .. spec.canonical .. '\\n' .. SRC, {'k_big'}, 'k.cu',\n"
-	"    { k_big = { threads = 128, smem = 65536 } }\n"
-	"end }\n";
+	"  return '// ' .. spec.canonical .. '\\n' .. SRC\n"
+	"end\n"
+	"return M\n";
+
+/* A template folder of smem_tpl (malloc'd path; dg_test_rmtree it). */
+static char *write_templates(void)
+{
+	char *tpl = dg_test_tmpdir();
+	dg_test_write_file(tpl, "dragon.lua", smem_tpl);
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		char name[64];
+		snprintf(name, sizeof(name), "%s.lua", dg_op_info_of((dg_op)i)->module);
+		dg_test_write_file(tpl, name, "return {}\n");
+	}
+	return tpl;
+}
 
 static dg_device *open_with_templates(const char *tpl, const char *cache)
 {
@@ -284,8 +414,7 @@ static dg_device *open_with_templates(const char *tpl, const char *cache)
 Test(gpu_runtime, launch_info_opts_in_to_64k_of_smem)
 {
 	dg_device *main_dev = gh_open(); /* skips without a GPU */
-	char *tpl = dg_test_tmpdir(), *cache = dg_test_tmpdir();
-	dg_test_write_file(tpl, "dragon.lua", smem_tpl);
+	char *tpl = write_templates(), *cache = dg_test_tmpdir();
 	dg_device *dev = open_with_templates(tpl, cache);
 	dg_device_info di;
 	dg_device_info_get(dev, &di);
@@ -325,8 +454,7 @@ Test(gpu_runtime, launch_info_opts_in_to_64k_of_smem)
 Test(gpu_runtime, a_failed_build_reaches_every_waiter_and_is_retried)
 {
 	dg_device *main_dev = gh_open();
-	char *tpl = dg_test_tmpdir(), *cache = dg_test_tmpdir();
-	dg_test_write_file(tpl, "dragon.lua", smem_tpl);
+	char *tpl = write_templates(), *cache = dg_test_tmpdir();
 	dg_device *dev = open_with_templates(tpl, cache);
 	dg_spec s = pack_spec(8, 32); /* embd 8: the template renders garbage */
 	getter g[4];
@@ -336,7 +464,7 @@ Test(gpu_runtime, a_failed_build_reaches_every_waiter_and_is_retried)
 		cr_assert(strstr(g[i].msg, "this is not CUDA") || strstr(g[i].msg, "error"),
 			  "thread %d: %s", i, g[i].msg);
 	}
-	cr_assert_eq(dg__dev_build_count(dev), 0);
+	cr_assert_eq(built(dev), 0);
 	cr_assert_eq(dg_device_kernel_count(dev), 0);
 	/* Not remembered as broken: the next call builds (and fails) again. */
 	dg_kernel *k = NULL;
@@ -371,7 +499,6 @@ Test(gpu_runtime, launch_checks_name_the_dimension)
 		{ { { 1, 1, 1 }, { 1, 1, 65 }, 0 }, "block.z=65" },
 		{ { { 1, 1, 1 }, { 64, 0, 1 }, 0 }, "block.y=0" },
 		{ { { 1, 1, 1 }, { 512, 4, 1 }, 0 }, "is 2048 threads" },
-		{ { { 1, 1, 1 }, { 0, 0, 0 }, 0 }, "launch.block is 0x0x0" },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		cr_assert_eq(dg_kernel_launch(dev, k, &cases[i].l, args), DG_ERR_INVALID_ARG,
@@ -379,8 +506,9 @@ Test(gpu_runtime, launch_checks_name_the_dimension)
 		cr_assert(strstr(dg_device_errmsg(dev), cases[i].want), "case %zu: \"%s\" lacks \"%s\"",
 			  i, dg_device_errmsg(dev), cases[i].want);
 	}
-	/* And a good launch still works after all that. */
-	dg_launch ok = { { 1, 1, 1 }, { 256, 1, 1 }, 0 };
+	/* And a good launch still works after all that; block 0x0x0 is the
+	 * plan's 256 threads. */
+	dg_launch ok = { { 1, 1, 1 }, { 0, 0, 0 }, 0 };
 	cr_assert_eq(dg_kernel_launch(dev, k, &ok, args), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_sync(dev);
 	gh_close(dev);
@@ -392,16 +520,15 @@ static void quantize_case(dg_device *dev, dg_fmt src, dg_fmt act, size_t rows, s
 			  bool zeros)
 {
 	const size_t n = rows * cols;
-	float *xf = malloc(n * sizeof(float));
-	uint16_t *xb = malloc(n * sizeof(uint16_t));
-	uint8_t *got = malloc(n), *want = malloc(n);
-	cr_assert(xf && xb && got && want);
+	float *xf = gh_xmalloc(n * sizeof(float));
+	uint16_t *xb = gh_xmalloc(n * sizeof(uint16_t));
+	uint8_t *got = gh_xmalloc(n), *want = gh_xmalloc(n);
 	for (size_t i = 0; i < n; i++) {
 		float v = zeros ? 0.0f : gh_uniform(-2.0f, 2.0f);
 		if (!zeros && i % 17 == 0)
 			v *= 40.0f; /* outliers clamp */
 		xf[i] = v;
-		xb[i] = dg_ref_f32_to_bf16(v);
+		xb[i] = dg_f32_to_bf16(v);
 	}
 	const void *xh = src == DG_FMT_BF16 ? (const void *)xb : (const void *)xf;
 	size_t xbytes = n * (src == DG_FMT_BF16 ? 2 : 4);
@@ -411,12 +538,17 @@ static void quantize_case(dg_device *dev, dg_fmt src, dg_fmt act, size_t rows, s
 	s.src = src;
 	s.act = act;
 	dg_dptr xd = gh_upload(dev, xh, xbytes);
-	dg_dptr cd = gh_alloc(dev, n);
+	dg_dptr cd = gh_alloc_ff(dev, n);
 	dg_dptr sd = gh_scalar(dev, -1.0f);
 	dg_tensor x = dg_tensor_2d("x", src, xd, (int64_t)rows, (int64_t)cols);
 	dg_tensor c = dg_tensor_2d("codes", act, cd, (int64_t)rows, (int64_t)cols);
 	c.scale = sd;
-	cr_assert_eq(dg_quantize_act(dev, &s, &x, &c), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_quantize_act_args a = { .x = &x, .codes = &c };
+	size_t need = 0;
+	cr_assert_eq(dg_quantize_act_workspace(dev, &s, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_gt(need, 0, "the |x| partials live in the workspace");
+	a.ws = gh_workspace(dev, need);
+	cr_assert_eq(dg_quantize_act(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_sync(dev);
 	float gs = gh_read_scalar(dev, sd);
 	gh_download(dev, got, cd, n);
@@ -455,9 +587,8 @@ Test(gpu_ops, quantize_act_matches_the_reference)
 static void pack_case(dg_device *dev, size_t rows, int k, int c)
 {
 	const size_t n = rows * (size_t)k * (size_t)c;
-	int8_t *codes = malloc(n), *back = malloc(n);
-	int32_t *want = malloc(n), *got = malloc(n); /* n/4 words; n bytes is plenty */
-	cr_assert(codes && back && want && got);
+	int8_t *codes = gh_xmalloc(n), *back = gh_xmalloc(n);
+	int32_t *want = gh_xmalloc(n), *got = gh_xmalloc(n); /* n/4 words; n bytes is plenty */
 	for (size_t i = 0; i < n; i++)
 		codes[i] = (int8_t)gh_int(-127, 127);
 	cr_assert_eq(dg_ref_pack_i8x4(codes, want, rows, k, c), DG_OK);
@@ -466,13 +597,15 @@ static void pack_case(dg_device *dev, size_t rows, int k, int c)
 	dg_spec us = ps;
 	us.op = DG_OP_UNPACK_I8X4;
 	dg_dptr cd = gh_upload(dev, codes, n);
-	dg_dptr pd = gh_alloc(dev, n);
-	dg_dptr bd = gh_alloc(dev, n);
+	dg_dptr pd = gh_alloc_ff(dev, n);
+	dg_dptr bd = gh_alloc_ff(dev, n);
 	dg_tensor ct = dg_tensor_3d("codes", DG_FMT_INT8, cd, (int64_t)rows, k, c);
 	dg_tensor pt = dg_tensor_3d("packed", DG_FMT_INT8, pd, (int64_t)rows, c, k);
 	dg_tensor bt = dg_tensor_3d("codes", DG_FMT_INT8, bd, (int64_t)rows, k, c);
-	cr_assert_eq(dg_pack_i8x4(dev, &ps, &ct, &pt), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_pack_i8x4(dev, &us, &bt, &pt), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_pack_i8x4_args pa = { .codes = &ct, .packed = &pt };
+	dg_pack_i8x4_args ua = { .codes = &bt, .packed = &pt };
+	cr_assert_eq(dg_pack_i8x4(dev, &ps, &pa), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_pack_i8x4(dev, &us, &ua), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, pd, n);
 	gh_download(dev, back, bd, n);
 	char what[64];
@@ -507,13 +640,15 @@ Test(gpu_ops, bad_input_launches_nothing)
 	dg_tensor x = dg_tensor_2d("x", DG_FMT_F32, xd, 64, 64);
 	dg_tensor c = dg_tensor_2d("codes", DG_FMT_INT8, cd, 32, 128);
 	c.scale = sd;
-	cr_assert_eq(dg_quantize_act(dev, &s, &x, &c), DG_ERR_INVALID_ARG);
+	dg_quantize_act_args qa = { .x = &x, .codes = &c, .ws = { xd, n * 4 } };
+	cr_assert_eq(dg_quantize_act(dev, &s, &qa), DG_ERR_INVALID_ARG);
 	cr_assert_str_eq(dg_device_errmsg(dev), "codes: expected int8 (64, 64), got int8 (32, 128)");
 
 	dg_spec ps = pack_spec(64, 64);
 	dg_tensor ct = dg_tensor_3d("codes", DG_FMT_INT8, xd, 1, 64, 64);
 	dg_tensor pt = dg_tensor_3d("packed", DG_FMT_INT8, cd, 1, 64, 32);
-	cr_assert_eq(dg_pack_i8x4(dev, &ps, &ct, &pt), DG_ERR_INVALID_ARG);
+	dg_pack_i8x4_args pa = { .codes = &ct, .packed = &pt };
+	cr_assert_eq(dg_pack_i8x4(dev, &ps, &pa), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "packed: expected int8 (1, 64, 64)"), "%s",
 		  dg_device_errmsg(dev));
 
@@ -523,8 +658,52 @@ Test(gpu_ops, bad_input_launches_nothing)
 	gh_download(dev, back, cd, n);
 	gh_expect_bytes("codes after refused calls", back, want, n);
 	cr_assert_eq(gh_read_scalar(dev, sd), 3.0f, "scale untouched");
-	cr_assert_eq(dg__dev_build_count(dev), 0, "nothing was even compiled");
+	cr_assert_eq(built(dev), 0, "nothing was even compiled");
+	cr_assert_eq(stats_of(dev).planned, 0, "nor planned");
 	free(back);
 	free(want);
+	gh_close(dev);
+}
+
+/* quantize_act's |x| partials live in the caller's workspace: missing or
+ * one byte short, the call is refused naming the op and "ws", and neither
+ * codes nor scale changes; the right size works. */
+Test(gpu_ops, quantize_act_workspace_is_checked)
+{
+	dg_device *dev = gh_open();
+	const size_t rows = 64, cols = 4096, n = rows * cols;
+	gh_seed(43);
+	float *xh = gh_rand_storage(DG_FMT_F32, n, NULL);
+	unsigned char *back = gh_xmalloc(n), *ff = gh_xmalloc(n);
+	memset(ff, 0xff, n);
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_QUANTIZE_ACT);
+	dg_dptr cd = gh_alloc_ff(dev, n), sd = gh_scalar(dev, -1.0f);
+	dg_tensor x = dg_tensor_2d("x", DG_FMT_F32, gh_upload(dev, xh, n * 4), rows, cols);
+	dg_tensor c = dg_tensor_2d("codes", DG_FMT_INT8, cd, rows, cols);
+	c.scale = sd;
+	dg_quantize_act_args a = { .x = &x, .codes = &c };
+	size_t need = 0;
+	cr_assert_eq(dg_quantize_act_workspace(dev, &s, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_gt(need, 0);
+	dg_workspace ok = gh_workspace(dev, need);
+	const dg_workspace bad[3] = { { 0, 0 }, { ok.ptr, need - 1 }, { 0, need } };
+	for (int i = 0; i < 3; i++) {
+		a.ws = bad[i];
+		cr_assert_eq(dg_quantize_act(dev, &s, &a), DG_ERR_INVALID_ARG, "case %d ran", i);
+		const char *m = dg_device_errmsg(dev);
+		cr_assert(strstr(m, "dg_quantize_act") && strstr(m, "ws"), "case %d: %s", i, m);
+	}
+	gh_download(dev, back, cd, n);
+	gh_expect_bytes("codes after refused calls", back, ff, n);
+	cr_assert_eq(gh_read_scalar(dev, sd), -1.0f, "scale untouched");
+	a.ws = ok;
+	cr_assert_eq(dg_quantize_act(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	float gs = gh_read_scalar(dev, sd), rs = 0;
+	cr_assert_eq(dg_ref_quantize_act(DG_FMT_F32, DG_FMT_INT8, xh, n, ff, &rs), DG_OK);
+	gh_expect_close("scale", &gs, &rs, 1, 0.0f, 1e-5f);
+	free(xh);
+	free(back);
+	free(ff);
 	gh_close(dev);
 }

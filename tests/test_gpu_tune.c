@@ -1,11 +1,13 @@
 /*
- * A real sweep on the GPU (autotune/sweep/sweep.c): one lowrank_fwd and one
+ * A real sweep on the GPU (autotune/sweep.c): one lowrank_fwd and one
  * decoder_fwd spec at a reduced shape, a few candidates, a small budget.
  * Checks that every candidate ends timed (with ordered quantiles) or with
  * a reason, that a winner is chosen and its record is written and reads
  * back, and that a fresh device (closed and reopened, so the DB is read
- * anew as in a new process) runs the spec with the tuned tile. Skips
- * without a device (gh_open); fails instead with DRAGON_REQUIRE_GPU=1.
+ * anew as in a new process) runs the spec with the tuned tile. Then the
+ * events and the one timer (dg_timer: warm-up, L2 flush, quantiles) the
+ * sweeps and the bench time with. Skips without a device (gh_open); fails
+ * instead with DRAGON_REQUIRE_GPU=1.
  */
 #include <criterion/criterion.h>
 
@@ -143,5 +145,60 @@ Test(gpu_tune, events)
 	dg_event_destroy(a);
 	dg_event_destroy(b);
 	dg_event_destroy(NULL);
+	gh_close(dev);
+}
+
+typedef struct timed {
+	dg_device *dev;
+	dg_dptr p;
+	size_t bytes;
+	int calls;
+	int fail_at; /* the call that fails (0: none) */
+} timed;
+
+static dg_status timed_memset(void *user)
+{
+	timed *t = user;
+	if (++t->calls == t->fail_at)
+		return DG_ERR_INVALID_ARG;
+	return dg_memset8(t->dev, t->p, (uint8_t)t->calls, t->bytes);
+}
+
+/* The timer: warm-up calls then reps, each timed alone with its L2 flushed;
+ * ordered quantiles; a bigger call takes longer; a failing call's status
+ * comes back as it is; more reps than the timer holds is refused. */
+Test(gpu_tune, timer)
+{
+	dg_device *dev = gh_open();
+	dg_device_info info;
+	dg_timer *tm = NULL;
+	cr_assert_eq(dg_device_info_get(dev, &info), DG_OK);
+	cr_assert_eq(dg_timer_create(dev, 20, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+	size_t flush = dg_timer_flush_bytes(tm);
+	cr_assert_geq(flush, (size_t)256 << 20);
+	cr_assert_geq(flush, (size_t)info.l2_bytes * 4);
+
+	timed small = { dev, gh_alloc(dev, (size_t)64 << 20), (size_t)1 << 20, 0, 0 };
+	timed big = { dev, small.p, (size_t)64 << 20, 0, 0 };
+	dg_timer_opts o = { .warmup = 2, .reps = 15 };
+	dg_timing a, b;
+	cr_assert_eq(dg_timer_run(tm, &o, timed_memset, &small, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(small.calls, 17, "2 warm-up calls and 15 reps");
+	cr_assert_eq(a.reps, 15);
+	cr_assert(a.min_us > 0 && a.min_us <= a.p10_us && a.p10_us <= a.median_us &&
+		  a.median_us <= a.p90_us, "min %g p10 %g median %g p90 %g", a.min_us, a.p10_us,
+		  a.median_us, a.p90_us);
+	cr_assert_eq(dg_timer_run(tm, &o, timed_memset, &big, &b), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_gt(b.median_us, a.median_us, "64 MiB in %g us, 1 MiB in %g us", b.median_us,
+		     a.median_us);
+
+	timed bad = { dev, small.p, 4096, 0, 5 };
+	cr_assert_eq(dg_timer_run(tm, &o, timed_memset, &bad, &a), DG_ERR_INVALID_ARG);
+	cr_assert_eq(bad.calls, 5, "the timer stops at the failing call");
+	o.reps = 21;
+	cr_assert_eq(dg_timer_run(tm, &o, timed_memset, &small, &a), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "21 reps"), "%s", dg_device_errmsg(dev));
+	dg_timer_destroy(tm);
+	dg_timer_destroy(NULL);
 	gh_close(dev);
 }

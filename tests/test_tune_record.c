@@ -1,5 +1,5 @@
 /*
- * Tuning records and the tuning DB (autotune/db/record.c, autotune/db/db.c),
+ * Tuning records and the tuning DB (runtime/tunedb/record.c, runtime/tunedb/db.c),
  * no GPU needed:
  *   - a record survives to_json → parse unchanged, and save → load;
  *   - malformed input (truncated, not JSON, empty, wrong types, unknown

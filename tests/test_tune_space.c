@@ -1,6 +1,6 @@
 /*
  * Candidate spaces, the resource rule and the winner chooser
- * (autotune/sweep/space.c, autotune/db/choose.c), no GPU needed:
+ * (autotune/space.c, runtime/tunedb/choose.c), no GPU needed:
  *   - every candidate is valid, planned by its template (to its own tile),
  *     distinct, the template's default comes first, and a
  *     device of the spec's arch from sm_90 on gets the arch-specific

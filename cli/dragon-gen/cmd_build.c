@@ -10,8 +10,15 @@
  * it removes the temp folder (and the folders this build created), so DIR
  * is left exactly as it was.
  *
- * --tuned: auto tiles from the tuning DB, the records used copied into
- * DIR/tune/ and listed in the manifest's "tuning" array (build_tuned.c).
+ * The bundle holds what runs: each auto tile is resolved for the device
+ * the bundle is for (--device/--sm, else the one device the tuning
+ * records name for the spec's SM, else none) as the runtime would, and
+ * specs that resolve to one kernel are built once (build_tuned.c). The
+ * manifest (format 2) names the templates, the device, and each entry's
+ * launch info. A rebuild into a folder with a bundle in it removes the
+ * files the old manifest listed and the new one does not, once the new
+ * manifest is in place. --tuned also puts the records used into
+ * DIR/tune/ and lists them in the manifest's "tuning" array.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -61,28 +68,34 @@ static const dg__gen_opt opts[] = {
 static void help(void)
 {
 	printf("usage: dragon-gen build [spec flags] [--out DIR] [-j N] [--json]\n"
-	       "                        [--no-cache | --cache-dir DIR] [--tuned]\n\n"
-	       "Compiles every spec of the product of the spec flags (or the built-in\n"
-	       "default set) with NVRTC, through the kernel cache, into DIR: one\n"
+	       "                        [--no-cache | --cache-dir DIR] [--tuned]\n"
+	       "                        [--device NAME --sm N | --device none] [--tune-db PATH]\n\n"
+	       "Compiles every spec of the product of the spec flags (or the default\n"
+	       "build set) with NVRTC, through the kernel cache, into DIR: one\n"
 	       "<op>-<key16>.cubin (.ptx past what NVRTC emits SASS for) per kernel and\n"
-	       "manifest.json. DIR changes only if every kernel builds.\n\n"
+	       "manifest.json. Each auto tile is resolved as the runtime resolves it on\n"
+	       "the device (a tuning record, else the template's default), so the\n"
+	       "bundle holds what runs. DIR changes only if every kernel builds; files\n"
+	       "an earlier bundle in DIR listed and this one does not are removed.\n\n"
 	       "  -o, --out DIR      bundle folder (default ./dragon-kernels)\n"
 	       "  -j, --jobs N       compile N specs at a time (default: online CPUs)\n"
 	       "      --json         print the manifest and timings on stdout\n"
 	       "      --no-cache     compile everything, read and write no cache\n"
 	       "      --cache-dir D  kernel cache root (default $DRAGON_CACHE_DIR, ...)\n"
 	       "      --progress     progress on stderr even when it is not a terminal\n"
-	       "  -v, --verbose      say what was left out; full compile errors\n"
+	       "  -v, --verbose      each tile's choice; full compile errors\n"
 	       "  -q, --quiet        no summary line\n"
-	       "      --tuned        auto tiles from the tuning DB (else the heuristic);\n"
-	       "                     the records used are copied into DIR/tune/\n"
-	       "      --device NAME  with --sm N: the device the records are for\n"
-	       "                     (default: the one device the records name)\n"
-	       "      --tune-db PATH records: a file or folder (default $DRAGON_TUNE_DB,\n"
-	       "                     else <cache root>/tune)\n"
-	       "  -h, --help         this text\n\n%s\n"
-	       "Example: dragon-gen build --op lowrank_fwd --weight int8,ternary --relu none,0 -j4\n",
-	       dg__specset_help);
+	       "      --device NAME  with --sm N: the device the bundle is for (default:\n"
+	       "                     the one device the tuning records name for the\n"
+	       "                     spec's SM); --device none: resolve for no device\n"
+	       "      --tune-db PATH tuning records: a file or folder (default\n"
+	       "                     $DRAGON_TUNE_DB, else <cache root>/tune; the\n"
+	       "                     built-in records below them; none: no records)\n"
+	       "      --tuned        also put the records used into DIR/tune/ and say\n"
+	       "                     in the manifest where each tile came from\n"
+	       "  -h, --help         this text\n\n");
+	dg__specset_help(stdout);
+	printf("\nExample: dragon-gen build --op lowrank_fwd --weight int8,ternary --relu none,0 -j4\n");
 }
 
 /* ---- signals --------------------------------------------------------------- */
@@ -115,7 +128,7 @@ static void catch_signals(bool on)
 /* ---- the pool ---------------------------------------------------------------- */
 
 typedef struct pool {
-	const dg__specset *set;
+	const dg__gen_resolved *r; /* the kernels to build */
 	const char *tmp;         /* temp folder the binaries go into */
 	dg_ctx_opts ctx_opts;
 	pthread_mutex_t mu;      /* guards everything below */
@@ -126,7 +139,7 @@ typedef struct pool {
 	bool fail_setup;         /* ...or a thread could not make its ctx */
 	dg_status fail_st;
 	char fail_msg[8192];     /* its full message */
-	dg_manifest_kernel *kernels; /* set->n results, in spec order */
+	dg_manifest_kernel *kernels; /* r->n results, in spec order */
 	dg__gen_progress prog;
 } pool;
 
@@ -143,21 +156,36 @@ static void record_failure(pool *p, size_t idx, bool setup, dg_status st,
 	snprintf(p->fail_msg, sizeof(p->fail_msg), "%s", msg);
 }
 
-/* Copies what the manifest needs from bin into k (k->file already set). */
+/* Copies what the manifest needs from bin into k (k->file already set):
+ * the entries with the launch info the template gave them. */
 static dg_status describe(dg_manifest_kernel *k, const dg_binary *bin,
-			  const uint8_t *bytes, size_t size)
+			  const uint8_t *bytes, size_t size, char *msg, size_t msz)
 {
+	size_t n = (size_t)(bin->n_entries > 0 ? bin->n_entries : 1);
+
 	snprintf(k->spec, sizeof(k->spec), "%s", bin->canonical);
 	snprintf(k->key, sizeof(k->key), "%s", bin->key);
-	k->entries = calloc((size_t)(bin->n_entries > 0 ? bin->n_entries : 1),
-			    sizeof(*k->entries));
-	if (!k->entries)
+	k->entries = calloc(n, sizeof(*k->entries));
+	k->threads = calloc(n, sizeof(*k->threads));
+	k->smem = calloc(n, sizeof(*k->smem));
+	if (!k->entries || !k->threads || !k->smem) {
+		snprintf(msg, msz, "out of memory describing %s", k->file);
 		return DG_ERR_NOMEM;
+	}
 	for (int e = 0; e < bin->n_entries; e++) {
 		k->entries[e] = strdup(bin->entries[e]);
-		if (!k->entries[e])
+		if (!k->entries[e]) {
+			snprintf(msg, msz, "out of memory describing %s", k->file);
 			return DG_ERR_NOMEM;
+		}
 		k->n_entries = e + 1;
+		k->threads[e] = bin->block_threads[e];
+		k->smem[e] = bin->dyn_smem[e];
+		if (k->threads[e] < 1 || k->threads[e] > 1024) {
+			snprintf(msg, msz, "%s: the template gives entry %s %d threads a block; a bundle needs 1 to 1024",
+				 bin->canonical, bin->entries[e], k->threads[e]);
+			return DG_ERR_TEMPLATE;
+		}
 	}
 	k->arch = bin->arch;
 	k->ptx = bin->is_ptx;
@@ -171,7 +199,7 @@ static dg_status describe(dg_manifest_kernel *k, const dg_binary *bin,
 static dg_status build_one(pool *p, dg_ctx *ctx, size_t i, char *msg,
 			   size_t msz)
 {
-	const dg_spec *spec = &p->set->specs[i];
+	const dg_spec *spec = &p->r->specs[i];
 	dg_manifest_kernel *k = &p->kernels[i];
 	dg_binary *bin = NULL;
 	char path[4096], name[128];
@@ -194,6 +222,12 @@ static dg_status build_one(pool *p, dg_ctx *ctx, size_t i, char *msg,
 			goto out;
 		}
 	}
+	if (strcmp(bin->canonical, p->r->canonical[i]) != 0) {
+		snprintf(msg, msz, "%s: compiled as %s, not as it was planned", p->r->canonical[i],
+			 bin->canonical);
+		st = DG_ERR_INTERNAL;
+		goto out;
+	}
 	snprintf(name, sizeof(name), "%s-%.16s.%s", dg_op_name(spec->op),
 		 bin->key, bin->is_ptx ? "ptx" : "cubin");
 	if (!dg__gen_join(path, sizeof(path), p->tmp, name)) {
@@ -205,9 +239,12 @@ static dg_status build_one(pool *p, dg_ctx *ctx, size_t i, char *msg,
 	if (st)
 		goto out;
 	k->file = strdup(name);
-	st = k->file ? describe(k, bin, bin->image, size) : DG_ERR_NOMEM;
-	if (st)
+	if (!k->file) {
 		snprintf(msg, msz, "out of memory describing %s", name);
+		st = DG_ERR_NOMEM;
+	} else {
+		st = describe(k, bin, bin->image, size, msg, msz);
+	}
 out:
 	dg_binary_destroy(bin);
 	return st;
@@ -231,7 +268,7 @@ static void *worker(void *arg)
 	for (;;) {
 		pthread_mutex_lock(&p->mu);
 		bool stop = interrupted || p->fail_idx != NO_FAILURE ||
-			    p->next == p->set->n;
+			    p->next == p->r->n;
 		size_t i = p->next;
 		if (!stop)
 			p->next++;
@@ -282,15 +319,15 @@ typedef struct build_args {
 	dg__spec_flags flags;
 	const char *out;
 	const char *cache_dir;
-	const char *device, *sm, *tune_db; /* --tuned */
+	const char *device, *sm, *tune_db;
 	long jobs;
 	bool json, no_cache, progress, verbose, quiet, tuned;
 } build_args;
 
-/* Moves every file from tmp into dir (the records of ts too), then
+/* Moves every file from tmp into dir (the records of r too), then
  * manifest.json (the commit). On failure unlinks the files it moved that
  * were not there before. */
-static dg_status publish(const dg_manifest *m, const dg__gen_tuned *ts, const char *tmp,
+static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const char *tmp,
 			 const char *dir, char *msg, size_t msz)
 {
 	char from[4096], to[4096];
@@ -319,7 +356,7 @@ static dg_status publish(const dg_manifest *m, const dg__gen_tuned *ts, const ch
 		}
 	}
 	if (!st)
-		st = dg__gen_tuned_publish_records(ts, tmp, dir, msg, msz);
+		st = dg__gen_records_publish(r, tmp, dir, msg, msz);
 	if (!st) {
 		if (!dg__gen_join(from, sizeof(from), tmp, DG_MANIFEST_FILE) ||
 		    !dg__gen_join(to, sizeof(to), dir, DG_MANIFEST_FILE) ||
@@ -341,9 +378,97 @@ static dg_status publish(const dg_manifest *m, const dg__gen_tuned *ts, const ch
 	return st;
 }
 
+/* ---- orphans ------------------------------------------------------------------ */
+
+/* What the bundle already in DIR lists: its kernel files and its tune/
+ * records. A manifest that does not read lists nothing (its files stay). */
+typedef struct old_bundle {
+	char **files; /* kernel files, then "tune/<record>" */
+	size_t n;
+} old_bundle;
+
+static void old_free(old_bundle *o)
+{
+	for (size_t i = 0; i < o->n; i++)
+		free(o->files[i]);
+	free(o->files);
+	memset(o, 0, sizeof(*o));
+}
+
+static void old_add(old_bundle *o, const char *name)
+{
+	char **p = realloc(o->files, (o->n + 1) * sizeof(*p));
+	if (!p)
+		return; /* out of memory: the file is merely kept */
+	o->files = p;
+	if ((o->files[o->n] = strdup(name)))
+		o->n++;
+}
+
+/* A plain file name: no folder, not "." or "..". */
+static bool plain_name(const char *s)
+{
+	return s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+static void old_load(const char *dir, old_bundle *o)
+{
+	char msg[1024], path[4096];
+	dg_manifest *m = NULL;
+	uint8_t *bytes = NULL;
+	size_t size = 0;
+
+	memset(o, 0, sizeof(*o));
+	if (dg_manifest_load(dir, &m, msg, sizeof(msg)) != DG_OK)
+		return;
+	for (size_t i = 0; i < m->n_kernels; i++)
+		old_add(o, m->kernels[i].file); /* the reader keeps them plain */
+	dg_manifest_destroy(m);
+	/* the "tuning" array is the build's own field: read it raw */
+	if (!dg__gen_join(path, sizeof(path), dir, DG_MANIFEST_FILE) ||
+	    dg__gen_read_file(path, DG_MANIFEST_MAX_BYTES, &bytes, &size, msg, sizeof(msg)))
+		return;
+	cJSON *root = cJSON_ParseWithLength((const char *)bytes, size), *t;
+	free(bytes);
+	cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, "tuning")) {
+		const cJSON *rec = cJSON_GetObjectItemCaseSensitive(t, "record");
+		if (cJSON_IsString(rec) && strncmp(rec->valuestring, "tune/", 5) == 0 &&
+		    plain_name(rec->valuestring + 5))
+			old_add(o, rec->valuestring);
+	}
+	cJSON_Delete(root);
+}
+
+/* After the new manifest is in place: removes what the old bundle listed
+ * and the new one does not (regular files only). */
+static void remove_orphans(const char *dir, const old_bundle *o, const dg_manifest *m,
+			   const dg__gen_resolved *r)
+{
+	char path[4600], rel[320];
+	struct stat sb;
+	bool records = false;
+
+	for (size_t i = 0; i < o->n; i++) {
+		bool keep = strcmp(o->files[i], DG_MANIFEST_FILE) == 0;
+		for (size_t k = 0; k < m->n_kernels && !keep; k++)
+			keep = strcmp(o->files[i], m->kernels[k].file) == 0;
+		for (size_t k = 0; k < r->n_recs && !keep; k++) {
+			snprintf(rel, sizeof(rel), "tune/%s", r->rec_names[k]);
+			keep = strcmp(o->files[i], rel) == 0;
+		}
+		if (keep || !dg__gen_join(path, sizeof(path), dir, o->files[i]))
+			continue;
+		if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode) && unlink(path) == 0)
+			records |= strncmp(o->files[i], "tune/", 5) == 0;
+	}
+	if (records && dg__gen_join(path, sizeof(path), dir, "tune"))
+		rmdir(path); /* only if it is now empty */
+	dg__gen_sync_dir(dir);
+}
+
 /* Writes the manifest (with the "tuning" array, if any) into tmp, after
  * reading it back as inspect will. */
-static dg_status write_manifest(const dg_manifest *m, const dg__gen_tuned *ts,
+static dg_status write_manifest(const dg_manifest *m, const dg__gen_resolved *r,
 				const char *tmp, char **json, char *msg, size_t msz)
 {
 	char path[4096];
@@ -351,7 +476,7 @@ static dg_status write_manifest(const dg_manifest *m, const dg__gen_tuned *ts,
 
 	dg_status st = dg_manifest_to_json(m, json, msg, msz);
 	if (!st)
-		st = dg__gen_tuned_manifest(ts, json, msg, msz);
+		st = dg__gen_tuning_manifest(r, json, msg, msz);
 	if (st)
 		return st;
 	st = dg_manifest_parse(*json, strlen(*json), &back, msg, msz);
@@ -386,39 +511,7 @@ static void remove_stale_temps(const char *dir)
 		closedir(d);
 }
 
-/* "dragon-gen render --op X --flag value ..." for the pairs of canonical
- * that differ from the op's defaults: the command that shows the source. */
-static void render_hint(const dg_spec *spec, const char *canonical, char *buf,
-			size_t size)
-{
-	char def[DG_SPEC_TEXT_MAX + 1] = ";", pair[DG_SPEC_TEXT_MAX + 1];
-	dg_spec d;
-
-	dg_spec_init(&d, spec->op);
-	dg_spec_to_string(&d, def + 1, sizeof(def) - 1);
-	int n = snprintf(buf, size, "dragon-gen render --op %s",
-			 dg_op_name(spec->op));
-	for (const char *p = canonical; n > 0 && (size_t)n < size;) {
-		const char *end = strchr(p, ';'), *eq = strchr(p, '=');
-		if (!end || !eq || eq > end)
-			break;
-		snprintf(pair, sizeof(pair), ";%.*s", (int)(end - p + 1), p);
-		for (int f = 1; f < DG__SF__COUNT && !strstr(def, pair); f++) {
-			const char *key = dg__spec_flag_key((dg__spec_flag)f);
-			if (strlen(key) != (size_t)(eq - p) ||
-			    strncmp(key, p, (size_t)(eq - p)) != 0)
-				continue;
-			n += snprintf(buf + n, size - (size_t)n, " --%s %.*s",
-				      dg__spec_flag_name((dg__spec_flag)f),
-				      (int)(end - eq - 1), eq + 1);
-			break;
-		}
-		p = end + 1;
-	}
-}
-
 /* ---- the command ------------------------------------------------------------- */
-
 
 static int parse_args(int argc, char **argv, build_args *a)
 {
@@ -472,95 +565,136 @@ static int parse_args(int argc, char **argv, build_args *a)
 	if (a->no_cache && a->cache_dir)
 		return dg__gen_err(DG__GEN_USAGE,
 				   "--no-cache and --cache-dir contradict each other; give one");
-	if (!a->tuned && (a->device || a->sm || a->tune_db))
-		return dg__gen_err(DG__GEN_USAGE,
-				   "--device, --sm and --tune-db go with --tuned");
 	return DG__GEN_OK;
 }
 
-static cJSON *timing_json(const pool *p, double wall_ms, long jobs)
+static cJSON *timing_json(const pool *p, const dg__specset *set, double wall_ms, long jobs)
 {
 	cJSON *t = cJSON_CreateObject();
 	cJSON_AddNumberToObject(t, "wall_ms", wall_ms);
 	cJSON_AddNumberToObject(t, "jobs", (double)jobs);
-	cJSON_AddNumberToObject(t, "kernels", (double)p->set->n);
+	cJSON_AddNumberToObject(t, "kernels", (double)p->r->n);
+	cJSON_AddNumberToObject(t, "specs", (double)set->n);
 	cJSON_AddNumberToObject(t, "cache_hits", (double)p->hits);
-	cJSON_AddNumberToObject(t, "compiled", (double)(p->set->n - p->hits));
-	cJSON_AddNumberToObject(t, "dropped", (double)p->set->dropped);
+	cJSON_AddNumberToObject(t, "compiled", (double)(p->r->n - p->hits));
+	cJSON_AddNumberToObject(t, "dropped", (double)set->dropped);
 	return t;
 }
 
+/* "1 kernel", "3 kernels" */
+static const char *plural(size_t n)
+{
+	return n == 1 ? "" : "s";
+}
+
 /* Compile, then publish; returns the exit code. tmp exists and is empty. */
-static int build(const build_args *a, const dg__specset *set, const dg__gen_tuned *ts,
-		 const char *tmp, dg_manifest *m)
+static int build(const build_args *a, const dg__specset *set, const dg__gen_resolved *r,
+		 const char *template_hash, const char *tmp, dg_manifest *m)
 {
 	pool p;
-	char msg[8192], hint[1024], when[32];
+	char msg[8192], hint[1024], flags[DG_SPEC_TEXT_MAX], when[32];
 	char *json = NULL;
 	int code = DG__GEN_OK;
 	double t0 = dg__gen_now_ms();
+	old_bundle old;
 
 	memset(&p, 0, sizeof(p));
-	p.set = set;
+	p.r = r;
 	p.tmp = tmp;
 	p.ctx_opts.cache_dir = a->cache_dir;
 	p.ctx_opts.no_cache = a->no_cache;
 	p.fail_idx = NO_FAILURE;
 	p.kernels = m->kernels;
 	pthread_mutex_init(&p.mu, NULL);
-	dg__gen_progress_init(&p.prog, a->progress, set->n);
-	long jobs = a->jobs < (long)set->n ? a->jobs : (long)set->n;
+	dg__gen_progress_init(&p.prog, a->progress, r->n);
+	long jobs = a->jobs < (long)r->n ? a->jobs : (long)r->n;
 	run_pool(&p, (int)jobs);
 	dg__gen_progress_end(&p.prog);
 	pthread_mutex_destroy(&p.mu);
 
 	if (interrupted)
-		return dg__gen_err(DG__GEN_FAIL, "build interrupted; %s left as it was",
-				   a->out);
+		return dg__gen_err(DG__GEN_FAIL, "build interrupted; %s left as it was", a->out);
 	if (p.fail_idx != NO_FAILURE) {
 		/* Only a template or compile error has source worth reading. */
 		hint[0] = '\0';
 		if (!p.fail_setup &&
-		    (p.fail_st == DG_ERR_TEMPLATE || p.fail_st == DG_ERR_COMPILE))
-			render_hint(&set->specs[p.fail_idx],
-				    set->canonical[p.fail_idx], hint, sizeof(hint));
-		dg__gen_err(DG__GEN_FAIL, "build: %.*s%s%s%s",
-			    dg__gen_first_line_len(p.fail_msg), p.fail_msg,
-			    hint[0] ? "; run `" : "", hint,
-			    hint[0] ? "` to see the source" : "");
+		    (p.fail_st == DG_ERR_TEMPLATE || p.fail_st == DG_ERR_COMPILE)) {
+			dg__spec_flags_of(&r->specs[p.fail_idx], flags, sizeof(flags));
+			snprintf(hint, sizeof(hint), "dragon-gen render --op %s%s%s",
+				 dg_op_name(r->specs[p.fail_idx].op), flags[0] ? " " : "", flags);
+		}
+		/* a spec error found by the compile is the user's, like any other */
+		const char *where = p.fail_st == DG_ERR_INVALID_SPEC ? "" : "build: ";
+		dg__gen_fail(p.fail_st, "%s%.*s%s%s%s", where, dg__gen_first_line_len(p.fail_msg),
+			     p.fail_msg, hint[0] ? "; run `" : "", hint,
+			     hint[0] ? "` to see the source" : "");
 		if (a->verbose && strchr(p.fail_msg, '\n'))
 			fprintf(stderr, "%s\n", p.fail_msg);
-		return DG__GEN_FAIL;
+		return dg__gen_exit_for(p.fail_st);
 	}
 	iso_now(when, sizeof(when));
 	m->format = DG_MANIFEST_FORMAT;
 	m->generator_version = strdup(DG_GENERATOR_VERSION);
 	m->nvrtc_version = strdup(dg_nvrtc_version());
 	m->created = strdup(when);
-	if (!m->generator_version || !m->nvrtc_version || !m->created)
-		return dg__gen_err(DG__GEN_FAIL, "build: out of memory");
-	dg_status st = dg__gen_tuned_copy_records(ts, tmp, msg, sizeof(msg));
+	m->device = strdup(r->device);
+	m->sm = r->sm;
+	snprintf(m->template_hash, sizeof(m->template_hash), "%s", template_hash);
+	if (!m->generator_version || !m->nvrtc_version || !m->created || !m->device)
+		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
+	old_load(a->out, &old);
+	dg_status st = dg__gen_records_write(r, tmp, msg, sizeof(msg));
 	if (!st)
-		st = write_manifest(m, ts, tmp, &json, msg, sizeof(msg));
+		st = write_manifest(m, r, tmp, &json, msg, sizeof(msg));
 	if (!st)
-		st = publish(m, ts, tmp, a->out, msg, sizeof(msg));
+		st = publish(m, r, tmp, a->out, msg, sizeof(msg));
 	if (st) {
+		old_free(&old);
 		free(json);
-		return dg__gen_err(DG__GEN_FAIL, "build: %s; %s left as it was", msg,
-				   a->out);
+		return dg__gen_errs(DG__GEN_FAIL, st, "build: %s; %s left as it was", msg, a->out);
 	}
+	remove_orphans(a->out, &old, m, r);
+	old_free(&old);
 	double wall = dg__gen_now_ms() - t0;
-	if (!a->quiet)
-		fprintf(stderr, "dragon-gen: built %zu kernel%s into %s (%zu cache hits, %zu compiled) in %.1f s\n",
-			set->n, set->n == 1 ? "" : "s", a->out, p.hits,
-			set->n - p.hits, wall / 1e3);
+	if (!a->quiet) {
+		char dev[200] = "";
+		if (r->device[0])
+			snprintf(dev, sizeof(dev), " for %s (sm_%d)", r->device, r->sm);
+		fprintf(stderr, "dragon-gen: built %zu kernel%s%s into %s (%zu cache hit%s, %zu compiled) in %.1f s\n",
+			r->n, plural(r->n), dev, a->out, p.hits, plural(p.hits), r->n - p.hits,
+			wall / 1e3);
+	}
 	if (a->json) {
 		cJSON *root = cJSON_Parse(json);
 		if (root)
-			cJSON_AddItemToObject(root, "timing", timing_json(&p, wall, jobs));
+			cJSON_AddItemToObject(root, "timing", timing_json(&p, set, wall, jobs));
 		code = dg__gen_json_print(root);
 	}
 	free(json);
+	return code;
+}
+
+/* The spec set, resolved for the device: the kernels to build. */
+static int plan_kernels(const build_args *a, dg_codegen *cg, dg__specset *set,
+			dg__gen_resolved *r)
+{
+	char msg[1024];
+	dg__gen_tune t;
+
+	dg_status st = dg__specset_expand(cg, &a->flags, set, msg, sizeof(msg));
+	if (st)
+		return dg__gen_fail(st, "%s", msg);
+	if (!a->quiet)
+		dg__specset_note_dropped(set);
+	int code = dg__gen_tune_open(a->tune_db, a->cache_dir, a->device, a->sm, "build",
+				     a->verbose, &t);
+	if (code)
+		return code;
+	code = dg__gen_build_resolve(&t, cg, set, a->tuned, a->verbose, r);
+	dg__gen_tune_close(&t);
+	if (!code)
+		dg__gen_note(a->verbose, "%zu spec%s resolve%s to %zu kernel%s", set->n,
+			     plural(set->n), set->n == 1 ? "s" : "", r->n, plural(r->n));
 	return code;
 }
 
@@ -568,7 +702,8 @@ int dg__gen_cmd_build(int argc, char **argv)
 {
 	build_args a;
 	dg__specset set = { 0 };
-	dg__gen_tuned ts = { 0 };
+	dg__gen_resolved r = { 0 };
+	dg_codegen *cg = NULL;
 	dg_manifest *m = NULL;
 	char msg[1024], tmp[4096];
 	char made[4096] = "";
@@ -578,31 +713,26 @@ int dg__gen_cmd_build(int argc, char **argv)
 	int code = parse_args(argc, argv, &a);
 	if (code)
 		goto out;
-	dg_status st = dg__specset_expand(&a.flags, &set, msg, sizeof(msg));
+	dg_status st = dg_codegen_create(&cg, NULL);
 	if (st) {
-		code = dg__gen_err(dg__gen_exit_for(st), "%s", msg);
+		code = dg__gen_fail(st, "build: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
 		goto out;
 	}
-	dg__gen_note(a.verbose, "spec flags expand to %zu kernels (%zu combinations of out-format=uint8pos with relu=none left out)",
-		     set.n, set.dropped);
-	if (a.tuned) {
-		code = dg__gen_tuned_resolve(a.tune_db, a.cache_dir, a.device, a.sm, a.verbose,
-					     &set, &ts);
-		if (code)
-			goto out;
-	}
+	code = plan_kernels(&a, cg, &set, &r);
+	if (code)
+		goto out;
 	m = calloc(1, sizeof(*m));
 	if (m)
-		m->kernels = calloc(set.n, sizeof(*m->kernels));
+		m->kernels = calloc(r.n, sizeof(*m->kernels));
 	if (!m || !m->kernels) {
-		code = dg__gen_err(DG__GEN_FAIL, "build: out of memory");
+		code = dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
 		goto out;
 	}
-	m->n_kernels = set.n;
+	m->n_kernels = r.n;
 	catch_signals(true);
 	st = dg__gen_mkdirs(a.out, made, sizeof(made), msg, sizeof(msg));
 	if (st) {
-		code = dg__gen_err(DG__GEN_FAIL, "build --out %s", msg);
+		code = dg__gen_errs(DG__GEN_FAIL, st, "build --out %s", msg);
 		goto out;
 	}
 	remove_stale_temps(a.out);
@@ -614,21 +744,22 @@ int dg__gen_cmd_build(int argc, char **argv)
 	}
 	dg__gen_remove_tree(tmp);
 	if (mkdir(tmp, 0755) != 0) {
-		code = dg__gen_err(DG__GEN_FAIL, "build: %s: %s", tmp, strerror(errno));
+		code = dg__gen_errs(DG__GEN_FAIL, DG_ERR_IO, "build: %s: %s", tmp, strerror(errno));
 		goto out;
 	}
 	have_tmp = true;
-	code = build(&a, &set, &ts, tmp, m);
+	code = build(&a, &set, &r, dg_codegen_template_hash(cg), tmp, m);
 out:
 	if (have_tmp)
 		dg__gen_remove_tree(tmp);
-	if (code)
+	if (code > 0)
 		dg__gen_rmdirs(a.out, made);
 	catch_signals(false);
 	int sig = interrupted;
 	dg_manifest_destroy(m);
-	dg__gen_tuned_free(&ts);
+	dg__gen_resolved_free(&r);
 	dg__specset_free(&set);
+	dg_codegen_destroy(cg);
 	dg__spec_flags_free(&a.flags);
 	if (sig)
 		raise(sig); /* exit the way an interrupted program does */

@@ -1,7 +1,9 @@
 /*
  * dragon-gen cache: the on-disk kernel cache seen from the shell. Each
  * action maps onto one dg_cache_* call; the policy (where the root is,
- * what is bad, what gc removes) stays in runtime/store/cache.c.
+ * what is bad, what gc removes) stays in runtime/store/cache.c. No action
+ * creates a cache: a folder that does not exist is reported as none
+ * (dg_cache_opts.no_create).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -45,8 +47,32 @@ static const char *const action_names[] = { "stat", "verify", "gc", "clear" };
 static int fail(dg_cache *c, dg_status st, const char *what)
 {
 	const char *why = dg_cache_errmsg(c);
-	return dg__gen_err(DG__GEN_FAIL, "cache %s: %s", what,
-			   why[0] ? why : dg_status_str(st));
+	return dg__gen_errs(DG__GEN_FAIL, st, "cache %s: %s", what,
+			    why[0] ? why : dg_status_str(st));
+}
+
+/* There is no cache: nothing to count, check or remove, and nothing made. */
+static int no_cache(action a, bool json)
+{
+	const char *why = dg_cache_errmsg(NULL);
+	if (json) {
+		cJSON *j = cJSON_CreateObject();
+		cJSON_AddBoolToObject(j, "exists", false);
+		cJSON_AddStringToObject(j, "reason", why);
+		if (a == A_STAT) {
+			cJSON_AddNumberToObject(j, "entries", 0);
+			cJSON_AddNumberToObject(j, "bytes", 0);
+		} else if (a == A_VERIFY) {
+			cJSON_AddNumberToObject(j, "checked", 0);
+			cJSON_AddNumberToObject(j, "bad", 0);
+		} else {
+			cJSON_AddNumberToObject(j, "removed", 0);
+		}
+		return dg__gen_json_print(j);
+	}
+	printf("no kernel cache yet (nothing was cached there; it is made at the first build): %s\n",
+	       why);
+	return DG__GEN_OK;
 }
 
 static int do_stat(dg_cache *c, bool json)
@@ -57,6 +83,7 @@ static int do_stat(dg_cache *c, bool json)
 		return fail(c, st, "stat");
 	if (json) {
 		cJSON *j = cJSON_CreateObject();
+		cJSON_AddBoolToObject(j, "exists", true);
 		cJSON_AddStringToObject(j, "root", dg_cache_root(c));
 		cJSON_AddNumberToObject(j, "entries", (double)s.entries);
 		cJSON_AddNumberToObject(j, "bytes", (double)s.bytes);
@@ -118,7 +145,7 @@ static int do_verify(dg_cache *c, bool json)
 		       r.checked, r.ok, r.bad);
 	}
 	if (r.bad)
-		return dg__gen_err(DG__GEN_FAIL,
+		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_CORRUPT,
 				   "cache verify: %" PRIu64
 				   " bad entries moved to %s/quarantine/ (they are rebuilt on next use; `dragon-gen cache gc` deletes them)",
 				   r.bad, dg_cache_root(c));
@@ -195,10 +222,12 @@ int dg__gen_cmd_cache(int argc, char **argv)
 				   action_names[a]);
 
 	dg_cache *c = NULL;
-	dg_cache_opts co = { dir, 0 };
+	dg_cache_opts co = { .dir = dir, .no_create = true };
 	dg_status st = dg_cache_open(&c, &co);
 	int code;
-	if (st)
+	if (st == DG_ERR_NOT_FOUND)
+		code = no_cache(a, json);
+	else if (st)
 		code = fail(c, st, "open");
 	else if (a == A_STAT)
 		code = do_stat(c, json);

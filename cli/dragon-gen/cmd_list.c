@@ -1,10 +1,11 @@
 /*
- * dragon-gen list: what can be asked for. Every op, the spec keys it reads
- * with their defaults and allowed values, the formats, the arches NVRTC
- * targets, and the built-in default set.
+ * dragon-gen list: what can be asked for, read off the op table and the
+ * format table: every op with its family, what it computes, the spec
+ * fields it reads (flag, default, the formats a format field takes), its
+ * tile kind and its build lists; the formats; the arches NVRTC targets;
+ * and the default build set, expanded as `dragon-gen build` expands it.
  *
- * Allowed formats are not restated here: they are found by asking the spec
- * validator about each format, so this list cannot drift from spec.c.
+ * The text form is printed from the JSON tree, so the two agree.
  */
 #include <stdio.h>
 #include <string.h>
@@ -28,40 +29,12 @@ static const dg__gen_opt opts[] = {
 static void help(void)
 {
 	printf("usage: dragon-gen list [--json]\n\n"
-	       "Lists the ops, the spec keys each takes (flag, default, allowed\n"
-	       "values), the data formats, the arches NVRTC can target and the\n"
-	       "built-in default set that `dragon-gen build` uses without spec flags.\n\n"
-	       "  --json      machine-readable output on stdout\n"
+	       "Lists the ops (family, what each computes, the spec fields it reads\n"
+	       "with their flags, defaults and the formats each takes, the tile kind),\n"
+	       "the data formats, the arches NVRTC can target and the default build\n"
+	       "set that `dragon-gen build` uses without spec flags.\n\n"
+	       "  --json      the same, machine-readable, on stdout\n"
 	       "  -h, --help  this text\n");
-}
-
-/* Non-format keys: what a value looks like. */
-static const char *describe(dg__spec_flag f)
-{
-	switch (f) {
-	case DG__SF_HEADS:
-		return "positive integer";
-	case DG__SF_IN_HEADS:
-		return "1 (input shared by all heads) or heads";
-	case DG__SF_EMBD:
-		return "multiple of 4 (of 16/32 for ternary/sign1 weights)";
-	case DG__SF_LATENT:
-		return "positive integer (multiple of 4 for lowrank_fwd)";
-	case DG__SF_RELU:
-		return "none, or a finite threshold such as 0 or 0.25";
-	case DG__SF_TILE:
-		return "auto, t<threads> or BMxBNxBK/WMxWN/S";
-	case DG__SF_ARCH:
-		return "sm_XY or sm_XYa";
-	default:
-		return NULL;
-	}
-}
-
-static bool is_format_key(dg__spec_flag f)
-{
-	return f == DG__SF_WEIGHT || f == DG__SF_ACT || f == DG__SF_OUT ||
-	       f == DG__SF_SRC;
 }
 
 /* The value of `key` in a canonical text ("act=int8;arch=sm_90;..."). */
@@ -74,60 +47,73 @@ static void value_of(const char *canon, const char *key, char *out, size_t size)
 		if (!end)
 			break;
 		if (strncmp(p, key, kl) == 0 && p[kl] == '=') {
-			snprintf(out, size, "%.*s", (int)(end - p - kl - 1),
-				 p + kl + 1);
+			snprintf(out, size, "%.*s", (int)(end - p - kl - 1), p + kl + 1);
 			return;
 		}
 		p = end + 1;
 	}
 }
 
-/* Formats the validator accepts for key on op, as an array of names. */
-static cJSON *allowed_formats(dg_op op, const char *key)
+/* The formats a field of row takes (0: not a format field). */
+static unsigned formats_of(const dg_op_info *row, unsigned field)
+{
+	switch (field) {
+	case DG_FIELD_WEIGHT: return row->weight_fmts;
+	case DG_FIELD_ACT: return row->act_fmts;
+	case DG_FIELD_OUT: return row->out_fmts;
+	case DG_FIELD_SRC: return row->src_fmts;
+	default: return 0;
+	}
+}
+
+static cJSON *fmt_array(unsigned mask)
 {
 	cJSON *a = cJSON_CreateArray();
-	for (int f = 0; a && f < DG_FMT__COUNT; f++) {
-		dg_spec s;
-		dg_spec_init(&s, op);
-		/* relu on, so out=uint8pos is judged on its own merits */
-		dg_spec_set(&s, "relu", "0", NULL, 0);
-		if (dg_spec_set(&s, key, dg_fmt_name((dg_fmt)f), NULL, 0) == DG_OK &&
-		    dg_spec_validate(&s, NULL, 0) == DG_OK)
-			cJSON_AddItemToArray(a, cJSON_CreateString(
-							dg_fmt_name((dg_fmt)f)));
-	}
+	for (int f = 0; a && f < DG_FMT__COUNT; f++)
+		if (mask & DG_FMT_BIT(f))
+			cJSON_AddItemToArray(a, cJSON_CreateString(dg_fmt_name((dg_fmt)f)));
 	return a;
 }
 
 static cJSON *op_json(dg_op op)
 {
+	const dg_op_info *row = dg_op_info_of(op);
 	char canon[DG_SPEC_TEXT_MAX], def[64];
 	dg_spec s;
-	cJSON *o = cJSON_CreateObject(), *keys = cJSON_CreateArray();
+	cJSON *o = cJSON_CreateObject(), *fields = cJSON_CreateArray();
 
 	dg_spec_init(&s, op);
 	dg_spec_to_string(&s, canon, sizeof(canon));
 	cJSON_AddStringToObject(o, "name", dg_op_name(op));
-	cJSON_AddItemToObject(o, "keys", keys);
+	cJSON_AddStringToObject(o, "family", row->family);
+	cJSON_AddStringToObject(o, "about", row->about);
+	cJSON_AddStringToObject(o, "template", row->module);
+	cJSON_AddStringToObject(o, "tile", row->tile == DG_TILE_GEMM ? "gemm" : "threads");
+	cJSON_AddStringToObject(o, "tile_form",
+				row->tile == DG_TILE_GEMM ? "BMxBNxBK/WMxWN/S" : "t<threads>");
+	cJSON_AddItemToObject(o, "fields", fields);
 	for (int f = 1; f < DG__SF__COUNT; f++) {
-		if (!(dg_spec_uses(op) & dg__spec_flag_field((dg__spec_flag)f)))
+		unsigned field = dg__spec_flag_field((dg__spec_flag)f);
+		if (!(row->fields & field))
 			continue;
 		const char *key = dg__spec_flag_key((dg__spec_flag)f);
 		char flag[32];
 		cJSON *k = cJSON_CreateObject();
-		snprintf(flag, sizeof(flag), "--%s",
-			 dg__spec_flag_name((dg__spec_flag)f));
+		snprintf(flag, sizeof(flag), "--%s", dg__spec_flag_name((dg__spec_flag)f));
 		value_of(canon, key, def, sizeof(def));
 		cJSON_AddStringToObject(k, "key", key);
 		cJSON_AddStringToObject(k, "flag", flag);
 		cJSON_AddStringToObject(k, "default", def);
-		if (is_format_key((dg__spec_flag)f))
-			cJSON_AddItemToObject(k, "allowed", allowed_formats(op, key));
-		else
-			cJSON_AddStringToObject(k, "allowed",
-						describe((dg__spec_flag)f));
-		cJSON_AddItemToArray(keys, k);
+		unsigned fm = formats_of(row, field);
+		if (fm)
+			cJSON_AddItemToObject(k, "formats", fmt_array(fm));
+		if (row->weight_axis == field)
+			cJSON_AddStringToObject(k, "packs", "weight");
+		if (field == DG_FIELD_EMBD && row->pack_fmt != DG_FMT__COUNT)
+			cJSON_AddStringToObject(k, "packs", dg_fmt_name(row->pack_fmt));
+		cJSON_AddItemToArray(fields, k);
 	}
+	cJSON_AddStringToObject(o, "build", row->build ? row->build : "");
 	return o;
 }
 
@@ -144,8 +130,15 @@ static cJSON *build_json(const dg__specset *set)
 	for (int op = 0; op < DG_OP__COUNT; op++)
 		cJSON_AddItemToArray(ops, op_json((dg_op)op));
 	cJSON_AddItemToObject(root, "formats", fmts);
-	for (int f = 0; f < DG_FMT__COUNT; f++)
-		cJSON_AddItemToArray(fmts, cJSON_CreateString(dg_fmt_name((dg_fmt)f)));
+	for (int f = 0; f < DG_FMT__COUNT; f++) {
+		const dg_fmt_info *fi = dg_fmt_info_of((dg_fmt)f);
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "name", fi->name);
+		cJSON_AddBoolToObject(o, "codes", fi->code);
+		cJSON_AddNumberToObject(o, "bits", fi->bits);
+		cJSON_AddNumberToObject(o, "per_word", fi->per_word);
+		cJSON_AddItemToArray(fmts, o);
+	}
 	cJSON_AddItemToObject(root, "nvrtc", nv);
 	cJSON_AddStringToObject(nv, "version", dg_nvrtc_version());
 	cJSON_AddItemToObject(nv, "archs", archs);
@@ -153,6 +146,7 @@ static cJSON *build_json(const dg__specset *set)
 		cJSON_AddItemToArray(archs, cJSON_CreateNumber(arch[i]));
 	cJSON_AddItemToObject(root, "default_set", ds);
 	cJSON_AddNumberToObject(ds, "size", (double)set->n);
+	cJSON_AddNumberToObject(ds, "dropped", (double)set->dropped);
 	cJSON_AddItemToObject(ds, "per_op", per_op);
 	for (int op = 0; op < DG_OP__COUNT; op++) {
 		size_t n = 0;
@@ -166,43 +160,48 @@ static cJSON *build_json(const dg__specset *set)
 	return root;
 }
 
-/* The text form is printed from the same JSON tree, so both agree. */
+static const char *str(const cJSON *o, const char *name)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+	return cJSON_IsString(v) ? v->valuestring : "";
+}
+
 static void print_text(const cJSON *root)
 {
 	const cJSON *op, *k, *v;
 
-	printf("ops (spec keys: flag, default, allowed):\n");
+	printf("ops (family; tile; spec fields: flag, default, formats):\n");
 	cJSON_ArrayForEach(op, cJSON_GetObjectItem(root, "ops")) {
-		printf("  %s\n", cJSON_GetObjectItem(op, "name")->valuestring);
-		cJSON_ArrayForEach(k, cJSON_GetObjectItem(op, "keys")) {
-			const cJSON *al = cJSON_GetObjectItem(k, "allowed");
-			printf("    %-13s default %-16s ",
-			       cJSON_GetObjectItem(k, "flag")->valuestring,
-			       cJSON_GetObjectItem(k, "default")->valuestring);
-			if (cJSON_IsString(al)) {
-				printf("%s\n", al->valuestring);
-				continue;
-			}
+		printf("  %s (%s; tile %s)\n    %s\n", str(op, "name"), str(op, "family"),
+		       str(op, "tile_form"), str(op, "about"));
+		cJSON_ArrayForEach(k, cJSON_GetObjectItem(op, "fields")) {
+			printf("    %-13s default %s", str(k, "flag"), str(k, "default"));
 			int i = 0;
-			cJSON_ArrayForEach(v, al)
-				printf("%s%s", i++ ? ", " : "one of ", v->valuestring);
+			cJSON_ArrayForEach(v, cJSON_GetObjectItem(k, "formats"))
+				printf("%s%s", i++ ? ", " : "; one of ", v->valuestring);
+			if (str(k, "packs")[0])
+				printf("; %s codes are packed along it", str(k, "packs"));
 			printf("\n");
 		}
+		printf("    build: %s\n", str(op, "build")[0] ? str(op, "build") : "the defaults");
 	}
 	printf("formats:");
 	cJSON_ArrayForEach(v, cJSON_GetObjectItem(root, "formats"))
-		printf(" %s", v->valuestring);
+		printf(" %s", str(v, "name"));
 	const cJSON *nv = cJSON_GetObjectItem(root, "nvrtc");
-	printf("\nNVRTC %s targets:", cJSON_GetObjectItem(nv, "version")->valuestring);
+	printf("\nNVRTC %s targets:", str(nv, "version"));
 	cJSON_ArrayForEach(v, cJSON_GetObjectItem(nv, "archs"))
 		printf(" sm_%d", v->valueint);
 	const cJSON *ds = cJSON_GetObjectItem(root, "default_set");
-	printf("\ndefault set (`dragon-gen build` without spec flags): %d specs (",
-	       cJSON_GetObjectItem(ds, "size")->valueint);
+	int size = cJSON_GetObjectItem(ds, "size")->valueint;
+	printf("\ndefault build set (`dragon-gen build` without spec flags): %d spec%s (", size,
+	       size == 1 ? "" : "s");
 	int i = 0;
 	cJSON_ArrayForEach(v, cJSON_GetObjectItem(ds, "per_op"))
 		printf("%s%s %d", i++ ? ", " : "", v->string, v->valueint);
 	printf(")\n");
+	cJSON_ArrayForEach(v, cJSON_GetObjectItem(ds, "specs"))
+		printf("  %s\n", v->valuestring);
 }
 
 int dg__gen_cmd_list(int argc, char **argv)
@@ -210,6 +209,7 @@ int dg__gen_cmd_list(int argc, char **argv)
 	dg__gen_scan_state sc;
 	dg__spec_flags none = { { 0 } };
 	dg__specset set;
+	dg_codegen *cg = NULL;
 	const char *arg;
 	bool json = false;
 	char msg[1024];
@@ -224,20 +224,25 @@ int dg__gen_cmd_list(int argc, char **argv)
 		if (id == OPT_JSON)
 			json = true;
 		else if (id == DG__GEN_SCAN_ARG)
-			return dg__gen_err(DG__GEN_USAGE,
-					   "list takes no arguments, got '%s'", arg);
+			return dg__gen_err(DG__GEN_USAGE, "list takes no arguments, got '%s'", arg);
 		else
 			return DG__GEN_USAGE;
 	}
-	dg_status st = dg__specset_expand(&none, &set, msg, sizeof(msg));
+	dg_status st = dg_codegen_create(&cg, NULL);
+	if (!st)
+		st = dg__specset_expand(cg, &none, &set, msg, sizeof(msg));
+	else
+		snprintf(msg, sizeof(msg), "%s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
+	dg_codegen_destroy(cg);
 	if (st)
-		return dg__gen_err(DG__GEN_FAIL, "default set: %s", msg);
+		return dg__gen_errs(DG__GEN_FAIL, st, "list: the default build set: %s", msg);
+	dg__specset_note_dropped(&set);
 	cJSON *root = build_json(&set);
 	dg__specset_free(&set);
 	if (json)
 		return dg__gen_json_print(root);
 	if (!root)
-		return dg__gen_err(DG__GEN_FAIL, "out of memory listing");
+		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "out of memory listing");
 	print_text(root);
 	cJSON_Delete(root);
 	return DG__GEN_OK;

@@ -1,6 +1,12 @@
 /*
  * dragon-gen render: the CUDA source of exactly one spec, for reading,
- * diffing and debugging templates (a failed build points here).
+ * diffing and debugging templates (a failed build points here); or its
+ * canonical text, or the template's plan of it.
+ *
+ * The spec is planned as the library plans it — an auto tile becomes the
+ * template's default (no tuning record is asked: `inspect` and `build`
+ * resolve for a device) — and its target is one NVRTC can compile for, so
+ * what render shows is what a build of the same flags compiles.
  */
 #include <stdio.h>
 #include <string.h>
@@ -10,12 +16,13 @@
 #include "cli/dragon-gen/util.h"
 #include "dragon/codegen.h"
 
-enum { OPT_HELP = 1, OPT_OUTPUT, OPT_CANONICAL, OPT_VERBOSE };
+enum { OPT_HELP = 1, OPT_OUTPUT, OPT_CANONICAL, OPT_PLAN, OPT_VERBOSE };
 
 static const dg__gen_opt opts[] = {
 	{ "help", 'h', false, OPT_HELP },
 	{ "output", 'o', true, OPT_OUTPUT },
 	{ "canonical", 0, false, OPT_CANONICAL },
+	{ "plan", 0, false, OPT_PLAN },
 	{ "verbose", 'v', false, OPT_VERBOSE },
 	DG__SPEC_OPTS
 	{ NULL, 0, false, 0 },
@@ -23,16 +30,19 @@ static const dg__gen_opt opts[] = {
 
 static void help(void)
 {
-	printf("usage: dragon-gen render [spec flags] [-o FILE] [--canonical]\n\n"
+	printf("usage: dragon-gen render [spec flags] [-o FILE] [--canonical | --plan]\n\n"
 	       "Prints the CUDA source generated for one spec (the spec flags must\n"
 	       "name exactly one kernel). The source starts with a banner holding\n"
-	       "the canonical spec.\n\n"
+	       "the canonical spec. An auto tile is the template's default.\n\n"
 	       "  -o, --output FILE  write to FILE (atomically) instead of stdout\n"
 	       "      --canonical    print only the canonical spec (tile resolved)\n"
+	       "      --plan         print the template's plan instead: the path, the\n"
+	       "                     tile, the target, and each entry's threads a block\n"
+	       "                     and dynamic shared memory\n"
 	       "  -v, --verbose      on a template error, also print the traceback\n"
-	       "  -h, --help         this text\n\n%s\n"
-	       "Example: dragon-gen render --op lowrank_fwd --weight ternary --relu 0\n",
-	       dg__specset_help);
+	       "  -h, --help         this text\n\n");
+	dg__specset_help(stdout);
+	printf("\nExample: dragon-gen render --op lowrank_fwd --weight ternary --relu 0\n");
 }
 
 static int emit(const char *path, const char *text)
@@ -43,47 +53,56 @@ static int emit(const char *path, const char *text)
 		fputs(text, stdout);
 		return DG__GEN_OK;
 	}
-	dg_status st = dg__gen_write_file_atomic(path, text, strlen(text), err,
-						 sizeof(err));
+	dg_status st = dg__gen_write_file_atomic(path, text, strlen(text), err, sizeof(err));
 	if (st)
-		return dg__gen_err(DG__GEN_FAIL, "render -o %s", err);
+		return dg__gen_errs(DG__GEN_FAIL, st, "render -o %s", err);
 	return DG__GEN_OK;
 }
 
-/* The canonical text the kernel is known by: normalized, tile resolved
- * (what the source banner, cache keys and manifests carry). */
-static int canonical(const dg_spec *spec, const char *path)
+/* The plan as text: what the template says the kernel is. */
+static int plan_text(const dg_plan *p, const char *path)
 {
-	char text[DG_SPEC_TEXT_MAX + 1];
-	dg_spec s = *spec;
+	char text[4096], tile[64];
+	size_t n = 0;
 
-	dg_spec_normalize(&s);
-	dg_spec_default_tile(&s, &s.tile);
-	if (dg_spec_to_string(&s, text, DG_SPEC_TEXT_MAX))
-		return dg__gen_err(DG__GEN_FAIL, "render: spec text too long");
-	strcat(text, "\n");
+	dg_tile_to_string(&p->spec.tile, tile, sizeof(tile));
+	n += (size_t)snprintf(text + n, sizeof(text) - n,
+			      "spec:    %s\npath:    %s\ntile:    %s\narch:    sm_%d%s\nprogram: %s\n",
+			      p->canonical, p->path, tile, p->spec.arch,
+			      p->spec.arch_specific ? "a" : "", p->program);
+	for (int i = 0; i < p->n_entries && n < sizeof(text); i++)
+		n += (size_t)snprintf(text + n, sizeof(text) - n,
+				      "entry:   %s  threads %d  smem %d\n", p->entries[i].name,
+				      p->entries[i].threads, p->entries[i].smem);
 	return emit(path, text);
 }
 
-static int render(const dg_spec *spec, const char *path, bool verbose)
+typedef enum what { SOURCE, CANONICAL, PLAN } what;
+
+static int render(dg_codegen *cg, const dg_spec *spec, what w, const char *path, bool verbose)
 {
-	dg_codegen *cg = NULL;
 	dg_source *src = NULL;
+	dg_plan plan;
 	int code;
 
-	dg_status st = dg_codegen_create(&cg, NULL);
-	if (!st)
+	dg_status st = dg_codegen_plan(cg, spec, &plan);
+	if (!st && w == SOURCE)
 		st = dg_codegen_render(cg, spec, &src);
 	if (st) {
-		const char *why = cg ? dg_codegen_errmsg(cg) : dg_status_str(st);
-		code = dg__gen_err(DG__GEN_FAIL, "render: %s", why);
+		const char *why = dg_codegen_errmsg(cg);
+		code = dg__gen_fail(st, "%s%s", st == DG_ERR_INVALID_SPEC ? "" : "render: ", why);
 		if (verbose && strchr(why, '\n'))
 			fprintf(stderr, "%s\n", why);
+	} else if (w == CANONICAL) {
+		char text[DG_SPEC_TEXT_MAX + 2];
+		snprintf(text, sizeof(text), "%s\n", plan.canonical);
+		code = emit(path, text);
+	} else if (w == PLAN) {
+		code = plan_text(&plan, path);
 	} else {
 		code = emit(path, src->text);
 	}
 	dg_source_destroy(src);
-	dg_codegen_destroy(cg);
 	return code;
 }
 
@@ -92,8 +111,10 @@ int dg__gen_cmd_render(int argc, char **argv)
 	dg__gen_scan_state sc;
 	dg__spec_flags flags = { { 0 } };
 	dg__specset set = { 0 };
+	dg_codegen *cg = NULL;
 	const char *out = NULL, *arg;
-	bool canon = false, verbose = false;
+	what w = SOURCE;
+	bool verbose = false;
 	char msg[1024];
 	int id, code = DG__GEN_OK;
 
@@ -107,7 +128,13 @@ int dg__gen_cmd_render(int argc, char **argv)
 			out = arg;
 			break;
 		case OPT_CANONICAL:
-			canon = true;
+		case OPT_PLAN:
+			if (w != SOURCE && w != (id == OPT_PLAN ? PLAN : CANONICAL)) {
+				code = dg__gen_err(DG__GEN_USAGE,
+						   "render: --canonical and --plan contradict each other; give one");
+				goto out;
+			}
+			w = id == OPT_PLAN ? PLAN : CANONICAL;
 			break;
 		case OPT_VERBOSE:
 			verbose = true;
@@ -132,23 +159,27 @@ int dg__gen_cmd_render(int argc, char **argv)
 				   "render needs spec flags naming one kernel, e.g. --op pack_i8x4");
 		goto out;
 	}
-	dg_status st = dg__specset_expand(&flags, &set, msg, sizeof(msg));
+	dg_status st = dg_codegen_create(&cg, NULL);
 	if (st) {
-		code = dg__gen_err(dg__gen_exit_for(st), "%s", msg);
+		code = dg__gen_fail(st, "render: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
 		goto out;
 	}
-	dg__gen_note(verbose, "spec flags expand to %zu kernels (%zu combinations of out-format=uint8pos with relu=none left out)",
-		     set.n, set.dropped);
+	st = dg__specset_expand(cg, &flags, &set, msg, sizeof(msg));
+	if (st) {
+		code = dg__gen_fail(st, "%s", msg);
+		goto out;
+	}
 	if (set.n != 1) {
 		code = dg__gen_err(DG__GEN_USAGE,
 				   "render takes one spec; got %zu (narrow the lists, e.g. with --op)",
 				   set.n);
 		goto out;
 	}
-	code = canon ? canonical(&set.specs[0], out)
-		     : render(&set.specs[0], out, verbose);
+	dg__specset_note_dropped(&set);
+	code = render(cg, &set.specs[0], w, out, verbose);
 out:
 	dg__specset_free(&set);
+	dg_codegen_destroy(cg);
 	dg__spec_flags_free(&flags);
 	return code;
 }

@@ -1,16 +1,17 @@
 /*
  * dragon-gen tune: sweep candidate tiles of specs on the GPU and record
  * the winners in the tuning DB (dragon/tune.h); and the DB helpers
- * `inspect` and `build --tuned` share (gen.h).
+ * `inspect` and `build` share (gen.h).
  *
  * Without spec flags the BDH set is tuned (dg_tune_bdh_set). Records go
  * to --record, else to $DRAGON_TUNE_DB when it names one folder, else to
  * <cache root>/tune/ — where the runtime looks them up — one file per
  * (spec, device), replaced by a new sweep.
  *
- * Device identity without a GPU (inspect, build --tuned): --device NAME
- * and --sm N; without them, the one device the DB's records name (several
- * devices: a usage error listing them; no records: the heuristic).
+ * Device identity without a GPU (inspect, build): --device NAME and --sm
+ * N, or --device none; without them, the one device the DB's records
+ * (the user's and the built-in ones) name for the spec's SM, else none —
+ * then a spec gets its template's default (dg_codegen_plan_for).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -38,53 +39,67 @@ int dg__gen_tune_open(const char *db_path, const char *cache_dir, const char *de
 	uint64_t sm = 0;
 
 	memset(out, 0, sizeof(*out));
-	if ((device != NULL) != (sm_text != NULL))
+	bool none = device && strcmp(device, "none") == 0;
+	if (none && sm_text)
 		return dg__gen_err(DG__GEN_USAGE,
-				   "%s: give --device NAME and --sm N together (the device the records were made on)",
+				   "%s: --device none takes no --sm (it resolves every spec for no device)",
 				   cmd);
+	if (!none && (device != NULL) != (sm_text != NULL))
+		return dg__gen_err(DG__GEN_USAGE,
+				   "%s: give --device NAME and --sm N together (the device the kernels run on), or --device none",
+				   cmd);
+	if (device && !device[0])
+		return dg__gen_err(DG__GEN_USAGE, "%s: --device: give a device name, or none", cmd);
 	if (sm_text && !dg__gen_parse_u64("--sm", sm_text, 10, 999, &sm))
 		return DG__GEN_USAGE;
 	memset(&o, 0, sizeof(o));
 	o.path = db_path;
-	if (!db_path) {
-		dg_cache_opts co = { .dir = cache_dir };
+	const char *env = getenv("DRAGON_TUNE_DB");
+	if (!db_path && !(env && env[0])) {
+		/* the cache's tune/ folder, without making the cache: with no
+		 * cache there are no records of the user's, only the built-in */
+		dg_cache_opts co = { .dir = cache_dir, .no_create = true };
 		if (dg_cache_open(&cache, &co) == DG_OK)
 			o.cache_root = dg_cache_root(cache);
+		else
+			o.path = "builtin";
 	}
 	dg_status st = dg_tune_db_open(&out->db, &o);
 	dg_cache_close(cache);
 	if (st)
-		return dg__gen_err(DG__GEN_FAIL, "%s: out of memory reading the tuning DB", cmd);
+		return dg__gen_errs(DG__GEN_FAIL, st, "%s: out of memory reading the tuning DB", cmd);
 	for (size_t i = 0; i < dg_tune_db_n_problems(out->db); i++)
 		dg__gen_note(true, "%s: skipped a tuning record: %s", cmd,
 			     dg_tune_db_problem(out->db, i));
-	if (device) {
+	size_t nd = dg_tune_db_devices(out->db, out->devs, DG__GEN_MAX_DEVICES);
+	out->n_devs = nd < DG__GEN_MAX_DEVICES ? nd : DG__GEN_MAX_DEVICES;
+	if (none) {
+		out->mode = DG__GEN_DEV_NONE;
+	} else if (device) {
+		out->mode = DG__GEN_DEV_NAMED;
 		snprintf(out->device, sizeof(out->device), "%s", device);
 		out->sm = (int)sm;
+	}
+	if (out->mode != DG__GEN_DEV_AUTO)
 		return DG__GEN_OK;
-	}
-	dg_tune_device devs[8];
-	size_t nd = dg_tune_db_devices(out->db, devs, 8);
-	if (nd == 1) {
-		snprintf(out->device, sizeof(out->device), "%s", devs[0].name);
-		out->sm = devs[0].sm;
-		dg__gen_note(verbose, "%s: tuning records of %s (sm_%d) in %s", cmd,
-			     out->device, out->sm, dg_tune_db_where(out->db));
-	} else if (nd > 1) {
-		char list[1024] = "";
-		size_t used = 0;
-		for (size_t i = 0; i < nd && i < 8 && used < sizeof(list); i++) {
-			int w = snprintf(list + used, sizeof(list) - used, "%s'%s' --sm %d",
-					 i ? ", " : "", devs[i].name, devs[i].sm);
-			if (w < 0)
-				break;
-			used += (size_t)w;
+	/* several devices of one SM: its specs resolve for none (say so once) */
+	for (size_t i = 0; i < out->n_devs; i++) {
+		size_t same = 0, first = i;
+		for (size_t k = 0; k < out->n_devs; k++) {
+			if (out->devs[k].sm != out->devs[i].sm)
+				continue;
+			if (k < first)
+				first = k;
+			same++;
 		}
-		dg__gen_tune_close(out);
-		return dg__gen_err(DG__GEN_USAGE,
-				   "%s: the tuning DB holds records of %zu devices; pick one with --device NAME --sm N (%s)",
-				   cmd, nd, list);
+		if (same > 1 && first == i)
+			dg__gen_note(true,
+				     "%s: the tuning records name %zu devices of sm_%d (%s, ...); specs for sm_%d resolve for none: pick one with --device NAME --sm %d",
+				     cmd, same, out->devs[i].sm, out->devs[i].name, out->devs[i].sm,
+				     out->devs[i].sm);
 	}
+	dg__gen_note(verbose, "%s: tuning records of %zu device%s in %s (%zu built in)", cmd, nd,
+		     nd == 1 ? "" : "s", dg_tune_db_where(out->db), dg_tune_db_n_builtin(out->db));
 	return DG__GEN_OK;
 }
 
@@ -94,15 +109,39 @@ void dg__gen_tune_close(dg__gen_tune *t)
 	t->db = NULL;
 }
 
-void dg__gen_tune_resolve(const dg__gen_tune *t, const dg_spec *spec, dg_tune_choice *out)
+void dg__gen_tune_device_for(const dg__gen_tune *t, const dg_spec *spec, char *name,
+			     size_t size, int *sm)
 {
-	if (!t->sm && dg_tune_db_size(t->db) == 0) {
-		dg_tune_resolve(NULL, spec, NULL, 0, out);
-		snprintf(out->why, sizeof(out->why), "no tuning records in %.400s",
-			 dg_tune_db_where(t->db));
+	name[0] = '\0';
+	*sm = 0;
+	if (t->mode == DG__GEN_DEV_NAMED) {
+		snprintf(name, size, "%s", t->device);
+		*sm = t->sm;
 		return;
 	}
-	dg_tune_resolve(t->db, spec, t->device, t->sm, out);
+	if (t->mode == DG__GEN_DEV_NONE)
+		return;
+	const dg_tune_device *pick = NULL;
+	size_t same = 0;
+	for (size_t i = 0; i < t->n_devs; i++)
+		if (t->devs[i].sm == spec->arch) {
+			pick = &t->devs[i];
+			same++;
+		}
+	if (same == 1) {
+		snprintf(name, size, "%s", pick->name);
+		*sm = pick->sm;
+	}
+}
+
+dg_status dg__gen_tune_resolve(const dg__gen_tune *t, dg_codegen *cg, const dg_spec *spec,
+			       dg_tune_choice *out)
+{
+	char name[128];
+	int sm;
+
+	dg__gen_tune_device_for(t, spec, name, sizeof(name), &sm);
+	return dg_tune_resolve(cg, t->db, spec, name[0] ? name : NULL, sm, out);
 }
 
 void dg__gen_tile_line(const dg_tune_choice *ch, char *buf, size_t size)
@@ -115,7 +154,8 @@ void dg__gen_tile_line(const dg_tune_choice *ch, char *buf, size_t size)
 			 ch->spec.arch_specific ? " on the arch-specific target" : "",
 			 ch->record[0] ? ch->record : "record");
 	else
-		snprintf(buf, size, "tile: %s (default heuristic: %s)", tile, ch->why);
+		snprintf(buf, size, "tile: %s%s (template default: %s)", tile,
+			 ch->spec.arch_specific ? " on the arch-specific target" : "", ch->why);
 }
 
 /* ---- the command -------------------------------------------------------------- */
@@ -148,6 +188,10 @@ static const dg__gen_opt opts[] = {
 
 static void help(void)
 {
+	size_t n = dg_tune_bdh_set(NULL, 0);
+	dg_spec *bdh = calloc(n ? n : 1, sizeof(*bdh));
+	char flags[DG_SPEC_TEXT_MAX];
+
 	printf("usage: dragon-gen tune [spec flags] [--budget S] [--record PATH] [--json]\n"
 	       "                       [--rows N] [--reps N] [-j N] [--gpu N]\n\n"
 	       "Times candidate tiles of each spec on the GPU and records the winner in\n"
@@ -157,8 +201,7 @@ static void help(void)
 	       "the CPU reference at --check-rows rows, time the rest at --rows rows\n"
 	       "(CUDA events, L2 flushed between reps; median, p10, p90), and pick the\n"
 	       "simplest tile within 2%% of the fastest. Without spec flags the ops of a\n"
-	       "BDH training step are tuned (H=4, E=256, L=8192; listed below). Needs a\n"
-	       "CUDA device.\n\n"
+	       "BDH training step are tuned (listed below). Needs a CUDA device.\n\n"
 	       "  --budget S         seconds per spec (default 60)\n"
 	       "  --record PATH      where records go: a file (one spec) or a folder\n"
 	       "                     (default $DRAGON_TUNE_DB when it names one folder,\n"
@@ -176,11 +219,18 @@ static void help(void)
 	       "  -v, --verbose      every candidate's figures or reason on stderr\n"
 	       "  -q, --quiet        no summary lines\n"
 	       "  -h, --help         this text\n\n"
-	       "The BDH set: lowrank_fwd ternary*int8 -> int8 and -> bf16 (relu=0),\n"
-	       "decoder_fwd int8*int8 and ternary*int8 -> bf16, relu_mask, the four\n"
-	       "backward GEMMs, quantize_act, quantize_weight, pack_ternary, pack_i8x4.\n\n%s\n"
-	       "Example: dragon-gen tune --op lowrank_fwd --weight ternary --relu 0 --budget 60\n",
-	       dg__specset_help);
+	       "The BDH set (%zu specs, each flag a difference from its op's defaults):\n",
+	       n);
+	if (bdh)
+		dg_tune_bdh_set(bdh, n);
+	for (size_t i = 0; bdh && i < n; i++) {
+		dg__spec_flags_of(&bdh[i], flags, sizeof(flags));
+		printf("  %s%s%s\n", dg_op_name(bdh[i].op), flags[0] ? " " : "", flags);
+	}
+	free(bdh);
+	putchar('\n');
+	dg__specset_help(stdout);
+	printf("\nExample: dragon-gen tune --op lowrank_fwd --weight ternary --relu 0 --budget 60\n");
 }
 
 typedef struct tune_args {
@@ -259,7 +309,8 @@ static int parse_args(int argc, char **argv, tune_args *a)
 	return DG__GEN_OK;
 }
 
-/* The specs: the product of the flags, or the BDH set. */
+/* The specs: the product of the flags (planned on a codegen of its own),
+ * or the BDH set. */
 static int spec_list(const tune_args *a, dg_spec **out, size_t *n)
 {
 	char msg[1024];
@@ -268,14 +319,24 @@ static int spec_list(const tune_args *a, dg_spec **out, size_t *n)
 		*n = dg_tune_bdh_set(NULL, 0);
 		*out = calloc(*n, sizeof(**out));
 		if (!*out)
-			return dg__gen_err(DG__GEN_FAIL, "tune: out of memory");
+			return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "tune: out of memory");
 		dg_tune_bdh_set(*out, *n);
 		return DG__GEN_OK;
 	}
+	dg_codegen *cg = NULL;
 	dg__specset set = { 0 };
-	dg_status st = dg__specset_expand(&a->flags, &set, msg, sizeof(msg));
+	dg_status st = dg_codegen_create(&cg, NULL);
+	if (st) {
+		int code = dg__gen_fail(st, "tune: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
+		dg_codegen_destroy(cg);
+		return code;
+	}
+	st = dg__specset_expand(cg, &a->flags, &set, msg, sizeof(msg));
+	dg_codegen_destroy(cg);
 	if (st)
-		return dg__gen_err(dg__gen_exit_for(st), "%s", msg);
+		return dg__gen_fail(st, "%s", msg);
+	if (!a->quiet)
+		dg__specset_note_dropped(&set);
 	*out = set.specs;
 	*n = set.n;
 	set.specs = NULL;
@@ -342,12 +403,12 @@ static int record_target(const tune_args *a, dg_device *dev, size_t n, char *dir
 	} else {
 		dg_cache *c = dg_ctx_cache(dg_device_jit(dev));
 		if (!c)
-			return dg__gen_err(DG__GEN_FAIL,
-					   "tune: no kernel cache to put records in; give --record PATH");
+			return dg__gen_errs(DG__GEN_FAIL, DG_ERR_IO,
+					    "tune: no kernel cache to put records in; give --record PATH");
 		snprintf(dir, dsz, "%s/tune", dg_cache_root(c));
 	}
 	if (dg__gen_mkdirs(dir, made, sizeof(made), msg, sizeof(msg)) != DG_OK)
-		return dg__gen_err(DG__GEN_FAIL, "tune: %s", msg);
+		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_IO, "tune: %s", msg);
 	return DG__GEN_OK;
 }
 
@@ -401,8 +462,7 @@ static int tune_one(const tune_args *a, dg_device *dev, const dg_spec *spec, con
 	if (p->shown && p->tty)
 		fputs("\r\033[K", stderr);
 	if (st)
-		return dg__gen_err(st == DG_ERR_INVALID_SPEC ? DG__GEN_USAGE : DG__GEN_FAIL,
-				   "tune: %s: %.*s", text,
+		return dg__gen_fail(st, "tune: %s: %.*s", text,
 				   dg__gen_first_line_len(dg_device_errmsg(dev)),
 				   dg_device_errmsg(dev));
 	if (file[0]) {
@@ -414,7 +474,7 @@ static int tune_one(const tune_args *a, dg_device *dev, const dg_spec *spec, con
 	st = dg_tune_record_save(r, path, msg, sizeof(msg));
 	if (st) {
 		dg_tune_record_destroy(r);
-		return dg__gen_err(DG__GEN_FAIL, "tune: writing the record: %s", msg);
+		return dg__gen_errs(DG__GEN_FAIL, st, "tune: writing the record: %s", msg);
 	}
 	for (size_t i = 0; i < r->n_cands; i++) {
 		const dg_tune_cand *c = &r->cands[i];
@@ -433,7 +493,7 @@ static int tune_one(const tune_args *a, dg_device *dev, const dg_spec *spec, con
 	}
 	int code = DG__GEN_OK;
 	if (r->winner < 0) {
-		code = dg__gen_err(DG__GEN_FAIL,
+		code = dg__gen_errs(DG__GEN_FAIL, DG_ERR_UNSUPPORTED,
 				   "tune: %s: no candidate passed (%zu rejected, %zu wrong, %zu skipped); see %s",
 				   text, counts[1], counts[2], counts[3], path);
 	} else if (!a->quiet) {
@@ -472,16 +532,17 @@ int dg__gen_cmd_tune(int argc, char **argv)
 	if (code)
 		goto out;
 	if (dg_device_count(&count, why, sizeof(why)) != DG_OK || count == 0) {
-		code = dg__gen_err(DG__GEN_FAIL,
-				   "tune: no CUDA device (%s); tuning times kernels on the GPU they will run on",
-				   why);
+		code = dg__gen_errs(DG__GEN_FAIL, DG_ERR_NO_DEVICE,
+				    "tune: no CUDA device (%s); tuning times kernels on the GPU they will run on",
+				    why);
 		goto out;
 	}
 	dg_ctx_opts jit = { .cache_dir = a.cache_dir };
 	dg_device_opts dopts = { .ordinal = a.gpu, .jit = &jit };
-	if (dg_device_open(&dev, &dopts) != DG_OK) {
-		code = dg__gen_err(DG__GEN_FAIL, "tune: %s",
-				   dev ? dg_device_errmsg(dev) : "out of memory opening the device");
+	dg_status st = dg_device_open(&dev, &dopts);
+	if (st) {
+		code = dg__gen_errs(DG__GEN_FAIL, st, "tune: %s",
+				    dev ? dg_device_errmsg(dev) : "out of memory opening the device");
 		goto out;
 	}
 	code = record_target(&a, dev, n, dir, sizeof(dir), file, sizeof(file));

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "dragon/codegen.h"
 #include "dragon/spec.h"
 #include "dragon/status.h"
 #include "dragon/tune.h"
@@ -23,62 +24,91 @@ int dg__gen_cmd_cache(int argc, char **argv);
 int dg__gen_cmd_inspect(int argc, char **argv);
 int dg__gen_cmd_tune(int argc, char **argv);
 
-/* ---- the tuning DB, for inspect and build --tuned (cmd_tune.c) ---------------- */
+/* ---- the tuning DB and the device a spec resolves for (cmd_tune.c) ------------- */
 
-/* An open DB and the device its records are looked up for. */
+/* How the device of each spec is chosen: --device NAME --sm N; --device
+ * none; or, without them, the one device the DB's records name for the
+ * spec's SM (none when there are none or several). */
+typedef enum dg__gen_dev_mode {
+	DG__GEN_DEV_AUTO,
+	DG__GEN_DEV_NAMED,
+	DG__GEN_DEV_NONE,
+} dg__gen_dev_mode;
+
+#define DG__GEN_MAX_DEVICES 32
+
 typedef struct dg__gen_tune {
 	dg_tune_db *db;
-	char device[128]; /* "" when none is named and the DB has none */
-	int sm;           /* 0 likewise */
+	dg__gen_dev_mode mode;
+	char device[128]; /* DG__GEN_DEV_NAMED */
+	int sm;
+	dg_tune_device devs[DG__GEN_MAX_DEVICES]; /* the devices the records name */
+	size_t n_devs;
 } dg__gen_tune;
 
 /*
  * Opens the DB (db_path: --tune-db, NULL for $DRAGON_TUNE_DB or the
- * cache's tune/ under cache_dir) for the device --device/--sm name (both
- * or neither; NULL when not given), else the one device its records name.
- * Skipped records are reported on stderr. Returns the exit code (reported).
+ * cache's tune/ under cache_dir, with the built-in records below) and
+ * reads --device / --sm (NULL when not given; both or neither, "none"
+ * alone). Skipped records are reported on stderr. Returns the exit code
+ * (reported).
  */
 int dg__gen_tune_open(const char *db_path, const char *cache_dir, const char *device,
 		      const char *sm_text, const char *cmd, bool verbose,
 		      dg__gen_tune *out);
 void dg__gen_tune_close(dg__gen_tune *t);
-/* dg_tune_resolve for t's device. */
-void dg__gen_tune_resolve(const dg__gen_tune *t, const dg_spec *spec,
-			  dg_tune_choice *out);
+/* The device spec resolves for: name "" and *sm 0 for none. */
+void dg__gen_tune_device_for(const dg__gen_tune *t, const dg_spec *spec, char *name,
+			     size_t size, int *sm);
+/* dg_tune_resolve on cg for that device: the tile and target spec runs
+ * with, as the runtime would choose them. The status, with cg's message,
+ * when the spec cannot be planned. */
+dg_status dg__gen_tune_resolve(const dg__gen_tune *t, dg_codegen *cg, const dg_spec *spec,
+			       dg_tune_choice *out);
 /* "tile: 128x128x64/2x4/4 (tuned: /path/record.json)" or
- * "tile: 64x64x32/2x2/2 (default heuristic: <why>)". */
+ * "tile: 64x64x32/2x2/2 (template default: <why>)". */
 void dg__gen_tile_line(const dg_tune_choice *ch, char *buf, size_t size);
 
-/* ---- build --tuned (build_tuned.c) -------------------------------------------- */
+/* ---- build: resolution and the records (build_tuned.c) ------------------------- */
 
-/* The tuning records a --tuned build used. Zero-initialize; free with
- * dg__gen_tuned_free (which leaves it zeroed). */
-typedef struct dg__gen_tuned {
-	char **paths;       /* distinct record files, n of them (owned) */
-	char **names;       /* their names in the bundle's tune/ folder (owned) */
+/* The kernels a build compiles: the set's specs resolved for the device,
+ * deduplicated by what runs. Zero-initialize; free with
+ * dg__gen_resolved_free. */
+typedef struct dg__gen_resolved {
+	dg_spec *specs;     /* n, tile and target resolved (owned) */
+	char **canonical;   /* their canonical texts (owned) */
 	size_t n;
-	struct cJSON *json; /* the manifest's "tuning" array (owned), or NULL */
-} dg__gen_tuned;
+	char device[128];   /* the device they resolve for; "" none */
+	int sm;             /* 0 likewise */
+	/* --tuned: the records used and the manifest's "tuning" array */
+	char **rec_paths;   /* distinct record paths ("built-in:<file>" too), owned */
+	char **rec_names;   /* their names in the bundle's tune/ folder, owned */
+	char **rec_json;    /* a built-in record's JSON text, NULL for a file; owned */
+	size_t n_recs;
+	struct cJSON *tuning; /* owned, or NULL without --tuned */
+} dg__gen_resolved;
 
-void dg__gen_tuned_free(dg__gen_tuned *ts);
+void dg__gen_resolved_free(dg__gen_resolved *r);
 /*
- * Resolves every auto tile of set from the DB (db_path, cache_dir, device,
- * sm_text: as dg__gen_tune_open takes them), replacing the spec with the
- * one that runs; fills ts with the records used and the "tuning" array
- * (verbose: each choice on stderr). Returns the exit code (reported).
+ * Resolves every spec of set on cg for t's devices (dg__gen_tune_resolve)
+ * into *out, merging specs that resolve to one kernel; with tuned, notes
+ * the records used and each choice. Specs that would resolve for two
+ * different devices are a usage error. verbose: each choice on stderr.
+ * Returns the exit code (reported).
  */
-int dg__gen_tuned_resolve(const char *db_path, const char *cache_dir, const char *device,
-			  const char *sm_text, bool verbose, struct dg__specset *set,
-			  dg__gen_tuned *ts);
-/* Copies the records into tmp/tune/ (nothing without records). */
-dg_status dg__gen_tuned_copy_records(const dg__gen_tuned *ts, const char *tmp, char *msg,
-				     size_t msz);
+int dg__gen_build_resolve(const dg__gen_tune *t, dg_codegen *cg, const struct dg__specset *set,
+			  bool tuned, bool verbose, dg__gen_resolved *out);
+/* Writes the records of r into tmp/tune/ (nothing without records): a
+ * file's bytes as they are, a built-in record from its JSON. */
+dg_status dg__gen_records_write(const dg__gen_resolved *r, const char *tmp, char *msg,
+				size_t msz);
 /* Adds the "tuning" array to the manifest text *json (malloc'd; replaced
- * by a new malloc'd text, the old one freed); nothing when ts has none. */
-dg_status dg__gen_tuned_manifest(const dg__gen_tuned *ts, char **json, char *msg, size_t msz);
+ * by a new malloc'd text, the old one freed); nothing when r has none. */
+dg_status dg__gen_tuning_manifest(const dg__gen_resolved *r, char **json, char *msg,
+				  size_t msz);
 /* Moves tmp/tune/<names> into dir/tune/ (made if needed); on failure
- * unlinks what it moved that was not there before. ts may be NULL. */
-dg_status dg__gen_tuned_publish_records(const dg__gen_tuned *ts, const char *tmp,
-					const char *dir, char *msg, size_t msz);
+ * unlinks what it moved that was not there before. */
+dg_status dg__gen_records_publish(const dg__gen_resolved *r, const char *tmp,
+				  const char *dir, char *msg, size_t msz);
 
 #endif

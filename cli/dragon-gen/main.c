@@ -3,9 +3,12 @@
  *
  * The entry point: global --help and --version, then dispatch to one
  * subcommand (gen.h). Output written to stdout is checked at exit, so a
- * full disk or a closed pipe is a failure, not silence.
+ * full disk or a closed pipe is a failure, not silence. A command that
+ * takes --json and was given it answers a failure with a JSON object on
+ * stdout too (util.h dg__gen_json_mode).
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,16 +20,17 @@
 typedef struct command {
 	const char *name;
 	int (*run)(int argc, char **argv);
+	bool json; /* takes --json */
 	const char *summary;
 } command;
 
 static const command commands[] = {
-	{ "build", dg__gen_cmd_build, "compile specs into a kernel bundle (cubins + manifest.json)" },
-	{ "render", dg__gen_cmd_render, "print the CUDA source (or canonical text) of one spec" },
-	{ "list", dg__gen_cmd_list, "ops, the spec keys each takes, formats, the default set" },
-	{ "cache", dg__gen_cmd_cache, "stat, verify, gc or clear the kernel cache" },
-	{ "inspect", dg__gen_cmd_inspect, "check a bundle, or say which tile a spec runs with" },
-	{ "tune", dg__gen_cmd_tune, "time candidate tiles on the GPU, record the winners" },
+	{ "build", dg__gen_cmd_build, true, "compile specs into a kernel bundle (cubins + manifest.json)" },
+	{ "render", dg__gen_cmd_render, false, "print the CUDA source (or canonical text) of one spec" },
+	{ "list", dg__gen_cmd_list, true, "ops, the spec keys each takes, formats, the default set" },
+	{ "cache", dg__gen_cmd_cache, true, "stat, verify, gc or clear the kernel cache" },
+	{ "inspect", dg__gen_cmd_inspect, true, "check a bundle, or say which tile a spec runs with" },
+	{ "tune", dg__gen_cmd_tune, true, "time candidate tiles on the GPU, record the winners" },
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -44,12 +48,26 @@ static void usage(FILE *to)
 	      "Exit status: 0 ok, 1 failure, 2 usage error.\n"
 	      "Environment: DRAGON_CACHE_DIR (kernel cache), DRAGON_TEMPLATE_DIR\n"
 	      "(templates from a folder instead of the built-in ones), DRAGON_TUNE_DB\n"
-	      "(tuning records: a file or folder; default <cache>/tune).\n",
+	      "(tuning records: a file or folder, default <cache>/tune, above the\n"
+	      "built-in ones; builtin: those alone; none: no records).\n",
 	      to);
+}
+
+/* --json among a command's flags (before a "--"). */
+static bool wants_json(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--") == 0)
+			return false;
+		if (strcmp(argv[i], "--json") == 0)
+			return true;
+	}
+	return false;
 }
 
 static int finish(int code)
 {
+	dg__gen_json_finish(code);
 	if (fflush(stdout) != 0 || ferror(stdout)) {
 		int e = errno;
 		return dg__gen_err(DG__GEN_FAIL, "writing output: %s",
@@ -85,9 +103,12 @@ int main(int argc, char **argv)
 		       DG_GENERATOR_VERSION, dg_nvrtc_version());
 		return finish(DG__GEN_OK);
 	}
-	for (size_t i = 0; i < N_COMMANDS; i++)
-		if (strcmp(cmd, commands[i].name) == 0)
-			return finish(commands[i].run(argc - 1, argv + 1));
+	for (size_t i = 0; i < N_COMMANDS; i++) {
+		if (strcmp(cmd, commands[i].name) != 0)
+			continue;
+		dg__gen_json_mode(commands[i].json && wants_json(argc - 1, argv + 1));
+		return finish(commands[i].run(argc - 1, argv + 1));
+	}
 	if (cmd[0] == '-')
 		return dg__gen_err(DG__GEN_USAGE,
 				   "unknown flag %s before the command; see `dragon-gen --help`",

@@ -1,7 +1,8 @@
 /*
- * Spec flags → the Cartesian product of specs, validated and deduplicated
- * (rules in specset.h). The built-in default set is this same expansion
- * run on fixed flag values, so it obeys exactly the rules a user's flags do.
+ * Spec flags → the Cartesian product of specs, checked, planned and
+ * deduplicated (rules in specset.h). The default build set is this same
+ * expansion run on the op table's build lists, so it obeys exactly the
+ * rules a user's flags do.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "cli/dragon-gen/specset.h"
+#include "dragon/jit.h"
 
 typedef struct flag_info {
 	const char *flag; /* "in-heads" */
@@ -20,21 +22,6 @@ static const flag_info flag_infos[DG__SF__COUNT] = {
 #define DG__SF_INFO(e, flag, key, field) [DG__SF_##e] = { flag, key, field },
 	DG__SPEC_FLAG_LIST(DG__SF_INFO)
 #undef DG__SF_INFO
-};
-
-/* The built-in default set, as flag values (see specset.h). */
-static const char *const default_vals[DG__SF__COUNT] = {
-	[DG__SF_OP] = "lowrank_fwd,quantize_act,pack_i8x4,unpack_i8x4",
-	[DG__SF_HEADS] = "4",
-	[DG__SF_IN_HEADS] = "1,4",
-	[DG__SF_EMBD] = "256",
-	[DG__SF_LATENT] = "8192",
-	[DG__SF_WEIGHT] = "f32,bf16,int8,ternary,sign1",
-	[DG__SF_ACT] = "int8",
-	[DG__SF_OUT] = "f32,bf16,int8,uint8pos",
-	[DG__SF_RELU] = "none,0",
-	[DG__SF_SRC] = "f32,bf16",
-	[DG__SF_ARCH] = "sm_90",
 };
 
 const char *dg__spec_flag_name(dg__spec_flag f)
@@ -52,30 +39,6 @@ unsigned dg__spec_flag_field(dg__spec_flag f)
 	return (unsigned)f < DG__SF__COUNT ? flag_infos[f].field : 0;
 }
 
-const char dg__specset_help[] =
-	"Spec flags (each takes a comma-separated list; the product is built):\n"
-	"  --op LIST          lowrank_fwd, relu_mask, decoder_fwd, quantize_act,\n"
-	"                     quantize_weight, pack_i8x4, unpack_i8x4, pack_ternary,\n"
-	"                     pack_sign1, lowrank_grad_input, lowrank_grad_weight,\n"
-	"                     decoder_grad_input, decoder_grad_weight\n"
-	"                     (default set: the forward ops lowrank_fwd,\n"
-	"                     quantize_act, pack_i8x4, unpack_i8x4)\n"
-	"  --heads LIST       output heads H (1..64)\n"
-	"  --in-heads LIST    input heads: 1 (shared) or H\n"
-	"  --embd LIST        model width E (multiple of 4)\n"
-	"  --latent LIST      latent width L per head\n"
-	"  --weight LIST      f32, bf16, int8, ternary, sign1\n"
-	"  --act LIST         f32, bf16, int8, int4, uint8pos\n"
-	"  --out-format LIST  f32, bf16, int8, uint8pos (uint8pos needs --relu)\n"
-	"  --relu LIST        none, or a threshold such as 0 or 0.25\n"
-	"  --src LIST         quantize_act input: f32, bf16\n"
-	"  --tile LIST        auto, t<threads> (t256), or BMxBNxBK/WMxWN/S\n"
-	"  --arch LIST        sm_80, sm_90, sm_90a, ...\n"
-	"A flag applies to the ops that read it; fields without a flag keep\n"
-	"the op's default. With no spec flag the built-in default set is used\n"
-	"(`dragon-gen list` shows it). Combinations out-format=uint8pos with\n"
-	"relu=none are left out of a product.\n";
-
 bool dg__spec_flags_add(dg__spec_flags *f, int id, const char *value)
 {
 	int i = id - DG__SPEC_OPT_BASE;
@@ -84,7 +47,7 @@ bool dg__spec_flags_add(dg__spec_flags *f, int id, const char *value)
 	size_t old = f->val[i] ? strlen(f->val[i]) : 0;
 	char *v = realloc(f->val[i], old + strlen(value) + 2);
 	if (!v) {
-		dg__gen_err(DG__GEN_FAIL, "out of memory reading flags");
+		dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "out of memory reading flags");
 		return false;
 	}
 	if (old)
@@ -175,12 +138,79 @@ static dg_status split(const char *flag, const char *value, list *l, char *msg,
 	return DG_OK;
 }
 
+/* The flag whose spec key is key[0..n) (op excluded), or -1. */
+static int flag_of_key(const char *key, size_t n)
+{
+	for (int f = 1; f < DG__SF__COUNT; f++)
+		if (strlen(flag_infos[f].key) == n && strncmp(flag_infos[f].key, key, n) == 0)
+			return f;
+	return -1;
+}
+
+/* The op table's build lists of op ("in_heads=1,4;weight=int8,ternary")
+ * into lists[] (given[f] set for each key it names). */
+static dg_status parse_build(dg_op op, list *lists, bool *given, char *msg, size_t size)
+{
+	const char *b = dg_op_info_of(op)->build;
+	char item[256];
+
+	for (const char *p = b ? b : ""; *p;) {
+		size_t len = strcspn(p, ";");
+		const char *eq = memchr(p, '=', len);
+		int f = eq ? flag_of_key(p, (size_t)(eq - p)) : -1;
+		if (f < 0 || given[f] || len >= sizeof(item)) {
+			snprintf(msg, size, "op table: %s.build \"%s\": '%.*s' is not key=v1,v2 of a spec key it names once",
+				 dg_op_name(op), b, (int)len, p);
+			return DG_ERR_INTERNAL;
+		}
+		snprintf(item, sizeof(item), "%.*s", (int)(len - (size_t)(eq + 1 - p)), eq + 1);
+		dg_status st = split(flag_infos[f].flag, item, &lists[f], msg, size);
+		if (st) {
+			if (st == DG_ERR_INVALID_SPEC)
+				st = DG_ERR_INTERNAL;
+			return st;
+		}
+		given[f] = true;
+		p += len + (p[len] == ';');
+	}
+	return DG_OK;
+}
+
+/* Combinations of op's lists (the flags it reads), saturating past the cap. */
+static size_t op_product(dg_op op, const list *lists, const bool *given)
+{
+	unsigned uses = dg_spec_uses(op);
+	size_t p = 1;
+	for (int f = 1; f < DG__SF__COUNT; f++) {
+		if (!given[f] || !(uses & flag_infos[f].field))
+			continue;
+		p = p > DG__SPECSET_MAX ? p : p * lists[f].n;
+	}
+	return p > DG__SPECSET_MAX ? DG__SPECSET_MAX + 1 : p;
+}
+
+size_t dg__specset_default_size(void)
+{
+	size_t total = 0;
+	char msg[256];
+
+	for (int op = 0; op < DG_OP__COUNT; op++) {
+		list lists[DG__SF__COUNT] = { { 0 } };
+		bool given[DG__SF__COUNT] = { 0 };
+		if (parse_build((dg_op)op, lists, given, msg, sizeof(msg)) == DG_OK)
+			total += op_product((dg_op)op, lists, given);
+		for (int f = 0; f < DG__SF__COUNT; f++)
+			list_free(&lists[f]);
+	}
+	return total;
+}
+
 /* ---- dedupe ---------------------------------------------------------------- */
 
 /* Open-addressing set of the canonical texts already in the result. */
 typedef struct seen {
 	size_t *slot; /* index + 1 into set->canonical; 0 = empty */
-	size_t cap;   /* power of two, > 2 × DG__SPECSET_MAX */
+	size_t cap;   /* power of two, > 2 × the product */
 } seen;
 
 static size_t hash_str(const char *s)
@@ -204,29 +234,33 @@ static bool seen_add(seen *t, char *const *texts, const char *text, size_t idx)
 
 /* ---- expansion ------------------------------------------------------------- */
 
+#define MAX_ARCH_CHECKS 32
+
 typedef struct expander {
-	const char *const *vals; /* flag values: the user's or the default set */
-	list lists[DG__SF__COUNT];
+	dg_codegen *cg;
+	list lists[DG__SF__COUNT]; /* the user's lists, or the current op's build lists */
+	bool given[DG__SF__COUNT];
 	dg_op ops[DG_OP__COUNT];
 	size_t n_ops;
 	dg__specset *out;
 	seen seen;
+	struct {
+		int arch;
+		bool specific;
+		dg_status st;
+		char why[512];
+	} archs[MAX_ARCH_CHECKS]; /* NVRTC's answers so far */
+	size_t n_archs;
 	char *msg;
 	size_t size;
-	char first_drop[512]; /* why the first dropped combination was */
 } expander;
 
-/* The flag (given in this expansion) whose key a validator message starts
- * with ("latent=8190: ..."), or -1. */
+/* The flag (given, read by the op) whose key a message starts with
+ * ("latent=8190: ..."), or -1. */
 static int flag_of_message(const expander *x, unsigned uses, const char *why)
 {
-	size_t n = strcspn(why, "=:");
-	for (int f = 1; f < DG__SF__COUNT; f++)
-		if (x->vals[f] && (uses & flag_infos[f].field) &&
-		    strlen(flag_infos[f].key) == n &&
-		    strncmp(flag_infos[f].key, why, n) == 0)
-			return f;
-	return -1;
+	int f = flag_of_key(why, strcspn(why, "=:"));
+	return f >= 0 && x->given[f] && (uses & flag_infos[f].field) ? f : -1;
 }
 
 static dg_status add_spec(expander *x, dg_spec *s)
@@ -236,8 +270,7 @@ static dg_status add_spec(expander *x, dg_spec *s)
 
 	dg_spec_normalize(s);
 	if (dg_spec_to_string(s, text, sizeof(text))) {
-		snprintf(x->msg, x->size, "spec text too long for %s",
-			 dg_op_name(s->op));
+		snprintf(x->msg, x->size, "spec text too long for %s", dg_op_name(s->op));
 		return DG_ERR_INTERNAL;
 	}
 	char *copy = strdup(text);
@@ -255,52 +288,82 @@ static dg_status add_spec(expander *x, dg_spec *s)
 	return DG_OK;
 }
 
-/* True when the one thing wrong with s is out=uint8pos without relu (the
- * combination a product leaves out): with relu on, it would be valid. */
-static bool only_needs_relu(const dg_spec *s)
+/* Counts a refused combination; the first one's reason is kept, named by
+ * the flag value it starts with (f: the flag being set, or -1). */
+static void drop(expander *x, dg_op op, const size_t *idx, int f, const char *why)
 {
-	dg_spec r = *s;
+	if (x->out->dropped++)
+		return;
+	if (f < 0)
+		f = flag_of_message(x, dg_spec_uses(op), why);
+	if (f > 0)
+		snprintf(x->out->first_drop, sizeof(x->out->first_drop), "--%s %s: %s",
+			 flag_infos[f].flag, x->lists[f].item[idx[f]], why);
+	else
+		snprintf(x->out->first_drop, sizeof(x->out->first_drop), "--op %s: %s",
+			 dg_op_name(op), why);
+}
 
-	if (!(dg_spec_uses(s->op) & DG_FIELD_OUT) || s->out != DG_FMT_UINT8POS ||
-	    s->relu)
-		return false;
-	r.relu = true;
-	r.relu_thr = 0.0f;
-	return dg_spec_validate(&r, NULL, 0) == DG_OK;
+/* NVRTC's answer for the spec's target, asked once per target. */
+static dg_status check_arch(expander *x, const dg_spec *s, char *why, size_t size)
+{
+	for (size_t i = 0; i < x->n_archs; i++)
+		if (x->archs[i].arch == s->arch && x->archs[i].specific == s->arch_specific) {
+			snprintf(why, size, "%s", x->archs[i].why);
+			return x->archs[i].st;
+		}
+	dg_status st = dg_jit_check_arch(s->arch, s->arch_specific, why, size);
+	if (x->n_archs < MAX_ARCH_CHECKS) {
+		x->archs[x->n_archs].arch = s->arch;
+		x->archs[x->n_archs].specific = s->arch_specific;
+		x->archs[x->n_archs].st = st;
+		snprintf(x->archs[x->n_archs].why, sizeof(x->archs[0].why), "%.500s", st ? why : "");
+		x->n_archs++;
+	}
+	return st;
 }
 
 /* One combination: idx[f] picks the item of every flag the op reads. */
 static dg_status combine(expander *x, dg_op op, const size_t *idx)
 {
-	char why[512];
+	char why[1024];
 	unsigned uses = dg_spec_uses(op);
 	dg_spec s;
+	dg_plan plan;
 
 	dg_spec_init(&s, op);
 	for (int f = 1; f < DG__SF__COUNT; f++) {
-		if (!x->vals[f] || !(uses & flag_infos[f].field))
+		if (!x->given[f] || !(uses & flag_infos[f].field))
 			continue;
-		const char *v = x->lists[f].item[idx[f]];
-		if (dg_spec_set(&s, flag_infos[f].key, v, why, sizeof(why))) {
-			snprintf(x->msg, x->size, "--%s %s: %s", flag_infos[f].flag,
-				 v, why);
-			return DG_ERR_INVALID_SPEC;
+		if (dg_spec_set(&s, flag_infos[f].key, x->lists[f].item[idx[f]], why, sizeof(why))) {
+			drop(x, op, idx, f, why);
+			return DG_OK;
 		}
 	}
-	if (dg_spec_validate(&s, why, sizeof(why)) == DG_OK)
-		return add_spec(x, &s);
-	if (only_needs_relu(&s)) {
-		if (!x->out->dropped++)
-			snprintf(x->first_drop, sizeof(x->first_drop), "%s", why);
+	if (dg_spec_validate(&s, why, sizeof(why))) {
+		drop(x, op, idx, -1, why);
 		return DG_OK;
 	}
-	int f = flag_of_message(x, uses, why);
-	if (f >= 0)
-		snprintf(x->msg, x->size, "--%s %s: %s", flag_infos[f].flag,
-			 x->lists[f].item[idx[f]], why);
-	else
-		snprintf(x->msg, x->size, "op=%s: %s", dg_op_name(op), why);
-	return DG_ERR_INVALID_SPEC;
+	/* NVRTC's range is no op's rule: an arch it cannot target is a usage
+	 * error, whatever else the product holds */
+	if (check_arch(x, &s, why, sizeof(why))) {
+		if (x->given[DG__SF_ARCH])
+			snprintf(x->msg, x->size, "--arch %s: %s", x->lists[DG__SF_ARCH].item[idx[DG__SF_ARCH]],
+				 why);
+		else
+			snprintf(x->msg, x->size, "%s", why);
+		return DG_ERR_INVALID_SPEC;
+	}
+	dg_status st = dg_codegen_plan(x->cg, &s, &plan);
+	if (st == DG_ERR_INVALID_SPEC) {
+		drop(x, op, idx, -1, dg_codegen_errmsg(x->cg));
+		return DG_OK;
+	}
+	if (st) {
+		snprintf(x->msg, x->size, "%s", dg_codegen_errmsg(x->cg));
+		return st;
+	}
+	return add_spec(x, &s);
 }
 
 /* Every combination of the op's flag lists (last flag fastest). */
@@ -315,7 +378,7 @@ static dg_status expand_op(expander *x, dg_op op)
 			return st;
 		int f = DG__SF__COUNT - 1;
 		for (; f >= 1; f--) {
-			if (!x->vals[f] || !(uses & flag_infos[f].field))
+			if (!x->given[f] || !(uses & flag_infos[f].field))
 				continue;
 			if (++idx[f] < x->lists[f].n)
 				break;
@@ -329,9 +392,9 @@ static dg_status expand_op(expander *x, dg_op op)
 /* Ops from --op, or every op. */
 static dg_status pick_ops(expander *x)
 {
-	char why[256];
+	char why[512];
 
-	if (!x->vals[DG__SF_OP]) {
+	if (!x->given[DG__SF_OP]) {
 		for (int i = 0; i < DG_OP__COUNT; i++)
 			x->ops[x->n_ops++] = (dg_op)i;
 		return DG_OK;
@@ -359,7 +422,7 @@ static dg_status pick_ops(expander *x)
 static dg_status check_flags_used(expander *x)
 {
 	for (int f = 1; f < DG__SF__COUNT; f++) {
-		if (!x->vals[f])
+		if (!x->given[f])
 			continue;
 		unsigned field = flag_infos[f].field;
 		bool used = false;
@@ -367,103 +430,294 @@ static dg_status check_flags_used(expander *x)
 			used |= (dg_spec_uses(x->ops[i]) & field) != 0;
 		if (used)
 			continue;
-		char ops[128] = "", readers[128] = "";
+		char ops[256] = "", readers[400] = "";
 		for (size_t i = 0; i < x->n_ops; i++)
-			snprintf(ops + strlen(ops), sizeof(ops) - strlen(ops),
-				 "%s%s", i ? ", " : "", dg_op_name(x->ops[i]));
+			snprintf(ops + strlen(ops), sizeof(ops) - strlen(ops), "%s%s",
+				 i ? ", " : "", dg_op_name(x->ops[i]));
 		for (int op = 0; op < DG_OP__COUNT; op++)
 			if (dg_spec_uses((dg_op)op) & field)
-				snprintf(readers + strlen(readers),
-					 sizeof(readers) - strlen(readers), "%s%s",
-					 readers[0] ? ", " : "",
-					 dg_op_name((dg_op)op));
-		snprintf(x->msg, x->size,
-			 "--%s: none of the ops (%s) reads it; drop it or add --op %s",
+				snprintf(readers + strlen(readers), sizeof(readers) - strlen(readers),
+					 "%s%s", readers[0] ? "," : "", dg_op_name((dg_op)op));
+		snprintf(x->msg, x->size, "--%s: none of the ops (%s) reads it; drop it or add --op %s",
 			 flag_infos[f].flag, ops, readers);
 		return DG_ERR_INVALID_SPEC;
 	}
 	return DG_OK;
 }
 
-/* Number of combinations, saturating just past the cap. */
-static size_t product_size(const expander *x)
+/* A value no op of the product can take at all (a typo, a format no op
+ * reads, tile=7x7) is a usage error, not a combination to leave out. */
+static dg_status check_values(expander *x)
 {
-	size_t total = 0;
-	for (size_t i = 0; i < x->n_ops; i++) {
-		unsigned uses = dg_spec_uses(x->ops[i]);
-		size_t p = 1;
-		for (int f = 1; f < DG__SF__COUNT; f++) {
-			if (!x->vals[f] || !(uses & flag_infos[f].field))
-				continue;
-			p = p > DG__SPECSET_MAX ? p : p * x->lists[f].n;
+	char why[1024], first[1024];
+
+	for (int f = 1; f < DG__SF__COUNT; f++) {
+		if (!x->given[f])
+			continue;
+		for (size_t i = 0; i < x->lists[f].n; i++) {
+			bool ok = false;
+			first[0] = '\0';
+			for (size_t k = 0; k < x->n_ops && !ok; k++) {
+				if (!(dg_spec_uses(x->ops[k]) & flag_infos[f].field))
+					continue;
+				dg_spec s;
+				dg_spec_init(&s, x->ops[k]);
+				ok = dg_spec_set(&s, flag_infos[f].key, x->lists[f].item[i], why,
+						 sizeof(why)) == DG_OK;
+				if (!ok && !first[0])
+					snprintf(first, sizeof(first), "%s", why);
+			}
+			if (!ok) {
+				snprintf(x->msg, x->size, "--%s %s: %s", flag_infos[f].flag,
+					 x->lists[f].item[i], first);
+				return DG_ERR_INVALID_SPEC;
+			}
 		}
-		total += p > DG__SPECSET_MAX ? DG__SPECSET_MAX + 1 : p;
-		if (total > DG__SPECSET_MAX)
-			return DG__SPECSET_MAX + 1;
 	}
-	return total;
+	return DG_OK;
 }
 
-static dg_status expand(expander *x)
+static dg_status allocate(expander *x, size_t total)
+{
+	dg__specset *o = x->out;
+
+	o->combinations = total;
+	x->seen.cap = 1;
+	while (x->seen.cap < 2 * total + 2)
+		x->seen.cap *= 2;
+	x->seen.slot = calloc(x->seen.cap, sizeof(*x->seen.slot));
+	o->specs = calloc(total ? total : 1, sizeof(*o->specs));
+	o->canonical = calloc(total ? total : 1, sizeof(*o->canonical));
+	if (!x->seen.slot || !o->specs || !o->canonical) {
+		snprintf(x->msg, x->size, "out of memory expanding the spec flags");
+		return DG_ERR_NOMEM;
+	}
+	return DG_OK;
+}
+
+static dg_status expand_user(expander *x, const dg__spec_flags *fl)
 {
 	dg_status st;
 
 	for (int f = 0; f < DG__SF__COUNT; f++) {
-		if (!x->vals[f])
+		if (!fl->val[f])
 			continue;
-		st = split(flag_infos[f].flag, x->vals[f], &x->lists[f], x->msg,
-			   x->size);
+		x->given[f] = true;
+		st = split(flag_infos[f].flag, fl->val[f], &x->lists[f], x->msg, x->size);
 		if (st)
 			return st;
 	}
-	if ((st = pick_ops(x)) || (st = check_flags_used(x)))
+	if ((st = pick_ops(x)) || (st = check_flags_used(x)) || (st = check_values(x)))
 		return st;
-	size_t total = product_size(x);
+	size_t total = 0;
+	for (size_t i = 0; i < x->n_ops && total <= DG__SPECSET_MAX; i++)
+		total += op_product(x->ops[i], x->lists, x->given);
 	if (total > DG__SPECSET_MAX) {
 		snprintf(x->msg, x->size,
 			 "the spec flags make more than %d combinations; narrow the lists",
 			 DG__SPECSET_MAX);
 		return DG_ERR_INVALID_SPEC;
 	}
-	dg__specset *o = x->out;
-	x->seen.cap = 1;
-	while (x->seen.cap < 2 * total + 2)
-		x->seen.cap *= 2;
-	x->seen.slot = calloc(x->seen.cap, sizeof(*x->seen.slot));
-	o->specs = calloc(total, sizeof(*o->specs));
-	o->canonical = calloc(total, sizeof(*o->canonical));
-	if (!x->seen.slot || !o->specs || !o->canonical) {
-		snprintf(x->msg, x->size, "out of memory expanding the spec flags");
-		return DG_ERR_NOMEM;
-	}
+	if ((st = allocate(x, total)))
+		return st;
 	for (size_t i = 0; i < x->n_ops; i++)
 		if ((st = expand_op(x, x->ops[i])))
 			return st;
+	dg__specset *o = x->out;
 	if (o->n == 0) {
-		snprintf(x->msg, x->size,
-			 "--out-format uint8pos: %s (every combination was left out)",
-			 x->first_drop);
+		if (o->combinations > 1)
+			snprintf(x->msg, x->size, "%s (the ops' rules refuse all %zu combinations)",
+				 o->first_drop, o->combinations);
+		else
+			snprintf(x->msg, x->size, "%s", o->first_drop);
 		return DG_ERR_INVALID_SPEC;
 	}
 	return DG_OK;
 }
 
-dg_status dg__specset_expand(const dg__spec_flags *f, dg__specset *out,
+/* Every op's build lists, one op at a time. */
+static dg_status expand_default(expander *x)
+{
+	dg_status st = allocate(x, dg__specset_default_size());
+
+	for (int op = 0; op < DG_OP__COUNT && !st; op++) {
+		memset(x->given, 0, sizeof(x->given));
+		st = parse_build((dg_op)op, x->lists, x->given, x->msg, x->size);
+		if (!st && x->out->n + op_product((dg_op)op, x->lists, x->given) >
+				   x->out->combinations) {
+			snprintf(x->msg, x->size, "op table: the build lists changed while expanding");
+			st = DG_ERR_INTERNAL;
+		}
+		if (!st)
+			st = expand_op(x, (dg_op)op);
+		for (int f = 0; f < DG__SF__COUNT; f++)
+			list_free(&x->lists[f]);
+	}
+	if (!st && x->out->n == 0) {
+		snprintf(x->msg, x->size, "the default build set is empty: %s", x->out->first_drop);
+		st = DG_ERR_INTERNAL;
+	}
+	return st;
+}
+
+dg_status dg__specset_expand(dg_codegen *cg, const dg__spec_flags *f, dg__specset *out,
 			     char *msg, size_t size)
 {
-	expander x;
+	expander *x = calloc(1, sizeof(*x));
 
-	memset(&x, 0, sizeof(x));
 	memset(out, 0, sizeof(*out));
-	x.vals = dg__spec_flags_any(f) ? (const char *const *)f->val : default_vals;
-	x.out = out;
-	x.msg = msg;
-	x.size = size;
-	dg_status st = expand(&x);
+	if (!x) {
+		snprintf(msg, size, "out of memory expanding the spec flags");
+		return DG_ERR_NOMEM;
+	}
+	x->cg = cg;
+	x->out = out;
+	x->msg = msg;
+	x->size = size;
+	dg_status st = dg__spec_flags_any(f) ? expand_user(x, f) : expand_default(x);
 	for (int i = 0; i < DG__SF__COUNT; i++)
-		list_free(&x.lists[i]);
-	free(x.seen.slot);
-	if (st)
+		list_free(&x->lists[i]);
+	free(x->seen.slot);
+	free(x);
+	if (st) {
+		char keep[sizeof(out->first_drop)];
+		memcpy(keep, out->first_drop, sizeof(keep));
 		dg__specset_free(out);
+		memcpy(out->first_drop, keep, sizeof(keep));
+	}
 	return st;
+}
+
+void dg__specset_note_dropped(const dg__specset *set)
+{
+	if (!set->dropped)
+		return;
+	fprintf(stderr, "dragon-gen: left out %zu combination%s the ops' rules refuse; first: %.*s\n",
+		set->dropped, set->dropped == 1 ? "" : "s", dg__gen_first_line_len(set->first_drop),
+		set->first_drop);
+}
+
+/* ---- text ------------------------------------------------------------------- */
+
+void dg__spec_flags_of(const dg_spec *spec, char *buf, size_t size)
+{
+	char def[DG_SPEC_TEXT_MAX + 1] = ";", canon[DG_SPEC_TEXT_MAX], pair[DG_SPEC_TEXT_MAX + 1];
+	dg_spec d, s = *spec;
+	size_t n = 0;
+
+	buf[0] = '\0';
+	dg_spec_normalize(&s);
+	dg_spec_init(&d, s.op);
+	dg_spec_to_string(&d, def + 1, sizeof(def) - 1);
+	dg_spec_to_string(&s, canon, sizeof(canon));
+	for (const char *p = canon; *p;) {
+		const char *end = strchr(p, ';'), *eq = strchr(p, '=');
+		if (!end || !eq || eq > end)
+			break;
+		snprintf(pair, sizeof(pair), ";%.*s", (int)(end - p + 1), p);
+		int f = flag_of_key(p, (size_t)(eq - p));
+		if (f > 0 && !strstr(def, pair)) {
+			int w = snprintf(buf + n, size - n, "%s--%s %.*s", n ? " " : "",
+					 flag_infos[f].flag, (int)(end - eq - 1), eq + 1);
+			if (w < 0 || (size_t)w >= size - n)
+				return;
+			n += (size_t)w;
+		}
+		p = end + 1;
+	}
+}
+
+/* What each non-format flag means. */
+static const char *const flag_what[DG__SF__COUNT] = {
+	[DG__SF_HEADS] = "output heads H",
+	[DG__SF_IN_HEADS] = "input heads: 1 (shared by all heads) or H",
+	[DG__SF_EMBD] = "model width E",
+	[DG__SF_LATENT] = "latent width L per head",
+	[DG__SF_RELU] = "none, or a threshold such as 0 or 0.25",
+	[DG__SF_TILE] = "auto, t<threads> (t256) or BMxBNxBK/WMxWN/S",
+};
+
+/* Prints text's words wrapped at 78 columns under a 21-column hanging
+ * indent; col is where the first one starts. */
+static void wrap(FILE *to, const char *text, int col)
+{
+	bool first = true;
+	for (const char *p = text; *p;) {
+		while (*p == ' ')
+			p++;
+		size_t w = strcspn(p, " ");
+		if (!w)
+			break;
+		if (!first && col + 1 + (int)w > 78) {
+			fprintf(to, "\n%21s", "");
+			col = 21;
+		} else if (!first) {
+			fputc(' ', to);
+			col++;
+		}
+		fprintf(to, "%.*s", (int)w, p);
+		col += (int)w;
+		p += w;
+		first = false;
+	}
+	fputc('\n', to);
+}
+
+void dg__specset_help(FILE *to)
+{
+	char line[1024], fl[128];
+	unsigned fmts[DG__SF__COUNT] = { 0 };
+	dg_spec d;
+	int archs[64];
+	int n_archs = dg_nvrtc_archs(archs, 64);
+
+	for (int op = 0; op < DG_OP__COUNT; op++) {
+		const dg_op_info *r = dg_op_info_of((dg_op)op);
+		fmts[DG__SF_WEIGHT] |= r->weight_fmts;
+		fmts[DG__SF_ACT] |= r->act_fmts;
+		fmts[DG__SF_OUT] |= r->out_fmts;
+		fmts[DG__SF_SRC] |= r->src_fmts;
+	}
+	dg_spec_init(&d, DG_OP_LOWRANK_FWD);
+	fputs("Spec flags (each takes a comma-separated list; the product is built):\n", to);
+	for (int f = 0; f < DG__SF__COUNT; f++) {
+		size_t n = 0;
+		line[0] = '\0';
+		if (f == DG__SF_OP) {
+			for (int op = 0; op < DG_OP__COUNT; op++)
+				n += (size_t)snprintf(line + n, sizeof(line) - n, "%s%s", op ? ", " : "",
+						      dg_op_name((dg_op)op));
+		} else if (fmts[f]) {
+			dg_fmt_list(fmts[f], fl, sizeof(fl));
+			for (char *c = fl; *c; c++)
+				if (*c == '|')
+					*c = ',';
+			for (char *c = fl; *c && n < sizeof(line) - 3; c++) {
+				line[n++] = *c;
+				if (*c == ',')
+					line[n++] = ' ';
+			}
+			line[n] = '\0';
+		} else if (f == DG__SF_ARCH) {
+			if (n_archs > 0)
+				snprintf(line, sizeof(line), "sm_XY or sm_XYa: NVRTC %s targets sm_%d to sm_%d",
+					 dg_nvrtc_version(), archs[0], archs[n_archs - 1]);
+			else
+				snprintf(line, sizeof(line), "sm_XY or sm_XYa, e.g. sm_90");
+		} else {
+			snprintf(line, sizeof(line), "%s", flag_what[f] ? flag_what[f] : "");
+		}
+		char name[40];
+		snprintf(name, sizeof(name), "  --%s LIST", flag_infos[f].flag);
+		fprintf(to, "%-21s", name);
+		wrap(to, line, 21);
+	}
+	fprintf(to,
+		"A flag applies to the ops that read it (`dragon-gen list` shows which);\n"
+		"fields without a flag keep the op's default, and combinations an op's\n"
+		"rules or its template refuse are left out of the product.\n"
+		"With no spec flag: the default build set, %zu specs of every op of a\n"
+		"BDH training step, forward and backward, at H=%d, E=%d, L=%d (the op\n"
+		"table's build lists; `dragon-gen list` shows them).\n",
+		dg__specset_default_size(), d.heads, d.embd, d.latent);
 }

@@ -4,22 +4,28 @@
  * Each spec flag (--op --heads --in-heads --embd --latent --weight --act
  * --out-format --relu --src --tile --arch) takes a comma-separated list; a
  * repeated flag adds to its list. The set is the Cartesian product of the
- * lists, per op: a flag applies to the ops that read it and is ignored for
- * the others (but a flag no op of the product reads is a usage error).
- * Fields without a flag keep the op's default (dg_spec_init); --op defaults
- * to every op. Each combination is set with dg_spec_set and validated; the
- * first invalid one is reported (naming the flag and value) and nothing is
- * built, except combinations out=uint8pos with relu=none, which are
- * dropped (so `--out-format int8,uint8pos --relu none,0` reads naturally),
- * unless every combination would be. The result is normalized and
- * deduplicated by canonical text, in product order.
+ * lists, per op: a flag applies to the ops that read it (the op table's
+ * fields) and is ignored for the others, but a flag no op of the product
+ * reads is a usage error. Fields without a flag keep the op's defaults
+ * (dg_spec_init); --op defaults to every op.
  *
- * With no spec flag at all the set is the built-in default set
- * (DG__SPECSET_DEFAULT_* below): ops lowrank_fwd, quantize_act, pack_i8x4,
- * unpack_i8x4; heads 4, embd 256, latent 8192, act int8, arch sm_90;
- * in_heads {1,4}, weight {f32,bf16,int8,ternary,sign1}, relu {none,0},
- * out {f32,bf16,int8,uint8pos} (uint8pos with relu only), src {f32,bf16}:
- * 2·5·(3+4) = 70 lowrank_fwd + 2 quantize_act + 1 pack + 1 unpack = 74.
+ * Each combination is checked as the library would: dg_spec_set, then
+ * dg_spec_validate (the op table's rules), NVRTC's arch range
+ * (dg_jit_check_arch), then the template's plan (dg_codegen_plan). A
+ * combination an op's rules or its template refuse is left out of the
+ * product and counted (so `--op lowrank_fwd,decoder_fwd --out-format
+ * int8,bf16` reads naturally: decoder_fwd writes floats only); only when
+ * nothing at all remains is it a usage error, naming the flag, the value
+ * and the first reason. A value no op of the product accepts (a typo, a
+ * format no op takes), an arch NVRTC cannot target and a flag no op reads
+ * are usage errors at once. The result is normalized and deduplicated by
+ * canonical text, in product order.
+ *
+ * With no spec flag at all the set is the default build set: for every op
+ * the product of its op-table `build` lists (dg_op_info.build), at the
+ * op's default shape — every kernel of a BDH training step, forward and
+ * backward. It obeys exactly the rules a user's flags do.
+ *
  * Private to cli/dragon-gen/.
  */
 #ifndef DG_GEN_SPECSET_H
@@ -27,12 +33,16 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "cli/dragon-gen/util.h"
+#include "dragon/codegen.h"
 #include "dragon/spec.h"
 
-/* Size of the built-in default set (checked by tests/test_cli.c). */
-#define DG__SPECSET_DEFAULT_SIZE 74
+/* Size of the default build set: the products of the op table's build
+ * lists (checked by tests/test_cli.c against `dragon-gen list`, and
+ * against dg__specset_default_size). */
+#define DG__SPECSET_DEFAULT_SIZE 44
 /* Largest product we expand (a typo such as a 10^6-long list is refused). */
 #define DG__SPECSET_MAX 65536
 
@@ -70,8 +80,10 @@ const char *dg__spec_flag_name(dg__spec_flag f);
 const char *dg__spec_flag_key(dg__spec_flag f);
 unsigned dg__spec_flag_field(dg__spec_flag f);
 
-/* The usage lines of the spec flags, for --help texts. */
-extern const char dg__specset_help[];
+/* The spec flags' part of a --help text, derived from the op table and
+ * the format table (the ops, the formats each flag takes, the default
+ * build set). */
+void dg__specset_help(FILE *to);
 
 /* Raw flag values as given (joined with ',' when a flag repeats). */
 typedef struct dg__spec_flags {
@@ -88,17 +100,33 @@ typedef struct dg__specset {
 	dg_spec *specs;   /* n of them, normalized, distinct */
 	char **canonical; /* their canonical texts (tile as given) */
 	size_t n;
-	size_t dropped;   /* uint8pos without relu, left out */
+	size_t combinations; /* the product's size, before anything was left out */
+	size_t dropped;   /* combinations the ops' rules refuse, left out */
+	char first_drop[1024]; /* "--latent 8190: latent=8190: must be ..." */
 } dg__specset;
 
 /*
- * Expands f (or the default set when no flag is given) into *out. On
- * failure returns DG_ERR_INVALID_SPEC with a one-line message naming the
- * flag and value, e.g. "--latent 8190: latent=8190: must be a multiple of
- * 4 (...)", or DG_ERR_NOMEM.
+ * Expands f (or the default build set when no flag is given) into *out,
+ * planning each combination on cg. On failure returns the status with a
+ * one-line message: DG_ERR_INVALID_SPEC naming the flag and value, e.g.
+ * "--latent 8190: latent=8190: must be a multiple of 4 (...)"; a
+ * template's failure (DG_ERR_TEMPLATE, with cg's message); DG_ERR_NOMEM.
  */
-dg_status dg__specset_expand(const dg__spec_flags *f, dg__specset *out,
+dg_status dg__specset_expand(dg_codegen *cg, const dg__spec_flags *f, dg__specset *out,
 			     char *msg, size_t msg_size);
 void dg__specset_free(dg__specset *set);
+
+/* The one stderr line about what was left out ("left out 3 combinations
+ * the ops' rules refuse; first: --out-format uint8pos: ..."); nothing when
+ * nothing was. */
+void dg__specset_note_dropped(const dg__specset *set);
+
+/* The size of the default build set before planning: the sum over ops of
+ * the products of their build lists (no template is asked). */
+size_t dg__specset_default_size(void);
+
+/* The fields of spec that differ from its op's defaults, as flags:
+ * "--weight ternary --relu 0" ("" for the defaults). */
+void dg__spec_flags_of(const dg_spec *spec, char *buf, size_t size);
 
 #endif

@@ -39,6 +39,13 @@ int dg__gen_first_line_len(const char *s)
 	return n > 4096 ? 4096 : (int)n;
 }
 
+/* --json mode (util.h): the first error, kept for dg__gen_json_finish. */
+static struct {
+	bool on, printed, have;
+	dg_status st;
+	char msg[4096];
+} json_err;
+
 static void vline(const char *fmt, va_list ap)
 {
 	char buf[4096];
@@ -46,11 +53,47 @@ static void vline(const char *fmt, va_list ap)
 	fprintf(stderr, "dragon-gen: %.*s\n", dg__gen_first_line_len(buf), buf);
 }
 
+static void verr(int code, dg_status st, const char *fmt, va_list ap)
+{
+	va_list copy;
+	va_copy(copy, ap);
+	if (json_err.on && !json_err.have) {
+		char buf[4096];
+		vsnprintf(buf, sizeof(buf), fmt, copy);
+		snprintf(json_err.msg, sizeof(json_err.msg), "%.*s", dg__gen_first_line_len(buf),
+			 buf);
+		/* a usage error (2, or the scanner's, reported before its 2) */
+		json_err.st = st ? st : (code == DG__GEN_FAIL ? DG_ERR_INTERNAL : DG_ERR_INVALID_ARG);
+		json_err.have = true;
+	}
+	va_end(copy);
+	vline(fmt, ap);
+}
+
 int dg__gen_err(int code, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vline(fmt, ap);
+	verr(code, DG_OK, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+int dg__gen_errs(int code, dg_status st, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	verr(code, st, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+int dg__gen_fail(dg_status st, const char *fmt, ...)
+{
+	int code = dg__gen_exit_for(st);
+	va_list ap;
+	va_start(ap, fmt);
+	verr(code, st, fmt, ap);
 	va_end(ap);
 	return code;
 }
@@ -429,9 +472,32 @@ int dg__gen_json_print(cJSON *j)
 	char *text = j ? cJSON_Print(j) : NULL;
 	cJSON_Delete(j);
 	if (!text)
-		return dg__gen_err(DG__GEN_FAIL, "out of memory printing JSON");
+		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "out of memory printing JSON");
 	fputs(text, stdout);
 	fputc('\n', stdout);
 	cJSON_free(text);
+	json_err.printed = true;
 	return DG__GEN_OK;
+}
+
+void dg__gen_json_mode(bool on)
+{
+	json_err.on = on;
+}
+
+void dg__gen_json_finish(int code)
+{
+	if (!json_err.on || json_err.printed || code == DG__GEN_OK)
+		return;
+	cJSON *j = cJSON_CreateObject();
+	if (!j)
+		return;
+	cJSON_AddStringToObject(j, "error", json_err.have ? json_err.msg : "failed");
+	cJSON_AddStringToObject(j, "status",
+				dg_status_str(json_err.have ? json_err.st
+							    : code == DG__GEN_USAGE ? DG_ERR_INVALID_ARG
+										    : DG_ERR_INTERNAL));
+	cJSON_AddNumberToObject(j, "exit", code);
+	json_err.on = false; /* a failure to print is reported once, as text */
+	dg__gen_json_print(j);
 }

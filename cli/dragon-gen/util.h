@@ -26,8 +26,16 @@ enum {
 int dg__gen_exit_for(dg_status st);
 
 /* "dragon-gen: <msg>" on stderr, one line: the message is cut at its first
- * newline. Returns `code`, so a command can `return dg__gen_err(2, ...)`. */
+ * newline. Returns `code`, so a command can `return dg__gen_err(2, ...)`.
+ * The status a --json error object names is DG_ERR_INTERNAL for code 1,
+ * else DG_ERR_INVALID_ARG (a usage error): dg__gen_errs names its own. */
 int dg__gen_err(int code, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* Same, with the library status the failure came from. */
+int dg__gen_errs(int code, dg_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* dg__gen_errs with the exit code of st (dg__gen_exit_for). */
+int dg__gen_fail(dg_status st, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Same, only with --verbose; no return value. */
 void dg__gen_note(bool verbose, const char *fmt, ...)
@@ -132,5 +140,16 @@ void dg__gen_rmdirs(const char *path, const char *top);
 /* Prints j, indented, and a newline to stdout; deletes j. 1 if out of
  * memory (reported), else 0. */
 int dg__gen_json_print(cJSON *j);
+
+/*
+ * --json mode: a command that fails prints one JSON object on stdout,
+ *   {"error": "<the first error line>", "status": "<dg_status_str>", "exit": N}
+ * besides its line on stderr, unless it already printed its own JSON
+ * (dg__gen_json_print). main turns the mode on when a command that takes
+ * --json finds it among its arguments, and calls dg__gen_json_finish with
+ * the exit code.
+ */
+void dg__gen_json_mode(bool on);
+void dg__gen_json_finish(int code);
 
 #endif

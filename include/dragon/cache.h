@@ -43,6 +43,7 @@ typedef struct dg_cache dg_cache;
 typedef struct dg_cache_opts {
 	const char *dir;    /* NULL: the environment default above */
 	uint64_t max_bytes; /* 0: $DRAGON_CACHE_MAX_BYTES, else 1 GiB */
+	bool no_create;     /* open only a cache that exists: make no folder */
 } dg_cache_opts;
 
 /* One entry's contents. Owned by the caller: dg_cache_blob_free. */
@@ -78,7 +79,9 @@ typedef dg_status (*dg_cache_build_fn)(void *user, uint8_t **image,
 
 /* Creates the root folders if needed. opts may be NULL. *out is the new
  * handle (free with dg_cache_close), NULL on failure: then
- * dg_cache_errmsg(NULL) says why. */
+ * dg_cache_errmsg(NULL) says why. With opts->no_create nothing is made:
+ * a root, or one of its folders, that does not exist is DG_ERR_NOT_FOUND
+ * (a tool can look at a cache without creating one). */
 dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts);
 /* Accepts NULL. */
 void dg_cache_close(dg_cache *cache);

@@ -32,7 +32,8 @@
  * not: every field above is required and checked (a spec must be in
  * canonical form, a file a plain name inside DIR, keys and files unique),
  * a known field given twice is refused, unknown fields are ignored (so a
- * later minor addition reads), and a format other than 1 is refused.
+ * later minor addition reads), and a format other than 2 is refused (format 1, the
+ * one before launch info, with a message to rebuild the bundle).
  */
 #ifndef DRAGON_MANIFEST_H
 #define DRAGON_MANIFEST_H

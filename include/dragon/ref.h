@@ -172,6 +172,68 @@ dg_status dg_ref_unpack_ternary(const uint32_t *words, int8_t *codes,
 dg_status dg_ref_unpack_sign1(const uint32_t *words, int8_t *codes,
 			      size_t rows, int k);
 
+/* ---- the rest of the BDH model, in f32 ------------------------------------------
+ * Shapes as DESIGN.md's model: B batch, T time, H heads, D = embd, N = latent
+ * (neurons a head). Row-major, f32; sums in double. Each backward takes
+ * what its forward saved and overwrites its input gradients, except where
+ * "accumulate" says +=. */
+
+/* Embedding: out[i, :] = table[idx[i], :] for n tokens of a (vocab, d)
+ * table. A token outside 0..vocab-1 is DG_ERR_INVALID_ARG (*bad, may be
+ * NULL, gets its position). The backward adds dout's rows into dtable in
+ * token order (deterministic). */
+dg_status dg_ref_embed_fwd(const float *table, int vocab, int d, const int32_t *idx, int64_t n,
+			   float *out, int64_t *bad);
+void dg_ref_embed_bwd(const float *dout, int d, const int32_t *idx, int64_t n, float *dtable);
+
+/* Layer norm over the last d of each row, no affine (PyTorch's LayerNorm
+ * with elementwise_affine=False): y = (x - mean) · rstd, rstd =
+ * 1/sqrt(var + eps), var biased. Saves mean and rstd a row (may be NULL). */
+void dg_ref_layernorm_fwd(const float *x, int64_t rows, int d, float eps, float *y,
+			  float *mean, float *rstd);
+/* dx (+)= rstd · (dy − mean(dy) − y · mean(dy · y)), y the forward's output. */
+void dg_ref_layernorm_bwd(const float *dy, const float *y, const float *rstd, int64_t rows,
+			  int d, float *dx, bool accumulate);
+
+/* RoPE of the reference (bdh.py): freq_i = 1 / θ^(2·floor(i/2)/n) / 2π with
+ * θ = 2^16; phase(t, i) = (t·freq_i mod 1)·2π in f32, as PyTorch computes
+ * it; the tables hold cos and sin of pair p = i/2 at (t, p), (t_len, n/2)
+ * each. rot(v)[2p] = −v[2p+1], rot(v)[2p+1] = v[2p];
+ * out = v·cos + rot(v)·sin over (rows = B·H, t_len, n). */
+void dg_ref_rope_table(int t_len, int n, float *cos_t, float *sin_t);
+void dg_ref_rope_fwd(const float *v, const float *cos_t, const float *sin_t, int64_t rows,
+		     int t_len, int n, float *out);
+/* The transpose: dv = dout·cos + rotᵀ(dout·sin). */
+void dg_ref_rope_bwd(const float *dout, const float *cos_t, const float *sin_t, int64_t rows,
+		     int t_len, int n, float *dv);
+
+/* BDH attention: qr (B,H,T,N), v (B,1,T,D) shared by every head;
+ * S = tril(qr·qrᵀ, −1) (no softmax, no scaling); out (B,H,T,D) = S·v. */
+void dg_ref_attention_fwd(const float *qr, const float *v, int b, int h, int t, int n, int d,
+			  float *out);
+/* dS = tril(dout·vᵀ, −1); dqr = (dS + dSᵀ)·qr; dv = Σ_h Sᵀ·dout
+ * (dqr (B,H,T,N) and dv (B,1,T,D) overwritten). */
+void dg_ref_attention_bwd(const float *dout, const float *qr, const float *v, int b, int h, int t,
+			  int n, int d, float *dqr, float *dv);
+
+/* The gate and its dropout: xy = xs · ys · keep / (1 − p), keep from
+ * dg_dropout_keep(seed, step, layer, i, p) for element i of the
+ * (B,H,T,N) tensor (p 0: no dropout). The backward regenerates the mask:
+ * dxs = dxy · keep/(1−p) · ys, dys = dxy · keep/(1−p) · xs. */
+void dg_ref_gate_fwd(const float *xs, const float *ys, int64_t n, float p, uint64_t seed,
+		     uint32_t step, uint32_t layer, float *xy);
+void dg_ref_gate_bwd(const float *dxy, const float *xs, const float *ys, int64_t n, float p,
+		     uint64_t seed, uint32_t step, uint32_t layer, float *dxs, float *dys);
+
+/* lm_head and cross-entropy fused: logits = x·w over rows of d (w (d,
+ * vocab)); loss = mean over rows of logsumexp(logits) − logits[target];
+ * dlogits = (softmax − onehot)/rows, dx = dlogits·wᵀ, dw (+)= xᵀ·dlogits.
+ * dx and dw may be NULL (no backward). A target outside 0..vocab-1 is
+ * DG_ERR_INVALID_ARG (*bad its row). */
+dg_status dg_ref_lmhead_ce(const float *x, const float *w, const int32_t *targets, int64_t rows,
+			   int d, int vocab, double *loss, float *dx, float *dw, bool accumulate,
+			   int64_t *bad);
+
 /* ---- any op by the op table's arguments ---------------------------------
  * The reference of spec->op with its tensors in the op table's order
  * (dg_op_info_of(op)->args): the tuner and the tests reach every op's

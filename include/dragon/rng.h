@@ -7,6 +7,7 @@
 #ifndef DRAGON_RNG_H
 #define DRAGON_RNG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,22 @@ int dg_rng_int(dg_rng *r, int lo, int hi);
  * codes a word). storage holds dg_fmt_row_bytes(fmt, n) bytes.
  */
 void dg_rng_fill(dg_rng *r, dg_fmt fmt, void *storage, size_t n);
+
+/* ---- dropout: a counter-based stream, the same on the CPU and the GPU ----
+ * Philox4x32-10 (Salmon, Moraes, Dror, Shaw 2011): four 32-bit outputs of
+ * a counter under a key, 10 rounds. A dropout mask is never stored: the
+ * forward and the backward (and the GPU's kernels, in the same integer
+ * arithmetic) regenerate it from (seed, step, layer, element). */
+void dg_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* The integer threshold of drop probability p in [0, 1): an element is
+ * dropped when its 32-bit draw is below it. */
+uint32_t dg_dropout_threshold(float p);
+
+/* Whether element i of (seed, step, layer) survives dropout p: the draw is
+ * word i % 4 of Philox at counter (i/4 low, i/4 high, step, layer) under
+ * key (seed low, seed high). */
+bool dg_dropout_keep(uint64_t seed, uint32_t step, uint32_t layer, uint64_t i, float p);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,9 @@
  * other part of dragon (specs, codegen, NVRTC, cache) works without one.
  *
  * A dg_device is one GPU's primary context (the one the CUDA runtime,
- * cuBLAS and PyTorch use, so pointers interoperate), a stream, a JIT
+ * cuBLAS and PyTorch use, so pointers interoperate; a call that touches
+ * the GPU leaves it current on the calling thread, so cuBLAS or the
+ * driver can be called next with no context set-up), a stream, a JIT
  * context (dg_ctx) and an in-memory map spec → loaded kernel in front of
  * the disk cache: the first request for a spec plans, renders, compiles,
  * caches and loads it (or finds it in a loaded bundle: dg_device_load_bundle,

@@ -2,14 +2,15 @@
  * dragon — autotuning: candidate tiles, sweeps, records, the tuning DB.
  *
  * A spec with an auto tile (tile=auto) is run with the tile a tuning
- * record names for it on this device, else with the heuristic default
- * (dg_spec_default_resolve). A sweep (dg_tune_sweep) makes such a record:
+ * record names for it on this device, else with its template's default
+ * for the device (dg_codegen_plan_for; dg_tune_resolve says which and
+ * why). A sweep (dg_tune_sweep) makes such a record:
  *
  *   1. the candidate space (dg_tune_space): a small grid of tiles per op
  *      family — GEMM ops BMxBNxBK/WMxWN/S, element-wise ops t64..t1024 —
  *      for the spec's arch and, on a device of exactly that arch from
  *      sm_90 on, for its arch-specific target too (sm_90a), each kept only
- *      if dg_spec_validate accepts it;
+ *      if its template plans it (the plan is the one judge of a tile);
  *   2. every candidate is compiled (in parallel) and loaded; one whose
  *      cubin cannot run (registers, shared memory, threads a block, read
  *      back from the driver) is rejected with the reason;
@@ -248,7 +249,7 @@ const char *dg_tune_db_where(const dg_tune_db *db);
 /* Records kept (one a key, after newest-wins merging). */
 size_t dg_tune_db_size(const dg_tune_db *db);
 /* Kept records that are built into the library (the devices dragon was
- * tuned on, autotune/records/); a user's record of a key wins over one. */
+ * tuned on, runtime/tunedb/records/); a user's record of a key wins over one. */
 size_t dg_tune_db_n_builtin(const dg_tune_db *db);
 /* Records skipped because they name another device. */
 size_t dg_tune_db_n_other_device(const dg_tune_db *db);
@@ -260,6 +261,13 @@ const char *dg_tune_db_problem(const dg_tune_db *db, size_t i);
  * max into out (may be NULL), returns how many there are. */
 size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out,
 			  size_t max);
+
+/* The record the DB keeps for spec's key (its canonical text with tile
+ * auto, device name, sm; sm 0: the spec's arch), or NULL: what
+ * dg_tune_resolve looks up, for a tool that copies records (dragon-gen
+ * build --tuned). Owned by db. */
+const dg_tune_record *dg_tune_db_record(const dg_tune_db *db, const dg_spec *spec,
+					const char *device, int sm);
 
 /* How a spec's tile was chosen. */
 typedef struct dg_tune_choice {

@@ -2,7 +2,7 @@
  * Op internals shared by the files of runtime/ops/: the generic call every
  * typed op is turned into, the one check of its tensors against the op
  * table's signature, the launch helpers, and the per-op dispatch the tuner
- * and the bench use (registry.c). The layers above (autotune/sweep, the
+ * and the bench use (registry.c). The layers above (autotune/, the
  * training step) reach ops through dg__op_run and dg__op_workspace.
  */
 #ifndef DG_RUNTIME_OPS_INT_H

@@ -1,6 +1,6 @@
 /*
  * dragon — the on-disk kernel cache (contract: include/dragon/cache.h,
- * entry layout: runtime/cache_int.h).
+ * entry layout: runtime/store/cache_int.h).
  *
  * A handle holds the root path and one directory descriptor per subfolder;
  * every file operation is relative to those (openat, renameat, ...), so
@@ -18,8 +18,8 @@
  * Why concurrent builders build once: get_or_build takes an exclusive flock
  * on locks/<key>.lock and looks again before building, so the second
  * process finds the first one's entry. The kernel drops the lock when its
- * holder dies. Lock files (both sides of their protocol with gc), stat,
- * verify, gc, clear, eviction and quarantine are in runtime/store/cache_admin.c.
+ * holder dies. Reading an entry, quarantine, the lock and eviction are in
+ * runtime/store/cache_entry.c; stat, verify, gc and clear in cache_admin.c.
  */
 #include "dragon/cache.h"
 
@@ -43,22 +43,10 @@ void (*dg__cache_test_after_partial_write)(void);
 #define DEFAULT_MAX_BYTES ((uint64_t)1 << 30)
 #define HDR DG__CACHE_HEADER_SIZE
 
-const char *const dg__cache_subdir_name[DG__CACHE_NDIRS] = {
-	"kernels", "quarantine", "locks", "tmp",
-};
 
 /* Reason of the last failed dg_cache_open on this thread (no handle then). */
 static _Thread_local char open_errmsg[1024];
 
-dg_status dg__cache_fail(dg_cache *c, dg_status st, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
-	va_end(ap);
-	return st;
-}
 
 /* ---- small helpers --------------------------------------------------- */
 
@@ -74,33 +62,8 @@ static void put_le64(uint8_t *p, uint64_t v)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static uint32_t get_le32(const uint8_t *p)
-{
-	uint32_t v = 0;
-	for (int i = 3; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
 
-static uint64_t get_le64(const uint8_t *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
 
-bool dg__cache_key_valid(const char *key)
-{
-	size_t i;
-
-	for (i = 0; i < DG_CACHE_KEY_LEN; i++) {
-		char ch = key[i];
-		if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
-			return false; /* also stops at a NUL */
-	}
-	return key[i] == '\0';
-}
 
 static dg_status key_check(dg_cache *c, const char *key)
 {
@@ -116,23 +79,6 @@ static dg_status key_check(dg_cache *c, const char *key)
 	return DG_OK;
 }
 
-/* Reads exactly n bytes; returns n, fewer at end of file, or -1 (errno). */
-static ssize_t read_full(int fd, void *buf, size_t n)
-{
-	size_t got = 0;
-
-	while (got < n) {
-		ssize_t r = read(fd, (uint8_t *)buf + got, n - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return -1;
-		if (r == 0)
-			break;
-		got += (size_t)r;
-	}
-	return (ssize_t)got;
-}
 
 static int write_full(int fd, const uint8_t *p, size_t n)
 {
@@ -296,30 +242,35 @@ static dg_status mkdir_p(dg_cache *c, const char *path)
 	return DG_OK;
 }
 
-static dg_status dirs_open(dg_cache *c)
+/* Opens the root and its folders, making them unless no_create (then one
+ * that is missing is DG_ERR_NOT_FOUND). */
+static dg_status dirs_open(dg_cache *c, bool no_create)
 {
-	dg_status st = mkdir_p(c, c->root);
+	dg_status st = no_create ? DG_OK : mkdir_p(c, c->root);
 
 	if (st)
 		return st;
 	c->root_fd = open(c->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (c->root_fd < 0)
-		return dg__cache_fail(c, DG_ERR_IO, "cannot open cache folder "
-				      "%s: %s; set DRAGON_CACHE_DIR to a "
-				      "writable folder", c->root,
-				      strerror(errno));
+		return dg__cache_fail(c, no_create && errno == ENOENT ? DG_ERR_NOT_FOUND
+								      : DG_ERR_IO,
+				      "cannot open cache folder %s: %s%s", c->root,
+				      strerror(errno),
+				      no_create ? "" : "; set DRAGON_CACHE_DIR to a "
+						       "writable folder");
 	for (int d = 0; d < DG__CACHE_NDIRS; d++) {
 		const char *sub = dg__cache_subdir_name[d];
 
-		if (mkdirat(c->root_fd, sub, 0755) < 0 && errno != EEXIST)
+		if (!no_create && mkdirat(c->root_fd, sub, 0755) < 0 && errno != EEXIST)
 			return dg__cache_fail(c, DG_ERR_IO, "cannot create "
 					      "%s/%s: %s", c->root, sub,
 					      strerror(errno));
 		c->dfd[d] = openat(c->root_fd, sub,
 				   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (c->dfd[d] < 0)
-			return dg__cache_fail(c, DG_ERR_IO, "cannot open "
-					      "%s/%s: %s", c->root, sub,
+			return dg__cache_fail(c, no_create && errno == ENOENT
+						      ? DG_ERR_NOT_FOUND : DG_ERR_IO,
+					      "cannot open %s/%s: %s", c->root, sub,
 					      strerror(errno));
 	}
 	return DG_OK;
@@ -350,7 +301,7 @@ dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts)
 	if (!st)
 		st = cap_choose(c, opts);
 	if (!st)
-		st = dirs_open(c);
+		st = dirs_open(c, opts && opts->no_create);
 	if (st) {
 		memcpy(open_errmsg, c->errmsg, sizeof(open_errmsg));
 		dg_cache_close(c);
@@ -398,141 +349,6 @@ void dg_cache_blob_free(dg_cache_blob *blob)
 
 /* ---- reading and quarantining entries -------------------------------- */
 
-/* See cache_int.h. */
-dg_status dg__cache_entry_read(dg_cache *c, const char *name, const char *key,
-			       bool touch, dg_cache_blob *out, char *why,
-			       size_t whylen, struct stat *seen)
-{
-	uint8_t h[HDR], sum[32], want[32];
-	uint64_t isz, msz, fsz;
-	uint8_t *image = NULL;
-	char *meta = NULL;
-	dg_status st = DG_ERR_CORRUPT;
-	ssize_t r = 0;
-	int fd;
-
-	memset(seen, 0, sizeof(*seen));
-	fd = openat(c->dfd[DG__CACHE_KERNELS], name,
-		    O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0) {
-		if (errno == ENOENT)
-			return DG_ERR_NOT_FOUND;
-		if (errno == ELOOP) {
-			fstatat(c->dfd[DG__CACHE_KERNELS], name, seen,
-				AT_SYMLINK_NOFOLLOW);
-			snprintf(why, whylen, "is a symbolic link");
-			return DG_ERR_CORRUPT;
-		}
-		return dg__cache_fail(c, DG_ERR_IO, "%s/kernels/%s: open: %s",
-				      c->root, name, strerror(errno));
-	}
-	if (fstat(fd, seen) < 0) {
-		st = dg__cache_fail(c, DG_ERR_IO, "%s/kernels/%s: fstat: %s",
-				    c->root, name, strerror(errno));
-		goto out_close;
-	}
-	fsz = (uint64_t)seen->st_size;
-	if (!S_ISREG(seen->st_mode)) {
-		snprintf(why, whylen, "not a regular file");
-		goto out_close;
-	}
-	if (fsz < HDR) {
-		snprintf(why, whylen, "%llu bytes, shorter than the %u-byte "
-			 "header", (unsigned long long)fsz, HDR);
-		goto out_close;
-	}
-	if ((r = read_full(fd, h, HDR)) != (ssize_t)HDR)
-		goto out_short;
-	isz = get_le64(h + DG__CACHE_OFF_IMAGE_SIZE);
-	msz = get_le64(h + DG__CACHE_OFF_META_SIZE);
-	if (memcmp(h, DG__CACHE_MAGIC, 8) != 0) {
-		snprintf(why, whylen, "bad magic (not a dragon cache entry)");
-		goto out_close;
-	}
-	if (get_le32(h + DG__CACHE_OFF_VERSION) != DG__CACHE_VERSION) {
-		snprintf(why, whylen, "format version %u, expected %u",
-			 get_le32(h + DG__CACHE_OFF_VERSION), DG__CACHE_VERSION);
-		goto out_close;
-	}
-	if (get_le32(h + DG__CACHE_OFF_HSIZE) != HDR) {
-		snprintf(why, whylen, "header size %u, expected %u",
-			 get_le32(h + DG__CACHE_OFF_HSIZE), HDR);
-		goto out_close;
-	}
-	if (memcmp(h + DG__CACHE_OFF_KEY, key, DG_CACHE_KEY_LEN) != 0) {
-		char other[DG_CACHE_KEY_LEN + 1];
-		for (int i = 0; i < DG_CACHE_KEY_LEN; i++) {
-			uint8_t ch = h[DG__CACHE_OFF_KEY + i];
-			other[i] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
-		}
-		other[DG_CACHE_KEY_LEN] = '\0';
-		snprintf(why, whylen, "holds key %s, not the key in its name",
-			 other);
-		goto out_close;
-	}
-	if (isz > fsz - HDR || msz != fsz - HDR - isz || msz >= SIZE_MAX) {
-		snprintf(why, whylen, "header sizes (image %llu + meta %llu) "
-			 "do not match the file size %llu",
-			 (unsigned long long)isz, (unsigned long long)msz,
-			 (unsigned long long)fsz);
-		goto out_close;
-	}
-	image = malloc(isz ? (size_t)isz : 1);
-	meta = malloc((size_t)msz + 1);
-	if (!image || !meta) {
-		st = dg__cache_fail(c, DG_ERR_NOMEM, "out of memory reading "
-				    "%s/kernels/%s (%llu bytes)", c->root, name,
-				    (unsigned long long)fsz);
-		goto out_free;
-	}
-	if ((r = read_full(fd, image, (size_t)isz)) != (ssize_t)isz ||
-	    (r = read_full(fd, meta, (size_t)msz)) != (ssize_t)msz)
-		goto out_short;
-	meta[msz] = '\0';
-	{
-		dg__sha256 s;
-		dg__sha256_init(&s);
-		dg__sha256_update(&s, image, (size_t)isz);
-		dg__sha256_update(&s, meta, (size_t)msz);
-		dg__sha256_final(&s, sum);
-	}
-	memcpy(want, h + DG__CACHE_OFF_SUM, 32);
-	if (memcmp(sum, want, 32) != 0) {
-		snprintf(why, whylen, "checksum mismatch");
-		goto out_free;
-	}
-	if (memchr(meta, '\0', (size_t)msz)) {
-		snprintf(why, whylen, "metadata holds a NUL byte");
-		goto out_free;
-	}
-	if (touch) {
-		/* Record the use for LRU eviction. Best effort: a read-only
-		 * cache still serves hits. */
-		const struct timespec ts[2] = {
-			{ .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_NOW },
-		};
-		futimens(fd, ts);
-	}
-	close(fd);
-	out->image = image;
-	out->image_size = (size_t)isz;
-	out->meta = meta;
-	return DG_OK;
-
-out_short:
-	if (r < 0) {
-		st = dg__cache_fail(c, DG_ERR_IO, "%s/kernels/%s: read: %s",
-				    c->root, name, strerror(errno));
-		goto out_free;
-	}
-	snprintf(why, whylen, "shorter than its size while reading");
-out_free:
-	free(image);
-	free(meta);
-out_close:
-	close(fd);
-	return st;
-}
 
 dg_status dg_cache_get(dg_cache *cache, const char *key, dg_cache_blob *out)
 {

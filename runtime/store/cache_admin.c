@@ -1,7 +1,8 @@
 /*
- * dragon — disk cache maintenance: stat, verify, gc, clear, LRU eviction,
- * quarantine and the lock files (contract: include/dragon/cache.h; the
- * handle and the helpers shared with runtime/store/cache.c: runtime/cache_int.h).
+ * dragon — disk cache maintenance: stat, verify, gc, clear, and the idle
+ * lock files (contract: include/dragon/cache.h; the handle and the helpers
+ * shared with runtime/store/cache.c: runtime/store/cache_int.h, defined in
+ * runtime/store/cache_entry.c).
  *
  * Everything here works through a listing of one subfolder, and other
  * processes may add, use, replace or remove files while it is worked
@@ -32,188 +33,34 @@
 #include "dragon/cache.h"
 #include "runtime/store/cache_int.h"
 
-/* One file found in a subfolder. */
-typedef struct dir_ent {
-	char name[256];
-	uint64_t size;
-	struct timespec mtime;
-	dev_t dev;
-	ino_t ino;
-} dir_ent;
 
-static bool has_suffix(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), m = strlen(suffix);
-	return n >= m && strcmp(s + n - m, suffix) == 0;
-}
 
 /* An entry's file name is <key>.dgk: true for "<64 hex>.dgk". */
 static bool name_is_entry(const char *name)
 {
 	char key[DG_CACHE_KEY_LEN + 1];
 
-	if (strlen(name) != DG_CACHE_KEY_LEN + 4 || !has_suffix(name, ".dgk"))
+	if (strlen(name) != DG_CACHE_KEY_LEN + 4 || !dg__cache_has_suffix(name, ".dgk"))
 		return false;
 	memcpy(key, name, DG_CACHE_KEY_LEN);
 	key[DG_CACHE_KEY_LEN] = '\0';
 	return dg__cache_key_valid(key);
 }
 
-static int cmp_timespec(struct timespec a, struct timespec b)
-{
-	if (a.tv_sec != b.tv_sec)
-		return a.tv_sec < b.tv_sec ? -1 : 1;
-	if (a.tv_nsec != b.tv_nsec)
-		return a.tv_nsec < b.tv_nsec ? -1 : 1;
-	return 0;
-}
 
-/*
- * Lists the regular files of subfolder d whose names end in suffix (NULL:
- * all). *out is malloc'd (caller frees), *n entries. Files that vanish
- * while listing are skipped: other processes may be evicting.
- */
-static dg_status dir_list(dg_cache *c, int d, const char *suffix,
-			  dir_ent **out, size_t *n)
-{
-	const char *sub = dg__cache_subdir_name[d];
-	dir_ent *v = NULL, *grown;
-	size_t len = 0, cap = 0;
-	int fd;
-	DIR *dir;
-	struct dirent *de;
-
-	*out = NULL;
-	*n = 0;
-	/* A fresh open file description, so each listing starts at 0. */
-	fd = openat(c->dfd[d], ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || !(dir = fdopendir(fd))) {
-		int e = errno;
-		if (fd >= 0)
-			close(fd);
-		return dg__cache_fail(c, DG_ERR_IO, "%s/%s: cannot list: %s",
-				      c->root, sub, strerror(e));
-	}
-	while ((errno = 0, de = readdir(dir))) {
-		struct stat sb;
-
-		if (de->d_name[0] == '.' || strlen(de->d_name) >= sizeof(v->name))
-			continue;
-		if (suffix && !has_suffix(de->d_name, suffix))
-			continue;
-		if (fstatat(c->dfd[d], de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    !S_ISREG(sb.st_mode))
-			continue;
-		if (len == cap) {
-			cap = cap ? 2 * cap : 64;
-			grown = realloc(v, cap * sizeof(*v));
-			if (!grown) {
-				free(v);
-				closedir(dir);
-				return dg__cache_fail(c, DG_ERR_NOMEM,
-						      "out of memory listing "
-						      "%s/%s", c->root, sub);
-			}
-			v = grown;
-		}
-		strcpy(v[len].name, de->d_name);
-		v[len].size = (uint64_t)sb.st_size;
-		v[len].mtime = sb.st_mtim;
-		v[len].dev = sb.st_dev;
-		v[len].ino = sb.st_ino;
-		len++;
-	}
-	if (errno) {
-		int e = errno;
-		free(v);
-		closedir(dir);
-		return dg__cache_fail(c, DG_ERR_IO, "%s/%s: cannot list: %s",
-				      c->root, sub, strerror(e));
-	}
-	closedir(dir);
-	*out = v;
-	*n = len;
-	return DG_OK;
-}
 
 /* ---- quarantine and lock files ---------------------------------------- */
 
-/* Makes quarantine names unique within this process; the pid in the name
- * makes them unique across processes. */
-static atomic_ulong quarantine_seq;
 
-/* See cache_int.h. */
-void dg__cache_quarantine(dg_cache *c, const char *name,
-			  const struct stat *seen, char *res, size_t reslen)
-{
-	char qname[256 + 96];
-	struct stat now;
-	size_t stem = strlen(name);
 
-	if (has_suffix(name, ".dgk"))
-		stem -= 4;
-	if (fstatat(c->dfd[DG__CACHE_KERNELS], name, &now,
-		    AT_SYMLINK_NOFOLLOW) < 0 ||
-	    (seen->st_ino && (now.st_ino != seen->st_ino ||
-			      now.st_dev != seen->st_dev))) {
-		snprintf(res, reslen, "already replaced or removed by another "
-			 "process");
-		return;
-	}
-	snprintf(qname, sizeof(qname), "%.*s.%lld.%ld.%lu.dgk", (int)stem, name,
-		 (long long)time(NULL), (long)getpid(),
-		 atomic_fetch_add(&quarantine_seq, 1));
-	if (renameat(c->dfd[DG__CACHE_KERNELS], name,
-		     c->dfd[DG__CACHE_QUARANTINE], qname) < 0)
-		snprintf(res, reslen, "could not move it to quarantine/: %s; "
-			 "it was not loaded", strerror(errno));
-	else
-		snprintf(res, reslen, "moved to quarantine/%s", qname);
-}
-
-/* See cache_int.h. */
-dg_status dg__cache_lock_take(dg_cache *c, const char *key, int *fd)
-{
-	char name[DG_CACHE_KEY_LEN + 6];
-	int d = c->dfd[DG__CACHE_LOCKS];
-	struct stat held, now;
-
-	snprintf(name, sizeof(name), "%s.lock", key);
-	for (;;) {
-		int f = openat(d, name,
-			       O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-		if (f < 0)
-			return dg__cache_fail(c, DG_ERR_IO, "%s/locks/%s: open: "
-					      "%s", c->root, name,
-					      strerror(errno));
-		while (flock(f, LOCK_EX) < 0) {
-			if (errno != EINTR) {
-				int e = errno;
-				close(f);
-				return dg__cache_fail(c, DG_ERR_IO, "%s/locks/"
-						      "%s: flock: %s", c->root,
-						      name, strerror(e));
-			}
-		}
-		/* gc may have unlinked the file between our open and flock;
-		 * then the lock guards nothing: take the new file's. */
-		if (fstat(f, &held) == 0 &&
-		    fstatat(d, name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-		    held.st_ino == now.st_ino && held.st_dev == now.st_dev) {
-			*fd = f;
-			return DG_OK;
-		}
-		close(f);
-	}
-}
 
 /* Removes lock files nobody holds. Housekeeping only: not counted. */
 static dg_status remove_idle_locks(dg_cache *c)
 {
 	int d = c->dfd[DG__CACHE_LOCKS];
-	dir_ent *v;
+	dg__cache_file *v;
 	size_t n;
-	dg_status st = dir_list(c, DG__CACHE_LOCKS, ".lock", &v, &n);
+	dg_status st = dg__cache_dir_list(c, DG__CACHE_LOCKS, ".lock", &v, &n);
 
 	if (st)
 		return st;
@@ -237,65 +84,16 @@ static dg_status remove_idle_locks(dg_cache *c)
 
 /* ---- eviction --------------------------------------------------------- */
 
-static int cmp_lru(const void *pa, const void *pb)
-{
-	const dir_ent *a = pa, *b = pb;
-	int t = cmp_timespec(a->mtime, b->mtime);
 
-	return t ? t : strcmp(a->name, b->name);
-}
-
-/* See cache_int.h. */
-dg_status dg__cache_evict(dg_cache *c, uint64_t cap, const char *keep,
-			  uint64_t *removed)
-{
-	dir_ent *v;
-	size_t n;
-	uint64_t total = 0;
-	dg_status st = dir_list(c, DG__CACHE_KERNELS, ".dgk", &v, &n);
-
-	if (st)
-		return st;
-	for (size_t i = 0; i < n; i++)
-		total += v[i].size;
-	if (n > 1) /* v is NULL when n is 0 */
-		qsort(v, n, sizeof(*v), cmp_lru);
-	for (size_t i = 0; i < n && total > cap; i++) {
-		struct stat sb;
-
-		if (keep && strcmp(v[i].name, keep) == 0)
-			continue;
-		if (fstatat(c->dfd[DG__CACHE_KERNELS], v[i].name, &sb,
-			    AT_SYMLINK_NOFOLLOW) < 0) {
-			total -= v[i].size; /* someone else removed it */
-			continue;
-		}
-		if (sb.st_ino != v[i].ino || sb.st_dev != v[i].dev ||
-		    cmp_timespec(sb.st_mtim, v[i].mtime) != 0)
-			continue;
-		if (unlinkat(c->dfd[DG__CACHE_KERNELS], v[i].name, 0) < 0 &&
-		    errno != ENOENT) {
-			st = dg__cache_fail(c, DG_ERR_IO, "%s/kernels/%s: "
-					    "cannot evict: %s", c->root,
-					    v[i].name, strerror(errno));
-			break;
-		}
-		total -= v[i].size;
-		if (removed)
-			(*removed)++;
-	}
-	free(v);
-	return st;
-}
 
 /* ---- stat, verify, gc, clear ------------------------------------------ */
 
 static dg_status count_files(dg_cache *c, int d, const char *suffix,
 			     uint64_t *count, uint64_t *bytes)
 {
-	dir_ent *v;
+	dg__cache_file *v;
 	size_t n;
-	dg_status st = dir_list(c, d, suffix, &v, &n);
+	dg_status st = dg__cache_dir_list(c, d, suffix, &v, &n);
 
 	if (st)
 		return st;
@@ -339,7 +137,7 @@ dg_status dg_cache_verify_each(dg_cache *cache, dg_cache_verify_fn cb,
 	char reason[sizeof(why) + sizeof(res) + 2]; /* why; res */
 	dg_cache_blob blob;
 	struct stat seen;
-	dir_ent *v;
+	dg__cache_file *v;
 	size_t n;
 	dg_status st;
 
@@ -350,7 +148,7 @@ dg_status dg_cache_verify_each(dg_cache *cache, dg_cache_verify_fn cb,
 		return dg__cache_fail(cache, DG_ERR_INVALID_ARG,
 				      "dg_cache_verify: out is NULL");
 	memset(out, 0, sizeof(*out));
-	st = dir_list(cache, DG__CACHE_KERNELS, ".dgk", &v, &n);
+	st = dg__cache_dir_list(cache, DG__CACHE_KERNELS, ".dgk", &v, &n);
 	if (st)
 		return st;
 	for (size_t i = 0; i < n; i++) {
@@ -404,9 +202,9 @@ dg_status dg_cache_verify(dg_cache *cache, dg_cache_verify_report *out)
 static dg_status remove_files(dg_cache *c, int d, const time_t *older_than,
 			      uint64_t *removed)
 {
-	dir_ent *v;
+	dg__cache_file *v;
 	size_t n;
-	dg_status st = dir_list(c, d, NULL, &v, &n);
+	dg_status st = dg__cache_dir_list(c, d, NULL, &v, &n);
 
 	if (st)
 		return st;

@@ -75,6 +75,23 @@ struct dg_cache {
 __attribute__((format(printf, 3, 4)))
 dg_status dg__cache_fail(dg_cache *c, dg_status st, const char *fmt, ...);
 
+/* One file found in a subfolder (dg__cache_dir_list). */
+typedef struct dg__cache_file {
+	char name[256];
+	uint64_t size;
+	struct timespec mtime;
+	dev_t dev;
+	ino_t ino;
+} dg__cache_file;
+
+/* The files of subfolder d whose names end in suffix (NULL: any), with
+ * their size, mtime and identity, into a malloc'd *out (n of them); files
+ * that vanish while listed are left out. */
+dg_status dg__cache_dir_list(dg_cache *c, int d, const char *suffix, dg__cache_file **out,
+			     size_t *n);
+
+bool dg__cache_has_suffix(const char *s, const char *suffix);
+
 /* True for exactly 64 lowercase hex digits. */
 bool dg__cache_key_valid(const char *key);
 

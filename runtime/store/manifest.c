@@ -162,7 +162,7 @@ static dg_status get_str(const cJSON *it, const char *path, const char *name,
 static dg_status dup_str(const cJSON *it, const char *path, const char *name,
 			 str_kind kind, char **out, char *msg, size_t size)
 {
-	const char *s;
+	const char *s = NULL;
 	dg_status st = get_str(it, path, name, kind, &s, msg, size);
 	if (st)
 		return st;

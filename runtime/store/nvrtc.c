@@ -124,7 +124,7 @@ dg_status dg__nvrtc_target_for(int arch, bool arch_specific,
 		snprintf(err, esz,
 			 "arch=sm_%da: NVRTC %s cannot target it (arch-specific code cannot fall back); newest is sm_%d",
 			 arch, dg_nvrtc_version(), archs[n - 1]);
-		return DG_ERR_UNSUPPORTED;
+		return DG_ERR_INVALID_SPEC;
 	}
 	t->arch = best;
 	t->arch_specific = arch_specific;

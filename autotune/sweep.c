@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autotune/sweep/sweep_int.h"
+#include "autotune/sweep_int.h"
 #include "dragon/codegen.h"
 #include "dragon/jit.h"
 #include "dragon/tune.h"

@@ -1,6 +1,6 @@
 /*
  * Autotune internals shared by autotune/ files: the per-op harness a sweep
- * runs candidates through (autotune/sweep/harness.c). Private to autotune/.
+ * runs candidates through (autotune/harness.c). Private to autotune/.
  */
 #ifndef DG_AUTOTUNE_INT_H
 #define DG_AUTOTUNE_INT_H

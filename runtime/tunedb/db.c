@@ -11,7 +11,7 @@
  * for one device.
  *
  * Below the user's records serve the records of the devices dragon was
- * tuned on, built into the library (autotune/records/, embedded at build
+ * tuned on, built into the library (runtime/tunedb/records/, embedded at build
  * time): a user record of a key always wins over a built-in one, whatever
  * the dates, so an H200 user gets tuned tiles with no set-up and keeps
  * whatever they tune themselves.
@@ -298,7 +298,8 @@ static char *choose_where(const dg_tune_db_opts *o)
 	const char *root = o ? o->cache_root : NULL;
 	dg_cache *c = NULL;
 	if (!root) {
-		dg_cache_opts co = { 0 };
+		/* looking for records makes no cache folder */
+		dg_cache_opts co = { .no_create = true };
 		if (dg_cache_open(&c, &co) == DG_OK)
 			root = dg_cache_root(c);
 	}
@@ -420,10 +421,32 @@ size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out, size_t max)
 	return total;
 }
 
+/* The entry of (s normalized, device, sm), or NULL. */
+static const entry *lookup(const dg_tune_db *db, const dg_spec *s, const char *device, int sm)
+{
+	char text[DG_SPEC_TEXT_MAX];
+	dg_spec_to_string(s, text, sizeof(text));
+	char *key = make_key(text, device, sm);
+	const entry *e = key ? find(db, dg__fnv1a(key), key) : NULL;
+	free(key);
+	return e;
+}
+
+const dg_tune_record *dg_tune_db_record(const dg_tune_db *db, const dg_spec *spec,
+					const char *device, int sm)
+{
+	if (!db || !spec || !device)
+		return NULL;
+	dg_spec s = *spec;
+	dg_spec_normalize(&s);
+	s.tile = (dg_tile){ 0 }; /* records are keyed by the auto-tile spec */
+	const entry *e = lookup(db, &s, device, sm > 0 ? sm : s.arch);
+	return e ? e->rec : NULL;
+}
+
 dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *spec,
 			  const char *device, int sm, dg_tune_choice *out)
 {
-	char text[DG_SPEC_TEXT_MAX];
 	dg_spec s = *spec;
 
 	memset(out, 0, sizeof(*out));
@@ -438,10 +461,7 @@ dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *s
 	} else if (!device || !device[0]) {
 		snprintf(out->why, sizeof(out->why), "no device named to look records up for");
 	} else {
-		dg_spec_to_string(&s, text, sizeof(text));
-		char *key = make_key(text, device, dev_sm);
-		entry *e = key ? find(db, dg__fnv1a(key), key) : NULL;
-		free(key);
+		const entry *e = lookup(db, &s, device, dev_sm);
 		if (!e) {
 			snprintf(out->why, sizeof(out->why), "no record for %s (sm_%d) in %.300s",
 				 device, dev_sm, db->where);

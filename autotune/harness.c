@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autotune/sweep/sweep_int.h"
+#include "autotune/sweep_int.h"
 #include "dragon/ref.h"
 #include "dragon/rng.h"
 #include "runtime/ops/ops_int.h"

@@ -1,0 +1,150 @@
+/*
+ * dragon — the BDH model: its config and recipes, its weights as the
+ * reference names them, and its forward and backward.
+ *
+ * BDH (DESIGN.md "Model"): L layers sharing one set of weights; embd D,
+ * heads H, N neurons a head, a byte vocabulary.
+ *
+ *   x = LN(embed[idx])                              (B,1,T,D)
+ *   per layer:
+ *     xs  = relu(x·encoder − t_x)                   (B,H,T,N)
+ *     qr  = RoPE(xs)
+ *     att = tril(qr·qrᵀ, −1)·x                       (B,H,T,D)
+ *     ys  = relu(LN(att)·encoder_v − t_y)           (B,H,T,N)
+ *     xy  = dropout(xs·ys)
+ *     y   = LN(xy (B,1,T,H·N)·decoder)              (B,1,T,D)
+ *     x   = LN(x + y)
+ *   loss = cross_entropy(x·lm_head, targets)
+ *
+ * Weights, as the reference (pathwaycom/bdh bdh.py) names and shapes them,
+ * f32 masters: embed.weight [V, D], encoder [H, D, N], encoder_v [H, D, N],
+ * decoder [H·N, D], lm_head [D, V]; init normal(0, 0.02).
+ *
+ * A recipe says, per projection (encoder, encoder_v, decoder), the weight
+ * and activation formats and the granularity of their scales; the
+ * presets are f32 (parity), bf16, w8a8 (int8 weights per output channel,
+ * int8 activations per token), bitnet (ternary weights, int8 activations
+ * per token) and seed (per-tensor absmean scales, kept for comparison).
+ */
+#ifndef DRAGON_MODEL_H
+#define DRAGON_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fmt.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dg_scale_gran {
+	DG_SCALE_TENSOR,  /* one scale for the whole tensor */
+	DG_SCALE_TOKEN,   /* one a row (activations: a token of a head) */
+	DG_SCALE_CHANNEL, /* one an output channel (weights) */
+} dg_scale_gran;
+
+typedef enum dg_save_mode {
+	DG_SAVE_DEVICE,    /* saved activations as codes on the device */
+	DG_SAVE_HOST,      /* offloaded to host memory */
+	DG_SAVE_RECOMPUTE, /* recomputed from each layer's input */
+} dg_save_mode;
+
+/* One projection's recipe. */
+typedef struct dg_proj_recipe {
+	dg_fmt weight;        /* f32 | bf16 | int8 | ternary | sign1 */
+	dg_fmt act;           /* f32 | bf16 | int8 | int4 | uint8pos */
+	dg_scale_gran wscale; /* tensor | channel */
+	dg_scale_gran ascale; /* tensor | token */
+	bool absmean;         /* the seed's scales: 2·mean|·|/qmax, not absmax */
+} dg_proj_recipe;
+
+typedef struct dg_model_config {
+	int layers;     /* 6 */
+	int embd;       /* D: 256 */
+	int heads;      /* H: 4 */
+	int neurons;    /* N a head: 8192 */
+	int vocab;      /* 256 (bytes) */
+	float dropout;  /* 0.1 */
+	float thr_x;    /* the ReLU thresholds: 0 */
+	float thr_y;
+	float ln_eps;   /* 1e-5, PyTorch's */
+	dg_proj_recipe encoder, encoder_v, decoder;
+	dg_save_mode save;
+	dg_fmt precision; /* everything else: f32 | bf16 */
+	char preset[16];  /* the preset it came from, "" if none */
+} dg_model_config;
+
+/* The 25M defaults with preset `name` (f32, bf16, w8a8, bitnet, seed).
+ * DG_ERR_INVALID_ARG with the list of presets when the name is unknown. */
+dg_status dg_model_preset(const char *name, dg_model_config *out, char *msg, size_t msg_size);
+
+/* Checks a config: sizes, formats, granularities; one line naming the
+ * field on failure ("neurons=100: must be a multiple of 4 ..."). */
+dg_status dg_model_config_check(const dg_model_config *c, char *msg, size_t msg_size);
+
+/* ---- weights ------------------------------------------------------------- */
+
+/* The weights' names and shapes of a config, in a fixed order. */
+#define DG_MODEL_N_PARAMS 5
+typedef enum dg_model_param {
+	DG_PARAM_EMBED,     /* "embed.weight" [V, D] */
+	DG_PARAM_ENCODER,   /* "encoder"      [H, D, N] */
+	DG_PARAM_ENCODER_V, /* "encoder_v"    [H, D, N] */
+	DG_PARAM_DECODER,   /* "decoder"      [H·N, D] */
+	DG_PARAM_LM_HEAD,   /* "lm_head"      [D, V] */
+} dg_model_param;
+
+const char *dg_model_param_name(dg_model_param p);
+/* The param's shape (ndim, up to 3 extents); returns its element count. */
+int64_t dg_model_param_shape(const dg_model_config *c, dg_model_param p, int *ndim,
+			     int64_t shape[3]);
+
+/* A model's f32 master weights on the host (a CPU model, or the staging of
+ * a GPU one): params[p] holds dg_model_param_shape(c, p) floats. */
+typedef struct dg_model_weights {
+	dg_model_config config;
+	float *params[DG_MODEL_N_PARAMS];
+} dg_model_weights;
+
+/* Weights of c, initialized as the reference: normal(0, 0.02) from seed. */
+dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
+				  dg_model_weights **out, char *msg, size_t msg_size);
+void dg_model_weights_destroy(dg_model_weights *w); /* NULL is fine */
+/* Reads the weights of c from a safetensors file (the reference's names,
+ * shapes, F32); a missing, misnamed or misshapen tensor is refused by
+ * name. Writes them likewise (atomically), with the config as metadata. */
+dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
+				dg_model_weights **out, char *msg, size_t msg_size);
+dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
+				size_t msg_size);
+
+/* ---- the model on the CPU -------------------------------------------------
+ * The whole forward and backward on the CPU references (dragon/ref.h):
+ * what the GPU model is checked against, and a model CI can run at tiny
+ * sizes. f32 recipes only for now. */
+
+typedef struct dg_model_batch {
+	const int32_t *idx;     /* (B, T) tokens */
+	const int32_t *targets; /* (B, T) next tokens */
+	int b, t;
+	uint64_t seed;          /* dropout */
+	uint32_t step;
+	bool train;             /* dropout on */
+} dg_model_batch;
+
+/*
+ * The loss of batch, and (grads non-NULL) the gradient of every weight
+ * into grads->params (overwritten; grads must have w's config). A token
+ * or target outside the vocabulary is DG_ERR_INVALID_ARG naming its
+ * position, before anything is computed.
+ */
+dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *batch,
+			    double *loss, dg_model_weights *grads, char *msg, size_t msg_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_MODEL_H */

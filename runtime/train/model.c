@@ -1,0 +1,280 @@
+/*
+ * The BDH model's config, presets and weights (dragon/model.h): the
+ * recipes by name, the checks a config passes, the reference's parameter
+ * names and shapes, initialization, and weights in safetensors files.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/msg.h"
+#include "dragon/model.h"
+#include "dragon/rng.h"
+#include "dragon/safetensors.h"
+
+static dg_proj_recipe recipe(dg_fmt weight, dg_fmt act, dg_scale_gran ws, dg_scale_gran as)
+{
+	dg_proj_recipe r = { weight, act, ws, as, false };
+	return r;
+}
+
+dg_status dg_model_preset(const char *name, dg_model_config *c, char *msg, size_t msg_size)
+{
+	memset(c, 0, sizeof(*c));
+	c->layers = 6;
+	c->embd = 256;
+	c->heads = 4;
+	c->neurons = 8192;
+	c->vocab = 256;
+	c->dropout = 0.1f;
+	c->ln_eps = 1e-5f;
+	c->save = DG_SAVE_DEVICE;
+	c->precision = DG_FMT_F32;
+	dg_proj_recipe fp = recipe(DG_FMT_F32, DG_FMT_F32, DG_SCALE_TENSOR, DG_SCALE_TENSOR);
+	if (!name || strcmp(name, "f32") == 0) {
+		c->encoder = c->encoder_v = c->decoder = fp;
+	} else if (strcmp(name, "bf16") == 0) {
+		c->encoder = c->encoder_v = c->decoder =
+			recipe(DG_FMT_BF16, DG_FMT_BF16, DG_SCALE_TENSOR, DG_SCALE_TENSOR);
+		c->precision = DG_FMT_BF16;
+	} else if (strcmp(name, "w8a8") == 0) {
+		c->encoder = c->encoder_v = recipe(DG_FMT_INT8, DG_FMT_INT8, DG_SCALE_CHANNEL, DG_SCALE_TOKEN);
+		/* the decoder reads the gate's post-ReLU product: unsigned codes */
+		c->decoder = recipe(DG_FMT_INT8, DG_FMT_UINT8POS, DG_SCALE_CHANNEL, DG_SCALE_TOKEN);
+		c->precision = DG_FMT_BF16;
+	} else if (strcmp(name, "bitnet") == 0) {
+		c->encoder = c->encoder_v = recipe(DG_FMT_TERNARY, DG_FMT_INT8, DG_SCALE_TENSOR, DG_SCALE_TOKEN);
+		c->decoder = recipe(DG_FMT_TERNARY, DG_FMT_UINT8POS, DG_SCALE_TENSOR, DG_SCALE_TOKEN);
+		c->precision = DG_FMT_BF16;
+	} else if (strcmp(name, "seed") == 0) {
+		c->encoder = c->encoder_v = recipe(DG_FMT_INT8, DG_FMT_INT8, DG_SCALE_TENSOR, DG_SCALE_TENSOR);
+		c->decoder = recipe(DG_FMT_INT8, DG_FMT_UINT8POS, DG_SCALE_TENSOR, DG_SCALE_TENSOR);
+		c->encoder.absmean = c->encoder_v.absmean = c->decoder.absmean = true;
+		c->precision = DG_FMT_BF16;
+	} else {
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"preset %s: unknown; presets are f32, bf16, w8a8, bitnet, seed", name);
+	}
+	snprintf(c->preset, sizeof(c->preset), "%s", name ? name : "f32");
+	return DG_OK;
+}
+
+static dg_status check_recipe(const char *what, const dg_proj_recipe *r, char *msg, size_t size)
+{
+	unsigned w_ok = DG_FMT_BIT(DG_FMT_F32) | DG_FMT_BIT(DG_FMT_BF16) | DG_FMT_BIT(DG_FMT_INT8) |
+			DG_FMT_BIT(DG_FMT_TERNARY) | DG_FMT_BIT(DG_FMT_SIGN1);
+	unsigned a_ok = DG_FMT_BIT(DG_FMT_F32) | DG_FMT_BIT(DG_FMT_BF16) | DG_FMT_BIT(DG_FMT_INT8) |
+			DG_FMT_BIT(DG_FMT_INT4) | DG_FMT_BIT(DG_FMT_UINT8POS);
+	char fl[96];
+	if ((unsigned)r->weight >= DG_FMT__COUNT || !(w_ok & DG_FMT_BIT(r->weight)))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "%s.weight=%s: one of %s", what,
+				dg_fmt_name(r->weight), dg_fmt_list(w_ok, fl, sizeof(fl)));
+	if ((unsigned)r->act >= DG_FMT__COUNT || !(a_ok & DG_FMT_BIT(r->act)))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "%s.act=%s: one of %s", what,
+				dg_fmt_name(r->act), dg_fmt_list(a_ok, fl, sizeof(fl)));
+	if (r->wscale == DG_SCALE_TOKEN)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+				"%s.wscale=token: a weight's scale is per tensor or per output channel", what);
+	if (r->ascale == DG_SCALE_CHANNEL)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+				"%s.ascale=channel: an activation's scale is per tensor or per token", what);
+	return DG_OK;
+}
+
+dg_status dg_model_config_check(const dg_model_config *c, char *msg, size_t size)
+{
+	dg_status st;
+
+	if (!c)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "config is NULL");
+	if (c->layers < 1 || c->layers > 256)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "layers=%d: must be 1 to 256", c->layers);
+	if (c->heads < 1 || c->heads > 64)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "heads=%d: must be 1 to 64", c->heads);
+	if (c->embd < 4 || c->embd > 65536 || c->embd % 4)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+				"embd=%d: must be a multiple of 4 from 4 to 65536", c->embd);
+	if (c->neurons < 4 || c->neurons > (1 << 20) || c->neurons % 4)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+				"neurons=%d: must be a multiple of 4 (RoPE pairs, packed codes) up to 2^20",
+				c->neurons);
+	if (c->vocab < 2 || c->vocab > (1 << 20))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "vocab=%d: must be 2 to 2^20", c->vocab);
+	if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dropout=%g: must be in [0, 1)",
+				(double)c->dropout);
+	if (!isfinite(c->thr_x) || !isfinite(c->thr_y))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "thr_x, thr_y: must be finite");
+	if (!(c->ln_eps > 0.0f))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "ln_eps=%g: must be positive",
+				(double)c->ln_eps);
+	if ((st = check_recipe("encoder", &c->encoder, msg, size)) ||
+	    (st = check_recipe("encoder_v", &c->encoder_v, msg, size)) ||
+	    (st = check_recipe("decoder", &c->decoder, msg, size)))
+		return st;
+	if (c->precision != DG_FMT_F32 && c->precision != DG_FMT_BF16)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "precision=%s: f32 or bf16",
+				dg_fmt_name(c->precision));
+	return DG_OK;
+}
+
+/* ---- parameters ---------------------------------------------------------------- */
+
+static const char *const param_names[DG_MODEL_N_PARAMS] = {
+	"embed.weight", "encoder", "encoder_v", "decoder", "lm_head",
+};
+
+const char *dg_model_param_name(dg_model_param p)
+{
+	return (unsigned)p < DG_MODEL_N_PARAMS ? param_names[p] : "?";
+}
+
+int64_t dg_model_param_shape(const dg_model_config *c, dg_model_param p, int *ndim,
+			     int64_t shape[3])
+{
+	int64_t H = c->heads, D = c->embd, N = c->neurons, V = c->vocab;
+	switch (p) {
+	case DG_PARAM_EMBED:
+		*ndim = 2, shape[0] = V, shape[1] = D;
+		return V * D;
+	case DG_PARAM_ENCODER:
+	case DG_PARAM_ENCODER_V:
+		*ndim = 3, shape[0] = H, shape[1] = D, shape[2] = N;
+		return H * D * N;
+	case DG_PARAM_DECODER:
+		*ndim = 2, shape[0] = H * N, shape[1] = D;
+		return H * N * D;
+	case DG_PARAM_LM_HEAD:
+		*ndim = 2, shape[0] = D, shape[1] = V;
+		return D * V;
+	}
+	*ndim = 0;
+	return 0;
+}
+
+void dg_model_weights_destroy(dg_model_weights *w)
+{
+	if (!w)
+		return;
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+		free(w->params[p]);
+	free(w);
+}
+
+static dg_status weights_alloc(const dg_model_config *c, dg_model_weights **out, char *msg,
+			       size_t size)
+{
+	dg_status st = dg_model_config_check(c, msg, size);
+	if (st)
+		return st;
+	dg_model_weights *w = calloc(1, sizeof(*w));
+	if (!w)
+		return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
+	w->config = *c;
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+		w->params[p] = calloc((size_t)n, sizeof(float));
+		if (!w->params[p]) {
+			dg_model_weights_destroy(w);
+			return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory: %s (%lld floats)",
+					param_names[p], (long long)n);
+		}
+	}
+	*out = w;
+	return DG_OK;
+}
+
+dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
+				  dg_model_weights **out, char *msg, size_t size)
+{
+	dg_model_weights *w;
+	dg_status st = weights_alloc(c, &w, msg, size);
+	if (st)
+		return st;
+	dg_rng rng;
+	dg_rng_seed(&rng, seed);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+		/* normal(0, 0.02) by Box-Muller, two values a pair of draws */
+		for (int64_t i = 0; i < n; i += 2) {
+			double u1 = ((double)(dg_rng_u64(&rng) >> 11) + 1.0) / 9007199254740993.0;
+			double u2 = (double)(dg_rng_u64(&rng) >> 11) / 9007199254740992.0;
+			double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
+			w->params[p][i] = (float)(0.02 * r * cos(a));
+			if (i + 1 < n)
+				w->params[p][i + 1] = (float)(0.02 * r * sin(a));
+		}
+	}
+	*out = w;
+	return DG_OK;
+}
+
+dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
+				dg_model_weights **out, char *msg, size_t size)
+{
+	dg_safetensors *f = NULL;
+	dg_model_weights *w = NULL;
+	char why[1024];
+
+	*out = NULL;
+	dg_status st = dg_safetensors_load(path, &f, msg, size);
+	if (st)
+		return st;
+	st = weights_alloc(c, &w, msg, size);
+	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		const dg_st_tensor *t;
+		dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+		st = dg_safetensors_expect(f, param_names[p], DG_ST_F32, nd, sh, &t, why, sizeof(why));
+		if (st)
+			dg__msgf(st, msg, size, "%s: %s", path, why);
+		else
+			memcpy(w->params[p], t->data, (size_t)t->bytes);
+	}
+	dg_safetensors_destroy(f);
+	if (st) {
+		dg_model_weights_destroy(w);
+		return st;
+	}
+	*out = w;
+	return DG_OK;
+}
+
+dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
+				size_t size)
+{
+	dg_safetensors_writer *sw;
+	char text[32];
+	dg_status st = dg_safetensors_writer_create(&sw);
+	if (st)
+		return dg__msgf(st, msg, size, "out of memory");
+	const dg_model_config *c = &w->config;
+	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+		st = dg_safetensors_writer_add(sw, param_names[p], DG_ST_F32, nd, sh, w->params[p], msg,
+					       size);
+	}
+	const struct {
+		const char *k;
+		int v;
+	} ints[] = { { "layers", c->layers }, { "embd", c->embd }, { "heads", c->heads },
+		     { "neurons", c->neurons }, { "vocab", c->vocab } };
+	for (size_t i = 0; !st && i < sizeof(ints) / sizeof(ints[0]); i++) {
+		snprintf(text, sizeof(text), "%d", ints[i].v);
+		st = dg_safetensors_writer_meta(sw, ints[i].k, text, msg, size);
+	}
+	if (!st && c->preset[0])
+		st = dg_safetensors_writer_meta(sw, "preset", c->preset, msg, size);
+	if (!st)
+		st = dg_safetensors_writer_save(sw, path, msg, size);
+	dg_safetensors_writer_destroy(sw);
+	return st;
+}

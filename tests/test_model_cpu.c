@@ -1,0 +1,317 @@
+/*
+ * The BDH model on the CPU (runtime/train/cpu_model.c): the gradient of
+ * every weight against finite differences of the loss at a tiny config
+ * (2 layers, D 32, H 2, N 64, T 16, B 2), the new ops' references against
+ * finite differences of their forwards, the RoPE tables against the
+ * reference's formula, the counter-based dropout, and the refusals (a
+ * token outside the vocabulary, a config the model cannot take, weights
+ * files with a missing or misshapen tensor).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/model.h"
+#include "dragon/ref.h"
+#include "dragon/rng.h"
+#include "helpers.h"
+
+static dg_model_config tiny(void)
+{
+	dg_model_config c;
+	char msg[256];
+	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	c.layers = 2;
+	c.embd = 32;
+	c.heads = 2;
+	c.neurons = 64;
+	return c;
+}
+
+typedef struct fixture {
+	dg_model_weights *w, *g;
+	int32_t idx[32], tgt[32];
+	dg_model_batch batch;
+} fixture;
+
+static void setup(fixture *f, uint64_t seed)
+{
+	char msg[512];
+	dg_model_config c = tiny();
+	cr_assert_eq(dg_model_weights_create(&c, seed, &f->w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_weights_create(&c, seed, &f->g, msg, sizeof(msg)), DG_OK, "%s", msg);
+	/* init weights are 0.02-small: scale them so the activations are not
+	 * all near the ReLU kinks and the loss is far from uniform */
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
+		for (int64_t i = 0; i < n; i++)
+			f->w->params[p][i] *= 25.0f;
+	}
+	dg_rng r;
+	dg_rng_seed(&r, seed + 7);
+	for (int i = 0; i < 32; i++) {
+		f->idx[i] = dg_rng_int(&r, 0, 255);
+		f->tgt[i] = dg_rng_int(&r, 0, 255);
+	}
+	f->batch = (dg_model_batch){ .idx = f->idx, .targets = f->tgt, .b = 2, .t = 16 };
+}
+
+static double loss_of(const fixture *f)
+{
+	char msg[512];
+	double loss = 0;
+	cr_assert_eq(dg_model_cpu_step(f->w, &f->batch, &loss, NULL, msg, sizeof(msg)), DG_OK, "%s",
+		     msg);
+	return loss;
+}
+
+/* Central differences of the loss, in f32 arithmetic: the steps are
+ * sized so the loss moves far above its rounding (about 1e-6 of it). */
+static double fd_along(fixture *f, int p, const float *u, int64_t n, double eps)
+{
+	float *keep = malloc((size_t)n * sizeof(float));
+	cr_assert(keep);
+	memcpy(keep, f->w->params[p], (size_t)n * sizeof(float));
+	for (int64_t i = 0; i < n; i++)
+		f->w->params[p][i] = keep[i] + (float)(eps * u[i]);
+	double lp = loss_of(f);
+	for (int64_t i = 0; i < n; i++)
+		f->w->params[p][i] = keep[i] - (float)(eps * u[i]);
+	double lm = loss_of(f);
+	memcpy(f->w->params[p], keep, (size_t)n * sizeof(float));
+	free(keep);
+	return (lp - lm) / (2 * eps);
+}
+
+Test(model_cpu, gradients_match_finite_differences)
+{
+	fixture f;
+	char msg[512];
+	double loss;
+	setup(&f, 1);
+	cr_assert_eq(dg_model_cpu_step(f.w, &f.batch, &loss, f.g, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert(loss > 1.0 && loss < 50.0, "loss %g", loss);
+	dg_rng r;
+	dg_rng_seed(&r, 99);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		const char *name = dg_model_param_name((dg_model_param)p);
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(&f.w->config, (dg_model_param)p, &nd, sh);
+		const float *g = f.g->params[p];
+		float *u = calloc((size_t)n, sizeof(float));
+		cr_assert(u);
+		double gg = 0, gmax = 0;
+		for (int64_t i = 0; i < n; i++) {
+			gg += (double)g[i] * g[i];
+			gmax = fmax(gmax, fabs(g[i]));
+		}
+		cr_assert(gg > 0, "%s: a zero gradient", name);
+		/* along the gradient: the derivative is |g| */
+		for (int64_t i = 0; i < n; i++)
+			u[i] = (float)(g[i] / sqrt(gg));
+		double fd = fd_along(&f, p, u, n, 1e-3 * sqrt((double)n) * 0.5);
+		cr_log_info("%s: |g| %.6g, finite differences along g %.6g", name, sqrt(gg), fd);
+		cr_assert(fabs(fd - sqrt(gg)) <= 2e-2 * sqrt(gg), "%s: |g| %.6g, along g %.6g", name,
+			  sqrt(gg), fd);
+		/* one entry at a time, among the larger gradients */
+		memset(u, 0, (size_t)n * sizeof(float));
+		for (int k = 0, tried = 0; k < 6 && tried < 100000; tried++) {
+			int64_t i = (int64_t)(dg_rng_u64(&r) % (uint64_t)n);
+			if (fabs(g[i]) < 0.1 * gmax)
+				continue;
+			u[i] = 1.0f;
+			double fe = fd_along(&f, p, u, n, 1e-3);
+			u[i] = 0.0f;
+			cr_assert(fabs(fe - g[i]) <= 2e-2 * fabs(fe) + 3e-3 * gmax,
+				  "%s[%lld]: analytic %.6g, finite differences %.6g", name, (long long)i,
+				  (double)g[i], fe);
+			k++;
+		}
+		free(u);
+	}
+	dg_model_weights_destroy(f.w);
+	dg_model_weights_destroy(f.g);
+}
+
+Test(model_cpu, dropout_is_regenerated_and_unbiased)
+{
+	const int64_t n = 1 << 16;
+	float *xs = malloc(n * sizeof(float)), *ys = malloc(n * sizeof(float));
+	float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+	float *dxs = malloc(n * sizeof(float)), *dys = malloc(n * sizeof(float));
+	float *one = malloc(n * sizeof(float));
+	cr_assert(xs && ys && a && b && dxs && dys && one);
+	for (int64_t i = 0; i < n; i++)
+		xs[i] = 1.0f, ys[i] = 2.0f, one[i] = 1.0f;
+	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 7, 3, a);
+	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 7, 3, b);
+	cr_assert_eq(memcmp(a, b, n * sizeof(float)), 0, "the mask is a function of its key");
+	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 8, 3, b);
+	cr_assert_neq(memcmp(a, b, n * sizeof(float)), 0, "another step, another mask");
+	double mean = 0;
+	int64_t dropped = 0;
+	for (int64_t i = 0; i < n; i++) {
+		mean += a[i];
+		dropped += a[i] == 0.0f;
+	}
+	mean /= n;
+	cr_assert(fabs(mean - 2.0) < 0.02, "E[xy] = xs·ys: %g", mean);
+	cr_assert(fabs((double)dropped / n - 0.1) < 0.005, "dropped %g", (double)dropped / n);
+	/* the backward drops the same elements */
+	dg_ref_gate_bwd(one, xs, ys, n, 0.1f, 42, 7, 3, dxs, dys);
+	for (int64_t i = 0; i < n; i++)
+		cr_assert_eq(dxs[i] == 0.0f, a[i] == 0.0f, "element %lld", (long long)i);
+	free(xs), free(ys), free(a), free(b), free(dxs), free(dys), free(one);
+}
+
+/* d/dx of Σ w·f(x) against Σ w·f'(x) for one op at a time. */
+Test(model_cpu, op_backwards_match_finite_differences)
+{
+	enum { B = 2, H = 2, T = 5, N = 8, D = 6 };
+	dg_rng r;
+	dg_rng_seed(&r, 5);
+	float qr[B * H * T * N], v[B * T * D], g[B * H * T * D], out[B * H * T * D];
+	float dqr[B * H * T * N], dv[B * T * D];
+	for (int i = 0; i < B * H * T * N; i++)
+		qr[i] = dg_rng_uniform(&r, -1, 1);
+	for (int i = 0; i < B * T * D; i++)
+		v[i] = dg_rng_uniform(&r, -1, 1);
+	for (int i = 0; i < B * H * T * D; i++)
+		g[i] = dg_rng_uniform(&r, -1, 1);
+	dg_ref_attention_bwd(g, qr, v, B, H, T, N, D, dqr, dv);
+	/* attention w.r.t. qr and v, a few entries each */
+	for (int k = 0; k < 12; k++) {
+		int i = dg_rng_int(&r, 0, B * H * T * N - 1);
+		float keep = qr[i];
+		double lp = 0, lm = 0;
+		qr[i] = keep + 1e-2f;
+		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
+		for (int j = 0; j < B * H * T * D; j++)
+			lp += (double)g[j] * out[j];
+		qr[i] = keep - 1e-2f;
+		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
+		for (int j = 0; j < B * H * T * D; j++)
+			lm += (double)g[j] * out[j];
+		qr[i] = keep;
+		double fd = (lp - lm) / 2e-2;
+		cr_assert(fabs(fd - dqr[i]) <= 1e-3 + 1e-3 * fabs(fd), "dqr[%d]: %g vs %g", i, dqr[i], fd);
+	}
+	for (int k = 0; k < 12; k++) {
+		int i = dg_rng_int(&r, 0, B * T * D - 1);
+		float keep = v[i];
+		double lp = 0, lm = 0;
+		v[i] = keep + 1e-2f;
+		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
+		for (int j = 0; j < B * H * T * D; j++)
+			lp += (double)g[j] * out[j];
+		v[i] = keep - 1e-2f;
+		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
+		for (int j = 0; j < B * H * T * D; j++)
+			lm += (double)g[j] * out[j];
+		v[i] = keep;
+		double fd = (lp - lm) / 2e-2;
+		cr_assert(fabs(fd - dv[i]) <= 1e-3 + 1e-3 * fabs(fd), "dv[%d]: %g vs %g", i, dv[i], fd);
+	}
+	/* RoPE's backward is its transpose: <rope(a), b> = <a, ropeᵀ(b)> */
+	float cs[T * N / 2], sn[T * N / 2], a[H * T * N], b2[H * T * N], ra[H * T * N], rb[H * T * N];
+	dg_ref_rope_table(T, N, cs, sn);
+	for (int i = 0; i < H * T * N; i++)
+		a[i] = dg_rng_uniform(&r, -1, 1), b2[i] = dg_rng_uniform(&r, -1, 1);
+	dg_ref_rope_fwd(a, cs, sn, H, T, N, ra);
+	dg_ref_rope_bwd(b2, cs, sn, H, T, N, rb);
+	double l = 0, rr = 0;
+	for (int i = 0; i < H * T * N; i++)
+		l += (double)ra[i] * b2[i], rr += (double)a[i] * rb[i];
+	cr_assert(fabs(l - rr) < 1e-4, "<rope a, b> %g, <a, rope^T b> %g", l, rr);
+	/* layer norm */
+	float x[3 * D], y[3 * D], rs[3], gy[3 * D], gx[3 * D], y2[3 * D];
+	for (int i = 0; i < 3 * D; i++)
+		x[i] = dg_rng_uniform(&r, -2, 2), gy[i] = dg_rng_uniform(&r, -1, 1);
+	dg_ref_layernorm_fwd(x, 3, D, 1e-5f, y, NULL, rs);
+	dg_ref_layernorm_bwd(gy, y, rs, 3, D, gx, false);
+	for (int i = 0; i < 3 * D; i++) {
+		float keep = x[i];
+		double lp = 0, lm = 0;
+		x[i] = keep + 1e-3f;
+		dg_ref_layernorm_fwd(x, 3, D, 1e-5f, y2, NULL, NULL);
+		for (int j = 0; j < 3 * D; j++)
+			lp += (double)gy[j] * y2[j];
+		x[i] = keep - 1e-3f;
+		dg_ref_layernorm_fwd(x, 3, D, 1e-5f, y2, NULL, NULL);
+		for (int j = 0; j < 3 * D; j++)
+			lm += (double)gy[j] * y2[j];
+		x[i] = keep;
+		double fd = (lp - lm) / 2e-3;
+		cr_assert(fabs(fd - gx[i]) <= 2e-3 + 2e-3 * fabs(fd), "layernorm dx[%d]: %g vs %g", i, gx[i], fd);
+	}
+}
+
+Test(model_cpu, rope_table_is_the_reference_formula)
+{
+	enum { T = 64, N = 32 };
+	float cs[T * N / 2], sn[T * N / 2];
+	dg_ref_rope_table(T, N, cs, sn);
+	for (int t = 0; t < T; t++)
+		for (int p = 0; p < N / 2; p++) {
+			double freq = 1.0 / pow(65536.0, 2.0 * p / N) / (2 * M_PI);
+			double ph = fmod(t * freq, 1.0) * 2 * M_PI;
+			cr_assert(fabs(cs[t * N / 2 + p] - cos(ph)) < 1e-4 && fabs(sn[t * N / 2 + p] - sin(ph)) < 1e-4,
+				  "t %d pair %d", t, p);
+		}
+}
+
+Test(model_cpu, refuses_bad_input_before_computing)
+{
+	fixture f;
+	char msg[512];
+	double loss;
+	setup(&f, 2);
+	f.idx[5] = 256;
+	cr_assert_eq(dg_model_cpu_step(f.w, &f.batch, &loss, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "idx[5] = 256: outside the vocabulary 0..255"), "%s", msg);
+	f.idx[5] = 3;
+	f.tgt[31] = -1;
+	cr_assert_eq(dg_model_cpu_step(f.w, &f.batch, &loss, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "targets[31] = -1"), "%s", msg);
+
+	dg_model_config c = tiny();
+	c.neurons = 66;
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "neurons=66"), "%s", msg);
+	cr_assert_eq(dg_model_preset("w4a4", &c, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "f32, bf16, w8a8, bitnet, seed"), "%s", msg);
+	dg_model_weights_destroy(f.w);
+	dg_model_weights_destroy(f.g);
+}
+
+Test(model_cpu, weights_round_trip_through_safetensors)
+{
+	fixture f;
+	char msg[512], path[4096];
+	setup(&f, 3);
+	char *dir = dg_test_tmpdir();
+	snprintf(path, sizeof(path), "%s/m.safetensors", dir);
+	cr_assert_eq(dg_model_weights_save(f.w, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model_weights *w2;
+	cr_assert_eq(dg_model_weights_load(&f.w->config, path, &w2, msg, sizeof(msg)), DG_OK, "%s", msg);
+	double a = loss_of(&f);
+	dg_model_weights *keep = f.w;
+	f.w = w2;
+	double b = loss_of(&f);
+	cr_assert_eq(a, b, "the loss of the loaded weights");
+	f.w = keep;
+	/* a config of another shape: the tensor is named with both shapes */
+	dg_model_config c = f.w->config;
+	c.neurons = 128;
+	cr_assert_eq(dg_model_weights_load(&c, path, &w2, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "encoder: expected F32 [2, 32, 128], got F32 [2, 32, 64]"), "%s", msg);
+	dg_model_weights_destroy(f.w);
+	dg_model_weights_destroy(f.g);
+	dg_test_rmtree(dir);
+}

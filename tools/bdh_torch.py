@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""dragon's PyTorch version of the BDH reference math (pathwaycom/bdh bdh.py).
+
+The model dragon is checked against: the same parameters, names and shapes
+(embed.weight [V, D], encoder [H, D, N], encoder_v [H, D, N], decoder
+[H*N, D], lm_head [D, V]) and the same forward as bdh.py's training pass:
+
+    x = LN(embed[idx])                                   (B, 1, T, D)
+    per layer (one set of weights for every layer):
+        xs  = relu(x @ encoder)                          (B, H, T, N)
+        qr  = RoPE(xs)       theta = 2^16, interleaved pairs
+        att = tril(qr @ qr^T, -1) @ x                    (B, H, T, D)
+        ys  = relu(LN(att) @ encoder_v)
+        xy  = dropout(xs * ys)
+        y   = LN(xy (B, 1, T, H*N) @ decoder)
+        x   = LN(x + y)
+    loss = cross_entropy(x @ lm_head, targets)
+
+`dump` writes a debug state as safetensors — the weights, a batch, the loss
+and every gradient ("grad.<name>") — that dragon's tests load and hold their
+own model against:
+
+    python3 tools/bdh_torch.py dump --out state.safetensors [--size tiny|25m]
+        [--seed 1] [--batch 2] [--time 16] [--scale 25]
+
+--scale multiplies the reference init (normal(0, 0.02)) so that a tiny
+model's activations are not all at the ReLU kinks; the dump says what it
+used in its metadata.
+"""
+import argparse
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SIZES = {
+    "tiny": dict(layers=2, embd=32, heads=2, neurons=64, vocab=256),
+    "25m": dict(layers=6, embd=256, heads=4, neurons=8192, vocab=256),
+}
+
+
+def rope_freqs(n, theta=2.0**16):
+    i = torch.arange(0, n, 1, dtype=torch.float32)
+    return 1.0 / (theta ** ((i / 2).floor() * 2 / n)) / (2 * math.pi)
+
+
+def rope(phases, v):
+    v_rot = torch.stack((-v[..., 1::2], v[..., ::2]), dim=-1).view(*v.size())
+    phases = (phases % 1) * (2 * math.pi)
+    return v * torch.cos(phases) + v_rot * torch.sin(phases)
+
+
+class BDH(nn.Module):
+    def __init__(self, layers, embd, heads, neurons, vocab, dropout=0.1, thr_x=0.0, thr_y=0.0):
+        super().__init__()
+        self.layers, self.D, self.H, self.N, self.V = layers, embd, heads, neurons, vocab
+        self.thr_x, self.thr_y = thr_x, thr_y
+        self.embed = nn.Embedding(vocab, embd)
+        self.encoder = nn.Parameter(torch.zeros(heads, embd, neurons).normal_(std=0.02))
+        self.encoder_v = nn.Parameter(torch.zeros(heads, embd, neurons).normal_(std=0.02))
+        self.decoder = nn.Parameter(torch.zeros(heads * neurons, embd).normal_(std=0.02))
+        self.lm_head = nn.Parameter(torch.zeros(embd, vocab).normal_(std=0.02))
+        nn.init.normal_(self.embed.weight, mean=0.0, std=0.02)
+        self.drop = nn.Dropout(dropout)
+        self.register_buffer("freqs", rope_freqs(neurons).view(1, 1, 1, neurons), persistent=False)
+
+    def ln(self, x):
+        return F.layer_norm(x, (x.size(-1),), eps=1e-5)
+
+    def forward(self, idx, targets):
+        B, T = idx.size()
+        H, N, D = self.H, self.N, self.D
+        x = self.ln(self.embed(idx).unsqueeze(1))
+        phases = torch.arange(0, T, dtype=torch.float32, device=idx.device).view(1, 1, -1, 1) * self.freqs
+        for _ in range(self.layers):
+            xs = F.relu(x @ self.encoder - self.thr_x)
+            qr = rope(phases, xs)
+            att = (qr @ qr.mT).tril(diagonal=-1) @ x
+            ys = F.relu(self.ln(att) @ self.encoder_v - self.thr_y)
+            xy = self.drop(xs * ys)
+            y = self.ln(xy.transpose(1, 2).reshape(B, 1, T, N * H) @ self.decoder)
+            x = self.ln(x + y)
+        logits = x.view(B, T, D) @ self.lm_head
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def dump(args):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(args.seed)
+    cfg = SIZES[args.size]
+    m = BDH(**cfg, dropout=0.0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(args.scale)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    idx = torch.randint(0, cfg["vocab"], (args.batch, args.time), generator=g, dtype=torch.int64)
+    tgt = torch.randint(0, cfg["vocab"], (args.batch, args.time), generator=g, dtype=torch.int64)
+    m.eval()
+    loss = m(idx, tgt)
+    loss.backward()
+    out = {name: p.detach().contiguous() for name, p in m.state_dict().items()}
+    for name, p in m.named_parameters():
+        out["grad." + name] = p.grad.detach().contiguous()
+    out["idx"] = idx.to(torch.int32)
+    out["targets"] = tgt.to(torch.int32)
+    out["loss"] = loss.detach().to(torch.float64).reshape(1)
+    meta = {k: str(v) for k, v in cfg.items()}
+    meta.update(seed=str(args.seed), scale=str(args.scale), torch=torch.__version__)
+    save_file(out, args.out, metadata=meta)
+    print(f"bdh_torch: loss {loss.item():.9g}, wrote {args.out}", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dump", help="write weights, a batch, the loss and every gradient")
+    d.add_argument("--out", required=True)
+    d.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--batch", type=int, default=2)
+    d.add_argument("--time", type=int, default=16)
+    d.add_argument("--scale", type=float, default=25.0)
+    args = ap.parse_args()
+    if args.cmd == "dump":
+        dump(args)
+
+
+if __name__ == "__main__":
+    main()
