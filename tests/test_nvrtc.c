@@ -66,9 +66,10 @@ Test(nvrtc, target_selection)
 	cr_assert(strstr(m, "arch=sm_50: NVRTC"), "%s", m);
 	cr_assert_eq(dg_jit_check_arch(90, true, m, sizeof(m)), DG_OK, "%s", m);
 	cr_assert_eq(dg_jit_check_arch(80, false, NULL, 0), DG_OK);
-	cr_assert_neq(dg_jit_check_arch(91, true, m, sizeof(m)), DG_OK);
+	cr_assert_eq(dg_jit_check_arch(91, true, m, sizeof(m)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(m, "sm_91a"), "%s", m);
-	cr_assert_eq(dg__nvrtc_target_for(91, true, &t, err, sizeof(err)), DG_ERR_UNSUPPORTED);
+	/* arch-specific code cannot fall back to another minor: a spec error */
+	cr_assert_eq(dg__nvrtc_target_for(91, true, &t, err, sizeof(err)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(err, "sm_91a"), "%s", err);
 }
 
