@@ -445,13 +445,13 @@ Test(plan_sweep, nvrtc_compiles_the_hardest_planned_tile_of_each_path, .timeout 
 		b[i].path = want[i].path;
 		b[i].score = -1;
 	}
-	/* the same streams as the sweep, planned only; the small shapes only
-	 * (the BDH shape's grids take a while to compile and test nothing
-	 * more), and not every sample of each op */
+	/* the same streams as the sweep, planned only, DRAGON_TEST_QUICK or
+	 * not (the same specs compile either way); the small shapes only (the
+	 * BDH shape's grids take a while to compile and test nothing more) */
 	for (int op = 0; op < DG_OP__COUNT; op++) {
 		dg_rng r;
 		dg_rng_seed(&r, 0x5eed0000u + (uint64_t)op);
-		size_t n = samples_of((dg_op)op) / 2;
+		size_t n = dg_op_info_of((dg_op)op)->tile == DG_TILE_GEMM ? 25000 : 3000;
 		for (size_t i = 0; i < n; i++) {
 			dg_spec s;
 			dg_plan p;
