@@ -316,8 +316,6 @@ static void sweep(dg_op op)
 		sample(&r, op, (unsigned)i, &s);
 		sweep_one(cg, &done, &s, &c);
 	}
-	cr_log_info("%s: %zu samples, %zu planned, %zu refused, %zu invalid, %zu rendered, %zu disagreements",
-		    dg_op_name(op), c.samples, c.planned, c.refused, c.invalid, c.rendered, c.disagree);
 	printf("plan sweep %s: %zu samples, %zu planned, %zu refused, %zu invalid, %zu rendered, %zu disagreements\n",
 	       dg_op_name(op), c.samples, c.planned, c.refused, c.invalid, c.rendered, c.disagree);
 	fflush(stdout);
