@@ -34,6 +34,20 @@ void dg_test_write_file(const char *dir, const char *name, const char *text)
 	cr_assert_eq(fclose(f), 0);
 }
 
+char *dg_test_template_dir(const char *dragon_lua, const char *helper_lua)
+{
+	char *dir = dg_test_tmpdir();
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		char name[64];
+		snprintf(name, sizeof(name), "%s.lua", dg_op_info_of((dg_op)i)->module);
+		dg_test_write_file(dir, name, "return {}\n");
+	}
+	dg_test_write_file(dir, "dragon.lua", dragon_lua);
+	if (helper_lua)
+		dg_test_write_file(dir, "helper.lua", helper_lua);
+	return dir;
+}
+
 static int rm_one(const char *path, const struct stat *sb, int flag,
 		  struct FTW *ftw)
 {

@@ -17,6 +17,11 @@ void dg_test_write_file(const char *dir, const char *name, const char *text);
 /* rm -rf path, then frees it. */
 void dg_test_rmtree(char *path);
 
+/* A template folder for dragon_lua: dragon.lua, helper.lua (when
+ * helper_lua is not NULL) and a stub module ("return {}") for every module
+ * the op table names, which codegen loads at create. dg_test_rmtree it. */
+char *dg_test_template_dir(const char *dragon_lua, const char *helper_lua);
+
 typedef struct dg_spec_list {
 	dg_spec *specs; /* malloc'd */
 	size_t n;

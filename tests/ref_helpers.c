@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dragon/rng.h"
 #include "ref_helpers.h"
 
 uint32_t rh_fbits(float f)
@@ -17,25 +18,22 @@ uint32_t rh_fbits(float f)
 	return u;
 }
 
-static uint64_t rh_rng_state;
+/* The suite's stream: dragon's one generator (dragon/rng.h). */
+static dg_rng rh_rng;
 
 void rh_rng_seed(uint64_t s)
 {
-	rh_rng_state = s * 0x9e3779b97f4a7c15ull + 1;
+	dg_rng_seed(&rh_rng, s);
 }
 
 uint32_t rh_rng_u32(void)
 {
-	/* xorshift64* */
-	rh_rng_state ^= rh_rng_state >> 12;
-	rh_rng_state ^= rh_rng_state << 25;
-	rh_rng_state ^= rh_rng_state >> 27;
-	return (uint32_t)((rh_rng_state * 0x2545f4914f6cdd1dull) >> 32);
+	return (uint32_t)(dg_rng_u64(&rh_rng) >> 32);
 }
 
 int rh_rng_int(int lo, int hi)
 {
-	return lo + (int)(rh_rng_u32() % (uint32_t)(hi - lo + 1));
+	return dg_rng_int(&rh_rng, lo, hi);
 }
 
 void *rh_xmalloc(size_t n)

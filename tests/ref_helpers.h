@@ -1,7 +1,7 @@
 /*
  * Helpers shared by the CPU reference suites (tests/test_ref.c,
- * tests/test_ref_lowrank.c): float bits, a fixed-seed generator so every
- * run sees the same inputs, and a checked malloc. Names start with rh_
+ * tests/test_ref_lowrank.c, ...): float bits, a fixed-seed stream of
+ * dg_rng so every run sees the same inputs, and a checked malloc. Names start with rh_
  * (ref helpers).
  */
 #ifndef DG_TESTS_REF_HELPERS_H
@@ -13,8 +13,8 @@
 /* The IEEE bits of f. */
 uint32_t rh_fbits(float f);
 
-/* xorshift64*, seeded per test (Criterion forks each, so tests do not see
- * each other's draws). */
+/* One stream of dragon's generator (dg_rng, splitmix64), seeded per test
+ * (Criterion forks each, so tests do not see each other's draws). */
 void rh_rng_seed(uint64_t s);
 uint32_t rh_rng_u32(void);
 /* Uniform integer in [lo, hi]. */

@@ -1,7 +1,10 @@
 /*
  * Codegen: the Lua sandbox (errors name template file:line, runaway loops
- * and memory hogs are stopped, no io/os), and rendering of every valid
- * combination with the real templates.
+ * and memory hogs are stopped, no io/os, every module the op table names
+ * loads at create), the host's checks of what a template answers, the
+ * templates' plans (a tile refused with its rule, an auto tile resolved,
+ * the arch-specific move of dg_codegen_plan_for) and rendering of every
+ * valid combination with the real templates.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,14 +17,9 @@
 #include "dragon/codegen.h"
 #include "helpers.h"
 
-/* A template folder holding one dragon.lua (and optional helper.lua). */
 static char *tpl_dir(const char *dragon_lua, const char *helper_lua)
 {
-	char *dir = dg_test_tmpdir();
-	dg_test_write_file(dir, "dragon.lua", dragon_lua);
-	if (helper_lua)
-		dg_test_write_file(dir, "helper.lua", helper_lua);
-	return dir;
+	return dg_test_template_dir(dragon_lua, helper_lua);
 }
 
 static dg_status render_with(const char *dir, dg_codegen **cg, dg_source **src)
@@ -35,10 +33,20 @@ static dg_status render_with(const char *dir, dg_codegen **cg, dg_source **src)
 	return dg_codegen_render(*cg, &s, src);
 }
 
-static const char *ok_body =
-	"return { render = function(spec)\n"
-	"  return '// ' .. spec.canonical .. '\\n', {'k'}, 'k.cu'\n"
-	"end }\n";
+/* dragon.lua with a plan that resolves an auto tile to 128x128x64/2x4/4 (a
+ * thread count for element-wise ops) and the given render body. */
+#define PLAN_OK                                                                          \
+	"local function plan(spec)\n"                                                    \
+	"  local t = spec.tile\n"                                                        \
+	"  if t.bm == 0 and t.threads == 0 then\n"                                       \
+	"    if spec.module == 'lowrank' then t = { bm = 128, bn = 128, bk = 64, wm = 2, wn = 4, stages = 4, threads = 0 }\n" \
+	"    else t = { bm = 0, bn = 0, bk = 0, wm = 0, wn = 0, stages = 0, threads = 256 } end\n" \
+	"  end\n"                                                                        \
+	"  return { tile = t, path = 'test', name = 'k.cu', entries = { { name = 'k', threads = 128, smem = 1024 } } }\n" \
+	"end\n"
+#define TPL(render_body) PLAN_OK "return { plan = plan, render = function(spec)\n" render_body "end }\n"
+
+static const char *ok_body = TPL("  return '// ' .. spec.canonical .. '\\n'\n");
 
 Test(codegen_sandbox, minimal_template_renders)
 {
@@ -48,9 +56,12 @@ Test(codegen_sandbox, minimal_template_renders)
 	cr_assert_eq(render_with(dir, &cg, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert(strstr(src->text, "op=lowrank_fwd;"));
 	cr_assert(strstr(src->text, "tile=128x128x64/2x4/4;"), "tile must be resolved: %s", src->text);
+	cr_assert(strncmp(src->text + 3, src->canonical, strlen(src->canonical)) == 0, "%s", src->text);
 	cr_assert_str_eq(src->name, "k.cu");
 	cr_assert_eq(src->n_entries, 1);
 	cr_assert_str_eq(src->entries[0], "k");
+	cr_assert_eq(src->block_threads[0], 128);
+	cr_assert_eq(src->dyn_smem[0], 1024);
 	cr_assert_str_eq(dg_codegen_template_origin(cg), dir);
 	cr_assert_eq(strlen(dg_codegen_template_hash(cg)), 64);
 	dg_source_destroy(src);
@@ -61,7 +72,8 @@ Test(codegen_sandbox, minimal_template_renders)
 Test(codegen_sandbox, runtime_error_names_file_and_line)
 {
 	char *dir = tpl_dir("local h = require('helper')\n"
-			    "return { render = function(spec) return h.go(spec) end }\n",
+			    "return { plan = function(spec) return h.go(spec) end,\n"
+			    "  render = function(spec) return 'x' end }\n",
 			    "local M = {}\n"
 			    "function M.go(spec)\n"
 			    "  error('latent too big for this tile')\n"
@@ -74,6 +86,39 @@ Test(codegen_sandbox, runtime_error_names_file_and_line)
 	const char *m = dg_codegen_errmsg(cg);
 	cr_assert(strncmp(m, "templates/helper.lua:3: latent too big", 38) == 0, "got: %s", m);
 	cr_assert(strstr(m, "traceback"), "a traceback follows: %s", m);
+	/* a plan that raises is a template bug, not a refusal */
+	dg_spec s;
+	dg_plan p;
+	dg_spec_init(&s, DG_OP_PACK_I8X4);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_TEMPLATE);
+	dg_codegen_destroy(cg);
+	dg_test_rmtree(dir);
+
+	/* the same in render, after a plan that worked */
+	dir = tpl_dir(PLAN_OK "local h = require('helper')\n"
+			      "return { plan = plan, render = function(spec) return h.go(spec) end }\n",
+		      "local M = {}\n"
+		      "function M.go(spec)\n"
+		      "  error('no such path')\n"
+		      "end\n"
+		      "return M\n");
+	cr_assert_eq(render_with(dir, &cg, &src), DG_ERR_TEMPLATE);
+	cr_assert(strncmp(dg_codegen_errmsg(cg), "templates/helper.lua:3: no such path", 36) == 0,
+		  "got: %s", dg_codegen_errmsg(cg));
+	dg_codegen_destroy(cg);
+	dg_test_rmtree(dir);
+}
+
+Test(codegen_sandbox, a_refusal_is_a_spec_error_with_its_message)
+{
+	char *dir = tpl_dir("return { plan = function(spec) return nil, 'tile=auto: no tile fits latent=' .. spec.latent end,\n"
+			    "  render = function(spec) return 'x' end }\n",
+			    NULL);
+	dg_codegen *cg = NULL;
+	dg_source *src = NULL;
+	cr_assert_eq(render_with(dir, &cg, &src), DG_ERR_INVALID_SPEC);
+	cr_assert_str_eq(dg_codegen_errmsg(cg), "tile=auto: no tile fits latent=8192");
+	cr_assert_null(src);
 	dg_codegen_destroy(cg);
 	dg_test_rmtree(dir);
 }
@@ -91,24 +136,49 @@ Test(codegen_sandbox, syntax_error_fails_at_create_with_location)
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
 	dg_source *src = NULL;
+	dg_plan p;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_TEMPLATE);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_TEMPLATE);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "templates/dragon.lua:3:"));
+	dg_codegen_destroy(cg);
+	dg_test_rmtree(dir);
+}
+
+Test(codegen_sandbox, a_module_that_does_not_load_fails_at_create)
+{
+	char *dir = tpl_dir(ok_body, NULL);
+	dg_test_write_file(dir, "decoder.lua", "local M = {}\nM.x = = 1\nreturn M\n");
+	dg_codegen_opts o = { .template_dir = dir };
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, &o), DG_ERR_TEMPLATE);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "templates/decoder.lua:2:"), "got: %s",
+		  dg_codegen_errmsg(cg));
+	dg_codegen_destroy(cg);
+	dg_test_rmtree(dir);
+	/* a module the op table names that is missing */
+	dir = tpl_dir(ok_body, NULL);
+	char path[1024];
+	snprintf(path, sizeof(path), "%s/backward.lua", dir);
+	cr_assert_eq(unlink(path), 0);
+	o.template_dir = dir;
+	cr_assert_eq(dg_codegen_create(&cg, &o), DG_ERR_TEMPLATE);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "backward"), "got: %s", dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 	dg_test_rmtree(dir);
 }
 
 Test(codegen_sandbox, runaway_loop_hits_the_instruction_budget)
 {
-	char *dir = tpl_dir("return { render = function(spec)\n"
-			    "  local i = 0\n  while true do i = i + 1 end\nend }\n",
-			    NULL);
+	char *dir = tpl_dir(TPL("  local i = 0\n  while true do i = i + 1 end\n"), NULL);
 	dg_codegen_opts o = { .template_dir = dir, .instr_limit = 2000000 };
 	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK);
+	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK, "%s", dg_codegen_errmsg(cg));
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
 	dg_source *src = NULL;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_TEMPLATE);
-	cr_assert(strstr(dg_codegen_errmsg(cg), "templates/dragon.lua:3:"), "%s", dg_codegen_errmsg(cg));
+	/* line 11: PLAN_OK is 8 lines, then "return {", then the body */
+	cr_assert(strstr(dg_codegen_errmsg(cg), "templates/dragon.lua:11:"), "%s", dg_codegen_errmsg(cg));
 	cr_assert(strstr(dg_codegen_errmsg(cg), "instruction budget"), "%s", dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 	dg_test_rmtree(dir);
@@ -116,18 +186,19 @@ Test(codegen_sandbox, runaway_loop_hits_the_instruction_budget)
 
 Test(codegen_sandbox, memory_cap_stops_a_hog)
 {
-	char *dir = tpl_dir("return { render = function(spec)\n"
-			    "  local t = {}\n  for i = 1, 1e9 do t[i] = string.rep('x', 1000) .. i end\nend }\n",
+	char *dir = tpl_dir(TPL("  local t = {}\n  for i = 1, 1e9 do t[i] = string.rep('x', 1000) .. i end\n"),
 			    NULL);
 	dg_codegen_opts o = { .template_dir = dir, .mem_limit = 8 << 20, .instr_limit = 1000000000L };
 	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK);
+	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK, "%s", dg_codegen_errmsg(cg));
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
 	dg_source *src = NULL;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_NOMEM, "%s", dg_codegen_errmsg(cg));
 	/* the state is still usable afterwards (the hog's garbage is freed) */
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_NOMEM);
+	dg_plan p;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 	dg_test_rmtree(dir);
 }
@@ -140,39 +211,104 @@ Test(codegen_sandbox, no_io_os_load_or_dump)
 				 "debug.getinfo(1)", "require('../x')",
 				 "require('nosuchmodule')" };
 	for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
-		char body[512];
+		char body[1024];
 		snprintf(body, sizeof(body),
-			 "return { render = function(spec)\n  local x = %s\n  return 'x', {'k'}, 'k.cu'\nend }\n",
+			 PLAN_OK "return { plan = plan, render = function(spec)\n  local x = %s\n  return 'x'\nend }\n",
 			 probes[i]);
 		char *dir = tpl_dir(body, NULL);
 		dg_codegen *cg = NULL;
 		dg_source *src = NULL;
 		cr_assert_eq(render_with(dir, &cg, &src), DG_ERR_TEMPLATE, "%s was allowed", probes[i]);
-		cr_assert(strstr(dg_codegen_errmsg(cg), "templates/dragon.lua:2:"), "%s: %s",
+		cr_assert(strstr(dg_codegen_errmsg(cg), "templates/dragon.lua:10:"), "%s: %s",
 			  probes[i], dg_codegen_errmsg(cg));
 		dg_codegen_destroy(cg);
 		dg_test_rmtree(dir);
 	}
 }
 
+/* What the host itself checks of a plan and a render (a template set of
+ * its own, without the real dragon.lua's checks). */
 Test(codegen_sandbox, bad_return_values_are_reported)
 {
+#define RET(plan_ret, render_ret)                                                        \
+	"return { plan = function(spec) return " plan_ret " end,\n"                     \
+	"  render = function(spec) return " render_ret " end }\n"
+#define GOOD_TILE "{ bm = 64, bn = 64, bk = 64, wm = 2, wn = 2, stages = 2, threads = 0 }"
+#define ENTRIES "{ { name = 'k', threads = 64 } }"
 	const char *bodies[] = {
-		"return { render = function(spec) return 42, {'k'}, 'k.cu' end }\n",
-		"return { render = function(spec) return 'x', 'k', 'k.cu' end }\n",
-		"return { render = function(spec) return 'x', {}, 'k.cu' end }\n",
-		"return { render = function(spec) return 'x', {1}, 'k.cu' end }\n",
-		"return { render = function(spec) return 'x', {'k'} end }\n",
+		RET("{ tile = " GOOD_TILE ", path = 'p', name = 'k.cu', entries = " ENTRIES " }", "42"),
+		RET("{ tile = " GOOD_TILE ", path = 'p', name = 'k.cu', entries = " ENTRIES " }", "nil"),
+		RET("{ tile = " GOOD_TILE ", path = 'p', name = 'k.cu', entries = {} }", "'x'"),
+		RET("{ tile = " GOOD_TILE ", path = 'p', name = 'k.cu', entries = { { name = 1 } } }", "'x'"),
+		RET("{ tile = " GOOD_TILE ", path = 'p', entries = " ENTRIES " }", "'x'"),
+		RET("{ tile = " GOOD_TILE ", path = 42, name = 'k.cu', entries = " ENTRIES " }", "'x'"),
+		RET("{ tile = " GOOD_TILE ", path = 'p', name = 'k.cu', entries = { "
+		    "{ name = 'a' }, { name = 'b' }, { name = 'c' }, { name = 'd' }, { name = 'e' }, "
+		    "{ name = 'f' }, { name = 'g' }, { name = 'h' }, { name = 'i' } } }", "'x'"),
+		/* the tile the plan resolves must still be of the op's kind */
+		RET("{ tile = { bm = 0, bn = 0, bk = 0, wm = 0, wn = 0, stages = 0, threads = 256 }, "
+		    "path = 'p', name = 'k.cu', entries = " ENTRIES " }", "'x'"),
+		/* and not left auto */
+		RET("{ tile = { bm = 0, bn = 0, bk = 0, wm = 0, wn = 0, stages = 0, threads = 0 }, "
+		    "path = 'p', name = 'k.cu', entries = " ENTRIES " }", "'x'"),
+		/* an arch-specific path on a portable target */
+		RET("{ tile = " GOOD_TILE ", arch_specific = true, path = 'p', name = 'k.cu', entries = " ENTRIES " }",
+		    "'x'"),
+		"return { render = function(spec) return 'x' end }\n",
 		"return { }\n",
 		"return 5\n",
 	};
+#undef RET
 	for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
 		char *dir = tpl_dir(bodies[i], NULL);
 		dg_codegen *cg = NULL;
 		dg_source *src = NULL;
-		cr_assert_eq(render_with(dir, &cg, &src), DG_ERR_TEMPLATE, "case %zu accepted", i);
+		cr_assert_eq(render_with(dir, &cg, &src), DG_ERR_TEMPLATE, "case %zu accepted: %s", i,
+			     dg_codegen_errmsg(cg));
 		cr_assert(dg_codegen_errmsg(cg)[0]);
 		cr_assert_null(src);
+		dg_codegen_destroy(cg);
+		dg_test_rmtree(dir);
+	}
+}
+
+/* The real dragon.lua checks the shape of every module's plan: a copy of
+ * the templates whose pack module answers badly. */
+Test(codegen_sandbox, dragon_lua_checks_each_modules_plan)
+{
+	const char *plans[] = {
+		"return { tile = { bm = 0, bn = 0, bk = 0, wm = 0, wn = 0, stages = 0, threads = 'x' }, path = 'p', "
+		"name = 'k.cu', entries = { { name = 'k', threads = 64 } } }",
+		"return { tile = { bm = 0, bn = 0, bk = 0, wm = 0, wn = 0, stages = 0, threads = 256 }, path = 'p', "
+		"name = 'k.cu', entries = { { name = 'k', threads = 2048 } } }",
+		"return nil",
+		"return 7",
+	};
+	const char *want[] = { "tile.threads=x must be a non-negative integer", "entries[1] must be",
+			       "plan returned nil without a message", "must return { tile, path, name, entries }" };
+	for (size_t i = 0; i < sizeof(plans) / sizeof(plans[0]); i++) {
+		char *dir = dg_test_tmpdir();
+		char cmd[2048];
+		snprintf(cmd, sizeof(cmd), "cp %s/templates/*.lua %s/", DG_SOURCE_DIR, dir);
+		cr_assert_eq(system(cmd), 0);
+		char body[1024];
+		snprintf(body, sizeof(body),
+			 "return { plan = function(spec) %s end, render = function(spec, p) return 'x' end }\n",
+			 plans[i]);
+		dg_test_write_file(dir, "pack.lua", body);
+		dg_codegen_opts o = { .template_dir = dir };
+		dg_codegen *cg = NULL;
+		cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK, "%s", dg_codegen_errmsg(cg));
+		dg_spec s;
+		dg_plan p;
+		dg_spec_init(&s, DG_OP_PACK_I8X4);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_TEMPLATE, "case %zu accepted", i);
+		cr_assert(strstr(dg_codegen_errmsg(cg), "templates/pack.lua: plan"), "case %zu: %s", i,
+			  dg_codegen_errmsg(cg));
+		cr_assert(strstr(dg_codegen_errmsg(cg), want[i]), "case %zu: %s", i, dg_codegen_errmsg(cg));
+		/* the other modules still plan */
+		dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 		dg_codegen_destroy(cg);
 		dg_test_rmtree(dir);
 	}
@@ -221,6 +357,217 @@ Test(codegen_sandbox, invalid_spec_is_refused_before_lua)
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "latent=8190"));
 	cr_assert_eq(dg_codegen_render(cg, NULL, &src), DG_ERR_INVALID_ARG);
+	dg_codegen_destroy(cg);
+}
+
+/* ---- plans: the template's rules for a tile ------------------------------- */
+
+static dg_codegen *real_codegen(void)
+{
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
+	return cg;
+}
+
+static dg_spec spec_of(const char *text)
+{
+	dg_spec s;
+	char m[512];
+	cr_assert_eq(dg_spec_parse(text, &s, m, sizeof(m)), DG_OK, "%s: %s", text, m);
+	return s;
+}
+
+/* text parses and validates, but its template refuses the tile with want;
+ * the message starts with "tile=<the tile>: " and render refuses it too. */
+static void plan_refuses(dg_codegen *cg, const char *text, const char *want)
+{
+	dg_spec s = spec_of(text);
+	dg_plan p;
+	dg_source *src = (dg_source *)0x1;
+	char head[96], tb[64];
+
+	cr_assert_eq(dg_spec_validate(&s, NULL, 0), DG_OK, "%s", text);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC, "%s was planned", text);
+	const char *m = dg_codegen_errmsg(cg);
+	dg_tile_to_string(&s.tile, tb, sizeof(tb));
+	snprintf(head, sizeof(head), "tile=%s: ", tb);
+	cr_assert(strncmp(m, head, strlen(head)) == 0, "%s: '%s' does not start with '%s'", text, m, head);
+	cr_assert(strstr(m, want), "%s: '%s' lacks '%s'", text, m, want);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_INVALID_SPEC, "%s was rendered", text);
+	cr_assert_null(src);
+	cr_assert(strstr(dg_codegen_errmsg(cg), want), "render: %s", dg_codegen_errmsg(cg));
+}
+
+Test(codegen_plan, refuses_tiles_it_cannot_run)
+{
+	dg_codegen *cg = real_codegen();
+	plan_refuses(cg, "op=lowrank_fwd;tile=48x64x64/2x2/2", "BM and BN must be powers of two from 16 to 256");
+	plan_refuses(cg, "op=lowrank_fwd;tile=64x64x64/2x2/2;embd=96", "BK=64 must divide embd=96");
+	plan_refuses(cg, "op=lowrank_fwd;tile=64x64x16/2x2/2;weight=sign1", "BK must be a multiple of 32");
+	plan_refuses(cg, "op=lowrank_fwd;tile=64x64x64/3x2/2", "WM and WN");
+	plan_refuses(cg, "op=lowrank_fwd;tile=256x256x64/1x1/2", "outputs per thread");
+	plan_refuses(cg, "op=lowrank_fwd;tile=128x128x128/4x4/2;weight=f32;act=f32", "shared memory");
+	plan_refuses(cg, "op=lowrank_fwd;tile=64x64x64/2x2/5", "stages");
+	plan_refuses(cg, "op=quantize_act;tile=t100", "multiple of 32");
+	plan_refuses(cg, "op=pack_i8x4;tile=t2048", "between 32 and 1024");
+	plan_refuses(cg, "op=quantize_weight;tile=t16", "between 32 and 1024");
+	plan_refuses(cg, "op=pack_ternary;tile=t48", "multiple of 32");
+	/* asked again, the cached refusal says the same */
+	plan_refuses(cg, "op=lowrank_fwd;tile=48x64x64/2x2/2", "BM and BN must be powers of two from 16 to 256");
+	dg_codegen_destroy(cg);
+}
+
+Test(codegen_plan, invalid_specs_and_arguments)
+{
+	dg_codegen *cg = real_codegen();
+	dg_spec s;
+	dg_plan p;
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	s.latent = 8190;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "latent=8190: must be a multiple of 4"), "%s",
+		  dg_codegen_errmsg(cg));
+	cr_assert_eq(dg_codegen_plan(cg, NULL, &p), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_codegen_plan(cg, &s, NULL), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_codegen_plan(NULL, &s, &p), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_codegen_plan_for(cg, NULL, 90, &p), DG_ERR_INVALID_ARG);
+	dg_codegen_destroy(cg);
+}
+
+/* Plans a spec, then the plan's own spec: a resolved tile plans to itself. */
+static dg_plan plan_twice(dg_codegen *cg, const dg_spec *s)
+{
+	dg_plan p, q;
+	char c[DG_SPEC_TEXT_MAX], m[512];
+
+	cr_assert_eq(dg_spec_to_string(s, c, sizeof(c)), DG_OK);
+	cr_assert_eq(dg_codegen_plan(cg, s, &p), DG_OK, "%s: %s", c, dg_codegen_errmsg(cg));
+	cr_assert_not(dg_tile_is_auto(&p.spec.tile), "%s: tile left auto", c);
+	cr_assert_eq(dg_spec_validate(&p.spec, m, sizeof(m)), DG_OK, "%s: %s", p.canonical, m);
+	char pc[DG_SPEC_TEXT_MAX];
+	cr_assert_eq(dg_spec_to_string(&p.spec, pc, sizeof(pc)), DG_OK);
+	cr_assert_str_eq(pc, p.canonical);
+	cr_assert_eq(dg_codegen_plan(cg, &p.spec, &q), DG_OK, "%s: %s", p.canonical, dg_codegen_errmsg(cg));
+	cr_assert_str_eq(q.canonical, p.canonical);
+	cr_assert_str_eq(q.path, p.path);
+	cr_assert_str_eq(q.program, p.program);
+	cr_assert_eq(q.needs_arch_specific, p.needs_arch_specific);
+	cr_assert_eq(q.n_entries, p.n_entries, "%s", p.canonical);
+	for (int i = 0; i < p.n_entries; i++) {
+		cr_assert_str_eq(q.entries[i].name, p.entries[i].name);
+		cr_assert_eq(q.entries[i].threads, p.entries[i].threads, "%s", p.canonical);
+		cr_assert_eq(q.entries[i].smem, p.entries[i].smem, "%s", p.canonical);
+	}
+	if (p.needs_arch_specific)
+		cr_assert(p.spec.arch_specific, "%s: an arch-specific path on a portable target", p.canonical);
+	return p;
+}
+
+/* An auto tile becomes the template's default for every format pair, embd
+ * and arch, and that default plans again to the same kernel. */
+Test(codegen_plan, auto_tile_resolves_for_every_format, .timeout = 120)
+{
+	const dg_fmt w[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
+	const dg_fmt a[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_INT4, DG_FMT_UINT8POS };
+	const int embd[] = { 32, 64, 96, 256, 4096 };
+	const int arch[][2] = { { 80, 0 }, { 90, 0 }, { 90, 1 } };
+	const dg_op ops[] = { DG_OP_LOWRANK_FWD, DG_OP_RELU_MASK, DG_OP_DECODER_FWD };
+	dg_codegen *cg = real_codegen();
+	int n = 0;
+	for (size_t o = 0; o < 3; o++)
+		for (int i = 0; i < 5; i++)
+			for (int j = 0; j < 5; j++)
+				for (int e = 0; e < 5; e++)
+					for (int r = 0; r < 3; r++) {
+						dg_spec s;
+						dg_spec_init(&s, ops[o]);
+						s.weight = w[i];
+						s.act = a[j];
+						s.embd = embd[e];
+						s.arch = arch[r][0];
+						s.arch_specific = arch[r][1];
+						if (dg_spec_validate(&s, NULL, 0))
+							continue; /* e.g. embd=96 with sign1 */
+						plan_twice(cg, &s);
+						n++;
+					}
+	cr_assert_gt(n, 800);
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		dg_spec s;
+		dg_spec_init(&s, (dg_op)i);
+		plan_twice(cg, &s);
+	}
+	dg_codegen_destroy(cg);
+}
+
+Test(codegen_plan, plan_for_moves_an_auto_tile_to_the_arch_specific_target)
+{
+	dg_codegen *cg = real_codegen();
+	dg_plan p;
+	dg_spec s = spec_of("op=lowrank_fwd;weight=ternary;relu=0");
+	/* on the spec's own arch, sm_90: the warpgroup path of sm_90a */
+	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(p.spec.arch_specific && p.needs_arch_specific, "%s", p.canonical);
+	cr_assert_str_eq(p.path, "wgmma");
+	dg_plan q;
+	cr_assert_eq(dg_codegen_plan_for(cg, &s, 0, &q), DG_OK);
+	cr_assert_str_eq(q.canonical, p.canonical, "device_sm 0 is the spec's arch");
+	/* the plain plan stays portable */
+	cr_assert_eq(dg_codegen_plan(cg, &s, &q), DG_OK);
+	cr_assert_not(q.spec.arch_specific);
+	cr_assert_not(q.needs_arch_specific);
+	cr_assert_str_neq(q.path, "wgmma");
+	/* another device's SM, an explicit tile, an arch without "a": plan as is */
+	cr_assert_eq(dg_codegen_plan_for(cg, &s, 100, &q), DG_OK);
+	cr_assert_not(q.spec.arch_specific);
+	dg_spec t = spec_of("op=lowrank_fwd;weight=ternary;relu=0;tile=64x64x64/2x2/2");
+	cr_assert_eq(dg_codegen_plan_for(cg, &t, 90, &q), DG_OK);
+	cr_assert_not(q.spec.arch_specific);
+	cr_assert(strstr(q.canonical, "tile=64x64x64/2x2/2;"));
+	dg_spec u = spec_of("op=lowrank_fwd;arch=sm_80");
+	cr_assert_eq(dg_codegen_plan_for(cg, &u, 80, &q), DG_OK);
+	cr_assert_not(q.spec.arch_specific);
+	/* an op whose default on sm_90a takes no warpgroup path stays portable */
+	dg_spec g = spec_of("op=lowrank_grad_input");
+	cr_assert_eq(dg_codegen_plan_for(cg, &g, 90, &q), DG_OK);
+	cr_assert_not(q.spec.arch_specific, "%s", q.canonical);
+	dg_spec e = spec_of("op=pack_i8x4");
+	cr_assert_eq(dg_codegen_plan_for(cg, &e, 90, &q), DG_OK);
+	cr_assert_not(q.spec.arch_specific, "%s", q.canonical);
+	dg_codegen_destroy(cg);
+}
+
+/* A warpgroup tile (BM = 16·WM, WN = 1) takes wgmma on sm_90a only. */
+Test(codegen_plan, paths_follow_the_tile_and_the_target)
+{
+	dg_codegen *cg = real_codegen();
+	dg_plan p;
+	dg_spec s = spec_of("op=lowrank_fwd;tile=128x64x64/8x1/2;arch=sm_90a");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma");
+	cr_assert(p.needs_arch_specific);
+	s = spec_of("op=lowrank_fwd;tile=128x64x64/8x1/2");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "mma.sync");
+	cr_assert_not(p.needs_arch_specific);
+	s = spec_of("op=lowrank_fwd;arch=sm_75");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
+	cr_assert_str_eq(p.path, "dp4a");
+	s = spec_of("op=lowrank_fwd;weight=f32;act=f32");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
+	cr_assert_str_eq(p.path, "fp32");
+	s = spec_of("op=lowrank_grad_input");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
+	cr_assert_str_eq(p.path, "mma.sync bf16");
+	s = spec_of("op=lowrank_grad_input;arch=sm_75");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
+	cr_assert_str_eq(p.path, "fp32");
+	s = spec_of("op=quantize_act");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
+	cr_assert_str_eq(p.path, "element-wise");
+	cr_assert_str_eq(p.program, "quantize_act.cu");
+	cr_assert_eq(p.n_entries, 3);
+	cr_assert_str_eq(p.entries[0].name, "dg_quantize_act_absum");
 	dg_codegen_destroy(cg);
 }
 

@@ -118,6 +118,63 @@ Test(jit, key_covers_spec_arch_and_templates)
 	dg_test_rmtree(dir);
 }
 
+/* dg_jit_key is the key dg_jit_compile uses, computed without compiling:
+ * the cache stays empty, and the canonical text has the tile resolved. */
+Test(jit, key_without_compiling)
+{
+	char *dir = dg_test_tmpdir();
+	dg_ctx *ctx = make_ctx(dir, NULL);
+	dg_spec s = ternary_spec();
+	char key[DG_CACHE_KEY_LEN + 1], canonical[DG_SPEC_TEXT_MAX];
+	cr_assert_eq(dg_jit_key(ctx, &s, key, canonical), DG_OK, "%s", dg_ctx_errmsg(ctx));
+	cr_assert_eq(strlen(key), 64);
+	cr_assert(strstr(canonical, "tile=128x128x64/2x4/4;"), "%s", canonical);
+	dg_cache_stats st;
+	cr_assert_eq(dg_cache_stat(dg_ctx_cache(ctx), &st), DG_OK);
+	cr_assert_eq(st.entries, 0, "dg_jit_key compiled something");
+	dg_binary *b = NULL;
+	cr_assert_eq(dg_jit_compile(ctx, &s, &b), DG_OK, "%s", dg_ctx_errmsg(ctx));
+	cr_assert_str_eq(b->key, key);
+	cr_assert_str_eq(b->canonical, canonical);
+	/* the resolved spec has the same key as its auto form */
+	dg_spec r;
+	char m[256];
+	cr_assert_eq(dg_spec_parse(canonical, &r, m, sizeof(m)), DG_OK, "%s", m);
+	char key2[DG_CACHE_KEY_LEN + 1];
+	cr_assert_eq(dg_jit_key(ctx, &r, key2, NULL), DG_OK);
+	cr_assert_str_eq(key2, key);
+	/* another spec, another key; an invalid one is refused by name */
+	s.relu_thr = 0.5f;
+	cr_assert_eq(dg_jit_key(ctx, &s, key2, NULL), DG_OK);
+	cr_assert_str_neq(key2, key);
+	s.latent = 8190;
+	cr_assert_eq(dg_jit_key(ctx, &s, key2, NULL), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_ctx_errmsg(ctx), "latent=8190"), "%s", dg_ctx_errmsg(ctx));
+	cr_assert_eq(dg_jit_key(ctx, NULL, key2, NULL), DG_ERR_INVALID_ARG);
+	dg_binary_destroy(b);
+	dg_ctx_destroy(ctx);
+	dg_test_rmtree(dir);
+}
+
+/* Like sqlite3_open, a context whose templates do not load is still handed
+ * out, carrying the reason; every call on it fails the same way. */
+Test(jit, a_failed_context_is_handed_out_with_its_message)
+{
+	dg_ctx_opts o = { .no_cache = true, .template_dir = "/nonexistent/dragon-templates" };
+	dg_ctx *ctx = NULL;
+	cr_assert_eq(dg_ctx_create(&ctx, &o), DG_ERR_IO);
+	cr_assert_not_null(ctx);
+	cr_assert(strstr(dg_ctx_errmsg(ctx), "/nonexistent/dragon-templates"), "%s", dg_ctx_errmsg(ctx));
+	dg_spec s = ternary_spec();
+	dg_binary *b = NULL;
+	cr_assert_eq(dg_jit_compile(ctx, &s, &b), DG_ERR_IO);
+	cr_assert_null(b);
+	char key[DG_CACHE_KEY_LEN + 1];
+	cr_assert_eq(dg_jit_key(ctx, &s, key, NULL), DG_ERR_IO);
+	cr_assert(strstr(dg_ctx_errmsg(ctx), "/nonexistent/dragon-templates"));
+	dg_ctx_destroy(ctx);
+}
+
 Test(jit, no_cache_touches_no_disk)
 {
 	dg_ctx_opts o = { .no_cache = true };
@@ -162,7 +219,7 @@ Test(jit, errors_name_the_problem_and_leave_nothing)
 	cr_assert(strstr(dg_ctx_errmsg(ctx), "embd=40"), "%s", dg_ctx_errmsg(ctx));
 	s = ternary_spec();
 	s.arch = 52;
-	cr_assert_eq(dg_jit_compile(ctx, &s, &b), DG_ERR_UNSUPPORTED);
+	cr_assert_eq(dg_jit_compile(ctx, &s, &b), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_ctx_errmsg(ctx), "arch=sm_52"), "%s", dg_ctx_errmsg(ctx));
 	dg_cache_stats st;
 	cr_assert_eq(dg_cache_stat(dg_ctx_cache(ctx), &st), DG_OK);

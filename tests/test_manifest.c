@@ -1,8 +1,10 @@
 /*
  * Bundle manifest reader/writer and the cubin check.
  *
- * The manifest reader is fed one malformed document per field and must
- * answer DG_ERR_PARSE naming that field; the writer's output must read back
+ * The manifest reader (format 2: template hash, device and SM, each
+ * kernel's entries with their launch info) is fed one malformed document
+ * per field and must answer DG_ERR_PARSE naming that field; format 1 is
+ * refused with the fix (rebuild); the writer's output must read back
  * to the same model and the same text. dg_cubin_check is run on a real
  * NVRTC cubin (for its SM: ok; another SM, truncations, foreign bytes: not),
  * every truncation of which goes through an exact-size buffer so ASan sees
@@ -39,10 +41,14 @@ static void fill_kernel(dg_manifest_kernel *k, dg_op op, const char *key,
 	snprintf(k->key, sizeof(k->key), "%s", key);
 	k->file = strdup(file);
 	k->entries = calloc((size_t)n_entries, sizeof(char *));
+	k->threads = calloc((size_t)n_entries, sizeof(int));
+	k->smem = calloc((size_t)n_entries, sizeof(int));
 	for (int i = 0; i < n_entries; i++) {
 		char e[32];
 		snprintf(e, sizeof(e), "dg_entry_%d", i);
 		k->entries[i] = strdup(e);
+		k->threads[i] = 32 << i;
+		k->smem[i] = i * 98304;
 	}
 	k->n_entries = n_entries;
 	k->arch = 90;
@@ -56,7 +62,10 @@ static dg_manifest *sample(void)
 	dg_manifest *m = calloc(1, sizeof(*m));
 	m->format = DG_MANIFEST_FORMAT;
 	m->generator_version = strdup("0.1.0");
+	snprintf(m->template_hash, sizeof(m->template_hash), "%s", KEY_B);
 	m->nvrtc_version = strdup("13.0");
+	m->device = strdup("NVIDIA H200");
+	m->sm = 90;
 	m->created = strdup("2025-01-31T12:00:00Z");
 	m->n_kernels = 2;
 	m->kernels = calloc(2, sizeof(*m->kernels));
@@ -80,8 +89,11 @@ Test(manifest, round_trip)
 	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(dg_manifest_parse(json, strlen(json), &back, msg, sizeof(msg)),
 		     DG_OK, "%s\n%s", msg, json);
-	cr_assert_eq(back->format, 1);
+	cr_assert_eq(back->format, 2);
 	cr_assert_str_eq(back->generator_version, "0.1.0");
+	cr_assert_str_eq(back->template_hash, KEY_B);
+	cr_assert_str_eq(back->device, "NVIDIA H200");
+	cr_assert_eq(back->sm, 90);
 	cr_assert_str_eq(back->nvrtc_version, "13.0");
 	cr_assert_str_eq(back->created, "2025-01-31T12:00:00Z");
 	cr_assert_eq(back->n_kernels, 2);
@@ -91,8 +103,11 @@ Test(manifest, round_trip)
 		cr_assert_str_eq(a->key, b->key);
 		cr_assert_str_eq(a->file, b->file);
 		cr_assert_eq(a->n_entries, b->n_entries);
-		for (int e = 0; e < a->n_entries; e++)
+		for (int e = 0; e < a->n_entries; e++) {
 			cr_assert_str_eq(a->entries[e], b->entries[e]);
+			cr_assert_eq(a->threads[e], b->threads[e]);
+			cr_assert_eq(a->smem[e], b->smem[e]);
+		}
 		cr_assert_eq(a->arch, b->arch);
 		cr_assert_eq(a->ptx, b->ptx);
 		cr_assert_eq(a->compile_ms, b->compile_ms, "compile_ms must be exact");
@@ -104,6 +119,16 @@ Test(manifest, round_trip)
 	cr_assert_str_eq(json, again, "writing what was read must give the same text");
 	free(json);
 	free(again);
+	dg_manifest_destroy(back);
+	/* built for no device: "" and 0 */
+	free(m->device);
+	m->device = strdup("");
+	m->sm = 0;
+	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_manifest_parse(json, strlen(json), &back, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_str_eq(back->device, "");
+	cr_assert_eq(back->sm, 0);
+	free(json);
 	dg_manifest_destroy(m);
 	dg_manifest_destroy(back);
 	dg_manifest_destroy(NULL);
@@ -118,13 +143,23 @@ Test(manifest, writer_refuses_what_cannot_be_read_back)
 	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert_null(json);
 	m->kernels[0].compile_ms = 1;
+	free(m->device);
+	m->device = NULL;
+	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	m->device = strdup("");
 	free(m->created);
 	m->created = NULL;
 	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	m->created = strdup("2025-01-31T12:00:00Z");
+	memset(m->template_hash, 'a', sizeof(m->template_hash)); /* no terminator */
+	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "template_hash"), "%s", msg);
 	dg_manifest_destroy(m);
 }
 
 /* ---- malformed documents ------------------------------------------------- */
+
+#define N_TOP 7 /* members of the top object before "kernels" */
 
 /* A valid one-kernel manifest with one raw JSON value replaced (or the
  * member removed when value is NULL). field "" leaves it whole. */
@@ -134,14 +169,17 @@ static char *doc(const char *field, const char *value)
 	canon_of(DG_OP_PACK_I8X4, spec);
 	snprintf(specq, sizeof(specq), "\"%s\"", spec);
 	struct { const char *name, *val; } f[] = {
-		{ "format", "1" },
+		{ "format", "2" },
 		{ "generator_version", "\"0.1.0\"" },
+		{ "template_hash", "\"" KEY_B "\"" },
 		{ "nvrtc_version", "\"13.0\"" },
 		{ "created", "\"2025-01-31T12:00:00Z\"" },
+		{ "device", "\"NVIDIA H200\"" },
+		{ "sm", "90" },
 		{ "spec", specq },
 		{ "key", "\"" KEY_A "\"" },
 		{ "file", "\"pack_i8x4-0123456789abcdef.cubin\"" },
-		{ "entries", "[\"dg_pack_i8x4\"]" },
+		{ "entries", "[{\"name\": \"dg_pack_i8x4\", \"threads\": 256, \"smem\": 0}]" },
 		{ "arch", "90" },
 		{ "ptx", "false" },
 		{ "compile_ms", "12.5" },
@@ -156,7 +194,7 @@ static char *doc(const char *field, const char *value)
 	n += (size_t)snprintf(out + n, 8192 - n, "{");
 	for (size_t i = 0; i < nf; i++) {
 		const char *v = strcmp(f[i].name, field) == 0 ? value : f[i].val;
-		if (i == 4) { /* the kernel's members start here */
+		if (i == N_TOP) { /* the kernel's members start here */
 			n += (size_t)snprintf(out + n, 8192 - n, "%s\"kernels\": [{",
 					      first ? "" : ", ");
 			first = true;
@@ -201,6 +239,11 @@ Test(manifest, base_document_parses)
 		     "%s\n%s", msg, j);
 	cr_assert_eq(m->n_kernels, 1);
 	cr_assert_str_eq(m->kernels[0].entries[0], "dg_pack_i8x4");
+	cr_assert_eq(m->kernels[0].threads[0], 256);
+	cr_assert_eq(m->kernels[0].smem[0], 0);
+	cr_assert_str_eq(m->template_hash, KEY_B);
+	cr_assert_str_eq(m->device, "NVIDIA H200");
+	cr_assert_eq(m->sm, 90);
 	cr_assert_eq(m->kernels[0].size, 3440);
 	dg_manifest_destroy(m);
 	free(j);
@@ -208,16 +251,21 @@ Test(manifest, base_document_parses)
 
 Test(manifest, missing_fields_are_named)
 {
-	const char *names[] = { "format", "generator_version", "nvrtc_version",
-				"created", "spec", "key", "file", "entries",
+	const char *names[] = { "format", "generator_version", "template_hash",
+				"nvrtc_version", "created", "device", "sm",
+				"spec", "key", "file", "entries",
 				"arch", "ptx", "compile_ms", "cache_hit", "size",
 				"sha256" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		char want[64];
-		snprintf(want, sizeof(want), "%s%s: missing", i >= 4 ? "kernels[0]." : "",
+		snprintf(want, sizeof(want), "%s%s: missing", i >= N_TOP ? "kernels[0]." : "",
 			 names[i]);
 		expect_field_error(names[i], NULL, want);
 	}
+	/* each member of an entry */
+	expect_field_error("entries", "[{\"threads\": 256, \"smem\": 0}]", "kernels[0].entries[0].name: missing");
+	expect_field_error("entries", "[{\"name\": \"k\", \"smem\": 0}]", "kernels[0].entries[0].threads: missing");
+	expect_field_error("entries", "[{\"name\": \"k\", \"threads\": 256}]", "kernels[0].entries[0].smem: missing");
 }
 
 Test(manifest, wrong_types_are_named)
@@ -227,25 +275,53 @@ Test(manifest, wrong_types_are_named)
 	expect_field_error("created", "null", "created: expected a string");
 	expect_field_error("spec", "{}", "kernels[0].spec: expected a string");
 	expect_field_error("key", "[]", "kernels[0].key: expected a string");
-	expect_field_error("entries", "\"dg_x\"", "kernels[0].entries: expected an array");
-	expect_field_error("entries", "[7]", "kernels[0].entries[0]: expected a string");
+	expect_field_error("template_hash", "7", "template_hash: expected a string");
+	expect_field_error("device", "null", "device: expected a string");
+	expect_field_error("sm", "\"90\"", "sm: expected a number");
+	expect_field_error("entries", "\"dg_x\"", "kernels[0].entries: expected an array of { name, threads, smem }");
+	expect_field_error("entries", "[\"dg_x\"]", "kernels[0].entries[0]: expected an object { name, threads, smem }");
+	expect_field_error("entries", "[7]", "kernels[0].entries[0]: expected an object");
+	expect_field_error("entries", "[{\"name\": 7, \"threads\": 256, \"smem\": 0}]",
+			   "kernels[0].entries[0].name: expected a string");
+	expect_field_error("entries", "[{\"name\": \"k\", \"threads\": \"256\", \"smem\": 0}]",
+			   "kernels[0].entries[0].threads: expected a number");
+	expect_field_error("entries", "[{\"name\": \"k\", \"threads\": 256, \"smem\": false}]",
+			   "kernels[0].entries[0].smem: expected a number");
 	expect_field_error("arch", "\"sm_90\"", "kernels[0].arch: expected a number");
 	expect_field_error("ptx", "\"no\"", "kernels[0].ptx: expected true or false");
 	expect_field_error("cache_hit", "1", "kernels[0].cache_hit: expected true or false");
 	expect_field_error("size", "\"3440\"", "kernels[0].size: expected a number");
 	expect_parse_error("[]", 2, "manifest: expected a JSON object");
-	const char *obj = "{\"format\":1,\"generator_version\":\"a\",\"nvrtc_version\":\"b\","
-			  "\"created\":\"c\",\"kernels\":{}}";
+#define TOP "{\"format\":2,\"generator_version\":\"a\",\"template_hash\":\"" KEY_A "\",\"nvrtc_version\":\"b\"," \
+	    "\"created\":\"c\",\"device\":\"\",\"sm\":0,"
+	const char *obj = TOP "\"kernels\":{}}";
 	expect_parse_error(obj, strlen(obj), "kernels: expected an array");
-	const char *num3 = "{\"format\":1,\"generator_version\":\"a\",\"nvrtc_version\":\"b\","
-			   "\"created\":\"c\",\"kernels\":[3]}";
+	const char *num3 = TOP "\"kernels\":[3]}";
 	expect_parse_error(num3, strlen(num3), "kernels[0]: expected an object");
+	const char *none = TOP "\"kernels\":[]}";
+	dg_manifest *m = NULL;
+	char msg[256];
+	cr_assert_eq(dg_manifest_parse(none, strlen(none), &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(m->n_kernels, 0);
+	dg_manifest_destroy(m);
+#undef TOP
 }
 
 Test(manifest, bad_values_are_named)
 {
-	expect_field_error("format", "2", "format: version 2 is not supported");
+	/* format 1 (entries as names, no launch info): made by an older
+	 * dragon-gen, whose kernels this library would not launch the same way */
+	expect_field_error("format", "1",
+			   "format: version 1 is not supported (this dragon reads 2); rebuild the bundle with this dragon-gen");
+	expect_field_error("format", "3", "format: version 3 is not supported");
 	expect_field_error("format", "1.5", "format: expected an integer");
+	expect_field_error("template_hash", "\"" KEY_A "0\"", "template_hash: expected 64 lowercase hex digits");
+	expect_field_error("template_hash", "\"0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef\"",
+			   "template_hash: expected 64 lowercase hex digits");
+	expect_field_error("device", "\"tab\\there\"", "device: expected a string of 1 to 255 printable");
+	expect_field_error("sm", "1000", "sm: expected an integer from 0 to 999");
+	expect_field_error("sm", "-1", "sm: expected an integer");
+	expect_field_error("sm", "90.5", "sm: expected an integer");
 	expect_field_error("format", "1e400", "format: expected an integer");
 	expect_field_error("key", "\"0123\"", "kernels[0].key: expected 64 lowercase hex digits");
 	expect_field_error("key", "\"" "0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef" "\"",
@@ -263,8 +339,20 @@ Test(manifest, bad_values_are_named)
 	expect_field_error("file", "\"\"", "kernels[0].file: expected a plain file name");
 	expect_field_error("file", "\"nul\\u0000.cubin\"", "\\u0000 at line 1");
 	expect_field_error("file", "\"nul\\\\u0000.cubin\"", "kernels[0].file: expected a plain");
-	expect_field_error("entries", "[]", "kernels[0].entries: expected 1 to 64 names");
-	expect_field_error("entries", "[\"ok\", \"1bad\"]", "kernels[0].entries[1]: expected a C identifier");
+	expect_field_error("entries", "[]", "kernels[0].entries: expected 1 to 64 entries, got 0");
+	expect_field_error("entries",
+			   "[{\"name\": \"ok\", \"threads\": 32, \"smem\": 0}, {\"name\": \"1bad\", \"threads\": 32, \"smem\": 0}]",
+			   "kernels[0].entries[1].name: expected a C identifier");
+	expect_field_error("entries", "[{\"name\": \"k\", \"threads\": 0, \"smem\": 0}]",
+			   "kernels[0].entries[0].threads: expected an integer from 1 to 1024");
+	expect_field_error("entries", "[{\"name\": \"k\", \"threads\": 1025, \"smem\": 0}]",
+			   "kernels[0].entries[0].threads: expected an integer from 1 to 1024");
+	expect_field_error("entries", "[{\"name\": \"k\", \"threads\": 64.5, \"smem\": 0}]",
+			   "kernels[0].entries[0].threads: expected an integer");
+	expect_field_error("entries", "[{\"name\": \"k\", \"threads\": 64, \"smem\": -1}]",
+			   "kernels[0].entries[0].smem: expected an integer");
+	expect_field_error("entries", "[{\"name\": \"k\", \"threads\": 64, \"smem\": 0, \"smem\": 1}]",
+			   "kernels[0].entries[0].smem: given twice");
 	expect_field_error("arch", "90.5", "kernels[0].arch: expected an integer");
 	expect_field_error("arch", "-1", "kernels[0].arch: expected an integer");
 	expect_field_error("arch", "1e300", "kernels[0].arch: expected an integer");
@@ -281,7 +369,7 @@ Test(manifest, duplicates_are_refused)
 	char *j = doc("", NULL);
 	/* "format" twice at the top */
 	char *two = malloc(strlen(j) + 32);
-	sprintf(two, "{\"format\": 1, %s", j + 1);
+	sprintf(two, "{\"format\": 2, %s", j + 1);
 	expect_parse_error(two, strlen(two), "format: given twice");
 	free(two);
 	/* "arch" twice in a kernel */

@@ -58,9 +58,18 @@ Test(nvrtc, target_selection)
 	dg__nvrtc_opts_string(&t, opts, sizeof(opts));
 	cr_assert(strstr(opts, "--gpu-architecture=compute_"), "%s", opts);
 
-	cr_assert_eq(dg__nvrtc_target_for(50, false, &t, err, sizeof(err)), DG_ERR_UNSUPPORTED);
+	/* older than NVRTC targets: a spec error, like every usage error */
+	cr_assert_eq(dg__nvrtc_target_for(50, false, &t, err, sizeof(err)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(err, "arch=sm_50"), "%s", err);
-	cr_assert_eq(dg__nvrtc_target_for(91, true, &t, err, sizeof(err)), DG_ERR_UNSUPPORTED);
+	char m[256];
+	cr_assert_eq(dg_jit_check_arch(50, false, m, sizeof(m)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(m, "arch=sm_50: NVRTC"), "%s", m);
+	cr_assert_eq(dg_jit_check_arch(90, true, m, sizeof(m)), DG_OK, "%s", m);
+	cr_assert_eq(dg_jit_check_arch(80, false, NULL, 0), DG_OK);
+	cr_assert_eq(dg_jit_check_arch(91, true, m, sizeof(m)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(m, "sm_91a"), "%s", m);
+	/* arch-specific code cannot fall back to another minor: a spec error */
+	cr_assert_eq(dg__nvrtc_target_for(91, true, &t, err, sizeof(err)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(err, "sm_91a"), "%s", err);
 }
 
@@ -147,22 +156,30 @@ Test(nvrtc, every_rendered_kernel_compiles_for_sm90, .timeout = 1500)
 
 /* ---- a compile error points at the generated line ------------------------ */
 
+/* The start of a dragon.lua whose plan keeps the spec's tile (or a fixed
+ * one for an auto tile) and names one entry k in program `name`. */
+#define PLAN_K(name)                                                                     \
+	"return { plan = function(spec)\n"                                              \
+	"  local t = spec.module == 'lowrank' and { bm = 64, bn = 64, bk = 64, wm = 2, wn = 2, stages = 2, threads = 0 }\n" \
+	"    or { bm = 0, bn = 0, bk = 0, wm = 0, wn = 0, stages = 0, threads = 256 }\n" \
+	"  return { tile = t, path = 'p', name = '" name "', entries = { { name = 'k', threads = 64 } } }\n" \
+	"end,\n"
+
 /* Renders the default spec of op with a template set whose dragon.lua is
  * lua, and compiles it for sm_90 expecting DG_ERR_COMPILE: NVRTC's message
  * is left in err and its result in *res (the caller frees it). */
 static void compile_broken(const char *lua, dg_op op, dg__nvrtc_result *res)
 {
-	char *dir = dg_test_tmpdir();
+	char *dir = dg_test_template_dir(lua, NULL);
 	dg_codegen_opts o = { .template_dir = dir };
 	dg_codegen *cg = NULL;
 	dg_source *src = NULL;
 	dg__nvrtc_target t;
 	dg_spec s;
 
-	dg_test_write_file(dir, "dragon.lua", lua);
-	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK);
+	cr_assert_eq(dg_codegen_create(&cg, &o), DG_OK, "%s", dg_codegen_errmsg(cg));
 	dg_spec_init(&s, op);
-	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, err, sizeof(err)), DG_OK);
 	cr_assert_eq(dg__nvrtc_compile(src, &t, res, err, sizeof(err)), DG_ERR_COMPILE);
 	dg_source_destroy(src);
@@ -174,12 +191,12 @@ Test(nvrtc, compile_error_names_the_generated_line)
 {
 	dg__nvrtc_result res;
 
-	compile_broken("return { render = function(spec)\n"
+	compile_broken(PLAN_K("broken.cu") "render = function(spec)\n"
 		       "  return '// ' .. spec.canonical .. '\\n'\n"
 		       "      .. 'extern \"C\" __global__ void k(float *p)\\n'\n"
 		       "      .. '{\\n'\n"
 		       "      .. '  p[0] = undefined_thing;\\n'\n"
-		       "      .. '}\\n', {'k'}, 'broken.cu'\n"
+		       "      .. '}\\n'\n"
 		       "end }\n",
 		       DG_OP_LOWRANK_FWD, &res);
 	cr_assert(strstr(err, "compile error in act=int8;"), "spec missing: %s", err);
@@ -196,10 +213,10 @@ Test(nvrtc, catastrophic_error_names_the_generated_line)
 {
 	dg__nvrtc_result res;
 
-	compile_broken("return { render = function(spec)\n"
+	compile_broken(PLAN_K("cat.cu") "render = function(spec)\n"
 		       "  return '// ' .. spec.canonical .. '\\n'\n"
 		       "      .. '#include <no_such_header.h>\\n'\n"
-		       "      .. 'extern \"C\" __global__ void k() {}\\n', {'k'}, 'cat.cu'\n"
+		       "      .. 'extern \"C\" __global__ void k() {}\\n'\n"
 		       "end }\n",
 		       DG_OP_PACK_I8X4, &res);
 	cr_assert(strstr(err, "no_such_header.h"), "%s", err);

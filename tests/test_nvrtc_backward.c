@@ -8,7 +8,8 @@
  * cores: 16x16 and 16x32 warp tiles, BK 16 to 128, stages 1 to 4, staging
  * guards, latent / embd not multiples of the tile), quantize_weight src ×
  * weight, pack_ternary / pack_sign1; and the render and the spec refuse
- * tiles and shapes they cannot run.
+ * tiles and shapes they cannot run (the template's plan for tile values,
+ * the op table's validation for the tile's kind and the packing of axes).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,7 +303,8 @@ Test(nvrtc_backward, render_refusals)
 	s.arch = 70;
 	s.tile = (dg_tile){ 128, 128, 64, 4, 4, 1, 0 };
 	cr_assert_neq(dg_codegen_render(cg, &s, &src), DG_OK);
-	cr_assert(strstr(dg_codegen_errmsg(cg), "48 KiB"), "%s", dg_codegen_errmsg(cg));
+	cr_assert(strstr(dg_codegen_errmsg(cg), "needs 65536 bytes of shared memory, more than the 49152"), "%s",
+		  dg_codegen_errmsg(cg));
 	/* the same tile at bk 32: single-buffered, renders */
 	s.tile.bk = 32;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
@@ -315,60 +317,74 @@ Test(nvrtc_backward, render_refusals)
 	cr_assert(strstr(src->text, "path: tensor cores"), "expected the tensor-core path");
 	dg_source_destroy(src);
 	src = NULL;
-	/* pack_ternary rows of 8 codes do not fill a word: the spec refuses
-	 * embd % 4, the template embd % 16 */
+	/* pack_ternary rows of 24 codes do not fill words of 16: the op
+	 * table's packing rule, refused before the template is asked */
 	s = bdh(DG_OP_PACK_TERNARY);
 	s.embd = 24;
-	cr_assert_neq(dg_codegen_render(cg, &s, &src), DG_OK);
-	cr_assert(strstr(dg_codegen_errmsg(cg), "embd=24"), "%s", dg_codegen_errmsg(cg));
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "embd=24: op=ternary packs 16 codes a word"), "%s",
+		  dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 }
 
-/* What the spec refuses of a backward tile, per path, with the rule named. */
-Test(nvrtc_backward, spec_refusals)
+/* What the template's plan refuses of a backward tile, per path, with the
+ * rule named (the spec itself is valid: only its tile cannot run). */
+Test(nvrtc_backward, plan_refusals)
 {
-	char msg[512];
+	dg_codegen *cg = make_cg();
+	dg_plan p;
 	dg_spec s = bdh(DG_OP_DECODER_GRAD_WEIGHT);
+	const char *m;
 
 	/* tensor cores: 128x128 warp tiles are 512 accumulators a thread */
 	s.tile = (dg_tile){ 256, 256, 32, 2, 2, 2, 0 };
-	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
-	cr_assert(strstr(msg, "accumulators"), "%s", msg);
+	cr_assert_eq(dg_spec_validate(&s, NULL, 0), DG_OK);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	m = dg_codegen_errmsg(cg);
+	cr_assert(strstr(m, "tile=256x256x32/2x2/2: ") && strstr(m, "accumulators"), "%s", m);
 	/* tensor cores: 4 stages of 256x256x128 exceed 227 KiB */
 	s.tile = (dg_tile){ 256, 256, 128, 8, 2, 4, 0 };
-	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
-	cr_assert(strstr(msg, "shared memory"), "%s", msg);
-	/* the default fits both rules */
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "shared memory"), "%s", dg_codegen_errmsg(cg));
+	/* the default fits both rules, and plans again to itself */
 	s.tile = (dg_tile){ 0, 0, 0, 0, 0, 0, 0 };
-	dg_spec_default_tile(&s, &s.tile);
-	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	dg_spec r = p.spec;
+	cr_assert_eq(dg_codegen_plan(cg, &r, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	/* SIMT (BK 8): 64x64 warp tiles are 128 outputs a thread */
 	s.tile = (dg_tile){ 128, 128, 8, 2, 2, 2, 0 };
-	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
-	cr_assert(strstr(msg, "outputs per thread"), "%s", msg);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "outputs per thread"), "%s", dg_codegen_errmsg(cg));
 	/* grad_input: BK must divide the reduction (latent 8192 / embd 256) */
 	s = bdh(DG_OP_DECODER_GRAD_INPUT);
 	s.embd = 48;
 	s.tile = (dg_tile){ 64, 64, 32, 2, 2, 2, 0 };
-	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
-	cr_assert(strstr(msg, "embd=48"), "%s", msg);
-	/* a thread count is not a GEMM tile */
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "embd=48"), "%s", dg_codegen_errmsg(cg));
+	/* a thread count is not a GEMM tile: the op table's rule, before the plan */
 	s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
 	s.tile = (dg_tile){ 0, 0, 0, 0, 0, 0, 256 };
+	char msg[512];
 	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(msg, "block tile"), "%s", msg);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "block tile"), "%s", dg_codegen_errmsg(cg));
 	/* default tiles: the tensor-core path from sm_80 (BK dividing the
 	 * reduction), the SIMT default before it or when 16 does not divide */
 	s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
 	s.latent = 48;
-	dg_spec_default_tile(&s, &s.tile);
-	cr_assert(s.tile.bk == 16 && s.tile.bm == 64 && s.tile.bn == 128, "bk %d", s.tile.bk);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(p.spec.tile.bk == 16 && p.spec.tile.bm == 64 && p.spec.tile.bn == 128, "%s", p.canonical);
+	cr_assert_str_eq(p.path, "mma.sync bf16");
 	s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
 	s.latent = 100;
-	dg_spec_default_tile(&s, &s.tile);
-	cr_assert(s.tile.bk == 4 && s.tile.bm == 64 && s.tile.bn == 64, "bk %d", s.tile.bk);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(p.spec.tile.bk == 4 && p.spec.tile.bm == 64 && p.spec.tile.bn == 64, "%s", p.canonical);
+	cr_assert_str_eq(p.path, "fp32");
 	s = bdh(DG_OP_LOWRANK_GRAD_WEIGHT);
 	s.arch = 75;
-	dg_spec_default_tile(&s, &s.tile);
-	cr_assert(s.tile.bm == 64 && s.tile.bn == 64, "bm %d", s.tile.bm);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(p.spec.tile.bm == 64 && p.spec.tile.bn == 64, "%s", p.canonical);
+	cr_assert_str_eq(p.path, "fp32");
+	dg_codegen_destroy(cg);
 }

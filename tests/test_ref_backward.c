@@ -647,7 +647,7 @@ Test(check, lowrank_grad_weight)
 	dg_tensor x = dg_tensor_4d("x", DG_FMT_UINT8POS, FAKE_PTR, 2, 2, 5, 32);
 	x.scale = FAKE_PTR;
 	dg_tensor gw = dg_tensor_3d("grad_w", DG_FMT_F32, FAKE_PTR, 2, 16, 32);
-	dg_lowrank_grad_weight_args a = { &g, &x, &gw, true };
+	dg_lowrank_grad_weight_args a = { .grad = &g, .x = &x, .grad_w = &gw, .accumulate = true };
 
 	cr_assert_eq(dg_lowrank_grad_weight_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
 	x.shape[2] = 4; /* T differs from grad's */
@@ -699,7 +699,7 @@ Test(check, decoder_grads)
 	g.shape[1] = 1;
 	dg_tensor y = dg_tensor_4d("y", DG_FMT_INT8, FAKE_PTR, 3, 2, 7, 32);
 	dg_tensor gw = dg_tensor_2d("grad_w", DG_FMT_F32, FAKE_PTR, 8, 64);
-	dg_decoder_grad_weight_args b = { &g, &y, &gw, false };
+	dg_decoder_grad_weight_args b = { .grad = &g, .y = &y, .grad_w = &gw };
 
 	cr_assert_eq(dg_decoder_grad_weight_check(&s, &b, msg, sizeof(msg)),
 		     DG_ERR_INVALID_ARG, "y has no scale: %s", msg);
@@ -722,41 +722,45 @@ Test(check, quantize_weight_and_pack)
 	dg_tensor w = dg_tensor_3d("w", DG_FMT_BF16, FAKE_PTR, 4, 8, 32);
 	dg_tensor c = dg_tensor_3d("codes", DG_FMT_INT8, FAKE_PTR, 4, 8, 32);
 	c.scale = FAKE_PTR;
+	dg_quantize_weight_args qa = { .w = &w, .codes = &c };
 
-	cr_assert_eq(dg_quantize_weight_check(&s, &w, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_quantize_weight_check(&s, &qa, msg, sizeof(msg)), DG_OK, "%s", msg);
 	w.fmt = DG_FMT_F32;
-	expect_refused(dg_quantize_weight_check(&s, &w, &c, msg, sizeof(msg)),
+	expect_refused(dg_quantize_weight_check(&s, &qa, msg, sizeof(msg)),
 		       DG_ERR_INVALID_ARG, msg, "w", "bf16");
 	w.fmt = DG_FMT_BF16;
 	c.scale = 0;
-	expect_refused(dg_quantize_weight_check(&s, &w, &c, msg, sizeof(msg)),
+	expect_refused(dg_quantize_weight_check(&s, &qa, msg, sizeof(msg)),
 		       DG_ERR_INVALID_ARG, msg, "codes", "scale");
 	c.scale = FAKE_PTR;
 	c.shape[2] = 16;
-	expect_refused(dg_quantize_weight_check(&s, &w, &c, msg, sizeof(msg)),
+	expect_refused(dg_quantize_weight_check(&s, &qa, msg, sizeof(msg)),
 		       DG_ERR_INVALID_ARG, msg, "codes", "(4, 8, 32)");
-	expect_refused(dg_quantize_weight_check(&s, NULL, &c, msg, sizeof(msg)),
+	qa.w = NULL;
+	expect_refused(dg_quantize_weight_check(&s, &qa, msg, sizeof(msg)),
 		       DG_ERR_INVALID_ARG, msg, "w", NULL);
 
 	dg_spec_init(&s, DG_OP_PACK_SIGN1);
 	s.embd = 64;
 	dg_tensor cc = dg_tensor_2d("codes", DG_FMT_INT8, FAKE_PTR, 5, 64);
 	dg_tensor p = dg_tensor_2d("packed", DG_FMT_SIGN1, FAKE_PTR, 5, 64);
+	dg_pack_weight_args pa = { .codes = &cc, .packed = &p };
+	dg_pack_weight_args ua = { .codes = &cc, .packed = &p, .unpack = true };
 
-	cr_assert_eq(dg_pack_weight_check(&s, &cc, &p, false, msg, sizeof(msg)), DG_OK, "%s", msg);
-	cr_assert_eq(dg_pack_weight_check(&s, &cc, &p, true, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_pack_weight_check(&s, &pa, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_pack_weight_check(&s, &ua, msg, sizeof(msg)), DG_OK, "%s", msg);
 	p.fmt = DG_FMT_TERNARY;
-	expect_refused(dg_pack_weight_check(&s, &cc, &p, false, msg, sizeof(msg)),
+	expect_refused(dg_pack_weight_check(&s, &pa, msg, sizeof(msg)),
 		       DG_ERR_INVALID_ARG, msg, "packed", "sign1");
 	p.fmt = DG_FMT_SIGN1;
 	p.shape[0] = 4;
-	expect_refused(dg_pack_weight_check(&s, &cc, &p, false, msg, sizeof(msg)),
+	expect_refused(dg_pack_weight_check(&s, &pa, msg, sizeof(msg)),
 		       DG_ERR_INVALID_ARG, msg, "packed", "(5, 64)");
 	p.shape[0] = 5;
 	cc.shape[1] = 32;
-	expect_refused(dg_pack_weight_check(&s, &cc, &p, false, msg, sizeof(msg)),
+	expect_refused(dg_pack_weight_check(&s, &pa, msg, sizeof(msg)),
 		       DG_ERR_INVALID_ARG, msg, "codes", "64)");
 	s.op = DG_OP_PACK_I8X4;
-	cr_assert_eq(dg_pack_weight_check(&s, &cc, &p, false, msg, sizeof(msg)),
+	cr_assert_eq(dg_pack_weight_check(&s, &pa, msg, sizeof(msg)),
 		     DG_ERR_INVALID_SPEC);
 }

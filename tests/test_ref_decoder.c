@@ -29,12 +29,6 @@ static dg_spec dec_spec(int heads, int latent, int embd, dg_fmt weight, dg_fmt a
 	return s;
 }
 
-static bool is_code(dg_fmt f)
-{
-	return f == DG_FMT_INT8 || f == DG_FMT_INT4 || f == DG_FMT_UINT8POS ||
-	       f == DG_FMT_TERNARY || f == DG_FMT_SIGN1;
-}
-
 /* Integer codes in range, or floats k/8 (|k| <= 64, exact in bf16). */
 static double rand_value(dg_fmt f)
 {
@@ -129,10 +123,10 @@ static void check_pair(dg_fmt weight, dg_fmt act, int H, int L, int E, int B, in
 					for (int l = 0; l < L; l++)
 						acc += y[(((size_t)b * H + h) * T + t) * L + l] *
 						       w[(size_t)d * H * L + (size_t)h * L + l];
-				if (is_code(act) && is_code(weight))
+				if (dg_fmt_is_code(act) && dg_fmt_is_code(weight))
 					sc = sa * sw;
 				else
-					sc = is_code(act) ? sa : is_code(weight) ? sw : 1.0f;
+					sc = dg_fmt_is_code(act) ? sa : dg_fmt_is_code(weight) ? sw : 1.0f;
 				want = (float)acc * sc; /* acc is exact: far below 2^24 */
 				size_t i = ((size_t)b * T + t) * E + d;
 				if (out == DG_FMT_F32) {

@@ -251,12 +251,6 @@ Test(lowrank, hand_float_and_mixed)
 
 /* --- lowrank_fwd: every format against a naive double loop ---------------- */
 
-static bool is_code(dg_fmt f)
-{
-	return f == DG_FMT_INT8 || f == DG_FMT_INT4 || f == DG_FMT_UINT8POS ||
-	       f == DG_FMT_TERNARY || f == DG_FMT_SIGN1;
-}
-
 /* A random value of format f: integer codes in range, float values k/8
  * (|k| <= 64, exact in bf16), so that every float-path sum is exact too. */
 static double rand_value(dg_fmt f)
@@ -327,6 +321,8 @@ struct lr_case {
 	double *x, *w; /* values, (B,Hin,T,E) and (H,L,E) */
 	void *xs, *ws; /* their storage */
 	float *y;      /* expected pre-relu y, (B,H,T,L) */
+	float *acc;    /* the exact sum of each y, (B,H,T,L) */
+	float s;       /* the scale y = acc · s */
 };
 
 static void lr_case_make(struct lr_case *c, dg_fmt weight, dg_fmt act, int Hin)
@@ -349,6 +345,7 @@ static void lr_case_make(struct lr_case *c, dg_fmt weight, dg_fmt act, int Hin)
 	c->x = rh_xmalloc(nx * sizeof(double));
 	c->w = rh_xmalloc(nw * sizeof(double));
 	c->y = rh_xmalloc(ny * sizeof(float));
+	c->acc = rh_xmalloc(ny * sizeof(float));
 	for (size_t i = 0; i < nx; i++)
 		c->x[i] = rand_value(act);
 	for (size_t i = 0; i < nw; i++)
@@ -370,16 +367,18 @@ static void lr_case_make(struct lr_case *c, dg_fmt weight, dg_fmt act, int Hin)
 					for (int e = 0; e < c->E; e++)
 						acc += c->x[(((size_t)b * c->Hin + hin) * c->T + t) * c->E + e] *
 						       c->w[((size_t)h * c->L + l) * c->E + e];
-					if (is_code(act) && is_code(weight))
+					if (dg_fmt_is_code(act) && dg_fmt_is_code(weight))
 						s = c->sa * c->sw;
-					else if (is_code(act))
+					else if (dg_fmt_is_code(act))
 						s = c->sa;
-					else if (is_code(weight))
+					else if (dg_fmt_is_code(weight))
 						s = c->sw;
 					else
 						s = 1.0f;
 					y = (float)acc * s;
 					c->y[(((size_t)b * c->H + h) * c->T + t) * c->L + l] = y;
+					c->acc[(((size_t)b * c->H + h) * c->T + t) * c->L + l] = (float)acc;
+					c->s = s;
 				}
 }
 
@@ -390,6 +389,7 @@ static void lr_case_free(struct lr_case *c)
 	free(c->xs);
 	free(c->ws);
 	free(c->y);
+	free(c->acc);
 }
 
 /* The epilogue, written independently: relu(y - thr), then the code. */
@@ -401,13 +401,21 @@ static float ep_relu(float y, bool relu, float thr)
 	return y > 0.0f ? y : 0.0f;
 }
 
-static int ep_code(float y, float so, int lo, int hi)
+/* The code of one output as ref.h states it, from the exact sum: v =
+ * fmaf(acc, s·r, relu ? -thr·r : 0) with r = 1/so (each a rounded float),
+ * v = max(v, 0) with relu, then rint and clamp; 0 when so <= 0. (y / so in
+ * float would round twice: at an exact tie such as 62.5 it can differ.) */
+static int ep_code(float acc, float s, bool relu, float thr, float so, int lo, int hi)
 {
 	double q;
 
 	if (so <= 0.0f)
 		return 0;
-	q = nearbyint((double)(y / so)); /* y/so in float, then ties to even */
+	float r = 1.0f / so;
+	float v = fmaf(acc, s * r, relu ? -thr * r : 0.0f);
+	if (relu && v < 0.0f)
+		v = 0.0f;
+	q = nearbyint((double)v); /* ties to even */
 	return q < lo ? lo : q > hi ? hi : (int)q;
 }
 
@@ -450,12 +458,12 @@ static void check_case(struct lr_case *c, dg_fmt out, bool relu, float thr)
 			break;
 		}
 		case DG_FMT_INT8:
-			cr_assert_eq((int)(int8_t)o[i], ep_code(y, so, -127, 127),
+			cr_assert_eq((int)(int8_t)o[i], ep_code(c->acc[i], c->s, relu, thr, so, -127, 127),
 				     "w=%s a=%s int8 out[%zu] y=%a", dg_fmt_name(c->weight),
 				     dg_fmt_name(c->act), i, (double)y);
 			break;
 		default:
-			cr_assert_eq((int)o[i], ep_code(y, so, 0, 255),
+			cr_assert_eq((int)o[i], ep_code(c->acc[i], c->s, relu, thr, so, 0, 255),
 				     "w=%s a=%s uint8pos out[%zu] y=%a", dg_fmt_name(c->weight),
 				     dg_fmt_name(c->act), i, (double)y);
 			break;

@@ -1,8 +1,10 @@
 /*
  * The runtime without a GPU: "0 devices" with the reason, a device handle
  * that explains its failure, tensors and every dg_tensor_expect message,
- * the _check twins of quantize_act and pack_i8x4, and the launch info a
- * template gives, carried through codegen, the JIT and the disk cache.
+ * the _check twins of every op (each wrong tensor named: test_optable.c
+ * holds every op's signature against its check), and the launch info a
+ * template's plan gives, carried through codegen, the JIT and the disk
+ * cache.
  *
  * The no-device tests skip on a machine that has a GPU.
  */
@@ -281,7 +283,8 @@ static void check_quant(const dg_spec *s, const dg_tensor *x, const dg_tensor *c
 			dg_status want_st, const char *want)
 {
 	char msg[512] = "";
-	dg_status st = dg_quantize_act_check(s, x, c, msg, sizeof(msg));
+	dg_quantize_act_args a = { .x = x, .codes = c };
+	dg_status st = dg_quantize_act_check(s, &a, msg, sizeof(msg));
 	cr_assert_eq(st, want_st, "got %s: %s", dg_status_str(st), msg);
 	if (want)
 		cr_assert(strstr(msg, want), "message \"%s\" lacks \"%s\"", msg, want);
@@ -302,6 +305,9 @@ Test(ops_check, quantize_act)
 	check_quant(&s, &xo, &co, DG_OK, NULL);
 
 	check_quant(NULL, &x, &c, DG_ERR_INVALID_ARG, "spec is NULL");
+	char m0[256];
+	cr_assert_eq(dg_quantize_act_check(&s, NULL, m0, sizeof(m0)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(m0, "args is NULL"), "%s", m0);
 	dg_spec other;
 	dg_spec_init(&other, DG_OP_PACK_I8X4);
 	check_quant(&other, &x, &c, DG_ERR_INVALID_SPEC,
@@ -336,7 +342,8 @@ static void check_pack(const dg_spec *s, const dg_tensor *c, const dg_tensor *p,
 		       dg_status want_st, const char *want)
 {
 	char msg[512] = "";
-	dg_status st = dg_pack_i8x4_check(s, c, p, msg, sizeof(msg));
+	dg_pack_i8x4_args a = { .codes = c, .packed = p };
+	dg_status st = dg_pack_i8x4_check(s, &a, msg, sizeof(msg));
 	cr_assert_eq(st, want_st, "got %s: %s", dg_status_str(st), msg);
 	if (want)
 		cr_assert(strstr(msg, want), "message \"%s\" lacks \"%s\"", msg, want);
@@ -357,7 +364,7 @@ Test(ops_check, pack_i8x4)
 
 	dg_spec q = quant_spec(DG_FMT_F32, DG_FMT_INT8);
 	check_pack(&q, &c, &p, DG_ERR_INVALID_SPEC,
-		   "spec op=quantize_act, expected op=pack_i8x4 or op=unpack_i8x4");
+		   "dg_pack_i8x4: spec op=quantize_act, expected op=pack_i8x4");
 	dg_tensor ck = dg_tensor_3d("codes", DG_FMT_INT8, 0x1000, 4, 96, 256);
 	check_pack(&s, &ck, &p, DG_ERR_INVALID_ARG,
 		   "codes: expected int8 (*, 256, 96), got int8 (4, 96, 256)");
@@ -381,24 +388,31 @@ Test(ops_check, ops_refuse_before_touching_the_device)
 {
 	dg_spec s = quant_spec(DG_FMT_F32, DG_FMT_INT8);
 	dg_tensor x = dg_tensor_1d("x", DG_FMT_F32, 0x1000, 8);
-	cr_assert_eq(dg_quantize_act(NULL, &s, &x, NULL), DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_pack_i8x4(NULL, &s, &x, NULL), DG_ERR_INVALID_ARG);
+	dg_quantize_act_args qa = { .x = &x };
+	dg_pack_i8x4_args pa = { .codes = &x };
+	cr_assert_eq(dg_quantize_act(NULL, &s, &qa), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_pack_i8x4(NULL, &s, &pa), DG_ERR_INVALID_ARG);
 
 	skip_if_gpu();
 	dg_device *dev = NULL;
 	cr_assert_eq(dg_device_open(&dev, NULL), DG_ERR_NO_DEVICE);
 	/* The check runs first: its message, not the missing device's. */
-	cr_assert_eq(dg_quantize_act(dev, &s, &x, NULL), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_quantize_act(dev, &s, &qa), DG_ERR_INVALID_ARG);
 	cr_assert_str_eq(dg_device_errmsg(dev), "codes: missing (expected int8 (8))");
 	dg_tensor c = dg_tensor_1d("codes", DG_FMT_INT8, 0x2000, 8);
 	c.scale = 0x3000;
-	cr_assert_eq(dg_quantize_act(dev, &s, &x, &c), DG_ERR_NO_DEVICE);
+	qa.codes = &c;
+	cr_assert_eq(dg_quantize_act(dev, &s, &qa), DG_ERR_NO_DEVICE);
 	cr_assert(says_why(dg_device_errmsg(dev)), "%s", dg_device_errmsg(dev));
+	size_t bytes = 7;
+	cr_assert_eq(dg_quantize_act_workspace(dev, &s, &qa, &bytes), DG_ERR_NO_DEVICE);
 	dg_device_close(dev);
 }
 
-/* ---- launch info: template → codegen → JIT → cache ---------------------- */
+/* ---- launch info: template plan → codegen → JIT → cache -------------------- */
 
+/* A template set whose plan gives k1 128 threads and 64 KiB of dynamic
+ * shared memory and k2 32 threads and none. */
 static const char *launch_tpl =
 	"local SRC = [[\n"
 	"extern \"C\" __global__ void k1(int *p)\n"
@@ -410,16 +424,14 @@ static const char *launch_tpl =
 	"}\n"
 	"extern \"C\" __global__ void k2(int *p) { if (p) *p = 2; }\n"
 	"]]\n"
-	"return { render = function(spec)\n"
-	"  return '// ' .. spec.canonical .. '\\n' .. SRC, {'k1', 'k2'}, 'k.cu',\n"
-	"    { k1 = { threads = 128, smem = 65536 } }\n"
-	"end }\n";
-
-static const char *plain_tpl =
-	"return { render = function(spec)\n"
-	"  return '// ' .. spec.canonical .. '\\nextern \"C\" __global__ void k(int *p) { if (p) *p = 1; }\\n',\n"
-	"    {'k'}, 'k.cu'\n"
-	"end }\n";
+	"return {\n"
+	"  plan = function(spec)\n"
+	"    return { tile = { bm = 0, bn = 0, bk = 0, wm = 0, wn = 0, stages = 0, threads = 128 },\n"
+	"             path = 'test', name = 'k.cu',\n"
+	"             entries = { { name = 'k1', threads = 128, smem = 65536 }, { name = 'k2', threads = 32 } } }\n"
+	"  end,\n"
+	"  render = function(spec) return '// ' .. spec.canonical .. '\\n' .. SRC end,\n"
+	"}\n";
 
 static dg_ctx *jit_ctx(const char *cache, const char *tpl)
 {
@@ -441,22 +453,33 @@ static dg_spec small_spec(void)
 
 Test(launch_info, carried_through_codegen_jit_and_cache)
 {
-	char *tpl = dg_test_tmpdir();
+	char *tpl = dg_test_template_dir(launch_tpl, NULL);
 	char *cache = dg_test_tmpdir();
-	dg_test_write_file(tpl, "dragon.lua", launch_tpl);
 	dg_spec s = small_spec();
 
-	/* codegen */
+	/* plan and codegen */
 	dg_codegen_opts co = { .template_dir = tpl };
 	dg_codegen *cg = NULL;
 	dg_source *src = NULL;
+	dg_plan p;
 	cr_assert_eq(dg_codegen_create(&cg, &co), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_eq(p.n_entries, 2);
+	cr_assert_str_eq(p.entries[1].name, "k2");
+	cr_assert_eq(p.entries[0].threads, 128);
+	cr_assert_eq(p.entries[0].smem, 65536);
+	cr_assert_eq(p.entries[1].threads, 32);
+	cr_assert_eq(p.entries[1].smem, 0, "smem left out is 0");
+	cr_assert_str_eq(p.path, "test");
+	cr_assert_str_eq(p.program, "k.cu");
+	cr_assert_eq(p.spec.tile.threads, 128, "the plan's tile");
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_eq(src->n_entries, 2);
 	cr_assert_eq(src->block_threads[0], 128);
 	cr_assert_eq(src->dyn_smem[0], 65536);
-	cr_assert_eq(src->block_threads[1], 0);
+	cr_assert_eq(src->block_threads[1], 32);
 	cr_assert_eq(src->dyn_smem[1], 0);
+	cr_assert(strstr(src->canonical, "tile=t128;"), "%s", src->canonical);
 	dg_source_destroy(src);
 	dg_codegen_destroy(cg);
 
@@ -469,7 +492,7 @@ Test(launch_info, carried_through_codegen_jit_and_cache)
 	cr_assert_str_eq(a->entries[0], "k1");
 	cr_assert_eq(a->block_threads[0], 128);
 	cr_assert_eq(a->dyn_smem[0], 65536);
-	cr_assert_eq(a->block_threads[1], 0);
+	cr_assert_eq(a->block_threads[1], 32);
 	cr_assert_eq(a->dyn_smem[1], 0);
 
 	dg_ctx *c2 = jit_ctx(cache, tpl);
@@ -477,7 +500,7 @@ Test(launch_info, carried_through_codegen_jit_and_cache)
 	cr_assert(b->cache_hit);
 	cr_assert_eq(b->block_threads[0], 128);
 	cr_assert_eq(b->dyn_smem[0], 65536);
-	cr_assert_eq(b->block_threads[1], 0);
+	cr_assert_eq(b->block_threads[1], 32);
 	cr_assert_eq(b->dyn_smem[1], 0);
 
 	cJSON *m = cJSON_Parse(b->meta);
@@ -486,7 +509,9 @@ Test(launch_info, carried_through_codegen_jit_and_cache)
 	cr_assert_not_null(k1, "meta: %s", b->meta);
 	cr_assert_eq(cJSON_GetObjectItem(k1, "threads")->valueint, 128);
 	cr_assert_eq(cJSON_GetObjectItem(k1, "smem")->valueint, 65536);
-	cr_assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(m, "launch"), "k2"));
+	const cJSON *k2 = cJSON_GetObjectItem(cJSON_GetObjectItem(m, "launch"), "k2");
+	cr_assert_not_null(k2, "meta: %s", b->meta);
+	cr_assert_eq(cJSON_GetObjectItem(k2, "threads")->valueint, 32);
 	cJSON_Delete(m);
 
 	dg_binary_destroy(a);
@@ -497,56 +522,28 @@ Test(launch_info, carried_through_codegen_jit_and_cache)
 	dg_test_rmtree(cache);
 }
 
-Test(launch_info, three_values_still_work)
+/* The real templates: the binary's launch info is its spec's plan. */
+Test(launch_info, real_templates_compile_what_they_plan)
 {
-	char *tpl = dg_test_tmpdir();
-	dg_test_write_file(tpl, "dragon.lua", plain_tpl);
-	dg_ctx_opts o = { .template_dir = tpl, .no_cache = true };
+	dg_ctx_opts o = { .no_cache = true };
 	dg_ctx *ctx = NULL;
-	cr_assert_eq(dg_ctx_create(&ctx, &o), DG_OK);
-	dg_spec s = small_spec();
+	cr_assert_eq(dg_ctx_create(&ctx, &o), DG_OK, "%s", dg_ctx_errmsg(ctx));
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_QUANTIZE_ACT);
+	s.tile.threads = 512;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_plan(dg_ctx_codegen(ctx), &s, &p), DG_OK, "%s",
+		     dg_codegen_errmsg(dg_ctx_codegen(ctx)));
 	dg_binary *b = NULL;
 	cr_assert_eq(dg_jit_compile(ctx, &s, &b), DG_OK, "%s", dg_ctx_errmsg(ctx));
-	cr_assert_eq(b->n_entries, 1);
-	cr_assert_not_null(b->block_threads);
-	cr_assert_eq(b->block_threads[0], 0);
-	cr_assert_eq(b->dyn_smem[0], 0);
-	cr_assert_null(strstr(b->meta, "\"launch\""), "meta: %s", b->meta);
+	cr_assert_str_eq(b->canonical, p.canonical);
+	cr_assert_eq(b->n_entries, p.n_entries);
+	for (int i = 0; i < p.n_entries; i++) {
+		cr_assert_str_eq(b->entries[i], p.entries[i].name);
+		cr_assert_eq(b->block_threads[i], p.entries[i].threads);
+		cr_assert_eq(b->block_threads[i], 512);
+		cr_assert_eq(b->dyn_smem[i], p.entries[i].smem);
+	}
 	dg_binary_destroy(b);
 	dg_ctx_destroy(ctx);
-	dg_test_rmtree(tpl);
-}
-
-static void bad_launch(const char *launch_lua, const char *want)
-{
-	char *tpl = dg_test_tmpdir();
-	char body[1024];
-	snprintf(body, sizeof(body),
-		 "return { render = function(spec)\n"
-		 "  return '// x\\n', {'k1', 'k2'}, 'k.cu', %s\n"
-		 "end }\n",
-		 launch_lua);
-	dg_test_write_file(tpl, "dragon.lua", body);
-	dg_codegen_opts co = { .template_dir = tpl };
-	dg_codegen *cg = NULL;
-	dg_source *src = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, &co), DG_OK, "%s", dg_codegen_errmsg(cg));
-	dg_spec s = small_spec();
-	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_TEMPLATE, "%s: rendered", launch_lua);
-	cr_assert_null(src);
-	cr_assert(strstr(dg_codegen_errmsg(cg), want), "%s: message \"%s\" lacks \"%s\"",
-		  launch_lua, dg_codegen_errmsg(cg), want);
-	dg_codegen_destroy(cg);
-	dg_test_rmtree(tpl);
-}
-
-Test(launch_info, bad_tables_are_template_errors)
-{
-	bad_launch("{ k3 = { threads = 64 } }", "'k3' is not one of the entries");
-	bad_launch("{ k1 = { threads = 2048 } }", "k1.threads=2048: must be an integer in 1..1024");
-	bad_launch("{ k1 = { threads = 1.5 } }", "k1.threads=1.5");
-	bad_launch("{ k2 = { smem = -1 } }", "k2.smem=-1");
-	bad_launch("{ k1 = 128 }", "k1 must be a table");
-	bad_launch("{ [1] = { threads = 32 } }", "keys must be entry names");
-	bad_launch("'fast'", "4th value (launch info) must be a table");
 }

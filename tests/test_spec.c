@@ -1,6 +1,9 @@
 /*
- * Spec: defaults, canonical text round trip, and every validation error
- * naming its field.
+ * Spec: defaults, canonical text round trip, and what the parser and
+ * dg_spec_validate own: the fields each op reads, the formats each field
+ * takes and the packing of its axes (all from the op table), the tile's
+ * syntax and kind. Every refusal names its field. Whether a tile's values
+ * can run is the template's rule (test_codegen.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -150,27 +153,6 @@ Test(spec, tile_forms)
 	cr_assert(strstr(canon(&s), "tile=t512;"));
 }
 
-Test(spec, default_tile_is_valid_for_every_format)
-{
-	const dg_fmt w[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
-	const dg_fmt a[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_INT4, DG_FMT_UINT8POS };
-	const int embd[] = { 32, 64, 96, 256, 4096 };
-	for (int i = 0; i < 5; i++)
-		for (int j = 0; j < 5; j++)
-			for (int e = 0; e < 5; e++) {
-				dg_spec s;
-				dg_spec_init(&s, DG_OP_LOWRANK_FWD);
-				s.weight = w[i];
-				s.act = a[j];
-				s.embd = embd[e];
-				if (dg_spec_validate(&s, msg, sizeof(msg)))
-					continue; /* e.g. embd=96 with sign1 */
-				dg_spec_default_tile(&s, &s.tile);
-				cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_OK,
-					     "default tile for %s: %s", canon(&s), msg);
-			}
-}
-
 Test(spec, validation_names_the_field)
 {
 	refused("op=lowrank_fwd;latent=8190", "latent=8190: must be a multiple of 4");
@@ -181,7 +163,7 @@ Test(spec, validation_names_the_field)
 	refused("op=lowrank_fwd;embd=6", "embd=6: must be a multiple of 4");
 	refused("op=lowrank_fwd;embd=48;weight=sign1", "embd=48: weight=sign1");
 	refused("op=lowrank_fwd;embd=40;weight=ternary", "multiple of 16");
-	refused("op=lowrank_fwd;weight=int3", "weight=int3: must be one of f32|bf16|int8|ternary|sign1");
+	refused("op=lowrank_fwd;weight=int3", "weight=int3: op lowrank_fwd takes one of f32|bf16|int8|ternary|sign1");
 	refused("op=lowrank_fwd;weight=int4", "weight=int4");
 	refused("op=lowrank_fwd;act=sign1", "act=sign1");
 	refused("op=lowrank_fwd;out=ternary", "out=ternary");
@@ -210,21 +192,38 @@ Test(spec, validation_names_the_field)
 	refused("", "op is missing");
 }
 
-Test(spec, tile_validation)
+/* The parser and validation own the tile's syntax and kind only; whether a
+ * tile's values can run is the template's (test_codegen.c, plan_refuses_*). */
+Test(spec, tile_syntax_and_kind)
 {
 	refused("op=lowrank_fwd;tile=7x7", "tile=7x7: must be auto");
-	refused("op=lowrank_fwd;tile=48x64x64/2x2/2", "BM and BN must be powers of two");
-	refused("op=lowrank_fwd;tile=64x64x64/2x2/2;embd=96", "BK=64 must divide embd=96");
-	refused("op=lowrank_fwd;tile=64x64x16/2x2/2;weight=sign1", "BK must be a multiple of 32");
-	refused("op=lowrank_fwd;tile=64x64x64/3x2/2", "WM and WN");
-	refused("op=lowrank_fwd;tile=256x256x64/1x1/2", "outputs per thread");
-	refused("op=lowrank_fwd;tile=128x128x128/4x4/2;weight=f32;act=f32", "shared memory");
+	refused("op=lowrank_fwd;tile=64x64x64/0x2/2", "tile=64x64x64/0x2/2: must be auto");
+	refused("op=lowrank_fwd;tile=64x64x64/2x2/2x", "must be auto");
+	refused("op=lowrank_fwd;tile=t", "tile=t: must be auto");
 	refused("op=lowrank_fwd;relu=1e-60", "relu=1e-60");
-	refused("op=lowrank_fwd;tile=64x64x64/2x2/5", "stages");
 	refused("op=lowrank_fwd;tile=t256", "takes a block tile");
 	refused("op=quantize_act;tile=64x64x64/2x2/2", "takes a thread count");
-	refused("op=quantize_act;tile=t100", "multiple of 32");
-	refused("op=pack_i8x4;tile=t2048", "between 32 and 1024");
+	/* values a template refuses still parse: the plan judges them */
+	cr_assert_eq(parsed("op=lowrank_fwd;tile=48x64x64/2x2/2").tile.bm, 48);
+	cr_assert_eq(parsed("op=quantize_act;tile=t100").tile.threads, 100);
+	cr_assert_eq(parsed("op=pack_i8x4;tile=t2048").tile.threads, 2048);
+	/* the kind is the op table's, for every op */
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		const dg_op_info *row = dg_op_info_of((dg_op)i);
+		dg_spec s;
+		dg_spec_init(&s, (dg_op)i);
+		if (!(row->fields & DG_FIELD_TILE))
+			continue;
+		dg_tile gemm = { 64, 64, 64, 2, 2, 2, 0 }, thr = { .threads = 256 };
+		s.tile = row->tile == DG_TILE_GEMM ? thr : gemm;
+		cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC,
+			     "%s took the other tile kind", dg_op_name((dg_op)i));
+		cr_assert(strstr(msg, row->tile == DG_TILE_GEMM ? "takes a block tile" : "takes a thread count"),
+			  "%s: %s", dg_op_name((dg_op)i), msg);
+		s.tile = row->tile == DG_TILE_GEMM ? gemm : thr;
+		cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_OK, "%s: %s",
+			     dg_op_name((dg_op)i), msg);
+	}
 }
 
 Test(spec, null_and_small_buffers)
@@ -272,4 +271,193 @@ Test(spec, names)
 	dg_op op;
 	cr_assert_not(dg_op_from_name("LOWRANK_FWD", &op));
 	cr_assert_not(dg_op_from_name(NULL, &op));
+}
+
+/* ---- what the op table says, the parser and validation enforce -------------- */
+
+static const struct {
+	const char *key;
+	dg_field field;
+	const char *value; /* a valid value for the default spec */
+} keys[] = {
+	{ "act", DG_FIELD_ACT, "int8" },      { "arch", DG_FIELD_ARCH, "sm_80" },
+	{ "embd", DG_FIELD_EMBD, "512" },     { "heads", DG_FIELD_HEADS, "4" },
+	{ "in_heads", DG_FIELD_IN_HEADS, "1" }, { "latent", DG_FIELD_LATENT, "256" },
+	{ "out", DG_FIELD_OUT, "f32" },       { "relu", DG_FIELD_RELU, "0.5" },
+	{ "src", DG_FIELD_SRC, "bf16" },      { "tile", DG_FIELD_TILE, "auto" },
+	{ "weight", DG_FIELD_WEIGHT, "int8" },
+};
+
+/* Every key an op reads parses; every other key is refused by name, and
+ * the canonical text holds exactly the keys the op reads. */
+Test(spec, each_op_takes_exactly_its_fields)
+{
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		dg_op op = (dg_op)i;
+		const dg_op_info *row = dg_op_info_of(op);
+		cr_assert_eq(dg_spec_uses(op), row->fields);
+		dg_spec d;
+		dg_spec_init(&d, op);
+		const char *c = canon(&d);
+		for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+			char text[128], key_eq[32];
+			snprintf(key_eq, sizeof(key_eq), "%s=", keys[k].key);
+			const char *v = keys[k].value;
+			/* a value the op takes: its own default format for format keys */
+			if (keys[k].field == DG_FIELD_OUT)
+				v = dg_fmt_name(d.out);
+			else if (keys[k].field == DG_FIELD_ACT)
+				v = dg_fmt_name(d.act);
+			else if (keys[k].field == DG_FIELD_WEIGHT)
+				v = dg_fmt_name(d.weight);
+			snprintf(text, sizeof(text), "op=%s;%s=%s", dg_op_name(op), keys[k].key, v);
+			bool reads = row->fields & keys[k].field;
+			/* a leading "key=" or ";key=" in the canonical text */
+			char semi[40];
+			snprintf(semi, sizeof(semi), ";%s", key_eq);
+			bool in_text = strncmp(c, key_eq, strlen(key_eq)) == 0 || strstr(c, semi);
+			cr_assert_eq(in_text, reads, "%s: canonical %s and the op table disagree on %s",
+				     dg_op_name(op), c, keys[k].key);
+			if (reads) {
+				parsed(text);
+			} else {
+				char want[96];
+				snprintf(want, sizeof(want), "%s: op %s does not take it", keys[k].key,
+					 dg_op_name(op));
+				refused(text, want);
+			}
+		}
+	}
+}
+
+static const char *const fmt_keys[] = { "weight", "act", "out", "src" };
+static const dg_field fmt_fields[] = { DG_FIELD_WEIGHT, DG_FIELD_ACT, DG_FIELD_OUT, DG_FIELD_SRC };
+
+static unsigned row_fmts(const dg_op_info *row, dg_field f)
+{
+	return f == DG_FIELD_WEIGHT ? row->weight_fmts
+	       : f == DG_FIELD_ACT  ? row->act_fmts
+	       : f == DG_FIELD_OUT  ? row->out_fmts
+				    : row->src_fmts;
+}
+
+static void set_fmt(dg_spec *s, dg_field f, dg_fmt v)
+{
+	if (f == DG_FIELD_WEIGHT)
+		s->weight = v;
+	else if (f == DG_FIELD_ACT)
+		s->act = v;
+	else if (f == DG_FIELD_OUT)
+		s->out = v;
+	else
+		s->src = v;
+}
+
+/* Each format field of each op takes exactly the op table's formats, in
+ * the parser and in dg_spec_validate, and a refusal lists them. */
+Test(spec, formats_per_op_are_the_op_tables)
+{
+	int accepted = 0, refusals = 0;
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		dg_op op = (dg_op)i;
+		const dg_op_info *row = dg_op_info_of(op);
+		for (int k = 0; k < 4; k++) {
+			unsigned mask = row_fmts(row, fmt_fields[k]);
+			cr_assert_eq(mask != 0, (row->fields & fmt_fields[k]) != 0,
+				     "%s: %s formats given for a field it does not read, or none for one it does",
+				     dg_op_name(op), fmt_keys[k]);
+			if (!mask)
+				continue;
+			char list[96];
+			dg_fmt_list(mask, list, sizeof(list));
+			for (int f = 0; f < DG_FMT__COUNT; f++) {
+				char text[128];
+				/* uint8pos outputs need relu; give every op that reads relu one */
+				snprintf(text, sizeof(text), "op=%s;%s=%s%s", dg_op_name(op), fmt_keys[k],
+					 dg_fmt_name((dg_fmt)f), (row->fields & DG_FIELD_RELU) ? ";relu=0" : "");
+				dg_spec s;
+				dg_spec_init(&s, op);
+				s.relu = (row->fields & DG_FIELD_RELU) != 0;
+				/* the packing of a wide format must fit: embd and latent are 256, 8192 */
+				set_fmt(&s, fmt_fields[k], (dg_fmt)f);
+				if (mask & DG_FMT_BIT(f)) {
+					dg_spec p = parsed(text);
+					cr_assert(dg_spec_equal(&p, &s), "%s", text);
+					cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_OK, "%s: %s",
+						     text, msg);
+					accepted++;
+				} else {
+					char want[160];
+					snprintf(want, sizeof(want), "%s=%s: op %s takes one of %s", fmt_keys[k],
+						 dg_fmt_name((dg_fmt)f), dg_op_name(op), list);
+					refused(text, want);
+					cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC,
+						     "validate took %s", text);
+					cr_assert(strstr(msg, want), "validate: '%s' lacks '%s'", msg, want);
+					refusals++;
+				}
+			}
+		}
+	}
+	/* lowrank_fwd alone: 5 weights, 5 acts, 4 outs */
+	cr_assert_gt(accepted, 14);
+	cr_assert_gt(refusals, 20);
+}
+
+/* A weight packed along embd or latent must fill whole words of its
+ * format; pack_ternary and pack_sign1 pack along embd whatever the spec's
+ * weight says. */
+Test(spec, packing_rules)
+{
+	refused("op=pack_ternary;embd=8", "embd=8: op=ternary packs 16 codes a word along embd");
+	refused("op=pack_sign1;embd=48", "embd=48: op=sign1 packs 32 codes a word along embd");
+	parsed("op=pack_ternary;embd=16");
+	parsed("op=pack_sign1;embd=32");
+	refused("op=decoder_fwd;weight=ternary;latent=8200", "latent=8200: weight=ternary packs 16");
+	refused("op=decoder_grad_input;weight=sign1;latent=8208", "latent=8208: weight=sign1 packs 32");
+	refused("op=lowrank_grad_input;weight=sign1;embd=272", "embd=272: weight=sign1 packs 32");
+	/* the weight's axis only: decoder packs latent, so embd needs only 4 */
+	parsed("op=decoder_fwd;weight=sign1;embd=12");
+	parsed("op=lowrank_fwd;weight=sign1;latent=12");
+	/* i8x4 ops pack four along embd; pack_i8x4's latent is free */
+	refused("op=pack_i8x4;embd=6", "embd=6: must be a multiple of 4");
+	parsed("op=pack_i8x4;latent=7");
+	refused("op=lowrank_fwd;latent=7", "latent=7: must be a multiple of 4");
+	/* every op's rule, from the op table, on the validator */
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		const dg_op_info *row = dg_op_info_of((dg_op)i);
+		for (int f = 0; f < DG_FMT__COUNT; f++) {
+			int per = dg_fmt_per_word((dg_fmt)f);
+			bool packs = row->weight_axis && (row->weight_fmts & DG_FMT_BIT(f));
+			bool op_packs = row->pack_fmt == (dg_fmt)f;
+			if ((!packs && !op_packs) || per <= 4)
+				continue;
+			dg_spec s;
+			dg_spec_init(&s, (dg_op)i);
+			s.relu = row->needs_relu;
+			if (packs)
+				s.weight = (dg_fmt)f;
+			int *len = (packs ? row->weight_axis : DG_FIELD_EMBD) == DG_FIELD_EMBD ? &s.embd
+											: &s.latent;
+			*len = per * 3;
+			cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_OK, "%s %s: %s",
+				     dg_op_name((dg_op)i), dg_fmt_name((dg_fmt)f), msg);
+			*len = per * 3 + 4;
+			cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC,
+				     "%s %s accepted %d", dg_op_name((dg_op)i), dg_fmt_name((dg_fmt)f), *len);
+			char want[64];
+			snprintf(want, sizeof(want), "must be a multiple of %d", per);
+			cr_assert(strstr(msg, want), "%s", msg);
+		}
+	}
+}
+
+Test(spec, relu_rules)
+{
+	refused("op=relu_mask;relu=none", "relu=none: op relu_mask needs the forward's threshold");
+	cr_assert(parsed("op=relu_mask").relu, "relu_mask's default has relu");
+	refused("op=lowrank_fwd;out=uint8pos;relu=none", "out=uint8pos: needs relu");
+	parsed("op=lowrank_fwd;out=uint8pos;relu=0");
+	refused("op=decoder_fwd;out=int8", "out=int8: op decoder_fwd takes one of f32|bf16");
+	cr_assert_eq(parsed("op=decoder_fwd").out, DG_FMT_BF16, "decoder_fwd writes bf16 by default");
 }

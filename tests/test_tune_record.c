@@ -6,8 +6,11 @@
  *     op, a winner that names no timed candidate, a non-canonical spec)
  *     is refused with a message naming the file and the field;
  *   - the DB skips bad files and records of another device without
- *     failing, merges two machines' records (newest date wins), and
- *     resolve says why it used the heuristic when it did.
+ *     failing, merges two machines' records (newest date wins), serves
+ *     the built-in H200 records below the user's (a user record of a key
+ *     wins whatever its date; "builtin" keeps only them, "none" none),
+ *     and resolve plans what runs and says why it used the template's
+ *     default when it did.
  */
 #include <criterion/criterion.h>
 
@@ -228,6 +231,29 @@ static dg_spec spec_of(const char *text)
 	return s;
 }
 
+static dg_codegen *make_cg(void)
+{
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
+	return cg;
+}
+
+/* dg_tune_resolve, which fails only when the spec cannot be planned. */
+static void resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *s, const char *device,
+		    int sm, dg_tune_choice *ch)
+{
+	cr_assert_eq(dg_tune_resolve(cg, db, s, device, sm, ch), DG_OK, "%s", dg_codegen_errmsg(cg));
+	/* what runs is its plan's spec */
+	cr_assert(dg_spec_equal(&ch->spec, &ch->plan.spec));
+	char c[DG_SPEC_TEXT_MAX];
+	cr_assert_eq(dg_spec_to_string(&ch->spec, c, sizeof(c)), DG_OK);
+	cr_assert_str_eq(c, ch->plan.canonical);
+	cr_assert_not(dg_tile_is_auto(&ch->spec.tile));
+}
+
+/* Records built into the library for the H200 (the BDH set). */
+#define N_BUILTIN 13
+
 Test(tune_db, lookup_merge_and_fallback)
 {
 	char *dir = dg_test_tmpdir();
@@ -248,10 +274,14 @@ Test(tune_db, lookup_merge_and_fallback)
 	dg_test_write_file(dir, "types.json", "{\"format\": \"one\"}");
 	dg_test_write_file(dir, "readme.txt", "not a record");
 
+	dg_codegen *cg = make_cg();
 	dg_tune_db *db = NULL;
 	dg_tune_db_opts o = { .path = dir, .device = DEV, .sm = 90 };
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
-	cr_assert_eq(dg_tune_db_size(db), 1, "A and B share one key");
+	/* A and B share one key, which also has a built-in record: the
+	 * user's win, the other built-in ones stay */
+	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN, "%zu", dg_tune_db_size(db));
+	cr_assert_eq(dg_tune_db_n_builtin(db), N_BUILTIN - 1);
 	cr_assert_eq(dg_tune_db_n_other_device(db), 1);
 	cr_assert_eq(dg_tune_db_n_problems(db), 4);
 	bool saw_empty = false, saw_types = false;
@@ -265,7 +295,7 @@ Test(tune_db, lookup_merge_and_fallback)
 	/* the newest record wins: B's 64x64 */
 	dg_spec s = spec_of(SPEC_LR);
 	dg_tune_choice ch;
-	dg_tune_resolve(db, &s, DEV, 90, &ch);
+	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(ch.tuned, "%s", ch.why);
 	cr_assert(strstr(ch.record, "b.json"), "%s", ch.record);
 	cr_assert_str_eq(ch.date, "2026-12-02T09:00:00Z");
@@ -275,31 +305,40 @@ Test(tune_db, lookup_merge_and_fallback)
 
 	/* another spec: the heuristic, saying why */
 	dg_spec s2 = spec_of("op=lowrank_fwd;weight=int8;act=int8;out=bf16");
-	dg_tune_resolve(db, &s2, DEV, 90, &ch);
+	resolve(cg, db, &s2, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no record for " DEV " (sm_90)"), "%s", ch.why);
-	dg_spec want = s2;
-	dg_spec_default_resolve(&want, 90);
-	cr_assert(dg_spec_equal(&ch.spec, &want));
+	dg_plan want;
+	cr_assert_eq(dg_codegen_plan_for(cg, &s2, 90, &want), DG_OK);
+	cr_assert(dg_spec_equal(&ch.spec, &want.spec), "%s", want.canonical);
 
 	/* an explicit tile is kept */
 	dg_spec s3 = spec_of(SPEC_LR ";tile=128x128x64/2x4/4");
-	dg_tune_resolve(db, &s3, DEV, 90, &ch);
+	resolve(cg, db, &s3, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(dg_spec_equal(&ch.spec, &s3));
+	cr_assert(strstr(ch.why, "names its tile"), "%s", ch.why);
+
+	/* a spec the template cannot plan fails, with the template's message */
+	dg_spec bad = spec_of(SPEC_LR ";tile=48x64x64/2x2/2");
+	cr_assert_eq(dg_tune_resolve(cg, db, &bad, DEV, 90, &ch), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "BM and BN must be powers of two"), "%s",
+		  dg_codegen_errmsg(cg));
 
 	/* no DB at all */
-	dg_tune_resolve(NULL, &s, DEV, 90, &ch);
+	resolve(cg, NULL, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no tuning DB"), "%s", ch.why);
 	dg_tune_db_destroy(db);
 
-	/* the same folder opened for the other device: its record only */
+	/* the same folder opened for the other device: its record only (the
+	 * H200's built-in ones count as another device's) */
 	dg_tune_db_opts o2 = { .path = dir, .device = "NVIDIA A100", .sm = 80 };
 	cr_assert_eq(dg_tune_db_open(&db, &o2), DG_OK);
 	cr_assert_eq(dg_tune_db_size(db), 1);
-	cr_assert_eq(dg_tune_db_n_other_device(db), 2);
-	dg_tune_resolve(db, &s, DEV, 90, &ch);
+	cr_assert_eq(dg_tune_db_n_builtin(db), 0);
+	cr_assert_eq(dg_tune_db_n_other_device(db), 2 + N_BUILTIN);
+	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned, "a record of another device must not be used");
 	dg_tune_db_destroy(db);
 
@@ -308,6 +347,7 @@ Test(tune_db, lookup_merge_and_fallback)
 	cr_assert_eq(dg_tune_db_open(&db, &o3), DG_OK);
 	cr_assert_eq(dg_tune_db_devices(db, NULL, 0), 2);
 	dg_tune_db_destroy(db);
+	dg_codegen_destroy(cg);
 
 	dg_tune_record_destroy(ra);
 	dg_tune_record_destroy(rb);
@@ -327,32 +367,39 @@ Test(tune_db, merge_is_independent_of_order_and_env_path_list)
 	char list[2048];
 	snprintf(list, sizeof(list), "%s:%s", d1, d2);
 	setenv("DRAGON_TUNE_DB", list, 1);
+	dg_codegen *cg = make_cg();
 	dg_tune_db *db = NULL;
 	dg_tune_db_opts o = { .device = DEV, .sm = 90 };
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
 	cr_assert_str_eq(dg_tune_db_where(db), list);
 	dg_spec s = spec_of(SPEC_LR);
 	dg_tune_choice ch;
-	dg_tune_resolve(db, &s, DEV, 90, &ch);
+	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(ch.tuned);
 	cr_assert_str_eq(ch.date, "2026-12-05T00:00:00Z");
 	dg_tune_db_destroy(db);
 
-	/* "none" turns the DB off */
+	/* "none" turns the DB off, built-in records included */
 	setenv("DRAGON_TUNE_DB", "none", 1);
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
 	cr_assert_eq(dg_tune_db_size(db), 0);
-	dg_tune_resolve(db, &s, DEV, 90, &ch);
+	cr_assert_eq(dg_tune_db_n_builtin(db), 0);
+	cr_assert_str_eq(dg_tune_db_where(db), "none");
+	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
+	cr_assert(strstr(ch.why, "no tuning DB"), "%s", ch.why);
 	dg_tune_db_destroy(db);
 	unsetenv("DRAGON_TUNE_DB");
 
-	/* a missing folder is an empty DB, not an error */
+	/* a missing folder is an empty folder, not an error: the built-in
+	 * records alone */
 	dg_tune_db_opts miss = { .path = "/nonexistent/dragon/tune" };
 	cr_assert_eq(dg_tune_db_open(&db, &miss), DG_OK);
-	cr_assert_eq(dg_tune_db_size(db), 0);
+	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN);
+	cr_assert_eq(dg_tune_db_n_builtin(db), N_BUILTIN);
 	cr_assert_eq(dg_tune_db_n_problems(db), 0);
 	dg_tune_db_destroy(db);
+	dg_codegen_destroy(cg);
 
 	dg_tune_record_destroy(ra);
 	dg_tune_record_destroy(rb);
@@ -367,22 +414,134 @@ Test(tune_db, stale_or_empty_winners_fall_back_with_a_reason)
 	dg_tune_record *r = make(SPEC_LR, DEV, 90, "2026-12-01T10:00:00Z", TILES, none, 2);
 	cr_assert_eq(r->winner, -1);
 	save(r, dir, "r.json");
+	dg_codegen *cg = make_cg();
 	dg_tune_db *db = NULL;
 	dg_tune_db_opts o = { .path = dir, .device = DEV, .sm = 90 };
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
 	dg_spec s = spec_of(SPEC_LR);
 	dg_tune_choice ch;
-	dg_tune_resolve(db, &s, DEV, 90, &ch);
+	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no winner"), "%s", ch.why);
 	dg_tune_db_destroy(db);
 
+	/* a winner its template no longer plans */
+	const char *tiles[1] = { "48x64x64/2x2/2" };
+	const double med[1] = { 10.0 };
+	dg_tune_record *st = make(SPEC_LR, DEV, 90, "2026-12-01T10:00:00Z", tiles, med, 1);
+	save(st, dir, "r.json");
+	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
+	resolve(cg, db, &s, DEV, 90, &ch);
+	cr_assert(!ch.tuned);
+	cr_assert(strstr(ch.why, "no longer valid") && strstr(ch.why, "BM and BN"), "%s", ch.why);
+	dg_tune_db_destroy(db);
+	dg_tune_record_destroy(st);
+
 	/* without a DB the element-wise ops get their default threads too */
 	dg_spec q = spec_of("op=quantize_act");
-	dg_tune_resolve(NULL, &q, DEV, 90, &ch);
+	resolve(cg, NULL, &q, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no tuning DB"), "%s", ch.why);
 	cr_assert_eq(ch.spec.tile.threads, 256);
+	dg_tune_record_destroy(r);
+	dg_codegen_destroy(cg);
+	dg_test_rmtree(dir);
+}
+
+/* The records built into the library: the H200's BDH set. */
+Test(tune_db, builtin_records)
+{
+	dg_codegen *cg = make_cg();
+	dg_tune_db *db = NULL;
+	dg_tune_db_opts o = { .path = "builtin", .device = DEV, .sm = 90 };
+	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
+	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN);
+	cr_assert_eq(dg_tune_db_n_builtin(db), N_BUILTIN);
+	cr_assert_eq(dg_tune_db_n_problems(db), 0, "%s", dg_tune_db_problem(db, 0));
+	cr_assert_eq(dg_tune_db_n_other_device(db), 0);
+	dg_tune_device dv[4];
+	cr_assert_eq(dg_tune_db_devices(db, dv, 4), 1);
+	cr_assert_str_eq(dv[0].name, DEV);
+	cr_assert_eq(dv[0].sm, 90);
+
+	/* the projection of the BDH step: the warpgroup tile on sm_90a */
+	dg_spec s = spec_of("op=lowrank_fwd;weight=ternary;act=int8;out=int8;relu=0");
+	dg_tune_choice ch;
+	resolve(cg, db, &s, DEV, 90, &ch);
+	cr_assert(ch.tuned, "%s", ch.why);
+	char tile[64];
+	dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
+	cr_assert_str_eq(tile, "128x64x64/8x1/2");
+	cr_assert(ch.spec.arch_specific);
+	cr_assert_eq(ch.spec.arch, 90);
+	cr_assert(strstr(ch.plan.canonical, "arch=sm_90a;"), "%s", ch.plan.canonical);
+	cr_assert(strncmp(ch.record, "built-in:lowrank_fwd-", 21) == 0, "%s", ch.record);
+	/* every spec of the BDH set has its tuned tile, and it plans */
+	dg_spec set[32];
+	size_t n = dg_tune_bdh_set(set, 32);
+	for (size_t i = 0; i < n; i++) {
+		resolve(cg, db, &set[i], DEV, 90, &ch);
+		cr_assert(ch.tuned, "%s: %s", dg_op_name(set[i].op), ch.why);
+	}
+	/* another device: none of them */
+	resolve(cg, db, &s, "NVIDIA A100", 80, &ch);
+	cr_assert(!ch.tuned);
+	dg_tune_db_destroy(db);
+
+	/* unfiltered, and "builtin" keeps the user's folder out */
+	dg_tune_db_opts all = { .path = "builtin" };
+	cr_assert_eq(dg_tune_db_open(&db, &all), DG_OK);
+	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN);
+	cr_assert_str_eq(dg_tune_db_where(db), "builtin");
+	dg_tune_db_destroy(db);
+
+	/* "none": no records at all */
+	dg_tune_db_opts none = { .path = "none", .device = DEV, .sm = 90 };
+	cr_assert_eq(dg_tune_db_open(&db, &none), DG_OK);
+	cr_assert_eq(dg_tune_db_size(db), 0);
+	cr_assert_eq(dg_tune_db_n_builtin(db), 0);
+	resolve(cg, db, &s, DEV, 90, &ch);
+	cr_assert(!ch.tuned);
+	/* without a record: the template's default on the device, which on
+	 * sm_90 is the sm_90a warpgroup path too (dg_codegen_plan_for) */
+	dg_plan want;
+	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &want), DG_OK);
+	cr_assert_str_eq(ch.plan.canonical, want.canonical);
+	dg_tune_db_destroy(db);
+	dg_codegen_destroy(cg);
+}
+
+/* A user's record of a key wins over the built-in one, even an older one. */
+Test(tune_db, a_user_record_wins_over_a_builtin_one)
+{
+	char *dir = dg_test_tmpdir();
+	const char *tiles[2] = { "64x64x64/2x2/2", "128x128x64/2x4/4" };
+	const double med[2] = { 100.0, 200.0 };
+	dg_tune_record *r = make(SPEC_LR, DEV, 90, "2000-01-01T00:00:00Z", tiles, med, 2);
+	save(r, dir, "old.json");
+	dg_codegen *cg = make_cg();
+	dg_tune_db *db = NULL;
+	dg_tune_db_opts o = { .path = dir, .device = DEV, .sm = 90 };
+	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
+	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN);
+	cr_assert_eq(dg_tune_db_n_builtin(db), N_BUILTIN - 1);
+	dg_spec s = spec_of(SPEC_LR);
+	dg_tune_choice ch;
+	resolve(cg, db, &s, DEV, 90, &ch);
+	cr_assert(ch.tuned, "%s", ch.why);
+	cr_assert(strstr(ch.record, "old.json"), "%s", ch.record);
+	cr_assert_str_eq(ch.date, "2000-01-01T00:00:00Z");
+	char tile[64];
+	dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
+	cr_assert_str_eq(tile, "64x64x64/2x2/2");
+	cr_assert_not(ch.spec.arch_specific);
+	/* the other keys still have their built-in records */
+	dg_spec d = spec_of("op=decoder_fwd;weight=int8;act=int8;out=bf16");
+	resolve(cg, db, &d, DEV, 90, &ch);
+	cr_assert(ch.tuned, "%s", ch.why);
+	cr_assert(strncmp(ch.record, "built-in:", 9) == 0, "%s", ch.record);
+	dg_tune_db_destroy(db);
+	dg_codegen_destroy(cg);
 	dg_tune_record_destroy(r);
 	dg_test_rmtree(dir);
 }

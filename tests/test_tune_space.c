@@ -1,7 +1,8 @@
 /*
  * Candidate spaces, the resource rule and the winner chooser
  * (autotune/space.c, runtime/tunedb/choose.c), no GPU needed:
- *   - every candidate is valid, distinct, the default comes first, and a
+ *   - every candidate is valid, planned by its template (to its own tile),
+ *     distinct, the template's default comes first, and a
  *     device of the spec's arch from sm_90 on gets the arch-specific
  *     target too (and only then);
  *   - dg_tune_fits rejects threads, registers and shared memory a block
@@ -28,22 +29,45 @@ static dg_spec spec_of(const char *text)
 	return s;
 }
 
+static dg_codegen *make_cg(void)
+{
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
+	return cg;
+}
+
+/* The template's default tile of s on its target (arch_specific or not). */
+static dg_tile default_tile(dg_codegen *cg, const dg_spec *s, bool arch_specific)
+{
+	dg_spec a = *s;
+	dg_plan p;
+	memset(&a.tile, 0, sizeof(a.tile));
+	a.arch_specific = arch_specific;
+	cr_assert_eq(dg_codegen_plan(cg, &a, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	return p.spec.tile;
+}
+
 static void check_space(const char *text, int device_sm, bool want_specific)
 {
+	dg_codegen *cg = make_cg();
 	dg_spec s = spec_of(text), *c = NULL;
 	size_t n = 0;
 	char msg[256];
 
-	cr_assert_eq(dg_tune_space(&s, device_sm, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_tune_space(cg, &s, device_sm, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_gt(n, 1, "%s: %zu candidates", text, n);
 	cr_assert_leq(n, DG_TUNE_MAX_CANDIDATES);
-	dg_tile def;
-	dg_spec_default_tile(&s, &def);
+	dg_tile def = default_tile(cg, &s, false);
 	cr_assert_eq(memcmp(&c[0].tile, &def, sizeof(def)), 0, "%s: the default is not first", text);
 	cr_assert(!c[0].arch_specific);
 	size_t specific = 0;
 	for (size_t i = 0; i < n; i++) {
+		dg_plan p;
 		cr_assert_eq(dg_spec_validate(&c[i], msg, sizeof(msg)), DG_OK, "%s: %s", text, msg);
+		cr_assert_eq(dg_codegen_plan(cg, &c[i], &p), DG_OK, "%s: candidate %zu: %s", text, i,
+			     dg_codegen_errmsg(cg));
+		cr_assert_eq(memcmp(&p.spec.tile, &c[i].tile, sizeof(dg_tile)), 0,
+			     "%s: candidate %zu plans to another tile", text, i);
 		cr_assert(!dg_tile_is_auto(&c[i].tile));
 		cr_assert_eq(c[i].op, s.op);
 		cr_assert_eq(c[i].weight, s.weight);
@@ -56,10 +80,13 @@ static void check_space(const char *text, int device_sm, bool want_specific)
 	if (want_specific) {
 		cr_assert_gt(specific, 0, "%s: no sm_90a candidates on an sm_90 device", text);
 		cr_assert(c[1].arch_specific, "the arch-specific default comes second");
+		dg_tile def_a = default_tile(cg, &s, true);
+		cr_assert_eq(memcmp(&c[1].tile, &def_a, sizeof(def_a)), 0, "%s", text);
 	} else {
 		cr_assert_eq(specific, 0, "%s: sm_90a candidates for sm_%d", text, device_sm);
 	}
 	free(c);
+	dg_codegen_destroy(cg);
 }
 
 Test(tune_space, every_candidate_is_valid_and_distinct)
@@ -76,21 +103,23 @@ Test(tune_space, every_candidate_is_valid_and_distinct)
 
 Test(tune_space, sizes_stay_small)
 {
+	dg_codegen *cg = make_cg();
 	dg_spec set[32], *c = NULL;
 	size_t n = dg_tune_bdh_set(set, 32), k = 0;
 	char msg[256];
 
 	for (size_t i = 0; i < n; i++) {
-		cr_assert_eq(dg_tune_space(&set[i], 90, &c, &k, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(dg_tune_space(cg, &set[i], 90, &c, &k, msg, sizeof(msg)), DG_OK, "%s", msg);
 		/* about 2 x 49 GEMM tiles (plus up to 80 warpgroup tiles on
 		 * sm_90a) or 2 x 5 thread counts: a sweep compiles them all */
 		cr_assert_leq(k, 180, "%s: %zu candidates", dg_op_name(set[i].op), k);
 		free(c);
 	}
 	dg_spec e = spec_of("op=pack_i8x4");
-	cr_assert_eq(dg_tune_space(&e, 90, &c, &k, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_tune_space(cg, &e, 90, &c, &k, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(k, 10, "t64..t1024 on sm_90 and sm_90a: %zu", k);
 	free(c);
+	dg_codegen_destroy(cg);
 }
 
 Test(tune_space, bad_specs_are_refused)
@@ -99,12 +128,20 @@ Test(tune_space, bad_specs_are_refused)
 	size_t n = 7;
 	char msg[256];
 
+	dg_codegen *cg = make_cg();
 	s.latent = 8190;
-	cr_assert_eq(dg_tune_space(&s, 90, &c, &n, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert_eq(dg_tune_space(cg, &s, 90, &c, &n, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert_null(c);
 	cr_assert_eq(n, 0);
 	cr_assert(strstr(msg, "latent=8190"), "%s", msg);
-	cr_assert_eq(dg_tune_space(NULL, 90, &c, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	/* its tile is ignored: a tile the template refuses still has a space */
+	s = spec_of("op=lowrank_fwd;tile=48x64x64/2x2/2");
+	cr_assert_eq(dg_tune_space(cg, &s, 90, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_gt(n, 1);
+	free(c);
+	cr_assert_eq(dg_tune_space(cg, NULL, 90, &c, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_tune_space(NULL, &s, 90, &c, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	dg_codegen_destroy(cg);
 }
 
 Test(tune_space, fits_rejects_with_the_reason)
@@ -270,12 +307,13 @@ Test(tune_space, warpgroup_tiles_on_sm_90a)
 	const char *texts[] = { "op=lowrank_fwd;weight=ternary;act=int8;out=int8;relu=0",
 				"op=decoder_fwd;weight=int8;act=int8;out=bf16" };
 	char msg[256];
+	dg_codegen *cg = make_cg();
 
 	for (size_t t = 0; t < 2; t++) {
 		dg_spec s = spec_of(texts[t]), *c = NULL;
 		size_t n = 0, wg = 0;
 
-		cr_assert_eq(dg_tune_space(&s, 90, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(dg_tune_space(cg, &s, 90, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
 		for (size_t i = 0; i < n; i++)
 			if (c[i].arch_specific && c[i].tile.wn == 1 && c[i].tile.bm == 16 * c[i].tile.wm)
 				wg++;
@@ -283,9 +321,10 @@ Test(tune_space, warpgroup_tiles_on_sm_90a)
 		free(c);
 		/* on an sm_80 device there is no sm_90a target */
 		s.arch = 80;
-		cr_assert_eq(dg_tune_space(&s, 80, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(dg_tune_space(cg, &s, 80, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
 		for (size_t i = 0; i < n; i++)
 			cr_assert(!c[i].arch_specific);
 		free(c);
 	}
+	dg_codegen_destroy(cg);
 }

@@ -1,6 +1,7 @@
 /*
  * libFuzzer target: the bundle manifest reader (dg_manifest_parse).
  *
+ * Format 2 (template hash, device, SM, entries with their launch info).
  * Any bytes must parse or be refused with DG_ERR_PARSE and a message,
  * never crash, hang or leak; and a manifest that parses must write JSON
  * that reads back to the same model, field for field (a lossy writer that
@@ -27,7 +28,8 @@ static bool same_kernel(const dg_manifest_kernel *a, const dg_manifest_kernel *b
 	    strcmp(a->sha256, b->sha256))
 		return false;
 	for (int e = 0; e < a->n_entries; e++)
-		if (strcmp(a->entries[e], b->entries[e]))
+		if (strcmp(a->entries[e], b->entries[e]) || a->threads[e] != b->threads[e] ||
+		    a->smem[e] != b->smem[e])
 			return false;
 	return true;
 }
@@ -36,8 +38,10 @@ static bool same(const dg_manifest *a, const dg_manifest *b)
 {
 	if (a->format != b->format || a->n_kernels != b->n_kernels ||
 	    strcmp(a->generator_version, b->generator_version) ||
+	    strcmp(a->template_hash, b->template_hash) ||
 	    strcmp(a->nvrtc_version, b->nvrtc_version) ||
-	    strcmp(a->created, b->created))
+	    strcmp(a->created, b->created) || strcmp(a->device, b->device) ||
+	    a->sm != b->sm)
 		return false;
 	for (size_t i = 0; i < a->n_kernels; i++)
 		if (!same_kernel(&a->kernels[i], &b->kernels[i]))

@@ -1,0 +1,529 @@
+/*
+ * The test harness every suite, the tuner and the bench share, tested as
+ * an oracle:
+ *   - the one tolerance check (dg_ref_same_bytes, dg_ref_close,
+ *     dg_ref_close_norm, dg_ref_within) passes the true result and fails
+ *     the same result shifted by one element, read transposed, or missing
+ *     an operand's scale, each with a message saying how many differ;
+ *   - dg_rng is splitmix64 (its published first value), deterministic, and
+ *     dg_rng_fill writes only codes each format holds (never a ternary
+ *     pair 10, int8 never -128, int4 within ±7, ...);
+ *   - dg_ref_run reaches every op's reference in the op table's argument
+ *     order: the same bytes as calling the reference directly.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/ref.h"
+#include "dragon/rng.h"
+#include "dragon/spec.h"
+#include "ref_helpers.h"
+
+/* ---- the tolerance check ------------------------------------------------------ */
+
+/* A lowrank_grad_weight case: (H, L, E) = (2, 40, 36) from B = 2 and T
+ * steps of int8 x. want: the exact gradient; ok: the one a bf16 tensor
+ * core computes (grad rounded to bf16 first); bound: 2·2^-8·Σ|grad·x|, the
+ * rounding model's per-element bound. */
+typedef struct gw_case {
+	dg_spec spec;
+	int T;
+	size_t n, plane; /* H·L·E, L·E */
+	float sa;
+	float *want, *ok, *bound, *bad;
+} gw_case;
+
+static void gw_make(gw_case *c, int T, uint64_t seed)
+{
+	dg_rng r;
+	const int B = 2, H = 2, L = 40, E = 36;
+	dg_spec_init(&c->spec, DG_OP_LOWRANK_GRAD_WEIGHT);
+	c->spec.heads = H;
+	c->spec.in_heads = 1;
+	c->spec.latent = L;
+	c->spec.embd = E;
+	c->spec.act = DG_FMT_INT8;
+	c->T = T;
+	c->sa = 0.0123f;
+	c->n = (size_t)H * L * E;
+	c->plane = (size_t)L * E;
+	size_t ng = (size_t)B * H * T * L, nx = (size_t)B * T * E;
+	float *g = rh_xmalloc(ng * 4), *gr = rh_xmalloc(ng * 4), *ga = rh_xmalloc(ng * 4);
+	int8_t *x = rh_xmalloc(nx), *xa = rh_xmalloc(nx);
+	dg_rng_seed(&r, seed);
+	dg_rng_fill(&r, DG_FMT_F32, g, ng);
+	dg_rng_fill(&r, DG_FMT_INT8, x, nx);
+	for (size_t i = 0; i < ng; i++) {
+		gr[i] = dg_bf16_to_f32(dg_f32_to_bf16(g[i]));
+		ga[i] = fabsf(g[i]);
+	}
+	for (size_t i = 0; i < nx; i++)
+		xa[i] = (int8_t)abs(x[i]);
+	c->want = rh_xmalloc(c->n * 4);
+	c->ok = rh_xmalloc(c->n * 4);
+	c->bound = rh_xmalloc(c->n * 4);
+	c->bad = rh_xmalloc(c->n * 4);
+	cr_assert_eq(dg_ref_lowrank_grad_weight(&c->spec, g, x, c->sa, c->want, B, T), DG_OK);
+	cr_assert_eq(dg_ref_lowrank_grad_weight(&c->spec, gr, x, c->sa, c->ok, B, T), DG_OK);
+	cr_assert_eq(dg_ref_lowrank_grad_weight(&c->spec, ga, xa, c->sa, c->bound, B, T), DG_OK);
+	for (size_t i = 0; i < c->n; i++)
+		c->bound[i] *= 2.0f / 256.0f;
+	free(g);
+	free(gr);
+	free(ga);
+	free(x);
+	free(xa);
+}
+
+static void gw_free(gw_case *c)
+{
+	free(c->want);
+	free(c->ok);
+	free(c->bound);
+	free(c->bad);
+}
+
+/* The three wrong layouts of ok into c->bad: 0 shifted by one element,
+ * 1 each head's (L, E) read as (E, L), 2 the scale sa forgotten. */
+static const char *const wrong_names[] = { "shifted", "transposed", "unscaled" };
+
+static void gw_wrong(gw_case *c, int how)
+{
+	size_t E = (size_t)c->spec.embd, L = (size_t)c->spec.latent;
+	for (size_t i = 0; i < c->n; i++) {
+		size_t h = i / c->plane, rr = i % c->plane, l = rr / E, e = rr % E;
+		c->bad[i] = how == 0 ? c->ok[(i + 1) % c->n]
+			    : how == 1 ? c->ok[h * c->plane + e * L + l]
+				       : c->ok[i] / c->sa;
+	}
+}
+
+/* Every check on a short reduction (T = 3) and a long one (T = 2000),
+ * where the elementwise bound alone is near the RMS and the norm is what
+ * fails. */
+Test(compare, tolerance_catches_layout_errors)
+{
+	static const int Ts[] = { 3, 2000 };
+	char why[512];
+
+	for (int ti = 0; ti < 2; ti++) {
+		gw_case c;
+		gw_make(&c, Ts[ti], 50 + (uint64_t)ti);
+		/* the true result passes every check */
+		cr_assert(dg_ref_close_norm(c.ok, c.want, c.n, 1e-2, 2e-2f, why, sizeof(why)), "T=%d: %s", c.T, why);
+		cr_assert(dg_ref_within(c.ok, c.want, c.bound, c.n, why, sizeof(why)), "T=%d: %s", c.T, why);
+		float wmax = 0.0f;
+		for (size_t i = 0; i < c.n; i++)
+			wmax = fmaxf(wmax, fabsf(c.want[i]));
+		const float atol = 2e-2f * wmax; /* a rounded sum that cancels is off by a part of the largest */
+		cr_assert(dg_ref_close(DG_FMT_F32, c.ok, c.want, c.n, atol, 0.0f, why, sizeof(why)), "T=%d: %s",
+			  c.T, why);
+		cr_assert(dg_ref_close(DG_FMT_F32, c.want, c.want, c.n, 0.0f, 0.0f, why, sizeof(why)));
+		cr_assert(dg_ref_same_bytes(c.want, c.want, c.n * 4, why, sizeof(why)));
+		for (int how = 0; how < 3; how++) {
+			gw_wrong(&c, how);
+			why[0] = '\0';
+			cr_assert_not(dg_ref_close_norm(c.bad, c.want, c.n, 1e-2, 2e-2f, why, sizeof(why)),
+				      "T=%d: close_norm passed %s", c.T, wrong_names[how]);
+			cr_assert(strstr(why, "norm error"), "%s", why);
+			cr_assert_not(dg_ref_within(c.bad, c.want, c.bound, c.n, why, sizeof(why)),
+				      "T=%d: within passed %s", c.T, wrong_names[how]);
+			cr_assert(strstr(why, "outside their bound"), "%s", why);
+			cr_assert_not(dg_ref_close(DG_FMT_F32, c.bad, c.want, c.n, atol, 0.0f, why, sizeof(why)),
+				      "T=%d: close passed %s", c.T, wrong_names[how]);
+			cr_assert(strstr(why, "values outside atol"), "%s", why);
+			cr_assert_not(dg_ref_same_bytes(c.bad, c.ok, c.n * 4, why, sizeof(why)),
+				      "T=%d: same_bytes passed %s", c.T, wrong_names[how]);
+			cr_assert(strstr(why, "bytes differ"), "%s", why);
+		}
+		gw_free(&c);
+	}
+}
+
+/* The same on codes and bf16 outputs of the projection: bit for bit for
+ * codes (a wrong layout differs), atol + rtol for bf16. */
+Test(compare, codes_and_bf16_outputs)
+{
+	const int B = 2, H = 2, T = 6, L = 20, E = 64;
+	dg_spec s;
+	dg_rng r;
+	char why[512];
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	s.heads = H;
+	s.latent = L;
+	s.embd = E;
+	s.relu = true;
+	size_t nx = (size_t)B * T * E, nw = (size_t)H * L * E, ny = (size_t)B * H * T * L;
+	int8_t *x = rh_xmalloc(nx), *w = rh_xmalloc(nw);
+	dg_rng_seed(&r, 7);
+	dg_rng_fill(&r, DG_FMT_INT8, x, nx);
+	dg_rng_fill(&r, DG_FMT_INT8, w, nw);
+	const float sa = 0.02f, sw = 0.03f, so = 0.05f;
+	for (int f = 0; f < 2; f++) {
+		s.out = f ? DG_FMT_BF16 : DG_FMT_INT8;
+		size_t es = f ? 2 : 1;
+		unsigned char *want = rh_xmalloc(ny * es), *bad = rh_xmalloc(ny * es), *un = rh_xmalloc(ny * es);
+		dg_ref_lowrank_args a = { .x = x, .w = w, .sa = sa, .sw = sw, .so = so, .out = want,
+					  .batch = B, .time = T };
+		cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
+		a.sw = 1.0f; /* the weight's scale forgotten */
+		a.out = un;
+		cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
+		/* shifted by one element, and each (T, L) plane read as (L, T) */
+		memcpy(bad, want + es, (ny - 1) * es);
+		memcpy(bad + (ny - 1) * es, want, es);
+		bool ok_same = dg_ref_same_bytes(want, want, ny * es, why, sizeof(why));
+		cr_assert(ok_same);
+		cr_assert(dg_ref_close(s.out, want, want, ny, 0.0f, 0.0f, why, sizeof(why)));
+		cr_assert_not(dg_ref_same_bytes(bad, want, ny * es, why, sizeof(why)), "shifted");
+		cr_assert_not(dg_ref_close(s.out, bad, want, ny, f ? 0.0f : 1.0f, 1e-2f, why, sizeof(why)),
+			      "%s shifted", dg_fmt_name(s.out));
+		cr_assert_not(dg_ref_same_bytes(un, want, ny * es, why, sizeof(why)), "unscaled");
+		cr_assert_not(dg_ref_close(s.out, un, want, ny, f ? 0.0f : 1.0f, 1e-2f, why, sizeof(why)),
+			      "%s unscaled", dg_fmt_name(s.out));
+		for (size_t p = 0; p < (size_t)B * H; p++)
+			for (int t = 0; t < T; t++)
+				for (int l = 0; l < L; l++) {
+					size_t flat = (size_t)t * L + (size_t)l;
+					size_t tt = flat % T, ll = flat / T; /* (L, T) order */
+					memcpy(bad + (p * T * L + flat) * es, want + (p * T * L + tt * L + ll) * es, es);
+				}
+		cr_assert_not(dg_ref_same_bytes(bad, want, ny * es, why, sizeof(why)), "transposed");
+		cr_assert_not(dg_ref_close(s.out, bad, want, ny, f ? 0.0f : 1.0f, 1e-2f, why, sizeof(why)),
+			      "%s transposed", dg_fmt_name(s.out));
+		/* a code one off passes atol 1, not bit for bit */
+		memcpy(bad, want, ny * es);
+		if (!f) {
+			bad[3] = (unsigned char)((int8_t)bad[3] == 127 ? 126 : (int8_t)bad[3] + 1);
+			cr_assert(dg_ref_close(DG_FMT_INT8, bad, want, ny, 1.0f, 0.0f, why, sizeof(why)), "%s", why);
+			cr_assert_not(dg_ref_same_bytes(bad, want, ny, why, sizeof(why)));
+			cr_assert(strstr(why, "1 of") && strstr(why, "byte 3"), "%s", why);
+		}
+		free(want);
+		free(bad);
+		free(un);
+	}
+	/* NaN matches NaN, and nothing else */
+	float nan2[2] = { NAN, 1.0f }, one2[2] = { 1.0f, 1.0f };
+	cr_assert(dg_ref_close(DG_FMT_F32, nan2, nan2, 2, 0.0f, 0.0f, why, sizeof(why)));
+	cr_assert_not(dg_ref_close(DG_FMT_F32, nan2, one2, 2, 1.0f, 1.0f, why, sizeof(why)));
+	cr_assert_not(dg_ref_close_norm(nan2, one2, 2, 1.0, 1.0f, why, sizeof(why)));
+	free(x);
+	free(w);
+}
+
+/* ---- dg_rng ----------------------------------------------------------------------- */
+
+Test(rng, splitmix64_and_determinism)
+{
+	dg_rng a, b;
+	dg_rng_seed(&a, 0);
+	/* the first value of splitmix64 from state 0 (Vigna's reference code) */
+	cr_assert_eq(dg_rng_u64(&a), 0xe220a8397b1dcdafull);
+	dg_rng_seed(&a, 42);
+	dg_rng_seed(&b, 42);
+	for (int i = 0; i < 1000; i++)
+		cr_assert_eq(dg_rng_u64(&a), dg_rng_u64(&b));
+	dg_rng_seed(&b, 43);
+	int same = 0;
+	for (int i = 0; i < 100; i++)
+		same += dg_rng_u64(&a) == dg_rng_u64(&b);
+	cr_assert_eq(same, 0, "seeds 42 and 43 give the same stream");
+	/* fill is deterministic too */
+	uint8_t x[256], y[256];
+	dg_rng_seed(&a, 9);
+	dg_rng_seed(&b, 9);
+	dg_rng_fill(&a, DG_FMT_TERNARY, x, 1024);
+	dg_rng_fill(&b, DG_FMT_TERNARY, y, 1024);
+	cr_assert_eq(memcmp(x, y, sizeof(x)), 0);
+}
+
+Test(rng, ranges)
+{
+	dg_rng r;
+	dg_rng_seed(&r, 1);
+	bool lo = false, hi = false;
+	for (int i = 0; i < 10000; i++) {
+		int v = dg_rng_int(&r, -3, 3);
+		cr_assert(v >= -3 && v <= 3, "%d", v);
+		lo |= v == -3;
+		hi |= v == 3;
+		float u = dg_rng_uniform(&r, -2.0f, 5.0f);
+		cr_assert(u >= -2.0f && u < 5.0f, "%g", (double)u);
+	}
+	cr_assert(lo && hi, "both ends of an int range are drawn");
+	cr_assert_eq(dg_rng_int(&r, 7, 7), 7);
+	cr_assert_eq(dg_rng_int(&r, -2147483647 - 1, 2147483647) <= 2147483647, 1);
+}
+
+/* Each format's storage holds only its codes, and every code shows up. */
+Test(rng, fill_writes_only_codes_each_format_holds)
+{
+	enum { N = 4096 };
+	static uint8_t buf[N * 4 + 16];
+	dg_rng r;
+	dg_rng_seed(&r, 2026);
+	for (int f = 0; f < DG_FMT__COUNT; f++) {
+		const dg_fmt_info *fi = dg_fmt_info_of((dg_fmt)f);
+		size_t bytes = dg_fmt_row_bytes((dg_fmt)f, N);
+		cr_assert_gt(bytes, 0);
+		memset(buf, 0xa5, sizeof(buf));
+		dg_rng_fill(&r, (dg_fmt)f, buf, N);
+		cr_assert_eq(buf[bytes], 0xa5, "%s: wrote past %zu bytes", fi->name, bytes);
+		int seen[512] = { 0 };
+		for (size_t i = 0; i < N; i++) {
+			int v;
+			if (f == DG_FMT_F32 || f == DG_FMT_BF16) {
+				float x;
+				if (f == DG_FMT_F32)
+					memcpy(&x, buf + 4 * i, 4);
+				else
+					x = dg_bf16_to_f32((uint16_t)(buf[2 * i] | buf[2 * i + 1] << 8));
+				cr_assert(x >= -1.0f && x <= 1.0f, "%s: %g", fi->name, (double)x);
+				cr_assert(f == DG_FMT_BF16 || x < 1.0f);
+				continue;
+			} else if (f == DG_FMT_TERNARY) {
+				unsigned pair = (buf[i / 4] >> (2 * (i % 4))) & 3u;
+				cr_assert_neq(pair, 2u, "ternary pair 10 at code %zu", i);
+				v = pair == 0 ? 0 : pair == 1 ? 1 : -1;
+			} else if (f == DG_FMT_SIGN1) {
+				v = (buf[i / 8] >> (i % 8)) & 1u ? 1 : -1;
+			} else if (f == DG_FMT_UINT8POS) {
+				v = buf[i];
+			} else {
+				v = (int8_t)buf[i];
+			}
+			int lo = fi->is_unsigned ? 0 : -fi->qmax;
+			cr_assert(v >= lo && v <= fi->qmax, "%s: code %d outside %d..%d", fi->name, v, lo, fi->qmax);
+			seen[v + 256]++;
+		}
+		if (!fi->code)
+			continue;
+		/* every code of a small format appears; the ends of a large one */
+		int lo = fi->is_unsigned ? 0 : -fi->qmax;
+		if (fi->qmax <= 7) {
+			for (int v = lo; v <= fi->qmax; v++)
+				cr_assert(seen[v + 256] || (f == DG_FMT_SIGN1 && v == 0), "%s: code %d never drawn",
+					  fi->name, v);
+		} else {
+			cr_assert(seen[lo + 256] && seen[fi->qmax + 256], "%s: an end never drawn", fi->name);
+		}
+	}
+}
+
+/* ---- dg_ref_run: every op by the op table's arguments ---------------------------- */
+
+enum { RUN_B = 2, RUN_T = 3, RUN_R = 5, RUN_N = 192 };
+
+static int64_t run_extent(const dg_spec *s, dg_dim d)
+{
+	switch (d) {
+	case DG_DIM_B:
+		return RUN_B;
+	case DG_DIM_T:
+		return RUN_T;
+	case DG_DIM_R:
+		return RUN_R;
+	case DG_DIM_H:
+		return s->heads;
+	case DG_DIM_HIN:
+		return s->in_heads;
+	case DG_DIM_E:
+		return s->embd;
+	case DG_DIM_L:
+		return s->latent;
+	case DG_DIM_HL:
+		return (int64_t)s->heads * s->latent;
+	default:
+		return 1;
+	}
+}
+
+static dg_fmt run_fmt(const dg_spec *s, const dg_op_info *r, dg_arg_fmt f)
+{
+	return f == DG_ARG_ACT ? s->act : f == DG_ARG_WEIGHT ? s->weight : f == DG_ARG_OUT ? s->out
+	       : f == DG_ARG_SRC ? s->src : f == DG_ARG_INT8 ? DG_FMT_INT8 : f == DG_ARG_PACK ? r->pack_fmt
+								 : DG_FMT_F32;
+}
+
+static size_t arg_elems(const dg_spec *s, const dg_op_arg *a)
+{
+	if (a->ndim == 0)
+		return RUN_N;
+	size_t n = 1;
+	for (int d = 0; d < a->ndim; d++)
+		n *= (size_t)run_extent(s, a->dims[d]);
+	return n;
+}
+
+/* Output bytes: codes and f32 one a byte / four, packed formats whole words. */
+static size_t arg_bytes(dg_fmt f, size_t n)
+{
+	return dg_fmt_row_bytes(f, (int64_t)n);
+}
+
+/* The op's own reference, called directly with the same storages. */
+static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float *oscale)
+{
+	int b = RUN_B, t = RUN_T;
+	switch (s->op) {
+	case DG_OP_LOWRANK_FWD: {
+		dg_ref_lowrank_args a = { .x = c->in[0], .w = c->in[1], .sa = c->scale[0], .sw = c->scale[1],
+					  .so = c->scale[2], .out = out, .batch = b, .time = t };
+		return dg_ref_lowrank_fwd(s, &a);
+	}
+	case DG_OP_RELU_MASK:
+		return dg_ref_relu_mask(s, c->in[0], c->in[1], c->scale[0], c->scale[1], c->in[2], out, b, t);
+	case DG_OP_LOWRANK_GRAD_INPUT:
+		return dg_ref_lowrank_grad_input(s, c->in[0], c->in[1], c->scale[1], out, b, t);
+	case DG_OP_LOWRANK_GRAD_WEIGHT:
+		return dg_ref_lowrank_grad_weight(s, c->in[0], c->in[1], c->scale[1], out, b, t);
+	case DG_OP_DECODER_FWD: {
+		dg_ref_decoder_args a = { .y = c->in[0], .w = c->in[1], .sa = c->scale[0], .sw = c->scale[1],
+					  .out = out, .batch = b, .time = t };
+		return dg_ref_decoder_fwd(s, &a);
+	}
+	case DG_OP_DECODER_GRAD_INPUT:
+		return dg_ref_decoder_grad_input(s, c->in[0], c->in[1], c->scale[1], out, b, t);
+	case DG_OP_DECODER_GRAD_WEIGHT:
+		return dg_ref_decoder_grad_weight(s, c->in[0], c->in[1], c->scale[1], out, b, t);
+	case DG_OP_QUANTIZE_ACT:
+		return dg_ref_quantize_act(s->src, s->act, c->in[0], RUN_N, out, oscale);
+	case DG_OP_QUANTIZE_WEIGHT: {
+		float w[RUN_N];
+		for (int i = 0; i < RUN_N; i++)
+			w[i] = s->src == DG_FMT_BF16 ? dg_bf16_to_f32(((const uint16_t *)c->in[0])[i])
+						     : ((const float *)c->in[0])[i];
+		return dg_ref_quantize_weight(s->weight, w, RUN_N, out, oscale);
+	}
+	case DG_OP_PACK_TERNARY:
+		return c->unpack ? dg_ref_unpack_ternary(c->in[1], out, RUN_R, s->embd)
+				 : dg_ref_pack_ternary(c->in[0], out, RUN_R, s->embd);
+	case DG_OP_PACK_SIGN1:
+		return c->unpack ? dg_ref_unpack_sign1(c->in[1], out, RUN_R, s->embd)
+				 : dg_ref_pack_sign1(c->in[0], out, RUN_R, s->embd);
+	case DG_OP_PACK_I8X4:
+		return dg_ref_pack_i8x4(c->in[0], out, RUN_R, s->embd, s->latent);
+	case DG_OP_UNPACK_I8X4:
+		return dg_ref_unpack_i8x4(c->in[0], out, RUN_R, s->embd, s->latent);
+	default:
+		return DG_ERR_INTERNAL;
+	}
+}
+
+/* Runs spec both ways on random inputs and compares the outputs' bytes
+ * (and the quantizers' scale). unpack: pack_ternary / pack_sign1 from
+ * packed words to codes. */
+static void run_both(dg_spec *s, bool unpack)
+{
+	const dg_op_info *r = dg_op_info_of(s->op);
+	dg_ref_call c;
+	void *store[DG_OP_MAX_ARGS] = { 0 };
+	dg_rng g;
+	int out_i = -1;
+	memset(&c, 0, sizeof(c));
+	dg_rng_seed(&g, 1000 + (uint64_t)s->op);
+	for (int i = 0; i < r->n_args; i++) {
+		const dg_op_arg *a = &r->args[i];
+		dg_fmt f = run_fmt(s, r, a->fmt);
+		size_t n = arg_elems(s, a);
+		store[i] = rh_xmalloc(arg_bytes(f, n) + 16);
+		c.scale[i] = 0.01f * (float)(i + 1);
+		bool is_out = unpack ? !a->output : a->output; /* unpack: packed in, codes out */
+		if (is_out) {
+			out_i = i;
+			continue;
+		}
+		if (r->pack_fmt != DG_FMT__COUNT && a->fmt == DG_ARG_INT8) {
+			/* the codes a pack packs: -1, 0, +1 or ±1, one a byte */
+			int8_t *b = store[i];
+			for (size_t k = 0; k < n; k++)
+				b[k] = (int8_t)(r->pack_fmt == DG_FMT_SIGN1 ? (dg_rng_int(&g, 0, 1) ? 1 : -1)
+									    : dg_rng_int(&g, -1, 1));
+		} else {
+			dg_rng_fill(&g, f, store[i], n);
+		}
+		c.in[i] = store[i];
+	}
+	cr_assert_geq(out_i, 0);
+	const dg_op_arg *oa = &r->args[out_i];
+	dg_fmt of = run_fmt(s, r, oa->fmt);
+	size_t ob = arg_bytes(of, arg_elems(s, oa));
+	cr_assert_gt(ob, 0, "%s: output of no bytes", dg_op_name(s->op));
+	void *want = rh_xmalloc(ob);
+	memset(store[out_i], 0x5a, ob);
+	memset(want, 0x5a, ob);
+	float got_scale = -1.0f, want_scale = -2.0f;
+	c.out = store[out_i];
+	c.out_scale = &got_scale;
+	c.b = RUN_B;
+	c.t = RUN_T;
+	c.r = RUN_R;
+	c.n = RUN_N;
+	c.unpack = unpack;
+	char text[DG_SPEC_TEXT_MAX], why[256];
+	dg_spec_to_string(s, text, sizeof(text));
+	cr_assert_eq(dg_ref_run(s, &c), DG_OK, "%s", text);
+	cr_assert_eq(direct(s, &c, want, &want_scale), DG_OK, "%s", text);
+	cr_assert(dg_ref_same_bytes(c.out, want, ob, why, sizeof(why)), "%s%s: %s", text,
+		  unpack ? " (unpack)" : "", why);
+	if (r->check == DG_CHECK_SCALED_CODES)
+		cr_assert_eq(got_scale, want_scale, "%s: scale %g, directly %g", text, (double)got_scale,
+			     (double)want_scale);
+	/* the output was written (not left as the fill) */
+	unsigned char *o = c.out;
+	size_t untouched = 0;
+	for (size_t i = 0; i < ob; i++)
+		untouched += o[i] == 0x5a;
+	cr_assert_lt(untouched, ob, "%s: dg_ref_run wrote nothing", text);
+	for (int i = 0; i < r->n_args; i++)
+		free(store[i]);
+	free(want);
+}
+
+Test(ref_run, every_op_is_its_reference)
+{
+	int runs = 0;
+	for (int i = 0; i < DG_OP__COUNT; i++) {
+		const dg_op_info *r = dg_op_info_of((dg_op)i);
+		dg_spec s;
+		dg_spec_init(&s, (dg_op)i);
+		s.heads = 2;
+		s.embd = 64;
+		s.latent = 32;
+		/* every weight, act and out format the op takes, one at a time */
+		for (int f = 0; f < DG_FMT__COUNT; f++) {
+			dg_spec t = s;
+			bool any = false;
+			if (r->weight_fmts & DG_FMT_BIT(f))
+				t.weight = (dg_fmt)f, any = true;
+			if (r->act_fmts & DG_FMT_BIT(f))
+				t.act = (dg_fmt)f, any = true;
+			if (r->out_fmts & DG_FMT_BIT(f))
+				t.out = (dg_fmt)f, any = true;
+			if (r->src_fmts & DG_FMT_BIT(f))
+				t.src = (dg_fmt)f, any = true;
+			if (!any && f > 0)
+				continue;
+			if (r->fields & DG_FIELD_RELU)
+				t.relu = true;
+			cr_assert_eq(dg_spec_validate(&t, NULL, 0), DG_OK, "%s %s", dg_op_name(t.op), dg_fmt_name((dg_fmt)f));
+			run_both(&t, false);
+			runs++;
+			if (t.op == DG_OP_PACK_TERNARY || t.op == DG_OP_PACK_SIGN1)
+				run_both(&t, true);
+		}
+	}
+	cr_assert_gt(runs, 40);
+	dg_ref_call c;
+	memset(&c, 0, sizeof(c));
+	cr_assert_eq(dg_ref_run(NULL, &c), DG_ERR_INVALID_ARG);
+	dg_spec bad;
+	dg_spec_init(&bad, DG_OP_LOWRANK_FWD);
+	bad.op = DG_OP__COUNT;
+	cr_assert_eq(dg_ref_run(&bad, &c), DG_ERR_INVALID_ARG);
+}
