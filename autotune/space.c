@@ -19,7 +19,8 @@
  *     stages       the default's and half of it (at least 1)
  *   warpgroup tiles (sm_90a target only, warpgroup_grid): BM 64, 128,
  *     256 with WM = BM/16, WN = 1; BN 64, 128, 256; BK the default's, 64,
- *     128 (lowrank: the default's); stages 1, 2, 3, 4, 6, 8
+ *     128 (lowrank: the default's); stages 1, 2, 3, 4, 6, 8 (the plans
+ *     keep what their paths take)
  *   element-wise ops: t64, t128, t256, t512, t1024.
  * 12·2·2 = 48 GEMM tiles (fewer once validated) plus the default, on each
  * target, and on sm_90a the warpgroup tiles that apply: about 80
@@ -82,10 +83,11 @@ static bool add(list *l, const dg_spec *s)
  * Warpgroup tiles (the wgmma paths of sm_90a, templates/lowrank_wgmma.lua
  * and decoder.lua):
  * WM = BM/16 warps in whole warpgroups, WN = 1, BN 64..256; the K step and
- * the stages mean what each template makes of them (lowrank: stages 1
- * unpacks packed weights first, the K step is unused, so it stays the
- * default's; decoder: K step 64 or 128, 3 to 8 stages). The plan keeps
- * the ones that apply.
+ * the stages mean what each template makes of them (lowrank: 2 stages,
+ * the K step unused as the whole E is resident, so it stays the
+ * default's; decoder: K step 64 or 128, 3 to 8 stages, BN 256 only up to
+ * BM 128 for the accumulators' registers). The plan keeps the ones that
+ * apply.
  */
 static bool warpgroup_grid(list *l, const dg_spec *base, const dg_tile *def)
 {

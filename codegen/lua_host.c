@@ -347,9 +347,16 @@ static int call_plan(lua_State *L)
 	lua_getfield(L, -1, "plan");
 	push_spec(L, s, module, NULL);
 	lua_call(L, 1, 2);
-	if (lua_isnil(L, -2))
+	if (lua_isnil(L, -2)) {
+		if (lua_type(L, -1) != LUA_TSTRING) /* a refusal must say why */
+			return luaL_error(L, "templates/%s.lua: plan returned nil without a message",
+					  module);
 		return 1; /* the message */
+	}
 	int t = lua_gettop(L) - 1;
+	if (!lua_istable(L, t))
+		return luaL_error(L, "templates/%s.lua: plan must return a table, or nil and a message",
+				  module);
 	lua_getfield(L, t, "tile");
 	int ti = lua_gettop(L);
 	p->spec.tile.bm = get_int(L, ti, "bm");

@@ -150,8 +150,10 @@ static dg_status check_fmt(const dg_op_info *row, dg_op op, const char *key,
 }
 
 /* A length along which a format's codes are packed must fill whole words. */
+/* len along key holds codes of f: a whole number of words. The message
+ * names what packs them: what=value (value NULL: f's name). */
 static dg_status check_packed(const char *key, int len, dg_fmt f, const char *what,
-			      char *msg, size_t size)
+			      const char *value, char *msg, size_t size)
 {
 	int per = dg_fmt_per_word(f);
 
@@ -159,7 +161,7 @@ static dg_status check_packed(const char *key, int len, dg_fmt f, const char *wh
 		return DG_OK;
 	return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 			"%s=%d: %s=%s packs %d codes a word along %s, so %s must be a multiple of %d",
-			key, len, what, dg_fmt_name(f), per, key, key, per);
+			key, len, what, value ? value : dg_fmt_name(f), per, key, key, per);
 }
 
 static dg_status check_tile_kind(const dg_spec *s, const dg_op_info *row, char *msg,
@@ -233,10 +235,10 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 					"embd=%d: must be a multiple of 4 (codes are packed four to a word along it)",
 					s->embd);
 		if (row->weight_axis == DG_FIELD_EMBD &&
-		    (st = check_packed("embd", s->embd, s->weight, "weight", msg, size)))
+		    (st = check_packed("embd", s->embd, s->weight, "weight", NULL, msg, size)))
 			return st;
 		if (row->pack_fmt != DG_FMT__COUNT &&
-		    (st = check_packed("embd", s->embd, row->pack_fmt, "op", msg, size)))
+		    (st = check_packed("embd", s->embd, row->pack_fmt, "op", dg_op_name(s->op), msg, size)))
 			return st;
 	}
 	if (uses & DG_FIELD_LATENT) {
@@ -248,7 +250,7 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 					"latent=%d: must be a multiple of 4 (codes are packed four to a word along it)",
 					s->latent);
 		if (row->weight_axis == DG_FIELD_LATENT &&
-		    (st = check_packed("latent", s->latent, s->weight, "weight", msg, size)))
+		    (st = check_packed("latent", s->latent, s->weight, "weight", NULL, msg, size)))
 			return st;
 	}
 	if (uses & DG_FIELD_RELU) {

@@ -543,7 +543,16 @@ function M.plan(spec)
   ok, err = C.bk_divides(t, auto, k.L, "latent")
   if not ok then return nil, err end
   if wgmma_fits(k, t) then
-    return plan_of(t, "wgmma", true, t.bm // 64 * 128, t.stages * (t.bm + t.bn) * t.bk)
+    -- each warpgroup holds a 64 x BN int32 accumulator: BN/2 registers a
+    -- thread, plus about 32 for addresses and the pipeline, under the
+    -- register file's share of a thread at this block size
+    local nt = t.bm // 64 * 128
+    local cap = math.min(255, 65536 // nt)
+    if t.bn // 2 + 32 > cap then
+      return C.refuse(t, auto, "the warpgroup path holds BN/2 = %d accumulators a thread; at %d threads a thread gets at most %d registers (BM <= 128 or BN <= 128)",
+                      t.bn // 2, nt, cap)
+    end
+    return plan_of(t, "wgmma", true, nt, t.stages * (t.bm + t.bn) * t.bk)
   end
   ok, err = C.warps_ok(t, auto)
   if ok then ok, err = C.simt_warp_tile(t, auto) end

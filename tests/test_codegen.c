@@ -254,6 +254,11 @@ Test(codegen_sandbox, bad_return_values_are_reported)
 		/* an arch-specific path on a portable target */
 		RET("{ tile = " GOOD_TILE ", arch_specific = true, path = 'p', name = 'k.cu', entries = " ENTRIES " }",
 		    "'x'"),
+		/* a refusal without a message, and a plan that is not a table:
+		 * the host checks what dragon.lua returns, not only dragon.lua */
+		RET("nil", "'x'"),
+		RET("nil, 42", "'x'"),
+		RET("7", "'x'"),
 		"return { render = function(spec) return 'x' end }\n",
 		"return { }\n",
 		"return 5\n",

@@ -322,7 +322,7 @@ Test(nvrtc_backward, render_refusals)
 	s = bdh(DG_OP_PACK_TERNARY);
 	s.embd = 24;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_ERR_INVALID_SPEC);
-	cr_assert(strstr(dg_codegen_errmsg(cg), "embd=24: op=ternary packs 16 codes a word"), "%s",
+	cr_assert(strstr(dg_codegen_errmsg(cg), "embd=24: op=pack_ternary packs 16 codes a word"), "%s",
 		  dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 }

@@ -364,7 +364,7 @@ Test(ops_check, pack_i8x4)
 
 	dg_spec q = quant_spec(DG_FMT_F32, DG_FMT_INT8);
 	check_pack(&q, &c, &p, DG_ERR_INVALID_SPEC,
-		   "dg_pack_i8x4: spec op=quantize_act, expected op=pack_i8x4");
+		   "dg_pack_i8x4: spec op=quantize_act, expected op=pack_i8x4 or op=unpack_i8x4");
 	dg_tensor ck = dg_tensor_3d("codes", DG_FMT_INT8, 0x1000, 4, 96, 256);
 	check_pack(&s, &ck, &p, DG_ERR_INVALID_ARG,
 		   "codes: expected int8 (*, 256, 96), got int8 (4, 96, 256)");

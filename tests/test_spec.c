@@ -409,8 +409,8 @@ Test(spec, formats_per_op_are_the_op_tables)
  * weight says. */
 Test(spec, packing_rules)
 {
-	refused("op=pack_ternary;embd=8", "embd=8: op=ternary packs 16 codes a word along embd");
-	refused("op=pack_sign1;embd=48", "embd=48: op=sign1 packs 32 codes a word along embd");
+	refused("op=pack_ternary;embd=8", "embd=8: op=pack_ternary packs 16 codes a word along embd");
+	refused("op=pack_sign1;embd=48", "embd=48: op=pack_sign1 packs 32 codes a word along embd");
 	parsed("op=pack_ternary;embd=16");
 	parsed("op=pack_sign1;embd=32");
 	refused("op=decoder_fwd;weight=ternary;latent=8200", "latent=8200: weight=ternary packs 16");

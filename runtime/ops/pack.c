@@ -4,6 +4,7 @@
  * and the i8x4 transposing pack of int8 codes (pack_i8x4, unpack_i8x4:
  * templates/pack.lua). Element-wise, grid-stride: any grid is correct.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "runtime/ops/ops_int.h"
@@ -15,6 +16,18 @@ static dg_status no_workspace(size_t *bytes)
 }
 
 /* ---- pack_ternary / pack_sign1 -------------------------------------------- */
+
+/* The pack calls serve two ops each: a spec of another op is refused
+ * naming both. */
+static bool pair_ok(const dg_spec *spec, dg_op a, dg_op b, const char *fn, char *msg,
+		    size_t size)
+{
+	if (!spec || spec->op == a || spec->op == b)
+		return true; /* a NULL spec: dg__op_check says so */
+	snprintf(msg, size, "%s: spec op=%s, expected op=%s or op=%s", fn, dg_op_name(spec->op),
+		 dg_op_name(a), dg_op_name(b));
+	return false;
+}
 
 static dg__op_call weight_call(const dg_pack_weight_args *a)
 {
@@ -89,6 +102,10 @@ dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a
 			       size_t msg_size)
 {
 	dg__op_call c = weight_call(a);
+	char local[256];
+	if (!pair_ok(spec, DG_OP_PACK_TERNARY, DG_OP_PACK_SIGN1, "dg_pack_weight",
+		     msg && msg_size ? msg : local, msg && msg_size ? msg_size : sizeof(local)))
+		return DG_ERR_INVALID_SPEC;
 	return dg__op_check(spec, weight_op(spec), "dg_pack_weight", a ? &c : NULL, NULL, msg,
 			    msg_size);
 }
@@ -96,6 +113,10 @@ dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a
 dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec, const dg_pack_weight_args *a)
 {
 	dg__op_call c = weight_call(a);
+	char why[256];
+	if (dev && !pair_ok(spec, DG_OP_PACK_TERNARY, DG_OP_PACK_SIGN1, "dg_pack_weight", why,
+			    sizeof(why)))
+		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "%s", why);
 	return run_weight(dev, spec, weight_op(spec), a ? &c : NULL);
 }
 
@@ -174,6 +195,10 @@ dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a, ch
 			     size_t msg_size)
 {
 	dg__op_call c = i8x4_call(spec, a);
+	char local[256];
+	if (!pair_ok(spec, DG_OP_PACK_I8X4, DG_OP_UNPACK_I8X4, "dg_pack_i8x4",
+		     msg && msg_size ? msg : local, msg && msg_size ? msg_size : sizeof(local)))
+		return DG_ERR_INVALID_SPEC;
 	return dg__op_check(spec, i8x4_op(spec), "dg_pack_i8x4", a ? &c : NULL, NULL, msg,
 			    msg_size);
 }
@@ -181,5 +206,9 @@ dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a, ch
 dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg_pack_i8x4_args *a)
 {
 	dg__op_call c = i8x4_call(spec, a);
+	char why[256];
+	if (dev && !pair_ok(spec, DG_OP_PACK_I8X4, DG_OP_UNPACK_I8X4, "dg_pack_i8x4", why,
+			    sizeof(why)))
+		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "%s", why);
 	return run_i8x4(dev, spec, i8x4_op(spec), a ? &c : NULL);
 }
