@@ -68,7 +68,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "bench/kernels.h"
+#include "bench/bench.h"
 
 #define MAX_FILTERS 16
 
@@ -547,6 +547,7 @@ int main(int argc, char **argv)
 		rc = 1;
 		goto out;
 	}
+	bk_relu_load(&b); /* a failure is kept in b.relu_err, the anchor left out */
 	double copy_bps = bk_copy_bandwidth(&b);
 	if (copy_bps <= 0) {
 		fprintf(stderr, "kernels: copy bandwidth: %s\n", b.err);

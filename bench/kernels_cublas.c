@@ -10,7 +10,7 @@
 
 #include <nvrtc.h>
 
-#include "bench/kernels.h"
+#include "bench/bench.h"
 
 /* ---- the ReLU kernel of the anchor ---------------------------------------- */
 static const char relu_src[] =

@@ -1,14 +1,14 @@
 /*
  * The bench `kernels`: its setup (the driver table, the timer, cuBLASLt),
  * random inputs from dg_rng, the one timer, and the copy bandwidth its
- * floors divide by. See bench/kernels.h.
+ * floors divide by. See bench/bench.h.
  */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench/kernels.h"
+#include "bench/bench.h"
 
 #define STR_(x) #x
 #define STR(x) STR_(x) /* the exported name: cuda.h maps some to _v2 */
@@ -162,7 +162,6 @@ bool bk_init(bench *b)
 	    !bk_dg_ok(b, dg_malloc(b->dev, LT_WORKSPACE, &b->lt_ws), "dg_malloc") ||
 	    !bk_lt_ok(b, cublasLtCreate(&b->lt), "cublasLtCreate"))
 		return false;
-	bk_relu_load(b);
 	return true;
 }
 

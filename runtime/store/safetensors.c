@@ -1,6 +1,6 @@
 /*
- * safetensors files (dragon/safetensors.h): a strict reader and an atomic
- * writer. The reader is a fuzz target (tests/fuzz/fuzz_safetensors.c): no
+ * safetensors files (dragon/safetensors.h): the strict reader (the atomic
+ * writer is safetensors_write.c). The reader is a fuzz target (tests/fuzz/fuzz_safetensors.c): no
  * input may crash it or parse into something that does not write back and
  * read again the same.
  */
@@ -20,6 +20,7 @@
 
 #include "base/msg.h"
 #include "dragon/safetensors.h"
+#include "runtime/store/safetensors_int.h"
 
 #define MAX_SAFE_INT 9007199254740992.0 /* 2^53 */
 #define MAX_FILE ((uint64_t)1 << 40)
@@ -54,8 +55,7 @@ static bool dtype_from(const char *s, dg_st_dtype *out)
 	return false;
 }
 
-/* numel · size, false on overflow past 2^62 bytes. */
-static bool tensor_bytes(dg_st_dtype d, int ndim, const int64_t *shape, uint64_t *out)
+bool dg__st_tensor_bytes(dg_st_dtype d, int ndim, const int64_t *shape, uint64_t *out)
 {
 	uint64_t n = dg_st_dtype_size(d);
 	for (int i = 0; i < ndim; i++) {
@@ -70,16 +70,12 @@ static bool tensor_bytes(dg_st_dtype d, int ndim, const int64_t *shape, uint64_t
 
 /* ---- reading ------------------------------------------------------------------ */
 
-typedef struct meta_pair {
-	char *key, *value;
-} meta_pair;
-
 struct dg_safetensors {
 	unsigned char *bytes; /* the whole file */
 	size_t size;
 	dg_st_tensor *t;      /* by offset */
 	size_t n;
-	meta_pair *meta;
+	dg__st_meta *meta;
 	size_t n_meta;
 };
 
@@ -210,7 +206,7 @@ static dg_status parse_tensor(const cJSON *o, const char *file, dg_st_tensor *t,
 	    !json_u53(off->child, begin) || !json_u53(off->child->next, end) || *begin > *end)
 		return bad(msg, size, file, "%s.data_offsets: %s", name,
 			   !off ? "missing" : "expected [begin, end], integers, begin <= end");
-	if (!tensor_bytes(t->dtype, t->ndim, t->shape, &t->bytes))
+	if (!dg__st_tensor_bytes(t->dtype, t->ndim, t->shape, &t->bytes))
 		return bad(msg, size, file, "%s.shape: its size overflows", name);
 	if (*end - *begin != t->bytes)
 		return bad(msg, size, file,
@@ -537,280 +533,3 @@ dg_status dg_safetensors_expect(const dg_safetensors *f, const char *name, dg_st
 	return DG_OK;
 }
 
-/* ---- writing ------------------------------------------------------------------ */
-
-typedef struct wtensor {
-	char *name;
-	dg_st_dtype dtype;
-	int ndim;
-	int64_t shape[DG_SAFETENSORS_MAX_DIMS];
-	uint64_t bytes;
-	unsigned char *data;
-} wtensor;
-
-struct dg_safetensors_writer {
-	wtensor *t;
-	size_t n, cap;
-	meta_pair *meta;
-	size_t n_meta, cap_meta;
-};
-
-dg_status dg_safetensors_writer_create(dg_safetensors_writer **out)
-{
-	if (!out)
-		return DG_ERR_INVALID_ARG;
-	*out = calloc(1, sizeof(**out));
-	return *out ? DG_OK : DG_ERR_NOMEM;
-}
-
-void dg_safetensors_writer_destroy(dg_safetensors_writer *w)
-{
-	if (!w)
-		return;
-	for (size_t i = 0; i < w->n; i++) {
-		free(w->t[i].name);
-		free(w->t[i].data);
-	}
-	for (size_t i = 0; i < w->n_meta; i++) {
-		free(w->meta[i].key);
-		free(w->meta[i].value);
-	}
-	free(w->t);
-	free(w->meta);
-	free(w);
-}
-
-dg_status dg_safetensors_writer_add(dg_safetensors_writer *w, const char *name,
-				    dg_st_dtype dtype, int ndim, const int64_t *shape,
-				    const void *data, char *msg, size_t msg_size)
-{
-	uint64_t bytes;
-
-	if (!w || !name)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "safetensors writer: %s is NULL",
-				!w ? "writer" : "name");
-	if (!name[0] || strcmp(name, "__metadata__") == 0)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
-				"safetensors writer: '%s' cannot name a tensor", name);
-	if ((unsigned)dtype >= DG_ST__COUNT || ndim < 0 || ndim > DG_SAFETENSORS_MAX_DIMS ||
-	    (ndim && !shape))
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
-				"%s: a dtype of the list and 0 to %d dimensions", name,
-				DG_SAFETENSORS_MAX_DIMS);
-	for (int i = 0; i < ndim; i++)
-		if (shape[i] < 0)
-			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: shape[%d]=%lld is negative",
-					name, i, (long long)shape[i]);
-	if (!tensor_bytes(dtype, ndim, shape, &bytes))
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: its size overflows", name);
-	if (bytes && !data)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: data is NULL", name);
-	for (size_t i = 0; i < w->n; i++)
-		if (strcmp(w->t[i].name, name) == 0)
-			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: added twice", name);
-	if (w->n == w->cap) {
-		size_t cap = w->cap ? 2 * w->cap : 16;
-		wtensor *t = realloc(w->t, cap * sizeof(*t));
-		if (!t)
-			return DG_ERR_NOMEM;
-		w->t = t;
-		w->cap = cap;
-	}
-	wtensor *t = &w->t[w->n];
-	memset(t, 0, sizeof(*t));
-	t->name = strdup(name);
-	t->data = malloc(bytes ? (size_t)bytes : 1);
-	if (!t->name || !t->data) {
-		free(t->name);
-		free(t->data);
-		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory adding %s", name);
-	}
-	if (bytes)
-		memcpy(t->data, data, (size_t)bytes);
-	t->dtype = dtype;
-	t->ndim = ndim;
-	for (int i = 0; i < ndim; i++)
-		t->shape[i] = shape[i];
-	t->bytes = bytes;
-	w->n++;
-	return DG_OK;
-}
-
-dg_status dg_safetensors_writer_meta(dg_safetensors_writer *w, const char *key,
-				     const char *value, char *msg, size_t msg_size)
-{
-	if (!w || !key || !value)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "safetensors writer: NULL argument");
-	char *v = strdup(value);
-	if (!v)
-		return DG_ERR_NOMEM;
-	for (size_t i = 0; i < w->n_meta; i++) {
-		if (strcmp(w->meta[i].key, key) == 0) {
-			free(w->meta[i].value);
-			w->meta[i].value = v;
-			return DG_OK;
-		}
-	}
-	if (w->n_meta == w->cap_meta) {
-		size_t cap = w->cap_meta ? 2 * w->cap_meta : 8;
-		meta_pair *m = realloc(w->meta, cap * sizeof(*m));
-		if (!m) {
-			free(v);
-			return DG_ERR_NOMEM;
-		}
-		w->meta = m;
-		w->cap_meta = cap;
-	}
-	w->meta[w->n_meta].key = strdup(key);
-	if (!w->meta[w->n_meta].key) {
-		free(v);
-		return DG_ERR_NOMEM;
-	}
-	w->meta[w->n_meta++].value = v;
-	return DG_OK;
-}
-
-/* Exact integers: cJSON would print large ones in exponent form. */
-static bool add_u64(cJSON *arr, uint64_t v)
-{
-	char buf[32];
-	snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
-	cJSON *n = cJSON_CreateRaw(buf);
-	if (!n)
-		return false;
-	if (!cJSON_AddItemToArray(arr, n)) {
-		cJSON_Delete(n);
-		return false;
-	}
-	return true;
-}
-
-static char *header_json(const dg_safetensors_writer *w)
-{
-	cJSON *root = cJSON_CreateObject();
-	bool ok = root != NULL;
-	if (ok && w->n_meta) {
-		cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
-		ok = m != NULL;
-		for (size_t i = 0; ok && i < w->n_meta; i++)
-			ok = cJSON_AddStringToObject(m, w->meta[i].key, w->meta[i].value) != NULL;
-	}
-	uint64_t at = 0;
-	for (size_t i = 0; ok && i < w->n; i++) {
-		const wtensor *t = &w->t[i];
-		cJSON *o = cJSON_AddObjectToObject(root, t->name);
-		cJSON *sh = o ? cJSON_AddArrayToObject(o, "shape") : NULL;
-		ok = o && cJSON_AddStringToObject(o, "dtype", dg_st_dtype_name(t->dtype)) && sh;
-		for (int d = 0; ok && d < t->ndim; d++)
-			ok = add_u64(sh, (uint64_t)t->shape[d]);
-		cJSON *off = ok ? cJSON_AddArrayToObject(o, "data_offsets") : NULL;
-		ok = off && add_u64(off, at) && add_u64(off, at + t->bytes);
-		at += t->bytes;
-	}
-	char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
-	cJSON_Delete(root);
-	return text;
-}
-
-dg_status dg_safetensors_writer_bytes(const dg_safetensors_writer *w, void **out, size_t *size,
-				      char *msg, size_t msg_size)
-{
-	if (!w || !out || !size)
-		return DG_ERR_INVALID_ARG;
-	*out = NULL;
-	*size = 0;
-	char *h = header_json(w);
-	if (!h)
-		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory writing the header");
-	size_t hn = strlen(h), padded = (hn + 7) / 8 * 8;
-	uint64_t total = 8 + padded;
-	for (size_t i = 0; i < w->n; i++)
-		total += w->t[i].bytes;
-	unsigned char *buf = total <= SIZE_MAX ? malloc((size_t)total) : NULL;
-	if (!buf) {
-		cJSON_free(h);
-		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory: %llu bytes",
-				(unsigned long long)total);
-	}
-	for (int i = 0; i < 8; i++)
-		buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-	memcpy(buf + 8, h, hn);
-	memset(buf + 8 + hn, ' ', padded - hn);
-	cJSON_free(h);
-	size_t at = 8 + padded;
-	for (size_t i = 0; i < w->n; i++) {
-		memcpy(buf + at, w->t[i].data, (size_t)w->t[i].bytes);
-		at += (size_t)w->t[i].bytes;
-	}
-	*out = buf;
-	*size = (size_t)total;
-	return DG_OK;
-}
-
-static dg_status io_fail(char *msg, size_t size, const char *step, const char *path)
-{
-	return dg__msgf(DG_ERR_IO, msg, size, "%s: %s: %s", path, step, strerror(errno));
-}
-
-dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char *path,
-				     char *msg, size_t msg_size)
-{
-	void *bytes = NULL;
-	size_t size = 0;
-	char tmp[4096], dir[4096];
-
-	if (!w || !path)
-		return DG_ERR_INVALID_ARG;
-	if (strlen(path) + 40 > sizeof(tmp))
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: path too long", path);
-	dg_status st = dg_safetensors_writer_bytes(w, &bytes, &size, msg, msg_size);
-	if (st)
-		return st;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%lx", path, (long)getpid(),
-		 (unsigned long)(ts.tv_nsec ^ (ts.tv_sec << 20)));
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		free(bytes);
-		return io_fail(msg, msg_size, "create a temp file", tmp);
-	}
-	const unsigned char *p = bytes;
-	size_t left = size;
-	while (left && !st) {
-		ssize_t k = write(fd, p, left);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			st = io_fail(msg, msg_size, "write (disk full?)", tmp);
-		else {
-			p += k;
-			left -= (size_t)k;
-		}
-	}
-	free(bytes);
-	if (!st && fsync(fd))
-		st = io_fail(msg, msg_size, "fsync", tmp);
-	if (close(fd) && !st)
-		st = io_fail(msg, msg_size, "close", tmp);
-	if (!st && rename(tmp, path))
-		st = io_fail(msg, msg_size, "rename over the target", path);
-	if (st) {
-		unlink(tmp);
-		return st;
-	}
-	/* the rename itself is durable once the folder is synced */
-	snprintf(dir, sizeof(dir), "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (slash)
-		*(slash == dir ? slash + 1 : slash) = '\0';
-	else
-		snprintf(dir, sizeof(dir), ".");
-	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		if (fsync(dfd) && errno != EINVAL)
-			st = io_fail(msg, msg_size, "fsync the folder", dir);
-		close(dfd);
-	}
-	return st;
-}

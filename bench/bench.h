@@ -3,8 +3,8 @@
  * timing it shares with its cuBLASLt anchors (bench/kernels_cublas.c) and
  * its setup (bench/kernels_run.c). Names start with bk_.
  */
-#ifndef DG_BENCH_KERNELS_H
-#define DG_BENCH_KERNELS_H
+#ifndef DG_BENCH_BENCH_H
+#define DG_BENCH_BENCH_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -81,8 +81,8 @@ bool bk_time_op(bench *b, run_fn fn, void *arg, bool warm_l2, int reps, dg_timin
 /* Device copy bandwidth, bytes read + written a second; 0 on failure. */
 double bk_copy_bandwidth(bench *b);
 
-/* The driver table, the timer, cuBLASLt and the ReLU kernel of b->dev
- * (open); bk_fini releases them and closes the device. */
+/* The driver table, the timer and cuBLASLt of b->dev (open); then
+ * bk_relu_load the ReLU anchor's kernel; bk_fini releases them and closes the device. */
 bool bk_init(bench *b);
 void bk_fini(bench *b);
 
