@@ -378,6 +378,9 @@ static bool case_run(op_case *c, dg_device *dev, dg_device *mem)
 	dg_spec_to_string(&c->spec, canon, sizeof(canon));
 	cr_assert_eq(op_call(dev, c, &need), DG_OK, "%s: workspace: %s", canon, dg_device_errmsg(dev));
 	c->ws = gh_workspace(mem, need);
+	/* the inputs, scales and the 0xff fill went on mem's stream, the op
+	 * goes on dev's: they are ordered only by waiting for mem */
+	cr_assert_eq(dg_device_sync(mem), DG_OK, "%s: %s", canon, dg_device_errmsg(mem));
 	cr_assert_eq(op_call(dev, c, NULL), DG_OK, "%s: %s", canon, dg_device_errmsg(dev));
 	cr_assert_eq(dg_device_sync(dev), DG_OK, "%s: %s", canon, dg_device_errmsg(dev));
 	arg_buf *o = &c->a[c->out];
