@@ -415,7 +415,10 @@ static bool case_run(op_case *c, dg_device *dev, dg_device *mem)
 
 /* ---- the default set ---------------------------------------------------------- */
 
-Test(gpu_bundle, default_set_runs_without_compiling, .timeout = 1200)
+/* No Criterion .timeout on these tests: with one on each, Criterion 2.4.1's
+ * runner leaks 48 bytes now and then (LeakSanitizer fails the sanitized
+ * CI run, about one run in three); ctest's --timeout bounds a hang. */
+Test(gpu_bundle, default_set_runs_without_compiling)
 {
 	dg_device *mem = gh_open(); /* skips without a GPU; holds the tensors */
 	char *cache = fresh_env();
@@ -477,7 +480,7 @@ Test(gpu_bundle, default_set_runs_without_compiling, .timeout = 1200)
 
 /* ---- $DRAGON_KERNELS ---------------------------------------------------------- */
 
-Test(gpu_bundle, dragon_kernels_loads_at_open, .timeout = 600)
+Test(gpu_bundle, dragon_kernels_loads_at_open)
 {
 	dg_device *mem = gh_open();
 	char *cache = fresh_env();
@@ -523,7 +526,7 @@ Test(gpu_bundle, dragon_kernels_loads_at_open, .timeout = 600)
 
 /* ---- refused bundles ---------------------------------------------------------- */
 
-Test(gpu_bundle, a_changed_cubin_byte_is_refused, .timeout = 600)
+Test(gpu_bundle, a_changed_cubin_byte_is_refused)
 {
 	dg_device *mem = gh_open();
 	char *cache = fresh_env();
@@ -556,7 +559,7 @@ Test(gpu_bundle, a_changed_cubin_byte_is_refused, .timeout = 600)
 	dg_test_rmtree(cache);
 }
 
-Test(gpu_bundle, other_templates_are_refused, .timeout = 600)
+Test(gpu_bundle, other_templates_are_refused)
 {
 	dg_device *mem = gh_open();
 	char *cache = fresh_env();
