@@ -59,27 +59,6 @@ struct dg__at_case {
 	size_t dev_bytes;
 };
 
-/* The op's format of argument a. */
-static dg_fmt arg_fmt(const dg__at_case *c, const dg_op_arg *a)
-{
-	switch (a->fmt) {
-	case DG_ARG_ACT:
-		return c->spec.act;
-	case DG_ARG_WEIGHT:
-		return c->spec.weight;
-	case DG_ARG_OUT:
-		return c->spec.out;
-	case DG_ARG_SRC:
-		return c->spec.src;
-	case DG_ARG_INT8:
-		return DG_FMT_INT8;
-	case DG_ARG_PACK:
-		return c->row->pack_fmt;
-	default:
-		return DG_FMT_F32;
-	}
-}
-
 static int64_t extent(const dg__at_case *c, dg_dim d)
 {
 	const dg_spec *s = &c->spec;
@@ -207,7 +186,7 @@ static dg_status setup(dg__at_case *c)
 	c->out = -1;
 	for (int i = 0; i < c->row->n_args && !st; i++) {
 		const dg_op_arg *a = &c->row->args[i];
-		dg_fmt f = arg_fmt(c, a);
+		dg_fmt f = dg_op_arg_fmt(&c->spec, a->fmt);
 		int64_t shape[4] = { c->r, c->n / c->r, 1, 1 };
 		int ndim = a->ndim ? a->ndim : 2;
 		for (int d = 0; d < a->ndim; d++)

@@ -224,6 +224,28 @@ const dg_op_info *dg_op_info_of(dg_op op)
 	return (unsigned)op < DG_OP__COUNT ? &rows[op] : NULL;
 }
 
+dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f)
+{
+	const dg_op_info *row;
+	switch (f) {
+	case DG_ARG_ACT:
+		return s->act;
+	case DG_ARG_WEIGHT:
+		return s->weight;
+	case DG_ARG_OUT:
+		return s->out;
+	case DG_ARG_SRC:
+		return s->src;
+	case DG_ARG_INT8:
+		return DG_FMT_INT8;
+	case DG_ARG_PACK:
+		row = dg_op_info_of(s->op);
+		return row ? row->pack_fmt : DG_FMT__COUNT;
+	default:
+		return DG_FMT_F32;
+	}
+}
+
 const char *dg_op_name(dg_op op)
 {
 	return (unsigned)op < DG_OP__COUNT ? names[op] : "?";

@@ -161,26 +161,6 @@ typedef struct op_case {
 	dg_workspace ws;
 } op_case;
 
-static dg_fmt arg_fmt(const dg_spec *s, const dg_op_info *row, dg_arg_fmt f)
-{
-	switch (f) {
-	case DG_ARG_ACT:
-		return s->act;
-	case DG_ARG_WEIGHT:
-		return s->weight;
-	case DG_ARG_OUT:
-		return s->out;
-	case DG_ARG_SRC:
-		return s->src;
-	case DG_ARG_INT8:
-		return DG_FMT_INT8;
-	case DG_ARG_PACK:
-		return row->pack_fmt;
-	default:
-		return DG_FMT_F32;
-	}
-}
-
 static int64_t extent(const op_case *c, dg_dim d)
 {
 	switch (d) {
@@ -305,7 +285,7 @@ static void case_make(op_case *c, dg_device *mem, const dg_spec *spec)
 		int ndim = a->ndim ? a->ndim : 2;
 		for (int d = 0; d < a->ndim; d++)
 			shape[d] = extent(c, a->dims[d]);
-		b->fmt = arg_fmt(spec, c->row, a->fmt);
+		b->fmt = dg_op_arg_fmt(spec, a->fmt);
 		b->t = dg_tensor_make(a->name, b->fmt, 0, ndim, shape);
 		b->n = (size_t)dg_tensor_numel(&b->t);
 		b->bytes = gh_bytes(b->fmt, b->n);

@@ -374,6 +374,8 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 	}
 }
 
+/* An argument's format, written out here apart from the library's
+ * dg_op_arg_fmt, which the test below holds to it. */
 static dg_fmt fmt_of(const dg_spec *s, const dg_op_info *r, dg_arg_fmt f)
 {
 	switch (f) {
@@ -574,6 +576,23 @@ static void check_signature(const dg_spec *s, bool unpack)
 		cases += 3;
 	}
 	cr_assert_gt(cases, r->n_args * 3);
+}
+
+Test(optable, arg_formats_follow_the_spec)
+{
+	for (int op = 0; op < DG_OP__COUNT; op++) {
+		const dg_op_info *r = dg_op_info_of((dg_op)op);
+		dg_spec s;
+		dg_spec_init(&s, (dg_op)op);
+		/* formats that differ field from field, so a mix-up shows */
+		s.act = DG_FMT_INT4;
+		s.weight = DG_FMT_TERNARY;
+		s.out = DG_FMT_BF16;
+		s.src = DG_FMT_UINT8POS;
+		for (int f = DG_ARG_ACT; f <= DG_ARG_PACK; f++)
+			cr_assert_eq(dg_op_arg_fmt(&s, (dg_arg_fmt)f), fmt_of(&s, r, (dg_arg_fmt)f),
+				     "%s: arg format %d", dg_op_name((dg_op)op), f);
+	}
 }
 
 Test(optable, signatures_are_what_the_checks_take)

@@ -343,13 +343,6 @@ static int64_t run_extent(const dg_spec *s, dg_dim d)
 	}
 }
 
-static dg_fmt run_fmt(const dg_spec *s, const dg_op_info *r, dg_arg_fmt f)
-{
-	return f == DG_ARG_ACT ? s->act : f == DG_ARG_WEIGHT ? s->weight : f == DG_ARG_OUT ? s->out
-	       : f == DG_ARG_SRC ? s->src : f == DG_ARG_INT8 ? DG_FMT_INT8 : f == DG_ARG_PACK ? r->pack_fmt
-								 : DG_FMT_F32;
-}
-
 static size_t arg_elems(const dg_spec *s, const dg_op_arg *a)
 {
 	if (a->ndim == 0)
@@ -429,7 +422,7 @@ static void run_both(dg_spec *s, bool unpack)
 	dg_rng_seed(&g, 1000 + (uint64_t)s->op);
 	for (int i = 0; i < r->n_args; i++) {
 		const dg_op_arg *a = &r->args[i];
-		dg_fmt f = run_fmt(s, r, a->fmt);
+		dg_fmt f = dg_op_arg_fmt(s, a->fmt);
 		size_t n = arg_elems(s, a);
 		store[i] = rh_xmalloc(arg_bytes(f, n) + 16);
 		c.scale[i] = 0.01f * (float)(i + 1);
@@ -451,7 +444,7 @@ static void run_both(dg_spec *s, bool unpack)
 	}
 	cr_assert_geq(out_i, 0);
 	const dg_op_arg *oa = &r->args[out_i];
-	dg_fmt of = run_fmt(s, r, oa->fmt);
+	dg_fmt of = dg_op_arg_fmt(s, oa->fmt);
 	size_t ob = arg_bytes(of, arg_elems(s, oa));
 	cr_assert_gt(ob, 0, "%s: output of no bytes", dg_op_name(s->op));
 	void *want = rh_xmalloc(ob);

@@ -205,6 +205,10 @@ typedef struct dg_op_info {
 
 /* The row of op; NULL for a value outside the enum. */
 const dg_op_info *dg_op_info_of(dg_op op);
+/* The format an argument of s's op has under s (f: the argument's
+ * dg_op_arg.fmt): s's act, weight, out or src, int8 codes, the op's
+ * pack_fmt, or f32. */
+dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f);
 
 /* Longest canonical text, terminator included. */
 #define DG_SPEC_TEXT_MAX 512

@@ -13,26 +13,6 @@
 /* Rows B·T (or R) a kernel takes: int arithmetic inside, with tile padding. */
 #define DG_MAX_ROWS (1LL << 30)
 
-static dg_fmt arg_fmt(const dg_spec *s, const dg_op_info *row, dg_arg_fmt f)
-{
-	switch (f) {
-	case DG_ARG_ACT:
-		return s->act;
-	case DG_ARG_WEIGHT:
-		return s->weight;
-	case DG_ARG_OUT:
-		return s->out;
-	case DG_ARG_SRC:
-		return s->src;
-	case DG_ARG_INT8:
-		return DG_FMT_INT8;
-	case DG_ARG_PACK:
-		return row->pack_fmt;
-	default:
-		return DG_FMT_F32;
-	}
-}
-
 /* The extent of d, or -1 (any) for a call size not bound yet. */
 static int64_t extent(const dg_spec *s, dg_dim d, const dg__op_shape *sh)
 {
@@ -86,7 +66,7 @@ dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__
 	for (int i = 0; i < row->n_args; i++) {
 		const dg_op_arg *a = &row->args[i];
 		const dg_tensor *t = c->t[i];
-		dg_fmt f = arg_fmt(spec, row, a->fmt);
+		dg_fmt f = dg_op_arg_fmt(spec, a->fmt);
 		bool scale = a->scale && dg_fmt_is_code(f);
 		if (a->ndim == 0) {
 			if (!like) {
