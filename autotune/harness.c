@@ -36,8 +36,10 @@ typedef struct tbuf {
 	size_t bytes;  /* storage */
 	void *host;    /* check cases: the data */
 	dg_dptr d;
-	dg_dptr scale; /* device float, code formats */
+	dg_dptr scale; /* device float(s), code formats */
 	float sval;
+	size_t nscale; /* 1, or a scale a row / a channel (ascale=token, wscale=channel) */
+	float *svec;   /* their host values (nscale > 1) */
 } tbuf;
 
 struct dg__at_case {
@@ -55,6 +57,7 @@ struct dg__at_case {
 	size_t ws_bytes;
 	void *want;       /* reference output (check), buf[out].bytes */
 	float want_scale; /* quantizers: the reference scale */
+	float *want_svec; /* quantizers a scale a row: the reference scales */
 	int64_t b, t_len, r, n;
 	size_t dev_bytes;
 };
@@ -103,12 +106,14 @@ static void sizes(dg__at_case *c)
 
 /* Allocates b on the device and fills it (fill) from the case's stream;
  * keep: the host copy stays. */
-static dg_status buf_make(dg__at_case *c, tbuf *b, dg_fmt f, size_t n, bool fill, bool keep)
+static dg_status buf_make(dg__at_case *c, tbuf *b, dg_fmt f, size_t n, size_t nscale, bool fill,
+			  bool keep)
 {
 	dg_status st;
 
 	b->fmt = f;
 	b->n = n;
+	b->nscale = nscale ? nscale : 1;
 	b->bytes = dg_fmt_row_bytes(f, (int64_t)n);
 	st = dg_malloc(c->dev, b->bytes ? b->bytes : 1, &b->d);
 	if (st)
@@ -117,9 +122,21 @@ static dg_status buf_make(dg__at_case *c, tbuf *b, dg_fmt f, size_t n, bool fill
 	if (dg_fmt_is_code(f)) {
 		b->sval = dg_fmt_info_of(f)->per_word == 4 ? 1.0f / (float)dg_fmt_info_of(f)->qmax
 							     : 0.05f;
-		st = dg_malloc(c->dev, sizeof(float), &b->scale);
-		if (!st)
+		st = dg_malloc(c->dev, b->nscale * sizeof(float), &b->scale);
+		if (!st && b->nscale == 1) {
 			st = dg_memcpy_htod(c->dev, b->scale, &b->sval, sizeof(float));
+		} else if (!st) {
+			/* a scale a row / a channel: random, between half and
+			 * one and a half times the tensor's, so a wrong index shows */
+			b->svec = malloc(b->nscale * sizeof(float));
+			if (!b->svec)
+				return dg__dev_fail(c->dev, DG_ERR_NOMEM, "out of memory: %zu scales",
+						    b->nscale);
+			for (size_t i = 0; i < b->nscale; i++)
+				b->svec[i] = b->sval *
+					     (0.5f + (float)(dg_rng_u64(&c->rng) >> 40) * 0x1p-24f);
+			st = dg_memcpy_htod(c->dev, b->scale, b->svec, b->nscale * sizeof(float));
+		}
 		if (st)
 			return st;
 	}
@@ -177,6 +194,30 @@ static dg_status pack_codes(dg__at_case *c, tbuf *b)
 	return st;
 }
 
+/* The scales argument a of shape (ndim) carries under c's spec: 1, or a
+ * scale a row of the GEMM that reads it (ascale=token: the decoder's y
+ * (B,H,T,L) one a token b·T + t, any other all but the last dimension) or
+ * an output channel (wscale=channel: the rows of the last dimension); the
+ * quantizers' codes one a row they quantize. */
+static size_t n_scales(const dg__at_case *c, const dg_op_arg *a, int ndim, const int64_t *shape)
+{
+	const dg_spec *s = &c->spec;
+	bool token = s->ascale == DG_SCALE_TOKEN &&
+		     (a->fmt == DG_ARG_ACT || (s->op == DG_OP_QUANTIZE_ACT && a->output));
+	bool channel = s->wscale == DG_SCALE_CHANNEL &&
+		       (a->fmt == DG_ARG_WEIGHT || (s->op == DG_OP_QUANTIZE_WEIGHT && a->output));
+	if (!a->scale || !(token || channel))
+		return 1;
+	if (token && ndim == 4 && strcmp(c->row->family, "decoder") == 0)
+		return (size_t)(shape[0] * shape[2]);
+	if (token && s->op == DG_OP_QUANTIZE_ACT)
+		return (size_t)(shape[0] * shape[2]); /* (B, G, T, C): a token (b, t) */
+	int64_t n = 1;
+	for (int d = 0; d < ndim - 1; d++)
+		n *= shape[d];
+	return (size_t)n;
+}
+
 /* Makes every argument of c->spec at c->rows, and the workspace. */
 static dg_status setup(dg__at_case *c)
 {
@@ -189,6 +230,12 @@ static dg_status setup(dg__at_case *c)
 		dg_fmt f = dg_op_arg_fmt(&c->spec, a->fmt);
 		int64_t shape[4] = { c->r, c->n / c->r, 1, 1 };
 		int ndim = a->ndim ? a->ndim : 2;
+		if (!a->ndim && c->spec.op == DG_OP_QUANTIZE_ACT && c->spec.ascale == DG_SCALE_TOKEN) {
+			/* a scale a token: (1, 1, R, cols) */
+			int64_t tok[4] = { 1, 1, c->r, c->n / c->r };
+			memcpy(shape, tok, sizeof(tok));
+			ndim = 4;
+		}
 		for (int d = 0; d < a->ndim; d++)
 			shape[d] = extent(c, a->dims[d]);
 		int64_t n = 1;
@@ -198,7 +245,8 @@ static dg_status setup(dg__at_case *c)
 			c->out = i;
 		bool packs = c->row->pack_fmt != DG_FMT__COUNT && !a->output &&
 			     f == DG_FMT_INT8;
-		st = buf_make(c, &c->buf[i], f, (size_t)n, !a->output && !packs, c->check);
+		st = buf_make(c, &c->buf[i], f, (size_t)n, n_scales(c, a, ndim, shape),
+			      !a->output && !packs, c->check);
 		if (!st && packs)
 			st = pack_codes(c, &c->buf[i]);
 		c->t[i] = dg_tensor_make(a->name, f, c->buf[i].d, ndim, shape);
@@ -230,12 +278,24 @@ static dg_status reference(dg__at_case *c)
 	for (int i = 0; i < c->row->n_args; i++) {
 		rc.in[i] = i == c->out ? NULL : c->buf[i].host;
 		rc.scale[i] = c->buf[i].sval;
+		rc.scale_v[i] = i == c->out ? NULL : c->buf[i].svec;
 	}
 	rc.b = c->b;
 	rc.t = c->t_len;
 	rc.r = c->r;
 	rc.n = c->n;
 	rc.out_scale = &c->want_scale;
+	if (o->nscale > 1) {
+		/* the quantizers a scale a row: (1, 1, R, cols) tokens, R rows */
+		c->want_svec = malloc(o->nscale * sizeof(float));
+		if (!c->want_svec)
+			return DG_ERR_NOMEM;
+		rc.out_scale = c->want_svec;
+		rc.b = 1;
+		rc.t = c->r;
+		rc.groups = 1;
+		rc.cols = c->n / c->r;
+	}
 	c->want = malloc(o->bytes + 16);
 	if (!c->want)
 		return DG_ERR_NOMEM;
@@ -304,9 +364,11 @@ void dg__at_case_destroy(dg__at_case *c)
 		(void)dg_free(c->dev, c->buf[i].d);
 		(void)dg_free(c->dev, c->buf[i].scale);
 		free(c->buf[i].host);
+		free(c->buf[i].svec);
 	}
 	(void)dg_free(c->dev, c->ws);
 	free(c->want);
+	free(c->want_svec);
 	free(c);
 }
 
@@ -350,8 +412,49 @@ static int8_t weight_code(dg_fmt f, float v, float s)
 	return (int8_t)(v >= 0.0f ? 1 : -1);
 }
 
-static bool compare(dg__at_case *c, const void *got, float gscale, char *why, size_t size)
+/* The quantizers a scale a row: every scale (activations: max|x|/qmax,
+ * exact; weights: one ulp for the double sums of ternary / sign1), then
+ * each row's codes exactly the reference's for the GPU's scale. */
+static bool compare_rows(dg__at_case *c, const void *got, const float *gsv, char *why,
+			 size_t size)
 {
+	const dg_spec *s = &c->spec;
+	const tbuf *o = &c->buf[c->out];
+	size_t rows = o->nscale, cols = o->n / rows;
+	bool act = s->op == DG_OP_QUANTIZE_ACT;
+	for (size_t r = 0; r < rows; r++) {
+		float g = gsv[r], w = c->want_svec[r];
+		bool ok = act || s->weight == DG_FMT_INT8 ? g == w
+							   : fabsf(g - w) <= nextafterf(w, INFINITY) - w;
+		if (!ok) {
+			snprintf(why, size, "scale of row %zu: %.9g, reference %.9g", r, (double)g,
+				 (double)w);
+			return false;
+		}
+	}
+	int8_t *want = c->want;
+	size_t esz = s->src == DG_FMT_BF16 ? 2 : 4;
+	for (size_t r = 0; r < rows; r++) {
+		const char *x = (const char *)c->buf[0].host + r * cols * esz;
+		if (act) {
+			if (dg_ref_quantize_act_apply(s->src, s->act, x, cols, gsv[r], want + r * cols)) {
+				snprintf(why, size, "the reference apply step failed");
+				return false;
+			}
+			continue;
+		}
+		for (size_t j = 0; j < cols; j++) {
+			float v = s->src == DG_FMT_BF16 ? dg_bf16_to_f32(((const uint16_t *)x)[j])
+							: ((const float *)x)[j];
+			want[r * cols + j] = weight_code(s->weight, v, gsv[r]);
+		}
+	}
+	return dg_ref_same_bytes(got, want, o->bytes, why, size);
+}
+
+static bool compare(dg__at_case *c, const void *got, const float *gsv, char *why, size_t size)
+{
+	const float gscale = gsv[0];
 	const dg_spec *s = &c->spec;
 	const tbuf *o = &c->buf[c->out];
 	bool ints = dg_fmt_is_code(s->act) && dg_fmt_is_code(s->weight);
@@ -396,6 +499,8 @@ static bool compare(dg__at_case *c, const void *got, float gscale, char *why, si
 	case DG_CHECK_SCALED_CODES:
 		break;
 	}
+	if (o->nscale > 1)
+		return compare_rows(c, got, gsv, why, size);
 	/* the quantizers: the scale within float summation error (weights:
 	 * one ulp), then the codes exactly the reference's for the GPU's scale */
 	float ws = c->want_scale;
@@ -427,7 +532,6 @@ static bool compare(dg__at_case *c, const void *got, float gscale, char *why, si
 dg_status dg__at_case_check(dg__at_case *c, const dg_spec *cand, dg__at_verdict *verdict,
 			    char *why, size_t why_size)
 {
-	float gscale = 0.0f;
 	dg_status st;
 	const tbuf *o;
 
@@ -449,13 +553,18 @@ dg_status dg__at_case_check(dg__at_case *c, const dg_spec *cand, dg__at_verdict 
 		return st;
 	}
 	void *got = malloc(o->bytes + 16);
-	if (!got)
+	float *gsv = calloc(o->nscale, sizeof(float));
+	if (!got || !gsv) {
+		free(got);
+		free(gsv);
 		return dg__dev_fail(c->dev, DG_ERR_NOMEM, "out of memory");
+	}
 	st = dg_memcpy_dtoh(c->dev, got, o->d, o->bytes);
 	if (!st && o->scale && c->row->check == DG_CHECK_SCALED_CODES)
-		st = dg_memcpy_dtoh(c->dev, &gscale, o->scale, sizeof(float));
+		st = dg_memcpy_dtoh(c->dev, gsv, o->scale, o->nscale * sizeof(float));
 	if (!st)
-		*verdict = compare(c, got, gscale, why, why_size) ? DG__AT_RIGHT : DG__AT_WRONG;
+		*verdict = compare(c, got, gsv, why, why_size) ? DG__AT_RIGHT : DG__AT_WRONG;
 	free(got);
+	free(gsv);
 	return st;
 }

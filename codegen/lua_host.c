@@ -287,6 +287,8 @@ static void push_spec(lua_State *L, const dg_spec *s, const char *module,
 	set_str(L, "act", dg_fmt_name(s->act));
 	set_str(L, "out", dg_fmt_name(s->out));
 	set_str(L, "src", dg_fmt_name(s->src));
+	set_str(L, "ascale", dg_scale_name(s->ascale));
+	set_str(L, "wscale", dg_scale_name(s->wscale));
 	if (s->relu)
 		lua_pushnumber(L, (lua_Number)s->relu_thr);
 	else

@@ -33,7 +33,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_LOWRANK_FWD] = {
 		.family = "lowrank", .module = "lowrank",
 		.about = "projection: out (B,H,T,L) = relu(s * x (B,Hin,T,E) . w (H,L,E)^T - thr)",
-		.fields = LOWRANK_SHAPE | F(ACT) | F(OUT) | F(RELU) | F(WEIGHT),
+		.fields = LOWRANK_SHAPE | F(ACT) | F(OUT) | F(RELU) | F(WEIGHT) | F(ASCALE) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
 		.weight_fmts = W_ALL, .act_fmts = A_ALL, .out_fmts = O_ALL,
 		.weight_axis = F(EMBD), .pack_fmt = DG_FMT__COUNT,
@@ -47,7 +47,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_RELU_MASK] = {
 		.family = "lowrank", .module = "lowrank",
 		.about = "ReLU mask: grad_out (B,H,T,L) = grad * [y > thr], y recomputed from the projection's codes",
-		.fields = LOWRANK_SHAPE | F(ACT) | F(RELU) | F(WEIGHT),
+		.fields = LOWRANK_SHAPE | F(ACT) | F(RELU) | F(WEIGHT) | F(ASCALE) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
 		.weight_fmts = W_ALL, .act_fmts = A_ALL,
 		.weight_axis = F(EMBD), .pack_fmt = DG_FMT__COUNT, .needs_relu = true,
@@ -63,7 +63,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_LOWRANK_GRAD_INPUT] = {
 		.family = "lowrank", .module = "backward",
 		.about = "projection input gradient: grad_x (B,Hin,T,E) = sw * grad (B,H,T,L) . w (H,L,E)",
-		.fields = LOWRANK_SHAPE | F(WEIGHT),
+		.fields = LOWRANK_SHAPE | F(WEIGHT) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
 		.weight_fmts = W_ALL,
 		.weight_axis = F(EMBD), .pack_fmt = DG_FMT__COUNT,
@@ -77,7 +77,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_LOWRANK_GRAD_WEIGHT] = {
 		.family = "lowrank", .module = "backward",
 		.about = "projection weight gradient: grad_w (H,L,E) (+)= sa * sum_bt grad (B,H,T,L) x (B,Hin,T,E)",
-		.fields = LOWRANK_SHAPE | F(ACT),
+		.fields = LOWRANK_SHAPE | F(ACT) | F(ASCALE),
 		.tile = DG_TILE_GEMM,
 		.act_fmts = A_ALL,
 		.pack_fmt = DG_FMT__COUNT,
@@ -91,7 +91,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_DECODER_FWD] = {
 		.family = "decoder", .module = "decoder",
 		.about = "decoder tail: out (B,1,T,E) = s * sum_h y (B,H,T,L) . w (E,H*L)^T, f32|bf16",
-		.fields = DECODER_SHAPE | F(ACT) | F(OUT) | F(WEIGHT),
+		.fields = DECODER_SHAPE | F(ACT) | F(OUT) | F(WEIGHT) | F(ASCALE) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
 		.weight_fmts = W_ALL, .act_fmts = A_ALL, .out_fmts = FLOATS,
 		.weight_axis = F(LATENT), .pack_fmt = DG_FMT__COUNT,
@@ -106,7 +106,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_DECODER_GRAD_INPUT] = {
 		.family = "decoder", .module = "backward",
 		.about = "decoder input gradient: grad_y (B,H,T,L) = sw * grad (B,1,T,E) . w (E,H*L)",
-		.fields = DECODER_SHAPE | F(WEIGHT),
+		.fields = DECODER_SHAPE | F(WEIGHT) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
 		.weight_fmts = W_ALL,
 		.weight_axis = F(LATENT), .pack_fmt = DG_FMT__COUNT,
@@ -120,7 +120,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_DECODER_GRAD_WEIGHT] = {
 		.family = "decoder", .module = "backward",
 		.about = "decoder weight gradient: grad_w (E,H*L) (+)= sa * sum_bt grad (B,1,T,E) y (B,H,T,L)",
-		.fields = DECODER_SHAPE | F(ACT),
+		.fields = DECODER_SHAPE | F(ACT) | F(ASCALE),
 		.tile = DG_TILE_GEMM,
 		.act_fmts = A_ALL,
 		.pack_fmt = DG_FMT__COUNT,
@@ -134,7 +134,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_QUANTIZE_ACT] = {
 		.family = "quantize", .module = "quantize",
 		.about = "activation quantize: x (any shape) f32|bf16 -> codes and scale 2*mean|x|/qmax",
-		.fields = F(ACT) | F(ARCH) | F(SRC) | F(TILE),
+		.fields = F(ACT) | F(ARCH) | F(SRC) | F(TILE) | F(ASCALE),
 		.tile = DG_TILE_THREADS,
 		.act_fmts = B(INT8) | B(INT4) | B(UINT8POS), .src_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT,
@@ -148,7 +148,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_QUANTIZE_WEIGHT] = {
 		.family = "quantize", .module = "qweight",
 		.about = "weight quantize: w (any shape) f32|bf16 -> int8 codes (a byte each) and the format's scale",
-		.fields = F(ARCH) | F(SRC) | F(TILE) | F(WEIGHT),
+		.fields = F(ARCH) | F(SRC) | F(TILE) | F(WEIGHT) | F(WSCALE),
 		.tile = DG_TILE_THREADS,
 		.weight_fmts = B(INT8) | B(TERNARY) | B(SIGN1), .src_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT,

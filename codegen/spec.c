@@ -107,6 +107,10 @@ void dg_spec_normalize(dg_spec *spec)
 		spec->out = d.out;
 	if (!(uses & DG_FIELD_SRC))
 		spec->src = d.src;
+	if (!(uses & DG_FIELD_ASCALE))
+		spec->ascale = d.ascale;
+	if (!(uses & DG_FIELD_WSCALE))
+		spec->wscale = d.wscale;
 	if (!(uses & DG_FIELD_RELU)) {
 		spec->relu = d.relu;
 		spec->relu_thr = d.relu_thr;
@@ -120,6 +124,53 @@ void dg_spec_normalize(dg_spec *spec)
 }
 
 /* ---- validation ----------------------------------------------------------- */
+
+const char *dg_scale_name(dg_scale_gran g)
+{
+	switch (g) {
+	case DG_SCALE_TENSOR:
+		return "tensor";
+	case DG_SCALE_TOKEN:
+		return "token";
+	case DG_SCALE_CHANNEL:
+		return "channel";
+	}
+	return "?";
+}
+
+/* ascale and wscale: the granularities each takes, and that anything
+ * finer than a tensor scales codes (a float operand has no scale). */
+static dg_status check_scales(const dg_spec *s, unsigned uses, char *msg, size_t size)
+{
+	if (uses & DG_FIELD_ASCALE) {
+		if (s->ascale != DG_SCALE_TENSOR && s->ascale != DG_SCALE_TOKEN)
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"ascale=%s: activations take tensor or token",
+					dg_scale_name(s->ascale));
+		if (s->ascale == DG_SCALE_TOKEN && !dg_fmt_is_code(s->act))
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"ascale=token: act=%s has no scale; use an integer act (int8, int4, uint8pos) or ascale=tensor",
+					dg_fmt_name(s->act));
+	}
+	if (uses & DG_FIELD_WSCALE) {
+		if (s->wscale != DG_SCALE_TENSOR && s->wscale != DG_SCALE_CHANNEL)
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"wscale=%s: weights take tensor or channel",
+					dg_scale_name(s->wscale));
+		if (s->wscale == DG_SCALE_CHANNEL && !dg_fmt_is_code(s->weight))
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+					"wscale=channel: weight=%s has no scale; use an integer weight (int8, ternary, sign1) or wscale=tensor",
+					dg_fmt_name(s->weight));
+	}
+	/* Output codes are rounded from one per-launch map of the sum
+	 * (dragon/ref.h lowrank_fwd), which a scale a row or a column breaks. */
+	if ((uses & DG_FIELD_OUT) && (uses & DG_FIELD_RELU) && dg_fmt_is_code(s->out) &&
+	    ((s->ascale != DG_SCALE_TENSOR) || (s->wscale != DG_SCALE_TENSOR)))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"out=%s: output codes need per-tensor input scales (ascale=tensor, wscale=tensor); use out=bf16 or out=f32",
+				dg_fmt_name(s->out));
+	return DG_OK;
+}
 
 unsigned dg__spec_fmts(const dg_op_info *row, dg_field field)
 {
@@ -262,6 +313,8 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 					"out=uint8pos: needs relu (unsigned codes hold only values >= 0); use out=int8 or set relu");
 	}
+	if ((st = check_scales(s, uses, msg, size)))
+		return st;
 	if (uses & DG_FIELD_ARCH) {
 		if (s->arch < 50 || s->arch > 999)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,

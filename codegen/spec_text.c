@@ -76,6 +76,8 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 			 s->arch_specific ? "a" : "");
 		sb_add(&b, "arch", t);
 	}
+	if ((uses & DG_FIELD_ASCALE) && s->ascale != DG_SCALE_TENSOR)
+		sb_add(&b, "ascale", dg_scale_name(s->ascale));
 	if (uses & DG_FIELD_EMBD)
 		sb_addi(&b, "embd", s->embd);
 	if (uses & DG_FIELD_HEADS)
@@ -102,6 +104,8 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 	}
 	if (uses & DG_FIELD_WEIGHT)
 		sb_add(&b, "weight", dg_fmt_name(s->weight));
+	if ((uses & DG_FIELD_WSCALE) && s->wscale != DG_SCALE_TENSOR)
+		sb_add(&b, "wscale", dg_scale_name(s->wscale));
 	return b.overflow ? DG_ERR_INVALID_ARG : DG_OK;
 }
 
@@ -126,11 +130,11 @@ typedef struct key_info {
 
 static const key_info keys[] = {
 	{ "act", DG_FIELD_ACT },       { "arch", DG_FIELD_ARCH },
-	{ "embd", DG_FIELD_EMBD },     { "heads", DG_FIELD_HEADS },
+	{ "ascale", DG_FIELD_ASCALE }, { "embd", DG_FIELD_EMBD },     { "heads", DG_FIELD_HEADS },
 	{ "in_heads", DG_FIELD_IN_HEADS }, { "latent", DG_FIELD_LATENT },
 	{ "out", DG_FIELD_OUT },       { "relu", DG_FIELD_RELU },
 	{ "src", DG_FIELD_SRC },       { "tile", DG_FIELD_TILE },
-	{ "weight", DG_FIELD_WEIGHT },
+	{ "weight", DG_FIELD_WEIGHT }, { "wscale", DG_FIELD_WSCALE },
 };
 
 static const key_info *find_key(const char *name)
@@ -271,6 +275,25 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 		s->relu_thr = x == 0.0f ? 0.0f : x;
 		return DG_OK;
 	}
+	case DG_FIELD_ASCALE:
+	case DG_FIELD_WSCALE: {
+		bool a = k->field == DG_FIELD_ASCALE;
+		dg_scale_gran g;
+		if (strcmp(v, "tensor") == 0)
+			g = DG_SCALE_TENSOR;
+		else if (a && strcmp(v, "token") == 0)
+			g = DG_SCALE_TOKEN;
+		else if (!a && strcmp(v, "channel") == 0)
+			g = DG_SCALE_CHANNEL;
+		else
+			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size, "%s=%s: must be tensor or %s",
+					k->name, v, a ? "token" : "channel");
+		if (a)
+			s->ascale = g;
+		else
+			s->wscale = g;
+		return DG_OK;
+	}
 	case DG_FIELD_TILE:
 		if (!parse_tile(v, &s->tile))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -336,7 +359,7 @@ dg_status dg_spec_set(dg_spec *s, const char *key, const char *value,
 	const key_info *k = find_key(key);
 	if (!k)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"%s: unknown key; keys are op, act, arch, embd, heads, in_heads, latent, out, relu, src, tile, weight",
+				"%s: unknown key; keys are op, act, arch, ascale, embd, heads, in_heads, latent, out, relu, src, tile, weight, wscale",
 				key);
 	if (!(dg_spec_uses(s->op) & k->field)) {
 		list_keys(dg_spec_uses(s->op), kl, sizeof(kl));

@@ -199,6 +199,12 @@ __device__ __forceinline__ long long dg_out(int m, int n, int z, int T)
 	const int b = m / T, t = m - b * T;
 	return ((long long)(b * HIN + z) * T + t) * E + n;
 }
+
+// The scale of B's row k per channel (wscale=channel): w's row z·HPB·L + k.
+__device__ __forceinline__ float dg_b_scale(const float *sv, int k, int z, int T)
+{
+	return sv[(long long)z * HPB * L + k];
+}
 ]],
 }
 
@@ -226,6 +232,12 @@ __device__ __forceinline__ long long dg_out(int m, int n, int z, int T)
 {
 	const int b = m / T, t = m - b * T;
 	return ((long long)(b * H + z) * T + t) * L + n;
+}
+
+// The scale of B's row k per channel (wscale=channel): w's row d = k.
+__device__ __forceinline__ float dg_b_scale(const float *sv, int k, int z, int T)
+{
+	return sv[k];
 }
 ]],
 }
@@ -257,6 +269,13 @@ __device__ __forceinline__ long long dg_out(int m, int n, int h, int T)
 {
 	return ((long long)h * L + m) * E + n;
 }
+
+// The scale of B's row k per token (ascale=token): x's row (b, hin(h), t).
+__device__ __forceinline__ float dg_b_scale(const float *sv, int k, int h, int T)
+{
+	const int b = k / T, t = k - b * T;
+	return sv[(long long)(b * HIN + ${HIN_H}) * T + t];
+}
 ]],
 }
 
@@ -285,6 +304,12 @@ __device__ __forceinline__ const unsigned *dg_b_row(const unsigned *yp, int k, i
 __device__ __forceinline__ long long dg_out(int m, int n, int h, int T)
 {
 	return (long long)m * (H * L) + (long long)h * L + n;
+}
+
+// The scale of B's row k per token (ascale=token): y's token k = b·T + t.
+__device__ __forceinline__ float dg_b_scale(const float *sv, int k, int h, int T)
+{
+	return sv[k];
 }
 ]],
 }
@@ -341,6 +366,7 @@ ${PROLOGUE}
 	float ra[SA][4];		// one K step of staging, in flight
 	unsigned rb[SB][NWB];
 	bool rbv[SB];		// B unit inside K and N (else it stores zeros)
+${RBS_DECL}
 	auto load_step = [&](int kt) {
 #pragma unroll
 		for (int s = 0; s < SA; ++s) {
@@ -352,6 +378,7 @@ ${LOAD_A}
 			const int u = tid + s * NT, kk = u / UB, n = n0 + (u % UB) * EU_B;
 			const int k = kt * BK + kk;
 			rbv[s] = ${B_GUARD}${K_GUARD_B}n < N;
+${RBS_LOAD}
 #pragma unroll
 			for (int i = 0; i < NWB; ++i)
 				rb[s][i] = 0u;
@@ -376,6 +403,7 @@ ${STORE_A}
 				const unsigned (&r)[NWB] = rb[s];
 				if (rbv[s]) {
 ${DECODE_B}
+${RBS_APPLY}
 				} else {
 #pragma unroll
 					for (int c = 0; c < EU_B / 4; ++c)
@@ -594,12 +622,14 @@ local function about_lines(op, o, entry, sig, c)
 end
 
 -- Appends the grad_weight ops' reduce entry (M.plan lists it).
-local function finish(w, o, entry, is_code)
+local function finish(w, o, entry, is_code, vec)
+  if vec then is_code = false end -- the scales went into B as it was staged
   if not o.a_kmajor then
     w:line(fmt("constexpr int RNT = %d;\t\t// threads a block of %s_reduce", RNT, entry))
     w:line(C.subst(REDUCE, {
       ENTRY = entry,
-      SCALE_LOAD = is_code and "\tconst float s = *sa;\t\t// the activation's scale" or "\t// float operand: no scale",
+      SCALE_LOAD = is_code and "\tconst float s = *sa;\t\t// the activation's scale"
+        or (vec and "\t(void)sa;\t// per token: the scales went into B as it was staged" or "\t// float operand: no scale"),
       SCALE_APPLY = is_code and "\t\tsum.x = __fmul_rn(sum.x, s);\n\t\tsum.y = __fmul_rn(sum.y, s);\n" ..
                                 "\t\tsum.z = __fmul_rn(sum.z, s);\n\t\tsum.w = __fmul_rn(sum.w, s);" or "",
     }))
@@ -617,6 +647,11 @@ local function fields(spec)
   k.arch = C.int_field(spec, "arch", 1)
   k.bfmt = k.o.w_operand and C.one_of(spec, "weight", WEIGHTS) or C.one_of(spec, "act", ACTS)
   k.F = C.formats[k.bfmt]
+  -- scales along the reduction (a weight's per channel in grad_input, an
+  -- activation's per token in grad_weight) multiply B's row k as it is
+  -- staged; a per-tensor one multiplies the sum once at the end
+  k.vec = k.F.code and ((k.o.w_operand and spec.wscale == "channel") or
+                        (not k.o.w_operand and spec.ascale == "token")) or false
   -- the reduction of the grad_input ops is a compile-time length; the
   -- grad_weight ops reduce over B·T (run time)
   k.red = op == "lowrank_grad_input" and k.L or (op == "decoder_grad_input" and k.E or 0)
@@ -721,13 +756,14 @@ function M.render(spec, plan)
     H = H, HIN = HIN, E = E, L = L, bm = bm, bn = bn, bk = bk, wm = wm, wn = wn, stages = stages,
     HIN_H = HIN == 1 and "0" or "h", arch = C.int_field(spec, "arch", 1),
     bname = o.w_operand and "w" or (op == "lowrank_grad_weight" and "x" or "y"),
+    vec = k.vec,
   }
   if plan.path == "mma.sync bf16" then
     c.about = about_lines(op, o, entry, C.subst(o.sig, { BT = F.ctype }), c)
     c.smem = plan.smem_bytes
     local w = C.writer()
     w:line(MMA.render(c))
-    finish(w, o, entry, F.code)
+    finish(w, o, entry, F.code, k.vec)
     return w:text()
   end
 
@@ -743,7 +779,7 @@ function M.render(spec, plan)
   local b_guard = (bk * ub) % nt ~= 0 and "u < BK * UB && " or ""
 
   local ctype = F.ctype
-  local is_code = F.code
+  local is_code = F.code and not k.vec -- a vector scale is applied to B, not the sum
   local v = {
     H = H, HIN = HIN, E = E, L = L,
     BM = bm, BN = bn, BK = bk, WM = wm, WN = wn, NBUF = nbuf,
@@ -793,6 +829,15 @@ function M.render(spec, plan)
   end
   kv.LOAD_B = indent(u.load, 4)
   kv.DECODE_B = indent(u.decode, 5)
+  kv.RBS_DECL, kv.RBS_LOAD, kv.RBS_APPLY = "", "", ""
+  if k.vec then
+    kv.RBS_DECL = "\tfloat rbs[SB];\t\t// the scale of each unit's B row (per " ..
+                  (o.w_operand and "channel" or "token") .. ")"
+    kv.RBS_LOAD = fmt("\t\t\trbs[s] = rbv[s] ? dg_b_scale(%s, k, %s, T) : 0.0f;", o.scale, kv.ZH)
+    kv.RBS_APPLY = "#pragma unroll\n\t\t\t\t\tfor (int c = 0; c < EU_B; ++c)\t// B(k, n) · s_k, rounded once\n" ..
+                   "\t\t\t\t\t\tbd[c] = __fmul_rn(bd[c], rbs[s]);"
+    kv.EPILOGUE = "\t(void)" .. o.scale .. ";\t// the scales went into B as it was staged\n" .. kv.EPILOGUE
+  end
   kv.MAINLOOP = nbuf == 2 and MAIN_2 or MAIN_1
 
   local helpers = {}
@@ -810,7 +855,7 @@ function M.render(spec, plan)
   w:line(C.subst(HEAD, v))
   w:line(C.subst(o.text, { HIN_H = kv.HIN_H }))
   w:line(C.subst(KERNEL, kv))
-  finish(w, o, entry, is_code)
+  finish(w, o, entry, F.code, k.vec)
   return w:text()
 end
 

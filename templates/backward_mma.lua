@@ -363,6 +363,7 @@ ${A_SLOTS}
 	// (u % UB)·EU_B); loaded a step ahead, decoded after the step's math.
 	unsigned rb[SB][NWB];
 	bool rbv[SB];		// B unit inside K and N (else it stores zeros)
+${RBS_DECL}
 	auto load_b = [&](int kt) {
 ${B_STEP}
 #pragma unroll
@@ -370,6 +371,7 @@ ${B_STEP}
 			const int u = tid + s * NT, kk = u / UB, n = n0 + (u % UB) * EU_B;
 			const int k = kt * BK + kk;
 			rbv[s] = ${B_GUARD}${K_GUARD_B}n < N;
+${RBS_LOAD}
 #pragma unroll
 			for (int i = 0; i < NWB; ++i)
 				rb[s][i] = 0u;
@@ -390,6 +392,7 @@ ${LOAD_B}
 				const unsigned (&r)[NWB] = rb[s];
 				if (rbv[s]) {
 ${DECODE_B}
+${RBS_APPLY}
 				} else {
 #pragma unroll
 					for (int c = 0; c < EU_B / 4; ++c)
@@ -665,10 +668,29 @@ function M.render(c)
                 or "",
   }
   kv.SIG = C.subst(o.sig, kv)
-  local scale_load = F.code and fmt("\tconst float s = *%s;\t\t// the %s's scale", o.scale,
+  local at_end = F.code and not c.vec -- a vector scale goes into B as it is staged
+  local scale_load = at_end and fmt("\tconst float s = *%s;\t\t// the %s's scale", o.scale,
                                     o.w_operand and "weight" or "activation")
-                            or "\t// float operand: no scale"
-  local function scaled(x) return F.code and fmt("__fmul_rn(%s, s)", x) or x end
+                            or (c.vec and fmt("\t(void)%s;\t// the scales went into B as it was staged", o.scale)
+                            or "\t// float operand: no scale")
+  local function scaled(x) return at_end and fmt("__fmul_rn(%s, s)", x) or x end
+  kv.RBS_DECL, kv.RBS_LOAD, kv.RBS_APPLY = "", "", ""
+  if c.vec then
+    -- B(k, n) · s_k: the decoded bf16 (exact for codes) times the scale,
+    -- rounded to bf16 once more
+    kv.RBS_DECL = "\tfloat rbs[SB];\t\t// the scale of each unit's B row (per " ..
+                  (o.w_operand and "channel" or "token") .. ")"
+    kv.RBS_LOAD = fmt("\t\t\trbs[s] = rbv[s] ? dg_b_scale(%s, k, %s, T) : 0.0f;", o.scale,
+                      o.a_kmajor and "z" or "h")
+    kv.RBS_APPLY = [[
+#pragma unroll
+					for (int c = 0; c < EU_B / 2; ++c) {	// B(k, n) · s_k, rounded to bf16
+						unsigned *pr = (unsigned *)(bd + 2 * c);
+						const unsigned x = *pr;
+						*pr = dg_bf16x2(__fmul_rn(__uint_as_float(x << 16), rbs[s]),
+								__fmul_rn(__uint_as_float(x & 0xffff0000u), rbs[s]));
+					}]]
+  end
   local slots = o.a_kmajor and A_SLOTS_KMAJOR or A_SLOTS_MMAJOR
   -- decoder_grad_weight's A rows are k itself (grad is (B·T, E)): no (b, t)
   local a_row = op == "decoder_grad_weight"

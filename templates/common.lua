@@ -445,6 +445,57 @@ ${PREFIX}_scale(const ${ACC} *__restrict__ partials, int n_partials, long long n
 	}
 }]]
 
+-- ---- the quantizers a scale a row (quantize.lua per token, qweight.lua
+-- per channel) ----------------------------------------------------------------
+-- One block a row (grid-stride over rows): row r is G segments of C
+-- contiguous elements at ((r / T · G + g) · T + r % T) · C — a token (b, t)
+-- of a (B, G, T, C) tensor over all G heads, or (G = T = 1) a row of C.
+-- The block reduces the row (max of |x|, or Σ|x| in double) by a fixed
+-- tree, writes its scale, then its codes. `subst` keys: PREFIX, ST, CT,
+-- ACC (float: max | double: sum), COMBINE (C of a and v), SCALE (C of the
+-- reduced value r0 and C), QUANT (the code function's name), and the
+-- including text defines NT, RED and dg_src.
+M.ROWS = [[
+extern "C" __global__ void __launch_bounds__(NT)
+${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
+	       float *__restrict__ scales, ${CT} *__restrict__ codes)
+{
+	__shared__ ${ACC} red[NT];
+	const int tid = threadIdx.x;
+	for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+		const long long b = r / T, t = r - b * T;
+		${ACC} a = 0;
+		for (int g = 0; g < G; ++g) {
+			const long long base = ((b * G + g) * T + t) * C;
+			for (int c = tid; c < C; c += NT) {
+				const ${ACC} v = fabsf(dg_src(x, base + c));
+				a = ${COMBINE};
+			}
+		}
+		red[tid] = a;
+		__syncthreads();
+#pragma unroll
+		for (int w = RED; w > 0; w >>= 1) {	// a fixed tree: the same order every launch
+			if (tid < w && tid + w < NT) {
+				const ${ACC} v = red[tid + w];
+				a = red[tid];
+				red[tid] = ${COMBINE};
+			}
+			__syncthreads();
+		}
+		const ${ACC} r0 = red[0];
+		const float s = ${SCALE};
+		__syncthreads();	// red is rewritten by the next row
+		if (tid == 0)
+			scales[r] = s;
+		for (int g = 0; g < G; ++g) {
+			const long long base = ((b * G + g) * T + t) * C;
+			for (int c = tid; c < C; c += NT)
+				codes[base + c] = (${CT})${QUANT}(dg_src(x, base + c), s);
+		}
+	}
+}]]
+
 -- The per-launch constants of dg_code_t for an out format (int8 | uint8pos)
 -- and ReLU (relu: the threshold's C literal or nil), given the C names of
 -- the scale s (or a literal) and of so_r = 1/so (0 when so <= 0). Lines of
@@ -459,6 +510,53 @@ function M.code_consts(out, thr, s)
     "const float a1 = __fdiv_rn(ca, CR), b1 = __fdiv_rn(__fsub_rn(cb, CLO), CR);",
   }
   return t
+end
+
+-- ---- scales a row and a column (dragon/spec.h dg_scale_gran) ------------
+-- An epilogue's scale of output (m, n), m a row of the head's B·T, n a
+-- latent column: y = acc · s with s = sa·sw (both integer), sa or sw (one),
+-- nothing (float × float); sa is *sa or, per token, sa[x row of m], sw is
+-- *sw or, per channel, sw[h·L + n] — the float product rounded once, then
+-- the multiply (dragon/ref.h). sc: { int_path, act_code, w_code, sa_vec,
+-- sw_vec } of the spec.
+
+-- The scale fields of a spec for formats fa, fw (C.formats rows).
+function M.scale_kind(spec, fa, fw)
+  local sa_vec = fa.code and spec.ascale == "token" or false
+  local sw_vec = fw.code and spec.wscale == "channel" or false
+  return { int_path = fa.code and fw.code, act_code = fa.code, w_code = fw.code,
+           sa_vec = sa_vec, sw_vec = sw_vec, any = fa.code or fw.code,
+           vec = sa_vec or sw_vec }
+end
+
+-- The C expression of the x row of output row m (an int expression) of
+-- head h: m itself when the input is shared (Hin 1), else (b·H + h)·T + t.
+function M.x_row(hin, m)
+  if hin == 1 then return m end
+  return fmt("((%s) + ((%s) / T * (H - 1) + h) * T)", m, m)
+end
+
+-- Lines before the element loops: the per-launch factors (sa_v, sw_v, and
+-- s when neither varies).
+function M.scale_prologue(sc)
+  local t = {}
+  if sc.act_code and not sc.sa_vec then t[#t + 1] = "const float sa_v = *sa;			// the act's scale" end
+  if sc.w_code and not sc.sw_vec then t[#t + 1] = "const float sw_v = *sw;			// the weight's scale" end
+  if sc.int_path and not sc.vec then
+    t[#t + 1] = "const float s = __fmul_rn(sa_v, sw_v);	// integer × integer: y = acc · sa·sw"
+  end
+  return t
+end
+
+-- The scale of one element given C expressions of its row's sa (per token)
+-- and its column's sw (per channel); nil for float × float.
+function M.scale_expr(sc, sa_e, sw_e)
+  if not sc.any then return nil end
+  if sc.int_path and not sc.vec then return "s" end
+  local a = sc.act_code and (sc.sa_vec and sa_e or "sa_v") or nil
+  local w = sc.w_code and (sc.sw_vec and sw_e or "sw_v") or nil
+  if a and w then return fmt("__fmul_rn(%s, %s)", a, w) end
+  return a or w
 end
 
 H.dp4a = [[

@@ -382,13 +382,14 @@ dg_decoder_fwd_out(const void *__restrict__ ws_, const float *__restrict__ sa,
 		   const float *__restrict__ sw, ${OT} *__restrict__ out, long long n, int nsplit)
 {
 	const ${WS_T} *ws = (const ${WS_T} *)ws_;
-	const float s = ${SCALE};
+${PRE}
 	for (long long i = ((long long)blockIdx.x * 256 + threadIdx.x) * 4; i < n;
 	     i += (long long)gridDim.x * 256 * 4) {
 		${WS_V} v = *(const ${WS_V} *)(ws + i);
 ${SUM}
-		const float y0 = __fmul_rn(${CVT}(v.x), s), y1 = __fmul_rn(${CVT}(v.y), s);
-		const float y2 = __fmul_rn(${CVT}(v.z), s), y3 = __fmul_rn(${CVT}(v.w), s);
+${ROW}
+		const float y0 = __fmul_rn(${CVT}(v.x), ${S0}), y1 = __fmul_rn(${CVT}(v.y), ${S1});
+		const float y2 = __fmul_rn(${CVT}(v.z), ${S2}), y3 = __fmul_rn(${CVT}(v.w), ${S3});
 ${STORE}
 	}
 }
@@ -663,7 +664,6 @@ function M.render(spec, plan)
   local cv = { OT = C.out_types[out].ctype }
   if int_path then
     cv.WS_T, cv.WS_V, cv.CVT = "int", "int4", "__int2float_rn"
-    cv.SCALE = "__fmul_rn(*sa, *sw)"
     cv.SUM = [[
 		for (int sp = 1; sp < nsplit; ++sp) {	// exact int32 sums of the slices
 			const int4 u = *(const int4 *)(ws + sp * n + i);
@@ -675,7 +675,21 @@ function M.render(spec, plan)
   else
     cv.WS_T, cv.WS_V, cv.CVT = "float", "float4", ""
     cv.SUM = "\t\t(void)nsplit;	// one f32 slice"
-    cv.SCALE = fa.code and "*sa" or (fw.code and "*sw" or "1.0f")
+  end
+  -- the scales: per launch, or per row m = i / E (token b·T + t) and per
+  -- column d = i % E (channel); E % 4 == 0, so i..i+3 share a row
+  local sc = C.scale_kind(spec, fa, fw)
+  local pre = C.scale_prologue(sc)
+  cv.PRE = #pre > 0 and ("\t" .. table.concat(pre, "\n\t")) or "\t(void)sa;\n\t(void)sw;"
+  local rl = {}
+  if sc.vec then
+    rl[#rl + 1] = "\t\tconst long long m = i / E;	// the row: token b·T + t"
+    rl[#rl + 1] = "\t\tconst int d = (int)(i - m * E);	// the column: channel d"
+  end
+  if sc.sa_vec then rl[#rl + 1] = "\t\tconst float sa_m = sa[m];" end
+  cv.ROW = table.concat(rl, "\n")
+  for j = 0, 3 do
+    cv["S" .. j] = C.scale_expr(sc, "sa_m", fmt("sw[d + %d]", j)) or "1.0f"
   end
   if out == "f32" then
     cv.STORE = "\t\t*(float4 *)(out + i) = make_float4(y0, y1, y2, y3);"

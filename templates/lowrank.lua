@@ -484,19 +484,14 @@ local function epilogue_text(p)
   local w = C.writer()
   w:indent(1)
   w:line("// ---- epilogue: scale, ReLU, convert; the shared buffers are free now.")
-  if p.int_path then
-    w:line("const float s = __fmul_rn(*sa, *sw);	// integer × integer: y = acc · sa·sw")
-  elseif p.act_code then
-    w:line("const float s = *sa;			// integer act × float weight: y = acc · sa")
-  elseif p.w_code then
-    w:line("const float s = *sw;			// float act × integer weight: y = acc · sw")
-  else
-    w:line("// float × float: y = acc")
-  end
+  local sc = p.sc
+  for _, l in ipairs(C.scale_prologue(sc)) do w:line(l) end
+  if not sc.any then w:line("// float × float: y = acc") end
   if p.out_code then
     w:line("const float so_v = *so;			// out scale: codes rint(y · (1/so))")
     w:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;	// one IEEE reciprocal, not a division an element")
-    for _, l in ipairs(C.code_consts(p.out, p.thr, (p.int_path or p.act_code or p.w_code) and "s" or "1.0f")) do
+    C.check(not sc.vec, "lowrank.lua: output codes need per-tensor input scales")
+    for _, l in ipairs(C.code_consts(p.out, p.thr, C.scale_expr(sc) or "1.0f")) do
       w:line(l)
     end
   end
@@ -511,6 +506,22 @@ local function epilogue_text(p)
   w:line("#pragma unroll")
   w:line("for (int j = 0; j < TN; ++j)")
   w:line("\to_col[j] = wc * (BN / WN) + lc + 8 * j;")
+  if sc.sa_vec then
+    w:line("float sa_r[TM];		// the act's scale of each row (per token)")
+    w:line("#pragma unroll")
+    w:line("for (int i = 0; i < TM; ++i) {")
+    w:line("\tconst int m = m0 + o_row[i];")
+    w:linef("\tsa_r[i] = m < M ? sa[%s] : 0.0f;", C.x_row(p.HIN, "m"))
+    w:line("}")
+  end
+  if sc.sw_vec then
+    w:line("float sw_c[TN];		// the weight's scale of each column (per channel)")
+    w:line("#pragma unroll")
+    w:line("for (int j = 0; j < TN; ++j) {")
+    w:line("\tconst int n = n0 + o_col[j];")
+    w:line("\tsw_c[j] = n < L ? sw[h * L + n] : 0.0f;")
+    w:line("}")
+  end
   if p.staged then
     w:linef("%s *ot = (%s *)smem;	// the output tile, BM x BN, cols XOR-swizzled by row", p.OT, p.OT)
   else
@@ -532,8 +543,8 @@ local function epilogue_text(p)
   else
     w:line("const float accf = acc[i][j];")
   end
-  if p.int_path or p.act_code or p.w_code then
-    w:line("float y = __fmul_rn(accf, s);")
+  if sc.any then
+    w:linef("float y = __fmul_rn(accf, %s);", C.scale_expr(sc, "sa_r[i]", "sw_c[j]"))
   else
     w:line("float y = accf;")
   end
@@ -676,7 +687,7 @@ local function render_simt(spec, k)
   end
 
   local p = {
-    int_path = int_path, act_code = fa.code, w_code = fw.code,
+    int_path = int_path, act_code = fa.code, w_code = fw.code, sc = k.sc, HIN = HIN,
     out = out, OT = ot.ctype, staged = staged, VB = vb, mask = mask,
     out_code = not mask and (out == "int8" or out == "uint8pos"),
     thr = thr and C.cfloat(thr) or nil,
@@ -762,6 +773,7 @@ local function fields(spec)
   k.arch = C.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
   k.entry = k.mask and "dg_relu_mask" or "dg_lowrank_fwd"
+  k.sc = C.scale_kind(spec, C.formats[k.act], C.formats[k.weight])
   return k
 end
 

@@ -82,9 +82,30 @@ local function mma_epilogue(k, vb)
   local w = C.writer()
   w:indent(1)
   w:line("// ---- epilogue: scale, ReLU, convert; the pipeline buffers are free now.")
-  w:line("const float s = __fmul_rn(*sa, *sw);	// integer × integer: y = acc · sa·sw")
+  local sc = k.sc
+  for _, l in ipairs(C.scale_prologue(sc)) do w:line(l) end
+  if sc.sa_vec then
+    w:line("float sa_r[MT][2];		// the act's scale of each fragment row (per token)")
+    w:line("#pragma unroll")
+    w:line("for (int mt = 0; mt < MT; ++mt)")
+    w:line("#pragma unroll")
+    w:line("\tfor (int hh = 0; hh < 2; ++hh) {")
+    w:line("\t\tconst int m = m0 + wr * WTM + mt * 16 + g + 8 * hh;")
+    w:linef("\t\tsa_r[mt][hh] = m < M ? sa[%s] : 0.0f;", C.x_row(k.HIN, "m"))
+    w:line("\t}")
+  end
+  if sc.sw_vec then
+    w:line("float sw_c[NT8][2];		// the weight's scale of each fragment column (per channel)")
+    w:line("#pragma unroll")
+    w:line("for (int nt = 0; nt < NT8; ++nt) {")
+    w:line("\tconst int n = n0 + wc * WTN + nt * 8 + 2 * q;	// L is even: n + 1 < L with n")
+    w:line("\tsw_c[nt][0] = n < L ? sw[h * L + n] : 0.0f;")
+    w:line("\tsw_c[nt][1] = n < L ? sw[h * L + n + 1] : 0.0f;")
+    w:line("}")
+  end
   local out_code = not k.mask and (k.out == "int8" or k.out == "uint8pos")
   if out_code then
+    C.check(not sc.vec, "lowrank_mma.lua: output codes need per-tensor input scales")
     w:line("const float so_v = *so;			// out scale: codes rint(y · (1/so))")
     w:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;	// one IEEE reciprocal, not a division an element")
     for _, l in ipairs(C.code_consts(k.out, k.thr and C.cfloat(k.thr), "s")) do
@@ -95,7 +116,7 @@ local function mma_epilogue(k, vb)
     w:line("float absum = 0.0f;			// Σ|y| of this thread's valid outputs")
   end
   w:line("unsigned char *ot = smem;		// the staged tile, BM rows of OS bytes")
-  w:line([[
+  w:line(C.subst([[
 #pragma unroll
 for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -104,8 +125,9 @@ for (int mt = 0; mt < MT; ++mt) {
 		for (int hh = 0; hh < 2; ++hh) {
 			const int r = wr * WTM + mt * 16 + g + 8 * hh;	// c0/c1: row g, c2/c3: g + 8
 			const int c = wc * WTN + nt * 8 + 2 * q;
-			float y0 = __fmul_rn(__int2float_rn(acc[mt][nt][2 * hh]), s);
-			float y1 = __fmul_rn(__int2float_rn(acc[mt][nt][2 * hh + 1]), s);]])
+			float y0 = __fmul_rn(__int2float_rn(acc[mt][nt][2 * hh]), ${S0});
+			float y1 = __fmul_rn(__int2float_rn(acc[mt][nt][2 * hh + 1]), ${S1});]],
+    { S0 = C.scale_expr(sc, "sa_r[mt][hh]", "sw_c[nt][0]"), S1 = C.scale_expr(sc, "sa_r[mt][hh]", "sw_c[nt][1]") }))
   w:indent(3)
   local thr = k.thr and C.cfloat(k.thr)
   if k.mask then

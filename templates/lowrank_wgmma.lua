@@ -132,7 +132,7 @@ ${SCALES}
 			orow[hh] = out + ((long long)(b * H + h) * T + t) * L + 16 * q;
 		}
 	}
-	// B: BN weight rows of n-tile j (col order dg_bcol) into buffer bf.
+${SA_ROWS}	// B: BN weight rows of n-tile j (col order dg_bcol) into buffer bf.
 	// Unit u is (row u%8 of core group u/(8·UPR), unit (u/8)%UPR).
 ${LOAD_B}
 	auto mma = [&](int (&acc)[BN / 2], int bf) {
@@ -201,6 +201,14 @@ local function epilogue(k, magic)
   local w = C.writer()
   w:indent(7)
   local out_code = k.out == "int8" or k.out == "uint8pos"
+  local sc = k.sc
+  if sc.sw_vec then
+    w:line("float sw_g[16];	// the weight's scale of each of the 16 columns (per channel)")
+    w:line("#pragma unroll")
+    w:line("for (int i = 0; i < 16; ++i)")
+    w:line("\tsw_g[i] = sw[(long long)h * L + n0 + 64 * a + 16 * q + i];")
+  end
+  local function s_of(i) return C.scale_expr(sc, "sa_r[hh]", fmt("sw_g[%d]", i)) end
   local tofloat = magic and "(__int_as_float(%s + 0x4b400000) - 12582912.0f)" or "__int2float_rn(%s)"
   if out_code then
     w:line("unsigned cw[16];	// 1.5·2^23 + code: the low byte is the code (dg_code_t)")
@@ -217,7 +225,7 @@ local function epilogue(k, magic)
     w:line("*(uint4 *)(orp + 64 * a) = o;")
     w:line("if (out_absum) {	// Σ|y| of y = relu(acc·s − thr), as the float outputs compute it")
     for i = 0, 15 do
-      local y = fmt("__fmul_rn(%s, s)", fmt(tofloat, acc_ref(i)))
+      local y = fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_of(i))
       if k.thr then
         y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, C.cfloat(k.thr))
       end
@@ -227,7 +235,7 @@ local function epilogue(k, magic)
   else
     w:line("float y[16];")
     for i = 0, 15 do
-      local y = fmt("__fmul_rn(%s, s)", fmt(tofloat, acc_ref(i)))
+      local y = fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_of(i))
       if k.thr then
         y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, C.cfloat(k.thr))
       end
@@ -348,8 +356,20 @@ function M.render(spec, k)
   local wdiv = k.weight == "ternary" and 4 or (k.weight == "sign1" and 8 or 1)
   local sc = C.writer()
   sc:indent(1)
-  sc:line("const float s = __fmul_rn(*sa, *sw);	// integer × integer: y = acc · sa·sw")
+  for _, l in ipairs(C.scale_prologue(k.sc)) do sc:line(l) end
+  local sa_rows = ""
+  if k.sc.sa_vec then
+    sa_rows = C.subst([[
+	float sa_r[2];	// the act's scale of this thread's two rows (per token)
+#pragma unroll
+	for (int hh = 0; hh < 2; ++hh) {
+		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hh;
+		sa_r[hh] = m < M ? sa[${XROW}] : 0.0f;
+	}
+]], { XROW = C.x_row(k.HIN, "m") })
+  end
   if out_code then
+    C.check(not k.sc.vec, "lowrank_wgmma.lua: output codes need per-tensor input scales")
     sc:line("const float so_v = *so;")
     sc:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;")
     for _, l in ipairs(C.code_consts(k.out, k.thr and C.cfloat(k.thr), "s")) do
@@ -384,7 +404,7 @@ if (out_absum) {
     MINB = (nt <= 256 and k.bn <= 64 and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
     SIGNATURE = k.signature(fa.ctype, fw.ctype),
     HIN_H = k.HIN == 1 and "0" or "h",
-    SCALES = sc:text(),
+    SCALES = sc:text(), SA_ROWS = sa_rows,
     OT = C.out_types[k.out].ctype,
     LOAD_B = load_b(k),
     STEP0 = C.subst(STEP, { P = 0, ACCA = "acc0", ACCB = "acc1" }),

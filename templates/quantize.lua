@@ -76,8 +76,30 @@ local ACTS = { "int8", "int4", "uint8pos" }
 
 local ENTRIES = { "dg_quantize_act_absum", "dg_quantize_act_scale", "dg_quantize_act_apply" }
 
+-- Per token (ascale=token): one launch, a block a token.
+local ROWS = [[
+constexpr int NT = ${NT};		// threads a block
+constexpr int QMAX = ${QMAX};		// ${act}: codes in [QLO, QMAX]
+constexpr int QLO = ${QLO};
+constexpr int RED = ${RED};		// first step of the tree reduction (a power of two)
+constexpr int VE = ${VE};		// elements of one 16-byte load (unused here)
+
+${SRC_READER}
+
+// The code of one value with scale s (s == 0: every code is 0).
+__device__ __forceinline__ int dg_quant(float v, float s)
+{
+	return s == 0.0f ? 0 : dg_code(__fdiv_rn(v, s), QLO, QMAX);
+}
+
+${ROWS}
+]]
+
 function M.plan(spec)
   C.check(spec.op == "quantize_act", "quantize.lua renders op quantize_act, not %s", tostring(spec.op))
+  if spec.ascale == "token" then
+    return C.threads_plan(spec, { "dg_quantize_act_rows" }, "quantize_act.cu")
+  end
   return C.threads_plan(spec, ENTRIES, "quantize_act.cu")
 end
 
@@ -93,6 +115,24 @@ function M.render(spec, plan)
   v.P, v.PREFIX, v.ACC, v.CAST = "x", "dg_quantize_act", "float", ""
   v.SCALE_EXPR = "2.0 * sum / ((double)n * (double)QMAX)"
   v.SRC_READER = C.subst(C.SRC_READER, v)
+  local want = { code = true }
+  if src == "bf16" then want.bf16 = true end
+  if spec.ascale == "token" then
+    v.ROWS = C.subst(C.ROWS, { PREFIX = "dg_quantize_act", ST = v.ST, CT = v.CT, ACC = "float",
+                               COMBINE = "fmaxf(a, v)", SCALE = "__fdiv_rn(r0, (float)QMAX)",
+                               QUANT = "dg_quant" })
+    local w = C.writer()
+    w:line(C.banner(spec, "quantize.lua", {
+      fmt("quantize_act: %s → %s codes (qmax %d), a scale a token: s = max|x|/qmax over the token.", src, act, qmax),
+      "",
+      fmt("dg_quantize_act_rows(const %s *x, long long rows, int G, int T, int C, float *scales, %s *codes)", v.ST, v.CT),
+      fmt("  any grid, %d threads: x (B, G, T, C), rows = B·T, token r = (b, t) over its G·C values;", nt),
+      "  scales[r] = max|x| / qmax, codes = clamp(rint(x / s)) (0 where s == 0).",
+    }))
+    w:line(C.helpers(want))
+    w:line(C.subst(ROWS, v))
+    return w:text()
+  end
   v.ABSUM_SCALE = C.subst(C.ABSUM_SCALE, v)
 
   local about = {
@@ -103,8 +143,6 @@ function M.render(spec, plan)
       .. nt .. ">>>",
     fmt("dg_quantize_act_apply(const %s *x, long long n, const float *scale, %s *codes)   any grid", v.ST, v.CT),
   }
-  local want = { code = true }
-  if src == "bf16" then want.bf16 = true end
 
   local w = C.writer()
   w:line(C.banner(spec, "quantize.lua", about))

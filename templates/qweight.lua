@@ -113,6 +113,30 @@ local SCALES = {
   sign1 = "sum / (double)n",
 }
 
+-- Per channel (wscale=channel): one launch, a block a row of the last
+-- dimension; int8 s = max|w_row|/127, ternary and sign1 s = mean|w_row|.
+local QROWS = [[
+constexpr int NT = ${NT};		// threads a block
+constexpr int RED = ${RED};		// first step of the tree reduction (a power of two)
+constexpr int VE = ${VE};		// elements of one 16-byte load (unused here)
+
+${SRC_READER}
+
+// The code of one value with scale s (${weight}).
+__device__ __forceinline__ int dg_wcode(float v, float s)
+{
+${CODE}
+}
+
+${ROWS}
+]]
+
+local ROW_SCALES = {
+  int8 = { ACC = "float", COMBINE = "fmaxf(a, v)", SCALE = "__fdiv_rn(r0, 127.0f)", what = "max|w_row|/127" },
+  ternary = { ACC = "double", COMBINE = "a + v", SCALE = "(float)(r0 / (double)C)", what = "mean|w_row|" },
+  sign1 = { ACC = "double", COMBINE = "a + v", SCALE = "(float)(r0 / (double)C)", what = "mean|w_row|" },
+}
+
 local function render_quantize(spec, nt)
   local src = C.one_of(spec, "src", { "f32", "bf16" })
   local weight = C.one_of(spec, "weight", { "int8", "ternary", "sign1" })
@@ -121,6 +145,25 @@ local function render_quantize(spec, nt)
   v.CODE, v.SCALE_EXPR = CODES[weight], SCALES[weight]
   v.P, v.PREFIX, v.ACC, v.CAST = "w", "dg_quantize_weight", "double", "(double)"
   v.SRC_READER = C.subst(C.SRC_READER, v)
+  if spec.wscale == "channel" then
+    local rs = ROW_SCALES[weight]
+    v.ROWS = C.subst(C.ROWS, { PREFIX = "dg_quantize_weight", ST = v.ST, CT = "signed char", ACC = rs.ACC,
+                               COMBINE = rs.COMBINE, SCALE = rs.SCALE, QUANT = "dg_wcode" })
+    local want = { code = true }
+    if src == "bf16" then want.bf16 = true end
+    local w = C.writer()
+    w:line(C.banner(spec, "qweight.lua", {
+      fmt("quantize_weight: %s → %s codes (one signed byte a code), a scale an output channel: %s.", src,
+          weight, rs.what),
+      "",
+      fmt("dg_quantize_weight_rows(const %s *w, long long rows, int G, int T, int C, float *scales, signed char *codes)",
+          v.ST),
+      fmt("  any grid, %d threads: w (rows, C) (G = T = 1), a block a row; the sums in double.", nt),
+    }))
+    w:line(C.helpers(want))
+    w:line(C.subst(QROWS, v))
+    return w:text()
+  end
   v.ABSUM_SCALE = C.subst(C.ABSUM_SCALE, v)
   local about = {
     fmt("quantize_weight: %s → %s codes (one signed byte a code) and scale %s.", src, weight,
@@ -237,6 +280,9 @@ end
 
 function M.plan(spec)
   local op = C.one_of(spec, "op", { "quantize_weight", "pack_ternary", "pack_sign1" })
+  if op == "quantize_weight" and spec.wscale == "channel" then
+    return C.threads_plan(spec, { "dg_quantize_weight_rows" }, "quantize_weight.cu")
+  end
   if op == "quantize_weight" then
     return C.threads_plan(spec, { "dg_quantize_weight_absum", "dg_quantize_weight_scale",
                                   "dg_quantize_weight_apply" }, "quantize_weight.cu")

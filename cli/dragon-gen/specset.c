@@ -635,6 +635,8 @@ static const char *const flag_what[DG__SF__COUNT] = {
 	[DG__SF_LATENT] = "latent width L per head",
 	[DG__SF_RELU] = "none, or a threshold such as 0 or 0.25",
 	[DG__SF_TILE] = "auto, t<threads> (t256) or BMxBNxBK/WMxWN/S",
+	[DG__SF_ASCALE] = "the act's scale: tensor, or token (one a row)",
+	[DG__SF_WSCALE] = "the weight's scale: tensor, or channel (one an output channel)",
 };
 
 /* Prints text's words wrapped at 78 columns under a 21-column hanging

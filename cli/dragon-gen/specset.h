@@ -58,6 +58,8 @@
 	X(OUT, "out-format", "out", DG_FIELD_OUT)                             \
 	X(RELU, "relu", "relu", DG_FIELD_RELU)                                \
 	X(SRC, "src", "src", DG_FIELD_SRC)                                    \
+	X(ASCALE, "ascale", "ascale", DG_FIELD_ASCALE)                        \
+	X(WSCALE, "wscale", "wscale", DG_FIELD_WSCALE)                        \
 	X(TILE, "tile", "tile", DG_FIELD_TILE)                                \
 	X(ARCH, "arch", "arch", DG_FIELD_ARCH)
 

@@ -34,17 +34,12 @@
 #include <stdint.h>
 
 #include "fmt.h"
+#include "spec.h" /* dg_scale_gran */
 #include "status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum dg_scale_gran {
-	DG_SCALE_TENSOR,  /* one scale for the whole tensor */
-	DG_SCALE_TOKEN,   /* one a row (activations: a token of a head) */
-	DG_SCALE_CHANNEL, /* one an output channel (weights) */
-} dg_scale_gran;
 
 typedef enum dg_save_mode {
 	DG_SAVE_DEVICE,    /* saved activations as codes on the device */

@@ -49,6 +49,16 @@ dg_status dg_ref_quantize_act_apply(dg_fmt src, dg_fmt act, const void *x,
 				    size_t n, float scale, void *codes);
 
 /*
+ * Per token (ascale=token), as quantize_act's rows entry: x (B, G, T, C)
+ * f32 or bf16; token r = b·T + t is its G·C values x[b, g, t, :];
+ * scales[r] = max|x| / qmax (a float division; 0 when every value is 0),
+ * codes as dg_ref_quantize_act_apply with that scale (no value clips).
+ */
+dg_status dg_ref_quantize_act_rows(dg_fmt src, dg_fmt act, const void *x, size_t batch,
+				   size_t groups, size_t time, size_t cols, void *codes,
+				   float *scales);
+
+/*
  * Weight quantize to codes (one int8 a value) and scale:
  *   int8    scale 2·mean|w|/127, code clamp(rint(w/scale), ±127)
  *   ternary scale mean|w|, code 0 where |w| < scale, else sign(w)
@@ -56,6 +66,15 @@ dg_status dg_ref_quantize_act_apply(dg_fmt src, dg_fmt act, const void *x,
  */
 dg_status dg_ref_quantize_weight(dg_fmt weight, const float *w, size_t n,
 				 int8_t *codes, float *scale);
+
+/*
+ * Per output channel (wscale=channel): w (rows, cols), a scale a row:
+ *   int8    max|w_row| / 127 (a float division), codes as above
+ *   ternary mean|w_row| (summed in double), codes as above
+ *   sign1   mean|w_row|
+ */
+dg_status dg_ref_quantize_weight_rows(dg_fmt weight, const float *w, size_t rows,
+				      size_t cols, int8_t *codes, float *scales);
 
 /* pack_i8x4: codes (R, K, C) int8 → packed (R, C, K/4) int32, the four
  * codes k..k+3 of column c in one word, code k in the low byte. */
@@ -102,6 +121,11 @@ typedef struct dg_ref_lowrank_args {
 	const void *x;
 	const void *w;
 	float sa, sw, so;
+	/* The spec's ascale=token: sa_v holds one scale a row of x
+	 * ((b·Hin + hin)·T + t) in place of sa; wscale=channel: sw_v one a
+	 * channel (h·L + l) in place of sw. Then s = sa_v[row]·sw_v[col] (the
+	 * float product) an element, and out must be f32 or bf16. */
+	const float *sa_v, *sw_v;
 	void *out;
 	double *out_absum;
 	int batch, time;
@@ -137,6 +161,9 @@ typedef struct dg_ref_decoder_args {
 	const void *y;
 	const void *w;
 	float sa, sw;
+	/* ascale=token: sa_v one a token b·T + t (over every head);
+	 * wscale=channel: sw_v one an output channel d. s as lowrank_fwd's. */
+	const float *sa_v, *sw_v;
 	void *out;
 	int batch, time;
 } dg_ref_decoder_args;
@@ -242,8 +269,15 @@ typedef struct dg_ref_call {
 	const void *in[DG_OP_MAX_ARGS]; /* each input's host storage (outputs: NULL) */
 	float scale[DG_OP_MAX_ARGS];    /* each code argument's scale (an output's
 					 * when the op writes codes with it) */
+	const float *scale_v[DG_OP_MAX_ARGS]; /* a scale a row or a channel, in place
+					 * of scale[i], where the spec's ascale=token
+					 * or wscale=channel says so */
 	void *out;                      /* the output's host storage */
-	float *out_scale;               /* the quantizers: gets the scale */
+	float *out_scale;               /* the quantizers: gets the scale (one a row
+					 * with ascale=token / wscale=channel) */
+	int64_t groups, cols;           /* quantize_act per token: x (b, groups, t,
+					 * cols); quantize_weight per channel: rows of
+					 * cols */
 	int64_t b, t, r, n;             /* the call's B, T (B·T ops), R (pack
 					 * ops), n (the quantizers' elements) */
 	bool unpack;                    /* pack_ternary / pack_sign1 */

@@ -71,7 +71,33 @@ typedef enum dg_field {
 	DG_FIELD_SRC = 1 << 8,
 	DG_FIELD_TILE = 1 << 9,
 	DG_FIELD_WEIGHT = 1 << 10,
+	DG_FIELD_ASCALE = 1 << 11,
+	DG_FIELD_WSCALE = 1 << 12,
 } dg_field;
+
+/*
+ * The granularity of an integer operand's scale (DESIGN.md "Formats and
+ * scales"), a compile-time constant of the kernel like the formats:
+ *   tensor   one float (the seed's recipe);
+ *   token    activations: one float a row of the GEMM that reads the codes
+ *            (lowrank x (B,Hin,T,E): B·Hin·T of them, row (b·Hin + hin)·T + t;
+ *            decoder y (B,H,T,L): B·T, row b·T + t, over every head);
+ *   channel  weights: one float an output channel (lowrank w (H,L,E): H·L,
+ *            channel h·L + l; decoder w (E,H·L): E).
+ * The scales are applied in the epilogue as a row and a column multiply,
+ * or (the gradients, where they run along the reduction) to the f32
+ * operand as it is loaded. Text keys ascale= (tensor|token) and wscale=
+ * (tensor|channel); the canonical text names them only when not tensor,
+ * so a per-tensor spec keeps the text (and cache key) it always had.
+ */
+typedef enum dg_scale_gran {
+	DG_SCALE_TENSOR,
+	DG_SCALE_TOKEN,
+	DG_SCALE_CHANNEL,
+} dg_scale_gran;
+
+/* "tensor", "token", "channel"; "?" outside the enum. */
+const char *dg_scale_name(dg_scale_gran g);
 
 /*
  * Tile. All zero means "auto" (tuning DB, else the heuristic default).
@@ -97,6 +123,8 @@ typedef struct dg_spec {
 	dg_fmt act;
 	dg_fmt out;
 	dg_fmt src; /* quantize_act: the float format it reads (f32 | bf16) */
+	dg_scale_gran ascale; /* the act's scale: tensor | token */
+	dg_scale_gran wscale; /* the weight's scale: tensor | channel */
 	bool relu;       /* false: no ReLU */
 	float relu_thr;  /* out = relu(y - relu_thr); finite; -0 kept as +0 */
 	dg_tile tile;

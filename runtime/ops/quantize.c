@@ -11,7 +11,12 @@
  * dg_ref_quantize_weight's except when the exact double sum falls within
  * ~1e-15 relative of a float rounding boundary (then it is one ulp away),
  * and the codes are exactly the reference's codes for that scale.
+ *
+ * A scale a row (ascale=token, wscale=channel) is one launch instead: a
+ * block a row computes its max|x| (or Σ|w|) by a fixed tree, its scale,
+ * then its codes; codes->scale points to one float a row.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -53,6 +58,51 @@ static unsigned partial_blocks(dg_device *dev, const dg_spec *spec, long long n,
 	return dg__op_grid(n / ve / 16 + 1, nt, QW_MAX_PARTIALS);
 }
 
+/* A scale a row (ascale=token, wscale=channel): one launch of the _rows
+ * entry, a block a row, no workspace. The rows: a token (b, t) of a
+ * (B, G, T, C) activation over its G heads, or a row of the weight's last
+ * dimension. */
+static bool by_rows(const dg_spec *spec)
+{
+	return spec->op == DG_OP_QUANTIZE_ACT ? spec->ascale == DG_SCALE_TOKEN
+					      : spec->wscale == DG_SCALE_CHANNEL;
+}
+
+static dg_status run_rows(dg_device *dev, const dg_spec *spec, const char *fn, const dg__op_call *c)
+{
+	const dg_tensor *x = c->t[0];
+	long long rows, T = 1, C = x->shape[x->ndim - 1];
+	int G = 1;
+	dg_kernel *k;
+
+	if (spec->op == DG_OP_QUANTIZE_ACT) {
+		if (x->ndim != 4)
+			return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+					    "%s: x: ascale=token reads a (B, G, T, C) tensor, a token (b, t) over its G heads; got %d dimensions",
+					    fn, x->ndim);
+		rows = x->shape[0] * x->shape[2];
+		G = (int)x->shape[1];
+		T = x->shape[2];
+	} else {
+		rows = C ? dg_tensor_numel(x) / C : 0;
+	}
+	if (C > INT32_MAX || T > INT32_MAX)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: %s: rows of %lld values, at most %d", fn,
+				    x->name ? x->name : "x", C, INT32_MAX);
+	dg_status st = dg_kernel_get(dev, spec,
+				     spec->op == DG_OP_QUANTIZE_ACT ? "dg_quantize_act_rows"
+								    : "dg_quantize_weight_rows",
+				     &k);
+	if (st || rows == 0)
+		return st;
+	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(dev)->sm_count;
+	int ti = (int)T, ci = (int)C;
+	dg_dptr xp = x->data, codes = c->t[1]->data, scales = c->t[1]->scale;
+	dg_launch l = flat(dg__op_grid(rows, 1, 32LL * (sms > 0 ? sms : 1)), nt);
+	void *a[] = { &xp, &rows, &G, &ti, &ci, &scales, &codes };
+	return dg_kernel_launch(dev, k, &l, a);
+}
+
 /* Workspace: one partial a block (float for activations, double for weights). */
 static dg_status workspace(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
 			   const dg__op_call *c, size_t *bytes)
@@ -63,6 +113,8 @@ static dg_status workspace(dg_device *dev, const dg_spec *spec, dg_op op, const 
 
 	*bytes = 0;
 	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	if (!st && by_rows(spec))
+		return DG_OK; /* a block a row: no partials */
 	if (!st)
 		st = kernels(dev, spec, op == DG_OP_QUANTIZE_ACT ? "dg_quantize_act" : "dg_quantize_weight",
 			     k, &nt);
@@ -80,6 +132,8 @@ static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const char *
 	int nt;
 
 	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	if (!st && by_rows(spec))
+		return run_rows(dev, spec, fn, c);
 	if (!st)
 		st = kernels(dev, spec, op == DG_OP_QUANTIZE_ACT ? "dg_quantize_act" : "dg_quantize_weight",
 			     k, &nt);

@@ -102,7 +102,80 @@ dg_status dg_ref_quantize_act(dg_fmt src, dg_fmt act, const void *x, size_t n,
 	return dg_ref_quantize_act_apply(src, act, x, n, s, codes);
 }
 
+dg_status dg_ref_quantize_act_rows(dg_fmt src, dg_fmt act, const void *x, size_t batch,
+				   size_t groups, size_t time, size_t cols, void *codes,
+				   float *scales)
+{
+	if (!x || !codes || !scales || !is_src_fmt(src) || !dg__ref_is_act_code(act))
+		return DG_ERR_INVALID_ARG;
+	const float qmax = (float)dg_ref_qmax(act);
+	const size_t esz = act == DG_FMT_UINT8POS ? sizeof(uint8_t) : sizeof(int8_t);
+	for (size_t b = 0; b < batch; b++) {
+		for (size_t t = 0; t < time; t++) {
+			float m = 0.0f;
+			for (size_t g = 0; g < groups; g++) {
+				size_t base = ((b * groups + g) * time + t) * cols;
+				for (size_t c = 0; c < cols; c++)
+					m = fmaxf(m, fabsf(dg__ref_plain_at(src, x, base + c)));
+			}
+			const float s = m / qmax; /* one IEEE division, as __fdiv_rn */
+			scales[b * time + t] = s;
+			for (size_t g = 0; g < groups; g++) {
+				size_t base = ((b * groups + g) * time + t) * cols;
+				const size_t sz = src == DG_FMT_F32 ? 4 : 2;
+				dg_status st = dg_ref_quantize_act_apply(
+					src, act, (const char *)x + base * sz, cols, s,
+					(char *)codes + base * esz);
+				if (st)
+					return st;
+			}
+		}
+	}
+	return DG_OK;
+}
+
 /* --- weight quantize ----------------------------------------------------- */
+
+static int8_t weight_code(dg_fmt weight, float v, float s)
+{
+	int c;
+
+	if (weight == DG_FMT_INT8)
+		c = s == 0.0f ? 0 : dg__ref_code_of(v / s, -127, 127);
+	else if (weight == DG_FMT_TERNARY)
+		c = fabsf(v) < s ? 0 : (v > 0.0f) - (v < 0.0f);
+	else
+		c = v >= 0.0f ? 1 : -1; /* NaN → -1 */
+	return (int8_t)c;
+}
+
+dg_status dg_ref_quantize_weight_rows(dg_fmt weight, const float *w, size_t rows,
+				      size_t cols, int8_t *codes, float *scales)
+{
+	if (!w || !codes || !scales || !cols)
+		return DG_ERR_INVALID_ARG;
+	if (weight != DG_FMT_INT8 && weight != DG_FMT_TERNARY && weight != DG_FMT_SIGN1)
+		return DG_ERR_INVALID_ARG;
+	for (size_t r = 0; r < rows; r++) {
+		const float *row = w + r * cols;
+		float s;
+		if (weight == DG_FMT_INT8) {
+			float m = 0.0f;
+			for (size_t c = 0; c < cols; c++)
+				m = fmaxf(m, fabsf(row[c]));
+			s = m / 127.0f;
+		} else {
+			double sum = 0.0;
+			for (size_t c = 0; c < cols; c++)
+				sum += fabs((double)row[c]);
+			s = (float)(sum / (double)cols);
+		}
+		scales[r] = s;
+		for (size_t c = 0; c < cols; c++)
+			codes[r * cols + c] = weight_code(weight, row[c], s);
+	}
+	return DG_OK;
+}
 
 dg_status dg_ref_quantize_weight(dg_fmt weight, const float *w, size_t n,
 				 int8_t *codes, float *scale)
@@ -124,18 +197,8 @@ dg_status dg_ref_quantize_weight(dg_fmt weight, const float *w, size_t n,
 	else
 		s = (float)(sum / (double)n);
 
-	for (size_t i = 0; i < n; i++) {
-		float v = w[i];
-		int c;
-
-		if (weight == DG_FMT_INT8)
-			c = s == 0.0f ? 0 : dg__ref_code_of(v / s, -127, 127);
-		else if (weight == DG_FMT_TERNARY)
-			c = fabsf(v) < s ? 0 : (v > 0.0f) - (v < 0.0f);
-		else
-			c = v >= 0.0f ? 1 : -1; /* NaN → -1 */
-		codes[i] = (int8_t)c;
-	}
+	for (size_t i = 0; i < n; i++)
+		codes[i] = weight_code(weight, w[i], s);
 	*scale = s;
 	return DG_OK;
 }

@@ -141,6 +141,15 @@ dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const float *grad,
 				    const void *w, float sw, float *grad_x,
 				    int batch, int time)
 {
+	return dg__ref_lowrank_grad_input_v(spec, grad, w, sw, NULL, grad_x, batch, time);
+}
+
+/* A scale a channel (wscale=channel, sv one a row h·L + l of w) runs along
+ * the reduction: each term's gradient is multiplied by it, in double. */
+dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const float *grad, const void *w,
+				       float sw, const float *sv, float *grad_x, int batch,
+				       int time)
+{
 	dg_status st = check(spec, DG_OP_LOWRANK_GRAD_INPUT, grad, w, grad_x,
 			     spec ? spec->weight : DG_FMT_F32, true, batch,
 			     time);
@@ -156,7 +165,10 @@ dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const float *grad,
 	L = (size_t)spec->latent;
 	B = (size_t)batch;
 	T = (size_t)time;
-	s = is_code(spec->weight) ? (double)sw : 1.0;
+	const bool vec = is_code(spec->weight) && spec->wscale == DG_SCALE_CHANNEL;
+	if (vec && !sv)
+		return DG_ERR_INVALID_ARG;
+	s = is_code(spec->weight) && !vec ? (double)sw : 1.0;
 	wf = decode_all(spec->weight, w, H * L * E); /* (H, L, E) */
 	acc = malloc(E * sizeof(*acc));
 	if (!wf || !acc) {
@@ -175,7 +187,7 @@ dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const float *grad,
 
 					for (size_t l = 0; l < L; l++) {
 						const float *wr = wf + (h * L + l) * E;
-						double gv = g[l];
+						double gv = vec ? (double)g[l] * sv[h * L + l] : g[l];
 
 						for (size_t e = 0; e < E; e++)
 							acc[e] += gv * wr[e];
@@ -197,6 +209,15 @@ dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const float *grad,
 				     const void *x, float sa, float *grad_w,
 				     int batch, int time)
 {
+	return dg__ref_lowrank_grad_weight_v(spec, grad, x, sa, NULL, grad_w, batch, time);
+}
+
+/* A scale a token (ascale=token, sv one a row (b·Hin + hin)·T + t of x)
+ * runs along the reduction: each term times it, in double. */
+dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const float *grad, const void *x,
+					float sa, const float *sv, float *grad_w, int batch,
+					int time)
+{
 	dg_status st = check(spec, DG_OP_LOWRANK_GRAD_WEIGHT, grad, x, grad_w,
 			     spec ? spec->act : DG_FMT_F32, false, batch, time);
 	size_t H, Hin, E, L, B, T;
@@ -211,7 +232,10 @@ dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const float *grad,
 	L = (size_t)spec->latent;
 	B = (size_t)batch;
 	T = (size_t)time;
-	s = is_code(spec->act) ? (double)sa : 1.0;
+	const bool vec = is_code(spec->act) && spec->ascale == DG_SCALE_TOKEN;
+	if (vec && !sv)
+		return DG_ERR_INVALID_ARG;
+	s = is_code(spec->act) && !vec ? (double)sa : 1.0;
 	xf = decode_all(spec->act, x, B * Hin * T * E); /* (B, Hin, T, E) */
 	acc = malloc(L * E * sizeof(*acc));              /* one head's (L, E) */
 	if (!xf || !acc) {
@@ -227,9 +251,10 @@ dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const float *grad,
 			for (size_t t = 0; t < T; t++) {
 				const float *g = grad + ((b * H + h) * T + t) * L;
 				const float *xr = xf + ((b * Hin + hin) * T + t) * E;
+				const double sr = vec ? (double)sv[(b * Hin + hin) * T + t] : 1.0;
 
 				for (size_t l = 0; l < L; l++) {
-					double gv = g[l];
+					double gv = sr * g[l];
 					double *a = acc + l * E;
 
 					for (size_t e = 0; e < E; e++)
@@ -249,6 +274,14 @@ dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
 				    const void *w, float sw, float *grad_y,
 				    int batch, int time)
 {
+	return dg__ref_decoder_grad_input_v(spec, grad, w, sw, NULL, grad_y, batch, time);
+}
+
+/* wscale=channel: sv one an output channel d of w (E, H·L). */
+dg_status dg__ref_decoder_grad_input_v(const dg_spec *spec, const float *grad, const void *w,
+				       float sw, const float *sv, float *grad_y, int batch,
+				       int time)
+{
 	dg_status st = check(spec, DG_OP_DECODER_GRAD_INPUT, grad, w, grad_y,
 			     spec ? spec->weight : DG_FMT_F32, true, batch,
 			     time);
@@ -264,7 +297,10 @@ dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
 	B = (size_t)batch;
 	T = (size_t)time;
 	HL = H * L;
-	s = is_code(spec->weight) ? (double)sw : 1.0;
+	const bool vec = is_code(spec->weight) && spec->wscale == DG_SCALE_CHANNEL;
+	if (vec && !sv)
+		return DG_ERR_INVALID_ARG;
+	s = is_code(spec->weight) && !vec ? (double)sw : 1.0;
 	wf = decode_all(spec->weight, w, E * HL); /* (E, H·L) */
 	acc = malloc(HL * sizeof(*acc));
 	if (!wf || !acc) {
@@ -279,7 +315,7 @@ dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
 			memset(acc, 0, HL * sizeof(*acc));
 			for (size_t d = 0; d < E; d++) {
 				const float *wr = wf + d * HL;
-				double gv = g[d];
+				double gv = vec ? (double)g[d] * sv[d] : g[d];
 
 				for (size_t j = 0; j < HL; j++)
 					acc[j] += gv * wr[j];
@@ -301,6 +337,14 @@ dg_status dg_ref_decoder_grad_weight(const dg_spec *spec, const float *grad,
 				     const void *y, float sa, float *grad_w,
 				     int batch, int time)
 {
+	return dg__ref_decoder_grad_weight_v(spec, grad, y, sa, NULL, grad_w, batch, time);
+}
+
+/* ascale=token: sv one a token b·T + t of y (over every head). */
+dg_status dg__ref_decoder_grad_weight_v(const dg_spec *spec, const float *grad, const void *y,
+					float sa, const float *sv, float *grad_w, int batch,
+					int time)
+{
 	dg_status st = check(spec, DG_OP_DECODER_GRAD_WEIGHT, grad, y, grad_w,
 			     spec ? spec->act : DG_FMT_F32, false, batch, time);
 	size_t H, E, L, B, T, HL;
@@ -315,7 +359,10 @@ dg_status dg_ref_decoder_grad_weight(const dg_spec *spec, const float *grad,
 	B = (size_t)batch;
 	T = (size_t)time;
 	HL = H * L;
-	s = is_code(spec->act) ? (double)sa : 1.0;
+	const bool vec = is_code(spec->act) && spec->ascale == DG_SCALE_TOKEN;
+	if (vec && !sv)
+		return DG_ERR_INVALID_ARG;
+	s = is_code(spec->act) && !vec ? (double)sa : 1.0;
 	yf = decode_all(spec->act, y, B * H * T * L); /* (B, H, T, L) */
 	acc = malloc(E * HL * sizeof(*acc));          /* (E, H·L) */
 	if (!yf || !acc) {
@@ -328,8 +375,10 @@ dg_status dg_ref_decoder_grad_weight(const dg_spec *spec, const float *grad,
 		for (size_t t = 0; t < T; t++) {
 			const float *g = grad + (b * T + t) * E;
 
+			const double sr = vec ? (double)sv[b * T + t] : 1.0;
+
 			for (size_t d = 0; d < E; d++) {
-				double gv = g[d];
+				double gv = sr * g[d];
 				double *a = acc + d * HL;
 
 				for (size_t h = 0; h < H; h++) {

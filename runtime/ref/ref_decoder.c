@@ -81,6 +81,11 @@ dg_status dg_ref_decoder_fwd(const dg_spec *spec,
 	act_code = dg__ref_is_act_code(spec->act);
 	w_code = weight_is_code(spec->weight);
 	int_path = act_code && w_code;
+	const float *sa_v = act_code && spec->ascale == DG_SCALE_TOKEN ? args->sa_v : NULL;
+	const float *sw_v = w_code && spec->wscale == DG_SCALE_CHANNEL ? args->sw_v : NULL;
+	if ((act_code && spec->ascale == DG_SCALE_TOKEN && !sa_v) ||
+	    (w_code && spec->wscale == DG_SCALE_CHANNEL && !sw_v))
+		return DG_ERR_INVALID_ARG;
 	if (int_path) {
 		s = args->sa * args->sw;
 		wi = malloc(E * K * sizeof(*wi));
@@ -126,7 +131,13 @@ dg_status dg_ref_decoder_fwd(const dg_spec *spec,
 			}
 			for (size_t d = 0; d < E; d++) {
 				size_t o = (b * T + t) * E + d;
-				float y;
+				float y, s_e = s;
+
+				if (sa_v || sw_v) { /* a scale a token / a channel */
+					const float sa_r = sa_v ? sa_v[b * T + t] : args->sa;
+					const float sw_c = sw_v ? sw_v[d] : args->sw;
+					s_e = int_path ? sa_r * sw_c : act_code ? sa_r : sw_c;
+				}
 
 				if (int_path) {
 					int64_t acc = 0;
@@ -137,7 +148,7 @@ dg_status dg_ref_decoder_fwd(const dg_spec *spec,
 						acc += (int64_t)yi[k] * wi[d * K + k];
 					u = (uint32_t)acc;
 					memcpy(&r, &u, sizeof(r));
-					y = (float)r * s;
+					y = (float)r * s_e;
 				} else {
 					float acc = 0.0f;
 
@@ -146,7 +157,7 @@ dg_status dg_ref_decoder_fwd(const dg_spec *spec,
 
 						acc += p;
 					}
-					y = acc * s;
+					y = acc * s_e;
 				}
 				if (spec->out == DG_FMT_F32)
 					((float *)args->out)[o] = y;

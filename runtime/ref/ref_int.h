@@ -77,6 +77,26 @@ static inline int dg__ref_code_at(dg_fmt f, const void *p, size_t i)
 	}
 }
 
+/* The backward references with a scale a row or a channel along the
+ * reduction (sv; NULL: the per-tensor value), as dg_ref_run reaches them. */
+dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const float *grad, const void *w,
+				       float sw, const float *sv, float *grad_x, int batch,
+				       int time);
+dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const float *grad, const void *x,
+					float sa, const float *sv, float *grad_w, int batch,
+					int time);
+dg_status dg__ref_decoder_grad_input_v(const dg_spec *spec, const float *grad, const void *w,
+				       float sw, const float *sv, float *grad_y, int batch,
+				       int time);
+dg_status dg__ref_decoder_grad_weight_v(const dg_spec *spec, const float *grad, const void *y,
+					float sa, const float *sv, float *grad_w, int batch,
+					int time);
+/* relu_mask with the forward's scales a row / a channel (sa_v, sw_v may be
+ * NULL where the spec's granularity is tensor). */
+dg_status dg__ref_relu_mask_v(const dg_spec *spec, const void *x, const void *w, float sa,
+			      float sw, const float *sa_v, const float *sw_v, const float *grad,
+			      float *grad_out, int batch, int time);
+
 /* The generic entry of each op of DG_OP_LIST (runtime/ref/registry.c). */
 #define DG__REF_ENTRY(e, name) dg_status dg__ref_##name(const dg_spec *spec, const dg_ref_call *c);
 DG_OP_LIST(DG__REF_ENTRY)

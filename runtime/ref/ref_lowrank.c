@@ -88,6 +88,13 @@ static dg_status check(const dg_spec *spec, const dg_ref_lowrank_args *a,
 		return DG_ERR_INVALID_ARG;
 	if (a->batch < 0 || a->time < 0)
 		return DG_ERR_INVALID_ARG;
+	/* a scale a row or a channel: its vector, and float outputs only */
+	bool sa_vec = dg__ref_is_act_code(spec->act) && spec->ascale == DG_SCALE_TOKEN;
+	bool sw_vec = weight_is_code(spec->weight) && spec->wscale == DG_SCALE_CHANNEL;
+	if ((sa_vec && !a->sa_v) || (sw_vec && !a->sw_v))
+		return DG_ERR_INVALID_ARG;
+	if ((sa_vec || sw_vec) && !mask && (spec->out == DG_FMT_INT8 || spec->out == DG_FMT_UINT8POS))
+		return DG_ERR_INVALID_ARG;
 	/* Every index below is a size_t product of these. */
 	if (!mul_ok(&n, (size_t)a->batch) || !mul_ok(&n, (size_t)a->time) ||
 	    !mul_ok(&n, (size_t)spec->heads) ||
@@ -208,6 +215,8 @@ static dg_status lowrank_run(const dg_spec *spec,
 	act_code_fmt = dg__ref_is_act_code(spec->act);
 	w_code_fmt = weight_is_code(spec->weight);
 	int_path = act_code_fmt && w_code_fmt;
+	const float *sa_v = act_code_fmt && spec->ascale == DG_SCALE_TOKEN ? args->sa_v : NULL;
+	const float *sw_v = w_code_fmt && spec->wscale == DG_SCALE_CHANNEL ? args->sw_v : NULL;
 
 	if (int_path) {
 		s = args->sa * args->sw;
@@ -261,14 +270,21 @@ static dg_status lowrank_run(const dg_spec *spec,
 								 args->x,
 								 xrow + e);
 			}
-			for (size_t l = 0; l < L; l++) {
-				float acc, y;
+			/* this row's act scale (per token: x row's) */
+			const float sa_r = sa_v ? sa_v[xrow / E] : args->sa;
 
+			for (size_t l = 0; l < L; l++) {
+				float acc, y, s_e = s;
+
+				if (sa_v || sw_v) {
+					const float sw_c = sw_v ? sw_v[h * L + l] : args->sw;
+					s_e = int_path ? sa_r * sw_c : act_code_fmt ? sa_r : sw_c;
+				}
 				if (int_path)
 					acc = (float)dot_int(xi, wi + l * E, E);
 				else
 					acc = dot_float(xf, wf + l * E, E);
-				y = acc * s;
+				y = acc * s_e;
 				if (grad_out) {
 					y = y - spec->relu_thr;
 					grad_out[orow + l] =
@@ -309,8 +325,15 @@ dg_status dg_ref_relu_mask(const dg_spec *spec, const void *x, const void *w,
 			   float sa, float sw, const float *grad,
 			   float *grad_out, int batch, int time)
 {
-	dg_ref_lowrank_args a = { .x = x, .w = w, .sa = sa, .sw = sw,
-				  .batch = batch, .time = time };
+	return dg__ref_relu_mask_v(spec, x, w, sa, sw, NULL, NULL, grad, grad_out, batch, time);
+}
+
+dg_status dg__ref_relu_mask_v(const dg_spec *spec, const void *x, const void *w, float sa,
+			      float sw, const float *sa_v, const float *sw_v, const float *grad,
+			      float *grad_out, int batch, int time)
+{
+	dg_ref_lowrank_args a = { .x = x, .w = w, .sa = sa, .sw = sw, .sa_v = sa_v,
+				  .sw_v = sw_v, .batch = batch, .time = time };
 
 	if (!grad || !grad_out)
 		return DG_ERR_INVALID_ARG;

@@ -10,52 +10,62 @@
 dg_status dg__ref_lowrank_fwd(const dg_spec *spec, const dg_ref_call *c)
 {
 	dg_ref_lowrank_args a = { .x = c->in[0], .w = c->in[1], .sa = c->scale[0],
-				  .sw = c->scale[1], .so = c->scale[2], .out = c->out,
-				  .batch = (int)c->b, .time = (int)c->t };
+				  .sw = c->scale[1], .so = c->scale[2], .sa_v = c->scale_v[0],
+				  .sw_v = c->scale_v[1], .out = c->out, .batch = (int)c->b,
+				  .time = (int)c->t };
 	return dg_ref_lowrank_fwd(spec, &a);
 }
 
 dg_status dg__ref_relu_mask(const dg_spec *spec, const dg_ref_call *c)
 {
-	return dg_ref_relu_mask(spec, c->in[0], c->in[1], c->scale[0], c->scale[1], c->in[2],
-				c->out, (int)c->b, (int)c->t);
+	return dg__ref_relu_mask_v(spec, c->in[0], c->in[1], c->scale[0], c->scale[1],
+				   c->scale_v[0], c->scale_v[1], c->in[2], c->out, (int)c->b,
+				   (int)c->t);
 }
 
 dg_status dg__ref_lowrank_grad_input(const dg_spec *spec, const dg_ref_call *c)
 {
-	return dg_ref_lowrank_grad_input(spec, c->in[0], c->in[1], c->scale[1], c->out,
-					 (int)c->b, (int)c->t);
+	return dg__ref_lowrank_grad_input_v(spec, c->in[0], c->in[1], c->scale[1], c->scale_v[1],
+					    c->out, (int)c->b, (int)c->t);
 }
 
 dg_status dg__ref_lowrank_grad_weight(const dg_spec *spec, const dg_ref_call *c)
 {
-	return dg_ref_lowrank_grad_weight(spec, c->in[0], c->in[1], c->scale[1], c->out,
-					  (int)c->b, (int)c->t);
+	return dg__ref_lowrank_grad_weight_v(spec, c->in[0], c->in[1], c->scale[1], c->scale_v[1],
+					     c->out, (int)c->b, (int)c->t);
 }
 
 dg_status dg__ref_decoder_fwd(const dg_spec *spec, const dg_ref_call *c)
 {
 	dg_ref_decoder_args a = { .y = c->in[0], .w = c->in[1], .sa = c->scale[0],
-				  .sw = c->scale[1], .out = c->out, .batch = (int)c->b,
-				  .time = (int)c->t };
+				  .sw = c->scale[1], .sa_v = c->scale_v[0], .sw_v = c->scale_v[1],
+				  .out = c->out, .batch = (int)c->b, .time = (int)c->t };
 	return dg_ref_decoder_fwd(spec, &a);
 }
 
 dg_status dg__ref_decoder_grad_input(const dg_spec *spec, const dg_ref_call *c)
 {
-	return dg_ref_decoder_grad_input(spec, c->in[0], c->in[1], c->scale[1], c->out,
-					 (int)c->b, (int)c->t);
+	return dg__ref_decoder_grad_input_v(spec, c->in[0], c->in[1], c->scale[1], c->scale_v[1],
+					    c->out, (int)c->b, (int)c->t);
 }
 
 dg_status dg__ref_decoder_grad_weight(const dg_spec *spec, const dg_ref_call *c)
 {
-	return dg_ref_decoder_grad_weight(spec, c->in[0], c->in[1], c->scale[1], c->out,
-					  (int)c->b, (int)c->t);
+	return dg__ref_decoder_grad_weight_v(spec, c->in[0], c->in[1], c->scale[1], c->scale_v[1],
+					     c->out, (int)c->b, (int)c->t);
 }
 
 dg_status dg__ref_quantize_act(const dg_spec *spec, const dg_ref_call *c)
 {
 	float s = 0;
+	if (spec->ascale == DG_SCALE_TOKEN) {
+		/* x (b, groups, t, cols): a scale a token into out_scale */
+		if (!c->out_scale)
+			return DG_ERR_INVALID_ARG;
+		return dg_ref_quantize_act_rows(spec->src, spec->act, c->in[0], (size_t)c->b,
+						(size_t)c->groups, (size_t)c->t, (size_t)c->cols,
+						c->out, c->out_scale);
+	}
 	dg_status st = dg_ref_quantize_act(spec->src, spec->act, c->in[0], (size_t)c->n, c->out, &s);
 	if (c->out_scale)
 		*c->out_scale = s;
@@ -75,8 +85,17 @@ dg_status dg__ref_quantize_weight(const dg_spec *spec, const dg_ref_call *c)
 			conv[i] = dg_bf16_to_f32(((const uint16_t *)c->in[0])[i]);
 		w = conv;
 	}
-	dg_status st = dg_ref_quantize_weight(spec->weight, w, n, c->out, &s);
+	dg_status st;
+	if (spec->wscale == DG_SCALE_CHANNEL) /* rows of cols: a scale a row into out_scale */
+		st = c->out_scale && c->cols > 0
+			     ? dg_ref_quantize_weight_rows(spec->weight, w, n / (size_t)c->cols,
+							   (size_t)c->cols, c->out, c->out_scale)
+			     : DG_ERR_INVALID_ARG;
+	else
+		st = dg_ref_quantize_weight(spec->weight, w, n, c->out, &s);
 	free(conv);
+	if (spec->wscale == DG_SCALE_CHANNEL)
+		return st;
 	if (c->out_scale)
 		*c->out_scale = s;
 	return st;
