@@ -39,7 +39,7 @@ typedef struct tbuf {
 	dg_dptr scale; /* device float(s), code formats */
 	float sval;
 	size_t nscale; /* 1, or a scale a row / a channel (ascale=token, wscale=channel) */
-	float *svec;   /* their host values (nscale > 1) */
+	float *svec;   /* their host values (vector scales, even of one row) */
 } tbuf;
 
 struct dg__at_case {
@@ -113,7 +113,7 @@ static dg_status buf_make(dg__at_case *c, tbuf *b, dg_fmt f, size_t n, size_t ns
 
 	b->fmt = f;
 	b->n = n;
-	b->nscale = nscale ? nscale : 1;
+	b->nscale = nscale ? nscale : 1; /* 0: a tensor's one scale */
 	b->bytes = dg_fmt_row_bytes(f, (int64_t)n);
 	st = dg_malloc(c->dev, b->bytes ? b->bytes : 1, &b->d);
 	if (st)
@@ -123,7 +123,7 @@ static dg_status buf_make(dg__at_case *c, tbuf *b, dg_fmt f, size_t n, size_t ns
 		b->sval = dg_fmt_info_of(f)->per_word == 4 ? 1.0f / (float)dg_fmt_info_of(f)->qmax
 							     : 0.05f;
 		st = dg_malloc(c->dev, b->nscale * sizeof(float), &b->scale);
-		if (!st && b->nscale == 1) {
+		if (!st && nscale == 0) {
 			st = dg_memcpy_htod(c->dev, b->scale, &b->sval, sizeof(float));
 		} else if (!st) {
 			/* a scale a row / a channel: random, between half and
@@ -194,7 +194,8 @@ static dg_status pack_codes(dg__at_case *c, tbuf *b)
 	return st;
 }
 
-/* The scales argument a of shape (ndim) carries under c's spec: 1, or a
+/* The scales argument a of shape (ndim) carries under c's spec: 0 (one, a
+ * tensor's), or a
  * scale a row of the GEMM that reads it (ascale=token: the decoder's y
  * (B,H,T,L) one a token b·T + t, any other all but the last dimension) or
  * an output channel (wscale=channel: the rows of the last dimension); the
@@ -207,7 +208,7 @@ static size_t n_scales(const dg__at_case *c, const dg_op_arg *a, int ndim, const
 	bool channel = s->wscale == DG_SCALE_CHANNEL &&
 		       (a->fmt == DG_ARG_WEIGHT || (s->op == DG_OP_QUANTIZE_WEIGHT && a->output));
 	if (!a->scale || !(token || channel))
-		return 1;
+		return 0;
 	if (token && ndim == 4 && strcmp(c->row->family, "decoder") == 0)
 		return (size_t)(shape[0] * shape[2]);
 	if (token && s->op == DG_OP_QUANTIZE_ACT)
@@ -285,7 +286,7 @@ static dg_status reference(dg__at_case *c)
 	rc.r = c->r;
 	rc.n = c->n;
 	rc.out_scale = &c->want_scale;
-	if (o->nscale > 1) {
+	if (o->svec) {
 		/* the quantizers a scale a row: (1, 1, R, cols) tokens, R rows */
 		c->want_svec = malloc(o->nscale * sizeof(float));
 		if (!c->want_svec)
@@ -499,7 +500,7 @@ static bool compare(dg__at_case *c, const void *got, const float *gsv, char *why
 	case DG_CHECK_SCALED_CODES:
 		break;
 	}
-	if (o->nscale > 1)
+	if (c->want_svec)
 		return compare_rows(c, got, gsv, why, size);
 	/* the quantizers: the scale within float summation error (weights:
 	 * one ulp), then the codes exactly the reference's for the GPU's scale */
