@@ -116,6 +116,27 @@ dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
 				size_t msg_size);
 
+/* ---- memory ----------------------------------------------------------------
+ * What a step at (B, T) holds, by bucket, from its tape's plan, before
+ * anything is allocated: each bucket's buffers counted once, and the
+ * activation arena as planned (saved activations, temporaries and
+ * workspaces share it, buffers whose lifetimes do not overlap reusing the
+ * same bytes). */
+typedef struct dg_model_memory {
+	size_t params;      /* f32 master weights */
+	size_t lowbit;      /* the copies the kernels read (codes, scales, layouts) */
+	size_t grads;       /* parameter gradients */
+	size_t saved;       /* activations the backward reads (no reuse) */
+	size_t temp;        /* activation gradients and scratch (no reuse) */
+	size_t workspace;   /* the ops' workspaces (no reuse) */
+	size_t activations; /* the planned arena of the three above */
+	size_t total;       /* params + lowbit + grads + activations */
+} dg_model_memory;
+
+/* The plan of the CPU model's step (dg_model_cpu_step) at (B, T). */
+dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_memory *out,
+			      char *msg, size_t msg_size);
+
 /* ---- the model on the CPU -------------------------------------------------
  * The whole forward and backward on the CPU references (dragon/ref.h):
  * what the GPU model is checked against, and a model CI can run at tiny

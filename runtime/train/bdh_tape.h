@@ -1,0 +1,32 @@
+/*
+ * The BDH step as a tape (runtime/train/tape.h): the buffers and nodes of
+ * DESIGN.md's model, forward then backward, for a config and (B, T).
+ *
+ * Shared weights: every layer reads the same execution copies, and each
+ * weight's gradient is one node over all layers' rows (the layers' inputs
+ * and gradients are slices of stacks (L·B, ...)), at the end of the
+ * backward. The CPU target keeps f32 everywhere, the encoders' copies as
+ * (H, N, D) and the decoder's as (D, H·N) (the layouts the kernels read),
+ * and the attention's RoPE'd queries for its backward.
+ */
+#ifndef DG_RUNTIME_TRAIN_BDH_TAPE_H
+#define DG_RUNTIME_TRAIN_BDH_TAPE_H
+
+#include "runtime/train/tape.h"
+
+/* Ids of the buffers a backend fills or reads outside the nodes. */
+typedef struct dg__bdh_ids {
+	int params[DG_MODEL_N_PARAMS]; /* the masters, reference layouts */
+	int grads[DG_MODEL_N_PARAMS];  /* their gradients */
+	int exec[3];                   /* encoder, encoder_v (H,N,D); decoder (D,H·N) */
+	int gexec[3];                  /* the execution copies' gradients */
+	int tokens, targets;           /* (B, T) int32 (4-byte buffers) */
+	int cos, sin;                  /* RoPE tables (T, N/2) */
+	int loss;                      /* one float */
+} dg__bdh_ids;
+
+/* Records the step into t (initialized by the caller with c, B, T) and
+ * plans it. DG_ERR_NOMEM when a declaration runs out of memory. */
+dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *ids);
+
+#endif
