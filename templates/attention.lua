@@ -49,6 +49,22 @@ Paths (M.plan):
   fp32 FMA (act f32, or a tile the tensor cores cannot run): a warp's lanes
     are 4 rows x 8 column pairs, each thread TM rows (stride 4) by TN/2
     pairs (stride 16).
+
+Performance (expected, not yet measured: no GPU where this was written;
+tests/test_gpu_attention.c bdh_shape_sampled_bf16 prints each op's time).
+At B 8, H 4, T 512, L 8192, E 256: scores does the strictly lower half of
+the 137 GFLOP product (~69 GFLOP useful, 10 of 16 blocks a (b, h) at
+128x128: ~86 GFLOP issued), grad_xs the full 137 GFLOP (C is dense), the
+other three ~2 GFLOP each. The default 128x128x32/2x4/2 tile compiles to
+~166 registers (scores, grad_xs; no spills), so one 8-warp block an SM:
+latency is hidden only by the one-step-ahead register staging. Expect
+~30-45% of the 790 TFLOP/s bf16 peak on scores and grad_xs (0.2-0.35 ms
+each). The risk is bandwidth, not math: RoPE on the load reads the f32
+table beside each bf16 element (8 bytes of table a pair against 4 of xs),
+~48 KB a K step a block from L2 at BK 32. If the measured rate is low, in
+order: a bf16x2 (cos, sin) table (halves that traffic), BK 64 with 128x256
+blocks (fewer bytes a FLOP), or a cp.async ring for the raw operands with
+the rotation done from shared memory.
 ]]
 local C = require("common")
 local fmt = string.format
