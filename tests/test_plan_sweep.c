@@ -345,6 +345,13 @@ SWEEP(pack_ternary, DG_OP_PACK_TERNARY)
 SWEEP(pack_sign1, DG_OP_PACK_SIGN1)
 SWEEP(pack_i8x4, DG_OP_PACK_I8X4)
 SWEEP(unpack_i8x4, DG_OP_UNPACK_I8X4)
+SWEEP(rope_fwd, DG_OP_ROPE_FWD)
+SWEEP(rope_bwd, DG_OP_ROPE_BWD)
+SWEEP(attention_scores, DG_OP_ATTENTION_SCORES)
+SWEEP(attention_out, DG_OP_ATTENTION_OUT)
+SWEEP(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES)
+SWEEP(attention_grad_v, DG_OP_ATTENTION_GRAD_V)
+SWEEP(attention_grad_xs, DG_OP_ATTENTION_GRAD_XS)
 #undef SWEEP
 
 /* ---- NVRTC compiles what the plans let through ----------------------------------- */
@@ -432,6 +439,12 @@ Test(plan_sweep, nvrtc_compiles_the_hardest_planned_tile_of_each_path, .timeout 
 		{ DG_OP_QUANTIZE_ACT, "element-wise" },	{ DG_OP_QUANTIZE_WEIGHT, "element-wise" },
 		{ DG_OP_PACK_TERNARY, "element-wise" },	{ DG_OP_PACK_SIGN1, "element-wise" },
 		{ DG_OP_PACK_I8X4, "element-wise" },	{ DG_OP_UNPACK_I8X4, "element-wise" },
+		{ DG_OP_ROPE_FWD, "element-wise" },	{ DG_OP_ROPE_BWD, "element-wise" },
+		{ DG_OP_ATTENTION_SCORES, "mma.sync bf16" },	{ DG_OP_ATTENTION_SCORES, "fp32" },
+		{ DG_OP_ATTENTION_OUT, "mma.sync bf16" },	{ DG_OP_ATTENTION_OUT, "fp32" },
+		{ DG_OP_ATTENTION_GRAD_SCORES, "mma.sync bf16" }, { DG_OP_ATTENTION_GRAD_SCORES, "fp32" },
+		{ DG_OP_ATTENTION_GRAD_V, "mma.sync bf16" },	{ DG_OP_ATTENTION_GRAD_V, "fp32" },
+		{ DG_OP_ATTENTION_GRAD_XS, "mma.sync bf16" },	{ DG_OP_ATTENTION_GRAD_XS, "fp32" },
 	};
 	enum { N = sizeof(want) / sizeof(want[0]) };
 	bucket b[N];

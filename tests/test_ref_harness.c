@@ -403,6 +403,19 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		return dg_ref_pack_i8x4(c->in[0], out, RUN_R, s->embd, s->latent);
 	case DG_OP_UNPACK_I8X4:
 		return dg_ref_unpack_i8x4(c->in[0], out, RUN_R, s->embd, s->latent);
+	case DG_OP_ROPE_FWD:
+	case DG_OP_ROPE_BWD:
+		return dg_ref_rope_op(s, c->in[0], c->in[1], out, b, t);
+	case DG_OP_ATTENTION_SCORES:
+		return dg_ref_attention_scores(s, c->in[0], c->in[1], out, b, t);
+	case DG_OP_ATTENTION_OUT:
+		return dg_ref_attention_out(s, c->in[0], c->in[1], out, b, t);
+	case DG_OP_ATTENTION_GRAD_SCORES:
+		return dg_ref_attention_grad_scores(s, c->in[0], c->in[1], out, b, t);
+	case DG_OP_ATTENTION_GRAD_V:
+		return dg_ref_attention_grad_v(s, c->in[0], c->in[1], out, b, t);
+	case DG_OP_ATTENTION_GRAD_XS:
+		return dg_ref_attention_grad_xs(s, c->in[0], c->in[1], c->in[2], out, b, t);
 	default:
 		return DG_ERR_INTERNAL;
 	}

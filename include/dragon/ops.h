@@ -212,6 +212,100 @@ dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a,
 dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
 		       const dg_pack_i8x4_args *a);
 
+/* ---- attention (BDH: quadratic form, no softmax, strictly causal) ---------
+ * xs (B,H,T,L) act (post-ReLU), v (B,1,T,E) act shared by every head,
+ * rope (T,L) f32: (cos, sin) of pair p of row t at columns 2p, 2p+1
+ * (dg_ref_rope_pairs; upload once for the longest T: the first T rows of
+ * it, a (T,L) view, serve any shorter T). act f32 (fp32 FMA) or bf16 (tensor
+ * cores, f32 sums); gradients f32.
+ *   rope_fwd               x → out = x·cos + rot(x)·sin          (B,H,T,L) act
+ *   rope_bwd               grad → grad_x = its transpose          (B,H,T,L) f32
+ *   attention_scores       xs, rope → scores S = tril(qr·qrᵀ, −1), qr = RoPE(xs)
+ *                          (B,H,T,T) act (zeros on and above the diagonal)
+ *   attention_out          scores, v → out = tril(S, −1)·v      (B,H,T,E) act
+ *   attention_grad_scores  grad (B,H,T,E), v → grad_scores C = dS + dSᵀ,
+ *                          dS = tril(grad·vᵀ, −1)                (B,H,T,T) act
+ *   attention_grad_v       scores, grad → grad_v = Σ_h tril(S, −1)ᵀ·grad
+ *                          (B,1,T,E) f32, heads summed in order (deterministic)
+ *   attention_grad_xs      grad_scores, xs, rope → grad_xs = RoPEᵀ(C·RoPE(xs))
+ *                          (B,H,T,L) f32 (before the ReLU mask)
+ * dg_attention_fwd / dg_attention_bwd run the chains; the backward's C
+ * lives in the caller's workspace. */
+typedef struct dg_rope_fwd_args {
+	const dg_tensor *x, *rope, *out;
+} dg_rope_fwd_args;
+dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
+			    size_t msg_size);
+dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a);
+
+typedef struct dg_rope_bwd_args {
+	const dg_tensor *grad, *rope, *grad_x;
+} dg_rope_bwd_args;
+dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
+			    size_t msg_size);
+dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a);
+
+typedef struct dg_attention_scores_args {
+	const dg_tensor *xs, *rope, *scores;
+} dg_attention_scores_args;
+dg_status dg_attention_scores_check(const dg_spec *spec, const dg_attention_scores_args *a,
+				    char *msg, size_t msg_size);
+dg_status dg_attention_scores(dg_device *dev, const dg_spec *spec,
+			      const dg_attention_scores_args *a);
+
+typedef struct dg_attention_out_args {
+	const dg_tensor *scores, *v, *out;
+} dg_attention_out_args;
+dg_status dg_attention_out_check(const dg_spec *spec, const dg_attention_out_args *a, char *msg,
+				 size_t msg_size);
+dg_status dg_attention_out(dg_device *dev, const dg_spec *spec, const dg_attention_out_args *a);
+
+typedef struct dg_attention_grad_scores_args {
+	const dg_tensor *grad, *v, *grad_scores;
+} dg_attention_grad_scores_args;
+dg_status dg_attention_grad_scores_check(const dg_spec *spec,
+					 const dg_attention_grad_scores_args *a, char *msg,
+					 size_t msg_size);
+dg_status dg_attention_grad_scores(dg_device *dev, const dg_spec *spec,
+				   const dg_attention_grad_scores_args *a);
+
+typedef struct dg_attention_grad_v_args {
+	const dg_tensor *scores, *grad, *grad_v;
+} dg_attention_grad_v_args;
+dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad_v_args *a,
+				    char *msg, size_t msg_size);
+dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
+			      const dg_attention_grad_v_args *a);
+
+typedef struct dg_attention_grad_xs_args {
+	const dg_tensor *grad_scores, *xs, *rope, *grad_xs;
+} dg_attention_grad_xs_args;
+dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
+				     char *msg, size_t msg_size);
+dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
+			       const dg_attention_grad_xs_args *a);
+
+/* The chains. spec: any attention op's spec (heads, embd, latent, act, arch
+ * are read; each step runs its own op with an auto tile: the tuning DB's or
+ * the template's default). Forward: scores, then out. Backward: grad_scores
+ * into ws, then grad_v and grad_xs; ws holds C, B·H·T·T act values
+ * (dg_attention_bwd_workspace). */
+typedef struct dg_attention_fwd_args {
+	const dg_tensor *xs, *v, *rope;
+	const dg_tensor *scores; /* (B,H,T,T) act: saved for the backward */
+	const dg_tensor *out;
+} dg_attention_fwd_args;
+dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a);
+
+typedef struct dg_attention_bwd_args {
+	const dg_tensor *grad, *xs, *v, *rope, *scores;
+	const dg_tensor *grad_xs, *grad_v;
+	dg_workspace ws;
+} dg_attention_bwd_args;
+dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
+				     size_t *bytes);
+dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a);
+
 #ifdef __cplusplus
 }
 #endif

@@ -243,6 +243,35 @@ void dg_ref_attention_fwd(const float *qr, const float *v, int b, int h, int t, 
 void dg_ref_attention_bwd(const float *dout, const float *qr, const float *v, int b, int h, int t,
 			  int n, int d, float *dqr, float *dv);
 
+/* ---- the attention ops (templates/rope.lua, templates/attention.lua) ----------
+ * The tensors of the op table's rows: act tensors in f32 or bf16 storage
+ * (spec->act), gradients f32; heads, latent L (= N) and embd E (= D) from
+ * the spec, b and t the call's. The rope table (t, L) f32 holds (cos, sin)
+ * of pair p of row t at columns 2p, 2p+1: dg_ref_rope_table's values
+ * interleaved (dg_ref_rope_pairs writes it; rows of a longer table are the
+ * same, so the first t rows of one table serve every shorter T). Sums in
+ * double; act outputs rounded once. */
+void dg_ref_rope_pairs(int t_len, int n, float *table);
+/* rope_fwd (x act → out act) or rope_bwd (grad f32 → grad_x f32) by spec->op,
+ * (b, H, t, L). */
+dg_status dg_ref_rope_op(const dg_spec *spec, const void *x, const float *rope, void *out, int b,
+			 int t);
+/* scores (b,H,t,t) = tril(qr·qrᵀ, −1), qr = RoPE(xs (b,H,t,L)) in f32. */
+dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const float *rope,
+				  void *scores, int b, int t);
+/* out (b,H,t,E) = tril(scores, −1)·v, v (b,1,t,E). */
+dg_status dg_ref_attention_out(const dg_spec *spec, const void *scores, const void *v, void *out,
+			       int b, int t);
+/* grad_scores (b,H,t,t) = dS + dSᵀ, dS = tril(grad·vᵀ, −1), grad (b,H,t,E). */
+dg_status dg_ref_attention_grad_scores(const dg_spec *spec, const float *grad, const void *v,
+				       void *grad_scores, int b, int t);
+/* grad_v (b,1,t,E) = Σ_h tril(scores, −1)ᵀ·grad. */
+dg_status dg_ref_attention_grad_v(const dg_spec *spec, const void *scores, const float *grad,
+				  float *grad_v, int b, int t);
+/* grad_xs (b,H,t,L) = RoPEᵀ(grad_scores·RoPE(xs)) (dqr rounded to f32 first). */
+dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores, const void *xs,
+				   const float *rope, float *grad_xs, int b, int t);
+
 /* The gate and its dropout: xy = xs · ys · keep / (1 − p), keep from
  * dg_dropout_keep(seed, step, layer, i, p) for element i of the
  * (B,H,T,N) tensor (p 0: no dropout). The backward regenerates the mask:

@@ -49,7 +49,14 @@ extern "C" {
 	X(DG_OP_LOWRANK_GRAD_INPUT, lowrank_grad_input)                     \
 	X(DG_OP_LOWRANK_GRAD_WEIGHT, lowrank_grad_weight)                   \
 	X(DG_OP_DECODER_GRAD_INPUT, decoder_grad_input)                     \
-	X(DG_OP_DECODER_GRAD_WEIGHT, decoder_grad_weight)
+	X(DG_OP_DECODER_GRAD_WEIGHT, decoder_grad_weight)                   \
+	X(DG_OP_ROPE_FWD, rope_fwd)                                         \
+	X(DG_OP_ROPE_BWD, rope_bwd)                                         \
+	X(DG_OP_ATTENTION_SCORES, attention_scores)                         \
+	X(DG_OP_ATTENTION_OUT, attention_out)                               \
+	X(DG_OP_ATTENTION_GRAD_SCORES, attention_grad_scores)               \
+	X(DG_OP_ATTENTION_GRAD_V, attention_grad_v)                         \
+	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs)
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,

@@ -101,6 +101,15 @@ dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__
 			else if (a->dims[d] == DG_DIM_R && sh.r < 0)
 				sh.r = t->shape[d];
 		}
+		/* a size a tensor has twice ((B,H,T,T) scores) binds at its first */
+		bool again = false;
+		for (int d = 0; d < a->ndim; d++) {
+			int64_t bound = extent(spec, a->dims[d], &sh);
+			again |= want[d] < 0 && bound != t->shape[d];
+			want[d] = bound;
+		}
+		if (again)
+			return dg_tensor_expect(t, a->name, f, a->ndim, want, scale, msg, size);
 	}
 	int64_t rows = sh.b >= 0 ? sh.b * (sh.t > 0 ? sh.t : 1) : sh.r;
 	if (rows > DG_MAX_ROWS || sh.b > INT_MAX || sh.t > INT_MAX) {

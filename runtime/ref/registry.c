@@ -131,6 +131,42 @@ dg_status dg__ref_unpack_i8x4(const dg_spec *spec, const dg_ref_call *c)
 	return dg_ref_unpack_i8x4(c->in[0], c->out, (size_t)c->r, spec->embd, spec->latent);
 }
 
+dg_status dg__ref_rope_fwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_rope_op(spec, c->in[0], c->in[1], c->out, (int)c->b, (int)c->t);
+}
+
+dg_status dg__ref_rope_bwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_rope_op(spec, c->in[0], c->in[1], c->out, (int)c->b, (int)c->t);
+}
+
+dg_status dg__ref_attention_scores(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_attention_scores(spec, c->in[0], c->in[1], c->out, (int)c->b, (int)c->t);
+}
+
+dg_status dg__ref_attention_out(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_attention_out(spec, c->in[0], c->in[1], c->out, (int)c->b, (int)c->t);
+}
+
+dg_status dg__ref_attention_grad_scores(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_attention_grad_scores(spec, c->in[0], c->in[1], c->out, (int)c->b, (int)c->t);
+}
+
+dg_status dg__ref_attention_grad_v(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_attention_grad_v(spec, c->in[0], c->in[1], c->out, (int)c->b, (int)c->t);
+}
+
+dg_status dg__ref_attention_grad_xs(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_attention_grad_xs(spec, c->in[0], c->in[1], c->in[2], c->out, (int)c->b,
+					(int)c->t);
+}
+
 typedef dg_status (*ref_fn)(const dg_spec *, const dg_ref_call *);
 
 static const ref_fn refs[DG_OP__COUNT] = {

@@ -1,0 +1,317 @@
+/*
+ * The attention family (dragon/ops.h): RoPE (templates/rope.lua) and the
+ * five GEMMs of BDH's attention (templates/attention.lua), each an op of
+ * the table, and the forward and backward chains over them.
+ *
+ * The GEMMs' grid depends on the tile the device resolved for the kernel,
+ * read off the loaded kernel (dg_kernel_spec), never guessed: x the column
+ * blocks (N = T, E or L), y the row blocks of T, z the (b, h) pairs (the
+ * batch alone for attention_grad_v, whose K loop walks the heads in order,
+ * so its head sum is deterministic). No op allocates, frees or
+ * synchronizes; the backward chain's C = dS + dSᵀ is the caller's
+ * workspace.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+static dg_status no_workspace(size_t *bytes)
+{
+	*bytes = 0;
+	return DG_OK;
+}
+
+static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
+			   const dg_tensor *t3)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	c.t[0] = t0;
+	c.t[1] = t1;
+	c.t[2] = t2;
+	c.t[3] = t3;
+	return c;
+}
+
+/* ---- rope ------------------------------------------------------------------------ */
+
+static dg_status run_rope(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
+			  const dg__op_call *c)
+{
+	dg__op_shape sh;
+	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	if (st)
+		return st;
+	long long pairs = (long long)sh.b * spec->heads * sh.t * (spec->latent / 2);
+	if (pairs == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, op == DG_OP_ROPE_FWD ? "dg_rope_fwd" : "dg_rope_bwd", &k);
+	if (st)
+		return st;
+	int nt = dg_kernel_spec(k)->tile.threads;
+	dg_launch l = { { dg__op_grid(pairs, nt, 8LL * dg__dev_info(dev)->sm_count), 1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	dg_dptr src = c->t[0]->data, rope = c->t[1]->data, dst = c->t[2]->data;
+	int B = (int)sh.b, T = (int)sh.t;
+	void *args[] = { &src, &rope, &dst, &B, &T };
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+dg_status dg__run_rope_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run_rope(dev, spec, DG_OP_ROPE_FWD, "dg_rope_fwd", c);
+}
+
+dg_status dg__run_rope_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run_rope(dev, spec, DG_OP_ROPE_BWD, "dg_rope_bwd", c);
+}
+
+dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
+			    size_t msg_size)
+{
+	dg__op_call c = a ? call_of(a->x, a->rope, a->out, NULL) : call_of(NULL, NULL, NULL, NULL);
+	return dg__op_check(spec, DG_OP_ROPE_FWD, "dg_rope_fwd", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a)
+{
+	dg__op_call c = a ? call_of(a->x, a->rope, a->out, NULL) : call_of(NULL, NULL, NULL, NULL);
+	return run_rope(dev, spec, DG_OP_ROPE_FWD, "dg_rope_fwd", a ? &c : NULL);
+}
+
+dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
+			    size_t msg_size)
+{
+	dg__op_call c = a ? call_of(a->grad, a->rope, a->grad_x, NULL) : call_of(NULL, NULL, NULL, NULL);
+	return dg__op_check(spec, DG_OP_ROPE_BWD, "dg_rope_bwd", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a)
+{
+	dg__op_call c = a ? call_of(a->grad, a->rope, a->grad_x, NULL) : call_of(NULL, NULL, NULL, NULL);
+	return run_rope(dev, spec, DG_OP_ROPE_BWD, "dg_rope_bwd", a ? &c : NULL);
+}
+
+/* ---- the GEMMs -------------------------------------------------------------------- */
+
+/* The columns N of op's GEMM and whether its grid z is B·H (else B). */
+static int64_t gemm_cols(const dg_spec *spec, int64_t t, bool *per_head)
+{
+	*per_head = spec->op != DG_OP_ATTENTION_GRAD_V;
+	switch (spec->op) {
+	case DG_OP_ATTENTION_SCORES:
+	case DG_OP_ATTENTION_GRAD_SCORES:
+		return t;
+	case DG_OP_ATTENTION_GRAD_XS:
+		return spec->latent;
+	default:
+		return spec->embd;
+	}
+}
+
+static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+{
+	char fn[64];
+	dg__op_shape sh;
+
+	snprintf(fn, sizeof(fn), "dg_%s", dg_op_name(op));
+	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	if (st)
+		return st;
+	if (sh.b * sh.t == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, fn, &k);
+	if (st)
+		return st;
+	const dg_tile *t = &dg_kernel_spec(k)->tile;
+	bool per_head;
+	int64_t n = gemm_cols(spec, sh.t, &per_head);
+	int64_t gy = dg__op_cdiv(sh.t, t->bm), gz = per_head ? sh.b * spec->heads : sh.b;
+	if (gy > 65535 || gz > 65535)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "%s: T = %lld and B = %lld need a grid of %lld x %lld blocks (y, z); at most 65535 each",
+				    fn, (long long)sh.t, (long long)sh.b, (long long)gy, (long long)gz);
+	dg_launch l;
+	memset(&l, 0, sizeof(l));
+	l.grid[0] = (unsigned)dg__op_cdiv(n, t->bn);
+	l.grid[1] = (unsigned)gy;
+	l.grid[2] = (unsigned)gz;
+	l.block[0] = (unsigned)(t->wm * t->wn * 32);
+	l.block[1] = l.block[2] = 1;
+	const dg_op_info *row = dg_op_info_of(op);
+	dg_dptr p[DG_OP_MAX_ARGS];
+	void *args[DG_OP_MAX_ARGS + 2];
+	int na = 0;
+	for (int i = 0; i < row->n_args; i++) {
+		p[i] = c->t[i]->data;
+		args[na++] = &p[i];
+	}
+	int B = (int)sh.b, T = (int)sh.t;
+	args[na++] = &B;
+	args[na++] = &T;
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+#define GEMM_ENTRIES(name, OP)                                                               \
+	dg_status dg__run_##name(dg_device *dev, const dg_spec *spec, const dg__op_call *c)  \
+	{                                                                                    \
+		return run_gemm(dev, spec, OP, c);                                           \
+	}                                                                                    \
+	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec,                  \
+				       const dg__op_call *c, size_t *bytes)                  \
+	{                                                                                    \
+		(void)dev, (void)spec, (void)c;                                              \
+		return no_workspace(bytes);                                                  \
+	}
+
+GEMM_ENTRIES(attention_scores, DG_OP_ATTENTION_SCORES)
+GEMM_ENTRIES(attention_out, DG_OP_ATTENTION_OUT)
+GEMM_ENTRIES(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES)
+GEMM_ENTRIES(attention_grad_v, DG_OP_ATTENTION_GRAD_V)
+GEMM_ENTRIES(attention_grad_xs, DG_OP_ATTENTION_GRAD_XS)
+
+dg_status dg__workspace_rope_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				 size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	return no_workspace(bytes);
+}
+
+dg_status dg__workspace_rope_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				 size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	return no_workspace(bytes);
+}
+
+/* The typed calls: a check and a run each, the tensors in the table's order. */
+#define TYPED(name, OP, T0, T1, T2, T3)                                                       \
+	dg_status dg_##name##_check(const dg_spec *spec, const dg_##name##_args *a, char *msg, \
+				    size_t msg_size)                                          \
+	{                                                                                     \
+		dg__op_call c = a ? call_of(T0, T1, T2, T3) : call_of(NULL, NULL, NULL, NULL); \
+		return dg__op_check(spec, OP, "dg_" #name, a ? &c : NULL, NULL, msg, msg_size); \
+	}                                                                                     \
+	dg_status dg_##name(dg_device *dev, const dg_spec *spec, const dg_##name##_args *a)     \
+	{                                                                                     \
+		dg__op_call c = a ? call_of(T0, T1, T2, T3) : call_of(NULL, NULL, NULL, NULL); \
+		return run_gemm(dev, spec, OP, a ? &c : NULL);                                \
+	}
+
+TYPED(attention_scores, DG_OP_ATTENTION_SCORES, a->xs, a->rope, a->scores, NULL)
+TYPED(attention_out, DG_OP_ATTENTION_OUT, a->scores, a->v, a->out, NULL)
+TYPED(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES, a->grad, a->v, a->grad_scores, NULL)
+TYPED(attention_grad_v, DG_OP_ATTENTION_GRAD_V, a->scores, a->grad, a->grad_v, NULL)
+TYPED(attention_grad_xs, DG_OP_ATTENTION_GRAD_XS, a->grad_scores, a->xs, a->rope, a->grad_xs)
+
+/* ---- the chains ------------------------------------------------------------------- */
+
+/* spec as op `op` with an auto tile (the other fields kept). */
+static dg_spec step_spec(const dg_spec *spec, dg_op op)
+{
+	dg_spec s;
+	dg_spec_init(&s, op);
+	s.heads = spec->heads;
+	s.embd = spec->embd;
+	s.latent = spec->latent;
+	s.act = spec->act;
+	s.arch = spec->arch;
+	s.arch_specific = spec->arch_specific;
+	dg_spec_normalize(&s);
+	return s;
+}
+
+static bool is_attention_gemm(const dg_spec *spec)
+{
+	return spec && (spec->op == DG_OP_ATTENTION_SCORES || spec->op == DG_OP_ATTENTION_OUT ||
+			spec->op == DG_OP_ATTENTION_GRAD_SCORES || spec->op == DG_OP_ATTENTION_GRAD_V ||
+			spec->op == DG_OP_ATTENTION_GRAD_XS);
+}
+
+dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a)
+{
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	if (!is_attention_gemm(spec) || !a)
+		return dg__dev_fail(dev, !a ? DG_ERR_INVALID_ARG : DG_ERR_INVALID_SPEC,
+				    "dg_attention_fwd: %s", !a ? "args is NULL"
+							       : "spec must be an attention op's (op=attention_scores, ...)");
+	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_SCORES), s2 = step_spec(spec, DG_OP_ATTENTION_OUT);
+	dg_attention_scores_args sa = { .xs = a->xs, .rope = a->rope, .scores = a->scores };
+	dg_attention_out_args oa = { .scores = a->scores, .v = a->v, .out = a->out };
+	char msg[512];
+	/* both checked before anything is launched */
+	dg_status st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
+	if (!st)
+		st = dg_attention_out_check(&s2, &oa, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	st = dg_attention_scores(dev, &s1, &sa);
+	return st ? st : dg_attention_out(dev, &s2, &oa);
+}
+
+/* C's tensor over the workspace: (B, H, T, T) act, the shape of scores. */
+static dg_tensor c_tensor(const dg_spec *spec, const dg_attention_bwd_args *a)
+{
+	const dg_tensor *sc = a->scores;
+	dg_tensor t = dg_tensor_4d("grad_scores (ws)", spec->act, a->ws.ptr, sc->shape[0], sc->shape[1],
+				   sc->shape[2], sc->shape[3]);
+	return t;
+}
+
+dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
+				     size_t *bytes)
+{
+	if (!bytes)
+		return DG_ERR_INVALID_ARG;
+	*bytes = 0;
+	if (!is_attention_gemm(spec) || !a || !a->scores || a->scores->ndim != 4)
+		return DG_ERR_INVALID_ARG;
+	dg_tensor t = c_tensor(spec, a);
+	*bytes = dg_tensor_bytes(&t);
+	return DG_OK;
+}
+
+dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a)
+{
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	if (!is_attention_gemm(spec) || !a || !a->scores)
+		return dg__dev_fail(dev, !is_attention_gemm(spec) ? DG_ERR_INVALID_SPEC : DG_ERR_INVALID_ARG,
+				    "dg_attention_bwd: %s", !is_attention_gemm(spec)
+				    ? "spec must be an attention op's (op=attention_grad_xs, ...)"
+				    : "args or scores is NULL");
+	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_GRAD_SCORES);
+	dg_spec s2 = step_spec(spec, DG_OP_ATTENTION_GRAD_V);
+	dg_spec s3 = step_spec(spec, DG_OP_ATTENTION_GRAD_XS);
+	size_t need = 0;
+	dg_status st = dg_attention_bwd_workspace(spec, a, &need);
+	if (st)
+		return dg__dev_fail(dev, st, "dg_attention_bwd: scores must be (B, H, T, T)");
+	st = dg__op_workspace_ok(dev, "dg_attention_bwd", &a->ws, need);
+	if (st)
+		return st;
+	dg_tensor ct = c_tensor(spec, a);
+	dg_attention_grad_scores_args ga = { .grad = a->grad, .v = a->v, .grad_scores = &ct };
+	dg_attention_grad_v_args va = { .scores = a->scores, .grad = a->grad, .grad_v = a->grad_v };
+	dg_attention_grad_xs_args xa = { .grad_scores = &ct, .xs = a->xs, .rope = a->rope,
+					 .grad_xs = a->grad_xs };
+	char msg[512];
+	st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
+	if (!st)
+		st = dg_attention_grad_v_check(&s2, &va, msg, sizeof(msg));
+	if (!st)
+		st = dg_attention_grad_xs_check(&s3, &xa, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	st = dg_attention_grad_scores(dev, &s1, &ga);
+	if (!st)
+		st = dg_attention_grad_v(dev, &s2, &va);
+	if (!st)
+		st = dg_attention_grad_xs(dev, &s3, &xa);
+	return st;
+}

@@ -1,0 +1,102 @@
+--[[
+rope.lua — BDH's rotary position embedding, element-wise, from a table
+(dg_ref_rope_fwd / dg_ref_rope_bwd mirror it):
+
+  rope_fwd  out[b,h,t,2p]   = x[2p]·cos − x[2p+1]·sin
+            out[b,h,t,2p+1] = x[2p+1]·cos + x[2p]·sin
+  rope_bwd  grad_x[2p]      = g[2p]·cos + g[2p+1]·sin       (the transpose)
+            grad_x[2p+1]    = g[2p+1]·cos − g[2p]·sin
+  (cos, sin) = (rope[t, 2p], rope[t, 2p+1]): the table (T, L) f32 holds the
+  pair of element pair p of row t at the same index (dg_ref_rope_pairs), so
+  a float2 load next to the element pair's load gives both.
+
+Kernel ABI:
+  extern "C" __global__ void dg_rope_fwd(const XT *x, const float *rope,
+      XT *out, int B, int T)            XT float (f32) | unsigned short (bf16)
+  extern "C" __global__ void dg_rope_bwd(const float *grad, const float *rope,
+      float *grad_x, int B, int T)
+  any grid (grid-stride over the B·H·T·L/2 pairs), the plan's threads a
+  block; x, out (B, H, T, L), rope (T, L); 8-byte aligned.
+
+Arithmetic: each product and the sum rounded once (__fmul_rn, __fadd_rn, no
+contraction into FMA), in f32 — what the reference's C computes, bit for
+bit; bf16 inputs widen exactly and the result rounds to nearest even once.
+The attention kernels (attention.lua) inline the same arithmetic on their
+loads and in their epilogue, so scores of bf16 xs see exactly rope_fwd's
+bf16 output.
+]]
+local C = require("common")
+local fmt = string.format
+
+local M = {}
+
+local KERNEL = [[
+constexpr int H = ${H};		// heads
+constexpr int L = ${L};		// latent: pairs (2p, 2p+1) along it
+constexpr int NT = ${NT};		// threads a block
+
+extern "C" __global__ void __launch_bounds__(NT)
+${ENTRY}(const ${XT} *__restrict__ src, const float *__restrict__ rope, ${XT} *__restrict__ dst, int B, int T)
+{
+	const long long np = (long long)B * H * T * (L / 2);	// pairs
+	const long long stride = (long long)gridDim.x * NT;
+	for (long long i = (long long)blockIdx.x * NT + threadIdx.x; i < np; i += stride) {
+		const long long row = i / (L / 2);		// (b, h, t)
+		const int p = (int)(i - row * (L / 2));
+		const int t = (int)(row % T);
+		const float2 cs = __ldg((const float2 *)(rope + (long long)t * L) + p);
+${LOAD}
+		const float c = cs.x, s = cs.y;
+${MATH}
+${STORE}
+	}
+}
+]]
+
+function M.plan(spec)
+  local op = C.one_of(spec, "op", { "rope_fwd", "rope_bwd" })
+  return C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+end
+
+function M.render(spec, plan)
+  local op = C.one_of(spec, "op", { "rope_fwd", "rope_bwd" })
+  local H = C.int_field(spec, "heads", 1)
+  local L = C.int_field(spec, "latent", 2)
+  C.check(L % 2 == 0, "spec.latent=%d: must be even (RoPE turns pairs)", L)
+  local act = op == "rope_fwd" and C.one_of(spec, "act", { "f32", "bf16" }) or "f32"
+  local bf = act == "bf16"
+  local v = {
+    H = H, L = L, NT = plan.tile.threads, ENTRY = "dg_" .. op, XT = bf and "unsigned short" or "float",
+  }
+  if bf then
+    v.LOAD = "\t\tconst unsigned w = __ldg((const unsigned *)src + i);	// two bf16: element 2p low\n" ..
+             "\t\tconst float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xffff0000u);"
+    v.STORE = "\t\t((unsigned *)dst)[i] = (unsigned)dg_f32_to_bf16(y0) | ((unsigned)dg_f32_to_bf16(y1) << 16);"
+  else
+    v.LOAD = "\t\tconst float2 xv = __ldg((const float2 *)src + i);\n\t\tconst float x0 = xv.x, x1 = xv.y;"
+    v.STORE = "\t\t((float2 *)dst)[i] = make_float2(y0, y1);"
+  end
+  if op == "rope_fwd" then
+    v.MATH = "\t\tconst float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));\n" ..
+             "\t\tconst float y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));"
+  else
+    v.MATH = "\t\tconst float y0 = __fadd_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));\n" ..
+             "\t\tconst float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));"
+  end
+  local about = {
+    op == "rope_fwd"
+      and fmt("rope_fwd: out (B, %d, T, %d) %s = x·cos + rot(x)·sin from rope (T, %d) f32 (cos, sin) pairs.", H, L, act, L)
+      or fmt("rope_bwd: grad_x (B, %d, T, %d) f32 = grad·cos + rotᵀ(grad·sin) from rope (T, %d) f32.", H, L, L),
+    "",
+    fmt("%s(const %s *src, const float *rope, %s *dst, int B, int T)   any grid, %d threads",
+        v.ENTRY, v.XT, v.XT, v.NT),
+    "path: element-wise, a pair a thread (grid-stride), f32 products rounded as the reference's.",
+  }
+  local w = C.writer()
+  w:line(C.banner(spec, "rope.lua", about))
+  if bf then w:line(C.helpers({ bf16 = true })) end
+  w:line(C.subst(KERNEL, v))
+  return w:text()
+end
+
+return M

@@ -1,0 +1,475 @@
+/*
+ * GPU tests of the attention family (templates/rope.lua, attention.lua;
+ * runtime/ops/attention.c) against the CPU references of
+ * runtime/ref/ref_attention.c (which tests/test_ref_attention.c holds to
+ * the model's dg_ref_attention_fwd / _bwd). Skip without a device
+ * (gh_open); fail instead with DRAGON_REQUIRE_GPU=1.
+ *
+ *   - small odd shapes (T = 1, 7, 65, 130; latent 64 / 128; embd 32 / 64;
+ *     B = 2, H = 2), act f32 and bf16, on the default tile and two others
+ *     (a tensor-core tile with one buffer, a SIMT tile): rope_fwd and
+ *     rope_bwd bit for bit; each GEMM op fed the reference's inputs, so
+ *     each is judged alone; scores exactly 0 on and above the diagonal,
+ *     grad_scores exactly symmetric with a zero diagonal;
+ *   - every output starts as 0xff bytes (NaN): an unwritten element fails;
+ *   - bitwise determinism: a second run of each op gives the same bytes;
+ *   - the chains dg_attention_fwd / _bwd give the ops' bytes, and a short
+ *     workspace is refused by name;
+ *   - the BDH shape (B 8, H 4, T 512, latent 8192, embd 256, bf16, default
+ *     tiles) with the reference on sampled (b, h) slices, and each op's
+ *     time (printed: TFLOP/s and the fraction of 790, bf16's measured peak).
+ *
+ * Tolerance (dg_ref_close_norm: the norm of the error against the norm of
+ * the reference, and every element against the largest reference value):
+ * f32 1e-5 and 1e-5 — the fp32 sums of at most 8192 terms err by about
+ * √K·2^-24 of the terms' state; bf16 1e-2 and 2e-2 — operands rounded once
+ * to bf16 (2^-9 relative), f32 sums, act outputs rounded once more.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/ref.h"
+#include "gpu_helpers.h"
+
+typedef struct shape {
+	int B, H, T, N, D;
+} shape;
+
+static dg_spec spec_of(dg_op op, dg_fmt act, const shape *s, const dg_tile *tile)
+{
+	dg_spec sp;
+	dg_spec_init(&sp, op);
+	if (dg_spec_uses(op) & DG_FIELD_ACT)
+		sp.act = act;
+	sp.heads = s->H;
+	sp.latent = s->N;
+	sp.embd = s->D;
+	if (tile && op != DG_OP_ROPE_FWD && op != DG_OP_ROPE_BWD)
+		sp.tile = *tile;
+	dg_spec_normalize(&sp);
+	return sp;
+}
+
+static size_t act_size(dg_fmt act)
+{
+	return act == DG_FMT_BF16 ? 2 : 4;
+}
+
+/* n random floats in [lo, 1) stored in act (malloc'd); v gets the stored
+ * values as floats. */
+static void *rand_act(dg_fmt act, size_t n, float lo, float **v)
+{
+	float *f = gh_xmalloc(n * 4);
+	void *st = gh_xmalloc(n * act_size(act));
+	for (size_t i = 0; i < n; i++) {
+		f[i] = gh_uniform(lo, 1.0f);
+		if (act == DG_FMT_BF16) {
+			((uint16_t *)st)[i] = dg_ref_f32_to_bf16(f[i]);
+			f[i] = dg_ref_bf16_to_f32(((uint16_t *)st)[i]);
+		} else {
+			((float *)st)[i] = f[i];
+		}
+	}
+	if (v)
+		*v = f;
+	else
+		free(f);
+	return st;
+}
+
+static float *widen(dg_fmt act, const void *p, size_t n)
+{
+	float *f = gh_xmalloc(n * 4);
+	for (size_t i = 0; i < n; i++)
+		f[i] = act == DG_FMT_BF16 ? dg_ref_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+	return f;
+}
+
+/* got (storage of fmt) against want (the same) by the path's bound. */
+static void expect_close(const char *what, dg_fmt path, dg_fmt fmt, const void *got, const void *want,
+			 size_t n)
+{
+	char why[512];
+	float *g = widen(fmt, got, n), *w = widen(fmt, want, n);
+	bool bf = path == DG_FMT_BF16;
+	cr_assert(dg_ref_close_norm(g, w, n, bf ? 1e-2 : 1e-5, bf ? 2e-2f : 1e-5f, why, sizeof(why)), "%s (%s): %s",
+		  what, dg_fmt_name(path), why);
+	free(g);
+	free(w);
+}
+
+/* A device copy of n bytes of host, and an output of n bytes of 0xff. */
+#define UP(p, n) gh_upload(dev, (p), (n))
+#define FF(n) gh_alloc_ff(dev, (n))
+
+/* The typed call of s->op on t (inputs, then the output). */
+static dg_status run_op(dg_device *dev, const dg_spec *s, const dg_tensor *const *t)
+{
+	switch (s->op) {
+	case DG_OP_ROPE_FWD: {
+		dg_rope_fwd_args a = { t[0], t[1], t[2] };
+		return dg_rope_fwd(dev, s, &a);
+	}
+	case DG_OP_ROPE_BWD: {
+		dg_rope_bwd_args a = { t[0], t[1], t[2] };
+		return dg_rope_bwd(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_SCORES: {
+		dg_attention_scores_args a = { t[0], t[1], t[2] };
+		return dg_attention_scores(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_OUT: {
+		dg_attention_out_args a = { t[0], t[1], t[2] };
+		return dg_attention_out(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_GRAD_SCORES: {
+		dg_attention_grad_scores_args a = { t[0], t[1], t[2] };
+		return dg_attention_grad_scores(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_GRAD_V: {
+		dg_attention_grad_v_args a = { t[0], t[1], t[2] };
+		return dg_attention_grad_v(dev, s, &a);
+	}
+	default: {
+		dg_attention_grad_xs_args a = { t[0], t[1], t[2], t[3] };
+		return dg_attention_grad_xs(dev, s, &a);
+	}
+	}
+}
+
+/* Runs s on inputs in[0..n_in) into a fresh 0xff output `out` (the
+ * tensor's data is replaced), twice; returns the first result's bytes. */
+static void *run_twice(dg_device *dev, const dg_spec *s, const dg_tensor *in, int n_in, dg_tensor out,
+		       size_t bytes)
+{
+	const dg_tensor *t[4] = { NULL, NULL, NULL, NULL };
+	void *r[2];
+	for (int k = 0; k < 2; k++) {
+		out.data = FF(bytes);
+		for (int i = 0; i < n_in; i++)
+			t[i] = &in[i];
+		t[n_in] = &out;
+		cr_assert_eq(run_op(dev, s, t), DG_OK, "%s: %s", dg_op_name(s->op), dg_device_errmsg(dev));
+		r[k] = gh_xmalloc(bytes);
+		gh_download(dev, r[k], out.data, bytes);
+	}
+	cr_assert_eq(memcmp(r[0], r[1], bytes), 0, "%s: two runs differ", dg_op_name(s->op));
+	free(r[1]);
+	return r[0];
+}
+
+static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile *tile)
+{
+	int B = s->B, H = s->H, T = s->T, N = s->N, D = s->D;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t ns = (size_t)B * H * T * T, as = act_size(act);
+	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4), *gx = gh_xmalloc(nx * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	for (size_t i = 0; i < ng; i++)
+		g[i] = gh_uniform(-1.0f, 1.0f);
+	for (size_t i = 0; i < nx; i++)
+		gx[i] = gh_uniform(-1.0f, 1.0f);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
+	void *want_x = gh_xmalloc(nx * 4), *want_s = gh_xmalloc(ns * as), *want_c = gh_xmalloc(ns * as);
+	void *want_o = gh_xmalloc(ng * as);
+	float *want_gv = gh_xmalloc(nv * 4), *want_gx = gh_xmalloc(nx * 4);
+
+	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * as), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
+	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * as), B, 1, T, D);
+	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	dg_tensor t_gx = dg_tensor_4d("grad", DG_FMT_F32, UP(gx, nx * 4), B, H, T, N);
+
+	/* rope, bit for bit */
+	dg_spec sp = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
+	dg_tensor in2[4] = { t_xs, t_rope };
+	void *got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("out", act, 0, B, H, T, N), nx * as);
+	cr_assert_eq(dg_ref_rope_op(&sp, xs, rope, want_x, B, T), DG_OK);
+	gh_expect_bytes("rope_fwd", got, want_x, nx * as);
+	free(got);
+	sp = spec_of(DG_OP_ROPE_BWD, act, s, NULL);
+	in2[0] = t_gx;
+	got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("grad_x", DG_FMT_F32, 0, B, H, T, N), nx * 4);
+	cr_assert_eq(dg_ref_rope_op(&sp, gx, rope, want_x, B, T), DG_OK);
+	gh_expect_bytes("rope_bwd", got, want_x, nx * 4);
+	free(got);
+
+	/* scores: exactly 0 on and above the diagonal */
+	sp = spec_of(DG_OP_ATTENTION_SCORES, act, s, tile);
+	in2[0] = t_xs;
+	got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * as);
+	cr_assert_eq(dg_ref_attention_scores(&sp, xs, rope, want_s, B, T), DG_OK);
+	expect_close("attention_scores", act, act, got, want_s, ns);
+	float *gs = widen(act, got, ns);
+	for (size_t z = 0; z < (size_t)B * H; z++)
+		for (int i = 0; i < T; i++)
+			for (int j = i; j < T; j++)
+				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
+	free(gs);
+	free(got);
+
+	/* out, from the reference's scores */
+	dg_tensor t_s = dg_tensor_4d("scores", act, UP(want_s, ns * as), B, H, T, T);
+	sp = spec_of(DG_OP_ATTENTION_OUT, act, s, tile);
+	dg_tensor in_o[2] = { t_s, t_v };
+	got = run_twice(dev, &sp, in_o, 2, dg_tensor_4d("out", act, 0, B, H, T, D), ng * as);
+	cr_assert_eq(dg_ref_attention_out(&sp, want_s, v, want_o, B, T), DG_OK);
+	expect_close("attention_out", act, act, got, want_o, ng);
+	free(got);
+
+	/* grad_scores: symmetric, zero diagonal, exactly */
+	sp = spec_of(DG_OP_ATTENTION_GRAD_SCORES, act, s, tile);
+	dg_tensor in_c[2] = { t_g, t_v };
+	got = run_twice(dev, &sp, in_c, 2, dg_tensor_4d("grad_scores", act, 0, B, H, T, T), ns * as);
+	cr_assert_eq(dg_ref_attention_grad_scores(&sp, g, v, want_c, B, T), DG_OK);
+	expect_close("attention_grad_scores", act, act, got, want_c, ns);
+	gs = widen(act, got, ns);
+	for (size_t z = 0; z < (size_t)B * H; z++)
+		for (int i = 0; i < T; i++)
+			for (int j = 0; j <= i; j++) {
+				float a = gs[z * T * T + (size_t)i * T + j], b = gs[z * T * T + (size_t)j * T + i];
+				cr_assert(a == b && (i != j || a == 0.0f), "grad_scores[%zu][%d][%d]: %g vs %g", z, i, j,
+					  (double)a, (double)b);
+			}
+	free(gs);
+	free(got);
+
+	/* grad_v from the reference's scores; heads summed in order */
+	sp = spec_of(DG_OP_ATTENTION_GRAD_V, act, s, tile);
+	dg_tensor in_v[2] = { t_s, t_g };
+	got = run_twice(dev, &sp, in_v, 2, dg_tensor_4d("grad_v", DG_FMT_F32, 0, B, 1, T, D), nv * 4);
+	cr_assert_eq(dg_ref_attention_grad_v(&sp, want_s, g, want_gv, B, T), DG_OK);
+	expect_close("attention_grad_v", act, DG_FMT_F32, got, want_gv, nv);
+	free(got);
+
+	/* grad_xs from the reference's grad_scores */
+	dg_tensor t_c = dg_tensor_4d("grad_scores", act, UP(want_c, ns * as), B, H, T, T);
+	sp = spec_of(DG_OP_ATTENTION_GRAD_XS, act, s, tile);
+	dg_tensor in_x[3] = { t_c, t_xs, t_rope };
+	got = run_twice(dev, &sp, in_x, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
+	cr_assert_eq(dg_ref_attention_grad_xs(&sp, want_c, xs, rope, want_gx, B, T), DG_OK);
+	expect_close("attention_grad_xs", act, DG_FMT_F32, got, want_gx, nx);
+	free(got);
+
+	free(rope), free(g), free(gx), free(xs), free(v), free(want_x), free(want_s), free(want_c);
+	free(want_o), free(want_gv), free(want_gx);
+}
+
+static const shape small_shapes[] = {
+	{ 2, 2, 1, 64, 32 }, { 2, 2, 7, 128, 64 }, { 2, 2, 65, 64, 32 }, { 2, 2, 130, 128, 64 },
+};
+
+/* The default; a tensor-core tile (16x32 warp tiles, one buffer); a SIMT
+ * tile (BK 8). */
+static const dg_tile small_tiles[] = {
+	{ 0, 0, 0, 0, 0, 0, 0 },
+	{ 32, 64, 16, 2, 2, 1, 0 },
+	{ 64, 32, 8, 2, 2, 2, 0 },
+};
+
+static void small_all(dg_fmt act)
+{
+	dg_device *dev = gh_open();
+	gh_seed(act == DG_FMT_BF16 ? 0xbf16 : 0xf32);
+	for (size_t i = 0; i < sizeof(small_shapes) / sizeof(small_shapes[0]); i++)
+		for (size_t k = 0; k < sizeof(small_tiles) / sizeof(small_tiles[0]); k++)
+			small_case(dev, act, &small_shapes[i], &small_tiles[k]);
+	gh_close(dev);
+}
+
+Test(gpu_attention, small_shapes_f32, .timeout = 600)
+{
+	small_all(DG_FMT_F32);
+}
+
+Test(gpu_attention, small_shapes_bf16, .timeout = 600)
+{
+	small_all(DG_FMT_BF16);
+}
+
+/* ---- the chains ------------------------------------------------------------------ */
+
+Test(gpu_attention, chains_are_the_ops, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0xc4a1);
+	shape s = { 2, 2, 65, 128, 64 };
+	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
+	dg_fmt act = DG_FMT_BF16;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t ns = (size_t)B * H * T * T;
+	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	for (size_t i = 0; i < ng; i++)
+		g[i] = gh_uniform(-1.0f, 1.0f);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
+	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
+	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
+	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
+	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
+	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
+	dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
+	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
+
+	dg_attention_fwd_args fa = { .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s, .out = &t_o };
+	cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_attention_bwd_args ba = { .grad = &t_g, .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s,
+				     .grad_xs = &t_gx, .grad_v = &t_gv };
+	size_t need = 0;
+	cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
+	cr_assert_eq(need, ns * 2);
+	ba.ws = gh_workspace(dev, need - 256);
+	cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "ws"), "%s", dg_device_errmsg(dev));
+	ba.ws = gh_workspace(dev, need);
+	cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
+
+	/* the ops one by one, on the chain's own intermediates */
+	dg_tensor in2[3] = { t_xs, t_rope };
+	dg_spec so = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
+	void *sc = run_twice(dev, &so, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * 2);
+	void *got = gh_xmalloc(nx * 4);
+	gh_download(dev, got, t_s.data, ns * 2);
+	gh_expect_bytes("dg_attention_fwd scores", got, sc, ns * 2);
+	so = spec_of(DG_OP_ATTENTION_OUT, act, &s, NULL);
+	dg_tensor in_o[2] = { t_s, t_v };
+	void *o = run_twice(dev, &so, in_o, 2, dg_tensor_4d("out", act, 0, B, H, T, D), ng * 2);
+	gh_download(dev, got, t_o.data, ng * 2);
+	gh_expect_bytes("dg_attention_fwd out", got, o, ng * 2);
+	so = spec_of(DG_OP_ATTENTION_GRAD_V, act, &s, NULL);
+	dg_tensor in_v[2] = { t_s, t_g };
+	void *gv = run_twice(dev, &so, in_v, 2, dg_tensor_4d("grad_v", DG_FMT_F32, 0, B, 1, T, D), nv * 4);
+	gh_download(dev, got, t_gv.data, nv * 4);
+	gh_expect_bytes("dg_attention_bwd grad_v", got, gv, nv * 4);
+	so = spec_of(DG_OP_ATTENTION_GRAD_SCORES, act, &s, NULL);
+	dg_tensor in_c[2] = { t_g, t_v };
+	void *c = run_twice(dev, &so, in_c, 2, dg_tensor_4d("grad_scores", act, 0, B, H, T, T), ns * 2);
+	so = spec_of(DG_OP_ATTENTION_GRAD_XS, act, &s, NULL);
+	dg_tensor in_x[3] = { dg_tensor_4d("grad_scores", act, UP(c, ns * 2), B, H, T, T), t_xs, t_rope };
+	void *gx = run_twice(dev, &so, in_x, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
+	gh_download(dev, got, t_gx.data, nx * 4);
+	gh_expect_bytes("dg_attention_bwd grad_xs", got, gx, nx * 4);
+	free(rope), free(g), free(xs), free(v), free(sc), free(got), free(o), free(gv), free(c), free(gx);
+	gh_close(dev);
+}
+
+/* ---- the BDH shape ----------------------------------------------------------------- */
+
+typedef struct timed {
+	dg_device *dev;
+	dg_spec spec;
+	const dg_tensor *t[4];
+} timed;
+
+static dg_status timed_call(void *user)
+{
+	timed *u = user;
+	return run_op(u->dev, &u->spec, u->t);
+}
+
+/* Times s on t and prints the rate of `flop` useful operations. */
+static void report(dg_device *dev, const dg_spec *s, const dg_tensor *const *t, int n, double flop)
+{
+	dg_timer *tm = NULL;
+	dg_timing r;
+	timed u = { .dev = dev, .spec = *s };
+	for (int i = 0; i < n; i++)
+		u.t[i] = t[i];
+	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_opts o = { .reps = 10 };
+	cr_assert_eq(dg_timer_run(tm, &o, timed_call, &u, &r), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_destroy(tm);
+	printf("bdh %-22s %9.1f us  %7.1f TFLOP/s  %5.1f%% of 790 (useful flops, cold L2)\n", dg_op_name(s->op),
+	       r.median_us, flop / r.median_us * 1e-6, flop / r.median_us * 1e-6 / 790 * 100);
+	fflush(stdout);
+}
+
+Test(gpu_attention, bdh_shape_sampled_bf16, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0xbd4);
+	shape s = { 8, 4, 512, 8192, 256 };
+	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
+	dg_fmt act = DG_FMT_BF16;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t ns = (size_t)B * H * T * T, tn = (size_t)T * N, tt = (size_t)T * T, td = (size_t)T * D;
+	float *rope = gh_xmalloc(tn * 4), *g = gh_xmalloc(ng * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	for (size_t i = 0; i < ng; i++)
+		g[i] = gh_uniform(-1.0f, 1.0f);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
+	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, tn * 4), T, N);
+	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
+	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
+	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
+	dg_tensor t_c = dg_tensor_4d("grad_scores", act, FF(ns * 2), B, H, T, T);
+	dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
+	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
+	const dg_tensor *a_s[4] = { &t_xs, &t_rope, &t_s }, *a_o[4] = { &t_s, &t_v, &t_o };
+	const dg_tensor *a_c[4] = { &t_g, &t_v, &t_c }, *a_v[4] = { &t_s, &t_g, &t_gv };
+	const dg_tensor *a_x[4] = { &t_c, &t_xs, &t_rope, &t_gx };
+	dg_spec s_s = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL), s_o = spec_of(DG_OP_ATTENTION_OUT, act, &s, NULL);
+	dg_spec s_c = spec_of(DG_OP_ATTENTION_GRAD_SCORES, act, &s, NULL);
+	dg_spec s_v = spec_of(DG_OP_ATTENTION_GRAD_V, act, &s, NULL), s_x = spec_of(DG_OP_ATTENTION_GRAD_XS, act, &s, NULL);
+	cr_assert_eq(run_op(dev, &s_s, a_s), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(run_op(dev, &s_o, a_o), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(run_op(dev, &s_c, a_c), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(run_op(dev, &s_v, a_v), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(run_op(dev, &s_x, a_x), DG_OK, "%s", dg_device_errmsg(dev));
+	uint16_t *sc = gh_xmalloc(ns * 2), *o = gh_xmalloc(ng * 2), *c = gh_xmalloc(ns * 2);
+	float *gv = gh_xmalloc(nv * 4), *gx = gh_xmalloc(nx * 4);
+	gh_download(dev, sc, t_s.data, ns * 2);
+	gh_download(dev, o, t_o.data, ng * 2);
+	gh_download(dev, c, t_c.data, ns * 2);
+	gh_download(dev, gv, t_gv.data, nv * 4);
+	gh_download(dev, gx, t_gx.data, nx * 4);
+
+	/* sampled slices: each op judged on its own GPU inputs */
+	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
+	void *want = gh_xmalloc(tn * 4);
+	shape one = { 1, 1, T, N, D };
+	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
+		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1], b = (size_t)zs[k][0];
+		char what[64];
+		dg_spec r = spec_of(DG_OP_ATTENTION_SCORES, act, &one, NULL);
+		cr_assert_eq(dg_ref_attention_scores(&r, (uint16_t *)xs + z * tn, rope, want, 1, T), DG_OK);
+		snprintf(what, sizeof(what), "scores (b %zu, h %d)", b, zs[k][1]);
+		expect_close(what, act, act, sc + z * tt, want, tt);
+		r = spec_of(DG_OP_ATTENTION_OUT, act, &one, NULL);
+		cr_assert_eq(dg_ref_attention_out(&r, sc + z * tt, (uint16_t *)v + b * td, want, 1, T), DG_OK);
+		snprintf(what, sizeof(what), "out (b %zu, h %d)", b, zs[k][1]);
+		expect_close(what, act, act, o + z * td, want, td);
+		r = spec_of(DG_OP_ATTENTION_GRAD_SCORES, act, &one, NULL);
+		cr_assert_eq(dg_ref_attention_grad_scores(&r, g + z * td, (uint16_t *)v + b * td, want, 1, T), DG_OK);
+		snprintf(what, sizeof(what), "grad_scores (b %zu, h %d)", b, zs[k][1]);
+		expect_close(what, act, act, c + z * tt, want, tt);
+		r = spec_of(DG_OP_ATTENTION_GRAD_XS, act, &one, NULL);
+		cr_assert_eq(dg_ref_attention_grad_xs(&r, c + z * tt, (uint16_t *)xs + z * tn, rope, want, 1, T), DG_OK);
+		snprintf(what, sizeof(what), "grad_xs (b %zu, h %d)", b, zs[k][1]);
+		expect_close(what, act, DG_FMT_F32, gx + z * tn, want, tn);
+		r = spec_of(DG_OP_ATTENTION_GRAD_V, act, &s, NULL); /* every head of batch row b */
+		cr_assert_eq(dg_ref_attention_grad_v(&r, sc + b * H * tt, g + b * H * td, want, 1, T), DG_OK);
+		snprintf(what, sizeof(what), "grad_v (b %zu)", b);
+		expect_close(what, act, DG_FMT_F32, gv + b * td, want, td);
+	}
+
+	/* times: the useful flops (the strictly lower triangle where there is one) */
+	double bh = (double)B * H, tri = (double)T * (T - 1) / 2;
+	report(dev, &s_s, a_s, 3, bh * tri * N * 2);
+	report(dev, &s_o, a_o, 3, bh * tri * D * 2);
+	report(dev, &s_c, a_c, 3, bh * tri * D * 2);
+	report(dev, &s_v, a_v, 3, bh * tri * D * 2);
+	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
+	free(rope), free(g), free(xs), free(v), free(sc), free(o), free(c), free(gv), free(gx), free(want);
+	gh_close(dev);
+}

@@ -1,0 +1,228 @@
+/*
+ * The attention family's kernels (templates/rope.lua, templates/attention.lua)
+ * render and compile to sm_90 cubins without a GPU:
+ *   - each op at its defaults, act f32 (fp32 FMA) and bf16 (tensor cores),
+ *     at the BDH shape and at a small odd one (latent 100: 4-element bf16
+ *     units; embd 48), and bf16 on sm_75 (the fp32 path);
+ *   - each GEMM op on tiles off the default: one buffer (stages 1), BK 16
+ *     and 64, 16x16 and 32x64 warp tiles, a tensor-core tile whose warp
+ *     tile the tensor cores cannot run (the fp32 path takes it);
+ *   - bad specs are refused naming the field (act, tile's BK, stages, the
+ *     warp tile), by dg_spec_validate or the template's plan;
+ *   - the _checks refuse wrong tensors by name, with no device.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/codegen.h"
+#include "dragon/ops.h"
+#include "dragon/spec.h"
+#include "runtime/store/nvrtc.h"
+
+static const dg_op gemms[] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_OUT, DG_OP_ATTENTION_GRAD_SCORES,
+			       DG_OP_ATTENTION_GRAD_V, DG_OP_ATTENTION_GRAD_XS };
+#define N_GEMMS 5
+
+static dg_codegen *make_cg(void)
+{
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", cg ? dg_codegen_errmsg(cg) : "no memory");
+	return cg;
+}
+
+/* Renders spec, checks its banner names `path` (NULL: any) and its entry
+ * dg_<op>, compiles it for sm_90. */
+static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
+{
+	char e[8192], text[DG_SPEC_TEXT_MAX], entry[64];
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+	dg_source *src = NULL;
+
+	dg_spec_to_string(spec, text, sizeof(text));
+	snprintf(entry, sizeof(entry), "dg_%s", dg_op_name(spec->op));
+	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, e, sizeof(e)), DG_OK, "%s", e);
+	cr_assert_eq(dg_codegen_render(cg, spec, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_eq(src->n_entries, 1, "%s", text);
+	cr_assert_str_eq(src->entries[0], entry, "%s", text);
+	if (path)
+		cr_assert(strstr(src->text, path), "%s: expected '%s' in the banner", text, path);
+	dg_status st = dg__nvrtc_compile(src, &t, &res, e, sizeof(e));
+	cr_assert_eq(st, DG_OK, "%s: %s", text, e);
+	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not an ELF cubin", text);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+static dg_spec spec_of(dg_op op, dg_fmt act, int arch)
+{
+	dg_spec s;
+	dg_spec_init(&s, op);
+	if (dg_spec_uses(op) & DG_FIELD_ACT)
+		s.act = act;
+	s.arch = arch;
+	return s;
+}
+
+Test(nvrtc_attention, rope_every_act_and_shape, .timeout = 600)
+{
+	dg_codegen *cg = make_cg();
+	for (int a = 0; a < 2; a++)
+		for (int small = 0; small < 2; small++) {
+			dg_spec s = spec_of(DG_OP_ROPE_FWD, a ? DG_FMT_BF16 : DG_FMT_F32, 90);
+			if (small)
+				s.heads = 3, s.latent = 100;
+			compile_one(cg, &s, "path: element-wise");
+			s = spec_of(DG_OP_ROPE_BWD, DG_FMT_F32, 90);
+			if (small)
+				s.heads = 3, s.latent = 100;
+			s.tile.threads = a ? 128 : 0;
+			compile_one(cg, &s, "path: element-wise");
+		}
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_attention, gemms_at_their_defaults, .timeout = 600)
+{
+	dg_codegen *cg = make_cg();
+	for (int o = 0; o < N_GEMMS; o++) {
+		/* bf16 on tensor cores; f32 and sm_75 bf16 on the fp32 path */
+		dg_spec s = spec_of(gemms[o], DG_FMT_BF16, 90);
+		compile_one(cg, &s, "path: tensor cores");
+		s = spec_of(gemms[o], DG_FMT_F32, 90);
+		compile_one(cg, &s, "path: fp32 FMA");
+		s = spec_of(gemms[o], DG_FMT_BF16, 75);
+		compile_one(cg, &s, "path: fp32 FMA");
+		/* small odd shape: 4-element bf16 units along latent */
+		for (int a = 0; a < 2; a++) {
+			s = spec_of(gemms[o], a ? DG_FMT_BF16 : DG_FMT_F32, 80);
+			s.heads = 3;
+			s.latent = 100;
+			s.embd = 48;
+			compile_one(cg, &s, a ? "path: tensor cores" : "path: fp32 FMA");
+		}
+	}
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_attention, gemms_on_other_tiles, .timeout = 600)
+{
+	static const struct {
+		dg_tile tile;
+		bool mma; /* the bf16 spec takes the tensor cores */
+	} tiles[] = {
+		{ { 64, 64, 16, 2, 2, 1, 0 }, true },	/* one buffer, 32x32 warp tiles */
+		{ { 32, 64, 64, 2, 1, 2, 0 }, true },	/* 16x64 warp tiles, BK 64 */
+		{ { 128, 64, 32, 4, 1, 2, 0 }, true },	/* 32x64 */
+		{ { 64, 32, 8, 2, 2, 2, 0 }, false },	/* BK 8: fp32 path for bf16 too */
+		{ { 32, 32, 16, 4, 2, 2, 0 }, false },	/* warp tile 8x16: fp32 */
+	};
+	dg_codegen *cg = make_cg();
+	for (int o = 0; o < N_GEMMS; o++)
+		for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
+			for (int a = 0; a < 2; a++) {
+				dg_spec s = spec_of(gemms[o], a ? DG_FMT_BF16 : DG_FMT_F32, 90);
+				s.heads = 2;
+				s.latent = 128;
+				s.embd = 64;
+				s.tile = tiles[i].tile;
+				compile_one(cg, &s, a && tiles[i].mma ? "path: tensor cores" : "path: fp32 FMA");
+			}
+	dg_codegen_destroy(cg);
+}
+
+/* spec is refused (validate or plan) with a message holding `field`. */
+static void expect_refused(dg_codegen *cg, const dg_spec *s, const char *field)
+{
+	char msg[512] = "";
+	dg_plan p;
+	dg_status st = dg_spec_validate(s, msg, sizeof(msg));
+	if (st == DG_OK) {
+		st = dg_codegen_plan(cg, s, &p);
+		snprintf(msg, sizeof(msg), "%s", dg_codegen_errmsg(cg));
+	}
+	cr_assert_eq(st, DG_ERR_INVALID_SPEC, "%s: accepted", field);
+	cr_assert(strstr(msg, field), "'%s' does not name %s", msg, field);
+}
+
+Test(nvrtc_attention, bad_specs_are_refused_naming_the_field)
+{
+	dg_codegen *cg = make_cg();
+	for (int o = 0; o < N_GEMMS; o++) {
+		dg_spec s = spec_of(gemms[o], DG_FMT_BF16, 90);
+		s.act = DG_FMT_INT8;
+		expect_refused(cg, &s, "act");
+		s = spec_of(gemms[o], DG_FMT_BF16, 90);
+		s.tile = (dg_tile){ 64, 64, 256, 2, 2, 2, 0 };
+		expect_refused(cg, &s, "BK");
+		s.tile = (dg_tile){ 64, 64, 32, 2, 2, 3, 0 };
+		expect_refused(cg, &s, "stages");
+		s.tile = (dg_tile){ 64, 64, 32, 2, 8, 2, 0 }; /* warp tile 32x8 */
+		expect_refused(cg, &s, "warp's tile");
+		s.tile = (dg_tile){ 0, 0, 0, 0, 0, 0, 128 };
+		expect_refused(cg, &s, "tile");
+	}
+	dg_spec r = spec_of(DG_OP_ROPE_FWD, DG_FMT_BF16, 90);
+	r.tile.threads = 48;
+	expect_refused(cg, &r, "threads");
+	r = spec_of(DG_OP_ROPE_FWD, DG_FMT_UINT8POS, 90);
+	expect_refused(cg, &r, "act");
+	dg_codegen_destroy(cg);
+}
+
+/* ---- the checks, without a device ------------------------------------------------ */
+
+static void expect_named(dg_status st, const char *msg, const char *name)
+{
+	char head[64];
+	snprintf(head, sizeof(head), "%s: ", name);
+	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted: %s", msg);
+	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
+}
+
+#define P(i) ((dg_dptr)0x100000 * (i))
+
+Test(nvrtc_attention, checks_refuse_wrong_tensors_by_name)
+{
+	dg_spec s = spec_of(DG_OP_ATTENTION_SCORES, DG_FMT_BF16, 90);
+	s.heads = 2;
+	s.latent = 64;
+	char msg[512];
+	dg_tensor xs = dg_tensor_4d("xs", DG_FMT_BF16, P(1), 2, 2, 7, 64);
+	dg_tensor rope = dg_tensor_2d("rope", DG_FMT_F32, P(2), 7, 64);
+	dg_tensor sc = dg_tensor_4d("scores", DG_FMT_BF16, P(3), 2, 2, 7, 7);
+	dg_attention_scores_args a = { .xs = &xs, .rope = &rope, .scores = &sc };
+	cr_assert_eq(dg_attention_scores_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	sc.shape[3] = 8; /* not square */
+	expect_named(dg_attention_scores_check(&s, &a, msg, sizeof(msg)), msg, "scores");
+	sc.shape[3] = 7;
+	rope.shape[1] = 32; /* the table is (T, L): cos and sin interleaved */
+	expect_named(dg_attention_scores_check(&s, &a, msg, sizeof(msg)), msg, "rope");
+	rope.shape[1] = 64;
+	rope.fmt = DG_FMT_BF16;
+	expect_named(dg_attention_scores_check(&s, &a, msg, sizeof(msg)), msg, "rope");
+	rope.fmt = DG_FMT_F32;
+	xs.fmt = DG_FMT_F32; /* not the spec's act */
+	expect_named(dg_attention_scores_check(&s, &a, msg, sizeof(msg)), msg, "xs");
+
+	dg_spec v = spec_of(DG_OP_ATTENTION_GRAD_V, DG_FMT_F32, 90);
+	v.heads = 2;
+	v.embd = 32;
+	dg_tensor s2 = dg_tensor_4d("scores", DG_FMT_F32, P(1), 2, 2, 5, 5);
+	dg_tensor g = dg_tensor_4d("grad", DG_FMT_F32, P(2), 2, 2, 5, 32);
+	dg_tensor gv = dg_tensor_4d("grad_v", DG_FMT_F32, P(3), 2, 2, 5, 32); /* heads: 1 */
+	dg_attention_grad_v_args va = { .scores = &s2, .grad = &g, .grad_v = &gv };
+	expect_named(dg_attention_grad_v_check(&v, &va, msg, sizeof(msg)), msg, "grad_v");
+	gv.shape[1] = 1;
+	cr_assert_eq(dg_attention_grad_v_check(&v, &va, msg, sizeof(msg)), DG_OK, "%s", msg);
+	g.shape[2] = 6; /* T differs from the scores' */
+	expect_named(dg_attention_grad_v_check(&v, &va, msg, sizeof(msg)), msg, "grad");
+
+	/* a spec of another op */
+	dg_spec other = spec_of(DG_OP_ATTENTION_OUT, DG_FMT_F32, 90);
+	cr_assert_eq(dg_attention_grad_v_check(&other, &va, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "attention_out"), "%s", msg);
+}

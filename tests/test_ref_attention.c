@@ -1,0 +1,153 @@
+/*
+ * The attention ops' references (runtime/ref/ref_attention.c) against the
+ * model's own attention references (dg_ref_attention_fwd / _bwd, which the
+ * CPU model and the PyTorch comparison use): the op chain — scores, out;
+ * grad_scores, grad_v, grad_xs — gives the same out, dv and dxs = RoPEᵀ(dqr)
+ * on small odd shapes (f32, within double-sum rounding), the rope table's
+ * pairs are dg_ref_rope_table's, grad_scores is symmetric with a zero
+ * diagonal, scores is zero on and above it, and a bf16 act rounds its
+ * outputs once.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/ref.h"
+#include "dragon/rng.h"
+
+static float *rnd(dg_rng *r, size_t n, float lo)
+{
+	float *v = malloc((n ? n : 1) * sizeof(float));
+	cr_assert_not_null(v);
+	for (size_t i = 0; i < n; i++)
+		v[i] = dg_rng_uniform(r, lo, 1.0f);
+	return v;
+}
+
+static void expect_near(const char *what, const float *got, const float *want, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		cr_assert(fabsf(got[i] - want[i]) <= 1e-5f * (1.0f + fabsf(want[i])), "%s[%zu]: %g, want %g",
+			  what, i, (double)got[i], (double)want[i]);
+}
+
+static dg_spec spec_of(dg_op op, int h, int n, int d)
+{
+	dg_spec s;
+	dg_spec_init(&s, op);
+	s.act = DG_FMT_F32;
+	s.heads = h;
+	s.latent = n;
+	s.embd = d;
+	return s;
+}
+
+Test(ref_attention, rope_pairs_interleave_the_tables)
+{
+	int t = 9, n = 64;
+	float *c = malloc(sizeof(float) * t * n / 2), *s = malloc(sizeof(float) * t * n / 2);
+	float *p = malloc(sizeof(float) * t * n);
+	dg_ref_rope_table(t, n, c, s);
+	dg_ref_rope_pairs(t, n, p);
+	for (int i = 0; i < t * n / 2; i++) {
+		cr_assert_eq(p[2 * i], c[i]);
+		cr_assert_eq(p[2 * i + 1], s[i]);
+	}
+	cr_assert_eq(p[0], 1.0f); /* t = 0: cos 1, sin 0 */
+	cr_assert_eq(p[1], 0.0f);
+	free(c);
+	free(s);
+	free(p);
+}
+
+static void chain(int b, int h, int t, int n, int d)
+{
+	dg_rng r;
+	dg_rng_seed(&r, 0xa77e0000u + (uint64_t)t);
+	size_t nx = (size_t)b * h * t * n, nv = (size_t)b * t * d, no = (size_t)b * h * t * d;
+	size_t ns = (size_t)b * h * t * t;
+	float *xs = rnd(&r, nx, 0.0f), *v = rnd(&r, nv, -1.0f), *dout = rnd(&r, no, -1.0f);
+	float *rope = malloc(sizeof(float) * t * n), *qr = malloc(sizeof(float) * nx);
+	float *c = malloc(sizeof(float) * t * n / 2), *sn = malloc(sizeof(float) * t * n / 2);
+	float *sc = malloc(sizeof(float) * ns), *cs = malloc(sizeof(float) * ns);
+	float *out = malloc(sizeof(float) * no), *want_out = malloc(sizeof(float) * no);
+	float *dv = malloc(sizeof(float) * nv), *want_dv = malloc(sizeof(float) * nv);
+	float *dxs = malloc(sizeof(float) * nx), *dqr = malloc(sizeof(float) * nx), *want_dxs = malloc(sizeof(float) * nx);
+
+	dg_ref_rope_pairs(t, n, rope);
+	dg_ref_rope_table(t, n, c, sn);
+	dg_ref_rope_fwd(xs, c, sn, (int64_t)b * h, t, n, qr);
+	dg_ref_attention_fwd(qr, v, b, h, t, n, d, want_out);
+	dg_ref_attention_bwd(dout, qr, v, b, h, t, n, d, dqr, want_dv);
+	dg_ref_rope_bwd(dqr, c, sn, (int64_t)b * h, t, n, want_dxs);
+
+	dg_spec s = spec_of(DG_OP_ATTENTION_SCORES, h, n, d);
+	cr_assert_eq(dg_ref_attention_scores(&s, xs, rope, sc, b, t), DG_OK);
+	s = spec_of(DG_OP_ATTENTION_OUT, h, n, d);
+	cr_assert_eq(dg_ref_attention_out(&s, sc, v, out, b, t), DG_OK);
+	s = spec_of(DG_OP_ATTENTION_GRAD_SCORES, h, n, d);
+	cr_assert_eq(dg_ref_attention_grad_scores(&s, dout, v, cs, b, t), DG_OK);
+	s = spec_of(DG_OP_ATTENTION_GRAD_V, h, n, d);
+	cr_assert_eq(dg_ref_attention_grad_v(&s, sc, dout, dv, b, t), DG_OK);
+	s = spec_of(DG_OP_ATTENTION_GRAD_XS, h, n, d);
+	cr_assert_eq(dg_ref_attention_grad_xs(&s, cs, xs, rope, dxs, b, t), DG_OK);
+
+	expect_near("out", out, want_out, no);
+	expect_near("dv", dv, want_dv, nv);
+	expect_near("dxs", dxs, want_dxs, nx);
+	for (size_t z = 0; z < (size_t)b * h; z++)
+		for (int i = 0; i < t; i++)
+			for (int j = 0; j < t; j++) {
+				size_t ij = z * t * t + (size_t)i * t + j, ji = z * t * t + (size_t)j * t + i;
+				if (j >= i)
+					cr_assert_eq(sc[ij], 0.0f, "scores[%d][%d] on or above the diagonal", i, j);
+				cr_assert_eq(cs[ij], cs[ji], "grad_scores not symmetric at %d, %d", i, j);
+				if (i == j)
+					cr_assert_eq(cs[ij], 0.0f);
+			}
+	free(xs), free(v), free(dout), free(rope), free(qr), free(c), free(sn), free(sc), free(cs);
+	free(out), free(want_out), free(dv), free(want_dv), free(dxs), free(dqr), free(want_dxs);
+}
+
+Test(ref_attention, the_op_chain_is_the_model_attention)
+{
+	chain(2, 2, 1, 8, 4);
+	chain(2, 2, 7, 16, 8);
+	chain(1, 3, 13, 32, 12);
+}
+
+Test(ref_attention, rope_op_is_the_table_rope_and_rounds_bf16_once)
+{
+	dg_rng r;
+	dg_rng_seed(&r, 7);
+	int b = 2, h = 2, t = 5, n = 16;
+	size_t nx = (size_t)b * h * t * n;
+	float *x = rnd(&r, nx, -1.0f), *rope = malloc(sizeof(float) * t * n), *got = malloc(sizeof(float) * nx);
+	float *c = malloc(sizeof(float) * t * n / 2), *sn = malloc(sizeof(float) * t * n / 2);
+	float *want = malloc(sizeof(float) * nx);
+	uint16_t *xb = malloc(2 * nx), *ob = malloc(2 * nx);
+	dg_ref_rope_pairs(t, n, rope);
+	dg_ref_rope_table(t, n, c, sn);
+	dg_spec s = spec_of(DG_OP_ROPE_FWD, h, n, 4);
+	cr_assert_eq(dg_ref_rope_op(&s, x, rope, got, b, t), DG_OK);
+	dg_ref_rope_fwd(x, c, sn, (int64_t)b * h, t, n, want);
+	cr_assert_eq(memcmp(got, want, sizeof(float) * nx), 0);
+	s = spec_of(DG_OP_ROPE_BWD, h, n, 4);
+	cr_assert_eq(dg_ref_rope_op(&s, x, rope, got, b, t), DG_OK);
+	dg_ref_rope_bwd(x, c, sn, (int64_t)b * h, t, n, want);
+	cr_assert_eq(memcmp(got, want, sizeof(float) * nx), 0);
+	/* bf16: widened exactly, turned in f32, rounded once */
+	for (size_t i = 0; i < nx; i++) {
+		xb[i] = dg_ref_f32_to_bf16(x[i]);
+		x[i] = dg_ref_bf16_to_f32(xb[i]);
+	}
+	s = spec_of(DG_OP_ROPE_FWD, h, n, 4);
+	s.act = DG_FMT_BF16;
+	cr_assert_eq(dg_ref_rope_op(&s, xb, rope, ob, b, t), DG_OK);
+	dg_ref_rope_fwd(x, c, sn, (int64_t)b * h, t, n, want);
+	for (size_t i = 0; i < nx; i++)
+		cr_assert_eq(ob[i], dg_ref_f32_to_bf16(want[i]), "element %zu", i);
+	free(x), free(rope), free(got), free(c), free(sn), free(want), free(xb), free(ob);
+}
