@@ -1,0 +1,124 @@
+/*
+ * The step's tape and its arena plan (runtime/train/tape.c, bdh_tape.c):
+ * every node names buffers that exist, views lie inside their parents, no
+ * two buffers that are alive at the same node share a byte, offsets are
+ * 256-byte aligned, buffers whose lifetimes do not overlap do reuse bytes,
+ * and the memory report adds up (dg_model_cpu_memory at the 25M shape).
+ */
+#include <criterion/criterion.h>
+
+#include <string.h>
+
+#include "dragon/model.h"
+#include "runtime/train/bdh_tape.h"
+
+static void build(const char *preset, int layers, int D, int H, int N, int B, int T, dg__tape *t,
+		  dg__bdh_ids *id)
+{
+	dg_model_config c;
+	char msg[256];
+	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	c.layers = layers;
+	c.embd = D;
+	c.heads = H;
+	c.neurons = N;
+	dg__tape_init(t, &c, B, T);
+	cr_assert_eq(dg__bdh_tape_build(t, id), DG_OK);
+}
+
+static int root(const dg__tape *t, int i)
+{
+	while (t->bufs[i].parent >= 0)
+		i = t->bufs[i].parent;
+	return i;
+}
+
+Test(tape, plan_invariants)
+{
+	dg__tape t;
+	dg__bdh_ids id;
+	build("f32", 3, 32, 2, 64, 2, 16, &t, &id);
+	cr_assert(t.planned && t.n_forward > 0 && t.n_forward < t.n_nodes);
+	for (int n = 0; n < t.n_nodes; n++) {
+		const dg__tnode *nd = &t.nodes[n];
+		cr_assert_eq(nd->backward, n >= t.n_forward, "node %d: forward and backward interleave", n);
+		for (int i = 0; i < DG__TAPE_IN; i++)
+			cr_assert(nd->in[i] >= -1 && nd->in[i] < t.n_bufs);
+		for (int i = 0; i < DG__TAPE_OUT; i++)
+			cr_assert(nd->out[i] >= -1 && nd->out[i] < t.n_bufs);
+		cr_assert(nd->out[0] >= 0, "node %d writes nothing", n);
+	}
+	size_t sum = 0;
+	for (int i = 0; i < t.n_bufs; i++) {
+		const dg__tbuf *b = &t.bufs[i];
+		if (b->parent >= 0) {
+			const dg__tbuf *p = &t.bufs[b->parent];
+			cr_assert(b->view_off + b->bytes <= p->bytes, "%s outside %s", b->name, p->name);
+			continue;
+		}
+		cr_assert_eq(b->offset % 256, 0, "%s at %zu", b->name, b->offset);
+		cr_assert(b->offset + b->bytes <= t.arena[dg__tape_arena_of(&t, i)], "%s past its arena",
+			  b->name);
+		if (dg__tape_arena_of(&t, i) == DG__B_SAVED && b->first >= 0)
+			sum += (b->bytes + 255) / 256 * 256;
+	}
+	/* no two roots alive together share a byte */
+	for (int i = 0; i < t.n_bufs; i++)
+		for (int j = i + 1; j < t.n_bufs; j++) {
+			const dg__tbuf *a = &t.bufs[i], *b = &t.bufs[j];
+			if (a->parent >= 0 || b->parent >= 0 || a->first < 0 || b->first < 0 ||
+			    dg__tape_arena_of(&t, i) != dg__tape_arena_of(&t, j))
+				continue;
+			bool time = !(a->last < b->first || b->last < a->first);
+			bool space = a->offset < b->offset + b->bytes && b->offset < a->offset + a->bytes;
+			cr_assert(!(time && space), "%s [%d, %d] @%zu and %s [%d, %d] @%zu overlap", a->name,
+				  a->first, a->last, a->offset, b->name, b->first, b->last, b->offset);
+		}
+	/* and reuse happens: the arena is smaller than its buffers */
+	cr_assert_lt(t.arena[DG__B_SAVED], sum, "arena %zu, buffers %zu: no reuse",
+		     t.arena[DG__B_SAVED], sum);
+	/* bytes are shared by buffers alive at different times, e.g. a
+	 * layer's temporaries and the next layer's */
+	int shared = 0;
+	for (int i = 0; i < t.n_bufs; i++)
+		for (int j = i + 1; j < t.n_bufs; j++) {
+			const dg__tbuf *a = &t.bufs[i], *b = &t.bufs[j];
+			if (a->parent < 0 && b->parent < 0 && a->first >= 0 && b->first >= 0 &&
+			    dg__tape_arena_of(&t, i) == DG__B_SAVED && dg__tape_arena_of(&t, j) == DG__B_SAVED &&
+			    a->offset < b->offset + b->bytes && b->offset < a->offset + a->bytes)
+				shared++;
+		}
+	cr_assert_geq(shared, 10, "only %d pairs of buffers reuse bytes", shared);
+	/* the weight gradients read the stacks: one node each, over L·B rows */
+	int wg = 0;
+	for (int n = 0; n < t.n_nodes; n++)
+		if (t.nodes[n].kind == DG__N_PROJ_W || t.nodes[n].kind == DG__N_DEC_W) {
+			wg++;
+			const dg__tbuf *g = &t.bufs[t.nodes[n].in[0]];
+			cr_assert_eq(g->shape[0], 3 * 2, "%s: not the stack of every layer", g->name);
+			cr_assert_eq(root(&t, t.nodes[n].in[0]), t.nodes[n].in[0]);
+		}
+	cr_assert_eq(wg, 3);
+	dg__tape_free(&t);
+}
+
+Test(tape, memory_report_25m)
+{
+	dg_model_config c;
+	dg_model_memory m;
+	char msg[256];
+	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_model_cpu_memory(&c, 8, 512, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	size_t params = 4 * ((size_t)256 * 256 * 2 + (size_t)2 * 4 * 256 * 8192 + (size_t)32768 * 256);
+	cr_assert_eq(m.params, params, "params %zu, want %zu", m.params, params);
+	cr_assert_eq(m.grads, params);
+	cr_assert_eq(m.total, m.params + m.lowbit + m.grads + m.activations);
+	cr_assert(m.activations < m.saved + m.temp + m.workspace);
+	/* the six layers' (B,H,T,N) f32 activations: xs, qr, ys, xy saved a
+	 * layer (512 MiB each), dxs and dys stacked for the weight GEMMs */
+	size_t bhtn = (size_t)8 * 4 * 512 * 8192 * 4;
+	cr_assert_geq(m.saved, 6 * 4 * bhtn);
+	cr_assert_geq(m.temp, 6 * 2 * bhtn);
+	cr_assert_eq(dg_model_cpu_memory(&c, 0, 512, &m, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "batch 0x512"), "%s", msg);
+}
