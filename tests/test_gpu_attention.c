@@ -317,7 +317,10 @@ Test(gpu_attention, chains_are_the_ops, .timeout = 600)
 	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
 	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
 	dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
+	/* the chains' spec carries every size of the step (heads, latent,
+	 * embd), which normalizing to one op's fields would drop */
 	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
+	sp.embd = D;
 
 	dg_attention_fwd_args fa = { .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s, .out = &t_o };
 	cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
