@@ -79,6 +79,8 @@ static int64_t extent(const dg__at_case *c, dg_dim d)
 		return s->latent;
 	case DG_DIM_HL:
 		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
 	default:
 		return 1;
 	}
