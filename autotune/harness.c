@@ -82,6 +82,8 @@ static int64_t extent(const dg__at_case *c, dg_dim d)
 		return s->latent;
 	case DG_DIM_HL:
 		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
 	default:
 		return 1;
 	}
@@ -152,6 +154,9 @@ static dg_status buf_make(dg__at_case *c, tbuf *b, dg_fmt f, size_t n, size_t ns
 		return dg__dev_fail(c->dev, DG_ERR_NOMEM, "out of memory: %zu bytes of host inputs",
 				    block_bytes);
 	dg_rng_fill(&c->rng, f, h, block_vals);
+	if (f == DG_FMT_I32) /* token ids of the spec's vocabulary */
+		for (size_t i = 0; i < block_vals; i++)
+			((int32_t *)h)[i] %= c->spec.vocab;
 	for (size_t off = 0; off < b->bytes && !st; off += block_bytes) {
 		size_t k = b->bytes - off < block_bytes ? b->bytes - off : block_bytes;
 		st = dg_memcpy_htod(c->dev, b->d + off, h, k);
@@ -254,6 +259,9 @@ static dg_status setup(dg__at_case *c)
 		c->t[i].scale = a->scale ? c->buf[i].scale : 0;
 		c->call.t[i] = &c->t[i];
 	}
+	/* optional outputs (lmhead_ce's dx and dw) are made, so they are asked for */
+	for (int i = 0; i < c->row->n_args; i++)
+		c->call.backward |= c->row->args[i].optional;
 	if (!st && c->out < 0)
 		st = dg__dev_fail(c->dev, DG_ERR_INTERNAL, "op %s: the op table names no output",
 				  dg_op_name(c->spec.op));
@@ -297,6 +305,7 @@ static dg_status reference(dg__at_case *c)
 		rc.groups = 1;
 		rc.cols = c->n / c->r;
 	}
+	rc.backward = c->call.backward;
 	c->want = malloc(o->bytes + 16);
 	if (!c->want)
 		return DG_ERR_NOMEM;

@@ -15,6 +15,7 @@ static const dg_fmt_info rows[DG_FMT__COUNT] = {
 	[DG_FMT_SIGN1] = { "sign1", true, false, 1, 1, 32 },
 	[DG_FMT_INT4] = { "int4", true, false, 7, 8, 4 },
 	[DG_FMT_UINT8POS] = { "uint8pos", true, true, 255, 8, 4 },
+	[DG_FMT_I32] = { "i32", false, false, 0, 32, 1 },
 };
 
 const dg_fmt_info *dg_fmt_info_of(dg_fmt fmt)

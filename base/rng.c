@@ -63,6 +63,10 @@ void dg_rng_fill(dg_rng *r, dg_fmt f, void *p, size_t n)
 		for (size_t i = 0; i < n; i++)
 			b[i] = (uint8_t)dg_rng_int(r, 0, 255);
 		return;
+	case DG_FMT_I32: /* token ids of the byte vocabulary (the default vocab) */
+		for (size_t i = 0; i < n; i++)
+			((int32_t *)p)[i] = dg_rng_int(r, 0, 255);
+		return;
 	default:
 		for (size_t i = 0; i < n; i++)
 			b[i] = (uint8_t)(int8_t)dg_rng_int(r, -127, 127);

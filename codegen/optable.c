@@ -6,8 +6,8 @@
  * and nothing else, so adding an op is a name in DG_OP_LIST, a row here,
  * its template, its op wrapper, its CPU reference and its tests.
  *
- * Shapes: B batch, T time (run-time), H heads, Hin input heads, E embd,
- * L latent (the spec's).
+ * Shapes: B batch, T time, R rows (run-time), H heads, Hin input heads,
+ * E embd, L latent, V vocab (the spec's).
  */
 #include <string.h>
 
@@ -318,6 +318,125 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.check = DG_CHECK_NORM,
 		.build = "act=f32,bf16",
 	},
+	/* ---- embed, norm, loss: rows R = B·T of width E (run-time R; E, V the
+	 * spec's). Float activations f32|bf16; statistics, losses and
+	 * gradients f32; every sum in a fixed order (bitwise reproducible). */
+	[DG_OP_EMBED_FWD] = {
+		.family = "embed", .module = "embed",
+		.about = "embedding: out (R,E) f32|bf16 = table (V,E)[idx (R) i32]; a token outside 0..V-1 gives a zero row and sets *bad",
+		.fields = F(ARCH) | F(EMBD) | F(OUT) | F(TILE) | F(VOCAB),
+		.tile = DG_TILE_THREADS,
+		.out_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(OUT), .out = DG_FMT_F32 },
+		.n_args = 3, .args = {
+			{ "idx", false, DG_ARG_I32, false, 1, { D(R) } },
+			{ "table", false, DG_ARG_F32, false, 2, { D(V), D(E) } },
+			{ "out", true, DG_ARG_OUT, false, 2, { D(R), D(E) } } },
+		.tune = { .r_mul = 1, .r_div = 1 },
+		.check = DG_CHECK_EXACT,
+		.build = "out=f32,bf16",
+	},
+	[DG_OP_EMBED_BWD] = {
+		.family = "embed", .module = "embed",
+		.about = "embedding gradient: dtable (V,E) f32 (+)= sum of dout (R,E) rows by token, in token order (no atomics)",
+		.fields = F(ARCH) | F(EMBD) | F(SRC) | F(TILE) | F(VOCAB),
+		.tile = DG_TILE_THREADS,
+		.src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 3, .args = {
+			{ "idx", false, DG_ARG_I32, false, 1, { D(R) } },
+			{ "dout", false, DG_ARG_SRC, false, 2, { D(R), D(E) } },
+			{ "dtable", true, DG_ARG_F32, false, 2, { D(V), D(E) } } },
+		.tune = { .r_mul = 1, .r_div = 1 },
+		.check = DG_CHECK_EXACT,
+		.build = "src=f32,bf16",
+	},
+	[DG_OP_LAYERNORM_FWD] = {
+		.family = "norm", .module = "norm",
+		.about = "layer norm, no affine: y (R,E) = (x - mean) * rstd, rstd (R) f32 = 1/sqrt(var + eps), var biased",
+		.fields = F(ARCH) | F(EMBD) | F(OUT) | F(SRC) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.out_fmts = FLOATS, .src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(OUT), .out = DG_FMT_F32 },
+		.n_args = 3, .args = {
+			{ "x", false, DG_ARG_SRC, false, 2, { D(R), D(E) } },
+			{ "y", true, DG_ARG_OUT, false, 2, { D(R), D(E) } },
+			{ "rstd", true, DG_ARG_F32, false, 1, { D(R) } } },
+		.tune = { .r_mul = 1, .r_div = 1 },
+		.check = DG_CHECK_NORM,
+		.build = "src=f32,bf16;out=f32,bf16",
+	},
+	[DG_OP_LAYERNORM_BWD] = {
+		.family = "norm", .module = "norm",
+		.about = "layer norm gradient: dx (R,E) f32 (+)= rstd * (dy - mean(dy) - y * mean(dy * y)), y the forward's output",
+		.fields = F(ARCH) | F(EMBD) | F(SRC) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 4, .args = {
+			{ "dy", false, DG_ARG_F32, false, 2, { D(R), D(E) } },
+			{ "y", false, DG_ARG_SRC, false, 2, { D(R), D(E) } },
+			{ "rstd", false, DG_ARG_F32, false, 1, { D(R) } },
+			{ "dx", true, DG_ARG_F32, false, 2, { D(R), D(E) } } },
+		.tune = { .r_mul = 1, .r_div = 1 },
+		.check = DG_CHECK_NORM,
+		.build = "src=f32,bf16",
+	},
+	[DG_OP_RESID_LN_FWD] = {
+		.family = "norm", .module = "norm",
+		.about = "residual + layer norm: out (R,E) = LN(x + y) (x the residual stream, y the block's output), rstd (R) f32",
+		.fields = F(ARCH) | F(EMBD) | F(OUT) | F(SRC) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.out_fmts = FLOATS, .src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(OUT), .out = DG_FMT_F32 },
+		.n_args = 4, .args = {
+			{ "x", false, DG_ARG_SRC, false, 2, { D(R), D(E) } },
+			{ "y", false, DG_ARG_SRC, false, 2, { D(R), D(E) } },
+			{ "out", true, DG_ARG_OUT, false, 2, { D(R), D(E) } },
+			{ "rstd", true, DG_ARG_F32, false, 1, { D(R) } } },
+		.tune = { .r_mul = 1, .r_div = 1 },
+		.check = DG_CHECK_NORM,
+		.build = "src=f32,bf16;out=f32,bf16",
+	},
+	[DG_OP_RESID_LN_BWD] = {
+		.family = "norm", .module = "norm",
+		.about = "residual + layer norm gradient: g = LN gradient of dout (R,E); dx (R,E) f32 (+)= g, dy (R,E) f32 = g",
+		.fields = F(ARCH) | F(EMBD) | F(SRC) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 5, .args = {
+			{ "dout", false, DG_ARG_F32, false, 2, { D(R), D(E) } },
+			{ "out", false, DG_ARG_SRC, false, 2, { D(R), D(E) } },
+			{ "rstd", false, DG_ARG_F32, false, 1, { D(R) } },
+			{ "dx", true, DG_ARG_F32, false, 2, { D(R), D(E) } },
+			{ "dy", true, DG_ARG_F32, false, 2, { D(R), D(E) } } },
+		.tune = { .r_mul = 1, .r_div = 1 },
+		.check = DG_CHECK_NORM,
+		.build = "src=f32,bf16",
+	},
+	[DG_OP_LMHEAD_CE] = {
+		.family = "loss", .module = "loss",
+		.about = "lm_head + softmax cross-entropy: loss f32 = mean_r CE(x (R,E) . w (E,V), targets (R) i32); backward: dx (R,E), dw (E,V) (+)= f32",
+		.fields = F(ARCH) | F(EMBD) | F(SRC) | F(TILE) | F(VOCAB) | F(WEIGHT),
+		.tile = DG_TILE_THREADS,
+		.weight_fmts = FLOATS, .src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(WEIGHT), .weight = DG_FMT_F32 },
+		.n_args = 6, .args = {
+			{ "x", false, DG_ARG_SRC, false, 2, { D(R), D(E) } },
+			{ "w", false, DG_ARG_WEIGHT, false, 2, { D(E), D(V) } },
+			{ "targets", false, DG_ARG_I32, false, 1, { D(R) } },
+			{ "loss", true, DG_ARG_F32, false, 1, { D(ONE) } },
+			{ "dx", true, DG_ARG_F32, false, 2, { D(R), D(E) }, true },
+			{ "dw", true, DG_ARG_F32, false, 2, { D(E), D(V) }, true } },
+		.tune = { .r_mul = 1, .r_div = 1 },
+		.check = DG_CHECK_NORM,
+		.build = "src=f32,bf16",
+	},
 };
 
 static const char *const names[DG_OP__COUNT] = {
@@ -348,6 +467,8 @@ dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f)
 	case DG_ARG_PACK:
 		row = dg_op_info_of(s->op);
 		return row ? row->pack_fmt : DG_FMT__COUNT;
+	case DG_ARG_I32:
+		return DG_FMT_I32;
 	default:
 		return DG_FMT_F32;
 	}

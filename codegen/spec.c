@@ -22,6 +22,7 @@
 #define DG_MAX_HEADS 64
 #define DG_MAX_EMBD 65536
 #define DG_MAX_LATENT (1 << 20)
+#define DG_MAX_VOCAB 65536
 
 /* ---- tile ----------------------------------------------------------------- */
 
@@ -61,6 +62,7 @@ static void common_defaults(dg_spec *spec, dg_op op)
 	spec->relu_thr = 0.0f;
 	spec->arch = 90;
 	spec->arch_specific = false;
+	spec->vocab = 256;
 }
 
 void dg_spec_init(dg_spec *spec, dg_op op)
@@ -99,6 +101,8 @@ void dg_spec_normalize(dg_spec *spec)
 		spec->embd = d.embd;
 	if (!(uses & DG_FIELD_LATENT))
 		spec->latent = d.latent;
+	if (!(uses & DG_FIELD_VOCAB))
+		spec->vocab = d.vocab;
 	if (!(uses & DG_FIELD_WEIGHT))
 		spec->weight = d.weight;
 	if (!(uses & DG_FIELD_ACT))
@@ -304,6 +308,10 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 		    (st = check_packed("latent", s->latent, s->weight, "weight", NULL, msg, size)))
 			return st;
 	}
+	if ((uses & DG_FIELD_VOCAB) && (s->vocab < 2 || s->vocab > DG_MAX_VOCAB))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"vocab=%d: must be between 2 and %d (token ids 0..vocab-1)", s->vocab,
+				DG_MAX_VOCAB);
 	if (uses & DG_FIELD_RELU) {
 		if (s->relu && !isfinite(s->relu_thr))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,

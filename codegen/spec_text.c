@@ -102,6 +102,8 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 		dg_tile_to_string(&s->tile, t, sizeof(t));
 		sb_add(&b, "tile", t);
 	}
+	if (uses & DG_FIELD_VOCAB)
+		sb_addi(&b, "vocab", s->vocab);
 	if (uses & DG_FIELD_WEIGHT)
 		sb_add(&b, "weight", dg_fmt_name(s->weight));
 	if ((uses & DG_FIELD_WSCALE) && s->wscale != DG_SCALE_TENSOR)
@@ -134,7 +136,8 @@ static const key_info keys[] = {
 	{ "in_heads", DG_FIELD_IN_HEADS }, { "latent", DG_FIELD_LATENT },
 	{ "out", DG_FIELD_OUT },       { "relu", DG_FIELD_RELU },
 	{ "src", DG_FIELD_SRC },       { "tile", DG_FIELD_TILE },
-	{ "weight", DG_FIELD_WEIGHT }, { "wscale", DG_FIELD_WSCALE },
+	{ "vocab", DG_FIELD_VOCAB },   { "weight", DG_FIELD_WEIGHT },
+	{ "wscale", DG_FIELD_WSCALE },
 };
 
 static const key_info *find_key(const char *name)
@@ -220,7 +223,8 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 	case DG_FIELD_HEADS:
 	case DG_FIELD_IN_HEADS:
 	case DG_FIELD_EMBD:
-	case DG_FIELD_LATENT: {
+	case DG_FIELD_LATENT:
+	case DG_FIELD_VOCAB: {
 		int x;
 		if (!parse_int(v, 0, INT_MAX, &x))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -232,6 +236,8 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 			s->in_heads = x;
 		else if (k->field == DG_FIELD_EMBD)
 			s->embd = x;
+		else if (k->field == DG_FIELD_VOCAB)
+			s->vocab = x;
 		else
 			s->latent = x;
 		return DG_OK;
@@ -359,7 +365,7 @@ dg_status dg_spec_set(dg_spec *s, const char *key, const char *value,
 	const key_info *k = find_key(key);
 	if (!k)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"%s: unknown key; keys are op, act, arch, ascale, embd, heads, in_heads, latent, out, relu, src, tile, weight, wscale",
+				"%s: unknown key; keys are op, act, arch, ascale, embd, heads, in_heads, latent, out, relu, src, tile, vocab, weight, wscale",
 				key);
 	if (!(dg_spec_uses(s->op) & k->field)) {
 		list_keys(dg_spec_uses(s->op), kl, sizeof(kl));

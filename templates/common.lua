@@ -122,6 +122,7 @@ M.formats = {
                unsigned = true },
   ternary  = { ctype = "unsigned",       epw = 16, code = true,  qmax = 1 },
   sign1    = { ctype = "unsigned",       epw = 32, code = true,  qmax = 1 },
+  i32      = { ctype = "int",            epw = 1,  code = false, size = 4 },
 }
 
 -- Output element types (one element per value).

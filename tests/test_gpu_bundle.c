@@ -180,6 +180,8 @@ static int64_t extent(const op_case *c, dg_dim d)
 		return c->spec.latent;
 	case DG_DIM_HL:
 		return (int64_t)c->spec.heads * c->spec.latent;
+	case DG_DIM_V:
+		return c->spec.vocab;
 	default:
 		return 1;
 	}
@@ -189,6 +191,7 @@ static int64_t extent(const op_case *c, dg_dim d)
 static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 {
 	const dg_tensor *t0 = &c->a[0].t, *t1 = &c->a[1].t, *t2 = &c->a[2].t, *t3 = &c->a[3].t;
+	const dg_tensor *t4 = &c->a[4].t, *t5 = &c->a[5].t;
 	const dg_spec *s = &c->spec;
 	if (ws_bytes)
 		*ws_bytes = 0;
@@ -246,6 +249,36 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 	case DG_OP_UNPACK_I8X4: {
 		dg_pack_i8x4_args a = { .packed = t0, .codes = t1 };
 		return ws_bytes ? DG_OK : dg_pack_i8x4(dev, s, &a);
+	}
+	/* the row ops: random token ids are 0..255, the default vocab */
+	case DG_OP_EMBED_FWD: {
+		dg_embed_fwd_args a = { .idx = t0, .table = t1, .out = t2 };
+		return ws_bytes ? DG_OK : dg_embed_fwd(dev, s, &a);
+	}
+	case DG_OP_EMBED_BWD: {
+		dg_embed_bwd_args a = { .idx = t0, .dout = t1, .dtable = t2 };
+		return ws_bytes ? DG_OK : dg_embed_bwd(dev, s, &a);
+	}
+	case DG_OP_LAYERNORM_FWD: {
+		dg_layernorm_fwd_args a = { .x = t0, .y = t1, .rstd = t2, .eps = 1e-5f };
+		return ws_bytes ? DG_OK : dg_layernorm_fwd(dev, s, &a);
+	}
+	case DG_OP_LAYERNORM_BWD: {
+		dg_layernorm_bwd_args a = { .dy = t0, .y = t1, .rstd = t2, .dx = t3 };
+		return ws_bytes ? DG_OK : dg_layernorm_bwd(dev, s, &a);
+	}
+	case DG_OP_RESID_LN_FWD: {
+		dg_resid_ln_fwd_args a = { .x = t0, .y = t1, .out = t2, .rstd = t3, .eps = 1e-5f };
+		return ws_bytes ? DG_OK : dg_resid_ln_fwd(dev, s, &a);
+	}
+	case DG_OP_RESID_LN_BWD: {
+		dg_resid_ln_bwd_args a = { .dout = t0, .out = t1, .rstd = t2, .dx = t3, .dy = t4 };
+		return ws_bytes ? DG_OK : dg_resid_ln_bwd(dev, s, &a);
+	}
+	case DG_OP_LMHEAD_CE: {
+		dg_lmhead_ce_args a = { .x = t0, .w = t1, .targets = t2, .loss = t3, .dx = t4, .dw = t5,
+					.backward = true, .ws = c->ws };
+		return ws_bytes ? dg_lmhead_ce_workspace(dev, s, &a, ws_bytes) : dg_lmhead_ce(dev, s, &a);
 	}
 	default:
 		cr_assert_fail("op %s has no call here", dg_op_name(s->op));

@@ -36,7 +36,7 @@ static bool file_exists(const char *path)
 
 Test(optable, every_row_is_complete)
 {
-	static const char *const families[] = { "lowrank", "decoder", "quantize", "pack", "attention" };
+	static const char *const families[] = { "lowrank", "decoder", "quantize", "pack", "attention", "norm", "embed", "loss" };
 	cr_assert_null(dg_op_info_of(DG_OP__COUNT));
 	cr_assert_null(dg_op_info_of((dg_op)-1));
 	for (int i = 0; i < DG_OP__COUNT; i++) {
@@ -80,7 +80,7 @@ Test(optable, every_row_is_complete)
 			cr_assert(g->ndim >= 0 && g->ndim <= 4, "%s.%s: ndim %d", op, g->name, g->ndim);
 			any_shape |= g->ndim == 0;
 			for (int d = 0; d < g->ndim; d++) {
-				cr_assert(g->dims[d] >= DG_DIM_B && g->dims[d] <= DG_DIM_ONE, "%s.%s: dims[%d]", op,
+				cr_assert(g->dims[d] >= DG_DIM_B && g->dims[d] <= DG_DIM_V, "%s.%s: dims[%d]", op,
 					  g->name, d);
 				has_bt |= g->dims[d] == DG_DIM_B;
 				has_r |= g->dims[d] == DG_DIM_R;
@@ -88,6 +88,7 @@ Test(optable, every_row_is_complete)
 						: g->dims[d] == DG_DIM_HIN			   ? DG_FIELD_IN_HEADS
 						: g->dims[d] == DG_DIM_E			   ? DG_FIELD_EMBD
 						: g->dims[d] == DG_DIM_L			   ? DG_FIELD_LATENT
+						: g->dims[d] == DG_DIM_V			   ? DG_FIELD_VOCAB
 												   : 0;
 				cr_assert(!need || (r->fields & need), "%s.%s: a dimension of a field it does not read",
 					  op, g->name);
@@ -402,6 +403,43 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 						.rope = by_name(c, "rope"), .grad_xs = by_name(c, "grad_xs") };
 		return dg_attention_grad_xs_check(s, &a, msg, size);
 	}
+	case DG_OP_EMBED_FWD: {
+		dg_embed_fwd_args a = { .idx = by_name(c, "idx"), .table = by_name(c, "table"),
+					.out = by_name(c, "out") };
+		return dg_embed_fwd_check(s, &a, msg, size);
+	}
+	case DG_OP_EMBED_BWD: {
+		dg_embed_bwd_args a = { .idx = by_name(c, "idx"), .dout = by_name(c, "dout"),
+					.dtable = by_name(c, "dtable") };
+		return dg_embed_bwd_check(s, &a, msg, size);
+	}
+	case DG_OP_LAYERNORM_FWD: {
+		dg_layernorm_fwd_args a = { .x = by_name(c, "x"), .y = by_name(c, "y"), .rstd = by_name(c, "rstd"),
+					    .eps = 1e-5f };
+		return dg_layernorm_fwd_check(s, &a, msg, size);
+	}
+	case DG_OP_LAYERNORM_BWD: {
+		dg_layernorm_bwd_args a = { .dy = by_name(c, "dy"), .y = by_name(c, "y"), .rstd = by_name(c, "rstd"),
+					    .dx = by_name(c, "dx") };
+		return dg_layernorm_bwd_check(s, &a, msg, size);
+	}
+	case DG_OP_RESID_LN_FWD: {
+		dg_resid_ln_fwd_args a = { .x = by_name(c, "x"), .y = by_name(c, "y"), .out = by_name(c, "out"),
+					   .rstd = by_name(c, "rstd"), .eps = 1e-5f };
+		return dg_resid_ln_fwd_check(s, &a, msg, size);
+	}
+	case DG_OP_RESID_LN_BWD: {
+		dg_resid_ln_bwd_args a = { .dout = by_name(c, "dout"), .out = by_name(c, "out"),
+					   .rstd = by_name(c, "rstd"), .dx = by_name(c, "dx"), .dy = by_name(c, "dy") };
+		return dg_resid_ln_bwd_check(s, &a, msg, size);
+	}
+	case DG_OP_LMHEAD_CE: {
+		/* the backward form (dx and dw needed), a workspace that fits any call here */
+		dg_lmhead_ce_args a = { .x = by_name(c, "x"), .w = by_name(c, "w"), .targets = by_name(c, "targets"),
+					.loss = by_name(c, "loss"), .dx = by_name(c, "dx"), .dw = by_name(c, "dw"),
+					.backward = true, .ws = { (dg_dptr)0x4000000, (size_t)1 << 20 } };
+		return dg_lmhead_ce_check(s, &a, msg, size);
+	}
 	default:
 		cr_assert_fail("op %d has no check here", (int)c->op);
 		return DG_ERR_INTERNAL;
@@ -425,6 +463,8 @@ static dg_fmt fmt_of(const dg_spec *s, const dg_op_info *r, dg_arg_fmt f)
 		return DG_FMT_INT8;
 	case DG_ARG_PACK:
 		return r->pack_fmt;
+	case DG_ARG_I32:
+		return DG_FMT_I32;
 	default:
 		return DG_FMT_F32;
 	}
@@ -451,6 +491,8 @@ static int64_t extent_of(const dg_spec *s, dg_dim d)
 		return s->latent;
 	case DG_DIM_HL:
 		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
 	default:
 		return 1;
 	}
@@ -490,6 +532,7 @@ static dg_spec small_spec(dg_op op)
 	s.in_heads = (r->fields & DG_FIELD_IN_HEADS) ? 3 : 1;
 	s.embd = 96;
 	s.latent = 32;
+	s.vocab = 40;
 	if (r->weight_fmts & DG_FMT_BIT(DG_FMT_TERNARY))
 		s.weight = DG_FMT_TERNARY;
 	if (op == DG_OP_PACK_SIGN1)
@@ -633,7 +676,7 @@ Test(optable, arg_formats_follow_the_spec)
 		s.weight = DG_FMT_TERNARY;
 		s.out = DG_FMT_BF16;
 		s.src = DG_FMT_UINT8POS;
-		for (int f = DG_ARG_ACT; f <= DG_ARG_PACK; f++)
+		for (int f = DG_ARG_ACT; f <= DG_ARG_I32; f++)
 			cr_assert_eq(dg_op_arg_fmt(&s, (dg_arg_fmt)f), fmt_of(&s, r, (dg_arg_fmt)f),
 				     "%s: arg format %d", dg_op_name((dg_op)op), f);
 	}

@@ -286,6 +286,12 @@ Test(rng, fill_writes_only_codes_each_format_holds)
 				cr_assert(x >= -1.0f && x <= 1.0f, "%s: %g", fi->name, (double)x);
 				cr_assert(f == DG_FMT_BF16 || x < 1.0f);
 				continue;
+			} else if (f == DG_FMT_I32) {
+				/* token ids of the default vocab */
+				int32_t id;
+				memcpy(&id, buf + 4 * i, 4);
+				cr_assert(id >= 0 && id < 256, "i32: token %d outside 0..255", id);
+				continue;
 			} else if (f == DG_FMT_TERNARY) {
 				unsigned pair = (buf[i / 4] >> (2 * (i % 4))) & 3u;
 				cr_assert_neq(pair, 2u, "ternary pair 10 at code %zu", i);
@@ -338,6 +344,8 @@ static int64_t run_extent(const dg_spec *s, dg_dim d)
 		return s->latent;
 	case DG_DIM_HL:
 		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
 	default:
 		return 1;
 	}
@@ -357,6 +365,62 @@ static size_t arg_elems(const dg_spec *s, const dg_op_arg *a)
 static size_t arg_bytes(dg_fmt f, size_t n)
 {
 	return dg_fmt_row_bytes(f, (int64_t)n);
+}
+
+/* n values of a float tensor (f32 | bf16) as f32, into buf. */
+static float *as_f32(dg_fmt f, const void *p, size_t n, float *buf)
+{
+	for (size_t i = 0; i < n; i++)
+		buf[i] = f == DG_FMT_BF16 ? dg_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+	return buf;
+}
+
+/* The row ops (embed, norm, loss) by their own references: the last output
+ * of each (out, dtable, rstd, dx, rstd, dy, dw), eps 0, no accumulate. */
+static dg_status direct_rows(const dg_spec *s, const dg_ref_call *c, void *out)
+{
+	enum { MAXN = 1 << 16 };
+	static float a[MAXN], b[MAXN], y[MAXN], g[MAXN];
+	const int E = s->embd, V = s->vocab;
+	const size_t n = (size_t)RUN_R * (size_t)E;
+	double loss;
+	cr_assert_leq((size_t)V * (size_t)E, (size_t)MAXN);
+	switch (s->op) {
+	case DG_OP_EMBED_FWD: {
+		dg_status st = dg_ref_embed_fwd(c->in[1], V, E, c->in[0], RUN_R, y, NULL);
+		for (size_t i = 0; i < n; i++) {
+			if (s->out == DG_FMT_BF16)
+				((uint16_t *)out)[i] = dg_f32_to_bf16(y[i]);
+			else
+				((float *)out)[i] = y[i];
+		}
+		return st;
+	}
+	case DG_OP_EMBED_BWD:
+		memset(out, 0, (size_t)V * (size_t)E * sizeof(float));
+		dg_ref_embed_bwd(as_f32(s->src, c->in[1], n, a), E, c->in[0], RUN_R, out);
+		return DG_OK;
+	case DG_OP_LAYERNORM_FWD:
+		dg_ref_layernorm_fwd(as_f32(s->src, c->in[0], n, a), RUN_R, E, 0.0f, y, NULL, out);
+		return DG_OK;
+	case DG_OP_RESID_LN_FWD:
+		as_f32(s->src, c->in[0], n, a);
+		as_f32(s->src, c->in[1], n, b);
+		for (size_t i = 0; i < n; i++)
+			a[i] = a[i] + b[i];
+		dg_ref_layernorm_fwd(a, RUN_R, E, 0.0f, y, NULL, out);
+		return DG_OK;
+	case DG_OP_LAYERNORM_BWD:
+	case DG_OP_RESID_LN_BWD:
+		dg_ref_layernorm_bwd(c->in[0], as_f32(s->src, c->in[1], n, a), c->in[2], RUN_R, E, out, false);
+		return DG_OK;
+	case DG_OP_LMHEAD_CE:
+		as_f32(s->src, c->in[0], n, a);
+		as_f32(s->weight, c->in[1], (size_t)E * (size_t)V, b);
+		return dg_ref_lmhead_ce(a, b, c->in[2], RUN_R, E, V, &loss, g, out, false, NULL);
+	default:
+		return DG_ERR_INTERNAL;
+	}
 }
 
 /* The op's own reference, called directly with the same storages. */
@@ -417,7 +481,7 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 	case DG_OP_ATTENTION_GRAD_XS:
 		return dg_ref_attention_grad_xs(s, c->in[0], c->in[1], c->in[2], out, b, t);
 	default:
-		return DG_ERR_INTERNAL;
+		return direct_rows(s, c, out);
 	}
 }
 

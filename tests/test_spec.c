@@ -285,7 +285,7 @@ static const struct {
 	{ "in_heads", DG_FIELD_IN_HEADS, "1" }, { "latent", DG_FIELD_LATENT, "256" },
 	{ "out", DG_FIELD_OUT, "f32" },       { "relu", DG_FIELD_RELU, "0.5" },
 	{ "src", DG_FIELD_SRC, "bf16" },      { "tile", DG_FIELD_TILE, "auto" },
-	{ "weight", DG_FIELD_WEIGHT, "int8" },
+	{ "vocab", DG_FIELD_VOCAB, "300" },   { "weight", DG_FIELD_WEIGHT, "int8" },
 };
 
 /* Every key an op reads parses; every other key is refused by name, and
@@ -450,6 +450,22 @@ Test(spec, packing_rules)
 			cr_assert(strstr(msg, want), "%s", msg);
 		}
 	}
+}
+
+/* vocab (embed, lmhead_ce): 2..65536, in the canonical text between tile
+ * and weight; ops that do not read it refuse it by name. */
+Test(spec, vocab_rules)
+{
+	refused("op=embed_fwd;vocab=1", "vocab=1: must be between 2 and 65536");
+	refused("op=lmhead_ce;vocab=65537", "vocab=65537: must be between 2 and 65536");
+	refused("op=embed_fwd;vocab=-3", "vocab=-3: must be a positive decimal integer");
+	refused("op=layernorm_fwd;vocab=256", "vocab: op layernorm_fwd does not take it");
+	cr_assert_eq(parsed("op=embed_bwd;vocab=2").vocab, 2);
+	cr_assert_eq(parsed("op=lmhead_ce").vocab, 256, "the BDH byte vocabulary by default");
+	dg_spec s = parsed("op=lmhead_ce;vocab=65536;src=bf16");
+	cr_assert_str_eq(canon(&s), "arch=sm_90;embd=256;op=lmhead_ce;src=bf16;tile=auto;vocab=65536;weight=f32;");
+	refused("op=layernorm_fwd;out=int8", "out=int8: op layernorm_fwd takes one of f32|bf16");
+	refused("op=embed_fwd;out=i32", "out=i32: op embed_fwd takes one of f32|bf16");
 }
 
 Test(spec, relu_rules)

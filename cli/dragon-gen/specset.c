@@ -633,6 +633,7 @@ static const char *const flag_what[DG__SF__COUNT] = {
 	[DG__SF_IN_HEADS] = "input heads: 1 (shared by all heads) or H",
 	[DG__SF_EMBD] = "model width E",
 	[DG__SF_LATENT] = "latent width L per head",
+	[DG__SF_VOCAB] = "vocabulary V (token ids 0..V-1)",
 	[DG__SF_RELU] = "none, or a threshold such as 0 or 0.25",
 	[DG__SF_TILE] = "auto, t<threads> (t256) or BMxBNxBK/WMxWN/S",
 	[DG__SF_ASCALE] = "the act's scale: tensor, or token (one a row)",

@@ -42,7 +42,7 @@
 /* Size of the default build set: the products of the op table's build
  * lists (checked by tests/test_cli.c against `dragon-gen list`, and
  * against dg__specset_default_size). */
-#define DG__SPECSET_DEFAULT_SIZE 57
+#define DG__SPECSET_DEFAULT_SIZE 75
 /* Largest product we expand (a typo such as a 10^6-long list is refused). */
 #define DG__SPECSET_MAX 65536
 
@@ -53,6 +53,7 @@
 	X(IN_HEADS, "in-heads", "in_heads", DG_FIELD_IN_HEADS)                \
 	X(EMBD, "embd", "embd", DG_FIELD_EMBD)                                \
 	X(LATENT, "latent", "latent", DG_FIELD_LATENT)                        \
+	X(VOCAB, "vocab", "vocab", DG_FIELD_VOCAB)                            \
 	X(WEIGHT, "weight", "weight", DG_FIELD_WEIGHT)                        \
 	X(ACT, "act", "act", DG_FIELD_ACT)                                    \
 	X(OUT, "out-format", "out", DG_FIELD_OUT)                             \

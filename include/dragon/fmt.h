@@ -9,6 +9,8 @@
  *   ternary        codes -1, 0, +1, 2 bits a code, 16 a uint32 word
  *                  (00 = 0, 01 = +1, 11 = -1)
  *   sign1          codes ±1, 1 bit a code, 32 a uint32 word (1 = +1)
+ *   i32            int32 indices (token ids), 4 bytes an element; not a
+ *                  code (no scale), never a spec's weight/act/out/src
  *
  * Integer storage is packed along the reduction axis, little-endian lanes.
  * Every predicate and size of a format anywhere in dragon comes from
@@ -35,7 +37,8 @@ extern "C" {
 	X(DG_FMT_TERNARY, "ternary")                                          \
 	X(DG_FMT_SIGN1, "sign1")                                              \
 	X(DG_FMT_INT4, "int4")                                                \
-	X(DG_FMT_UINT8POS, "uint8pos")
+	X(DG_FMT_UINT8POS, "uint8pos")                                        \
+	X(DG_FMT_I32, "i32")
 
 typedef enum dg_fmt {
 #define DG__FMT_ENUM(e, s) e,

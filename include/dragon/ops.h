@@ -43,6 +43,25 @@
  *   pack_ternary / pack_sign1   codes (R,K) int8 → packed (R,K) ternary|sign1
  *   unpack_ternary / unpack_sign1   packed (R,K) → codes (R,K) int8 (i8x4)
  *   pack_i8x4 / unpack_i8x4      codes (R,K,C) int8 ↔ packed (R,C,K) int8
+ *
+ * Rows R (= B·T, the call's) of width E, V the spec's vocab; float
+ * activations f32|bf16 (src in, out out), statistics, losses and
+ * gradients f32; every sum in a fixed order (bitwise reproducible, any
+ * grid):
+ *   embed_fwd      idx (R) i32, table (V,E) f32 → out (R,E) out
+ *   embed_bwd      idx (R) i32, dout (R,E) src → dtable (V,E) f32 (+)=
+ *   layernorm_fwd  x (R,E) src → y (R,E) out, rstd (R) f32
+ *   layernorm_bwd  dy (R,E) f32, y (R,E) src, rstd → dx (R,E) f32 (+)=
+ *   resid_ln_fwd   x, y (R,E) src → out (R,E) out = LN(x + y), rstd
+ *   resid_ln_bwd   dout (R,E) f32, out (R,E) src, rstd → dx (+)=, dy
+ *   lmhead_ce      x (R,E) src, w (E,V) weight (f32|bf16), targets (R) i32
+ *                  → loss (1) f32; backward: dx (R,E) f32, dw (E,V) f32 (+)=
+ * A token id outside 0..V-1 (embed_fwd's idx, lmhead_ce's targets) is never
+ * read through: the op cannot see device data without a sync, so the
+ * kernel makes that row harmless (a zero embedding row; row loss 0 and no
+ * gradient) and sets the caller's `bad` flag, which the caller checks with
+ * the loss (as PyTorch users expect an error, not silent garbage; the
+ * model checks tokens on the host before it uploads them).
  */
 #ifndef DRAGON_OPS_H
 #define DRAGON_OPS_H
@@ -305,6 +324,115 @@ typedef struct dg_attention_bwd_args {
 dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
 				     size_t *bytes);
 dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a);
+
+/* ---- embed ------------------------------------------------------------- */
+/* bad: 0, or an int32 on the device that gets 1 when a token is outside
+ * 0..V-1 (that row of out is written as zeros). The op never clears it:
+ * zero it once, read it when the loss is read. */
+typedef struct dg_embed_fwd_args {
+	const dg_tensor *idx;   /* (R) i32 */
+	const dg_tensor *table; /* (V, E) f32 */
+	const dg_tensor *out;   /* (R, E) spec->out */
+	dg_dptr bad;
+} dg_embed_fwd_args;
+dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,
+			     size_t msg_size);
+dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a);
+
+/* dtable[v] (accumulate: +)= the rows of dout whose token is v, added in
+ * token order (exactly dg_ref_embed_bwd's f32 sums); tokens outside
+ * 0..V-1 add nothing. */
+typedef struct dg_embed_bwd_args {
+	const dg_tensor *idx;    /* (R) i32 */
+	const dg_tensor *dout;   /* (R, E) spec->src */
+	const dg_tensor *dtable; /* (V, E) f32 */
+	bool accumulate;
+} dg_embed_bwd_args;
+dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, char *msg,
+			     size_t msg_size);
+dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a);
+
+/* ---- layer norm (no affine; biased variance; eps inside the sqrt) ------- */
+typedef struct dg_layernorm_fwd_args {
+	const dg_tensor *x;    /* (R, E) spec->src */
+	const dg_tensor *y;    /* (R, E) spec->out; must not alias x */
+	const dg_tensor *rstd; /* (R) f32: 1/sqrt(var + eps), for the backward */
+	float eps;             /* finite, >= 0 (PyTorch's default 1e-5) */
+} dg_layernorm_fwd_args;
+dg_status dg_layernorm_fwd_check(const dg_spec *spec, const dg_layernorm_fwd_args *a,
+				 char *msg, size_t msg_size);
+dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec,
+			   const dg_layernorm_fwd_args *a);
+
+/* dx (accumulate: +)= rstd·(dy − mean(dy) − y·mean(dy·y)). */
+typedef struct dg_layernorm_bwd_args {
+	const dg_tensor *dy;   /* (R, E) f32 */
+	const dg_tensor *y;    /* (R, E) spec->src: the forward's output */
+	const dg_tensor *rstd; /* (R) f32: the forward's */
+	const dg_tensor *dx;   /* (R, E) f32 */
+	bool accumulate;
+} dg_layernorm_bwd_args;
+dg_status dg_layernorm_bwd_check(const dg_spec *spec, const dg_layernorm_bwd_args *a,
+				 char *msg, size_t msg_size);
+dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec,
+			   const dg_layernorm_bwd_args *a);
+
+/* out = LN(x + y): x the residual stream, y the block's output (the add
+ * rounded once in f32), one pass. */
+typedef struct dg_resid_ln_fwd_args {
+	const dg_tensor *x;    /* (R, E) spec->src */
+	const dg_tensor *y;    /* (R, E) spec->src */
+	const dg_tensor *out;  /* (R, E) spec->out; must not alias x or y */
+	const dg_tensor *rstd; /* (R) f32 */
+	float eps;
+} dg_resid_ln_fwd_args;
+dg_status dg_resid_ln_fwd_check(const dg_spec *spec, const dg_resid_ln_fwd_args *a,
+				char *msg, size_t msg_size);
+dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec,
+			  const dg_resid_ln_fwd_args *a);
+
+/* g = the layer norm gradient of dout; dx (accumulate: +)= g (the residual
+ * stream's gradient), dy = g (the block output's). */
+typedef struct dg_resid_ln_bwd_args {
+	const dg_tensor *dout; /* (R, E) f32 */
+	const dg_tensor *out;  /* (R, E) spec->src: the forward's output */
+	const dg_tensor *rstd; /* (R) f32 */
+	const dg_tensor *dx;   /* (R, E) f32 */
+	const dg_tensor *dy;   /* (R, E) f32 */
+	bool accumulate;
+} dg_resid_ln_bwd_args;
+dg_status dg_resid_ln_bwd_check(const dg_spec *spec, const dg_resid_ln_bwd_args *a,
+				char *msg, size_t msg_size);
+dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec,
+			  const dg_resid_ln_bwd_args *a);
+
+/* ---- lm_head + softmax cross-entropy ------------------------------------ */
+/* loss = mean over the R rows of logsumexp(x·w) − (x·w)[target], written
+ * to loss (a device float). backward: also dx = dlogits·wᵀ and dw
+ * (accumulate: +)= xᵀ·dlogits with dlogits = (softmax − onehot)/R (dx and
+ * dw needed then, NULL allowed without). Logits never reach global memory;
+ * ws holds the per-row losses and, for the backward, dlogits (f32, bf16 on
+ * the src=bf16 path), sized by dg_lmhead_ce_workspace (no device needed:
+ * it depends on R, V, src and backward only). R >= 1. A target outside
+ * 0..V-1: row loss 0, no gradient, *bad = 1 (see embed_fwd). */
+typedef struct dg_lmhead_ce_args {
+	const dg_tensor *x;       /* (R, E) spec->src */
+	const dg_tensor *w;       /* (E, V) spec->weight (f32 | bf16) */
+	const dg_tensor *targets; /* (R) i32 */
+	const dg_tensor *loss;    /* (1) f32 */
+	const dg_tensor *dx;      /* (R, E) f32, or NULL without backward */
+	const dg_tensor *dw;      /* (E, V) f32, or NULL without backward */
+	bool backward;
+	bool accumulate;          /* dw += */
+	dg_workspace ws;
+	dg_dptr bad;
+} dg_lmhead_ce_args;
+dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
+			     size_t msg_size);
+/* dev may be NULL (the size needs none); a->ws is ignored. */
+dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
+				 const dg_lmhead_ce_args *a, size_t *bytes);
+dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a);
 
 #ifdef __cplusplus
 }

@@ -308,8 +308,17 @@ typedef struct dg_ref_call {
 					 * cols); quantize_weight per channel: rows of
 					 * cols */
 	int64_t b, t, r, n;             /* the call's B, T (B·T ops), R (pack
-					 * ops), n (the quantizers' elements) */
+					 * and row ops), n (the quantizers' elements) */
 	bool unpack;                    /* pack_ternary / pack_sign1 */
+	/* Ops with several outputs (layernorm_fwd's y and rstd, ...): output
+	 * i's host storage by argument index; NULL: `out` for the last
+	 * output, scratch for the others. An accumulating output's storage
+	 * holds its old value. */
+	void *outs[DG_OP_MAX_ARGS];
+	float eps;                      /* layernorm_fwd, resid_ln_fwd */
+	bool accumulate;                /* embed_bwd, *_bwd dx, lmhead_ce dw */
+	bool backward;                  /* lmhead_ce: also dx and dw (implied
+					 * when storage for either is given) */
 } dg_ref_call;
 
 dg_status dg_ref_run(const dg_spec *spec, const dg_ref_call *call);

@@ -33,7 +33,7 @@ int dg_rng_int(dg_rng *r, int lo, int hi);
  * floats uniform in [-1, 1) (bf16 rounded from them), int8 codes in
  * -127..127, int4 in -7..7, uint8pos in 0..255 (one a byte), ternary codes
  * -1, 0, +1 packed 16 a word, sign1 bits 32 a word (n a multiple of the
- * codes a word). storage holds dg_fmt_row_bytes(fmt, n) bytes.
+ * codes a word), i32 token ids in 0..255 (the default vocab). storage holds dg_fmt_row_bytes(fmt, n) bytes.
  */
 void dg_rng_fill(dg_rng *r, dg_fmt fmt, void *storage, size_t n);
 

@@ -56,7 +56,14 @@ extern "C" {
 	X(DG_OP_ATTENTION_OUT, attention_out)                               \
 	X(DG_OP_ATTENTION_GRAD_SCORES, attention_grad_scores)               \
 	X(DG_OP_ATTENTION_GRAD_V, attention_grad_v)                         \
-	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs)
+	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs) \
+	X(DG_OP_EMBED_FWD, embed_fwd)                                       \
+	X(DG_OP_EMBED_BWD, embed_bwd)                                       \
+	X(DG_OP_LAYERNORM_FWD, layernorm_fwd)                               \
+	X(DG_OP_LAYERNORM_BWD, layernorm_bwd)                               \
+	X(DG_OP_RESID_LN_FWD, resid_ln_fwd)                                 \
+	X(DG_OP_RESID_LN_BWD, resid_ln_bwd)                                 \
+	X(DG_OP_LMHEAD_CE, lmhead_ce)
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,
@@ -80,6 +87,7 @@ typedef enum dg_field {
 	DG_FIELD_WEIGHT = 1 << 10,
 	DG_FIELD_ASCALE = 1 << 11,
 	DG_FIELD_WSCALE = 1 << 12,
+	DG_FIELD_VOCAB = 1 << 13,
 } dg_field;
 
 /*
@@ -137,6 +145,7 @@ typedef struct dg_spec {
 	dg_tile tile;
 	int arch;           /* SM version times ten plus minor: 90 for sm_90 */
 	bool arch_specific; /* sm_90a: arch-specific features (wgmma) */
+	int vocab;          /* V: token ids 0..V-1 (embed, lmhead_ce); 2..65536 */
 } dg_spec;
 
 /* ---- the op table --------------------------------------------------------
@@ -160,6 +169,7 @@ typedef enum dg_dim {
 	DG_DIM_L,     /* the spec's latent */
 	DG_DIM_HL,    /* heads · latent */
 	DG_DIM_ONE,   /* 1 */
+	DG_DIM_V,     /* the spec's vocab */
 } dg_dim;
 
 /* Where an argument's format comes from. */
@@ -171,9 +181,10 @@ typedef enum dg_arg_fmt {
 	DG_ARG_F32,
 	DG_ARG_INT8,   /* one code a byte */
 	DG_ARG_PACK,   /* the op's pack_fmt */
+	DG_ARG_I32,    /* int32 token ids (DG_FMT_I32) */
 } dg_arg_fmt;
 
-#define DG_OP_MAX_ARGS 4
+#define DG_OP_MAX_ARGS 8
 
 /* One tensor argument of an op, in call order. ndim 0: any shape, the
  * first such argument's (the quantizers). */
@@ -184,6 +195,9 @@ typedef struct dg_op_arg {
 	bool scale;       /* an integer format carries its scale */
 	int ndim;
 	dg_dim dims[4];
+	bool optional;    /* may be NULL when the call's flags do not use it
+			   * (lmhead_ce's dx and dw without backward); the
+			   * op's own check says when it must be there */
 } dg_op_arg;
 
 /* How the tuner and the bench shape an op without B·T (a rows count R
@@ -212,7 +226,8 @@ typedef struct dg_op_defaults {
 } dg_op_defaults;
 
 typedef struct dg_op_info {
-	const char *family;  /* lowrank | decoder | quantize | pack: the name of
+	const char *family;  /* lowrank | decoder | quantize | pack | norm |
+			      * embed | loss: the name of
 			      * its ops file, references and tests */
 	const char *module;  /* templates/<module>.lua plans and renders it */
 	const char *about;   /* one line: what it computes, with shapes */
@@ -242,7 +257,7 @@ typedef struct dg_op_info {
 const dg_op_info *dg_op_info_of(dg_op op);
 /* The format an argument of s's op has under s (f: the argument's
  * dg_op_arg.fmt): s's act, weight, out or src, int8 codes, the op's
- * pack_fmt, or f32. */
+ * pack_fmt, int32 token ids, or f32. */
 dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f);
 
 /* Longest canonical text, terminator included. */
@@ -255,7 +270,7 @@ bool dg_op_from_name(const char *name, dg_op *out);
 /* Fields that `op` reads (a mask of dg_field). */
 unsigned dg_spec_uses(dg_op op);
 
-/* The defaults of `op`: BDH's shape (H=4, E=256, L=8192), int8 weights
+/* The defaults of `op`: BDH's shape (H=4, E=256, L=8192, V=256), int8 weights
  * and activations, int8 out, no ReLU, auto tile, sm_90, then the op's own
  * (dg_op_info.defaults: decoder_fwd writes bf16, relu_mask has relu=0).
  * Always a valid spec. */

@@ -33,6 +33,8 @@ static int64_t extent(const dg_spec *s, dg_dim d, const dg__op_shape *sh)
 		return s->latent;
 	case DG_DIM_HL:
 		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
 	default:
 		return 1;
 	}
@@ -87,6 +89,8 @@ dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__
 				return st;
 			continue;
 		}
+		if (!t && a->optional)
+			continue; /* the op's own check says when it must be there */
 		int64_t want[DG_TENSOR_MAX_DIMS];
 		for (int d = 0; d < a->ndim; d++)
 			want[d] = extent(spec, a->dims[d], &sh);

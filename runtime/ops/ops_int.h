@@ -21,8 +21,13 @@ typedef struct dg__op_call {
 	const dg_tensor *t[DG_OP_MAX_ARGS];
 	dg_workspace ws;
 	dg_dptr absum;   /* lowrank_fwd: Σ|y| accumulator, or 0 */
-	bool accumulate; /* the grad_weight ops */
+	bool accumulate; /* the grad_weight ops; embed_bwd, layernorm_bwd,
+			  * resid_ln_bwd (dx), lmhead_ce (dw) */
 	bool unpack;     /* pack_ternary / pack_sign1: packed → codes */
+	bool backward;   /* lmhead_ce: dx and dw too */
+	float eps;       /* layernorm_fwd, resid_ln_fwd: inside the sqrt */
+	dg_dptr bad;     /* embed_fwd, lmhead_ce: an int32 set to 1 on a token
+			  * outside 0..V-1, or 0 */
 } dg__op_call;
 
 /* The sizes a checked call has: B and T of its first tensor with them, R

@@ -4,6 +4,7 @@
  * reference (dragon/ref.h). An op without one fails to link.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/ref/ref_int.h"
 
@@ -165,6 +166,167 @@ dg_status dg__ref_attention_grad_xs(const dg_spec *spec, const dg_ref_call *c)
 {
 	return dg_ref_attention_grad_xs(spec, c->in[0], c->in[1], c->in[2], c->out, (int)c->b,
 					(int)c->t);
+}
+
+/* ---- embed, norm, loss: rows R of width E -------------------------------------- */
+
+/* n values of a float tensor (f32 | bf16) as f32, malloc'd (NULL: no memory). */
+static float *floats_of(dg_fmt f, const void *p, size_t n)
+{
+	float *o = malloc(n * sizeof(float) + 1);
+	for (size_t i = 0; o && i < n; i++)
+		o[i] = dg__ref_plain_at(f, p, i);
+	return o;
+}
+
+/* f32 values into a tensor's storage of format f (f32 | bf16). */
+static void store_floats(dg_fmt f, const float *v, size_t n, void *dst)
+{
+	if (f == DG_FMT_BF16)
+		for (size_t i = 0; i < n; i++)
+			((uint16_t *)dst)[i] = dg_f32_to_bf16(v[i]);
+	else
+		memcpy(dst, v, n * sizeof(float));
+}
+
+/* Output i's storage: outs[i], else `out` for the op's last output, else NULL. */
+static void *out_at(const dg_spec *spec, const dg_ref_call *c, int i)
+{
+	const dg_op_info *row = dg_op_info_of(spec->op);
+	int last = -1;
+	for (int j = 0; j < row->n_args; j++)
+		if (row->args[j].output)
+			last = j;
+	return c->outs[i] ? c->outs[i] : i == last ? c->out : NULL;
+}
+
+static bool tokens_ok(const int32_t *idx, int64_t n, int vocab)
+{
+	for (int64_t i = 0; i < n; i++)
+		if (idx[i] < 0 || idx[i] >= vocab)
+			return false;
+	return true;
+}
+
+dg_status dg__ref_embed_fwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	size_t n = (size_t)c->r * (size_t)spec->embd;
+	float *o = malloc(n * sizeof(float) + 1);
+	void *dst = out_at(spec, c, 2);
+	if (!o)
+		return DG_ERR_NOMEM;
+	dg_status st = dg_ref_embed_fwd(c->in[1], spec->vocab, spec->embd, c->in[0], c->r, o, NULL);
+	if (!st && dst)
+		store_floats(spec->out, o, n, dst);
+	free(o);
+	return st;
+}
+
+dg_status dg__ref_embed_bwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	size_t n = (size_t)c->r * (size_t)spec->embd;
+	float *dtable = out_at(spec, c, 2);
+	if (!tokens_ok(c->in[0], c->r, spec->vocab))
+		return DG_ERR_INVALID_ARG;
+	float *dout = floats_of(spec->src, c->in[1], n);
+	if (!dout)
+		return DG_ERR_NOMEM;
+	if (!c->accumulate)
+		memset(dtable, 0, (size_t)spec->vocab * (size_t)spec->embd * sizeof(float));
+	dg_ref_embed_bwd(dout, spec->embd, c->in[0], c->r, dtable);
+	free(dout);
+	return DG_OK;
+}
+
+/* The forwards: h = x (+ y), LN(h) into the output of argument iy, rstd
+ * into argument iy + 1. */
+static dg_status ln_fwd(const dg_spec *spec, const dg_ref_call *c, bool resid)
+{
+	size_t n = (size_t)c->r * (size_t)spec->embd;
+	int iy = resid ? 2 : 1;
+	float *h = floats_of(spec->src, c->in[0], n), *y = malloc(n * sizeof(float) + 1);
+	float *rstd = malloc((size_t)c->r * sizeof(float) + 1);
+	float *yb = resid ? floats_of(spec->src, c->in[1], n) : NULL;
+	dg_status st = DG_ERR_NOMEM;
+	if (h && y && rstd && (!resid || yb)) {
+		for (size_t i = 0; resid && i < n; i++)
+			h[i] = h[i] + yb[i];
+		dg_ref_layernorm_fwd(h, c->r, spec->embd, c->eps, y, NULL, rstd);
+		void *dy = out_at(spec, c, iy), *dr = out_at(spec, c, iy + 1);
+		if (dy)
+			store_floats(spec->out, y, n, dy);
+		if (dr)
+			memcpy(dr, rstd, (size_t)c->r * sizeof(float));
+		st = DG_OK;
+	}
+	free(h);
+	free(y);
+	free(rstd);
+	free(yb);
+	return st;
+}
+
+/* The backwards: g = LN gradient of in[0] at the saved output in[1] and
+ * rstd in[2]; dx (argument 3) (+)= g; resid: dy (argument 4) = g. */
+static dg_status ln_bwd(const dg_spec *spec, const dg_ref_call *c, bool resid)
+{
+	size_t n = (size_t)c->r * (size_t)spec->embd;
+	float *y = floats_of(spec->src, c->in[1], n);
+	float *dx = out_at(spec, c, 3), *dy = resid ? out_at(spec, c, 4) : NULL;
+	if (!y)
+		return DG_ERR_NOMEM;
+	if (dx)
+		dg_ref_layernorm_bwd(c->in[0], y, c->in[2], c->r, spec->embd, dx, c->accumulate);
+	if (dy)
+		dg_ref_layernorm_bwd(c->in[0], y, c->in[2], c->r, spec->embd, dy, false);
+	free(y);
+	return DG_OK;
+}
+
+dg_status dg__ref_layernorm_fwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return ln_fwd(spec, c, false);
+}
+
+dg_status dg__ref_layernorm_bwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return ln_bwd(spec, c, false);
+}
+
+dg_status dg__ref_resid_ln_fwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return ln_fwd(spec, c, true);
+}
+
+dg_status dg__ref_resid_ln_bwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return ln_bwd(spec, c, true);
+}
+
+/* x (R,E) src, w (E,V) weight, targets (R) → loss (1) f32 (argument 3),
+ * dx (4), dw (5, accumulate). */
+dg_status dg__ref_lmhead_ce(const dg_spec *spec, const dg_ref_call *c)
+{
+	size_t nx = (size_t)c->r * (size_t)spec->embd, nw = (size_t)spec->embd * (size_t)spec->vocab;
+	float *lossp = out_at(spec, c, 3), *dx = out_at(spec, c, 4), *dw = out_at(spec, c, 5);
+	bool backward = c->backward || dx || dw;
+	float *x = floats_of(spec->src, c->in[0], nx), *w = floats_of(spec->weight, c->in[1], nw);
+	float *sdx = backward && !dx ? malloc(nx * sizeof(float) + 1) : NULL;
+	float *sdw = backward && !dw ? calloc(nw + 1, sizeof(float)) : NULL;
+	dg_status st = DG_ERR_NOMEM;
+	if (x && w && (!backward || ((dx || sdx) && (dw || sdw)))) {
+		double loss = 0.0;
+		st = dg_ref_lmhead_ce(x, w, c->in[2], c->r, spec->embd, spec->vocab, &loss,
+				      backward ? (dx ? dx : sdx) : NULL, backward ? (dw ? dw : sdw) : NULL,
+				      c->accumulate, NULL);
+		if (!st && lossp)
+			*lossp = (float)loss;
+	}
+	free(x);
+	free(w);
+	free(sdx);
+	free(sdw);
+	return st;
 }
 
 typedef dg_status (*ref_fn)(const dg_spec *, const dg_ref_call *);

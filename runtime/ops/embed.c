@@ -1,0 +1,153 @@
+/*
+ * The embed family (templates/embed.lua): the token embedding and its
+ * gradient. The forward is a warp a row; the backward gives each block
+ * unit one vocab row's columns and walks the tokens in order, so dtable is
+ * dg_ref_embed_bwd's bit for bit with no atomics. No workspace. Token ids
+ * live on the device, so an id outside 0..V-1 cannot be refused here: the
+ * forward writes that row as zeros and sets the caller's `bad` int32 (see
+ * dragon/ops.h); the backward skips it. R = 0 launches nothing (the
+ * backward then still writes dtable: zeros, or unchanged with accumulate).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+/* `bad` must be 4-byte aligned (an int32), or 0. */
+static dg_status bad_ok(const char *fn, dg_dptr bad, char *msg, size_t size)
+{
+	if (bad % 4 == 0)
+		return DG_OK;
+	snprintf(msg, size, "%s: bad: pointer 0x%llx is not 4-byte aligned (an int32 on the device)", fn,
+		 (unsigned long long)bad);
+	return DG_ERR_INVALID_ARG;
+}
+
+static dg_status check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
+		       dg__op_shape *sh, char *msg, size_t size)
+{
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, op, fn, c, sh, msg, size);
+	return st ? st : bad_ok(fn, c->bad, msg, size);
+}
+
+static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
+		     const dg__op_call *c)
+{
+	char msg[512];
+	dg__op_shape sh;
+
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = check(spec, op, fn, c, &sh, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	long long rows = sh.r;
+	if (rows == 0 && op == DG_OP_EMBED_FWD)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, op == DG_OP_EMBED_FWD ? "dg_embed_fwd" : "dg_embed_bwd", &k);
+	if (st)
+		return st;
+	int nt = dg_kernel_spec(k)->tile.threads;
+	int sms = dg__dev_info(dev)->sm_count;
+	dg_dptr idx = c->t[0]->data, in = c->t[1]->data, out = c->t[2]->data, bad = c->bad;
+	if (op == DG_OP_EMBED_FWD) {
+		dg_launch l = { { dg__op_grid(rows, nt / 32, 64LL * (sms > 0 ? sms : 1)), 1, 1 },
+				{ (unsigned)nt, 1, 1 }, 0 };
+		void *a[] = { &idx, &in, &out, &rows, &bad };
+		return dg_kernel_launch(dev, k, &l, a);
+	}
+	/* one block a unit (vocab row, column chunk of nt): all scan at once */
+	long long units = (long long)spec->vocab * dg__op_cdiv(spec->embd, nt);
+	dg_launch l = { { dg__op_grid(units, 1, 1LL << 30), 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
+	int acc = c->accumulate ? 1 : 0;
+	void *a[] = { &idx, &in, &out, &rows, &acc };
+	return dg_kernel_launch(dev, k, &l, a);
+}
+
+/* ---- embed_fwd ---------------------------------------------------------------- */
+
+static dg__op_call fwd_call(const dg_embed_fwd_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->idx;
+		c.t[1] = a->table;
+		c.t[2] = a->out;
+		c.bad = a->bad;
+	}
+	return c;
+}
+
+dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,
+			     size_t msg_size)
+{
+	dg__op_call c = fwd_call(a);
+	return check(spec, DG_OP_EMBED_FWD, "dg_embed_fwd", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg__run_embed_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run(dev, spec, DG_OP_EMBED_FWD, "dg_embed_fwd", c);
+}
+
+dg_status dg__workspace_embed_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				  size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	*bytes = 0;
+	return DG_OK;
+}
+
+dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a)
+{
+	dg__op_call c = fwd_call(a);
+	return dg__run_embed_fwd(dev, spec, a ? &c : NULL);
+}
+
+/* ---- embed_bwd ---------------------------------------------------------------- */
+
+static dg__op_call bwd_call(const dg_embed_bwd_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->idx;
+		c.t[1] = a->dout;
+		c.t[2] = a->dtable;
+		c.accumulate = a->accumulate;
+	}
+	return c;
+}
+
+dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, char *msg,
+			     size_t msg_size)
+{
+	dg__op_call c = bwd_call(a);
+	return check(spec, DG_OP_EMBED_BWD, "dg_embed_bwd", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg__run_embed_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run(dev, spec, DG_OP_EMBED_BWD, "dg_embed_bwd", c);
+}
+
+dg_status dg__workspace_embed_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				  size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	*bytes = 0;
+	return DG_OK;
+}
+
+dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a)
+{
+	dg__op_call c = bwd_call(a);
+	return dg__run_embed_bwd(dev, spec, a ? &c : NULL);
+}

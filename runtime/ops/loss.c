@@ -1,0 +1,196 @@
+/*
+ * The loss family: lm_head and softmax cross-entropy fused (lmhead_ce,
+ * templates/loss.lua). Three launches: the fused kernel (a block a few
+ * rows: logits in shared memory, the row losses, and with backward
+ * dlogits and dx), the mean of the row losses in a fixed order, and with
+ * backward the dw GEMM over dlogits. Nothing uses atomics: the loss, dx
+ * and dw are bitwise the same run to run, on any device of the same arch.
+ *
+ * Workspace (caller-owned, dg_lmhead_ce_workspace): the row losses, R
+ * floats, then (backward) dlogits (R, V) in f32, or bf16 when src is bf16,
+ * each part 256-byte aligned. Its size depends on R, V, src and backward
+ * only, so _check judges it without a device.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+#define FN "dg_lmhead_ce"
+
+static size_t align256(size_t n)
+{
+	return (n + 255) / 256 * 256;
+}
+
+/* Bytes of the row losses (the dlogits follow them). */
+static size_t loss_bytes(int64_t rows)
+{
+	return align256((size_t)rows * sizeof(float));
+}
+
+static size_t ws_need(const dg_spec *s, int64_t rows, bool backward)
+{
+	size_t dl = backward ? (size_t)rows * (size_t)s->vocab * (s->src == DG_FMT_BF16 ? 2 : 4) : 0;
+	return loss_bytes(rows) + align256(dl);
+}
+
+/* The table's check, then what it cannot say: the backward's tensors, at
+ * least one row, bad's alignment, and (with_ws) the workspace. */
+static dg_status check(const dg_spec *spec, const dg__op_call *c, bool with_ws, dg__op_shape *shape,
+		       char *msg, size_t size)
+{
+	char local[512];
+	dg__op_shape sh;
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, DG_OP_LMHEAD_CE, FN, c, &sh, msg, size);
+	if (st)
+		return st;
+	const dg_op_info *row = dg_op_info_of(DG_OP_LMHEAD_CE);
+	for (int i = 4; i < 6; i++) {
+		if (c->backward && !c->t[i]) {
+			snprintf(msg, size, "%s: missing (expected f32 %s; backward needs it)",
+				 row->args[i].name, i == 4 ? "(R, E)" : "(E, V)");
+			return DG_ERR_INVALID_ARG;
+		}
+		if (!c->backward && c->t[i]) {
+			snprintf(msg, size, "%s: given without backward (set backward, or pass NULL)",
+				 row->args[i].name);
+			return DG_ERR_INVALID_ARG;
+		}
+	}
+	if (sh.r < 1) {
+		snprintf(msg, size, "targets: 0 rows; the mean loss needs at least one");
+		return DG_ERR_INVALID_ARG;
+	}
+	if (c->bad % 4) {
+		snprintf(msg, size, "%s: bad: pointer 0x%llx is not 4-byte aligned (an int32 on the device)",
+			 FN, (unsigned long long)c->bad);
+		return DG_ERR_INVALID_ARG;
+	}
+	if (with_ws) {
+		size_t need = ws_need(spec, sh.r, c->backward);
+		if (!c->ws.ptr || c->ws.bytes < need) {
+			snprintf(msg, size,
+				 "ws: %zu bytes of workspace needed, %zu given%s; size it with dg_lmhead_ce_workspace",
+				 need, c->ws.ptr ? c->ws.bytes : 0, c->ws.ptr ? "" : " (ptr is 0)");
+			return DG_ERR_INVALID_ARG;
+		}
+		if (c->ws.ptr % 256) {
+			snprintf(msg, size, "ws: ptr 0x%llx must be 256-byte aligned",
+				 (unsigned long long)c->ws.ptr);
+			return DG_ERR_INVALID_ARG;
+		}
+	}
+	if (shape)
+		*shape = sh;
+	return DG_OK;
+}
+
+static dg__op_call call_of(const dg_lmhead_ce_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->x;
+		c.t[1] = a->w;
+		c.t[2] = a->targets;
+		c.t[3] = a->loss;
+		c.t[4] = a->dx;
+		c.t[5] = a->dw;
+		c.backward = a->backward;
+		c.accumulate = a->accumulate;
+		c.ws = a->ws;
+		c.bad = a->bad;
+	}
+	return c;
+}
+
+dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
+			     size_t msg_size)
+{
+	dg__op_call c = call_of(a);
+	return check(spec, a ? &c : NULL, true, NULL, msg, msg_size);
+}
+
+dg_status dg__workspace_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				  size_t *bytes)
+{
+	char msg[512];
+	dg__op_shape sh;
+
+	*bytes = 0;
+	dg_status st = check(spec, c, false, &sh, msg, sizeof(msg));
+	if (st)
+		return dev ? dg__dev_fail_msg(dev, st, msg) : st;
+	*bytes = ws_need(spec, sh.r, c->backward);
+	return DG_OK;
+}
+
+dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a,
+				 size_t *bytes)
+{
+	if (!bytes)
+		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, FN "_workspace: bytes is NULL")
+			   : DG_ERR_INVALID_ARG;
+	dg__op_call c = call_of(a);
+	return dg__workspace_lmhead_ce(dev, spec, a ? &c : NULL, bytes);
+}
+
+dg_status dg__run_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	char msg[512];
+	dg__op_shape sh;
+	dg_kernel *k[3];
+	static const char *const entries[3] = { FN, FN "_loss", FN "_dw" };
+
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = check(spec, c, true, &sh, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	for (int i = 0; i < 3; i++)
+		if ((st = dg_kernel_get(dev, spec, entries[i], &k[i])))
+			return st;
+	dg_kernel_info info;
+	if ((st = dg_kernel_info_get(k[0], &info)))
+		return st;
+	/* the template's dynamic shared memory is BR rows of E + V floats */
+	int br = info.dyn_smem / (4 * (spec->embd + spec->vocab));
+	if (br < 1)
+		return dg__dev_fail(dev, DG_ERR_INTERNAL, FN ": the kernel asks for %d bytes of shared memory, less than a row",
+				    info.dyn_smem);
+	int nt = dg_kernel_spec(k[0])->tile.threads;
+	int sms = dg__dev_info(dev)->sm_count;
+	long long rows = sh.r;
+	float inv_rows = (float)(1.0 / (double)rows);
+	int backward = c->backward ? 1 : 0, acc = c->accumulate ? 1 : 0;
+	dg_dptr x = c->t[0]->data, w = c->t[1]->data, tg = c->t[2]->data, loss = c->t[3]->data;
+	dg_dptr dx = c->backward ? c->t[4]->data : 0, dw = c->backward ? c->t[5]->data : 0;
+	dg_dptr row_loss = c->ws.ptr, dl = c->backward ? c->ws.ptr + loss_bytes(rows) : 0;
+	dg_dptr bad = c->bad;
+
+	dg_launch l = { { dg__op_grid(rows, br, 64LL * (sms > 0 ? sms : 1)), 1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	void *a1[] = { &x, &w, &tg, &row_loss, &dl, &dx, &rows, &inv_rows, &backward, &bad };
+	if ((st = dg_kernel_launch(dev, k[0], &l, a1)))
+		return st;
+	dg_launch l2 = { { 1, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
+	void *a2[] = { &row_loss, &rows, &loss };
+	if ((st = dg_kernel_launch(dev, k[1], &l2, a2)) || !backward)
+		return st;
+	/* dw: one block a 32x32 tile (templates/loss.lua) */
+	long long tiles = dg__op_cdiv(spec->embd, 32) * dg__op_cdiv(spec->vocab, 32);
+	dg_launch l3 = { { dg__op_grid(tiles, 1, 1LL << 30), 1, 1 }, { 0, 0, 0 }, 0 };
+	void *a3[] = { &x, &dl, &dw, &rows, &acc };
+	return dg_kernel_launch(dev, k[2], &l3, a3);
+}
+
+dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a)
+{
+	dg__op_call c = call_of(a);
+	return dg__run_lmhead_ce(dev, spec, a ? &c : NULL);
+}
