@@ -12,8 +12,8 @@
 #include "dragon/model.h"
 #include "runtime/train/bdh_tape.h"
 
-static void build(const char *preset, int layers, int D, int H, int N, int B, int T, dg__tape *t,
-		  dg__bdh_ids *id)
+static void build_for(const char *preset, int layers, int D, int H, int N, int B, int T,
+		      const dg__bdh_target *tg, dg__tape *t, dg__bdh_ids *id)
 {
 	dg_model_config c;
 	char msg[256];
@@ -23,7 +23,14 @@ static void build(const char *preset, int layers, int D, int H, int N, int B, in
 	c.heads = H;
 	c.neurons = N;
 	dg__tape_init(t, &c, B, T);
-	cr_assert_eq(dg__bdh_tape_build(t, id), DG_OK);
+	cr_assert_eq(dg__bdh_tape_build(t, id, tg), DG_OK);
+	cr_assert_eq(dg__tape_plan(t), DG_OK);
+}
+
+static void build(const char *preset, int layers, int D, int H, int N, int B, int T, dg__tape *t,
+		  dg__bdh_ids *id)
+{
+	build_for(preset, layers, D, H, N, B, T, NULL, t, id);
 }
 
 static int root(const dg__tape *t, int i)
@@ -33,11 +40,37 @@ static int root(const dg__tape *t, int i)
 	return i;
 }
 
+static void invariants(dg__tape *t_, int layers, int B);
+
 Test(tape, plan_invariants)
 {
 	dg__tape t;
 	dg__bdh_ids id;
 	build("f32", 3, 32, 2, 64, 2, 16, &t, &id);
+	invariants(&t, 3, 2);
+	dg__tape_free(&t);
+	/* the GPU's tapes: bf16 activations; w8a8's codes with their scales */
+	dg__bdh_target bf = { .gpu = true, .act = DG_FMT_BF16 };
+	build_for("bf16", 3, 32, 2, 64, 2, 16, &bf, &t, &id);
+	invariants(&t, 3, 2);
+	dg__tape_free(&t);
+	dg__bdh_target lb = { .gpu = true, .act = DG_FMT_BF16, .lowbit = true };
+	build_for("w8a8", 6, 256, 4, 8192, 8, 512, &lb, &t, &id);
+	invariants(&t, 6, 8);
+	int xyq = -1;
+	for (int i = 0; i < t.n_bufs; i++)
+		if (strcmp(t.bufs[i].name, "xyq.all") == 0)
+			xyq = i;
+	cr_assert(xyq >= 0 && t.bufs[xyq].fmt == DG_FMT_UINT8POS && t.bufs[xyq].scale >= 0);
+	cr_assert_eq(t.bufs[t.bufs[xyq].scale].bytes, (size_t)6 * 8 * 512 * 4, "xy's codes: a scale a token");
+	cr_assert_eq(t.bufs[id.exec[0]].fmt, DG_FMT_INT8);
+	cr_assert_eq(t.bufs[t.bufs[id.exec[0]].scale].bytes, (size_t)4 * 8192 * 4, "a scale a channel");
+	dg__tape_free(&t);
+}
+
+static void invariants(dg__tape *t_, int layers, int B)
+{
+	dg__tape t = *t_;
 	cr_assert(t.planned && t.n_forward > 0 && t.n_forward < t.n_nodes);
 	for (int n = 0; n < t.n_nodes; n++) {
 		const dg__tnode *nd = &t.nodes[n];
@@ -95,11 +128,10 @@ Test(tape, plan_invariants)
 		if (t.nodes[n].kind == DG__N_PROJ_W || t.nodes[n].kind == DG__N_DEC_W) {
 			wg++;
 			const dg__tbuf *g = &t.bufs[t.nodes[n].in[0]];
-			cr_assert_eq(g->shape[0], 3 * 2, "%s: not the stack of every layer", g->name);
+			cr_assert_eq(g->shape[0], layers * B, "%s: not the stack of every layer", g->name);
 			cr_assert_eq(root(&t, t.nodes[n].in[0]), t.nodes[n].in[0]);
 		}
 	cr_assert_eq(wg, 3);
-	dg__tape_free(&t);
 }
 
 Test(tape, memory_report_25m)

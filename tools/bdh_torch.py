@@ -23,6 +23,9 @@ own model against:
     python3 tools/bdh_torch.py dump --out state.safetensors [--size tiny|25m]
         [--seed 1] [--batch 2] [--time 16] [--scale 25]
 
+`bench` times forward + backward of the 25M model in bf16 autocast, eager
+and torch.compile, as JSON rows (bench/step.c runs it beside dragon's).
+
 --scale multiplies the reference init (normal(0, 0.02)) so that a tiny
 model's activations are not all at the ReLU kinks; the dump says what it
 used in its metadata.
@@ -113,6 +116,53 @@ def dump(args):
     print(f"bdh_torch: loss {loss.item():.9g}, wrote {args.out}", file=sys.stderr)
 
 
+def bench(args):
+    """forward + backward (no optimizer) of the model at B x T on the GPU in
+    bf16 autocast, eager and torch.compile: one JSON row each on stdout
+    {impl, preset, B, T, fwd_bwd_ms, peak_bytes} (the median of --reps
+    timed steps after --warmup; peak: torch.cuda.max_memory_allocated over
+    the timed steps, the weights and their gradients included)."""
+    import json
+
+    dev = torch.device("cuda")
+    torch.manual_seed(args.seed)
+    cfg = SIZES[args.size]
+    g = torch.Generator().manual_seed(args.seed + 1)
+    idx = torch.randint(0, cfg["vocab"], (args.batch, args.time), generator=g).to(dev)
+    tgt = torch.randint(0, cfg["vocab"], (args.batch, args.time), generator=g).to(dev)
+    for impl in args.impl.split(","):
+        m = BDH(**cfg, dropout=0.1).to(dev)
+        m.train()
+        fn = torch.compile(m) if impl == "torch.compile" else m
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fn(idx, tgt)
+            loss.backward()
+            for p in m.parameters():
+                p.grad = None
+
+        for _ in range(args.warmup):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(args.reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        times.sort()
+        row = dict(impl="pytorch" if impl == "eager" else "torch.compile", preset="bf16",
+                   B=args.batch, T=args.time, fwd_bwd_ms=times[len(times) // 2],
+                   peak_bytes=torch.cuda.max_memory_allocated())
+        print(json.dumps(row), flush=True)
+        del m, fn
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -123,9 +173,19 @@ def main():
     d.add_argument("--batch", type=int, default=2)
     d.add_argument("--time", type=int, default=16)
     d.add_argument("--scale", type=float, default=25.0)
+    b = sub.add_parser("bench", help="time forward + backward in bf16: eager and torch.compile")
+    b.add_argument("--size", choices=sorted(SIZES), default="25m")
+    b.add_argument("--seed", type=int, default=1)
+    b.add_argument("--batch", type=int, default=8)
+    b.add_argument("--time", type=int, default=512)
+    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--reps", type=int, default=10)
+    b.add_argument("--impl", default="eager,torch.compile")
     args = ap.parse_args()
     if args.cmd == "dump":
         dump(args)
+    elif args.cmd == "bench":
+        bench(args)
 
 
 if __name__ == "__main__":

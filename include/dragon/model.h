@@ -34,7 +34,8 @@
 #include <stdint.h>
 
 #include "fmt.h"
-#include "spec.h" /* dg_scale_gran */
+#include "runtime.h" /* dg_device */
+#include "spec.h"    /* dg_scale_gran */
 #include "status.h"
 
 #ifdef __cplusplus
@@ -159,6 +160,38 @@ typedef struct dg_model_batch {
  */
 dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *batch,
 			    double *loss, dg_model_weights *grads, char *msg, size_t msg_size);
+
+/* ---- the model on the GPU -------------------------------------------------
+ * The same tape as the CPU model, run by the GPU ops on arenas planned once
+ * for batches of (b, t): every buffer, copy and workspace is allocated by
+ * dg_model_create and nothing after, so the pointers are the same every
+ * step. The masters stay f32; the execution copies (the layouts and, for
+ * a low-bit recipe, the codes and scales the kernels read) are made from
+ * them by dg_model_set_weights. Recipes: float (f32, bf16), and the
+ * low-bit ones with activations a scale a token (w8a8, bitnet). */
+typedef struct dg_model dg_model;
+
+/* What a model of c at (b, t) on dev would allocate, by bucket, without
+ * allocating it (the ops' workspaces are the device's tiles'). */
+dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t,
+			dg_model_memory *out);
+/* A model of w's config on dev for batches of (b, t), w's weights
+ * uploaded. Errors: the device's message (dg_device_errmsg). */
+dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t,
+			  dg_model **out);
+void dg_model_destroy(dg_model *m); /* NULL is fine */
+/* Uploads w (the model's config) and remakes the execution copies. */
+dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w);
+void dg_model_memory_of(const dg_model *m, dg_model_memory *out);
+/* As dg_model_cpu_step, on the GPU: batch must be (b, t); grads (host,
+ * the model's config) NULL for the loss alone. Synchronizes (it returns
+ * the loss). */
+dg_status dg_model_step(dg_model *m, const dg_model_batch *batch, double *loss,
+			dg_model_weights *grads);
+/* The step's nodes alone, queued on the calling thread's stream: the
+ * batch uploaded, the forward and (backward) the backward; no wait, no
+ * read-back (what a bench times and a training loop builds on). */
+dg_status dg_model_run(dg_model *m, const dg_model_batch *batch, bool backward);
 
 #ifdef __cplusplus
 }

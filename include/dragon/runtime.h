@@ -128,6 +128,8 @@ dg_status dg_memcpy_dtod(dg_device *dev, dg_dptr dst, dg_dptr src,
 			 size_t bytes);
 dg_status dg_memset8(dg_device *dev, dg_dptr dst, uint8_t value,
 		     size_t bytes);
+/* The device's free and total memory now (cuMemGetInfo), bytes. */
+dg_status dg_device_mem_info(dg_device *dev, size_t *free_bytes, size_t *total_bytes);
 
 /*
  * Arena: one allocation handed out by bumping an offset (parameters,

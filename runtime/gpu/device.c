@@ -330,6 +330,17 @@ dg_status dg_malloc(dg_device *dev, size_t bytes, dg_dptr *out)
 	return DG_OK;
 }
 
+dg_status dg_device_mem_info(dg_device *dev, size_t *free_bytes, size_t *total_bytes)
+{
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (!free_bytes || !total_bytes)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_device_mem_info: NULL argument");
+	CUresult rc = dev->cu->MemGetInfo(free_bytes, total_bytes);
+	return rc == CUDA_SUCCESS ? DG_OK : dg__dev_cu_fail(dev, rc, "cuMemGetInfo");
+}
+
 dg_status dg_free(dg_device *dev, dg_dptr ptr)
 {
 	if (!ptr)

@@ -30,6 +30,14 @@ static int buf(dg__tape *t, const char *name, dg__bucket k, int ndim, int64_t a,
 	return dg__tape_buf(t, name, F32, k, ndim, sh);
 }
 
+/* An activation, in the target's format. */
+static int abuf(dg__tape *t, dg_fmt act, const char *name, dg__bucket k, int ndim, int64_t a,
+		int64_t b, int64_t c, int64_t d)
+{
+	int64_t sh[4] = { a, b, c, d };
+	return dg__tape_buf(t, name, act, k, ndim, sh);
+}
+
 static int view(dg__tape *t, int parent, int i, int n, const char *name, int ndim, int64_t a,
 		int64_t b, int64_t c, int64_t d)
 {
@@ -45,8 +53,11 @@ static void node(dg__tape *t, dg__nkind k, int layer, int i0, int i1, int i2, in
 	dg__tape_node(t, k, layer, in, ni, out, o1 >= 0 ? 2 : 1, arg);
 }
 
-dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id)
+dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target *tg)
 {
+	const bool gpu = tg && tg->gpu;
+	const dg_fmt act = gpu ? tg->act : DG_FMT_F32;
+	const bool lowbit = gpu && tg->lowbit;
 	const dg_model_config *c = &t->config;
 	const int64_t B = t->B, T = t->T, H = c->heads, D = c->embd, N = c->neurons, V = c->vocab;
 	const int64_t Ly = c->layers, LB = Ly * B;
@@ -64,29 +75,68 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id)
 		snprintf(nm, sizeof(nm), "grad.%.32s", b->name);
 		id->grads[p] = dg__tape_buf(t, nm, F32, DG__B_GRADS, b->ndim, b->shape);
 	}
-	/* the execution copies and their gradients */
-	id->exec[0] = buf(t, "encoder.exec", DG__B_LOWBIT, 3, H, N, D, 0);
-	id->exec[1] = buf(t, "encoder_v.exec", DG__B_LOWBIT, 3, H, N, D, 0);
-	id->exec[2] = buf(t, "decoder.exec", DG__B_LOWBIT, 2, D, H * N, 0, 0);
+	/* the execution copies (a low-bit recipe's: codes and their scales,
+	 * one a channel or one a tensor) and their gradients */
+	const dg_proj_recipe *rc[3] = { &c->encoder, &c->encoder_v, &c->decoder };
+	static const char *const en[3] = { "encoder", "encoder_v", "decoder" };
+	for (int k = 0; k < 3; k++) {
+		dg_fmt wf = lowbit ? rc[k]->weight : act;
+		int64_t sh[3] = { H, N, D }, dsh[2] = { D, H * N };
+		snprintf(nm, sizeof(nm), "%s.exec", en[k]);
+		id->exec[k] = dg__tape_buf(t, nm, wf, DG__B_LOWBIT, k < 2 ? 3 : 2, k < 2 ? sh : dsh);
+		if (lowbit) {
+			int64_t ns = rc[k]->wscale == DG_SCALE_CHANNEL ? (k < 2 ? H * N : D) : 1;
+			snprintf(nm, sizeof(nm), "%s.scale", en[k]);
+			dg__tape_set_scale(t, id->exec[k], buf(t, nm, DG__B_LOWBIT, 1, ns, 0, 0, 0));
+		}
+	}
+	if (lowbit) { /* the transposed f32 master a copy is quantized from, and
+		       * the codes a packed format is packed from */
+		id->exec_f32 = buf(t, "exec.f32", DG__B_LOWBIT, 1, H * N * D, 0, 0, 0);
+		int64_t n1[1] = { H * N * D };
+		id->exec_codes = dg__tape_buf(t, "exec.codes", DG_FMT_INT8, DG__B_LOWBIT, 1, n1);
+	}
 	id->gexec[0] = buf(t, "grad.encoder.exec", DG__B_TEMP, 3, H, N, D, 0);
 	id->gexec[1] = buf(t, "grad.encoder_v.exec", DG__B_TEMP, 3, H, N, D, 0);
 	id->gexec[2] = buf(t, "grad.decoder.exec", DG__B_TEMP, 2, D, H * N, 0, 0);
-	id->tokens = buf(t, "tokens", DG__B_SAVED, 2, B, T, 0, 0);
-	id->targets = buf(t, "targets", DG__B_SAVED, 2, B, T, 0, 0);
-	id->cos = buf(t, "rope.cos", DG__B_LOWBIT, 2, T, N / 2, 0, 0);
-	id->sin = buf(t, "rope.sin", DG__B_LOWBIT, 2, T, N / 2, 0, 0);
+	int64_t bt2[2] = { B, T }, one[1] = { 1 };
+	id->tokens = dg__tape_buf(t, "tokens", DG_FMT_I32, DG__B_SAVED, 2, bt2);
+	id->targets = dg__tape_buf(t, "targets", DG_FMT_I32, DG__B_SAVED, 2, bt2);
+	if (gpu) {
+		id->rope = buf(t, "rope", DG__B_LOWBIT, 2, T, N, 0, 0);
+		id->bad = dg__tape_buf(t, "bad", DG_FMT_I32, DG__B_LOWBIT, 1, one);
+	} else {
+		id->cos = buf(t, "rope.cos", DG__B_LOWBIT, 2, T, N / 2, 0, 0);
+		id->sin = buf(t, "rope.sin", DG__B_LOWBIT, 2, T, N / 2, 0, 0);
+	}
 	id->loss = buf(t, "loss", DG__B_SAVED, 1, 1, 0, 0, 0);
 
 	/* the stacks the weight gradients read as one GEMM each */
-	int x_all = buf(t, "x.all", DG__B_SAVED, 4, LB, 1, T, D);
-	int a_all = buf(t, "a.all", DG__B_SAVED, 4, LB, H, T, D);
-	int xy_all = buf(t, "xy.all", DG__B_SAVED, 4, LB, H, T, N);
+	int x_all = abuf(t, act, "x.all", DG__B_SAVED, 4, LB, 1, T, D);
+	int a_all = abuf(t, act, "a.all", DG__B_SAVED, 4, LB, H, T, D);
+	int xy_all = lowbit ? -1 : abuf(t, act, "xy.all", DG__B_SAVED, 4, LB, H, T, N);
+	/* a low-bit recipe's quantized inputs, and their scales a token: the
+	 * encoder's x (b, t), the encoder_v's a (b, h, t), the decoder's xy
+	 * (b, t) over every head */
+	int xq_all = -1, aq_all = -1, xyq_all = -1, xqs_all = -1, aqs_all = -1, xyqs_all = -1;
+	if (lowbit) {
+		int64_t s4a[4] = { LB, 1, T, D }, s4b[4] = { LB, H, T, D }, s4c[4] = { LB, H, T, N };
+		xq_all = dg__tape_buf(t, "xq.all", c->encoder.act, DG__B_SAVED, 4, s4a);
+		aq_all = dg__tape_buf(t, "aq.all", c->encoder_v.act, DG__B_SAVED, 4, s4b);
+		xyq_all = dg__tape_buf(t, "xyq.all", c->decoder.act, DG__B_SAVED, 4, s4c);
+		xqs_all = buf(t, "xq.scale.all", DG__B_SAVED, 1, LB * T, 0, 0, 0);
+		aqs_all = buf(t, "aq.scale.all", DG__B_SAVED, 1, LB * H * T, 0, 0, 0);
+		xyqs_all = buf(t, "xyq.scale.all", DG__B_SAVED, 1, LB * T, 0, 0, 0);
+		dg__tape_set_scale(t, xq_all, xqs_all);
+		dg__tape_set_scale(t, aq_all, aqs_all);
+		dg__tape_set_scale(t, xyq_all, xyqs_all);
+	}
 	int dxs_all = buf(t, "dxs.all", DG__B_TEMP, 4, LB, H, T, N);
 	int dys_all = buf(t, "dys.all", DG__B_TEMP, 4, LB, H, T, N);
 	int dyd_all = buf(t, "dyd.all", DG__B_TEMP, 4, LB, 1, T, D);
 
 	/* forward */
-	int emb = buf(t, "emb", DG__B_TEMP, 4, B, 1, T, D);
+	int emb = abuf(t, act, "emb", DG__B_TEMP, 4, B, 1, T, D);
 	int x0_rstd = buf(t, "x0.rstd", DG__B_SAVED, 1, B * T, 0, 0, 0);
 	int *x = NULL;
 	int xl[257], xsl[256], svl[256], al[256], arl[256], ysl[256], xyl[256], yl[256], yrl[256],
@@ -98,38 +148,61 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id)
 		snprintf(nm, sizeof(nm), "x.%d", l);
 		xl[l] = view(t, x_all, l, (int)Ly, nm, 4, B, 1, T, D);
 	}
-	int x_final = buf(t, "x.final", DG__B_SAVED, 4, B, 1, T, D);
+	int x_final = abuf(t, act, "x.final", DG__B_SAVED, 4, B, 1, T, D);
 	xl[Ly] = x_final;
 	node(t, DG__N_EMBED, -1, id->params[DG_PARAM_EMBED], id->tokens, -1, -1, emb, -1, 0);
 	node(t, DG__N_LN, -1, emb, -1, -1, -1, x[0], x0_rstd, 0);
 	for (int l = 0; l < Ly; l++) {
 		snprintf(nm, sizeof(nm), "xs.%d", l);
-		xsl[l] = buf(t, nm, DG__B_SAVED, 4, B, H, T, N);
+		xsl[l] = abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "attn.saved.%d", l);
-		svl[l] = buf(t, nm, DG__B_SAVED, 4, B, H, T, N); /* the CPU's RoPE'd queries */
-		int att = buf(t, "att", DG__B_TEMP, 4, B, H, T, D);
+		/* what the attention's backward reads: the CPU's RoPE'd
+		 * queries, the GPU's scores */
+		svl[l] = gpu ? abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, T)
+			     : buf(t, nm, DG__B_SAVED, 4, B, H, T, N);
+		int att = abuf(t, act, "att", DG__B_TEMP, 4, B, H, T, D);
 		snprintf(nm, sizeof(nm), "a.%d", l);
 		al[l] = view(t, a_all, l, (int)Ly, nm, 4, B, H, T, D);
 		snprintf(nm, sizeof(nm), "a.rstd.%d", l);
 		arl[l] = buf(t, nm, DG__B_SAVED, 1, B * H * T, 0, 0, 0);
 		snprintf(nm, sizeof(nm), "ys.%d", l);
-		ysl[l] = buf(t, nm, DG__B_SAVED, 4, B, H, T, N);
+		ysl[l] = abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "xy.%d", l);
-		xyl[l] = view(t, xy_all, l, (int)Ly, nm, 4, B, H, T, N);
-		int yd = buf(t, "yd", DG__B_TEMP, 4, B, 1, T, D);
+		/* a low-bit recipe keeps xy's codes, not xy */
+		xyl[l] = lowbit ? abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N)
+				: view(t, xy_all, l, (int)Ly, nm, 4, B, H, T, N);
+		int yd = abuf(t, act, "yd", DG__B_TEMP, 4, B, 1, T, D);
 		snprintf(nm, sizeof(nm), "y.%d", l);
-		yl[l] = buf(t, nm, DG__B_SAVED, 4, B, 1, T, D);
+		yl[l] = abuf(t, act, nm, DG__B_SAVED, 4, B, 1, T, D);
 		snprintf(nm, sizeof(nm), "y.rstd.%d", l);
 		yrl[l] = buf(t, nm, DG__B_SAVED, 1, B * T, 0, 0, 0);
 		snprintf(nm, sizeof(nm), "out.rstd.%d", l);
 		orl[l] = buf(t, nm, DG__B_SAVED, 1, B * T, 0, 0, 0);
 
-		node(t, DG__N_PROJ, l, x[l], id->exec[0], -1, -1, xsl[l], -1, 0);
-		node(t, DG__N_ATTN, l, xsl[l], x[l], id->cos, id->sin, att, svl[l], 0);
+		int xq = -1, aq = -1, xyq = -1;
+		if (lowbit) {
+			snprintf(nm, sizeof(nm), "xq.%d", l);
+			xq = view(t, xq_all, l, (int)Ly, nm, 4, B, 1, T, D);
+			dg__tape_set_scale(t, xq, view(t, xqs_all, l, (int)Ly, "xq.scale", 1, B * T, 0, 0, 0));
+			snprintf(nm, sizeof(nm), "aq.%d", l);
+			aq = view(t, aq_all, l, (int)Ly, nm, 4, B, H, T, D);
+			dg__tape_set_scale(t, aq, view(t, aqs_all, l, (int)Ly, "aq.scale", 1, B * H * T, 0, 0, 0));
+			snprintf(nm, sizeof(nm), "xyq.%d", l);
+			xyq = view(t, xyq_all, l, (int)Ly, nm, 4, B, H, T, N);
+			dg__tape_set_scale(t, xyq, view(t, xyqs_all, l, (int)Ly, "xyq.scale", 1, B * T, 0, 0, 0));
+			node(t, DG__N_QUANT, l, x[l], -1, -1, -1, xq, -1, 0);
+		}
+		node(t, DG__N_PROJ, l, lowbit ? xq : x[l], id->exec[0], -1, -1, xsl[l], -1, 0);
+		node(t, DG__N_ATTN, l, xsl[l], x[l], gpu ? id->rope : id->cos, gpu ? -1 : id->sin, att,
+		     svl[l], 0);
 		node(t, DG__N_LN, l, att, -1, -1, -1, al[l], arl[l], 0);
-		node(t, DG__N_PROJ, l, al[l], id->exec[1], -1, -1, ysl[l], -1, 1);
+		if (lowbit)
+			node(t, DG__N_QUANT, l, al[l], -1, -1, -1, aq, -1, 1);
+		node(t, DG__N_PROJ, l, lowbit ? aq : al[l], id->exec[1], -1, -1, ysl[l], -1, 1);
 		node(t, DG__N_GATE, l, xsl[l], ysl[l], -1, -1, xyl[l], -1, 0);
-		node(t, DG__N_DEC, l, xyl[l], id->exec[2], -1, -1, yd, -1, 0);
+		if (lowbit)
+			node(t, DG__N_QUANT, l, xyl[l], -1, -1, -1, xyq, -1, 2);
+		node(t, DG__N_DEC, l, lowbit ? xyq : xyl[l], id->exec[2], -1, -1, yd, -1, 0);
 		node(t, DG__N_LN, l, yd, -1, -1, -1, yl[l], yrl[l], 0);
 		node(t, DG__N_RESID_LN, l, x[l], yl[l], -1, -1, x[l + 1], orl[l], 0);
 	}
@@ -143,7 +216,6 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id)
 		int ds = buf(t, "ds", DG__B_TEMP, 4, B, 1, T, D);
 		snprintf(nm, sizeof(nm), "dyd.%d", l);
 		int dyd = view(t, dyd_all, l, (int)Ly, nm, 4, B, 1, T, D);
-		int dxy = buf(t, "dxy", DG__B_TEMP, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "dxs.%d", l);
 		int dxs = view(t, dxs_all, l, (int)Ly, nm, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "dys.%d", l);
@@ -156,8 +228,10 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id)
 
 		node(t, DG__N_LN_BWD, l, dx, x[l + 1], orl[l], -1, ds, -1, 0);   /* d(x + y) */
 		node(t, DG__N_LN_BWD, l, ds, yl[l], yrl[l], -1, dyd, -1, 0);     /* y = LN(yd) */
-		node(t, DG__N_DEC_IN, l, dyd, id->exec[2], -1, -1, dxy, -1, 0);
-		node(t, DG__N_GATE_BWD, l, dxy, xsl[l], ysl[l], -1, dxs, dys, 0);
+		/* dxy lands in dys's bytes; the gate's backward turns it into
+		 * dys in place */
+		node(t, DG__N_DEC_IN, l, dyd, id->exec[2], -1, -1, dys, -1, 0);
+		node(t, DG__N_GATE_BWD, l, dys, xsl[l], ysl[l], -1, dxs, dys, 0);
 		node(t, DG__N_PROJ_IN, l, dys, id->exec[1], -1, -1, da, -1, 1);
 		node(t, DG__N_LN_BWD, l, da, al[l], arl[l], -1, datt, -1, 0);
 		node(t, DG__N_ATTN_BWD, l, datt, svl[l], x[l], xsl[l], dxs, dv, 0);
@@ -166,9 +240,9 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id)
 		dx = dxn;
 	}
 	/* the shared weights: one GEMM each over every layer's rows */
-	node(t, DG__N_PROJ_W, -1, dxs_all, x_all, -1, -1, id->gexec[0], -1, 0);
-	node(t, DG__N_PROJ_W, -1, dys_all, a_all, -1, -1, id->gexec[1], -1, 1);
-	node(t, DG__N_DEC_W, -1, dyd_all, xy_all, -1, -1, id->gexec[2], -1, 0);
+	node(t, DG__N_PROJ_W, -1, dxs_all, lowbit ? xq_all : x_all, -1, -1, id->gexec[0], -1, 0);
+	node(t, DG__N_PROJ_W, -1, dys_all, lowbit ? aq_all : a_all, -1, -1, id->gexec[1], -1, 1);
+	node(t, DG__N_DEC_W, -1, dyd_all, lowbit ? xyq_all : xy_all, -1, -1, id->gexec[2], -1, 0);
 	node(t, DG__N_TO_MASTER, -1, id->gexec[0], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
 	     DG_PARAM_ENCODER);
 	node(t, DG__N_TO_MASTER, -1, id->gexec[1], -1, -1, -1, id->grads[DG_PARAM_ENCODER_V], -1,
@@ -179,5 +253,5 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id)
 	int demb = buf(t, "demb", DG__B_TEMP, 4, B, 1, T, D);
 	node(t, DG__N_LN_BWD, -1, dx, x[0], x0_rstd, -1, demb, -1, 0);
 	node(t, DG__N_EMBED_BWD, -1, demb, id->tokens, -1, -1, id->grads[DG_PARAM_EMBED], -1, 0);
-	return dg__tape_plan(t);
+	return t->oom ? DG_ERR_NOMEM : DG_OK;
 }

@@ -18,15 +18,31 @@
 typedef struct dg__bdh_ids {
 	int params[DG_MODEL_N_PARAMS]; /* the masters, reference layouts */
 	int grads[DG_MODEL_N_PARAMS];  /* their gradients */
-	int exec[3];                   /* encoder, encoder_v (H,N,D); decoder (D,H·N) */
+	int exec[3];                   /* encoder, encoder_v (H,N,D); decoder (D,H·N);
+					* a low-bit recipe's codes carry their scales */
+	int exec_f32;                  /* low-bit: a transposed f32 master (H·N·D) */
+	int exec_codes;                /* low-bit: its codes, one a byte, before packing */
 	int gexec[3];                  /* the execution copies' gradients */
 	int tokens, targets;           /* (B, T) int32 (4-byte buffers) */
-	int cos, sin;                  /* RoPE tables (T, N/2) */
+	int cos, sin;                  /* the CPU's RoPE tables (T, N/2) */
+	int rope;                      /* the GPU's: (T, N) f32, cos at 2p, sin at 2p+1 */
 	int loss;                      /* one float */
+	int bad;                       /* the GPU's out-of-vocabulary flag (an int32) */
 } dg__bdh_ids;
 
-/* Records the step into t (initialized by the caller with c, B, T) and
- * plans it. DG_ERR_NOMEM when a declaration runs out of memory. */
-dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *ids);
+/* Where the tape runs: the CPU references (f32, RoPE'd queries saved for
+ * the attention's backward) or the GPU ops (activations in `act`, the
+ * attention's scores saved). */
+typedef struct dg__bdh_target {
+	bool gpu;
+	dg_fmt act;  /* activations: f32 | bf16 (the CPU: f32) */
+	bool lowbit; /* the GPU: the recipe's integer weights and activations
+		      * (a scale a token for activations) */
+} dg__bdh_target;
+
+/* Records the step into t (initialized by the caller with c, B, T); the
+ * caller adds workspaces (dg__tape_buf + node.ws) and plans. DG_ERR_NOMEM
+ * when a declaration runs out of memory. */
+dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *ids, const dg__bdh_target *tg);
 
 #endif

@@ -277,7 +277,9 @@ dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_m
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "batch %dx%d: B and T must be at least 1",
 				b, t);
 	dg__tape_init(&tp, c, b, t);
-	st = dg__bdh_tape_build(&tp, &id);
+	st = dg__bdh_tape_build(&tp, &id, NULL);
+	if (!st)
+		st = dg__tape_plan(&tp);
 	if (!st)
 		dg__tape_report(&tp, out);
 	dg__tape_free(&tp);
@@ -315,7 +317,9 @@ dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *bat
 					"targets[%lld] = %d: outside the vocabulary 0..%d", (long long)i,
 					batch->targets[i], s.V - 1);
 	dg__tape_init(&s.t, c, s.B, s.T);
-	st = dg__bdh_tape_build(&s.t, &s.id);
+	st = dg__bdh_tape_build(&s.t, &s.id, NULL);
+	if (!st)
+		st = dg__tape_plan(&s.t);
 	for (int k = 0; !st && k < DG__B__COUNT; k++)
 		if (s.t.arena[k] && !(s.arena[k] = calloc(1, s.t.arena[k])))
 			st = DG_ERR_NOMEM;

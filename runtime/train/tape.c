@@ -65,6 +65,7 @@ static int add_buf(dg__tape *t, const char *name, dg_fmt fmt, dg__bucket bucket,
 	b->bytes = dg_fmt_row_bytes(fmt, n);
 	b->bucket = bucket;
 	b->parent = -1;
+	b->scale = -1;
 	b->first = b->last = -1;
 	return t->n_bufs++;
 }
@@ -120,6 +121,12 @@ int dg__tape_node(dg__tape *t, dg__nkind kind, int layer, const int *in, int n_i
 	return t->n_nodes++;
 }
 
+void dg__tape_set_scale(dg__tape *t, int codes, int scale)
+{
+	if (codes >= 0 && codes < t->n_bufs)
+		t->bufs[codes].scale = scale;
+}
+
 static int root(const dg__tape *t, int id)
 {
 	while (t->bufs[id].parent >= 0)
@@ -136,6 +143,8 @@ static void touch(dg__tape *t, int id, int node)
 		b->first = node;
 	if (node > b->last)
 		b->last = node;
+	if (t->bufs[id].scale >= 0 && t->bufs[id].scale != id)
+		touch(t, t->bufs[id].scale, node); /* codes carry their scales */
 }
 
 dg__bucket dg__tape_arena_of(const dg__tape *t, int id)

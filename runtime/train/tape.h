@@ -54,6 +54,8 @@ typedef enum dg__nkind {
 	DG__N_DEC,      /* out0 = in0 (B,H,T,N) · in1 (D, H·N)ᵀ */
 	DG__N_RESID_LN, /* out0 = LN(in0 + in1), out1 = rstd */
 	DG__N_CE,       /* loss of in0 · in1 (lm_head) against the targets */
+	DG__N_QUANT,    /* out0 = codes of in0 with their scales (a recipe's act),
+			 * arg: 0 encoder's input, 1 encoder_v's, 2 decoder's */
 	/* backward */
 	DG__N_CE_BWD,      /* out0 = dx (=), out1 = d lm_head (+=); in: x, lm_head */
 	DG__N_LN_BWD,      /* out0 = dx (=) of dy in0, y in1, rstd in2 */
@@ -81,6 +83,7 @@ typedef struct dg__tbuf {
 	size_t bytes;
 	dg__bucket bucket;
 	int parent;        /* a view: the buffer it slices, else -1 */
+	int scale;         /* codes: the buffer of their scale(s), else -1 */
 	size_t view_off;   /* its byte offset in the parent */
 	int first, last;   /* liveness, in node indices (-1: never touched) */
 	size_t offset;     /* the plan: the byte offset in its bucket's arena */
@@ -124,6 +127,9 @@ int dg__tape_view(dg__tape *t, int parent, int i, int n, const char *name, int n
 /* Appends a node; returns its index (-1 out of memory). */
 int dg__tape_node(dg__tape *t, dg__nkind kind, int layer, const int *in, int n_in,
 		  const int *out, int n_out, int arg);
+
+/* Gives codes buffer `codes` its scales buffer (-1: none). */
+void dg__tape_set_scale(dg__tape *t, int codes, int scale);
 
 /* Liveness and arena offsets (see the header's notes). */
 dg_status dg__tape_plan(dg__tape *t);
