@@ -56,7 +56,12 @@ extern "C" {
 	X(DG_OP_ATTENTION_OUT, attention_out)                               \
 	X(DG_OP_ATTENTION_GRAD_SCORES, attention_grad_scores)               \
 	X(DG_OP_ATTENTION_GRAD_V, attention_grad_v)                         \
-	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs)
+	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs)                     \
+	X(DG_OP_GATE_FWD, gate_fwd)                                         \
+	X(DG_OP_GATE_BWD, gate_bwd)                                         \
+	X(DG_OP_ADD_MASK, add_mask)                                         \
+	X(DG_OP_ADD3, add3)                                                 \
+	X(DG_OP_TRANSPOSE, transpose)
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,
@@ -236,6 +241,12 @@ typedef struct dg_op_info {
 	/* The default build set: for each field a comma list, the product is
 	 * built ("weight=int8,ternary;relu=0"); "" is the op's defaults. */
 	const char *build;
+	/* A bit an argument (1u << i) read and then overwritten in place: an
+	 * input that the op also writes (gate_bwd's dxy becomes dys), or an
+	 * output it reads first (add_mask's dxs). Callers that run an op
+	 * twice (the tuner's check, the tests) restore these arguments
+	 * between runs; the reference reads their input from dg_ref_call.in. */
+	unsigned inout;
 } dg_op_info;
 
 /* The row of op; NULL for a value outside the enum. */

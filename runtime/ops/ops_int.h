@@ -23,6 +23,10 @@ typedef struct dg__op_call {
 	dg_dptr absum;   /* lowrank_fwd: Σ|y| accumulator, or 0 */
 	bool accumulate; /* the grad_weight ops */
 	bool unpack;     /* pack_ternary / pack_sign1: packed → codes */
+	/* gate_fwd / gate_bwd: the dropout of dragon/rng.h (p 0: none) */
+	float p;
+	uint64_t seed;
+	uint32_t step, layer;
 } dg__op_call;
 
 /* The sizes a checked call has: B and T of its first tensor with them, R
