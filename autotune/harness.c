@@ -251,8 +251,9 @@ static dg_status setup(dg__at_case *c)
 			c->out = i;
 		bool packs = c->row->pack_fmt != DG_FMT__COUNT && !a->output &&
 			     f == DG_FMT_INT8;
+		bool inout = (c->row->inout >> i) & 1u; /* read too: filled like an input */
 		st = buf_make(c, &c->buf[i], f, (size_t)n, n_scales(c, a, ndim, shape),
-			      !a->output && !packs, c->check);
+			      (!a->output || inout) && !packs, c->check);
 		if (!st && packs)
 			st = pack_codes(c, &c->buf[i]);
 		c->t[i] = dg_tensor_make(a->name, f, c->buf[i].d, ndim, shape);
@@ -262,6 +263,11 @@ static dg_status setup(dg__at_case *c)
 	/* optional outputs (lmhead_ce's dx and dw) are made, so they are asked for */
 	for (int i = 0; i < c->row->n_args; i++)
 		c->call.backward |= c->row->args[i].optional;
+	/* the gate's dropout: a rate that drops, a stream of the case's seed */
+	c->call.p = 0.1f;
+	c->call.seed = dg_rng_u64(&c->rng);
+	c->call.step = 7;
+	c->call.layer = 2;
 	if (!st && c->out < 0)
 		st = dg__dev_fail(c->dev, DG_ERR_INTERNAL, "op %s: the op table names no output",
 				  dg_op_name(c->spec.op));
@@ -285,7 +291,8 @@ static dg_status reference(dg__at_case *c)
 
 	memset(&rc, 0, sizeof(rc));
 	for (int i = 0; i < c->row->n_args; i++) {
-		rc.in[i] = i == c->out ? NULL : c->buf[i].host;
+		bool inout = (c->row->inout >> i) & 1u;
+		rc.in[i] = i == c->out && !inout ? NULL : c->buf[i].host;
 		rc.scale[i] = c->buf[i].sval;
 		rc.scale_v[i] = i == c->out ? NULL : c->buf[i].svec;
 	}
@@ -293,6 +300,10 @@ static dg_status reference(dg__at_case *c)
 	rc.t = c->t_len;
 	rc.r = c->r;
 	rc.n = c->n;
+	rc.p = c->call.p;
+	rc.seed = c->call.seed;
+	rc.step = c->call.step;
+	rc.layer = c->call.layer;
 	rc.out_scale = &c->want_scale;
 	if (o->svec) {
 		/* the quantizers a scale a row: (1, 1, R, cols) tokens, R rows */
@@ -551,6 +562,10 @@ dg_status dg__at_case_check(dg__at_case *c, const dg_spec *cand, dg__at_verdict 
 		return dg__dev_fail(c->dev, DG_ERR_INTERNAL, "not a check case");
 	o = &c->buf[c->out];
 	st = dg_memset8(c->dev, o->d, 0xff, o->bytes);
+	/* an earlier run overwrote the in-place arguments: their inputs again */
+	for (int i = 0; i < c->row->n_args && !st; i++)
+		if (((c->row->inout >> i) & 1u) && c->buf[i].host)
+			st = dg_memcpy_htod(c->dev, c->buf[i].d, c->buf[i].host, c->buf[i].bytes);
 	if (!st)
 		st = dg__at_case_run(c, cand);
 	if (st) {

@@ -437,6 +437,88 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.check = DG_CHECK_NORM,
 		.build = "src=f32,bf16",
 	},
+	/* ---- the gate (BDH's xy = dropout(xs · ys)) and the training step's
+	 * element-wise glue. The dropout mask is dragon/rng.h's
+	 * dg_dropout_keep of the flat element index; p, seed, step and layer
+	 * are the call's (run-time kernel arguments), never the spec's. */
+	[DG_OP_GATE_FWD] = {
+		.family = "gate", .module = "gate",
+		.about = "gate: xy (B,H,T,L) = keep ? xs*ys/(1-p) : 0, keep the dropout mask of (seed, step, layer, i)",
+		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.n_args = 3, .args = {
+			{ "xs", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "ys", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "xy", true, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } } },
+		.check = DG_CHECK_EXACT,
+		.build = "act=f32,bf16",
+	},
+	[DG_OP_GATE_BWD] = {
+		.family = "gate", .module = "gate",
+		.about = "gate backward: g = keep ? dxy/(1-p) : 0; dxs = g*ys, dys = [ys > 0] g*xs over dxy (B,H,T,L), f32",
+		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.n_args = 4, .args = {
+			{ "dxy", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "xs", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "ys", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "dxs", true, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } } },
+		.check = DG_CHECK_EXACT,
+		.build = "act=f32,bf16",
+		.inout = 1u << 0, /* dxy: dys is written over it */
+	},
+	[DG_OP_ADD_MASK] = {
+		.family = "step", .module = "step",
+		.about = "masked sum: dxs (B,H,T,L) = xs > 0 ? dxs + other : 0, in place, f32 (xs act)",
+		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.n_args = 3, .args = {
+			{ "dxs", true, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "other", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "xs", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } } },
+		.check = DG_CHECK_EXACT,
+		.build = "act=f32,bf16",
+		.inout = 1u << 0, /* dxs: read, then overwritten */
+	},
+	[DG_OP_ADD3] = {
+		.family = "step", .module = "step",
+		.about = "sum of three: out (any shape) = (a + b) + c, f32, out may alias a",
+		.fields = F(ARCH) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 4, .args = {
+			{ "a", false, DG_ARG_F32, false, 0, { 0 } },
+			{ "b", false, DG_ARG_F32, false, 0, { 0 } },
+			{ "c", false, DG_ARG_F32, false, 0, { 0 } },
+			{ "out", true, DG_ARG_F32, false, 0, { 0 } } },
+		.tune = { .r_mul = 1, .r_div = 1, .cols = 8192 }, /* rows of the BDH latent */
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
+	[DG_OP_TRANSPOSE] = {
+		.family = "step", .module = "step",
+		.about = "transpose: in (R,E,L) f32 -> out (R,L,E) act, e.g. master weights [H,D,N] to (H,N,D)",
+		.fields = F(ACT) | F(ARCH) | F(EMBD) | F(LATENT) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.n_args = 2, .args = {
+			{ "in", false, DG_ARG_F32, false, 3, { D(R), D(E), D(L) } },
+			{ "out", true, DG_ARG_ACT, false, 3, { D(R), D(L), D(E) } } },
+		.tune = { .r_mul = 1, .r_div = 1024, .r_max = 4 }, /* the BDH heads from 4096 rows */
+		.check = DG_CHECK_EXACT,
+		.build = "act=f32,bf16",
+	},
 };
 
 static const char *const names[DG_OP__COUNT] = {

@@ -68,6 +68,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "runtime.h"
 #include "spec.h"
@@ -433,6 +434,71 @@ dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, ch
 dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
 				 const dg_lmhead_ce_args *a, size_t *bytes);
 dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a);
+
+/* ---- gate (BDH's xy = dropout(xs · ys)) -----------------------------------
+ * (B,H,T,L) tensors, H and L the spec's, B and T the call's; act f32 or bf16,
+ * gradients f32. The dropout mask is dg_dropout_keep(seed, step, layer, i, p)
+ * of dragon/rng.h for flat element i, regenerated (never stored); p in
+ * [0, 1) (0: every element kept, scale 1), the scale 1/(1 − p) rounded once.
+ * p, seed, step and layer are kernel arguments: one kernel a spec serves
+ * every step, layer and rate.
+ *   gate_fwd  xs, ys → xy = keep ? (xs·ys)·(1/(1−p)) : 0          act
+ *   gate_bwd  dxy, xs, ys → g = keep ? dxy·(1/(1−p)) : 0;
+ *             dxs = g·ys, and dys = ys > 0 ? g·xs : 0 (ys's ReLU mask)
+ *             written over dxy (in place)                         f32
+ * Results are the CPU reference's bit for bit (dg_ref_gate_op). */
+typedef struct dg_gate_fwd_args {
+	const dg_tensor *xs, *ys, *xy;
+	float p;       /* drop probability, 0 <= p < 1 */
+	uint64_t seed; /* the run's dropout seed */
+	uint32_t step, layer;
+} dg_gate_fwd_args;
+dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
+			    size_t msg_size);
+dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a);
+
+typedef struct dg_gate_bwd_args {
+	const dg_tensor *dxy; /* in: dxy; out: dys */
+	const dg_tensor *xs, *ys, *dxs;
+	float p;
+	uint64_t seed;
+	uint32_t step, layer;
+} dg_gate_bwd_args;
+dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
+			    size_t msg_size);
+dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
+
+/* ---- step (the training step's element-wise glue and layout change) ------
+ *   add_mask   dxs (B,H,T,L) f32 in/out, other f32, xs act:
+ *              dxs = xs > 0 ? dxs + other : 0 (xs = relu(·) from two consumers)
+ *   add3       a, b, c → out = (a + b) + c, f32, any shape (all the same);
+ *              out may alias a
+ *   transpose  in (R,E,L) f32 → out (R,L,E) act (bf16: rounded to nearest
+ *              even), R the call's: the master encoders [H,D,N] to (H,N,D)
+ *              (R = H, E = D, L = N), the decoder [H·N,D] to (D,H·N) (R = 1,
+ *              E = H·N, L = D); the way back swaps E and L with act=f32.
+ * Exact: the CPU references' bits (dg_ref_add_mask, dg_ref_add3,
+ * dg_ref_transpose). */
+typedef struct dg_add_mask_args {
+	const dg_tensor *dxs; /* in and out */
+	const dg_tensor *other, *xs;
+} dg_add_mask_args;
+dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,
+			    size_t msg_size);
+dg_status dg_add_mask(dg_device *dev, const dg_spec *spec, const dg_add_mask_args *a);
+
+typedef struct dg_add3_args {
+	const dg_tensor *a, *b, *c, *out;
+} dg_add3_args;
+dg_status dg_add3_check(const dg_spec *spec, const dg_add3_args *a, char *msg, size_t msg_size);
+dg_status dg_add3(dg_device *dev, const dg_spec *spec, const dg_add3_args *a);
+
+typedef struct dg_transpose_args {
+	const dg_tensor *in, *out;
+} dg_transpose_args;
+dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, char *msg,
+			     size_t msg_size);
+dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
 
 #ifdef __cplusplus
 }

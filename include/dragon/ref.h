@@ -281,6 +281,26 @@ void dg_ref_gate_fwd(const float *xs, const float *ys, int64_t n, float p, uint6
 void dg_ref_gate_bwd(const float *dxy, const float *xs, const float *ys, int64_t n, float p,
 		     uint64_t seed, uint32_t step, uint32_t layer, float *dxs, float *dys);
 
+/* The gate ops (dragon/ops.h gate_fwd, gate_bwd) on act storage (f32 or
+ * bf16: widened exactly, results rounded once): gate_fwd is dg_ref_gate_fwd;
+ * gate_bwd is dg_ref_gate_bwd with the ReLU mask of ys on dys
+ * (dys = ys > 0 ? g·xs : 0). dys may be NULL (not kept) or dxy itself (in
+ * place, as the kernel writes it). DG_ERR_INVALID_ARG for another act. */
+dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t n, float p,
+			     uint64_t seed, uint32_t step, uint32_t layer, void *xy);
+dg_status dg_ref_gate_bwd_op(dg_fmt act, const float *dxy, const void *xs, const void *ys,
+			     int64_t n, float p, uint64_t seed, uint32_t step, uint32_t layer,
+			     float *dxs, float *dys);
+
+/* The step ops (dragon/ops.h), n elements: add_mask out = xs > 0 ? dxs +
+ * other : 0 (out may be dxs; xs act); add3 out = (a + b) + c (out may be
+ * a); transpose in (r, e, l) f32 → out (r, l, e) act (bf16 rounded to
+ * nearest even). */
+dg_status dg_ref_add_mask(dg_fmt act, const float *dxs, const float *other, const void *xs,
+			  int64_t n, float *out);
+void dg_ref_add3(const float *a, const float *b, const float *c, int64_t n, float *out);
+dg_status dg_ref_transpose(dg_fmt act, const float *in, int64_t r, int e, int l, void *out);
+
 /* lm_head and cross-entropy fused: logits = x·w over rows of d (w (d,
  * vocab)); loss = mean over rows of logsumexp(logits) − logits[target];
  * dlogits = (softmax − onehot)/rows, dx = dlogits·wᵀ, dw (+)= xᵀ·dlogits.
@@ -319,6 +339,12 @@ typedef struct dg_ref_call {
 	bool accumulate;                /* embed_bwd, *_bwd dx, lmhead_ce dw */
 	bool backward;                  /* lmhead_ce: also dx and dw (implied
 					 * when storage for either is given) */
+	/* gate_fwd / gate_bwd: the dropout (p 0: none) */
+	float p;
+	uint64_t seed;
+	uint32_t step, layer;
+	void *out2;                     /* gate_bwd: gets dys, dxy's new value
+					 * (NULL: not kept); out gets dxs */
 } dg_ref_call;
 
 dg_status dg_ref_run(const dg_spec *spec, const dg_ref_call *call);

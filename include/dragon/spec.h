@@ -63,7 +63,12 @@ extern "C" {
 	X(DG_OP_LAYERNORM_BWD, layernorm_bwd)                               \
 	X(DG_OP_RESID_LN_FWD, resid_ln_fwd)                                 \
 	X(DG_OP_RESID_LN_BWD, resid_ln_bwd)                                 \
-	X(DG_OP_LMHEAD_CE, lmhead_ce)
+	X(DG_OP_LMHEAD_CE, lmhead_ce)                                       \
+	X(DG_OP_GATE_FWD, gate_fwd)                                         \
+	X(DG_OP_GATE_BWD, gate_bwd)                                         \
+	X(DG_OP_ADD_MASK, add_mask)                                         \
+	X(DG_OP_ADD3, add3)                                                 \
+	X(DG_OP_TRANSPOSE, transpose)
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,
@@ -251,6 +256,12 @@ typedef struct dg_op_info {
 	/* The default build set: for each field a comma list, the product is
 	 * built ("weight=int8,ternary;relu=0"); "" is the op's defaults. */
 	const char *build;
+	/* A bit an argument (1u << i) read and then overwritten in place: an
+	 * input that the op also writes (gate_bwd's dxy becomes dys), or an
+	 * output it reads first (add_mask's dxs). Callers that run an op
+	 * twice (the tuner's check, the tests) restore these arguments
+	 * between runs; the reference reads their input from dg_ref_call.in. */
+	unsigned inout;
 } dg_op_info;
 
 /* The row of op; NULL for a value outside the enum. */

@@ -28,6 +28,10 @@ typedef struct dg__op_call {
 	float eps;       /* layernorm_fwd, resid_ln_fwd: inside the sqrt */
 	dg_dptr bad;     /* embed_fwd, lmhead_ce: an int32 set to 1 on a token
 			  * outside 0..V-1, or 0 */
+	/* gate_fwd / gate_bwd: the dropout of dragon/rng.h (p 0: none) */
+	float p;
+	uint64_t seed;
+	uint32_t step, layer;
 } dg__op_call;
 
 /* The sizes a checked call has: B and T of its first tensor with them, R

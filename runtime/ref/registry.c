@@ -329,6 +329,42 @@ dg_status dg__ref_lmhead_ce(const dg_spec *spec, const dg_ref_call *c)
 	return st;
 }
 
+static int64_t bhtl(const dg_spec *spec, const dg_ref_call *c)
+{
+	return c->b * spec->heads * c->t * spec->latent;
+}
+
+dg_status dg__ref_gate_fwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_gate_fwd_op(spec->act, c->in[0], c->in[1], bhtl(spec, c), c->p, c->seed, c->step,
+				  c->layer, c->out);
+}
+
+dg_status dg__ref_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_gate_bwd_op(spec->act, c->in[0], c->in[1], c->in[2], bhtl(spec, c), c->p, c->seed,
+				  c->step, c->layer, c->out, c->out2);
+}
+
+dg_status dg__ref_add_mask(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_add_mask(spec->act, c->in[0], c->in[1], c->in[2], bhtl(spec, c), c->out);
+}
+
+dg_status dg__ref_add3(const dg_spec *spec, const dg_ref_call *c)
+{
+	(void)spec;
+	if (!c->in[0] || !c->in[1] || !c->in[2] || !c->out || c->n < 0)
+		return DG_ERR_INVALID_ARG;
+	dg_ref_add3(c->in[0], c->in[1], c->in[2], c->n, c->out);
+	return DG_OK;
+}
+
+dg_status dg__ref_transpose(const dg_spec *spec, const dg_ref_call *c)
+{
+	return dg_ref_transpose(spec->act, c->in[0], c->r, spec->embd, spec->latent, c->out);
+}
+
 typedef dg_status (*ref_fn)(const dg_spec *, const dg_ref_call *);
 
 static const ref_fn refs[DG_OP__COUNT] = {

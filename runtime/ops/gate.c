@@ -1,0 +1,153 @@
+/*
+ * The gate family (dragon/ops.h): BDH's xy = dropout(xs · ys) and its
+ * backward (templates/gate.lua), element-wise over the flat (B,H,T,L)
+ * tensors. The dropout's p, seed, step and layer travel in the call
+ * (dg__op_call) and reach the kernel as arguments, so a kernel is compiled
+ * once a spec, whatever the step. Nothing here allocates, frees or
+ * synchronizes: a launch is a check, a kernel-map lookup and a launch.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
+			   const dg_tensor *t3, float p, uint64_t seed, uint32_t step,
+			   uint32_t layer)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	c.t[0] = t0;
+	c.t[1] = t1;
+	c.t[2] = t2;
+	c.t[3] = t3;
+	c.p = p;
+	c.seed = seed;
+	c.step = step;
+	c.layer = layer;
+	return c;
+}
+
+/* The op table's check, then the drop probability. */
+static dg_status gate_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
+			    dg__op_shape *sh, char *msg, size_t size)
+{
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, op, fn, c, sh, msg, size);
+	if (st)
+		return st;
+	if (!(c->p >= 0.0f && c->p < 1.0f)) {
+		snprintf(msg, size, "%s: p=%g: the drop probability must be in [0, 1) (0: no dropout)",
+			 fn, (double)c->p);
+		return DG_ERR_INVALID_ARG;
+	}
+	if (op == DG_OP_GATE_BWD && c->t[3]->data == c->t[0]->data) {
+		snprintf(msg, size, "dxs: %s: must not alias dxy (dys is written over dxy)", fn);
+		return DG_ERR_INVALID_ARG;
+	}
+	return DG_OK;
+}
+
+static dg_status run_gate(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+{
+	const char *fn = op == DG_OP_GATE_FWD ? "dg_gate_fwd" : "dg_gate_bwd";
+	char msg[512];
+	dg__op_shape sh;
+
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = gate_check(spec, op, fn, c, &sh, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	long long n = (long long)sh.b * spec->heads * sh.t * spec->latent;
+	if (n == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, fn, &k);
+	if (st)
+		return st;
+	int nt = dg_kernel_spec(k)->tile.threads;
+	long long ve = spec->act == DG_FMT_BF16 ? 8 : 4; /* elements a thread's vector */
+	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, ve), nt, 8LL * dg__dev_info(dev)->sm_count), 1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	dg_dptr p[DG_OP_MAX_ARGS];
+	void *args[DG_OP_MAX_ARGS + 6];
+	int na = 0;
+	const dg_op_info *row = dg_op_info_of(op);
+	for (int i = 0; i < row->n_args; i++) {
+		p[i] = c->t[i]->data;
+		args[na++] = &p[i];
+	}
+	int B = (int)sh.b, T = (int)sh.t;
+	float prob = c->p;
+	unsigned long long seed = c->seed;
+	unsigned step = c->step, layer = c->layer;
+	args[na++] = &B;
+	args[na++] = &T;
+	args[na++] = &prob;
+	args[na++] = &seed;
+	args[na++] = &step;
+	args[na++] = &layer;
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+dg_status dg__run_gate_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run_gate(dev, spec, DG_OP_GATE_FWD, c);
+}
+
+dg_status dg__run_gate_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run_gate(dev, spec, DG_OP_GATE_BWD, c);
+}
+
+dg_status dg__workspace_gate_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				 size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	*bytes = 0;
+	return DG_OK;
+}
+
+dg_status dg__workspace_gate_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				 size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	*bytes = 0;
+	return DG_OK;
+}
+
+/* ---- the typed calls ------------------------------------------------------------ */
+
+#define FWD_CALL(a) call_of((a)->xs, (a)->ys, (a)->xy, NULL, (a)->p, (a)->seed, (a)->step, (a)->layer)
+#define BWD_CALL(a) call_of((a)->dxy, (a)->xs, (a)->ys, (a)->dxs, (a)->p, (a)->seed, (a)->step, (a)->layer)
+
+dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
+			    size_t msg_size)
+{
+	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
+	return gate_check(spec, DG_OP_GATE_FWD, "dg_gate_fwd", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a)
+{
+	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
+	return run_gate(dev, spec, DG_OP_GATE_FWD, a ? &c : NULL);
+}
+
+dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
+			    size_t msg_size)
+{
+	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
+	return gate_check(spec, DG_OP_GATE_BWD, "dg_gate_bwd", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a)
+{
+	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
+	return run_gate(dev, spec, DG_OP_GATE_BWD, a ? &c : NULL);
+}

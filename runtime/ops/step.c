@@ -1,0 +1,108 @@
+/*
+ * The step family (dragon/ops.h): the training step's element-wise glue —
+ * add_mask (a masked gradient sum, in place) and add3 (three-way sum) — and
+ * transpose (f32 master weights to the act-format execution layout and
+ * back), all from templates/step.lua. Nothing here allocates, frees or
+ * synchronizes.
+ */
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
+			   const dg_tensor *t3)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	c.t[0] = t0;
+	c.t[1] = t1;
+	c.t[2] = t2;
+	c.t[3] = t3;
+	return c;
+}
+
+static const char *fn_of(dg_op op)
+{
+	return op == DG_OP_ADD_MASK ? "dg_add_mask" : op == DG_OP_ADD3 ? "dg_add3" : "dg_transpose";
+}
+
+static dg_status run_step(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+{
+	const char *fn = fn_of(op);
+	dg__op_shape sh;
+	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	if (st)
+		return st;
+	/* the work items of a thread (a vector) or of a block (a 32x32 tile) */
+	long long work, per_block;
+	dg_kernel *k;
+	if (op == DG_OP_TRANSPOSE) {
+		work = sh.r * dg__op_cdiv(spec->embd, 32) * dg__op_cdiv(spec->latent, 32);
+		per_block = 1;
+	} else {
+		long long n = op == DG_OP_ADD3 ? sh.n : (long long)sh.b * spec->heads * sh.t * spec->latent;
+		work = dg__op_cdiv(n, op == DG_OP_ADD_MASK && spec->act == DG_FMT_BF16 ? 8 : 4);
+		per_block = 0; /* the block size, below */
+	}
+	if (work == 0)
+		return DG_OK;
+	st = dg_kernel_get(dev, spec, fn, &k);
+	if (st)
+		return st;
+	int nt = dg_kernel_spec(k)->tile.threads;
+	dg_launch l = { { dg__op_grid(work, per_block ? per_block : nt, 8LL * dg__dev_info(dev)->sm_count),
+			  1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	dg_dptr p[DG_OP_MAX_ARGS];
+	void *args[DG_OP_MAX_ARGS + 2];
+	int na = 0;
+	const dg_op_info *row = dg_op_info_of(op);
+	for (int i = 0; i < row->n_args; i++) {
+		p[i] = c->t[i]->data;
+		args[na++] = &p[i];
+	}
+	int B = (int)sh.b, T = (int)sh.t;
+	long long n_all = (long long)sh.n, rows = (long long)sh.r;
+	if (op == DG_OP_ADD_MASK) {
+		args[na++] = &B;
+		args[na++] = &T;
+	} else {
+		args[na++] = op == DG_OP_ADD3 ? (void *)&n_all : (void *)&rows;
+	}
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+#define STEP_ENTRIES(name, OP)                                                               \
+	dg_status dg__run_##name(dg_device *dev, const dg_spec *spec, const dg__op_call *c)  \
+	{                                                                                    \
+		return run_step(dev, spec, OP, c);                                           \
+	}                                                                                    \
+	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec,                  \
+				       const dg__op_call *c, size_t *bytes)                  \
+	{                                                                                    \
+		(void)dev, (void)spec, (void)c;                                              \
+		*bytes = 0;                                                                  \
+		return DG_OK;                                                                \
+	}
+
+STEP_ENTRIES(add_mask, DG_OP_ADD_MASK)
+STEP_ENTRIES(add3, DG_OP_ADD3)
+STEP_ENTRIES(transpose, DG_OP_TRANSPOSE)
+
+/* The typed calls: a check and a run each, the tensors in the table's order. */
+#define TYPED(name, OP, T0, T1, T2, T3)                                                       \
+	dg_status dg_##name##_check(const dg_spec *spec, const dg_##name##_args *a, char *msg, \
+				    size_t msg_size)                                          \
+	{                                                                                     \
+		dg__op_call c = a ? call_of(T0, T1, T2, T3) : call_of(NULL, NULL, NULL, NULL); \
+		return dg__op_check(spec, OP, "dg_" #name, a ? &c : NULL, NULL, msg, msg_size); \
+	}                                                                                     \
+	dg_status dg_##name(dg_device *dev, const dg_spec *spec, const dg_##name##_args *a)     \
+	{                                                                                     \
+		dg__op_call c = a ? call_of(T0, T1, T2, T3) : call_of(NULL, NULL, NULL, NULL); \
+		return run_step(dev, spec, OP, a ? &c : NULL);                                \
+	}
+
+TYPED(add_mask, DG_OP_ADD_MASK, a->dxs, a->other, a->xs, NULL)
+TYPED(add3, DG_OP_ADD3, a->a, a->b, a->c, a->out)
+TYPED(transpose, DG_OP_TRANSPOSE, a->in, a->out, NULL, NULL)

@@ -1,0 +1,184 @@
+--[[
+gate.lua — BDH's gate xy = dropout(xs · ys) and its backward, element-wise
+over the flat (B, H, T, L) tensors (dg_ref_gate_op mirrors them):
+
+  gate_fwd  xy[i]  = keep(i) ? (xs[i]·ys[i])·s : 0
+  gate_bwd  g      = keep(i) ? dxy[i]·s : 0
+            dxs[i] = g·ys[i]
+            dys[i] = ys[i] > 0 ? g·xs[i] : 0     written over dxy (in place)
+  s = 1/(1 − p) (1 when p = 0); keep(i) = dg_dropout_keep(seed, step, layer,
+  i, p) of dragon/rng.h: word i % 4 of Philox4x32-10 at counter (i/4 low,
+  i/4 high, step, layer) under key (seed low, seed high), kept when it is at
+  least the threshold (uint32)(p·2^32) (every element when that is 0).
+
+Kernel ABI (XT float (f32) | unsigned short (bf16)):
+  extern "C" __global__ void dg_gate_fwd(const XT *xs, const XT *ys, XT *xy,
+      int B, int T, float p, unsigned long long seed, unsigned step, unsigned layer)
+  extern "C" __global__ void dg_gate_bwd(float *dxy, const XT *xs, const XT *ys,
+      float *dxs, int B, int T, float p, unsigned long long seed, unsigned step,
+      unsigned layer)
+  any grid (grid-stride over 16-byte vectors: 4 f32 or 8 bf16 elements, one
+  or two Philox blocks), the plan's threads a block; 16-byte aligned.
+
+Arithmetic: every product rounded once (__fmul_rn), s = __fdiv_rn(1, 1 − p):
+the reference's C, bit for bit; bf16 results are the f32 result rounded to
+nearest even once. p, seed, step and layer are kernel arguments, so one
+kernel serves every step, layer and rate.
+]]
+local C = require("common")
+local fmt = string.format
+
+local M = {}
+
+local PHILOX = [[
+// Philox4x32-10 (dragon/rng.h dg_philox4x32): the block of counter
+// (c0, c1, c2, c3) under key (k0, k1).
+__device__ __forceinline__ uint4 dg_philox(unsigned c0, unsigned c1, unsigned c2, unsigned c3,
+					   unsigned k0, unsigned k1)
+{
+#pragma unroll
+	for (int r = 0; r < 10; ++r) {
+		const unsigned lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+		const unsigned lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+		c0 = hi1 ^ c1 ^ k0;
+		c1 = lo1;
+		c2 = hi0 ^ c3 ^ k1;
+		c3 = lo0;
+		k0 += 0x9E3779B9u;
+		k1 += 0xBB67AE85u;
+	}
+	return make_uint4(c0, c1, c2, c3);
+}
+
+// The drop threshold of p (dg_dropout_threshold): 0 keeps every element.
+__device__ __forceinline__ unsigned dg_drop_threshold(float p)
+{
+	if (!(p > 0.0f))
+		return 0u;
+	if (!(p < 1.0f))
+		return 0xffffffffu;
+	return (unsigned)((double)p * 4294967296.0);
+}
+
+// The keep bits of the 4·G elements of Philox blocks q0 .. q0+G-1 (bit j:
+// element 4·q0 + j).
+template <int G>
+__device__ __forceinline__ unsigned dg_keep_bits(unsigned long long q0, unsigned thr,
+						 unsigned long long seed, unsigned step, unsigned layer)
+{
+	if (thr == 0u)
+		return 0xffffffffu;
+	unsigned bits = 0u;
+#pragma unroll
+	for (int g = 0; g < G; ++g) {
+		const unsigned long long q = q0 + g;
+		const uint4 r = dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer,
+					  (unsigned)seed, (unsigned)(seed >> 32));
+		bits |= ((unsigned)(r.x >= thr) | (unsigned)(r.y >= thr) << 1 |
+			 (unsigned)(r.z >= thr) << 2 | (unsigned)(r.w >= thr) << 3) << (4 * g);
+	}
+	return bits;
+}
+
+// Whether element i survives.
+__device__ __forceinline__ bool dg_keep1(unsigned long long i, unsigned thr, unsigned long long seed,
+					 unsigned step, unsigned layer)
+{
+	return ((dg_keep_bits<1>(i >> 2, thr, seed, step, layer) >> (i & 3ull)) & 1u) != 0u;
+}
+]]
+
+local CONSTS = [[
+constexpr int H = ${H};		// heads
+constexpr int L = ${L};		// latent
+constexpr int NT = ${NT};		// threads a block
+constexpr int VE = ${VE};		// elements a 16-byte vector of XT
+typedef ${XT} XT;
+]]
+
+local PRE = [[
+	const unsigned thr = dg_drop_threshold(p);
+	const float s = p > 0.0f ? __fdiv_rn(1.0f, __fsub_rn(1.0f, p)) : 1.0f;	// 1/(1 - p)]]
+
+local FWD_VEC = [[
+		float a[VE], b[VE], o[VE];
+		dg_ld(xs, iv, a);
+		dg_ld(ys, iv, b);
+		const unsigned keep = dg_keep_bits<VE / 4>((unsigned long long)iv * (VE / 4), thr, seed, step, layer);
+#pragma unroll
+		for (int j = 0; j < VE; ++j)
+			o[j] = (keep >> j) & 1u ? __fmul_rn(__fmul_rn(a[j], b[j]), s) : 0.0f;
+		dg_st(xy, iv, o);]]
+
+local FWD_ONE = [[
+		const bool keep = dg_keep1((unsigned long long)i, thr, seed, step, layer);
+		dg_st1(xy, i, keep ? __fmul_rn(__fmul_rn(dg_ld1(xs, i), dg_ld1(ys, i)), s) : 0.0f);]]
+
+local BWD_VEC = [[
+		float d[VE], a[VE], b[VE], gx[VE];
+		dg_ld(dxy, iv, d);
+		dg_ld(xs, iv, a);
+		dg_ld(ys, iv, b);
+		const unsigned keep = dg_keep_bits<VE / 4>((unsigned long long)iv * (VE / 4), thr, seed, step, layer);
+#pragma unroll
+		for (int j = 0; j < VE; ++j) {
+			const float g = (keep >> j) & 1u ? __fmul_rn(d[j], s) : 0.0f;
+			gx[j] = __fmul_rn(g, b[j]);
+			d[j] = b[j] > 0.0f ? __fmul_rn(g, a[j]) : 0.0f;	// dys, over dxy
+		}
+		dg_st(dxs, iv, gx);
+		dg_st(dxy, iv, d);]]
+
+local BWD_ONE = [[
+		const bool keep = dg_keep1((unsigned long long)i, thr, seed, step, layer);
+		const float g = keep ? __fmul_rn(dxy[i], s) : 0.0f;
+		const float y = dg_ld1(ys, i);
+		dxs[i] = __fmul_rn(g, y);
+		dxy[i] = y > 0.0f ? __fmul_rn(g, dg_ld1(xs, i)) : 0.0f;]]
+
+local OPS = { "gate_fwd", "gate_bwd" }
+
+function M.plan(spec)
+  local op = C.one_of(spec, "op", OPS)
+  return C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+end
+
+function M.render(spec, plan)
+  local op = C.one_of(spec, "op", OPS)
+  local H = C.int_field(spec, "heads", 1)
+  local L = C.int_field(spec, "latent", 1)
+  local act = C.one_of(spec, "act", { "f32", "bf16" })
+  local bf = act == "bf16"
+  local nt = plan.tile.threads
+  local xt = bf and "unsigned short" or "float"
+  local drop = "float p, unsigned long long seed, unsigned step, unsigned layer"
+  local v = {
+    ENTRY = "dg_" .. op, N = "(long long)B * H * T * L", PRE = PRE,
+  }
+  local about
+  if op == "gate_fwd" then
+    v.PARAMS = "const XT *__restrict__ xs, const XT *__restrict__ ys, XT *__restrict__ xy, int B, int T, " .. drop
+    v.VEC, v.ONE = FWD_VEC, FWD_ONE
+    about = fmt("gate_fwd: xy (B, %d, T, %d) %s = keep ? xs·ys·(1/(1−p)) : 0, xs and ys %s.", H, L, act, act)
+  else
+    v.PARAMS = "float *__restrict__ dxy, const XT *__restrict__ xs, const XT *__restrict__ ys, " ..
+               "float *__restrict__ dxs, int B, int T, " .. drop
+    v.VEC, v.ONE = BWD_VEC, BWD_ONE
+    about = fmt("gate_bwd: dxs = g·ys, dys = [ys > 0]·g·xs over dxy (B, %d, T, %d) f32, g = keep ? dxy/(1−p) : 0; xs, ys %s.",
+                H, L, act)
+  end
+  local w = C.writer()
+  w:line(C.banner(spec, "gate.lua", {
+    about, "",
+    fmt("%s(%s)   any grid, %d threads", v.ENTRY, v.PARAMS, nt),
+    "path: element-wise, 16-byte vectors grid-stride, the dropout mask from Philox4x32-10 (dragon/rng.h).",
+  }))
+  w:line(C.helpers({ bf16 = true }))
+  w:line(C.subst(CONSTS, { H = H, L = L, NT = nt, VE = bf and 8 or 4, XT = xt }))
+  w:line(C.VEC_IO)
+  w:line(PHILOX)
+  w:line(C.subst(C.ELEMENTWISE, v))
+  return w:text()
+end
+
+return M
