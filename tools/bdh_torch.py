@@ -16,6 +16,9 @@ The model dragon is checked against: the same parameters, names and shapes
         x   = LN(x + y)
     loss = cross_entropy(x @ lm_head, targets)
 
+`dump --quant w8a8|bitnet` runs the same math fake-quantized with dragon's
+quantizers (straight-through gradients), what a low-bit recipe is held to.
+
 `dump` writes a debug state as safetensors — the weights, a batch, the loss
 and every gradient ("grad.<name>") — that dragon's tests load and hold their
 own model against:
@@ -40,6 +43,7 @@ from torch import nn
 
 SIZES = {
     "tiny": dict(layers=2, embd=32, heads=2, neurons=64, vocab=256),
+    "small": dict(layers=2, embd=64, heads=2, neurons=256, vocab=256),
     "25m": dict(layers=6, embd=256, heads=4, neurons=8192, vocab=256),
 }
 
@@ -55,9 +59,44 @@ def rope(phases, v):
     return v * torch.cos(phases) + v_rot * torch.sin(phases)
 
 
+# ---- fake quantization (straight-through), dragon's quantizers -------------
+# A recipe's copies as dragon makes them (dragon/ref.h): int8 weights a scale
+# an output channel (max|w|/127, codes rint(w/s)), ternary weights a scale a
+# tensor (s = mean|w|, code 0 where |w| < s, else sign(w)); activations int8
+# (or uint8pos for the decoder's post-ReLU input) a scale a token (max|x| /
+# qmax, codes rint(x/s) clamped). Forward: the dequantized values; backward:
+# the gradient passes straight through to the float value.
+
+
+def ste(x, q):
+    return x + (q - x).detach()
+
+
+def q_act(x, dims, qmax, unsigned=False):
+    s = x.detach().abs().amax(dim=dims, keepdim=True) / qmax
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    c = torch.round(x.detach() / s).clamp(0 if unsigned else -qmax, qmax)
+    return ste(x, c * s)
+
+
+def q_weight(w, fmt, dim):
+    if fmt == "int8":  # a scale an output channel: reduce over the input dim
+        s = w.detach().abs().amax(dim=dim, keepdim=True) / 127
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        return ste(w, torch.round(w.detach() / s).clamp(-127, 127) * s)
+    s = w.detach().abs().mean()  # ternary, a scale a tensor
+    c = torch.where(w.detach().abs() < s, torch.zeros_like(w), torch.sign(w.detach()))
+    return ste(w, c * s)
+
+
+RECIPES = {"w8a8": "int8", "bitnet": "ternary"}
+
+
 class BDH(nn.Module):
-    def __init__(self, layers, embd, heads, neurons, vocab, dropout=0.1, thr_x=0.0, thr_y=0.0):
+    def __init__(self, layers, embd, heads, neurons, vocab, dropout=0.1, thr_x=0.0, thr_y=0.0,
+                 quant=None):
         super().__init__()
+        self.quant = RECIPES.get(quant) if quant else None
         self.layers, self.D, self.H, self.N, self.V = layers, embd, heads, neurons, vocab
         self.thr_x, self.thr_y = thr_x, thr_y
         self.embed = nn.Embedding(vocab, embd)
@@ -77,13 +116,19 @@ class BDH(nn.Module):
         H, N, D = self.H, self.N, self.D
         x = self.ln(self.embed(idx).unsqueeze(1))
         phases = torch.arange(0, T, dtype=torch.float32, device=idx.device).view(1, 1, -1, 1) * self.freqs
+        enc, encv, dec = self.encoder, self.encoder_v, self.decoder
+        qa = (lambda v, d, q, u=False: q_act(v, d, q, u)) if self.quant else (lambda v, d, q, u=False: v)
+        if self.quant:  # encoder [H, D, N]: a channel (h, n) over D; decoder [H·N, D]: d over H·N
+            enc, encv = q_weight(enc, self.quant, 1), q_weight(encv, self.quant, 1)
+            dec = q_weight(dec, self.quant, 0)
         for _ in range(self.layers):
-            xs = F.relu(x @ self.encoder - self.thr_x)
+            xs = F.relu(qa(x, (-1,), 127) @ enc - self.thr_x)
             qr = rope(phases, xs)
             att = (qr @ qr.mT).tril(diagonal=-1) @ x
-            ys = F.relu(self.ln(att) @ self.encoder_v - self.thr_y)
+            ys = F.relu(qa(self.ln(att), (-1,), 127) @ encv - self.thr_y)
             xy = self.drop(xs * ys)
-            y = self.ln(xy.transpose(1, 2).reshape(B, 1, T, N * H) @ self.decoder)
+            xyr = qa(xy.transpose(1, 2).reshape(B, 1, T, N * H), (-1,), 255, True)
+            y = self.ln(xyr @ dec)
             x = self.ln(x + y)
         logits = x.view(B, T, D) @ self.lm_head
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
@@ -94,7 +139,7 @@ def dump(args):
 
     torch.manual_seed(args.seed)
     cfg = SIZES[args.size]
-    m = BDH(**cfg, dropout=0.0)
+    m = BDH(**cfg, dropout=0.0, quant=args.quant)
     with torch.no_grad():
         for p in m.parameters():
             p.mul_(args.scale)
@@ -111,7 +156,8 @@ def dump(args):
     out["targets"] = tgt.to(torch.int32)
     out["loss"] = loss.detach().to(torch.float64).reshape(1)
     meta = {k: str(v) for k, v in cfg.items()}
-    meta.update(seed=str(args.seed), scale=str(args.scale), torch=torch.__version__)
+    meta.update(seed=str(args.seed), scale=str(args.scale), torch=torch.__version__,
+                quant=args.quant or "none")
     save_file(out, args.out, metadata=meta)
     print(f"bdh_torch: loss {loss.item():.9g}, wrote {args.out}", file=sys.stderr)
 
@@ -173,6 +219,8 @@ def main():
     d.add_argument("--batch", type=int, default=2)
     d.add_argument("--time", type=int, default=16)
     d.add_argument("--scale", type=float, default=25.0)
+    d.add_argument("--quant", choices=sorted(RECIPES), default=None,
+                   help="fake-quantize as dragon's recipe (straight-through gradients)")
     b = sub.add_parser("bench", help="time forward + backward in bf16: eager and torch.compile")
     b.add_argument("--size", choices=sorted(SIZES), default="25m")
     b.add_argument("--seed", type=int, default=1)

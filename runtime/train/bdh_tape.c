@@ -53,6 +53,14 @@ static void node(dg__tape *t, dg__nkind k, int layer, int i0, int i1, int i2, in
 	dg__tape_node(t, k, layer, in, ni, out, o1 >= 0 ? 2 : 1, arg);
 }
 
+/* A node with a third output (the cross-entropy's backward rewrites the
+ * loss: it must stay the loss's bytes until then). */
+static void node3(dg__tape *t, dg__nkind k, int i0, int i1, int i2, int o0, int o1, int o2)
+{
+	int in[3] = { i0, i1, i2 }, out[3] = { o0, o1, o2 };
+	dg__tape_node(t, k, -1, in, 3, out, 3, 0);
+}
+
 dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target *tg)
 {
 	const bool gpu = tg && tg->gpu;
@@ -210,8 +218,8 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 
 	/* backward */
 	int dx = buf(t, "dx", DG__B_TEMP, 4, B, 1, T, D);
-	node(t, DG__N_CE_BWD, -1, x_final, id->params[DG_PARAM_LM_HEAD], id->targets, -1, dx,
-	     id->grads[DG_PARAM_LM_HEAD], 0);
+	node3(t, DG__N_CE_BWD, x_final, id->params[DG_PARAM_LM_HEAD], id->targets, dx,
+	      id->grads[DG_PARAM_LM_HEAD], id->loss);
 	for (int l = (int)Ly - 1; l >= 0; l--) {
 		int ds = buf(t, "ds", DG__B_TEMP, 4, B, 1, T, D);
 		snprintf(nm, sizeof(nm), "dyd.%d", l);

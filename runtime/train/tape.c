@@ -147,6 +147,11 @@ static void touch(dg__tape *t, int id, int node)
 		touch(t, t->bufs[id].scale, node); /* codes carry their scales */
 }
 
+int dg__tape_root(const dg__tape *t, int id)
+{
+	return root(t, id);
+}
+
 dg__bucket dg__tape_arena_of(const dg__tape *t, int id)
 {
 	dg__bucket k = t->bufs[root(t, id)].bucket;

@@ -57,7 +57,8 @@ typedef enum dg__nkind {
 	DG__N_QUANT,    /* out0 = codes of in0 with their scales (a recipe's act),
 			 * arg: 0 encoder's input, 1 encoder_v's, 2 decoder's */
 	/* backward */
-	DG__N_CE_BWD,      /* out0 = dx (=), out1 = d lm_head (+=); in: x, lm_head */
+	DG__N_CE_BWD,      /* out0 = dx (=), out1 = d lm_head (=), out2 = the loss
+			    * again; in: x, lm_head, targets */
 	DG__N_LN_BWD,      /* out0 = dx (=) of dy in0, y in1, rstd in2 */
 	DG__N_DEC_IN,      /* out0 = in0 (dyd) · in1 (dec) */
 	DG__N_GATE_BWD,    /* out0 = dxs (=), out1 = dys·[ys > 0] (=); in: dxy, xs, ys */
@@ -73,7 +74,7 @@ typedef enum dg__nkind {
 } dg__nkind;
 
 #define DG__TAPE_IN 4
-#define DG__TAPE_OUT 2
+#define DG__TAPE_OUT 3
 
 typedef struct dg__tbuf {
 	char name[40];
@@ -138,6 +139,8 @@ dg_status dg__tape_plan(dg__tape *t);
  * view's. */
 size_t dg__tape_offset(const dg__tape *t, int id);
 dg__bucket dg__tape_arena_of(const dg__tape *t, int id);
+/* The buffer a view slices (itself when it is none). */
+int dg__tape_root(const dg__tape *t, int id);
 
 /* Bytes by bucket (no reuse) and the shared arena's planned size. */
 void dg__tape_report(const dg__tape *t, dg_model_memory *out);

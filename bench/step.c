@@ -1,0 +1,200 @@
+/*
+ * step — forward + backward (no optimizer) of the BDH model on the GPU, for
+ * each preset, beside PyTorch eager bf16 and torch.compile bf16 of the
+ * project's PyTorch version (tools/bdh_torch.py bench) in the same run.
+ *
+ *   step [--presets f32,bf16,w8a8,bitnet] [--batch 8] [--time 512]
+ *        [--warmup 2] [--reps 10] [--torch "python3 tools/bdh_torch.py"]
+ *        [--no-torch] [--out FILE]
+ *
+ * dragon's rows: the median of --reps steps (dg_model_run, timed by
+ * events), the peak device memory measured as the drop in free memory from
+ * before dg_model_create to the lowest point during the steps (dragon
+ * allocates everything at create), and the plan's estimate of it
+ * (dg_model_plan). JSON: {"device": ..., "rows": [{impl, preset, B, T,
+ * fwd_bwd_ms, peak_bytes, plan_bytes?}, ...]} to --out (and stdout).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "dragon/dragon.h"
+#include "dragon/model.h"
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static cJSON *row(const char *impl, const char *preset, int B, int T, double ms, double peak)
+{
+	cJSON *r = cJSON_CreateObject();
+	cJSON_AddStringToObject(r, "impl", impl);
+	cJSON_AddStringToObject(r, "preset", preset);
+	cJSON_AddNumberToObject(r, "B", B);
+	cJSON_AddNumberToObject(r, "T", T);
+	cJSON_AddNumberToObject(r, "fwd_bwd_ms", ms);
+	cJSON_AddNumberToObject(r, "peak_bytes", peak);
+	return r;
+}
+
+/* One preset: a row, or an error row naming why it did not run. */
+static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int warmup, int reps)
+{
+	char msg[512];
+	dg_model_config c;
+	dg_model_weights *w = NULL;
+	dg_model *m = NULL;
+	dg_model_memory plan;
+	cJSON *r = NULL;
+	size_t free0 = 0, total = 0, lowest;
+
+	if (dg_model_preset(preset, &c, msg, sizeof(msg)) ||
+	    dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)))
+		goto fail_msg;
+	if (dg_model_plan(dev, &c, B, T, &plan))
+		goto fail_dev;
+	if (dg_device_mem_info(dev, &free0, &total) || dg_model_create(dev, w, B, T, &m))
+		goto fail_dev;
+	lowest = free0;
+	int32_t *idx = malloc((size_t)B * T * 4), *tgt = malloc((size_t)B * T * 4);
+	double *ms = malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));
+	dg_event *e0 = NULL, *e1 = NULL;
+	if (!idx || !tgt || !ms || dg_event_create(dev, &e0) || dg_event_create(dev, &e1)) {
+		free(idx), free(tgt), free(ms);
+		dg_event_destroy(e0);
+		goto fail_dev;
+	}
+	for (int i = 0; i < B * T; i++) {
+		idx[i] = (i * 131 + 7) % c.vocab;
+		tgt[i] = (i * 71 + 3) % c.vocab;
+	}
+	dg_model_batch bt = { .idx = idx, .targets = tgt, .b = B, .t = T, .seed = 1, .train = true };
+	dg_status st = DG_OK;
+	for (int i = 0; i < warmup && !st; i++)
+		st = dg_model_run(m, &bt, true);
+	if (!st)
+		st = dg_device_sync(dev);
+	for (int i = 0; i < reps && !st; i++) {
+		bt.step = (uint32_t)i;
+		st = dg_event_record(e0);
+		if (!st)
+			st = dg_model_run(m, &bt, true);
+		if (!st)
+			st = dg_event_record(e1);
+		if (!st)
+			st = dg_event_synchronize(e1);
+		float t = 0;
+		if (!st)
+			st = dg_event_elapsed_ms(e0, e1, &t);
+		ms[i] = t;
+		size_t f = 0, tt = 0;
+		if (!st && !dg_device_mem_info(dev, &f, &tt) && f < lowest)
+			lowest = f;
+	}
+	if (!st) {
+		qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+		r = row("dragon", preset, B, T, ms[reps / 2], (double)(free0 - lowest));
+		cJSON_AddNumberToObject(r, "plan_bytes", (double)plan.total);
+		cJSON_AddNumberToObject(r, "min_ms", ms[0]);
+	}
+	free(idx), free(tgt), free(ms);
+	dg_event_destroy(e0);
+	dg_event_destroy(e1);
+	if (st)
+		goto fail_dev;
+	dg_model_destroy(m);
+	dg_model_weights_destroy(w);
+	return r;
+fail_dev:
+	snprintf(msg, sizeof(msg), "%s", dg_device_errmsg(dev));
+fail_msg:
+	dg_model_destroy(m);
+	dg_model_weights_destroy(w);
+	r = cJSON_CreateObject();
+	cJSON_AddStringToObject(r, "impl", "dragon");
+	cJSON_AddStringToObject(r, "preset", preset);
+	cJSON_AddStringToObject(r, "error", msg);
+	fprintf(stderr, "step: %s: %s\n", preset, msg);
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	const char *presets = "f32,bf16,w8a8,bitnet", *out = NULL;
+	const char *torch = "python3 " DG_SOURCE_DIR "/tools/bdh_torch.py";
+	int B = 8, T = 512, warmup = 2, reps = 10, use_torch = 1;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--presets") && v)
+			presets = argv[++i];
+		else if (!strcmp(a, "--batch") && v)
+			B = atoi(argv[++i]);
+		else if (!strcmp(a, "--time") && v)
+			T = atoi(argv[++i]);
+		else if (!strcmp(a, "--warmup") && v)
+			warmup = atoi(argv[++i]);
+		else if (!strcmp(a, "--reps") && v)
+			reps = atoi(argv[++i]);
+		else if (!strcmp(a, "--torch") && v)
+			torch = argv[++i];
+		else if (!strcmp(a, "--no-torch"))
+			use_torch = 0;
+		else if (!strcmp(a, "--out") && v)
+			out = argv[++i];
+		else {
+			fprintf(stderr, "usage: step [--presets LIST] [--batch B] [--time T] [--warmup N] "
+					"[--reps N] [--torch CMD | --no-torch] [--out FILE]\n");
+			return 2;
+		}
+	}
+	if (B < 1 || T < 1 || reps < 1 || warmup < 0) {
+		fprintf(stderr, "step: --batch, --time, --reps must be at least 1\n");
+		return 2;
+	}
+	dg_device *dev = NULL;
+	if (dg_device_open(&dev, NULL)) {
+		fprintf(stderr, "step: no GPU: %s\n", dev ? dg_device_errmsg(dev) : "no device");
+		return 1;
+	}
+	dg_device_info info;
+	dg_device_info_get(dev, &info);
+	cJSON *doc = cJSON_CreateObject(), *rows = cJSON_CreateArray();
+	cJSON_AddStringToObject(doc, "device", info.name);
+	cJSON_AddItemToObject(doc, "rows", rows);
+	char list[256];
+	snprintf(list, sizeof(list), "%s", presets);
+	for (char *p = strtok(list, ","); p; p = strtok(NULL, ","))
+		cJSON_AddItemToArray(rows, run_preset(dev, p, B, T, warmup, reps));
+	dg_device_close(dev);
+	if (use_torch) {
+		char cmd[1024];
+		snprintf(cmd, sizeof(cmd), "%s bench --batch %d --time %d --reps %d", torch, B, T, reps);
+		FILE *f = popen(cmd, "r");
+		char line[1024];
+		while (f && fgets(line, sizeof(line), f)) {
+			cJSON *r = cJSON_Parse(line);
+			if (r)
+				cJSON_AddItemToArray(rows, r);
+		}
+		if (!f || pclose(f) != 0)
+			fprintf(stderr, "step: %s failed (no torch?)\n", cmd);
+	}
+	char *text = cJSON_Print(doc);
+	printf("%s\n", text);
+	if (out) {
+		FILE *o = fopen(out, "w");
+		if (!o || fputs(text, o) < 0 || fclose(o)) {
+			fprintf(stderr, "step: cannot write %s\n", out);
+			free(text);
+			cJSON_Delete(doc);
+			return 1;
+		}
+	}
+	free(text);
+	cJSON_Delete(doc);
+	return 0;
+}

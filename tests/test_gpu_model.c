@@ -1,0 +1,270 @@
+/*
+ * The BDH model on the GPU (runtime/train/gpu_model.c) against the CPU
+ * model (the same tape on the CPU references) and against PyTorch:
+ *
+ *   f32   at the tiny config (2 layers, D 32, H 2, N 64, T 16, B 2), dropout
+ *         off and on (the same counter-based mask on both sides): loss
+ *         within 1e-5 relative, every gradient within 1e-4 normwise;
+ *         the committed PyTorch dump (tests/data/bdh_tiny_torch.safetensors)
+ *         likewise;
+ *   bf16  the same tiny step against the f32 CPU model: loss within 2e-2
+ *         relative, gradients within 5e-2 normwise (bf16 activations and
+ *         bf16 tensor-core products);
+ *   w8a8, bitnet  (int8 / ternary weights, int8 activations a token): a
+ *         finite loss within 10% of f32's and gradients pointing the same
+ *         way (cosine > 0.9) — the straight-through estimator's gradients
+ *         of a quantized model, not the float model's;
+ *   the plan: what dg_model_plan reports is what create allocates; two
+ *         steps give bitwise the same loss; bad input (a token outside the
+ *         vocabulary, a batch of another shape, a recipe the GPU model
+ *         cannot serve) is refused by name before anything runs.
+ * Skips without a device; fails instead with DRAGON_REQUIRE_GPU=1.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/model.h"
+#include "dragon/safetensors.h"
+#include "gpu_helpers.h"
+
+static dg_model_config tiny(const char *preset)
+{
+	dg_model_config c;
+	char msg[256];
+	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	c.layers = 2;
+	c.embd = 32;
+	c.heads = 2;
+	c.neurons = 64;
+	return c;
+}
+
+struct batch {
+	int32_t idx[64], tgt[64];
+	dg_model_batch b;
+};
+
+static void make_batch(struct batch *bt, int B, int T, uint64_t seed, bool train)
+{
+	gh_seed(seed);
+	for (int i = 0; i < B * T; i++) {
+		bt->idx[i] = gh_int(0, 255);
+		bt->tgt[i] = gh_int(0, 255);
+	}
+	bt->b = (dg_model_batch){ .idx = bt->idx, .targets = bt->tgt, .b = B, .t = T,
+				  .seed = seed * 7 + 1, .step = 3, .train = train };
+}
+
+/* ‖a − b‖ / ‖b‖ and the cosine of a and b. */
+static void compare(const float *a, const float *b, int64_t n, double *rel, double *cosv)
+{
+	double num = 0, den = 0, ab = 0, aa = 0;
+	for (int64_t i = 0; i < n; i++) {
+		num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+		den += (double)b[i] * b[i];
+		ab += (double)a[i] * b[i];
+		aa += (double)a[i] * a[i];
+	}
+	*rel = sqrt(num / (den > 0 ? den : 1));
+	*cosv = ab / sqrt((aa > 0 ? aa : 1) * (den > 0 ? den : 1));
+}
+
+/* The GPU step of w's weights (config gc) against the CPU f32 step of the
+ * same weights: loss_rel, grad_rel bound the f32-comparable presets;
+ * cos_min the low-bit ones (loss_rel then bounds the loss's distance). */
+static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double loss_rel,
+		       double grad_rel, double cos_min)
+{
+	char msg[1024];
+	dg_model_config fc = tiny("f32"), gc = tiny(preset);
+	dg_model_weights *w = NULL, *wg = NULL, *gcpu = NULL, *ggpu = NULL;
+	cr_assert_eq(dg_model_weights_create(&fc, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_weights_create(&fc, 0, &gcpu, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_model_weights_create(&gc, 42, &wg, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_model_weights_create(&gc, 0, &ggpu, msg, sizeof(msg)), DG_OK);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(&fc, (dg_model_param)p, &nd, sh);
+		memcpy(wg->params[p], w->params[p], (size_t)n * sizeof(float));
+	}
+	struct batch bt;
+	make_batch(&bt, 2, 16, 9, train);
+	double lc = 0, lg = 0;
+	cr_assert_eq(dg_model_cpu_step(w, &bt.b, &lc, gcpu, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model *m = NULL;
+	cr_assert_eq(dg_model_create(dev, wg, 2, 16, &m), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_step(m, &bt.b, &lg, ggpu), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+	printf("gpu_model %s train=%d: loss %.9g (CPU f32 %.9g, rel %.3g)\n", preset, train, lg, lc,
+	       fabs(lg - lc) / fabs(lc));
+	cr_expect(isfinite(lg) && fabs(lg - lc) <= loss_rel * fabs(lc), "%s: loss %.9g, CPU %.9g", preset,
+		  lg, lc);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(&fc, (dg_model_param)p, &nd, sh);
+		double rel, cosv;
+		compare(ggpu->params[p], gcpu->params[p], n, &rel, &cosv);
+		printf("  grad %-12s rel %.3g cos %.6f\n", dg_model_param_name((dg_model_param)p), rel, cosv);
+		if (grad_rel > 0)
+			cr_expect(rel <= grad_rel, "%s: grad %s normwise %.3g (at most %.3g)", preset,
+				  dg_model_param_name((dg_model_param)p), rel, grad_rel);
+		else
+			cr_expect(cosv >= cos_min, "%s: grad %s cosine %.4f (at least %.2f)", preset,
+				  dg_model_param_name((dg_model_param)p), cosv, cos_min);
+	}
+	/* the same step again: bitwise the same loss */
+	double l2 = 0;
+	cr_assert_eq(dg_model_step(m, &bt.b, &l2, NULL), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_expect(memcmp(&l2, &lg, sizeof(l2)) == 0, "%s: a second step gives loss %.17g, not %.17g",
+		  preset, l2, lg);
+	dg_model_destroy(m);
+	dg_model_weights_destroy(w);
+	dg_model_weights_destroy(wg);
+	dg_model_weights_destroy(gcpu);
+	dg_model_weights_destroy(ggpu);
+}
+
+Test(gpu_model, f32_matches_the_cpu_model, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gpu_vs_cpu(dev, "f32", false, 1e-5, 1e-4, 0);
+	gpu_vs_cpu(dev, "f32", true, 1e-5, 1e-4, 0);
+	gh_close(dev);
+}
+
+Test(gpu_model, bf16_close_to_the_cpu_model, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gpu_vs_cpu(dev, "bf16", false, 2e-2, 5e-2, 0);
+	gh_close(dev);
+}
+
+Test(gpu_model, lowbit_recipes_follow_the_float_model, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gpu_vs_cpu(dev, "w8a8", false, 0.1, 0, 0.9);
+	gpu_vs_cpu(dev, "bitnet", false, 0.1, 0, 0.8);
+	gh_close(dev);
+}
+
+Test(gpu_model, matches_pytorch, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	char msg[1024];
+	const char *path = DG_SOURCE_DIR "/tests/data/bdh_tiny_torch.safetensors";
+	dg_safetensors *f = NULL;
+	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model_config c;
+	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK);
+	c.layers = atoi(dg_safetensors_meta(f, "layers"));
+	c.embd = atoi(dg_safetensors_meta(f, "embd"));
+	c.heads = atoi(dg_safetensors_meta(f, "heads"));
+	c.neurons = atoi(dg_safetensors_meta(f, "neurons"));
+	c.vocab = atoi(dg_safetensors_meta(f, "vocab"));
+	dg_model_weights *w = NULL, *g = NULL;
+	cr_assert_eq(dg_model_weights_load(&c, path, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_weights_create(&c, 0, &g, msg, sizeof(msg)), DG_OK);
+	const dg_st_tensor *it = dg_safetensors_find(f, "idx"), *tt = dg_safetensors_find(f, "targets");
+	cr_assert(it && tt && it->dtype == DG_ST_I32 && it->ndim == 2);
+	int b = (int)it->shape[0], t = (int)it->shape[1];
+	int32_t *idx = malloc((size_t)b * t * 4), *tgt = malloc((size_t)b * t * 4);
+	memcpy(idx, it->data, (size_t)b * t * 4);
+	memcpy(tgt, tt->data, (size_t)b * t * 4);
+	double want;
+	memcpy(&want, dg_safetensors_find(f, "loss")->data, sizeof(want));
+	dg_model *m = NULL;
+	cr_assert_eq(dg_model_create(dev, w, b, t, &m), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_model_batch bt = { .idx = idx, .targets = tgt, .b = b, .t = t };
+	double loss = 0;
+	cr_assert_eq(dg_model_step(m, &bt, &loss, g), DG_OK, "%s", dg_device_errmsg(dev));
+	printf("gpu_model vs PyTorch: loss %.9g, PyTorch %.9g (rel %.3g)\n", loss, want,
+	       fabs(loss - want) / fabs(want));
+	cr_expect(fabs(loss - want) <= 1e-5 * fabs(want), "loss %.9g, PyTorch %.9g", loss, want);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		char name[64];
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
+		snprintf(name, sizeof(name), "grad.%s", dg_model_param_name((dg_model_param)p));
+		const dg_st_tensor *gt = dg_safetensors_find(f, name);
+		cr_assert(gt && gt->dtype == DG_ST_F32);
+		float *want_g = malloc((size_t)n * 4);
+		memcpy(want_g, gt->data, (size_t)n * 4);
+		double rel, cosv;
+		compare(g->params[p], want_g, n, &rel, &cosv);
+		printf("  grad %-12s rel %.3g\n", name, rel);
+		cr_expect(rel <= 1e-4, "%s differs from PyTorch's by %.3g (normwise)", name, rel);
+		free(want_g);
+	}
+	dg_model_destroy(m);
+	free(idx);
+	free(tgt);
+	dg_model_weights_destroy(w);
+	dg_model_weights_destroy(g);
+	dg_safetensors_destroy(f);
+	gh_close(dev);
+}
+
+Test(gpu_model, plan_and_bad_input, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	char msg[256];
+	dg_model_config c = tiny("f32");
+	dg_model_memory plan, got;
+	cr_assert_eq(dg_model_plan(dev, &c, 2, 16, &plan), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_model_weights *w = NULL;
+	cr_assert_eq(dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)), DG_OK);
+	dg_model *m = NULL;
+	cr_assert_eq(dg_model_create(dev, w, 2, 16, &m), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_model_memory_of(m, &got);
+	cr_assert(memcmp(&plan, &got, sizeof(plan)) == 0, "the plan differs from what create made");
+	cr_assert(plan.params > 0 && plan.lowbit > 0 && plan.grads > 0 && plan.activations > 0 &&
+		  plan.workspace > 0);
+
+	struct batch bt;
+	make_batch(&bt, 2, 16, 3, false);
+	double loss = -1;
+	bt.idx[17] = 256;
+	cr_assert_eq(dg_model_step(m, &bt.b, &loss, NULL), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "idx[17] = 256"), "%s", dg_device_errmsg(dev));
+	cr_assert_eq(loss, -1.0);
+	bt.idx[17] = 1;
+	bt.tgt[3] = -1;
+	cr_assert_eq(dg_model_step(m, &bt.b, &loss, NULL), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "targets[3] = -1"), "%s", dg_device_errmsg(dev));
+	bt.tgt[3] = 1;
+	bt.b.t = 8;
+	cr_assert_eq(dg_model_step(m, &bt.b, &loss, NULL), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "planned for 2x16"), "%s", dg_device_errmsg(dev));
+	dg_model_destroy(m);
+	dg_model_weights_destroy(w);
+
+	/* recipes the kernels cannot serve, named by field */
+	dg_model_config s = tiny("seed");
+	cr_assert_eq(dg_model_plan(dev, &s, 2, 16, &plan), DG_ERR_UNSUPPORTED);
+	cr_assert(strstr(dg_device_errmsg(dev), "ascale=tensor"), "%s", dg_device_errmsg(dev));
+	dg_model_config big = tiny("f32");
+	big.embd = 4096; /* wider than the row ops' one warp a row */
+	cr_assert_neq(dg_model_plan(dev, &big, 2, 16, &plan), DG_OK);
+	cr_assert(strstr(dg_device_errmsg(dev), "embd"), "%s", dg_device_errmsg(dev));
+
+	/* the 25M model's plan, by bucket */
+	static const char *const presets[] = { "f32", "bf16", "w8a8", "bitnet" };
+	for (int i = 0; i < 4; i++) {
+		dg_model_config f;
+		cr_assert_eq(dg_model_preset(presets[i], &f, msg, sizeof(msg)), DG_OK);
+		cr_assert_eq(dg_model_plan(dev, &f, 8, 512, &plan), DG_OK, "%s: %s", presets[i],
+			     dg_device_errmsg(dev));
+		printf("plan %-6s B=8 T=512: params %.1f MiB, low-bit %.1f, grads %.1f, saved %.1f, temp %.1f, "
+		       "workspace %.1f; activations arena %.1f MiB; total %.1f MiB\n",
+		       presets[i], plan.params / 1048576.0, plan.lowbit / 1048576.0, plan.grads / 1048576.0,
+		       plan.saved / 1048576.0, plan.temp / 1048576.0, plan.workspace / 1048576.0,
+		       plan.activations / 1048576.0, plan.total / 1048576.0);
+	}
+	gh_close(dev);
+}
