@@ -322,8 +322,9 @@ static void case_make(op_case *c, dg_device *mem, const dg_spec *spec)
 		b->t = dg_tensor_make(a->name, b->fmt, 0, ndim, shape);
 		b->n = (size_t)dg_tensor_numel(&b->t);
 		b->bytes = gh_bytes(b->fmt, b->n);
-		if (a->output) {
+		if (a->output)
 			c->out = i;
+		if (a->output && !((c->row->inout >> i) & 1u)) { /* in-place ones are read: random */
 			b->host = gh_xmalloc(b->bytes);
 			b->t.data = gh_alloc_ff(mem, b->bytes);
 		} else {

@@ -36,7 +36,8 @@ static bool file_exists(const char *path)
 
 Test(optable, every_row_is_complete)
 {
-	static const char *const families[] = { "lowrank", "decoder", "quantize", "pack", "attention", "norm", "embed", "loss" };
+	static const char *const families[] = { "lowrank", "decoder", "quantize", "pack", "attention",
+						"norm", "embed", "loss", "gate", "step" };
 	cr_assert_null(dg_op_info_of(DG_OP__COUNT));
 	cr_assert_null(dg_op_info_of((dg_op)-1));
 	for (int i = 0; i < DG_OP__COUNT; i++) {
@@ -439,6 +440,29 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 					.loss = by_name(c, "loss"), .dx = by_name(c, "dx"), .dw = by_name(c, "dw"),
 					.backward = true, .ws = { (dg_dptr)0x4000000, (size_t)1 << 20 } };
 		return dg_lmhead_ce_check(s, &a, msg, size);
+	}
+	case DG_OP_GATE_FWD: {
+		dg_gate_fwd_args a = { .xs = by_name(c, "xs"), .ys = by_name(c, "ys"), .xy = by_name(c, "xy"),
+				       .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
+		return dg_gate_fwd_check(s, &a, msg, size);
+	}
+	case DG_OP_GATE_BWD: {
+		dg_gate_bwd_args a = { .dxy = by_name(c, "dxy"), .xs = by_name(c, "xs"), .ys = by_name(c, "ys"),
+				       .dxs = by_name(c, "dxs"), .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
+		return dg_gate_bwd_check(s, &a, msg, size);
+	}
+	case DG_OP_ADD_MASK: {
+		dg_add_mask_args a = { .dxs = by_name(c, "dxs"), .other = by_name(c, "other"), .xs = by_name(c, "xs") };
+		return dg_add_mask_check(s, &a, msg, size);
+	}
+	case DG_OP_ADD3: {
+		dg_add3_args a = { .a = by_name(c, "a"), .b = by_name(c, "b"), .c = by_name(c, "c"),
+				   .out = by_name(c, "out") };
+		return dg_add3_check(s, &a, msg, size);
+	}
+	case DG_OP_TRANSPOSE: {
+		dg_transpose_args a = { .in = by_name(c, "in"), .out = by_name(c, "out") };
+		return dg_transpose_check(s, &a, msg, size);
 	}
 	default:
 		cr_assert_fail("op %d has no check here", (int)c->op);

@@ -480,6 +480,21 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		return dg_ref_attention_grad_v(s, c->in[0], c->in[1], out, b, t);
 	case DG_OP_ATTENTION_GRAD_XS:
 		return dg_ref_attention_grad_xs(s, c->in[0], c->in[1], c->in[2], out, b, t);
+	case DG_OP_GATE_FWD:
+		return dg_ref_gate_fwd_op(s->act, c->in[0], c->in[1], (int64_t)b * s->heads * t * s->latent,
+					  c->p, c->seed, c->step, c->layer, out);
+	case DG_OP_GATE_BWD:
+		return dg_ref_gate_bwd_op(s->act, c->in[0], c->in[1], c->in[2],
+					  (int64_t)b * s->heads * t * s->latent, c->p, c->seed, c->step,
+					  c->layer, out, NULL);
+	case DG_OP_ADD_MASK:
+		return dg_ref_add_mask(s->act, c->in[0], c->in[1], c->in[2],
+				       (int64_t)b * s->heads * t * s->latent, out);
+	case DG_OP_ADD3:
+		dg_ref_add3(c->in[0], c->in[1], c->in[2], RUN_N, out);
+		return DG_OK;
+	case DG_OP_TRANSPOSE:
+		return dg_ref_transpose(s->act, c->in[0], RUN_R, s->embd, s->latent, out);
 	default:
 		return direct_rows(s, c, out);
 	}
@@ -506,7 +521,8 @@ static void run_both(dg_spec *s, bool unpack)
 		bool is_out = unpack ? !a->output : a->output; /* unpack: packed in, codes out */
 		if (is_out) {
 			out_i = i;
-			continue;
+			if (!((r->inout >> i) & 1u))
+				continue; /* an in-place output is read too: filled */
 		}
 		if (r->pack_fmt != DG_FMT__COUNT && a->fmt == DG_ARG_INT8) {
 			/* the codes a pack packs: -1, 0, +1 or ±1, one a byte */
@@ -525,10 +541,16 @@ static void run_both(dg_spec *s, bool unpack)
 	size_t ob = arg_bytes(of, arg_elems(s, oa));
 	cr_assert_gt(ob, 0, "%s: output of no bytes", dg_op_name(s->op));
 	void *want = rh_xmalloc(ob);
-	memset(store[out_i], 0x5a, ob);
+	bool in_place = (r->inout >> out_i) & 1u;
+	void *obuf = in_place ? rh_xmalloc(ob) : store[out_i]; /* in place: its input kept */
+	memset(obuf, 0x5a, ob);
 	memset(want, 0x5a, ob);
 	float got_scale = -1.0f, want_scale = -2.0f;
-	c.out = store[out_i];
+	c.out = obuf;
+	c.p = 0.25f; /* the gate's dropout */
+	c.seed = 99;
+	c.step = 4;
+	c.layer = 1;
 	c.out_scale = &got_scale;
 	c.b = RUN_B;
 	c.t = RUN_T;
@@ -552,6 +574,8 @@ static void run_both(dg_spec *s, bool unpack)
 	cr_assert_lt(untouched, ob, "%s: dg_ref_run wrote nothing", text);
 	for (int i = 0; i < r->n_args; i++)
 		free(store[i]);
+	if (in_place)
+		free(obuf);
 	free(want);
 }
 

@@ -1,0 +1,308 @@
+/*
+ * GPU tests of the gate and step families (templates/gate.lua, step.lua;
+ * runtime/ops/gate.c, step.c) against their CPU references
+ * (runtime/ref/gate.c, step.c, held to loops and to the model's gate by
+ * tests/test_ref_gate.c). Skip without a device (gh_open); fail instead
+ * with DRAGON_REQUIRE_GPU=1. Every op is exact, so every comparison is bit
+ * for bit (f32 exactly, bf16 the reference's one rounding):
+ *
+ *   - odd shapes (B 2, H 3, T 1 / 7 / 130, latent 13 and 100: the vector
+ *     loop's scalar tail), act f32 and bf16, the default block and t64;
+ *     the BDH shape (B 8, H 4, T 512, latent 8192) bf16 and f32;
+ *   - gate: p = 0 and p = 0.1; two (seed, step, layer) give different
+ *     masks, equal ones the same bytes; dys written over dxy;
+ *   - add_mask in place, add3 with out aliasing a, transpose at
+ *     (R 4, E 256, L 8192) and (R 1, E 32768, L 256), odd ones, and back;
+ *   - every output starts as 0xff bytes (NaN): an unwritten element fails;
+ *   - a second run gives the same bytes (in-place inputs restored first).
+ */
+#include <criterion/criterion.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/ops.h"
+#include "dragon/ref.h"
+#include "gpu_helpers.h"
+
+static dg_spec spec_of(dg_op op, dg_fmt act, int H, int E, int L, int threads)
+{
+	dg_spec s;
+	dg_spec_init(&s, op);
+	if (dg_spec_uses(op) & DG_FIELD_ACT)
+		s.act = act;
+	s.heads = H;
+	s.embd = E;
+	s.latent = L;
+	s.tile.threads = threads;
+	dg_spec_normalize(&s);
+	return s;
+}
+
+static size_t esz(dg_fmt f)
+{
+	return f == DG_FMT_BF16 ? 2 : 4;
+}
+
+/* n random values in [-1, 1) in storage f (about half of them <= 0, so
+ * the ReLU masks bite). */
+static void *rand_of(dg_fmt f, size_t n)
+{
+	return gh_rand_storage(f, n, NULL);
+}
+
+static void expect_ok(dg_device *dev, dg_status st, const char *what)
+{
+	cr_assert_eq(st, DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+}
+
+/* Host bytes into an existing device buffer (an in-place input again). */
+static void upload_to(dg_device *dev, dg_dptr d, const void *host, size_t bytes)
+{
+	cr_assert_eq(dg_memcpy_htod(dev, d, host, bytes), DG_OK, "%s", dg_device_errmsg(dev));
+}
+
+typedef struct drop {
+	float p;
+	uint64_t seed;
+	uint32_t step, layer;
+} drop;
+
+/* gate_fwd and gate_bwd at (B, H, T, L) against the reference; returns
+ * the forward's bytes (malloc'd) for the mask comparisons. */
+static void *check_gate(dg_device *dev, dg_fmt act, int B, int H, int T, int L, int threads,
+			const drop *d)
+{
+	char what[160];
+	size_t n = (size_t)B * H * T * L, ab = n * esz(act), fb = n * 4;
+	snprintf(what, sizeof(what), "gate %s B%d H%d T%d L%d t%d p=%g seed=%llu step=%u layer=%u",
+		 dg_fmt_name(act), B, H, T, L, threads, (double)d->p, (unsigned long long)d->seed, d->step,
+		 d->layer);
+	void *xs = rand_of(act, n), *ys = rand_of(act, n);
+	float *dxy = rand_of(DG_FMT_F32, n);
+	dg_tensor txs = dg_tensor_4d("xs", act, gh_upload(dev, xs, ab), B, H, T, L);
+	dg_tensor tys = dg_tensor_4d("ys", act, gh_upload(dev, ys, ab), B, H, T, L);
+	dg_tensor txy = dg_tensor_4d("xy", act, gh_alloc_ff(dev, ab), B, H, T, L);
+	dg_tensor tdxy = dg_tensor_4d("dxy", DG_FMT_F32, gh_upload(dev, dxy, fb), B, H, T, L);
+	dg_tensor tdxs = dg_tensor_4d("dxs", DG_FMT_F32, gh_alloc_ff(dev, fb), B, H, T, L);
+
+	dg_spec sf = spec_of(DG_OP_GATE_FWD, act, H, 256, L, threads);
+	dg_gate_fwd_args fa = { .xs = &txs, .ys = &tys, .xy = &txy, .p = d->p, .seed = d->seed,
+				.step = d->step, .layer = d->layer };
+	expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what);
+	void *got = gh_xmalloc(ab), *want = gh_xmalloc(ab), *again = gh_xmalloc(ab);
+	gh_download(dev, got, txy.data, ab);
+	cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer, want),
+		     DG_OK);
+	gh_expect_bytes(what, got, want, ab);
+	expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what); /* a second run: the same bytes */
+	gh_download(dev, again, txy.data, ab);
+	cr_assert_eq(memcmp(again, got, ab), 0, "%s: a second run differs", what);
+
+	dg_spec sb = spec_of(DG_OP_GATE_BWD, act, H, 256, L, threads);
+	dg_gate_bwd_args ba = { .dxy = &tdxy, .xs = &txs, .ys = &tys, .dxs = &tdxs, .p = d->p,
+				.seed = d->seed, .step = d->step, .layer = d->layer };
+	float *wdxs = gh_xmalloc(fb), *wdys = gh_xmalloc(fb), *gdxs = gh_xmalloc(fb), *gdys = gh_xmalloc(fb);
+	cr_assert_eq(dg_ref_gate_bwd_op(act, dxy, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer, wdxs,
+					wdys), DG_OK);
+	for (int run = 0; run < 2; run++) {
+		if (run) /* dys overwrote dxy: its input again */
+			upload_to(dev, tdxy.data, dxy, fb);
+		expect_ok(dev, dg_gate_bwd(dev, &sb, &ba), what);
+		gh_download(dev, gdxs, tdxs.data, fb);
+		gh_download(dev, gdys, tdxy.data, fb);
+		gh_expect_bytes(what, gdxs, wdxs, fb);
+		gh_expect_bytes(what, gdys, wdys, fb);
+	}
+	free(xs), free(ys), free(dxy), free(want), free(again);
+	free(wdxs), free(wdys), free(gdxs), free(gdys);
+	return got;
+}
+
+static void gate_shapes(dg_fmt act)
+{
+	dg_device *dev = gh_open();
+	gh_seed(21);
+	static const int Ts[] = { 1, 7, 130 }, Ls[] = { 13, 100 };
+	const drop none = { 0.0f, 1, 0, 0 }, a = { 0.1f, 42, 7, 3 };
+	for (int ti = 0; ti < 3; ti++)
+		for (int li = 0; li < 2; li++)
+			for (int th = 0; th < 2; th++) {
+				free(check_gate(dev, act, 2, 3, Ts[ti], Ls[li], th ? 64 : 0, &none));
+				free(check_gate(dev, act, 2, 3, Ts[ti], Ls[li], th ? 64 : 0, &a));
+			}
+	gh_close(dev);
+}
+
+Test(gpu_gate, gate_odd_shapes_f32, .timeout = 600)
+{
+	gate_shapes(DG_FMT_F32);
+}
+
+Test(gpu_gate, gate_odd_shapes_bf16, .timeout = 600)
+{
+	gate_shapes(DG_FMT_BF16);
+}
+
+/* Masks: the same random inputs (none 0), so xy differs exactly where the
+ * masks do. */
+Test(gpu_gate, masks_follow_seed_step_and_layer, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	const drop a = { 0.1f, 42, 7, 3 }, b = { 0.1f, 43, 7, 3 }, c = { 0.1f, 42, 8, 3 },
+		   e = { 0.1f, 42, 7, 4 };
+	size_t bytes = (size_t)2 * 3 * 130 * 100 * 4;
+	gh_seed(5);
+	void *ga = check_gate(dev, DG_FMT_F32, 2, 3, 130, 100, 0, &a);
+	gh_seed(5); /* the same inputs */
+	void *ga2 = check_gate(dev, DG_FMT_F32, 2, 3, 130, 100, 0, &a);
+	cr_assert_eq(memcmp(ga, ga2, bytes), 0, "equal (seed, step, layer): equal masks");
+	const drop *others[] = { &b, &c, &e };
+	for (int k = 0; k < 3; k++) {
+		gh_seed(5);
+		void *go = check_gate(dev, DG_FMT_F32, 2, 3, 130, 100, 0, others[k]);
+		cr_assert_neq(memcmp(ga, go, bytes), 0, "another (seed, step, layer) #%d: the same mask", k);
+		free(go);
+	}
+	free(ga), free(ga2);
+	gh_close(dev);
+}
+
+Test(gpu_gate, gate_bdh_shape, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gh_seed(22);
+	const drop a = { 0.1f, 1234567890123ull, 100, 5 };
+	free(check_gate(dev, DG_FMT_BF16, 8, 4, 512, 8192, 0, &a));
+	if (!getenv("DRAGON_TEST_QUICK"))
+		free(check_gate(dev, DG_FMT_F32, 8, 4, 512, 8192, 0, &a));
+	gh_close(dev);
+}
+
+/* ---- step ------------------------------------------------------------------------ */
+
+static void check_add_mask(dg_device *dev, dg_fmt act, int B, int H, int T, int L, int threads)
+{
+	char what[128];
+	size_t n = (size_t)B * H * T * L, fb = n * 4;
+	snprintf(what, sizeof(what), "add_mask %s B%d H%d T%d L%d t%d", dg_fmt_name(act), B, H, T, L, threads);
+	float *dxs = rand_of(DG_FMT_F32, n), *other = rand_of(DG_FMT_F32, n);
+	void *xs = rand_of(act, n);
+	dg_tensor td = dg_tensor_4d("dxs", DG_FMT_F32, gh_upload(dev, dxs, fb), B, H, T, L);
+	dg_tensor to = dg_tensor_4d("other", DG_FMT_F32, gh_upload(dev, other, fb), B, H, T, L);
+	dg_tensor tx = dg_tensor_4d("xs", act, gh_upload(dev, xs, n * esz(act)), B, H, T, L);
+	dg_spec s = spec_of(DG_OP_ADD_MASK, act, H, 256, L, threads);
+	dg_add_mask_args a = { .dxs = &td, .other = &to, .xs = &tx };
+	float *want = gh_xmalloc(fb), *got = gh_xmalloc(fb);
+	cr_assert_eq(dg_ref_add_mask(act, dxs, other, xs, (int64_t)n, want), DG_OK);
+	for (int run = 0; run < 2; run++) {
+		if (run)
+			upload_to(dev, td.data, dxs, fb);
+		expect_ok(dev, dg_add_mask(dev, &s, &a), what);
+		gh_download(dev, got, td.data, fb);
+		gh_expect_bytes(what, got, want, fb);
+	}
+	free(dxs), free(other), free(xs), free(want), free(got);
+}
+
+static void check_add3(dg_device *dev, int64_t rows, int64_t cols, int threads, bool alias)
+{
+	char what[96];
+	size_t n = (size_t)(rows * cols), fb = n * 4;
+	snprintf(what, sizeof(what), "add3 (%lld, %lld) t%d%s", (long long)rows, (long long)cols, threads,
+		 alias ? " out = a" : "");
+	float *a = rand_of(DG_FMT_F32, n), *b = rand_of(DG_FMT_F32, n), *c = rand_of(DG_FMT_F32, n);
+	dg_tensor ta = dg_tensor_2d("a", DG_FMT_F32, gh_upload(dev, a, fb), rows, cols);
+	dg_tensor tb = dg_tensor_2d("b", DG_FMT_F32, gh_upload(dev, b, fb), rows, cols);
+	dg_tensor tc = dg_tensor_2d("c", DG_FMT_F32, gh_upload(dev, c, fb), rows, cols);
+	dg_tensor tout = dg_tensor_2d("out", DG_FMT_F32, alias ? ta.data : gh_alloc_ff(dev, fb), rows, cols);
+	dg_spec s = spec_of(DG_OP_ADD3, DG_FMT_F32, 4, 256, 8192, threads);
+	dg_add3_args args = { .a = &ta, .b = &tb, .c = &tc, .out = &tout };
+	float *want = gh_xmalloc(fb), *got = gh_xmalloc(fb);
+	dg_ref_add3(a, b, c, (int64_t)n, want);
+	for (int run = 0; run < 2; run++) {
+		if (run && alias)
+			upload_to(dev, ta.data, a, fb);
+		expect_ok(dev, dg_add3(dev, &s, &args), what);
+		gh_download(dev, got, tout.data, fb);
+		gh_expect_bytes(what, got, want, fb);
+	}
+	free(a), free(b), free(c), free(want), free(got);
+}
+
+/* in (R, E, L) f32 → out (R, L, E) act; then (f32) back again. */
+static void check_transpose(dg_device *dev, dg_fmt act, int64_t R, int E, int L, int threads)
+{
+	char what[96];
+	size_t n = (size_t)R * E * L, fb = n * 4, ob = n * esz(act);
+	snprintf(what, sizeof(what), "transpose %s (%lld, %d, %d) t%d", dg_fmt_name(act), (long long)R, E, L,
+		 threads);
+	float *in = rand_of(DG_FMT_F32, n);
+	dg_tensor ti = dg_tensor_3d("in", DG_FMT_F32, gh_upload(dev, in, fb), R, E, L);
+	dg_tensor to = dg_tensor_3d("out", act, gh_alloc_ff(dev, ob), R, L, E);
+	dg_spec s = spec_of(DG_OP_TRANSPOSE, act, 4, E, L, threads);
+	dg_transpose_args a = { .in = &ti, .out = &to };
+	void *want = gh_xmalloc(ob), *got = gh_xmalloc(ob);
+	cr_assert_eq(dg_ref_transpose(act, in, R, E, L, want), DG_OK);
+	for (int run = 0; run < 2; run++) {
+		expect_ok(dev, dg_transpose(dev, &s, &a), what);
+		gh_download(dev, got, to.data, ob);
+		gh_expect_bytes(what, got, want, ob);
+	}
+	if (act == DG_FMT_F32) { /* the way back: E and L swapped */
+		dg_tensor tb = dg_tensor_3d("out", DG_FMT_F32, gh_alloc_ff(dev, fb), R, E, L);
+		dg_spec sb = spec_of(DG_OP_TRANSPOSE, DG_FMT_F32, 4, L, E, threads);
+		dg_transpose_args b = { .in = &to, .out = &tb };
+		to.name = "in";
+		if (L % 4 == 0) { /* embd is a multiple of 4 */
+			expect_ok(dev, dg_transpose(dev, &sb, &b), what);
+			gh_download(dev, got, tb.data, fb);
+			gh_expect_bytes(what, got, in, fb);
+		}
+	}
+	free(in), free(want), free(got);
+}
+
+Test(gpu_gate, step_odd_shapes, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gh_seed(23);
+	static const int Ts[] = { 1, 7, 130 }, Ls[] = { 13, 100 };
+	for (int a = 0; a < 2; a++)
+		for (int ti = 0; ti < 3; ti++)
+			for (int li = 0; li < 2; li++)
+				for (int th = 0; th < 2; th++)
+					check_add_mask(dev, a ? DG_FMT_BF16 : DG_FMT_F32, 2, 3, Ts[ti], Ls[li],
+						       th ? 64 : 0);
+	static const int64_t shapes[][2] = { { 1, 1 }, { 1, 7 }, { 3, 1037 }, { 130, 13 } };
+	for (int k = 0; k < 4; k++)
+		for (int th = 0; th < 2; th++) {
+			check_add3(dev, shapes[k][0], shapes[k][1], th ? 64 : 0, false);
+			check_add3(dev, shapes[k][0], shapes[k][1], th ? 64 : 0, true);
+		}
+	for (int a = 0; a < 2; a++)
+		for (int th = 0; th < 2; th++) {
+			dg_fmt f = a ? DG_FMT_BF16 : DG_FMT_F32;
+			check_transpose(dev, f, 3, 36, 13, th ? 64 : 0);
+			check_transpose(dev, f, 1, 4, 1, th ? 64 : 0);
+			check_transpose(dev, f, 2, 100, 68, th ? 1024 : 0);
+		}
+	gh_close(dev);
+}
+
+Test(gpu_gate, step_bdh_shapes, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gh_seed(24);
+	check_add_mask(dev, DG_FMT_BF16, 8, 4, 512, 8192, 0);
+	check_add3(dev, 8 * 512, 4 * 8192, 0, true);
+	for (int a = 0; a < 2; a++) {
+		dg_fmt f = a ? DG_FMT_BF16 : DG_FMT_F32;
+		check_transpose(dev, f, 4, 256, 8192, 0);  /* the encoders [H, D, N] → (H, N, D) */
+		check_transpose(dev, f, 1, 32768, 256, 0); /* the decoder [H·N, D] → (D, H·N) */
+	}
+	gh_close(dev);
+}

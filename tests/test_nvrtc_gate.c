@@ -1,0 +1,241 @@
+/*
+ * The gate and step families' kernels (templates/gate.lua, templates/step.lua)
+ * render and compile to sm_90 cubins without a GPU:
+ *   - each op for act f32 and bf16 at the BDH shape, at a small odd one
+ *     (heads 3, latent 13: the scalar tail of the vector loop; transpose
+ *     embd 36, latent 13: partial tiles), and on non-default thread counts
+ *     (t64, t1024);
+ *   - bad specs are refused naming the field (act, threads, a block tile);
+ *   - the _checks refuse wrong tensors by name, a drop probability outside
+ *     [0, 1) and a dxs that aliases dxy, with no device.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/codegen.h"
+#include "dragon/ops.h"
+#include "dragon/spec.h"
+#include "runtime/store/nvrtc.h"
+
+static const dg_op ops[] = { DG_OP_GATE_FWD, DG_OP_GATE_BWD, DG_OP_ADD_MASK, DG_OP_ADD3,
+			     DG_OP_TRANSPOSE };
+#define N_OPS 5
+
+static dg_codegen *make_cg(void)
+{
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", cg ? dg_codegen_errmsg(cg) : "no memory");
+	return cg;
+}
+
+/* Renders spec, checks its banner names `path` and its entry dg_<op>,
+ * compiles it for sm_90. */
+static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
+{
+	char e[8192], text[DG_SPEC_TEXT_MAX], entry[64];
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+	dg_source *src = NULL;
+
+	dg_spec_to_string(spec, text, sizeof(text));
+	snprintf(entry, sizeof(entry), "dg_%s", dg_op_name(spec->op));
+	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, e, sizeof(e)), DG_OK, "%s", e);
+	cr_assert_eq(dg_codegen_render(cg, spec, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_eq(src->n_entries, 1, "%s", text);
+	cr_assert_str_eq(src->entries[0], entry, "%s", text);
+	cr_assert(strstr(src->text, path), "%s: expected '%s' in the banner", text, path);
+	cr_assert(strstr(src->text, "do not edit"), "%s: no generated-code banner", text);
+	dg_status st = dg__nvrtc_compile(src, &t, &res, e, sizeof(e));
+	cr_assert_eq(st, DG_OK, "%s: %s", text, e);
+	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not an ELF cubin", text);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+static dg_spec spec_of(dg_op op, dg_fmt act)
+{
+	dg_spec s;
+	dg_spec_init(&s, op);
+	if (dg_spec_uses(op) & DG_FIELD_ACT)
+		s.act = act;
+	return s;
+}
+
+static const char *path_of(dg_op op)
+{
+	return op == DG_OP_TRANSPOSE ? "path: 32x32 tiles" : "path: element-wise";
+}
+
+Test(nvrtc_gate, every_op_act_and_shape, .timeout = 600)
+{
+	dg_codegen *cg = make_cg();
+	for (int o = 0; o < N_OPS; o++)
+		for (int a = 0; a < 2; a++)
+			for (int small = 0; small < 2; small++) {
+				dg_spec s = spec_of(ops[o], a ? DG_FMT_BF16 : DG_FMT_F32);
+				if (small)
+					s.heads = 3, s.latent = 13, s.embd = 36;
+				s.tile.threads = small ? 64 : 0;
+				char m[512];
+				cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s", m);
+				compile_one(cg, &s, path_of(ops[o]));
+			}
+	/* the decoder's transpose (E = H·N) and the largest block */
+	dg_spec t = spec_of(DG_OP_TRANSPOSE, DG_FMT_BF16);
+	t.embd = 32768, t.latent = 256, t.tile.threads = 1024;
+	compile_one(cg, &t, path_of(DG_OP_TRANSPOSE));
+	t = spec_of(DG_OP_GATE_BWD, DG_FMT_BF16);
+	t.tile.threads = 1024;
+	compile_one(cg, &t, path_of(DG_OP_GATE_BWD));
+	dg_codegen_destroy(cg);
+}
+
+/* spec is refused (validate or plan) with a message holding `field`. */
+static void expect_refused(dg_codegen *cg, const dg_spec *s, const char *field)
+{
+	char msg[512] = "";
+	dg_plan p;
+	dg_status st = dg_spec_validate(s, msg, sizeof(msg));
+	if (st == DG_OK) {
+		st = dg_codegen_plan(cg, s, &p);
+		snprintf(msg, sizeof(msg), "%s", dg_codegen_errmsg(cg));
+	}
+	cr_assert_eq(st, DG_ERR_INVALID_SPEC, "%s: accepted", field);
+	cr_assert(strstr(msg, field), "'%s' does not name %s", msg, field);
+}
+
+Test(nvrtc_gate, bad_specs_are_refused_naming_the_field)
+{
+	dg_codegen *cg = make_cg();
+	for (int o = 0; o < N_OPS; o++) {
+		dg_spec s = spec_of(ops[o], DG_FMT_BF16);
+		if (dg_spec_uses(ops[o]) & DG_FIELD_ACT) {
+			s.act = DG_FMT_INT8;
+			expect_refused(cg, &s, "act");
+		}
+		s = spec_of(ops[o], DG_FMT_BF16);
+		s.tile.threads = 48;
+		expect_refused(cg, &s, "threads");
+		s.tile.threads = 2048;
+		expect_refused(cg, &s, "threads");
+		s.tile = (dg_tile){ 64, 64, 32, 2, 2, 2, 0 };
+		expect_refused(cg, &s, "tile");
+	}
+	dg_spec t = spec_of(DG_OP_TRANSPOSE, DG_FMT_F32);
+	t.embd = 30; /* embd is a multiple of 4 for every op */
+	expect_refused(cg, &t, "embd");
+	dg_codegen_destroy(cg);
+}
+
+/* ---- the checks, without a device ------------------------------------------------ */
+
+static void expect_named(dg_status st, const char *msg, const char *name)
+{
+	char head[64];
+	snprintf(head, sizeof(head), "%s: ", name);
+	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted: %s", msg);
+	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
+}
+
+#define P(i) ((dg_dptr)0x100000 * (i))
+
+Test(nvrtc_gate, gate_checks_refuse_wrong_tensors_and_rates)
+{
+	dg_spec s = spec_of(DG_OP_GATE_FWD, DG_FMT_BF16);
+	s.heads = 2, s.latent = 13;
+	char msg[512];
+	dg_tensor xs = dg_tensor_4d("xs", DG_FMT_BF16, P(1), 2, 2, 7, 13);
+	dg_tensor ys = dg_tensor_4d("ys", DG_FMT_BF16, P(2), 2, 2, 7, 13);
+	dg_tensor xy = dg_tensor_4d("xy", DG_FMT_BF16, P(3), 2, 2, 7, 13);
+	dg_gate_fwd_args a = { .xs = &xs, .ys = &ys, .xy = &xy, .p = 0.1f, .seed = 5 };
+	cr_assert_eq(dg_gate_fwd_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	ys.shape[2] = 8; /* T differs from xs' */
+	expect_named(dg_gate_fwd_check(&s, &a, msg, sizeof(msg)), msg, "ys");
+	ys.shape[2] = 7;
+	xy.fmt = DG_FMT_F32; /* not the spec's act */
+	expect_named(dg_gate_fwd_check(&s, &a, msg, sizeof(msg)), msg, "xy");
+	xy.fmt = DG_FMT_BF16;
+	xs.shape[3] = 16; /* not the spec's latent */
+	expect_named(dg_gate_fwd_check(&s, &a, msg, sizeof(msg)), msg, "xs");
+	xs.shape[3] = 13;
+	const float bad_p[] = { 1.0f, -0.1f, 1.5f, NAN };
+	for (size_t i = 0; i < sizeof(bad_p) / sizeof(bad_p[0]); i++) {
+		a.p = bad_p[i];
+		cr_assert_eq(dg_gate_fwd_check(&s, &a, msg, sizeof(msg)), DG_ERR_INVALID_ARG, "p=%g accepted",
+			     (double)bad_p[i]);
+		cr_assert(strstr(msg, "p=") && strstr(msg, "[0, 1)"), "%s", msg);
+	}
+	a.p = 0.0f;
+	cr_assert_eq(dg_gate_fwd_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+
+	dg_spec b = spec_of(DG_OP_GATE_BWD, DG_FMT_F32);
+	b.heads = 2, b.latent = 13;
+	dg_tensor dxy = dg_tensor_4d("dxy", DG_FMT_F32, P(4), 2, 2, 7, 13);
+	dg_tensor fx = dg_tensor_4d("xs", DG_FMT_F32, P(1), 2, 2, 7, 13);
+	dg_tensor fy = dg_tensor_4d("ys", DG_FMT_F32, P(2), 2, 2, 7, 13);
+	dg_tensor dxs = dg_tensor_4d("dxs", DG_FMT_F32, P(5), 2, 2, 7, 13);
+	dg_gate_bwd_args ba = { .dxy = &dxy, .xs = &fx, .ys = &fy, .dxs = &dxs, .p = 0.1f };
+	cr_assert_eq(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dxy.fmt = DG_FMT_BF16; /* gradients are f32 */
+	expect_named(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), msg, "dxy");
+	dxy.fmt = DG_FMT_F32;
+	dxs.data = dxy.data; /* dys is written over dxy */
+	expect_named(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), msg, "dxs");
+	dxs.data = P(5);
+	ba.p = 1.0f;
+	cr_assert_eq(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	/* a spec of another op */
+	cr_assert_eq(dg_gate_bwd_check(&s, &ba, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "gate_fwd"), "%s", msg);
+}
+
+Test(nvrtc_gate, step_checks_refuse_wrong_tensors)
+{
+	char msg[512];
+	dg_spec m = spec_of(DG_OP_ADD_MASK, DG_FMT_BF16);
+	m.heads = 2, m.latent = 13;
+	dg_tensor dxs = dg_tensor_4d("dxs", DG_FMT_F32, P(1), 1, 2, 5, 13);
+	dg_tensor other = dg_tensor_4d("other", DG_FMT_F32, P(2), 1, 2, 5, 13);
+	dg_tensor xs = dg_tensor_4d("xs", DG_FMT_BF16, P(3), 1, 2, 5, 13);
+	dg_add_mask_args ma = { .dxs = &dxs, .other = &other, .xs = &xs };
+	cr_assert_eq(dg_add_mask_check(&m, &ma, msg, sizeof(msg)), DG_OK, "%s", msg);
+	other.shape[0] = 2; /* B differs from dxs' */
+	expect_named(dg_add_mask_check(&m, &ma, msg, sizeof(msg)), msg, "other");
+	other.shape[0] = 1;
+	xs.fmt = DG_FMT_F32;
+	expect_named(dg_add_mask_check(&m, &ma, msg, sizeof(msg)), msg, "xs");
+
+	dg_spec s3 = spec_of(DG_OP_ADD3, DG_FMT_F32);
+	dg_tensor a = dg_tensor_2d("a", DG_FMT_F32, P(1), 3, 100);
+	dg_tensor b = dg_tensor_2d("b", DG_FMT_F32, P(2), 3, 100);
+	dg_tensor c = dg_tensor_2d("c", DG_FMT_F32, P(3), 3, 100);
+	dg_tensor out = dg_tensor_2d("out", DG_FMT_F32, P(1), 3, 100); /* aliases a: allowed */
+	dg_add3_args aa = { .a = &a, .b = &b, .c = &c, .out = &out };
+	cr_assert_eq(dg_add3_check(&s3, &aa, msg, sizeof(msg)), DG_OK, "%s", msg);
+	c.shape[1] = 101; /* the shape is a's */
+	expect_named(dg_add3_check(&s3, &aa, msg, sizeof(msg)), msg, "c");
+	c.shape[1] = 100;
+	out.fmt = DG_FMT_BF16;
+	expect_named(dg_add3_check(&s3, &aa, msg, sizeof(msg)), msg, "out");
+	out.fmt = DG_FMT_F32;
+	aa.b = NULL;
+	expect_named(dg_add3_check(&s3, &aa, msg, sizeof(msg)), msg, "b");
+
+	dg_spec t = spec_of(DG_OP_TRANSPOSE, DG_FMT_BF16);
+	t.embd = 256, t.latent = 8192;
+	dg_tensor in = dg_tensor_3d("in", DG_FMT_F32, P(1), 4, 256, 8192);
+	dg_tensor to = dg_tensor_3d("out", DG_FMT_BF16, P(2), 4, 8192, 256);
+	dg_transpose_args ta = { .in = &in, .out = &to };
+	cr_assert_eq(dg_transpose_check(&t, &ta, msg, sizeof(msg)), DG_OK, "%s", msg);
+	to.shape[1] = 256, to.shape[2] = 8192; /* not transposed */
+	expect_named(dg_transpose_check(&t, &ta, msg, sizeof(msg)), msg, "out");
+	to.shape[1] = 8192, to.shape[2] = 256;
+	in.fmt = DG_FMT_BF16; /* masters are f32 */
+	expect_named(dg_transpose_check(&t, &ta, msg, sizeof(msg)), msg, "in");
+	in.fmt = DG_FMT_F32;
+	to.shape[0] = 3; /* R is in's */
+	expect_named(dg_transpose_check(&t, &ta, msg, sizeof(msg)), msg, "out");
+}

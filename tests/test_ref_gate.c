@@ -1,0 +1,195 @@
+/*
+ * The gate and step ops' CPU references (runtime/ref/gate.c, step.c):
+ *   - gate_fwd_op / gate_bwd_op on f32 are dg_ref_gate_fwd / _bwd (the CPU
+ *     model's) bit for bit, bwd with the ReLU mask of ys on dys; bf16 is
+ *     the f32 result of the widened inputs rounded once; in place (dys over
+ *     dxy) equals out of place; p = 0 keeps everything; the mask drops
+ *     about p of the elements and changes with (seed, step, layer);
+ *   - add_mask, add3 and transpose against straightforward loops, with
+ *     hand-worked cases, in place and aliased;
+ *   - every one refuses an act it does not take.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/ref.h"
+#include "dragon/rng.h"
+
+static float *rnd(dg_rng *r, size_t n)
+{
+	float *v = malloc((n ? n : 1) * sizeof(float));
+	cr_assert_not_null(v);
+	for (size_t i = 0; i < n; i++)
+		v[i] = dg_rng_uniform(r, -1.0f, 1.0f);
+	return v;
+}
+
+static uint16_t *to_bf16(const float *v, size_t n, float *widened)
+{
+	uint16_t *h = malloc((n ? n : 1) * 2);
+	cr_assert_not_null(h);
+	for (size_t i = 0; i < n; i++) {
+		h[i] = dg_f32_to_bf16(v[i]);
+		widened[i] = dg_bf16_to_f32(h[i]);
+	}
+	return h;
+}
+
+#define N 1037 /* not a multiple of 4 or 8 */
+
+Test(ref_gate, ops_are_the_models_gate_with_the_relu_mask)
+{
+	dg_rng r;
+	dg_rng_seed(&r, 11);
+	float *xs = rnd(&r, N), *ys = rnd(&r, N), *dxy = rnd(&r, N);
+	float *want = malloc(N * 4), *got = malloc(N * 4), *dxs = malloc(N * 4), *dys = malloc(N * 4);
+	float *gdxs = malloc(N * 4), *gdys = malloc(N * 4);
+	const float ps[] = { 0.0f, 0.1f, 0.5f };
+	for (int k = 0; k < 3; k++) {
+		float p = ps[k];
+		dg_ref_gate_fwd(xs, ys, N, p, 42, 7, 3, want);
+		cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, p, 42, 7, 3, got), DG_OK);
+		cr_assert_eq(memcmp(got, want, N * 4), 0, "gate_fwd p=%g", (double)p);
+		dg_ref_gate_bwd(dxy, xs, ys, N, p, 42, 7, 3, dxs, dys);
+		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, dxy, xs, ys, N, p, 42, 7, 3, gdxs, gdys), DG_OK);
+		cr_assert_eq(memcmp(gdxs, dxs, N * 4), 0, "gate_bwd dxs p=%g", (double)p);
+		size_t masked = 0, dropped = 0;
+		for (int i = 0; i < N; i++) {
+			float w = ys[i] > 0.0f ? dys[i] : 0.0f;
+			cr_assert_eq(memcmp(&gdys[i], &w, 4), 0, "dys[%d] p=%g", i, (double)p);
+			masked += ys[i] <= 0.0f;
+			bool keep = dg_dropout_keep(42, 7, 3, (uint64_t)i, p);
+			dropped += !keep;
+			/* hand check: xy = xs·ys/(1−p) where kept */
+			float e = keep ? xs[i] * ys[i] * (p > 0 ? 1.0f / (1.0f - p) : 1.0f) : 0.0f;
+			cr_assert_eq(got[i], e);
+		}
+		cr_assert_gt(masked, N / 4, "the ReLU mask was exercised");
+		if (p == 0.0f)
+			cr_assert_eq(dropped, 0);
+		else
+			cr_assert(fabs((double)dropped / N - p) < 0.05, "%zu of %d dropped at p=%g", dropped, N,
+				  (double)p);
+		/* in place: dys over dxy */
+		float *io = malloc(N * 4);
+		memcpy(io, dxy, N * 4);
+		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, io, xs, ys, N, p, 42, 7, 3, dxs, io), DG_OK);
+		cr_assert_eq(memcmp(io, gdys, N * 4), 0, "in place p=%g", (double)p);
+		free(io);
+	}
+	/* another (seed, step, layer): another mask */
+	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 7, 3, want);
+	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 8, 3, got);
+	cr_assert_neq(memcmp(got, want, N * 4), 0, "step 8 gave step 7's mask");
+	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 7, 4, got);
+	cr_assert_neq(memcmp(got, want, N * 4), 0, "layer 4 gave layer 3's mask");
+	free(xs), free(ys), free(dxy), free(want), free(got), free(dxs), free(dys), free(gdxs), free(gdys);
+}
+
+Test(ref_gate, bf16_rounds_the_f32_result_once)
+{
+	dg_rng r;
+	dg_rng_seed(&r, 12);
+	float *xs = rnd(&r, N), *ys = rnd(&r, N), *dxy = rnd(&r, N);
+	float *wx = malloc(N * 4), *wy = malloc(N * 4), *f = malloc(N * 4);
+	float *dxs = malloc(N * 4), *dys = malloc(N * 4), *bdxs = malloc(N * 4), *bdys = malloc(N * 4);
+	uint16_t *hx = to_bf16(xs, N, wx), *hy = to_bf16(ys, N, wy), *hxy = malloc(N * 2);
+	dg_ref_gate_fwd(wx, wy, N, 0.1f, 1, 2, 3, f);
+	cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_BF16, hx, hy, N, 0.1f, 1, 2, 3, hxy), DG_OK);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(hxy[i], dg_f32_to_bf16(f[i]), "xy[%d]", i);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, dxy, wx, wy, N, 0.1f, 1, 2, 3, dxs, dys), DG_OK);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, dxy, hx, hy, N, 0.1f, 1, 2, 3, bdxs, bdys), DG_OK);
+	cr_assert_eq(memcmp(dxs, bdxs, N * 4), 0);
+	cr_assert_eq(memcmp(dys, bdys, N * 4), 0);
+	cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_INT8, hx, hy, N, 0.1f, 1, 2, 3, hxy), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_INT8, dxy, hx, hy, N, 0.1f, 1, 2, 3, dxs, NULL),
+		     DG_ERR_INVALID_ARG);
+	free(xs), free(ys), free(dxy), free(wx), free(wy), free(f), free(dxs), free(dys), free(bdxs);
+	free(bdys), free(hx), free(hy), free(hxy);
+}
+
+Test(ref_gate, add_mask_against_a_loop)
+{
+	/* hand-worked: xs > 0 keeps dxs + other, else 0 (xs = 0 is masked) */
+	const float d[4] = { 1.0f, 2.0f, 3.0f, -4.0f }, o[4] = { 0.5f, 0.25f, -3.0f, 1.0f };
+	const float x[4] = { 1.0f, 0.0f, 2.0f, -1.0f }, w[4] = { 1.5f, 0.0f, 0.0f, 0.0f };
+	float out[4];
+	cr_assert_eq(dg_ref_add_mask(DG_FMT_F32, d, o, x, 4, out), DG_OK);
+	cr_assert_eq(memcmp(out, w, sizeof(w)), 0);
+	dg_rng r;
+	dg_rng_seed(&r, 13);
+	float *dxs = rnd(&r, N), *other = rnd(&r, N), *xs = rnd(&r, N), *wx = malloc(N * 4);
+	float *got = malloc(N * 4), *io = malloc(N * 4);
+	uint16_t *hx = to_bf16(xs, N, wx);
+	for (int a = 0; a < 2; a++) {
+		cr_assert_eq(dg_ref_add_mask(a ? DG_FMT_BF16 : DG_FMT_F32, dxs, other, a ? (void *)hx : (void *)xs,
+					     N, got), DG_OK);
+		for (int i = 0; i < N; i++) {
+			float xv = a ? wx[i] : xs[i];
+			float e = xv > 0.0f ? dxs[i] + other[i] : 0.0f;
+			cr_assert_eq(memcmp(&got[i], &e, 4), 0, "add_mask[%d]", i);
+		}
+		memcpy(io, dxs, N * 4); /* in place */
+		cr_assert_eq(dg_ref_add_mask(a ? DG_FMT_BF16 : DG_FMT_F32, io, other, a ? (void *)hx : (void *)xs,
+					     N, io), DG_OK);
+		cr_assert_eq(memcmp(io, got, N * 4), 0);
+	}
+	cr_assert_eq(dg_ref_add_mask(DG_FMT_INT8, dxs, other, xs, N, got), DG_ERR_INVALID_ARG);
+	free(dxs), free(other), free(xs), free(wx), free(got), free(io), free(hx);
+}
+
+Test(ref_gate, add3_against_a_loop_in_its_order)
+{
+	/* (a + b) + c, not a + (b + c): 1 + 2^-24 + 2^-24 rounds to 1 this
+	 * way (each sum a tie to even), to 1 + 2^-23 the other */
+	const float a[1] = { 1.0f }, b[1] = { 0x1p-24f }, c[1] = { 0x1p-24f };
+	float out[1];
+	dg_ref_add3(a, b, c, 1, out);
+	cr_assert_eq(out[0], 1.0f);
+	cr_assert_neq(out[0], a[0] + (b[0] + c[0]));
+	dg_rng r;
+	dg_rng_seed(&r, 14);
+	float *x = rnd(&r, N), *y = rnd(&r, N), *z = rnd(&r, N), *got = malloc(N * 4);
+	dg_ref_add3(x, y, z, N, got);
+	for (int i = 0; i < N; i++) {
+		float e = (x[i] + y[i]) + z[i];
+		cr_assert_eq(memcmp(&got[i], &e, 4), 0, "add3[%d]", i);
+	}
+	dg_ref_add3(x, y, z, N, x); /* out aliases a */
+	cr_assert_eq(memcmp(x, got, N * 4), 0);
+	free(x), free(y), free(z), free(got);
+}
+
+Test(ref_gate, transpose_against_a_loop)
+{
+	/* hand-worked: in (1, 2, 3) = [[0 1 2] [3 4 5]] → out (1, 3, 2) = [[0 3] [1 4] [2 5]] */
+	const float in6[6] = { 0, 1, 2, 3, 4, 5 }, w6[6] = { 0, 3, 1, 4, 2, 5 };
+	float o6[6];
+	cr_assert_eq(dg_ref_transpose(DG_FMT_F32, in6, 1, 2, 3, o6), DG_OK);
+	cr_assert_eq(memcmp(o6, w6, sizeof(w6)), 0);
+	const int R = 3, E = 36, L = 13;
+	dg_rng r;
+	dg_rng_seed(&r, 15);
+	float *in = rnd(&r, (size_t)R * E * L), *got = malloc((size_t)R * E * L * 4);
+	uint16_t *hb = malloc((size_t)R * E * L * 2);
+	cr_assert_eq(dg_ref_transpose(DG_FMT_F32, in, R, E, L, got), DG_OK);
+	cr_assert_eq(dg_ref_transpose(DG_FMT_BF16, in, R, E, L, hb), DG_OK);
+	for (int k = 0; k < R; k++)
+		for (int l = 0; l < L; l++)
+			for (int e = 0; e < E; e++) {
+				size_t o = ((size_t)k * L + l) * E + e;
+				float v = in[((size_t)k * E + e) * L + l];
+				cr_assert_eq(got[o], v, "(%d, %d, %d)", k, l, e);
+				cr_assert_eq(hb[o], dg_f32_to_bf16(v), "bf16 (%d, %d, %d)", k, l, e);
+			}
+	/* the way back (E and L swapped) gives the input again */
+	float *back = malloc((size_t)R * E * L * 4);
+	cr_assert_eq(dg_ref_transpose(DG_FMT_F32, got, R, L, E, back), DG_OK);
+	cr_assert_eq(memcmp(back, in, (size_t)R * E * L * 4), 0);
+	cr_assert_eq(dg_ref_transpose(DG_FMT_INT8, in, R, E, L, got), DG_ERR_INVALID_ARG);
+	free(in), free(got), free(hb), free(back);
+}
