@@ -117,7 +117,9 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		id->cos = buf(t, "rope.cos", DG__B_LOWBIT, 2, T, N / 2, 0, 0);
 		id->sin = buf(t, "rope.sin", DG__B_LOWBIT, 2, T, N / 2, 0, 0);
 	}
-	id->loss = buf(t, "loss", DG__B_SAVED, 1, 1, 0, 0, 0);
+	/* read after the step (the loss, the bad-token flag): they live the
+	 * whole step, beside the copies */
+	id->loss = buf(t, "loss", DG__B_LOWBIT, 1, 1, 0, 0, 0);
 
 	/* the stacks the weight gradients read as one GEMM each */
 	int x_all = abuf(t, act, "x.all", DG__B_SAVED, 4, LB, 1, T, D);

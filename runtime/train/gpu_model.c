@@ -124,6 +124,20 @@ static void set_recipe(const dg_model *m, dg_spec *s, int which)
 	s->ascale = r->ascale;
 }
 
+/* The f32 recipe is the parity one: its gradient GEMMs take the fp32
+ * SIMT path (a K step of 8, which the bf16 tensor cores do not take), not
+ * the default tensor-core tiles, which round the f32 gradient to bf16. */
+static void exact_tile(const dg_model *m, dg_spec *s)
+{
+	if (m->act != DG_FMT_F32)
+		return;
+	if (s->op == DG_OP_LOWRANK_GRAD_INPUT || s->op == DG_OP_LOWRANK_GRAD_WEIGHT ||
+	    s->op == DG_OP_DECODER_GRAD_INPUT || s->op == DG_OP_DECODER_GRAD_WEIGHT) {
+		dg_tile t = { .bm = 64, .bn = 64, .bk = 8, .wm = 2, .wn = 2, .stages = 2 };
+		s->tile = t;
+	}
+}
+
 static dg_spec proj_spec(const dg_model *m, dg_op op, int which)
 {
 	dg_spec s = base_spec(m, op);
@@ -133,7 +147,10 @@ static dg_spec proj_spec(const dg_model *m, dg_op op, int which)
 	if (op == DG_OP_LOWRANK_FWD) {
 		s.relu = true;
 		s.relu_thr = which ? m->c.thr_y : m->c.thr_x;
+		/* integer codes on sm_90: the warpgroup (wgmma) path */
+		s.arch_specific = m->lowbit && s.arch == 90;
 	}
+	exact_tile(m, &s);
 	dg_spec_normalize(&s);
 	return s;
 }
@@ -283,6 +300,7 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	case DG__N_DEC_IN: {
 		dg_spec s = op_spec(m, DG_OP_DECODER_GRAD_INPUT);
 		set_recipe(m, &s, 2);
+		exact_tile(m, &s);
 		dg_spec_normalize(&s);
 		dg_tensor g = tn(m, in[0]), w = tn(m, in[1]), o = tn(m, out[0]);
 		dg_decoder_grad_input_args a = { .grad = &g, .w = &w, .grad_y = &o };
@@ -347,6 +365,7 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	case DG__N_DEC_W: {
 		dg_spec s = op_spec(m, DG_OP_DECODER_GRAD_WEIGHT);
 		set_recipe(m, &s, 2);
+		exact_tile(m, &s);
 		dg_spec_normalize(&s);
 		dg_tensor g = tn(m, in[0]), y = tn(m, in[1]), o = tn(m, out[0]);
 		dg_decoder_grad_weight_args a = { .grad = &g, .y = &y, .grad_w = &o, .ws = ws };
