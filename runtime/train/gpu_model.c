@@ -208,19 +208,22 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = op_spec(m, DG_OP_EMBED_FWD);
 		dg_tensor idx = flat(m, in[1]), tab = tn(m, in[0]), o = rows(m, out[0], D);
 		dg_embed_fwd_args a = { .idx = &idx, .table = &tab, .out = &o, .bad = tn(m, m->id.bad).data };
-		return need ? sized(m, &s, dg_embed_fwd_check(&s, &a, cm, sizeof(cm)), cm) : dg_embed_fwd(dev, &s, &a);
+		return need ? sized(m, &s, dg_embed_fwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_embed_fwd(dev, &s, &a);
 	}
 	case DG__N_LN: {
 		dg_spec s = op_spec(m, DG_OP_LAYERNORM_FWD);
 		dg_tensor x = rows(m, in[0], D), y = rows(m, out[0], D), r = flat(m, out[1]);
 		dg_layernorm_fwd_args a = { .x = &x, .y = &y, .rstd = &r, .eps = eps };
-		return need ? sized(m, &s, dg_layernorm_fwd_check(&s, &a, cm, sizeof(cm)), cm) : dg_layernorm_fwd(dev, &s, &a);
+		return need ? sized(m, &s, dg_layernorm_fwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_layernorm_fwd(dev, &s, &a);
 	}
 	case DG__N_PROJ: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_FWD, nd->arg);
 		dg_tensor x = tn(m, in[0]), w = tn(m, in[1]), o = tn(m, out[0]);
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &o };
-		return need ? sized(m, &s, dg_lowrank_fwd_check(&s, &a, cm, sizeof(cm)), cm) : dg_lowrank_fwd(dev, &s, &a);
+		return need ? sized(m, &s, dg_lowrank_fwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_lowrank_fwd(dev, &s, &a);
 	}
 	case DG__N_ATTN: {
 		dg_spec s = base_spec(m, DG_OP_ATTENTION_SCORES);
@@ -234,7 +237,8 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor xs = tn(m, in[0]), ys = tn(m, in[1]), xy = tn(m, out[0]);
 		dg_gate_fwd_args a = { .xs = &xs, .ys = &ys, .xy = &xy, .p = p, .seed = seed,
 				       .step = step, .layer = (uint32_t)nd->layer };
-		return need ? sized(m, &s, dg_gate_fwd_check(&s, &a, cm, sizeof(cm)), cm) : dg_gate_fwd(dev, &s, &a);
+		return need ? sized(m, &s, dg_gate_fwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_gate_fwd(dev, &s, &a);
 	}
 	case DG__N_QUANT: {
 		/* a token a row: x (B,1,T,D), a (B·H,1,T,D), xy (B,H,T,N) over its heads */
@@ -253,7 +257,8 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			q.scale = sc;
 		}
 		dg_quantize_act_args a = { .x = &x, .codes = &q, .ws = ws };
-		return need ? dg_quantize_act_workspace(dev, &s, &a, need) : dg_quantize_act(dev, &s, &a);
+		return need ? dg_quantize_act_workspace(dev, &s, &a, need)
+			    : dg_quantize_act(dev, &s, &a);
 	}
 	case DG__N_DEC: {
 		dg_spec s = op_spec(m, DG_OP_DECODER_FWD);
@@ -262,14 +267,16 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor y = tn(m, in[0]), w = tn(m, in[1]), o = tn(m, out[0]);
 		dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &o, .ws = ws };
-		return need ? dg_decoder_fwd_workspace(dev, &s, &a, need) : dg_decoder_fwd(dev, &s, &a);
+		return need ? dg_decoder_fwd_workspace(dev, &s, &a, need)
+			    : dg_decoder_fwd(dev, &s, &a);
 	}
 	case DG__N_RESID_LN: {
 		dg_spec s = op_spec(m, DG_OP_RESID_LN_FWD);
 		dg_tensor x = rows(m, in[0], D), y = rows(m, in[1], D), o = rows(m, out[0], D),
 			  r = flat(m, out[1]);
 		dg_resid_ln_fwd_args a = { .x = &x, .y = &y, .out = &o, .rstd = &r, .eps = eps };
-		return need ? sized(m, &s, dg_resid_ln_fwd_check(&s, &a, cm, sizeof(cm)), cm) : dg_resid_ln_fwd(dev, &s, &a);
+		return need ? sized(m, &s, dg_resid_ln_fwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_resid_ln_fwd(dev, &s, &a);
 	}
 	case DG__N_CE:
 	case DG__N_CE_BWD: {
@@ -288,14 +295,16 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			a.dx = &dx;
 			a.dw = &dw;
 		}
-		return need ? dg_lmhead_ce_workspace(dev, &s, &a, need) : dg_lmhead_ce(dev, &s, &a);
+		return need ? dg_lmhead_ce_workspace(dev, &s, &a, need)
+			    : dg_lmhead_ce(dev, &s, &a);
 	}
 	case DG__N_LN_BWD: {
 		dg_spec s = op_spec(m, DG_OP_LAYERNORM_BWD);
 		dg_tensor dy = rows(m, in[0], D), y = rows(m, in[1], D), r = flat(m, in[2]),
 			  dx = rows(m, out[0], D);
 		dg_layernorm_bwd_args a = { .dy = &dy, .y = &y, .rstd = &r, .dx = &dx };
-		return need ? sized(m, &s, dg_layernorm_bwd_check(&s, &a, cm, sizeof(cm)), cm) : dg_layernorm_bwd(dev, &s, &a);
+		return need ? sized(m, &s, dg_layernorm_bwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_layernorm_bwd(dev, &s, &a);
 	}
 	case DG__N_DEC_IN: {
 		dg_spec s = op_spec(m, DG_OP_DECODER_GRAD_INPUT);
@@ -312,7 +321,8 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor dxy = tn(m, in[0]), xs = tn(m, in[1]), ys = tn(m, in[2]), dxs = tn(m, out[0]);
 		dg_gate_bwd_args a = { .dxy = &dxy, .xs = &xs, .ys = &ys, .dxs = &dxs, .p = p,
 				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer };
-		return need ? sized(m, &s, dg_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm) : dg_gate_bwd(dev, &s, &a);
+		return need ? sized(m, &s, dg_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_gate_bwd(dev, &s, &a);
 	}
 	case DG__N_PROJ_IN: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, nd->arg);
@@ -353,7 +363,8 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = op_spec(m, DG_OP_ADD3);
 		dg_tensor a0 = tn(m, in[0]), a1 = tn(m, in[1]), a2 = tn(m, in[2]), o = tn(m, out[0]);
 		dg_add3_args a = { .a = &a0, .b = &a1, .c = &a2, .out = &o };
-		return need ? sized(m, &s, dg_add3_check(&s, &a, cm, sizeof(cm)), cm) : dg_add3(dev, &s, &a);
+		return need ? sized(m, &s, dg_add3_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_add3(dev, &s, &a);
 	}
 	case DG__N_PROJ_W: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_WEIGHT, nd->arg);
@@ -378,7 +389,8 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor idx = flat(m, in[1]), d = rows(m, in[0], D), o = tn(m, out[0]);
 		dg_embed_bwd_args a = { .idx = &idx, .dout = &d, .dtable = &o };
-		return need ? sized(m, &s, dg_embed_bwd_check(&s, &a, cm, sizeof(cm)), cm) : dg_embed_bwd(dev, &s, &a);
+		return need ? sized(m, &s, dg_embed_bwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_embed_bwd(dev, &s, &a);
 	}
 	case DG__N_TO_MASTER: {
 		/* the execution layout's f32 gradient back to the reference's:
@@ -394,7 +406,8 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor i3 = dg_tensor_3d(i.name, DG_FMT_F32, i.data, R, E, L);
 		dg_tensor o3 = dg_tensor_3d(o.name, DG_FMT_F32, o.data, R, L, E);
 		dg_transpose_args a = { .in = &i3, .out = &o3 };
-		return need ? sized(m, &s, dg_transpose_check(&s, &a, cm, sizeof(cm)), cm) : dg_transpose(dev, &s, &a);
+		return need ? sized(m, &s, dg_transpose_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_transpose(dev, &s, &a);
 	}
 	default:
 		return dg__dev_fail(dev, DG_ERR_INTERNAL, "gpu model: node kind %d has no GPU form",
