@@ -11,8 +11,10 @@
  * events), the peak device memory measured as the drop in free memory from
  * before dg_model_create to the lowest point during the steps (dragon
  * allocates everything at create), and the plan's estimate of it
- * (dg_model_plan). JSON: {"device": ..., "rows": [{impl, preset, B, T,
- * fwd_bwd_ms, peak_bytes, plan_bytes?}, ...]} to --out (and stdout).
+ * (dg_model_plan), and where the time goes (dg_model_profile: each node
+ * alone, summed by kind: "breakdown"). JSON: {"device": ..., "rows":
+ * [{impl, preset, B, T, fwd_bwd_ms, peak_bytes, plan_bytes?, breakdown?},
+ * ...]} to --out (and stdout).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +102,25 @@ static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int w
 		r = row("dragon", preset, B, T, ms[reps / 2], (double)(free0 - lowest));
 		cJSON_AddNumberToObject(r, "plan_bytes", (double)plan.total);
 		cJSON_AddNumberToObject(r, "min_ms", ms[0]);
+		/* where the time goes: each node alone, summed by kind */
+		dg_model_time tm[32];
+		int nt = 0;
+		if (!dg_model_profile(m, &bt, tm, 32, &nt)) {
+			cJSON *br = cJSON_AddArrayToObject(r, "breakdown");
+			double sum = 0;
+			for (int i = 0; i < nt; i++)
+				sum += tm[i].ms;
+			fprintf(stderr, "step: %s, each node alone (sum %.2f ms):\n", preset, sum);
+			for (int i = 0; i < nt; i++) {
+				cJSON *b = cJSON_CreateObject();
+				cJSON_AddStringToObject(b, "what", tm[i].what);
+				cJSON_AddNumberToObject(b, "count", tm[i].count);
+				cJSON_AddNumberToObject(b, "ms", tm[i].ms);
+				cJSON_AddItemToArray(br, b);
+				fprintf(stderr, "  %-24s %3d  %8.3f ms  %5.1f%%\n", tm[i].what, tm[i].count,
+					tm[i].ms, 100.0 * tm[i].ms / (sum > 0 ? sum : 1));
+			}
+		}
 	}
 	free(idx), free(tgt), free(ms);
 	dg_event_destroy(e0);

@@ -188,6 +188,18 @@ void dg_model_memory_of(const dg_model *m, dg_model_memory *out);
  * the loss). */
 dg_status dg_model_step(dg_model *m, const dg_model_batch *batch, double *loss,
 			dg_model_weights *grads);
+/* Where a step's time goes: one step (forward and backward) with each node
+ * timed alone (events around it, the stream drained between nodes), the
+ * times summed by what the nodes do ("projection", "attention bwd", ...),
+ * in the order they first run; at most cap rows into out, *n how many. */
+typedef struct dg_model_time {
+	const char *what;
+	int count;   /* nodes of that kind in the step */
+	double ms;   /* their time together */
+} dg_model_time;
+dg_status dg_model_profile(dg_model *m, const dg_model_batch *batch, dg_model_time *out, int cap,
+			   int *n);
+
 /* The step's nodes alone, queued on the calling thread's stream: the
  * batch uploaded, the forward and (backward) the backward; no wait, no
  * read-back (what a bench times and a training loop builds on). */

@@ -688,6 +688,57 @@ static dg_status run(dg_model *m, const dg_model_batch *bt, bool backward)
 	return st;
 }
 
+static dg_status run(dg_model *m, const dg_model_batch *bt, bool backward);
+
+dg_status dg_model_profile(dg_model *m, const dg_model_batch *bt, dg_model_time *out, int cap,
+			   int *n)
+{
+	if (!m || !bt || !bt->idx || !bt->targets || !out || !n)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_profile: NULL argument")
+			 : DG_ERR_INVALID_ARG;
+	dg_device *dev = m->dev;
+	*n = 0;
+	/* the batch as run() uploads it, then the nodes one by one */
+	dg_status st = run(m, bt, false);
+	dg_event *e0 = NULL, *e1 = NULL;
+	if (!st)
+		st = dg_event_create(dev, &e0);
+	if (!st)
+		st = dg_event_create(dev, &e1);
+	int kind_row[DG__N__COUNT];
+	for (int k = 0; k < DG__N__COUNT; k++)
+		kind_row[k] = -1;
+	for (int i = 0; i < m->t.n_nodes && !st; i++) {
+		const dg__tnode *nd = &m->t.nodes[i];
+		float ms = 0;
+		st = dg_event_record(e0);
+		if (!st)
+			st = run_node(m, nd, bt, NULL);
+		if (!st)
+			st = dg_event_record(e1);
+		if (!st)
+			st = dg_event_synchronize(e1);
+		if (!st)
+			st = dg_event_elapsed_ms(e0, e1, &ms);
+		if (st)
+			break;
+		int r = kind_row[nd->kind];
+		if (r < 0 && *n < cap) {
+			r = kind_row[nd->kind] = (*n)++;
+			out[r].what = dg__nkind_name(nd->kind);
+			out[r].count = 0;
+			out[r].ms = 0;
+		}
+		if (r >= 0) {
+			out[r].count++;
+			out[r].ms += ms;
+		}
+	}
+	dg_event_destroy(e0);
+	dg_event_destroy(e1);
+	return st;
+}
+
 dg_status dg_model_run(dg_model *m, const dg_model_batch *bt, bool backward)
 {
 	if (!m || !bt || !bt->idx || !bt->targets)

@@ -8,6 +8,23 @@
 
 #define ALIGN 256
 
+const char *dg__nkind_name(dg__nkind k)
+{
+	static const char *const names[DG__N__COUNT] = {
+		[DG__N_EMBED] = "embed",	 [DG__N_LN] = "layernorm",
+		[DG__N_PROJ] = "projection",	 [DG__N_ATTN] = "attention",
+		[DG__N_GATE] = "gate",		 [DG__N_DEC] = "decoder",
+		[DG__N_RESID_LN] = "resid_ln",	 [DG__N_CE] = "lm_head+ce",
+		[DG__N_QUANT] = "quantize_act",	 [DG__N_CE_BWD] = "lm_head+ce bwd",
+		[DG__N_LN_BWD] = "layernorm bwd", [DG__N_DEC_IN] = "decoder grad_input",
+		[DG__N_GATE_BWD] = "gate bwd",	 [DG__N_PROJ_IN] = "projection grad_input",
+		[DG__N_ATTN_BWD] = "attention bwd", [DG__N_ADD3] = "add3",
+		[DG__N_PROJ_W] = "projection grad_weight", [DG__N_DEC_W] = "decoder grad_weight",
+		[DG__N_EMBED_BWD] = "embed bwd", [DG__N_TO_MASTER] = "to master layout",
+	};
+	return (unsigned)k < DG__N__COUNT && names[k] ? names[k] : "?";
+}
+
 static size_t align_up(size_t n)
 {
 	return (n + ALIGN - 1) / ALIGN * ALIGN;

@@ -129,6 +129,9 @@ int dg__tape_view(dg__tape *t, int parent, int i, int n, const char *name, int n
 int dg__tape_node(dg__tape *t, dg__nkind kind, int layer, const int *in, int n_in,
 		  const int *out, int n_out, int arg);
 
+/* "proj", "attn_bwd", ...: a node kind's name (for profiles). */
+const char *dg__nkind_name(dg__nkind k);
+
 /* Gives codes buffer `codes` its scales buffer (-1: none). */
 void dg__tape_set_scale(dg__tape *t, int codes, int scale);
 
