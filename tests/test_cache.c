@@ -25,7 +25,7 @@
 #include "runtime/store/cache_int.h"
 #include "base/sha256.h"
 
-TestSuite(cache, .init = ch_setup, .fini = ch_teardown, .timeout = 120);
+TestSuite(cache, .init = ch_setup, .fini = ch_teardown);
 
 /* ---- SHA-256 ----------------------------------------------------------- */
 

@@ -21,7 +21,7 @@
 #include "dragon/cache.h"
 #include "runtime/store/cache_int.h"
 
-TestSuite(cache, .init = ch_setup, .fini = ch_teardown, .timeout = 120);
+TestSuite(cache, .init = ch_setup, .fini = ch_teardown);
 
 /* ---- eviction ------------------------------------------------------------- */
 

@@ -23,7 +23,7 @@
 #include "dragon/cache.h"
 #include "base/sha256.h"
 
-TestSuite(cache, .init = ch_setup, .fini = ch_teardown, .timeout = 120);
+TestSuite(cache, .init = ch_setup, .fini = ch_teardown);
 
 /* ---- eight processes, one key -------------------------------------------- */
 

@@ -329,7 +329,7 @@ Test(cli, interrupted_build_leaves_nothing)
 
 /* The default build set holds every op of the op table (a BDH training
  * step, forward and backward), and builds. */
-Test(cli, default_set_builds, .timeout = 600)
+Test(cli, default_set_builds)
 {
 	sandbox sb;
 	run r;

@@ -197,7 +197,7 @@ Test(cli_tune, inspect_says_template_default_or_tuned)
 	sandbox_fini(&sb);
 }
 
-Test(cli_tune, build_tuned_bundles_the_record, .timeout = 600)
+Test(cli_tune, build_tuned_bundles_the_record)
 {
 	sandbox sb;
 	run r;

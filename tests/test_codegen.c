@@ -470,7 +470,7 @@ static dg_plan plan_twice(dg_codegen *cg, const dg_spec *s)
 
 /* An auto tile becomes the template's default for every format pair, embd
  * and arch, and that default plans again to the same kernel. */
-Test(codegen_plan, auto_tile_resolves_for_every_format, .timeout = 120)
+Test(codegen_plan, auto_tile_resolves_for_every_format)
 {
 	const dg_fmt w[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
 	const dg_fmt a[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8, DG_FMT_INT4, DG_FMT_UINT8POS };
@@ -594,7 +594,7 @@ static void check_rendered(dg_codegen *cg, const dg_spec *s)
 	dg_source_destroy(src);
 }
 
-Test(codegen_templates, every_valid_combination_renders, .timeout = 300)
+Test(codegen_templates, every_valid_combination_renders)
 {
 	dg_codegen *cg = NULL;
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));

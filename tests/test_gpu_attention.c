@@ -283,19 +283,19 @@ static void small_all(dg_fmt act)
 	gh_close(dev);
 }
 
-Test(gpu_attention, small_shapes_f32, .timeout = 600)
+Test(gpu_attention, small_shapes_f32)
 {
 	small_all(DG_FMT_F32);
 }
 
-Test(gpu_attention, small_shapes_bf16, .timeout = 600)
+Test(gpu_attention, small_shapes_bf16)
 {
 	small_all(DG_FMT_BF16);
 }
 
 /* ---- the chains ------------------------------------------------------------------ */
 
-Test(gpu_attention, chains_are_the_ops, .timeout = 600)
+Test(gpu_attention, chains_are_the_ops)
 {
 	dg_device *dev = gh_open();
 	gh_seed(0xc4a1);
@@ -395,7 +395,7 @@ static void report(dg_device *dev, const dg_spec *s, const dg_tensor *const *t, 
 	fflush(stdout);
 }
 
-Test(gpu_attention, bdh_shape_sampled_bf16, .timeout = 600)
+Test(gpu_attention, bdh_shape_sampled_bf16)
 {
 	dg_device *dev = gh_open();
 	gh_seed(0xbd4);

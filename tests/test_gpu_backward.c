@@ -211,7 +211,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 
 static const int times[] = { 1, 3, 127 };
 
-Test(gpu_backward, lowrank_grad_input_small, .timeout = 600)
+Test(gpu_backward, lowrank_grad_input_small)
 {
 	dg_device *dev = gh_open();
 
@@ -228,7 +228,7 @@ Test(gpu_backward, lowrank_grad_input_small, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_backward, decoder_grad_input_small, .timeout = 600)
+Test(gpu_backward, decoder_grad_input_small)
 {
 	dg_device *dev = gh_open();
 
@@ -244,7 +244,7 @@ Test(gpu_backward, decoder_grad_input_small, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_backward, lowrank_grad_weight_small, .timeout = 600)
+Test(gpu_backward, lowrank_grad_weight_small)
 {
 	dg_device *dev = gh_open();
 
@@ -260,7 +260,7 @@ Test(gpu_backward, lowrank_grad_weight_small, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_backward, decoder_grad_weight_small, .timeout = 600)
+Test(gpu_backward, decoder_grad_weight_small)
 {
 	dg_device *dev = gh_open();
 
@@ -278,7 +278,7 @@ Test(gpu_backward, decoder_grad_weight_small, .timeout = 600)
 /* A long reduction over few output tiles is split over grid z (its
  * partials in the workspace, so the op asks for one) and summed by the
  * second pass; the result is bitwise the same run to run. */
-Test(gpu_backward, grad_weight_split_and_reproducible, .timeout = 600)
+Test(gpu_backward, grad_weight_split_and_reproducible)
 {
 	dg_device *dev = gh_open();
 	shape s = { 2, 1, 40, 36, 2, 1000 };
@@ -307,7 +307,7 @@ Test(gpu_backward, grad_weight_split_and_reproducible, .timeout = 600)
 /* The split's workspace is the caller's: missing or one byte short, the
  * call is refused with a message naming the op and "ws", and nothing runs
  * (grad_w keeps its 0xff bytes). */
-Test(gpu_backward, grad_weight_workspace_is_checked, .timeout = 600)
+Test(gpu_backward, grad_weight_workspace_is_checked)
 {
 	dg_device *dev = gh_open();
 	shape s = { 2, 1, 40, 36, 2, 1000 };
@@ -437,7 +437,7 @@ static double loss_of(dg_device *dev, dg_dptr out, const float *r, float *buf, s
 	return l;
 }
 
-Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
+Test(gpu_backward, finite_differences_lowrank)
 {
 	dg_device *dev = gh_open();
 	/* L 48: the default grad_input tile (BK 16) takes the tensor cores */
@@ -516,7 +516,7 @@ Test(gpu_backward, finite_differences_lowrank, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_backward, finite_differences_decoder, .timeout = 600)
+Test(gpu_backward, finite_differences_decoder)
 {
 	dg_device *dev = gh_open();
 	/* E 48: the default grad_input tile (BK 16) takes the tensor cores */

@@ -35,7 +35,7 @@ static double i8_at(const int8_t *p, size_t i)
 	return p[i];
 }
 
-Test(gpu_backward, bdh_lowrank_grad_input_sampled, .timeout = 600)
+Test(gpu_backward, bdh_lowrank_grad_input_sampled)
 {
 	dg_device *dev = gh_open();
 	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L, nw = (size_t)BDH_H * BDH_L * BDH_E,
@@ -83,7 +83,7 @@ Test(gpu_backward, bdh_lowrank_grad_input_sampled, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_backward, bdh_lowrank_grad_weight_sampled, .timeout = 600)
+Test(gpu_backward, bdh_lowrank_grad_weight_sampled)
 {
 	dg_device *dev = gh_open();
 	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L, nw = (size_t)BDH_H * BDH_L * BDH_E,
@@ -135,7 +135,7 @@ Test(gpu_backward, bdh_lowrank_grad_weight_sampled, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_backward, bdh_decoder_grads_sampled, .timeout = 600)
+Test(gpu_backward, bdh_decoder_grads_sampled)
 {
 	dg_device *dev = gh_open();
 	const size_t HL = (size_t)BDH_H * BDH_L, ng = (size_t)BDH_B * BDH_T * BDH_E,

@@ -195,13 +195,13 @@ static void lowrank_weight(dg_fmt weight, dg_op op)
 	gh_close(dev);
 }
 
-Test(gpu_lowrank, weight_f32, .timeout = 1200) { lowrank_weight(DG_FMT_F32, DG_OP_LOWRANK_FWD); }
-Test(gpu_lowrank, weight_bf16, .timeout = 1200) { lowrank_weight(DG_FMT_BF16, DG_OP_LOWRANK_FWD); }
-Test(gpu_lowrank, weight_int8, .timeout = 1200) { lowrank_weight(DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
-Test(gpu_lowrank, weight_ternary, .timeout = 1200) { lowrank_weight(DG_FMT_TERNARY, DG_OP_LOWRANK_FWD); }
-Test(gpu_lowrank, weight_sign1, .timeout = 1200) { lowrank_weight(DG_FMT_SIGN1, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_f32) { lowrank_weight(DG_FMT_F32, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_bf16) { lowrank_weight(DG_FMT_BF16, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_int8) { lowrank_weight(DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_ternary) { lowrank_weight(DG_FMT_TERNARY, DG_OP_LOWRANK_FWD); }
+Test(gpu_lowrank, weight_sign1) { lowrank_weight(DG_FMT_SIGN1, DG_OP_LOWRANK_FWD); }
 
-Test(gpu_relu_mask, every_format, .timeout = 1200)
+Test(gpu_relu_mask, every_format)
 {
 	for (int wi = 0; wi < 5; wi++)
 		lowrank_weight(W_FMTS[wi], DG_OP_RELU_MASK);
@@ -209,7 +209,7 @@ Test(gpu_relu_mask, every_format, .timeout = 1200)
 
 /* Explicit tiles: the dp4a path (tiles the tensor cores cannot take), a
  * single-stage tile, a BK = 128 tensor-core tile, a 32-wide K step. */
-Test(gpu_lowrank, explicit_tiles, .timeout = 1200)
+Test(gpu_lowrank, explicit_tiles)
 {
 	static const char *texts[] = {
 		"op=lowrank_fwd;heads=3;embd=64;latent=200;weight=int8;act=int8;out=int8;tile=64x64x16/2x2/2",
@@ -320,11 +320,11 @@ static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
 	gh_close(dev);
 }
 
-Test(gpu_bdh, lowrank_int8_int8, .timeout = 600) { lowrank_bdh(DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
-Test(gpu_bdh, lowrank_ternary_int8, .timeout = 600) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
-Test(gpu_bdh, lowrank_sign1_uint8pos, .timeout = 600) { lowrank_bdh(DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD); }
-Test(gpu_bdh, lowrank_ternary_uint8pos, .timeout = 600) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD); }
-Test(gpu_bdh, relu_mask_ternary_int8, .timeout = 600) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_RELU_MASK); }
+Test(gpu_bdh, lowrank_int8_int8) { lowrank_bdh(DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
+Test(gpu_bdh, lowrank_ternary_int8) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
+Test(gpu_bdh, lowrank_sign1_uint8pos) { lowrank_bdh(DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD); }
+Test(gpu_bdh, lowrank_ternary_uint8pos) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD); }
+Test(gpu_bdh, relu_mask_ternary_int8) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_RELU_MASK); }
 
 /* ---- decoder_fwd ---------------------------------------------------------- */
 
@@ -403,11 +403,11 @@ static void decoder_weight(dg_fmt weight)
 	gh_close(dev);
 }
 
-Test(gpu_decoder, weight_f32, .timeout = 1200) { decoder_weight(DG_FMT_F32); }
-Test(gpu_decoder, weight_bf16, .timeout = 1200) { decoder_weight(DG_FMT_BF16); }
-Test(gpu_decoder, weight_int8, .timeout = 1200) { decoder_weight(DG_FMT_INT8); }
-Test(gpu_decoder, weight_ternary, .timeout = 1200) { decoder_weight(DG_FMT_TERNARY); }
-Test(gpu_decoder, weight_sign1, .timeout = 1200) { decoder_weight(DG_FMT_SIGN1); }
+Test(gpu_decoder, weight_f32) { decoder_weight(DG_FMT_F32); }
+Test(gpu_decoder, weight_bf16) { decoder_weight(DG_FMT_BF16); }
+Test(gpu_decoder, weight_int8) { decoder_weight(DG_FMT_INT8); }
+Test(gpu_decoder, weight_ternary) { decoder_weight(DG_FMT_TERNARY); }
+Test(gpu_decoder, weight_sign1) { decoder_weight(DG_FMT_SIGN1); }
 
 static void decoder_bdh(dg_fmt weight, dg_fmt act)
 {
@@ -460,8 +460,8 @@ static void decoder_bdh(dg_fmt weight, dg_fmt act)
 	gh_close(dev);
 }
 
-Test(gpu_bdh, decoder_int8_int8, .timeout = 600) { decoder_bdh(DG_FMT_INT8, DG_FMT_INT8); }
-Test(gpu_bdh, decoder_ternary_uint8pos, .timeout = 600) { decoder_bdh(DG_FMT_TERNARY, DG_FMT_UINT8POS); }
+Test(gpu_bdh, decoder_int8_int8) { decoder_bdh(DG_FMT_INT8, DG_FMT_INT8); }
+Test(gpu_bdh, decoder_ternary_uint8pos) { decoder_bdh(DG_FMT_TERNARY, DG_FMT_UINT8POS); }
 
 /* ---- checks: nothing launched on bad tensors ----------------------------- */
 

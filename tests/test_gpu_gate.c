@@ -137,19 +137,19 @@ static void gate_shapes(dg_fmt act)
 	gh_close(dev);
 }
 
-Test(gpu_gate, gate_odd_shapes_f32, .timeout = 600)
+Test(gpu_gate, gate_odd_shapes_f32)
 {
 	gate_shapes(DG_FMT_F32);
 }
 
-Test(gpu_gate, gate_odd_shapes_bf16, .timeout = 600)
+Test(gpu_gate, gate_odd_shapes_bf16)
 {
 	gate_shapes(DG_FMT_BF16);
 }
 
 /* Masks: the same random inputs (none 0), so xy differs exactly where the
  * masks do. */
-Test(gpu_gate, masks_follow_seed_step_and_layer, .timeout = 600)
+Test(gpu_gate, masks_follow_seed_step_and_layer)
 {
 	dg_device *dev = gh_open();
 	const drop a = { 0.1f, 42, 7, 3 }, b = { 0.1f, 43, 7, 3 }, c = { 0.1f, 42, 8, 3 },
@@ -171,7 +171,7 @@ Test(gpu_gate, masks_follow_seed_step_and_layer, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_gate, gate_bdh_shape, .timeout = 600)
+Test(gpu_gate, gate_bdh_shape)
 {
 	dg_device *dev = gh_open();
 	gh_seed(22);
@@ -266,7 +266,7 @@ static void check_transpose(dg_device *dev, dg_fmt act, int64_t R, int E, int L,
 	free(in), free(want), free(got);
 }
 
-Test(gpu_gate, step_odd_shapes, .timeout = 600)
+Test(gpu_gate, step_odd_shapes)
 {
 	dg_device *dev = gh_open();
 	gh_seed(23);
@@ -293,7 +293,7 @@ Test(gpu_gate, step_odd_shapes, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_gate, step_bdh_shapes, .timeout = 600)
+Test(gpu_gate, step_bdh_shapes)
 {
 	dg_device *dev = gh_open();
 	gh_seed(24);

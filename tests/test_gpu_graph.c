@@ -326,7 +326,7 @@ static void expect_written(const out_buf *o, const unsigned char *bytes)
 	}
 }
 
-Test(gpu_graph, replays_match_the_eager_run, .timeout = 900)
+Test(gpu_graph, replays_match_the_eager_run)
 {
 	dg_device *dev = gh_open();
 	seq q;

@@ -10,12 +10,11 @@
  *   bf16  the same tiny step against the f32 CPU model: loss within 2e-2
  *         relative, gradients within 5e-2 normwise (bf16 activations and
  *         bf16 tensor-core products);
- *   w8a8, bitnet  (int8 / ternary weights, int8 activations a token): a
- *         finite loss within 10% of f32's and gradients pointing the same
- *         way as the float model's (w8a8 cosine > 0.99; bitnet, a coarser
- *         model, > 0.5: measured 0.57 to 0.73 at this config) — they are
- *         the straight-through gradients of a quantized model, held to
- *         PyTorch's fake-quant mode of the same recipe by bench/parity;
+ *   w8a8, bitnet  (int8 / ternary weights, int8 activations a token)
+ *         against the CPU model of the same recipe, fake-quantized (the
+ *         same quantizers, dequantized f32, straight-through gradients):
+ *         loss within 1e-2 relative, gradients within 5e-2 normwise (the
+ *         GPU keeps the activations in bf16, so a code can move by one);
  *   the plan: what dg_model_plan reports is what create allocates; two
  *         steps give bitwise the same loss; bad input (a token outside the
  *         vocabulary, a batch of another shape, a recipe the GPU model
@@ -82,7 +81,9 @@ static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double lo
 		       double grad_rel, double cos_min)
 {
 	char msg[1024];
-	dg_model_config fc = tiny("f32"), gc = tiny(preset);
+	/* the CPU runs f32 for the float recipes, the low-bit ones fake-quantized */
+	bool low = strcmp(preset, "w8a8") == 0 || strcmp(preset, "bitnet") == 0;
+	dg_model_config fc = tiny(low ? preset : "f32"), gc = tiny(preset);
 	dg_model_weights *w = NULL, *wg = NULL, *gcpu = NULL, *ggpu = NULL;
 	cr_assert_eq(dg_model_weights_create(&fc, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(dg_model_weights_create(&fc, 0, &gcpu, msg, sizeof(msg)), DG_OK);
@@ -101,8 +102,8 @@ static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double lo
 	dg_model *m = NULL;
 	cr_assert_eq(dg_model_create(dev, wg, 2, 16, &m), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
 	cr_assert_eq(dg_model_step(m, &bt.b, &lg, ggpu), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
-	printf("gpu_model %s train=%d: loss %.9g (CPU f32 %.9g, rel %.3g)\n", preset, train, lg, lc,
-	       fabs(lg - lc) / fabs(lc));
+	printf("gpu_model %s train=%d: loss %.9g (CPU %s %.9g, rel %.3g)\n", preset, train, lg,
+	       low ? preset : "f32", lc, fabs(lg - lc) / fabs(lc));
 	cr_expect(isfinite(lg) && fabs(lg - lc) <= loss_rel * fabs(lc), "%s: loss %.9g, CPU %.9g", preset,
 		  lg, lc);
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
@@ -131,7 +132,7 @@ static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double lo
 	dg_model_weights_destroy(ggpu);
 }
 
-Test(gpu_model, f32_matches_the_cpu_model, .timeout = 600)
+Test(gpu_model, f32_matches_the_cpu_model)
 {
 	dg_device *dev = gh_open();
 	gpu_vs_cpu(dev, "f32", false, 1e-5, 1e-4, 0);
@@ -139,22 +140,23 @@ Test(gpu_model, f32_matches_the_cpu_model, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_model, bf16_close_to_the_cpu_model, .timeout = 600)
+Test(gpu_model, bf16_close_to_the_cpu_model)
 {
 	dg_device *dev = gh_open();
 	gpu_vs_cpu(dev, "bf16", false, 2e-2, 5e-2, 0);
 	gh_close(dev);
 }
 
-Test(gpu_model, lowbit_recipes_follow_the_float_model, .timeout = 600)
+Test(gpu_model, lowbit_recipes_match_the_cpu_fake_quant_model)
 {
 	dg_device *dev = gh_open();
-	gpu_vs_cpu(dev, "w8a8", false, 0.1, 0, 0.99);
-	gpu_vs_cpu(dev, "bitnet", false, 0.1, 0, 0.5);
+	gpu_vs_cpu(dev, "w8a8", false, 1e-2, 5e-2, 0);
+	gpu_vs_cpu(dev, "w8a8", true, 1e-2, 5e-2, 0);
+	gpu_vs_cpu(dev, "bitnet", false, 1e-2, 5e-2, 0);
 	gh_close(dev);
 }
 
-Test(gpu_model, matches_pytorch, .timeout = 600)
+Test(gpu_model, matches_pytorch)
 {
 	dg_device *dev = gh_open();
 	char msg[1024];
@@ -212,7 +214,7 @@ Test(gpu_model, matches_pytorch, .timeout = 600)
 	gh_close(dev);
 }
 
-Test(gpu_model, plan_and_bad_input, .timeout = 600)
+Test(gpu_model, plan_and_bad_input)
 {
 	dg_device *dev = gh_open();
 	char msg[256];

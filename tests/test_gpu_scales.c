@@ -50,7 +50,7 @@ static void check_all(const char *const *texts, size_t n, const int *rows, size_
 
 #define SMALL "heads=4;embd=256;latent=512;"
 
-Test(gpu_scales, forward, .timeout = 1200)
+Test(gpu_scales, forward)
 {
 	static const char *const texts[] = {
 		/* w8a8: int8 weights a channel, int8 activations a token */
@@ -77,7 +77,7 @@ Test(gpu_scales, forward, .timeout = 1200)
 	check_all(texts, sizeof(texts) / sizeof(texts[0]), rows, sizeof(rows) / sizeof(rows[0]));
 }
 
-Test(gpu_scales, backward, .timeout = 1200)
+Test(gpu_scales, backward)
 {
 	static const char *const texts[] = {
 		"op=lowrank_grad_input;" SMALL "wscale=channel",
@@ -95,7 +95,7 @@ Test(gpu_scales, backward, .timeout = 1200)
 	check_all(texts, sizeof(texts) / sizeof(texts[0]), rows, sizeof(rows) / sizeof(rows[0]));
 }
 
-Test(gpu_scales, quantizers, .timeout = 600)
+Test(gpu_scales, quantizers)
 {
 	static const char *const texts[] = {
 		"op=quantize_act;ascale=token",
@@ -111,7 +111,7 @@ Test(gpu_scales, quantizers, .timeout = 600)
 }
 
 /* The BDH shape, the w8a8 and bitnet recipes' specs, at a few rows. */
-Test(gpu_scales, bdh_shape, .timeout = 1200)
+Test(gpu_scales, bdh_shape)
 {
 	static const char *const texts[] = {
 		"op=lowrank_fwd;arch=sm_90a;ascale=token;wscale=channel;out=bf16;relu=0",

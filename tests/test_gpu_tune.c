@@ -35,7 +35,7 @@ static void on_progress(void *user, const dg_spec *spec, dg_tune_phase phase, si
 	(*calls)++;
 }
 
-Test(gpu_tune, sweep_record_and_fresh_device, .timeout = 1200)
+Test(gpu_tune, sweep_record_and_fresh_device)
 {
 	dg_device *dev = gh_open();
 	char *db = dg_test_tmpdir();

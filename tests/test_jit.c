@@ -263,7 +263,7 @@ Test(jit, corrupt_entry_is_rebuilt)
 
 /* Eight processes JIT one spec into one empty cache at once: NVRTC runs
  * once, one entry is published, and every process holds the same bytes. */
-Test(jit, eight_processes_one_spec_one_build, .timeout = 120)
+Test(jit, eight_processes_one_spec_one_build)
 {
 	char *dir = dg_test_tmpdir();
 	dg_spec s = ternary_spec();

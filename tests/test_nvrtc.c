@@ -132,7 +132,7 @@ static void *compile_worker(void *arg)
 	return NULL;
 }
 
-Test(nvrtc, every_rendered_kernel_compiles_for_sm90, .timeout = 1500)
+Test(nvrtc, every_rendered_kernel_compiles_for_sm90)
 {
 	dg_spec_list list;
 	dg_test_all_specs(&list);

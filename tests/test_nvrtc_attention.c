@@ -67,7 +67,7 @@ static dg_spec spec_of(dg_op op, dg_fmt act, int arch)
 	return s;
 }
 
-Test(nvrtc_attention, rope_every_act_and_shape, .timeout = 600)
+Test(nvrtc_attention, rope_every_act_and_shape)
 {
 	dg_codegen *cg = make_cg();
 	for (int a = 0; a < 2; a++)
@@ -85,7 +85,7 @@ Test(nvrtc_attention, rope_every_act_and_shape, .timeout = 600)
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_attention, gemms_at_their_defaults, .timeout = 600)
+Test(nvrtc_attention, gemms_at_their_defaults)
 {
 	dg_codegen *cg = make_cg();
 	for (int o = 0; o < N_GEMMS; o++) {
@@ -108,7 +108,7 @@ Test(nvrtc_attention, gemms_at_their_defaults, .timeout = 600)
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_attention, gemms_on_other_tiles, .timeout = 600)
+Test(nvrtc_attention, gemms_on_other_tiles)
 {
 	static const struct {
 		dg_tile tile;

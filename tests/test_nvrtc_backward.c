@@ -79,7 +79,7 @@ static const char *gw_entries[] = { "dg_lowrank_grad_weight",
 static const char *dgw_entries[] = { "dg_decoder_grad_weight",
 				     "dg_decoder_grad_weight_reduce" };
 
-Test(nvrtc_backward, lowrank_grad_input_every_weight_and_in_heads, .timeout = 600)
+Test(nvrtc_backward, lowrank_grad_input_every_weight_and_in_heads)
 {
 	dg_codegen *cg = make_cg();
 
@@ -93,7 +93,7 @@ Test(nvrtc_backward, lowrank_grad_input_every_weight_and_in_heads, .timeout = 60
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_backward, lowrank_grad_weight_every_act_and_in_heads, .timeout = 600)
+Test(nvrtc_backward, lowrank_grad_weight_every_act_and_in_heads)
 {
 	dg_codegen *cg = make_cg();
 
@@ -122,7 +122,7 @@ static void expect_path(dg_codegen *cg, const dg_spec *spec, const char *path)
 /* The default tiles take the tensor cores from sm_80 on and the SIMT path
  * before; both compile for every format (an sm_75 spec still compiles for
  * the sm_90 target here: the SIMT source has nothing newer than sm_50). */
-Test(nvrtc_backward, paths_by_arch, .timeout = 600)
+Test(nvrtc_backward, paths_by_arch)
 {
 	static const dg_op ops[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT,
 				     DG_OP_DECODER_GRAD_INPUT, DG_OP_DECODER_GRAD_WEIGHT };
@@ -194,7 +194,7 @@ static void compile_on_path(dg_codegen *cg, const dg_spec *s, const char *path)
  * and chunk counts that do not divide the threads (staging guards),
  * sign1 units of half a word (bn 16), latent / embd smaller than or not a
  * multiple of the block tile, in_heads 1 and H. */
-Test(nvrtc_backward, mma_odd_tiles, .timeout = 600)
+Test(nvrtc_backward, mma_odd_tiles)
 {
 	static const odd_tile cases[] = {
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 48, 64, { 16, 16, 16, 1, 1, 1, 0 } },
@@ -220,7 +220,7 @@ Test(nvrtc_backward, mma_odd_tiles, .timeout = 600)
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_backward, decoder_grads_every_format, .timeout = 600)
+Test(nvrtc_backward, decoder_grads_every_format)
 {
 	dg_codegen *cg = make_cg();
 
@@ -239,7 +239,7 @@ Test(nvrtc_backward, decoder_grads_every_format, .timeout = 600)
  * buffer, bn 16 (sign1 half words), unit counts that do not divide the
  * threads (staging guards), 1-warp blocks, latent not a multiple of the
  * block tile. */
-Test(nvrtc_backward, odd_tiles, .timeout = 600)
+Test(nvrtc_backward, odd_tiles)
 {
 	static const odd_tile cases[] = {
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 36, 64, { 16, 16, 4, 1, 1, 1, 0 } },
@@ -261,7 +261,7 @@ Test(nvrtc_backward, odd_tiles, .timeout = 600)
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_backward, quantize_weight_and_packers, .timeout = 600)
+Test(nvrtc_backward, quantize_weight_and_packers)
 {
 	static const char *q_entries[] = { "dg_quantize_weight_absum",
 					   "dg_quantize_weight_scale",

@@ -77,7 +77,7 @@ static void compile_all(const struct fcase *cases, size_t n)
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_forward, lowrank_every_path, .timeout = 600)
+Test(nvrtc_forward, lowrank_every_path)
 {
 	static const struct fcase cases[] = {
 		/* default tile at BDH: tensor cores, every integer format pair */
@@ -99,7 +99,7 @@ Test(nvrtc_forward, lowrank_every_path, .timeout = 600)
 	compile_all(cases, sizeof(cases) / sizeof(cases[0]));
 }
 
-Test(nvrtc_forward, relu_mask_every_path, .timeout = 600)
+Test(nvrtc_forward, relu_mask_every_path)
 {
 	static const struct fcase cases[] = {
 		{ "op=relu_mask;weight=int8;act=int8;relu=0", P_MMA },
@@ -111,7 +111,7 @@ Test(nvrtc_forward, relu_mask_every_path, .timeout = 600)
 	compile_all(cases, sizeof(cases) / sizeof(cases[0]));
 }
 
-Test(nvrtc_forward, decoder_every_path, .timeout = 600)
+Test(nvrtc_forward, decoder_every_path)
 {
 	static const struct fcase cases[] = {
 		{ "op=decoder_fwd;weight=int8;act=int8;out=f32", P_MMA },

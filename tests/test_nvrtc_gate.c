@@ -69,7 +69,7 @@ static const char *path_of(dg_op op)
 	return op == DG_OP_TRANSPOSE ? "path: 32x32 tiles" : "path: element-wise";
 }
 
-Test(nvrtc_gate, every_op_act_and_shape, .timeout = 600)
+Test(nvrtc_gate, every_op_act_and_shape)
 {
 	dg_codegen *cg = make_cg();
 	for (int o = 0; o < N_OPS; o++)

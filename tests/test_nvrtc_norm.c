@@ -58,7 +58,7 @@ static void compile_one(dg_codegen *cg, const char *text)
 	dg_source_destroy(src);
 }
 
-Test(nvrtc_norm, every_op_compiles_f32_and_bf16, .timeout = 900)
+Test(nvrtc_norm, every_op_compiles_f32_and_bf16)
 {
 	static const char *const fl[] = { "f32", "bf16" };
 	static const int embds[] = { 32, 96, 256 };

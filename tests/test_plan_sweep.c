@@ -331,7 +331,7 @@ static void sweep(dg_op op)
 }
 
 #define SWEEP(name, e)                                                                   \
-	Test(plan_sweep, name, .timeout = 600) { sweep(e); }
+	Test(plan_sweep, name) { sweep(e); }
 SWEEP(lowrank_fwd, DG_OP_LOWRANK_FWD)
 SWEEP(relu_mask, DG_OP_RELU_MASK)
 SWEEP(decoder_fwd, DG_OP_DECODER_FWD)
@@ -418,7 +418,7 @@ static void *compile_worker(void *arg)
 	return NULL;
 }
 
-Test(plan_sweep, nvrtc_compiles_the_hardest_planned_tile_of_each_path, .timeout = 600)
+Test(plan_sweep, nvrtc_compiles_the_hardest_planned_tile_of_each_path)
 {
 	static const struct {
 		dg_op op;

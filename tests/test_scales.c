@@ -508,7 +508,7 @@ Test(scales, quantize_per_token_and_channel)
 
 /* ---- every kernel path compiles --------------------------------------------------- */
 
-Test(scales, every_path_compiles, .timeout = 900)
+Test(scales, every_path_compiles)
 {
 	static const struct {
 		const char *text, *marker; /* a string the path's source holds */

@@ -65,7 +65,9 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 {
 	const bool gpu = tg && tg->gpu;
 	const dg_fmt act = gpu ? tg->act : DG_FMT_F32;
-	const bool lowbit = gpu && tg->lowbit;
+	/* a low-bit recipe: the GPU's codes with their scales, the CPU's the
+	 * same values dequantized to f32 (fake quantization) */
+	const bool lowbit = tg && tg->lowbit, codes = lowbit && gpu;
 	const dg_model_config *c = &t->config;
 	const int64_t B = t->B, T = t->T, H = c->heads, D = c->embd, N = c->neurons, V = c->vocab;
 	const int64_t Ly = c->layers, LB = Ly * B;
@@ -88,17 +90,17 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	const dg_proj_recipe *rc[3] = { &c->encoder, &c->encoder_v, &c->decoder };
 	static const char *const en[3] = { "encoder", "encoder_v", "decoder" };
 	for (int k = 0; k < 3; k++) {
-		dg_fmt wf = lowbit ? rc[k]->weight : act;
+		dg_fmt wf = codes ? rc[k]->weight : act;
 		int64_t sh[3] = { H, N, D }, dsh[2] = { D, H * N };
 		snprintf(nm, sizeof(nm), "%s.exec", en[k]);
 		id->exec[k] = dg__tape_buf(t, nm, wf, DG__B_LOWBIT, k < 2 ? 3 : 2, k < 2 ? sh : dsh);
-		if (lowbit) {
+		if (codes) {
 			int64_t ns = rc[k]->wscale == DG_SCALE_CHANNEL ? (k < 2 ? H * N : D) : 1;
 			snprintf(nm, sizeof(nm), "%s.scale", en[k]);
 			dg__tape_set_scale(t, id->exec[k], buf(t, nm, DG__B_LOWBIT, 1, ns, 0, 0, 0));
 		}
 	}
-	if (lowbit) { /* the transposed f32 master a copy is quantized from, and
+	if (codes) { /* the transposed f32 master a copy is quantized from, and
 		       * the codes a packed format is packed from */
 		id->exec_f32 = buf(t, "exec.f32", DG__B_LOWBIT, 1, H * N * D, 0, 0, 0);
 		int64_t n1[1] = { H * N * D };
@@ -108,8 +110,11 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	id->gexec[1] = buf(t, "grad.encoder_v.exec", DG__B_TEMP, 3, H, N, D, 0);
 	id->gexec[2] = buf(t, "grad.decoder.exec", DG__B_TEMP, 2, D, H * N, 0, 0);
 	int64_t bt2[2] = { B, T }, one[1] = { 1 };
-	id->tokens = dg__tape_buf(t, "tokens", DG_FMT_I32, DG__B_SAVED, 2, bt2);
-	id->targets = dg__tape_buf(t, "targets", DG_FMT_I32, DG__B_SAVED, 2, bt2);
+	/* the batch is written before the first node and the loss read after
+	 * the last: they live the whole step, beside the copies (a lifetime
+	 * the nodes alone would give them is too short) */
+	id->tokens = dg__tape_buf(t, "tokens", DG_FMT_I32, DG__B_LOWBIT, 2, bt2);
+	id->targets = dg__tape_buf(t, "targets", DG_FMT_I32, DG__B_LOWBIT, 2, bt2);
 	if (gpu) {
 		id->rope = buf(t, "rope", DG__B_LOWBIT, 2, T, N, 0, 0);
 		id->bad = dg__tape_buf(t, "bad", DG_FMT_I32, DG__B_LOWBIT, 1, one);
@@ -117,8 +122,6 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		id->cos = buf(t, "rope.cos", DG__B_LOWBIT, 2, T, N / 2, 0, 0);
 		id->sin = buf(t, "rope.sin", DG__B_LOWBIT, 2, T, N / 2, 0, 0);
 	}
-	/* read after the step (the loss, the bad-token flag): they live the
-	 * whole step, beside the copies */
 	id->loss = buf(t, "loss", DG__B_LOWBIT, 1, 1, 0, 0, 0);
 
 	/* the stacks the weight gradients read as one GEMM each */
@@ -131,15 +134,17 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	int xq_all = -1, aq_all = -1, xyq_all = -1, xqs_all = -1, aqs_all = -1, xyqs_all = -1;
 	if (lowbit) {
 		int64_t s4a[4] = { LB, 1, T, D }, s4b[4] = { LB, H, T, D }, s4c[4] = { LB, H, T, N };
-		xq_all = dg__tape_buf(t, "xq.all", c->encoder.act, DG__B_SAVED, 4, s4a);
-		aq_all = dg__tape_buf(t, "aq.all", c->encoder_v.act, DG__B_SAVED, 4, s4b);
-		xyq_all = dg__tape_buf(t, "xyq.all", c->decoder.act, DG__B_SAVED, 4, s4c);
-		xqs_all = buf(t, "xq.scale.all", DG__B_SAVED, 1, LB * T, 0, 0, 0);
-		aqs_all = buf(t, "aq.scale.all", DG__B_SAVED, 1, LB * H * T, 0, 0, 0);
-		xyqs_all = buf(t, "xyq.scale.all", DG__B_SAVED, 1, LB * T, 0, 0, 0);
-		dg__tape_set_scale(t, xq_all, xqs_all);
-		dg__tape_set_scale(t, aq_all, aqs_all);
-		dg__tape_set_scale(t, xyq_all, xyqs_all);
+		xq_all = dg__tape_buf(t, "xq.all", codes ? c->encoder.act : F32, DG__B_SAVED, 4, s4a);
+		aq_all = dg__tape_buf(t, "aq.all", codes ? c->encoder_v.act : F32, DG__B_SAVED, 4, s4b);
+		xyq_all = dg__tape_buf(t, "xyq.all", codes ? c->decoder.act : F32, DG__B_SAVED, 4, s4c);
+		if (codes) {
+			xqs_all = buf(t, "xq.scale.all", DG__B_SAVED, 1, LB * T, 0, 0, 0);
+			aqs_all = buf(t, "aq.scale.all", DG__B_SAVED, 1, LB * H * T, 0, 0, 0);
+			xyqs_all = buf(t, "xyq.scale.all", DG__B_SAVED, 1, LB * T, 0, 0, 0);
+			dg__tape_set_scale(t, xq_all, xqs_all);
+			dg__tape_set_scale(t, aq_all, aqs_all);
+			dg__tape_set_scale(t, xyq_all, xyqs_all);
+		}
 	}
 	int dxs_all = buf(t, "dxs.all", DG__B_TEMP, 4, LB, H, T, N);
 	int dys_all = buf(t, "dys.all", DG__B_TEMP, 4, LB, H, T, N);
@@ -193,13 +198,17 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		if (lowbit) {
 			snprintf(nm, sizeof(nm), "xq.%d", l);
 			xq = view(t, xq_all, l, (int)Ly, nm, 4, B, 1, T, D);
-			dg__tape_set_scale(t, xq, view(t, xqs_all, l, (int)Ly, "xq.scale", 1, B * T, 0, 0, 0));
 			snprintf(nm, sizeof(nm), "aq.%d", l);
 			aq = view(t, aq_all, l, (int)Ly, nm, 4, B, H, T, D);
-			dg__tape_set_scale(t, aq, view(t, aqs_all, l, (int)Ly, "aq.scale", 1, B * H * T, 0, 0, 0));
 			snprintf(nm, sizeof(nm), "xyq.%d", l);
 			xyq = view(t, xyq_all, l, (int)Ly, nm, 4, B, H, T, N);
-			dg__tape_set_scale(t, xyq, view(t, xyqs_all, l, (int)Ly, "xyq.scale", 1, B * T, 0, 0, 0));
+			if (codes) {
+				dg__tape_set_scale(t, xq, view(t, xqs_all, l, (int)Ly, "xq.scale", 1, B * T, 0, 0, 0));
+				dg__tape_set_scale(t, aq, view(t, aqs_all, l, (int)Ly, "aq.scale", 1, B * H * T, 0,
+								 0, 0));
+				dg__tape_set_scale(t, xyq, view(t, xyqs_all, l, (int)Ly, "xyq.scale", 1, B * T, 0,
+								  0, 0));
+			}
 			node(t, DG__N_QUANT, l, x[l], -1, -1, -1, xq, -1, 0);
 		}
 		node(t, DG__N_PROJ, l, lowbit ? xq : x[l], id->exec[0], -1, -1, xsl[l], -1, 0);

@@ -33,6 +33,7 @@ typedef struct step {
 	dg__bdh_ids id;
 	int B, T, H, D, N, V;
 	int64_t bt;
+	bool lowbit; /* a low-bit recipe, fake-quantized (dequantized f32) */
 	char *arena[DG__B__COUNT];
 	double loss;
 } step;
@@ -168,6 +169,44 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 					(long long)bad, bt->targets[bad], s->V - 1);
 		*F(s, out[0]) = (float)s->loss;
 		return DG_OK;
+	case DG__N_QUANT: {
+		/* fake quantization: the recipe's codes a scale a token,
+		 * dequantized (x (B,1,T,D) a token (b,t); a (B,H,T,D) a row
+		 * (b,h,t); xy (B,H,T,N) a token (b,t) over every head) */
+		const dg_proj_recipe *r = nd->arg == 0 ? &c->encoder : nd->arg == 1 ? &c->encoder_v : &c->decoder;
+		size_t Bq = (size_t)s->B, G = 1, C = (size_t)s->D;
+		if (nd->arg == 1)
+			Bq *= (size_t)s->H;
+		if (nd->arg == 2) {
+			G = (size_t)s->H;
+			C = (size_t)s->N;
+		}
+		size_t n = Bq * G * (size_t)s->T * C;
+		uint8_t *q = malloc(n + 1);
+		float *sc = malloc(Bq * (size_t)s->T * sizeof(float) + 4);
+		if (!q || !sc) {
+			free(q);
+			free(sc);
+			return DG_ERR_NOMEM;
+		}
+		const float *x = F(s, in[0]);
+		st = dg_ref_quantize_act_rows(DG_FMT_F32, r->act, x, Bq, G, (size_t)s->T, C, q, sc);
+		float *o = F(s, out[0]);
+		for (size_t b = 0; !st && b < Bq; b++)
+			for (size_t g = 0; g < G; g++)
+				for (size_t t = 0; t < (size_t)s->T; t++) {
+					size_t base = ((b * G + g) * (size_t)s->T + t) * C;
+					float sv = sc[b * (size_t)s->T + t];
+					for (size_t k = 0; k < C; k++) {
+						int code = r->act == DG_FMT_UINT8POS ? q[base + k]
+										     : (int8_t)q[base + k];
+						o[base + k] = (float)code * sv;
+					}
+				}
+		free(q);
+		free(sc);
+		return st;
+	}
 	case DG__N_CE_BWD: {
 		double l;
 		return dg_ref_lmhead_ce(F(s, in[0]), F(s, in[1]), I(s, in[2]), s->bt, s->D, s->V, &l,
@@ -255,6 +294,51 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 	}
 }
 
+/* The recipes the CPU model runs: f32, or a low-bit one fake-quantized
+ * (integer weights, integer activations a scale a token: the GPU's); NULL,
+ * else why not. */
+static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
+{
+	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
+	bool f32 = true, ints = true;
+	for (int i = 0; i < 3; i++) {
+		f32 = f32 && r[i]->weight == DG_FMT_F32 && r[i]->act == DG_FMT_F32;
+		ints = ints && dg_fmt_is_code(r[i]->weight) && dg_fmt_is_code(r[i]->act) &&
+		       r[i]->ascale == DG_SCALE_TOKEN && !r[i]->absmean;
+	}
+	*lowbit = !f32 && ints;
+	if (f32 || ints)
+		return NULL;
+	return "the CPU model runs f32 recipes and integer ones with activations a scale a token "
+	       "(fake-quantized); others on the GPU";
+}
+
+/* Execution copy k (f32, the kernels' layout) replaced by its recipe's
+ * dequantized codes: int8 a scale a channel (a row), else a scale a
+ * tensor (dragon/ref.h's quantizers). */
+static dg_status fake_weight(step *s, int k)
+{
+	const dg_proj_recipe *r = k == 0 ? &s->c->encoder : k == 1 ? &s->c->encoder_v : &s->c->decoder;
+	float *w = F(s, s->id.exec[k]);
+	size_t cols = k < 2 ? (size_t)s->D : (size_t)s->H * s->N;
+	size_t n = (size_t)s->H * s->N * s->D, rows = n / cols;
+	int8_t *q = malloc(n + 1);
+	float *sc = malloc(rows * sizeof(float) + 4);
+	dg_status st = q && sc ? DG_OK : DG_ERR_NOMEM;
+	if (!st && r->wscale == DG_SCALE_CHANNEL)
+		st = dg_ref_quantize_weight_rows(r->weight, w, rows, cols, q, sc);
+	else if (!st) {
+		st = dg_ref_quantize_weight(r->weight, w, n, q, sc);
+		for (size_t i = 1; i < rows; i++)
+			sc[i] = sc[0];
+	}
+	for (size_t i = 0; !st && i < n; i++)
+		w[i] = (float)q[i] * sc[i / cols];
+	free(q);
+	free(sc);
+	return st;
+}
+
 static void step_free(step *s)
 {
 	for (int k = 0; k < DG__B__COUNT; k++)
@@ -277,7 +361,11 @@ dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_m
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "batch %dx%d: B and T must be at least 1",
 				b, t);
 	dg__tape_init(&tp, c, b, t);
-	st = dg__bdh_tape_build(&tp, &id, NULL);
+	bool lowbit = false;
+	if (cpu_recipe(c, &lowbit))
+		lowbit = false;
+	dg__bdh_target tg = { .gpu = false, .act = DG_FMT_F32, .lowbit = lowbit };
+	st = dg__bdh_tape_build(&tp, &id, &tg);
 	if (!st)
 		st = dg__tape_plan(&tp);
 	if (!st)
@@ -297,16 +385,16 @@ dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *bat
 	const dg_model_config *c = &w->config;
 	if ((st = dg_model_config_check(c, msg, size)))
 		return st;
-	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
-	for (int i = 0; i < 3; i++)
-		if (r[i]->weight != DG_FMT_F32 || r[i]->act != DG_FMT_F32)
-			return dg__msgf(DG_ERR_UNSUPPORTED, msg, size,
-					"preset %s: the CPU model runs f32 recipes (the low-bit ones on the GPU)",
-					c->preset[0] ? c->preset : "(custom)");
+	const char *no = cpu_recipe(c, &s.lowbit);
+	if (no)
+		return dg__msgf(DG_ERR_UNSUPPORTED, msg, size, "preset %s: %s",
+				c->preset[0] ? c->preset : "(custom)", no);
 	if (batch->b < 1 || batch->t < 1)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "batch %dx%d: B and T must be at least 1",
 				batch->b, batch->t);
+	bool lowbit = s.lowbit;
 	memset(&s, 0, sizeof(s));
+	s.lowbit = lowbit;
 	s.c = c;
 	s.batch = batch;
 	s.B = batch->b, s.T = batch->t, s.H = c->heads, s.D = c->embd, s.N = c->neurons, s.V = c->vocab;
@@ -317,7 +405,8 @@ dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *bat
 					"targets[%lld] = %d: outside the vocabulary 0..%d", (long long)i,
 					batch->targets[i], s.V - 1);
 	dg__tape_init(&s.t, c, s.B, s.T);
-	st = dg__bdh_tape_build(&s.t, &s.id, NULL);
+	dg__bdh_target tg = { .gpu = false, .act = DG_FMT_F32, .lowbit = s.lowbit };
+	st = dg__bdh_tape_build(&s.t, &s.id, &tg);
 	if (!st)
 		st = dg__tape_plan(&s.t);
 	for (int k = 0; !st && k < DG__B__COUNT; k++)
@@ -333,6 +422,8 @@ dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *bat
 	to_hnd(w->params[DG_PARAM_ENCODER], F(&s, s.id.exec[0]), s.H, s.D, s.N);
 	to_hnd(w->params[DG_PARAM_ENCODER_V], F(&s, s.id.exec[1]), s.H, s.D, s.N);
 	transpose(w->params[DG_PARAM_DECODER], F(&s, s.id.exec[2]), (int64_t)s.H * s.N, s.D);
+	for (int k = 0; s.lowbit && k < 3 && !st; k++)
+		st = fake_weight(&s, k);
 	memcpy(I(&s, s.id.tokens), batch->idx, (size_t)s.bt * sizeof(int32_t));
 	memcpy(I(&s, s.id.targets), batch->targets, (size_t)s.bt * sizeof(int32_t));
 	dg_ref_rope_table(s.T, s.N, F(&s, s.id.cos), F(&s, s.id.sin));
