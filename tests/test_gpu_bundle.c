@@ -280,6 +280,57 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 					.backward = true, .ws = c->ws };
 		return ws_bytes ? dg_lmhead_ce_workspace(dev, s, &a, ws_bytes) : dg_lmhead_ce(dev, s, &a);
 	}
+	/* attention: RoPE and the five GEMMs, each alone */
+	case DG_OP_ROPE_FWD: {
+		dg_rope_fwd_args a = { .x = t0, .rope = t1, .out = t2 };
+		return ws_bytes ? DG_OK : dg_rope_fwd(dev, s, &a);
+	}
+	case DG_OP_ROPE_BWD: {
+		dg_rope_bwd_args a = { .grad = t0, .rope = t1, .grad_x = t2 };
+		return ws_bytes ? DG_OK : dg_rope_bwd(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_SCORES: {
+		dg_attention_scores_args a = { .xs = t0, .rope = t1, .scores = t2 };
+		return ws_bytes ? DG_OK : dg_attention_scores(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_OUT: {
+		dg_attention_out_args a = { .scores = t0, .v = t1, .out = t2 };
+		return ws_bytes ? DG_OK : dg_attention_out(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_GRAD_SCORES: {
+		dg_attention_grad_scores_args a = { .grad = t0, .v = t1, .grad_scores = t2 };
+		return ws_bytes ? DG_OK : dg_attention_grad_scores(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_GRAD_V: {
+		dg_attention_grad_v_args a = { .scores = t0, .grad = t1, .grad_v = t2 };
+		return ws_bytes ? DG_OK : dg_attention_grad_v(dev, s, &a);
+	}
+	case DG_OP_ATTENTION_GRAD_XS: {
+		dg_attention_grad_xs_args a = { .grad_scores = t0, .xs = t1, .rope = t2, .grad_xs = t3 };
+		return ws_bytes ? DG_OK : dg_attention_grad_xs(dev, s, &a);
+	}
+	/* the gate and the step's element-wise glue */
+	case DG_OP_GATE_FWD: {
+		dg_gate_fwd_args a = { .xs = t0, .ys = t1, .xy = t2, .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
+		return ws_bytes ? DG_OK : dg_gate_fwd(dev, s, &a);
+	}
+	case DG_OP_GATE_BWD: {
+		dg_gate_bwd_args a = { .dxy = t0, .xs = t1, .ys = t2, .dxs = t3, .p = 0.1f, .seed = 1,
+				       .step = 2, .layer = 3 };
+		return ws_bytes ? DG_OK : dg_gate_bwd(dev, s, &a);
+	}
+	case DG_OP_ADD_MASK: {
+		dg_add_mask_args a = { .dxs = t0, .other = t1, .xs = t2 };
+		return ws_bytes ? DG_OK : dg_add_mask(dev, s, &a);
+	}
+	case DG_OP_ADD3: {
+		dg_add3_args a = { .a = t0, .b = t1, .c = t2, .out = t3 };
+		return ws_bytes ? DG_OK : dg_add3(dev, s, &a);
+	}
+	case DG_OP_TRANSPOSE: {
+		dg_transpose_args a = { .in = t0, .out = t1 };
+		return ws_bytes ? DG_OK : dg_transpose(dev, s, &a);
+	}
 	default:
 		cr_assert_fail("op %s has no call here", dg_op_name(s->op));
 		return DG_ERR_INTERNAL;
