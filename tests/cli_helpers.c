@@ -39,10 +39,19 @@ void sandbox_fini(sandbox *sb)
 	dg_test_rmtree(sb->root);
 }
 
+/* The program under test: dragon-gen unless cli_use_program says. */
+static const char *prog_env = "DRAGON_GEN", *prog_prefix = "dragon-gen: ";
+
+void cli_use_program(const char *env_var, const char *prefix)
+{
+	prog_env = env_var;
+	prog_prefix = prefix;
+}
+
 static const char *gen_path(void)
 {
-	const char *p = getenv("DRAGON_GEN");
-	cr_assert(p && *p, "DRAGON_GEN is not set (run through ctest)");
+	const char *p = getenv(prog_env);
+	cr_assert(p && *p, "%s is not set (run through ctest)", prog_env);
 	return p;
 }
 
@@ -156,12 +165,13 @@ int count_lines(const char *s)
 	return n;
 }
 
-/* A usage or failure message: exactly one line, "dragon-gen: ...". */
+/* A usage or failure message: exactly one line, "dragon-gen: ..." (or
+ * the prefix of cli_use_program). */
 void expect_one_line_error(const run *r, int code, const char *want)
 {
 	cr_expect_eq(r->code, code, "exit %d, want %d; stderr: %s", r->code, code, r->err);
 	cr_expect_eq(count_lines(r->err), 1, "stderr should be one line: '%s'", r->err);
-	cr_expect_eq(strncmp(r->err, "dragon-gen: ", 12), 0, "stderr: %s", r->err);
+	cr_expect_eq(strncmp(r->err, prog_prefix, strlen(prog_prefix)), 0, "stderr: %s", r->err);
 	cr_expect(strstr(r->err, want) != NULL, "stderr '%s' should name '%s'", r->err, want);
 }
 

@@ -1,5 +1,5 @@
 /*
- * Helpers of the dragon-gen tests: run the binary at $DRAGON_GEN with
+ * Helpers of the CLI tests: run the binary at $DRAGON_GEN (or $DRAGON) with
  * posix_spawn in a sandbox (own cache and output folders), capture its
  * output and exit status, and read what it wrote.
  */
@@ -25,6 +25,9 @@ typedef struct sandbox {
 	const char *template_dir; /* DRAGON_TEMPLATE_DIR, or NULL for none */
 } sandbox;
 
+/* Run the program at $env_var (default DRAGON_GEN) whose errors start
+ * with prefix (default "dragon-gen: "); call first in each test. */
+void cli_use_program(const char *env_var, const char *prefix);
 void sandbox_init(sandbox *sb);
 void sandbox_fini(sandbox *sb);
 char *slurp(const char *path, size_t *size);

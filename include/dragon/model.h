@@ -116,6 +116,17 @@ dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 				dg_model_weights **out, char *msg, size_t msg_size);
 dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
 				size_t msg_size);
+/*
+ * The config a weights file was saved with (dg_model_weights_save's
+ * metadata): the recipe of its "preset" (f32 when it has none), then its
+ * ints layers, embd, heads, neurons and vocab (vocab 256 when absent).
+ * A file without layers, embd, heads and neurons in its metadata (one
+ * PyTorch wrote, say) is DG_ERR_NOT_FOUND naming what is missing; a
+ * value that is not an integer, or a config dg_model_config_check
+ * refuses, DG_ERR_PARSE naming the key. Reads the whole file.
+ */
+dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg,
+			       size_t msg_size);
 
 /* ---- memory ----------------------------------------------------------------
  * What a step at (B, T) holds, by bucket, from its tape's plan, before

@@ -278,3 +278,66 @@ dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, cha
 	dg_safetensors_writer_destroy(sw);
 	return st;
 }
+
+/* The integer metadata value of key into *v: 1 done, 0 absent, -1 not
+ * an integer (reported). */
+static int meta_int(const dg_safetensors *f, const char *path, const char *key, int *v,
+		    char *msg, size_t size)
+{
+	const char *text = dg_safetensors_meta(f, key);
+	if (!text)
+		return 0;
+	char *end;
+	long x = strtol(text, &end, 10);
+	if (!*text || *end || x < 0 || x > (1L << 30)) {
+		dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata %s=\"%s\": expected an integer", path,
+			 key, text);
+		return -1;
+	}
+	*v = (int)x;
+	return 1;
+}
+
+dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg, size_t size)
+{
+	dg_safetensors *f = NULL;
+	dg_status st = dg_safetensors_load(path, &f, msg, size);
+	if (st)
+		return st;
+	const char *preset = dg_safetensors_meta(f, "preset");
+	char why[256];
+	st = dg_model_preset(preset ? preset : "f32", out, why, sizeof(why));
+	if (st) {
+		st = dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata preset: %s", path, why);
+		goto out;
+	}
+	struct {
+		const char *k;
+		int *v;
+		bool required;
+	} ints[] = { { "layers", &out->layers, true }, { "embd", &out->embd, true },
+		     { "heads", &out->heads, true }, { "neurons", &out->neurons, true },
+		     { "vocab", &out->vocab, false } };
+	char missing[64] = "";
+	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+		int got = meta_int(f, path, ints[i].k, ints[i].v, msg, size);
+		if (got < 0) {
+			st = DG_ERR_PARSE;
+			goto out;
+		}
+		if (!got && ints[i].required) {
+			size_t n = strlen(missing);
+			snprintf(missing + n, sizeof(missing) - n, "%s%s", n ? ", " : "", ints[i].k);
+		}
+	}
+	if (missing[0]) {
+		st = dg__msgf(DG_ERR_NOT_FOUND, msg, size,
+			      "%s: no dragon config in its metadata (missing %s)", path, missing);
+		goto out;
+	}
+	if ((st = dg_model_config_check(out, why, sizeof(why))))
+		st = dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata: %s", path, why);
+out:
+	dg_safetensors_destroy(f);
+	return st;
+}

@@ -55,5 +55,6 @@ cc -std=c17 -Wall -Wextra -Werror ${CFLAGS:-} "$src/tests/install/consumer.c" \
   $cflags $libs -Wl,-rpath,"$libdir" -o "$prefix/consumer"
 DRAGON_CACHE_DIR="$prefix/cache" "$prefix/consumer"
 "$prefix/bin/dragon-gen" --version
+"$prefix/bin/dragon" --version
 "$prefix/bin/dragon-gen" render --op pack_i8x4 --canonical
 echo "check_install: 1 passed, 0 failed"

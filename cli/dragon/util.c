@@ -1,0 +1,168 @@
+/*
+ * dragon's shared helpers (util.h): errors, option scanning, JSON errors.
+ * An error is one line on stderr that starts with "dragon:".
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/dragon/util.h"
+
+static int first_line_len(const char *s)
+{
+	const char *nl = strchr(s, '\n');
+	size_t n = nl ? (size_t)(nl - s) : strlen(s);
+	return n > 4096 ? 4096 : (int)n;
+}
+
+/* --json mode: the first error, kept for dg__cli_json_finish. */
+static struct {
+	bool on, printed, have;
+	dg_status st;
+	char msg[4096];
+} json_err;
+
+int dg__cli_err(int code, dg_status st, const char *fmt, ...)
+{
+	char buf[4096];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	int n = first_line_len(buf);
+	if (json_err.on && !json_err.have) {
+		snprintf(json_err.msg, sizeof(json_err.msg), "%.*s", n, buf);
+		json_err.st = st ? st : (code == DG__CLI_FAIL ? DG_ERR_INTERNAL : DG_ERR_INVALID_ARG);
+		json_err.have = true;
+	}
+	fprintf(stderr, "dragon: %.*s\n", n, buf);
+	return code;
+}
+
+/* ---- option scanner --------------------------------------------------------- */
+
+void dg__cli_scan_init(dg__cli_scan_state *s, int argc, char **argv, const char *cmd)
+{
+	s->argc = argc;
+	s->argv = argv;
+	s->i = 1;
+	s->only_args = false;
+	s->cmd = cmd;
+}
+
+static int scan_error(const dg__cli_scan_state *s, const char *fmt, const char *what)
+{
+	char m[512];
+	snprintf(m, sizeof(m), fmt, what);
+	dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "%s %s; see `dragon %s --help`", s->cmd, m,
+		    s->cmd);
+	return DG__CLI_SCAN_ERROR;
+}
+
+int dg__cli_scan(dg__cli_scan_state *s, const dg__cli_opt *opts, const char **arg)
+{
+	*arg = NULL;
+	if (s->i >= s->argc)
+		return DG__CLI_SCAN_END;
+	const char *a = s->argv[s->i++];
+	if (s->only_args || a[0] != '-' || a[1] == '\0') {
+		*arg = a;
+		return DG__CLI_SCAN_ARG;
+	}
+	if (strcmp(a, "--") == 0) {
+		s->only_args = true;
+		return dg__cli_scan(s, opts, arg);
+	}
+	const dg__cli_opt *o = NULL;
+	const char *val = NULL;
+	if (a[1] == '-') {
+		const char *name = a + 2, *eq = strchr(name, '=');
+		size_t n = eq ? (size_t)(eq - name) : strlen(name);
+		for (const dg__cli_opt *p = opts; p->id; p++)
+			if (p->name && strlen(p->name) == n && strncmp(p->name, name, n) == 0)
+				o = p;
+		if (!o)
+			return scan_error(s, "has no flag %s", a);
+		if (eq) {
+			if (!o->has_arg)
+				return scan_error(s, "flag %s takes no value", a);
+			val = eq + 1;
+		}
+	} else {
+		for (const dg__cli_opt *p = opts; p->id; p++)
+			if (p->short_name && p->short_name == a[1])
+				o = p;
+		if (!o || (!o->has_arg && a[2]))
+			return scan_error(s, "has no flag %s", a);
+		if (a[2])
+			val = a + 2;
+	}
+	if (o->has_arg && !val) {
+		if (s->i >= s->argc)
+			return scan_error(s, "flag %s needs a value", a);
+		val = s->argv[s->i++];
+	}
+	*arg = val;
+	return o->id;
+}
+
+bool dg__cli_parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+	char *end = NULL;
+	errno = 0;
+	unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+	if (v[0] < '0' || v[0] > '9' || errno || *end || x < lo || x > hi) {
+		dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+			    "%s %s: expected a whole number from %llu to %llu", flag, v,
+			    (unsigned long long)lo, (unsigned long long)hi);
+		return false;
+	}
+	*out = x;
+	return true;
+}
+
+double dg__cli_now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- JSON ------------------------------------------------------------------- */
+
+int dg__cli_json_print(cJSON *j)
+{
+	char *text = j ? cJSON_Print(j) : NULL;
+	cJSON_Delete(j);
+	if (!text)
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory printing JSON");
+	fputs(text, stdout);
+	fputc('\n', stdout);
+	cJSON_free(text);
+	json_err.printed = true;
+	return DG__CLI_OK;
+}
+
+void dg__cli_json_mode(bool on)
+{
+	json_err.on = on;
+}
+
+void dg__cli_json_finish(int code)
+{
+	if (!json_err.on || json_err.printed || code == DG__CLI_OK)
+		return;
+	cJSON *j = cJSON_CreateObject();
+	if (!j)
+		return;
+	dg_status st = json_err.have ? json_err.st
+				     : code == DG__CLI_USAGE ? DG_ERR_INVALID_ARG : DG_ERR_INTERNAL;
+	cJSON_AddStringToObject(j, "error", json_err.have ? json_err.msg : "failed");
+	cJSON_AddStringToObject(j, "status", dg_status_str(st));
+	cJSON_AddNumberToObject(j, "exit", code);
+	json_err.on = false;
+	dg__cli_json_print(j);
+}
