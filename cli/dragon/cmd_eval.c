@@ -135,14 +135,6 @@ static int parse(int argc, char **argv, eval_args *a)
 	return 0;
 }
 
-static bool f32_recipe(const dg_model_config *c)
-{
-	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
-	for (int i = 0; i < 3; i++)
-		if (r[i]->weight != DG_FMT_F32 || r[i]->act != DG_FMT_F32)
-			return false;
-	return c->precision == DG_FMT_F32;
-}
 
 /* The config: the file's metadata, the shape flags over it, the preset's
  * recipe. Returns the exit code (reported). */
@@ -190,19 +182,19 @@ static int device_of(const eval_args *a, const dg_model_config *c, dg_device **d
 	*dev = NULL;
 	snprintf(name, size, "cpu");
 	if (a->cpu) {
-		if (!f32_recipe(c))
+		if (!dg_model_cpu_runs(c))
 			return dg__cli_err(DG__CLI_USAGE, DG_ERR_UNSUPPORTED,
-					   "--preset %s --cpu: the CPU model runs the f32 recipe only; training/eval of low-bit recipes needs an NVIDIA GPU",
-					   c->preset);
+					   "--preset %s --cpu: the CPU model runs f32 and the integer recipes (w8a8, bitnet, fake-quantized); %s needs an NVIDIA GPU",
+					   c->preset, c->preset);
 		return DG__CLI_OK;
 	}
 	dg_status st = dg_device_count(&n, why, sizeof(why));
 	if (st)
 		return dg__cli_err(DG__CLI_FAIL, st, "counting CUDA devices: %s", why);
 	if (n == 0) {
-		if (!f32_recipe(c))
+		if (!dg_model_cpu_runs(c))
 			return dg__cli_err(DG__CLI_FAIL, DG_ERR_NO_DEVICE,
-					   "preset %s: training/eval of low-bit recipes needs an NVIDIA GPU, and there is none (%s); the CPU model runs f32",
+					   "preset %s needs an NVIDIA GPU, and there is none (%s); the CPU model runs f32, w8a8 and bitnet",
 					   c->preset, why[0] ? why : "no device");
 		return DG__CLI_OK;
 	}

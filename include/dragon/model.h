@@ -169,6 +169,12 @@ typedef struct dg_model_batch {
  * or target outside the vocabulary is DG_ERR_INVALID_ARG naming its
  * position, before anything is computed.
  */
+/* Whether the CPU model runs c's recipe: f32, or integer weights and
+ * activations a scale a token (w8a8, bitnet: fake-quantized with the GPU's
+ * quantizers, dequantized f32, straight-through gradients); not bf16 or
+ * the per-tensor seed recipe. */
+bool dg_model_cpu_runs(const dg_model_config *c);
+
 dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *batch,
 			    double *loss, dg_model_weights *grads, char *msg, size_t msg_size);
 

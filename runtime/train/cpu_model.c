@@ -339,6 +339,12 @@ static dg_status fake_weight(step *s, int k)
 	return st;
 }
 
+bool dg_model_cpu_runs(const dg_model_config *c)
+{
+	bool lowbit;
+	return c && !cpu_recipe(c, &lowbit);
+}
+
 static void step_free(step *s)
 {
 	for (int k = 0; k < DG__B__COUNT; k++)
