@@ -3,17 +3,21 @@
  * (runtime/train/bdh_tape.c, the CPU model's) run by the GPU ops.
  *
  * create: record the tape for (B, T) with the activations in the
- * recipe's precision, size each node's workspace by asking its op (with
- * placeholder addresses: sizes depend on shapes and tiles, never on
- * data), plan the arenas, allocate each once. Nothing is allocated after.
- * set_weights: upload the masters, make the execution copies (the
- * transpose op: [H, D, N] → (H, N, D), [H·N, D] → (D, H·N), in the
- * activations' format) and the RoPE table. step: upload the batch, run
- * every node in order on the calling thread's stream, read the loss (and
- * the gradients) back.
+ * recipe's precision, size each node's workspace by asking its op (with a
+ * placeholder address a buffer: sizes depend on shapes and tiles, never
+ * on data) and prepare its kernels (so a shape the templates refuse is
+ * refused here, by field), plan the arenas, allocate each once. Nothing
+ * is allocated after. set_weights: upload the masters, make the execution
+ * copies (the transpose op: [H, D, N] → (H, N, D), [H·N, D] → (D, H·N), in
+ * the activations' format; a low-bit recipe's then quantized — int8 a
+ * scale a channel, ternary a scale a tensor, packed — with their scales)
+ * and the RoPE table. step: upload the batch, run every node in order on
+ * the calling thread's stream, read the loss (and the gradients) back.
  *
- * Float recipes (f32, bf16); the low-bit ones add quantize nodes and the
- * codes' buffers (the next step of this file).
+ * Recipes: float (f32, bf16) and low-bit with activations a scale a token
+ * (w8a8, bitnet): quantize nodes before each projection and the decoder,
+ * their codes (with scales) saved for the weight gradients. The f32
+ * recipe is the parity one: its gradient GEMMs take the exact fp32 path.
  */
 #include <stdio.h>
 #include <stdlib.h>
