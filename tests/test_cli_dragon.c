@@ -327,7 +327,14 @@ static void write_odd_model(const char *path, const char *decoder_name, bool met
 	dg_safetensors_writer *sw;
 	char msg[512];
 	cr_assert_eq(dg_safetensors_writer_create(&sw), DG_OK);
-	float *zeros = calloc(64 * 2 * 32, sizeof(float));
+	int64_t most = 0; /* the largest tensor's elements: every one reads zeros */
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3], n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
+		most = n > most ? n : most;
+	}
+	float *zeros = calloc((size_t)most, sizeof(float));
+	cr_assert(zeros);
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
 		int64_t sh[3];
