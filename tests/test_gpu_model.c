@@ -17,6 +17,8 @@
  *         GPU keeps the activations in bf16, so a code can move by one:
  *         measured 3e-5 and 0.04 to 0.06 for w8a8; bitnet 0.2: its ReLU
  *         ties);
+ *   25M   the 25M model's shapes at B 1, T 32: f32 against the CPU model,
+ *         loss 1e-5, gradients 1e-4 (not yet run on a GPU when written);
  *   the plan: what dg_model_plan reports is what create allocates; two
  *         steps give bitwise the same loss; bad input (a token outside the
  *         vocabulary, a batch of another shape, a recipe the GPU model
@@ -157,6 +159,46 @@ Test(gpu_model, lowbit_recipes_match_the_cpu_fake_quant_model)
 	/* ternary weights: pre-activations that sum to about zero flip the
 	 * ReLU's mask under another summation order (tests/test_model_torch.c) */
 	gpu_vs_cpu(dev, "bitnet", false, 1e-2, 0.2, 0);
+	gh_close(dev);
+}
+
+/* The 25M model's shapes (6 layers, D 256, H 4, N 8192) at a few rows
+ * (B 1, T 32): the GPU's f32 step against the CPU model's, loss 1e-5 and
+ * gradients 1e-4 normwise (the CPU references take a few seconds a layer). */
+Test(gpu_model, the_25m_shapes_match_the_cpu_model)
+{
+	dg_device *dev = gh_open();
+	char msg[1024];
+	dg_model_config c;
+	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK);
+	dg_model_weights *w = NULL, *gc = NULL, *gg = NULL;
+	cr_assert_eq(dg_model_weights_create(&c, 7, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_weights_create(&c, 0, &gc, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_model_weights_create(&c, 0, &gg, msg, sizeof(msg)), DG_OK);
+	struct batch bt;
+	make_batch(&bt, 1, 32, 11, false);
+	double lc = 0, lg = 0;
+	cr_assert_eq(dg_model_cpu_step(w, &bt.b, &lc, gc, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model *m = NULL;
+	cr_assert_eq(dg_model_create(dev, w, 1, 32, &m), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_step(m, &bt.b, &lg, gg), DG_OK, "%s", dg_device_errmsg(dev));
+	printf("gpu_model 25M shapes B=1 T=32: loss %.9g, CPU %.9g (rel %.3g)\n", lg, lc,
+	       fabs(lg - lc) / fabs(lc));
+	cr_expect(fabs(lg - lc) <= 1e-5 * fabs(lc), "loss %.9g, CPU %.9g", lg, lc);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
+		double rel, cosv;
+		compare(gg->params[p], gc->params[p], n, &rel, &cosv);
+		printf("  grad %-12s rel %.3g\n", dg_model_param_name((dg_model_param)p), rel);
+		cr_expect(rel <= 1e-4, "grad %s normwise %.3g (at most 1e-4)",
+			  dg_model_param_name((dg_model_param)p), rel);
+	}
+	dg_model_destroy(m);
+	dg_model_weights_destroy(w);
+	dg_model_weights_destroy(gc);
+	dg_model_weights_destroy(gg);
 	gh_close(dev);
 }
 
