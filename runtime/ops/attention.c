@@ -16,24 +16,6 @@
 
 #include "runtime/ops/ops_int.h"
 
-static dg_status no_workspace(size_t *bytes)
-{
-	*bytes = 0;
-	return DG_OK;
-}
-
-static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
-			   const dg_tensor *t3)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	c.t[0] = t0;
-	c.t[1] = t1;
-	c.t[2] = t2;
-	c.t[3] = t3;
-	return c;
-}
-
 /* ---- rope ------------------------------------------------------------------------ */
 
 static dg_status run_rope(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
@@ -69,31 +51,14 @@ dg_status dg__run_rope_bwd(dg_device *dev, const dg_spec *spec, const dg__op_cal
 	return run_rope(dev, spec, DG_OP_ROPE_BWD, "dg_rope_bwd", c);
 }
 
-dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
-			    size_t msg_size)
+/* dg__run_rope_* by op: the typed calls' RUN */
+static dg_status run_rope_op(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
 {
-	dg__op_call c = a ? call_of(a->x, a->rope, a->out, NULL) : call_of(NULL, NULL, NULL, NULL);
-	return dg__op_check(spec, DG_OP_ROPE_FWD, "dg_rope_fwd", a ? &c : NULL, NULL, msg, msg_size);
+	return op == DG_OP_ROPE_FWD ? dg__run_rope_fwd(dev, spec, c) : dg__run_rope_bwd(dev, spec, c);
 }
 
-dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a)
-{
-	dg__op_call c = a ? call_of(a->x, a->rope, a->out, NULL) : call_of(NULL, NULL, NULL, NULL);
-	return run_rope(dev, spec, DG_OP_ROPE_FWD, "dg_rope_fwd", a ? &c : NULL);
-}
-
-dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
-			    size_t msg_size)
-{
-	dg__op_call c = a ? call_of(a->grad, a->rope, a->grad_x, NULL) : call_of(NULL, NULL, NULL, NULL);
-	return dg__op_check(spec, DG_OP_ROPE_BWD, "dg_rope_bwd", a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a)
-{
-	dg__op_call c = a ? call_of(a->grad, a->rope, a->grad_x, NULL) : call_of(NULL, NULL, NULL, NULL);
-	return run_rope(dev, spec, DG_OP_ROPE_BWD, "dg_rope_bwd", a ? &c : NULL);
-}
+DG__OP_TYPED(rope_fwd, DG_OP_ROPE_FWD, run_rope_op, a->x, a->rope, a->out, NULL)
+DG__OP_TYPED(rope_bwd, DG_OP_ROPE_BWD, run_rope_op, a->grad, a->rope, a->grad_x, NULL)
 
 /* ---- the GEMMs -------------------------------------------------------------------- */
 
@@ -165,7 +130,7 @@ static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const d
 				       const dg__op_call *c, size_t *bytes)                  \
 	{                                                                                    \
 		(void)dev, (void)spec, (void)c;                                              \
-		return no_workspace(bytes);                                                  \
+		return dg__op_no_workspace(bytes);                                                  \
 	}
 
 GEMM_ENTRIES(attention_scores, DG_OP_ATTENTION_SCORES)
@@ -178,35 +143,22 @@ dg_status dg__workspace_rope_fwd(dg_device *dev, const dg_spec *spec, const dg__
 				 size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 dg_status dg__workspace_rope_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 				 size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 /* The typed calls: a check and a run each, the tensors in the table's order. */
-#define TYPED(name, OP, T0, T1, T2, T3)                                                       \
-	dg_status dg_##name##_check(const dg_spec *spec, const dg_##name##_args *a, char *msg, \
-				    size_t msg_size)                                          \
-	{                                                                                     \
-		dg__op_call c = a ? call_of(T0, T1, T2, T3) : call_of(NULL, NULL, NULL, NULL); \
-		return dg__op_check(spec, OP, "dg_" #name, a ? &c : NULL, NULL, msg, msg_size); \
-	}                                                                                     \
-	dg_status dg_##name(dg_device *dev, const dg_spec *spec, const dg_##name##_args *a)     \
-	{                                                                                     \
-		dg__op_call c = a ? call_of(T0, T1, T2, T3) : call_of(NULL, NULL, NULL, NULL); \
-		return run_gemm(dev, spec, OP, a ? &c : NULL);                                \
-	}
-
-TYPED(attention_scores, DG_OP_ATTENTION_SCORES, a->xs, a->rope, a->scores, NULL)
-TYPED(attention_out, DG_OP_ATTENTION_OUT, a->scores, a->v, a->out, NULL)
-TYPED(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES, a->grad, a->v, a->grad_scores, NULL)
-TYPED(attention_grad_v, DG_OP_ATTENTION_GRAD_V, a->scores, a->grad, a->grad_v, NULL)
-TYPED(attention_grad_xs, DG_OP_ATTENTION_GRAD_XS, a->grad_scores, a->xs, a->rope, a->grad_xs)
+DG__OP_TYPED(attention_scores, DG_OP_ATTENTION_SCORES, run_gemm, a->xs, a->rope, a->scores, NULL)
+DG__OP_TYPED(attention_out, DG_OP_ATTENTION_OUT, run_gemm, a->scores, a->v, a->out, NULL)
+DG__OP_TYPED(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES, run_gemm, a->grad, a->v, a->grad_scores, NULL)
+DG__OP_TYPED(attention_grad_v, DG_OP_ATTENTION_GRAD_V, run_gemm, a->scores, a->grad, a->grad_v, NULL)
+DG__OP_TYPED(attention_grad_xs, DG_OP_ATTENTION_GRAD_XS, run_gemm, a->grad_scores, a->xs, a->rope, a->grad_xs)
 
 /* ---- the chains ------------------------------------------------------------------- */
 

@@ -85,12 +85,6 @@ static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const char *
 	}
 }
 
-static dg_status no_workspace(size_t *bytes)
-{
-	*bytes = 0;
-	return DG_OK;
-}
-
 /* ---- layernorm_fwd ------------------------------------------------------------ */
 
 static dg__op_call ln_fwd_call(const dg_layernorm_fwd_args *a)
@@ -123,7 +117,7 @@ dg_status dg__workspace_layernorm_fwd(dg_device *dev, const dg_spec *spec, const
 				      size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_fwd_args *a)
@@ -165,7 +159,7 @@ dg_status dg__workspace_layernorm_bwd(dg_device *dev, const dg_spec *spec, const
 				      size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_bwd_args *a)
@@ -207,7 +201,7 @@ dg_status dg__workspace_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const 
 				     size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_fwd_args *a)
@@ -250,7 +244,7 @@ dg_status dg__workspace_resid_ln_bwd(dg_device *dev, const dg_spec *spec, const 
 				     size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_bwd_args *a)

@@ -63,6 +63,33 @@ unsigned dg__op_grid(long long work, long long per_block, long long cap);
 
 long long dg__op_cdiv(long long a, long long b);
 
+/* A call of up to four tensors in the op table's order (the rest zero). */
+dg__op_call dg__op_call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
+			   const dg_tensor *t3);
+
+/* The workspace entry of an op that takes none. */
+dg_status dg__op_no_workspace(size_t *bytes);
+
+/*
+ * The typed calls of an op whose args struct is its tensors alone: the
+ * _check twin and the call, the tensors T0..T3 (expressions of `a`, NULL
+ * for unused) in the op table's order; RUN(dev, spec, op, call) runs it.
+ */
+#define DG__OP_TYPED(name, OP, RUN, T0, T1, T2, T3)                                          \
+	dg_status dg_##name##_check(const dg_spec *spec, const dg_##name##_args *a, char *msg, \
+				    size_t msg_size)                                          \
+	{                                                                                     \
+		dg__op_call c = a ? dg__op_call_of(T0, T1, T2, T3)                            \
+				  : dg__op_call_of(NULL, NULL, NULL, NULL);                   \
+		return dg__op_check(spec, OP, "dg_" #name, a ? &c : NULL, NULL, msg, msg_size); \
+	}                                                                                     \
+	dg_status dg_##name(dg_device *dev, const dg_spec *spec, const dg_##name##_args *a)     \
+	{                                                                                     \
+		dg__op_call c = a ? dg__op_call_of(T0, T1, T2, T3)                            \
+				  : dg__op_call_of(NULL, NULL, NULL, NULL);                   \
+		return RUN(dev, spec, OP, a ? &c : NULL);                                     \
+	}
+
 /* ---- per-op entries (registry.c) -------------------------------------------- */
 
 /* Runs op spec->op with c (checked first). */

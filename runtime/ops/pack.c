@@ -9,12 +9,6 @@
 
 #include "runtime/ops/ops_int.h"
 
-static dg_status no_workspace(size_t *bytes)
-{
-	*bytes = 0;
-	return DG_OK;
-}
-
 /* ---- pack_ternary / pack_sign1 -------------------------------------------- */
 
 /* The pack calls serve two ops each: a spec of another op is refused
@@ -82,14 +76,14 @@ dg_status dg__workspace_pack_ternary(dg_device *dev, const dg_spec *spec, const 
 				     size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 dg_status dg__workspace_pack_sign1(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 				   size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 /* spec->op picks the format; an op of neither is refused by the check. */
@@ -181,14 +175,14 @@ dg_status dg__workspace_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg_
 				  size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 dg_status dg__workspace_unpack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 				    size_t *bytes)
 {
 	(void)dev, (void)spec, (void)c;
-	return no_workspace(bytes);
+	return dg__op_no_workspace(bytes);
 }
 
 dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a, char *msg,

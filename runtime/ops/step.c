@@ -9,18 +9,6 @@
 
 #include "runtime/ops/ops_int.h"
 
-static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
-			   const dg_tensor *t3)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	c.t[0] = t0;
-	c.t[1] = t1;
-	c.t[2] = t2;
-	c.t[3] = t3;
-	return c;
-}
-
 static const char *fn_of(dg_op op)
 {
 	return op == DG_OP_ADD_MASK ? "dg_add_mask" : op == DG_OP_ADD3 ? "dg_add3" : "dg_transpose";
@@ -90,19 +78,6 @@ STEP_ENTRIES(add3, DG_OP_ADD3)
 STEP_ENTRIES(transpose, DG_OP_TRANSPOSE)
 
 /* The typed calls: a check and a run each, the tensors in the table's order. */
-#define TYPED(name, OP, T0, T1, T2, T3)                                                       \
-	dg_status dg_##name##_check(const dg_spec *spec, const dg_##name##_args *a, char *msg, \
-				    size_t msg_size)                                          \
-	{                                                                                     \
-		dg__op_call c = a ? call_of(T0, T1, T2, T3) : call_of(NULL, NULL, NULL, NULL); \
-		return dg__op_check(spec, OP, "dg_" #name, a ? &c : NULL, NULL, msg, msg_size); \
-	}                                                                                     \
-	dg_status dg_##name(dg_device *dev, const dg_spec *spec, const dg_##name##_args *a)     \
-	{                                                                                     \
-		dg__op_call c = a ? call_of(T0, T1, T2, T3) : call_of(NULL, NULL, NULL, NULL); \
-		return run_step(dev, spec, OP, a ? &c : NULL);                                \
-	}
-
-TYPED(add_mask, DG_OP_ADD_MASK, a->dxs, a->other, a->xs, NULL)
-TYPED(add3, DG_OP_ADD3, a->a, a->b, a->c, a->out)
-TYPED(transpose, DG_OP_TRANSPOSE, a->in, a->out, NULL, NULL)
+DG__OP_TYPED(add_mask, DG_OP_ADD_MASK, run_step, a->dxs, a->other, a->xs, NULL)
+DG__OP_TYPED(add3, DG_OP_ADD3, run_step, a->a, a->b, a->c, a->out)
+DG__OP_TYPED(transpose, DG_OP_TRANSPOSE, run_step, a->in, a->out, NULL, NULL)
