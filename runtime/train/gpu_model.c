@@ -663,8 +663,8 @@ dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int 
 	return DG_OK;
 }
 
-/* The batch's checks and upload, then the nodes. */
-static dg_status run(dg_model *m, const dg_model_batch *bt, bool backward)
+/* The batch's checks and upload (nothing runs). */
+static dg_status upload(dg_model *m, const dg_model_batch *bt)
 {
 	dg_device *dev = m->dev;
 	if (bt->b != m->B || bt->t != m->T)
@@ -686,13 +686,20 @@ static dg_status run(dg_model *m, const dg_model_batch *bt, bool backward)
 		st = dg_memcpy_htod(dev, tn(m, m->id.targets).data, bt->targets, (size_t)n * 4);
 	if (!st)
 		st = dg_memset8(dev, tn(m, m->id.bad).data, 0, 4);
+	return st;
+}
+
+/* The batch uploaded, then the nodes. */
+static dg_status run(dg_model *m, const dg_model_batch *bt, bool backward)
+{
+	dg_status st = upload(m, bt);
 	int end = backward ? m->t.n_nodes : m->t.n_forward;
 	for (int k = 0; k < end && !st; k++)
 		st = run_node(m, &m->t.nodes[k], bt, NULL);
 	return st;
 }
 
-static dg_status run(dg_model *m, const dg_model_batch *bt, bool backward);
+static dg_status upload(dg_model *m, const dg_model_batch *bt);
 
 dg_status dg_model_profile(dg_model *m, const dg_model_batch *bt, dg_model_time *out, int cap,
 			   int *n)
@@ -702,8 +709,8 @@ dg_status dg_model_profile(dg_model *m, const dg_model_batch *bt, dg_model_time 
 			 : DG_ERR_INVALID_ARG;
 	dg_device *dev = m->dev;
 	*n = 0;
-	/* the batch as run() uploads it, then the nodes one by one */
-	dg_status st = run(m, bt, false);
+	/* the batch, then the nodes one by one */
+	dg_status st = upload(m, bt);
 	dg_event *e0 = NULL, *e1 = NULL;
 	if (!st)
 		st = dg_event_create(dev, &e0);
