@@ -24,6 +24,7 @@
 #include "dragon/ref.h"
 #include "dragon/spec.h"
 #include "runtime/train/bdh_tape.h"
+#include "runtime/train/model_int.h"
 
 /* The step's context: the tape, its host arenas and the batch. */
 typedef struct step {
@@ -300,12 +301,10 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
 {
 	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
-	bool f32 = true, ints = true;
-	for (int i = 0; i < 3; i++) {
+	char why[256];
+	bool f32 = true, ints = dg__model_lowbit_why(c, why, sizeof(why)) == NULL;
+	for (int i = 0; i < 3; i++)
 		f32 = f32 && r[i]->weight == DG_FMT_F32 && r[i]->act == DG_FMT_F32;
-		ints = ints && dg_fmt_is_code(r[i]->weight) && dg_fmt_is_code(r[i]->act) &&
-		       r[i]->ascale == DG_SCALE_TOKEN && !r[i]->absmean;
-	}
 	*lowbit = !f32 && ints;
 	if (f32 || ints)
 		return NULL;

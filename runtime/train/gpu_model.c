@@ -28,6 +28,7 @@
 #include "dragon/ref.h"
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/train/bdh_tape.h"
+#include "runtime/train/model_int.h"
 
 #define FAKE_BASE ((dg_dptr)1 << 20) /* sizing: any aligned non-zero address */
 
@@ -436,20 +437,9 @@ static bool float_recipe(const dg_model_config *c)
  * else one line naming the field. */
 static const char *lowbit_refusal(const dg_model_config *c, char *buf, size_t size)
 {
-	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
-	static const char *const en[3] = { "encoder", "encoder_v", "decoder" };
-	for (int i = 0; i < 3; i++) {
-		if (!dg_fmt_is_code(r[i]->weight) || !dg_fmt_is_code(r[i]->act)) {
-			snprintf(buf, size, "%s: weight=%s act=%s: a recipe is all float (f32, bf16) or all integer",
-				 en[i], dg_fmt_name(r[i]->weight), dg_fmt_name(r[i]->act));
-			return buf;
-		}
-		if (r[i]->ascale != DG_SCALE_TOKEN || r[i]->absmean) {
-			snprintf(buf, size, "%s.ascale=%s: the GPU model quantizes activations a scale a token (absmax)",
-				 en[i], dg_scale_name(r[i]->ascale));
-			return buf;
-		}
-	}
+	const char *no = dg__model_lowbit_why(c, buf, size);
+	if (no)
+		return no;
 	if (c->precision != DG_FMT_BF16) {
 		snprintf(buf, size, "precision=%s: a low-bit recipe keeps the rest in bf16", dg_fmt_name(c->precision));
 		return buf;

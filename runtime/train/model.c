@@ -12,6 +12,7 @@
 #include "dragon/model.h"
 #include "dragon/rng.h"
 #include "dragon/safetensors.h"
+#include "runtime/train/model_int.h"
 
 static dg_proj_recipe recipe(dg_fmt weight, dg_fmt act, dg_scale_gran ws, dg_scale_gran as)
 {
@@ -340,4 +341,23 @@ dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg
 out:
 	dg_safetensors_destroy(f);
 	return st;
+}
+
+const char *dg__model_lowbit_why(const dg_model_config *c, char *buf, size_t size)
+{
+	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
+	static const char *const en[3] = { "encoder", "encoder_v", "decoder" };
+	for (int i = 0; i < 3; i++) {
+		if (!dg_fmt_is_code(r[i]->weight) || !dg_fmt_is_code(r[i]->act)) {
+			snprintf(buf, size, "%s: weight=%s act=%s: a recipe is all float (f32, bf16) or all integer",
+				 en[i], dg_fmt_name(r[i]->weight), dg_fmt_name(r[i]->act));
+			return buf;
+		}
+		if (r[i]->ascale != DG_SCALE_TOKEN || r[i]->absmean) {
+			snprintf(buf, size, "%s.ascale=%s: the GPU model quantizes activations a scale a token (absmax)",
+				 en[i], dg_scale_name(r[i]->ascale));
+			return buf;
+		}
+	}
+	return NULL;
 }
