@@ -290,6 +290,7 @@ static void push_spec(lua_State *L, const dg_spec *s, const char *module,
 	set_str(L, "src", dg_fmt_name(s->src));
 	set_str(L, "ascale", dg_scale_name(s->ascale));
 	set_str(L, "wscale", dg_scale_name(s->wscale));
+	set_str(L, "rope", s->rope_pre ? "pre" : "load");
 	if (s->relu)
 		lua_pushnumber(L, (lua_Number)s->relu_thr);
 	else

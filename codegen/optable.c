@@ -244,8 +244,8 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_ATTENTION_SCORES] = {
 		.family = "attention", .module = "attention",
-		.about = "attention scores: S (B,H,T,T) = tril(qr . qr^T, -1), qr = RoPE(xs (B,H,T,L)) on the load",
-		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(TILE),
+		.about = "attention scores: S (B,H,T,T) = tril(qr . qr^T, -1), qr = RoPE(xs (B,H,T,L)) on the load (rope=pre: qr = xs)",
+		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(ROPE) | F(TILE),
 		.tile = DG_TILE_GEMM,
 		.act_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT,
@@ -304,8 +304,8 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_ATTENTION_GRAD_XS] = {
 		.family = "attention", .module = "attention",
-		.about = "attention input gradient: grad_xs (B,H,T,L) = RoPE^T(C (B,H,T,T) . RoPE(xs)), f32",
-		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(TILE),
+		.about = "attention input gradient: grad_xs (B,H,T,L) = RoPE^T(C (B,H,T,T) . RoPE(xs)), f32 (rope=pre: xs is RoPE(xs))",
+		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(ROPE) | F(TILE),
 		.tile = DG_TILE_GEMM,
 		.act_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT,

@@ -115,6 +115,8 @@ void dg_spec_normalize(dg_spec *spec)
 		spec->ascale = d.ascale;
 	if (!(uses & DG_FIELD_WSCALE))
 		spec->wscale = d.wscale;
+	if (!(uses & DG_FIELD_ROPE))
+		spec->rope_pre = d.rope_pre;
 	if (!(uses & DG_FIELD_RELU)) {
 		spec->relu = d.relu;
 		spec->relu_thr = d.relu_thr;

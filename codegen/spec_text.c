@@ -96,6 +96,8 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 			snprintf(t, sizeof(t), "none");
 		sb_add(&b, "relu", t);
 	}
+	if ((uses & DG_FIELD_ROPE) && s->rope_pre)
+		sb_add(&b, "rope", "pre");
 	if (uses & DG_FIELD_SRC)
 		sb_add(&b, "src", dg_fmt_name(s->src));
 	if (uses & DG_FIELD_TILE) {
@@ -134,7 +136,7 @@ static const key_info keys[] = {
 	{ "act", DG_FIELD_ACT },       { "arch", DG_FIELD_ARCH },
 	{ "ascale", DG_FIELD_ASCALE }, { "embd", DG_FIELD_EMBD },     { "heads", DG_FIELD_HEADS },
 	{ "in_heads", DG_FIELD_IN_HEADS }, { "latent", DG_FIELD_LATENT },
-	{ "out", DG_FIELD_OUT },       { "relu", DG_FIELD_RELU },
+	{ "out", DG_FIELD_OUT },       { "relu", DG_FIELD_RELU },    { "rope", DG_FIELD_ROPE },
 	{ "src", DG_FIELD_SRC },       { "tile", DG_FIELD_TILE },
 	{ "vocab", DG_FIELD_VOCAB },   { "weight", DG_FIELD_WEIGHT },
 	{ "wscale", DG_FIELD_WSCALE },
@@ -300,6 +302,14 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 			s->wscale = g;
 		return DG_OK;
 	}
+	case DG_FIELD_ROPE:
+		if (strcmp(v, "load") == 0 || strcmp(v, "pre") == 0) {
+			s->rope_pre = v[0] == 'p';
+			return DG_OK;
+		}
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"rope=%s: must be load (RoPE on the GEMM's load) or pre (xs is RoPE(xs) already)",
+				v);
 	case DG_FIELD_TILE:
 		if (!parse_tile(v, &s->tile))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -365,7 +375,7 @@ dg_status dg_spec_set(dg_spec *s, const char *key, const char *value,
 	const key_info *k = find_key(key);
 	if (!k)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"%s: unknown key; keys are op, act, arch, ascale, embd, heads, in_heads, latent, out, relu, src, tile, vocab, weight, wscale",
+				"%s: unknown key; keys are op, act, arch, ascale, embd, heads, in_heads, latent, out, relu, rope, src, tile, vocab, weight, wscale",
 				key);
 	if (!(dg_spec_uses(s->op) & k->field)) {
 		list_keys(dg_spec_uses(s->op), kl, sizeof(kl));

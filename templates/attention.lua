@@ -210,7 +210,12 @@ local function fields(spec)
   k.E = C.int_field(spec, "embd", 4)
   k.L = C.int_field(spec, "latent", 4)
   k.arch = C.int_field(spec, "arch", 1)
+  k.arch_specific = spec.arch_specific == true
   k.act = C.one_of(spec, "act", { "f32", "bf16" })
+  -- rope=pre (scores, grad_xs): the operand is RoPE(xs) already
+  k.rope_pre = (op == "attention_scores" or op == "attention_grad_xs") and spec.rope == "pre"
+  k.a_rope = k.o.a_rope == true and not k.rope_pre
+  k.b_rope = k.o.b_rope == true and not k.rope_pre
   return k
 end
 
@@ -228,12 +233,34 @@ end
 
 local function operand_fmt(k, f) return f == "act" and k.act or "f32" end
 
+-- The sm_90a warpgroup path serves a GEMM whose operands are both bf16
+-- activations read raw (no RoPE on the load, no mask): attention_scores
+-- and attention_grad_xs with rope=pre.
+local function wgmma_op(k)
+  local o = k.o
+  return k.arch == 90 and k.arch_specific and k.act == "bf16" and o.at == "act" and o.bt == "act" and
+         not k.a_rope and not k.b_rope and o.mask == 0
+end
+
+-- Its tiles: BM/64 warpgroups of 4 warps along M (WM = BM/16, WN = 1),
+-- one m64nBNk16 instruction a warpgroup and k16 step, BN 64 | 128 | 256,
+-- BK a multiple of 16, a ring of 3 or 4 stages.
+local function wgmma_fits(k, t)
+  return wgmma_op(k) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
+         (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk % 16 == 0 and t.stages >= 3 and t.stages <= 4
+end
+
 -- The heuristic default tile (see the performance note in the module's
 -- banner): tensor cores for bf16 from sm_80, 128x128 blocks of 8 warps
 -- (64x32 warp tiles, 64 f32 accumulators a thread), BK 32, two buffers;
 -- attention_grad_v (z = B only) 64x64 so the grid fills the SMs. fp32:
 -- 64x64x16 of 2x2 warps.
 local function default_tile(k)
+  if wgmma_op(k) then
+    -- 2 warpgroups, 64 f32 accumulators a thread; 96 KiB of ring: two
+    -- blocks an SM
+    return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 3, threads = 0 }
+  end
   if k.act == "bf16" and k.arch >= 80 then
     if k.op == "attention_grad_v" then
       return { bm = 64, bn = 64, bk = 32, wm = 2, wn = 2, stages = 2, threads = 0 }
@@ -270,11 +297,23 @@ function M.plan(spec)
   if auto then t = default_tile(k) end
   local ok, err = C.gemm_tile_pow2(t, auto)
   if ok then ok, err = C.warps_ok(t, auto) end
-  if ok then ok, err = C.stages_ok(t, auto, 1, 2) end
+  if ok then ok, err = C.stages_ok(t, auto, 1, wgmma_op(k) and 4 or 2) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32
   local p = { tile = t, arch_specific = false, name = k.op .. ".cu",
               entries = { { name = "dg_" .. k.op, threads = nt } } }
+  if wgmma_fits(k, t) then
+    p.path = "wgmma bf16"
+    p.arch_specific = true
+    local smem = t.stages * (t.bm + t.bn) * t.bk * 2
+    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    if not ok then return nil, err end
+    p.entries[1].smem = smem
+    return p
+  end
+  if t.stages > 2 then
+    return C.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK a multiple of 16; the other paths take 1 or 2")
+  end
   local mma = mma_fits(k, t)
   if mma then
     local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
@@ -713,10 +752,168 @@ local EPI_SIMT = [[
 		}
 	}]]
 
+-- ---- the sm_90a path: cp.async ring → warpgroup MMAs (templates/wgmma_bf16.lua)
+local HEAD_WG = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int E = ${E};		// embd (D)
+constexpr int L = ${L};		// latent (N)
+typedef ${XT} XT;		// the act format's storage
+typedef ${AT} AT;		// A operand storage (bf16)
+typedef ${BT} BT;		// B operand storage (bf16)
+typedef ${OT} OT;		// output storage
+
+// ---- tile: BM/64 warpgroups along M, each 64 x BN; a ring of S stages
+constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};
+constexpr int NT = (BM / 64) * 128;		// threads a block
+constexpr int S = ${S}, P = S - 2;		// stages; K steps fetched ahead
+constexpr bool A_KC = ${A_KC}, B_KC = ${B_KC};	// K-major (else M / N-major)
+constexpr int SBO = 16 * BK;			// bytes between core matrices along M / N
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
+constexpr int A_CH = A_KC ? BK / 8 : BM / 8;	// 16-byte chunks along a tile row's contiguous axis
+constexpr int B_CH = B_KC ? BK / 8 : BN / 8;
+constexpr int A_UNITS = BM * BK / 8, B_UNITS = BN * BK / 8;
+constexpr int SA = (A_UNITS + NT - 1) / NT, SB = (B_UNITS + NT - 1) / NT;	// units a thread
+]]
+
+local KERNEL_WG = [[
+extern "C" __global__ void __launch_bounds__(NT)
+${ENTRY}(${SIG})
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, z = blockIdx.z;
+	(void)B;
+${GEO}
+	(void)ra; (void)rb;
+	if (skip) {
+${SKIP}
+		return;
+	}
+	const int nk = kt_end > kt_begin ? kt_end - kt_begin : 0;
+	const int nsteps = NH * nk;		// (head, K step) pairs, heads outer
+	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+
+	// Step st's A and B tiles into its stage (templates/wgmma_bf16.lua: unit
+	// u is core row u%8, chunk (u/8)%CH, group u/(8·CH)).
+	auto load = [&](int st) {
+		const int h = st / nk, k0 = (kt_begin + st % nk) * BK;
+		const unsigned short *ah = (const unsigned short *)(pa + h * a_hs);
+		const unsigned short *bh = (const unsigned short *)(pb + h * b_hs);
+		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT;
+			if (A_UNITS % NT != 0 && u >= A_UNITS)
+				break;
+			const int r8 = u & 7, ch = (u >> 3) % A_CH, grp = u / (8 * A_CH);
+			if constexpr (A_KC)	// core row = m; chunk along k
+				dg_wb_stage(as + grp * SBO + ch * 128 + r8 * 16, ah, m0 + grp * 8 + r8, M, k0 + ch * 8, K, LDA);
+			else			// core row = k; chunk along m
+				dg_wb_stage(as + ch * SBO + grp * 128 + r8 * 16, ah, k0 + grp * 8 + r8, K, m0 + ch * 8, M, LDA);
+		}
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT;
+			if (B_UNITS % NT != 0 && u >= B_UNITS)
+				break;
+			const int r8 = u & 7, ch = (u >> 3) % B_CH, grp = u / (8 * B_CH);
+			if constexpr (B_KC)
+				dg_wb_stage(bs + grp * SBO + ch * 128 + r8 * 16, bh, n0 + grp * 8 + r8, N, k0 + ch * 8, K, LDB);
+			else
+				dg_wb_stage(bs + ch * SBO + grp * 128 + r8 * 16, bh, k0 + grp * 8 + r8, K, n0 + ch * 8, N, LDB);
+		}
+	};
+
+	float acc[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i)
+		acc[i] = 0.0f;
+	// ---- pipeline: P steps fetched ahead; step i's MMAs in flight while
+	// step i+1's are issued (wait_group 1), so a stage is refilled two
+	// steps after the MMAs that read it were issued.
+#pragma unroll 1
+	for (int s = 0; s < P; ++s) {
+		if (s < nsteps)
+			load(s);
+		dg_wb_cp_commit();
+	}
+#pragma unroll 1
+	for (int i = 0; i < nsteps; ++i) {
+		dg_wb_cp_wait<P - 1>();		// this thread's copies of step i
+		dg_wb_fence_async();
+		__syncthreads();		// everyone's; and every MMA of step i-2 is done
+		if (i + P < nsteps)
+			load(i + P);		// into step i-2's stage
+		dg_wb_cp_commit();
+		const unsigned as = sbase + (i % S) * STAGE + wg * 8 * SBO, bs = sbase + (i % S) * STAGE + A_BYTES;
+		dg_wb_fence();
+#pragma unroll
+		for (int ks = 0; ks < BK / 16; ++ks)
+			dg_wb_mma(acc, dg_wb_desc(as + ks * 256, SBO), dg_wb_desc(bs + ks * 256, SBO), 1);
+		dg_wb_commit();
+		dg_wb_wait<1>();
+		dg_wb_pin(acc);
+	}
+	dg_wb_wait<0>();
+	dg_wb_pin(acc);
+	dg_wb_cp_wait<0>();
+
+	// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)
+${STORE}
+#pragma unroll
+	for (int hr = 0; hr < 2; ++hr) {
+		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+		if (m >= M)
+			continue;
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j) {
+			const int n = n0 + 8 * j + 2 * q;
+			if (n < N)
+				store_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+		}
+	}
+}
+]]
+
 local CTYPE = { f32 = "float", bf16 = "unsigned short" }
+
+local function render_wgmma(spec, plan, k)
+  local o, t = k.o, plan.tile
+  local of = operand_fmt(k, o.ot)
+  local v = {
+    H = k.H, E = k.E, L = k.L, XT = CTYPE[k.act], AT = CTYPE.bf16, BT = CTYPE.bf16, OT = CTYPE[of],
+    BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, A_KC = tostring(o.a_kc), B_KC = tostring(o.b_kc),
+  }
+  local entry = "dg_" .. k.op
+  local about = {
+    fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
+        k.op, k.H, k.E, k.L, k.act),
+    "",
+    fmt("%s(%s)", entry, (o.sig:gsub("__restrict__ ", ""))),
+    fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
+        o.n, t.bn, t.bm, o.gz, (t.bm // 64) * 128, plan.entries[1].smem),
+    fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups, a ring of %d stages; A %s, B %s; rope=pre (the operands are RoPE(xs) already).",
+        t.bn, t.bm // 64, t.stages, o.a_kc and "K-major" or "M-major", o.b_kc and "K-major" or "N-major"),
+  }
+  local w = C.writer()
+  w:line(C.banner(spec, "attention.lua", about))
+  w:line(C.helpers({ bf16 = true }))
+  w:line(require("wgmma_bf16").helpers(t.bn, not o.a_kc, not o.b_kc))
+  w:line(C.subst(HEAD_WG, v))
+  w:line(fmt("__device__ __forceinline__ OT dg_out(float x) { return %s; }",
+             of == "bf16" and "dg_f32_to_bf16(x)" or "x"))
+  w:line()
+  w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = o.sig, GEO = o.geo, SKIP = o.skip or "", STORE = o.store }))
+  return w:text()
+end
 
 function M.render(spec, plan)
   local k = fields(spec)
+  if plan.path == "wgmma bf16" then
+    return render_wgmma(spec, plan, k)
+  end
   local o, t = k.o, plan.tile
   local mma = plan.path == "mma.sync bf16"
   local af, bf, of = operand_fmt(k, o.at), operand_fmt(k, o.bt), operand_fmt(k, o.ot)
@@ -726,7 +923,7 @@ function M.render(spec, plan)
     H = k.H, E = k.E, L = k.L, XT = CTYPE[k.act], AT = CTYPE[af], BT = CTYPE[bf], OT = CTYPE[of],
     BM = t.bm, BN = t.bn, BK = t.bk, WM = t.wm, WN = t.wn, NBUF = t.stages >= 2 and 2 or 1,
     A_KC = tostring(o.a_kc), B_KC = tostring(o.b_kc),
-    A_ROPE = tostring(o.a_rope == true), B_ROPE = tostring(o.b_rope == true), A_MASK = o.mask,
+    A_ROPE = tostring(k.a_rope), B_ROPE = tostring(k.b_rope), A_MASK = o.mask,
     A_DESC = fmt("%s, contiguous along %s", af, o.a_kc and "k" or "m"),
     B_DESC = fmt("%s, contiguous along %s", bf, o.b_kc and "k" or "n"),
     EU_A = eu_a, EU_B = eu_b, SMEM = plan.entries[1].smem,

@@ -17,7 +17,12 @@
  *     workspace is refused by name;
  *   - the BDH shape (B 8, H 4, T 512, latent 8192, embd 256, bf16, default
  *     tiles) with the reference on sampled (b, h) slices, and each op's
- *     time (printed: TFLOP/s and the fraction of 790, bf16's measured peak).
+ *     time (printed: TFLOP/s and the fraction of 790, bf16's measured peak);
+ *   - on sm_90, the warpgroup path (arch=sm_90a, rope=pre: scores and
+ *     grad_xs read qr = RoPE(xs)) on the small shapes and four tiles,
+ *     against the references given the same qr; the chains with rope=pre
+ *     (their workspace holds qr) against the rope-on-the-load chains; and
+ *     its BDH-shape times beside rope_fwd's.
  *
  * Tolerance (dg_ref_close_norm: the norm of the error against the norm of
  * the reference, and every element against the largest reference value):
@@ -34,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dragon/codegen.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 
@@ -474,5 +480,232 @@ Test(gpu_attention, bdh_shape_sampled_bf16)
 	report(dev, &s_v, a_v, 3, bh * tri * D * 2);
 	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
 	free(rope), free(g), free(xs), free(v), free(sc), free(o), free(c), free(gv), free(gx), free(want);
+	gh_close(dev);
+}
+
+/* ---- the sm_90a warpgroup path (rope=pre) ------------------------------------------ */
+
+/* Opens the device; skips (by name) unless it is an sm_90. */
+static dg_device *open_sm90(void)
+{
+	dg_device *dev = gh_open();
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	if (di.sm != 90) {
+		gh_close(dev);
+		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
+		cr_skip_test("skipped: the warpgroup path needs sm_90");
+	}
+	return dev;
+}
+
+static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
+{
+	dg_spec sp = spec_of(op, DG_FMT_BF16, s, NULL);
+	sp.arch = 90;
+	sp.arch_specific = true;
+	sp.rope_pre = true;
+	if (tile)
+		sp.tile = *tile;
+	dg_spec_normalize(&sp);
+	return sp;
+}
+
+/* The plan of sp names the warpgroup path. */
+static void expect_wgmma(const dg_spec *sp)
+{
+	dg_codegen *cg = NULL;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	cr_assert_eq(dg_codegen_plan(cg, sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma bf16", "%s", p.canonical);
+	dg_codegen_destroy(cg);
+}
+
+static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
+{
+	int B = s->B, H = s->H, T = s->T, N = s->N;
+	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T;
+	dg_fmt act = DG_FMT_BF16;
+	float *rope = gh_xmalloc((size_t)T * N * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
+	void *qr = gh_xmalloc(nx * 2), *want_s = gh_xmalloc(ns * 2);
+	float *want_gx = gh_xmalloc(nx * 4);
+	dg_spec rs = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
+	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, B, T), DG_OK);
+	dg_tensor t_qr = dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
+	dg_tensor t_c = dg_tensor_4d("grad_scores", act, UP(c, ns * 2), B, H, T, T);
+
+	dg_spec sp = wg_spec(DG_OP_ATTENTION_SCORES, s, tile);
+	expect_wgmma(&sp);
+	dg_tensor in2[2] = { t_qr, t_rope };
+	void *got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * 2);
+	cr_assert_eq(dg_ref_attention_scores(&sp, qr, rope, want_s, B, T), DG_OK);
+	expect_close("attention_scores (wgmma)", act, act, got, want_s, ns);
+	float *gs = widen(act, got, ns);
+	for (size_t z = 0; z < (size_t)B * H; z++)
+		for (int i = 0; i < T; i++)
+			for (int j = i; j < T; j++)
+				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
+	free(gs);
+	free(got);
+
+	sp = wg_spec(DG_OP_ATTENTION_GRAD_XS, s, tile);
+	expect_wgmma(&sp);
+	dg_tensor in3[3] = { t_c, t_qr, t_rope };
+	got = run_twice(dev, &sp, in3, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
+	cr_assert_eq(dg_ref_attention_grad_xs(&sp, c, qr, rope, want_gx, B, T), DG_OK);
+	expect_close("attention_grad_xs (wgmma)", act, DG_FMT_F32, got, want_gx, nx);
+	free(got);
+	free(rope), free(xs), free(c), free(qr), free(want_s), free(want_gx);
+}
+
+/* T 1 and 7 (rows of C not 16-byte aligned: guarded element loads), 65,
+ * 130 and 200 (ragged tiles); the default tile and three others. */
+Test(gpu_attention, warpgroup_path_small_shapes)
+{
+	static const shape shapes[] = {
+		{ 2, 2, 1, 64, 32 }, { 2, 2, 7, 128, 64 }, { 2, 2, 65, 64, 32 }, { 1, 2, 130, 128, 64 },
+		{ 1, 1, 200, 256, 32 },
+	};
+	static const dg_tile tiles[] = {
+		{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 16, 4, 1, 3, 0 },
+		{ 128, 256, 32, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
+	};
+	dg_device *dev = open_sm90();
+	gh_seed(0x90a);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
+			wg_case(dev, &shapes[i], &tiles[k]);
+	gh_close(dev);
+}
+
+/* The chains with rope=pre against the rope-on-the-load chains: the same
+ * math on the same bf16 operands (rope_fwd rounds qr as the load does),
+ * sums in another order. */
+Test(gpu_attention, warpgroup_chains)
+{
+	dg_device *dev = open_sm90();
+	gh_seed(0xc4a2);
+	shape s = { 2, 2, 65, 128, 64 };
+	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
+	dg_fmt act = DG_FMT_BF16;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t ns = (size_t)B * H * T * T;
+	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	for (size_t i = 0; i < ng; i++)
+		g[i] = gh_uniform(-1.0f, 1.0f);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
+	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
+	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
+	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	void *res[2][4];
+	for (int pre = 0; pre < 2; pre++) {
+		dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
+		sp.embd = D;
+		if (pre) {
+			sp.arch = 90;
+			sp.arch_specific = true;
+			sp.rope_pre = true;
+		}
+		dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
+		dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
+		dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
+		dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
+		dg_attention_fwd_args fa = { .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s,
+					     .out = &t_o };
+		size_t need = 0;
+		cr_assert_eq(dg_attention_fwd_workspace(&sp, &fa, &need), DG_OK);
+		cr_assert_eq(need, pre ? (nx * 2 + 255) / 256 * 256 : 0);
+		if (pre) {
+			fa.ws = gh_workspace(dev, need - 256);
+			cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_ERR_INVALID_ARG);
+			cr_assert(strstr(dg_device_errmsg(dev), "ws"), "%s", dg_device_errmsg(dev));
+			fa.ws = gh_workspace(dev, need);
+		}
+		cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_attention_bwd_args ba = { .grad = &t_g, .xs = &t_xs, .v = &t_v, .rope = &t_rope,
+					     .scores = &t_s, .grad_xs = &t_gx, .grad_v = &t_gv };
+		cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
+		cr_assert_eq(need, pre ? (ns * 2 + 255) / 256 * 256 + (nx * 2 + 255) / 256 * 256 : ns * 2);
+		ba.ws = gh_workspace(dev, need);
+		cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
+		size_t bytes[4] = { ns * 2, ng * 2, nx * 4, nv * 4 };
+		dg_dptr at[4] = { t_s.data, t_o.data, t_gx.data, t_gv.data };
+		for (int k = 0; k < 4; k++) {
+			res[pre][k] = gh_xmalloc(bytes[k]);
+			gh_download(dev, res[pre][k], at[k], bytes[k]);
+		}
+	}
+	expect_close("chain scores (rope=pre vs load)", act, act, res[1][0], res[0][0], ns);
+	expect_close("chain out (rope=pre vs load)", act, act, res[1][1], res[0][1], ng);
+	expect_close("chain grad_xs (rope=pre vs load)", act, DG_FMT_F32, res[1][2], res[0][2], nx);
+	expect_close("chain grad_v (rope=pre vs load)", act, DG_FMT_F32, res[1][3], res[0][3], nv);
+	for (int pre = 0; pre < 2; pre++)
+		for (int k = 0; k < 4; k++)
+			free(res[pre][k]);
+	free(rope), free(g), free(xs), free(v);
+	gh_close(dev);
+}
+
+/* The BDH shape on the warpgroup path: sampled slices against the
+ * reference, and the times of rope_fwd (what rope=pre adds, twice a
+ * step), scores and grad_xs. */
+Test(gpu_attention, bdh_shape_warpgroup)
+{
+	dg_device *dev = open_sm90();
+	gh_seed(0xbd5);
+	shape s = { 8, 4, 512, 8192, 256 };
+	int B = s.B, H = s.H, T = s.T, N = s.N;
+	dg_fmt act = DG_FMT_BF16;
+	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, tn = (size_t)T * N, tt = (size_t)T * T;
+	float *rope = gh_xmalloc(tn * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
+	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, tn * 4), T, N);
+	dg_tensor t_qr = dg_tensor_4d("qr", act, FF(nx * 2), B, H, T, N);
+	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
+	dg_tensor t_c = dg_tensor_4d("grad_scores", act, UP(c, ns * 2), B, H, T, T);
+	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
+	const dg_tensor *a_r[4] = { &t_xs, &t_rope, &t_qr }, *a_s[4] = { &t_qr, &t_rope, &t_s };
+	const dg_tensor *a_x[4] = { &t_c, &t_qr, &t_rope, &t_gx };
+	dg_spec s_r = spec_of(DG_OP_ROPE_FWD, act, &s, NULL);
+	dg_spec s_s = wg_spec(DG_OP_ATTENTION_SCORES, &s, NULL), s_x = wg_spec(DG_OP_ATTENTION_GRAD_XS, &s, NULL);
+	expect_wgmma(&s_s);
+	expect_wgmma(&s_x);
+	cr_assert_eq(run_op(dev, &s_r, a_r), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(run_op(dev, &s_s, a_s), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(run_op(dev, &s_x, a_x), DG_OK, "%s", dg_device_errmsg(dev));
+	uint16_t *qr = gh_xmalloc(nx * 2), *sc = gh_xmalloc(ns * 2);
+	float *gx = gh_xmalloc(nx * 4);
+	gh_download(dev, qr, t_qr.data, nx * 2);
+	gh_download(dev, sc, t_s.data, ns * 2);
+	gh_download(dev, gx, t_gx.data, nx * 4);
+	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
+	void *want = gh_xmalloc(tn * 4);
+	shape one = { 1, 1, T, N, s.D };
+	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
+		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1];
+		char what[64];
+		dg_spec r = wg_spec(DG_OP_ATTENTION_SCORES, &one, NULL);
+		cr_assert_eq(dg_ref_attention_scores(&r, qr + z * tn, rope, want, 1, T), DG_OK);
+		snprintf(what, sizeof(what), "scores wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		expect_close(what, act, act, sc + z * tt, want, tt);
+		r = wg_spec(DG_OP_ATTENTION_GRAD_XS, &one, NULL);
+		cr_assert_eq(dg_ref_attention_grad_xs(&r, (uint16_t *)c + z * tt, qr + z * tn, rope, want, 1, T),
+			     DG_OK);
+		snprintf(what, sizeof(what), "grad_xs wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		expect_close(what, act, DG_FMT_F32, gx + z * tn, want, tn);
+	}
+	double bh = (double)B * H, tri = (double)T * (T - 1) / 2;
+	report(dev, &s_r, a_r, 3, 0.0);
+	report(dev, &s_s, a_s, 3, bh * tri * N * 2);
+	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
+	free(rope), free(xs), free(c), free(qr), free(sc), free(gx), free(want);
 	gh_close(dev);
 }

@@ -9,7 +9,11 @@
  *     tile the tensor cores cannot run (the fp32 path takes it);
  *   - bad specs are refused naming the field (act, tile's BK, stages, the
  *     warp tile), by dg_spec_validate or the template's plan;
- *   - the _checks refuse wrong tensors by name, with no device.
+ *   - the _checks refuse wrong tensors by name, with no device;
+ *   - scores and grad_xs with rope=pre on sm_90a take the warpgroup path
+ *     (wgmma bf16) at its default and on other tiles (BM 64 and 128, BN 64
+ *     to 256, BK 16 to 64, 3 and 4 stages), at the BDH shape and a small
+ *     one; its tiles are refused off that path by name.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +48,7 @@ static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
 
 	dg_spec_to_string(spec, text, sizeof(text));
 	snprintf(entry, sizeof(entry), "dg_%s", dg_op_name(spec->op));
-	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, e, sizeof(e)), DG_OK, "%s", e);
+	cr_assert_eq(dg__nvrtc_target_for(90, spec->arch_specific, &t, e, sizeof(e)), DG_OK, "%s", e);
 	cr_assert_eq(dg_codegen_render(cg, spec, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
 	cr_assert_eq(src->n_entries, 1, "%s", text);
 	cr_assert_str_eq(src->entries[0], entry, "%s", text);
@@ -225,4 +229,71 @@ Test(nvrtc_attention, checks_refuse_wrong_tensors_by_name)
 	dg_spec other = spec_of(DG_OP_ATTENTION_OUT, DG_FMT_F32, 90);
 	cr_assert_eq(dg_attention_grad_v_check(&other, &va, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(msg, "attention_out"), "%s", msg);
+}
+
+/* ---- the sm_90a warpgroup path ----------------------------------------------------- */
+
+static dg_spec wg_spec(dg_op op, int heads, int latent)
+{
+	dg_spec s = spec_of(op, DG_FMT_BF16, 90);
+	s.arch_specific = true;
+	s.rope_pre = true;
+	s.heads = heads;
+	s.latent = latent;
+	return s;
+}
+
+Test(nvrtc_attention, warpgroup_path_on_its_tiles)
+{
+	static const dg_tile tiles[] = {
+		{ 0, 0, 0, 0, 0, 0, 0 },          { 64, 64, 16, 4, 1, 3, 0 },
+		{ 128, 256, 32, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 4, 0 },
+	};
+	dg_codegen *cg = make_cg();
+	const dg_op ops[2] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_GRAD_XS };
+	for (int o = 0; o < 2; o++)
+		for (int small = 0; small < 2; small++)
+			for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++) {
+				dg_spec s = wg_spec(ops[o], small ? 2 : 4, small ? 64 : 8192);
+				s.tile = tiles[k];
+				dg_plan p;
+				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+				cr_assert_str_eq(p.path, "wgmma bf16");
+				cr_assert(p.needs_arch_specific);
+				compile_one(cg, &s, "path: warpgroup tensor cores (wgmma");
+			}
+	/* rope=pre on an mma.sync tile: the warp tensor cores read it raw */
+	dg_spec s = wg_spec(DG_OP_ATTENTION_SCORES, 4, 8192);
+	s.tile = (dg_tile){ 128, 128, 32, 2, 4, 2, 0 };
+	compile_one(cg, &s, "path: tensor cores (mma.sync");
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_attention, warpgroup_tiles_off_its_path_are_refused)
+{
+	dg_codegen *cg = make_cg();
+	dg_plan p;
+	/* stages 3: the warpgroup path's, which rope=load cannot take */
+	dg_spec s = wg_spec(DG_OP_ATTENTION_SCORES, 4, 8192);
+	s.rope_pre = false;
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 2"), "%s", dg_codegen_errmsg(cg));
+	/* a 3-stage tile that is not a warpgroup one, on the warpgroup op */
+	s.rope_pre = true;
+	s.tile = (dg_tile){ 128, 128, 64, 2, 4, 3, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "stages 3 and 4 are the sm_90a warpgroup path's"), "%s",
+		  dg_codegen_errmsg(cg));
+	/* nor attention_out (its mask is applied on the load) */
+	s = wg_spec(DG_OP_ATTENTION_OUT, 4, 8192);
+	s.rope_pre = false;
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 4, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	/* a warpgroup tile on sm_90 without the a: the mma.sync path, so 3 stages are refused */
+	s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
+	s.arch_specific = false;
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	dg_codegen_destroy(cg);
 }

@@ -151,3 +151,37 @@ Test(ref_attention, rope_op_is_the_table_rope_and_rounds_bf16_once)
 		cr_assert_eq(ob[i], dg_ref_f32_to_bf16(want[i]), "element %zu", i);
 	free(x), free(rope), free(got), free(c), free(sn), free(want), free(xb), free(ob);
 }
+
+/* rope=pre: scores and grad_xs of qr = RoPE(xs) given as xs are the
+ * rope-on-the-load results, bit for bit (f32: the same values summed in
+ * the same order). */
+Test(ref_attention, rope_pre_reads_the_rotated_operand)
+{
+	const int b = 2, h = 2, t = 9, n = 16;
+	dg_rng r;
+	dg_rng_seed(&r, 0x40be);
+	size_t nx = (size_t)b * h * t * n, ns = (size_t)b * h * t * t;
+	float *xs = rnd(&r, nx, 0.0f), *c = rnd(&r, ns, -1.0f), *qr = malloc(nx * 4);
+	float *rope = malloc((size_t)t * n * 4), *s0 = malloc(ns * 4), *s1 = malloc(ns * 4);
+	float *g0 = malloc(nx * 4), *g1 = malloc(nx * 4);
+	cr_assert(qr && rope && s0 && s1 && g0 && g1);
+	dg_ref_rope_pairs(t, n, rope);
+	dg_spec rs = spec_of(DG_OP_ROPE_FWD, h, n, 8);
+	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, b, t), DG_OK);
+	dg_spec load = spec_of(DG_OP_ATTENTION_SCORES, h, n, 8), pre = load;
+	pre.rope_pre = true;
+	cr_assert_eq(dg_ref_attention_scores(&load, xs, rope, s0, b, t), DG_OK);
+	cr_assert_eq(dg_ref_attention_scores(&pre, qr, rope, s1, b, t), DG_OK);
+	cr_assert_eq(memcmp(s0, s1, ns * 4), 0, "scores: rope=pre differs from rope=load");
+	load = spec_of(DG_OP_ATTENTION_GRAD_XS, h, n, 8), pre = load;
+	pre.rope_pre = true;
+	cr_assert_eq(dg_ref_attention_grad_xs(&load, c, xs, rope, g0, b, t), DG_OK);
+	cr_assert_eq(dg_ref_attention_grad_xs(&pre, c, qr, rope, g1, b, t), DG_OK);
+	cr_assert_eq(memcmp(g0, g1, nx * 4), 0, "grad_xs: rope=pre differs from rope=load");
+	/* and it is not a no-op: xs itself (unrotated) as qr gives other scores */
+	dg_spec ps = spec_of(DG_OP_ATTENTION_SCORES, h, n, 8);
+	ps.rope_pre = true;
+	cr_assert_eq(dg_ref_attention_scores(&ps, xs, rope, s1, b, t), DG_OK);
+	cr_assert_neq(memcmp(s0, s1, ns * 4), 0);
+	free(xs), free(c), free(qr), free(rope), free(s0), free(s1), free(g0), free(g1);
+}

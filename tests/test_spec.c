@@ -468,6 +468,23 @@ Test(spec, vocab_rules)
 	refused("op=embed_fwd;out=i32", "out=i32: op embed_fwd takes one of f32|bf16");
 }
 
+/* rope= (attention_scores, attention_grad_xs): load is the default and
+ * not printed, so the texts (and cache keys) of rope-on-the-load specs
+ * are the ones they always were; pre is printed; other ops refuse it. */
+Test(spec, rope_rules)
+{
+	dg_spec s = parsed("op=attention_scores;rope=pre");
+	cr_assert(s.rope_pre);
+	cr_assert(strstr(canon(&s), ";rope=pre;"), "%s", canon(&s));
+	s = parsed("op=attention_grad_xs;rope=load");
+	cr_assert(!s.rope_pre);
+	cr_assert_null(strstr(canon(&s), "rope="), "%s", canon(&s));
+	cr_assert(parsed("op=attention_grad_xs;rope=pre").rope_pre);
+	refused("op=attention_scores;rope=yes", "rope=yes: must be load (RoPE on the GEMM's load) or pre");
+	refused("op=attention_out;rope=pre", "rope: op attention_out does not take it");
+	refused("op=lowrank_fwd;rope=load", "rope: op lowrank_fwd does not take it");
+}
+
 Test(spec, relu_rules)
 {
 	refused("op=relu_mask;relu=none", "relu=none: op relu_mask needs the forward's threshold");

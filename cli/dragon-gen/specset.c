@@ -638,6 +638,7 @@ static const char *const flag_what[DG__SF__COUNT] = {
 	[DG__SF_TILE] = "auto, t<threads> (t256) or BMxBNxBK/WMxWN/S",
 	[DG__SF_ASCALE] = "the act's scale: tensor, or token (one a row)",
 	[DG__SF_WSCALE] = "the weight's scale: tensor, or channel (one an output channel)",
+	[DG__SF_ROPE] = "attention: load (RoPE on the GEMM's load), or pre (xs is RoPE(xs) already)",
 };
 
 /* Prints text's words wrapped at 78 columns under a 21-column hanging

@@ -61,6 +61,7 @@
 	X(SRC, "src", "src", DG_FIELD_SRC)                                    \
 	X(ASCALE, "ascale", "ascale", DG_FIELD_ASCALE)                        \
 	X(WSCALE, "wscale", "wscale", DG_FIELD_WSCALE)                        \
+	X(ROPE, "rope", "rope", DG_FIELD_ROPE)                                \
 	X(TILE, "tile", "tile", DG_FIELD_TILE)                                \
 	X(ARCH, "arch", "arch", DG_FIELD_ARCH)
 

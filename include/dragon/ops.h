@@ -305,16 +305,22 @@ dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_gra
 dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
 			       const dg_attention_grad_xs_args *a);
 
-/* The chains. spec: any attention op's spec (heads, embd, latent, act, arch
- * are read; each step runs its own op with an auto tile: the tuning DB's or
- * the template's default). Forward: scores, then out. Backward: grad_scores
- * into ws, then grad_v and grad_xs; ws holds C, B·H·T·T act values
- * (dg_attention_bwd_workspace). */
+/* The chains. spec: any attention op's spec (heads, embd, latent, act,
+ * arch, rope are read; each step runs its own op with an auto tile: the
+ * tuning DB's or the template's default). Forward: scores, then out.
+ * Backward: grad_scores into ws, then grad_v and grad_xs; ws holds C,
+ * B·H·T·T act values (dg_attention_bwd_workspace). With rope=pre (what the
+ * sm_90a warpgroup GEMMs need: spec arch=sm_90a, act=bf16) each chain
+ * first writes qr = RoPE(xs) (rope_fwd, B·H·T·L act values) into its
+ * workspace, after C in the backward's, and the GEMMs read it raw. */
 typedef struct dg_attention_fwd_args {
 	const dg_tensor *xs, *v, *rope;
 	const dg_tensor *scores; /* (B,H,T,T) act: saved for the backward */
 	const dg_tensor *out;
+	dg_workspace ws; /* rope=pre: qr; else unused */
 } dg_attention_fwd_args;
+dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
+				     size_t *bytes);
 dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a);
 
 typedef struct dg_attention_bwd_args {

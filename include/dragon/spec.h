@@ -93,6 +93,7 @@ typedef enum dg_field {
 	DG_FIELD_ASCALE = 1 << 11,
 	DG_FIELD_WSCALE = 1 << 12,
 	DG_FIELD_VOCAB = 1 << 13,
+	DG_FIELD_ROPE = 1 << 14,
 } dg_field;
 
 /*
@@ -151,6 +152,12 @@ typedef struct dg_spec {
 	int arch;           /* SM version times ten plus minor: 90 for sm_90 */
 	bool arch_specific; /* sm_90a: arch-specific features (wgmma) */
 	int vocab;          /* V: token ids 0..V-1 (embed, lmhead_ce); 2..65536 */
+	/* attention_scores, attention_grad_xs: where RoPE is applied to xs.
+	 * false (text rope=load, the default): on the GEMM's load, from the
+	 * rope table; true (rope=pre): xs is RoPE(xs) already (the chain's
+	 * rope_fwd made it) and the GEMM reads it raw, as the sm_90a
+	 * warpgroup path needs (grad_xs's epilogue still applies RoPE^T). */
+	bool rope_pre;
 } dg_spec;
 
 /* ---- the op table --------------------------------------------------------

@@ -173,6 +173,7 @@ static dg_spec step_spec(const dg_spec *spec, dg_op op)
 	s.act = spec->act;
 	s.arch = spec->arch;
 	s.arch_specific = spec->arch_specific;
+	s.rope_pre = spec->rope_pre; /* kept by the ops that take it */
 	dg_spec_normalize(&s);
 	return s;
 }
@@ -184,6 +185,44 @@ static bool is_attention_gemm(const dg_spec *spec)
 			spec->op == DG_OP_ATTENTION_GRAD_XS);
 }
 
+/* rope=pre: the chains' qr = RoPE(xs), (B,H,T,L) act at ws + off. */
+static size_t align256(size_t n)
+{
+	return (n + 255) / 256 * 256;
+}
+
+static size_t qr_bytes(const dg_spec *spec, const dg_tensor *xs)
+{
+	return spec->rope_pre && xs ? align256(dg_tensor_bytes(xs)) : 0;
+}
+
+static dg_tensor qr_tensor(const dg_tensor *xs, dg_dptr at)
+{
+	dg_tensor t = dg_tensor_make("qr (ws)", xs->fmt, at, xs->ndim, xs->shape);
+	return t;
+}
+
+/* qr = RoPE(xs) into qr (rope_fwd with spec's shape and act). */
+static dg_status rope_into(dg_device *dev, const dg_spec *spec, const dg_tensor *xs,
+			   const dg_tensor *rope, const dg_tensor *qr)
+{
+	dg_spec rs = step_spec(spec, DG_OP_ROPE_FWD);
+	dg_rope_fwd_args ra = { .x = xs, .rope = rope, .out = qr };
+	return dg_rope_fwd(dev, &rs, &ra);
+}
+
+dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
+				     size_t *bytes)
+{
+	if (!bytes)
+		return DG_ERR_INVALID_ARG;
+	*bytes = 0;
+	if (!is_attention_gemm(spec) || !a || (spec->rope_pre && !a->xs))
+		return DG_ERR_INVALID_ARG;
+	*bytes = qr_bytes(spec, a->xs);
+	return DG_OK;
+}
+
 dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a)
 {
 	if (!dev)
@@ -193,16 +232,37 @@ dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 				    "dg_attention_fwd: %s", !a ? "args is NULL"
 							       : "spec must be an attention op's (op=attention_scores, ...)");
 	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_SCORES), s2 = step_spec(spec, DG_OP_ATTENTION_OUT);
-	dg_attention_scores_args sa = { .xs = a->xs, .rope = a->rope, .scores = a->scores };
+	dg_tensor qr;
+	const dg_tensor *xs = a->xs;
+	if (spec->rope_pre) {
+		if (!a->xs)
+			return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_attention_fwd: xs is NULL");
+		dg_status st = dg__op_workspace_ok(dev, "dg_attention_fwd", &a->ws, qr_bytes(spec, a->xs));
+		if (st)
+			return st;
+		qr = qr_tensor(a->xs, a->ws.ptr);
+		xs = &qr;
+	}
+	dg_attention_scores_args sa = { .xs = xs, .rope = a->rope, .scores = a->scores };
 	dg_attention_out_args oa = { .scores = a->scores, .v = a->v, .out = a->out };
 	char msg[512];
-	/* both checked before anything is launched */
-	dg_status st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
+	/* all checked before anything is launched */
+	dg_status st = DG_OK;
+	if (spec->rope_pre) {
+		dg_spec rs = step_spec(spec, DG_OP_ROPE_FWD);
+		dg_rope_fwd_args ra = { .x = a->xs, .rope = a->rope, .out = xs };
+		st = dg_rope_fwd_check(&rs, &ra, msg, sizeof(msg));
+	}
+	if (!st)
+		st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
 	if (!st)
 		st = dg_attention_out_check(&s2, &oa, msg, sizeof(msg));
 	if (st)
 		return dg__dev_fail_msg(dev, st, msg);
-	st = dg_attention_scores(dev, &s1, &sa);
+	if (spec->rope_pre)
+		st = rope_into(dev, spec, a->xs, a->rope, xs);
+	if (!st)
+		st = dg_attention_scores(dev, &s1, &sa);
 	return st ? st : dg_attention_out(dev, &s2, &oa);
 }
 
@@ -221,10 +281,12 @@ dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd
 	if (!bytes)
 		return DG_ERR_INVALID_ARG;
 	*bytes = 0;
-	if (!is_attention_gemm(spec) || !a || !a->scores || a->scores->ndim != 4)
+	if (!is_attention_gemm(spec) || !a || !a->scores || a->scores->ndim != 4 ||
+	    (spec->rope_pre && !a->xs))
 		return DG_ERR_INVALID_ARG;
 	dg_tensor t = c_tensor(spec, a);
-	*bytes = dg_tensor_bytes(&t);
+	*bytes = (spec->rope_pre ? align256(dg_tensor_bytes(&t)) : dg_tensor_bytes(&t)) +
+		 qr_bytes(spec, a->xs);
 	return DG_OK;
 }
 
@@ -243,24 +305,39 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	size_t need = 0;
 	dg_status st = dg_attention_bwd_workspace(spec, a, &need);
 	if (st)
-		return dg__dev_fail(dev, st, "dg_attention_bwd: scores must be (B, H, T, T)");
+		return dg__dev_fail(dev, st, "dg_attention_bwd: scores must be (B, H, T, T)%s",
+				    spec->rope_pre ? " and xs given" : "");
 	st = dg__op_workspace_ok(dev, "dg_attention_bwd", &a->ws, need);
 	if (st)
 		return st;
-	dg_tensor ct = c_tensor(spec, a);
+	dg_tensor ct = c_tensor(spec, a), qr;
+	const dg_tensor *xs = a->xs;
+	if (spec->rope_pre) {
+		qr = qr_tensor(a->xs, a->ws.ptr + align256(dg_tensor_bytes(&ct)));
+		xs = &qr;
+	}
 	dg_attention_grad_scores_args ga = { .grad = a->grad, .v = a->v, .grad_scores = &ct };
 	dg_attention_grad_v_args va = { .scores = a->scores, .grad = a->grad, .grad_v = a->grad_v };
-	dg_attention_grad_xs_args xa = { .grad_scores = &ct, .xs = a->xs, .rope = a->rope,
+	dg_attention_grad_xs_args xa = { .grad_scores = &ct, .xs = xs, .rope = a->rope,
 					 .grad_xs = a->grad_xs };
 	char msg[512];
-	st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
+	if (spec->rope_pre) {
+		dg_spec rs = step_spec(spec, DG_OP_ROPE_FWD);
+		dg_rope_fwd_args ra = { .x = a->xs, .rope = a->rope, .out = xs };
+		st = dg_rope_fwd_check(&rs, &ra, msg, sizeof(msg));
+	}
+	if (!st)
+		st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
 	if (!st)
 		st = dg_attention_grad_v_check(&s2, &va, msg, sizeof(msg));
 	if (!st)
 		st = dg_attention_grad_xs_check(&s3, &xa, msg, sizeof(msg));
 	if (st)
 		return dg__dev_fail_msg(dev, st, msg);
-	st = dg_attention_grad_scores(dev, &s1, &ga);
+	if (spec->rope_pre)
+		st = rope_into(dev, spec, a->xs, a->rope, xs);
+	if (!st)
+		st = dg_attention_grad_scores(dev, &s1, &ga);
 	if (!st)
 		st = dg_attention_grad_v(dev, &s2, &va);
 	if (!st)

@@ -112,14 +112,18 @@ dg_status dg_ref_rope_op(const dg_spec *spec, const void *x, const float *rope, 
 	return st;
 }
 
-/* qr = RoPE(xs) of (b, h) = z: (t, n) floats into q (tmp: t·n scratch). */
-static void rope_rows(dg_fmt f, const void *xs, int64_t z, const float *c, const float *s, int t,
-		      int n, float *tmp, float *q)
+/* qr = RoPE(xs) of (b, h) = z: (t, n) floats into q (tmp: t·n scratch);
+ * rope=pre: xs is qr already, copied. */
+static void rope_rows(const dg_spec *spec, const void *xs, int64_t z, const float *c,
+		      const float *s, int t, int n, float *tmp, float *q)
 {
 	size_t tn = (size_t)t * (size_t)n;
 	for (size_t i = 0; i < tn; i++)
-		tmp[i] = dg__ref_plain_at(f, xs, (size_t)z * tn + i);
-	dg_ref_rope_fwd(tmp, c, s, 1, t, n, q);
+		tmp[i] = dg__ref_plain_at(spec->act, xs, (size_t)z * tn + i);
+	if (spec->rope_pre)
+		memcpy(q, tmp, tn * sizeof(float));
+	else
+		dg_ref_rope_fwd(tmp, c, s, 1, t, n, q);
 }
 
 dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const float *rope,
@@ -134,7 +138,7 @@ dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const flo
 	if (!st && (!tmp || !q))
 		st = DG_ERR_NOMEM;
 	for (int64_t z = 0; !st && z < (int64_t)b * spec->heads; z++) {
-		rope_rows(spec->act, xs, z, c, s, t, n, tmp, q);
+		rope_rows(spec, xs, z, c, s, t, n, tmp, q);
 		for (int i = 0; i < t; i++)
 			for (int j = 0; j < t; j++) {
 				double acc = 0.0;
@@ -243,7 +247,7 @@ dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores,
 	if (!st && (!tmp || !q || !acc))
 		st = DG_ERR_NOMEM;
 	for (int64_t z = 0; !st && z < (int64_t)b * spec->heads; z++) {
-		rope_rows(spec->act, xs, z, c, s, t, n, tmp, q);
+		rope_rows(spec, xs, z, c, s, t, n, tmp, q);
 		for (int i = 0; i < t; i++) {
 			memset(acc, 0, (size_t)n * sizeof(double));
 			for (int j = 0; j < t; j++) {

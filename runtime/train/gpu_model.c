@@ -180,15 +180,28 @@ static dg_status sized(dg_model *m, const dg_spec *s, dg_status st, const char *
 	return dg_kernel_get(m->dev, s, NULL, &k);
 }
 
-/* The attention chains' five ops, prepared. */
+/* An attention op's spec: bf16 on sm_90 takes the warpgroup GEMMs, which
+ * read RoPE(xs) made by the chain (rope=pre, arch=sm_90a). */
+static dg_spec attn_spec(const dg_model *m, dg_op op)
+{
+	dg_spec s = base_spec(m, op);
+	if (m->act == DG_FMT_BF16 && s.arch == 90) {
+		s.arch_specific = true;
+		s.rope_pre = true;
+	}
+	dg_spec_normalize(&s);
+	return s;
+}
+
+/* The attention chains' ops, prepared. */
 static dg_status prep_attention(dg_model *m)
 {
 	static const dg_op ops[] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_OUT,
 				     DG_OP_ATTENTION_GRAD_SCORES, DG_OP_ATTENTION_GRAD_V,
-				     DG_OP_ATTENTION_GRAD_XS, DG_OP_ADD_MASK };
+				     DG_OP_ATTENTION_GRAD_XS, DG_OP_ROPE_FWD, DG_OP_ADD_MASK };
 	dg_status st = DG_OK;
 	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]) && !st; i++) {
-		dg_spec s = op_spec(m, ops[i]);
+		dg_spec s = ops[i] == DG_OP_ADD_MASK ? op_spec(m, ops[i]) : attn_spec(m, ops[i]);
 		st = sized(m, &s, DG_OK, "");
 	}
 	return st;
@@ -231,11 +244,16 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			    : dg_lowrank_fwd(dev, &s, &a);
 	}
 	case DG__N_ATTN: {
-		dg_spec s = base_spec(m, DG_OP_ATTENTION_SCORES);
+		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
 		dg_tensor xs = tn(m, in[0]), v = tn(m, in[1]), rope = tn(m, in[2]), sc = tn(m, out[1]),
 			  o = tn(m, out[0]);
-		dg_attention_fwd_args a = { .xs = &xs, .v = &v, .rope = &rope, .scores = &sc, .out = &o };
-		return need ? prep_attention(m) : dg_attention_fwd(dev, &s, &a);
+		dg_attention_fwd_args a = { .xs = &xs, .v = &v, .rope = &rope, .scores = &sc, .out = &o,
+					    .ws = ws };
+		if (need) {
+			dg_status st = dg_attention_fwd_workspace(&s, &a, need);
+			return st ? dg__dev_fail(dev, st, "the attention: no workspace size") : prep_attention(m);
+		}
+		return dg_attention_fwd(dev, &s, &a);
 	}
 	case DG__N_GATE: {
 		dg_spec s = op_spec(m, DG_OP_GATE_FWD);
@@ -339,7 +357,7 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	case DG__N_ATTN_BWD: {
 		/* the chain's grad_xs into the workspace's tail, then
 		 * dxs = (dxs + it)·[xs > 0] */
-		dg_spec s = base_spec(m, DG_OP_ATTENTION_SCORES);
+		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
 		dg_tensor g = tn(m, in[0]), sc = tn(m, in[1]), v = tn(m, in[2]), xs = tn(m, in[3]),
 			  dxs = tn(m, out[0]), dv = tn(m, out[1]), rope = tn(m, m->id.rope);
 		size_t c_bytes = 0, gx_bytes = (size_t)dg_tensor_numel(&xs) * sizeof(float);

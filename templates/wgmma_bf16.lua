@@ -1,0 +1,158 @@
+--[[
+wgmma_bf16.lua — the pieces of a bf16 GEMM on Hopper's warpgroup tensor
+cores (wgmma.mma_async, sm_90a) with f32 sums, for operands that stream
+from global memory by cp.async (templates/attention.lua's sm_90a path).
+
+  C[m, n] = Σ_k A[m, k] · B[n, k]
+
+A warpgroup (4 consecutive warps) issues
+`wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`: 64 rows of A × N rows
+of B × 16 elements of K, asynchronously; both operands are read from
+shared memory through 64-bit matrix descriptors, each either K-major (a
+row of 16-byte chunks runs along K) or MN-major (the chunks run along M or
+N: the instruction's "transpose" immediate, which 16-bit types allow).
+
+Shared-memory layout (no swizzle, "interleaved"), the same for both
+majors: the unit is a core matrix of 128 contiguous bytes, 8 rows of 16
+bytes (8 bf16). K-major: a core row is one M/N index, its 16 bytes 8
+consecutive k. MN-major: a core row is one k, its 16 bytes 8 consecutive
+M/N indices (PTX ISA, "Canonical Layouts": ((8,m),(T,2k)):((1T,SBO),(1,LBO))
+and ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)), T = 8 elements). A tile of R
+(M or N) × BK is (R/8) × (BK/8) core matrices: core (mn-group i, k-group
+j) at byte i·SBO + j·128, SBO = (BK/8)·128 = 16·BK; so in both majors
+the leading byte offset (between core matrices adjacent along K) is 128
+and the stride byte offset (adjacent along M/N) is SBO, and the k16 step s
+of an instruction starts at byte 256·s of the tile.
+
+Staging: a thread's unit is one 16-byte core row; unit u is core row u%8,
+then the chunk along the tile's contiguous axis (u/8)%CH, then the group
+along the other axis: 8 consecutive threads fill one core matrix (128
+contiguous bytes: no bank conflict), a warp reads 64 contiguous bytes of 8
+rows from global memory. Whole, aligned chunks are one cp.async of 16
+bytes (zero-filled past the tensor's rows); a chunk that crosses the edge
+of its row, or a row that is not 16-byte aligned, is assembled from guarded
+element loads and one 16-byte shared store (the rare ragged shapes).
+
+Accumulators (m64nN, f32), as the integer path's (templates/wgmma.lua):
+thread t of the warpgroup, warp w = t/32 % 4, lane = 4g + q, register 4j+i:
+  i = 0: (16w + g, 8j + 2q)  i = 1: (16w + g, 8j + 2q + 1)
+  i = 2: (16w + g + 8, 8j + 2q)  i = 3: (16w + g + 8, 8j + 2q + 1).
+
+Ordering: each thread's cp.async copies are waited for (wait_group) and
+made visible to the async proxy (fence.proxy.async) before the barrier
+that precedes the wgmma reading them; wgmma.fence precedes each step's
+first wgmma; a stage is refilled only after every warpgroup's wgmma that
+read it completed (wait_group 1 after each step, then the next step's
+barrier); accumulators are pinned after each wait.
+]]
+local C = require("common")
+local fmt = string.format
+
+local M = {}
+
+-- The C helpers for an N-wide instruction (N a multiple of 8, 8..256) with
+-- A MN-major (a_mn) or K-major, B likewise.
+function M.helpers(n, a_mn, b_mn)
+  local nr = n // 2
+  local regs, outs = {}, {}
+  for i = 0, nr - 1 do
+    regs[#regs + 1] = "%" .. i
+    outs[#outs + 1] = fmt("\"+f\"(d[%d])", i)
+  end
+  return C.subst([[
+// ---- bf16 warpgroup tensor-core helpers (templates/wgmma_bf16.lua) ---------
+__device__ __forceinline__ unsigned long long dg_wb_desc(unsigned saddr, unsigned sbo)
+{
+	// no swizzle; LBO 128 bytes (the next 8 of K); SBO the next 8 of M / N
+	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | ((unsigned long long)(128u >> 4) << 16) |
+	       ((unsigned long long)((sbo & 0x3ffffu) >> 4) << 32);
+}
+
+__device__ __forceinline__ void dg_wb_fence()
+{
+	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void dg_wb_commit()
+{
+	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N_>
+__device__ __forceinline__ void dg_wb_wait()
+{
+	asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N_) : "memory");
+}
+
+__device__ __forceinline__ void dg_wb_fence_async()
+{
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// d (+)= A · B over one k16 step: 64 x ${N} f32; A ${AM}, B ${BM};
+// scale_d 0: d = A·B, else d += A·B.
+__device__ __forceinline__ void dg_wb_mma(float (&d)[${NR}], unsigned long long da, unsigned long long db,
+					  int scale_d)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %${PS}, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n${N}k16.f32.bf16.bf16 "
+		     "{${REGS}}, %${PA}, %${PB}, p, 1, 1, ${TA}, ${TB};\n}\n"
+		     : ${OUTS}
+		     : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// Keeps the compiler from moving accesses of the accumulators across a
+// wgmma wait.
+__device__ __forceinline__ void dg_wb_pin(float (&d)[${NR}])
+{
+#pragma unroll
+	for (int i = 0; i < ${NR}; ++i)
+		asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+__device__ __forceinline__ void dg_wb_cp16(unsigned dst, const void *src, int src_bytes)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void dg_wb_cp_commit()
+{
+	asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N_>
+__device__ __forceinline__ void dg_wb_cp_wait()
+{
+	asm volatile("cp.async.wait_group %0;\n" :: "n"(N_) : "memory");
+}
+
+// One 16-byte core row: elements col .. col+7 of row `row` of a row-major
+// bf16 operand (rows x cols, row length ld) into shared address dst; zeros
+// outside. Whole aligned chunks by cp.async, the rest by element loads.
+__device__ __forceinline__ void dg_wb_stage(unsigned dst, const unsigned short *base, int row, int rows,
+					    int col, int cols, int ld)
+{
+	if (row >= rows || col >= cols) {
+		dg_wb_cp16(dst, base, 0);
+		return;
+	}
+	const unsigned short *p = base + (long long)row * ld + col;
+	if (col + 8 <= cols && ((unsigned long long)p & 15u) == 0) {
+		dg_wb_cp16(dst, p, 16);
+		return;
+	}
+	unsigned w[4] = { 0u, 0u, 0u, 0u };
+#pragma unroll
+	for (int e = 0; e < 8; ++e)
+		if (col + e < cols)
+			w[e / 2] |= (unsigned)__ldg(p + e) << (16 * (e & 1));
+	asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+		     :: "r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+}
+]], { N = n, NR = nr, REGS = table.concat(regs, ", "), OUTS = table.concat(outs, ", "),
+      PA = nr, PB = nr + 1, PS = nr + 2, TA = a_mn and 1 or 0, TB = b_mn and 1 or 0,
+      AM = a_mn and "MN-major" or "K-major", BM = b_mn and "MN-major" or "K-major" })
+end
+
+return M
