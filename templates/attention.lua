@@ -244,7 +244,7 @@ end
 
 -- Its tiles: BM/64 warpgroups of 4 warps along M (WM = BM/16, WN = 1),
 -- one m64nBNk16 instruction a warpgroup and k16 step, BN 64 | 128 | 256,
--- BK a multiple of 16, a ring of 3 or 4 stages.
+-- BK a multiple of 16, a ring of 3 or 4 stages (S-1 K steps in flight).
 local function wgmma_fits(k, t)
   return wgmma_op(k) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
          (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk % 16 == 0 and t.stages >= 3 and t.stages <= 4
@@ -766,7 +766,7 @@ typedef ${OT} OT;		// output storage
 // ---- tile: BM/64 warpgroups along M, each 64 x BN; a ring of S stages
 constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};
 constexpr int NT = (BM / 64) * 128;		// threads a block
-constexpr int S = ${S}, P = S - 2;		// stages; K steps fetched ahead
+constexpr int S = ${S}, P = S - 1;		// stages; K steps fetched ahead
 constexpr bool A_KC = ${A_KC}, B_KC = ${B_KC};	// K-major (else M / N-major)
 constexpr int SBO = 16 * BK;			// bytes between core matrices along M / N
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
@@ -777,7 +777,7 @@ constexpr int SA = (A_UNITS + NT - 1) / NT, SB = (B_UNITS + NT - 1) / NT;	// uni
 ]]
 
 local KERNEL_WG = [[
-extern "C" __global__ void __launch_bounds__(NT)
+extern "C" __global__ void __launch_bounds__(NT, ${MINB})
 ${ENTRY}(${SIG})
 {
 	extern __shared__ __align__(128) unsigned char smem[];
@@ -830,9 +830,10 @@ ${SKIP}
 #pragma unroll
 	for (int i = 0; i < BN / 2; ++i)
 		acc[i] = 0.0f;
-	// ---- pipeline: P steps fetched ahead; step i's MMAs in flight while
-	// step i+1's are issued (wait_group 1), so a stage is refilled two
-	// steps after the MMAs that read it were issued.
+	// ---- pipeline: P = S-1 steps fetched ahead. A step's MMAs are waited
+	// for (wait_group 0) before the next barrier, so after it the stage of
+	// step i-1 is free for step i+P; the other block an SM keeps the tensor
+	// cores busy across a block's barrier.
 #pragma unroll 1
 	for (int s = 0; s < P; ++s) {
 		if (s < nsteps)
@@ -843,9 +844,9 @@ ${SKIP}
 	for (int i = 0; i < nsteps; ++i) {
 		dg_wb_cp_wait<P - 1>();		// this thread's copies of step i
 		dg_wb_fence_async();
-		__syncthreads();		// everyone's; and every MMA of step i-2 is done
+		__syncthreads();		// everyone's; and every MMA of step i-1 is done
 		if (i + P < nsteps)
-			load(i + P);		// into step i-2's stage
+			load(i + P);		// into step i-1's stage
 		dg_wb_cp_commit();
 		const unsigned as = sbase + (i % S) * STAGE + wg * 8 * SBO, bs = sbase + (i % S) * STAGE + A_BYTES;
 		dg_wb_fence();
@@ -853,11 +854,9 @@ ${SKIP}
 		for (int ks = 0; ks < BK / 16; ++ks)
 			dg_wb_mma(acc, dg_wb_desc(as + ks * 256, SBO), dg_wb_desc(bs + ks * 256, SBO), 1);
 		dg_wb_commit();
-		dg_wb_wait<1>();
+		dg_wb_wait<0>();
 		dg_wb_pin(acc);
 	}
-	dg_wb_wait<0>();
-	dg_wb_pin(acc);
 	dg_wb_cp_wait<0>();
 
 	// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)
@@ -886,6 +885,9 @@ local function render_wgmma(spec, plan, k)
     H = k.H, E = k.E, L = k.L, XT = CTYPE[k.act], AT = CTYPE.bf16, BT = CTYPE.bf16, OT = CTYPE[of],
     BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, A_KC = tostring(o.a_kc), B_KC = tostring(o.b_kc),
   }
+  -- two blocks an SM (at most 128 registers a thread) while the accumulators
+  -- allow it: one block's barrier is hidden by the other's MMAs
+  local minb = (t.bn <= 128 and t.bm == 128) and 2 or 1
   local entry = "dg_" .. k.op
   local about = {
     fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
@@ -905,7 +907,8 @@ local function render_wgmma(spec, plan, k)
   w:line(fmt("__device__ __forceinline__ OT dg_out(float x) { return %s; }",
              of == "bf16" and "dg_f32_to_bf16(x)" or "x"))
   w:line()
-  w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = o.sig, GEO = o.geo, SKIP = o.skip or "", STORE = o.store }))
+  w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = o.sig, GEO = o.geo, SKIP = o.skip or "", STORE = o.store,
+                              MINB = minb }))
   return w:text()
 end
 

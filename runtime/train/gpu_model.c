@@ -189,8 +189,7 @@ static dg_spec attn_spec(const dg_model *m, dg_op op)
 		s.arch_specific = true;
 		s.rope_pre = true;
 	}
-	dg_spec_normalize(&s);
-	return s;
+	return s; /* not normalized: the chains read embd and latent */
 }
 
 /* The attention chains' ops, prepared. */
@@ -202,6 +201,7 @@ static dg_status prep_attention(dg_model *m)
 	dg_status st = DG_OK;
 	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]) && !st; i++) {
 		dg_spec s = ops[i] == DG_OP_ADD_MASK ? op_spec(m, ops[i]) : attn_spec(m, ops[i]);
+		dg_spec_normalize(&s);
 		st = sized(m, &s, DG_OK, "");
 	}
 	return st;
