@@ -244,10 +244,11 @@ end
 
 -- Its tiles: BM/64 warpgroups of 4 warps along M (WM = BM/16, WN = 1),
 -- one m64nBNk16 instruction a warpgroup and k16 step, BN 64 | 128 | 256,
--- BK a multiple of 16, a ring of 3 or 4 stages (S-1 K steps in flight).
+-- BK 64 (one 128-byte swizzle row of K), a ring of 3 or 4 stages (S-1 K
+-- steps in flight).
 local function wgmma_fits(k, t)
   return wgmma_op(k) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
-         (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk % 16 == 0 and t.stages >= 3 and t.stages <= 4
+         (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk == 64 and t.stages >= 3 and t.stages <= 4
 end
 
 -- The heuristic default tile (see the performance note in the module's
@@ -305,14 +306,14 @@ function M.plan(spec)
   if wgmma_fits(k, t) then
     p.path = "wgmma bf16"
     p.arch_specific = true
-    local smem = t.stages * (t.bm + t.bn) * t.bk * 2
+    local smem = t.stages * (t.bm + t.bn) * t.bk * 2 + 1024	-- + the 1 KiB alignment of the atoms
     ok, err = C.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.entries[1].smem = smem
     return p
   end
   if t.stages > 2 then
-    return C.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK a multiple of 16; the other paths take 1 or 2")
+    return C.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")
   end
   local mma = mma_fits(k, t)
   if mma then
@@ -768,12 +769,10 @@ constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};
 constexpr int NT = (BM / 64) * 128;		// threads a block
 constexpr int S = ${S}, P = S - 1;		// stages; K steps fetched ahead
 constexpr bool A_KC = ${A_KC}, B_KC = ${B_KC};	// K-major (else M / N-major)
-constexpr int SBO = 16 * BK;			// bytes between core matrices along M / N
+static_assert(BK == 64, "one 128-byte swizzle row of K a step");
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
-constexpr int A_CH = A_KC ? BK / 8 : BM / 8;	// 16-byte chunks along a tile row's contiguous axis
-constexpr int B_CH = B_KC ? BK / 8 : BN / 8;
-constexpr int A_UNITS = BM * BK / 8, B_UNITS = BN * BK / 8;
-constexpr int SA = (A_UNITS + NT - 1) / NT, SB = (B_UNITS + NT - 1) / NT;	// units a thread
+constexpr int A_UNITS = BM * BK / 8, B_UNITS = BN * BK / 8;	// 16-byte chunks
+constexpr int SA = (A_UNITS + NT - 1) / NT, SB = (B_UNITS + NT - 1) / NT;	// chunks a thread
 ]]
 
 local KERNEL_WG = [[
@@ -793,10 +792,12 @@ ${SKIP}
 	}
 	const int nk = kt_end > kt_begin ? kt_end - kt_begin : 0;
 	const int nsteps = NH * nk;		// (head, K step) pairs, heads outer
-	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
 
-	// Step st's A and B tiles into its stage (templates/wgmma_bf16.lua: unit
-	// u is core row u%8, chunk (u/8)%CH, group u/(8·CH)).
+	// Step st's A and B tiles into its stage (templates/wgmma_bf16.lua: a
+	// chunk's place dg_wb_kmaj / dg_wb_mnmaj; 8 consecutive threads read one
+	// 128-byte line and fill one 128-byte swizzle row).
 	auto load = [&](int st) {
 		const int h = st / nk, k0 = (kt_begin + st % nk) * BK;
 		const unsigned short *ah = (const unsigned short *)(pa + h * a_hs);
@@ -807,22 +808,28 @@ ${SKIP}
 			const int u = tid + s * NT;
 			if (A_UNITS % NT != 0 && u >= A_UNITS)
 				break;
-			const int r8 = u & 7, ch = (u >> 3) % A_CH, grp = u / (8 * A_CH);
-			if constexpr (A_KC)	// core row = m; chunk along k
-				dg_wb_stage(as + grp * SBO + ch * 128 + r8 * 16, ah, m0 + grp * 8 + r8, M, k0 + ch * 8, K, LDA);
-			else			// core row = k; chunk along m
-				dg_wb_stage(as + ch * SBO + grp * 128 + r8 * 16, ah, k0 + grp * 8 + r8, K, m0 + ch * 8, M, LDA);
+			const int c = u & 7;
+			if constexpr (A_KC) {	// row m = u/8, chunk c along k
+				const int r = u >> 3;
+				dg_wb_stage(as + dg_wb_kmaj(r, c), ah, m0 + r, M, k0 + 8 * c, K, LDA);
+			} else {		// row k = (u/8)%64, 64-wide group u/512 along m
+				const int kk = (u >> 3) & 63, gg = u >> 9;
+				dg_wb_stage(as + dg_wb_mnmaj(gg, kk, c), ah, k0 + kk, K, m0 + 64 * gg + 8 * c, M, LDA);
+			}
 		}
 #pragma unroll
 		for (int s = 0; s < SB; ++s) {
 			const int u = tid + s * NT;
 			if (B_UNITS % NT != 0 && u >= B_UNITS)
 				break;
-			const int r8 = u & 7, ch = (u >> 3) % B_CH, grp = u / (8 * B_CH);
-			if constexpr (B_KC)
-				dg_wb_stage(bs + grp * SBO + ch * 128 + r8 * 16, bh, n0 + grp * 8 + r8, N, k0 + ch * 8, K, LDB);
-			else
-				dg_wb_stage(bs + ch * SBO + grp * 128 + r8 * 16, bh, k0 + grp * 8 + r8, K, n0 + ch * 8, N, LDB);
+			const int c = u & 7;
+			if constexpr (B_KC) {
+				const int r = u >> 3;
+				dg_wb_stage(bs + dg_wb_kmaj(r, c), bh, n0 + r, N, k0 + 8 * c, K, LDB);
+			} else {
+				const int kk = (u >> 3) & 63, gg = u >> 9;
+				dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), bh, k0 + kk, K, n0 + 64 * gg + 8 * c, N, LDB);
+			}
 		}
 	};
 
@@ -848,11 +855,13 @@ ${SKIP}
 		if (i + P < nsteps)
 			load(i + P);		// into step i-1's stage
 		dg_wb_cp_commit();
-		const unsigned as = sbase + (i % S) * STAGE + wg * 8 * SBO, bs = sbase + (i % S) * STAGE + A_BYTES;
+		// this warpgroup's 64 rows of A: 8 K-major atoms, or one 64-wide M group
+		const unsigned as = sbase + (i % S) * STAGE + wg * 8192, bs = sbase + (i % S) * STAGE + A_BYTES;
 		dg_wb_fence();
 #pragma unroll
 		for (int ks = 0; ks < BK / 16; ++ks)
-			dg_wb_mma(acc, dg_wb_desc(as + ks * 256, SBO), dg_wb_desc(bs + ks * 256, SBO), 1);
+			dg_wb_mma(acc, dg_wb_desc<A_KC>(as + ks * (A_KC ? 32 : 2048)),
+				  dg_wb_desc<B_KC>(bs + ks * (B_KC ? 32 : 2048)), 1);
 		dg_wb_commit();
 		dg_wb_wait<0>();
 		dg_wb_pin(acc);

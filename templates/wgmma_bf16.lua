@@ -12,23 +12,24 @@ shared memory through 64-bit matrix descriptors, each either K-major (a
 row of 16-byte chunks runs along K) or MN-major (the chunks run along M or
 N: the instruction's "transpose" immediate, which 16-bit types allow).
 
-Shared-memory layout (no swizzle, "interleaved"), the same for both
-majors: the unit is a core matrix of 128 contiguous bytes, 8 rows of 16
-bytes (8 bf16). K-major: a core row is one M/N index, its 16 bytes 8
-consecutive k. MN-major: a core row is one k, its 16 bytes 8 consecutive
-M/N indices (PTX ISA, "Canonical Layouts": ((8,m),(T,2k)):((1T,SBO),(1,LBO))
-and ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)), T = 8 elements). A tile of R
-(M or N) × BK is (R/8) × (BK/8) core matrices: core (mn-group i, k-group
-j) at byte i·SBO + j·128, SBO = (BK/8)·128 = 16·BK; so in both majors
-the leading byte offset (between core matrices adjacent along K) is 128
-and the stride byte offset (adjacent along M/N) is SBO, and the k16 step s
-of an instruction starts at byte 256·s of the tile.
+Shared-memory layout: the 128-byte swizzle (descriptor layout type 1), a
+K step of 64 (BK 64). The unit is a 1024-byte atom of 8 rows of 128 bytes,
+1024-byte aligned; the 16-byte chunk c of row j is stored at chunk c ^ j
+(the hardware undoes it from the address bits), so that both the stores
+that fill a row and the tensor cores' reads are free of bank conflicts
+(PTX ISA, "Canonical Layouts", T = 8 elements:
+  K-major  ((8,m),(T,2k)):((8T,SBO),(1,T)): a row is one M / N index, its
+           128 bytes the step's 64 k; row r at (r/8)·1024 + (r%8)·128;
+           SBO 1024, no LBO; the k16 step s starts 32·s bytes in;
+  MN-major ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): a row is one k, its 128
+           bytes 64 consecutive M / N; k row at (k/8)·1024 + (k%8)·128 of
+           its 64-wide group, groups LBO = 8192 apart (64 rows of K);
+           SBO 1024; the k16 step s starts 2048·s bytes in.)
+So a warpgroup's 64 rows of A start 8192 bytes in, in both majors.
 
-Staging: a thread's unit is one 16-byte core row; unit u is core row u%8,
-then the chunk along the tile's contiguous axis (u/8)%CH, then the group
-along the other axis: 8 consecutive threads fill one core matrix (128
-contiguous bytes: no bank conflict), a warp reads 64 contiguous bytes of 8
-rows from global memory. Whole, aligned chunks are one cp.async of 16
+Staging: a thread's unit is one 16-byte chunk; 8 consecutive threads read
+one 128-byte line of global memory (a whole line a request) and fill one
+128-byte row of an atom. Whole, aligned chunks are one cp.async of 16
 bytes (zero-filled past the tensor's rows); a chunk that crosses the edge
 of its row, or a row that is not 16-byte aligned, is assembled from guarded
 element loads and one 16-byte shared store (the rare ragged shapes).
@@ -61,11 +62,28 @@ function M.helpers(n, a_mn, b_mn)
   end
   return C.subst([[
 // ---- bf16 warpgroup tensor-core helpers (templates/wgmma_bf16.lua) ---------
-__device__ __forceinline__ unsigned long long dg_wb_desc(unsigned saddr, unsigned sbo)
+// The descriptor of a 128-byte-swizzled tile (layout type 1, bits 62-63).
+// K-major: SBO 1024 (the next 8 rows), LBO unused (1); MN-major: LBO 8192
+// (the next 64 of M / N), SBO 1024 (the next 8 of K).
+template <bool KMAJ>
+__device__ __forceinline__ unsigned long long dg_wb_desc(unsigned saddr)
 {
-	// no swizzle; LBO 128 bytes (the next 8 of K); SBO the next 8 of M / N
-	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | ((unsigned long long)(128u >> 4) << 16) |
-	       ((unsigned long long)((sbo & 0x3ffffu) >> 4) << 32);
+	constexpr unsigned long long lbo = KMAJ ? 1u : (8192u >> 4), sbo = 1024u >> 4;
+	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | (lbo << 16) | (sbo << 32) | (1ull << 62);
+}
+
+// Byte offsets in a tile of chunk c (8 bf16) — K-major: of row r (M / N),
+// K elements 8c..8c+7; MN-major: of K row k, M / N elements 64g+8c..+7.
+// A 1024-byte atom is 8 rows of 128 bytes; chunk c of row j sits at
+// c ^ j (the hardware's 128-byte swizzle).
+__device__ __forceinline__ unsigned dg_wb_kmaj(int r, int c)
+{
+	return (unsigned)((r >> 3) * 1024 + (r & 7) * 128 + ((c ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ unsigned dg_wb_mnmaj(int g, int k, int c)
+{
+	return (unsigned)(g * 8192 + (k >> 3) * 1024 + (k & 7) * 128 + ((c ^ (k & 7)) << 4));
 }
 
 __device__ __forceinline__ void dg_wb_fence()

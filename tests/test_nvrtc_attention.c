@@ -12,7 +12,7 @@
  *   - the _checks refuse wrong tensors by name, with no device;
  *   - scores and grad_xs with rope=pre on sm_90a take the warpgroup path
  *     (wgmma bf16) at its default and on other tiles (BM 64 and 128, BN 64
- *     to 256, BK 16 to 64, 3 and 4 stages), at the BDH shape and a small
+ *     to 256, BK 64, 3 and 4 stages), at the BDH shape and a small
  *     one; its tiles are refused off that path by name.
  */
 #include <stdio.h>
@@ -246,8 +246,8 @@ static dg_spec wg_spec(dg_op op, int heads, int latent)
 Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 {
 	static const dg_tile tiles[] = {
-		{ 0, 0, 0, 0, 0, 0, 0 },          { 64, 64, 16, 4, 1, 3, 0 },
-		{ 128, 256, 32, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 4, 0 },
+		{ 0, 0, 0, 0, 0, 0, 0 },          { 64, 64, 64, 4, 1, 3, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 4, 0 },
 	};
 	dg_codegen *cg = make_cg();
 	const dg_op ops[2] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_GRAD_XS };
