@@ -6,7 +6,8 @@ max|w| or Σ|w| in double) render their rows entries from here.
 A row r is G segments of C contiguous elements at
 ((r / T · G + g) · T + r % T) · C, g = 0..G-1: a token (b, t) of a
 (B, G, T, C) tensor over all G heads, or (G = T = 1) a row of C. Both
-entries take the same arguments and give the same bits:
+entries take the same arguments; with max they give the same bits (the
+double sums' orders differ, each fixed):
 
   extern "C" __global__ void <prefix>_rows(const ST *x, long long rows,
       int G, int T, int C, float *scales, CT *codes)
@@ -36,7 +37,7 @@ The plan of each, for P threads on a row (P = NT or 32):
     same order every launch); a block's warps then go through shared
     memory and every thread folds the NW values in warp order. max is
     order-free anyway; the double sums of ternary / sign1 weights are
-    deterministic for a given NT.
+    deterministic for a given NT and entry (which the row length picks).
   * The scale from the reduced value (SCALE), then every code exactly as
     the CPU reference (QUANT: __fdiv_rn and dg_code rounding, or the
     weight rule).
