@@ -423,8 +423,8 @@ __device__ __forceinline__ float dg_code_t(float acc, float a1, float b1, float 
 -- ---- the |x| reduction of the quantizers (quantize.lua, qweight.lua) -------
 -- One pass of partial sums of |x| a block, then one block turns them into
 -- the scale; both sum in a fixed order (deterministic). The including
--- kernel text defines NT, RED (tree_first), VE and dg_src / dg_src_vec
--- (SRC_READER); `subst` keys: P (the input pointer's name), ST (its C
+-- kernel text defines NT, RED (tree_first), VE and dg_src / dg_src_vec /
+-- dg_src_unpack (SRC_READER; qrows.lua reads through it too); `subst` keys: P (the input pointer's name), ST (its C
 -- type), PREFIX (entry names), ACC (float | double: the per-block sums),
 -- CAST ("" | "(double)"), SCALE_EXPR (C of `sum` and `n`).
 
@@ -437,17 +437,20 @@ function M.tree_first(nt)
 end
 
 -- The reader of one source format (f32 | bf16) through pointer p: the
--- subst values VE, LOAD1, UNPACK and STORE_VEC (codes of one vector).
+-- subst values VE, LOAD1, UNPACK, STORE_VEC (the codes q of vector iv)
+-- and STORE_AT (the codes w of one vector at element offset off).
 function M.src_vars(src, p)
   if src == "f32" then
     return { VE = 4, LOAD1 = fmt("__ldg(%s + i)", p),
              UNPACK = "\t\tf[j] = __uint_as_float(u[j]);",
-             STORE_VEC = "\t\t\t*(unsigned *)(codes + 4 * iv) = q[0];" }
+             STORE_VEC = "\t\t\t*(unsigned *)(codes + 4 * iv) = q[0];",
+             STORE_AT = "\t*(unsigned *)(codes + off) = w[0];" }
   end
   return { VE = 8, LOAD1 = fmt("dg_bf16_to_f32(__ldg(%s + i))", p),
            UNPACK = "\t\tf[2 * j] = __uint_as_float(u[j] << 16);\n" ..
                     "\t\tf[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);",
-           STORE_VEC = "\t\t\t*(uint2 *)(codes + 8 * iv) = make_uint2(q[0], q[1]);" }
+           STORE_VEC = "\t\t\t*(uint2 *)(codes + 8 * iv) = make_uint2(q[0], q[1]);",
+           STORE_AT = "\t*(uint2 *)(codes + off) = make_uint2(w[0], w[1]);" }
 end
 
 M.SRC_READER = [[
@@ -457,15 +460,20 @@ __device__ __forceinline__ float dg_src(const ${ST} *${P}, long long i)
 	return ${LOAD1};
 }
 
-// The VE elements of one 16-byte load as floats.
-__device__ __forceinline__ void dg_src_vec(const ${ST} *${P}, long long iv, float (&f)[VE])
+// The VE elements of one 16-byte load v as floats.
+__device__ __forceinline__ void dg_src_unpack(const uint4 &v, float (&f)[VE])
 {
-	const uint4 v = __ldg((const uint4 *)${P} + iv);
 	const unsigned u[4] = { v.x, v.y, v.z, v.w };
 #pragma unroll
 	for (int j = 0; j < 4; ++j) {
 ${UNPACK}
 	}
+}
+
+// The VE elements of vector iv of ${P} as floats.
+__device__ __forceinline__ void dg_src_vec(const ${ST} *${P}, long long iv, float (&f)[VE])
+{
+	dg_src_unpack(__ldg((const uint4 *)${P} + iv), f);
 }]]
 
 M.ABSUM_SCALE = [[
@@ -527,57 +535,6 @@ ${PREFIX}_scale(const ${ACC} *__restrict__ partials, int n_partials, long long n
 	if (tid == 0) {
 		const double sum = red[0];
 		*scale = sum == 0.0 ? 0.0f : (float)(${SCALE_EXPR});
-	}
-}]]
-
--- ---- the quantizers a scale a row (quantize.lua per token, qweight.lua
--- per channel) ----------------------------------------------------------------
--- One block a row (grid-stride over rows): row r is G segments of C
--- contiguous elements at ((r / T · G + g) · T + r % T) · C — a token (b, t)
--- of a (B, G, T, C) tensor over all G heads, or (G = T = 1) a row of C.
--- The block reduces the row (max of |x|, or Σ|x| in double) by a fixed
--- tree, writes its scale, then its codes. `subst` keys: PREFIX, ST, CT,
--- ACC (float: max | double: sum), COMBINE (C of a and v), SCALE (C of the
--- reduced value r0 and C), QUANT (the code function's name), and the
--- including text defines NT, RED and dg_src.
-M.ROWS = [[
-extern "C" __global__ void __launch_bounds__(NT)
-${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
-	       float *__restrict__ scales, ${CT} *__restrict__ codes)
-{
-	__shared__ ${ACC} red[NT];
-	const int tid = threadIdx.x;
-	for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-		const long long b = r / T, t = r - b * T;
-		${ACC} a = 0;
-		for (int g = 0; g < G; ++g) {
-			const long long base = ((b * G + g) * T + t) * C;
-			for (int c = tid; c < C; c += NT) {
-				const ${ACC} v = fabsf(dg_src(x, base + c));
-				a = ${COMBINE};
-			}
-		}
-		red[tid] = a;
-		__syncthreads();
-#pragma unroll
-		for (int w = RED; w > 0; w >>= 1) {	// a fixed tree: the same order every launch
-			if (tid < w && tid + w < NT) {
-				const ${ACC} v = red[tid + w];
-				a = red[tid];
-				red[tid] = ${COMBINE};
-			}
-			__syncthreads();
-		}
-		const ${ACC} r0 = red[0];
-		const float s = ${SCALE};
-		__syncthreads();	// red is rewritten by the next row
-		if (tid == 0)
-			scales[r] = s;
-		for (int g = 0; g < G; ++g) {
-			const long long base = ((b * G + g) * T + t) * C;
-			for (int c = tid; c < C; c += NT)
-				codes[base + c] = (${CT})${QUANT}(dg_src(x, base + c), s);
-		}
 	}
 }]]
 

@@ -20,26 +20,28 @@ uint8pos codes, in three launches (dg_ref_quantize_act mirrors them):
   unsigned char for uint8pos. qmax: int8 127, int4 7 (one code a byte),
   uint8pos 255. 16-byte vector loads are used when x is 16-byte aligned
   (checked at run time), scalar ones otherwise.
+
+A scale a token (ascale=token) is one launch instead, of the entry
+dg_quantize_act_rows (a block a token) or dg_quantize_act_rows_warp (a
+warp a token), rendered by templates/qrows.lua (its banner has the plan):
+scales[r] = max|x| / qmax over the token's G·C values (a float division),
+its codes by dg_quant as above.
 ]]
 local C = require("common")
+local R = require("qrows")
 local fmt = string.format
 
 local M = {}
 
 local KERNELS = [[
 constexpr int NT = ${NT};		// threads a block
-constexpr int QMAX = ${QMAX};		// ${act}: codes in [QLO, QMAX]
-constexpr int QLO = ${QLO};
+${QCONSTS}
 constexpr int RED = ${RED};		// first step of the tree reduction (a power of two)
 constexpr int VE = ${VE};		// elements of one 16-byte load
 
 ${SRC_READER}
 
-// The code of one value with scale s (s == 0: every code is 0).
-__device__ __forceinline__ int dg_quant(float v, float s)
-{
-	return s == 0.0f ? 0 : dg_code(__fdiv_rn(v, s), QLO, QMAX);
-}
+${QUANT_FN}
 
 ${ABSUM_SCALE}
 
@@ -72,33 +74,27 @@ ${STORE_VEC}
 }
 ]]
 
-local ACTS = { "int8", "int4", "uint8pos" }
-
-local ENTRIES = { "dg_quantize_act_absum", "dg_quantize_act_scale", "dg_quantize_act_apply" }
-
--- Per token (ascale=token): one launch, a block a token.
-local ROWS = [[
-constexpr int NT = ${NT};		// threads a block
-constexpr int QMAX = ${QMAX};		// ${act}: codes in [QLO, QMAX]
-constexpr int QLO = ${QLO};
-constexpr int RED = ${RED};		// first step of the tree reduction (a power of two)
-constexpr int VE = ${VE};		// elements of one 16-byte load (unused here)
-
-${SRC_READER}
-
+-- The code of one value (both paths).
+local QUANT_FN = [[
 // The code of one value with scale s (s == 0: every code is 0).
 __device__ __forceinline__ int dg_quant(float v, float s)
 {
 	return s == 0.0f ? 0 : dg_code(__fdiv_rn(v, s), QLO, QMAX);
-}
+}]]
 
-${ROWS}
-]]
+-- The constants of dg_quant.
+local QCONSTS = [[
+constexpr int QMAX = ${QMAX};		// ${act}: codes in [QLO, QMAX]
+constexpr int QLO = ${QLO};]]
+
+local ACTS = { "int8", "int4", "uint8pos" }
+
+local ENTRIES = { "dg_quantize_act_absum", "dg_quantize_act_scale", "dg_quantize_act_apply" }
 
 function M.plan(spec)
   C.check(spec.op == "quantize_act", "quantize.lua renders op quantize_act, not %s", tostring(spec.op))
   if spec.ascale == "token" then
-    return C.threads_plan(spec, { "dg_quantize_act_rows" }, "quantize_act.cu")
+    return R.plan(spec, "dg_quantize_act", "quantize_act.cu")
   end
   return C.threads_plan(spec, ENTRIES, "quantize_act.cu")
 end
@@ -114,26 +110,20 @@ function M.render(spec, plan)
   v.ST, v.CT = C.formats[src].ctype, act == "uint8pos" and "unsigned char" or "signed char"
   v.P, v.PREFIX, v.ACC, v.CAST = "x", "dg_quantize_act", "float", ""
   v.SCALE_EXPR = "2.0 * sum / ((double)n * (double)QMAX)"
-  v.SRC_READER = C.subst(C.SRC_READER, v)
-  local want = { code = true }
-  if src == "bf16" then want.bf16 = true end
+  v.SRC_READER, v.QUANT_FN, v.QCONSTS = C.subst(C.SRC_READER, v), QUANT_FN, C.subst(QCONSTS, v)
   if spec.ascale == "token" then
-    v.ROWS = C.subst(C.ROWS, { PREFIX = "dg_quantize_act", ST = v.ST, CT = v.CT, ACC = "float",
-                               COMBINE = "fmaxf(a, v)", SCALE = "__fdiv_rn(r0, (float)QMAX)",
-                               QUANT = "dg_quant" })
-    local w = C.writer()
-    w:line(C.banner(spec, "quantize.lua", {
-      fmt("quantize_act: %s → %s codes (qmax %d), a scale a token: s = max|x|/qmax over the token.", src, act, qmax),
-      "",
-      fmt("dg_quantize_act_rows(const %s *x, long long rows, int G, int T, int C, float *scales, %s *codes)", v.ST, v.CT),
-      fmt("  any grid, %d threads: x (B, G, T, C), rows = B·T, token r = (b, t) over its G·C values;", nt),
-      "  scales[r] = max|x| / qmax, codes = clamp(rint(x / s)) (0 where s == 0).",
-    }))
-    w:line(C.helpers(want))
-    w:line(C.subst(ROWS, v))
-    return w:text()
+    return R.render(spec, plan, {
+      file = "quantize.lua", prefix = "dg_quantize_act", src = src, ct = v.CT, acc = "float",
+      combine = "fmaxf(a, v)", scale = "__fdiv_rn(r0, (float)QMAX)", quant = "dg_quant",
+      consts = v.QCONSTS, quant_fn = QUANT_FN,
+      head = { fmt("quantize_act: %s → %s codes (qmax %d), a scale a token: s = max|x|/qmax over the token,", src,
+                   act, qmax),
+               "codes = clamp(rint(x / s)) (0 where s == 0)." },
+    })
   end
   v.ABSUM_SCALE = C.subst(C.ABSUM_SCALE, v)
+  local want = { code = true }
+  if src == "bf16" then want.bf16 = true end
 
   local about = {
     fmt("quantize_act: %s → %s codes (qmax %d), scale 2·mean|x|/qmax, per tensor.", src, act, qmax),

@@ -26,6 +26,12 @@ launches, like quantize_act:
       ternary  |w| < s ? 0 : sign(w)          (NaN → 0)
       sign1    w >= 0 ? +1 : -1               (NaN → -1)
 
+  A scale an output channel (wscale=channel) is one launch instead, of
+  dg_quantize_weight_rows (a block a row) or dg_quantize_weight_rows_warp
+  (a warp a row), rendered by templates/qrows.lua: int8 max|w_row|/127,
+  ternary and sign1 mean|w_row| (summed in double in a fixed order), the
+  codes as above.
+
 op pack_ternary / pack_sign1 (embd = K, the row length packed; tile t<N>),
 two entries each; rows are contiguous and K is a multiple of the codes a
 word holds, so packing the flat sequence is packing every row:
@@ -51,6 +57,7 @@ word holds, so packing the flat sequence is packing every row:
   16-byte aligned (whole allocations are).
 ]]
 local C = require("common")
+local R = require("qrows")
 local fmt = string.format
 
 local M = {}
@@ -64,11 +71,7 @@ constexpr int VE = ${VE};		// elements of one 16-byte load
 
 ${SRC_READER}
 
-// The code of one value with scale s (${weight}).
-__device__ __forceinline__ int dg_wcode(float v, float s)
-{
-${CODE}
-}
+${WCODE_FN}
 
 ${ABSUM_SCALE}
 
@@ -101,6 +104,14 @@ ${STORE_VEC}
 }
 ]]
 
+-- The code of one value (both paths).
+local WCODE_FN = [[
+// The code of one value with scale s (${weight}).
+__device__ __forceinline__ int dg_wcode(float v, float s)
+{
+${CODE}
+}]]
+
 local CODES = {
   int8 = "\treturn s == 0.0f ? 0 : dg_code(__fdiv_rn(v, s), -127, 127);",
   ternary = "\treturn fabsf(v) < s ? 0 : (v > 0.0f) - (v < 0.0f);	// NaN: 0",
@@ -113,31 +124,17 @@ local SCALES = {
   sign1 = "sum / (double)n",
 }
 
--- Per channel (wscale=channel): one launch, a block a row of the last
--- dimension; int8 s = max|w_row|/127, ternary and sign1 s = mean|w_row|.
-local QROWS = [[
-constexpr int NT = ${NT};		// threads a block
-constexpr int RED = ${RED};		// first step of the tree reduction (a power of two)
-constexpr int VE = ${VE};		// elements of one 16-byte load (unused here)
-
-${SRC_READER}
-
-// The code of one value with scale s (${weight}).
-__device__ __forceinline__ int dg_wcode(float v, float s)
-{
-${CODE}
-}
-
-${ROWS}
-]]
-
+-- Per channel (wscale=channel): one launch (templates/qrows.lua), a row
+-- of the last dimension; int8 s = max|w_row|/127, ternary and sign1
+-- s = mean|w_row| (summed in double).
 local ROW_SCALES = {
   int8 = { ACC = "float", COMBINE = "fmaxf(a, v)", SCALE = "__fdiv_rn(r0, 127.0f)", what = "max|w_row|/127" },
   ternary = { ACC = "double", COMBINE = "a + v", SCALE = "(float)(r0 / (double)C)", what = "mean|w_row|" },
   sign1 = { ACC = "double", COMBINE = "a + v", SCALE = "(float)(r0 / (double)C)", what = "mean|w_row|" },
 }
 
-local function render_quantize(spec, nt)
+local function render_quantize(spec, plan)
+  local nt = plan.tile.threads
   local src = C.one_of(spec, "src", { "f32", "bf16" })
   local weight = C.one_of(spec, "weight", { "int8", "ternary", "sign1" })
   local v = C.src_vars(src, "w")
@@ -145,24 +142,16 @@ local function render_quantize(spec, nt)
   v.CODE, v.SCALE_EXPR = CODES[weight], SCALES[weight]
   v.P, v.PREFIX, v.ACC, v.CAST = "w", "dg_quantize_weight", "double", "(double)"
   v.SRC_READER = C.subst(C.SRC_READER, v)
+  v.WCODE_FN = C.subst(WCODE_FN, v)
   if spec.wscale == "channel" then
     local rs = ROW_SCALES[weight]
-    v.ROWS = C.subst(C.ROWS, { PREFIX = "dg_quantize_weight", ST = v.ST, CT = "signed char", ACC = rs.ACC,
-                               COMBINE = rs.COMBINE, SCALE = rs.SCALE, QUANT = "dg_wcode" })
-    local want = { code = true }
-    if src == "bf16" then want.bf16 = true end
-    local w = C.writer()
-    w:line(C.banner(spec, "qweight.lua", {
-      fmt("quantize_weight: %s → %s codes (one signed byte a code), a scale an output channel: %s.", src,
-          weight, rs.what),
-      "",
-      fmt("dg_quantize_weight_rows(const %s *w, long long rows, int G, int T, int C, float *scales, signed char *codes)",
-          v.ST),
-      fmt("  any grid, %d threads: w (rows, C) (G = T = 1), a block a row; the sums in double.", nt),
-    }))
-    w:line(C.helpers(want))
-    w:line(C.subst(QROWS, v))
-    return w:text()
+    return R.render(spec, plan, {
+      file = "qweight.lua", prefix = "dg_quantize_weight", src = src, ct = "signed char", acc = rs.ACC,
+      combine = rs.COMBINE, scale = rs.SCALE, quant = "dg_wcode", quant_fn = v.WCODE_FN,
+      head = { fmt("quantize_weight: %s → %s codes (one signed byte a code), a scale an output channel: %s.", src,
+                   weight, rs.what),
+               "w (rows, C): G = T = 1, a row of the last dimension; the sums in double." },
+    })
   end
   v.ABSUM_SCALE = C.subst(C.ABSUM_SCALE, v)
   local about = {
@@ -281,7 +270,7 @@ end
 function M.plan(spec)
   local op = C.one_of(spec, "op", { "quantize_weight", "pack_ternary", "pack_sign1" })
   if op == "quantize_weight" and spec.wscale == "channel" then
-    return C.threads_plan(spec, { "dg_quantize_weight_rows" }, "quantize_weight.cu")
+    return R.plan(spec, "dg_quantize_weight", "quantize_weight.cu")
   end
   if op == "quantize_weight" then
     return C.threads_plan(spec, { "dg_quantize_weight_absum", "dg_quantize_weight_scale",
@@ -293,7 +282,7 @@ end
 
 function M.render(spec, plan)
   if spec.op == "quantize_weight" then
-    return render_quantize(spec, plan.tile.threads)
+    return render_quantize(spec, plan)
   end
   return render_pack(spec, plan.tile.threads)
 end

@@ -16,11 +16,14 @@
  */
 #include <criterion/criterion.h>
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "autotune/sweep_int.h"
 #include "gpu_helpers.h"
+#include "runtime/ops/ops_int.h"
 
 static void check_spec(dg_device *dev, const char *text, int rows)
 {
@@ -126,4 +129,254 @@ Test(gpu_scales, bdh_shape)
 	};
 	static const int rows[] = { 40 };
 	check_all(texts, sizeof(texts) / sizeof(texts[0]), rows, 1);
+}
+
+/* ---- the rows entries at given shapes, straight through the ops ------------------ */
+
+/* One call of a quantizer a scale a row, for the timer. */
+typedef struct rows_call {
+	dg_device *dev;
+	dg_spec spec;
+	dg_tensor x, codes;
+} rows_call;
+
+static dg_status rows_run(void *user)
+{
+	rows_call *u = user;
+	if (u->spec.op == DG_OP_QUANTIZE_ACT) {
+		dg_quantize_act_args a = { .x = &u->x, .codes = &u->codes };
+		return dg_quantize_act(u->dev, &u->spec, &a);
+	}
+	dg_quantize_weight_args a = { .w = &u->x, .codes = &u->codes };
+	return dg_quantize_weight(u->dev, &u->spec, &a);
+}
+
+/* Runs u into its codes and scales, first set to 0xff bytes (so a code or
+ * scale left unwritten shows), and downloads them. */
+static void rows_once(rows_call *u, const char *what, void *codes, size_t code_bytes, float *scales,
+		      size_t rows)
+{
+	cr_assert_eq(dg_memset8(u->dev, u->codes.data, 0xff, code_bytes), DG_OK);
+	cr_assert_eq(dg_memset8(u->dev, u->codes.scale, 0xff, rows * sizeof(float)), DG_OK);
+	cr_assert_eq(rows_run(u), DG_OK, "%s: %s", what, dg_device_errmsg(u->dev));
+	gh_download(u->dev, codes, u->codes.data, code_bytes);
+	gh_download(u->dev, scales, u->codes.scale, rows * sizeof(float));
+}
+
+/* Prints the median time of u (cold L2) and the rate of `bytes` moved. */
+static void rows_time(rows_call *u, const char *what, const char *entry, double bytes)
+{
+	dg_timer *tm = NULL;
+	dg_timing r;
+	dg_timer_opts o = { .reps = 20 };
+	cr_assert_eq(dg_timer_create(u->dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(u->dev));
+	cr_assert_eq(dg_timer_run(tm, &o, rows_run, u, &r), DG_OK, "%s", dg_device_errmsg(u->dev));
+	dg_timer_destroy(tm);
+	printf("%-46s %-28s %8.1f us  %6.2f TB/s (cold L2)\n", what, entry, r.median_us,
+	       bytes / r.median_us * 1e-6);
+	fflush(stdout);
+}
+
+/* n floats into storage of src (f32 | bf16), malloc'd. */
+static void *rows_store(dg_fmt src, const float *v, size_t n)
+{
+	void *p = gh_xmalloc(n * 4);
+	for (size_t i = 0; i < n; i++) {
+		if (src == DG_FMT_BF16)
+			((uint16_t *)p)[i] = dg_f32_to_bf16(v[i]);
+		else
+			((float *)p)[i] = v[i];
+	}
+	return p;
+}
+
+/* Values of row r (r·cols + c of n): uniform in ±2^e with e from -6 to 6
+ * by row, so a row read with another row's scale is off, and one value
+ * ±1.5·2^e, the row's only maximum, at a place that moves from row to row
+ * (bf16 rounds so many values to the top of ±2^e that a reduction which
+ * drops a lane, a warp or a segment would still find one); row 1 all
+ * zeros (scale 0, every code 0) and one NaN in row 2 (ignored by the max,
+ * code 0; the weights' sums have none). */
+static float *rows_values(size_t rows, size_t cols, bool nan)
+{
+	float *v = gh_xmalloc(rows * cols * sizeof(float));
+	for (size_t r = 0; r < rows; r++) {
+		int e = (int)(r * 7 % 13) - 6;
+		for (size_t c = 0; c < cols; c++)
+			v[r * cols + c] = r == 1 ? 0.0f : ldexpf(gh_uniform(-1.0f, 1.0f), e);
+		if (r != 1)
+			v[r * cols + (r * 7919 + 13) % cols] = ldexpf(r % 2 ? -1.5f : 1.5f, e);
+	}
+	if (nan && rows > 2)
+		v[2 * cols + cols / 2] = NAN;
+	return v;
+}
+
+/* quantize_act ascale=token (spec text) of x (B, G, T, C): scales and
+ * codes bit for bit those of dg_ref_quantize_act_rows; timed when time. */
+static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int C, bool time)
+{
+	char msg[512], what[160];
+	dg_spec s;
+	cr_assert_eq(dg_spec_parse(text, &s, msg, sizeof(msg)), DG_OK, "%s: %s", text, msg);
+	size_t n = (size_t)B * G * T * C, rows = (size_t)B * T, esz = s.src == DG_FMT_BF16 ? 2 : 4;
+	const char *entry = dg__quantize_rows_entry(&s, (long long)G * C);
+	snprintf(what, sizeof(what), "%s (%d,%d,%d,%d)", text + strlen("op=quantize_act;ascale=token;"), B, G,
+		 T, C);
+
+	/* the values by token b·T + t: (B, G, T, C) read as (B, G·T... ) is not
+	 * token-major, so fill token-major and scatter */
+	float *tok = rows_values(rows, (size_t)G * C, true), *v = gh_xmalloc(n * sizeof(float));
+	for (size_t r = 0; r < rows; r++)
+		for (size_t g = 0; g < (size_t)G; g++)
+			memcpy(v + (((r / T) * G + g) * T + r % T) * C, tok + (r * G + g) * C,
+			       (size_t)C * sizeof(float));
+	void *xs = rows_store(s.src, v, n);
+	int64_t sh[4] = { B, G, T, C };
+	rows_call u = { .dev = dev, .spec = s };
+	u.x = dg_tensor_make("x", s.src, gh_upload(dev, xs, n * esz), 4, sh);
+	u.codes = dg_tensor_make("codes", s.act, gh_alloc(dev, n), 4, sh);
+	u.codes.scale = gh_alloc(dev, rows * sizeof(float));
+
+	uint8_t *got = gh_xmalloc(n), *want = gh_xmalloc(n), *again = gh_xmalloc(n);
+	float *gs = gh_xmalloc(rows * 4), *ws = gh_xmalloc(rows * 4), *gs2 = gh_xmalloc(rows * 4);
+	rows_once(&u, what, got, n, gs, rows);
+	cr_assert_eq(dg_ref_quantize_act_rows(s.src, s.act, xs, (size_t)B, (size_t)G, (size_t)T, (size_t)C,
+					      want, ws), DG_OK);
+	snprintf(msg, sizeof(msg), "%s, %s: scales", what, entry);
+	gh_expect_bytes(msg, gs, ws, rows * sizeof(float));
+	snprintf(msg, sizeof(msg), "%s, %s: codes", what, entry);
+	gh_expect_bytes(msg, got, want, n);
+	rows_once(&u, what, again, n, gs2, rows);
+	snprintf(msg, sizeof(msg), "%s, %s: a second launch", what, entry);
+	gh_expect_bytes(msg, again, got, n);
+	if (time)
+		rows_time(&u, what, entry, (double)n * esz + (double)n + (double)rows * 4);
+	free(tok);
+	free(v);
+	free(xs);
+	free(got);
+	free(want);
+	free(again);
+	free(gs);
+	free(ws);
+	free(gs2);
+}
+
+/* The token quantizer at the BDH xy shape (a token 4 heads × 8192) at
+ * B 2, T 64, and the paths around it: a block a token with its 16
+ * vectors a thread in registers (bf16) or half of them streamed (f32), a
+ * warp a token (256 values, one or four segments), more vectors than a
+ * warp keeps, and the scalar paths (C not whole 16-byte vectors). Bit for
+ * bit the CPU reference; the BDH shapes are timed. */
+Test(gpu_scales, quantize_act_rows_paths)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0x7a11);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 2, 4, 64, 8192, true);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=uint8pos", 2, 4, 64, 8192, true);
+	act_rows(dev, "op=quantize_act;ascale=token;src=f32;act=int8", 2, 4, 8, 8192, false);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 4, 1, 64, 256, true);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 2, 4, 16, 64, false);
+	act_rows(dev, "op=quantize_act;ascale=token;src=f32;act=int4", 2, 2, 8, 512, false);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8;tile=t128", 2, 4, 8, 8192, false);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 2, 3, 8, 100, false);
+	act_rows(dev, "op=quantize_act;ascale=token;src=f32;act=uint8pos", 1, 3, 8, 1001, false);
+	gh_close(dev);
+}
+
+/* The three token quantizers of a BDH w8a8 layer at the full step (B 8,
+ * T 512, D 256, H 4, N 8192): x (B,1,T,D), a (B·H,1,T,D), xy (B,H,T,N),
+ * bf16, checked and timed. The xy one moves 402 MB: ~0.1 ms at the
+ * H200's bandwidth. */
+Test(gpu_scales, quantize_act_rows_bdh_step)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0xbd8);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 8, 1, 512, 256, true);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 32, 1, 512, 256, true);
+	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=uint8pos", 8, 4, 512, 8192, true);
+	gh_close(dev);
+}
+
+/* quantize_weight wscale=channel of w (rows, cols) f32 | bf16: scales
+ * those of dg_ref_quantize_weight_rows (int8 exactly; ternary / sign1
+ * within one ulp: a double sum in another order), the codes of every row
+ * whose scale is the reference's exactly the reference's, and a second
+ * launch the same bytes (the sums' order is fixed). */
+static void weight_rows(dg_device *dev, const char *text, int rows, int cols, bool time)
+{
+	char msg[512], what[160];
+	dg_spec s;
+	cr_assert_eq(dg_spec_parse(text, &s, msg, sizeof(msg)), DG_OK, "%s: %s", text, msg);
+	size_t n = (size_t)rows * cols, esz = s.src == DG_FMT_BF16 ? 2 : 4;
+	const char *entry = dg__quantize_rows_entry(&s, cols);
+	snprintf(what, sizeof(what), "%s (%d,%d)", text + strlen("op=quantize_weight;wscale=channel;"), rows,
+		 cols);
+	float *v = rows_values((size_t)rows, (size_t)cols, false);
+	void *xs = rows_store(s.src, v, n);
+	if (s.src == DG_FMT_BF16) /* the reference reads floats: the stored values */
+		for (size_t i = 0; i < n; i++)
+			v[i] = dg_bf16_to_f32(((const uint16_t *)xs)[i]);
+	rows_call u = { .dev = dev, .spec = s };
+	u.x = dg_tensor_2d("w", s.src, gh_upload(dev, xs, n * esz), rows, cols);
+	u.codes = dg_tensor_2d("codes", DG_FMT_INT8, gh_alloc(dev, n), rows, cols);
+	u.codes.scale = gh_alloc(dev, (size_t)rows * sizeof(float));
+
+	int8_t *got = gh_xmalloc(n), *want = gh_xmalloc(n), *again = gh_xmalloc(n);
+	float *gs = gh_xmalloc((size_t)rows * 4), *ws = gh_xmalloc((size_t)rows * 4),
+	      *gs2 = gh_xmalloc((size_t)rows * 4);
+	rows_once(&u, what, got, n, gs, (size_t)rows);
+	cr_assert_eq(dg_ref_quantize_weight_rows(s.weight, v, (size_t)rows, (size_t)cols, want, ws), DG_OK);
+	int off = 0;
+	for (int r = 0; r < rows; r++) {
+		float g = gs[r], w = ws[r];
+		if (s.weight == DG_FMT_INT8 || memcmp(&g, &w, 4) != 0) {
+			cr_assert(s.weight != DG_FMT_INT8 ? fabsf(g - w) <= nextafterf(w, INFINITY) - w
+							  : memcmp(&g, &w, 4) == 0,
+				  "%s, %s: scale of row %d %.9g, reference %.9g", what, entry, r, (double)g,
+				  (double)w);
+			if (memcmp(&g, &w, 4) != 0) {
+				off++;
+				continue; /* one ulp away: its codes may differ at |w| == s */
+			}
+		}
+		snprintf(msg, sizeof(msg), "%s, %s: codes of row %d", what, entry, r);
+		gh_expect_bytes(msg, got + (size_t)r * cols, want + (size_t)r * cols, (size_t)cols);
+	}
+	cr_assert_leq(off, rows / 8 + 1, "%s, %s: %d of %d scales one ulp off the reference", what, entry, off,
+		      rows);
+	rows_once(&u, what, again, n, gs2, (size_t)rows);
+	snprintf(msg, sizeof(msg), "%s, %s: a second launch's scales", what, entry);
+	gh_expect_bytes(msg, gs2, gs, (size_t)rows * sizeof(float));
+	snprintf(msg, sizeof(msg), "%s, %s: a second launch's codes", what, entry);
+	gh_expect_bytes(msg, again, got, n);
+	if (time)
+		rows_time(&u, what, entry, (double)n * esz + (double)n + (double)rows * 4);
+	free(v);
+	free(xs);
+	free(got);
+	free(want);
+	free(again);
+	free(gs);
+	free(ws);
+	free(gs2);
+}
+
+/* The channel quantizer on each path: the BDH execution weights (encoder
+ * rows of 256, decoder rows of 4·8192: a block a row with half its
+ * vectors streamed), the double sums of ternary / sign1 on both entries,
+ * and the scalar paths. */
+Test(gpu_scales, quantize_weight_rows_paths)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0x3e1);
+	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=int8", 4 * 8192, 256, true);
+	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=int8", 256, 4 * 8192, true);
+	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=ternary", 64, 8192, false);
+	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=ternary", 300, 256, false);
+	weight_rows(dev, "op=quantize_weight;wscale=channel;src=bf16;weight=sign1", 16, 4 * 8192, false);
+	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=ternary", 33, 1002, false);
+	weight_rows(dev, "op=quantize_weight;wscale=channel;src=bf16;weight=int8", 5, 3001, false);
+	gh_close(dev);
 }

@@ -108,6 +108,14 @@ dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_cal
 DG_OP_LIST(DG__OP_ENTRY)
 #undef DG__OP_ENTRY
 
+/* ---- the quantizers (quantize.c) -------------------------------------------- */
+
+/* The entry of templates/qrows.lua that a scale a row (quantize_act
+ * ascale=token, quantize_weight wscale=channel) runs for rows of `values`
+ * values (G·C): "<prefix>_rows_warp" for short rows, "<prefix>_rows" for
+ * long ones. A static string. */
+const char *dg__quantize_rows_entry(const dg_spec *spec, long long values);
+
 /* ---- the gradient GEMMs (grad.c), shared by the lowrank and decoder ---- */
 
 /* grad_input: out (rows B·T, n_cols) per grid z, of kernel `entry`. */

@@ -12,9 +12,10 @@
  * ~1e-15 relative of a float rounding boundary (then it is one ulp away),
  * and the codes are exactly the reference's codes for that scale.
  *
- * A scale a row (ascale=token, wscale=channel) is one launch instead: a
- * block a row computes its max|x| (or Σ|w|) by a fixed tree, its scale,
- * then its codes; codes->scale points to one float a row.
+ * A scale a row (ascale=token, wscale=channel) is one launch instead
+ * (templates/qrows.lua): a warp a row for short rows, a block a row for
+ * long ones, each computing its row's max|x| (or Σ|w|) in a fixed order,
+ * its scale, then its codes; codes->scale points to one float a row.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -58,21 +59,42 @@ static unsigned partial_blocks(dg_device *dev, const dg_spec *spec, long long n,
 	return dg__op_grid(n / ve / 16 + 1, nt, QW_MAX_PARTIALS);
 }
 
-/* A scale a row (ascale=token, wscale=channel): one launch of the _rows
- * entry, a block a row, no workspace. The rows: a token (b, t) of a
- * (B, G, T, C) activation over its G heads, or a row of the weight's last
- * dimension. */
+/* A scale a row (ascale=token, wscale=channel): one launch of a rows
+ * entry, no workspace. The rows: a token (b, t) of a (B, G, T, C)
+ * activation over its G heads, or a row of the weight's last dimension. */
 static bool by_rows(const dg_spec *spec)
 {
 	return spec->op == DG_OP_QUANTIZE_ACT ? spec->ascale == DG_SCALE_TOKEN
 					      : spec->wscale == DG_SCALE_CHANNEL;
 }
 
+/* Rows of at most this many values run the _rows_warp entry (a warp a
+ * row, which keeps up to 2048 bf16 or 512 f32 values in registers), longer
+ * ones _rows (a block a row: 256 threads keep 32768 bf16). At the BDH
+ * shapes the x and a tokens (256 values) take the warp entry and the xy
+ * token (4 × 8192) the block entry. */
+#define ROWS_WARP_MAX 1024
+
+/* The longest row a rows entry takes: its element loops count in int. */
+#define ROWS_MAX_VALUES (1LL << 30)
+
+static bool rows_warp(long long values)
+{
+	return values <= ROWS_WARP_MAX;
+}
+
+const char *dg__quantize_rows_entry(const dg_spec *spec, long long values)
+{
+	bool act = spec->op == DG_OP_QUANTIZE_ACT;
+	if (rows_warp(values))
+		return act ? "dg_quantize_act_rows_warp" : "dg_quantize_weight_rows_warp";
+	return act ? "dg_quantize_act_rows" : "dg_quantize_weight_rows";
+}
+
 static dg_status run_rows(dg_device *dev, const dg_spec *spec, const char *fn, const dg__op_call *c)
 {
 	const dg_tensor *x = c->t[0];
-	long long rows, T = 1, C = x->shape[x->ndim - 1];
-	int G = 1;
+	long long rows, G = 1, T = 1, C = x->shape[x->ndim - 1];
 	dg_kernel *k;
 
 	if (spec->op == DG_OP_QUANTIZE_ACT) {
@@ -81,25 +103,25 @@ static dg_status run_rows(dg_device *dev, const dg_spec *spec, const char *fn, c
 					    "%s: x: ascale=token reads a (B, G, T, C) tensor, a token (b, t) over its G heads; got %d dimensions",
 					    fn, x->ndim);
 		rows = x->shape[0] * x->shape[2];
-		G = (int)x->shape[1];
+		G = x->shape[1];
 		T = x->shape[2];
 	} else {
 		rows = C ? dg_tensor_numel(x) / C : 0;
 	}
-	if (C > INT32_MAX || T > INT32_MAX)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: %s: rows of %lld values, at most %d", fn,
-				    x->name ? x->name : "x", C, INT32_MAX);
-	dg_status st = dg_kernel_get(dev, spec,
-				     spec->op == DG_OP_QUANTIZE_ACT ? "dg_quantize_act_rows"
-								    : "dg_quantize_weight_rows",
-				     &k);
+	if (T > INT32_MAX || C > ROWS_MAX_VALUES || G > ROWS_MAX_VALUES || G * C > ROWS_MAX_VALUES)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "%s: %s: rows of %lld × %lld values, at most %lld a row%s", fn,
+				    x->name ? x->name : "x", G, C, ROWS_MAX_VALUES,
+				    T > INT32_MAX ? " and 2^31 - 1 tokens a batch" : "");
+	dg_status st = dg_kernel_get(dev, spec, dg__quantize_rows_entry(spec, G * C), &k);
 	if (st || rows == 0)
 		return st;
 	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(dev)->sm_count;
-	int ti = (int)T, ci = (int)C;
+	const long long per_block = rows_warp(G * C) ? nt / 32 : 1; /* rows a block */
+	int gi = (int)G, ti = (int)T, ci = (int)C;
 	dg_dptr xp = x->data, codes = c->t[1]->data, scales = c->t[1]->scale;
-	dg_launch l = flat(dg__op_grid(rows, 1, 32LL * (sms > 0 ? sms : 1)), nt);
-	void *a[] = { &xp, &rows, &G, &ti, &ci, &scales, &codes };
+	dg_launch l = flat(dg__op_grid(rows, per_block, 32LL * (sms > 0 ? sms : 1)), nt);
+	void *a[] = { &xp, &rows, &gi, &ti, &ci, &scales, &codes };
 	return dg_kernel_launch(dev, k, &l, a);
 }
 
