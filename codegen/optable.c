@@ -475,7 +475,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_GATE_BWD] = {
 		.family = "gate", .module = "gate",
-		.about = "gate backward: g = keep ? dxy/(1-p) : 0; dxs = g*ys, dys = [ys > 0] g*xs over dxy (B,H,T,L); gradients out",
+		.about = "gate backward: g = keep ? dxy/(1-p) : 0; dxs = g*ys, dys = [ys > 0] g*xs over dxy (B,H,T,L); dxy, dys, dxs out",
 		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(OUT) | F(TILE),
 		.tile = DG_TILE_THREADS,
 		.act_fmts = FLOATS, .out_fmts = FLOATS,

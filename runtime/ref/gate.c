@@ -29,16 +29,9 @@ void dg_ref_gate_bwd(const float *dxy, const float *xs, const float *ys, int64_t
 }
 
 /* ---- the gate ops (templates/gate.lua) --------------------------------------------
- * The same arithmetic as dg_ref_gate_fwd / _bwd on act storage: f32 read
- * as is, bf16 widened exactly; act results rounded to bf16 once. */
-
-static void store_act(dg_fmt act, void *p, int64_t i, float v)
-{
-	if (act == DG_FMT_BF16)
-		((uint16_t *)p)[i] = dg_f32_to_bf16(v);
-	else
-		((float *)p)[i] = v;
-}
+ * The same arithmetic as dg_ref_gate_fwd / _bwd on act storage (and
+ * gate_bwd's gradients on theirs): f32 read as is, bf16 widened exactly;
+ * bf16 results rounded once (dg__ref_plain_store). */
 
 dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t n, float p,
 			     uint64_t seed, uint32_t step, uint32_t layer, void *xy)
@@ -49,7 +42,7 @@ dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t
 	for (int64_t i = 0; i < n; i++) {
 		bool keep = dg_dropout_keep(seed, step, layer, (uint64_t)i, p);
 		float x = dg__ref_plain_at(act, xs, (size_t)i), y = dg__ref_plain_at(act, ys, (size_t)i);
-		store_act(act, xy, i, keep ? x * y * scale : 0.0f);
+		dg__ref_plain_store(act, xy, (size_t)i, keep ? x * y * scale : 0.0f);
 	}
 	return DG_OK;
 }
