@@ -8,6 +8,14 @@
  *
  * Shapes: B batch, T time, R rows (run-time), H heads, Hin input heads,
  * E embd, L latent, V vocab (the spec's).
+ *
+ * Gradients of the backward (dragon/spec.h "gradient formats"): src is
+ * the format of a gradient an op only reads, out the format of every
+ * gradient it writes (one it writes in place over an input is read in that
+ * format too); f32 | bf16, f32 by default. Ops whose gradients are f32
+ * only list neither. Those fields came after the ops' specs were
+ * published, so the canonical text leaves them out at their f32 default
+ * (.quiet): the texts, cache keys and tuning records stay what they were.
  */
 #include <string.h>
 
@@ -28,6 +36,9 @@
 /* The low-bit recipes a training step is built for: each weight format
  * with int8 activations. */
 #define LOWBIT "weight=int8,ternary,sign1"
+/* The gradient formats of a backward op: f32 unless the spec says bf16,
+ * and the text names them only when they are not f32. */
+#define GRAD_F32 DG_FMT_F32
 
 static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_LOWRANK_FWD] = {
@@ -62,31 +73,35 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_LOWRANK_GRAD_INPUT] = {
 		.family = "lowrank", .module = "backward",
-		.about = "projection input gradient: grad_x (B,Hin,T,E) = sw * grad (B,H,T,L) . w (H,L,E)",
-		.fields = LOWRANK_SHAPE | F(WEIGHT) | F(WSCALE),
+		.about = "projection input gradient: grad_x (B,Hin,T,E) f32 = sw * grad (B,H,T,L) src . w (H,L,E)",
+		.fields = LOWRANK_SHAPE | F(SRC) | F(WEIGHT) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
-		.weight_fmts = W_ALL,
+		.weight_fmts = W_ALL, .src_fmts = FLOATS,
 		.weight_axis = F(EMBD), .pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(SRC), .src = GRAD_F32 },
+		.quiet = F(SRC),
 		.n_args = 3, .args = {
-			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "grad", false, DG_ARG_SRC, false, 4, { D(B), D(H), D(T), D(L) } },
 			{ "w", false, DG_ARG_WEIGHT, true, 3, { D(H), D(L), D(E) } },
 			{ "grad_x", true, DG_ARG_F32, false, 4, { D(B), D(HIN), D(T), D(E) } } },
 		.check = DG_CHECK_NORM,
-		.build = "in_heads=1,4;" LOWBIT,
+		.build = "in_heads=1,4;" LOWBIT ";src=bf16",
 	},
 	[DG_OP_LOWRANK_GRAD_WEIGHT] = {
 		.family = "lowrank", .module = "backward",
-		.about = "projection weight gradient: grad_w (H,L,E) (+)= sa * sum_bt grad (B,H,T,L) x (B,Hin,T,E)",
-		.fields = LOWRANK_SHAPE | F(ACT) | F(ASCALE),
+		.about = "projection weight gradient: grad_w (H,L,E) f32 (+)= sa * sum_bt grad (B,H,T,L) src x (B,Hin,T,E)",
+		.fields = LOWRANK_SHAPE | F(ACT) | F(SRC) | F(ASCALE),
 		.tile = DG_TILE_GEMM,
-		.act_fmts = A_ALL,
+		.act_fmts = A_ALL, .src_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(SRC), .src = GRAD_F32 },
+		.quiet = F(SRC),
 		.n_args = 3, .args = {
-			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "grad", false, DG_ARG_SRC, false, 4, { D(B), D(H), D(T), D(L) } },
 			{ "x", false, DG_ARG_ACT, true, 4, { D(B), D(HIN), D(T), D(E) } },
 			{ "grad_w", true, DG_ARG_F32, false, 3, { D(H), D(L), D(E) } } },
 		.check = DG_CHECK_NORM,
-		.build = "in_heads=1,4;act=int8",
+		.build = "in_heads=1,4;act=int8;src=bf16",
 	},
 	[DG_OP_DECODER_FWD] = {
 		.family = "decoder", .module = "decoder",
@@ -105,17 +120,19 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_DECODER_GRAD_INPUT] = {
 		.family = "decoder", .module = "backward",
-		.about = "decoder input gradient: grad_y (B,H,T,L) = sw * grad (B,1,T,E) . w (E,H*L)",
-		.fields = DECODER_SHAPE | F(WEIGHT) | F(WSCALE),
+		.about = "decoder input gradient: grad_y (B,H,T,L) out = sw * grad (B,1,T,E) f32 . w (E,H*L)",
+		.fields = DECODER_SHAPE | F(OUT) | F(WEIGHT) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
-		.weight_fmts = W_ALL,
+		.weight_fmts = W_ALL, .out_fmts = FLOATS,
 		.weight_axis = F(LATENT), .pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(OUT), .out = GRAD_F32 },
+		.quiet = F(OUT),
 		.n_args = 3, .args = {
 			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(ONE), D(T), D(E) } },
 			{ "w", false, DG_ARG_WEIGHT, true, 2, { D(E), D(HL) } },
-			{ "grad_y", true, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } } },
+			{ "grad_y", true, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) } } },
 		.check = DG_CHECK_NORM,
-		.build = LOWBIT,
+		.build = LOWBIT ";out=bf16",
 	},
 	[DG_OP_DECODER_GRAD_WEIGHT] = {
 		.family = "decoder", .module = "backward",
@@ -458,35 +475,38 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_GATE_BWD] = {
 		.family = "gate", .module = "gate",
-		.about = "gate backward: g = keep ? dxy/(1-p) : 0; dxs = g*ys, dys = [ys > 0] g*xs over dxy (B,H,T,L), f32",
-		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(TILE),
+		.about = "gate backward: g = keep ? dxy/(1-p) : 0; dxs = g*ys, dys = [ys > 0] g*xs over dxy (B,H,T,L); dxy, dys, dxs out",
+		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(OUT) | F(TILE),
 		.tile = DG_TILE_THREADS,
-		.act_fmts = FLOATS,
+		.act_fmts = FLOATS, .out_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
-		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.defaults = { .fields = F(ACT) | F(OUT), .act = DG_FMT_BF16, .out = GRAD_F32 },
+		.quiet = F(OUT),
 		.n_args = 4, .args = {
-			{ "dxy", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "dxy", false, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) } },
 			{ "xs", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
 			{ "ys", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
-			{ "dxs", true, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } } },
+			{ "dxs", true, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) } } },
 		.check = DG_CHECK_EXACT,
-		.build = "act=f32,bf16",
+		.build = "act=f32,bf16;out=f32,bf16",
 		.inout = 1u << 0, /* dxy: dys is written over it */
 	},
 	[DG_OP_ADD_MASK] = {
 		.family = "step", .module = "step",
-		.about = "masked sum: dxs (B,H,T,L) = xs > 0 ? dxs + other : 0, in place, f32 (xs act)",
-		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(TILE),
+		.about = "masked sum: dxs (B,H,T,L) out = xs > 0 ? dxs + other : 0, in place; other src, xs act",
+		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(OUT) | F(SRC) | F(TILE),
 		.tile = DG_TILE_THREADS,
-		.act_fmts = FLOATS,
+		.act_fmts = FLOATS, .out_fmts = FLOATS, .src_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
-		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.defaults = { .fields = F(ACT) | F(OUT) | F(SRC), .act = DG_FMT_BF16, .out = GRAD_F32,
+			      .src = GRAD_F32 },
+		.quiet = F(OUT) | F(SRC),
 		.n_args = 3, .args = {
-			{ "dxs", true, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
-			{ "other", false, DG_ARG_F32, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "dxs", true, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "other", false, DG_ARG_SRC, false, 4, { D(B), D(H), D(T), D(L) } },
 			{ "xs", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } } },
 		.check = DG_CHECK_EXACT,
-		.build = "act=f32,bf16",
+		.build = "act=f32,bf16;out=f32,bf16",
 		.inout = 1u << 0, /* dxs: read, then overwritten */
 	},
 	[DG_OP_ADD3] = {

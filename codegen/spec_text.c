@@ -65,9 +65,17 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 		return DG_ERR_INVALID_ARG;
 	strbuf b = { buf, size, 0, false };
 	unsigned uses = dg_spec_uses(s->op);
+	const dg_op_info *row = dg_op_info_of(s->op);
 	char t[64];
+	dg_spec d;
 
 	buf[0] = '\0';
+	dg_spec_init(&d, s->op);
+	/* a quiet field at the op's default is left out (dg_op_info.quiet) */
+	if (row && (row->quiet & DG_FIELD_OUT) && s->out == d.out)
+		uses &= ~(unsigned)DG_FIELD_OUT;
+	if (row && (row->quiet & DG_FIELD_SRC) && s->src == d.src)
+		uses &= ~(unsigned)DG_FIELD_SRC;
 	/* keys in sorted order */
 	if (uses & DG_FIELD_ACT)
 		sb_add(&b, "act", dg_fmt_name(s->act));

@@ -1,20 +1,27 @@
 --[[
 backward.lua — the four backward GEMMs of BDH's projection and decoder
 (dg_ref_lowrank_grad_input / _weight and dg_ref_decoder_grad_input /
-_weight in dragon/ref.h mirror them). Every gradient is f32.
+_weight in dragon/ref.h mirror them).
+
+Gradient formats (dragon/spec.h "gradient formats"; GT, OT below):
+  src  the gradient the lowrank ops read (grad): f32 | bf16 (GT);
+  out  the gradient decoder_grad_input writes (grad_y): f32 | bf16 (OT),
+       the f32 sum (times the scale) rounded to nearest even once;
+  f32 every other gradient (the decoder ops' grad (B,1,T,E), grad_x,
+  grad_w). The spec's text names src / out only when bf16.
 
   lowrank_grad_input   grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]
-    extern "C" __global__ void dg_lowrank_grad_input(const float *grad,
+    extern "C" __global__ void dg_lowrank_grad_input(const GT *grad,
         const WT *w, const float *sw, float *grad_x, int B, int T)
     grid (ceil(E/bn), ceil(B*T/bm), Hin). GEMM M = B*T, N = E, K = (H/Hin)·L:
     with Hin = 1 a block's K runs over every head (w is (H·L, E), so the
     head sum is one longer reduction, summed in order, no atomics).
   decoder_grad_input   grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] · w[d, h·L + l]
     extern "C" __global__ void dg_decoder_grad_input(const float *grad,
-        const WT *w, const float *sw, float *grad_y, int B, int T)
+        const WT *w, const float *sw, OT *grad_y, int B, int T)
     grid (ceil(L/bn), ceil(B*T/bm), H). M = B*T, N = L (head h = grid z), K = E.
   lowrank_grad_weight  grad_w[h,l,e] (+)= sa · Σ_{b,t} grad[b,h,t,l] · x[b,hin(h),t,e]
-    extern "C" __global__ void dg_lowrank_grad_weight(const float *grad,
+    extern "C" __global__ void dg_lowrank_grad_weight(const GT *grad,
         const XT *x, const float *sa, float *dst, int B, int T, int splits,
         int kt_per_split, int accumulate)
     grid (ceil(E/bn), ceil(L/bm), H·splits). M = L, N = E, K = B*T.
@@ -46,10 +53,12 @@ Paths (M.plan picks one from the arch and the tile; render follows it):
   tensor cores (templates/backward_mma.lua; the default from sm_80 on):
     sm_80+, BK % 16 == 0, warp tiles whole 16x16 blocks. mma.sync m16n8k16
     bf16 with f32 sums. Each element is converted once as it is staged:
-    the f32 gradient streams through a cp.async ring and is rounded to
-    bf16 into shared memory; the other operand is decoded to bf16 (exact
-    for every integer code and for bf16, f32 rounded); ldmatrix feeds both
-    operands. Layouts, pipeline and precision: backward_mma.lua's notes.
+    an f32 gradient streams through a cp.async ring and is rounded to
+    bf16 into shared memory, a bf16 gradient (src=bf16) streams by
+    cp.async straight into the shared tiles ldmatrix reads (no rounding,
+    no conversion, half the bytes); the other operand is decoded to bf16
+    (exact for every integer code and for bf16, f32 rounded); ldmatrix
+    feeds both operands. Layouts, pipeline and precision: backward_mma.lua's notes.
     |got − ref| <= (2^-8 + K·2^-24)·Σ|terms| per output, about 1e-3 of
     the norm. Every op takes it with its default tile, because all four
     are GEMMs whose f32 gradient would otherwise cost fp32 FMA rate; the
@@ -67,8 +76,9 @@ Paths (M.plan picks one from the arch and the tile; render follows it):
     e.g. a reduction 16 does not divide): exact f32 sums, the description
     below.
 
-SIMT path: fp32 FMA on a block tile. The gradient is f32,
-so an exact integer path (dp4a) does not apply; the integer operand's codes
+SIMT path: fp32 FMA on a block tile. The gradient is a float (a bf16 one
+widened exactly as it is loaded), so an exact integer path (dp4a) does not
+apply; the integer operand's codes
 are decoded to floats exactly (|code| <= 255) while they are staged into
 shared memory, and its scale multiplies the f32 sum once at the end.
 Shared tiles are k-major —
@@ -172,7 +182,7 @@ local OPS = {}
 
 OPS.lowrank_grad_input = {
   a_kmajor = true, w_operand = true, out_name = "grad_x", scale = "sw",
-  sig = "const float *__restrict__ grad, const ${BT} *__restrict__ w, const float *__restrict__ sw,\n" ..
+  sig = "const GT *__restrict__ grad, const ${BT} *__restrict__ w, const float *__restrict__ sw,\n" ..
         "\t\tfloat *__restrict__ grad_x, int B, int T",
   text = [[
 constexpr int HPB = H / HIN;		// heads a block reduces over (H when Hin = 1)
@@ -180,7 +190,7 @@ constexpr int N = E;			// output cols
 constexpr int KT = HPB * L / BK;	// K steps (a step never straddles two heads: BK | L)
 
 // A(m, k) = grad[b, h, t, l] with m = b*T + t and k = (h - z*HPB)*L + l.
-__device__ __forceinline__ const float *dg_a_row(const float *g, int m, int kt, int z, int T)
+__device__ __forceinline__ const GT *dg_a_row(const GT *g, int m, int kt, int z, int T)
 {
 	const int k = kt * BK;
 	const int h = z * HPB + k / L, l = k % L;
@@ -210,14 +220,14 @@ __device__ __forceinline__ float dg_b_scale(const float *sv, int k, int z, int T
 
 OPS.decoder_grad_input = {
   a_kmajor = true, w_operand = true, out_name = "grad_y", scale = "sw",
-  sig = "const float *__restrict__ grad, const ${BT} *__restrict__ w, const float *__restrict__ sw,\n" ..
-        "\t\tfloat *__restrict__ grad_y, int B, int T",
+  sig = "const GT *__restrict__ grad, const ${BT} *__restrict__ w, const float *__restrict__ sw,\n" ..
+        "\t\tOT *__restrict__ grad_y, int B, int T",
   text = [[
 constexpr int N = L;			// output cols (head z's latent)
 constexpr int KT = E / BK;		// K steps
 
 // A(m, d) = grad[b, 0, t, d], m = b*T + t.
-__device__ __forceinline__ const float *dg_a_row(const float *g, int m, int kt, int z, int T)
+__device__ __forceinline__ const GT *dg_a_row(const GT *g, int m, int kt, int z, int T)
 {
 	return g + (long long)m * E + kt * BK;
 }
@@ -244,7 +254,7 @@ __device__ __forceinline__ float dg_b_scale(const float *sv, int k, int z, int T
 
 OPS.lowrank_grad_weight = {
   a_kmajor = false, w_operand = false, out_name = "dst", scale = "sa",
-  sig = "const float *__restrict__ grad, const ${BT} *__restrict__ x, const float *__restrict__ sa,\n" ..
+  sig = "const GT *__restrict__ grad, const ${BT} *__restrict__ x, const float *__restrict__ sa,\n" ..
         "\t\tfloat *__restrict__ dst, int B, int T, int splits, int kt_per_split, int accumulate",
   text = [[
 constexpr int MM = L;			// output rows (l)
@@ -252,7 +262,7 @@ constexpr int N = E;			// output cols (e)
 constexpr long long NW = (long long)H * L * E;	// elements of grad_w (one partial)
 
 // A(l, k) = grad[b, h, t, l] with k = b*T + t: p[l].
-__device__ __forceinline__ const float *dg_a_col(const float *g, int k, int h, int T)
+__device__ __forceinline__ const GT *dg_a_col(const GT *g, int k, int h, int T)
 {
 	const int b = k / T, t = k - b * T;
 	return g + ((long long)(b * H + h) * T + t) * L;
@@ -281,7 +291,7 @@ __device__ __forceinline__ float dg_b_scale(const float *sv, int k, int h, int T
 
 OPS.decoder_grad_weight = {
   a_kmajor = false, w_operand = false, out_name = "dst", scale = "sa",
-  sig = "const float *__restrict__ grad, const ${BT} *__restrict__ y, const float *__restrict__ sa,\n" ..
+  sig = "const GT *__restrict__ grad, const ${BT} *__restrict__ y, const float *__restrict__ sa,\n" ..
         "\t\tfloat *__restrict__ dst, int B, int T, int splits, int kt_per_split, int accumulate",
   text = [[
 constexpr int MM = E;			// output rows (d)
@@ -289,7 +299,7 @@ constexpr int N = L;			// output cols (head h's latent)
 constexpr long long NW = (long long)H * L * E;	// elements of grad_w (one partial)
 
 // A(d, k) = grad[b, 0, t, d] with k = b*T + t: p[d].
-__device__ __forceinline__ const float *dg_a_col(const float *g, int k, int h, int T)
+__device__ __forceinline__ const GT *dg_a_col(const GT *g, int k, int h, int T)
 {
 	return g + (long long)k * E;
 }
@@ -322,6 +332,22 @@ constexpr int H = ${H};		// heads
 constexpr int HIN = ${HIN};		// input heads of the projection: 1 or H
 constexpr int E = ${E};		// embd
 constexpr int L = ${L};		// latent width per head
+typedef ${GT} GT;		// the gradient read (grad): ${gfmt}
+typedef ${OT} OT;		// decoder_grad_input's grad_y: ${ofmt}
+
+// Four consecutive values of A (16-byte aligned f32, 8-byte aligned bf16,
+// widened exactly) as floats.
+__device__ __forceinline__ float4 dg_a4(const float *p)
+{
+	return __ldg((const float4 *)p);
+}
+
+__device__ __forceinline__ float4 dg_a4(const unsigned short *p)
+{
+	const uint2 u = __ldg((const uint2 *)p);
+	return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+			   __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
 
 // ---- tile ------------------------------------------------------------------
 constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};	// block tile, K step
@@ -458,7 +484,7 @@ local LOAD_A_KMAJOR = [[
 			const int row = u / UA, kq = u % UA, m = m0 + row;
 			float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 			if (${A_GUARD}m < M)
-				v = __ldg((const float4 *)(dg_a_row(grad, m, kt, z, T) + 4 * kq));
+				v = dg_a4(dg_a_row(grad, m, kt, z, T) + 4 * kq);
 			ra[s][0] = v.x; ra[s][1] = v.y; ra[s][2] = v.z; ra[s][3] = v.w;]]
 
 -- Transposed into As[k][m]: with the pitch BM + 1, store c of a warp's lanes
@@ -476,7 +502,7 @@ local LOAD_A_MMAJOR = [[
 			const int kk = u / UA, m = m0 + (u % UA) * 4, k = kt * BK + kk;
 			float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 			if (${A_GUARD}k < K && m < MM)	// MM % 4 == 0: a float4 is wholly in or out
-				v = __ldg((const float4 *)(dg_a_col(grad, k, h, T) + m));
+				v = dg_a4(dg_a_col(grad, k, h, T) + m);
 			ra[s][0] = v.x; ra[s][1] = v.y; ra[s][2] = v.z; ra[s][3] = v.w;]]
 
 local STORE_A_MMAJOR = [[
@@ -526,7 +552,7 @@ ${SCALE_LOAD}
 		for (int j = 0; j < TN; ++j) {
 			const int n = n0 + b_off[j];
 			if (n < N)
-				${OUT}[dg_out(m, n, z, T)] = ${SCALED};
+				${OUT}[dg_out(m, n, z, T)] = ${CONV}(${SCALED});
 		}
 	}]]
 
@@ -603,16 +629,16 @@ local function about_lines(op, o, entry, sig, c)
   local H, HIN, E, L, bm, bn, nt, bfmt = c.H, c.HIN, c.E, c.L, c.bm, c.bn, c.wm * c.wn * 32, c.bfmt
   if op == "lowrank_grad_input" then
     about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", E, bn, bm, HIN, nt)
-    about[#about + 1] = fmt("grad (B, %d, T, %d) f32; w (%d, %d, %d) %s; grad_x (B, %d, T, %d) f32.",
-                            H, L, H, L, E, bfmt, HIN, E)
+    about[#about + 1] = fmt("grad (B, %d, T, %d) %s; w (%d, %d, %d) %s; grad_x (B, %d, T, %d) f32.",
+                            H, L, c.gfmt, H, L, E, bfmt, HIN, E)
   elseif op == "decoder_grad_input" then
     about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", L, bn, bm, H, nt)
-    about[#about + 1] = fmt("grad (B, 1, T, %d) f32; w (%d, %d) %s; grad_y (B, %d, T, %d) f32.",
-                            E, E, H * L, bfmt, H, L)
+    about[#about + 1] = fmt("grad (B, 1, T, %d) f32; w (%d, %d) %s; grad_y (B, %d, T, %d) %s.",
+                            E, E, H * L, bfmt, H, L, c.ofmt)
   elseif op == "lowrank_grad_weight" then
     about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(%d/%d), %d·splits), block %d threads.", E, bn, L, bm, H, nt)
-    about[#about + 1] = fmt("grad (B, %d, T, %d) f32; x (B, %d, T, %d) %s; grad_w (%d, %d, %d) f32.",
-                            H, L, HIN, E, bfmt, H, L, E)
+    about[#about + 1] = fmt("grad (B, %d, T, %d) %s; x (B, %d, T, %d) %s; grad_w (%d, %d, %d) f32.",
+                            H, L, c.gfmt, HIN, E, bfmt, H, L, E)
   else
     about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(%d/%d), %d·splits), block %d threads.", L, bn, E, bm, H, nt)
     about[#about + 1] = fmt("grad (B, 1, T, %d) f32; y (B, %d, T, %d) %s; grad_w (%d, %d) f32.",
@@ -647,6 +673,11 @@ local function fields(spec)
   k.arch = C.int_field(spec, "arch", 1)
   k.bfmt = k.o.w_operand and C.one_of(spec, "weight", WEIGHTS) or C.one_of(spec, "act", ACTS)
   k.F = C.formats[k.bfmt]
+  -- the gradients' formats (dragon/spec.h): the lowrank ops read grad in
+  -- src, decoder_grad_input writes grad_y in out; the rest is f32
+  k.gfmt = op:match("^lowrank") and C.one_of(spec, "src", { "f32", "bf16" }) or "f32"
+  k.ofmt = op == "decoder_grad_input" and C.one_of(spec, "out", { "f32", "bf16" }) or "f32"
+
   -- scales along the reduction (a weight's per channel in grad_input, an
   -- activation's per token in grad_weight) multiply B's row k as it is
   -- staged; a per-tensor one multiplies the sum once at the end
@@ -726,7 +757,7 @@ function M.plan(spec)
     if t.bn % eu ~= 0 then
       return C.refuse(t, auto, "BN must be a multiple of %d (%s units)", eu, k.bfmt)
     end
-    local smem = MMA.smem_bytes(k.o.a_kmajor, t.bm, t.bn, t.bk, t.stages)
+    local smem = MMA.smem_bytes(k.o.a_kmajor, k.gfmt == "bf16", t.bm, t.bn, t.bk, t.stages)
     ok, err = C.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.path, p.smem_bytes, p.entries[1].smem = "mma.sync bf16", smem, smem
@@ -756,10 +787,11 @@ function M.render(spec, plan)
     H = H, HIN = HIN, E = E, L = L, bm = bm, bn = bn, bk = bk, wm = wm, wn = wn, stages = stages,
     HIN_H = HIN == 1 and "0" or "h", arch = C.int_field(spec, "arch", 1),
     bname = o.w_operand and "w" or (op == "lowrank_grad_weight" and "x" or "y"),
-    vec = k.vec,
+    vec = k.vec, gfmt = k.gfmt, ofmt = k.ofmt,
+    GT = C.formats[k.gfmt].ctype, OT = C.formats[k.ofmt].ctype,
   }
   if plan.path == "mma.sync bf16" then
-    c.about = about_lines(op, o, entry, C.subst(o.sig, { BT = F.ctype }), c)
+    c.about = about_lines(op, o, entry, (C.subst(o.sig, { BT = F.ctype }):gsub("GT", c.GT):gsub("OT", c.OT)), c)
     c.smem = plan.smem_bytes
     local w = C.writer()
     w:line(MMA.render(c))
@@ -785,7 +817,7 @@ function M.render(spec, plan)
     BM = bm, BN = bn, BK = bk, WM = wm, WN = wn, NBUF = nbuf,
     PA = pa, PA_WHY = o.a_kmajor and "BM + 1 (A is transposed in; the pad spreads its stores over the banks)"
                                  or "BM (A lands as it is, float4 stores)",
-    SMEM = smem, bfmt = bfmt,
+    SMEM = smem, bfmt = bfmt, GT = c.GT, OT = c.OT, gfmt = k.gfmt, ofmt = k.ofmt,
     UA = ua, UA_WHY = o.a_kmajor and "float4s along k" or "float4s along m", A_UNITS = a_units,
     EPW_B = F.epw, EU_B = u.EU, NWB = u.NWB,
   }
@@ -812,7 +844,8 @@ function M.render(spec, plan)
     kv.EPILOGUE = C.subst(EPI_INPUT, {
       SCALE_WHY = is_code and fmt("%s = %s · Σ (the integer operand's scale, once)", o.out_name, scale_name)
                           or fmt("%s = Σ", o.out_name),
-      SCALE_LOAD = scale_load, OUT = o.out_name, SCALED = scaled })
+      SCALE_LOAD = scale_load, OUT = o.out_name, SCALED = scaled,
+      CONV = k.ofmt == "bf16" and "dg_f32_to_bf16" or "" })
   else
     kv.PROLOGUE = "\tconst int K = B * T;\t\t\t// the reduction (b, t)\n" ..
                   "\tconst int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split\n" ..
@@ -841,11 +874,12 @@ function M.render(spec, plan)
   kv.MAINLOOP = nbuf == 2 and MAIN_2 or MAIN_1
 
   local helpers = {}
+  if k.ofmt == "bf16" then helpers.bf16 = true end
   if bfmt == "ternary" then helpers.ternary = true end
   if bfmt == "sign1" then helpers.sign1 = true end
   if F.epw == 4 then helpers.i8x4f = true end
 
-  local about = about_lines(op, o, entry, kv.SIG, c)
+  local about = about_lines(op, o, entry, (kv.SIG:gsub("GT", c.GT):gsub("OT", c.OT)), c)
   about[#about + 1] = fmt("path: fp32 FMA, %s operand decoded to f32 while staged; shared memory %d bytes, %s.",
                           bfmt, smem, nbuf == 2 and "double-buffered" or "single buffer")
 

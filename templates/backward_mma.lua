@@ -4,7 +4,8 @@ backward_mma.lua — the tensor-core path of the four backward GEMMs
 the ABI, the grids and the grad_weight splits are backward.lua's).
 
 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80+), the GEMM
-C[m, n] = Σ_k A[m, k] · B[k, n], A the f32 gradient, B the other operand.
+C[m, n] = Σ_k A[m, k] · B[k, n], A the gradient (f32, or bf16 where the
+spec's src says so: the lowrank ops), B the other operand.
 Fragment layouts relied on (PTX ISA, "Matrix Fragments for mma.m16n8k16"
 with .bf16; lane = 4·g + q, g = groupID 0..7, q = threadID_in_group 0..3;
 a .b32 register holds two bf16, the lower-indexed element in bits 0..15):
@@ -28,7 +29,15 @@ register i of lane (g, q) holds [row g][cols 2q, 2q+1] of matrix i; with
     n 8-15), (k 8-15, n 8-15) are b0, b1 of n tile 2p and b0, b1 of 2p+1.
 
 Each element is converted once, when it is staged, never per fragment:
-  * A (f32) streams by 16-byte cp.async into a ring of S f32 stages, S-1
+  * A bf16 (src=bf16) needs no conversion: it streams by cp.async straight
+    into a ring of S bf16 stages laid out as ldmatrix reads them (As,
+    pitch PA), S-1 K steps in flight, and the MMA reads stage i % S. A
+    chunk is 8 values (16 bytes, cp.async.cg) when L % 8 == 0, else 4
+    (8 bytes, cp.async.ca: a row of grad is then only 8-byte aligned);
+    a chunk past M, MM or K is zero-filled. The pipeline below is the
+    same without the convert (its copy wait stays: the barrier after it
+    publishes the stage).
+  * A f32 streams by 16-byte cp.async into a ring of S f32 stages, S-1
     K steps in flight without registers. Its layout is chunk-linear (chunk
     u of a step at 16·u bytes): the thread that copies a chunk is the one
     that converts it, so it needs no barrier in between, and both the copies
@@ -50,18 +59,19 @@ Each element is converted once, when it is staged, never per fragment:
   and PB = BN + 8: a row is an odd number of 16-byte chunks, so the 8 rows
   of an ldmatrix phase fall in 8 distinct 16-byte bank groups.
 
-Precision: the gradient (and an f32 operand) is rounded to bf16 (round to
-nearest even: a relative error of at most 2^-8 a value); integer codes and
-bf16 operands are exact in bf16. Products of two bf16 are exact in f32 and
+Precision: an f32 gradient (and an f32 operand) is rounded to bf16 (round
+to nearest even: a relative error of at most 2^-8 a value); a bf16
+gradient, integer codes and bf16 operands are exact in bf16. Products of two bf16 are exact in f32 and
 the sums are f32, so |got − ref| <= (2^-8 + K·2^-24) · Σ_k |a_k·b_k| per
 output (twice the first term with an f32 operand), and the error relative
 to the norm is about 1e-3. (tf32 m16n8k8 would keep 10 bits of the
 gradient at half the bf16 rate.) The scale multiplies the f32 sum once at
 the end.
 
-Shared memory (dynamic): S·BM·BK·4 bytes of f32 ring plus two buffers of
-the bf16 A tile and BK·PB bf16 of B (backward.lua M.plan
-checks it), and 64 bytes of static table for ternary.
+Shared memory (dynamic; M.smem_bytes, backward.lua M.plan checks it): f32
+A: S·BM·BK·4 bytes of ring plus two buffers of the bf16 A tile and BK·PB
+bf16 of B; bf16 A: S bf16 A tiles plus two B tiles. And 64 bytes of static
+table for ternary.
 ]]
 local C = require("common")
 local fmt = string.format
@@ -89,7 +99,7 @@ local ADDR = {}
 ADDR.lowrank_grad_input = [[
 // A row m's base (k = 0 of block z's heads) and the offset of K step kt
 // from it (a step never straddles two heads: BK | L).
-__device__ __forceinline__ const float *dg_a_base(const float *g, int m, int z, int T)
+__device__ __forceinline__ const GT *dg_a_base(const GT *g, int m, int z, int T)
 {
 	const int b = m / T, t = m - b * T;
 	return g + ((long long)(b * H + z * HPB) * T + t) * L;
@@ -104,7 +114,7 @@ __device__ __forceinline__ long long dg_a_koff(int kt, int T)
 
 ADDR.decoder_grad_input = [[
 // A row m's base and the offset of K step kt from it.
-__device__ __forceinline__ const float *dg_a_base(const float *g, int m, int z, int T)
+__device__ __forceinline__ const GT *dg_a_base(const GT *g, int m, int z, int T)
 {
 	return g + (long long)m * E;
 }
@@ -118,7 +128,7 @@ __device__ __forceinline__ long long dg_a_koff(int kt, int T)
 ADDR.lowrank_grad_weight = [[
 // Row k = b*T + t of A (grad, contiguous along l) and of B (x, packed
 // along e), from (b, t).
-__device__ __forceinline__ const float *dg_a_krow(const float *g, int b, int t, int h, int T)
+__device__ __forceinline__ const GT *dg_a_krow(const GT *g, int b, int t, int h, int T)
 {
 	return g + ((long long)(b * H + h) * T + t) * L;
 }
@@ -132,7 +142,7 @@ __device__ __forceinline__ const unsigned *dg_b_krow(const unsigned *xp, int b, 
 ADDR.decoder_grad_weight = [[
 // Row k = b*T + t of A (grad, contiguous along d) and of B (y, packed
 // along l), from (b, t).
-__device__ __forceinline__ const float *dg_a_krow(const float *g, int b, int t, int h, int T)
+__device__ __forceinline__ const GT *dg_a_krow(const GT *g, int b, int t, int h, int T)
 {
 	return g + (long long)(b * T + t) * E;
 }
@@ -270,6 +280,14 @@ __device__ __forceinline__ void dg_cp16(unsigned dst, const void *src, int src_b
 		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+// 8-byte cp.async (.ca: .cg takes only 16), for bf16 rows aligned to 8
+// bytes only (L % 8 != 0); src_bytes 0 fills zeros.
+__device__ __forceinline__ void dg_cp8(unsigned dst, const void *src, int src_bytes)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n"
+		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
 __device__ __forceinline__ void dg_cp_commit()
 {
 	asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -312,17 +330,20 @@ constexpr int H = ${H};		// heads
 constexpr int HIN = ${HIN};		// input heads of the projection: 1 or H
 constexpr int E = ${E};		// embd
 constexpr int L = ${L};		// latent width per head
+typedef ${GT} GT;		// the gradient A (grad): ${gfmt}
+typedef ${OT} OT;		// decoder_grad_input's grad_y: ${ofmt}
 
 // ---- tile (tensor cores) ---------------------------------------------------
 constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};	// block tile, K step
 constexpr int WM = ${WM}, WN = ${WN};		// warps a block: WM rows x WN cols
 constexpr int NT = WM * WN * 32;		// threads a block
-constexpr int S = ${S};			// f32 ring stages (S-1 steps in flight)
+constexpr int S = ${S};			// A ring stages (S-1 steps in flight)
 constexpr int WTM = BM / WM, WTN = BN / WN;	// warp tile
 constexpr int MT = WTM / 16, NT8 = WTN / 8;	// m16 x n8 fragments a warp
 
-// ---- staging: A in 16-byte chunks of 4 floats, B in units of EU_B values (${bfmt})
-constexpr int CPR = ${CPR};			// A chunks a tile row (${CPR_WHY})
+// ---- staging: A in chunks of CE values (${CE_WHY}), B in units of EU_B values (${bfmt})
+constexpr int CE = ${CE};			// A values a chunk
+constexpr int CPR = ${CPR};		// A chunks a tile row (${CPR_WHY})
 constexpr int A_CHUNKS = ${A_CHUNKS};		// A chunks a step
 constexpr int SA = (A_CHUNKS + NT - 1) / NT;	// A chunks a thread
 constexpr int EPW_B = ${EPW_B};		// B values a 32-bit storage word
@@ -331,21 +352,39 @@ constexpr int NWB = ${NWB};			// raw words a B unit
 constexpr int UB = BN / EU_B;			// B units a tile row
 constexpr int SB = (BK * UB + NT - 1) / NT;	// B units a thread
 
-// ---- shared memory (bytes): the f32 ring (S stages, chunk-linear), then two
-// bf16 buffers, each A (${A_SHAPE}, pitch PA) then B (Bs[k][n], pitch PB).
+// ---- shared memory (bytes): ${LAYOUT_WHY}
+// A tiles are ${A_SHAPE} (pitch PA), B tiles Bs[k][n] (pitch PB), bf16.
 constexpr int PA = ${PA};		// A pitch (bf16): an odd number of 16-byte chunks
 constexpr int PB = BN + 8;		// B pitch (bf16), the same
+constexpr int A16_BYTES = ${A16_ROWS} * PA * 2;
+constexpr int B16_BYTES = BK * PB * 2;
+${LAYOUT}]]
+
+-- The shared-memory layout of an f32 A: a chunk-linear f32 ring, then two
+-- bf16 buffers (A then B) that the convert fills.
+local LAYOUT_F32 = [[
 constexpr int RING_STAGE = A_CHUNKS * 16;
 constexpr int RING_BYTES = S * RING_STAGE;
-constexpr int A16_BYTES = ${A16_ROWS} * PA * 2;
-constexpr int BUF_BYTES = A16_BYTES + BK * PB * 2;	// total: ${SMEM} bytes
+constexpr int BUF_BYTES = A16_BYTES + B16_BYTES;	// total: RING_BYTES + 2 * BUF_BYTES = ${SMEM}
+
+// byte offsets of A tile i (a buffer, i = step % 2) and B tile i
+__device__ __forceinline__ int dg_a16_at(int i) { return RING_BYTES + i * BUF_BYTES; }
+__device__ __forceinline__ int dg_b16_at(int i) { return RING_BYTES + i * BUF_BYTES + A16_BYTES; }
+]]
+
+-- bf16 A: the ring is S A tiles themselves, then two B tiles.
+local LAYOUT_BF16 = [[
+// total: S * A16_BYTES + 2 * B16_BYTES = ${SMEM}
+// byte offsets of A tile i (a ring stage, i = step % S) and B tile i (step % 2)
+__device__ __forceinline__ int dg_a16_at(int i) { return i * A16_BYTES; }
+__device__ __forceinline__ int dg_b16_at(int i) { return S * A16_BYTES + i * B16_BYTES; }
 ]]
 
 local KERNEL = [=[
 extern "C" __global__ void __launch_bounds__(NT)
 ${ENTRY}(${SIG})
 {
-	extern __shared__ __align__(16) unsigned char smem[];	// the ring, then two buffers
+	extern __shared__ __align__(16) unsigned char smem[];	// the A ring, then the tiles (HEAD)
 ${LUT}
 	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
 	const int tid = threadIdx.x;
@@ -383,7 +422,7 @@ ${LOAD_B}
 		}
 	};
 	auto store_b = [&](int buf) {
-		unsigned short *bs = (unsigned short *)(smem + RING_BYTES + buf * BUF_BYTES + A16_BYTES);
+		unsigned short *bs = (unsigned short *)(smem + dg_b16_at(buf));
 #pragma unroll
 		for (int s = 0; s < SB; ++s) {
 			const int u = tid + s * NT, kk = u / UB, nu = u % UB;
@@ -415,9 +454,9 @@ ${A_LANE}
 #pragma unroll
 			for (int i = 0; i < 4; ++i)
 				acc[mt][nt][i] = 0.0f;
-	auto compute = [&](int buf) {
-		const unsigned as = sbase + RING_BYTES + buf * BUF_BYTES + a_lane;
-		const unsigned bs = sbase + RING_BYTES + buf * BUF_BYTES + A16_BYTES + b_lane;
+	auto compute = [&](int abuf, int bbuf) {
+		const unsigned as = sbase + dg_a16_at(abuf) + a_lane;
+		const unsigned bs = sbase + dg_b16_at(bbuf) + b_lane;
 #pragma unroll
 		for (int ks = 0; ks < BK / 16; ++ks) {
 			unsigned a[MT][4], b[NT8][2];
@@ -451,7 +490,7 @@ ${A_FRAG}
 	if (nkt > 0) {
 		load_b(k_begin);
 		dg_cp_wait<S - 2>();	// this thread's copies of step 0
-		convert_a(0, 0);
+${CONVERT_0}
 		store_b(0);
 	}
 	__syncthreads();
@@ -464,10 +503,10 @@ ${A_FRAG}
 		const bool more = i + 1 < nkt;
 		if (more)
 			load_b(k_begin + i + 1);
-		compute(i & 1);
+		compute(${A_TILE}, i & 1);
 		if (more) {
 			dg_cp_wait<S - 2>();	// this thread's copies of step i+1
-			convert_a((i + 1) % S, (i + 1) & 1);
+${CONVERT_NEXT}
 			store_b((i + 1) & 1);	// buffer (i+1) % 2 was step i-1's: free
 		}
 		__syncthreads();
@@ -498,7 +537,7 @@ local ROW_BT = [[
 local A_SLOTS_KMAJOR = [[
 	// ---- A: chunk u = tid + s·NT of a step is row u / CPR (m), floats
 	// 4·(u % CPR) .. (k); rows past M are zero-filled.
-	const float *a_src[SA];		// the chunk at k = 0; nullptr: zeros
+	const GT *a_src[SA];		// the chunk at k = 0; nullptr: zeros
 #pragma unroll
 	for (int s = 0; s < SA; ++s) {
 		const int u = tid + s * NT, row = u / CPR, c = u % CPR;
@@ -520,7 +559,7 @@ local A_SLOTS_KMAJOR = [[
 	// ring stage stg → bf16 buffer buf, As[m][k]: this thread's chunks only.
 	auto convert_a = [&](int stg, int buf) {
 		const float *ring = (const float *)(smem + stg * RING_STAGE);
-		unsigned short *as = (unsigned short *)(smem + RING_BYTES + buf * BUF_BYTES);
+		unsigned short *as = (unsigned short *)(smem + dg_a16_at(buf));
 #pragma unroll
 		for (int s = 0; s < SA; ++s) {
 			const int u = tid + s * NT, row = u / CPR, c = u % CPR;
@@ -543,7 +582,7 @@ local A_SLOTS_MMAJOR = [[
 		for (int s = 0; s < SA; ++s) {
 			const int u = tid + s * NT, kk = u / CPR, c = u % CPR, m = m0 + 4 * c;
 			if (${A_GUARD}true) {
-				const float *src = grad;
+				const GT *src = grad;
 				int bytes = 0;
 				if (kb + kk < K && m < MM) {
 ${A_ROW}
@@ -556,13 +595,66 @@ ${A_ROW}
 	// ring stage stg → bf16 buffer buf, As[k][m]: this thread's chunks only.
 	auto convert_a = [&](int stg, int buf) {
 		const float *ring = (const float *)(smem + stg * RING_STAGE);
-		unsigned short *as = (unsigned short *)(smem + RING_BYTES + buf * BUF_BYTES);
+		unsigned short *as = (unsigned short *)(smem + dg_a16_at(buf));
 #pragma unroll
 		for (int s = 0; s < SA; ++s) {
 			const int u = tid + s * NT, kk = u / CPR, c = u % CPR;
 			if (${A_GUARD}true) {
 				const float4 v = *(const float4 *)(ring + 4 * u);
 				*(uint2 *)(as + kk * PA + 4 * c) = make_uint2(dg_bf16x2(v.x, v.y), dg_bf16x2(v.z, v.w));
+			}
+		}
+	};]]
+
+-- bf16 A (src=bf16): cp.async straight into ring stage stg's As tile, the
+-- layout ldmatrix reads; no convert.
+local A_SLOTS_KMAJOR_BF16 = [[
+	// ---- A: chunk u = tid + s·NT of a step is row u / CPR (m), values
+	// CE·(u % CPR) .. (k), copied into stage stg's As[m][k]; rows past M
+	// are zero-filled.
+	const GT *a_src[SA];		// the chunk at k = 0; nullptr: zeros
+	unsigned a_dst[SA];		// its byte offset in an A tile
+#pragma unroll
+	for (int s = 0; s < SA; ++s) {
+		const int u = tid + s * NT, row = u / CPR, c = u % CPR;
+		a_src[s] = nullptr;
+		a_dst[s] = (unsigned)((row * PA + CE * c) * 2);
+		if (${A_GUARD}m0 + row < M)
+			a_src[s] = dg_a_base(grad, m0 + row, z, T) + CE * c;
+	}
+	auto issue_a = [&](int kt, int stg) {
+		const long long off = dg_a_koff(kt, T);
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT;
+			(void)u;
+			if (${A_GUARD}true)
+				${CP}(sbase + dg_a16_at(stg) + a_dst[s],
+					a_src[s] ? (const void *)(a_src[s] + off) : (const void *)grad,
+					a_src[s] ? CE * 2 : 0);
+		}
+	};]]
+
+local A_SLOTS_MMAJOR_BF16 = [[
+	// ---- A: chunk u = tid + s·NT of a step is k row u / CPR, values
+	// CE·(u % CPR) .. of the block's rows (m), copied into stage stg's
+	// As[k][m]; zeros past K or MM (MM % CE == 0: a chunk is wholly in or
+	// out).
+	auto issue_a = [&](int kt, int stg) {
+		const int kb = kt * BK, b0 = kb / T, t0 = kb - b0 * T;
+		(void)b0;
+		(void)t0;
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT, kk = u / CPR, c = u % CPR, m = m0 + CE * c;
+			if (${A_GUARD}true) {
+				const GT *src = grad;
+				int bytes = 0;
+				if (kb + kk < K && m < MM) {
+${A_ROW}
+					bytes = CE * 2;
+				}
+				${CP}(sbase + dg_a16_at(stg) + (unsigned)((kk * PA + CE * c) * 2), src, bytes);
 			}
 		}
 	};]]
@@ -575,7 +667,8 @@ local A_FRAG_MMAJOR = "\t\t\t\tdg_ldsm_x4_t(a[mt], as + (ks * 16 * PA + mt * 16)
 
 local EPI_INPUT = [[
 	// ---- epilogue: ${SCALE_WHY}; fragment rows g, g+8, cols 2q, 2q+1
-	// (N is even: a pair is wholly in or out), float2 stores.
+	// (N is even: a pair is wholly in or out), float2 stores (f32) or one
+	// bf16x2 word (out=bf16: each rounded to nearest even once).
 ${SCALE_LOAD}
 #pragma unroll
 	for (int mt = 0; mt < MT; ++mt)
@@ -588,8 +681,7 @@ ${SCALE_LOAD}
 			for (int nt = 0; nt < NT8; ++nt) {
 				const int n = n0 + wc * WTN + nt * 8 + 2 * q;
 				if (n < N)
-					*(float2 *)(${OUT} + dg_out(m, n, z, T)) =
-						make_float2(${S0}, ${S1});
+${STORE}
 			}
 		}]]
 
@@ -627,11 +719,14 @@ ${SCALE_LOAD}
 			}
 		}]]
 
--- Shared memory bytes of the tensor-core tile (backward.lua M.plan).
-function M.smem_bytes(a_kmajor, bm, bn, bk, stages)
+-- Shared memory bytes of the tensor-core tile (backward.lua M.plan); a_bf16:
+-- the gradient is bf16 (src=bf16), so the ring is the A tiles themselves.
+function M.smem_bytes(a_kmajor, a_bf16, bm, bn, bk, stages)
   local S = math.max(2, stages)
   local a16 = a_kmajor and bm * (bk + 8) or bk * (bm + 8)
-  return S * bm * bk * 4 + 2 * (a16 + bk * (bn + 8)) * 2
+  local b16 = bk * (bn + 8)
+  if a_bf16 then return S * a16 * 2 + 2 * b16 * 2 end
+  return S * bm * bk * 4 + 2 * (a16 + b16) * 2
 end
 
 -- Renders the tensor-core kernel; `c` holds what backward.lua's render
@@ -644,7 +739,12 @@ function M.render(c)
   local u = b_unit(bfmt, bn, packed_len % 16 == 0 and bn % 16 == 0)
   local smem = c.smem -- backward.lua M.plan: M.smem_bytes
   local nt = wm * wn * 32
-  local a_chunks = bm * bk // 4
+  -- a bf16 gradient (src=bf16) is copied straight into the A tiles, in
+  -- chunks of 8 values (16 bytes) where L % 8 == 0 keeps every row of grad
+  -- 16-byte aligned (and an M-major chunk wholly inside MM = L), else 4
+  local a16 = c.gfmt == "bf16"
+  local ce = (a16 and c.L % 8 == 0) and 8 or 4
+  local a_chunks = bm * bk // ce
   local ub = bn // u.EU
   local b_guard = (bk * ub) % nt ~= 0 and "u < BK * UB && " or ""
   local a_guard = a_chunks % nt ~= 0 and "u < A_CHUNKS && " or ""
@@ -654,9 +754,14 @@ function M.render(c)
     BM = bm, BN = bn, BK = bk, WM = wm, WN = wn, S = S,
     PA = o.a_kmajor and "BK + 8" or "BM + 8", A_SHAPE = o.a_kmajor and "As[m][k]" or "As[k][m]",
     A16_ROWS = o.a_kmajor and "BM" or "BK", SMEM = smem, bfmt = bfmt,
-    CPR = o.a_kmajor and "BK / 4" or "BM / 4", CPR_WHY = o.a_kmajor and "along k" or "along m",
+    CE = ce, CE_WHY = a16 and fmt("%d bytes of bf16, cp.async into the A tile", ce * 2) or "16 bytes of f32",
+    CPR = o.a_kmajor and "BK / CE" or "BM / CE", CPR_WHY = o.a_kmajor and "along k" or "along m",
     A_CHUNKS = o.a_kmajor and "BM * CPR" or "BK * CPR",
     EPW_B = F.epw, EU_B = u.EU, NWB = u.NWB,
+    GT = c.GT, OT = c.OT, gfmt = c.gfmt, ofmt = c.ofmt,
+    LAYOUT_WHY = a16 and "S bf16 A tiles (the cp.async ring), then two B tiles."
+                     or "the f32 ring (S stages, chunk-linear), then two\n// buffers, each an A tile then a B tile.",
+    LAYOUT = C.subst(a16 and LAYOUT_BF16 or LAYOUT_F32, { SMEM = smem }),
   }
   local kv = {
     ENTRY = c.entry, BT = F.ctype, BNAME = c.bname, B_GUARD = b_guard,
@@ -691,13 +796,20 @@ function M.render(c)
 								__fmul_rn(__uint_as_float(x & 0xffff0000u), rbs[s]));
 					}]]
   end
-  local slots = o.a_kmajor and A_SLOTS_KMAJOR or A_SLOTS_MMAJOR
+  local slots = a16 and (o.a_kmajor and A_SLOTS_KMAJOR_BF16 or A_SLOTS_MMAJOR_BF16)
+                   or (o.a_kmajor and A_SLOTS_KMAJOR or A_SLOTS_MMAJOR)
+  -- f32: convert the ring stage into the bf16 buffer; bf16: the copy is the tile
+  kv.CONVERT_0 = a16 and "\t\t// bf16 A: the copies are the tile (ring stage 0)" or "\t\tconvert_a(0, 0);"
+  kv.CONVERT_NEXT = a16 and "\t\t\t// bf16 A: the copies are the tile (ring stage (i+1) % S)"
+                        or "\t\t\tconvert_a((i + 1) % S, (i + 1) & 1);"
+  kv.A_TILE = a16 and "i % S" or "i & 1"
+
   -- decoder_grad_weight's A rows are k itself (grad is (B·T, E)): no (b, t)
   local a_row = op == "decoder_grad_weight"
     and "\t\t\t\t\tsrc = grad + (long long)(kb + kk) * E + m;\t// A row k = b*T + t"
     or "\t\t\t\t\tint bb, tt;\n\t\t\t\t\trow_bt(kk, b0, t0, bb, tt);\n" ..
        "\t\t\t\t\tsrc = dg_a_krow(grad, bb, tt, h, T) + m;"
-  kv.A_SLOTS = C.subst(slots, { A_GUARD = a_guard, A_ROW = a_row })
+  kv.A_SLOTS = C.subst(slots, { A_GUARD = a_guard, A_ROW = a_row, CP = ce == 8 and "dg_cp16" or "dg_cp8" })
   if o.a_kmajor then
     kv.PROLOGUE = "\tconst int M = B * T;\t\t\t// output rows (b, t)\n" ..
                   "\tconst int z = blockIdx.z;\t\t// " .. (op == "lowrank_grad_input" and "input head" or "head") ..
@@ -710,8 +822,12 @@ function M.render(c)
     kv.EPILOGUE = C.subst(EPI_INPUT, {
       SCALE_WHY = F.code and fmt("%s = %s · Σ (the integer operand's scale, once)", o.out_name, o.scale)
                           or fmt("%s = Σ", o.out_name),
-      SCALE_LOAD = scale_load, OUT = o.out_name,
-      S0 = scaled("acc[mt][nt][2 * hr]"), S1 = scaled("acc[mt][nt][2 * hr + 1]") })
+      SCALE_LOAD = scale_load,
+      -- out=bf16 (decoder_grad_input's grad_y): the pair rounded to nearest even once
+      STORE = C.subst(c.ofmt == "bf16"
+        and "\t\t\t\t\t*(unsigned *)(${OUT} + dg_out(m, n, z, T)) =\n\t\t\t\t\t\tdg_bf16x2(${S0}, ${S1});"
+        or "\t\t\t\t\t*(float2 *)(${OUT} + dg_out(m, n, z, T)) =\n\t\t\t\t\t\tmake_float2(${S0}, ${S1});",
+        { OUT = o.out_name, S0 = scaled("acc[mt][nt][2 * hr]"), S1 = scaled("acc[mt][nt][2 * hr + 1]") }) })
   else
     kv.PROLOGUE = "\tconst int K = B * T;\t\t\t// the reduction (b, t)\n" ..
                   "\tconst int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split\n" ..
@@ -731,10 +847,12 @@ function M.render(c)
 
   local w = C.writer()
   c.about[#c.about + 1] = fmt("path: tensor cores (mma.sync m16n8k16 bf16, f32 sums; sm_%d >= sm_80, BK %% 16 == 0,", c.arch)
-  c.about[#c.about + 1] = fmt("  warp tile %dx%d whole 16x16): gradient rounded to bf16 once as staged, %s operand decoded",
-                              bm // wm, bn // wn, bfmt)
-  c.about[#c.about + 1] = fmt("  to bf16 once (%s); both read by ldmatrix; %d-stage f32 cp.async ring, %d bytes of",
-                              (F.code or bfmt == "bf16") and "exact" or "rounded", S, smem)
+  c.about[#c.about + 1] = fmt("  warp tile %dx%d whole 16x16): gradient %s, %s operand decoded",
+                              bm // wm, bn // wn,
+                              a16 and "bf16, copied by cp.async into the A tiles" or "rounded to bf16 once as staged",
+                              bfmt)
+  c.about[#c.about + 1] = fmt("  to bf16 once (%s); both read by ldmatrix; %d-stage %s cp.async ring, %d bytes of",
+                              (F.code or bfmt == "bf16") and "exact" or "rounded", S, a16 and "bf16" or "f32", smem)
   c.about[#c.about + 1] = "  dynamic shared memory (templates/backward_mma.lua)."
   w:line(C.banner(c.spec, "backward.lua", c.about))
   w:line(HELPERS)

@@ -11,19 +11,24 @@ over the flat (B, H, T, L) tensors (dg_ref_gate_op mirrors them):
   i/4 high, step, layer) under key (seed low, seed high), kept when it is at
   least the threshold (uint32)(p·2^32) (every element when that is 0).
 
-Kernel ABI (XT float (f32) | unsigned short (bf16)):
+Kernel ABI (XT: act's type, GT: the gradients' (spec out; gate_bwd only),
+each float (f32) | unsigned short (bf16)):
   extern "C" __global__ void dg_gate_fwd(const XT *xs, const XT *ys, XT *xy,
       int B, int T, float p, unsigned long long seed, unsigned step, unsigned layer)
-  extern "C" __global__ void dg_gate_bwd(float *dxy, const XT *xs, const XT *ys,
-      float *dxs, int B, int T, float p, unsigned long long seed, unsigned step,
+  extern "C" __global__ void dg_gate_bwd(GT *dxy, const XT *xs, const XT *ys,
+      GT *dxs, int B, int T, float p, unsigned long long seed, unsigned step,
       unsigned layer)
-  any grid (grid-stride over 16-byte vectors: 4 f32 or 8 bf16 elements, one
-  or two Philox blocks), the plan's threads a block; 16-byte aligned.
+  gate_bwd's gradients follow dragon/spec.h's convention: out is the format
+  of every gradient it writes, dys written over dxy included, so dxy, dys
+  and dxs are all `out` (f32 by default).
+  any grid (grid-stride over vectors of VE elements: 16 bytes of the
+  narrowest tensor, 4 when every tensor is f32, else 8 — one or two Philox
+  blocks), the plan's threads a block; 16-byte aligned.
 
 Arithmetic: every product rounded once (__fmul_rn), s = __fdiv_rn(1, 1 − p):
-the reference's C, bit for bit; bf16 results are the f32 result rounded to
-nearest even once. p, seed, step and layer are kernel arguments, so one
-kernel serves every step, layer and rate.
+the reference's C, bit for bit; bf16 values are read exactly and bf16
+results are the f32 result rounded to nearest even once. p, seed, step and
+layer are kernel arguments, so one kernel serves every step, layer and rate.
 ]]
 local C = require("common")
 local fmt = string.format
@@ -92,8 +97,9 @@ local CONSTS = [[
 constexpr int H = ${H};		// heads
 constexpr int L = ${L};		// latent
 constexpr int NT = ${NT};		// threads a block
-constexpr int VE = ${VE};		// elements a 16-byte vector of XT
-typedef ${XT} XT;
+constexpr int VE = ${VE};		// elements a vector: 16 bytes of the narrowest tensor
+typedef ${XT} XT;		// xs, ys, xy (act)
+typedef ${GT} GT;		// dxy, dys, dxs (gate_bwd's out)
 ]]
 
 local PRE = [[
@@ -131,10 +137,10 @@ local BWD_VEC = [[
 
 local BWD_ONE = [[
 		const bool keep = dg_keep1((unsigned long long)i, thr, seed, step, layer);
-		const float g = keep ? __fmul_rn(dxy[i], s) : 0.0f;
+		const float g = keep ? __fmul_rn(dg_ld1(dxy, i), s) : 0.0f;
 		const float y = dg_ld1(ys, i);
-		dxs[i] = __fmul_rn(g, y);
-		dxy[i] = y > 0.0f ? __fmul_rn(g, dg_ld1(xs, i)) : 0.0f;]]
+		dg_st1(dxs, i, __fmul_rn(g, y));
+		dg_st1(dxy, i, y > 0.0f ? __fmul_rn(g, dg_ld1(xs, i)) : 0.0f);]]
 
 local OPS = { "gate_fwd", "gate_bwd" }
 
@@ -148,9 +154,12 @@ function M.render(spec, plan)
   local H = C.int_field(spec, "heads", 1)
   local L = C.int_field(spec, "latent", 1)
   local act = C.one_of(spec, "act", { "f32", "bf16" })
-  local bf = act == "bf16"
+  -- gate_bwd's gradients (dragon/spec.h): dxy, dys over it, dxs
+  local grad = op == "gate_bwd" and C.one_of(spec, "out", { "f32", "bf16" }) or "f32"
   local nt = plan.tile.threads
-  local xt = bf and "unsigned short" or "float"
+  local xt = act == "bf16" and "unsigned short" or "float"
+  local gt = grad == "bf16" and "unsigned short" or "float"
+  local ve = (act == "bf16" or grad == "bf16") and 8 or 4
   local drop = "float p, unsigned long long seed, unsigned step, unsigned layer"
   local v = {
     ENTRY = "dg_" .. op, N = "(long long)B * H * T * L", PRE = PRE,
@@ -161,11 +170,11 @@ function M.render(spec, plan)
     v.VEC, v.ONE = FWD_VEC, FWD_ONE
     about = fmt("gate_fwd: xy (B, %d, T, %d) %s = keep ? xs·ys·(1/(1−p)) : 0, xs and ys %s.", H, L, act, act)
   else
-    v.PARAMS = "float *__restrict__ dxy, const XT *__restrict__ xs, const XT *__restrict__ ys, " ..
-               "float *__restrict__ dxs, int B, int T, " .. drop
+    v.PARAMS = "GT *__restrict__ dxy, const XT *__restrict__ xs, const XT *__restrict__ ys, " ..
+               "GT *__restrict__ dxs, int B, int T, " .. drop
     v.VEC, v.ONE = BWD_VEC, BWD_ONE
-    about = fmt("gate_bwd: dxs = g·ys, dys = [ys > 0]·g·xs over dxy (B, %d, T, %d) f32, g = keep ? dxy/(1−p) : 0; xs, ys %s.",
-                H, L, act)
+    about = fmt("gate_bwd: dxs = g·ys, dys = [ys > 0]·g·xs over dxy (B, %d, T, %d), g = keep ? dxy/(1−p) : 0; dxy, dys, dxs %s; xs, ys %s.",
+                H, L, grad, act)
   end
   local w = C.writer()
   w:line(C.banner(spec, "gate.lua", {
@@ -174,7 +183,7 @@ function M.render(spec, plan)
     "path: element-wise, 16-byte vectors grid-stride, the dropout mask from Philox4x32-10 (dragon/rng.h).",
   }))
   w:line(C.helpers({ bf16 = true }))
-  w:line(C.subst(CONSTS, { H = H, L = L, NT = nt, VE = bf and 8 or 4, XT = xt }))
+  w:line(C.subst(CONSTS, { H = H, L = L, NT = nt, VE = ve, XT = xt, GT = gt }))
   w:line(C.VEC_IO)
   w:line(PHILOX)
   w:line(C.subst(C.ELEMENTWISE, v))

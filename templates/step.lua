@@ -3,20 +3,25 @@ step.lua — the training step's element-wise glue and its layout change
 (dg_ref_add_mask / dg_ref_add3 / dg_ref_transpose mirror them):
 
   add_mask   dxs[i] = xs[i] > 0 ? dxs[i] + other[i] : 0   in place; the
-             gradient of xs = relu(·) from its two consumers, masked
+             gradient of xs = relu(·) from its two consumers, masked;
+             dxs in `out`, other in `src` (dragon/spec.h's gradient
+             convention: out what it writes, read first here; src what it
+             only reads), xs in `act`; each f32 | bf16, bf16 read exactly
+             and the f32 sum rounded to nearest even once
   add3       out[i] = (a[i] + b[i]) + c[i]                 any shape, f32;
              out may alias a (each element is read before it is written)
   transpose  out[r, l, e] = in[r, e, l]                    in (R, E, L) f32 →
              out (R, L, E) act (bf16 rounded to nearest even once)
 
 Kernel ABI:
-  extern "C" __global__ void dg_add_mask(float *dxs, const float *other,
-      const XT *xs, int B, int T)                XT float | unsigned short
+  extern "C" __global__ void dg_add_mask(GT *dxs, const ST *other,
+      const XT *xs, int B, int T)                GT, ST, XT float | unsigned short
   extern "C" __global__ void dg_add3(const float *a, const float *b,
       const float *c, float *out, long long n)
   extern "C" __global__ void dg_transpose(const float *in, OT *out, long long R)
   any grid, the plan's threads a block (a multiple of 32); 16-byte aligned.
-  add_mask and add3 walk 16-byte vectors grid-stride; transpose walks
+  add_mask and add3 walk vectors grid-stride (VE elements: 16 bytes of the
+  narrowest tensor, 4 when all are f32, else 8); transpose walks
   32x32 tiles grid-stride through shared memory (pitch 33: the column reads
   are free of bank conflicts), read along L and written along E, both
   coalesced.
@@ -42,7 +47,7 @@ local MASK_VEC = [[
 		dg_st(dxs, iv, d);]]
 
 local MASK_ONE = [[
-		dxs[i] = dg_ld1(xs, i) > 0.0f ? __fadd_rn(dxs[i], other[i]) : 0.0f;]]
+		dg_st1(dxs, i, dg_ld1(xs, i) > 0.0f ? __fadd_rn(dg_ld1(dxs, i), dg_ld1(other, i)) : 0.0f);]]
 
 local ADD3_VEC = [[
 		float x[VE], y[VE], z[VE];
@@ -97,23 +102,28 @@ local function render_add_mask(spec, nt)
   local H = C.int_field(spec, "heads", 1)
   local L = C.int_field(spec, "latent", 1)
   local act = C.one_of(spec, "act", { "f32", "bf16" })
-  local bf = act == "bf16"
+  local grad = C.one_of(spec, "out", { "f32", "bf16" })  -- dxs, written (and read)
+  local other = C.one_of(spec, "src", { "f32", "bf16" }) -- other, read
+  local function ctype(f) return f == "bf16" and "unsigned short" or "float" end
+  local ve = (act == "bf16" or grad == "bf16" or other == "bf16") and 8 or 4
   local v = {
     ENTRY = "dg_add_mask", N = "(long long)B * H * T * L", PRE = "",
-    PARAMS = "float *__restrict__ dxs, const float *__restrict__ other, const XT *__restrict__ xs, int B, int T",
+    PARAMS = "GT *__restrict__ dxs, const ST *__restrict__ other, const XT *__restrict__ xs, int B, int T",
     VEC = MASK_VEC, ONE = MASK_ONE,
   }
   local w = C.writer()
   w:line(C.banner(spec, "step.lua", {
-    fmt("add_mask: dxs (B, %d, T, %d) f32 = xs > 0 ? dxs + other : 0, in place; xs %s.", H, L, act), "",
+    fmt("add_mask: dxs (B, %d, T, %d) %s = xs > 0 ? dxs + other : 0, in place; other %s, xs %s.",
+        H, L, grad, other, act), "",
     fmt("dg_add_mask(%s)   any grid, %d threads", v.PARAMS, nt),
     "path: element-wise, 16-byte vectors grid-stride.",
   }))
   w:line(C.helpers({ bf16 = true }))
   w:linef("constexpr int H = %d;\t\t// heads\nconstexpr int L = %d;\t\t// latent", H, L)
-  w:linef("constexpr int NT = %d;\t\t// threads a block\nconstexpr int VE = %d;\t\t// elements a 16-byte vector of xs",
-          nt, bf and 8 or 4)
-  w:linef("typedef %s XT;", bf and "unsigned short" or "float")
+  w:linef("constexpr int NT = %d;\t\t// threads a block\nconstexpr int VE = %d;\t\t// elements a vector: 16 bytes of the narrowest tensor",
+          nt, ve)
+  w:linef("typedef %s GT;\t\t// dxs (out)\ntypedef %s ST;\t\t// other (src)\ntypedef %s XT;\t\t// xs (act)",
+          ctype(grad), ctype(other), ctype(act))
   w:line(C.VEC_IO)
   w:line(C.subst(C.ELEMENTWISE, v))
   return w:text()

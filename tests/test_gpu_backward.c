@@ -13,6 +13,15 @@
  *     caller's workspace: the op's _workspace size, and a missing or short
  *     one refused by name with nothing launched), and bitwise
  *     reproducibility;
+ *   - bf16 gradients (dragon/spec.h "gradient formats": src=bf16 of the
+ *     lowrank grads, out=bf16 of decoder_grad_input) on the same shapes
+ *     and tiles, latent 100 (8-byte chunks on the tensor cores) and 96:
+ *     the bf16 input is exact, so the reference is the f32 one of its
+ *     widened values; a bf16 output is compared widened with the f32
+ *     reference, its one rounding (2^-9 relative) inside the same bound
+ *     (c·2^-8·Σ|terms|, c >= 2, of which the gradient's staging takes at
+ *     most 2^-8); the reference's own bf16 path is checked to be that
+ *     rounding;
  *   - finite differences of the GPU forwards (dg_lowrank_fwd,
  *     dg_decoder_fwd, f32, no ReLU: the loss Σ r·out is bilinear) against
  *     the GPU gradients (shapes whose default tiles take the tensor cores).
@@ -29,6 +38,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,6 +220,132 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 }
 
 static const int times[] = { 1, 3, 127 };
+
+/* n random gradient values in bf16 storage (returned, malloc'd) and their
+ * exact f32 widening (*wide, malloc'd). */
+static uint16_t *bf16_grad(size_t n, float **wide)
+{
+	float *g = bh_rand_f32(n);
+	uint16_t *h = gh_xmalloc(n * 2 + 16);
+	for (size_t i = 0; i < n; i++) {
+		h[i] = dg_f32_to_bf16(g[i]);
+		g[i] = dg_bf16_to_f32(h[i]);
+	}
+	*wide = g;
+	return h;
+}
+
+/* One of the three ops with a bf16 gradient against the f32 reference:
+ * lowrank_grad_input / _weight read grad bf16 (src), decoder_grad_input
+ * writes grad_y bf16 (out). f: the other operand's format. */
+static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, const dg_tile *tile)
+{
+	char what[96];
+	dg_spec sp = spec_of(op, s, f, tile), sf;
+	if (op == DG_OP_DECODER_GRAD_INPUT)
+		sp.out = DG_FMT_BF16;
+	else
+		sp.src = DG_FMT_BF16;
+	sf = sp; /* the f32 reference's spec */
+	sf.out = sf.src = DG_FMT_F32;
+	snprintf(what, sizeof(what), "%s %s bf16 gradient Hin %d T %d L %d", dg_op_name(op), dg_fmt_name(f),
+		 s->Hin, s->T, s->L);
+	size_t ng, nb, no; /* grad, the other operand, the output */
+	bool gi = op == DG_OP_LOWRANK_GRAD_INPUT, dgi = op == DG_OP_DECODER_GRAD_INPUT;
+	ng = dgi ? (size_t)s->B * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
+	nb = gi || dgi ? (size_t)s->H * s->L * s->E : (size_t)s->B * s->Hin * s->T * s->E;
+	no = gi ? (size_t)s->B * s->Hin * s->T * s->E
+		: dgi ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->H * s->L * s->E;
+	float *gw = NULL, *want = gh_xmalloc(no * 4), *absum = gh_xmalloc(no * 4), *got = gh_xmalloc(no * 4);
+	uint16_t *gh = dgi ? NULL : bf16_grad(ng, &gw);
+	if (dgi)
+		gw = bh_rand_f32(ng);
+	void *b = gh_rand_storage(f, nb, NULL), *ba = bh_abs_storage(f, b, nb);
+	float *ga = bh_abs_f32(gw, ng), sc = bh_scale_of(f);
+	dg_dptr dgr = dgi ? gh_upload(dev, gw, ng * 4) : gh_upload(dev, gh, ng * 2);
+	dg_dptr db = gh_upload(dev, b, gh_bytes(f, nb));
+	size_t ob = dgi ? no * 2 : no * 4;
+	dg_dptr dout = gh_alloc_ff(dev, ob);
+	dg_status st;
+	if (gi) {
+		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_BF16, dgr, s->B, s->H, s->T, s->L);
+		dg_tensor tw = dg_tensor_3d("w", f, db, s->H, s->L, s->E);
+		tw.scale = gh_scalar(dev, sc);
+		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, dout, s->B, s->Hin, s->T, s->E);
+		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
+		st = dg_lowrank_grad_input(dev, &sp, &a);
+		cr_assert_eq(st, DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		cr_assert_eq(dg_ref_lowrank_grad_input(&sp, gh, b, sc, want, s->B, s->T), DG_OK);
+		cr_assert_eq(dg_ref_lowrank_grad_input(&sf, gw, b, sc, got, s->B, s->T), DG_OK);
+		gh_expect_bytes("the reference's bf16 grad is its widened f32", want, got, no * 4);
+		cr_assert_eq(dg_ref_lowrank_grad_input(&sf, ga, ba, sc, absum, s->B, s->T), DG_OK);
+	} else if (dgi) {
+		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dgr, s->B, 1, s->T, s->E);
+		dg_tensor tw = dg_tensor_2d("w", f, db, s->E, (int64_t)s->H * s->L);
+		tw.scale = gh_scalar(dev, sc);
+		dg_tensor ty = dg_tensor_4d("grad_y", DG_FMT_BF16, dout, s->B, s->H, s->T, s->L);
+		dg_decoder_grad_input_args a = { .grad = &tg, .w = &tw, .grad_y = &ty };
+		st = dg_decoder_grad_input(dev, &sp, &a);
+		cr_assert_eq(st, DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		uint16_t *rb = gh_xmalloc(no * 2);
+		cr_assert_eq(dg_ref_decoder_grad_input(&sf, gw, b, sc, want, s->B, s->T), DG_OK);
+		cr_assert_eq(dg_ref_decoder_grad_input(&sp, gw, b, sc, rb, s->B, s->T), DG_OK);
+		for (size_t i = 0; i < no; i++)
+			cr_assert_eq(rb[i], dg_f32_to_bf16(want[i]), "%s: the reference's grad_y[%zu] is not its f32 rounded once",
+				     what, i);
+		free(rb);
+		cr_assert_eq(dg_ref_decoder_grad_input(&sf, ga, ba, sc, absum, s->B, s->T), DG_OK);
+	} else {
+		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_BF16, dgr, s->B, s->H, s->T, s->L);
+		dg_tensor tx = dg_tensor_4d("x", f, db, s->B, s->Hin, s->T, s->E);
+		tx.scale = gh_scalar(dev, sc);
+		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dout, s->H, s->L, s->E);
+		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
+		size_t need = 0;
+		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		a.ws = gh_workspace(dev, need);
+		st = dg_lowrank_grad_weight(dev, &sp, &a);
+		cr_assert_eq(st, DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, gh, b, sc, want, s->B, s->T), DG_OK);
+		cr_assert_eq(dg_ref_lowrank_grad_weight(&sf, gw, b, sc, got, s->B, s->T), DG_OK);
+		gh_expect_bytes("the reference's bf16 grad is its widened f32", want, got, no * 4);
+		cr_assert_eq(dg_ref_lowrank_grad_weight(&sf, ga, ba, sc, absum, s->B, s->T), DG_OK);
+	}
+	if (dgi) { /* the bf16 output, widened */
+		uint16_t *h = gh_xmalloc(ob);
+		gh_download(dev, h, dout, ob);
+		for (size_t i = 0; i < no; i++)
+			got[i] = dg_bf16_to_f32(h[i]);
+		free(h);
+	} else {
+		gh_download(dev, got, dout, ob);
+	}
+	bh_expect_written(what, got, no);
+	bh_expect_bf16(what, got, want, absum, no, bh_bound_c(f));
+	free(gw), free(gh), free(want), free(absum), free(got), free(b), free(ba), free(ga);
+}
+
+Test(gpu_backward, bf16_gradients_small)
+{
+	dg_device *dev = gh_open();
+
+	gh_seed(16);
+	for (int ti = 0; ti < 3; ti++)
+		for (int f = 0; f < 5; f++)
+			for (int k = 0; k < N_SMALL_TILES; k++) {
+				for (int hin = 0; hin < 2; hin++) {
+					shape a = { 3, hin ? 3 : 1, 96, 112, 2, times[ti] };
+					check_bf16_grad(dev, DG_OP_LOWRANK_GRAD_INPUT, &a, weights[f], &small_tiles[k]);
+					/* L 100: 8-byte chunks of a bf16 row; 96: 16-byte */
+					shape w = { 3, hin ? 3 : 1, 40, hin ? 96 : 100, 2, times[ti] };
+					check_bf16_grad(dev, DG_OP_LOWRANK_GRAD_WEIGHT, &w, acts[f], &small_tiles[k]);
+				}
+				shape d = { 3, 1, 48, 96, 2, times[ti] };
+				check_bf16_grad(dev, DG_OP_DECODER_GRAD_INPUT, &d, weights[f], &small_tiles[k]);
+			}
+	gh_close(dev);
+}
 
 Test(gpu_backward, lowrank_grad_input_small)
 {
@@ -395,6 +531,10 @@ Test(gpu_backward, tolerance_catches_layout_errors)
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s.B, s.T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, gr, x, sa, ok, s.B, s.T), DG_OK);
 		cr_assert(bh_bf16_ok("bf16-rounded", ok, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
+		/* and its output rounded to bf16 once more (out=bf16) still passes */
+		for (size_t i = 0; i < nw; i++)
+			bad[i] = dg_bf16_to_f32(dg_f32_to_bf16(ok[i]));
+		cr_assert(bh_bf16_ok("bf16 output", bad, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
 		for (size_t i = 0; i < nw; i++) /* shifted by one element */
 			bad[i] = ok[(i + 1) % nw];
 		cr_assert_not(bh_bf16_ok("shifted", bad, want, absum, nw, 2.0, why, sizeof(why)));

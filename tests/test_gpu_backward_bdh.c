@@ -6,7 +6,12 @@
  *   - lowrank grad_input on sampled rows;
  *   - lowrank grad_weight in full (its workspace as the op sizes it),
  *     sampled output rows checked against sums over those rows only;
- *   - decoder grad_input and grad_weight, sampled 256-wide row pieces.
+ *   - decoder grad_input and grad_weight, sampled 256-wide row pieces;
+ *   - bf16 gradients (the w8a8 step's: src=bf16 of the lowrank grads,
+ *     out=bf16 of decoder_grad_input) bitwise against the f32 kernels on
+ *     the same tile: a gradient whose values are bf16 already is what the
+ *     f32 path stages (its rounding is then exact), so the sums are the
+ *     same; a bf16 grad_y is the f32 one rounded to nearest even.
  *
  * Outputs start as 0xff bytes (NaN): every element must be written.
  * Tolerance: tests/backward_helpers.h.
@@ -18,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backward_helpers.h"
 #include "gpu_helpers.h"
@@ -214,5 +220,104 @@ Test(gpu_backward, bdh_decoder_grads_sampled)
 	free(y);
 	free(gy);
 	free(gw);
+	gh_close(dev);
+}
+
+/* One op at the BDH shape, with the gradient in gf (src or out by op),
+ * on tile t; returns the output's bytes (malloc'd, *bytes). grad: f32
+ * values exact in bf16 (hb their bf16 storage). */
+static void *bdh_run(dg_device *dev, dg_op op, dg_fmt gf, const dg_tile *t, const float *g,
+		     const uint16_t *hb, const void *b, size_t *bytes)
+{
+	dg_spec sp;
+	dg_spec_init(&sp, op);
+	sp.tile = *t;
+	const bool dgi = op == DG_OP_DECODER_GRAD_INPUT, gi = op == DG_OP_LOWRANK_GRAD_INPUT;
+	if (dgi)
+		sp.out = gf;
+	else
+		sp.src = gf;
+	const size_t ng = dgi ? (size_t)BDH_B * BDH_T * BDH_E : (size_t)BDH_B * BDH_H * BDH_T * BDH_L;
+	const size_t nb = gi || dgi ? (size_t)BDH_H * BDH_L * BDH_E : (size_t)BDH_B * BDH_T * BDH_E;
+	const size_t no = gi ? (size_t)BDH_B * BDH_T * BDH_E
+			: dgi ? (size_t)BDH_B * BDH_H * BDH_T * BDH_L : (size_t)BDH_H * BDH_L * BDH_E;
+	const bool in_bf = !dgi && gf == DG_FMT_BF16, out_bf = dgi && gf == DG_FMT_BF16;
+	dg_dptr dgr = in_bf ? gh_upload(dev, hb, ng * 2) : gh_upload(dev, g, ng * 4);
+	dg_dptr db = gh_upload(dev, b, nb);
+	*bytes = no * (out_bf ? 2 : 4);
+	dg_dptr dout = gh_alloc_ff(dev, *bytes);
+	dg_fmt gfmt = in_bf ? DG_FMT_BF16 : DG_FMT_F32;
+	dg_status st;
+	if (gi) {
+		dg_tensor tg = dg_tensor_4d("grad", gfmt, dgr, BDH_B, BDH_H, BDH_T, BDH_L);
+		dg_tensor tw = dg_tensor_3d("w", DG_FMT_INT8, db, BDH_H, BDH_L, BDH_E);
+		tw.scale = gh_scalar(dev, 1.0f / 127);
+		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, dout, BDH_B, 1, BDH_T, BDH_E);
+		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
+		st = dg_lowrank_grad_input(dev, &sp, &a);
+	} else if (dgi) {
+		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dgr, BDH_B, 1, BDH_T, BDH_E);
+		dg_tensor tw = dg_tensor_2d("w", DG_FMT_INT8, db, BDH_E, (int64_t)BDH_H * BDH_L);
+		tw.scale = gh_scalar(dev, 1.0f / 127);
+		dg_tensor ty = dg_tensor_4d("grad_y", gf, dout, BDH_B, BDH_H, BDH_T, BDH_L);
+		dg_decoder_grad_input_args a = { .grad = &tg, .w = &tw, .grad_y = &ty };
+		st = dg_decoder_grad_input(dev, &sp, &a);
+	} else {
+		dg_tensor tg = dg_tensor_4d("grad", gfmt, dgr, BDH_B, BDH_H, BDH_T, BDH_L);
+		dg_tensor tx = dg_tensor_4d("x", DG_FMT_INT8, db, BDH_B, 1, BDH_T, BDH_E);
+		tx.scale = gh_scalar(dev, 1.0f / 127);
+		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dout, BDH_H, BDH_L, BDH_E);
+		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
+		size_t need = 0;
+		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		a.ws = gh_workspace(dev, need);
+		st = dg_lowrank_grad_weight(dev, &sp, &a);
+	}
+	cr_assert_eq(st, DG_OK, "%s: %s", dg_op_name(op), dg_device_errmsg(dev));
+	void *out = gh_xmalloc(*bytes);
+	gh_download(dev, out, dout, *bytes);
+	return out;
+}
+
+Test(gpu_backward, bdh_bf16_gradients_match_the_f32_kernels)
+{
+	dg_device *dev = gh_open();
+	static const dg_op ops[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT,
+				     DG_OP_DECODER_GRAD_INPUT };
+	/* the template's default tiles at this shape (templates/backward.lua),
+	 * pinned so a tuning record of one format cannot give it another */
+	static const dg_tile tiles[] = { { 64, 128, 64, 2, 4, 4, 0 }, { 128, 128, 32, 2, 2, 4, 0 },
+					 { 128, 128, 32, 2, 2, 3, 0 } };
+	gh_seed(24);
+	for (int o = 0; o < 3; o++) {
+		const bool dgi = ops[o] == DG_OP_DECODER_GRAD_INPUT;
+		const size_t ng = dgi ? (size_t)BDH_B * BDH_T * BDH_E : (size_t)BDH_B * BDH_H * BDH_T * BDH_L;
+		const size_t nb = ops[o] == DG_OP_LOWRANK_GRAD_WEIGHT ? (size_t)BDH_B * BDH_T * BDH_E
+								      : (size_t)BDH_H * BDH_L * BDH_E;
+		float *g = bh_rand_f32(ng);
+		uint16_t *hb = gh_xmalloc(ng * 2);
+		for (size_t i = 0; i < ng; i++) { /* values exact in bf16 */
+			hb[i] = dg_f32_to_bf16(g[i]);
+			g[i] = dg_bf16_to_f32(hb[i]);
+		}
+		void *b = gh_rand_storage(DG_FMT_INT8, nb, NULL);
+		size_t nf = 0, nh = 0;
+		void *f = bdh_run(dev, ops[o], DG_FMT_F32, &tiles[o], g, hb, b, &nf);
+		void *h = bdh_run(dev, ops[o], DG_FMT_BF16, &tiles[o], g, hb, b, &nh);
+		bh_expect_written(dg_op_name(ops[o]), f, nf / 4);
+		if (dgi) { /* grad_y bf16: the f32 kernel's, rounded to nearest even once */
+			cr_assert_eq(nh * 2, nf);
+			const float *fv = f;
+			const uint16_t *hv = h;
+			for (size_t i = 0; i < nh / 2; i++)
+				cr_assert_eq(hv[i], dg_f32_to_bf16(fv[i]), "grad_y[%zu]: 0x%04x, f32 %.9g", i, hv[i],
+					     (double)fv[i]);
+		} else {
+			cr_assert_eq(nh, nf);
+			gh_expect_bytes(dg_op_name(ops[o]), h, f, nf);
+		}
+		free(g), free(hb), free(b), free(f), free(h);
+	}
 	gh_close(dev);
 }

@@ -9,6 +9,10 @@
  *   - odd shapes (B 2, H 3, T 1 / 7 / 130, latent 13 and 100: the vector
  *     loop's scalar tail), act f32 and bf16, the default block and t64;
  *     the BDH shape (B 8, H 4, T 512, latent 8192) bf16 and f32;
+ *   - the gradients (dragon/spec.h's formats) f32 and bf16: gate_bwd's
+ *     out (dxy, dys, dxs) with either act, add_mask's out (dxs) and src
+ *     (other) in every combination; bf16 bit for bit the reference's one
+ *     rounding;
  *   - gate: p = 0 and p = 0.1; two (seed, step, layer) give different
  *     masks, equal ones the same bytes; dys written over dxy;
  *   - add_mask in place, add3 with out aliasing a, transpose at
@@ -28,18 +32,30 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 
-static dg_spec spec_of(dg_op op, dg_fmt act, int H, int E, int L, int threads)
+/* The spec of op; grad, other: the gradients' formats (out, src) where
+ * the op reads those fields. */
+static dg_spec spec_grads(dg_op op, dg_fmt act, dg_fmt grad, dg_fmt other, int H, int E, int L,
+			  int threads)
 {
 	dg_spec s;
 	dg_spec_init(&s, op);
 	if (dg_spec_uses(op) & DG_FIELD_ACT)
 		s.act = act;
+	if (dg_spec_uses(op) & DG_FIELD_OUT)
+		s.out = grad;
+	if (dg_spec_uses(op) & DG_FIELD_SRC)
+		s.src = other;
 	s.heads = H;
 	s.embd = E;
 	s.latent = L;
 	s.tile.threads = threads;
 	dg_spec_normalize(&s);
 	return s;
+}
+
+static dg_spec spec_of(dg_op op, dg_fmt act, int H, int E, int L, int threads)
+{
+	return spec_grads(op, act, DG_FMT_F32, DG_FMT_F32, H, E, L, threads);
 }
 
 static size_t esz(dg_fmt f)
@@ -71,23 +87,24 @@ typedef struct drop {
 	uint32_t step, layer;
 } drop;
 
-/* gate_fwd and gate_bwd at (B, H, T, L) against the reference; returns
- * the forward's bytes (malloc'd) for the mask comparisons. */
-static void *check_gate(dg_device *dev, dg_fmt act, int B, int H, int T, int L, int threads,
-			const drop *d)
+/* gate_fwd and gate_bwd at (B, H, T, L) against the reference, gate_bwd's
+ * gradients (dxy, dys, dxs) in gf; returns the forward's bytes (malloc'd)
+ * for the mask comparisons. */
+static void *check_gate_g(dg_device *dev, dg_fmt act, dg_fmt gf, int B, int H, int T, int L,
+			  int threads, const drop *d)
 {
 	char what[160];
-	size_t n = (size_t)B * H * T * L, ab = n * esz(act), fb = n * 4;
-	snprintf(what, sizeof(what), "gate %s B%d H%d T%d L%d t%d p=%g seed=%llu step=%u layer=%u",
-		 dg_fmt_name(act), B, H, T, L, threads, (double)d->p, (unsigned long long)d->seed, d->step,
-		 d->layer);
+	size_t n = (size_t)B * H * T * L, ab = n * esz(act), fb = n * esz(gf);
+	snprintf(what, sizeof(what), "gate %s grads %s B%d H%d T%d L%d t%d p=%g seed=%llu step=%u layer=%u",
+		 dg_fmt_name(act), dg_fmt_name(gf), B, H, T, L, threads, (double)d->p,
+		 (unsigned long long)d->seed, d->step, d->layer);
 	void *xs = rand_of(act, n), *ys = rand_of(act, n);
-	float *dxy = rand_of(DG_FMT_F32, n);
+	void *dxy = rand_of(gf, n);
 	dg_tensor txs = dg_tensor_4d("xs", act, gh_upload(dev, xs, ab), B, H, T, L);
 	dg_tensor tys = dg_tensor_4d("ys", act, gh_upload(dev, ys, ab), B, H, T, L);
 	dg_tensor txy = dg_tensor_4d("xy", act, gh_alloc_ff(dev, ab), B, H, T, L);
-	dg_tensor tdxy = dg_tensor_4d("dxy", DG_FMT_F32, gh_upload(dev, dxy, fb), B, H, T, L);
-	dg_tensor tdxs = dg_tensor_4d("dxs", DG_FMT_F32, gh_alloc_ff(dev, fb), B, H, T, L);
+	dg_tensor tdxy = dg_tensor_4d("dxy", gf, gh_upload(dev, dxy, fb), B, H, T, L);
+	dg_tensor tdxs = dg_tensor_4d("dxs", gf, gh_alloc_ff(dev, fb), B, H, T, L);
 
 	dg_spec sf = spec_of(DG_OP_GATE_FWD, act, H, 256, L, threads);
 	dg_gate_fwd_args fa = { .xs = &txs, .ys = &tys, .xy = &txy, .p = d->p, .seed = d->seed,
@@ -102,12 +119,12 @@ static void *check_gate(dg_device *dev, dg_fmt act, int B, int H, int T, int L, 
 	gh_download(dev, again, txy.data, ab);
 	cr_assert_eq(memcmp(again, got, ab), 0, "%s: a second run differs", what);
 
-	dg_spec sb = spec_of(DG_OP_GATE_BWD, act, H, 256, L, threads);
+	dg_spec sb = spec_grads(DG_OP_GATE_BWD, act, gf, DG_FMT_F32, H, 256, L, threads);
 	dg_gate_bwd_args ba = { .dxy = &tdxy, .xs = &txs, .ys = &tys, .dxs = &tdxs, .p = d->p,
 				.seed = d->seed, .step = d->step, .layer = d->layer };
-	float *wdxs = gh_xmalloc(fb), *wdys = gh_xmalloc(fb), *gdxs = gh_xmalloc(fb), *gdys = gh_xmalloc(fb);
-	cr_assert_eq(dg_ref_gate_bwd_op(act, dxy, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer, wdxs,
-					wdys), DG_OK);
+	void *wdxs = gh_xmalloc(fb), *wdys = gh_xmalloc(fb), *gdxs = gh_xmalloc(fb), *gdys = gh_xmalloc(fb);
+	cr_assert_eq(dg_ref_gate_bwd_op(act, gf, dxy, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer,
+					wdxs, wdys), DG_OK);
 	for (int run = 0; run < 2; run++) {
 		if (run) /* dys overwrote dxy: its input again */
 			upload_to(dev, tdxy.data, dxy, fb);
@@ -122,18 +139,26 @@ static void *check_gate(dg_device *dev, dg_fmt act, int B, int H, int T, int L, 
 	return got;
 }
 
+static void *check_gate(dg_device *dev, dg_fmt act, int B, int H, int T, int L, int threads,
+			const drop *d)
+{
+	return check_gate_g(dev, act, DG_FMT_F32, B, H, T, L, threads, d);
+}
+
 static void gate_shapes(dg_fmt act)
 {
 	dg_device *dev = gh_open();
 	gh_seed(21);
 	static const int Ts[] = { 1, 7, 130 }, Ls[] = { 13, 100 };
 	const drop none = { 0.0f, 1, 0, 0 }, a = { 0.1f, 42, 7, 3 };
-	for (int ti = 0; ti < 3; ti++)
-		for (int li = 0; li < 2; li++)
-			for (int th = 0; th < 2; th++) {
-				free(check_gate(dev, act, 2, 3, Ts[ti], Ls[li], th ? 64 : 0, &none));
-				free(check_gate(dev, act, 2, 3, Ts[ti], Ls[li], th ? 64 : 0, &a));
-			}
+	for (int g = 0; g < 2; g++) /* the gradients f32, then bf16 */
+		for (int ti = 0; ti < 3; ti++)
+			for (int li = 0; li < 2; li++)
+				for (int th = 0; th < 2; th++) {
+					dg_fmt gf = g ? DG_FMT_BF16 : DG_FMT_F32;
+					free(check_gate_g(dev, act, gf, 2, 3, Ts[ti], Ls[li], th ? 64 : 0, &none));
+					free(check_gate_g(dev, act, gf, 2, 3, Ts[ti], Ls[li], th ? 64 : 0, &a));
+				}
 	gh_close(dev);
 }
 
@@ -177,6 +202,7 @@ Test(gpu_gate, gate_bdh_shape)
 	gh_seed(22);
 	const drop a = { 0.1f, 1234567890123ull, 100, 5 };
 	free(check_gate(dev, DG_FMT_BF16, 8, 4, 512, 8192, 0, &a));
+	free(check_gate_g(dev, DG_FMT_BF16, DG_FMT_BF16, 8, 4, 512, 8192, 0, &a)); /* the w8a8 step's */
 	if (!getenv("DRAGON_TEST_QUICK"))
 		free(check_gate(dev, DG_FMT_F32, 8, 4, 512, 8192, 0, &a));
 	gh_close(dev);
@@ -184,20 +210,23 @@ Test(gpu_gate, gate_bdh_shape)
 
 /* ---- step ------------------------------------------------------------------------ */
 
-static void check_add_mask(dg_device *dev, dg_fmt act, int B, int H, int T, int L, int threads)
+/* add_mask with dxs in gf (out), other in of (src), xs in act. */
+static void check_add_mask_g(dg_device *dev, dg_fmt act, dg_fmt gf, dg_fmt of, int B, int H, int T,
+			     int L, int threads)
 {
 	char what[128];
-	size_t n = (size_t)B * H * T * L, fb = n * 4;
-	snprintf(what, sizeof(what), "add_mask %s B%d H%d T%d L%d t%d", dg_fmt_name(act), B, H, T, L, threads);
-	float *dxs = rand_of(DG_FMT_F32, n), *other = rand_of(DG_FMT_F32, n);
+	size_t n = (size_t)B * H * T * L, fb = n * esz(gf), ob = n * esz(of);
+	snprintf(what, sizeof(what), "add_mask %s dxs %s other %s B%d H%d T%d L%d t%d", dg_fmt_name(act),
+		 dg_fmt_name(gf), dg_fmt_name(of), B, H, T, L, threads);
+	void *dxs = rand_of(gf, n), *other = rand_of(of, n);
 	void *xs = rand_of(act, n);
-	dg_tensor td = dg_tensor_4d("dxs", DG_FMT_F32, gh_upload(dev, dxs, fb), B, H, T, L);
-	dg_tensor to = dg_tensor_4d("other", DG_FMT_F32, gh_upload(dev, other, fb), B, H, T, L);
+	dg_tensor td = dg_tensor_4d("dxs", gf, gh_upload(dev, dxs, fb), B, H, T, L);
+	dg_tensor to = dg_tensor_4d("other", of, gh_upload(dev, other, ob), B, H, T, L);
 	dg_tensor tx = dg_tensor_4d("xs", act, gh_upload(dev, xs, n * esz(act)), B, H, T, L);
-	dg_spec s = spec_of(DG_OP_ADD_MASK, act, H, 256, L, threads);
+	dg_spec s = spec_grads(DG_OP_ADD_MASK, act, gf, of, H, 256, L, threads);
 	dg_add_mask_args a = { .dxs = &td, .other = &to, .xs = &tx };
-	float *want = gh_xmalloc(fb), *got = gh_xmalloc(fb);
-	cr_assert_eq(dg_ref_add_mask(act, dxs, other, xs, (int64_t)n, want), DG_OK);
+	void *want = gh_xmalloc(fb), *got = gh_xmalloc(fb);
+	cr_assert_eq(dg_ref_add_mask(act, gf, of, dxs, other, xs, (int64_t)n, want), DG_OK);
 	for (int run = 0; run < 2; run++) {
 		if (run)
 			upload_to(dev, td.data, dxs, fb);
@@ -206,6 +235,11 @@ static void check_add_mask(dg_device *dev, dg_fmt act, int B, int H, int T, int 
 		gh_expect_bytes(what, got, want, fb);
 	}
 	free(dxs), free(other), free(xs), free(want), free(got);
+}
+
+static void check_add_mask(dg_device *dev, dg_fmt act, int B, int H, int T, int L, int threads)
+{
+	check_add_mask_g(dev, act, DG_FMT_F32, DG_FMT_F32, B, H, T, L, threads);
 }
 
 static void check_add3(dg_device *dev, int64_t rows, int64_t cols, int threads, bool alias)
@@ -277,6 +311,14 @@ Test(gpu_gate, step_odd_shapes)
 				for (int th = 0; th < 2; th++)
 					check_add_mask(dev, a ? DG_FMT_BF16 : DG_FMT_F32, 2, 3, Ts[ti], Ls[li],
 						       th ? 64 : 0);
+	/* the gradients' formats: dxs (out) and other (src), f32 and bf16,
+	 * with either act */
+	for (int k = 1; k < 8; k++) {
+		dg_fmt act = k & 1 ? DG_FMT_BF16 : DG_FMT_F32, gf = k & 2 ? DG_FMT_BF16 : DG_FMT_F32,
+		       of = k & 4 ? DG_FMT_BF16 : DG_FMT_F32;
+		check_add_mask_g(dev, act, gf, of, 2, 3, 7, 13, 0);
+		check_add_mask_g(dev, act, gf, of, 2, 3, 130, 100, 64);
+	}
 	static const int64_t shapes[][2] = { { 1, 1 }, { 1, 7 }, { 3, 1037 }, { 130, 13 } };
 	for (int k = 0; k < 4; k++)
 		for (int th = 0; th < 2; th++) {
@@ -298,6 +340,8 @@ Test(gpu_gate, step_bdh_shapes)
 	dg_device *dev = gh_open();
 	gh_seed(24);
 	check_add_mask(dev, DG_FMT_BF16, 8, 4, 512, 8192, 0);
+	/* the w8a8 step's: dxs bf16, the attention's grad_xs f32 */
+	check_add_mask_g(dev, DG_FMT_BF16, DG_FMT_BF16, DG_FMT_F32, 8, 4, 512, 8192, 0);
 	check_add3(dev, 8 * 512, 4 * 8192, 0, true);
 	for (int a = 0; a < 2; a++) {
 		dg_fmt f = a ? DG_FMT_BF16 : DG_FMT_F32;

@@ -7,7 +7,11 @@
  * buffer, bn 16 so a sign1 unit is half a word, staging guards; tensor
  * cores: 16x16 and 16x32 warp tiles, BK 16 to 128, stages 1 to 4, staging
  * guards, latent / embd not multiples of the tile), quantize_weight src ×
- * weight, pack_ternary / pack_sign1; and the render and the spec refuse
+ * weight, pack_ternary / pack_sign1; bf16 gradients (src=bf16 of the
+ * lowrank grads, out=bf16 of decoder_grad_input) on both paths and odd
+ * tiles, latent 100 and 36 (the 8-byte chunks of a bf16 row aligned to 8
+ * bytes only), the canonical text naming them only when bf16, a format
+ * they do not take refused by field; and the render and the spec refuse
  * tiles and shapes they cannot run (the template's plan for tile values,
  * the op table's validation for the tile's kind and the packing of axes).
  */
@@ -233,6 +237,117 @@ Test(nvrtc_backward, decoder_grads_every_format)
 		compile_one(cg, &s, dgw_entries, 2);
 	}
 	dg_codegen_destroy(cg);
+}
+
+/* Renders spec and checks its source holds `what`. */
+static void expect_text(dg_codegen *cg, const dg_spec *spec, const char *what, bool present)
+{
+	dg_source *src = NULL;
+	char text[DG_SPEC_TEXT_MAX];
+
+	dg_spec_to_string(spec, text, sizeof(text));
+	cr_assert_eq(dg_codegen_render(cg, spec, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_eq(strstr(src->text, what) != NULL, present, "%s: '%s' %s the source", text, what,
+		     present ? "not in" : "in");
+	dg_source_destroy(src);
+}
+
+/* bf16 gradients (dragon/spec.h "gradient formats"): the lowrank grads
+ * read grad in src, decoder_grad_input writes grad_y in out. Every path:
+ * the default tiles (tensor cores; the bf16 gradient copied straight into
+ * the A tiles), sm_75 (SIMT, widened as loaded), odd tensor-core tiles
+ * with latent 100 / 36 (8-byte chunks) and 96 (16-byte), in_heads 1 and H. */
+Test(nvrtc_backward, bf16_gradients_every_path)
+{
+	dg_codegen *cg = make_cg();
+	static const dg_op lows[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT };
+	char text[DG_SPEC_TEXT_MAX];
+
+	for (int o = 0; o < 2; o++)
+		for (int f = 0; f < 5; f++)
+			for (int a = 0; a < 2; a++) {
+				dg_spec s = bdh(lows[o]);
+				s.src = DG_FMT_BF16;
+				s.weight = weights[f];
+				s.act = acts[f];
+				s.in_heads = f % 2 ? s.heads : 1;
+				s.arch = a ? 75 : 90;
+				dg_spec_normalize(&s);
+				dg_spec_to_string(&s, text, sizeof(text));
+				cr_assert(strstr(text, "src=bf16;"), "%s", text);
+				expect_text(cg, &s, "const unsigned short *__restrict__ grad", true);
+				expect_text(cg, &s, a ? "path: fp32 FMA" : "copied by cp.async into the A tiles", true);
+				compile_on_path(cg, &s, a ? "path: fp32 FMA" : "path: tensor cores");
+			}
+	for (int f = 0; f < 5; f++)
+		for (int a = 0; a < 2; a++) {
+			dg_spec s = bdh(DG_OP_DECODER_GRAD_INPUT);
+			s.out = DG_FMT_BF16;
+			s.weight = weights[f];
+			s.arch = a ? 75 : 90;
+			dg_spec_normalize(&s);
+			expect_text(cg, &s, "unsigned short *__restrict__ grad_y", true);
+			expect_text(cg, &s, a ? "dg_f32_to_bf16(" : "dg_bf16x2(__fmul_rn(acc", a ? true : f >= 2);
+			compile_on_path(cg, &s, a ? "path: fp32 FMA" : "path: tensor cores");
+		}
+	/* odd tensor-core tiles: 8-byte chunks where latent % 8 != 0 */
+	static const odd_tile cases[] = {
+		{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_INT8, 100, 20, { 64, 128, 16, 2, 4, 2, 0 } },
+		{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_UINT8POS, 36, 256, { 32, 256, 64, 1, 8, 3, 0 } },
+		{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_INT4, 20, 12, { 16, 32, 16, 1, 1, 1, 0 } },
+		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 48, 64, { 16, 16, 16, 1, 1, 1, 0 } },
+		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_F32, 96, 40, { 64, 64, 32, 4, 2, 3, 0 } },
+		{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_INT8, 100, 32, { 256, 128, 32, 8, 2, 2, 0 } },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dg_spec s = odd_tile_spec(&cases[i], i % 2 ? 3 : 1);
+		if (s.op == DG_OP_DECODER_GRAD_INPUT)
+			s.out = DG_FMT_BF16;
+		else
+			s.src = DG_FMT_BF16;
+		dg_spec_normalize(&s);
+		if (s.op != DG_OP_DECODER_GRAD_INPUT)
+			expect_text(cg, &s, "dg_cp8(sbase", s.latent % 8 != 0);
+		compile_on_path(cg, &s, "path: tensor cores");
+	}
+	dg_codegen_destroy(cg);
+}
+
+/* The gradient formats in the spec: f32 by default and then absent from
+ * the canonical text (a tuning record's text still names the kernel),
+ * bf16 named; a format an op does not take, and a gradient field an op
+ * does not read, refused by name. */
+Test(nvrtc_backward, gradient_format_fields)
+{
+	char text[DG_SPEC_TEXT_MAX], msg[256];
+	dg_spec s;
+
+	dg_spec_init(&s, DG_OP_DECODER_GRAD_INPUT);
+	s.weight = DG_FMT_TERNARY;
+	cr_assert_eq(s.out, DG_FMT_F32);
+	dg_spec_to_string(&s, text, sizeof(text));
+	cr_assert_str_eq(text, "arch=sm_90;embd=256;heads=4;latent=8192;op=decoder_grad_input;tile=auto;weight=ternary;");
+	dg_spec p;
+	cr_assert_eq(dg_spec_parse("op=decoder_grad_input;weight=ternary;out=f32", &p, msg, sizeof(msg)), DG_OK, "%s",
+		     msg);
+	cr_assert(dg_spec_equal(&p, &s), "out=f32 is the default kernel");
+	s.out = DG_FMT_BF16;
+	dg_spec_to_string(&s, text, sizeof(text));
+	cr_assert(strstr(text, "out=bf16;"), "%s", text);
+	cr_assert_eq(dg_spec_parse(text, &p, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert(dg_spec_equal(&p, &s));
+	s.out = DG_FMT_INT8;
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "out=int8") && strstr(msg, "f32|bf16"), "%s", msg);
+	cr_assert_eq(dg_spec_parse("op=lowrank_grad_input;src=uint8pos", &p, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "src=uint8pos"), "%s", msg);
+	cr_assert_eq(dg_spec_parse("op=lowrank_grad_weight;out=bf16", &p, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "out"), "%s", msg);
+	cr_assert_eq(dg_spec_parse("op=decoder_grad_input;src=bf16", &p, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "src"), "%s", msg);
+	cr_assert_eq(dg_spec_parse("op=lowrank_grad_weight;src=bf16;act=int8", &p, msg, sizeof(msg)), DG_OK, "%s",
+		     msg);
+	cr_assert_eq(p.src, DG_FMT_BF16);
 }
 
 /* SIMT tiles off the default path (sm_75, so every one takes it): single

@@ -5,7 +5,12 @@
  *     (heads 3, latent 13: the scalar tail of the vector loop; transpose
  *     embd 36, latent 13: partial tiles), and on non-default thread counts
  *     (t64, t1024);
- *   - bad specs are refused naming the field (act, threads, a block tile);
+ *   - the gradients' formats (dragon/spec.h): gate_bwd's out (dxy, dys,
+ *     dxs) and add_mask's out (dxs) and src (other), f32 | bf16 in every
+ *     combination with either act, at both shapes; f32 left out of the
+ *     canonical text (the texts the op had before the fields);
+ *   - bad specs are refused naming the field (act, out, src, threads, a
+ *     block tile);
  *   - the _checks refuse wrong tensors by name, a drop probability outside
  *     [0, 1) and a dxs that aliases dxy, with no device.
  */
@@ -93,6 +98,45 @@ Test(nvrtc_gate, every_op_act_and_shape)
 	dg_codegen_destroy(cg);
 }
 
+/* Every combination of act, the gradient (out) and add_mask's other
+ * (src) compiles; the kernel's types follow them. */
+Test(nvrtc_gate, gradient_formats)
+{
+	dg_codegen *cg = make_cg();
+	char text[DG_SPEC_TEXT_MAX];
+	for (int k = 0; k < 8; k++)
+		for (int small = 0; small < 2; small++)
+			for (int o = 0; o < 2; o++) {
+				dg_fmt act = k & 1 ? DG_FMT_BF16 : DG_FMT_F32, gf = k & 2 ? DG_FMT_BF16 : DG_FMT_F32,
+				       of = k & 4 ? DG_FMT_BF16 : DG_FMT_F32;
+				dg_spec s = spec_of(o ? DG_OP_ADD_MASK : DG_OP_GATE_BWD, act);
+				if (!o && of == DG_FMT_BF16)
+					continue; /* gate_bwd reads no src */
+				s.out = gf;
+				if (o)
+					s.src = of;
+				if (small)
+					s.heads = 3, s.latent = 13;
+				char m[512];
+				cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s", m);
+				dg_spec_to_string(&s, text, sizeof(text));
+				cr_assert_eq(strstr(text, "out=bf16;") != NULL, gf == DG_FMT_BF16, "%s", text);
+				cr_assert_eq(strstr(text, "src=bf16;") != NULL, of == DG_FMT_BF16, "%s", text);
+				if (act == DG_FMT_BF16) /* an f32 gradient is not named */
+					cr_assert_null(strstr(text, "=f32;"), "%s", text);
+				dg_source *src = NULL;
+				cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+				char want[96];
+				snprintf(want, sizeof(want), "typedef %s GT;", gf == DG_FMT_BF16 ? "unsigned short" : "float");
+				cr_assert(strstr(src->text, want), "%s: no '%s'", text, want);
+				bool any = act == DG_FMT_BF16 || gf == DG_FMT_BF16 || (o && of == DG_FMT_BF16);
+				cr_assert(strstr(src->text, any ? "VE = 8;" : "VE = 4;"), "%s: vector width", text);
+				dg_source_destroy(src);
+				compile_one(cg, &s, path_of(s.op));
+			}
+	dg_codegen_destroy(cg);
+}
+
 /* spec is refused (validate or plan) with a message holding `field`. */
 static void expect_refused(dg_codegen *cg, const dg_spec *s, const char *field)
 {
@@ -127,6 +171,16 @@ Test(nvrtc_gate, bad_specs_are_refused_naming_the_field)
 	dg_spec t = spec_of(DG_OP_TRANSPOSE, DG_FMT_F32);
 	t.embd = 30; /* embd is a multiple of 4 for every op */
 	expect_refused(cg, &t, "embd");
+	/* a gradient format the ops do not take */
+	t = spec_of(DG_OP_GATE_BWD, DG_FMT_BF16);
+	t.out = DG_FMT_INT8;
+	expect_refused(cg, &t, "out=int8");
+	t = spec_of(DG_OP_ADD_MASK, DG_FMT_BF16);
+	t.out = DG_FMT_UINT8POS;
+	expect_refused(cg, &t, "out=uint8pos");
+	t = spec_of(DG_OP_ADD_MASK, DG_FMT_BF16);
+	t.src = DG_FMT_INT8;
+	expect_refused(cg, &t, "src=int8");
 	dg_codegen_destroy(cg);
 }
 
@@ -179,8 +233,20 @@ Test(nvrtc_gate, gate_checks_refuse_wrong_tensors_and_rates)
 	dg_tensor dxs = dg_tensor_4d("dxs", DG_FMT_F32, P(5), 2, 2, 7, 13);
 	dg_gate_bwd_args ba = { .dxy = &dxy, .xs = &fx, .ys = &fy, .dxs = &dxs, .p = 0.1f };
 	cr_assert_eq(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), DG_OK, "%s", msg);
-	dxy.fmt = DG_FMT_BF16; /* gradients are f32 */
+	dxy.fmt = DG_FMT_BF16; /* the spec's gradients are f32 (out) */
 	expect_named(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), msg, "dxy");
+	dxy.fmt = DG_FMT_F32;
+	dxs.fmt = DG_FMT_BF16;
+	expect_named(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), msg, "dxs");
+	/* out=bf16: every gradient bf16 */
+	b.out = DG_FMT_BF16;
+	expect_named(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), msg, "dxy");
+	cr_assert(strstr(msg, "bf16"), "%s", msg);
+	dxy.fmt = DG_FMT_BF16;
+	cr_assert_eq(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dxs.fmt = DG_FMT_F32;
+	expect_named(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), msg, "dxs");
+	b.out = DG_FMT_F32;
 	dxy.fmt = DG_FMT_F32;
 	dxs.data = dxy.data; /* dys is written over dxy */
 	expect_named(dg_gate_bwd_check(&b, &ba, msg, sizeof(msg)), msg, "dxs");
@@ -207,6 +273,16 @@ Test(nvrtc_gate, step_checks_refuse_wrong_tensors)
 	other.shape[0] = 1;
 	xs.fmt = DG_FMT_F32;
 	expect_named(dg_add_mask_check(&m, &ma, msg, sizeof(msg)), msg, "xs");
+	xs.fmt = DG_FMT_BF16;
+	/* the gradients: dxs in out, other in src */
+	m.out = DG_FMT_BF16;
+	expect_named(dg_add_mask_check(&m, &ma, msg, sizeof(msg)), msg, "dxs");
+	dxs.fmt = DG_FMT_BF16;
+	cr_assert_eq(dg_add_mask_check(&m, &ma, msg, sizeof(msg)), DG_OK, "%s", msg);
+	m.src = DG_FMT_BF16;
+	expect_named(dg_add_mask_check(&m, &ma, msg, sizeof(msg)), msg, "other");
+	other.fmt = DG_FMT_BF16;
+	cr_assert_eq(dg_add_mask_check(&m, &ma, msg, sizeof(msg)), DG_OK, "%s", msg);
 
 	dg_spec s3 = spec_of(DG_OP_ADD3, DG_FMT_F32);
 	dg_tensor a = dg_tensor_2d("a", DG_FMT_F32, P(1), 3, 100);

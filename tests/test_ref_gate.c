@@ -5,9 +5,12 @@
  *     the f32 result of the widened inputs rounded once; in place (dys over
  *     dxy) equals out of place; p = 0 keeps everything; the mask drops
  *     about p of the elements and changes with (seed, step, layer);
+ *   - bf16 gradients (gate_bwd's out, add_mask's out and src): read
+ *     exactly, every result the f32 one rounded to nearest even once, in
+ *     place too;
  *   - add_mask, add3 and transpose against straightforward loops, with
  *     hand-worked cases, in place and aliased;
- *   - every one refuses an act it does not take.
+ *   - every one refuses an act (or a gradient format) it does not take.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -54,7 +57,8 @@ Test(ref_gate, ops_are_the_models_gate_with_the_relu_mask)
 		cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, p, 42, 7, 3, got), DG_OK);
 		cr_assert_eq(memcmp(got, want, N * 4), 0, "gate_fwd p=%g", (double)p);
 		dg_ref_gate_bwd(dxy, xs, ys, N, p, 42, 7, 3, dxs, dys);
-		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, dxy, xs, ys, N, p, 42, 7, 3, gdxs, gdys), DG_OK);
+		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, xs, ys, N, p, 42, 7, 3, gdxs, gdys),
+			     DG_OK);
 		cr_assert_eq(memcmp(gdxs, dxs, N * 4), 0, "gate_bwd dxs p=%g", (double)p);
 		size_t masked = 0, dropped = 0;
 		for (int i = 0; i < N; i++) {
@@ -76,7 +80,7 @@ Test(ref_gate, ops_are_the_models_gate_with_the_relu_mask)
 		/* in place: dys over dxy */
 		float *io = malloc(N * 4);
 		memcpy(io, dxy, N * 4);
-		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, io, xs, ys, N, p, 42, 7, 3, dxs, io), DG_OK);
+		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, io, xs, ys, N, p, 42, 7, 3, dxs, io), DG_OK);
 		cr_assert_eq(memcmp(io, gdys, N * 4), 0, "in place p=%g", (double)p);
 		free(io);
 	}
@@ -101,15 +105,34 @@ Test(ref_gate, bf16_rounds_the_f32_result_once)
 	cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_BF16, hx, hy, N, 0.1f, 1, 2, 3, hxy), DG_OK);
 	for (int i = 0; i < N; i++)
 		cr_assert_eq(hxy[i], dg_f32_to_bf16(f[i]), "xy[%d]", i);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, dxy, wx, wy, N, 0.1f, 1, 2, 3, dxs, dys), DG_OK);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, dxy, hx, hy, N, 0.1f, 1, 2, 3, bdxs, bdys), DG_OK);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, wx, wy, N, 0.1f, 1, 2, 3, dxs, dys), DG_OK);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_F32, dxy, hx, hy, N, 0.1f, 1, 2, 3, bdxs, bdys),
+		     DG_OK);
 	cr_assert_eq(memcmp(dxs, bdxs, N * 4), 0);
 	cr_assert_eq(memcmp(dys, bdys, N * 4), 0);
+	/* bf16 gradients: dxy read exactly (the f32 run of its widened values),
+	 * dxs and dys that run's results rounded once; in place too */
+	float *wd = malloc(N * 4);
+	uint16_t *hd = to_bf16(dxy, N, wd), *gxs = malloc(N * 2), *gys = malloc(N * 2), *io = malloc(N * 2);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_F32, wd, hx, hy, N, 0.1f, 1, 2, 3, dxs, dys), DG_OK);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_BF16, hd, hx, hy, N, 0.1f, 1, 2, 3, gxs, gys), DG_OK);
+	size_t nonzero = 0;
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(gxs[i], dg_f32_to_bf16(dxs[i]), "dxs[%d]", i);
+		cr_assert_eq(gys[i], dg_f32_to_bf16(dys[i]), "dys[%d]", i);
+		nonzero += gys[i] != 0;
+	}
+	cr_assert_gt(nonzero, N / 4);
+	memcpy(io, hd, N * 2);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_BF16, io, hx, hy, N, 0.1f, 1, 2, 3, gxs, io), DG_OK);
+	cr_assert_eq(memcmp(io, gys, N * 2), 0, "bf16 in place");
 	cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_INT8, hx, hy, N, 0.1f, 1, 2, 3, hxy), DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_INT8, dxy, hx, hy, N, 0.1f, 1, 2, 3, dxs, NULL),
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_INT8, DG_FMT_F32, dxy, hx, hy, N, 0.1f, 1, 2, 3, dxs, NULL),
+		     DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_INT8, dxy, hx, hy, N, 0.1f, 1, 2, 3, dxs, NULL),
 		     DG_ERR_INVALID_ARG);
 	free(xs), free(ys), free(dxy), free(wx), free(wy), free(f), free(dxs), free(dys), free(bdxs);
-	free(bdys), free(hx), free(hy), free(hxy);
+	free(bdys), free(hx), free(hy), free(hxy), free(wd), free(hd), free(gxs), free(gys), free(io);
 }
 
 Test(ref_gate, add_mask_against_a_loop)
@@ -118,7 +141,7 @@ Test(ref_gate, add_mask_against_a_loop)
 	const float d[4] = { 1.0f, 2.0f, 3.0f, -4.0f }, o[4] = { 0.5f, 0.25f, -3.0f, 1.0f };
 	const float x[4] = { 1.0f, 0.0f, 2.0f, -1.0f }, w[4] = { 1.5f, 0.0f, 0.0f, 0.0f };
 	float out[4];
-	cr_assert_eq(dg_ref_add_mask(DG_FMT_F32, d, o, x, 4, out), DG_OK);
+	cr_assert_eq(dg_ref_add_mask(DG_FMT_F32, DG_FMT_F32, DG_FMT_F32, d, o, x, 4, out), DG_OK);
 	cr_assert_eq(memcmp(out, w, sizeof(w)), 0);
 	dg_rng r;
 	dg_rng_seed(&r, 13);
@@ -126,20 +149,43 @@ Test(ref_gate, add_mask_against_a_loop)
 	float *got = malloc(N * 4), *io = malloc(N * 4);
 	uint16_t *hx = to_bf16(xs, N, wx);
 	for (int a = 0; a < 2; a++) {
-		cr_assert_eq(dg_ref_add_mask(a ? DG_FMT_BF16 : DG_FMT_F32, dxs, other, a ? (void *)hx : (void *)xs,
-					     N, got), DG_OK);
+		cr_assert_eq(dg_ref_add_mask(a ? DG_FMT_BF16 : DG_FMT_F32, DG_FMT_F32, DG_FMT_F32, dxs, other,
+					     a ? (void *)hx : (void *)xs, N, got), DG_OK);
 		for (int i = 0; i < N; i++) {
 			float xv = a ? wx[i] : xs[i];
 			float e = xv > 0.0f ? dxs[i] + other[i] : 0.0f;
 			cr_assert_eq(memcmp(&got[i], &e, 4), 0, "add_mask[%d]", i);
 		}
 		memcpy(io, dxs, N * 4); /* in place */
-		cr_assert_eq(dg_ref_add_mask(a ? DG_FMT_BF16 : DG_FMT_F32, io, other, a ? (void *)hx : (void *)xs,
-					     N, io), DG_OK);
+		cr_assert_eq(dg_ref_add_mask(a ? DG_FMT_BF16 : DG_FMT_F32, DG_FMT_F32, DG_FMT_F32, io, other,
+					     a ? (void *)hx : (void *)xs, N, io), DG_OK);
 		cr_assert_eq(memcmp(io, got, N * 4), 0);
 	}
-	cr_assert_eq(dg_ref_add_mask(DG_FMT_INT8, dxs, other, xs, N, got), DG_ERR_INVALID_ARG);
+	/* bf16 dxs (out), other f32 or bf16 (src): widened exactly, the f32
+	 * sum rounded once; in place */
+	float *wd = malloc(N * 4), *wo = malloc(N * 4);
+	uint16_t *hd = to_bf16(dxs, N, wd), *ho = to_bf16(other, N, wo), *hg = malloc(N * 2), *hio = malloc(N * 2);
+	for (int ob = 0; ob < 2; ob++) {
+		cr_assert_eq(dg_ref_add_mask(DG_FMT_BF16, DG_FMT_BF16, ob ? DG_FMT_BF16 : DG_FMT_F32, hd,
+					     ob ? (void *)ho : (void *)other, hx, N, hg), DG_OK);
+		size_t kept = 0;
+		for (int i = 0; i < N; i++) {
+			float e = wx[i] > 0.0f ? wd[i] + (ob ? wo[i] : other[i]) : 0.0f;
+			cr_assert_eq(hg[i], dg_f32_to_bf16(e), "add_mask bf16 other %s [%d]", ob ? "bf16" : "f32", i);
+			kept += wx[i] > 0.0f;
+		}
+		cr_assert_gt(kept, N / 4);
+		memcpy(hio, hd, N * 2);
+		cr_assert_eq(dg_ref_add_mask(DG_FMT_BF16, DG_FMT_BF16, ob ? DG_FMT_BF16 : DG_FMT_F32, hio,
+					     ob ? (void *)ho : (void *)other, hx, N, hio), DG_OK);
+		cr_assert_eq(memcmp(hio, hg, N * 2), 0, "bf16 in place");
+	}
+	cr_assert_eq(dg_ref_add_mask(DG_FMT_INT8, DG_FMT_F32, DG_FMT_F32, dxs, other, xs, N, got), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_add_mask(DG_FMT_F32, DG_FMT_INT8, DG_FMT_F32, dxs, other, xs, N, got), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_add_mask(DG_FMT_F32, DG_FMT_F32, DG_FMT_UINT8POS, dxs, other, xs, N, got),
+		     DG_ERR_INVALID_ARG);
 	free(dxs), free(other), free(xs), free(wx), free(got), free(io), free(hx);
+	free(wd), free(wo), free(hd), free(ho), free(hg), free(hio);
 }
 
 Test(ref_gate, add3_against_a_loop_in_its_order)

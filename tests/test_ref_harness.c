@@ -484,11 +484,11 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		return dg_ref_gate_fwd_op(s->act, c->in[0], c->in[1], (int64_t)b * s->heads * t * s->latent,
 					  c->p, c->seed, c->step, c->layer, out);
 	case DG_OP_GATE_BWD:
-		return dg_ref_gate_bwd_op(s->act, c->in[0], c->in[1], c->in[2],
+		return dg_ref_gate_bwd_op(s->act, s->out, c->in[0], c->in[1], c->in[2],
 					  (int64_t)b * s->heads * t * s->latent, c->p, c->seed, c->step,
 					  c->layer, out, NULL);
 	case DG_OP_ADD_MASK:
-		return dg_ref_add_mask(s->act, c->in[0], c->in[1], c->in[2],
+		return dg_ref_add_mask(s->act, s->out, s->src, c->in[0], c->in[1], c->in[2],
 				       (int64_t)b * s->heads * t * s->latent, out);
 	case DG_OP_ADD3:
 		dg_ref_add3(c->in[0], c->in[1], c->in[2], RUN_N, out);

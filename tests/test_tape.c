@@ -3,7 +3,9 @@
  * every node names buffers that exist, views lie inside their parents, no
  * two buffers that are alive at the same node share a byte, offsets are
  * 256-byte aligned, buffers whose lifetimes do not overlap do reuse bytes,
- * and the memory report adds up (dg_model_cpu_memory at the 25M shape).
+ * the (B,H,T,N) gradient stacks take the activations' format (bf16 on the
+ * GPU's bf16 tapes, f32 on the CPU's and the f32 one), and the memory
+ * report adds up (dg_model_cpu_memory at the 25M shape).
  */
 #include <criterion/criterion.h>
 
@@ -42,21 +44,61 @@ static int root(const dg__tape *t, int i)
 
 static void invariants(dg__tape *t_, int layers, int B);
 
+static int find(const dg__tape *t, const char *name)
+{
+	for (int i = 0; i < t->n_bufs; i++)
+		if (strcmp(t->bufs[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+/* dxs.all and dys.all (and every layer's view of them) in fmt, at their
+ * (L·B, H, T, N) bytes of it. */
+static void expect_grad_stacks(const dg__tape *t, dg_fmt fmt, int64_t LB, int64_t H, int64_t T, int64_t N)
+{
+	static const char *const stacks[] = { "dxs.all", "dys.all" };
+	size_t want = (size_t)(LB * H * T * N) * (fmt == DG_FMT_BF16 ? 2 : 4);
+	for (int k = 0; k < 2; k++) {
+		int s = find(t, stacks[k]);
+		cr_assert(s >= 0, "no %s", stacks[k]);
+		cr_assert_eq(t->bufs[s].fmt, fmt, "%s: %s, not %s", stacks[k], dg_fmt_name(t->bufs[s].fmt),
+			     dg_fmt_name(fmt));
+		cr_assert_eq(t->bufs[s].bytes, want, "%s: %zu bytes, not %zu", stacks[k], t->bufs[s].bytes, want);
+		int views = 0;
+		for (int i = 0; i < t->n_bufs; i++)
+			if (t->bufs[i].parent == s) {
+				views++;
+				cr_assert_eq(t->bufs[i].fmt, fmt, "%s", t->bufs[i].name);
+			}
+		cr_assert_gt(views, 0, "%s: no layer views", stacks[k]);
+	}
+}
+
 Test(tape, plan_invariants)
 {
 	dg__tape t;
 	dg__bdh_ids id;
 	build("f32", 3, 32, 2, 64, 2, 16, &t, &id);
 	invariants(&t, 3, 2);
+	expect_grad_stacks(&t, DG_FMT_F32, 3 * 2, 2, 16, 64); /* the CPU's: f32 */
 	dg__tape_free(&t);
-	/* the GPU's tapes: bf16 activations; w8a8's codes with their scales */
+	/* the GPU's tapes: bf16 activations (and gradient stacks); w8a8's codes
+	 * with their scales; the f32 recipe keeps f32 stacks */
+	dg__bdh_target f = { .gpu = true, .act = DG_FMT_F32 };
+	build_for("f32", 3, 32, 2, 64, 2, 16, &f, &t, &id);
+	invariants(&t, 3, 2);
+	expect_grad_stacks(&t, DG_FMT_F32, 3 * 2, 2, 16, 64);
+	dg__tape_free(&t);
 	dg__bdh_target bf = { .gpu = true, .act = DG_FMT_BF16 };
 	build_for("bf16", 3, 32, 2, 64, 2, 16, &bf, &t, &id);
 	invariants(&t, 3, 2);
+	expect_grad_stacks(&t, DG_FMT_BF16, 3 * 2, 2, 16, 64);
 	dg__tape_free(&t);
 	dg__bdh_target lb = { .gpu = true, .act = DG_FMT_BF16, .lowbit = true };
 	build_for("w8a8", 6, 256, 4, 8192, 8, 512, &lb, &t, &id);
 	invariants(&t, 6, 8);
+	/* 1.6 GB each at the 25M shape, half what f32 stacks took */
+	expect_grad_stacks(&t, DG_FMT_BF16, 6 * 8, 4, 512, 8192);
 	int xyq = -1;
 	for (int i = 0; i < t.n_bufs; i++)
 		if (strcmp(t.bufs[i].name, "xyq.all") == 0)

@@ -111,10 +111,13 @@ dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a,
 dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
 		       const dg_relu_mask_args *a);
 
+/* The gradient GEMMs' gradient formats: dragon/spec.h "gradient formats"
+ * (lowrank_grad_input and _weight read grad in spec->src, decoder_grad_input
+ * writes grad_y in spec->out; f32 | bf16; everything else f32). */
 typedef struct dg_lowrank_grad_input_args {
-	const dg_tensor *grad;
+	const dg_tensor *grad;   /* (B,H,T,L) spec->src */
 	const dg_tensor *w;
-	const dg_tensor *grad_x;
+	const dg_tensor *grad_x; /* (B,Hin,T,E) f32 */
 } dg_lowrank_grad_input_args;
 dg_status dg_lowrank_grad_input_check(const dg_spec *spec,
 				      const dg_lowrank_grad_input_args *a,
@@ -123,7 +126,7 @@ dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
 				const dg_lowrank_grad_input_args *a);
 
 typedef struct dg_lowrank_grad_weight_args {
-	const dg_tensor *grad;
+	const dg_tensor *grad; /* (B,H,T,L) spec->src */
 	const dg_tensor *x;
 	const dg_tensor *grad_w;
 	bool accumulate; /* grad_w += instead of = */
@@ -155,9 +158,9 @@ dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
 			 const dg_decoder_fwd_args *a);
 
 typedef struct dg_decoder_grad_input_args {
-	const dg_tensor *grad;
+	const dg_tensor *grad;   /* (B,1,T,E) f32 */
 	const dg_tensor *w;
-	const dg_tensor *grad_y;
+	const dg_tensor *grad_y; /* (B,H,T,L) spec->out */
 } dg_decoder_grad_input_args;
 dg_status dg_decoder_grad_input_check(const dg_spec *spec,
 				      const dg_decoder_grad_input_args *a,
@@ -451,7 +454,8 @@ dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_a
  *   gate_fwd  xs, ys → xy = keep ? (xs·ys)·(1/(1−p)) : 0          act
  *   gate_bwd  dxy, xs, ys → g = keep ? dxy·(1/(1−p)) : 0;
  *             dxs = g·ys, and dys = ys > 0 ? g·xs : 0 (ys's ReLU mask)
- *             written over dxy (in place)                         f32
+ *             written over dxy (in place)              spec->out: dxy,
+ *             dys and dxs (f32 | bf16, dragon/spec.h's gradient formats)
  * Results are the CPU reference's bit for bit (dg_ref_gate_op). */
 typedef struct dg_gate_fwd_args {
 	const dg_tensor *xs, *ys, *xy;
@@ -475,7 +479,7 @@ dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char
 dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
 
 /* ---- step (the training step's element-wise glue and layout change) ------
- *   add_mask   dxs (B,H,T,L) f32 in/out, other f32, xs act:
+ *   add_mask   dxs (B,H,T,L) in/out spec->out, other spec->src, xs act:
  *              dxs = xs > 0 ? dxs + other : 0 (xs = relu(·) from two consumers)
  *   add3       a, b, c → out = (a + b) + c, f32, any shape (all the same);
  *              out may alias a

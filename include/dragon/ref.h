@@ -170,20 +170,24 @@ typedef struct dg_ref_decoder_args {
 dg_status dg_ref_decoder_fwd(const dg_spec *spec,
 			     const dg_ref_decoder_args *args);
 
+/* The gradients' formats are dragon/spec.h's "gradient formats": the
+ * lowrank ops read grad in spec->src (f32 | bf16, widened exactly),
+ * decoder_grad_input writes grad_y in spec->out (f32 | bf16: the f32
+ * result rounded to nearest even once); every other gradient f32. */
 /* lowrank_grad_input: grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l
- * grad[b,h,t,l] · w[h,l,e]; grad (B,H,T,L), grad_x (B,Hin,T,E). */
-dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const float *grad,
+ * grad[b,h,t,l] · w[h,l,e]; grad (B,H,T,L) src, grad_x (B,Hin,T,E) f32. */
+dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const void *grad,
 				    const void *w, float sw, float *grad_x,
 				    int batch, int time);
 /* lowrank_grad_weight: grad_w[h,l,e] = sa · Σ_{b,t} grad[b,h,t,l] ·
- * x[b,hin(h),t,e]; x in the act storage, grad_w (H,L,E). */
-dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const float *grad,
+ * x[b,hin(h),t,e]; grad src, x in the act storage, grad_w (H,L,E) f32. */
+dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const void *grad,
 				     const void *x, float sa, float *grad_w,
 				     int batch, int time);
 /* decoder_grad_input: grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] ·
- * w[d, h·L + l]; grad (B,1,T,E), grad_y (B,H,T,L). */
+ * w[d, h·L + l]; grad (B,1,T,E) f32, grad_y (B,H,T,L) out. */
 dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
-				    const void *w, float sw, float *grad_y,
+				    const void *w, float sw, void *grad_y,
 				    int batch, int time);
 /* decoder_grad_weight: grad_w[d, h·L + l] = sa · Σ_{b,t} grad[b,0,t,d] ·
  * y[b,h,t,l]; y in the act storage, grad_w (E, H·L). */
@@ -284,20 +288,23 @@ void dg_ref_gate_bwd(const float *dxy, const float *xs, const float *ys, int64_t
 /* The gate ops (dragon/ops.h gate_fwd, gate_bwd) on act storage (f32 or
  * bf16: widened exactly, results rounded once): gate_fwd is dg_ref_gate_fwd;
  * gate_bwd is dg_ref_gate_bwd with the ReLU mask of ys on dys
- * (dys = ys > 0 ? g·xs : 0). dys may be NULL (not kept) or dxy itself (in
- * place, as the kernel writes it). DG_ERR_INVALID_ARG for another act. */
+ * (dys = ys > 0 ? g·xs : 0), its gradients dxy, dys and dxs in `grad`
+ * (the spec's out: f32 | bf16, read exactly, written rounded once). dys
+ * may be NULL (not kept) or dxy itself (in place, as the kernel writes
+ * it). DG_ERR_INVALID_ARG for another act or grad. */
 dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t n, float p,
 			     uint64_t seed, uint32_t step, uint32_t layer, void *xy);
-dg_status dg_ref_gate_bwd_op(dg_fmt act, const float *dxy, const void *xs, const void *ys,
-			     int64_t n, float p, uint64_t seed, uint32_t step, uint32_t layer,
-			     float *dxs, float *dys);
+dg_status dg_ref_gate_bwd_op(dg_fmt act, dg_fmt grad, const void *dxy, const void *xs,
+			     const void *ys, int64_t n, float p, uint64_t seed, uint32_t step,
+			     uint32_t layer, void *dxs, void *dys);
 
 /* The step ops (dragon/ops.h), n elements: add_mask out = xs > 0 ? dxs +
- * other : 0 (out may be dxs; xs act); add3 out = (a + b) + c (out may be
- * a); transpose in (r, e, l) f32 → out (r, l, e) act (bf16 rounded to
- * nearest even). */
-dg_status dg_ref_add_mask(dg_fmt act, const float *dxs, const float *other, const void *xs,
-			  int64_t n, float *out);
+ * other : 0 (out may be dxs; xs act, dxs and out `grad` (the spec's out),
+ * other `other` (its src); each f32 | bf16, the f32 sum rounded once);
+ * add3 out = (a + b) + c (out may be a); transpose in (r, e, l) f32 → out
+ * (r, l, e) act (bf16 rounded to nearest even). */
+dg_status dg_ref_add_mask(dg_fmt act, dg_fmt grad, dg_fmt other_fmt, const void *dxs,
+			  const void *other, const void *xs, int64_t n, void *out);
 void dg_ref_add3(const float *a, const float *b, const float *c, int64_t n, float *out);
 dg_status dg_ref_transpose(dg_fmt act, const float *in, int64_t r, int e, int l, void *out);
 

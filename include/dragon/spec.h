@@ -142,8 +142,9 @@ typedef struct dg_spec {
 	int latent;   /* L: latent width per head */
 	dg_fmt weight;
 	dg_fmt act;
-	dg_fmt out;
-	dg_fmt src; /* quantize_act: the float format it reads (f32 | bf16) */
+	dg_fmt out; /* what a forward op writes; a backward op's gradients (below) */
+	dg_fmt src; /* a float input's format (quantize_act, the norms); a
+		     * backward op's gradients (below) */
 	dg_scale_gran ascale; /* the act's scale: tensor | token */
 	dg_scale_gran wscale; /* the weight's scale: tensor | channel */
 	bool relu;       /* false: no ReLU */
@@ -159,6 +160,26 @@ typedef struct dg_spec {
 	 * warpgroup path needs (grad_xs's epilogue still applies RoPE^T). */
 	bool rope_pre;
 } dg_spec;
+
+/*
+ * Gradient formats. A backward op whose gradients may be bf16 reads two
+ * fields for them (the op table's rows say which):
+ *   src  the format of a gradient the op only reads;
+ *   out  the format of every gradient the op writes, an in-place one
+ *        included (it is read in that format first).
+ * Both take f32 | bf16 and default to f32. The ops and their gradients:
+ *   decoder_grad_input   out: grad_y            (grad (B,1,T,E) stays f32)
+ *   gate_bwd             out: dxy, dys over it, dxs
+ *   add_mask             out: dxs (read, then overwritten); src: other
+ *   lowrank_grad_input   src: grad              (grad_x stays f32)
+ *   lowrank_grad_weight  src: grad              (grad_w stays f32)
+ * A bf16 gradient is the f32 result rounded to nearest even once, where
+ * the op writes it; one read is widened exactly. The canonical text names
+ * these fields only when they are not f32 (dg_op_info.quiet), so a spec
+ * of an f32 gradient keeps the text, cache key and tuning records it had
+ * before the fields existed: op=gate_bwd;act=bf16 is the f32-gradient
+ * kernel, op=gate_bwd;act=bf16;out=bf16 the bf16 one.
+ */
 
 /* ---- the op table --------------------------------------------------------
  * One row an op (codegen/optable.c; its name is DG_OP_LIST's): every part of dragon that needs to
@@ -256,6 +277,10 @@ typedef struct dg_op_info {
 	bool latent_any;     /* latent need not be a multiple of 4 */
 	bool needs_relu;     /* relu=none is refused */
 	dg_op_defaults defaults;
+	/* Format fields the canonical text leaves out while they hold the
+	 * op's default (the gradient formats above, at f32): fields an op
+	 * gained after its specs were published. The parser still takes them. */
+	unsigned quiet;
 	int n_args;
 	dg_op_arg args[DG_OP_MAX_ARGS];
 	dg_op_case tune;

@@ -71,7 +71,11 @@ static dg_status run_gate(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	long long ve = spec->act == DG_FMT_BF16 ? 8 : 4; /* elements a thread's vector */
+	/* elements a thread's vector: 16 bytes of the narrowest tensor
+	 * (templates/gate.lua); the loop is grid-stride, so this only sizes
+	 * the grid */
+	bool bf = spec->act == DG_FMT_BF16 || (op == DG_OP_GATE_BWD && spec->out == DG_FMT_BF16);
+	long long ve = bf ? 8 : 4;
 	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, ve), nt, 8LL * dg__dev_info(dev)->sm_count), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
 	dg_dptr p[DG_OP_MAX_ARGS];

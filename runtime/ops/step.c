@@ -29,7 +29,10 @@ static dg_status run_step(dg_device *dev, const dg_spec *spec, dg_op op, const d
 		per_block = 1;
 	} else {
 		long long n = op == DG_OP_ADD3 ? sh.n : (long long)sh.b * spec->heads * sh.t * spec->latent;
-		work = dg__op_cdiv(n, op == DG_OP_ADD_MASK && spec->act == DG_FMT_BF16 ? 8 : 4);
+		/* a vector: 16 bytes of the narrowest tensor (templates/step.lua) */
+		bool bf = op == DG_OP_ADD_MASK && (spec->act == DG_FMT_BF16 || spec->out == DG_FMT_BF16 ||
+						   spec->src == DG_FMT_BF16);
+		work = dg__op_cdiv(n, bf ? 8 : 4);
 		per_block = 0; /* the block size, below */
 	}
 	if (work == 0)

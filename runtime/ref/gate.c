@@ -29,16 +29,9 @@ void dg_ref_gate_bwd(const float *dxy, const float *xs, const float *ys, int64_t
 }
 
 /* ---- the gate ops (templates/gate.lua) --------------------------------------------
- * The same arithmetic as dg_ref_gate_fwd / _bwd on act storage: f32 read
- * as is, bf16 widened exactly; act results rounded to bf16 once. */
-
-static void store_act(dg_fmt act, void *p, int64_t i, float v)
-{
-	if (act == DG_FMT_BF16)
-		((uint16_t *)p)[i] = dg_f32_to_bf16(v);
-	else
-		((float *)p)[i] = v;
-}
+ * The same arithmetic as dg_ref_gate_fwd / _bwd on act storage (and
+ * gate_bwd's gradients on theirs): f32 read as is, bf16 widened exactly;
+ * bf16 results rounded once (dg__ref_plain_store). */
 
 dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t n, float p,
 			     uint64_t seed, uint32_t step, uint32_t layer, void *xy)
@@ -49,25 +42,26 @@ dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t
 	for (int64_t i = 0; i < n; i++) {
 		bool keep = dg_dropout_keep(seed, step, layer, (uint64_t)i, p);
 		float x = dg__ref_plain_at(act, xs, (size_t)i), y = dg__ref_plain_at(act, ys, (size_t)i);
-		store_act(act, xy, i, keep ? x * y * scale : 0.0f);
+		dg__ref_plain_store(act, xy, (size_t)i, keep ? x * y * scale : 0.0f);
 	}
 	return DG_OK;
 }
 
-dg_status dg_ref_gate_bwd_op(dg_fmt act, const float *dxy, const void *xs, const void *ys,
-			     int64_t n, float p, uint64_t seed, uint32_t step, uint32_t layer,
-			     float *dxs, float *dys)
+dg_status dg_ref_gate_bwd_op(dg_fmt act, dg_fmt grad, const void *dxy, const void *xs,
+			     const void *ys, int64_t n, float p, uint64_t seed, uint32_t step,
+			     uint32_t layer, void *dxs, void *dys)
 {
-	if ((act != DG_FMT_F32 && act != DG_FMT_BF16) || !dxy || !xs || !ys || !dxs || n < 0)
+	if ((act != DG_FMT_F32 && act != DG_FMT_BF16) || (grad != DG_FMT_F32 && grad != DG_FMT_BF16) ||
+	    !dxy || !xs || !ys || !dxs || n < 0)
 		return DG_ERR_INVALID_ARG;
 	float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
 	for (int64_t i = 0; i < n; i++) {
 		bool keep = dg_dropout_keep(seed, step, layer, (uint64_t)i, p);
 		float x = dg__ref_plain_at(act, xs, (size_t)i), y = dg__ref_plain_at(act, ys, (size_t)i);
-		float g = keep ? dxy[i] * scale : 0.0f;
-		dxs[i] = g * y;
+		float g = keep ? dg__ref_plain_at(grad, dxy, (size_t)i) * scale : 0.0f;
+		dg__ref_plain_store(grad, dxs, (size_t)i, g * y);
 		if (dys) /* after the read of dxy[i]: dys may be dxy */
-			dys[i] = y > 0.0f ? g * x : 0.0f;
+			dg__ref_plain_store(grad, dys, (size_t)i, y > 0.0f ? g * x : 0.0f);
 	}
 	return DG_OK;
 }

@@ -20,6 +20,11 @@
  * (tests/test_gpu_backward.c); the SIMT path (f32 FMA, before sm_80 or on
  * odd tiles) is within f32 rounding of the sum.
  *
+ * Gradient formats (dragon/spec.h): the lowrank ops read grad in
+ * spec->src (bf16 widened exactly), decoder_grad_input writes grad_y in
+ * spec->out (bf16: the f32 result rounded to nearest even once, where the
+ * kernel rounds its f32 sum); the other gradients are f32.
+ *
  * Storage walked here is the kernels' (dragon/spec.h): i8x4 words for
  * int8 / int4 / uint8pos (uint8pos lanes unsigned), 16 ternary codes a
  * uint32 (00 0, 01 +1, 11 -1, the unused 10 decodes as 0 like the kernels),
@@ -125,6 +130,14 @@ static dg_status check(const dg_spec *spec, dg_op op, const void *a,
 				 : spec->latent;
 	if (packed_len % per_word(fmt))
 		return DG_ERR_INVALID_ARG;
+	/* the gradients' formats (a field the op does not read is left at
+	 * its f32 default by dg_spec_normalize, but a caller may not have
+	 * normalized: only the fields the op reads are judged) */
+	if ((op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_LOWRANK_GRAD_WEIGHT) &&
+	    spec->src != DG_FMT_F32 && spec->src != DG_FMT_BF16)
+		return DG_ERR_INVALID_ARG;
+	if (op == DG_OP_DECODER_GRAD_INPUT && spec->out != DG_FMT_F32 && spec->out != DG_FMT_BF16)
+		return DG_ERR_INVALID_ARG;
 	if (batch < 0 || time < 0)
 		return DG_ERR_INVALID_ARG;
 	if (!mul_ok(&n, (size_t)batch) || !mul_ok(&n, (size_t)time) ||
@@ -137,7 +150,7 @@ static dg_status check(const dg_spec *spec, dg_op op, const void *a,
 
 /* --- the four GEMMs ------------------------------------------------------- */
 
-dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const float *grad,
+dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const void *grad,
 				    const void *w, float sw, float *grad_x,
 				    int batch, int time)
 {
@@ -146,7 +159,7 @@ dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const float *grad,
 
 /* A scale a channel (wscale=channel, sv one a row h·L + l of w) runs along
  * the reduction: each term's gradient is multiplied by it, in double. */
-dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const float *grad, const void *w,
+dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const void *grad, const void *w,
 				       float sw, const float *sv, float *grad_x, int batch,
 				       int time)
 {
@@ -183,11 +196,12 @@ dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const float *grad, c
 				for (size_t h = 0; h < H; h++) {
 					if (Hin != 1 && h != i)
 						continue;
-					const float *g = grad + ((b * H + h) * T + t) * L;
+					const size_t g = ((b * H + h) * T + t) * L;
 
 					for (size_t l = 0; l < L; l++) {
 						const float *wr = wf + (h * L + l) * E;
-						double gv = vec ? (double)g[l] * sv[h * L + l] : g[l];
+						const float gl = dg__ref_plain_at(spec->src, grad, g + l);
+						double gv = vec ? (double)gl * sv[h * L + l] : gl;
 
 						for (size_t e = 0; e < E; e++)
 							acc[e] += gv * wr[e];
@@ -205,7 +219,7 @@ dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const float *grad, c
 	return DG_OK;
 }
 
-dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const float *grad,
+dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const void *grad,
 				     const void *x, float sa, float *grad_w,
 				     int batch, int time)
 {
@@ -214,7 +228,7 @@ dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const float *grad,
 
 /* A scale a token (ascale=token, sv one a row (b·Hin + hin)·T + t of x)
  * runs along the reduction: each term times it, in double. */
-dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const float *grad, const void *x,
+dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const void *grad, const void *x,
 					float sa, const float *sv, float *grad_w, int batch,
 					int time)
 {
@@ -249,12 +263,12 @@ dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const float *grad, 
 		memset(acc, 0, L * E * sizeof(*acc));
 		for (size_t b = 0; b < B; b++) {
 			for (size_t t = 0; t < T; t++) {
-				const float *g = grad + ((b * H + h) * T + t) * L;
+				const size_t g = ((b * H + h) * T + t) * L;
 				const float *xr = xf + ((b * Hin + hin) * T + t) * E;
 				const double sr = vec ? (double)sv[(b * Hin + hin) * T + t] : 1.0;
 
 				for (size_t l = 0; l < L; l++) {
-					double gv = sr * g[l];
+					double gv = sr * dg__ref_plain_at(spec->src, grad, g + l);
 					double *a = acc + l * E;
 
 					for (size_t e = 0; e < E; e++)
@@ -271,7 +285,7 @@ dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const float *grad, 
 }
 
 dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
-				    const void *w, float sw, float *grad_y,
+				    const void *w, float sw, void *grad_y,
 				    int batch, int time)
 {
 	return dg__ref_decoder_grad_input_v(spec, grad, w, sw, NULL, grad_y, batch, time);
@@ -279,7 +293,7 @@ dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
 
 /* wscale=channel: sv one an output channel d of w (E, H·L). */
 dg_status dg__ref_decoder_grad_input_v(const dg_spec *spec, const float *grad, const void *w,
-				       float sw, const float *sv, float *grad_y, int batch,
+				       float sw, const float *sv, void *grad_y, int batch,
 				       int time)
 {
 	dg_status st = check(spec, DG_OP_DECODER_GRAD_INPUT, grad, w, grad_y,
@@ -321,10 +335,11 @@ dg_status dg__ref_decoder_grad_input_v(const dg_spec *spec, const float *grad, c
 					acc[j] += gv * wr[j];
 			}
 			for (size_t h = 0; h < H; h++) {
-				float *o = grad_y + ((b * H + h) * T + t) * L;
+				const size_t o = ((b * H + h) * T + t) * L;
 
-				for (size_t l = 0; l < L; l++)
-					o[l] = (float)(s * acc[h * L + l]);
+				for (size_t l = 0; l < L; l++) /* f32, then (bf16) once more */
+					dg__ref_plain_store(spec->out, grad_y, o + l,
+							    (float)(s * acc[h * L + l]));
 			}
 		}
 	}

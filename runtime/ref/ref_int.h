@@ -36,6 +36,16 @@ static inline int dg__ref_code_of(float q, int lo, int hi)
 	return (int)r;
 }
 
+/* v into element i of a plain tensor: bf16 rounded to nearest even once,
+ * else f32. */
+static inline void dg__ref_plain_store(dg_fmt f, void *p, size_t i, float v)
+{
+	if (f == DG_FMT_BF16)
+		((uint16_t *)p)[i] = dg_f32_to_bf16(v);
+	else
+		((float *)p)[i] = v;
+}
+
 /* Element i of a plain tensor: bf16 (uint16_t) or, for any other f, f32. */
 static inline float dg__ref_plain_at(dg_fmt f, const void *p, size_t i)
 {
@@ -79,14 +89,14 @@ static inline int dg__ref_code_at(dg_fmt f, const void *p, size_t i)
 
 /* The backward references with a scale a row or a channel along the
  * reduction (sv; NULL: the per-tensor value), as dg_ref_run reaches them. */
-dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const float *grad, const void *w,
+dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const void *grad, const void *w,
 				       float sw, const float *sv, float *grad_x, int batch,
 				       int time);
-dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const float *grad, const void *x,
+dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const void *grad, const void *x,
 					float sa, const float *sv, float *grad_w, int batch,
 					int time);
 dg_status dg__ref_decoder_grad_input_v(const dg_spec *spec, const float *grad, const void *w,
-				       float sw, const float *sv, float *grad_y, int batch,
+				       float sw, const float *sv, void *grad_y, int batch,
 				       int time);
 dg_status dg__ref_decoder_grad_weight_v(const dg_spec *spec, const float *grad, const void *y,
 					float sa, const float *sv, float *grad_w, int batch,

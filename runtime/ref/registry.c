@@ -342,13 +342,14 @@ dg_status dg__ref_gate_fwd(const dg_spec *spec, const dg_ref_call *c)
 
 dg_status dg__ref_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
 {
-	return dg_ref_gate_bwd_op(spec->act, c->in[0], c->in[1], c->in[2], bhtl(spec, c), c->p, c->seed,
-				  c->step, c->layer, c->out, c->out2);
+	return dg_ref_gate_bwd_op(spec->act, spec->out, c->in[0], c->in[1], c->in[2], bhtl(spec, c), c->p,
+				  c->seed, c->step, c->layer, c->out, c->out2);
 }
 
 dg_status dg__ref_add_mask(const dg_spec *spec, const dg_ref_call *c)
 {
-	return dg_ref_add_mask(spec->act, c->in[0], c->in[1], c->in[2], bhtl(spec, c), c->out);
+	return dg_ref_add_mask(spec->act, spec->out, spec->src, c->in[0], c->in[1], c->in[2], bhtl(spec, c),
+			       c->out);
 }
 
 dg_status dg__ref_add3(const dg_spec *spec, const dg_ref_call *c)

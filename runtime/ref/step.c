@@ -5,13 +5,24 @@
  */
 #include "runtime/ref/ref_int.h"
 
-dg_status dg_ref_add_mask(dg_fmt act, const float *dxs, const float *other, const void *xs,
-			  int64_t n, float *out)
+static bool is_float(dg_fmt f)
 {
-	if ((act != DG_FMT_F32 && act != DG_FMT_BF16) || !dxs || !other || !xs || !out || n < 0)
+	return f == DG_FMT_F32 || f == DG_FMT_BF16;
+}
+
+dg_status dg_ref_add_mask(dg_fmt act, dg_fmt grad, dg_fmt other_fmt, const void *dxs,
+			  const void *other, const void *xs, int64_t n, void *out)
+{
+	if (!is_float(act) || !is_float(grad) || !is_float(other_fmt) || !dxs || !other || !xs ||
+	    !out || n < 0)
 		return DG_ERR_INVALID_ARG;
-	for (int64_t i = 0; i < n; i++)
-		out[i] = dg__ref_plain_at(act, xs, (size_t)i) > 0.0f ? dxs[i] + other[i] : 0.0f;
+	for (int64_t i = 0; i < n; i++) {
+		/* both reads before the write: out may be dxs */
+		float d = dg__ref_plain_at(grad, dxs, (size_t)i);
+		float o = dg__ref_plain_at(other_fmt, other, (size_t)i);
+		dg__ref_plain_store(grad, out, (size_t)i,
+				    dg__ref_plain_at(act, xs, (size_t)i) > 0.0f ? d + o : 0.0f);
+	}
 	return DG_OK;
 }
 

@@ -11,7 +11,12 @@
  *   y_l   = LN(yd)
  *   x_l+1 = RESID_LN(x_l, y_l)            LN(x + y)
  * Backward, layers in reverse, then the three weight gradients over all
- * layers' rows and the embedding's. Activation gradients overwrite
+ * layers' rows and the embedding's. The (B,H,T,N) gradients — dxs and dys,
+ * stacked over the layers for the weight GEMMs (3.2 GB each in f32 at the
+ * 25M shape, B 8, T 512) — are in the activations' format: bf16 on the
+ * GPU's bf16 recipes (bf16, w8a8, bitnet: the ops round each to bf16 once,
+ * dragon/spec.h "gradient formats"), f32 on the f32 one and on the CPU.
+ * The (B,1,T,D) and (B,H,T,D) gradients stay f32. Activation gradients overwrite
  * (dxs_l is written by the gate's backward, then the attention's adds to
  * it and applies the ReLU mask); parameter gradients are each written by
  * one node.
@@ -146,8 +151,10 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 			dg__tape_set_scale(t, xyq_all, xyqs_all);
 		}
 	}
-	int dxs_all = buf(t, "dxs.all", DG__B_TEMP, 4, LB, H, T, N);
-	int dys_all = buf(t, "dys.all", DG__B_TEMP, 4, LB, H, T, N);
+	/* the (B,H,T,N) gradients in the activations' format (the CPU's and
+	 * the f32 recipe's: f32); the layers' dxs, dys are views of them */
+	int dxs_all = abuf(t, act, "dxs.all", DG__B_TEMP, 4, LB, H, T, N);
+	int dys_all = abuf(t, act, "dys.all", DG__B_TEMP, 4, LB, H, T, N);
 	int dyd_all = buf(t, "dyd.all", DG__B_TEMP, 4, LB, 1, T, D);
 
 	/* forward */

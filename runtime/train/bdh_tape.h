@@ -32,7 +32,7 @@ typedef struct dg__bdh_ids {
 
 /* Where the tape runs: the CPU references (f32, RoPE'd queries saved for
  * the attention's backward) or the GPU ops (activations in `act`, the
- * attention's scores saved). */
+ * attention's scores saved; the (B,H,T,N) gradients dxs, dys in `act` too). */
 typedef struct dg__bdh_target {
 	bool gpu;
 	dg_fmt act;  /* activations: f32 | bf16 (the CPU: f32) */

@@ -18,6 +18,9 @@
  * (w8a8, bitnet): quantize nodes before each projection and the decoder,
  * their codes (with scales) saved for the weight gradients. The f32
  * recipe is the parity one: its gradient GEMMs take the exact fp32 path.
+ * The (B,H,T,N) gradients (dxy, dxs, dys and their stacks) are in the
+ * activations' format (grad_fmt): the bf16 recipes halve their bytes, the
+ * f32 one keeps f32 everywhere.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +110,24 @@ static dg_spec base_spec(const dg_model *m, dg_op op)
 	const dg_device_info *di = dg__dev_info(m->dev);
 	if (di && di->sm > 0)
 		s.arch = di->sm;
+	return s;
+}
+
+/* The format of the (B,H,T,N) gradients (the tape's dxs.all, dys.all and
+ * their views): the activations' (dragon/spec.h "gradient formats"). */
+static dg_fmt grad_fmt(const dg_model *m)
+{
+	return m->act;
+}
+
+/* add_mask's spec: dxs (the gradient) in grad_fmt, the attention's grad_xs
+ * (other) f32 in the node's workspace, xs in the activations' format. */
+static dg_spec add_mask_spec(const dg_model *m)
+{
+	dg_spec s = base_spec(m, DG_OP_ADD_MASK);
+	s.out = grad_fmt(m);
+	s.src = DG_FMT_F32;
+	dg_spec_normalize(&s);
 	return s;
 }
 
@@ -200,7 +221,7 @@ static dg_status prep_attention(dg_model *m)
 				     DG_OP_ATTENTION_GRAD_XS, DG_OP_ROPE_FWD, DG_OP_ADD_MASK };
 	dg_status st = DG_OK;
 	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]) && !st; i++) {
-		dg_spec s = ops[i] == DG_OP_ADD_MASK ? op_spec(m, ops[i]) : attn_spec(m, ops[i]);
+		dg_spec s = ops[i] == DG_OP_ADD_MASK ? add_mask_spec(m) : attn_spec(m, ops[i]);
 		dg_spec_normalize(&s);
 		st = sized(m, &s, DG_OK, "");
 	}
@@ -332,6 +353,7 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	case DG__N_DEC_IN: {
 		dg_spec s = op_spec(m, DG_OP_DECODER_GRAD_INPUT);
 		set_recipe(m, &s, 2);
+		s.out = grad_fmt(m); /* dxy, written into dys's bytes */
 		exact_tile(m, &s);
 		dg_spec_normalize(&s);
 		dg_tensor g = tn(m, in[0]), w = tn(m, in[1]), o = tn(m, out[0]);
@@ -341,6 +363,8 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	}
 	case DG__N_GATE_BWD: {
 		dg_spec s = op_spec(m, DG_OP_GATE_BWD);
+		s.out = grad_fmt(m); /* dxy, dys over it, dxs */
+		dg_spec_normalize(&s);
 		dg_tensor dxy = tn(m, in[0]), xs = tn(m, in[1]), ys = tn(m, in[2]), dxs = tn(m, out[0]);
 		dg_gate_bwd_args a = { .dxy = &dxy, .xs = &xs, .ys = &ys, .dxs = &dxs, .p = p,
 				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer };
@@ -349,6 +373,7 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	}
 	case DG__N_PROJ_IN: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, nd->arg);
+		s.src = grad_fmt(m); /* dys (encoder_v) or dxs (encoder) */
 		dg_tensor g = tn(m, in[0]), w = tn(m, in[1]), o = tn(m, out[0]);
 		dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o };
 		return need ? sized(m, &s, dg_lowrank_grad_input_check(&s, &a, cm, sizeof(cm)), cm)
@@ -378,7 +403,7 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		st = dg_attention_bwd(dev, &s, &a);
 		if (st)
 			return st;
-		dg_spec ms = op_spec(m, DG_OP_ADD_MASK);
+		dg_spec ms = add_mask_spec(m);
 		dg_add_mask_args am = { .dxs = &dxs, .other = &gx, .xs = &xs };
 		return dg_add_mask(dev, &ms, &am);
 	}
@@ -391,6 +416,7 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	}
 	case DG__N_PROJ_W: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_WEIGHT, nd->arg);
+		s.src = grad_fmt(m); /* the stacks dxs.all, dys.all */
 		dg_tensor g = tn(m, in[0]), x = tn(m, in[1]), o = tn(m, out[0]);
 		dg_lowrank_grad_weight_args a = { .grad = &g, .x = &x, .grad_w = &o, .ws = ws };
 		return need ? dg_lowrank_grad_weight_workspace(dev, &s, &a, need)
