@@ -21,7 +21,7 @@ Kernel ABI (runtime/ops/attention.c launches it; dragon/ref.h mirrors it):
   dg_attention_grad_scores(const float *grad, const XT *v, XT *grad_scores, int B, int T)
   dg_attention_grad_v(const XT *scores, const float *grad, float *grad_v, int B, int T)
   dg_attention_grad_xs(const XT *grad_scores, const XT *xs, const float *rope,
-      float *grad_xs, int B, int T)
+      OT *grad_xs, int B, int T)       OT: the spec's out (f32 | bf16)
   XT float (act f32) | unsigned short (act bf16). xs (B,H,T,L), rope (T,L)
   (cos, sin at columns 2p, 2p+1), scores / grad_scores (B,H,T,T), v (B,1,T,E),
   grad and out (B,H,T,E), grad_v (B,1,T,E), grad_xs (B,H,T,L). Grid
@@ -178,8 +178,8 @@ OPS.attention_grad_v = {
 }
 
 OPS.attention_grad_xs = {
-  sig = "const XT *__restrict__ grad_scores, const XT *__restrict__ xs, const float *__restrict__ rope, float *__restrict__ grad_xs, int B, int T",
-  at = "act", bt = "act", ot = "f32", a_kc = true, b_kc = false, b_rope = true, mask = 0,
+  sig = "const XT *__restrict__ grad_scores, const XT *__restrict__ xs, const float *__restrict__ rope, OT *__restrict__ grad_xs, int B, int T",
+  at = "act", bt = "act", ot = "out", a_kc = true, b_kc = false, b_rope = true, mask = 0,
   a_ld = "T", b_ld = "latent", gz = "B * H", n = "L",
   geo = [[
 	const int M = T, N = L, K = T, LDA = T, LDB = L, NH = 1;
@@ -194,9 +194,8 @@ OPS.attention_grad_xs = {
 	// RoPEᵀ of row m: the pair (n, n+1) with rope[m][n], rope[m][n+1]
 	auto store_pair = [&](int m, int n, float v0, float v1) {
 		const float2 cs = __ldg((const float2 *)(rope + (long long)m * L + n));
-		*(float2 *)(po + (long long)m * L + n) =
-			make_float2(__fadd_rn(__fmul_rn(v0, cs.x), __fmul_rn(v1, cs.y)),
-				    __fsub_rn(__fmul_rn(v1, cs.x), __fmul_rn(v0, cs.y)));
+		dg_store2(po + (long long)m * L + n, __fadd_rn(__fmul_rn(v0, cs.x), __fmul_rn(v1, cs.y)),
+			  __fsub_rn(__fmul_rn(v1, cs.x), __fmul_rn(v0, cs.y)));
 	};]],
 }
 
@@ -212,6 +211,8 @@ local function fields(spec)
   k.arch = C.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
   k.act = C.one_of(spec, "act", { "f32", "bf16" })
+  -- grad_xs writes the gradient format (f32 | bf16); the others' outputs are fixed
+  k.out = op == "attention_grad_xs" and C.one_of(spec, "out", { "f32", "bf16" }) or "f32"
   -- rope=pre (scores, grad_xs): the operand is RoPE(xs) already
   k.rope_pre = (op == "attention_scores" or op == "attention_grad_xs") and spec.rope == "pre"
   k.a_rope = k.o.a_rope == true and not k.rope_pre
@@ -231,7 +232,7 @@ local function unit_of(fmt_, ld, k, tile_len)
   return math.min(n, tile_len)
 end
 
-local function operand_fmt(k, f) return f == "act" and k.act or "f32" end
+local function operand_fmt(k, f) return f == "act" and k.act or (f == "out" and k.out or "f32") end
 
 -- The sm_90a warpgroup path serves a GEMM whose operands are both bf16
 -- activations read raw (no RoPE on the load, no mask): attention_scores
@@ -915,6 +916,9 @@ local function render_wgmma(spec, plan, k)
   w:line(C.subst(HEAD_WG, v))
   w:line(fmt("__device__ __forceinline__ OT dg_out(float x) { return %s; }",
              of == "bf16" and "dg_f32_to_bf16(x)" or "x"))
+  w:line(of == "bf16"
+    and "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(unsigned *)p = (unsigned)dg_f32_to_bf16(a) | ((unsigned)dg_f32_to_bf16(b) << 16); }"
+    or "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(float2 *)p = make_float2(a, b); }")
   w:line()
   w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = o.sig, GEO = o.geo, SKIP = o.skip or "", STORE = o.store,
                               MINB = minb }))
@@ -967,6 +971,9 @@ function M.render(spec, plan)
   w:line(mma and PUT_MMA or PUT_SIMT)
   w:line(fmt("__device__ __forceinline__ OT dg_out(float x) { return %s; }",
              of == "bf16" and "dg_f32_to_bf16(x)" or "x"))
+  w:line(of == "bf16"
+    and "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(unsigned *)p = (unsigned)dg_f32_to_bf16(a) | ((unsigned)dg_f32_to_bf16(b) << 16); }"
+    or "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(float2 *)p = make_float2(a, b); }")
   w:line()
   w:line(C.subst(KERNEL, kv))
   return w:text()

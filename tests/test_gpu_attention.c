@@ -558,6 +558,16 @@ static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	got = run_twice(dev, &sp, in3, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
 	cr_assert_eq(dg_ref_attention_grad_xs(&sp, c, qr, rope, want_gx, B, T), DG_OK);
 	expect_close("attention_grad_xs (wgmma)", act, DG_FMT_F32, got, want_gx, nx);
+	/* out=bf16: the same sums, rounded once: the f32 output's bf16, bit for bit */
+	sp.out = DG_FMT_BF16;
+	dg_spec_normalize(&sp);
+	void *gb = run_twice(dev, &sp, in3, 3, dg_tensor_4d("grad_xs", DG_FMT_BF16, 0, B, H, T, N), nx * 2);
+	uint16_t *rb = gh_xmalloc(nx * 2);
+	for (size_t i = 0; i < nx; i++)
+		rb[i] = dg_f32_to_bf16(((const float *)got)[i]);
+	gh_expect_bytes("attention_grad_xs out=bf16 (wgmma)", gb, rb, nx * 2);
+	free(gb);
+	free(rb);
 	free(got);
 	free(rope), free(xs), free(c), free(qr), free(want_s), free(want_gx);
 }

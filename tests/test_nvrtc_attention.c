@@ -262,6 +262,15 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 				cr_assert(p.needs_arch_specific);
 				compile_one(cg, &s, "path: warpgroup tensor cores (wgmma");
 			}
+	/* grad_xs out=bf16 on both tensor-core paths and the fp32 one */
+	dg_spec gb = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
+	gb.out = DG_FMT_BF16;
+	compile_one(cg, &gb, "path: warpgroup tensor cores (wgmma");
+	gb.tile = (dg_tile){ 128, 128, 32, 2, 4, 2, 0 };
+	compile_one(cg, &gb, "path: tensor cores (mma.sync");
+	gb = spec_of(DG_OP_ATTENTION_GRAD_XS, DG_FMT_F32, 90);
+	gb.out = DG_FMT_BF16;
+	compile_one(cg, &gb, "path: fp32");
 	/* rope=pre on an mma.sync tile: the warp tensor cores read it raw */
 	dg_spec s = wg_spec(DG_OP_ATTENTION_SCORES, 4, 8192);
 	s.tile = (dg_tile){ 128, 128, 32, 2, 4, 2, 0 };

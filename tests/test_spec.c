@@ -501,6 +501,11 @@ Test(spec, rope_rules)
 	refused("op=attention_scores;rope=yes", "rope=yes: must be load (RoPE on the GEMM's load) or pre");
 	refused("op=attention_out;rope=pre", "rope: op attention_out does not take it");
 	refused("op=lowrank_fwd;rope=load", "rope: op lowrank_fwd does not take it");
+	/* grad_xs's out: f32 by default and then not printed */
+	cr_assert_null(strstr(canon(&s), "out="), "%s", canon(&s));
+	s = parsed("op=attention_grad_xs;out=bf16");
+	cr_assert(strstr(canon(&s), ";out=bf16;"), "%s", canon(&s));
+	refused("op=attention_grad_xs;out=int8", "out=int8: op attention_grad_xs takes one of f32|bf16");
 }
 
 Test(spec, relu_rules)

@@ -272,9 +272,10 @@ dg_status dg_ref_attention_grad_scores(const dg_spec *spec, const float *grad, c
 /* grad_v (b,1,t,E) = Σ_h tril(scores, −1)ᵀ·grad. */
 dg_status dg_ref_attention_grad_v(const dg_spec *spec, const void *scores, const float *grad,
 				  float *grad_v, int b, int t);
-/* grad_xs (b,H,t,L) = RoPEᵀ(grad_scores·RoPE(xs)) (dqr rounded to f32 first). */
+/* grad_xs (b,H,t,L) in spec->out (f32 | bf16) = RoPEᵀ(grad_scores·RoPE(xs))
+ * (dqr rounded to f32 first, RoPEᵀ in f32, then one rounding to out). */
 dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores, const void *xs,
-				   const float *rope, float *grad_xs, int b, int t);
+				   const float *rope, void *grad_xs, int b, int t);
 
 /* The gate and its dropout: xy = xs · ys · keep / (1 − p), keep from
  * dg_dropout_keep(seed, step, layer, i, p) for element i of the

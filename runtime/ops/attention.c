@@ -302,6 +302,10 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_GRAD_SCORES);
 	dg_spec s2 = step_spec(spec, DG_OP_ATTENTION_GRAD_V);
 	dg_spec s3 = step_spec(spec, DG_OP_ATTENTION_GRAD_XS);
+	if (a->grad_xs && (a->grad_xs->fmt == DG_FMT_F32 || a->grad_xs->fmt == DG_FMT_BF16)) {
+		s3.out = a->grad_xs->fmt; /* grad_xs's format is the op's out */
+		dg_spec_normalize(&s3);
+	}
 	size_t need = 0;
 	dg_status st = dg_attention_bwd_workspace(spec, a, &need);
 	if (st)

@@ -235,16 +235,18 @@ dg_status dg_ref_attention_grad_v(const dg_spec *spec, const void *scores, const
 }
 
 dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores, const void *xs,
-				   const float *rope, float *grad_xs, int b, int t)
+				   const float *rope, void *grad_xs, int b, int t)
 {
-	if (!act_ok(spec) || !grad_scores || !xs || !rope || !grad_xs || b < 0 || t < 0)
+	if (!act_ok(spec) || !grad_scores || !xs || !rope || !grad_xs || b < 0 || t < 0 ||
+	    (spec->out != DG_FMT_F32 && spec->out != DG_FMT_BF16))
 		return DG_ERR_INVALID_ARG;
 	int n = spec->latent;
 	size_t tn = (size_t)t * (size_t)n, tt = (size_t)t * (size_t)t;
 	float *c, *s, *tmp = xmalloc(tn * sizeof(float)), *q = xmalloc(tn * sizeof(float));
+	float *gx = xmalloc(tn * sizeof(float));
 	double *acc = xmalloc((size_t)n * sizeof(double));
 	dg_status st = split_table(rope, t, n, &c, &s);
-	if (!st && (!tmp || !q || !acc))
+	if (!st && (!tmp || !q || !acc || !gx))
 		st = DG_ERR_NOMEM;
 	for (int64_t z = 0; !st && z < (int64_t)b * spec->heads; z++) {
 		rope_rows(spec, xs, z, c, s, t, n, tmp, q);
@@ -260,12 +262,16 @@ dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores,
 			for (int k = 0; k < n; k++)
 				tmp[(size_t)i * n + k] = (float)acc[k]; /* dqr row i */
 		}
-		dg_ref_rope_bwd(tmp, c, s, 1, t, n, grad_xs + (size_t)z * tn);
+		/* RoPEᵀ in f32, then the out format's one rounding */
+		dg_ref_rope_bwd(tmp, c, s, 1, t, n, gx);
+		for (size_t i = 0; i < tn; i++)
+			put(spec->out, grad_xs, (size_t)z * tn + i, gx[i]);
 	}
 	free(c);
 	free(s);
 	free(tmp);
 	free(q);
+	free(gx);
 	free(acc);
 	return st;
 }
