@@ -318,7 +318,7 @@ function M.render(c)
   local smem = c.smem
   c.about[#c.about + 1] = fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups,",
                               c.bn, c.bm // 64)
-  c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), %d blocks an SM at most;",
+  c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d blocks an SM;",
                               c.stages, smem, minb == 2 and 2 or 1)
   c.about[#c.about + 1] = fmt("  A (grad, bf16) %s, B (%s, bf16) N-major (templates/backward_wgmma.lua).",
                               gi and "K-major" or "M-major", c.bname)
