@@ -50,6 +50,13 @@ Gradient formats (dragon/spec.h "gradient formats"; GT, OT below):
   NULL). All tensors 16-byte aligned (whole allocations are).
 
 Paths (M.plan picks one from the arch and the tile; render follows it):
+  warpgroup tensor cores (templates/backward_wgmma.lua; the default where
+    it applies): sm_90a, lowrank_grad_input / _weight with a bf16 gradient
+    (src=bf16) and a bf16 other operand (weight=bf16 / act=bf16), WN 1,
+    WM 4 or 8, BM = 16·WM, BN 64 | 128 | 256, BK 64, stages 3 or 4.
+    wgmma m64nBNk16 bf16 from 128-byte-swizzled shared tiles that a
+    cp.async ring fills; the same ABI, grids and splits. The plan is
+    arch-specific, so dg_codegen_plan_for promotes an sm_90 spec to it.
   tensor cores (templates/backward_mma.lua; the default from sm_80 on):
     sm_80+, BK % 16 == 0, warp tiles whole 16x16 blocks. mma.sync m16n8k16
     bf16 with f32 sums. Each element is converted once as it is staged:
@@ -103,6 +110,7 @@ per k:
 ]]
 local C = require("common")
 local MMA = require("backward_mma")
+local WG = require("backward_wgmma")
 local fmt = string.format
 
 local M = {}
@@ -671,6 +679,7 @@ local function fields(spec)
   k.E = C.int_field(spec, "embd", 4)
   k.L = C.int_field(spec, "latent", 4)
   k.arch = C.int_field(spec, "arch", 1)
+  k.arch_specific = spec.arch_specific == true
   k.bfmt = k.o.w_operand and C.one_of(spec, "weight", WEIGHTS) or C.one_of(spec, "act", ACTS)
   k.F = C.formats[k.bfmt]
   -- the gradients' formats (dragon/spec.h): the lowrank ops read grad in
@@ -708,6 +717,7 @@ end
 -- Otherwise (before sm_80, or a reduction 16 does not divide) the SIMT
 -- default every GEMM had: 64x64 blocks of 2x2 warps, double-buffered.
 local function default_tile(k)
+  if WG.applies(k) then return WG.default_tile(k) end
   local op, red = k.op, k.red
   local bk = op == "lowrank_grad_input" and 64 or 32
   while red ~= 0 and bk > 16 and red % bk ~= 0 do bk = bk // 2 end
@@ -747,6 +757,13 @@ function M.plan(spec)
   local p = { tile = t, arch_specific = false, name = k.op .. ".cu", entries = { { name = entry, threads = nt } } }
   if not k.o.a_kmajor then
     p.entries[2] = { name = entry .. "_reduce", threads = RNT, smem = 0 }
+  end
+  if WG.fits(k, t) then
+    local smem = WG.smem_bytes(t)
+    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    if not ok then return nil, err end
+    p.path, p.arch_specific, p.smem_bytes, p.entries[1].smem = "wgmma bf16", true, smem, smem
+    return p
   end
   if MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then
     local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
@@ -790,6 +807,14 @@ function M.render(spec, plan)
     vec = k.vec, gfmt = k.gfmt, ofmt = k.ofmt,
     GT = C.formats[k.gfmt].ctype, OT = C.formats[k.ofmt].ctype,
   }
+  if plan.path == "wgmma bf16" then
+    c.about = about_lines(op, o, entry, (C.subst(o.sig, { BT = F.ctype }):gsub("GT", c.GT):gsub("OT", c.OT)), c)
+    c.smem = plan.smem_bytes
+    local w = C.writer()
+    w:line(WG.render(c))
+    finish(w, o, entry, F.code, k.vec)
+    return w:text()
+  end
   if plan.path == "mma.sync bf16" then
     c.about = about_lines(op, o, entry, (C.subst(o.sig, { BT = F.ctype }):gsub("GT", c.GT):gsub("OT", c.OT)), c)
     c.smem = plan.smem_bytes

@@ -33,6 +33,9 @@ one 128-byte line of global memory (a whole line a request) and fill one
 bytes (zero-filled past the tensor's rows); a chunk that crosses the edge
 of its row, or a row that is not 16-byte aligned, is assembled from guarded
 element loads and one 16-byte shared store (the rare ragged shapes).
+dg_wb_stage finds a row at base + row·ld; dg_wb_stage_row takes the row's
+pointer from its caller (operands whose rows are not affine in the row
+index: templates/backward_wgmma.lua's (b, t) rows).
 
 Accumulators (m64nN, f32), as the integer path's (templates/wgmma.lua):
 thread t of the warpgroup, warp w = t/32 % 4, lane = 4g + q, register 4j+i:
@@ -156,6 +159,32 @@ __device__ __forceinline__ void dg_wb_stage(unsigned dst, const unsigned short *
 		return;
 	}
 	const unsigned short *p = base + (long long)row * ld + col;
+	if (col + 8 <= cols && ((unsigned long long)p & 15u) == 0) {
+		dg_wb_cp16(dst, p, 16);
+		return;
+	}
+	unsigned w[4] = { 0u, 0u, 0u, 0u };
+#pragma unroll
+	for (int e = 0; e < 8; ++e)
+		if (col + e < cols)
+			w[e / 2] |= (unsigned)__ldg(p + e) << (16 * (e & 1));
+	asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+		     :: "r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+}
+
+// dg_wb_stage for an operand whose rows are not affine in the row index
+// (the caller computed the row's pointer): elements col .. col+7 of the
+// row at rowp (nullptr: a row outside the tensor) of length cols into
+// dst; zeros outside. `any` is any valid global address (the zero fill's
+// source).
+__device__ __forceinline__ void dg_wb_stage_row(unsigned dst, const unsigned short *rowp, const void *any,
+						int col, int cols)
+{
+	if (rowp == nullptr || col >= cols) {
+		dg_wb_cp16(dst, any, 0);
+		return;
+	}
+	const unsigned short *p = rowp + col;
 	if (col + 8 <= cols && ((unsigned long long)p & 15u) == 0) {
 		dg_wb_cp16(dst, p, 16);
 		return;

@@ -11,7 +11,10 @@
  *     out=bf16 of decoder_grad_input) bitwise against the f32 kernels on
  *     the same tile: a gradient whose values are bf16 already is what the
  *     f32 path stages (its rounding is then exact), so the sums are the
- *     same; a bf16 grad_y is the f32 one rounded to nearest even.
+ *     same; a bf16 grad_y is the f32 one rounded to nearest even;
+ *   - the sm_90a warpgroup path (bf16 gradient and bf16 w / x) against
+ *     the mma.sync tile of the same spec, each one's time printed
+ *     (bdh_wgmma_bf16_against_mma; skipped off sm_90).
  *
  * Outputs start as 0xff bytes (NaN): every element must be written.
  * Tolerance: tests/backward_helpers.h.
@@ -19,13 +22,16 @@
  */
 #include <criterion/criterion.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backward_helpers.h"
+#include "dragon/ref.h"
 #include "gpu_helpers.h"
 
 #define BDH_H 4
@@ -318,6 +324,130 @@ Test(gpu_backward, bdh_bf16_gradients_match_the_f32_kernels)
 			gh_expect_bytes(dg_op_name(ops[o]), h, f, nf);
 		}
 		free(g), free(hb), free(b), free(f), free(h);
+	}
+	gh_close(dev);
+}
+
+/* ---- the sm_90a warpgroup path (templates/backward_wgmma.lua) ----------------------- */
+
+/* One lowrank grad at the BDH shape with a bf16 gradient and bf16 w / x on
+ * sm_90a, the tile t (auto: the warpgroup default); the output's device
+ * pointer is u->out. */
+typedef struct wg_run {
+	dg_device *dev;
+	dg_spec spec;
+	dg_tensor grad, b, out;
+	dg_workspace ws;
+} wg_run;
+
+static dg_status wg_call(void *user)
+{
+	wg_run *u = user;
+	if (u->spec.op == DG_OP_LOWRANK_GRAD_INPUT) {
+		dg_lowrank_grad_input_args a = { .grad = &u->grad, .w = &u->b, .grad_x = &u->out };
+		return dg_lowrank_grad_input(u->dev, &u->spec, &a);
+	}
+	dg_lowrank_grad_weight_args a = { .grad = &u->grad, .x = &u->b, .grad_w = &u->out, .ws = u->ws };
+	return dg_lowrank_grad_weight(u->dev, &u->spec, &a);
+}
+
+/* Runs u once into a 0xff-filled output, downloads it (malloc'd), then
+ * times it and prints its rate (68.7 GFLOP either op). */
+static float *wg_run_timed(wg_run *u, const char *path, size_t no)
+{
+	dg_codegen *cg = NULL;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	cr_assert_eq(dg_codegen_plan(cg, &u->spec, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, path, "%s", p.canonical);
+	dg_codegen_destroy(cg);
+	if (u->spec.op == DG_OP_LOWRANK_GRAD_WEIGHT) {
+		dg_lowrank_grad_weight_args a = { .grad = &u->grad, .x = &u->b, .grad_w = &u->out };
+		size_t need = 0;
+		cr_assert_eq(dg_lowrank_grad_weight_workspace(u->dev, &u->spec, &a, &need), DG_OK, "%s",
+			     dg_device_errmsg(u->dev));
+		u->ws = gh_workspace(u->dev, need);
+	}
+	cr_assert_eq(dg_memset8(u->dev, u->out.data, 0xff, no * 4), DG_OK);
+	cr_assert_eq(wg_call(u), DG_OK, "%s: %s", p.canonical, dg_device_errmsg(u->dev));
+	float *got = gh_xmalloc(no * 4);
+	gh_download(u->dev, got, u->out.data, no * 4);
+	bh_expect_written(p.canonical, got, no);
+
+	dg_timer *tm = NULL;
+	dg_timing r;
+	cr_assert_eq(dg_timer_create(u->dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(u->dev));
+	dg_timer_opts o = { .reps = 10 };
+	cr_assert_eq(dg_timer_run(tm, &o, wg_call, u, &r), DG_OK, "%s", dg_device_errmsg(u->dev));
+	dg_timer_destroy(tm);
+	const double flop = 2.0 * BDH_B * BDH_T * BDH_H * BDH_L * BDH_E;
+	printf("bdh %-20s %-14s %-40s %9.1f us  %7.1f TFLOP/s\n", dg_op_name(u->spec.op), path, p.canonical,
+	       r.median_us, flop / r.median_us * 1e-6);
+	fflush(stdout);
+	return got;
+}
+
+/* Both ops with bf16 gradient and bf16 w / x on sm_90a: the warpgroup
+ * default against the mma.sync default tile of the same spec, within
+ * 1e-3 of the norm (both sum exact products in f32, in other orders:
+ * about 1e-5 apart), each one's time printed. Skips off sm_90. */
+Test(gpu_backward, bdh_wgmma_bf16_against_mma)
+{
+	dg_device *dev = gh_open();
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	if (di.sm != 90) {
+		gh_close(dev);
+		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
+		cr_skip_test("skipped: the warpgroup path needs sm_90");
+	}
+	static const dg_tile mma_tiles[] = { { 64, 128, 64, 2, 4, 4, 0 }, { 128, 128, 32, 2, 2, 4, 0 } };
+	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L;
+	gh_seed(25);
+	uint16_t *g = gh_xmalloc(ng * 2);
+	float *f = bh_rand_f32(ng);
+	for (size_t i = 0; i < ng; i++)
+		g[i] = dg_f32_to_bf16(f[i]);
+	free(f);
+	dg_dptr dgr = gh_upload(dev, g, ng * 2);
+	free(g);
+	for (int o = 0; o < 2; o++) {
+		const bool gi = o == 0;
+		const size_t nb = gi ? (size_t)BDH_H * BDH_L * BDH_E : (size_t)BDH_B * BDH_T * BDH_E;
+		const size_t no = gi ? (size_t)BDH_B * BDH_T * BDH_E : (size_t)BDH_H * BDH_L * BDH_E;
+		float *bf = bh_rand_f32(nb);
+		uint16_t *b = gh_xmalloc(nb * 2);
+		for (size_t i = 0; i < nb; i++)
+			b[i] = dg_f32_to_bf16(bf[i]);
+		free(bf);
+		wg_run u = { .dev = dev };
+		dg_spec_init(&u.spec, gi ? DG_OP_LOWRANK_GRAD_INPUT : DG_OP_LOWRANK_GRAD_WEIGHT);
+		u.spec.src = DG_FMT_BF16;
+		if (gi)
+			u.spec.weight = DG_FMT_BF16;
+		else
+			u.spec.act = DG_FMT_BF16;
+		u.spec.arch = 90;
+		u.spec.arch_specific = true;
+		dg_spec_normalize(&u.spec);
+		u.grad = dg_tensor_4d("grad", DG_FMT_BF16, dgr, BDH_B, BDH_H, BDH_T, BDH_L);
+		dg_dptr db = gh_upload(dev, b, nb * 2), dout = gh_alloc(dev, no * 4);
+		free(b);
+		if (gi) {
+			u.b = dg_tensor_3d("w", DG_FMT_BF16, db, BDH_H, BDH_L, BDH_E);
+			u.out = dg_tensor_4d("grad_x", DG_FMT_F32, dout, BDH_B, 1, BDH_T, BDH_E);
+		} else {
+			u.b = dg_tensor_4d("x", DG_FMT_BF16, db, BDH_B, 1, BDH_T, BDH_E);
+			u.out = dg_tensor_3d("grad_w", DG_FMT_F32, dout, BDH_H, BDH_L, BDH_E);
+		}
+		float *wg = wg_run_timed(&u, "wgmma bf16", no);
+		u.spec.tile = mma_tiles[o];
+		float *mm = wg_run_timed(&u, "mma.sync bf16", no);
+		char why[256];
+		cr_assert(dg_ref_close_norm(wg, mm, no, 1e-3, FLT_MAX, why, sizeof(why)), "%s: %s",
+			  dg_op_name(u.spec.op), why);
+		free(wg);
+		free(mm);
 	}
 	gh_close(dev);
 }

@@ -11,7 +11,11 @@
  * lowrank grads, out=bf16 of decoder_grad_input) on both paths and odd
  * tiles, latent 100 and 36 (the 8-byte chunks of a bf16 row aligned to 8
  * bytes only), the canonical text naming them only when bf16, a format
- * they do not take refused by field; and the render and the spec refuse
+ * they do not take refused by field; the sm_90a warpgroup path of the
+ * lowrank grads with bf16 gradient and operand (templates/backward_wgmma.lua:
+ * its default and other tiles, small shapes, the plan's path, the
+ * promotion of plan_for, its refusals, mma.sync for other tiles); and the
+ * render and the spec refuse
  * tiles and shapes they cannot run (the template's plan for tile values,
  * the op table's validation for the tile's kind and the packing of axes).
  */
@@ -30,7 +34,8 @@ static const dg_fmt weights[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
 static const dg_fmt acts[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
 			       DG_FMT_INT4, DG_FMT_UINT8POS };
 
-/* Renders spec and compiles it for sm_90; fails the test with the message.
+/* Renders spec and compiles it for sm_90 (sm_90a for an arch-specific
+ * spec); fails the test with the message.
  * Checks the entries the template declares are in the source. */
 static void compile_one(dg_codegen *cg, const dg_spec *spec,
 			const char *const *entries, int n_entries)
@@ -42,7 +47,7 @@ static void compile_one(dg_codegen *cg, const dg_spec *spec,
 	char text[DG_SPEC_TEXT_MAX];
 
 	dg_spec_to_string(spec, text, sizeof(text));
-	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, e, sizeof(e)), DG_OK, "%s", e);
+	cr_assert_eq(dg__nvrtc_target_for(90, spec->arch_specific, &t, e, sizeof(e)), DG_OK, "%s", e);
 	dg_status st = dg_codegen_render(cg, spec, &src);
 	cr_assert_eq(st, DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
 	cr_assert_eq(src->n_entries, n_entries, "%s: %d entries", text, src->n_entries);
@@ -501,5 +506,148 @@ Test(nvrtc_backward, plan_refusals)
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert(p.spec.tile.bm == 64 && p.spec.tile.bn == 64, "%s", p.canonical);
 	cr_assert_str_eq(p.path, "fp32");
+	dg_codegen_destroy(cg);
+}
+
+/* --- the sm_90a warpgroup path (templates/backward_wgmma.lua) --------------- */
+
+/* A lowrank grad spec that the path applies to: sm_90a, bf16 gradient and
+ * bf16 weight (grad_input) / act (grad_weight). */
+static dg_spec wg_spec(dg_op op, int heads, int in_heads, int embd, int latent)
+{
+	dg_spec s = bdh(op);
+	s.heads = heads;
+	s.in_heads = in_heads;
+	s.embd = embd;
+	s.latent = latent;
+	s.src = DG_FMT_BF16;
+	if (op == DG_OP_LOWRANK_GRAD_INPUT)
+		s.weight = DG_FMT_BF16;
+	else
+		s.act = DG_FMT_BF16;
+	s.arch = 90;
+	s.arch_specific = true;
+	return s;
+}
+
+static void expect_plan_path(dg_codegen *cg, const dg_spec *s, const char *path, bool arch_specific)
+{
+	dg_plan p;
+	char text[DG_SPEC_TEXT_MAX];
+
+	dg_spec_to_string(s, text, sizeof(text));
+	cr_assert_eq(dg_codegen_plan(cg, s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, path, "%s", text);
+	cr_assert_eq(p.needs_arch_specific, arch_specific, "%s", text);
+}
+
+/* The default and three other warpgroup tiles (one and two warpgroups,
+ * BN 64 to 256, stages 3 and 4) render and compile for sm_90a at the BDH
+ * shape and small ones (latent 64 / 128, embd 32 / 64: smaller than BN,
+ * heads 2 / 4, in_heads 1 and H); each plan names the path. */
+Test(nvrtc_backward, wgmma_bf16_tiles_and_shapes)
+{
+	static const dg_tile tiles[] = {
+		{ 0, 0, 0, 0, 0, 0, 0 },
+		{ 128, 64, 64, 8, 1, 4, 0 },
+		{ 64, 256, 64, 4, 1, 3, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },
+	};
+	static const int shapes[][3] = { /* heads, embd, latent */
+		{ 4, 256, 8192 }, { 2, 32, 64 }, { 4, 64, 128 }, { 2, 64, 128 }, { 4, 32, 64 },
+	};
+	dg_codegen *cg = make_cg();
+
+	for (int o = 0; o < 2; o++) {
+		dg_op op = o ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_LOWRANK_GRAD_INPUT;
+		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+			for (int k = 0; k < 4; k++) {
+				/* the BDH shape on every tile, the small ones on two each */
+				if (i > 0 && k % 2 != (int)i % 2)
+					continue;
+				int H = shapes[i][0];
+				dg_spec s = wg_spec(op, H, (int)(i + (size_t)k) % 2 ? H : 1, shapes[i][1], shapes[i][2]);
+				s.tile = tiles[k];
+				expect_plan_path(cg, &s, "wgmma bf16", true);
+				compile_on_path(cg, &s, "path: warpgroup tensor cores");
+			}
+	}
+	dg_codegen_destroy(cg);
+}
+
+/* The default tiles (templates/backward_wgmma.lua M.default_tile), the
+ * promotion of an sm_90 spec by plan_for, and what stays on mma.sync: a
+ * non-warpgroup tile, an int8 operand, an f32 gradient, sm_90 without a. */
+Test(nvrtc_backward, wgmma_bf16_defaults_and_mma_fallback)
+{
+	dg_codegen *cg = make_cg();
+	dg_plan p;
+
+	dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_INPUT, 4, 1, 256, 8192);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma bf16");
+	cr_assert(p.needs_arch_specific);
+	cr_assert(strstr(p.canonical, "tile=64x128x64/4x1/4;"), "%s", p.canonical);
+	cr_assert_eq(p.n_entries, 1);
+	cr_assert_eq(p.entries[0].threads, 128);
+	cr_assert_eq(p.entries[0].smem, 4 * (64 + 128) * 64 * 2 + 1024);
+	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 4, 1, 256, 8192);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma bf16");
+	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/3;"), "%s", p.canonical);
+	cr_assert_eq(p.n_entries, 2);
+	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_weight_reduce");
+	cr_assert_eq(p.entries[0].threads, 256);
+	cr_assert_eq(p.entries[0].smem, 3 * (128 + 128) * 64 * 2 + 1024);
+
+	for (int o = 0; o < 2; o++) {
+		dg_op op = o ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_LOWRANK_GRAD_INPUT;
+		/* sm_90 (no a): mma.sync; plan_for on an sm_90 device promotes it */
+		s = wg_spec(op, 4, 1, 256, 8192);
+		s.arch_specific = false;
+		expect_plan_path(cg, &s, "mma.sync bf16", false);
+		cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "wgmma bf16");
+		cr_assert(p.spec.arch_specific && p.needs_arch_specific);
+		/* a non-warpgroup tile on the same sm_90a spec: mma.sync */
+		s = wg_spec(op, 4, 1, 256, 8192);
+		s.tile = (dg_tile){ 128, 128, 32, 2, 2, 4, 0 };
+		expect_plan_path(cg, &s, "mma.sync bf16", false);
+		compile_on_path(cg, &s, "path: tensor cores");
+		/* a warpgroup-shaped tile of 2 stages is an mma.sync one too */
+		s.tile = (dg_tile){ 128, 128, 64, 8, 1, 2, 0 };
+		expect_plan_path(cg, &s, "mma.sync bf16", false);
+		/* an int8 operand or an f32 gradient: mma.sync, not promoted */
+		s = wg_spec(op, 4, 1, 256, 8192);
+		if (o)
+			s.act = DG_FMT_INT8;
+		else
+			s.weight = DG_FMT_INT8;
+		expect_plan_path(cg, &s, "mma.sync bf16", false);
+		s = wg_spec(op, 4, 1, 256, 8192);
+		s.src = DG_FMT_F32;
+		expect_plan_path(cg, &s, "mma.sync bf16", false);
+		s.arch_specific = false;
+		cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "mma.sync bf16");
+		cr_assert(!p.spec.arch_specific);
+	}
+	/* grad_input's reduction 96 is no multiple of BK 64: the default is
+	 * mma.sync's, and a warpgroup tile is refused by the BK rule */
+	s = wg_spec(DG_OP_LOWRANK_GRAD_INPUT, 2, 1, 64, 96);
+	expect_plan_path(cg, &s, "mma.sync bf16", false);
+	s.tile = (dg_tile){ 64, 128, 64, 4, 1, 4, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "tile=64x128x64/4x1/4: BK=64 must divide latent=96"), "%s",
+		  dg_codegen_errmsg(cg));
+	/* grad_weight reduces over B·T (run time): latent 96 is a ragged M */
+	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 2, 2, 40, 96);
+	expect_plan_path(cg, &s, "wgmma bf16", true);
+	compile_on_path(cg, &s, "path: warpgroup tensor cores");
+	/* stages past the ring's 4 */
+	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 4, 1, 256, 8192);
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 4"), "%s", dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 }

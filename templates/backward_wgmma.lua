@@ -1,0 +1,340 @@
+--[[
+backward_wgmma.lua — the sm_90a warpgroup path of lowrank_grad_input and
+lowrank_grad_weight when both operands are bf16 (src=bf16 and weight=bf16
+/ act=bf16): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
+(templates/backward.lua picks it with M.fits, keeps the ABI, the grids
+and the grad_weight splits, and appends the _reduce entry).
+
+GEMM C[m, n] = Σ_k A[m, k] · B[n, k], f32 sums, K steps of BK 64:
+  lowrank_grad_input  m = (b, t) of M = B·T, n = e, k = (h - z·HPB)·L + l
+    over input head z's heads (grid z). A = grad[b, h, t, l], K-major:
+    row m's pointer is computed once a thread (dg_a_base: rows are not
+    affine in m across b), a K step adds dg_a_koff (a step never straddles
+    two heads: BK | L). B = w (H·L, E), B[n][k] = w[z·HPB·L + k, e],
+    MN-major (e contiguous), affine rows of E. grad_x f32 (the sums; bf16
+    w has no scale).
+  lowrank_grad_weight  per head h = z % H, split p = z / H: m = l, n = e,
+    k = (b, t) of K = B·T, the split's K steps [p·kt_per_split, ...).
+    A = grad[b, h, t, l] and B = x[b, hin(h), t, e], both MN-major (a K
+    row is 64 contiguous l / e). A thread's K rows within a step are
+    fixed (KR of them: (tid/8) + j·NT/8), so each step it finds their
+    (b, t) by one division each and stages its chunks from those row
+    pointers (dg_wb_stage_row). splits == 1: grad_w (+)= Σ; else the raw
+    sum into dst + p·NW (an empty split writes zeros), summed by the
+    reduce entry in split order.
+
+Block: BM/64 warpgroups (WM = BM/16 warps, WN 1), each 64 rows x BN; NT =
+2·BM threads. Staging, shared layout, descriptors, accumulator mapping
+and ordering are wgmma_bf16.lua's; the pipeline is attention.lua's sm_90a
+one: a ring of S stages, P = S-1 K steps of cp.async in flight, a step's
+wgmma waited for (wait_group 0) before the next barrier frees its stage;
+two blocks an SM (__launch_bounds__(NT, 2)) for 128-row tiles of BN <= 128
+hide one block's barrier behind the other's MMAs.
+
+Precision: bf16 operands are exact; products exact in f32, sums f32 (K
+ascending within a block): |got − ref| <= K·2^-24·Σ|terms|.
+
+Shared memory (dynamic; M.smem_bytes, backward.lua M.plan checks it):
+S·(BM + BN)·BK·2 bytes and 1024 for the atoms' alignment.
+]]
+local C = require("common")
+local WB = require("wgmma_bf16")
+local fmt = string.format
+
+local M = {}
+
+-- The path applies to the spec (whatever the tile): sm_90a, one of the two
+-- lowrank grads, bf16 gradient and bf16 other operand; grad_input's
+-- reduction L a multiple of BK 64. k: backward.lua's fields.
+function M.applies(k)
+  return k.arch == 90 and k.arch_specific and k.gfmt == "bf16" and k.bfmt == "bf16" and
+         (k.op == "lowrank_grad_weight" or (k.op == "lowrank_grad_input" and k.L % 64 == 0))
+end
+
+-- Its tiles: BM/64 warpgroups (WN 1, WM 4 or 8, BM = 16·WM), BN 64 | 128 |
+-- 256, BK 64 (one 128-byte swizzle row of K), a ring of 3 or 4 stages.
+function M.fits(k, t)
+  return M.applies(k) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
+         (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk == 64 and t.stages >= 3 and t.stages <= 4
+end
+
+function M.smem_bytes(t)
+  return t.stages * (t.bm + t.bn) * t.bk * 2 + 1024
+end
+
+-- The default tile where the path applies. At the BDH shape (M = B·T 4096,
+-- N = E 256):
+--   lowrank_grad_input 64x128x64/4x1/4: 128 blocks for 132 SMs (a block an
+--     SM; 128x128 would leave half of them idle), one warpgroup of
+--     m64n128, three K steps (48 KiB) of gradient in flight;
+--   lowrank_grad_weight 128x128x64/8x1/3: per head M = L 8192, 512 blocks,
+--     97 KiB each: two blocks an SM, 64 accumulators a thread.
+function M.default_tile(k)
+  if k.op == "lowrank_grad_input" then
+    return { bm = 64, bn = 128, bk = 64, wm = 4, wn = 1, stages = 4, threads = 0 }
+  end
+  return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 3, threads = 0 }
+end
+
+local HEAD = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int HIN = ${HIN};		// input heads of the projection: 1 or H
+constexpr int E = ${E};		// embd
+constexpr int L = ${L};		// latent width per head
+typedef unsigned short GT;	// the gradient (grad): bf16
+constexpr int EPW_B = 2;		// bf16 values a 32-bit word (the op table's B rows)
+
+// ---- tile: BM/64 warpgroups along M, each 64 x BN; a ring of S stages
+constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};
+constexpr int NT = (BM / 64) * 128;		// threads a block
+constexpr int S = ${S}, P = S - 1;		// stages; K steps fetched ahead
+static_assert(BK == 64, "one 128-byte swizzle row of K a step");
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
+constexpr int A_UNITS = BM * BK / 8, B_UNITS = BN * BK / 8;	// 16-byte chunks
+constexpr int SA = A_UNITS / NT, SB = B_UNITS / NT;	// chunks a thread
+static_assert(A_UNITS % NT == 0 && B_UNITS % NT == 0, "whole chunks a thread");
+]]
+
+local ADDR = {}
+
+ADDR.lowrank_grad_input = [[
+// A row m's base (k = 0 of block z's heads) and the offset of K step kt
+// from it (a step never straddles two heads: BK | L).
+__device__ __forceinline__ const GT *dg_a_base(const GT *g, int m, int z, int T)
+{
+	const int b = m / T, t = m - b * T;
+	return g + ((long long)(b * H + z * HPB) * T + t) * L;
+}
+
+__device__ __forceinline__ long long dg_a_koff(int kt, int T)
+{
+	const int k = kt * BK;
+	return (long long)(k / L) * T * L + k % L;
+}
+]]
+
+ADDR.lowrank_grad_weight = [[
+// MN-major staging: unit u = tid + s·NT is K row (u/8) % 64, chunk u % 8 of
+// the 64-wide group u / 512; so a thread's K rows are the KR rows
+// (tid/8) + j·NT/8, j = s % KR, and its group is s / KR.
+constexpr int KR = 512 / NT;
+
+// K row k = b·T + t of A (grad[b, h, t, ·], contiguous along l) and of B
+// (x[b, hin(h), t, ·], contiguous along e).
+__device__ __forceinline__ const GT *dg_a_krow(const GT *g, int b, int t, int h, int T)
+{
+	return g + ((long long)(b * H + h) * T + t) * L;
+}
+
+__device__ __forceinline__ const unsigned short *dg_b_krow(const unsigned short *x, int b, int t, int h, int T)
+{
+	return x + ((long long)(b * HIN + ${HIN_H}) * T + t) * E;
+}
+]]
+
+-- The A and B staging of one step (st: the block's step index), per op.
+local LOAD = {}
+
+LOAD.lowrank_grad_input = [[
+	// A (grad, K-major): this thread's rows are fixed, their bases once;
+	// every chunk is whole (BK | L, L % 8 == 0): a cp.async, zeros past M.
+	const GT *a_src[SA];		// chunk 8·(u % 8) of row u / 8 at k = 0; nullptr: zeros
+#pragma unroll
+	for (int s = 0; s < SA; ++s) {
+		const int u = tid + s * NT, r = u >> 3;
+		a_src[s] = m0 + r < M ? dg_a_base(grad, m0 + r, z, T) + 8 * (u & 7) : nullptr;
+	}
+	// B (w, N-major): block z's heads are rows z·HPB·L .. of the (H·L, E) matrix
+	const unsigned short *wz = w + (long long)z * HPB * L * E;
+	auto load = [&](int st) {
+		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
+		const long long off = dg_a_koff(st, T);
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT;
+			dg_wb_cp16(as + dg_wb_kmaj(u >> 3, u & 7), a_src[s] ? (const void *)(a_src[s] + off) : (const void *)grad,
+				   a_src[s] ? 16 : 0);
+		}
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = u >> 9;
+			dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), wz, st * BK + kk, HPB * L, n0 + 64 * gg + 8 * c, N, E);
+		}
+	};]]
+
+LOAD.lowrank_grad_weight = [[
+	auto load = [&](int st) {
+		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
+		// this thread's KR K rows of the step: their (b, t), their rows of
+		// grad and x (nullptr past K: zeros)
+		const int kb = (k_begin + st) * BK;
+		const GT *ar[KR];
+		const unsigned short *br[KR];
+#pragma unroll
+		for (int j = 0; j < KR; ++j) {
+			const int k = kb + (tid >> 3) + j * (NT / 8);
+			ar[j] = nullptr;
+			br[j] = nullptr;
+			if (k < K) {
+				const int b = k / T, t = k - b * T;
+				ar[j] = dg_a_krow(grad, b, t, h, T);
+				br[j] = dg_b_krow(x, b, t, h, T);
+			}
+		}
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = s / KR;
+			dg_wb_stage_row(as + dg_wb_mnmaj(gg, kk, c), ar[s % KR], grad, m0 + 64 * gg + 8 * c, MM);
+		}
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = s / KR;
+			dg_wb_stage_row(bs + dg_wb_mnmaj(gg, kk, c), br[s % KR], grad, n0 + 64 * gg + 8 * c, N);
+		}
+	};]]
+
+local PROLOGUE = {
+  lowrank_grad_input = [[
+	const int M = B * T;			// output rows (b, t)
+	const int z = blockIdx.z;		// input head
+	const int nsteps = KT;
+	(void)sw;				// bf16 w: no scale]],
+  lowrank_grad_weight = [[
+	const int K = B * T;			// the reduction (b, t)
+	const int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split
+	const int kt_all = (K + BK - 1) / BK;
+	const int k_begin = min(sp * kt_per_split, kt_all);
+	const int k_end = min(k_begin + kt_per_split, kt_all);	// empty: writes zeros
+	const int nsteps = k_end - k_begin;
+	(void)sa;				// bf16 x: no scale]],
+}
+
+local EPILOGUE = {
+  lowrank_grad_input = [[
+	// ---- epilogue: grad_x = Σ; the accumulator pairs (rows g, g+8 of the
+	// warp's 16, cols 8j + 2q, +1; N is even: a pair is wholly in or out)
+#pragma unroll
+	for (int hr = 0; hr < 2; ++hr) {
+		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+		if (m >= M)
+			continue;
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j) {
+			const int n = n0 + 8 * j + 2 * q;
+			if (n < N)
+				*(float2 *)(grad_x + dg_out(m, n, z, T)) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+		}
+	}]],
+  lowrank_grad_weight = [[
+	// ---- epilogue: splits == 1: grad_w (+)= Σ; else the raw sum into
+	// partial p (dst + p·NW), summed by the reduce entry. The accumulator
+	// pairs (rows g, g+8 of the warp's 16, cols 8j + 2q, +1).
+	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
+#pragma unroll
+	for (int hr = 0; hr < 2; ++hr) {
+		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+		if (m >= MM)
+			continue;
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j) {
+			const int n = n0 + 8 * j + 2 * q;
+			if (n >= N)
+				continue;
+			float2 *o = (float2 *)(out + dg_out(m, n, h, T));
+			float2 v = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+			if (splits == 1 && accumulate) {
+				const float2 pv = *o;
+				v.x = __fadd_rn(pv.x, v.x);
+				v.y = __fadd_rn(pv.y, v.y);
+			}
+			*o = v;
+		}
+	}]],
+}
+
+local KERNEL = [[
+extern "C" __global__ void __launch_bounds__(NT, ${MINB})
+${ENTRY}(${SIG})
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+${PROLOGUE}
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+
+	// Step st's A and B tiles into its stage (templates/wgmma_bf16.lua: a
+	// chunk's place dg_wb_kmaj / dg_wb_mnmaj; 8 consecutive threads read one
+	// 128-byte line and fill one 128-byte swizzle row).
+${LOAD}
+
+	float acc[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i)
+		acc[i] = 0.0f;
+	// ---- pipeline: P = S-1 steps fetched ahead. A step's MMAs are waited
+	// for (wait_group 0) before the next barrier, so after it the stage of
+	// step i-1 is free for step i+P.
+#pragma unroll 1
+	for (int s = 0; s < P; ++s) {
+		if (s < nsteps)
+			load(s);
+		dg_wb_cp_commit();
+	}
+#pragma unroll 1
+	for (int i = 0; i < nsteps; ++i) {
+		dg_wb_cp_wait<P - 1>();		// this thread's copies of step i
+		dg_wb_fence_async();
+		__syncthreads();		// everyone's; and every MMA of step i-1 is done
+		if (i + P < nsteps)
+			load(i + P);		// into step i-1's stage
+		dg_wb_cp_commit();
+		// this warpgroup's 64 rows of A: 8 K-major atoms, or one 64-wide M group
+		const unsigned as = sbase + (i % S) * STAGE + wg * 8192, bs = sbase + (i % S) * STAGE + A_BYTES;
+		dg_wb_fence();
+#pragma unroll
+		for (int ks = 0; ks < BK / 16; ++ks)
+			dg_wb_mma(acc, dg_wb_desc<${A_KC}>(as + ks * ${A_KS}), dg_wb_desc<false>(bs + ks * 2048), 1);
+		dg_wb_commit();
+		dg_wb_wait<0>();
+		dg_wb_pin(acc);
+	}
+	dg_wb_cp_wait<0>();
+
+${EPILOGUE}
+}
+]]
+
+-- Renders the warpgroup kernel; `c` holds what backward.lua's render worked
+-- out (spec, op, its OPS entry o, shape, tile, banner lines).
+function M.render(c)
+  local o, op = c.o, c.op
+  local gi = op == "lowrank_grad_input"
+  -- two blocks an SM (at most 128 registers a thread) while the
+  -- accumulators allow it
+  local minb = (c.bm == 128 and c.bn <= 128) and 2 or 1
+  local smem = c.smem
+  c.about[#c.about + 1] = fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups,",
+                              c.bn, c.bm // 64)
+  c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d blocks an SM;",
+                              c.stages, smem, minb == 2 and 2 or 1)
+  c.about[#c.about + 1] = fmt("  A (grad, bf16) %s, B (%s, bf16) N-major (templates/backward_wgmma.lua).",
+                              gi and "K-major" or "M-major", c.bname)
+  local w = C.writer()
+  w:line(C.banner(c.spec, "backward.lua", c.about))
+  w:line(WB.helpers(c.bn, not gi, true))
+  w:line(C.subst(HEAD, { H = c.H, HIN = c.HIN, E = c.E, L = c.L, BM = c.bm, BN = c.bn, BK = c.bk, S = c.stages }))
+  w:line(C.subst(o.text, { HIN_H = c.HIN_H }))
+  w:line(C.subst(ADDR[op], { HIN_H = c.HIN_H }))
+  w:line(C.subst(KERNEL, {
+    MINB = minb, ENTRY = c.entry,
+    SIG = C.subst(o.sig, { BT = "unsigned short" }),
+    PROLOGUE = PROLOGUE[op], LOAD = LOAD[op], EPILOGUE = EPILOGUE[op],
+    A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
+  }))
+  return w:text()
+end
+
+return M
