@@ -199,3 +199,53 @@ Test(nvrtc_dequantize, check_refuses_wrong_tensors_by_name)
 		cr_assert(strstr(msg, "quantize_act"), "%s", msg);
 	}
 }
+
+/* The specs the GPU model's low-bit step runs on sm_90 with the copies
+ * this op makes (runtime/train/gpu_model.c proj_spec): the encoders'
+ * input gradients with bf16 weights, their weight gradients with bf16
+ * activations, both of a bf16 gradient, on sm_90a; and the dequantize
+ * specs it runs (weights a channel and a tensor, the stacks a row). Each
+ * plans at its default tile, renders and compiles for sm_90a. */
+Test(nvrtc_dequantize, the_models_bf16_gradient_specs_compile)
+{
+	char e[8192], text[DG_SPEC_TEXT_MAX], m[512];
+	dg__nvrtc_target t;
+	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, e, sizeof(e)), DG_OK, "%s", e);
+	dg_codegen *cg = make_cg();
+	dg_spec specs[6];
+	int n = 0;
+	for (int w = 0; w < 2; w++)
+		for (int hin = 0; hin < 2; hin++) {
+			dg_spec s;
+			dg_spec_init(&s, w ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_LOWRANK_GRAD_INPUT);
+			s.in_heads = hin ? 4 : 1;
+			s.weight = DG_FMT_BF16;
+			s.act = DG_FMT_BF16;
+			s.src = DG_FMT_BF16;
+			s.arch_specific = true;
+			dg_spec_normalize(&s);
+			specs[n++] = s;
+		}
+	specs[n++] = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TOKEN, 0);
+	specs[n++] = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TENSOR, 0);
+	for (int i = 0; i < n; i++) {
+		dg_spec *s = &specs[i];
+		s->arch_specific = true;
+		cr_assert_eq(dg_spec_validate(s, m, sizeof(m)), DG_OK, "%s", m);
+		dg_spec_to_string(s, text, sizeof(text));
+		cr_assert(strstr(text, "arch=sm_90a;"), "%s", text);
+		if (s->op != DG_OP_DEQUANTIZE)
+			cr_assert(strstr(text, "src=bf16;") && (strstr(text, "weight=bf16;") || strstr(text, "act=bf16;")),
+				  "%s", text);
+		dg_plan p;
+		cr_assert_eq(dg_codegen_plan(cg, s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+		dg_source *src = NULL;
+		cr_assert_eq(dg_codegen_render(cg, s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+		dg__nvrtc_result res;
+		cr_assert_eq(dg__nvrtc_compile(src, &t, &res, e, sizeof(e)), DG_OK, "%s: %s", text, e);
+		cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s", text);
+		dg__nvrtc_result_free(&res);
+		dg_source_destroy(src);
+	}
+	dg_codegen_destroy(cg);
+}
