@@ -540,6 +540,24 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.check = DG_CHECK_EXACT,
 		.build = "act=f32,bf16",
 	},
+	/* The inverse of the quantizers, for GEMMs that read a float copy of
+	 * codes (the sm_90 projection gradients' bf16 operands): rows R of C
+	 * codes, a row one scale (ascale=token) or all one (tensor). */
+	[DG_OP_DEQUANTIZE] = {
+		.family = "quantize", .module = "dequantize",
+		.about = "dequantize: codes (R,C) act, a scale a tensor or a row (ascale=token) -> out (R,C) bf16|f32 = code*s, rounded once",
+		.fields = F(ACT) | F(ARCH) | F(ASCALE) | F(OUT) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = B(INT8) | B(INT4) | B(UINT8POS), .out_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(OUT), .out = DG_FMT_BF16 },
+		.n_args = 2, .args = {
+			{ "codes", false, DG_ARG_ACT, true, 0, { 0 } },
+			{ "out", true, DG_ARG_OUT, false, 0, { 0 } } },
+		.tune = { .r_mul = 4, .r_div = 1, .cols = 256 }, /* the BDH a stack's rows of embd */
+		.check = DG_CHECK_EXACT,
+		.build = "act=int8;ascale=tensor,token",
+	},
 };
 
 static const char *const names[DG_OP__COUNT] = {

@@ -331,6 +331,10 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 		dg_transpose_args a = { .in = t0, .out = t1 };
 		return ws_bytes ? DG_OK : dg_transpose(dev, s, &a);
 	}
+	case DG_OP_DEQUANTIZE: {
+		dg_dequantize_args a = { .codes = t0, .out = t1 };
+		return ws_bytes ? DG_OK : dg_dequantize(dev, s, &a);
+	}
 	default:
 		cr_assert_fail("op %s has no call here", dg_op_name(s->op));
 		return DG_ERR_INTERNAL;
@@ -388,6 +392,14 @@ static void case_make(op_case *c, dg_device *mem, const dg_spec *spec)
 			const dg_fmt_info *fi = dg_fmt_info_of(b->fmt);
 			b->scale = fi->per_word == 4 ? 1.0f / (float)fi->qmax : 0.05f;
 			b->t.scale = gh_scalar(mem, b->scale);
+			if (spec->op == DG_OP_DEQUANTIZE && spec->ascale == DG_SCALE_TOKEN) {
+				/* a scale a row: the same one for each of the rows */
+				float *sv = gh_xmalloc((size_t)shape[0] * sizeof(float));
+				for (int64_t r = 0; r < shape[0]; r++)
+					sv[r] = b->scale;
+				b->t.scale = gh_upload(mem, sv, (size_t)shape[0] * sizeof(float));
+				free(sv);
+			}
 		}
 	}
 	cr_assert_geq(c->out, 0, "%s: the op table names no output", dg_op_name(spec->op));

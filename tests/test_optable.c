@@ -244,7 +244,8 @@ Test(optable, every_build_set_parses_and_expands_to_specs_that_plan)
 		{ "act", DG_FIELD_ACT },	 { "arch", DG_FIELD_ARCH },     { "embd", DG_FIELD_EMBD },
 		{ "heads", DG_FIELD_HEADS },	 { "in_heads", DG_FIELD_IN_HEADS }, { "latent", DG_FIELD_LATENT },
 		{ "out", DG_FIELD_OUT },	 { "relu", DG_FIELD_RELU },     { "src", DG_FIELD_SRC },
-		{ "tile", DG_FIELD_TILE },	 { "weight", DG_FIELD_WEIGHT },
+		{ "tile", DG_FIELD_TILE },	 { "weight", DG_FIELD_WEIGHT }, { "ascale", DG_FIELD_ASCALE },
+		{ "wscale", DG_FIELD_WSCALE },
 	};
 	dg_codegen *cg = NULL;
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
@@ -463,6 +464,10 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 	case DG_OP_TRANSPOSE: {
 		dg_transpose_args a = { .in = by_name(c, "in"), .out = by_name(c, "out") };
 		return dg_transpose_check(s, &a, msg, size);
+	}
+	case DG_OP_DEQUANTIZE: {
+		dg_dequantize_args a = { .codes = by_name(c, "codes"), .out = by_name(c, "out") };
+		return dg_dequantize_check(s, &a, msg, size);
 	}
 	default:
 		cr_assert_fail("op %d has no check here", (int)c->op);

@@ -323,7 +323,7 @@ Test(rng, fill_writes_only_codes_each_format_holds)
 
 /* ---- dg_ref_run: every op by the op table's arguments ---------------------------- */
 
-enum { RUN_B = 2, RUN_T = 3, RUN_R = 5, RUN_N = 192 };
+enum { RUN_B = 2, RUN_T = 3, RUN_R = 5, RUN_N = 192, RUN_COLS = 64 };
 
 static int64_t run_extent(const dg_spec *s, dg_dim d)
 {
@@ -495,6 +495,9 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		return DG_OK;
 	case DG_OP_TRANSPOSE:
 		return dg_ref_transpose(s->act, c->in[0], RUN_R, s->embd, s->latent, out);
+	case DG_OP_DEQUANTIZE: /* rows of RUN_COLS (run_both's cols) */
+		return dg_ref_dequantize(s->act, s->out, s->ascale, c->in[0], RUN_N / RUN_COLS, RUN_COLS,
+					 &c->scale[0], out);
 	default:
 		return direct_rows(s, c, out);
 	}
@@ -556,6 +559,8 @@ static void run_both(dg_spec *s, bool unpack)
 	c.t = RUN_T;
 	c.r = RUN_R;
 	c.n = RUN_N;
+	if (s->op == DG_OP_DEQUANTIZE)
+		c.cols = RUN_COLS; /* its (R, C): R does not divide RUN_N */
 	c.unpack = unpack;
 	char text[DG_SPEC_TEXT_MAX], why[256];
 	dg_spec_to_string(s, text, sizeof(text));

@@ -110,6 +110,85 @@ Test(tape, plan_invariants)
 	dg__tape_free(&t);
 }
 
+/* The GPU's low-bit tape on sm_90 (bf16_grads) against the one without, at
+ * the 25M shape: the encoders' input gradients read their bf16 copies
+ * (H,N,D) in the low-bit bucket, 16 MiB each; each weight gradient reads a
+ * dequantize node's bf16 copy of the saved codes, made by the node right
+ * before it and dead after it (a temporary of the shared arena); the
+ * decoder and the forward are unchanged; the low-bit bucket grows by the
+ * two copies exactly and the planned arena by at most the temporaries. */
+Test(tape, bf16_gradient_operands_on_sm90)
+{
+	static const char *const presets[] = { "w8a8", "bitnet" };
+	const int64_t L = 6, B = 8, T = 512, D = 256, H = 4, N = 8192;
+	const size_t copy = (size_t)H * N * D * 2, xb = (size_t)(L * B * T * D) * 2, ab = xb * H;
+	for (int p = 0; p < 2; p++) {
+		dg__tape t, u;
+		dg__bdh_ids id, iu;
+		dg__bdh_target lb = { .gpu = true, .act = DG_FMT_BF16, .lowbit = true };
+		dg__bdh_target lg = lb;
+		lg.bf16_grads = true;
+		build_for(presets[p], (int)L, (int)D, (int)H, (int)N, (int)B, (int)T, &lb, &t, &id);
+		build_for(presets[p], (int)L, (int)D, (int)H, (int)N, (int)B, (int)T, &lg, &u, &iu);
+		invariants(&u, (int)L, (int)B);
+		cr_assert_eq(id.exec_bf16[0], -1, "%s: a copy without bf16_grads", presets[p]);
+		for (int k = 0; k < 2; k++) {
+			const dg__tbuf *c = &u.bufs[iu.exec_bf16[k]];
+			cr_assert_eq(c->fmt, DG_FMT_BF16, "%s", c->name);
+			cr_assert_eq(c->bucket, DG__B_LOWBIT, "%s", c->name);
+			cr_assert(c->ndim == 3 && c->shape[0] == H && c->shape[1] == N && c->shape[2] == D, "%s", c->name);
+			cr_assert_eq(c->bytes, copy, "%s", c->name);
+		}
+		cr_assert_eq(u.n_forward, t.n_forward, "the forward changed");
+		cr_assert_eq(u.n_nodes, t.n_nodes + 2, "two dequantize nodes, nothing else");
+		int pin = 0, pw = 0, deq = 0;
+		for (int n = 0; n < u.n_nodes; n++) {
+			const dg__tnode *nd = &u.nodes[n];
+			deq += nd->kind == DG__N_DEQUANT;
+			if (nd->kind == DG__N_PROJ_IN) {
+				cr_assert_eq(nd->in[1], iu.exec_bf16[nd->arg], "%s: node %d reads %s", presets[p], n,
+					     u.bufs[nd->in[1]].name);
+				pin++;
+			}
+			if (nd->kind == DG__N_DEC_IN || nd->kind == DG__N_DEC)
+				cr_assert_eq(nd->in[1], iu.exec[2], "the decoder reads its codes");
+			if (nd->kind != DG__N_PROJ_W)
+				continue;
+			pw++;
+			const dg__tnode *dq = &u.nodes[n - 1];
+			const dg__tbuf *x = &u.bufs[nd->in[1]], *codes = &u.bufs[dq->in[0]];
+			cr_assert_eq(dq->kind, DG__N_DEQUANT, "node %d: no dequantize before the weight gradient", n);
+			cr_assert_eq(dq->arg, nd->arg);
+			cr_assert_eq(dq->out[0], nd->in[1]);
+			cr_assert_str_eq(codes->name, nd->arg ? "aq.all" : "xq.all");
+			cr_assert(codes->scale >= 0, "%s: codes without scales", codes->name);
+			/* a scale a row of the copy's (rows, D) */
+			cr_assert_eq(u.bufs[codes->scale].bytes * D, codes->bytes * 4, "%s: a scale a row", codes->name);
+			cr_assert_eq(x->fmt, DG_FMT_BF16);
+			cr_assert_eq(x->bucket, DG__B_TEMP);
+			cr_assert(x->parent < 0);
+			cr_assert_eq(x->bytes, nd->arg ? ab : xb, "%s", x->name);
+			cr_assert_eq(x->ndim, 4);
+			for (int d = 0; d < 4; d++)
+				cr_assert_eq(x->shape[d], codes->shape[d], "%s: not the codes' shape", x->name);
+			cr_assert(x->first == n - 1 && x->last == n, "%s lives [%d, %d], not [%d, %d]", x->name,
+				  x->first, x->last, n - 1, n);
+		}
+		cr_assert_eq(pin, 2 * L);
+		cr_assert_eq(pw, 2);
+		cr_assert_eq(deq, 2);
+		dg_model_memory a, b;
+		dg__tape_report(&t, &a);
+		dg__tape_report(&u, &b);
+		cr_assert_eq(b.lowbit, a.lowbit + 2 * copy, "%s: low-bit %zu, was %zu", presets[p], b.lowbit, a.lowbit);
+		cr_assert_eq(b.temp, a.temp + xb + ab);
+		cr_assert_leq(b.activations, a.activations + xb + ab, "%s: arena %zu, was %zu", presets[p],
+			      b.activations, a.activations);
+		dg__tape_free(&t);
+		dg__tape_free(&u);
+	}
+}
+
 static void invariants(dg__tape *t_, int layers, int B)
 {
 	dg__tape t = *t_;

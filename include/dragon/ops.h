@@ -38,6 +38,8 @@
  *   decoder_grad_weight  grad (B,1,T,E) f32, y (B,H,T,L) act
  *                        → grad_w (E,H·L) f32
  *   quantize_act         x (any) f32|bf16 → codes (same shape) act, scale
+ *   dequantize           codes (R,C) act, scale a tensor or a row → out (R,C)
+ *                        bf16|f32 = code × s
  *   quantize_weight      w (any) f32|bf16 → codes (same shape) int8 bytes
  *                        (one code a byte) and scale, per the weight format
  *   pack_ternary / pack_sign1   codes (R,K) int8 → packed (R,K) ternary|sign1
@@ -197,6 +199,19 @@ dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
 				    const dg_quantize_act_args *a, size_t *bytes);
 dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
 			  const dg_quantize_act_args *a);
+
+/* dequantize: codes (R,C) act (int8 | int4 | uint8pos) with their scale —
+ * codes->scale one float (ascale=tensor) or R floats, one a row
+ * (ascale=token) — → out (R,C) spec->out (bf16 | f32): out = code × s in
+ * f32, bf16 rounded to nearest even once (dg_ref_dequantize, bit for bit).
+ * Both tensors 2-D (view a stack as its rows). */
+typedef struct dg_dequantize_args {
+	const dg_tensor *codes;
+	const dg_tensor *out;
+} dg_dequantize_args;
+dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
+			      size_t msg_size);
+dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a);
 
 /* quantize_weight: codes is int8 (one code a byte, same shape as w) and
  * codes->scale receives the weight scale of spec->weight. */

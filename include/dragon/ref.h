@@ -59,6 +59,16 @@ dg_status dg_ref_quantize_act_rows(dg_fmt src, dg_fmt act, const void *x, size_t
 				   float *scales);
 
 /*
+ * Dequantize, as the dequantize op: codes (rows, cols), one a byte (int8_t
+ * for int8 / int4, uint8_t for uint8pos), scale one float (gran tensor)
+ * or one a row (token) → dst (rows, cols) out (f32 | bf16): the f32
+ * product code × s, bf16 rounded to nearest even once.
+ * DG_ERR_INVALID_ARG for another format or granularity.
+ */
+dg_status dg_ref_dequantize(dg_fmt act, dg_fmt out, dg_scale_gran gran, const void *codes,
+			    int64_t rows, int64_t cols, const float *scale, void *dst);
+
+/*
  * Weight quantize to codes (one int8 a value) and scale:
  *   int8    scale 2·mean|w|/127, code clamp(rint(w/scale), ±127)
  *   ternary scale mean|w|, code 0 where |w| < scale, else sign(w)

@@ -68,7 +68,8 @@ extern "C" {
 	X(DG_OP_GATE_BWD, gate_bwd)                                         \
 	X(DG_OP_ADD_MASK, add_mask)                                         \
 	X(DG_OP_ADD3, add3)                                                 \
-	X(DG_OP_TRANSPOSE, transpose)
+	X(DG_OP_TRANSPOSE, transpose)                                       \
+	X(DG_OP_DEQUANTIZE, dequantize)
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,

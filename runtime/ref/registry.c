@@ -366,6 +366,18 @@ dg_status dg__ref_transpose(const dg_spec *spec, const dg_ref_call *c)
 	return dg_ref_transpose(spec->act, c->in[0], c->r, spec->embd, spec->latent, c->out);
 }
 
+/* codes (R, C) of n codes: C = cols when given, else R = the call's rows
+ * r; the scale one (scale[0]) or one a row (scale_v[0], ascale=token). */
+dg_status dg__ref_dequantize(const dg_spec *spec, const dg_ref_call *c)
+{
+	int64_t rows = c->cols > 0 ? c->n / c->cols : c->r;
+	int64_t cols = c->cols > 0 ? c->cols : rows > 0 ? c->n / rows : 0;
+	const float *sc = spec->ascale == DG_SCALE_TOKEN ? c->scale_v[0] : &c->scale[0];
+	if (!sc || rows < 0 || cols < 0 || rows * cols != c->n)
+		return DG_ERR_INVALID_ARG;
+	return dg_ref_dequantize(spec->act, spec->out, spec->ascale, c->in[0], rows, cols, sc, c->out);
+}
+
 typedef dg_status (*ref_fn)(const dg_spec *, const dg_ref_call *);
 
 static const ref_fn refs[DG_OP__COUNT] = {

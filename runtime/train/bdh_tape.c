@@ -16,7 +16,11 @@
  * 25M shape, B 8, T 512) — are in the activations' format: bf16 on the
  * GPU's bf16 recipes (bf16, w8a8, bitnet: the ops round each to bf16 once,
  * dragon/spec.h "gradient formats"), f32 on the f32 one and on the CPU.
- * The (B,1,T,D) and (B,H,T,D) gradients stay f32. Activation gradients overwrite
+ * The (B,1,T,D) and (B,H,T,D) gradients stay f32. The GPU's low-bit tape
+ * on sm_90 (bf16_grads) feeds the encoders' gradient GEMMs bf16: the input
+ * gradients read exec_bf16 (the codes × scales, beside the codes), the
+ * weight gradients a dequantize node's copy of the saved codes, made right
+ * before and dead right after. Activation gradients overwrite
  * (dxs_l is written by the gate's backward, then the attention's adds to
  * it and applies the ReLU mask); parameter gradients are each written by
  * one node.
@@ -73,6 +77,8 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	/* a low-bit recipe: the GPU's codes with their scales, the CPU's the
 	 * same values dequantized to f32 (fake quantization) */
 	const bool lowbit = tg && tg->lowbit, codes = lowbit && gpu;
+	/* the projections' gradient GEMMs read bf16 copies of the codes */
+	const bool bf16g = codes && tg->bf16_grads;
 	const dg_model_config *c = &t->config;
 	const int64_t B = t->B, T = t->T, H = c->heads, D = c->embd, N = c->neurons, V = c->vocab;
 	const int64_t Ly = c->layers, LB = Ly * B;
@@ -110,6 +116,11 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		id->exec_f32 = buf(t, "exec.f32", DG__B_LOWBIT, 1, H * N * D, 0, 0, 0);
 		int64_t n1[1] = { H * N * D };
 		id->exec_codes = dg__tape_buf(t, "exec.codes", DG_FMT_INT8, DG__B_LOWBIT, 1, n1);
+	}
+	for (int k = 0; bf16g && k < 2; k++) { /* 16 MiB each at the 25M shape */
+		int64_t sh[3] = { H, N, D };
+		snprintf(nm, sizeof(nm), "%s.exec.bf16", en[k]);
+		id->exec_bf16[k] = dg__tape_buf(t, nm, DG_FMT_BF16, DG__B_LOWBIT, 3, sh);
 	}
 	id->gexec[0] = buf(t, "grad.encoder.exec", DG__B_TEMP, 3, H, N, D, 0);
 	id->gexec[1] = buf(t, "grad.encoder_v.exec", DG__B_TEMP, 3, H, N, D, 0);
@@ -258,16 +269,27 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		 * dys in place */
 		node(t, DG__N_DEC_IN, l, dyd, id->exec[2], -1, -1, dys, -1, 0);
 		node(t, DG__N_GATE_BWD, l, dys, xsl[l], ysl[l], -1, dxs, dys, 0);
-		node(t, DG__N_PROJ_IN, l, dys, id->exec[1], -1, -1, da, -1, 1);
+		node(t, DG__N_PROJ_IN, l, dys, bf16g ? id->exec_bf16[1] : id->exec[1], -1, -1, da, -1, 1);
 		node(t, DG__N_LN_BWD, l, da, al[l], arl[l], -1, datt, -1, 0);
 		node(t, DG__N_ATTN_BWD, l, datt, svl[l], x[l], xsl[l], dxs, dv, 0);
-		node(t, DG__N_PROJ_IN, l, dxs, id->exec[0], -1, -1, dxe, -1, 0);
+		node(t, DG__N_PROJ_IN, l, dxs, bf16g ? id->exec_bf16[0] : id->exec[0], -1, -1, dxe, -1, 0);
 		node(t, DG__N_ADD3, l, ds, dv, dxe, -1, dxn, -1, 0);
 		dx = dxn;
 	}
-	/* the shared weights: one GEMM each over every layer's rows */
-	node(t, DG__N_PROJ_W, -1, dxs_all, lowbit ? xq_all : x_all, -1, -1, id->gexec[0], -1, 0);
-	node(t, DG__N_PROJ_W, -1, dys_all, lowbit ? aq_all : a_all, -1, -1, id->gexec[1], -1, 1);
+	/* the shared weights: one GEMM each over every layer's rows (bf16g:
+	 * of the saved codes dequantized just before, a temporary: x's
+	 * (L·B·T, D) rows and a's (L·B·H·T, D), a scale a row) */
+	int xw = lowbit ? xq_all : x_all, aw = lowbit ? aq_all : a_all;
+	if (bf16g) {
+		xw = abuf(t, DG_FMT_BF16, "xq.all.bf16", DG__B_TEMP, 4, LB, 1, T, D);
+		node(t, DG__N_DEQUANT, -1, xq_all, -1, -1, -1, xw, -1, 0);
+	}
+	node(t, DG__N_PROJ_W, -1, dxs_all, xw, -1, -1, id->gexec[0], -1, 0);
+	if (bf16g) {
+		aw = abuf(t, DG_FMT_BF16, "aq.all.bf16", DG__B_TEMP, 4, LB, H, T, D);
+		node(t, DG__N_DEQUANT, -1, aq_all, -1, -1, -1, aw, -1, 1);
+	}
+	node(t, DG__N_PROJ_W, -1, dys_all, aw, -1, -1, id->gexec[1], -1, 1);
 	node(t, DG__N_DEC_W, -1, dyd_all, lowbit ? xyq_all : xy_all, -1, -1, id->gexec[2], -1, 0);
 	node(t, DG__N_TO_MASTER, -1, id->gexec[0], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
 	     DG_PARAM_ENCODER);

@@ -22,6 +22,8 @@ typedef struct dg__bdh_ids {
 					* a low-bit recipe's codes carry their scales */
 	int exec_f32;                  /* low-bit: a transposed f32 master (H·N·D) */
 	int exec_codes;                /* low-bit: its codes, one a byte, before packing */
+	int exec_bf16[2];              /* bf16_grads: the encoders' codes × scales (H,N,D)
+					* bf16, what their input gradients read */
 	int gexec[3];                  /* the execution copies' gradients */
 	int tokens, targets;           /* (B, T) int32 (4-byte buffers) */
 	int cos, sin;                  /* the CPU's RoPE tables (T, N/2) */
@@ -38,6 +40,11 @@ typedef struct dg__bdh_target {
 	dg_fmt act;  /* activations: f32 | bf16 (the CPU: f32) */
 	bool lowbit; /* the GPU: the recipe's integer weights and activations
 		      * (a scale a token for activations) */
+	/* the GPU's low-bit on sm_90: the projections' gradient GEMMs read
+	 * bf16 operands (their warpgroup path): the encoders' dequantized
+	 * copies (exec_bf16) and, made by a dequantize node before each
+	 * weight gradient, the saved input codes dequantized (a temporary) */
+	bool bf16_grads;
 } dg__bdh_target;
 
 /* Records the step into t (initialized by the caller with c, B, T); the

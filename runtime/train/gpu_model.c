@@ -16,7 +16,12 @@
  *
  * Recipes: float (f32, bf16) and low-bit with activations a scale a token
  * (w8a8, bitnet): quantize nodes before each projection and the decoder,
- * their codes (with scales) saved for the weight gradients. The f32
+ * their codes (with scales) saved for the weight gradients. On sm_90 the
+ * projections' gradient GEMMs read bf16 operands instead (their warpgroup
+ * path): the encoders' input gradients a bf16 copy of each encoder's codes
+ * × scales (exec_bf16, made with the copy, 16 MiB each at the 25M shape),
+ * their weight gradients the saved codes dequantized by a node just before
+ * (a temporary the plan reuses). The decoder keeps its codes. The f32
  * recipe is the parity one: its gradient GEMMs take the exact fp32 path.
  * The (B,H,T,N) gradients (dxy, dxs, dys and their stacks) are in the
  * activations' format (grad_fmt): the bf16 recipes halve their bytes, the
@@ -41,6 +46,7 @@ struct dg_model {
 	int B, T, H, D, N, V;
 	dg_fmt act;
 	bool lowbit;
+	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
 	dg__tape t;
 	dg__bdh_ids id;
 	int qw_ws;                  /* quantize_weight's workspace (a per-tensor scale), or -1 */
@@ -178,7 +184,27 @@ static dg_spec proj_spec(const dg_model *m, dg_op op, int which)
 		/* integer codes on sm_90: the warpgroup (wgmma) path */
 		s.arch_specific = m->lowbit && s.arch == 90;
 	}
+	if (m->bf16_grads && (op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_LOWRANK_GRAD_WEIGHT)) {
+		/* the dequantized copies (exec_bf16, the DEQUANT nodes' stacks):
+		 * bf16 operands on sm_90a, which the warpgroup path takes */
+		s.weight = DG_FMT_BF16;
+		s.wscale = DG_SCALE_TENSOR;
+		s.act = DG_FMT_BF16;
+		s.ascale = DG_SCALE_TENSOR;
+		s.arch_specific = true;
+	}
 	exact_tile(m, &s);
+	dg_spec_normalize(&s);
+	return s;
+}
+
+/* dequantize's spec: codes of act with the granularity g, to bf16. */
+static dg_spec dequant_spec(const dg_model *m, dg_fmt act, dg_scale_gran g)
+{
+	dg_spec s = base_spec(m, DG_OP_DEQUANTIZE);
+	s.act = act;
+	s.ascale = g;
+	s.out = DG_FMT_BF16;
 	dg_spec_normalize(&s);
 	return s;
 }
@@ -434,6 +460,18 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		return need ? dg_decoder_grad_weight_workspace(dev, &s, &a, need)
 			    : dg_decoder_grad_weight(dev, &s, &a);
 	}
+	case DG__N_DEQUANT: {
+		/* a stack of saved codes as its rows, a scale a row — the QUANT
+		 * node's tokens: x (L·B, 1, T, D) row (l·B + b)·T + t, a
+		 * (L·B, H, T, D) row ((l·B + b)·H + h)·T + t — to bf16 */
+		const dg_proj_recipe *r = recipe(m, nd->arg);
+		dg_spec s = dequant_spec(m, r->act, r->ascale);
+		dg_tensor c = rows(m, in[0], D), o = rows(m, out[0], D);
+		c.scale = tn(m, in[0]).scale;
+		dg_dequantize_args a = { .codes = &c, .out = &o };
+		return need ? sized(m, &s, dg_dequantize_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_dequantize(dev, &s, &a);
+	}
 	case DG__N_EMBED_BWD: {
 		dg_spec s = op_spec(m, DG_OP_EMBED_BWD);
 		s.src = DG_FMT_F32; /* the gradient */
@@ -512,9 +550,12 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	m->B = b, m->T = t, m->H = c->heads, m->D = c->embd, m->N = c->neurons, m->V = c->vocab;
 	m->act = c->precision;
 	m->lowbit = !float_recipe(c);
+	const dg_device_info *di = dg__dev_info(dev);
+	m->bf16_grads = m->lowbit && di && di->sm == 90;
 	m->qw_ws = -1;
 	dg__tape_init(&m->t, c, b, t);
-	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit };
+	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
+			      .bf16_grads = m->bf16_grads };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
@@ -634,6 +675,16 @@ static dg_status make_copy(dg_model *m, int k)
 		qa.ws.bytes = m->t.bufs[m->qw_ws].bytes;
 	}
 	st = dg_quantize_weight(dev, &q, &qa);
+	if (!st && m->bf16_grads && !dec) {
+		/* the input gradient's bf16 copy: the codes (before packing)
+		 * times their scale, a channel's a row */
+		dg_spec ds = dequant_spec(m, DG_FMT_INT8,
+					  r->wscale == DG_SCALE_CHANNEL ? DG_SCALE_TOKEN : DG_SCALE_TENSOR);
+		dg_tensor bf = dg_tensor_2d("w (bf16, dequantized)", DG_FMT_BF16,
+					    addr(m, m->id.exec_bf16[k]), R * L, E);
+		dg_dequantize_args da = { .codes = &codes, .out = &bf };
+		st = dg_dequantize(dev, &ds, &da);
+	}
 	if (st || !packed)
 		return st;
 	dg_spec ps = base_spec(m, r->weight == DG_FMT_TERNARY ? DG_OP_PACK_TERNARY : DG_OP_PACK_SIGN1);

@@ -70,6 +70,8 @@ typedef enum dg__nkind {
 	DG__N_DEC_W,       /* out0 = Σ_rows in0 (dyd)ᵀ in1 (xy), all layers */
 	DG__N_EMBED_BWD,   /* out0 (d table) from in0 (d emb) and the tokens */
 	DG__N_TO_MASTER,   /* out0 (a master's gradient) from in0 (its execution layout); arg: param */
+	DG__N_DEQUANT,     /* out0 (bf16) = in0's codes × their scales, a float copy a
+			    * gradient GEMM reads; arg as PROJ (whose input codes) */
 	DG__N__COUNT
 } dg__nkind;
 

@@ -1,0 +1,90 @@
+/*
+ * dequantize (the quantize family; templates/dequantize.lua): codes (R, C)
+ * with a scale a tensor or a row → out (R, C) bf16 | f32, one launch, no
+ * workspace. The float copies it makes are what a GEMM reads where its
+ * operand must be float (the sm_90 projection gradients' bf16 operands).
+ * Nothing here allocates, frees or synchronizes.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/ops/ops_int.h"
+
+#define FN "dg_dequantize"
+
+/* The op table's check (formats, one shape for both, the codes' scale),
+ * then the op's own rule: rows, a 2-D tensor (a scale a row is a row of
+ * the last dimension, so a stack is passed as its rows). */
+static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *sh, char *msg,
+		       size_t size)
+{
+	dg_status st = dg__op_check(spec, DG_OP_DEQUANTIZE, FN, c, sh, msg, size);
+	if (st)
+		return st;
+	const dg_tensor *codes = c->t[0];
+	if (codes->ndim != 2) {
+		snprintf(msg, size,
+			 "%s: %s: expected (R, C) codes, got %d dimensions (view the tensor as its rows: one %s a row)",
+			 codes->name ? codes->name : "codes", FN, codes->ndim,
+			 spec->ascale == DG_SCALE_TOKEN ? "scale" : "shape");
+		return DG_ERR_INVALID_ARG;
+	}
+	return DG_OK;
+}
+
+static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+{
+	char msg[512];
+	dg__op_shape sh;
+	(void)op;
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = check(spec, c, &sh, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	long long rows = c->t[0]->shape[0], cols = c->t[0]->shape[1], n = rows * cols;
+	if (n == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, "dg_dequantize", &k);
+	if (st)
+		return st;
+	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(dev)->sm_count;
+	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, 8), nt, 8LL * (sms > 0 ? sms : 1)), 1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	dg_dptr codes = c->t[0]->data, scale = c->t[0]->scale, out = c->t[1]->data;
+	void *args[] = { &codes, &scale, &out, &rows, &cols };
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+dg_status dg__run_dequantize(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run(dev, spec, DG_OP_DEQUANTIZE, c);
+}
+
+dg_status dg__workspace_dequantize(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+				   size_t *bytes)
+{
+	(void)dev, (void)spec, (void)c;
+	return dg__op_no_workspace(bytes);
+}
+
+dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
+			      size_t msg_size)
+{
+	char local[512];
+	if (!msg || !msg_size) {
+		msg = local;
+		msg_size = sizeof(local);
+	}
+	dg__op_call c = a ? dg__op_call_of(a->codes, a->out, NULL, NULL)
+			  : dg__op_call_of(NULL, NULL, NULL, NULL);
+	return check(spec, a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a)
+{
+	dg__op_call c = a ? dg__op_call_of(a->codes, a->out, NULL, NULL)
+			  : dg__op_call_of(NULL, NULL, NULL, NULL);
+	return run(dev, spec, DG_OP_DEQUANTIZE, a ? &c : NULL);
+}
