@@ -50,21 +50,21 @@ Paths (M.plan):
     are 4 rows x 8 column pairs, each thread TM rows (stride 4) by TN/2
     pairs (stride 16).
 
-Performance (expected, not yet measured: no GPU where this was written;
-tests/test_gpu_attention.c bdh_shape_sampled_bf16 prints each op's time).
-At B 8, H 4, T 512, L 8192, E 256: scores does the strictly lower half of
-the 137 GFLOP product (~69 GFLOP useful, 10 of 16 blocks a (b, h) at
-128x128: ~86 GFLOP issued), grad_xs the full 137 GFLOP (C is dense), the
-other three ~2 GFLOP each. The default 128x128x32/2x4/2 tile compiles to
-~166 registers (scores, grad_xs; no spills), so one 8-warp block an SM:
-latency is hidden only by the one-step-ahead register staging. Expect
-~30-45% of the 790 TFLOP/s bf16 peak on scores and grad_xs (0.2-0.35 ms
-each). The risk is bandwidth, not math: RoPE on the load reads the f32
-table beside each bf16 element (8 bytes of table a pair against 4 of xs),
-~48 KB a K step a block from L2 at BK 32. If the measured rate is low, in
-order: a bf16x2 (cos, sin) table (halves that traffic), BK 64 with 128x256
-blocks (fewer bytes a FLOP), or a cp.async ring for the raw operands with
-the rotation done from shared memory.
+Performance, measured on the H200 at B 8, H 4, T 512, L 8192, E 256 (bf16;
+tests/test_gpu_attention.c bdh_shape_sampled_bf16 and bdh_shape_warpgroup
+print each op's time, cold L2). mma.sync path (rope on the load): scores
+945 us (73 TFLOP/s useful), grad_xs 1380 us (100), out 36, grad_scores 59,
+grad_v 71. The sm_90a warpgroup path (rope=pre; the chain's rope_fwd takes
+185 us a call, twice a layer): scores 377 us (182 TFLOP/s), grad_xs 711 us
+(193). Its first version, without the swizzle (16-byte chunks of 8 rows a
+warp request), was L2-bound (ncu: L2 throughput 74% and 91% at 100 and 116
+TFLOP/s); with the 128-byte swizzle ncu gives scores SM 41% / L2 32%, and
+grad_xs L2 78% / DRAM 49% (its f32 output is 537 MB). Next, in order: the
+add_mask of the model's backward into grad_xs's epilogue (dxs += RoPEᵀ(..)
+masked, no f32 round trip), a staged coalesced epilogue for bf16 outputs
+(written straight from the accumulators, a bf16 pair a thread half-fills
+each 32-byte sector: measured slower than f32 in the model), scores on a
+128x256 tile, and RoPE out of the x projection's epilogue.
 ]]
 local C = require("common")
 local fmt = string.format
