@@ -834,40 +834,7 @@ ${SKIP}
 		}
 	};
 
-	float acc[BN / 2];
-#pragma unroll
-	for (int i = 0; i < BN / 2; ++i)
-		acc[i] = 0.0f;
-	// ---- pipeline: P = S-1 steps fetched ahead. A step's MMAs are waited
-	// for (wait_group 0) before the next barrier, so after it the stage of
-	// step i-1 is free for step i+P; the other block an SM keeps the tensor
-	// cores busy across a block's barrier.
-#pragma unroll 1
-	for (int s = 0; s < P; ++s) {
-		if (s < nsteps)
-			load(s);
-		dg_wb_cp_commit();
-	}
-#pragma unroll 1
-	for (int i = 0; i < nsteps; ++i) {
-		dg_wb_cp_wait<P - 1>();		// this thread's copies of step i
-		dg_wb_fence_async();
-		__syncthreads();		// everyone's; and every MMA of step i-1 is done
-		if (i + P < nsteps)
-			load(i + P);		// into step i-1's stage
-		dg_wb_cp_commit();
-		// this warpgroup's 64 rows of A: 8 K-major atoms, or one 64-wide M group
-		const unsigned as = sbase + (i % S) * STAGE + wg * 8192, bs = sbase + (i % S) * STAGE + A_BYTES;
-		dg_wb_fence();
-#pragma unroll
-		for (int ks = 0; ks < BK / 16; ++ks)
-			dg_wb_mma(acc, dg_wb_desc<A_KC>(as + ks * (A_KC ? 32 : 2048)),
-				  dg_wb_desc<B_KC>(bs + ks * (B_KC ? 32 : 2048)), 1);
-		dg_wb_commit();
-		dg_wb_wait<0>();
-		dg_wb_pin(acc);
-	}
-	dg_wb_cp_wait<0>();
+${MAINLOOP}
 
 	// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)
 ${STORE}
@@ -889,6 +856,7 @@ ${STORE}
 local CTYPE = { f32 = "float", bf16 = "unsigned short" }
 
 local function render_wgmma(spec, plan, k)
+  local WB = require("wgmma_bf16")
   local o, t = k.o, plan.tile
   local of = operand_fmt(k, o.ot)
   local v = {
@@ -912,7 +880,7 @@ local function render_wgmma(spec, plan, k)
   local w = C.writer()
   w:line(C.banner(spec, "attention.lua", about))
   w:line(C.helpers({ bf16 = true }))
-  w:line(require("wgmma_bf16").helpers(t.bn, not o.a_kc, not o.b_kc))
+  w:line(WB.helpers(t.bn, not o.a_kc, not o.b_kc))
   w:line(C.subst(HEAD_WG, v))
   w:line(fmt("__device__ __forceinline__ OT dg_out(float x) { return %s; }",
              of == "bf16" and "dg_f32_to_bf16(x)" or "x"))
@@ -920,8 +888,10 @@ local function render_wgmma(spec, plan, k)
     and "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(unsigned *)p = (unsigned)dg_f32_to_bf16(a) | ((unsigned)dg_f32_to_bf16(b) << 16); }"
     or "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(float2 *)p = make_float2(a, b); }")
   w:line()
+  local main = C.subst(WB.MAINLOOP, { A_KC = "A_KC", A_KS = "(A_KC ? 32 : 2048)", B_KC = "B_KC",
+                                     B_KS = "(B_KC ? 32 : 2048)" })
   w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = o.sig, GEO = o.geo, SKIP = o.skip or "", STORE = o.store,
-                              MINB = minb }))
+                              MINB = minb, MAINLOOP = main }))
   return w:text()
 end
 

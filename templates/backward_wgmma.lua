@@ -270,38 +270,7 @@ ${PROLOGUE}
 	// 128-byte line and fill one 128-byte swizzle row).
 ${LOAD}
 
-	float acc[BN / 2];
-#pragma unroll
-	for (int i = 0; i < BN / 2; ++i)
-		acc[i] = 0.0f;
-	// ---- pipeline: P = S-1 steps fetched ahead. A step's MMAs are waited
-	// for (wait_group 0) before the next barrier, so after it the stage of
-	// step i-1 is free for step i+P.
-#pragma unroll 1
-	for (int s = 0; s < P; ++s) {
-		if (s < nsteps)
-			load(s);
-		dg_wb_cp_commit();
-	}
-#pragma unroll 1
-	for (int i = 0; i < nsteps; ++i) {
-		dg_wb_cp_wait<P - 1>();		// this thread's copies of step i
-		dg_wb_fence_async();
-		__syncthreads();		// everyone's; and every MMA of step i-1 is done
-		if (i + P < nsteps)
-			load(i + P);		// into step i-1's stage
-		dg_wb_cp_commit();
-		// this warpgroup's 64 rows of A: 8 K-major atoms, or one 64-wide M group
-		const unsigned as = sbase + (i % S) * STAGE + wg * 8192, bs = sbase + (i % S) * STAGE + A_BYTES;
-		dg_wb_fence();
-#pragma unroll
-		for (int ks = 0; ks < BK / 16; ++ks)
-			dg_wb_mma(acc, dg_wb_desc<${A_KC}>(as + ks * ${A_KS}), dg_wb_desc<false>(bs + ks * 2048), 1);
-		dg_wb_commit();
-		dg_wb_wait<0>();
-		dg_wb_pin(acc);
-	}
-	dg_wb_cp_wait<0>();
+${MAINLOOP}
 
 ${EPILOGUE}
 }
@@ -332,7 +301,8 @@ function M.render(c)
     MINB = minb, ENTRY = c.entry,
     SIG = C.subst(o.sig, { BT = "unsigned short" }),
     PROLOGUE = PROLOGUE[op], LOAD = LOAD[op], EPILOGUE = EPILOGUE[op],
-    A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
+    MAINLOOP = C.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
+                                      B_KC = "false", B_KS = "2048" }),
   }))
   return w:text()
 end

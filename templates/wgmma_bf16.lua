@@ -202,4 +202,44 @@ __device__ __forceinline__ void dg_wb_stage_row(unsigned dst, const unsigned sho
       AM = a_mn and "MN-major" or "K-major", BM = b_mn and "MN-major" or "K-major" })
 end
 
+-- The main loop over the kernel's K steps (its `load(st)` lambda fills a
+-- stage; nsteps, sbase, wg, S, P, STAGE, A_BYTES, BK, BN in scope), leaving
+-- the sums in acc[BN / 2]. subst keys: A_KC, B_KC (C++ bools: K-major) and
+-- A_KS, B_KS (bytes a k16 step: 32 K-major, 2048 MN-major).
+M.MAINLOOP = [[
+	float acc[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i)
+		acc[i] = 0.0f;
+	// ---- pipeline: P = S-1 steps fetched ahead. A step's MMAs are waited
+	// for (wait_group 0) before the next barrier, so after it the stage of
+	// step i-1 is free for step i+P; the other block an SM keeps the tensor
+	// cores busy across a block's barrier.
+#pragma unroll 1
+	for (int s = 0; s < P; ++s) {
+		if (s < nsteps)
+			load(s);
+		dg_wb_cp_commit();
+	}
+#pragma unroll 1
+	for (int i = 0; i < nsteps; ++i) {
+		dg_wb_cp_wait<P - 1>();		// this thread's copies of step i
+		dg_wb_fence_async();
+		__syncthreads();		// everyone's; and every MMA of step i-1 is done
+		if (i + P < nsteps)
+			load(i + P);		// into step i-1's stage
+		dg_wb_cp_commit();
+		// this warpgroup's 64 rows of A: 8 K-major atoms, or one 64-wide M group
+		const unsigned as = sbase + (i % S) * STAGE + wg * 8192, bs = sbase + (i % S) * STAGE + A_BYTES;
+		dg_wb_fence();
+#pragma unroll
+		for (int ks = 0; ks < BK / 16; ++ks)
+			dg_wb_mma(acc, dg_wb_desc<${A_KC}>(as + ks * ${A_KS}), dg_wb_desc<${B_KC}>(bs + ks * ${B_KS}), 1);
+		dg_wb_commit();
+		dg_wb_wait<0>();
+		dg_wb_pin(acc);
+	}
+	dg_wb_cp_wait<0>();
+]]
+
 return M
