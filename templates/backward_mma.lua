@@ -95,6 +95,7 @@ end
 -- ---- per-op addressing of the staging (on top of backward.lua's OPS text) --
 
 local ADDR = {}
+M.ADDR = ADDR -- backward_wgmma.lua stages grad_input's rows the same way
 
 ADDR.lowrank_grad_input = [[
 // A row m's base (k = 0 of block z's heads) and the offset of K step kt

@@ -98,21 +98,8 @@ static_assert(A_UNITS % NT == 0 && B_UNITS % NT == 0, "whole chunks a thread");
 
 local ADDR = {}
 
-ADDR.lowrank_grad_input = [[
-// A row m's base (k = 0 of block z's heads) and the offset of K step kt
-// from it (a step never straddles two heads: BK | L).
-__device__ __forceinline__ const GT *dg_a_base(const GT *g, int m, int z, int T)
-{
-	const int b = m / T, t = m - b * T;
-	return g + ((long long)(b * H + z * HPB) * T + t) * L;
-}
-
-__device__ __forceinline__ long long dg_a_koff(int kt, int T)
-{
-	const int k = kt * BK;
-	return (long long)(k / L) * T * L + k % L;
-}
-]]
+-- grad_input's A rows: as the mma.sync path addresses them
+ADDR.lowrank_grad_input = require("backward_mma").ADDR.lowrank_grad_input
 
 ADDR.lowrank_grad_weight = [[
 // MN-major staging: unit u = tid + s·NT is K row (u/8) % 64, chunk u % 8 of
