@@ -147,17 +147,22 @@ def dump(args):
     idx = torch.randint(0, cfg["vocab"], (args.batch, args.time), generator=g, dtype=torch.int64)
     tgt = torch.randint(0, cfg["vocab"], (args.batch, args.time), generator=g, dtype=torch.int64)
     m.eval()
+    # --double: the same f32 weights, the step computed in float64 (the
+    # exact math to ~1e-15), its gradients rounded to f32 once
+    w32 = {name: p.detach().contiguous() for name, p in m.state_dict().items()}
+    if args.double:
+        m = m.double()
     loss = m(idx, tgt)
     loss.backward()
-    out = {name: p.detach().contiguous() for name, p in m.state_dict().items()}
+    out = dict(w32)
     for name, p in m.named_parameters():
-        out["grad." + name] = p.grad.detach().contiguous()
+        out["grad." + name] = p.grad.detach().float().contiguous()
     out["idx"] = idx.to(torch.int32)
     out["targets"] = tgt.to(torch.int32)
     out["loss"] = loss.detach().to(torch.float64).reshape(1)
     meta = {k: str(v) for k, v in cfg.items()}
     meta.update(seed=str(args.seed), scale=str(args.scale), torch=torch.__version__,
-                quant=args.quant or "none")
+                quant=args.quant or "none", precision="f64" if args.double else "f32")
     save_file(out, args.out, metadata=meta)
     print(f"bdh_torch: loss {loss.item():.9g}, wrote {args.out}", file=sys.stderr)
 
@@ -219,6 +224,8 @@ def main():
     d.add_argument("--batch", type=int, default=2)
     d.add_argument("--time", type=int, default=16)
     d.add_argument("--scale", type=float, default=25.0)
+    d.add_argument("--double", action="store_true",
+                   help="compute the step in float64 (gradients written as f32)")
     d.add_argument("--quant", choices=sorted(RECIPES), default=None,
                    help="fake-quantize as dragon's recipe (straight-through gradients)")
     b = sub.add_parser("bench", help="time forward + backward in bf16: eager and torch.compile")

@@ -116,8 +116,9 @@ dg_status dg_ref_pack_sign1(const int8_t *codes, uint32_t *words, size_t rows,
  *    (H,L,E/16); sign1 uint32 (H,L,E/32); else f32 / bf16 (H,L,E).
  * s: sa·sw computed as a float product when both are integer formats (the
  *    sum is an exact int32); sa alone when only act is integer, sw alone
- *    when only weight is, 1 for float × float (sums in float, fused
- *    multiply-add order unspecified: compare with a tolerance).
+ *    when only weight is, 1 for float × float (the reference sums in
+ *    double and rounds once; the kernels' float sums run in another
+ *    order: compare with a tolerance).
  * out: (B, H, T, L): f32, bf16, or codes for int8 (±127) and uint8pos
  *    (0..255): v = fmaf(sum, a, b) with a = s·r, b = relu ? -thr·r : 0,
  *    r = 1.0f / so (each one rounded float); v = max(v, 0) with relu;

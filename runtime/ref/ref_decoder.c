@@ -11,8 +11,10 @@
  * Integer × integer: the exact sum (kept to int32 like the kernel's
  * accumulators; it never wraps below 2^31 / 127² ≈ 133000 terms),
  * y = (float)sum · (sa·sw). Otherwise each operand is converted to float and
- * summed in float, k = h·L + l ascending, y = sum · (sa | sw | 1): the
- * kernel's order differs, so compare with a tolerance.
+ * summed in double (exact products, one rounding to float at the end),
+ * y = sum · (sa | sw | 1): the kernel's order differs, so compare with a
+ * tolerance. (A float running sum over K = H·L = 32768 terms lost ~1e-4,
+ * which the deep model amplified; see ref_lowrank.c dot_float.)
  */
 #include "dragon/ref.h"
 
@@ -150,14 +152,11 @@ dg_status dg_ref_decoder_fwd(const dg_spec *spec,
 					memcpy(&r, &u, sizeof(r));
 					y = (float)r * s_e;
 				} else {
-					float acc = 0.0f;
+					double acc = 0.0;
 
-					for (size_t k = 0; k < K; k++) {
-						float p = yf[k] * wf[d * K + k];
-
-						acc += p;
-					}
-					y = acc * s_e;
+					for (size_t k = 0; k < K; k++)
+						acc += (double)yf[k] * wf[d * K + k];
+					y = (float)acc * s_e;
 				}
 				if (spec->out == DG_FMT_F32)
 					((float *)args->out)[o] = y;
