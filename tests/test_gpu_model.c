@@ -18,10 +18,15 @@
  *         measured 3e-5 and 0.04 to 0.06 for w8a8; bitnet 0.2: its ReLU
  *         ties);
  *   25M   the 25M model's shapes at B 1, T 32: f32 against the CPU model,
- *         loss 1e-5, gradients 1e-3 normwise (measured on the H200: loss
- *         4e-8, gradients 1.6e-4 to 2e-4 — 400x the tiny config's 4e-7,
- *         cause not yet pinned down: the GPU's f32 sums against the CPU's
- *         double sums over K up to 32768, or ReLU ties);
+ *         loss 1e-5, gradients 5e-3 normwise. Measured on the H200 against
+ *         the CPU model whose float forward sums then ran in float: loss
+ *         4e-8, gradients 1.6e-4 to 2e-4. That CPU model was 1e-3 from
+ *         PyTorch's float64 step at these shapes (a float running sum over
+ *         the decoder's K = 32768 terms, which six layers amplify); it now
+ *         sums in double and is 2e-7 from it (test_model_torch), so this
+ *         test now measures the GPU's own f32 sums, whose long K runs may
+ *         show the same amplification (up to ~1.5e-3 expected; not yet
+ *         measured);
  *   the plan: what dg_model_plan reports is what create allocates; two
  *         steps give bitwise the same loss; bad input (a token outside the
  *         vocabulary, a batch of another shape, a recipe the GPU model
@@ -188,7 +193,7 @@ Test(gpu_model, lowbit_recipes_match_the_cpu_fake_quant_model)
 
 /* The 25M model's shapes (6 layers, D 256, H 4, N 8192) at a few rows
  * (B 1, T 32): the GPU's f32 step against the CPU model's, loss 1e-5 and
- * gradients 1e-3 normwise (the banner says why not 1e-4; the CPU
+ * gradients 5e-3 normwise (the banner says why not 1e-4; the CPU
  * references take a few seconds a layer). */
 Test(gpu_model, the_25m_shapes_match_the_cpu_model)
 {
@@ -217,7 +222,7 @@ Test(gpu_model, the_25m_shapes_match_the_cpu_model)
 		double rel, cosv;
 		compare(gg->params[p], gc->params[p], n, &rel, &cosv);
 		printf("  grad %-12s rel %.3g\n", dg_model_param_name((dg_model_param)p), rel);
-		cr_expect(rel <= 1e-3, "grad %s normwise %.3g (at most 1e-3)",
+		cr_expect(rel <= 5e-3, "grad %s normwise %.3g (at most 5e-3)",
 			  dg_model_param_name((dg_model_param)p), rel);
 	}
 	dg_model_destroy(m);
