@@ -141,7 +141,10 @@ Test(model_torch, committed_fake_quant_dumps)
 	check_dump_within(DG_SOURCE_DIR "/tests/data/bdh_tiny_torch_bitnet.safetensors", 1e-5, 0.15);
 }
 
-Test(model_torch, fresh_dump)
+/* A fresh dump by tools/bdh_torch.py dump with `args`, held to the CPU
+ * model within loss_tol and grad_tol; prints "skipped: no torch" where
+ * python3 cannot import torch. */
+static void fresh(const char *args, double loss_tol, double grad_tol)
 {
 	if (system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") != 0) {
 		printf("skipped: no torch\n");
@@ -150,13 +153,16 @@ Test(model_torch, fresh_dump)
 	char *dir = dg_test_tmpdir();
 	char path[1024], cmd[4096];
 	snprintf(path, sizeof(path), "%s/state.safetensors", dir);
-	snprintf(cmd, sizeof(cmd),
-		 "python3 %s/tools/bdh_torch.py dump --out %s --seed 5 --batch 3 --time 24 "
-		 "--scale 20 2>/dev/null",
-		 DG_SOURCE_DIR, path);
+	snprintf(cmd, sizeof(cmd), "python3 %s/tools/bdh_torch.py dump --out %s %s 2>/dev/null",
+		 DG_SOURCE_DIR, path, args);
 	cr_assert_eq(system(cmd), 0, "%s failed", cmd);
-	check_dump(path);
+	check_dump_within(path, loss_tol, grad_tol);
 	dg_test_rmtree(dir);
+}
+
+Test(model_torch, fresh_dump)
+{
+	fresh("--seed 5 --batch 3 --time 24 --scale 20", 1e-5, 1e-4);
 }
 
 /* Deep and wide (the 25M model's shapes, 6 layers, at B 1, T 8) against
@@ -168,18 +174,5 @@ Test(model_torch, fresh_dump)
  * model to this bound. */
 Test(model_torch, deep_wide_against_f64)
 {
-	if (system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") != 0) {
-		printf("skipped: no torch\n");
-		return;
-	}
-	char *dir = dg_test_tmpdir();
-	char path[1024], cmd[4096];
-	snprintf(path, sizeof(path), "%s/deep.safetensors", dir);
-	snprintf(cmd, sizeof(cmd),
-		 "python3 %s/tools/bdh_torch.py dump --out %s --size 25m --seed 11 --batch 1 --time 8 "
-		 "--scale 1 --double 2>/dev/null",
-		 DG_SOURCE_DIR, path);
-	cr_assert_eq(system(cmd), 0, "%s failed", cmd);
-	check_dump_within(path, 1e-6, 1e-5);
-	dg_test_rmtree(dir);
+	fresh("--size 25m --seed 11 --batch 1 --time 8 --scale 1 --double", 1e-6, 1e-5);
 }
