@@ -838,22 +838,20 @@ ${MAINLOOP}
 
 	// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)
 ${STORE}
-#pragma unroll
-	for (int hr = 0; hr < 2; ++hr) {
-		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hr;
-		if (m >= M)
-			continue;
-#pragma unroll
-		for (int j = 0; j < BN / 8; ++j) {
-			const int n = n0 + 8 * j + 2 * q;
-			if (n < N)
-				store_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-		}
-	}
+${PAIRS}
 }
 ]]
 
 local CTYPE = { f32 = "float", bf16 = "unsigned short" }
+
+-- The output conversions of both paths for output format `of`: dg_out (one
+-- value) and dg_store2 (an adjacent pair, one store).
+local function out_helpers(of)
+  return fmt("__device__ __forceinline__ OT dg_out(float x) { return %s; }\n", of == "bf16" and "dg_f32_to_bf16(x)" or "x") ..
+    (of == "bf16"
+      and "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(unsigned *)p = (unsigned)dg_f32_to_bf16(a) | ((unsigned)dg_f32_to_bf16(b) << 16); }"
+      or "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(float2 *)p = make_float2(a, b); }")
+end
 
 local function render_wgmma(spec, plan, k)
   local WB = require("wgmma_bf16")
@@ -879,19 +877,17 @@ local function render_wgmma(spec, plan, k)
   }
   local w = C.writer()
   w:line(C.banner(spec, "attention.lua", about))
-  w:line(C.helpers({ bf16 = true }))
+  w:line(C.helpers({ bf16 = true, cp_async = true }))
   w:line(WB.helpers(t.bn, not o.a_kc, not o.b_kc))
   w:line(C.subst(HEAD_WG, v))
-  w:line(fmt("__device__ __forceinline__ OT dg_out(float x) { return %s; }",
-             of == "bf16" and "dg_f32_to_bf16(x)" or "x"))
-  w:line(of == "bf16"
-    and "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(unsigned *)p = (unsigned)dg_f32_to_bf16(a) | ((unsigned)dg_f32_to_bf16(b) << 16); }"
-    or "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(float2 *)p = make_float2(a, b); }")
+  w:line(out_helpers(of))
   w:line()
   local main = C.subst(WB.MAINLOOP, { A_KC = "A_KC", A_KS = "(A_KC ? 32 : 2048)", B_KC = "B_KC",
                                      B_KS = "(B_KC ? 32 : 2048)" })
   w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = o.sig, GEO = o.geo, SKIP = o.skip or "", STORE = o.store,
-                              MINB = minb, MAINLOOP = main }))
+                              MINB = minb, MAINLOOP = main,
+                              PAIRS = C.subst(WB.PAIRS, { MLIM = "M",
+                                PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" }) }))
   return w:text()
 end
 
@@ -939,11 +935,7 @@ function M.render(spec, plan)
   w:line(HELPERS)
   w:line(C.subst(HEAD, v))
   w:line(mma and PUT_MMA or PUT_SIMT)
-  w:line(fmt("__device__ __forceinline__ OT dg_out(float x) { return %s; }",
-             of == "bf16" and "dg_f32_to_bf16(x)" or "x"))
-  w:line(of == "bf16"
-    and "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(unsigned *)p = (unsigned)dg_f32_to_bf16(a) | ((unsigned)dg_f32_to_bf16(b) << 16); }"
-    or "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(float2 *)p = make_float2(a, b); }")
+  w:line(out_helpers(of))
   w:line()
   w:line(C.subst(KERNEL, kv))
   return w:text()

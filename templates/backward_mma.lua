@@ -273,31 +273,12 @@ __device__ __forceinline__ unsigned dg_sign_bf(unsigned bit)
 	return bit ? 0x3f80u : 0xbf80u;
 }
 
-// 16-byte cp.async global → shared (a shared-space address); src_bytes 0
-// fills the 16 bytes with zeros (src must still be a valid global address).
-__device__ __forceinline__ void dg_cp16(unsigned dst, const void *src, int src_bytes)
-{
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
 // 8-byte cp.async (.ca: .cg takes only 16), for bf16 rows aligned to 8
 // bytes only (L % 8 != 0); src_bytes 0 fills zeros.
 __device__ __forceinline__ void dg_cp8(unsigned dst, const void *src, int src_bytes)
 {
 	asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n"
 		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void dg_cp_commit()
-{
-	asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N_>
-__device__ __forceinline__ void dg_cp_wait()
-{
-	asm volatile("cp.async.wait_group %0;\n" :: "n"(N_) : "memory");
 }
 
 // Four 8x8 b16 matrices from a shared-space address, as stored / transposed
@@ -856,6 +837,7 @@ function M.render(c)
                               (F.code or bfmt == "bf16") and "exact" or "rounded", S, a16 and "bf16" or "f32", smem)
   c.about[#c.about + 1] = "  dynamic shared memory (templates/backward_mma.lua)."
   w:line(C.banner(c.spec, "backward.lua", c.about))
+  w:line(C.helpers({ cp_async = true }))
   w:line(HELPERS)
   if u.i8 then w:line(I8_HELPERS) end
   w:line(C.subst(HEAD, v))

@@ -140,7 +140,7 @@ LOAD.lowrank_grad_input = [[
 #pragma unroll
 		for (int s = 0; s < SA; ++s) {
 			const int u = tid + s * NT;
-			dg_wb_cp16(as + dg_wb_kmaj(u >> 3, u & 7), a_src[s] ? (const void *)(a_src[s] + off) : (const void *)grad,
+			dg_cp16(as + dg_wb_kmaj(u >> 3, u & 7), a_src[s] ? (const void *)(a_src[s] + off) : (const void *)grad,
 				   a_src[s] ? 16 : 0);
 		}
 #pragma unroll
@@ -197,47 +197,33 @@ local PROLOGUE = {
 	(void)sa;				// bf16 x: no scale]],
 }
 
+-- Each op's store of one accumulator pair (the body of wgmma_bf16.lua's
+-- PAIRS) and its row bound.
+local PAIR = {
+  lowrank_grad_input = { "M", [[
+				*(float2 *)(grad_x + dg_out(m, n, z, T)) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);]] },
+  lowrank_grad_weight = { "MM", [[
+				float2 *o = (float2 *)(out + dg_out(m, n, h, T));
+				float2 v = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+				if (splits == 1 && accumulate) {
+					const float2 pv = *o;
+					v.x = __fadd_rn(pv.x, v.x);
+					v.y = __fadd_rn(pv.y, v.y);
+				}
+				*o = v;]] },
+}
+
 local EPILOGUE = {
   lowrank_grad_input = [[
 	// ---- epilogue: grad_x = Σ; the accumulator pairs (rows g, g+8 of the
 	// warp's 16, cols 8j + 2q, +1; N is even: a pair is wholly in or out)
-#pragma unroll
-	for (int hr = 0; hr < 2; ++hr) {
-		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hr;
-		if (m >= M)
-			continue;
-#pragma unroll
-		for (int j = 0; j < BN / 8; ++j) {
-			const int n = n0 + 8 * j + 2 * q;
-			if (n < N)
-				*(float2 *)(grad_x + dg_out(m, n, z, T)) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-		}
-	}]],
+${PAIRS}]],
   lowrank_grad_weight = [[
 	// ---- epilogue: splits == 1: grad_w (+)= Σ; else the raw sum into
 	// partial p (dst + p·NW), summed by the reduce entry. The accumulator
 	// pairs (rows g, g+8 of the warp's 16, cols 8j + 2q, +1).
 	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
-#pragma unroll
-	for (int hr = 0; hr < 2; ++hr) {
-		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hr;
-		if (m >= MM)
-			continue;
-#pragma unroll
-		for (int j = 0; j < BN / 8; ++j) {
-			const int n = n0 + 8 * j + 2 * q;
-			if (n >= N)
-				continue;
-			float2 *o = (float2 *)(out + dg_out(m, n, h, T));
-			float2 v = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-			if (splits == 1 && accumulate) {
-				const float2 pv = *o;
-				v.x = __fadd_rn(pv.x, v.x);
-				v.y = __fadd_rn(pv.y, v.y);
-			}
-			*o = v;
-		}
-	}]],
+${PAIRS}]],
 }
 
 local KERNEL = [[
@@ -280,6 +266,7 @@ function M.render(c)
                               gi and "K-major" or "M-major", c.bname)
   local w = C.writer()
   w:line(C.banner(c.spec, "backward.lua", c.about))
+  w:line(C.helpers({ cp_async = true }))
   w:line(WB.helpers(c.bn, not gi, true))
   w:line(C.subst(HEAD, { H = c.H, HIN = c.HIN, E = c.E, L = c.L, BM = c.bm, BN = c.bn, BK = c.bk, S = c.stages }))
   w:line(C.subst(o.text, { HIN_H = c.HIN_H }))
@@ -287,7 +274,8 @@ function M.render(c)
   w:line(C.subst(KERNEL, {
     MINB = minb, ENTRY = c.entry,
     SIG = C.subst(o.sig, { BT = "unsigned short" }),
-    PROLOGUE = PROLOGUE[op], LOAD = LOAD[op], EPILOGUE = EPILOGUE[op],
+    PROLOGUE = PROLOGUE[op], LOAD = LOAD[op],
+    EPILOGUE = C.subst(EPILOGUE[op], { PAIRS = C.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
     MAINLOOP = C.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
                                       B_KC = "false", B_KS = "2048" }),
   }))

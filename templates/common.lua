@@ -667,7 +667,28 @@ __device__ __forceinline__ float dg_u8f(unsigned w, int j)
 }
 ]]
 
-local order = { "bf16", "code", "dp4a", "ternary", "sign1", "i8x4f" }
+H.cp_async = [[
+// 16-byte cp.async global → shared (a shared-space address); src_bytes 0
+// fills the 16 bytes with zeros (src must still be a valid global address).
+__device__ __forceinline__ void dg_cp16(unsigned dst, const void *src, int src_bytes)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void dg_cp_commit()
+{
+	asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N_>
+__device__ __forceinline__ void dg_cp_wait()
+{
+	asm volatile("cp.async.wait_group %0;\n" :: "n"(N_) : "memory");
+}
+]]
+
+local order = { "bf16", "code", "dp4a", "ternary", "sign1", "i8x4f", "cp_async" }
 
 -- The device helper sections named in `want` (a set), in a fixed order.
 function M.helpers(want)

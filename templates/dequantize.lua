@@ -29,12 +29,6 @@ constexpr int VE = 8;		// codes a vector: one 8-byte load
 typedef ${CT} CT;		// a code (${act})
 typedef ${OT} OT;		// an output (${out})
 
-// Code j (0..3) of a little-endian word of four codes, as a float.
-__device__ __forceinline__ float dg_code_f(unsigned w, int j)
-{
-	return ${CODE_F};
-}
-
 extern "C" __global__ void __launch_bounds__(NT)
 dg_dequantize(const CT *__restrict__ codes, const float *__restrict__ scale, OT *__restrict__ out,
 	      long long rows, long long cols)
@@ -52,8 +46,8 @@ ${S0}
 			float f[VE];
 #pragma unroll
 			for (int j = 0; j < 4; ++j) {
-				f[j] = __fmul_rn(dg_code_f(w.x, j), s);
-				f[4 + j] = __fmul_rn(dg_code_f(w.y, j), s);
+				f[j] = __fmul_rn(${CODE_F}(w.x, j), s);
+				f[4 + j] = __fmul_rn(${CODE_F}(w.y, j), s);
 			}
 			dg_st(out, iv, f);
 		}
@@ -79,7 +73,7 @@ function M.render(spec, plan)
     NT = nt, act = act, out = out,
     CT = u and "unsigned char" or "signed char",
     OT = out == "bf16" and "unsigned short" or "float",
-    CODE_F = u and "(float)((w >> (8 * j)) & 0xffu)" or "(float)(int)(signed char)(w >> (8 * j))",
+    CODE_F = u and "dg_u8f" or "dg_s8f",	-- common.lua's i8x4f: lane j of a word of four codes
     S0 = rows and "" or "\tconst float s0 = __ldg(scale);",
     VEC_OK = rows and "cols % VE == 0" or "true",
     S_VEC = rows and "__ldg(scale + iv * VE / cols)" or "s0",
@@ -94,7 +88,7 @@ function M.render(spec, plan)
         v.CT, v.OT, nt),
     "path: element-wise, 8 codes a vector grid-stride" .. (rows and " (C a multiple of 8; else one at a time)." or "."),
   }))
-  w:line(C.helpers({ bf16 = true }))
+  w:line(C.helpers({ bf16 = true, i8x4f = true }))
   w:line(C.VEC_IO)
   w:line(C.subst(KERNEL, v))
   return w:text()

@@ -41,26 +41,10 @@ local fmt = string.format
 
 local M = {}
 
--- The C helpers for an N-wide instruction (N = 64 | 128 | 256), A codes
--- unsigned (uint8pos) or signed.
-function M.helpers(n, act_unsigned)
-  local nr = n // 2
-  local regs, outs = {}, {}
-  for i = 0, nr - 1 do
-    regs[#regs + 1] = "%" .. i
-    outs[#outs + 1] = fmt("\"+r\"(d[%d])", i)
-  end
-  local w = C.writer()
-  w:line(C.subst([[
-// ---- warpgroup tensor-core helpers (templates/wgmma.lua) --------------------
-__device__ __forceinline__ unsigned long long dg_wg_desc(unsigned saddr, unsigned sbo)
-{
-	// no swizzle; LBO 128 bytes (the next 16 codes of K); SBO the next 8 rows
-	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | ((unsigned long long)(128u >> 4) << 16) |
-	       ((unsigned long long)((sbo & 0x3ffffu) >> 4) << 32);
-}
-
-__device__ __forceinline__ void dg_wg_fence()
+-- The warpgroup MMAs' ordering helpers, whatever the operand type (also
+-- templates/wgmma_bf16.lua's): wgmma.fence, commit_group, wait_group, and
+-- the generic-to-async proxy fence of shared memory.
+M.SYNC = [[__device__ __forceinline__ void dg_wg_fence()
 {
 	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -83,7 +67,28 @@ __device__ __forceinline__ void dg_fence_async_smem()
 	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// d (+)= A · B over one k32 step: 64 x ${N} int32, A ${AT} codes, B s8;
+]]
+
+-- The C helpers for an N-wide instruction (N = 64 | 128 | 256), A codes
+-- unsigned (uint8pos) or signed.
+function M.helpers(n, act_unsigned)
+  local nr = n // 2
+  local regs, outs = {}, {}
+  for i = 0, nr - 1 do
+    regs[#regs + 1] = "%" .. i
+    outs[#outs + 1] = fmt("\"+r\"(d[%d])", i)
+  end
+  local w = C.writer()
+  w:line(C.subst([[
+// ---- warpgroup tensor-core helpers (templates/wgmma.lua) --------------------
+__device__ __forceinline__ unsigned long long dg_wg_desc(unsigned saddr, unsigned sbo)
+{
+	// no swizzle; LBO 128 bytes (the next 16 codes of K); SBO the next 8 rows
+	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | ((unsigned long long)(128u >> 4) << 16) |
+	       ((unsigned long long)((sbo & 0x3ffffu) >> 4) << 32);
+}
+
+${SYNC}// d (+)= A · B over one k32 step: 64 x ${N} int32, A ${AT} codes, B s8;
 // scale_d 0: d = A·B (the first step of a tile), else d += A·B.
 __device__ __forceinline__ void dg_wgmma(int (&d)[${NR}], unsigned long long da, unsigned long long db,
 					 int scale_d)
@@ -104,7 +109,7 @@ __device__ __forceinline__ void dg_wg_pin(int (&d)[${NR}])
 		asm volatile("" : "+r"(d[i]) :: "memory");
 }
 ]], { N = n, NR = nr, AT = act_unsigned and "u8" or "s8", REGS = table.concat(regs, ", "),
-      OUTS = table.concat(outs, ", "), PA = nr, PB = nr + 1, PS = nr + 2 }))
+      OUTS = table.concat(outs, ", "), PA = nr, PB = nr + 1, PS = nr + 2, SYNC = M.SYNC }))
   return w:text()
 end
 

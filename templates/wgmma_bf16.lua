@@ -89,28 +89,7 @@ __device__ __forceinline__ unsigned dg_wb_mnmaj(int g, int k, int c)
 	return (unsigned)(g * 8192 + (k >> 3) * 1024 + (k & 7) * 128 + ((c ^ (k & 7)) << 4));
 }
 
-__device__ __forceinline__ void dg_wb_fence()
-{
-	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void dg_wb_commit()
-{
-	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
-template <int N_>
-__device__ __forceinline__ void dg_wb_wait()
-{
-	asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N_) : "memory");
-}
-
-__device__ __forceinline__ void dg_wb_fence_async()
-{
-	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// d (+)= A · B over one k16 step: 64 x ${N} f32; A ${AM}, B ${BM};
+${SYNC}// d (+)= A · B over one k16 step: 64 x ${N} f32; A ${AM}, B ${BM};
 // scale_d 0: d = A·B, else d += A·B.
 __device__ __forceinline__ void dg_wb_mma(float (&d)[${NR}], unsigned long long da, unsigned long long db,
 					  int scale_d)
@@ -131,36 +110,20 @@ __device__ __forceinline__ void dg_wb_pin(float (&d)[${NR}])
 		asm volatile("" : "+f"(d[i]) :: "memory");
 }
 
-__device__ __forceinline__ void dg_wb_cp16(unsigned dst, const void *src, int src_bytes)
+// One 16-byte chunk: elements col .. col+7 of the bf16 row at rowp
+// (nullptr: a row outside the tensor) of length cols into shared address
+// dst; zeros outside. `any` is any valid global address (the zero fill's
+// source). Whole aligned chunks by cp.async, the rest by element loads.
+__device__ __forceinline__ void dg_wb_stage_row(unsigned dst, const unsigned short *rowp, const void *any,
+						int col, int cols)
 {
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void dg_wb_cp_commit()
-{
-	asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N_>
-__device__ __forceinline__ void dg_wb_cp_wait()
-{
-	asm volatile("cp.async.wait_group %0;\n" :: "n"(N_) : "memory");
-}
-
-// One 16-byte core row: elements col .. col+7 of row `row` of a row-major
-// bf16 operand (rows x cols, row length ld) into shared address dst; zeros
-// outside. Whole aligned chunks by cp.async, the rest by element loads.
-__device__ __forceinline__ void dg_wb_stage(unsigned dst, const unsigned short *base, int row, int rows,
-					    int col, int cols, int ld)
-{
-	if (row >= rows || col >= cols) {
-		dg_wb_cp16(dst, base, 0);
+	if (rowp == nullptr || col >= cols) {
+		dg_cp16(dst, any, 0);
 		return;
 	}
-	const unsigned short *p = base + (long long)row * ld + col;
+	const unsigned short *p = rowp + col;
 	if (col + 8 <= cols && ((unsigned long long)p & 15u) == 0) {
-		dg_wb_cp16(dst, p, 16);
+		dg_cp16(dst, p, 16);
 		return;
 	}
 	unsigned w[4] = { 0u, 0u, 0u, 0u };
@@ -171,22 +134,19 @@ __device__ __forceinline__ void dg_wb_stage(unsigned dst, const unsigned short *
 	asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
 		     :: "r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
-
-// dg_wb_stage for an operand whose rows are not affine in the row index
-// (the caller computed the row's pointer): elements col .. col+7 of the
-// row at rowp (nullptr: a row outside the tensor) of length cols into
-// dst; zeros outside. `any` is any valid global address (the zero fill's
-// source).
-__device__ __forceinline__ void dg_wb_stage_row(unsigned dst, const unsigned short *rowp, const void *any,
-						int col, int cols)
+// The same for row `row` of a row-major operand (rows x cols, row length
+// ld) at base. (Written out rather than as dg_wb_stage_row of the row's
+// pointer: that form compiles to other code, not yet measured.)
+__device__ __forceinline__ void dg_wb_stage(unsigned dst, const unsigned short *base, int row, int rows,
+					    int col, int cols, int ld)
 {
-	if (rowp == nullptr || col >= cols) {
-		dg_wb_cp16(dst, any, 0);
+	if (row >= rows || col >= cols) {
+		dg_cp16(dst, base, 0);
 		return;
 	}
-	const unsigned short *p = rowp + col;
+	const unsigned short *p = base + (long long)row * ld + col;
 	if (col + 8 <= cols && ((unsigned long long)p & 15u) == 0) {
-		dg_wb_cp16(dst, p, 16);
+		dg_cp16(dst, p, 16);
 		return;
 	}
 	unsigned w[4] = { 0u, 0u, 0u, 0u };
@@ -199,7 +159,8 @@ __device__ __forceinline__ void dg_wb_stage_row(unsigned dst, const unsigned sho
 }
 ]], { N = n, NR = nr, REGS = table.concat(regs, ", "), OUTS = table.concat(outs, ", "),
       PA = nr, PB = nr + 1, PS = nr + 2, TA = a_mn and 1 or 0, TB = b_mn and 1 or 0,
-      AM = a_mn and "MN-major" or "K-major", BM = b_mn and "MN-major" or "K-major" })
+      AM = a_mn and "MN-major" or "K-major", BM = b_mn and "MN-major" or "K-major",
+      SYNC = require("wgmma").SYNC })
 end
 
 -- The main loop over the kernel's K steps (its `load(st)` lambda fills a
@@ -219,27 +180,46 @@ M.MAINLOOP = [[
 	for (int s = 0; s < P; ++s) {
 		if (s < nsteps)
 			load(s);
-		dg_wb_cp_commit();
+		dg_cp_commit();
 	}
 #pragma unroll 1
 	for (int i = 0; i < nsteps; ++i) {
-		dg_wb_cp_wait<P - 1>();		// this thread's copies of step i
-		dg_wb_fence_async();
+		dg_cp_wait<P - 1>();		// this thread's copies of step i
+		dg_fence_async_smem();
 		__syncthreads();		// everyone's; and every MMA of step i-1 is done
 		if (i + P < nsteps)
 			load(i + P);		// into step i-1's stage
-		dg_wb_cp_commit();
+		dg_cp_commit();
 		// this warpgroup's 64 rows of A: 8 K-major atoms, or one 64-wide M group
 		const unsigned as = sbase + (i % S) * STAGE + wg * 8192, bs = sbase + (i % S) * STAGE + A_BYTES;
-		dg_wb_fence();
+		dg_wg_fence();
 #pragma unroll
 		for (int ks = 0; ks < BK / 16; ++ks)
 			dg_wb_mma(acc, dg_wb_desc<${A_KC}>(as + ks * ${A_KS}), dg_wb_desc<${B_KC}>(bs + ks * ${B_KS}), 1);
-		dg_wb_commit();
-		dg_wb_wait<0>();
+		dg_wg_commit();
+		dg_wg_wait<0>();
 		dg_wb_pin(acc);
 	}
-	dg_wb_cp_wait<0>();
+	dg_cp_wait<0>();
 ]]
+
+-- The accumulators as the output pairs they are (m, n and n + 1, n even;
+-- the register layout in the banner): ${PAIR} runs for each pair inside
+-- ${MLIM} rows and N columns, with acc[4 * j + 2 * hr] and the next
+-- register its two values.
+M.PAIRS = [[
+#pragma unroll
+	for (int hr = 0; hr < 2; ++hr) {
+		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+		if (m >= ${MLIM})
+			continue;
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j) {
+			const int n = n0 + 8 * j + 2 * q;
+			if (n < N) {
+${PAIR}
+			}
+		}
+	}]]
 
 return M
