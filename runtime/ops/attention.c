@@ -186,14 +186,9 @@ static bool is_attention_gemm(const dg_spec *spec)
 }
 
 /* rope=pre: the chains' qr = RoPE(xs), (B,H,T,L) act at ws + off. */
-static size_t align256(size_t n)
-{
-	return (n + 255) / 256 * 256;
-}
-
 static size_t qr_bytes(const dg_spec *spec, const dg_tensor *xs)
 {
-	return spec->rope_pre && xs ? align256(dg_tensor_bytes(xs)) : 0;
+	return spec->rope_pre && xs ? dg__op_align256(dg_tensor_bytes(xs)) : 0;
 }
 
 static dg_tensor qr_tensor(const dg_tensor *xs, dg_dptr at)
@@ -202,13 +197,14 @@ static dg_tensor qr_tensor(const dg_tensor *xs, dg_dptr at)
 	return t;
 }
 
-/* qr = RoPE(xs) into qr (rope_fwd with spec's shape and act). */
+/* qr = RoPE(xs) into qr (rope_fwd with spec's shape and act); dev NULL:
+ * only its check, into msg. */
 static dg_status rope_into(dg_device *dev, const dg_spec *spec, const dg_tensor *xs,
-			   const dg_tensor *rope, const dg_tensor *qr)
+			   const dg_tensor *rope, const dg_tensor *qr, char *msg, size_t size)
 {
 	dg_spec rs = step_spec(spec, DG_OP_ROPE_FWD);
 	dg_rope_fwd_args ra = { .x = xs, .rope = rope, .out = qr };
-	return dg_rope_fwd(dev, &rs, &ra);
+	return dev ? dg_rope_fwd(dev, &rs, &ra) : dg_rope_fwd_check(&rs, &ra, msg, size);
 }
 
 dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
@@ -248,11 +244,8 @@ dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	char msg[512];
 	/* all checked before anything is launched */
 	dg_status st = DG_OK;
-	if (spec->rope_pre) {
-		dg_spec rs = step_spec(spec, DG_OP_ROPE_FWD);
-		dg_rope_fwd_args ra = { .x = a->xs, .rope = a->rope, .out = xs };
-		st = dg_rope_fwd_check(&rs, &ra, msg, sizeof(msg));
-	}
+	if (spec->rope_pre)
+		st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
 	if (!st)
 		st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
 	if (!st)
@@ -260,7 +253,7 @@ dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	if (st)
 		return dg__dev_fail_msg(dev, st, msg);
 	if (spec->rope_pre)
-		st = rope_into(dev, spec, a->xs, a->rope, xs);
+		st = rope_into(dev, spec, a->xs, a->rope, xs, NULL, 0);
 	if (!st)
 		st = dg_attention_scores(dev, &s1, &sa);
 	return st ? st : dg_attention_out(dev, &s2, &oa);
@@ -285,7 +278,7 @@ dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd
 	    (spec->rope_pre && !a->xs))
 		return DG_ERR_INVALID_ARG;
 	dg_tensor t = c_tensor(spec, a);
-	*bytes = (spec->rope_pre ? align256(dg_tensor_bytes(&t)) : dg_tensor_bytes(&t)) +
+	*bytes = (spec->rope_pre ? dg__op_align256(dg_tensor_bytes(&t)) : dg_tensor_bytes(&t)) +
 		 qr_bytes(spec, a->xs);
 	return DG_OK;
 }
@@ -317,7 +310,7 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	dg_tensor ct = c_tensor(spec, a), qr;
 	const dg_tensor *xs = a->xs;
 	if (spec->rope_pre) {
-		qr = qr_tensor(a->xs, a->ws.ptr + align256(dg_tensor_bytes(&ct)));
+		qr = qr_tensor(a->xs, a->ws.ptr + dg__op_align256(dg_tensor_bytes(&ct)));
 		xs = &qr;
 	}
 	dg_attention_grad_scores_args ga = { .grad = a->grad, .v = a->v, .grad_scores = &ct };
@@ -325,11 +318,8 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	dg_attention_grad_xs_args xa = { .grad_scores = &ct, .xs = xs, .rope = a->rope,
 					 .grad_xs = a->grad_xs };
 	char msg[512];
-	if (spec->rope_pre) {
-		dg_spec rs = step_spec(spec, DG_OP_ROPE_FWD);
-		dg_rope_fwd_args ra = { .x = a->xs, .rope = a->rope, .out = xs };
-		st = dg_rope_fwd_check(&rs, &ra, msg, sizeof(msg));
-	}
+	if (spec->rope_pre)
+		st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
 	if (!st)
 		st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
 	if (!st)
@@ -339,7 +329,7 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	if (st)
 		return dg__dev_fail_msg(dev, st, msg);
 	if (spec->rope_pre)
-		st = rope_into(dev, spec, a->xs, a->rope, xs);
+		st = rope_into(dev, spec, a->xs, a->rope, xs, NULL, 0);
 	if (!st)
 		st = dg_attention_grad_scores(dev, &s1, &ga);
 	if (!st)

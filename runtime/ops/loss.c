@@ -18,21 +18,16 @@
 
 #define FN "dg_lmhead_ce"
 
-static size_t align256(size_t n)
-{
-	return (n + 255) / 256 * 256;
-}
-
 /* Bytes of the row losses (the dlogits follow them). */
 static size_t loss_bytes(int64_t rows)
 {
-	return align256((size_t)rows * sizeof(float));
+	return dg__op_align256((size_t)rows * sizeof(float));
 }
 
 static size_t ws_need(const dg_spec *s, int64_t rows, bool backward)
 {
 	size_t dl = backward ? (size_t)rows * (size_t)s->vocab * (s->src == DG_FMT_BF16 ? 2 : 4) : 0;
-	return loss_bytes(rows) + align256(dl);
+	return loss_bytes(rows) + dg__op_align256(dl);
 }
 
 /* The table's check, then what it cannot say: the backward's tensors, at

@@ -108,6 +108,12 @@ dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_cal
 DG_OP_LIST(DG__OP_ENTRY)
 #undef DG__OP_ENTRY
 
+/* n rounded up to 256 bytes: where a workspace's parts start. */
+static inline size_t dg__op_align256(size_t n)
+{
+	return (n + 255) / 256 * 256;
+}
+
 /* ---- the quantizers (quantize.c) -------------------------------------------- */
 
 /* The entry of templates/qrows.lua that a scale a row (quantize_act
