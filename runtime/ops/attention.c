@@ -126,12 +126,7 @@ static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	{                                                                                    \
 		return run_gemm(dev, spec, OP, c);                                           \
 	}                                                                                    \
-	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec,                  \
-				       const dg__op_call *c, size_t *bytes)                  \
-	{                                                                                    \
-		(void)dev, (void)spec, (void)c;                                              \
-		return dg__op_no_workspace(bytes);                                                  \
-	}
+	DG__OP_NO_WORKSPACE(name)
 
 GEMM_ENTRIES(attention_scores, DG_OP_ATTENTION_SCORES)
 GEMM_ENTRIES(attention_out, DG_OP_ATTENTION_OUT)
@@ -139,19 +134,9 @@ GEMM_ENTRIES(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES)
 GEMM_ENTRIES(attention_grad_v, DG_OP_ATTENTION_GRAD_V)
 GEMM_ENTRIES(attention_grad_xs, DG_OP_ATTENTION_GRAD_XS)
 
-dg_status dg__workspace_rope_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				 size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(rope_fwd)
 
-dg_status dg__workspace_rope_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				 size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(rope_bwd)
 
 /* The typed calls: a check and a run each, the tensors in the table's order. */
 DG__OP_TYPED(attention_scores, DG_OP_ATTENTION_SCORES, run_gemm, a->xs, a->rope, a->scores, NULL)

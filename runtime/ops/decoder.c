@@ -168,13 +168,7 @@ dg_status dg__run_decoder_grad_input(dg_device *dev, const dg_spec *spec, const 
 				     c->t[2], spec->latent, (unsigned)spec->heads);
 }
 
-dg_status dg__workspace_decoder_grad_input(dg_device *dev, const dg_spec *spec,
-					   const dg__op_call *c, size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	*bytes = 0;
-	return DG_OK;
-}
+DG__OP_NO_WORKSPACE(decoder_grad_input)
 
 dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
 				const dg_decoder_grad_input_args *a)

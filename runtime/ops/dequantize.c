@@ -62,12 +62,7 @@ dg_status dg__run_dequantize(dg_device *dev, const dg_spec *spec, const dg__op_c
 	return run(dev, spec, DG_OP_DEQUANTIZE, c);
 }
 
-dg_status dg__workspace_dequantize(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				   size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(dequantize)
 
 dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
 			      size_t msg_size)

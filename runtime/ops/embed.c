@@ -97,13 +97,7 @@ dg_status dg__run_embed_fwd(dg_device *dev, const dg_spec *spec, const dg__op_ca
 	return run(dev, spec, DG_OP_EMBED_FWD, "dg_embed_fwd", c);
 }
 
-dg_status dg__workspace_embed_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				  size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	*bytes = 0;
-	return DG_OK;
-}
+DG__OP_NO_WORKSPACE(embed_fwd)
 
 dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a)
 {
@@ -138,13 +132,7 @@ dg_status dg__run_embed_bwd(dg_device *dev, const dg_spec *spec, const dg__op_ca
 	return run(dev, spec, DG_OP_EMBED_BWD, "dg_embed_bwd", c);
 }
 
-dg_status dg__workspace_embed_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				  size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	*bytes = 0;
-	return DG_OK;
-}
+DG__OP_NO_WORKSPACE(embed_bwd)
 
 dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a)
 {

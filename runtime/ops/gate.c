@@ -109,21 +109,9 @@ dg_status dg__run_gate_bwd(dg_device *dev, const dg_spec *spec, const dg__op_cal
 	return run_gate(dev, spec, DG_OP_GATE_BWD, c);
 }
 
-dg_status dg__workspace_gate_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				 size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	*bytes = 0;
-	return DG_OK;
-}
+DG__OP_NO_WORKSPACE(gate_fwd)
 
-dg_status dg__workspace_gate_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				 size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	*bytes = 0;
-	return DG_OK;
-}
+DG__OP_NO_WORKSPACE(gate_bwd)
 
 /* ---- the typed calls ------------------------------------------------------------ */
 

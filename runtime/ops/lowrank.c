@@ -72,13 +72,7 @@ dg_status dg__run_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg__op_
 	return dg_kernel_launch(dev, k, &l, args);
 }
 
-dg_status dg__workspace_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				    size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	*bytes = 0;
-	return DG_OK;
-}
+DG__OP_NO_WORKSPACE(lowrank_fwd)
 
 dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg_lowrank_fwd_args *a)
 {
@@ -132,13 +126,7 @@ dg_status dg__run_relu_mask(dg_device *dev, const dg_spec *spec, const dg__op_ca
 	return dg_kernel_launch(dev, k, &l, args);
 }
 
-dg_status dg__workspace_relu_mask(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				  size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	*bytes = 0;
-	return DG_OK;
-}
+DG__OP_NO_WORKSPACE(relu_mask)
 
 dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec, const dg_relu_mask_args *a)
 {
@@ -178,13 +166,7 @@ dg_status dg__run_lowrank_grad_input(dg_device *dev, const dg_spec *spec, const 
 				     c->t[2], spec->embd, (unsigned)spec->in_heads);
 }
 
-dg_status dg__workspace_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
-					   const dg__op_call *c, size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	*bytes = 0;
-	return DG_OK;
-}
+DG__OP_NO_WORKSPACE(lowrank_grad_input)
 
 dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
 				const dg_lowrank_grad_input_args *a)

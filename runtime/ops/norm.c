@@ -113,12 +113,7 @@ dg_status dg__run_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg__o
 	return run(dev, spec, DG_OP_LAYERNORM_FWD, "dg_layernorm_fwd", c);
 }
 
-dg_status dg__workspace_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				      size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(layernorm_fwd)
 
 dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_fwd_args *a)
 {
@@ -155,12 +150,7 @@ dg_status dg__run_layernorm_bwd(dg_device *dev, const dg_spec *spec, const dg__o
 	return run(dev, spec, DG_OP_LAYERNORM_BWD, "dg_layernorm_bwd", c);
 }
 
-dg_status dg__workspace_layernorm_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				      size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(layernorm_bwd)
 
 dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_bwd_args *a)
 {
@@ -197,12 +187,7 @@ dg_status dg__run_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg__op
 	return run(dev, spec, DG_OP_RESID_LN_FWD, "dg_resid_ln_fwd", c);
 }
 
-dg_status dg__workspace_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				     size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(resid_ln_fwd)
 
 dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_fwd_args *a)
 {
@@ -240,12 +225,7 @@ dg_status dg__run_resid_ln_bwd(dg_device *dev, const dg_spec *spec, const dg__op
 	return run(dev, spec, DG_OP_RESID_LN_BWD, "dg_resid_ln_bwd", c);
 }
 
-dg_status dg__workspace_resid_ln_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				     size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(resid_ln_bwd)
 
 dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_bwd_args *a)
 {

@@ -70,6 +70,15 @@ dg__op_call dg__op_call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_te
 /* The workspace entry of an op that takes none. */
 dg_status dg__op_no_workspace(size_t *bytes);
 
+/* The workspace query of an op that needs none: 0 bytes. */
+#define DG__OP_NO_WORKSPACE(name)                                                            \
+	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec, const dg__op_call *c, \
+				       size_t *bytes)                                        \
+	{                                                                                    \
+		(void)dev, (void)spec, (void)c;                                              \
+		return dg__op_no_workspace(bytes);                                           \
+	}
+
 /*
  * The typed calls of an op whose args struct is its tensors alone: the
  * _check twin and the call, the tensors T0..T3 (expressions of `a`, NULL

@@ -72,19 +72,9 @@ dg_status dg__run_pack_sign1(dg_device *dev, const dg_spec *spec, const dg__op_c
 	return run_weight(dev, spec, DG_OP_PACK_SIGN1, c);
 }
 
-dg_status dg__workspace_pack_ternary(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				     size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(pack_ternary)
 
-dg_status dg__workspace_pack_sign1(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				   size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(pack_sign1)
 
 /* spec->op picks the format; an op of neither is refused by the check. */
 static dg_op weight_op(const dg_spec *spec)
@@ -171,19 +161,9 @@ dg_status dg__run_unpack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_
 	return run_i8x4(dev, spec, DG_OP_UNPACK_I8X4, c);
 }
 
-dg_status dg__workspace_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				  size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(pack_i8x4)
 
-dg_status dg__workspace_unpack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				    size_t *bytes)
-{
-	(void)dev, (void)spec, (void)c;
-	return dg__op_no_workspace(bytes);
-}
+DG__OP_NO_WORKSPACE(unpack_i8x4)
 
 dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a, char *msg,
 			     size_t msg_size)

@@ -68,13 +68,7 @@ static dg_status run_step(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	{                                                                                    \
 		return run_step(dev, spec, OP, c);                                           \
 	}                                                                                    \
-	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec,                  \
-				       const dg__op_call *c, size_t *bytes)                  \
-	{                                                                                    \
-		(void)dev, (void)spec, (void)c;                                              \
-		*bytes = 0;                                                                  \
-		return DG_OK;                                                                \
-	}
+	DG__OP_NO_WORKSPACE(name)
 
 STEP_ENTRIES(add_mask, DG_OP_ADD_MASK)
 STEP_ENTRIES(add3, DG_OP_ADD3)
