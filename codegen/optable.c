@@ -558,6 +558,28 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.check = DG_CHECK_EXACT,
 		.build = "act=int8;ascale=tensor,token",
 	},
+	/* decoder_grad_input with gate_bwd in its epilogue: the model's
+	 * backward on sm_90a, where dxy's round trip through memory was a
+	 * third of the two ops' traffic (templates/decoder_gate.lua). */
+	[DG_OP_DECODER_GATE_BWD] = {
+		.family = "gate", .module = "decoder_gate",
+		.about = "decoder input gradient into the gate's backward: dxy = grad (B,1,T,E) f32 . w (E,H*L) per head; g = keep ? dxy/(1-p) : 0; dxs = g*ys, dys = [ys > 0] g*xs (B,H,T,L) out",
+		.fields = DECODER_SHAPE | F(ACT) | F(OUT) | F(WEIGHT),
+		.tile = DG_TILE_GEMM,
+		.weight_fmts = FLOATS, .act_fmts = FLOATS, .out_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.defaults = { .fields = F(ACT) | F(OUT) | F(WEIGHT), .act = DG_FMT_BF16,
+			      .out = DG_FMT_BF16, .weight = DG_FMT_BF16 },
+		.n_args = 6, .args = {
+			{ "grad", false, DG_ARG_F32, false, 4, { D(B), D(ONE), D(T), D(E) } },
+			{ "w", false, DG_ARG_WEIGHT, false, 2, { D(E), D(HL) } },
+			{ "xs", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "ys", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "dxs", true, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) } },
+			{ "dys", true, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) } } },
+		.check = DG_CHECK_NORM,
+		.build = "",
+	},
 };
 
 static const char *const names[DG_OP__COUNT] = {

@@ -35,6 +35,8 @@ local fmt = string.format
 
 local M = {}
 
+-- The dropout's mask bits, also read by templates/decoder_gate.lua (the
+-- gate's backward fused into the decoder input gradient).
 local PHILOX = [[
 // Philox4x32-10 (dragon/rng.h dg_philox4x32): the block of counter
 // (c0, c1, c2, c3) under key (k0, k1).
@@ -92,6 +94,8 @@ __device__ __forceinline__ bool dg_keep1(unsigned long long i, unsigned thr, uns
 	return ((dg_keep_bits<1>(i >> 2, thr, seed, step, layer) >> (i & 3ull)) & 1u) != 0u;
 }
 ]]
+
+M.PHILOX = PHILOX
 
 local CONSTS = [[
 constexpr int H = ${H};		// heads

@@ -1,6 +1,7 @@
 /*
- * The gate and step families' kernels (templates/gate.lua, templates/step.lua)
- * render and compile to sm_90 cubins without a GPU:
+ * The gate and step families' kernels (templates/gate.lua, templates/step.lua,
+ * templates/decoder_gate.lua) render and compile to sm_90 cubins without a
+ * GPU (decoder_gate_bwd: both paths, sm_90a and sm_80 / sm_75):
  *   - each op for act f32 and bf16 at the BDH shape, at a small odd one
  *     (heads 3, latent 13: the scalar tail of the vector loop; transpose
  *     embd 36, latent 13: partial tiles), and on non-default thread counts
@@ -314,4 +315,87 @@ Test(nvrtc_gate, step_checks_refuse_wrong_tensors)
 	in.fmt = DG_FMT_F32;
 	to.shape[0] = 3; /* R is in's */
 	expect_named(dg_transpose_check(&t, &ta, msg, sizeof(msg)), msg, "out");
+}
+
+/* ---- decoder_gate_bwd (templates/decoder_gate.lua) ------------------------------ */
+
+/* decoder_gate_bwd at (H, E, L) for arch (sm_90a: specific), its banner
+ * naming path, compiled for that target with no spills. */
+static void compile_dg(dg_codegen *cg, int H, int E, int L, dg_fmt w, dg_fmt act, dg_fmt out, int arch,
+		       bool specific, const char *path)
+{
+	char e[8192], text[DG_SPEC_TEXT_MAX];
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+	dg_source *src = NULL;
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DECODER_GATE_BWD);
+	s.heads = H;
+	s.embd = E;
+	s.latent = L;
+	s.weight = w;
+	s.act = act;
+	s.out = out;
+	s.arch = arch;
+	s.arch_specific = specific;
+	dg_spec_to_string(&s, text, sizeof(text));
+	cr_assert_eq(dg__nvrtc_target_for(arch, specific, &t, e, sizeof(e)), DG_OK, "%s", e);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_eq(src->n_entries, 1, "%s", text);
+	cr_assert_str_eq(src->entries[0], "dg_decoder_gate_bwd", "%s", text);
+	cr_assert(strstr(src->text, path), "%s: expected '%s' in the banner", text, path);
+	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, e, sizeof(e)), DG_OK, "%s: %s", text, e);
+	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not an ELF cubin", text);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+Test(nvrtc_gate, decoder_gate_bwd_both_paths)
+{
+	dg_codegen *cg = make_cg();
+	static const dg_fmt F[2] = { DG_FMT_F32, DG_FMT_BF16 };
+	/* the warpgroup path: bf16 w, any act and out; the BDH shape and
+	 * ragged ones (L 100: rows that are not whole vectors) */
+	for (int a = 0; a < 2; a++)
+		for (int o = 0; o < 2; o++) {
+			compile_dg(cg, 4, 256, 8192, DG_FMT_BF16, F[a], F[o], 90, true, "path: warpgroup");
+			compile_dg(cg, 3, 64, 100, DG_FMT_BF16, F[a], F[o], 90, true, "path: warpgroup");
+		}
+	/* the fp32 path: elsewhere, f32 w, or E not a multiple of 64 */
+	compile_dg(cg, 4, 256, 8192, DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 80, false, "path: fp32");
+	compile_dg(cg, 4, 256, 8192, DG_FMT_F32, DG_FMT_BF16, DG_FMT_BF16, 90, true, "path: fp32");
+	compile_dg(cg, 3, 36, 13, DG_FMT_BF16, DG_FMT_F32, DG_FMT_F32, 90, true, "path: fp32");
+	compile_dg(cg, 2, 32, 64, DG_FMT_F32, DG_FMT_F32, DG_FMT_F32, 75, false, "path: fp32");
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_gate, decoder_gate_bwd_refusals)
+{
+	dg_codegen *cg = make_cg();
+	char e[512];
+	dg_spec s;
+	/* a low-bit weight: the op reads a float copy */
+	dg_spec_init(&s, DG_OP_DECODER_GATE_BWD);
+	dg_status st = dg_spec_set(&s, "weight", "int8", e, sizeof(e));
+	if (st == DG_OK)
+		st = dg_spec_validate(&s, e, sizeof(e));
+	cr_assert_neq(st, DG_OK, "weight=int8 accepted");
+	cr_assert(strstr(e, "weight"), "%s", e);
+	/* a tile neither path runs */
+	dg_spec_init(&s, DG_OP_DECODER_GATE_BWD);
+	s.arch = 80;
+	dg_tile t = { .bm = 128, .bn = 128, .bk = 32, .wm = 2, .wn = 2, .stages = 2 };
+	s.tile = t;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "tile=128x128x32/2x2/2"), "%s", dg_codegen_errmsg(cg));
+	/* the default on sm_90a is the warpgroup path, elsewhere fp32 */
+	dg_spec_init(&s, DG_OP_DECODER_GATE_BWD);
+	s.arch = 90;
+	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(p.spec.arch_specific && p.spec.tile.bn == 128 && p.spec.tile.bk == 64, "%s", p.canonical);
+	s.arch = 80;
+	cr_assert_eq(dg_codegen_plan_for(cg, &s, 80, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(!p.spec.arch_specific && p.spec.tile.bm == 64 && p.spec.tile.bk == 32, "%s", p.canonical);
+	dg_codegen_destroy(cg);
 }

@@ -469,6 +469,13 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 		dg_dequantize_args a = { .codes = by_name(c, "codes"), .out = by_name(c, "out") };
 		return dg_dequantize_check(s, &a, msg, size);
 	}
+	case DG_OP_DECODER_GATE_BWD: {
+		dg_decoder_gate_bwd_args a = { .grad = by_name(c, "grad"), .w = by_name(c, "w"),
+					       .xs = by_name(c, "xs"), .ys = by_name(c, "ys"),
+					       .dxs = by_name(c, "dxs"), .dys = by_name(c, "dys"), .p = 0.1f,
+					       .seed = 1, .step = 2, .layer = 3 };
+		return dg_decoder_gate_bwd_check(s, &a, msg, size);
+	}
 	default:
 		cr_assert_fail("op %d has no check here", (int)c->op);
 		return DG_ERR_INTERNAL;

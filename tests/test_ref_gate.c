@@ -239,3 +239,69 @@ Test(ref_gate, transpose_against_a_loop)
 	cr_assert_eq(dg_ref_transpose(DG_FMT_INT8, in, R, E, L, got), DG_ERR_INVALID_ARG);
 	free(in), free(got), free(hb), free(back);
 }
+
+/* decoder_gate_bwd's reference is decoder_grad_input (out f32) followed by
+ * gate_bwd (f32 gradients), bit for bit; out=bf16 rounds that once; bad
+ * calls are refused. */
+Test(ref_gate, decoder_gate_bwd_is_decoder_grad_input_then_gate_bwd)
+{
+	enum { B = 2, T = 5, H = 3, E = 12, L = 10 };
+	const size_t n = (size_t)B * H * T * L;
+	dg_rng r;
+	dg_rng_seed(&r, 19);
+	float *grad = rnd(&r, (size_t)B * T * E), *w = rnd(&r, (size_t)E * H * L);
+	float *xs = rnd(&r, n), *ys = rnd(&r, n);
+	float *dxy = malloc(n * 4), *wdxs = malloc(n * 4), *wdys = malloc(n * 4);
+	float *gdxs = malloc(n * 4), *gdys = malloc(n * 4);
+	uint16_t *bdxs = malloc(n * 2), *bdys = malloc(n * 2);
+	dg_spec gi, dg;
+	dg_spec_init(&gi, DG_OP_DECODER_GRAD_INPUT);
+	gi.heads = H;
+	gi.embd = E;
+	gi.latent = L;
+	gi.weight = DG_FMT_F32;
+	gi.out = DG_FMT_F32;
+	dg_spec_init(&dg, DG_OP_DECODER_GATE_BWD);
+	dg.heads = H;
+	dg.embd = E;
+	dg.latent = L;
+	dg.weight = DG_FMT_F32;
+	dg.act = DG_FMT_F32;
+	dg.out = DG_FMT_F32;
+	cr_assert_eq(dg_spec_validate(&dg, NULL, 0), DG_OK);
+	const float ps[] = { 0.0f, 0.25f };
+	for (int k = 0; k < 2; k++) {
+		float p = ps[k];
+		cr_assert_eq(dg_ref_decoder_grad_input(&gi, grad, w, 1.0f, dxy, B, T), DG_OK);
+		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, xs, ys, (int64_t)n, p, 5, 2, 1,
+						wdxs, wdys), DG_OK);
+		dg.out = DG_FMT_F32;
+		cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, p, 5, 2, 1, gdxs, gdys), DG_OK);
+		cr_assert_eq(memcmp(gdxs, wdxs, n * 4), 0, "dxs p=%g", (double)p);
+		cr_assert_eq(memcmp(gdys, wdys, n * 4), 0, "dys p=%g", (double)p);
+		dg.out = DG_FMT_BF16;
+		cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, p, 5, 2, 1, bdxs, bdys), DG_OK);
+		for (size_t i = 0; i < n; i++) {
+			cr_assert_eq(bdxs[i], dg_f32_to_bf16(wdxs[i]), "bf16 dxs[%zu]", i);
+			cr_assert_eq(bdys[i], dg_f32_to_bf16(wdys[i]), "bf16 dys[%zu]", i);
+		}
+	}
+	/* a hand check of one element: (b 1, h 2, t 3, l 4), p 0 */
+	double sum = 0;
+	for (int d = 0; d < E; d++)
+		sum += (double)grad[(1 * T + 3) * E + d] * w[(size_t)d * H * L + 2 * L + 4];
+	size_t i = (((size_t)1 * H + 2) * T + 3) * L + 4;
+	dg.out = DG_FMT_F32;
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, gdxs, gdys), DG_OK);
+	cr_assert_eq(gdxs[i], (float)sum * ys[i]);
+	cr_assert_eq(gdys[i], ys[i] > 0.0f ? (float)sum * xs[i] : 0.0f);
+	/* refusals */
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 1.0f, 5, 2, 1, gdxs, gdys),
+		     DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&gi, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, gdxs, gdys),
+		     DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, gdxs, NULL),
+		     DG_ERR_INVALID_ARG);
+	free(grad), free(w), free(xs), free(ys), free(dxy), free(wdxs), free(wdys), free(gdxs), free(gdys);
+	free(bdxs), free(bdys);
+}

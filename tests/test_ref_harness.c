@@ -498,6 +498,13 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 	case DG_OP_DEQUANTIZE: /* rows of RUN_COLS (run_both's cols) */
 		return dg_ref_dequantize(s->act, s->out, s->ascale, c->in[0], RUN_N / RUN_COLS, RUN_COLS,
 					 &c->scale[0], out);
+	case DG_OP_DECODER_GATE_BWD: { /* out: dys, the last output; dxs to scratch */
+		void *dxs = rh_xmalloc((size_t)b * s->heads * t * s->latent * 4 + 16);
+		dg_status st = dg_ref_decoder_gate_bwd(s, c->in[0], c->in[1], c->in[2], c->in[3], b, t, c->p,
+						       c->seed, c->step, c->layer, dxs, out);
+		free(dxs);
+		return st;
+	}
 	default:
 		return direct_rows(s, c, out);
 	}

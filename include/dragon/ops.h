@@ -493,6 +493,26 @@ dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char
 			    size_t msg_size);
 dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
 
+/* decoder_gate_bwd: decoder_grad_input and gate_bwd in one kernel (no dxy
+ * in memory), the model's backward on sm_90a:
+ *   dxy = grad (B,1,T,E) f32 · w (E, H·L) (head h: columns h·L ..), f32;
+ *   g = keep ? dxy·(1/(1−p)) : 0; dxs = g·ys, dys = ys > 0 ? g·xs : 0.
+ * w spec->weight f32 | bf16 (no scale: a low-bit recipe passes its bf16
+ * copy), xs and ys act, dxs and dys spec->out (bf16 by default); dxs and
+ * dys alias nothing. Within the GEMM tolerance of the CPU reference
+ * dg_ref_decoder_gate_bwd (its sums; the gate's rounding is the same). */
+typedef struct dg_decoder_gate_bwd_args {
+	const dg_tensor *grad, *w, *xs, *ys;
+	const dg_tensor *dxs, *dys; /* out */
+	float p;
+	uint64_t seed;
+	uint32_t step, layer;
+} dg_decoder_gate_bwd_args;
+dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
+				    char *msg, size_t msg_size);
+dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
+			      const dg_decoder_gate_bwd_args *a);
+
 /* ---- step (the training step's element-wise glue and layout change) ------
  *   add_mask   dxs (B,H,T,L) in/out spec->out, other spec->src, xs act:
  *              dxs = xs > 0 ? dxs + other : 0 (xs = relu(·) from two consumers)

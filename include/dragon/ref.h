@@ -309,6 +309,13 @@ dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t
 dg_status dg_ref_gate_bwd_op(dg_fmt act, dg_fmt grad, const void *dxy, const void *xs,
 			     const void *ys, int64_t n, float p, uint64_t seed, uint32_t step,
 			     uint32_t layer, void *dxs, void *dys);
+/* decoder_gate_bwd (dragon/ops.h): dxy = Σ_d grad[b,0,t,d]·w[d, h·L + l]
+ * in f32 (dg_ref_decoder_grad_input's sums, w spec->weight f32 | bf16),
+ * then gate_bwd's arithmetic on it; xs, ys spec->act, dxs and dys
+ * spec->out. */
+dg_status dg_ref_decoder_gate_bwd(const dg_spec *spec, const float *grad, const void *w,
+				  const void *xs, const void *ys, int batch, int time, float p,
+				  uint64_t seed, uint32_t step, uint32_t layer, void *dxs, void *dys);
 
 /* The step ops (dragon/ops.h), n elements: add_mask out = xs > 0 ? dxs +
  * other : 0 (out may be dxs; xs act, dxs and out `grad` (the spec's out),

@@ -69,7 +69,8 @@ extern "C" {
 	X(DG_OP_ADD_MASK, add_mask)                                         \
 	X(DG_OP_ADD3, add3)                                                 \
 	X(DG_OP_TRANSPOSE, transpose)                                       \
-	X(DG_OP_DEQUANTIZE, dequantize)
+	X(DG_OP_DEQUANTIZE, dequantize)                                     \
+	X(DG_OP_DECODER_GATE_BWD, decoder_gate_bwd)
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,
@@ -171,6 +172,8 @@ typedef struct dg_spec {
  * Both take f32 | bf16 and default to f32. The ops and their gradients:
  *   decoder_grad_input   out: grad_y            (grad (B,1,T,E) stays f32)
  *   gate_bwd             out: dxy, dys over it, dxs
+ *   decoder_gate_bwd     out: dxs, dys          (grad stays f32; its own
+ *                        op, out defaults to bf16)
  *   add_mask             out: dxs (read, then overwritten); src: other
  *   lowrank_grad_input   src: grad              (grad_x stays f32)
  *   lowrank_grad_weight  src: grad              (grad_w stays f32)

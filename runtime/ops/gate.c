@@ -143,3 +143,118 @@ dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_arg
 	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
 	return run_gate(dev, spec, DG_OP_GATE_BWD, a ? &c : NULL);
 }
+
+/* ---- decoder_gate_bwd ----------------------------------------------------------
+ * decoder_grad_input with gate_bwd in its epilogue (templates/decoder_gate.lua):
+ * a GEMM grid (ceil(L/BN), ceil(B·T/BM), H) of the kernel's tile, the
+ * dropout's arguments as gate_bwd's. */
+
+static dg__op_call dg_call_of(const dg_decoder_gate_bwd_args *a)
+{
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->grad;
+		c.t[1] = a->w;
+		c.t[2] = a->xs;
+		c.t[3] = a->ys;
+		c.t[4] = a->dxs;
+		c.t[5] = a->dys;
+		c.p = a->p;
+		c.seed = a->seed;
+		c.step = a->step;
+		c.layer = a->layer;
+	}
+	return c;
+}
+
+/* The op table's check, the drop probability, and outputs that alias
+ * nothing (the kernel reads xs and ys after other blocks wrote dxs, dys). */
+static dg_status dg_check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *sh, char *msg,
+			  size_t size)
+{
+	static const char fn[] = "dg_decoder_gate_bwd";
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, DG_OP_DECODER_GATE_BWD, fn, c, sh, msg, size);
+	if (st)
+		return st;
+	if (!(c->p >= 0.0f && c->p < 1.0f)) {
+		snprintf(msg, size, "%s: p=%g: the drop probability must be in [0, 1) (0: no dropout)", fn,
+			 (double)c->p);
+		return DG_ERR_INVALID_ARG;
+	}
+	static const char *const names[] = { "grad", "w", "xs", "ys", "dxs", "dys" };
+	for (int o = 4; o < 6; o++)
+		for (int i = 0; i < 6; i++)
+			if (i != o && c->t[i]->data == c->t[o]->data) {
+				snprintf(msg, size, "%s: %s: %s: must not alias %s", names[o],
+					 c->t[o]->name ? c->t[o]->name : "(unnamed)", fn, names[i]);
+				return DG_ERR_INVALID_ARG;
+			}
+	return DG_OK;
+}
+
+dg_status dg__run_decoder_gate_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	char msg[512];
+	dg__op_shape sh;
+
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = dg_check(spec, c, &sh, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	if (sh.b * sh.t == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, "dg_decoder_gate_bwd", &k);
+	if (st)
+		return st;
+	const dg_tile *t = &dg_kernel_spec(k)->tile;
+	dg_launch l;
+	memset(&l, 0, sizeof(l)); /* block and shared memory: the plan's */
+	l.grid[0] = (unsigned)dg__op_cdiv(spec->latent, t->bn);
+	l.grid[1] = (unsigned)dg__op_cdiv(sh.b * sh.t, t->bm);
+	l.grid[2] = (unsigned)spec->heads;
+	if (l.grid[1] > 65535)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_decoder_gate_bwd: batch·time = %lld rows need %u row blocks of %d, more than the grid's 65535",
+				    (long long)(sh.b * sh.t), l.grid[1], t->bm);
+	dg_dptr p[6];
+	void *args[12];
+	for (int i = 0; i < 6; i++) {
+		p[i] = c->t[i]->data;
+		args[i] = &p[i];
+	}
+	int B = (int)sh.b, T = (int)sh.t;
+	float prob = c->p;
+	unsigned long long seed = c->seed;
+	unsigned step = c->step, layer = c->layer;
+	args[6] = &B;
+	args[7] = &T;
+	args[8] = &prob;
+	args[9] = &seed;
+	args[10] = &step;
+	args[11] = &layer;
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+DG__OP_NO_WORKSPACE(decoder_gate_bwd)
+
+dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
+				    char *msg, size_t msg_size)
+{
+	dg__op_call c = dg_call_of(a);
+	return dg_check(spec, a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
+			      const dg_decoder_gate_bwd_args *a)
+{
+	dg__op_call c = dg_call_of(a);
+	return dg__run_decoder_gate_bwd(dev, spec, a ? &c : NULL);
+}

@@ -3,6 +3,8 @@
  * dropped and rescaled by the counter-based mask of dragon/rng.h, which
  * the backward regenerates instead of storing.
  */
+#include <stdlib.h>
+
 #include "dragon/rng.h"
 #include "runtime/ref/ref_int.h"
 
@@ -64,4 +66,39 @@ dg_status dg_ref_gate_bwd_op(dg_fmt act, dg_fmt grad, const void *dxy, const voi
 			dg__ref_plain_store(grad, dys, (size_t)i, y > 0.0f ? g * x : 0.0f);
 	}
 	return DG_OK;
+}
+
+/* ---- decoder_gate_bwd (templates/decoder_gate.lua) ------------------------------
+ * decoder_grad_input's f32 result (its sums: dg_ref_decoder_grad_input),
+ * then gate_bwd's arithmetic on it, the results stored in spec->out. */
+dg_status dg_ref_decoder_gate_bwd(const dg_spec *spec, const float *grad, const void *w,
+				  const void *xs, const void *ys, int batch, int time, float p,
+				  uint64_t seed, uint32_t step, uint32_t layer, void *dxs, void *dys)
+{
+	if (!spec || spec->op != DG_OP_DECODER_GATE_BWD || !grad || !w || !xs || !ys || !dxs ||
+	    !dys || batch < 0 || time < 0 || !(p >= 0.0f && p < 1.0f))
+		return DG_ERR_INVALID_ARG;
+	dg_fmt act = spec->act, grd = spec->out;
+	if ((act != DG_FMT_F32 && act != DG_FMT_BF16) || (grd != DG_FMT_F32 && grd != DG_FMT_BF16))
+		return DG_ERR_INVALID_ARG;
+	dg_spec d = *spec;
+	d.op = DG_OP_DECODER_GRAD_INPUT;
+	d.out = DG_FMT_F32;
+	d.act = DG_FMT_F32;
+	d.wscale = DG_SCALE_TENSOR;
+	int64_t n = (int64_t)batch * spec->heads * time * spec->latent;
+	float *dxy = malloc((size_t)n * sizeof(float) + 1);
+	if (!dxy)
+		return DG_ERR_NOMEM;
+	dg_status st = dg_ref_decoder_grad_input(&d, grad, w, 1.0f, dxy, batch, time);
+	float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+	for (int64_t i = 0; !st && i < n; i++) {
+		bool keep = dg_dropout_keep(seed, step, layer, (uint64_t)i, p);
+		float x = dg__ref_plain_at(act, xs, (size_t)i), y = dg__ref_plain_at(act, ys, (size_t)i);
+		float g = keep ? dxy[i] * scale : 0.0f;
+		dg__ref_plain_store(grd, dxs, (size_t)i, g * y);
+		dg__ref_plain_store(grd, dys, (size_t)i, y > 0.0f ? g * x : 0.0f);
+	}
+	free(dxy);
+	return st;
 }

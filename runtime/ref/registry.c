@@ -346,6 +346,19 @@ dg_status dg__ref_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
 				  c->seed, c->step, c->layer, c->out, c->out2);
 }
 
+dg_status dg__ref_decoder_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
+{
+	void *dxs = out_at(spec, c, 4), *dys = out_at(spec, c, 5);
+	size_t n = (size_t)bhtl(spec, c) * (spec->out == DG_FMT_BF16 ? 2 : 4);
+	void *scratch = NULL;
+	if (!dxs && !(dxs = scratch = malloc(n + 1)))
+		return DG_ERR_NOMEM;
+	dg_status st = dg_ref_decoder_gate_bwd(spec, c->in[0], c->in[1], c->in[2], c->in[3], (int)c->b,
+					       (int)c->t, c->p, c->seed, c->step, c->layer, dxs, dys);
+	free(scratch);
+	return st;
+}
+
 dg_status dg__ref_add_mask(const dg_spec *spec, const dg_ref_call *c)
 {
 	return dg_ref_add_mask(spec->act, spec->out, spec->src, c->in[0], c->in[1], c->in[2], bhtl(spec, c),

@@ -1,0 +1,311 @@
+/*
+ * GPU tests of decoder_gate_bwd (templates/decoder_gate.lua, runtime/ops/
+ * gate.c) against its CPU reference (dg_ref_decoder_gate_bwd). Skip
+ * without a device (gh_open); fail instead with DRAGON_REQUIRE_GPU=1.
+ *
+ * The inputs make the GEMM exact up to the order of its f32 sums: grad
+ * holds bf16 values (the warpgroup path rounds grad to bf16 as it stages
+ * it, which is then exact), w is bf16. So each result is held to the
+ * reference's f32 value within one bf16 rounding of the output (2^-8
+ * relative, out=bf16; none for f32) plus the reordered sum's bound
+ * 2·E·2^-24·Σ_d|grad·w|·|s·y| (or ·|s·x|), element by element:
+ *
+ *   - both paths (warpgroup on sm_90, fp32 FMA anywhere), act f32 and bf16,
+ *     out f32 and bf16, w f32 on the fp32 path;
+ *   - ragged shapes: B·T not a multiple of BM, L = 200 (a partial column
+ *     tile) and L = 100 (rows that are not whole 8-element vectors: the
+ *     scalar epilogue and the element loads of w);
+ *   - p = 0 and p = 0.1, two (seed, step, layer): the mask is the gate's;
+ *   - every output starts as 0xff bytes (NaN): an unwritten element fails;
+ *     a second run gives the same bytes;
+ *   - the BDH shape (B 8, T 512, H 4, E 256, L 8192) on sampled rows, timed
+ *     (cold L2) against the traffic floor (xs, ys in, dxs, dys out);
+ *   - bad calls: an output aliasing an input, p = 1, a wrong format.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/ops.h"
+#include "dragon/ref.h"
+#include "dragon/rng.h"
+#include "gpu_helpers.h"
+
+typedef struct shape {
+	int B, T, H, E, L;
+} shape;
+
+typedef struct fmts {
+	dg_fmt w, act, out;
+	bool wgmma; /* the warpgroup path (sm_90a); else the fp32 tile */
+} fmts;
+
+static size_t esz(dg_fmt f)
+{
+	return f == DG_FMT_BF16 ? 2 : 4;
+}
+
+static float at(dg_fmt f, const void *p, size_t i)
+{
+	return f == DG_FMT_BF16 ? dg_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static bool device_sm90(dg_device *dev)
+{
+	dg_device_info di;
+	return dg_device_info_get(dev, &di) == DG_OK && di.sm == 90;
+}
+
+static dg_spec spec_of(const shape *sh, const fmts *f, int dev_sm)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DECODER_GATE_BWD);
+	s.heads = sh->H;
+	s.embd = sh->E;
+	s.latent = sh->L;
+	s.weight = f->w;
+	s.act = f->act;
+	s.out = f->out;
+	if (f->wgmma) {
+		s.arch = 90;
+		s.arch_specific = true;
+	} else {
+		s.arch = dev_sm;
+		dg_tile t = { .bm = 64, .bn = 64, .bk = 32, .wm = 4, .wn = 2, .stages = 1 };
+		s.tile = t;
+	}
+	dg_spec_normalize(&s);
+	return s;
+}
+
+/* n values in [-1, 1) that bf16 holds exactly, as f32 or bf16 storage. */
+static void *rand_exact(dg_fmt f, size_t n)
+{
+	void *p = gh_xmalloc(n * esz(f) + 1);
+	for (size_t i = 0; i < n; i++) {
+		uint16_t b = dg_f32_to_bf16(gh_uniform(-1.0f, 1.0f));
+		if (f == DG_FMT_BF16)
+			((uint16_t *)p)[i] = b;
+		else
+			((float *)p)[i] = dg_bf16_to_f32(b);
+	}
+	return p;
+}
+
+typedef struct run {
+	dg_device *dev;
+	dg_spec spec;
+	dg_decoder_gate_bwd_args a;
+} run;
+
+static dg_status call(void *u)
+{
+	run *r = u;
+	return dg_decoder_gate_bwd(r->dev, &r->spec, &r->a);
+}
+
+/*
+ * Rows `rows` (indices m = b·T + t; NULL: all) of the GPU's dxs and dys
+ * against the reference computed here for those rows (double sums, then
+ * the reference's f32 gate): within one output rounding and the sums'
+ * reordering, element by element.
+ */
+static void check_rows(const char *what, const shape *sh, const fmts *f, float p, uint64_t seed,
+		       uint32_t step, uint32_t layer, const float *grad, const void *w, const void *xs,
+		       const void *ys, const void *gdxs, const void *gdys, const int *rows, int nrows)
+{
+	const int H = sh->H, T = sh->T, E = sh->E, L = sh->L, HL = H * L;
+	const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+	const double ulp = f->out == DG_FMT_BF16 ? 1.0 / 256 : 0.0;
+	int bad = 0;
+	for (int ri = 0; ri < nrows; ri++) {
+		int m = rows ? rows[ri] : ri, b = m / T, t = m % T;
+		for (int h = 0; h < H; h++)
+			for (int l = 0; l < L; l++) {
+				double sum = 0, abs = 0;
+				for (int d = 0; d < E; d++) {
+					double v = (double)grad[(size_t)m * E + d] *
+						   at(f->w, w, (size_t)d * HL + (size_t)h * L + l);
+					sum += v;
+					abs += fabs(v);
+				}
+				size_t i = (((size_t)b * H + h) * T + t) * L + l;
+				bool keep = dg_dropout_keep(seed, step, layer, i, p);
+				float g = keep ? (float)sum * scale : 0.0f;
+				float x = at(f->act, xs, i), y = at(f->act, ys, i);
+				float wx = g * y, wy = y > 0.0f ? g * x : 0.0f;
+				double sb = keep ? 2.0 * E * 0x1p-24 * abs * scale : 0.0;
+				float gx = at(f->out, gdxs, i), gy = at(f->out, gdys, i);
+				double ex = ulp * fabs(wx) + sb * fabs(y) + 1e-30;
+				double ey = ulp * fabs(wy) + (y > 0.0f ? sb * fabs(x) : 0.0) + 1e-30;
+				if (!(fabs((double)gx - wx) <= ex) || !(fabs((double)gy - wy) <= ey)) {
+					if (bad++ < 5)
+						fprintf(stderr,
+							"%s: (b %d, h %d, t %d, l %d): dxs %g want %g (bound %g), dys %g want %g (bound %g)\n",
+							what, b, h, t, l, (double)gx, (double)wx, ex, (double)gy,
+							(double)wy, ey);
+				}
+			}
+	}
+	cr_assert_eq(bad, 0, "%s: %d elements outside their bounds", what, bad);
+}
+
+static void check_case(dg_device *dev, const shape *sh, const fmts *f, float p, uint64_t seed,
+		       uint32_t step, uint32_t layer)
+{
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	char what[200];
+	snprintf(what, sizeof(what), "decoder_gate_bwd %s B%d T%d H%d E%d L%d w %s act %s out %s p=%g",
+		 f->wgmma ? "wgmma" : "fp32", sh->B, sh->T, sh->H, sh->E, sh->L, dg_fmt_name(f->w),
+		 dg_fmt_name(f->act), dg_fmt_name(f->out), (double)p);
+	const int M = sh->B * sh->T;
+	const size_t n = (size_t)M * sh->H * sh->L, nw = (size_t)sh->E * sh->H * sh->L;
+	float *grad = rand_exact(DG_FMT_F32, (size_t)M * sh->E);
+	void *w = rand_exact(f->w, nw), *xs = gh_rand_storage(f->act, n, NULL),
+	     *ys = gh_rand_storage(f->act, n, NULL);
+	size_t ab = n * esz(f->act), ob = n * esz(f->out);
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32,
+				    gh_upload(dev, grad, (size_t)M * sh->E * 4), sh->B, 1, sh->T, sh->E);
+	int64_t wsh[2] = { sh->E, (int64_t)sh->H * sh->L };
+	dg_tensor tw = dg_tensor_make("w", f->w, gh_upload(dev, w, nw * esz(f->w)), 2, wsh);
+	dg_tensor tx = dg_tensor_4d("xs", f->act, gh_upload(dev, xs, ab), sh->B, sh->H, sh->T, sh->L);
+	dg_tensor ty = dg_tensor_4d("ys", f->act, gh_upload(dev, ys, ab), sh->B, sh->H, sh->T, sh->L);
+	dg_tensor tdx = dg_tensor_4d("dxs", f->out, gh_alloc_ff(dev, ob), sh->B, sh->H, sh->T, sh->L);
+	dg_tensor tdy = dg_tensor_4d("dys", f->out, gh_alloc_ff(dev, ob), sh->B, sh->H, sh->T, sh->L);
+	run r = { dev, spec_of(sh, f, di.sm),
+		  { .grad = &tg, .w = &tw, .xs = &tx, .ys = &ty, .dxs = &tdx, .dys = &tdy, .p = p,
+		    .seed = seed, .step = step, .layer = layer } };
+	cr_assert_eq(call(&r), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+	void *gx = gh_xmalloc(ob), *gy = gh_xmalloc(ob), *gx2 = gh_xmalloc(ob), *gy2 = gh_xmalloc(ob);
+	gh_download(dev, gx, tdx.data, ob);
+	gh_download(dev, gy, tdy.data, ob);
+	cr_assert_eq(call(&r), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+	gh_download(dev, gx2, tdx.data, ob);
+	gh_download(dev, gy2, tdy.data, ob);
+	cr_assert(memcmp(gx, gx2, ob) == 0 && memcmp(gy, gy2, ob) == 0, "%s: a second run differs", what);
+	check_rows(what, sh, f, p, seed, step, layer, grad, w, xs, ys, gx, gy, NULL, M);
+	/* and the op's reference agrees with the one here at the first row */
+	void *rx = gh_xmalloc(ob), *ry = gh_xmalloc(ob);
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&r.spec, grad, w, xs, ys, sh->B, sh->T, p, seed, step, layer,
+					     rx, ry), DG_OK, "%s: the reference", what);
+	check_rows(what, sh, f, p, seed, step, layer, grad, w, xs, ys, rx, ry, NULL, M);
+	free(grad), free(w), free(xs), free(ys), free(gx), free(gy), free(gx2), free(gy2);
+	free(rx), free(ry);
+}
+
+Test(gpu_decoder_gate, small_shapes_both_paths)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0xdec6a7e);
+	bool wg = device_sm90(dev);
+	if (!wg)
+		printf("decoder_gate_bwd: not an sm_90 device: the warpgroup path is not run\n");
+	static const shape shapes[] = { { 2, 37, 2, 64, 200 }, { 1, 130, 3, 128, 100 }, { 2, 64, 1, 256, 256 } };
+	static const fmts fs[] = {
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, true },
+		{ DG_FMT_BF16, DG_FMT_F32, DG_FMT_F32, true },
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, false },
+		{ DG_FMT_F32, DG_FMT_F32, DG_FMT_BF16, false },
+	};
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (size_t j = 0; j < sizeof(fs) / sizeof(fs[0]); j++) {
+			if (fs[j].wgmma && !wg)
+				continue;
+			check_case(dev, &shapes[i], &fs[j], 0.0f, 0, 0, 0);
+			check_case(dev, &shapes[i], &fs[j], 0.1f, 0x5eed, 7, 3);
+		}
+	gh_close(dev);
+}
+
+Test(gpu_decoder_gate, bdh_shape_sampled)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0xbd4);
+	if (!device_sm90(dev))
+		printf("decoder_gate_bwd: not an sm_90 device: the BDH shape runs the fp32 path\n");
+	shape sh = { 8, 512, 4, 256, 8192 };
+	fmts f = { DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, device_sm90(dev) };
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	const int M = sh.B * sh.T;
+	const size_t n = (size_t)M * sh.H * sh.L, nw = (size_t)sh.E * sh.H * sh.L;
+	float *grad = rand_exact(DG_FMT_F32, (size_t)M * sh.E);
+	void *w = rand_exact(f.w, nw), *xs = gh_rand_storage(f.act, n, NULL),
+	     *ys = gh_rand_storage(f.act, n, NULL);
+	size_t ab = n * 2, ob = n * 2;
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, grad, (size_t)M * sh.E * 4), sh.B, 1,
+				    sh.T, sh.E);
+	int64_t wsh[2] = { sh.E, (int64_t)sh.H * sh.L };
+	dg_tensor tw = dg_tensor_make("w", f.w, gh_upload(dev, w, nw * 2), 2, wsh);
+	dg_tensor tx = dg_tensor_4d("xs", f.act, gh_upload(dev, xs, ab), sh.B, sh.H, sh.T, sh.L);
+	dg_tensor ty = dg_tensor_4d("ys", f.act, gh_upload(dev, ys, ab), sh.B, sh.H, sh.T, sh.L);
+	dg_tensor tdx = dg_tensor_4d("dxs", f.out, gh_alloc_ff(dev, ob), sh.B, sh.H, sh.T, sh.L);
+	dg_tensor tdy = dg_tensor_4d("dys", f.out, gh_alloc_ff(dev, ob), sh.B, sh.H, sh.T, sh.L);
+	run r = { dev, spec_of(&sh, &f, di.sm),
+		  { .grad = &tg, .w = &tw, .xs = &tx, .ys = &ty, .dxs = &tdx, .dys = &tdy, .p = 0.1f,
+		    .seed = 99, .step = 5, .layer = 2 } };
+	cr_assert_eq(call(&r), DG_OK, "%s", dg_device_errmsg(dev));
+	void *gx = gh_xmalloc(ob), *gy = gh_xmalloc(ob);
+	gh_download(dev, gx, tdx.data, ob);
+	gh_download(dev, gy, tdy.data, ob);
+	int rows[12];
+	for (int i = 0; i < 12; i++)
+		rows[i] = i < 2 ? (i ? M - 1 : 0) : gh_int(0, M - 1);
+	check_rows("decoder_gate_bwd bdh", &sh, &f, 0.1f, 99, 5, 2, grad, w, xs, ys, gx, gy, rows, 12);
+
+	dg_timer *tm;
+	dg_timing tr;
+	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_opts o = { .reps = 10 };
+	cr_assert_eq(dg_timer_run(tm, &o, call, &r, &tr), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_destroy(tm);
+	double bytes = 4.0 * (double)n * 2, flop = 2.0 * M * sh.E * (double)sh.H * sh.L;
+	printf("bdh decoder_gate_bwd (%s) %9.1f us  %6.2f TB/s of its traffic (xs, ys, dxs, dys)  %6.1f TFLOP/s\n",
+	       f.wgmma ? "wgmma" : "fp32", tr.median_us, bytes / tr.median_us * 1e-6,
+	       flop / tr.median_us * 1e-6);
+	fflush(stdout);
+	free(grad), free(w), free(xs), free(ys), free(gx), free(gy);
+	gh_close(dev);
+}
+
+Test(gpu_decoder_gate, bad_calls)
+{
+	dg_device *dev = gh_open();
+	shape sh = { 1, 16, 2, 64, 64 };
+	fmts f = { DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, false };
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	size_t n = (size_t)sh.B * sh.T * sh.H * sh.L;
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_alloc(dev, (size_t)sh.T * sh.E * 4), 1, 1, sh.T, sh.E);
+	int64_t wsh[2] = { sh.E, (int64_t)sh.H * sh.L };
+	dg_tensor tw = dg_tensor_make("w", DG_FMT_BF16, gh_alloc(dev, (size_t)sh.E * sh.H * sh.L * 2), 2, wsh);
+	dg_tensor tx = dg_tensor_4d("xs", DG_FMT_BF16, gh_alloc(dev, n * 2), 1, sh.H, sh.T, sh.L);
+	dg_tensor ty = dg_tensor_4d("ys", DG_FMT_BF16, gh_alloc(dev, n * 2), 1, sh.H, sh.T, sh.L);
+	dg_tensor tdx = dg_tensor_4d("dxs", DG_FMT_BF16, gh_alloc_ff(dev, n * 2), 1, sh.H, sh.T, sh.L);
+	dg_tensor tdy = dg_tensor_4d("dys", DG_FMT_BF16, gh_alloc_ff(dev, n * 2), 1, sh.H, sh.T, sh.L);
+	dg_spec s = spec_of(&sh, &f, di.sm);
+	dg_decoder_gate_bwd_args a = { .grad = &tg, .w = &tw, .xs = &tx, .ys = &ty, .dxs = &tdx, .dys = &ty };
+	cr_assert_eq(dg_decoder_gate_bwd(dev, &s, &a), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "must not alias ys"), "%s", dg_device_errmsg(dev));
+	a.dys = &tdy;
+	a.p = 1.0f;
+	cr_assert_eq(dg_decoder_gate_bwd(dev, &s, &a), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "drop probability"), "%s", dg_device_errmsg(dev));
+	a.p = 0.0f;
+	dg_tensor tx32 = dg_tensor_4d("xs", DG_FMT_F32, tx.data, 1, sh.H, sh.T, sh.L);
+	a.xs = &tx32;
+	cr_assert_neq(dg_decoder_gate_bwd(dev, &s, &a), DG_OK, "an f32 xs under act=bf16 ran");
+	/* nothing was written */
+	uint16_t *back = gh_xmalloc(n * 2);
+	gh_download(dev, back, tdy.data, n * 2);
+	for (size_t i = 0; i < n; i++)
+		cr_assert_eq(back[i], 0xffff, "dys[%zu] written by a refused call", i);
+	free(back);
+	gh_close(dev);
+}
