@@ -189,6 +189,63 @@ Test(tape, bf16_gradient_operands_on_sm90)
 	}
 }
 
+/* dec_gate: a DEC_GATE node a layer in place of DEC_IN and GATE_BWD, which
+ * writes what those two wrote (dxs, dys) from what they read (dyd, the
+ * decoder's weight, xs, ys) — the bf16 copy (D, H·N) for a low-bit
+ * recipe, 16 MiB at the 25M shape, the bf16 recipe's own copy else. */
+Test(tape, decoder_gate_fused_on_sm90)
+{
+	static const char *const presets[] = { "bf16", "w8a8", "bitnet" };
+	const int64_t L = 6, B = 8, T = 512, D = 256, H = 4, N = 8192;
+	for (int p = 0; p < 3; p++) {
+		bool low = p > 0;
+		dg__tape t, u;
+		dg__bdh_ids id, iu;
+		dg__bdh_target a = { .gpu = true, .act = DG_FMT_BF16, .lowbit = low, .bf16_grads = low };
+		dg__bdh_target b = a;
+		b.dec_gate = true;
+		build_for(presets[p], (int)L, (int)D, (int)H, (int)N, (int)B, (int)T, &a, &t, &id);
+		build_for(presets[p], (int)L, (int)D, (int)H, (int)N, (int)B, (int)T, &b, &u, &iu);
+		invariants(&u, (int)L, (int)B);
+		cr_assert_eq(u.n_nodes, t.n_nodes - L, "%s: one node a layer less", presets[p]);
+		if (low) {
+			const dg__tbuf *c = &u.bufs[iu.exec_bf16[2]];
+			cr_assert(c->fmt == DG_FMT_BF16 && c->bucket == DG__B_LOWBIT && c->ndim == 2 &&
+				  c->shape[0] == D && c->shape[1] == H * N, "%s", c->name);
+			cr_assert_eq(id.exec_bf16[2], -1);
+		} else {
+			cr_assert_eq(iu.exec_bf16[2], -1, "the bf16 recipe reads its own copy");
+		}
+		int fused = 0, k = 0;
+		for (int n = 0; n < t.n_nodes; n++) {
+			const dg__tnode *nd = &t.nodes[n];
+			if (nd->kind != DG__N_DEC_IN)
+				continue;
+			const dg__tnode *gb = &t.nodes[n + 1];
+			cr_assert_eq(gb->kind, DG__N_GATE_BWD);
+			for (; k < u.n_nodes && u.nodes[k].kind != DG__N_DEC_GATE; k++)
+				cr_assert(u.nodes[k].kind != DG__N_DEC_IN && u.nodes[k].kind != DG__N_GATE_BWD);
+			cr_assert_lt(k, u.n_nodes);
+			const dg__tnode *f = &u.nodes[k++];
+			fused++;
+			cr_assert_eq(f->layer, nd->layer);
+			cr_assert_str_eq(u.bufs[f->in[0]].name, t.bufs[nd->in[0]].name); /* dyd */
+			cr_assert_eq(f->in[1], low ? iu.exec_bf16[2] : iu.exec[2]);
+			cr_assert_str_eq(u.bufs[f->in[2]].name, t.bufs[gb->in[1]].name); /* xs */
+			cr_assert_str_eq(u.bufs[f->in[3]].name, t.bufs[gb->in[2]].name); /* ys */
+			cr_assert_str_eq(u.bufs[f->out[0]].name, t.bufs[gb->out[0]].name); /* dxs */
+			cr_assert_str_eq(u.bufs[f->out[1]].name, t.bufs[gb->out[1]].name); /* dys */
+		}
+		cr_assert_eq(fused, L);
+		dg_model_memory ma, mb;
+		dg__tape_report(&t, &ma);
+		dg__tape_report(&u, &mb);
+		cr_assert_eq(mb.lowbit, ma.lowbit + (low ? (size_t)D * H * N * 2 : 0), "%s", presets[p]);
+		dg__tape_free(&t);
+		dg__tape_free(&u);
+	}
+}
+
 static void invariants(dg__tape *t_, int layers, int B)
 {
 	dg__tape t = *t_;

@@ -79,6 +79,9 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	const bool lowbit = tg && tg->lowbit, codes = lowbit && gpu;
 	/* the projections' gradient GEMMs read bf16 copies of the codes */
 	const bool bf16g = codes && tg->bf16_grads;
+	/* the decoder's input gradient fused with the gate's backward (a GPU
+	 * node: the CPU model runs the two) */
+	const bool dgate = gpu && tg->dec_gate && act == DG_FMT_BF16;
 	const dg_model_config *c = &t->config;
 	const int64_t B = t->B, T = t->T, H = c->heads, D = c->embd, N = c->neurons, V = c->vocab;
 	const int64_t Ly = c->layers, LB = Ly * B;
@@ -117,10 +120,12 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		int64_t n1[1] = { H * N * D };
 		id->exec_codes = dg__tape_buf(t, "exec.codes", DG_FMT_INT8, DG__B_LOWBIT, 1, n1);
 	}
-	for (int k = 0; bf16g && k < 2; k++) { /* 16 MiB each at the 25M shape */
-		int64_t sh[3] = { H, N, D };
+	for (int k = 0; k < 3; k++) { /* 16 MiB each at the 25M shape */
+		int64_t sh[3] = { H, N, D }, dsh[2] = { D, H * N };
+		if (!(k < 2 ? bf16g : codes && dgate))
+			continue;
 		snprintf(nm, sizeof(nm), "%s.exec.bf16", en[k]);
-		id->exec_bf16[k] = dg__tape_buf(t, nm, DG_FMT_BF16, DG__B_LOWBIT, 3, sh);
+		id->exec_bf16[k] = dg__tape_buf(t, nm, DG_FMT_BF16, DG__B_LOWBIT, k < 2 ? 3 : 2, k < 2 ? sh : dsh);
 	}
 	id->gexec[0] = buf(t, "grad.encoder.exec", DG__B_TEMP, 3, H, N, D, 0);
 	id->gexec[1] = buf(t, "grad.encoder_v.exec", DG__B_TEMP, 3, H, N, D, 0);
@@ -266,9 +271,14 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		node(t, DG__N_LN_BWD, l, dx, x[l + 1], orl[l], -1, ds, -1, 0);   /* d(x + y) */
 		node(t, DG__N_LN_BWD, l, ds, yl[l], yrl[l], -1, dyd, -1, 0);     /* y = LN(yd) */
 		/* dxy lands in dys's bytes; the gate's backward turns it into
-		 * dys in place */
-		node(t, DG__N_DEC_IN, l, dyd, id->exec[2], -1, -1, dys, -1, 0);
-		node(t, DG__N_GATE_BWD, l, dys, xsl[l], ysl[l], -1, dxs, dys, 0);
+		 * dys in place (dgate: one node writes dxs and dys, no dxy) */
+		if (dgate) {
+			node(t, DG__N_DEC_GATE, l, dyd, codes ? id->exec_bf16[2] : id->exec[2], xsl[l],
+			     ysl[l], dxs, dys, 0);
+		} else {
+			node(t, DG__N_DEC_IN, l, dyd, id->exec[2], -1, -1, dys, -1, 0);
+			node(t, DG__N_GATE_BWD, l, dys, xsl[l], ysl[l], -1, dxs, dys, 0);
+		}
 		node(t, DG__N_PROJ_IN, l, dys, bf16g ? id->exec_bf16[1] : id->exec[1], -1, -1, da, -1, 1);
 		node(t, DG__N_LN_BWD, l, da, al[l], arl[l], -1, datt, -1, 0);
 		node(t, DG__N_ATTN_BWD, l, datt, svl[l], x[l], xsl[l], dxs, dv, 0);

@@ -22,8 +22,9 @@ typedef struct dg__bdh_ids {
 					* a low-bit recipe's codes carry their scales */
 	int exec_f32;                  /* low-bit: a transposed f32 master (H·N·D) */
 	int exec_codes;                /* low-bit: its codes, one a byte, before packing */
-	int exec_bf16[2];              /* bf16_grads: the encoders' codes × scales (H,N,D)
-					* bf16, what their input gradients read */
+	int exec_bf16[3];              /* bf16_grads: the encoders' codes × scales (H,N,D)
+					* bf16, what their input gradients read; dec_gate:
+					* the decoder's (D,H·N), what DEC_GATE reads */
 	int gexec[3];                  /* the execution copies' gradients */
 	int tokens, targets;           /* (B, T) int32 (4-byte buffers) */
 	int cos, sin;                  /* the CPU's RoPE tables (T, N/2) */
@@ -45,6 +46,11 @@ typedef struct dg__bdh_target {
 	 * copies (exec_bf16) and, made by a dequantize node before each
 	 * weight gradient, the saved input codes dequantized (a temporary) */
 	bool bf16_grads;
+	/* the GPU's bf16 activations on sm_90: the decoder's input gradient
+	 * and the gate's backward are one node (DEC_GATE, decoder_gate_bwd),
+	 * which reads the decoder's weight in bf16 (a low-bit recipe's
+	 * dequantized copy, exec_bf16[2]) */
+	bool dec_gate;
 } dg__bdh_target;
 
 /* Records the step into t (initialized by the caller with c, B, T); the

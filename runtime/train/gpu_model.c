@@ -47,6 +47,7 @@ struct dg_model {
 	dg_fmt act;
 	bool lowbit;
 	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
+	bool dec_gate;              /* bf16 activations on sm_90: decoder_gate_bwd */
 	dg__tape t;
 	dg__bdh_ids id;
 	int qw_ws;                  /* quantize_weight's workspace (a per-tensor scale), or -1 */
@@ -399,6 +400,24 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		return need ? sized(m, &s, dg_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_gate_bwd(dev, &s, &a);
 	}
+	case DG__N_DEC_GATE: {
+		/* the decoder's bf16 weight (D, H·N): the bf16 recipe's copy or
+		 * a low-bit one's dequantized codes; sm_90a picks the warpgroup
+		 * path (dg_codegen_plan_for) */
+		dg_spec s = op_spec(m, DG_OP_DECODER_GATE_BWD);
+		s.weight = DG_FMT_BF16;
+		s.act = m->act;
+		s.out = grad_fmt(m); /* dxs, dys */
+		dg_spec_normalize(&s);
+		dg_tensor g = tn(m, in[0]), w = tn(m, in[1]), xs = tn(m, in[2]), ys = tn(m, in[3]),
+			  dxs = tn(m, out[0]), dys = tn(m, out[1]);
+		w.scale = 0;
+		dg_decoder_gate_bwd_args a = { .grad = &g, .w = &w, .xs = &xs, .ys = &ys, .dxs = &dxs,
+					       .dys = &dys, .p = p, .seed = seed, .step = step,
+					       .layer = (uint32_t)nd->layer };
+		return need ? sized(m, &s, dg_decoder_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
+			    : dg_decoder_gate_bwd(dev, &s, &a);
+	}
 	case DG__N_PROJ_IN: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, nd->arg);
 		s.src = grad_fmt(m); /* dys (encoder_v) or dxs (encoder) */
@@ -552,10 +571,11 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	m->lowbit = !float_recipe(c);
 	const dg_device_info *di = dg__dev_info(dev);
 	m->bf16_grads = m->lowbit && di && di->sm == 90;
+	m->dec_gate = m->act == DG_FMT_BF16 && di && di->sm == 90;
 	m->qw_ws = -1;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
-			      .bf16_grads = m->bf16_grads };
+			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
@@ -675,9 +695,10 @@ static dg_status make_copy(dg_model *m, int k)
 		qa.ws.bytes = m->t.bufs[m->qw_ws].bytes;
 	}
 	st = dg_quantize_weight(dev, &q, &qa);
-	if (!st && m->bf16_grads && !dec) {
+	if (!st && m->bf16_grads && (!dec || m->dec_gate)) {
 		/* the input gradient's bf16 copy: the codes (before packing)
-		 * times their scale, a channel's a row */
+		 * times their scale, a channel's a row (the decoder's: what
+		 * decoder_gate_bwd reads) */
 		dg_spec ds = dequant_spec(m, DG_FMT_INT8,
 					  r->wscale == DG_SCALE_CHANNEL ? DG_SCALE_TOKEN : DG_SCALE_TENSOR);
 		dg_tensor bf = dg_tensor_2d("w (bf16, dequantized)", DG_FMT_BF16,

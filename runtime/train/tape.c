@@ -21,7 +21,7 @@ const char *dg__nkind_name(dg__nkind k)
 		[DG__N_ATTN_BWD] = "attention bwd", [DG__N_ADD3] = "add3",
 		[DG__N_PROJ_W] = "projection grad_weight", [DG__N_DEC_W] = "decoder grad_weight",
 		[DG__N_EMBED_BWD] = "embed bwd", [DG__N_TO_MASTER] = "to master layout",
-		[DG__N_DEQUANT] = "dequantize",
+		[DG__N_DEQUANT] = "dequantize", [DG__N_DEC_GATE] = "decoder grad_input + gate bwd",
 	};
 	return (unsigned)k < DG__N__COUNT && names[k] ? names[k] : "?";
 }

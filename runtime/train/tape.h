@@ -72,6 +72,8 @@ typedef enum dg__nkind {
 	DG__N_TO_MASTER,   /* out0 (a master's gradient) from in0 (its execution layout); arg: param */
 	DG__N_DEQUANT,     /* out0 (bf16) = in0's codes × their scales, a float copy a
 			    * gradient GEMM reads; arg as PROJ (whose input codes) */
+	DG__N_DEC_GATE,    /* DEC_IN then GATE_BWD in one (decoder_gate_bwd): out0 =
+			    * dxs (=), out1 = dys (=); in: dyd, dec (bf16), xs, ys */
 	DG__N__COUNT
 } dg__nkind;
 
