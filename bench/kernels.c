@@ -144,7 +144,7 @@ typedef struct run_case {
 	dg_spec spec;
 	dg_tensor x, w, out;
 	dg_dptr mem[7]; /* x, w, out, their three scales, the workspace */
-	dg_workspace ws; /* what the op asks for (decoder_fwd, the grad_weight splits) */
+	dg_workspace ws; /* what the op asks for (decoder_fwd, the grad splits) */
 	size_t bytes;   /* x + w + out as stored (not the workspace) */
 } run_case;
 
@@ -162,9 +162,10 @@ static bool call_ours(bench *b, run_case *r, size_t *ws_bytes)
 		break;
 	}
 	case DG_OP_LOWRANK_GRAD_INPUT: {
-		dg_lowrank_grad_input_args a = { .grad = &r->x, .w = &r->w, .grad_x = &r->out };
-		if (!ws_bytes)
-			st = dg_lowrank_grad_input(b->dev, &r->spec, &a);
+		dg_lowrank_grad_input_args a = { .grad = &r->x, .w = &r->w, .grad_x = &r->out,
+						 .ws = r->ws };
+		st = ws_bytes ? dg_lowrank_grad_input_workspace(b->dev, &r->spec, &a, ws_bytes)
+			      : dg_lowrank_grad_input(b->dev, &r->spec, &a);
 		break;
 	}
 	case DG_OP_LOWRANK_GRAD_WEIGHT: {

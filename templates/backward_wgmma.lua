@@ -3,16 +3,22 @@ backward_wgmma.lua — the sm_90a warpgroup path of lowrank_grad_input and
 lowrank_grad_weight when both operands are bf16 (src=bf16 and weight=bf16
 / act=bf16): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
 (templates/backward.lua picks it with M.fits, keeps the ABI, the grids
-and the grad_weight splits, and appends the _reduce entry).
+and the splits — grad_weight's over B·T, lowrank_grad_input's over K —
+and appends the _reduce entries).
 
 GEMM C[m, n] = Σ_k A[m, k] · B[n, k], f32 sums, K steps of BK 64:
   lowrank_grad_input  m = (b, t) of M = B·T, n = e, k = (h - z·HPB)·L + l
-    over input head z's heads (grid z). A = grad[b, h, t, l], K-major:
+    over input head z's heads; blockIdx.z = p·HIN + z, split p summing
+    the K steps [p·kt_per_split, (p+1)·kt_per_split) of KT (clipped; an
+    empty range writes zeros), the block's step st reading K step
+    k_begin + st. A = grad[b, h, t, l], K-major:
     row m's pointer is computed once a thread (dg_a_base: rows are not
     affine in m across b), a K step adds dg_a_koff (a step never straddles
     two heads: BK | L). B = w (H·L, E), B[n][k] = w[z·HPB·L + k, e],
-    MN-major (e contiguous), affine rows of E. grad_x f32 (the sums; bf16
-    w has no scale).
+    MN-major (e contiguous), affine rows of E. splits == 1: grad_x (dst)
+    = Σ; else the raw Σ into partial p at dst + p·NX (NX = B·HIN·T·E; the
+    same sums: bf16 w has no scale), which the reduce entry
+    dg_lowrank_grad_input_reduce adds in split order (backward.lua).
   lowrank_grad_weight  per head h = z % H, split p = z / H: m = l, n = e,
     k = (b, t) of K = B·T, the split's K steps [p·kt_per_split, ...).
     A = grad[b, h, t, l] and B = x[b, hin(h), t, e], both MN-major (a K
@@ -134,9 +140,10 @@ LOAD.lowrank_grad_input = [[
 	}
 	// B (w, N-major): block z's heads are rows z·HPB·L .. of the (H·L, E) matrix
 	const unsigned short *wz = w + (long long)z * HPB * L * E;
-	auto load = [&](int st) {
+	auto load = [&](int st) {	// st: the block's step, K step k_begin + st
 		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
-		const long long off = dg_a_koff(st, T);
+		const int kt = k_begin + st;
+		const long long off = dg_a_koff(kt, T);
 #pragma unroll
 		for (int s = 0; s < SA; ++s) {
 			const int u = tid + s * NT;
@@ -146,7 +153,7 @@ LOAD.lowrank_grad_input = [[
 #pragma unroll
 		for (int s = 0; s < SB; ++s) {
 			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = u >> 9;
-			dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), wz, st * BK + kk, HPB * L, n0 + 64 * gg + 8 * c, N, E);
+			dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), wz, kt * BK + kk, HPB * L, n0 + 64 * gg + 8 * c, N, E);
 		}
 	};]]
 
@@ -182,10 +189,10 @@ LOAD.lowrank_grad_weight = [[
 	};]]
 
 local PROLOGUE = {
-  lowrank_grad_input = [[
-	const int M = B * T;			// output rows (b, t)
-	const int z = blockIdx.z;		// input head
-	const int nsteps = KT;
+  -- the K split of every path (backward_mma.lua M.GI_SPLIT)
+  lowrank_grad_input = require("backward_mma").GI_SPLIT.PROLOGUE .. [[
+
+	const int nsteps = k_end - k_begin;
 	(void)sw;				// bf16 w: no scale]],
   lowrank_grad_weight = [[
 	const int K = B * T;			// the reduction (b, t)
@@ -201,7 +208,7 @@ local PROLOGUE = {
 -- PAIRS) and its row bound.
 local PAIR = {
   lowrank_grad_input = { "M", [[
-				*(float2 *)(grad_x + dg_out(m, n, z, T)) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);]] },
+				*(float2 *)(out + dg_out(m, n, z, T)) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);]] },
   lowrank_grad_weight = { "MM", [[
 				float2 *o = (float2 *)(out + dg_out(m, n, h, T));
 				float2 v = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
@@ -215,8 +222,10 @@ local PAIR = {
 
 local EPILOGUE = {
   lowrank_grad_input = [[
-	// ---- epilogue: grad_x = Σ; the accumulator pairs (rows g, g+8 of the
-	// warp's 16, cols 8j + 2q, +1; N is even: a pair is wholly in or out)
+	// ---- epilogue: splits == 1: grad_x = Σ; else partial sp (out) = the raw
+	// Σ (the same: bf16 w has no scale), which the reduce entry sums in split
+	// order. The accumulator pairs (rows g, g+8 of the warp's 16, cols
+	// 8j + 2q, +1; N is even: a pair is wholly in or out).
 ${PAIRS}]],
   lowrank_grad_weight = [[
 	// ---- epilogue: splits == 1: grad_w (+)= Σ; else the raw sum into

@@ -81,7 +81,7 @@ static dg_spec bdh(dg_op op)
 	return s; /* H 4, E 256, L 8192 */
 }
 
-static const char *gi_entries[] = { "dg_lowrank_grad_input" };
+static const char *gi_entries[] = { "dg_lowrank_grad_input", "dg_lowrank_grad_input_reduce" };
 static const char *dgi_entries[] = { "dg_decoder_grad_input" };
 static const char *gw_entries[] = { "dg_lowrank_grad_weight",
 				    "dg_lowrank_grad_weight_reduce" };
@@ -97,7 +97,7 @@ Test(nvrtc_backward, lowrank_grad_input_every_weight_and_in_heads)
 			dg_spec s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
 			s.weight = weights[f];
 			s.in_heads = hin ? s.heads : 1;
-			compile_one(cg, &s, gi_entries, 1);
+			compile_one(cg, &s, gi_entries, 2);
 		}
 	dg_codegen_destroy(cg);
 }
@@ -136,7 +136,7 @@ Test(nvrtc_backward, paths_by_arch)
 	static const dg_op ops[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT,
 				     DG_OP_DECODER_GRAD_INPUT, DG_OP_DECODER_GRAD_WEIGHT };
 	static const char *const *ens[] = { gi_entries, gw_entries, dgi_entries, dgw_entries };
-	static const int nen[] = { 1, 2, 1, 2 };
+	static const int nen[] = { 2, 2, 1, 2 };
 	dg_codegen *cg = make_cg();
 
 	for (int o = 0; o < 4; o++) {
@@ -192,7 +192,7 @@ static void compile_on_path(dg_codegen *cg, const dg_spec *s, const char *path)
 			      : s->op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
 			      : s->op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
 								   : dgw_entries;
-	int n = s->op == DG_OP_LOWRANK_GRAD_INPUT || s->op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2;
+	int n = s->op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2; /* the others have a _reduce */
 
 	expect_path(cg, s, path);
 	compile_one(cg, s, en, n);
@@ -588,7 +588,9 @@ Test(nvrtc_backward, wgmma_bf16_defaults_and_mma_fallback)
 	cr_assert_str_eq(p.path, "wgmma bf16");
 	cr_assert(p.needs_arch_specific);
 	cr_assert(strstr(p.canonical, "tile=64x128x64/4x1/4;"), "%s", p.canonical);
-	cr_assert_eq(p.n_entries, 1);
+	cr_assert_eq(p.n_entries, 2);
+	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_input_reduce");
+	cr_assert_eq(p.entries[1].smem, 0);
 	cr_assert_eq(p.entries[0].threads, 128);
 	cr_assert_eq(p.entries[0].smem, 4 * (64 + 128) * 64 * 2 + 1024);
 	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 4, 1, 256, 8192);
@@ -651,3 +653,4 @@ Test(nvrtc_backward, wgmma_bf16_defaults_and_mma_fallback)
 	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 4"), "%s", dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 }
+
