@@ -73,6 +73,8 @@ Paths (M.plan picks one from the arch and the tile; render follows it):
     wgmma m64nBNk16 bf16 from 128-byte-swizzled shared tiles that a
     cp.async ring fills; the same ABI, grids and splits. The plan is
     arch-specific, so dg_codegen_plan_for promotes an sm_90 spec to it.
+    Its default tile for both ops is 128x128x64/8x1/3 (two warpgroups,
+    two blocks an SM; backward_wgmma.lua M.default_tile has the reasons).
   tensor cores (templates/backward_mma.lua; the default from sm_80 on):
     sm_80+, BK % 16 == 0, warp tiles whole 16x16 blocks. mma.sync m16n8k16
     bf16 with f32 sums. Each element is converted once as it is staged:

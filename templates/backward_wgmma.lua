@@ -70,15 +70,25 @@ end
 
 -- The default tile where the path applies. At the BDH shape (M = B·T 4096,
 -- N = E 256):
---   lowrank_grad_input 64x128x64/4x1/4: 128 blocks for 132 SMs (a block an
---     SM; 128x128 would leave half of them idle), one warpgroup of
---     m64n128, three K steps (48 KiB) of gradient in flight;
+--   lowrank_grad_input 128x128x64/8x1/3: two warpgroups of m64n128 (64
+--     accumulators a thread), 97 KiB, so two blocks an SM
+--     (__launch_bounds__(256, 2)): four warpgroups an SM, one block's
+--     barrier and stage refill hidden behind the other's MMAs. The tile
+--     it replaces, 64x128x64/4x1/4 (one warpgroup, 128 blocks: one an SM,
+--     each streaming all of K), measured 433 µs a call, 159 TFLOP/s: a
+--     lone warpgroup waits out every barrier and wgmma wait with the
+--     tensor cores idle. 128x128 makes (256/128)·(4096/128) = 64 output
+--     tiles a grid z, too few alone (64 for the encoder, Hin 1; 256 for
+--     encoder_v, Hin 4), so the runtime splits K over grid z
+--     (runtime/ops/grad.c gi_splits_of) until the blocks fill two an SM:
+--     4 splits of 128 K steps for the encoder (256 blocks for 264 slots
+--     on 132 SMs), none for encoder_v (256 blocks already); the partials
+--     cost 4 MiB a split, written once and read once by the reduce entry.
+--     Three stages (two K steps, 64 KiB, in flight a block, four an SM):
+--     four would take 129 KiB, one block an SM. To be measured on the H200.
 --   lowrank_grad_weight 128x128x64/8x1/3: per head M = L 8192, 512 blocks,
 --     97 KiB each: two blocks an SM, 64 accumulators a thread.
 function M.default_tile(k)
-  if k.op == "lowrank_grad_input" then
-    return { bm = 64, bn = 128, bk = 64, wm = 4, wn = 1, stages = 4, threads = 0 }
-  end
   return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 3, threads = 0 }
 end
 

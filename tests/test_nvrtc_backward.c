@@ -587,12 +587,12 @@ Test(nvrtc_backward, wgmma_bf16_defaults_and_mma_fallback)
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma bf16");
 	cr_assert(p.needs_arch_specific);
-	cr_assert(strstr(p.canonical, "tile=64x128x64/4x1/4;"), "%s", p.canonical);
+	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/3;"), "%s", p.canonical);
 	cr_assert_eq(p.n_entries, 2);
 	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_input_reduce");
 	cr_assert_eq(p.entries[1].smem, 0);
-	cr_assert_eq(p.entries[0].threads, 128);
-	cr_assert_eq(p.entries[0].smem, 4 * (64 + 128) * 64 * 2 + 1024);
+	cr_assert_eq(p.entries[0].threads, 256);
+	cr_assert_eq(p.entries[0].smem, 3 * (128 + 128) * 64 * 2 + 1024);
 	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 4, 1, 256, 8192);
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma bf16");
