@@ -19,7 +19,16 @@
  *                        → grad_w (256,32768) f32     (256 × 32768 × M)
  *
  * named <op>.<weight>.<act>.f32.m<M> (the weight of a grad_weight case is
- * the layer's, which that kernel does not read).
+ * the layer's, which that kernel does not read), and the training step's
+ * lowrank_grad_input on sm_90 (a bf16 gradient and bf16 w, the warpgroup
+ * path where the device has it; its name ends .src_bf16):
+ *
+ *   lowrank_grad_input   grad (1,4,M,8192) bf16, w (4,8192,256) bf16
+ *                        → grad_x (1,1,M,256) f32     (M × 256 × 32768)
+ *
+ * lowrank_grad_input splits its reduction (dragon/ops.h): the runtime
+ * picks the count unless --splits forces it (a manual sweep), and its
+ * partials are not counted in the floor's bytes either.
  *
  * Every call, ours and cuBLASLt's, is timed by the one timer (dg_timer,
  * dragon/runtime.h): --warmup untimed calls (the first compiles the
@@ -56,7 +65,7 @@
  * Setup and timing: bench/kernels_run.c; the anchors: bench/kernels_cublas.c.
  *
  * Usage: kernels [--out FILE] [--reps N] [--warmup N] [--case TEXT]...
- *                [--arch sm_XX[a]] [--require-gpu]
+ *                [--arch sm_XX[a]] [--tile T] [--splits N] [--require-gpu]
  * Exit: 0 ok (or skipped), 1 a case or the setup failed, 2 usage.
  */
 #include <math.h>
@@ -77,32 +86,35 @@ typedef struct bcase {
 	dg_op op;
 	dg_fmt weight, act, out;
 	int m;
+	dg_fmt src; /* the lowrank grads' gradient (0: f32; bf16 named in the case) */
 } bcase;
 
 static const bcase cases[] = {
-	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 4096 },
-	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_INT8, 4096 },
-	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 16384 },
-	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_INT8, 16384 },
-	{ DG_OP_DECODER_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 4096 },
-	{ DG_OP_DECODER_FWD, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 4096 },
-	{ DG_OP_DECODER_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 16384 },
-	{ DG_OP_DECODER_FWD, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 16384 },
-	{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 4096 },
-	{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 16384 },
-	{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 4096 },
-	{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 16384 },
-	{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 4096 },
-	{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 16384 },
-	{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 4096 },
-	{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 16384 },
+	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 4096, DG_FMT_F32 },
+	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_INT8, 4096, DG_FMT_F32 },
+	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 16384, DG_FMT_F32 },
+	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_INT8, 16384, DG_FMT_F32 },
+	{ DG_OP_DECODER_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 4096, DG_FMT_F32 },
+	{ DG_OP_DECODER_FWD, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 4096, DG_FMT_F32 },
+	{ DG_OP_DECODER_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 16384, DG_FMT_F32 },
+	{ DG_OP_DECODER_FWD, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 16384, DG_FMT_F32 },
+	{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 4096, DG_FMT_F32 },
+	{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 16384, DG_FMT_F32 },
+	{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_BF16, DG_FMT_BF16, DG_FMT_F32, 4096, DG_FMT_BF16 },
+	{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 4096, DG_FMT_F32 },
+	{ DG_OP_LOWRANK_GRAD_WEIGHT, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_F32, 16384, DG_FMT_F32 },
+	{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 4096, DG_FMT_F32 },
+	{ DG_OP_DECODER_GRAD_INPUT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 16384, DG_FMT_F32 },
+	{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 4096, DG_FMT_F32 },
+	{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 16384, DG_FMT_F32 },
 };
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
 
 static void case_name(const bcase *c, char *buf, size_t size)
 {
-	snprintf(buf, size, "%s.%s.%s.%s.m%d", dg_op_name(c->op), dg_fmt_name(c->weight),
-		 dg_fmt_name(c->act), dg_fmt_name(c->out), c->m);
+	snprintf(buf, size, "%s.%s.%s.%s.m%d%s", dg_op_name(c->op), dg_fmt_name(c->weight),
+		 dg_fmt_name(c->act), dg_fmt_name(c->out), c->m,
+		 c->src == DG_FMT_BF16 ? ".src_bf16" : "");
 }
 
 static bool is_backward(dg_op op)
@@ -144,9 +156,12 @@ typedef struct run_case {
 	dg_spec spec;
 	dg_tensor x, w, out;
 	dg_dptr mem[7]; /* x, w, out, their three scales, the workspace */
-	dg_workspace ws; /* what the op asks for (decoder_fwd, the grad_weight splits) */
+	dg_workspace ws; /* what the op asks for (decoder_fwd, the grad splits) */
 	size_t bytes;   /* x + w + out as stored (not the workspace) */
 } run_case;
+
+/* --splits: lowrank_grad_input's K splits (0: the runtime's choice). */
+static int bench_splits;
 
 /* Enqueues r's op, or (ws_bytes non-NULL) asks it for its workspace. */
 static bool call_ours(bench *b, run_case *r, size_t *ws_bytes)
@@ -162,9 +177,10 @@ static bool call_ours(bench *b, run_case *r, size_t *ws_bytes)
 		break;
 	}
 	case DG_OP_LOWRANK_GRAD_INPUT: {
-		dg_lowrank_grad_input_args a = { .grad = &r->x, .w = &r->w, .grad_x = &r->out };
-		if (!ws_bytes)
-			st = dg_lowrank_grad_input(b->dev, &r->spec, &a);
+		dg_lowrank_grad_input_args a = { .grad = &r->x, .w = &r->w, .grad_x = &r->out,
+						 .ws = r->ws, .splits = bench_splits };
+		st = ws_bytes ? dg_lowrank_grad_input_workspace(b->dev, &r->spec, &a, ws_bytes)
+			      : dg_lowrank_grad_input(b->dev, &r->spec, &a);
 		break;
 	}
 	case DG_OP_LOWRANK_GRAD_WEIGHT: {
@@ -242,6 +258,8 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 	s->out = c->out;
 	s->relu = c->op == DG_OP_LOWRANK_FWD;
 	s->relu_thr = 0.0f;
+	if (c->src == DG_FMT_BF16)
+		s->src = c->src; /* the gradient of a lowrank grad (else the op's default) */
 	s->arch = b->info.sm;
 	s->arch_specific = false;
 	if (arch && dg_spec_set(s, "arch", arch, msg, sizeof(msg))) {
@@ -265,7 +283,7 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 		r->out = dg_tensor_4d("out", c->out, 0, 1, BDH_H, m, BDH_L);
 		break;
 	case DG_OP_LOWRANK_GRAD_INPUT:
-		r->x = dg_tensor_4d("grad", DG_FMT_F32, 0, 1, BDH_H, m, BDH_L);
+		r->x = dg_tensor_4d("grad", c->src, 0, 1, BDH_H, m, BDH_L);
 		r->w = dg_tensor_3d("w", c->weight, 0, BDH_H, BDH_L, BDH_E);
 		r->out = dg_tensor_4d("grad_x", DG_FMT_F32, 0, 1, 1, m, BDH_E);
 		break;
@@ -472,7 +490,8 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 static int usage(FILE *f, int code)
 {
 	fprintf(f, "usage: kernels [--out FILE] [--reps N] [--warmup N] [--case TEXT]... "
-			"[--arch sm_XX[a]] [--tile BMxBNxBK/WMxWN/S] [--require-gpu]\n"
+			"[--arch sm_XX[a]] [--tile BMxBNxBK/WMxWN/S] [--splits N] [--require-gpu]\n"
+			"  --splits N   lowrank_grad_input's K splits, 1 to 64 (default: the runtime's choice)\n"
 			"  --case TEXT  run the cases whose name holds TEXT (names: "
 			"lowrank_fwd.ternary.int8.bf16.m4096, decoder_grad_weight.int8.int8.f32.m16384, ...)\n");
 	return code;
@@ -515,12 +534,15 @@ int main(int argc, char **argv)
 			arch = v, i++;
 		else if (strcmp(a, "--tile") == 0)
 			bench_tile = v, i++;
+		else if (strcmp(a, "--splits") == 0)
+			bench_splits = atoi(v), i++;
 		else if (strcmp(a, "--case") == 0 && nfilters < MAX_FILTERS)
 			filters[nfilters++] = v, i++;
 		else
 			return usage(stderr, 2);
 	}
-	if (b.reps < 1 || b.reps > 10000 || b.warmup < 0 || b.warmup > 1000)
+	if (b.reps < 1 || b.reps > 10000 || b.warmup < 0 || b.warmup > 1000 || bench_splits < 0 ||
+	    bench_splits > 64)
 		return usage(stderr, 2);
 
 	dg_device_opts opts = { .ordinal = 0, .jit = NULL };

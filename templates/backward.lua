@@ -12,10 +12,13 @@ Gradient formats (dragon/spec.h "gradient formats"; GT, OT below):
 
   lowrank_grad_input   grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]
     extern "C" __global__ void dg_lowrank_grad_input(const GT *grad,
-        const WT *w, const float *sw, float *grad_x, int B, int T)
-    grid (ceil(E/bn), ceil(B*T/bm), Hin). GEMM M = B*T, N = E, K = (H/Hin)·L:
-    with Hin = 1 a block's K runs over every head (w is (H·L, E), so the
-    head sum is one longer reduction, summed in order, no atomics).
+        const WT *w, const float *sw, float *dst, int B, int T, int splits,
+        int kt_per_split)
+    grid (ceil(E/bn), ceil(B*T/bm), Hin·splits), z = p·Hin + i (split p,
+    input head i). GEMM M = B*T, N = E, K = (H/Hin)·L: with Hin = 1 a
+    block's K runs over every head (w is (H·L, E), so the head sum is one
+    longer reduction, summed in order, no atomics). dst: grad_x when
+    splits == 1, else the partials (below).
   decoder_grad_input   grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] · w[d, h·L + l]
     extern "C" __global__ void dg_decoder_grad_input(const float *grad,
         const WT *w, const float *sw, OT *grad_y, int B, int T)
@@ -33,15 +36,28 @@ Gradient formats (dragon/spec.h "gradient formats"; GT, OT below):
   and for both grad_weight ops, the deterministic second pass:
     extern "C" __global__ void dg_<op>_reduce(const float *part, int splits,
         const float *sa, float *grad_w, int accumulate)
-    any grid, `NT` threads: grad_w[i] (+)= s · Σ_{p < splits} part[p·NW + i],
-    p ascending (NW = H·L·E, the size of grad_w).
+    any grid, `RNT` threads: grad_w[i] (+)= s · Σ_{p < splits} part[p·NW + i],
+    p ascending (NW = H·L·E, the size of grad_w);
+  and lowrank_grad_input's:
+    extern "C" __global__ void dg_lowrank_grad_input_reduce(const float *part,
+        int splits, const float *sw, float *grad_x, int B, int T)
+    any grid, `RNT` threads: grad_x[i] = s · Σ_{p < splits} part[p·NX + i],
+    p ascending (NX = B·Hin·T·E, the size of grad_x).
 
   The grad_weight reduction (B*T) is known only at run time, so it is split
   over grid z: block (h, p) sums K tiles [p·kt_per_split, (p+1)·kt_per_split)
   (an empty range sums to 0). splits == 1: the block scales and writes (or
   adds to) grad_w itself; splits > 1: it writes its raw sum to
   dst + p·NW (partials the caller takes from scratch) and the reduce entry
-  sums them in a fixed order. No float atomics anywhere, so every result is
+  sums them in a fixed order. lowrank_grad_input's reduction is fixed at
+  compile time but long (KT = (H/Hin)·L/BK steps, 512 at the BDH encoder)
+  onto few output tiles (B·T x E: 64 of 128x128), so it splits the same
+  way: block (i, p) sums K steps [p·kt_per_split, ..) of KT, clipped;
+  splits == 1 writes sw·Σ into grad_x (dst), splits > 1 the raw Σ into
+  dst + p·NX, and its reduce entry scales. Every path (SIMT, mma.sync,
+  wgmma) takes the split, with the same code (backward_mma.lua
+  M.GI_SPLIT); the runtime picks the count from the grid and the SM count
+  (runtime/ops/grad.c). No float atomics anywhere, so every result is
   reproducible for a fixed (splits, tile).
 
   WT / XT: float (f32), unsigned short (bf16), int i8x4 words (int8, int4,
@@ -57,6 +73,8 @@ Paths (M.plan picks one from the arch and the tile; render follows it):
     wgmma m64nBNk16 bf16 from 128-byte-swizzled shared tiles that a
     cp.async ring fills; the same ABI, grids and splits. The plan is
     arch-specific, so dg_codegen_plan_for promotes an sm_90 spec to it.
+    Its default tile for both ops is 128x128x64/8x1/3 (two warpgroups,
+    two blocks an SM; backward_wgmma.lua M.default_tile has the reasons).
   tensor cores (templates/backward_mma.lua; the default from sm_80 on):
     sm_80+, BK % 16 == 0, warp tiles whole 16x16 blocks. mma.sync m16n8k16
     bf16 with f32 sums. Each element is converted once as it is staged:
@@ -72,7 +90,8 @@ Paths (M.plan picks one from the arch and the tile; render follows it):
     defaults (M.plan's default_tile) at the BDH shape:
       lowrank_grad_input  64x128x64/2x4/4 — streams the gradient (K = H·L,
         537 MB), 128 blocks: 8 warps of 32x32 a block, 3 steps of 16 KiB
-        of gradient in flight;
+        of gradient in flight (one block an SM at 116 KiB, so the runtime
+        leaves K whole: 128 blocks for 132 SMs is as good as a split);
       decoder_grad_input  128x128x32/2x2/3 — writes grad_y (537 MB), K = E
         is 8 steps: 64x64 warp tiles, two blocks an SM overlap one's stores
         with the other's math;
@@ -189,9 +208,9 @@ end
 local OPS = {}
 
 OPS.lowrank_grad_input = {
-  a_kmajor = true, w_operand = true, out_name = "grad_x", scale = "sw",
+  a_kmajor = true, w_operand = true, out_name = "grad_x", scale = "sw", split = true,
   sig = "const GT *__restrict__ grad, const ${BT} *__restrict__ w, const float *__restrict__ sw,\n" ..
-        "\t\tfloat *__restrict__ grad_x, int B, int T",
+        "\t\tfloat *__restrict__ dst, int B, int T, int splits, int kt_per_split",
   text = [[
 constexpr int HPB = H / HIN;		// heads a block reduces over (H when Hin = 1)
 constexpr int N = E;			// output cols
@@ -587,6 +606,18 @@ ${SCALE_LOAD}
 		}
 	}]]
 
+-- The reduce entries' loop body: float4 iv of Σ_{p < splits} part[p·${NP} ..],
+-- p ascending, into sum (iv, part, splits in scope).
+local REDUCE_SUM = [[
+		float4 sum = __ldg((const float4 *)part + iv);
+		for (int q = 1; q < splits; ++q) {
+			const float4 v = __ldg((const float4 *)(part + (long long)q * ${NP}) + iv);
+			sum.x = __fadd_rn(sum.x, v.x);
+			sum.y = __fadd_rn(sum.y, v.y);
+			sum.z = __fadd_rn(sum.z, v.z);
+			sum.w = __fadd_rn(sum.w, v.w);
+		}]]
+
 local REDUCE = [[
 
 // grad_w[i] (+)= s · Σ_{p < splits} part[p·NW + i], p ascending; float4 a
@@ -599,14 +630,7 @@ ${SCALE_LOAD}
 	const long long nv = NW / 4;
 	for (long long iv = (long long)blockIdx.x * RNT + threadIdx.x; iv < nv;
 	     iv += (long long)gridDim.x * RNT) {
-		float4 sum = __ldg((const float4 *)part + iv);
-		for (int q = 1; q < splits; ++q) {
-			const float4 v = __ldg((const float4 *)(part + (long long)q * NW) + iv);
-			sum.x = __fadd_rn(sum.x, v.x);
-			sum.y = __fadd_rn(sum.y, v.y);
-			sum.z = __fadd_rn(sum.z, v.z);
-			sum.w = __fadd_rn(sum.w, v.w);
-		}
+${SUM}
 ${SCALE_APPLY}
 		if (accumulate) {
 			const float4 o = ((const float4 *)grad_w)[iv];
@@ -616,6 +640,27 @@ ${SCALE_APPLY}
 			sum.w = __fadd_rn(o.w, sum.w);
 		}
 		((float4 *)grad_w)[iv] = sum;
+	}
+}
+]]
+
+-- lowrank_grad_input's: the partials of its K split (B and T at run time).
+local REDUCE_INPUT = [[
+
+// grad_x[i] = s · Σ_{p < splits} part[p·NX + i], p ascending, NX = B·HIN·T·E
+// (the elements of grad_x); float4 a thread (E % 4 == 0), grid-stride.
+extern "C" __global__ void __launch_bounds__(RNT)
+${ENTRY}_reduce(const float *__restrict__ part, int splits, const float *__restrict__ sw,
+		float *__restrict__ grad_x, int B, int T)
+{
+${SCALE_LOAD}
+	const long long NX = (long long)B * HIN * T * E;
+	const long long nv = NX / 4;
+	for (long long iv = (long long)blockIdx.x * RNT + threadIdx.x; iv < nv;
+	     iv += (long long)gridDim.x * RNT) {
+${SUM}
+${SCALE_APPLY}
+		((float4 *)grad_x)[iv] = sum;
 	}
 }
 ]]
@@ -636,9 +681,12 @@ local function about_lines(op, o, entry, sig, c)
   }
   local H, HIN, E, L, bm, bn, nt, bfmt = c.H, c.HIN, c.E, c.L, c.bm, c.bn, c.wm * c.wn * 32, c.bfmt
   if op == "lowrank_grad_input" then
-    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", E, bn, bm, HIN, nt)
-    about[#about + 1] = fmt("grad (B, %d, T, %d) %s; w (%d, %d, %d) %s; grad_x (B, %d, T, %d) f32.",
+    about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d·splits), block %d threads; z = split·%d + input head.",
+                            E, bn, bm, HIN, nt, HIN)
+    about[#about + 1] = fmt("grad (B, %d, T, %d) %s; w (%d, %d, %d) %s; dst: grad_x (B, %d, T, %d) f32 (splits 1)",
                             H, L, c.gfmt, H, L, E, bfmt, HIN, E)
+    about[#about + 1] = fmt("  or splits partials of it (the raw sums of K steps [p·kt_per_split, ..) of %d), summed by %s_reduce.",
+                            (H // HIN) * L // c.bk, entry)
   elseif op == "decoder_grad_input" then
     about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", L, bn, bm, H, nt)
     about[#about + 1] = fmt("grad (B, 1, T, %d) f32; w (%d, %d) %s; grad_y (B, %d, T, %d) %s.",
@@ -655,19 +703,22 @@ local function about_lines(op, o, entry, sig, c)
   return about
 end
 
--- Appends the grad_weight ops' reduce entry (M.plan lists it).
+-- Appends the reduce entry of the grad_weight ops and lowrank_grad_input
+-- (M.plan lists it): the sum of a split's partials, in split order.
 local function finish(w, o, entry, is_code, vec)
   if vec then is_code = false end -- the scales went into B as it was staged
-  if not o.a_kmajor then
-    w:line(fmt("constexpr int RNT = %d;\t\t// threads a block of %s_reduce", RNT, entry))
-    w:line(C.subst(REDUCE, {
-      ENTRY = entry,
-      SCALE_LOAD = is_code and "\tconst float s = *sa;\t\t// the activation's scale"
-        or (vec and "\t(void)sa;\t// per token: the scales went into B as it was staged" or "\t// float operand: no scale"),
-      SCALE_APPLY = is_code and "\t\tsum.x = __fmul_rn(sum.x, s);\n\t\tsum.y = __fmul_rn(sum.y, s);\n" ..
-                                "\t\tsum.z = __fmul_rn(sum.z, s);\n\t\tsum.w = __fmul_rn(sum.w, s);" or "",
-    }))
-  end
+  if o.a_kmajor and not o.split then return end
+  local sn = o.scale
+  w:line(fmt("constexpr int RNT = %d;\t\t// threads a block of %s_reduce", RNT, entry))
+  w:line(C.subst(o.split and REDUCE_INPUT or REDUCE, {
+    ENTRY = entry, SUM = C.subst(REDUCE_SUM, { NP = o.split and "NX" or "NW" }),
+    SCALE_LOAD = is_code and fmt("\tconst float s = *%s;\t\t// the %s's scale", sn, o.w_operand and "weight" or "activation")
+      or (vec and fmt("\t(void)%s;\t// per %s: the scales went into B as it was staged", sn,
+                      o.w_operand and "channel" or "token")
+      or "\t// float operand: no scale"),
+    SCALE_APPLY = is_code and "\t\tsum.x = __fmul_rn(sum.x, s);\n\t\tsum.y = __fmul_rn(sum.y, s);\n" ..
+                              "\t\tsum.z = __fmul_rn(sum.z, s);\n\t\tsum.w = __fmul_rn(sum.w, s);" or "",
+  }))
 end
 
 local function fields(spec)
@@ -755,7 +806,7 @@ function M.plan(spec)
   local nt = t.wm * t.wn * 32
   local entry = "dg_" .. k.op
   local p = { tile = t, arch_specific = false, name = k.op .. ".cu", entries = { { name = entry, threads = nt } } }
-  if not k.o.a_kmajor then
+  if not k.o.a_kmajor or k.o.split then
     p.entries[2] = { name = entry .. "_reduce", threads = RNT, smem = 0 }
   end
   if WG.fits(k, t) then
@@ -858,9 +909,20 @@ function M.render(spec, plan)
                                      o.w_operand and "weight" or "activation")
                              or "\t// float operand: no scale"
   local scaled = is_code and "__fmul_rn(acc[i][j], s)" or "acc[i][j]"
-  if o.a_kmajor then
+  if o.split then
+    -- lowrank_grad_input: split K (backward_mma.lua M.GI_SPLIT, all paths)
+    kv.PROLOGUE = MMA.GI_SPLIT.PROLOGUE
+    kv.ZH = "z"
+    kv.K_GUARD_B = ""
+    kv.LOAD_A = C.subst(LOAD_A_KMAJOR, kv)
+    kv.STORE_A = C.subst(STORE_A_KMAJOR, kv)
+    kv.EPILOGUE = C.subst(EPI_INPUT, {
+      SCALE_WHY = MMA.GI_SPLIT.why(is_code),
+      SCALE_LOAD = is_code and MMA.GI_SPLIT.SCALE_LOAD or scale_load, OUT = "out", SCALED = scaled,
+      CONV = "" })
+  elseif o.a_kmajor then
     kv.PROLOGUE = "\tconst int M = B * T;\t\t\t// output rows (b, t)\n" ..
-                  "\tconst int z = blockIdx.z;\t\t// " .. (op == "lowrank_grad_input" and "input head" or "head") ..
+                  "\tconst int z = blockIdx.z;\t\t// head" ..
                   "\n\tconst int k_begin = 0, k_end = KT;"
     kv.ZH = "z"
     kv.K_GUARD_B = ""

@@ -92,6 +92,34 @@ local function indent(text, n)
   return (text:gsub("([^\n]+)", pad .. "%1"))
 end
 
+-- ---- lowrank_grad_input's K split ---------------------------------------------
+-- The same on every path (backward.lua's SIMT kernel, this one and
+-- backward_wgmma.lua read it here: both require this module): grid z =
+-- split·HIN + input head; block (z, sp) sums the K steps [sp·kt_per_split,
+-- (sp+1)·kt_per_split) of KT, clipped (an empty range sums to 0 and writes
+-- zeros), into grad_x (splits 1: scaled) or partial sp at dst + sp·NX
+-- (NX = B·HIN·T·E; raw sums the reduce entry adds in split order and
+-- scales). `out` is where the epilogue writes.
+M.GI_SPLIT = {
+  PROLOGUE = [[
+	const int M = B * T;			// output rows (b, t)
+	const int z = blockIdx.z % HIN, sp = blockIdx.z / HIN;	// input head, split
+	const int k_begin = min(sp * kt_per_split, KT);
+	const int k_end = min(k_begin + kt_per_split, KT);	// empty: writes zeros
+	// grad_x (splits 1), or partial sp (M·HIN·E floats each)
+	float *const out = splits == 1 ? dst : dst + (long long)sp * M * HIN * E;]],
+  -- a per-tensor scale multiplies grad_x only: a partial is the raw sum
+  -- (times 1.0f, exact), scaled once by the reduce entry
+  SCALE_LOAD = "\tconst float s = splits == 1 ? *sw : 1.0f;\t// the weight's scale (partials: raw)",
+}
+
+-- The epilogue's headline of the split (is_code: a per-tensor scale).
+function M.GI_SPLIT.why(is_code)
+  return (is_code and "splits == 1: grad_x = sw · Σ (the integer operand's scale, once)"
+                   or "splits == 1: grad_x = Σ") ..
+         ";\n\t// else partial sp = the raw Σ (the reduce entry adds the partials in\n\t// split order, then scales)"
+end
+
 -- ---- per-op addressing of the staging (on top of backward.lua's OPS text) --
 
 local ADDR = {}
@@ -793,23 +821,27 @@ function M.render(c)
        "\t\t\t\t\tsrc = dg_a_krow(grad, bb, tt, h, T) + m;"
   kv.A_SLOTS = C.subst(slots, { A_GUARD = a_guard, A_ROW = a_row, CP = ce == 8 and "dg_cp16" or "dg_cp8" })
   if o.a_kmajor then
-    kv.PROLOGUE = "\tconst int M = B * T;\t\t\t// output rows (b, t)\n" ..
-                  "\tconst int z = blockIdx.z;\t\t// " .. (op == "lowrank_grad_input" and "input head" or "head") ..
-                  "\n\tconst int k_begin = 0, k_end = KT;"
+    -- lowrank_grad_input splits K (M.GI_SPLIT); decoder_grad_input (K = E,
+    -- a few steps) runs it whole
+    kv.PROLOGUE = o.split and M.GI_SPLIT.PROLOGUE
+                  or "\tconst int M = B * T;\t\t\t// output rows (b, t)\n" ..
+                     "\tconst int z = blockIdx.z;\t\t// head" ..
+                     "\n\tconst int k_begin = 0, k_end = KT;"
     kv.ROW_BT = ""
     kv.B_STEP = ""
     kv.K_GUARD_B = ""
     kv.B_ROW = "\t\t\t\tconst unsigned *p = dg_b_row(bw, k, z, T);"
     kv.A_LANE, kv.A_FRAG = A_LANE_KMAJOR, A_FRAG_KMAJOR
     kv.EPILOGUE = C.subst(EPI_INPUT, {
-      SCALE_WHY = F.code and fmt("%s = %s · Σ (the integer operand's scale, once)", o.out_name, o.scale)
-                          or fmt("%s = Σ", o.out_name),
-      SCALE_LOAD = scale_load,
+      SCALE_WHY = o.split and M.GI_SPLIT.why(at_end)
+                  or (F.code and fmt("%s = %s · Σ (the integer operand's scale, once)", o.out_name, o.scale)
+                              or fmt("%s = Σ", o.out_name)),
+      SCALE_LOAD = (o.split and at_end) and M.GI_SPLIT.SCALE_LOAD or scale_load,
       -- out=bf16 (decoder_grad_input's grad_y): the pair rounded to nearest even once
       STORE = C.subst(c.ofmt == "bf16"
         and "\t\t\t\t\t*(unsigned *)(${OUT} + dg_out(m, n, z, T)) =\n\t\t\t\t\t\tdg_bf16x2(${S0}, ${S1});"
         or "\t\t\t\t\t*(float2 *)(${OUT} + dg_out(m, n, z, T)) =\n\t\t\t\t\t\tmake_float2(${S0}, ${S1});",
-        { OUT = o.out_name, S0 = scaled("acc[mt][nt][2 * hr]"), S1 = scaled("acc[mt][nt][2 * hr + 1]") }) })
+        { OUT = o.split and "out" or o.out_name, S0 = scaled("acc[mt][nt][2 * hr]"), S1 = scaled("acc[mt][nt][2 * hr + 1]") }) })
   else
     kv.PROLOGUE = "\tconst int K = B * T;\t\t\t// the reduction (b, t)\n" ..
                   "\tconst int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split\n" ..

@@ -3,16 +3,22 @@ backward_wgmma.lua — the sm_90a warpgroup path of lowrank_grad_input and
 lowrank_grad_weight when both operands are bf16 (src=bf16 and weight=bf16
 / act=bf16): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
 (templates/backward.lua picks it with M.fits, keeps the ABI, the grids
-and the grad_weight splits, and appends the _reduce entry).
+and the splits — grad_weight's over B·T, lowrank_grad_input's over K —
+and appends the _reduce entries).
 
 GEMM C[m, n] = Σ_k A[m, k] · B[n, k], f32 sums, K steps of BK 64:
   lowrank_grad_input  m = (b, t) of M = B·T, n = e, k = (h - z·HPB)·L + l
-    over input head z's heads (grid z). A = grad[b, h, t, l], K-major:
+    over input head z's heads; blockIdx.z = p·HIN + z, split p summing
+    the K steps [p·kt_per_split, (p+1)·kt_per_split) of KT (clipped; an
+    empty range writes zeros), the block's step st reading K step
+    k_begin + st. A = grad[b, h, t, l], K-major:
     row m's pointer is computed once a thread (dg_a_base: rows are not
     affine in m across b), a K step adds dg_a_koff (a step never straddles
     two heads: BK | L). B = w (H·L, E), B[n][k] = w[z·HPB·L + k, e],
-    MN-major (e contiguous), affine rows of E. grad_x f32 (the sums; bf16
-    w has no scale).
+    MN-major (e contiguous), affine rows of E. splits == 1: grad_x (dst)
+    = Σ; else the raw Σ into partial p at dst + p·NX (NX = B·HIN·T·E; the
+    same sums: bf16 w has no scale), which the reduce entry
+    dg_lowrank_grad_input_reduce adds in split order (backward.lua).
   lowrank_grad_weight  per head h = z % H, split p = z / H: m = l, n = e,
     k = (b, t) of K = B·T, the split's K steps [p·kt_per_split, ...).
     A = grad[b, h, t, l] and B = x[b, hin(h), t, e], both MN-major (a K
@@ -64,15 +70,25 @@ end
 
 -- The default tile where the path applies. At the BDH shape (M = B·T 4096,
 -- N = E 256):
---   lowrank_grad_input 64x128x64/4x1/4: 128 blocks for 132 SMs (a block an
---     SM; 128x128 would leave half of them idle), one warpgroup of
---     m64n128, three K steps (48 KiB) of gradient in flight;
+--   lowrank_grad_input 128x128x64/8x1/3: two warpgroups of m64n128 (64
+--     accumulators a thread), 97 KiB, so two blocks an SM
+--     (__launch_bounds__(256, 2)): four warpgroups an SM, one block's
+--     barrier and stage refill hidden behind the other's MMAs. The tile
+--     it replaces, 64x128x64/4x1/4 (one warpgroup, 128 blocks: one an SM,
+--     each streaming all of K), measured 433 µs a call, 159 TFLOP/s: a
+--     lone warpgroup waits out every barrier and wgmma wait with the
+--     tensor cores idle. 128x128 makes (256/128)·(4096/128) = 64 output
+--     tiles a grid z, too few alone (64 for the encoder, Hin 1; 256 for
+--     encoder_v, Hin 4), so the runtime splits K over grid z
+--     (runtime/ops/grad.c gi_splits_of) until the blocks fill two an SM:
+--     4 splits of 128 K steps for the encoder (256 blocks for 264 slots
+--     on 132 SMs), none for encoder_v (256 blocks already); the partials
+--     cost 4 MiB a split, written once and read once by the reduce entry.
+--     Three stages (two K steps, 64 KiB, in flight a block, four an SM):
+--     four would take 129 KiB, one block an SM. To be measured on the H200.
 --   lowrank_grad_weight 128x128x64/8x1/3: per head M = L 8192, 512 blocks,
 --     97 KiB each: two blocks an SM, 64 accumulators a thread.
 function M.default_tile(k)
-  if k.op == "lowrank_grad_input" then
-    return { bm = 64, bn = 128, bk = 64, wm = 4, wn = 1, stages = 4, threads = 0 }
-  end
   return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 3, threads = 0 }
 end
 
@@ -134,9 +150,10 @@ LOAD.lowrank_grad_input = [[
 	}
 	// B (w, N-major): block z's heads are rows z·HPB·L .. of the (H·L, E) matrix
 	const unsigned short *wz = w + (long long)z * HPB * L * E;
-	auto load = [&](int st) {
+	auto load = [&](int st) {	// st: the block's step, K step k_begin + st
 		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
-		const long long off = dg_a_koff(st, T);
+		const int kt = k_begin + st;
+		const long long off = dg_a_koff(kt, T);
 #pragma unroll
 		for (int s = 0; s < SA; ++s) {
 			const int u = tid + s * NT;
@@ -146,7 +163,7 @@ LOAD.lowrank_grad_input = [[
 #pragma unroll
 		for (int s = 0; s < SB; ++s) {
 			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = u >> 9;
-			dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), wz, st * BK + kk, HPB * L, n0 + 64 * gg + 8 * c, N, E);
+			dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), wz, kt * BK + kk, HPB * L, n0 + 64 * gg + 8 * c, N, E);
 		}
 	};]]
 
@@ -182,10 +199,10 @@ LOAD.lowrank_grad_weight = [[
 	};]]
 
 local PROLOGUE = {
-  lowrank_grad_input = [[
-	const int M = B * T;			// output rows (b, t)
-	const int z = blockIdx.z;		// input head
-	const int nsteps = KT;
+  -- the K split of every path (backward_mma.lua M.GI_SPLIT)
+  lowrank_grad_input = require("backward_mma").GI_SPLIT.PROLOGUE .. [[
+
+	const int nsteps = k_end - k_begin;
 	(void)sw;				// bf16 w: no scale]],
   lowrank_grad_weight = [[
 	const int K = B * T;			// the reduction (b, t)
@@ -201,7 +218,7 @@ local PROLOGUE = {
 -- PAIRS) and its row bound.
 local PAIR = {
   lowrank_grad_input = { "M", [[
-				*(float2 *)(grad_x + dg_out(m, n, z, T)) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);]] },
+				*(float2 *)(out + dg_out(m, n, z, T)) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);]] },
   lowrank_grad_weight = { "MM", [[
 				float2 *o = (float2 *)(out + dg_out(m, n, h, T));
 				float2 v = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
@@ -215,8 +232,10 @@ local PAIR = {
 
 local EPILOGUE = {
   lowrank_grad_input = [[
-	// ---- epilogue: grad_x = Σ; the accumulator pairs (rows g, g+8 of the
-	// warp's 16, cols 8j + 2q, +1; N is even: a pair is wholly in or out)
+	// ---- epilogue: splits == 1: grad_x = Σ; else partial sp (out) = the raw
+	// Σ (the same: bf16 w has no scale), which the reduce entry sums in split
+	// order. The accumulator pairs (rows g, g+8 of the warp's 16, cols
+	// 8j + 2q, +1; N is even: a pair is wholly in or out).
 ${PAIRS}]],
   lowrank_grad_weight = [[
 	// ---- epilogue: splits == 1: grad_w (+)= Σ; else the raw sum into

@@ -112,3 +112,17 @@ void bh_expect_written(const char *what, const float *v, size_t n)
 	for (size_t i = 0; i < n; i++)
 		cr_assert(!isnan(v[i]), "%s[%zu] never written (still 0xff)", what, i);
 }
+
+size_t bh_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_args *a,
+		     const char *what)
+{
+	size_t need = 0;
+	cr_assert_eq(dg_lowrank_grad_input_workspace(dev, sp, a, &need), DG_OK, "%s: %s", what,
+		     dg_device_errmsg(dev));
+	a->ws = gh_workspace(dev, need);
+	if (need)
+		cr_assert_eq(dg_memset8(dev, a->ws.ptr, 0xff, need), DG_OK, "%s: %s", what,
+			     dg_device_errmsg(dev));
+	cr_assert_eq(dg_lowrank_grad_input(dev, sp, a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+	return need;
+}

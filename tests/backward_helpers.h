@@ -29,6 +29,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "dragon/ops.h"
 #include "dragon/spec.h"
 
 #define BH_BF16_REL 1e-2 /* relative-to-norm bound of a bf16-rounded gradient */
@@ -62,5 +63,14 @@ void bh_expect_bf16(const char *what, const float *got, const float *want, const
 /* Fails the test when any of n outputs is NaN: never written (the tests
  * fill outputs with 0xff bytes, a NaN, first). */
 void bh_expect_written(const char *what, const float *v, size_t n);
+
+/* Runs lowrank_grad_input with a (a->splits as given: 0 the runtime's
+ * choice) in a workspace of the size its _workspace call asks for, every
+ * byte 0xff first (a NaN: a split that writes nothing fails
+ * bh_expect_written); a->ws is set to it (freed by gh_close). Fails the
+ * test naming `what` on an error. Returns the workspace bytes (0: the op
+ * did not split). */
+size_t bh_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_args *a,
+		     const char *what);
 
 #endif

@@ -205,8 +205,9 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 		return ws_bytes ? DG_OK : dg_relu_mask(dev, s, &a);
 	}
 	case DG_OP_LOWRANK_GRAD_INPUT: {
-		dg_lowrank_grad_input_args a = { .grad = t0, .w = t1, .grad_x = t2 };
-		return ws_bytes ? DG_OK : dg_lowrank_grad_input(dev, s, &a);
+		dg_lowrank_grad_input_args a = { .grad = t0, .w = t1, .grad_x = t2, .ws = c->ws };
+		return ws_bytes ? dg_lowrank_grad_input_workspace(dev, s, &a, ws_bytes)
+				: dg_lowrank_grad_input(dev, s, &a);
 	}
 	case DG_OP_LOWRANK_GRAD_WEIGHT: {
 		dg_lowrank_grad_weight_args a = { .grad = t0, .x = t1, .grad_w = t2, .ws = c->ws };

@@ -23,7 +23,8 @@
  *
  * with the workspaces their _workspace queries ask for (B·T 512 splits
  * both grad_weight reductions over the few output tiles of L 1024, so
- * their workspaces are used, and replayed). The eager run loads every
+ * their workspaces are used, and replayed; lowrank_grad_input's K = 4096
+ * over B·T x E splits where the device's SM count asks for it). The eager run loads every
  * kernel; the capture then runs nothing and loads nothing; every replay,
  * from outputs reset to 0xff, must write every output byte as the eager
  * run did. Also: dg_graph_end without a capture, a second begin, and a
@@ -64,7 +65,7 @@ typedef struct seq {
 	/* tensors: made by the sequence */
 	dg_tensor xq, c_enc, c_enc2d, w_enc, c_dec, w_dec, y_u8, y_bf16, dec_out, g_y, g_pre, g_x,
 		g_w_enc, g_w_dec;
-	dg_workspace ws_qa, ws_qw_enc, ws_qw_dec, ws_dec, ws_lgw, ws_dgw;
+	dg_workspace ws_qa, ws_qw_enc, ws_qw_dec, ws_dec, ws_lgi, ws_lgw, ws_dgw;
 	out_buf outs[MAX_OUTS];
 	int n_outs;
 } seq;
@@ -277,7 +278,13 @@ static void seq_run(seq *q, bool sizes)
 	g_pre.name = "grad";
 	g_x.name = "grad_x";
 	g_we.name = g_wd.name = "grad_w";
-	dg_lowrank_grad_input_args li = { .grad = &g_pre, .w = &q->w_enc, .grad_x = &g_x };
+	dg_lowrank_grad_input_args li = { .grad = &g_pre, .w = &q->w_enc, .grad_x = &g_x,
+					  .ws = q->ws_lgi };
+	if (sizes) {
+		ok(q, dg_lowrank_grad_input_workspace(dev, &q->lgi, &li, &need),
+		   "lowrank_grad_input_workspace");
+		li.ws = q->ws_lgi = gh_workspace(dev, need);
+	}
 	ok(q, dg_lowrank_grad_input(dev, &q->lgi, &li), "lowrank_grad_input");
 
 	dg_lowrank_grad_weight_args lw = { .grad = &g_pre, .x = &q->xq, .grad_w = &g_we,

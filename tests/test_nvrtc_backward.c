@@ -14,8 +14,10 @@
  * they do not take refused by field; the sm_90a warpgroup path of the
  * lowrank grads with bf16 gradient and operand (templates/backward_wgmma.lua:
  * its default and other tiles, small shapes, the plan's path, the
- * promotion of plan_for, its refusals, mma.sync for other tiles); and the
- * render and the spec refuse
+ * promotion of plan_for, its refusals, mma.sync for other tiles);
+ * lowrank_grad_input's K split on every path (the split ABI and the
+ * _reduce entry in the source, the scale where it belongs, both entries
+ * in an sm_90a and an sm_80 cubin); and the render and the spec refuse
  * tiles and shapes they cannot run (the template's plan for tile values,
  * the op table's validation for the tile's kind and the packing of axes).
  */
@@ -26,6 +28,7 @@
 #include <criterion/criterion.h>
 
 #include "dragon/codegen.h"
+#include "dragon/cubin.h"
 #include "dragon/spec.h"
 #include "runtime/store/nvrtc.h"
 
@@ -81,7 +84,7 @@ static dg_spec bdh(dg_op op)
 	return s; /* H 4, E 256, L 8192 */
 }
 
-static const char *gi_entries[] = { "dg_lowrank_grad_input" };
+static const char *gi_entries[] = { "dg_lowrank_grad_input", "dg_lowrank_grad_input_reduce" };
 static const char *dgi_entries[] = { "dg_decoder_grad_input" };
 static const char *gw_entries[] = { "dg_lowrank_grad_weight",
 				    "dg_lowrank_grad_weight_reduce" };
@@ -97,7 +100,7 @@ Test(nvrtc_backward, lowrank_grad_input_every_weight_and_in_heads)
 			dg_spec s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
 			s.weight = weights[f];
 			s.in_heads = hin ? s.heads : 1;
-			compile_one(cg, &s, gi_entries, 1);
+			compile_one(cg, &s, gi_entries, 2);
 		}
 	dg_codegen_destroy(cg);
 }
@@ -136,7 +139,7 @@ Test(nvrtc_backward, paths_by_arch)
 	static const dg_op ops[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT,
 				     DG_OP_DECODER_GRAD_INPUT, DG_OP_DECODER_GRAD_WEIGHT };
 	static const char *const *ens[] = { gi_entries, gw_entries, dgi_entries, dgw_entries };
-	static const int nen[] = { 1, 2, 1, 2 };
+	static const int nen[] = { 2, 2, 1, 2 };
 	dg_codegen *cg = make_cg();
 
 	for (int o = 0; o < 4; o++) {
@@ -192,7 +195,7 @@ static void compile_on_path(dg_codegen *cg, const dg_spec *s, const char *path)
 			      : s->op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
 			      : s->op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
 								   : dgw_entries;
-	int n = s->op == DG_OP_LOWRANK_GRAD_INPUT || s->op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2;
+	int n = s->op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2; /* the others have a _reduce */
 
 	expect_path(cg, s, path);
 	compile_one(cg, s, en, n);
@@ -587,10 +590,12 @@ Test(nvrtc_backward, wgmma_bf16_defaults_and_mma_fallback)
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma bf16");
 	cr_assert(p.needs_arch_specific);
-	cr_assert(strstr(p.canonical, "tile=64x128x64/4x1/4;"), "%s", p.canonical);
-	cr_assert_eq(p.n_entries, 1);
-	cr_assert_eq(p.entries[0].threads, 128);
-	cr_assert_eq(p.entries[0].smem, 4 * (64 + 128) * 64 * 2 + 1024);
+	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/3;"), "%s", p.canonical);
+	cr_assert_eq(p.n_entries, 2);
+	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_input_reduce");
+	cr_assert_eq(p.entries[1].smem, 0);
+	cr_assert_eq(p.entries[0].threads, 256);
+	cr_assert_eq(p.entries[0].smem, 3 * (128 + 128) * 64 * 2 + 1024);
 	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 4, 1, 256, 8192);
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma bf16");
@@ -649,5 +654,102 @@ Test(nvrtc_backward, wgmma_bf16_defaults_and_mma_fallback)
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 4"), "%s", dg_codegen_errmsg(cg));
+	dg_codegen_destroy(cg);
+}
+
+/* --- lowrank_grad_input's K split (templates/backward_mma.lua M.GI_SPLIT) --- */
+
+/* Whether the n bytes at p hold the NUL-terminated name (a symbol's). */
+static bool image_has(const uint8_t *p, size_t n, const char *name)
+{
+	size_t len = strlen(name) + 1;
+	for (size_t i = 0; i + len <= n; i++)
+		if (memcmp(p + i, name, len) == 0)
+			return true;
+	return false;
+}
+
+/* Renders s (on `path`), checks the split's ABI in the source — the
+ * kernel's splits and kt_per_split, grid z as split·Hin + input head, the
+ * reduce entry's signature, a per-tensor scale (scaled) on grad_x and in
+ * the reduce and on no partial — then compiles it for s's arch and finds
+ * both entries in the cubin. */
+static void expect_split_kernel(dg_codegen *cg, const dg_spec *s, const char *path, bool scaled)
+{
+	char text[DG_SPEC_TEXT_MAX], e[8192];
+	dg_source *src = NULL;
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+
+	dg_spec_to_string(s, text, sizeof(text));
+	cr_assert_eq(dg_codegen_render(cg, s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_eq(src->n_entries, 2, "%s: %d entries", text, src->n_entries);
+	cr_assert_str_eq(src->entries[0], "dg_lowrank_grad_input", "%s", text);
+	cr_assert_str_eq(src->entries[1], "dg_lowrank_grad_input_reduce", "%s", text);
+	static const char *const always[] = {
+		"float *__restrict__ dst, int B, int T, int splits, int kt_per_split)",
+		"const int z = blockIdx.z % HIN, sp = blockIdx.z / HIN;",
+		"const int k_begin = min(sp * kt_per_split, KT);",
+		"float *const out = splits == 1 ? dst : dst + (long long)sp * M * HIN * E;",
+		"dg_lowrank_grad_input_reduce(const float *__restrict__ part, int splits, const float *__restrict__ sw,\n"
+		"\t\tfloat *__restrict__ grad_x, int B, int T)",
+		"(part + (long long)q * NX)",
+	};
+	for (size_t i = 0; i < sizeof(always) / sizeof(always[0]); i++)
+		cr_assert(strstr(src->text, always[i]), "%s: '%s' not in the source", text, always[i]);
+	cr_assert(strstr(src->text, path), "%s: expected '%s' in the banner", text, path);
+	cr_assert_eq(strstr(src->text, "const float s = splits == 1 ? *sw : 1.0f;") != NULL, scaled,
+		     "%s: grad_x's scale %s", text, scaled ? "missing" : "applied to a float operand");
+	cr_assert_eq(strstr(src->text, "sum.x = __fmul_rn(sum.x, s);") != NULL, scaled,
+		     "%s: the reduce's scale %s", text, scaled ? "missing" : "applied to a float operand");
+	cr_assert_eq(dg__nvrtc_target_for(s->arch, s->arch_specific, &t, e, sizeof(e)), DG_OK, "%s", e);
+	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, e, sizeof(e)), DG_OK, "%s: %s", text, e);
+	cr_assert_eq(dg_cubin_check(res.image, res.size, t.arch, e, sizeof(e)), DG_OK, "%s: %s", text, e);
+	cr_assert(image_has(res.image, res.size, "dg_lowrank_grad_input"), "%s: no kernel in the cubin", text);
+	cr_assert(image_has(res.image, res.size, "dg_lowrank_grad_input_reduce"), "%s: no reduce in the cubin", text);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+/* Every path of lowrank_grad_input takes the split and has the reduce:
+ * the warpgroup path for sm_90a (its default tile, in_heads 1 and H), the
+ * mma.sync path for sm_80 (int8 a tensor, scaled once at the end; a channel,
+ * scaled as B is staged; ternary; f32; a bf16 gradient) and the SIMT path
+ * for sm_80 (BK 8). */
+Test(nvrtc_backward, lowrank_grad_input_split_every_path)
+{
+	dg_codegen *cg = make_cg();
+
+	for (int hin = 0; hin < 2; hin++) {
+		dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_INPUT, 4, hin ? 4 : 1, 256, 8192);
+		dg_spec_normalize(&s);
+		expect_split_kernel(cg, &s, "path: warpgroup tensor cores", false);
+	}
+	static const struct {
+		dg_fmt w, src;
+		dg_scale_gran ws;
+		bool scaled;
+	} mma[] = {
+		{ DG_FMT_INT8, DG_FMT_F32, DG_SCALE_TENSOR, true },
+		{ DG_FMT_INT8, DG_FMT_F32, DG_SCALE_CHANNEL, false },
+		{ DG_FMT_TERNARY, DG_FMT_F32, DG_SCALE_TENSOR, true },
+		{ DG_FMT_F32, DG_FMT_F32, DG_SCALE_TENSOR, false },
+		{ DG_FMT_TERNARY, DG_FMT_BF16, DG_SCALE_TENSOR, true },
+	};
+	for (size_t i = 0; i < sizeof(mma) / sizeof(mma[0]); i++) {
+		dg_spec s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
+		s.arch = 80;
+		s.weight = mma[i].w;
+		s.src = mma[i].src;
+		s.wscale = mma[i].ws;
+		s.in_heads = i % 2 ? s.heads : 1;
+		dg_spec_normalize(&s);
+		expect_split_kernel(cg, &s, "path: tensor cores", mma[i].scaled);
+	}
+	dg_spec s = bdh(DG_OP_LOWRANK_GRAD_INPUT);
+	s.arch = 80;
+	s.tile = (dg_tile){ 64, 64, 8, 2, 2, 2, 0 };
+	dg_spec_normalize(&s);
+	expect_split_kernel(cg, &s, "path: fp32 FMA", true);
 	dg_codegen_destroy(cg);
 }

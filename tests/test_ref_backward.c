@@ -598,9 +598,20 @@ Test(check, lowrank_grad_input)
 	dg_tensor w = dg_tensor_3d("w", DG_FMT_INT8, FAKE_PTR, 4, 64, 256);
 	w.scale = FAKE_PTR;
 	dg_tensor gx = dg_tensor_4d("grad_x", DG_FMT_F32, FAKE_PTR, 2, 1, 3, 256);
-	dg_lowrank_grad_input_args a = { &g, &w, &gx };
+	dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &gx };
 
 	cr_assert_eq(dg_lowrank_grad_input_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	/* K splits: 0 (the runtime's choice) and 1 to 64 forced; past them
+	 * refused, naming the field and the range */
+	a.splits = 64;
+	cr_assert_eq(dg_lowrank_grad_input_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	a.splits = 65;
+	expect_refused(dg_lowrank_grad_input_check(&s, &a, msg, sizeof(msg)),
+		       DG_ERR_INVALID_ARG, msg, "splits 65", "1 to 64");
+	a.splits = -1;
+	expect_refused(dg_lowrank_grad_input_check(&s, &a, msg, sizeof(msg)),
+		       DG_ERR_INVALID_ARG, msg, "dg_lowrank_grad_input: splits -1", "0 (the runtime picks)");
+	a.splits = 0;
 	a.w = NULL;
 	expect_refused(dg_lowrank_grad_input_check(&s, &a, msg, sizeof(msg)),
 		       DG_ERR_INVALID_ARG, msg, "w", "(4, 64, 256)");

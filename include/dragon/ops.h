@@ -116,14 +116,28 @@ dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
 /* The gradient GEMMs' gradient formats: dragon/spec.h "gradient formats"
  * (lowrank_grad_input and _weight read grad in spec->src, decoder_grad_input
  * writes grad_y in spec->out; f32 | bf16; everything else f32). */
+/* lowrank_grad_input reduces over K = (H/Hin)·L, a long reduction onto
+ * few output tiles (B·T x E): split over grid z into partial sums in the
+ * workspace, which a second pass adds in split order (no float atomics:
+ * bitwise reproducible for a fixed split count and tile). splits 0 lets
+ * the runtime pick the count from the grid and the SM count; 1 to 64
+ * forces it (a split past the reduction's K steps sums nothing), for
+ * tests and manual sweeps. */
 typedef struct dg_lowrank_grad_input_args {
 	const dg_tensor *grad;   /* (B,H,T,L) spec->src */
 	const dg_tensor *w;
 	const dg_tensor *grad_x; /* (B,Hin,T,E) f32 */
+	dg_workspace ws;         /* partial sums of a split reduction over K */
+	int splits;              /* 0: the runtime's choice; 1..64: forced */
 } dg_lowrank_grad_input_args;
 dg_status dg_lowrank_grad_input_check(const dg_spec *spec,
 				      const dg_lowrank_grad_input_args *a,
 				      char *msg, size_t msg_size);
+/* The workspace a call with a's tensors and splits needs on dev (a->ws is
+ * ignored): splits · B·Hin·T·E floats when split, else 0. */
+dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
+					  const dg_lowrank_grad_input_args *a,
+					  size_t *bytes);
 dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
 				const dg_lowrank_grad_input_args *a);
 

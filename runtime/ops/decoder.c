@@ -164,8 +164,9 @@ dg_status dg__run_decoder_grad_input(dg_device *dev, const dg_spec *spec, const 
 					"dg_decoder_grad_input", c, NULL);
 	if (st)
 		return st;
-	return dg__grad_input_launch(dev, spec, "dg_decoder_grad_input", c->t[0], c->t[1],
-				     c->t[2], spec->latent, (unsigned)spec->heads);
+	/* K = E: a few steps, never split (no reduce entry) */
+	return dg__grad_input_launch(dev, spec, "dg_decoder_grad_input", NULL, c->t[0], c->t[1],
+				     c->t[2], spec->latent, (unsigned)spec->heads, spec->embd, 0, NULL);
 }
 
 DG__OP_NO_WORKSPACE(decoder_grad_input)

@@ -1,7 +1,7 @@
 /*
  * The gradient GEMMs of the lowrank and decoder families (kernels of
- * templates/backward.lua): their grids, and the split of the grad_weight
- * reduction over B·T.
+ * templates/backward.lua): their grids, the split of the grad_weight
+ * reduction over B·T, and the split of lowrank_grad_input's over K.
  *
  * The grid depends on the tile the kernel was built with, which the device
  * resolves (an auto tile gets the tuning DB's or the template's default):
@@ -14,12 +14,16 @@
  * tiles alone would leave the GPU idle, the reduction is split over grid z
  * into partials (the caller's workspace) that a second kernel sums in a
  * fixed order — no float atomics, so results are reproducible on a device.
+ * lowrank_grad_input reduces over K = (H/Hin)·L (32768 at the BDH encoder)
+ * onto B·T x E outputs, a few dozen tiles: the same split over grid z,
+ * with the count picked from the grid and the SM count
+ * (dg__grad_input_splits).
  */
 #include <string.h>
 
 #include "runtime/ops/ops_int.h"
 
-#define MAX_SPLITS 64
+#define MAX_SPLITS 64 /* grad_weight's */
 #define MIN_STEPS_A_SPLIT 4 /* K steps each split sums at least */
 #define REDUCE_THREADS 256  /* RNT in templates/backward.lua */
 
@@ -36,28 +40,156 @@ static dg_launch gemm_launch(const dg_tile *t, unsigned gx, unsigned gy, unsigne
 	return l;
 }
 
+/* Blocks of kernel k an SM for the split model: 1 or 2. Estimated from its
+ * shared memory (the device's opt-in limit plus the 1 KiB a block reserves
+ * stand in for an SM's: 228 KiB on sm_90, 164 on sm_80) and its registers
+ * (64 Ki a block, which is also an SM's there); more than two resident
+ * blocks share the same tensor cores, so the model counts two. */
+static int64_t resident_of(dg_device *dev, const dg_kernel *k)
+{
+	const dg_device_info *di = dg__dev_info(dev);
+	dg_kernel_info ki;
+
+	if (dg_kernel_info_get(k, &ki) != DG_OK)
+		return 1;
+	int64_t r = 2;
+	int64_t smem = (int64_t)ki.dyn_smem + ki.static_smem + 1024;
+	if (((int64_t)di->smem_optin + 1024) / smem < r)
+		r = ((int64_t)di->smem_optin + 1024) / smem;
+	int64_t regs = (int64_t)ki.regs * (ki.block_threads > 0 ? ki.block_threads : 1);
+	if (regs > 0 && di->regs_per_block / regs < r)
+		r = di->regs_per_block / regs;
+	return r < 1 ? 1 : r;
+}
+
+/* The count that finishes soonest in a model of the GPU as `slots` blocks
+ * running at once (SMs · resident_of): s splits of per = ceil(steps / s)
+ * steps take ceil(blocks·s / slots) rounds of per steps. A larger count
+ * must win by more than 1/32 of that time, as its partials (4 MiB a split
+ * at the BDH shape, written once and read once) are not free; each split
+ * keeps at least MIN_STEPS_A_SPLIT steps, and none is empty. At the BDH
+ * shape on 132 SMs: the warpgroup path's 128x128 tile (two blocks an SM,
+ * 264 slots) splits the encoder (Hin 1: 64 tiles, 512 steps) in 4 (256
+ * blocks of 128 steps, one round) and encoder_v (Hin 4: 256 tiles, 128
+ * steps) not at all; the mma.sync default 64x128 (116 KiB, one block an
+ * SM; 128 tiles) not at all. */
+int dg__grad_input_splits(int64_t blocks, int64_t steps, int64_t slots, int want, int *per)
+{
+	if (steps < 1)
+		steps = 1;
+	if (slots < 1)
+		slots = 1;
+	int splits = 1;
+	if (want > 0) {
+		splits = want; /* forced: the last splits may be empty */
+	} else {
+		int64_t best = dg__op_cdiv(blocks, slots) * steps;
+		for (int s = 2; s <= DG__GRAD_INPUT_MAX_SPLITS && steps >= (int64_t)s * MIN_STEPS_A_SPLIT;
+		     s++) {
+			int64_t p = dg__op_cdiv(steps, s), eff = dg__op_cdiv(steps, p); /* no empty split */
+			int64_t cost = dg__op_cdiv(blocks * eff, slots) * p;
+			if (cost * 32 < best * 31) {
+				best = cost;
+				splits = (int)eff;
+			}
+		}
+	}
+	*per = (int)dg__op_cdiv(steps, splits);
+	return splits;
+}
+
+/* The kernel of a grad_input call, its grid without the split, and its
+ * split (reduce NULL: none, the kernel takes no split). */
+static dg_status gi_plan(dg_device *dev, const dg_spec *spec, const char *entry,
+			 const char *reduce, int64_t bt, int64_t n_cols, unsigned gz, int64_t k_len,
+			 int want, dg_kernel **k, dg_launch *l, int *splits, int *per)
+{
+	dg_status st = dg_kernel_get(dev, spec, entry, k);
+	if (st)
+		return st;
+	const dg_tile *t = &dg_kernel_spec(*k)->tile;
+	*l = gemm_launch(t, (unsigned)dg__op_cdiv(n_cols, t->bn), (unsigned)dg__op_cdiv(bt, t->bm), gz);
+	if (l->grid[1] > 65535)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "%s: batch·time = %lld rows need %u row blocks of %d, more than the grid's 65535",
+				    entry, (long long)bt, l->grid[1], t->bm);
+	*splits = 1;
+	*per = (int)dg__op_cdiv(k_len, t->bk);
+	if (reduce) {
+		const int sms = dg__dev_info(dev)->sm_count;
+		*splits = dg__grad_input_splits((int64_t)l->grid[0] * l->grid[1] * gz,
+						dg__op_cdiv(k_len, t->bk),
+						(int64_t)(sms > 0 ? sms : 1) * resident_of(dev, *k), want, per);
+	}
+	return DG_OK;
+}
+
+dg_status dg__grad_input_workspace(dg_device *dev, const dg_spec *spec, const char *entry,
+				   const char *reduce, int64_t bt, int64_t n_cols, unsigned gz,
+				   int64_t k_len, int want, size_t *bytes)
+{
+	dg_kernel *k = NULL;
+	dg_launch l;
+	int splits, per;
+
+	*bytes = 0;
+	if (bt == 0)
+		return DG_OK; /* nothing to compute */
+	dg_status st = gi_plan(dev, spec, entry, reduce, bt, n_cols, gz, k_len, want, &k, &l, &splits, &per);
+	if (!st && splits > 1)
+		*bytes = (size_t)splits * (size_t)(bt * gz * n_cols) * 4;
+	return st;
+}
+
 dg_status dg__grad_input_launch(dg_device *dev, const dg_spec *spec, const char *entry,
-				const dg_tensor *grad, const dg_tensor *w, const dg_tensor *out,
-				int64_t n_cols, unsigned gz)
+				const char *reduce, const dg_tensor *grad, const dg_tensor *w,
+				const dg_tensor *out, int64_t n_cols, unsigned gz, int64_t k_len,
+				int want, const dg_workspace *ws)
 {
 	int B = (int)grad->shape[0], T = (int)grad->shape[2];
-	dg_kernel *k = NULL;
+	int64_t nx = (int64_t)B * T * gz * n_cols; /* elements of out (one partial) */
+	dg_kernel *k = NULL, *kr = NULL;
+	dg_launch l;
+	int splits, per;
 
 	if ((int64_t)B * T == 0)
 		return DG_OK; /* nothing to compute */
-	dg_status st = dg_kernel_get(dev, spec, entry, &k);
+	dg_status st = gi_plan(dev, spec, entry, reduce, (int64_t)B * T, n_cols, gz, k_len, want, &k, &l,
+			       &splits, &per);
 	if (st)
 		return st;
-	const dg_tile *t = &dg_kernel_spec(k)->tile;
-	dg_launch l = gemm_launch(t, (unsigned)dg__op_cdiv(n_cols, t->bn),
-				  (unsigned)dg__op_cdiv((int64_t)B * T, t->bm), gz);
-	if (l.grid[1] > 65535)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
-				    "%s: batch·time = %d rows need %u row blocks of %d, more than the grid's 65535",
-				    grad->name ? grad->name : "grad", B * T, l.grid[1], t->bm);
 	dg_dptr g = grad->data, wp = w->data, s = w->scale, o = out->data;
-	void *args[] = { &g, &wp, &s, &o, &B, &T };
-	return dg_kernel_launch(dev, k, &l, args);
+	if (!reduce) {
+		void *args[] = { &g, &wp, &s, &o, &B, &T };
+		return dg_kernel_launch(dev, k, &l, args);
+	}
+	/* the workspace and the reduce entry before anything runs: a refusal
+	 * leaves out untouched */
+	dg_dptr dst = o;
+	if (splits > 1) {
+		st = dg__op_workspace_ok(dev, entry, ws, (size_t)splits * (size_t)nx * 4);
+		if (!st)
+			st = dg_kernel_get(dev, spec, reduce, &kr);
+		if (st)
+			return st;
+		dst = ws->ptr;
+	}
+	l.grid[2] = gz * (unsigned)splits;
+	void *args[] = { &g, &wp, &s, &dst, &B, &T, &splits, &per };
+	st = dg_kernel_launch(dev, k, &l, args);
+	if (st || splits == 1)
+		return st;
+
+	/* Second pass: out = s · Σ partials, in split order. */
+	dg_launch r;
+	memset(&r, 0, sizeof(r));
+	r.grid[0] = dg__op_grid(nx / 4, REDUCE_THREADS, 8LL * dg__dev_info(dev)->sm_count);
+	r.grid[1] = r.grid[2] = 1;
+	r.block[0] = REDUCE_THREADS;
+	r.block[1] = r.block[2] = 1;
+	dg_dptr part = dst;
+	void *rargs[] = { &part, &splits, &s, &o, &B, &T };
+	return dg_kernel_launch(dev, kr, &r, rargs);
 }
 
 /* The split of a grad_weight reduction of bt rows with tile t: enough

@@ -13,6 +13,7 @@
  */
 #include <string.h>
 
+#include "base/msg.h"
 #include "runtime/ops/ops_int.h"
 
 /* Blocks for a grid-stride walk over `work` tiles: at most 16 an SM. */
@@ -144,29 +145,80 @@ static dg__op_call gi_call(const dg_lowrank_grad_input_args *a)
 		c.t[0] = a->grad;
 		c.t[1] = a->w;
 		c.t[2] = a->grad_x;
+		c.ws = a->ws;
+		c.splits = a->splits;
 	}
 	return c;
+}
+
+/* The call's K splits: 0 (the runtime's choice) or 1 to the most. */
+static dg_status gi_splits_ok(const char *fn, int splits, char *msg, size_t msg_size)
+{
+	if (splits < 0 || splits > DG__GRAD_INPUT_MAX_SPLITS)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"%s: splits %d: must be 0 (the runtime picks) or 1 to %d", fn, splits,
+				DG__GRAD_INPUT_MAX_SPLITS);
+	return DG_OK;
+}
+
+/* The tensors' check and the splits', the message on dev. */
+static dg_status gi_check_dev(dg_device *dev, const dg_spec *spec, const char *fn,
+			      const dg__op_call *c, dg__op_shape *sh)
+{
+	char msg[256];
+	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_GRAD_INPUT, fn, c, sh);
+	if (!st && (st = gi_splits_ok(fn, c->splits, msg, sizeof(msg))))
+		return dg__dev_fail(dev, st, "%s", msg);
+	return st;
 }
 
 dg_status dg_lowrank_grad_input_check(const dg_spec *spec, const dg_lowrank_grad_input_args *a,
 				      char *msg, size_t msg_size)
 {
 	dg__op_call c = gi_call(a);
-	return dg__op_check(spec, DG_OP_LOWRANK_GRAD_INPUT, "dg_lowrank_grad_input",
-			    a ? &c : NULL, NULL, msg, msg_size);
+	dg_status st = dg__op_check(spec, DG_OP_LOWRANK_GRAD_INPUT, "dg_lowrank_grad_input",
+				    a ? &c : NULL, NULL, msg, msg_size);
+	return st ? st : gi_splits_ok("dg_lowrank_grad_input", c.splits, msg, msg_size);
+}
+
+/* K = (H/Hin)·L: block z's heads, their latents in order. */
+static int64_t gi_k(const dg_spec *spec)
+{
+	return (int64_t)(spec->heads / spec->in_heads) * spec->latent;
+}
+
+dg_status dg__workspace_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
+					   const dg__op_call *c, size_t *bytes)
+{
+	dg__op_shape sh;
+	*bytes = 0;
+	dg_status st = gi_check_dev(dev, spec, "dg_lowrank_grad_input_workspace", c, &sh);
+	if (st)
+		return st;
+	return dg__grad_input_workspace(dev, spec, "dg_lowrank_grad_input",
+					"dg_lowrank_grad_input_reduce", sh.b * sh.t, spec->embd,
+					(unsigned)spec->in_heads, gi_k(spec), c->splits, bytes);
 }
 
 dg_status dg__run_lowrank_grad_input(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
 {
-	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_GRAD_INPUT,
-					"dg_lowrank_grad_input", c, NULL);
+	dg_status st = gi_check_dev(dev, spec, "dg_lowrank_grad_input", c, NULL);
 	if (st)
 		return st;
-	return dg__grad_input_launch(dev, spec, "dg_lowrank_grad_input", c->t[0], c->t[1],
-				     c->t[2], spec->embd, (unsigned)spec->in_heads);
+	return dg__grad_input_launch(dev, spec, "dg_lowrank_grad_input",
+				     "dg_lowrank_grad_input_reduce", c->t[0], c->t[1], c->t[2],
+				     spec->embd, (unsigned)spec->in_heads, gi_k(spec), c->splits,
+				     &c->ws);
 }
 
-DG__OP_NO_WORKSPACE(lowrank_grad_input)
+dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
+					  const dg_lowrank_grad_input_args *a, size_t *bytes)
+{
+	if (!bytes)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_lowrank_grad_input_workspace: bytes is NULL");
+	dg__op_call c = gi_call(a);
+	return dg__workspace_lowrank_grad_input(dev, spec, a ? &c : NULL, bytes);
+}
 
 dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
 				const dg_lowrank_grad_input_args *a)

@@ -21,6 +21,7 @@ typedef struct dg__op_call {
 	const dg_tensor *t[DG_OP_MAX_ARGS];
 	dg_workspace ws;
 	dg_dptr absum;   /* lowrank_fwd: Σ|y| accumulator, or 0 */
+	int splits;      /* lowrank_grad_input: K splits, 0 the runtime's choice */
 	bool accumulate; /* the grad_weight ops; embed_bwd, layernorm_bwd,
 			  * resid_ln_bwd (dx), lmhead_ce (dw) */
 	bool unpack;     /* pack_ternary / pack_sign1: packed → codes */
@@ -133,10 +134,28 @@ const char *dg__quantize_rows_entry(const dg_spec *spec, long long values);
 
 /* ---- the gradient GEMMs (grad.c), shared by the lowrank and decoder ---- */
 
-/* grad_input: out (rows B·T, n_cols) per grid z, of kernel `entry`. */
+/* The most K splits lowrank_grad_input takes (dg_lowrank_grad_input_args). */
+#define DG__GRAD_INPUT_MAX_SPLITS 64
+
+/* The K split of a grad_input GEMM of `blocks` output tiles (every grid
+ * z's) and `steps` K steps on a GPU that runs `slots` blocks at once:
+ * want 1..DG__GRAD_INPUT_MAX_SPLITS forces the count, 0 picks it (grad.c
+ * has the model). Returns the count; *per gets the K steps of a split
+ * (split p sums [p·per, (p+1)·per) clipped to steps). */
+int dg__grad_input_splits(int64_t blocks, int64_t steps, int64_t slots, int want, int *per);
+
+/* grad_input: out (rows B·T, n_cols) per grid z of kernel `entry`, a
+ * reduction of k_len (a multiple of the tile's BK). reduce names the
+ * second pass of a kernel that takes a K split (lowrank_grad_input: its
+ * partials in ws, `want` splits or 0 for the runtime's choice); NULL for
+ * one that takes none (decoder_grad_input, whose K = E is a few steps). */
+dg_status dg__grad_input_workspace(dg_device *dev, const dg_spec *spec, const char *entry,
+				   const char *reduce, int64_t bt, int64_t n_cols, unsigned gz,
+				   int64_t k_len, int want, size_t *bytes);
 dg_status dg__grad_input_launch(dg_device *dev, const dg_spec *spec, const char *entry,
-				const dg_tensor *grad, const dg_tensor *w, const dg_tensor *out,
-				int64_t n_cols, unsigned gz);
+				const char *reduce, const dg_tensor *grad, const dg_tensor *w,
+				const dg_tensor *out, int64_t n_cols, unsigned gz, int64_t k_len,
+				int want, const dg_workspace *ws);
 /* grad_weight: grad_w (H, rows, cols) reduced over B·T, split when the
  * tiles are few; ws holds the splits' partials. */
 dg_status dg__grad_weight_workspace(dg_device *dev, const dg_spec *spec, const char *entry,

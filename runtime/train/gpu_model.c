@@ -422,8 +422,8 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, nd->arg);
 		s.src = grad_fmt(m); /* dys (encoder_v) or dxs (encoder) */
 		dg_tensor g = tn(m, in[0]), w = tn(m, in[1]), o = tn(m, out[0]);
-		dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o };
-		return need ? sized(m, &s, dg_lowrank_grad_input_check(&s, &a, cm, sizeof(cm)), cm)
+		dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o, .ws = ws };
+		return need ? dg_lowrank_grad_input_workspace(dev, &s, &a, need)
 			    : dg_lowrank_grad_input(dev, &s, &a);
 	}
 	case DG__N_ATTN_BWD: {
