@@ -43,8 +43,10 @@ Paths (M.plan):
     element.
 
 Measured on the H200 at the BDH shape (p 0.1; tests/test_gpu_decoder_gate.c
-bdh_shape_sampled, cold L2): 574 us a layer, where decoder_grad_input and
-gate_bwd took 600 + 400. The first version (bf16 by bit operations, the
+bdh_shape_sampled, cold L2): 477 us a layer (2.25 TB/s of its traffic),
+where decoder_grad_input and gate_bwd took 600 + 400. A block whose tile
+is wholly inside runs its loads and epilogue without bounds checks (574 us
+with them). The first version (bf16 by bit operations, the
 mask packed into bits and out again) took 746 us and was ALU-bound (ncu:
 220 M ALU instructions, the pipe 64% busy); with cvt.rn.bf16x2 and the mask
 as predicates it issues 260 M warp instructions, 62 an element (Philox-10
@@ -245,13 +247,17 @@ ${PRE}
 	// (Measured: loading A a step ahead into registers, with an L2
 	// prefetch of the epilogue's xs and ys, was slower, 599 us against
 	// 574 at the BDH shape.)
-	auto load = [&](int st) {
+	// A block whose tile lies wholly inside (every tile at the BDH shape)
+	// runs the loads and the epilogue without their bounds checks.
+	const bool full = m0 + BM <= M && n0 + BN <= L && VEC;
+	// (FULL is a constant at each call: inlined, each call its own copy)
+	auto load_t = [&](const bool FULL, int st) {
 		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
 		float4 v[SA][2];
 #pragma unroll
 		for (int s2 = 0; s2 < SA; ++s2) {
 			const int u = tid + s2 * NT, r = u >> 3, c = u & 7;
-			if (m0 + r < M) {
+			if (FULL || m0 + r < M) {
 				const float4 *src = (const float4 *)(grad + (long long)(m0 + r) * E + st * BK + 8 * c);
 				v[s2][0] = __ldg(src);
 				v[s2][1] = __ldg(src + 1);
@@ -270,8 +276,17 @@ ${PRE}
 #pragma unroll
 		for (int s2 = 0; s2 < SB; ++s2) {
 			const int u = tid + s2 * NT, c = u & 7, kk = (u >> 3) & 63, gg = u >> 9;
-			dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), wh, st * BK + kk, E, n0 + 64 * gg + 8 * c, N, HL);
+			if (FULL)	// whole, 16-byte aligned chunks (L % 8 == 0)
+				dg_cp16(bs + dg_wb_mnmaj(gg, kk, c), wh + (long long)(st * BK + kk) * HL + n0 + 64 * gg + 8 * c, 16);
+			else
+				dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), wh, st * BK + kk, E, n0 + 64 * gg + 8 * c, N, HL);
 		}
+	};
+	auto load = [&](int st) {
+		if (full)
+			load_t(true, st);
+		else
+			load_t(false, st);
 	};
 
 ${MAINLOOP}
@@ -296,42 +311,50 @@ ${MAINLOOP}
 
 	// ---- epilogue 2: the gate on 8 consecutive l of a row a thread at a
 	// time (a warp: whole rows of BN), BATCH vectors' loads in flight
+	auto epilogue = [&](const bool FULL) {
 #pragma unroll 1
-	for (int c0 = 0; c0 < CH; c0 += BATCH) {
-		float a[BATCH][8], b[BATCH][8];
-		long long iv[BATCH];			// vector index; -1: outside
+		for (int c0 = 0; c0 < CH; c0 += BATCH) {
+			float a[BATCH][8], b[BATCH][8];
+			unsigned long long i0[BATCH];		// the vector's first element
+			bool ok[BATCH];
 #pragma unroll
-		for (int k = 0; k < BATCH; ++k) {
-			const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
-			const int l = n0 + 8 * c;
-			const long long base = rowbase[r];
-			iv[k] = -1;
-			if (base >= 0 && l < L) {
-				if (VEC) {
-					iv[k] = (base + l) / 8;
-					dg_ld(xs, iv[k], a[k]);
-					dg_ld(ys, iv[k], b[k]);
-				} else {
-					// a row that is not whole vectors: element by element
-					for (int e = 0; e < 8 && l + e < L; ++e)
-						dg_gate1(tile[r * BNP + 8 * c + e], xs, ys, dxs, dys,
-							 (unsigned long long)(base + l + e), thr, s, seed, step, layer);
+			for (int k = 0; k < BATCH; ++k) {
+				const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
+				const int l = n0 + 8 * c;
+				const long long base = rowbase[r];
+				ok[k] = FULL || (base >= 0 && l < L);
+				i0[k] = (unsigned long long)(base + l);
+				if (ok[k]) {
+					dg_ld(xs, (long long)(i0[k] >> 3), a[k]);
+					dg_ld(ys, (long long)(i0[k] >> 3), b[k]);
 				}
 			}
-		}
-		if (!VEC)
-			continue;
 #pragma unroll
-		for (int k = 0; k < BATCH; ++k) {
-			if (iv[k] < 0)
-				continue;
-			const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
-			const float4 lo = *(const float4 *)(tile + r * BNP + 8 * c),
-				     hi = *(const float4 *)(tile + r * BNP + 8 * c + 4);
-			float d[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w }, gx[8];
-			dg_gate8(d, a[k], b[k], gx, (unsigned long long)iv[k] * 8, thr, s, seed, step, layer);
-			dg_st8(dxs, iv[k], gx);
-			dg_st8(dys, iv[k], d);
+			for (int k = 0; k < BATCH; ++k) {
+				if (!ok[k])
+					continue;
+				const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
+				const float4 lo = *(const float4 *)(tile + r * BNP + 8 * c),
+					     hi = *(const float4 *)(tile + r * BNP + 8 * c + 4);
+				float d[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w }, gx[8];
+				dg_gate8(d, a[k], b[k], gx, i0[k], thr, s, seed, step, layer);
+				dg_st8(dxs, (long long)(i0[k] >> 3), gx);
+				dg_st8(dys, (long long)(i0[k] >> 3), d);
+			}
+		}
+	};
+	if (full) {
+		epilogue(true);
+	} else if (VEC) {
+		epilogue(false);
+	} else {
+		// rows that are not whole vectors: element by element
+		for (int u = tid; u < BM * BN; u += NT) {
+			const int r = u / BN, cc = u % BN, l = n0 + cc;
+			const long long base = rowbase[r];
+			if (base >= 0 && l < L)
+				dg_gate1(tile[r * BNP + cc], xs, ys, dxs, dys, (unsigned long long)(base + l), thr, s,
+					 seed, step, layer);
 		}
 	}
 }

@@ -259,7 +259,10 @@ static void *bdh_run(dg_device *dev, dg_op op, dg_fmt gf, const dg_tile *t, cons
 		dg_tensor tw = dg_tensor_3d("w", DG_FMT_INT8, db, BDH_H, BDH_L, BDH_E);
 		tw.scale = gh_scalar(dev, 1.0f / 127);
 		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, dout, BDH_B, 1, BDH_T, BDH_E);
-		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
+		/* the split pinned: the runtime's choice follows the kernel's
+		 * shared memory, which the gradient's format changes, and the
+		 * comparison is of the formats at one summation order */
+		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx, .splits = 2 };
 		bh_grad_input(dev, &sp, &a, "bdh lowrank_grad_input");
 		st = DG_OK;
 	} else if (dgi) {
