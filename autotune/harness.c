@@ -473,6 +473,26 @@ static bool compare_rows(dg__at_case *c, const void *got, const float *gsv, char
 	return dg_ref_same_bytes(got, want, o->bytes, why, size);
 }
 
+/* DG_CHECK_NORM of n bf16 values (the attention ops' act outputs,
+ * gradients written in bf16): widened exactly, then the same bound. */
+static bool close_norm_bf16(const void *got, const void *want, size_t n, char *why, size_t size)
+{
+	float *g = malloc(n * sizeof(float) + 1), *w = malloc(n * sizeof(float) + 1);
+	bool ok = false;
+	if (!g || !w) {
+		snprintf(why, size, "out of memory widening %zu bf16 values", n);
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			g[i] = dg_bf16_to_f32(((const uint16_t *)got)[i]);
+			w[i] = dg_bf16_to_f32(((const uint16_t *)want)[i]);
+		}
+		ok = dg_ref_close_norm(g, w, n, 1e-2, 5e-2f, why, size);
+	}
+	free(g);
+	free(w);
+	return ok;
+}
+
 static bool compare(dg__at_case *c, const void *got, const float *gsv, char *why, size_t size)
 {
 	const float gscale = gsv[0];
@@ -516,6 +536,8 @@ static bool compare(dg__at_case *c, const void *got, const float *gsv, char *why
 		 * itself: judge the whole result by its norm error, as the GPU
 		 * tests do, plus a bound on any one element; an indexing error
 		 * is off by about 100% of the norm. */
+		if (o->fmt == DG_FMT_BF16)
+			return close_norm_bf16(got, c->want, o->n, why, size);
 		return dg_ref_close_norm(got, c->want, o->n, 1e-2, 5e-2f, why, size);
 	case DG_CHECK_SCALED_CODES:
 		break;
