@@ -233,6 +233,8 @@ static dg_status setup(dg__at_case *c)
 	c->out = -1;
 	for (int i = 0; i < c->row->n_args && !st; i++) {
 		const dg_op_arg *a = &c->row->args[i];
+		if (!dg_op_arg_used(&c->spec, i))
+			continue; /* another epilogue's (attention_grad_xs): left NULL */
 		dg_fmt f = dg_op_arg_fmt(&c->spec, a->fmt);
 		int64_t shape[4] = { c->r, c->n / c->r, 1, 1 };
 		int ndim = a->ndim ? a->ndim : 2;
@@ -262,7 +264,7 @@ static dg_status setup(dg__at_case *c)
 	}
 	/* optional outputs (lmhead_ce's dx and dw) are made, so they are asked for */
 	for (int i = 0; i < c->row->n_args; i++)
-		c->call.backward |= c->row->args[i].optional;
+		c->call.backward |= c->row->args[i].optional && dg_op_arg_used(&c->spec, i);
 	/* the gate's dropout: a rate that drops, a stream of the case's seed */
 	c->call.p = 0.1f;
 	c->call.seed = dg_rng_u64(&c->rng);

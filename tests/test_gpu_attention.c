@@ -143,7 +143,7 @@ static dg_status run_op(dg_device *dev, const dg_spec *s, const dg_tensor *const
 		return dg_attention_grad_v(dev, s, &a);
 	}
 	default: {
-		dg_attention_grad_xs_args a = { t[0], t[1], t[2], t[3] };
+		dg_attention_grad_xs_args a = { t[0], t[1], t[2], t[3], NULL, NULL };
 		return dg_attention_grad_xs(dev, s, &a);
 	}
 	}
