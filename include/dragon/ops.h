@@ -339,7 +339,10 @@ dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
  * B·H·T·T act values (dg_attention_bwd_workspace). With rope=pre (what the
  * sm_90a warpgroup GEMMs need: spec arch=sm_90a, act=bf16) each chain
  * first writes qr = RoPE(xs) (rope_fwd, B·H·T·L act values) into its
- * workspace, after C in the backward's, and the GEMMs read it raw. */
+ * workspace, after C in the backward's, and the GEMMs read it raw.
+ * The backward takes grad_xs (written, out = its format) or dxs (the
+ * ReLU's gradient, f32 | bf16, in place: dxs = (dxs + grad_xs)·[xs > 0],
+ * grad_xs's epi=mask with xs the mask, out = dxs's format), not both. */
 typedef struct dg_attention_fwd_args {
 	const dg_tensor *xs, *v, *rope;
 	const dg_tensor *scores; /* (B,H,T,T) act: saved for the backward */
@@ -354,6 +357,7 @@ typedef struct dg_attention_bwd_args {
 	const dg_tensor *grad, *xs, *v, *rope, *scores;
 	const dg_tensor *grad_xs, *grad_v;
 	dg_workspace ws;
+	const dg_tensor *dxs; /* in place of grad_xs: the masked sum into it */
 } dg_attention_bwd_args;
 dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
 				     size_t *bytes);

@@ -11,7 +11,7 @@
  * synchronizes; the backward chain's C = dS + dSᵀ is the caller's
  * workspace. attention_grad_xs's call is its epilogue's (the op table's
  * dg_op_arg.epi): grad_xs, or with epi=mask dxs and mask_xs, which its
- * kernel takes in grad_xs's place.
+ * kernel takes in grad_xs's place; the chain given dxs runs that one.
  */
 #include <stdio.h>
 #include <string.h>
@@ -348,10 +348,16 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_GRAD_SCORES);
 	dg_spec s2 = step_spec(spec, DG_OP_ATTENTION_GRAD_V);
 	dg_spec s3 = step_spec(spec, DG_OP_ATTENTION_GRAD_XS);
-	if (a->grad_xs && (a->grad_xs->fmt == DG_FMT_F32 || a->grad_xs->fmt == DG_FMT_BF16)) {
-		s3.out = a->grad_xs->fmt; /* grad_xs's format is the op's out */
-		dg_spec_normalize(&s3);
-	}
+	if (a->grad_xs && a->dxs)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_attention_bwd: grad_xs and dxs both given; give grad_xs (written) or dxs (grad_xs added into it, masked by xs > 0)");
+	/* the gradient's format is the op's out; dxs: the fused masked sum */
+	const dg_tensor *gt = a->dxs ? a->dxs : a->grad_xs;
+	if (a->dxs)
+		s3.epi = DG_EPI_MASK;
+	if (gt && (gt->fmt == DG_FMT_F32 || gt->fmt == DG_FMT_BF16))
+		s3.out = gt->fmt;
+	dg_spec_normalize(&s3);
 	size_t need = 0;
 	dg_status st = dg_attention_bwd_workspace(spec, a, &need);
 	if (st)
@@ -369,7 +375,8 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	dg_attention_grad_scores_args ga = { .grad = a->grad, .v = a->v, .grad_scores = &ct };
 	dg_attention_grad_v_args va = { .scores = a->scores, .grad = a->grad, .grad_v = a->grad_v };
 	dg_attention_grad_xs_args xa = { .grad_scores = &ct, .xs = xs, .rope = a->rope,
-					 .grad_xs = a->grad_xs };
+					 .grad_xs = a->grad_xs, .dxs = a->dxs,
+					 .mask_xs = a->dxs ? a->xs : NULL };
 	char msg[512];
 	if (spec->rope_pre)
 		st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
