@@ -83,12 +83,18 @@ grad_v 71. The sm_90a warpgroup path (rope=pre; the chain's rope_fwd takes
 (193). Its first version, without the swizzle (16-byte chunks of 8 rows a
 warp request), was L2-bound (ncu: L2 throughput 74% and 91% at 100 and 116
 TFLOP/s); with the 128-byte swizzle ncu gives scores SM 41% / L2 32%, and
-grad_xs L2 78% / DRAM 49% (its f32 output is 537 MB). Next, in order: the
-add_mask of the model's backward into grad_xs's epilogue (dxs += RoPEᵀ(..)
-masked, no f32 round trip), a staged coalesced epilogue for bf16 outputs
-(written straight from the accumulators, a bf16 pair a thread half-fills
-each 32-byte sector: measured slower than f32 in the model), scores on a
-128x256 tile, and RoPE out of the x projection's epilogue.
+grad_xs L2 78% / DRAM 49% (its f32 output is 537 MB). Written straight from
+the accumulators as bf16 (a pair a thread half-fills each 32-byte sector)
+grad_xs made the model's attention backward slower than f32 (8.8 ms
+against 8.0). Done since: the model's add_mask fused into grad_xs
+(epi=mask), with the staged, coalesced epilogue above on the warpgroup
+path: no f32 grad_xs written and read back (537 MB each way a layer, ~250
+us of traffic at the copy bandwidth) and no add_mask pass; the model runs
+it on sm_90 for bf16. Its time (tests/test_gpu_attention.c
+bdh_shape_epi_mask_warpgroup prints it beside grad_xs at f32 and
+add_mask's) is yet to be measured, as is the mma.sync path's pair-store
+form against the pair it replaces. Next: scores on a 128x256 tile, and
+RoPE out of the x projection's epilogue.
 ]]
 local C = require("common")
 local fmt = string.format
