@@ -291,6 +291,7 @@ static void push_spec(lua_State *L, const dg_spec *s, const char *module,
 	set_str(L, "ascale", dg_scale_name(s->ascale));
 	set_str(L, "wscale", dg_scale_name(s->wscale));
 	set_str(L, "rope", s->rope_pre ? "pre" : "load");
+	set_str(L, "epi", dg_epi_name(s->epi));
 	if (s->relu)
 		lua_pushnumber(L, (lua_Number)s->relu_thr);
 	else

@@ -30,6 +30,8 @@
 
 #define F(x) DG_FIELD_##x
 #define D(x) DG_DIM_##x
+/* An argument of the calls of one epilogue only (dg_op_arg.epi). */
+#define EPI(x) (1u << DG_EPI_##x)
 /* The fields of the projection and of its gradients. */
 #define LOWRANK_SHAPE (F(ARCH) | F(EMBD) | F(HEADS) | F(IN_HEADS) | F(LATENT) | F(TILE))
 #define DECODER_SHAPE (F(ARCH) | F(EMBD) | F(HEADS) | F(LATENT) | F(TILE))
@@ -321,20 +323,27 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_ATTENTION_GRAD_XS] = {
 		.family = "attention", .module = "attention",
-		.about = "attention input gradient: grad_xs (B,H,T,L) out = RoPE^T(C (B,H,T,T) . RoPE(xs)) (rope=pre: xs is RoPE(xs))",
-		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(OUT) | F(ROPE) | F(TILE),
+		.about = "attention input gradient: grad_xs (B,H,T,L) out = RoPE^T(C (B,H,T,T) . RoPE(xs)) (rope=pre: xs is RoPE(xs)); epi=mask: dxs (B,H,T,L) out = (dxs + grad_xs) * [mask_xs > 0] in place, no grad_xs",
+		.fields = F(ACT) | F(ARCH) | F(EPI) | F(HEADS) | F(LATENT) | F(OUT) | F(ROPE) | F(TILE),
 		.tile = DG_TILE_GEMM,
 		.act_fmts = FLOATS, .out_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT,
 		.defaults = { .fields = F(ACT) | F(OUT), .act = DG_FMT_BF16, .out = DG_FMT_F32 },
 		.quiet = F(OUT),
-		.n_args = 4, .args = {
+		/* epi=store writes grad_xs; epi=mask reads and writes dxs (the
+		 * gradient of the ReLU's output, in the gradient format) and
+		 * reads mask_xs (the ReLU's output itself: with rope=pre, xs is
+		 * RoPE(xs), whose sign is not the mask) */
+		.n_args = 6, .args = {
 			{ "grad_scores", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(T) } },
 			{ "xs", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) } },
 			{ "rope", false, DG_ARG_F32, false, 2, { D(T), D(L) } },
-			{ "grad_xs", true, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) } } },
+			{ "grad_xs", true, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) }, false, EPI(STORE) },
+			{ "dxs", true, DG_ARG_OUT, false, 4, { D(B), D(H), D(T), D(L) }, false, EPI(MASK) },
+			{ "mask_xs", false, DG_ARG_ACT, false, 4, { D(B), D(H), D(T), D(L) }, false, EPI(MASK) } },
 		.check = DG_CHECK_NORM,
 		.build = "act=f32,bf16",
+		.inout = 1u << 4, /* dxs: read, then overwritten (epi=mask) */
 	},
 	/* ---- embed, norm, loss: rows R = B·T of width E (run-time R; E, V the
 	 * spec's). Float activations f32|bf16; statistics, losses and
@@ -615,6 +624,15 @@ dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f)
 	default:
 		return DG_FMT_F32;
 	}
+}
+
+bool dg_op_arg_used(const dg_spec *s, int i)
+{
+	const dg_op_info *row = s ? dg_op_info_of(s->op) : NULL;
+	if (!row || i < 0 || i >= row->n_args)
+		return false;
+	unsigned e = row->args[i].epi;
+	return e == 0 || ((unsigned)s->epi < 32 && ((e >> (unsigned)s->epi) & 1u));
 }
 
 const char *dg_op_name(dg_op op)

@@ -117,6 +117,8 @@ void dg_spec_normalize(dg_spec *spec)
 		spec->wscale = d.wscale;
 	if (!(uses & DG_FIELD_ROPE))
 		spec->rope_pre = d.rope_pre;
+	if (!(uses & DG_FIELD_EPI))
+		spec->epi = d.epi;
 	if (!(uses & DG_FIELD_RELU)) {
 		spec->relu = d.relu;
 		spec->relu_thr = d.relu_thr;
@@ -140,6 +142,17 @@ const char *dg_scale_name(dg_scale_gran g)
 		return "token";
 	case DG_SCALE_CHANNEL:
 		return "channel";
+	}
+	return "?";
+}
+
+const char *dg_epi_name(dg_epi e)
+{
+	switch (e) {
+	case DG_EPI_STORE:
+		return "store";
+	case DG_EPI_MASK:
+		return "mask";
 	}
 	return "?";
 }
@@ -325,6 +338,10 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 	}
 	if ((st = check_scales(s, uses, msg, size)))
 		return st;
+	if ((uses & DG_FIELD_EPI) && s->epi != DG_EPI_STORE && s->epi != DG_EPI_MASK)
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"epi=%d: must be store (write grad_xs) or mask (dxs = (dxs + grad_xs)·[mask_xs > 0] in place)",
+				(int)s->epi);
 	if (uses & DG_FIELD_ARCH) {
 		if (s->arch < 50 || s->arch > 999)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,

@@ -88,6 +88,8 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 		sb_add(&b, "ascale", dg_scale_name(s->ascale));
 	if (uses & DG_FIELD_EMBD)
 		sb_addi(&b, "embd", s->embd);
+	if ((uses & DG_FIELD_EPI) && s->epi != DG_EPI_STORE)
+		sb_add(&b, "epi", dg_epi_name(s->epi));
 	if (uses & DG_FIELD_HEADS)
 		sb_addi(&b, "heads", s->heads);
 	if (uses & DG_FIELD_IN_HEADS)
@@ -142,7 +144,8 @@ typedef struct key_info {
 
 static const key_info keys[] = {
 	{ "act", DG_FIELD_ACT },       { "arch", DG_FIELD_ARCH },
-	{ "ascale", DG_FIELD_ASCALE }, { "embd", DG_FIELD_EMBD },     { "heads", DG_FIELD_HEADS },
+	{ "ascale", DG_FIELD_ASCALE }, { "embd", DG_FIELD_EMBD },     { "epi", DG_FIELD_EPI },
+	{ "heads", DG_FIELD_HEADS },
 	{ "in_heads", DG_FIELD_IN_HEADS }, { "latent", DG_FIELD_LATENT },
 	{ "out", DG_FIELD_OUT },       { "relu", DG_FIELD_RELU },    { "rope", DG_FIELD_ROPE },
 	{ "src", DG_FIELD_SRC },       { "tile", DG_FIELD_TILE },
@@ -318,6 +321,14 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"rope=%s: must be load (RoPE on the GEMM's load) or pre (xs is RoPE(xs) already)",
 				v);
+	case DG_FIELD_EPI:
+		if (strcmp(v, "store") == 0 || strcmp(v, "mask") == 0) {
+			s->epi = v[0] == 'm' ? DG_EPI_MASK : DG_EPI_STORE;
+			return DG_OK;
+		}
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"epi=%s: must be store (write grad_xs) or mask (add it into dxs in place, masked by mask_xs > 0)",
+				v);
 	case DG_FIELD_TILE:
 		if (!parse_tile(v, &s->tile))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -383,7 +394,7 @@ dg_status dg_spec_set(dg_spec *s, const char *key, const char *value,
 	const key_info *k = find_key(key);
 	if (!k)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"%s: unknown key; keys are op, act, arch, ascale, embd, heads, in_heads, latent, out, relu, rope, src, tile, vocab, weight, wscale",
+				"%s: unknown key; keys are op, act, arch, ascale, embd, epi, heads, in_heads, latent, out, relu, rope, src, tile, vocab, weight, wscale",
 				key);
 	if (!(dg_spec_uses(s->op) & k->field)) {
 		list_keys(dg_spec_uses(s->op), kl, sizeof(kl));

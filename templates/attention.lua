@@ -7,6 +7,7 @@ strictly causal, values shared by every head) as five GEMMs, each an op:
   attention_grad_scores  C[i,j]   = dS[i,j] + dS[j,i], dS[i,j] = Σ_e grad[i,e]·v[j,e] (j < i)
   attention_grad_v       gv[j,e]  = Σ_h Σ_{i>j} S[h,i,j]·grad[h,i,e]       (heads in order)
   attention_grad_xs      gxs      = RoPEᵀ(C·qr), qr = RoPE(xs) on the load, RoPEᵀ in the epilogue
+                         epi=mask: dxs = (dxs + gxs)·[mask_xs > 0] in place, no gxs
 
 per (b, h) (grid z = B·H; attention_grad_v: z = B, the heads a K loop).
 Why five and not two: the GEMMs have different shapes (K = L, T, E or H·T)
@@ -22,6 +23,16 @@ Kernel ABI (runtime/ops/attention.c launches it; dragon/ref.h mirrors it):
   dg_attention_grad_v(const XT *scores, const float *grad, float *grad_v, int B, int T)
   dg_attention_grad_xs(const XT *grad_scores, const XT *xs, const float *rope,
       OT *grad_xs, int B, int T)       OT: the spec's out (f32 | bf16)
+  epi=mask (the model's add_mask fused; spec key epi=store|mask, store the
+  default and left out of the canonical text):
+  dg_attention_grad_xs(const XT *grad_scores, const XT *xs, const float *rope,
+      OT *dxs, const XT *mask_xs, int B, int T)
+      dxs (B,H,T,L) read and written in place, mask_xs (B,H,T,L) the ReLU's
+      output (with rope=pre xs is RoPE(xs), whose sign is not the mask);
+      per element dxs = mask_xs > 0 ? __fadd_rn(dxs, g) : 0 with g the f32
+      RoPEᵀ value grad_xs would hold, rounded once to OT: step.lua
+      add_mask's arithmetic (src=f32), so the fused op is bit for bit the
+      pair grad_xs (out=f32) then add_mask on the same tile.
   XT float (act f32) | unsigned short (act bf16). xs (B,H,T,L), rope (T,L)
   (cos, sin at columns 2p, 2p+1), scores / grad_scores (B,H,T,T), v (B,1,T,E),
   grad and out (B,H,T,E), grad_v (B,1,T,E), grad_xs (B,H,T,L). Grid
@@ -49,6 +60,19 @@ Paths (M.plan):
   fp32 FMA (act f32, or a tile the tensor cores cannot run): a warp's lanes
     are 4 rows x 8 column pairs, each thread TM rows (stride 4) by TN/2
     pairs (stride 16).
+  epi=mask on these two paths: the masked sum in the pair store (a pair of
+  dxs and of mask_xs read, a pair written, from the accumulator layout).
+  On the warpgroup path the epilogue is staged: after the main loop (every
+  warpgroup's MMAs waited for, then a barrier) the ring holds the f32 tile
+  (BM rows of BN + 8 floats: a half-warp's float2 stores hit 32 distinct
+  banks; the plan asks max(ring, BM·(BN+8)·4) + 1 KiB, the ring the larger
+  on every tile it takes), then each thread takes 8 consecutive columns of
+  a row, consecutive threads along it (a warp covers whole 128-byte lines):
+  two float4 reads of the tile (a quarter-warp's lanes 4..7 read their
+  second half first: no bank conflicts), RoPEᵀ from the table's 16-byte
+  loads, one 16-byte load of dxs and of mask_xs (bf16), the add and the
+  mask, one 16-byte store. Rows past T are skipped; L % 8 != 0 takes the
+  chunk pair by pair.
 
 Performance, measured on the H200 at B 8, H 4, T 512, L 8192, E 256 (bf16;
 tests/test_gpu_attention.c bdh_shape_sampled_bf16 and bdh_shape_warpgroup
@@ -59,12 +83,18 @@ grad_v 71. The sm_90a warpgroup path (rope=pre; the chain's rope_fwd takes
 (193). Its first version, without the swizzle (16-byte chunks of 8 rows a
 warp request), was L2-bound (ncu: L2 throughput 74% and 91% at 100 and 116
 TFLOP/s); with the 128-byte swizzle ncu gives scores SM 41% / L2 32%, and
-grad_xs L2 78% / DRAM 49% (its f32 output is 537 MB). Next, in order: the
-add_mask of the model's backward into grad_xs's epilogue (dxs += RoPEᵀ(..)
-masked, no f32 round trip), a staged coalesced epilogue for bf16 outputs
-(written straight from the accumulators, a bf16 pair a thread half-fills
-each 32-byte sector: measured slower than f32 in the model), scores on a
-128x256 tile, and RoPE out of the x projection's epilogue.
+grad_xs L2 78% / DRAM 49% (its f32 output is 537 MB). Written straight from
+the accumulators as bf16 (a pair a thread half-fills each 32-byte sector)
+grad_xs made the model's attention backward slower than f32 (8.8 ms
+against 8.0). Done since: the model's add_mask fused into grad_xs
+(epi=mask), with the staged, coalesced epilogue above on the warpgroup
+path: no f32 grad_xs written and read back (537 MB each way a layer, ~250
+us of traffic at the copy bandwidth) and no add_mask pass; the model runs
+it on sm_90 for bf16. Its time (tests/test_gpu_attention.c
+bdh_shape_epi_mask_warpgroup prints it beside grad_xs at f32 and
+add_mask's) is yet to be measured, as is the mma.sync path's pair-store
+form against the pair it replaces. Next: scores on a 128x256 tile, and
+RoPE out of the x projection's epilogue.
 ]]
 local C = require("common")
 local fmt = string.format
@@ -177,18 +207,21 @@ OPS.attention_grad_v = {
 	};]],
 }
 
-OPS.attention_grad_xs = {
-  sig = "const XT *__restrict__ grad_scores, const XT *__restrict__ xs, const float *__restrict__ rope, OT *__restrict__ grad_xs, int B, int T",
-  at = "act", bt = "act", ot = "out", a_kc = true, b_kc = false, b_rope = true, mask = 0,
-  a_ld = "T", b_ld = "latent", gz = "B * H", n = "L",
-  geo = [[
+local GX_GEO = [[
 	const int M = T, N = L, K = T, LDA = T, LDB = L, NH = 1;
 	const AT *pa = grad_scores + (long long)z * T * T;
 	const BT *pb = xs + (long long)z * T * L;	// B[k = j][n] = RoPE(xs)[j][n]
 	const float *ra = nullptr, *rb = rope;
 	const long long a_hs = 0, b_hs = 0;
 	const int kt_begin = 0, kt_end = (K + BK - 1) / BK;
-	const bool skip = false;
+	const bool skip = false;]]
+
+OPS.attention_grad_xs = {
+  sig = "const XT *__restrict__ grad_scores, const XT *__restrict__ xs, const float *__restrict__ rope, OT *__restrict__ grad_xs, int B, int T",
+  at = "act", bt = "act", ot = "out", a_kc = true, b_kc = false, b_rope = true, mask = 0,
+  a_ld = "T", b_ld = "latent", gz = "B * H", n = "L",
+  geo = GX_GEO .. [[
+
 	OT *po = grad_xs + (long long)z * T * L;]],
   store = [[
 	// RoPEᵀ of row m: the pair (n, n+1) with rope[m][n], rope[m][n+1]
@@ -196,6 +229,20 @@ OPS.attention_grad_xs = {
 		const float2 cs = __ldg((const float2 *)(rope + (long long)m * L + n));
 		dg_store2(po + (long long)m * L + n, __fadd_rn(__fmul_rn(v0, cs.x), __fmul_rn(v1, cs.y)),
 			  __fsub_rn(__fmul_rn(v1, cs.x), __fmul_rn(v0, cs.y)));
+	};]],
+  -- epi=mask: dxs (the out format) in place of grad_xs, and the ReLU's
+  -- output mask_xs (act) whose sign masks it
+  sig_mask = "const XT *__restrict__ grad_scores, const XT *__restrict__ xs, const float *__restrict__ rope, OT *__restrict__ dxs, const XT *__restrict__ mask_xs, int B, int T",
+  geo_mask = GX_GEO .. [[
+
+	OT *po = dxs + (long long)z * T * L;		// read, then written in place
+	const XT *pm = mask_xs + (long long)z * T * L;]],
+  store_mask = [[
+	// RoPEᵀ of row m's pair (n, n+1) with rope[m][n], rope[m][n+1], added
+	// into dxs and masked by mask_xs (L % 4 == 0: the pair is whole)
+	auto store_pair = [&](int m, int n, float v0, float v1) {
+		const long long o = (long long)m * L + n;
+		dg_mask_pair(po + o, pm + o, __ldg((const float2 *)(rope + o)), v0, v1);
 	};]],
 }
 
@@ -215,6 +262,8 @@ local function fields(spec)
   k.out = op == "attention_grad_xs" and C.one_of(spec, "out", { "f32", "bf16" }) or "f32"
   -- rope=pre (scores, grad_xs): the operand is RoPE(xs) already
   k.rope_pre = (op == "attention_scores" or op == "attention_grad_xs") and spec.rope == "pre"
+  -- epi=mask (grad_xs): dxs = (dxs + grad_xs)·[mask_xs > 0] in place of grad_xs
+  k.epi_mask = op == "attention_grad_xs" and C.one_of(spec, "epi", { "store", "mask" }) == "mask"
   k.a_rope = k.o.a_rope == true and not k.rope_pre
   k.b_rope = k.o.b_rope == true and not k.rope_pre
   return k
@@ -230,6 +279,14 @@ local function unit_of(fmt_, ld, k, tile_len)
     n = (len == nil or len % 8 == 0) and 8 or 4
   end
   return math.min(n, tile_len)
+end
+
+-- The signature, geometry and pair store of k's op (epi=mask: the masked
+-- sum's).
+local function op_text(k)
+  local o = k.o
+  if k.epi_mask then return o.sig_mask, o.geo_mask, o.store_mask end
+  return o.sig, o.geo, o.store
 end
 
 local function operand_fmt(k, f) return f == "act" and k.act or (f == "out" and k.out or "f32") end
@@ -307,7 +364,11 @@ function M.plan(spec)
   if wgmma_fits(k, t) then
     p.path = "wgmma bf16"
     p.arch_specific = true
-    local smem = t.stages * (t.bm + t.bn) * t.bk * 2 + 1024	-- + the 1 KiB alignment of the atoms
+    local smem = t.stages * (t.bm + t.bn) * t.bk * 2
+    -- epi=mask stages the f32 tile through the ring once the MMAs are done:
+    -- BM rows of BN + 8 floats
+    if k.epi_mask then smem = math.max(smem, t.bm * (t.bn + 8) * 4) end
+    smem = smem + 1024	-- + the 1 KiB alignment of the atoms
     ok, err = C.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.entries[1].smem = smem
@@ -836,9 +897,7 @@ ${SKIP}
 
 ${MAINLOOP}
 
-	// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)
-${STORE}
-${PAIRS}
+${EPILOGUE}
 }
 ]]
 
@@ -853,6 +912,106 @@ local function out_helpers(of)
       or "__device__ __forceinline__ void dg_store2(OT *p, float a, float b) { *(float2 *)p = make_float2(a, b); }")
 end
 
+-- epi=mask's device helpers, after out_helpers (dg_store2) and the
+-- kernel's typedefs: a pair's masked sum (the mma.sync and fp32 paths'
+-- store, and the staged epilogue's ragged columns) and, with chunk, the
+-- staged epilogue's 8-column one (common.lua's VEC_IO loads and stores).
+-- The arithmetic is templates/step.lua add_mask's (src=f32): the f32 sum
+-- rounded once, then the out format's one rounding; 0 where mask_xs <= 0.
+local MASK_PAIR = [[
+// ---- epi=mask: dxs = (dxs + g)·[mask_xs > 0] in place, g = RoPEᵀ of the
+// f32 sums (templates/attention.lua)
+__device__ __forceinline__ float2 dg_ld2(const float *p) { return *(const float2 *)p; }
+__device__ __forceinline__ float2 dg_ld2(const unsigned short *p)
+{
+	const unsigned w = *(const unsigned *)p;
+	return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+__device__ __forceinline__ float dg_mask1(float d, float g, float x) { return x > 0.0f ? __fadd_rn(d, g) : 0.0f; }
+
+// The pair (n, n+1) of a row: RoPEᵀ of its sums (v0, v1) with the table's
+// (cos, sin) cs, added into dxs at d, masked by mask_xs at x.
+__device__ __forceinline__ void dg_mask_pair(OT *d, const XT *x, float2 cs, float v0, float v1)
+{
+	const float g0 = __fadd_rn(__fmul_rn(v0, cs.x), __fmul_rn(v1, cs.y));
+	const float g1 = __fsub_rn(__fmul_rn(v1, cs.x), __fmul_rn(v0, cs.y));
+	const float2 dv = dg_ld2(d), xv = dg_ld2(x);
+	dg_store2(d, dg_mask1(dv.x, g0, xv.x), dg_mask1(dv.y, g1, xv.y));
+}
+]]
+
+local MASK_CHUNK = [[
+// Columns n..n+7 of row m (dxs at po, mask_xs at pm, of rows of L): the
+// sums v turned by RoPEᵀ pair by pair, added and masked. L % 8 == 0 (then
+// n % 8 == 0 and n + 8 <= N = L): one 16-byte access of each bf16 tensor
+// (two of f32); else pair by pair up to L.
+__device__ __forceinline__ void dg_mask_chunk(OT *po, const XT *pm, const float *rope, int m, int n,
+					      const float (&v)[8])
+{
+	const long long o = (long long)m * L + n;
+	if constexpr (L % 8 == 0) {
+		const float4 c0 = __ldg((const float4 *)(rope + o)), c1 = __ldg((const float4 *)(rope + o) + 1);
+		const float cs[8] = { c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w };
+		float d[8], x[8];
+		dg_ld(po + o, 0, d);
+		dg_ld(pm + o, 0, x);
+#pragma unroll
+		for (int p = 0; p < 4; ++p) {
+			const float v0 = v[2 * p], v1 = v[2 * p + 1], c = cs[2 * p], s = cs[2 * p + 1];
+			d[2 * p] = dg_mask1(d[2 * p], __fadd_rn(__fmul_rn(v0, c), __fmul_rn(v1, s)), x[2 * p]);
+			d[2 * p + 1] = dg_mask1(d[2 * p + 1], __fsub_rn(__fmul_rn(v1, c), __fmul_rn(v0, s)), x[2 * p + 1]);
+		}
+		dg_st(po + o, 0, d);
+	} else {
+#pragma unroll
+		for (int p = 0; p < 4; ++p)
+			if (n + 2 * p < L)
+				dg_mask_pair(po + o + 2 * p, pm + o + 2 * p, __ldg((const float2 *)(rope + o + 2 * p)),
+					     v[2 * p], v[2 * p + 1]);
+	}
+}
+]]
+
+-- The sm_90a path's epilogue with epi=mask: staged through the ring's
+-- shared memory so that dxs and mask_xs move in whole 128-byte lines
+-- (written from the accumulator layout, a thread's bf16 pair half-fills a
+-- 32-byte sector: measured slower than f32 in the model).
+local EPI_STAGED = [[
+	// ---- epilogue (epi=mask), staged. Once every warpgroup's MMAs are
+	// done the ring is free: the f32 tile goes into it (rows of CP floats:
+	// a half-warp's float2 stores hit 32 distinct banks), then a thread
+	// takes 8 consecutive columns of a row, consecutive threads along the
+	// row (a warp covers whole 128-byte lines of dxs and mask_xs): RoPEᵀ
+	// from the table's 16-byte loads, the add, the mask, one store.
+	constexpr int CP = BN + 8, CPR = BN / 8;	// pitch; 8-column chunks a row
+	static_assert(BM * CPR % NT == 0, "whole passes over the tile");
+	__syncthreads();
+	float *ct = (float *)(smem + (sbase - (unsigned)__cvta_generic_to_shared(smem)));
+#pragma unroll
+	for (int hr = 0; hr < 2; ++hr) {
+		const int r = wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j)
+			*(float2 *)(ct + r * CP + 8 * j + 2 * q) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+	}
+	__syncthreads();
+	// lanes 4..7 of each quarter-warp read their chunk's second half first,
+	// so a quarter-warp's eight float4 reads hit distinct banks
+	const int h0 = (lane >> 2) & 1;
+#pragma unroll 2
+	for (int it = 0; it < BM * CPR / NT; ++it) {
+		const int u = tid + it * NT, r = u / CPR, c = u % CPR * 8;
+		const int m = m0 + r, n = n0 + c;
+		if (m >= M || n >= N)
+			continue;
+		const float *src = ct + r * CP + c;
+		const float4 a = *(const float4 *)(src + 4 * h0), b = *(const float4 *)(src + 4 - 4 * h0);
+		const float4 lo = h0 ? b : a, hi = h0 ? a : b;
+		const float v[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w };
+		dg_mask_chunk(po, pm, rope, m, n, v);
+	}]]
+
 local function render_wgmma(spec, plan, k)
   local WB = require("wgmma_bf16")
   local o, t = k.o, plan.tile
@@ -865,29 +1024,40 @@ local function render_wgmma(spec, plan, k)
   -- allow it: one block's barrier is hidden by the other's MMAs
   local minb = (t.bn <= 128 and t.bm == 128) and 2 or 1
   local entry = "dg_" .. k.op
+  local sig, geo, store = op_text(k)
   local about = {
     fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
         k.op, k.H, k.E, k.L, k.act),
     "",
-    fmt("%s(%s)", entry, (o.sig:gsub("__restrict__ ", ""))),
+    fmt("%s(%s)", entry, (sig:gsub("__restrict__ ", ""))),
     fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
         o.n, t.bn, t.bm, o.gz, (t.bm // 64) * 128, plan.entries[1].smem),
     fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups, a ring of %d stages; A %s, B %s; rope=pre (the operands are RoPE(xs) already).",
         t.bn, t.bm // 64, t.stages, o.a_kc and "K-major" or "M-major", o.b_kc and "K-major" or "N-major"),
   }
+  if k.epi_mask then
+    about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, the f32 tile staged through shared memory, 8 columns a thread.", of)
+  end
   local w = C.writer()
   w:line(C.banner(spec, "attention.lua", about))
   w:line(C.helpers({ bf16 = true, cp_async = true }))
   w:line(WB.helpers(t.bn, not o.a_kc, not o.b_kc))
   w:line(C.subst(HEAD_WG, v))
   w:line(out_helpers(of))
+  if k.epi_mask then
+    w:line(C.VEC_IO)
+    w:line(MASK_PAIR)
+    w:line(MASK_CHUNK)
+  end
   w:line()
   local main = C.subst(WB.MAINLOOP, { A_KC = "A_KC", A_KS = "(A_KC ? 32 : 2048)", B_KC = "B_KC",
                                      B_KS = "(B_KC ? 32 : 2048)" })
-  w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = o.sig, GEO = o.geo, SKIP = o.skip or "", STORE = o.store,
-                              MINB = minb, MAINLOOP = main,
-                              PAIRS = C.subst(WB.PAIRS, { MLIM = "M",
-                                PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" }) }))
+  local epi = k.epi_mask and EPI_STAGED or
+    "\t// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)\n" .. store .. "\n" ..
+    C.subst(WB.PAIRS, { MLIM = "M",
+      PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
+  w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "",
+                              MINB = minb, MAINLOOP = main, EPILOGUE = epi }))
   return w:text()
 end
 
@@ -912,8 +1082,9 @@ function M.render(spec, plan)
     SMEM_LAYOUT = mma and SMEM_MMA or SMEM_SIMT,
   }
   local entry = "dg_" .. k.op
+  local sig, geo, store = op_text(k)
   local kv = {
-    ENTRY = entry, SIG = o.sig, GEO = o.geo, SKIP = o.skip or "", STORE = o.store,
+    ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "", STORE = store,
     PUT_A = mma and PUT_A_MMA or PUT_A_SIMT, PUT_B = mma and PUT_B_MMA or PUT_B_SIMT,
     COMPUTE = mma and COMPUTE_MMA or COMPUTE_SIMT, EPILOGUE = mma and EPI_MMA or EPI_SIMT,
   }
@@ -921,7 +1092,7 @@ function M.render(spec, plan)
     fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
         k.op, k.H, k.E, k.L, k.act),
     "",
-    fmt("%s(%s)", entry, (o.sig:gsub("__restrict__ ", ""))),
+    fmt("%s(%s)", entry, (sig:gsub("__restrict__ ", ""))),
     fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
         o.n, t.bn, t.bm, o.gz, t.wm * t.wn * 32, plan.entries[1].smem),
     mma and fmt("path: tensor cores (mma.sync m16n8k16 bf16, f32 sums; sm_%d >= sm_80), warp tile %dx%d, %s.",
@@ -929,6 +1100,9 @@ function M.render(spec, plan)
         or fmt("path: fp32 FMA, warp tile %dx%d, %s.", t.bm // t.wm, t.bn // t.wn,
                v.NBUF == 2 and "two shared buffers" or "one shared buffer"),
   }
+  if k.epi_mask then
+    about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, from the accumulator pairs.", of)
+  end
   local w = C.writer()
   w:line(C.banner(spec, "attention.lua", about))
   w:line(C.helpers({ bf16 = true }))
@@ -936,6 +1110,7 @@ function M.render(spec, plan)
   w:line(C.subst(HEAD, v))
   w:line(mma and PUT_MMA or PUT_SIMT)
   w:line(out_helpers(of))
+  if k.epi_mask then w:line(MASK_PAIR) end
   w:line()
   w:line(C.subst(KERNEL, kv))
   return w:text()

@@ -22,7 +22,17 @@
  *     grad_xs read qr = RoPE(xs)) on the small shapes and four tiles,
  *     against the references given the same qr; the chains with rope=pre
  *     (their workspace holds qr) against the rope-on-the-load chains; and
- *     its BDH-shape times beside rope_fwd's.
+ *     its BDH-shape times beside rope_fwd's;
+ *   - grad_xs epi=mask (the model's add_mask fused: dxs = (dxs +
+ *     grad_xs)·[mask_xs > 0] in place) on the warpgroup path (four tiles,
+ *     sm_90) and the mma.sync and fp32 ones, dxs bf16 and f32, at T 64 and
+ *     100 (ragged) and latent 128, 256 and 100 (L % 8 != 0), against its
+ *     reference (grad_xs in f32 then add_mask), bit for bit against the
+ *     unfused pair on the GPU (grad_xs out=f32 on the same tile, then
+ *     add_mask), 0 where the mask (zeros and negatives) is not > 0; the
+ *     backward chain given dxs against the chain given grad_xs and then
+ *     add_mask; the BDH shape on sampled slices with the fused op's time
+ *     beside the pair's.
  *
  * Tolerance (dg_ref_close_norm: the norm of the error against the norm of
  * the reference, and every element against the largest reference value):
@@ -143,7 +153,10 @@ static dg_status run_op(dg_device *dev, const dg_spec *s, const dg_tensor *const
 		return dg_attention_grad_v(dev, s, &a);
 	}
 	default: {
-		dg_attention_grad_xs_args a = { t[0], t[1], t[2], t[3] };
+		/* epi=mask: t[3] is dxs, t[4] mask_xs */
+		bool mask = s->epi == DG_EPI_MASK;
+		dg_attention_grad_xs_args a = { t[0], t[1], t[2], mask ? NULL : t[3], mask ? t[3] : NULL,
+						mask ? t[4] : NULL };
 		return dg_attention_grad_xs(dev, s, &a);
 	}
 	}
@@ -375,13 +388,25 @@ Test(gpu_attention, chains_are_the_ops)
 typedef struct timed {
 	dg_device *dev;
 	dg_spec spec;
-	const dg_tensor *t[4];
+	const dg_tensor *t[5];
 } timed;
 
 static dg_status timed_call(void *user)
 {
 	timed *u = user;
 	return run_op(u->dev, &u->spec, u->t);
+}
+
+typedef struct add_mask_call {
+	dg_device *dev;
+	const dg_spec *spec;
+	const dg_add_mask_args *a;
+} add_mask_call;
+
+static dg_status add_mask_timed(void *user)
+{
+	add_mask_call *u = user;
+	return dg_add_mask(u->dev, u->spec, u->a);
 }
 
 /* Times s on t and prints the rate of `flop` useful operations. */
@@ -717,5 +742,322 @@ Test(gpu_attention, bdh_shape_warpgroup)
 	report(dev, &s_s, a_s, 3, bh * tri * N * 2);
 	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
 	free(rope), free(xs), free(c), free(qr), free(sc), free(gx), free(want);
+	gh_close(dev);
+}
+
+/* ---- epi=mask: the model's add_mask fused into grad_xs ---------------------------- */
+
+/* The fused op's spec: s's act and tile, the gradient dxs in gf. */
+static dg_spec mask_spec(dg_spec s, dg_fmt gf)
+{
+	s.epi = DG_EPI_MASK;
+	s.out = gf;
+	dg_spec_normalize(&s);
+	return s;
+}
+
+/* mask_xs: the ReLU's output in act, with zeros (every fifth) and
+ * negatives (which a ReLU never writes: the mask must test > 0, not != 0). */
+static void *rand_mask(dg_fmt act, size_t n)
+{
+	void *m = rand_act(act, n, -1.0f, NULL);
+	for (size_t i = 0; i < n; i += 5) {
+		if (act == DG_FMT_BF16)
+			((uint16_t *)m)[i] = 0;
+		else
+			((float *)m)[i] = 0.0f;
+	}
+	return m;
+}
+
+/* The fused op sp (epi=mask, gradient sp->out) at shape s on operand xs
+ * (RoPE(xs) with rope=pre) against: its reference (grad_xs in f32, then
+ * add_mask); the unfused pair on the GPU — grad_xs epi=store f32 on the
+ * same tile, then add_mask (src f32) — bit for bit (the same sums, the
+ * same roundings); exactly 0 where mask_xs <= 0; a second run from the
+ * same dxs, the same bytes. */
+static void mask_case(dg_device *dev, const dg_spec *spec, const shape *s, const char *what)
+{
+	/* an auto tile as the template's default, written out: the unfused
+	 * grad_xs must run the same tile (a tuning record of either spec
+	 * would otherwise pick another, with sums in another order) */
+	dg_spec fs = *spec;
+	if (dg_tile_is_auto(&fs.tile)) {
+		dg_codegen *cg = NULL;
+		dg_plan p;
+		cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+		cr_assert_eq(dg_codegen_plan(cg, &fs, &p), DG_OK, "%s: %s", what, dg_codegen_errmsg(cg));
+		fs.tile = p.spec.tile;
+		dg_codegen_destroy(cg);
+	}
+	const dg_spec *sp = &fs;
+	int B = s->B, H = s->H, T = s->T, N = s->N;
+	dg_fmt act = sp->act, gf = sp->out;
+	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, as = act_size(act), gs = act_size(gf);
+	float *rope = gh_xmalloc((size_t)T * N * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
+	void *dxs = rand_act(gf, nx, -1.0f, NULL), *mx = rand_mask(act, nx);
+	dg_tensor t_c = dg_tensor_4d("grad_scores", act, UP(c, ns * as), B, H, T, T);
+	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * as), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
+	dg_tensor t_m = dg_tensor_4d("mask_xs", act, UP(mx, nx * as), B, H, T, N);
+	void *got[2];
+	for (int k = 0; k < 2; k++) {
+		dg_tensor t_d = dg_tensor_4d("dxs", gf, UP(dxs, nx * gs), B, H, T, N);
+		const dg_tensor *t[5] = { &t_c, &t_xs, &t_rope, &t_d, &t_m };
+		cr_assert_eq(run_op(dev, sp, t), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		got[k] = gh_xmalloc(nx * gs);
+		gh_download(dev, got[k], t_d.data, nx * gs);
+	}
+	cr_assert_eq(memcmp(got[0], got[1], nx * gs), 0, "%s: two runs differ", what);
+
+	/* the reference */
+	void *want = gh_xmalloc(nx * gs);
+	cr_assert_eq(dg_ref_attention_grad_xs_mask(sp, c, xs, rope, dxs, mx, want, B, T), DG_OK);
+	/* bf16 anywhere (operands or dxs) takes bf16's bound: a sum within
+	 * rounding of a bf16 tie may round either way */
+	expect_close(what, act == DG_FMT_BF16 || gf == DG_FMT_BF16 ? DG_FMT_BF16 : DG_FMT_F32, gf, got[0], want, nx);
+	float *g = widen(gf, got[0], nx), *m = widen(act, mx, nx);
+	for (size_t i = 0; i < nx; i++)
+		if (!(m[i] > 0.0f))
+			cr_assert_eq(g[i], 0.0f, "%s: [%zu] masked (%g) but %g", what, i, (double)m[i], (double)g[i]);
+
+	/* the unfused pair on the GPU, same tile */
+	dg_spec ss = *sp;
+	ss.epi = DG_EPI_STORE;
+	ss.out = DG_FMT_F32;
+	dg_spec_normalize(&ss);
+	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
+	const dg_tensor *t4[4] = { &t_c, &t_xs, &t_rope, &t_gx };
+	cr_assert_eq(run_op(dev, &ss, t4), DG_OK, "%s (unfused): %s", what, dg_device_errmsg(dev));
+	dg_spec ms;
+	dg_spec_init(&ms, DG_OP_ADD_MASK);
+	ms.act = act;
+	ms.out = gf;
+	ms.src = DG_FMT_F32;
+	ms.heads = H;
+	ms.latent = N;
+	dg_spec_normalize(&ms);
+	dg_tensor t_d = dg_tensor_4d("dxs", gf, UP(dxs, nx * gs), B, H, T, N);
+	dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
+	dg_add_mask_args am = { .dxs = &t_d, .other = &t_o, .xs = &t_m };
+	cr_assert_eq(dg_add_mask(dev, &ms, &am), DG_OK, "%s (add_mask): %s", what, dg_device_errmsg(dev));
+	void *pair = gh_xmalloc(nx * gs);
+	gh_download(dev, pair, t_d.data, nx * gs);
+	char w2[160];
+	snprintf(w2, sizeof(w2), "%s: fused vs grad_xs + add_mask", what);
+	gh_expect_bytes(w2, got[0], pair, nx * gs);
+	free(rope), free(xs), free(c), free(dxs), free(mx), free(got[0]), free(got[1]), free(want);
+	free(g), free(m), free(pair);
+}
+
+/* T 64 (whole tiles) and 100 (ragged rows: not a multiple of 64), latent
+ * 128 and 100 (L % 8 != 0: the staged epilogue's pair-by-pair columns). */
+static const shape mask_shapes[] = {
+	{ 2, 2, 64, 128, 32 }, { 1, 2, 100, 256, 32 }, { 1, 2, 100, 100, 32 },
+};
+
+/* The sm_90a warpgroup path (rope=pre: xs is qr), its staged epilogue on
+ * four tiles, dxs bf16 and f32. */
+Test(gpu_attention, epi_mask_warpgroup)
+{
+	static const dg_tile tiles[] = {
+		{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 64, 4, 1, 3, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
+	};
+	dg_device *dev = open_sm90();
+	gh_seed(0xe9a);
+	for (size_t i = 0; i < sizeof(mask_shapes) / sizeof(mask_shapes[0]); i++)
+		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
+			for (int b = 0; b < 2; b++) {
+				dg_spec sp = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &mask_shapes[i], &tiles[k]),
+						       b ? DG_FMT_BF16 : DG_FMT_F32);
+				expect_wgmma(&sp);
+				char what[96];
+				snprintf(what, sizeof(what), "epi=mask wgmma T%d L%d tile %zu dxs %s", mask_shapes[i].T,
+					 mask_shapes[i].N, k, b ? "bf16" : "f32");
+				mask_case(dev, &sp, &mask_shapes[i], what);
+			}
+	gh_close(dev);
+}
+
+/* The other paths, any device: mma.sync (act bf16, the default tile and
+ * one buffer), fp32 FMA (act f32; and act bf16 on a BK 8 tile), rope on
+ * the load; dxs bf16 and f32. */
+Test(gpu_attention, epi_mask_other_paths)
+{
+	static const struct {
+		dg_fmt act;
+		dg_tile tile;
+	} cases[] = {
+		{ DG_FMT_BF16, { 0, 0, 0, 0, 0, 0, 0 } },
+		{ DG_FMT_BF16, { 32, 64, 16, 2, 2, 1, 0 } },
+		{ DG_FMT_BF16, { 64, 32, 8, 2, 2, 2, 0 } },
+		{ DG_FMT_F32, { 0, 0, 0, 0, 0, 0, 0 } },
+	};
+	dg_device *dev = gh_open();
+	gh_seed(0xe9b);
+	for (size_t i = 0; i < sizeof(mask_shapes) / sizeof(mask_shapes[0]); i++)
+		for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
+			for (int b = 0; b < 2; b++) {
+				const dg_tile *tl = dg_tile_is_auto(&cases[k].tile) ? NULL : &cases[k].tile;
+				dg_spec sp = mask_spec(spec_of(DG_OP_ATTENTION_GRAD_XS, cases[k].act, &mask_shapes[i], tl),
+						       b ? DG_FMT_BF16 : DG_FMT_F32);
+				char what[96];
+				snprintf(what, sizeof(what), "epi=mask %s T%d L%d case %zu dxs %s",
+					 dg_fmt_name(cases[k].act), mask_shapes[i].T, mask_shapes[i].N, k,
+					 b ? "bf16" : "f32");
+				mask_case(dev, &sp, &mask_shapes[i], what);
+			}
+	gh_close(dev);
+}
+
+/* The backward chain with dxs (grad_xs's epi=mask, xs the mask) is the
+ * chain with grad_xs followed by add_mask, bit for bit; grad_xs and dxs
+ * both given is refused. rope=load (any device) and, on sm_90, rope=pre
+ * (the warpgroup path). */
+Test(gpu_attention, epi_mask_chain)
+{
+	dg_device *dev = gh_open();
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	gh_seed(0xe9c);
+	shape s = { 2, 2, 65, 128, 64 };
+	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
+	dg_fmt act = DG_FMT_BF16;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t ns = (size_t)B * H * T * T;
+	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	for (size_t i = 0; i < ng; i++)
+		g[i] = gh_uniform(-1.0f, 1.0f);
+	void *xs = rand_mask(act, nx), *v = rand_act(act, nv, -1.0f, NULL), *sc = rand_act(act, ns, -1.0f, NULL);
+	void *dxs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL);
+	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
+	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
+	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	dg_tensor t_s = dg_tensor_4d("scores", act, UP(sc, ns * 2), B, H, T, T);
+	for (int pre = 0; pre < (di.sm == 90 ? 2 : 1); pre++) {
+		dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
+		sp.embd = D;
+		if (pre) {
+			sp.arch = 90;
+			sp.arch_specific = true;
+			sp.rope_pre = true;
+		}
+		/* unfused: grad_xs f32, then add_mask */
+		dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
+		dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
+		dg_attention_bwd_args ba = { .grad = &t_g, .xs = &t_xs, .v = &t_v, .rope = &t_rope,
+					     .scores = &t_s, .grad_xs = &t_gx, .grad_v = &t_gv };
+		size_t need = 0;
+		cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
+		ba.ws = gh_workspace(dev, need);
+		cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_spec ms;
+		dg_spec_init(&ms, DG_OP_ADD_MASK);
+		ms.act = act;
+		ms.out = DG_FMT_BF16;
+		ms.src = DG_FMT_F32;
+		ms.heads = H;
+		ms.latent = N;
+		dg_spec_normalize(&ms);
+		dg_tensor t_d0 = dg_tensor_4d("dxs", DG_FMT_BF16, UP(dxs, nx * 2), B, H, T, N);
+		dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
+		dg_add_mask_args am = { .dxs = &t_d0, .other = &t_o, .xs = &t_xs };
+		cr_assert_eq(dg_add_mask(dev, &ms, &am), DG_OK, "%s", dg_device_errmsg(dev));
+		/* fused: the same workspace size; both tensors given is refused */
+		dg_tensor t_d1 = dg_tensor_4d("dxs", DG_FMT_BF16, UP(dxs, nx * 2), B, H, T, N);
+		dg_tensor t_gv1 = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
+		ba.grad_v = &t_gv1;
+		ba.dxs = &t_d1;
+		cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_ERR_INVALID_ARG);
+		cr_assert(strstr(dg_device_errmsg(dev), "grad_xs and dxs both given"), "%s", dg_device_errmsg(dev));
+		ba.grad_xs = NULL;
+		size_t need2 = 0;
+		cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need2), DG_OK);
+		cr_assert_eq(need2, need);
+		cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
+		void *a0 = gh_xmalloc(nx * 2), *a1 = gh_xmalloc(nx * 2), *v0 = gh_xmalloc(nv * 4), *v1 = gh_xmalloc(nv * 4);
+		gh_download(dev, a0, t_d0.data, nx * 2);
+		gh_download(dev, a1, t_d1.data, nx * 2);
+		gh_download(dev, v0, t_gv.data, nv * 4);
+		gh_download(dev, v1, t_gv1.data, nv * 4);
+		gh_expect_bytes(pre ? "chain dxs (rope=pre)" : "chain dxs", a1, a0, nx * 2);
+		gh_expect_bytes(pre ? "chain grad_v (rope=pre)" : "chain grad_v", v1, v0, nv * 4);
+		free(a0), free(a1), free(v0), free(v1);
+	}
+	free(rope), free(g), free(xs), free(v), free(sc), free(dxs);
+	gh_close(dev);
+}
+
+/* The BDH shape on the warpgroup path with epi=mask (what the model runs
+ * on sm_90 for bf16): sampled slices against the reference, its time
+ * beside the unfused grad_xs's (f32 out) and add_mask's. */
+Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
+{
+	dg_device *dev = open_sm90();
+	gh_seed(0xbd6);
+	shape s = { 8, 4, 512, 8192, 256 };
+	int B = s.B, H = s.H, T = s.T, N = s.N;
+	dg_fmt act = DG_FMT_BF16;
+	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, tn = (size_t)T * N, tt = (size_t)T * T;
+	float *rope = gh_xmalloc(tn * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	void *qr = rand_act(act, nx, -1.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
+	void *dxs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL), *mx = rand_mask(act, nx);
+	dg_tensor t_qr = dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, tn * 4), T, N);
+	dg_tensor t_c = dg_tensor_4d("grad_scores", act, UP(c, ns * 2), B, H, T, T);
+	dg_tensor t_d = dg_tensor_4d("dxs", DG_FMT_BF16, UP(dxs, nx * 2), B, H, T, N);
+	dg_tensor t_m = dg_tensor_4d("mask_xs", act, UP(mx, nx * 2), B, H, T, N);
+	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
+	const dg_tensor *a_m[5] = { &t_c, &t_qr, &t_rope, &t_d, &t_m }, *a_x[4] = { &t_c, &t_qr, &t_rope, &t_gx };
+	dg_spec s_x = wg_spec(DG_OP_ATTENTION_GRAD_XS, &s, NULL), s_m = mask_spec(s_x, DG_FMT_BF16);
+	expect_wgmma(&s_m);
+	cr_assert_eq(run_op(dev, &s_m, a_m), DG_OK, "%s", dg_device_errmsg(dev));
+	uint16_t *got = gh_xmalloc(nx * 2);
+	gh_download(dev, got, t_d.data, nx * 2);
+	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
+	void *want = gh_xmalloc(tn * 2);
+	shape one = { 1, 1, T, N, s.D };
+	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
+		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1];
+		char what[64];
+		dg_spec r = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &one, NULL), DG_FMT_BF16);
+		cr_assert_eq(dg_ref_attention_grad_xs_mask(&r, (uint16_t *)c + z * tt, (uint16_t *)qr + z * tn, rope,
+							   (uint16_t *)dxs + z * tn, (uint16_t *)mx + z * tn, want, 1, T),
+			     DG_OK);
+		snprintf(what, sizeof(what), "epi=mask wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		expect_close(what, act, DG_FMT_BF16, got + z * tn, want, tn);
+	}
+	/* times: the fused op (dxs read and written, mask_xs read), and the
+	 * pair it replaces: grad_xs to f32, then add_mask */
+	double bh = (double)B * H;
+	report(dev, &s_m, a_m, 5, bh * (double)T * T * N * 2);
+	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
+	dg_spec ms;
+	dg_spec_init(&ms, DG_OP_ADD_MASK);
+	ms.act = act;
+	ms.out = DG_FMT_BF16;
+	ms.src = DG_FMT_F32;
+	ms.heads = H;
+	ms.latent = N;
+	dg_spec_normalize(&ms);
+	dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
+	dg_add_mask_args am = { .dxs = &t_d, .other = &t_o, .xs = &t_m };
+	dg_timer *tm = NULL;
+	dg_timing tr;
+	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_opts o = { .reps = 10 };
+	add_mask_call u = { dev, &ms, &am };
+	cr_assert_eq(dg_timer_run(tm, &o, add_mask_timed, &u, &tr), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_destroy(tm);
+	printf("bdh %-22s %9.1f us  (the unfused pair's second kernel: dxs bf16, other f32, cold L2)\n", "add_mask",
+	       tr.median_us);
+	fflush(stdout);
+	free(rope), free(qr), free(c), free(dxs), free(mx), free(got), free(want);
 	gh_close(dev);
 }

@@ -307,7 +307,9 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 		return ws_bytes ? DG_OK : dg_attention_grad_v(dev, s, &a);
 	}
 	case DG_OP_ATTENTION_GRAD_XS: {
-		dg_attention_grad_xs_args a = { .grad_scores = t0, .xs = t1, .rope = t2, .grad_xs = t3 };
+		bool mask = s->epi == DG_EPI_MASK; /* the default set's are epi=store */
+		dg_attention_grad_xs_args a = { .grad_scores = t0, .xs = t1, .rope = t2, .grad_xs = mask ? NULL : t3,
+						.dxs = mask ? t4 : NULL, .mask_xs = mask ? t5 : NULL };
 		return ws_bytes ? DG_OK : dg_attention_grad_xs(dev, s, &a);
 	}
 	/* the gate and the step's element-wise glue */
@@ -370,6 +372,8 @@ static void case_make(op_case *c, dg_device *mem, const dg_spec *spec)
 	for (int i = 0; i < c->row->n_args; i++) {
 		const dg_op_arg *a = &c->row->args[i];
 		arg_buf *b = &c->a[i];
+		if (!dg_op_arg_used(spec, i))
+			continue; /* another epilogue's argument: none */
 		int64_t shape[4] = { 16, 256, 1, 1 };
 		int ndim = a->ndim ? a->ndim : 2;
 		for (int d = 0; d < a->ndim; d++)

@@ -13,7 +13,12 @@
  *   - scores and grad_xs with rope=pre on sm_90a take the warpgroup path
  *     (wgmma bf16) at its default and on other tiles (BM 64 and 128, BN 64
  *     to 256, BK 64, 3 and 4 stages), at the BDH shape and a small
- *     one; its tiles are refused off that path by name.
+ *     one; its tiles are refused off that path by name;
+ *   - grad_xs epi=mask (add_mask fused) on the warpgroup path (sm_90a, its
+ *     tiles, latent 8192, 64 and 100, dxs bf16 and f32: the plan's shared
+ *     memory holds the staged tile) and on mma.sync and fp32 for sm_80;
+ *     its checks: dxs and mask_xs needed, grad_xs refused, formats and
+ *     shapes by name, dxs overlapping an input refused.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,8 +43,8 @@ static dg_codegen *make_cg(void)
 }
 
 /* Renders spec, checks its banner names `path` (NULL: any) and its entry
- * dg_<op>, compiles it for sm_90. */
-static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
+ * dg_<op>, compiles it for sm_<sm> (sm_90a where the spec is arch-specific). */
+static void compile_for(dg_codegen *cg, const dg_spec *spec, const char *path, int sm)
 {
 	char e[8192], text[DG_SPEC_TEXT_MAX], entry[64];
 	dg__nvrtc_target t;
@@ -48,7 +53,7 @@ static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
 
 	dg_spec_to_string(spec, text, sizeof(text));
 	snprintf(entry, sizeof(entry), "dg_%s", dg_op_name(spec->op));
-	cr_assert_eq(dg__nvrtc_target_for(90, spec->arch_specific, &t, e, sizeof(e)), DG_OK, "%s", e);
+	cr_assert_eq(dg__nvrtc_target_for(sm, spec->arch_specific, &t, e, sizeof(e)), DG_OK, "%s", e);
 	cr_assert_eq(dg_codegen_render(cg, spec, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
 	cr_assert_eq(src->n_entries, 1, "%s", text);
 	cr_assert_str_eq(src->entries[0], entry, "%s", text);
@@ -59,6 +64,11 @@ static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
 	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not an ELF cubin", text);
 	dg__nvrtc_result_free(&res);
 	dg_source_destroy(src);
+}
+
+static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
+{
+	compile_for(cg, spec, path, 90);
 }
 
 static dg_spec spec_of(dg_op op, dg_fmt act, int arch)
@@ -305,4 +315,132 @@ Test(nvrtc_attention, warpgroup_tiles_off_its_path_are_refused)
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	dg_codegen_destroy(cg);
+}
+
+/* ---- epi=mask: add_mask fused into grad_xs ----------------------------------------- */
+
+/* The fused epilogue compiles on every path: the warpgroup one (sm_90a,
+ * its staged epilogue) on its tiles, at the BDH shape and at latent 64
+ * and 100 (L % 8 != 0: the pair-by-pair columns), dxs bf16 and f32; the
+ * mma.sync and fp32 ones for sm_80 (their pair store). Its kernel takes
+ * dxs and mask_xs where the store's takes grad_xs. The plan's shared
+ * memory holds the staged f32 tile (BM x (BN + 8) floats and the 1 KiB
+ * alignment), and the ring's where that is larger: the store's. */
+Test(nvrtc_attention, epi_mask_on_every_path)
+{
+	static const dg_tile tiles[] = {
+		{ 0, 0, 0, 0, 0, 0, 0 },          { 64, 64, 64, 4, 1, 3, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 4, 0 },
+	};
+	static const int latents[] = { 8192, 64, 100 };
+	dg_codegen *cg = make_cg();
+	for (size_t li = 0; li < sizeof(latents) / sizeof(latents[0]); li++)
+		for (int ob = 0; ob < 2; ob++)
+			for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++) {
+				if (li > 0 && k > 1)
+					continue; /* the small shapes: two tiles */
+				dg_spec s = wg_spec(DG_OP_ATTENTION_GRAD_XS, latents[li] == 8192 ? 4 : 2, latents[li]);
+				s.epi = DG_EPI_MASK;
+				s.out = ob ? DG_FMT_BF16 : DG_FMT_F32;
+				s.tile = tiles[k];
+				dg_plan p, ps;
+				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+				cr_assert_str_eq(p.path, "wgmma bf16");
+				dg_spec st = s;
+				st.epi = DG_EPI_STORE;
+				cr_assert_eq(dg_codegen_plan(cg, &st, &ps), DG_OK, "%s", dg_codegen_errmsg(cg));
+				int bm = p.spec.tile.bm, bn = p.spec.tile.bn;
+				cr_assert_geq(p.entries[0].smem, bm * (bn + 8) * 4 + 1024, "%s", p.canonical);
+				cr_assert_eq(p.entries[0].smem, ps.entries[0].smem, "%s: the ring is the larger", p.canonical);
+				cr_assert(strstr(p.canonical, ";epi=mask;"), "%s", p.canonical);
+				compile_one(cg, &s, "epi=mask: dxs");
+			}
+	/* the ABI in the banner: dxs and mask_xs, no grad_xs */
+	dg_spec s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
+	s.epi = DG_EPI_MASK;
+	s.out = DG_FMT_BF16;
+	dg_source *src = NULL;
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(strstr(src->text, "unsigned short *dxs, const XT *mask_xs, int B, int T)") ||
+			  strstr(src->text, "OT *dxs, const XT *mask_xs, int B, int T)"),
+		  "the banner's ABI");
+	cr_assert_null(strstr(src->text, "grad_xs, int B"), "epi=mask writes no grad_xs");
+	cr_assert(strstr(src->text, "dg_mask_chunk(po, pm, rope, m, n, v)"), "the staged epilogue");
+	dg_source_destroy(src);
+	/* sm_80: mma.sync (bf16) and fp32 (f32, and a SIMT tile), either dxs */
+	for (int ob = 0; ob < 2; ob++)
+		for (int small = 0; small < 2; small++) {
+			dg_spec m = spec_of(DG_OP_ATTENTION_GRAD_XS, DG_FMT_BF16, 80);
+			m.epi = DG_EPI_MASK;
+			m.out = ob ? DG_FMT_BF16 : DG_FMT_F32;
+			if (small)
+				m.heads = 3, m.latent = 100;
+			compile_for(cg, &m, "path: tensor cores (mma.sync", 80);
+			m.rope_pre = true;
+			compile_for(cg, &m, "epi=mask: dxs", 80);
+			m.act = DG_FMT_F32;
+			m.rope_pre = false;
+			compile_for(cg, &m, "path: fp32 FMA", 80);
+			m.act = DG_FMT_BF16;
+			m.tile = (dg_tile){ 64, 32, 8, 2, 2, 2, 0 };
+			compile_for(cg, &m, "path: fp32 FMA", 80);
+		}
+	dg_codegen_destroy(cg);
+}
+
+/* The fused call's checks, no device: dxs and mask_xs needed, grad_xs
+ * refused, dxs in the spec's out, mask_xs in act and of xs's shape, and
+ * dxs overlapping any input (xs, mask_xs, grad_scores, rope) refused by
+ * name. */
+Test(nvrtc_attention, epi_mask_checks)
+{
+	dg_spec s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 2, 64);
+	s.epi = DG_EPI_MASK;
+	s.out = DG_FMT_BF16;
+	char msg[512];
+	dg_tensor c = dg_tensor_4d("grad_scores", DG_FMT_BF16, P(1), 2, 2, 7, 7);
+	dg_tensor qr = dg_tensor_4d("xs", DG_FMT_BF16, P(2), 2, 2, 7, 64);
+	dg_tensor rope = dg_tensor_2d("rope", DG_FMT_F32, P(3), 7, 64);
+	dg_tensor dxs = dg_tensor_4d("dxs", DG_FMT_BF16, P(4), 2, 2, 7, 64);
+	dg_tensor mx = dg_tensor_4d("mask_xs", DG_FMT_BF16, P(5), 2, 2, 7, 64);
+	dg_tensor gx = dg_tensor_4d("grad_xs", DG_FMT_BF16, P(6), 2, 2, 7, 64);
+	dg_attention_grad_xs_args a = { .grad_scores = &c, .xs = &qr, .rope = &rope, .dxs = &dxs, .mask_xs = &mx };
+	cr_assert_eq(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	a.grad_xs = &gx;
+	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "grad_xs");
+	cr_assert(strstr(msg, "epi=mask does not take it"), "%s", msg);
+	a.grad_xs = NULL;
+	a.dxs = NULL;
+	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "dxs");
+	a.dxs = &dxs;
+	a.mask_xs = NULL;
+	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "mask_xs");
+	a.mask_xs = &mx;
+	dxs.fmt = DG_FMT_F32; /* out=bf16 */
+	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "dxs");
+	dxs.fmt = DG_FMT_BF16;
+	mx.shape[2] = 8;
+	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "mask_xs");
+	mx.shape[2] = 7;
+	/* overlaps: the same buffer, and a view that starts inside it */
+	dg_dptr at[4] = { mx.data, qr.data, c.data + 64, rope.data };
+	const char *name[4] = { "mask_xs", "xs", "grad_scores", "rope" };
+	for (int i = 0; i < 4; i++) {
+		dxs.data = at[i];
+		cr_assert_eq(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), DG_ERR_INVALID_ARG, "over %s",
+			     name[i]);
+		cr_assert(strncmp(msg, "dxs: ", 5) == 0 && strstr(msg, name[i]) && strstr(msg, "overlaps"), "%s",
+			  msg);
+	}
+	dxs.data = P(4);
+	cr_assert_eq(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	/* epi=store: the other way round */
+	s.epi = DG_EPI_STORE;
+	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "grad_xs");
+	a.grad_xs = &gx;
+	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "dxs");
+	a.dxs = NULL;
+	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "mask_xs");
+	a.mask_xs = NULL;
+	cr_assert_eq(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
 }

@@ -102,8 +102,23 @@ Test(optable, every_row_is_complete)
 			cr_assert(!src || (r->fields & src), "%s.%s: format of a field it does not read", op, g->name);
 			cr_assert(g->fmt != DG_ARG_PACK || r->pack_fmt != DG_FMT__COUNT, "%s.%s: no pack_fmt", op,
 				  g->name);
+			/* an epilogue's argument: of an op that reads epi, of a known one */
+			cr_assert(!g->epi || (r->fields & DG_FIELD_EPI), "%s.%s: of an epilogue, but %s reads no epi",
+				  op, g->name, op);
+			cr_assert_eq(g->epi & ~((1u << DG_EPI_STORE) | (1u << DG_EPI_MASK)), 0, "%s.%s: epi bits", op,
+				     g->name);
 		}
 		cr_assert_geq(outputs, 1, "%s: no output", op);
+		/* every epilogue's call has an output of its own */
+		for (int e = DG_EPI_STORE; (r->fields & DG_FIELD_EPI) && e <= DG_EPI_MASK; e++) {
+			dg_spec es;
+			dg_spec_init(&es, (dg_op)i);
+			es.epi = (dg_epi)e;
+			int outs = 0;
+			for (int a = 0; a < r->n_args; a++)
+				outs += r->args[a].output && dg_op_arg_used(&es, a);
+			cr_assert_geq(outs, 1, "%s: epi=%s writes nothing", op, dg_epi_name((dg_epi)e));
+		}
 		cr_assert(!any_shape || r->args[0].ndim == 0, "%s: the any-shape tensor comes first", op);
 		/* the call sizes: B·T, rows R, or the quantizers' any shape */
 		cr_assert_eq((int)has_bt + (int)has_r + (int)any_shape, 1,
@@ -402,7 +417,8 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 	}
 	case DG_OP_ATTENTION_GRAD_XS: {
 		dg_attention_grad_xs_args a = { .grad_scores = by_name(c, "grad_scores"), .xs = by_name(c, "xs"),
-						.rope = by_name(c, "rope"), .grad_xs = by_name(c, "grad_xs") };
+						.rope = by_name(c, "rope"), .grad_xs = by_name(c, "grad_xs"),
+						.dxs = by_name(c, "dxs"), .mask_xs = by_name(c, "mask_xs") };
 		return dg_attention_grad_xs_check(s, &a, msg, size);
 	}
 	case DG_OP_EMBED_FWD: {
@@ -534,9 +550,9 @@ static int64_t extent_of(const dg_spec *s, dg_dim d)
 	}
 }
 
-/* The call the signature describes: every tensor at its shape (any-shape
- * ones 3x64), its format, a scale where its codes carry one, aligned
- * (fake) device pointers. */
+/* The call the signature describes: every tensor the spec uses at its
+ * shape (any-shape ones 3x64), its format, a scale where its codes carry
+ * one, aligned (fake) device pointers; another epilogue's NULL. */
 static void make_call(const dg_spec *s, call *c)
 {
 	const dg_op_info *r = dg_op_info_of(s->op);
@@ -544,6 +560,8 @@ static void make_call(const dg_spec *s, call *c)
 	c->op = s->op;
 	for (int i = 0; i < r->n_args; i++) {
 		const dg_op_arg *a = &r->args[i];
+		if (!dg_op_arg_used(s, i))
+			continue;
 		int64_t shape[4] = { 3, 64, 0, 0 };
 		int nd = a->ndim ? a->ndim : 2;
 		for (int d = 0; d < a->ndim; d++)
@@ -590,23 +608,24 @@ static void expect_names(const dg_spec *s, const call *c, const char *name, cons
 		  what, msg, name);
 }
 
-/* The name of the first tensor after arg i that has dimension d (B, T or R
- * are bound by the first tensor that has them: a wrong one shows there). */
-static const char *next_with(const dg_op_info *r, int i, dg_dim d)
+/* The name of the first tensor of s's call after arg i that has dimension
+ * d (B, T or R are bound by the first tensor that has them: a wrong one
+ * shows there). */
+static const char *next_with(const dg_spec *s, const dg_op_info *r, int i, dg_dim d)
 {
 	for (int j = i + 1; j < r->n_args; j++)
-		for (int k = 0; k < r->args[j].ndim; k++)
+		for (int k = 0; k < r->args[j].ndim && dg_op_arg_used(s, j); k++)
 			if (r->args[j].dims[k] == d)
 				return r->args[j].name;
 	return NULL;
 }
 
-static bool binds_first(const dg_op_info *r, int i, dg_dim d)
+static bool binds_first(const dg_spec *s, const dg_op_info *r, int i, dg_dim d)
 {
 	if (d != DG_DIM_B && d != DG_DIM_T && d != DG_DIM_R)
 		return false;
 	for (int j = 0; j < i; j++)
-		for (int k = 0; k < r->args[j].ndim; k++)
+		for (int k = 0; k < r->args[j].ndim && dg_op_arg_used(s, j); k++)
 			if (r->args[j].dims[k] == d)
 				return false;
 	return true;
@@ -635,6 +654,21 @@ static void check_signature(const dg_spec *s, bool unpack)
 		     dg_op_name(s->op), msg);
 	for (int i = 0; i < r->n_args; i++) {
 		const dg_op_arg *a = &r->args[i];
+		if (!dg_op_arg_used(s, i)) {
+			/* another epilogue's argument given: refused by name */
+			make_call(s, &c);
+			c.unpack = unpack;
+			dg_spec u = *s;
+			u.epi = u.epi == DG_EPI_STORE ? DG_EPI_MASK : DG_EPI_STORE;
+			call full;
+			make_call(&u, &full);
+			c.t[i] = full.t[i];
+			c.p[i] = &c.t[i];
+			snprintf(what, sizeof(what), "%s given with epi=%s", a->name, dg_epi_name(s->epi));
+			expect_names(s, &c, a->name, what);
+			cases++;
+			continue;
+		}
 		/* each dimension off by one */
 		int nd = c.t[i].ndim;
 		for (int d = 0; d < nd; d++) {
@@ -645,8 +679,8 @@ static void check_signature(const dg_spec *s, bool unpack)
 			if (a->ndim == 0 && i == 0) {
 				/* the any-shape input sets the shape: its codes differ */
 				expect_names(s, &c, r->args[1].name, what);
-			} else if (a->ndim && binds_first(r, i, a->dims[d]) && !twice(a, d)) {
-				const char *next = next_with(r, i, a->dims[d]);
+			} else if (a->ndim && binds_first(s, r, i, a->dims[d]) && !twice(a, d)) {
+				const char *next = next_with(s, r, i, a->dims[d]);
 				if (!next)
 					continue; /* nothing else has it: any extent is a call's */
 				expect_names(s, &c, next, what);
@@ -728,6 +762,12 @@ Test(optable, signatures_are_what_the_checks_take)
 		/* the shared-input form of the projection */
 		if (dg_op_info_of(s.op)->fields & DG_FIELD_IN_HEADS) {
 			s.in_heads = 1;
+			check_signature(&s, false);
+		}
+		/* the other epilogue's call (attention_grad_xs epi=mask) */
+		if (dg_op_info_of(s.op)->fields & DG_FIELD_EPI) {
+			s.epi = DG_EPI_MASK;
+			s.out = DG_FMT_BF16;
 			check_signature(&s, false);
 		}
 	}

@@ -6,7 +6,8 @@
  * on small odd shapes (f32, within double-sum rounding), the rope table's
  * pairs are dg_ref_rope_table's, grad_scores is symmetric with a zero
  * diagonal, scores is zero on and above it, and a bf16 act rounds its
- * outputs once.
+ * outputs once; grad_xs's epi=mask reference is the model's dxs added into
+ * a gradient and masked by the ReLU's output (add_mask's rounding).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -184,4 +185,84 @@ Test(ref_attention, rope_pre_reads_the_rotated_operand)
 	cr_assert_eq(dg_ref_attention_scores(&ps, xs, rope, s1, b, t), DG_OK);
 	cr_assert_neq(memcmp(s0, s1, ns * 4), 0);
 	free(xs), free(c), free(qr), free(rope), free(s0), free(s1), free(g0), free(g1);
+}
+
+/* epi=mask (the model's add_mask fused into grad_xs): out = (dxs + g)·[xs
+ * > 0] with g the model's own dxs = RoPEᵀ(dqr) (dg_ref_attention_bwd, not
+ * the op's reference): dxs nonzero, the mask with zeros and negatives
+ * (both give exactly 0), in place (out = dxs) too; f32 within the double
+ * sums' rounding, bf16 dxs the f32 sum of its widened value rounded once
+ * (bit for bit); the refusals of the wrong epilogue. */
+Test(ref_attention, epi_mask_is_grad_xs_then_add_mask)
+{
+	const int b = 2, h = 2, t = 7, n = 16, d = 8;
+	dg_rng r;
+	dg_rng_seed(&r, 0xe91);
+	size_t nx = (size_t)b * h * t * n, nv = (size_t)b * t * d, no = (size_t)b * h * t * d;
+	size_t ns = (size_t)b * h * t * t;
+	float *xs = rnd(&r, nx, 0.0f), *v = rnd(&r, nv, -1.0f), *dout = rnd(&r, no, -1.0f);
+	float *dxs = rnd(&r, nx, -1.0f), *mx = rnd(&r, nx, -1.0f);
+	float *rope = malloc(nx * 4), *qr = malloc(nx * 4), *c = malloc(sizeof(float) * t * n / 2);
+	float *sn = malloc(sizeof(float) * t * n / 2), *cs = malloc(ns * 4), *dqr = malloc(nx * 4);
+	float *dv = malloc(nv * 4), *g = malloc(nx * 4), *got = malloc(nx * 4), *gx = malloc(nx * 4);
+	cr_assert(rope && qr && c && sn && cs && dqr && dv && g && got && gx);
+	size_t zeros = 0, negs = 0;
+	for (size_t i = 0; i < nx; i++) {
+		if (i % 5 == 0)
+			mx[i] = 0.0f; /* the ReLU's zeros */
+		zeros += mx[i] == 0.0f;
+		negs += mx[i] < 0.0f;
+	}
+	cr_assert(zeros > 0 && negs > 0);
+	dg_ref_rope_pairs(t, n, rope);
+	dg_ref_rope_table(t, n, c, sn);
+	dg_ref_rope_fwd(xs, c, sn, (int64_t)b * h, t, n, qr);
+	dg_ref_attention_bwd(dout, qr, v, b, h, t, n, d, dqr, dv);
+	dg_ref_rope_bwd(dqr, c, sn, (int64_t)b * h, t, n, g);
+	dg_spec s = spec_of(DG_OP_ATTENTION_GRAD_SCORES, h, n, d);
+	cr_assert_eq(dg_ref_attention_grad_scores(&s, dout, v, cs, b, t), DG_OK);
+
+	s = spec_of(DG_OP_ATTENTION_GRAD_XS, h, n, d);
+	s.epi = DG_EPI_MASK;
+	cr_assert_eq(dg_ref_attention_grad_xs_mask(&s, cs, xs, rope, dxs, mx, got, b, t), DG_OK);
+	for (size_t i = 0; i < nx; i++) {
+		float want = mx[i] > 0.0f ? dxs[i] + g[i] : 0.0f;
+		if (mx[i] <= 0.0f)
+			cr_assert_eq(got[i], 0.0f, "[%zu]: masked (%g) but %g", i, (double)mx[i], (double)got[i]);
+		cr_assert(fabsf(got[i] - want) <= 1e-5f * (1.0f + fabsf(want)), "[%zu]: %g, want %g", i,
+			  (double)got[i], (double)want);
+	}
+	/* in place: the same bytes */
+	memcpy(gx, dxs, nx * 4);
+	cr_assert_eq(dg_ref_attention_grad_xs_mask(&s, cs, xs, rope, gx, mx, gx, b, t), DG_OK);
+	cr_assert_eq(memcmp(gx, got, nx * 4), 0);
+	/* rope=pre: qr given as xs, the mask still the ReLU's output */
+	dg_spec pre = s;
+	pre.rope_pre = true;
+	memcpy(gx, dxs, nx * 4);
+	cr_assert_eq(dg_ref_attention_grad_xs_mask(&pre, cs, qr, rope, gx, mx, gx, b, t), DG_OK);
+	cr_assert_eq(memcmp(gx, got, nx * 4), 0, "rope=pre differs from rope=load");
+
+	/* bf16 dxs: its widened value plus the f32 grad_xs, rounded once */
+	dg_spec sf = spec_of(DG_OP_ATTENTION_GRAD_XS, h, n, d);
+	cr_assert_eq(dg_ref_attention_grad_xs(&sf, cs, xs, rope, gx, b, t), DG_OK);
+	uint16_t *db = malloc(nx * 2), *ob = malloc(nx * 2);
+	cr_assert(db && ob);
+	for (size_t i = 0; i < nx; i++)
+		db[i] = dg_ref_f32_to_bf16(dxs[i]);
+	dg_spec sb = s;
+	sb.out = DG_FMT_BF16;
+	cr_assert_eq(dg_ref_attention_grad_xs_mask(&sb, cs, xs, rope, db, mx, ob, b, t), DG_OK);
+	for (size_t i = 0; i < nx; i++) {
+		uint16_t want = dg_ref_f32_to_bf16(mx[i] > 0.0f ? dg_ref_bf16_to_f32(db[i]) + gx[i] : 0.0f);
+		cr_assert_eq(ob[i], want, "bf16 [%zu]: 0x%04x, want 0x%04x", i, ob[i], want);
+	}
+
+	/* the wrong epilogue for each reference; no dxs or mask */
+	cr_assert_eq(dg_ref_attention_grad_xs(&s, cs, xs, rope, gx, b, t), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_attention_grad_xs_mask(&sf, cs, xs, rope, dxs, mx, gx, b, t), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_attention_grad_xs_mask(&s, cs, xs, rope, NULL, mx, gx, b, t), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_attention_grad_xs_mask(&s, cs, xs, rope, dxs, NULL, gx, b, t), DG_ERR_INVALID_ARG);
+	free(xs), free(v), free(dout), free(dxs), free(mx), free(rope), free(qr), free(c), free(sn);
+	free(cs), free(dqr), free(dv), free(g), free(got), free(gx), free(db), free(ob);
 }

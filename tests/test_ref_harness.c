@@ -479,6 +479,9 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 	case DG_OP_ATTENTION_GRAD_V:
 		return dg_ref_attention_grad_v(s, c->in[0], c->in[1], out, b, t);
 	case DG_OP_ATTENTION_GRAD_XS:
+		if (s->epi == DG_EPI_MASK) /* dxs (4) in place, mask_xs (5) */
+			return dg_ref_attention_grad_xs_mask(s, c->in[0], c->in[1], c->in[2], c->in[4], c->in[5],
+							     out, b, t);
 		return dg_ref_attention_grad_xs(s, c->in[0], c->in[1], c->in[2], out, b, t);
 	case DG_OP_GATE_FWD:
 		return dg_ref_gate_fwd_op(s->act, c->in[0], c->in[1], (int64_t)b * s->heads * t * s->latent,
@@ -524,6 +527,8 @@ static void run_both(dg_spec *s, bool unpack)
 	dg_rng_seed(&g, 1000 + (uint64_t)s->op);
 	for (int i = 0; i < r->n_args; i++) {
 		const dg_op_arg *a = &r->args[i];
+		if (!dg_op_arg_used(s, i))
+			continue; /* another epilogue's: NULL in the call */
 		dg_fmt f = dg_op_arg_fmt(s, a->fmt);
 		size_t n = arg_elems(s, a);
 		store[i] = rh_xmalloc(arg_bytes(f, n) + 16);
@@ -622,6 +627,11 @@ Test(ref_run, every_op_is_its_reference)
 			runs++;
 			if (t.op == DG_OP_PACK_TERNARY || t.op == DG_OP_PACK_SIGN1)
 				run_both(&t, true);
+			if (r->fields & DG_FIELD_EPI) { /* the fused epilogue's call too */
+				t.epi = DG_EPI_MASK;
+				run_both(&t, false);
+				runs++;
+			}
 		}
 	}
 	cr_assert_gt(runs, 40);

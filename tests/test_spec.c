@@ -508,6 +508,41 @@ Test(spec, rope_rules)
 	refused("op=attention_grad_xs;out=int8", "out=int8: op attention_grad_xs takes one of f32|bf16");
 }
 
+/* epi= (attention_grad_xs): store is the default and not printed, so
+ * the texts (and cache keys) of the grad_xs specs of before keep theirs;
+ * mask is printed, in sorted place (after embd, before heads), and reads
+ * back; other ops refuse it; a value outside the enum is refused by
+ * dg_spec_validate; normalizing another op's spec resets it. */
+Test(spec, epi_rules)
+{
+	dg_spec s = parsed("op=attention_grad_xs;epi=mask;out=bf16;act=bf16;rope=pre;arch=sm_90a");
+	cr_assert_eq(s.epi, DG_EPI_MASK);
+	cr_assert_str_eq(canon(&s),
+			 "act=bf16;arch=sm_90a;epi=mask;heads=4;latent=8192;op=attention_grad_xs;out=bf16;rope=pre;tile=auto;");
+	dg_spec back = parsed(canon(&s));
+	cr_assert(dg_spec_equal(&back, &s));
+	s = parsed("op=attention_grad_xs;epi=store");
+	cr_assert_eq(s.epi, DG_EPI_STORE);
+	cr_assert_null(strstr(canon(&s), "epi="), "%s", canon(&s));
+	dg_spec d;
+	dg_spec_init(&d, DG_OP_ATTENTION_GRAD_XS);
+	cr_assert(dg_spec_equal(&d, &s), "epi=store is the default");
+	refused("op=attention_grad_xs;epi=add", "epi=add: must be store (write grad_xs) or mask");
+	refused("op=attention_scores;epi=mask", "epi: op attention_scores does not take it");
+	refused("op=add_mask;epi=store", "epi: op add_mask does not take it");
+	s = parsed("op=attention_grad_xs");
+	s.epi = (dg_epi)7;
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "epi=7: must be store"), "%s", msg);
+	dg_spec o;
+	dg_spec_init(&o, DG_OP_ATTENTION_SCORES);
+	o.epi = DG_EPI_MASK;
+	dg_spec_normalize(&o);
+	cr_assert_eq(o.epi, DG_EPI_STORE, "a field the op does not read is reset");
+	cr_assert_str_eq(dg_epi_name(DG_EPI_MASK), "mask");
+	cr_assert_str_eq(dg_epi_name((dg_epi)9), "?");
+}
+
 Test(spec, relu_rules)
 {
 	refused("op=relu_mask;relu=none", "relu=none: op relu_mask needs the forward's threshold");

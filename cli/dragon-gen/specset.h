@@ -62,6 +62,7 @@
 	X(ASCALE, "ascale", "ascale", DG_FIELD_ASCALE)                        \
 	X(WSCALE, "wscale", "wscale", DG_FIELD_WSCALE)                        \
 	X(ROPE, "rope", "rope", DG_FIELD_ROPE)                                \
+	X(EPI, "epi", "epi", DG_FIELD_EPI)                                    \
 	X(TILE, "tile", "tile", DG_FIELD_TILE)                                \
 	X(ARCH, "arch", "arch", DG_FIELD_ARCH)
 

@@ -280,7 +280,13 @@ dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
  *   attention_grad_v       scores, grad → grad_v = Σ_h tril(S, −1)ᵀ·grad
  *                          (B,1,T,E) f32, heads summed in order (deterministic)
  *   attention_grad_xs      grad_scores, xs, rope → grad_xs = RoPEᵀ(C·RoPE(xs))
- *                          (B,H,T,L) f32 (before the ReLU mask)
+ *                          (B,H,T,L) out (f32 | bf16; before the ReLU mask)
+ *                          epi=mask: no grad_xs; dxs (B,H,T,L) out, in place,
+ *                          and mask_xs (B,H,T,L) act (the ReLU's output) →
+ *                          dxs = (dxs + grad_xs) · [mask_xs > 0], grad_xs in
+ *                          f32 and the sum rounded once, as add_mask's
+ *                          (src=f32) after the f32 grad_xs; dxs must not
+ *                          overlap any input
  * dg_attention_fwd / dg_attention_bwd run the chains; the backward's C
  * lives in the caller's workspace. */
 typedef struct dg_rope_fwd_args {
@@ -330,7 +336,10 @@ dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
 			      const dg_attention_grad_v_args *a);
 
 typedef struct dg_attention_grad_xs_args {
-	const dg_tensor *grad_scores, *xs, *rope, *grad_xs;
+	const dg_tensor *grad_scores, *xs, *rope;
+	const dg_tensor *grad_xs;        /* epi=store: written; epi=mask: NULL */
+	const dg_tensor *dxs, *mask_xs;  /* epi=mask (else NULL): dxs read and
+					  * written, mask_xs read */
 } dg_attention_grad_xs_args;
 dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
 				     char *msg, size_t msg_size);
@@ -344,7 +353,10 @@ dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
  * B·H·T·T act values (dg_attention_bwd_workspace). With rope=pre (what the
  * sm_90a warpgroup GEMMs need: spec arch=sm_90a, act=bf16) each chain
  * first writes qr = RoPE(xs) (rope_fwd, B·H·T·L act values) into its
- * workspace, after C in the backward's, and the GEMMs read it raw. */
+ * workspace, after C in the backward's, and the GEMMs read it raw.
+ * The backward takes grad_xs (written, out = its format) or dxs (the
+ * ReLU's gradient, f32 | bf16, in place: dxs = (dxs + grad_xs)·[xs > 0],
+ * grad_xs's epi=mask with xs the mask, out = dxs's format), not both. */
 typedef struct dg_attention_fwd_args {
 	const dg_tensor *xs, *v, *rope;
 	const dg_tensor *scores; /* (B,H,T,T) act: saved for the backward */
@@ -359,6 +371,7 @@ typedef struct dg_attention_bwd_args {
 	const dg_tensor *grad, *xs, *v, *rope, *scores;
 	const dg_tensor *grad_xs, *grad_v;
 	dg_workspace ws;
+	const dg_tensor *dxs; /* in place of grad_xs: the masked sum into it */
 } dg_attention_bwd_args;
 dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
 				     size_t *bytes);

@@ -284,9 +284,17 @@ dg_status dg_ref_attention_grad_scores(const dg_spec *spec, const float *grad, c
 dg_status dg_ref_attention_grad_v(const dg_spec *spec, const void *scores, const float *grad,
 				  float *grad_v, int b, int t);
 /* grad_xs (b,H,t,L) in spec->out (f32 | bf16) = RoPEᵀ(grad_scores·RoPE(xs))
- * (dqr rounded to f32 first, RoPEᵀ in f32, then one rounding to out). */
+ * (dqr rounded to f32 first, RoPEᵀ in f32, then one rounding to out).
+ * spec->epi must be store (epi=mask's is the next). */
 dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores, const void *xs,
 				   const float *rope, void *grad_xs, int b, int t);
+/* epi=mask: out (b,H,t,L) = mask_xs > 0 ? dxs + g : 0 with g the f32
+ * grad_xs above (at out=f32): dg_ref_attention_grad_xs, then
+ * dg_ref_add_mask(act, out, f32, ...). dxs and out in spec->out (f32 |
+ * bf16), mask_xs in act; out may be dxs. */
+dg_status dg_ref_attention_grad_xs_mask(const dg_spec *spec, const void *grad_scores,
+					const void *xs, const float *rope, const void *dxs,
+					const void *mask_xs, void *out, int b, int t);
 
 /* The gate and its dropout: xy = xs · ys · keep / (1 − p), keep from
  * dg_dropout_keep(seed, step, layer, i, p) for element i of the
@@ -341,13 +349,17 @@ dg_status dg_ref_lmhead_ce(const float *x, const float *w, const int32_t *target
  * (dg_op_info_of(op)->args): the tuner and the tests reach every op's
  * reference through this one entry. */
 typedef struct dg_ref_call {
-	const void *in[DG_OP_MAX_ARGS]; /* each input's host storage (outputs: NULL) */
+	const void *in[DG_OP_MAX_ARGS]; /* each input's host storage (outputs: NULL,
+					 * but an in-place one's input, dg_op_info.inout;
+					 * arguments the spec does not use, dg_op_arg_used:
+					 * NULL) */
 	float scale[DG_OP_MAX_ARGS];    /* each code argument's scale (an output's
 					 * when the op writes codes with it) */
 	const float *scale_v[DG_OP_MAX_ARGS]; /* a scale a row or a channel, in place
 					 * of scale[i], where the spec's ascale=token
 					 * or wscale=channel says so */
-	void *out;                      /* the output's host storage */
+	void *out;                      /* the output's host storage (of the last
+					 * output the spec uses: epi=mask's dxs) */
 	float *out_scale;               /* the quantizers: gets the scale (one a row
 					 * with ascale=token / wscale=channel) */
 	int64_t groups, cols;           /* quantize_act per token: x (b, groups, t,

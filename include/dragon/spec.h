@@ -96,7 +96,27 @@ typedef enum dg_field {
 	DG_FIELD_WSCALE = 1 << 12,
 	DG_FIELD_VOCAB = 1 << 13,
 	DG_FIELD_ROPE = 1 << 14,
+	DG_FIELD_EPI = 1 << 15,
 } dg_field;
+
+/*
+ * attention_grad_xs's epilogue (text key epi=), a compile-time constant of
+ * the kernel like the formats:
+ *   store  (the default, left out of the canonical text, so the specs,
+ *          cache keys and tuning records of before keep theirs) writes
+ *          grad_xs in the spec's out;
+ *   mask   writes no grad_xs: it adds it into the gradient dxs in place and
+ *          applies the ReLU's mask, dxs = (dxs + grad_xs) · [mask_xs > 0]
+ *          (add_mask fused, dxs in out, mask_xs in act), so the f32 grad_xs
+ *          never goes through memory.
+ */
+typedef enum dg_epi {
+	DG_EPI_STORE,
+	DG_EPI_MASK,
+} dg_epi;
+
+/* "store", "mask"; "?" outside the enum. */
+const char *dg_epi_name(dg_epi e);
 
 /*
  * The granularity of an integer operand's scale (DESIGN.md "Formats and
@@ -161,6 +181,7 @@ typedef struct dg_spec {
 	 * rope_fwd made it) and the GEMM reads it raw, as the sm_90a
 	 * warpgroup path needs (grad_xs's epilogue still applies RoPE^T). */
 	bool rope_pre;
+	dg_epi epi; /* attention_grad_xs: its epilogue (above) */
 } dg_spec;
 
 /*
@@ -235,6 +256,10 @@ typedef struct dg_op_arg {
 	bool optional;    /* may be NULL when the call's flags do not use it
 			   * (lmhead_ce's dx and dw without backward); the
 			   * op's own check says when it must be there */
+	unsigned epi;     /* the epilogues (1u << dg_epi) whose calls take it
+			   * (attention_grad_xs: grad_xs with epi=store, dxs
+			   * and mask_xs with epi=mask); 0: every call. A call
+			   * leaves the others NULL (dg_op_arg_used). */
 } dg_op_arg;
 
 /* How the tuner and the bench shape an op without B·T (a rows count R
@@ -306,6 +331,11 @@ const dg_op_info *dg_op_info_of(dg_op op);
  * dg_op_arg.fmt): s's act, weight, out or src, int8 codes, the op's
  * pack_fmt, int32 token ids, or f32. */
 dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f);
+
+/* Whether argument i of s's op is one of a call under s (its epi; see
+ * dg_op_arg.epi): the checks refuse the others given, the kernels never
+ * see them, and the tuner and the tests make only these. */
+bool dg_op_arg_used(const dg_spec *s, int i);
 
 /* Longest canonical text, terminator included. */
 #define DG_SPEC_TEXT_MAX 512

@@ -89,6 +89,16 @@ dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__
 				return st;
 			continue;
 		}
+		if (!dg_op_arg_used(spec, i)) {
+			/* another epilogue's argument (dg_op_arg.epi): never read,
+			 * so one given is a mistake of the caller's */
+			if (t) {
+				snprintf(msg, size, "%s: op %s with epi=%s does not take it; pass NULL", a->name,
+					 dg_op_name(op), dg_epi_name(spec->epi));
+				return DG_ERR_INVALID_ARG;
+			}
+			continue;
+		}
 		if (!t && a->optional)
 			continue; /* the op's own check says when it must be there */
 		int64_t want[DG_TENSOR_MAX_DIMS];

@@ -9,7 +9,9 @@
  * batch alone for attention_grad_v, whose K loop walks the heads in order,
  * so its head sum is deterministic). No op allocates, frees or
  * synchronizes; the backward chain's C = dS + dSᵀ is the caller's
- * workspace.
+ * workspace. attention_grad_xs's call is its epilogue's (the op table's
+ * dg_op_arg.epi): grad_xs, or with epi=mask dxs and mask_xs, which its
+ * kernel takes in grad_xs's place; the chain given dxs runs that one.
  */
 #include <stdio.h>
 #include <string.h>
@@ -62,6 +64,9 @@ DG__OP_TYPED(rope_bwd, DG_OP_ROPE_BWD, run_rope_op, a->grad, a->rope, a->grad_x,
 
 /* ---- the GEMMs -------------------------------------------------------------------- */
 
+/* attention_grad_xs's dxs in the op table's order (codegen/optable.c). */
+#define GX_DXS 4
+
 /* The columns N of op's GEMM and whether its grid z is B·H (else B). */
 static int64_t gemm_cols(const dg_spec *spec, int64_t t, bool *per_head)
 {
@@ -77,15 +82,52 @@ static int64_t gemm_cols(const dg_spec *spec, int64_t t, bool *per_head)
 	}
 }
 
+/* Whether the bytes of a and b overlap (either NULL: no). */
+static bool overlap(const dg_tensor *a, const dg_tensor *b)
+{
+	if (!a || !b)
+		return false;
+	dg_dptr a1 = a->data + dg_tensor_bytes(a), b1 = b->data + dg_tensor_bytes(b);
+	return a->data < b1 && b->data < a1;
+}
+
+/* The op table's check of op's call; attention_grad_xs epi=mask also
+ * refuses a dxs that overlaps an input: its blocks write dxs in place
+ * while others still read grad_scores, xs and rope, and the mask read
+ * must see the ReLU's output, not a sum written over it. */
+static dg_status gemm_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
+			    dg__op_shape *sh, char *msg, size_t size)
+{
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, op, fn, c, sh, msg, size);
+	if (st || op != DG_OP_ATTENTION_GRAD_XS || spec->epi != DG_EPI_MASK)
+		return st;
+	const dg_op_info *row = dg_op_info_of(op);
+	for (int i = 0; i < row->n_args; i++)
+		if (!row->args[i].output && overlap(c->t[GX_DXS], c->t[i])) {
+			snprintf(msg, size,
+				 "dxs: %s: overlaps %s, which the kernel reads while it writes dxs in place; give dxs its own buffer",
+				 fn, row->args[i].name);
+			return DG_ERR_INVALID_ARG;
+		}
+	return DG_OK;
+}
+
 static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
 {
-	char fn[64];
+	char fn[64], msg[512];
 	dg__op_shape sh;
 
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
 	snprintf(fn, sizeof(fn), "dg_%s", dg_op_name(op));
-	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	dg_status st = gemm_check(spec, op, fn, c, &sh, msg, sizeof(msg));
 	if (st)
-		return st;
+		return dg__dev_fail_msg(dev, st, msg);
 	if (sh.b * sh.t == 0)
 		return DG_OK;
 	dg_kernel *k;
@@ -112,6 +154,8 @@ static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	void *args[DG_OP_MAX_ARGS + 2];
 	int na = 0;
 	for (int i = 0; i < row->n_args; i++) {
+		if (!dg_op_arg_used(spec, i))
+			continue; /* another epilogue's: not in this kernel's ABI */
 		p[i] = c->t[i]->data;
 		args[na++] = &p[i];
 	}
@@ -143,7 +187,31 @@ DG__OP_TYPED(attention_scores, DG_OP_ATTENTION_SCORES, run_gemm, a->xs, a->rope,
 DG__OP_TYPED(attention_out, DG_OP_ATTENTION_OUT, run_gemm, a->scores, a->v, a->out, NULL)
 DG__OP_TYPED(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES, run_gemm, a->grad, a->v, a->grad_scores, NULL)
 DG__OP_TYPED(attention_grad_v, DG_OP_ATTENTION_GRAD_V, run_gemm, a->scores, a->grad, a->grad_v, NULL)
-DG__OP_TYPED(attention_grad_xs, DG_OP_ATTENTION_GRAD_XS, run_gemm, a->grad_scores, a->xs, a->rope, a->grad_xs)
+
+/* attention_grad_xs: six tensors, of which a call gives its epilogue's. */
+static dg__op_call grad_xs_call(const dg_attention_grad_xs_args *a)
+{
+	if (!a)
+		return dg__op_call_of(NULL, NULL, NULL, NULL);
+	dg__op_call c = dg__op_call_of(a->grad_scores, a->xs, a->rope, a->grad_xs);
+	c.t[GX_DXS] = a->dxs;
+	c.t[GX_DXS + 1] = a->mask_xs;
+	return c;
+}
+
+dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
+				     char *msg, size_t msg_size)
+{
+	dg__op_call c = grad_xs_call(a);
+	return gemm_check(spec, DG_OP_ATTENTION_GRAD_XS, "dg_attention_grad_xs", a ? &c : NULL, NULL, msg,
+			  msg_size);
+}
+
+dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec, const dg_attention_grad_xs_args *a)
+{
+	dg__op_call c = grad_xs_call(a);
+	return run_gemm(dev, spec, DG_OP_ATTENTION_GRAD_XS, a ? &c : NULL);
+}
 
 /* ---- the chains ------------------------------------------------------------------- */
 
@@ -280,10 +348,16 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_GRAD_SCORES);
 	dg_spec s2 = step_spec(spec, DG_OP_ATTENTION_GRAD_V);
 	dg_spec s3 = step_spec(spec, DG_OP_ATTENTION_GRAD_XS);
-	if (a->grad_xs && (a->grad_xs->fmt == DG_FMT_F32 || a->grad_xs->fmt == DG_FMT_BF16)) {
-		s3.out = a->grad_xs->fmt; /* grad_xs's format is the op's out */
-		dg_spec_normalize(&s3);
-	}
+	if (a->grad_xs && a->dxs)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_attention_bwd: grad_xs and dxs both given; give grad_xs (written) or dxs (grad_xs added into it, masked by xs > 0)");
+	/* the gradient's format is the op's out; dxs: the fused masked sum */
+	const dg_tensor *gt = a->dxs ? a->dxs : a->grad_xs;
+	if (a->dxs)
+		s3.epi = DG_EPI_MASK;
+	if (gt && (gt->fmt == DG_FMT_F32 || gt->fmt == DG_FMT_BF16))
+		s3.out = gt->fmt;
+	dg_spec_normalize(&s3);
 	size_t need = 0;
 	dg_status st = dg_attention_bwd_workspace(spec, a, &need);
 	if (st)
@@ -301,7 +375,8 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	dg_attention_grad_scores_args ga = { .grad = a->grad, .v = a->v, .grad_scores = &ct };
 	dg_attention_grad_v_args va = { .scores = a->scores, .grad = a->grad, .grad_v = a->grad_v };
 	dg_attention_grad_xs_args xa = { .grad_scores = &ct, .xs = xs, .rope = a->rope,
-					 .grad_xs = a->grad_xs };
+					 .grad_xs = a->grad_xs, .dxs = a->dxs,
+					 .mask_xs = a->dxs ? a->xs : NULL };
 	char msg[512];
 	if (spec->rope_pre)
 		st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));

@@ -238,7 +238,7 @@ dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores,
 				   const float *rope, void *grad_xs, int b, int t)
 {
 	if (!act_ok(spec) || !grad_scores || !xs || !rope || !grad_xs || b < 0 || t < 0 ||
-	    (spec->out != DG_FMT_F32 && spec->out != DG_FMT_BF16))
+	    (spec->out != DG_FMT_F32 && spec->out != DG_FMT_BF16) || spec->epi != DG_EPI_STORE)
 		return DG_ERR_INVALID_ARG;
 	int n = spec->latent;
 	size_t tn = (size_t)t * (size_t)n, tt = (size_t)t * (size_t)t;
@@ -273,5 +273,28 @@ dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores,
 	free(q);
 	free(gx);
 	free(acc);
+	return st;
+}
+
+/* epi=mask: the two ops it fuses, each by its own reference — grad_xs in
+ * f32, then add_mask (other f32) — so the fused kernel is held to the
+ * unfused pair. */
+dg_status dg_ref_attention_grad_xs_mask(const dg_spec *spec, const void *grad_scores,
+					const void *xs, const float *rope, const void *dxs,
+					const void *mask_xs, void *out, int b, int t)
+{
+	if (!act_ok(spec) || spec->epi != DG_EPI_MASK || !dxs || !mask_xs || !out || b < 0 || t < 0)
+		return DG_ERR_INVALID_ARG;
+	size_t n = (size_t)b * (size_t)spec->heads * (size_t)t * (size_t)spec->latent;
+	float *gx = xmalloc(n * sizeof(float));
+	if (!gx)
+		return DG_ERR_NOMEM;
+	dg_spec g = *spec;
+	g.epi = DG_EPI_STORE;
+	g.out = DG_FMT_F32;
+	dg_status st = dg_ref_attention_grad_xs(&g, grad_scores, xs, rope, gx, b, t);
+	if (!st)
+		st = dg_ref_add_mask(spec->act, spec->out, DG_FMT_F32, dxs, gx, mask_xs, (int64_t)n, out);
+	free(gx);
 	return st;
 }

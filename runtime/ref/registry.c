@@ -162,8 +162,12 @@ dg_status dg__ref_attention_grad_v(const dg_spec *spec, const dg_ref_call *c)
 	return dg_ref_attention_grad_v(spec, c->in[0], c->in[1], c->out, (int)c->b, (int)c->t);
 }
 
+/* epi=mask: dxs (argument 4) in and out (out holds the new dxs), mask_xs 5 */
 dg_status dg__ref_attention_grad_xs(const dg_spec *spec, const dg_ref_call *c)
 {
+	if (spec->epi == DG_EPI_MASK)
+		return dg_ref_attention_grad_xs_mask(spec, c->in[0], c->in[1], c->in[2], c->in[4],
+						     c->in[5], c->out, (int)c->b, (int)c->t);
 	return dg_ref_attention_grad_xs(spec, c->in[0], c->in[1], c->in[2], c->out, (int)c->b,
 					(int)c->t);
 }

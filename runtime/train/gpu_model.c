@@ -130,7 +130,8 @@ static dg_fmt grad_fmt(const dg_model *m)
 /* add_mask's spec: dxs (the gradient) in grad_fmt, the attention's grad_xs
  * (other) f32 in the node's workspace (measured: written as bf16 from the
  * accumulator layout, half-sector stores made the attention's backward
- * slower, 8.8 ms against 8.0), xs in the activations' format. */
+ * slower, 8.8 ms against 8.0), xs in the activations' format. Where the
+ * warpgroup path runs (attn_fused) grad_xs's epi=mask does it instead. */
 static dg_spec add_mask_spec(const dg_model *m)
 {
 	dg_spec s = base_spec(m, DG_OP_ADD_MASK);
@@ -242,15 +243,35 @@ static dg_spec attn_spec(const dg_model *m, dg_op op)
 	return s; /* not normalized: the chains read embd and latent */
 }
 
-/* The attention chains' ops, prepared. */
+/* Whether the attention's backward adds its grad_xs into dxs in grad_xs's
+ * own epilogue (epi=mask, the chain given dxs): where the warpgroup path
+ * runs, whose staged epilogue moves dxs and xs in whole lines; so the f32
+ * grad_xs (B·H·T·N floats, 537 MB at B 8, T 512) and add_mask's pass over
+ * it are gone. The other paths keep the pair: their fused epilogue stores
+ * from the accumulator layout (half-sector bf16 pairs), not yet measured
+ * against it. */
+static bool attn_fused(const dg_model *m)
+{
+	return attn_spec(m, DG_OP_ATTENTION_GRAD_XS).arch_specific;
+}
+
+/* The attention chains' ops, prepared, grad_xs as the backward runs it
+ * (epi=mask into grad_fmt, or f32 then add_mask). */
 static dg_status prep_attention(dg_model *m)
 {
 	static const dg_op ops[] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_OUT,
 				     DG_OP_ATTENTION_GRAD_SCORES, DG_OP_ATTENTION_GRAD_V,
 				     DG_OP_ATTENTION_GRAD_XS, DG_OP_ROPE_FWD, DG_OP_ADD_MASK };
 	dg_status st = DG_OK;
+	bool fused = attn_fused(m);
 	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]) && !st; i++) {
+		if (ops[i] == DG_OP_ADD_MASK && fused)
+			continue;
 		dg_spec s = ops[i] == DG_OP_ADD_MASK ? add_mask_spec(m) : attn_spec(m, ops[i]);
+		if (ops[i] == DG_OP_ATTENTION_GRAD_XS) {
+			s.epi = fused ? DG_EPI_MASK : DG_EPI_STORE;
+			s.out = fused ? grad_fmt(m) : DG_FMT_F32;
+		}
 		dg_spec_normalize(&s);
 		st = sized(m, &s, DG_OK, "");
 	}
@@ -427,14 +448,16 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			    : dg_lowrank_grad_input(dev, &s, &a);
 	}
 	case DG__N_ATTN_BWD: {
-		/* the chain's grad_xs into the workspace's tail, then
-		 * dxs = (dxs + it)·[xs > 0] */
+		/* dxs = (dxs + grad_xs)·[xs > 0]: fused, the chain given dxs
+		 * (grad_xs's epi=mask; the workspace holds C and qr only), or
+		 * the chain's grad_xs into the workspace's tail, then add_mask */
 		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
 		dg_tensor g = tn(m, in[0]), sc = tn(m, in[1]), v = tn(m, in[2]), xs = tn(m, in[3]),
 			  dxs = tn(m, out[0]), dv = tn(m, out[1]), rope = tn(m, m->id.rope);
-		size_t c_bytes = 0, gx_bytes = (size_t)dg_tensor_numel(&xs) * sizeof(float);
+		bool fused = attn_fused(m);
+		size_t c_bytes = 0, gx_bytes = fused ? 0 : (size_t)dg_tensor_numel(&xs) * sizeof(float);
 		dg_attention_bwd_args a = { .grad = &g, .xs = &xs, .v = &v, .rope = &rope, .scores = &sc,
-					    .grad_v = &dv };
+					    .grad_v = &dv, .dxs = fused ? &dxs : NULL };
 		dg_status st = dg_attention_bwd_workspace(&s, &a, &c_bytes);
 		if (st)
 			return dg__dev_fail(dev, st, "the attention's backward: no workspace size");
@@ -443,10 +466,12 @@ static dg_status run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			*need = c_bytes + gx_bytes;
 			return prep_attention(m);
 		}
-		dg_tensor gx = dg_tensor_make("grad_xs (ws)", DG_FMT_F32, ws.ptr + c_bytes, xs.ndim, xs.shape);
-		a.grad_xs = &gx;
 		a.ws.ptr = ws.ptr;
 		a.ws.bytes = c_bytes;
+		if (fused)
+			return dg_attention_bwd(dev, &s, &a);
+		dg_tensor gx = dg_tensor_make("grad_xs (ws)", DG_FMT_F32, ws.ptr + c_bytes, xs.ndim, xs.shape);
+		a.grad_xs = &gx;
 		st = dg_attention_bwd(dev, &s, &a);
 		if (st)
 			return st;
