@@ -85,7 +85,10 @@ end
 --     on 132 SMs), none for encoder_v (256 blocks already); the partials
 --     cost 4 MiB a split, written once and read once by the reduce entry.
 --     Three stages (two K steps, 64 KiB, in flight a block, four an SM):
---     four would take 129 KiB, one block an SM. To be measured on the H200.
+--     four would take 129 KiB, one block an SM. Measured on the H200
+--     (tests/test_gpu_backward_bdh.c): the encoder's call 150 µs, 457
+--     TFLOP/s, with its 4 splits (433 µs before); the model's 12 calls a
+--     step 1.8 ms (4.5 before).
 --   lowrank_grad_weight 128x128x64/8x1/3: per head M = L 8192, 512 blocks,
 --     97 KiB each: two blocks an SM, 64 accumulators a thread.
 function M.default_tile(k)

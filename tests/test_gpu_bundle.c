@@ -338,6 +338,11 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 		dg_dequantize_args a = { .codes = t0, .out = t1 };
 		return ws_bytes ? DG_OK : dg_dequantize(dev, s, &a);
 	}
+	case DG_OP_DECODER_GATE_BWD: {
+		dg_decoder_gate_bwd_args a = { .grad = t0, .w = t1, .xs = t2, .ys = t3, .dxs = t4, .dys = t5,
+					       .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
+		return ws_bytes ? DG_OK : dg_decoder_gate_bwd(dev, s, &a);
+	}
 	default:
 		cr_assert_fail("op %s has no call here", dg_op_name(s->op));
 		return DG_ERR_INTERNAL;
