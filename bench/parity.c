@@ -6,7 +6,11 @@
  * on the same weights and batch is compared with it.
  *
  *   parity [--presets f32,bf16,w8a8,bitnet] [--size tiny|small|25m]
- *          [--batch B] [--time T] [--torch CMD] [--out FILE]
+ *          [--batch B] [--time T] [--torch CMD] [--double] [--out FILE]
+ *
+ * --double: PyTorch's step in float64 (bdh_torch.py dump --double) on the
+ * same f32 weights, so the numbers are dragon's distance from the exact
+ * step rather than from another f32 summation order.
  *
  * JSON: {"device", "size", "B", "T", "<preset>": {"loss_rel": x,
  * "loss": dragon's, "loss_torch": PyTorch's, "grads": {"<param>": ‖dragon
@@ -16,6 +20,7 @@
  * tests/test_gpu_model.c holds the bounds).
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,13 +52,13 @@ static double rel_err(const float *a, const void *b_bytes, int64_t n)
 
 /* One preset against a fresh dump; NULL with a message on failure. */
 static cJSON *one(dg_device *dev, const char *torch, const char *preset, const char *size, int B,
-		  int T, char *err, size_t esz)
+		  int T, bool dbl, char *err, size_t esz)
 {
 	char path[256], cmd[1024], msg[1024];
 	snprintf(path, sizeof(path), "/tmp/dragon-parity-%d-%s.safetensors", (int)getpid(), preset);
 	bool quant = strcmp(preset, "f32") != 0 && strcmp(preset, "bf16") != 0;
-	snprintf(cmd, sizeof(cmd), "%s dump --out %s --size %s --batch %d --time %d --seed 3 --scale 20%s%s",
-		 torch, path, size, B, T, quant ? " --quant " : "", quant ? preset : "");
+	snprintf(cmd, sizeof(cmd), "%s dump --out %s --size %s --batch %d --time %d --seed 3 --scale 20%s%s%s",
+		 torch, path, size, B, T, quant ? " --quant " : "", quant ? preset : "", dbl ? " --double" : "");
 	if (system(cmd) != 0) {
 		snprintf(err, esz, "%s failed", cmd);
 		return NULL;
@@ -127,6 +132,7 @@ int main(int argc, char **argv)
 	const char *presets = "f32,bf16,w8a8,bitnet", *size = "small", *out = NULL;
 	const char *torch = "python3 " DG_SOURCE_DIR "/tools/bdh_torch.py";
 	int B = 2, T = 64;
+	bool dbl = false;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--presets") && v)
@@ -141,9 +147,11 @@ int main(int argc, char **argv)
 			torch = argv[++i];
 		else if (!strcmp(a, "--out") && v)
 			out = argv[++i];
+		else if (!strcmp(a, "--double"))
+			dbl = true;
 		else {
 			fprintf(stderr, "usage: parity [--presets LIST] [--size tiny|small|25m] [--batch B] "
-					"[--time T] [--torch CMD] [--out FILE]\n");
+					"[--time T] [--torch CMD] [--double] [--out FILE]\n");
 			return 2;
 		}
 	}
@@ -158,12 +166,13 @@ int main(int argc, char **argv)
 	cJSON_AddStringToObject(doc, "device", info.name);
 	cJSON_AddStringToObject(doc, "size", size);
 	cJSON_AddNumberToObject(doc, "B", B);
+	cJSON_AddStringToObject(doc, "torch_precision", dbl ? "f64" : "f32");
 	cJSON_AddNumberToObject(doc, "T", T);
 	int rc = 0;
 	char list[256], err[2048];
 	snprintf(list, sizeof(list), "%s", presets);
 	for (char *p = strtok(list, ","); p; p = strtok(NULL, ",")) {
-		cJSON *r = one(dev, torch, p, size, B, T, err, sizeof(err));
+		cJSON *r = one(dev, torch, p, size, B, T, dbl, err, sizeof(err));
 		if (!r) {
 			fprintf(stderr, "parity: %s\n", err);
 			r = cJSON_CreateObject();
