@@ -302,13 +302,10 @@ local function wgmma_op(k)
          not k.a_rope and not k.b_rope and o.mask == 0
 end
 
--- Its tiles: BM/64 warpgroups of 4 warps along M (WM = BM/16, WN = 1),
--- one m64nBNk16 instruction a warpgroup and k16 step, BN 64 | 128 | 256,
--- BK 64 (one 128-byte swizzle row of K), a ring of 3 or 4 stages (S-1 K
--- steps in flight).
+-- Its tiles: wgmma_bf16.lua's (M.tile_ok), a ring of 3 or 4 stages (S-1
+-- K steps in flight).
 local function wgmma_fits(k, t)
-  return wgmma_op(k) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
-         (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk == 64 and t.stages >= 3 and t.stages <= 4
+  return wgmma_op(k) and require("wgmma_bf16").tile_ok(t, 3, 4)
 end
 
 -- The heuristic default tile (see the performance note in the module's
@@ -366,11 +363,8 @@ function M.plan(spec)
   if wgmma_fits(k, t) then
     p.path = "wgmma bf16"
     p.arch_specific = true
-    local smem = t.stages * (t.bm + t.bn) * t.bk * 2
-    -- epi=mask stages the f32 tile through the ring once the MMAs are done:
-    -- BM rows of BN + 8 floats
-    if k.epi_mask then smem = math.max(smem, t.bm * (t.bn + 8) * 4) end
-    smem = smem + 1024	-- + the 1 KiB alignment of the atoms
+    -- epi=mask stages the f32 tile through the ring once the MMAs are done
+    local smem = require("wgmma_bf16").smem_bytes(t, k.epi_mask)
     ok, err = C.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.entries[1].smem = smem

@@ -57,15 +57,13 @@ function M.applies(k)
          (k.op == "lowrank_grad_weight" or (k.op == "lowrank_grad_input" and k.L % 64 == 0))
 end
 
--- Its tiles: BM/64 warpgroups (WN 1, WM 4 or 8, BM = 16·WM), BN 64 | 128 |
--- 256, BK 64 (one 128-byte swizzle row of K), a ring of 3 or 4 stages.
+-- Its tiles: wgmma_bf16.lua's (M.tile_ok), a ring of 3 or 4 stages.
 function M.fits(k, t)
-  return M.applies(k) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
-         (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk == 64 and t.stages >= 3 and t.stages <= 4
+  return M.applies(k) and WB.tile_ok(t, 3, 4)
 end
 
 function M.smem_bytes(t)
-  return t.stages * (t.bm + t.bn) * t.bk * 2 + 1024
+  return WB.smem_bytes(t, false)
 end
 
 -- The default tile where the path applies. At the BDH shape (M = B·T 4096,

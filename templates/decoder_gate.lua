@@ -92,14 +92,12 @@ end
 -- blocks an SM, so one block's memory-bound epilogue overlaps the other's
 -- MMAs; 8192 blocks at the BDH shape.
 local function wgmma_fits(k, t)
-  return wgmma_applies(k) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
-         (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk == 64 and t.stages >= 2 and t.stages <= 4
+  return wgmma_applies(k) and WB.tile_ok(t, 2, 4)
 end
 
+-- The ring, or the staged dxy tile and its rows' bases (BM long longs).
 local function wgmma_smem(t)
-  local ring = t.stages * (t.bm + t.bn) * t.bk * 2
-  local tile = t.bm * (t.bn + 8) * 4 + t.bm * 8 -- the dxy tile and its rows' bases
-  return math.max(ring, tile) + 1024
+  return WB.smem_bytes(t, true, t.bm * 8)
 end
 
 local function default_tile(k)

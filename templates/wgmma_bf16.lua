@@ -54,6 +54,25 @@ local fmt = string.format
 
 local M = {}
 
+-- A tile of this GEMM: BM/64 warpgroups of 4 warps along M (WM 4 or 8,
+-- WN 1, BM = 16·WM), one m64nBNk16 instruction a warpgroup and k16 step,
+-- BN 64 | 128 | 256, BK 64 (one 128-byte swizzle row of K), a ring of lo
+-- to hi stages.
+function M.tile_ok(t, lo, hi)
+  return t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
+         (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk == 64 and t.stages >= lo and t.stages <= hi
+end
+
+-- Dynamic shared memory of a kernel of tile t: the ring of S stages of A
+-- and B, or (staged: an epilogue that writes the f32 tile into the ring
+-- once the MMAs are done, BM rows of BN + 8 floats, and `extra` bytes
+-- after it) whichever is larger, and 1 KiB for the atoms' alignment.
+function M.smem_bytes(t, staged, extra)
+  local ring = t.stages * (t.bm + t.bn) * t.bk * 2
+  if staged then ring = math.max(ring, t.bm * (t.bn + 8) * 4 + (extra or 0)) end
+  return ring + 1024
+end
+
 -- The C helpers for an N-wide instruction (N a multiple of 8, 8..256) with
 -- A MN-major (a_mn) or K-major, B likewise.
 function M.helpers(n, a_mn, b_mn)
