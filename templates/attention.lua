@@ -400,14 +400,6 @@ end
 
 local HELPERS = [[
 // ---- helpers (templates/attention.lua) --------------------------------------
-// Two floats → one bf16x2 word, round to nearest even: lo in bits 0..15.
-__device__ __forceinline__ unsigned dg_bf16x2(float lo, float hi)
-{
-	unsigned d;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-	return d;
-}
-
 __device__ __forceinline__ void dg_ldsm_x4(unsigned (&d)[4], unsigned a)
 {
 	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1101,7 +1093,7 @@ function M.render(spec, plan)
   end
   local w = C.writer()
   w:line(C.banner(spec, "attention.lua", about))
-  w:line(C.helpers({ bf16 = true }))
+  w:line(C.helpers({ bf16 = true, bf16x2 = true }))
   w:line(HELPERS)
   w:line(C.subst(HEAD, v))
   w:line(mma and PUT_MMA or PUT_SIMT)

@@ -280,15 +280,6 @@ __device__ __forceinline__ uint2 dg_u8x4_bf16(unsigned w)
 
 local HELPERS = [[
 // ---- tensor-core helpers (templates/backward_mma.lua) -----------------------
-// Two floats → one bf16x2 word, round to nearest even (NaN stays NaN): lo in
-// bits 0..15, hi in bits 16..31 (cvt packs its first source high).
-__device__ __forceinline__ unsigned dg_bf16x2(float lo, float hi)
-{
-	unsigned d;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-	return d;
-}
-
 // A ternary code (00 0, 01 +1, 11 -1, the unused 10 as 0) / a sign1 bit
 // (set +1, clear -1) as bf16 bits.
 __device__ __forceinline__ unsigned dg_tern_bf(unsigned c)
@@ -869,7 +860,7 @@ function M.render(c)
                               (F.code or bfmt == "bf16") and "exact" or "rounded", S, a16 and "bf16" or "f32", smem)
   c.about[#c.about + 1] = "  dynamic shared memory (templates/backward_mma.lua)."
   w:line(C.banner(c.spec, "backward.lua", c.about))
-  w:line(C.helpers({ cp_async = true }))
+  w:line(C.helpers({ bf16x2 = true, cp_async = true }))
   w:line(HELPERS)
   if u.i8 then w:line(I8_HELPERS) end
   w:line(C.subst(HEAD, v))
