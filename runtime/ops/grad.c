@@ -40,6 +40,20 @@ static dg_launch gemm_launch(const dg_tile *t, unsigned gx, unsigned gy, unsigne
 	return l;
 }
 
+/* The reduce entries' launch over n partial sums a split: float4s
+ * grid-stride, REDUCE_THREADS a block. */
+static dg_launch reduce_launch(dg_device *dev, int64_t n)
+{
+	dg_launch r;
+
+	memset(&r, 0, sizeof(r));
+	r.grid[0] = dg__op_grid(n / 4, REDUCE_THREADS, 8LL * dg__dev_info(dev)->sm_count);
+	r.grid[1] = r.grid[2] = 1;
+	r.block[0] = REDUCE_THREADS;
+	r.block[1] = r.block[2] = 1;
+	return r;
+}
+
 /* Blocks of kernel k an SM for the split model: 1 or 2. Estimated from its
  * shared memory (the device's opt-in limit plus the 1 KiB a block reserves
  * stand in for an SM's: 228 KiB on sm_90, 164 on sm_80) and its registers
@@ -181,12 +195,7 @@ dg_status dg__grad_input_launch(dg_device *dev, const dg_spec *spec, const char 
 		return st;
 
 	/* Second pass: out = s · Σ partials, in split order. */
-	dg_launch r;
-	memset(&r, 0, sizeof(r));
-	r.grid[0] = dg__op_grid(nx / 4, REDUCE_THREADS, 8LL * dg__dev_info(dev)->sm_count);
-	r.grid[1] = r.grid[2] = 1;
-	r.block[0] = REDUCE_THREADS;
-	r.block[1] = r.block[2] = 1;
+	dg_launch r = reduce_launch(dev, nx);
 	dg_dptr part = dst;
 	void *rargs[] = { &part, &splits, &s, &o, &B, &T };
 	return dg_kernel_launch(dev, kr, &r, rargs);
@@ -264,12 +273,7 @@ dg_status dg__grad_weight_launch(dg_device *dev, const dg_spec *spec, const char
 		return st;
 
 	/* Second pass: grad_w (+)= s · Σ partials, in split order. */
-	dg_launch r;
-	memset(&r, 0, sizeof(r));
-	r.grid[0] = dg__op_grid(nw / 4, REDUCE_THREADS, 8LL * dg__dev_info(dev)->sm_count);
-	r.grid[1] = r.grid[2] = 1;
-	r.block[0] = REDUCE_THREADS;
-	r.block[1] = r.block[2] = 1;
+	dg_launch r = reduce_launch(dev, nw);
 	dg_dptr part = dst, out = grad_w->data;
 	void *rargs[] = { &part, &splits, &s, &out, &acc };
 	return dg_kernel_launch(dev, kr, &r, rargs);
