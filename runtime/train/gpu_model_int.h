@@ -1,0 +1,50 @@
+/*
+ * The GPU model's private parts (runtime/train/gpu_model.c creates, plans
+ * and runs it; runtime/train/gpu_nodes.c runs its tape's nodes on the GPU
+ * ops): the handle, and what the two files share of each other.
+ */
+#ifndef DG_RUNTIME_TRAIN_GPU_MODEL_INT_H
+#define DG_RUNTIME_TRAIN_GPU_MODEL_INT_H
+
+#include "dragon/model.h"
+#include "dragon/ops.h"
+#include "runtime/train/bdh_tape.h"
+#include "runtime/train/model_int.h"
+
+#define FAKE_BASE ((dg_dptr)1 << 20) /* sizing: any aligned non-zero address */
+
+struct dg_model {
+	dg_device *dev;
+	dg_model_config c;
+	int B, T, H, D, N, V;
+	dg_fmt act;
+	bool lowbit;
+	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
+	bool dec_gate;              /* bf16 activations on sm_90: decoder_gate_bwd */
+	dg__tape t;
+	dg__bdh_ids id;
+	int qw_ws;                  /* quantize_weight's workspace (a per-tensor scale), or -1 */
+	bool sizing;                /* build: buffers at placeholder addresses */
+	dg_dptr base[DG__B__COUNT]; /* arena bases (FAKE_BASE while sizing) */
+	dg_dptr alloc[DG__B__COUNT];
+};
+
+/* A buffer's device address (a distinct placeholder while sizing); the
+ * buffer as a tensor of its format and shape, its scale attached. */
+dg_dptr dg__gm_addr(const dg_model *m, int id);
+dg_tensor dg__gm_tn(const dg_model *m, int id);
+
+/* Specs: an op's with the model's shape, device arch and activations'
+ * formats (base), normalized (op); dequantize's (codes of act with the
+ * granularity g, to bf16); projection which's recipe (0 encoder, 1
+ * encoder_v, 2 decoder). */
+dg_spec dg__gm_base_spec(const dg_model *m, dg_op op);
+dg_spec dg__gm_op_spec(const dg_model *m, dg_op op);
+dg_spec dg__gm_dequant_spec(const dg_model *m, dg_fmt act, dg_scale_gran g);
+const dg_proj_recipe *dg__gm_recipe(const dg_model *m, int which);
+
+/* One node on the device; sizing (need non-NULL): *need gets its
+ * workspace bytes and its kernels are prepared, nothing launched. */
+dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch *bt, size_t *need);
+
+#endif
