@@ -1,0 +1,221 @@
+--[[
+attention_wgmma.lua — the sm_90a warpgroup path of the attention ops
+(templates/attention.lua plans it, holds the math, the ABI and the
+measurements, and calls M.render with its shared pieces): operands that
+stream by cp.async into 128-byte-swizzled tiles (rope=pre: RoPE(xs)
+already), wgmma m64nBNk16 bf16 with f32 sums (templates/wgmma_bf16.lua),
+and two epilogues: the accumulator pairs stored as they are, or (grad_xs
+epi=mask) the f32 tile staged through the ring and added into dxs 8
+columns a thread.
+]]
+local C = require("common")
+local fmt = string.format
+
+local M = {}
+
+local HEAD_WG = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int E = ${E};		// embd (D)
+constexpr int L = ${L};		// latent (N)
+typedef ${XT} XT;		// the act format's storage
+typedef ${AT} AT;		// A operand storage (bf16)
+typedef ${BT} BT;		// B operand storage (bf16)
+typedef ${OT} OT;		// output storage
+
+// ---- tile: BM/64 warpgroups along M, each 64 x BN; a ring of S stages
+constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};
+constexpr int NT = (BM / 64) * 128;		// threads a block
+constexpr int S = ${S}, P = S - 1;		// stages; K steps fetched ahead
+constexpr bool A_KC = ${A_KC}, B_KC = ${B_KC};	// K-major (else M / N-major)
+static_assert(BK == 64, "one 128-byte swizzle row of K a step");
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
+constexpr int A_UNITS = BM * BK / 8, B_UNITS = BN * BK / 8;	// 16-byte chunks
+constexpr int SA = (A_UNITS + NT - 1) / NT, SB = (B_UNITS + NT - 1) / NT;	// chunks a thread
+]]
+
+local KERNEL_WG = [[
+extern "C" __global__ void __launch_bounds__(NT, ${MINB})
+${ENTRY}(${SIG})
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, z = blockIdx.z;
+	(void)B;
+${GEO}
+	(void)ra; (void)rb;
+	if (skip) {
+${SKIP}
+		return;
+	}
+	const int nk = kt_end > kt_begin ? kt_end - kt_begin : 0;
+	const int nsteps = NH * nk;		// (head, K step) pairs, heads outer
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+
+	// Step st's A and B tiles into its stage (templates/wgmma_bf16.lua: a
+	// chunk's place dg_wb_kmaj / dg_wb_mnmaj; 8 consecutive threads read one
+	// 128-byte line and fill one 128-byte swizzle row).
+	auto load = [&](int st) {
+		const int h = st / nk, k0 = (kt_begin + st % nk) * BK;
+		const unsigned short *ah = (const unsigned short *)(pa + h * a_hs);
+		const unsigned short *bh = (const unsigned short *)(pb + h * b_hs);
+		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT;
+			if (A_UNITS % NT != 0 && u >= A_UNITS)
+				break;
+			const int c = u & 7;
+			if constexpr (A_KC) {	// row m = u/8, chunk c along k
+				const int r = u >> 3;
+				dg_wb_stage(as + dg_wb_kmaj(r, c), ah, m0 + r, M, k0 + 8 * c, K, LDA);
+			} else {		// row k = (u/8)%64, 64-wide group u/512 along m
+				const int kk = (u >> 3) & 63, gg = u >> 9;
+				dg_wb_stage(as + dg_wb_mnmaj(gg, kk, c), ah, k0 + kk, K, m0 + 64 * gg + 8 * c, M, LDA);
+			}
+		}
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT;
+			if (B_UNITS % NT != 0 && u >= B_UNITS)
+				break;
+			const int c = u & 7;
+			if constexpr (B_KC) {
+				const int r = u >> 3;
+				dg_wb_stage(bs + dg_wb_kmaj(r, c), bh, n0 + r, N, k0 + 8 * c, K, LDB);
+			} else {
+				const int kk = (u >> 3) & 63, gg = u >> 9;
+				dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), bh, k0 + kk, K, n0 + 64 * gg + 8 * c, N, LDB);
+			}
+		}
+	};
+
+${MAINLOOP}
+
+${EPILOGUE}
+}
+]]
+
+local MASK_CHUNK = [[
+// Columns n..n+7 of row m (dxs at po, mask_xs at pm, of rows of L): the
+// sums v turned by RoPEᵀ pair by pair, added and masked. L % 8 == 0 (then
+// n % 8 == 0 and n + 8 <= N = L): one 16-byte access of each bf16 tensor
+// (two of f32); else pair by pair up to L.
+__device__ __forceinline__ void dg_mask_chunk(OT *po, const XT *pm, const float *rope, int m, int n,
+					      const float (&v)[8])
+{
+	const long long o = (long long)m * L + n;
+	if constexpr (L % 8 == 0) {
+		const float4 c0 = __ldg((const float4 *)(rope + o)), c1 = __ldg((const float4 *)(rope + o) + 1);
+		const float cs[8] = { c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w };
+		float d[8], x[8];
+		dg_ld(po + o, 0, d);
+		dg_ld(pm + o, 0, x);
+#pragma unroll
+		for (int p = 0; p < 4; ++p) {
+			const float v0 = v[2 * p], v1 = v[2 * p + 1], c = cs[2 * p], s = cs[2 * p + 1];
+			d[2 * p] = dg_mask1(d[2 * p], __fadd_rn(__fmul_rn(v0, c), __fmul_rn(v1, s)), x[2 * p]);
+			d[2 * p + 1] = dg_mask1(d[2 * p + 1], __fsub_rn(__fmul_rn(v1, c), __fmul_rn(v0, s)), x[2 * p + 1]);
+		}
+		dg_st(po + o, 0, d);
+	} else {
+#pragma unroll
+		for (int p = 0; p < 4; ++p)
+			if (n + 2 * p < L)
+				dg_mask_pair(po + o + 2 * p, pm + o + 2 * p, __ldg((const float2 *)(rope + o + 2 * p)),
+					     v[2 * p], v[2 * p + 1]);
+	}
+}
+]]
+
+-- The sm_90a path's epilogue with epi=mask: staged through the ring's
+-- shared memory so that dxs and mask_xs move in whole 128-byte lines
+-- (written from the accumulator layout, a thread's bf16 pair half-fills a
+-- 32-byte sector: measured slower than f32 in the model).
+local EPI_STAGED = [[
+	// ---- epilogue (epi=mask), staged. Once every warpgroup's MMAs are
+	// done the ring is free: the f32 tile goes into it (rows of CP floats:
+	// a half-warp's float2 stores hit 32 distinct banks), then a thread
+	// takes 8 consecutive columns of a row, consecutive threads along the
+	// row (a warp covers whole 128-byte lines of dxs and mask_xs): RoPEᵀ
+	// from the table's 16-byte loads, the add, the mask, one store.
+	constexpr int CP = BN + 8, CPR = BN / 8;	// pitch; 8-column chunks a row
+	static_assert(BM * CPR % NT == 0, "whole passes over the tile");
+	__syncthreads();
+	float *ct = (float *)(smem + (sbase - (unsigned)__cvta_generic_to_shared(smem)));
+#pragma unroll
+	for (int hr = 0; hr < 2; ++hr) {
+		const int r = wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j)
+			*(float2 *)(ct + r * CP + 8 * j + 2 * q) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+	}
+	__syncthreads();
+	// lanes 4..7 of each quarter-warp read their chunk's second half first,
+	// so a quarter-warp's eight float4 reads hit distinct banks
+	const int h0 = (lane >> 2) & 1;
+#pragma unroll 2
+	for (int it = 0; it < BM * CPR / NT; ++it) {
+		const int u = tid + it * NT, r = u / CPR, c = u % CPR * 8;
+		const int m = m0 + r, n = n0 + c;
+		if (m >= M || n >= N)
+			continue;
+		const float *src = ct + r * CP + c;
+		const float4 a = *(const float4 *)(src + 4 * h0), b = *(const float4 *)(src + 4 - 4 * h0);
+		const float4 lo = h0 ? b : a, hi = h0 ? a : b;
+		const float v[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w };
+		dg_mask_chunk(po, pm, rope, m, n, v);
+	}]]
+
+function M.render(spec, plan, k, sh)
+  local WB = require("wgmma_bf16")
+  local o, t = k.o, plan.tile
+  local of = sh.operand_fmt(k, o.ot)
+  local v = {
+    H = k.H, E = k.E, L = k.L, XT = sh.CTYPE[k.act], AT = sh.CTYPE.bf16, BT = sh.CTYPE.bf16, OT = sh.CTYPE[of],
+    BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, A_KC = tostring(o.a_kc), B_KC = tostring(o.b_kc),
+  }
+  -- two blocks an SM (at most 128 registers a thread) while the accumulators
+  -- allow it: one block's barrier is hidden by the other's MMAs
+  local minb = (t.bn <= 128 and t.bm == 128) and 2 or 1
+  local entry = "dg_" .. k.op
+  local sig, geo, store = sh.op_text(k)
+  local about = {
+    fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
+        k.op, k.H, k.E, k.L, k.act),
+    "",
+    fmt("%s(%s)", entry, (sig:gsub("__restrict__ ", ""))),
+    fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
+        o.n, t.bn, t.bm, o.gz, (t.bm // 64) * 128, plan.entries[1].smem),
+    fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups, a ring of %d stages; A %s, B %s; rope=pre (the operands are RoPE(xs) already).",
+        t.bn, t.bm // 64, t.stages, o.a_kc and "K-major" or "M-major", o.b_kc and "K-major" or "N-major"),
+  }
+  if k.epi_mask then
+    about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, the f32 tile staged through shared memory, 8 columns a thread.", of)
+  end
+  local w = C.writer()
+  w:line(C.banner(spec, "attention.lua", about))
+  w:line(C.helpers({ bf16 = true, cp_async = true }))
+  w:line(WB.helpers(t.bn, not o.a_kc, not o.b_kc))
+  w:line(C.subst(HEAD_WG, v))
+  w:line(sh.out_helpers(of))
+  if k.epi_mask then
+    w:line(C.VEC_IO)
+    w:line(sh.MASK_PAIR)
+    w:line(MASK_CHUNK)
+  end
+  w:line()
+  local main = C.subst(WB.MAINLOOP, { A_KC = "A_KC", A_KS = "(A_KC ? 32 : 2048)", B_KC = "B_KC",
+                                     B_KS = "(B_KC ? 32 : 2048)" })
+  local epi = k.epi_mask and EPI_STAGED or
+    "\t// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)\n" .. store .. "\n" ..
+    C.subst(WB.PAIRS, { MLIM = "M",
+      PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
+  w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "",
+                              MINB = minb, MAINLOOP = main, EPILOGUE = epi }))
+  return w:text()
+end
+
+return M
