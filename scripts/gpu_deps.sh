@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Fetches the Debian packages a GPU machine without network needs to build
 # and test dragon (Lua 5.4, cJSON, Criterion and the libraries they load,
-# pkgconf) into .gpu/debs, for scripts/gpu_test.sh to unpack there.
+# pkgconf) into .gpu/debs, for scripts/gpu_test.sh to unpack there, and the
+# built-in corpus (scripts/corpus.sh) into .gpu/corpus/shakespeare.txt
+# (4.8 MiB).
 #
 #   scripts/gpu_deps.sh            (run here: Debian 12, amd64, with network)
 #
 # Idempotent: a package whose .deb is already there is not fetched again, and
 # .debs no longer wanted are removed. `apt-get update` runs only when apt
 # cannot find a package. The folder is ignored by git; it travels to the GPU
-# machine when named in the device tool's `carry` (".gpu/debs").
+# machine when named in the device tool's `carry` (".gpu/debs",
+# ".gpu/corpus").
 #
 # What is fetched: the -dev packages (headers, .pc files, .so links) without
 # their dependencies (gpu_test.sh rewrites the .pc files for a shared build,
@@ -99,4 +102,5 @@ if [ "$total" -gt "$limit" ]; then
   echo "gpu_deps.sh: $dir holds $total bytes, over the $limit this script allows (the tree that travels is capped at 64 MiB)" >&2
   exit 1
 fi
-echo "gpu_deps.sh: ready; on the GPU machine run scripts/gpu_test.sh with carry [\"$dir\"]" >&2
+scripts/corpus.sh --out .gpu/corpus/shakespeare.txt
+echo "gpu_deps.sh: ready; on the GPU machine run scripts/gpu_test.sh with carry [\"$dir\", \".gpu/corpus\"]" >&2
