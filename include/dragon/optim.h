@@ -1,0 +1,78 @@
+/*
+ * dragon — the optimizer of a training run, on the host: AdamW as PyTorch's
+ * torch.optim.AdamW computes it (decoupled weight decay, bias correction),
+ * the global gradient-norm clip of torch.nn.utils.clip_grad_norm_, and the
+ * learning-rate schedule (linear warm-up, then a cosine down to a floor).
+ *
+ * This is the CPU reference the GPU's fused update is held to, and the
+ * CPU model's optimizer. Every tensor operation is in f32, in the order
+ * written below, each rounded once (sqrtf is correctly rounded), and the
+ * per-step scalars are computed in double and rounded once, so a GPU
+ * kernel given the same scalars reproduces it bit for bit.
+ */
+#ifndef DRAGON_OPTIM_H
+#define DRAGON_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_adamw_config {
+	float lr;           /* the peak learning rate (1e-3) */
+	float beta1, beta2; /* 0.9, 0.95 */
+	float eps;          /* 1e-8 */
+	float weight_decay; /* 0.1: applied to matrices only (the caller says
+			     * which tensors: dg_adamw_step's decay) */
+	float clip;         /* max global gradient norm (1.0); 0: no clipping */
+	int64_t warmup;     /* steps of linear warm-up (lr·(t+1)/warmup) */
+	int64_t steps;      /* the run's length: the cosine reaches lr_floor there */
+	float lr_floor;     /* the learning rate the cosine ends at (lr/10) */
+} dg_adamw_config;
+
+/* The defaults above for a run of `steps` steps (warm-up min(100, steps/10)). */
+void dg_adamw_defaults(dg_adamw_config *c, int64_t steps);
+/* A config dg_adamw_step can run: finite positive lr, betas in [0, 1),
+ * eps > 0, weight decay and clip >= 0, 0 <= warmup <= steps, 0 <= floor
+ * <= lr. DG_ERR_INVALID_ARG with the field named otherwise. */
+dg_status dg_adamw_check(const dg_adamw_config *c, char *msg, size_t msg_size);
+
+/* The learning rate of step t (0-based): lr·(t+1)/warmup during the
+ * warm-up, then floor + (lr − floor)·(1 + cos(π·p))/2 with p = (t −
+ * warmup)/(steps − warmup) (1 past the end), in double, rounded once. */
+float dg_adamw_lr(const dg_adamw_config *c, int64_t t);
+
+/* The clip factor of a gradient whose global L2 norm is `norm` (the
+ * square root of the sum of every tensor's squares): min(1, clip/(norm +
+ * 1e-6)) as clip_grad_norm_ takes it; 1 when clip is 0. */
+float dg_adamw_clip_scale(const dg_adamw_config *c, double norm);
+
+/* Σ g² of n floats, in double (the norm's partial of one tensor). */
+double dg_adamw_sq_sum(const float *g, size_t n);
+
+/*
+ * One AdamW update of n parameters at step t (0-based; the bias
+ * corrections use t + 1), in place on p, m and v, in PyTorch's
+ * single-tensor order:
+ *   g  = grad·scale                       (scale: the clip factor)
+ *   p  = p·d, d = 1 − lr·wd               (decay: only when `decay`)
+ *   m  = m + w·(g − m), w = 1 − β1        (lerp; m − (m − g)·... for w ≥ 0.5)
+ *   v  = v·β2 + ((1 − β2)·g)·g
+ *   p  = p + (−s)·(m/(sqrt(v)/c + eps)),  s = lr/bc1, c = sqrt(bc2)
+ * with bc = 1 − βᵗ⁺¹. The scalars d, w, s and c are computed in double
+ * (as PyTorch's Python floats) and rounded to f32 once; every tensor
+ * operation is f32, rounded once. lr is the step's (dg_adamw_lr). m and v
+ * start at zero.
+ */
+void dg_adamw_step(const dg_adamw_config *c, int64_t t, float lr, float scale, bool decay, float *p,
+		   const float *grad, float *m, float *v, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_OPTIM_H */
