@@ -247,14 +247,11 @@ dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 	return DG_OK;
 }
 
-dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
+dg_status dg__model_weights_add(dg_safetensors_writer *sw, const dg_model_weights *w, char *msg,
 				size_t size)
 {
-	dg_safetensors_writer *sw;
 	char text[32];
-	dg_status st = dg_safetensors_writer_create(&sw);
-	if (st)
-		return dg__msgf(st, msg, size, "out of memory");
+	dg_status st = DG_OK;
 	const dg_model_config *c = &w->config;
 	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
@@ -274,6 +271,17 @@ dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, cha
 	}
 	if (!st && c->preset[0])
 		st = dg_safetensors_writer_meta(sw, "preset", c->preset, msg, size);
+	return st;
+}
+
+dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
+				size_t size)
+{
+	dg_safetensors_writer *sw;
+	dg_status st = dg_safetensors_writer_create(&sw);
+	if (st)
+		return dg__msgf(st, msg, size, "out of memory");
+	st = dg__model_weights_add(sw, w, msg, size);
 	if (!st)
 		st = dg_safetensors_writer_save(sw, path, msg, size);
 	dg_safetensors_writer_destroy(sw);

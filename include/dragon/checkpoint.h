@@ -1,0 +1,79 @@
+/*
+ * dragon — a training run's state and its checkpoints.
+ *
+ * A checkpoint is one safetensors file:
+ *   - the f32 master weights under the reference's names and shapes
+ *     (embed.weight, encoder, encoder_v, decoder, lm_head), so PyTorch's
+ *     safetensors.torch.load_file gives a state dict the project's PyTorch
+ *     model loads (the other tensors are extra keys to leave out);
+ *   - AdamW's moments as "adamw.m.<name>" and "adamw.v.<name>", F32, the
+ *     weight's shape;
+ *   - metadata: the model's config (as dg_model_weights_save writes it:
+ *     layers, embd, heads, neurons, vocab, preset) and dropout; the run's
+ *     step, seed, data position and data RNG state (decimal), and the
+ *     optimizer's hyper-parameters (%.9g: each float reads back exactly);
+ *     "format": "dragon-checkpoint-1".
+ * It is written atomically (temp file, fsync, rename, directory fsync:
+ * dg_safetensors_writer_save), so a crash or a full disk leaves the
+ * previous file as it was. A file whose tensors or metadata are missing,
+ * misshapen or unparsable is refused, naming what.
+ */
+#ifndef DRAGON_CHECKPOINT_H
+#define DRAGON_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "optim.h"
+#include "rng.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_train_state {
+	dg_model_weights *weights;          /* the masters (owned), config inside */
+	float *m[DG_MODEL_N_PARAMS];        /* AdamW's moments, the params' shapes (owned) */
+	float *v[DG_MODEL_N_PARAMS];
+	int64_t step;                       /* optimizer steps done */
+	uint64_t seed;                      /* the run's seed (batches, dropout) */
+	dg_rng data_rng;                    /* the batch stream's state after data_pos batches */
+	uint64_t data_pos;                  /* batches drawn so far */
+	dg_adamw_config opt;
+} dg_train_state;
+
+/* A run's state at step 0: a copy of w, zero moments, the data RNG
+ * seeded with seed. Free with dg_train_state_destroy (NULL is fine). */
+dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const dg_adamw_config *opt,
+				dg_train_state **out, char *msg, size_t msg_size);
+void dg_train_state_destroy(dg_train_state *s);
+
+/* Writes s to path atomically. DG_ERR_IO names the step that failed; the
+ * previous file at path is then as it was. */
+dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *msg, size_t msg_size);
+
+/* Reads a checkpoint (a new state in *out). DG_ERR_NOT_FOUND / DG_ERR_IO
+ * for the file, DG_ERR_PARSE naming the tensor or key that is missing,
+ * misshapen or not a number (a truncated or corrupt file included). */
+dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size);
+
+/* Whether a run of config c and optimizer opt may resume from s: OK, or
+ * DG_ERR_INVALID_ARG naming the first field that differs ("heads: the
+ * checkpoint's 4, this run's 8"). */
+dg_status dg_checkpoint_match(const dg_train_state *s, const dg_model_config *c,
+			      const dg_adamw_config *opt, char *msg, size_t msg_size);
+
+/* The checkpoint file of step in dir: "<dir>/ckpt-<step, 8 digits>.safetensors". */
+void dg_checkpoint_path(const char *dir, int64_t step, char *out, size_t size);
+
+/* Keeps the `keep` newest checkpoints of dir (by step), removing older
+ * ckpt-*.safetensors files; other files are left alone. keep < 1 keeps
+ * all. *latest (may be NULL) gets the newest one's step, or -1. */
+dg_status dg_checkpoint_prune(const char *dir, int keep, int64_t *latest, char *msg, size_t msg_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_CHECKPOINT_H */

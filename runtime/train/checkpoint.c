@@ -1,0 +1,377 @@
+/*
+ * A training run's state and its checkpoints (dragon/checkpoint.h): one
+ * safetensors file of the masters, AdamW's moments and the run's counters,
+ * written atomically, read back exactly (floats as %.9g, integers in
+ * decimal), and pruned to the newest k in a run's folder.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/msg.h"
+#include "dragon/checkpoint.h"
+#include "dragon/safetensors.h"
+#include "runtime/train/model_int.h"
+
+#define FORMAT "dragon-checkpoint-1"
+
+void dg_train_state_destroy(dg_train_state *s)
+{
+	if (!s)
+		return;
+	dg_model_weights_destroy(s->weights);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		free(s->m[p]);
+		free(s->v[p]);
+	}
+	free(s);
+}
+
+/* A state of config c with zero moments and the weights' storage (not
+ * filled: the caller copies or reads them). */
+static dg_status state_alloc(const dg_model_config *c, dg_train_state **out, char *msg, size_t size)
+{
+	dg_train_state *s = calloc(1, sizeof(*s));
+	if (!s)
+		return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
+	dg_status st = dg_model_weights_create(c, 0, &s->weights, msg, size);
+	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		size_t n = (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+		s->m[p] = calloc(n ? n : 1, sizeof(float));
+		s->v[p] = calloc(n ? n : 1, sizeof(float));
+		if (!s->m[p] || !s->v[p])
+			st = dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
+	}
+	if (st) {
+		dg_train_state_destroy(s);
+		return st;
+	}
+	*out = s;
+	return DG_OK;
+}
+
+dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const dg_adamw_config *opt,
+				dg_train_state **out, char *msg, size_t msg_size)
+{
+	if (!w || !opt || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_train_state_create: NULL argument");
+	*out = NULL;
+	dg_status st = dg_adamw_check(opt, msg, msg_size);
+	if (st)
+		return st;
+	dg_train_state *s;
+	if ((st = state_alloc(&w->config, &s, msg, msg_size)))
+		return st;
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		size_t n = (size_t)dg_model_param_shape(&w->config, (dg_model_param)p, &nd, sh);
+		memcpy(s->weights->params[p], w->params[p], n * sizeof(float));
+	}
+	s->seed = seed;
+	dg_rng_seed(&s->data_rng, seed);
+	s->opt = *opt;
+	*out = s;
+	return DG_OK;
+}
+
+/* ---- save ---------------------------------------------------------------------- */
+
+static dg_status meta_u64(dg_safetensors_writer *sw, const char *k, uint64_t v, char *msg, size_t size)
+{
+	char t[32];
+	snprintf(t, sizeof(t), "%" PRIu64, v);
+	return dg_safetensors_writer_meta(sw, k, t, msg, size);
+}
+
+static dg_status meta_f(dg_safetensors_writer *sw, const char *k, float v, char *msg, size_t size)
+{
+	char t[32];
+	snprintf(t, sizeof(t), "%.9g", (double)v);
+	return dg_safetensors_writer_meta(sw, k, t, msg, size);
+}
+
+dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *msg, size_t msg_size)
+{
+	if (!s || !path)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_save: NULL argument");
+	dg_safetensors_writer *sw;
+	dg_status st = dg_safetensors_writer_create(&sw);
+	if (st)
+		return dg__msgf(st, msg, msg_size, "out of memory");
+	st = dg__model_weights_add(sw, s->weights, msg, msg_size);
+	const dg_model_config *c = &s->weights->config;
+	char name[64];
+	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+		snprintf(name, sizeof(name), "adamw.m.%s", dg_model_param_name((dg_model_param)p));
+		st = dg_safetensors_writer_add(sw, name, DG_ST_F32, nd, sh, s->m[p], msg, msg_size);
+		snprintf(name, sizeof(name), "adamw.v.%s", dg_model_param_name((dg_model_param)p));
+		if (!st)
+			st = dg_safetensors_writer_add(sw, name, DG_ST_F32, nd, sh, s->v[p], msg, msg_size);
+	}
+	const dg_adamw_config *o = &s->opt;
+	if (!st)
+		st = dg_safetensors_writer_meta(sw, "format", FORMAT, msg, msg_size);
+	if (!st)
+		st = meta_f(sw, "dropout", c->dropout, msg, msg_size);
+	if (!st)
+		st = meta_u64(sw, "step", (uint64_t)s->step, msg, msg_size);
+	if (!st)
+		st = meta_u64(sw, "seed", s->seed, msg, msg_size);
+	if (!st)
+		st = meta_u64(sw, "data_pos", s->data_pos, msg, msg_size);
+	if (!st)
+		st = meta_u64(sw, "data_rng", s->data_rng.state, msg, msg_size);
+	const struct {
+		const char *k;
+		float v;
+	} fl[] = { { "adamw.lr", o->lr }, { "adamw.beta1", o->beta1 }, { "adamw.beta2", o->beta2 },
+		   { "adamw.eps", o->eps }, { "adamw.weight_decay", o->weight_decay },
+		   { "adamw.clip", o->clip }, { "adamw.lr_floor", o->lr_floor } };
+	for (size_t i = 0; !st && i < sizeof(fl) / sizeof(fl[0]); i++)
+		st = meta_f(sw, fl[i].k, fl[i].v, msg, msg_size);
+	if (!st)
+		st = meta_u64(sw, "adamw.warmup", (uint64_t)o->warmup, msg, msg_size);
+	if (!st)
+		st = meta_u64(sw, "adamw.steps", (uint64_t)o->steps, msg, msg_size);
+	if (!st)
+		st = dg_safetensors_writer_save(sw, path, msg, msg_size);
+	dg_safetensors_writer_destroy(sw);
+	return st;
+}
+
+/* ---- load ---------------------------------------------------------------------- */
+
+static dg_status read_u64(const dg_safetensors *f, const char *path, const char *k, uint64_t *v,
+			  char *msg, size_t size)
+{
+	const char *t = dg_safetensors_meta(f, k);
+	if (!t)
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s: not a checkpoint: no metadata %s", path, k);
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(t, &end, 10);
+	if (errno || end == t || *end || t[0] == '-')
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata %s='%s': not an unsigned integer", path,
+				k, t);
+	*v = (uint64_t)x;
+	return DG_OK;
+}
+
+static dg_status read_f(const dg_safetensors *f, const char *path, const char *k, float *v, char *msg,
+			size_t size)
+{
+	const char *t = dg_safetensors_meta(f, k);
+	if (!t)
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s: not a checkpoint: no metadata %s", path, k);
+	char *end;
+	errno = 0;
+	float x = strtof(t, &end);
+	if (errno || end == t || *end)
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata %s='%s': not a number", path, k, t);
+	*v = x;
+	return DG_OK;
+}
+
+dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size)
+{
+	if (!path || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_load: NULL argument");
+	*out = NULL;
+	dg_model_config c;
+	dg_safetensors *f = NULL;
+	dg_status st = dg_safetensors_load(path, &f, msg, msg_size);
+	if (st)
+		return st; /* the file: missing, unreadable, truncated or corrupt */
+	dg_train_state *s = NULL;
+	/* its config (a missing one: not a checkpoint, so DG_ERR_PARSE) */
+	if ((st = dg_model_config_read(path, &c, msg, msg_size))) {
+		if (st == DG_ERR_NOT_FOUND)
+			st = DG_ERR_PARSE;
+		goto out;
+	}
+	const char *fmt_ = dg_safetensors_meta(f, "format");
+	if (!fmt_ || strcmp(fmt_, FORMAT) != 0) {
+		st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: not a checkpoint (format '%s', want '%s')", path,
+			      fmt_ ? fmt_ : "(none)", FORMAT);
+		goto out;
+	}
+	if ((st = read_f(f, path, "dropout", &c.dropout, msg, msg_size)))
+		goto out;
+	if ((st = state_alloc(&c, &s, msg, msg_size)))
+		goto out;
+	char why[1024], name[64];
+	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
+		float *dst[3] = { s->weights->params[p], s->m[p], s->v[p] };
+		for (int k = 0; !st && k < 3; k++) {
+			snprintf(name, sizeof(name), "%s%s", k == 0 ? "" : k == 1 ? "adamw.m." : "adamw.v.",
+				 dg_model_param_name((dg_model_param)p));
+			const dg_st_tensor *t;
+			st = dg_safetensors_expect(f, name, DG_ST_F32, nd, sh, &t, why, sizeof(why));
+			if (st)
+				st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: %s", path, why);
+			else
+				memcpy(dst[k], t->data, (size_t)t->bytes);
+		}
+	}
+	uint64_t u[6];
+	static const char *const uk[6] = { "step", "seed", "data_pos", "data_rng", "adamw.warmup",
+					   "adamw.steps" };
+	for (int i = 0; !st && i < 6; i++)
+		st = read_u64(f, path, uk[i], &u[i], msg, msg_size);
+	dg_adamw_config *o = s ? &s->opt : NULL;
+	if (!st) {
+		s->step = (int64_t)u[0];
+		s->seed = u[1];
+		s->data_pos = u[2];
+		s->data_rng.state = u[3];
+		o->warmup = (int64_t)u[4];
+		o->steps = (int64_t)u[5];
+		const struct {
+			const char *k;
+			float *v;
+		} fl[] = { { "adamw.lr", &o->lr }, { "adamw.beta1", &o->beta1 }, { "adamw.beta2", &o->beta2 },
+			   { "adamw.eps", &o->eps }, { "adamw.weight_decay", &o->weight_decay },
+			   { "adamw.clip", &o->clip }, { "adamw.lr_floor", &o->lr_floor } };
+		for (size_t i = 0; !st && i < sizeof(fl) / sizeof(fl[0]); i++)
+			st = read_f(f, path, fl[i].k, fl[i].v, msg, msg_size);
+	}
+	if (!st && (st = dg_adamw_check(o, why, sizeof(why))))
+		st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: %s", path, why);
+out:
+	dg_safetensors_destroy(f);
+	if (st) {
+		dg_train_state_destroy(s);
+		return st;
+	}
+	*out = s;
+	return DG_OK;
+}
+
+/* ---- resume, files ------------------------------------------------------------- */
+
+dg_status dg_checkpoint_match(const dg_train_state *s, const dg_model_config *c,
+			      const dg_adamw_config *opt, char *msg, size_t msg_size)
+{
+	if (!s || !c || !opt)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_match: NULL argument");
+	const dg_model_config *h = &s->weights->config;
+	const struct {
+		const char *k;
+		int have, want;
+	} ints[] = { { "layers", h->layers, c->layers }, { "embd", h->embd, c->embd },
+		     { "heads", h->heads, c->heads }, { "neurons", h->neurons, c->neurons },
+		     { "vocab", h->vocab, c->vocab } };
+	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
+		if (ints[i].have != ints[i].want)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+					"%s: the checkpoint's %d, this run's %d", ints[i].k, ints[i].have,
+					ints[i].want);
+	if (strcmp(h->preset, c->preset) != 0)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "preset: the checkpoint's '%s', this run's '%s'",
+				h->preset, c->preset);
+	const dg_adamw_config *o = &s->opt;
+	const struct {
+		const char *k;
+		double have, want;
+	} fl[] = { { "dropout", h->dropout, c->dropout }, { "lr", o->lr, opt->lr },
+		   { "beta1", o->beta1, opt->beta1 }, { "beta2", o->beta2, opt->beta2 },
+		   { "eps", o->eps, opt->eps }, { "weight_decay", o->weight_decay, opt->weight_decay },
+		   { "clip", o->clip, opt->clip }, { "lr_floor", o->lr_floor, opt->lr_floor },
+		   { "warmup", (double)o->warmup, (double)opt->warmup },
+		   { "steps", (double)o->steps, (double)opt->steps } };
+	for (size_t i = 0; i < sizeof(fl) / sizeof(fl[0]); i++)
+		if (fl[i].have != fl[i].want)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: the checkpoint's %.9g, this run's %.9g",
+					fl[i].k, fl[i].have, fl[i].want);
+	return DG_OK;
+}
+
+void dg_checkpoint_path(const char *dir, int64_t step, char *out, size_t size)
+{
+	snprintf(out, size, "%s/ckpt-%08" PRId64 ".safetensors", dir, step);
+}
+
+/* The step of a checkpoint's file name, or -1 for any other name. */
+static int64_t step_of(const char *name)
+{
+	const char *pre = "ckpt-", *suf = ".safetensors";
+	size_t n = strlen(name), lp = strlen(pre), ls = strlen(suf);
+	if (n <= lp + ls || strncmp(name, pre, lp) != 0 || strcmp(name + n - ls, suf) != 0)
+		return -1;
+	int64_t v = 0;
+	for (size_t i = lp; i < n - ls; i++) {
+		if (name[i] < '0' || name[i] > '9' || v > INT64_MAX / 10 - 9)
+			return -1;
+		v = v * 10 + (name[i] - '0');
+	}
+	return v;
+}
+
+typedef struct found {
+	int64_t step;
+	char name[256];
+} found;
+
+static int cmp_desc(const void *a, const void *b)
+{
+	int64_t x = ((const found *)a)->step, y = ((const found *)b)->step;
+	return (x < y) - (x > y);
+}
+
+dg_status dg_checkpoint_prune(const char *dir, int keep, int64_t *latest, char *msg, size_t msg_size)
+{
+	if (latest)
+		*latest = -1;
+	DIR *d = opendir(dir);
+	if (!d)
+		return dg__msgf(errno == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO, msg, msg_size, "%s: %s", dir,
+				strerror(errno));
+	found *fs = NULL;
+	size_t n = 0, cap = 0;
+	dg_status st = DG_OK;
+	for (struct dirent *e; (e = readdir(d));) {
+		int64_t s = step_of(e->d_name);
+		if (s < 0 || strlen(e->d_name) >= sizeof(fs->name))
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? 2 * cap : 16;
+			found *nf = realloc(fs, nc * sizeof(*nf));
+			if (!nf) {
+				st = dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+				break;
+			}
+			fs = nf;
+			cap = nc;
+		}
+		fs[n].step = s;
+		snprintf(fs[n].name, sizeof(fs[n].name), "%s", e->d_name);
+		n++;
+	}
+	closedir(d);
+	if (!st && n) {
+		qsort(fs, n, sizeof(*fs), cmp_desc);
+		if (latest)
+			*latest = fs[0].step;
+		char path[4096];
+		for (size_t i = keep > 0 ? (size_t)keep : n; i < n && !st; i++) {
+			snprintf(path, sizeof(path), "%s/%s", dir, fs[i].name);
+			if (unlink(path) && errno != ENOENT)
+				st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: remove: %s", path, strerror(errno));
+		}
+	}
+	free(fs);
+	return st;
+}

@@ -1,0 +1,291 @@
+/*
+ * A training run's checkpoints (dragon/checkpoint.h, runtime/train/
+ * checkpoint.c), with no device:
+ *   - save then load gives back every tensor byte for byte and every
+ *     counter and hyper-parameter exactly (floats through %.9g);
+ *   - refused with the path and what is wrong: a missing file, a
+ *     truncated one, a weights file that is not a checkpoint, a missing
+ *     moment (named), a counter that is not a number; a failed save
+ *     (no such folder) leaves nothing behind;
+ *   - resuming: a config or optimizer that differs is named field by
+ *     field; the same one matches;
+ *   - pruning keeps the newest k by step, leaves other files alone,
+ *     reports the latest;
+ *   - where python3 can import torch, safetensors.torch.load_file reads
+ *     the weights under the reference's names, the same bytes.
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dragon/checkpoint.h"
+#include "dragon/safetensors.h"
+#include "helpers.h"
+
+static dg_model_config tiny(void)
+{
+	dg_model_config c;
+	char msg[256];
+	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	c.layers = 2;
+	c.embd = 32;
+	c.heads = 2;
+	c.neurons = 64;
+	return c;
+}
+
+static size_t numel(const dg_model_config *c, int p)
+{
+	int nd;
+	int64_t sh[3];
+	return (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+}
+
+/* A state some steps in: random weights, moments and counters. */
+static dg_train_state *made(const dg_model_config *c)
+{
+	char msg[256];
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(c, 5, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_adamw_config o;
+	dg_adamw_defaults(&o, 300);
+	o.lr = 3e-4f;
+	o.clip = 0.7f;
+	dg_train_state *s;
+	cr_assert_eq(dg_train_state_create(w, 42, &o, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model_weights_destroy(w);
+	dg_rng r;
+	dg_rng_seed(&r, 9);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+		for (size_t i = 0; i < numel(c, p); i++) {
+			s->m[p][i] = dg_rng_uniform(&r, -1, 1) * 1e-3f;
+			s->v[p][i] = dg_rng_uniform(&r, 0, 1) * 1e-6f;
+		}
+	s->step = 123;
+	s->data_pos = 124;
+	for (int i = 0; i < 7; i++)
+		dg_rng_u64(&s->data_rng);
+	return s;
+}
+
+static void same_state(const dg_train_state *a, const dg_train_state *b)
+{
+	const dg_model_config *c = &a->weights->config;
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		size_t n = numel(c, p) * 4;
+		cr_assert_eq(memcmp(a->weights->params[p], b->weights->params[p], n), 0, "param %d", p);
+		cr_assert_eq(memcmp(a->m[p], b->m[p], n), 0, "m %d", p);
+		cr_assert_eq(memcmp(a->v[p], b->v[p], n), 0, "v %d", p);
+	}
+	cr_assert_eq(a->step, b->step);
+	cr_assert_eq(a->seed, b->seed);
+	cr_assert_eq(a->data_pos, b->data_pos);
+	cr_assert_eq(a->data_rng.state, b->data_rng.state);
+	const dg_adamw_config *x = &a->opt, *y = &b->opt;
+	cr_assert(x->lr == y->lr && x->beta1 == y->beta1 && x->beta2 == y->beta2 && x->eps == y->eps &&
+		  x->weight_decay == y->weight_decay && x->clip == y->clip && x->warmup == y->warmup &&
+		  x->steps == y->steps && x->lr_floor == y->lr_floor, "the optimizer's config");
+	cr_assert_eq(b->weights->config.dropout, c->dropout);
+	cr_assert_eq(b->weights->config.heads, c->heads);
+}
+
+Test(checkpoint, save_load_roundtrip_exact)
+{
+	dg_model_config c = tiny();
+	dg_train_state *s = made(&c), *b = NULL;
+	char *dir = dg_test_tmpdir(), path[512], msg[512];
+	dg_checkpoint_path(dir, s->step, path, sizeof(path));
+	cr_assert(strstr(path, "/ckpt-00000123.safetensors"), "%s", path);
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
+	same_state(s, b);
+	dg_train_state_destroy(b);
+	/* saved again over itself: the same file loads the same */
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
+	same_state(s, b);
+	dg_train_state_destroy(b);
+	dg_train_state_destroy(s);
+}
+
+/* Bytes of a file, and a file of bytes. */
+static void *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s", path);
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	void *b = malloc(*n + 1);
+	cr_assert_eq(fread(b, 1, *n, f), *n);
+	fclose(f);
+	return b;
+}
+
+static void spill(const char *path, const void *b, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f, "%s", path);
+	cr_assert_eq(fwrite(b, 1, n, f), n);
+	fclose(f);
+}
+
+Test(checkpoint, bad_files_are_refused_by_name)
+{
+	dg_model_config c = tiny();
+	dg_train_state *s = made(&c), *b = (dg_train_state *)1;
+	char *dir = dg_test_tmpdir(), path[512], other[512], msg[512];
+	snprintf(path, sizeof(path), "%s/good.safetensors", dir);
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+
+	snprintf(other, sizeof(other), "%s/none.safetensors", dir);
+	cr_assert_eq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_ERR_NOT_FOUND, "%s", msg);
+	cr_assert_null(b);
+
+	size_t n;
+	unsigned char *bytes = slurp(path, &n);
+	snprintf(other, sizeof(other), "%s/cut.safetensors", dir);
+	spill(other, bytes, n / 2);
+	cr_assert_neq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_OK, "a truncated file loaded");
+	cr_assert(strstr(msg, "cut.safetensors"), "%s", msg);
+
+	/* a weights file is not a checkpoint */
+	snprintf(other, sizeof(other), "%s/weights.safetensors", dir);
+	cr_assert_eq(dg_model_weights_save(s->weights, other, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_ERR_PARSE);
+	cr_assert(strstr(msg, "not a checkpoint"), "%s", msg);
+
+	/* a missing moment, a counter that is not a number: rewrite the file
+	 * without adamw.v.decoder, and with step "x" */
+	dg_safetensors *f;
+	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+	for (int k = 0; k < 2; k++) {
+		dg_safetensors_writer *w;
+		cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
+		for (size_t i = 0; i < dg_safetensors_count(f); i++) {
+			const dg_st_tensor *t = dg_safetensors_at(f, i);
+			if (k == 0 && !strcmp(t->name, "adamw.v.decoder"))
+				continue;
+			cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
+							       sizeof(msg)), DG_OK, "%s", msg);
+		}
+		for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
+			const char *key, *val;
+			cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
+			cr_assert_eq(dg_safetensors_writer_meta(w, key, k == 1 && !strcmp(key, "step") ? "x" : val,
+								msg, sizeof(msg)), DG_OK);
+		}
+		snprintf(other, sizeof(other), "%s/edit%d.safetensors", dir, k);
+		cr_assert_eq(dg_safetensors_writer_save(w, other, msg, sizeof(msg)), DG_OK, "%s", msg);
+		dg_safetensors_writer_destroy(w);
+		cr_assert_eq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_ERR_PARSE, "edit %d loaded", k);
+		cr_assert(strstr(msg, k == 0 ? "adamw.v.decoder" : "step='x'"), "%s", msg);
+		cr_assert_null(b);
+	}
+	dg_safetensors_destroy(f);
+
+	/* a save into a folder that is not there: an error, nothing written */
+	snprintf(other, sizeof(other), "%s/no/such/ckpt.safetensors", dir);
+	cr_assert_eq(dg_checkpoint_save(s, other, msg, sizeof(msg)), DG_ERR_IO);
+	struct stat st;
+	cr_assert_neq(stat(other, &st), 0);
+	/* the good file is as it was */
+	size_t n2;
+	unsigned char *again = slurp(path, &n2);
+	cr_assert(n2 == n && memcmp(again, bytes, n) == 0);
+	free(bytes);
+	free(again);
+	dg_train_state_destroy(s);
+}
+
+Test(checkpoint, resume_names_what_differs)
+{
+	dg_model_config c = tiny();
+	dg_train_state *s = made(&c);
+	char msg[256];
+	dg_adamw_config o = s->opt;
+	cr_assert_eq(dg_checkpoint_match(s, &c, &o, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model_config h = c;
+	h.heads = 4;
+	cr_assert_eq(dg_checkpoint_match(s, &h, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_str_eq(msg, "heads: the checkpoint's 2, this run's 4");
+	h = c;
+	snprintf(h.preset, sizeof(h.preset), "bf16");
+	cr_assert_eq(dg_checkpoint_match(s, &h, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "preset: the checkpoint's 'f32', this run's 'bf16'"), "%s", msg);
+	dg_adamw_config p = o;
+	p.lr = 1e-3f;
+	cr_assert_eq(dg_checkpoint_match(s, &c, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "lr: the checkpoint's 0.000300000014, this run's 0.00100000005") == msg, "%s", msg);
+	p = o;
+	p.steps = 1500;
+	cr_assert_eq(dg_checkpoint_match(s, &c, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "steps:") == msg, "%s", msg);
+	dg_train_state_destroy(s);
+}
+
+Test(checkpoint, prune_keeps_the_newest)
+{
+	char *dir = dg_test_tmpdir(), path[512], msg[256];
+	const int steps[] = { 1, 2, 3, 4, 5 };
+	for (int i = 0; i < 5; i++) {
+		dg_checkpoint_path(dir, steps[i], path, sizeof(path));
+		spill(path, "x", 1);
+	}
+	snprintf(path, sizeof(path), "%s/ckpt-0007.safetensors", dir); /* another width */
+	spill(path, "x", 1);
+	snprintf(path, sizeof(path), "%s/notes.txt", dir);
+	spill(path, "x", 1);
+	snprintf(path, sizeof(path), "%s/ckpt-12x.safetensors", dir);
+	spill(path, "x", 1);
+	int64_t latest = 0;
+	cr_assert_eq(dg_checkpoint_prune(dir, 2, &latest, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(latest, 7);
+	static const char *const left[] = { "ckpt-0007.safetensors", "ckpt-00000005.safetensors", "notes.txt",
+					    "ckpt-12x.safetensors" };
+	static const char *const gone[] = { "ckpt-00000001.safetensors", "ckpt-00000004.safetensors" };
+	struct stat st;
+	for (int i = 0; i < 4; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, left[i]);
+		cr_assert_eq(stat(path, &st), 0, "%s removed", left[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, gone[i]);
+		cr_assert_neq(stat(path, &st), 0, "%s kept", gone[i]);
+	}
+	cr_assert_eq(dg_checkpoint_prune(dir, 0, &latest, msg, sizeof(msg)), DG_OK);
+	snprintf(path, sizeof(path), "%s/missing", dir);
+	cr_assert_eq(dg_checkpoint_prune(path, 2, &latest, msg, sizeof(msg)), DG_ERR_NOT_FOUND);
+	cr_assert_eq(latest, -1);
+}
+
+Test(checkpoint, pytorch_reads_the_weights)
+{
+	if (system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") != 0) {
+		printf("skipped: no torch\n");
+		return;
+	}
+	dg_model_config c = tiny();
+	dg_train_state *s = made(&c);
+	char *dir = dg_test_tmpdir(), path[512], out[512], cmd[2048], msg[256];
+	snprintf(path, sizeof(path), "%s/c.safetensors", dir);
+	snprintf(out, sizeof(out), "%s/enc.bin", dir);
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	snprintf(cmd, sizeof(cmd),
+		 "python3 -c \"import sys; from safetensors.torch import load_file; d = load_file(sys.argv[1]); "
+		 "assert [tuple(d[k].shape) for k in ('embed.weight', 'encoder', 'encoder_v', 'decoder', 'lm_head')] == "
+		 "[(256, 32), (2, 32, 64), (2, 32, 64), (128, 32), (32, 256)], 'shapes'; "
+		 "open(sys.argv[2], 'wb').write(bytes(d['encoder'].contiguous().untyped_storage()))\" %s %s",
+		 path, out);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	size_t n;
+	void *enc = slurp(out, &n);
+	cr_assert_eq(n, numel(&c, DG_PARAM_ENCODER) * 4);
+	cr_assert_eq(memcmp(enc, s->weights->params[DG_PARAM_ENCODER], n), 0);
+	free(enc);
+	dg_train_state_destroy(s);
+}
