@@ -1,0 +1,119 @@
+/*
+ * A training run's data (dragon/data.h): the corpus read whole, its
+ * 90/10 split, the built-in one found and held to its digest, and seeded
+ * batches of rows.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/msg.h"
+#include "base/sha256.h"
+#include "dragon/data.h"
+
+void dg_corpus_destroy(dg_corpus *c)
+{
+	if (!c)
+		return;
+	free(c->bytes);
+	free(c);
+}
+
+dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t msg_size)
+{
+	if (!path || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_corpus_open: NULL argument");
+	*out = NULL;
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return dg__msgf(errno == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO, msg, msg_size, "%s: %s", path,
+				strerror(errno));
+	dg_corpus *c = calloc(1, sizeof(*c));
+	long n = -1;
+	if (c && fseek(f, 0, SEEK_END) == 0)
+		n = ftell(f);
+	if (!c || n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+		fclose(f);
+		free(c);
+		return c ? dg__msgf(DG_ERR_IO, msg, msg_size, "%s: cannot size it", path)
+			 : dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+	}
+	c->len = (size_t)n;
+	c->bytes = malloc(c->len + 1);
+	if (!c->bytes) {
+		fclose(f);
+		free(c);
+		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "%s: %zu bytes: out of memory", path, (size_t)n);
+	}
+	size_t got = fread(c->bytes, 1, c->len, f);
+	fclose(f);
+	if (got != c->len) {
+		dg_corpus_destroy(c);
+		return dg__msgf(DG_ERR_IO, msg, msg_size, "%s: read %zu of %ld bytes", path, got, n);
+	}
+	c->train_len = c->len - c->len / 10;
+	snprintf(c->path, sizeof(c->path), "%s", path);
+	*out = c;
+	return DG_OK;
+}
+
+dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size)
+{
+	if (!out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_corpus_builtin: NULL argument");
+	*out = NULL;
+	const char *env = getenv("DRAGON_CORPUS");
+	const char *path = env && env[0] ? env : "data/shakespeare.txt";
+	dg_corpus *c;
+	dg_status st = dg_corpus_open(path, &c, msg, msg_size);
+	if (st == DG_ERR_NOT_FOUND)
+		return dg__msgf(st, msg, msg_size,
+				"the built-in corpus is not at %s%s: run scripts/corpus.sh (or give a file with --data)",
+				path, env && env[0] ? " ($DRAGON_CORPUS)" : "");
+	if (st)
+		return st;
+	uint8_t d[32];
+	char hex[65];
+	dg__sha256_digest(c->bytes, c->len, d);
+	dg__sha256_hex(d, hex);
+	if (strcmp(hex, DG_CORPUS_SHA256) != 0) {
+		st = dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+			      "%s: %zu bytes of SHA-256 %s, not the built-in corpus (%d bytes, %s): run scripts/corpus.sh again",
+			      path, c->len, hex, DG_CORPUS_BYTES, DG_CORPUS_SHA256);
+		dg_corpus_destroy(c);
+		return st;
+	}
+	*out = c;
+	return DG_OK;
+}
+
+dg_status dg_corpus_check(const dg_corpus *c, int t, char *msg, size_t msg_size)
+{
+	if (!c || t < 1)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_corpus_check: %s", c ? "t < 1" : "NULL corpus");
+	size_t need = (size_t)t + 1, val = c->len - c->train_len;
+	if (c->train_len < need)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"%s: its train split (the first 90%%) is %zu bytes; rows of %d tokens need %zu", c->path,
+				c->train_len, t, need);
+	if (val < need)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"%s: its validation split (the last 10%%) is %zu bytes; rows of %d tokens need %zu (a file of at least %zu bytes)",
+				c->path, val, t, need, need * 10);
+	return DG_OK;
+}
+
+void dg_corpus_batch(const dg_corpus *c, bool val, dg_rng *rng, int b, int t, int32_t *idx,
+		     int32_t *tgt)
+{
+	const uint8_t *s = val ? c->bytes + c->train_len : c->bytes;
+	size_t len = val ? c->len - c->train_len : c->train_len;
+	for (int r = 0; r < b; r++) {
+		size_t o = (size_t)(dg_rng_u64(rng) % (uint64_t)(len - (size_t)t));
+		for (int j = 0; j < t; j++) {
+			idx[(size_t)r * t + j] = s[o + j];
+			tgt[(size_t)r * t + j] = s[o + j + 1];
+		}
+	}
+}
