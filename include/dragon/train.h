@@ -1,0 +1,91 @@
+/*
+ * dragon — a training run: batches of a corpus, the model's step, AdamW
+ * on the f32 masters, a JSONL log, checkpoints, and resuming from them.
+ *
+ * Step t (0-based) of a run:
+ *   1. the learning rate dg_adamw_lr(opt, t); a batch of the train split
+ *      drawn from the run's data RNG (dragon/data.h);
+ *   2. the loss and every weight's gradient (dropout on, keyed on the
+ *      run's seed and t), on the CPU model or the GPU one;
+ *   3. the global gradient norm and its clip factor; a loss or norm that
+ *      is not finite stops the run (DG_ERR_NUMERIC, naming the step; the
+ *      last checkpoint is kept);
+ *   4. AdamW on every weight (each is a matrix, so each decays);
+ *   5. a log line; every eval_every steps (and at the last) the mean
+ *      validation loss over eval_batches fixed batches (dropout off; the
+ *      same batches every time, every run); every ckpt_every steps (and at
+ *      the last, and when stop_at stops it) a checkpoint, the newest
+ *      `keep` kept.
+ * Everything that step t reads — the weights, the moments, t, the data
+ * RNG — is in the checkpoint, so a run resumed from one logs the same
+ * losses, bit for bit, as one that never stopped.
+ *
+ * Files in out_dir: log.jsonl (one object a step: step, train_loss, lr,
+ * grad_norm, tokens_per_s, wall_s, and val_loss where evaluated; a
+ * resumed run first drops the lines past its checkpoint's step) and
+ * ckpt-<step>.safetensors (dragon/checkpoint.h).
+ */
+#ifndef DRAGON_TRAIN_H
+#define DRAGON_TRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+#include "runtime.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_train_opts {
+	dg_model_config model; /* the config (preset and shape) */
+	int batch, time;       /* B, T */
+	dg_adamw_config opt;   /* opt.steps: the run's length */
+	uint64_t seed;         /* weights' init, batches, dropout */
+	int64_t eval_every;    /* steps between validation losses; 0: only at the end */
+	int eval_batches;      /* fixed validation batches a validation loss (32) */
+	int64_t ckpt_every;    /* steps between checkpoints; 0: only at the end */
+	int keep;              /* checkpoints kept (3); < 1: all */
+	const char *out_dir;   /* log.jsonl and the checkpoints (created) */
+	bool resume;           /* continue from out_dir's newest checkpoint */
+	int64_t stop_at;       /* stop after this many steps (a checkpoint first); 0: run to the end */
+	dg_device *dev;        /* the GPU model on dev; NULL: the CPU model */
+} dg_train_opts;
+
+/* Fills o with the defaults: the 25M bf16 preset, B 8, T 512, AdamW's
+ * defaults for `steps`, eval every 100 steps over 32 batches, a checkpoint
+ * every 500, keep 3, out_dir "runs/latest", seed 1337. */
+void dg_train_defaults(dg_train_opts *o, int64_t steps);
+
+/* What a step reports to the caller's progress callback (may be NULL). */
+typedef struct dg_train_report {
+	int64_t step;        /* steps done */
+	int64_t steps;       /* of the run */
+	double train_loss;
+	double val_loss;     /* NAN when not evaluated this step */
+	float lr;
+	double grad_norm;
+	double tokens_per_s; /* this step's */
+	double wall_s;       /* since the run (or its resumption) started */
+} dg_train_report;
+typedef void (*dg_train_progress)(const dg_train_report *r, void *user);
+
+/*
+ * Runs (or resumes) the run o describes on corpus c. Errors name what:
+ * a config the model or the optimizer refuses, a corpus too short for a
+ * row of T (dg_corpus_check), a resume without a checkpoint or whose
+ * config differs (the field), a loss or gradient that is not finite
+ * (DG_ERR_NUMERIC, the step), a file that cannot be written.
+ */
+dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
+		       void *user, char *msg, size_t msg_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_TRAIN_H */

@@ -1,0 +1,290 @@
+/*
+ * A training run (dragon/train.h): the loop over steps on the CPU model
+ * or the GPU one, AdamW on the host masters (dragon/optim.h), the JSONL
+ * log, checkpoints (dragon/checkpoint.h) and resuming from them.
+ *
+ * The GPU form here returns every gradient to the host and uploads the
+ * updated masters each step: correct, and the baseline the fused device
+ * update and the captured step replace.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "base/msg.h"
+#include "dragon/checkpoint.h"
+#include "dragon/train.h"
+
+/* The validation batches' RNG seed: the same batches for every run. */
+#define VAL_SEED 0x76616cULL
+
+void dg_train_defaults(dg_train_opts *o, int64_t steps)
+{
+	memset(o, 0, sizeof(*o));
+	char msg[128];
+	dg_model_preset("bf16", &o->model, msg, sizeof(msg));
+	o->batch = 8;
+	o->time = 512;
+	dg_adamw_defaults(&o->opt, steps);
+	o->seed = 1337;
+	o->eval_every = 100;
+	o->eval_batches = 32;
+	o->ckpt_every = 500;
+	o->keep = 3;
+	o->out_dir = "runs/latest";
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* mkdir -p of dir. */
+static dg_status make_dir(const char *dir, char *msg, size_t size)
+{
+	char p[4096];
+	snprintf(p, sizeof(p), "%s", dir);
+	for (char *c = p + 1;; c++) {
+		bool end = *c == '\0';
+		if (*c == '/' || end) {
+			*c = '\0';
+			if (mkdir(p, 0777) && errno != EEXIST)
+				return dg__msgf(DG_ERR_IO, msg, size, "%s: mkdir: %s", p, strerror(errno));
+			if (end)
+				break;
+			*c = '/';
+		}
+	}
+	return DG_OK;
+}
+
+/* The log of a resumed run: its lines of steps <= keep_to kept, the rest
+ * (an interrupted run's steps past its checkpoint) dropped. */
+static dg_status trim_log(const char *path, int64_t keep_to, char *msg, size_t size)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return errno == ENOENT ? DG_OK : dg__msgf(DG_ERR_IO, msg, size, "%s: %s", path, strerror(errno));
+	char tmp[4300], line[4096];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *o = fopen(tmp, "w");
+	if (!o) {
+		fclose(f);
+		return dg__msgf(DG_ERR_IO, msg, size, "%s: %s", tmp, strerror(errno));
+	}
+	while (fgets(line, sizeof(line), f)) {
+		long long st;
+		if (sscanf(line, "{\"step\": %lld", &st) == 1 && st <= keep_to)
+			fputs(line, o);
+	}
+	fclose(f);
+	bool bad = fclose(o) != 0;
+	if (bad || rename(tmp, path))
+		return dg__msgf(DG_ERR_IO, msg, size, "%s: rewrite: %s", path, strerror(errno));
+	return DG_OK;
+}
+
+/* The run's step function: the CPU model or the GPU one. */
+typedef struct stepper {
+	dg_device *dev;
+	dg_model *m;
+} stepper;
+
+static dg_status step_of(stepper *sp, const dg_model_weights *w, const dg_model_batch *b, double *loss,
+			 dg_model_weights *grads, char *msg, size_t size)
+{
+	if (!sp->dev)
+		return dg_model_cpu_step(w, b, loss, grads, msg, size);
+	dg_status st = dg_model_step(sp->m, b, loss, grads);
+	if (st)
+		dg__msgf(st, msg, size, "%s", dg_device_errmsg(sp->dev));
+	return st;
+}
+
+/* The mean loss of n fixed validation batches (dropout off). */
+static dg_status val_loss(stepper *sp, const dg_train_opts *o, const dg_corpus *c, const dg_model_weights *w,
+			  int32_t *idx, int32_t *tgt, double *out, char *msg, size_t size)
+{
+	dg_rng r;
+	dg_rng_seed(&r, VAL_SEED);
+	double sum = 0;
+	for (int k = 0; k < o->eval_batches; k++) {
+		dg_corpus_batch(c, true, &r, o->batch, o->time, idx, tgt);
+		dg_model_batch b = { .idx = idx, .targets = tgt, .b = o->batch, .t = o->time };
+		double l;
+		dg_status st = step_of(sp, w, &b, &l, NULL, msg, size);
+		if (st)
+			return st;
+		sum += l;
+	}
+	*out = sum / o->eval_batches;
+	return DG_OK;
+}
+
+dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
+		       void *user, char *msg, size_t msg_size)
+{
+	if (!o || !c || !o->out_dir)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_train_run: NULL argument");
+	dg_status st = dg_model_config_check(&o->model, msg, msg_size);
+	if (!st)
+		st = dg_adamw_check(&o->opt, msg, msg_size);
+	if (!st && (o->batch < 1 || o->time < 1 || o->eval_batches < 1))
+		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+			      "batch %d, time %d, eval_batches %d: each must be at least 1", o->batch, o->time,
+			      o->eval_batches);
+	if (!st && !o->dev && !dg_model_cpu_runs(&o->model))
+		st = dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
+			      "preset %s: the CPU model runs f32, w8a8 and bitnet; train it on a GPU",
+			      o->model.preset[0] ? o->model.preset : "(custom)");
+	if (!st)
+		st = dg_corpus_check(c, o->time, msg, msg_size);
+	if (!st)
+		st = make_dir(o->out_dir, msg, msg_size);
+	if (st)
+		return st;
+
+	char path[4200], logp[4200];
+	snprintf(logp, sizeof(logp), "%s/log.jsonl", o->out_dir);
+	int64_t latest = -1;
+	if ((st = dg_checkpoint_prune(o->out_dir, 0, &latest, msg, msg_size)))
+		return st;
+	dg_train_state *s = NULL;
+	dg_model_weights *w0 = NULL, *grads = NULL;
+	int32_t *idx = NULL, *tgt = NULL;
+	stepper sp = { o->dev, NULL };
+	FILE *log = NULL;
+	if (o->resume) {
+		if (latest < 0)
+			return dg__msgf(DG_ERR_NOT_FOUND, msg, msg_size, "%s: no checkpoint to resume from",
+					o->out_dir);
+		dg_checkpoint_path(o->out_dir, latest, path, sizeof(path));
+		if ((st = dg_checkpoint_load(path, &s, msg, msg_size)))
+			return st;
+		char why[512];
+		if ((st = dg_checkpoint_match(s, &o->model, &o->opt, why, sizeof(why)))) {
+			dg__msgf(st, msg, msg_size, "%s: cannot resume: %s", path, why);
+			goto out;
+		}
+		if ((st = trim_log(logp, s->step, msg, msg_size)))
+			goto out;
+	} else {
+		if (latest >= 0) {
+			st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				      "%s holds checkpoints of another run (the newest step %" PRId64
+				      "): resume it, or train into another folder",
+				      o->out_dir, latest);
+			goto out;
+		}
+		if ((st = dg_model_weights_create(&o->model, o->seed, &w0, msg, msg_size)) ||
+		    (st = dg_train_state_create(w0, o->seed, &o->opt, &s, msg, msg_size)))
+			goto out;
+	}
+	if ((st = dg_model_weights_create(&o->model, 0, &grads, msg, msg_size)))
+		goto out;
+	size_t bt = (size_t)o->batch * (size_t)o->time;
+	idx = malloc(bt * sizeof(int32_t));
+	tgt = malloc(bt * sizeof(int32_t));
+	if (!idx || !tgt) {
+		st = dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+		goto out;
+	}
+	if (o->dev && dg_model_create(o->dev, s->weights, o->batch, o->time, &sp.m)) {
+		st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
+		goto out;
+	}
+	log = fopen(logp, o->resume ? "a" : "w");
+	if (!log) {
+		st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: %s", logp, strerror(errno));
+		goto out;
+	}
+
+	const int64_t end = o->stop_at > 0 && o->stop_at < o->opt.steps ? o->stop_at : o->opt.steps;
+	const double t0 = now_s();
+	const dg_model_config *mc = &s->weights->config;
+	int64_t saved = o->resume ? s->step : -1;
+	while (s->step < end) {
+		const int64_t t = s->step;
+		const double ts = now_s();
+		const float lr = dg_adamw_lr(&o->opt, t);
+		dg_corpus_batch(c, false, &s->data_rng, o->batch, o->time, idx, tgt);
+		s->data_pos++;
+		dg_model_batch b = { .idx = idx, .targets = tgt, .b = o->batch, .t = o->time,
+				     .seed = s->seed, .step = (uint32_t)t, .train = true };
+		double loss;
+		if ((st = step_of(&sp, s->weights, &b, &loss, grads, msg, msg_size)))
+			goto out;
+		double sq = 0;
+		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+			int nd;
+			int64_t sh[3];
+			sq += dg_adamw_sq_sum(grads->params[p],
+					      (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh));
+		}
+		const double norm = sqrt(sq);
+		if (!isfinite(loss) || !isfinite(norm)) {
+			st = dg__msgf(DG_ERR_NUMERIC, msg, msg_size,
+				      "step %" PRId64 ": the loss is %g and the gradient norm %g; stopped (%s)", t + 1,
+				      loss, norm,
+				      saved >= 0 ? "the last checkpoint is kept" : "no checkpoint was written yet");
+			goto out;
+		}
+		const float scale = dg_adamw_clip_scale(&o->opt, norm);
+		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+			int nd;
+			int64_t sh[3];
+			size_t n = (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh);
+			dg_adamw_step(&o->opt, t, lr, scale, true, s->weights->params[p], grads->params[p], s->m[p],
+				      s->v[p], n);
+		}
+		if (sp.m && dg_model_set_weights(sp.m, s->weights)) {
+			st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
+			goto out;
+		}
+		s->step = t + 1;
+		const bool last = s->step == o->opt.steps;
+		double vl = NAN;
+		if ((o->eval_every > 0 && s->step % o->eval_every == 0) || last)
+			if ((st = val_loss(&sp, o, c, s->weights, idx, tgt, &vl, msg, msg_size)))
+				goto out;
+		const double te = now_s();
+		dg_train_report r = { .step = s->step, .steps = o->opt.steps, .train_loss = loss, .val_loss = vl,
+				      .lr = lr, .grad_norm = norm, .tokens_per_s = (double)bt / (te - ts),
+				      .wall_s = te - t0 };
+		fprintf(log, "{\"step\": %" PRId64 ", \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g",
+			r.step, r.train_loss, (double)r.lr, r.grad_norm);
+		if (!isnan(vl))
+			fprintf(log, ", \"val_loss\": %.9g", vl);
+		fprintf(log, ", \"tokens_per_s\": %.1f, \"wall_s\": %.3f}\n", r.tokens_per_s, r.wall_s);
+		if (fflush(log)) {
+			st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: write: %s", logp, strerror(errno));
+			goto out;
+		}
+		if ((o->ckpt_every > 0 && s->step % o->ckpt_every == 0) || s->step == end) {
+			dg_checkpoint_path(o->out_dir, s->step, path, sizeof(path));
+			if ((st = dg_checkpoint_save(s, path, msg, msg_size)) ||
+			    (st = dg_checkpoint_prune(o->out_dir, o->keep, NULL, msg, msg_size)))
+				goto out;
+			saved = s->step;
+		}
+		if (progress)
+			progress(&r, user);
+	}
+out:
+	if (log && fclose(log) && !st)
+		st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: close: %s", logp, strerror(errno));
+	dg_model_destroy(sp.m);
+	free(idx);
+	free(tgt);
+	dg_model_weights_destroy(grads);
+	dg_model_weights_destroy(w0);
+	dg_train_state_destroy(s);
+	return st;
+}
