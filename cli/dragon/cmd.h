@@ -7,5 +7,6 @@
 #define DG_CLI_CMD_H
 
 int dg__cli_cmd_eval(int argc, char **argv);
+int dg__cli_cmd_train(int argc, char **argv);
 
 #endif

@@ -1,0 +1,246 @@
+/*
+ * dragon train — a training run (dragon/train.h) from flags: the preset
+ * and shapes, the batch, the optimizer and its schedule, the corpus (the
+ * built-in one, or --data FILE), the output folder; on GPU 0 when there is
+ * one (else, or with --cpu, the CPU model, which runs f32, w8a8 and
+ * bitnet). A progress line on stderr when it is a terminal; always the
+ * JSONL log in the output folder; --json prints one summary object.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/dragon/cmd.h"
+#include "cli/dragon/util.h"
+#include "dragon/data.h"
+#include "dragon/train.h"
+
+static const char help_text[] =
+	"usage: dragon train [--preset P] [--steps N] [--batch B] [--time T] [--lr X]\n"
+	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data FILE]\n"
+	"                    [--out DIR] [--eval-every N] [--eval-batches K]\n"
+	"                    [--ckpt-every N] [--keep K] [--resume] [--stop-at N] [--cpu]\n"
+	"                    [--layers L --embd D --heads H --neurons N] [--json]\n\n"
+	"Trains a BDH model with AdamW on a corpus whose bytes are tokens: the first\n"
+	"90% to train, the last 10% to validate.\n\n"
+	"  --preset P        f32, bf16, w8a8, bitnet (default bf16)\n"
+	"  --layers L, --embd D, --heads H, --neurons N\n"
+	"                    the model's shape (default the 25M one: 6, 256, 4, 8192)\n"
+	"  --steps N         optimizer steps (default 1500)\n"
+	"  --batch B, --time T\n"
+	"                    rows of T tokens a step (default 8 x 512)\n"
+	"  --lr X            peak learning rate (1e-3), after --warmup N linear steps\n"
+	"                    (min(100, steps/10)); a cosine to lr/10 at the last step\n"
+	"  --wd X            decoupled weight decay (0.1); --clip X: the global\n"
+	"                    gradient-norm clip (1.0; 0 none)\n"
+	"  --seed S          the weights' init, the batches and dropout (1337)\n"
+	"  --data FILE       train on FILE (default the built-in corpus: Shakespeare,\n"
+	"                    set up by scripts/corpus.sh at data/shakespeare.txt or\n"
+	"                    $DRAGON_CORPUS)\n"
+	"  --out DIR         log.jsonl and ckpt-<step>.safetensors (default runs/latest)\n"
+	"  --eval-every N    validation loss every N steps (100) over --eval-batches K\n"
+	"                    fixed batches (32), and at the last step\n"
+	"  --ckpt-every N    a checkpoint every N steps (500), and at the end; --keep K\n"
+	"                    the newest K kept (3)\n"
+	"  --resume          continue from DIR's newest checkpoint (the same config)\n"
+	"  --stop-at N       stop after step N (a checkpoint first); resume later\n"
+	"  --cpu             the CPU model even with a GPU (f32, w8a8, bitnet; small\n"
+	"                    shapes)\n"
+	"  --json            one JSON object on stdout at the end\n\n"
+	"Exit status: 0 ok, 1 failure (the data, a file, the device, a loss that is\n"
+	"not finite), 2 usage.\n";
+
+enum {
+	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
+	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
+	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_HELP,
+};
+
+static const dg__cli_opt opts[] = {
+	{ "preset", 'p', true, O_PRESET },	   { "steps", 'n', true, O_STEPS },
+	{ "batch", 'b', true, O_BATCH },	   { "time", 't', true, O_TIME },
+	{ "lr", 0, true, O_LR },		   { "warmup", 0, true, O_WARMUP },
+	{ "wd", 0, true, O_WD },		   { "clip", 0, true, O_CLIP },
+	{ "seed", 's', true, O_SEED },		   { "data", 'd', true, O_DATA },
+	{ "out", 'o', true, O_OUT },		   { "eval-every", 0, true, O_EVAL_EVERY },
+	{ "eval-batches", 0, true, O_EVAL_BATCHES }, { "ckpt-every", 0, true, O_CKPT_EVERY },
+	{ "keep", 0, true, O_KEEP },		   { "resume", 0, false, O_RESUME },
+	{ "stop-at", 0, true, O_STOP_AT },	   { "cpu", 0, false, O_CPU },
+	{ "json", 0, false, O_JSON },		   { "layers", 0, true, O_LAYERS },
+	{ "embd", 0, true, O_EMBD },		   { "heads", 0, true, O_HEADS },
+	{ "neurons", 0, true, O_NEURONS },	   { "help", 'h', false, O_HELP },
+	{ NULL, 0, false, 0 },
+};
+
+typedef struct train_args {
+	dg_train_opts o;
+	const char *preset, *data;
+	uint64_t shape[4];
+	bool cpu, json, warmup_given;
+	float lr, wd, clip;
+	uint64_t steps, warmup;
+} train_args;
+
+static bool parse_f(const char *flag, const char *v, float lo, float *out)
+{
+	char *end;
+	errno = 0;
+	float x = strtof(v, &end);
+	if (errno || end == v || *end || !isfinite(x) || x < lo) {
+		dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "%s %s: not a number >= %g", flag, v, (double)lo);
+		return false;
+	}
+	*out = x;
+	return true;
+}
+
+static bool parse_u(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+	return dg__cli_parse_u64(flag, v, lo, hi, out);
+}
+
+/* 0 parsed, -1 --help printed, else the exit code (reported). */
+static int parse(int argc, char **argv, train_args *a)
+{
+	static const char *const shape_flags[4] = { "--layers", "--embd", "--heads", "--neurons" };
+	dg__cli_scan_state s;
+	const char *v;
+	int id;
+	uint64_t u;
+
+	memset(a, 0, sizeof(*a));
+	dg_train_defaults(&a->o, 1500);
+	a->preset = "bf16";
+	a->steps = 1500;
+	a->lr = a->o.opt.lr;
+	a->wd = a->o.opt.weight_decay;
+	a->clip = a->o.opt.clip;
+	dg__cli_scan_init(&s, argc, argv, "train");
+	while ((id = dg__cli_scan(&s, opts, &v)) != DG__CLI_SCAN_END) {
+		bool ok = true;
+		switch (id) {
+		case DG__CLI_SCAN_ERROR:
+			return DG__CLI_USAGE;
+		case DG__CLI_SCAN_ARG:
+			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+					   "train takes no argument '%s'; see `dragon train --help`", v);
+		case O_HELP:
+			fputs(help_text, stdout);
+			return -1;
+		case O_PRESET: a->preset = v; break;
+		case O_DATA: a->data = v; break;
+		case O_OUT: a->o.out_dir = v; break;
+		case O_RESUME: a->o.resume = true; break;
+		case O_CPU: a->cpu = true; break;
+		case O_JSON: a->json = true; break;
+		case O_STEPS: ok = parse_u("--steps", v, 1, 1ull << 40, &a->steps); break;
+		case O_WARMUP:
+			ok = parse_u("--warmup", v, 0, 1ull << 40, &a->warmup);
+			a->warmup_given = true;
+			break;
+		case O_BATCH: ok = parse_u("--batch", v, 1, 1 << 16, &u), a->o.batch = (int)u; break;
+		case O_TIME: ok = parse_u("--time", v, 1, 1 << 20, &u), a->o.time = (int)u; break;
+		case O_SEED: ok = parse_u("--seed", v, 0, UINT64_MAX, &a->o.seed); break;
+		case O_EVAL_EVERY: ok = parse_u("--eval-every", v, 0, 1ull << 40, &u), a->o.eval_every = (int64_t)u; break;
+		case O_EVAL_BATCHES: ok = parse_u("--eval-batches", v, 1, 1 << 20, &u), a->o.eval_batches = (int)u; break;
+		case O_CKPT_EVERY: ok = parse_u("--ckpt-every", v, 0, 1ull << 40, &u), a->o.ckpt_every = (int64_t)u; break;
+		case O_KEEP: ok = parse_u("--keep", v, 0, 1 << 20, &u), a->o.keep = (int)u; break;
+		case O_STOP_AT: ok = parse_u("--stop-at", v, 1, 1ull << 40, &u), a->o.stop_at = (int64_t)u; break;
+		case O_LR: ok = parse_f("--lr", v, 0.0f, &a->lr); break;
+		case O_WD: ok = parse_f("--wd", v, 0.0f, &a->wd); break;
+		case O_CLIP: ok = parse_f("--clip", v, 0.0f, &a->clip); break;
+		case O_LAYERS: case O_EMBD: case O_HEADS: case O_NEURONS:
+			ok = parse_u(shape_flags[id - O_LAYERS], v, 1, 1 << 20, &a->shape[id - O_LAYERS]);
+			break;
+		}
+		if (!ok)
+			return DG__CLI_USAGE;
+	}
+	char msg[512];
+	dg_model_config c;
+	if (dg_model_preset(a->preset, &c, msg, sizeof(msg)))
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--preset %s", msg);
+	int *dst[4] = { &c.layers, &c.embd, &c.heads, &c.neurons };
+	for (int i = 0; i < 4; i++)
+		if (a->shape[i])
+			*dst[i] = (int)a->shape[i];
+	if (dg_model_config_check(&c, msg, sizeof(msg)))
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "config: %s", msg);
+	a->o.model = c;
+	dg_adamw_defaults(&a->o.opt, (int64_t)a->steps);
+	a->o.opt.lr = a->lr;
+	a->o.opt.lr_floor = a->lr / 10;
+	a->o.opt.weight_decay = a->wd;
+	a->o.opt.clip = a->clip;
+	if (a->warmup_given)
+		a->o.opt.warmup = (int64_t)a->warmup;
+	if (dg_adamw_check(&a->o.opt, msg, sizeof(msg)))
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "%s", msg);
+	return 0;
+}
+
+typedef struct progress_state {
+	bool tty;
+} progress_state;
+
+static void progress(const dg_train_report *r, void *user)
+{
+	progress_state *p = user;
+	if (!p->tty)
+		return;
+	double eta = r->step ? r->wall_s / (double)r->step * (double)(r->steps - r->step) : 0;
+	fprintf(stderr, "\rstep %lld/%lld  loss %.4f%s  %.0f tok/s  eta %.0f s   ", (long long)r->step,
+		(long long)r->steps, r->train_loss, isnan(r->val_loss) ? "" : " (val)", r->tokens_per_s, eta);
+	if (!isnan(r->val_loss))
+		fprintf(stderr, "\rstep %lld/%lld  loss %.4f  val %.4f  %.0f tok/s  eta %.0f s   \n",
+			(long long)r->step, (long long)r->steps, r->train_loss, r->val_loss, r->tokens_per_s, eta);
+}
+
+int dg__cli_cmd_train(int argc, char **argv)
+{
+	train_args a;
+	int code = parse(argc, argv, &a);
+	if (code)
+		return code < 0 ? DG__CLI_OK : code;
+	char msg[1024], dev_name[256];
+	dg_device *dev = NULL;
+	if ((code = dg__cli_device_of(a.cpu, &a.o.model, &dev, dev_name, sizeof(dev_name))))
+		return code;
+	a.o.dev = dev;
+	dg_corpus *c = NULL;
+	dg_status st = a.data ? dg_corpus_open(a.data, &c, msg, sizeof(msg))
+			      : dg_corpus_builtin(&c, msg, sizeof(msg));
+	if (st) {
+		dg_device_close(dev);
+		return dg__cli_err(DG__CLI_FAIL, st, "%s%s", a.data ? "--data " : "", msg);
+	}
+	progress_state ps = { .tty = isatty(2) != 0 };
+	double t0 = dg__cli_now_s();
+	st = dg_train_run(&a.o, c, progress, &ps, msg, sizeof(msg));
+	double secs = dg__cli_now_s() - t0;
+	if (ps.tty)
+		fputc('\n', stderr);
+	if (st) {
+		code = dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
+	} else if (a.json) {
+		cJSON *j = cJSON_CreateObject();
+		cJSON_AddStringToObject(j, "preset", a.o.model.preset);
+		cJSON_AddStringToObject(j, "device", dev ? "gpu" : "cpu");
+		cJSON_AddStringToObject(j, "device_name", dev_name);
+		cJSON_AddStringToObject(j, "data", a.data ? a.data : "builtin");
+		cJSON_AddStringToObject(j, "out", a.o.out_dir);
+		cJSON_AddNumberToObject(j, "steps", (double)a.o.opt.steps);
+		cJSON_AddNumberToObject(j, "wall_s", secs);
+		code = dg__cli_json_print(j);
+	} else {
+		printf("trained: %s on %s, %lld steps of %dx%d, in %.1f s; log and checkpoints in %s\n",
+		       a.o.model.preset, dev ? dev_name : "the CPU", (long long)(a.o.stop_at ? a.o.stop_at : a.o.opt.steps),
+		       a.o.batch, a.o.time, secs, a.o.out_dir);
+	}
+	dg_corpus_destroy(c);
+	dg_device_close(dev);
+	return code;
+}
