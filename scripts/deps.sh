@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what dragon needs on Debian/Ubuntu, only what is missing:
-# a C compiler, CMake, pkg-config, Lua 5.4, cJSON, Criterion (tests) and
-# clang (fuzz targets). The CUDA toolkit (NVRTC) must already be installed;
-# it is looked for in $CUDA_HOME, /usr/local/cuda and on PATH.
+# a C compiler, CMake, pkg-config, Lua 5.4, cJSON, Criterion (tests),
+# gnuplot (dragon plot) and clang (fuzz targets). The CUDA toolkit (NVRTC)
+# must already be installed; it is looked for in $CUDA_HOME, /usr/local/cuda
+# and on PATH.
 set -euo pipefail
 
-pkgs=(gcc make cmake pkg-config liblua5.4-dev libcjson-dev libcriterion-dev)
+pkgs=(gcc make cmake pkg-config liblua5.4-dev libcjson-dev libcriterion-dev gnuplot-nox)
 [ "${DG_WITH_CLANG:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev)  # libFuzzer + sanitizer runtimes
 
 missing=()

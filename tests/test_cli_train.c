@@ -1,5 +1,6 @@
 /*
- * `dragon train` as a user runs it (the binary at $DRAGON), on the CPU
+ * `dragon train` and `dragon plot` as a user runs them (the binary at
+ * $DRAGON); train on the CPU
  * model at a tiny shape on a generated text:
  *   - a run writes its log (a line a step, validation at the intervals and
  *     the end) and its checkpoints, and says where; --json gives one object;
@@ -127,6 +128,47 @@ Test(cli_train, refusals)
 	gen(&sb, &r, "train", "--help", NULL);
 	cr_assert_eq(r.code, 0);
 	cr_assert(strstr(r.out, "usage: dragon train"), "%s", r.out);
+	run_free(&r);
+	sandbox_fini(&sb);
+}
+
+/* dragon plot: a PNG of a run's log (gnuplot, which scripts/deps.sh
+ * installs); bad logs and flags refused. */
+Test(cli_train, plot_draws_a_png)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], log[700], png[700], bad[700];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	gen(&sb, &r, "train", TINY, "--steps", "6", "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	snprintf(log, sizeof(log), "%s/log.jsonl", a);
+	snprintf(png, sizeof(png), "%s/loss.png", sb.root);
+	gen(&sb, &r, "plot", log, log, "--label", "one", "--out", png, "--title", "tiny \"run\"", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cr_assert(strstr(r.out, "(2 logs)"), "%s", r.out);
+	run_free(&r);
+	size_t n;
+	char *b = slurp(png, &n);
+	cr_assert(b && n > 1000 && memcmp(b, "\x89PNG", 4) == 0, "%s is not a PNG", png);
+	free(b);
+	gen(&sb, &r, "plot", NULL);
+	expect_one_line_error(&r, 2, "name one or more logs");
+	run_free(&r);
+	gen(&sb, &r, "plot", "/nonexistent/log.jsonl", "--out", png, NULL);
+	expect_one_line_error(&r, 1, "/nonexistent/log.jsonl");
+	run_free(&r);
+	snprintf(bad, sizeof(bad), "%s/empty.jsonl", sb.root);
+	FILE *f = fopen(bad, "w");
+	cr_assert_not_null(f);
+	fputs("not a log\n", f);
+	fclose(f);
+	gen(&sb, &r, "plot", bad, "--out", png, NULL);
+	expect_one_line_error(&r, 1, "no step lines");
 	run_free(&r);
 	sandbox_fini(&sb);
 }
