@@ -192,9 +192,11 @@ static void progress(const dg_train_report *r, void *user)
 	if (!p->tty)
 		return;
 	double eta = r->step ? r->wall_s / (double)r->step * (double)(r->steps - r->step) : 0;
-	fprintf(stderr, "\rstep %lld/%lld  loss %.4f%s  %.0f tok/s  eta %.0f s   ", (long long)r->step,
-		(long long)r->steps, r->train_loss, isnan(r->val_loss) ? "" : " (val)", r->tokens_per_s, eta);
-	if (!isnan(r->val_loss))
+	/* a line that stays for each validation, one rewritten in place between */
+	if (isnan(r->val_loss))
+		fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s  eta %.0f s   ", (long long)r->step,
+			(long long)r->steps, r->train_loss, r->tokens_per_s, eta);
+	else
 		fprintf(stderr, "\rstep %lld/%lld  loss %.4f  val %.4f  %.0f tok/s  eta %.0f s   \n",
 			(long long)r->step, (long long)r->steps, r->train_loss, r->val_loss, r->tokens_per_s, eta);
 }
