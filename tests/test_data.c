@@ -3,7 +3,8 @@
  *   - the split: the first len − len/10 bytes train, the rest validate;
  *   - batches: rows inside their split, targets the next bytes, the same
  *     batches from the same RNG state (so a resumed run's position is its
- *     RNG state), other ones from another seed, every row start reachable;
+ *     RNG state), other ones from another seed, validation rows starting
+ *     in the validation split;
  *   - a split too short for a row is refused naming the split and the bytes
  *     needed; a missing file names it;
  *   - the built-in corpus: $DRAGON_CORPUS missing says how to set it up,

@@ -168,8 +168,9 @@ static dg__op_call dg_call_of(const dg_decoder_gate_bwd_args *a)
 	return c;
 }
 
-/* The op table's check, the drop probability, and outputs that alias
- * nothing (the kernel reads xs and ys after other blocks wrote dxs, dys). */
+/* gate_check (the op table's, the drop probability), and outputs that
+ * alias nothing (the kernel reads xs and ys after other blocks wrote dxs,
+ * dys). */
 static dg_status dg_check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *sh, char *msg,
 			  size_t size)
 {
@@ -179,14 +180,9 @@ static dg_status dg_check(const dg_spec *spec, const dg__op_call *c, dg__op_shap
 		msg = local;
 		size = sizeof(local);
 	}
-	dg_status st = dg__op_check(spec, DG_OP_DECODER_GATE_BWD, fn, c, sh, msg, size);
+	dg_status st = gate_check(spec, DG_OP_DECODER_GATE_BWD, fn, c, sh, msg, size);
 	if (st)
 		return st;
-	if (!(c->p >= 0.0f && c->p < 1.0f)) {
-		snprintf(msg, size, "%s: p=%g: the drop probability must be in [0, 1) (0: no dropout)", fn,
-			 (double)c->p);
-		return DG_ERR_INVALID_ARG;
-	}
 	static const char *const names[] = { "grad", "w", "xs", "ys", "dxs", "dys" };
 	for (int o = 4; o < 6; o++)
 		for (int i = 0; i < 6; i++)

@@ -38,7 +38,7 @@ static dg_status state_alloc(const dg_model_config *c, dg_train_state **out, cha
 	dg_train_state *s = calloc(1, sizeof(*s));
 	if (!s)
 		return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
-	dg_status st = dg_model_weights_create(c, 0, &s->weights, msg, size);
+	dg_status st = dg__model_weights_alloc(c, &s->weights, msg, size);
 	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
 		int64_t sh[3];

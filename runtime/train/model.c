@@ -163,8 +163,8 @@ void dg_model_weights_destroy(dg_model_weights *w)
 	free(w);
 }
 
-static dg_status weights_alloc(const dg_model_config *c, dg_model_weights **out, char *msg,
-			       size_t size)
+dg_status dg__model_weights_alloc(const dg_model_config *c, dg_model_weights **out, char *msg,
+				  size_t size)
 {
 	dg_status st = dg_model_config_check(c, msg, size);
 	if (st)
@@ -192,7 +192,7 @@ dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
 				  dg_model_weights **out, char *msg, size_t size)
 {
 	dg_model_weights *w;
-	dg_status st = weights_alloc(c, &w, msg, size);
+	dg_status st = dg__model_weights_alloc(c, &w, msg, size);
 	if (st)
 		return st;
 	dg_rng rng;
@@ -226,7 +226,7 @@ dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 	dg_status st = dg_safetensors_load(path, &f, msg, size);
 	if (st)
 		return st;
-	st = weights_alloc(c, &w, msg, size);
+	st = dg__model_weights_alloc(c, &w, msg, size);
 	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
 		int64_t sh[3];

@@ -16,6 +16,11 @@
  * one GEMM over all layers — else why not, naming the field, in buf. */
 const char *dg__model_lowbit_why(const dg_model_config *c, char *buf, size_t size);
 
+/* Weights of c, every value zero (storage to fill: a checkpoint's, a
+ * gradient's), without dg_model_weights_create's random init. */
+dg_status dg__model_weights_alloc(const dg_model_config *c, dg_model_weights **out, char *msg,
+				  size_t size);
+
 /* Adds w's tensors (the reference's names, F32) and its config's metadata
  * (layers, embd, heads, neurons, vocab, preset: what dg_model_config_read
  * reads) to sw: dg_model_weights_save's file, and a checkpoint's part. */

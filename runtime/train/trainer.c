@@ -19,6 +19,7 @@
 #include "base/msg.h"
 #include "dragon/checkpoint.h"
 #include "dragon/train.h"
+#include "runtime/train/model_int.h"
 
 /* The validation batches' RNG seed: the same batches for every run. */
 #define VAL_SEED 0x76616cULL
@@ -187,7 +188,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		    (st = dg_train_state_create(w0, o->seed, &o->opt, &s, msg, msg_size)))
 			goto out;
 	}
-	if ((st = dg_model_weights_create(&o->model, 0, &grads, msg, msg_size)))
+	if ((st = dg__model_weights_alloc(&o->model, &grads, msg, msg_size)))
 		goto out;
 	size_t bt = (size_t)o->batch * (size_t)o->time;
 	idx = malloc(bt * sizeof(int32_t));
