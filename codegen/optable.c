@@ -589,6 +589,27 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.check = DG_CHECK_NORM,
 		.build = "",
 	},
+	/* The optimizer: one fused AdamW update a tensor, its scalars from the
+	 * step's control block (dragon/optim.h dg_adamw_ctl), so a captured
+	 * training step replays every step; the gradient norm's entries beside
+	 * it (templates/adamw.lua). The control block and the optional bf16
+	 * copy travel outside the table (dg_adamw_args). */
+	[DG_OP_ADAMW_UPDATE] = {
+		.family = "optim", .module = "adamw",
+		.about = "AdamW: p, m, v (any shape) f32 updated in place from grad f32 and the step's control block (lr, bias corrections, clip factor)",
+		.fields = F(ARCH) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 4, .args = {
+			{ "p", true, DG_ARG_F32, false, 0, { 0 } },
+			{ "grad", false, DG_ARG_F32, false, 0, { 0 } },
+			{ "m", true, DG_ARG_F32, false, 0, { 0 } },
+			{ "v", true, DG_ARG_F32, false, 0, { 0 } } },
+		.inout = (1u << 0) | (1u << 2) | (1u << 3),
+		.tune = { .r_mul = 1, .r_div = 1, .cols = 8192 },
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
 };
 
 static const char *const names[DG_OP__COUNT] = {

@@ -18,7 +18,10 @@ this one (xs, ys in; dxs, dys out: 1.07 GB bf16) is about 250 us.
 Kernel ABI (runtime/ops/gate.c launches it):
   extern "C" __global__ void dg_decoder_gate_bwd(const float *grad,
       const WT *w, const XT *xs, const XT *ys, GT *dxs, GT *dys, int B, int T,
-      float p, unsigned long long seed, unsigned step, unsigned layer)
+      float p, unsigned long long seed, unsigned step, unsigned layer,
+      const unsigned *step_at)
+  step_at NULL, or a device word added to step (a captured step reads its
+  step from its control block).
   grid (ceil(L/BN), ceil(B·T/BM), H), the plan's threads and dynamic shared
   memory. grad (B,1,T,E) f32; w (E, H·L) weight f32 | bf16 (no scale: the
   low-bit recipes pass their bf16 copy); xs, ys (B,H,T,L) act f32 | bf16;
@@ -202,9 +205,12 @@ __device__ __forceinline__ void dg_gate1(float d, const XT *xs, const XT *ys, GT
 
 local SIG = "const float *__restrict__ grad, const WT *__restrict__ w, const XT *__restrict__ xs, " ..
             "const XT *__restrict__ ys, GT *__restrict__ dxs, GT *__restrict__ dys, int B, int T, " ..
-            "float p, unsigned long long seed, unsigned step, unsigned layer"
+            "float p, unsigned long long seed, unsigned step, unsigned layer, " ..
+            "const unsigned *__restrict__ step_at"
 
 local PRE = [[
+	if (step_at)
+		step += *step_at;		// a captured step's, from its control block
 	const unsigned thr = dg_drop_threshold(p);
 	const float s = p > 0.0f ? __fdiv_rn(1.0f, __fsub_rn(1.0f, p)) : 1.0f;	// 1/(1 - p)
 	const int M = B * T;			// rows (b, t)

@@ -14,10 +14,13 @@ over the flat (B, H, T, L) tensors (dg_ref_gate_op mirrors them):
 Kernel ABI (XT: act's type, GT: the gradients' (spec out; gate_bwd only),
 each float (f32) | unsigned short (bf16)):
   extern "C" __global__ void dg_gate_fwd(const XT *xs, const XT *ys, XT *xy,
-      int B, int T, float p, unsigned long long seed, unsigned step, unsigned layer)
+      int B, int T, float p, unsigned long long seed, unsigned step, unsigned layer,
+      const unsigned *step_at)
   extern "C" __global__ void dg_gate_bwd(GT *dxy, const XT *xs, const XT *ys,
       GT *dxs, int B, int T, float p, unsigned long long seed, unsigned step,
-      unsigned layer)
+      unsigned layer, const unsigned *step_at)
+  step_at: NULL, or a device word added to step (a step captured into a
+  CUDA graph reads its step from its control block).
   gate_bwd's gradients follow dragon/spec.h's convention: out is the format
   of every gradient it writes, dys written over dxy included, so dxy, dys
   and dxs are all `out` (f32 by default).
@@ -28,7 +31,8 @@ each float (f32) | unsigned short (bf16)):
 Arithmetic: every product rounded once (__fmul_rn), s = __fdiv_rn(1, 1 − p):
 the reference's C, bit for bit; bf16 values are read exactly and bf16
 results are the f32 result rounded to nearest even once. p, seed, step and
-layer are kernel arguments, so one kernel serves every step, layer and rate.
+layer are kernel arguments (step plus *step_at), so one kernel serves every
+step, layer and rate.
 ]]
 local C = require("common")
 local fmt = string.format
@@ -107,6 +111,8 @@ typedef ${GT} GT;		// dxy, dys, dxs (gate_bwd's out)
 ]]
 
 local PRE = [[
+	if (step_at)
+		step += *step_at;		// a captured step's, from its control block
 	const unsigned thr = dg_drop_threshold(p);
 	const float s = p > 0.0f ? __fdiv_rn(1.0f, __fsub_rn(1.0f, p)) : 1.0f;	// 1/(1 - p)]]
 
@@ -164,7 +170,8 @@ function M.render(spec, plan)
   local xt = act == "bf16" and "unsigned short" or "float"
   local gt = grad == "bf16" and "unsigned short" or "float"
   local ve = (act == "bf16" or grad == "bf16") and 8 or 4
-  local drop = "float p, unsigned long long seed, unsigned step, unsigned layer"
+  local drop = "float p, unsigned long long seed, unsigned step, unsigned layer, " ..
+               "const unsigned *__restrict__ step_at"
   local v = {
     ENTRY = "dg_" .. op, N = "(long long)B * H * T * L", PRE = PRE,
   }

@@ -343,6 +343,10 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 					       .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
 		return ws_bytes ? DG_OK : dg_decoder_gate_bwd(dev, s, &a);
 	}
+	case DG_OP_ADAMW_UPDATE: { /* the default control block (ctl 0) */
+		dg_adamw_update_args a = { .p = t0, .grad = t1, .m = t2, .v = t3, .decay = true };
+		return ws_bytes ? DG_OK : dg_adamw_update(dev, s, &a);
+	}
 	default:
 		cr_assert_fail("op %s has no call here", dg_op_name(s->op));
 		return DG_ERR_INTERNAL;

@@ -37,7 +37,7 @@ static bool file_exists(const char *path)
 Test(optable, every_row_is_complete)
 {
 	static const char *const families[] = { "lowrank", "decoder", "quantize", "pack", "attention",
-						"norm", "embed", "loss", "gate", "step" };
+						"norm", "embed", "loss", "gate", "step", "optim" };
 	cr_assert_null(dg_op_info_of(DG_OP__COUNT));
 	cr_assert_null(dg_op_info_of((dg_op)-1));
 	for (int i = 0; i < DG_OP__COUNT; i++) {
@@ -491,6 +491,11 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 					       .dxs = by_name(c, "dxs"), .dys = by_name(c, "dys"), .p = 0.1f,
 					       .seed = 1, .step = 2, .layer = 3 };
 		return dg_decoder_gate_bwd_check(s, &a, msg, size);
+	}
+	case DG_OP_ADAMW_UPDATE: {
+		dg_adamw_update_args a = { .p = by_name(c, "p"), .grad = by_name(c, "grad"),
+					   .m = by_name(c, "m"), .v = by_name(c, "v"), .decay = true };
+		return dg_adamw_update_check(s, &a, msg, size);
 	}
 	default:
 		cr_assert_fail("op %d has no check here", (int)c->op);

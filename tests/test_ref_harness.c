@@ -508,6 +508,16 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		free(dxs);
 		return st;
 	}
+	case DG_OP_ADAMW_UPDATE: { /* out: v, the last output; p and m to scratch */
+		float p[RUN_N], m[RUN_N];
+		memcpy(p, c->in[0], sizeof(p));
+		memcpy(m, c->in[2], sizeof(m));
+		memcpy(out, c->in[3], sizeof(p));
+		dg_adamw_ctl ctl;
+		dg_ref_adamw_default_ctl(&ctl);
+		dg_ref_adamw(&ctl, true, p, c->in[1], m, out, NULL, RUN_N);
+		return DG_OK;
+	}
 	default:
 		return direct_rows(s, c, out);
 	}

@@ -72,6 +72,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "optim.h"
 #include "runtime.h"
 #include "spec.h"
 #include "status.h"
@@ -504,6 +505,9 @@ typedef struct dg_gate_fwd_args {
 	float p;       /* drop probability, 0 <= p < 1 */
 	uint64_t seed; /* the run's dropout seed */
 	uint32_t step, layer;
+	/* 0, or a device uint32 added to step when the kernel runs: a step
+	 * captured into a CUDA graph reads it from its control block */
+	dg_dptr step_at;
 } dg_gate_fwd_args;
 dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
 			    size_t msg_size);
@@ -515,6 +519,7 @@ typedef struct dg_gate_bwd_args {
 	float p;
 	uint64_t seed;
 	uint32_t step, layer;
+	dg_dptr step_at; /* as gate_fwd's */
 } dg_gate_bwd_args;
 dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
 			    size_t msg_size);
@@ -534,6 +539,7 @@ typedef struct dg_decoder_gate_bwd_args {
 	float p;
 	uint64_t seed;
 	uint32_t step, layer;
+	dg_dptr step_at; /* as gate_fwd's */
 } dg_decoder_gate_bwd_args;
 dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
 				    char *msg, size_t msg_size);
@@ -571,6 +577,43 @@ typedef struct dg_transpose_args {
 dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, char *msg,
 			     size_t msg_size);
 dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
+
+/* ---- optim (the optimizer on the device: templates/adamw.lua) -------------
+ *   adamw_update  p, m, v (any shape, one shape) f32 in place, grad f32:
+ *                 one AdamW update with the step's scalars from ctl, a
+ *                 dg_adamw_ctl (dragon/optim.h) in device memory, which a
+ *                 captured step's host side rewrites by one small copy a
+ *                 step; nothing when its skip is set. Bit for bit
+ *                 dg_ref_adamw. ctl 0: dg_ref_adamw_default_ctl's
+ *                 scalars (the tuner's and the bench's calls). copy (0:
+ *                 none): bf16 storage of p's element count, p's new value
+ *                 rounded to nearest even as it is written (a float
+ *                 recipe's GEMM operand in the master's own layout).
+ *   grad_norm     the gradients' global L2 norm (Σ g² in double, in an
+ *                 order fixed by the data's sizes alone) and its clip
+ *                 factor min(1, clip/(norm + 1e-6)) into ctl (sq, norm,
+ *                 scale; skip when the norm is not finite), so the update
+ *                 that follows reads them on the device. spec: an
+ *                 adamw_update spec (its module holds both). */
+typedef struct dg_adamw_update_args {
+	const dg_tensor *p, *grad, *m, *v;
+	dg_dptr ctl;  /* a dg_adamw_ctl on the device, or 0 */
+	dg_dptr copy; /* 0, or p's elements in bf16 */
+	bool decay;   /* the decoupled weight decay (a matrix's) */
+} dg_adamw_update_args;
+dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
+				size_t msg_size);
+dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a);
+
+typedef struct dg_grad_norm_args {
+	const dg_tensor *const *grads; /* n f32 gradients, any shapes */
+	int n;
+	dg_dptr ctl;     /* the dg_adamw_ctl to write (its clip is read) */
+	dg_workspace ws; /* dg_grad_norm_workspace's bytes */
+} dg_grad_norm_args;
+/* The workspace of n gradients' norm: a partial sum each of their blocks. */
+size_t dg_grad_norm_workspace(int n);
+dg_status dg_grad_norm(dg_device *dev, const dg_spec *spec, const dg_grad_norm_args *a);
 
 #ifdef __cplusplus
 }

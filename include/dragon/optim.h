@@ -56,6 +56,37 @@ float dg_adamw_clip_scale(const dg_adamw_config *c, double norm);
 double dg_adamw_sq_sum(const float *g, size_t n);
 
 /*
+ * The scalars of one step's update, as the GPU's kernels read them from
+ * device memory (a step's control block, updated by one small copy a step,
+ * so a captured CUDA graph replays every step), and as dg_ref_adamw takes
+ * them. 64 bytes, this layout exactly (templates/adamw.lua mirrors it).
+ * The host writes the first ten fields (dg_adamw_ctl_fill); the gradient
+ * norm (dg_grad_norm on the GPU) writes the last four, or the host does
+ * (scale from dg_adamw_clip_scale, skip 0) for an update on the host.
+ */
+typedef struct dg_adamw_ctl {
+	float lr;      /* the step's learning rate */
+	float d;       /* 1 − lr·wd (the decay factor) */
+	float s;       /* lr / (1 − β1ᵗ⁺¹) */
+	float cs;      /* sqrt(1 − β2ᵗ⁺¹) */
+	float w;       /* 1 − β1 (the lerp weight of m) */
+	float b2;      /* β2 */
+	float w2;      /* 1 − β2 */
+	float eps;
+	float clip;    /* the global norm clip; 0: none */
+	uint32_t step; /* t, 0-based (also the dropout's step) */
+	float scale;   /* the clip factor of this step's gradient */
+	uint32_t skip; /* 1: the gradient norm is not finite: no update */
+	double sq;     /* Σ g² over every gradient */
+	double norm;   /* sqrt(sq) */
+} dg_adamw_ctl;
+
+/* The host's fields of step t at learning rate lr (each computed in
+ * double and rounded once, as dg_adamw_step always has); scale 1, skip
+ * 0, sq and norm 0 until a norm is taken. */
+void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_ctl *out);
+
+/*
  * One AdamW update of n parameters at step t (0-based; the bias
  * corrections use t + 1), in place on p, m and v, in PyTorch's
  * single-tensor order:

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "optim.h"
 #include "spec.h"
 #include "status.h"
 
@@ -334,6 +335,22 @@ dg_status dg_ref_add_mask(dg_fmt act, dg_fmt grad, dg_fmt other_fmt, const void 
 			  const void *other, const void *xs, int64_t n, void *out);
 void dg_ref_add3(const float *a, const float *b, const float *c, int64_t n, float *out);
 dg_status dg_ref_transpose(dg_fmt act, const float *in, int64_t r, int e, int l, void *out);
+
+/*
+ * adamw (templates/adamw.lua): one AdamW update of n parameters in place
+ * on p, m and v from grad, the step's scalars in ctl (dragon/optim.h
+ * dg_adamw_ctl): nothing when ctl->skip, else in f32, each operation
+ * rounded once, in PyTorch's single-tensor order
+ *   g = grad·scale; p = p·d (decay only); m = lerp(m, g, w);
+ *   v = v·b2 + (w2·g)·g; p = p + (−s)·(m/(sqrt(v)/cs + eps)).
+ * copy (may be NULL): p's new values rounded to bf16 (what a bf16 GEMM
+ * reads), written as p is.
+ */
+void dg_ref_adamw(const dg_adamw_ctl *ctl, bool decay, float *p, const float *grad, float *m,
+		  float *v, uint16_t *copy, size_t n);
+/* The ctl of the generic calls without one (the tuner's, the bench's, the
+ * registry's): step 0 of dg_adamw_defaults at lr 1e-3, scale 1. */
+void dg_ref_adamw_default_ctl(dg_adamw_ctl *ctl);
 
 /* lm_head and cross-entropy fused: logits = x·w over rows of d (w (d,
  * vocab)); loss = mean over rows of logsumexp(logits) − logits[target];

@@ -70,7 +70,8 @@ extern "C" {
 	X(DG_OP_ADD3, add3)                                                 \
 	X(DG_OP_TRANSPOSE, transpose)                                       \
 	X(DG_OP_DEQUANTIZE, dequantize)                                     \
-	X(DG_OP_DECODER_GATE_BWD, decoder_gate_bwd)
+	X(DG_OP_DECODER_GATE_BWD, decoder_gate_bwd)                         \
+	X(DG_OP_ADAMW_UPDATE, adamw_update)
 
 typedef enum dg_op {
 #define DG__OP_ENUM(e, s) e,
@@ -289,7 +290,7 @@ typedef struct dg_op_defaults {
 
 typedef struct dg_op_info {
 	const char *family;  /* lowrank | decoder | quantize | pack | norm |
-			      * embed | loss: the name of
+			      * embed | loss | gate | step | optim: the name of
 			      * its ops file, references and tests */
 	const char *module;  /* templates/<module>.lua plans and renders it */
 	const char *about;   /* one line: what it computes, with shapes */

@@ -13,7 +13,7 @@
 
 static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
 			   const dg_tensor *t3, float p, uint64_t seed, uint32_t step,
-			   uint32_t layer)
+			   uint32_t layer, dg_dptr step_at)
 {
 	dg__op_call c;
 	memset(&c, 0, sizeof(c));
@@ -25,6 +25,7 @@ static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_te
 	c.seed = seed;
 	c.step = step;
 	c.layer = layer;
+	c.step_at = step_at;
 	return c;
 }
 
@@ -79,7 +80,7 @@ static dg_status run_gate(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, ve), nt, 8LL * dg__dev_info(dev)->sm_count), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
 	dg_dptr p[DG_OP_MAX_ARGS];
-	void *args[DG_OP_MAX_ARGS + 6];
+	void *args[DG_OP_MAX_ARGS + 7];
 	int na = 0;
 	const dg_op_info *row = dg_op_info_of(op);
 	for (int i = 0; i < row->n_args; i++) {
@@ -90,12 +91,14 @@ static dg_status run_gate(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	float prob = c->p;
 	unsigned long long seed = c->seed;
 	unsigned step = c->step, layer = c->layer;
+	dg_dptr step_at = c->step_at;
 	args[na++] = &B;
 	args[na++] = &T;
 	args[na++] = &prob;
 	args[na++] = &seed;
 	args[na++] = &step;
 	args[na++] = &layer;
+	args[na++] = &step_at;
 	return dg_kernel_launch(dev, k, &l, args);
 }
 
@@ -115,32 +118,35 @@ DG__OP_NO_WORKSPACE(gate_bwd)
 
 /* ---- the typed calls ------------------------------------------------------------ */
 
-#define FWD_CALL(a) call_of((a)->xs, (a)->ys, (a)->xy, NULL, (a)->p, (a)->seed, (a)->step, (a)->layer)
-#define BWD_CALL(a) call_of((a)->dxy, (a)->xs, (a)->ys, (a)->dxs, (a)->p, (a)->seed, (a)->step, (a)->layer)
+#define FWD_CALL(a) \
+	call_of((a)->xs, (a)->ys, (a)->xy, NULL, (a)->p, (a)->seed, (a)->step, (a)->layer, (a)->step_at)
+#define BWD_CALL(a) \
+	call_of((a)->dxy, (a)->xs, (a)->ys, (a)->dxs, (a)->p, (a)->seed, (a)->step, (a)->layer, \
+		(a)->step_at)
 
 dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
 			    size_t msg_size)
 {
-	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
+	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0);
 	return gate_check(spec, DG_OP_GATE_FWD, "dg_gate_fwd", a ? &c : NULL, NULL, msg, msg_size);
 }
 
 dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a)
 {
-	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
+	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0);
 	return run_gate(dev, spec, DG_OP_GATE_FWD, a ? &c : NULL);
 }
 
 dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
 			    size_t msg_size)
 {
-	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
+	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0);
 	return gate_check(spec, DG_OP_GATE_BWD, "dg_gate_bwd", a ? &c : NULL, NULL, msg, msg_size);
 }
 
 dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a)
 {
-	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0);
+	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0);
 	return run_gate(dev, spec, DG_OP_GATE_BWD, a ? &c : NULL);
 }
 
@@ -164,6 +170,7 @@ static dg__op_call dg_call_of(const dg_decoder_gate_bwd_args *a)
 		c.seed = a->seed;
 		c.step = a->step;
 		c.layer = a->layer;
+		c.step_at = a->step_at;
 	}
 	return c;
 }
@@ -221,7 +228,7 @@ dg_status dg__run_decoder_gate_bwd(dg_device *dev, const dg_spec *spec, const dg
 				    "dg_decoder_gate_bwd: batch·time = %lld rows need %u row blocks of %d, more than the grid's 65535",
 				    (long long)(sh.b * sh.t), l.grid[1], t->bm);
 	dg_dptr p[6];
-	void *args[12];
+	void *args[13];
 	for (int i = 0; i < 6; i++) {
 		p[i] = c->t[i]->data;
 		args[i] = &p[i];
@@ -234,8 +241,10 @@ dg_status dg__run_decoder_gate_bwd(dg_device *dev, const dg_spec *spec, const dg
 	args[7] = &T;
 	args[8] = &prob;
 	args[9] = &seed;
+	dg_dptr step_at = c->step_at;
 	args[10] = &step;
 	args[11] = &layer;
+	args[12] = &step_at;
 	return dg_kernel_launch(dev, k, &l, args);
 }
 

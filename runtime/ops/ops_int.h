@@ -33,6 +33,11 @@ typedef struct dg__op_call {
 	float p;
 	uint64_t seed;
 	uint32_t step, layer;
+	dg_dptr step_at; /* 0, or a device uint32 added to step */
+	/* adamw_update: the step's control block (0: the default scalars),
+	 * the bf16 copy of p (0: none), the weight decay */
+	dg_dptr ctl, copy;
+	bool decay;
 } dg__op_call;
 
 /* The sizes a checked call has: B and T of its first tensor with them, R

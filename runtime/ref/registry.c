@@ -395,6 +395,33 @@ dg_status dg__ref_dequantize(const dg_spec *spec, const dg_ref_call *c)
 	return dg_ref_dequantize(spec->act, spec->out, spec->ascale, c->in[0], rows, cols, sc, c->out);
 }
 
+/* adamw_update: p, grad, m, v (n elements); the outputs p, m, v get the
+ * inputs' values updated in place (scratch for the ones without storage);
+ * the default control block (dg_ref_adamw_default_ctl), the decay on. */
+dg_status dg__ref_adamw_update(const dg_spec *spec, const dg_ref_call *c)
+{
+	if (!c->in[0] || !c->in[1] || !c->in[2] || !c->in[3] || c->n < 0)
+		return DG_ERR_INVALID_ARG;
+	size_t n = (size_t)c->n, bytes = n * sizeof(float);
+	float *o[3] = { out_at(spec, c, 0), out_at(spec, c, 2), out_at(spec, c, 3) };
+	const void *src[3] = { c->in[0], c->in[2], c->in[3] };
+	float *scratch[3] = { NULL, NULL, NULL };
+	for (int k = 0; k < 3; k++) {
+		if (!o[k] && !(o[k] = scratch[k] = malloc(bytes + 1))) {
+			free(scratch[0]);
+			free(scratch[1]);
+			return DG_ERR_NOMEM;
+		}
+		memmove(o[k], src[k], bytes);
+	}
+	dg_adamw_ctl ctl;
+	dg_ref_adamw_default_ctl(&ctl);
+	dg_ref_adamw(&ctl, true, o[0], c->in[1], o[1], o[2], NULL, n);
+	for (int k = 0; k < 3; k++)
+		free(scratch[k]);
+	return DG_OK;
+}
+
 typedef dg_status (*ref_fn)(const dg_spec *, const dg_ref_call *);
 
 static const ref_fn refs[DG_OP__COUNT] = {

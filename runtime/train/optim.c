@@ -4,8 +4,10 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "dragon/optim.h"
+#include "dragon/ref.h"
 
 void dg_adamw_defaults(dg_adamw_config *c, int64_t steps)
 {
@@ -85,24 +87,8 @@ double dg_adamw_sq_sum(const float *g, size_t n)
 void dg_adamw_step(const dg_adamw_config *c, int64_t t, float lr, float scale, bool decay, float *p,
 		   const float *grad, float *m, float *v, size_t n)
 {
-	const double step = (double)(t + 1);
-	const float d = (float)(1.0 - (double)lr * c->weight_decay);
-	const float w = (float)(1.0 - (double)c->beta1);
-	const float b2 = c->beta2, w2 = (float)(1.0 - (double)c->beta2);
-	const double bc1 = 1.0 - pow((double)c->beta1, step), bc2 = 1.0 - pow((double)c->beta2, step);
-	const float s = (float)((double)lr / bc1), cs = (float)sqrt(bc2), eps = c->eps;
-	for (size_t i = 0; i < n; i++) {
-		const float g = grad[i] * scale;
-		float x = p[i];
-		if (decay)
-			x = x * d;
-		/* torch.lerp: a + w·(b − a) for w < 0.5, b − (b − a)·(1 − w) else */
-		const float mi = w < 0.5f ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.0f - w);
-		const float vi = v[i] * b2 + (w2 * g) * g;
-		const float den = sqrtf(vi) / cs + eps;
-		x = x + (-s) * (mi / den);
-		m[i] = mi;
-		v[i] = vi;
-		p[i] = x;
-	}
+	dg_adamw_ctl ctl;
+	dg_adamw_ctl_fill(c, t, lr, &ctl);
+	ctl.scale = scale;
+	dg_ref_adamw(&ctl, decay, p, grad, m, v, NULL, n);
 }

@@ -1,0 +1,168 @@
+/*
+ * The optimizer family (dragon/ops.h "optim"; templates/adamw.lua): the
+ * fused AdamW update of one tensor and the gradients' global norm with its
+ * clip factor, each reading or writing the step's control block on the
+ * device (dragon/optim.h dg_adamw_ctl), so a training step captured into a
+ * CUDA graph replays with new scalars after one small copy. Nothing here
+ * allocates, frees or synchronizes.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "dragon/ref.h"
+#include "runtime/ops/ops_int.h"
+
+/* templates/adamw.lua's PARTS: dg_grad_sumsq's blocks, a partial each. */
+#define PARTS 264
+
+static dg__op_call call_of(const dg_adamw_update_args *a)
+{
+	dg__op_call c = a ? dg__op_call_of(a->p, a->grad, a->m, a->v)
+			  : dg__op_call_of(NULL, NULL, NULL, NULL);
+	if (a) {
+		c.ctl = a->ctl;
+		c.copy = a->copy;
+		c.decay = a->decay;
+	}
+	return c;
+}
+
+/* The op table's check (four f32 tensors of one shape), then p, m and v
+ * distinct from each other and from grad (each is written). */
+static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *sh, char *msg,
+		       size_t size)
+{
+	static const char fn[] = "dg_adamw_update";
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, DG_OP_ADAMW_UPDATE, fn, c, sh, msg, size);
+	if (st)
+		return st;
+	static const char *const names[] = { "p", "grad", "m", "v" };
+	for (int i = 0; i < 4; i++)
+		for (int j = i + 1; j < 4; j++)
+			if (c->t[i]->data == c->t[j]->data) {
+				snprintf(msg, size, "%s: %s: must not alias %s (p, m and v are each written)",
+					 names[j], fn, names[i]);
+				return DG_ERR_INVALID_ARG;
+			}
+	if (c->copy && (c->copy & 15u)) {
+		snprintf(msg, size, "copy: %s: 0x%llx is not 16-byte aligned", fn,
+			 (unsigned long long)c->copy);
+		return DG_ERR_INVALID_ARG;
+	}
+	return DG_OK;
+}
+
+static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+{
+	char msg[512];
+	dg__op_shape sh;
+	(void)op;
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = check(spec, c, &sh, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	long long n = sh.n;
+	if (n == 0)
+		return DG_OK;
+	dg_kernel *k;
+	st = dg_kernel_get(dev, spec, "dg_adamw_update", &k);
+	if (st)
+		return st;
+	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(dev)->sm_count;
+	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, 4), nt, 8LL * (sms > 0 ? sms : 1)), 1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	dg_adamw_ctl cv;
+	dg_ref_adamw_default_ctl(&cv);
+	dg_dptr p = c->t[0]->data, g = c->t[1]->data, m = c->t[2]->data, v = c->t[3]->data;
+	dg_dptr ctl = c->ctl, copy = c->copy;
+	int decay = c->decay ? 1 : 0;
+	void *args[] = { &p, &g, &m, &v, &ctl, &cv, &copy, &n, &decay };
+	return dg_kernel_launch(dev, k, &l, args);
+}
+
+dg_status dg__run_adamw_update(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+{
+	return run(dev, spec, DG_OP_ADAMW_UPDATE, c);
+}
+
+DG__OP_NO_WORKSPACE(adamw_update)
+
+dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
+				size_t msg_size)
+{
+	dg__op_call c = call_of(a);
+	return check(spec, a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a)
+{
+	dg__op_call c = call_of(a);
+	return run(dev, spec, DG_OP_ADAMW_UPDATE, a ? &c : NULL);
+}
+
+/* ---- the gradients' norm ------------------------------------------------------ */
+
+size_t dg_grad_norm_workspace(int n)
+{
+	return n > 0 ? (size_t)n * PARTS * sizeof(double) : 0;
+}
+
+dg_status dg_grad_norm(dg_device *dev, const dg_spec *spec, const dg_grad_norm_args *a)
+{
+	static const char fn[] = "dg_grad_norm";
+	char msg[512];
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	if (!spec || !a || (a->n > 0 && !a->grads))
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: NULL argument", fn);
+	if (spec->op != DG_OP_ADAMW_UPDATE)
+		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "%s: op=%s: expected an adamw_update spec",
+				    fn, dg_op_name(spec->op));
+	dg_status st = dg_spec_validate(spec, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	if (a->n < 1)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: n=%d: at least one gradient", fn, a->n);
+	if (!a->ctl || (a->ctl & 7u))
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "ctl: %s: the control block must be an 8-byte aligned device address",
+				    fn);
+	st = dg__op_workspace_ok(dev, fn, &a->ws, dg_grad_norm_workspace(a->n));
+	if (st)
+		return st;
+	for (int i = 0; i < a->n; i++) {
+		char name[32];
+		snprintf(name, sizeof(name), "grads[%d]", i);
+		const dg_tensor *t = a->grads[i];
+		if (!t)
+			return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: %s: NULL", fn, name);
+		st = dg_tensor_expect(t, name, DG_FMT_F32, t->ndim, NULL, false, msg, sizeof(msg));
+		if (st)
+			return dg__dev_fail_msg(dev, st, msg);
+	}
+	dg_kernel *ks, *kc;
+	if ((st = dg_kernel_get(dev, spec, "dg_grad_sumsq", &ks)) ||
+	    (st = dg_kernel_get(dev, spec, "dg_grad_clip", &kc)))
+		return st;
+	const unsigned nt = (unsigned)dg_kernel_spec(ks)->tile.threads;
+	dg_launch l = { { PARTS, 1, 1 }, { nt, 1, 1 }, 0 };
+	for (int i = 0; i < a->n && !st; i++) {
+		dg_dptr g = a->grads[i]->data, part = a->ws.ptr + (dg_dptr)i * PARTS * sizeof(double);
+		long long n = dg_tensor_numel(a->grads[i]);
+		void *args[] = { &g, &n, &part };
+		st = dg_kernel_launch(dev, ks, &l, args);
+	}
+	if (st)
+		return st;
+	dg_launch l1 = { { 1, 1, 1 }, { nt, 1, 1 }, 0 };
+	dg_dptr part = a->ws.ptr, ctl = a->ctl;
+	int nparts = a->n * PARTS;
+	void *args[] = { &part, &nparts, &ctl };
+	return dg_kernel_launch(dev, kc, &l1, args);
+}
