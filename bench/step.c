@@ -5,7 +5,13 @@
  *
  *   step [--presets f32,bf16,w8a8,bitnet] [--batch 8] [--time 512]
  *        [--warmup 2] [--reps 10] [--torch "python3 tools/bdh_torch.py"]
- *        [--no-torch] [--out FILE]
+ *        [--no-torch] [--train] [--out FILE]
+ *
+ * --train adds, a preset, the whole training step (forward, backward, the
+ * gradients' norm, AdamW and the execution copies: dg_model_train_step)
+ * replaying its captured graph and run eagerly: {impl, preset, mode
+ * train_graph | train_eager, step_ms (the mean of --reps steps queued back
+ * to back), graph_live}.
  *
  * dragon's rows: the median of --reps steps (dg_model_run, timed by
  * events), the peak device memory measured as the drop in free memory from
@@ -16,6 +22,7 @@
  * [{impl, preset, B, T, fwd_bwd_ms, peak_bytes, plan_bytes?, breakdown?},
  * ...]} to --out (and stdout).
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,11 +150,93 @@ fail_msg:
 	return r;
 }
 
+/* A whole training step (forward, backward, the norm, AdamW, the copies)
+ * of preset, queued reps times back to back after warm-up steps, graph
+ * replayed or eager: the mean ms a step between events around the reps. */
+static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int warmup, int reps,
+			bool graph)
+{
+	char msg[512];
+	dg_model_config c;
+	dg_model_weights *w = NULL;
+	dg_model *m = NULL;
+	cJSON *r = NULL;
+	dg_adamw_config opt;
+	dg_adamw_defaults(&opt, warmup + reps);
+	if (dg_model_preset(preset, &c, msg, sizeof(msg)) ||
+	    dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)))
+		goto fail_msg;
+	if (dg_model_create(dev, w, B, T, &m) || dg_model_optim_init(m, &opt, NULL, NULL, graph))
+		goto fail_dev;
+	int32_t *idx = malloc((size_t)B * T * 4), *tgt = malloc((size_t)B * T * 4);
+	dg_event *e0 = NULL, *e1 = NULL;
+	if (!idx || !tgt || dg_event_create(dev, &e0) || dg_event_create(dev, &e1)) {
+		free(idx), free(tgt);
+		dg_event_destroy(e0);
+		goto fail_dev;
+	}
+	for (int i = 0; i < B * T; i++) {
+		idx[i] = (i * 131 + 7) % c.vocab;
+		tgt[i] = (i * 71 + 3) % c.vocab;
+	}
+	dg_model_batch bt = { .idx = idx, .targets = tgt, .b = B, .t = T, .seed = 1, .train = true };
+	dg_status st = DG_OK;
+	int64_t t = 0;
+	double loss = 0, norm = 0;
+	for (; t < warmup && !st; t++)
+		st = dg_model_train_step(m, &bt, t, dg_adamw_lr(&opt, t));
+	if (!st)
+		st = dg_device_sync(dev);
+	if (!st)
+		st = dg_event_record(e0);
+	for (int i = 0; i < reps && !st; i++, t++)
+		st = dg_model_train_step(m, &bt, t, dg_adamw_lr(&opt, t));
+	if (!st)
+		st = dg_event_record(e1);
+	if (!st)
+		st = dg_event_synchronize(e1);
+	float ms = 0;
+	if (!st)
+		st = dg_event_elapsed_ms(e0, e1, &ms);
+	if (!st)
+		st = dg_model_train_result(m, t - 1, &loss, &norm, NULL);
+	free(idx), free(tgt);
+	dg_event_destroy(e0);
+	dg_event_destroy(e1);
+	if (st)
+		goto fail_dev;
+	r = cJSON_CreateObject();
+	cJSON_AddStringToObject(r, "impl", "dragon");
+	cJSON_AddStringToObject(r, "preset", preset);
+	cJSON_AddStringToObject(r, "mode", graph ? "train_graph" : "train_eager");
+	cJSON_AddBoolToObject(r, "graph_live", dg_model_graph_live(m));
+	cJSON_AddNumberToObject(r, "B", B);
+	cJSON_AddNumberToObject(r, "T", T);
+	cJSON_AddNumberToObject(r, "step_ms", ms / reps);
+	cJSON_AddNumberToObject(r, "last_loss", loss);
+	fprintf(stderr, "step: %s training step (%s): %.3f ms\n", preset, graph ? "graph" : "eager", ms / reps);
+	dg_model_destroy(m);
+	dg_model_weights_destroy(w);
+	return r;
+fail_dev:
+	snprintf(msg, sizeof(msg), "%s", dg_device_errmsg(dev));
+fail_msg:
+	dg_model_destroy(m);
+	dg_model_weights_destroy(w);
+	r = cJSON_CreateObject();
+	cJSON_AddStringToObject(r, "impl", "dragon");
+	cJSON_AddStringToObject(r, "preset", preset);
+	cJSON_AddStringToObject(r, "mode", graph ? "train_graph" : "train_eager");
+	cJSON_AddStringToObject(r, "error", msg);
+	fprintf(stderr, "step: %s training: %s\n", preset, msg);
+	return r;
+}
+
 int main(int argc, char **argv)
 {
 	const char *presets = "f32,bf16,w8a8,bitnet", *out = NULL;
 	const char *torch = "python3 " DG_SOURCE_DIR "/tools/bdh_torch.py";
-	int B = 8, T = 512, warmup = 2, reps = 10, use_torch = 1;
+	int B = 8, T = 512, warmup = 2, reps = 10, use_torch = 1, train = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--presets") && v)
@@ -164,11 +253,13 @@ int main(int argc, char **argv)
 			torch = argv[++i];
 		else if (!strcmp(a, "--no-torch"))
 			use_torch = 0;
+		else if (!strcmp(a, "--train"))
+			train = 1;
 		else if (!strcmp(a, "--out") && v)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: step [--presets LIST] [--batch B] [--time T] [--warmup N] "
-					"[--reps N] [--torch CMD | --no-torch] [--out FILE]\n");
+					"[--reps N] [--torch CMD | --no-torch] [--train] [--out FILE]\n");
 			return 2;
 		}
 	}
@@ -188,8 +279,13 @@ int main(int argc, char **argv)
 	cJSON_AddItemToObject(doc, "rows", rows);
 	char list[256];
 	snprintf(list, sizeof(list), "%s", presets);
-	for (char *p = strtok(list, ","); p; p = strtok(NULL, ","))
+	for (char *p = strtok(list, ","); p; p = strtok(NULL, ",")) {
 		cJSON_AddItemToArray(rows, run_preset(dev, p, B, T, warmup, reps));
+		if (train) {
+			cJSON_AddItemToArray(rows, run_train(dev, p, B, T, warmup, reps, true));
+			cJSON_AddItemToArray(rows, run_train(dev, p, B, T, warmup, reps, false));
+		}
+	}
 	dg_device_close(dev);
 	if (use_torch) {
 		char cmd[1024];

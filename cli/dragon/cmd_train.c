@@ -23,6 +23,7 @@ static const char help_text[] =
 	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data FILE]\n"
 	"                    [--out DIR] [--eval-every N] [--eval-batches K]\n"
 	"                    [--ckpt-every N] [--keep K] [--resume] [--stop-at N] [--cpu]\n"
+	"                    [--no-graph]\n"
 	"                    [--layers L --embd D --heads H --neurons N] [--json]\n\n"
 	"Trains a BDH model with AdamW on a corpus whose bytes are tokens: the first\n"
 	"90% to train, the last 10% to validate.\n\n"
@@ -49,6 +50,8 @@ static const char help_text[] =
 	"  --stop-at N       stop after step N (a checkpoint first); resume later\n"
 	"  --cpu             the CPU model even with a GPU (f32, w8a8, bitnet; small\n"
 	"                    shapes)\n"
+	"  --no-graph        on a GPU, run each step eagerly instead of replaying the\n"
+	"                    step captured into one CUDA graph\n"
 	"  --json            one JSON object on stdout at the end\n\n"
 	"Exit status: 0 ok, 1 failure (the data, a file, the device, a loss that is\n"
 	"not finite), 2 usage.\n";
@@ -56,7 +59,7 @@ static const char help_text[] =
 enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
 	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
-	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_HELP,
+	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_HELP,
 };
 
 static const dg__cli_opt opts[] = {
@@ -71,7 +74,8 @@ static const dg__cli_opt opts[] = {
 	{ "stop-at", 0, true, O_STOP_AT },	   { "cpu", 0, false, O_CPU },
 	{ "json", 0, false, O_JSON },		   { "layers", 0, true, O_LAYERS },
 	{ "embd", 0, true, O_EMBD },		   { "heads", 0, true, O_HEADS },
-	{ "neurons", 0, true, O_NEURONS },	   { "help", 'h', false, O_HELP },
+	{ "neurons", 0, true, O_NEURONS },	   { "no-graph", 0, false, O_NO_GRAPH },
+	{ "help", 'h', false, O_HELP },
 	{ NULL, 0, false, 0 },
 };
 
@@ -135,6 +139,7 @@ static int parse(int argc, char **argv, train_args *a)
 		case O_OUT: a->o.out_dir = v; break;
 		case O_RESUME: a->o.resume = true; break;
 		case O_CPU: a->cpu = true; break;
+		case O_NO_GRAPH: a->o.no_graph = true; break;
 		case O_JSON: a->json = true; break;
 		case O_STEPS: ok = parse_u("--steps", v, 1, 1ull << 40, &a->steps); break;
 		case O_WARMUP:

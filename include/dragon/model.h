@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "fmt.h"
+#include "optim.h"
 #include "runtime.h" /* dg_device */
 #include "spec.h"    /* dg_scale_gran */
 #include "status.h"
@@ -221,6 +222,41 @@ dg_status dg_model_profile(dg_model *m, const dg_model_batch *batch, dg_model_ti
  * batch uploaded, the forward and (backward) the backward; no wait, no
  * read-back (what a bench times and a training loop builds on). */
 dg_status dg_model_run(dg_model *m, const dg_model_batch *batch, bool backward);
+
+/* ---- training on the GPU ----------------------------------------------------
+ * AdamW beside the model (dragon/optim.h): its moments on the device, the
+ * step's scalars in a control block on the device (dg_adamw_ctl), one
+ * step = forward, backward, the gradients' global norm and clip factor,
+ * the update of every master (all are matrices: each decays) and the
+ * execution copies remade from them, all on the device, nothing read
+ * back but the loss and the norm. With graph, the second step captures
+ * the first's work into a CUDA graph and every step after replays it:
+ * the host copies the batch and the control block in (two small copies)
+ * and launches one graph. Every replay first checks that the buffers the
+ * graph was captured with are the model's (a capture is redone if not).
+ * The losses and norms come back asynchronously into page-locked memory,
+ * a ring of DG_MODEL_TRAIN_RING steps. */
+#define DG_MODEL_TRAIN_RING 8
+
+/* Attaches AdamW c to m: its moments allocated on the device, zeros or
+ * (m1, v1 non-NULL: a resumed run's) the host's, one array a param in
+ * dg_model_param order. graph: capture the step (see above). Again on a
+ * model that has them: the moments and c replaced (the graph kept). */
+dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *const *m1,
+			      float *const *v1, bool graph);
+/* Queues training step t (0-based) of batch (b, t as planned; its seed is
+ * the dropout's, its step ignored: t is) at learning rate lr, on the
+ * calling thread's stream; returns without waiting. */
+dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr);
+/* The loss and the gradient norm of queued step t (one of the last
+ * DG_MODEL_TRAIN_RING), waiting for that step only; *skipped (may be
+ * NULL): the update was skipped because the norm is not finite. */
+dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *norm, bool *skipped);
+/* The masters into w and the moments into m1, v1 (host arrays of each
+ * param's size; either may be NULL), waiting for the queued steps. */
+dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1, float *const *v1);
+/* Whether the model's steps replay a captured graph now. */
+bool dg_model_graph_live(const dg_model *m);
 
 #ifdef __cplusplus
 }

@@ -126,6 +126,14 @@ dg_status dg_memcpy_dtoh(dg_device *dev, void *dst, dg_dptr src,
 			 size_t bytes); /* waits for the stream */
 dg_status dg_memcpy_dtod(dg_device *dev, dg_dptr dst, dg_dptr src,
 			 size_t bytes);
+/* As dg_memcpy_dtoh without the wait: dst must be page-locked
+ * (dg_host_alloc) and stay valid until the copy has run (an event recorded
+ * after it says when). */
+dg_status dg_memcpy_dtoh_async(dg_device *dev, void *dst, dg_dptr src, size_t bytes);
+/* Page-locked host memory (cuMemHostAlloc), what an asynchronous copy to
+ * the host needs; dg_host_free releases it (NULL is fine). */
+dg_status dg_host_alloc(dg_device *dev, size_t bytes, void **out);
+void dg_host_free(dg_device *dev, void *p);
 dg_status dg_memset8(dg_device *dev, dg_dptr dst, uint8_t value,
 		     size_t bytes);
 /* The device's free and total memory now (cuMemGetInfo), bytes. */

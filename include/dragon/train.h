@@ -2,6 +2,13 @@
  * dragon — a training run: batches of a corpus, the model's step, AdamW
  * on the f32 masters, a JSONL log, checkpoints, and resuming from them.
  *
+ * On the GPU the whole step — the update and the execution copies too —
+ * runs on the device (dragon/model.h "training on the GPU"), replaying one
+ * captured CUDA graph from the second step on (no_graph: eagerly); the
+ * host queues step t + 1 before it reads step t's loss, so the device
+ * never waits for the host, except after a step that validates or
+ * checkpoints (those read the device's state back).
+ *
  * Step t (0-based) of a run:
  *   1. the learning rate dg_adamw_lr(opt, t); a batch of the train split
  *      drawn from the run's data RNG (dragon/data.h);
@@ -55,6 +62,7 @@ typedef struct dg_train_opts {
 	bool resume;           /* continue from out_dir's newest checkpoint */
 	int64_t stop_at;       /* stop after this many steps (a checkpoint first); 0: run to the end */
 	dg_device *dev;        /* the GPU model on dev; NULL: the CPU model */
+	bool no_graph;         /* the GPU: run each step eagerly, not a captured graph */
 } dg_train_opts;
 
 /* Fills o with the defaults: the 25M bf16 preset, B 8, T 512, AdamW's

@@ -56,6 +56,9 @@
 	  (void *, CUdeviceptr, size_t, CUstream))                            \
 	X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2", 1,    \
 	  (CUdeviceptr, CUdeviceptr, size_t, CUstream))                       \
+	X(MemHostAlloc, "cuMemHostAlloc", "cuMemHostAlloc", 1,                \
+	  (void **, size_t, unsigned int))                                    \
+	X(MemFreeHost, "cuMemFreeHost", "cuMemFreeHost", 1, (void *))         \
 	X(MemsetD8Async, "cuMemsetD8Async", "cuMemsetD8Async", 1,             \
 	  (CUdeviceptr, unsigned char, size_t, CUstream))                     \
 	X(ModuleLoadData, "cuModuleLoadData", "cuModuleLoadData", 1,          \

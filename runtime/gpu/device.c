@@ -405,6 +405,38 @@ dg_status dg_memcpy_dtod(dg_device *dev, dg_dptr dst, dg_dptr src, size_t bytes)
 	return DG_OK;
 }
 
+dg_status dg_memcpy_dtoh_async(dg_device *dev, void *dst, dg_dptr src, size_t bytes)
+{
+	dg_status st = copy_args(dev, "dg_memcpy_dtoh_async", dst != NULL, src != 0, bytes);
+	if (st || !bytes)
+		return st;
+	CUresult rc = dev->cu->MemcpyDtoHAsync(dst, (CUdeviceptr)src, bytes, dg__dev_stream(dev));
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuMemcpyDtoHAsync");
+	return DG_OK;
+}
+
+dg_status dg_host_alloc(dg_device *dev, size_t bytes, void **out)
+{
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	if (!out || !bytes)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_host_alloc: %s",
+				    out ? "0 bytes" : "NULL out");
+	*out = NULL;
+	CUresult rc = dev->cu->MemHostAlloc(out, bytes, 0);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuMemHostAlloc");
+	return DG_OK;
+}
+
+void dg_host_free(dg_device *dev, void *p)
+{
+	if (dev && p && !dg__dev_enter(dev))
+		(void)dev->cu->MemFreeHost(p);
+}
+
 dg_status dg_memset8(dg_device *dev, dg_dptr dst, uint8_t value, size_t bytes)
 {
 	dg_status st = copy_args(dev, "dg_memset8", dst != 0, true, bytes);

@@ -127,6 +127,11 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		snprintf(nm, sizeof(nm), "%s.exec.bf16", en[k]);
 		id->exec_bf16[k] = dg__tape_buf(t, nm, DG_FMT_BF16, DG__B_LOWBIT, k < 2 ? 3 : 2, k < 2 ? sh : dsh);
 	}
+	const bool dfwd = gpu && tg->dec_fwd_gemm && !lowbit && act == DG_FMT_BF16;
+	if (dfwd) { /* 16 MiB at the 25M shape */
+		int64_t sh[3] = { H, N, D };
+		id->dec_fwd = dg__tape_buf(t, "decoder.fwd.bf16", DG_FMT_BF16, DG__B_LOWBIT, 3, sh);
+	}
 	id->gexec[0] = buf(t, "grad.encoder.exec", DG__B_TEMP, 3, H, N, D, 0);
 	id->gexec[1] = buf(t, "grad.encoder_v.exec", DG__B_TEMP, 3, H, N, D, 0);
 	id->gexec[2] = buf(t, "grad.decoder.exec", DG__B_TEMP, 2, D, H * N, 0, 0);
@@ -209,7 +214,7 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		/* a low-bit recipe keeps xy's codes, not xy */
 		xyl[l] = lowbit ? abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N)
 				: view(t, xy_all, l, (int)Ly, nm, 4, B, H, T, N);
-		int yd = abuf(t, act, "yd", DG__B_TEMP, 4, B, 1, T, D);
+		int yd = abuf(t, dfwd ? F32 : act, "yd", DG__B_TEMP, 4, B, 1, T, D);
 		snprintf(nm, sizeof(nm), "y.%d", l);
 		yl[l] = abuf(t, act, nm, DG__B_SAVED, 4, B, 1, T, D);
 		snprintf(nm, sizeof(nm), "y.rstd.%d", l);
@@ -244,7 +249,8 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		node(t, DG__N_GATE, l, xsl[l], ysl[l], -1, -1, xyl[l], -1, 0);
 		if (lowbit)
 			node(t, DG__N_QUANT, l, xyl[l], -1, -1, -1, xyq, -1, 2);
-		node(t, DG__N_DEC, l, lowbit ? xyq : xyl[l], id->exec[2], -1, -1, yd, -1, 0);
+		node(t, DG__N_DEC, l, lowbit ? xyq : xyl[l], dfwd ? id->dec_fwd : id->exec[2], -1, -1, yd,
+		     -1, 0);
 		node(t, DG__N_LN, l, yd, -1, -1, -1, yl[l], yrl[l], 0);
 		node(t, DG__N_RESID_LN, l, x[l], yl[l], -1, -1, x[l + 1], orl[l], 0);
 	}

@@ -25,6 +25,8 @@ typedef struct dg__bdh_ids {
 	int exec_bf16[3];              /* bf16_grads: the encoders' codes × scales (H,N,D)
 					* bf16, what their input gradients read; dec_gate:
 					* the decoder's (D,H·N), what DEC_GATE reads */
+	int dec_fwd;                   /* dec_fwd_gemm: the decoder's bf16 copy in the
+					* master's layout [H·N, D], what its forward reads */
 	int gexec[3];                  /* the execution copies' gradients */
 	int tokens, targets;           /* (B, T) int32 (4-byte buffers) */
 	int cos, sin;                  /* the CPU's RoPE tables (T, N/2) */
@@ -51,6 +53,12 @@ typedef struct dg__bdh_target {
 	 * which reads the decoder's weight in bf16 (a low-bit recipe's
 	 * dequantized copy, exec_bf16[2]) */
 	bool dec_gate;
+	/* the GPU's float bf16 recipe on sm_90: the decoder's forward as the
+	 * projection's input-gradient GEMM (lowrank_grad_input's warpgroup
+	 * path: xy (B,H,T,N) bf16 · [H·N, D] bf16 summed over the heads, f32
+	 * out) from a bf16 copy of the master (dec_fwd); its output yd is
+	 * f32, which the layer norm after it reads */
+	bool dec_fwd_gemm;
 } dg__bdh_target;
 
 /* Records the step into t (initialized by the caller with c, B, T); the

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dragon/fmt.h"
 #include "dragon/model.h"
 #include "dragon/ops.h"
 #include "dragon/ref.h"
@@ -92,7 +93,8 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	m->qw_ws = -1;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
-			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate };
+			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
+			      .dec_fwd_gemm = m->dec_gate && !m->lowbit };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
@@ -161,6 +163,7 @@ void dg_model_destroy(dg_model *m)
 {
 	if (!m)
 		return;
+	dg__gm_train_free(m);
 	for (int k = 0; k < DG__B__COUNT; k++)
 		(void)dg_free(m->dev, m->alloc[k]);
 	dg__tape_free(&m->t);
@@ -174,7 +177,7 @@ void dg_model_memory_of(const dg_model *m, dg_model_memory *out)
 }
 
 /* Execution copy k (0 encoder, 1 encoder_v, 2 decoder) from its master. */
-static dg_status make_copy(dg_model *m, int k)
+dg_status dg__gm_make_copy(dg_model *m, int k)
 {
 	dg_device *dev = m->dev;
 	bool dec = k == 2;
@@ -233,6 +236,22 @@ static dg_status make_copy(dg_model *m, int k)
 	return dg_pack_weight(dev, &ps, &pa);
 }
 
+/* Buffer id (bf16) from n = its elements of host f32, each rounded to
+ * nearest even (dg_f32_to_bf16, what the device's copies round by). */
+static dg_status upload_bf16(dg_model *m, int id, const float *src)
+{
+	size_t n = (size_t)m->t.bufs[id].bytes / 2;
+	uint16_t *h = malloc(n * 2 + 2);
+	if (!h)
+		return dg__dev_fail(m->dev, DG_ERR_NOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		h[i] = dg_f32_to_bf16(src[i]);
+	dg_status st = dg_memcpy_htod(m->dev, dg__gm_addr(m, id), h, n * 2);
+	/* the copy is from pageable memory: staged before the call returns */
+	free(h);
+	return st;
+}
+
 dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 {
 	if (!m || !w)
@@ -250,7 +269,9 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 	 * the activations' format, or (low-bit) in f32, then quantized (and
 	 * packed) with their scales */
 	for (int k = 0; k < 3 && !st; k++)
-		st = make_copy(m, k);
+		st = dg__gm_make_copy(m, k);
+	if (!st && m->id.dec_fwd >= 0)
+		st = upload_bf16(m, m->id.dec_fwd, w->params[DG_PARAM_DECODER]);
 	if (st)
 		return st;
 	float *rope = malloc((size_t)m->T * m->N * sizeof(float) + 4);
@@ -289,7 +310,7 @@ dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int 
 }
 
 /* The batch's checks and upload (nothing runs). */
-static dg_status upload(dg_model *m, const dg_model_batch *bt)
+dg_status dg__gm_upload(dg_model *m, const dg_model_batch *bt)
 {
 	dg_device *dev = m->dev;
 	if (bt->b != m->B || bt->t != m->T)
@@ -317,14 +338,13 @@ static dg_status upload(dg_model *m, const dg_model_batch *bt)
 /* The batch uploaded, then the nodes. */
 static dg_status run(dg_model *m, const dg_model_batch *bt, bool backward)
 {
-	dg_status st = upload(m, bt);
+	dg_status st = dg__gm_upload(m, bt);
 	int end = backward ? m->t.n_nodes : m->t.n_forward;
 	for (int k = 0; k < end && !st; k++)
 		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
 	return st;
 }
 
-static dg_status upload(dg_model *m, const dg_model_batch *bt);
 
 dg_status dg_model_profile(dg_model *m, const dg_model_batch *bt, dg_model_time *out, int cap,
 			   int *n)
@@ -335,7 +355,7 @@ dg_status dg_model_profile(dg_model *m, const dg_model_batch *bt, dg_model_time 
 	dg_device *dev = m->dev;
 	*n = 0;
 	/* the batch, then the nodes one by one */
-	dg_status st = upload(m, bt);
+	dg_status st = dg__gm_upload(m, bt);
 	dg_event *e0 = NULL, *e1 = NULL;
 	if (!st)
 		st = dg_event_create(dev, &e0);

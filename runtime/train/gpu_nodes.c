@@ -258,7 +258,9 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			    : dg_embed_fwd(dev, &s, &a);
 	}
 	case DG__N_LN: {
-		dg_spec s = dg__gm_op_spec(m, DG_OP_LAYERNORM_FWD);
+		dg_spec s = dg__gm_base_spec(m, DG_OP_LAYERNORM_FWD);
+		s.src = m->t.bufs[in[0]].fmt; /* the decoder's f32 yd, else act */
+		dg_spec_normalize(&s);
 		dg_tensor x = rows(m, in[0], D), y = rows(m, out[0], D), r = flat(m, out[1]);
 		dg_layernorm_fwd_args a = { .x = &x, .y = &y, .rstd = &r, .eps = eps };
 		return need ? sized(m, &s, dg_layernorm_fwd_check(&s, &a, cm, sizeof(cm)), cm)
@@ -287,7 +289,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = dg__gm_op_spec(m, DG_OP_GATE_FWD);
 		dg_tensor xs = dg__gm_tn(m, in[0]), ys = dg__gm_tn(m, in[1]), xy = dg__gm_tn(m, out[0]);
 		dg_gate_fwd_args a = { .xs = &xs, .ys = &ys, .xy = &xy, .p = p, .seed = seed,
-				       .step = step, .layer = (uint32_t)nd->layer };
+				       .step = step, .layer = (uint32_t)nd->layer,
+				       .step_at = m->step_at };
 		return need ? sized(m, &s, dg_gate_fwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_gate_fwd(dev, &s, &a);
 	}
@@ -312,6 +315,20 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			    : dg_quantize_act(dev, &s, &a);
 	}
 	case DG__N_DEC: {
+		if (in[1] == m->id.dec_fwd) {
+			/* yd (B,1,T,D) f32 = Σ_h xy_h (B,T,N) · dec_h (N,D): the
+			 * projection's input-gradient GEMM on the warpgroup path */
+			dg_spec s = dg__gm_base_spec(m, DG_OP_LOWRANK_GRAD_INPUT);
+			s.in_heads = 1;
+			s.src = m->act;
+			s.weight = DG_FMT_BF16;
+			s.arch_specific = true;
+			dg_spec_normalize(&s);
+			dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
+			dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o, .ws = ws };
+			return need ? dg_lowrank_grad_input_workspace(dev, &s, &a, need)
+				    : dg_lowrank_grad_input(dev, &s, &a);
+		}
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_FWD);
 		set_recipe(m, &s, 2);
 		s.out = m->act;
@@ -374,7 +391,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor dxy = dg__gm_tn(m, in[0]), xs = dg__gm_tn(m, in[1]), ys = dg__gm_tn(m, in[2]), dxs = dg__gm_tn(m, out[0]);
 		dg_gate_bwd_args a = { .dxy = &dxy, .xs = &xs, .ys = &ys, .dxs = &dxs, .p = p,
-				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer };
+				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer,
+				       .step_at = m->step_at };
 		return need ? sized(m, &s, dg_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_gate_bwd(dev, &s, &a);
 	}
@@ -392,7 +410,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		w.scale = 0;
 		dg_decoder_gate_bwd_args a = { .grad = &g, .w = &w, .xs = &xs, .ys = &ys, .dxs = &dxs,
 					       .dys = &dys, .p = p, .seed = seed, .step = step,
-					       .layer = (uint32_t)nd->layer };
+					       .layer = (uint32_t)nd->layer, .step_at = m->step_at };
 		return need ? sized(m, &s, dg_decoder_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_decoder_gate_bwd(dev, &s, &a);
 	}

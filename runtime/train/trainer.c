@@ -129,6 +129,102 @@ static dg_status val_loss(stepper *sp, const dg_train_opts *o, const dg_corpus *
 	return DG_OK;
 }
 
+/* What a run's steps share: the options, the state, the files. */
+typedef struct run_ctx {
+	const dg_train_opts *o;
+	const dg_corpus *c;
+	dg_train_state *s;
+	stepper *sp;
+	FILE *log;
+	const char *logp;
+	int32_t *idx, *tgt;
+	size_t bt;              /* tokens a step */
+	double t0, t_last;      /* the run's start; the last step's end */
+	int64_t end;            /* the step the run stops after */
+	int64_t saved;          /* the newest checkpoint's step, -1 none */
+	dg_train_progress progress;
+	void *user;
+} run_ctx;
+
+/* A loss or norm that is not finite stops the run at step t. */
+static dg_status numeric(const run_ctx *r, int64_t t, double loss, double norm, char *msg, size_t size)
+{
+	if (isfinite(loss) && isfinite(norm))
+		return DG_OK;
+	return dg__msgf(DG_ERR_NUMERIC, msg, size,
+			"step %" PRId64 ": the loss is %g and the gradient norm %g; stopped (%s)", t + 1, loss,
+			norm, r->saved >= 0 ? "the last checkpoint is kept" : "no checkpoint was written yet");
+}
+
+static bool eval_due(const dg_train_opts *o, int64_t n)
+{
+	return (o->eval_every > 0 && n % o->eval_every == 0) || n == o->opt.steps;
+}
+
+static bool ckpt_due(const run_ctx *r, int64_t n)
+{
+	return (r->o->ckpt_every > 0 && n % r->o->ckpt_every == 0) || n == r->end;
+}
+
+/* Whether the step that makes n steps done reads the device's state
+ * after it (a validation, a checkpoint), or ends the run. */
+static bool reads_state(const run_ctx *r, int64_t n)
+{
+	return eval_due(r->o, n) || ckpt_due(r, n) || n >= r->end;
+}
+
+/* Step t done (s->step is past it): its log line, a validation and a
+ * checkpoint when due, the caller's report. */
+static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double norm, char *msg, size_t size)
+{
+	const dg_train_opts *o = r->o;
+	dg_train_state *s = r->s;
+	const int64_t n = t + 1;
+	double vl = NAN;
+	if (eval_due(o, n)) {
+		dg_status st = val_loss(r->sp, o, r->c, s->weights, r->idx, r->tgt, &vl, msg, size);
+		if (st)
+			return st;
+	}
+	const double te = now_s();
+	dg_train_report rp = { .step = n, .steps = o->opt.steps, .train_loss = loss, .val_loss = vl,
+			       .lr = lr, .grad_norm = norm, .tokens_per_s = (double)r->bt / (te - r->t_last),
+			       .wall_s = te - r->t0 };
+	r->t_last = te;
+	fprintf(r->log, "{\"step\": %" PRId64 ", \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g",
+		rp.step, rp.train_loss, (double)rp.lr, rp.grad_norm);
+	if (!isnan(vl))
+		fprintf(r->log, ", \"val_loss\": %.9g", vl);
+	fprintf(r->log, ", \"tokens_per_s\": %.1f, \"wall_s\": %.3f}\n", rp.tokens_per_s, rp.wall_s);
+	if (fflush(r->log))
+		return dg__msgf(DG_ERR_IO, msg, size, "%s: write: %s", r->logp, strerror(errno));
+	if (ckpt_due(r, n)) {
+		char path[4200];
+		if (r->sp->m && dg_model_optim_get(r->sp->m, s->weights, s->m, s->v))
+			return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(o->dev));
+		dg_checkpoint_path(o->out_dir, n, path, sizeof(path));
+		dg_status st = dg_checkpoint_save(s, path, msg, size);
+		if (!st)
+			st = dg_checkpoint_prune(o->out_dir, o->keep, NULL, msg, size);
+		if (st)
+			return st;
+		r->saved = n;
+	}
+	if (r->progress)
+		r->progress(&rp, r->user);
+	return DG_OK;
+}
+
+/* finish of a queued GPU step: its loss and norm read back first. */
+static dg_status finish_gpu(run_ctx *r, int64_t t, float lr, char *msg, size_t size)
+{
+	double loss, norm;
+	if (dg_model_train_result(r->sp->m, t, &loss, &norm, NULL))
+		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(r->o->dev));
+	dg_status st = numeric(r, t, loss, norm, msg, size);
+	return st ? st : finish(r, t, lr, loss, norm, msg, size);
+}
+
 dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
 		       void *user, char *msg, size_t msg_size)
 {
@@ -188,7 +284,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		    (st = dg_train_state_create(w0, o->seed, &o->opt, &s, msg, msg_size)))
 			goto out;
 	}
-	if ((st = dg__model_weights_alloc(&o->model, &grads, msg, msg_size)))
+	if (!o->dev && (st = dg__model_weights_alloc(&o->model, &grads, msg, msg_size)))
 		goto out;
 	size_t bt = (size_t)o->batch * (size_t)o->time;
 	idx = malloc(bt * sizeof(int32_t));
@@ -197,7 +293,10 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		st = dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
 		goto out;
 	}
-	if (o->dev && dg_model_create(o->dev, s->weights, o->batch, o->time, &sp.m)) {
+	const double t0 = now_s(); /* the first step's wall time: to the first step */
+	if (o->dev && (dg_model_create(o->dev, s->weights, o->batch, o->time, &sp.m) ||
+		       dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL, o->resume ? s->v : NULL,
+					   !o->no_graph))) {
 		st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 		goto out;
 	}
@@ -208,76 +307,66 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	}
 
 	const int64_t end = o->stop_at > 0 && o->stop_at < o->opt.steps ? o->stop_at : o->opt.steps;
-	const double t0 = now_s();
 	const dg_model_config *mc = &s->weights->config;
-	int64_t saved = o->resume ? s->step : -1;
+	run_ctx rc = { .o = o, .c = c, .s = s, .sp = &sp, .log = log, .logp = logp, .idx = idx, .tgt = tgt,
+		       .bt = bt, .t0 = t0, .t_last = t0, .end = end, .saved = o->resume ? s->step : -1,
+		       .progress = progress, .user = user };
+	/* the GPU: step t is queued before step t − 1 is read (pending); a
+	 * step that validates or checkpoints is read before the next is
+	 * queued, since both read the device's state after it */
+	int64_t pending = -1;
+	float pending_lr = 0;
 	while (s->step < end) {
 		const int64_t t = s->step;
-		const double ts = now_s();
 		const float lr = dg_adamw_lr(&o->opt, t);
 		dg_corpus_batch(c, false, &s->data_rng, o->batch, o->time, idx, tgt);
 		s->data_pos++;
 		dg_model_batch b = { .idx = idx, .targets = tgt, .b = o->batch, .t = o->time,
 				     .seed = s->seed, .step = (uint32_t)t, .train = true };
-		double loss;
-		if ((st = step_of(&sp, s->weights, &b, &loss, grads, msg, msg_size)))
-			goto out;
-		double sq = 0;
-		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-			int nd;
-			int64_t sh[3];
-			sq += dg_adamw_sq_sum(grads->params[p],
-					      (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh));
+		if (!sp.m) {
+			double loss;
+			if ((st = step_of(&sp, s->weights, &b, &loss, grads, msg, msg_size)))
+				goto out;
+			double sq = 0;
+			for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+				int nd;
+				int64_t sh[3];
+				sq += dg_adamw_sq_sum(grads->params[p],
+						      (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh));
+			}
+			const double norm = sqrt(sq);
+			if ((st = numeric(&rc, t, loss, norm, msg, msg_size)))
+				goto out;
+			const float scale = dg_adamw_clip_scale(&o->opt, norm);
+			for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+				int nd;
+				int64_t sh[3];
+				size_t n = (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh);
+				dg_adamw_step(&o->opt, t, lr, scale, true, s->weights->params[p], grads->params[p],
+					      s->m[p], s->v[p], n);
+			}
+			s->step = t + 1;
+			if ((st = finish(&rc, t, lr, loss, norm, msg, msg_size)))
+				goto out;
+			continue;
 		}
-		const double norm = sqrt(sq);
-		if (!isfinite(loss) || !isfinite(norm)) {
-			st = dg__msgf(DG_ERR_NUMERIC, msg, msg_size,
-				      "step %" PRId64 ": the loss is %g and the gradient norm %g; stopped (%s)", t + 1,
-				      loss, norm,
-				      saved >= 0 ? "the last checkpoint is kept" : "no checkpoint was written yet");
-			goto out;
-		}
-		const float scale = dg_adamw_clip_scale(&o->opt, norm);
-		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-			int nd;
-			int64_t sh[3];
-			size_t n = (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh);
-			dg_adamw_step(&o->opt, t, lr, scale, true, s->weights->params[p], grads->params[p], s->m[p],
-				      s->v[p], n);
-		}
-		if (sp.m && dg_model_set_weights(sp.m, s->weights)) {
+		if (dg_model_train_step(sp.m, &b, t, lr)) {
 			st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 			goto out;
 		}
 		s->step = t + 1;
-		const bool last = s->step == o->opt.steps;
-		double vl = NAN;
-		if ((o->eval_every > 0 && s->step % o->eval_every == 0) || last)
-			if ((st = val_loss(&sp, o, c, s->weights, idx, tgt, &vl, msg, msg_size)))
-				goto out;
-		const double te = now_s();
-		dg_train_report r = { .step = s->step, .steps = o->opt.steps, .train_loss = loss, .val_loss = vl,
-				      .lr = lr, .grad_norm = norm, .tokens_per_s = (double)bt / (te - ts),
-				      .wall_s = te - t0 };
-		fprintf(log, "{\"step\": %" PRId64 ", \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g",
-			r.step, r.train_loss, (double)r.lr, r.grad_norm);
-		if (!isnan(vl))
-			fprintf(log, ", \"val_loss\": %.9g", vl);
-		fprintf(log, ", \"tokens_per_s\": %.1f, \"wall_s\": %.3f}\n", r.tokens_per_s, r.wall_s);
-		if (fflush(log)) {
-			st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: write: %s", logp, strerror(errno));
+		if (pending >= 0 && (st = finish_gpu(&rc, pending, pending_lr, msg, msg_size)))
 			goto out;
-		}
-		if ((o->ckpt_every > 0 && s->step % o->ckpt_every == 0) || s->step == end) {
-			dg_checkpoint_path(o->out_dir, s->step, path, sizeof(path));
-			if ((st = dg_checkpoint_save(s, path, msg, msg_size)) ||
-			    (st = dg_checkpoint_prune(o->out_dir, o->keep, NULL, msg, msg_size)))
+		pending = t;
+		pending_lr = lr;
+		if (reads_state(&rc, t + 1)) {
+			pending = -1;
+			if ((st = finish_gpu(&rc, t, lr, msg, msg_size)))
 				goto out;
-			saved = s->step;
 		}
-		if (progress)
-			progress(&r, user);
 	}
+	if (pending >= 0)
+		st = finish_gpu(&rc, pending, pending_lr, msg, msg_size);
 out:
 	if (log && fclose(log) && !st)
 		st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: close: %s", logp, strerror(errno));

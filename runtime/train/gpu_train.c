@@ -1,0 +1,303 @@
+/*
+ * Training on the GPU (dragon/model.h "training on the GPU"): AdamW's
+ * moments and the step's control block beside the model, the step's whole
+ * work queued on the device, and its capture into one CUDA graph.
+ *
+ * A step's work (the body): every node of the tape (the gates read the
+ * dropout's step from the control block: m->step_at), the gradients'
+ * norm and clip factor into the control block (grad_norm), the AdamW
+ * update of the five masters (adamw_update; the bf16 recipe's decoder
+ * writes its forward copy as it goes), then the execution copies remade
+ * from the masters (dg__gm_make_copy). Before it, outside any graph: the
+ * batch and the bad flag (dg__gm_upload), the control block's host half
+ * (one copy of 64 bytes from pageable memory, staged before the call
+ * returns). After it: the loss, the bad flag and the control block copied
+ * into a page-locked ring slot, an event recorded; the host waits on that
+ * event only when it asks for the step's result.
+ *
+ * Graph: step 1 of a model runs the body eagerly (every kernel loaded),
+ * step 2 captures it and launches the graph, every later step launches
+ * it again. The graph holds the addresses it was captured with: the
+ * arenas, the moments, the control block and the dropout seed are
+ * recorded and compared before each launch; a difference recaptures.
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/model.h"
+#include "dragon/ops.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/train/gpu_model_int.h"
+
+/* A ring slot: what a step sends back. */
+typedef struct slot {
+	dg_adamw_ctl ctl; /* norm, scale, skip */
+	float loss;
+	int32_t bad;
+} slot;
+
+typedef struct dg__gm_train {
+	dg_adamw_config opt;
+	bool use_graph;
+	dg_dptr mom;                       /* one allocation: m1[p] then v1[p] */
+	dg_dptr m1[DG_MODEL_N_PARAMS], v1[DG_MODEL_N_PARAMS];
+	dg_dptr ctl;                       /* a dg_adamw_ctl */
+	dg_dptr norm_ws;                   /* grad_norm's partials */
+	size_t norm_ws_bytes;
+	int64_t queued;                    /* steps queued on this model */
+	dg_graph *graph;
+	dg_dptr cap_base[DG__B__COUNT];    /* what graph was captured with */
+	uint64_t cap_seed;
+	slot *ring;                        /* DG_MODEL_TRAIN_RING, page-locked */
+	dg_event *ev[DG_MODEL_TRAIN_RING];
+	int64_t ring_step[DG_MODEL_TRAIN_RING];
+} dg__gm_train;
+
+static size_t param_bytes(const dg_model *m, int p)
+{
+	return m->t.bufs[m->id.params[p]].bytes;
+}
+
+void dg__gm_train_free(dg_model *m)
+{
+	dg__gm_train *tr = m->tr;
+	if (!tr)
+		return;
+	dg_graph_destroy(tr->graph);
+	for (int k = 0; k < DG_MODEL_TRAIN_RING; k++)
+		dg_event_destroy(tr->ev[k]);
+	dg_host_free(m->dev, tr->ring);
+	(void)dg_free(m->dev, tr->mom);
+	(void)dg_free(m->dev, tr->ctl);
+	(void)dg_free(m->dev, tr->norm_ws);
+	free(tr);
+	m->tr = NULL;
+}
+
+/* The moments from host arrays (or zeros). */
+static dg_status put_moments(dg_model *m, float *const *m1, float *const *v1)
+{
+	dg__gm_train *tr = m->tr;
+	dg_status st = DG_OK;
+	for (int p = 0; p < DG_MODEL_N_PARAMS && !st; p++) {
+		size_t b = param_bytes(m, p);
+		st = m1 ? dg_memcpy_htod(m->dev, tr->m1[p], m1[p], b) : dg_memset8(m->dev, tr->m1[p], 0, b);
+		if (!st)
+			st = v1 ? dg_memcpy_htod(m->dev, tr->v1[p], v1[p], b)
+				: dg_memset8(m->dev, tr->v1[p], 0, b);
+	}
+	return st;
+}
+
+dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *const *m1,
+			      float *const *v1, bool graph)
+{
+	if (!m || !c)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_optim_init: NULL argument")
+			 : DG_ERR_INVALID_ARG;
+	dg_device *dev = m->dev;
+	char msg[256];
+	dg_status st = dg_adamw_check(c, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail(dev, st, "%s", msg);
+	if (!m->tr) {
+		dg__gm_train *tr = calloc(1, sizeof(*tr));
+		if (!tr)
+			return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+		m->tr = tr;
+		size_t total = 0;
+		for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+			total += 2 * ((param_bytes(m, p) + 255) / 256 * 256);
+		tr->norm_ws_bytes = dg_grad_norm_workspace(DG_MODEL_N_PARAMS);
+		st = dg_malloc(dev, total, &tr->mom);
+		if (!st)
+			st = dg_malloc(dev, sizeof(dg_adamw_ctl), &tr->ctl);
+		if (!st)
+			st = dg_malloc(dev, tr->norm_ws_bytes, &tr->norm_ws);
+		if (!st)
+			st = dg_host_alloc(dev, sizeof(slot) * DG_MODEL_TRAIN_RING, (void **)&tr->ring);
+		for (int k = 0; k < DG_MODEL_TRAIN_RING && !st; k++) {
+			st = dg_event_create(dev, &tr->ev[k]);
+			tr->ring_step[k] = -1;
+		}
+		if (st) {
+			dg__gm_train_free(m);
+			return st;
+		}
+		dg_dptr at = tr->mom;
+		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+			size_t b = (param_bytes(m, p) + 255) / 256 * 256;
+			tr->m1[p] = at;
+			tr->v1[p] = at + b;
+			at += 2 * b;
+		}
+	}
+	m->tr->opt = *c;
+	m->tr->use_graph = graph;
+	return put_moments(m, m1, v1);
+}
+
+/* The step's work on the device, after its batch and control block. */
+static dg_status body(dg_model *m, const dg_model_batch *bt)
+{
+	dg__gm_train *tr = m->tr;
+	dg_device *dev = m->dev;
+	dg_status st = DG_OK;
+	m->step_at = tr->ctl + offsetof(dg_adamw_ctl, step);
+	for (int k = 0; k < m->t.n_nodes && !st; k++)
+		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
+	m->step_at = 0;
+	if (st)
+		return st;
+	dg_spec s = dg__gm_op_spec(m, DG_OP_ADAMW_UPDATE);
+	dg_tensor g[DG_MODEL_N_PARAMS];
+	const dg_tensor *gp[DG_MODEL_N_PARAMS];
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		g[p] = dg__gm_tn(m, m->id.grads[p]);
+		gp[p] = &g[p];
+	}
+	dg_grad_norm_args na = { .grads = gp, .n = DG_MODEL_N_PARAMS, .ctl = tr->ctl,
+				 .ws = { tr->norm_ws, tr->norm_ws_bytes } };
+	st = dg_grad_norm(dev, &s, &na);
+	for (int p = 0; p < DG_MODEL_N_PARAMS && !st; p++) {
+		dg_tensor w = dg__gm_tn(m, m->id.params[p]);
+		dg_tensor m1 = dg_tensor_make("adamw.m", DG_FMT_F32, tr->m1[p], w.ndim, w.shape);
+		dg_tensor v1 = dg_tensor_make("adamw.v", DG_FMT_F32, tr->v1[p], w.ndim, w.shape);
+		dg_adamw_update_args a = { .p = &w, .grad = &g[p], .m = &m1, .v = &v1, .ctl = tr->ctl,
+					   .decay = true };
+		if (p == DG_PARAM_DECODER && m->id.dec_fwd >= 0)
+			a.copy = dg__gm_addr(m, m->id.dec_fwd);
+		st = dg_adamw_update(dev, &s, &a);
+	}
+	for (int k = 0; k < 3 && !st; k++)
+		st = dg__gm_make_copy(m, k);
+	return st;
+}
+
+/* Whether the graph was captured with the model's buffers and seed. */
+static bool graph_current(const dg_model *m, uint64_t seed)
+{
+	const dg__gm_train *tr = m->tr;
+	return tr->graph && tr->cap_seed == seed &&
+	       memcmp(tr->cap_base, m->base, sizeof(tr->cap_base)) == 0;
+}
+
+static dg_status capture(dg_model *m, const dg_model_batch *bt)
+{
+	dg__gm_train *tr = m->tr;
+	dg_graph_destroy(tr->graph);
+	tr->graph = NULL;
+	dg_status st = dg_graph_begin(m->dev);
+	if (st)
+		return st;
+	st = body(m, bt);
+	dg_graph *g = NULL;
+	dg_status end = dg_graph_end(m->dev, &g);
+	if (st || end) {
+		dg_graph_destroy(g);
+		return st ? st : end;
+	}
+	tr->graph = g;
+	memcpy(tr->cap_base, m->base, sizeof(tr->cap_base));
+	tr->cap_seed = bt->seed;
+	return DG_OK;
+}
+
+dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr)
+{
+	if (!m || !batch || !batch->idx || !batch->targets)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_train_step: NULL argument")
+			 : DG_ERR_INVALID_ARG;
+	dg_device *dev = m->dev;
+	dg__gm_train *tr = m->tr;
+	if (!tr)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_model_train_step: no optimizer (dg_model_optim_init first)");
+	if (t < 0 || t > (int64_t)UINT32_MAX)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_train_step: step %lld out of range",
+				    (long long)t);
+	dg_model_batch bt = *batch;
+	bt.step = 0; /* the step is the control block's */
+	bt.train = true;
+	dg_adamw_ctl ctl;
+	dg_adamw_ctl_fill(&tr->opt, t, lr, &ctl);
+	dg_status st = dg__gm_upload(m, &bt);
+	if (!st)
+		st = dg_memcpy_htod(dev, tr->ctl, &ctl, sizeof(ctl));
+	if (st)
+		return st;
+	if (tr->use_graph && tr->queued > 0 && !graph_current(m, bt.seed))
+		st = capture(m, &bt);
+	if (!st)
+		st = tr->graph && tr->use_graph ? dg_graph_launch(tr->graph) : body(m, &bt);
+	if (st)
+		return st;
+	tr->queued++;
+	/* the results into their slot (its last reader was DG_MODEL_TRAIN_RING
+	 * steps ago: waited for by its event) */
+	int k = (int)(t % DG_MODEL_TRAIN_RING);
+	slot *sl = &tr->ring[k];
+	st = dg_event_synchronize(tr->ev[k]);
+	if (!st)
+		st = dg_memcpy_dtoh_async(dev, &sl->ctl, tr->ctl, sizeof(sl->ctl));
+	if (!st)
+		st = dg_memcpy_dtoh_async(dev, &sl->loss, dg__gm_addr(m, m->id.loss), sizeof(sl->loss));
+	if (!st)
+		st = dg_memcpy_dtoh_async(dev, &sl->bad, dg__gm_addr(m, m->id.bad), sizeof(sl->bad));
+	if (!st)
+		st = dg_event_record(tr->ev[k]);
+	tr->ring_step[k] = st ? -1 : t;
+	return st;
+}
+
+dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *norm, bool *skipped)
+{
+	if (!m || !loss || !norm)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_train_result: NULL argument")
+			 : DG_ERR_INVALID_ARG;
+	dg__gm_train *tr = m->tr;
+	int k = t >= 0 ? (int)(t % DG_MODEL_TRAIN_RING) : 0;
+	if (!tr || t < 0 || tr->ring_step[k] != t)
+		return dg__dev_fail(m->dev, DG_ERR_INVALID_ARG,
+				    "dg_model_train_result: step %lld is not one of the last %d queued", (long long)t,
+				    DG_MODEL_TRAIN_RING);
+	dg_status st = dg_event_synchronize(tr->ev[k]);
+	if (st)
+		return st;
+	const slot *sl = &tr->ring[k];
+	if (sl->bad)
+		return dg__dev_fail(m->dev, DG_ERR_INTERNAL, "a token reached the GPU outside the vocabulary");
+	*loss = sl->loss;
+	*norm = sl->ctl.norm;
+	if (skipped)
+		*skipped = sl->ctl.skip != 0;
+	return DG_OK;
+}
+
+dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1, float *const *v1)
+{
+	if (!m)
+		return DG_ERR_INVALID_ARG;
+	dg_device *dev = m->dev;
+	if (w && memcmp(&w->config, &m->c, sizeof(m->c)) != 0)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_optim_get: the weights' config is not the model's");
+	if ((m1 || v1) && !m->tr)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_optim_get: no optimizer");
+	dg_status st = DG_OK;
+	for (int p = 0; p < DG_MODEL_N_PARAMS && !st; p++) {
+		size_t b = param_bytes(m, p);
+		if (w)
+			st = dg_memcpy_dtoh(dev, w->params[p], dg__gm_addr(m, m->id.params[p]), b);
+		if (!st && m1)
+			st = dg_memcpy_dtoh(dev, m1[p], m->tr->m1[p], b);
+		if (!st && v1)
+			st = dg_memcpy_dtoh(dev, v1[p], m->tr->v1[p], b);
+	}
+	return st;
+}
+
+bool dg_model_graph_live(const dg_model *m)
+{
+	return m && m->tr && m->tr->use_graph && m->tr->graph && graph_current(m, m->tr->cap_seed);
+}
