@@ -11,13 +11,15 @@
  *     a prompt longer than T is printed whole and continued from its tail;
  *   - a bf16 checkpoint on the CPU runs as f32 on the same weights, with a
  *     note on stderr, and gives the f32 checkpoint's text;
- *   - bad flags, no checkpoint, a folder without one, a corrupt file and a
- *     weights file that is not a checkpoint are refused with one line,
- *     exit 2 (usage) or 1 (failure).
+ *   - bad flags, no checkpoint, a folder without one, a corrupt file, a
+ *     weights file that is not a checkpoint and diverged weights (a logit
+ *     that is not finite) are refused with one line, exit 2 (usage) or 1
+ *     (failure).
  * On a GPU: sampling without --cpu prints the prompt and --length bytes,
  * the same for the same seed, and its greedy text is the CPU's (skipped
  * with "skipped: no CUDA device" otherwise).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,6 +242,16 @@ Test(cli_sample, refusals)
 	dg_train_state_destroy(s);
 	gen(&sb, &r, "sample", path, "--cpu", NULL);
 	expect_one_line_error(&r, 1, "not a checkpoint");
+	run_free(&r);
+	/* diverged weights: a logit that is not finite stops it, named */
+	cr_assert_eq(dg_checkpoint_load(ckpt, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	s->weights->params[DG_PARAM_LM_HEAD][0] = NAN;
+	snprintf(path, sizeof(path), "%s/nan.safetensors", sb.root);
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_train_state_destroy(s);
+	gen(&sb, &r, "sample", path, "--cpu", "--prompt", "Now", NULL);
+	expect_one_line_error(&r, 1, "logit 0 is nan");
+	cr_expect(r.out_len == 3 && memcmp(r.out, "Now", 3) == 0, "printed %zu bytes", r.out_len);
 	run_free(&r);
 	gen(&sb, &r, "sample", "--help", NULL);
 	cr_assert_eq(r.code, 0);

@@ -258,6 +258,13 @@ static int generate(gen *g, const sample_args *a, int V)
 	for (uint64_t i = 0; i < a->length && !code && !ferror(stdout); i++) {
 		if ((code = logits_of(g, ctx, n, z)))
 			break;
+		for (int v = 0; v < V && !code; v++)
+			if (!isfinite(z[v]))
+				code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NUMERIC,
+						   "the logits after %d bytes are not finite (logit %d is %g): the weights have diverged",
+						   (int)(plen + i), v, (double)z[v]);
+		if (code)
+			break;
 		int next = draw(z, V, a->temperature, (int)a->top_k, &r, tmp);
 		fputc(next, stdout);
 		fflush(stdout);
