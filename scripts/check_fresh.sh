@@ -17,19 +17,30 @@ cleanup() {
   umount "$root$cuda" 2>/dev/null || true
   rm -rf "$root"
 }
-# The mirror: the URI of the first deb source carrying bookworm, from the
-# deb822 .sources files or the one-line sources.list format.
+# The mirror: the URI of the first binary ("deb") source of bookworm's main
+# component, from the deb822 .sources files or the one-line sources.list
+# format (whose [options] may precede the URI). No host is written here:
+# debootstrap gets what this machine's apt already uses.
 mirror() {
   local f
   for f in /etc/apt/sources.list.d/*.sources; do
     [ -f "$f" ] || continue
     awk 'BEGIN { RS = ""; FS = "\n" }
-         /(^|\n)Suites:[^\n]*bookworm([ \n]|$)/ {
-           for (i = 1; i <= NF; i++) if ($i ~ /^URIs:/) { split($i, u, " "); print u[2]; exit } }' "$f"
+         { types = suites = comps = uri = ""
+           for (i = 1; i <= NF; i++) {
+             if ($i ~ /^Types:/) types = " " substr($i, 7) " "
+             else if ($i ~ /^Suites:/) suites = " " substr($i, 8) " "
+             else if ($i ~ /^Components:/) comps = " " substr($i, 12) " "
+             else if ($i ~ /^URIs:/) { split(substr($i, 6), u, " "); uri = u[1] } }
+           if (types ~ /[ \t]deb[ \t]/ && suites ~ /[ \t]bookworm[ \t]/ && comps ~ /[ \t]main[ \t]/ && uri != "") {
+             print uri; exit } }' "$f"
   done
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
     [ -f "$f" ] || continue
-    awk '$1 == "deb" && $3 == "bookworm" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { print $i; exit } }' "$f"
+    awk '$1 == "deb" { i = 2
+           if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+           if ($(i + 1) != "bookworm") next
+           for (k = i + 2; k <= NF; k++) if ($k == "main") { print $i; exit } }' "$f"
   done
 }
 url=$(mirror | head -n 1)

@@ -131,7 +131,7 @@ void collect(const sandbox *sb, pid_t pid, run *r)
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 	snprintf(path, sizeof(path), "%s/stdout", sb->root);
-	r->out = slurp(path, NULL);
+	r->out = slurp(path, &r->out_len);
 	snprintf(path, sizeof(path), "%s/stderr", sb->root);
 	r->err = slurp(path, NULL);
 }

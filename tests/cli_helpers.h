@@ -15,6 +15,7 @@
 typedef struct run {
 	int code;   /* exit status, or 128 + signal */
 	char *out;  /* stdout, NUL-terminated */
+	size_t out_len; /* stdout's bytes (raw output may hold NULs) */
 	char *err;  /* stderr */
 } run;
 

@@ -5,7 +5,8 @@
  *     counter and hyper-parameter exactly (floats through %.9g);
  *   - refused with the path and what is wrong: a missing file, a
  *     truncated one, a weights file that is not a checkpoint, a missing
- *     moment (named), a counter that is not a number; a failed save
+ *     moment (named), a counter that is not a number (step, time); one
+ *     saved before "time" was written loads with time 0; a failed save
  *     (no such folder) leaves nothing behind;
  *   - resuming: a config or optimizer that differs is named field by
  *     field; the same one matches;
@@ -67,6 +68,7 @@ static dg_train_state *made(const dg_model_config *c)
 		}
 	s->step = 123;
 	s->data_pos = 124;
+	s->time = 64;
 	for (int i = 0; i < 7; i++)
 		dg_rng_u64(&s->data_rng);
 	return s;
@@ -84,6 +86,7 @@ static void same_state(const dg_train_state *a, const dg_train_state *b)
 	cr_assert_eq(a->step, b->step);
 	cr_assert_eq(a->seed, b->seed);
 	cr_assert_eq(a->data_pos, b->data_pos);
+	cr_assert_eq(a->time, b->time);
 	cr_assert_eq(a->data_rng.state, b->data_rng.state);
 	const dg_adamw_config *x = &a->opt, *y = &b->opt;
 	cr_assert(x->lr == y->lr && x->beta1 == y->beta1 && x->beta2 == y->beta2 && x->eps == y->eps &&
@@ -160,10 +163,12 @@ Test(checkpoint, bad_files_are_refused_by_name)
 	cr_assert(strstr(msg, "not a checkpoint"), "%s", msg);
 
 	/* a missing moment, a counter that is not a number: rewrite the file
-	 * without adamw.v.decoder, and with step "x" */
+	 * without adamw.v.decoder, with step "x", with time "x"; and without
+	 * time (a file saved before it was written), which loads with time 0 */
 	dg_safetensors *f;
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
-	for (int k = 0; k < 2; k++) {
+	static const char *const bad_key[4] = { NULL, "step", "time", NULL };
+	for (int k = 0; k < 4; k++) {
 		dg_safetensors_writer *w;
 		cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
 		for (size_t i = 0; i < dg_safetensors_count(f); i++) {
@@ -176,14 +181,24 @@ Test(checkpoint, bad_files_are_refused_by_name)
 		for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
 			const char *key, *val;
 			cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-			cr_assert_eq(dg_safetensors_writer_meta(w, key, k == 1 && !strcmp(key, "step") ? "x" : val,
-								msg, sizeof(msg)), DG_OK);
+			if (k == 3 && !strcmp(key, "time"))
+				continue;
+			bool bad = bad_key[k] && !strcmp(key, bad_key[k]);
+			cr_assert_eq(dg_safetensors_writer_meta(w, key, bad ? "x" : val, msg, sizeof(msg)), DG_OK);
 		}
 		snprintf(other, sizeof(other), "%s/edit%d.safetensors", dir, k);
 		cr_assert_eq(dg_safetensors_writer_save(w, other, msg, sizeof(msg)), DG_OK, "%s", msg);
 		dg_safetensors_writer_destroy(w);
+		if (k == 3) {
+			cr_assert_eq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
+			cr_assert_eq(b->time, 0);
+			cr_assert_eq(b->step, s->step);
+			dg_train_state_destroy(b);
+			b = NULL;
+			continue;
+		}
 		cr_assert_eq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_ERR_PARSE, "edit %d loaded", k);
-		cr_assert(strstr(msg, k == 0 ? "adamw.v.decoder" : "step='x'"), "%s", msg);
+		cr_assert(strstr(msg, k == 0 ? "adamw.v.decoder" : k == 1 ? "step='x'" : "time='x'"), "%s", msg);
 		cr_assert_null(b);
 	}
 	dg_safetensors_destroy(f);

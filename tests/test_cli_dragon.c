@@ -11,7 +11,8 @@
  * names; --json parses with every documented key; the errors (no
  * --model, a missing file, a misnamed tensor, a file without dragon's
  * metadata, too short a --data, a bad flag, a recipe the CPU model does not run)
- * exit 2 or 1 with one line naming the problem. On a GPU: eval without
+ * exit 2 or 1 with one line naming the problem; `dragon devices` lists
+ * what the driver finds (none: exit 1 naming why). On a GPU: eval without
  * --cpu agrees with the CPU loss within 1e-5 relative (f32) — skipped
  * with "skipped: no CUDA device" otherwise, a failure under
  * DRAGON_REQUIRE_GPU=1.
@@ -453,6 +454,47 @@ Test(cli_dragon, help_and_version)
 	run_free(&r);
 	gen(&sb, &r, "frobnicate", NULL);
 	expect_one_line_error(&r, 2, "frobnicate");
+	run_free(&r);
+	sandbox_fini(&sb);
+}
+
+/* dragon devices: what dg_device_count finds, each device a line (a
+ * JSON list with --json), or none: exit 1 naming why. */
+Test(cli_dragon, devices_lists_what_the_driver_finds)
+{
+	sandbox sb;
+	run r;
+	char why[512] = "";
+	int n = 0;
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	cr_assert_eq(dg_device_count(&n, why, sizeof(why)), DG_OK, "%s", why);
+	gen(&sb, &r, "devices", NULL);
+	if (n == 0) {
+		expect_one_line_error(&r, 1, "no CUDA device");
+		cr_expect_str_empty(r.out);
+	} else {
+		cr_assert_eq(r.code, 0, "%s", r.err);
+		cr_expect_eq(count_lines(r.out), n, "%s", r.out);
+		cr_expect(strncmp(r.out, "0: ", 3) == 0 && strstr(r.out, "(sm_"), "%s", r.out);
+	}
+	run_free(&r);
+	gen(&sb, &r, "devices", "--json", NULL);
+	cJSON *j = parse_json(r.out);
+	if (n == 0) {
+		cr_expect_eq(r.code, 1);
+		cr_expect(strstr(str(j, "error"), "no CUDA device"), "%s", r.out);
+	} else {
+		cr_expect_eq(r.code, 0, "%s", r.err);
+		cr_expect_eq(num(j, "count"), n);
+		cJSON *d = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "devices"), 0);
+		cr_assert_not_null(d, "%s", r.out);
+		cr_expect(num(d, "sm") >= 50 && num(d, "memory_bytes") > 0, "%s", r.out);
+	}
+	cJSON_Delete(j);
+	run_free(&r);
+	gen(&sb, &r, "devices", "extra", NULL);
+	expect_one_line_error(&r, 2, "no argument 'extra'");
 	run_free(&r);
 	sandbox_fini(&sb);
 }

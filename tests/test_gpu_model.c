@@ -27,6 +27,13 @@
  *         test now measures the GPU's own f32 sums, whose long K runs may
  *         show the same amplification (up to ~1.5e-3 expected; not yet
  *         measured);
+ *   logits  dg_model_logits at every position of the tiny f32 batch
+ *         against dg_model_cpu_logits (1e-4 normwise: the f32 forward's
+ *         sums), and against the GPU's own loss for f32, bf16 and w8a8
+ *         (log-softmax at the targets averaged over the positions, 1e-4
+ *         relative: the same x_final and lm_head, summed in double on the
+ *         host and in f32 by the loss kernel); dropout off whatever the
+ *         batch says; a position outside the batch refused;
  *   the plan: what dg_model_plan reports is what create allocates; two
  *         steps give bitwise the same loss; bad input (a token outside the
  *         vocabulary, a batch of another shape, a recipe the GPU model
@@ -350,5 +357,74 @@ Test(gpu_model, plan_and_bad_input)
 			cr_expect_lt(plan.total, (size_t)10000000000ull, "%s: the plan is %zu bytes, not below 10.0 GB",
 				     presets[i], plan.total);
 	}
+	gh_close(dev);
+}
+
+/* The GPU's logits of preset at every position: their mean log-softmax at
+ * the targets against the GPU's loss; f32 also against the CPU's logits. */
+static void gpu_logits(dg_device *dev, const char *preset)
+{
+	char msg[1024];
+	const int B = 2, T = 16, V = 256;
+	dg_model_config c = tiny(preset);
+	dg_model_weights *w = NULL;
+	cr_assert_eq(dg_model_weights_create(&c, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	struct batch bt;
+	make_batch(&bt, B, T, 9, false);
+	dg_model *m = NULL;
+	cr_assert_eq(dg_model_create(dev, w, B, T, &m), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+	double loss = 0;
+	cr_assert_eq(dg_model_step(m, &bt.b, &loss, NULL), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+	bool cpu = strcmp(preset, "f32") == 0;
+	float *zg = malloc((size_t)B * V * sizeof(float)), *zc = malloc((size_t)B * V * sizeof(float));
+	cr_assert(zg && zc);
+	double total = 0, worst = 0;
+	for (int t = 0; t < T; t++) {
+		bt.b.train = t % 2 == 1; /* ignored: the logits run without dropout */
+		cr_assert_eq(dg_model_logits(m, &bt.b, t, zg), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+		for (int b = 0; b < B; b++) {
+			const float *r = zg + b * V;
+			double mx = -INFINITY, se = 0;
+			for (int v = 0; v < V; v++)
+				mx = r[v] > mx ? r[v] : mx;
+			for (int v = 0; v < V; v++)
+				se += exp((double)r[v] - mx);
+			total += mx + log(se) - r[bt.tgt[b * T + t]];
+		}
+		if (cpu) {
+			cr_assert_eq(dg_model_cpu_logits(w, &bt.b, t, zc, msg, sizeof(msg)), DG_OK, "%s", msg);
+			double rel, cosv;
+			compare(zg, zc, (int64_t)B * V, &rel, &cosv);
+			worst = rel > worst ? rel : worst;
+			cr_expect(rel <= 1e-4, "f32: the logits at %d are %.3g from the CPU's (normwise)", t, rel);
+		}
+	}
+	bt.b.train = false;
+	total /= B * T;
+	printf("gpu_model %s logits: loss %.9g from them, the GPU's %.9g (rel %.3g); CPU logits rel %.3g\n",
+	       preset, total, loss, fabs(total - loss) / fabs(loss), worst);
+	cr_expect(fabs(total - loss) <= 1e-4 * fabs(loss), "%s: the logits give loss %.9g, the step %.9g",
+		  preset, total, loss);
+	cr_assert_eq(dg_model_logits(m, &bt.b, T, zg), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "pos 16"), "%s", dg_device_errmsg(dev));
+	/* no targets: none needed */
+	bt.b.targets = NULL;
+	cr_assert_eq(dg_model_logits(m, &bt.b, T - 1, zc), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_logits(m, &(dg_model_batch){ .idx = bt.idx, .targets = bt.tgt, .b = B, .t = T },
+				     T - 1, zg),
+		     DG_OK, "%s", dg_device_errmsg(dev));
+	cr_expect(memcmp(zc, zg, (size_t)B * V * sizeof(float)) == 0, "%s: the targets moved the logits", preset);
+	free(zg);
+	free(zc);
+	dg_model_destroy(m);
+	dg_model_weights_destroy(w);
+}
+
+Test(gpu_model, logits_match_the_cpu_model_and_the_loss)
+{
+	dg_device *dev = gh_open();
+	gpu_logits(dev, "f32");
+	gpu_logits(dev, "bf16");
+	gpu_logits(dev, "w8a8");
 	gh_close(dev);
 }

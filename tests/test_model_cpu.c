@@ -3,9 +3,11 @@
  * every weight against finite differences of the loss at a tiny config
  * (2 layers, D 32, H 2, N 64, T 16, B 2), the new ops' references against
  * finite differences of their forwards, the RoPE tables against the
- * reference's formula, the counter-based dropout, and the refusals (a
- * token outside the vocabulary, a config the model cannot take, weights
- * files with a missing or misshapen tensor).
+ * reference's formula, the counter-based dropout, the logits (their
+ * log-softmax at the targets, averaged, is the step's loss; a position's
+ * logits see no later token), and the refusals (a token outside the
+ * vocabulary, a config the model cannot take, weights files with a
+ * missing or misshapen tensor, a position outside the batch).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -18,16 +20,21 @@
 #include "dragon/rng.h"
 #include "helpers.h"
 
-static dg_model_config tiny(void)
+static dg_model_config tiny_of(const char *preset)
 {
 	dg_model_config c;
 	char msg[256];
-	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
 	c.layers = 2;
 	c.embd = 32;
 	c.heads = 2;
 	c.neurons = 64;
 	return c;
+}
+
+static dg_model_config tiny(void)
+{
+	return tiny_of("f32");
 }
 
 typedef struct fixture {
@@ -36,10 +43,10 @@ typedef struct fixture {
 	dg_model_batch batch;
 } fixture;
 
-static void setup(fixture *f, uint64_t seed)
+static void setup_of(fixture *f, uint64_t seed, const char *preset)
 {
 	char msg[512];
-	dg_model_config c = tiny();
+	dg_model_config c = tiny_of(preset);
 	cr_assert_eq(dg_model_weights_create(&c, seed, &f->w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(dg_model_weights_create(&c, seed, &f->g, msg, sizeof(msg)), DG_OK, "%s", msg);
 	/* init weights are 0.02-small: scale them so the activations are not
@@ -58,6 +65,11 @@ static void setup(fixture *f, uint64_t seed)
 		f->tgt[i] = dg_rng_int(&r, 0, 255);
 	}
 	f->batch = (dg_model_batch){ .idx = f->idx, .targets = f->tgt, .b = 2, .t = 16 };
+}
+
+static void setup(fixture *f, uint64_t seed)
+{
+	setup_of(f, seed, "f32");
 }
 
 static double loss_of(const fixture *f)
@@ -314,4 +326,80 @@ Test(model_cpu, weights_round_trip_through_safetensors)
 	dg_model_weights_destroy(f.w);
 	dg_model_weights_destroy(f.g);
 	dg_test_rmtree(dir);
+}
+
+/* log_softmax(logits at t)[target at t], averaged over every (b, t), in
+ * double: the step's loss to its rounding, for f32 and a low-bit recipe
+ * (w8a8, fake-quantized). Dropout is off for the logits whatever the
+ * batch says. A row's logits at pos are those of its prefix alone, and
+ * do not move when a later token does (the sampler relies on both). */
+static void logits_give_the_loss(const char *preset)
+{
+	fixture f;
+	char msg[512];
+	setup_of(&f, 5, preset);
+	const int B = 2, T = 16, V = 256;
+	double loss = 0;
+	cr_assert_eq(dg_model_cpu_step(f.w, &f.batch, &loss, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	float *z = malloc((size_t)B * V * sizeof(float)), *z2 = malloc((size_t)B * V * sizeof(float));
+	cr_assert(z && z2);
+	double total = 0;
+	for (int t = 0; t < T; t++) {
+		f.batch.train = t % 2 == 1; /* ignored: no dropout in the logits */
+		f.batch.seed = 99;
+		cr_assert_eq(dg_model_cpu_logits(f.w, &f.batch, t, z, msg, sizeof(msg)), DG_OK, "%s", msg);
+		for (int b = 0; b < B; b++) {
+			const float *r = z + b * V;
+			double m = -INFINITY, se = 0;
+			for (int v = 0; v < V; v++)
+				m = r[v] > m ? r[v] : m;
+			for (int v = 0; v < V; v++)
+				se += exp((double)r[v] - m);
+			total += m + log(se) - r[f.tgt[b * T + t]];
+		}
+	}
+	f.batch.train = false;
+	total /= B * T;
+	printf("model_cpu %s: loss %.9f, from the logits %.9f\n", preset, loss, total);
+	cr_expect(fabs(total - loss) <= 1e-6 * fabs(loss), "%s: the logits give loss %.9f, the step %.9f",
+		  preset, total, loss);
+
+	/* causal: a later token moved, or the row cut after pos, leave pos */
+	const int pos = 9;
+	cr_assert_eq(dg_model_cpu_logits(f.w, &f.batch, pos, z, msg, sizeof(msg)), DG_OK, "%s", msg);
+	int32_t keep = f.idx[pos + 3];
+	f.idx[pos + 3] = (keep + 17) % V;
+	f.idx[T + pos + 1] = (f.idx[T + pos + 1] + 5) % V;
+	cr_assert_eq(dg_model_cpu_logits(f.w, &f.batch, pos, z2, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_expect(memcmp(z, z2, (size_t)B * V * sizeof(float)) == 0, "%s: a later token moved the logits", preset);
+	/* the tokens before pos do move them (the check above can fail) */
+	f.idx[pos - 1] = (f.idx[pos - 1] + 1) % V;
+	cr_assert_eq(dg_model_cpu_logits(f.w, &f.batch, pos, z2, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_expect(memcmp(z, z2, (size_t)V * sizeof(float)) != 0, "%s: an earlier token did not move them", preset);
+	f.idx[pos - 1] = (f.idx[pos - 1] + V - 1) % V;
+	/* row 0's first pos + 1 tokens alone, at pos */
+	dg_model_batch one = { .idx = f.idx, .b = 1, .t = pos + 1 };
+	cr_assert_eq(dg_model_cpu_logits(f.w, &one, pos, z2, msg, sizeof(msg)), DG_OK, "%s", msg);
+	for (int v = 0; v < V; v++)
+		cr_expect(fabs(z2[v] - z[v]) <= 1e-5f * (1 + fabsf(z[v])), "%s: the prefix's logit %d is %g, the row's %g",
+			  preset, v, (double)z2[v], (double)z[v]);
+
+	cr_assert_eq(dg_model_cpu_logits(f.w, &f.batch, T, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "pos 16: outside the batch's positions 0..15"), "%s", msg);
+	cr_assert_eq(dg_model_cpu_logits(f.w, &f.batch, -1, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_cpu_logits(f.w, &f.batch, 0, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	free(z);
+	free(z2);
+	dg_model_weights_destroy(f.w);
+	dg_model_weights_destroy(f.g);
+}
+
+Test(model_cpu, logits_give_the_loss_f32)
+{
+	logits_give_the_loss("f32");
+}
+
+Test(model_cpu, logits_give_the_loss_w8a8)
+{
+	logits_give_the_loss("w8a8");
 }

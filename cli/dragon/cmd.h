@@ -9,5 +9,7 @@
 int dg__cli_cmd_eval(int argc, char **argv);
 int dg__cli_cmd_train(int argc, char **argv);
 int dg__cli_cmd_plot(int argc, char **argv);
+int dg__cli_cmd_sample(int argc, char **argv);
+int dg__cli_cmd_devices(int argc, char **argv);
 
 #endif

@@ -1,5 +1,6 @@
 /*
- * dragon — train, evaluate and sample BDH models (today: train, plot, eval).
+ * dragon — train, evaluate and sample BDH models (train, sample, plot, eval,
+ * devices).
  *
  * The entry point: global --help and --version, then dispatch to one
  * subcommand (cmd.h). Output written to stdout is checked at exit, so a
@@ -24,8 +25,10 @@ typedef struct command {
 
 static const command commands[] = {
 	{ "train", dg__cli_cmd_train, "train a model on a corpus (AdamW, checkpoints, resume)" },
+	{ "sample", dg__cli_cmd_sample, "generate text from a checkpoint (temperature, top-k, seeded)" },
 	{ "plot", dg__cli_cmd_plot, "draw the loss curves of training logs to a PNG (gnuplot)" },
 	{ "eval", dg__cli_cmd_eval, "the loss of a weights file on held-out bytes (and its gradients)" },
+	{ "devices", dg__cli_cmd_devices, "the CUDA devices dragon can use (train, eval, sample: GPU 0)" },
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -34,8 +37,8 @@ static void usage(FILE *to)
 {
 	fputs("usage: dragon <command> [flags]\n"
 	      "       dragon --help | --version\n\n"
-	      "Trains and evaluates BDH models with dragon's kernels (dragon-gen builds them\n"
-	      "ahead of time).\n\n"
+	      "Trains, samples and evaluates BDH models with dragon's kernels (dragon-gen\n"
+	      "builds them ahead of time).\n\n"
 	      "Commands:\n",
 	      to);
 	for (size_t i = 0; i < N_COMMANDS; i++)
@@ -104,5 +107,5 @@ int main(int argc, char **argv)
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "unknown flag %s before the command; see `dragon --help`", cmd);
 	return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
-			   "unknown command '%s'; commands are train, plot, eval (see `dragon --help`)", cmd);
+			   "unknown command '%s'; commands are train, sample, plot, eval, devices (see `dragon --help`)", cmd);
 }

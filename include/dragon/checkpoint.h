@@ -10,7 +10,9 @@
  *     weight's shape;
  *   - metadata: the model's config (as dg_model_weights_save writes it:
  *     layers, embd, heads, neurons, vocab, preset) and dropout; the run's
- *     step, seed, data position and data RNG state (decimal), and the
+ *     step, seed, data position and data RNG state (decimal), its tokens
+ *     a row ("time", the context it trained at; absent from files saved
+ *     before it was written, which load with time 0), and the
  *     optimizer's hyper-parameters (%.9g: each float reads back exactly);
  *     "format": "dragon-checkpoint-1".
  * It is written atomically (temp file, fsync, rename, directory fsync:
@@ -41,6 +43,7 @@ typedef struct dg_train_state {
 	uint64_t seed;                      /* the run's seed (batches, dropout) */
 	dg_rng data_rng;                    /* the batch stream's state after data_pos batches */
 	uint64_t data_pos;                  /* batches drawn so far */
+	int time;                           /* T, tokens a row it trains at; 0: unknown */
 	dg_adamw_config opt;
 } dg_train_state;
 

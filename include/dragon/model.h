@@ -153,7 +153,7 @@ dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_m
 /* ---- the model on the CPU -------------------------------------------------
  * The whole forward and backward on the CPU references (dragon/ref.h):
  * what the GPU model is checked against, and a model CI can run at tiny
- * sizes. f32 recipes only for now. */
+ * sizes. Recipes: f32, and w8a8 and bitnet fake-quantized (dg_model_cpu_runs). */
 
 typedef struct dg_model_batch {
 	const int32_t *idx;     /* (B, T) tokens */
@@ -178,6 +178,19 @@ bool dg_model_cpu_runs(const dg_model_config *c);
 
 dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *batch,
 			    double *loss, dg_model_weights *grads, char *msg, size_t msg_size);
+
+/*
+ * The logits of position pos of every row: the forward alone, dropout off
+ * whatever batch->train says, then the last hidden state at pos times
+ * lm_head (summed in double, as the loss sums them) into out, (B, V) f32,
+ * row b at out + b·V. log_softmax(out)[targets] averaged over every
+ * position is the step's loss. batch->targets may be NULL (none is read).
+ * The model is causal: a position's logits depend on the tokens at and
+ * before it only, so a context shorter than T may be padded after pos
+ * with any tokens. pos outside 0..T−1 is DG_ERR_INVALID_ARG.
+ */
+dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *batch, int pos,
+			      float *out, char *msg, size_t msg_size);
 
 /* ---- the model on the GPU -------------------------------------------------
  * The same tape as the CPU model, run by the GPU ops on arenas planned once
@@ -206,6 +219,11 @@ void dg_model_memory_of(const dg_model *m, dg_model_memory *out);
  * the loss). */
 dg_status dg_model_step(dg_model *m, const dg_model_batch *batch, double *loss,
 			dg_model_weights *grads);
+/* As dg_model_cpu_logits, on the GPU: batch must be (b, t). The forward
+ * nodes run on the device; x_final's rows at pos (bf16 ones converted
+ * exactly) and lm_head's f32 master are read back and multiplied on the
+ * host in double. Synchronizes. */
+dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, float *out);
 /* Where a step's time goes: one step (forward and backward) with each node
  * timed alone (events around it, the stream drained between nodes), the
  * times summed by what the nodes do ("projection", "attention bwd", ...),

@@ -193,6 +193,7 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	}
 	int x_final = abuf(t, act, "x.final", DG__B_SAVED, 4, B, 1, T, D);
 	xl[Ly] = x_final;
+	id->x_final = x_final;
 	node(t, DG__N_EMBED, -1, id->params[DG_PARAM_EMBED], id->tokens, -1, -1, emb, -1, 0);
 	node(t, DG__N_LN, -1, emb, -1, -1, -1, x[0], x0_rstd, 0);
 	for (int l = 0; l < Ly; l++) {

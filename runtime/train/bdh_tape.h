@@ -31,6 +31,8 @@ typedef struct dg__bdh_ids {
 	int tokens, targets;           /* (B, T) int32 (4-byte buffers) */
 	int cos, sin;                  /* the CPU's RoPE tables (T, N/2) */
 	int rope;                      /* the GPU's: (T, N) f32, cos at 2p, sin at 2p+1 */
+	int x_final;                   /* the last hidden state (B,1,T,D), in act: what
+					* the loss's lm_head reads (the logits') */
 	int loss;                      /* one float */
 	int bad;                       /* the GPU's out-of-vocabulary flag (an int32) */
 } dg__bdh_ids;

@@ -131,6 +131,8 @@ dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *ms
 		st = meta_u64(sw, "data_pos", s->data_pos, msg, msg_size);
 	if (!st)
 		st = meta_u64(sw, "data_rng", s->data_rng.state, msg, msg_size);
+	if (!st && s->time > 0)
+		st = meta_u64(sw, "time", (uint64_t)s->time, msg, msg_size);
 	const struct {
 		const char *k;
 		float v;
@@ -247,6 +249,16 @@ dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, 
 			   { "adamw.clip", &o->clip }, { "adamw.lr_floor", &o->lr_floor } };
 		for (size_t i = 0; !st && i < sizeof(fl) / sizeof(fl[0]); i++)
 			st = read_f(f, path, fl[i].k, fl[i].v, msg, msg_size);
+	}
+	/* the run's T: optional (files saved before it was written lack it) */
+	if (!st && dg_safetensors_meta(f, "time")) {
+		uint64_t t = 0;
+		st = read_u64(f, path, "time", &t, msg, msg_size);
+		if (!st && (t < 1 || t > INT32_MAX))
+			st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: metadata time=%" PRIu64 ": not a length",
+				      path, t);
+		if (!st)
+			s->time = (int)t;
 	}
 	if (!st && (st = dg_adamw_check(o, why, sizeof(why))))
 		st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: %s", path, why);

@@ -379,71 +379,126 @@ dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_m
 	return st ? dg__msgf(st, msg, size, "the step's tape: %s", dg_status_str(st)) : DG_OK;
 }
 
-dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *batch,
-			    double *loss, dg_model_weights *grads, char *msg, size_t size)
+/* Checks w and batch, records the tape, allocates its arenas and fills
+ * the masters, their execution copies, the batch and the RoPE tables into
+ * s (step_free frees it, on failure too). The batch's targets may be NULL
+ * (the logits read none): then they are neither checked nor copied. */
+static dg_status step_open(step *s, const dg_model_weights *w, const dg_model_batch *batch,
+			   const char *fn, char *msg, size_t size)
 {
-	step s;
 	dg_status st;
 
-	if (!w || !batch || !loss || !batch->idx || !batch->targets)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_step: NULL argument");
+	memset(s, 0, sizeof(*s));
+	if (!w || !batch || !batch->idx)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "%s: NULL argument", fn);
 	const dg_model_config *c = &w->config;
 	if ((st = dg_model_config_check(c, msg, size)))
 		return st;
-	const char *no = cpu_recipe(c, &s.lowbit);
+	const char *no = cpu_recipe(c, &s->lowbit);
 	if (no)
 		return dg__msgf(DG_ERR_UNSUPPORTED, msg, size, "preset %s: %s",
 				c->preset[0] ? c->preset : "(custom)", no);
 	if (batch->b < 1 || batch->t < 1)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "batch %dx%d: B and T must be at least 1",
 				batch->b, batch->t);
-	bool lowbit = s.lowbit;
-	memset(&s, 0, sizeof(s));
-	s.lowbit = lowbit;
-	s.c = c;
-	s.batch = batch;
-	s.B = batch->b, s.T = batch->t, s.H = c->heads, s.D = c->embd, s.N = c->neurons, s.V = c->vocab;
-	s.bt = (int64_t)s.B * s.T;
-	for (int64_t i = 0; i < s.bt; i++)
-		if (batch->targets[i] < 0 || batch->targets[i] >= s.V)
+	s->c = c;
+	s->batch = batch;
+	s->B = batch->b, s->T = batch->t, s->H = c->heads, s->D = c->embd, s->N = c->neurons, s->V = c->vocab;
+	s->bt = (int64_t)s->B * s->T;
+	for (int64_t i = 0; batch->targets && i < s->bt; i++)
+		if (batch->targets[i] < 0 || batch->targets[i] >= s->V)
 			return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
 					"targets[%lld] = %d: outside the vocabulary 0..%d", (long long)i,
-					batch->targets[i], s.V - 1);
-	dg__tape_init(&s.t, c, s.B, s.T);
-	dg__bdh_target tg = { .gpu = false, .act = DG_FMT_F32, .lowbit = s.lowbit };
-	st = dg__bdh_tape_build(&s.t, &s.id, &tg);
+					batch->targets[i], s->V - 1);
+	dg__tape_init(&s->t, c, s->B, s->T);
+	dg__bdh_target tg = { .gpu = false, .act = DG_FMT_F32, .lowbit = s->lowbit };
+	st = dg__bdh_tape_build(&s->t, &s->id, &tg);
 	if (!st)
-		st = dg__tape_plan(&s.t);
+		st = dg__tape_plan(&s->t);
 	for (int k = 0; !st && k < DG__B__COUNT; k++)
-		if (s.t.arena[k] && !(s.arena[k] = calloc(1, s.t.arena[k])))
+		if (s->t.arena[k] && !(s->arena[k] = calloc(1, s->t.arena[k])))
 			st = DG_ERR_NOMEM;
-	if (st) {
-		step_free(&s);
+	if (st)
 		return dg__msgf(st, msg, size, "the step's tape and arenas: %s", dg_status_str(st));
-	}
 	/* the masters, their execution copies, the batch, the RoPE tables */
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
-		memcpy(F(&s, s.id.params[p]), w->params[p], s.t.bufs[s.id.params[p]].bytes);
-	to_hnd(w->params[DG_PARAM_ENCODER], F(&s, s.id.exec[0]), s.H, s.D, s.N);
-	to_hnd(w->params[DG_PARAM_ENCODER_V], F(&s, s.id.exec[1]), s.H, s.D, s.N);
-	transpose(w->params[DG_PARAM_DECODER], F(&s, s.id.exec[2]), (int64_t)s.H * s.N, s.D);
-	for (int k = 0; s.lowbit && k < 3 && !st; k++)
-		st = fake_weight(&s, k);
-	memcpy(I(&s, s.id.tokens), batch->idx, (size_t)s.bt * sizeof(int32_t));
-	memcpy(I(&s, s.id.targets), batch->targets, (size_t)s.bt * sizeof(int32_t));
-	dg_ref_rope_table(s.T, s.N, F(&s, s.id.cos), F(&s, s.id.sin));
-	int end = grads ? s.t.n_nodes : s.t.n_forward;
+		memcpy(F(s, s->id.params[p]), w->params[p], s->t.bufs[s->id.params[p]].bytes);
+	to_hnd(w->params[DG_PARAM_ENCODER], F(s, s->id.exec[0]), s->H, s->D, s->N);
+	to_hnd(w->params[DG_PARAM_ENCODER_V], F(s, s->id.exec[1]), s->H, s->D, s->N);
+	transpose(w->params[DG_PARAM_DECODER], F(s, s->id.exec[2]), (int64_t)s->H * s->N, s->D);
+	for (int k = 0; s->lowbit && k < 3 && !st; k++)
+		st = fake_weight(s, k);
+	memcpy(I(s, s->id.tokens), batch->idx, (size_t)s->bt * sizeof(int32_t));
+	if (batch->targets)
+		memcpy(I(s, s->id.targets), batch->targets, (size_t)s->bt * sizeof(int32_t));
+	dg_ref_rope_table(s->T, s->N, F(s, s->id.cos), F(s, s->id.sin));
+	return st ? dg__msgf(st, msg, size, "the execution copies: %s", dg_status_str(st)) : DG_OK;
+}
+
+/* Nodes [0, end) of s's tape, those of kind `skip` left out. */
+static dg_status step_run(step *s, int end, int skip, char *msg, size_t size)
+{
+	dg_status st = DG_OK;
 	for (int n = 0; n < end && !st; n++) {
-		st = run_node(&s, &s.t.nodes[n], msg, size);
+		if ((int)s->t.nodes[n].kind == skip)
+			continue;
+		st = run_node(s, &s->t.nodes[n], msg, size);
 		if (st && !(msg && msg[0]))
 			dg__msgf(st, msg, size, "a reference refused the model's shapes (%s)",
 				 dg_status_str(st));
 	}
+	return st;
+}
+
+dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *batch,
+			    double *loss, dg_model_weights *grads, char *msg, size_t size)
+{
+	step s;
+	if (!loss || (batch && !batch->targets)) {
+		memset(&s, 0, sizeof(s));
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_step: NULL argument");
+	}
+	dg_status st = step_open(&s, w, batch, "dg_model_cpu_step", msg, size);
+	if (!st)
+		st = step_run(&s, grads ? s.t.n_nodes : s.t.n_forward, -1, msg, size);
 	if (!st) {
 		*loss = s.loss;
 		if (grads)
 			for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
 				memcpy(grads->params[p], F(&s, s.id.grads[p]), s.t.bufs[s.id.grads[p]].bytes);
+	}
+	step_free(&s);
+	return st;
+}
+
+dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *batch, int pos,
+			      float *out, char *msg, size_t size)
+{
+	step s;
+	if (!out || (batch && (pos < 0 || pos >= batch->t))) {
+		memset(&s, 0, sizeof(s));
+		if (!out)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_logits: NULL argument");
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "pos %d: outside the batch's positions 0..%d",
+				pos, batch->t - 1);
+	}
+	/* the forward without dropout, up to x_final (the loss left out) */
+	dg_model_batch b = batch ? *batch : (dg_model_batch){ 0 };
+	b.train = false;
+	dg_status st = step_open(&s, w, batch ? &b : NULL, "dg_model_cpu_logits", msg, size);
+	if (!st)
+		st = step_run(&s, s.t.n_forward, DG__N_CE, msg, size);
+	/* x_final (B,1,T,D) at pos · lm_head [D, V], summed in double as the
+	 * loss's reference sums them */
+	const float *lm = st ? NULL : F(&s, s.id.params[DG_PARAM_LM_HEAD]);
+	for (int r = 0; lm && r < s.B; r++) {
+		const float *x = F(&s, s.id.x_final) + ((int64_t)r * s.T + pos) * s.D;
+		for (int v = 0; v < s.V; v++) {
+			double z = 0.0;
+			for (int k = 0; k < s.D; k++)
+				z += (double)x[k] * lm[(int64_t)k * s.V + v];
+			out[(int64_t)r * s.V + v] = (float)z;
+		}
 	}
 	step_free(&s);
 	return st;

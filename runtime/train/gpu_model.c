@@ -425,3 +425,65 @@ dg_status dg_model_step(dg_model *m, const dg_model_batch *bt, double *loss, dg_
 				    m->t.bufs[m->id.grads[p]].bytes);
 	return st;
 }
+
+/* ---- logits ------------------------------------------------------------------ */
+
+/* The forward (dropout off; zero targets when the batch has none: the
+ * loss node runs and is not read), then x_final's rows at pos and
+ * lm_head's master read back, their product summed on the host in double
+ * (dg_model_cpu_logits's order). */
+dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, float *out)
+{
+	if (!m || !batch || !batch->idx || !out)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_logits: NULL argument")
+			 : DG_ERR_INVALID_ARG;
+	dg_device *dev = m->dev;
+	if (pos < 0 || pos >= batch->t)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "pos %d: outside the batch's positions 0..%d",
+				    pos, batch->t - 1);
+	dg_model_batch b = *batch;
+	b.train = false;
+	int32_t *zeros = NULL;
+	if (!b.targets) {
+		zeros = calloc((size_t)(b.b > 0 ? b.b : 1) * (size_t)b.t, sizeof(int32_t));
+		if (!zeros)
+			return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+		b.targets = zeros;
+	}
+	dg_status st = run(m, &b, false); /* refuses a batch of another shape */
+	free(zeros);
+	const dg__tbuf *xf = &m->t.bufs[m->id.x_final];
+	const size_t es = xf->fmt == DG_FMT_BF16 ? 2 : 4, row = (size_t)m->D * es;
+	uint8_t *x = malloc((size_t)m->B * row + 4);
+	float *lm = malloc((size_t)m->D * m->V * sizeof(float) + 4);
+	if (!st && (!x || !lm))
+		st = dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	/* x_final (B,1,T,D): row r's position pos at (r·T + pos)·D */
+	dg_dptr xd = dg__gm_tn(m, m->id.x_final).data;
+	for (int r = 0; r < m->B && !st; r++)
+		st = dg_memcpy_dtoh(dev, x + (size_t)r * row, xd + ((dg_dptr)r * m->T + (dg_dptr)pos) * row, row);
+	if (!st)
+		st = dg_memcpy_dtoh(dev, lm, dg__gm_tn(m, m->id.params[DG_PARAM_LM_HEAD]).data,
+				    (size_t)m->D * m->V * sizeof(float));
+	for (int r = 0; r < m->B && !st; r++) {
+		const uint8_t *xr = x + (size_t)r * row;
+		for (int v = 0; v < m->V; v++) {
+			double z = 0.0;
+			for (int k = 0; k < m->D; k++) {
+				float xk;
+				if (es == 2) {
+					uint16_t h;
+					memcpy(&h, xr + (size_t)k * 2, 2);
+					xk = dg_bf16_to_f32(h);
+				} else {
+					memcpy(&xk, xr + (size_t)k * 4, 4);
+				}
+				z += (double)xk * lm[(int64_t)k * m->V + v];
+			}
+			out[(int64_t)r * m->V + v] = (float)z;
+		}
+	}
+	free(x);
+	free(lm);
+	return st;
+}

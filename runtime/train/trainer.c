@@ -284,6 +284,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		    (st = dg_train_state_create(w0, o->seed, &o->opt, &s, msg, msg_size)))
 			goto out;
 	}
+	s->time = o->time; /* what the checkpoints record as the model's context */
 	if (!o->dev && (st = dg__model_weights_alloc(&o->model, &grads, msg, msg_size)))
 		goto out;
 	size_t bt = (size_t)o->batch * (size_t)o->time;

@@ -1,0 +1,337 @@
+/*
+ * dragon sample — text from a checkpoint of `dragon train`: the prompt,
+ * then N bytes, each drawn from the model's distribution of the next byte
+ * given the bytes before it (the last T of them), with a temperature and
+ * top-k, from a seeded stream (the same seed, the same text).
+ *
+ * The model reads its context left-aligned: it is causal (dragon/model.h
+ * dg_model_cpu_logits), so the logits at the context's last position do
+ * not depend on what follows it. The GPU model is planned once for one
+ * row of T and its tail is padded; the CPU model runs the context's own
+ * length. T is the context the checkpoint trained at (its "time"), else
+ * 512, or --time.
+ *
+ * Recipes: the GPU model runs the checkpoint's; the CPU model (no GPU, or
+ * --cpu) runs f32, w8a8 and bitnet, and a recipe it does not run (bf16,
+ * seed) with the f32 one on the same f32 masters, saying so on stderr:
+ * bf16's rounding is what the GPU adds to those weights, so the text
+ * differs from the GPU's in its draws, not in kind.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/dragon/cmd.h"
+#include "cli/dragon/util.h"
+#include "dragon/checkpoint.h"
+#include "dragon/model.h"
+#include "dragon/rng.h"
+
+static const char help_text[] =
+	"usage: dragon sample CKPT|DIR [--prompt TEXT] [--length N] [--temperature X]\n"
+	"                     [--top-k K] [--seed S] [--time T] [--cpu]\n\n"
+	"Generates bytes from a checkpoint of `dragon train`: the prompt, then N bytes,\n"
+	"each drawn from the model's distribution of the next byte given the last T\n"
+	"bytes before it.\n\n"
+	"  CKPT|DIR          a checkpoint (ckpt-<step>.safetensors), or a run's folder:\n"
+	"                    its newest checkpoint\n"
+	"  --prompt TEXT     the text to continue (default none: the model starts after\n"
+	"                    a newline, which is not printed)\n"
+	"  --length N        bytes to generate after the prompt (200)\n"
+	"  --temperature X   divides the logits (0.8); 0 takes the most likely byte\n"
+	"                    each time (greedy)\n"
+	"  --top-k K         draw among the K most likely bytes (40; 0 all)\n"
+	"  --seed S          the draws (1337): the same seed, the same text\n"
+	"  --time T          the context, in bytes (default the T the checkpoint trained\n"
+	"                    at, else 512)\n"
+	"  --cpu             the CPU model even with a GPU (it runs f32, w8a8 and\n"
+	"                    bitnet; a bf16 checkpoint runs with f32 arithmetic on its\n"
+	"                    weights, said on stderr)\n\n"
+	"Runs on GPU 0 when there is one. Prints the prompt, then each byte as it is\n"
+	"drawn, raw, to stdout.\n"
+	"Exit status: 0 ok, 1 failure (the checkpoint, the device), 2 usage.\n";
+
+enum { O_PROMPT = 1, O_LENGTH, O_TEMP, O_TOPK, O_SEED, O_TIME, O_CPU, O_HELP };
+
+static const dg__cli_opt opts[] = {
+	{ "prompt", 'p', true, O_PROMPT },   { "length", 'n', true, O_LENGTH },
+	{ "temperature", 0, true, O_TEMP },  { "top-k", 'k', true, O_TOPK },
+	{ "seed", 's', true, O_SEED },       { "time", 't', true, O_TIME },
+	{ "cpu", 0, false, O_CPU },          { "help", 'h', false, O_HELP },
+	{ NULL, 0, false, 0 },
+};
+
+typedef struct sample_args {
+	const char *path, *prompt;
+	uint64_t length, top_k, seed, time; /* time 0: the checkpoint's */
+	double temperature;
+	bool cpu;
+} sample_args;
+
+/* 0 parsed, -1 --help printed, else the exit code (reported). */
+static int parse(int argc, char **argv, sample_args *a)
+{
+	dg__cli_scan_state s;
+	const char *v;
+	int id;
+
+	memset(a, 0, sizeof(*a));
+	a->prompt = "";
+	a->length = 200;
+	a->temperature = 0.8;
+	a->top_k = 40;
+	a->seed = 1337;
+	dg__cli_scan_init(&s, argc, argv, "sample");
+	while ((id = dg__cli_scan(&s, opts, &v)) != DG__CLI_SCAN_END) {
+		bool ok = true;
+		switch (id) {
+		case DG__CLI_SCAN_ERROR:
+			return DG__CLI_USAGE;
+		case DG__CLI_SCAN_ARG:
+			if (a->path)
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+						   "sample takes one checkpoint or folder, not also '%s'; see `dragon sample --help`",
+						   v);
+			a->path = v;
+			break;
+		case O_HELP:
+			fputs(help_text, stdout);
+			return -1;
+		case O_PROMPT: a->prompt = v; break;
+		case O_CPU: a->cpu = true; break;
+		case O_LENGTH: ok = dg__cli_parse_u64("--length", v, 0, 1u << 30, &a->length); break;
+		case O_TOPK: ok = dg__cli_parse_u64("--top-k", v, 0, 1u << 20, &a->top_k); break;
+		case O_SEED: ok = dg__cli_parse_u64("--seed", v, 0, UINT64_MAX, &a->seed); break;
+		case O_TIME: ok = dg__cli_parse_u64("--time", v, 1, 1u << 20, &a->time); break;
+		case O_TEMP: {
+			char *end;
+			errno = 0;
+			a->temperature = strtod(v, &end);
+			if (errno || end == v || *end || !isfinite(a->temperature) || a->temperature < 0)
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+						   "--temperature %s: not a number >= 0", v);
+			break;
+		}
+		}
+		if (!ok)
+			return DG__CLI_USAGE;
+	}
+	if (!a->path)
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+				   "sample: name a checkpoint or a run's folder; see `dragon sample --help`");
+	return 0;
+}
+
+/* The checkpoint a path names: itself, or a folder's newest. Returns the
+ * exit code (reported). */
+static int resolve(const char *path, char *out, size_t size)
+{
+	struct stat sb;
+	char msg[1024];
+	if (stat(path, &sb) != 0)
+		return dg__cli_err(DG__CLI_FAIL, errno == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO,
+				   "%s: %s (a checkpoint, or the folder of a `dragon train` run)", path,
+				   strerror(errno));
+	if (!S_ISDIR(sb.st_mode)) {
+		snprintf(out, size, "%s", path);
+		return DG__CLI_OK;
+	}
+	int64_t latest = -1;
+	dg_status st = dg_checkpoint_prune(path, 0, &latest, msg, sizeof(msg)); /* keeps all */
+	if (st)
+		return dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
+	if (latest < 0)
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOT_FOUND,
+				   "%s: no checkpoint (ckpt-*.safetensors) in it; `dragon train --out %s` writes them",
+				   path, path);
+	dg_checkpoint_path(path, latest, out, size);
+	return DG__CLI_OK;
+}
+
+/* c with the f32 recipe (the same shapes, dropout and thresholds). */
+static dg_model_config as_f32(const dg_model_config *c)
+{
+	dg_model_config f, r = *c;
+	char msg[256];
+	if (dg_model_preset("f32", &f, msg, sizeof(msg)) == DG_OK) {
+		r.encoder = f.encoder, r.encoder_v = f.encoder_v, r.decoder = f.decoder;
+		r.precision = f.precision;
+		snprintf(r.preset, sizeof(r.preset), "%s", f.preset);
+	}
+	return r;
+}
+
+typedef struct scored {
+	float z;
+	int v;
+} scored;
+
+/* Larger logits first; ties by the smaller byte (a total order: qsort's
+ * result is the same on every libc). */
+static int by_logit(const void *pa, const void *pb)
+{
+	const scored *a = pa, *b = pb;
+	if (a->z != b->z)
+		return a->z > b->z ? -1 : 1;
+	return a->v - b->v;
+}
+
+/* The next byte from logits z (V of them): the most likely at temperature
+ * 0, else a draw from softmax(z / temperature) over the k most likely. */
+static int draw(const float *z, int V, double temperature, int k, dg_rng *r, scored *tmp)
+{
+	for (int v = 0; v < V; v++)
+		tmp[v] = (scored){ z[v], v };
+	qsort(tmp, (size_t)V, sizeof(*tmp), by_logit);
+	if (temperature == 0)
+		return tmp[0].v;
+	int n = k > 0 && k < V ? k : V;
+	double total = 0;
+	double p[256]; /* V is 256: the caller refuses another vocabulary */
+	for (int i = 0; i < n; i++)
+		total += p[i] = exp(((double)tmp[i].z - tmp[0].z) / temperature);
+	double u = (double)(dg_rng_u64(r) >> 11) * 0x1p-53 * total;
+	for (int i = 0; i < n; i++) {
+		if (u < p[i])
+			return tmp[i].v;
+		u -= p[i];
+	}
+	return tmp[n - 1].v;
+}
+
+/* What generates: the GPU model of one row of T, or the CPU model's
+ * weights. */
+typedef struct gen {
+	dg_device *dev;
+	dg_model *m;
+	const dg_model_weights *w;
+	int T;
+	int32_t *row; /* (1, T): the context, then padding */
+} gen;
+
+/* The logits after the n tokens of ctx (1 <= n <= T) into z. */
+static int logits_of(gen *g, const int32_t *ctx, int n, float *z)
+{
+	char msg[1024];
+	memcpy(g->row, ctx, (size_t)n * sizeof(int32_t));
+	if (g->m) {
+		memset(g->row + n, 0, (size_t)(g->T - n) * sizeof(int32_t));
+		dg_model_batch b = { .idx = g->row, .b = 1, .t = g->T };
+		if (dg_model_logits(g->m, &b, n - 1, z))
+			return dg__cli_err(DG__CLI_FAIL, DG_ERR_CUDA, "%s", dg_device_errmsg(g->dev));
+		return DG__CLI_OK;
+	}
+	dg_model_batch b = { .idx = g->row, .b = 1, .t = n };
+	dg_status st = dg_model_cpu_logits(g->w, &b, n - 1, z, msg, sizeof(msg));
+	return st ? dg__cli_err(DG__CLI_FAIL, st, "%s", msg) : DG__CLI_OK;
+}
+
+/* Prints the prompt, then a.length bytes as they are drawn. */
+static int generate(gen *g, const sample_args *a, int V)
+{
+	const int T = g->T;
+	size_t plen = strlen(a->prompt);
+	/* the context: the prompt's last T bytes (a newline without one) */
+	int32_t *ctx = malloc((size_t)T * sizeof(int32_t));
+	float *z = malloc((size_t)V * sizeof(float));
+	scored *tmp = malloc((size_t)V * sizeof(scored));
+	if (!ctx || !z || !tmp) {
+		free(ctx);
+		free(z);
+		free(tmp);
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory");
+	}
+	int n = 0;
+	if (plen == 0)
+		ctx[n++] = '\n';
+	for (size_t i = plen > (size_t)T ? plen - (size_t)T : 0; i < plen; i++)
+		ctx[n++] = (unsigned char)a->prompt[i];
+	fwrite(a->prompt, 1, plen, stdout);
+	fflush(stdout);
+	dg_rng r;
+	dg_rng_seed(&r, a->seed);
+	int code = DG__CLI_OK;
+	for (uint64_t i = 0; i < a->length && !code && !ferror(stdout); i++) {
+		if ((code = logits_of(g, ctx, n, z)))
+			break;
+		for (int v = 0; v < V && !code; v++)
+			if (!isfinite(z[v]))
+				code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NUMERIC,
+						   "the logits after %d bytes are not finite (logit %d is %g): the weights have diverged",
+						   (int)(plen + i), v, (double)z[v]);
+		if (code)
+			break;
+		int next = draw(z, V, a->temperature, (int)a->top_k, &r, tmp);
+		fputc(next, stdout);
+		fflush(stdout);
+		if (n == T) { /* the context slides: the oldest byte leaves */
+			memmove(ctx, ctx + 1, (size_t)(T - 1) * sizeof(int32_t));
+			n--;
+		}
+		ctx[n++] = next;
+	}
+	if (isatty(1))
+		fputc('\n', stderr); /* the shell's prompt on a line of its own */
+	free(ctx);
+	free(z);
+	free(tmp);
+	return code;
+}
+
+int dg__cli_cmd_sample(int argc, char **argv)
+{
+	sample_args a;
+	int code = parse(argc, argv, &a);
+	if (code)
+		return code < 0 ? DG__CLI_OK : code;
+	char path[4200], msg[1024], dev_name[256];
+	if ((code = resolve(a.path, path, sizeof(path))))
+		return code;
+	dg_train_state *s = NULL;
+	dg_status st = dg_checkpoint_load(path, &s, msg, sizeof(msg));
+	if (st)
+		return dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
+	dg_model_weights *w = s->weights;
+	const int V = w->config.vocab;
+	if (V != 256) {
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_UNSUPPORTED,
+				   "%s: vocab %d: sample prints bytes, a vocabulary of 256", path, V);
+		dg_train_state_destroy(s);
+		return code;
+	}
+	/* the device: a recipe the CPU model does not run is not a reason to
+	 * refuse it (the CPU then runs it as f32) */
+	bool cpu_runs = dg_model_cpu_runs(&w->config);
+	dg_model_config probe = cpu_runs ? w->config : as_f32(&w->config);
+	dg_device *dev = NULL;
+	if ((code = dg__cli_device_of(a.cpu, &probe, &dev, dev_name, sizeof(dev_name)))) {
+		dg_train_state_destroy(s);
+		return code;
+	}
+	if (!dev && !cpu_runs) {
+		fprintf(stderr,
+			"dragon: note: the CPU model does not run the %s recipe; sampling with f32 arithmetic on the same weights (a GPU runs %s)\n",
+			w->config.preset, w->config.preset);
+		w->config = probe;
+	}
+	gen g = { .dev = dev, .w = w, .T = a.time ? (int)a.time : s->time > 0 ? s->time : 512 };
+	g.row = malloc((size_t)g.T * sizeof(int32_t));
+	if (!g.row)
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory");
+	if (!code && dev && dg_model_create(dev, w, 1, g.T, &g.m))
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_CUDA, "%s", dg_device_errmsg(dev));
+	if (!code && isatty(2))
+		fprintf(stderr, "dragon: sampling %s (step %lld, %s) on %s, context %d bytes\n", path,
+			(long long)s->step, w->config.preset, dev ? dev_name : "the CPU", g.T);
+	if (!code)
+		code = generate(&g, &a, V);
+	dg_model_destroy(g.m);
+	free(g.row);
+	dg_device_close(dev);
+	dg_train_state_destroy(s);
+	return code;
+}
