@@ -166,8 +166,9 @@ dg_grad_clip(const double *__restrict__ part, int nparts, dg_adamw_ctl_t *__rest
 
 function M.plan(spec)
   C.one_of(spec, "op", { "adamw_update" })
-  local p = C.threads_plan(spec, { "dg_adamw_update", "dg_grad_sumsq", "dg_grad_clip" }, "adamw.cu")
-  if p.tile and p.tile.threads and (p.tile.threads & (p.tile.threads - 1)) ~= 0 then
+  local p, err = C.threads_plan(spec, { "dg_adamw_update", "dg_grad_sumsq", "dg_grad_clip" }, "adamw.cu")
+  if not p then return nil, err end
+  if (p.tile.threads & (p.tile.threads - 1)) ~= 0 then
     return C.refuse(p.tile, false, "threads must be a power of two (the tree sums halve the block)")
   end
   return p

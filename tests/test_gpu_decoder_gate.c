@@ -20,6 +20,9 @@
  *     a second run gives the same bytes;
  *   - the BDH shape (B 8, T 512, H 4, E 256, L 8192) on sampled rows, timed
  *     (cold L2) against the traffic floor (xs, ys in, dxs, dys out);
+ *   - step_at: step s0 and a device word k at step_at give the bytes of
+ *     step s0 + k without one (uint32, wrapping past 2^32 too), within the
+ *     bounds of the reference at s0 + k, and not step s0's;
  *   - bad calls: an output aliasing an input, p = 1, a wrong format.
  */
 #include <criterion/criterion.h>
@@ -271,6 +274,59 @@ Test(gpu_decoder_gate, bdh_shape_sampled)
 	       flop / tr.median_us * 1e-6);
 	fflush(stdout);
 	free(grad), free(w), free(xs), free(ys), free(gx), free(gy);
+	gh_close(dev);
+}
+
+Test(gpu_decoder_gate, step_at_adds_the_device_step)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0x57e9);
+	shape sh = { 2, 37, 2, 64, 200 };
+	fmts f = { DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, false }; /* the fp32 path: any device */
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	const int M = sh.B * sh.T;
+	const size_t n = (size_t)M * sh.H * sh.L, nw = (size_t)sh.E * sh.H * sh.L, ob = n * 2;
+	float *grad = rand_exact(DG_FMT_F32, (size_t)M * sh.E);
+	void *w = rand_exact(f.w, nw), *xs = gh_rand_storage(f.act, n, NULL),
+	     *ys = gh_rand_storage(f.act, n, NULL);
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, grad, (size_t)M * sh.E * 4), sh.B, 1,
+				    sh.T, sh.E);
+	int64_t wsh[2] = { sh.E, (int64_t)sh.H * sh.L };
+	dg_tensor tw = dg_tensor_make("w", f.w, gh_upload(dev, w, nw * 2), 2, wsh);
+	dg_tensor tx = dg_tensor_4d("xs", f.act, gh_upload(dev, xs, n * 2), sh.B, sh.H, sh.T, sh.L);
+	dg_tensor ty = dg_tensor_4d("ys", f.act, gh_upload(dev, ys, n * 2), sh.B, sh.H, sh.T, sh.L);
+	dg_tensor tdx = dg_tensor_4d("dxs", f.out, gh_alloc_ff(dev, ob), sh.B, sh.H, sh.T, sh.L);
+	dg_tensor tdy = dg_tensor_4d("dys", f.out, gh_alloc_ff(dev, ob), sh.B, sh.H, sh.T, sh.L);
+	dg_dptr at = gh_alloc(dev, sizeof(uint32_t));
+	run r = { dev, spec_of(&sh, &f, di.sm),
+		  { .grad = &tg, .w = &tw, .xs = &tx, .ys = &ty, .dxs = &tdx, .dys = &tdy, .p = 0.1f,
+		    .seed = 0x5eed, .layer = 3 } };
+	void *gx = gh_xmalloc(ob), *gy = gh_xmalloc(ob), *px = gh_xmalloc(ob), *py = gh_xmalloc(ob);
+	static const uint32_t cases[][2] = { { 7, 5 }, { 0xfffffff0u, 0x20u } };
+	for (int c = 0; c < 2; c++) {
+		const uint32_t s0 = cases[c][0], k = cases[c][1], sum = s0 + k;
+		char what[96];
+		snprintf(what, sizeof(what), "decoder_gate_bwd step %u + *step_at %u", s0, k);
+		cr_assert_eq(dg_memcpy_htod(dev, at, &k, sizeof(k)), DG_OK, "%s", dg_device_errmsg(dev));
+		r.a.step = s0;
+		r.a.step_at = at;
+		cr_assert_eq(call(&r), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		gh_download(dev, gx, tdx.data, ob);
+		gh_download(dev, gy, tdy.data, ob);
+		check_rows(what, &sh, &f, 0.1f, 0x5eed, sum, 3, grad, w, xs, ys, gx, gy, NULL, M);
+		r.a.step = sum;
+		r.a.step_at = 0;
+		cr_assert_eq(call(&r), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		gh_download(dev, px, tdx.data, ob);
+		gh_download(dev, py, tdy.data, ob);
+		cr_assert(memcmp(px, gx, ob) == 0 && memcmp(py, gy, ob) == 0, "%s: not step %u's bytes", what, sum);
+		r.a.step = s0;
+		cr_assert_eq(call(&r), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		gh_download(dev, px, tdx.data, ob);
+		cr_assert_neq(memcmp(px, gx, ob), 0, "%s: step %u's mask: step_at was not read", what, s0);
+	}
+	free(grad), free(w), free(xs), free(ys), free(gx), free(gy), free(px), free(py);
 	gh_close(dev);
 }
 

@@ -18,7 +18,12 @@
  *   - add_mask in place, add3 with out aliasing a, transpose at
  *     (R 4, E 256, L 8192) and (R 1, E 32768, L 256), odd ones, and back;
  *   - every output starts as 0xff bytes (NaN): an unwritten element fails;
- *   - a second run gives the same bytes (in-place inputs restored first).
+ *   - a second run gives the same bytes (in-place inputs restored first);
+ *   - step_at: gate_fwd and gate_bwd with step s0 and a device word k at
+ *     step_at give the bytes of step s0 + k without one (uint32, wrapping
+ *     past 2^32 too), the reference's, and not step s0's; a captured
+ *     gate_fwd replayed after a new word is copied there gives that
+ *     step's mask.
  */
 #include <criterion/criterion.h>
 
@@ -347,6 +352,115 @@ Test(gpu_gate, step_bdh_shapes)
 		dg_fmt f = a ? DG_FMT_BF16 : DG_FMT_F32;
 		check_transpose(dev, f, 4, 256, 8192, 0);  /* the encoders [H, D, N] → (H, N, D) */
 		check_transpose(dev, f, 1, 32768, 256, 0); /* the decoder [H·N, D] → (D, H·N) */
+	}
+	gh_close(dev);
+}
+
+/* ---- step_at ---------------------------------------------------------------------- */
+
+/* gate_bwd's dxs and dys (written over dxy, its input copied in first). */
+static void run_gate_bwd(dg_device *dev, const dg_spec *s, const dg_gate_bwd_args *a, const void *dxy,
+			 size_t fb, void *dxs, void *dys, const char *what)
+{
+	upload_to(dev, a->dxy->data, dxy, fb);
+	expect_ok(dev, dg_gate_bwd(dev, s, a), what);
+	gh_download(dev, dxs, a->dxs->data, fb);
+	gh_download(dev, dys, a->dxy->data, fb);
+}
+
+Test(gpu_gate, step_at_adds_the_device_step)
+{
+	dg_device *dev = gh_open();
+	gh_seed(25);
+	enum { B = 2, H = 3, T = 130, L = 100 };
+	const size_t n = (size_t)B * H * T * L, fb = n * 4;
+	const float p = 0.1f;
+	const uint64_t seed = 42;
+	const uint32_t layer = 3;
+	/* (s0, k): none, a few, many, and s0 + k past 2^32 */
+	static const uint32_t cases[][2] = { { 7, 0 }, { 7, 5 }, { 0, 12345 }, { 0xfffffff0u, 0x20u } };
+	dg_dptr at = gh_alloc(dev, sizeof(uint32_t));
+	for (int a = 0; a < 2; a++) {
+		dg_fmt act = a ? DG_FMT_BF16 : DG_FMT_F32;
+		size_t ab = n * esz(act);
+		void *xs = rand_of(act, n), *ys = rand_of(act, n), *dxy = rand_of(DG_FMT_F32, n);
+		dg_tensor txs = dg_tensor_4d("xs", act, gh_upload(dev, xs, ab), B, H, T, L);
+		dg_tensor tys = dg_tensor_4d("ys", act, gh_upload(dev, ys, ab), B, H, T, L);
+		dg_tensor txy = dg_tensor_4d("xy", act, gh_alloc_ff(dev, ab), B, H, T, L);
+		dg_tensor tdxy = dg_tensor_4d("dxy", DG_FMT_F32, gh_alloc(dev, fb), B, H, T, L);
+		dg_tensor tdxs = dg_tensor_4d("dxs", DG_FMT_F32, gh_alloc_ff(dev, fb), B, H, T, L);
+		dg_spec sf = spec_of(DG_OP_GATE_FWD, act, H, 256, L, 0);
+		dg_spec sb = spec_grads(DG_OP_GATE_BWD, act, DG_FMT_F32, DG_FMT_F32, H, 256, L, 0);
+		void *got = gh_xmalloc(ab), *want = gh_xmalloc(ab), *plain = gh_xmalloc(ab);
+		void *gdxs = gh_xmalloc(fb), *gdys = gh_xmalloc(fb), *pdxs = gh_xmalloc(fb), *pdys = gh_xmalloc(fb);
+		void *wdxs = gh_xmalloc(fb), *wdys = gh_xmalloc(fb);
+		for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+			const uint32_t s0 = cases[c][0], k = cases[c][1], sum = s0 + k;
+			char what[128];
+			snprintf(what, sizeof(what), "gate %s step %u + *step_at %u", dg_fmt_name(act), s0, k);
+			upload_to(dev, at, &k, sizeof(k));
+			dg_gate_fwd_args fa = { .xs = &txs, .ys = &tys, .xy = &txy, .p = p, .seed = seed,
+						.step = s0, .layer = layer, .step_at = at };
+			expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what);
+			gh_download(dev, got, txy.data, ab);
+			cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, p, seed, sum, layer, want), DG_OK);
+			gh_expect_bytes(what, got, want, ab);
+			fa.step = sum; /* the same step as an argument alone */
+			fa.step_at = 0;
+			expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what);
+			gh_download(dev, plain, txy.data, ab);
+			cr_assert_eq(memcmp(plain, got, ab), 0, "%s: not step %u's bytes", what, sum);
+			if (k) { /* step s0 alone is another mask: step_at was read */
+				fa.step = s0;
+				expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what);
+				gh_download(dev, plain, txy.data, ab);
+				cr_assert_neq(memcmp(plain, got, ab), 0, "%s: step %u's mask", what, s0);
+			}
+
+			dg_gate_bwd_args ba = { .dxy = &tdxy, .xs = &txs, .ys = &tys, .dxs = &tdxs, .p = p,
+						.seed = seed, .step = s0, .layer = layer, .step_at = at };
+			run_gate_bwd(dev, &sb, &ba, dxy, fb, gdxs, gdys, what);
+			cr_assert_eq(dg_ref_gate_bwd_op(act, DG_FMT_F32, dxy, xs, ys, (int64_t)n, p, seed, sum, layer,
+							wdxs, wdys), DG_OK);
+			gh_expect_bytes(what, gdxs, wdxs, fb);
+			gh_expect_bytes(what, gdys, wdys, fb);
+			ba.step = sum;
+			ba.step_at = 0;
+			run_gate_bwd(dev, &sb, &ba, dxy, fb, pdxs, pdys, what);
+			cr_assert(memcmp(pdxs, gdxs, fb) == 0 && memcmp(pdys, gdys, fb) == 0,
+				  "%s: gate_bwd: not step %u's bytes", what, sum);
+			if (k) {
+				ba.step = s0;
+				run_gate_bwd(dev, &sb, &ba, dxy, fb, pdxs, pdys, what);
+				cr_assert_neq(memcmp(pdys, gdys, fb), 0, "%s: gate_bwd: step %u's mask", what, s0);
+			}
+		}
+
+		/* captured with step 100 and step_at: each replay reads the word */
+		dg_gate_fwd_args fa = { .xs = &txs, .ys = &tys, .xy = &txy, .p = p, .seed = seed, .step = 100,
+					.layer = layer, .step_at = at };
+		gh_sync(dev);
+		dg_graph *g = NULL;
+		expect_ok(dev, dg_graph_begin(dev), "dg_graph_begin");
+		expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), "gate_fwd (captured)");
+		expect_ok(dev, dg_graph_end(dev, &g), "dg_graph_end");
+		cr_assert_not_null(g);
+		static const uint32_t ks[] = { 3, 9, 3 };
+		for (size_t r = 0; r < sizeof(ks) / sizeof(ks[0]); r++) {
+			char what[96];
+			snprintf(what, sizeof(what), "gate %s replay %zu: step 100 + %u", dg_fmt_name(act), r, ks[r]);
+			upload_to(dev, at, &ks[r], sizeof(ks[r]));
+			expect_ok(dev, dg_memset8(dev, txy.data, 0xff, ab), "dg_memset8");
+			expect_ok(dev, dg_graph_launch(g), "dg_graph_launch");
+			gh_sync(dev);
+			gh_download(dev, got, txy.data, ab);
+			cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, p, seed, 100 + ks[r], layer, want),
+				     DG_OK);
+			gh_expect_bytes(what, got, want, ab);
+		}
+		dg_graph_destroy(g);
+		free(xs), free(ys), free(dxy), free(got), free(want), free(plain);
+		free(gdxs), free(gdys), free(pdxs), free(pdys), free(wdxs), free(wdys);
 	}
 	gh_close(dev);
 }

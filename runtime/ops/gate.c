@@ -29,7 +29,9 @@ static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_te
 	return c;
 }
 
-/* The op table's check, then the drop probability. */
+/* The op table's check, then the drop probability and step_at's
+ * alignment (the kernel reads a uint32 there: a misaligned address would
+ * fault the context instead of being refused). */
 static dg_status gate_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
 			    dg__op_shape *sh, char *msg, size_t size)
 {
@@ -44,6 +46,11 @@ static dg_status gate_check(const dg_spec *spec, dg_op op, const char *fn, const
 	if (!(c->p >= 0.0f && c->p < 1.0f)) {
 		snprintf(msg, size, "%s: p=%g: the drop probability must be in [0, 1) (0: no dropout)",
 			 fn, (double)c->p);
+		return DG_ERR_INVALID_ARG;
+	}
+	if (c->step_at & 3u) {
+		snprintf(msg, size, "step_at: %s: 0x%llx is not 4-byte aligned (a device uint32)", fn,
+			 (unsigned long long)c->step_at);
 		return DG_ERR_INVALID_ARG;
 	}
 	if (op == DG_OP_GATE_BWD && c->t[3]->data == c->t[0]->data) {

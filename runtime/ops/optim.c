@@ -14,6 +14,9 @@
 
 /* templates/adamw.lua's PARTS: dg_grad_sumsq's blocks, a partial each. */
 #define PARTS 264
+/* The control block's alignment: the kernels read it whole, doubles
+ * included, so a misaligned one would fault the context, not be refused. */
+#define CTL_ALIGN 8u
 
 static dg__op_call call_of(const dg_adamw_update_args *a)
 {
@@ -28,7 +31,8 @@ static dg__op_call call_of(const dg_adamw_update_args *a)
 }
 
 /* The op table's check (four f32 tensors of one shape), then p, m and v
- * distinct from each other and from grad (each is written). */
+ * distinct from each other and from grad (each is written), and the
+ * control block and the copy aligned. */
 static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *sh, char *msg,
 		       size_t size)
 {
@@ -49,6 +53,11 @@ static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *
 					 names[j], fn, names[i]);
 				return DG_ERR_INVALID_ARG;
 			}
+	if (c->ctl & (CTL_ALIGN - 1)) {
+		snprintf(msg, size, "ctl: %s: 0x%llx is not %u-byte aligned (a dg_adamw_ctl holds doubles)",
+			 fn, (unsigned long long)c->ctl, CTL_ALIGN);
+		return DG_ERR_INVALID_ARG;
+	}
 	if (c->copy && (c->copy & 15u)) {
 		snprintf(msg, size, "copy: %s: 0x%llx is not 16-byte aligned", fn,
 			 (unsigned long long)c->copy);
@@ -129,10 +138,10 @@ dg_status dg_grad_norm(dg_device *dev, const dg_spec *spec, const dg_grad_norm_a
 		return dg__dev_fail_msg(dev, st, msg);
 	if (a->n < 1)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: n=%d: at least one gradient", fn, a->n);
-	if (!a->ctl || (a->ctl & 7u))
+	if (!a->ctl || (a->ctl & (CTL_ALIGN - 1)))
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
-				    "ctl: %s: the control block must be an 8-byte aligned device address",
-				    fn);
+				    "ctl: %s: the control block must be an %u-byte aligned device address",
+				    fn, CTL_ALIGN);
 	st = dg__op_workspace_ok(dev, fn, &a->ws, dg_grad_norm_workspace(a->n));
 	if (st)
 		return st;
