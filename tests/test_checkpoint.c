@@ -11,7 +11,8 @@
  *   - resuming: a config or optimizer that differs is named field by
  *     field; the same one matches;
  *   - pruning keeps the newest k by step, leaves other files alone,
- *     reports the latest;
+ *     reports the latest; it removes the temp files of saves whose
+ *     process died (never counting them), not a live writer's;
  *   - where python3 can import torch, safetensors.torch.load_file reads
  *     the weights under the reference's names, the same bytes.
  */
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dragon/checkpoint.h"
@@ -276,6 +278,71 @@ Test(checkpoint, prune_keeps_the_newest)
 	snprintf(path, sizeof(path), "%s/missing", dir);
 	cr_assert_eq(dg_checkpoint_prune(path, 2, &latest, msg, sizeof(msg)), DG_ERR_NOT_FOUND);
 	cr_assert_eq(latest, -1);
+}
+
+/* The temp files of saves that died (a kill -9 mid-write): never a
+ * checkpoint to prune's count, removed when their writer is gone or is
+ * this process; a live writer's and other files stay. */
+Test(checkpoint, prune_removes_dead_saves_temp_files)
+{
+	size_t n;
+	long pid;
+	cr_assert(dg_safetensors_temp_of("ckpt-00000012.safetensors.tmp.4242.1f0a", &n, &pid));
+	cr_assert_eq(n, strlen("ckpt-00000012.safetensors"));
+	cr_assert_eq(pid, 4242);
+	cr_assert(dg_safetensors_temp_of("a.tmp.b.tmp.7.ff", &n, &pid) && n == 7 && pid == 7);
+	static const char *const not_temps[] = { "ckpt-00000012.safetensors", "log.jsonl.tmp", ".tmp.1.a",
+						 "x.tmp.12", "x.tmp.12.", "x.tmp..ab", "x.tmp.1x.ab", "x.tmp.1.xy" };
+	for (size_t i = 0; i < sizeof(not_temps) / sizeof(not_temps[0]); i++)
+		cr_assert_not(dg_safetensors_temp_of(not_temps[i], NULL, NULL), "%s", not_temps[i]);
+
+	/* a pid that is surely gone: a child's, reaped */
+	pid_t dead = fork();
+	cr_assert_neq(dead, -1);
+	if (dead == 0)
+		_exit(0);
+	cr_assert_eq(waitpid(dead, NULL, 0), dead);
+	char *dir = dg_test_tmpdir(), path[512], name[256], msg[256];
+	for (int i = 1; i <= 3; i++) {
+		dg_checkpoint_path(dir, i, path, sizeof(path));
+		spill(path, "x", 1);
+	}
+	const struct {
+		long pid;
+		int step;
+		bool gone;
+	} temps[] = { { (long)dead, 9, true }, { (long)getpid(), 4, true }, { 1, 8, false } };
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/ckpt-%08d.safetensors.tmp.%ld.abc", dir, temps[i].step, temps[i].pid);
+		spill(path, "x", 1);
+	}
+	snprintf(path, sizeof(path), "%s/weights.safetensors.tmp.%ld.abc", dir, (long)dead);
+	spill(path, "x", 1);
+	snprintf(path, sizeof(path), "%s/log.jsonl.tmp", dir);
+	spill(path, "x", 1);
+	int64_t latest = 0;
+	cr_assert_eq(dg_checkpoint_prune(dir, 2, &latest, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(latest, 3, "a temp file counted as a checkpoint (latest %lld)", (long long)latest);
+	struct stat st;
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/ckpt-%08d.safetensors.tmp.%ld.abc", dir, temps[i].step, temps[i].pid);
+		cr_assert_eq(stat(path, &st) != 0, temps[i].gone, "%s: %s", path, temps[i].gone ? "kept" : "removed");
+	}
+	snprintf(name, sizeof(name), "weights.safetensors.tmp.%ld.abc", (long)dead);
+	const char *left[] = { "ckpt-00000003.safetensors", "ckpt-00000002.safetensors", "log.jsonl.tmp", name };
+	for (int i = 0; i < 4; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, left[i]);
+		cr_assert_eq(stat(path, &st), 0, "%s removed", left[i]);
+	}
+	dg_checkpoint_path(dir, 1, path, sizeof(path));
+	cr_assert_neq(stat(path, &st), 0, "step 1 kept past keep = 2");
+	/* keep < 1 keeps every checkpoint, still not the dead temps */
+	snprintf(path, sizeof(path), "%s/ckpt-%08d.safetensors.tmp.%ld.abc", dir, 5, (long)dead);
+	spill(path, "x", 1);
+	cr_assert_eq(dg_checkpoint_prune(dir, 0, &latest, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(latest, 3);
+	cr_assert_neq(stat(path, &st), 0, "%s kept", path);
+	dg_test_rmtree(dir);
 }
 
 Test(checkpoint, pytorch_reads_the_weights)

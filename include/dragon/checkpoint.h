@@ -53,8 +53,9 @@ dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const 
 				dg_train_state **out, char *msg, size_t msg_size);
 void dg_train_state_destroy(dg_train_state *s);
 
-/* Writes s to path atomically. DG_ERR_IO names the step that failed; the
- * previous file at path is then as it was. */
+/* Writes s to path atomically. DG_ERR_IO names the file, the step that
+ * failed and errno (a full disk: "write: No space left on device"); the
+ * temp file is then removed and the previous file at path is as it was. */
 dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *msg, size_t msg_size);
 
 /* Reads a checkpoint (a new state in *out). DG_ERR_NOT_FOUND / DG_ERR_IO
@@ -72,8 +73,11 @@ dg_status dg_checkpoint_match(const dg_train_state *s, const dg_model_config *c,
 void dg_checkpoint_path(const char *dir, int64_t step, char *out, size_t size);
 
 /* Keeps the `keep` newest checkpoints of dir (by step), removing older
- * ckpt-*.safetensors files; other files are left alone. keep < 1 keeps
- * all. *latest (may be NULL) gets the newest one's step, or -1. */
+ * ckpt-*.safetensors files, and removes the temp files of checkpoint
+ * saves that died midway (ckpt-*.safetensors.tmp.<pid>.*, whose process
+ * is gone or is this one: call it between saves); other files are left
+ * alone. keep < 1 keeps all the checkpoints. *latest (may be NULL) gets
+ * the newest checkpoint's step, or -1; temp files never count. */
 dg_status dg_checkpoint_prune(const char *dir, int keep, int64_t *latest, char *msg, size_t msg_size);
 
 #ifdef __cplusplus

@@ -135,10 +135,18 @@ dg_status dg_safetensors_writer_meta(dg_safetensors_writer *w, const char *key,
 /* The whole file in memory (malloc'd *out of *size bytes; free it). */
 dg_status dg_safetensors_writer_bytes(const dg_safetensors_writer *w, void **out,
 				      size_t *size, char *msg, size_t msg_size);
-/* Writes the file atomically (see above). DG_ERR_IO names the step that
- * failed; the previous file at path, if any, is then left as it was. */
+/* Writes the file atomically (see above) through the temp file
+ * "<path>.tmp.<writer's pid>.<hex>". DG_ERR_IO names the file, the step
+ * that failed (create, write, fsync, close, rename) and errno; the temp
+ * file is then removed and the previous file at path, if any, is left as
+ * it was. A writer killed midway leaves its temp file behind (see
+ * dg_safetensors_temp_of). */
 dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char *path,
 				     char *msg, size_t msg_size);
+/* Whether the file name `name` (no folder) is a save's temp file: then
+ * its first *target_len characters are the target's name and *pid the
+ * writer's process id (either may be NULL). */
+bool dg_safetensors_temp_of(const char *name, size_t *target_len, long *pid);
 
 #ifdef __cplusplus
 }

@@ -230,9 +230,37 @@ dg_status dg_safetensors_writer_bytes(const dg_safetensors_writer *w, void **out
 	return DG_OK;
 }
 
+/* A failed step of a save, named with the file and errno's text. */
 static dg_status io_fail(char *msg, size_t size, const char *step, const char *path)
 {
-	return dg__msgf(DG_ERR_IO, msg, size, "%s: %s: %s", path, step, strerror(errno));
+	int e = errno;
+	return dg__msgf(DG_ERR_IO, msg, size, "%s: %s: %s (errno %d)", path, step, strerror(e), e);
+}
+
+bool dg_safetensors_temp_of(const char *name, size_t *target_len, long *pid)
+{
+	const char *t = NULL;
+	for (const char *q = strstr(name, ".tmp."); q; q = strstr(q + 1, ".tmp."))
+		t = q; /* the last ".tmp.": a target's own name may hold one */
+	if (!t || t == name)
+		return false;
+	const char *p = t + 5, *dot = strchr(p, '.');
+	if (!dot || dot == p || !dot[1])
+		return false;
+	long v = 0;
+	for (const char *c = p; c < dot; c++) {
+		if (*c < '0' || *c > '9' || v > LONG_MAX / 10 - 9)
+			return false;
+		v = v * 10 + (*c - '0');
+	}
+	for (const char *c = dot + 1; *c; c++)
+		if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
+			return false;
+	if (target_len)
+		*target_len = (size_t)(t - name);
+	if (pid)
+		*pid = v;
+	return true;
 }
 
 dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char *path,
@@ -256,31 +284,46 @@ dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char 
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		free(bytes);
-		return io_fail(msg, msg_size, "create a temp file", tmp);
+		return io_fail(msg, msg_size, "create the temp file", tmp);
 	}
+	/* write() may take less than asked (a signal, a disk filling up): the
+	 * loop goes on until all is written or it fails; a write of nothing
+	 * sets no errno, so it is read as a full disk */
+	const char *failed = NULL;
+	int err = 0;
 	const unsigned char *p = bytes;
 	size_t left = size;
-	while (left && !st) {
+	while (left && !failed) {
 		ssize_t k = write(fd, p, left);
 		if (k < 0 && errno == EINTR)
 			continue;
-		if (k <= 0)
-			st = io_fail(msg, msg_size, "write (disk full?)", tmp);
-		else {
+		if (k <= 0) {
+			failed = "write";
+			err = k == 0 ? ENOSPC : errno;
+		} else {
 			p += k;
 			left -= (size_t)k;
 		}
 	}
 	free(bytes);
-	if (!st && fsync(fd))
-		st = io_fail(msg, msg_size, "fsync", tmp);
-	if (close(fd) && !st)
-		st = io_fail(msg, msg_size, "close", tmp);
-	if (!st && rename(tmp, path))
-		st = io_fail(msg, msg_size, "rename over the target", path);
-	if (st) {
-		unlink(tmp);
-		return st;
+	/* a delayed write error (a full disk, NFS) shows at fsync or close */
+	if (!failed && fsync(fd)) {
+		failed = "fsync";
+		err = errno;
+	}
+	if (close(fd) && !failed) {
+		failed = "close";
+		err = errno;
+	}
+	if (!failed && rename(tmp, path)) {
+		failed = "rename the temp file over it";
+		err = errno;
+	}
+	if (failed) {
+		bool left_behind = unlink(tmp) != 0 && errno != ENOENT;
+		return dg__msgf(DG_ERR_IO, msg, msg_size,
+				"%s: %s: %s (errno %d); the file is as it was, and its temp file %s %s", path,
+				failed, strerror(err), err, tmp, left_behind ? "could not be removed" : "is removed");
 	}
 	/* the rename itself is durable once the folder is synced */
 	snprintf(dir, sizeof(dir), "%s", path);

@@ -7,6 +7,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,14 +336,41 @@ static int64_t step_of(const char *name)
 }
 
 typedef struct found {
-	int64_t step;
+	int64_t step;   /* of the checkpoint, or of the one a temp file was for */
+	bool temp;      /* a dead save's temp file */
 	char name[256];
 } found;
 
+/* Whether name is the temp file of a checkpoint's save that is no longer
+ * running: its writer (the pid in its name) is gone, or is this process,
+ * which never prunes while it saves. A pid the system reports alive (a
+ * live writer, or one the pid was reused by) keeps its file; a later
+ * prune takes it. If so, its checkpoint's step into *step. */
+static bool dead_temp(const char *name, int64_t *step)
+{
+	size_t n;
+	long pid;
+	char target[256];
+	if (!dg_safetensors_temp_of(name, &n, &pid) || n >= sizeof(target))
+		return false;
+	memcpy(target, name, n);
+	target[n] = '\0';
+	int64_t s = step_of(target);
+	if (s < 0)
+		return false;
+	bool dead = pid == (long)getpid() || pid <= 0 || pid > INT_MAX ||
+		    (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+	if (dead)
+		*step = s;
+	return dead;
+}
+
 static int cmp_desc(const void *a, const void *b)
 {
-	int64_t x = ((const found *)a)->step, y = ((const found *)b)->step;
-	return (x < y) - (x > y);
+	const found *p = a, *q = b;
+	if (p->temp != q->temp)
+		return p->temp - q->temp; /* temp files last */
+	return (p->step < q->step) - (p->step > q->step);
 }
 
 dg_status dg_checkpoint_prune(const char *dir, int keep, int64_t *latest, char *msg, size_t msg_size)
@@ -354,8 +384,10 @@ dg_status dg_checkpoint_prune(const char *dir, int keep, int64_t *latest, char *
 	found *fs = NULL;
 	size_t n = 0, cap = 0;
 	dg_status st = DG_OK;
+	size_t temps = 0;
 	for (struct dirent *e; (e = readdir(d));) {
 		int64_t s = step_of(e->d_name);
+		bool temp = s < 0 && dead_temp(e->d_name, &s);
 		if (s < 0 || strlen(e->d_name) >= sizeof(fs->name))
 			continue;
 		if (n == cap) {
@@ -369,16 +401,21 @@ dg_status dg_checkpoint_prune(const char *dir, int keep, int64_t *latest, char *
 			cap = nc;
 		}
 		fs[n].step = s;
+		fs[n].temp = temp;
+		temps += temp;
 		snprintf(fs[n].name, sizeof(fs[n].name), "%s", e->d_name);
 		n++;
 	}
 	closedir(d);
 	if (!st && n) {
+		/* the checkpoints newest first, then the dead temp files */
 		qsort(fs, n, sizeof(*fs), cmp_desc);
-		if (latest)
+		size_t ckpts = n - temps;
+		if (latest && ckpts)
 			*latest = fs[0].step;
 		char path[4096];
-		for (size_t i = keep > 0 ? (size_t)keep : n; i < n && !st; i++) {
+		/* past the newest `keep`: the older checkpoints and every temp */
+		for (size_t i = keep > 0 && (size_t)keep < ckpts ? (size_t)keep : ckpts; i < n && !st; i++) {
 			snprintf(path, sizeof(path), "%s/%s", dir, fs[i].name);
 			if (unlink(path) && errno != ENOENT)
 				st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: remove: %s", path, strerror(errno));
