@@ -13,15 +13,28 @@
  *     with no checkpoint, a folder holding another run's checkpoints, a
  *     corpus too short for a row are refused; a learning rate that makes
  *     the loss blow up stops the run naming the step, the last checkpoint
- *     kept.
+ *     kept;
+ *   - the stop flag (what `dragon train`'s SIGINT handler sets) ends the
+ *     run with DG_ERR_INTERRUPTED and a checkpoint of the steps done (not
+ *     written twice when the interval wrote it), and the resumed run logs
+ *     what a straight one logs;
+ *   - a full disk at a checkpoint (a file-size limit in a child) fails the
+ *     run naming the file and errno, leaves no temp file and the previous
+ *     checkpoint as it was; resumed with room, the log is the straight one.
  */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "dragon/checkpoint.h"
 #include "dragon/train.h"
@@ -206,4 +219,194 @@ Test(train, refusals_and_faults)
 		     (long long)k->step, at);
 	dg_train_state_destroy(k);
 	dg_corpus_destroy(c);
+}
+
+/* What the progress callback of the stop test does: at step `at` it sets
+ * the flag (as a signal arriving during that step would) and notes the
+ * inode of that step's checkpoint, if one was written. */
+typedef struct stopper {
+	volatile sig_atomic_t flag;
+	int64_t at;
+	const char *dir;
+	ino_t ino; /* 0: no checkpoint of step `at` when the flag was set */
+} stopper;
+
+static void stop_at_step(const dg_train_report *r, void *user)
+{
+	stopper *s = user;
+	if (r->step != s->at)
+		return;
+	s->flag = 1;
+	char p[600];
+	struct stat st;
+	dg_checkpoint_path(s->dir, r->step, p, sizeof(p));
+	s->ino = stat(p, &st) == 0 ? st.st_ino : 0;
+}
+
+/* Each file name of dir that holds ".tmp." (a save's temp file), joined. */
+static void temp_files(const char *dir, char *out, size_t size)
+{
+	DIR *d = opendir(dir);
+	cr_assert_not_null(d, "%s", dir);
+	out[0] = '\0';
+	for (struct dirent *e; (e = readdir(d));)
+		if (strstr(e->d_name, ".tmp."))
+			snprintf(out + strlen(out), size - strlen(out), "%s ", e->d_name);
+	closedir(d);
+}
+
+Test(train, stop_flag_checkpoints_then_resumes)
+{
+	dg_corpus *c = corpus_of(4000);
+	char *root = dg_test_tmpdir(), a[600], b[600], msg[1024], p[600];
+	snprintf(a, sizeof(a), "%s/a", root);
+	snprintf(b, sizeof(b), "%s/b", root);
+	dg_train_opts o = tiny(a, 12);
+	cr_assert_eq(dg_train_run(&o, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	int na, nb;
+	char *la = log_of(a, &na);
+
+	/* stopped during step 5 (ckpt_every 3: no checkpoint of 5 yet): one
+	 * is written, the log ends at 5 */
+	dg_train_opts q = tiny(b, 12);
+	stopper s = { .at = 5, .dir = b };
+	q.stop = &s.flag;
+	cr_assert_eq(dg_train_run(&q, c, stop_at_step, &s, msg, sizeof(msg)), DG_ERR_INTERRUPTED, "%s", msg);
+	cr_assert_eq(s.ino, 0, "a checkpoint of step 5 before the stop");
+	dg_checkpoint_path(b, 5, p, sizeof(p));
+	char want[1400];
+	snprintf(want, sizeof(want), "interrupted at step 5 of 12; checkpoint %s", p);
+	cr_assert_str_eq(msg, want);
+	free(log_of(b, &nb));
+	cr_assert_eq(nb, 5);
+	dg_train_state *k = newest(b);
+	cr_assert_eq(k->step, 5);
+	dg_train_state_destroy(k);
+
+	/* resumed and stopped during step 6, whose checkpoint the interval
+	 * wrote: that file is the checkpoint named, not written again */
+	q.resume = true;
+	s = (stopper){ .at = 6, .dir = b };
+	cr_assert_eq(dg_train_run(&q, c, stop_at_step, &s, msg, sizeof(msg)), DG_ERR_INTERRUPTED, "%s", msg);
+	cr_assert_neq(s.ino, 0, "no checkpoint of step 6 when the flag was set");
+	dg_checkpoint_path(b, 6, p, sizeof(p));
+	struct stat st;
+	cr_assert_eq(stat(p, &st), 0);
+	cr_assert_eq(st.st_ino, s.ino, "step 6's checkpoint was written twice");
+	cr_assert(strstr(msg, "interrupted at step 6 of 12; checkpoint ") && strstr(msg, p), "%s", msg);
+
+	/* the flag set before the run starts: nothing runs, the resume
+	 * point's checkpoint is named */
+	s.flag = 1;
+	s.at = -1;
+	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_ERR_INTERRUPTED, "%s", msg);
+	cr_assert(strstr(msg, "interrupted at step 6 of 12; checkpoint "), "%s", msg);
+	free(log_of(b, &nb));
+	cr_assert_eq(nb, 6);
+
+	/* resumed to the end: the same log as the straight run */
+	q.stop = NULL;
+	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	char *lb = log_of(b, &nb);
+	cr_assert_str_eq(lb, la, "stopped and resumed, the run logged other numbers");
+	free(la);
+	free(lb);
+	dg_corpus_destroy(c);
+	dg_test_rmtree(root);
+}
+
+/*
+ * A full disk while checkpointing, made honestly without root: a child
+ * process whose file-size limit (RLIMIT_FSIZE) is half a checkpoint, with
+ * SIGXFSZ ignored, so the write past the limit fails with EFBIG (after a
+ * short write up to it) as a full disk fails with ENOSPC. The run
+ * resumed there from step 4 fails at step 6's checkpoint; then: the error
+ * names the file and errno, no temp file is left, step 4's checkpoint is
+ * byte for byte what it was and loads; resumed without the limit, the
+ * run ends with the log of one that never failed.
+ */
+Test(train, full_disk_keeps_the_last_checkpoint)
+{
+	dg_corpus *c = corpus_of(4000);
+	char *root = dg_test_tmpdir(), a[600], d[600], msg[1024], p4[600], p6[600];
+	snprintf(a, sizeof(a), "%s/a", root);
+	snprintf(d, sizeof(d), "%s/d", root);
+	dg_train_opts o = tiny(a, 8);
+	o.ckpt_every = 2;
+	cr_assert_eq(dg_train_run(&o, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	int na, nd;
+	char *la = log_of(a, &na);
+
+	dg_train_opts q = tiny(d, 8);
+	q.ckpt_every = 2;
+	q.stop_at = 4;
+	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_checkpoint_path(d, 4, p4, sizeof(p4));
+	dg_checkpoint_path(d, 6, p6, sizeof(p6));
+	FILE *f = fopen(p4, "rb");
+	cr_assert_not_null(f, "%s", p4);
+	static unsigned char before[1 << 20], after[1 << 20];
+	size_t n4 = fread(before, 1, sizeof(before), f);
+	fclose(f);
+	cr_assert(n4 > 0 && n4 < sizeof(before), "%zu bytes", n4);
+
+	q.stop_at = 0;
+	q.resume = true;
+	int fds[2];
+	cr_assert_eq(pipe(fds), 0);
+	pid_t pid = fork();
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		close(fds[0]);
+		struct rlimit rl;
+		getrlimit(RLIMIT_FSIZE, &rl);
+		rl.rlim_cur = n4 / 2;
+		signal(SIGXFSZ, SIG_IGN);
+		dg_status st = setrlimit(RLIMIT_FSIZE, &rl) ? DG_ERR_INTERNAL
+							    : dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg));
+		int code = (int)st;
+		if (write(fds[1], &code, sizeof(code)) != sizeof(code) || write(fds[1], msg, strlen(msg) + 1) < 0)
+			_exit(2);
+		_exit(0);
+	}
+	close(fds[1]);
+	int code = -1;
+	char got[1024] = "";
+	cr_assert_eq(read(fds[0], &code, sizeof(code)), (ssize_t)sizeof(code));
+	ssize_t k, at = 0;
+	while ((k = read(fds[0], got + at, sizeof(got) - 1 - (size_t)at)) > 0)
+		at += k;
+	close(fds[0]);
+	int ws;
+	cr_assert_eq(waitpid(pid, &ws, 0), pid);
+	cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the limited child died: %d", ws);
+	cr_assert_eq(code, DG_ERR_IO, "status %d: %s", code, got);
+	char want[1400];
+	snprintf(want, sizeof(want), "step 6: checkpoint: %s: write: File too large (errno %d)", p6, EFBIG);
+	cr_assert(strstr(got, want) == got, "%s\nwant: %s...", got, want);
+	cr_assert(strstr(got, "temp file") && strstr(got, "is removed"), "%s", got);
+	cr_assert(strstr(got, "the newest checkpoint is step 4"), "%s", got);
+
+	char temps[2048];
+	temp_files(d, temps, sizeof(temps));
+	cr_assert_str_eq(temps, "", "temp files left: %s", temps);
+	struct stat st;
+	cr_assert_neq(stat(p6, &st), 0, "%s was written", p6);
+	f = fopen(p4, "rb");
+	cr_assert_not_null(f, "%s", p4);
+	size_t m4 = fread(after, 1, sizeof(after), f);
+	fclose(f);
+	cr_assert(m4 == n4 && memcmp(before, after, n4) == 0, "%s changed", p4);
+	dg_train_state *k4 = newest(d);
+	cr_assert_eq(k4->step, 4);
+	dg_train_state_destroy(k4);
+
+	/* room again: the resume goes on from 4 and logs what a straight run logs */
+	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	char *ld = log_of(d, &nd);
+	cr_assert_str_eq(ld, la, "resumed after the full disk, the run logged other numbers");
+	free(la);
+	free(ld);
+	dg_corpus_destroy(c);
+	dg_test_rmtree(root);
 }

@@ -30,7 +30,8 @@ extern "C" {
 	X(DG_ERR_NO_DEVICE, "no CUDA device")                                 \
 	X(DG_ERR_CUDA, "CUDA driver error")                                   \
 	X(DG_ERR_INTERNAL, "internal error")                                  \
-	X(DG_ERR_NUMERIC, "not a finite number")
+	X(DG_ERR_NUMERIC, "not a finite number")                              \
+	X(DG_ERR_INTERRUPTED, "interrupted")
 
 typedef enum dg_status {
 #define DG__STATUS_ENUM(name, str) name,

@@ -23,6 +23,11 @@
  *      same batches every time, every run); every ckpt_every steps (and at
  *      the last, and when stop_at stops it) a checkpoint, the newest
  *      `keep` kept.
+ * Before each step the run looks at *stop (when given): once it is set
+ * (a SIGINT handler's flag, say), the run checkpoints the steps done
+ * (unless that checkpoint is already there), closes the log and returns
+ * DG_ERR_INTERRUPTED, "interrupted at step N of M; checkpoint <path>";
+ * resuming then goes on as if nothing had happened.
  * Everything that step t reads — the weights, the moments, t, the data
  * RNG — is in the checkpoint, so a run resumed from one logs the same
  * losses, bit for bit, as one that never stopped.
@@ -30,11 +35,15 @@
  * Files in out_dir: log.jsonl (one object a step: step, train_loss, lr,
  * grad_norm, tokens_per_s, wall_s, and val_loss where evaluated; a
  * resumed run first drops the lines past its checkpoint's step) and
- * ckpt-<step>.safetensors (dragon/checkpoint.h).
+ * ckpt-<step>.safetensors (dragon/checkpoint.h). Every checkpoint is
+ * published atomically, so a run killed at any moment (kill -9 included)
+ * leaves its newest complete checkpoint loadable; the temp file a killed
+ * save leaves is ignored, and removed by the next run in the folder.
  */
 #ifndef DRAGON_TRAIN_H
 #define DRAGON_TRAIN_H
 
+#include <signal.h> /* sig_atomic_t */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,6 +72,10 @@ typedef struct dg_train_opts {
 	int64_t stop_at;       /* stop after this many steps (a checkpoint first); 0: run to the end */
 	dg_device *dev;        /* the GPU model on dev; NULL: the CPU model */
 	bool no_graph;         /* the GPU: run each step eagerly, not a captured graph */
+	/* NULL, or a flag the caller may set at any time (from a signal
+	 * handler too: the run only reads it, before each step); set, the run
+	 * checkpoints and returns DG_ERR_INTERRUPTED (see above) */
+	const volatile sig_atomic_t *stop;
 } dg_train_opts;
 
 /* Fills o with the defaults: the 25M bf16 preset, B 8, T 512, AdamW's
@@ -88,7 +101,9 @@ typedef void (*dg_train_progress)(const dg_train_report *r, void *user);
  * a config the model or the optimizer refuses, a corpus too short for a
  * row of T (dg_corpus_check), a resume without a checkpoint or whose
  * config differs (the field), a loss or gradient that is not finite
- * (DG_ERR_NUMERIC, the step), a file that cannot be written.
+ * (DG_ERR_NUMERIC, the step), a file that cannot be written (a
+ * checkpoint's save names the file, errno and the step of the newest
+ * checkpoint still there). DG_ERR_INTERRUPTED when *o->stop was set.
  */
 dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
 		       void *user, char *msg, size_t msg_size);

@@ -81,8 +81,10 @@ static dg_status trim_log(const char *path, int64_t keep_to, char *msg, size_t s
 		return dg__msgf(DG_ERR_IO, msg, size, "%s: %s", tmp, strerror(errno));
 	}
 	while (fgets(line, sizeof(line), f)) {
+		/* a line cut short (a run killed as it wrote it) has no newline */
 		long long st;
-		if (sscanf(line, "{\"step\": %lld", &st) == 1 && st <= keep_to)
+		size_t n = strlen(line);
+		if (n && line[n - 1] == '\n' && sscanf(line, "{\"step\": %lld", &st) == 1 && st <= keep_to)
 			fputs(line, o);
 	}
 	fclose(f);
@@ -173,6 +175,32 @@ static bool reads_state(const run_ctx *r, int64_t n)
 	return eval_due(r->o, n) || ckpt_due(r, n) || n >= r->end;
 }
 
+/* Checkpoints the n steps done (the device's state read back first, on
+ * the GPU) into its file (path) and prunes the folder to o->keep. A
+ * failure names the step and the newest checkpoint left, which a failed
+ * save does not touch. */
+static dg_status checkpoint(run_ctx *r, int64_t n, char *path, size_t path_size, char *msg, size_t size)
+{
+	const dg_train_opts *o = r->o;
+	dg_train_state *s = r->s;
+	if (r->sp->m && dg_model_optim_get(r->sp->m, s->weights, s->m, s->v))
+		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(o->dev));
+	char why[2048];
+	dg_checkpoint_path(o->out_dir, n, path, path_size);
+	dg_status st = dg_checkpoint_save(s, path, why, sizeof(why));
+	if (!st)
+		st = dg_checkpoint_prune(o->out_dir, o->keep, NULL, why, sizeof(why));
+	if (!st) {
+		r->saved = n;
+		return DG_OK;
+	}
+	if (r->saved >= 0)
+		return dg__msgf(st, msg, size,
+				"step %" PRId64 ": checkpoint: %s; the newest checkpoint is step %" PRId64, n, why,
+				r->saved);
+	return dg__msgf(st, msg, size, "step %" PRId64 ": checkpoint: %s; no checkpoint was written yet", n, why);
+}
+
 /* Step t done (s->step is past it): its log line, a validation and a
  * checkpoint when due, the caller's report. */
 static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double norm, char *msg, size_t size)
@@ -200,15 +228,9 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 		return dg__msgf(DG_ERR_IO, msg, size, "%s: write: %s", r->logp, strerror(errno));
 	if (ckpt_due(r, n)) {
 		char path[4200];
-		if (r->sp->m && dg_model_optim_get(r->sp->m, s->weights, s->m, s->v))
-			return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(o->dev));
-		dg_checkpoint_path(o->out_dir, n, path, sizeof(path));
-		dg_status st = dg_checkpoint_save(s, path, msg, size);
-		if (!st)
-			st = dg_checkpoint_prune(o->out_dir, o->keep, NULL, msg, size);
+		dg_status st = checkpoint(r, n, path, sizeof(path), msg, size);
 		if (st)
 			return st;
-		r->saved = n;
 	}
 	if (r->progress)
 		r->progress(&rp, r->user);
@@ -223,6 +245,24 @@ static dg_status finish_gpu(run_ctx *r, int64_t t, float lr, char *msg, size_t s
 		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(r->o->dev));
 	dg_status st = numeric(r, t, loss, norm, msg, size);
 	return st ? st : finish(r, t, lr, loss, norm, msg, size);
+}
+
+/* Asked to stop before the next step: the queued GPU step, if any, is
+ * finished (logged) first; then the steps done are checkpointed, unless
+ * the last one's checkpoint is there already, and the run ends with
+ * DG_ERR_INTERRUPTED naming the step and the checkpoint. */
+static dg_status stop(run_ctx *r, int64_t pending, float pending_lr, char *msg, size_t size)
+{
+	dg_status st = pending >= 0 ? finish_gpu(r, pending, pending_lr, msg, size) : DG_OK;
+	if (st)
+		return st;
+	char path[4200];
+	const int64_t n = r->s->step;
+	if (r->saved != n && (st = checkpoint(r, n, path, sizeof(path), msg, size)))
+		return st;
+	dg_checkpoint_path(r->o->out_dir, n, path, sizeof(path));
+	return dg__msgf(DG_ERR_INTERRUPTED, msg, size, "interrupted at step %" PRId64 " of %" PRId64 "; checkpoint %s",
+			n, r->o->opt.steps, path);
 }
 
 dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
@@ -318,6 +358,10 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	int64_t pending = -1;
 	float pending_lr = 0;
 	while (s->step < end) {
+		if (o->stop && *o->stop) {
+			st = stop(&rc, pending, pending_lr, msg, msg_size);
+			goto out;
+		}
 		const int64_t t = s->step;
 		const float lr = dg_adamw_lr(&o->opt, t);
 		dg_corpus_batch(c, false, &s->data_rng, o->batch, o->time, idx, tgt);
