@@ -114,10 +114,25 @@ pid_t spawn_gen(const sandbox *sb, const char *const *args)
 	posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	/* the child starts with no signal blocked and SIGINT and SIGTERM at
+	 * their defaults, whatever the test runner set, so the tests that
+	 * signal it see what a shell's child sees (an ignored SIGXFSZ, which
+	 * the full-disk test sets, is inherited) */
+	posix_spawnattr_t at;
+	posix_spawnattr_init(&at);
+	sigset_t none, def;
+	sigemptyset(&none);
+	sigemptyset(&def);
+	sigaddset(&def, SIGINT);
+	sigaddset(&def, SIGTERM);
+	posix_spawnattr_setsigmask(&at, &none);
+	posix_spawnattr_setsigdefault(&at, &def);
+	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 	char **env = child_env(sb);
 	pid_t pid;
-	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, env);
+	int rc = posix_spawn(&pid, argv[0], &fa, &at, argv, env);
 	cr_assert_eq(rc, 0, "posix_spawn %s: %s", argv[0], strerror(rc));
+	posix_spawnattr_destroy(&at);
 	posix_spawn_file_actions_destroy(&fa);
 	free(env);
 	return pid;

@@ -11,14 +11,21 @@
  *     missing built-in corpus (saying how to set it up) are refused with
  *     one line and the right exit code.
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 
 #include "cli_helpers.h"
+#include "dragon/checkpoint.h"
 
 /* sb.root/text.txt: n bytes of a repeated sentence. */
 static void text_file(const sandbox *sb, char *path, size_t size, size_t n)
@@ -129,6 +136,482 @@ Test(cli_train, refusals)
 	cr_assert_eq(r.code, 0);
 	cr_assert(strstr(r.out, "usage: dragon train"), "%s", r.out);
 	run_free(&r);
+	sandbox_fini(&sb);
+}
+
+/* Lines of dir/log.jsonl, 0 while there is none. */
+static int log_lines(const char *dir)
+{
+	char path[700];
+	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	int n = 0;
+	for (int ch; (ch = fgetc(f)) != EOF;)
+		n += ch == '\n';
+	fclose(f);
+	return n;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Waits (polling every 0.2 ms, at most 120 s) until dir's log has n lines;
+ * fails if the child pid ends first. */
+static void wait_for_lines(const char *dir, int n, pid_t pid)
+{
+	const double t0 = now_s();
+	while (log_lines(dir) < n) {
+		int ws;
+		cr_assert_eq(waitpid(pid, &ws, WNOHANG), 0, "the run ended before its log had %d lines", n);
+		if (now_s() - t0 > 120) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &ws, 0);
+			cr_assert_fail("no %d log lines in 120 s", n);
+		}
+		usleep(200);
+	}
+}
+
+/* The step that an "interrupted at step N of M; checkpoint P" error names,
+ * and P (into ckpt). */
+static long long interrupted_at(const run *r, char *ckpt, size_t size)
+{
+	const char *at = strstr(r->err, "interrupted at step ");
+	cr_assert_not_null(at, "%s", r->err);
+	long long n = -1, m = -1;
+	char p[700] = "";
+	cr_assert(sscanf(at, "interrupted at step %lld of %lld; checkpoint %699[^;]", &n, &m, p) == 3, "%s", r->err);
+	snprintf(ckpt, size, "%s", p);
+	return n;
+}
+
+/* The last line of dir's log: its step. */
+static long long last_logged(const char *dir)
+{
+	char *l = log_text(dir);
+	char *last = l, *nl;
+	while ((nl = strchr(last, '\n')) && nl[1])
+		last = nl + 1;
+	long long st = -1;
+	cr_assert(sscanf(last, "{\"step\": %lld", &st) == 1, "%s", l);
+	free(l);
+	return st;
+}
+
+/* The step of the checkpoint at path, loaded (which checks it whole). */
+static long long ckpt_step(const char *path)
+{
+	dg_train_state *s;
+	char msg[1024];
+	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	long long st = s->step;
+	dg_train_state_destroy(s);
+	return st;
+}
+
+#define LONG_RUN TINY, "--steps", "300", "--ckpt-every", "1000"
+
+/*
+ * ^C, then SIGTERM, then the end: each signal, sent once the log shows a
+ * few more steps, stops the run with exit 128 + the signal and a
+ * checkpoint of the step its log stops at; --resume then finishes a run
+ * whose log is the straight run's (timing fields aside).
+ */
+Test(cli_train, sigint_and_sigterm_checkpoint_and_resume)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], b[600], ck[700], want[800];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(b, sizeof(b), "%s/b", sb.root);
+	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+
+	const char *fresh[] = { "train", LONG_RUN, "--data", data, "--out", b, NULL };
+	const char *resume[] = { "train", LONG_RUN, "--data", data, "--out", b, "--resume", NULL };
+	static const int sigs[2] = { SIGINT, SIGTERM };
+	long long done = 0;
+	for (int k = 0; k < 2; k++) {
+		pid_t pid = spawn_gen(&sb, k == 0 ? fresh : resume);
+		wait_for_lines(b, (int)done + 5, pid);
+		cr_assert_eq(kill(pid, sigs[k]), 0);
+		collect(&sb, pid, &r);
+		expect_one_line_error(&r, 128 + sigs[k], "; resume with --resume");
+		long long n = interrupted_at(&r, ck, sizeof(ck));
+		run_free(&r);
+		cr_assert(n >= done + 5 && n < 300, "stopped at step %lld (%lld before)", n, done);
+		snprintf(want, sizeof(want), "%s/ckpt-%08lld.safetensors", b, n);
+		cr_assert_str_eq(ck, want);
+		cr_assert_eq(last_logged(b), n, "the log goes past the checkpoint of step %lld", n);
+		cr_assert_eq(log_lines(b), n);
+		cr_assert_eq(ckpt_step(ck), n);
+		done = n;
+	}
+	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", b, "--resume", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *la = log_text(a), *lb = log_text(b);
+	cr_assert_str_eq(lb, la, "interrupted twice:\n%s\nstraight:\n%s", lb, la);
+	free(la);
+	free(lb);
+	sandbox_fini(&sb);
+}
+
+/* Bytes of a file (NULL if it is missing). */
+static char *bytes_of(const char *path, size_t *n)
+{
+	return exists(path) ? slurp(path, n) : NULL;
+}
+
+/* Names in dir that hold ".tmp." (a checkpoint's temp file). */
+static int temps_in(const char *dir, long pid)
+{
+	char *l = listing(dir), tag[64];
+	snprintf(tag, sizeof(tag), ".tmp.%ld.", pid);
+	int n = 0;
+	for (char *line = strtok(l, "\n"); line; line = strtok(NULL, "\n"))
+		n += strstr(line, pid ? tag : ".tmp.") != NULL && strncmp(line, "ckpt-", 5) == 0;
+	free(l);
+	return n;
+}
+
+/*
+ * A full disk at a checkpoint: the run given a file-size limit of half a
+ * checkpoint (RLIMIT_FSIZE, inherited through exec, with SIGXFSZ ignored
+ * so the write fails with EFBIG as one on a full disk fails with ENOSPC)
+ * exits 1 with one line naming the file and errno; no temp file is left,
+ * the previous checkpoint is as it was, and --resume with room goes on
+ * from it to the straight run's log.
+ */
+Test(cli_train, full_disk_names_the_file_and_keeps_the_last_checkpoint)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], d[600], p4[700], p6[700];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(d, sizeof(d), "%s/d", sb.root);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--stop-at",
+	    "4", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	snprintf(p4, sizeof(p4), "%s/ckpt-00000004.safetensors", d);
+	snprintf(p6, sizeof(p6), "%s/ckpt-00000006.safetensors", d);
+	size_t n4, m4;
+	char *before = bytes_of(p4, &n4);
+	cr_assert_not_null(before, "%s", p4);
+
+	struct rlimit was, lim;
+	cr_assert_eq(getrlimit(RLIMIT_FSIZE, &was), 0);
+	lim = was;
+	lim.rlim_cur = n4 / 2;
+	void (*xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	const char *args[] = { "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d,
+			       "--resume", NULL };
+	pid_t pid = spawn_gen(&sb, args);
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &was), 0);
+	signal(SIGXFSZ, xfsz);
+	collect(&sb, pid, &r);
+	char want[900];
+	snprintf(want, sizeof(want), "dragon: step 6: checkpoint: %s: write: File too large (errno %d)", p6, EFBIG);
+	expect_one_line_error(&r, 1, want);
+	cr_assert(strstr(r.err, want) == r.err, "%s", r.err);
+	cr_assert(strstr(r.err, "is removed; the newest checkpoint is step 4"), "%s", r.err);
+	run_free(&r);
+	cr_assert_eq(temps_in(d, 0), 0, "a temp file was left:\n%s", listing(d));
+	cr_assert_not(exists(p6));
+	char *after = bytes_of(p4, &m4);
+	cr_assert(after && m4 == n4 && memcmp(before, after, n4) == 0, "%s changed", p4);
+	cr_assert_eq(ckpt_step(p4), 4);
+	free(before);
+	free(after);
+
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--resume",
+	    NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *la = log_text(a), *ld = log_text(d);
+	cr_assert_str_eq(ld, la, "resumed after a full disk:\n%s\nstraight:\n%s", ld, la);
+	free(la);
+	free(ld);
+	sandbox_fini(&sb);
+}
+
+/* A run whose checkpoint (4.9 MB: D 32, H 2, N 2048, with AdamW's
+ * moments) is written every step, and whose steps (B 1, T 8) are short,
+ * so that a save is about a fifth of a step's time. */
+#define KILL_STEPS 80
+#define KILL_RUN "--cpu", "--preset", "f32", "--layers", "1", "--embd", "32", "--heads", "2", "--neurons", "2048", \
+		 "--batch", "1", "--time", "8", "--eval-every", "0", "--eval-batches", "1", "--seed", "3", \
+		 "--steps", "80", "--ckpt-every", "1", "--keep", "2"
+
+/* The newest complete checkpoint of dir (the exact ckpt-<8 digits>.
+ * safetensors names; temp files are not), -1 if none. */
+static long long newest_ckpt(const char *dir)
+{
+	char *l = listing(dir);
+	long long best = -1;
+	for (char *line = strtok(l, "\n"); line; line = strtok(NULL, "\n")) {
+		long long st;
+		int end = 0;
+		if (sscanf(line, "ckpt-%8lld.safetensors%n", &st, &end) == 1 && end == (int)strlen(line) && st > best)
+			best = st;
+	}
+	free(l);
+	return best;
+}
+
+/* Sleeps until cond(dir, pid, arg) holds (polling every 0.1 ms, at most
+ * 120 s); fails, with its stderr, if the child ends first. */
+static void wait_until(const sandbox *sb, bool (*cond)(const char *, long, long long), const char *dir, pid_t pid,
+		       long long arg)
+{
+	const double t0 = now_s();
+	while (!cond(dir, (long)pid, arg)) {
+		int ws;
+		if (waitpid(pid, &ws, WNOHANG) == pid) {
+			char path[700];
+			snprintf(path, sizeof(path), "%s/stderr", sb->root);
+			cr_assert_fail("the run ended (status %d) before the moment to kill it: %s", ws,
+				       slurp(path, NULL));
+		}
+		if (now_s() - t0 > 120) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &ws, 0);
+			cr_assert_fail("the moment to kill never came in 120 s");
+		}
+		usleep(100);
+	}
+}
+
+/* The child has saved a checkpoint past `before` and is writing another. */
+static bool writing_another(const char *dir, long pid, long long before)
+{
+	return newest_ckpt(dir) > before && temps_in(dir, pid) > 0;
+}
+
+/* The child has logged two steps past `before` and saved a checkpoint past it. */
+static bool two_steps_on(const char *dir, long pid, long long before)
+{
+	(void)pid;
+	return log_lines(dir) >= before + 2 && newest_ckpt(dir) > before;
+}
+
+/*
+ * kill -9 at many moments of a run that checkpoints every step: 20 kills,
+ * every other one the moment the child's temp file of a save appears
+ * (once it has published one checkpoint in this life, so the run moves
+ * on), the others at delays of 0 to 14 ms after two more logged steps,
+ * which land anywhere in a step (its compute, its log line, its save,
+ * the rename, the prune). After each kill: the newest complete checkpoint
+ * loads and is no older than before; a temp file left means the kill
+ * came mid-write (counted; the design makes one all but certain, and at
+ * least one is asserted). Each next life is a --resume, which must not
+ * take a temp file for a checkpoint; the last runs to the end: its log is
+ * the straight run's, its final checkpoint the same bytes, and no temp
+ * file is left (the runs removed the dead ones).
+ */
+Test(cli_train, kill9_at_any_moment_keeps_a_checkpoint)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], k[600], pa[700], pk[700];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(k, sizeof(k), "%s/k", sb.root);
+	gen(&sb, &r, "train", KILL_RUN, "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+
+	const char *fresh[] = { "train", KILL_RUN, "--data", data, "--out", k, NULL };
+	const char *resume[] = { "train", KILL_RUN, "--data", data, "--out", k, "--resume", NULL };
+	int kills = 0, mid_write = 0;
+	long long newest = -1;
+	for (int i = 0; i < 20 && newest < KILL_STEPS - 6; i++) {
+		pid_t pid = spawn_gen(&sb, i == 0 ? fresh : resume);
+		if (i % 2) {
+			wait_until(&sb, writing_another, k, pid, newest);
+		} else {
+			wait_until(&sb, two_steps_on, k, pid, newest);
+			usleep((useconds_t)(i / 2 * 1500 % 15000));
+		}
+		cr_assert_eq(kill(pid, SIGKILL), 0);
+		collect(&sb, pid, &r);
+		cr_assert_eq(r.code, 128 + SIGKILL, "life %d ended by itself (%d): %s", i, r.code, r.err);
+		run_free(&r);
+		kills++;
+		mid_write += temps_in(k, (long)pid) > 0;
+		long long now = newest_ckpt(k);
+		cr_assert_geq(now, newest, "kill %d: the newest checkpoint went from %lld back to %lld", i, newest, now);
+		snprintf(pk, sizeof(pk), "%s/ckpt-%08lld.safetensors", k, now);
+		cr_assert_eq(ckpt_step(pk), now, "kill %d", i);
+		cr_assert_geq(log_lines(k), now, "kill %d: the log lost steps", i);
+		newest = now;
+	}
+	cr_log_info("%d kills, %d mid-write (a temp file left), the run at step %lld", kills, mid_write, newest);
+	printf("kill9: %d kills, %d mid-write (a temp file left)\n", kills, mid_write);
+	cr_assert_geq(kills, 10, "only %d kills before the run's end came near", kills);
+	cr_assert_geq(mid_write, 1, "none of %d kills landed mid-write", kills);
+
+	gen(&sb, &r, "train", KILL_RUN, "--data", data, "--out", k, "--resume", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *la = log_text(a), *lk = log_text(k);
+	cr_assert_str_eq(lk, la, "killed %d times:\n%s\nstraight:\n%s", kills, lk, la);
+	free(la);
+	free(lk);
+	snprintf(pa, sizeof(pa), "%s/ckpt-%08d.safetensors", a, KILL_STEPS);
+	snprintf(pk, sizeof(pk), "%s/ckpt-%08d.safetensors", k, KILL_STEPS);
+	size_t na, nk;
+	char *ba = bytes_of(pa, &na), *bk = bytes_of(pk, &nk);
+	cr_assert(ba && bk && na == nk && memcmp(ba, bk, na) == 0, "the final checkpoints differ");
+	free(ba);
+	free(bk);
+	cr_assert_eq(temps_in(k, 0), 0, "temp files left after the last run:\n%s", listing(k));
+	sandbox_fini(&sb);
+}
+
+/* Writes n bytes of b at offset `at` of the file at path (or cuts the
+ * file to `at` bytes when b is NULL). */
+static void damage(const char *path, long at, const void *b, size_t n)
+{
+	if (!b) {
+		cr_assert_eq(truncate(path, at), 0, "%s", path);
+		return;
+	}
+	FILE *f = fopen(path, "r+b");
+	cr_assert_not_null(f, "%s", path);
+	cr_assert_eq(fseek(f, at, SEEK_SET), 0);
+	cr_assert_eq(fwrite(b, 1, n, f), n);
+	fclose(f);
+}
+
+/*
+ * The bad inputs of a run, each refused with one line that names it and
+ * the right exit code: a corpus too short for a row (empty, or without
+ * a validation row), flags (a value out of range or not a number, a
+ * missing value, an argument, an unknown preset); resuming with no
+ * checkpoint, with another config (the field named), into another run's
+ * folder without --resume, from a truncated or corrupt checkpoint (the
+ * file named; not silently an older one); a loss that is not finite
+ * (the step named, the last good checkpoint kept and whole).
+ */
+Test(cli_train, bad_inputs_are_refused_by_name)
+{
+	sandbox sb;
+	run r;
+	char data[600], out[600], p[600], ck[800];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	snprintf(out, sizeof(out), "%s/o", sb.root);
+	text_file(&sb, data, sizeof(data), 100);
+	gen(&sb, &r, "train", TINY, "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 1, "text.txt: its validation split (the last 10%) is 10 bytes; rows of 16 tokens need 17");
+	run_free(&r);
+	text_file(&sb, data, sizeof(data), 0);
+	gen(&sb, &r, "train", TINY, "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 1, "text.txt: its train split (the first 90%) is 0 bytes");
+	run_free(&r);
+
+	static const struct {
+		const char *flag, *value, *want;
+	} flags[] = {
+		{ "--steps", "0", "--steps 0: expected a whole number from 1" },
+		{ "--batch", "x", "--batch x: expected a whole number from 1" },
+		{ "--time", "-3", "--time -3" },
+		{ "--clip", "-1", "--clip -1: not a number >= 0" },
+		{ "--preset", "nope", "--preset: preset nope: unknown; presets are" },
+		{ "extra", NULL, "train takes no argument 'extra'" },
+		{ "--keep", NULL, "train flag --keep needs a value" },
+	};
+	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+		gen(&sb, &r, "train", "--cpu", "--out", out, flags[i].flag, flags[i].value, NULL);
+		expect_one_line_error(&r, 2, flags[i].want);
+		run_free(&r);
+	}
+	cr_assert_not(exists(out), "a refused command made %s", out);
+
+	text_file(&sb, data, sizeof(data), 6000);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
+	expect_one_line_error(&r, 1, "no checkpoint to resume from");
+	run_free(&r);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", out, "--stop-at",
+	    "4", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	snprintf(ck, sizeof(ck), "%s/ckpt-00000002.safetensors", out);
+	cr_assert(exists(ck), "%s", ck);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 1, "holds checkpoints of another run (the newest step 4)");
+	run_free(&r);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--lr", "0.002", "--data", data, "--out", out, "--resume", NULL);
+	expect_one_line_error(&r, 1, "cannot resume: lr: the checkpoint's 0.00100000005, this run's 0.00200000009");
+	run_free(&r);
+	gen(&sb, &r, "train", TINY, "--steps", "12", "--data", data, "--out", out, "--resume", NULL);
+	expect_one_line_error(&r, 1, "cannot resume: steps: the checkpoint's 10, this run's 12");
+	run_free(&r);
+
+	/* the newest checkpoint damaged: refused, naming it (not resumed
+	 * from step 2's, which would hide the damage) */
+	snprintf(ck, sizeof(ck), "%s/ckpt-00000004.safetensors", out);
+	size_t n;
+	char *good = slurp(ck, &n);
+	const struct {
+		long at;
+		const char *bytes;
+		const char *want;
+	} bad[] = {
+		{ (long)n / 2, NULL, "(truncated?)" },
+		{ 8, "garbage!", "header: must start with '{'" },
+		{ 0, "\xff\xff\xff\xff\xff\xff\xff\x7f", "header length 9223372036854775807; at most" },
+		{ 6, NULL, "6 bytes; a safetensors file starts with an 8-byte header length" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		damage(ck, bad[i].at, bad[i].bytes, bad[i].bytes ? strlen(bad[i].bytes) : 0);
+		gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
+		expect_one_line_error(&r, 1, ck);
+		expect_one_line_error(&r, 1, bad[i].want);
+		run_free(&r);
+		FILE *f = fopen(ck, "wb");
+		cr_assert_not_null(f);
+		cr_assert_eq(fwrite(good, 1, n, f), n);
+		fclose(f);
+	}
+	free(good);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
+	cr_assert_eq(r.code, 0, "the mended checkpoint: %s", r.err);
+	run_free(&r);
+
+	/* a blow-up: the step named, the checkpoint before it kept */
+	snprintf(p, sizeof(p), "%s/nan", sb.root);
+	gen(&sb, &r, "train", TINY, "--steps", "40", "--lr", "1e30", "--clip", "0", "--warmup", "0", "--ckpt-every",
+	    "1", "--data", data, "--out", p, NULL);
+	expect_one_line_error(&r, 1, "; stopped (the last checkpoint is kept)");
+	long long at = -1;
+	const char *s = strstr(r.err, "dragon: step ");
+	cr_assert(s && sscanf(s, "dragon: step %lld: the loss is", &at) == 1 && at >= 2, "%s", r.err);
+	run_free(&r);
+	cr_assert_eq(newest_ckpt(p), at - 1);
+	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", p, at - 1);
+	cr_assert_eq(ckpt_step(ck), at - 1);
 	sandbox_fini(&sb);
 }
 

@@ -5,9 +5,16 @@
  * one (else, or with --cpu, the CPU model, which runs f32, w8a8 and
  * bitnet). A progress line on stderr when it is a terminal; always the
  * JSONL log in the output folder; --json prints one summary object.
+ *
+ * SIGINT and SIGTERM ask the run to stop: the handler only sets a flag,
+ * which the trainer reads between steps; it checkpoints the steps done
+ * and returns, and the command exits 128 + the signal (130 for ^C). The
+ * handler is a one-shot (SA_RESETHAND): a second ^C kills the process at
+ * once, which is safe, since every checkpoint is published atomically.
  */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,15 +53,20 @@ static const char help_text[] =
 	"                    fixed batches (32), and at the last step\n"
 	"  --ckpt-every N    a checkpoint every N steps (500), and at the end; --keep K\n"
 	"                    the newest K kept (3)\n"
-	"  --resume          continue from DIR's newest checkpoint (the same config)\n"
+	"  --resume          continue from DIR's newest checkpoint (the same config);\n"
+	"                    the log then reads as if the run had never stopped\n"
 	"  --stop-at N       stop after step N (a checkpoint first); resume later\n"
 	"  --cpu             the CPU model even with a GPU (f32, w8a8, bitnet; small\n"
 	"                    shapes)\n"
 	"  --no-graph        on a GPU, run each step eagerly instead of replaying the\n"
 	"                    step captured into one CUDA graph\n"
 	"  --json            one JSON object on stdout at the end\n\n"
-	"Exit status: 0 ok, 1 failure (the data, a file, the device, a loss that is\n"
-	"not finite), 2 usage.\n";
+	"^C (SIGINT) or SIGTERM stops the run between two steps with a checkpoint of\n"
+	"the steps done; --resume continues it. A second ^C stops at once: the last\n"
+	"complete checkpoint is still there (checkpoints are written atomically, so\n"
+	"even kill -9 leaves them whole).\n\n"
+	"Exit status: 0 ok, 1 failure (the data, a file, a full disk, the device, a\n"
+	"loss that is not finite), 2 usage, 130 stopped by SIGINT (143 SIGTERM).\n";
 
 enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
@@ -167,7 +179,7 @@ static int parse(int argc, char **argv, train_args *a)
 	char msg[512];
 	dg_model_config c;
 	if (dg_model_preset(a->preset, &c, msg, sizeof(msg)))
-		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--preset %s", msg);
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--preset: %s", msg);
 	int *dst[4] = { &c.layers, &c.embd, &c.heads, &c.neurons };
 	for (int i = 0; i < 4; i++)
 		if (a->shape[i])
@@ -206,6 +218,35 @@ static void progress(const dg_train_report *r, void *user)
 			(long long)r->step, (long long)r->steps, r->train_loss, r->val_loss, r->tokens_per_s, eta);
 }
 
+/* The signal that asked the run to stop (SIGINT, SIGTERM), 0 none: the
+ * handler's only effect; the trainer reads it between steps. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop(int sig)
+{
+	stop_signal = sig;
+}
+
+/* Installs on_stop for SIGINT and SIGTERM, once each (a second signal
+ * takes the default action), keeping the old actions in old[2]. */
+static void catch_stop(struct sigaction old[2])
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop;
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = SA_RESETHAND | SA_RESTART;
+	stop_signal = 0;
+	sigaction(SIGINT, &sa, &old[0]);
+	sigaction(SIGTERM, &sa, &old[1]);
+}
+
+static void release_stop(const struct sigaction old[2])
+{
+	sigaction(SIGINT, &old[0], NULL);
+	sigaction(SIGTERM, &old[1], NULL);
+}
+
 int dg__cli_cmd_train(int argc, char **argv)
 {
 	train_args a;
@@ -225,12 +266,18 @@ int dg__cli_cmd_train(int argc, char **argv)
 		return dg__cli_err(DG__CLI_FAIL, st, "%s%s", a.data ? "--data " : "", msg);
 	}
 	progress_state ps = { .tty = isatty(2) != 0 };
+	struct sigaction old[2];
+	catch_stop(old);
+	a.o.stop = &stop_signal;
 	double t0 = dg__cli_now_s();
 	st = dg_train_run(&a.o, c, progress, &ps, msg, sizeof(msg));
 	double secs = dg__cli_now_s() - t0;
+	release_stop(old);
 	if (ps.tty)
 		fputc('\n', stderr);
-	if (st) {
+	if (st == DG_ERR_INTERRUPTED) {
+		code = dg__cli_err(128 + stop_signal, st, "%s; resume with --resume", msg);
+	} else if (st) {
 		code = dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
 	} else if (a.json) {
 		cJSON *j = cJSON_CreateObject();
