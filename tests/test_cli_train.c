@@ -9,10 +9,23 @@
  *   - a resume with another shape names the field; a bad flag, a recipe
  *     the CPU model does not run (--cpu), a missing --data file and a
  *     missing built-in corpus (saying how to set it up) are refused with
- *     one line and the right exit code.
+ *     one line and the right exit code; so are the other bad inputs of a
+ *     run (a short corpus, flags, resume mismatches, a truncated or
+ *     corrupt checkpoint, a loss that blows up: the step named, the last
+ *     good checkpoint kept);
+ *   - faults: ^C and SIGTERM stop a run with a checkpoint of the step its
+ *     log stops at (exit 130, 143) and --resume finishes it to the
+ *     straight log; a full disk at a checkpoint names the file and errno
+ *     and keeps the previous checkpoint; kill -9 at 20 moments, many of
+ *     them mid-write, always leaves a loadable newest checkpoint that
+ *     --resume continues from, to the straight log and the same bytes;
+ *   - on a terminal, the progress line (no MFU on the CPU).
  */
+#define _XOPEN_SOURCE 700 /* posix_openpt, ptsname */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +39,8 @@
 
 #include "cli_helpers.h"
 #include "dragon/checkpoint.h"
+
+extern char **environ;
 
 /* sb.root/text.txt: n bytes of a repeated sentence. */
 static void text_file(const sandbox *sb, char *path, size_t size, size_t n)
@@ -612,6 +627,72 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 	cr_assert_eq(newest_ckpt(p), at - 1);
 	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", p, at - 1);
 	cr_assert_eq(ckpt_step(ck), at - 1);
+	sandbox_fini(&sb);
+}
+
+/* Runs the program with args, its stderr a pseudo-terminal: what it
+ * wrote there (malloc'd), its exit status into *code. */
+static char *on_a_terminal(const sandbox *sb, const char *const *args, int *code)
+{
+	int m = posix_openpt(O_RDWR | O_NOCTTY);
+	cr_assert_geq(m, 0, "posix_openpt: %s", strerror(errno));
+	cr_assert(grantpt(m) == 0 && unlockpt(m) == 0);
+	char tty[256], outp[700];
+	snprintf(tty, sizeof(tty), "%s", ptsname(m));
+	snprintf(outp, sizeof(outp), "%s/stdout", sb->root);
+	char *argv[64];
+	int n = 0;
+	argv[n++] = getenv("DRAGON");
+	cr_assert(argv[0] && *argv[0], "DRAGON is not set (run through ctest)");
+	for (; args[n - 1]; n++)
+		argv[n] = (char *)args[n - 1];
+	argv[n] = NULL;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	posix_spawn_file_actions_addopen(&fa, 2, tty, O_RDWR | O_NOCTTY, 0);
+	pid_t pid;
+	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	cr_assert_eq(rc, 0, "posix_spawn: %s", strerror(rc));
+	size_t cap = 1 << 16, len = 0;
+	char *out = malloc(cap);
+	for (;;) { /* until the child closes the terminal (EIO) */
+		if (len + 4096 > cap)
+			out = realloc(out, cap *= 2);
+		ssize_t k = read(m, out + len, cap - len - 1);
+		if (k <= 0)
+			break;
+		len += (size_t)k;
+	}
+	out[len] = '\0';
+	close(m);
+	int ws;
+	cr_assert_eq(waitpid(pid, &ws, 0), pid);
+	*code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+	return out;
+}
+
+/* On a terminal: the progress line (rewritten in place, kept at each
+ * validation); on the CPU, whose peak is unknown, no MFU. */
+Test(cli_train, progress_on_a_terminal)
+{
+	sandbox sb;
+	char data[600], out[600];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	snprintf(out, sizeof(out), "%s/o", sb.root);
+	const char *args[] = { "train", TINY, "--steps", "10", "--data", data, "--out", out, NULL };
+	int code;
+	char *err = on_a_terminal(&sb, args, &code);
+	cr_assert_eq(code, 0, "%s", err);
+	cr_assert(strstr(err, "\rstep 4/10  loss "), "%s", err);
+	cr_assert(strstr(err, "\rstep 5/10  loss ") && strstr(strstr(err, "\rstep 5/10  loss "), "  val "), "%s", err);
+	cr_assert(strstr(err, " tok/s  eta "), "%s", err);
+	cr_assert_null(strstr(err, "mfu"), "an MFU on the CPU: %s", err);
+	free(err);
 	sandbox_fini(&sb);
 }
 

@@ -3,8 +3,9 @@
  * and shapes, the batch, the optimizer and its schedule, the corpus (the
  * built-in one, or --data FILE), the output folder; on GPU 0 when there is
  * one (else, or with --cpu, the CPU model, which runs f32, w8a8 and
- * bitnet). A progress line on stderr when it is a terminal; always the
- * JSONL log in the output folder; --json prints one summary object.
+ * bitnet). A progress line on stderr when it is a terminal (with the MFU
+ * on a GPU whose peak peak.h knows); always the JSONL log in the output
+ * folder; --json prints one summary object.
  *
  * SIGINT and SIGTERM ask the run to stop: the handler only sets a flag,
  * which the trainer reads between steps; it checkpoints the steps done
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli/dragon/cmd.h"
+#include "cli/dragon/peak.h"
 #include "cli/dragon/util.h"
 #include "dragon/data.h"
 #include "dragon/train.h"
@@ -61,6 +63,9 @@ static const char help_text[] =
 	"  --no-graph        on a GPU, run each step eagerly instead of replaying the\n"
 	"                    step captured into one CUDA graph\n"
 	"  --json            one JSON object on stdout at the end\n\n"
+	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
+	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
+	"GPUs of a known peak: H200, H100, A100) and the time left.\n\n"
 	"^C (SIGINT) or SIGTERM stops the run between two steps with a checkpoint of\n"
 	"the steps done; --resume continues it. A second ^C stops at once: the last\n"
 	"complete checkpoint is still there (checkpoints are written atomically, so\n"
@@ -201,6 +206,7 @@ static int parse(int argc, char **argv, train_args *a)
 
 typedef struct progress_state {
 	bool tty;
+	double peak; /* the GPU's dense bf16 FLOP/s (peak.h); 0: no MFU shown */
 } progress_state;
 
 static void progress(const dg_train_report *r, void *user)
@@ -209,13 +215,17 @@ static void progress(const dg_train_report *r, void *user)
 	if (!p->tty)
 		return;
 	double eta = r->step ? r->wall_s / (double)r->step * (double)(r->steps - r->step) : 0;
+	char mfu[32] = "";
+	if (p->peak > 0 && r->flops_per_token > 0)
+		snprintf(mfu, sizeof(mfu), "  mfu %.1f%%", 100 * r->flops_per_token * r->tokens_per_s / p->peak);
 	/* a line that stays for each validation, one rewritten in place between */
 	if (isnan(r->val_loss))
-		fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s  eta %.0f s   ", (long long)r->step,
-			(long long)r->steps, r->train_loss, r->tokens_per_s, eta);
+		fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s%s  eta %.0f s   ", (long long)r->step,
+			(long long)r->steps, r->train_loss, r->tokens_per_s, mfu, eta);
 	else
-		fprintf(stderr, "\rstep %lld/%lld  loss %.4f  val %.4f  %.0f tok/s  eta %.0f s   \n",
-			(long long)r->step, (long long)r->steps, r->train_loss, r->val_loss, r->tokens_per_s, eta);
+		fprintf(stderr, "\rstep %lld/%lld  loss %.4f  val %.4f  %.0f tok/s%s  eta %.0f s   \n",
+			(long long)r->step, (long long)r->steps, r->train_loss, r->val_loss, r->tokens_per_s, mfu,
+			eta);
 }
 
 /* The signal that asked the run to stop (SIGINT, SIGTERM), 0 none: the
@@ -265,7 +275,7 @@ int dg__cli_cmd_train(int argc, char **argv)
 		dg_device_close(dev);
 		return dg__cli_err(DG__CLI_FAIL, st, "%s%s", a.data ? "--data " : "", msg);
 	}
-	progress_state ps = { .tty = isatty(2) != 0 };
+	progress_state ps = { .tty = isatty(2) != 0, .peak = dev ? dg__cli_peak_bf16(dev_name) : 0 };
 	struct sigaction old[2];
 	catch_stop(old);
 	a.o.stop = &stop_signal;

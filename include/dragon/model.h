@@ -150,6 +150,28 @@ typedef struct dg_model_memory {
 dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_memory *out,
 			      char *msg, size_t msg_size);
 
+/* ---- work -------------------------------------------------------------------
+ * The FLOPs a token of a training step costs at block size t: the
+ * matmuls of the forward, counted as 2 a multiply-add, and the backward
+ * as twice the forward (each matmul's input and weight gradients):
+ *
+ *   forward = L · ( 2·D·H·N        encoder      x·encoder
+ *                 + 2·D·H·N        encoder_v    LN(att)·encoder_v
+ *                 + 2·H·N·D        decoder      xy·decoder
+ *                 + 2·H·N·(t−1)/2  scores       qr·qrᵀ, the strict lower
+ *                                               triangle: (t−1)/2 keys a
+ *                                               query on average
+ *                 + 2·H·D·(t−1)/2  scores·x )
+ *           + 2·D·V                lm_head
+ *   a token = 3 · forward
+ *
+ * The embedding's lookup, the norms, ReLUs, RoPE, dropout and the loss
+ * are left out (no matmul; a few percent at most). Times tokens a second
+ * it is the FLOP/s a run achieves, over the device's peak its MFU. The
+ * recipe does not change the count: a low-bit matmul does the same work.
+ * t < 1 counts as 1 (no attention). */
+double dg_model_flops_per_token(const dg_model_config *c, int t);
+
 /* ---- the model on the CPU -------------------------------------------------
  * The whole forward and backward on the CPU references (dragon/ref.h):
  * what the GPU model is checked against, and a model CI can run at tiny

@@ -93,6 +93,9 @@ typedef struct dg_train_report {
 	double grad_norm;
 	double tokens_per_s; /* this step's */
 	double wall_s;       /* since the run (or its resumption) started */
+	double flops_per_token; /* the model's, forward and backward, at T
+				   (dg_model_flops_per_token): times tokens_per_s,
+				   the FLOP/s achieved */
 } dg_train_report;
 typedef void (*dg_train_progress)(const dg_train_report *r, void *user);
 

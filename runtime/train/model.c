@@ -154,6 +154,19 @@ int64_t dg_model_param_shape(const dg_model_config *c, dg_model_param p, int *nd
 	return 0;
 }
 
+double dg_model_flops_per_token(const dg_model_config *c, int t)
+{
+	const double L = c->layers, D = c->embd, H = c->heads, N = c->neurons, V = c->vocab;
+	const double keys = t > 1 ? (double)(t - 1) / 2 : 0; /* a query's, on average */
+	const double layer = 2 * D * H * N       /* encoder */
+			     + 2 * D * H * N     /* encoder_v */
+			     + 2 * H * N * D     /* decoder */
+			     + 2 * H * N * keys  /* qr·qrᵀ */
+			     + 2 * H * D * keys; /* scores·x */
+	const double forward = L * layer + 2 * D * V; /* + lm_head */
+	return 3 * forward;                           /* the backward: twice the forward */
+}
+
 void dg_model_weights_destroy(dg_model_weights *w)
 {
 	if (!w)
