@@ -3,11 +3,13 @@
  * checkpoint.c), with no device:
  *   - save then load gives back every tensor byte for byte and every
  *     counter and hyper-parameter exactly (floats through %.9g);
+ *   - data_sha256 is the hash of the file's data section (sha256sum);
  *   - refused with the path and what is wrong: a missing file, a
- *     truncated one, a weights file that is not a checkpoint, a missing
- *     moment (named), a counter that is not a number (step, time); one
- *     saved before "time" was written loads with time 0; a failed save
- *     (no such folder) leaves nothing behind;
+ *     truncated one, one bit flipped in a tensor (DG_ERR_CORRUPT, by the
+ *     hash), a weights file that is not a checkpoint, a missing moment
+ *     (named), a counter that is not a number (step, time); one saved
+ *     before "time" and "data_sha256" were written loads (time 0); a
+ *     failed save (no such folder) leaves nothing behind;
  *   - resuming: a config or optimizer that differs is named field by
  *     field; the same one matches;
  *   - pruning keeps the newest k by step, leaves other files alone,
@@ -109,6 +111,28 @@ Test(checkpoint, save_load_roundtrip_exact)
 	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
 	same_state(s, b);
 	dg_train_state_destroy(b);
+	/* data_sha256 is the SHA-256 of the data section, as sha256sum sees it */
+	if (system("command -v sha256sum >/dev/null 2>&1") == 0) {
+		dg_safetensors *f;
+		cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+		const char *want = dg_safetensors_meta(f, "data_sha256");
+		cr_assert(want && strlen(want) == 64, "%s", want ? want : "(no data_sha256)");
+		FILE *h = fopen(path, "rb");
+		unsigned char len[8];
+		cr_assert_eq(fread(len, 1, 8, h), 8u);
+		fclose(h);
+		unsigned long long hl = 0;
+		for (int i = 7; i >= 0; i--)
+			hl = hl << 8 | len[i];
+		char cmd[1024], got[65] = "";
+		snprintf(cmd, sizeof(cmd), "tail -c +%llu '%s' | sha256sum", hl + 9, path);
+		FILE *pp = popen(cmd, "r");
+		cr_assert_not_null(pp);
+		cr_assert_eq(fscanf(pp, "%64s", got), 1);
+		pclose(pp);
+		cr_assert_str_eq(got, want);
+		dg_safetensors_destroy(f);
+	}
 	/* saved again over itself: the same file loads the same */
 	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
@@ -158,6 +182,17 @@ Test(checkpoint, bad_files_are_refused_by_name)
 	cr_assert_neq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_OK, "a truncated file loaded");
 	cr_assert(strstr(msg, "cut.safetensors"), "%s", msg);
 
+	/* one flipped bit in a tensor: it parses, the hash refuses it */
+	unsigned char *flip = malloc(n);
+	memcpy(flip, bytes, n);
+	flip[n - 5] ^= 0x10; /* in adamw.v.lm_head, the last tensor */
+	snprintf(other, sizeof(other), "%s/flip.safetensors", dir);
+	spill(other, flip, n);
+	free(flip);
+	cr_assert_eq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
+	cr_assert(strstr(msg, "flip.safetensors: corrupt: its tensors' SHA-256 is "), "%s", msg);
+	cr_assert_null(b);
+
 	/* a weights file is not a checkpoint */
 	snprintf(other, sizeof(other), "%s/weights.safetensors", dir);
 	cr_assert_eq(dg_model_weights_save(s->weights, other, msg, sizeof(msg)), DG_OK, "%s", msg);
@@ -166,7 +201,8 @@ Test(checkpoint, bad_files_are_refused_by_name)
 
 	/* a missing moment, a counter that is not a number: rewrite the file
 	 * without adamw.v.decoder, with step "x", with time "x"; and without
-	 * time (a file saved before it was written), which loads with time 0 */
+	 * time and data_sha256 (a file saved before they were written), which
+	 * loads, with time 0 */
 	dg_safetensors *f;
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
 	static const char *const bad_key[4] = { NULL, "step", "time", NULL };
@@ -183,7 +219,7 @@ Test(checkpoint, bad_files_are_refused_by_name)
 		for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
 			const char *key, *val;
 			cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-			if (k == 3 && !strcmp(key, "time"))
+			if (k == 3 && (!strcmp(key, "time") || !strcmp(key, "data_sha256")))
 				continue;
 			bool bad = bad_key[k] && !strcmp(key, bad_key[k]);
 			cr_assert_eq(dg_safetensors_writer_meta(w, key, bad ? "x" : val, msg, sizeof(msg)), DG_OK);

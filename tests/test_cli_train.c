@@ -598,6 +598,7 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 		{ 8, "garbage!", "header: must start with '{'" },
 		{ 0, "\xff\xff\xff\xff\xff\xff\xff\x7f", "header length 9223372036854775807; at most" },
 		{ 6, NULL, "6 bytes; a safetensors file starts with an 8-byte header length" },
+		{ (long)n - 3, "\x55", ": corrupt: its tensors' SHA-256 is " }, /* a byte of a tensor */
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		damage(ck, bad[i].at, bad[i].bytes, bad[i].bytes ? strlen(bad[i].bytes) : 0);

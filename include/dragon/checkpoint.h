@@ -14,7 +14,9 @@
  *     a row ("time", the context it trained at; absent from files saved
  *     before it was written, which load with time 0), and the
  *     optimizer's hyper-parameters (%.9g: each float reads back exactly);
- *     "format": "dragon-checkpoint-1".
+ *     "data_sha256": the SHA-256 (hex) of the data section, every
+ *     tensor's bytes as stored (absent from files saved before it was
+ *     written, which load unchecked); "format": "dragon-checkpoint-1".
  * It is written atomically (temp file, fsync, rename, directory fsync:
  * dg_safetensors_writer_save), so a crash or a full disk leaves the
  * previous file as it was. A file whose tensors or metadata are missing,
@@ -60,7 +62,9 @@ dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *ms
 
 /* Reads a checkpoint (a new state in *out). DG_ERR_NOT_FOUND / DG_ERR_IO
  * for the file, DG_ERR_PARSE naming the tensor or key that is missing,
- * misshapen or not a number (a truncated or corrupt file included). */
+ * misshapen or not a number (a truncated file, a damaged header),
+ * DG_ERR_CORRUPT when the tensors' bytes do not hash to data_sha256 (a
+ * flipped bit). */
 dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size);
 
 /* Whether a run of config c and optimizer opt may resume from s: OK, or

@@ -16,11 +16,38 @@
 #include <unistd.h>
 
 #include "base/msg.h"
+#include "base/sha256.h"
 #include "dragon/checkpoint.h"
 #include "dragon/safetensors.h"
 #include "runtime/train/model_int.h"
 
 #define FORMAT "dragon-checkpoint-1"
+
+/* The SHA-256 (hex) of s's tensors' bytes in the order the file stores
+ * them: the five weights, then each weight's m and v. It is the hash of
+ * the file's whole data section (safetensors tiles it with the tensors in
+ * the order written), so `tail -c +K | sha256sum` checks it too. */
+static void state_sha256(const dg_train_state *s, char hex[65])
+{
+	const dg_model_config *c = &s->weights->config;
+	dg__sha256 h;
+	uint8_t d[32];
+	dg__sha256_init(&h);
+	for (int pass = 0; pass < 2; pass++)
+		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+			int nd;
+			int64_t sh[3];
+			size_t bytes = (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh) * sizeof(float);
+			if (pass == 0) {
+				dg__sha256_update(&h, s->weights->params[p], bytes);
+			} else {
+				dg__sha256_update(&h, s->m[p], bytes);
+				dg__sha256_update(&h, s->v[p], bytes);
+			}
+		}
+	dg__sha256_final(&h, d);
+	dg__sha256_hex(d, hex);
+}
 
 void dg_train_state_destroy(dg_train_state *s)
 {
@@ -122,8 +149,12 @@ dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *ms
 			st = dg_safetensors_writer_add(sw, name, DG_ST_F32, nd, sh, s->v[p], msg, msg_size);
 	}
 	const dg_adamw_config *o = &s->opt;
+	char sum[65];
+	state_sha256(s, sum);
 	if (!st)
 		st = dg_safetensors_writer_meta(sw, "format", FORMAT, msg, msg_size);
+	if (!st)
+		st = dg_safetensors_writer_meta(sw, "data_sha256", sum, msg, msg_size);
 	if (!st)
 		st = meta_f(sw, "dropout", c->dropout, msg, msg_size);
 	if (!st)
@@ -265,6 +296,18 @@ dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, 
 	}
 	if (!st && (st = dg_adamw_check(o, why, sizeof(why))))
 		st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: %s", path, why);
+	/* last, the bytes: a flipped bit in a tensor parses, but not this (a
+	 * file saved before the hash was written has none: loaded unchecked) */
+	const char *want = st ? NULL : dg_safetensors_meta(f, "data_sha256");
+	if (want) {
+		char sum[65];
+		state_sha256(s, sum);
+		if (strcmp(sum, want) != 0)
+			st = dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				      "%s: corrupt: its tensors' SHA-256 is %.16s..., the file says %.16s...; move it "
+				      "away to resume from the checkpoint before it",
+				      path, sum, want);
+	}
 out:
 	dg_safetensors_destroy(f);
 	if (st) {
