@@ -19,6 +19,7 @@
  *     and keeps the previous checkpoint; kill -9 at 20 moments, many of
  *     them mid-write, always leaves a loadable newest checkpoint that
  *     --resume continues from, to the straight log and the same bytes;
+ *     a second ^C during the stop's checkpoint kills the run, safely;
  *   - on a terminal, the progress line (no MFU on the CPU).
  */
 #define _XOPEN_SOURCE 700 /* posix_openpt, ptsname */
@@ -502,6 +503,75 @@ Test(cli_train, kill9_at_any_moment_keeps_a_checkpoint)
 	free(ba);
 	free(bk);
 	cr_assert_eq(temps_in(k, 0), 0, "temp files left after the last run:\n%s", listing(k));
+	sandbox_fini(&sb);
+}
+
+/* The child is writing a checkpoint's temp file, or has ended (then
+ * reaped into *ended, so collect must not wait for it again). */
+static bool temp_or_end(const char *dir, pid_t pid, int *ended)
+{
+	return temps_in(dir, (long)pid) > 0 || waitpid(pid, ended, WNOHANG) == pid;
+}
+
+/*
+ * ^C twice, the second while the first one's checkpoint is being written
+ * (the run checkpoints every 5 steps; the first ^C comes past step 6, so
+ * the stop writes one of its own): the handler is one-shot, so the second
+ * kills the run by SIGINT midway through the save. Exit 130 either way;
+ * the newest complete checkpoint loads, and --resume finishes the run to
+ * the straight log. Whether the second signal landed mid-write depends on
+ * the timing of the save (its hash, write and fsync); it is printed, not
+ * asserted, since the invariant is what must hold either way.
+ */
+Test(cli_train, second_sigint_during_the_checkpoint)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], d[600], ck[700];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(d, sizeof(d), "%s/d", sb.root);
+#define TWICE_RUN KILL_RUN, "--ckpt-every", "5"
+	gen(&sb, &r, "train", TWICE_RUN, "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	const char *args[] = { "train", TWICE_RUN, "--data", data, "--out", d, NULL };
+	pid_t pid = spawn_gen(&sb, args);
+	wait_for_lines(d, 7, pid);
+	cr_assert_eq(kill(pid, SIGINT), 0);
+	int ended = -1;
+	const double t0 = now_s();
+	while (!temp_or_end(d, pid, &ended) && now_s() - t0 < 120)
+		usleep(50);
+	const bool twice = ended == -1;
+	int code;
+	if (twice) {
+		cr_assert_eq(kill(pid, SIGINT), 0);
+		collect(&sb, pid, &r);
+		code = r.code; /* 130 too when the second ^C killed it */
+		run_free(&r);
+	} else {
+		cr_assert(WIFEXITED(ended), "the run died of signal %d", WTERMSIG(ended));
+		code = WEXITSTATUS(ended);
+	}
+	cr_assert_eq(code, 128 + SIGINT, "exit %d", code);
+	int left = temps_in(d, (long)pid);
+	printf("second ^C: %s, %s\n", twice ? "sent during the save" : "the save was done first",
+	       left ? "a temp file left (mid-write)" : "no temp file left");
+	long long newest = newest_ckpt(d);
+	cr_assert_geq(newest, 5);
+	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", d, newest);
+	cr_assert_eq(ckpt_step(ck), newest);
+	gen(&sb, &r, "train", TWICE_RUN, "--data", data, "--out", d, "--resume", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *la = log_text(a), *ld = log_text(d);
+	cr_assert_str_eq(ld, la, "stopped by two ^C:\n%s\nstraight:\n%s", ld, la);
+	free(la);
+	free(ld);
+	cr_assert_eq(temps_in(d, 0), 0, "a temp file left after the resume:\n%s", listing(d));
 	sandbox_fini(&sb);
 }
 
