@@ -89,8 +89,17 @@ def param_shapes(cfg):
             "decoder": (H * N, D), "lm_head": (D, V)}
 
 
+def libm(f, x):
+    """f (math.log, math.cos, math.sin: the C library's, as dragon calls
+    them) of every double of x. numpy's own vectorized log differs from
+    the C library's in the last bit of some doubles (and by version and
+    CPU), which can move an f32 rounding; the C library's cannot."""
+    return np.fromiter(map(f, x.tolist()), np.float64, x.size)
+
+
 def dragon_init(cfg, seed):
-    """{name: float32 array} of dragon's initial weights of `seed`."""
+    """{name: float32 array} of dragon's initial weights of `seed` (at the
+    25M shape some seconds: the transcendentals are the C library's)."""
     out, drawn = {}, 0
     for name in PARAM_ORDER:
         shape = param_shapes(cfg)[name]
@@ -100,10 +109,10 @@ def dragon_init(cfg, seed):
         drawn += 2 * pairs
         u1 = ((z[0::2] >> np.uint64(11)).astype(np.float64) + 1.0) / 9007199254740993.0
         u2 = (z[1::2] >> np.uint64(11)).astype(np.float64) / 9007199254740992.0
-        r, a = np.sqrt(-2.0 * np.log(u1)), 2.0 * math.pi * u2
+        r, a = np.sqrt(-2.0 * libm(math.log, u1)), 2.0 * math.pi * u2  # sqrt: exact in IEEE
         v = np.empty(2 * pairs, dtype=np.float32)
-        v[0::2] = (0.02 * r * np.cos(a)).astype(np.float32)
-        v[1::2] = (0.02 * r * np.sin(a)).astype(np.float32)
+        v[0::2] = (0.02 * r * libm(math.cos, a)).astype(np.float32)
+        v[1::2] = (0.02 * r * libm(math.sin, a)).astype(np.float32)
         out[name] = v[:n].reshape(shape)
     return out
 
