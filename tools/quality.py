@@ -18,7 +18,8 @@ Writes, under --results:
                        "tolerance", "mean": {...}, "per_seed": [{...}],
                        "pass"}], "device", "date", "config"}
       val_loss: the log's at its last step (the mean over the same fixed
-      validation batches in every run); step_ms: the mean time of a step
+      validation batches in every run); log: the copy of its log (a path
+      relative to the JSON's folder, as "png" is); step_ms: the mean time of a step
       over the steps without an evaluation, less the first --skip steps of
       the run and of each resumption (the JIT's and torch.compile's
       warm-up), from each step's tokens_per_s; tokens_per_s: batch·time
@@ -245,9 +246,9 @@ def main():
     date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     stem = os.path.join(args.results, f"quality-{device}-{date}")
     os.makedirs(stem, exist_ok=True)
-    for r in runs:
-        r["log"] = os.path.join(stem, f"{r['impl']}-{r['preset']}-s{r['seed']}.jsonl")
-        shutil.copyfile(r["log_path"], r["log"])
+    for r in runs:  # "log" and "png": beside the JSON, named relative to it
+        r["log"] = os.path.join(os.path.basename(stem), f"{r['impl']}-{r['preset']}-s{r['seed']}.jsonl")
+        shutil.copyfile(r["log_path"], os.path.join(args.results, r["log"]))
 
     cfg_keys = ("batch", "time", "lr", "wd", "clip", "dropout", "warmup", "eval_every", "eval_batches")
     config = {k: v for k, v in runs[0]["meta"].items() if k in cfg_keys}
@@ -263,7 +264,7 @@ def main():
         acceptance=acceptance, device=device, date=date, config=config,
         step_ms_rule=f"mean over steps without an evaluation, less the first {args.skip} of the run "
                      "and of each resumption",
-        png=stem + ".png" if drawn else None, png_by=drawn)
+        png=os.path.basename(stem) + ".png" if drawn else None, png_by=drawn)
     if len(steps) > 1 or len(bts) > 1:
         report["warning"] = f"the runs differ in steps {steps} or tokens a step {bts}"
         print(f"quality: warning: {report['warning']}", file=sys.stderr)

@@ -78,7 +78,7 @@ for k, want in ((("torch.compile", "bf16", 1), 1.50), (("dragon", "bitnet", 2), 
 for k, x in runs.items():
     if abs(x["step_ms"] - 20.0) > 1e-9 or abs(x["tokens_per_s"] - 204800) > 1e-6 or x["steps"] != 40:
         bad.append(f"{k}: step_ms {x['step_ms']}, tokens_per_s {x['tokens_per_s']}, steps {x['steps']}")
-    if not os.path.isfile(x["log"]) or open(x["log"]).read() != open(f"{t}/runs/" + (
+    if x["log"] != f"quality-h200-2026-12-02/{k[0]}-{k[1]}-s{k[2]}.jsonl" or open(f"{t}/res/{x['log']}").read() != open(f"{t}/runs/" + (
             "torch" if k[0] != "dragon" else "dragon") + f"-{k[1]}-s{k[2]}/log.jsonl").read():
         bad.append(f"{k}: log not copied to {x['log']}")
 acc = {c["name"]: c for c in r["acceptance"]}
@@ -97,7 +97,7 @@ for name, (ok, per, rel) in want.items():
 png = r["png"]
 if r["png_by"] is None:
     print("check_quality: no PNG drawer here (neither matplotlib nor dragon plot with gnuplot)")
-elif not png or open(png, "rb").read(8) != b"\x89PNG\r\n\x1a\n":
+elif png != "quality-h200-2026-12-02.png" or open(f"{t}/res/{png}", "rb").read(8) != b"\x89PNG\r\n\x1a\n":
     bad.append(f"no PNG at {png} (drawn by {r['png_by']})")
 else:
     print(f"check_quality: PNG by {r['png_by']}")
