@@ -32,8 +32,8 @@
 #
 # dragon is $DRAGON (default build-gpu/dragon); when it is not there and
 # .gpu/debs is, scripts/gpu_test.sh builds it (no tests). Its libraries:
-# .gpu/prefix/runlib on LD_LIBRARY_PATH where that exists; its kernel
-# cache: $DRAGON_CACHE_DIR (default build-gpu/quality-cache). The corpus:
+# .gpu/prefix/runlib on LD_LIBRARY_PATH where that exists (scripts/gpu_test.sh
+# makes it from the carried .gpu/debs). The corpus:
 # $DRAGON_CORPUS (default .gpu/corpus/shakespeare.txt where it exists,
 # else data/shakespeare.txt), held to its SHA-256 by both trainers.
 # $PYTHON (python3) runs the PyTorch side and the report.
@@ -84,7 +84,6 @@ PYTHON=${PYTHON:-python3}
 if [ -z "${DRAGON_CORPUS:-}" ] && [ -f .gpu/corpus/shakespeare.txt ]; then
   export DRAGON_CORPUS="$root/.gpu/corpus/shakespeare.txt"
 fi
-export DRAGON_CACHE_DIR=${DRAGON_CACHE_DIR:-$root/build-gpu/quality-cache}
 hp=(--steps "$steps" --batch 8 --time 512 --lr 1e-3 --wd 0.1 --clip 1.0 --dropout 0.1
     --eval-every 100 --eval-batches 32)
 t_start=$(date +%s)
