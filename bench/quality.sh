@@ -7,9 +7,9 @@
 #   bench/quality.sh dragon [--presets "bf16 w8a8 bitnet"]   dragon's runs
 #   bench/quality.sh torch                                   PyTorch's runs
 #   bench/quality.sh report                                  the report
-#   bench/quality.sh all                                     the three in turn
+#   bench/quality.sh all                                     the runs, then the report
 #   common options: [--dir DIR] [--seeds "1 2"] [--steps 1500] [--budget S]
-#                   [--results DIR]
+#                   [--jobs N] [--results DIR]
 #
 # Each run: B 8, T 512, AdamW lr 1e-3 (warm-up 100, cosine to 1e-4), wd 0.1,
 # clip 1.0, dropout 0.1, validation every 100 steps over 32 fixed batches,
@@ -22,7 +22,10 @@
 # resume from their newest checkpoint (logging what a straight run logs),
 # PyTorch's start again. A run is not started with less than 120 s left
 # ($QUALITY_MIN_S).
-# So a session of 10-minute calls runs, e.g.:
+# --jobs N runs N at once, each on its own GPU (CUDA_VISIBLE_DEVICES=k for
+# the k-th lane of runs, taken in the order dragon's seed by seed, then
+# PyTorch's): on a machine of 4 GPUs `all --jobs 4` is two rounds of four.
+# So a session of 10-minute calls on one GPU runs, e.g.:
 #   bench/quality.sh dragon --presets bf16   (until it exits 0)
 #   bench/quality.sh dragon --presets "w8a8 bitnet"   (likewise)
 #   bench/quality.sh torch
@@ -56,7 +59,7 @@ case "$action" in
   -h | --help) usage; exit 0 ;;
   *) echo "quality.sh: unknown action '$action' (dragon, torch, report, all; see --help)" >&2; exit 2 ;;
 esac
-dir=${QUALITY_DIR:-runs/quality} seeds="1 2" presets="bf16 w8a8 bitnet" steps=1500 budget=540
+dir=${QUALITY_DIR:-runs/quality} seeds="1 2" presets="bf16 w8a8 bitnet" steps=1500 budget=540 jobs=1
 results=${OUT:+$OUT/results}
 results=${results:-bench/results}
 while [ $# -gt 0 ]; do
@@ -67,6 +70,7 @@ while [ $# -gt 0 ]; do
     --presets) presets=$2 ;;
     --steps) steps=$2 ;;
     --budget) budget=$2 ;;
+    --jobs) jobs=$2 ;;
     --results) results=$2 ;;
     *) echo "quality.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -75,8 +79,8 @@ done
 for p in $presets; do
   case "$p" in bf16 | w8a8 | bitnet) ;; *) echo "quality.sh: --presets: '$p' is not bf16, w8a8 or bitnet" >&2; exit 2 ;; esac
 done
-[[ "$steps" =~ ^[1-9][0-9]*$ && "$budget" =~ ^[0-9]+$ ]] ||
-  { echo "quality.sh: --steps and --budget take whole numbers" >&2; exit 2; }
+[[ "$steps" =~ ^[1-9][0-9]*$ && "$budget" =~ ^[0-9]+$ && "$jobs" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "quality.sh: --steps, --budget and --jobs take whole numbers (--jobs at least 1)" >&2; exit 2; }
 
 DRAGON=${DRAGON:-build-gpu/dragon}
 PYTHON=${PYTHON:-python3}
@@ -129,58 +133,74 @@ run() {
 status=0
 note() { [ "$1" = 1 ] && status=1; [ "$1" = 3 ] && [ "$status" = 0 ] && status=3; return 0; }
 
-do_dragon() {
-  if [ ! -x "$DRAGON" ]; then
-    if [ "$DRAGON" = build-gpu/dragon ] && ls .gpu/debs/*.deb >/dev/null 2>&1; then
-      say "building $DRAGON (scripts/gpu_test.sh, no tests)"
-      OUT="" scripts/gpu_test.sh --target dragon-cli -- -R '^$' >"$dir/build.out" 2>&1 ||
-        { say "the build failed: $(tail -n 5 "$dir/build.out")"; status=1; return; }
-      [ -d .gpu/prefix/runlib ] && export LD_LIBRARY_PATH="$root/.gpu/prefix/runlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    else
-      say "no dragon at $DRAGON: build it (scripts/gpu_test.sh) or set DRAGON"
-      status=1
-      return
-    fi
+need_dragon() {
+  [ -x "$DRAGON" ] && return 0
+  if [ "$DRAGON" = build-gpu/dragon ] && ls .gpu/debs/*.deb >/dev/null 2>&1; then
+    say "building $DRAGON (scripts/gpu_test.sh, no tests)"
+    OUT="" scripts/gpu_test.sh --target dragon-cli -- -R '^$' >"$dir/build.out" 2>&1 ||
+      { say "the build failed: $(tail -n 5 "$dir/build.out")"; return 1; }
+    [ -d .gpu/prefix/runlib ] && export LD_LIBRARY_PATH="$root/.gpu/prefix/runlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    return 0
   fi
-  local gpu
-  gpu=$(gpu_name)
-  for s in $seeds; do
-    for p in $presets; do
-      local name=dragon-$p-s$s d="$dir/dragon-$p-s$s" resume=()
-      if done_run "$d"; then
-        say "$name: done"
-        continue
-      fi
-      if ls "$d"/ckpt-*.safetensors >/dev/null 2>&1; then
-        resume=(--resume)
-      else
-        rm -rf "$d"
-        mkdir -p "$d"
-      fi
-      printf '{"impl": "dragon", "preset": "%s", "seed": %s, "steps": %s, "batch": 8, "time": 512, "lr": 0.001, "wd": 0.1, "clip": 1.0, "dropout": 0.1, "eval_every": 100, "eval_batches": 32, "device_name": "%s"}\n' \
-        "$p" "$s" "$steps" "$gpu" >"$d/run.json"
-      run "$name" "$DRAGON" train --preset "$p" "${hp[@]}" --seed "$s" --ckpt-every 100 --keep 1 \
-        --out "$d" "${resume[@]}"
-      local rc=$?
-      note $rc
-      [ $rc = 3 ] && return
-    done
-  done
+  say "no dragon at $DRAGON: build it (scripts/gpu_test.sh) or set DRAGON"
+  return 1
 }
 
-do_torch() {
-  for s in $seeds; do
-    local name=torch-bf16-s$s d="$dir/torch-bf16-s$s"
-    if done_run "$d"; then
-      say "$name: done"
-      continue
-    fi
+# one_run IMPL PRESET SEED: the run, unless it is done (0, 1 or 3 as `run`)
+one_run() {
+  local impl=$1 p=$2 s=$3 name=$1-$2-s$3 d="$dir/$1-$2-s$3" resume=()
+  if done_run "$d"; then
+    say "$name: done"
+    return 0
+  fi
+  if [ "$impl" = torch ]; then
     rm -rf "$d"
     run "$name" "$PYTHON" tools/bdh_torch.py train --impl compile --device cuda --size 25m "${hp[@]}" \
       --seed "$s" --out "$d"
-    local rc=$?
+    return
+  fi
+  if ls "$d"/ckpt-*.safetensors >/dev/null 2>&1; then
+    resume=(--resume)
+  else
+    rm -rf "$d"
+    mkdir -p "$d"
+  fi
+  printf '{"impl": "dragon", "preset": "%s", "seed": %s, "steps": %s, "batch": 8, "time": 512, "lr": 0.001, "wd": 0.1, "clip": 1.0, "dropout": 0.1, "eval_every": 100, "eval_batches": 32, "device_name": "%s"}\n' \
+    "$p" "$s" "$steps" "$(gpu_name)" >"$d/run.json"
+  run "$name" "$DRAGON" train --preset "$p" "${hp[@]}" --seed "$s" --ckpt-every 100 --keep 1 \
+    --out "$d" "${resume[@]}"
+}
+
+# lane K: the jobs K, K+jobs, K+2·jobs, ... in turn (on GPU K when jobs > 1),
+# until one fails or stops at the budget; its status as `note` keeps it
+lane() {
+  local k=$1 i rc
+  status=0
+  for ((i = k; i < ${#todo[@]}; i += jobs)); do
+    one_run ${todo[$i]}
+    rc=$?
     note $rc
-    [ $rc = 3 ] && return
+    [ $rc = 0 ] || break
+  done
+  return "$status"
+}
+
+# the runs of `todo` (each "impl preset seed"), in --jobs lanes
+do_runs() {
+  [ ${#todo[@]} -gt 0 ] || return 0
+  if [ "$jobs" = 1 ]; then
+    lane 0
+    return
+  fi
+  local pids=() k rc
+  for ((k = 0; k < jobs && k < ${#todo[@]}; k++)); do
+    CUDA_VISIBLE_DEVICES=$k lane "$k" &
+    pids+=($!)
+  done
+  for k in "${pids[@]}"; do
+    wait "$k"
+    rc=$?
+    note $rc
   done
 }
 
@@ -194,15 +214,23 @@ do_report() {
   "$PYTHON" tools/quality.py "${runs[@]}" --results "$results" --dragon "$DRAGON" || status=1
 }
 
+todo=()
+for s in $seeds; do
+  if [ "$action" = dragon ] || [ "$action" = all ]; then
+    for p in $presets; do todo+=("dragon $p $s"); done
+  fi
+done
+for s in $seeds; do
+  if [ "$action" = torch ] || [ "$action" = all ]; then todo+=("torch bf16 $s"); fi
+done
 case "$action" in
-  dragon) do_dragon ;;
-  torch) do_torch ;;
-  report) do_report ;;
-  all)
-    do_dragon
-    [ "$status" = 0 ] && do_torch
-    [ "$status" = 0 ] && do_report
+  dragon | all)
+    need_dragon || status=1
+    [ "$status" = 0 ] && do_runs
+    [ "$status" = 0 ] && [ "$action" = all ] && do_report
     ;;
+  torch) do_runs ;;
+  report) do_report ;;
 esac
 copy_out
 say "$action: $(case $status in 0) echo done ;; 3) echo 'stopped at the budget: run the same command again' ;; *) echo FAILED ;; esac) in $(( $(date +%s) - t_start )) s; runs in $dir"

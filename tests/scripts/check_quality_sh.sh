@@ -2,9 +2,9 @@
 # bench/quality.sh's sequence on the CPU, with stand-ins for the GPU's
 # programs ($DRAGON: dragon train at the tiny shape, f32 for bf16; $PYTHON:
 # bdh_torch.py train likewise, eager) on a generated text:
-#   - `dragon` trains every preset and seed into DIR/dragon-P-sS with a
-#     run.json, `torch` into DIR/torch-bf16-sS, `report` writes the JSON;
-#     a second call skips the finished runs;
+#   - `dragon` (in 3 lanes at once) trains every preset and seed into
+#     DIR/dragon-P-sS with a run.json, `torch` into DIR/torch-bf16-sS,
+#     `report` writes the JSON; a second call skips the finished runs;
 #   - a run stopped at --budget exits 3, and the same call again resumes
 #     it from its checkpoint to the log a straight run writes;
 #   - with $OUT set the logs and the report are copied there;
@@ -47,7 +47,7 @@ export DRAGON="$t/dragon" PYTHON="$t/python"
 q=("$src/bench/quality.sh")
 common=(--dir "$t/runs" --steps 30 --seeds "1 2" --results "$t/res")
 
-"${q[@]}" dragon "${common[@]}" 2>"$t/err" || fail "dragon: $(cat "$t/err")"
+"${q[@]}" dragon "${common[@]}" --jobs 3 2>"$t/err" || fail "dragon in 3 lanes: $(cat "$t/err")"
 "${q[@]}" torch "${common[@]}" 2>"$t/err" || fail "torch: $(cat "$t/err")"
 for r in dragon-bf16-s1 dragon-w8a8-s1 dragon-bitnet-s1 dragon-bf16-s2 dragon-w8a8-s2 dragon-bitnet-s2 \
   torch-bf16-s1 torch-bf16-s2; do
@@ -82,6 +82,8 @@ cmp -s <(strip "$t/cut/dragon-bf16-s1/log.jsonl") <(strip "$t/straight/dragon-bf
 # refusals
 "${q[@]}" frobnicate 2>/dev/null
 [ $? -eq 2 ] || fail "an unknown action did not exit 2"
+"${q[@]}" dragon --jobs 0 2>"$t/err"
+[ $? -eq 2 ] && grep -q "jobs" "$t/err" || fail "--jobs 0: $(cat "$t/err")"
 "${q[@]}" dragon --presets fp8 2>"$t/err"
 [ $? -eq 2 ] && grep -q "'fp8' is not bf16, w8a8 or bitnet" "$t/err" || fail "a bad preset: $(cat "$t/err")"
 DRAGON=/nonexistent "${q[@]}" dragon --dir "$t/none" 2>"$t/err"
