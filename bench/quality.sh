@@ -24,7 +24,8 @@
 # ($QUALITY_MIN_S).
 # --jobs N runs N at once, each on its own GPU (CUDA_VISIBLE_DEVICES=k for
 # the k-th lane of runs, taken in the order dragon's seed by seed, then
-# PyTorch's): on a machine of 4 GPUs `all --jobs 4` is two rounds of four.
+# PyTorch's): on a machine of 4 GPUs `all --jobs 4` gives each GPU two of the
+# eight runs in turn.
 # So a session of 10-minute calls on one GPU runs, e.g.:
 #   bench/quality.sh dragon --presets bf16   (until it exits 0)
 #   bench/quality.sh dragon --presets "w8a8 bitnet"   (likewise)
