@@ -137,6 +137,9 @@ Test(cli_train, refusals)
 	gen(&sb, &r, "train", "--lr", "fast", NULL);
 	expect_one_line_error(&r, 2, "--lr fast");
 	run_free(&r);
+	gen(&sb, &r, "train", "--dropout", "1", NULL);
+	expect_one_line_error(&r, 2, "dropout=1: must be in [0, 1)");
+	run_free(&r);
 	gen(&sb, &r, "train", "--cpu", "--preset", "bf16", "--data", data, "--out", out, NULL);
 	expect_one_line_error(&r, 2, "needs an NVIDIA GPU");
 	run_free(&r);

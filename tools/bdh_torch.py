@@ -29,6 +29,13 @@ own model against:
 `bench` times forward + backward of the 25M model in bf16 autocast, eager
 and torch.compile, as JSON rows (bench/step.c runs it beside dragon's).
 
+`train` trains this model as `dragon train` trains dragon's — its corpus
+split and batches, its initial weights, its schedule, its log (bdh_train.py
+says what is reproduced and what is not):
+
+    python3 tools/bdh_torch.py train --out DIR [--steps 1500] [--seed S]
+        [--impl compile|eager] [--device cuda|cpu] ... (train --help)
+
 --scale multiplies the reference init (normal(0, 0.02)) so that a tiny
 model's activations are not all at the ReLU kinks; the dump says what it
 used in its metadata.
@@ -236,8 +243,13 @@ def main():
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--reps", type=int, default=10)
     b.add_argument("--impl", default="eager,torch.compile")
+    import bdh_train
+
+    bdh_train.add_parser(sub, SIZES)
     args = ap.parse_args()
-    if args.cmd == "dump":
+    if args.cmd == "train":
+        bdh_train.train(args, BDH, SIZES)
+    elif args.cmd == "dump":
         dump(args)
     elif args.cmd == "bench":
         bench(args)

@@ -32,13 +32,14 @@ static const char help_text[] =
 	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data FILE]\n"
 	"                    [--out DIR] [--eval-every N] [--eval-batches K]\n"
 	"                    [--ckpt-every N] [--keep K] [--resume] [--stop-at N] [--cpu]\n"
-	"                    [--no-graph]\n"
-	"                    [--layers L --embd D --heads H --neurons N] [--json]\n\n"
+	"                    [--no-graph] [--layers L --embd D --heads H --neurons N]\n"
+	"                    [--dropout P] [--json]\n\n"
 	"Trains a BDH model with AdamW on a corpus whose bytes are tokens: the first\n"
 	"90% to train, the last 10% to validate.\n\n"
 	"  --preset P        f32, bf16, w8a8, bitnet (default bf16)\n"
 	"  --layers L, --embd D, --heads H, --neurons N\n"
 	"                    the model's shape (default the 25M one: 6, 256, 4, 8192)\n"
+	"  --dropout P       the drop probability of xs·ys in training (0.1; 0 none)\n"
 	"  --steps N         optimizer steps (default 1500)\n"
 	"  --batch B, --time T\n"
 	"                    rows of T tokens a step (default 8 x 512)\n"
@@ -76,7 +77,7 @@ static const char help_text[] =
 enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
 	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
-	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_HELP,
+	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_HELP,
 };
 
 static const dg__cli_opt opts[] = {
@@ -92,6 +93,7 @@ static const dg__cli_opt opts[] = {
 	{ "json", 0, false, O_JSON },		   { "layers", 0, true, O_LAYERS },
 	{ "embd", 0, true, O_EMBD },		   { "heads", 0, true, O_HEADS },
 	{ "neurons", 0, true, O_NEURONS },	   { "no-graph", 0, false, O_NO_GRAPH },
+	{ "dropout", 0, true, O_DROPOUT },
 	{ "help", 'h', false, O_HELP },
 	{ NULL, 0, false, 0 },
 };
@@ -100,8 +102,8 @@ typedef struct train_args {
 	dg_train_opts o;
 	const char *preset, *data;
 	uint64_t shape[4];
-	bool cpu, json, warmup_given;
-	float lr, wd, clip;
+	bool cpu, json, warmup_given, dropout_given;
+	float lr, wd, clip, dropout;
 	uint64_t steps, warmup;
 } train_args;
 
@@ -174,6 +176,7 @@ static int parse(int argc, char **argv, train_args *a)
 		case O_LR: ok = parse_f("--lr", v, 0.0f, &a->lr); break;
 		case O_WD: ok = parse_f("--wd", v, 0.0f, &a->wd); break;
 		case O_CLIP: ok = parse_f("--clip", v, 0.0f, &a->clip); break;
+		case O_DROPOUT: ok = parse_f("--dropout", v, 0.0f, &a->dropout), a->dropout_given = true; break;
 		case O_LAYERS: case O_EMBD: case O_HEADS: case O_NEURONS:
 			ok = parse_u(shape_flags[id - O_LAYERS], v, 1, 1 << 20, &a->shape[id - O_LAYERS]);
 			break;
@@ -189,6 +192,8 @@ static int parse(int argc, char **argv, train_args *a)
 	for (int i = 0; i < 4; i++)
 		if (a->shape[i])
 			*dst[i] = (int)a->shape[i];
+	if (a->dropout_given)
+		c.dropout = a->dropout;
 	if (dg_model_config_check(&c, msg, sizeof(msg)))
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "config: %s", msg);
 	a->o.model = c;
