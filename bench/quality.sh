@@ -14,7 +14,7 @@
 # Each run: B 8, T 512, AdamW lr 1e-3 (warm-up 100, cosine to 1e-4), wd 0.1,
 # clip 1.0, dropout 0.1, validation every 100 steps over 32 fixed batches,
 # into DIR/<impl>-<preset>-s<seed>/ (log.jsonl, run.json; dragon's newest
-# checkpoint, every 100 steps).
+# checkpoint, every $QUALITY_CKPT_EVERY steps, 500 by default).
 #
 # An invocation stops what it runs after --budget seconds (540: the
 # device's 10 minutes less room to spare) and exits 3; the same command
@@ -61,6 +61,8 @@ case "$action" in
   *) echo "quality.sh: unknown action '$action' (dragon, torch, report, all; see --help)" >&2; exit 2 ;;
 esac
 dir=${QUALITY_DIR:-runs/quality} seeds="1 2" presets="bf16 w8a8 bitnet" steps=1500 budget=540 jobs=1
+# dragon's checkpoints (each a resume point; a 25M one is 300 MB, hashed)
+ckpt_every=${QUALITY_CKPT_EVERY:-500}
 results=${OUT:+$OUT/results}
 results=${results:-bench/results}
 while [ $# -gt 0 ]; do
@@ -168,7 +170,7 @@ one_run() {
   fi
   printf '{"impl": "dragon", "preset": "%s", "seed": %s, "steps": %s, "batch": 8, "time": 512, "lr": 0.001, "wd": 0.1, "clip": 1.0, "dropout": 0.1, "eval_every": 100, "eval_batches": 32, "device_name": "%s"}\n' \
     "$p" "$s" "$steps" "$(gpu_name)" >"$d/run.json"
-  run "$name" "$DRAGON" train --preset "$p" "${hp[@]}" --seed "$s" --ckpt-every 100 --keep 1 \
+  run "$name" "$DRAGON" train --preset "$p" "${hp[@]}" --seed "$s" --ckpt-every "$ckpt_every" --keep 1 \
     --out "$d" "${resume[@]}"
 }
 
