@@ -42,8 +42,11 @@ case "\$1" in
   *) exec python3 "\$@" ;;
 esac
 EOF
-chmod +x "$t/dragon" "$t/python"
-export DRAGON="$t/dragon" PYTHON="$t/python"
+# no GPU for the runs' device names, on a GPU machine too (the report's
+# file is then quality-cpu-*)
+printf '#!/bin/sh\nexit 1\n' >"$t/nvidia-smi"
+chmod +x "$t/dragon" "$t/python" "$t/nvidia-smi"
+export DRAGON="$t/dragon" PYTHON="$t/python" PATH="$t:$PATH"
 q=("$src/bench/quality.sh")
 common=(--dir "$t/runs" --steps 30 --seeds "1 2" --results "$t/res")
 
