@@ -20,7 +20,8 @@ Writes, under --results:
       val_loss: the log's at its last step (the mean over the same fixed
       validation batches in every run); log: the copy of its log (a path
       relative to the JSON's folder, as "png" is); step_ms: the mean time of a step
-      over the steps without an evaluation, less the first --skip steps of
+      over the steps without an evaluation and not right after one (a
+      checkpoint's step), less the first --skip steps of
       the run and of each resumption (the JIT's and torch.compile's
       warm-up), from each step's tokens_per_s; tokens_per_s: batch·time
       over that mean. An acceptance check compares the val_loss of
@@ -93,16 +94,20 @@ def read_run(d):
 
 
 def step_ms(rows, bt, skip):
-    """The mean ms of a step without an evaluation, less the first `skip` of
-    the run and of each resumption (wall_s falls where one began)."""
-    ms, since, prev = [], 0, None
+    """The mean ms of a step without an evaluation and not right after one
+    (where a run writes its checkpoints: dragon's logs before the fix that
+    times a step from the end of the previous one's checkpoint counted the
+    save in the next step), less the first `skip` of the run and of each
+    resumption (wall_s falls where one began)."""
+    ms, since, prev, after_eval = [], 0, None, False
     for r in rows:
         if prev is not None and r["wall_s"] < prev:
             since = 0
         prev = r["wall_s"]
         since += 1
-        if since > skip and "val_loss" not in r and r["tokens_per_s"] > 0:
+        if since > skip and "val_loss" not in r and not after_eval and r["tokens_per_s"] > 0:
             ms.append(1e3 * bt / r["tokens_per_s"])
+        after_eval = "val_loss" in r
     return sum(ms) / len(ms) if ms else None
 
 
@@ -262,8 +267,8 @@ def main():
         runs=[{k: r[k] for k in ("impl", "preset", "seed", "steps", "val_loss", "tokens_per_s", "step_ms",
                                  "log")} for r in runs],
         acceptance=acceptance, device=device, date=date, config=config,
-        step_ms_rule=f"mean over steps without an evaluation, less the first {args.skip} of the run "
-                     "and of each resumption",
+        step_ms_rule=f"mean over steps without an evaluation and not right after one, less the first "
+                     f"{args.skip} of the run and of each resumption",
         png=os.path.basename(stem) + ".png" if drawn else None, png_by=drawn)
     if len(steps) > 1 or len(bts) > 1:
         report["warning"] = f"the runs differ in steps {steps} or tokens a step {bts}"

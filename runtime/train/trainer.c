@@ -218,7 +218,6 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 	dg_train_report rp = { .step = n, .steps = o->opt.steps, .train_loss = loss, .val_loss = vl,
 			       .lr = lr, .grad_norm = norm, .tokens_per_s = (double)r->bt / (te - r->t_last),
 			       .wall_s = te - r->t0, .flops_per_token = dg_model_flops_per_token(&o->model, o->time) };
-	r->t_last = te;
 	fprintf(r->log, "{\"step\": %" PRId64 ", \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g",
 		rp.step, rp.train_loss, (double)rp.lr, rp.grad_norm);
 	if (!isnan(vl))
@@ -234,6 +233,7 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 	}
 	if (r->progress)
 		r->progress(&rp, r->user);
+	r->t_last = now_s(); /* the next step's time starts after this one's save */
 	return DG_OK;
 }
 
