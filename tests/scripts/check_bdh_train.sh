@@ -108,6 +108,30 @@ got = [r["lr"] for r in s]
 if len(got) != 130 or any(float("%.9g" % w) != g for w, g in zip(want, got)):
     bad.append(f"the schedule: {len(got)} steps; first differing: "
                f"{next(((i, w, g) for i, (w, g) in enumerate(zip(want, got)) if float('%.9g' % w) != g), None)}")
+# dragon's checkpoint read by PyTorch (safetensors.torch.load_file) into the
+# project's model: its validation loss over the same fixed batches is the
+# one dragon logged at that step
+import torch
+from safetensors.torch import load_file as torch_load
+from bdh_torch import BDH
+w = torch_load(f"{t}/d/ckpt-00000020.safetensors")
+m = BDH(**SIZES["tiny"], dropout=0.0)
+with torch.no_grad():
+    for n in bdh_train.PARAM_ORDER:
+        m.get_parameter(n).copy_(w[n])
+m.eval()
+_, va = bdh_train.corpus_open(f"{t}/text.txt", builtin=False)
+vr = bdh_train.SplitMix64(bdh_train.VAL_SEED)
+total = 0.0
+with torch.no_grad():
+    for _ in range(2):
+        i, g = bdh_train.rows(va, bdh_train.batch_offsets(vr, va.size, 2, 16), 16)
+        total += float(m(torch.from_numpy(i), torch.from_numpy(g)))
+got, want = total / 2, d[-1]["val_loss"]
+print("check_bdh_train: dragon's step-20 checkpoint in PyTorch: val loss %.9g, dragon logged %.9g" % (got, want))
+if rel(got, want) > 1e-5:
+    bad.append(f"dragon's checkpoint in PyTorch: val loss {got!r}, dragon's {want!r}")
+
 for b in bad:
     print("check_bdh_train:", b, file=sys.stderr)
 sys.exit(1 if bad else 0)
