@@ -11,7 +11,8 @@
  * gradients' norm, AdamW and the execution copies: dg_model_train_step)
  * replaying its captured graph and run eagerly: {impl, preset, mode
  * train_graph | train_eager, step_ms (the mean of --reps steps queued back
- * to back), graph_live}.
+ * to back), graph_live; the graph row's update_ms: the step's tail alone —
+ * the norm, AdamW on every master, the copies — dg_model_optim_time}.
  *
  * dragon's rows: the median of --reps steps (dg_model_run, timed by
  * events), the peak device memory measured as the drop in free memory from
@@ -200,6 +201,9 @@ static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int wa
 		st = dg_event_elapsed_ms(e0, e1, &ms);
 	if (!st)
 		st = dg_model_train_result(m, t - 1, &loss, &norm, NULL);
+	double tail_ms = 0;
+	if (!st && graph)
+		st = dg_model_optim_time(m, reps, &tail_ms);
 	free(idx), free(tgt);
 	dg_event_destroy(e0);
 	dg_event_destroy(e1);
@@ -214,6 +218,8 @@ static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int wa
 	cJSON_AddNumberToObject(r, "T", T);
 	cJSON_AddNumberToObject(r, "step_ms", ms / reps);
 	cJSON_AddNumberToObject(r, "last_loss", loss);
+	if (graph) /* the norm, AdamW on every master, the execution copies: alone */
+		cJSON_AddNumberToObject(r, "update_ms", tail_ms);
 	fprintf(stderr, "step: %s training step (%s): %.3f ms\n", preset, graph ? "graph" : "eager", ms / reps);
 	dg_model_destroy(m);
 	dg_model_weights_destroy(w);

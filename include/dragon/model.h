@@ -297,6 +297,12 @@ dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *no
 dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1, float *const *v1);
 /* Whether the model's steps replay a captured graph now. */
 bool dg_model_graph_live(const dg_model *m);
+/* A bench's measure of the step's tail alone — the gradients' norm, AdamW
+ * on every master, the execution copies remade — on the gradients the
+ * model holds: reps tails run eagerly between two events, *ms the mean.
+ * Each is an update of the masters and moments (not a training step's:
+ * call it on a model whose training does not matter). */
+dg_status dg_model_optim_time(dg_model *m, int reps, double *ms);
 
 #ifdef __cplusplus
 }

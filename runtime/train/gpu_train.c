@@ -138,18 +138,26 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 	return put_moments(m, m1, v1);
 }
 
+static dg_status tail(dg_model *m);
+
 /* The step's work on the device, after its batch and control block. */
 static dg_status body(dg_model *m, const dg_model_batch *bt)
 {
 	dg__gm_train *tr = m->tr;
-	dg_device *dev = m->dev;
 	dg_status st = DG_OK;
 	m->step_at = tr->ctl + offsetof(dg_adamw_ctl, step);
 	for (int k = 0; k < m->t.n_nodes && !st; k++)
 		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
 	m->step_at = 0;
-	if (st)
-		return st;
+	return st ? st : tail(m);
+}
+
+/* The step's tail: the norm and clip, the updates, the copies. */
+static dg_status tail(dg_model *m)
+{
+	dg__gm_train *tr = m->tr;
+	dg_device *dev = m->dev;
+	dg_status st = DG_OK;
 	dg_spec s = dg__gm_op_spec(m, DG_OP_ADAMW_UPDATE);
 	dg_tensor g[DG_MODEL_N_PARAMS];
 	const dg_tensor *gp[DG_MODEL_N_PARAMS];
@@ -300,4 +308,35 @@ dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1,
 bool dg_model_graph_live(const dg_model *m)
 {
 	return m && m->tr && m->tr->use_graph && m->tr->graph && graph_current(m, m->tr->cap_seed);
+}
+
+dg_status dg_model_optim_time(dg_model *m, int reps, double *ms)
+{
+	if (!m || !ms || reps < 1)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_optim_time: NULL argument or reps < 1")
+			 : DG_ERR_INVALID_ARG;
+	if (!m->tr)
+		return dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_optim_time: no optimizer");
+	dg_event *e0 = NULL, *e1 = NULL;
+	dg_status st = dg_event_create(m->dev, &e0);
+	if (!st)
+		st = dg_event_create(m->dev, &e1);
+	if (!st)
+		st = tail(m); /* warm */
+	if (!st)
+		st = dg_event_record(e0);
+	for (int i = 0; i < reps && !st; i++)
+		st = tail(m);
+	if (!st)
+		st = dg_event_record(e1);
+	if (!st)
+		st = dg_event_synchronize(e1);
+	float t = 0;
+	if (!st)
+		st = dg_event_elapsed_ms(e0, e1, &t);
+	if (!st)
+		*ms = t / reps;
+	dg_event_destroy(e0);
+	dg_event_destroy(e1);
+	return st;
 }
