@@ -169,7 +169,8 @@ void dg_model_destroy(dg_model *m)
 {
 	if (!m)
 		return;
-	dg__gm_train_free(m);
+	if (m->tr_free)
+		m->tr_free(m);
 	for (int k = 0; k < DG__B__COUNT; k++)
 		(void)dg_free(m->dev, m->alloc[k]);
 	dg__tape_free(&m->t);

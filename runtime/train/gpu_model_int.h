@@ -31,6 +31,7 @@ struct dg_model {
 				     * training step's control block): the gate
 				     * nodes pass it, their batch's step then 0 */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
+	void (*tr_free)(dg_model *m); /* frees tr (set with it: destroy calls it) */
 };
 
 /* The batch's checks and its upload: tokens, targets, the bad flag reset. */
@@ -38,8 +39,7 @@ dg_status dg__gm_upload(dg_model *m, const dg_model_batch *bt);
 /* Execution copy k (0 encoder, 1 encoder_v, 2 decoder) from its master
  * on the device. */
 dg_status dg__gm_make_copy(dg_model *m, int k);
-/* Frees the training state (NULL is fine). */
-void dg__gm_train_free(dg_model *m);
+
 
 /* A buffer's device address (a distinct placeholder while sizing); the
  * buffer as a tensor of its format and shape, its scale attached. */

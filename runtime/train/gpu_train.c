@@ -59,7 +59,8 @@ static size_t param_bytes(const dg_model *m, int p)
 	return m->t.bufs[m->id.params[p]].bytes;
 }
 
-void dg__gm_train_free(dg_model *m)
+/* Frees the training state (m->tr_free). */
+static void train_free(dg_model *m)
 {
 	dg__gm_train *tr = m->tr;
 	if (!tr)
@@ -106,6 +107,7 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 		if (!tr)
 			return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 		m->tr = tr;
+		m->tr_free = train_free;
 		size_t total = 0;
 		for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
 			total += 2 * ((param_bytes(m, p) + 255) / 256 * 256);
@@ -122,7 +124,7 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 			tr->ring_step[k] = -1;
 		}
 		if (st) {
-			dg__gm_train_free(m);
+			train_free(m);
 			return st;
 		}
 		dg_dptr at = tr->mom;
