@@ -261,22 +261,22 @@ Test(checkpoint, resume_names_what_differs)
 	dg_train_state *s = made(&c);
 	char msg[256];
 	dg_adamw_config o = s->opt;
-	cr_assert_eq(dg_checkpoint_match(s, &c, &o, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_checkpoint_match(s, &c, &o, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_model_config h = c;
 	h.heads = 4;
-	cr_assert_eq(dg_checkpoint_match(s, &h, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_checkpoint_match(s, &h, &o, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert_str_eq(msg, "heads: the checkpoint's 2, this run's 4");
 	h = c;
 	snprintf(h.preset, sizeof(h.preset), "bf16");
-	cr_assert_eq(dg_checkpoint_match(s, &h, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_checkpoint_match(s, &h, &o, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "preset: the checkpoint's 'f32', this run's 'bf16'"), "%s", msg);
 	dg_adamw_config p = o;
 	p.lr = 1e-3f;
-	cr_assert_eq(dg_checkpoint_match(s, &c, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_checkpoint_match(s, &c, &p, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "lr: the checkpoint's 0.000300000014, this run's 0.00100000005") == msg, "%s", msg);
 	p = o;
 	p.steps = 1500;
-	cr_assert_eq(dg_checkpoint_match(s, &c, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_checkpoint_match(s, &c, &p, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "steps:") == msg, "%s", msg);
 	dg_train_state_destroy(s);
 }

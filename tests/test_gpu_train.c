@@ -109,7 +109,7 @@ static void device_is_host(const char *preset, bool small)
 	dg_model *mh = NULL, *md = NULL;
 	cr_assert_eq(dg_model_create(dev, w, B, T, &mh), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
 	cr_assert_eq(dg_model_create(dev, w, B, T, &md), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_optim_init(md, &opt, NULL, NULL, false), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_optim_init(md, &opt, NULL, NULL, false, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	float *m1[DG_MODEL_N_PARAMS], *v1[DG_MODEL_N_PARAMS], *dm[DG_MODEL_N_PARAMS], *dv[DG_MODEL_N_PARAMS];
 	moments(&c, m1, v1);
 	moments(&c, dm, dv);
@@ -124,7 +124,7 @@ static void device_is_host(const char *preset, bool small)
 				      (size_t)numel(&c, p));
 		cr_assert_eq(dg_model_set_weights(mh, w), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_model_train_step(md, &bt.b, t, lr), DG_OK, "%s", dg_device_errmsg(dev));
-		cr_assert_eq(dg_model_train_result(md, t, &ld, &nd, NULL), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(dg_model_train_result(md, t, &ld, &nd, NULL, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 		printf("gpu_train %s step %lld: host loss %.9g, device %.9g (norm %.6g)\n", preset,
 		       (long long)t, lh, ld, nd);
 		cr_expect_eq(memcmp(&lh, &ld, sizeof(double)), 0, "%s step %lld: loss %.9g vs %.9g", preset,
@@ -172,7 +172,7 @@ static void train(dg_device *dev, dg_model_weights *w, float **m, float **v, boo
 	opt.warmup = 2;
 	dg_model *md = NULL;
 	cr_assert_eq(dg_model_create(dev, w, B, T, &md), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_optim_init(md, &opt, fresh ? NULL : m, fresh ? NULL : v, graph), DG_OK, "%s",
+	cr_assert_eq(dg_model_optim_init(md, &opt, fresh ? NULL : m, fresh ? NULL : v, graph, NULL), DG_OK, "%s",
 		     dg_device_errmsg(dev));
 	/* queued one ahead, as the trainer does */
 	for (int64_t t = t0; t < t1; t++) {
@@ -181,10 +181,10 @@ static void train(dg_device *dev, dg_model_weights *w, float **m, float **v, boo
 		cr_assert_eq(dg_model_train_step(md, &bt.b, t, dg_adamw_lr(&opt, t)), DG_OK, "%s",
 			     dg_device_errmsg(dev));
 		if (t > t0)
-			cr_assert_eq(dg_model_train_result(md, t - 1, &loss[t - 1], &norm[t - 1], NULL), DG_OK,
+			cr_assert_eq(dg_model_train_result(md, t - 1, &loss[t - 1], &norm[t - 1], NULL, NULL), DG_OK,
 				     "%s", dg_device_errmsg(dev));
 	}
-	cr_assert_eq(dg_model_train_result(md, t1 - 1, &loss[t1 - 1], &norm[t1 - 1], NULL), DG_OK, "%s",
+	cr_assert_eq(dg_model_train_result(md, t1 - 1, &loss[t1 - 1], &norm[t1 - 1], NULL, NULL), DG_OK, "%s",
 		     dg_device_errmsg(dev));
 	if (live)
 		*live = dg_model_graph_live(md);
@@ -272,17 +272,17 @@ Test(gpu_train, the_clip_norm_is_the_hosts)
 	/* bad calls first: no optimizer yet, then a step never queued */
 	cr_assert_eq(dg_model_train_step(m, &bt.b, 0, 1e-3f), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "dg_model_optim_init"), "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_optim_init(m, &opt, NULL, NULL, true), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_train_result(m, 0, &ld, &nd, NULL), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_optim_init(m, &opt, NULL, NULL, true, NULL), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_train_result(m, 0, &ld, &nd, NULL, NULL), DG_ERR_INVALID_ARG);
 	cr_assert_eq(dg_model_train_step(m, &bt.b, 0, dg_adamw_lr(&opt, 0)), DG_OK, "%s",
 		     dg_device_errmsg(dev));
 	bool skipped = true;
-	cr_assert_eq(dg_model_train_result(m, 0, &ld, &nd, &skipped), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_train_result(m, 0, &ld, &nd, &skipped, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	printf("gpu_train clip: host norm %.17g, device %.17g\n", sqrt(sq), nd);
 	cr_expect_eq(memcmp(&lh, &ld, sizeof(double)), 0, "loss %.9g vs %.9g", lh, ld);
 	cr_expect(fabs(nd - sqrt(sq)) <= 1e-12 * sqrt(sq), "norm %.17g vs %.17g", nd, sqrt(sq));
 	cr_expect_not(skipped);
-	cr_assert_eq(dg_model_train_result(m, 9, &ld, &nd, NULL), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_train_result(m, 9, &ld, &nd, NULL, NULL), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "step 9"), "%s", dg_device_errmsg(dev));
 	dg_model_destroy(m);
 	dg_model_weights_destroy(w);
