@@ -532,3 +532,42 @@ Test(nvrtc_optim, ref_adamw_is_adamw_step)
 			free(p), free(pa), free(m), free(ma), free(v), free(va), free(copy);
 		}
 }
+
+/* The loss scaler's rule by hand (interval 3): finite steps count up and
+ * the third doubles S and restarts the count; a non-finite one halves S
+ * and zeroes it; a doubling past FLT_MAX keeps S; off moves nothing. */
+Test(nvrtc_optim, loss_scale_rule_by_hand)
+{
+	dg_loss_scaler ls;
+	dg_loss_scaler_defaults(&ls, true);
+	cr_assert_eq(ls.mode, DG_LOSS_SCALE_DYNAMIC);
+	cr_assert_eq(ls.scale, 65536.0f);
+	cr_assert_eq(ls.growth_interval, 2000u);
+	cr_assert_eq(ls.good_steps, 0u);
+	ls.growth_interval = 3;
+	static const struct {
+		bool finite;
+		float scale;
+		uint32_t good;
+	} seq[] = { { true, 65536.0f, 1 },  { true, 65536.0f, 2 },  { true, 131072.0f, 0 },
+		    { true, 131072.0f, 1 }, { false, 65536.0f, 0 }, { false, 32768.0f, 0 },
+		    { true, 32768.0f, 1 },  { true, 32768.0f, 2 },  { false, 16384.0f, 0 } };
+	for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
+		dg_ref_loss_scale_update(&ls, seq[i].finite);
+		cr_assert_eq(ls.scale, seq[i].scale, "step %zu: S %g, want %g", i, (double)ls.scale,
+			     (double)seq[i].scale);
+		cr_assert_eq(ls.good_steps, seq[i].good, "step %zu: good %u, want %u", i, ls.good_steps,
+			     seq[i].good);
+	}
+	ls.scale = 0x1p127f; /* 2S is infinite: kept */
+	ls.good_steps = 2;
+	dg_ref_loss_scale_update(&ls, true);
+	cr_assert_eq(ls.scale, 0x1p127f);
+	cr_assert_eq(ls.good_steps, 0u);
+	dg_loss_scaler off;
+	dg_loss_scaler_defaults(&off, false);
+	cr_assert_eq(off.scale, 1.0f);
+	dg_ref_loss_scale_update(&off, false);
+	cr_assert_eq(off.scale, 1.0f);
+	cr_assert_eq(off.good_steps, 0u);
+}
