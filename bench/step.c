@@ -167,7 +167,7 @@ static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int wa
 	if (dg_model_preset(preset, &c, msg, sizeof(msg)) ||
 	    dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)))
 		goto fail_msg;
-	if (dg_model_create(dev, w, B, T, &m) || dg_model_optim_init(m, &opt, NULL, NULL, graph))
+	if (dg_model_create(dev, w, B, T, &m) || dg_model_optim_init(m, &opt, NULL, NULL, graph, NULL))
 		goto fail_dev;
 	int32_t *idx = malloc((size_t)B * T * 4), *tgt = malloc((size_t)B * T * 4);
 	dg_event *e0 = NULL, *e1 = NULL;
@@ -200,7 +200,7 @@ static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int wa
 	if (!st)
 		st = dg_event_elapsed_ms(e0, e1, &ms);
 	if (!st)
-		st = dg_model_train_result(m, t - 1, &loss, &norm, NULL);
+		st = dg_model_train_result(m, t - 1, &loss, &norm, NULL, NULL);
 	double tail_ms = 0;
 	if (!st && graph)
 		st = dg_model_optim_time(m, reps, &tail_ms);

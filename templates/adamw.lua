@@ -17,6 +17,13 @@ adamw.lua — the optimizer's kernels (dg_ref_adamw mirrors the update):
                   stride in order, then the tree), norm = sqrt(sq), scale
                   = min(1, clip/(norm + 1e-6)) (1 when clip is 0), skip =
                   the norm is not finite; written into the control block.
+                  With the loss scaler on (ctl.scaler) the gradients are
+                  S = ctl.loss_scale times the true ones: norm = sqrt(sq)/S
+                  and sq/S² are written (the true ones), the clip factor
+                  is the true norm's, scale = factor/S (the update unscales
+                  and clips in one multiply), then S and good_steps move
+                  by dg_ref_loss_scale_update's rule (halved on a skip,
+                  doubled after growth_interval finite steps).
   The sums depend on nothing but the data: run to run, bit for bit.
 
 Kernel ABI (runtime/ops/optim.c launches them):
@@ -42,15 +49,17 @@ constexpr int NT = ${NT};		// threads a block (a power of two)
 constexpr int PARTS = ${PARTS};		// dg_grad_sumsq's blocks
 static_assert((NT & (NT - 1)) == 0, "the tree sums halve the block");
 
-// dragon/optim.h dg_adamw_ctl, field for field (64 bytes)
+// dragon/optim.h dg_adamw_ctl, field for field (80 bytes)
 struct dg_adamw_ctl_t {
 	float lr, d, s, cs, w, b2, w2, eps, clip;
-	unsigned step;
+	unsigned step, scaler, growth_interval;
 	float scale;
 	unsigned skip;
+	float loss_scale;
+	unsigned good_steps;
 	double sq, norm;
 };
-static_assert(sizeof(dg_adamw_ctl_t) == 64, "the host's layout");
+static_assert(sizeof(dg_adamw_ctl_t) == 80, "the host's layout");
 
 __device__ __forceinline__ void dg_adamw1(const dg_adamw_ctl_t &c, bool decay, float &x, float gr,
 					  float &m, float &v)
@@ -150,16 +159,36 @@ dg_grad_clip(const double *__restrict__ part, int nparts, dg_adamw_ctl_t *__rest
 		acc += part[i];
 	const double sq = dg_block_sum(acc);
 	if (threadIdx.x == 0) {
-		const double norm = sqrt(sq);
+		// with the scaler on, the gradients are S times the true ones: S
+		// is a power of two, so these divisions are exact
+		const bool dyn = ctl->scaler != 0u;
+		const float ls = dyn ? ctl->loss_scale : 1.0f;
+		const double norm = dyn ? sqrt(sq) / (double)ls : sqrt(sq);
 		float scale = 1.0f;
 		if (ctl->clip > 0.0f) {
 			const double s = (double)ctl->clip / (norm + 1e-6);
 			scale = s < 1.0 ? (float)s : 1.0f;
 		}
-		ctl->sq = sq;
+		const unsigned skip = isfinite(norm) ? 0u : 1u;
+		ctl->sq = dyn ? sq / ((double)ls * (double)ls) : sq;
 		ctl->norm = norm;
-		ctl->scale = scale;
-		ctl->skip = isfinite(norm) ? 0u : 1u;
+		ctl->scale = dyn ? __fdiv_rn(scale, ls) : scale;
+		ctl->skip = skip;
+		if (dyn) {	// dg_ref_loss_scale_update
+			float nls = ls;
+			unsigned good = ctl->good_steps;
+			if (skip) {
+				nls = __fmul_rn(ls, 0.5f);
+				good = 0u;
+			} else if (++good >= ctl->growth_interval) {
+				const float up = __fmul_rn(ls, 2.0f);
+				if (isfinite(up))
+					nls = up;
+				good = 0u;
+			}
+			ctl->loss_scale = nls;
+			ctl->good_steps = good;
+		}
 	}
 }
 ]]

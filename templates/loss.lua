@@ -4,13 +4,16 @@ reference), three kernels a call:
 
   extern "C" __global__ void dg_lmhead_ce(const XT *x, const WT *w,
       const int *targets, float *row_loss, DT *dlogits, float *dx,
-      long long rows, float inv_rows, int backward, int *bad)
+      long long rows, float inv_rows, const float *grad_scale, int backward,
+      int *bad)
     A block takes BR rows at a time (grid-stride): their x rows go to shared
     memory as f32, then logits z = x·w (E, V) for all V columns into shared
     memory (thread t owns columns t, t+NT, ...; the sum over k in order),
     then a warp a row: m = max z, lse = m + log Σ exp(z − m), row_loss[r] =
     lse − z[target]. With backward: dlogits = (softmax − onehot)·inv_rows
-    replaces z in shared memory and is stored to dlogits (DT: f32, or bf16
+    (inv_rows·*grad_scale when grad_scale is not NULL: the loss scaler's S,
+    a power of two, so the product is exact and dlogits is S times the
+    unscaled one bit for bit) replaces z in shared memory and is stored to dlogits (DT: f32, or bf16
     on the bf16 path) for the weight gradient, and dx = dlogits·wᵀ (thread
     t owns k = t, t+NT, ...; the sum over v in order). Logits never reach
     global memory. A target outside 0..V-1 gives row loss 0 and a zero
@@ -93,8 +96,10 @@ local FUSED = [[
 extern "C" __global__ void __launch_bounds__(NT)
 dg_lmhead_ce(const ${XT} *__restrict__ x, const ${WT} *__restrict__ w, const int *__restrict__ targets,
 	     float *__restrict__ row_loss, ${DT} *__restrict__ dlogits, float *__restrict__ dx,
-	     long long rows, float inv_rows, int backward, int *bad)
+	     long long rows, float inv_rows, const float *grad_scale, int backward, int *bad)
 {
+	if (backward && grad_scale)
+		inv_rows = __fmul_rn(inv_rows, *grad_scale);
 	extern __shared__ float4 dg_smem[];
 	float *xs = (float *)dg_smem;		// (BR, E): the block's rows of x
 	float *zs = xs + BR * E;		// (BR, V): their logits, then dlogits
@@ -299,7 +304,7 @@ function M.render(spec, plan)
         plan.br * (E + V) * 4),
     "",
     fmt("dg_lmhead_ce(const %s *x, const %s *w, const int *targets, float *row_loss, %s *dlogits,", v.XT, v.WT, v.DT),
-    fmt("    float *dx, long long rows, float inv_rows, int backward, int *bad)   any grid, %d threads", nt),
+    fmt("    float *dx, long long rows, float inv_rows, const float *grad_scale, int backward, int *bad)   any grid, %d threads", nt),
     fmt("dg_lmhead_ce_loss(const float *row_loss, long long rows, float *loss)   <<<1, %d>>>", nt),
     fmt("dg_lmhead_ce_dw(const %s *x, const %s *dlogits, float *dw, long long rows, int accumulate)", v.XT, v.DT),
     fmt("    any grid (%d tiles), %d threads", ((E + DWT - 1) // DWT) * ((V + DWT - 1) // DWT), DW_NT),

@@ -92,6 +92,10 @@ static void same_state(const dg_train_state *a, const dg_train_state *b)
 	cr_assert_eq(a->data_pos, b->data_pos);
 	cr_assert_eq(a->time, b->time);
 	cr_assert_eq(a->data_rng.state, b->data_rng.state);
+	cr_assert_eq(a->scaler.mode, b->scaler.mode);
+	cr_assert_eq(a->scaler.scale, b->scaler.scale);
+	cr_assert_eq(a->scaler.good_steps, b->scaler.good_steps);
+	cr_assert_eq(a->scaler.growth_interval, b->scaler.growth_interval);
 	const dg_adamw_config *x = &a->opt, *y = &b->opt;
 	cr_assert(x->lr == y->lr && x->beta1 == y->beta1 && x->beta2 == y->beta2 && x->eps == y->eps &&
 		  x->weight_decay == y->weight_decay && x->clip == y->clip && x->warmup == y->warmup &&
@@ -261,23 +265,70 @@ Test(checkpoint, resume_names_what_differs)
 	dg_train_state *s = made(&c);
 	char msg[256];
 	dg_adamw_config o = s->opt;
-	cr_assert_eq(dg_checkpoint_match(s, &c, &o, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_checkpoint_match(s, &c, &o, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_model_config h = c;
 	h.heads = 4;
-	cr_assert_eq(dg_checkpoint_match(s, &h, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_checkpoint_match(s, &h, &o, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert_str_eq(msg, "heads: the checkpoint's 2, this run's 4");
 	h = c;
 	snprintf(h.preset, sizeof(h.preset), "bf16");
-	cr_assert_eq(dg_checkpoint_match(s, &h, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_checkpoint_match(s, &h, &o, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "preset: the checkpoint's 'f32', this run's 'bf16'"), "%s", msg);
 	dg_adamw_config p = o;
 	p.lr = 1e-3f;
-	cr_assert_eq(dg_checkpoint_match(s, &c, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_checkpoint_match(s, &c, &p, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "lr: the checkpoint's 0.000300000014, this run's 0.00100000005") == msg, "%s", msg);
 	p = o;
 	p.steps = 1500;
-	cr_assert_eq(dg_checkpoint_match(s, &c, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_checkpoint_match(s, &c, &p, DG_LOSS_SCALE_OFF, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "steps:") == msg, "%s", msg);
+	dg_train_state_destroy(s);
+}
+
+/* The loss scaler's state round-trips exactly (S, the count, the
+ * interval); a resume with the other --loss-scale setting is refused by
+ * name; a file without the scaler's keys (saved before they were
+ * written: here the key renamed in place) loads as off. */
+Test(checkpoint, loss_scaler_state_roundtrips)
+{
+	dg_model_config c = tiny();
+	dg_train_state *s = made(&c), *b = NULL;
+	char *dir = dg_test_tmpdir(), path[512], msg[512];
+	snprintf(path, sizeof(path), "%s/ls.safetensors", dir);
+	s->scaler = (dg_loss_scaler){ .mode = DG_LOSS_SCALE_DYNAMIC, .growth_interval = 2000,
+				      .scale = 8192.0f, .good_steps = 17 };
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
+	same_state(s, b);
+	cr_assert_eq(b->scaler.scale, 8192.0f);
+	cr_assert_eq(b->scaler.good_steps, 17u);
+	cr_assert_eq(dg_checkpoint_match(b, &c, &b->opt, DG_LOSS_SCALE_DYNAMIC, msg, sizeof(msg)), DG_OK, "%s",
+		     msg);
+	cr_assert_eq(dg_checkpoint_match(b, &c, &b->opt, DG_LOSS_SCALE_OFF, msg, sizeof(msg)),
+		     DG_ERR_INVALID_ARG);
+	cr_assert_str_eq(msg, "loss_scale: the checkpoint's dynamic, this run's off (--loss-scale)");
+	dg_train_state_destroy(b);
+	/* off, and an older file without the key */
+	dg_loss_scaler_defaults(&s->scaler, false);
+	cr_assert_eq(dg_checkpoint_match(s, &c, &s->opt, DG_LOSS_SCALE_DYNAMIC, msg, sizeof(msg)),
+		     DG_ERR_INVALID_ARG);
+	cr_assert_str_eq(msg, "loss_scale: the checkpoint's off, this run's dynamic (--loss-scale)");
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	size_t n;
+	char *bytes = slurp(path, &n);
+	int found = 0;
+	for (size_t i = 0; i + 12 <= n; i++)
+		if (memcmp(bytes + i, "\"loss_scale\"", 12) == 0) {
+			bytes[i + 10] = 'X'; /* "loss_scalX": a key nothing reads */
+			found++;
+		}
+	cr_assert_eq(found, 1, "the key loss_scale should be in the header once");
+	spill(path, bytes, n);
+	free(bytes);
+	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(b->scaler.mode, DG_LOSS_SCALE_OFF);
+	cr_assert_eq(b->scaler.scale, 1.0f);
+	dg_train_state_destroy(b);
 	dg_train_state_destroy(s);
 }
 

@@ -26,6 +26,11 @@
  *     after new gradients and a new control block are copied in give the
  *     eager calls' bits, step by step (a step with a NaN skipped in both);
  *     the eager steps are the host's with the device's clip scale;
+ *   - the loss scaler in grad_norm's clip (interval 3): gradients S times
+ *     the unscaled ones give the unscaled norm, sq and clip factor bit for
+ *     bit, scale = factor / S, and S and good_steps as
+ *     dg_ref_loss_scale_update moves them; a NaN skips, halves S and zeroes
+ *     the count;
  *   - bad calls (grad_norm: no gradients, no or a misaligned ctl, a short
  *     or missing workspace, a bf16 or missing gradient, another op's
  *     spec; adamw_update: aliasing, a misaligned ctl) are refused with a
@@ -738,6 +743,84 @@ Test(gpu_optim, bad_calls_are_refused)
 	dg_ref_adamw(&got, true, q.p, G.h[0], q.m, q.v, NULL, q.n);
 	expect_state(dev, &q, "adamw_update after the refusals");
 	param_free(&q);
+	grads_free(&G);
+	gh_close(dev);
+}
+
+/* ---- the loss scaler in dg_grad_clip ------------------------------------------ */
+
+/* G's gradients times s (a power of two: exact) on the device, as a
+ * backward from a loss scaled by s leaves them. */
+static void upload_scaled(dg_device *dev, const grads *G, float s)
+{
+	for (int i = 0; i < G->n; i++) {
+		float *x = gh_xmalloc(G->len[i] * sizeof(float));
+		for (size_t j = 0; j < G->len[i]; j++)
+			x[j] = G->h[i][j] * s;
+		upload_to(dev, G->t[i].data, x, G->len[i] * sizeof(float));
+		free(x);
+	}
+}
+
+/* With the scaler on (interval 3) and the gradients S times G: the norm,
+ * sq and clip factor are the unscaled run's bit for bit, scale is that
+ * factor over S, and S and good_steps move as dg_ref_loss_scale_update
+ * says, over eight finite steps (S doubles twice) and then a NaN (skip,
+ * S halved, good 0) from a count of 1. */
+Test(gpu_optim, grad_clip_runs_the_loss_scaler)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0x5ca1e);
+	dg_spec s = spec_for(dev, 0);
+	static const size_t len[2] = { 40009, 1000 };
+	grads G;
+	grads_make(dev, &G, 2, len);
+	dg_dptr ctl = gh_alloc(dev, sizeof(dg_adamw_ctl));
+	dg_workspace ws = gh_workspace(dev, dg_grad_norm_workspace(2));
+	const dg_adamw_ctl off = ctl_with_clip(1.0f);
+	const dg_adamw_ctl plain = norm_of(dev, &s, &G, ctl, ws, &off);
+	cr_assert(plain.scale < 1.0f, "the norm %g should be clipped", plain.norm);
+	dg_loss_scaler ref;
+	dg_loss_scaler_defaults(&ref, true);
+	ref.growth_interval = 3;
+	dg_adamw_ctl blk = ctl_with_clip(1.0f);
+	blk.scaler = DG_LOSS_SCALE_DYNAMIC;
+	blk.growth_interval = ref.growth_interval;
+	for (int k = 0; k < 8; k++) {
+		blk.loss_scale = ref.scale;
+		blk.good_steps = ref.good_steps;
+		const float S = ref.scale;
+		upload_scaled(dev, &G, S);
+		dg_adamw_ctl got = norm_of(dev, &s, &G, ctl, ws, &blk);
+		dg_ref_loss_scale_update(&ref, true);
+		cr_assert_eq(got.skip, 0, "step %d: skip", k);
+		cr_assert_eq(memcmp(&got.norm, &plain.norm, sizeof(double)), 0,
+			     "step %d (S %g): norm %.17g, unscaled %.17g", k, (double)S, got.norm, plain.norm);
+		cr_assert_eq(memcmp(&got.sq, &plain.sq, sizeof(double)), 0, "step %d: sq %.17g vs %.17g", k,
+			     got.sq, plain.sq);
+		cr_assert_eq(got.scale, plain.scale / S, "step %d: scale %.9g, want %.9g / %g", k,
+			     (double)got.scale, (double)plain.scale, (double)S);
+		cr_assert_eq(got.loss_scale, ref.scale, "step %d: S %g, the reference's %g", k,
+			     (double)got.loss_scale, (double)ref.scale);
+		cr_assert_eq(got.good_steps, ref.good_steps, "step %d: good %u, the reference's %u", k,
+			     got.good_steps, ref.good_steps);
+	}
+	cr_assert_eq(ref.scale, 65536.0f * 4.0f, "eight finite steps at interval 3 double S twice");
+	cr_assert_eq(ref.good_steps, 2u);
+	/* a NaN: skipped, S halved, the count zeroed */
+	blk.loss_scale = ref.scale;
+	blk.good_steps = 1;
+	ref.good_steps = 1;
+	upload_scaled(dev, &G, ref.scale);
+	const float nan = NAN;
+	upload_to(dev, G.t[0].data + 77 * sizeof(float), &nan, sizeof(float));
+	dg_adamw_ctl got = norm_of(dev, &s, &G, ctl, ws, &blk);
+	dg_ref_loss_scale_update(&ref, false);
+	cr_assert_eq(got.skip, 1, "a NaN gradient: skip %u", got.skip);
+	cr_assert(isnan(got.norm), "norm %g", got.norm);
+	cr_assert_eq(got.loss_scale, 131072.0f, "S %g after a skip from 2^18", (double)got.loss_scale);
+	cr_assert_eq(got.loss_scale, ref.scale);
+	cr_assert_eq(got.good_steps, 0u, "good %u after a skip", got.good_steps);
 	grads_free(&G);
 	gh_close(dev);
 }

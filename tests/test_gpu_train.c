@@ -14,7 +14,12 @@
  *     and resumed into a new model gives steps 4 to 6 as the straight run;
  *   - the clip: the device's norm within 1e-12 of the host's double sum;
  *   - bad calls: a step before dg_model_optim_init, a result of a step not
- *     queued, refused by name.
+ *     queued, refused by name;
+ *   - the loss scaler: at S 2^16 the f32 run is the unscaled one bit for
+ *     bit (losses, norms, masters); from 2^127 with an inflated lm_head
+ *     the first steps overflow and are skipped (masters untouched, S
+ *     halved by dg_ref_loss_scale_update's rule) until S fits, and then
+ *     the run trains.
  * Skips without a device.
  */
 #include <criterion/criterion.h>
@@ -26,6 +31,7 @@
 
 #include "dragon/model.h"
 #include "dragon/optim.h"
+#include "dragon/ref.h"
 #include "gpu_helpers.h"
 
 static dg_model_config config(const char *preset, bool small)
@@ -109,7 +115,7 @@ static void device_is_host(const char *preset, bool small)
 	dg_model *mh = NULL, *md = NULL;
 	cr_assert_eq(dg_model_create(dev, w, B, T, &mh), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
 	cr_assert_eq(dg_model_create(dev, w, B, T, &md), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_optim_init(md, &opt, NULL, NULL, false), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_optim_init(md, &opt, NULL, NULL, false, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	float *m1[DG_MODEL_N_PARAMS], *v1[DG_MODEL_N_PARAMS], *dm[DG_MODEL_N_PARAMS], *dv[DG_MODEL_N_PARAMS];
 	moments(&c, m1, v1);
 	moments(&c, dm, dv);
@@ -124,7 +130,7 @@ static void device_is_host(const char *preset, bool small)
 				      (size_t)numel(&c, p));
 		cr_assert_eq(dg_model_set_weights(mh, w), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_model_train_step(md, &bt.b, t, lr), DG_OK, "%s", dg_device_errmsg(dev));
-		cr_assert_eq(dg_model_train_result(md, t, &ld, &nd, NULL), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(dg_model_train_result(md, t, &ld, &nd, NULL, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 		printf("gpu_train %s step %lld: host loss %.9g, device %.9g (norm %.6g)\n", preset,
 		       (long long)t, lh, ld, nd);
 		cr_expect_eq(memcmp(&lh, &ld, sizeof(double)), 0, "%s step %lld: loss %.9g vs %.9g", preset,
@@ -172,7 +178,7 @@ static void train(dg_device *dev, dg_model_weights *w, float **m, float **v, boo
 	opt.warmup = 2;
 	dg_model *md = NULL;
 	cr_assert_eq(dg_model_create(dev, w, B, T, &md), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_optim_init(md, &opt, fresh ? NULL : m, fresh ? NULL : v, graph), DG_OK, "%s",
+	cr_assert_eq(dg_model_optim_init(md, &opt, fresh ? NULL : m, fresh ? NULL : v, graph, NULL), DG_OK, "%s",
 		     dg_device_errmsg(dev));
 	/* queued one ahead, as the trainer does */
 	for (int64_t t = t0; t < t1; t++) {
@@ -181,10 +187,10 @@ static void train(dg_device *dev, dg_model_weights *w, float **m, float **v, boo
 		cr_assert_eq(dg_model_train_step(md, &bt.b, t, dg_adamw_lr(&opt, t)), DG_OK, "%s",
 			     dg_device_errmsg(dev));
 		if (t > t0)
-			cr_assert_eq(dg_model_train_result(md, t - 1, &loss[t - 1], &norm[t - 1], NULL), DG_OK,
+			cr_assert_eq(dg_model_train_result(md, t - 1, &loss[t - 1], &norm[t - 1], NULL, NULL), DG_OK,
 				     "%s", dg_device_errmsg(dev));
 	}
-	cr_assert_eq(dg_model_train_result(md, t1 - 1, &loss[t1 - 1], &norm[t1 - 1], NULL), DG_OK, "%s",
+	cr_assert_eq(dg_model_train_result(md, t1 - 1, &loss[t1 - 1], &norm[t1 - 1], NULL, NULL), DG_OK, "%s",
 		     dg_device_errmsg(dev));
 	if (live)
 		*live = dg_model_graph_live(md);
@@ -272,20 +278,166 @@ Test(gpu_train, the_clip_norm_is_the_hosts)
 	/* bad calls first: no optimizer yet, then a step never queued */
 	cr_assert_eq(dg_model_train_step(m, &bt.b, 0, 1e-3f), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "dg_model_optim_init"), "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_optim_init(m, &opt, NULL, NULL, true), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_train_result(m, 0, &ld, &nd, NULL), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_optim_init(m, &opt, NULL, NULL, true, NULL), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_train_result(m, 0, &ld, &nd, NULL, NULL), DG_ERR_INVALID_ARG);
 	cr_assert_eq(dg_model_train_step(m, &bt.b, 0, dg_adamw_lr(&opt, 0)), DG_OK, "%s",
 		     dg_device_errmsg(dev));
 	bool skipped = true;
-	cr_assert_eq(dg_model_train_result(m, 0, &ld, &nd, &skipped), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_train_result(m, 0, &ld, &nd, &skipped, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	printf("gpu_train clip: host norm %.17g, device %.17g\n", sqrt(sq), nd);
 	cr_expect_eq(memcmp(&lh, &ld, sizeof(double)), 0, "loss %.9g vs %.9g", lh, ld);
 	cr_expect(fabs(nd - sqrt(sq)) <= 1e-12 * sqrt(sq), "norm %.17g vs %.17g", nd, sqrt(sq));
 	cr_expect_not(skipped);
-	cr_assert_eq(dg_model_train_result(m, 9, &ld, &nd, NULL), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_train_result(m, 9, &ld, &nd, NULL, NULL), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "step 9"), "%s", dg_device_errmsg(dev));
 	dg_model_destroy(m);
 	dg_model_weights_destroy(w);
 	dg_model_weights_destroy(grads);
+	gh_close(dev);
+}
+
+/* ---- the loss scaler ---------------------------------------------------------- */
+
+/* STEPS steps of w (fresh moments, the graph replayed) with the loss
+ * scaler ls (NULL: none), each step's results read back before the next;
+ * the masters back into w. */
+static void train_ls(dg_device *dev, dg_model_weights *w, const dg_loss_scaler *ls, double *loss,
+		     double *norm, bool *skipped, dg_loss_scaler *after)
+{
+	dg_adamw_config opt;
+	dg_adamw_defaults(&opt, STEPS);
+	opt.warmup = 2;
+	dg_model *md = NULL;
+	cr_assert_eq(dg_model_create(dev, w, B, T, &md), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_optim_init(md, &opt, NULL, NULL, true, ls), DG_OK, "%s", dg_device_errmsg(dev));
+	for (int64_t t = 0; t < STEPS; t++) {
+		struct batch bt;
+		batch_of(&bt, t);
+		cr_assert_eq(dg_model_train_step(md, &bt.b, t, dg_adamw_lr(&opt, t)), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		cr_assert_eq(dg_model_train_result(md, t, &loss[t], &norm[t], &skipped[t], &after[t]), DG_OK,
+			     "%s", dg_device_errmsg(dev));
+	}
+	cr_assert_eq(dg_model_optim_get(md, w, NULL, NULL), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_model_destroy(md);
+}
+
+/* S = 2^16 is a power of two and nothing overflows: the scaled run's
+ * losses, norms (reported unscaled) and final masters are the unscaled
+ * run's bit for bit, and S stays while the count of good steps grows. */
+Test(gpu_train, loss_scale_2p16_is_the_unscaled_run_f32)
+{
+	dg_device *dev = gh_open();
+	char msg[512];
+	dg_model_config c = config("f32", false);
+	dg_model_weights *wa = NULL, *wb = NULL;
+	cr_assert_eq(dg_model_weights_create(&c, 9, &wa, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_weights_create(&c, 9, &wb, msg, sizeof(msg)), DG_OK, "%s", msg);
+	double la[STEPS], na[STEPS], lb[STEPS], nb[STEPS];
+	bool sa[STEPS], sb[STEPS];
+	dg_loss_scaler aa[STEPS], ab[STEPS], ls;
+	dg_loss_scaler_defaults(&ls, true);
+	train_ls(dev, wa, NULL, la, na, sa, aa);
+	train_ls(dev, wb, &ls, lb, nb, sb, ab);
+	for (int t = 0; t < STEPS; t++) {
+		printf("gpu_train loss_scale step %d: loss %.9g / %.9g, norm %.9g / %.9g, S %g\n", t, la[t],
+		       lb[t], na[t], nb[t], (double)ab[t].scale);
+		cr_expect_eq(memcmp(&la[t], &lb[t], sizeof(double)), 0, "step %d: loss %.9g, scaled %.9g", t,
+			     la[t], lb[t]);
+		cr_expect_eq(memcmp(&na[t], &nb[t], sizeof(double)), 0, "step %d: norm %.17g, scaled %.17g", t,
+			     na[t], nb[t]);
+		cr_expect(!sa[t] && !sb[t], "step %d skipped", t);
+		cr_expect_eq(aa[t].mode, DG_LOSS_SCALE_OFF);
+		cr_expect_eq(aa[t].scale, 1.0f, "step %d: S %g without a scaler", t, (double)aa[t].scale);
+		cr_expect_eq(ab[t].mode, DG_LOSS_SCALE_DYNAMIC);
+		cr_expect_eq(ab[t].scale, 65536.0f, "step %d: S %g", t, (double)ab[t].scale);
+		cr_expect_eq(ab[t].good_steps, (uint32_t)t + 1, "step %d: good %u", t, ab[t].good_steps);
+	}
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+		same_floats("scaled", dg_model_param_name((dg_model_param)p), wb->params[p], wa->params[p],
+			    numel(&c, p));
+	dg_model_weights_destroy(wa);
+	dg_model_weights_destroy(wb);
+	gh_close(dev);
+}
+
+/*
+ * Overflow: the tiny model's gradients are all below 1 (0.19 at most, on
+ * the CPU model), so no f32 power of two overflows them; with lm_head
+ * times 1024 they reach about 2^8 (the loss stays finite, about 340), and
+ * from S = 2^127 the scaled gradients overflow f32. The steps are skipped,
+ * S halving each time (the reference's rule, step by step), the masters
+ * untouched, until S is small enough (about 2^120); then training
+ * proceeds: a step that is not skipped moves the masters. The loss, which
+ * S does not touch, is finite throughout, and a step is skipped exactly
+ * when its norm is not finite.
+ */
+Test(gpu_train, loss_scale_overflow_skips_until_the_scale_fits_f32)
+{
+	enum { N = 24 };
+	dg_device *dev = gh_open();
+	char msg[512];
+	dg_model_config c = config("f32", false);
+	dg_model_weights *w = NULL, *prev = NULL;
+	cr_assert_eq(dg_model_weights_create(&c, 9, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_weights_create(&c, 9, &prev, msg, sizeof(msg)), DG_OK, "%s", msg);
+	for (int k = 0; k < 2; k++) {
+		dg_model_weights *x = k ? prev : w;
+		for (int64_t i = 0; i < numel(&c, DG_PARAM_LM_HEAD); i++)
+			x->params[DG_PARAM_LM_HEAD][i] *= 1024.0f;
+	}
+	dg_adamw_config opt;
+	dg_adamw_defaults(&opt, N);
+	opt.warmup = 2;
+	dg_loss_scaler ls = { .mode = DG_LOSS_SCALE_DYNAMIC, .growth_interval = 2000, .scale = 0x1p127f,
+			      .good_steps = 0 };
+	dg_loss_scaler ref = ls;
+	dg_model *md = NULL;
+	cr_assert_eq(dg_model_create(dev, w, B, T, &md), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_optim_init(md, &opt, NULL, NULL, true, &ls), DG_OK, "%s", dg_device_errmsg(dev));
+	int first_ok = -1, skips = 0;
+	for (int64_t t = 0; t < N; t++) {
+		struct batch bt;
+		batch_of(&bt, t);
+		cr_assert_eq(dg_model_train_step(md, &bt.b, t, dg_adamw_lr(&opt, t)), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		double loss, norm;
+		bool sk = false;
+		dg_loss_scaler after;
+		cr_assert_eq(dg_model_train_result(md, t, &loss, &norm, &sk, &after), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		printf("gpu_train overflow step %lld: loss %.9g, norm %g, %s, S after %g\n", (long long)t, loss,
+		       norm, sk ? "skipped" : "stepped", (double)after.scale);
+		cr_assert(isfinite(loss), "step %lld: loss %g", (long long)t, loss);
+		cr_assert_eq(sk, !isfinite(norm), "step %lld: skipped %d with norm %g", (long long)t, sk, norm);
+		dg_ref_loss_scale_update(&ref, !sk);
+		cr_assert_eq(after.scale, ref.scale, "step %lld: S %g, the rule's %g", (long long)t,
+			     (double)after.scale, (double)ref.scale);
+		cr_assert_eq(after.good_steps, ref.good_steps, "step %lld: good %u, the rule's %u", (long long)t,
+			     after.good_steps, ref.good_steps);
+		cr_assert_eq(dg_model_optim_get(md, w, NULL, NULL), DG_OK, "%s", dg_device_errmsg(dev));
+		bool moved = false;
+		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+			size_t bytes = (size_t)numel(&c, p) * sizeof(float);
+			moved = moved || memcmp(w->params[p], prev->params[p], bytes) != 0;
+			if (sk)
+				same_floats("a skipped step", dg_model_param_name((dg_model_param)p), w->params[p],
+					    prev->params[p], numel(&c, p));
+			memcpy(prev->params[p], w->params[p], bytes);
+		}
+		if (!sk)
+			cr_expect(moved, "step %lld was not skipped but moved no master", (long long)t);
+		if (sk)
+			skips++;
+		else if (first_ok < 0)
+			first_ok = (int)t;
+	}
+	/* first_ok > 0: step 0 was skipped; < N: a step was then taken */
+	cr_expect(first_ok > 0 && first_ok < N,
+		  "the first steps should skip and then training proceed: the first step taken is %d of %d "
+		  "(%d skipped)", first_ok, N, skips);
+	dg_model_destroy(md);
+	dg_model_weights_destroy(w);
+	dg_model_weights_destroy(prev);
 	gh_close(dev);
 }

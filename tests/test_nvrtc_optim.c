@@ -11,7 +11,7 @@
  *     common rule (as a spec error, not a template error);
  *   - the rendered PARTS is the runtime's (dg_grad_norm_workspace(n) =
  *     n·PARTS·8, PARTS 264), and the rendered control block is
- *     dragon/optim.h's dg_adamw_ctl field for field (64 bytes), so neither
+ *     dragon/optim.h's dg_adamw_ctl field for field (80 bytes), so neither
  *     pair can drift apart silently;
  *   - dg_adamw_update_check refuses by name: a wrong format, mismatched
  *     shapes, a missing or misaligned tensor, p aliasing m or grad (and m
@@ -211,9 +211,10 @@ Test(nvrtc_optim, parts_and_control_block_agree_with_the_runtime)
 		snprintf(grid, sizeof(grid), "grid %zu,", parts);
 		cr_assert(strstr(src->text, grid), "the banner does not say '%s'", grid);
 		/* the control block: dragon/optim.h's layout, field for field */
-		const char *fields[] = { "float lr, d, s, cs, w, b2, w2, eps, clip;", "unsigned step;",
-					 "float scale;", "unsigned skip;", "double sq, norm;",
-					 "static_assert(sizeof(dg_adamw_ctl_t) == 64" };
+		const char *fields[] = { "float lr, d, s, cs, w, b2, w2, eps, clip;",
+					 "unsigned step, scaler, growth_interval;", "float scale;",
+					 "unsigned skip;", "float loss_scale;", "unsigned good_steps;",
+					 "double sq, norm;", "static_assert(sizeof(dg_adamw_ctl_t) == 80" };
 		const char *at = strstr(src->text, "struct dg_adamw_ctl_t {");
 		cr_assert_not_null(at, "no dg_adamw_ctl_t in the rendered text");
 		for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++) {
@@ -224,14 +225,21 @@ Test(nvrtc_optim, parts_and_control_block_agree_with_the_runtime)
 		}
 		dg_source_destroy(src);
 	}
-	cr_assert_eq(sizeof(dg_adamw_ctl), 64);
+	cr_assert_eq(sizeof(dg_adamw_ctl), 80);
+	cr_assert_eq(sizeof(dg_adamw_ctl) % 8, 0);
 	cr_assert_eq(offsetof(dg_adamw_ctl, lr), 0);
 	cr_assert_eq(offsetof(dg_adamw_ctl, clip), 32);
 	cr_assert_eq(offsetof(dg_adamw_ctl, step), 36);
-	cr_assert_eq(offsetof(dg_adamw_ctl, scale), 40);
-	cr_assert_eq(offsetof(dg_adamw_ctl, skip), 44);
-	cr_assert_eq(offsetof(dg_adamw_ctl, sq), 48);
-	cr_assert_eq(offsetof(dg_adamw_ctl, norm), 56);
+	cr_assert_eq(offsetof(dg_adamw_ctl, scaler), 40);
+	cr_assert_eq(offsetof(dg_adamw_ctl, growth_interval), 44);
+	/* the host's half ends where the device's begins */
+	cr_assert_eq(DG_ADAMW_CTL_HOST_BYTES, 48);
+	cr_assert_eq(offsetof(dg_adamw_ctl, scale), 48);
+	cr_assert_eq(offsetof(dg_adamw_ctl, skip), 52);
+	cr_assert_eq(offsetof(dg_adamw_ctl, loss_scale), 56);
+	cr_assert_eq(offsetof(dg_adamw_ctl, good_steps), 60);
+	cr_assert_eq(offsetof(dg_adamw_ctl, sq), 64);
+	cr_assert_eq(offsetof(dg_adamw_ctl, norm), 72);
 	dg_codegen_destroy(cg);
 }
 
@@ -523,4 +531,43 @@ Test(nvrtc_optim, ref_adamw_is_adamw_step)
 			}
 			free(p), free(pa), free(m), free(ma), free(v), free(va), free(copy);
 		}
+}
+
+/* The loss scaler's rule by hand (interval 3): finite steps count up and
+ * the third doubles S and restarts the count; a non-finite one halves S
+ * and zeroes it; a doubling past FLT_MAX keeps S; off moves nothing. */
+Test(nvrtc_optim, loss_scale_rule_by_hand)
+{
+	dg_loss_scaler ls;
+	dg_loss_scaler_defaults(&ls, true);
+	cr_assert_eq(ls.mode, DG_LOSS_SCALE_DYNAMIC);
+	cr_assert_eq(ls.scale, 65536.0f);
+	cr_assert_eq(ls.growth_interval, 2000u);
+	cr_assert_eq(ls.good_steps, 0u);
+	ls.growth_interval = 3;
+	static const struct {
+		bool finite;
+		float scale;
+		uint32_t good;
+	} seq[] = { { true, 65536.0f, 1 },  { true, 65536.0f, 2 },  { true, 131072.0f, 0 },
+		    { true, 131072.0f, 1 }, { false, 65536.0f, 0 }, { false, 32768.0f, 0 },
+		    { true, 32768.0f, 1 },  { true, 32768.0f, 2 },  { false, 16384.0f, 0 } };
+	for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
+		dg_ref_loss_scale_update(&ls, seq[i].finite);
+		cr_assert_eq(ls.scale, seq[i].scale, "step %zu: S %g, want %g", i, (double)ls.scale,
+			     (double)seq[i].scale);
+		cr_assert_eq(ls.good_steps, seq[i].good, "step %zu: good %u, want %u", i, ls.good_steps,
+			     seq[i].good);
+	}
+	ls.scale = 0x1p127f; /* 2S is infinite: kept */
+	ls.good_steps = 2;
+	dg_ref_loss_scale_update(&ls, true);
+	cr_assert_eq(ls.scale, 0x1p127f);
+	cr_assert_eq(ls.good_steps, 0u);
+	dg_loss_scaler off;
+	dg_loss_scaler_defaults(&off, false);
+	cr_assert_eq(off.scale, 1.0f);
+	dg_ref_loss_scale_update(&off, false);
+	cr_assert_eq(off.scale, 1.0f);
+	cr_assert_eq(off.good_steps, 0u);
 }

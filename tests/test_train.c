@@ -194,6 +194,11 @@ Test(train, refusals_and_faults)
 	h.opt.lr = 1e-2f;
 	cr_assert_eq(dg_train_run(&h, c, NULL, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "cannot resume: lr:"), "%s", msg);
+	/* the loss scaler on the CPU model: refused, naming the flag */
+	dg_train_opts ls = tiny(d, 6);
+	ls.loss_scale = true;
+	cr_assert_eq(dg_train_run(&ls, c, NULL, NULL, msg, sizeof(msg)), DG_ERR_UNSUPPORTED);
+	cr_assert(strstr(msg, "--loss-scale dynamic: the loss scaler runs on the GPU model only"), "%s", msg);
 	/* too short a corpus */
 	dg_corpus *s = corpus_of(100);
 	dg_train_opts t = tiny(d, 6);

@@ -32,7 +32,8 @@ static const char help_text[] =
 	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data FILE]\n"
 	"                    [--out DIR] [--eval-every N] [--eval-batches K]\n"
 	"                    [--ckpt-every N] [--keep K] [--resume] [--stop-at N] [--cpu]\n"
-	"                    [--no-graph] [--layers L --embd D --heads H --neurons N]\n"
+	"                    [--no-graph] [--loss-scale dynamic|off]\n"
+	"                    [--layers L --embd D --heads H --neurons N]\n"
 	"                    [--dropout P] [--json]\n\n"
 	"Trains a BDH model with AdamW on a corpus whose bytes are tokens: the first\n"
 	"90% to train, the last 10% to validate.\n\n"
@@ -63,6 +64,11 @@ static const char help_text[] =
 	"                    shapes)\n"
 	"  --no-graph        on a GPU, run each step eagerly instead of replaying the\n"
 	"                    step captured into one CUDA graph\n"
+	"  --loss-scale M    on a GPU, dynamic: scale the loss's gradient by S (2^16,\n"
+	"                    halved on a step whose gradient overflows, which is then\n"
+	"                    skipped and logged \"skipped\": true; doubled after 2000\n"
+	"                    finite steps); off (the default): none. --resume needs\n"
+	"                    the checkpoint's setting; the CPU model refuses dynamic\n"
 	"  --json            one JSON object on stdout at the end\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
 	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
@@ -77,7 +83,7 @@ static const char help_text[] =
 enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
 	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
-	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_HELP,
+	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_LOSS_SCALE, O_HELP,
 };
 
 static const dg__cli_opt opts[] = {
@@ -93,7 +99,7 @@ static const dg__cli_opt opts[] = {
 	{ "json", 0, false, O_JSON },		   { "layers", 0, true, O_LAYERS },
 	{ "embd", 0, true, O_EMBD },		   { "heads", 0, true, O_HEADS },
 	{ "neurons", 0, true, O_NEURONS },	   { "no-graph", 0, false, O_NO_GRAPH },
-	{ "dropout", 0, true, O_DROPOUT },
+	{ "dropout", 0, true, O_DROPOUT },	   { "loss-scale", 0, true, O_LOSS_SCALE },
 	{ "help", 'h', false, O_HELP },
 	{ NULL, 0, false, 0 },
 };
@@ -159,6 +165,12 @@ static int parse(int argc, char **argv, train_args *a)
 		case O_RESUME: a->o.resume = true; break;
 		case O_CPU: a->cpu = true; break;
 		case O_NO_GRAPH: a->o.no_graph = true; break;
+		case O_LOSS_SCALE:
+			if (strcmp(v, "dynamic") && strcmp(v, "off"))
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+						   "--loss-scale %s: want dynamic or off", v);
+			a->o.loss_scale = strcmp(v, "dynamic") == 0;
+			break;
 		case O_JSON: a->json = true; break;
 		case O_STEPS: ok = parse_u("--steps", v, 1, 1ull << 40, &a->steps); break;
 		case O_WARMUP:

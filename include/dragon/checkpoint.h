@@ -14,6 +14,10 @@
  *     a row ("time", the context it trained at; absent from files saved
  *     before it was written, which load with time 0), and the
  *     optimizer's hyper-parameters (%.9g: each float reads back exactly);
+ *     "loss_scale": "dynamic" or "off", and with it dynamic its state,
+ *     "loss_scale.value" (S, %.9g), "loss_scale.good_steps" and
+ *     "loss_scale.growth_interval" (files saved before the scaler was
+ *     written lack them all and load as "off");
  *     "data_sha256": the SHA-256 (hex) of the data section, every
  *     tensor's bytes as stored (absent from files saved before it was
  *     written, which load unchecked); "format": "dragon-checkpoint-1".
@@ -47,6 +51,7 @@ typedef struct dg_train_state {
 	uint64_t data_pos;                  /* batches drawn so far */
 	int time;                           /* T, tokens a row it trains at; 0: unknown */
 	dg_adamw_config opt;
+	dg_loss_scaler scaler;              /* the loss scaler after `step` steps (off: S 1) */
 } dg_train_state;
 
 /* A run's state at step 0: a copy of w, zero moments, the data RNG
@@ -67,11 +72,14 @@ dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *ms
  * flipped bit). */
 dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size);
 
-/* Whether a run of config c and optimizer opt may resume from s: OK, or
+/* Whether a run of config c, optimizer opt and loss scaler mode
+ * loss_scale (DG_LOSS_SCALE_OFF / _DYNAMIC) may resume from s: OK, or
  * DG_ERR_INVALID_ARG naming the first field that differs ("heads: the
- * checkpoint's 4, this run's 8"). */
+ * checkpoint's 4, this run's 8"; "loss_scale: the checkpoint's off, this
+ * run's dynamic"). */
 dg_status dg_checkpoint_match(const dg_train_state *s, const dg_model_config *c,
-			      const dg_adamw_config *opt, char *msg, size_t msg_size);
+			      const dg_adamw_config *opt, uint32_t loss_scale, char *msg,
+			      size_t msg_size);
 
 /* The checkpoint file of step in dir: "<dir>/ckpt-<step, 8 digits>.safetensors". */
 void dg_checkpoint_path(const char *dir, int64_t step, char *out, size_t size);

@@ -280,18 +280,25 @@ dg_status dg_model_run(dg_model *m, const dg_model_batch *batch, bool backward);
 
 /* Attaches AdamW c to m: its moments allocated on the device, zeros or
  * (m1, v1 non-NULL: a resumed run's) the host's, one array a param in
- * dg_model_param order. graph: capture the step (see above). Again on a
- * model that has them: the moments and c replaced (the graph kept). */
+ * dg_model_param order. graph: capture the step (see above). ls: the
+ * loss scaler (dragon/optim.h dg_loss_scaler: its mode, interval and
+ * state, a fresh one's or a resumed run's), or NULL for none; its state
+ * then lives on the device, updated by each step. Again on a model that
+ * has them: the moments, c and the scaler replaced (the graph kept unless
+ * the scaler is turned on or off). */
 dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *const *m1,
-			      float *const *v1, bool graph);
+			      float *const *v1, bool graph, const dg_loss_scaler *ls);
 /* Queues training step t (0-based) of batch (b, t as planned; its seed is
  * the dropout's, its step ignored: t is) at learning rate lr, on the
  * calling thread's stream; returns without waiting. */
 dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr);
-/* The loss and the gradient norm of queued step t (one of the last
- * DG_MODEL_TRAIN_RING), waiting for that step only; *skipped (may be
- * NULL): the update was skipped because the norm is not finite. */
-dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *norm, bool *skipped);
+/* The loss and the gradient norm (unscaled) of queued step t (one of the
+ * last DG_MODEL_TRAIN_RING), waiting for that step only; *skipped (may be
+ * NULL): the update was skipped because the norm is not finite; *ls (may
+ * be NULL): the loss scaler after step t (its scale the next step's; S 1
+ * and mode off without one). */
+dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *norm, bool *skipped,
+				dg_loss_scaler *ls);
 /* The masters into w and the moments into m1, v1 (host arrays of each
  * param's size; either may be NULL), waiting for the queued steps. */
 dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1, float *const *v1);

@@ -479,6 +479,10 @@ typedef struct dg_lmhead_ce_args {
 	bool accumulate;          /* dw += */
 	dg_workspace ws;
 	dg_dptr bad;
+	/* 0, or a device float S (4-byte aligned) the backward multiplies
+	 * dlogits by (the loss scaler's; a power of two: exact); read when
+	 * the kernel runs, so a captured step reads its control block */
+	dg_dptr grad_scale;
 } dg_lmhead_ce_args;
 dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
 			     size_t msg_size);

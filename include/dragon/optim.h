@@ -56,13 +56,41 @@ float dg_adamw_clip_scale(const dg_adamw_config *c, double norm);
 double dg_adamw_sq_sum(const float *g, size_t n);
 
 /*
+ * The dynamic loss scaler (PyTorch's torch.amp.GradScaler): the loss's
+ * gradient is multiplied by S before the backward (lm_head's dlogits, so
+ * every gradient is S times the true one), the norm and the update divide
+ * it out, and S adapts: halved (and the update skipped) on a step whose
+ * gradient norm is not finite, doubled after growth_interval consecutive
+ * steps with a finite one. S is always a power of two, so scaling and
+ * unscaling are exact: a run that never overflows is bitwise the run
+ * without the scaler. A doubling that would overflow f32 keeps S.
+ */
+enum { DG_LOSS_SCALE_OFF = 0, DG_LOSS_SCALE_DYNAMIC = 1 };
+#define DG_LOSS_SCALE_INIT 65536.0f      /* 2^16, GradScaler's init_scale */
+#define DG_LOSS_SCALE_GROWTH_INTERVAL 2000u
+
+typedef struct dg_loss_scaler {
+	uint32_t mode;            /* DG_LOSS_SCALE_OFF or _DYNAMIC */
+	uint32_t growth_interval; /* finite steps before S doubles (>= 1) */
+	float scale;              /* S, the next step's (1 when off) */
+	uint32_t good_steps;      /* finite steps since S last changed */
+} dg_loss_scaler;
+
+/* A fresh scaler: on, S 2^16, the interval 2000, no good steps; off: S 1. */
+void dg_loss_scaler_defaults(dg_loss_scaler *ls, bool on);
+
+/*
  * The scalars of one step's update, as the GPU's kernels read them from
  * device memory (a step's control block, updated by one small copy a step,
  * so a captured CUDA graph replays every step), and as dg_ref_adamw takes
- * them. 64 bytes, this layout exactly (templates/adamw.lua mirrors it).
- * The host writes the first ten fields (dg_adamw_ctl_fill); the gradient
- * norm (dg_grad_norm on the GPU) writes the last four, or the host does
- * (scale from dg_adamw_clip_scale, skip 0) for an update on the host.
+ * them. 80 bytes, this layout exactly (templates/adamw.lua mirrors it).
+ * The host writes the first twelve fields, DG_ADAMW_CTL_HOST_BYTES, every
+ * step (dg_adamw_ctl_fill, then the scaler's config); the rest is the
+ * device's: the gradient norm (dg_grad_norm on the GPU) writes scale,
+ * skip, sq and norm each step and carries loss_scale and good_steps from
+ * step to step (the host writes them once, when the optimizer is set up),
+ * or the host does (scale from dg_adamw_clip_scale, skip 0) for an update
+ * on the host.
  */
 typedef struct dg_adamw_ctl {
 	float lr;      /* the step's learning rate */
@@ -75,15 +103,27 @@ typedef struct dg_adamw_ctl {
 	float eps;
 	float clip;    /* the global norm clip; 0: none */
 	uint32_t step; /* t, 0-based (also the dropout's step) */
-	float scale;   /* the clip factor of this step's gradient */
+	uint32_t scaler;          /* DG_LOSS_SCALE_OFF / _DYNAMIC */
+	uint32_t growth_interval; /* the scaler's (dg_loss_scaler) */
+	/* ---- the device's half ---- */
+	float scale;   /* what the update multiplies the gradient by: the
+			* clip factor, over S with the scaler on */
 	uint32_t skip; /* 1: the gradient norm is not finite: no update */
-	double sq;     /* Σ g² over every gradient */
-	double norm;   /* sqrt(sq) */
+	float loss_scale;    /* S: what the loss's gradient is multiplied by
+			      * (1 with the scaler off); after a step, the next
+			      * step's */
+	uint32_t good_steps; /* the scaler's count of finite steps */
+	double sq;     /* Σ g² over every gradient (unscaled) */
+	double norm;   /* sqrt(sq) (unscaled) */
 } dg_adamw_ctl;
 
+/* The bytes of the host's half: the per-step copy writes these alone. */
+#define DG_ADAMW_CTL_HOST_BYTES offsetof(dg_adamw_ctl, scale)
+
 /* The host's fields of step t at learning rate lr (each computed in
- * double and rounded once, as dg_adamw_step always has); scale 1, skip
- * 0, sq and norm 0 until a norm is taken. */
+ * double and rounded once, as dg_adamw_step always has), the scaler off;
+ * scale 1, skip 0, loss_scale 1, good_steps, sq and norm 0 until a norm
+ * is taken. */
 void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_ctl *out);
 
 /*

@@ -351,6 +351,12 @@ void dg_ref_adamw(const dg_adamw_ctl *ctl, bool decay, float *p, const float *gr
 /* The ctl of the generic calls without one (the tuner's, the bench's, the
  * registry's): step 0 of dg_adamw_defaults at lr 1e-3, scale 1. */
 void dg_ref_adamw_default_ctl(dg_adamw_ctl *ctl);
+/* The loss scaler's rule after one step (dragon/optim.h dg_loss_scaler;
+ * templates/adamw.lua dg_grad_clip applies it on the device): a norm
+ * that is not finite halves S and zeroes good_steps; a finite one counts
+ * a good step, and at growth_interval doubles S (kept when 2S is not
+ * finite) and zeroes the count. Nothing when the scaler is off. */
+void dg_ref_loss_scale_update(dg_loss_scaler *ls, bool finite);
 
 /* lm_head and cross-entropy fused: logits = x·w over rows of d (w (d,
  * vocab)); loss = mean over rows of logsumexp(logits) − logits[target];

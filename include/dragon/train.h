@@ -72,6 +72,10 @@ typedef struct dg_train_opts {
 	int64_t stop_at;       /* stop after this many steps (a checkpoint first); 0: run to the end */
 	dg_device *dev;        /* the GPU model on dev; NULL: the CPU model */
 	bool no_graph;         /* the GPU: run each step eagerly, not a captured graph */
+	/* the GPU: the dynamic loss scaler (dragon/optim.h dg_loss_scaler,
+	 * from S 2^16); a step whose gradient norm overflows is skipped and
+	 * logged ("skipped": true), not an error. The CPU model refuses it. */
+	bool loss_scale;
 	/* NULL, or a flag the caller may set at any time (from a signal
 	 * handler too: the run only reads it, before each step); set, the run
 	 * checkpoints and returns DG_ERR_INTERRUPTED (see above) */
@@ -96,6 +100,8 @@ typedef struct dg_train_report {
 	double flops_per_token; /* the model's, forward and backward, at T
 				   (dg_model_flops_per_token): times tokens_per_s,
 				   the FLOP/s achieved */
+	bool skipped;        /* the loss scaler skipped this step's update */
+	float loss_scale;    /* the scaler's S after the step; 0 without one */
 } dg_train_report;
 typedef void (*dg_train_progress)(const dg_train_report *r, void *user);
 
@@ -104,7 +110,8 @@ typedef void (*dg_train_progress)(const dg_train_report *r, void *user);
  * a config the model or the optimizer refuses, a corpus too short for a
  * row of T (dg_corpus_check), a resume without a checkpoint or whose
  * config differs (the field), a loss or gradient that is not finite
- * (DG_ERR_NUMERIC, the step), a file that cannot be written (a
+ * (DG_ERR_NUMERIC, the step; with o->loss_scale only a loss: a norm
+ * that is not finite is a skipped step), a file that cannot be written (a
  * checkpoint's save names the file, errno and the step of the newest
  * checkpoint still there). DG_ERR_INTERRUPTED when *o->stop was set.
  */

@@ -66,6 +66,12 @@ static dg_status check(const dg_spec *spec, const dg__op_call *c, bool with_ws, 
 			 FN, (unsigned long long)c->bad);
 		return DG_ERR_INVALID_ARG;
 	}
+	if (c->grad_scale % 4) {
+		snprintf(msg, size,
+			 "%s: grad_scale: pointer 0x%llx is not 4-byte aligned (a float on the device)", FN,
+			 (unsigned long long)c->grad_scale);
+		return DG_ERR_INVALID_ARG;
+	}
 	if (with_ws) {
 		size_t need = ws_need(spec, sh.r, c->backward);
 		if (!c->ws.ptr || c->ws.bytes < need) {
@@ -100,6 +106,7 @@ static dg__op_call call_of(const dg_lmhead_ce_args *a)
 		c.accumulate = a->accumulate;
 		c.ws = a->ws;
 		c.bad = a->bad;
+		c.grad_scale = a->grad_scale;
 	}
 	return c;
 }
@@ -166,11 +173,11 @@ dg_status dg__run_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg__op_ca
 	dg_dptr x = c->t[0]->data, w = c->t[1]->data, tg = c->t[2]->data, loss = c->t[3]->data;
 	dg_dptr dx = c->backward ? c->t[4]->data : 0, dw = c->backward ? c->t[5]->data : 0;
 	dg_dptr row_loss = c->ws.ptr, dl = c->backward ? c->ws.ptr + loss_bytes(rows) : 0;
-	dg_dptr bad = c->bad;
+	dg_dptr bad = c->bad, gs = c->backward ? c->grad_scale : 0;
 
 	dg_launch l = { { dg__op_grid(rows, br, 64LL * (sms > 0 ? sms : 1)), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
-	void *a1[] = { &x, &w, &tg, &row_loss, &dl, &dx, &rows, &inv_rows, &backward, &bad };
+	void *a1[] = { &x, &w, &tg, &row_loss, &dl, &dx, &rows, &inv_rows, &gs, &backward, &bad };
 	if ((st = dg_kernel_launch(dev, k[0], &l, a1)))
 		return st;
 	dg_launch l2 = { { 1, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };

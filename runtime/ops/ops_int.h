@@ -29,6 +29,8 @@ typedef struct dg__op_call {
 	float eps;       /* layernorm_fwd, resid_ln_fwd: inside the sqrt */
 	dg_dptr bad;     /* embed_fwd, lmhead_ce: an int32 set to 1 on a token
 			  * outside 0..V-1, or 0 */
+	dg_dptr grad_scale; /* lmhead_ce: 0, or a device float dlogits are
+			     * multiplied by */
 	/* gate_fwd / gate_bwd: the dropout of dragon/rng.h (p 0: none) */
 	float p;
 	uint64_t seed;

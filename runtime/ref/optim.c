@@ -3,7 +3,9 @@
  * single-tensor order, every operation in f32 and rounded once, so the
  * GPU's update (templates/adamw.lua) given the same control block is this
  * bit for bit. The host optimizer (runtime/train/optim.c) runs it too, and
- * the control block's host half is filled here (dg_adamw_ctl_fill).
+ * the control block's host half is filled here (dg_adamw_ctl_fill), and
+ * the loss scaler's rule is written here once for the tests to hold
+ * dg_grad_clip to (dg_ref_loss_scale_update).
  */
 #include <math.h>
 #include <string.h>
@@ -53,6 +55,30 @@ void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_c
 	out->clip = c->clip;
 	out->step = (uint32_t)t;
 	out->scale = 1.0f;
+	out->loss_scale = 1.0f;
+}
+
+void dg_loss_scaler_defaults(dg_loss_scaler *ls, bool on)
+{
+	ls->mode = on ? DG_LOSS_SCALE_DYNAMIC : DG_LOSS_SCALE_OFF;
+	ls->growth_interval = DG_LOSS_SCALE_GROWTH_INTERVAL;
+	ls->scale = on ? DG_LOSS_SCALE_INIT : 1.0f;
+	ls->good_steps = 0;
+}
+
+void dg_ref_loss_scale_update(dg_loss_scaler *ls, bool finite)
+{
+	if (ls->mode == DG_LOSS_SCALE_OFF)
+		return;
+	if (!finite) {
+		ls->scale *= 0.5f;
+		ls->good_steps = 0;
+	} else if (++ls->good_steps >= ls->growth_interval) {
+		const float up = ls->scale * 2.0f;
+		if (isfinite(up))
+			ls->scale = up;
+		ls->good_steps = 0;
+	}
 }
 
 void dg_ref_adamw_default_ctl(dg_adamw_ctl *ctl)

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -107,6 +108,7 @@ dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const 
 	s->seed = seed;
 	dg_rng_seed(&s->data_rng, seed);
 	s->opt = *opt;
+	dg_loss_scaler_defaults(&s->scaler, false);
 	*out = s;
 	return DG_OK;
 }
@@ -179,6 +181,16 @@ dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *ms
 		st = meta_u64(sw, "adamw.warmup", (uint64_t)o->warmup, msg, msg_size);
 	if (!st)
 		st = meta_u64(sw, "adamw.steps", (uint64_t)o->steps, msg, msg_size);
+	const dg_loss_scaler *ls = &s->scaler;
+	const bool dyn = ls->mode == DG_LOSS_SCALE_DYNAMIC;
+	if (!st)
+		st = dg_safetensors_writer_meta(sw, "loss_scale", dyn ? "dynamic" : "off", msg, msg_size);
+	if (!st && dyn)
+		st = meta_f(sw, "loss_scale.value", ls->scale, msg, msg_size);
+	if (!st && dyn)
+		st = meta_u64(sw, "loss_scale.good_steps", ls->good_steps, msg, msg_size);
+	if (!st && dyn)
+		st = meta_u64(sw, "loss_scale.growth_interval", ls->growth_interval, msg, msg_size);
 	if (!st)
 		st = dg_safetensors_writer_save(sw, path, msg, msg_size);
 	dg_safetensors_writer_destroy(sw);
@@ -215,6 +227,36 @@ static dg_status read_f(const dg_safetensors *f, const char *path, const char *k
 	if (errno || end == t || *end)
 		return dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata %s='%s': not a number", path, k, t);
 	*v = x;
+	return DG_OK;
+}
+
+/* The loss scaler's metadata: absent (an older file) is "off". */
+static dg_status read_scaler(const dg_safetensors *f, const char *path, dg_loss_scaler *ls, char *msg,
+			     size_t size)
+{
+	dg_loss_scaler_defaults(ls, false);
+	const char *mode = dg_safetensors_meta(f, "loss_scale");
+	if (!mode || strcmp(mode, "off") == 0)
+		return DG_OK;
+	if (strcmp(mode, "dynamic") != 0)
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata loss_scale='%s': want dynamic or off",
+				path, mode);
+	uint64_t good = 0, interval = 0;
+	float scale = 0;
+	dg_status st = read_f(f, path, "loss_scale.value", &scale, msg, size);
+	if (!st)
+		st = read_u64(f, path, "loss_scale.good_steps", &good, msg, size);
+	if (!st)
+		st = read_u64(f, path, "loss_scale.growth_interval", &interval, msg, size);
+	if (st)
+		return st;
+	if (!(scale > 0.0f) || !isfinite(scale) || interval < 1 || interval > UINT32_MAX || good >= interval)
+		return dg__msgf(DG_ERR_PARSE, msg, size,
+				"%s: loss scaler: scale %g, good_steps %" PRIu64 ", growth_interval %" PRIu64
+				": want a finite scale > 0 and 0 <= good_steps < growth_interval",
+				path, (double)scale, good, interval);
+	*ls = (dg_loss_scaler){ .mode = DG_LOSS_SCALE_DYNAMIC, .growth_interval = (uint32_t)interval,
+				.scale = scale, .good_steps = (uint32_t)good };
 	return DG_OK;
 }
 
@@ -294,6 +336,8 @@ dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, 
 		if (!st)
 			s->time = (int)t;
 	}
+	if (!st)
+		st = read_scaler(f, path, &s->scaler, msg, msg_size);
 	if (!st && (st = dg_adamw_check(o, why, sizeof(why))))
 		st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: %s", path, why);
 	/* last, the bytes: a flipped bit in a tensor parses, but not this (a
@@ -321,7 +365,8 @@ out:
 /* ---- resume, files ------------------------------------------------------------- */
 
 dg_status dg_checkpoint_match(const dg_train_state *s, const dg_model_config *c,
-			      const dg_adamw_config *opt, char *msg, size_t msg_size)
+			      const dg_adamw_config *opt, uint32_t loss_scale, char *msg,
+			      size_t msg_size)
 {
 	if (!s || !c || !opt)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_match: NULL argument");
@@ -354,6 +399,10 @@ dg_status dg_checkpoint_match(const dg_train_state *s, const dg_model_config *c,
 		if (fl[i].have != fl[i].want)
 			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: the checkpoint's %.9g, this run's %.9g",
 					fl[i].k, fl[i].have, fl[i].want);
+	if ((s->scaler.mode != DG_LOSS_SCALE_OFF) != (loss_scale != DG_LOSS_SCALE_OFF))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"loss_scale: the checkpoint's %s, this run's %s (--loss-scale)",
+				s->scaler.mode ? "dynamic" : "off", loss_scale ? "dynamic" : "off");
 	return DG_OK;
 }
 

@@ -30,6 +30,9 @@ struct dg_model {
 	dg_dptr step_at;            /* 0, or the dropout's step on the device (a
 				     * training step's control block): the gate
 				     * nodes pass it, their batch's step then 0 */
+	dg_dptr grad_scale_at;      /* 0, or the loss scaler's S on the device
+				     * (the control block's loss_scale): the
+				     * loss's backward multiplies by it */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
 	void (*tr_free)(dg_model *m); /* frees tr (set with it: destroy calls it) */
 };

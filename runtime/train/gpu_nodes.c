@@ -362,6 +362,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			dw = dg__gm_tn(m, out[1]);
 			a.dx = &dx;
 			a.dw = &dw;
+			a.grad_scale = m->grad_scale_at;
 		}
 		return need ? dg_lmhead_ce_workspace(dev, &s, &a, need)
 			    : dg_lmhead_ce(dev, &s, &a);

@@ -10,8 +10,10 @@
  * writes its forward copy as it goes), then the execution copies remade
  * from the masters (dg__gm_make_copy). Before it, outside any graph: the
  * batch and the bad flag (dg__gm_upload), the control block's host half
- * (one copy of 64 bytes from pageable memory, staged before the call
- * returns). After it: the loss, the bad flag and the control block copied
+ * (one copy of DG_ADAMW_CTL_HOST_BYTES from pageable memory, staged
+ * before the call returns; the device's half, the loss scaler's state
+ * among it, is written once by dg_model_optim_init and carried by the
+ * steps). After it: the loss, the bad flag and the control block copied
  * into a page-locked ring slot, an event recorded; the host waits on that
  * event only when it asks for the step's result.
  *
@@ -21,6 +23,7 @@
  * arenas, the moments, the control block and the dropout seed are
  * recorded and compared before each launch; a difference recaptures.
  */
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,13 +35,14 @@
 
 /* A ring slot: what a step sends back. */
 typedef struct slot {
-	dg_adamw_ctl ctl; /* norm, scale, skip */
+	dg_adamw_ctl ctl; /* norm, scale, skip, the scaler after the step */
 	float loss;
 	int32_t bad;
 } slot;
 
 typedef struct dg__gm_train {
 	dg_adamw_config opt;
+	dg_loss_scaler ls;                 /* mode and interval (its state is ctl's) */
 	bool use_graph;
 	dg_dptr mom;                       /* one allocation: m1[p] then v1[p] */
 	dg_dptr m1[DG_MODEL_N_PARAMS], v1[DG_MODEL_N_PARAMS];
@@ -92,7 +96,7 @@ static dg_status put_moments(dg_model *m, float *const *m1, float *const *v1)
 }
 
 dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *const *m1,
-			      float *const *v1, bool graph)
+			      float *const *v1, bool graph, const dg_loss_scaler *ls)
 {
 	if (!m || !c)
 		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_optim_init: NULL argument")
@@ -102,6 +106,17 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 	dg_status st = dg_adamw_check(c, msg, sizeof(msg));
 	if (st)
 		return dg__dev_fail(dev, st, "%s", msg);
+	dg_loss_scaler sc;
+	dg_loss_scaler_defaults(&sc, false);
+	if (ls && ls->mode != DG_LOSS_SCALE_OFF) {
+		sc = *ls;
+		if (sc.mode != DG_LOSS_SCALE_DYNAMIC || sc.growth_interval < 1 || !(sc.scale > 0.0f) ||
+		    !isfinite(sc.scale))
+			return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+					    "dg_model_optim_init: loss scaler mode %u, interval %u, scale %g: "
+					    "want mode 1 (dynamic), an interval >= 1 and a finite scale > 0",
+					    sc.mode, sc.growth_interval, (double)sc.scale);
+	}
 	if (!m->tr) {
 		dg__gm_train *tr = calloc(1, sizeof(*tr));
 		if (!tr)
@@ -135,9 +150,24 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 			at += 2 * b;
 		}
 	}
-	m->tr->opt = *c;
-	m->tr->use_graph = graph;
-	return put_moments(m, m1, v1);
+	dg__gm_train *tr = m->tr;
+	if (tr->ls.mode != sc.mode) { /* the loss's node reads S or not: recapture */
+		dg_graph_destroy(tr->graph);
+		tr->graph = NULL;
+	}
+	tr->opt = *c;
+	tr->ls = sc;
+	tr->use_graph = graph;
+	/* the whole control block once: the device's half carries the
+	 * scaler's state from step to step */
+	dg_adamw_ctl ctl;
+	dg_adamw_ctl_fill(c, 0, c->lr, &ctl);
+	ctl.scaler = sc.mode;
+	ctl.growth_interval = sc.growth_interval;
+	ctl.loss_scale = sc.scale;
+	ctl.good_steps = sc.good_steps;
+	st = dg_memcpy_htod(dev, tr->ctl, &ctl, sizeof(ctl));
+	return st ? st : put_moments(m, m1, v1);
 }
 
 static dg_status tail(dg_model *m);
@@ -148,9 +178,11 @@ static dg_status body(dg_model *m, const dg_model_batch *bt)
 	dg__gm_train *tr = m->tr;
 	dg_status st = DG_OK;
 	m->step_at = tr->ctl + offsetof(dg_adamw_ctl, step);
+	m->grad_scale_at = tr->ls.mode ? tr->ctl + offsetof(dg_adamw_ctl, loss_scale) : 0;
 	for (int k = 0; k < m->t.n_nodes && !st; k++)
 		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
 	m->step_at = 0;
+	m->grad_scale_at = 0;
 	return st ? st : tail(m);
 }
 
@@ -232,9 +264,11 @@ dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t 
 	bt.train = true;
 	dg_adamw_ctl ctl;
 	dg_adamw_ctl_fill(&tr->opt, t, lr, &ctl);
+	ctl.scaler = tr->ls.mode;
+	ctl.growth_interval = tr->ls.growth_interval;
 	dg_status st = dg__gm_upload(m, &bt);
 	if (!st)
-		st = dg_memcpy_htod(dev, tr->ctl, &ctl, sizeof(ctl));
+		st = dg_memcpy_htod(dev, tr->ctl, &ctl, DG_ADAMW_CTL_HOST_BYTES);
 	if (st)
 		return st;
 	if (tr->use_graph && tr->queued > 0 && !graph_current(m, bt.seed))
@@ -261,7 +295,8 @@ dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t 
 	return st;
 }
 
-dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *norm, bool *skipped)
+dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *norm, bool *skipped,
+				dg_loss_scaler *ls)
 {
 	if (!m || !loss || !norm)
 		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_train_result: NULL argument")
@@ -282,6 +317,9 @@ dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *no
 	*norm = sl->ctl.norm;
 	if (skipped)
 		*skipped = sl->ctl.skip != 0;
+	if (ls)
+		*ls = (dg_loss_scaler){ .mode = tr->ls.mode, .growth_interval = tr->ls.growth_interval,
+					.scale = sl->ctl.loss_scale, .good_steps = sl->ctl.good_steps };
 	return DG_OK;
 }
 

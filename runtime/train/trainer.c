@@ -1,7 +1,9 @@
 /*
  * A training run (dragon/train.h): the loop over steps on the CPU model
  * or the GPU one, AdamW on the host masters (dragon/optim.h), the JSONL
- * log, checkpoints (dragon/checkpoint.h) and resuming from them.
+ * log, checkpoints (dragon/checkpoint.h) and resuming from them. With the
+ * loss scaler (the GPU only), the scaler's state is the device's, read
+ * back with each step's result into the state a checkpoint saves.
  *
  * The GPU form here returns every gradient to the host and uploads the
  * updated masters each step: correct, and the baseline the fused device
@@ -201,9 +203,20 @@ static dg_status checkpoint(run_ctx *r, int64_t n, char *path, size_t path_size,
 	return dg__msgf(st, msg, size, "step %" PRId64 ": checkpoint: %s; no checkpoint was written yet", n, why);
 }
 
+/* A JSON number, or null for one JSON has not (a skipped step's norm). */
+static void put_num(FILE *f, const char *key, double v)
+{
+	if (isfinite(v))
+		fprintf(f, ", \"%s\": %.9g", key, v);
+	else
+		fprintf(f, ", \"%s\": null", key);
+}
+
 /* Step t done (s->step is past it): its log line, a validation and a
- * checkpoint when due, the caller's report. */
-static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double norm, char *msg, size_t size)
+ * checkpoint when due, the caller's report. skipped: the loss scaler
+ * skipped its update (the scaler's state is s->scaler, after the step). */
+static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double norm, bool skipped,
+			char *msg, size_t size)
 {
 	const dg_train_opts *o = r->o;
 	dg_train_state *s = r->s;
@@ -217,9 +230,15 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 	const double te = now_s();
 	dg_train_report rp = { .step = n, .steps = o->opt.steps, .train_loss = loss, .val_loss = vl,
 			       .lr = lr, .grad_norm = norm, .tokens_per_s = (double)r->bt / (te - r->t_last),
-			       .wall_s = te - r->t0, .flops_per_token = dg_model_flops_per_token(&o->model, o->time) };
-	fprintf(r->log, "{\"step\": %" PRId64 ", \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g",
-		rp.step, rp.train_loss, (double)rp.lr, rp.grad_norm);
+			       .wall_s = te - r->t0, .flops_per_token = dg_model_flops_per_token(&o->model, o->time),
+			       .skipped = skipped, .loss_scale = o->loss_scale ? s->scaler.scale : 0.0f };
+	fprintf(r->log, "{\"step\": %" PRId64 ", \"train_loss\": %.9g, \"lr\": %.9g", rp.step,
+		rp.train_loss, (double)rp.lr);
+	put_num(r->log, "grad_norm", rp.grad_norm);
+	if (o->loss_scale)
+		fprintf(r->log, ", \"loss_scale\": %.9g", (double)rp.loss_scale);
+	if (skipped)
+		fprintf(r->log, ", \"skipped\": true");
 	if (!isnan(vl))
 		fprintf(r->log, ", \"val_loss\": %.9g", vl);
 	fprintf(r->log, ", \"tokens_per_s\": %.1f, \"wall_s\": %.3f}\n", rp.tokens_per_s, rp.wall_s);
@@ -241,10 +260,14 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 static dg_status finish_gpu(run_ctx *r, int64_t t, float lr, char *msg, size_t size)
 {
 	double loss, norm;
-	if (dg_model_train_result(r->sp->m, t, &loss, &norm, NULL))
+	bool skipped = false;
+	if (dg_model_train_result(r->sp->m, t, &loss, &norm, &skipped, &r->s->scaler))
 		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(r->o->dev));
-	dg_status st = numeric(r, t, loss, norm, msg, size);
-	return st ? st : finish(r, t, lr, loss, norm, msg, size);
+	/* with the scaler, an overflowed gradient is a skipped step (S halved
+	 * on the device); a loss that is not finite still stops the run */
+	const bool ok_skip = r->o->loss_scale && skipped && isfinite(loss);
+	dg_status st = ok_skip ? DG_OK : numeric(r, t, loss, norm, msg, size);
+	return st ? st : finish(r, t, lr, loss, norm, ok_skip, msg, size);
 }
 
 /* Asked to stop before the next step: the queued GPU step, if any, is
@@ -277,6 +300,10 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
 			      "batch %d, time %d, eval_batches %d: each must be at least 1", o->batch, o->time,
 			      o->eval_batches);
+	if (!st && !o->dev && o->loss_scale)
+		st = dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
+			      "--loss-scale dynamic: the loss scaler runs on the GPU model only; train on a GPU, "
+			      "or drop it (--loss-scale off) on the CPU");
 	if (!st && !o->dev && !dg_model_cpu_runs(&o->model))
 		st = dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
 			      "preset %s: the CPU model runs f32, w8a8 and bitnet; train it on a GPU",
@@ -306,7 +333,8 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		if ((st = dg_checkpoint_load(path, &s, msg, msg_size)))
 			return st;
 		char why[512];
-		if ((st = dg_checkpoint_match(s, &o->model, &o->opt, why, sizeof(why)))) {
+		const uint32_t mode = o->loss_scale ? DG_LOSS_SCALE_DYNAMIC : DG_LOSS_SCALE_OFF;
+		if ((st = dg_checkpoint_match(s, &o->model, &o->opt, mode, why, sizeof(why)))) {
 			dg__msgf(st, msg, msg_size, "%s: cannot resume: %s", path, why);
 			goto out;
 		}
@@ -323,6 +351,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		if ((st = dg_model_weights_create(&o->model, o->seed, &w0, msg, msg_size)) ||
 		    (st = dg_train_state_create(w0, o->seed, &o->opt, &s, msg, msg_size)))
 			goto out;
+		dg_loss_scaler_defaults(&s->scaler, o->loss_scale);
 	}
 	s->time = o->time; /* what the checkpoints record as the model's context */
 	if (!o->dev && (st = dg__model_weights_alloc(&o->model, &grads, msg, msg_size)))
@@ -337,7 +366,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	const double t0 = now_s(); /* the first step's wall time: to the first step */
 	if (o->dev && (dg_model_create(o->dev, s->weights, o->batch, o->time, &sp.m) ||
 		       dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL, o->resume ? s->v : NULL,
-					   !o->no_graph))) {
+					   !o->no_graph, &s->scaler))) {
 		st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 		goto out;
 	}
@@ -391,7 +420,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 					      s->m[p], s->v[p], n);
 			}
 			s->step = t + 1;
-			if ((st = finish(&rc, t, lr, loss, norm, msg, msg_size)))
+			if ((st = finish(&rc, t, lr, loss, norm, false, msg, msg_size)))
 				goto out;
 			continue;
 		}
