@@ -43,8 +43,10 @@
 # $PYTHON (python3) runs the PyTorch side and the report.
 #
 # When $OUT is set (the device tool's folder, brought back after each
-# call), every run's log.jsonl and run.json are copied to $OUT/quality/,
-# and the report goes to $OUT/results unless --results says where.
+# call), every run's log.jsonl and run.json go into one archive,
+# $OUT/quality-logs.tar.gz (<run>/log.jsonl, <run>/run.json; unpack it and
+# give the run folders to tools/quality.py), and the report goes to
+# $OUT/results unless --results says where.
 # Exit status: 0 done, 1 a run or the build failed, 2 usage, 3 stopped at
 # the budget (call again).
 set -uo pipefail
@@ -101,13 +103,20 @@ left() { echo $((budget - ($(date +%s) - t_start))); }
 done_run() { tail -n 1 "$1/log.jsonl" 2>/dev/null | grep -q "^{\"step\": $steps, .*\"val_loss\""; }
 gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1; }
 
+# one archive, not a file a run: the device tool brings back only so many
+# files from $OUT (the per-run copies of eight runs did not come back)
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
+  local files=() d
   for d in "$dir"/*/; do
     [ -f "$d/log.jsonl" ] || continue
-    mkdir -p "$OUT/quality/$(basename "$d")"
-    cp "$d/log.jsonl" "$d"/run.json "$OUT/quality/$(basename "$d")/" 2>/dev/null
+    d=$(basename "$d")
+    files+=("$d/log.jsonl")
+    [ -f "$dir/$d/run.json" ] && files+=("$d/run.json")
   done
+  [ ${#files[@]} -gt 0 ] || return 0
+  mkdir -p "$OUT"
+  tar -czf "$OUT/quality-logs.tar.gz" -C "$dir" "${files[@]}"
 }
 
 # run NAME CMD...: CMD under what is left of the budget; 0 done, 3 stopped, 1 failed

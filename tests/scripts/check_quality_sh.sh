@@ -7,7 +7,7 @@
 #     `report` writes the JSON; a second call skips the finished runs;
 #   - a run stopped at --budget exits 3, and the same call again resumes
 #     it from its checkpoint to the log a straight run writes;
-#   - with $OUT set the logs and the report are copied there;
+#   - with $OUT set the logs (one archive) and the report are written there;
 #   - a bad action, preset or a missing dragon are refused.
 # Exits 77 (ctest's skip) where python3 cannot import torch.
 #   tests/scripts/check_quality_sh.sh SOURCE_DIR DRAGON
@@ -79,8 +79,9 @@ grep -q -- "--resume" "$t/err" || fail "not resumed: $(cat "$t/err")"
 strip() { sed 's/, "tokens_per_s.*//' "$1"; }
 cmp -s <(strip "$t/cut/dragon-bf16-s1/log.jsonl") <(strip "$t/straight/dragon-bf16-s1/log.jsonl") ||
   fail "the resumed log differs from a straight run's"
-[ -f "$t/out-dir/quality/dragon-bf16-s1/log.jsonl" ] && [ -f "$t/out-dir/quality/dragon-bf16-s1/run.json" ] ||
-  fail "nothing copied to \$OUT"
+listed=$(tar -tzf "$t/out-dir/quality-logs.tar.gz" 2>/dev/null)
+grep -qx "dragon-bf16-s1/log.jsonl" <<<"$listed" && grep -qx "dragon-bf16-s1/run.json" <<<"$listed" ||
+  fail "the logs are not in \$OUT/quality-logs.tar.gz: $(ls -R "$t/out-dir" 2>&1)"
 
 # refusals
 "${q[@]}" frobnicate 2>/dev/null
