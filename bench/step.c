@@ -51,6 +51,19 @@ static cJSON *row(const char *impl, const char *preset, int B, int T, double ms,
 	return r;
 }
 
+/* The benches' batch: B·T fixed tokens and targets (any vocab), dropout's
+ * seed 1, training on; the same for the forward + backward rows and the
+ * training-step rows, so they time the same work. */
+static dg_model_batch bench_batch(int32_t *idx, int32_t *tgt, int B, int T, int vocab)
+{
+	for (int i = 0; i < B * T; i++) {
+		idx[i] = (i * 131 + 7) % vocab;
+		tgt[i] = (i * 71 + 3) % vocab;
+	}
+	dg_model_batch bt = { .idx = idx, .targets = tgt, .b = B, .t = T, .seed = 1, .train = true };
+	return bt;
+}
+
 /* One preset: a row, or an error row naming why it did not run. */
 static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int warmup, int reps)
 {
@@ -78,11 +91,7 @@ static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int w
 		dg_event_destroy(e0);
 		goto fail_dev;
 	}
-	for (int i = 0; i < B * T; i++) {
-		idx[i] = (i * 131 + 7) % c.vocab;
-		tgt[i] = (i * 71 + 3) % c.vocab;
-	}
-	dg_model_batch bt = { .idx = idx, .targets = tgt, .b = B, .t = T, .seed = 1, .train = true };
+	dg_model_batch bt = bench_batch(idx, tgt, B, T, c.vocab);
 	dg_status st = DG_OK;
 	for (int i = 0; i < warmup && !st; i++)
 		st = dg_model_run(m, &bt, true);
@@ -176,11 +185,7 @@ static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int wa
 		dg_event_destroy(e0);
 		goto fail_dev;
 	}
-	for (int i = 0; i < B * T; i++) {
-		idx[i] = (i * 131 + 7) % c.vocab;
-		tgt[i] = (i * 71 + 3) % c.vocab;
-	}
-	dg_model_batch bt = { .idx = idx, .targets = tgt, .b = B, .t = T, .seed = 1, .train = true };
+	dg_model_batch bt = bench_batch(idx, tgt, B, T, c.vocab);
 	dg_status st = DG_OK;
 	int64_t t = 0;
 	double loss = 0, norm = 0;
