@@ -19,7 +19,8 @@
  *     and keeps the previous checkpoint; kill -9 at 20 moments, many of
  *     them mid-write, always leaves a loadable newest checkpoint that
  *     --resume continues from, to the straight log and the same bytes;
- *     a second ^C during the stop's checkpoint kills the run, safely;
+ *     a second ^C during the stop's checkpoint kills the run, safely, but
+ *     one SIGTERM sent twice by one process (timeout(1)) is one request;
  *   - on a terminal, the progress line (no MFU on the CPU).
  */
 #define _XOPEN_SOURCE 700 /* posix_openpt, ptsname */
@@ -287,6 +288,41 @@ Test(cli_train, sigint_and_sigterm_checkpoint_and_resume)
 	sandbox_fini(&sb);
 }
 
+/*
+ * One SIGTERM sent twice by the same process, as timeout(1) sends it (to
+ * its child, then to its process group): one request, so the run still
+ * stops with its checkpoint (exit 143), whether the two arrive together
+ * or 5 ms apart (the first handled before the second comes); before, the
+ * second took the default action and the run died without one.
+ */
+Test(cli_train, sigterm_twice_from_one_sender_is_one_request)
+{
+	sandbox sb;
+	run r;
+	char data[600], b[600], ck[700];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	static const useconds_t gaps[2] = { 0, 5000 };
+	for (int k = 0; k < 2; k++) {
+		snprintf(b, sizeof(b), "%s/b%d", sb.root, k);
+		const char *args[] = { "train", LONG_RUN, "--data", data, "--out", b, NULL };
+		pid_t pid = spawn_gen(&sb, args);
+		wait_for_lines(b, 5, pid);
+		cr_assert_eq(kill(pid, SIGTERM), 0);
+		if (gaps[k])
+			usleep(gaps[k]);
+		kill(pid, SIGTERM); /* ESRCH if the run has ended already */
+		collect(&sb, pid, &r);
+		expect_one_line_error(&r, 128 + SIGTERM, "; resume with --resume");
+		long long n = interrupted_at(&r, ck, sizeof(ck));
+		run_free(&r);
+		cr_assert_eq(last_logged(b), n, "gap %u us", (unsigned)gaps[k]);
+		cr_assert_eq(ckpt_step(ck), n, "gap %u us", (unsigned)gaps[k]);
+	}
+	sandbox_fini(&sb);
+}
+
 /* Bytes of a file (NULL if it is missing). */
 static char *bytes_of(const char *path, size_t *n)
 {
@@ -520,8 +556,9 @@ static bool temp_or_end(const char *dir, pid_t pid, int *ended)
 /*
  * ^C twice, the second while the first one's checkpoint is being written
  * (the run checkpoints every 5 steps; the first ^C comes past step 6, so
- * the stop writes one of its own): the handler is one-shot, so the second
- * kills the run by SIGINT midway through the save. Exit 130 either way;
+ * the stop writes one of its own), the second from another process (as a
+ * terminal's ^C or another shell's kill): a second request, so it kills
+ * the run by SIGINT midway through the save. Exit 130 either way;
  * the newest complete checkpoint loads, and --resume finishes the run to
  * the straight log. Whether the second signal landed mid-write depends on
  * the timing of the save (its hash, write and fsync); it is printed, not
@@ -552,7 +589,13 @@ Test(cli_train, second_sigint_during_the_checkpoint)
 	const bool twice = ended == -1;
 	int code;
 	if (twice) {
-		cr_assert_eq(kill(pid, SIGINT), 0);
+		pid_t sender = fork();
+		cr_assert_geq(sender, 0);
+		if (sender == 0)
+			_exit(kill(pid, SIGINT) ? 1 : 0);
+		int ss;
+		cr_assert_eq(waitpid(sender, &ss, 0), sender);
+		cr_assert(WIFEXITED(ss) && WEXITSTATUS(ss) == 0, "the second ^C's sender failed");
 		collect(&sb, pid, &r);
 		code = r.code; /* 130 too when the second ^C killed it */
 		run_free(&r);

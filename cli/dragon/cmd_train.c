@@ -9,9 +9,12 @@
  *
  * SIGINT and SIGTERM ask the run to stop: the handler only sets a flag,
  * which the trainer reads between steps; it checkpoints the steps done
- * and returns, and the command exits 128 + the signal (130 for ^C). The
- * handler is a one-shot (SA_RESETHAND): a second ^C kills the process at
- * once, which is safe, since every checkpoint is published atomically.
+ * and returns, and the command exits 128 + the signal (130 for ^C). A
+ * second signal kills the process at once (a second ^C), which is safe,
+ * since every checkpoint is published atomically; but not a repeat from
+ * the same process within a second, which is the same request sent twice:
+ * timeout(1) signals its child and then its whole process group, so the
+ * child of `timeout 3600 dragon train` gets each SIGTERM twice.
  */
 #include <errno.h>
 #include <math.h>
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/dragon/cmd.h"
@@ -246,23 +250,43 @@ static void progress(const dg_train_report *r, void *user)
 }
 
 /* The signal that asked the run to stop (SIGINT, SIGTERM), 0 none: the
- * handler's only effect; the trainer reads it between steps. */
+ * handler's only effect; the trainer reads it between steps. The sender
+ * of that first signal (0: the kernel, a terminal's ^C) and its time tell
+ * a repeat of the same request from a second one. */
 static volatile sig_atomic_t stop_signal;
+static pid_t stop_from;
+static struct timespec stop_at;
 
-static void on_stop(int sig)
+static void on_stop(int sig, siginfo_t *si, void *ctx)
 {
-	stop_signal = sig;
+	(void)ctx;
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	const pid_t from = si && si->si_code == SI_USER ? si->si_pid : 0;
+	if (!stop_signal) {
+		stop_from = from;
+		stop_at = now;
+		stop_signal = sig;
+		return;
+	}
+	const double dt = (double)(now.tv_sec - stop_at.tv_sec) + 1e-9 * (double)(now.tv_nsec - stop_at.tv_nsec);
+	if (from && from == stop_from && dt < 1.0)
+		return; /* the same request again (timeout(1): the child, then its group) */
+	signal(sig, SIG_DFL); /* a second request: the default action, once this handler returns */
+	raise(sig);
 }
 
-/* Installs on_stop for SIGINT and SIGTERM, once each (a second signal
- * takes the default action), keeping the old actions in old[2]. */
+/* Installs on_stop for SIGINT and SIGTERM (each blocking both while it
+ * runs), keeping the old actions in old[2]. */
 static void catch_stop(struct sigaction old[2])
 {
 	struct sigaction sa;
 	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_stop;
+	sa.sa_sigaction = on_stop;
 	sigemptyset(&sa.sa_mask);
-	sa.sa_flags = SA_RESETHAND | SA_RESTART;
+	sigaddset(&sa.sa_mask, SIGINT);
+	sigaddset(&sa.sa_mask, SIGTERM);
+	sa.sa_flags = SA_SIGINFO | SA_RESTART;
 	stop_signal = 0;
 	sigaction(SIGINT, &sa, &old[0]);
 	sigaction(SIGTERM, &sa, &old[1]);

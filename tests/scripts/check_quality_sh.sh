@@ -69,7 +69,7 @@ assert len(r["runs"]) == 8 and all(x["steps"] == 30 for x in r["runs"]), r["runs
   "$t/res/quality-cpu-$(date -u +%F).json" || fail "the report: $(cat "$t/out" "$t/err")"
 
 # stopped at the budget, then resumed to a straight run's log (timing aside)
-QUALITY_MIN_S=0 "${q[@]}" dragon --dir "$t/cut" --steps 3000 --seeds 1 --presets bf16 --budget 2 2>"$t/err"
+QUALITY_MIN_S=0 "${q[@]}" dragon --dir "$t/cut" --steps 3000 --seeds 1 --presets bf16 --budget 4 2>"$t/err"
 [ $? -eq 3 ] && grep -q "stopped at the budget" "$t/err" || fail "no stop at the budget: $(cat "$t/err")"
 ls "$t/cut/dragon-bf16-s1"/ckpt-*.safetensors >/dev/null 2>&1 || fail "no checkpoint to resume: $(cat "$t/err")"
 OUT="$t/out-dir" "${q[@]}" dragon --dir "$t/cut" --steps 3000 --seeds 1 --presets bf16 2>"$t/err" ||
