@@ -263,6 +263,31 @@ dg_status dg_model_profile(dg_model *m, const dg_model_batch *batch, dg_model_ti
  * read-back (what a bench times and a training loop builds on). */
 dg_status dg_model_run(dg_model *m, const dg_model_batch *batch, bool backward);
 
+/* ---- the model under a framework's optimizer -------------------------------
+ * A framework (PyTorch, through dragon/ffi.h) that owns the optimizer
+ * aliases the model's own buffers: the f32 masters it updates in place,
+ * the gradients a backward writes, the loss. After it has changed the
+ * masters, dg_model_sync_copies remakes what the kernels read from them
+ * (the layouts, the codes and scales of a low-bit recipe, the bf16
+ * decoder copy) on the calling thread's stream. */
+
+/* Param p's master and gradient on the device (f32, the param's shape). */
+dg_status dg_model_param_buffers(const dg_model *m, dg_model_param p, dg_dptr *master,
+				 dg_dptr *grad);
+/* The device float the last run's loss is in, and the int32 flag a token
+ * outside the vocabulary sets (dg_model_run_device). */
+dg_dptr dg_model_loss_addr(const dg_model *m);
+dg_dptr dg_model_bad_addr(const dg_model *m);
+/* The execution copies remade from the masters on the device, queued. */
+dg_status dg_model_sync_copies(dg_model *m);
+/* dg_model_run with the tokens and targets ((b, t) int32) on the device:
+ * copied on the stream, not checked on the host (a bad token makes its
+ * row harmless and sets the flag at dg_model_bad_addr, which the caller
+ * reads when it reads the loss). batch's idx and targets are ignored; its
+ * b, t, seed, step and train are used. */
+dg_status dg_model_run_device(dg_model *m, const dg_model_batch *batch, dg_dptr idx, dg_dptr targets,
+			      bool backward);
+
 /* ---- training on the GPU ----------------------------------------------------
  * AdamW beside the model (dragon/optim.h): its moments on the device, the
  * step's scalars in a control block on the device (dg_adamw_ctl), one

@@ -433,6 +433,84 @@ dg_status dg_model_step(dg_model *m, const dg_model_batch *bt, double *loss, dg_
 	return st;
 }
 
+/* ---- under a framework's optimizer -------------------------------------------- */
+
+dg_status dg_model_param_buffers(const dg_model *m, dg_model_param p, dg_dptr *master, dg_dptr *grad)
+{
+	if (!m || (unsigned)p >= DG_MODEL_N_PARAMS)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_param_buffers: param %d: not 0..%d",
+					(int)p, DG_MODEL_N_PARAMS - 1)
+			 : DG_ERR_INVALID_ARG;
+	if (master)
+		*master = dg__gm_addr(m, m->id.params[p]);
+	if (grad)
+		*grad = dg__gm_addr(m, m->id.grads[p]);
+	return DG_OK;
+}
+
+dg_dptr dg_model_loss_addr(const dg_model *m)
+{
+	return m ? dg__gm_addr(m, m->id.loss) : 0;
+}
+
+dg_dptr dg_model_bad_addr(const dg_model *m)
+{
+	return m ? dg__gm_addr(m, m->id.bad) : 0;
+}
+
+/* The bf16 copy of the decoder's master in its own layout (dec_fwd) from
+ * the master on the device: a transpose whose moved axis has length 1
+ * ((H·N, D, 1) to (H·N, 1, D): the same layout), which rounds to bf16 as
+ * the update's copy does. */
+static dg_status dec_fwd_copy(dg_model *m)
+{
+	dg_spec s = dg__gm_op_spec(m, DG_OP_TRANSPOSE);
+	s.act = DG_FMT_BF16;
+	s.embd = m->D;
+	s.latent = 1;
+	dg_spec_normalize(&s);
+	const int64_t rows = (int64_t)m->H * m->N;
+	dg_tensor i = dg_tensor_3d("decoder", DG_FMT_F32, dg__gm_addr(m, m->id.params[DG_PARAM_DECODER]), rows,
+				   m->D, 1);
+	dg_tensor o = dg_tensor_3d("decoder (bf16)", DG_FMT_BF16, dg__gm_addr(m, m->id.dec_fwd), rows, 1, m->D);
+	dg_transpose_args a = { .in = &i, .out = &o };
+	return dg_transpose(m->dev, &s, &a);
+}
+
+dg_status dg_model_sync_copies(dg_model *m)
+{
+	if (!m)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = DG_OK;
+	for (int k = 0; k < 3 && !st; k++)
+		st = dg__gm_make_copy(m, k);
+	if (!st && m->id.dec_fwd >= 0)
+		st = dec_fwd_copy(m);
+	return st;
+}
+
+dg_status dg_model_run_device(dg_model *m, const dg_model_batch *bt, dg_dptr idx, dg_dptr targets, bool backward)
+{
+	if (!m || !bt || !idx || !targets)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_run_device: NULL argument")
+			 : DG_ERR_INVALID_ARG;
+	dg_device *dev = m->dev;
+	if (bt->b != m->B || bt->t != m->T)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "batch %dx%d: the model was planned for %dx%d (B x T)", bt->b, bt->t,
+				    m->B, m->T);
+	const size_t bytes = (size_t)m->B * (size_t)m->T * 4;
+	dg_status st = dg_memcpy_dtod(dev, dg__gm_tn(m, m->id.tokens).data, idx, bytes);
+	if (!st)
+		st = dg_memcpy_dtod(dev, dg__gm_tn(m, m->id.targets).data, targets, bytes);
+	if (!st)
+		st = dg_memset8(dev, dg__gm_tn(m, m->id.bad).data, 0, 4);
+	int end = backward ? m->t.n_nodes : m->t.n_forward;
+	for (int k = 0; k < end && !st; k++)
+		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
+	return st;
+}
+
 /* ---- logits ------------------------------------------------------------------ */
 
 /* The forward (dropout off; zero targets when the batch has none: the

@@ -1,0 +1,384 @@
+/*
+ * The flat door of dragon/ffi.h: specs as handles, every op through the
+ * ops' one generic call (the op table's tensor order, dg__op_call's
+ * scalars), and the BDH model with its buffers handed out by address.
+ * A layer above training: it only translates, every check and message is
+ * the layers' below.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/msg.h"
+#include "dragon/ffi.h"
+#include "dragon/tensor.h"
+#include "runtime/ops/ops_int.h"
+
+int dg_ffi_version(void)
+{
+	return DG_FFI_VERSION;
+}
+
+/* ---- specs ------------------------------------------------------------------ */
+
+dg_status dg_ffi_spec_parse(const char *text, dg_spec **out, char *msg, size_t msg_size)
+{
+	if (!text || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_spec_parse: NULL argument");
+	*out = NULL;
+	dg_spec *s = malloc(sizeof(*s));
+	if (!s)
+		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+	dg_status st = dg_spec_parse(text, s, msg, msg_size);
+	if (st) {
+		free(s);
+		return st;
+	}
+	*out = s;
+	return DG_OK;
+}
+
+void dg_ffi_spec_free(dg_spec *s)
+{
+	free(s);
+}
+
+dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size)
+{
+	return s ? dg_spec_to_string(s, buf, size) : DG_ERR_INVALID_ARG;
+}
+
+/* ---- ops --------------------------------------------------------------------- */
+
+static int64_t dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r)
+{
+	switch (d) {
+	case DG_DIM_B:
+		return b;
+	case DG_DIM_T:
+		return t;
+	case DG_DIM_R:
+		return r;
+	case DG_DIM_H:
+		return s->heads;
+	case DG_DIM_HIN:
+		return s->in_heads;
+	case DG_DIM_E:
+		return s->embd;
+	case DG_DIM_L:
+		return s->latent;
+	case DG_DIM_HL:
+		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
+	default:
+		return 1;
+	}
+}
+
+dg_status dg_ffi_op_args(const dg_spec *s, int64_t b, int64_t t, int64_t r, dg_ffi_tensor *out,
+			 int32_t *output, int32_t *optional, int32_t *n, char *msg, size_t msg_size)
+{
+	if (!s || !out || !n)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_op_args: NULL argument");
+	*n = 0;
+	const dg_op_info *info = dg_op_info_of(s->op);
+	if (!info)
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, msg_size, "dg_ffi_op_args: no such op");
+	int k = 0;
+	for (int i = 0; i < info->n_args; i++) {
+		if (!dg_op_arg_used(s, i))
+			continue;
+		const dg_op_arg *a = &info->args[i];
+		dg_ffi_tensor *o = &out[k];
+		memset(o, 0, sizeof(*o));
+		o->name = a->name;
+		o->fmt = (int32_t)dg_op_arg_fmt(s, a->fmt);
+		o->ndim = a->ndim;
+		for (int d = 0; d < a->ndim; d++) {
+			const dg_dim dd = a->dims[d];
+			int64_t e = dim_extent(s, dd, b, t, r);
+			if ((dd == DG_DIM_B || dd == DG_DIM_T || dd == DG_DIM_R) && e < 1)
+				return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+						"%s: %s's %s is %lld: must be at least 1", dg_op_name(s->op), a->name,
+						dd == DG_DIM_B ? "B" : dd == DG_DIM_T ? "T" : "R", (long long)e);
+			o->shape[d] = e;
+		}
+		if (output)
+			output[k] = a->output;
+		if (optional)
+			optional[k] = a->optional;
+		k++;
+	}
+	*n = k;
+	return DG_OK;
+}
+
+/* The generic call of s's op from the caller's tensors (n: the used ones,
+ * in order) and options, into c (tensors into ts). */
+static dg_status call_of(const dg_spec *s, const dg_ffi_tensor *t, int32_t n, const dg_ffi_opts *o,
+			 dg_tensor ts[DG_OP_MAX_ARGS], dg__op_call *c, char *msg, size_t msg_size)
+{
+	memset(c, 0, sizeof(*c));
+	const dg_op_info *info = s ? dg_op_info_of(s->op) : NULL;
+	if (!info)
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, msg_size, "dg_ffi_op: no spec or no such op");
+	int used = 0;
+	for (int i = 0; i < info->n_args; i++)
+		used += dg_op_arg_used(s, i);
+	if (n != used || (n && !t)) {
+		char names[256] = "";
+		for (int i = 0, k = 0; i < info->n_args; i++)
+			if (dg_op_arg_used(s, i)) {
+				size_t len = strlen(names);
+				snprintf(names + len, sizeof(names) - len, "%s%s", k++ ? ", " : "", info->args[i].name);
+			}
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s takes %d tensors (%s), got %d",
+				dg_op_name(s->op), used, names, (int)n);
+	}
+	for (int i = 0, k = 0; i < info->n_args; i++) {
+		if (!dg_op_arg_used(s, i))
+			continue;
+		const dg_ffi_tensor *f = &t[k++];
+		if (!f->data && info->args[i].optional)
+			continue;
+		if (f->ndim < 1 || f->ndim > DG_TENSOR_MAX_DIMS)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: %d dimensions: must be 1 to %d",
+					f->name ? f->name : info->args[i].name, (int)f->ndim, DG_TENSOR_MAX_DIMS);
+		if (f->fmt < 0 || f->fmt >= DG_FMT__COUNT)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: format %d: no such format",
+					f->name ? f->name : info->args[i].name, (int)f->fmt);
+		dg_tensor *d = &ts[i];
+		memset(d, 0, sizeof(*d));
+		d->name = f->name ? f->name : info->args[i].name;
+		d->fmt = (dg_fmt)f->fmt;
+		d->ndim = f->ndim;
+		for (int j = 0; j < f->ndim; j++) {
+			d->shape[j] = f->shape[j];
+			d->stride[j] = f->stride[j];
+		}
+		d->data = f->data;
+		d->scale = f->scale;
+		c->t[i] = d;
+	}
+	if (o) {
+		c->ws.ptr = o->ws;
+		c->ws.bytes = o->ws_bytes;
+		c->absum = o->absum;
+		c->splits = o->splits;
+		c->accumulate = o->accumulate != 0;
+		c->unpack = o->unpack != 0;
+		c->backward = o->backward != 0;
+		c->eps = o->eps;
+		c->bad = o->bad;
+		c->grad_scale = o->grad_scale;
+		c->p = o->p;
+		c->seed = o->seed;
+		c->step = o->step;
+		c->layer = o->layer;
+		c->step_at = o->step_at;
+		c->ctl = o->ctl;
+		c->copy = o->copy;
+		c->decay = o->decay != 0;
+	}
+	return DG_OK;
+}
+
+dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n, const dg_ffi_opts *o,
+			  char *msg, size_t msg_size)
+{
+	dg_tensor ts[DG_OP_MAX_ARGS];
+	dg__op_call c;
+	dg_status st = call_of(s, t, n, o, ts, &c, msg, msg_size);
+	return st ? st : dg__op_check(s, s->op, dg_op_name(s->op), &c, NULL, msg, msg_size);
+}
+
+dg_status dg_ffi_op_workspace(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+			      const dg_ffi_opts *o, uint64_t *bytes)
+{
+	if (!dev || !bytes)
+		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_ffi_op_workspace: NULL argument")
+			   : DG_ERR_INVALID_ARG;
+	*bytes = 0;
+	dg_tensor ts[DG_OP_MAX_ARGS];
+	dg__op_call c;
+	char msg[512];
+	dg_status st = call_of(s, t, n, o, ts, &c, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail(dev, st, "%s", msg);
+	size_t b = 0;
+	st = dg__op_workspace(dev, s, &c, &b);
+	*bytes = b;
+	return st;
+}
+
+dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+			const dg_ffi_opts *o)
+{
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_tensor ts[DG_OP_MAX_ARGS];
+	dg__op_call c;
+	char msg[512];
+	dg_status st = call_of(s, t, n, o, ts, &c, msg, sizeof(msg));
+	return st ? dg__dev_fail(dev, st, "%s", msg) : dg__op_run(dev, s, &c);
+}
+
+/* ---- the model ------------------------------------------------------------------ */
+
+struct dg_ffi_model {
+	dg_device *dev;            /* NULL: the CPU model */
+	dg_model_config c;
+	int b, t;
+	dg_model_weights *w;       /* the CPU model's masters (a GPU model's initial ones) */
+	dg_model_weights *g;       /* the CPU model's gradients */
+	dg_model *gm;              /* the GPU model */
+	float loss;                /* the CPU model's last loss */
+};
+
+dg_status dg_ffi_model_create(dg_device *dev, const char *preset, const dg_ffi_model_sizes *sz, int32_t b,
+			      int32_t t, uint64_t seed, dg_ffi_model **out, char *msg, size_t msg_size)
+{
+	if (!preset || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_create: NULL argument");
+	*out = NULL;
+	dg_model_config c;
+	dg_status st = dg_model_preset(preset, &c, msg, msg_size);
+	if (st)
+		return st;
+	if (sz) {
+		if (sz->layers)
+			c.layers = sz->layers;
+		if (sz->embd)
+			c.embd = sz->embd;
+		if (sz->heads)
+			c.heads = sz->heads;
+		if (sz->neurons)
+			c.neurons = sz->neurons;
+		if (sz->vocab)
+			c.vocab = sz->vocab;
+		if (sz->dropout >= 0)
+			c.dropout = sz->dropout;
+	}
+	if ((st = dg_model_config_check(&c, msg, msg_size)))
+		return st;
+	if (b < 1 || t < 1)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "batch %dx%d: B and T must be at least 1", (int)b,
+				(int)t);
+	if (!dev && !dg_model_cpu_runs(&c))
+		return dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
+				"preset %s: the CPU model runs f32, w8a8 and bitnet only (this one needs a GPU)",
+				preset);
+	dg_ffi_model *m = calloc(1, sizeof(*m));
+	if (!m)
+		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+	m->dev = dev;
+	m->c = c;
+	m->b = b;
+	m->t = t;
+	st = dg_model_weights_create(&c, seed, &m->w, msg, msg_size);
+	if (!st && !dev)
+		st = dg_model_weights_create(&c, seed, &m->g, msg, msg_size);
+	if (!st && dev) {
+		st = dg_model_create(dev, m->w, b, t, &m->gm);
+		if (st)
+			snprintf(msg, msg_size, "%s", dg_device_errmsg(dev));
+		dg_model_weights_destroy(m->w); /* the masters live on the device */
+		m->w = NULL;
+	}
+	if (st) {
+		dg_ffi_model_destroy(m);
+		return st;
+	}
+	*out = m;
+	return DG_OK;
+}
+
+void dg_ffi_model_destroy(dg_ffi_model *m)
+{
+	if (!m)
+		return;
+	dg_model_destroy(m->gm);
+	dg_model_weights_destroy(m->w);
+	dg_model_weights_destroy(m->g);
+	free(m);
+}
+
+const dg_model_config *dg_ffi_model_config(const dg_ffi_model *m)
+{
+	return m ? &m->c : NULL;
+}
+
+dg_status dg_ffi_model_param(const dg_ffi_model *m, int32_t p, const char **name, int32_t *ndim,
+			     int64_t shape[3], uint64_t *master, uint64_t *grad)
+{
+	if (!m || p < 0 || p >= DG_MODEL_N_PARAMS)
+		return DG_ERR_INVALID_ARG;
+	int nd = 0;
+	int64_t sh[3] = { 0, 0, 0 };
+	dg_model_param_shape(&m->c, (dg_model_param)p, &nd, sh);
+	if (name)
+		*name = dg_model_param_name((dg_model_param)p);
+	if (ndim)
+		*ndim = nd;
+	if (shape)
+		memcpy(shape, sh, sizeof(sh));
+	dg_dptr mp = 0, gp = 0;
+	if (m->gm) {
+		dg_status st = dg_model_param_buffers(m->gm, (dg_model_param)p, &mp, &gp);
+		if (st)
+			return st;
+	} else {
+		mp = (uint64_t)(uintptr_t)m->w->params[p];
+		gp = (uint64_t)(uintptr_t)m->g->params[p];
+	}
+	if (master)
+		*master = mp;
+	if (grad)
+		*grad = gp;
+	return DG_OK;
+}
+
+uint64_t dg_ffi_model_loss(const dg_ffi_model *m)
+{
+	if (!m)
+		return 0;
+	return m->gm ? dg_model_loss_addr(m->gm) : (uint64_t)(uintptr_t)&m->loss;
+}
+
+uint64_t dg_ffi_model_bad(const dg_ffi_model *m)
+{
+	return m && m->gm ? dg_model_bad_addr(m->gm) : 0;
+}
+
+dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int32_t tokens_on_device,
+			   uint64_t seed, uint32_t step, int32_t train, int32_t backward, char *msg,
+			   size_t msg_size)
+{
+	if (!m || !idx || !targets)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_run: NULL argument");
+	dg_model_batch bt = { .idx = tokens_on_device ? NULL : (const int32_t *)(uintptr_t)idx,
+			      .targets = tokens_on_device ? NULL : (const int32_t *)(uintptr_t)targets,
+			      .b = m->b,
+			      .t = m->t,
+			      .seed = seed,
+			      .step = step,
+			      .train = train != 0 };
+	if (!m->gm) {
+		if (tokens_on_device)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+					"tokens on a device: this model runs on the CPU");
+		double loss = 0;
+		dg_status st = dg_model_cpu_step(m->w, &bt, &loss, backward ? m->g : NULL, msg, msg_size);
+		if (!st)
+			m->loss = (float)loss;
+		return st;
+	}
+	dg_status st = dg_model_sync_copies(m->gm);
+	if (!st)
+		st = tokens_on_device ? dg_model_run_device(m->gm, &bt, idx, targets, backward != 0)
+				      : dg_model_run(m->gm, &bt, backward != 0);
+	if (st)
+		snprintf(msg, msg_size, "%s", dg_device_errmsg(m->dev));
+	return st;
+}

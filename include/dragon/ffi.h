@@ -1,0 +1,168 @@
+/*
+ * dragon — a flat door for foreign callers (Python's ctypes, Julia's
+ * ccall, ...): every op of the op table through one call, and the BDH
+ * model with its weights and gradients where a framework can alias them.
+ *
+ * Nothing here has a layout a caller must guess: tensors and options are
+ * plain structs of fixed-size fields (dg_ffi_tensor, dg_ffi_opts, no
+ * enums, no bools), specs and models are opaque handles, and a version
+ * number says which layout this is (dg_ffi_version). The op door is the
+ * one every typed op of dragon/ops.h is turned into: an op's tensors in
+ * the op table's order (dg_ffi_op_args lists them, with the formats and
+ * shapes the spec gives them at a call's B, T or R, so a caller allocates
+ * outputs from it), its scalars in dg_ffi_opts, the checks and messages
+ * the typed ops have. Work goes to the calling thread's stream
+ * (dg_device_set_stream: PyTorch's current stream, say).
+ *
+ * The model: dg_ffi_model is a BDH model of a preset at a batch shape, on
+ * a device or (dev NULL) the CPU model. Its f32 masters and gradients are
+ * its own memory, handed out by address (device addresses on the GPU,
+ * host pointers on the CPU) for a framework to wrap without a copy
+ * (DLPack): the framework's optimizer updates the masters in place, and
+ * the next run remakes the execution copies (codes, scales, layouts)
+ * from them before its forward.
+ */
+#ifndef DRAGON_FFI_H
+#define DRAGON_FFI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "runtime.h"
+#include "spec.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The layout of the structs below; a caller checks it at load. */
+#define DG_FFI_VERSION 1
+int dg_ffi_version(void);
+
+/* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
+ * (dg_fmt_from_name gives it), stride in elements (all 0: contiguous),
+ * name for messages (may be NULL: the op table's name is used). */
+typedef struct dg_ffi_tensor {
+	const char *name;
+	int32_t fmt;
+	int32_t ndim;
+	int64_t shape[4];
+	int64_t stride[4];
+	uint64_t data;
+	uint64_t scale;
+} dg_ffi_tensor;
+
+/* The non-tensor arguments of an op call (dragon/ops.h names what each op
+ * reads; zero is every default). */
+typedef struct dg_ffi_opts {
+	uint64_t ws, ws_bytes;   /* workspace (dg_ffi_op_workspace sizes it) */
+	uint64_t absum;          /* lowrank_fwd: += Σ|y| into this float, or 0 */
+	uint64_t bad;            /* embed_fwd, lmhead_ce: int32 flag, or 0 */
+	uint64_t grad_scale;     /* lmhead_ce: device float dlogits are scaled by, or 0 */
+	uint64_t step_at;        /* gate ops: device uint32 added to step, or 0 */
+	uint64_t ctl, copy;      /* adamw_update: control block, bf16 copy of p */
+	uint64_t seed;           /* gate ops: dropout seed */
+	float eps;               /* layernorm_fwd, resid_ln_fwd */
+	float p;                 /* gate ops: dropout probability */
+	uint32_t step, layer;    /* gate ops */
+	int32_t splits;          /* lowrank_grad_input: 0 the runtime's choice */
+	int32_t accumulate;      /* grad_weight ops, embed_bwd, the norms' bwd, lmhead_ce */
+	int32_t unpack;          /* pack ops: packed → codes */
+	int32_t backward;        /* lmhead_ce: dx and dw too */
+	int32_t decay;           /* adamw_update */
+	int32_t reserved;
+} dg_ffi_opts;
+
+/* ---- specs ------------------------------------------------------------------ */
+
+/* Parses spec text (dg_spec_parse's rules, the op's defaults for what is
+ * left out) into a new handle; free it with dg_ffi_spec_free. */
+dg_status dg_ffi_spec_parse(const char *text, dg_spec **out, char *msg, size_t msg_size);
+void dg_ffi_spec_free(dg_spec *s); /* NULL is fine */
+/* The canonical text (DG_SPEC_TEXT_MAX is always enough). */
+dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size);
+
+/* ---- ops --------------------------------------------------------------------- */
+
+/*
+ * The tensors a call of s's op takes, in the op table's order, those the
+ * spec's epilogue uses only (dg_op_arg_used): into out[] (at most
+ * DG_OP_MAX_ARGS), *n how many; output[i] 1 for the ones the op writes
+ * (an in-place one included), optional[i] 1 for those a call may leave
+ * out. Each gets its name, format and shape with B, T and R (the call's
+ * sizes) filled in; an argument of any shape (the quantizers') has ndim
+ * 0. data and scale are 0. B, T or R below 1 where the op has them is
+ * DG_ERR_INVALID_ARG.
+ */
+dg_status dg_ffi_op_args(const dg_spec *s, int64_t b, int64_t t, int64_t r, dg_ffi_tensor *out,
+			 int32_t *output, int32_t *optional, int32_t *n, char *msg, size_t msg_size);
+
+/* The checks of a call without a device: the tensors (n of them, in
+ * dg_ffi_op_args's order; data 0 where an optional one is left out)
+ * against the spec, one line naming the tensor on failure. */
+dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+			  const dg_ffi_opts *o, char *msg, size_t msg_size);
+/* The workspace bytes the call needs on dev. */
+dg_status dg_ffi_op_workspace(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+			      const dg_ffi_opts *o, uint64_t *bytes);
+/* Checks, then launches on the calling thread's stream; errors on the
+ * device (dg_device_errmsg). */
+dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+			const dg_ffi_opts *o);
+
+/* ---- the model ------------------------------------------------------------------ */
+
+typedef struct dg_ffi_model dg_ffi_model;
+
+/* The sizes of a model; 0 keeps the preset's. */
+typedef struct dg_ffi_model_sizes {
+	int32_t layers, embd, heads, neurons, vocab;
+	float dropout; /* < 0 keeps the preset's */
+} dg_ffi_model_sizes;
+
+/*
+ * A BDH model of `preset` (dg_model_preset) with sizes (NULL: the 25M
+ * ones), weights initialized from seed as the reference does, for
+ * batches of (b, t): on dev, or on the CPU (dev NULL; the recipes
+ * dg_model_cpu_runs takes).
+ */
+dg_status dg_ffi_model_create(dg_device *dev, const char *preset, const dg_ffi_model_sizes *sizes,
+			      int32_t b, int32_t t, uint64_t seed, dg_ffi_model **out, char *msg,
+			      size_t msg_size);
+void dg_ffi_model_destroy(dg_ffi_model *m); /* NULL is fine */
+/* The config (its preset, recipe and sizes). */
+const dg_model_config *dg_ffi_model_config(const dg_ffi_model *m);
+
+/* Param p (dg_model_param order): its reference name, shape, and the
+ * addresses of its f32 master and gradient (device addresses on a GPU
+ * model, host pointers on the CPU one). */
+dg_status dg_ffi_model_param(const dg_ffi_model *m, int32_t p, const char **name, int32_t *ndim,
+			     int64_t shape[3], uint64_t *master, uint64_t *grad);
+/* Where the last run's loss (one f32) is: a device address, or a host
+ * pointer on the CPU model. */
+uint64_t dg_ffi_model_loss(const dg_ffi_model *m);
+
+/*
+ * One forward (backward: and backward, the gradients overwritten) of a
+ * batch of the model's (b, t): the execution copies remade from the
+ * masters first (they may have changed), then the nodes queued on the
+ * calling thread's stream (the CPU model runs it before returning).
+ * idx, targets: (b, t) int32 tokens on the host (checked there against
+ * the vocabulary) or, tokens_on_device 1, device addresses (copied on
+ * the stream; a token outside the vocabulary then makes its row harmless
+ * and sets the flag at dg_ffi_model_bad). seed, step: the dropout's;
+ * train 0 turns it off.
+ */
+dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int32_t tokens_on_device,
+			   uint64_t seed, uint32_t step, int32_t train, int32_t backward, char *msg,
+			   size_t msg_size);
+/* A GPU model's int32 flag a device-side run sets on a bad token (0 on
+ * the CPU model). */
+uint64_t dg_ffi_model_bad(const dg_ffi_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DRAGON_FFI_H */

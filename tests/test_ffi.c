@@ -1,0 +1,352 @@
+/*
+ * dragon/ffi.h, the flat door foreign callers use:
+ *   - specs parse into handles, with the parser's messages;
+ *   - dg_ffi_op_args lists each op's tensors with the spec's formats and
+ *     the call's shapes (every op of the table, at two sizes);
+ *   - dg_ffi_op_check refuses a wrong shape, format, count or a
+ *     non-contiguous tensor by name, and passes a right call, without a
+ *     device;
+ *   - the CPU model: its params are the reference's names and shapes, a
+ *     run's loss and gradients are dg_model_cpu_step's, a master changed
+ *     in place is what the next run sees, bad tokens and presets the CPU
+ *     does not run are refused;
+ *   - on a GPU: a run of the model (host and device tokens) gives
+ *     dg_model_step's loss and gradients, and after the masters are
+ *     changed on the device, the run equals a model made from the changed
+ *     weights (the execution copies remade: w8a8, bitnet and bf16); an op
+ *     through the door equals the typed op.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/dragon.h"
+#include "dragon/ffi.h"
+#include "gpu_helpers.h"
+
+Test(ffi, version_and_specs)
+{
+	cr_assert_eq(dg_ffi_version(), DG_FFI_VERSION);
+	dg_spec *s = NULL;
+	char msg[512], text[DG_SPEC_TEXT_MAX];
+	cr_assert_eq(dg_ffi_spec_parse("op=lowrank_fwd;heads=2;latent=64;embd=32;relu=0", &s, msg, sizeof(msg)),
+		     DG_OK, "%s", msg);
+	cr_assert_eq(dg_ffi_spec_text(s, text, sizeof(text)), DG_OK);
+	cr_assert(strstr(text, "op=lowrank_fwd") && strstr(text, "heads=2"), "%s", text);
+	dg_ffi_spec_free(s);
+	s = (dg_spec *)1;
+	cr_assert_eq(dg_ffi_spec_parse("op=lowrank_fwd;latent=8190", &s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "latent=8190"), "%s", msg);
+	cr_assert_null(s);
+	cr_assert_eq(dg_ffi_spec_parse("op=frob", &s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "frob"), "%s", msg);
+	dg_ffi_spec_free(NULL);
+}
+
+Test(ffi, op_args_are_the_op_tables)
+{
+	char msg[512];
+	for (int op = 0; op < DG_OP__COUNT; op++) {
+		dg_spec s;
+		dg_spec_init(&s, (dg_op)op);
+		const dg_op_info *info = dg_op_info_of((dg_op)op);
+		for (int size = 1; size <= 2; size++) {
+			dg_ffi_tensor a[DG_OP_MAX_ARGS];
+			int32_t out[DG_OP_MAX_ARGS], opt[DG_OP_MAX_ARGS], n = -1;
+			cr_assert_eq(dg_ffi_op_args(&s, 2 * size, 3 * size, 5 * size, a, out, opt, &n, msg, sizeof(msg)),
+				     DG_OK, "%s: %s", dg_op_name((dg_op)op), msg);
+			int k = 0;
+			for (int i = 0; i < info->n_args; i++) {
+				if (!dg_op_arg_used(&s, i))
+					continue;
+				cr_assert_str_eq(a[k].name, info->args[i].name);
+				cr_assert_eq(out[k], info->args[i].output);
+				cr_assert_eq(opt[k], info->args[i].optional);
+				cr_assert_eq(a[k].fmt, (int32_t)dg_op_arg_fmt(&s, info->args[i].fmt));
+				cr_assert_eq(a[k].ndim, info->args[i].ndim);
+				for (int d = 0; d < a[k].ndim; d++) {
+					dg_dim dd = info->args[i].dims[d];
+					int64_t want = dd == DG_DIM_B ? 2 * size : dd == DG_DIM_T ? 3 * size
+						       : dd == DG_DIM_R ? 5 * size : -1;
+					if (want > 0)
+						cr_assert_eq(a[k].shape[d], want, "%s %s dim %d", dg_op_name((dg_op)op),
+							     a[k].name, d);
+					else
+						cr_assert_geq(a[k].shape[d], 1);
+				}
+				k++;
+			}
+			cr_assert_eq(n, k, "%s", dg_op_name((dg_op)op));
+		}
+	}
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	dg_ffi_tensor a[DG_OP_MAX_ARGS];
+	int32_t n;
+	cr_assert_eq(dg_ffi_op_args(&s, 0, 3, 1, a, NULL, NULL, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "B is 0"), "%s", msg);
+}
+
+/* lowrank_fwd's three tensors at B 2, T 3 (H 2, E 32, L 64, int8), at
+ * aligned placeholder addresses (the check reads no memory). */
+static dg_spec *lowrank(dg_ffi_tensor a[3])
+{
+	dg_spec *s;
+	char msg[512];
+	cr_assert_eq(dg_ffi_spec_parse("op=lowrank_fwd;heads=2;latent=64;embd=32;relu=0", &s, msg, sizeof(msg)),
+		     DG_OK, "%s", msg);
+	int32_t n;
+	cr_assert_eq(dg_ffi_op_args(s, 2, 3, 1, a, NULL, NULL, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(n, 3);
+	for (int i = 0; i < 3; i++) {
+		a[i].data = (uint64_t)(1u << 20) * (uint64_t)(i + 1);
+		a[i].scale = a[i].data + 4096;
+	}
+	return s;
+}
+
+Test(ffi, op_check_names_what_is_wrong)
+{
+	char msg[512];
+	dg_ffi_tensor a[3];
+	dg_spec *s = lowrank(a);
+	cr_assert_eq(dg_ffi_op_check(s, a, 3, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+
+	dg_ffi_tensor b[3];
+	memcpy(b, a, sizeof(b));
+	b[1].shape[2] = 31;
+	cr_assert_eq(dg_ffi_op_check(s, b, 3, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "w") && strstr(msg, "31"), "%s", msg);
+
+	memcpy(b, a, sizeof(b));
+	b[0].fmt = DG_FMT_F32;
+	cr_assert_eq(dg_ffi_op_check(s, b, 3, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "x") && strstr(msg, "int8"), "%s", msg);
+
+	memcpy(b, a, sizeof(b));
+	b[2].stride[0] = 1;
+	b[2].stride[1] = 1;
+	b[2].stride[2] = 1;
+	b[2].stride[3] = 1;
+	cr_assert_eq(dg_ffi_op_check(s, b, 3, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "out") && strstr(msg, "contiguous"), "%s", msg);
+
+	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "takes 3 tensors (x, w, out), got 2"), "%s", msg);
+
+	memcpy(b, a, sizeof(b));
+	b[0].fmt = 99;
+	cr_assert_eq(dg_ffi_op_check(s, b, 3, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "format 99"), "%s", msg);
+	dg_ffi_spec_free(s);
+}
+
+#define SIZES (&(dg_ffi_model_sizes){ .layers = 2, .embd = 32, .heads = 2, .neurons = 64, .vocab = 0, .dropout = 0.1f })
+
+/* B 2, T 8 tokens and targets. */
+static void tokens(int32_t *idx, int32_t *tgt, int n, int vocab, int salt)
+{
+	for (int i = 0; i < n; i++) {
+		idx[i] = (i * 37 + salt * 11 + 5) % vocab;
+		tgt[i] = (i * 53 + salt * 7 + 1) % vocab;
+	}
+}
+
+Test(ffi, cpu_model_is_dg_model_cpu_step)
+{
+	char msg[512];
+	dg_ffi_model *m;
+	cr_assert_eq(dg_ffi_model_create(NULL, "f32", SIZES, 2, 8, 7, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	const dg_model_config *c = dg_ffi_model_config(m);
+	cr_assert_eq(c->embd, 32);
+	static const char *names[5] = { "embed.weight", "encoder", "encoder_v", "decoder", "lm_head" };
+	float *master[5], *grad[5];
+	for (int p = 0; p < 5; p++) {
+		const char *name;
+		int32_t nd;
+		int64_t sh[3];
+		uint64_t mp, gp;
+		cr_assert_eq(dg_ffi_model_param(m, p, &name, &nd, sh, &mp, &gp), DG_OK);
+		cr_assert_str_eq(name, names[p]);
+		int ndw;
+		int64_t shw[3];
+		dg_model_param_shape(c, (dg_model_param)p, &ndw, shw);
+		cr_assert_eq(nd, ndw);
+		for (int d = 0; d < nd; d++)
+			cr_assert_eq(sh[d], shw[d]);
+		master[p] = (float *)(uintptr_t)mp;
+		grad[p] = (float *)(uintptr_t)gp;
+	}
+	cr_assert_eq(dg_ffi_model_param(m, 5, NULL, NULL, NULL, NULL, NULL), DG_ERR_INVALID_ARG);
+
+	int32_t idx[16], tgt[16];
+	tokens(idx, tgt, 16, 256, 1);
+	dg_model_weights *w, *g;
+	cr_assert_eq(dg_model_weights_create(c, 7, &w, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_model_weights_create(c, 7, &g, msg, sizeof(msg)), DG_OK);
+	for (int round = 0; round < 2; round++) {
+		if (round) { /* a master changed in place: the next run sees it */
+			master[DG_PARAM_ENCODER][3] += 0.25f;
+			w->params[DG_PARAM_ENCODER][3] += 0.25f;
+		}
+		cr_assert_eq(dg_ffi_model_run(m, (uint64_t)(uintptr_t)idx, (uint64_t)(uintptr_t)tgt, 0, 9, 4, 1, 1,
+					      msg, sizeof(msg)),
+			     DG_OK, "%s", msg);
+		dg_model_batch bt = { .idx = idx, .targets = tgt, .b = 2, .t = 8, .seed = 9, .step = 4, .train = true };
+		double want;
+		cr_assert_eq(dg_model_cpu_step(w, &bt, &want, g, msg, sizeof(msg)), DG_OK, "%s", msg);
+		float got = *(float *)(uintptr_t)dg_ffi_model_loss(m);
+		cr_assert_eq(got, (float)want, "round %d: loss %.9g, want %.9g", round, got, want);
+		for (int p = 0; p < 5; p++) {
+			int nd;
+			int64_t sh[3];
+			int64_t n = dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+			cr_assert_eq(memcmp(grad[p], g->params[p], (size_t)n * 4), 0, "round %d: %s's gradient", round,
+				     names[p]);
+		}
+	}
+	idx[5] = 256;
+	cr_assert_eq(dg_ffi_model_run(m, (uint64_t)(uintptr_t)idx, (uint64_t)(uintptr_t)tgt, 0, 9, 4, 1, 1, msg,
+				      sizeof(msg)),
+		     DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "idx[5] = 256"), "%s", msg);
+	cr_assert_eq(dg_ffi_model_run(m, 1, 1, 1, 0, 0, 1, 1, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "CPU"), "%s", msg);
+	cr_assert_eq(dg_ffi_model_bad(m), 0);
+	dg_model_weights_destroy(w);
+	dg_model_weights_destroy(g);
+	dg_ffi_model_destroy(m);
+
+	m = (dg_ffi_model *)1;
+	cr_assert_eq(dg_ffi_model_create(NULL, "bf16", SIZES, 2, 8, 7, &m, msg, sizeof(msg)), DG_ERR_UNSUPPORTED);
+	cr_assert(strstr(msg, "needs a GPU"), "%s", msg);
+	cr_assert_null(m);
+	cr_assert_eq(dg_ffi_model_create(NULL, "fp4", SIZES, 2, 8, 7, &m, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "fp4"), "%s", msg);
+	dg_ffi_model_sizes bad = *SIZES;
+	bad.neurons = 63;
+	cr_assert_eq(dg_ffi_model_create(NULL, "f32", &bad, 2, 8, 7, &m, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "neurons=63"), "%s", msg);
+	cr_assert_eq(dg_ffi_model_create(NULL, "f32", SIZES, 0, 8, 7, &m, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	dg_ffi_model_destroy(NULL);
+}
+
+/* The GPU model through the door against dg_model_step, before and after
+ * its masters are changed on the device. */
+static void gpu_model_case(const char *preset)
+{
+	dg_device *dev = gh_open();
+	char msg[512];
+	dg_ffi_model *m;
+	cr_assert_eq(dg_ffi_model_create(dev, preset, SIZES, 2, 8, 7, &m, msg, sizeof(msg)), DG_OK, "%s: %s", preset,
+		     msg);
+	const dg_model_config *c = dg_ffi_model_config(m);
+	dg_model_weights *w, *g;
+	cr_assert_eq(dg_model_weights_create(c, 7, &w, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_model_weights_create(c, 7, &g, msg, sizeof(msg)), DG_OK);
+	int32_t idx[16], tgt[16];
+	tokens(idx, tgt, 16, 256, 2);
+	dg_dptr didx = gh_upload(dev, idx, sizeof(idx)), dtgt = gh_upload(dev, tgt, sizeof(tgt));
+	for (int round = 0; round < 3; round++) {
+		if (round == 1) { /* every master moved on the device, and in w */
+			for (int p = 0; p < 5; p++) {
+				int nd;
+				int64_t sh[3];
+				int64_t n = dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+				uint64_t mp;
+				cr_assert_eq(dg_ffi_model_param(m, p, NULL, NULL, NULL, &mp, NULL), DG_OK);
+				for (int64_t i = 0; i < n; i++)
+					w->params[p][i] += 0.01f * (float)((i * 7 + p) % 5 - 2);
+				cr_assert_eq(dg_memcpy_htod(dev, mp, w->params[p], (size_t)n * 4), DG_OK);
+			}
+		}
+		const int on_dev = round == 2;
+		cr_assert_eq(dg_ffi_model_run(m, on_dev ? didx : (uint64_t)(uintptr_t)idx,
+					      on_dev ? dtgt : (uint64_t)(uintptr_t)tgt, on_dev, 9, 4, 1, 1, msg,
+					      sizeof(msg)),
+			     DG_OK, "%s: %s", preset, msg);
+		float got = gh_read_scalar(dev, dg_ffi_model_loss(m));
+		dg_model *ref;
+		cr_assert_eq(dg_model_create(dev, w, 2, 8, &ref), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_model_batch bt = { .idx = idx, .targets = tgt, .b = 2, .t = 8, .seed = 9, .step = 4, .train = true };
+		double want;
+		cr_assert_eq(dg_model_step(ref, &bt, &want, g), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(got, (float)want, "%s round %d: loss %.9g, want %.9g", preset, round, got, want);
+		for (int p = 0; p < 5; p++) {
+			int nd;
+			int64_t sh[3];
+			int64_t n = dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+			uint64_t gp;
+			cr_assert_eq(dg_ffi_model_param(m, p, NULL, NULL, NULL, NULL, &gp), DG_OK);
+			float *h = gh_xmalloc((size_t)n * 4);
+			gh_download(dev, h, gp, (size_t)n * 4);
+			gh_expect_bytes(dg_model_param_name((dg_model_param)p), h, g->params[p], (size_t)n * 4);
+			free(h);
+		}
+		dg_model_destroy(ref);
+	}
+	dg_model_weights_destroy(w);
+	dg_model_weights_destroy(g);
+	dg_ffi_model_destroy(m);
+	gh_close(dev);
+}
+
+Test(ffi, gpu_model_w8a8)
+{
+	gpu_model_case("w8a8");
+}
+
+Test(ffi, gpu_model_bitnet)
+{
+	gpu_model_case("bitnet");
+}
+
+Test(ffi, gpu_model_bf16)
+{
+	gpu_model_case("bf16");
+}
+
+/* quantize_act through the door: the codes and scales of the typed op. */
+Test(ffi, gpu_op_is_the_typed_op)
+{
+	dg_device *dev = gh_open();
+	char msg[512];
+	dg_spec *s;
+	cr_assert_eq(dg_ffi_spec_parse("op=quantize_act;src=f32;act=int8;ascale=token", &s, msg, sizeof(msg)), DG_OK,
+		     "%s", msg);
+	const int rows = 6, cols = 64;
+	float x[6 * 64];
+	for (int i = 0; i < rows * cols; i++)
+		x[i] = sinf((float)i * 0.37f) * (float)(i % 7);
+	dg_dptr dx = gh_upload(dev, x, sizeof(x));
+	dg_dptr c1 = gh_alloc(dev, rows * cols), s1 = gh_alloc(dev, rows * 4);
+	dg_dptr c2 = gh_alloc(dev, rows * cols), s2 = gh_alloc(dev, rows * 4);
+	dg_ffi_tensor a[2] = {
+		{ .name = "x", .fmt = DG_FMT_F32, .ndim = 2, .shape = { rows, cols }, .data = dx },
+		{ .name = "codes", .fmt = DG_FMT_INT8, .ndim = 2, .shape = { rows, cols }, .data = c1, .scale = s1 },
+	};
+	uint64_t ws = 1;
+	cr_assert_eq(dg_ffi_op_workspace(dev, s, a, 2, NULL, &ws), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_workspace w = gh_workspace(dev, ws);
+	dg_ffi_opts o = { .ws = w.ptr, .ws_bytes = w.bytes };
+	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_tensor tx = dg_tensor_2d("x", DG_FMT_F32, dx, rows, cols), tc = dg_tensor_2d("codes", DG_FMT_INT8, c2, rows, cols);
+	tc.scale = s2;
+	dg_quantize_act_args qa = { .x = &tx, .codes = &tc, .ws = w };
+	cr_assert_eq(dg_quantize_act(dev, s, &qa), DG_OK, "%s", dg_device_errmsg(dev));
+	int8_t h1[6 * 64], h2[6 * 64];
+	float f1[6], f2[6];
+	gh_download(dev, h1, c1, sizeof(h1));
+	gh_download(dev, h2, c2, sizeof(h2));
+	gh_download(dev, f1, s1, sizeof(f1));
+	gh_download(dev, f2, s2, sizeof(f2));
+	gh_expect_bytes("codes", h1, h2, sizeof(h1));
+	gh_expect_bytes("scales", f1, f2, sizeof(f1));
+	a[1].shape[1] = 60;
+	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "codes"), "%s", dg_device_errmsg(dev));
+	dg_ffi_spec_free(s);
+	gh_close(dev);
+}
