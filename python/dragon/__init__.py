@@ -1,0 +1,261 @@
+"""dragon: low-bit BDH kernels and training step, from Python.
+
+Pure Python over libdragon (ctypes; dragon/ffi.h). `import dragon` needs
+neither torch nor a GPU; `dragon.torch` runs the ops and the model on
+torch tensors. Calls that need a GPU raise dragon.NoDevice with dragon's
+reason when there is none.
+
+    import dragon
+    dragon.device_count()             # 0 without a driver or device
+    s = dragon.Spec("op=lowrank_fwd;weight=ternary;act=int8;relu=0")
+    s.text, s.args(b=8, t=512)        # canonical text, the op's tensors
+"""
+import ctypes
+import threading
+
+from . import _lib
+from ._dlpack import Buffer
+from ._lib import DragonError, InvalidArgument, InvalidSpec, NoDevice, Unsupported
+
+__all__ = ["Spec", "Device", "Model", "Buffer", "DragonError", "InvalidArgument", "InvalidSpec",
+           "NoDevice", "Unsupported", "Corpus", "device_count", "library_path", "PRESETS", "PARAMS"]
+__version__ = "0.1.0"
+
+PRESETS = ("f32", "bf16", "w8a8", "bitnet", "seed")
+PARAMS = ("embed.weight", "encoder", "encoder_v", "decoder", "lm_head")
+
+
+def library_path():
+    """Where libdragon was loaded from (loading it)."""
+    return _lib.library_path()
+
+
+def device_count():
+    """CUDA devices dragon sees: 0 without a driver or device (no error)."""
+    n = ctypes.c_int(0)
+    buf = _lib.msgbuf()
+    _lib.check(_lib.lib().dg_device_count(ctypes.byref(n), buf, _lib.MSG), buf)
+    return n.value
+
+
+def no_device_reason():
+    """Why there is no device ("" when there is one)."""
+    n = ctypes.c_int(0)
+    buf = _lib.msgbuf()
+    _lib.lib().dg_device_count(ctypes.byref(n), buf, _lib.MSG)
+    return "" if n.value else (buf.value.decode(errors="replace") or "no CUDA device")
+
+
+class Spec:
+    """A parsed spec (dragon's text form, "op=...;key=value"): the kernel
+    an op call runs. Parsing checks it (InvalidSpec with dragon's line)."""
+
+    def __init__(self, text):
+        L = _lib.lib()
+        h = ctypes.c_void_p()
+        buf = _lib.msgbuf()
+        _lib.check(L.dg_ffi_spec_parse(text.encode(), ctypes.byref(h), buf, _lib.MSG), buf)
+        self._h = h
+        out = ctypes.create_string_buffer(512)
+        _lib.check(L.dg_ffi_spec_text(h, out, 512), what="spec text")
+        self.text = out.value.decode()
+        self.op = self.text.split(";")[0].split("=")[1]
+
+    @property
+    def handle(self):
+        return self._h
+
+    def args(self, b=1, t=1, r=1):
+        """The op's tensors at a call's B, T (or R): a list of dicts with
+        name, fmt (format name), shape (None: any shape), output, optional."""
+        L = _lib.lib()
+        arr = (_lib.FfiTensor * 8)()
+        out = (ctypes.c_int32 * 8)()
+        opt = (ctypes.c_int32 * 8)()
+        n = ctypes.c_int32(0)
+        buf = _lib.msgbuf()
+        _lib.check(L.dg_ffi_op_args(self._h, b, t, r, arr, out, opt, ctypes.byref(n), buf, _lib.MSG), buf)
+        res = []
+        for i in range(n.value):
+            a = arr[i]
+            res.append({"name": a.name.decode(), "fmt": _lib.fmt_name(a.fmt),
+                        "shape": tuple(a.shape[d] for d in range(a.ndim)) if a.ndim else None,
+                        "output": bool(out[i]), "optional": bool(opt[i])})
+        return res
+
+    def check(self, tensors, opts=None):
+        """dragon's checks of a call (FfiTensor array, in args() order)
+        without a device; InvalidArgument naming the tensor."""
+        L = _lib.lib()
+        n = len(tensors)
+        arr = (_lib.FfiTensor * max(n, 1))(*tensors)
+        buf = _lib.msgbuf()
+        _lib.check(L.dg_ffi_op_check(self._h, arr, n, ctypes.byref(opts) if opts else None, buf, _lib.MSG), buf)
+
+    def __repr__(self):
+        return "dragon.Spec(%r)" % self.text
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h and _lib._lib is not None:
+            _lib._lib.dg_ffi_spec_free(h)
+            self._h = None
+
+
+class Device:
+    """A GPU as dragon holds it: its primary context (the one torch uses),
+    its JIT and kernel map. Device.get(i) is one per ordinal per process."""
+
+    _open = {}
+    _lock = threading.Lock()
+
+    def __init__(self, ordinal=0):
+        L = _lib.lib()
+        h = ctypes.c_void_p()
+        opts = _lib.DeviceOpts(ordinal, None)
+        st = L.dg_device_open(ctypes.byref(h), ctypes.byref(opts))
+        if st:
+            msg = L.dg_device_errmsg(h).decode(errors="replace") if h else ""
+            L.dg_device_close(h)
+            raise _lib.error(st, msg or "device %d: cannot open" % ordinal)
+        self._h, self.ordinal = h, ordinal
+
+    @classmethod
+    def get(cls, ordinal=0):
+        with cls._lock:
+            d = cls._open.get(ordinal)
+            if d is None:
+                d = cls._open[ordinal] = cls(ordinal)
+            return d
+
+    @property
+    def handle(self):
+        return self._h
+
+    def errmsg(self):
+        return _lib.lib().dg_device_errmsg(self._h).decode(errors="replace")
+
+    def check(self, code):
+        if code:
+            raise _lib.error(code, self.errmsg())
+
+    def set_stream(self, cu_stream):
+        """The calling thread's stream for dragon's launches (a CUstream
+        as an int, 0 the device's own)."""
+        self.check(_lib.lib().dg_device_set_stream(self._h, ctypes.c_void_p(cu_stream or None)))
+
+    def sync(self):
+        self.check(_lib.lib().dg_device_sync(self._h))
+
+
+class Model:
+    """A BDH model of a preset at a batch shape (B, T): on a Device, or on
+    the CPU (device None: f32, w8a8, bitnet). Its f32 masters and
+    gradients are its own memory: param(i) gives their addresses and
+    buffer() wraps one for DLPack. dragon.torch.BDH is the nn.Module over
+    it."""
+
+    def __init__(self, preset="w8a8", batch=8, time=512, seed=1, device=None, layers=0, embd=0, heads=0,
+                 neurons=0, vocab=0, dropout=None):
+        L = _lib.lib()
+        self.device = device
+        sizes = _lib.FfiModelSizes(layers, embd, heads, neurons, vocab, -1.0 if dropout is None else dropout)
+        h = ctypes.c_void_p()
+        buf = _lib.msgbuf()
+        st = L.dg_ffi_model_create(device.handle if device else None, preset.encode(), ctypes.byref(sizes),
+                                   batch, time, seed, ctypes.byref(h), buf, _lib.MSG)
+        _lib.check(st, buf)
+        self._h, self.preset, self.batch, self.time = h, preset, batch, time
+        self.params = []
+        for p in range(len(PARAMS)):
+            name = ctypes.c_char_p()
+            nd = ctypes.c_int32()
+            sh = (ctypes.c_int64 * 3)()
+            mp, gp = ctypes.c_uint64(), ctypes.c_uint64()
+            _lib.check(L.dg_ffi_model_param(h, p, ctypes.byref(name), ctypes.byref(nd), sh, ctypes.byref(mp),
+                                            ctypes.byref(gp)), what="param %d" % p)
+            self.params.append({"name": name.value.decode(), "shape": tuple(sh[i] for i in range(nd.value)),
+                                "master": mp.value, "grad": gp.value})
+
+    def _where(self):
+        from ._dlpack import KDLCPU, KDLCUDA
+
+        return (KDLCUDA, self.device.ordinal) if self.device else (KDLCPU, 0)
+
+    def buffer(self, p, which="master"):
+        """Param p's master or gradient ("grad") as a DLPack Buffer."""
+        d = self.params[p]
+        return Buffer(d[which], d["shape"], "float32", *self._where(), owner=self)
+
+    def loss_buffer(self):
+        """The last run's loss (one float32, shape ()) as a DLPack Buffer."""
+        return Buffer(_lib.lib().dg_ffi_model_loss(self._h), (), "float32", *self._where(), owner=self)
+
+    def bad_buffer(self):
+        """The int32 flag a device-token run sets on a token outside the
+        vocabulary (GPU models)."""
+        if not self.device:
+            return None
+        return Buffer(_lib.lib().dg_ffi_model_bad(self._h), (), "int32", *self._where(), owner=self)
+
+    def run(self, idx, targets, tokens_on_device=False, seed=0, step=0, train=True, backward=True):
+        """One forward (and backward): idx, targets the addresses of (B, T)
+        int32 tokens, host memory unless tokens_on_device."""
+        buf = _lib.msgbuf()
+        st = _lib.lib().dg_ffi_model_run(self._h, idx, targets, int(tokens_on_device), seed, step, int(train),
+                                        int(backward), buf, _lib.MSG)
+        _lib.check(st, buf)
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h and _lib._lib is not None:
+            _lib._lib.dg_ffi_model_destroy(h)
+            self._h = None
+
+
+class Corpus:
+    """A training corpus as `dragon train` reads it: the built-in one
+    (path None: $DRAGON_CORPUS or data/shakespeare.txt, its digest
+    checked) or a file; its first 90% trains, the rest validates, and
+    batch() draws `dragon train`'s batches (the same rows for the same
+    seed, in the same order)."""
+
+    VAL_SEED = 0x76616C  # the validation batches' seed (the trainer's)
+
+    def __init__(self, path=None, seed=1):
+        L = _lib.lib()
+        p = ctypes.POINTER(_lib.Corpus)()
+        buf = _lib.msgbuf()
+        st = L.dg_corpus_builtin(ctypes.byref(p), buf, _lib.MSG) if path is None else L.dg_corpus_open(
+            path.encode(), ctypes.byref(p), buf, _lib.MSG)
+        _lib.check(st, buf)
+        self._c = p
+        self.path = p.contents.path.decode()
+        self.size, self.train_size = p.contents.len, p.contents.train_len
+        self._rng = ctypes.c_uint64(0)
+        L.dg_rng_seed(ctypes.byref(self._rng), seed)
+        self._val = ctypes.c_uint64(0)
+
+    def batch(self, b, t, val=False):
+        """(idx, targets): two lists of b*t int32 tokens (row-major), or
+        numpy-free buffers for torch.frombuffer: ctypes int32 arrays."""
+        L = _lib.lib()
+        buf = _lib.msgbuf()
+        _lib.check(L.dg_corpus_check(self._c, t, buf, _lib.MSG), buf)
+        idx = (ctypes.c_int32 * (b * t))()
+        tgt = (ctypes.c_int32 * (b * t))()
+        L.dg_corpus_batch(self._c, bool(val), ctypes.byref(self._val if val else self._rng), b, t, idx, tgt)
+        return idx, tgt
+
+    def val_batches(self, n, b, t):
+        """The trainer's n fixed validation batches."""
+        L = _lib.lib()
+        self._val = ctypes.c_uint64(0)
+        L.dg_rng_seed(ctypes.byref(self._val), self.VAL_SEED)
+        return [self.batch(b, t, val=True) for _ in range(n)]
+
+    def __del__(self):
+        c = getattr(self, "_c", None)
+        if c and _lib._lib is not None:
+            _lib._lib.dg_corpus_destroy(c)
+            self._c = None

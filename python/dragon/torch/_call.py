@@ -1,0 +1,165 @@
+"""One op call on torch tensors: the spec (parsed once, cached), each
+tensor checked for its dtype and device here and for its shape, format
+and contiguity by dragon (its messages), outputs and workspaces allocated
+by torch (the caching allocator, so torch.cuda.graph captures them), the
+launch on torch.cuda.current_stream().
+
+check_only(): a context in which calls run dragon's checks instead of
+launching (CPU tensors allowed, outputs left as allocated), so the wiring
+of every op is testable without a GPU.
+"""
+import contextlib
+import ctypes
+import threading
+
+import torch
+
+import dragon
+from dragon import _lib
+
+# the storage dtype of each dragon format, and its codes a storage element
+STORAGE = {
+    "f32": (torch.float32, 1),
+    "bf16": (torch.bfloat16, 1),
+    "int8": (torch.int8, 1),
+    "int4": (torch.int8, 1),
+    "uint8pos": (torch.uint8, 1),
+    "ternary": (torch.int32, 16),
+    "sign1": (torch.int32, 32),
+    "i32": (torch.int32, 1),
+}
+FLOAT_FMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+_state = threading.local()
+_specs = {}
+_specs_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def check_only():
+    """Calls inside run dragon's checks only (no launch, no GPU needed)."""
+    old = getattr(_state, "check_only", False)
+    _state.check_only = True
+    try:
+        yield
+    finally:
+        _state.check_only = old
+
+
+def checking():
+    return getattr(_state, "check_only", False)
+
+
+def spec(text):
+    """The parsed spec of text (cached: parsing is once per text)."""
+    s = _specs.get(text)
+    if s is None:
+        with _specs_lock:
+            s = _specs.get(text)
+            if s is None:
+                s = _specs[text] = dragon.Spec(text)
+    return s
+
+
+def float_fmt(t, what):
+    f = FLOAT_FMT.get(t.dtype)
+    if f is None:
+        raise dragon.InvalidArgument("%s: expected a float32 or bfloat16 tensor, got %s" % (what, t.dtype),
+                                     "invalid argument")
+    return f
+
+
+def storage_shape(fmt, shape):
+    """The torch shape holding a dragon tensor of fmt and logical shape."""
+    dt, per = STORAGE[fmt]
+    if per == 1:
+        return tuple(shape)
+    if shape[-1] % per:
+        raise dragon.InvalidArgument("a %s tensor's last dimension (%d) must be a multiple of %d"
+                                     % (fmt, shape[-1], per), "invalid argument")
+    return tuple(shape[:-1]) + (shape[-1] // per,)
+
+
+def empty(fmt, shape, like):
+    dt, _ = STORAGE[fmt]
+    return torch.empty(storage_shape(fmt, shape), dtype=dt, device=like.device)
+
+
+def ffi_tensor(name, t, fmt, scale=None, logical=None):
+    """The FfiTensor of torch tensor t holding dragon format fmt (t's dtype
+    and device checked here; the rest is dragon's to check)."""
+    dt, per = STORAGE[fmt]
+    if t.dtype != dt:
+        raise dragon.InvalidArgument("%s: expected a %s tensor (dragon %s), got %s" % (name, dt, fmt, t.dtype),
+                                     "invalid argument")
+    if not checking() and t.device.type != "cuda":
+        raise dragon.InvalidArgument("%s: expected a CUDA tensor, got one on %s" % (name, t.device),
+                                     "invalid argument")
+    shape = tuple(logical) if logical is not None else (
+        tuple(t.shape[:-1]) + (t.shape[-1] * per,) if t.dim() else ())
+    f = _lib.FfiTensor()
+    f.name = name.encode()
+    f.fmt = _lib.fmt_code(fmt)
+    f.ndim = len(shape)
+    for i, e in enumerate(shape[:4]):
+        f.shape[i] = e
+    if not t.is_contiguous():  # dragon names it ("not contiguous")
+        for i, s in enumerate(t.stride()[:4]):
+            f.stride[i] = s * per if i == t.dim() - 1 else s
+    f.data = t.data_ptr()
+    if scale is not None:
+        if scale.dtype != torch.float32:
+            raise dragon.InvalidArgument("%s's scale: expected float32, got %s" % (name, scale.dtype),
+                                         "invalid argument")
+        if scale.device != t.device:
+            raise dragon.InvalidArgument("%s's scale: on %s, the tensor on %s" % (name, scale.device, t.device),
+                                         "invalid argument")
+        f.scale = scale.data_ptr()
+    return f
+
+
+def _device_of(ts):
+    dev = None
+    for t in ts:
+        if t is None:
+            continue
+        if dev is None:
+            dev = t.device
+        elif t.device != dev:
+            raise dragon.InvalidArgument("tensors on %s and %s: an op's tensors share one device" % (dev, t.device),
+                                         "invalid argument")
+    return dev
+
+
+def device(tdev):
+    """dragon's Device for a torch CUDA device, its stream set to torch's
+    current one on this thread."""
+    d = dragon.Device.get(tdev.index if tdev.index is not None else torch.cuda.current_device())
+    d.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
+    return d
+
+
+def call(text, tensors, like, **opts):
+    """Runs spec text's op on tensors (FfiTensor list in the op's order);
+    opts are dg_ffi_opts fields. A workspace is sized and allocated here
+    (torch) when the op asks for one."""
+    s = spec(text)
+    n = len(tensors)
+    arr = (_lib.FfiTensor * max(n, 1))(*tensors)
+    o = _lib.FfiOpts()
+    for k, v in opts.items():
+        setattr(o, k, int(v) if isinstance(v, bool) else v)
+    if checking():
+        buf = _lib.msgbuf()
+        _lib.check(_lib.lib().dg_ffi_op_check(s.handle, arr, n, ctypes.byref(o), buf, _lib.MSG), buf)
+        return
+    d = device(like.device)
+    L = _lib.lib()
+    need = ctypes.c_uint64(0)
+    d.check(L.dg_ffi_op_workspace(d.handle, s.handle, arr, n, ctypes.byref(o), ctypes.byref(need)))
+    ws = None
+    if need.value:
+        ws = torch.empty(need.value, dtype=torch.uint8, device=like.device)
+        o.ws, o.ws_bytes = ws.data_ptr(), need.value
+    d.check(L.dg_ffi_op_run(d.handle, s.handle, arr, n, ctypes.byref(o)))
+    return ws  # the caller keeps it alive until the stream is past it (torch's allocator does)

@@ -1,0 +1,481 @@
+"""dragon's ops on torch tensors.
+
+Raw ops (no autograd; integer results): quantize_act, quantize_weight,
+dequantize, pack, unpack. Differentiable ops (torch.autograd.Function,
+straight-through gradients w.r.t. quantized operands, as dragon's step):
+  projection(x, w)   x (B,Hin,T,E) f32|bf16, w (H,L,E) f32|bf16 (dragon's
+                     layout, nn.Linear's (out, in) per head)
+                     -> relu(x . w^T - thr) (B,H,T,L), x's dtype; with a
+                     low-bit weight format x is quantized a token at a
+                     time and w a channel at a time first, the ReLU's
+                     mask recomputed from the saved codes in the backward
+  decoder(y, w)      y (B,H,T,L) f32|bf16, w (E,H*L) -> (B,1,T,E) f32,
+                     the head sum fused; w low-bit a channel at a time
+  attention(xs, v)   xs (B,H,T,L), v (B,1,T,E), one dtype
+                     -> tril(RoPE(xs) . RoPE(xs)^T, -1) . v (B,H,T,E)
+  fake_quant_act(x), fake_quant_weight(w): the quantizers' round trip,
+                     gradient passed straight through.
+Each differentiable op's forward and backward are torch.library custom
+ops (dragon::projection_fwd, ...) with fake implementations, so
+torch.compile traces a model calling them; every tensor they make comes
+from torch's allocator on the current stream (torch.cuda.graph captures
+them).
+"""
+import ctypes
+
+import torch
+
+import dragon
+from dragon import _lib
+from dragon.torch import _call
+from dragon.torch._call import call, empty, ffi_tensor, float_fmt, storage_shape
+
+LOWBIT = ("int8", "ternary", "sign1")
+PACKED = ("ternary", "sign1")
+
+
+def _rows(shape):
+    n = 1
+    for e in shape[:-1]:
+        n *= e
+    return n
+
+
+# ---- raw ops --------------------------------------------------------------------
+
+
+def quantize_act(x, act="int8", ascale="token"):
+    """x (any shape, f32|bf16) -> (codes, scale): codes x's shape (int8;
+    uint8 for uint8pos), scale float32, one a row of x viewed (rows, last
+    dim) with ascale="token", else one."""
+    src = float_fmt(x, "x")
+    x = x.contiguous()
+    codes = empty(act, x.shape, x)
+    scale = torch.empty(_rows(x.shape) if ascale == "token" else 1, dtype=torch.float32, device=x.device)
+    call("op=quantize_act;src=%s;act=%s;ascale=%s" % (src, act, ascale),
+         [ffi_tensor("x", x, src), ffi_tensor("codes", codes, act, scale)], x)
+    return codes, scale
+
+
+def quantize_weight(w, weight="int8", wscale="channel"):
+    """w (any shape, f32|bf16) -> (codes int8 one a byte, scale): the
+    weight format's codes (int8: -127..127, ternary: -1, 0, 1, sign1: -1,
+    1) and scales, one a row of w viewed (rows, last dim) with
+    wscale="channel", else one."""
+    src = float_fmt(w, "w")
+    w = w.contiguous()
+    codes = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scale = torch.empty(_rows(w.shape) if wscale == "channel" else 1, dtype=torch.float32, device=w.device)
+    call("op=quantize_weight;src=%s;weight=%s;wscale=%s" % (src, weight, wscale),
+         [ffi_tensor("w", w, src), ffi_tensor("codes", codes, "int8", scale)], w)
+    return codes, scale
+
+
+def dequantize(codes, scale, act="int8", ascale="token", out=torch.float32):
+    """codes (R, C) of act, scale a row (ascale="token") or one -> (R, C)
+    code x scale in dtype out (float32 | bfloat16)."""
+    of = _call.FLOAT_FMT[out]
+    res = torch.empty(codes.shape, dtype=out, device=codes.device)
+    call("op=dequantize;act=%s;ascale=%s;out=%s" % (act, ascale, of),
+         [ffi_tensor("codes", codes.contiguous(), act, scale), ffi_tensor("out", res, of)], codes)
+    return res
+
+
+def pack(codes, fmt="ternary"):
+    """codes (R, K) int8 of ternary (-1, 0, 1) or sign1 (-1, 1) -> (R, K/16)
+    or (R, K/32) int32 words, the format's storage."""
+    r, k = codes.shape
+    words = empty(fmt, (r, k), codes)
+    call("op=pack_%s;embd=%d" % (fmt, k),
+         [ffi_tensor("codes", codes.contiguous(), "int8"), ffi_tensor("packed", words, fmt, logical=(r, k))], codes)
+    return words
+
+
+def unpack(words, fmt="ternary"):
+    """The inverse of pack: (R, K/16|32) int32 words -> (R, K) int8 codes."""
+    r = words.shape[0]
+    k = words.shape[1] * _call.STORAGE[fmt][1]
+    codes = torch.empty((r, k), dtype=torch.int8, device=words.device)
+    call("op=pack_%s;embd=%d" % (fmt, k),
+         [ffi_tensor("codes", codes, "int8"), ffi_tensor("packed", words.contiguous(), fmt, logical=(r, k))],
+         words, unpack=1)
+    return codes
+
+
+# ---- the straight-through quantizers --------------------------------------------
+
+
+class _FakeQuantAct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, act, ascale):
+        shape = x.shape
+        codes, scale = quantize_act(x.reshape(-1, shape[-1]), act, ascale)
+        return dequantize(codes, scale, act, ascale, x.dtype).reshape(shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None
+
+
+class _FakeQuantWeight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, weight, wscale):
+        shape = w.shape
+        codes, scale = quantize_weight(w.reshape(-1, shape[-1]), weight, wscale)
+        return dequantize(codes, scale, "int8", "token" if wscale == "channel" else "tensor",
+                          w.dtype).reshape(shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None
+
+
+def fake_quant_act(x, act="int8", ascale="token"):
+    """x's codes times their scales (x's dtype), gradient passed straight."""
+    return _FakeQuantAct.apply(x, act, ascale)
+
+
+def fake_quant_weight(w, weight="int8", wscale="channel"):
+    """w's codes times their scales (w's dtype), gradient passed straight."""
+    return _FakeQuantWeight.apply(w, weight, wscale)
+
+
+# ---- projection -------------------------------------------------------------------
+
+
+def _relu_text(relu):
+    return "none" if relu is None else repr(float(relu))
+
+
+def _exec_weight(w, weight, wscale):
+    """w (H,L,E) master -> (storage, scale, fmt) the kernels read."""
+    H, L, E = w.shape
+    if weight not in LOWBIT:
+        return w.to(_call.STORAGE[weight][0]).contiguous(), None, weight
+    codes, scale = quantize_weight(w.reshape(H * L, E), weight, wscale)
+    if weight in PACKED:
+        return pack(codes, weight).reshape(H, L, -1), scale, weight
+    return codes.reshape(H, L, E), scale, weight
+
+
+def _proj_spec(op, H, Hin, E, L, weight, act, extra):
+    text = "op=%s;heads=%d;in_heads=%d;embd=%d;latent=%d" % (op, H, Hin, E, L)
+    return text + extra
+
+
+def _proj_fwd_impl(x, w, weight, relu, has_relu):
+    B, Hin, T, E = x.shape
+    H, L, E2 = w.shape
+    xf = float_fmt(x, "x")
+    lowbit = weight in LOWBIT
+    act = "int8" if lowbit else xf
+    x = x.contiguous()
+    if lowbit:
+        xq, xsc = quantize_act(x.reshape(B * Hin * T, E), "int8", "token")
+        xq = xq.reshape(B, Hin, T, E)
+        scales = ";wscale=channel;ascale=token"
+    else:
+        xq, xsc = x, None
+        scales = ""
+        weight = xf
+    wq, wsc, _ = _exec_weight(w, weight, "channel")
+    out = torch.empty((B, H, T, L), dtype=x.dtype, device=x.device)
+    relu_t = _relu_text(relu if has_relu else None)
+    text = _proj_spec("lowrank_fwd", H, Hin, E, L, weight, act,
+                      ";weight=%s;act=%s;out=%s;relu=%s%s" % (weight, act, xf, relu_t, scales))
+    call(text, [ffi_tensor("x", xq, act, xsc, logical=(B, Hin, T, E)),
+                ffi_tensor("w", wq, weight, wsc, logical=(H, L, E)),
+                ffi_tensor("out", out, xf)], x)
+    if not lowbit:  # the float path saves its inputs (a custom op's outputs may not alias them)
+        none = lambda: torch.empty(0, dtype=torch.float32, device=x.device)  # noqa: E731
+        return out, none(), none(), none(), none()
+    return out, xq, xsc, wq, wsc
+
+
+def _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, relu, has_relu, x_float):
+    B, Hin, T, E = x_shape
+    H, L, _ = w_shape
+    lowbit = weight in LOWBIT
+    act = "int8" if lowbit else x_float
+    if not lowbit:
+        weight = x_float
+    scales_w = ";wscale=channel" if lowbit else ""
+    scales_a = ";ascale=token" if lowbit else ""
+    g = grad.to(torch.float32).contiguous()
+    xs = xsc if lowbit else None
+    ws = wsc if lowbit else None
+    if not lowbit:  # xq, wq are the inputs x and w (the masters)
+        xq, wq = xq.contiguous(), wq.to(xq.dtype).contiguous()
+    fx = lambda: ffi_tensor("x", xq, act, xs, logical=(B, Hin, T, E))  # noqa: E731
+    fw = lambda: ffi_tensor("w", wq, weight, ws, logical=(H, L, E))  # noqa: E731
+    if has_relu:
+        gm = torch.empty_like(g)
+        call(_proj_spec("relu_mask", H, Hin, E, L, weight, act, ";weight=%s;act=%s;relu=%s%s%s" % (
+            weight, act, _relu_text(relu), scales_w, scales_a)),
+            [fx(), fw(), ffi_tensor("grad", g, "f32"), ffi_tensor("grad_out", gm, "f32")], g)
+        g = gm
+    gx = torch.empty((B, Hin, T, E), dtype=torch.float32, device=g.device)
+    call(_proj_spec("lowrank_grad_input", H, Hin, E, L, weight, act, ";weight=%s%s" % (weight, scales_w)),
+         [ffi_tensor("grad", g, "f32"), fw(), ffi_tensor("grad_x", gx, "f32")], g)
+    gw = torch.empty((H, L, E), dtype=torch.float32, device=g.device)
+    call(_proj_spec("lowrank_grad_weight", H, Hin, E, L, weight, act, ";act=%s%s" % (act, scales_a)),
+         [ffi_tensor("grad", g, "f32"), fx(), ffi_tensor("grad_w", gw, "f32")], g)
+    return gx, gw
+
+
+# ---- decoder ----------------------------------------------------------------------
+
+
+def _dec_fwd_impl(y, w, weight):
+    B, H, T, L = y.shape
+    E, HL = w.shape
+    yf = float_fmt(y, "y")
+    y = y.contiguous()
+    lowbit = weight in LOWBIT
+    if lowbit:
+        codes, wsc = quantize_weight(w, weight, "channel")
+        wq = pack(codes, weight) if weight in PACKED else codes
+        extra = ";wscale=channel"
+    else:
+        weight = yf
+        wq, wsc, extra = w.to(y.dtype).contiguous(), None, ""
+    out = torch.empty((B, 1, T, E), dtype=torch.float32, device=y.device)
+    call("op=decoder_fwd;heads=%d;embd=%d;latent=%d;weight=%s;act=%s;out=f32%s" % (H, E, L, weight, yf, extra),
+         [ffi_tensor("y", y, yf), ffi_tensor("w", wq, weight, wsc, logical=(E, HL)),
+          ffi_tensor("out", out, "f32")], y)
+    if not lowbit:  # the float path saves the master (no alias out of a custom op)
+        none = lambda: torch.empty(0, dtype=torch.float32, device=y.device)  # noqa: E731
+        return out, none(), none()
+    return out, wq, wsc
+
+
+def _dec_bwd_impl(grad, y, wq, wsc, weight, w_shape):
+    B, H, T, L = y.shape
+    E, HL = w_shape
+    yf = float_fmt(y, "y")
+    lowbit = weight in LOWBIT
+    if not lowbit:  # wq is the master
+        weight = yf
+        wq = wq.to(y.dtype).contiguous()
+    extra = ";wscale=channel" if lowbit else ""
+    g = grad.to(torch.float32).contiguous()
+    gy = torch.empty((B, H, T, L), dtype=torch.float32, device=g.device)
+    call("op=decoder_grad_input;heads=%d;embd=%d;latent=%d;weight=%s%s" % (H, E, L, weight, extra),
+         [ffi_tensor("grad", g, "f32"), ffi_tensor("w", wq, weight, wsc if lowbit else None, logical=(E, HL)),
+          ffi_tensor("grad_y", gy, "f32")], g)
+    gw = torch.empty((E, HL), dtype=torch.float32, device=g.device)
+    call("op=decoder_grad_weight;heads=%d;embd=%d;latent=%d;act=%s" % (H, E, L, yf),
+         [ffi_tensor("grad", g, "f32"), ffi_tensor("y", y.contiguous(), yf), ffi_tensor("grad_w", gw, "f32")], g)
+    return gy, gw
+
+
+# ---- attention --------------------------------------------------------------------
+
+_ropes = {}
+
+
+def rope_table(t, n, device):
+    """dragon's RoPE table (T, N) f32 (pairs' cos and sin of
+    DESIGN.md's phases), on device (cached)."""
+    key = (t, n, str(device))
+    r = _ropes.get(key)
+    if r is None:
+        L = _lib.lib()
+        fn = L.dg_ref_rope_pairs
+        fn.restype, fn.argtypes = None, [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        host = torch.empty((t, n), dtype=torch.float32)
+        fn(t, n, host.data_ptr())
+        r = _ropes[key] = host.to(device)
+    return r
+
+
+def _att_fwd_impl(xs, v):
+    B, H, T, L = xs.shape
+    E = v.shape[-1]
+    f = float_fmt(xs, "xs")
+    xs, v = xs.contiguous(), v.to(xs.dtype).contiguous()
+    rope = rope_table(T, L, xs.device)
+    scores = torch.empty((B, H, T, T), dtype=xs.dtype, device=xs.device)
+    call("op=attention_scores;heads=%d;latent=%d;act=%s" % (H, L, f),
+         [ffi_tensor("xs", xs, f), ffi_tensor("rope", rope, "f32"), ffi_tensor("scores", scores, f)], xs)
+    out = torch.empty((B, H, T, E), dtype=xs.dtype, device=xs.device)
+    call("op=attention_out;heads=%d;embd=%d;act=%s" % (H, E, f),
+         [ffi_tensor("scores", scores, f), ffi_tensor("v", v, f), ffi_tensor("out", out, f)], xs)
+    return out, scores
+
+
+def _att_bwd_impl(grad, xs, v, scores):
+    B, H, T, L = xs.shape
+    E = v.shape[-1]
+    f = float_fmt(xs, "xs")
+    g = grad.to(torch.float32).contiguous()
+    v = v.to(xs.dtype).contiguous()
+    rope = rope_table(T, L, xs.device)
+    c = torch.empty((B, H, T, T), dtype=xs.dtype, device=xs.device)
+    call("op=attention_grad_scores;heads=%d;embd=%d;act=%s" % (H, E, f),
+         [ffi_tensor("grad", g, "f32"), ffi_tensor("v", v, f), ffi_tensor("grad_scores", c, f)], g)
+    gv = torch.empty((B, 1, T, E), dtype=torch.float32, device=g.device)
+    call("op=attention_grad_v;heads=%d;embd=%d;act=%s" % (H, E, f),
+         [ffi_tensor("scores", scores, f), ffi_tensor("grad", g, "f32"), ffi_tensor("grad_v", gv, "f32")], g)
+    gxs = torch.empty((B, H, T, L), dtype=torch.float32, device=g.device)
+    call("op=attention_grad_xs;heads=%d;latent=%d;act=%s;out=f32" % (H, L, f),
+         [ffi_tensor("grad_scores", c, f), ffi_tensor("xs", xs.contiguous(), f), ffi_tensor("rope", rope, "f32"),
+          ffi_tensor("grad_xs", gxs, "f32")], g)
+    return gxs, gv
+
+
+# ---- the custom ops (what torch.compile sees) ---------------------------------------
+
+@torch.library.custom_op("dragon::projection_fwd", mutates_args=())
+def projection_fwd(x: torch.Tensor, w: torch.Tensor, weight: str, relu: float, has_relu: bool) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _proj_fwd_impl(x, w, weight, relu, has_relu)
+
+
+@projection_fwd.register_fake
+def _(x, w, weight, relu, has_relu):
+    B, Hin, T, E = x.shape
+    H, L, _ = w.shape
+    out = x.new_empty((B, H, T, L))
+    if weight not in LOWBIT:
+        none = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
+        return out, none(), none(), none(), none()
+    xq = x.new_empty((B, Hin, T, E), dtype=torch.int8)
+    wq = w.new_empty(storage_shape(weight, (H, L, E)), dtype=_call.STORAGE[weight][0])
+    return (out, xq, x.new_empty((B * Hin * T,), dtype=torch.float32), wq,
+            x.new_empty((H * L,), dtype=torch.float32))
+
+
+@torch.library.custom_op("dragon::projection_bwd", mutates_args=())
+def projection_bwd(grad: torch.Tensor, xq: torch.Tensor, xsc: torch.Tensor, wq: torch.Tensor, wsc: torch.Tensor,
+                   x_shape: list[int], w_shape: list[int], weight: str, relu: float, has_relu: bool,
+                   x_float: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, relu, has_relu, x_float)
+
+
+@projection_bwd.register_fake
+def _(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, relu, has_relu, x_float):
+    return (grad.new_empty(tuple(x_shape), dtype=torch.float32), grad.new_empty(tuple(w_shape), dtype=torch.float32))
+
+
+@torch.library.custom_op("dragon::decoder_fwd", mutates_args=())
+def decoder_fwd(y: torch.Tensor, w: torch.Tensor, weight: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _dec_fwd_impl(y, w, weight)
+
+
+@decoder_fwd.register_fake
+def _(y, w, weight):
+    B, H, T, L = y.shape
+    E, HL = w.shape
+    out = y.new_empty((B, 1, T, E), dtype=torch.float32)
+    if weight not in LOWBIT:
+        none = lambda: y.new_empty((0,), dtype=torch.float32)  # noqa: E731
+        return out, none(), none()
+    wq = w.new_empty(storage_shape(weight, (E, HL)), dtype=_call.STORAGE[weight][0])
+    return out, wq, y.new_empty((E,), dtype=torch.float32)
+
+
+@torch.library.custom_op("dragon::decoder_bwd", mutates_args=())
+def decoder_bwd(grad: torch.Tensor, y: torch.Tensor, wq: torch.Tensor, wsc: torch.Tensor, weight: str,
+                w_shape: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _dec_bwd_impl(grad, y, wq, wsc, weight, w_shape)
+
+
+@decoder_bwd.register_fake
+def _(grad, y, wq, wsc, weight, w_shape):
+    return (y.new_empty(y.shape, dtype=torch.float32), y.new_empty(tuple(w_shape), dtype=torch.float32))
+
+
+@torch.library.custom_op("dragon::attention_fwd", mutates_args=())
+def attention_fwd(xs: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _att_fwd_impl(xs, v)
+
+
+@attention_fwd.register_fake
+def _(xs, v):
+    B, H, T, L = xs.shape
+    return xs.new_empty((B, H, T, v.shape[-1])), xs.new_empty((B, H, T, T))
+
+
+@torch.library.custom_op("dragon::attention_bwd", mutates_args=())
+def attention_bwd(grad: torch.Tensor, xs: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> tuple[
+        torch.Tensor, torch.Tensor]:
+    return _att_bwd_impl(grad, xs, v, scores)
+
+
+@attention_bwd.register_fake
+def _(grad, xs, v, scores):
+    return xs.new_empty(xs.shape, dtype=torch.float32), v.new_empty(v.shape, dtype=torch.float32)
+
+
+# ---- the differentiable ops -----------------------------------------------------------
+
+
+class Projection(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, weight, relu):
+        has_relu = relu is not None
+        out, xq, xsc, wq, wsc = torch.ops.dragon.projection_fwd(x, w, weight, 0.0 if relu is None else float(relu),
+                                                                has_relu)
+        if weight in LOWBIT:
+            ctx.save_for_backward(xq, xsc, wq, wsc)
+        else:
+            ctx.save_for_backward(x, xsc, w, wsc)
+        ctx.cfg = (list(x.shape), list(w.shape), weight, 0.0 if relu is None else float(relu), has_relu,
+                   _call.FLOAT_FMT.get(x.dtype, "f32"), x.dtype, w.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        xq, xsc, wq, wsc = ctx.saved_tensors
+        xs, ws, weight, relu, has_relu, xf, xdt, wdt = ctx.cfg
+        gx, gw = torch.ops.dragon.projection_bwd(grad, xq, xsc, wq, wsc, xs, ws, weight, relu, has_relu, xf)
+        return gx.to(xdt), gw.to(wdt), None, None
+
+
+class Decoder(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, w, weight):
+        out, wq, wsc = torch.ops.dragon.decoder_fwd(y, w, weight)
+        ctx.save_for_backward(y, wq if weight in LOWBIT else w, wsc)
+        ctx.cfg = (weight, list(w.shape), y.dtype, w.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, wq, wsc = ctx.saved_tensors
+        weight, ws, ydt, wdt = ctx.cfg
+        gy, gw = torch.ops.dragon.decoder_bwd(grad, y, wq, wsc, weight, ws)
+        return gy.to(ydt), gw.to(wdt), None
+
+
+class Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, xs, v):
+        out, scores = torch.ops.dragon.attention_fwd(xs, v)
+        ctx.save_for_backward(xs, v, scores)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        xs, v, scores = ctx.saved_tensors
+        gxs, gv = torch.ops.dragon.attention_bwd(grad, xs, v, scores)
+        return gxs.to(xs.dtype), gv.to(v.dtype)
+
+
+def projection(x, w, weight="int8", relu=0.0):
+    """relu(x . w^T - relu) per head (relu None: no ReLU); see the module doc."""
+    if weight not in LOWBIT + ("f32", "bf16"):
+        raise dragon.InvalidArgument("weight '%s': one of int8, ternary, sign1, f32, bf16" % weight,
+                                     "invalid argument")
+    return Projection.apply(x, w, weight, relu)
+
+
+def decoder(y, w, weight="int8"):
+    """The decoder tail: sum_h y[:, h] . w[:, h*L:(h+1)*L]^T, (B,1,T,E) f32."""
+    return Decoder.apply(y, w, weight)
+
+
+def attention(xs, v):
+    """BDH's linear attention with RoPE (no softmax): tril(qr qr^T, -1) v."""
+    return Attention.apply(xs, v)

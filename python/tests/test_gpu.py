@@ -1,0 +1,225 @@
+"""dragon.torch on the GPU (each test prints "skipped: no CUDA device"
+without one): every op against the PyTorch math in float64 (dragon's
+float paths are f32/bf16, so the gradients are checked against the
+float64 autograd of the same math, not by torch.autograd.gradcheck's
+finite differences in float64, which needs a float64 path), the integer
+paths exactly (codes, packing, the projection's integer products
+recomputed from the codes), the module's loss and gradients against the
+project's PyTorch model, a torch.compile'd model calling the ops, and the
+ops captured in torch.cuda.graph."""
+import math
+
+import pytest
+import torch
+
+import dragon
+import dragon.torch as dt
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def test_quantize_act_codes_and_scales(gpu):
+    x = torch.randn(64, 256, device=gpu) * torch.rand(64, 1, device=gpu) * 3
+    codes, scale = dt.quantize_act(x, "int8", "token")
+    assert codes.dtype == torch.int8 and scale.shape == (64,)
+    # a row's scale is its absmax over 127 and its codes round x / scale
+    amax = x.abs().amax(1)
+    assert torch.allclose(scale, amax / 127, rtol=1e-6, atol=0)
+    want = torch.clamp(torch.round(x / scale[:, None]), -127, 127).to(torch.int8)
+    assert (codes.int() - want.int()).abs().max().item() <= 1  # ties of the rounding
+    assert (codes != want).float().mean().item() < 1e-3
+    back = dt.dequantize(codes, scale, "int8", "token")
+    assert (back - x).abs().max().item() <= scale.max().item() * 0.5 + 1e-6
+
+
+@pytest.mark.parametrize("fmt", ["ternary", "sign1"])
+def test_pack_round_trip_exact(gpu, fmt):
+    w = torch.randn(128, 256, device=gpu)
+    codes, scale = dt.quantize_weight(w, fmt, "channel")
+    vals = set(codes.unique().tolist())
+    assert vals <= ({-1, 0, 1} if fmt == "ternary" else {-1, 1})
+    words = dt.pack(codes, fmt)
+    assert words.shape == (128, 256 // (16 if fmt == "ternary" else 32))
+    assert torch.equal(dt.unpack(words, fmt), codes)
+
+
+def proj_ref(x, w, relu, weight):
+    """The projection in float64 from what the kernel reads."""
+    xd, wd = x.double(), w.double()
+    y = torch.einsum("bite,hle->bhtl", xd, wd)
+    return torch.relu(y - relu) if relu is not None else y
+
+
+@pytest.mark.parametrize("weight", ["f32", "bf16"])
+def test_projection_float_against_float64(gpu, weight):
+    dtype = torch.float32 if weight == "f32" else torch.bfloat16
+    x = torch.randn(2, 1, 64, 256, device=gpu, dtype=dtype, requires_grad=True)
+    w = (torch.randn(4, 512, 256, device=gpu) * 0.05).to(dtype).requires_grad_()
+    y = dt.projection(x, w, weight=weight, relu=0.0)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = proj_ref(x64, w64, 0.0, weight)
+    tol = 1e-5 if weight == "f32" else 1e-2
+    assert rel(y, want) < tol
+    g = torch.randn_like(want)
+    y.backward(g.to(y.dtype))
+    want.backward(g)
+    assert rel(x.grad, x64.grad) < tol * 2 and rel(w.grad, w64.grad) < tol * 2
+
+
+@pytest.mark.parametrize("weight", ["int8", "ternary"])
+def test_projection_lowbit_is_the_codes_product(gpu, weight):
+    x = torch.randn(2, 1, 64, 256, device=gpu, requires_grad=True)
+    w = (torch.randn(4, 512, 256, device=gpu) * 0.05).requires_grad_()
+    y = dt.projection(x, w, weight=weight, relu=0.0)
+    xq, xs = dt.quantize_act(x.detach().reshape(-1, 256), "int8", "token")
+    wq, ws = dt.quantize_weight(w.detach().reshape(-1, 256), weight, "channel")
+    acc = torch.einsum("re,ce->rc", xq.double(), wq.double())  # exact integers in float64
+    want = torch.relu(acc * xs.double()[:, None] * ws.double()[None, :])
+    want = want.reshape(2, 64, 4, 512).permute(0, 2, 1, 3)
+    assert rel(y, want) < 1e-6
+    # straight-through: the gradients of the dequantized math, masked where y > 0
+    xd = (xq.double() * xs.double()[:, None]).reshape(2, 1, 64, 256).requires_grad_()
+    wd = (wq.double() * ws.double()[:, None]).reshape(4, 512, 256).requires_grad_()
+    ref = proj_ref(xd, wd, 0.0, weight)
+    g = torch.randn_like(ref)
+    y.backward(g.float())
+    ref.backward(g)
+    assert rel(x.grad, xd.grad) < 1e-3 and rel(w.grad, wd.grad) < 1e-3
+
+
+@pytest.mark.parametrize("weight", ["int8", "bf16"])
+def test_decoder_against_float64(gpu, weight):
+    y = torch.rand(2, 4, 64, 512, device=gpu, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(256, 4 * 512, device=gpu) * 0.02).requires_grad_()
+    out = dt.decoder(y, w, weight=weight)
+    wd = w.detach().double()
+    if weight == "int8":
+        wq, ws = dt.quantize_weight(w.detach(), "int8", "channel")
+        wd = wq.double() * ws.double()[:, None]
+    yd = y.detach().double().requires_grad_()
+    wd = wd.requires_grad_()
+    want = torch.einsum("bhtl,ehl->bte", yd, wd.view(256, 4, 512)).unsqueeze(1)
+    assert rel(out, want) < 1e-3
+    g = torch.randn_like(want)
+    out.backward(g.float())
+    want.backward(g)
+    assert rel(y.grad, yd.grad) < 1e-2 and rel(w.grad, wd.grad) < 1e-3
+
+
+def rope_ref(xs, t, n):
+    i = torch.arange(n, dtype=torch.float64, device=xs.device)
+    freq = 1.0 / (2.0 ** 16) ** ((i / 2).floor() * 2 / n) / (2 * math.pi)
+    ph = (torch.arange(t, dtype=torch.float64, device=xs.device)[:, None] * freq) % 1.0 * 2 * math.pi
+    rot = torch.stack((-xs[..., 1::2], xs[..., 0::2]), dim=-1).flatten(-2)
+    return xs * torch.cos(ph) + rot * torch.sin(ph)
+
+
+def test_attention_against_float64(gpu):
+    xs = torch.rand(2, 4, 64, 512, device=gpu, requires_grad=True)
+    v = torch.randn(2, 1, 64, 256, device=gpu, requires_grad=True)
+    out = dt.attention(xs, v)
+    xd, vd = xs.detach().double().requires_grad_(), v.detach().double().requires_grad_()
+    qr = rope_ref(xd, 64, 512)
+    want = (qr @ qr.mT).tril(-1) @ vd
+    assert rel(out, want) < 1e-4
+    g = torch.randn_like(want)
+    out.backward(g.float())
+    want.backward(g)
+    assert rel(xs.grad, xd.grad) < 1e-3 and rel(v.grad, vd.grad) < 1e-3
+
+
+TINY = dict(layers=2, embd=64, heads=2, neurons=256, vocab=256)
+
+
+@pytest.mark.parametrize("preset", ["f32", "bf16", "w8a8", "bitnet"])
+def test_bdh_module_against_the_pytorch_model(gpu, preset):
+    import bdh_torch
+
+    m = dt.BDH(preset, batch=2, time=32, dropout=0.0, seed=3, device=gpu, **TINY)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(10.0)
+    ref = bdh_torch.BDH(dropout=0.0, quant=None if preset in ("f32", "bf16") else preset, **TINY).to(gpu)
+    ref.load_state_dict(m.state_dict())
+    g = torch.Generator(device=gpu).manual_seed(1)
+    idx = torch.randint(0, 256, (2, 32), device=gpu, generator=g)
+    tgt = torch.randint(0, 256, (2, 32), device=gpu, generator=g)
+    loss = m(idx, tgt)
+    loss.backward()
+    with torch.autocast("cuda", torch.bfloat16, enabled=preset == "bf16"):
+        want = ref(idx, tgt)
+    want.backward()
+    tol = {"f32": 1e-5, "bf16": 1e-2, "w8a8": 3e-3, "bitnet": 3e-3}[preset]
+    assert abs(loss.item() - want.item()) <= tol * want.item(), (loss.item(), want.item())
+    for (n, p), (_, q) in zip(sorted(m.named_parameters()), sorted(ref.named_parameters())):
+        assert rel(p.grad, q.grad) < (1e-3 if preset == "f32" else 6e-2), n
+    assert not m.bad_tokens()
+
+
+def test_bdh_trains_with_adamw_and_in_cuda_graph_free_steps(gpu):
+    m = dt.BDH("w8a8", batch=4, time=64, seed=2, device=gpu, **TINY)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1, fused=True)
+    idx = torch.randint(0, 256, (4, 64), device=gpu)
+    tgt = torch.roll(idx, -1, 1)
+    losses = []
+    for _ in range(40):
+        loss = m(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 1.0, losses
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(2, 128, 64) * 0.1)
+        self.d = torch.nn.Parameter(torch.randn(64, 2 * 128) * 0.05)
+
+    def forward(self, x):
+        y = dt.projection(x, self.w, weight="int8", relu=0.0)
+        return dt.decoder(y.to(torch.bfloat16), self.d, weight="int8")
+
+
+def test_torch_compile_traces_the_ops(gpu):
+    torch.manual_seed(0)
+    mod = Tiny().to(gpu)
+    x = torch.randn(2, 1, 32, 64, device=gpu, requires_grad=True)
+    eager = mod(x)
+    eager.sum().backward()
+    ge = [p.grad.clone() for p in mod.parameters()]
+    mod.zero_grad()
+    comp = torch.compile(mod, fullgraph=True)
+    out = comp(x)
+    out.sum().backward()
+    assert torch.equal(out, eager)
+    for p, g in zip(mod.parameters(), ge):
+        assert torch.equal(p.grad, g)
+
+
+def test_cuda_graph_capture_replays_the_ops(gpu):
+    torch.manual_seed(0)
+    mod = Tiny().to(gpu)
+    x = torch.randn(2, 1, 32, 64, device=gpu, requires_grad=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up: the kernels compiled and loaded before capture
+        for _ in range(2):
+            mod(x).sum().backward()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    mod.zero_grad(set_to_none=False)
+    with torch.cuda.graph(g):
+        out = mod(x)
+        out.sum().backward()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        for p in mod.parameters():
+            p.grad.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    eager = mod(x)
+    assert torch.equal(out, eager)
