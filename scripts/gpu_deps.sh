@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fetches the Debian packages a GPU machine without network needs to build
 # and test dragon (Lua 5.4, cJSON, Criterion and the libraries they load,
-# pkgconf) into .gpu/debs, for scripts/gpu_test.sh to unpack there, and the
+# pkgconf) into .gpu/debs, for scripts/gpu_test.sh to unpack there, the
 # built-in corpus (scripts/corpus.sh) into .gpu/corpus/shakespeare.txt
-# (4.8 MiB).
+# (4.8 MiB), and the wheels the Python tests install (pytest, setuptools)
+# into .gpu/wheels.
 #
 #   scripts/gpu_deps.sh            (run here: Debian 12, amd64, with network)
 #
@@ -103,4 +104,13 @@ if [ "$total" -gt "$limit" ]; then
   exit 1
 fi
 scripts/corpus.sh --out .gpu/corpus/shakespeare.txt
-echo "gpu_deps.sh: ready; on the GPU machine run scripts/gpu_test.sh with carry [\"$dir\", \".gpu/corpus\"]" >&2
+# The Python package's tests there (tests/scripts/check_python.sh, offline:
+# pip --no-index --find-links .gpu/wheels): pytest and setuptools as
+# pure-Python wheels, for any Python 3 the machine has.
+wheels=.gpu/wheels
+mkdir -p "$wheels"
+if ! ls "$wheels"/pytest-*.whl "$wheels"/setuptools-*.whl >/dev/null 2>&1; then
+  echo "gpu_deps.sh: fetching the pytest and setuptools wheels" >&2
+  python3 -m pip download -q --only-binary=:all: --dest "$wheels" pytest setuptools
+fi
+echo "gpu_deps.sh: ready; on the GPU machine run scripts/gpu_test.sh with carry [\"$dir\", \".gpu/corpus\", \"$wheels\"]" >&2

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The Python package as a user installs it: `pip install ./python` into a
-# virtual environment (its own, under the build folder, without a pip of
-# its own: the system's pip, setuptools and torch are seen through its
-# site-packages, so nothing older shadows them), pytest installed there
-# if missing, then the package's tests against this build's library
-# (DRAGON_LIB): the CPU tests run, the GPU tests print "skipped: no CUDA
-# device" without one (DRAGON_REQUIRE_GPU=1 makes that a failure).
+# folder of its own under the build folder (pip --target, so python3 keeps
+# seeing its torch wherever it is installed, and no environment of the
+# machine is touched), pytest installed there if python3 lacks it, then
+# the package's tests, run from the installed copy against this build's
+# library (DRAGON_LIB): the CPU tests run, the GPU tests print "skipped:
+# no CUDA device" without one (DRAGON_REQUIRE_GPU=1 makes that a failure).
+# A machine without network (the GPU one) installs from the wheels
+# scripts/gpu_deps.sh fetched (.gpu/wheels).
 # Exits 77 (ctest's skip) where python3 cannot import torch, or the
 # library is built with sanitizers (python3 would need their runtime
 # preloaded).
@@ -21,20 +23,25 @@ if ! python3 -c 'import torch' 2>/dev/null; then
   echo "skipped: no torch (python3 cannot import torch)"
   exit 77
 fi
-venv="$build/pyenv"
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv --system-site-packages --without-pip "$venv" || { echo "check_python: python3 -m venv failed" >&2; exit 1; }
+site="$build/python-site"
+pipx=(--disable-pip-version-check)
+if [ -d "$src/.gpu/wheels" ]; then
+  pipx+=(--find-links "$src/.gpu/wheels")
+  [ "${DRAGON_REQUIRE_GPU:-0}" = 1 ] && pipx+=(--no-index)
 fi
-py="$venv/bin/python"
-"$py" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$src/python" ||
+export PYTHONPATH="$site"
+if ! python3 -c 'import setuptools' 2>/dev/null; then
+  python3 -m pip install -q "${pipx[@]}" --target "$site" setuptools ||
+    { echo "check_python: pip install setuptools failed" >&2; exit 1; }
+fi
+rm -rf "$site/dragon" "$site"/dragon_bdh-*
+python3 -m pip install -q "${pipx[@]}" --no-build-isolation --no-deps --upgrade --target "$site" "$src/python" ||
   { echo "check_python: pip install ./python failed" >&2; exit 1; }
-if ! "$py" -c 'import pytest' 2>/dev/null; then
-  "$py" -m pip install -q pytest || { echo "check_python: pip install pytest failed" >&2; exit 1; }
+if ! python3 -c 'import pytest' 2>/dev/null; then
+  python3 -m pip install -q "${pipx[@]}" --target "$site" pytest ||
+    { echo "check_python: pip install pytest failed" >&2; exit 1; }
 fi
-# the installed package, not the tree's: run from outside python/
-cd "$build"
-inst=$("$py" -c 'import dragon, os; print(os.path.dirname(dragon.__file__))')
-case "$inst" in
-  "$src/python/"*) echo "check_python: dragon imported from the tree ($inst), not the install" >&2; exit 1 ;;
-esac
-DRAGON_LIB="$build" "$py" -m pytest -q -rs -p no:cacheprovider "$src/python/tests"
+cd "$build" # the installed package, not the tree's
+inst=$(python3 -c 'import dragon, os; print(os.path.dirname(dragon.__file__))')
+[ "$inst" = "$site/dragon" ] || { echo "check_python: dragon imported from $inst, not the install in $site" >&2; exit 1; }
+DRAGON_LIB="$build" python3 -m pytest -q -rs -p no:cacheprovider "$src/python/tests"
