@@ -165,6 +165,8 @@ class Model:
         st = L.dg_ffi_model_create(device.handle if device else None, preset.encode(), ctypes.byref(sizes),
                                    batch, time, seed, ctypes.byref(h), buf, _lib.MSG)
         _lib.check(st, buf)
+        if device:  # the weights went up on dragon's stream; a consumer on another one waits for them
+            device.sync()
         self._h, self.preset, self.batch, self.time = h, preset, batch, time
         self.params = []
         for p in range(len(PARAMS)):
