@@ -64,29 +64,7 @@ struct dg__at_case {
 
 static int64_t extent(const dg__at_case *c, dg_dim d)
 {
-	const dg_spec *s = &c->spec;
-	switch (d) {
-	case DG_DIM_B:
-		return c->b;
-	case DG_DIM_T:
-		return c->t_len;
-	case DG_DIM_R:
-		return c->r;
-	case DG_DIM_H:
-		return s->heads;
-	case DG_DIM_HIN:
-		return s->in_heads;
-	case DG_DIM_E:
-		return s->embd;
-	case DG_DIM_L:
-		return s->latent;
-	case DG_DIM_HL:
-		return (int64_t)s->heads * s->latent;
-	case DG_DIM_V:
-		return s->vocab;
-	default:
-		return 1;
-	}
+	return dg_op_dim_extent(&c->spec, d, c->b, c->t_len, c->r);
 }
 
 /* The case's sizes from the op table: B = 1, T = rows; R and the

@@ -50,32 +50,6 @@ dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size)
 
 /* ---- ops --------------------------------------------------------------------- */
 
-static int64_t dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r)
-{
-	switch (d) {
-	case DG_DIM_B:
-		return b;
-	case DG_DIM_T:
-		return t;
-	case DG_DIM_R:
-		return r;
-	case DG_DIM_H:
-		return s->heads;
-	case DG_DIM_HIN:
-		return s->in_heads;
-	case DG_DIM_E:
-		return s->embd;
-	case DG_DIM_L:
-		return s->latent;
-	case DG_DIM_HL:
-		return (int64_t)s->heads * s->latent;
-	case DG_DIM_V:
-		return s->vocab;
-	default:
-		return 1;
-	}
-}
-
 dg_status dg_ffi_op_args(const dg_spec *s, int64_t b, int64_t t, int64_t r, dg_ffi_tensor *out,
 			 int32_t *output, int32_t *optional, int32_t *n, char *msg, size_t msg_size)
 {
@@ -97,7 +71,7 @@ dg_status dg_ffi_op_args(const dg_spec *s, int64_t b, int64_t t, int64_t r, dg_f
 		o->ndim = a->ndim;
 		for (int d = 0; d < a->ndim; d++) {
 			const dg_dim dd = a->dims[d];
-			int64_t e = dim_extent(s, dd, b, t, r);
+			int64_t e = dg_op_dim_extent(s, dd, b, t, r);
 			if ((dd == DG_DIM_B || dd == DG_DIM_T || dd == DG_DIM_R) && e < 1)
 				return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
 						"%s: %s's %s is %lld: must be at least 1", dg_op_name(s->op), a->name,

@@ -623,6 +623,32 @@ const dg_op_info *dg_op_info_of(dg_op op)
 	return (unsigned)op < DG_OP__COUNT ? &rows[op] : NULL;
 }
 
+int64_t dg_op_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r)
+{
+	switch (d) {
+	case DG_DIM_B:
+		return b;
+	case DG_DIM_T:
+		return t;
+	case DG_DIM_R:
+		return r;
+	case DG_DIM_H:
+		return s->heads;
+	case DG_DIM_HIN:
+		return s->in_heads;
+	case DG_DIM_E:
+		return s->embd;
+	case DG_DIM_L:
+		return s->latent;
+	case DG_DIM_HL:
+		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
+	default:
+		return 1;
+	}
+}
+
 dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f)
 {
 	const dg_op_info *row;

@@ -26,6 +26,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "fmt.h"
 #include "status.h"
@@ -332,6 +333,10 @@ const dg_op_info *dg_op_info_of(dg_op op);
  * dg_op_arg.fmt): s's act, weight, out or src, int8 codes, the op's
  * pack_fmt, int32 token ids, or f32. */
 dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f);
+
+/* The extent of dimension d under s: B, T and R the call's (b, t, r),
+ * the others the spec's (H, Hin, E, L, H·L, V; 1 for DG_DIM_ONE). */
+int64_t dg_op_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r);
 
 /* Whether argument i of s's op is one of a call under s (its epi; see
  * dg_op_arg.epi): the checks refuse the others given, the kernels never

@@ -16,28 +16,7 @@
 /* The extent of d, or -1 (any) for a call size not bound yet. */
 static int64_t extent(const dg_spec *s, dg_dim d, const dg__op_shape *sh)
 {
-	switch (d) {
-	case DG_DIM_B:
-		return sh->b;
-	case DG_DIM_T:
-		return sh->t;
-	case DG_DIM_R:
-		return sh->r;
-	case DG_DIM_H:
-		return s->heads;
-	case DG_DIM_HIN:
-		return s->in_heads;
-	case DG_DIM_E:
-		return s->embd;
-	case DG_DIM_L:
-		return s->latent;
-	case DG_DIM_HL:
-		return (int64_t)s->heads * s->latent;
-	case DG_DIM_V:
-		return s->vocab;
-	default:
-		return 1;
-	}
+	return dg_op_dim_extent(s, d, sh->b, sh->t, sh->r);
 }
 
 dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
