@@ -210,3 +210,38 @@ def test_cpu_bdh_trains_with_torch_adamw_and_grads_accumulate():
         assert torch.allclose(p.grad, 2 * g)
     with torch.no_grad():
         assert m(idx, tgt).requires_grad is False
+
+
+def test_the_example_follows_dragon_train(tmp_path):
+    """examples/train_bdh.py (tiny, on the CPU) against `dragon train
+    --cpu` of the same recipe, seed and text: the same batches, init,
+    schedule and dropout, torch's AdamW and clip for dragon's, so the two
+    losses agree step by step (within the optimizers' rounding) and fall."""
+    prog = os.environ.get("DRAGON") or os.path.join(os.path.dirname(dragon.library_path()), "dragon")
+    if not os.path.isfile(prog):
+        pytest.skip("no dragon program beside the library (%s)" % prog)
+    import random
+
+    random.seed(1)
+    words = open(os.path.join(os.path.dirname(PKG), "README.md")).read().split()
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(random.choice(words) for _ in range(20000)))
+    common = ["--preset", "w8a8", "--steps", "40", "--batch", "2", "--time", "16", "--seed", "5", "--data", str(text)]
+    ex = subprocess.run([sys.executable, os.path.join(PKG, "examples", "train_bdh.py"), *common, "--size", "tiny",
+                         "--lr", "3e-3", "--log", str(tmp_path / "ex.jsonl")], capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert ex.returncode == 0, ex.stderr
+    assert "val " in ex.stdout
+    dr = subprocess.run([prog, "train", *common, "--cpu", "--layers", "2", "--embd", "32", "--heads", "2",
+                         "--neurons", "64", "--lr", "3e-3", "--eval-batches", "2", "--out", str(tmp_path / "run")],
+                        capture_output=True, text=True, timeout=300)
+    assert dr.returncode == 0, dr.stderr
+    import json
+
+    got = [json.loads(l) for l in open(tmp_path / "ex.jsonl")]
+    want = [json.loads(l) for l in open(tmp_path / "run" / "log.jsonl")]
+    assert len(got) == len(want) == 40
+    for g, w in zip(got, want):
+        assert abs(g["lr"] - w["lr"]) <= 1e-6 * w["lr"], (g, w)
+        assert abs(g["train_loss"] - w["train_loss"]) <= 1e-4 * w["train_loss"], (g, w)  # 2.3e-6 here
+    assert got[-1]["train_loss"] < got[0]["train_loss"] - 0.5

@@ -12,6 +12,7 @@
 # library is built with sanitizers (python3 would need their runtime
 # preloaded).
 #   tests/scripts/check_python.sh SOURCE_DIR BUILD_DIR [SANITIZE]
+# $DRAGON: the dragon program the example is held to (default BUILD_DIR/dragon).
 set -uo pipefail
 src=${1:?source dir}
 build=${2:?build dir}
@@ -44,4 +45,4 @@ fi
 cd "$build" # the installed package, not the tree's
 inst=$(python3 -c 'import dragon, os; print(os.path.dirname(dragon.__file__))')
 [ "$inst" = "$site/dragon" ] || { echo "check_python: dragon imported from $inst, not the install in $site" >&2; exit 1; }
-DRAGON_LIB="$build" python3 -m pytest -q -rs -p no:cacheprovider "$src/python/tests"
+DRAGON="${DRAGON:-$build/dragon}" DRAGON_LIB="$build" python3 -m pytest -q -rs -p no:cacheprovider "$src/python/tests"
