@@ -223,3 +223,39 @@ def test_cuda_graph_capture_replays_the_ops(gpu):
     torch.cuda.synchronize()
     eager = mod(x)
     assert torch.equal(out, eager)
+
+
+def test_the_example_follows_dragon_train_on_the_gpu(gpu, tmp_path):
+    """examples/train_bdh.py on the GPU (the tiny size) against `dragon
+    train` on the GPU of the same run: the same batches, init, schedule and
+    dropout; torch's fused AdamW and clip for dragon's device step."""
+    import json
+    import os
+    import random
+    import subprocess
+    import sys
+
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    prog = os.environ.get("DRAGON") or os.path.join(os.path.dirname(dragon.library_path()), "dragon")
+    if not os.path.isfile(prog):
+        pytest.fail("no dragon program at %s" % prog)
+    random.seed(1)
+    words = open(os.path.join(os.path.dirname(pkg), "README.md")).read().split()
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(random.choice(words) for _ in range(40000)))
+    common = ["--preset", "w8a8", "--steps", "60", "--batch", "4", "--time", "64", "--seed", "5", "--lr", "3e-3",
+              "--data", str(text)]
+    ex = subprocess.run([sys.executable, os.path.join(pkg, "examples", "train_bdh.py"), *common, "--size", "tiny",
+                         "--log", str(tmp_path / "ex.jsonl")], capture_output=True, text=True, timeout=600)
+    assert ex.returncode == 0, ex.stderr
+    dr = subprocess.run([prog, "train", *common, "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64",
+                         "--eval-batches", "2", "--out", str(tmp_path / "run")], capture_output=True, text=True,
+                        timeout=600)
+    assert dr.returncode == 0, dr.stderr
+    got = [json.loads(l) for l in open(tmp_path / "ex.jsonl")]
+    want = [json.loads(l) for l in open(tmp_path / "run" / "log.jsonl")]
+    assert len(got) == len(want) == 60
+    worst = max(abs(g["train_loss"] - w["train_loss"]) / w["train_loss"] for g, w in zip(got, want))
+    print("example vs dragon train on the GPU: worst relative loss difference %.2e over 60 steps" % worst)
+    assert worst < 1e-2
+    assert got[-1]["train_loss"] < got[0]["train_loss"] - 0.5
