@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/msg.h"
+#include "dragon/codegen.h"
 #include "dragon/ffi.h"
 #include "dragon/tensor.h"
 #include "runtime/ops/ops_int.h"
@@ -46,6 +47,32 @@ void dg_ffi_spec_free(dg_spec *s)
 dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size)
 {
 	return s ? dg_spec_to_string(s, buf, size) : DG_ERR_INVALID_ARG;
+}
+
+dg_status dg_ffi_spec_plan(const dg_spec *s, int32_t device_sm, char *path, size_t path_size, char *canonical,
+			   size_t canonical_size, char *msg, size_t msg_size)
+{
+	if (!s)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_spec_plan: NULL spec");
+	dg_codegen *cg = NULL;
+	dg_status st = dg_codegen_create(&cg, NULL);
+	if (st) {
+		dg__msgf(st, msg, msg_size, "%s", cg ? dg_codegen_errmsg(cg) : "dg_codegen_create failed");
+		dg_codegen_destroy(cg);
+		return st;
+	}
+	dg_plan plan;
+	st = dg_codegen_plan_for(cg, s, device_sm, &plan);
+	if (st) {
+		dg__msgf(st, msg, msg_size, "%s", dg_codegen_errmsg(cg));
+	} else {
+		if (path && path_size)
+			snprintf(path, path_size, "%s", plan.path);
+		if (canonical && canonical_size)
+			snprintf(canonical, canonical_size, "%s", plan.canonical);
+	}
+	dg_codegen_destroy(cg);
+	return st;
 }
 
 /* ---- ops --------------------------------------------------------------------- */

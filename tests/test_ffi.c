@@ -40,6 +40,18 @@ Test(ffi, version_and_specs)
 	cr_assert_eq(dg_ffi_spec_parse("op=lowrank_fwd;latent=8190", &s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(msg, "latent=8190"), "%s", msg);
 	cr_assert_null(s);
+	cr_assert_eq(dg_ffi_spec_parse("op=lowrank_fwd;heads=4;latent=8192;embd=256;weight=ternary;act=int8;relu=0",
+				       &s, msg, sizeof(msg)),
+		     DG_OK, "%s", msg);
+	char path[64];
+	cr_assert_eq(dg_ffi_spec_plan(s, 90, path, sizeof(path), text, sizeof(text), msg, sizeof(msg)), DG_OK, "%s",
+		     msg);
+	cr_assert(path[0] && strstr(text, "tile=") && !strstr(text, "tile=auto"), "%s: %s", path, text);
+	dg_ffi_spec_free(s);
+	cr_assert_eq(dg_ffi_spec_parse("op=lowrank_fwd;tile=48x64x64/2x2/2", &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_ffi_spec_plan(s, 90, path, sizeof(path), NULL, 0, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "48"), "%s", msg);
+	dg_ffi_spec_free(s);
 	cr_assert_eq(dg_ffi_spec_parse("op=frob", &s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(msg, "frob"), "%s", msg);
 	dg_ffi_spec_free(NULL);

@@ -84,6 +84,15 @@ void dg_ffi_spec_free(dg_spec *s); /* NULL is fine */
 /* The canonical text (DG_SPEC_TEXT_MAX is always enough). */
 dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size);
 
+/* The template's plan of s on a device of SM device_sm (90 for an H200;
+ * 0: the spec's own arch), as the runtime asks it before compiling: the
+ * path ("wgmma", "mma.sync", "simt", ...) into path, the canonical text
+ * with the tile resolved into canonical (either may be NULL). A spec the
+ * template refuses is DG_ERR_INVALID_SPEC with its one line. No device
+ * needed. */
+dg_status dg_ffi_spec_plan(const dg_spec *s, int32_t device_sm, char *path, size_t path_size, char *canonical,
+			   size_t canonical_size, char *msg, size_t msg_size);
+
 /* ---- ops --------------------------------------------------------------------- */
 
 /*

@@ -83,6 +83,16 @@ class Spec:
                         "output": bool(out[i]), "optional": bool(opt[i])})
         return res
 
+    def plan(self, sm=90):
+        """The template's plan on a device of SM sm, as the runtime asks it
+        before compiling (no device needed): {"path": "wgmma" | "mma.sync"
+        | "simt" | ..., "canonical": the text with the tile resolved}.
+        InvalidSpec with the template's line when it refuses the spec."""
+        path, canon = ctypes.create_string_buffer(64), ctypes.create_string_buffer(512)
+        buf = _lib.msgbuf()
+        _lib.check(_lib.lib().dg_ffi_spec_plan(self._h, sm, path, 64, canon, 512, buf, _lib.MSG), buf)
+        return {"path": path.value.decode(), "canonical": canon.value.decode()}
+
     def check(self, tensors, opts=None):
         """dragon's checks of a call (FfiTensor array, in args() order)
         without a device; InvalidArgument naming the tensor."""

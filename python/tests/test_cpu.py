@@ -46,6 +46,13 @@ def test_spec_errors_are_dragons_messages():
     assert s.args(b=2, t=3)[2]["shape"] == (2, 1, 3, 32)
 
 
+def test_spec_plans_without_a_device():
+    p = dragon.Spec("op=lowrank_fwd;weight=ternary;act=int8;relu=0").plan(90)
+    assert p["path"] and "tile=" in p["canonical"] and "tile=auto" not in p["canonical"]
+    with pytest.raises(dragon.InvalidSpec, match="48"):
+        dragon.Spec("op=lowrank_fwd;tile=48x64x64/2x2/2").plan(90)
+
+
 def test_no_device_says_why():
     if dragon.device_count():
         pytest.skip("a GPU is here")

@@ -5,8 +5,9 @@ by torch (the caching allocator, so torch.cuda.graph captures them), the
 launch on torch.cuda.current_stream().
 
 check_only(): a context in which calls run dragon's checks instead of
-launching (CPU tensors allowed, outputs left as allocated), so the wiring
-of every op is testable without a GPU.
+launching (CPU tensors allowed, outputs left as allocated) and ask the
+template for each spec's plan on an H200 (what the JIT asks before it
+compiles), so the wiring of every op is testable without a GPU.
 """
 import contextlib
 import ctypes
@@ -32,6 +33,7 @@ FLOAT_FMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 _state = threading.local()
 _specs = {}
+_planned = set()
 _specs_lock = threading.Lock()
 
 
@@ -152,6 +154,9 @@ def call(text, tensors, like, **opts):
     if checking():
         buf = _lib.msgbuf()
         _lib.check(_lib.lib().dg_ffi_op_check(s.handle, arr, n, ctypes.byref(o), buf, _lib.MSG), buf)
+        if s.text not in _planned:  # and the template takes it, as the runtime's JIT will ask (an H200)
+            s.plan(90)
+            _planned.add(s.text)
         return
     d = device(like.device)
     L = _lib.lib()
