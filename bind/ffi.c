@@ -11,6 +11,7 @@
 
 #include "base/msg.h"
 #include "dragon/codegen.h"
+#include "dragon/jit.h"
 #include "dragon/ffi.h"
 #include "dragon/tensor.h"
 #include "runtime/ops/ops_int.h"
@@ -72,6 +73,28 @@ dg_status dg_ffi_spec_plan(const dg_spec *s, int32_t device_sm, char *path, size
 			snprintf(canonical, canonical_size, "%s", plan.canonical);
 	}
 	dg_codegen_destroy(cg);
+	return st;
+}
+
+dg_status dg_ffi_spec_compile(const dg_spec *s, int32_t device_sm, int32_t *cache_hit, char *msg,
+			      size_t msg_size)
+{
+	if (!s)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_spec_compile: NULL spec");
+	dg_ctx *ctx = NULL;
+	dg_status st = dg_ctx_create(&ctx, NULL);
+	dg_plan plan;
+	if (!st && (st = dg_codegen_plan_for(dg_ctx_codegen(ctx), s, device_sm, &plan)))
+		dg__msgf(st, msg, msg_size, "%s", dg_codegen_errmsg(dg_ctx_codegen(ctx)));
+	else if (st)
+		dg__msgf(st, msg, msg_size, "%s", ctx ? dg_ctx_errmsg(ctx) : "dg_ctx_create failed");
+	dg_binary *bin = NULL;
+	if (!st && (st = dg_jit_compile(ctx, &plan.spec, &bin)))
+		dg__msgf(st, msg, msg_size, "%s", dg_ctx_errmsg(ctx));
+	if (!st && cache_hit)
+		*cache_hit = bin->cache_hit;
+	dg_binary_destroy(bin);
+	dg_ctx_destroy(ctx);
 	return st;
 }
 

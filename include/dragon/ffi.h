@@ -93,6 +93,14 @@ dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size);
 dg_status dg_ffi_spec_plan(const dg_spec *s, int32_t device_sm, char *path, size_t path_size, char *canonical,
 			   size_t canonical_size, char *msg, size_t msg_size);
 
+/* Compiles the kernel of s's plan on a device of SM device_sm with NVRTC
+ * into the JIT's disk cache (what the first launch on such a device would
+ * compile when no tuning record names another tile); no device needed.
+ * *cache_hit (may be NULL): it was there already. A compile error is
+ * DG_ERR_COMPILE with the start of NVRTC's log. */
+dg_status dg_ffi_spec_compile(const dg_spec *s, int32_t device_sm, int32_t *cache_hit, char *msg,
+			      size_t msg_size);
+
 /* ---- ops --------------------------------------------------------------------- */
 
 /*

@@ -93,6 +93,14 @@ class Spec:
         _lib.check(_lib.lib().dg_ffi_spec_plan(self._h, sm, path, 64, canon, 512, buf, _lib.MSG), buf)
         return {"path": path.value.decode(), "canonical": canon.value.decode()}
 
+    def compile(self, sm=90):
+        """Compiles the planned kernel for SM sm with NVRTC into the JIT's
+        disk cache (no device needed); True when it was cached already."""
+        hit = ctypes.c_int32(0)
+        buf = _lib.msgbuf()
+        _lib.check(_lib.lib().dg_ffi_spec_compile(self._h, sm, ctypes.byref(hit), buf, _lib.MSG), buf)
+        return bool(hit.value)
+
     def check(self, tensors, opts=None):
         """dragon's checks of a call (FfiTensor array, in args() order)
         without a device; InvalidArgument naming the tensor."""

@@ -139,6 +139,7 @@ _PROTOS = {
     "dg_ffi_spec_free": (None, [_P]),
     "dg_ffi_spec_text": (ctypes.c_int, [_P, _STR, _SZ]),
     "dg_ffi_spec_plan": (ctypes.c_int, [_P, _I32, _STR, _SZ, _STR, _SZ, _STR, _SZ]),
+    "dg_ffi_spec_compile": (ctypes.c_int, [_P, _I32, ctypes.POINTER(_I32), _STR, _SZ]),
     "dg_ffi_op_args": (ctypes.c_int, [_P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                       ctypes.POINTER(FfiTensor), ctypes.POINTER(_I32),
                                       ctypes.POINTER(_I32), ctypes.POINTER(_I32), _STR, _SZ]),

@@ -252,3 +252,20 @@ def test_the_example_follows_dragon_train(tmp_path):
         assert abs(g["lr"] - w["lr"]) <= 1e-6 * w["lr"], (g, w)
         assert abs(g["train_loss"] - w["train_loss"]) <= 1e-4 * w["train_loss"], (g, w)  # 2.3e-6 here
     assert got[-1]["train_loss"] < got[0]["train_loss"] - 0.5
+
+
+def test_the_kernels_of_a_low_bit_step_compile():
+    """The kernels a w8a8 and a bitnet layer of the ops launch (projection
+    forward and backward, decoder, attention, at BDH's per-head shapes),
+    compiled for an H200 by NVRTC here, as the JIT will on first use."""
+    x = torch.randn(2, 1, 64, 256, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4, 512, 256, requires_grad=True)
+    y = torch.rand(2, 4, 64, 512, dtype=torch.bfloat16, requires_grad=True)
+    d = torch.randn(256, 4 * 512, requires_grad=True)
+    v = torch.randn(2, 1, 64, 256, dtype=torch.bfloat16, requires_grad=True)
+    with dt.check_only(compile=True):
+        for weight in ("int8", "ternary"):
+            dt.projection(x, w, weight=weight, relu=0.0).float().sum().backward()
+            dt.decoder(y, d, weight=weight).sum().backward()
+        dt.attention(y, v).float().sum().backward()
+    assert len(dt._call._compiled) >= 10

@@ -34,18 +34,21 @@ FLOAT_FMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _state = threading.local()
 _specs = {}
 _planned = set()
+_compiled = set()
 _specs_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def check_only():
-    """Calls inside run dragon's checks only (no launch, no GPU needed)."""
-    old = getattr(_state, "check_only", False)
-    _state.check_only = True
+def check_only(compile=False):
+    """Calls inside run dragon's checks and the template's plan only (no
+    launch, no GPU needed); compile=True also compiles each kernel for an
+    H200 with NVRTC (into the JIT's disk cache)."""
+    old = getattr(_state, "check_only", False), getattr(_state, "compile", False)
+    _state.check_only, _state.compile = True, compile
     try:
         yield
     finally:
-        _state.check_only = old
+        _state.check_only, _state.compile = old
 
 
 def checking():
@@ -157,6 +160,9 @@ def call(text, tensors, like, **opts):
         if s.text not in _planned:  # and the template takes it, as the runtime's JIT will ask (an H200)
             s.plan(90)
             _planned.add(s.text)
+        if getattr(_state, "compile", False) and s.text not in _compiled:
+            s.compile(90)
+            _compiled.add(s.text)
         return
     d = device(like.device)
     L = _lib.lib()
