@@ -12,4 +12,10 @@ int dg__cli_cmd_plot(int argc, char **argv);
 int dg__cli_cmd_sample(int argc, char **argv);
 int dg__cli_cmd_devices(int argc, char **argv);
 
+/* dragon train --gpus N (launch.c): runs argv (the subcommand's) as N
+ * ranks, each this program with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
+ * and MASTER_PORT set; out_dir names the newest checkpoint when one fails.
+ * Returns the exit code. */
+int dg__cli_launch(int argc, char **argv, int n, const char *out_dir);
+
 #endif

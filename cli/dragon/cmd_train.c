@@ -28,7 +28,9 @@
 #include "cli/dragon/cmd.h"
 #include "cli/dragon/peak.h"
 #include "cli/dragon/util.h"
+#include "dragon/comm.h"
 #include "dragon/data.h"
+#include "dragon/dist.h"
 #include "dragon/train.h"
 
 static const char help_text[] =
@@ -36,7 +38,7 @@ static const char help_text[] =
 	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data FILE]\n"
 	"                    [--out DIR] [--eval-every N] [--eval-batches K]\n"
 	"                    [--ckpt-every N] [--keep K] [--resume] [--stop-at N] [--cpu]\n"
-	"                    [--no-graph] [--loss-scale dynamic|off]\n"
+	"                    [--no-graph] [--loss-scale dynamic|off] [--gpus N]\n"
 	"                    [--layers L --embd D --heads H --neurons N]\n"
 	"                    [--dropout P] [--json]\n\n"
 	"Trains a BDH model with AdamW on a corpus whose bytes are tokens: the first\n"
@@ -73,6 +75,14 @@ static const char help_text[] =
 	"                    skipped and logged \"skipped\": true; doubled after 2000\n"
 	"                    finite steps); off (the default): none. --resume needs\n"
 	"                    the checkpoint's setting; the CPU model refuses dynamic\n"
+	"  --gpus N          data parallel over N GPUs (N processes, one a GPU; with\n"
+	"                    --cpu, N processes of the CPU model): each takes B/N rows\n"
+	"                    of every batch (B a multiple of N), the gradients are\n"
+	"                    averaged (NCCL) so the run is the one-GPU run at batch B;\n"
+	"                    rank 0 writes the log and the checkpoints, and at every\n"
+	"                    validation the ranks compare their weights' SHA-256. Under\n"
+	"                    another launcher (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,\n"
+	"                    MASTER_ADDR, MASTER_PORT set) each process is one rank.\n"
 	"  --json            one JSON object on stdout at the end\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
 	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
@@ -87,7 +97,7 @@ static const char help_text[] =
 enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
 	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
-	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_LOSS_SCALE, O_HELP,
+	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_LOSS_SCALE, O_GPUS, O_HELP,
 };
 
 static const dg__cli_opt opts[] = {
@@ -104,7 +114,7 @@ static const dg__cli_opt opts[] = {
 	{ "embd", 0, true, O_EMBD },		   { "heads", 0, true, O_HEADS },
 	{ "neurons", 0, true, O_NEURONS },	   { "no-graph", 0, false, O_NO_GRAPH },
 	{ "dropout", 0, true, O_DROPOUT },	   { "loss-scale", 0, true, O_LOSS_SCALE },
-	{ "help", 'h', false, O_HELP },
+	{ "gpus", 0, true, O_GPUS },		   { "help", 'h', false, O_HELP },
 	{ NULL, 0, false, 0 },
 };
 
@@ -115,6 +125,7 @@ typedef struct train_args {
 	bool cpu, json, warmup_given, dropout_given;
 	float lr, wd, clip, dropout;
 	uint64_t steps, warmup;
+	uint64_t gpus; /* --gpus N; 0 not given */
 } train_args;
 
 static bool parse_f(const char *flag, const char *v, float lo, float *out)
@@ -189,6 +200,7 @@ static int parse(int argc, char **argv, train_args *a)
 		case O_CKPT_EVERY: ok = parse_u("--ckpt-every", v, 0, 1ull << 40, &u), a->o.ckpt_every = (int64_t)u; break;
 		case O_KEEP: ok = parse_u("--keep", v, 0, 1 << 20, &u), a->o.keep = (int)u; break;
 		case O_STOP_AT: ok = parse_u("--stop-at", v, 1, 1ull << 40, &u), a->o.stop_at = (int64_t)u; break;
+		case O_GPUS: ok = parse_u("--gpus", v, 1, 1024, &a->gpus); break;
 		case O_LR: ok = parse_f("--lr", v, 0.0f, &a->lr); break;
 		case O_WD: ok = parse_f("--wd", v, 0.0f, &a->wd); break;
 		case O_CLIP: ok = parse_f("--clip", v, 0.0f, &a->clip); break;
@@ -298,6 +310,38 @@ static void release_stop(const struct sigaction old[2])
 	sigaction(SIGTERM, &old[1], NULL);
 }
 
+/* This process's rank joins the others: the rendezvous (every rank has
+ * 300 s to come), then on a GPU NCCL over them, rank 0's id handed out
+ * through it. Returns the exit code (reported). */
+static int join(const dg_dist *d, dg_device *dev, dg_train_world *w)
+{
+	char msg[1024];
+	if (d->world > 1 && dg_rdzv_open(d, 300.0, &w->rdzv, msg, sizeof(msg)))
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "rank %d: %s", d->rank, msg);
+	if (!dev)
+		return DG__CLI_OK;
+	uint8_t id[DG_COMM_ID_BYTES] = { 0 };
+	dg_status st = d->rank == 0 ? dg_comm_unique_id(id, msg, sizeof(msg)) : DG_OK;
+	if (!st && d->world > 1)
+		st = dg_rdzv_bcast(w->rdzv, id, sizeof(id), msg, sizeof(msg));
+	if (!st && (st = dg_comm_create(dev, id, d->world, d->rank, &w->comm)))
+		snprintf(msg, sizeof(msg), "%s", dg_device_errmsg(dev));
+	if (st) {
+		dg_rdzv_close(w->rdzv);
+		w->rdzv = NULL;
+		return dg__cli_err(DG__CLI_FAIL, st, "rank %d: %s", d->rank, msg);
+	}
+	return DG__CLI_OK;
+}
+
+static void leave(dg_train_world *w, bool failed)
+{
+	dg_comm_destroy(w->comm, failed);
+	dg_rdzv_close(w->rdzv);
+	w->comm = NULL;
+	w->rdzv = NULL;
+}
+
 int dg__cli_cmd_train(int argc, char **argv)
 {
 	train_args a;
@@ -306,30 +350,60 @@ int dg__cli_cmd_train(int argc, char **argv)
 		return code < 0 ? DG__CLI_OK : code;
 	char msg[1024], dev_name[256];
 	dg_device *dev = NULL;
-	if ((code = dg__cli_device_of(a.cpu, &a.o.model, &dev, dev_name, sizeof(dev_name))))
+	const char *ws = getenv("WORLD_SIZE");
+	const bool ranked = ws && *ws; /* a rank, under this launcher or another */
+	if (a.gpus > 1 && !ranked) {
+		if (a.o.batch % (int)a.gpus)
+			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+					   "--batch %d --gpus %d: the batch must be a multiple of the GPUs (each takes a share)",
+					   a.o.batch, (int)a.gpus);
+		return dg__cli_launch(argc, argv, (int)a.gpus, a.o.out_dir);
+	}
+	dg_dist d = { .rank = 0, .world = 1 };
+	if (ranked && dg_dist_from_env(&d, msg, sizeof(msg)))
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "%s", msg);
+	if (ranked && a.gpus && (int)a.gpus != d.world)
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--gpus %d, but WORLD_SIZE=%d", (int)a.gpus,
+				   d.world);
+	if ((code = dg__cli_device_of(a.cpu, &a.o.model, d.local_rank, &dev, dev_name, sizeof(dev_name))))
 		return code;
 	a.o.dev = dev;
+	dg_train_world world = { .rank = d.rank, .world = d.world, .check_every = a.o.eval_every };
+	if (ranked || a.gpus) { /* the data-parallel path (a world of one with --gpus 1) */
+		if ((code = join(&d, dev, &world))) {
+			dg_device_close(dev);
+			return code;
+		}
+		a.o.world = &world;
+	}
 	dg_corpus *c = NULL;
 	dg_status st = a.data ? dg_corpus_open(a.data, &c, msg, sizeof(msg))
 			      : dg_corpus_builtin(&c, msg, sizeof(msg));
 	if (st) {
+		leave(&world, true);
 		dg_device_close(dev);
 		return dg__cli_err(DG__CLI_FAIL, st, "%s%s", a.data ? "--data " : "", msg);
 	}
-	progress_state ps = { .tty = isatty(2) != 0, .peak = dev ? dg__cli_peak_bf16(dev_name) : 0 };
+	progress_state ps = { .tty = isatty(2) != 0 && d.rank == 0, .peak = dev ? dg__cli_peak_bf16(dev_name) : 0 };
 	struct sigaction old[2];
 	catch_stop(old);
 	a.o.stop = &stop_signal;
 	double t0 = dg__cli_now_s();
-	st = dg_train_run(&a.o, c, progress, &ps, msg, sizeof(msg));
+	st = dg_train_run(&a.o, c, d.rank == 0 ? progress : NULL, &ps, msg, sizeof(msg));
 	double secs = dg__cli_now_s() - t0;
 	release_stop(old);
 	if (ps.tty)
 		fputc('\n', stderr);
+	char who[32] = ""; /* data parallel: which rank says it */
+	if (world.world > 1)
+		snprintf(who, sizeof(who), "rank %d: ", d.rank);
 	if (st == DG_ERR_INTERRUPTED) {
-		code = dg__cli_err(128 + stop_signal, st, "%s; resume with --resume", msg);
+		/* a rank may stop because another got the signal (they agree) */
+		code = dg__cli_err(128 + (stop_signal ? stop_signal : SIGTERM), st, "%s%s; resume with --resume", who, msg);
 	} else if (st) {
-		code = dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
+		code = dg__cli_err(DG__CLI_FAIL, st, "%s%s", who, msg);
+	} else if (d.rank != 0) {
+		code = DG__CLI_OK; /* rank 0 reports */
 	} else if (a.json) {
 		cJSON *j = cJSON_CreateObject();
 		cJSON_AddStringToObject(j, "preset", a.o.model.preset);
@@ -341,10 +415,16 @@ int dg__cli_cmd_train(int argc, char **argv)
 		cJSON_AddNumberToObject(j, "wall_s", secs);
 		code = dg__cli_json_print(j);
 	} else {
+		char where[300];
+		if (world.world > 1)
+			snprintf(where, sizeof(where), "%d ranks (%s)", world.world, dev ? dev_name : "the CPU");
+		else
+			snprintf(where, sizeof(where), "%s", dev ? dev_name : "the CPU");
 		printf("trained: %s on %s, %lld steps of %dx%d, in %.1f s; log and checkpoints in %s\n",
-		       a.o.model.preset, dev ? dev_name : "the CPU", (long long)(a.o.stop_at ? a.o.stop_at : a.o.opt.steps),
+		       a.o.model.preset, where, (long long)(a.o.stop_at ? a.o.stop_at : a.o.opt.steps),
 		       a.o.batch, a.o.time, secs, a.o.out_dir);
 	}
+	leave(&world, st != DG_OK && st != DG_ERR_INTERRUPTED);
 	dg_corpus_destroy(c);
 	dg_device_close(dev);
 	return code;

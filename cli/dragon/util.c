@@ -169,7 +169,7 @@ void dg__cli_json_finish(int code)
 
 /* The device: opened (*dev) unless --cpu or there is none; a recipe the
  * CPU model cannot run without one is refused. Returns the exit code. */
-int dg__cli_device_of(bool cpu, const dg_model_config *c, dg_device **dev, char *name,
+int dg__cli_device_of(bool cpu, const dg_model_config *c, int ordinal, dg_device **dev, char *name,
 		      size_t size)
 {
 	char why[512] = "";
@@ -193,10 +193,12 @@ int dg__cli_device_of(bool cpu, const dg_model_config *c, dg_device **dev, char 
 					   c->preset, why[0] ? why : "no device");
 		return DG__CLI_OK;
 	}
-	dg_device_opts o = { .ordinal = 0, .jit = NULL };
+	if (ordinal >= n)
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NO_DEVICE, "GPU %d: this machine has %d", ordinal, n);
+	dg_device_opts o = { .ordinal = ordinal, .jit = NULL };
 	st = dg_device_open(dev, &o);
 	if (st) {
-		int code = dg__cli_err(DG__CLI_FAIL, st, "opening GPU 0: %s",
+		int code = dg__cli_err(DG__CLI_FAIL, st, "opening GPU %d: %s", ordinal,
 				       *dev ? dg_device_errmsg(*dev) : dg_status_str(st));
 		dg_device_close(*dev);
 		*dev = NULL;
@@ -206,6 +208,6 @@ int dg__cli_device_of(bool cpu, const dg_model_config *c, dg_device **dev, char 
 	if (dg_device_info_get(*dev, &info) == DG_OK)
 		snprintf(name, size, "%s (sm_%d)", info.name, info.sm);
 	else
-		snprintf(name, size, "GPU 0");
+		snprintf(name, size, "GPU %d", ordinal);
 	return DG__CLI_OK;
 }

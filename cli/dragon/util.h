@@ -83,10 +83,10 @@ int dg__cli_json_print(cJSON *j);
 void dg__cli_json_mode(bool on);
 void dg__cli_json_finish(int code);
 
-/* The device a model of c runs on: GPU 0 (opened into *dev, its name
- * into name) unless cpu or there is none; a recipe the CPU model cannot
- * run without one is refused. Returns the exit code (reported). */
-int dg__cli_device_of(bool cpu, const dg_model_config *c, dg_device **dev, char *name,
+/* The device a model of c runs on: GPU `ordinal` (opened into *dev, its
+ * name into name) unless cpu or there is none; a recipe the CPU model
+ * cannot run without one is refused. Returns the exit code (reported). */
+int dg__cli_device_of(bool cpu, const dg_model_config *c, int ordinal, dg_device **dev, char *name,
 		      size_t size);
 
 #endif

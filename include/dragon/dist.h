@@ -51,6 +51,17 @@ dg_status dg_rdzv_bcast(dg_rdzv *r, void *buf, size_t n, char *msg, size_t msg_s
  * differs (what: the bytes' name for the message, "the weights' digest"). */
 dg_status dg_rdzv_same(dg_rdzv *r, const void *mine, size_t n, const char *what, char *msg, size_t msg_size);
 
+/* *any on every rank: whether any rank's flag is set (a stop every rank
+ * must agree on, before the same step). */
+dg_status dg_rdzv_any(dg_rdzv *r, int flag, int *any, char *msg, size_t msg_size);
+
+/* In place on every rank: the mean over the ranks of n[i] floats at
+ * v[i] (i < count) and of *scalar (may be NULL), summed in rank order in
+ * double on rank 0 and rounded once, so every rank gets the same bytes
+ * (the CPU model's gradients and loss; a GPU run's go through NCCL). */
+dg_status dg_rdzv_mean(dg_rdzv *r, float *const *v, const size_t *n, int count, double *scalar, char *msg,
+		       size_t msg_size);
+
 /* Every rank waits for every other. */
 dg_status dg_rdzv_barrier(dg_rdzv *r, char *msg, size_t msg_size);
 

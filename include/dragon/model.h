@@ -184,6 +184,10 @@ typedef struct dg_model_batch {
 	uint64_t seed;          /* dropout */
 	uint32_t step;
 	bool train;             /* dropout on */
+	/* data parallel: the rank whose share of a batch this is (0 alone);
+	 * it keys the dropout beside the layer (layer + shard·2^16), so each
+	 * rank draws masks of its own */
+	uint32_t shard;
 } dg_model_batch;
 
 /*
@@ -313,6 +317,11 @@ dg_status dg_model_run_device(dg_model *m, const dg_model_batch *batch, dg_dptr 
  * the scaler is turned on or off). */
 dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *const *m1,
 			      float *const *v1, bool graph, const dg_loss_scaler *ls);
+/* Data parallel (dragon/train.h dg_train_world): each step's gradients
+ * and loss averaged over comm's ranks (NCCL all-reduce, captured with the
+ * step) before the norm; NULL: alone. */
+struct dg_comm;
+dg_status dg_model_optim_comm(dg_model *m, struct dg_comm *comm);
 /* Queues training step t (0-based) of batch (b, t as planned; its seed is
  * the dropout's, its step ignored: t is) at learning rate lr, on the
  * calling thread's stream; returns without waiting. */

@@ -58,6 +58,31 @@
 extern "C" {
 #endif
 
+struct dg_rdzv; /* dragon/dist.h */
+struct dg_comm; /* dragon/comm.h */
+
+/*
+ * Data parallel: this process is rank `rank` of `world` processes that run
+ * the same run, each on its share of every batch: the batch (o->batch
+ * rows, a multiple of world) is drawn as a lone run draws it and rank r
+ * takes rows [r·B/world, (r+1)·B/world). The gradients and the loss are
+ * averaged over the ranks before the norm and the update (the CPU model's
+ * through the rendezvous, the GPU model's by NCCL inside its captured
+ * step), so every rank's update, and so its weights, are the same, and
+ * the run is the lone run at batch B up to the sums' order. Every step
+ * the ranks agree on whether to stop (a signal any rank got); every
+ * check_every steps (and at the end) they compare a SHA-256 of their
+ * weights, and a rank that diverged stops the run naming it (DG_ERR_CORRUPT).
+ * Rank 0 alone writes the log and the checkpoints; a resume reads them on
+ * every rank.
+ */
+typedef struct dg_train_world {
+	int rank, world;
+	struct dg_rdzv *rdzv;  /* the ranks' rendezvous (dg_rdzv_open) */
+	struct dg_comm *comm;  /* the GPU model: NCCL over the ranks; NULL on the CPU */
+	int64_t check_every;   /* steps between the weights' digest checks; 0: at the end only */
+} dg_train_world;
+
 typedef struct dg_train_opts {
 	dg_model_config model; /* the config (preset and shape) */
 	int batch, time;       /* B, T */
@@ -80,6 +105,8 @@ typedef struct dg_train_opts {
 	 * handler too: the run only reads it, before each step); set, the run
 	 * checkpoints and returns DG_ERR_INTERRUPTED (see above) */
 	const volatile sig_atomic_t *stop;
+	/* NULL: a lone run; else this process's rank of a data-parallel one */
+	const dg_train_world *world;
 } dg_train_opts;
 
 /* Fills o with the defaults: the 25M bf16 preset, B 8, T 512, AdamW's

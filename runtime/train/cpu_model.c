@@ -142,7 +142,7 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 	}
 	case DG__N_GATE:
 		dg_ref_gate_fwd(F(s, in[0]), F(s, in[1]), s->bt * s->H * s->N,
-				bt->train ? c->dropout : 0.0f, bt->seed, bt->step, (uint32_t)nd->layer,
+				bt->train ? c->dropout : 0.0f, bt->seed, bt->step, ((uint32_t)nd->layer + (bt->shard << 16)),
 				F(s, out[0]));
 		return DG_OK;
 	case DG__N_DEC: {
@@ -227,7 +227,7 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 		float *dys = F(s, out[1]);
 		const float *ys = F(s, in[2]);
 		dg_ref_gate_bwd(F(s, in[0]), F(s, in[1]), ys, n, bt->train ? c->dropout : 0.0f,
-				bt->seed, bt->step, (uint32_t)nd->layer, F(s, out[0]), dys);
+				bt->seed, bt->step, ((uint32_t)nd->layer + (bt->shard << 16)), F(s, out[0]), dys);
 		for (int64_t i = 0; i < n; i++) /* ys = relu(a·enc_v − t_y): its mask */
 			if (!(ys[i] > 0.0f))
 				dys[i] = 0.0f;

@@ -325,3 +325,99 @@ dg_status dg_rdzv_barrier(dg_rdzv *r, char *msg, size_t size)
 	const uint8_t one = 1;
 	return dg_rdzv_same(r, &one, 1, "barrier", msg, size);
 }
+
+dg_status dg_rdzv_any(dg_rdzv *r, int flag, int *any, char *msg, size_t size)
+{
+	if (!r || !any)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_rdzv_any: NULL argument");
+	uint8_t f = flag != 0;
+	if (r->d.world > 1) {
+		const double deadline = now_s() + EXCHANGE_S;
+		if (r->d.rank == 0) {
+			for (int k = 1; k < r->d.world; k++) {
+				uint8_t g = 0;
+				int rc = recv_all(r->peer[k], &g, 1, deadline);
+				if (rc != 1)
+					return gone(k, rc, "the ranks' agreement to go on", msg, size);
+				f |= g;
+			}
+		} else {
+			int rc = send_all(r->peer[0], &f, 1, deadline);
+			if (rc != 1)
+				return gone(0, rc, "the ranks' agreement to go on", msg, size);
+		}
+		dg_status st = dg_rdzv_bcast(r, &f, 1, msg, size);
+		if (st)
+			return st;
+	}
+	*any = f;
+	return DG_OK;
+}
+
+dg_status dg_rdzv_mean(dg_rdzv *r, float *const *v, const size_t *n, int count, double *scalar, char *msg,
+		       size_t size)
+{
+	if (!r || (count && (!v || !n)))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_rdzv_mean: NULL argument");
+	if (r->d.world == 1)
+		return DG_OK;
+	const double deadline = now_s() + EXCHANGE_S;
+	const int world = r->d.world;
+	if (r->d.rank) { /* send ours, take rank 0's result */
+		for (int i = 0; i < count; i++) {
+			int rc = send_all(r->peer[0], v[i], n[i] * sizeof(float), deadline);
+			if (rc != 1)
+				return gone(0, rc, "the gradients' mean", msg, size);
+		}
+		if (scalar) {
+			int rc = send_all(r->peer[0], scalar, sizeof(*scalar), deadline);
+			if (rc != 1)
+				return gone(0, rc, "the gradients' mean", msg, size);
+		}
+		for (int i = 0; i < count; i++) {
+			dg_status st = dg_rdzv_bcast(r, v[i], n[i] * sizeof(float), msg, size);
+			if (st)
+				return st;
+		}
+		return scalar ? dg_rdzv_bcast(r, scalar, sizeof(*scalar), msg, size) : DG_OK;
+	}
+	size_t most = 0;
+	for (int i = 0; i < count; i++)
+		most = n[i] > most ? n[i] : most;
+	double *acc = malloc(most * sizeof(double) + 8);
+	float *got = malloc(most * sizeof(float) + 4);
+	dg_status st = acc && got ? DG_OK : dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
+	/* tensor by tensor: rank 0's values, then each rank's in rank order */
+	for (int i = 0; i < count && !st; i++) {
+		for (size_t j = 0; j < n[i]; j++)
+			acc[j] = v[i][j];
+		for (int k = 1; k < world && !st; k++) {
+			int rc = recv_all(r->peer[k], got, n[i] * sizeof(float), deadline);
+			if (rc != 1) {
+				st = gone(k, rc, "the gradients' mean", msg, size);
+				break;
+			}
+			for (size_t j = 0; j < n[i]; j++)
+				acc[j] += got[j];
+		}
+		for (size_t j = 0; j < n[i] && !st; j++)
+			v[i][j] = (float)(acc[j] / world);
+	}
+	if (!st && scalar) {
+		double sum = *scalar, g;
+		for (int k = 1; k < world && !st; k++) {
+			int rc = recv_all(r->peer[k], &g, sizeof(g), deadline);
+			if (rc != 1)
+				st = gone(k, rc, "the gradients' mean", msg, size);
+			sum += g;
+		}
+		*scalar = sum / world;
+	}
+	free(acc);
+	free(got);
+	for (int i = 0; i < count && !st; i++)
+		st = dg_rdzv_bcast(r, v[i], n[i] * sizeof(float), msg, size);
+	if (!st && scalar)
+		st = dg_rdzv_bcast(r, scalar, sizeof(*scalar), msg, size);
+	return st;
+}

@@ -248,6 +248,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	float p = bt && bt->train ? m->c.dropout : 0.0f;
 	uint64_t seed = bt ? bt->seed : 0;
 	uint32_t step = bt ? bt->step : 0;
+	const uint32_t shard = bt ? bt->shard : 0; /* data parallel: the rank's own masks */
 
 	switch (nd->kind) {
 	case DG__N_EMBED: {
@@ -289,7 +290,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = dg__gm_op_spec(m, DG_OP_GATE_FWD);
 		dg_tensor xs = dg__gm_tn(m, in[0]), ys = dg__gm_tn(m, in[1]), xy = dg__gm_tn(m, out[0]);
 		dg_gate_fwd_args a = { .xs = &xs, .ys = &ys, .xy = &xy, .p = p, .seed = seed,
-				       .step = step, .layer = (uint32_t)nd->layer,
+				       .step = step, .layer = (uint32_t)nd->layer + (shard << 16),
 				       .step_at = m->step_at };
 		return need ? sized(m, &s, dg_gate_fwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_gate_fwd(dev, &s, &a);
@@ -392,7 +393,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor dxy = dg__gm_tn(m, in[0]), xs = dg__gm_tn(m, in[1]), ys = dg__gm_tn(m, in[2]), dxs = dg__gm_tn(m, out[0]);
 		dg_gate_bwd_args a = { .dxy = &dxy, .xs = &xs, .ys = &ys, .dxs = &dxs, .p = p,
-				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer,
+				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer + (shard << 16),
 				       .step_at = m->step_at };
 		return need ? sized(m, &s, dg_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_gate_bwd(dev, &s, &a);
@@ -411,7 +412,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		w.scale = 0;
 		dg_decoder_gate_bwd_args a = { .grad = &g, .w = &w, .xs = &xs, .ys = &ys, .dxs = &dxs,
 					       .dys = &dys, .p = p, .seed = seed, .step = step,
-					       .layer = (uint32_t)nd->layer, .step_at = m->step_at };
+					       .layer = (uint32_t)nd->layer + (shard << 16), .step_at = m->step_at };
 		return need ? sized(m, &s, dg_decoder_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_decoder_gate_bwd(dev, &s, &a);
 	}

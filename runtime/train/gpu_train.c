@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dragon/comm.h"
 #include "dragon/model.h"
 #include "dragon/ops.h"
 #include "runtime/gpu/gpu_int.h"
@@ -56,6 +57,7 @@ typedef struct dg__gm_train {
 	slot *ring;                        /* DG_MODEL_TRAIN_RING, page-locked */
 	dg_event *ev[DG_MODEL_TRAIN_RING];
 	int64_t ring_step[DG_MODEL_TRAIN_RING];
+	struct dg_comm *comm;              /* data parallel: the gradients' and loss's mean over the ranks */
 } dg__gm_train;
 
 static size_t param_bytes(const dg_model *m, int p)
@@ -183,7 +185,26 @@ static dg_status body(dg_model *m, const dg_model_batch *bt)
 		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
 	m->step_at = 0;
 	m->grad_scale_at = 0;
+	/* data parallel: every gradient and the loss averaged over the ranks
+	 * (NCCL, on the step's stream, so inside its graph) before the norm */
+	for (int p = 0; tr->comm && p < DG_MODEL_N_PARAMS && !st; p++)
+		st = dg_comm_allreduce(tr->comm, dg__gm_addr(m, m->id.grads[p]), param_bytes(m, p) / 4, DG_FMT_F32, 1);
+	if (!st && tr->comm)
+		st = dg_comm_allreduce(tr->comm, dg__gm_addr(m, m->id.loss), 1, DG_FMT_F32, 1);
 	return st ? st : tail(m);
+}
+
+dg_status dg_model_optim_comm(dg_model *m, struct dg_comm *comm)
+{
+	if (!m || !m->tr)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_optim_comm: no optimizer (dg_model_optim_init first)")
+			 : DG_ERR_INVALID_ARG;
+	if (m->tr->comm != comm) {
+		m->tr->comm = comm;
+		dg_graph_destroy(m->tr->graph); /* captured without it: captured again */
+		m->tr->graph = NULL;
+	}
+	return DG_OK;
 }
 
 /* The step's tail: the norm and clip, the updates, the copies. */

@@ -19,7 +19,9 @@
 #include <time.h>
 
 #include "base/msg.h"
+#include "base/sha256.h"
 #include "dragon/checkpoint.h"
+#include "dragon/dist.h"
 #include "dragon/train.h"
 #include "runtime/train/model_int.h"
 
@@ -113,16 +115,30 @@ static dg_status step_of(stepper *sp, const dg_model_weights *w, const dg_model_
 	return st;
 }
 
-/* The mean loss of n fixed validation batches (dropout off). */
+/* This process's rank and the world's size (1, 0 alone). */
+static int world_of(const dg_train_opts *o)
+{
+	return o->world ? o->world->world : 1;
+}
+
+static int rank_of(const dg_train_opts *o)
+{
+	return o->world ? o->world->rank : 0;
+}
+
+/* The mean loss of n fixed validation batches (dropout off); data
+ * parallel, each rank's share of each batch, the mean over the ranks. */
 static dg_status val_loss(stepper *sp, const dg_train_opts *o, const dg_corpus *c, const dg_model_weights *w,
 			  int32_t *idx, int32_t *tgt, double *out, char *msg, size_t size)
 {
 	dg_rng r;
 	dg_rng_seed(&r, VAL_SEED);
+	const int lb = o->batch / world_of(o);
+	const size_t off = (size_t)rank_of(o) * (size_t)lb * (size_t)o->time;
 	double sum = 0;
 	for (int k = 0; k < o->eval_batches; k++) {
 		dg_corpus_batch(c, true, &r, o->batch, o->time, idx, tgt);
-		dg_model_batch b = { .idx = idx, .targets = tgt, .b = o->batch, .t = o->time };
+		dg_model_batch b = { .idx = idx + off, .targets = tgt + off, .b = lb, .t = o->time };
 		double l;
 		dg_status st = step_of(sp, w, &b, &l, NULL, msg, size);
 		if (st)
@@ -130,7 +146,7 @@ static dg_status val_loss(stepper *sp, const dg_train_opts *o, const dg_corpus *
 		sum += l;
 	}
 	*out = sum / o->eval_batches;
-	return DG_OK;
+	return world_of(o) > 1 ? dg_rdzv_mean(o->world->rdzv, NULL, NULL, 0, out, msg, size) : DG_OK;
 }
 
 /* What a run's steps share: the options, the state, the files. */
@@ -170,11 +186,43 @@ static bool ckpt_due(const run_ctx *r, int64_t n)
 	return (r->o->ckpt_every > 0 && n % r->o->ckpt_every == 0) || n == r->end;
 }
 
+/* Data parallel: whether the ranks compare their weights after n steps. */
+static bool digest_due(const run_ctx *r, int64_t n)
+{
+	const dg_train_world *w = r->o->world;
+	return w && w->world > 1 && ((w->check_every > 0 && n % w->check_every == 0) || n == r->end);
+}
+
 /* Whether the step that makes n steps done reads the device's state
- * after it (a validation, a checkpoint), or ends the run. */
+ * after it (a validation, a checkpoint, the weights' digest), or ends
+ * the run. */
 static bool reads_state(const run_ctx *r, int64_t n)
 {
-	return eval_due(r->o, n) || ckpt_due(r, n) || n >= r->end;
+	return eval_due(r->o, n) || ckpt_due(r, n) || digest_due(r, n) || n >= r->end;
+}
+
+/* Data parallel: every rank's weights after n steps hashed (SHA-256 of
+ * every master, in param order) and held to rank 0's. */
+static dg_status same_weights(run_ctx *r, int64_t n, char *msg, size_t size)
+{
+	const dg_train_opts *o = r->o;
+	dg_train_state *s = r->s;
+	if (r->sp->m && dg_model_optim_get(r->sp->m, s->weights, NULL, NULL))
+		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(o->dev));
+	dg__sha256 h;
+	dg__sha256_init(&h);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		size_t k = (size_t)dg_model_param_shape(&s->weights->config, (dg_model_param)p, &nd, sh);
+		dg__sha256_update(&h, s->weights->params[p], k * sizeof(float));
+	}
+	uint8_t d[32];
+	dg__sha256_final(&h, d);
+	char what[96], why[512];
+	snprintf(what, sizeof(what), "weights (their SHA-256) after step %" PRId64, n);
+	dg_status st = dg_rdzv_same(o->world->rdzv, d, sizeof(d), what, why, sizeof(why));
+	return st ? dg__msgf(st, msg, size, "%s", why) : DG_OK;
 }
 
 /* Checkpoints the n steps done (the device's state read back first, on
@@ -185,6 +233,11 @@ static dg_status checkpoint(run_ctx *r, int64_t n, char *path, size_t path_size,
 {
 	const dg_train_opts *o = r->o;
 	dg_train_state *s = r->s;
+	dg_checkpoint_path(o->out_dir, n, path, path_size);
+	if (rank_of(o) != 0) { /* rank 0 writes it */
+		r->saved = n;
+		return DG_OK;
+	}
 	if (r->sp->m && dg_model_optim_get(r->sp->m, s->weights, s->m, s->v))
 		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(o->dev));
 	char why[2048];
@@ -232,6 +285,8 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 			       .lr = lr, .grad_norm = norm, .tokens_per_s = (double)r->bt / (te - r->t_last),
 			       .wall_s = te - r->t0, .flops_per_token = dg_model_flops_per_token(&o->model, o->time),
 			       .skipped = skipped, .loss_scale = o->loss_scale ? s->scaler.scale : 0.0f };
+	if (!r->log) /* data parallel: rank 0 writes the log */
+		goto logged;
 	fprintf(r->log, "{\"step\": %" PRId64 ", \"train_loss\": %.9g, \"lr\": %.9g", rp.step,
 		rp.train_loss, (double)rp.lr);
 	put_num(r->log, "grad_norm", rp.grad_norm);
@@ -244,9 +299,15 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 	fprintf(r->log, ", \"tokens_per_s\": %.1f, \"wall_s\": %.3f}\n", rp.tokens_per_s, rp.wall_s);
 	if (fflush(r->log))
 		return dg__msgf(DG_ERR_IO, msg, size, "%s: write: %s", r->logp, strerror(errno));
+logged:
 	if (ckpt_due(r, n)) {
 		char path[4200];
 		dg_status st = checkpoint(r, n, path, sizeof(path), msg, size);
+		if (st)
+			return st;
+	}
+	if (digest_due(r, n)) {
+		dg_status st = same_weights(r, n, msg, size);
 		if (st)
 			return st;
 	}
@@ -308,12 +369,27 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		st = dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
 			      "preset %s: the CPU model runs f32, w8a8 and bitnet; train it on a GPU",
 			      o->model.preset[0] ? o->model.preset : "(custom)");
+	if (!st && o->world &&
+	    (o->world->world < 1 || o->world->rank < 0 || o->world->rank >= o->world->world ||
+	     (o->world->world > 1 && !o->world->rdzv) || (o->world->comm && !o->dev)))
+		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+			      "rank %d of world %d: ranks are 0..world-1, a world of several has a rendezvous, "
+			      "and NCCL goes with the GPU model",
+			      o->world->rank, o->world->world);
+	if (!st && o->batch % world_of(o))
+		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+			      "batch %d: not a multiple of the %d ranks (each takes an equal share of every batch)",
+			      o->batch, world_of(o));
+	if (!st && world_of(o) > 1 && !o->dev && o->world->comm)
+		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "the CPU model's ranks average through the rendezvous");
 	if (!st)
 		st = dg_corpus_check(c, o->time, msg, msg_size);
 	if (!st)
 		st = make_dir(o->out_dir, msg, msg_size);
 	if (st)
 		return st;
+	const int lb = o->batch / world_of(o); /* this rank's rows of every batch */
+	const size_t lb_off = (size_t)rank_of(o) * (size_t)lb * (size_t)o->time;
 
 	char path[4200], logp[4200];
 	snprintf(logp, sizeof(logp), "%s/log.jsonl", o->out_dir);
@@ -338,7 +414,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 			dg__msgf(st, msg, msg_size, "%s: cannot resume: %s", path, why);
 			goto out;
 		}
-		if ((st = trim_log(logp, s->step, msg, msg_size)))
+		if (rank_of(o) == 0 && (st = trim_log(logp, s->step, msg, msg_size)))
 			goto out;
 	} else {
 		if (latest >= 0) {
@@ -364,14 +440,15 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		goto out;
 	}
 	const double t0 = now_s(); /* the first step's wall time: to the first step */
-	if (o->dev && (dg_model_create(o->dev, s->weights, o->batch, o->time, &sp.m) ||
+	if (o->dev && (dg_model_create(o->dev, s->weights, lb, o->time, &sp.m) ||
 		       dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL, o->resume ? s->v : NULL,
-					   !o->no_graph, &s->scaler))) {
+					   !o->no_graph, &s->scaler) ||
+		       (o->world && o->world->comm && dg_model_optim_comm(sp.m, o->world->comm)))) {
 		st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 		goto out;
 	}
-	log = fopen(logp, o->resume ? "a" : "w");
-	if (!log) {
+	log = rank_of(o) == 0 ? fopen(logp, o->resume ? "a" : "w") : NULL;
+	if (!log && rank_of(o) == 0) {
 		st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: %s", logp, strerror(errno));
 		goto out;
 	}
@@ -387,7 +464,10 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	int64_t pending = -1;
 	float pending_lr = 0;
 	while (s->step < end) {
-		if (o->stop && *o->stop) {
+		int stopping = o->stop && *o->stop;
+		if (world_of(o) > 1 && (st = dg_rdzv_any(o->world->rdzv, stopping, &stopping, msg, msg_size)))
+			goto out; /* every rank stops before the same step */
+		if (stopping) {
 			st = stop(&rc, pending, pending_lr, msg, msg_size);
 			goto out;
 		}
@@ -395,12 +475,24 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		const float lr = dg_adamw_lr(&o->opt, t);
 		dg_corpus_batch(c, false, &s->data_rng, o->batch, o->time, idx, tgt);
 		s->data_pos++;
-		dg_model_batch b = { .idx = idx, .targets = tgt, .b = o->batch, .t = o->time,
-				     .seed = s->seed, .step = (uint32_t)t, .train = true };
+		dg_model_batch b = { .idx = idx + lb_off, .targets = tgt + lb_off, .b = lb, .t = o->time,
+				     .seed = s->seed, .step = (uint32_t)t, .train = true,
+				     .shard = (uint32_t)rank_of(o) };
 		if (!sp.m) {
 			double loss;
 			if ((st = step_of(&sp, s->weights, &b, &loss, grads, msg, msg_size)))
 				goto out;
+			if (world_of(o) > 1) { /* the mean over the ranks: every rank the same bytes */
+				size_t n[DG_MODEL_N_PARAMS];
+				for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+					int nd;
+					int64_t sh[3];
+					n[p] = (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh);
+				}
+				if ((st = dg_rdzv_mean(o->world->rdzv, grads->params, n, DG_MODEL_N_PARAMS, &loss, msg,
+						       msg_size)))
+					goto out;
+			}
 			double sq = 0;
 			for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
 				int nd;
