@@ -7,9 +7,11 @@
  *     reaches the launcher alone, which passes SIGINT or SIGTERM on to
  *     every rank once (each then stops at the same step with its
  *     checkpoint: the ranks agree on it);
- *   - the first rank that fails (a non-zero exit, or a signal: kill -9)
- *     is named, the others get SIGTERM and, 30 s later, SIGKILL (a rank
- *     blocked in a collective with a dead peer cannot stop by itself);
+ *   - once a rank fails (a non-zero exit, or a signal: kill -9) the others
+ *     get SIGTERM and, 30 s later, SIGKILL (a rank blocked in a collective
+ *     with a dead peer cannot stop by itself); the rank named is the
+ *     cause: one killed by a signal this launcher did not send, else the
+ *     first that failed (its peers fail after it, "rank K is gone");
  *     the checkpoints are written atomically, so the newest one is whole,
  *     and the message says which it is.
  * Exit status: 0 when every rank succeeded, 128 + the signal when
@@ -129,7 +131,13 @@ int dg__cli_launch(int argc, char **argv, int n, const char *out_dir)
 		}
 		alive++;
 	}
-	int forwarded = 0, first = -1, first_ws = 0, stopped_by = 0;
+	int forwarded = 0, first = -1, first_ws = 0, stopped_by = 0, cause = -1, cause_ws = 0;
+	unsigned *sent = calloc((size_t)n, sizeof(unsigned)); /* the signals sent to each rank (bits) */
+	if (!sent) {
+		for (int r = 0; r < n; r++)
+			if (pid[r] > 0)
+				kill(pid[r], SIGKILL);
+	}
 	double kill_at = 0;
 	if (alive < n) { /* a fork failed: stop the ones started */
 		first = n;
@@ -149,8 +157,11 @@ int dg__cli_launch(int argc, char **argv, int n, const char *out_dir)
 		}
 		if (kill_at > 0 && now_s() > kill_at) {
 			for (int r = 0; r < n; r++)
-				if (pid[r] > 0)
+				if (pid[r] > 0) {
 					kill(pid[r], SIGKILL);
+					if (sent)
+						sent[r] |= 1u << SIGKILL;
+				}
 			kill_at = 0;
 		}
 		int ws;
@@ -168,19 +179,32 @@ int dg__cli_launch(int argc, char **argv, int n, const char *out_dir)
 		alive--;
 		const bool ok = WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
 		const bool by_stop = stopped_by && WIFEXITED(ws) && WEXITSTATUS(ws) == 128 + stopped_by;
+		const bool by_us = WIFSIGNALED(ws) && sent && (sent[r] & (1u << WTERMSIG(ws)));
+		if (!ok && !by_stop && !by_us && WIFSIGNALED(ws) && cause < 0) {
+			cause = r; /* killed from outside: what the others died of */
+			cause_ws = ws;
+		}
 		if (!ok && !by_stop && first < 0) {
 			first = r;
 			first_ws = ws;
 			kill_at = now_s() + KILL_AFTER_S;
 			for (int k = 0; k < n; k++)
-				if (pid[k] > 0)
+				if (pid[k] > 0) {
 					kill(pid[k], SIGTERM);
+					if (sent)
+						sent[k] |= 1u << SIGTERM;
+				}
 		}
 	}
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
 	free(cargv);
 	free(pid);
+	free(sent);
+	if (cause >= 0) {
+		first = cause;
+		first_ws = cause_ws;
+	}
 	if (first >= 0 && first < n) {
 		char how[128], ck[256] = "no checkpoint was written";
 		describe(first_ws, how, sizeof(how));

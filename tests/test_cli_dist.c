@@ -1,0 +1,365 @@
+/*
+ * dragon train --gpus N as a user runs it, on the CPU model (--cpu: N
+ * processes of it), the binary at $DRAGON:
+ *   - 2 ranks at batch 4 (dropout 0) log what one process at batch 4 logs,
+ *     up to the sums' order (f32: 1e-6 here, 2e-9 measured); rank 0 alone
+ *     writes (one log, the checkpoints), and says "on 2 ranks";
+ *   - with dropout, --stop-at then --resume of a 2-rank run logs the
+ *     straight 2-rank run exactly (timing aside);
+ *   - two processes started by another launcher (RANK, WORLD_SIZE,
+ *     LOCAL_RANK, MASTER_ADDR, MASTER_PORT) are the --gpus 2 run;
+ *   - kill -9 of rank 1: the launcher names it, stops rank 0, says the
+ *     newest checkpoint, which loads, and --resume finishes the run to the
+ *     straight log; ^C to the launcher stops both ranks at one step with
+ *     a checkpoint (exit 130), --resume finishes it likewise;
+ *   - a batch that is not a multiple of the ranks, and --gpus against
+ *     WORLD_SIZE, are refused.
+ */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+
+#include "cli_helpers.h"
+#include "dragon/checkpoint.h"
+
+static void text_file(const sandbox *sb, char *path, size_t size, size_t n)
+{
+	static const char t[] = "Now is the winter of our discontent made glorious summer by this sun of York. ";
+	snprintf(path, size, "%s/text.txt", sb->root);
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	for (size_t i = 0; i < n; i++)
+		fputc(t[i % (sizeof(t) - 1)], f);
+	fclose(f);
+}
+
+#define TINY "--cpu", "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64", \
+	     "--batch", "4", "--time", "16", "--eval-every", "5", "--eval-batches", "2", "--seed", "3"
+
+/* Each line of dir's log as {train_loss, grad_norm, val_loss or NAN}. */
+static int log_values(const char *dir, double v[][3], int cap)
+{
+	char path[700];
+	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	char line[4096];
+	int n = 0;
+	while (n < cap && fgets(line, sizeof(line), f)) {
+		cJSON *j = cJSON_Parse(line);
+		cr_assert_not_null(j, "%s", line);
+		v[n][0] = cJSON_GetObjectItem(j, "train_loss")->valuedouble;
+		v[n][1] = cJSON_GetObjectItem(j, "grad_norm")->valuedouble;
+		cJSON *vl = cJSON_GetObjectItem(j, "val_loss");
+		v[n][2] = vl ? vl->valuedouble : NAN;
+		cJSON_Delete(j);
+		n++;
+	}
+	fclose(f);
+	return n;
+}
+
+/* The log without its timing fields. */
+static char *log_text(const char *dir)
+{
+	char path[700];
+	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+	size_t n;
+	char *s = slurp(path, &n);
+	cr_assert_not_null(s, "%s", path);
+	char *out = calloc(n + 1, 1), *o = out;
+	for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
+		char *cut = strstr(line, ", \"tokens_per_s\"");
+		if (cut)
+			*cut = '\0';
+		o += sprintf(o, "%s\n", line);
+	}
+	free(s);
+	return out;
+}
+
+static int files_named(const char *dir, const char *part)
+{
+	DIR *d = opendir(dir);
+	cr_assert_not_null(d, "%s", dir);
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d));)
+		n += strstr(e->d_name, part) != NULL;
+	closedir(d);
+	return n;
+}
+
+Test(cli_dist, two_ranks_are_the_lone_run_and_rank_0_writes)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], b[600];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 8000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(b, sizeof(b), "%s/b", sb.root);
+	gen(&sb, &r, "train", TINY, "--steps", "12", "--dropout", "0", "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", TINY, "--steps", "12", "--dropout", "0", "--gpus", "2", "--data", data, "--out", b, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cr_assert(strstr(r.out, "trained: f32 on 2 ranks (the CPU), 12 steps of 4x16"), "%s", r.out);
+	cr_assert_eq(count_lines(r.out), 1, "one report, rank 0's:\n%s", r.out);
+	run_free(&r);
+	double va[16][3], vb[16][3];
+	int na = log_values(a, va, 16), nb = log_values(b, vb, 16);
+	cr_assert_eq(na, 12);
+	cr_assert_eq(nb, 12, "one log line a step (rank 0's alone)");
+	double worst = 0;
+	for (int i = 0; i < 12; i++)
+		for (int k = 0; k < 3; k++) {
+			if (isnan(va[i][k]) || isnan(vb[i][k])) {
+				cr_assert(isnan(va[i][k]) && isnan(vb[i][k]), "step %d: val_loss in one log only", i + 1);
+				continue;
+			}
+			double d = fabs(va[i][k] - vb[i][k]) / fabs(va[i][k]);
+			worst = d > worst ? d : worst;
+		}
+	printf("dist: 2 ranks against one process, f32: worst relative difference %.2e over 12 steps\n", worst);
+	cr_assert_lt(worst, 1e-6);
+	cr_assert_eq(files_named(b, "ckpt-"), 1, "%s", listing(b));
+	cr_assert_eq(files_named(b, ".tmp"), 0, "%s", listing(b));
+	sandbox_fini(&sb);
+}
+
+/* A loopback port nobody listens on now. */
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	socklen_t len = sizeof(sa);
+	getsockname(fd, (struct sockaddr *)&sa, &len);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+#define DROP_RUN TINY, "--steps", "12", "--ckpt-every", "4", "--dropout", "0.1", "--gpus", "2"
+
+Test(cli_dist, stop_and_resume_and_another_launcher)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], b[600], c[600];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 8000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(b, sizeof(b), "%s/b", sb.root);
+	snprintf(c, sizeof(c), "%s/c", sb.root);
+	gen(&sb, &r, "train", DROP_RUN, "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", DROP_RUN, "--data", data, "--out", b, "--stop-at", "6", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", DROP_RUN, "--data", data, "--out", b, "--resume", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *la = log_text(a), *lb = log_text(b);
+	cr_assert_str_eq(lb, la, "resumed 2-rank run:\n%s\nstraight:\n%s", lb, la);
+
+	/* two ranks of another launcher: the environment alone */
+	setenv("WORLD_SIZE", "2", 1);
+	setenv("MASTER_ADDR", "127.0.0.1", 1);
+	char port[16];
+	snprintf(port, sizeof(port), "%d", free_port());
+	setenv("MASTER_PORT", port, 1);
+	const char *args[] = { "train", TINY, "--steps", "12", "--ckpt-every", "4", "--dropout", "0.1", "--data",
+			       data, "--out", c, NULL };
+	pid_t pid[2];
+	for (int k = 1; k >= 0; k--) {
+		char rank[4];
+		snprintf(rank, sizeof(rank), "%d", k);
+		setenv("RANK", rank, 1);
+		setenv("LOCAL_RANK", rank, 1);
+		pid[k] = spawn_gen(&sb, args);
+	}
+	unsetenv("WORLD_SIZE");
+	unsetenv("RANK");
+	unsetenv("LOCAL_RANK");
+	unsetenv("MASTER_ADDR");
+	unsetenv("MASTER_PORT");
+	for (int k = 0; k < 2; k++) { /* (the two share the sandbox's stdout and stderr files) */
+		collect(&sb, pid[k], &r);
+		cr_assert_eq(r.code, 0, "rank %d: %s", k, r.err);
+		if (k == 1) {
+			const char *t = strstr(r.out, "trained: ");
+			cr_assert(t && !strstr(t + 1, "trained: "), "one report (rank 0's): %s", r.out);
+		}
+		run_free(&r);
+	}
+	char *lc = log_text(c);
+	cr_assert_str_eq(lc, la, "another launcher's ranks:\n%s\n--gpus 2:\n%s", lc, la);
+	free(la);
+	free(lb);
+	free(lc);
+	sandbox_fini(&sb);
+}
+
+/* The pid of a child of `parent` (rank `rank` of the launcher: its
+ * children in start order), 0 while there is none. */
+static pid_t child_of(pid_t parent, int rank)
+{
+	char path[64], buf[256] = "";
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)parent, (int)parent);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	char *p = buf;
+	for (int k = 0; k <= rank; k++) {
+		char *end;
+		long v = strtol(p, &end, 10);
+		if (end == p)
+			return 0;
+		if (k == rank)
+			return (pid_t)v;
+		p = end;
+	}
+	return 0;
+}
+
+static int lines_of(const char *dir)
+{
+	char path[700];
+	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	int n = 0;
+	for (int ch; (ch = fgetc(f)) != EOF;)
+		n += ch == '\n';
+	fclose(f);
+	return n;
+}
+
+static void wait_lines(const char *dir, int n, pid_t pid)
+{
+	for (int i = 0; i < 120000 && lines_of(dir) < n; i++) {
+		int ws;
+		cr_assert_eq(waitpid(pid, &ws, WNOHANG), 0, "the run ended before %d log lines", n);
+		usleep(1000);
+	}
+	cr_assert_geq(lines_of(dir), n, "no %d log lines in 120 s", n);
+}
+
+#define LONG_RUN "--cpu", "--preset", "f32", "--layers", "1", "--embd", "32", "--heads", "2", "--neurons", "1024", \
+		 "--batch", "2", "--time", "8", "--eval-every", "0", "--eval-batches", "1", "--seed", "5", \
+		 "--steps", "300", "--ckpt-every", "3", "--gpus", "2"
+
+static long long ckpt_step(const char *path)
+{
+	dg_train_state *s;
+	char msg[1024];
+	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	long long st = s->step;
+	dg_train_state_destroy(s);
+	return st;
+}
+
+Test(cli_dist, a_killed_rank_and_a_ctrl_c)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], k[600], c[600], ck[800];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 8000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(k, sizeof(k), "%s/k", sb.root);
+	snprintf(c, sizeof(c), "%s/c", sb.root);
+	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *la = log_text(a);
+
+	/* kill -9 of rank 1 */
+	const char *args[] = { "train", LONG_RUN, "--data", data, "--out", k, NULL };
+	pid_t pid = spawn_gen(&sb, args);
+	wait_lines(k, 10, pid);
+	pid_t r1 = child_of(pid, 1);
+	cr_assert_gt(r1, 0, "no rank 1 under the launcher %d", (int)pid);
+	cr_assert_eq(kill(r1, SIGKILL), 0);
+	collect(&sb, pid, &r);
+	cr_assert_eq(r.code, 1, "exit %d: %s", r.code, r.err);
+	cr_assert(strstr(r.err, "rank 1 of 2 was killed by signal 9"), "%s", r.err);
+	cr_assert(strstr(r.err, "the other ranks were stopped; the newest checkpoint is step "), "%s", r.err);
+	long long newest = atoll(strstr(r.err, "checkpoint is step ") + strlen("checkpoint is step "));
+	run_free(&r);
+	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", k, newest);
+	cr_assert_eq(ckpt_step(ck), newest);
+	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", k, "--resume", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *lk = log_text(k);
+	cr_assert_str_eq(lk, la, "after a killed rank:\n%s\nstraight:\n%s", lk, la);
+
+	/* ^C to the launcher: both ranks stop at one step, with its checkpoint */
+	const char *cargs[] = { "train", LONG_RUN, "--data", data, "--out", c, NULL };
+	pid = spawn_gen(&sb, cargs);
+	wait_lines(c, 10, pid);
+	cr_assert_eq(kill(pid, SIGINT), 0);
+	collect(&sb, pid, &r);
+	cr_assert_eq(r.code, 130, "exit %d: %s", r.code, r.err);
+	cr_assert(strstr(r.err, "interrupted at step "), "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", c, "--resume", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *lc = log_text(c);
+	cr_assert_str_eq(lc, la, "after ^C:\n%s\nstraight:\n%s", lc, la);
+	free(la);
+	free(lk);
+	free(lc);
+	sandbox_fini(&sb);
+}
+
+Test(cli_dist, refusals)
+{
+	sandbox sb;
+	run r;
+	char data[600], out[600];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 8000);
+	snprintf(out, sizeof(out), "%s/o", sb.root);
+	gen(&sb, &r, "train", "--cpu", "--preset", "f32", "--batch", "3", "--gpus", "2", "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 2, "--batch 3 --gpus 2: the batch must be a multiple of the GPUs");
+	run_free(&r);
+	setenv("WORLD_SIZE", "3", 1);
+	setenv("RANK", "0", 1);
+	gen(&sb, &r, "train", "--cpu", "--preset", "f32", "--gpus", "2", "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 2, "--gpus 2, but WORLD_SIZE=3");
+	run_free(&r);
+	setenv("RANK", "5", 1);
+	gen(&sb, &r, "train", "--cpu", "--preset", "f32", "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 2, "RANK=5");
+	run_free(&r);
+	unsetenv("WORLD_SIZE");
+	unsetenv("RANK");
+	gen(&sb, &r, "train", "--gpus", "0", NULL);
+	cr_assert_eq(r.code, 2, "%s", r.err);
+	run_free(&r);
+	sandbox_fini(&sb);
+}
