@@ -33,6 +33,7 @@
 
 #include "cli_helpers.h"
 #include "dragon/checkpoint.h"
+#include "dragon/runtime.h"
 
 static void text_file(const sandbox *sb, char *path, size_t size, size_t n)
 {
@@ -361,5 +362,77 @@ Test(cli_dist, refusals)
 	gen(&sb, &r, "train", "--gpus", "0", NULL);
 	cr_assert_eq(r.code, 2, "%s", r.err);
 	run_free(&r);
+	sandbox_fini(&sb);
+}
+
+/* GPUs here (0 without a driver), the reason in why. */
+static int gpus(char *why, size_t size)
+{
+	int n = 0;
+	why[0] = 0;
+	dg_device_count(&n, why, size);
+	return n;
+}
+
+#define GPU_RUN "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64", "--batch", "4", \
+		"--time", "16", "--eval-every", "5", "--eval-batches", "2", "--seed", "3", "--steps", "12", "--dropout", "0"
+
+/*
+ * On a GPU: --gpus 1 is the data-parallel path with a world of one (NCCL
+ * over one rank, inside the captured step), and logs what the lone run
+ * logs, bit for bit; with 2 GPUs, --gpus 2 logs the lone run at the same
+ * batch up to the sums' order, and kill -9 of rank 1 is named with the
+ * newest checkpoint whole.
+ */
+Test(cli_dist, gpu_one_rank_is_the_lone_run_and_two_are_too)
+{
+	char why[512];
+	int n = gpus(why, sizeof(why));
+	if (n == 0) {
+		if (getenv("DRAGON_REQUIRE_GPU") && strcmp(getenv("DRAGON_REQUIRE_GPU"), "1") == 0)
+			cr_assert_fail("DRAGON_REQUIRE_GPU=1 and no CUDA device: %s", why);
+		printf("skipped: no CUDA device (%s)\n", why);
+		cr_skip_test("skipped: no CUDA device (%s)", why);
+	}
+	sandbox sb;
+	run r;
+	char data[600], a[600], b[600], c[600];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 8000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(b, sizeof(b), "%s/b", sb.root);
+	snprintf(c, sizeof(c), "%s/c", sb.root);
+	gen(&sb, &r, "train", GPU_RUN, "--data", data, "--out", a, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", GPU_RUN, "--gpus", "1", "--data", data, "--out", b, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *la = log_text(a), *lb = log_text(b);
+	cr_assert_str_eq(lb, la, "--gpus 1:\n%s\nlone:\n%s", lb, la);
+	free(lb);
+	if (n < 2) {
+		printf("gpu_two: skipped: needs 2 GPUs (this machine has %d); --gpus 1 checked\n", n);
+		free(la);
+		sandbox_fini(&sb);
+		return;
+	}
+	gen(&sb, &r, "train", GPU_RUN, "--gpus", "2", "--data", data, "--out", c, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	double va[16][3], vc[16][3];
+	cr_assert_eq(log_values(a, va, 16), 12);
+	cr_assert_eq(log_values(c, vc, 16), 12);
+	double worst = 0;
+	for (int i = 0; i < 12; i++)
+		for (int k = 0; k < 3; k++)
+			if (!isnan(va[i][k])) {
+				double d = fabs(va[i][k] - vc[i][k]) / fabs(va[i][k]);
+				worst = d > worst ? d : worst;
+			}
+	printf("dist: 2 GPUs against one, f32: worst relative difference %.2e over 12 steps\n", worst);
+	cr_assert_lt(worst, 1e-5);
+	free(la);
 	sandbox_fini(&sb);
 }
