@@ -1,13 +1,16 @@
 /* Helpers of the dragon-gen tests: see cli_helpers.h. */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -17,6 +20,7 @@
 #include <criterion/criterion.h>
 
 #include "cli/dragon-gen/specset.h"
+#include "dragon/checkpoint.h"
 #include "dragon/cubin.h"
 #include "dragon/manifest.h"
 #include "helpers.h"
@@ -237,3 +241,91 @@ double num(const cJSON *obj, const char *name)
 	return v->valuedouble;
 }
 
+
+/* ---- dragon train's tests ------------------------------------------------- */
+
+void text_file(const sandbox *sb, char *path, size_t size, size_t n)
+{
+	static const char t[] = "Now is the winter of our discontent made glorious summer by this sun of York. ";
+	snprintf(path, size, "%s/text.txt", sb->root);
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	for (size_t i = 0; i < n; i++)
+		fputc(t[i % (sizeof(t) - 1)], f);
+	fclose(f);
+}
+
+char *log_text(const char *dir)
+{
+	char path[700];
+	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+	size_t n;
+	char *s = slurp(path, &n);
+	cr_assert_not_null(s, "%s", path);
+	char *out = calloc(n + 1, 1), *o = out;
+	for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
+		char *cut = strstr(line, ", \"tokens_per_s\"");
+		if (cut)
+			*cut = '\0';
+		o += sprintf(o, "%s\n", line);
+	}
+	free(s);
+	return out;
+}
+
+long long ckpt_step(const char *path)
+{
+	dg_train_state *s;
+	char msg[1024];
+	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	long long st = s->step;
+	dg_train_state_destroy(s);
+	return st;
+}
+
+int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	socklen_t len = sizeof(sa);
+	getsockname(fd, (struct sockaddr *)&sa, &len);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+int log_lines(const char *dir)
+{
+	char path[700];
+	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	int n = 0;
+	for (int ch; (ch = fgetc(f)) != EOF;)
+		n += ch == '\n';
+	fclose(f);
+	return n;
+}
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void wait_for_lines(const char *dir, int n, pid_t pid)
+{
+	const double t0 = mono_s();
+	while (log_lines(dir) < n) {
+		int ws;
+		cr_assert_eq(waitpid(pid, &ws, WNOHANG), 0, "the run ended before its log had %d lines", n);
+		if (mono_s() - t0 > 120) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &ws, 0);
+			cr_assert_fail("no %d log lines in 120 s", n);
+		}
+		usleep(200);
+	}
+}

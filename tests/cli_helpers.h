@@ -43,4 +43,19 @@ char *listing(const char *dir);
 cJSON *parse_json(const char *text);
 double num(const cJSON *obj, const char *name);
 
+/* ---- dragon train's tests --------------------------------------------- */
+/* sb.root/text.txt: n bytes of a repeated sentence (its path into path). */
+void text_file(const sandbox *sb, char *path, size_t size, size_t n);
+/* dir's log.jsonl without its timing fields (tokens_per_s, wall_s). */
+char *log_text(const char *dir);
+/* The step of the checkpoint at path, loaded (which checks it whole). */
+long long ckpt_step(const char *path);
+/* Lines of dir/log.jsonl, 0 while there is none. */
+int log_lines(const char *dir);
+/* Waits (polling every 0.2 ms, at most 120 s) until dir's log has n
+ * lines; fails if the child pid ends first. */
+void wait_for_lines(const char *dir, int n, pid_t pid);
+/* A loopback TCP port nobody listens on now. */
+int free_port(void);
+
 #endif

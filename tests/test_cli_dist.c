@@ -35,17 +35,6 @@
 #include "dragon/checkpoint.h"
 #include "dragon/runtime.h"
 
-static void text_file(const sandbox *sb, char *path, size_t size, size_t n)
-{
-	static const char t[] = "Now is the winter of our discontent made glorious summer by this sun of York. ";
-	snprintf(path, size, "%s/text.txt", sb->root);
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f);
-	for (size_t i = 0; i < n; i++)
-		fputc(t[i % (sizeof(t) - 1)], f);
-	fclose(f);
-}
-
 #define TINY "--cpu", "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64", \
 	     "--batch", "4", "--time", "16", "--eval-every", "5", "--eval-batches", "2", "--seed", "3"
 
@@ -70,25 +59,6 @@ static int log_values(const char *dir, double v[][3], int cap)
 	}
 	fclose(f);
 	return n;
-}
-
-/* The log without its timing fields. */
-static char *log_text(const char *dir)
-{
-	char path[700];
-	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
-	size_t n;
-	char *s = slurp(path, &n);
-	cr_assert_not_null(s, "%s", path);
-	char *out = calloc(n + 1, 1), *o = out;
-	for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
-		char *cut = strstr(line, ", \"tokens_per_s\"");
-		if (cut)
-			*cut = '\0';
-		o += sprintf(o, "%s\n", line);
-	}
-	free(s);
-	return out;
 }
 
 static int files_named(const char *dir, const char *part)
@@ -139,18 +109,6 @@ Test(cli_dist, two_ranks_are_the_lone_run_and_rank_0_writes)
 	cr_assert_eq(files_named(b, "ckpt-"), 1, "%s", listing(b));
 	cr_assert_eq(files_named(b, ".tmp"), 0, "%s", listing(b));
 	sandbox_fini(&sb);
-}
-
-/* A loopback port nobody listens on now. */
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	socklen_t len = sizeof(sa);
-	getsockname(fd, (struct sockaddr *)&sa, &len);
-	close(fd);
-	return ntohs(sa.sin_port);
 }
 
 #define DROP_RUN TINY, "--steps", "12", "--ckpt-every", "4", "--dropout", "0.1", "--gpus", "2"
@@ -241,43 +199,9 @@ static pid_t child_of(pid_t parent, int rank)
 	return 0;
 }
 
-static int lines_of(const char *dir)
-{
-	char path[700];
-	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return 0;
-	int n = 0;
-	for (int ch; (ch = fgetc(f)) != EOF;)
-		n += ch == '\n';
-	fclose(f);
-	return n;
-}
-
-static void wait_lines(const char *dir, int n, pid_t pid)
-{
-	for (int i = 0; i < 120000 && lines_of(dir) < n; i++) {
-		int ws;
-		cr_assert_eq(waitpid(pid, &ws, WNOHANG), 0, "the run ended before %d log lines", n);
-		usleep(1000);
-	}
-	cr_assert_geq(lines_of(dir), n, "no %d log lines in 120 s", n);
-}
-
 #define LONG_RUN "--cpu", "--preset", "f32", "--layers", "1", "--embd", "32", "--heads", "2", "--neurons", "1024", \
 		 "--batch", "2", "--time", "8", "--eval-every", "0", "--eval-batches", "1", "--seed", "5", \
 		 "--steps", "300", "--ckpt-every", "3", "--gpus", "2"
-
-static long long ckpt_step(const char *path)
-{
-	dg_train_state *s;
-	char msg[1024];
-	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	long long st = s->step;
-	dg_train_state_destroy(s);
-	return st;
-}
 
 Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 {
@@ -298,7 +222,7 @@ Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 	/* kill -9 of rank 1 */
 	const char *args[] = { "train", LONG_RUN, "--data", data, "--out", k, NULL };
 	pid_t pid = spawn_gen(&sb, args);
-	wait_lines(k, 10, pid);
+	wait_for_lines(k, 10, pid);
 	pid_t r1 = child_of(pid, 1);
 	cr_assert_gt(r1, 0, "no rank 1 under the launcher %d", (int)pid);
 	cr_assert_eq(kill(r1, SIGKILL), 0);
@@ -319,7 +243,7 @@ Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 	/* ^C to the launcher: both ranks stop at one step, with its checkpoint */
 	const char *cargs[] = { "train", LONG_RUN, "--data", data, "--out", c, NULL };
 	pid = spawn_gen(&sb, cargs);
-	wait_lines(c, 10, pid);
+	wait_for_lines(c, 10, pid);
 	cr_assert_eq(kill(pid, SIGINT), 0);
 	collect(&sb, pid, &r);
 	cr_assert_eq(r.code, 130, "exit %d: %s", r.code, r.err);

@@ -45,39 +45,8 @@
 
 extern char **environ;
 
-/* sb.root/text.txt: n bytes of a repeated sentence. */
-static void text_file(const sandbox *sb, char *path, size_t size, size_t n)
-{
-	static const char t[] = "Now is the winter of our discontent made glorious summer by this sun of York. ";
-	snprintf(path, size, "%s/text.txt", sb->root);
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f);
-	for (size_t i = 0; i < n; i++)
-		fputc(t[i % (sizeof(t) - 1)], f);
-	fclose(f);
-}
-
 #define TINY "--cpu", "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64", \
 	     "--batch", "2", "--time", "16", "--eval-every", "5", "--eval-batches", "2", "--seed", "3"
-
-/* The log without its timing fields. */
-static char *log_text(const char *dir)
-{
-	char path[700];
-	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
-	size_t n;
-	char *s = slurp(path, &n);
-	cr_assert_not_null(s, "%s", path);
-	char *out = calloc(n + 1, 1), *o = out;
-	for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
-		char *cut = strstr(line, ", \"tokens_per_s\"");
-		if (cut)
-			*cut = '\0';
-		o += sprintf(o, "%s\n", line);
-	}
-	free(s);
-	return out;
-}
 
 Test(cli_train, runs_stops_and_resumes)
 {
@@ -160,43 +129,11 @@ Test(cli_train, refusals)
 	sandbox_fini(&sb);
 }
 
-/* Lines of dir/log.jsonl, 0 while there is none. */
-static int log_lines(const char *dir)
-{
-	char path[700];
-	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return 0;
-	int n = 0;
-	for (int ch; (ch = fgetc(f)) != EOF;)
-		n += ch == '\n';
-	fclose(f);
-	return n;
-}
-
 static double now_s(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Waits (polling every 0.2 ms, at most 120 s) until dir's log has n lines;
- * fails if the child pid ends first. */
-static void wait_for_lines(const char *dir, int n, pid_t pid)
-{
-	const double t0 = now_s();
-	while (log_lines(dir) < n) {
-		int ws;
-		cr_assert_eq(waitpid(pid, &ws, WNOHANG), 0, "the run ended before its log had %d lines", n);
-		if (now_s() - t0 > 120) {
-			kill(pid, SIGKILL);
-			waitpid(pid, &ws, 0);
-			cr_assert_fail("no %d log lines in 120 s", n);
-		}
-		usleep(200);
-	}
 }
 
 /* The step that an "interrupted at step N of M; checkpoint P" error names,
@@ -222,17 +159,6 @@ static long long last_logged(const char *dir)
 	long long st = -1;
 	cr_assert(sscanf(last, "{\"step\": %lld", &st) == 1, "%s", l);
 	free(l);
-	return st;
-}
-
-/* The step of the checkpoint at path, loaded (which checks it whole). */
-static long long ckpt_step(const char *path)
-{
-	dg_train_state *s;
-	char msg[1024];
-	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	long long st = s->step;
-	dg_train_state_destroy(s);
 	return st;
 }
 
