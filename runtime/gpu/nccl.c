@@ -43,11 +43,6 @@ static dg_status load_st;
 static char load_msg[1024];
 static char load_path[512];
 
-static void *sym(void *lib, const char *name)
-{
-	return dlsym(lib, name);
-}
-
 static void load(void)
 {
 	const char *env = getenv("DRAGON_NCCL");
@@ -88,7 +83,7 @@ static void load(void)
 	}
 	void *p;
 #define RESOLVE(field, name)                                                                    \
-	p = sym(lib, name);                                                                     \
+	p = dlsym(lib, name);                                                                   \
 	memcpy(&nc.field, &p, sizeof(p));                                                       \
 	if (!p) {                                                                               \
 		snprintf(load_msg, sizeof(load_msg), "%s lacks %s: NCCL 2.10 or newer is needed", \

@@ -380,8 +380,6 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
 			      "batch %d: not a multiple of the %d ranks (each takes an equal share of every batch)",
 			      o->batch, world_of(o));
-	if (!st && world_of(o) > 1 && !o->dev && o->world->comm)
-		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "the CPU model's ranks average through the rendezvous");
 	if (!st)
 		st = dg_corpus_check(c, o->time, msg, msg_size);
 	if (!st)

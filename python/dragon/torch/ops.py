@@ -148,17 +148,17 @@ def _relu_text(relu):
 
 
 def _exec_weight(w, weight, wscale):
-    """w (H,L,E) master -> (storage, scale, fmt) the kernels read."""
+    """w (H,L,E) master -> (storage, scale) the kernels read."""
     H, L, E = w.shape
     if weight not in LOWBIT:
-        return w.to(_call.STORAGE[weight][0]).contiguous(), None, weight
+        return w.to(_call.STORAGE[weight][0]).contiguous(), None
     codes, scale = quantize_weight(w.reshape(H * L, E), weight, wscale)
     if weight in PACKED:
-        return pack(codes, weight).reshape(H, L, -1), scale, weight
-    return codes.reshape(H, L, E), scale, weight
+        return pack(codes, weight).reshape(H, L, -1), scale
+    return codes.reshape(H, L, E), scale
 
 
-def _proj_spec(op, H, Hin, E, L, weight, act, extra):
+def _proj_spec(op, H, Hin, E, L, extra):
     text = "op=%s;heads=%d;in_heads=%d;embd=%d;latent=%d" % (op, H, Hin, E, L)
     return text + extra
 
@@ -178,10 +178,10 @@ def _proj_fwd_impl(x, w, weight, relu, has_relu):
         xq, xsc = x, None
         scales = ""
         weight = xf
-    wq, wsc, _ = _exec_weight(w, weight, "channel")
+    wq, wsc = _exec_weight(w, weight, "channel")
     out = torch.empty((B, H, T, L), dtype=x.dtype, device=x.device)
     relu_t = _relu_text(relu if has_relu else None)
-    text = _proj_spec("lowrank_fwd", H, Hin, E, L, weight, act,
+    text = _proj_spec("lowrank_fwd", H, Hin, E, L,
                       ";weight=%s;act=%s;out=%s;relu=%s%s" % (weight, act, xf, relu_t, scales))
     call(text, [ffi_tensor("x", xq, act, xsc, logical=(B, Hin, T, E)),
                 ffi_tensor("w", wq, weight, wsc, logical=(H, L, E)),
@@ -210,15 +210,15 @@ def _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, relu, has_r
     fw = lambda: ffi_tensor("w", wq, weight, ws, logical=(H, L, E))  # noqa: E731
     if has_relu:
         gm = torch.empty_like(g)
-        call(_proj_spec("relu_mask", H, Hin, E, L, weight, act, ";weight=%s;act=%s;relu=%s%s%s" % (
+        call(_proj_spec("relu_mask", H, Hin, E, L, ";weight=%s;act=%s;relu=%s%s%s" % (
             weight, act, _relu_text(relu), scales_w, scales_a)),
             [fx(), fw(), ffi_tensor("grad", g, "f32"), ffi_tensor("grad_out", gm, "f32")], g)
         g = gm
     gx = torch.empty((B, Hin, T, E), dtype=torch.float32, device=g.device)
-    call(_proj_spec("lowrank_grad_input", H, Hin, E, L, weight, act, ";weight=%s%s" % (weight, scales_w)),
+    call(_proj_spec("lowrank_grad_input", H, Hin, E, L, ";weight=%s%s" % (weight, scales_w)),
          [ffi_tensor("grad", g, "f32"), fw(), ffi_tensor("grad_x", gx, "f32")], g)
     gw = torch.empty((H, L, E), dtype=torch.float32, device=g.device)
-    call(_proj_spec("lowrank_grad_weight", H, Hin, E, L, weight, act, ";act=%s%s" % (act, scales_a)),
+    call(_proj_spec("lowrank_grad_weight", H, Hin, E, L, ";act=%s%s" % (act, scales_a)),
          [ffi_tensor("grad", g, "f32"), fx(), ffi_tensor("grad_w", gw, "f32")], g)
     return gx, gw
 
