@@ -214,7 +214,9 @@ dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n, c
 	dg_tensor ts[DG_OP_MAX_ARGS];
 	dg__op_call c;
 	dg_status st = call_of(s, t, n, o, ts, &c, msg, msg_size);
-	return st ? st : dg__op_check(s, s->op, dg_op_name(s->op), &c, NULL, msg, msg_size);
+	/* the op's whole check, its family's rules too: what the run refuses
+	 * for the tensors or options, this does */
+	return st ? st : dg__op_check_call(s, &c, msg, msg_size);
 }
 
 dg_status dg_ffi_op_workspace(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,

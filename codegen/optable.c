@@ -152,7 +152,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_QUANTIZE_ACT] = {
 		.family = "quantize", .module = "quantize",
-		.about = "activation quantize: x (any shape) f32|bf16 -> codes and scale 2*mean|x|/qmax",
+		.about = "activation quantize: x (any shape; (B,G,T,C) with ascale=token, a scale a token over its G heads) f32|bf16 -> codes and scale",
 		.fields = F(ACT) | F(ARCH) | F(SRC) | F(TILE) | F(ASCALE),
 		.tile = DG_TILE_THREADS,
 		.act_fmts = B(INT8) | B(INT4) | B(UINT8POS), .src_fmts = FLOATS,

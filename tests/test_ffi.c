@@ -5,7 +5,9 @@
  *     the call's shapes (every op of the table, at two sizes);
  *   - dg_ffi_op_check refuses a wrong shape, format, count or a
  *     non-contiguous tensor by name, and passes a right call, without a
- *     device;
+ *     device; it is the op's whole check, the rules of its family file
+ *     too (quantize_act ascale=token's 4-D x, dequantize's 2-D codes, the
+ *     gate's p and step_at), and judges no workspace (lmhead_ce);
  *   - the CPU model: its params are the reference's names and shapes, a
  *     run's loss and gradients are dg_model_cpu_step's, a master changed
  *     in place is what the next run sees, bad tokens and presets the CPU
@@ -152,6 +154,121 @@ Test(ffi, op_check_names_what_is_wrong)
 	b[0].fmt = 99;
 	cr_assert_eq(dg_ffi_op_check(s, b, 3, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "format 99"), "%s", msg);
+	dg_ffi_spec_free(s);
+}
+
+/* text's op's tensors at B b, T t, R r (dg_ffi_op_args), the ones a call
+ * must give at aligned placeholder addresses, the optional left out. */
+static dg_spec *placed(const char *text, int64_t b, int64_t t, int64_t r, dg_ffi_tensor *a, int32_t *n)
+{
+	dg_spec *s;
+	char msg[512];
+	int32_t opt[DG_OP_MAX_ARGS];
+	cr_assert_eq(dg_ffi_spec_parse(text, &s, msg, sizeof(msg)), DG_OK, "%s: %s", text, msg);
+	cr_assert_eq(dg_ffi_op_args(s, b, t, r, a, NULL, opt, n, msg, sizeof(msg)), DG_OK, "%s: %s", text, msg);
+	for (int i = 0; i < *n; i++) {
+		if (opt[i])
+			continue;
+		a[i].data = (uint64_t)(1u << 20) * (uint64_t)(i + 1);
+		a[i].scale = a[i].data + 4096;
+	}
+	return s;
+}
+
+/* A tensor of an any-shape argument (ndim 0 in the op table: the
+ * quantizers', dequantize's) of ndim extents shape, at placeholder slot's
+ * aligned address. */
+static dg_ffi_tensor any_shape(const char *name, dg_fmt fmt, int ndim, const int64_t *shape, int slot)
+{
+	dg_ffi_tensor t = { .name = name, .fmt = fmt, .ndim = ndim };
+	for (int d = 0; d < ndim; d++)
+		t.shape[d] = shape[d];
+	t.data = (uint64_t)(1u << 20) * (uint64_t)(slot + 1);
+	t.scale = t.data + 4096;
+	return t;
+}
+
+/* quantize_act ascale=token reads tokens (b, t) of a (B, G, T, C) x: a
+ * 2-D x passes the op table (any shape) but not the op, through the door
+ * and the typed check alike; a scale a tensor takes any shape. */
+Test(ffi, op_check_quantize_act_token_needs_4d)
+{
+	char msg[512];
+	dg_spec *s;
+	cr_assert_eq(dg_ffi_spec_parse("op=quantize_act;src=f32;act=int8;ascale=token", &s, msg, sizeof(msg)), DG_OK,
+		     "%s", msg);
+	const int64_t flat[2] = { 6, 64 }, tok[4] = { 1, 1, 6, 64 };
+	dg_ffi_tensor a[2] = { any_shape("x", DG_FMT_F32, 2, flat, 0), any_shape("codes", DG_FMT_INT8, 2, flat, 1) };
+	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "dg_quantize_act: x: ascale=token reads a (B, G, T, C) tensor, a token (b, t) over its G heads; got 2 dimensions"),
+		  "%s", msg);
+	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, NULL, 0), DG_ERR_INVALID_ARG, "no message buffer");
+
+	dg_tensor tx = dg_tensor_2d("x", DG_FMT_F32, a[0].data, 6, 64);
+	dg_tensor tc = dg_tensor_2d("codes", DG_FMT_INT8, a[1].data, 6, 64);
+	tc.scale = a[1].scale;
+	dg_quantize_act_args qa = { .x = &tx, .codes = &tc };
+	cr_assert_eq(dg_quantize_act_check(s, &qa, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "got 2 dimensions"), "%s", msg);
+
+	a[0] = any_shape("x", DG_FMT_F32, 4, tok, 0);
+	a[1] = any_shape("codes", DG_FMT_INT8, 4, tok, 1);
+	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	tx = dg_tensor_4d("x", DG_FMT_F32, a[0].data, 1, 1, 6, 64);
+	tc = dg_tensor_4d("codes", DG_FMT_INT8, a[1].data, 1, 1, 6, 64);
+	tc.scale = a[1].scale;
+	cr_assert_eq(dg_quantize_act_check(s, &qa, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_ffi_spec_free(s);
+
+	cr_assert_eq(dg_ffi_spec_parse("op=quantize_act;src=f32;act=int8;ascale=tensor", &s, msg, sizeof(msg)), DG_OK,
+		     "%s", msg);
+	a[0] = any_shape("x", DG_FMT_F32, 2, flat, 0);
+	a[1] = any_shape("codes", DG_FMT_INT8, 2, flat, 1);
+	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_ffi_spec_free(s);
+}
+
+/* Rules of the family files the op table cannot say, each a call the
+ * table's check alone passes: dequantize's 2-D codes (its rows are a
+ * scale's), the gate's drop probability and step_at's alignment (options,
+ * not tensors). lmhead_ce is checked without its workspace: a check comes
+ * before the workspace is sized. */
+Test(ffi, op_check_is_the_ops_own)
+{
+	char msg[512];
+	dg_spec *s;
+	cr_assert_eq(dg_ffi_spec_parse("op=dequantize;act=int8;ascale=tensor;out=f32", &s, msg, sizeof(msg)), DG_OK,
+		     "%s", msg);
+	const int64_t rows[2] = { 6, 64 }, stack[3] = { 2, 3, 64 };
+	dg_ffi_tensor a[DG_OP_MAX_ARGS] = { any_shape("codes", DG_FMT_INT8, 2, rows, 0),
+					    any_shape("out", DG_FMT_F32, 2, rows, 1) };
+	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	a[0] = any_shape("codes", DG_FMT_INT8, 3, stack, 0);
+	a[1] = any_shape("out", DG_FMT_F32, 3, stack, 1);
+	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "codes: dg_dequantize: expected (R, C) codes, got 3 dimensions"), "%s", msg);
+	dg_ffi_spec_free(s);
+
+	int32_t n;
+	s = placed("op=gate_fwd;heads=2;latent=64;act=f32", 2, 3, 1, a, &n);
+	cr_assert_eq(n, 3);
+	dg_ffi_opts o = { .p = 0.1f, .seed = 7 };
+	cr_assert_eq(dg_ffi_op_check(s, a, n, &o, msg, sizeof(msg)), DG_OK, "%s", msg);
+	o.p = 1.5f;
+	cr_assert_eq(dg_ffi_op_check(s, a, n, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "dg_gate_fwd: p=1.5"), "%s", msg);
+	o.p = 0.1f;
+	o.step_at = a[0].data + 2;
+	cr_assert_eq(dg_ffi_op_check(s, a, n, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "step_at") && strstr(msg, "4-byte aligned"), "%s", msg);
+	dg_ffi_spec_free(s);
+
+	s = placed("op=lmhead_ce;embd=32;vocab=64", 1, 1, 5, a, &n);
+	cr_assert_eq(n, 6);
+	cr_assert_eq(dg_ffi_op_check(s, a, n, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	o = (dg_ffi_opts){ .bad = a[0].data + 1 };
+	cr_assert_eq(dg_ffi_op_check(s, a, n, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "bad") && strstr(msg, "4-byte aligned"), "%s", msg);
 	dg_ffi_spec_free(s);
 }
 
@@ -335,16 +452,19 @@ Test(ffi, gpu_op_is_the_typed_op)
 	dg_dptr dx = gh_upload(dev, x, sizeof(x));
 	dg_dptr c1 = gh_alloc(dev, rows * cols), s1 = gh_alloc(dev, rows * 4);
 	dg_dptr c2 = gh_alloc(dev, rows * cols), s2 = gh_alloc(dev, rows * 4);
+	/* ascale=token reads (B, G, T, C): the rows as T tokens of one head */
 	dg_ffi_tensor a[2] = {
-		{ .name = "x", .fmt = DG_FMT_F32, .ndim = 2, .shape = { rows, cols }, .data = dx },
-		{ .name = "codes", .fmt = DG_FMT_INT8, .ndim = 2, .shape = { rows, cols }, .data = c1, .scale = s1 },
+		{ .name = "x", .fmt = DG_FMT_F32, .ndim = 4, .shape = { 1, 1, rows, cols }, .data = dx },
+		{ .name = "codes", .fmt = DG_FMT_INT8, .ndim = 4, .shape = { 1, 1, rows, cols }, .data = c1,
+		  .scale = s1 },
 	};
 	uint64_t ws = 1;
 	cr_assert_eq(dg_ffi_op_workspace(dev, s, a, 2, NULL, &ws), DG_OK, "%s", dg_device_errmsg(dev));
 	dg_workspace w = gh_workspace(dev, ws);
 	dg_ffi_opts o = { .ws = w.ptr, .ws_bytes = w.bytes };
 	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_tensor tx = dg_tensor_2d("x", DG_FMT_F32, dx, rows, cols), tc = dg_tensor_2d("codes", DG_FMT_INT8, c2, rows, cols);
+	dg_tensor tx = dg_tensor_4d("x", DG_FMT_F32, dx, 1, 1, rows, cols);
+	dg_tensor tc = dg_tensor_4d("codes", DG_FMT_INT8, c2, 1, 1, rows, cols);
 	tc.scale = s2;
 	dg_quantize_act_args qa = { .x = &tx, .codes = &tc, .ws = w };
 	cr_assert_eq(dg_quantize_act(dev, s, &qa), DG_OK, "%s", dg_device_errmsg(dev));
@@ -356,7 +476,7 @@ Test(ffi, gpu_op_is_the_typed_op)
 	gh_download(dev, f2, s2, sizeof(f2));
 	gh_expect_bytes("codes", h1, h2, sizeof(h1));
 	gh_expect_bytes("scales", f1, f2, sizeof(f1));
-	a[1].shape[1] = 60;
+	a[1].shape[3] = 60;
 	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "codes"), "%s", dg_device_errmsg(dev));
 	dg_ffi_spec_free(s);

@@ -207,6 +207,12 @@ dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_gra
 			  msg_size);
 }
 
+dg_status dg__check_attention_grad_xs(const dg_spec *spec, const dg__op_call *c, char *msg,
+				      size_t msg_size)
+{
+	return gemm_check(spec, DG_OP_ATTENTION_GRAD_XS, "dg_attention_grad_xs", c, NULL, msg, msg_size);
+}
+
 dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec, const dg_attention_grad_xs_args *a)
 {
 	dg__op_call c = grad_xs_call(a);

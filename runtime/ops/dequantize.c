@@ -18,6 +18,11 @@
 static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *sh, char *msg,
 		       size_t size)
 {
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
 	dg_status st = dg__op_check(spec, DG_OP_DEQUANTIZE, FN, c, sh, msg, size);
 	if (st)
 		return st;
@@ -67,14 +72,15 @@ DG__OP_NO_WORKSPACE(dequantize)
 dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
 			      size_t msg_size)
 {
-	char local[512];
-	if (!msg || !msg_size) {
-		msg = local;
-		msg_size = sizeof(local);
-	}
 	dg__op_call c = a ? dg__op_call_of(a->codes, a->out, NULL, NULL)
 			  : dg__op_call_of(NULL, NULL, NULL, NULL);
 	return check(spec, a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg__check_dequantize(const dg_spec *spec, const dg__op_call *c, char *msg,
+			       size_t msg_size)
+{
+	return check(spec, c, NULL, msg, msg_size);
 }
 
 dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a)

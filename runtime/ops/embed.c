@@ -99,6 +99,12 @@ dg_status dg__run_embed_fwd(dg_device *dev, const dg_spec *spec, const dg__op_ca
 
 DG__OP_NO_WORKSPACE(embed_fwd)
 
+dg_status dg__check_embed_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
+			      size_t msg_size)
+{
+	return check(spec, DG_OP_EMBED_FWD, "dg_embed_fwd", c, NULL, msg, msg_size);
+}
+
 dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a)
 {
 	dg__op_call c = fwd_call(a);
@@ -133,6 +139,14 @@ dg_status dg__run_embed_bwd(dg_device *dev, const dg_spec *spec, const dg__op_ca
 }
 
 DG__OP_NO_WORKSPACE(embed_bwd)
+
+/* bad is the forward's, but the generic call may carry one: the run
+ * refuses it misaligned, so the check does too. */
+dg_status dg__check_embed_bwd(const dg_spec *spec, const dg__op_call *c, char *msg,
+			      size_t msg_size)
+{
+	return check(spec, DG_OP_EMBED_BWD, "dg_embed_bwd", c, NULL, msg, msg_size);
+}
 
 dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a)
 {

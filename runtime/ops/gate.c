@@ -123,6 +123,18 @@ DG__OP_NO_WORKSPACE(gate_fwd)
 
 DG__OP_NO_WORKSPACE(gate_bwd)
 
+dg_status dg__check_gate_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
+			     size_t msg_size)
+{
+	return gate_check(spec, DG_OP_GATE_FWD, "dg_gate_fwd", c, NULL, msg, msg_size);
+}
+
+dg_status dg__check_gate_bwd(const dg_spec *spec, const dg__op_call *c, char *msg,
+			     size_t msg_size)
+{
+	return gate_check(spec, DG_OP_GATE_BWD, "dg_gate_bwd", c, NULL, msg, msg_size);
+}
+
 /* ---- the typed calls ------------------------------------------------------------ */
 
 #define FWD_CALL(a) \
@@ -256,6 +268,12 @@ dg_status dg__run_decoder_gate_bwd(dg_device *dev, const dg_spec *spec, const dg
 }
 
 DG__OP_NO_WORKSPACE(decoder_gate_bwd)
+
+dg_status dg__check_decoder_gate_bwd(const dg_spec *spec, const dg__op_call *c, char *msg,
+				     size_t msg_size)
+{
+	return dg_check(spec, c, NULL, msg, msg_size);
+}
 
 dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
 				    char *msg, size_t msg_size)

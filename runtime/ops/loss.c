@@ -118,6 +118,15 @@ dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, ch
 	return check(spec, a ? &c : NULL, true, NULL, msg, msg_size);
 }
 
+/* Without the workspace, as dg__workspace_lmhead_ce checks: a device-free
+ * check (the FFI's) comes before the workspace is sized and given, and
+ * the run still refuses a short one. */
+dg_status dg__check_lmhead_ce(const dg_spec *spec, const dg__op_call *c, char *msg,
+			      size_t msg_size)
+{
+	return check(spec, c, false, NULL, msg, msg_size);
+}
+
 dg_status dg__workspace_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 				  size_t *bytes)
 {

@@ -161,24 +161,37 @@ static dg_status gi_splits_ok(const char *fn, int splits, char *msg, size_t msg_
 	return DG_OK;
 }
 
-/* The tensors' check and the splits', the message on dev. */
+/* The tensors' check, then the splits'. */
+static dg_status gi_check(const dg_spec *spec, const char *fn, const dg__op_call *c,
+			  dg__op_shape *sh, char *msg, size_t msg_size)
+{
+	dg_status st = dg__op_check(spec, DG_OP_LOWRANK_GRAD_INPUT, fn, c, sh, msg, msg_size);
+	return st ? st : gi_splits_ok(fn, c->splits, msg, msg_size);
+}
+
+/* gi_check with the message on dev. */
 static dg_status gi_check_dev(dg_device *dev, const dg_spec *spec, const char *fn,
 			      const dg__op_call *c, dg__op_shape *sh)
 {
-	char msg[256];
-	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_GRAD_INPUT, fn, c, sh);
-	if (!st && (st = gi_splits_ok(fn, c->splits, msg, sizeof(msg))))
-		return dg__dev_fail(dev, st, "%s", msg);
-	return st;
+	char msg[512];
+
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = gi_check(spec, fn, c, sh, msg, sizeof(msg));
+	return st ? dg__dev_fail_msg(dev, st, msg) : DG_OK;
 }
 
 dg_status dg_lowrank_grad_input_check(const dg_spec *spec, const dg_lowrank_grad_input_args *a,
 				      char *msg, size_t msg_size)
 {
 	dg__op_call c = gi_call(a);
-	dg_status st = dg__op_check(spec, DG_OP_LOWRANK_GRAD_INPUT, "dg_lowrank_grad_input",
-				    a ? &c : NULL, NULL, msg, msg_size);
-	return st ? st : gi_splits_ok("dg_lowrank_grad_input", c.splits, msg, msg_size);
+	return gi_check(spec, "dg_lowrank_grad_input", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg__check_lowrank_grad_input(const dg_spec *spec, const dg__op_call *c, char *msg,
+				       size_t msg_size)
+{
+	return gi_check(spec, "dg_lowrank_grad_input", c, NULL, msg, msg_size);
 }
 
 /* K = (H/Hin)·L: block z's heads, their latents in order. */

@@ -115,6 +115,12 @@ dg_status dg__run_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg__o
 
 DG__OP_NO_WORKSPACE(layernorm_fwd)
 
+dg_status dg__check_layernorm_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
+				  size_t msg_size)
+{
+	return check(spec, DG_OP_LAYERNORM_FWD, "dg_layernorm_fwd", c, NULL, msg, msg_size);
+}
+
 dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_fwd_args *a)
 {
 	dg__op_call c = ln_fwd_call(a);
@@ -188,6 +194,12 @@ dg_status dg__run_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg__op
 }
 
 DG__OP_NO_WORKSPACE(resid_ln_fwd)
+
+dg_status dg__check_resid_ln_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
+				 size_t msg_size)
+{
+	return check(spec, DG_OP_RESID_LN_FWD, "dg_resid_ln_fwd", c, NULL, msg, msg_size);
+}
 
 dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_fwd_args *a)
 {

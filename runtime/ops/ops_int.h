@@ -3,7 +3,8 @@
  * typed op is turned into, the one check of its tensors against the op
  * table's signature, the launch helpers, and the per-op dispatch the tuner
  * and the bench use (registry.c). The layers above (autotune/, the
- * training step) reach ops through dg__op_run and dg__op_workspace.
+ * training step) reach ops through dg__op_run and dg__op_workspace, the
+ * FFI's device-free checks through dg__op_check_call.
  */
 #ifndef DG_RUNTIME_OPS_INT_H
 #define DG_RUNTIME_OPS_INT_H
@@ -114,6 +115,17 @@ dg_status dg__op_run(dg_device *dev, const dg_spec *spec, const dg__op_call *c);
 /* The workspace c needs on dev (0 for ops that take none). */
 dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 			   size_t *bytes);
+/*
+ * The whole check of c as op spec->op, without a device: dg__op_check's,
+ * then the rules the op's family file adds (the ones its typed _check and
+ * its run apply: an alias, an option's range, a pointer's alignment), so
+ * what the run still refuses past it is the workspace and the limits of
+ * the kernel the device loads (grids, a rows entry's row length). The
+ * message goes into msg (NULL or msg_size 0: none). The door of
+ * dg_ffi_op_check: the generic check alone passes calls the run refuses.
+ */
+dg_status dg__op_check_call(const dg_spec *spec, const dg__op_call *c, char *msg,
+			    size_t msg_size);
 
 /* The generic entries of each op of DG_OP_LIST, defined in its family's
  * file as dg__run_<name> and dg__workspace_<name>. */
@@ -124,6 +136,35 @@ dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_cal
 				       const dg__op_call *c, size_t *bytes);
 DG_OP_LIST(DG__OP_ENTRY)
 #undef DG__OP_ENTRY
+
+/*
+ * The ops whose family file has rules of its own beyond the op table's
+ * (dg__op_check_call's table): each defines dg__check_<name>, the static
+ * check its typed _check and its run share, under the generic call (msg
+ * NULL or msg_size 0: no message). An op not listed is checked by
+ * dg__op_check alone; one listed without its entry fails to link, and an
+ * entry defined but not listed has no prototype (-Wmissing-prototypes).
+ */
+#define DG__OP_OWN_CHECKS(X)                                                  \
+	X(DG_OP_QUANTIZE_ACT, quantize_act)                                   \
+	X(DG_OP_LOWRANK_GRAD_INPUT, lowrank_grad_input)                       \
+	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs)                         \
+	X(DG_OP_EMBED_FWD, embed_fwd)                                         \
+	X(DG_OP_EMBED_BWD, embed_bwd)                                         \
+	X(DG_OP_LAYERNORM_FWD, layernorm_fwd)                                 \
+	X(DG_OP_RESID_LN_FWD, resid_ln_fwd)                                   \
+	X(DG_OP_LMHEAD_CE, lmhead_ce)                                         \
+	X(DG_OP_GATE_FWD, gate_fwd)                                           \
+	X(DG_OP_GATE_BWD, gate_bwd)                                           \
+	X(DG_OP_DEQUANTIZE, dequantize)                                       \
+	X(DG_OP_DECODER_GATE_BWD, decoder_gate_bwd)                           \
+	X(DG_OP_ADAMW_UPDATE, adamw_update)
+
+#define DG__OP_CHECK_ENTRY(e, name)                                           \
+	dg_status dg__check_##name(const dg_spec *spec, const dg__op_call *c,  \
+				   char *msg, size_t msg_size);
+DG__OP_OWN_CHECKS(DG__OP_CHECK_ENTRY)
+#undef DG__OP_CHECK_ENTRY
 
 /* n rounded up to 256 bytes: where a workspace's parts start. */
 static inline size_t dg__op_align256(size_t n)

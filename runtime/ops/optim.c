@@ -102,6 +102,12 @@ dg_status dg__run_adamw_update(dg_device *dev, const dg_spec *spec, const dg__op
 
 DG__OP_NO_WORKSPACE(adamw_update)
 
+dg_status dg__check_adamw_update(const dg_spec *spec, const dg__op_call *c, char *msg,
+				 size_t msg_size)
+{
+	return check(spec, c, NULL, msg, msg_size);
+}
+
 dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
 				size_t msg_size)
 {

@@ -97,11 +97,7 @@ static dg_status run_rows(dg_device *dev, const dg_spec *spec, const char *fn, c
 	long long rows, G = 1, T = 1, C = x->shape[x->ndim - 1];
 	dg_kernel *k;
 
-	if (spec->op == DG_OP_QUANTIZE_ACT) {
-		if (x->ndim != 4)
-			return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
-					    "%s: x: ascale=token reads a (B, G, T, C) tensor, a token (b, t) over its G heads; got %d dimensions",
-					    fn, x->ndim);
+	if (spec->op == DG_OP_QUANTIZE_ACT) { /* x is 4-D: check() saw to it */
 		rows = x->shape[0] * x->shape[2];
 		G = x->shape[1];
 		T = x->shape[2];
@@ -125,6 +121,44 @@ static dg_status run_rows(dg_device *dev, const dg_spec *spec, const char *fn, c
 	return dg_kernel_launch(dev, k, &l, a);
 }
 
+/* The op table's check (x of any shape, codes of x's), then quantize_act's
+ * own rule: ascale=token's rows are tokens (b, t) over the G heads of a
+ * (B, G, T, C) x, so any other rank is refused here, where the FFI's and
+ * the typed _check see it, not only at the launch. quantize_weight's
+ * channel rows are any shape's last dimension: the table's check alone. */
+static dg_status check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
+		       dg__op_shape *sh, char *msg, size_t size)
+{
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, op, fn, c, sh, msg, size);
+	if (st || op != DG_OP_QUANTIZE_ACT || spec->ascale != DG_SCALE_TOKEN)
+		return st;
+	const dg_tensor *x = c->t[0];
+	if (x->ndim != 4) {
+		snprintf(msg, size,
+			 "%s: x: ascale=token reads a (B, G, T, C) tensor, a token (b, t) over its G heads; got %d dimensions",
+			 fn, x->ndim);
+		return DG_ERR_INVALID_ARG;
+	}
+	return DG_OK;
+}
+
+/* check() with the message put on dev. */
+static dg_status check_dev(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
+			   const dg__op_call *c, dg__op_shape *sh)
+{
+	char msg[512];
+
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = check(spec, op, fn, c, sh, msg, sizeof(msg));
+	return st ? dg__dev_fail_msg(dev, st, msg) : DG_OK;
+}
+
 /* Workspace: one partial a block (float for activations, double for weights). */
 static dg_status workspace(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
 			   const dg__op_call *c, size_t *bytes)
@@ -134,7 +168,7 @@ static dg_status workspace(dg_device *dev, const dg_spec *spec, dg_op op, const 
 	int nt;
 
 	*bytes = 0;
-	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	dg_status st = check_dev(dev, spec, op, fn, c, &sh);
 	if (!st && by_rows(spec))
 		return DG_OK; /* a block a row: no partials */
 	if (!st)
@@ -153,7 +187,7 @@ static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const char *
 	dg_kernel *k[3];
 	int nt;
 
-	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
+	dg_status st = check_dev(dev, spec, op, fn, c, &sh);
 	if (!st && by_rows(spec))
 		return run_rows(dev, spec, fn, c);
 	if (!st)
@@ -207,8 +241,14 @@ dg_status dg_quantize_act_check(const dg_spec *spec, const dg_quantize_act_args 
 				size_t msg_size)
 {
 	dg__op_call c = act_call(a);
-	return dg__op_check(spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", a ? &c : NULL, NULL,
-			    msg, msg_size);
+	return check(spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", a ? &c : NULL, NULL, msg,
+		     msg_size);
+}
+
+dg_status dg__check_quantize_act(const dg_spec *spec, const dg__op_call *c, char *msg,
+				 size_t msg_size)
+{
+	return check(spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", c, NULL, msg, msg_size);
 }
 
 dg_status dg__workspace_quantize_act(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
