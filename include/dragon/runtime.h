@@ -81,10 +81,16 @@ dg_status dg_device_info_get(dg_device *dev, dg_device_info *info);
 dg_ctx *dg_device_jit(dg_device *dev);
 
 /* The stream the calling thread's launches and copies go to: a CUstream
- * (PyTorch's current stream, say), or NULL for the device's own stream
- * (created at open, non-blocking). Per thread: another thread keeps its
- * own. */
+ * (PyTorch's current stream, say), DG_STREAM_LEGACY for the legacy
+ * default stream, or NULL for the device's own stream (created at open,
+ * non-blocking: it does not wait for the default stream, nor it for
+ * dragon). Per thread: another thread keeps its own. */
 dg_status dg_device_set_stream(dg_device *dev, void *cu_stream);
+/* The legacy default stream (the driver's CU_STREAM_LEGACY): what a
+ * framework's stream handle 0 means — PyTorch's default stream is it, so
+ * a caller passing torch.cuda.current_stream() passes this for handle 0,
+ * never NULL (which would be dragon's own stream, racing torch's work). */
+#define DG_STREAM_LEGACY ((void *)0x1)
 void *dg_device_stream(dg_device *dev); /* the calling thread's */
 /* Waits for the calling thread's stream. */
 dg_status dg_device_sync(dg_device *dev);

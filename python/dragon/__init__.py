@@ -157,10 +157,14 @@ class Device:
         if code:
             raise _lib.error(code, self.errmsg())
 
+    LEGACY_STREAM = 1  # the driver's CU_STREAM_LEGACY (dragon/runtime.h DG_STREAM_LEGACY)
+
     def set_stream(self, cu_stream):
-        """The calling thread's stream for dragon's launches (a CUstream
-        as an int, 0 the device's own)."""
-        self.check(_lib.lib().dg_device_set_stream(self._h, ctypes.c_void_p(cu_stream or None)))
+        """The calling thread's stream for dragon's launches: a CUstream as
+        an int, Device.LEGACY_STREAM for the legacy default stream (what a
+        framework's handle 0 is: torch's default stream), None for the
+        device's own (non-blocking: it does not wait for other work)."""
+        self.check(_lib.lib().dg_device_set_stream(self._h, ctypes.c_void_p(cu_stream) if cu_stream else None))
 
     def sync(self):
         self.check(_lib.lib().dg_device_sync(self._h))

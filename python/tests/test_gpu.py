@@ -34,12 +34,48 @@ def test_quantize_act_codes_and_scales(gpu):
     assert (back - x).abs().max().item() <= scale.max().item() * 0.5 + 1e-6
 
 
+@pytest.mark.parametrize("side", [False, True])
+def test_ops_are_ordered_on_torchs_stream(gpu, side):
+    """torch work before and after an op on the same stream, no sync
+    between: on the default stream (handle 0, the legacy stream) and on a
+    side stream, dragon's launches wait for the one and the other for them."""
+    import contextlib
+
+    w = torch.randn(4096, 2048, device=gpu)
+    stream = torch.cuda.Stream() if side else None
+    if stream:
+        stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+        for _ in range(3):
+            w2 = torch.sin(w) * 3 + w  # queued just before the op reads it
+            codes, scale = dt.quantize_weight(w2, "int8", "channel")
+            back = codes.float() * scale[:, None]  # queued just after the op writes them
+            err = ((back - w2).abs() / scale[:, None]).amax()
+            amax = w2.abs().amax(1)
+    torch.cuda.synchronize()
+    assert torch.allclose(scale, amax / 127, rtol=1e-6, atol=0)
+    assert err.item() <= 0.5 + 1e-3
+
+
+@pytest.mark.parametrize("cols", [256, 2048, 8192])
+def test_quantize_weight_int8_rows(gpu, cols):
+    """A scale a row (both entries: a warp a row up to 1024 values, a block
+    a row past it), codes round(w / scale) within -127..127."""
+    w = torch.randn(96, cols, device=gpu) * torch.rand(96, 1, device=gpu)
+    codes, scale = dt.quantize_weight(w, "int8", "channel")
+    amax = w.abs().amax(1)
+    assert torch.allclose(scale, amax / 127, rtol=1e-6, atol=0)
+    want = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+    assert (codes.int() - want.int()).abs().max().item() <= 1
+    assert (codes != want).float().mean().item() < 1e-3
+
+
 @pytest.mark.parametrize("fmt", ["ternary", "sign1"])
 def test_pack_round_trip_exact(gpu, fmt):
     w = torch.randn(128, 256, device=gpu)
     codes, scale = dt.quantize_weight(w, fmt, "channel")
     vals = set(codes.unique().tolist())
-    assert vals <= ({-1, 0, 1} if fmt == "ternary" else {-1, 1})
+    assert vals == ({-1, 0, 1} if fmt == "ternary" else {-1, 1})
     words = dt.pack(codes, fmt)
     assert words.shape == (128, 256 // (16 if fmt == "ternary" else 32))
     assert torch.equal(dt.unpack(words, fmt), codes)
@@ -48,7 +84,8 @@ def test_pack_round_trip_exact(gpu, fmt):
 def proj_ref(x, w, relu, weight):
     """The projection in float64 from what the kernel reads."""
     xd, wd = x.double(), w.double()
-    y = torch.einsum("bite,hle->bhtl", xd, wd)
+    # in_heads 1: one x every head reads; in_heads H: head h reads x's head h
+    y = torch.einsum("bite,hle->bhtl" if x.shape[1] == 1 else "bhte,hle->bhtl", xd, wd)
     return torch.relu(y - relu) if relu is not None else y
 
 
@@ -65,22 +102,28 @@ def test_projection_float_against_float64(gpu, weight):
     g = torch.randn_like(want)
     y.backward(g.to(y.dtype))
     want.backward(g)
-    assert rel(x.grad, x64.grad) < tol * 2 and rel(w.grad, w64.grad) < tol * 2
+    # the gradient GEMMs take bf16 operands with f32 sums on every path from
+    # sm_80 on (templates/backward.lua: about 1e-3 of the norm), f32 weights too
+    assert rel(x.grad, x64.grad) < 5e-3 and rel(w.grad, w64.grad) < 5e-3
 
 
-@pytest.mark.parametrize("weight", ["int8", "ternary"])
-def test_projection_lowbit_is_the_codes_product(gpu, weight):
-    x = torch.randn(2, 1, 64, 256, device=gpu, requires_grad=True)
+@pytest.mark.parametrize("weight,hin", [("int8", 1), ("ternary", 1), ("int8", 4)])
+def test_projection_lowbit_is_the_codes_product(gpu, weight, hin):
+    x = torch.randn(2, hin, 64, 256, device=gpu, requires_grad=True)
     w = (torch.randn(4, 512, 256, device=gpu) * 0.05).requires_grad_()
     y = dt.projection(x, w, weight=weight, relu=0.0)
-    xq, xs = dt.quantize_act(x.detach().reshape(-1, 256), "int8", "token")
+    # a scale a token (b, t) over the in_heads: its row is the heads side by side
+    tok = x.detach().permute(0, 2, 1, 3).reshape(2 * 64, hin * 256)
+    tq, xs = dt.quantize_act(tok, "int8", "token")
+    xq = tq.reshape(2, 64, hin, 256).permute(0, 2, 1, 3)
     wq, ws = dt.quantize_weight(w.detach().reshape(-1, 256), weight, "channel")
-    acc = torch.einsum("re,ce->rc", xq.double(), wq.double())  # exact integers in float64
-    want = torch.relu(acc * xs.double()[:, None] * ws.double()[None, :])
-    want = want.reshape(2, 64, 4, 512).permute(0, 2, 1, 3)
+    # exact integers in float64, then the scales: (b, h, t, l)
+    acc = torch.einsum("bite,hle->bhtl" if hin == 1 else "bhte,hle->bhtl", xq.double(),
+                       wq.double().reshape(4, 512, 256))
+    want = torch.relu(acc * xs.double().reshape(2, 1, 64, 1) * ws.double().reshape(1, 4, 1, 512))
     assert rel(y, want) < 1e-6
     # straight-through: the gradients of the dequantized math, masked where y > 0
-    xd = (xq.double() * xs.double()[:, None]).reshape(2, 1, 64, 256).requires_grad_()
+    xd = (xq.double() * xs.double().reshape(2, 1, 64, 1)).requires_grad_()
     wd = (wq.double() * ws.double()[:, None]).reshape(4, 512, 256).requires_grad_()
     ref = proj_ref(xd, wd, 0.0, weight)
     g = torch.randn_like(ref)

@@ -140,7 +140,9 @@ def device(tdev):
     """dragon's Device for a torch CUDA device, its stream set to torch's
     current one on this thread."""
     d = dragon.Device.get(tdev.index if tdev.index is not None else torch.cuda.current_device())
-    d.set_stream(torch.cuda.current_stream(tdev).cuda_stream)
+    # torch's default stream is handle 0, the legacy default stream: dragon's
+    # NULL would be its own non-blocking stream, which never waits for torch
+    d.set_stream(torch.cuda.current_stream(tdev).cuda_stream or dragon.Device.LEGACY_STREAM)
     return d
 
 

@@ -15,6 +15,10 @@ straight-through gradients w.r.t. quantized operands, as dragon's step):
                      -> tril(RoPE(xs) . RoPE(xs)^T, -1) . v (B,H,T,E)
   fake_quant_act(x), fake_quant_weight(w): the quantizers' round trip,
                      gradient passed straight through.
+The backward's GEMMs take bf16 operands with f32 sums on every path
+from sm_80 on, f32 weights and activations too (dragon's step does the
+same; about 1e-3 of the norm, templates/backward.lua), so gradients are
+f32 tensors good to bf16's rounding, not to f32's.
 Each differentiable op's forward and backward are torch.library custom
 ops (dragon::projection_fwd, ...) with fake implementations, so
 torch.compile traces a model calling them; every tensor they make comes
@@ -48,10 +52,22 @@ def quantize_act(x, act="int8", ascale="token"):
     """x (any shape, f32|bf16) -> (codes, scale): codes x's shape (int8;
     uint8 for uint8pos), scale float32, one a row of x viewed (rows, last
     dim) with ascale="token", else one."""
-    src = float_fmt(x, "x")
     x = x.contiguous()
+    rows = _rows(x.shape)
+    # dragon's token rows are the (b, t) of a (B, G, T, C) tensor: x's rows
+    # are the tokens of a (1, 1, rows, C) one
+    v = (1, 1, rows, x.shape[-1]) if x.dim() else (1, 1, 1, 1)
+    codes, scale = _quantize_tokens(x.view(v), act, ascale)
+    return codes.view(x.shape), scale
+
+
+def _quantize_tokens(x, act, ascale):
+    """x (B, G, T, C) -> codes, scale: with ascale=token a scale a token
+    (b, t) over its G heads (B·T scales), as the projection reads them."""
+    src = float_fmt(x, "x")
     codes = empty(act, x.shape, x)
-    scale = torch.empty(_rows(x.shape) if ascale == "token" else 1, dtype=torch.float32, device=x.device)
+    n = x.shape[0] * x.shape[2] if ascale == "token" else 1
+    scale = torch.empty(n, dtype=torch.float32, device=x.device)
     call("op=quantize_act;src=%s;act=%s;ascale=%s" % (src, act, ascale),
          [ffi_tensor("x", x, src), ffi_tensor("codes", codes, act, scale)], x)
     return codes, scale
@@ -171,8 +187,7 @@ def _proj_fwd_impl(x, w, weight, relu, has_relu):
     act = "int8" if lowbit else xf
     x = x.contiguous()
     if lowbit:
-        xq, xsc = quantize_act(x.reshape(B * Hin * T, E), "int8", "token")
-        xq = xq.reshape(B, Hin, T, E)
+        xq, xsc = _quantize_tokens(x, "int8", "token")  # a scale a token (b, t) over the Hin heads
         scales = ";wscale=channel;ascale=token"
     else:
         xq, xsc = x, None
