@@ -36,9 +36,11 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dg-example-")
     common = ["--preset", a.preset, "--steps", str(a.steps), "--seed", str(a.seed)]
 
+    env = dict(os.environ)  # the tree's package, as a user's checkout runs the example
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python")] + [p for p in [env.get("PYTHONPATH")] if p])
     t0 = time.time()
     ex = subprocess.run([sys.executable, os.path.join(ROOT, "python", "examples", "train_bdh.py"), *common,
-                         "--log", os.path.join(tmp, "ex.jsonl")] + (["--size", "tiny"] if a.tiny else []), capture_output=True, text=True)
+                         "--log", os.path.join(tmp, "ex.jsonl")] + (["--size", "tiny"] if a.tiny else []), capture_output=True, text=True, env=env)
     ex_s = time.time() - t0
     if ex.returncode:
         sys.exit("example_vs_train: the example failed:\n" + ex.stderr[-3000:])

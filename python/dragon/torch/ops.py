@@ -52,25 +52,17 @@ def quantize_act(x, act="int8", ascale="token"):
     """x (any shape, f32|bf16) -> (codes, scale): codes x's shape (int8;
     uint8 for uint8pos), scale float32, one a row of x viewed (rows, last
     dim) with ascale="token", else one."""
+    src = float_fmt(x, "x")
     x = x.contiguous()
     rows = _rows(x.shape)
-    # dragon's token rows are the (b, t) of a (B, G, T, C) tensor: x's rows
-    # are the tokens of a (1, 1, rows, C) one
+    # dragon's token rows are the (b, t) of a (B, G, T, C) tensor over its G
+    # heads: x's rows are the tokens of a (1, 1, rows, C) one
     v = (1, 1, rows, x.shape[-1]) if x.dim() else (1, 1, 1, 1)
-    codes, scale = _quantize_tokens(x.view(v), act, ascale)
-    return codes.view(x.shape), scale
-
-
-def _quantize_tokens(x, act, ascale):
-    """x (B, G, T, C) -> codes, scale: with ascale=token a scale a token
-    (b, t) over its G heads (B·T scales), as the projection reads them."""
-    src = float_fmt(x, "x")
-    codes = empty(act, x.shape, x)
-    n = x.shape[0] * x.shape[2] if ascale == "token" else 1
-    scale = torch.empty(n, dtype=torch.float32, device=x.device)
+    codes = empty(act, v, x)
+    scale = torch.empty(rows if ascale == "token" else 1, dtype=torch.float32, device=x.device)
     call("op=quantize_act;src=%s;act=%s;ascale=%s" % (src, act, ascale),
-         [ffi_tensor("x", x, src), ffi_tensor("codes", codes, act, scale)], x)
-    return codes, scale
+         [ffi_tensor("x", x.view(v), src), ffi_tensor("codes", codes, act, scale)], x)
+    return codes.view(x.shape), scale
 
 
 def quantize_weight(w, weight="int8", wscale="channel"):
@@ -187,7 +179,9 @@ def _proj_fwd_impl(x, w, weight, relu, has_relu):
     act = "int8" if lowbit else xf
     x = x.contiguous()
     if lowbit:
-        xq, xsc = _quantize_tokens(x, "int8", "token")  # a scale a token (b, t) over the Hin heads
+        # a scale a row of x: with in_heads H the row (b, h, t) of its own head
+        # (the tape's a as (B·H, 1, T, D)), the kernel's x_row
+        xq, xsc = quantize_act(x, "int8", "token")
         scales = ";wscale=channel;ascale=token"
     else:
         xq, xsc = x, None
