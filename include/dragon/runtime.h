@@ -228,6 +228,16 @@ void dg_event_destroy(dg_event *ev); /* NULL is fine */
 dg_status dg_event_record(dg_event *ev);
 /* Waits until the work before ev's last record has run. */
 dg_status dg_event_synchronize(dg_event *ev);
+/* The calling thread's stream waits (on the device, the host goes on)
+ * for the work before ev's last record: a fork or a join between two
+ * streams, which a capture records as an edge of the graph. */
+dg_status dg_event_wait(dg_event *ev);
+
+/* A stream of dev's own beside the device's (non-blocking), for work that
+ * overlaps the calling thread's (dg_device_set_stream to queue on it).
+ * dg_stream_destroy after the work on it is done or joined. */
+dg_status dg_stream_create(dg_device *dev, void **out);
+void dg_stream_destroy(dg_device *dev, void *stream); /* NULL is fine */
 /* Milliseconds between two recorded (and completed) events. */
 dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end,
 			      float *ms);

@@ -46,6 +46,8 @@
 	  (CUstream))                                                         \
 	X(StreamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize", 1, \
 	  (CUstream))                                                         \
+	X(StreamWaitEvent, "cuStreamWaitEvent", "cuStreamWaitEvent", 1,       \
+	  (CUstream, CUevent, unsigned int))                                  \
 	X(MemGetInfo, "cuMemGetInfo", "cuMemGetInfo_v2", 1,                   \
 	  (size_t *, size_t *))                                               \
 	X(MemAlloc, "cuMemAlloc", "cuMemAlloc_v2", 1, (CUdeviceptr *, size_t)) \

@@ -589,6 +589,42 @@ dg_status dg_event_record(dg_event *ev)
 	return DG_OK;
 }
 
+dg_status dg_event_wait(dg_event *ev)
+{
+	if (!ev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = dg__dev_enter(ev->dev);
+	if (st)
+		return st;
+	CUresult rc = ev->dev->cu->StreamWaitEvent(dg__dev_stream(ev->dev), ev->ev, 0);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(ev->dev, rc, "cuStreamWaitEvent");
+	return DG_OK;
+}
+
+dg_status dg_stream_create(dg_device *dev, void **out)
+{
+	if (!out)
+		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_stream_create: out is NULL")
+			   : DG_ERR_INVALID_ARG;
+	*out = NULL;
+	dg_status st = dg__dev_enter(dev);
+	if (st)
+		return st;
+	CUstream s = NULL;
+	CUresult rc = dev->cu->StreamCreate(&s, CU_STREAM_NON_BLOCKING);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuStreamCreate");
+	*out = (void *)s;
+	return DG_OK;
+}
+
+void dg_stream_destroy(dg_device *dev, void *stream)
+{
+	if (stream && dg__dev_enter(dev) == DG_OK)
+		(void)dev->cu->StreamDestroy((CUstream)stream);
+}
+
 dg_status dg_event_synchronize(dg_event *ev)
 {
 	if (!ev)

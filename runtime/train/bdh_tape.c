@@ -10,8 +10,9 @@
  *   yd    = DEC(xy_l, decoder)
  *   y_l   = LN(yd)
  *   x_l+1 = RESID_LN(x_l, y_l)            LN(x + y)
- * Backward, layers in reverse, then the three weight gradients over all
- * layers' rows and the embedding's. The (B,H,T,N) gradients — dxs and dys,
+ * Backward, layers in reverse, then the embedding's gradient and the three
+ * weight gradients over all layers' rows, each turned into its master's
+ * layout right after its GEMM. The (B,H,T,N) gradients — dxs and dys,
  * stacked over the layers for the weight GEMMs (3.2 GB each in f32 at the
  * 25M shape, B 8, T 512) — are in the activations' format: bf16 on the
  * GPU's bf16 recipes (bf16, w8a8, bitnet: the ops round each to bf16 once,
@@ -293,30 +294,34 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		node(t, DG__N_ADD3, l, ds, dv, dxe, -1, dxn, -1, 0);
 		dx = dxn;
 	}
+	/* x0 = LN(embed[idx]) first: the embedding's gradient is then done
+	 * (and on its way to the other ranks, data parallel) while the three
+	 * weight GEMMs run */
+	int demb = buf(t, "demb", DG__B_TEMP, 4, B, 1, T, D);
+	node(t, DG__N_LN_BWD, -1, dx, x[0], x0_rstd, -1, demb, -1, 0);
+	node(t, DG__N_EMBED_BWD, -1, demb, id->tokens, -1, -1, id->grads[DG_PARAM_EMBED], -1, 0);
 	/* the shared weights: one GEMM each over every layer's rows (bf16g:
 	 * of the saved codes dequantized just before, a temporary: x's
-	 * (L·B·T, D) rows and a's (L·B·H·T, D), a scale a row) */
+	 * (L·B·T, D) rows and a's (L·B·H·T, D), a scale a row), each one's
+	 * master gradient right after it, so a bucket's all-reduce runs
+	 * beside the next GEMM */
 	int xw = lowbit ? xq_all : x_all, aw = lowbit ? aq_all : a_all;
 	if (bf16g) {
 		xw = abuf(t, DG_FMT_BF16, "xq.all.bf16", DG__B_TEMP, 4, LB, 1, T, D);
 		node(t, DG__N_DEQUANT, -1, xq_all, -1, -1, -1, xw, -1, 0);
 	}
 	node(t, DG__N_PROJ_W, -1, dxs_all, xw, -1, -1, id->gexec[0], -1, 0);
+	node(t, DG__N_TO_MASTER, -1, id->gexec[0], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
+	     DG_PARAM_ENCODER);
 	if (bf16g) {
 		aw = abuf(t, DG_FMT_BF16, "aq.all.bf16", DG__B_TEMP, 4, LB, H, T, D);
 		node(t, DG__N_DEQUANT, -1, aq_all, -1, -1, -1, aw, -1, 1);
 	}
 	node(t, DG__N_PROJ_W, -1, dys_all, aw, -1, -1, id->gexec[1], -1, 1);
-	node(t, DG__N_DEC_W, -1, dyd_all, lowbit ? xyq_all : xy_all, -1, -1, id->gexec[2], -1, 0);
-	node(t, DG__N_TO_MASTER, -1, id->gexec[0], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
-	     DG_PARAM_ENCODER);
 	node(t, DG__N_TO_MASTER, -1, id->gexec[1], -1, -1, -1, id->grads[DG_PARAM_ENCODER_V], -1,
 	     DG_PARAM_ENCODER_V);
+	node(t, DG__N_DEC_W, -1, dyd_all, lowbit ? xyq_all : xy_all, -1, -1, id->gexec[2], -1, 0);
 	node(t, DG__N_TO_MASTER, -1, id->gexec[2], -1, -1, -1, id->grads[DG_PARAM_DECODER], -1,
 	     DG_PARAM_DECODER);
-	/* x0 = LN(embed[idx]) */
-	int demb = buf(t, "demb", DG__B_TEMP, 4, B, 1, T, D);
-	node(t, DG__N_LN_BWD, -1, dx, x[0], x0_rstd, -1, demb, -1, 0);
-	node(t, DG__N_EMBED_BWD, -1, demb, id->tokens, -1, -1, id->grads[DG_PARAM_EMBED], -1, 0);
 	return t->oom ? DG_ERR_NOMEM : DG_OK;
 }

@@ -58,6 +58,13 @@ typedef struct dg__gm_train {
 	dg_event *ev[DG_MODEL_TRAIN_RING];
 	int64_t ring_step[DG_MODEL_TRAIN_RING];
 	struct dg_comm *comm;              /* data parallel: the gradients' and loss's mean over the ranks */
+	/* the all-reduce's overlap with the end of the backward: a gradient's
+	 * bucket goes to comm_stream as soon as the node that writes it last
+	 * (last_writer) is queued, and the step's stream joins it before the
+	 * norm; inside the graph a fork and a join of the capture */
+	void *comm_stream;
+	dg_event *ready[DG_MODEL_N_PARAMS], *reduced;
+	int last_writer[DG_MODEL_N_PARAMS];
 } dg__gm_train;
 
 static size_t param_bytes(const dg_model *m, int p)
@@ -74,6 +81,10 @@ static void train_free(dg_model *m)
 	dg_graph_destroy(tr->graph);
 	for (int k = 0; k < DG_MODEL_TRAIN_RING; k++)
 		dg_event_destroy(tr->ev[k]);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+		dg_event_destroy(tr->ready[p]);
+	dg_event_destroy(tr->reduced);
+	dg_stream_destroy(m->dev, tr->comm_stream);
 	dg_host_free(m->dev, tr->ring);
 	(void)dg_free(m->dev, tr->mom);
 	(void)dg_free(m->dev, tr->ctl);
@@ -174,6 +185,91 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 
 static dg_status tail(dg_model *m);
 
+/* Queues the calling thread's work from here on comm_stream (prev: the
+ * stream to go back to), or back. */
+static dg_status on_comm(dg_model *m, void **prev)
+{
+	*prev = dg_device_stream(m->dev);
+	return dg_device_set_stream(m->dev, m->tr->comm_stream);
+}
+
+/* Data parallel: gradient p, just written, averaged over the ranks on
+ * comm_stream (NCCL, f32, in place) while the step's stream goes on with
+ * the next node. Nothing after its last writer touches it before the
+ * join: the norm and the update are the tail's. */
+static dg_status reduce_bucket(dg_model *m, int p)
+{
+	dg__gm_train *tr = m->tr;
+	void *main_stream;
+	dg_status st = dg_event_record(tr->ready[p]);
+	if (!st)
+		st = on_comm(m, &main_stream);
+	if (st)
+		return st;
+	st = dg_event_wait(tr->ready[p]);
+	if (!st)
+		st = dg_comm_allreduce(tr->comm, dg__gm_addr(m, m->id.grads[p]), param_bytes(m, p) / 4,
+				       DG_FMT_F32, 1);
+	dg_status back = dg_device_set_stream(m->dev, main_stream);
+	return st ? st : back;
+}
+
+/* The loss's mean (the forward's, long done) behind the buckets, then the
+ * step's stream waits for comm_stream: the join before the norm. */
+static dg_status reduce_join(dg_model *m)
+{
+	dg__gm_train *tr = m->tr;
+	void *main_stream;
+	dg_status st = dg_event_record(tr->reduced); /* the loss is written: comm waits for it */
+	if (!st)
+		st = on_comm(m, &main_stream);
+	if (st)
+		return st;
+	st = dg_event_wait(tr->reduced);
+	if (!st)
+		st = dg_comm_allreduce(tr->comm, dg__gm_addr(m, m->id.loss), 1, DG_FMT_F32, 1);
+	if (!st)
+		st = dg_event_record(tr->reduced);
+	dg_status back = dg_device_set_stream(m->dev, main_stream);
+	if (!st)
+		st = back;
+	return st ? st : dg_event_wait(tr->reduced);
+}
+
+/* The overlap's stream and events, and each gradient's last writer in the
+ * tape (made once, when a communicator is first set). */
+static dg_status comm_init(dg_model *m)
+{
+	dg__gm_train *tr = m->tr;
+	if (tr->comm_stream)
+		return DG_OK;
+	dg_status st = dg_stream_create(m->dev, &tr->comm_stream);
+	for (int p = 0; p < DG_MODEL_N_PARAMS && !st; p++)
+		st = dg_event_create(m->dev, &tr->ready[p]);
+	if (!st)
+		st = dg_event_create(m->dev, &tr->reduced);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		tr->last_writer[p] = -1;
+		for (int k = 0; k < m->t.n_nodes; k++)
+			for (int o = 0; o < DG__TAPE_OUT; o++)
+				if (m->t.nodes[k].out[o] == m->id.grads[p])
+					tr->last_writer[p] = k;
+		if (!st && tr->last_writer[p] < 0)
+			st = dg__dev_fail(m->dev, DG_ERR_INTERNAL, "the tape writes no gradient of param %d", p);
+	}
+	if (st) { /* nothing half made stays */
+		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+			dg_event_destroy(tr->ready[p]);
+			tr->ready[p] = NULL;
+		}
+		dg_event_destroy(tr->reduced);
+		tr->reduced = NULL;
+		dg_stream_destroy(m->dev, tr->comm_stream);
+		tr->comm_stream = NULL;
+	}
+	return st;
+}
+
 /* The step's work on the device, after its batch and control block. */
 static dg_status body(dg_model *m, const dg_model_batch *bt)
 {
@@ -181,16 +277,16 @@ static dg_status body(dg_model *m, const dg_model_batch *bt)
 	dg_status st = DG_OK;
 	m->step_at = tr->ctl + offsetof(dg_adamw_ctl, step);
 	m->grad_scale_at = tr->ls.mode ? tr->ctl + offsetof(dg_adamw_ctl, loss_scale) : 0;
-	for (int k = 0; k < m->t.n_nodes && !st; k++)
+	for (int k = 0; k < m->t.n_nodes && !st; k++) {
 		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
+		for (int p = 0; tr->comm && p < DG_MODEL_N_PARAMS && !st; p++)
+			if (tr->last_writer[p] == k)
+				st = reduce_bucket(m, p);
+	}
 	m->step_at = 0;
 	m->grad_scale_at = 0;
-	/* data parallel: every gradient and the loss averaged over the ranks
-	 * (NCCL, on the step's stream, so inside its graph) before the norm */
-	for (int p = 0; tr->comm && p < DG_MODEL_N_PARAMS && !st; p++)
-		st = dg_comm_allreduce(tr->comm, dg__gm_addr(m, m->id.grads[p]), param_bytes(m, p) / 4, DG_FMT_F32, 1);
 	if (!st && tr->comm)
-		st = dg_comm_allreduce(tr->comm, dg__gm_addr(m, m->id.loss), 1, DG_FMT_F32, 1);
+		st = reduce_join(m);
 	return st ? st : tail(m);
 }
 
@@ -199,6 +295,11 @@ dg_status dg_model_optim_comm(dg_model *m, struct dg_comm *comm)
 	if (!m || !m->tr)
 		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_optim_comm: no optimizer (dg_model_optim_init first)")
 			 : DG_ERR_INVALID_ARG;
+	if (comm) {
+		dg_status st = comm_init(m);
+		if (st)
+			return st;
+	}
 	if (m->tr->comm != comm) {
 		m->tr->comm = comm;
 		dg_graph_destroy(m->tr->graph); /* captured without it: captured again */
