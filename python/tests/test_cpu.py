@@ -36,6 +36,28 @@ def test_library_found_and_a_bad_dragon_lib_named():
     assert "libdragon not found" in r.stderr and "/nonexistent/libdragon.so" in r.stderr
 
 
+def test_torchs_default_stream_is_the_legacy_stream(monkeypatch):
+    """torch's default stream has handle 0: dragon must be told the legacy
+    stream (DG_STREAM_LEGACY), not NULL, which is its own non-blocking
+    stream and would race torch's work; a side stream's handle passes as is."""
+    seen = []
+
+    class FakeDevice:
+        def set_stream(self, s):
+            seen.append(s)
+
+    class FakeStream:
+        def __init__(self, h):
+            self.cuda_stream = h
+
+    monkeypatch.setattr(dragon.Device, "get", staticmethod(lambda i: FakeDevice()))
+    for handle in (0, 0x7F00DEAD):
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None, h=handle: FakeStream(h))
+        dt._call.device(torch.device("cuda", 0))
+    assert seen == [dragon.Device.LEGACY_STREAM, 0x7F00DEAD]
+    assert dragon.Device.LEGACY_STREAM == 1  # the driver's CU_STREAM_LEGACY
+
+
 def test_spec_errors_are_dragons_messages():
     with pytest.raises(dragon.InvalidSpec, match="latent=8190"):
         dragon.Spec("op=lowrank_fwd;latent=8190")
