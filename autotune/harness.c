@@ -284,6 +284,7 @@ static dg_status reference(dg__at_case *c)
 	rc.seed = c->call.seed;
 	rc.step = c->call.step;
 	rc.layer = c->call.layer;
+	rc.elem0 = c->call.elem0;
 	rc.out_scale = &c->want_scale;
 	if (o->svec) {
 		/* the quantizers a scale a row: (1, 1, R, cols) tokens, R rows */

@@ -201,6 +201,7 @@ static dg_status call_of(const dg_spec *s, const dg_ffi_tensor *t, int32_t n, co
 		c->step = o->step;
 		c->layer = o->layer;
 		c->step_at = o->step_at;
+		c->elem0 = o->elem0;
 		c->ctl = o->ctl;
 		c->copy = o->copy;
 		c->decay = o->decay != 0;

@@ -466,11 +466,12 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	/* ---- the gate (BDH's xy = dropout(xs · ys)) and the training step's
 	 * element-wise glue. The dropout mask is dragon/rng.h's
-	 * dg_dropout_keep of the flat element index; p, seed, step and layer
-	 * are the call's (run-time kernel arguments), never the spec's. */
+	 * dg_dropout_keep of the flat element index plus the call's elem0; p,
+	 * seed, step, layer and elem0 are the call's (run-time kernel
+	 * arguments), never the spec's. */
 	[DG_OP_GATE_FWD] = {
 		.family = "gate", .module = "gate",
-		.about = "gate: xy (B,H,T,L) = keep ? xs*ys/(1-p) : 0, keep the dropout mask of (seed, step, layer, i)",
+		.about = "gate: xy (B,H,T,L) = keep ? xs*ys/(1-p) : 0, keep the dropout mask of (seed, step, layer, elem0 + i)",
 		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(TILE),
 		.tile = DG_TILE_THREADS,
 		.act_fmts = FLOATS,

@@ -7,7 +7,8 @@ its epilogue (op decoder_gate_bwd; dg_ref_decoder_gate_bwd mirrors it):
   dxs[i]       = g · ys[i]
   dys[i]       = ys[i] > 0 ? g · xs[i] : 0
   i = ((b·H + h)·T + t)·L + l; keep(i): the gate's dropout mask
-  (templates/gate.lua, dragon/rng.h), regenerated, never stored.
+  (templates/gate.lua, dragon/rng.h) drawn at elem0 + i, regenerated,
+  never stored (elem0: the forward's, a data-parallel rank's row0·H·T·L).
 
 It is decoder_grad_input followed by gate_bwd without dxy's round trip: at
 the BDH shape (B·T 4096, H 4, L 8192, E 256) dxy is 134 M values a layer,
@@ -19,9 +20,12 @@ Kernel ABI (runtime/ops/gate.c launches it):
   extern "C" __global__ void dg_decoder_gate_bwd(const float *grad,
       const WT *w, const XT *xs, const XT *ys, GT *dxs, GT *dys, int B, int T,
       float p, unsigned long long seed, unsigned step, unsigned layer,
-      const unsigned *step_at)
+      const unsigned *step_at, unsigned long long elem0)
   step_at NULL, or a device word added to step (a captured step reads its
-  step from its control block).
+  step from its control block). elem0 added to every element's index
+  before its draw, any value (one that is not whole Philox blocks of 4
+  elements runs the warpgroup epilogue element by element; a rank's
+  row0·H·T·L is whole blocks whenever L % 4 == 0).
   grid (ceil(L/BN), ceil(B·T/BM), H), the plan's threads and dynamic shared
   memory. grad (B,1,T,E) f32; w (E, H·L) weight f32 | bf16 (no scale: the
   low-bit recipes pass their bf16 copy); xs, ys (B,H,T,L) act f32 | bf16;
@@ -147,14 +151,15 @@ typedef ${GT} GT;		// dxs, dys: ${gfmt}
 ]]
 
 local GATE = [[
-// The gate's backward of 8 consecutive elements i0 .. i0+7 of one row
-// (i0 % 8 == 0): dxy in d, xs and ys loaded; the results into gx (dxs)
+// The gate's backward of 8 consecutive elements of one row, whose draws
+// are e0 .. e0+7 (the elements' index plus elem0; e0 % 4 == 0: two whole
+// Philox blocks): dxy in d, xs and ys loaded; the results into gx (dxs)
 // and d (dys).
 __device__ __forceinline__ void dg_gate8(float (&d)[8], const float (&a)[8], const float (&b)[8], float (&gx)[8],
-					 unsigned long long i0, unsigned thr, float s, unsigned long long seed,
+					 unsigned long long e0, unsigned thr, float s, unsigned long long seed,
 					 unsigned step, unsigned layer)
 {
-	// the mask of dg_keep_bits<2>(i0 / 4, ...), word by word as predicates
+	// the mask of dg_keep_bits<2>(e0 / 4, ...), word by word as predicates
 	// (no packing into bits and out again)
 	bool keep[8];
 	if (thr == 0u) {
@@ -162,7 +167,7 @@ __device__ __forceinline__ void dg_gate8(float (&d)[8], const float (&a)[8], con
 		for (int j = 0; j < 8; ++j)
 			keep[j] = true;
 	} else {
-		const unsigned long long q = i0 / 4;
+		const unsigned long long q = e0 / 4;
 		const uint4 r0 = dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer, (unsigned)seed,
 					   (unsigned)(seed >> 32));
 		const uint4 r1 = dg_philox((unsigned)(q + 1), (unsigned)((q + 1) >> 32), step, layer,
@@ -190,12 +195,12 @@ __device__ __forceinline__ void dg_st8(unsigned short *p, long long iv, const fl
 				      dg_bf16x2(f[6], f[7]));
 }
 
-// One element (the rows that are not whole vectors).
+// One element, i (the rows that are not whole vectors), drawn at elem0 + i.
 __device__ __forceinline__ void dg_gate1(float d, const XT *xs, const XT *ys, GT *dxs, GT *dys,
 					 unsigned long long i, unsigned thr, float s, unsigned long long seed,
-					 unsigned step, unsigned layer)
+					 unsigned step, unsigned layer, unsigned long long elem0)
 {
-	const bool keep = dg_keep1(i, thr, seed, step, layer);
+	const bool keep = dg_keep1(elem0 + i, thr, seed, step, layer);
 	const float g = keep ? __fmul_rn(d, s) : 0.0f;
 	const float y = dg_ld1(ys, (long long)i);
 	dg_st1(dxs, (long long)i, __fmul_rn(g, y));
@@ -206,7 +211,7 @@ __device__ __forceinline__ void dg_gate1(float d, const XT *xs, const XT *ys, GT
 local SIG = "const float *__restrict__ grad, const WT *__restrict__ w, const XT *__restrict__ xs, " ..
             "const XT *__restrict__ ys, GT *__restrict__ dxs, GT *__restrict__ dys, int B, int T, " ..
             "float p, unsigned long long seed, unsigned step, unsigned layer, " ..
-            "const unsigned *__restrict__ step_at"
+            "const unsigned *__restrict__ step_at, unsigned long long elem0"
 
 local PRE = [[
 	if (step_at)
@@ -341,24 +346,28 @@ ${MAINLOOP}
 				const float4 lo = *(const float4 *)(tile + r * BNP + 8 * c),
 					     hi = *(const float4 *)(tile + r * BNP + 8 * c + 4);
 				float d[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w }, gx[8];
-				dg_gate8(d, a[k], b[k], gx, i0[k], thr, s, seed, step, layer);
+				dg_gate8(d, a[k], b[k], gx, i0[k] + elem0, thr, s, seed, step, layer);
 				dg_st8(dxs, (long long)(i0[k] >> 3), gx);
 				dg_st8(dys, (long long)(i0[k] >> 3), d);
 			}
 		}
 	};
-	if (full) {
+	// an elem0 that is not whole Philox blocks (uniform) would have a
+	// vector straddle three: element by element then
+	const bool whole = (elem0 & 3ull) == 0ull;
+	if (full && whole) {
 		epilogue(true);
-	} else if (VEC) {
+	} else if (VEC && whole) {
 		epilogue(false);
 	} else {
-		// rows that are not whole vectors: element by element
+		// rows that are not whole vectors, or an elem0 that is not whole
+		// blocks: element by element
 		for (int u = tid; u < BM * BN; u += NT) {
 			const int r = u / BN, cc = u % BN, l = n0 + cc;
 			const long long base = rowbase[r];
 			if (base >= 0 && l < L)
 				dg_gate1(tile[r * BNP + cc], xs, ys, dxs, dys, (unsigned long long)(base + l), thr, s,
-					 seed, step, layer);
+					 seed, step, layer, elem0);
 		}
 	}
 }
@@ -423,7 +432,7 @@ ${PRE}
 			const int l = n0 + tx + 16 * j;
 			if (l < L)
 				dg_gate1(acc[i][j], xs, ys, dxs, dys, (unsigned long long)(row + l), thr, s, seed, step,
-					 layer);
+					 layer, elem0);
 		}
 	}
 }

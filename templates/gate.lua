@@ -7,20 +7,27 @@ over the flat (B, H, T, L) tensors (dg_ref_gate_op mirrors them):
             dxs[i] = g·ys[i]
             dys[i] = ys[i] > 0 ? g·xs[i] : 0     written over dxy (in place)
   s = 1/(1 − p) (1 when p = 0); keep(i) = dg_dropout_keep(seed, step, layer,
-  i, p) of dragon/rng.h: word i % 4 of Philox4x32-10 at counter (i/4 low,
-  i/4 high, step, layer) under key (seed low, seed high), kept when it is at
-  least the threshold (uint32)(p·2^32) (every element when that is 0).
+  e, p) of dragon/rng.h at e = elem0 + i: word e % 4 of Philox4x32-10 at
+  counter (e/4 low, e/4 high, step, layer) under key (seed low, seed high),
+  kept when it is at least the threshold (uint32)(p·2^32) (every element
+  when that is 0). elem0 places the tensor in a larger one's stream: a
+  data-parallel rank running rows row0 .. of the global batch passes
+  row0·H·T·L, and draws the masks one process running it all draws there
+  (0: the tensor's own).
 
 Kernel ABI (XT: act's type, GT: the gradients' (spec out; gate_bwd only),
 each float (f32) | unsigned short (bf16)):
   extern "C" __global__ void dg_gate_fwd(const XT *xs, const XT *ys, XT *xy,
       int B, int T, float p, unsigned long long seed, unsigned step, unsigned layer,
-      const unsigned *step_at)
+      const unsigned *step_at, unsigned long long elem0)
   extern "C" __global__ void dg_gate_bwd(GT *dxy, const XT *xs, const XT *ys,
       GT *dxs, int B, int T, float p, unsigned long long seed, unsigned step,
-      unsigned layer, const unsigned *step_at)
+      unsigned layer, const unsigned *step_at, unsigned long long elem0)
   step_at: NULL, or a device word added to step (a step captured into a
   CUDA graph reads its step from its control block).
+  elem0: added to every element's index before its draw, any value (a
+  vector whose first draw is not a whole Philox block's takes the blocks it
+  straddles: dg_keep_at).
   gate_bwd's gradients follow dragon/spec.h's convention: out is the format
   of every gradient it writes, dys written over dxy included, so dxy, dys
   and dxs are all `out` (f32 by default).
@@ -30,9 +37,9 @@ each float (f32) | unsigned short (bf16)):
 
 Arithmetic: every product rounded once (__fmul_rn), s = __fdiv_rn(1, 1 − p):
 the reference's C, bit for bit; bf16 values are read exactly and bf16
-results are the f32 result rounded to nearest even once. p, seed, step and
-layer are kernel arguments (step plus *step_at), so one kernel serves every
-step, layer and rate.
+results are the f32 result rounded to nearest even once. p, seed, step,
+layer and elem0 are kernel arguments (step plus *step_at), so one kernel
+serves every step, layer, rate and rank.
 ]]
 local C = require("common")
 local fmt = string.format
@@ -97,6 +104,23 @@ __device__ __forceinline__ bool dg_keep1(unsigned long long i, unsigned thr, uns
 {
 	return ((dg_keep_bits<1>(i >> 2, thr, seed, step, layer) >> (i & 3ull)) & 1u) != 0u;
 }
+
+// The keep bits of the N elements i .. i+N-1 (bit j: element i + j), any i:
+// the N/4 blocks from i/4 when i is a multiple of 4, else the N/4 + 1 it
+// straddles (an elem0 that is not whole blocks: uniform across the grid, so
+// the branch does not diverge).
+template <int N>
+__device__ __forceinline__ unsigned dg_keep_at(unsigned long long i, unsigned thr, unsigned long long seed,
+					       unsigned step, unsigned layer)
+{
+	static_assert(N % 4 == 0 && N + 4 <= 32, "whole blocks, and one more, in a word");
+	const unsigned sh = (unsigned)(i & 3ull);
+	const unsigned lo = dg_keep_bits<N / 4>(i >> 2, thr, seed, step, layer);
+	if (sh == 0u)
+		return lo;
+	const unsigned hi = dg_keep_bits<1>((i >> 2) + N / 4, thr, seed, step, layer);
+	return (lo | hi << N) >> sh;
+}
 ]]
 
 M.PHILOX = PHILOX
@@ -120,14 +144,14 @@ local FWD_VEC = [[
 		float a[VE], b[VE], o[VE];
 		dg_ld(xs, iv, a);
 		dg_ld(ys, iv, b);
-		const unsigned keep = dg_keep_bits<VE / 4>((unsigned long long)iv * (VE / 4), thr, seed, step, layer);
+		const unsigned keep = dg_keep_at<VE>((unsigned long long)iv * VE + elem0, thr, seed, step, layer);
 #pragma unroll
 		for (int j = 0; j < VE; ++j)
 			o[j] = (keep >> j) & 1u ? __fmul_rn(__fmul_rn(a[j], b[j]), s) : 0.0f;
 		dg_st(xy, iv, o);]]
 
 local FWD_ONE = [[
-		const bool keep = dg_keep1((unsigned long long)i, thr, seed, step, layer);
+		const bool keep = dg_keep1((unsigned long long)i + elem0, thr, seed, step, layer);
 		dg_st1(xy, i, keep ? __fmul_rn(__fmul_rn(dg_ld1(xs, i), dg_ld1(ys, i)), s) : 0.0f);]]
 
 local BWD_VEC = [[
@@ -135,7 +159,7 @@ local BWD_VEC = [[
 		dg_ld(dxy, iv, d);
 		dg_ld(xs, iv, a);
 		dg_ld(ys, iv, b);
-		const unsigned keep = dg_keep_bits<VE / 4>((unsigned long long)iv * (VE / 4), thr, seed, step, layer);
+		const unsigned keep = dg_keep_at<VE>((unsigned long long)iv * VE + elem0, thr, seed, step, layer);
 #pragma unroll
 		for (int j = 0; j < VE; ++j) {
 			const float g = (keep >> j) & 1u ? __fmul_rn(d[j], s) : 0.0f;
@@ -146,7 +170,7 @@ local BWD_VEC = [[
 		dg_st(dxy, iv, d);]]
 
 local BWD_ONE = [[
-		const bool keep = dg_keep1((unsigned long long)i, thr, seed, step, layer);
+		const bool keep = dg_keep1((unsigned long long)i + elem0, thr, seed, step, layer);
 		const float g = keep ? __fmul_rn(dg_ld1(dxy, i), s) : 0.0f;
 		const float y = dg_ld1(ys, i);
 		dg_st1(dxs, i, __fmul_rn(g, y));
@@ -171,7 +195,7 @@ function M.render(spec, plan)
   local gt = grad == "bf16" and "unsigned short" or "float"
   local ve = (act == "bf16" or grad == "bf16") and 8 or 4
   local drop = "float p, unsigned long long seed, unsigned step, unsigned layer, " ..
-               "const unsigned *__restrict__ step_at"
+               "const unsigned *__restrict__ step_at, unsigned long long elem0"
   local v = {
     ENTRY = "dg_" .. op, N = "(long long)B * H * T * L", PRE = PRE,
   }

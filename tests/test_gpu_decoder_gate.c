@@ -23,6 +23,13 @@
  *   - step_at: step s0 and a device word k at step_at give the bytes of
  *     step s0 + k without one (uint32, wrapping past 2^32 too), within the
  *     bounds of the reference at s0 + k, and not step s0's;
+ *   - elem0 (a data-parallel rank's rows): a batch's second half run with
+ *     elem0 = its first half's elements draws the full batch's masks
+ *     there, on both paths, whole rows of vectors and not, an elem0 that
+ *     is whole Philox blocks and ones that are not (the warpgroup
+ *     epilogue element by element), past 2^32 elements too: within the
+ *     bounds of the reference at elem0, the fp32 path the full run's
+ *     bytes, and elem0 0 another mask;
  *   - bad calls: an output aliasing an input, p = 1, a wrong format.
  */
 #include <criterion/criterion.h>
@@ -118,9 +125,10 @@ static dg_status call(void *u)
  * the reference's f32 gate): within one output rounding and the sums'
  * reordering, element by element.
  */
-static void check_rows(const char *what, const shape *sh, const fmts *f, float p, uint64_t seed,
-		       uint32_t step, uint32_t layer, const float *grad, const void *w, const void *xs,
-		       const void *ys, const void *gdxs, const void *gdys, const int *rows, int nrows)
+static void check_rows_at(const char *what, const shape *sh, const fmts *f, float p, uint64_t seed,
+			  uint32_t step, uint32_t layer, uint64_t elem0, const float *grad, const void *w,
+			  const void *xs, const void *ys, const void *gdxs, const void *gdys, const int *rows,
+			  int nrows)
 {
 	const int H = sh->H, T = sh->T, E = sh->E, L = sh->L, HL = H * L;
 	const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -138,7 +146,7 @@ static void check_rows(const char *what, const shape *sh, const fmts *f, float p
 					abs += fabs(v);
 				}
 				size_t i = (((size_t)b * H + h) * T + t) * L + l;
-				bool keep = dg_dropout_keep(seed, step, layer, i, p);
+				bool keep = dg_dropout_keep(seed, step, layer, elem0 + i, p);
 				float g = keep ? (float)sum * scale : 0.0f;
 				float x = at(f->act, xs, i), y = at(f->act, ys, i);
 				float wx = g * y, wy = y > 0.0f ? g * x : 0.0f;
@@ -156,6 +164,13 @@ static void check_rows(const char *what, const shape *sh, const fmts *f, float p
 			}
 	}
 	cr_assert_eq(bad, 0, "%s: %d elements outside their bounds", what, bad);
+}
+
+static void check_rows(const char *what, const shape *sh, const fmts *f, float p, uint64_t seed,
+		       uint32_t step, uint32_t layer, const float *grad, const void *w, const void *xs,
+		       const void *ys, const void *gdxs, const void *gdys, const int *rows, int nrows)
+{
+	check_rows_at(what, sh, f, p, seed, step, layer, 0, grad, w, xs, ys, gdxs, gdys, rows, nrows);
 }
 
 static void check_case(dg_device *dev, const shape *sh, const fmts *f, float p, uint64_t seed,
@@ -195,7 +210,7 @@ static void check_case(dg_device *dev, const shape *sh, const fmts *f, float p, 
 	check_rows(what, sh, f, p, seed, step, layer, grad, w, xs, ys, gx, gy, NULL, M);
 	/* and the op's reference agrees with the one here at the first row */
 	void *rx = gh_xmalloc(ob), *ry = gh_xmalloc(ob);
-	cr_assert_eq(dg_ref_decoder_gate_bwd(&r.spec, grad, w, xs, ys, sh->B, sh->T, p, seed, step, layer,
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&r.spec, grad, w, xs, ys, sh->B, sh->T, p, seed, step, layer, 0,
 					     rx, ry), DG_OK, "%s: the reference", what);
 	check_rows(what, sh, f, p, seed, step, layer, grad, w, xs, ys, rx, ry, NULL, M);
 	free(grad), free(w), free(xs), free(ys), free(gx), free(gy), free(gx2), free(gy2);
@@ -363,5 +378,99 @@ Test(gpu_decoder_gate, bad_calls)
 	for (size_t i = 0; i < n; i++)
 		cr_assert_eq(back[i], 0xffff, "dys[%zu] written by a refused call", i);
 	free(back);
+	gh_close(dev);
+}
+
+/* One run of rows rows0 .. of the host batch (grad, xs, ys of sh) as a
+ * batch of its own of b rows of T (b·T of sh's), elem0 its first element's
+ * draw: dxs and dys (malloc'd) into *gx, *gy. */
+static void run_rows(dg_device *dev, const shape *sh, const fmts *f, int b, int b0, float p, uint64_t seed,
+		     uint32_t step, uint32_t layer, uint64_t elem0, const float *grad, const void *w,
+		     const void *xs, const void *ys, void **gx, void **gy)
+{
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	shape hs = *sh;
+	hs.B = b;
+	const size_t per = (size_t)sh->H * sh->T * sh->L, n = (size_t)b * per, nw = (size_t)sh->E * sh->H * sh->L;
+	const size_t ab = n * esz(f->act), ob = n * esz(f->out), off = (size_t)b0 * per * esz(f->act);
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32,
+				    gh_upload(dev, grad + (size_t)b0 * sh->T * sh->E, (size_t)b * sh->T * sh->E * 4), b,
+				    1, sh->T, sh->E);
+	int64_t wsh[2] = { sh->E, (int64_t)sh->H * sh->L };
+	dg_tensor tw = dg_tensor_make("w", f->w, gh_upload(dev, w, nw * esz(f->w)), 2, wsh);
+	dg_tensor tx = dg_tensor_4d("xs", f->act, gh_upload(dev, (const char *)xs + off, ab), b, sh->H, sh->T, sh->L);
+	dg_tensor ty = dg_tensor_4d("ys", f->act, gh_upload(dev, (const char *)ys + off, ab), b, sh->H, sh->T, sh->L);
+	dg_tensor tdx = dg_tensor_4d("dxs", f->out, gh_alloc_ff(dev, ob), b, sh->H, sh->T, sh->L);
+	dg_tensor tdy = dg_tensor_4d("dys", f->out, gh_alloc_ff(dev, ob), b, sh->H, sh->T, sh->L);
+	run r = { dev, spec_of(&hs, f, di.sm),
+		  { .grad = &tg, .w = &tw, .xs = &tx, .ys = &ty, .dxs = &tdx, .dys = &tdy, .p = p,
+		    .seed = seed, .step = step, .layer = layer, .elem0 = elem0 } };
+	cr_assert_eq(call(&r), DG_OK, "decoder_gate_bwd b%d elem0 %llu: %s", b, (unsigned long long)elem0,
+		     dg_device_errmsg(dev));
+	*gx = gh_xmalloc(ob);
+	*gy = gh_xmalloc(ob);
+	gh_download(dev, *gx, tdx.data, ob);
+	gh_download(dev, *gy, tdy.data, ob);
+}
+
+Test(gpu_decoder_gate, elem0_draws_the_global_batchs_masks)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0xe1e0);
+	bool wg = device_sm90(dev);
+	/* L 200: whole rows of vectors; L 100: the scalar epilogue */
+	static const shape shapes[] = { { 4, 37, 2, 64, 200 }, { 2, 130, 3, 128, 100 } };
+	static const fmts fs[] = {
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, true },
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, false },
+		{ DG_FMT_F32, DG_FMT_F32, DG_FMT_F32, false },
+	};
+	const float p = 0.1f;
+	const uint64_t seed = 0x5eed;
+	const uint32_t step = 7, layer = 3;
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (size_t j = 0; j < sizeof(fs) / sizeof(fs[0]); j++) {
+			const shape *sh = &shapes[i];
+			const fmts *f = &fs[j];
+			if (f->wgmma && !wg)
+				continue;
+			char what[200];
+			snprintf(what, sizeof(what), "decoder_gate_bwd %s B%d T%d H%d L%d act %s out %s",
+				 f->wgmma ? "wgmma" : "fp32", sh->B, sh->T, sh->H, sh->L, dg_fmt_name(f->act),
+				 dg_fmt_name(f->out));
+			const int hb = sh->B / 2, M = sh->B * sh->T;
+			const size_t per = (size_t)sh->H * sh->T * sh->L, n = (size_t)sh->B * per;
+			const size_t hob = (size_t)hb * per * esz(f->out);
+			float *grad = rand_exact(DG_FMT_F32, (size_t)M * sh->E);
+			void *w = rand_exact(f->w, (size_t)sh->E * sh->H * sh->L);
+			void *xs = gh_rand_storage(f->act, n, NULL), *ys = gh_rand_storage(f->act, n, NULL);
+			void *fx, *fy, *hx, *hy, *zx, *zy;
+			run_rows(dev, sh, f, sh->B, 0, p, seed, step, layer, 0, grad, w, xs, ys, &fx, &fy);
+			run_rows(dev, sh, f, hb, hb, p, seed, step, layer, (uint64_t)hb * per, grad, w, xs, ys, &hx, &hy);
+			/* the half's inputs: the full batch's from row hb on */
+			const size_t aoff = (size_t)hb * per * esz(f->act);
+			shape hs = *sh;
+			hs.B = hb;
+			check_rows_at(what, &hs, f, p, seed, step, layer, (uint64_t)hb * per,
+				      grad + (size_t)hb * sh->T * sh->E, w, (const char *)xs + aoff,
+				      (const char *)ys + aoff, hx, hy, NULL, hb * sh->T);
+			if (!f->wgmma) /* one FMA chain an output, whatever its row: the same bytes */
+				cr_assert(memcmp(hx, (char *)fx + hob, hob) == 0 && memcmp(hy, (char *)fy + hob, hob) == 0,
+					  "%s: the second half is not the full batch's", what);
+			run_rows(dev, sh, f, hb, hb, p, seed, step, layer, 0, grad, w, xs, ys, &zx, &zy);
+			cr_assert_neq(memcmp(zx, (char *)fx + hob, hob), 0, "%s: elem0 0 drew the global masks", what);
+			free(hx), free(hy), free(zx), free(zy);
+			/* elem0 not whole Philox blocks, and past 2^32 elements */
+			static const uint64_t offs[] = { 13, 6, (1ull << 34) + 8, (1ull << 34) + 2 };
+			for (size_t k = 0; k < sizeof(offs) / sizeof(offs[0]); k++) {
+				char w2[240];
+				snprintf(w2, sizeof(w2), "%s elem0 %llu", what, (unsigned long long)offs[k]);
+				run_rows(dev, sh, f, sh->B, 0, p, seed, step, layer, offs[k], grad, w, xs, ys, &hx, &hy);
+				check_rows_at(w2, sh, f, p, seed, step, layer, offs[k], grad, w, xs, ys, hx, hy, NULL, M);
+				free(hx), free(hy);
+			}
+			free(grad), free(w), free(xs), free(ys), free(fx), free(fy);
+		}
 	gh_close(dev);
 }

@@ -23,7 +23,13 @@
  *     step_at give the bytes of step s0 + k without one (uint32, wrapping
  *     past 2^32 too), the reference's, and not step s0's; a captured
  *     gate_fwd replayed after a new word is copied there gives that
- *     step's mask.
+ *     step's mask;
+ *   - elem0 (a data-parallel rank's rows): a batch's second half run with
+ *     elem0 = its first half's elements gives the bytes of the full
+ *     batch's second half (forward and backward), and elem0 0 does not;
+ *     an elem0 that is not whole Philox blocks (the vectors' straddling
+ *     case) or past 2^32 elements is the reference's at that offset,
+ *     f32 and bf16, odd shapes (the scalar tail) and whole vectors.
  */
 #include <criterion/criterion.h>
 
@@ -90,6 +96,7 @@ typedef struct drop {
 	float p;
 	uint64_t seed;
 	uint32_t step, layer;
+	uint64_t elem0; /* the first element's draw (0: the tensor's own) */
 } drop;
 
 /* gate_fwd and gate_bwd at (B, H, T, L) against the reference, gate_bwd's
@@ -100,9 +107,9 @@ static void *check_gate_g(dg_device *dev, dg_fmt act, dg_fmt gf, int B, int H, i
 {
 	char what[160];
 	size_t n = (size_t)B * H * T * L, ab = n * esz(act), fb = n * esz(gf);
-	snprintf(what, sizeof(what), "gate %s grads %s B%d H%d T%d L%d t%d p=%g seed=%llu step=%u layer=%u",
+	snprintf(what, sizeof(what), "gate %s grads %s B%d H%d T%d L%d t%d p=%g seed=%llu step=%u layer=%u elem0=%llu",
 		 dg_fmt_name(act), dg_fmt_name(gf), B, H, T, L, threads, (double)d->p,
-		 (unsigned long long)d->seed, d->step, d->layer);
+		 (unsigned long long)d->seed, d->step, d->layer, (unsigned long long)d->elem0);
 	void *xs = rand_of(act, n), *ys = rand_of(act, n);
 	void *dxy = rand_of(gf, n);
 	dg_tensor txs = dg_tensor_4d("xs", act, gh_upload(dev, xs, ab), B, H, T, L);
@@ -113,11 +120,11 @@ static void *check_gate_g(dg_device *dev, dg_fmt act, dg_fmt gf, int B, int H, i
 
 	dg_spec sf = spec_of(DG_OP_GATE_FWD, act, H, 256, L, threads);
 	dg_gate_fwd_args fa = { .xs = &txs, .ys = &tys, .xy = &txy, .p = d->p, .seed = d->seed,
-				.step = d->step, .layer = d->layer };
+				.step = d->step, .layer = d->layer, .elem0 = d->elem0 };
 	expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what);
 	void *got = gh_xmalloc(ab), *want = gh_xmalloc(ab), *again = gh_xmalloc(ab);
 	gh_download(dev, got, txy.data, ab);
-	cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer, want),
+	cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer, d->elem0, want),
 		     DG_OK);
 	gh_expect_bytes(what, got, want, ab);
 	expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what); /* a second run: the same bytes */
@@ -126,9 +133,9 @@ static void *check_gate_g(dg_device *dev, dg_fmt act, dg_fmt gf, int B, int H, i
 
 	dg_spec sb = spec_grads(DG_OP_GATE_BWD, act, gf, DG_FMT_F32, H, 256, L, threads);
 	dg_gate_bwd_args ba = { .dxy = &tdxy, .xs = &txs, .ys = &tys, .dxs = &tdxs, .p = d->p,
-				.seed = d->seed, .step = d->step, .layer = d->layer };
+				.seed = d->seed, .step = d->step, .layer = d->layer, .elem0 = d->elem0 };
 	void *wdxs = gh_xmalloc(fb), *wdys = gh_xmalloc(fb), *gdxs = gh_xmalloc(fb), *gdys = gh_xmalloc(fb);
-	cr_assert_eq(dg_ref_gate_bwd_op(act, gf, dxy, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer,
+	cr_assert_eq(dg_ref_gate_bwd_op(act, gf, dxy, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer, d->elem0,
 					wdxs, wdys), DG_OK);
 	for (int run = 0; run < 2; run++) {
 		if (run) /* dys overwrote dxy: its input again */
@@ -155,7 +162,7 @@ static void gate_shapes(dg_fmt act)
 	dg_device *dev = gh_open();
 	gh_seed(21);
 	static const int Ts[] = { 1, 7, 130 }, Ls[] = { 13, 100 };
-	const drop none = { 0.0f, 1, 0, 0 }, a = { 0.1f, 42, 7, 3 };
+	const drop none = { 0.0f, 1, 0, 0, 0 }, a = { 0.1f, 42, 7, 3, 0 };
 	for (int g = 0; g < 2; g++) /* the gradients f32, then bf16 */
 		for (int ti = 0; ti < 3; ti++)
 			for (int li = 0; li < 2; li++)
@@ -182,8 +189,8 @@ Test(gpu_gate, gate_odd_shapes_bf16)
 Test(gpu_gate, masks_follow_seed_step_and_layer)
 {
 	dg_device *dev = gh_open();
-	const drop a = { 0.1f, 42, 7, 3 }, b = { 0.1f, 43, 7, 3 }, c = { 0.1f, 42, 8, 3 },
-		   e = { 0.1f, 42, 7, 4 };
+	const drop a = { 0.1f, 42, 7, 3, 0 }, b = { 0.1f, 43, 7, 3, 0 }, c = { 0.1f, 42, 8, 3, 0 },
+		   e = { 0.1f, 42, 7, 4, 0 };
 	size_t bytes = (size_t)2 * 3 * 130 * 100 * 4;
 	gh_seed(5);
 	void *ga = check_gate(dev, DG_FMT_F32, 2, 3, 130, 100, 0, &a);
@@ -205,7 +212,7 @@ Test(gpu_gate, gate_bdh_shape)
 {
 	dg_device *dev = gh_open();
 	gh_seed(22);
-	const drop a = { 0.1f, 1234567890123ull, 100, 5 };
+	const drop a = { 0.1f, 1234567890123ull, 100, 5, 0 };
 	free(check_gate(dev, DG_FMT_BF16, 8, 4, 512, 8192, 0, &a));
 	free(check_gate_g(dev, DG_FMT_BF16, DG_FMT_BF16, 8, 4, 512, 8192, 0, &a)); /* the w8a8 step's */
 	if (!getenv("DRAGON_TEST_QUICK"))
@@ -403,7 +410,7 @@ Test(gpu_gate, step_at_adds_the_device_step)
 						.step = s0, .layer = layer, .step_at = at };
 			expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what);
 			gh_download(dev, got, txy.data, ab);
-			cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, p, seed, sum, layer, want), DG_OK);
+			cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, p, seed, sum, layer, 0, want), DG_OK);
 			gh_expect_bytes(what, got, want, ab);
 			fa.step = sum; /* the same step as an argument alone */
 			fa.step_at = 0;
@@ -420,7 +427,7 @@ Test(gpu_gate, step_at_adds_the_device_step)
 			dg_gate_bwd_args ba = { .dxy = &tdxy, .xs = &txs, .ys = &tys, .dxs = &tdxs, .p = p,
 						.seed = seed, .step = s0, .layer = layer, .step_at = at };
 			run_gate_bwd(dev, &sb, &ba, dxy, fb, gdxs, gdys, what);
-			cr_assert_eq(dg_ref_gate_bwd_op(act, DG_FMT_F32, dxy, xs, ys, (int64_t)n, p, seed, sum, layer,
+			cr_assert_eq(dg_ref_gate_bwd_op(act, DG_FMT_F32, dxy, xs, ys, (int64_t)n, p, seed, sum, layer, 0,
 							wdxs, wdys), DG_OK);
 			gh_expect_bytes(what, gdxs, wdxs, fb);
 			gh_expect_bytes(what, gdys, wdys, fb);
@@ -454,7 +461,7 @@ Test(gpu_gate, step_at_adds_the_device_step)
 			expect_ok(dev, dg_graph_launch(g), "dg_graph_launch");
 			gh_sync(dev);
 			gh_download(dev, got, txy.data, ab);
-			cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, p, seed, 100 + ks[r], layer, want),
+			cr_assert_eq(dg_ref_gate_fwd_op(act, xs, ys, (int64_t)n, p, seed, 100 + ks[r], layer, 0, want),
 				     DG_OK);
 			gh_expect_bytes(what, got, want, ab);
 		}
@@ -462,5 +469,81 @@ Test(gpu_gate, step_at_adds_the_device_step)
 		free(xs), free(ys), free(dxy), free(got), free(want), free(plain);
 		free(gdxs), free(gdys), free(pdxs), free(pdys), free(wdxs), free(wdys);
 	}
+	gh_close(dev);
+}
+
+/* ---- elem0 ------------------------------------------------------------------------ */
+
+/* gate_fwd and gate_bwd of b rows of (b0.., H, T, L) of the host batch
+ * (xs, ys act; dxy gf), as a batch of their own drawing from elem0: xy,
+ * dxs and dys (malloc'd). */
+static void gate_rows(dg_device *dev, dg_fmt act, dg_fmt gf, int b, int b0, int H, int T, int L,
+		      const drop *d, const void *xs, const void *ys, const void *dxy, void **xy, void **dxs,
+		      void **dys)
+{
+	const size_t per = (size_t)H * T * L, n = (size_t)b * per, ab = n * esz(act), fb = n * esz(gf);
+	const size_t ao = (size_t)b0 * per * esz(act), fo = (size_t)b0 * per * esz(gf);
+	dg_tensor txs = dg_tensor_4d("xs", act, gh_upload(dev, (const char *)xs + ao, ab), b, H, T, L);
+	dg_tensor tys = dg_tensor_4d("ys", act, gh_upload(dev, (const char *)ys + ao, ab), b, H, T, L);
+	dg_tensor txy = dg_tensor_4d("xy", act, gh_alloc_ff(dev, ab), b, H, T, L);
+	dg_tensor tdxy = dg_tensor_4d("dxy", gf, gh_upload(dev, (const char *)dxy + fo, fb), b, H, T, L);
+	dg_tensor tdxs = dg_tensor_4d("dxs", gf, gh_alloc_ff(dev, fb), b, H, T, L);
+	dg_spec sf = spec_of(DG_OP_GATE_FWD, act, H, 256, L, 0);
+	dg_spec sb = spec_grads(DG_OP_GATE_BWD, act, gf, DG_FMT_F32, H, 256, L, 0);
+	dg_gate_fwd_args fa = { .xs = &txs, .ys = &tys, .xy = &txy, .p = d->p, .seed = d->seed,
+				.step = d->step, .layer = d->layer, .elem0 = d->elem0 };
+	dg_gate_bwd_args ba = { .dxy = &tdxy, .xs = &txs, .ys = &tys, .dxs = &tdxs, .p = d->p,
+				.seed = d->seed, .step = d->step, .layer = d->layer, .elem0 = d->elem0 };
+	expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), "gate_fwd (rows)");
+	expect_ok(dev, dg_gate_bwd(dev, &sb, &ba), "gate_bwd (rows)");
+	*xy = gh_xmalloc(ab);
+	*dxs = gh_xmalloc(fb);
+	*dys = gh_xmalloc(fb);
+	gh_download(dev, *xy, txy.data, ab);
+	gh_download(dev, *dxs, tdxs.data, fb);
+	gh_download(dev, *dys, tdxy.data, fb);
+}
+
+Test(gpu_gate, elem0_draws_the_global_batchs_masks)
+{
+	dg_device *dev = gh_open();
+	gh_seed(26);
+	/* (B, H, T, L): the scalar tail (H·T·L 273, not whole blocks), whole
+	 * vectors (H·T·L 39000) */
+	static const int shapes[][4] = { { 4, 3, 7, 13 }, { 4, 3, 130, 100 } };
+	for (int a = 0; a < 2; a++)
+		for (int g = 0; g < 2; g++)
+			for (int k = 0; k < 2; k++) {
+				dg_fmt act = a ? DG_FMT_BF16 : DG_FMT_F32, gf = g ? DG_FMT_BF16 : DG_FMT_F32;
+				const int B = shapes[k][0], H = shapes[k][1], T = shapes[k][2], L = shapes[k][3],
+					  hb = B / 2;
+				char what[128];
+				snprintf(what, sizeof(what), "gate %s grads %s B%d H%d T%d L%d: rows %d.. with elem0",
+					 dg_fmt_name(act), dg_fmt_name(gf), B, H, T, L, hb);
+				const size_t per = (size_t)H * T * L, n = (size_t)B * per;
+				const size_t hab = (size_t)hb * per * esz(act), hfb = (size_t)hb * per * esz(gf);
+				void *xs = rand_of(act, n), *ys = rand_of(act, n), *dxy = rand_of(gf, n);
+				drop d = { 0.1f, 42, 7, 3, 0 };
+				void *fxy, *fdxs, *fdys, *hxy, *hdxs, *hdys;
+				gate_rows(dev, act, gf, B, 0, H, T, L, &d, xs, ys, dxy, &fxy, &fdxs, &fdys);
+				d.elem0 = (uint64_t)hb * per;
+				gate_rows(dev, act, gf, hb, hb, H, T, L, &d, xs, ys, dxy, &hxy, &hdxs, &hdys);
+				gh_expect_bytes(what, hxy, (char *)fxy + hab, hab);
+				gh_expect_bytes(what, hdxs, (char *)fdxs + hfb, hfb);
+				gh_expect_bytes(what, hdys, (char *)fdys + hfb, hfb);
+				free(hxy), free(hdxs), free(hdys);
+				d.elem0 = 0; /* the half's own masks: not the global batch's */
+				gate_rows(dev, act, gf, hb, hb, H, T, L, &d, xs, ys, dxy, &hxy, &hdxs, &hdys);
+				cr_assert_neq(memcmp(hxy, (char *)fxy + hab, hab), 0, "%s: elem0 0 gave the same mask", what);
+				free(hxy), free(hdxs), free(hdys);
+				free(xs), free(ys), free(dxy), free(fxy), free(fdxs), free(fdys);
+				/* any elem0 against the reference: blocks straddled (1, 2, 3
+				 * past a multiple of 4), and the counter's high word */
+				static const uint64_t offs[] = { 13, 6, 3, (1ull << 34) + 4, (1ull << 34) + 2 };
+				for (size_t o = 0; o < sizeof(offs) / sizeof(offs[0]); o++) {
+					const drop e = { 0.1f, 42, 7, 3, offs[o] };
+					free(check_gate_g(dev, act, gf, B, H, T, L, 0, &e));
+				}
+			}
 	gh_close(dev);
 }

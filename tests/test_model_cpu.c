@@ -3,7 +3,9 @@
  * every weight against finite differences of the loss at a tiny config
  * (2 layers, D 32, H 2, N 64, T 16, B 2), the new ops' references against
  * finite differences of their forwards, the RoPE tables against the
- * reference's formula, the counter-based dropout, the logits (their
+ * reference's formula, the counter-based dropout (a batch's rows run
+ * apart with row0 give the whole batch's loss and gradients: data
+ * parallel draws one process's masks), the logits (their
  * log-softmax at the targets, averaged, is the step's loss; a position's
  * logits see no later token), and the refusals (a token outside the
  * vocabulary, a config the model cannot take, weights files with a
@@ -160,10 +162,10 @@ Test(model_cpu, dropout_is_regenerated_and_unbiased)
 	cr_assert(xs && ys && a && b && dxs && dys && one);
 	for (int64_t i = 0; i < n; i++)
 		xs[i] = 1.0f, ys[i] = 2.0f, one[i] = 1.0f;
-	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 7, 3, a);
-	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 7, 3, b);
+	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 7, 3, 0, a);
+	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 7, 3, 0, b);
 	cr_assert_eq(memcmp(a, b, n * sizeof(float)), 0, "the mask is a function of its key");
-	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 8, 3, b);
+	dg_ref_gate_fwd(xs, ys, n, 0.1f, 42, 8, 3, 0, b);
 	cr_assert_neq(memcmp(a, b, n * sizeof(float)), 0, "another step, another mask");
 	double mean = 0;
 	int64_t dropped = 0;
@@ -175,10 +177,70 @@ Test(model_cpu, dropout_is_regenerated_and_unbiased)
 	cr_assert(fabs(mean - 2.0) < 0.02, "E[xy] = xs·ys: %g", mean);
 	cr_assert(fabs((double)dropped / n - 0.1) < 0.005, "dropped %g", (double)dropped / n);
 	/* the backward drops the same elements */
-	dg_ref_gate_bwd(one, xs, ys, n, 0.1f, 42, 7, 3, dxs, dys);
+	dg_ref_gate_bwd(one, xs, ys, n, 0.1f, 42, 7, 3, 0, dxs, dys);
 	for (int64_t i = 0; i < n; i++)
 		cr_assert_eq(dxs[i] == 0.0f, a[i] == 0.0f, "element %lld", (long long)i);
 	free(xs), free(ys), free(a), free(b), free(dxs), free(dys), free(one);
+}
+
+/* Data parallel on the CPU model: the batch's two rows as batches of one
+ * (row0 0 and 1, as 2 ranks run them) give the batch's loss and gradients
+ * as their mean, with dropout, up to the sums' order; row 1 with row0 0
+ * (its own masks) does not. */
+Test(model_cpu, rows_apart_with_row0_are_the_whole_batch_with_dropout)
+{
+	fixture f;
+	char msg[512];
+	setup(&f, 3);
+	cr_assert_gt(f.w->config.dropout, 0.0f, "the preset drops");
+	dg_model_weights *g0, *g1;
+	cr_assert_eq(dg_model_weights_create(&f.w->config, 3, &g0, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_weights_create(&f.w->config, 3, &g1, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model_batch whole = f.batch;
+	whole.seed = 11;
+	whole.step = 5;
+	whole.train = true;
+	double lw, l0, l1, lo;
+	cr_assert_eq(dg_model_cpu_step(f.w, &whole, &lw, f.g, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model_batch r0 = whole, r1 = whole;
+	r0.b = r1.b = 1;
+	r1.idx += whole.t;
+	r1.targets += whole.t;
+	r1.row0 = 1;
+	cr_assert_eq(dg_model_cpu_step(f.w, &r0, &l0, g0, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_cpu_step(f.w, &r1, &l1, g1, msg, sizeof(msg)), DG_OK, "%s", msg);
+	double d = fabs((l0 + l1) / 2 - lw) / lw, worst = 0;
+	cr_assert_lt(d, 1e-6, "loss: rows apart %.9g, whole %.9g", (l0 + l1) / 2, lw);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		int64_t n = dg_model_param_shape(&f.w->config, (dg_model_param)p, &nd, sh);
+		float *mean = malloc((size_t)n * sizeof(float));
+		cr_assert(mean);
+		double e = 0, ww = 0;
+		for (int64_t i = 0; i < n; i++) {
+			mean[i] = (g0->params[p][i] + g1->params[p][i]) / 2;
+			double dd = (double)mean[i] - f.g->params[p][i];
+			e += dd * dd;
+			ww += (double)f.g->params[p][i] * f.g->params[p][i];
+		}
+		worst = ww > 0 && sqrt(e / ww) > worst ? sqrt(e / ww) : worst;
+		char why[256];
+		cr_assert(dg_ref_close_norm(mean, f.g->params[p], (size_t)n, 1e-5, 1e-5f, why, sizeof(why)),
+			  "%s: %s", dg_model_param_name((dg_model_param)p), why);
+		free(mean);
+	}
+	printf("model_cpu: rows apart against the whole batch, dropout %g: loss %.2e, gradients %.2e (norm)\n",
+	       (double)f.w->config.dropout, d, worst);
+	/* row 1's own masks (row0 0: what a rank drew when its masks were its
+	 * own): another loss */
+	r1.row0 = 0;
+	cr_assert_eq(dg_model_cpu_step(f.w, &r1, &lo, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_gt(fabs((l0 + lo) / 2 - lw) / lw, 1e-4, "row0 0: the whole batch's masks anyway");
+	dg_model_weights_destroy(g0);
+	dg_model_weights_destroy(g1);
+	dg_model_weights_destroy(f.w);
+	dg_model_weights_destroy(f.g);
 }
 
 /* d/dx of Σ w·f(x) against Σ w·f'(x) for one op at a time. */

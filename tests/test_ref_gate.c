@@ -10,7 +10,12 @@
  *     place too;
  *   - add_mask, add3 and transpose against straightforward loops, with
  *     hand-worked cases, in place and aliased;
- *   - every one refuses an act (or a gradient format) it does not take.
+ *   - every one refuses an act (or a gradient format) it does not take;
+ *   - elem0 (a data-parallel rank's rows): a batch's second half with
+ *     elem0 = its first half's elements is the full batch's second half,
+ *     bit for bit (gate fwd and bwd, the ops f32 and bf16, and
+ *     decoder_gate_bwd), its masks dg_dropout_keep at elem0 + i; elem0 0
+ *     draws other masks.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -53,11 +58,11 @@ Test(ref_gate, ops_are_the_models_gate_with_the_relu_mask)
 	const float ps[] = { 0.0f, 0.1f, 0.5f };
 	for (int k = 0; k < 3; k++) {
 		float p = ps[k];
-		dg_ref_gate_fwd(xs, ys, N, p, 42, 7, 3, want);
-		cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, p, 42, 7, 3, got), DG_OK);
+		dg_ref_gate_fwd(xs, ys, N, p, 42, 7, 3, 0, want);
+		cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, p, 42, 7, 3, 0, got), DG_OK);
 		cr_assert_eq(memcmp(got, want, N * 4), 0, "gate_fwd p=%g", (double)p);
-		dg_ref_gate_bwd(dxy, xs, ys, N, p, 42, 7, 3, dxs, dys);
-		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, xs, ys, N, p, 42, 7, 3, gdxs, gdys),
+		dg_ref_gate_bwd(dxy, xs, ys, N, p, 42, 7, 3, 0, dxs, dys);
+		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, xs, ys, N, p, 42, 7, 3, 0, gdxs, gdys),
 			     DG_OK);
 		cr_assert_eq(memcmp(gdxs, dxs, N * 4), 0, "gate_bwd dxs p=%g", (double)p);
 		size_t masked = 0, dropped = 0;
@@ -80,15 +85,15 @@ Test(ref_gate, ops_are_the_models_gate_with_the_relu_mask)
 		/* in place: dys over dxy */
 		float *io = malloc(N * 4);
 		memcpy(io, dxy, N * 4);
-		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, io, xs, ys, N, p, 42, 7, 3, dxs, io), DG_OK);
+		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, io, xs, ys, N, p, 42, 7, 3, 0, dxs, io), DG_OK);
 		cr_assert_eq(memcmp(io, gdys, N * 4), 0, "in place p=%g", (double)p);
 		free(io);
 	}
 	/* another (seed, step, layer): another mask */
-	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 7, 3, want);
-	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 8, 3, got);
+	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 7, 3, 0, want);
+	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 8, 3, 0, got);
 	cr_assert_neq(memcmp(got, want, N * 4), 0, "step 8 gave step 7's mask");
-	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 7, 4, got);
+	dg_ref_gate_fwd_op(DG_FMT_F32, xs, ys, N, 0.1f, 42, 7, 4, 0, got);
 	cr_assert_neq(memcmp(got, want, N * 4), 0, "layer 4 gave layer 3's mask");
 	free(xs), free(ys), free(dxy), free(want), free(got), free(dxs), free(dys), free(gdxs), free(gdys);
 }
@@ -101,12 +106,12 @@ Test(ref_gate, bf16_rounds_the_f32_result_once)
 	float *wx = malloc(N * 4), *wy = malloc(N * 4), *f = malloc(N * 4);
 	float *dxs = malloc(N * 4), *dys = malloc(N * 4), *bdxs = malloc(N * 4), *bdys = malloc(N * 4);
 	uint16_t *hx = to_bf16(xs, N, wx), *hy = to_bf16(ys, N, wy), *hxy = malloc(N * 2);
-	dg_ref_gate_fwd(wx, wy, N, 0.1f, 1, 2, 3, f);
-	cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_BF16, hx, hy, N, 0.1f, 1, 2, 3, hxy), DG_OK);
+	dg_ref_gate_fwd(wx, wy, N, 0.1f, 1, 2, 3, 0, f);
+	cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_BF16, hx, hy, N, 0.1f, 1, 2, 3, 0, hxy), DG_OK);
 	for (int i = 0; i < N; i++)
 		cr_assert_eq(hxy[i], dg_f32_to_bf16(f[i]), "xy[%d]", i);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, wx, wy, N, 0.1f, 1, 2, 3, dxs, dys), DG_OK);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_F32, dxy, hx, hy, N, 0.1f, 1, 2, 3, bdxs, bdys),
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, wx, wy, N, 0.1f, 1, 2, 3, 0, dxs, dys), DG_OK);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_F32, dxy, hx, hy, N, 0.1f, 1, 2, 3, 0, bdxs, bdys),
 		     DG_OK);
 	cr_assert_eq(memcmp(dxs, bdxs, N * 4), 0);
 	cr_assert_eq(memcmp(dys, bdys, N * 4), 0);
@@ -114,8 +119,8 @@ Test(ref_gate, bf16_rounds_the_f32_result_once)
 	 * dxs and dys that run's results rounded once; in place too */
 	float *wd = malloc(N * 4);
 	uint16_t *hd = to_bf16(dxy, N, wd), *gxs = malloc(N * 2), *gys = malloc(N * 2), *io = malloc(N * 2);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_F32, wd, hx, hy, N, 0.1f, 1, 2, 3, dxs, dys), DG_OK);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_BF16, hd, hx, hy, N, 0.1f, 1, 2, 3, gxs, gys), DG_OK);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_F32, wd, hx, hy, N, 0.1f, 1, 2, 3, 0, dxs, dys), DG_OK);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_BF16, hd, hx, hy, N, 0.1f, 1, 2, 3, 0, gxs, gys), DG_OK);
 	size_t nonzero = 0;
 	for (int i = 0; i < N; i++) {
 		cr_assert_eq(gxs[i], dg_f32_to_bf16(dxs[i]), "dxs[%d]", i);
@@ -124,12 +129,12 @@ Test(ref_gate, bf16_rounds_the_f32_result_once)
 	}
 	cr_assert_gt(nonzero, N / 4);
 	memcpy(io, hd, N * 2);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_BF16, io, hx, hy, N, 0.1f, 1, 2, 3, gxs, io), DG_OK);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_BF16, io, hx, hy, N, 0.1f, 1, 2, 3, 0, gxs, io), DG_OK);
 	cr_assert_eq(memcmp(io, gys, N * 2), 0, "bf16 in place");
-	cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_INT8, hx, hy, N, 0.1f, 1, 2, 3, hxy), DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_INT8, DG_FMT_F32, dxy, hx, hy, N, 0.1f, 1, 2, 3, dxs, NULL),
+	cr_assert_eq(dg_ref_gate_fwd_op(DG_FMT_INT8, hx, hy, N, 0.1f, 1, 2, 3, 0, hxy), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_INT8, DG_FMT_F32, dxy, hx, hy, N, 0.1f, 1, 2, 3, 0, dxs, NULL),
 		     DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_INT8, dxy, hx, hy, N, 0.1f, 1, 2, 3, dxs, NULL),
+	cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_BF16, DG_FMT_INT8, dxy, hx, hy, N, 0.1f, 1, 2, 3, 0, dxs, NULL),
 		     DG_ERR_INVALID_ARG);
 	free(xs), free(ys), free(dxy), free(wx), free(wy), free(f), free(dxs), free(dys), free(bdxs);
 	free(bdys), free(hx), free(hy), free(hxy), free(wd), free(hd), free(gxs), free(gys), free(io);
@@ -273,14 +278,14 @@ Test(ref_gate, decoder_gate_bwd_is_decoder_grad_input_then_gate_bwd)
 	for (int k = 0; k < 2; k++) {
 		float p = ps[k];
 		cr_assert_eq(dg_ref_decoder_grad_input(&gi, grad, w, 1.0f, dxy, B, T), DG_OK);
-		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, xs, ys, (int64_t)n, p, 5, 2, 1,
+		cr_assert_eq(dg_ref_gate_bwd_op(DG_FMT_F32, DG_FMT_F32, dxy, xs, ys, (int64_t)n, p, 5, 2, 1, 0,
 						wdxs, wdys), DG_OK);
 		dg.out = DG_FMT_F32;
-		cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, p, 5, 2, 1, gdxs, gdys), DG_OK);
+		cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, p, 5, 2, 1, 0, gdxs, gdys), DG_OK);
 		cr_assert_eq(memcmp(gdxs, wdxs, n * 4), 0, "dxs p=%g", (double)p);
 		cr_assert_eq(memcmp(gdys, wdys, n * 4), 0, "dys p=%g", (double)p);
 		dg.out = DG_FMT_BF16;
-		cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, p, 5, 2, 1, bdxs, bdys), DG_OK);
+		cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, p, 5, 2, 1, 0, bdxs, bdys), DG_OK);
 		for (size_t i = 0; i < n; i++) {
 			cr_assert_eq(bdxs[i], dg_f32_to_bf16(wdxs[i]), "bf16 dxs[%zu]", i);
 			cr_assert_eq(bdys[i], dg_f32_to_bf16(wdys[i]), "bf16 dys[%zu]", i);
@@ -292,16 +297,99 @@ Test(ref_gate, decoder_gate_bwd_is_decoder_grad_input_then_gate_bwd)
 		sum += (double)grad[(1 * T + 3) * E + d] * w[(size_t)d * H * L + 2 * L + 4];
 	size_t i = (((size_t)1 * H + 2) * T + 3) * L + 4;
 	dg.out = DG_FMT_F32;
-	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, gdxs, gdys), DG_OK);
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, 0, gdxs, gdys), DG_OK);
 	cr_assert_eq(gdxs[i], (float)sum * ys[i]);
 	cr_assert_eq(gdys[i], ys[i] > 0.0f ? (float)sum * xs[i] : 0.0f);
 	/* refusals */
-	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 1.0f, 5, 2, 1, gdxs, gdys),
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 1.0f, 5, 2, 1, 0, gdxs, gdys),
 		     DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_ref_decoder_gate_bwd(&gi, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, gdxs, gdys),
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&gi, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, 0, gdxs, gdys),
 		     DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, gdxs, NULL),
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, 0.0f, 5, 2, 1, 0, gdxs, NULL),
 		     DG_ERR_INVALID_ARG);
 	free(grad), free(w), free(xs), free(ys), free(dxy), free(wdxs), free(wdys), free(gdxs), free(gdys);
 	free(bdxs), free(bdys);
+}
+
+/* A batch of 4 rows of (H, T, L) = (3, 7, 13) (273 elements a row: not
+ * whole Philox blocks) and its rows 2..3 alone with elem0 = 2·273: the
+ * second half of every result, bit for bit, as N ranks of one batch
+ * draw what one process draws. */
+Test(ref_gate, elem0_draws_the_global_batchs_masks)
+{
+	enum { B = 4, H = 3, T = 7, L = 13, E = 12, HB = B / 2 };
+	const size_t per = (size_t)H * T * L, n = (size_t)B * per, hn = (size_t)HB * per;
+	const uint64_t e0 = (uint64_t)HB * per;
+	const float p = 0.25f;
+	dg_rng r;
+	dg_rng_seed(&r, 31);
+	float *xs = rnd(&r, n), *ys = rnd(&r, n), *dxy = rnd(&r, n);
+	float *grad = rnd(&r, (size_t)B * T * E), *w = rnd(&r, (size_t)E * H * L);
+	float *fxy = malloc(n * 4), *fdxs = malloc(n * 4), *fdys = malloc(n * 4);
+	float *hxy = malloc(hn * 4), *hdxs = malloc(hn * 4), *hdys = malloc(hn * 4);
+	const float *x2 = xs + hn, *y2 = ys + hn, *d2 = dxy + hn;
+
+	/* the model's gate: forward and backward */
+	dg_ref_gate_fwd(xs, ys, (int64_t)n, p, 42, 7, 3, 0, fxy);
+	dg_ref_gate_fwd(x2, y2, (int64_t)hn, p, 42, 7, 3, e0, hxy);
+	cr_assert_eq(memcmp(hxy, fxy + hn, hn * 4), 0, "gate_fwd: the second half");
+	size_t dropped = 0;
+	for (size_t i = 0; i < hn; i++) { /* the masks: the global batch's elements */
+		bool keep = dg_dropout_keep(42, 7, 3, e0 + i, p);
+		cr_assert_eq(hxy[i] == 0.0f, !keep || x2[i] * y2[i] == 0.0f, "element %zu", i);
+		dropped += !keep;
+	}
+	cr_assert_gt(dropped, hn / 8, "the dropout was exercised");
+	dg_ref_gate_bwd(dxy, xs, ys, (int64_t)n, p, 42, 7, 3, 0, fdxs, fdys);
+	dg_ref_gate_bwd(d2, x2, y2, (int64_t)hn, p, 42, 7, 3, e0, hdxs, hdys);
+	cr_assert_eq(memcmp(hdxs, fdxs + hn, hn * 4), 0, "gate_bwd dxs: the second half");
+	cr_assert_eq(memcmp(hdys, fdys + hn, hn * 4), 0, "gate_bwd dys: the second half");
+	/* elem0 0: the half's own masks, not the global batch's */
+	dg_ref_gate_fwd(x2, y2, (int64_t)hn, p, 42, 7, 3, 0, hxy);
+	cr_assert_neq(memcmp(hxy, fxy + hn, hn * 4), 0, "elem0 0 drew the second half's masks");
+
+	/* the ops, f32 and bf16 (act and gradients) */
+	for (int b = 0; b < 2; b++) {
+		dg_fmt f = b ? DG_FMT_BF16 : DG_FMT_F32;
+		size_t es = b ? 2 : 4;
+		float *wx = malloc(n * 4), *wy = malloc(n * 4), *wd = malloc(n * 4);
+		void *hx = b ? (void *)to_bf16(xs, n, wx) : xs, *hy = b ? (void *)to_bf16(ys, n, wy) : ys;
+		void *hd = b ? (void *)to_bf16(dxy, n, wd) : dxy;
+		char *fo = malloc(n * es), *fx = malloc(n * es), *fy = malloc(n * es);
+		char *ho = malloc(hn * es), *hx2 = malloc(hn * es), *hy2 = malloc(hn * es);
+		const char *cx = hx, *cy = hy, *cd = hd;
+		cr_assert_eq(dg_ref_gate_fwd_op(f, hx, hy, (int64_t)n, p, 42, 7, 3, 0, fo), DG_OK);
+		cr_assert_eq(dg_ref_gate_fwd_op(f, cx + hn * es, cy + hn * es, (int64_t)hn, p, 42, 7, 3, e0, ho),
+			     DG_OK);
+		cr_assert_eq(memcmp(ho, fo + hn * es, hn * es), 0, "gate_fwd_op %s", dg_fmt_name(f));
+		cr_assert_eq(dg_ref_gate_bwd_op(f, f, hd, hx, hy, (int64_t)n, p, 42, 7, 3, 0, fx, fy), DG_OK);
+		cr_assert_eq(dg_ref_gate_bwd_op(f, f, cd + hn * es, cx + hn * es, cy + hn * es, (int64_t)hn, p, 42,
+						7, 3, e0, hx2, hy2), DG_OK);
+		cr_assert_eq(memcmp(hx2, fx + hn * es, hn * es), 0, "gate_bwd_op dxs %s", dg_fmt_name(f));
+		cr_assert_eq(memcmp(hy2, fy + hn * es, hn * es), 0, "gate_bwd_op dys %s", dg_fmt_name(f));
+		if (b)
+			free(hx), free(hy), free(hd);
+		free(wx), free(wy), free(wd), free(fo), free(fx), free(fy), free(ho), free(hx2), free(hy2);
+	}
+
+	/* decoder_gate_bwd: its sums a row are the row's alone */
+	dg_spec dg;
+	dg_spec_init(&dg, DG_OP_DECODER_GATE_BWD);
+	dg.heads = H;
+	dg.embd = E;
+	dg.latent = L;
+	dg.weight = DG_FMT_F32;
+	dg.act = DG_FMT_F32;
+	dg.out = DG_FMT_F32;
+	cr_assert_eq(dg_spec_validate(&dg, NULL, 0), DG_OK);
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, p, 42, 7, 3, 0, fdxs, fdys), DG_OK);
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad + (size_t)HB * T * E, w, x2, y2, HB, T, p, 42, 7, 3, e0,
+					     hdxs, hdys), DG_OK);
+	cr_assert_eq(memcmp(hdxs, fdxs + hn, hn * 4), 0, "decoder_gate_bwd dxs: the second half");
+	cr_assert_eq(memcmp(hdys, fdys + hn, hn * 4), 0, "decoder_gate_bwd dys: the second half");
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad + (size_t)HB * T * E, w, x2, y2, HB, T, p, 42, 7, 3, 0,
+					     hdxs, hdys), DG_OK);
+	cr_assert_neq(memcmp(hdxs, fdxs + hn, hn * 4), 0, "decoder_gate_bwd: elem0 0 drew the global masks");
+	free(xs), free(ys), free(dxy), free(grad), free(w), free(fxy), free(fdxs), free(fdys);
+	free(hxy), free(hdxs), free(hdys);
 }

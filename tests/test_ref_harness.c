@@ -485,11 +485,11 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		return dg_ref_attention_grad_xs(s, c->in[0], c->in[1], c->in[2], out, b, t);
 	case DG_OP_GATE_FWD:
 		return dg_ref_gate_fwd_op(s->act, c->in[0], c->in[1], (int64_t)b * s->heads * t * s->latent,
-					  c->p, c->seed, c->step, c->layer, out);
+					  c->p, c->seed, c->step, c->layer, c->elem0, out);
 	case DG_OP_GATE_BWD:
 		return dg_ref_gate_bwd_op(s->act, s->out, c->in[0], c->in[1], c->in[2],
 					  (int64_t)b * s->heads * t * s->latent, c->p, c->seed, c->step,
-					  c->layer, out, NULL);
+					  c->layer, c->elem0, out, NULL);
 	case DG_OP_ADD_MASK:
 		return dg_ref_add_mask(s->act, s->out, s->src, c->in[0], c->in[1], c->in[2],
 				       (int64_t)b * s->heads * t * s->latent, out);
@@ -504,7 +504,7 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 	case DG_OP_DECODER_GATE_BWD: { /* out: dys, the last output; dxs to scratch */
 		void *dxs = rh_xmalloc((size_t)b * s->heads * t * s->latent * 4 + 16);
 		dg_status st = dg_ref_decoder_gate_bwd(s, c->in[0], c->in[1], c->in[2], c->in[3], b, t, c->p,
-						       c->seed, c->step, c->layer, dxs, out);
+						       c->seed, c->step, c->layer, c->elem0, dxs, out);
 		free(dxs);
 		return st;
 	}
@@ -576,6 +576,7 @@ static void run_both(dg_spec *s, bool unpack)
 	c.seed = 99;
 	c.step = 4;
 	c.layer = 1;
+	c.elem0 = 13; /* a rank's offset, not whole Philox blocks: dg_ref_run passes it */
 	c.out_scale = &got_scale;
 	c.b = RUN_B;
 	c.t = RUN_T;

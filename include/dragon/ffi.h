@@ -37,8 +37,9 @@
 extern "C" {
 #endif
 
-/* The layout of the structs below; a caller checks it at load. */
-#define DG_FFI_VERSION 1
+/* The layout of the structs below; a caller checks it at load (2:
+ * dg_ffi_opts's elem0 at its end). */
+#define DG_FFI_VERSION 2
 int dg_ffi_version(void);
 
 /* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
@@ -73,6 +74,8 @@ typedef struct dg_ffi_opts {
 	int32_t backward;        /* lmhead_ce: dx and dw too */
 	int32_t decay;           /* adamw_update */
 	int32_t reserved;
+	uint64_t elem0;          /* gate ops: added to each element's index before
+				  * its draw (a rank's row0·H·T·L), or 0 */
 } dg_ffi_opts;
 
 /* ---- specs ------------------------------------------------------------------ */

@@ -184,10 +184,12 @@ typedef struct dg_model_batch {
 	uint64_t seed;          /* dropout */
 	uint32_t step;
 	bool train;             /* dropout on */
-	/* data parallel: the rank whose share of a batch this is (0 alone);
-	 * it keys the dropout beside the layer (layer + shard·2^16), so each
-	 * rank draws masks of its own */
-	uint32_t shard;
+	/* data parallel: the batch's first row in the global batch (0
+	 * alone). The dropout of element i of a (B,H,T,N) activation is drawn
+	 * as element i + row0·H·T·N of the global batch's, so N ranks running
+	 * rows row0 .. row0 + b − 1 each draw the masks of one process
+	 * running it all. */
+	uint32_t row0;
 } dg_model_batch;
 
 /*

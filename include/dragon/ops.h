@@ -493,11 +493,17 @@ dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_a
 
 /* ---- gate (BDH's xy = dropout(xs · ys)) -----------------------------------
  * (B,H,T,L) tensors, H and L the spec's, B and T the call's; act f32 or bf16,
- * gradients f32. The dropout mask is dg_dropout_keep(seed, step, layer, i, p)
- * of dragon/rng.h for flat element i, regenerated (never stored); p in
- * [0, 1) (0: every element kept, scale 1), the scale 1/(1 − p) rounded once.
- * p, seed, step and layer are kernel arguments: one kernel a spec serves
- * every step, layer and rate.
+ * gradients f32. The dropout mask is dg_dropout_keep(seed, step, layer,
+ * elem0 + i, p) of dragon/rng.h for flat element i, regenerated (never
+ * stored); p in [0, 1) (0: every element kept, scale 1), the scale
+ * 1/(1 − p) rounded once. elem0 (0: the tensor's own masks) places the
+ * tensor in a larger one's stream: a data-parallel rank running rows
+ * row0 .. of the global batch passes row0·H·T·L and draws what one
+ * process running the whole batch draws for those rows (any value: one
+ * that is not a multiple of 4, whole Philox blocks, costs the vectors a
+ * block more and decoder_gate_bwd's warpgroup epilogue its vectors). p, seed,
+ * step, layer and elem0 are kernel arguments: one kernel a spec serves
+ * every step, layer, rate and rank.
  *   gate_fwd  xs, ys → xy = keep ? (xs·ys)·(1/(1−p)) : 0          act
  *   gate_bwd  dxy, xs, ys → g = keep ? dxy·(1/(1−p)) : 0;
  *             dxs = g·ys, and dys = ys > 0 ? g·xs : 0 (ys's ReLU mask)
@@ -512,6 +518,9 @@ typedef struct dg_gate_fwd_args {
 	/* 0, or a device uint32 added to step when the kernel runs: a step
 	 * captured into a CUDA graph reads it from its control block */
 	dg_dptr step_at;
+	/* added to each element's index before its draw: the first element's
+	 * index in the global batch's (B,H,T,L) tensor (row0·H·T·L), 0 alone */
+	uint64_t elem0;
 } dg_gate_fwd_args;
 dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
 			    size_t msg_size);
@@ -524,6 +533,7 @@ typedef struct dg_gate_bwd_args {
 	uint64_t seed;
 	uint32_t step, layer;
 	dg_dptr step_at; /* as gate_fwd's */
+	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 } dg_gate_bwd_args;
 dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
 			    size_t msg_size);
@@ -544,6 +554,7 @@ typedef struct dg_decoder_gate_bwd_args {
 	uint64_t seed;
 	uint32_t step, layer;
 	dg_dptr step_at; /* as gate_fwd's */
+	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 } dg_decoder_gate_bwd_args;
 dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
 				    char *msg, size_t msg_size);

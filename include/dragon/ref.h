@@ -298,13 +298,17 @@ dg_status dg_ref_attention_grad_xs_mask(const dg_spec *spec, const void *grad_sc
 					const void *mask_xs, void *out, int b, int t);
 
 /* The gate and its dropout: xy = xs · ys · keep / (1 − p), keep from
- * dg_dropout_keep(seed, step, layer, i, p) for element i of the
- * (B,H,T,N) tensor (p 0: no dropout). The backward regenerates the mask:
- * dxs = dxy · keep/(1−p) · ys, dys = dxy · keep/(1−p) · xs. */
+ * dg_dropout_keep(seed, step, layer, elem0 + i, p) for element i of the
+ * (B,H,T,N) tensor (p 0: no dropout). elem0 is the tensor's first element
+ * in a larger one's stream (0: its own): rows row0 .. of a global batch
+ * pass row0·H·T·N and draw the global batch's masks of those rows. The
+ * backward regenerates the mask: dxs = dxy · keep/(1−p) · ys,
+ * dys = dxy · keep/(1−p) · xs. */
 void dg_ref_gate_fwd(const float *xs, const float *ys, int64_t n, float p, uint64_t seed,
-		     uint32_t step, uint32_t layer, float *xy);
+		     uint32_t step, uint32_t layer, uint64_t elem0, float *xy);
 void dg_ref_gate_bwd(const float *dxy, const float *xs, const float *ys, int64_t n, float p,
-		     uint64_t seed, uint32_t step, uint32_t layer, float *dxs, float *dys);
+		     uint64_t seed, uint32_t step, uint32_t layer, uint64_t elem0, float *dxs,
+		     float *dys);
 
 /* The gate ops (dragon/ops.h gate_fwd, gate_bwd) on act storage (f32 or
  * bf16: widened exactly, results rounded once): gate_fwd is dg_ref_gate_fwd;
@@ -314,17 +318,18 @@ void dg_ref_gate_bwd(const float *dxy, const float *xs, const float *ys, int64_t
  * may be NULL (not kept) or dxy itself (in place, as the kernel writes
  * it). DG_ERR_INVALID_ARG for another act or grad. */
 dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t n, float p,
-			     uint64_t seed, uint32_t step, uint32_t layer, void *xy);
+			     uint64_t seed, uint32_t step, uint32_t layer, uint64_t elem0, void *xy);
 dg_status dg_ref_gate_bwd_op(dg_fmt act, dg_fmt grad, const void *dxy, const void *xs,
 			     const void *ys, int64_t n, float p, uint64_t seed, uint32_t step,
-			     uint32_t layer, void *dxs, void *dys);
+			     uint32_t layer, uint64_t elem0, void *dxs, void *dys);
 /* decoder_gate_bwd (dragon/ops.h): dxy = Σ_d grad[b,0,t,d]·w[d, h·L + l]
  * in f32 (dg_ref_decoder_grad_input's sums, w spec->weight f32 | bf16),
  * then gate_bwd's arithmetic on it; xs, ys spec->act, dxs and dys
  * spec->out. */
 dg_status dg_ref_decoder_gate_bwd(const dg_spec *spec, const float *grad, const void *w,
 				  const void *xs, const void *ys, int batch, int time, float p,
-				  uint64_t seed, uint32_t step, uint32_t layer, void *dxs, void *dys);
+				  uint64_t seed, uint32_t step, uint32_t layer, uint64_t elem0, void *dxs,
+				  void *dys);
 
 /* The step ops (dragon/ops.h), n elements: add_mask out = xs > 0 ? dxs +
  * other : 0 (out may be dxs; xs act, dxs and out `grad` (the spec's out),
@@ -400,10 +405,13 @@ typedef struct dg_ref_call {
 	bool accumulate;                /* embed_bwd, *_bwd dx, lmhead_ce dw */
 	bool backward;                  /* lmhead_ce: also dx and dw (implied
 					 * when storage for either is given) */
-	/* gate_fwd / gate_bwd: the dropout (p 0: none) */
+	/* gate_fwd / gate_bwd / decoder_gate_bwd: the dropout (p 0: none);
+	 * elem0 the first element's index in the mask's stream (0: the
+	 * tensor's own; dg_ref_gate_fwd) */
 	float p;
 	uint64_t seed;
 	uint32_t step, layer;
+	uint64_t elem0;
 	void *out2;                     /* gate_bwd: gets dys, dxy's new value
 					 * (NULL: not kept); out gets dxs */
 } dg_ref_call;

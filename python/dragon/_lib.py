@@ -18,7 +18,7 @@ import os
 import subprocess
 import threading
 
-FFI_VERSION = 1
+FFI_VERSION = 2
 MSG = 1024  # bytes of a message buffer
 
 
@@ -90,6 +90,7 @@ class FfiOpts(ctypes.Structure):
         ("backward", ctypes.c_int32),
         ("decay", ctypes.c_int32),
         ("reserved", ctypes.c_int32),
+        ("elem0", ctypes.c_uint64),
     ]
 
 

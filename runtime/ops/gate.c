@@ -1,10 +1,11 @@
 /*
  * The gate family (dragon/ops.h): BDH's xy = dropout(xs · ys) and its
  * backward (templates/gate.lua), element-wise over the flat (B,H,T,L)
- * tensors. The dropout's p, seed, step and layer travel in the call
- * (dg__op_call) and reach the kernel as arguments, so a kernel is compiled
- * once a spec, whatever the step. Nothing here allocates, frees or
- * synchronizes: a launch is a check, a kernel-map lookup and a launch.
+ * tensors. The dropout's p, seed, step, layer and elem0 travel in the
+ * call (dg__op_call) and reach the kernel as arguments, so a kernel is
+ * compiled once a spec, whatever the step or the rank. Nothing here
+ * allocates, frees or synchronizes: a launch is a check, a kernel-map
+ * lookup and a launch.
  */
 #include <stdio.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 
 static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
 			   const dg_tensor *t3, float p, uint64_t seed, uint32_t step,
-			   uint32_t layer, dg_dptr step_at)
+			   uint32_t layer, dg_dptr step_at, uint64_t elem0)
 {
 	dg__op_call c;
 	memset(&c, 0, sizeof(c));
@@ -26,6 +27,7 @@ static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_te
 	c.step = step;
 	c.layer = layer;
 	c.step_at = step_at;
+	c.elem0 = elem0;
 	return c;
 }
 
@@ -87,7 +89,7 @@ static dg_status run_gate(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, ve), nt, 8LL * dg__dev_info(dev)->sm_count), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
 	dg_dptr p[DG_OP_MAX_ARGS];
-	void *args[DG_OP_MAX_ARGS + 7];
+	void *args[DG_OP_MAX_ARGS + 8];
 	int na = 0;
 	const dg_op_info *row = dg_op_info_of(op);
 	for (int i = 0; i < row->n_args; i++) {
@@ -99,6 +101,7 @@ static dg_status run_gate(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	unsigned long long seed = c->seed;
 	unsigned step = c->step, layer = c->layer;
 	dg_dptr step_at = c->step_at;
+	unsigned long long elem0 = c->elem0;
 	args[na++] = &B;
 	args[na++] = &T;
 	args[na++] = &prob;
@@ -106,6 +109,7 @@ static dg_status run_gate(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	args[na++] = &step;
 	args[na++] = &layer;
 	args[na++] = &step_at;
+	args[na++] = &elem0;
 	return dg_kernel_launch(dev, k, &l, args);
 }
 
@@ -138,34 +142,35 @@ dg_status dg__check_gate_bwd(const dg_spec *spec, const dg__op_call *c, char *ms
 /* ---- the typed calls ------------------------------------------------------------ */
 
 #define FWD_CALL(a) \
-	call_of((a)->xs, (a)->ys, (a)->xy, NULL, (a)->p, (a)->seed, (a)->step, (a)->layer, (a)->step_at)
+	call_of((a)->xs, (a)->ys, (a)->xy, NULL, (a)->p, (a)->seed, (a)->step, (a)->layer, (a)->step_at, \
+		(a)->elem0)
 #define BWD_CALL(a) \
 	call_of((a)->dxy, (a)->xs, (a)->ys, (a)->dxs, (a)->p, (a)->seed, (a)->step, (a)->layer, \
-		(a)->step_at)
+		(a)->step_at, (a)->elem0)
 
 dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
 			    size_t msg_size)
 {
-	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0);
+	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0);
 	return gate_check(spec, DG_OP_GATE_FWD, "dg_gate_fwd", a ? &c : NULL, NULL, msg, msg_size);
 }
 
 dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a)
 {
-	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0);
+	dg__op_call c = a ? FWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0);
 	return run_gate(dev, spec, DG_OP_GATE_FWD, a ? &c : NULL);
 }
 
 dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
 			    size_t msg_size)
 {
-	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0);
+	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0);
 	return gate_check(spec, DG_OP_GATE_BWD, "dg_gate_bwd", a ? &c : NULL, NULL, msg, msg_size);
 }
 
 dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a)
 {
-	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0);
+	dg__op_call c = a ? BWD_CALL(a) : call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0);
 	return run_gate(dev, spec, DG_OP_GATE_BWD, a ? &c : NULL);
 }
 
@@ -190,6 +195,7 @@ static dg__op_call dg_call_of(const dg_decoder_gate_bwd_args *a)
 		c.step = a->step;
 		c.layer = a->layer;
 		c.step_at = a->step_at;
+		c.elem0 = a->elem0;
 	}
 	return c;
 }
@@ -247,7 +253,7 @@ dg_status dg__run_decoder_gate_bwd(dg_device *dev, const dg_spec *spec, const dg
 				    "dg_decoder_gate_bwd: batch·time = %lld rows need %u row blocks of %d, more than the grid's 65535",
 				    (long long)(sh.b * sh.t), l.grid[1], t->bm);
 	dg_dptr p[6];
-	void *args[13];
+	void *args[14];
 	for (int i = 0; i < 6; i++) {
 		p[i] = c->t[i]->data;
 		args[i] = &p[i];
@@ -264,6 +270,8 @@ dg_status dg__run_decoder_gate_bwd(dg_device *dev, const dg_spec *spec, const dg
 	args[10] = &step;
 	args[11] = &layer;
 	args[12] = &step_at;
+	unsigned long long elem0 = c->elem0;
+	args[13] = &elem0;
 	return dg_kernel_launch(dev, k, &l, args);
 }
 

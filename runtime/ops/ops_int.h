@@ -32,11 +32,14 @@ typedef struct dg__op_call {
 			  * outside 0..V-1, or 0 */
 	dg_dptr grad_scale; /* lmhead_ce: 0, or a device float dlogits are
 			     * multiplied by */
-	/* gate_fwd / gate_bwd: the dropout of dragon/rng.h (p 0: none) */
+	/* gate_fwd / gate_bwd / decoder_gate_bwd: the dropout of dragon/rng.h
+	 * (p 0: none) */
 	float p;
 	uint64_t seed;
 	uint32_t step, layer;
 	dg_dptr step_at; /* 0, or a device uint32 added to step */
+	uint64_t elem0;  /* added to each element's index before its draw (0:
+			  * the tensor's own masks; dg_gate_fwd_args) */
 	/* adamw_update: the step's control block (0: the default scalars),
 	 * the bf16 copy of p (0: none), the weight decay */
 	dg_dptr ctl, copy;

@@ -341,13 +341,13 @@ static int64_t bhtl(const dg_spec *spec, const dg_ref_call *c)
 dg_status dg__ref_gate_fwd(const dg_spec *spec, const dg_ref_call *c)
 {
 	return dg_ref_gate_fwd_op(spec->act, c->in[0], c->in[1], bhtl(spec, c), c->p, c->seed, c->step,
-				  c->layer, c->out);
+				  c->layer, c->elem0, c->out);
 }
 
 dg_status dg__ref_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
 {
 	return dg_ref_gate_bwd_op(spec->act, spec->out, c->in[0], c->in[1], c->in[2], bhtl(spec, c), c->p,
-				  c->seed, c->step, c->layer, c->out, c->out2);
+				  c->seed, c->step, c->layer, c->elem0, c->out, c->out2);
 }
 
 dg_status dg__ref_decoder_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
@@ -358,7 +358,7 @@ dg_status dg__ref_decoder_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
 	if (!dxs && !(dxs = scratch = malloc(n + 1)))
 		return DG_ERR_NOMEM;
 	dg_status st = dg_ref_decoder_gate_bwd(spec, c->in[0], c->in[1], c->in[2], c->in[3], (int)c->b,
-					       (int)c->t, c->p, c->seed, c->step, c->layer, dxs, dys);
+					       (int)c->t, c->p, c->seed, c->step, c->layer, c->elem0, dxs, dys);
 	free(scratch);
 	return st;
 }

@@ -49,6 +49,13 @@ static int32_t *I(step *s, int id)
 	return (int32_t *)F(s, id);
 }
 
+/* The gate's first element in the global batch's (B,H,T,N) tensor: a
+ * data-parallel rank draws the masks of its rows there (dg_model_batch). */
+static uint64_t elem0_of(const step *s)
+{
+	return (uint64_t)s->batch->row0 * (uint64_t)s->H * (uint64_t)s->T * (uint64_t)s->N;
+}
+
 /* enc [H, D, N] → (H, N, D); dec [H·N, D] → (D, H·N); and back. */
 static void to_hnd(const float *src, float *dst, int H, int D, int N)
 {
@@ -142,7 +149,7 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 	}
 	case DG__N_GATE:
 		dg_ref_gate_fwd(F(s, in[0]), F(s, in[1]), s->bt * s->H * s->N,
-				bt->train ? c->dropout : 0.0f, bt->seed, bt->step, ((uint32_t)nd->layer + (bt->shard << 16)),
+				bt->train ? c->dropout : 0.0f, bt->seed, bt->step, (uint32_t)nd->layer, elem0_of(s),
 				F(s, out[0]));
 		return DG_OK;
 	case DG__N_DEC: {
@@ -227,7 +234,7 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 		float *dys = F(s, out[1]);
 		const float *ys = F(s, in[2]);
 		dg_ref_gate_bwd(F(s, in[0]), F(s, in[1]), ys, n, bt->train ? c->dropout : 0.0f,
-				bt->seed, bt->step, ((uint32_t)nd->layer + (bt->shard << 16)), F(s, out[0]), dys);
+				bt->seed, bt->step, (uint32_t)nd->layer, elem0_of(s), F(s, out[0]), dys);
 		for (int64_t i = 0; i < n; i++) /* ys = relu(a·enc_v − t_y): its mask */
 			if (!(ys[i] > 0.0f))
 				dys[i] = 0.0f;

@@ -248,7 +248,9 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	float p = bt && bt->train ? m->c.dropout : 0.0f;
 	uint64_t seed = bt ? bt->seed : 0;
 	uint32_t step = bt ? bt->step : 0;
-	const uint32_t shard = bt ? bt->shard : 0; /* data parallel: the rank's own masks */
+	/* data parallel: the gate's first element in the global batch's
+	 * (B,H,T,N) tensor, so a rank draws the masks of its rows there */
+	const uint64_t elem0 = bt ? (uint64_t)bt->row0 * (uint64_t)m->H * (uint64_t)m->T * (uint64_t)m->N : 0;
 
 	switch (nd->kind) {
 	case DG__N_EMBED: {
@@ -290,8 +292,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = dg__gm_op_spec(m, DG_OP_GATE_FWD);
 		dg_tensor xs = dg__gm_tn(m, in[0]), ys = dg__gm_tn(m, in[1]), xy = dg__gm_tn(m, out[0]);
 		dg_gate_fwd_args a = { .xs = &xs, .ys = &ys, .xy = &xy, .p = p, .seed = seed,
-				       .step = step, .layer = (uint32_t)nd->layer + (shard << 16),
-				       .step_at = m->step_at };
+				       .step = step, .layer = (uint32_t)nd->layer, .step_at = m->step_at,
+				       .elem0 = elem0 };
 		return need ? sized(m, &s, dg_gate_fwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_gate_fwd(dev, &s, &a);
 	}
@@ -393,8 +395,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor dxy = dg__gm_tn(m, in[0]), xs = dg__gm_tn(m, in[1]), ys = dg__gm_tn(m, in[2]), dxs = dg__gm_tn(m, out[0]);
 		dg_gate_bwd_args a = { .dxy = &dxy, .xs = &xs, .ys = &ys, .dxs = &dxs, .p = p,
-				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer + (shard << 16),
-				       .step_at = m->step_at };
+				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer,
+				       .step_at = m->step_at, .elem0 = elem0 };
 		return need ? sized(m, &s, dg_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_gate_bwd(dev, &s, &a);
 	}
@@ -412,7 +414,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		w.scale = 0;
 		dg_decoder_gate_bwd_args a = { .grad = &g, .w = &w, .xs = &xs, .ys = &ys, .dxs = &dxs,
 					       .dys = &dys, .p = p, .seed = seed, .step = step,
-					       .layer = (uint32_t)nd->layer + (shard << 16), .step_at = m->step_at };
+					       .layer = (uint32_t)nd->layer, .step_at = m->step_at, .elem0 = elem0 };
 		return need ? sized(m, &s, dg_decoder_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
 			    : dg_decoder_gate_bwd(dev, &s, &a);
 	}

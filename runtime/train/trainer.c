@@ -475,7 +475,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		s->data_pos++;
 		dg_model_batch b = { .idx = idx + lb_off, .targets = tgt + lb_off, .b = lb, .t = o->time,
 				     .seed = s->seed, .step = (uint32_t)t, .train = true,
-				     .shard = (uint32_t)rank_of(o) };
+				     .row0 = (uint32_t)(rank_of(o) * lb) }; /* the global batch's masks */
 		if (!sp.m) {
 			double loss;
 			if ((st = step_of(&sp, s->weights, &b, &loss, grads, msg, msg_size)))
