@@ -241,11 +241,14 @@ def test_cpu_bdh_trains_with_torch_adamw_and_grads_accumulate():
         assert m(idx, tgt).requires_grad is False
 
 
-def test_the_example_follows_dragon_train(tmp_path):
+@pytest.mark.parametrize("preset,tol", [("f32", 1e-6), ("w8a8", 3e-3)])
+def test_the_example_follows_dragon_train(tmp_path, preset, tol):
     """examples/train_bdh.py (tiny, on the CPU) against `dragon train
     --cpu` of the same recipe, seed and text: the same batches, init,
     schedule and dropout, torch's AdamW and clip for dragon's, so the two
-    losses agree step by step (within the optimizers' rounding) and fall."""
+    losses agree step by step within the optimizers' rounding (f32: 5e-8
+    over the 40 steps) and fall. A low-bit recipe amplifies that rounding
+    where a code flips (w8a8: about 1e-4 by step 40)."""
     prog = os.environ.get("DRAGON") or os.path.join(os.path.dirname(dragon.library_path()), "dragon")
     if not os.path.isfile(prog):
         pytest.skip("no dragon program beside the library (%s)" % prog)
@@ -255,7 +258,7 @@ def test_the_example_follows_dragon_train(tmp_path):
     words = open(os.path.join(os.path.dirname(PKG), "README.md")).read().split()
     text = tmp_path / "text.txt"
     text.write_text(" ".join(random.choice(words) for _ in range(20000)))
-    common = ["--preset", "w8a8", "--steps", "40", "--batch", "2", "--time", "16", "--seed", "5", "--data", str(text)]
+    common = ["--preset", preset, "--steps", "40", "--batch", "2", "--time", "16", "--seed", "5", "--data", str(text)]
     ex = subprocess.run([sys.executable, os.path.join(PKG, "examples", "train_bdh.py"), *common, "--size", "tiny",
                          "--lr", "3e-3", "--log", str(tmp_path / "ex.jsonl")], capture_output=True, text=True,
                         timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
@@ -272,7 +275,7 @@ def test_the_example_follows_dragon_train(tmp_path):
     assert len(got) == len(want) == 40
     for g, w in zip(got, want):
         assert abs(g["lr"] - w["lr"]) <= 1e-6 * w["lr"], (g, w)
-        assert abs(g["train_loss"] - w["train_loss"]) <= 1e-4 * w["train_loss"], (g, w)  # 2.3e-6 here
+        assert abs(g["train_loss"] - w["train_loss"]) <= tol * w["train_loss"], (g, w)
     assert got[-1]["train_loss"] < got[0]["train_loss"] - 0.5
 
 
