@@ -34,15 +34,15 @@ have=$(nvidia-smi -L 2>/dev/null | wc -l || echo 0)
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | tr ' ' '-' | tr 'A-Z' 'a-z' | sed 's/^nvidia-//')
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-run() { # GPUS -> the run's folder
+run() { # GPUS NAME: the run in $tmp/NAME (its own folder: --gpus 1 runs twice)
   "$dragon" train --preset "$preset" --batch $((batch * $1)) --time "$time" --steps "$steps" --eval-every 0 \
-    --ckpt-every 0 --keep 1 --gpus "$1" --out "$tmp/g$1" >"$tmp/g$1.out" 2>&1 ||
-    { echo "scaling.sh: the $1-GPU run failed:" >&2; tail -5 "$tmp/g$1.out" >&2; exit 1; }
+    --ckpt-every 0 --keep 1 --gpus "$1" --out "$tmp/$2" >"$tmp/$2.out" 2>&1 ||
+    { echo "scaling.sh: the $1-GPU run failed:" >&2; tail -5 "$tmp/$2.out" >&2; exit 1; }
 }
-run 1
-run "$n"
+run 1 one
+run "$n" many
 [ -n "$out" ] || out="${OUT:-bench/results}/scaling-$device-$(date -u +%F).json"
-python3 - "$tmp/g1/log.jsonl" "$tmp/g$n/log.jsonl" "$n" "$preset" "$batch" "$time" "$steps" "$device" "$out" <<'PY'
+python3 - "$tmp/one/log.jsonl" "$tmp/many/log.jsonl" "$n" "$preset" "$batch" "$time" "$steps" "$device" "$out" <<'PY'
 import json, statistics, sys
 one, many, n, preset, batch, time_, steps, device, out = sys.argv[1:]
 n = int(n)
