@@ -315,15 +315,38 @@ static int gpus(char *why, size_t size)
 	return n;
 }
 
-#define GPU_RUN "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64", "--batch", "4", \
-		"--time", "16", "--eval-every", "5", "--eval-batches", "2", "--seed", "3", "--steps", "12", "--dropout", "0"
+#define GPU_BASE "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64", "--batch", "4", \
+		 "--time", "16", "--eval-every", "5", "--eval-batches", "2", "--seed", "3", "--steps", "12"
+#define GPU_RUN GPU_BASE, "--dropout", "0"
+#define GPU_DROP GPU_BASE, "--dropout", "0.1"
+/* long enough that a kill lands mid-run, a checkpoint every 50 steps */
+#define GPU_LONG "--preset", "f32", "--layers", "1", "--embd", "32", "--heads", "2", "--neurons", "1024", \
+		 "--batch", "2", "--time", "8", "--eval-every", "0", "--eval-batches", "1", "--seed", "5", \
+		 "--steps", "1000000", "--ckpt-every", "50", "--gpus", "2"
+
+/* The worst relative difference of two logs' 12 steps' values. */
+static double log_worst(const char *a, const char *b)
+{
+	double va[16][3], vb[16][3];
+	cr_assert_eq(log_values(a, va, 16), 12);
+	cr_assert_eq(log_values(b, vb, 16), 12);
+	double worst = 0;
+	for (int i = 0; i < 12; i++)
+		for (int k = 0; k < 3; k++)
+			if (!isnan(va[i][k])) {
+				double d = fabs(va[i][k] - vb[i][k]) / fabs(va[i][k]);
+				worst = d > worst ? d : worst;
+			}
+	return worst;
+}
 
 /*
  * On a GPU: --gpus 1 is the data-parallel path with a world of one (NCCL
  * over one rank, inside the captured step), and logs what the lone run
  * logs, bit for bit; with 2 GPUs, --gpus 2 logs the lone run at the same
- * batch up to the sums' order, and kill -9 of rank 1 is named with the
- * newest checkpoint whole.
+ * batch up to the sums' order (with dropout too: a rank draws its rows'
+ * masks of the global batch), and kill -9 of rank 1 is named with the
+ * newest checkpoint whole, which resumes.
  */
 Test(cli_dist, gpu_one_rank_is_the_lone_run_and_two_are_too)
 {
@@ -362,18 +385,47 @@ Test(cli_dist, gpu_one_rank_is_the_lone_run_and_two_are_too)
 	gen(&sb, &r, "train", GPU_RUN, "--gpus", "2", "--data", data, "--out", c, NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);
 	run_free(&r);
-	double va[16][3], vc[16][3];
-	cr_assert_eq(log_values(a, va, 16), 12);
-	cr_assert_eq(log_values(c, vc, 16), 12);
-	double worst = 0;
-	for (int i = 0; i < 12; i++)
-		for (int k = 0; k < 3; k++)
-			if (!isnan(va[i][k])) {
-				double d = fabs(va[i][k] - vc[i][k]) / fabs(va[i][k]);
-				worst = d > worst ? d : worst;
-			}
-	printf("dist: 2 GPUs against one, f32: worst relative difference %.2e over 12 steps\n", worst);
+	double worst = log_worst(a, c);
+	printf("dist: 2 GPUs against one, f32, dropout 0: worst relative difference %.2e over 12 steps\n", worst);
 	cr_assert_lt(worst, 1e-5);
 	free(la);
+
+	/* with dropout: each rank draws its rows' masks of the global batch */
+	char ad[600], cd[600], k[600], ck[800];
+	snprintf(ad, sizeof(ad), "%s/ad", sb.root);
+	snprintf(cd, sizeof(cd), "%s/cd", sb.root);
+	snprintf(k, sizeof(k), "%s/k", sb.root);
+	gen(&sb, &r, "train", GPU_DROP, "--data", data, "--out", ad, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", GPU_DROP, "--gpus", "2", "--data", data, "--out", cd, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	worst = log_worst(ad, cd);
+	printf("dist: 2 GPUs against one, f32, dropout 0.1: worst relative difference %.2e over 12 steps\n", worst);
+	cr_assert_lt(worst, 1e-5);
+
+	/* kill -9 of rank 1: both exit, the rank is named, the newest
+	 * checkpoint is whole and resumes */
+	const char *args[] = { "train", GPU_LONG, "--data", data, "--out", k, NULL };
+	pid_t pid = spawn_gen(&sb, args);
+	wait_for_lines(k, 120, pid);
+	pid_t r1 = child_of(pid, 1);
+	cr_assert_gt(r1, 0, "no rank 1 under the launcher %d", (int)pid);
+	cr_assert_eq(kill(r1, SIGKILL), 0);
+	collect(&sb, pid, &r);
+	cr_assert_eq(r.code, 1, "exit %d: %s", r.code, r.err);
+	cr_assert(strstr(r.err, "rank 1 of 2 was killed by signal 9"), "%s", r.err);
+	cr_assert(strstr(r.err, "the other ranks were stopped; the newest checkpoint is step "), "%s", r.err);
+	long long newest = atoll(strstr(r.err, "checkpoint is step ") + strlen("checkpoint is step "));
+	run_free(&r);
+	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", k, newest);
+	cr_assert_eq(ckpt_step(ck), newest);
+	char stop[32];
+	snprintf(stop, sizeof(stop), "%lld", newest + 10);
+	gen(&sb, &r, "train", GPU_LONG, "--data", data, "--out", k, "--resume", "--stop-at", stop, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	printf("dist: 2 GPUs, rank 1 killed: named, checkpoint %lld whole, resumed to %s\n", newest, stop);
 	sandbox_fini(&sb);
 }
