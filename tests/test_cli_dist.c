@@ -216,6 +216,29 @@ static pid_t child_of(pid_t parent, int rank)
 	return 0;
 }
 
+/* Runs args (a 2-rank run into dir) until dir's log has lines lines, then
+ * kill -9 of rank 1: the launcher exits 1 naming the rank and the newest
+ * checkpoint, which is whole. Returns its step. */
+static long long kill_rank_1(sandbox *sb, const char *const *args, const char *dir, int lines)
+{
+	run r;
+	char ck[800];
+	pid_t pid = spawn_gen(sb, args);
+	wait_for_lines(dir, lines, pid);
+	pid_t r1 = child_of(pid, 1);
+	cr_assert_gt(r1, 0, "no rank 1 under the launcher %d", (int)pid);
+	cr_assert_eq(kill(r1, SIGKILL), 0);
+	collect(sb, pid, &r);
+	cr_assert_eq(r.code, 1, "exit %d: %s", r.code, r.err);
+	cr_assert(strstr(r.err, "rank 1 of 2 was killed by signal 9"), "%s", r.err);
+	cr_assert(strstr(r.err, "the other ranks were stopped; the newest checkpoint is step "), "%s", r.err);
+	long long newest = atoll(strstr(r.err, "checkpoint is step ") + strlen("checkpoint is step "));
+	run_free(&r);
+	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", dir, newest);
+	cr_assert_eq(ckpt_step(ck), newest);
+	return newest;
+}
+
 #define LONG_RUN "--cpu", "--preset", "f32", "--layers", "1", "--embd", "32", "--heads", "2", "--neurons", "1024", \
 		 "--batch", "2", "--time", "8", "--eval-every", "0", "--eval-batches", "1", "--seed", "5", \
 		 "--steps", "300", "--ckpt-every", "3", "--gpus", "2"
@@ -224,7 +247,7 @@ Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 {
 	sandbox sb;
 	run r;
-	char data[600], a[600], k[600], c[600], ck[800];
+	char data[600], a[600], k[600], c[600];
 	cli_use_program("DRAGON", "dragon: ");
 	sandbox_init(&sb);
 	text_file(&sb, data, sizeof(data), 8000);
@@ -238,19 +261,7 @@ Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 
 	/* kill -9 of rank 1 */
 	const char *args[] = { "train", LONG_RUN, "--data", data, "--out", k, NULL };
-	pid_t pid = spawn_gen(&sb, args);
-	wait_for_lines(k, 10, pid);
-	pid_t r1 = child_of(pid, 1);
-	cr_assert_gt(r1, 0, "no rank 1 under the launcher %d", (int)pid);
-	cr_assert_eq(kill(r1, SIGKILL), 0);
-	collect(&sb, pid, &r);
-	cr_assert_eq(r.code, 1, "exit %d: %s", r.code, r.err);
-	cr_assert(strstr(r.err, "rank 1 of 2 was killed by signal 9"), "%s", r.err);
-	cr_assert(strstr(r.err, "the other ranks were stopped; the newest checkpoint is step "), "%s", r.err);
-	long long newest = atoll(strstr(r.err, "checkpoint is step ") + strlen("checkpoint is step "));
-	run_free(&r);
-	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", k, newest);
-	cr_assert_eq(ckpt_step(ck), newest);
+	kill_rank_1(&sb, args, k, 10);
 	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", k, "--resume", NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);
 	run_free(&r);
@@ -259,7 +270,7 @@ Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 
 	/* ^C to the launcher: both ranks stop at one step, with its checkpoint */
 	const char *cargs[] = { "train", LONG_RUN, "--data", data, "--out", c, NULL };
-	pid = spawn_gen(&sb, cargs);
+	pid_t pid = spawn_gen(&sb, cargs);
 	wait_for_lines(c, 10, pid);
 	cr_assert_eq(kill(pid, SIGINT), 0);
 	collect(&sb, pid, &r);
@@ -391,7 +402,7 @@ Test(cli_dist, gpu_one_rank_is_the_lone_run_and_two_are_too)
 	free(la);
 
 	/* with dropout: each rank draws its rows' masks of the global batch */
-	char ad[600], cd[600], k[600], ck[800];
+	char ad[600], cd[600], k[600];
 	snprintf(ad, sizeof(ad), "%s/ad", sb.root);
 	snprintf(cd, sizeof(cd), "%s/cd", sb.root);
 	snprintf(k, sizeof(k), "%s/k", sb.root);
@@ -408,19 +419,7 @@ Test(cli_dist, gpu_one_rank_is_the_lone_run_and_two_are_too)
 	/* kill -9 of rank 1: both exit, the rank is named, the newest
 	 * checkpoint is whole and resumes */
 	const char *args[] = { "train", GPU_LONG, "--data", data, "--out", k, NULL };
-	pid_t pid = spawn_gen(&sb, args);
-	wait_for_lines(k, 120, pid);
-	pid_t r1 = child_of(pid, 1);
-	cr_assert_gt(r1, 0, "no rank 1 under the launcher %d", (int)pid);
-	cr_assert_eq(kill(r1, SIGKILL), 0);
-	collect(&sb, pid, &r);
-	cr_assert_eq(r.code, 1, "exit %d: %s", r.code, r.err);
-	cr_assert(strstr(r.err, "rank 1 of 2 was killed by signal 9"), "%s", r.err);
-	cr_assert(strstr(r.err, "the other ranks were stopped; the newest checkpoint is step "), "%s", r.err);
-	long long newest = atoll(strstr(r.err, "checkpoint is step ") + strlen("checkpoint is step "));
-	run_free(&r);
-	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", k, newest);
-	cr_assert_eq(ckpt_step(ck), newest);
+	long long newest = kill_rank_1(&sb, args, k, 120);
 	char stop[32];
 	snprintf(stop, sizeof(stop), "%lld", newest + 10);
 	gen(&sb, &r, "train", GPU_LONG, "--data", data, "--out", k, "--resume", "--stop-at", stop, NULL);
