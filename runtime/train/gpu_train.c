@@ -185,33 +185,33 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 
 static dg_status tail(dg_model *m);
 
-/* Queues the calling thread's work from here on comm_stream (prev: the
- * stream to go back to), or back. */
-static dg_status on_comm(dg_model *m, void **prev)
-{
-	*prev = dg_device_stream(m->dev);
-	return dg_device_set_stream(m->dev, m->tr->comm_stream);
-}
-
-/* Data parallel: gradient p, just written, averaged over the ranks on
- * comm_stream (NCCL, f32, in place) while the step's stream goes on with
- * the next node. Nothing after its last writer touches it before the
- * join: the norm and the update are the tail's. */
-static dg_status reduce_bucket(dg_model *m, int p)
+/* Data parallel: count f32 values at buf averaged over the ranks on
+ * comm_stream (NCCL, in place) once the step's stream has reached here
+ * (ready recorded on it, comm_stream waiting for it), while the step's
+ * stream goes on; done, when not NULL, recorded on comm_stream after. */
+static dg_status reduce_on_comm(dg_model *m, dg_event *ready, dg_dptr buf, size_t count, dg_event *done)
 {
 	dg__gm_train *tr = m->tr;
-	void *main_stream;
-	dg_status st = dg_event_record(tr->ready[p]);
+	void *step_stream = dg_device_stream(m->dev);
+	dg_status st = dg_event_record(ready);
 	if (!st)
-		st = on_comm(m, &main_stream);
+		st = dg_device_set_stream(m->dev, tr->comm_stream);
 	if (st)
 		return st;
-	st = dg_event_wait(tr->ready[p]);
+	st = dg_event_wait(ready);
 	if (!st)
-		st = dg_comm_allreduce(tr->comm, dg__gm_addr(m, m->id.grads[p]), param_bytes(m, p) / 4,
-				       DG_FMT_F32, 1);
-	dg_status back = dg_device_set_stream(m->dev, main_stream);
+		st = dg_comm_allreduce(tr->comm, buf, count, DG_FMT_F32, 1);
+	if (!st && done)
+		st = dg_event_record(done);
+	dg_status back = dg_device_set_stream(m->dev, step_stream);
 	return st ? st : back;
+}
+
+/* Gradient p, just written by its last writer: nothing after it touches
+ * the gradient before the join (the norm and the update are the tail's). */
+static dg_status reduce_bucket(dg_model *m, int p)
+{
+	return reduce_on_comm(m, m->tr->ready[p], dg__gm_addr(m, m->id.grads[p]), param_bytes(m, p) / 4, NULL);
 }
 
 /* The loss's mean (the forward's, long done) behind the buckets, then the
@@ -219,20 +219,7 @@ static dg_status reduce_bucket(dg_model *m, int p)
 static dg_status reduce_join(dg_model *m)
 {
 	dg__gm_train *tr = m->tr;
-	void *main_stream;
-	dg_status st = dg_event_record(tr->reduced); /* the loss is written: comm waits for it */
-	if (!st)
-		st = on_comm(m, &main_stream);
-	if (st)
-		return st;
-	st = dg_event_wait(tr->reduced);
-	if (!st)
-		st = dg_comm_allreduce(tr->comm, dg__gm_addr(m, m->id.loss), 1, DG_FMT_F32, 1);
-	if (!st)
-		st = dg_event_record(tr->reduced);
-	dg_status back = dg_device_set_stream(m->dev, main_stream);
-	if (!st)
-		st = back;
+	dg_status st = reduce_on_comm(m, tr->reduced, dg__gm_addr(m, m->id.loss), 1, tr->reduced);
 	return st ? st : dg_event_wait(tr->reduced);
 }
 
