@@ -4,16 +4,33 @@
  * which scripts/deps.sh installs): for each log its training loss (thin)
  * and its validation loss (points and line), against the step, labelled by
  * the log's folder name (or --label).
+ *
+ * Nothing the user typed or named is run. gnuplot is started by
+ * posix_spawnp (no shell) on a script of ours whose only user text, the
+ * title and the labels, is in single quotes with quotes doubled and control
+ * characters made spaces: gnuplot does no backquote substitution, no @
+ * macro expansion and no backslash processing inside single quotes, and
+ * the terminal is noenhanced, so they show as typed. The PNG goes to
+ * gnuplot's stdout, a temporary file beside --out that is renamed onto it,
+ * so gnuplot never sees --out (one starting with '|' is a file, not a
+ * pipe). An --out that is one of the logs is refused: the output never
+ * overwrites an input.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/dragon/cmd.h"
 #include "cli/dragon/util.h"
+
+extern char **environ;
 
 static const char help_text[] =
 	"usage: dragon plot LOG.jsonl [LOG.jsonl ...] [--out loss.png] [--title T]\n"
@@ -21,14 +38,17 @@ static const char help_text[] =
 	"Draws the loss curves of `dragon train` logs into one PNG with gnuplot:\n"
 	"each log's training loss (a thin line) and validation loss (points joined),\n"
 	"against the step.\n\n"
-	"  --out FILE      the PNG (default loss.png)\n"
+	"  --out FILE      the PNG (default loss.png), replaced whole once gnuplot is\n"
+	"                  done; never one of the logs\n"
 	"  --title T       the plot's title (default \"BDH training\")\n"
 	"  --label NAME    a log's name in the key, in the order of the logs (default:\n"
-	"                  its folder's name)\n"
+	"                  its folder's name); title and labels show as typed (a\n"
+	"                  control character as a space), never run\n"
 	"  --width W, --height H\n"
 	"                  pixels (default 1200 x 700)\n\n"
 	"Needs gnuplot on PATH (Debian: gnuplot-nox). Exit status: 0 ok, 1 failure (a\n"
-	"log without a step, gnuplot missing or failing), 2 usage.\n";
+	"log without a step, gnuplot missing or failing), 2 usage (also an --out that\n"
+	"is a folder or one of the logs).\n";
 
 enum { O_OUT = 1, O_TITLE, O_LABEL, O_WIDTH, O_HEIGHT, O_HELP };
 
@@ -66,23 +86,121 @@ static long rows_of(const char *path, FILE *data, long *vals)
 	return n;
 }
 
-/* The log's default label: its folder's name. */
+/* The log's default label: its folder's name ("" for a log at "/"). */
 static void label_of(const char *path, char *out, size_t size)
 {
-	char buf[4096];
-	snprintf(buf, sizeof(buf), "%s", path);
-	char *slash = strrchr(buf, '/');
-	if (slash) {
-		*slash = '\0';
-		char *prev = strrchr(buf, '/');
-		snprintf(out, size, "%.200s", prev ? prev + 1 : buf);
-	} else {
-		snprintf(out, size, "%.200s", path);
+	const char *slash = strrchr(path, '/');
+	if (!slash) {
+		snprintf(out, size, "%s", path);
+		return;
 	}
-	/* gnuplot strings are quoted: no quote or backslash in a label */
-	for (char *c = out; *c; c++)
-		if (*c == '"' || *c == '\\')
-			*c = '_';
+	const char *start = slash;
+	while (start > path && start[-1] != '/')
+		start--;
+	snprintf(out, size, "%.*s", (int)(slash - start), start);
+}
+
+/* The bytes of s inside a single-quoted gnuplot string: each quote
+ * doubled, each control character (a newline would end the command) a
+ * space. */
+static void gp_quoted(FILE *g, const char *s)
+{
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+		if (*c == '\'')
+			fputs("''", g);
+		else
+			fputc(*c < 0x20 || *c == 0x7f ? ' ' : *c, g);
+	}
+}
+
+/* s then suffix as one single-quoted gnuplot string. Inside single quotes
+ * gnuplot substitutes no backquotes, expands no @ macros and reads
+ * backslashes as themselves. */
+static void gp_str(FILE *g, const char *s, const char *suffix)
+{
+	fputc('\'', g);
+	gp_quoted(g, s);
+	gp_quoted(g, suffix);
+	fputc('\'', g);
+}
+
+/* Whether a and b name one existing file (symlinks and hard links too). */
+static bool same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* The last non-empty line of the file at path into why ("" if none). */
+static void last_line(const char *path, char *why, size_t size)
+{
+	char line[512];
+	why[0] = '\0';
+	FILE *e = fopen(path, "r");
+	if (!e)
+		return;
+	while (fgets(line, sizeof(line), e)) {
+		line[strcspn(line, "\r\n")] = '\0';
+		if (line[strspn(line, " \t")])
+			snprintf(why, size, "%s", line);
+	}
+	fclose(e);
+}
+
+/* Runs `gnuplot script` (found on PATH, no shell) with stdout to out_fd
+ * and stderr to err_path. Returns 0 when it exited 0, ENOENT when there is
+ * no gnuplot, -1 when it failed (its reason in err_path), else an errno. */
+static int run_gnuplot(const char *script, int out_fd, const char *err_path)
+{
+	posix_spawn_file_actions_t fa;
+	char *argv[] = { "gnuplot", (char *)script, NULL };
+	pid_t pid;
+	int rc = posix_spawn_file_actions_init(&fa);
+	if (rc)
+		return rc;
+	if (!(rc = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0)) &&
+	    !(rc = posix_spawn_file_actions_adddup2(&fa, out_fd, 1)) &&
+	    !(rc = posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600)))
+		rc = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (rc)
+		return rc;
+	int ws;
+	while (waitpid(pid, &ws, 0) < 0)
+		if (errno != EINTR)
+			return errno;
+	return WIFEXITED(ws) && WEXITSTATUS(ws) == 0 ? 0 : -1;
+}
+
+/* The script: the logs' data files, their labels and the title; the PNG
+ * on stdout. Returns 0, or an errno. */
+static int write_script(const char *path, uint64_t width, uint64_t height, const char *title, int nlogs,
+			char data[][64], const char *const *lab)
+{
+	FILE *g = fopen(path, "w");
+	if (!g)
+		return errno;
+	fprintf(g, "set terminal pngcairo noenhanced size %llu,%llu font 'sans,11'\n", (unsigned long long)width,
+		(unsigned long long)height);
+	fputs("set output\nset title ", g); /* no file: stdout */
+	gp_str(g, title, "");
+	fputs("\nset xlabel 'step'\nset ylabel 'loss (nats a byte)'\n", g);
+	fputs("set grid\nset key top right\nset datafile missing NaN\nplot ", g);
+	for (int i = 0; i < nlogs; i++) {
+		fputs(i ? ", " : "", g);
+		gp_str(g, data[i], "");
+		fprintf(g, " using 1:2 with lines lw 1 lc %d title ", i + 1);
+		gp_str(g, lab[i], " train");
+		fputs(", ", g);
+		gp_str(g, data[i], "");
+		fprintf(g, " using 1:3 with linespoints lw 2 pt 7 ps 0.8 lc %d title ", i + 1);
+		gp_str(g, lab[i], " val");
+	}
+	fputc('\n', g);
+	int e = ferror(g) ? EIO : 0;
+	if (fclose(g) != 0 && !e)
+		e = errno;
+	return e;
 }
 
 int dg__cli_cmd_plot(int argc, char **argv)
@@ -125,16 +243,24 @@ int dg__cli_cmd_plot(int argc, char **argv)
 				   "plot: name one or more logs (dragon train's log.jsonl); see `dragon plot --help`");
 	if (nlabels > nlogs)
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "%d labels for %d logs", nlabels, nlogs);
-	if (strpbrk(out, "\"\\\n"))
-		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--out %s: a quote, backslash or newline in the path", out);
-	if (system("command -v gnuplot >/dev/null 2>&1") != 0)
-		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOT_FOUND,
-				   "gnuplot is not on PATH (Debian: apt-get install gnuplot-nox)");
+	if (!*out)
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--out: an empty path; name the PNG to write");
+	struct stat st;
+	if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+				   "--out %s is a folder; name the PNG to write (e.g. %s/loss.png)", out, out);
+	for (int i = 0; i < nlogs; i++)
+		if (same_file(out, logs[i]))
+			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+					   "--out %s is the log %s: a plot never overwrites its input; name another --out",
+					   out, logs[i]);
 
 	char dir[] = "/tmp/dragon-plot-XXXXXX";
 	if (!mkdtemp(dir))
 		return dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "a temporary folder: %s", strerror(errno));
-	char data[MAX_LOGS][64] = { { 0 } }, script[64], lab[MAX_LOGS][256];
+	/* a default label is one path component: NAME_MAX (255) bytes at most */
+	char data[MAX_LOGS][64] = { { 0 } }, script[64], errp[64], folder[MAX_LOGS][256];
+	const char *lab[MAX_LOGS];
 	int code = DG__CLI_OK;
 	for (int i = 0; i < nlogs && !code; i++) {
 		snprintf(data[i], sizeof(data[i]), "%s/%d.dat", dir, i);
@@ -149,61 +275,54 @@ int dg__cli_cmd_plot(int argc, char **argv)
 			code = dg__cli_err(DG__CLI_FAIL, DG_ERR_PARSE, "%s: no step lines (dragon train's log.jsonl)",
 					   logs[i]);
 		if (i < nlabels) {
-			snprintf(lab[i], sizeof(lab[i]), "%.200s", labels[i]);
-			for (char *c = lab[i]; *c; c++)
-				if (*c == '"' || *c == '\\')
-					*c = '_';
+			lab[i] = labels[i];
 		} else {
-			label_of(logs[i], lab[i], sizeof(lab[i]));
+			label_of(logs[i], folder[i], sizeof(folder[i]));
+			lab[i] = folder[i];
 		}
 	}
 	snprintf(script, sizeof(script), "%s/plot.gp", dir);
-	FILE *g = code ? NULL : fopen(script, "w");
-	if (!code && !g)
-		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "%s: %s", script, strerror(errno));
-	if (g) {
-		char t[512];
-		snprintf(t, sizeof(t), "%.400s", title);
-		for (char *c = t; *c; c++)
-			if (*c == '"' || *c == '\\')
-				*c = '_';
-		fprintf(g, "set terminal pngcairo size %llu,%llu font \"sans,11\"\n", (unsigned long long)width,
-			(unsigned long long)height);
-		fprintf(g, "set output \"%s\"\n", out);
-		fprintf(g, "set title \"%s\"\nset xlabel \"step\"\nset ylabel \"loss (nats a byte)\"\n", t);
-		fprintf(g, "set grid\nset key top right\nset datafile missing NaN\n");
-		fprintf(g, "plot ");
-		for (int i = 0; i < nlogs; i++)
-			fprintf(g,
-				"%s\"%s\" using 1:2 with lines lw 1 lc %d title \"%s train\", "
-				"\"%s\" using 1:3 with linespoints lw 2 pt 7 ps 0.8 lc %d title \"%s val\"",
-				i ? ", " : "", data[i], i + 1, lab[i], data[i], i + 1, lab[i]);
-		fprintf(g, "\n");
-		fclose(g);
-		char cmd[256];
-		snprintf(cmd, sizeof(cmd), "gnuplot %s 2>%s/gnuplot.err", script, dir);
-		if (system(cmd) != 0) {
-			char ep[80], why[512] = "";
-			snprintf(ep, sizeof(ep), "%s/gnuplot.err", dir);
-			FILE *e = fopen(ep, "r");
-			if (e) {
-				if (!fgets(why, sizeof(why), e))
-					why[0] = '\0';
-				fclose(e);
-				why[strcspn(why, "\n")] = '\0';
-			}
+	snprintf(errp, sizeof(errp), "%s/gnuplot.err", dir);
+	int e = code ? 0 : write_script(script, width, height, title, nlogs, data, lab);
+	if (e)
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "%s: %s", script, strerror(e));
+
+	/* the PNG: gnuplot's stdout, a file beside --out renamed onto it */
+	char tmp[4200];
+	int fd = -1;
+	if (!code && snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", out, (long)getpid()) >= (int)sizeof(tmp))
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "--out %s: %s", out, strerror(ENAMETOOLONG));
+	if (!code && (fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666)) < 0)
+		code = dg__cli_err(DG__CLI_FAIL, errno == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO, "--out %s: %s", out,
+				   strerror(errno));
+	if (!code) {
+		e = run_gnuplot(script, fd, errp);
+		if (e == ENOENT) {
+			code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NOT_FOUND,
+					   "gnuplot is not on PATH (Debian: apt-get install gnuplot-nox)");
+		} else if (e) {
+			char why[512] = "";
+			if (e < 0)
+				last_line(errp, why, sizeof(why));
+			else
+				snprintf(why, sizeof(why), "%s", strerror(e));
 			code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "gnuplot failed on %s: %s", out, why);
+		} else if (fsync(fd) != 0 || rename(tmp, out) != 0) {
+			code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "--out %s: %s", out, strerror(errno));
 		} else {
 			printf("plot: %s (%d log%s)\n", out, nlogs, nlogs == 1 ? "" : "s");
 		}
+	}
+	if (fd >= 0) {
+		close(fd);
+		if (code)
+			unlink(tmp);
 	}
 	/* the temporary files */
 	for (int i = 0; i < nlogs; i++)
 		if (data[i][0])
 			unlink(data[i]);
-	char p[96];
-	snprintf(p, sizeof(p), "%s/gnuplot.err", dir);
-	unlink(p);
+	unlink(errp);
 	unlink(script);
 	rmdir(dir);
 	return code;
