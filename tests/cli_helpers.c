@@ -329,3 +329,32 @@ void wait_for_lines(const char *dir, int n, pid_t pid)
 		usleep(200);
 	}
 }
+
+bool on_path(const char *name)
+{
+	const char *p = getenv("PATH");
+	char dir[4096], file[4200];
+	while (p && *p) {
+		size_t n = strcspn(p, ":");
+		snprintf(dir, sizeof(dir), "%.*s", (int)n, p);
+		snprintf(file, sizeof(file), "%s/%s", n ? dir : ".", name);
+		if (access(file, X_OK) == 0)
+			return true;
+		p += n + (p[n] == ':');
+	}
+	return false;
+}
+
+bool gnuplot_or_skip(void)
+{
+	if (on_path("gnuplot"))
+		return true;
+	const char *no = getenv("DRAGON_TEST_NO_GNUPLOT");
+	if (no && !strcmp(no, "1")) {
+		printf("skipped: gnuplot is not on PATH (DRAGON_TEST_NO_GNUPLOT=1)\n");
+		return false;
+	}
+	cr_assert_fail("gnuplot is not on PATH: scripts/deps.sh installs it (gnuplot-nox); "
+		       "DRAGON_TEST_NO_GNUPLOT=1 skips the tests that draw");
+	return false;
+}

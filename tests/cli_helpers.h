@@ -43,6 +43,15 @@ char *listing(const char *dir);
 cJSON *parse_json(const char *text);
 double num(const cJSON *obj, const char *name);
 
+/* Whether an executable `name` is in a folder of $PATH. */
+bool on_path(const char *name);
+/* Whether a test that draws may run: gnuplot on PATH. Without it the test
+ * fails (scripts/deps.sh installs it where the suite is set up: CI and a
+ * fresh machine), unless DRAGON_TEST_NO_GNUPLOT=1 says this machine only
+ * runs the suite and has none (the GPU machine: scripts/gpu_test.sh sets
+ * it); then it prints "skipped: ..." and returns false. */
+bool gnuplot_or_skip(void);
+
 /* ---- dragon train's tests --------------------------------------------- */
 /* sb.root/text.txt: n bytes of a repeated sentence (its path into path). */
 void text_file(const sandbox *sb, char *path, size_t size, size_t n);

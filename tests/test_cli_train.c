@@ -743,33 +743,13 @@ Test(cli_train, progress_on_a_terminal)
 
 /* dragon plot: a PNG of a run's log (gnuplot, which scripts/deps.sh
  * installs); bad logs and flags refused. */
-/* Whether an executable `name` is in a folder of $PATH. */
-static bool on_path(const char *name)
-{
-	const char *p = getenv("PATH");
-	char dir[4096], file[4200];
-	while (p && *p) {
-		size_t n = strcspn(p, ":");
-		snprintf(dir, sizeof(dir), "%.*s", (int)n, p);
-		snprintf(file, sizeof(file), "%s/%s", n ? dir : ".", name);
-		if (access(file, X_OK) == 0)
-			return true;
-		p += n + (p[n] == ':');
-	}
-	return false;
-}
-
 Test(cli_train, plot_draws_a_png)
 {
 	sandbox sb;
 	run r;
 	char data[600], a[600], log[700], png[700], bad[700];
-	if (!on_path("gnuplot")) {
-		/* scripts/deps.sh installs it where the suite is set up (CI);
-		 * a machine that only runs the suite (the GPU one) may lack it */
-		printf("skipped: gnuplot is not on PATH\n");
+	if (!gnuplot_or_skip())
 		return;
-	}
 	cli_use_program("DRAGON", "dragon: ");
 	sandbox_init(&sb);
 	text_file(&sb, data, sizeof(data), 6000);
