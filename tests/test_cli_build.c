@@ -565,3 +565,38 @@ Test(cli, inspect_checks_keys_and_templates)
 	dg_manifest_destroy(m);
 	sandbox_fini(&sb);
 }
+
+/* A bundle built from DRAGON_TEMPLATE_DIR pointing at a byte-identical
+ * copy of templates/ (its files made in reverse name order) is one of the
+ * stock library's templates: every kernel a cache hit of the embedded
+ * set's build, and inspect without the variable (the check
+ * dg_device_load_bundle makes) accepts it. */
+Test(cli, a_copy_of_templates_builds_what_the_library_loads)
+{
+	sandbox sb;
+	run r;
+
+	sandbox_init(&sb);
+	gen(&sb, &r, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out", sb.out, "-q",
+	    NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *copy = dg_test_templates_copy();
+	sb.template_dir = copy;
+	gen(&sb, &r, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out", sb.out,
+	    "--json", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cJSON *j = parse_json(r.out);
+	cr_expect_eq(num(cJSON_GetObjectItem(j, "timing"), "cache_hits"), 2,
+		     "the copy's kernels must be the embedded set's cache entries: %s", r.out);
+	cJSON_Delete(j);
+	run_free(&r);
+	sb.template_dir = NULL;
+	dg_manifest_destroy(check_bundle(&sb, 2));
+	gen(&sb, &r, "inspect", sb.out, NULL);
+	cr_expect_eq(r.code, 0, "the stock library refuses a bundle of identical templates: %s", r.err);
+	cr_expect(strstr(r.out, "2 kernels ok, keys checked") != NULL, "%s", r.out);
+	run_free(&r);
+	dg_test_rmtree(copy);
+	sandbox_fini(&sb);
+}
