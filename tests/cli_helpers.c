@@ -329,3 +329,24 @@ void wait_for_lines(const char *dir, int n, pid_t pid)
 		usleep(200);
 	}
 }
+
+void gen_within(const sandbox *sb, run *r, double secs, const char *const *args)
+{
+	pid_t pid = spawn_gen(sb, args);
+	const double t0 = mono_s();
+	int ws;
+	while (waitpid(pid, &ws, WNOHANG) == 0) {
+		if (mono_s() - t0 > secs) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &ws, 0);
+			cr_assert_fail("%s %s still ran after %g s (killed)", gen_path(), args[0], secs);
+		}
+		usleep(1000);
+	}
+	r->code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+	char path[700];
+	snprintf(path, sizeof(path), "%s/stdout", sb->root);
+	r->out = slurp(path, &r->out_len);
+	snprintf(path, sizeof(path), "%s/stderr", sb->root);
+	r->err = slurp(path, NULL);
+}

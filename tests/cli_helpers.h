@@ -57,5 +57,8 @@ int log_lines(const char *dir);
 void wait_for_lines(const char *dir, int n, pid_t pid);
 /* A loopback TCP port nobody listens on now. */
 int free_port(void);
+/* As gen with argv args (NULL-terminated), but a run still going after
+ * secs is killed and fails the test (a read that blocks, say). */
+void gen_within(const sandbox *sb, run *r, double secs, const char *const *args);
 
 #endif

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -424,6 +425,32 @@ Test(cli_dragon, errors_name_the_problem)
 	cr_expect(strstr(str(j, "error"), "too short") != NULL, "%s", r.out);
 	cr_expect_eq(num(j, "exit"), 1);
 	cJSON_Delete(j);
+	run_free(&r);
+	dg_model_weights_destroy(w);
+	sandbox_fini(&sb);
+}
+
+/* eval --data naming a directory or a FIFO: one line naming the path and
+ * what it is; the FIFO is never waited on (killed after 30 s here). */
+Test(cli_dragon, data_that_is_not_a_file_is_refused)
+{
+	sandbox sb;
+	run r;
+	char model[700], dir[700], fifo[700], want[900];
+	dg_model_weights *w = setup(&sb, model, sizeof(model));
+	snprintf(dir, sizeof(dir), "%s/data.d", sb.root);
+	snprintf(fifo, sizeof(fifo), "%s/data.fifo", sb.root);
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+
+	gen(&sb, &r, "eval", "--model", model, "--data", dir, "--cpu", NULL);
+	snprintf(want, sizeof(want), "dragon: --data %s: a directory, not a regular file", dir);
+	expect_one_line_error(&r, 1, want);
+	run_free(&r);
+	const char *args[] = { "eval", "--model", model, "--data", fifo, "--cpu", NULL };
+	gen_within(&sb, &r, 30, args);
+	snprintf(want, sizeof(want), "dragon: --data %s: a FIFO (named pipe), not a regular file", fifo);
+	expect_one_line_error(&r, 1, want);
 	run_free(&r);
 	dg_model_weights_destroy(w);
 	sandbox_fini(&sb);

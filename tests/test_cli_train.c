@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,6 +126,44 @@ Test(cli_train, refusals)
 	gen(&sb, &r, "train", "--help", NULL);
 	cr_assert_eq(r.code, 0);
 	cr_assert(strstr(r.out, "usage: dragon train"), "%s", r.out);
+	run_free(&r);
+	sandbox_fini(&sb);
+}
+
+/* --data (and $DRAGON_CORPUS) naming a directory or a FIFO: one line
+ * naming the path and what it is, before anything is read. A directory
+ * once said "9223372036854775807 bytes: out of memory"; a FIFO waited for
+ * a writer forever (killed after 30 s here). */
+Test(cli_train, data_that_is_not_a_file_is_refused)
+{
+	sandbox sb;
+	run r;
+	char dir[600], fifo[600], out[600], want[800];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	snprintf(dir, sizeof(dir), "%s/corpus.d", sb.root);
+	snprintf(fifo, sizeof(fifo), "%s/corpus.fifo", sb.root);
+	snprintf(out, sizeof(out), "%s/o", sb.root);
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+
+	gen(&sb, &r, "train", TINY, "--data", dir, "--out", out, NULL);
+	snprintf(want, sizeof(want), "dragon: --data %s: a directory, not a regular file", dir);
+	expect_one_line_error(&r, 1, want);
+	cr_expect(strstr(r.err, "out of memory") == NULL, "%s", r.err);
+	run_free(&r);
+
+	const char *args[] = { "train", TINY, "--data", fifo, "--out", out, NULL };
+	gen_within(&sb, &r, 30, args);
+	snprintf(want, sizeof(want), "dragon: --data %s: a FIFO (named pipe), not a regular file", fifo);
+	expect_one_line_error(&r, 1, want);
+	run_free(&r);
+
+	setenv("DRAGON_CORPUS", dir, 1);
+	gen(&sb, &r, "train", TINY, "--out", out, NULL);
+	unsetenv("DRAGON_CORPUS");
+	snprintf(want, sizeof(want), "dragon: %s: a directory, not a regular file", dir);
+	expect_one_line_error(&r, 1, want);
 	run_free(&r);
 	sandbox_fini(&sb);
 }
