@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -349,4 +350,18 @@ void gen_within(const sandbox *sb, run *r, double secs, const char *const *args)
 	r->out = slurp(path, &r->out_len);
 	snprintf(path, sizeof(path), "%s/stderr", sb->root);
 	r->err = slurp(path, NULL);
+}
+
+void gen_fsize(const sandbox *sb, run *r, unsigned long long limit, const char *const *args)
+{
+	struct rlimit was, lim;
+	cr_assert_eq(getrlimit(RLIMIT_FSIZE, &was), 0);
+	lim = was;
+	lim.rlim_cur = (rlim_t)limit;
+	void (*xfsz)(int) = signal(SIGXFSZ, SIG_DFL);
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	pid_t pid = spawn_gen(sb, args);
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &was), 0);
+	signal(SIGXFSZ, xfsz);
+	collect(sb, pid, r);
 }

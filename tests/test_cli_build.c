@@ -600,3 +600,22 @@ Test(cli, a_copy_of_templates_builds_what_the_library_loads)
 	dg_test_rmtree(copy);
 	sandbox_fini(&sb);
 }
+
+/* A build past a file-size limit (`ulimit -f`: SIGXFSZ at its default
+ * action, which once killed dragon-gen without a word): exit 1, one line
+ * naming the file and "File too large", and no output folder. */
+Test(cli, build_past_the_file_size_limit_names_the_file)
+{
+	sandbox sb;
+	run r;
+
+	sandbox_init(&sb);
+	const char *args[] = { "build", "--op", "pack_i8x4", "--latent", "256", "--out", sb.out, NULL };
+	gen_fsize(&sb, &r, 1024, args);
+	cr_assert_neq(r.code, 128 + SIGXFSZ, "killed by SIGXFSZ: %s", r.err);
+	expect_one_line_error(&r, 1, ": File too large");
+	cr_expect(strstr(r.err, sb.out) != NULL, "names the file: %s", r.err);
+	run_free(&r);
+	cr_expect_not(exists(sb.out), "%s", listing(sb.out));
+	sandbox_fini(&sb);
+}

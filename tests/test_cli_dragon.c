@@ -18,6 +18,7 @@
  * DRAGON_REQUIRE_GPU=1.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -452,6 +453,33 @@ Test(cli_dragon, data_that_is_not_a_file_is_refused)
 	snprintf(want, sizeof(want), "dragon: --data %s: a FIFO (named pipe), not a regular file", fifo);
 	expect_one_line_error(&r, 1, want);
 	run_free(&r);
+	dg_model_weights_destroy(w);
+	sandbox_fini(&sb);
+}
+
+/* --grads past a file-size limit (`ulimit -f`: SIGXFSZ at its default
+ * action, which once killed eval without a word): exit 1, one line naming
+ * the file and "too large", and no file left. */
+Test(cli_dragon, grads_past_the_file_size_limit_name_the_file)
+{
+	sandbox sb;
+	run r;
+	char model[700], grads[700], want[900];
+	struct stat st;
+	dg_model_weights *w = setup(&sb, model, sizeof(model));
+	snprintf(grads, sizeof(grads), "%s/grads.safetensors", sb.root);
+	cr_assert_eq(stat(model, &st), 0);
+	const char *args[] = { "eval", "--model", model, "--cpu", "--grads", grads, "--batch", "1",
+			       "--time", "8", "--batches", "1", NULL };
+	gen_fsize(&sb, &r, (unsigned long long)st.st_size / 2, args);
+	cr_assert_neq(r.code, 128 + SIGXFSZ, "killed by SIGXFSZ: %s", r.err);
+	snprintf(want, sizeof(want), "dragon: --grads %s: write: File too large", grads);
+	expect_one_line_error(&r, 1, want);
+	run_free(&r);
+	cr_assert_not(exists(grads));
+	char *names = listing(sb.root);
+	cr_assert(strstr(names, ".tmp.") == NULL, "a temp file was left:\n%s", names);
+	free(names);
 	dg_model_weights_destroy(w);
 	sandbox_fini(&sb);
 }

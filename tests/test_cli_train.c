@@ -374,6 +374,51 @@ Test(cli_train, full_disk_names_the_file_and_keeps_the_last_checkpoint)
 	sandbox_fini(&sb);
 }
 
+/*
+ * `ulimit -f` as a shell sets it: a file-size limit of half a checkpoint
+ * with SIGXFSZ at its default action, which once killed the run by that
+ * signal without a word of dragon's. dragon ignores SIGXFSZ, so the write
+ * fails with EFBIG: exit 1, one line naming the file and "too large", and
+ * the previous checkpoint as it was.
+ */
+Test(cli_train, file_size_limit_names_the_file_and_keeps_the_last_checkpoint)
+{
+	sandbox sb;
+	run r;
+	char data[600], d[600], p4[700], p6[700];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	snprintf(d, sizeof(d), "%s/d", sb.root);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--stop-at",
+	    "4", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	snprintf(p4, sizeof(p4), "%s/ckpt-00000004.safetensors", d);
+	snprintf(p6, sizeof(p6), "%s/ckpt-00000006.safetensors", d);
+	size_t n4, m4;
+	char *before = bytes_of(p4, &n4);
+	cr_assert_not_null(before, "%s", p4);
+
+	const char *args[] = { "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d,
+			       "--resume", NULL };
+	gen_fsize(&sb, &r, n4 / 2, args);
+	cr_assert_neq(r.code, 128 + SIGXFSZ, "killed by SIGXFSZ: %s", r.err);
+	char want[900];
+	snprintf(want, sizeof(want), "dragon: step 6: checkpoint: %s: write: File too large", p6);
+	expect_one_line_error(&r, 1, want);
+	cr_assert(strstr(r.err, "the newest checkpoint is step 4"), "%s", r.err);
+	run_free(&r);
+	cr_assert_eq(temps_in(d, 0), 0, "a temp file was left:\n%s", listing(d));
+	cr_assert_not(exists(p6));
+	char *after = bytes_of(p4, &m4);
+	cr_assert(after && m4 == n4 && memcmp(before, after, n4) == 0, "%s changed", p4);
+	cr_assert_eq(ckpt_step(p4), 4);
+	free(before);
+	free(after);
+	sandbox_fini(&sb);
+}
+
 /* A run whose checkpoint (2.5 MB: D 32, H 2, N 1024, with AdamW's
  * moments) is written every step, and whose steps (B 1, T 8) are short,
  * so that a save (its hash, then the temp file's write and fsync) is a
