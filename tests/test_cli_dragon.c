@@ -143,6 +143,56 @@ Test(cli_dragon, cpu_loss_is_the_cpu_models)
 	sandbox_fini(&sb);
 }
 
+/* The recipes eval --help says --cpu runs (it once said "f32 recipes
+ * only" and that low-bit ones need a GPU, while w8a8 and bitnet ran):
+ * w8a8 and bitnet among them, each giving dg_model_cpu_step's loss of its
+ * recipe on the CPU; bf16, which the help says needs a GPU, is refused. */
+Test(cli_dragon, cpu_runs_the_recipes_its_help_names)
+{
+	sandbox sb;
+	run r;
+	char model[700], data[700], list[256];
+	uint8_t bytes[170];
+	dg_model_weights *w = setup(&sb, model, sizeof(model));
+	write_data(&sb, "short.bin", sizeof(bytes), 3, data, sizeof(data), bytes);
+
+	gen(&sb, &r, "eval", "--help", NULL);
+	cr_assert_eq(r.code, 0);
+	const char *at = strstr(r.out, "--cpu           the CPU model even with a GPU (");
+	cr_assert_not_null(at, "%s", r.out);
+	at = strchr(at, '(') + 1;
+	cr_assert(sscanf(at, "%255[^)]", list) == 1, "%s", at);
+	cr_expect(strstr(r.out, "bf16 needs an") != NULL, "%s", r.out);
+	run_free(&r);
+	cr_assert(strstr(list, "w8a8") && strstr(list, "bitnet"), "--cpu runs w8a8 and bitnet; help: %s", list);
+
+	size_t off[2] = { 0, 0 };
+	for (char *p = strtok(list, ", "); p; p = strtok(NULL, ", ")) {
+		char msg[256];
+		dg_model_config c;
+		cr_assert_eq(dg_model_preset(p, &c, msg, sizeof(msg)), DG_OK, "'%s': %s", p, msg);
+		c.layers = w->config.layers, c.embd = w->config.embd;
+		c.heads = w->config.heads, c.neurons = w->config.neurons;
+		w->config = c;
+		double want = cpu_loss(w, bytes + 153, off, 2, 16, NULL);
+		gen(&sb, &r, "eval", "--model", model, "--data", data, "--batch", "2", "--time", "16",
+		    "--batches", "1", "--cpu", "--preset", p, "--json", NULL);
+		cr_assert_eq(r.code, 0, "--preset %s --cpu: exit %d: %s", p, r.code, r.err);
+		cJSON *j = parse_json(r.out);
+		cr_expect_str_eq(str(j, "preset"), p);
+		cr_expect_str_eq(str(j, "device"), "cpu");
+		cr_expect(fabs(num(j, "loss") - want) <= 1e-12 * fabs(want), "%s: loss %.12g, want %.12g", p,
+			  num(j, "loss"), want);
+		cJSON_Delete(j);
+		run_free(&r);
+	}
+	gen(&sb, &r, "eval", "--model", model, "--cpu", "--preset", "bf16", NULL);
+	expect_one_line_error(&r, 2, "bf16 needs an NVIDIA GPU");
+	run_free(&r);
+	dg_model_weights_destroy(w);
+	sandbox_fini(&sb);
+}
+
 /* Offsets as eval_data.h says: dg_rng of --seed, u64 % (split − T) a row. */
 Test(cli_dragon, seeded_offsets_into_the_split)
 {
@@ -502,6 +552,11 @@ Test(cli_dragon, help_and_version)
 	gen(&sb, &r, "help", "eval", NULL);
 	cr_expect_eq(r.code, 0);
 	cr_expect_eq(strncmp(r.out, "usage: dragon eval", 18), 0, "%s", r.out);
+	run_free(&r);
+	/* train --gpus N runs on more than device 0 */
+	gen(&sb, &r, "devices", "--help", NULL);
+	cr_expect_eq(r.code, 0);
+	cr_expect(strstr(r.out, "train --gpus N on devices 0 to N-1") != NULL, "%s", r.out);
 	run_free(&r);
 	gen(&sb, &r, "--version", NULL);
 	cr_expect_eq(r.code, 0);
