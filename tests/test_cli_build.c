@@ -6,8 +6,9 @@
  * the device as the runtime would and specs that resolve alike are one
  * kernel; a rebuild removes what the old bundle listed alone; a failed or
  * interrupted build leaves the output folder as it was; inspect catches a
- * damaged bundle, an edited key and other templates; the default build
- * set holds every op.
+ * damaged bundle, an edited key and other templates; a copy of templates/
+ * is the embedded set (cache hits, a bundle inspect accepts); a build past
+ * a file-size limit names the file; the default build set holds every op.
  */
 #include <dirent.h>
 #include <errno.h>

@@ -10,8 +10,10 @@
  * init; --grads writes dg_model_cpu_step's gradients under the weights'
  * names; --json parses with every documented key; the errors (no
  * --model, a missing file, a misnamed tensor, a file without dragon's
- * metadata, too short a --data, a bad flag, a recipe the CPU model does not run)
- * exit 2 or 1 with one line naming the problem; `dragon devices` lists
+ * metadata, too short a --data, a directory or FIFO as --data, a bad flag, a
+ * recipe the CPU model does not run, --grads past a file-size limit) exit 2
+ * or 1 with one line naming the problem; --cpu runs each recipe its help
+ * names (f32, w8a8, bitnet) to dg_model_cpu_step's loss; `dragon devices` lists
  * what the driver finds (none: exit 1 naming why). On a GPU: eval without
  * --cpu agrees with the CPU loss within 1e-5 relative (f32) — skipped
  * with "skipped: no CUDA device" otherwise, a failure under

@@ -16,8 +16,10 @@
  *   - faults: ^C and SIGTERM stop a run with a checkpoint of the step its
  *     log stops at (exit 130, 143) and --resume finishes it to the
  *     straight log; a full disk at a checkpoint names the file and errno
- *     and keeps the previous checkpoint; kill -9 at 20 moments, many of
- *     them mid-write, always leaves a loadable newest checkpoint that
+ *     and keeps the previous checkpoint, and so does a file-size limit
+ *     (ulimit -f, SIGXFSZ at its default) with "File too large"; a
+ *     directory or a FIFO as --data is refused by name at once; kill -9
+ *     at 20 moments, many of them mid-write, always leaves a loadable newest checkpoint that
  *     --resume continues from, to the straight log and the same bytes;
  *     a second ^C during the stop's checkpoint kills the run, safely, but
  *     one SIGTERM sent twice by one process (timeout(1)) is one request;

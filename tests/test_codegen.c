@@ -3,8 +3,10 @@
  * and memory hogs are stopped, no io/os, every module the op table names
  * loads at create), the host's checks of what a template answers, the
  * templates' plans (a tile refused with its rule, an auto tile resolved,
- * the arch-specific move of dg_codegen_plan_for) and rendering of every
- * valid combination with the real templates.
+ * the arch-specific move of dg_codegen_plan_for), rendering of every
+ * valid combination with the real templates, and the template hash: over
+ * the files sorted by name and length-prefixed, so a copy of templates/
+ * hashes as the embedded set.
  */
 #include <stdio.h>
 #include <stdlib.h>
