@@ -23,7 +23,6 @@
 #include "base/embedded.h"
 #include "dragon/codegen.h"
 #include "base/fnv.h"
-#include "base/sha256.h"
 
 #define DEFAULT_MEM_LIMIT ((size_t)64 << 20)
 #define DEFAULT_INSTR_LIMIT 50000000L
@@ -176,24 +175,6 @@ static dg_status load_dir(dg_codegen *cg, const char *dir)
 	return DG_OK;
 }
 
-static void hash_files(dg_codegen *cg)
-{
-	dg__sha256 h;
-	uint8_t d[32];
-
-	dg__sha256_init(&h);
-	for (size_t i = 0; i < cg->n_files; i++) {
-		char sz[32];
-		int n = snprintf(sz, sizeof(sz), "%zu", cg->files[i].size);
-		dg__sha256_update(&h, cg->files[i].name,
-				  strlen(cg->files[i].name) + 1);
-		dg__sha256_update(&h, sz, (size_t)n + 1);
-		dg__sha256_update(&h, cg->files[i].bytes, cg->files[i].size);
-	}
-	dg__sha256_final(&h, d);
-	dg__sha256_hex(d, cg->hash);
-}
-
 dg_status dg_codegen_create(dg_codegen **out, const dg_codegen_opts *opts)
 {
 	dg_codegen *cg;
@@ -217,7 +198,12 @@ dg_status dg_codegen_create(dg_codegen **out, const dg_codegen_opts *opts)
 		cg->n_files = dg__templates_count;
 		snprintf(cg->origin, sizeof(cg->origin), "embedded");
 	}
-	hash_files(cg);
+	/* sorted by name inside, so a folder of the same files hashes alike */
+	st = dg__embedded_hash(cg->files, cg->n_files, cg->hash);
+	if (st) {
+		snprintf(cg->err, sizeof(cg->err), "template hash: out of memory");
+		goto fail;
+	}
 	size_t mem = opts && opts->mem_limit ? opts->mem_limit : DEFAULT_MEM_LIMIT;
 	long instr = opts && opts->instr_limit > 0 ? opts->instr_limit
 						   : DEFAULT_INSTR_LIMIT;

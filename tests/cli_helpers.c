@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -357,4 +358,39 @@ bool gnuplot_or_skip(void)
 	cr_assert_fail("gnuplot is not on PATH: scripts/deps.sh installs it (gnuplot-nox); "
 		       "DRAGON_TEST_NO_GNUPLOT=1 skips the tests that draw");
 	return false;
+}
+
+void gen_within(const sandbox *sb, run *r, double secs, const char *const *args)
+{
+	pid_t pid = spawn_gen(sb, args);
+	const double t0 = mono_s();
+	int ws;
+	while (waitpid(pid, &ws, WNOHANG) == 0) {
+		if (mono_s() - t0 > secs) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &ws, 0);
+			cr_assert_fail("%s %s still ran after %g s (killed)", gen_path(), args[0], secs);
+		}
+		usleep(1000);
+	}
+	r->code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+	char path[700];
+	snprintf(path, sizeof(path), "%s/stdout", sb->root);
+	r->out = slurp(path, &r->out_len);
+	snprintf(path, sizeof(path), "%s/stderr", sb->root);
+	r->err = slurp(path, NULL);
+}
+
+void gen_fsize(const sandbox *sb, run *r, unsigned long long limit, const char *const *args)
+{
+	struct rlimit was, lim;
+	cr_assert_eq(getrlimit(RLIMIT_FSIZE, &was), 0);
+	lim = was;
+	lim.rlim_cur = (rlim_t)limit;
+	void (*xfsz)(int) = signal(SIGXFSZ, SIG_DFL);
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	pid_t pid = spawn_gen(sb, args);
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &was), 0);
+	signal(SIGXFSZ, xfsz);
+	collect(sb, pid, r);
 }

@@ -66,5 +66,13 @@ int log_lines(const char *dir);
 void wait_for_lines(const char *dir, int n, pid_t pid);
 /* A loopback TCP port nobody listens on now. */
 int free_port(void);
+/* As gen with argv args (NULL-terminated), but a run still going after
+ * secs is killed and fails the test (a read that blocks, say). */
+void gen_within(const sandbox *sb, run *r, double secs, const char *const *args);
+/* As gen with argv args, the program given a file-size limit of `limit`
+ * bytes (RLIMIT_FSIZE, what `ulimit -f` sets) and SIGXFSZ at its default
+ * action, as a shell's child has them: a write past the limit kills it by
+ * SIGXFSZ unless it ignores the signal. */
+void gen_fsize(const sandbox *sb, run *r, unsigned long long limit, const char *const *args);
 
 #endif

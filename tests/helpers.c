@@ -1,5 +1,6 @@
 /* Test helpers: see helpers.h. */
 #define _XOPEN_SOURCE 700 /* nftw */
+#include <dirent.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,36 @@ char *dg_test_template_dir(const char *dragon_lua, const char *helper_lua)
 	dg_test_write_file(dir, "dragon.lua", dragon_lua);
 	if (helper_lua)
 		dg_test_write_file(dir, "helper.lua", helper_lua);
+	return dir;
+}
+
+static int lua_file(const struct dirent *e)
+{
+	size_t n = strlen(e->d_name);
+	return n > 4 && e->d_name[0] != '.' && strcmp(e->d_name + n - 4, ".lua") == 0;
+}
+
+char *dg_test_templates_copy(void)
+{
+	char *dir = dg_test_tmpdir();
+	struct dirent **names;
+	int n = scandir(DG_SOURCE_DIR "/templates", &names, lua_file, alphasort);
+	cr_assert_gt(n, 1, "no templates in %s/templates", DG_SOURCE_DIR);
+	for (int i = n - 1; i >= 0; i--) {
+		char from[1024], to[1024], buf[65536];
+		snprintf(from, sizeof(from), "%s/templates/%s", DG_SOURCE_DIR, names[i]->d_name);
+		snprintf(to, sizeof(to), "%s/%s", dir, names[i]->d_name);
+		FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+		cr_assert(in && out, "copying %s to %s", from, to);
+		size_t got;
+		while ((got = fread(buf, 1, sizeof(buf), in)) > 0)
+			cr_assert_eq(fwrite(buf, 1, got, out), got);
+		cr_assert_not(ferror(in));
+		fclose(in);
+		cr_assert_eq(fclose(out), 0);
+		free(names[i]);
+	}
+	free(names);
 	return dir;
 }
 

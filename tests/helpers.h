@@ -22,6 +22,12 @@ void dg_test_rmtree(char *path);
  * the op table names, which codegen loads at create. dg_test_rmtree it. */
 char *dg_test_template_dir(const char *dragon_lua, const char *helper_lua);
 
+/* A fresh folder holding a byte-identical copy of the source tree's
+ * templates (every .lua), created in reverse name order (the order a folder
+ * lists them in is then not the sorted one on most file systems).
+ * dg_test_rmtree it. */
+char *dg_test_templates_copy(void);
+
 typedef struct dg_spec_list {
 	dg_spec *specs; /* malloc'd */
 	size_t n;

@@ -6,8 +6,9 @@
  * the device as the runtime would and specs that resolve alike are one
  * kernel; a rebuild removes what the old bundle listed alone; a failed or
  * interrupted build leaves the output folder as it was; inspect catches a
- * damaged bundle, an edited key and other templates; the default build
- * set holds every op.
+ * damaged bundle, an edited key and other templates; a copy of templates/
+ * is the embedded set (cache hits, a bundle inspect accepts); a build past
+ * a file-size limit names the file; the default build set holds every op.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -563,5 +564,59 @@ Test(cli, inspect_checks_keys_and_templates)
 	cr_expect_eq(r.code, 0, "restored: %s", r.err);
 	run_free(&r);
 	dg_manifest_destroy(m);
+	sandbox_fini(&sb);
+}
+
+/* A bundle built from DRAGON_TEMPLATE_DIR pointing at a byte-identical
+ * copy of templates/ (its files made in reverse name order) is one of the
+ * stock library's templates: every kernel a cache hit of the embedded
+ * set's build, and inspect without the variable (the check
+ * dg_device_load_bundle makes) accepts it. */
+Test(cli, a_copy_of_templates_builds_what_the_library_loads)
+{
+	sandbox sb;
+	run r;
+
+	sandbox_init(&sb);
+	gen(&sb, &r, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out", sb.out, "-q",
+	    NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	char *copy = dg_test_templates_copy();
+	sb.template_dir = copy;
+	gen(&sb, &r, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out", sb.out,
+	    "--json", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cJSON *j = parse_json(r.out);
+	cr_expect_eq(num(cJSON_GetObjectItem(j, "timing"), "cache_hits"), 2,
+		     "the copy's kernels must be the embedded set's cache entries: %s", r.out);
+	cJSON_Delete(j);
+	run_free(&r);
+	sb.template_dir = NULL;
+	dg_manifest_destroy(check_bundle(&sb, 2));
+	gen(&sb, &r, "inspect", sb.out, NULL);
+	cr_expect_eq(r.code, 0, "the stock library refuses a bundle of identical templates: %s", r.err);
+	cr_expect(strstr(r.out, "2 kernels ok, keys checked") != NULL, "%s", r.out);
+	run_free(&r);
+	dg_test_rmtree(copy);
+	sandbox_fini(&sb);
+}
+
+/* A build past a file-size limit (`ulimit -f`: SIGXFSZ at its default
+ * action, which once killed dragon-gen without a word): exit 1, one line
+ * naming the file and "File too large", and no output folder. */
+Test(cli, build_past_the_file_size_limit_names_the_file)
+{
+	sandbox sb;
+	run r;
+
+	sandbox_init(&sb);
+	const char *args[] = { "build", "--op", "pack_i8x4", "--latent", "256", "--out", sb.out, NULL };
+	gen_fsize(&sb, &r, 1024, args);
+	cr_assert_neq(r.code, 128 + SIGXFSZ, "killed by SIGXFSZ: %s", r.err);
+	expect_one_line_error(&r, 1, ": File too large");
+	cr_expect(strstr(r.err, sb.out) != NULL, "names the file: %s", r.err);
+	run_free(&r);
+	cr_expect_not(exists(sb.out), "%s", listing(sb.out));
 	sandbox_fini(&sb);
 }

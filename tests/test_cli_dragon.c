@@ -10,17 +10,21 @@
  * init; --grads writes dg_model_cpu_step's gradients under the weights'
  * names; --json parses with every documented key; the errors (no
  * --model, a missing file, a misnamed tensor, a file without dragon's
- * metadata, too short a --data, a bad flag, a recipe the CPU model does not run)
- * exit 2 or 1 with one line naming the problem; `dragon devices` lists
+ * metadata, too short a --data, a directory or FIFO as --data, a bad flag, a
+ * recipe the CPU model does not run, --grads past a file-size limit) exit 2
+ * or 1 with one line naming the problem; --cpu runs each recipe its help
+ * names (f32, w8a8, bitnet) to dg_model_cpu_step's loss; `dragon devices` lists
  * what the driver finds (none: exit 1 naming why). On a GPU: eval without
  * --cpu agrees with the CPU loss within 1e-5 relative (f32) — skipped
  * with "skipped: no CUDA device" otherwise, a failure under
  * DRAGON_REQUIRE_GPU=1.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -136,6 +140,56 @@ Test(cli_dragon, cpu_loss_is_the_cpu_models)
 	cr_expect_eq(num(j, "data_bytes"), 170);
 	cr_expect_str_eq(str(j, "device"), "cpu");
 	cJSON_Delete(j);
+	run_free(&r);
+	dg_model_weights_destroy(w);
+	sandbox_fini(&sb);
+}
+
+/* The recipes eval --help says --cpu runs (it once said "f32 recipes
+ * only" and that low-bit ones need a GPU, while w8a8 and bitnet ran):
+ * w8a8 and bitnet among them, each giving dg_model_cpu_step's loss of its
+ * recipe on the CPU; bf16, which the help says needs a GPU, is refused. */
+Test(cli_dragon, cpu_runs_the_recipes_its_help_names)
+{
+	sandbox sb;
+	run r;
+	char model[700], data[700], list[256];
+	uint8_t bytes[170];
+	dg_model_weights *w = setup(&sb, model, sizeof(model));
+	write_data(&sb, "short.bin", sizeof(bytes), 3, data, sizeof(data), bytes);
+
+	gen(&sb, &r, "eval", "--help", NULL);
+	cr_assert_eq(r.code, 0);
+	const char *at = strstr(r.out, "--cpu           the CPU model even with a GPU (");
+	cr_assert_not_null(at, "%s", r.out);
+	at = strchr(at, '(') + 1;
+	cr_assert(sscanf(at, "%255[^)]", list) == 1, "%s", at);
+	cr_expect(strstr(r.out, "bf16 needs an") != NULL, "%s", r.out);
+	run_free(&r);
+	cr_assert(strstr(list, "w8a8") && strstr(list, "bitnet"), "--cpu runs w8a8 and bitnet; help: %s", list);
+
+	size_t off[2] = { 0, 0 };
+	for (char *p = strtok(list, ", "); p; p = strtok(NULL, ", ")) {
+		char msg[256];
+		dg_model_config c;
+		cr_assert_eq(dg_model_preset(p, &c, msg, sizeof(msg)), DG_OK, "'%s': %s", p, msg);
+		c.layers = w->config.layers, c.embd = w->config.embd;
+		c.heads = w->config.heads, c.neurons = w->config.neurons;
+		w->config = c;
+		double want = cpu_loss(w, bytes + 153, off, 2, 16, NULL);
+		gen(&sb, &r, "eval", "--model", model, "--data", data, "--batch", "2", "--time", "16",
+		    "--batches", "1", "--cpu", "--preset", p, "--json", NULL);
+		cr_assert_eq(r.code, 0, "--preset %s --cpu: exit %d: %s", p, r.code, r.err);
+		cJSON *j = parse_json(r.out);
+		cr_expect_str_eq(str(j, "preset"), p);
+		cr_expect_str_eq(str(j, "device"), "cpu");
+		cr_expect(fabs(num(j, "loss") - want) <= 1e-12 * fabs(want), "%s: loss %.12g, want %.12g", p,
+			  num(j, "loss"), want);
+		cJSON_Delete(j);
+		run_free(&r);
+	}
+	gen(&sb, &r, "eval", "--model", model, "--cpu", "--preset", "bf16", NULL);
+	expect_one_line_error(&r, 2, "bf16 needs an NVIDIA GPU");
 	run_free(&r);
 	dg_model_weights_destroy(w);
 	sandbox_fini(&sb);
@@ -429,6 +483,59 @@ Test(cli_dragon, errors_name_the_problem)
 	sandbox_fini(&sb);
 }
 
+/* eval --data naming a directory or a FIFO: one line naming the path and
+ * what it is; the FIFO is never waited on (killed after 30 s here). */
+Test(cli_dragon, data_that_is_not_a_file_is_refused)
+{
+	sandbox sb;
+	run r;
+	char model[700], dir[700], fifo[700], want[900];
+	dg_model_weights *w = setup(&sb, model, sizeof(model));
+	snprintf(dir, sizeof(dir), "%s/data.d", sb.root);
+	snprintf(fifo, sizeof(fifo), "%s/data.fifo", sb.root);
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+
+	gen(&sb, &r, "eval", "--model", model, "--data", dir, "--cpu", NULL);
+	snprintf(want, sizeof(want), "dragon: --data %s: a directory, not a regular file", dir);
+	expect_one_line_error(&r, 1, want);
+	run_free(&r);
+	const char *args[] = { "eval", "--model", model, "--data", fifo, "--cpu", NULL };
+	gen_within(&sb, &r, 30, args);
+	snprintf(want, sizeof(want), "dragon: --data %s: a FIFO (named pipe), not a regular file", fifo);
+	expect_one_line_error(&r, 1, want);
+	run_free(&r);
+	dg_model_weights_destroy(w);
+	sandbox_fini(&sb);
+}
+
+/* --grads past a file-size limit (`ulimit -f`: SIGXFSZ at its default
+ * action, which once killed eval without a word): exit 1, one line naming
+ * the file and "too large", and no file left. */
+Test(cli_dragon, grads_past_the_file_size_limit_name_the_file)
+{
+	sandbox sb;
+	run r;
+	char model[700], grads[700], want[900];
+	struct stat st;
+	dg_model_weights *w = setup(&sb, model, sizeof(model));
+	snprintf(grads, sizeof(grads), "%s/grads.safetensors", sb.root);
+	cr_assert_eq(stat(model, &st), 0);
+	const char *args[] = { "eval", "--model", model, "--cpu", "--grads", grads, "--batch", "1",
+			       "--time", "8", "--batches", "1", NULL };
+	gen_fsize(&sb, &r, (unsigned long long)st.st_size / 2, args);
+	cr_assert_neq(r.code, 128 + SIGXFSZ, "killed by SIGXFSZ: %s", r.err);
+	snprintf(want, sizeof(want), "dragon: --grads %s: write: File too large", grads);
+	expect_one_line_error(&r, 1, want);
+	run_free(&r);
+	cr_assert_not(exists(grads));
+	char *names = listing(sb.root);
+	cr_assert(strstr(names, ".tmp.") == NULL, "a temp file was left:\n%s", names);
+	free(names);
+	dg_model_weights_destroy(w);
+	sandbox_fini(&sb);
+}
+
 Test(cli_dragon, help_and_version)
 {
 	sandbox sb;
@@ -447,6 +554,11 @@ Test(cli_dragon, help_and_version)
 	gen(&sb, &r, "help", "eval", NULL);
 	cr_expect_eq(r.code, 0);
 	cr_expect_eq(strncmp(r.out, "usage: dragon eval", 18), 0, "%s", r.out);
+	run_free(&r);
+	/* train --gpus N runs on more than device 0 */
+	gen(&sb, &r, "devices", "--help", NULL);
+	cr_expect_eq(r.code, 0);
+	cr_expect(strstr(r.out, "train --gpus N on devices 0 to N-1") != NULL, "%s", r.out);
 	run_free(&r);
 	gen(&sb, &r, "--version", NULL);
 	cr_expect_eq(r.code, 0);

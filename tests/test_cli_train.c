@@ -16,8 +16,10 @@
  *   - faults: ^C and SIGTERM stop a run with a checkpoint of the step its
  *     log stops at (exit 130, 143) and --resume finishes it to the
  *     straight log; a full disk at a checkpoint names the file and errno
- *     and keeps the previous checkpoint; kill -9 at 20 moments, many of
- *     them mid-write, always leaves a loadable newest checkpoint that
+ *     and keeps the previous checkpoint, and so does a file-size limit
+ *     (ulimit -f, SIGXFSZ at its default) with "File too large"; a
+ *     directory or a FIFO as --data is refused by name at once; kill -9
+ *     at 20 moments, many of them mid-write, always leaves a loadable newest checkpoint that
  *     --resume continues from, to the straight log and the same bytes;
  *     a second ^C during the stop's checkpoint kills the run, safely, but
  *     one SIGTERM sent twice by one process (timeout(1)) is one request;
@@ -33,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,6 +128,44 @@ Test(cli_train, refusals)
 	gen(&sb, &r, "train", "--help", NULL);
 	cr_assert_eq(r.code, 0);
 	cr_assert(strstr(r.out, "usage: dragon train"), "%s", r.out);
+	run_free(&r);
+	sandbox_fini(&sb);
+}
+
+/* --data (and $DRAGON_CORPUS) naming a directory or a FIFO: one line
+ * naming the path and what it is, before anything is read. A directory
+ * once said "9223372036854775807 bytes: out of memory"; a FIFO waited for
+ * a writer forever (killed after 30 s here). */
+Test(cli_train, data_that_is_not_a_file_is_refused)
+{
+	sandbox sb;
+	run r;
+	char dir[600], fifo[600], out[600], want[800];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	snprintf(dir, sizeof(dir), "%s/corpus.d", sb.root);
+	snprintf(fifo, sizeof(fifo), "%s/corpus.fifo", sb.root);
+	snprintf(out, sizeof(out), "%s/o", sb.root);
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+
+	gen(&sb, &r, "train", TINY, "--data", dir, "--out", out, NULL);
+	snprintf(want, sizeof(want), "dragon: --data %s: a directory, not a regular file", dir);
+	expect_one_line_error(&r, 1, want);
+	cr_expect(strstr(r.err, "out of memory") == NULL, "%s", r.err);
+	run_free(&r);
+
+	const char *args[] = { "train", TINY, "--data", fifo, "--out", out, NULL };
+	gen_within(&sb, &r, 30, args);
+	snprintf(want, sizeof(want), "dragon: --data %s: a FIFO (named pipe), not a regular file", fifo);
+	expect_one_line_error(&r, 1, want);
+	run_free(&r);
+
+	setenv("DRAGON_CORPUS", dir, 1);
+	gen(&sb, &r, "train", TINY, "--out", out, NULL);
+	unsetenv("DRAGON_CORPUS");
+	snprintf(want, sizeof(want), "dragon: %s: a directory, not a regular file", dir);
+	expect_one_line_error(&r, 1, want);
 	run_free(&r);
 	sandbox_fini(&sb);
 }
@@ -332,6 +373,51 @@ Test(cli_train, full_disk_names_the_file_and_keeps_the_last_checkpoint)
 	cr_assert_str_eq(ld, la, "resumed after a full disk:\n%s\nstraight:\n%s", ld, la);
 	free(la);
 	free(ld);
+	sandbox_fini(&sb);
+}
+
+/*
+ * `ulimit -f` as a shell sets it: a file-size limit of half a checkpoint
+ * with SIGXFSZ at its default action, which once killed the run by that
+ * signal without a word of dragon's. dragon ignores SIGXFSZ, so the write
+ * fails with EFBIG: exit 1, one line naming the file and "too large", and
+ * the previous checkpoint as it was.
+ */
+Test(cli_train, file_size_limit_names_the_file_and_keeps_the_last_checkpoint)
+{
+	sandbox sb;
+	run r;
+	char data[600], d[600], p4[700], p6[700];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 6000);
+	snprintf(d, sizeof(d), "%s/d", sb.root);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--stop-at",
+	    "4", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	snprintf(p4, sizeof(p4), "%s/ckpt-00000004.safetensors", d);
+	snprintf(p6, sizeof(p6), "%s/ckpt-00000006.safetensors", d);
+	size_t n4, m4;
+	char *before = bytes_of(p4, &n4);
+	cr_assert_not_null(before, "%s", p4);
+
+	const char *args[] = { "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d,
+			       "--resume", NULL };
+	gen_fsize(&sb, &r, n4 / 2, args);
+	cr_assert_neq(r.code, 128 + SIGXFSZ, "killed by SIGXFSZ: %s", r.err);
+	char want[900];
+	snprintf(want, sizeof(want), "dragon: step 6: checkpoint: %s: write: File too large", p6);
+	expect_one_line_error(&r, 1, want);
+	cr_assert(strstr(r.err, "the newest checkpoint is step 4"), "%s", r.err);
+	run_free(&r);
+	cr_assert_eq(temps_in(d, 0), 0, "a temp file was left:\n%s", listing(d));
+	cr_assert_not(exists(p6));
+	char *after = bytes_of(p4, &m4);
+	cr_assert(after && m4 == n4 && memcmp(before, after, n4) == 0, "%s changed", p4);
+	cr_assert_eq(ckpt_step(p4), 4);
+	free(before);
+	free(after);
 	sandbox_fini(&sb);
 }
 

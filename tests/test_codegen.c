@@ -3,8 +3,10 @@
  * and memory hogs are stopped, no io/os, every module the op table names
  * loads at create), the host's checks of what a template answers, the
  * templates' plans (a tile refused with its rule, an auto tile resolved,
- * the arch-specific move of dg_codegen_plan_for) and rendering of every
- * valid combination with the real templates.
+ * the arch-specific move of dg_codegen_plan_for), rendering of every
+ * valid combination with the real templates, and the template hash: over
+ * the files sorted by name and length-prefixed, so a copy of templates/
+ * hashes as the embedded set.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 
 #include <criterion/criterion.h>
 
+#include "base/embedded.h"
 #include "dragon/codegen.h"
 #include "helpers.h"
 
@@ -349,6 +352,79 @@ Test(codegen_sandbox, env_override_and_hash_tracks_content)
 	dg_codegen_destroy(cc);
 	dg_test_rmtree(a);
 	dg_test_rmtree(b);
+}
+
+/* The set's hash is over its files sorted by name, each length-prefixed:
+ * two orders of one set agree, and sets that differ only in where one
+ * file's name or bytes end do not. The value is the format's, worked out
+ * apart (Python: sha256 of <Q 2, then <Q 5 "a.lua" <Q 2 "yz", then
+ * <Q 5 "b.lua" <Q 1 "x", each <Q an 8-byte little-endian length). */
+Test(codegen_sandbox, set_hash_is_over_sorted_length_prefixed_files)
+{
+	const unsigned char yz[] = "yz", x[] = "x", c[] = "c", bc[] = "bc", none[] = "";
+	const dg__embedded_file ab[] = { { "a.lua", yz, 2 }, { "b.lua", x, 1 } };
+	const dg__embedded_file ba[] = { { "b.lua", x, 1 }, { "a.lua", yz, 2 } };
+	char h1[65], h2[65], h3[65];
+	cr_assert_eq(dg__embedded_hash(ab, 2, h1), DG_OK);
+	cr_assert_eq(dg__embedded_hash(ba, 2, h2), DG_OK);
+	cr_assert_str_eq(h1, h2, "the order of the files changed the hash");
+	cr_assert_str_eq(h1, "e34dedf66ca80814d80aa7182eb88df298251a0cbb64e25bd94c12f4d8c01745");
+	cr_assert_eq(dg__embedded_hash(NULL, 0, h3), DG_OK);
+	cr_assert_str_eq(h3, "af5570f5a1810b7af78caf4bc70a660f0df51e42baf91d4de5b2328de0e83dfc");
+
+	/* "ab" + "c" against "a" + "bc"; one file "a" + "" against none */
+	const dg__embedded_file s1[] = { { "ab", c, 1 } }, s2[] = { { "a", bc, 2 } };
+	const dg__embedded_file s3[] = { { "a", none, 0 } };
+	cr_assert_eq(dg__embedded_hash(s1, 1, h1), DG_OK);
+	cr_assert_eq(dg__embedded_hash(s2, 1, h2), DG_OK);
+	cr_assert_str_neq(h1, h2);
+	cr_assert_eq(dg__embedded_hash(s3, 1, h1), DG_OK);
+	cr_assert_str_neq(h1, h3);
+	/* the same name twice: the order of their bytes does not show either */
+	const dg__embedded_file d1[] = { { "a", c, 1 }, { "a", bc, 2 } };
+	const dg__embedded_file d2[] = { { "a", bc, 2 }, { "a", c, 1 } };
+	cr_assert_eq(dg__embedded_hash(d1, 2, h1), DG_OK);
+	cr_assert_eq(dg__embedded_hash(d2, 2, h2), DG_OK);
+	cr_assert_str_eq(h1, h2);
+}
+
+/* A folder holding the same files as the embedded set (made in reverse
+ * name order) is the same template set: the same hash, so the same cache
+ * keys and bundles the stock library loads, by opts and by the
+ * environment alike. */
+Test(codegen_templates, a_copy_of_templates_hashes_as_the_embedded_set)
+{
+	char *dir = dg_test_templates_copy();
+	dg_codegen *emb = NULL, *by_opts = NULL, *by_env = NULL;
+	unsetenv("DRAGON_TEMPLATE_DIR");
+	cr_assert_eq(dg_codegen_create(&emb, NULL), DG_OK, "%s", dg_codegen_errmsg(emb));
+	dg_codegen_opts o = { .template_dir = dir };
+	cr_assert_eq(dg_codegen_create(&by_opts, &o), DG_OK, "%s", dg_codegen_errmsg(by_opts));
+	setenv("DRAGON_TEMPLATE_DIR", dir, 1);
+	cr_assert_eq(dg_codegen_create(&by_env, NULL), DG_OK, "%s", dg_codegen_errmsg(by_env));
+	unsetenv("DRAGON_TEMPLATE_DIR");
+	cr_assert_str_eq(dg_codegen_template_origin(emb), "embedded");
+	cr_assert_str_eq(dg_codegen_template_origin(by_env), dir);
+	cr_assert_str_eq(dg_codegen_template_hash(by_opts), dg_codegen_template_hash(emb),
+			 "a byte-identical copy of templates/ hashes apart from the embedded set");
+	cr_assert_str_eq(dg_codegen_template_hash(by_env), dg_codegen_template_hash(emb));
+	dg_codegen_destroy(emb);
+	dg_codegen_destroy(by_opts);
+	dg_codegen_destroy(by_env);
+
+	/* one byte more in one file is another set */
+	char path[1100];
+	snprintf(path, sizeof(path), "%s/step.lua", dir);
+	FILE *f = fopen(path, "ab");
+	cr_assert_not_null(f);
+	fputc('\n', f);
+	cr_assert_eq(fclose(f), 0);
+	cr_assert_eq(dg_codegen_create(&emb, NULL), DG_OK);
+	cr_assert_eq(dg_codegen_create(&by_opts, &o), DG_OK, "%s", dg_codegen_errmsg(by_opts));
+	cr_assert_str_neq(dg_codegen_template_hash(by_opts), dg_codegen_template_hash(emb));
+	dg_codegen_destroy(emb);
+	dg_codegen_destroy(by_opts);
+	dg_test_rmtree(dir);
 }
 
 Test(codegen_sandbox, invalid_spec_is_refused_before_lua)

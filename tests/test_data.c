@@ -6,7 +6,9 @@
  *     RNG state), other ones from another seed, validation rows starting
  *     in the validation split;
  *   - a split too short for a row is refused naming the split and the bytes
- *     needed; a missing file names it;
+ *     needed; a missing file names it; a directory, a FIFO, a socket or a
+ *     device is refused naming the path and what it is, before reading
+ *     and without waiting on the FIFO;
  *   - the built-in corpus: $DRAGON_CORPUS missing says how to set it up,
  *     the wrong bytes are refused by digest; where data/shakespeare.txt or
  *     .gpu/corpus/shakespeare.txt is set up (scripts/corpus.sh), it loads
@@ -17,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "dragon/data.h"
@@ -99,6 +104,42 @@ Test(data, too_short_and_missing)
 	cr_assert_eq(dg_corpus_open("/nonexistent/corpus.txt", &c, msg, sizeof(msg)), DG_ERR_NOT_FOUND);
 	cr_assert(strstr(msg, "/nonexistent/corpus.txt"), "%s", msg);
 	cr_assert_null(c);
+}
+
+/* path is refused as `what` ("a directory"), naming it, and nothing is
+ * handed out. */
+static void expect_not_a_file(const char *path, const char *what)
+{
+	char msg[1024], want[1100];
+	dg_corpus *c = (dg_corpus *)&msg; /* not NULL: the refusal must clear it */
+	cr_assert_eq(dg_corpus_open(path, &c, msg, sizeof(msg)), DG_ERR_IO, "%s: %s", path, msg);
+	snprintf(want, sizeof(want), "%s: %s, not a regular file", path, what);
+	cr_assert(strstr(msg, want) == msg, "want '%s', got '%s'", want, msg);
+	cr_assert(strchr(msg, '\n') == NULL, "%s", msg);
+	cr_assert_null(c);
+}
+
+/* Only a regular file is a corpus: a directory once said "9223372036854775807
+ * bytes: out of memory" (ftell of a directory) and a FIFO waited forever
+ * for a writer (the timeout fails that). */
+Test(data, only_a_regular_file_is_read, .timeout = 20)
+{
+	char *dir = dg_test_tmpdir(), path[600];
+	expect_not_a_file(dir, "a directory");
+	snprintf(path, sizeof(path), "%s/fifo", dir);
+	cr_assert_eq(mkfifo(path, 0600), 0);
+	expect_not_a_file(path, "a FIFO (named pipe)");
+	snprintf(path, sizeof(path), "%s/sock", dir);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	cr_assert_lt(strlen(path), sizeof(sa.sun_path));
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	expect_not_a_file(path, "a socket");
+	close(fd);
+	expect_not_a_file("/dev/null", "a character device");
+	dg_test_rmtree(dir);
 }
 
 Test(data, builtin_corpus)

@@ -94,7 +94,7 @@ static void help(void)
 	       "      --tuned        also put the records used into DIR/tune/ and say\n"
 	       "                     in the manifest where each tile came from\n"
 	       "  -h, --help         this text\n\n");
-	dg__specset_help(stdout);
+	dg__specset_help(stdout, true);
 	printf("\nExample: dragon-gen build --op lowrank_fwd --weight int8,ternary --relu none,0 -j4\n");
 }
 

@@ -41,7 +41,7 @@ static void help(void)
 	       "                     and dynamic shared memory\n"
 	       "  -v, --verbose      on a template error, also print the traceback\n"
 	       "  -h, --help         this text\n\n");
-	dg__specset_help(stdout);
+	dg__specset_help(stdout, false);
 	printf("\nExample: dragon-gen render --op lowrank_fwd --weight ternary --relu 0\n");
 }
 

@@ -229,7 +229,7 @@ static void help(void)
 	}
 	free(bdh);
 	putchar('\n');
-	dg__specset_help(stdout);
+	dg__specset_help(stdout, false);
 	printf("\nExample: dragon-gen tune --op lowrank_fwd --weight ternary --relu 0 --budget 60\n");
 }
 

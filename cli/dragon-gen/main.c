@@ -3,11 +3,15 @@
  *
  * The entry point: global --help and --version, then dispatch to one
  * subcommand (gen.h). Output written to stdout is checked at exit, so a
- * full disk or a closed pipe is a failure, not silence. A command that
+ * full disk or a closed pipe is a failure, not silence. SIGXFSZ is
+ * ignored, so a write past the file-size limit (ulimit -f) fails with
+ * EFBIG and is reported naming its file, as a full disk is, instead of
+ * killing the process without a word. A command that
  * takes --json and was given it answers a failure with a JSON object on
  * stdout too (util.h dg__gen_json_mode).
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -78,6 +82,7 @@ static int finish(int code)
 
 int main(int argc, char **argv)
 {
+	signal(SIGXFSZ, SIG_IGN);
 	if (argc < 2) {
 		usage(stderr);
 		return DG__GEN_USAGE;

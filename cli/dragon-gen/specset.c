@@ -668,7 +668,7 @@ static void wrap(FILE *to, const char *text, int col)
 	fputc('\n', to);
 }
 
-void dg__specset_help(FILE *to)
+void dg__specset_help(FILE *to, bool default_set)
 {
 	char line[1024], fl[128];
 	unsigned fmts[DG__SF__COUNT] = { 0 };
@@ -684,7 +684,7 @@ void dg__specset_help(FILE *to)
 		fmts[DG__SF_SRC] |= r->src_fmts;
 	}
 	dg_spec_init(&d, DG_OP_LOWRANK_FWD);
-	fputs("Spec flags (each takes a comma-separated list; the product is built):\n", to);
+	fputs("Spec flags (each takes a comma-separated list; the specs are their product):\n", to);
 	for (int f = 0; f < DG__SF__COUNT; f++) {
 		size_t n = 0;
 		line[0] = '\0';
@@ -717,12 +717,14 @@ void dg__specset_help(FILE *to)
 		fprintf(to, "%-21s", name);
 		wrap(to, line, 21);
 	}
-	fprintf(to,
-		"A flag applies to the ops that read it (`dragon-gen list` shows which);\n"
-		"fields without a flag keep the op's default, and combinations an op's\n"
-		"rules or its template refuse are left out of the product.\n"
-		"With no spec flag: the default build set, %zu specs of every op of a\n"
-		"BDH training step, forward and backward, at H=%d, E=%d, L=%d (the op\n"
-		"table's build lists; `dragon-gen list` shows them).\n",
-		dg__specset_default_size(), d.heads, d.embd, d.latent);
+	fputs("A flag applies to the ops that read it (`dragon-gen list` shows which);\n"
+	      "fields without a flag keep the op's default, and combinations an op's\n"
+	      "rules or its template refuse are left out of the product.\n",
+	      to);
+	if (default_set)
+		fprintf(to,
+			"With no spec flag: the default build set, %zu specs of every op of a\n"
+			"BDH training step, forward and backward, at H=%d, E=%d, L=%d (the op\n"
+			"table's build lists; `dragon-gen list` shows them).\n",
+			dg__specset_default_size(), d.heads, d.embd, d.latent);
 }

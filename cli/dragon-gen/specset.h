@@ -86,9 +86,10 @@ const char *dg__spec_flag_key(dg__spec_flag f);
 unsigned dg__spec_flag_field(dg__spec_flag f);
 
 /* The spec flags' part of a --help text, derived from the op table and
- * the format table (the ops, the formats each flag takes, the default
- * build set). */
-void dg__specset_help(FILE *to);
+ * the format table (the ops, the formats each flag takes), and with
+ * default_set what no spec flag means: the default build set (build's;
+ * render needs one kernel and tune has a set of its own). */
+void dg__specset_help(FILE *to, bool default_set);
 
 /* Raw flag values as given (joined with ',' when a flag repeats). */
 typedef struct dg__spec_flags {

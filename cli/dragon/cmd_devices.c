@@ -15,8 +15,8 @@
 static const char help_text[] =
 	"usage: dragon devices [--json]\n\n"
 	"Lists the CUDA devices dragon can use, one a line: ordinal, name, SM\n"
-	"architecture, multiprocessors and memory. train, eval and sample run on\n"
-	"device 0.\n\n"
+	"architecture, multiprocessors and memory. eval, sample and train run on\n"
+	"device 0 (train --gpus N on devices 0 to N-1).\n\n"
 	"  --json   one object: count, devices[{ordinal, name, sm, sm_count,\n"
 	"           memory_bytes}]\n\n"
 	"Exit status: 0 one or more devices, 1 none (the reason on stderr: no driver,\n"

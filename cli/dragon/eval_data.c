@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "base/file.h"
 #include "base/msg.h"
 #include "cli/dragon/eval_data.h"
 
@@ -16,17 +16,14 @@
 dg_status dg__eval_data_open(dg__eval_data *d, const char *path, int *t_inout, uint64_t seed,
 			     char *msg, size_t size)
 {
-	struct stat sb;
+	char why[1024];
+	uint64_t n;
+	FILE *f;
 	memset(d, 0, sizeof(*d));
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return dg__msgf(errno == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO, msg, size,
-				"--data %s: %s", path, strerror(errno));
-	if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-		fclose(f);
-		return dg__msgf(DG_ERR_IO, msg, size, "--data %s: not a regular file", path);
-	}
-	uint64_t n = (uint64_t)sb.st_size, len = n / 10;
+	dg_status st = dg__file_open_regular(path, &f, &n, why, sizeof(why));
+	if (st)
+		return dg__msgf(st, msg, size, "--data %s", why);
+	uint64_t len = n / 10;
 	int t = *t_inout;
 	if (!t)
 		t = len > DEFAULT_T ? DEFAULT_T : len > 1 ? (int)(len - 1) : 1;

@@ -4,10 +4,14 @@
  *
  * The entry point: global --help and --version, then dispatch to one
  * subcommand (cmd.h). Output written to stdout is checked at exit, so a
- * full disk or a closed pipe is a failure, not silence. A command given
+ * full disk or a closed pipe is a failure, not silence. SIGXFSZ is
+ * ignored, so a write past the file-size limit (ulimit -f) fails with
+ * EFBIG and is reported naming its file, as a full disk is, instead of
+ * killing the process without a word. A command given
  * --json answers a failure with a JSON object on stdout too (util.h).
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -74,6 +78,7 @@ static int finish(int code)
 
 int main(int argc, char **argv)
 {
+	signal(SIGXFSZ, SIG_IGN);
 	if (argc < 2) {
 		usage(stderr);
 		return DG__CLI_USAGE;

@@ -100,8 +100,10 @@ void dg_codegen_destroy(dg_codegen *cg);
  * call on cg. Template errors read "templates/<file>.lua:<line>: <msg>". */
 const char *dg_codegen_errmsg(const dg_codegen *cg);
 
-/* Hex SHA-256 over every template file (name and bytes): part of every
- * cache key, so editing a template invalidates what it generated. */
+/* Hex SHA-256 over every template file (name and bytes, sorted by name):
+ * part of every cache key, so editing a template invalidates what it
+ * generated, and the same as the embedded set's for a folder holding the
+ * same files, whatever order the folder lists them in. */
 const char *dg_codegen_template_hash(const dg_codegen *cg);
 
 /* Where templates come from: "embedded" or the folder path. */

@@ -33,7 +33,10 @@ typedef struct dg_corpus {
 	char path[4096];  /* where it was read */
 } dg_corpus;
 
-/* Reads path whole. DG_ERR_NOT_FOUND / DG_ERR_IO naming it. */
+/* Reads path whole. DG_ERR_NOT_FOUND / DG_ERR_IO naming it; a path that
+ * is not a regular file (a directory, a FIFO, a socket, a device) is
+ * DG_ERR_IO saying which, refused before anything is read and without
+ * waiting on a FIFO for a writer. */
 dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t msg_size);
 /* The built-in corpus: $DRAGON_CORPUS or data/shakespeare.txt, with its
  * digest checked. DG_ERR_NOT_FOUND saying how to set it up

@@ -15,10 +15,11 @@ import dragon.torch as dt
 PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_py(code, **env):
+def run_py(code, timeout_s=120, argv=(), **env):
     e = dict(os.environ)
     e.update(env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=e,
+                          timeout=timeout_s)
 
 
 def test_import_needs_no_torch_and_no_gpu():
@@ -34,6 +35,19 @@ def test_library_found_and_a_bad_dragon_lib_named():
     r = run_py("import dragon; dragon.Spec('op=lowrank_fwd')", DRAGON_LIB="/nonexistent/libdragon.so")
     assert r.returncode != 0
     assert "libdragon not found" in r.stderr and "/nonexistent/libdragon.so" in r.stderr
+
+
+def test_corpus_refuses_what_is_not_a_file(tmp_path):
+    """A directory or a FIFO as a corpus: dragon's line naming it, at once
+    (a FIFO is not waited on; the child is given 60 s)."""
+    fifo = tmp_path / "c.fifo"
+    os.mkfifo(fifo)
+    for path, what in ((tmp_path, "a directory"), (fifo, "a FIFO")):
+        r = run_py("import sys, dragon\n"
+                   "try:\n    dragon.Corpus(sys.argv[1])\n"
+                   "except dragon.DragonError as e:\n    print(e)\n", timeout_s=60, argv=[str(path)])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith(f"{path}: {what}"), r.stdout
 
 
 def test_torchs_default_stream_is_the_legacy_stream(monkeypatch):

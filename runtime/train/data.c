@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "base/msg.h"
 #include "base/sha256.h"
 #include "dragon/data.h"
@@ -25,19 +26,17 @@ dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t ms
 	if (!path || !out)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_corpus_open: NULL argument");
 	*out = NULL;
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return dg__msgf(errno == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO, msg, msg_size, "%s: %s", path,
-				strerror(errno));
+	FILE *f;
+	uint64_t n;
+	dg_status st = dg__file_open_regular(path, &f, &n, msg, msg_size);
+	if (st)
+		return st;
 	dg_corpus *c = calloc(1, sizeof(*c));
-	long n = -1;
-	if (c && fseek(f, 0, SEEK_END) == 0)
-		n = ftell(f);
-	if (!c || n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+	if (!c || n >= SIZE_MAX) {
 		fclose(f);
 		free(c);
-		return c ? dg__msgf(DG_ERR_IO, msg, msg_size, "%s: cannot size it", path)
-			 : dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "%s: %llu bytes: out of memory", path,
+				(unsigned long long)n);
 	}
 	c->len = (size_t)n;
 	c->bytes = malloc(c->len + 1);
@@ -50,7 +49,7 @@ dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t ms
 	fclose(f);
 	if (got != c->len) {
 		dg_corpus_destroy(c);
-		return dg__msgf(DG_ERR_IO, msg, msg_size, "%s: read %zu of %ld bytes", path, got, n);
+		return dg__msgf(DG_ERR_IO, msg, msg_size, "%s: read %zu of %zu bytes", path, got, (size_t)n);
 	}
 	c->train_len = c->len - c->len / 10;
 	snprintf(c->path, sizeof(c->path), "%s", path);
