@@ -266,3 +266,82 @@ Test(ref_attention, epi_mask_is_grad_xs_then_add_mask)
 	free(xs), free(v), free(dout), free(dxs), free(mx), free(rope), free(qr), free(c), free(sn);
 	free(cs), free(dqr), free(dv), free(g), free(got), free(gx), free(db), free(ob);
 }
+
+/* Normwise ‖got − want‖ / ‖want‖. */
+static double rel_err(const float *got, const float *want, size_t n)
+{
+	double num = 0.0, den = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		double e = (double)got[i] - want[i];
+		num += e * e;
+		den += (double)want[i] * want[i];
+	}
+	return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The chunked form is the quadratic one, forward and backward, for chunks
+ * that divide T, that do not, of 1 (the recurrence) and past T; within f32
+ * rounding of the state (the quadratic form sums in double). */
+Test(ref_attention, chunked_is_the_quadratic_form)
+{
+	const int b = 2, h = 3, n = 24, d = 5;
+	const int ts[] = { 1, 7, 33 }, chunks[] = { 1, 3, 8, 16, 40 };
+	dg_rng r;
+	dg_rng_seed(&r, 11);
+	for (size_t ti = 0; ti < sizeof(ts) / sizeof(ts[0]); ti++) {
+		int t = ts[ti];
+		size_t nq = (size_t)b * h * t * n, nv = (size_t)b * t * d, no = (size_t)b * h * t * d;
+		/* post-ReLU, RoPE'd queries: signed, a share of zeros */
+		float *qr = rnd(&r, nq, -1.0f), *v = rnd(&r, nv, -1.0f), *g = rnd(&r, no, -1.0f);
+		for (size_t i = 0; i < nq; i += 3)
+			qr[i] = 0.0f;
+		float *o1 = calloc(no, sizeof(float)), *o2 = calloc(no, sizeof(float));
+		float *q1 = calloc(nq, sizeof(float)), *q2 = calloc(nq, sizeof(float));
+		float *v1 = calloc(nv, sizeof(float)), *v2 = calloc(nv, sizeof(float));
+		dg_ref_attention_fwd(qr, v, b, h, t, n, d, o1);
+		dg_ref_attention_bwd(g, qr, v, b, h, t, n, d, q1, v1);
+		for (size_t ci = 0; ci < sizeof(chunks) / sizeof(chunks[0]); ci++) {
+			int c = chunks[ci];
+			memset(o2, 0xff, no * sizeof(float)); /* NaN: every element written */
+			memset(q2, 0xff, nq * sizeof(float));
+			memset(v2, 0xff, nv * sizeof(float));
+			dg_ref_attention_chunked_fwd(qr, v, b, h, t, n, d, c, o2);
+			dg_ref_attention_chunked_bwd(g, qr, v, b, h, t, n, d, c, q2, v2);
+			double eo = rel_err(o2, o1, no), eq = rel_err(q2, q1, nq), ev = rel_err(v2, v1, nv);
+			cr_assert(eo < 1e-6, "T %d chunk %d: out off by %g", t, c, eo);
+			cr_assert(eq < 1e-6, "T %d chunk %d: dqr off by %g", t, c, eq);
+			cr_assert(ev < 1e-6, "T %d chunk %d: dv off by %g", t, c, ev);
+		}
+		free(qr), free(v), free(g), free(o1), free(o2), free(q1), free(q2), free(v1), free(v2);
+	}
+}
+
+/* The oracle can fail: a state that starts at the chunk (the rows before it
+ * forgotten) or a diagonal kept (tril(·, 0)) is far from the quadratic
+ * form, so the bound above tells them apart. */
+Test(ref_attention, chunked_bound_sees_a_lost_state)
+{
+	const int h = 1, n = 16, d = 4, t = 12, c = 4;
+	dg_rng r;
+	dg_rng_seed(&r, 5);
+	float *qr = rnd(&r, (size_t)t * n, -1.0f), *v = rnd(&r, (size_t)t * d, -1.0f);
+	float *want = calloc((size_t)t * d, sizeof(float)), *got = calloc((size_t)t * d, sizeof(float));
+	float *state = calloc((size_t)n * d, sizeof(float));
+	dg_ref_attention_fwd(qr, v, 1, h, t, n, d, want);
+	for (int t0 = 0; t0 < t; t0 += c) { /* the state reset at every chunk */
+		memset(state, 0, (size_t)n * d * sizeof(float));
+		dg_ref_attention_state_chunk(state, qr + (size_t)t0 * n, v + (size_t)t0 * d, c, n, d,
+					     got + (size_t)t0 * d);
+	}
+	cr_assert(rel_err(got, want, (size_t)t * d) > 1e-2);
+	/* and kept across chunks, it is the quadratic form */
+	memset(state, 0, (size_t)n * d * sizeof(float));
+	for (int t0 = 0; t0 < t; t0 += c)
+		dg_ref_attention_state_chunk(state, qr + (size_t)t0 * n, v + (size_t)t0 * d, c, n, d,
+					     got + (size_t)t0 * d);
+	cr_assert(rel_err(got, want, (size_t)t * d) < 1e-6);
+	/* row 0 sees nothing: exactly 0 */
+	for (int e = 0; e < d; e++)
+		cr_assert_eq(got[e], 0.0f);
+	free(qr), free(v), free(want), free(got), free(state);
+}

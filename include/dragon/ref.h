@@ -259,6 +259,22 @@ void dg_ref_attention_fwd(const float *qr, const float *v, int b, int h, int t, 
 void dg_ref_attention_bwd(const float *dout, const float *qr, const float *v, int b, int h, int t,
 			  int n, int d, float *dqr, float *dv);
 
+/* The chunked (linear-attention) form of the two above, chunks of `chunk`
+ * rows (runtime/ref/attention_chunked.c): per (b, h) a state S (N × D, f32)
+ * of the rows before the chunk; out_c = qr_c·S + tril(qr_c qr_cᵀ, −1)·v_c,
+ * then S += qr_cᵀ v_c. Equal to the quadratic form up to f32 rounding of
+ * the state; chunk 1 is the token-by-token recurrence, chunk ≥ T the
+ * quadratic form. The backward recomputes the states. */
+void dg_ref_attention_chunked_fwd(const float *qr, const float *v, int b, int h, int t, int n, int d,
+				  int chunk, float *out);
+void dg_ref_attention_chunked_bwd(const float *dout, const float *qr, const float *v, int b, int h,
+				  int t, int n, int d, int chunk, float *dqr, float *dv);
+/* One chunk of c rows of one (b, h) against its state (N × D f32, updated
+ * in place): out (c × D) = qr·S + tril(qr qrᵀ, −1)·v, then S += qrᵀ v. A
+ * sampler keeps S per layer and head and feeds one token (c = 1) a step. */
+void dg_ref_attention_state_chunk(float *state, const float *qr, const float *v, int c, int n, int d,
+				  float *out);
+
 /* ---- the attention ops (templates/rope.lua, templates/attention.lua) ----------
  * The tensors of the op table's rows: act tensors in f32 or bf16 storage
  * (spec->act), gradients f32; heads, latent L (= N) and embd E (= D) from
