@@ -308,12 +308,24 @@ local function wgmma_fits(k, t)
   return wgmma_op(k) and require("wgmma_bf16").tile_ok(t, 3, 4)
 end
 
+-- The warp-specialized form of that path (templates/attention_tma.lua):
+-- the operands along L by TMA, which rows of L % 8 == 0 allow; then it is
+-- the path, with a ring of 2 to 8 stages.
+local function tma_op(k)
+  return wgmma_op(k) and require("attention_tma").applies(k)
+end
+
 -- The heuristic default tile (see the performance note in the module's
 -- banner): tensor cores for bf16 from sm_80, 128x128 blocks of 8 warps
 -- (64x32 warp tiles, 64 f32 accumulators a thread), BK 32, two buffers;
 -- attention_grad_v (z = B only) 64x64 so the grid fills the SMs. fp32:
 -- 64x64x16 of 2x2 warps.
 local function default_tile(k)
+  if tma_op(k) then
+    -- 2 consumer warpgroups, 64 f32 accumulators a thread, a ring of 4
+    -- stages (128 KiB) ahead of them: one block an SM
+    return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 4, threads = 0 }
+  end
   if wgmma_op(k) then
     -- 2 warpgroups, 64 f32 accumulators a thread; 96 KiB of ring: two
     -- blocks an SM
@@ -355,11 +367,22 @@ function M.plan(spec)
   if auto then t = default_tile(k) end
   local ok, err = C.gemm_tile_pow2(t, auto)
   if ok then ok, err = C.warps_ok(t, auto) end
-  if ok then ok, err = C.stages_ok(t, auto, 1, wgmma_op(k) and 4 or 2) end
+  if ok then ok, err = C.stages_ok(t, auto, 1, tma_op(k) and 8 or (wgmma_op(k) and 4 or 2)) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32
   local p = { tile = t, arch_specific = false, name = k.op .. ".cu",
               entries = { { name = "dg_" .. k.op, threads = nt } } }
+  local TMA = require("attention_tma")
+  if tma_op(k) and TMA.tile_ok(t) then
+    p.path = "wgmma tma"
+    p.arch_specific = true
+    p.entries[1].threads = TMA.threads(t)
+    local smem = TMA.smem_bytes(t, k.epi_mask)
+    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    if not ok then return nil, err end
+    p.entries[1].smem = smem
+    return p
+  end
   if wgmma_fits(k, t) then
     p.path = "wgmma bf16"
     p.arch_specific = true
@@ -369,6 +392,9 @@ function M.plan(spec)
     if not ok then return nil, err end
     p.entries[1].smem = smem
     return p
+  end
+  if t.stages > 2 and tma_op(k) then
+    return C.refuse(t, auto, "stages 3 to 8 are the warp-specialized sm_90a path's (rope=pre, L %% 8 == 0), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")
   end
   if t.stages > 2 then
     return C.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")
@@ -845,6 +871,11 @@ __device__ __forceinline__ void dg_mask_pair(OT *d, const XT *x, float2 cs, floa
 
 function M.render(spec, plan)
   local k = fields(spec)
+  if plan.path == "wgmma tma" then
+    return require("attention_tma").render(spec, plan, k, {
+      CTYPE = CTYPE, op_text = op_text, operand_fmt = operand_fmt, out_helpers = out_helpers,
+      MASK_PAIR = MASK_PAIR })
+  end
   if plan.path == "wgmma bf16" then
     return require("attention_wgmma").render(spec, plan, k, {
       CTYPE = CTYPE, op_text = op_text, operand_fmt = operand_fmt, out_helpers = out_helpers,

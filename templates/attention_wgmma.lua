@@ -218,4 +218,8 @@ function M.render(spec, plan, k, sh)
   return w:text()
 end
 
+-- shared with the warp-specialized path (templates/attention_tma.lua)
+M.MASK_CHUNK = MASK_CHUNK
+M.EPI_STAGED = EPI_STAGED
+
 return M

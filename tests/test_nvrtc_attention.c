@@ -268,14 +268,26 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 				s.tile = tiles[k];
 				dg_plan p;
 				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-				cr_assert_str_eq(p.path, "wgmma bf16");
+				cr_assert_str_eq(p.path, "wgmma tma");
 				cr_assert(p.needs_arch_specific);
-				compile_one(cg, &s, "path: warpgroup tensor cores (wgmma");
+				/* a producer warpgroup beside the tile's warps */
+				cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32 + 128, "%s", p.canonical);
+				compile_one(cg, &s, "path: warp-specialized wgmma");
 			}
+	/* rows of L that no tensor map takes (L % 8 != 0): the cp.async ring */
+	for (int o = 0; o < 2; o++) {
+		dg_spec s = wg_spec(ops[o], 2, 100);
+		s.tile = tiles[1];
+		dg_plan p;
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "wgmma bf16");
+		cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32);
+		compile_one(cg, &s, "path: warpgroup tensor cores (wgmma");
+	}
 	/* grad_xs out=bf16 on both tensor-core paths and the fp32 one */
 	dg_spec gb = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
 	gb.out = DG_FMT_BF16;
-	compile_one(cg, &gb, "path: warpgroup tensor cores (wgmma");
+	compile_one(cg, &gb, "path: warp-specialized wgmma");
 	gb.tile = (dg_tile){ 128, 128, 32, 2, 4, 2, 0 };
 	compile_one(cg, &gb, "path: tensor cores (mma.sync");
 	gb = spec_of(DG_OP_ATTENTION_GRAD_XS, DG_FMT_F32, 90);
@@ -298,12 +310,22 @@ Test(nvrtc_attention, warpgroup_tiles_off_its_path_are_refused)
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 2"), "%s", dg_codegen_errmsg(cg));
-	/* a 3-stage tile that is not a warpgroup one, on the warpgroup op */
+	/* a 3-stage tile that is not a warpgroup one, on the warpgroup op:
+	 * the warp-specialized path's rule (L % 8 == 0), else the cp.async
+	 * ring's */
 	s.rope_pre = true;
 	s.tile = (dg_tile){ 128, 128, 64, 2, 4, 3, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "stages 3 to 8 are the warp-specialized sm_90a path's"), "%s",
+		  dg_codegen_errmsg(cg));
+	s.latent = 100;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "stages 3 and 4 are the sm_90a warpgroup path's"), "%s",
 		  dg_codegen_errmsg(cg));
+	/* 9 stages: past the warp-specialized ring's 8 */
+	s.latent = 8192;
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 9, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	/* nor attention_out (its mask is applied on the load) */
 	s = wg_spec(DG_OP_ATTENTION_OUT, 4, 8192);
 	s.rope_pre = false;
@@ -345,7 +367,7 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 				s.tile = tiles[k];
 				dg_plan p, ps;
 				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-				cr_assert_str_eq(p.path, "wgmma bf16");
+				cr_assert_str_eq(p.path, latents[li] % 8 ? "wgmma bf16" : "wgmma tma");
 				dg_spec st = s;
 				st.epi = DG_EPI_STORE;
 				cr_assert_eq(dg_codegen_plan(cg, &st, &ps), DG_OK, "%s", dg_codegen_errmsg(cg));
@@ -361,9 +383,9 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 	s.out = DG_FMT_BF16;
 	dg_source *src = NULL;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert(strstr(src->text, "unsigned short *dxs, const XT *mask_xs, int B, int T)") ||
-			  strstr(src->text, "OT *dxs, const XT *mask_xs, int B, int T)"),
-		  "the banner's ABI");
+	cr_assert(strstr(src->text, "OT *dxs, const XT *mask_xs, int B, int T, "
+				    "const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)"),
+		  "the banner's ABI: the op's, then the warp-specialized path's two tensor maps");
 	cr_assert_null(strstr(src->text, "grad_xs, int B"), "epi=mask writes no grad_xs");
 	cr_assert(strstr(src->text, "dg_mask_chunk(po, pm, rope, m, n, v)"), "the staged epilogue");
 	dg_source_destroy(src);

@@ -106,7 +106,13 @@
 	  (CUgraphExec, CUstream))                                            \
 	X(GraphExecDestroy, "cuGraphExecDestroy", "cuGraphExecDestroy", 1,    \
 	  (CUgraphExec))                                                      \
-	X(GraphDestroy, "cuGraphDestroy", "cuGraphDestroy", 1, (CUgraph))
+	X(GraphDestroy, "cuGraphDestroy", "cuGraphDestroy", 1, (CUgraph))    \
+	X(TensorMapEncodeTiled, "cuTensorMapEncodeTiled",                     \
+	  "cuTensorMapEncodeTiled", 0,                                        \
+	  (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,            \
+	   const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,        \
+	   const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,     \
+	   CUtensorMapL2promotion, CUtensorMapFloatOOBfill))
 
 typedef struct dg__cu {
 #define DG__CU_FIELD(f, name, sym, req, params) CUresult(CUDAAPI *f) params;

@@ -117,6 +117,34 @@ static dg_status gemm_check(const dg_spec *spec, dg_op op, const char *fn, const
 	return DG_OK;
 }
 
+/* Whether k is of the warp-specialized path (templates/attention_tma.lua),
+ * whose kernels take two TMA tensor maps after (B, T): its plan asks for a
+ * producer warpgroup beside the tile's warps (threads wm·wn·32 + 128). */
+static bool tma_abi(const dg_kernel *k)
+{
+	dg_kernel_info info;
+	const dg_tile *t = &dg_kernel_spec(k)->tile;
+	return dg_kernel_info_get(k, &info) == DG_OK && info.block_threads == t->wm * t->wn * 32 + 128;
+}
+
+/* The two maps of a warp-specialized kernel over RoPE(xs) (B·H, T, L) bf16
+ * (the path's ABI): attention_scores' A and B boxes of 64 columns by BM and
+ * BN rows, attention_grad_xs's B boxes of 64 columns by 64 rows (its ma is
+ * unused and stays zeros). */
+static dg_status tma_maps(dg_device *dev, const dg_spec *spec, const dg_tile *t, dg_dptr qr, int64_t b,
+			  int64_t tl, dg__tmap *ma, dg__tmap *mb)
+{
+	const uint64_t dims[3] = { (uint64_t)spec->latent, (uint64_t)tl, (uint64_t)(b * spec->heads) };
+	memset(ma, 0, sizeof(*ma));
+	if (spec->op == DG_OP_ATTENTION_SCORES) {
+		const uint32_t box_a[2] = { 64, (uint32_t)t->bm }, box_b[2] = { 64, (uint32_t)t->bn };
+		dg_status st = dg__tmap_bf16(dev, ma, qr, dims, box_a);
+		return st ? st : dg__tmap_bf16(dev, mb, qr, dims, box_b);
+	}
+	const uint32_t box[2] = { 64, 64 };
+	return dg__tmap_bf16(dev, mb, qr, dims, box);
+}
+
 static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
 {
 	char fn[64], msg[512];
@@ -151,7 +179,7 @@ static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	l.block[1] = l.block[2] = 1;
 	const dg_op_info *row = dg_op_info_of(op);
 	dg_dptr p[DG_OP_MAX_ARGS];
-	void *args[DG_OP_MAX_ARGS + 2];
+	void *args[DG_OP_MAX_ARGS + 4];
 	int na = 0;
 	for (int i = 0; i < row->n_args; i++) {
 		if (!dg_op_arg_used(spec, i))
@@ -162,6 +190,17 @@ static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	int B = (int)sh.b, T = (int)sh.t;
 	args[na++] = &B;
 	args[na++] = &T;
+	dg__tmap ma, mb;
+	if (spec->rope_pre && tma_abi(k)) {
+		/* RoPE(xs): scores' operand 0, grad_xs' operand 1 */
+		dg_dptr qr = c->t[op == DG_OP_ATTENTION_SCORES ? 0 : 1]->data;
+		l.block[0] += 128;
+		st = tma_maps(dev, spec, t, qr, sh.b, sh.t, &ma, &mb);
+		if (st)
+			return st;
+		args[na++] = &ma;
+		args[na++] = &mb;
+	}
 	return dg_kernel_launch(dev, k, &l, args);
 }
 

@@ -1,0 +1,42 @@
+/*
+ * TMA tensor maps (runtime/gpu/gpu_int.h): the driver's description of a
+ * global tensor that Hopper's bulk tensor copies read box by box into
+ * shared memory, swizzled as the warpgroup tensor cores read it. A kernel
+ * takes the map by value (a __grid_constant__ parameter), so encoding it
+ * is host work only: nothing is allocated or queued, and a map made for a
+ * captured launch is copied into the graph with the launch's parameters.
+ */
+#include <string.h>
+
+#include "runtime/gpu/device_int.h"
+#include "runtime/gpu/gpu_int.h"
+
+dg_status dg__tmap_bf16(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
+			const uint32_t box[2])
+{
+	_Static_assert(sizeof(dg__tmap) == sizeof(CUtensorMap), "dg__tmap is a CUtensorMap");
+	memset(out, 0, sizeof(*out));
+	if (!dev || !dev->cu)
+		return DG_ERR_INVALID_ARG;
+	if (!dev->cu->TensorMapEncodeTiled)
+		return dg__dev_fail(dev, DG_ERR_UNSUPPORTED,
+				    "tensor map: this driver has no cuTensorMapEncodeTiled (CUDA 12 or later has)");
+	if (base % 16 != 0 || (dims[0] * 2) % 16 != 0)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "tensor map: rows of %llu bf16 at 0x%llx: TMA needs a 16-byte aligned base and rows a multiple of 16 bytes",
+				    (unsigned long long)dims[0], (unsigned long long)base);
+	if (box[0] * 2 > 128 || box[0] == 0 || box[1] == 0 || box[1] > 256)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "tensor map: box %u x %u: at most 64 x 256 bf16 with the 128-byte swizzle", box[0],
+				    box[1]);
+	cuuint64_t gdim[3] = { dims[0], dims[1], dims[2] };
+	cuuint64_t gstride[2] = { dims[0] * 2, dims[0] * dims[1] * 2 };
+	cuuint32_t b[3] = { box[0], box[1], 1 }, es[3] = { 1, 1, 1 };
+	CUresult rc = dev->cu->TensorMapEncodeTiled(
+		(CUtensorMap *)(void *)out->bytes, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)(uintptr_t)base,
+		gdim, gstride, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+		CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (rc != CUDA_SUCCESS)
+		return dg__dev_cu_fail(dev, rc, "cuTensorMapEncodeTiled");
+	return DG_OK;
+}

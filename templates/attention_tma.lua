@@ -1,0 +1,323 @@
+--[[
+attention_tma.lua — the sm_90a warp-specialized path of the attention
+GEMMs whose operands are RoPE(xs) already (rope=pre: attention_scores and
+attention_grad_xs; templates/attention.lua plans it, holds the math, the
+ABI and the epilogues' arithmetic):
+
+  a producer warpgroup (the last) fills a ring of S stages; the consumer
+  warpgroups (BM/64 of them, 64 rows of the tile each) run wgmma
+  m64nBNk16 bf16 with f32 sums on each stage as soon as it is full, and
+  free it as soon as their MMAs on it completed. Two mbarriers a stage:
+  full (the bytes landed) and empty (every consumer thread is done with
+  it), so loads of later stages overlap the MMAs of earlier ones and no
+  block-wide barrier sits in the K loop.
+
+Loads: operands along L (RoPE(xs), rows of L bf16, L % 8 == 0) come by
+TMA (cp.async.bulk.tensor, a tensor map a kernel parameter, the 128-byte
+swizzle of templates/wgmma_bf16.lua, zeros past T and L) issued by one
+thread; attention_grad_xs's A, C = dS + dSᵀ (rows of T, any T — a tensor
+map needs rows of a multiple of 16 bytes), comes by cp.async from the
+producer warpgroup's 128 threads, each arriving on the stage's full
+barrier when its copies land (cp.async.mbarrier.arrive.noinc).
+
+ABI: the op's (templates/attention.lua) followed by two tensor maps,
+  ..., int B, int T, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb
+made by the runtime (runtime/ops/attention.c) over the RoPE(xs) operand:
+  attention_scores: ma boxes 64 x BM, mb boxes 64 x BN (K-major rows of T)
+  attention_grad_xs: mb boxes 64 x 64 (64 of L by 64 rows of T: MN-major),
+                     ma unused.
+Each a rank-3 bf16 map (L, T, B·H).
+
+Epilogues: attention.lua's pair stores, or (epi=mask) attention_wgmma.lua's
+staged one through the ring, synchronized among the consumers alone (named
+barrier 1: the producer has left).
+]]
+local C = require("common")
+local fmt = string.format
+
+local M = {}
+
+-- The path serves attention_scores and attention_grad_xs with rope=pre on
+-- sm_90a (attention.lua's wgmma_op) when L allows a tensor map (rows of a
+-- multiple of 16 bytes); tiles: wgmma_bf16.lua's with BN 64 | 128 (64
+-- accumulators a thread at most... 128 with BN 256) and 2 to 8 stages.
+function M.applies(k)
+  return k.rope_pre and k.L % 8 == 0
+end
+
+function M.tile_ok(t)
+  return require("wgmma_bf16").tile_ok(t, 2, 8)
+end
+
+-- Dynamic shared memory: the ring (or the staged epilogue's f32 tile), the
+-- 2·S mbarriers, 1 KiB for the swizzle atoms' alignment.
+function M.smem_bytes(t, staged)
+  return require("wgmma_bf16").smem_bytes(t, staged) + 16 * t.stages
+end
+
+-- Threads a block: the consumers' warps and the producer warpgroup.
+function M.threads(t)
+  return t.wm * 32 + 128
+end
+
+local HEAD = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int E = ${E};		// embd (D)
+constexpr int L = ${L};		// latent (N)
+typedef ${XT} XT;		// the act format's storage
+typedef ${AT} AT;		// A operand storage (bf16)
+typedef ${BT} BT;		// B operand storage (bf16)
+typedef ${OT} OT;		// output storage
+
+// ---- tile: BM/64 consumer warpgroups along M, each 64 x BN; a producer
+// warpgroup; a ring of S stages
+constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};
+constexpr int NCW = BM / 64;			// consumer warpgroups
+constexpr int NT = NCW * 128;			// consumer threads
+constexpr int NTB = NT + 128;			// threads a block
+constexpr int S = ${S};
+constexpr bool A_KC = ${A_KC}, B_KC = ${B_KC};	// K-major (else M / N-major)
+constexpr bool A_TMA = ${A_TMA};		// A by TMA (else by the producers' cp.async)
+static_assert(BK == 64, "one 128-byte swizzle row of K a step");
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
+constexpr int A_UNITS = BM * BK / 8;		// 16-byte chunks of A (cp.async)
+constexpr int SA = (A_UNITS + 127) / 128;	// chunks a producer thread
+// bytes a stage's TMA brings (the full boxes: zeros past the edges count)
+constexpr unsigned TX = (A_TMA ? A_BYTES : 0) + B_BYTES;
+// full: the TMA thread's expect_tx, and with A by cp.async each producer thread
+constexpr unsigned FULL_ARRIVALS = A_TMA ? 1 : 129;
+// registers a thread: what the launch gives every thread (the block alone
+// on its SM: 64 Ki / NTB, a multiple of 8), moved by setmaxnreg from the
+// producer to the consumers only where their accumulators need more (BN
+// 256: 128 of them); the moved total never exceeds what the producer gives
+// back, or setmaxnreg.inc would wait forever
+constexpr int REG_L = 65536 / NTB / 8 * 8;
+constexpr bool REG_MOVE = BN > 128 && REG_L < 232;
+constexpr int REG_P = A_TMA ? 40 : 56;
+constexpr int REG_C0 = REG_L + (REG_L - REG_P) * 128 / NT / 8 * 8;
+constexpr int REG_C = REG_C0 > 240 ? 240 : REG_C0;
+]]
+
+local HELPERS = [[
+// ---- TMA, mbarriers, register budget (templates/attention_tma.lua) --------
+struct __align__(64) dg_tmap {
+	unsigned long long opaque[16];	// the driver's CUtensorMap
+};
+
+__device__ __forceinline__ void dg_mbar_init(unsigned bar, unsigned count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void dg_mbar_expect_tx(unsigned bar, unsigned bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void dg_mbar_arrive(unsigned bar)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+
+// This thread's cp.async copies so far arrive on bar once they land (the
+// arrival is one of the barrier's expected count).
+__device__ __forceinline__ void dg_mbar_cp_arrive(unsigned bar)
+{
+	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+
+// Waits until the barrier's phase of this parity completed.
+__device__ __forceinline__ void dg_mbar_wait(unsigned bar, unsigned parity)
+{
+	asm volatile("{\n.reg .pred p;\nDG_WAIT_%=:\n"
+		     "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+		     "@!p bra DG_WAIT_%=;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
+// Box (c0, c1, c2) of the rank-3 map into shared dst, completing on bar.
+__device__ __forceinline__ void dg_tma_load(unsigned dst, const dg_tmap *map, unsigned bar, int c0, int c1,
+					    int c2)
+{
+	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     " [%0], [%1, {%3, %4, %5}], [%2];\n"
+		     :: "r"(dst), "l"((unsigned long long)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+template <int R>
+__device__ __forceinline__ void dg_reg_alloc()
+{
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+
+template <int R>
+__device__ __forceinline__ void dg_reg_dealloc()
+{
+	asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+
+// The consumers alone (named barrier 1; the producer warpgroup has left).
+__device__ __forceinline__ void dg_consumers_sync()
+{
+	asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
+}
+]]
+
+-- The producer's loads of step i into stage s, by op: A then B.
+local LOADS = {
+  attention_scores = [[
+			if (pt == 0) {
+				dg_mbar_expect_tx(full, TX);
+				dg_tma_load(as, &ma, full, k0, m0, z);
+				dg_tma_load(bs, &mb, full, k0, n0, z);
+			}]],
+  attention_grad_xs = [[
+			if (pt == 0) {
+				dg_mbar_expect_tx(full, TX);
+#pragma unroll
+				for (int g = 0; g < BN / 64; ++g)	// 64 of L by 64 rows of T a box
+					dg_tma_load(bs + 8192 * g, &mb, full, n0 + 64 * g, k0, z);
+			}
+			// A = C rows m0.., columns k0.. (K-major), zeros past T
+#pragma unroll
+			for (int c = 0; c < SA; ++c) {
+				const int u = pt + 128 * c;
+				if (A_UNITS % 128 != 0 && u >= A_UNITS)
+					break;
+				const int r = u >> 3, ch = u & 7;
+				dg_wb_stage(as + dg_wb_kmaj(r, ch), (const unsigned short *)pa, m0 + r, M, k0 + 8 * ch, K, LDA);
+			}
+			dg_mbar_cp_arrive(full);]],
+}
+
+local KERNEL = [[
+extern "C" __global__ void __launch_bounds__(NTB, 1)
+${ENTRY}(${SIG})
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, z = blockIdx.z;
+	(void)B;
+${GEO}
+	(void)pa; (void)pb; (void)ra; (void)rb; (void)a_hs; (void)b_hs; (void)LDA; (void)LDB; (void)NH; (void)ma; (void)mb;
+	if (skip) {
+${SKIP}
+		return;
+	}
+	const int nk = kt_end > kt_begin ? kt_end - kt_begin : 0;
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
+	// the barriers after the ring: full[S], then empty[S]
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+	const unsigned bars = sbase + (unsigned)(${RING_BYTES});
+	if (tid == 0) {
+		for (int s = 0; s < S; ++s) {
+			dg_mbar_init(bars + 8 * s, FULL_ARRIVALS);
+			dg_mbar_init(bars + 8 * (S + s), NT);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	__syncthreads();
+
+	if (wg == NCW) {	// ---- the producer warpgroup
+		if constexpr (REG_MOVE)
+			dg_reg_dealloc<REG_P>();
+		const int pt = tid - NT;
+		for (int i = 0; i < nk; ++i) {
+			const int s = i % S, k0 = (kt_begin + i) * BK;
+			const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
+			// the stage's previous use (step i - S) released by every consumer
+			dg_mbar_wait(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
+${LOADS}
+		}
+		if constexpr (!A_TMA)
+			dg_cp_wait<0>();
+		return;
+	}
+
+	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of the tile
+	if constexpr (REG_MOVE)
+		dg_reg_alloc<REG_C>();
+	float acc[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i)
+		acc[i] = 0.0f;
+	for (int i = 0; i < nk; ++i) {
+		const int s = i % S;
+		dg_mbar_wait(bars + 8 * s, (i / S) & 1);
+		const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
+		dg_wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < BK / 16; ++ks)
+			dg_wb_mma(acc, dg_wb_desc<A_KC>(as + ks * ${A_KS}), dg_wb_desc<B_KC>(bs + ks * ${B_KS}), 1);
+		dg_wg_commit();
+		// step i-1's MMAs done: its stage is free
+		dg_wg_wait<1>();
+		dg_wb_pin(acc);
+		if (i > 0)
+			dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));
+	}
+	dg_wg_wait<0>();
+	dg_wb_pin(acc);
+
+${EPILOGUE}
+}
+]]
+
+function M.render(spec, plan, k, sh)
+  local WB = require("wgmma_bf16")
+  local o, t = k.o, plan.tile
+  local of = sh.operand_fmt(k, o.ot)
+  local a_tma = k.op == "attention_scores"
+  local v = {
+    H = k.H, E = k.E, L = k.L, XT = sh.CTYPE[k.act], AT = sh.CTYPE.bf16, BT = sh.CTYPE.bf16, OT = sh.CTYPE[of],
+    BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, A_KC = tostring(o.a_kc), B_KC = tostring(o.b_kc),
+    A_TMA = tostring(a_tma),
+  }
+  local entry = "dg_" .. k.op
+  local sig, geo, store = sh.op_text(k)
+  sig = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb"
+  local ring = t.stages * (t.bm + t.bn) * t.bk * 2
+  if k.epi_mask then ring = math.max(ring, t.bm * (t.bn + 8) * 4) end
+  local about = {
+    fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
+        k.op, k.H, k.E, k.L, k.act),
+    "",
+    fmt("%s(%s)", entry, (sig:gsub("__restrict__ ", ""))),
+    fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
+        o.n, t.bn, t.bm, o.gz, M.threads(t), plan.entries[1].smem),
+    fmt("path: warp-specialized wgmma m64n%dk16 bf16, f32 sums (sm_90a): %d consumer warpgroups, a producer warpgroup, a ring of %d stages with full/empty mbarriers; A %s by %s, B %s by TMA; rope=pre.",
+        t.bn, t.bm // 64, t.stages, o.a_kc and "K-major" or "M-major", a_tma and "TMA" or "cp.async",
+        o.b_kc and "K-major" or "N-major"),
+  }
+  if k.epi_mask then
+    about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, the f32 tile staged through shared memory, 8 columns a thread.", of)
+  end
+  local w = C.writer()
+  w:line(C.banner(spec, "attention.lua", about))
+  w:line(C.helpers({ bf16 = true, cp_async = true }))
+  w:line(WB.helpers(t.bn, not o.a_kc, not o.b_kc))
+  w:line(C.subst(HEAD, v))
+  w:line(HELPERS)
+  w:line(sh.out_helpers(of))
+  if k.epi_mask then
+    w:line(C.VEC_IO)
+    w:line(sh.MASK_PAIR)
+    w:line(require("attention_wgmma").MASK_CHUNK)
+  end
+  w:line()
+  local epi
+  if k.epi_mask then
+    epi = require("attention_wgmma").EPI_STAGED:gsub("__syncthreads%(%);", "dg_consumers_sync();")
+  else
+    epi = "\t// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)\n" .. store .. "\n" ..
+      C.subst(WB.PAIRS, { MLIM = "M",
+        PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
+  end
+  w:line(C.subst(KERNEL, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "", LOADS = LOADS[k.op],
+                           RING_BYTES = tostring(ring), EPILOGUE = epi,
+                           A_KS = o.a_kc and "32" or "2048", B_KS = o.b_kc and "32" or "2048" }))
+  return w:text()
+end
+
+return M
