@@ -26,7 +26,9 @@
  * It is written atomically (temp file, fsync, rename, directory fsync:
  * dg_safetensors_writer_save), so a crash or a full disk leaves the
  * previous file as it was. A file whose tensors or metadata are missing,
- * misshapen or unparsable is refused, naming what.
+ * misshapen or unparsable is refused, naming what; so is one whose
+ * weights or moments are not finite (a second moment negative), though
+ * its seal holds (dg_model_file_check: every reader checks the same).
  *
  * Older files: a "dragon-checkpoint-1" (saved before seals) still loads,
  * so a run saved then can be resumed, sampled and evaluated; its
