@@ -334,3 +334,23 @@ Test(safetensors, a_seal_covers_every_byte)
 		free(fb);
 	}
 }
+
+/* Without a seal, every metadata pair is written, an empty key too (the
+ * seal's key is empty then: it must not drop the pair named so). */
+Test(safetensors, no_seal_keeps_every_pair)
+{
+	char msg[256];
+	dg_safetensors_writer *w;
+	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
+	cr_assert_eq(dg_safetensors_writer_meta(w, "", "v", msg, sizeof(msg)), DG_OK);
+	void *bytes;
+	size_t n;
+	cr_assert_eq(dg_safetensors_writer_bytes(w, &bytes, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_safetensors_writer_destroy(w);
+	dg_safetensors *f;
+	cr_assert_eq(dg_safetensors_parse(bytes, n, "e", &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_safetensors_meta_count(f), 1u);
+	cr_assert_str_eq(dg_safetensors_meta(f, ""), "v");
+	dg_safetensors_destroy(f);
+	free(bytes);
+}

@@ -201,7 +201,7 @@ static char *header_json(const dg_safetensors_writer *w)
 		cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
 		ok = m != NULL;
 		for (size_t i = 0; ok && i < w->n_meta; i++)
-			if (strcmp(w->meta[i].key, w->seal) != 0)
+			if (!w->seal[0] || strcmp(w->meta[i].key, w->seal) != 0)
 				ok = cJSON_AddStringToObject(m, w->meta[i].key, w->meta[i].value) != NULL;
 		/* the seal's place: its digits are written once the file is whole */
 		if (ok && w->seal[0])
