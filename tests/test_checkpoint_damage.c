@@ -5,9 +5,9 @@
  * dg_checkpoint_save and edited as bytes on disk:
  *   - every bit of its header flipped, one at a time, and a bit of every
  *     13th byte of its tensors: never loaded, always refused naming the
- *     file, and "damaged" (DG_ERR_CORRUPT) whenever the file still parses
- *     as safetensors — the metadata (step, RNG, data position, config) is
- *     covered as much as the tensors;
+ *     file "damaged" (DG_ERR_CORRUPT by the seal whenever the file still
+ *     parses as safetensors) — the metadata (step, RNG, data position,
+ *     config) is covered as much as the tensors;
  *   - "step":"30" -> "31" in place and step=999999999999: refused, the
  *     second also when sealed again (a step past the run's steps);
  *   - a NaN or Inf weight, a NaN first moment, a negative or Inf second
@@ -150,7 +150,7 @@ Test(checkpoint_damage, every_bit_of_the_header_is_covered)
 		b[bit / 8] ^= (unsigned char)(1u << (bit % 8));
 		dg_status st = load_bytes(flip, b, n, msg, sizeof(msg));
 		cr_assert_neq(st, DG_OK, "bit %zu of the header flipped: loaded", bit);
-		cr_assert(strstr(msg, "flip.safetensors"), "bit %zu: %s", bit, msg);
+		cr_assert(strstr(msg, "flip.safetensors: damaged"), "bit %zu: %s", bit, msg);
 		dg_safetensors *f = NULL;
 		char why[512];
 		if (dg_safetensors_parse(b, n, "x", &f, why, sizeof(why)) == DG_OK) {

@@ -138,7 +138,9 @@ dg_status dg_model_grads_save(const dg_model_weights *g, const char *path, char 
  *     moments (adamw.m.<name>, adamw.v.<name>) is finite, and a second
  *     moment not negative: else DG_ERR_NUMERIC naming the tensor and the
  *     first bad index ("lm_head[17] is nan").
- * A file that is not safetensors is DG_ERR_PARSE (dg_safetensors_parse).
+ * A file that is not safetensors (cut, or its header damaged) is
+ * DG_ERR_PARSE, "<name>: damaged (or not safetensors): ..." with
+ * dg_safetensors_parse's reason.
  */
 dg_status dg_model_file_check(const void *bytes, size_t size, const char *name, char *msg,
 			      size_t msg_size);

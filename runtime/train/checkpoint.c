@@ -265,16 +265,14 @@ static dg_status read_scaler(const dg_safetensors *f, const char *path, dg_loss_
 	return DG_OK;
 }
 
-/* The state of parsed file f (path names it in messages). */
+/* The state of file f (path names it in messages), which every reader's
+ * door has checked (dg__model_file_load: the seal, the kind, the values;
+ * a damaged file says so before any of its values is read). */
 static dg_status state_of(const dg_safetensors *f, const char *path, dg_train_state **out, char *msg,
 			  size_t msg_size)
 {
 	*out = NULL;
-	/* first what every reader of weights checks: the seal, the kind, the
-	 * values (a damaged file says so before any of its values is read) */
-	dg_status st = dg__model_file_check(f, path, msg, msg_size);
-	if (st)
-		return st;
+	dg_status st;
 	const char *fmt_ = dg_safetensors_meta(f, "format");
 	const char *kind = dg_safetensors_meta(f, DG__KIND_KEY);
 	const bool v2 = fmt_ && strcmp(fmt_, FORMAT) == 0, v1 = fmt_ && strcmp(fmt_, FORMAT_1) == 0;
@@ -374,8 +372,8 @@ dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, 
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_load: NULL argument");
 	*out = NULL;
 	dg_safetensors *f = NULL;
-	dg_status st = dg_safetensors_load(path, &f, msg, msg_size);
-	if (!st) /* else the file: missing, unreadable, truncated, not safetensors */
+	dg_status st = dg__model_file_load(path, &f, msg, msg_size);
+	if (!st) /* else the file: missing, unreadable, damaged, not weights */
 		st = state_of(f, path, out, msg, msg_size);
 	dg_safetensors_destroy(f);
 	return st;
@@ -390,7 +388,7 @@ dg_status dg_checkpoint_parse(const void *bytes, size_t size, const char *name, 
 	if (!name)
 		name = "checkpoint";
 	dg_safetensors *f = NULL;
-	dg_status st = dg_safetensors_parse(bytes, size, name, &f, msg, msg_size);
+	dg_status st = dg__model_file_parse(bytes, size, name, &f, msg, msg_size);
 	if (!st)
 		st = state_of(f, name, out, msg, msg_size);
 	dg_safetensors_destroy(f);

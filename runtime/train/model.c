@@ -237,12 +237,10 @@ dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 	char why[1024];
 
 	*out = NULL;
-	dg_status st = dg_safetensors_load(path, &f, msg, size);
+	dg_status st = dg__model_file_load(path, &f, msg, size);
 	if (st)
 		return st;
-	st = dg__model_file_check(f, path, msg, size);
-	if (!st)
-		st = dg_model_config_check(c, msg, size);
+	st = dg_model_config_check(c, msg, size);
 	/* every tensor there and of c's shape before c's storage is made: a
 	 * config of the header's cannot ask for more than the file holds */
 	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
@@ -348,9 +346,7 @@ static int meta_int(const dg_safetensors *f, const char *path, const char *key, 
 dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg, size_t size)
 {
 	dg_safetensors *f = NULL;
-	dg_status st = dg_safetensors_load(path, &f, msg, size);
-	if (!st)
-		st = dg__model_file_check(f, path, msg, size);
+	dg_status st = dg__model_file_load(path, &f, msg, size);
 	if (!st)
 		st = dg__model_config_of(f, path, out, msg, size);
 	dg_safetensors_destroy(f);

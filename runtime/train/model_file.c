@@ -1,10 +1,11 @@
 /*
- * What every reader of a file of weights checks before it uses a value of
- * it (dg_model_config_read, dg_model_weights_load, dg_checkpoint_load and
- * _parse, dg_model_file_check): that the file is as it was written (its
- * seal), that it is weights and not gradients (its kind), and that its
- * weights and AdamW moments are numbers a run can go on from. One
- * function, so no reader checks less than another.
+ * How every reader of a file of weights opens it (dg_model_config_read,
+ * dg_model_weights_load, dg_checkpoint_load and _parse,
+ * dg_model_file_check), and what it checks before it uses a value of it:
+ * that the file is safetensors and as it was written (its seal), that it
+ * is weights and not gradients (its kind), and that its weights and AdamW
+ * moments are numbers a run can go on from. One door, so no reader checks
+ * less than another.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -102,6 +103,44 @@ dg_status dg__model_file_check(const dg_safetensors *f, const char *path, char *
 	return DG_OK;
 }
 
+/* The status st of reading name as safetensors, its message in msg
+ * ("<name>: <what>"): to a reader of weights, a file that is not
+ * safetensors is a damaged one (a cut, a flipped bit of its header) or
+ * not weights at all, and the message says so. */
+static dg_status damaged_or_not(dg_status st, const char *name, char *msg, size_t size)
+{
+	if (st != DG_ERR_PARSE || !msg || !size)
+		return st;
+	char what[1024];
+	size_t k = strlen(name);
+	bool named = strncmp(msg, name, k) == 0 && msg[k] == ':' && msg[k + 1] == ' ';
+	snprintf(what, sizeof(what), "%s", named ? msg + k + 2 : msg);
+	return dg__msgf(st, msg, size, "%s: damaged (or not safetensors): %s", name, what);
+}
+
+/* f (read from name) checked, or destroyed and *out NULL. */
+static dg_status checked(dg_status st, dg_safetensors **out, const char *name, char *msg, size_t size)
+{
+	if (st)
+		return damaged_or_not(st, name, msg, size);
+	if ((st = dg__model_file_check(*out, name, msg, size))) {
+		dg_safetensors_destroy(*out);
+		*out = NULL;
+	}
+	return st;
+}
+
+dg_status dg__model_file_load(const char *path, dg_safetensors **out, char *msg, size_t size)
+{
+	return checked(dg_safetensors_load(path, out, msg, size), out, path, msg, size);
+}
+
+dg_status dg__model_file_parse(const void *bytes, size_t n, const char *name, dg_safetensors **out,
+			       char *msg, size_t size)
+{
+	return checked(dg_safetensors_parse(bytes, n, name, out, msg, size), out, name, msg, size);
+}
+
 dg_status dg_model_file_check(const void *bytes, size_t size, const char *name, char *msg,
 			      size_t msg_size)
 {
@@ -110,9 +149,7 @@ dg_status dg_model_file_check(const void *bytes, size_t size, const char *name, 
 	if (!name)
 		name = "weights";
 	dg_safetensors *f = NULL;
-	dg_status st = dg_safetensors_parse(bytes, size, name, &f, msg, msg_size);
-	if (!st)
-		st = dg__model_file_check(f, name, msg, msg_size);
+	dg_status st = dg__model_file_parse(bytes, size, name, &f, msg, msg_size);
 	dg_safetensors_destroy(f);
 	return st;
 }

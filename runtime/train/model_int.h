@@ -45,6 +45,15 @@ dg_status dg__model_weights_add(dg_safetensors_writer *sw, const dg_model_weight
  * ("adamw.m.<name>", "adamw.v.<name>"): finite, a second moment >= 0,
  * else DG_ERR_NUMERIC naming the tensor and the first bad index. */
 dg_status dg__model_file_check(const dg_safetensors *f, const char *path, char *msg, size_t size);
+/* The door of every reader of weights: the file at path (or n bytes,
+ * called name) read as safetensors, then dg__model_file_check'ed, into
+ * *out (free it with dg_safetensors_destroy; NULL on failure). A file that
+ * is not safetensors is DG_ERR_PARSE "<name>: damaged (or not
+ * safetensors): <what>"; a missing or unreadable one DG_ERR_NOT_FOUND or
+ * DG_ERR_IO. */
+dg_status dg__model_file_load(const char *path, dg_safetensors **out, char *msg, size_t size);
+dg_status dg__model_file_parse(const void *bytes, size_t n, const char *name, dg_safetensors **out,
+			       char *msg, size_t size);
 
 /* dg_model_config_read of a parsed file (path names it in messages); the
  * caller has checked it (dg__model_file_check). */
