@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Fuzzes the spec parser, the manifest reader, the tuning record reader and
-# the safetensors reader.
+# Fuzzes the spec parser, the manifest reader, the tuning record reader,
+# the safetensors reader and the checkpoint reader.
 #
 #   scripts/fuzz.sh [seconds]      (default 30 per target)
 #
 # Configures a clang build in build-fuzz (-DDG_BUILD_FUZZ=ON), builds
-# fuzz_spec, fuzz_manifest, fuzz_tune_record and fuzz_safetensors (-fsanitize=fuzzer,address,undefined),
+# fuzz_spec, fuzz_manifest, fuzz_tune_record, fuzz_safetensors and
+# fuzz_checkpoint (-fsanitize=fuzzer,address,undefined),
 # replays every seed in tests/fuzz/corpus/<target>/ and every past crash in
 # tests/fuzz/regress/<target>/, then runs each fuzzer for the given time.
 # New corpus entries go to build-fuzz/corpus/ (the seeds stay as they are);
@@ -29,12 +30,12 @@ cuda="${CUDA_HOME:-/usr/local/cuda}"
 cmake -S . -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCUDAToolkit_ROOT="$cuda" -DDG_BUILD_FUZZ=ON -DDG_BUILD_TESTS=OFF -DDG_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target fuzz_spec fuzz_manifest fuzz_tune_record \
-  fuzz_safetensors
+  fuzz_safetensors fuzz_checkpoint
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 status=0
-for target in spec manifest tune_record safetensors; do
+for target in spec manifest tune_record safetensors checkpoint; do
   bin="$build/tests/fuzz/fuzz_$target"
   seeds="tests/fuzz/corpus/$target"
   regress="tests/fuzz/regress/$target"

@@ -41,8 +41,16 @@ local M = {}
 -- sm_90a (attention.lua's wgmma_op) when L allows a tensor map (rows of a
 -- multiple of 16 bytes); tiles: wgmma_bf16.lua's with BN 64 | 128 (64
 -- accumulators a thread at most... 128 with BN 256) and 2 to 8 stages.
+--
+-- attention_grad_xs is rendered by this module too, but not planned onto
+-- it: on the H200 its kernel (A by the producers' cp.async) hung in the GPU
+-- suite (2026-12-03), with a setmaxnreg budget that moved every register of
+-- the SM, since capped at the launch's; until a GPU run clears it, grad_xs
+-- keeps the cp.async ring (templates/attention_wgmma.lua).
+M.OPS = { attention_scores = true }
+
 function M.applies(k)
-  return k.rope_pre and k.L % 8 == 0
+  return k.rope_pre and k.L % 8 == 0 and M.OPS[k.op] == true
 end
 
 function M.tile_ok(t)

@@ -3,13 +3,15 @@
  * checkpoint.c), with no device:
  *   - save then load gives back every tensor byte for byte and every
  *     counter and hyper-parameter exactly (floats through %.9g);
- *   - data_sha256 is the hash of the file's data section (sha256sum);
+ *   - file_sha256 is the hash of the whole file with its own 64 digits
+ *     written as '0' (sha256sum);
  *   - refused with the path and what is wrong: a missing file, a
  *     truncated one, one bit flipped in a tensor (DG_ERR_CORRUPT, by the
- *     hash), a weights file that is not a checkpoint, a missing moment
- *     (named), a counter that is not a number (step, time); one saved
- *     before "time" and "data_sha256" were written loads (time 0); a
- *     failed save (no such folder) leaves nothing behind;
+ *     seal), a weights file that is not a checkpoint, a missing moment
+ *     (named), a counter that is not a number (step, time); an unsealed
+ *     dragon-checkpoint-1 saved before "time" and "data_sha256" were
+ *     written loads (time 0); a failed save (no such folder) leaves
+ *     nothing behind;
  *   - resuming: a config or optimizer that differs is named field by
  *     field; the same one matches;
  *   - pruning keeps the newest k by step, leaves other files alone,
@@ -104,47 +106,6 @@ static void same_state(const dg_train_state *a, const dg_train_state *b)
 	cr_assert_eq(b->weights->config.heads, c->heads);
 }
 
-Test(checkpoint, save_load_roundtrip_exact)
-{
-	dg_model_config c = tiny();
-	dg_train_state *s = made(&c), *b = NULL;
-	char *dir = dg_test_tmpdir(), path[512], msg[512];
-	dg_checkpoint_path(dir, s->step, path, sizeof(path));
-	cr_assert(strstr(path, "/ckpt-00000123.safetensors"), "%s", path);
-	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
-	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
-	same_state(s, b);
-	dg_train_state_destroy(b);
-	/* data_sha256 is the SHA-256 of the data section, as sha256sum sees it */
-	if (system("command -v sha256sum >/dev/null 2>&1") == 0) {
-		dg_safetensors *f;
-		cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
-		const char *want = dg_safetensors_meta(f, "data_sha256");
-		cr_assert(want && strlen(want) == 64, "%s", want ? want : "(no data_sha256)");
-		FILE *h = fopen(path, "rb");
-		unsigned char len[8];
-		cr_assert_eq(fread(len, 1, 8, h), 8u);
-		fclose(h);
-		unsigned long long hl = 0;
-		for (int i = 7; i >= 0; i--)
-			hl = hl << 8 | len[i];
-		char cmd[1024], got[65] = "";
-		snprintf(cmd, sizeof(cmd), "tail -c +%llu '%s' | sha256sum", hl + 9, path);
-		FILE *pp = popen(cmd, "r");
-		cr_assert_not_null(pp);
-		cr_assert_eq(fscanf(pp, "%64s", got), 1);
-		pclose(pp);
-		cr_assert_str_eq(got, want);
-		dg_safetensors_destroy(f);
-	}
-	/* saved again over itself: the same file loads the same */
-	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
-	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
-	same_state(s, b);
-	dg_train_state_destroy(b);
-	dg_train_state_destroy(s);
-}
-
 /* Bytes of a file, and a file of bytes. */
 static void *slurp(const char *path, size_t *n)
 {
@@ -165,6 +126,55 @@ static void spill(const char *path, const void *b, size_t n)
 	cr_assert_not_null(f, "%s", path);
 	cr_assert_eq(fwrite(b, 1, n, f), n);
 	fclose(f);
+}
+
+Test(checkpoint, save_load_roundtrip_exact)
+{
+	dg_model_config c = tiny();
+	dg_train_state *s = made(&c), *b = NULL;
+	char *dir = dg_test_tmpdir(), path[512], msg[512];
+	dg_checkpoint_path(dir, s->step, path, sizeof(path));
+	cr_assert(strstr(path, "/ckpt-00000123.safetensors"), "%s", path);
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
+	same_state(s, b);
+	dg_train_state_destroy(b);
+	/* file_sha256 is the SHA-256 of the whole file with its 64 digits
+	 * written as '0', as sha256sum sees it */
+	if (system("command -v sha256sum >/dev/null 2>&1") == 0) {
+		dg_safetensors *f;
+		cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+		const char *want = dg_safetensors_meta(f, "file_sha256");
+		cr_assert(want && strlen(want) == 64, "%s", want ? want : "(no file_sha256)");
+		cr_assert_null(dg_safetensors_meta(f, "data_sha256"));
+		cr_assert_str_eq(dg_safetensors_meta(f, "kind"), "checkpoint");
+		cr_assert_str_eq(dg_safetensors_meta(f, "format"), "dragon-checkpoint-2");
+		size_t n;
+		char *bytes = slurp(path, &n), *at = NULL;
+		for (size_t i = 0; i + 15 <= n && !at; i++)
+			if (memcmp(bytes + i, "\"file_sha256\":\"", 15) == 0)
+				at = bytes + i + 15;
+		cr_assert(at && memcmp(at, want, 64) == 0, "the seal is not in the header as written");
+		memset(at, '0', 64);
+		char zeroed[600], cmd[1400], got[65] = "";
+		snprintf(zeroed, sizeof(zeroed), "%s.zeroed", path);
+		spill(zeroed, bytes, n);
+		free(bytes);
+		snprintf(cmd, sizeof(cmd), "sha256sum '%s'", zeroed);
+		FILE *pp = popen(cmd, "r");
+		cr_assert_not_null(pp);
+		cr_assert_eq(fscanf(pp, "%64s", got), 1);
+		pclose(pp);
+		cr_assert_str_eq(got, want);
+		unlink(zeroed);
+		dg_safetensors_destroy(f);
+	}
+	/* saved again over itself: the same file loads the same */
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
+	same_state(s, b);
+	dg_train_state_destroy(b);
+	dg_train_state_destroy(s);
 }
 
 Test(checkpoint, bad_files_are_refused_by_name)
@@ -194,7 +204,7 @@ Test(checkpoint, bad_files_are_refused_by_name)
 	spill(other, flip, n);
 	free(flip);
 	cr_assert_eq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
-	cr_assert(strstr(msg, "flip.safetensors: corrupt: its tensors' SHA-256 is "), "%s", msg);
+	cr_assert(strstr(msg, "flip.safetensors: damaged: its bytes hash to "), "%s", msg);
 	cr_assert_null(b);
 
 	/* a weights file is not a checkpoint */
@@ -204,8 +214,9 @@ Test(checkpoint, bad_files_are_refused_by_name)
 	cr_assert(strstr(msg, "not a checkpoint"), "%s", msg);
 
 	/* a missing moment, a counter that is not a number: rewrite the file
-	 * without adamw.v.decoder, with step "x", with time "x"; and without
-	 * time and data_sha256 (a file saved before they were written), which
+	 * (sealed again) without adamw.v.decoder, with step "x", with time
+	 * "x"; and as a dragon-checkpoint-1 without time and data_sha256 (a
+	 * file saved before they were written: no seal, no kind), which
 	 * loads, with time 0 */
 	dg_safetensors *f;
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
@@ -223,11 +234,15 @@ Test(checkpoint, bad_files_are_refused_by_name)
 		for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
 			const char *key, *val;
 			cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-			if (k == 3 && (!strcmp(key, "time") || !strcmp(key, "data_sha256")))
+			if (k == 3 && (!strcmp(key, "time") || !strcmp(key, "file_sha256") || !strcmp(key, "kind")))
 				continue;
+			if (k == 3 && !strcmp(key, "format"))
+				val = "dragon-checkpoint-1";
 			bool bad = bad_key[k] && !strcmp(key, bad_key[k]);
 			cr_assert_eq(dg_safetensors_writer_meta(w, key, bad ? "x" : val, msg, sizeof(msg)), DG_OK);
 		}
+		if (k < 3)
+			cr_assert_eq(dg_safetensors_writer_seal(w, "file_sha256", msg, sizeof(msg)), DG_OK, "%s", msg);
 		snprintf(other, sizeof(other), "%s/edit%d.safetensors", dir, k);
 		cr_assert_eq(dg_safetensors_writer_save(w, other, msg, sizeof(msg)), DG_OK, "%s", msg);
 		dg_safetensors_writer_destroy(w);
@@ -288,7 +303,9 @@ Test(checkpoint, resume_names_what_differs)
 /* The loss scaler's state round-trips exactly (S, the count, the
  * interval); a resume with the other --loss-scale setting is refused by
  * name; a file without the scaler's keys (saved before they were
- * written: here the key renamed in place) loads as off. */
+ * written: here the key renamed in place, which the seal refuses, then
+ * the file made an unsealed dragon-checkpoint-1 in place too) loads as
+ * off. */
 Test(checkpoint, loss_scaler_state_roundtrips)
 {
 	dg_model_config c = tiny();
@@ -316,14 +333,24 @@ Test(checkpoint, loss_scaler_state_roundtrips)
 	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	size_t n;
 	char *bytes = slurp(path, &n);
-	int found = 0;
-	for (size_t i = 0; i + 12 <= n; i++)
-		if (memcmp(bytes + i, "\"loss_scale\"", 12) == 0) {
-			bytes[i + 10] = 'X'; /* "loss_scalX": a key nothing reads */
-			found++;
+	/* the key renamed: "loss_scalX", a key nothing reads */
+	static const char *const texts[4] = { "\"loss_scale\"", "\"kind\"", "\"file_sha256\"",
+					      "\"dragon-checkpoint-2\"" };
+	for (int k = 0; k < 4; k++) {
+		size_t len = strlen(texts[k]);
+		int found = 0;
+		for (size_t i = 0; i + len <= n; i++)
+			if (memcmp(bytes + i, texts[k], len) == 0) {
+				bytes[i + len - 2] = k == 3 ? '1' : 'X';
+				found++;
+			}
+		cr_assert_eq(found, 1, "%s should be in the header once", texts[k]);
+		spill(path, bytes, n);
+		if (k == 0) {
+			cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
+			cr_assert(strstr(msg, "ls.safetensors: damaged: "), "%s", msg);
 		}
-	cr_assert_eq(found, 1, "the key loss_scale should be in the header once");
-	spill(path, bytes, n);
+	}
 	free(bytes);
 	cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(b->scaler.mode, DG_LOSS_SCALE_OFF);

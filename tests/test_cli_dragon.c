@@ -12,8 +12,13 @@
  * --model, a missing file, a misnamed tensor, a file without dragon's
  * metadata, too short a --data, a directory or FIFO as --data, a bad flag, a
  * recipe the CPU model does not run, --grads past a file-size limit) exit 2
- * or 1 with one line naming the problem; --cpu runs each recipe its help
- * names (f32, w8a8, bitnet) to dg_model_cpu_step's loss; `dragon devices` lists
+ * or 1 with one line naming the problem, and so do a damaged file (a
+ * flipped bit of a checkpoint's step, of a weight's exponent), a NaN
+ * weight or a negative AdamW moment, named, and gradients given as
+ * --model; --grads naming --model (or another spelling of it, a symlink
+ * to it) or --data is refused with exit 2, the input intact; --cpu runs
+ * each recipe its help names (f32, w8a8, bitnet) to dg_model_cpu_step's
+ * loss; `dragon devices` lists
  * what the driver finds (none: exit 1 naming why). On a GPU: eval without
  * --cpu agrees with the CPU loss within 1e-5 relative (f32) — skipped
  * with "skipped: no CUDA device" otherwise, a failure under
@@ -25,10 +30,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 
+#include "dragon/checkpoint.h"
 #include "dragon/model.h"
 #include "dragon/rng.h"
 #include "dragon/runtime.h"
@@ -532,6 +539,128 @@ Test(cli_dragon, grads_past_the_file_size_limit_name_the_file)
 	char *names = listing(sb.root);
 	cr_assert(strstr(names, ".tmp.") == NULL, "a temp file was left:\n%s", names);
 	free(names);
+	dg_model_weights_destroy(w);
+	sandbox_fini(&sb);
+}
+
+/* bytes (n of them) into path, a new file. */
+static void put(const char *path, const void *bytes, size_t n)
+{
+	unlink(path);
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f, "%s", path);
+	cr_assert_eq(fwrite(bytes, 1, n, f), n);
+	fclose(f);
+}
+
+/* eval reads weights as every reader does: a checkpoint whose metadata
+ * or tensors have a flipped bit (the step; an exponent bit of lm_head)
+ * is damaged, a NaN weight is named, gradients are not weights. */
+Test(cli_dragon, damaged_or_not_finite_models_are_refused)
+{
+	sandbox sb;
+	run r;
+	char model[700], path[700], ckpt[700], msg[512];
+	dg_model_weights *w = setup(&sb, model, sizeof(model));
+	const char *small[] = { "--cpu", "--batch", "1", "--time", "8", "--batches", "1" };
+#define SMALL small[0], small[1], small[2], small[3], small[4], small[5], small[6]
+	dg_adamw_config o;
+	dg_adamw_defaults(&o, 10);
+	dg_train_state *s = NULL;
+	cr_assert_eq(dg_train_state_create(w, 1, &o, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	s->step = 4;
+	snprintf(ckpt, sizeof(ckpt), "%s/ckpt.safetensors", sb.root);
+	cr_assert_eq(dg_checkpoint_save(s, ckpt, msg, sizeof(msg)), DG_OK, "%s", msg);
+	gen(&sb, &r, "eval", "--model", ckpt, SMALL, NULL);
+	cr_assert_eq(r.code, 0, "a checkpoint as --model: %s", r.err);
+	run_free(&r);
+
+	size_t n;
+	char *bytes = slurp(ckpt, &n);
+	char *at = strstr(bytes + 8, "\"step\":\"4\"");
+	cr_assert_not_null(at);
+	at[8] ^= 1; /* "4" -> "5" */
+	snprintf(path, sizeof(path), "%s/step.safetensors", sb.root);
+	put(path, bytes, n);
+	at[8] ^= 1;
+	free(bytes);
+	gen(&sb, &r, "eval", "--model", path, SMALL, NULL);
+	expect_one_line_error(&r, 1, "step.safetensors: damaged: ");
+	run_free(&r);
+
+	/* the weights file's last float is lm_head's: its exponent's top bit */
+	bytes = slurp(model, &n);
+	bytes[n - 1] ^= 0x40;
+	snprintf(path, sizeof(path), "%s/exp.safetensors", sb.root);
+	put(path, bytes, n);
+	free(bytes);
+	gen(&sb, &r, "eval", "--model", path, SMALL, NULL);
+	expect_one_line_error(&r, 1, "exp.safetensors: damaged: ");
+	run_free(&r);
+
+	w->params[DG_PARAM_LM_HEAD][7] = NAN;
+	snprintf(path, sizeof(path), "%s/nan.safetensors", sb.root);
+	cr_assert_eq(dg_model_weights_save(w, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	gen(&sb, &r, "eval", "--model", path, SMALL, NULL);
+	expect_one_line_error(&r, 1, "nan.safetensors: lm_head[7] is nan");
+	run_free(&r);
+	/* in a checkpoint, a moment too (eval reads it whole) */
+	s->v[DG_PARAM_DECODER][2] = -1.0f;
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	gen(&sb, &r, "eval", "--model", path, SMALL, NULL);
+	expect_one_line_error(&r, 1, "nan.safetensors: adamw.v.decoder[2] is -1");
+	run_free(&r);
+
+	snprintf(path, sizeof(path), "%s/grads.safetensors", sb.root);
+	gen(&sb, &r, "eval", "--model", model, SMALL, "--grads", path, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "eval", "--model", path, SMALL, NULL);
+	expect_one_line_error(&r, 1, "grads.safetensors: a gradients file");
+	run_free(&r);
+	dg_train_state_destroy(s);
+	dg_model_weights_destroy(w);
+	sandbox_fini(&sb);
+#undef SMALL
+}
+
+/* --grads never overwrites an input: the model (by its path, another
+ * spelling of it, a symlink to it) or the data; exit 2, the file as it
+ * was. */
+Test(cli_dragon, grads_never_overwrite_an_input)
+{
+	sandbox sb;
+	run r;
+	char model[700], data[700], other[700], link[700];
+	dg_model_weights *w = setup(&sb, model, sizeof(model));
+	write_data(&sb, "data.bin", 400, 1, data, sizeof(data), NULL);
+	snprintf(other, sizeof(other), "%s/./sub/../model.safetensors", sb.root);
+	snprintf(link, sizeof(link), "%s/sub", sb.root);
+	cr_assert_eq(mkdir(link, 0755), 0);
+	snprintf(link, sizeof(link), "%s/link.safetensors", sb.root);
+	cr_assert_eq(symlink(model, link), 0);
+	size_t n, n2;
+	char *before = slurp(model, &n), *dbefore = slurp(data, &n2);
+	const char *const grads[] = { model, other, link };
+	for (int i = 0; i < 3; i++) {
+		gen(&sb, &r, "eval", "--model", model, "--cpu", "--batch", "1", "--time", "8", "--batches", "1",
+		    "--grads", grads[i], NULL);
+		expect_one_line_error(&r, 2, "the same file as --model");
+		run_free(&r);
+	}
+	gen(&sb, &r, "eval", "--model", model, "--data", data, "--cpu", "--batch", "1", "--time", "8",
+	    "--batches", "1", "--grads", data, NULL);
+	expect_one_line_error(&r, 2, "the same file as --data");
+	run_free(&r);
+	size_t m, m2;
+	char *after = slurp(model, &m), *dafter = slurp(data, &m2);
+	cr_assert(m == n && memcmp(before, after, n) == 0, "--grads changed the model");
+	cr_assert(m2 == n2 && memcmp(dbefore, dafter, n2) == 0, "--grads changed the data");
+	free(before), free(after), free(dbefore), free(dafter);
+	/* the model still loads as it did */
+	gen(&sb, &r, "eval", "--model", model, "--cpu", "--batch", "1", "--time", "8", "--batches", "1", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
 	dg_model_weights_destroy(w);
 	sandbox_fini(&sb);
 }

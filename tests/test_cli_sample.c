@@ -12,9 +12,10 @@
  *   - a bf16 checkpoint on the CPU runs as f32 on the same weights, with a
  *     note on stderr, and gives the f32 checkpoint's text;
  *   - bad flags, no checkpoint, a folder without one, a corrupt file, a
- *     weights file that is not a checkpoint and diverged weights (a logit
- *     that is not finite) are refused with one line, exit 2 (usage) or 1
- *     (failure).
+ *     weights file that is not a checkpoint, a NaN weight (named, before a
+ *     byte is printed), diverged weights (a logit that is not finite), a
+ *     flipped bit of the step (damaged) and a gradients file are refused
+ *     with one line, exit 2 (usage) or 1 (failure).
  * On a GPU: sampling without --cpu prints the prompt and --length bytes,
  * the same for the same seed, and its greedy text is the CPU's (skipped
  * with "skipped: no CUDA device" otherwise).
@@ -243,15 +244,53 @@ Test(cli_sample, refusals)
 	gen(&sb, &r, "sample", path, "--cpu", NULL);
 	expect_one_line_error(&r, 1, "not a checkpoint");
 	run_free(&r);
-	/* diverged weights: a logit that is not finite stops it, named */
+	/* a weight that is not a number: refused before a byte is printed,
+	 * naming the tensor and the index */
 	cr_assert_eq(dg_checkpoint_load(ckpt, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	s->weights->params[DG_PARAM_LM_HEAD][0] = NAN;
+	s->weights->params[DG_PARAM_LM_HEAD][3] = NAN;
 	snprintf(path, sizeof(path), "%s/nan.safetensors", sb.root);
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
+	gen(&sb, &r, "sample", path, "--cpu", "--prompt", "Now", NULL);
+	expect_one_line_error(&r, 1, "nan.safetensors: lm_head[3] is nan");
+	cr_assert_eq(r.out_len, 0, "a refused sample printed '%s'", r.out);
+	run_free(&r);
+	/* diverged weights, finite but too large: a logit that is not finite
+	 * stops it, named (lm_head all ±3e38, the signs random: the final
+	 * norm's output, of mean 0 and variance 1, times a column overflows) */
+	const int nh = s->weights->config.embd * s->weights->config.vocab;
+	for (int i = 0; i < nh; i++)
+		s->weights->params[DG_PARAM_LM_HEAD][i] = ((unsigned)i * 2654435761u) >> 31 ? 3e38f : -3e38f;
 	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_train_state_destroy(s);
 	gen(&sb, &r, "sample", path, "--cpu", "--prompt", "Now", NULL);
-	expect_one_line_error(&r, 1, "logit 0 is nan");
+	expect_one_line_error(&r, 1, "are not finite (logit ");
+	cr_expect(strstr(r.err, "the weights have diverged"), "%s", r.err);
 	cr_expect(r.out_len == 3 && memcmp(r.out, "Now", 3) == 0, "printed %zu bytes", r.out_len);
+	run_free(&r);
+	/* a flipped bit of the metadata (the step): damaged, named */
+	bytes = slurp(ckpt, &n);
+	char *at = strstr(bytes + 8, "\"step\":\"12\"");
+	cr_assert_not_null(at);
+	at[9] ^= 1; /* 12 -> 13 */
+	snprintf(path, sizeof(path), "%s/flip.safetensors", sb.root);
+	f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(bytes, 1, n, f), n);
+	fclose(f);
+	free(bytes);
+	gen(&sb, &r, "sample", path, "--cpu", NULL);
+	expect_one_line_error(&r, 1, "flip.safetensors: damaged: ");
+	cr_assert_eq(r.out_len, 0, "a refused sample printed '%s'", r.out);
+	run_free(&r);
+	/* gradients are not a checkpoint */
+	char grads[700];
+	snprintf(grads, sizeof(grads), "%s/grads.safetensors", sb.root);
+	gen(&sb, &r, "eval", "--model", ckpt, "--cpu", "--batch", "1", "--time", "8", "--batches", "1", "--grads",
+	    grads, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "sample", grads, "--cpu", NULL);
+	expect_one_line_error(&r, 1, "grads.safetensors: a gradients file");
 	run_free(&r);
 	gen(&sb, &r, "sample", "--help", NULL);
 	cr_assert_eq(r.code, 0);

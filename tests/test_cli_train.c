@@ -28,6 +28,7 @@
 #define _XOPEN_SOURCE 700 /* posix_openpt, ptsname */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
@@ -45,6 +46,7 @@
 
 #include "cli_helpers.h"
 #include "dragon/checkpoint.h"
+#include "dragon/safetensors.h"
 
 extern char **environ;
 
@@ -655,9 +657,11 @@ static void damage(const char *path, long at, const void *b, size_t n)
  * a validation row), flags (a value out of range or not a number, a
  * missing value, an argument, an unknown preset); resuming with no
  * checkpoint, with another config (the field named), into another run's
- * folder without --resume, from a truncated or corrupt checkpoint (the
- * file named; not silently an older one); a loss that is not finite
- * (the step named, the last good checkpoint kept and whole).
+ * folder without --resume, from a truncated or damaged checkpoint (the
+ * file named; not silently an older one: a flipped bit of a tensor or of
+ * the step, a step of 999999999999, a second moment that is not a number,
+ * gradients in its place); a loss that is not finite (the step named,
+ * the last good checkpoint kept and whole).
  */
 Test(cli_train, bad_inputs_are_refused_by_name)
 {
@@ -719,6 +723,8 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 	snprintf(ck, sizeof(ck), "%s/ckpt-00000004.safetensors", out);
 	size_t n;
 	char *good = slurp(ck, &n);
+	const char *step = strstr(good + 8, "\"step\":\"4\"");
+	cr_assert_not_null(step);
 	const struct {
 		long at;
 		const char *bytes;
@@ -728,7 +734,8 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 		{ 8, "garbage!", "header: must start with '{'" },
 		{ 0, "\xff\xff\xff\xff\xff\xff\xff\x7f", "header length 9223372036854775807; at most" },
 		{ 6, NULL, "6 bytes; a safetensors file starts with an 8-byte header length" },
-		{ (long)n - 3, "\x55", ": corrupt: its tensors' SHA-256 is " }, /* a byte of a tensor */
+		{ (long)n - 3, "\x55", ": damaged: its bytes hash to " }, /* a byte of a tensor */
+		{ (long)(step - good) + 8, "5", ": damaged: its bytes hash to " }, /* "step":"4" -> "5" */
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		damage(ck, bad[i].at, bad[i].bytes, bad[i].bytes ? strlen(bad[i].bytes) : 0);
@@ -741,6 +748,56 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 		cr_assert_eq(fwrite(good, 1, n, f), n);
 		fclose(f);
 	}
+	/* written whole by another program: a step far past the run's (the
+	 * seal as it was), a second moment that is not a number (sealed),
+	 * gradients in its place */
+	dg_safetensors *f;
+	char msg[1024];
+	cr_assert_eq(dg_safetensors_load(ck, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_safetensors_writer *w;
+	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
+	for (size_t i = 0; i < dg_safetensors_count(f); i++) {
+		const dg_st_tensor *t = dg_safetensors_at(f, i);
+		cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
+						       sizeof(msg)), DG_OK, "%s", msg);
+	}
+	for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
+		const char *key, *val;
+		cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
+		cr_assert_eq(dg_safetensors_writer_meta(w, key, strcmp(key, "step") ? val : "999999999999", msg,
+							sizeof(msg)), DG_OK);
+	}
+	cr_assert_eq(dg_safetensors_writer_save(w, ck, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_safetensors_writer_destroy(w);
+	dg_safetensors_destroy(f);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
+	expect_one_line_error(&r, 1, "ckpt-00000004.safetensors: damaged: ");
+	run_free(&r);
+	dg_train_state *st = NULL;
+	damage(ck, 0, NULL, 0);
+	damage(ck, 0, good, n);
+	cr_assert_eq(dg_checkpoint_load(ck, &st, msg, sizeof(msg)), DG_OK, "%s", msg);
+	st->v[DG_PARAM_ENCODER][11] = NAN;
+	cr_assert_eq(dg_checkpoint_save(st, ck, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_train_state_destroy(st);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
+	expect_one_line_error(&r, 1, "ckpt-00000004.safetensors: adamw.v.encoder[11] is nan");
+	run_free(&r);
+	damage(ck, 0, NULL, 0);
+	damage(ck, 0, good, n);
+	snprintf(p, sizeof(p), "%s/grads.safetensors", sb.root);
+	gen(&sb, &r, "eval", "--model", ck, "--cpu", "--batch", "1", "--time", "8", "--batches", "1", "--grads", p,
+	    NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
+	cr_assert_eq(rename(p, ck), 0);
+	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
+	expect_one_line_error(&r, 1, "ckpt-00000004.safetensors: a gradients file");
+	run_free(&r);
+	FILE *gf = fopen(ck, "wb");
+	cr_assert_not_null(gf);
+	cr_assert_eq(fwrite(good, 1, n, gf), n);
+	fclose(gf);
 	free(good);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
 	cr_assert_eq(r.code, 0, "the mended checkpoint: %s", r.err);

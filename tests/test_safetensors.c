@@ -2,8 +2,9 @@
  * Tests of the safetensors reader and writer (runtime/store/safetensors.c):
  * a round trip of every dtype, the layout the reference writer also makes
  * (8-aligned data), files PyTorch wrote (bytes built here by hand, as
- * safetensors.torch.save_file lays them out), and a refusal with the field
- * named for every way a header can lie.
+ * safetensors.torch.save_file lays them out), a refusal with the field
+ * named for every way a header can lie, and seals (a file's SHA-256 in
+ * its own metadata) that cover every byte but their own.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -244,4 +245,112 @@ Test(safetensors, save_is_atomic_and_keeps_the_old_file_on_failure)
 		     DG_ERR_NOT_FOUND);
 	dg_safetensors_writer_destroy(w);
 	dg_test_rmtree(dir);
+}
+
+/* A sealed file: its seal is the SHA-256 of the file with the 64 digits
+ * written as '0' (checked here by hand), it still reads as plain
+ * safetensors, and every one of its bytes, the seal's own aside, is
+ * covered; a seal written otherwise than the writer writes it (an escaped
+ * key, not 64 hex digits) is refused, a file without one is NOT_FOUND. */
+Test(safetensors, a_seal_covers_every_byte)
+{
+	char msg[512];
+	dg_safetensors_writer *w;
+	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
+	const float x[3] = { 1.0f, -2.0f, 0.5f };
+	const int64_t sh[1] = { 3 };
+	cr_assert_eq(dg_safetensors_writer_add(w, "x", DG_ST_F32, 1, sh, x, msg, sizeof(msg)), DG_OK);
+	/* a tensor named as the key: its text is "seal":{, not "seal":" */
+	cr_assert_eq(dg_safetensors_writer_add(w, "seal", DG_ST_F32, 1, sh, x, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_safetensors_writer_meta(w, "step", "30", msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_safetensors_writer_meta(w, "seal", "given, replaced", msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_safetensors_writer_seal(w, "bad key", msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_safetensors_writer_seal(w, "seal", msg, sizeof(msg)), DG_OK, "%s", msg);
+	void *bytes;
+	size_t n;
+	cr_assert_eq(dg_safetensors_writer_bytes(w, &bytes, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_safetensors_writer_destroy(w);
+	unsigned char *b = bytes;
+	dg_safetensors *f;
+	cr_assert_eq(dg_safetensors_parse(b, n, "s", &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_safetensors_seal_check(f, "seal", msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_safetensors_seal_check(f, "step2", msg, sizeof(msg)), DG_ERR_NOT_FOUND);
+	const char *seal = dg_safetensors_meta(f, "seal");
+	cr_assert(seal && strlen(seal) == 64, "%s", seal ? seal : "(none)");
+	char *at = strstr((char *)b + 8, "\"seal\":\"");
+	cr_assert(at && memcmp(at + 8, seal, 64) == 0);
+	/* the seal by hand: sha256sum of the file with the digits zeroed */
+	if (system("command -v sha256sum >/dev/null 2>&1") == 0) {
+		char *dir = dg_test_tmpdir(), path[512], cmd[700], got[65] = "";
+		snprintf(path, sizeof(path), "%s/zeroed", dir);
+		unsigned char *z = malloc(n);
+		memcpy(z, b, n);
+		memset(z + (at + 8 - (char *)b), '0', 64);
+		FILE *fp = fopen(path, "wb");
+		cr_assert_eq(fwrite(z, 1, n, fp), n);
+		fclose(fp);
+		free(z);
+		snprintf(cmd, sizeof(cmd), "sha256sum '%s'", path);
+		FILE *pp = popen(cmd, "r");
+		cr_assert_eq(fscanf(pp, "%64s", got), 1);
+		pclose(pp);
+		cr_assert_str_eq(got, seal);
+		dg_test_rmtree(dir);
+	}
+	dg_safetensors_destroy(f);
+	/* every bit of every byte but the seal's own: refused when it parses */
+	size_t seal_at = (size_t)(at + 8 - (char *)b);
+	for (size_t i = 0; i < n; i++) {
+		if (i >= seal_at && i < seal_at + 64)
+			continue;
+		for (int bit = 0; bit < 8; bit++) {
+			b[i] ^= (unsigned char)(1u << bit);
+			if (dg_safetensors_parse(b, n, "s", &f, msg, sizeof(msg)) == DG_OK) {
+				dg_status st = dg_safetensors_seal_check(f, "seal", msg, sizeof(msg));
+				cr_assert(st == DG_ERR_CORRUPT || st == DG_ERR_NOT_FOUND, "byte %zu bit %d: %d", i, bit, st);
+				if (st == DG_ERR_CORRUPT)
+					cr_assert(msg[0], "no message");
+				dg_safetensors_destroy(f);
+			}
+			b[i] ^= (unsigned char)(1u << bit);
+		}
+	}
+	free(b);
+
+	/* written otherwise: an escaped key, a value that is not hex */
+	static const char *const others[2] = {
+		"{\"__metadata__\":{\"se\\u0061l\":\"0000000000000000000000000000000000000000000000000000000000000000\"},"
+		"\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+		"{\"__metadata__\":{\"seal\":\"XYZ\"},\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+	};
+	static const char *const want[2] = { "not written as a sealed file writes it", "is not a SHA-256" };
+	for (int k = 0; k < 2; k++) {
+		size_t size;
+		void *fb = file_of(others[k], 1, &size);
+		cr_assert_eq(dg_safetensors_parse(fb, size, "o", &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(dg_safetensors_seal_check(f, "seal", msg, sizeof(msg)), DG_ERR_CORRUPT);
+		cr_assert(strstr(msg, want[k]), "%s", msg);
+		dg_safetensors_destroy(f);
+		free(fb);
+	}
+}
+
+/* Without a seal, every metadata pair is written, an empty key too (the
+ * seal's key is empty then: it must not drop the pair named so). */
+Test(safetensors, no_seal_keeps_every_pair)
+{
+	char msg[256];
+	dg_safetensors_writer *w;
+	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
+	cr_assert_eq(dg_safetensors_writer_meta(w, "", "v", msg, sizeof(msg)), DG_OK);
+	void *bytes;
+	size_t n;
+	cr_assert_eq(dg_safetensors_writer_bytes(w, &bytes, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_safetensors_writer_destroy(w);
+	dg_safetensors *f;
+	cr_assert_eq(dg_safetensors_parse(bytes, n, "e", &f, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_safetensors_meta_count(f), 1u);
+	cr_assert_str_eq(dg_safetensors_meta(f, ""), "v");
+	dg_safetensors_destroy(f);
+	free(bytes);
 }

@@ -8,6 +8,9 @@
  * dg_model_weights_save writes); a file without it (PyTorch's, say) needs
  * --layers --embd --heads --neurons, which also override the metadata.
  * --preset swaps the recipe, never the shapes. Eval runs without dropout.
+ * The file is checked as every reader of weights checks it
+ * (dg_model_file_check: its seal, its kind, finite values); --grads
+ * never names --model or --data.
  */
 #include <errno.h>
 #include <math.h>
@@ -30,7 +33,9 @@ static const char help_text[] =
 	"The mean cross-entropy loss (and perplexity) of the model's weights over K\n"
 	"batches of B rows of T tokens, the targets the next tokens.\n\n"
 	"  --model M       weights as dg_model_weights_save writes them (the reference's\n"
-	"                  names, F32); the config is read from the file's metadata\n"
+	"                  names, F32), or a checkpoint; the config is read from the\n"
+	"                  file's metadata. A damaged file (its seal, file_sha256, not\n"
+	"                  its SHA-256) or weights that are not finite are refused\n"
 	"  --layers L, --embd D, --heads H, --neurons N\n"
 	"                  the config's shapes, for a file without dragon's metadata\n"
 	"                  (all four then), or overriding it\n"
@@ -44,7 +49,9 @@ static const char help_text[] =
 	"  --batches K     batches (default 8)\n"
 	"  --seed S        the data's offsets or bytes (default 0)\n"
 	"  --grads OUT     write every weight's gradient of the first batch to OUT\n"
-	"                  (safetensors, the weights' names, written atomically)\n"
+	"                  (safetensors, the weights' names, written atomically, of\n"
+	"                  kind gradients: no reader of weights takes it); OUT is\n"
+	"                  never --model or --data\n"
 	"  --cpu           the CPU model even with a GPU (f32, w8a8, bitnet)\n"
 	"  --json          one JSON object on stdout instead of the text\n\n"
 	"Runs on GPU 0 when there is one, else on the CPU model, which runs f32, w8a8\n"
@@ -129,6 +136,14 @@ static int parse(int argc, char **argv, eval_args *a)
 	if (!a->model)
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "eval: --model is required (a weights .safetensors file); see `dragon eval --help`");
+	/* an output never overwrites an input: gradients over the model would
+	 * replace it (its AdamW state too) with what loads as no weights */
+	const char *in[2] = { a->model, a->data }, *in_flag[2] = { "--model", "--data" };
+	for (int i = 0; a->grads && i < 2; i++)
+		if (in[i] && dg__cli_same_file(a->grads, in[i]))
+			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+					   "--grads %s: the same file as %s %s; the gradients go to a file of their own",
+					   a->grads, in_flag[i], in[i]);
 	if (a->batch * (a->time ? a->time : 512) > (1u << 26))
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "--batch %llu --time %llu: at most 2^26 tokens a batch",
@@ -310,7 +325,7 @@ int dg__cli_cmd_eval(int argc, char **argv)
 	if (shown)
 		fputs("\r\033[K", stderr);
 	double secs = dg__cli_now_s() - t0, loss = sum / k_all;
-	if (g && (st = dg_model_weights_save(g, a.grads, msg, sizeof(msg)))) {
+	if (g && (st = dg_model_grads_save(g, a.grads, msg, sizeof(msg)))) {
 		code = dg__cli_err(DG__CLI_FAIL, st, "--grads %s", msg);
 		goto out;
 	}

@@ -3,10 +3,12 @@
  * An error is one line on stderr that starts with "dragon:".
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli/dragon/util.h"
@@ -129,6 +131,37 @@ double dg__cli_now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* p's canonical path into out (PATH_MAX bytes): its real path, or its
+ * folder's and its name; false when neither resolves. */
+static bool canonical(const char *p, char *out)
+{
+	if (realpath(p, out))
+		return true;
+	char dir[PATH_MAX], real[PATH_MAX];
+	const char *slash = strrchr(p, '/'), *name = slash ? slash + 1 : p;
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else if (slash == p)
+		snprintf(dir, sizeof(dir), "/");
+	else
+		snprintf(dir, sizeof(dir), "%.*s", (int)(slash - p), p);
+	if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || !realpath(dir, real))
+		return false;
+	int n = snprintf(out, PATH_MAX, "%s/%s", strcmp(real, "/") == 0 ? "" : real, name);
+	return n > 0 && n < PATH_MAX;
+}
+
+bool dg__cli_same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+	if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+		return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+	char ca[PATH_MAX], cb[PATH_MAX];
+	if (canonical(a, ca) && canonical(b, cb))
+		return strcmp(ca, cb) == 0;
+	return strcmp(a, b) == 0;
 }
 
 /* ---- JSON ------------------------------------------------------------------- */

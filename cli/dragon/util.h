@@ -72,6 +72,12 @@ bool dg__cli_parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi
 
 double dg__cli_now_s(void);
 
+/* Whether paths a and b name one file: the same device and inode when
+ * both exist; else the same canonical path (the file's real path when it
+ * exists, else its folder's real path and its name), so an output not
+ * made yet is matched too. For "outputs never overwrite inputs". */
+bool dg__cli_same_file(const char *a, const char *b);
+
 /* ---- JSON ------------------------------------------------------------------ */
 
 /* Prints j (indented) and a newline on stdout; deletes j. 1 (reported)

@@ -18,13 +18,24 @@
  *     "loss_scale.value" (S, %.9g), "loss_scale.good_steps" and
  *     "loss_scale.growth_interval" (files saved before the scaler was
  *     written lack them all and load as "off");
- *     "data_sha256": the SHA-256 (hex) of the data section, every
- *     tensor's bytes as stored (absent from files saved before it was
- *     written, which load unchecked); "format": "dragon-checkpoint-1".
+ *     "format": "dragon-checkpoint-2", "kind": "checkpoint", and
+ *     "file_sha256", the file's seal: the SHA-256 (hex) of the whole file
+ *     — header, metadata and tensors — as it is with these 64 digits
+ *     written as '0' (dragon/safetensors.h), so a flipped bit anywhere in
+ *     it, a step or an RNG state as much as a weight, is refused.
  * It is written atomically (temp file, fsync, rename, directory fsync:
  * dg_safetensors_writer_save), so a crash or a full disk leaves the
  * previous file as it was. A file whose tensors or metadata are missing,
- * misshapen or unparsable is refused, naming what.
+ * misshapen or unparsable is refused, naming what; so is one whose
+ * weights or moments are not finite (a second moment negative), though
+ * its seal holds (dg_model_file_check: every reader checks the same).
+ *
+ * Older files: a "dragon-checkpoint-1" (saved before seals) still loads,
+ * so a run saved then can be resumed, sampled and evaluated; its
+ * "data_sha256" (the SHA-256 of its tensors' bytes alone; absent from the
+ * oldest, which load unchecked) is checked, its metadata only for form
+ * and sense (a step past the run's steps is refused). Its next checkpoint
+ * is a sealed one.
  */
 #ifndef DRAGON_CHECKPOINT_H
 #define DRAGON_CHECKPOINT_H
@@ -65,12 +76,25 @@ void dg_train_state_destroy(dg_train_state *s);
  * temp file is then removed and the previous file at path is as it was. */
 dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *msg, size_t msg_size);
 
-/* Reads a checkpoint (a new state in *out). DG_ERR_NOT_FOUND / DG_ERR_IO
- * for the file, DG_ERR_PARSE naming the tensor or key that is missing,
- * misshapen or not a number (a truncated file, a damaged header),
- * DG_ERR_CORRUPT when the tensors' bytes do not hash to data_sha256 (a
- * flipped bit). */
+/* The file dg_checkpoint_save writes, in memory (malloc'd *out of *size
+ * bytes; free it). */
+dg_status dg_checkpoint_bytes(const dg_train_state *s, void **out, size_t *size, char *msg,
+			      size_t msg_size);
+
+/* Reads a checkpoint (a new state in *out), after the checks of every
+ * reader of weights (dg_model_file_check). DG_ERR_NOT_FOUND / DG_ERR_IO
+ * for the file; DG_ERR_CORRUPT "<path>: damaged: ..." when its bytes do
+ * not hash to its seal (a flipped bit anywhere), or a sealed format lacks
+ * its seal; DG_ERR_NUMERIC naming the tensor and index of a weight or
+ * moment that is not finite, or a negative second moment; DG_ERR_PARSE
+ * naming the tensor or key that is missing, misshapen or not a number (a
+ * truncated file, a damaged header), a step past the run's steps, or a
+ * file that is not a checkpoint (weights, gradients). Every message names
+ * the file. */
 dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size);
+/* dg_checkpoint_load of size bytes in memory; name says them in messages. */
+dg_status dg_checkpoint_parse(const void *bytes, size_t size, const char *name, dg_train_state **out,
+			      char *msg, size_t msg_size);
 
 /* Whether a run of config c, optimizer opt and loss scaler mode
  * loss_scale (DG_LOSS_SCALE_OFF / _DYNAMIC) may resume from s: OK, or

@@ -111,12 +111,39 @@ dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
 				  dg_model_weights **out, char *msg, size_t msg_size);
 void dg_model_weights_destroy(dg_model_weights *w); /* NULL is fine */
 /* Reads the weights of c from a safetensors file (the reference's names,
- * shapes, F32); a missing, misnamed or misshapen tensor is refused by
- * name. Writes them likewise (atomically), with the config as metadata. */
+ * shapes, F32) after dg_model_file_check's checks; a missing, misnamed or
+ * misshapen tensor is refused by name. Writes them likewise (atomically),
+ * with the config as metadata, "kind": "weights" and the file's seal
+ * ("file_sha256": the SHA-256 of the whole file, dragon/safetensors.h). */
 dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 				dg_model_weights **out, char *msg, size_t msg_size);
 dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
 				size_t msg_size);
+/* Writes gradients g (a weights' names and shapes) as dg_model_weights_save
+ * does, but of "kind": "gradients", which no reader of weights takes. */
+dg_status dg_model_grads_save(const dg_model_weights *g, const char *path, char *msg,
+			      size_t msg_size);
+/*
+ * What every reader of weights (the functions here, dg_checkpoint_load,
+ * the Python package's load_checkpoint) checks of a file before it uses a
+ * value of it, on size bytes of it (name says it in messages):
+ *   - a sealed file (metadata file_sha256, what dragon writes) hashes to
+ *     its seal, and a file that names its kind is sealed; a file without a
+ *     seal (saved before seals, or by another program) hashes to its
+ *     data_sha256 when it has one: else DG_ERR_CORRUPT,
+ *     "<name>: damaged: ...", saying how to go on;
+ *   - it is not a gradients file (metadata kind: gradients) or of a kind
+ *     unknown: DG_ERR_PARSE naming what it is;
+ *   - every value of its F32 weights (the reference's names) and AdamW
+ *     moments (adamw.m.<name>, adamw.v.<name>) is finite, and a second
+ *     moment not negative: else DG_ERR_NUMERIC naming the tensor and the
+ *     first bad index ("lm_head[17] is nan").
+ * A file that is not safetensors (cut, or its header damaged) is
+ * DG_ERR_PARSE, "<name>: damaged (or not safetensors): ..." with
+ * dg_safetensors_parse's reason.
+ */
+dg_status dg_model_file_check(const void *bytes, size_t size, const char *name, char *msg,
+			      size_t msg_size);
 /*
  * The config a weights file was saved with (dg_model_weights_save's
  * metadata): the recipe of its "preset" (f32 when it has none), then its
@@ -124,7 +151,8 @@ dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, cha
  * A file without layers, embd, heads and neurons in its metadata (one
  * PyTorch wrote, say) is DG_ERR_NOT_FOUND naming what is missing; a
  * value that is not an integer, or a config dg_model_config_check
- * refuses, DG_ERR_PARSE naming the key. Reads the whole file.
+ * refuses, DG_ERR_PARSE naming the key. Reads the whole file and checks
+ * it first as dg_model_file_check does.
  */
 dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg,
 			       size_t msg_size);

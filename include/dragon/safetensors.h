@@ -26,6 +26,14 @@
  * as the reference writer does), and publishes the file atomically: a
  * temp file in the same folder, fsync, rename over the target, fsync of
  * the folder — a crash leaves the old file or the new one, never half.
+ *
+ * A sealed file carries its own SHA-256 in its metadata: under a key K
+ * (letters, digits, '_', '.'), 64 lowercase hex digits, the SHA-256 of
+ * the whole file — length, header, padding, data — as it is with those
+ * 64 digits written as '0'. The writer writes the pair as "K":"<hex>"
+ * (no space, no escape), the one place a reader looks for it, so a seal
+ * covers every byte of the file but its own 64 and the file stays a
+ * plain safetensors file for every other reader.
  */
 #ifndef DRAGON_SAFETENSORS_H
 #define DRAGON_SAFETENSORS_H
@@ -108,6 +116,20 @@ size_t dg_safetensors_meta_count(const dg_safetensors *f);
 bool dg_safetensors_meta_at(const dg_safetensors *f, size_t i, const char **key,
 			    const char **value);
 
+/* The SHA-256 (64 lowercase hex digits and a NUL) of f's data section:
+ * every tensor's bytes as stored, what `tail -c +<9 + N>` gives. */
+void dg_safetensors_data_sha256(const dg_safetensors *f, char hex[65]);
+
+/*
+ * Checks f's seal under key (see above): DG_OK when the file's bytes hash
+ * to it; DG_ERR_NOT_FOUND when f has no metadata key; DG_ERR_CORRUPT when
+ * they hash otherwise, or the value is not 64 lowercase hex digits
+ * written as "key":"<hex>" once in the header. msg says which, without
+ * the file's name (the caller names the file).
+ */
+dg_status dg_safetensors_seal_check(const dg_safetensors *f, const char *key, char *msg,
+				    size_t msg_size);
+
 /*
  * Checks that tensor `name` exists with dtype and exactly the shape given
  * (ndim extents), and returns it: one line in msg otherwise, naming the
@@ -132,6 +154,12 @@ dg_status dg_safetensors_writer_add(dg_safetensors_writer *w, const char *name,
 /* Sets a metadata pair (a key given again replaces its value). */
 dg_status dg_safetensors_writer_meta(dg_safetensors_writer *w, const char *key,
 				     const char *value, char *msg, size_t msg_size);
+/* Seals the file under metadata key (see above): every file the writer
+ * makes from then on carries its SHA-256 there, in place of any value
+ * dg_safetensors_writer_meta gave key. A key of other characters than
+ * letters, digits, '_' and '.' is DG_ERR_INVALID_ARG. */
+dg_status dg_safetensors_writer_seal(dg_safetensors_writer *w, const char *key, char *msg,
+				     size_t msg_size);
 /* The whole file in memory (malloc'd *out of *size bytes; free it). */
 dg_status dg_safetensors_writer_bytes(const dg_safetensors_writer *w, void **out,
 				      size_t *size, char *msg, size_t msg_size);

@@ -18,7 +18,8 @@ from ._dlpack import Buffer
 from ._lib import DragonError, InvalidArgument, InvalidSpec, NoDevice, Unsupported
 
 __all__ = ["Spec", "Device", "Model", "Buffer", "DragonError", "InvalidArgument", "InvalidSpec",
-           "NoDevice", "Unsupported", "Corpus", "device_count", "library_path", "PRESETS", "PARAMS"]
+           "NoDevice", "Unsupported", "Corpus", "device_count", "library_path", "check_weights", "PRESETS",
+           "PARAMS"]
 __version__ = "0.1.0"
 
 PRESETS = ("f32", "bf16", "w8a8", "bitnet", "seed")
@@ -235,6 +236,20 @@ class Model:
         if h and _lib._lib is not None:
             _lib._lib.dg_ffi_model_destroy(h)
             self._h = None
+
+
+def check_weights(data, name="weights"):
+    """Checks the bytes of a safetensors file of weights (a checkpoint,
+    a weights file) as every reader of dragon's checks it before using a
+    value of it (dg_model_file_check): that it is as it was written (its
+    seal, file_sha256: the whole file's SHA-256, metadata included), that
+    it is not gradients, and that its weights and AdamW moments are
+    finite (the second moments not negative). Raises DragonError with
+    dragon's message naming `name` ("<name>: damaged: ...",
+    "<name>: lm_head[17] is nan: ...") otherwise."""
+    buf = _lib.msgbuf()
+    data = bytes(data)
+    _lib.check(_lib.lib().dg_model_file_check(data, len(data), str(name).encode(), buf, _lib.MSG), buf)
 
 
 class Corpus:

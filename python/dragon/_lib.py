@@ -163,6 +163,7 @@ _PROTOS = {
     "dg_corpus_batch": (None, [ctypes.POINTER(Corpus), ctypes.c_bool, ctypes.POINTER(_U64), ctypes.c_int,
                                ctypes.c_int, _P, _P]),
     "dg_rng_seed": (None, [ctypes.POINTER(_U64), _U64]),
+    "dg_model_file_check": (ctypes.c_int, [_P, _SZ, _STR, _STR, _SZ]),
     "dg_ffi_model_run": (ctypes.c_int, [_P, _U64, _U64, _I32, _U64, ctypes.c_uint32, _I32, _I32, _STR, _SZ]),
 }
 

@@ -232,6 +232,51 @@ def test_cpu_bdh_state_dict_round_trip_and_checkpoint(tmp_path):
         m3.to(torch.float64)
 
 
+def test_load_checkpoint_checks_the_file_as_dragon_does(tmp_path):
+    """load_checkpoint reads a `dragon train` checkpoint's weights, and
+    refuses what dragon's own readers refuse: a flipped bit of its
+    metadata (the step: the seal covers the header too), a NaN weight
+    (named, though a file PyTorch wrote has no seal), and gradients."""
+    prog = os.environ.get("DRAGON") or os.path.join(os.path.dirname(dragon.library_path()), "dragon")
+    if not os.path.isfile(prog):
+        pytest.skip("no dragon program beside the library (%s)" % prog)
+    from safetensors.torch import load_file, save_file
+
+    text = tmp_path / "text.txt"
+    text.write_text("Now is the winter of our discontent made glorious summer by this sun of York. " * 80)
+    tiny = ["--cpu", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64"]
+    r = subprocess.run([prog, "train", *tiny, "--preset", "f32", "--steps", "3", "--batch", "2", "--time", "8",
+                        "--eval-batches", "1", "--data", str(text), "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ck = tmp_path / "run" / "ckpt-00000003.safetensors"
+    m = dt.BDH("f32", batch=2, time=8, seed=9, **TINY)
+    m.load_checkpoint(str(ck))
+    assert torch.equal(m.encoder.detach(), load_file(str(ck))["encoder"])
+
+    data = ck.read_bytes()
+    at = data.index(b'"step":"3"') + 8
+    flipped = tmp_path / "flipped.safetensors"
+    flipped.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])  # "3" -> "2"
+    with pytest.raises(dragon.DragonError, match=r"flipped.safetensors: damaged: "):
+        m.load_checkpoint(str(flipped))
+    assert torch.equal(m.encoder.detach(), load_file(str(ck))["encoder"])  # untouched
+
+    sd = load_file(str(ck))
+    sd["lm_head"][0, 5] = float("nan")
+    nan = tmp_path / "nan.safetensors"
+    save_file({k: sd[k] for k in dragon.PARAMS}, str(nan))
+    with pytest.raises(dragon.DragonError, match=r"lm_head\[5\] is nan"):
+        m.load_checkpoint(str(nan))
+
+    grads = tmp_path / "grads.safetensors"
+    r = subprocess.run([prog, "eval", "--model", str(ck), "--cpu", "--batch", "1", "--time", "8", "--batches", "1",
+                        "--grads", str(grads)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(dragon.DragonError, match="a gradients file"):
+        m.load_checkpoint(str(grads))
+
+
 def test_cpu_bdh_trains_with_torch_adamw_and_grads_accumulate():
     m = dt.BDH("w8a8", batch=2, time=8, seed=2, **TINY)
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1)

@@ -2,7 +2,8 @@
  * safetensors files (dragon/safetensors.h): the strict reader (the atomic
  * writer is safetensors_write.c). The reader is a fuzz target (tests/fuzz/fuzz_safetensors.c): no
  * input may crash it or parse into something that does not write back and
- * read again the same.
+ * read again the same. It also checks seals (a file's SHA-256 in its own
+ * metadata, dragon/safetensors.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/msg.h"
+#include "base/sha256.h"
 #include "dragon/safetensors.h"
 #include "runtime/store/safetensors_int.h"
 
@@ -73,6 +75,7 @@ bool dg__st_tensor_bytes(dg_st_dtype d, int ndim, const int64_t *shape, uint64_t
 struct dg_safetensors {
 	unsigned char *bytes; /* the whole file */
 	size_t size;
+	size_t header;        /* the header's bytes (after the 8 of its length) */
 	dg_st_tensor *t;      /* by offset */
 	size_t n;
 	dg__st_meta *meta;
@@ -408,6 +411,7 @@ dg_status dg_safetensors_parse(const void *bytes, size_t size, const char *name,
 	}
 	memcpy(f->bytes, bytes, size);
 	f->size = size;
+	f->header = (size_t)hn;
 	st = parse_header(f, root, name, size - 8 - hn, 8 + hn, msg, msg_size);
 	cJSON_Delete(root);
 	if (st) {
@@ -488,6 +492,75 @@ bool dg_safetensors_meta_at(const dg_safetensors *f, size_t i, const char **key,
 	*value = f->meta[i].value;
 	return true;
 }
+
+/* ---- seals ---------------------------------------------------------------------- */
+
+bool dg__st_seal_at(const char *h, size_t n, const char *key, size_t *at)
+{
+	char pat[80];
+	int k = snprintf(pat, sizeof(pat), "\"%s\":\"", key);
+	if (k < 0 || (size_t)k >= sizeof(pat) || (size_t)k > n)
+		return false;
+	size_t found = 0, where = 0;
+	for (size_t i = 0; i + (size_t)k <= n; i++) {
+		if (h[i] == '"' && memcmp(h + i, pat, (size_t)k) == 0) {
+			found++;
+			where = i + (size_t)k;
+		}
+	}
+	if (found != 1 || where + 65 > n || h[where + 64] != '"')
+		return false;
+	*at = where;
+	return true;
+}
+
+void dg_safetensors_data_sha256(const dg_safetensors *f, char hex[65])
+{
+	uint8_t d[32];
+	size_t at = 8 + f->header;
+	dg__sha256_digest(f->bytes + at, f->size - at, d);
+	dg__sha256_hex(d, hex);
+}
+
+dg_status dg_safetensors_seal_check(const dg_safetensors *f, const char *key, char *msg,
+				    size_t msg_size)
+{
+	if (!f || !key)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_safetensors_seal_check: NULL argument");
+	const char *want = dg_safetensors_meta(f, key);
+	if (!want)
+		return dg__msgf(DG_ERR_NOT_FOUND, msg, msg_size, "no metadata %s", key);
+	bool hex = strlen(want) == 64;
+	for (size_t i = 0; hex && i < 64; i++)
+		hex = (want[i] >= '0' && want[i] <= '9') || (want[i] >= 'a' && want[i] <= 'f');
+	if (!hex)
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size, "its %s '%.80s' is not a SHA-256 (64 hex digits)",
+				key, want);
+	size_t at;
+	const char *h = (const char *)f->bytes + 8;
+	if (!dg__st_seal_at(h, f->header, key, &at) || memcmp(h + at, want, 64) != 0)
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"its %s is not written as a sealed file writes it (\"%s\":\"<64 hex digits>\" once in "
+				"the header)",
+				key, key);
+	static const char zeros[65] = "0000000000000000000000000000000000000000000000000000000000000000";
+	dg__sha256 s;
+	uint8_t d[32];
+	char got[65];
+	at += 8;
+	dg__sha256_init(&s);
+	dg__sha256_update(&s, f->bytes, at);
+	dg__sha256_update(&s, zeros, 64);
+	dg__sha256_update(&s, f->bytes + at + 64, f->size - at - 64);
+	dg__sha256_final(&s, d);
+	dg__sha256_hex(d, got);
+	if (memcmp(got, want, 64) != 0)
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size, "its bytes hash to %.16s..., its %s says %.16s...",
+				got, key, want);
+	return DG_OK;
+}
+
+/* ---- expecting a tensor ------------------------------------------------------------ */
 
 static void shape_text(char *buf, size_t size, int ndim, const int64_t *shape)
 {

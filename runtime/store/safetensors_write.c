@@ -2,11 +2,14 @@
  * The safetensors writer (dragon/safetensors.h): tensors in the order
  * added, a header of the reference's form, and a save that is atomic
  * (temp file, fsync, rename, directory fsync), so a crash leaves the old
- * file or the new one, never a torn one.
+ * file or the new one, never a torn one; a sealed file carries its own
+ * SHA-256 in its metadata (dragon/safetensors.h).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +20,13 @@
 #include <cjson/cJSON.h>
 
 #include "base/msg.h"
+#include "base/sha256.h"
 #include "dragon/safetensors.h"
 #include "runtime/store/safetensors_int.h"
 
 /* ---- writing ------------------------------------------------------------------ */
+
+#define SEAL_ZEROS "0000000000000000000000000000000000000000000000000000000000000000"
 
 typedef struct wtensor {
 	char *name;
@@ -36,6 +42,7 @@ struct dg_safetensors_writer {
 	size_t n, cap;
 	dg__st_meta *meta;
 	size_t n_meta, cap_meta;
+	char seal[64]; /* the seal's metadata key, "" for none */
 };
 
 dg_status dg_safetensors_writer_create(dg_safetensors_writer **out)
@@ -153,6 +160,24 @@ dg_status dg_safetensors_writer_meta(dg_safetensors_writer *w, const char *key,
 	return DG_OK;
 }
 
+dg_status dg_safetensors_writer_seal(dg_safetensors_writer *w, const char *key, char *msg,
+				     size_t msg_size)
+{
+	if (!w || !key)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "safetensors writer: NULL argument");
+	size_t n = strlen(key);
+	bool ok = n > 0 && n < sizeof(w->seal);
+	for (size_t i = 0; ok && i < n; i++)
+		ok = (key[i] >= 'a' && key[i] <= 'z') || (key[i] >= 'A' && key[i] <= 'Z') ||
+		     (key[i] >= '0' && key[i] <= '9') || key[i] == '_' || key[i] == '.';
+	if (!ok)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"safetensors writer: seal key '%s': 1 to %zu letters, digits, '_' or '.'", key,
+				sizeof(w->seal) - 1);
+	memcpy(w->seal, key, n + 1);
+	return DG_OK;
+}
+
 /* Exact integers: cJSON would print large ones in exponent form. */
 static bool add_u64(cJSON *arr, uint64_t v)
 {
@@ -172,11 +197,15 @@ static char *header_json(const dg_safetensors_writer *w)
 {
 	cJSON *root = cJSON_CreateObject();
 	bool ok = root != NULL;
-	if (ok && w->n_meta) {
+	if (ok && (w->n_meta || w->seal[0])) {
 		cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
 		ok = m != NULL;
 		for (size_t i = 0; ok && i < w->n_meta; i++)
-			ok = cJSON_AddStringToObject(m, w->meta[i].key, w->meta[i].value) != NULL;
+			if (!w->seal[0] || strcmp(w->meta[i].key, w->seal) != 0)
+				ok = cJSON_AddStringToObject(m, w->meta[i].key, w->meta[i].value) != NULL;
+		/* the seal's place: its digits are written once the file is whole */
+		if (ok && w->seal[0])
+			ok = cJSON_AddStringToObject(m, w->seal, SEAL_ZEROS) != NULL;
 	}
 	uint64_t at = 0;
 	for (size_t i = 0; ok && i < w->n; i++) {
@@ -224,6 +253,20 @@ dg_status dg_safetensors_writer_bytes(const dg_safetensors_writer *w, void **out
 	for (size_t i = 0; i < w->n; i++) {
 		memcpy(buf + at, w->t[i].data, (size_t)w->t[i].bytes);
 		at += (size_t)w->t[i].bytes;
+	}
+	if (w->seal[0]) {
+		/* the SHA-256 of the file with the seal's digits '0', into them */
+		size_t s;
+		if (!dg__st_seal_at((const char *)buf + 8, hn, w->seal, &s)) {
+			free(buf);
+			return dg__msgf(DG_ERR_INTERNAL, msg, msg_size, "safetensors writer: seal %s not in the header",
+					w->seal);
+		}
+		uint8_t d[32];
+		char hex[65];
+		dg__sha256_digest(buf, (size_t)total, d);
+		dg__sha256_hex(d, hex);
+		memcpy(buf + 8 + s, hex, 64);
 	}
 	*out = buf;
 	*size = (size_t)total;

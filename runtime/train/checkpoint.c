@@ -1,8 +1,9 @@
 /*
  * A training run's state and its checkpoints (dragon/checkpoint.h): one
  * safetensors file of the masters, AdamW's moments and the run's counters,
- * written atomically, read back exactly (floats as %.9g, integers in
- * decimal), and pruned to the newest k in a run's folder.
+ * sealed and written atomically, read back exactly (floats as %.9g,
+ * integers in decimal) once the whole file is checked (model_file.c), and
+ * pruned to the newest k in a run's folder.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -17,38 +18,12 @@
 #include <unistd.h>
 
 #include "base/msg.h"
-#include "base/sha256.h"
 #include "dragon/checkpoint.h"
 #include "dragon/safetensors.h"
 #include "runtime/train/model_int.h"
 
-#define FORMAT "dragon-checkpoint-1"
-
-/* The SHA-256 (hex) of s's tensors' bytes in the order the file stores
- * them: the five weights, then each weight's m and v. It is the hash of
- * the file's whole data section (safetensors tiles it with the tensors in
- * the order written), so `tail -c +K | sha256sum` checks it too. */
-static void state_sha256(const dg_train_state *s, char hex[65])
-{
-	const dg_model_config *c = &s->weights->config;
-	dg__sha256 h;
-	uint8_t d[32];
-	dg__sha256_init(&h);
-	for (int pass = 0; pass < 2; pass++)
-		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-			int nd;
-			int64_t sh[3];
-			size_t bytes = (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh) * sizeof(float);
-			if (pass == 0) {
-				dg__sha256_update(&h, s->weights->params[p], bytes);
-			} else {
-				dg__sha256_update(&h, s->m[p], bytes);
-				dg__sha256_update(&h, s->v[p], bytes);
-			}
-		}
-	dg__sha256_final(&h, d);
-	dg__sha256_hex(d, hex);
-}
+#define FORMAT "dragon-checkpoint-2"   /* sealed: the whole file's SHA-256 */
+#define FORMAT_1 "dragon-checkpoint-1" /* its tensors' SHA-256 alone, if any */
 
 void dg_train_state_destroy(dg_train_state *s)
 {
@@ -129,10 +104,10 @@ static dg_status meta_f(dg_safetensors_writer *sw, const char *k, float v, char 
 	return dg_safetensors_writer_meta(sw, k, t, msg, size);
 }
 
-dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *msg, size_t msg_size)
+/* A writer of s's checkpoint into *out (free it with
+ * dg_safetensors_writer_destroy). */
+static dg_status writer_of(const dg_train_state *s, dg_safetensors_writer **out, char *msg, size_t msg_size)
 {
-	if (!s || !path)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_save: NULL argument");
 	dg_safetensors_writer *sw;
 	dg_status st = dg_safetensors_writer_create(&sw);
 	if (st)
@@ -151,12 +126,10 @@ dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *ms
 			st = dg_safetensors_writer_add(sw, name, DG_ST_F32, nd, sh, s->v[p], msg, msg_size);
 	}
 	const dg_adamw_config *o = &s->opt;
-	char sum[65];
-	state_sha256(s, sum);
 	if (!st)
 		st = dg_safetensors_writer_meta(sw, "format", FORMAT, msg, msg_size);
 	if (!st)
-		st = dg_safetensors_writer_meta(sw, "data_sha256", sum, msg, msg_size);
+		st = dg_safetensors_writer_meta(sw, DG__KIND_KEY, DG__KIND_CHECKPOINT, msg, msg_size);
 	if (!st)
 		st = meta_f(sw, "dropout", c->dropout, msg, msg_size);
 	if (!st)
@@ -192,7 +165,39 @@ dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *ms
 	if (!st && dyn)
 		st = meta_u64(sw, "loss_scale.growth_interval", ls->growth_interval, msg, msg_size);
 	if (!st)
-		st = dg_safetensors_writer_save(sw, path, msg, msg_size);
+		st = dg_safetensors_writer_seal(sw, DG__SEAL_KEY, msg, msg_size);
+	if (st) {
+		dg_safetensors_writer_destroy(sw);
+		return st;
+	}
+	*out = sw;
+	return DG_OK;
+}
+
+dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *msg, size_t msg_size)
+{
+	if (!s || !path)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_save: NULL argument");
+	dg_safetensors_writer *sw;
+	dg_status st = writer_of(s, &sw, msg, msg_size);
+	if (st)
+		return st;
+	st = dg_safetensors_writer_save(sw, path, msg, msg_size);
+	dg_safetensors_writer_destroy(sw);
+	return st;
+}
+
+dg_status dg_checkpoint_bytes(const dg_train_state *s, void **out, size_t *size, char *msg, size_t msg_size)
+{
+	if (!s || !out || !size)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_bytes: NULL argument");
+	*out = NULL;
+	*size = 0;
+	dg_safetensors_writer *sw;
+	dg_status st = writer_of(s, &sw, msg, msg_size);
+	if (st)
+		return st;
+	st = dg_safetensors_writer_bytes(sw, out, size, msg, msg_size);
 	dg_safetensors_writer_destroy(sw);
 	return st;
 }
@@ -260,56 +265,69 @@ static dg_status read_scaler(const dg_safetensors *f, const char *path, dg_loss_
 	return DG_OK;
 }
 
-dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size)
+/* The state of file f (path names it in messages), which every reader's
+ * door has checked (dg__model_file_load: the seal, the kind, the values;
+ * a damaged file says so before any of its values is read). */
+static dg_status state_of(const dg_safetensors *f, const char *path, dg_train_state **out, char *msg,
+			  size_t msg_size)
 {
-	if (!path || !out)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_load: NULL argument");
 	*out = NULL;
-	dg_model_config c;
-	dg_safetensors *f = NULL;
-	dg_status st = dg_safetensors_load(path, &f, msg, msg_size);
-	if (st)
-		return st; /* the file: missing, unreadable, truncated or corrupt */
-	dg_train_state *s = NULL;
-	/* its config (a missing one: not a checkpoint, so DG_ERR_PARSE) */
-	if ((st = dg_model_config_read(path, &c, msg, msg_size))) {
-		if (st == DG_ERR_NOT_FOUND)
-			st = DG_ERR_PARSE;
-		goto out;
-	}
+	dg_status st;
 	const char *fmt_ = dg_safetensors_meta(f, "format");
-	if (!fmt_ || strcmp(fmt_, FORMAT) != 0) {
-		st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: not a checkpoint (format '%s', want '%s')", path,
-			      fmt_ ? fmt_ : "(none)", FORMAT);
-		goto out;
-	}
+	const char *kind = dg_safetensors_meta(f, DG__KIND_KEY);
+	const bool v2 = fmt_ && strcmp(fmt_, FORMAT) == 0, v1 = fmt_ && strcmp(fmt_, FORMAT_1) == 0;
+	if ((!v1 && !v2) || (kind && strcmp(kind, DG__KIND_CHECKPOINT) != 0))
+		return dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: not a checkpoint (format '%.64s', kind '%.64s'; want '%s', '%s')",
+				path, fmt_ ? fmt_ : "(none)", kind ? kind : "(none)", FORMAT, DG__KIND_CHECKPOINT);
+	if (v2 && !kind) /* a sealed format names its kind; the seal is checked */
+		return dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
+				"%s: damaged: a %s without its %s; use an intact copy, or the checkpoint before it",
+				path, FORMAT, DG__KIND_KEY);
+	/* its config (a missing one: not a checkpoint, so DG_ERR_PARSE) */
+	dg_model_config c;
+	if ((st = dg__model_config_of(f, path, &c, msg, msg_size)))
+		return st == DG_ERR_NOT_FOUND ? DG_ERR_PARSE : st;
 	if ((st = read_f(f, path, "dropout", &c.dropout, msg, msg_size)))
-		goto out;
-	if ((st = state_alloc(&c, &s, msg, msg_size)))
-		goto out;
-	char why[1024], name[64];
-	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
+		return st;
+	char why[1024];
+	if ((st = dg_model_config_check(&c, why, sizeof(why))))
+		return dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: metadata: %s", path, why);
+	/* every tensor there and of the config's shape before the state is
+	 * made: a config cannot ask for more memory than the file holds */
+	const dg_st_tensor *t[DG_MODEL_N_PARAMS][3];
+	char name[64];
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
 		int64_t sh[3];
 		dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
-		float *dst[3] = { s->weights->params[p], s->m[p], s->v[p] };
-		for (int k = 0; !st && k < 3; k++) {
+		for (int k = 0; k < 3; k++) {
 			snprintf(name, sizeof(name), "%s%s", k == 0 ? "" : k == 1 ? "adamw.m." : "adamw.v.",
 				 dg_model_param_name((dg_model_param)p));
-			const dg_st_tensor *t;
-			st = dg_safetensors_expect(f, name, DG_ST_F32, nd, sh, &t, why, sizeof(why));
-			if (st)
-				st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: %s", path, why);
-			else
-				memcpy(dst[k], t->data, (size_t)t->bytes);
+			if (dg_safetensors_expect(f, name, DG_ST_F32, nd, sh, &t[p][k], why, sizeof(why)))
+				return dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: %s", path, why);
 		}
+	}
+	dg_train_state *s = NULL;
+	if ((st = state_alloc(&c, &s, msg, msg_size)))
+		return st;
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		float *dst[3] = { s->weights->params[p], s->m[p], s->v[p] };
+		for (int k = 0; k < 3; k++)
+			memcpy(dst[k], t[p][k]->data, (size_t)t[p][k]->bytes);
 	}
 	uint64_t u[6];
 	static const char *const uk[6] = { "step", "seed", "data_pos", "data_rng", "adamw.warmup",
 					   "adamw.steps" };
 	for (int i = 0; !st && i < 6; i++)
 		st = read_u64(f, path, uk[i], &u[i], msg, msg_size);
-	dg_adamw_config *o = s ? &s->opt : NULL;
+	dg_adamw_config *o = &s->opt;
+	/* the counters: a run's steps fit int64_t (at most 2^62), and it
+	 * never goes past them (dg_adamw_check sees to warmup) */
+	if (!st && (u[5] > ((uint64_t)1 << 62) || u[0] > u[5]))
+		st = dg__msgf(DG_ERR_PARSE, msg, msg_size,
+			      "%s: metadata step=%" PRIu64 " of adamw.steps=%" PRIu64
+			      ": a run's step is at most its steps, at most 2^62",
+			      path, u[0], u[5]);
 	if (!st) {
 		s->step = (int64_t)u[0];
 		s->seed = u[1];
@@ -328,38 +346,53 @@ dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, 
 	}
 	/* the run's T: optional (files saved before it was written lack it) */
 	if (!st && dg_safetensors_meta(f, "time")) {
-		uint64_t t = 0;
-		st = read_u64(f, path, "time", &t, msg, msg_size);
-		if (!st && (t < 1 || t > INT32_MAX))
+		uint64_t tt = 0;
+		st = read_u64(f, path, "time", &tt, msg, msg_size);
+		if (!st && (tt < 1 || tt > INT32_MAX))
 			st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: metadata time=%" PRIu64 ": not a length",
-				      path, t);
+				      path, tt);
 		if (!st)
-			s->time = (int)t;
+			s->time = (int)tt;
 	}
 	if (!st)
 		st = read_scaler(f, path, &s->scaler, msg, msg_size);
 	if (!st && (st = dg_adamw_check(o, why, sizeof(why))))
 		st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: %s", path, why);
-	/* last, the bytes: a flipped bit in a tensor parses, but not this (a
-	 * file saved before the hash was written has none: loaded unchecked) */
-	const char *want = st ? NULL : dg_safetensors_meta(f, "data_sha256");
-	if (want) {
-		char sum[65];
-		state_sha256(s, sum);
-		if (strcmp(sum, want) != 0)
-			st = dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
-				      "%s: corrupt: its tensors' SHA-256 is %.16s..., the file says %.16s...; move it "
-				      "away to resume from the checkpoint before it",
-				      path, sum, want);
-	}
-out:
-	dg_safetensors_destroy(f);
 	if (st) {
 		dg_train_state_destroy(s);
 		return st;
 	}
 	*out = s;
 	return DG_OK;
+}
+
+dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size)
+{
+	if (!path || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_load: NULL argument");
+	*out = NULL;
+	dg_safetensors *f = NULL;
+	dg_status st = dg__model_file_load(path, &f, msg, msg_size);
+	if (!st) /* else the file: missing, unreadable, damaged, not weights */
+		st = state_of(f, path, out, msg, msg_size);
+	dg_safetensors_destroy(f);
+	return st;
+}
+
+dg_status dg_checkpoint_parse(const void *bytes, size_t size, const char *name, dg_train_state **out,
+			      char *msg, size_t msg_size)
+{
+	if (!out || (!bytes && size))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_checkpoint_parse: NULL argument");
+	*out = NULL;
+	if (!name)
+		name = "checkpoint";
+	dg_safetensors *f = NULL;
+	dg_status st = dg__model_file_parse(bytes, size, name, &f, msg, msg_size);
+	if (!st)
+		st = state_of(f, name, out, msg, msg_size);
+	dg_safetensors_destroy(f);
+	return st;
 }
 
 /* ---- resume, files ------------------------------------------------------------- */

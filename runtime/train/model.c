@@ -233,24 +233,28 @@ dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 {
 	dg_safetensors *f = NULL;
 	dg_model_weights *w = NULL;
+	const dg_st_tensor *t[DG_MODEL_N_PARAMS];
 	char why[1024];
 
 	*out = NULL;
-	dg_status st = dg_safetensors_load(path, &f, msg, size);
+	dg_status st = dg__model_file_load(path, &f, msg, size);
 	if (st)
 		return st;
-	st = dg__model_weights_alloc(c, &w, msg, size);
+	st = dg_model_config_check(c, msg, size);
+	/* every tensor there and of c's shape before c's storage is made: a
+	 * config of the header's cannot ask for more than the file holds */
 	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
 		int64_t sh[3];
-		const dg_st_tensor *t;
 		dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
-		st = dg_safetensors_expect(f, param_names[p], DG_ST_F32, nd, sh, &t, why, sizeof(why));
+		st = dg_safetensors_expect(f, param_names[p], DG_ST_F32, nd, sh, &t[p], why, sizeof(why));
 		if (st)
 			dg__msgf(st, msg, size, "%s: %s", path, why);
-		else
-			memcpy(w->params[p], t->data, (size_t)t->bytes);
 	}
+	if (!st)
+		st = dg__model_weights_alloc(c, &w, msg, size);
+	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++)
+		memcpy(w->params[p], t[p]->data, (size_t)t[p]->bytes);
 	dg_safetensors_destroy(f);
 	if (st) {
 		dg_model_weights_destroy(w);
@@ -287,18 +291,37 @@ dg_status dg__model_weights_add(dg_safetensors_writer *sw, const dg_model_weight
 	return st;
 }
 
-dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
-				size_t size)
+/* w's file of kind (weights, gradients): its tensors, its config, its
+ * kind and its seal, written atomically. */
+static dg_status save_as(const dg_model_weights *w, const char *path, const char *kind, char *msg,
+			 size_t size)
 {
+	if (!w || !path)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "saving weights: NULL argument");
 	dg_safetensors_writer *sw;
 	dg_status st = dg_safetensors_writer_create(&sw);
 	if (st)
 		return dg__msgf(st, msg, size, "out of memory");
 	st = dg__model_weights_add(sw, w, msg, size);
 	if (!st)
+		st = dg_safetensors_writer_meta(sw, DG__KIND_KEY, kind, msg, size);
+	if (!st)
+		st = dg_safetensors_writer_seal(sw, DG__SEAL_KEY, msg, size);
+	if (!st)
 		st = dg_safetensors_writer_save(sw, path, msg, size);
 	dg_safetensors_writer_destroy(sw);
 	return st;
+}
+
+dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
+				size_t size)
+{
+	return save_as(w, path, DG__KIND_WEIGHTS, msg, size);
+}
+
+dg_status dg_model_grads_save(const dg_model_weights *g, const char *path, char *msg, size_t size)
+{
+	return save_as(g, path, DG__KIND_GRADIENTS, msg, size);
 }
 
 /* The integer metadata value of key into *v: 1 done, 0 absent, -1 not
@@ -323,16 +346,21 @@ static int meta_int(const dg_safetensors *f, const char *path, const char *key, 
 dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg, size_t size)
 {
 	dg_safetensors *f = NULL;
-	dg_status st = dg_safetensors_load(path, &f, msg, size);
-	if (st)
-		return st;
+	dg_status st = dg__model_file_load(path, &f, msg, size);
+	if (!st)
+		st = dg__model_config_of(f, path, out, msg, size);
+	dg_safetensors_destroy(f);
+	return st;
+}
+
+dg_status dg__model_config_of(const dg_safetensors *f, const char *path, dg_model_config *out,
+			      char *msg, size_t size)
+{
 	const char *preset = dg_safetensors_meta(f, "preset");
 	char why[256];
-	st = dg_model_preset(preset ? preset : "f32", out, why, sizeof(why));
-	if (st) {
-		st = dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata preset: %s", path, why);
-		goto out;
-	}
+	dg_status st = dg_model_preset(preset ? preset : "f32", out, why, sizeof(why));
+	if (st)
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata preset: %s", path, why);
 	struct {
 		const char *k;
 		int *v;
@@ -343,25 +371,19 @@ dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg
 	char missing[64] = "";
 	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
 		int got = meta_int(f, path, ints[i].k, ints[i].v, msg, size);
-		if (got < 0) {
-			st = DG_ERR_PARSE;
-			goto out;
-		}
+		if (got < 0)
+			return DG_ERR_PARSE;
 		if (!got && ints[i].required) {
 			size_t n = strlen(missing);
 			snprintf(missing + n, sizeof(missing) - n, "%s%s", n ? ", " : "", ints[i].k);
 		}
 	}
-	if (missing[0]) {
-		st = dg__msgf(DG_ERR_NOT_FOUND, msg, size,
-			      "%s: no dragon config in its metadata (missing %s)", path, missing);
-		goto out;
-	}
+	if (missing[0])
+		return dg__msgf(DG_ERR_NOT_FOUND, msg, size,
+				"%s: no dragon config in its metadata (missing %s)", path, missing);
 	if ((st = dg_model_config_check(out, why, sizeof(why))))
-		st = dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata: %s", path, why);
-out:
-	dg_safetensors_destroy(f);
-	return st;
+		return dg__msgf(DG_ERR_PARSE, msg, size, "%s: metadata: %s", path, why);
+	return DG_OK;
 }
 
 const char *dg__model_lowbit_why(const dg_model_config *c, char *buf, size_t size)

@@ -128,10 +128,15 @@ class BDH(nn.Module):
 
     def load_checkpoint(self, path):
         """The weights of a `dragon train` checkpoint (or any safetensors
-        file with the reference's names), copied into the masters."""
-        from safetensors.torch import load_file
+        file with the reference's names), copied into the masters once the
+        file is checked as dragon's own readers check it
+        (dragon.check_weights: its seal, not gradients, finite values)."""
+        from safetensors.torch import load
 
-        sd = load_file(path)
+        with open(path, "rb") as f:
+            data = f.read()  # read once: the bytes checked are the bytes loaded
+        dragon.check_weights(data, path)
+        sd = load(data)
         missing = [n for n in dragon.PARAMS if n not in sd]
         if missing:
             raise dragon.InvalidArgument("%s: no %s" % (path, ", ".join(missing)), "invalid argument")
