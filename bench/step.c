@@ -326,6 +326,7 @@ int main(int argc, char **argv)
 	dg_device *dev = NULL;
 	if (dg_device_open(&dev, NULL)) {
 		fprintf(stderr, "step: no GPU: %s\n", dev ? dg_device_errmsg(dev) : "no device");
+		dg_device_close(dev);
 		return 1;
 	}
 	dg_device_info info;
