@@ -1,11 +1,14 @@
 /*
  * step — forward + backward (no optimizer) of the BDH model on the GPU, for
  * each preset, beside PyTorch eager bf16 and torch.compile bf16 of the
- * project's PyTorch version (tools/bdh_torch.py bench) in the same run.
+ * project's PyTorch version (tools/bdh_torch.py bench) in the same run, each
+ * node kind of the step against its floor, and the PyTorch anchor's whole
+ * training step.
  *
  *   step [--presets f32,bf16,w8a8,bitnet] [--batch 8] [--time 512]
- *        [--warmup 2] [--reps 10] [--torch "python3 tools/bdh_torch.py"]
- *        [--no-torch] [--train] [--out FILE]
+ *        [--warmup 2] [--reps 10] [--torch CMD | --no-torch]
+ *        [--floor CMD | --no-floor] [--anchor CMD | --no-anchor]
+ *        [--train] [--out FILE]
  *
  * --train adds, a preset, the whole training step (forward, backward, the
  * gradients' norm, AdamW and the execution copies: dg_model_train_step)
@@ -22,6 +25,24 @@
  * alone, summed by kind: "breakdown"). JSON: {"device": ..., "rows":
  * [{impl, preset, B, T, fwd_bwd_ms, peak_bytes, plan_bytes?, breakdown?},
  * ...]} to --out (and stdout).
+ *
+ * The floor (--floor, default bench/step_floor.py, run once with the
+ * model's shape and B, T before the presets): each breakdown entry gains
+ * floor_ms (the fastest cuBLAS bf16/fp8/int8 call of its GEMMs, or the HBM
+ * time of its bytes at the measured copy bandwidth, whichever is larger,
+ * summed over its nodes), floor_how (which) and ratio (ms / floor_ms); the
+ * preset's row floor_ms, the sum (or floor_error, saying why not); the
+ * floor's whole output is the document's "floor" ({"error": why} when it
+ * did not run).
+ *
+ * The anchor (--anchor, default bench/torch_bdh_step.py: BDH as PyTorch
+ * users write it, bf16 autocast, torch.compile, fused AdamW, clip), at the
+ * same shape after dragon's rows: {impl torch.compile, preset bf16, mode
+ * train, B, T, step_ms (the mean of --reps steps queued back to back),
+ * peak_bytes, torch}. The --torch rows (forward + backward alone, the
+ * measure of dragon's fwd_bwd_ms rows) stay beside it. A command that
+ * cannot run (no python3, no torch, no GPU for it) gives a row with
+ * "error": the reason, and the bench goes on.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,6 +51,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench/step_rows.h"
 #include "dragon/dragon.h"
 #include "dragon/model.h"
 
@@ -124,18 +146,12 @@ static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int w
 		int nt = 0;
 		if (!dg_model_profile(m, &bt, tm, 32, &nt)) {
 			cJSON *br = cJSON_AddArrayToObject(r, "breakdown");
-			double sum = 0;
-			for (int i = 0; i < nt; i++)
-				sum += tm[i].ms;
-			fprintf(stderr, "step: %s, each node alone (sum %.2f ms):\n", preset, sum);
 			for (int i = 0; i < nt; i++) {
 				cJSON *b = cJSON_CreateObject();
 				cJSON_AddStringToObject(b, "what", tm[i].what);
 				cJSON_AddNumberToObject(b, "count", tm[i].count);
 				cJSON_AddNumberToObject(b, "ms", tm[i].ms);
 				cJSON_AddItemToArray(br, b);
-				fprintf(stderr, "  %-24s %3d  %8.3f ms  %5.1f%%\n", tm[i].what, tm[i].count,
-					tm[i].ms, 100.0 * tm[i].ms / (sum > 0 ? sum : 1));
 			}
 		}
 	}
@@ -243,11 +259,20 @@ fail_msg:
 	return r;
 }
 
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: step [--presets LIST] [--batch B] [--time T] [--warmup N] [--reps N]\n"
+		   "            [--torch CMD | --no-torch] [--floor CMD | --no-floor]\n"
+		   "            [--anchor CMD | --no-anchor] [--train] [--out FILE]\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *presets = "f32,bf16,w8a8,bitnet", *out = NULL;
-	const char *torch = "python3 " DG_SOURCE_DIR "/tools/bdh_torch.py";
-	int B = 8, T = 512, warmup = 2, reps = 10, use_torch = 1, train = 0;
+	const char *torch = "python3 '" DG_SOURCE_DIR "/tools/bdh_torch.py'";
+	const char *floor_cmd = "python3 '" DG_SOURCE_DIR "/bench/step_floor.py'";
+	const char *anchor_cmd = "python3 '" DG_SOURCE_DIR "/bench/torch_bdh_step.py'";
+	int B = 8, T = 512, warmup = 2, reps = 10, use_torch = 1, train = 0, use_floor = 1, use_anchor = 1;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--presets") && v)
@@ -264,13 +289,23 @@ int main(int argc, char **argv)
 			torch = argv[++i];
 		else if (!strcmp(a, "--no-torch"))
 			use_torch = 0;
+		else if (!strcmp(a, "--floor") && v)
+			floor_cmd = argv[++i];
+		else if (!strcmp(a, "--no-floor"))
+			use_floor = 0;
+		else if (!strcmp(a, "--anchor") && v)
+			anchor_cmd = argv[++i];
+		else if (!strcmp(a, "--no-anchor"))
+			use_anchor = 0;
 		else if (!strcmp(a, "--train"))
 			train = 1;
 		else if (!strcmp(a, "--out") && v)
 			out = argv[++i];
-		else {
-			fprintf(stderr, "usage: step [--presets LIST] [--batch B] [--time T] [--warmup N] "
-					"[--reps N] [--torch CMD | --no-torch] [--train] [--out FILE]\n");
+		else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			return 0;
+		} else {
+			usage(stderr);
 			return 2;
 		}
 	}
@@ -278,20 +313,44 @@ int main(int argc, char **argv)
 		fprintf(stderr, "step: --batch, --time, --reps must be at least 1\n");
 		return 2;
 	}
+	/* the model's shape, for the floor and the anchor: the first preset's */
+	char list[256], msg[256];
+	snprintf(list, sizeof(list), "%s", presets);
+	dg_model_config shape;
+	const char *first = strtok(list, ",");
+	if (dg_model_preset(first ? first : "f32", &shape, msg, sizeof(msg)) &&
+	    dg_model_preset("f32", &shape, msg, sizeof(msg))) {
+		fprintf(stderr, "step: %s\n", msg);
+		return 1;
+	}
 	dg_device *dev = NULL;
 	if (dg_device_open(&dev, NULL)) {
 		fprintf(stderr, "step: no GPU: %s\n", dev ? dg_device_errmsg(dev) : "no device");
+		dg_device_close(dev);
 		return 1;
 	}
 	dg_device_info info;
 	dg_device_info_get(dev, &info);
-	cJSON *doc = cJSON_CreateObject(), *rows = cJSON_CreateArray();
+	cJSON *doc = cJSON_CreateObject(), *rows = cJSON_CreateArray(), *floor_doc = NULL;
 	cJSON_AddStringToObject(doc, "device", info.name);
 	cJSON_AddItemToObject(doc, "rows", rows);
-	char list[256];
+	char floor_why[512] = "";
+	if (use_floor) {
+		floor_doc = bs_run_floor(floor_cmd, &shape, B, T, floor_why, sizeof(floor_why));
+		if (floor_doc)
+			cJSON_AddItemToObject(doc, "floor", floor_doc);
+		else {
+			cJSON *e = cJSON_AddObjectToObject(doc, "floor");
+			cJSON_AddStringToObject(e, "error", floor_why);
+			fprintf(stderr, "step: the floor: %s\n", floor_why);
+		}
+	}
 	snprintf(list, sizeof(list), "%s", presets);
 	for (char *p = strtok(list, ","); p; p = strtok(NULL, ",")) {
-		cJSON_AddItemToArray(rows, run_preset(dev, p, B, T, warmup, reps));
+		cJSON *r = run_preset(dev, p, B, T, warmup, reps);
+		bs_attach_floor(r, floor_doc, use_floor ? floor_why : NULL);
+		bs_print_breakdown(r);
+		cJSON_AddItemToArray(rows, r);
 		if (train) {
 			cJSON_AddItemToArray(rows, run_train(dev, p, B, T, warmup, reps, true));
 			cJSON_AddItemToArray(rows, run_train(dev, p, B, T, warmup, reps, false));
@@ -299,17 +358,31 @@ int main(int argc, char **argv)
 	}
 	dg_device_close(dev);
 	if (use_torch) {
-		char cmd[1024];
+		char cmd[1024], why[512];
 		snprintf(cmd, sizeof(cmd), "%s bench --batch %d --time %d --reps %d", torch, B, T, reps);
-		FILE *f = popen(cmd, "r");
-		char line[1024];
-		while (f && fgets(line, sizeof(line), f)) {
-			cJSON *r = cJSON_Parse(line);
-			if (r)
+		cJSON *lines = cJSON_CreateArray(), *r;
+		bool ok = bs_run_json(cmd, lines, why, sizeof(why));
+		while ((r = cJSON_DetachItemFromArray(lines, 0)))
+			if (!cJSON_GetObjectItemCaseSensitive(r, "error"))
 				cJSON_AddItemToArray(rows, r);
+			else
+				cJSON_Delete(r);
+		cJSON_Delete(lines);
+		if (!ok) {
+			r = cJSON_CreateObject();
+			cJSON_AddStringToObject(r, "impl", "torch.compile");
+			cJSON_AddStringToObject(r, "preset", "bf16");
+			cJSON_AddNumberToObject(r, "B", B);
+			cJSON_AddNumberToObject(r, "T", T);
+			cJSON_AddStringToObject(r, "error", why);
+			cJSON_AddItemToArray(rows, r);
+			fprintf(stderr, "step: %s: %s\n", cmd, why);
 		}
-		if (!f || pclose(f) != 0)
-			fprintf(stderr, "step: %s failed (no torch?)\n", cmd);
+	}
+	if (use_anchor) {
+		cJSON *a = bs_run_anchor(anchor_cmd, &shape, B, T, reps);
+		bs_print_anchor(rows, a);
+		cJSON_AddItemToArray(rows, a);
 	}
 	char *text = cJSON_Print(doc);
 	printf("%s\n", text);

@@ -97,7 +97,7 @@ def main():
     torch.cuda.empty_cache()
 
     out = subprocess.run([a.step, "--presets", a.preset, "--batch", str(B), "--time", str(T), "--train",
-                          "--no-torch", "--reps", str(a.reps), "--warmup", "3"], capture_output=True, text=True)
+                          "--no-torch", "--no-floor", "--no-anchor", "--reps", str(a.reps), "--warmup", "3"], capture_output=True, text=True)
     if out.returncode:
         sys.exit("torch_step: %s failed: %s" % (a.step, out.stderr[-2000:]))
     for r in json.loads(out.stdout)["rows"]:
