@@ -309,8 +309,8 @@ local function wgmma_fits(k, t)
 end
 
 -- The warp-specialized form of that path (templates/attention_tma.lua):
--- the operands along L by TMA, which rows of L % 8 == 0 allow; then it is
--- the path, with a ring of 2 to 8 stages.
+-- the operands along L by TMA, which rows of L % 8 == 0 allow, on tiles
+-- with a ring of 5 to 8 stages.
 local function tma_op(k)
   return wgmma_op(k) and require("attention_tma").applies(k)
 end
@@ -321,11 +321,6 @@ end
 -- attention_grad_v (z = B only) 64x64 so the grid fills the SMs. fp32:
 -- 64x64x16 of 2x2 warps.
 local function default_tile(k)
-  if tma_op(k) then
-    -- 2 consumer warpgroups, 64 f32 accumulators a thread, a ring of 4
-    -- stages (128 KiB) ahead of them: one block an SM
-    return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 4, threads = 0 }
-  end
   if wgmma_op(k) then
     -- 2 warpgroups, 64 f32 accumulators a thread; 96 KiB of ring: two
     -- blocks an SM
@@ -393,8 +388,8 @@ function M.plan(spec)
     p.entries[1].smem = smem
     return p
   end
-  if t.stages > 2 and tma_op(k) then
-    return C.refuse(t, auto, "stages 3 to 8 are the warp-specialized sm_90a path's (rope=pre, L %% 8 == 0), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")
+  if t.stages > 4 then
+    return C.refuse(t, auto, "stages 5 to 8 are the warp-specialized sm_90a path's (attention_scores, rope=pre, L %% 8 == 0), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64, and whose ring fits shared memory")
   end
   if t.stages > 2 then
     return C.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")

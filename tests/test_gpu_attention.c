@@ -617,6 +617,60 @@ Test(gpu_attention, warpgroup_path_small_shapes)
 	gh_close(dev);
 }
 
+/* attention_scores on the warp-specialized path (a ring of 5 to 8 stages,
+ * TMA along L, templates/attention_tma.lua): against the reference, zero on
+ * and above the diagonal, on the shapes above (T 1 and 7: rows past T
+ * zero-filled by the tensor map) and the BDH one. */
+static void ws_scores_case(dg_device *dev, const shape *s, const dg_tile *tile)
+{
+	int B = s->B, H = s->H, T = s->T, N = s->N;
+	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T;
+	dg_fmt act = DG_FMT_BF16;
+	float *rope = gh_xmalloc((size_t)T * N * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *qr = gh_xmalloc(nx * 2), *want = gh_xmalloc(ns * 2);
+	dg_spec rs = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
+	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, B, T), DG_OK);
+	dg_tensor in2[2] = { dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N),
+			     dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N) };
+	dg_spec sp = wg_spec(DG_OP_ATTENTION_SCORES, s, tile);
+	dg_codegen *cg = NULL;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	cr_assert_eq(dg_codegen_plan(cg, &sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma tma", "%s", p.canonical);
+	dg_codegen_destroy(cg);
+	void *got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * 2);
+	cr_assert_eq(dg_ref_attention_scores(&sp, qr, rope, want, B, T), DG_OK);
+	expect_close("attention_scores (warp-specialized)", act, act, got, want, ns);
+	float *gs = widen(act, got, ns);
+	for (size_t z = 0; z < (size_t)B * H; z++)
+		for (int i = 0; i < T; i++)
+			for (int j = i; j < T; j++)
+				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
+	free(gs), free(got), free(rope), free(xs), free(qr), free(want);
+}
+
+Test(gpu_attention, warp_specialized_scores)
+{
+	static const shape shapes[] = {
+		{ 2, 2, 1, 64, 32 }, { 2, 2, 7, 128, 64 }, { 2, 2, 65, 64, 32 }, { 1, 2, 130, 128, 64 },
+		{ 1, 1, 200, 256, 32 },
+	};
+	static const dg_tile tiles[] = {
+		{ 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 }, { 64, 128, 64, 4, 1, 8, 0 },
+		{ 64, 64, 64, 4, 1, 8, 0 },
+	};
+	dg_device *dev = open_sm90();
+	gh_seed(0x75a);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
+			ws_scores_case(dev, &shapes[i], &tiles[k]);
+	shape bdh = { 2, 4, 512, 8192, 256 };
+	ws_scores_case(dev, &bdh, &tiles[1]);
+	gh_close(dev);
+}
+
 /* The chains with rope=pre against the rope-on-the-load chains: the same
  * math on the same bf16 operands (rope_fwd rounds qr as the load does),
  * sums in another order. */

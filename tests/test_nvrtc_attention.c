@@ -268,23 +268,41 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 				s.tile = tiles[k];
 				dg_plan p;
 				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-				bool ws = ops[o] == DG_OP_ATTENTION_SCORES;
-				cr_assert_str_eq(p.path, ws ? "wgmma tma" : "wgmma bf16");
+				cr_assert_str_eq(p.path, "wgmma bf16");
 				cr_assert(p.needs_arch_specific);
-				/* a producer warpgroup beside the tile's warps */
-				cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32 + (ws ? 128 : 0), "%s", p.canonical);
-				compile_one(cg, &s, ws ? "path: warp-specialized wgmma" : "path: warpgroup tensor cores (wgmma");
+				cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32, "%s", p.canonical);
+				compile_one(cg, &s, "path: warpgroup tensor cores (wgmma");
 			}
-	/* rows of L that no tensor map takes (L % 8 != 0): the cp.async ring */
+	/* a ring of 5 to 8 stages: attention_scores' warp-specialized form
+	 * (a producer warpgroup beside the tile's warps, TMA along L), on
+	 * tiles whose ring fits shared memory; not where rows of L are no
+	 * tensor map's (L % 8 != 0), nor attention_grad_xs */
+	static const dg_tile deep[] = {
+		{ 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 }, { 64, 128, 64, 4, 1, 8, 0 },
+		{ 64, 64, 64, 4, 1, 8, 0 },   { 128, 256, 64, 8, 1, 4, 0 },
+	};
+	for (int small = 0; small < 2; small++)
+		for (size_t k = 0; k < sizeof(deep) / sizeof(deep[0]); k++) {
+			dg_spec s = wg_spec(DG_OP_ATTENTION_SCORES, small ? 2 : 4, small ? 64 : 8192);
+			s.tile = deep[k];
+			dg_plan p;
+			cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+			bool ws = deep[k].stages >= 5;
+			cr_assert_str_eq(p.path, ws ? "wgmma tma" : "wgmma bf16", "%s", p.canonical);
+			cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32 + (ws ? 128 : 0), "%s", p.canonical);
+			compile_one(cg, &s, ws ? "path: warp-specialized wgmma" : "path: warpgroup tensor cores (wgmma");
+		}
 	for (int o = 0; o < 2; o++) {
-		dg_spec s = wg_spec(ops[o], 2, 100);
-		s.tile = tiles[1];
+		dg_spec s = wg_spec(ops[o], 2, o ? 64 : 100);
+		s.tile = deep[0];
 		dg_plan p;
-		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-		cr_assert_str_eq(p.path, "wgmma bf16");
-		cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32);
-		compile_one(cg, &s, "path: warpgroup tensor cores (wgmma");
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC, "%s", dg_codegen_errmsg(cg));
 	}
+	/* 128 x 256 with 5 stages: 240 KiB of ring, past shared memory */
+	dg_spec big = wg_spec(DG_OP_ATTENTION_SCORES, 4, 8192);
+	big.tile = (dg_tile){ 128, 256, 64, 8, 1, 5, 0 };
+	dg_plan bp;
+	cr_assert_eq(dg_codegen_plan(cg, &big, &bp), DG_ERR_INVALID_SPEC);
 	/* grad_xs out=bf16 on both tensor-core paths and the fp32 one */
 	dg_spec gb = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
 	gb.out = DG_FMT_BF16;
@@ -311,20 +329,18 @@ Test(nvrtc_attention, warpgroup_tiles_off_its_path_are_refused)
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 2"), "%s", dg_codegen_errmsg(cg));
-	/* a 3-stage tile that is not a warpgroup one, on the warpgroup op:
-	 * the warp-specialized path's rule (L % 8 == 0), else the cp.async
-	 * ring's */
+	/* a 3-stage tile that is not a warpgroup one, on the warpgroup op */
 	s.rope_pre = true;
 	s.tile = (dg_tile){ 128, 128, 64, 2, 4, 3, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
-	cr_assert(strstr(dg_codegen_errmsg(cg), "stages 3 to 8 are the warp-specialized sm_90a path's"), "%s",
-		  dg_codegen_errmsg(cg));
-	s.latent = 100;
-	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "stages 3 and 4 are the sm_90a warpgroup path's"), "%s",
 		  dg_codegen_errmsg(cg));
-	/* 9 stages: past the warp-specialized ring's 8 */
-	s.latent = 8192;
+	/* 5 stages on a tile that is not a warpgroup one: the warp-specialized
+	 * path's rule; 9: past its ring of 8 */
+	s.tile = (dg_tile){ 128, 128, 64, 2, 4, 5, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "stages 5 to 8 are the warp-specialized sm_90a path's"), "%s",
+		  dg_codegen_errmsg(cg));
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 9, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	/* nor attention_out (its mask is applied on the load) */
