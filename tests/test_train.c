@@ -434,7 +434,8 @@ Test(train, the_folder_lock_names_its_holder)
 		char m[512], c = 'x';
 		if (dg_train_lock(d, &fd, NULL, m, sizeof(m)) != DG_OK || write(p[1], &c, 1) != 1)
 			_exit(1);
-		pause(); /* until killed */
+		alarm(60); /* a failed test's child does not outlive it long */
+		pause();   /* until killed */
 		_exit(0);
 	}
 	char c;

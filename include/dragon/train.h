@@ -53,8 +53,8 @@
  * the log to the checkpoint: the lines past its step dropped (an
  * interrupted run's), and, each told to the warn callback, the lines
  * that are not whole log lines or whose step does not follow the one
- * before (dropped), a missing log and the steps missing up to the
- * checkpoint's (which it cannot make up).
+ * before (dropped), a missing log, and the steps missing between its
+ * lines or up to the checkpoint's (which it cannot make up).
  * On the CPU model the run first holds the step's memory
  * (dg_model_cpu_fits) to what the machine has, before it allocates.
  */

@@ -25,8 +25,10 @@ dg_status dg__rundir_make(const char *dir, char *msg, size_t size);
  * at most ckpt. The lines past ckpt (an interrupted run's) go silently;
  * warn (may be NULL) is told, a line each, of a missing log, of the lines
  * dropped otherwise (not a whole log line; a step that repeats or goes
- * back) with the first one's line number, and of the steps missing
- * between the last line kept and ckpt. The file is rewritten (temp file,
+ * back) with the first one's line number, of the first run of steps
+ * missing between two lines kept (and whether there are more), and of
+ * the steps missing between the last line kept and ckpt. Every resume
+ * says so again while the gap is there. The file is rewritten (temp file,
  * fsync, rename) only when a line goes. *last_no_val: the last line kept
  * is step ckpt and has no "val_loss".
  */
