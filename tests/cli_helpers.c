@@ -284,6 +284,18 @@ long long ckpt_step(const char *path)
 	return st;
 }
 
+void expect_stopped(const run *r, int sig, const char *want)
+{
+	char ack[64];
+	snprintf(ack, sizeof(ack), "%s%s: stopping with a checkpoint (", prog_prefix, sig == SIGINT ? "SIGINT" : "SIGTERM");
+	cr_expect_eq(r->code, 128 + sig, "exit %d, want %d; stderr: %s", r->code, 128 + sig, r->err);
+	cr_expect_eq(count_lines(r->err), 2, "stderr should be two lines: '%s'", r->err);
+	cr_expect_eq(strncmp(r->err, ack, strlen(ack)), 0, "stderr should start '%s': %s", ack, r->err);
+	const char *second = strchr(r->err, '\n');
+	cr_expect(second && strncmp(second + 1, prog_prefix, strlen(prog_prefix)) == 0, "stderr: %s", r->err);
+	cr_expect(second && strstr(second, want) != NULL, "stderr '%s' should name '%s'", r->err, want);
+}
+
 int free_port(void)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -64,6 +64,10 @@ int log_lines(const char *dir);
 /* Waits (polling every 0.2 ms, at most 120 s) until dir's log has n
  * lines; fails if the child pid ends first. */
 void wait_for_lines(const char *dir, int n, pid_t pid);
+/* A run that a signal stopped: exit 128 + sig, and stderr two lines, the
+ * handler's at once ("dragon: SIGINT: stopping with a checkpoint (N
+ * steps done); ...") and the error naming want. */
+void expect_stopped(const run *r, int sig, const char *want);
 /* A loopback TCP port nobody listens on now. */
 int free_port(void);
 /* As gen with argv args (NULL-terminated), but a run still going after

@@ -6,7 +6,7 @@
  *     the end) and its checkpoints, and says where; --json gives one object;
  *   - --stop-at then --resume logs what one straight run logs (the timing
  *     fields aside);
- *   - a resume with another shape names the field; a bad flag, a recipe
+ *   - a resume with another shape names the field (exit 2); a bad flag, a recipe
  *     the CPU model does not run (--cpu), a missing --data file and a
  *     missing built-in corpus (saying how to set it up) are refused with
  *     one line and the right exit code; so are the other bad inputs of a
@@ -81,7 +81,9 @@ Test(cli_train, runs_stops_and_resumes)
 	cr_assert_eq(r.code, 0, "%s", r.err);
 	cJSON *j = parse_json(r.out);
 	cr_assert_str_eq(cJSON_GetObjectItem(j, "device")->valuestring, "cpu");
-	cr_assert_eq(num(j, "steps"), 10);
+	cr_assert_eq(num(j, "steps"), 6); /* this command's: 5..10 */
+	cr_assert_eq(num(j, "step"), 10);
+	cr_assert_eq(num(j, "total_steps"), 10);
 	cJSON_Delete(j);
 	run_free(&r);
 	char *lb = log_text(b);
@@ -91,7 +93,7 @@ Test(cli_train, runs_stops_and_resumes)
 	gen(&sb, &r, "train", "--cpu", "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "4",
 	    "--neurons", "64", "--batch", "2", "--time", "16", "--steps", "10", "--data", data, "--out", b,
 	    "--resume", NULL);
-	expect_one_line_error(&r, 1, "heads: the checkpoint's 2, this run's 4");
+	expect_one_line_error(&r, 2, "heads: the checkpoint's 2, this run's 4");
 	run_free(&r);
 	free(la);
 	free(lb);
@@ -236,7 +238,7 @@ Test(cli_train, sigint_and_sigterm_checkpoint_and_resume)
 		wait_for_lines(b, (int)done + 5, pid);
 		cr_assert_eq(kill(pid, sigs[k]), 0);
 		collect(&sb, pid, &r);
-		expect_one_line_error(&r, 128 + sigs[k], "; resume with --resume");
+		expect_stopped(&r, sigs[k], "; resume with --resume");
 		long long n = interrupted_at(&r, ck, sizeof(ck));
 		run_free(&r);
 		cr_assert(n >= done + 5 && n < 100, "stopped at step %lld (%lld before)", n, done);
@@ -283,7 +285,7 @@ Test(cli_train, sigterm_twice_from_one_sender_is_one_request)
 			usleep(gaps[k]);
 		kill(pid, SIGTERM); /* ESRCH if the run has ended already */
 		collect(&sb, pid, &r);
-		expect_one_line_error(&r, 128 + SIGTERM, "; resume with --resume");
+		expect_stopped(&r, SIGTERM, "; resume with --resume");
 		long long n = interrupted_at(&r, ck, sizeof(ck));
 		run_free(&r);
 		cr_assert_eq(last_logged(b), n, "gap %u us", (unsigned)gaps[k]);
@@ -712,10 +714,10 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 	expect_one_line_error(&r, 1, "holds checkpoints of another run (the newest step 4)");
 	run_free(&r);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--lr", "0.002", "--data", data, "--out", out, "--resume", NULL);
-	expect_one_line_error(&r, 1, "cannot resume: lr: the checkpoint's 0.00100000005, this run's 0.00200000009");
+	expect_one_line_error(&r, 2, "cannot resume: lr: the checkpoint's 0.00100000005, this run's 0.00200000009");
 	run_free(&r);
 	gen(&sb, &r, "train", TINY, "--steps", "12", "--data", data, "--out", out, "--resume", NULL);
-	expect_one_line_error(&r, 1, "cannot resume: steps: the checkpoint's 10, this run's 12");
+	expect_one_line_error(&r, 2, "cannot resume: steps: the checkpoint's 10, this run's 12 (--steps)");
 	run_free(&r);
 
 	/* the newest checkpoint damaged: refused, naming it (not resumed

@@ -415,3 +415,95 @@ Test(train, full_disk_keeps_the_last_checkpoint)
 	dg_corpus_destroy(c);
 	dg_test_rmtree(root);
 }
+
+/*
+ * The run folder's lock: held by a child process, refused to this one
+ * naming the child's pid (whatever the file says), and free again once
+ * the child is gone, its file still there.
+ */
+Test(train, the_folder_lock_names_its_holder)
+{
+	char *root = dg_test_tmpdir(), d[600], msg[1024];
+	snprintf(d, sizeof(d), "%s/run/sub", root);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t kid = fork();
+	cr_assert_geq(kid, 0);
+	if (kid == 0) {
+		int fd;
+		char m[512], c = 'x';
+		if (dg_train_lock(d, &fd, NULL, m, sizeof(m)) != DG_OK || write(p[1], &c, 1) != 1)
+			_exit(1);
+		alarm(60); /* a failed test's child does not outlive it long */
+		pause();   /* until killed */
+		_exit(0);
+	}
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 1, "the child could not take the lock");
+	int fd = -1;
+	long holder = 0;
+	cr_assert_eq(dg_train_lock(d, &fd, &holder, msg, sizeof(msg)), DG_ERR_IO);
+	cr_assert_eq(holder, (long)kid);
+	char want[64];
+	snprintf(want, sizeof(want), "in use by another training run (pid %ld ", (long)kid);
+	cr_assert(strstr(msg, want), "%s", msg);
+	cr_assert_eq(fd, -1);
+	/* a run on it: refused the same way, before anything is written */
+	dg_corpus *c4 = corpus_of(4000);
+	dg_train_opts o = tiny(d, 4);
+	dg_train_result res;
+	o.result = &res;
+	cr_assert_eq(dg_train_run(&o, c4, NULL, NULL, msg, sizeof(msg)), DG_ERR_IO);
+	cr_assert(strstr(msg, want), "%s", msg);
+	cr_assert_not(res.resume_refused);
+	kill(kid, SIGKILL);
+	waitpid(kid, NULL, 0);
+	cr_assert_eq(dg_train_lock(d, &fd, &holder, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_train_unlock(fd);
+	cr_assert_eq(dg_train_run(&o, c4, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(res.first, 0);
+	cr_assert_eq(res.step, 4);
+	close(p[0]);
+	close(p[1]);
+	dg_corpus_destroy(c4);
+	dg_test_rmtree(root);
+}
+
+/* The CPU model's memory estimate against a limit: refused naming both
+ * and the fix; and its stop flag, set before a step, stops it. */
+Test(train, cpu_memory_and_stop_flag)
+{
+	dg_train_opts o = tiny("unused", 4);
+	char msg[1024];
+	size_t need = 0;
+	setenv("DRAGON_CPU_MEMORY", "1000000000000", 1);
+	cr_assert_eq(dg_model_cpu_fits(&o.model, 2, 16, 5, &need, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert(need > 100000 && need < 10000000, "%zu bytes for the tiny shape", need);
+	setenv("DRAGON_CPU_MEMORY", "1000", 1);
+	cr_assert_eq(dg_model_cpu_fits(&o.model, 2, 16, 5, NULL, msg, sizeof(msg)), DG_ERR_NOMEM);
+	cr_assert(strstr(msg, "1.0 kB is available ($DRAGON_CPU_MEMORY): use a smaller --batch, --time or --neurons"),
+		  "%s", msg);
+	unsetenv("DRAGON_CPU_MEMORY");
+	/* T 2^20: the scores are (T, T) f64, 8.8 TB */
+	cr_assert_eq(dg_model_cpu_fits(&o.model, 2, 1 << 20, 5, &need, msg, sizeof(msg)), DG_ERR_NOMEM, "%s", msg);
+	cr_assert_geq((double)need, 8.0 * (1 << 20) * (double)(1 << 20), "%zu", need);
+	cr_assert(strstr(msg, "the attention backward's (T, T) scores"), "%s", msg);
+
+	dg_model_weights *w, *g;
+	cr_assert_eq(dg_model_weights_create(&o.model, 1, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_weights_create(&o.model, 2, &g, msg, sizeof(msg)), DG_OK, "%s", msg);
+	int32_t idx[32], tgt[32];
+	for (int i = 0; i < 32; i++)
+		idx[i] = tgt[i] = 'a' + i % 26;
+	volatile sig_atomic_t flag = 1;
+	dg_model_batch b = { .idx = idx, .targets = tgt, .b = 2, .t = 16, .train = true, .stop = &flag };
+	double loss = -1;
+	cr_assert_eq(dg_model_cpu_step(w, &b, &loss, g, msg, sizeof(msg)), DG_ERR_INTERRUPTED);
+	cr_assert(strstr(msg, "stopped before the step's op 1 of"), "%s", msg);
+	cr_assert_eq(loss, -1);
+	flag = 0;
+	cr_assert_eq(dg_model_cpu_step(w, &b, &loss, g, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert(loss > 0);
+	dg_model_weights_destroy(w);
+	dg_model_weights_destroy(g);
+}

@@ -7,9 +7,11 @@
  * on a GPU whose peak peak.h knows); always the JSONL log in the output
  * folder; --json prints one summary object.
  *
- * SIGINT and SIGTERM ask the run to stop: the handler only sets a flag,
- * which the trainer reads between steps; it checkpoints the steps done
- * and returns, and the command exits 128 + the signal (130 for ^C). A
+ * SIGINT and SIGTERM ask the run to stop: the handler sets a flag, which
+ * the trainer reads between steps (and the CPU model between the ops of
+ * a lone run's step, dropping that step), and says so on stderr at once;
+ * the trainer checkpoints the steps done and returns, and the command
+ * exits 128 + the signal (130 for ^C). A
  * second signal kills the process at once (a second ^C), which is safe,
  * since every checkpoint is published atomically; but not a repeat from
  * the same process within a second, which is the same request sent twice:
@@ -37,7 +39,8 @@ static const char help_text[] =
 	"usage: dragon train [--preset P] [--steps N] [--batch B] [--time T] [--lr X]\n"
 	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data FILE]\n"
 	"                    [--out DIR] [--eval-every N] [--eval-batches K]\n"
-	"                    [--ckpt-every N] [--keep K] [--resume] [--stop-at N] [--cpu]\n"
+	"                    [--ckpt-every N] [--keep K] [--resume] [--allow-changed]\n"
+	"                    [--stop-at N] [--cpu]\n"
 	"                    [--no-graph] [--loss-scale dynamic|off] [--gpus N]\n"
 	"                    [--layers L --embd D --heads H --neurons N]\n"
 	"                    [--dropout P] [--json]\n\n"
@@ -58,16 +61,24 @@ static const char help_text[] =
 	"  --data FILE       train on FILE (default the built-in corpus: Shakespeare,\n"
 	"                    set up by scripts/corpus.sh at data/shakespeare.txt or\n"
 	"                    $DRAGON_CORPUS)\n"
-	"  --out DIR         log.jsonl and ckpt-<step>.safetensors (default runs/latest)\n"
+	"  --out DIR         log.jsonl and ckpt-<step>.safetensors (default runs/latest);\n"
+	"                    one run at a time: another on DIR is refused, naming its\n"
+	"                    pid (DIR/lock)\n"
 	"  --eval-every N    validation loss every N steps (100) over --eval-batches K\n"
 	"                    fixed batches (32), and at the last step\n"
 	"  --ckpt-every N    a checkpoint every N steps (500), and at the end; --keep K\n"
 	"                    the newest K kept (3)\n"
-	"  --resume          continue from DIR's newest checkpoint (the same config);\n"
-	"                    the log then reads as if the run had never stopped\n"
+	"  --resume          continue from DIR's newest checkpoint (the same config,\n"
+	"                    corpus, --batch, --time and --steps, else refused naming\n"
+	"                    the one that differs); the log then reads as if the run\n"
+	"                    had never stopped (a damaged one is repaired, with a\n"
+	"                    warning saying what was found)\n"
+	"  --allow-changed   with --resume: another corpus, --batch, --time or --steps\n"
+	"                    on purpose; the log's next line records the change\n"
 	"  --stop-at N       stop after step N (a checkpoint first); resume later\n"
 	"  --cpu             the CPU model even with a GPU (f32, w8a8, bitnet; small\n"
-	"                    shapes)\n"
+	"                    shapes: a shape whose step needs more memory than the\n"
+	"                    machine has is refused before it starts, naming both)\n"
 	"  --no-graph        on a GPU, run each step eagerly instead of replaying the\n"
 	"                    step captured into one CUDA graph\n"
 	"  --loss-scale M    on a GPU, dynamic: scale the loss's gradient by S (2^16,\n"
@@ -83,12 +94,14 @@ static const char help_text[] =
 	"                    validation the ranks compare their weights' SHA-256. Under\n"
 	"                    another launcher (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,\n"
 	"                    MASTER_ADDR, MASTER_PORT set) each process is one rank.\n"
-	"  --json            one JSON object on stdout at the end\n\n"
+	"  --json            one JSON object on stdout at the end: steps (run by this\n"
+	"                    command), step (the run's, reached), total_steps, wall_s\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
 	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
 	"GPUs of a known peak: H200, H100, A100) and the time left.\n\n"
-	"^C (SIGINT) or SIGTERM stops the run between two steps with a checkpoint of\n"
-	"the steps done; --resume continues it. A second ^C stops at once: the last\n"
+	"^C (SIGINT) or SIGTERM stops the run between two steps (on the CPU, inside\n"
+	"one, which is dropped) with a checkpoint of the steps done, and says so on\n"
+	"stderr at once; --resume continues it. A second ^C stops at once: the last\n"
 	"complete checkpoint is still there (checkpoints are written atomically, so\n"
 	"even kill -9 leaves them whole).\n\n"
 	"Exit status: 0 ok, 1 failure (the data, a file, a full disk, the device, a\n"
@@ -98,6 +111,7 @@ enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
 	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
 	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_LOSS_SCALE, O_GPUS, O_HELP,
+	O_ALLOW_CHANGED,
 };
 
 static const dg__cli_opt opts[] = {
@@ -115,6 +129,7 @@ static const dg__cli_opt opts[] = {
 	{ "neurons", 0, true, O_NEURONS },	   { "no-graph", 0, false, O_NO_GRAPH },
 	{ "dropout", 0, true, O_DROPOUT },	   { "loss-scale", 0, true, O_LOSS_SCALE },
 	{ "gpus", 0, true, O_GPUS },		   { "help", 'h', false, O_HELP },
+	{ "allow-changed", 0, false, O_ALLOW_CHANGED },
 	{ NULL, 0, false, 0 },
 };
 
@@ -122,7 +137,7 @@ typedef struct train_args {
 	dg_train_opts o;
 	const char *preset, *data;
 	uint64_t shape[4];
-	bool cpu, json, warmup_given, dropout_given;
+	bool cpu, json, warmup_given, dropout_given, preset_given;
 	float lr, wd, clip, dropout;
 	uint64_t steps, warmup;
 	uint64_t gpus; /* --gpus N; 0 not given */
@@ -174,10 +189,11 @@ static int parse(int argc, char **argv, train_args *a)
 		case O_HELP:
 			fputs(help_text, stdout);
 			return -1;
-		case O_PRESET: a->preset = v; break;
+		case O_PRESET: a->preset = v, a->preset_given = true; break;
 		case O_DATA: a->data = v; break;
 		case O_OUT: a->o.out_dir = v; break;
 		case O_RESUME: a->o.resume = true; break;
+		case O_ALLOW_CHANGED: a->o.allow_changed = true; break;
 		case O_CPU: a->cpu = true; break;
 		case O_NO_GRAPH: a->o.no_graph = true; break;
 		case O_LOSS_SCALE:
@@ -212,6 +228,9 @@ static int parse(int argc, char **argv, train_args *a)
 		if (!ok)
 			return DG__CLI_USAGE;
 	}
+	if (a->o.allow_changed && !a->o.resume)
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+				   "--allow-changed goes with --resume (what may differ from the checkpoint)");
 	char msg[512];
 	dg_model_config c;
 	if (dg_model_preset(a->preset, &c, msg, sizeof(msg)))
@@ -242,6 +261,13 @@ typedef struct progress_state {
 	double peak; /* the GPU's dense bf16 FLOP/s (peak.h); 0: no MFU shown */
 } progress_state;
 
+/* A resume's repairs of the log, on stderr. */
+static void warn(const char *m, void *user)
+{
+	(void)user;
+	fprintf(stderr, "dragon: warning: %s\n", m);
+}
+
 static void progress(const dg_train_report *r, void *user)
 {
 	progress_state *p = user;
@@ -261,13 +287,64 @@ static void progress(const dg_train_report *r, void *user)
 			eta);
 }
 
-/* The signal that asked the run to stop (SIGINT, SIGTERM), 0 none: the
- * handler's only effect; the trainer reads it between steps. The sender
- * of that first signal (0: the kernel, a terminal's ^C) and its time tell
- * a repeat of the same request from a second one. */
+/* The signal that asked the run to stop (SIGINT, SIGTERM), 0 none: what
+ * the trainer reads; the handler also says it on stderr (rank 0). The
+ * sender of that first signal (0: the kernel, a terminal's ^C) and its
+ * time tell a repeat of the same request from a second one. */
 static volatile sig_atomic_t stop_signal;
 static pid_t stop_from;
 static struct timespec stop_at;
+static dg_train_result run_at;     /* the trainer's: the steps done, for the handler's line */
+static volatile sig_atomic_t say;  /* 1: the handler speaks (rank 0); 2: after a progress line */
+
+/* s copied to p (no NUL): its length. Async-signal-safe, as put_u. */
+static size_t put_s(char *p, const char *s)
+{
+	size_t n = 0;
+	while (s[n]) {
+		p[n] = s[n];
+		n++;
+	}
+	return n;
+}
+
+static size_t put_u(char *p, long long v)
+{
+	char t[24];
+	size_t n = 0, k = 0;
+	do
+		t[n++] = (char)('0' + (v < 0 ? 0 : v % 10));
+	while ((v /= 10) > 0);
+	while (n)
+		p[k++] = t[--n];
+	return k;
+}
+
+/* The handler's line on stderr: the first request, or (again) the one
+ * that stops at once. */
+static void say_stop(int sig, bool again)
+{
+	if (!say)
+		return;
+	char b[256];
+	size_t n = 0;
+	const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+	if (say == 2)
+		b[n++] = '\n';
+	n += put_s(b + n, "dragon: ");
+	n += put_s(b + n, name);
+	if (again) {
+		n += put_s(b + n, " again: stopping at once (the newest checkpoint is whole; resume with --resume)\n");
+	} else {
+		n += put_s(b + n, ": stopping with a checkpoint (");
+		n += put_u(b + n, (long long)run_at.step);
+		n += put_s(b + n, run_at.step == 1 ? " step done); " : " steps done); ");
+		n += put_s(b + n, sig == SIGINT ? "^C" : "SIGTERM");
+		n += put_s(b + n, " again stops at once\n");
+	}
+	ssize_t w = write(2, b, n);
+	(void)w; /* nothing to do about a stderr that takes no line */
+}
 
 static void on_stop(int sig, siginfo_t *si, void *ctx)
 {
@@ -279,11 +356,13 @@ static void on_stop(int sig, siginfo_t *si, void *ctx)
 		stop_from = from;
 		stop_at = now;
 		stop_signal = sig;
+		say_stop(sig, false);
 		return;
 	}
 	const double dt = (double)(now.tv_sec - stop_at.tv_sec) + 1e-9 * (double)(now.tv_nsec - stop_at.tv_nsec);
 	if (from && from == stop_from && dt < 1.0)
 		return; /* the same request again (timeout(1): the child, then its group) */
+	say_stop(sig, true);
 	signal(sig, SIG_DFL); /* a second request: the default action, once this handler returns */
 	raise(sig);
 }
@@ -357,7 +436,14 @@ int dg__cli_cmd_train(int argc, char **argv)
 			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 					   "--batch %d --gpus %d: the batch must be a multiple of the GPUs (each takes a share)",
 					   a.o.batch, (int)a.gpus);
-		return dg__cli_launch(argc, argv, (int)a.gpus, a.o.out_dir);
+		/* the launcher holds the folder for its ranks (rank 0 sees its
+		 * parent holds it) */
+		int lock = -1;
+		if (dg_train_lock(a.o.out_dir, &lock, NULL, msg, sizeof(msg)))
+			return dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "%s", msg);
+		code = dg__cli_launch(argc, argv, (int)a.gpus, a.o.out_dir);
+		dg_train_unlock(lock);
+		return code;
 	}
 	dg_dist d = { .rank = 0, .world = 1 };
 	if (ranked && dg_dist_from_env(&d, msg, sizeof(msg)))
@@ -365,6 +451,11 @@ int dg__cli_cmd_train(int argc, char **argv)
 	if (ranked && a.gpus && (int)a.gpus != d.world)
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--gpus %d, but WORLD_SIZE=%d", (int)a.gpus,
 				   d.world);
+	if (a.cpu && !a.preset_given && !dg_model_cpu_runs(&a.o.model))
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_UNSUPPORTED,
+				   "--cpu: the default preset, %s, runs on an NVIDIA GPU only; add --preset f32 (or "
+				   "w8a8, bitnet) to train on the CPU",
+				   a.o.model.preset);
 	if ((code = dg__cli_device_of(a.cpu, &a.o.model, d.local_rank, &dev, dev_name, sizeof(dev_name))))
 		return code;
 	a.o.dev = dev;
@@ -386,8 +477,12 @@ int dg__cli_cmd_train(int argc, char **argv)
 	}
 	progress_state ps = { .tty = isatty(2) != 0 && d.rank == 0, .peak = dev ? dg__cli_peak_bf16(dev_name) : 0 };
 	struct sigaction old[2];
+	run_at = (dg_train_result){ 0 };
+	say = d.rank != 0 ? 0 : ps.tty ? 2 : 1;
 	catch_stop(old);
 	a.o.stop = &stop_signal;
+	a.o.result = &run_at;
+	a.o.warn = warn;
 	double t0 = dg__cli_now_s();
 	st = dg_train_run(&a.o, c, d.rank == 0 ? progress : NULL, &ps, msg, sizeof(msg));
 	double secs = dg__cli_now_s() - t0;
@@ -397,7 +492,10 @@ int dg__cli_cmd_train(int argc, char **argv)
 	char who[32] = ""; /* data parallel: which rank says it */
 	if (world.world > 1)
 		snprintf(who, sizeof(who), "rank %d: ", d.rank);
-	if (st == DG_ERR_INTERRUPTED) {
+	const long long done = (long long)(run_at.step - run_at.first), total = (long long)a.o.opt.steps;
+	if (st && run_at.resume_refused) {
+		code = dg__cli_err(DG__CLI_USAGE, st, "%s%s", who, msg);
+	} else if (st == DG_ERR_INTERRUPTED) {
 		/* a rank may stop because another got the signal (they agree) */
 		code = dg__cli_err(128 + (stop_signal ? stop_signal : SIGTERM), st, "%s%s; resume with --resume", who, msg);
 	} else if (st) {
@@ -411,7 +509,9 @@ int dg__cli_cmd_train(int argc, char **argv)
 		cJSON_AddStringToObject(j, "device_name", dev_name);
 		cJSON_AddStringToObject(j, "data", a.data ? a.data : "builtin");
 		cJSON_AddStringToObject(j, "out", a.o.out_dir);
-		cJSON_AddNumberToObject(j, "steps", (double)a.o.opt.steps);
+		cJSON_AddNumberToObject(j, "steps", (double)done);
+		cJSON_AddNumberToObject(j, "step", (double)run_at.step);
+		cJSON_AddNumberToObject(j, "total_steps", (double)total);
 		cJSON_AddNumberToObject(j, "wall_s", secs);
 		code = dg__cli_json_print(j);
 	} else {
@@ -420,9 +520,18 @@ int dg__cli_cmd_train(int argc, char **argv)
 			snprintf(where, sizeof(where), "%d ranks (%s)", world.world, dev ? dev_name : "the CPU");
 		else
 			snprintf(where, sizeof(where), "%s", dev ? dev_name : "the CPU");
-		printf("trained: %s on %s, %lld steps of %dx%d, in %.1f s; log and checkpoints in %s\n",
-		       a.o.model.preset, where, (long long)(a.o.stop_at ? a.o.stop_at : a.o.opt.steps),
-		       a.o.batch, a.o.time, secs, a.o.out_dir);
+		char span[128] = ""; /* which of the run's steps, unless all of them */
+		if (done == 0)
+			snprintf(span, sizeof(span), " (the run was at step %lld of %lld)", (long long)run_at.step,
+				 total);
+		else if ((run_at.first != 0 || run_at.step != total) && done == 1)
+			snprintf(span, sizeof(span), " (step %lld of %lld)", (long long)run_at.step, total);
+		else if (run_at.first != 0 || run_at.step != total)
+			snprintf(span, sizeof(span), " (steps %lld-%lld of %lld)", (long long)run_at.first + 1,
+				 (long long)run_at.step, total);
+		printf("trained: %s on %s, %lld step%s of %dx%d%s, in %.1f s; log and checkpoints in %s\n",
+		       a.o.model.preset, where, done, done == 1 ? "" : "s", a.o.batch, a.o.time, span, secs,
+		       a.o.out_dir);
 	}
 	leave(&world, st != DG_OK && st != DG_ERR_INTERRUPTED);
 	dg_corpus_destroy(c);

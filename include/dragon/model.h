@@ -29,6 +29,7 @@
 #ifndef DRAGON_MODEL_H
 #define DRAGON_MODEL_H
 
+#include <signal.h> /* sig_atomic_t */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -178,6 +179,23 @@ typedef struct dg_model_memory {
 dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_memory *out,
 			      char *msg, size_t msg_size);
 
+/*
+ * Whether the CPU model's training step at (B, T) fits in this machine's
+ * memory, before anything is allocated: its peak — the plan's total
+ * (dg_model_cpu_memory), the scratch its ops allocate beside the arenas
+ * (the largest, the attention backward's (T, T) f64 scores) and `copies`
+ * more f32 copies of the weights the caller holds (a trainer: masters,
+ * two moments, gradients, the init) — against the memory available:
+ * $DRAGON_CPU_MEMORY bytes when set, else the kernel's MemAvailable, or
+ * the cgroup's room when that is less. DG_ERR_NOMEM naming the estimate,
+ * its largest part, what is available and the fix (a smaller --batch,
+ * --time or --neurons); DG_ERR_INVALID_ARG for a config or batch
+ * dg_model_cpu_memory refuses. *need (may be NULL): the estimate, bytes
+ * (SIZE_MAX past what a size_t counts).
+ */
+dg_status dg_model_cpu_fits(const dg_model_config *c, int b, int t, int copies, size_t *need, char *msg,
+			    size_t msg_size);
+
 /* ---- work -------------------------------------------------------------------
  * The FLOPs a token of a training step costs at block size t: the
  * matmuls of the forward, counted as 2 a multiply-add, and the backward
@@ -218,6 +236,10 @@ typedef struct dg_model_batch {
 	 * rows row0 .. row0 + b − 1 each draw the masks of one process
 	 * running it all. */
 	uint32_t row0;
+	/* NULL, or a flag the CPU model looks at between the step's ops:
+	 * once set, dg_model_cpu_step returns DG_ERR_INTERRUPTED with nothing
+	 * written to grads that the caller may use (the GPU model ignores it) */
+	const volatile sig_atomic_t *stop;
 } dg_model_batch;
 
 /*

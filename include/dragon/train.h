@@ -32,13 +32,31 @@
  * RNG — is in the checkpoint, so a run resumed from one logs the same
  * losses, bit for bit, as one that never stopped.
  *
+ * On the CPU model a lone run also looks at *stop between the ops of a
+ * step (and of a validation): a long step is dropped midway, its batch
+ * drawn again on resume, so the checkpoint is of the steps done; a step
+ * whose validation was cut short is logged without its val_loss, which
+ * the resume computes and adds to its line.
  * Files in out_dir: log.jsonl (one object a step: step, train_loss, lr,
- * grad_norm, tokens_per_s, wall_s, and val_loss where evaluated; a
- * resumed run first drops the lines past its checkpoint's step) and
- * ckpt-<step>.safetensors (dragon/checkpoint.h). Every checkpoint is
- * published atomically, so a run killed at any moment (kill -9 included)
- * leaves its newest complete checkpoint loadable; the temp file a killed
- * save leaves is ignored, and removed by the next run in the folder.
+ * grad_norm, tokens_per_s, wall_s, and val_loss where evaluated; each
+ * line written whole, by one write), ckpt-<step>.safetensors
+ * (dragon/checkpoint.h) and lock (dg_train_lock: one run at a time
+ * writes the folder). Every checkpoint is published atomically, so a run
+ * killed at any moment (kill -9 included) leaves its newest complete
+ * checkpoint loadable; the temp file a killed save leaves is ignored, and
+ * removed by the next run in the folder.
+ * A resumed run holds the flags that shape its batches and schedule to
+ * the checkpoint's: the corpus (its SHA-256), B, T and the steps, besides
+ * the config and the optimizer (dg_checkpoint_match); allow_changed lets
+ * the first four differ, and the run's first log line then says what
+ * changed ("changed": {"batch": {"from": 8, "to": 16}, ...}). It repairs
+ * the log to the checkpoint: the lines past its step dropped (an
+ * interrupted run's), and, each told to the warn callback, the lines
+ * that are not whole log lines or whose step does not follow the one
+ * before (dropped), a missing log, and the steps missing between its
+ * lines or up to the checkpoint's (which it cannot make up).
+ * On the CPU model the run first holds the step's memory
+ * (dg_model_cpu_fits) to what the machine has, before it allocates.
  */
 #ifndef DRAGON_TRAIN_H
 #define DRAGON_TRAIN_H
@@ -83,6 +101,20 @@ typedef struct dg_train_world {
 	int64_t check_every;   /* steps between the weights' digest checks; 0: at the end only */
 } dg_train_world;
 
+/* A resume's note to the caller (a line, no newline): what it found
+ * wrong with the log and did about it. */
+typedef void (*dg_train_warn)(const char *msg, void *user);
+
+/* Where a run stands, filled as it goes (the caller may read it from a
+ * signal handler: each field is written whole). */
+typedef struct dg_train_result {
+	int64_t first;        /* the steps done when it started (0, or the checkpoint's) */
+	int64_t step;         /* the steps done now (at the end: the newest checkpoint's) */
+	bool resume_refused;  /* a resume refused for a flag that differs from the
+			       * checkpoint's (dg_checkpoint_match's fields, the
+			       * corpus, B, T, the steps): a usage error */
+} dg_train_result;
+
 typedef struct dg_train_opts {
 	dg_model_config model; /* the config (preset and shape) */
 	int batch, time;       /* B, T */
@@ -107,6 +139,12 @@ typedef struct dg_train_opts {
 	const volatile sig_atomic_t *stop;
 	/* NULL: a lone run; else this process's rank of a data-parallel one */
 	const dg_train_world *world;
+	/* resume: the corpus, B, T and the steps (and with the steps the
+	 * warmup) may differ from the checkpoint's; the change is logged */
+	bool allow_changed;
+	dg_train_warn warn;       /* NULL, or told the log's repairs (with warn_user) */
+	void *warn_user;
+	dg_train_result *result;  /* NULL, or kept up to date (see above) */
 } dg_train_opts;
 
 /* Fills o with the defaults: the 25M bf16 preset, B 8, T 512, AdamW's
@@ -133,10 +171,25 @@ typedef struct dg_train_report {
 typedef void (*dg_train_progress)(const dg_train_report *r, void *user);
 
 /*
+ * The run folder's lock: dir (made, as mkdir -p) gets a file "lock" that
+ * the caller holds (an fcntl write lock, F_SETLK: never waits) with its
+ * pid written in, until dg_train_unlock(*fd) or its exit, whatever ends
+ * it (the kernel drops the lock of a killed process, so a stale file
+ * blocks nothing). dg_train_run takes it (rank 0); a launcher of ranks
+ * takes it for them, and its rank 0 then runs under its parent's lock.
+ * DG_ERR_IO when another process holds it: "<dir>: in use by another
+ * training run (pid N)", *holder (may be NULL) its pid; else 0.
+ */
+dg_status dg_train_lock(const char *dir, int *fd, long *holder, char *msg, size_t msg_size);
+void dg_train_unlock(int fd); /* -1 is fine */
+
+/*
  * Runs (or resumes) the run o describes on corpus c. Errors name what:
  * a config the model or the optimizer refuses, a corpus too short for a
- * row of T (dg_corpus_check), a resume without a checkpoint or whose
- * config differs (the field), a loss or gradient that is not finite
+ * row of T (dg_corpus_check), a folder another run holds (dg_train_lock),
+ * a shape the CPU model has no memory for (DG_ERR_NOMEM), a resume
+ * without a checkpoint or whose config differs (the field, both values;
+ * o->result->resume_refused), a loss or gradient that is not finite
  * (DG_ERR_NUMERIC, the step; with o->loss_scale only a loss: a norm
  * that is not finite is a skipped step), a file that cannot be written (a
  * checkpoint's save names the file, errno and the step of the newest

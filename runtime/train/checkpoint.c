@@ -142,6 +142,10 @@ static dg_status writer_of(const dg_train_state *s, dg_safetensors_writer **out,
 		st = meta_u64(sw, "data_rng", s->data_rng.state, msg, msg_size);
 	if (!st && s->time > 0)
 		st = meta_u64(sw, "time", (uint64_t)s->time, msg, msg_size);
+	if (!st && s->batch > 0)
+		st = meta_u64(sw, "batch", (uint64_t)s->batch, msg, msg_size);
+	if (!st && s->corpus_sha256[0])
+		st = dg_safetensors_writer_meta(sw, "corpus_sha256", s->corpus_sha256, msg, msg_size);
 	const struct {
 		const char *k;
 		float v;
@@ -354,6 +358,22 @@ static dg_status state_of(const dg_safetensors *f, const char *path, dg_train_st
 		if (!st)
 			s->time = (int)tt;
 	}
+	/* the run's B and corpus: optional as T */
+	if (!st && dg_safetensors_meta(f, "batch")) {
+		uint64_t b = 0;
+		st = read_u64(f, path, "batch", &b, msg, msg_size);
+		if (!st && (b < 1 || b > INT32_MAX))
+			st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: metadata batch=%" PRIu64 ": not a batch",
+				      path, b);
+		if (!st)
+			s->batch = (int)b;
+	}
+	const char *corpus = st ? NULL : dg_safetensors_meta(f, "corpus_sha256");
+	if (corpus && (strlen(corpus) != 64 || strspn(corpus, "0123456789abcdef") != 64))
+		st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: metadata corpus_sha256='%.80s': not a SHA-256",
+			      path, corpus);
+	else if (corpus)
+		memcpy(s->corpus_sha256, corpus, 65);
 	if (!st)
 		st = read_scaler(f, path, &s->scaler, msg, msg_size);
 	if (!st && (st = dg_adamw_check(o, why, sizeof(why))))

@@ -14,10 +14,12 @@
  * and the weight gradients are turned back. The layers share their
  * weights, so each weight's gradient is one GEMM over every layer's rows.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/msg.h"
 #include "dragon/model.h"
@@ -386,6 +388,128 @@ dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_m
 	return st ? dg__msgf(st, msg, size, "the step's tape: %s", dg_status_str(st)) : DG_OK;
 }
 
+/* The bytes this process may still allocate, and where that figure is
+ * from: $DRAGON_CPU_MEMORY, else MemAvailable (or the free pages), the
+ * cgroup v2 limit's room when less. 0: unknown (nothing is refused). */
+static double mem_available(const char **from)
+{
+	const char *env = getenv("DRAGON_CPU_MEMORY");
+	if (env && *env) {
+		char *end;
+		errno = 0;
+		unsigned long long v = strtoull(env, &end, 10);
+		if (!errno && end != env && !*end && env[0] != '-') {
+			*from = "$DRAGON_CPU_MEMORY";
+			return (double)v;
+		}
+	}
+	double avail = 0;
+	unsigned long long kb = 0, max = 0, cur = 0;
+	char line[256];
+	FILE *f = fopen("/proc/meminfo", "r");
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+			avail = 1024.0 * (double)kb;
+			*from = "MemAvailable";
+			break;
+		}
+	if (f)
+		fclose(f);
+	if (avail <= 0) {
+		long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+		if (pages > 0 && page > 0) {
+			avail = (double)pages * (double)page;
+			*from = "free memory";
+		}
+	}
+	FILE *m = fopen("/sys/fs/cgroup/memory.max", "r"), *c = fopen("/sys/fs/cgroup/memory.current", "r");
+	if (m && c && fscanf(m, "%llu", &max) == 1 && fscanf(c, "%llu", &cur) == 1) {
+		double room = max > cur ? (double)(max - cur) : 0.0;
+		if (avail <= 0 || room < avail) {
+			avail = room;
+			*from = "the cgroup's memory.max";
+		}
+	}
+	if (m)
+		fclose(m);
+	if (c)
+		fclose(c);
+	return avail;
+}
+
+/* n bytes as "12.3 GB" (decimal units). */
+static const char *bytes_str(double n, char *buf, size_t size)
+{
+	static const char *const unit[] = { "B", "kB", "MB", "GB", "TB", "PB", "EB" };
+	int u = 0;
+	while (n >= 1000.0 && u < 6) {
+		n /= 1000.0;
+		u++;
+	}
+	snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", n, unit[u]);
+	return buf;
+}
+
+dg_status dg_model_cpu_fits(const dg_model_config *c, int b, int t, int copies, size_t *need, char *msg,
+			    size_t size)
+{
+	if (need)
+		*need = 0;
+	if (!c)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_fits: NULL argument");
+	dg_status st = dg_model_config_check(c, msg, size);
+	if (st)
+		return st;
+	if (b < 1 || t < 1)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "batch %dx%d: B and T must be at least 1", b, t);
+	/* in double: a shape past what the tape's sizes count is refused
+	 * before it is planned */
+	const double L = c->layers, D = c->embd, H = c->heads, N = c->neurons, V = c->vocab, B = b, T = t;
+	const double n = B * T * H * N; /* a (B, H, T, N) activation's elements */
+	const double params = 4.0 * (V * D * 2 + 2 * H * D * N + H * N * D);
+	const double scratch[] = {
+		2 * 4 * n + 8 * (T * T + T * (N + D)), /* the attention backward: dqr, dr; (T, T) scores */
+		4 * L * n + 8 * D * H * N,             /* the decoder's weight gradient: every layer's xy */
+		n + 4 * B * H * T,                     /* an activation's codes and scales */
+		8 * V * (D + 1),                       /* the loss's logits and lm_head gradient */
+	};
+	double most = 0;
+	int big = 0;
+	for (int i = 0; i < (int)(sizeof(scratch) / sizeof(scratch[0])); i++)
+		if (scratch[i] > most) {
+			most = scratch[i];
+			big = i;
+		}
+	double arenas = 4 * params + 4 * 8 * L * n; /* the bound past which the plan is not asked */
+	if (arenas < 0x1p52) {
+		dg_model_memory m;
+		if ((st = dg_model_cpu_memory(c, b, t, &m, msg, size)))
+			return st;
+		arenas = (double)m.total;
+	}
+	const double own = params * (copies > 0 ? copies : 0);
+	const double total = arenas + most + own;
+	if (need)
+		*need = total < 0x1p63 ? (size_t)total : SIZE_MAX;
+	const char *from = "";
+	const double avail = mem_available(&from);
+	if (avail <= 0 || total <= avail)
+		return DG_OK;
+	static const char *const what[] = { "the attention backward's (T, T) scores",
+					    "the decoder's weight gradient over every layer",
+					    "an activation's quantized codes", "the loss's logits" };
+	char a[32], s1[32], s2[32], s3[32], s4[32];
+	const bool scr = most >= arenas && most >= own;
+	return dg__msgf(DG_ERR_NOMEM, msg, size,
+			"the CPU model at batch %d x time %d (layers %d, embd %d, heads %d, neurons %d) needs about "
+			"%s: %s the step's arenas, %s %s, %s the weights' copies; %s is available (%s): use a "
+			"smaller --batch, --time or --neurons%s",
+			b, t, c->layers, c->embd, c->heads, c->neurons, bytes_str(total, s1, sizeof(s1)),
+			bytes_str(arenas, s2, sizeof(s2)), bytes_str(most, s3, sizeof(s3)), what[big],
+			bytes_str(own, s4, sizeof(s4)), bytes_str(avail, a, sizeof(a)), from,
+			scr && big == 0 ? " (the scores grow as T squared)" : "");
+}
+
 /* Checks w and batch, records the tape, allocates its arenas and fills
  * the masters, their execution copies, the batch and the RoPE tables into
  * s (step_free frees it, on failure too). The batch's targets may be NULL
@@ -442,13 +566,18 @@ static dg_status step_open(step *s, const dg_model_weights *w, const dg_model_ba
 	return st ? dg__msgf(st, msg, size, "the execution copies: %s", dg_status_str(st)) : DG_OK;
 }
 
-/* Nodes [0, end) of s's tape, those of kind `skip` left out. */
+/* Nodes [0, end) of s's tape, those of kind `skip` left out; before
+ * each, the batch's stop flag. */
 static dg_status step_run(step *s, int end, int skip, char *msg, size_t size)
 {
 	dg_status st = DG_OK;
+	const volatile sig_atomic_t *stop = s->batch->stop;
 	for (int n = 0; n < end && !st; n++) {
 		if ((int)s->t.nodes[n].kind == skip)
 			continue;
+		if (stop && *stop)
+			return dg__msgf(DG_ERR_INTERRUPTED, msg, size, "stopped before the step's op %d of %d (%s)",
+					n + 1, end, dg__nkind_name(s->t.nodes[n].kind));
 		st = run_node(s, &s->t.nodes[n], msg, size);
 		if (st && !(msg && msg[0]))
 			dg__msgf(st, msg, size, "a reference refused the model's shapes (%s)",

@@ -12,11 +12,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/msg.h"
 #include "base/sha256.h"
@@ -24,6 +25,7 @@
 #include "dragon/dist.h"
 #include "dragon/train.h"
 #include "runtime/train/model_int.h"
+#include "runtime/train/run_dir.h"
 
 /* The validation batches' RNG seed: the same batches for every run. */
 #define VAL_SEED 0x76616cULL
@@ -49,53 +51,6 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* mkdir -p of dir. */
-static dg_status make_dir(const char *dir, char *msg, size_t size)
-{
-	char p[4096];
-	snprintf(p, sizeof(p), "%s", dir);
-	for (char *c = p + 1;; c++) {
-		bool end = *c == '\0';
-		if (*c == '/' || end) {
-			*c = '\0';
-			if (mkdir(p, 0777) && errno != EEXIST)
-				return dg__msgf(DG_ERR_IO, msg, size, "%s: mkdir: %s", p, strerror(errno));
-			if (end)
-				break;
-			*c = '/';
-		}
-	}
-	return DG_OK;
-}
-
-/* The log of a resumed run: its lines of steps <= keep_to kept, the rest
- * (an interrupted run's steps past its checkpoint) dropped. */
-static dg_status trim_log(const char *path, int64_t keep_to, char *msg, size_t size)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return errno == ENOENT ? DG_OK : dg__msgf(DG_ERR_IO, msg, size, "%s: %s", path, strerror(errno));
-	char tmp[4300], line[4096];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	FILE *o = fopen(tmp, "w");
-	if (!o) {
-		fclose(f);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: %s", tmp, strerror(errno));
-	}
-	while (fgets(line, sizeof(line), f)) {
-		/* a line cut short (a run killed as it wrote it) has no newline */
-		long long st;
-		size_t n = strlen(line);
-		if (n && line[n - 1] == '\n' && sscanf(line, "{\"step\": %lld", &st) == 1 && st <= keep_to)
-			fputs(line, o);
-	}
-	fclose(f);
-	bool bad = fclose(o) != 0;
-	if (bad || rename(tmp, path))
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: rewrite: %s", path, strerror(errno));
-	return DG_OK;
 }
 
 /* The run's step function: the CPU model or the GPU one. */
@@ -126,8 +81,16 @@ static int rank_of(const dg_train_opts *o)
 	return o->world ? o->world->rank : 0;
 }
 
+/* The stop flag the CPU model looks at inside a step: a lone run's (the
+ * ranks of a data-parallel one agree between steps, never inside one). */
+static const volatile sig_atomic_t *inner_stop(const dg_train_opts *o)
+{
+	return world_of(o) == 1 ? o->stop : NULL;
+}
+
 /* The mean loss of n fixed validation batches (dropout off); data
- * parallel, each rank's share of each batch, the mean over the ranks. */
+ * parallel, each rank's share of each batch, the mean over the ranks.
+ * DG_ERR_INTERRUPTED when the stop flag cut it short (the CPU model). */
 static dg_status val_loss(stepper *sp, const dg_train_opts *o, const dg_corpus *c, const dg_model_weights *w,
 			  int32_t *idx, int32_t *tgt, double *out, char *msg, size_t size)
 {
@@ -138,7 +101,8 @@ static dg_status val_loss(stepper *sp, const dg_train_opts *o, const dg_corpus *
 	double sum = 0;
 	for (int k = 0; k < o->eval_batches; k++) {
 		dg_corpus_batch(c, true, &r, o->batch, o->time, idx, tgt);
-		dg_model_batch b = { .idx = idx + off, .targets = tgt + off, .b = lb, .t = o->time };
+		dg_model_batch b = { .idx = idx + off, .targets = tgt + off, .b = lb, .t = o->time,
+				     .stop = inner_stop(o) };
 		double l;
 		dg_status st = step_of(sp, w, &b, &l, NULL, msg, size);
 		if (st)
@@ -155,8 +119,9 @@ typedef struct run_ctx {
 	const dg_corpus *c;
 	dg_train_state *s;
 	stepper *sp;
-	FILE *log;
+	int log;                /* log.jsonl, appended to; -1: not this rank's */
 	const char *logp;
+	char changed[1024];     /* a resume's changes (JSON members) for its first line; "" none */
 	int32_t *idx, *tgt;
 	size_t bt;              /* tokens a step */
 	double t0, t_last;      /* the run's start; the last step's end */
@@ -256,18 +221,41 @@ static dg_status checkpoint(run_ctx *r, int64_t n, char *path, size_t path_size,
 	return dg__msgf(st, msg, size, "step %" PRId64 ": checkpoint: %s; no checkpoint was written yet", n, why);
 }
 
-/* A JSON number, or null for one JSON has not (a skipped step's norm). */
-static void put_num(FILE *f, const char *key, double v)
+/* A log line in the making (one write puts it in the file whole). */
+typedef struct line {
+	char b[2048];
+	size_t n;
+} line;
+
+static void add(line *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void add(line *l, const char *fmt, ...)
 {
+	va_list ap;
+	va_start(ap, fmt);
+	int k = vsnprintf(l->b + l->n, sizeof(l->b) - l->n, fmt, ap);
+	va_end(ap);
+	if (k > 0)
+		l->n = l->n + (size_t)k < sizeof(l->b) ? l->n + (size_t)k : sizeof(l->b) - 1;
+}
+
+/* A JSON number in fmt, or null for one JSON has not (a skipped step's
+ * norm, a rate over no time). */
+static void add_num(line *l, const char *key, const char *fmt, double v)
+{
+	char t[64];
 	if (isfinite(v))
-		fprintf(f, ", \"%s\": %.9g", key, v);
+		snprintf(t, sizeof(t), fmt, v);
 	else
-		fprintf(f, ", \"%s\": null", key);
+		snprintf(t, sizeof(t), "null");
+	add(l, ", \"%s\": %s", key, t);
 }
 
 /* Step t done (s->step is past it): its log line, a validation and a
  * checkpoint when due, the caller's report. skipped: the loss scaler
- * skipped its update (the scaler's state is s->scaler, after the step). */
+ * skipped its update (the scaler's state is s->scaler, after the step).
+ * A validation the stop flag cut short: the line without val_loss, no
+ * checkpoint, DG_ERR_INTERRUPTED (the caller stops, checkpointing). */
 static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double norm, bool skipped,
 			char *msg, size_t size)
 {
@@ -275,9 +263,13 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 	dg_train_state *s = r->s;
 	const int64_t n = t + 1;
 	double vl = NAN;
+	bool cut = false;
 	if (eval_due(o, n)) {
 		dg_status st = val_loss(r->sp, o, r->c, s->weights, r->idx, r->tgt, &vl, msg, size);
-		if (st)
+		cut = st == DG_ERR_INTERRUPTED;
+		if (cut)
+			vl = NAN;
+		else if (st)
 			return st;
 	}
 	const double te = now_s();
@@ -285,21 +277,34 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 			       .lr = lr, .grad_norm = norm, .tokens_per_s = (double)r->bt / (te - r->t_last),
 			       .wall_s = te - r->t0, .flops_per_token = dg_model_flops_per_token(&o->model, o->time),
 			       .skipped = skipped, .loss_scale = o->loss_scale ? s->scaler.scale : 0.0f };
-	if (!r->log) /* data parallel: rank 0 writes the log */
-		goto logged;
-	fprintf(r->log, "{\"step\": %" PRId64 ", \"train_loss\": %.9g, \"lr\": %.9g", rp.step,
-		rp.train_loss, (double)rp.lr);
-	put_num(r->log, "grad_norm", rp.grad_norm);
-	if (o->loss_scale)
-		fprintf(r->log, ", \"loss_scale\": %.9g", (double)rp.loss_scale);
-	if (skipped)
-		fprintf(r->log, ", \"skipped\": true");
-	if (!isnan(vl))
-		fprintf(r->log, ", \"val_loss\": %.9g", vl);
-	fprintf(r->log, ", \"tokens_per_s\": %.1f, \"wall_s\": %.3f}\n", rp.tokens_per_s, rp.wall_s);
-	if (fflush(r->log))
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: write: %s", r->logp, strerror(errno));
-logged:
+	if (r->log >= 0) { /* data parallel: rank 0 writes the log */
+		line l = { .n = 0 };
+		add(&l, "{\"step\": %" PRId64, rp.step);
+		add_num(&l, "train_loss", "%.9g", rp.train_loss);
+		add_num(&l, "lr", "%.9g", (double)rp.lr);
+		add_num(&l, "grad_norm", "%.9g", rp.grad_norm);
+		if (o->loss_scale)
+			add_num(&l, "loss_scale", "%.9g", (double)rp.loss_scale);
+		if (skipped)
+			add(&l, ", \"skipped\": true");
+		if (!isnan(vl))
+			add_num(&l, "val_loss", "%.9g", vl);
+		if (r->changed[0])
+			add(&l, ", \"changed\": {%s}", r->changed);
+		add_num(&l, "tokens_per_s", "%.1f", rp.tokens_per_s);
+		add_num(&l, "wall_s", "%.3f", rp.wall_s);
+		add(&l, "}\n");
+		if (l.b[l.n - 1] != '\n')
+			return dg__msgf(DG_ERR_INTERNAL, msg, size, "step %" PRId64 ": its log line is too long", n);
+		dg_status st = dg__rundir_log_write(r->log, r->logp, l.b, l.n, msg, size);
+		if (st)
+			return st;
+		r->changed[0] = '\0';
+	}
+	if (o->result)
+		o->result->step = n;
+	if (cut)
+		return DG_ERR_INTERRUPTED;
 	if (ckpt_due(r, n)) {
 		char path[4200];
 		dg_status st = checkpoint(r, n, path, sizeof(path), msg, size);
@@ -331,10 +336,11 @@ static dg_status finish_gpu(run_ctx *r, int64_t t, float lr, char *msg, size_t s
 	return st ? st : finish(r, t, lr, loss, norm, ok_skip, msg, size);
 }
 
-/* Asked to stop before the next step: the queued GPU step, if any, is
- * finished (logged) first; then the steps done are checkpointed, unless
- * the last one's checkpoint is there already, and the run ends with
- * DG_ERR_INTERRUPTED naming the step and the checkpoint. */
+/* Asked to stop before the next step (or inside one on the CPU, which
+ * dropped it): the queued GPU step, if any, is finished (logged) first;
+ * then the steps done are checkpointed, unless the last one's checkpoint
+ * is there already, and the run ends with DG_ERR_INTERRUPTED naming the
+ * step and the checkpoint. */
 static dg_status stop(run_ctx *r, int64_t pending, float pending_lr, char *msg, size_t size)
 {
 	dg_status st = pending >= 0 ? finish_gpu(r, pending, pending_lr, msg, size) : DG_OK;
@@ -344,16 +350,79 @@ static dg_status stop(run_ctx *r, int64_t pending, float pending_lr, char *msg, 
 	const int64_t n = r->s->step;
 	if (r->saved != n && (st = checkpoint(r, n, path, sizeof(path), msg, size)))
 		return st;
+	if (r->o->result)
+		r->o->result->step = n;
 	dg_checkpoint_path(r->o->out_dir, n, path, sizeof(path));
 	return dg__msgf(DG_ERR_INTERRUPTED, msg, size, "interrupted at step %" PRId64 " of %" PRId64 "; checkpoint %s",
 			n, r->o->opt.steps, path);
 }
 
-dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
-		       void *user, char *msg, size_t msg_size)
+/* Appends `"key": {"from": a, "to": b}` (a, b JSON values) to the JSON
+ * members in buf. */
+static void note_change(char *buf, size_t size, const char *key, const char *a, const char *b)
 {
-	if (!o || !c || !o->out_dir)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_train_run: NULL argument");
+	size_t n = strlen(buf);
+	snprintf(buf + n, size - n, "%s\"%s\": {\"from\": %s, \"to\": %s}", n ? ", " : "", key, a, b);
+}
+
+/*
+ * A resume's flags against its checkpoint s (at path): the corpus (this
+ * run's SHA-256, hex), B, T and the steps, the first that differs refused
+ * naming it, the flag and both values; with o->allow_changed each is
+ * noted in changed (JSON members) instead, and a change of the steps
+ * takes the warmup along. *want: o->opt with a changed schedule put back
+ * to the checkpoint's, for dg_checkpoint_match to hold the rest.
+ */
+static dg_status resume_check(const dg_train_opts *o, const dg_corpus *c, const dg_train_state *s,
+			      const char *corpus, const char *path, dg_adamw_config *want, char *changed,
+			      size_t csize, char *msg, size_t size)
+{
+	static const char again[] = "give --allow-changed to change it on purpose";
+	char a[80], b[80];
+	*want = o->opt;
+	changed[0] = '\0';
+	if (s->corpus_sha256[0] && strcmp(s->corpus_sha256, corpus) != 0) {
+		if (!o->allow_changed)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+					"%s: cannot resume: data: the checkpoint's corpus has SHA-256 %.16s..., this "
+					"run's (%s) %.16s... (--data); %s",
+					path, s->corpus_sha256, c->path, corpus, again);
+		snprintf(a, sizeof(a), "\"%s\"", s->corpus_sha256);
+		snprintf(b, sizeof(b), "\"%s\"", corpus);
+		note_change(changed, csize, "data", a, b);
+	}
+	const struct {
+		const char *k, *flag;
+		long long have, want; /* have 0: the checkpoint does not say */
+	} v[] = { { "batch", "--batch", s->batch, o->batch },
+		  { "time", "--time", s->time, o->time },
+		  { "steps", "--steps", s->opt.steps, o->opt.steps } };
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+		if (!v[i].have || v[i].have == v[i].want)
+			continue;
+		if (!o->allow_changed)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+					"%s: cannot resume: %s: the checkpoint's %lld, this run's %lld (%s); %s", path,
+					v[i].k, v[i].have, v[i].want, v[i].flag, again);
+		snprintf(a, sizeof(a), "%lld", v[i].have);
+		snprintf(b, sizeof(b), "%lld", v[i].want);
+		note_change(changed, csize, v[i].k, a, b);
+	}
+	if (s->opt.steps != o->opt.steps) { /* allowed: the schedule is this run's */
+		want->steps = s->opt.steps;
+		if (want->warmup != s->opt.warmup) {
+			snprintf(a, sizeof(a), "%lld", (long long)s->opt.warmup);
+			snprintf(b, sizeof(b), "%lld", (long long)o->opt.warmup);
+			note_change(changed, csize, "warmup", a, b);
+			want->warmup = s->opt.warmup;
+		}
+	}
+	return DG_OK;
+}
+
+/* Checks o before anything is made or allocated. */
+static dg_status check_opts(const dg_train_opts *o, const dg_corpus *c, char *msg, size_t msg_size)
+{
 	dg_status st = dg_model_config_check(&o->model, msg, msg_size);
 	if (!st)
 		st = dg_adamw_check(&o->opt, msg, msg_size);
@@ -382,37 +451,76 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 			      o->batch, world_of(o));
 	if (!st)
 		st = dg_corpus_check(c, o->time, msg, msg_size);
+	/* the CPU model's step, the masters, two moments, the gradients and
+	 * the init: held to the machine's memory before any is allocated */
+	if (!st && !o->dev)
+		st = dg_model_cpu_fits(&o->model, o->batch / world_of(o), o->time, 5, NULL, msg, msg_size);
+	return st;
+}
+
+dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
+		       void *user, char *msg, size_t msg_size)
+{
+	if (!o || !c || !o->out_dir)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_train_run: NULL argument");
+	if (o->result)
+		*o->result = (dg_train_result){ 0 };
+	dg_status st = check_opts(o, c, msg, msg_size);
 	if (!st)
-		st = make_dir(o->out_dir, msg, msg_size);
+		st = dg__rundir_make(o->out_dir, msg, msg_size);
 	if (st)
 		return st;
+	/* rank 0 writes the folder, under its lock (or its launcher's) */
+	int lock = -1;
+	if (rank_of(o) == 0) {
+		long holder = 0;
+		st = dg_train_lock(o->out_dir, &lock, &holder, msg, msg_size);
+		if (st && holder > 0 && holder == (long)getppid())
+			st = DG_OK; /* the launcher of the ranks holds it for them */
+		if (st)
+			return st;
+	}
 	const int lb = o->batch / world_of(o); /* this rank's rows of every batch */
 	const size_t lb_off = (size_t)rank_of(o) * (size_t)lb * (size_t)o->time;
+	char corpus[65];
+	uint8_t dig[32];
+	dg__sha256_digest(c->bytes, c->len, dig);
+	dg__sha256_hex(dig, corpus);
 
 	char path[4200], logp[4200];
 	snprintf(logp, sizeof(logp), "%s/log.jsonl", o->out_dir);
 	int64_t latest = -1;
-	if ((st = dg_checkpoint_prune(o->out_dir, 0, &latest, msg, msg_size)))
-		return st;
 	dg_train_state *s = NULL;
 	dg_model_weights *w0 = NULL, *grads = NULL;
 	int32_t *idx = NULL, *tgt = NULL;
 	stepper sp = { o->dev, NULL };
-	FILE *log = NULL;
+	int log = -1;
+	bool no_val = false; /* the log's last line, the checkpoint's step, lacks its validation */
+	char changed[1024] = "";
+	if ((st = dg_checkpoint_prune(o->out_dir, 0, &latest, msg, msg_size)))
+		goto out;
 	if (o->resume) {
-		if (latest < 0)
-			return dg__msgf(DG_ERR_NOT_FOUND, msg, msg_size, "%s: no checkpoint to resume from",
-					o->out_dir);
-		dg_checkpoint_path(o->out_dir, latest, path, sizeof(path));
-		if ((st = dg_checkpoint_load(path, &s, msg, msg_size)))
-			return st;
-		char why[512];
-		const uint32_t mode = o->loss_scale ? DG_LOSS_SCALE_DYNAMIC : DG_LOSS_SCALE_OFF;
-		if ((st = dg_checkpoint_match(s, &o->model, &o->opt, mode, why, sizeof(why)))) {
-			dg__msgf(st, msg, msg_size, "%s: cannot resume: %s", path, why);
+		if (latest < 0) {
+			st = dg__msgf(DG_ERR_NOT_FOUND, msg, msg_size, "%s: no checkpoint to resume from", o->out_dir);
 			goto out;
 		}
-		if (rank_of(o) == 0 && (st = trim_log(logp, s->step, msg, msg_size)))
+		dg_checkpoint_path(o->out_dir, latest, path, sizeof(path));
+		if ((st = dg_checkpoint_load(path, &s, msg, msg_size)))
+			goto out;
+		char why[512];
+		dg_adamw_config want;
+		const uint32_t mode = o->loss_scale ? DG_LOSS_SCALE_DYNAMIC : DG_LOSS_SCALE_OFF;
+		st = resume_check(o, c, s, corpus, path, &want, changed, sizeof(changed), msg, msg_size);
+		if (!st && (st = dg_checkpoint_match(s, &o->model, &want, mode, why, sizeof(why))))
+			dg__msgf(st, msg, msg_size, "%s: cannot resume: %s", path, why);
+		if (st) {
+			if (o->result)
+				o->result->resume_refused = true;
+			goto out;
+		}
+		s->opt = o->opt;
+		if (rank_of(o) == 0 &&
+		    (st = dg__rundir_log_repair(logp, s->step, o->warn, o->warn_user, &no_val, msg, msg_size)))
 			goto out;
 	} else {
 		if (latest >= 0) {
@@ -427,7 +535,12 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 			goto out;
 		dg_loss_scaler_defaults(&s->scaler, o->loss_scale);
 	}
-	s->time = o->time; /* what the checkpoints record as the model's context */
+	/* what the checkpoints record of the run's batches */
+	s->time = o->time;
+	s->batch = o->batch;
+	memcpy(s->corpus_sha256, corpus, sizeof(corpus));
+	if (o->result)
+		o->result->first = o->result->step = s->step;
 	if (!o->dev && (st = dg__model_weights_alloc(&o->model, &grads, msg, msg_size)))
 		goto out;
 	size_t bt = (size_t)o->batch * (size_t)o->time;
@@ -445,17 +558,25 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 		goto out;
 	}
-	log = rank_of(o) == 0 ? fopen(logp, o->resume ? "a" : "w") : NULL;
-	if (!log && rank_of(o) == 0) {
-		st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: %s", logp, strerror(errno));
-		goto out;
-	}
-
 	const int64_t end = o->stop_at > 0 && o->stop_at < o->opt.steps ? o->stop_at : o->opt.steps;
 	const dg_model_config *mc = &s->weights->config;
-	run_ctx rc = { .o = o, .c = c, .s = s, .sp = &sp, .log = log, .logp = logp, .idx = idx, .tgt = tgt,
+	run_ctx rc = { .o = o, .c = c, .s = s, .sp = &sp, .log = -1, .logp = logp, .idx = idx, .tgt = tgt,
 		       .bt = bt, .t0 = t0, .t_last = t0, .end = end, .saved = o->resume ? s->step : -1,
 		       .progress = progress, .user = user };
+	snprintf(rc.changed, sizeof(rc.changed), "%s", changed);
+	/* a validation a stop cut short: computed now, into its line */
+	if (no_val && eval_due(o, s->step) && world_of(o) == 1) {
+		double vl;
+		st = val_loss(&sp, o, c, s->weights, idx, tgt, &vl, msg, msg_size);
+		if (st == DG_ERR_INTERRUPTED)
+			st = stop(&rc, -1, 0, msg, msg_size);
+		if (st || (st = dg__rundir_log_set_val(logp, s->step, vl, msg, msg_size)))
+			goto out;
+	}
+	if (rank_of(o) == 0 && (st = dg__rundir_log_open(logp, o->resume, &log, msg, msg_size)))
+		goto out;
+	rc.log = log;
+
 	/* the GPU: step t is queued before step t − 1 is read (pending); a
 	 * step that validates or checkpoints is read before the next is
 	 * queued, since both read the device's state after it */
@@ -471,15 +592,23 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		}
 		const int64_t t = s->step;
 		const float lr = dg_adamw_lr(&o->opt, t);
+		const dg_rng rng0 = s->data_rng; /* a step the stop drops draws its batch again */
 		dg_corpus_batch(c, false, &s->data_rng, o->batch, o->time, idx, tgt);
 		s->data_pos++;
 		dg_model_batch b = { .idx = idx + lb_off, .targets = tgt + lb_off, .b = lb, .t = o->time,
 				     .seed = s->seed, .step = (uint32_t)t, .train = true,
-				     .row0 = (uint32_t)(rank_of(o) * lb) }; /* the global batch's masks */
+				     .row0 = (uint32_t)(rank_of(o) * lb), /* the global batch's masks */
+				     .stop = inner_stop(o) };
 		if (!sp.m) {
 			double loss;
-			if ((st = step_of(&sp, s->weights, &b, &loss, grads, msg, msg_size)))
+			if ((st = step_of(&sp, s->weights, &b, &loss, grads, msg, msg_size))) {
+				if (st == DG_ERR_INTERRUPTED) {
+					s->data_rng = rng0;
+					s->data_pos--;
+					st = stop(&rc, -1, 0, msg, msg_size);
+				}
 				goto out;
+			}
 			if (world_of(o) > 1) { /* the mean over the ranks: every rank the same bytes */
 				size_t n[DG_MODEL_N_PARAMS];
 				for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
@@ -510,8 +639,11 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 					      s->m[p], s->v[p], n);
 			}
 			s->step = t + 1;
-			if ((st = finish(&rc, t, lr, loss, norm, false, msg, msg_size)))
+			if ((st = finish(&rc, t, lr, loss, norm, false, msg, msg_size))) {
+				if (st == DG_ERR_INTERRUPTED) /* its validation: the step is logged, then kept */
+					st = stop(&rc, -1, 0, msg, msg_size);
 				goto out;
+			}
 			continue;
 		}
 		if (dg_model_train_step(sp.m, &b, t, lr)) {
@@ -532,8 +664,9 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	if (pending >= 0)
 		st = finish_gpu(&rc, pending, pending_lr, msg, msg_size);
 out:
-	if (log && fclose(log) && !st)
+	if (log >= 0 && close(log) && !st)
 		st = dg__msgf(DG_ERR_IO, msg, msg_size, "%s: close: %s", logp, strerror(errno));
+	dg_train_unlock(lock);
 	dg_model_destroy(sp.m);
 	free(idx);
 	free(tgt);
