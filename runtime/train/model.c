@@ -122,15 +122,6 @@ dg_status dg_model_config_check(const dg_model_config *c, char *msg, size_t size
 
 /* ---- parameters ---------------------------------------------------------------- */
 
-static const char *const param_names[DG_MODEL_N_PARAMS] = {
-	"embed.weight", "encoder", "encoder_v", "decoder", "lm_head",
-};
-
-const char *dg_model_param_name(dg_model_param p)
-{
-	return (unsigned)p < DG_MODEL_N_PARAMS ? param_names[p] : "?";
-}
-
 int64_t dg_model_param_shape(const dg_model_config *c, dg_model_param p, int *ndim,
 			     int64_t shape[3])
 {
@@ -194,7 +185,7 @@ dg_status dg__model_weights_alloc(const dg_model_config *c, dg_model_weights **o
 		if (!w->params[p]) {
 			dg_model_weights_destroy(w);
 			return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory: %s (%lld floats)",
-					param_names[p], (long long)n);
+					dg_model_param_name((dg_model_param)p), (long long)n);
 		}
 	}
 	*out = w;
@@ -247,7 +238,7 @@ dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 		int nd;
 		int64_t sh[3];
 		dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
-		st = dg_safetensors_expect(f, param_names[p], DG_ST_F32, nd, sh, &t[p], why, sizeof(why));
+		st = dg_safetensors_expect(f, dg_model_param_name((dg_model_param)p), DG_ST_F32, nd, sh, &t[p], why, sizeof(why));
 		if (st)
 			dg__msgf(st, msg, size, "%s: %s", path, why);
 	}
@@ -274,7 +265,7 @@ dg_status dg__model_weights_add(dg_safetensors_writer *sw, const dg_model_weight
 		int nd;
 		int64_t sh[3];
 		dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
-		st = dg_safetensors_writer_add(sw, param_names[p], DG_ST_F32, nd, sh, w->params[p], msg,
+		st = dg_safetensors_writer_add(sw, dg_model_param_name((dg_model_param)p), DG_ST_F32, nd, sh, w->params[p], msg,
 					       size);
 	}
 	const struct {

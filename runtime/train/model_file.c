@@ -5,7 +5,7 @@
  * that the file is safetensors and as it was written (its seal), that it
  * is weights and not gradients (its kind), and that its weights and AdamW
  * moments are numbers a run can go on from. One door, so no reader checks
- * less than another.
+ * less than another. The parameters' names in a file are kept here too.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -16,6 +16,17 @@
 #include "dragon/model.h"
 #include "dragon/safetensors.h"
 #include "runtime/train/model_int.h"
+
+/* The parameters' names in a file: the reference's (pathwaycom/bdh), so
+ * PyTorch loads dragon's files and dragon PyTorch's. */
+static const char *const param_names[DG_MODEL_N_PARAMS] = {
+	"embed.weight", "encoder", "encoder_v", "decoder", "lm_head",
+};
+
+const char *dg_model_param_name(dg_model_param p)
+{
+	return (unsigned)p < DG_MODEL_N_PARAMS ? param_names[p] : "?";
+}
 
 /* What a tensor of the file is to the check: 0 none of the model's, else
  * 1 a weight, 2 AdamW's first moment, 3 its second. */
