@@ -42,6 +42,7 @@
 
 #include "cli_helpers.h"
 #include "dragon/checkpoint.h"
+#include "helpers.h"
 
 extern char **environ;
 
@@ -114,6 +115,22 @@ Test(cli_train, refusals)
 	gen(&sb, &r, "train", "--cpu", "--preset", "bf16", "--data", data, "--out", out, NULL);
 	expect_one_line_error(&r, 2, "needs an NVIDIA GPU");
 	run_free(&r);
+	/* no GPU (none visible, on any machine): what to run instead; a
+	 * recipe the CPU model runs runs there, saying so */
+	setenv("CUDA_VISIBLE_DEVICES", "", 1);
+	gen(&sb, &r, "train", "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 1, "preset bf16 needs an NVIDIA GPU, and there is none");
+	cr_expect(strstr(r.err, "`dragon train --cpu --preset f32 --layers 2 --embd 32") &&
+			  strstr(r.err, "then `dragon sample runs/tiny`; or this command, as it is, on a machine with an NVIDIA GPU"),
+		  "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64",
+	    "--batch", "2", "--time", "16", "--steps", "2", "--data", data, "--out", out, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cr_expect(strstr(r.err, "dragon: note: no NVIDIA GPU here (") && strstr(r.err, "); running on the CPU model\n"),
+		  "%s", r.err);
+	run_free(&r);
+	unsetenv("CUDA_VISIBLE_DEVICES");
 	gen(&sb, &r, "train", TINY, "--data", "/nonexistent.txt", "--out", out, NULL);
 	expect_one_line_error(&r, 1, "/nonexistent.txt");
 	run_free(&r);
@@ -764,12 +781,10 @@ Test(cli_train, plot_draws_a_png)
 	sandbox sb;
 	run r;
 	char data[600], a[600], log[700], png[700], bad[700];
-	if (!on_path("gnuplot")) {
-		/* scripts/deps.sh installs it where the suite is set up (CI);
-		 * a machine that only runs the suite (the GPU one) may lack it */
-		printf("skipped: gnuplot is not on PATH\n");
+	/* scripts/deps.sh installs it where the suite is set up (CI); a
+	 * machine that only runs the suite (the GPU one) may lack it */
+	if (!dg_test_need(on_path("gnuplot"), "gnuplot is not on PATH", "scripts/deps.sh installs gnuplot-nox"))
 		return;
-	}
 	cli_use_program("DRAGON", "dragon: ");
 	sandbox_init(&sb);
 	text_file(&sb, data, sizeof(data), 6000);
