@@ -8,9 +8,9 @@
 # no CUDA device" without one (DRAGON_REQUIRE_GPU=1 makes that a failure).
 # A machine without network (the GPU one) installs from the wheels
 # scripts/gpu_deps.sh fetched (.gpu/wheels).
-# Exits 77 (ctest's skip) where python3 cannot import torch, or the
-# library is built with sanitizers (python3 would need their runtime
-# preloaded).
+# Exits 77 (ctest's skip) where python3 cannot import torch (a failure
+# with DRAGON_REQUIRE_DEPS=1, as scripts/test.sh runs it), or the library
+# is built with sanitizers (python3 would need their runtime preloaded).
 #   tests/scripts/check_python.sh SOURCE_DIR BUILD_DIR [SANITIZE]
 # $DRAGON: the dragon program the example is held to (default BUILD_DIR/dragon).
 set -uo pipefail
@@ -21,6 +21,10 @@ if [ -n "${3:-}" ]; then
   exit 77
 fi
 if ! python3 -c 'import torch' 2>/dev/null; then
+  if [ "${DRAGON_REQUIRE_DEPS:-0}" = 1 ]; then
+    echo "check_python: $(command -v python3) cannot import torch (DRAGON_REQUIRE_DEPS=1: not a skip); scripts/test.sh installs it into .venv" >&2
+    exit 1
+  fi
   echo "skipped: no torch (python3 cannot import torch)"
   exit 77
 fi
