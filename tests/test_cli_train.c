@@ -12,7 +12,8 @@
  *     one line and the right exit code; so are the other bad inputs of a
  *     run (a short corpus, flags, resume mismatches, a truncated or
  *     corrupt checkpoint, a loss that blows up: the step named, the last
- *     good checkpoint kept);
+ *     good checkpoint kept); without a GPU a GPU-only preset's refusal
+ *     says what to run instead, and an f32 run says it runs on the CPU;
  *   - faults: ^C and SIGTERM stop a run with a checkpoint of the step its
  *     log stops at (exit 130, 143) and --resume finishes it to the
  *     straight log; a full disk at a checkpoint names the file and errno

@@ -10,7 +10,8 @@
  *   - the built-in corpus: $DRAGON_CORPUS missing says how to set it up,
  *     the wrong bytes are refused by digest; where data/shakespeare.txt or
  *     .gpu/corpus/shakespeare.txt is set up (scripts/corpus.sh), it loads
- *     with its 5,057,198 bytes, else "skipped: no corpus".
+ *     with its 5,057,198 bytes, else "skipped: no corpus" (a failure
+ *     under DRAGON_REQUIRE_DEPS=1, as scripts/test.sh runs it).
  */
 #include <criterion/criterion.h>
 
