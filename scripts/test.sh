@@ -7,11 +7,9 @@
 # built-in corpus in data/ (scripts/corpus.sh). The tests then run with
 # DRAGON_REQUIRE_DEPS=1: a test that finds one of these missing fails
 # instead of skipping. Only GPU tests skip, printing "skipped: no CUDA
-# device", without a GPU; so does the Python package's check
-# (check_python) in a sanitizer build, whose library python3 cannot load
-# without the sanitizer's runtime preloaded. At the end one line counts
-# the tests that printed "skipped" and names the ones that skipped for a
-# reason other than a missing GPU.
+# device", without a GPU. At the end one line counts the tests that
+# printed "skipped" and names the ones that skipped for a reason other
+# than a missing GPU.
 # Environment: BUILD_DIR (default build-test), DG_WERROR=ON,
 # DG_SANITIZE=address,undefined, DRAGON_TEST_QUICK=1 (sampled exhaustive
 # loops). Arguments go to ctest (e.g. -R NAME).
