@@ -99,6 +99,12 @@ for f in "${pip_files[@]}"; do
   cp "$f" "$root$f"
 done
 [ -n "$cert" ] && [ -f "$cert" ] && mkdir -p "$root/etc/ssl" && cp "$cert" "$root$root_cert"
+for v in "${pip_env[@]}"; do # local folders of wheels pip is told to look in
+  case "$v" in PIP_FIND_LINKS=/*) ;; *) continue ;; esac
+  for d in ${v#PIP_FIND_LINKS=}; do
+    [ -d "$d" ] && mkdir -p "$root$d" && cp -a "$d/." "$root$d/"
+  done
+done
 git clone -q --no-checkout . "$root/root/dragon"
 git -C "$root/root/dragon" checkout -q --detach "$head"
 t1=$(now)
