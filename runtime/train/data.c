@@ -77,8 +77,11 @@ static void install_corpus(char *path, size_t size)
 	if (!dladdr((void *)dg_corpus_builtin, &info) || !info.dli_fname || !info.dli_fname[0])
 		return;
 	const char *slash = strrchr(info.dli_fname, '/');
-	snprintf(from, sizeof(from), "%.*s", slash ? (int)(slash - info.dli_fname) : 1,
-		 slash ? info.dli_fname : ".");
+	if (!slash)
+		snprintf(from, sizeof(from), ".");
+	else /* its folder; "/" for "/lib.so" */
+		snprintf(from, sizeof(from), "%.*s", slash == info.dli_fname ? 1 : (int)(slash - info.dli_fname),
+			 info.dli_fname);
 	if (!realpath(from, dir))
 		return;
 	const char *rel = DG_DATA_FROM_LIB;
