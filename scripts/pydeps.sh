@@ -34,5 +34,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "dragon: installing ${missing[*]} into $venv (the Python tests' dependencies)" >&2
   "$py" -m pip install --disable-pip-version-check -q "${missing[@]}" >&2 ||
     { echo "dragon: pip install ${missing[*]} into $venv failed" >&2; exit 1; }
+  echo "dragon: installed ${missing[*]} in $SECONDS s ($(du -sh "$venv" | cut -f1) in $venv)" >&2
 fi
 echo "$py"
