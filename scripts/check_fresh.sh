@@ -29,7 +29,7 @@ command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap >/dev/nu
 # files of this machine with it).
 cleanup() {
   local m
-  for m in "$root/proc" "$root/dev/shm" "$root$cuda"; do
+  for m in "$root/proc" "$root/dev/shm" "$root/dev/pts" "$root$cuda"; do
     mountpoint -q "$m" 2>/dev/null && umount "$m"
   done
   if grep -q " $root[/ ]" /proc/mounts; then
@@ -87,12 +87,15 @@ t0=$(now)
 trap cleanup EXIT
 cleanup
 debootstrap --variant=minbase bookworm "$root" "$url" >/dev/null
-mkdir -p "$root$cuda" "$root/dev/shm"
+mkdir -p "$root$cuda" "$root/dev/shm" "$root/dev/pts"
 mount --bind "$cuda" "$root$cuda"
 mount -o remount,bind,ro "$root$cuda"
 [ "$cuda" = /usr/local/cuda ] || ln -sfn "$cuda" "$root/usr/local/cuda"
 mount -t proc proc "$root/proc"
 mount -t tmpfs tmpfs "$root/dev/shm"
+# pseudo-terminals of its own (a test runs dragon on one), as a machine has
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$root/dev/pts"
+ln -sfn pts/ptmx "$root/dev/ptmx"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 for f in "${pip_files[@]}"; do
   mkdir -p "$root$(dirname "$f")"
