@@ -12,7 +12,8 @@
 # mirror this machine's apt sources name (the first bookworm "main" source)
 # and the package index this machine's pip is configured with: its pip.conf
 # files, PIP_* environment and the CA file its `cert` names are copied in.
-# Takes about 40 minutes on 2 cores (torch alone is ~5 GB); CI does not run it.
+# Took 11 minutes on 2 idle cores, 33 on busy ones (debootstrap 45-83 s,
+# setup.sh 71-346 s, test.sh 9-27 min with torch's ~5 GB); CI does not run it.
 #   scripts/check_fresh.sh [ROOT_DIR]   (default /tmp/dragon-fresh; removed after)
 set -euo pipefail
 cd "$(dirname "$0")/.."
