@@ -157,9 +157,6 @@ say "build: Release in $build${targets[*]:+ (${targets[*]})}, $(( $(date +%s) - 
 # --- 3. tests --------------------------------------------------------------
 if [ "$tests" = 1 ]; then
   export DRAGON_REQUIRE_GPU=1
-  # this machine only runs the suite: the plot tests that draw need gnuplot,
-  # which CI installs (scripts/deps.sh); here they say "skipped" without it
-  command -v gnuplot >/dev/null 2>&1 || export DRAGON_TEST_NO_GNUPLOT=1
   export DRAGON_CACHE_DIR="$build/test-cache"
   rm -rf "$DRAGON_CACHE_DIR"
   t0=$(date +%s)

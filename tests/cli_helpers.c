@@ -360,16 +360,8 @@ bool on_path(const char *name)
 
 bool gnuplot_or_skip(void)
 {
-	if (on_path("gnuplot"))
-		return true;
-	const char *no = getenv("DRAGON_TEST_NO_GNUPLOT");
-	if (no && !strcmp(no, "1")) {
-		printf("skipped: gnuplot is not on PATH (DRAGON_TEST_NO_GNUPLOT=1)\n");
-		return false;
-	}
-	cr_assert_fail("gnuplot is not on PATH: scripts/deps.sh installs it (gnuplot-nox); "
-		       "DRAGON_TEST_NO_GNUPLOT=1 skips the tests that draw");
-	return false;
+	return dg_test_need(on_path("gnuplot"), "gnuplot is not on PATH",
+			    "scripts/deps.sh installs gnuplot-nox") != 0;
 }
 
 void gen_within(const sandbox *sb, run *r, double secs, const char *const *args)

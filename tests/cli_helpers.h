@@ -46,10 +46,9 @@ double num(const cJSON *obj, const char *name);
 /* Whether an executable `name` is in a folder of $PATH. */
 bool on_path(const char *name);
 /* Whether a test that draws may run: gnuplot on PATH. Without it the test
- * fails (scripts/deps.sh installs it where the suite is set up: CI and a
- * fresh machine), unless DRAGON_TEST_NO_GNUPLOT=1 says this machine only
- * runs the suite and has none (the GPU machine: scripts/gpu_test.sh sets
- * it); then it prints "skipped: ..." and returns false. */
+ * says "skipped: ..." and returns false, or fails where the suite must have
+ * its dependencies (DRAGON_REQUIRE_DEPS=1: scripts/test.sh, so CI and a
+ * fresh machine, where scripts/deps.sh installs gnuplot-nox). */
 bool gnuplot_or_skip(void);
 
 /* ---- dragon train's tests --------------------------------------------- */

@@ -44,4 +44,11 @@ void dg_test_all_specs(dg_spec_list *out);
  * loops to a deterministic sample (used by the sanitizer run). */
 int dg_test_quick(void);
 
+/* Whether a part of a test that needs something besides the build (torch,
+ * the corpus) runs: true when `here`. Otherwise it prints "skipped:
+ * <what>" and returns false; but with DRAGON_REQUIRE_DEPS=1 (the test
+ * command, scripts/test.sh, sets it after installing them) the test
+ * fails naming what is missing and `fix`. No GPU is not such a thing. */
+int dg_test_need(int here, const char *what, const char *fix);
+
 #endif

@@ -461,10 +461,9 @@ Test(checkpoint, prune_removes_dead_saves_temp_files)
 
 Test(checkpoint, pytorch_reads_the_weights)
 {
-	if (system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") != 0) {
-		printf("skipped: no torch\n");
+	if (!dg_test_need(system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") == 0, "no torch",
+			  "python3 cannot import torch, safetensors: scripts/test.sh installs them into .venv"))
 		return;
-	}
 	dg_model_config c = tiny();
 	dg_train_state *s = made(&c);
 	char *dir = dg_test_tmpdir(), path[512], out[512], cmd[2048], msg[256];

@@ -12,7 +12,8 @@
  *     one line and the right exit code; so are the other bad inputs of a
  *     run (a short corpus, flags, resume mismatches, a truncated or
  *     corrupt checkpoint, a loss that blows up: the step named, the last
- *     good checkpoint kept);
+ *     good checkpoint kept); without a GPU a GPU-only preset's refusal
+ *     says what to run instead, and an f32 run says it runs on the CPU;
  *   - faults: ^C and SIGTERM stop a run with a checkpoint of the step its
  *     log stops at (exit 130, 143) and --resume finishes it to the
  *     straight log; a full disk at a checkpoint names the file and errno
@@ -47,6 +48,7 @@
 #include "cli_helpers.h"
 #include "dragon/checkpoint.h"
 #include "dragon/safetensors.h"
+#include "helpers.h"
 
 extern char **environ;
 
@@ -121,6 +123,22 @@ Test(cli_train, refusals)
 	gen(&sb, &r, "train", "--cpu", "--preset", "bf16", "--data", data, "--out", out, NULL);
 	expect_one_line_error(&r, 2, "needs an NVIDIA GPU");
 	run_free(&r);
+	/* no GPU (none visible, on any machine): what to run instead; a
+	 * recipe the CPU model runs runs there, saying so */
+	setenv("CUDA_VISIBLE_DEVICES", "", 1);
+	gen(&sb, &r, "train", "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 1, "preset bf16 needs an NVIDIA GPU, and there is none");
+	cr_expect(strstr(r.err, "`dragon train --cpu --preset f32 --layers 2 --embd 32") &&
+			  strstr(r.err, "then `dragon sample runs/tiny`; or this command, as it is, on a machine with an NVIDIA GPU"),
+		  "%s", r.err);
+	run_free(&r);
+	gen(&sb, &r, "train", "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons", "64",
+	    "--batch", "2", "--time", "16", "--steps", "2", "--data", data, "--out", out, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cr_expect(strstr(r.err, "dragon: note: no NVIDIA GPU here (") && strstr(r.err, "); running on the CPU model\n"),
+		  "%s", r.err);
+	run_free(&r);
+	unsetenv("CUDA_VISIBLE_DEVICES");
 	gen(&sb, &r, "train", TINY, "--data", "/nonexistent.txt", "--out", out, NULL);
 	expect_one_line_error(&r, 1, "/nonexistent.txt");
 	run_free(&r);

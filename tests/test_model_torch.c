@@ -146,10 +146,9 @@ Test(model_torch, committed_fake_quant_dumps)
  * python3 cannot import torch. */
 static void fresh(const char *args, double loss_tol, double grad_tol)
 {
-	if (system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") != 0) {
-		printf("skipped: no torch\n");
+	if (!dg_test_need(system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") == 0, "no torch",
+			  "python3 cannot import torch, safetensors: scripts/test.sh installs them into .venv"))
 		return;
-	}
 	char *dir = dg_test_tmpdir();
 	char path[1024], cmd[4096];
 	snprintf(path, sizeof(path), "%s/state.safetensors", dir);

@@ -23,6 +23,7 @@
 
 #include "dragon/optim.h"
 #include "dragon/rng.h"
+#include "helpers.h"
 
 static dg_adamw_config cfg(int64_t steps, int64_t warmup)
 {
@@ -135,10 +136,9 @@ Test(optim, adamw_against_float64)
 
 Test(optim, adamw_against_torch)
 {
-	if (system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-		printf("skipped: no torch\n");
+	if (!dg_test_need(system("python3 -c 'import torch' >/dev/null 2>&1") == 0, "no torch",
+			  "python3 cannot import torch: scripts/test.sh installs it into .venv"))
 		return;
-	}
 	dg_adamw_config c = cfg(12, 3);
 	run u = make_run(301, 12, 11);
 	char dir[] = "/tmp/dg-optim-XXXXXX";

@@ -283,7 +283,7 @@ int dg__cli_cmd_eval(int argc, char **argv)
 		code = dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
 		goto out;
 	}
-	if ((code = dg__cli_device_of(a.cpu, &c, 0, &dev, dev_name, sizeof(dev_name))))
+	if ((code = dg__cli_device_of(a.cpu, &c, 0, &dev, dev_name, sizeof(dev_name), NULL)))
 		goto out;
 	idx = malloc((size_t)b * (size_t)t * sizeof(*idx));
 	tgt = malloc((size_t)b * (size_t)t * sizeof(*tgt));

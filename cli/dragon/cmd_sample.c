@@ -308,7 +308,7 @@ int dg__cli_cmd_sample(int argc, char **argv)
 	bool cpu_runs = dg_model_cpu_runs(&w->config);
 	dg_model_config probe = cpu_runs ? w->config : as_f32(&w->config);
 	dg_device *dev = NULL;
-	if ((code = dg__cli_device_of(a.cpu, &probe, 0, &dev, dev_name, sizeof(dev_name)))) {
+	if ((code = dg__cli_device_of(a.cpu, &probe, 0, &dev, dev_name, sizeof(dev_name), NULL))) {
 		dg_train_state_destroy(s);
 		return code;
 	}

@@ -59,8 +59,8 @@ static const char help_text[] =
 	"                    gradient-norm clip (1.0; 0 none)\n"
 	"  --seed S          the weights' init, the batches and dropout (1337)\n"
 	"  --data FILE       train on FILE (default the built-in corpus: Shakespeare,\n"
-	"                    set up by scripts/corpus.sh at data/shakespeare.txt or\n"
-	"                    $DRAGON_CORPUS)\n"
+	"                    which scripts/corpus.sh sets up; read from $DRAGON_CORPUS,\n"
+	"                    else the install's share/dragon/, else ./data/)\n"
 	"  --out DIR         log.jsonl and ckpt-<step>.safetensors (default runs/latest);\n"
 	"                    one run at a time: another on DIR is refused, naming its\n"
 	"                    pid (DIR/lock)\n"
@@ -106,6 +106,14 @@ static const char help_text[] =
 	"even kill -9 leaves them whole).\n\n"
 	"Exit status: 0 ok, 1 failure (the data, a file, a full disk, the device, a\n"
 	"loss that is not finite), 2 usage, 130 stopped by SIGINT (143 SIGTERM).\n";
+
+/* What to run without a GPU: the tiny model on the CPU (README's), or this
+ * command where there is one. */
+static const char no_gpu_next[] =
+	"on the CPU, a tiny model: `dragon train --cpu --preset f32 --layers 2 --embd 32 --heads 2 "
+	"--neurons 64 --batch 4 --time 32 --steps 30 --eval-every 10 --eval-batches 4 --out runs/tiny`, "
+	"then `dragon sample runs/tiny`; or this command, as it is, on a machine with an NVIDIA GPU "
+	"(`dragon devices` lists the ones dragon can use)";
 
 enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
@@ -456,7 +464,8 @@ int dg__cli_cmd_train(int argc, char **argv)
 				   "--cpu: the default preset, %s, runs on an NVIDIA GPU only; add --preset f32 (or "
 				   "w8a8, bitnet) to train on the CPU",
 				   a.o.model.preset);
-	if ((code = dg__cli_device_of(a.cpu, &a.o.model, d.local_rank, &dev, dev_name, sizeof(dev_name))))
+	if ((code = dg__cli_device_of(a.cpu, &a.o.model, d.local_rank, &dev, dev_name, sizeof(dev_name),
+				      ranked ? NULL : no_gpu_next)))
 		return code;
 	a.o.dev = dev;
 	dg_train_world world = { .rank = d.rank, .world = d.world, .check_every = a.o.eval_every };

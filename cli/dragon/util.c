@@ -203,7 +203,7 @@ void dg__cli_json_finish(int code)
 /* The device: opened (*dev) unless --cpu or there is none; a recipe the
  * CPU model cannot run without one is refused. Returns the exit code. */
 int dg__cli_device_of(bool cpu, const dg_model_config *c, int ordinal, dg_device **dev, char *name,
-		      size_t size)
+		      size_t size, const char *next)
 {
 	char why[512] = "";
 	int n = 0;
@@ -222,8 +222,12 @@ int dg__cli_device_of(bool cpu, const dg_model_config *c, int ordinal, dg_device
 	if (n == 0) {
 		if (!dg_model_cpu_runs(c))
 			return dg__cli_err(DG__CLI_FAIL, DG_ERR_NO_DEVICE,
-					   "preset %s needs an NVIDIA GPU, and there is none (%s); the CPU model runs f32, w8a8 and bitnet",
-					   c->preset, why[0] ? why : "no device");
+					   "preset %s needs an NVIDIA GPU, and there is none (%s); %s", c->preset,
+					   why[0] ? why : "no device",
+					   next ? next : "the CPU model runs f32, w8a8 and bitnet");
+		if (next)
+			fprintf(stderr, "dragon: note: no NVIDIA GPU here (%s); running on the CPU model\n",
+				why[0] ? why : "no device");
 		return DG__CLI_OK;
 	}
 	if (ordinal >= n)

@@ -5,8 +5,10 @@
  *
  * The built-in corpus is Shakespeare's complete works as scripts/corpus.sh
  * assembles it (5,057,198 bytes, SHA-256 DG_CORPUS_SHA256); it is found at
- * $DRAGON_CORPUS, else at data/shakespeare.txt under the working folder,
- * and held to its digest.
+ * $DRAGON_CORPUS, else in the install's data folder (share/dragon/ of the
+ * prefix libdragon is installed in, where `cmake --install` puts a corpus
+ * set up in the source tree), else at data/shakespeare.txt under the
+ * working folder, and held to its digest.
  */
 #ifndef DRAGON_DATA_H
 #define DRAGON_DATA_H
@@ -38,9 +40,10 @@ typedef struct dg_corpus {
  * DG_ERR_IO saying which, refused before anything is read and without
  * waiting on a FIFO for a writer. */
 dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t msg_size);
-/* The built-in corpus: $DRAGON_CORPUS or data/shakespeare.txt, with its
- * digest checked. DG_ERR_NOT_FOUND saying how to set it up
- * (scripts/corpus.sh) when it is in neither place; DG_ERR_CORRUPT when
+/* The built-in corpus: $DRAGON_CORPUS when set (there only), else the
+ * install's share/dragon/shakespeare.txt, else data/shakespeare.txt,
+ * with its digest checked. DG_ERR_NOT_FOUND naming the places and how to
+ * set it up (scripts/corpus.sh) when it is in none; DG_ERR_CORRUPT when
  * its SHA-256 is not DG_CORPUS_SHA256. */
 dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size);
 void dg_corpus_destroy(dg_corpus *c); /* NULL is fine */

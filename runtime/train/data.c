@@ -3,10 +3,14 @@
  * 90/10 split, the built-in one found and held to its digest, and seeded
  * batches of rows.
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "base/msg.h"
@@ -57,19 +61,70 @@ dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t ms
 	return DG_OK;
 }
 
+/* The built-in corpus in the install's data folder: DG_DATA_FROM_LIB
+ * (CMake's data folder, relative to the folder it installs libdragon in;
+ * the program's folder for a static libdragon) from the folder this code
+ * was loaded from, so an install found there relocates with its prefix.
+ * Written into path as an absolute path without "..", or "" when the
+ * loader cannot say where that is. */
+static void install_corpus(char *path, size_t size)
+{
+	Dl_info info;
+	char from[PATH_MAX], dir[PATH_MAX];
+
+	path[0] = 0;
+	if (!dladdr((void *)dg_corpus_builtin, &info) || !info.dli_fname || !info.dli_fname[0])
+		return;
+	const char *slash = strrchr(info.dli_fname, '/');
+	if (!slash)
+		snprintf(from, sizeof(from), ".");
+	else /* its folder; "/" for "/lib.so" */
+		snprintf(from, sizeof(from), "%.*s", slash == info.dli_fname ? 1 : (int)(slash - info.dli_fname),
+			 info.dli_fname);
+	if (!realpath(from, dir))
+		return;
+	const char *rel = DG_DATA_FROM_LIB;
+	while (strncmp(rel, "../", 3) == 0) { /* up from the folder, which is resolved */
+		char *up = strrchr(dir, '/');
+		if (!up)
+			return;
+		up[up == dir] = 0; /* "/x" goes up to "/" */
+		rel += 3;
+	}
+	snprintf(path, size, "%s%s%s/shakespeare.txt", dir, strcmp(dir, "/") ? "/" : "", rel);
+}
+
 dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size)
 {
 	if (!out)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_corpus_builtin: NULL argument");
 	*out = NULL;
 	const char *env = getenv("DRAGON_CORPUS");
-	const char *path = env && env[0] ? env : "data/shakespeare.txt";
+	char installed[PATH_MAX + 64];
+	const char *path;
 	dg_corpus *c;
-	dg_status st = dg_corpus_open(path, &c, msg, msg_size);
-	if (st == DG_ERR_NOT_FOUND)
-		return dg__msgf(st, msg, msg_size,
-				"the built-in corpus is not at %s%s: run scripts/corpus.sh (or give a file with --data)",
-				path, env && env[0] ? " ($DRAGON_CORPUS)" : "");
+	dg_status st;
+	if (env && env[0]) {
+		path = env;
+		st = dg_corpus_open(path, &c, msg, msg_size);
+		if (st == DG_ERR_NOT_FOUND)
+			return dg__msgf(st, msg, msg_size,
+					"the built-in corpus is not at %s ($DRAGON_CORPUS): run scripts/corpus.sh (or give a file with --data)",
+					path);
+	} else {
+		install_corpus(installed, sizeof(installed));
+		path = installed;
+		st = installed[0] ? dg_corpus_open(path, &c, msg, msg_size) : DG_ERR_NOT_FOUND;
+		if (st == DG_ERR_NOT_FOUND) {
+			path = "data/shakespeare.txt";
+			st = dg_corpus_open(path, &c, msg, msg_size);
+		}
+		char cwd[PATH_MAX];
+		if (st == DG_ERR_NOT_FOUND)
+			return dg__msgf(st, msg, msg_size,
+					"the built-in corpus is in none of $DRAGON_CORPUS (unset), %s%sdata/shakespeare.txt (under %s): run scripts/corpus.sh (or set $DRAGON_CORPUS, or give a file with --data)",
+					installed, installed[0] ? ", " : "", getcwd(cwd, sizeof(cwd)) ? cwd : ".");
+	}
 	if (st)
 		return st;
 	uint8_t d[32];
@@ -79,7 +134,7 @@ dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size)
 	if (strcmp(hex, DG_CORPUS_SHA256) != 0) {
 		st = dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
 			      "%s: %zu bytes of SHA-256 %s, not the built-in corpus (%d bytes, %s): run scripts/corpus.sh again",
-			      path, c->len, hex, DG_CORPUS_BYTES, DG_CORPUS_SHA256);
+			      c->path, c->len, hex, DG_CORPUS_BYTES, DG_CORPUS_SHA256);
 		dg_corpus_destroy(c);
 		return st;
 	}

@@ -10,12 +10,17 @@
 #     validation batches; another seed's step-1 loss is not within that;
 #   - the schedule of a 1,500-step run (warm-up 100, then the cosine)
 #     prints dragon's lr at each of its first 130 steps.
-# Exits 77 (ctest's skip) where python3 cannot import torch.
+# Exits 77 (ctest's skip) where python3 cannot import torch (a failure
+# with DRAGON_REQUIRE_DEPS=1, as scripts/test.sh runs it).
 #   tests/scripts/check_bdh_train.sh SOURCE_DIR DRAGON
 set -uo pipefail
 src=${1:?source dir}
 dragon=${2:?the dragon program}
 if ! python3 -c 'import torch, numpy, safetensors' 2>/dev/null; then
+  if [ "${DRAGON_REQUIRE_DEPS:-0}" = 1 ]; then
+    echo "check_bdh_train: $(command -v python3) cannot import torch, numpy, safetensors (DRAGON_REQUIRE_DEPS=1: not a skip); scripts/test.sh installs them into .venv" >&2
+    exit 1
+  fi
   echo "skipped: no torch (python3 cannot import torch, numpy, safetensors)"
   exit 77
 fi

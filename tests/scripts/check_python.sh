@@ -8,22 +8,52 @@
 # no CUDA device" without one (DRAGON_REQUIRE_GPU=1 makes that a failure).
 # A machine without network (the GPU one) installs from the wheels
 # scripts/gpu_deps.sh fetched (.gpu/wheels).
-# Exits 77 (ctest's skip) where python3 cannot import torch, or the
-# library is built with sanitizers (python3 would need their runtime
-# preloaded).
-#   tests/scripts/check_python.sh SOURCE_DIR BUILD_DIR [SANITIZE]
+# A library built with sanitizers is loaded with their runtimes (ASan,
+# UBSan, TSan) preloaded into python3 (LD_PRELOAD, found through the
+# compiler CC that built it), as an uninstrumented interpreter needs (ASan
+# must come first; UBSan loaded later, with torch, kills the run without a
+# word), and with leak detection off (the interpreter's own allocations
+# live to its exit).
+# Exits 77 (ctest's skip) where python3 cannot import torch or CC has no
+# such runtime to preload (each a failure with DRAGON_REQUIRE_DEPS=1, as
+# scripts/test.sh runs it).
+#   tests/scripts/check_python.sh SOURCE_DIR BUILD_DIR [SANITIZE CC]
 # $DRAGON: the dragon program the example is held to (default BUILD_DIR/dragon).
 set -uo pipefail
 src=${1:?source dir}
 build=${2:?build dir}
-if [ -n "${3:-}" ]; then
-  echo "skipped: libdragon built with -fsanitize=$3 (the plain build runs the Python tests)"
+missing() { # what is missing, the fix
+  if [ "${DRAGON_REQUIRE_DEPS:-0}" = 1 ]; then
+    echo "check_python: $1 (DRAGON_REQUIRE_DEPS=1: not a skip); $2" >&2
+    exit 1
+  fi
+  echo "skipped: $1"
   exit 77
-fi
-if ! python3 -c 'import torch' 2>/dev/null; then
-  echo "skipped: no torch (python3 cannot import torch)"
-  exit 77
-fi
+}
+sanitize=${3:-}
+preload=()
+for s in ${sanitize//,/ }; do
+  case "$s" in
+    address) rt=libasan.so ;;
+    undefined) rt=libubsan.so ;;
+    thread) rt=libtsan.so ;;
+    *) continue ;;
+  esac
+  lib=$("${4:-cc}" -print-file-name="$rt" 2>/dev/null)
+  case "$lib" in /*) [ -e "$lib" ] || lib="" ;; *) lib="" ;; esac
+  [ -n "$lib" ] || missing "no $rt from ${4:-cc} to preload into python3 (libdragon is built with -fsanitize=$sanitize)"     "install the compiler's sanitizer runtime"
+  preload+=("$lib")
+done
+run_py() { # python3 that loads libdragon
+  if [ ${#preload[@]} -gt 0 ]; then
+    LD_PRELOAD="$(IFS=:; echo "${preload[*]}")${LD_PRELOAD:+:$LD_PRELOAD}" \
+      ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$@"
+  else
+    "$@"
+  fi
+}
+python3 -c 'import torch' 2>/dev/null ||
+  missing "no torch ($(command -v python3) cannot import torch)" "scripts/test.sh installs it into .venv"
 site="$build/python-site"
 pipx=(--disable-pip-version-check)
 if [ -d "$src/.gpu/wheels" ]; then
@@ -43,6 +73,6 @@ if ! python3 -c 'import pytest' 2>/dev/null; then
     { echo "check_python: pip install pytest failed" >&2; exit 1; }
 fi
 cd "$build" # the installed package, not the tree's
-inst=$(python3 -c 'import dragon, os; print(os.path.dirname(dragon.__file__))')
+inst=$(run_py python3 -c 'import dragon, os; print(os.path.dirname(dragon.__file__))')
 [ "$inst" = "$site/dragon" ] || { echo "check_python: dragon imported from $inst, not the install in $site" >&2; exit 1; }
-DRAGON="${DRAGON:-$build/dragon}" DRAGON_LIB="$build" python3 -m pytest -q -rs -p no:cacheprovider "$src/python/tests"
+DRAGON="${DRAGON:-$build/dragon}" DRAGON_LIB="$build" run_py python3 -m pytest -q -rs -p no:cacheprovider "$src/python/tests"

@@ -9,12 +9,17 @@
 #     it from its checkpoint to the log a straight run writes;
 #   - with $OUT set the logs (one archive) and the report are written there;
 #   - a bad action, preset or a missing dragon are refused.
-# Exits 77 (ctest's skip) where python3 cannot import torch.
+# Exits 77 (ctest's skip) where python3 cannot import torch (a failure
+# with DRAGON_REQUIRE_DEPS=1, as scripts/test.sh runs it).
 #   tests/scripts/check_quality_sh.sh SOURCE_DIR DRAGON
 set -uo pipefail
 src=${1:?source dir}
 real_dragon=${2:?the dragon program}
 if ! python3 -c 'import torch, numpy' 2>/dev/null; then
+  if [ "${DRAGON_REQUIRE_DEPS:-0}" = 1 ]; then
+    echo "check_quality_sh: $(command -v python3) cannot import torch, numpy (DRAGON_REQUIRE_DEPS=1: not a skip); scripts/test.sh installs them into .venv" >&2
+    exit 1
+  fi
   echo "skipped: no torch (python3 cannot import torch, numpy)"
   exit 77
 fi
