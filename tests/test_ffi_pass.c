@@ -143,9 +143,12 @@ Test(ffi_pass, cpu_hidden_state_gives_the_logits)
 			cr_assert(strstr(msg, "no targets"), "%s", msg);
 		}
 	}
-	/* a run in between spends the forward */
-	cr_assert_eq(dg_ffi_model_run(m, U64(idx), U64(tgt), 0, 9, 4, 1, 0, msg, sizeof(msg)), DG_ERR_INVALID_ARG,
-		     "a run of 2x6 tokens on a 2x8 model");
+	/* a run (at the model's own 2x8) in between spends the forward */
+	cr_assert_eq(dg_ffi_model_forward(m, U64(idx), U64(tgt), B, T, 0, 9, 4, 1, msg, sizeof(msg)), DG_OK, "%s", msg);
+	int32_t idx16[16], tgt16[16];
+	tokens(idx16, tgt16, 16, 256, 5);
+	cr_assert_eq(dg_ffi_model_run(m, U64(idx16), U64(tgt16), 0, 9, 4, 1, 0, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_ffi_model_hidden(m, &addr, NULL, NULL), DG_ERR_INVALID_ARG);
 	cr_assert_eq(dg_ffi_model_backward(m, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "no forward"), "%s", msg);
 	/* bad arguments */
