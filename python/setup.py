@@ -6,7 +6,7 @@ into the package either: the library is found at run time
 (dragon_bdh/_lib.py). What the wheel may carry is a copy of the library
 itself, dragon_bdh/_libs/libdragon.so, when one is found at build time:
 $DRAGON_LIB (the file or its folder), else the build folders of the tree
-this file is in (build, build-test, build-gpu, the first that holds one);
+this file is in (build, build-test, build-gpu: the newest library there);
 the wheel is then tagged for this platform. Without one the wheel is pure
 Python and the library is looked for at run time ($DRAGON_LIB, an
 installed libdragon).
@@ -26,18 +26,23 @@ ROOT = os.path.dirname(HERE)
 NAMES = ("libdragon.so", "libdragon.so.0", "libdragon.dylib")
 
 
+def _in(where):
+    if os.path.isfile(where):
+        return os.path.realpath(where)
+    for n in NAMES:
+        p = os.path.join(where, n)
+        if os.path.isfile(p):
+            return os.path.realpath(p)
+    return None
+
+
 def find_library():
     """The libdragon to bundle, or None."""
     env = os.environ.get("DRAGON_LIB")
-    where = [env] if env else [os.path.join(ROOT, b) for b in ("build", "build-test", "build-gpu")]
-    for w in where:
-        if os.path.isfile(w):
-            return os.path.realpath(w)
-        for n in NAMES:
-            p = os.path.join(w, n)
-            if os.path.isfile(p):
-                return os.path.realpath(p)
-    return None
+    if env:
+        return _in(env)
+    found = [p for p in (_in(os.path.join(ROOT, b)) for b in ("build", "build-test", "build-gpu")) if p]
+    return max(found, key=os.path.getmtime) if found else None
 
 
 LIB = find_library()

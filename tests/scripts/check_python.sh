@@ -40,7 +40,8 @@ if ! python3 -c 'import setuptools' 2>/dev/null; then
 fi
 rm -rf "$site/dragon" "$site/dragon_bdh" "$site"/dragon_bdh-*
 before=$(cd "$src/python" && find . -path ./tests -prune -o -print | grep -v __pycache__ | sort)
-python3 -m pip install -q "${pipx[@]}" --no-build-isolation --no-deps --upgrade --target "$site" "$src/python" ||
+DRAGON_LIB="$build" python3 -m pip install -q "${pipx[@]}" --no-build-isolation --no-deps --upgrade --target "$site" \
+  "$src/python" ||
   { echo "check_python: pip install ./python failed" >&2; exit 1; }
 after=$(cd "$src/python" && find . -path ./tests -prune -o -print | grep -v __pycache__ | sort)
 if [ "$before" != "$after" ]; then
@@ -48,8 +49,9 @@ if [ "$before" != "$after" ]; then
   diff <(echo "$before") <(echo "$after") >&2
   exit 1
 fi
-[ -d "$site/dragon_bdh" ] && [ ! -e "$site/dragon" ] ||
-  { echo "check_python: the install holds $(ls "$site" | tr '\n' ' '): want dragon_bdh and no dragon" >&2; exit 1; }
+[ -d "$site/dragon_bdh" ] && [ -f "$site/dragon_bdh/_libs/libdragon.so" ] && [ ! -e "$site/dragon" ] ||
+  { echo "check_python: the install holds $(ls "$site" | tr '\n' ' '): want dragon_bdh (its libdragon bundled) and no dragon" >&2
+    exit 1; }
 if grep -rl --include='*.py' -F "$src" "$site/dragon_bdh"; then
   echo "check_python: the installed package names the source tree ($src) in the files above" >&2
   exit 1
