@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""python/examples/train_bdh.py (dragon.torch.BDH with torch's AdamW)
+"""python/examples/train_bdh.py (dragon_bdh.torch.BDH with torch's AdamW)
 beside `dragon train` on the same run: the same preset, size, seed,
 batches, schedule and dropout, in the same machine's one run. Writes the
 two train-loss curves (every --every steps), their worst and mean

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""A training step of dragon.torch.BDH with torch's AdamW, beside
+"""A training step of dragon_bdh.torch.BDH with torch's AdamW, beside
 `dragon train`'s own step and the project's PyTorch model under
 torch.compile bf16 with the same AdamW, in the same run on one GPU.
 
     python3 bench/torch_step.py [--preset w8a8] [--batch 8] [--time 512]
         [--reps 20] [--warmup 5] [--step build-gpu/bench/step] [--out FILE]
 
-Rows (JSON, to --out and stdout): impl dragon.torch (forward + backward
-+ the gradients handed to autograd + clip_grad_norm_ + AdamW(fused) +
+Rows (JSON, to --out and stdout): impl dragon.torch (dragon_bdh.torch:
+forward, backward through autograd, clip_grad_norm_, AdamW(fused),
 zero_grad), dragon-train (bench/step --train's graph row: the step
 dg_model_train_step replays), torch.compile (tools/bdh_torch.py's BDH,
 bf16 autocast, the same clip and AdamW), each its mean step_ms over
@@ -53,7 +53,7 @@ def main():
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     import bdh_torch
-    import dragon.torch as dt
+    import dragon_bdh.torch as dt
 
     dev = torch.device("cuda", 0)
     B, T = a.batch, a.time
@@ -62,11 +62,11 @@ def main():
     tgt = torch.randint(0, 256, (B, T), device=dev, generator=g)
     rows = []
 
-    m = dt.BDH(a.preset, batch=B, time=T, device=dev)
+    m = dt.BDH(dt.BDHConfig(preset=a.preset, batch_size=B, block_size=T)).to(dev)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
 
     def dragon_step():
-        loss = m(idx, tgt)
+        _, loss = m(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()

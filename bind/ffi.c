@@ -261,6 +261,11 @@ struct dg_ffi_model {
 	dg_model_weights *g;       /* the CPU model's gradients */
 	dg_model *gm;              /* the GPU model */
 	float loss;                /* the CPU model's last loss */
+	dg_model_cpu_pass *pass;   /* the CPU model's last forward, or NULL */
+	dg_model_batch last;       /* the last forward's batch (seed, step, train, b, t) */
+	bool forward;              /* a forward ran (its hidden state is there) */
+	bool targets;              /* it had targets (a loss) */
+	bool backward;             /* its backward may run */
 };
 
 dg_status dg_ffi_model_create(dg_device *dev, const char *preset, const dg_ffi_model_sizes *sz, int32_t b,
@@ -326,6 +331,7 @@ void dg_ffi_model_destroy(dg_ffi_model *m)
 	if (!m)
 		return;
 	dg_model_destroy(m->gm);
+	dg_model_cpu_pass_free(m->pass);
 	dg_model_weights_destroy(m->w);
 	dg_model_weights_destroy(m->g);
 	free(m);
@@ -391,6 +397,10 @@ dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int3
 			      .seed = seed,
 			      .step = step,
 			      .train = train != 0 };
+	/* whatever the last forward kept is spent */
+	dg_model_cpu_pass_free(m->pass);
+	m->pass = NULL;
+	m->forward = m->backward = false;
 	if (!m->gm) {
 		if (tokens_on_device)
 			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
@@ -408,4 +418,95 @@ dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int3
 	if (st)
 		snprintf(msg, msg_size, "%s", dg_device_errmsg(m->dev));
 	return st;
+}
+
+dg_status dg_ffi_model_forward(dg_ffi_model *m, uint64_t idx, uint64_t targets, int32_t b, int32_t t,
+			       int32_t tokens_on_device, uint64_t seed, uint32_t step, int32_t train, char *msg,
+			       size_t msg_size)
+{
+	if (!m || !idx)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_forward: NULL argument");
+	if (b < 1 || t < 1)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "batch %dx%d: B and T must be at least 1", (int)b,
+				(int)t);
+	dg_model_batch bt = { .idx = tokens_on_device ? NULL : (const int32_t *)(uintptr_t)idx,
+			      .targets = tokens_on_device ? NULL : (const int32_t *)(uintptr_t)targets,
+			      .b = b,
+			      .t = t,
+			      .seed = seed,
+			      .step = step,
+			      .train = train != 0 };
+	dg_model_cpu_pass_free(m->pass);
+	m->pass = NULL;
+	m->forward = m->backward = false;
+	dg_status st;
+	if (!m->gm) {
+		if (tokens_on_device)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+					"tokens on a device: this model runs on the CPU");
+		double loss = 0;
+		st = dg_model_cpu_forward(m->w, &bt, &loss, &m->pass, msg, msg_size);
+		if (st)
+			return st;
+		m->loss = (float)loss;
+	} else {
+		if (!targets)
+			return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+					"targets 0: a GPU model's forward needs targets (ones outside the vocabulary, "
+					"on the device, add nothing)");
+		st = dg_model_sync_copies(m->gm);
+		if (!st)
+			st = tokens_on_device ? dg_model_run_device(m->gm, &bt, idx, targets, false)
+					      : dg_model_run(m->gm, &bt, false);
+		if (st) {
+			snprintf(msg, msg_size, "%s", dg_device_errmsg(m->dev));
+			return st;
+		}
+	}
+	bt.idx = bt.targets = NULL; /* the caller's: not kept */
+	m->last = bt;
+	m->forward = true;
+	m->targets = m->backward = targets != 0;
+	return DG_OK;
+}
+
+dg_status dg_ffi_model_backward(dg_ffi_model *m, char *msg, size_t msg_size)
+{
+	if (!m)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_backward: NULL argument");
+	if (!m->backward)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s",
+				!m->forward    ? "no forward to run the backward of (dg_ffi_model_forward first)"
+				: !m->targets ? "the last forward had no targets: it has no backward"
+					      : "the last forward's backward has run already (run the forward again)");
+	m->backward = false;
+	if (!m->gm)
+		return dg_model_cpu_backward(m->pass, m->g, msg, msg_size);
+	dg_status st = dg_model_run_backward(m->gm, &m->last);
+	if (st)
+		snprintf(msg, msg_size, "%s", dg_device_errmsg(m->dev));
+	return st;
+}
+
+dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fmt, int64_t shape[3])
+{
+	if (!m || !m->forward)
+		return DG_ERR_INVALID_ARG;
+	uint64_t a;
+	dg_fmt f = DG_FMT_F32;
+	int b = m->b, t = m->t;
+	if (m->gm)
+		a = dg_model_hidden_addr(m->gm, &f);
+	else
+		a = (uint64_t)(uintptr_t)dg_model_cpu_pass_hidden(m->pass, &b, &t);
+	if (addr)
+		*addr = a;
+	if (fmt)
+		*fmt = (int32_t)f;
+	if (shape) {
+		shape[0] = b;
+		shape[1] = t;
+		shape[2] = m->c.embd;
+	}
+	return DG_OK;
 }

@@ -118,7 +118,9 @@ class BDH(nn.Module):
     def ln(self, x):
         return F.layer_norm(x, (x.size(-1),), eps=1e-5)
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets=None):
+        """The mean cross-entropy of targets; without targets, the logits
+        (B, T, V)."""
         B, T = idx.size()
         H, N, D = self.H, self.N, self.D
         x = self.ln(self.embed(idx).unsqueeze(1))
@@ -138,6 +140,8 @@ class BDH(nn.Module):
             y = self.ln(xyr @ dec)
             x = self.ln(x + y)
         logits = x.view(B, T, D) @ self.lm_head
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 

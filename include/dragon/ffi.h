@@ -37,9 +37,11 @@
 extern "C" {
 #endif
 
-/* The layout of the structs below; a caller checks it at load (2:
- * dg_ffi_opts's elem0 at its end). */
-#define DG_FFI_VERSION 2
+/* The layout of the structs and calls below; a caller checks it at load
+ * (2: dg_ffi_opts's elem0 at its end; 3: the model's forward and backward
+ * as two calls, dg_ffi_model_forward, dg_ffi_model_backward,
+ * dg_ffi_model_hidden). */
+#define DG_FFI_VERSION 3
 int dg_ffi_version(void);
 
 /* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
@@ -181,6 +183,38 @@ dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int3
 /* A GPU model's int32 flag a device-side run sets on a bad token (0 on
  * the CPU model). */
 uint64_t dg_ffi_model_bad(const dg_ffi_model *m);
+
+/*
+ * The forward alone of a batch of (b, t), its activations kept for
+ * dg_ffi_model_backward: what dg_ffi_model_run does before its backward,
+ * the loss at dg_ffi_model_loss. The CPU model runs any (b, t); a GPU
+ * model the (b, t) it was made for (a caller with a smaller batch pads
+ * it: a target outside the vocabulary, on the device, adds nothing to
+ * the loss or to a gradient but counts in the mean's rows, and sets the
+ * flag at dg_ffi_model_bad). targets 0: no loss, the forward up to the
+ * last hidden state (for the logits; the CPU model only, which then
+ * leaves the loss out; it has no backward).
+ */
+dg_status dg_ffi_model_forward(dg_ffi_model *m, uint64_t idx, uint64_t targets, int32_t b, int32_t t,
+			       int32_t tokens_on_device, uint64_t seed, uint32_t step, int32_t train, char *msg,
+			       size_t msg_size);
+/*
+ * The backward of the last forward (dg_ffi_model_forward), queued on the
+ * calling thread's stream: the gradients overwritten. Once a forward:
+ * DG_ERR_INVALID_ARG saying why when there is none to run (no forward,
+ * its backward run already, a forward without targets, or a
+ * dg_ffi_model_run since).
+ */
+dg_status dg_ffi_model_backward(dg_ffi_model *m, char *msg, size_t msg_size);
+/*
+ * The last forward's last hidden state x_final: its address (a device
+ * address on a GPU model, a host pointer on the CPU one), format (dg_fmt:
+ * f32, or bf16 for a GPU model of a bf16 or low-bit recipe) and shape
+ * (b, t, D) at the forward's (b, t) (the GPU model's own). Valid until
+ * the next forward, run or backward. DG_ERR_INVALID_ARG when no forward
+ * ran.
+ */
+dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fmt, int64_t shape[3]);
 
 #ifdef __cplusplus
 }

@@ -270,6 +270,33 @@ dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *bat
 dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *batch, int pos,
 			      float *out, char *msg, size_t msg_size);
 
+/*
+ * The step in two halves, as a framework's autograd calls them: the
+ * forward of batch with every activation kept in a pass, then, later,
+ * the backward from it. forward then backward computes what
+ * dg_model_cpu_step does, bit for bit. The pass owns copies of what it
+ * reads (the masters, the tokens and targets, the config): w and the
+ * batch's arrays may go once forward returns; its stop flag is read
+ * during the forward only.
+ *
+ * forward: *loss the loss (0 without targets). batch->targets NULL: the
+ * forward up to x_final without the loss (a logits forward), which has
+ * no backward. A new pass into *out (free it with
+ * dg_model_cpu_pass_free), NULL on failure.
+ * backward: the gradient of every weight into grads (overwritten; w's
+ * config); once a pass (DG_ERR_INVALID_ARG saying why a second time or
+ * after a forward without targets).
+ * hidden: the pass's last hidden state x_final, (B, T, D) f32 (the
+ * pass's memory, valid until its backward runs or it is freed); *b, *t
+ * (may be NULL) its batch's B and T.
+ */
+typedef struct dg_model_cpu_pass dg_model_cpu_pass;
+dg_status dg_model_cpu_forward(const dg_model_weights *w, const dg_model_batch *batch, double *loss,
+			       dg_model_cpu_pass **out, char *msg, size_t msg_size);
+dg_status dg_model_cpu_backward(dg_model_cpu_pass *p, dg_model_weights *grads, char *msg, size_t msg_size);
+const float *dg_model_cpu_pass_hidden(const dg_model_cpu_pass *p, int *b, int *t);
+void dg_model_cpu_pass_free(dg_model_cpu_pass *p); /* NULL is fine */
+
 /* ---- the model on the GPU -------------------------------------------------
  * The same tape as the CPU model, run by the GPU ops on arenas planned once
  * for batches of (b, t): every buffer, copy and workspace is allocated by
@@ -318,6 +345,18 @@ dg_status dg_model_profile(dg_model *m, const dg_model_batch *batch, dg_model_ti
  * batch uploaded, the forward and (backward) the backward; no wait, no
  * read-back (what a bench times and a training loop builds on). */
 dg_status dg_model_run(dg_model *m, const dg_model_batch *batch, bool backward);
+
+/* The backward nodes alone, queued on the calling thread's stream: the
+ * backward of the forward dg_model_run or dg_model_run_device (backward
+ * false) ran last with batch's seed, step and train, the gradients
+ * overwritten. The caller guarantees that nothing ran on m between the
+ * two (the activations the backward reads are the arenas' as that
+ * forward left them). */
+dg_status dg_model_run_backward(dg_model *m, const dg_model_batch *batch);
+/* The last hidden state x_final of the last forward, (B, 1, T, D) at the
+ * model's (B, T), on the device, in *fmt (the activations': f32 or bf16;
+ * may be NULL). Valid until the next run's backward or forward. */
+dg_dptr dg_model_hidden_addr(const dg_model *m, dg_fmt *fmt);
 
 /* ---- the model under a framework's optimizer -------------------------------
  * A framework (PyTorch, through dragon/ffi.h) that owns the optimizer

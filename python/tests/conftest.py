@@ -17,10 +17,10 @@ def gpu_reason():
         import torch
     except ImportError:
         return "no torch"
-    import dragon
+    import dragon_bdh
 
-    if dragon.device_count() == 0:
-        return dragon.no_device_reason()
+    if dragon_bdh.device_count() == 0:
+        return dragon_bdh.no_device_reason()
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
     return ""

@@ -1,4 +1,4 @@
-"""dragon.torch on the GPU (each test prints "skipped: no CUDA device"
+"""dragon_bdh.torch on the GPU (each test prints "skipped: no CUDA device"
 without one): every op against the PyTorch math in float64 (dragon's
 float paths are f32/bf16, so the gradients are checked against the
 float64 autograd of the same math, not by torch.autograd.gradcheck's
@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-import dragon
-import dragon.torch as dt
+import dragon_bdh
+import dragon_bdh.torch as dt
 
 
 def rel(a, b):
@@ -94,7 +94,7 @@ def test_projection_float_against_float64(gpu, weight):
     dtype = torch.float32 if weight == "f32" else torch.bfloat16
     x = torch.randn(2, 1, 64, 256, device=gpu, dtype=dtype, requires_grad=True)
     w = (torch.randn(4, 512, 256, device=gpu) * 0.05).to(dtype).requires_grad_()
-    y = dt.projection(x, w, weight=weight, relu=0.0)
+    y = dt.projection(x, w, weight=weight)
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     want = proj_ref(x64, w64, 0.0, weight)
     tol = 1e-5 if weight == "f32" else 1e-2
@@ -111,7 +111,7 @@ def test_projection_float_against_float64(gpu, weight):
 def test_projection_lowbit_is_the_codes_product(gpu, weight, hin):
     x = torch.randn(2, hin, 64, 256, device=gpu, requires_grad=True)
     w = (torch.randn(4, 512, 256, device=gpu) * 0.05).requires_grad_()
-    y = dt.projection(x, w, weight=weight, relu=0.0)
+    y = dt.projection(x, w, weight=weight)
     # a scale a row of x (b, h, t): with in_heads H, of its own head's row
     xq, xs = dt.quantize_act(x.detach(), "int8", "token")
     xs = xs.double().reshape(2, hin, 64, 1)
@@ -175,44 +175,158 @@ def test_attention_against_float64(gpu):
     assert rel(xs.grad, xd.grad) < 5e-3 and rel(v.grad, vd.grad) < 5e-3
 
 
-TINY = dict(layers=2, embd=64, heads=2, neurons=256, vocab=256)
+TINY = dict(n_layer=2, n_embd=64, n_head=2, mlp_internal_dim_multiplier=8, vocab_size=256)  # 256 neurons a head
+REF = dict(layers=2, embd=64, heads=2, neurons=256, vocab=256)
 
 
-@pytest.mark.parametrize("preset", ["f32", "bf16", "w8a8", "bitnet"])
-def test_bdh_module_against_the_pytorch_model(gpu, preset):
+def gpu_model(gpu, preset, scale=10.0, **kw):
+    """A small BDH on the GPU (its init scaled up) and the PyTorch model
+    holding its weights."""
     import bdh_torch
 
-    m = dt.BDH(preset, batch=2, time=32, dropout=0.0, seed=3, device=gpu, **TINY)
+    m = dt.BDH(dt.BDHConfig(preset=preset, **{**TINY, "dropout": 0.0, "seed": 3, "batch_size": 2, "block_size": 32,
+                                              **kw}))
     with torch.no_grad():
         for p in m.parameters():
-            p.mul_(10.0)
-    ref = bdh_torch.BDH(dropout=0.0, quant=None if preset in ("f32", "bf16") else preset, **TINY).to(gpu)
+            p.mul_(scale)
+    m = m.to(gpu)
+    ref = bdh_torch.BDH(dropout=0.0, quant=None if preset in ("f32", "bf16") else preset, **REF).to(gpu)
     ref.load_state_dict(m.state_dict())
-    g = torch.Generator(device=gpu).manual_seed(1)
-    idx = torch.randint(0, 256, (2, 32), device=gpu, generator=g)
-    tgt = torch.randint(0, 256, (2, 32), device=gpu, generator=g)
-    loss = m(idx, tgt)
+    return m, ref
+
+
+def gpu_tokens(gpu, seed, b=2, t=32):
+    g = torch.Generator(device=gpu).manual_seed(seed)
+    return (torch.randint(0, 256, (b, t), device=gpu, generator=g),
+            torch.randint(0, 256, (b, t), device=gpu, generator=g))
+
+
+LOSS_TOL = {"f32": 1e-5, "bf16": 1e-2, "w8a8": 3e-3, "bitnet": 3e-3}
+# f32 to rounding; bf16 and the low-bit recipes against PyTorch's bf16 and
+# fake-quant forms: 5-11% normwise at a small config (README, bench/parity)
+GRAD_TOL = {"f32": 1e-3, "bf16": 0.1, "w8a8": 0.15, "bitnet": 0.15}
+
+
+def against_ref(m, ref, idx, tgt, preset):
+    m.zero_grad()
+    ref.zero_grad()
+    logits, loss = m(idx, tgt)
+    assert logits is None
     loss.backward()
     with torch.autocast("cuda", torch.bfloat16, enabled=preset == "bf16"):
         want = ref(idx, tgt)
     want.backward()
-    tol = {"f32": 1e-5, "bf16": 1e-2, "w8a8": 3e-3, "bitnet": 3e-3}[preset]
-    assert abs(loss.item() - want.item()) <= tol * want.item(), (loss.item(), want.item())
+    assert abs(loss.item() - want.item()) <= LOSS_TOL[preset] * want.item(), (loss.item(), want.item())
     for (n, p), (_, q) in zip(sorted(m.named_parameters()), sorted(ref.named_parameters())):
-        # f32 to rounding; bf16 and the low-bit recipes against PyTorch's bf16 and
-        # fake-quant forms: 5-11% normwise at a small config (README, bench/parity)
-        assert rel(p.grad, q.grad) < {"f32": 1e-3, "bf16": 0.1}.get(preset, 0.15), n
+        assert rel(p.grad, q.grad) < GRAD_TOL[preset], n
+
+
+@pytest.mark.parametrize("preset", ["f32", "bf16", "w8a8", "bitnet"])
+def test_bdh_module_against_the_pytorch_model(gpu, preset):
+    """Loss and gradients; the logits (bfloat16 for bf16 and the low-bit
+    recipes, f32 for f32) against the PyTorch model's."""
+    m, ref = gpu_model(gpu, preset)
+    idx, tgt = gpu_tokens(gpu, 1)
+    against_ref(m, ref, idx, tgt, preset)
     assert not m.bad_tokens()
+    logits, loss = m(idx)
+    assert loss is None and logits.shape == (2, 32, 256) and not logits.requires_grad
+    assert logits.dtype == (torch.float32 if preset == "f32" else torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=preset == "bf16"):
+        want = ref(idx)
+    assert rel(logits, want) < {"f32": 1e-5, "bf16": 2e-2}.get(preset, 5e-2)
 
 
-def test_bdh_trains_with_adamw_and_in_cuda_graph_free_steps(gpu):
-    m = dt.BDH("w8a8", batch=4, time=64, seed=2, device=gpu, **TINY)
+def test_bdh_plans_cover_smaller_batches_and_grow(gpu):
+    """A batch up to the plan's (B, T) runs on it, padded (its loss and
+    gradients the batch's own); a larger one is planned at its first
+    forward, the plans kept; each batch takes the smallest that covers it."""
+    m, ref = gpu_model(gpu, "f32", batch_size=4)
+    for (b, t), plans in (((2, 16), 1), ((4, 32), 1), ((1, 1), 1), ((8, 32), 2), ((3, 40), 3), ((2, 16), 3)):
+        idx, tgt = gpu_tokens(gpu, b * 100 + t, b, t)
+        against_ref(m, ref, idx, tgt, "f32")
+        assert len(m.plans()) == plans, ((b, t), m.plans())
+    assert {p[1:] for p in m.plans()} == {(4, 32), (8, 32), (4, 40)}
+    assert not m.bad_tokens()  # the padding's targets are not the batch's
+    bad = torch.zeros(2, 16, dtype=torch.long, device=gpu)
+    bad[1, 3] = 300
+    m(bad, bad)
+    assert m.bad_tokens()
+    with pytest.raises(dragon_bdh.InvalidArgument, match=r"idx\[19\] = 300"):
+        m(bad.cpu(), bad.cpu())
+    m.clear_plans()
+    assert m.plans() == []
+
+
+def test_bdh_backward_runs_in_loss_backward(gpu, monkeypatch):
+    """No backward inside the forward; one in loss.backward(); a forward
+    in between makes it recompute its own forward first."""
+    m, ref = gpu_model(gpu, "w8a8")
+    idx, tgt = gpu_tokens(gpu, 2)
+    m(idx, tgt)
+    (plan,) = m._plans.values()
+    calls = []
+    real = plan.model.backward
+    monkeypatch.setattr(plan.model, "backward", lambda: (calls.append(1), real())[1])
+    _, loss = m(idx, tgt)
+    torch.cuda.synchronize()
+    assert calls == [] and all(p.grad is None for p in m.parameters())
+    loss.backward()
+    assert calls == [1]
+    g1 = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    _, first = m(idx, tgt)
+    m(*gpu_tokens(gpu, 3))
+    first.backward()
+    assert calls == [1, 2]
+    for p, g in zip(m.parameters(), g1):
+        assert torch.equal(p.grad, g)
+
+
+def test_bdh_generate_on_the_gpu(gpu):
+    """Greedy generate() is the PyTorch model's argmax at each last
+    position (f32), the prompt kept, the window the last block_size."""
+    m, ref = gpu_model(gpu, "f32", block_size=16)
+    idx, _ = gpu_tokens(gpu, 5, 2, 6)
+    out = m.generate(idx, 20, temperature=0)
+    assert out.shape == (2, 26) and torch.equal(out[:, :6], idx)
+    with torch.no_grad():
+        for k in range(6, 26):
+            assert torch.equal(out[:, k], ref(out[:, max(0, k - 16):k])[:, -1].argmax(-1)), k
+    torch.manual_seed(1)
+    assert m.generate(idx, 8, temperature=0.8, top_k=10).shape == (2, 14)
+
+
+def test_bdh_moves_between_the_cpu_and_the_gpu(gpu):
+    """.to(cuda) and back: the same parameters (the optimizer's), each
+    side's plan on its own device, the same loss (f32) on both."""
+    m = dt.BDH(preset="f32", dropout=0.0, batch_size=2, block_size=16, **TINY)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    params = list(m.parameters())
+    idx, tgt = gpu_tokens(gpu, 4, 2, 16)
+    cpu_loss = m(idx.cpu(), tgt.cpu())[1].item()
+    m.cuda()
+    assert list(m.parameters()) == params and all(p.device == gpu for p in params)
+    _, loss = m(idx, tgt)
+    assert abs(loss.item() - cpu_loss) <= 1e-5 * cpu_loss
+    loss.backward()
+    opt.step()
+    after = m(idx, tgt)[1].item()
+    m.to("cpu")
+    assert all(p.device.type == "cpu" for p in params) and all(k[0].type == "cpu" for k in m._plans)
+    assert abs(m(idx.cpu(), tgt.cpu())[1].item() - after) <= 1e-5 * after
+    with pytest.raises(dragon_bdh.InvalidArgument, match="the model on cpu"):
+        m(idx, tgt)
+
+
+def test_bdh_trains_with_adamw(gpu):
+    m = dt.BDH(preset="w8a8", seed=2, batch_size=4, block_size=64, **TINY).to(gpu)
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1, fused=True)
     idx = torch.randint(0, 256, (4, 64), device=gpu)
     tgt = torch.roll(idx, -1, 1)
     losses = []
     for _ in range(40):
-        loss = m(idx, tgt)
+        _, loss = m(idx, tgt)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -283,7 +397,7 @@ def test_the_example_follows_dragon_train_on_the_gpu(gpu, tmp_path):
     import sys
 
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    prog = os.environ.get("DRAGON") or os.path.join(os.path.dirname(dragon.library_path()), "dragon")
+    prog = os.environ.get("DRAGON") or os.path.join(os.path.dirname(dragon_bdh.library_path()), "dragon")
     if not os.path.isfile(prog):
         pytest.fail("no dragon program at %s" % prog)
     random.seed(1)

@@ -566,13 +566,13 @@ static dg_status step_open(step *s, const dg_model_weights *w, const dg_model_ba
 	return st ? dg__msgf(st, msg, size, "the execution copies: %s", dg_status_str(st)) : DG_OK;
 }
 
-/* Nodes [0, end) of s's tape, those of kind `skip` left out; before
+/* Nodes [start, end) of s's tape, those of kind `skip` left out; before
  * each, the batch's stop flag. */
-static dg_status step_run(step *s, int end, int skip, char *msg, size_t size)
+static dg_status step_run(step *s, int start, int end, int skip, char *msg, size_t size)
 {
 	dg_status st = DG_OK;
 	const volatile sig_atomic_t *stop = s->batch->stop;
-	for (int n = 0; n < end && !st; n++) {
+	for (int n = start; n < end && !st; n++) {
 		if ((int)s->t.nodes[n].kind == skip)
 			continue;
 		if (stop && *stop)
@@ -596,7 +596,7 @@ dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *bat
 	}
 	dg_status st = step_open(&s, w, batch, "dg_model_cpu_step", msg, size);
 	if (!st)
-		st = step_run(&s, grads ? s.t.n_nodes : s.t.n_forward, -1, msg, size);
+		st = step_run(&s, 0, grads ? s.t.n_nodes : s.t.n_forward, -1, msg, size);
 	if (!st) {
 		*loss = s.loss;
 		if (grads)
@@ -623,7 +623,7 @@ dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *b
 	b.train = false;
 	dg_status st = step_open(&s, w, batch ? &b : NULL, "dg_model_cpu_logits", msg, size);
 	if (!st)
-		st = step_run(&s, s.t.n_forward, DG__N_CE, msg, size);
+		st = step_run(&s, 0, s.t.n_forward, DG__N_CE, msg, size);
 	/* x_final (B,1,T,D) at pos · lm_head [D, V], summed in double as the
 	 * loss's reference sums them */
 	const float *lm = st ? NULL : F(&s, s.id.params[DG_PARAM_LM_HEAD]);
@@ -638,4 +638,87 @@ dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *b
 	}
 	step_free(&s);
 	return st;
+}
+
+/* ---- the step in two halves ----------------------------------------------- */
+
+struct dg_model_cpu_pass {
+	step s;
+	dg_model_config c;    /* the weights' config (s.c points here) */
+	dg_model_batch batch; /* the forward's (s.batch points here): its tokens
+			       * the arena's, its stop flag NULL */
+	bool backward;        /* the backward may run: a forward with targets,
+			       * its backward not run yet */
+};
+
+dg_status dg_model_cpu_forward(const dg_model_weights *w, const dg_model_batch *batch, double *loss,
+			       dg_model_cpu_pass **out, char *msg, size_t size)
+{
+	if (!w || !batch || !batch->idx || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_forward: NULL argument");
+	*out = NULL;
+	dg_model_cpu_pass *p = calloc(1, sizeof(*p));
+	if (!p)
+		return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
+	p->c = w->config;
+	p->batch = *batch;
+	dg_status st = step_open(&p->s, w, &p->batch, "dg_model_cpu_forward", msg, size);
+	if (!st) {
+		p->s.c = &p->c;
+		st = step_run(&p->s, 0, p->s.t.n_forward, batch->targets ? -1 : DG__N_CE, msg, size);
+	}
+	if (st) {
+		dg_model_cpu_pass_free(p);
+		return st;
+	}
+	/* from here on the pass reads its own copies: the caller's tokens and
+	 * stop flag may go */
+	p->batch.idx = I(&p->s, p->s.id.tokens);
+	p->batch.targets = batch->targets ? I(&p->s, p->s.id.targets) : NULL;
+	p->batch.stop = NULL;
+	p->backward = batch->targets != NULL;
+	if (loss)
+		*loss = batch->targets ? p->s.loss : 0.0;
+	*out = p;
+	return DG_OK;
+}
+
+dg_status dg_model_cpu_backward(dg_model_cpu_pass *p, dg_model_weights *grads, char *msg, size_t size)
+{
+	if (!p || !grads)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_backward: NULL argument");
+	if (!p->backward)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "%s",
+				p->batch.targets ? "the pass's backward has run already (run its forward again)"
+						 : "a forward without targets has no backward (no loss)");
+	if (grads->config.heads != p->c.heads || grads->config.embd != p->c.embd ||
+	    grads->config.neurons != p->c.neurons || grads->config.vocab != p->c.vocab)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_backward: grads of another config");
+	dg_status st = step_run(&p->s, p->s.t.n_forward, p->s.t.n_nodes, -1, msg, size);
+	p->backward = false; /* run or failed half-way: the gradient arena is spent */
+	if (st)
+		return st;
+	for (int q = 0; q < DG_MODEL_N_PARAMS; q++)
+		memcpy(grads->params[q], F(&p->s, p->s.id.grads[q]), p->s.t.bufs[p->s.id.grads[q]].bytes);
+	return DG_OK;
+}
+
+const float *dg_model_cpu_pass_hidden(const dg_model_cpu_pass *p, int *b, int *t)
+{
+	if (!p)
+		return NULL;
+	if (b)
+		*b = p->s.B;
+	if (t)
+		*t = p->s.T;
+	return (const float *)(p->s.arena[dg__tape_arena_of(&p->s.t, p->s.id.x_final)] +
+			       dg__tape_offset(&p->s.t, p->s.id.x_final));
+}
+
+void dg_model_cpu_pass_free(dg_model_cpu_pass *p)
+{
+	if (!p)
+		return;
+	step_free(&p->s);
+	free(p);
 }

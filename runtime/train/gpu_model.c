@@ -511,6 +511,30 @@ dg_status dg_model_run_device(dg_model *m, const dg_model_batch *bt, dg_dptr idx
 	return st;
 }
 
+dg_status dg_model_run_backward(dg_model *m, const dg_model_batch *bt)
+{
+	if (!m || !bt)
+		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_run_backward: NULL argument")
+			 : DG_ERR_INVALID_ARG;
+	if (bt->b != m->B || bt->t != m->T)
+		return dg__dev_fail(m->dev, DG_ERR_INVALID_ARG,
+				    "batch %dx%d: the model was planned for %dx%d (B x T)", bt->b, bt->t,
+				    m->B, m->T);
+	dg_status st = DG_OK;
+	for (int k = m->t.n_forward; k < m->t.n_nodes && !st; k++)
+		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
+	return st;
+}
+
+dg_dptr dg_model_hidden_addr(const dg_model *m, dg_fmt *fmt)
+{
+	if (!m)
+		return 0;
+	if (fmt)
+		*fmt = m->t.bufs[m->id.x_final].fmt;
+	return dg__gm_addr(m, m->id.x_final);
+}
+
 /* ---- logits ------------------------------------------------------------------ */
 
 /* The forward (dropout off; zero targets when the batch has none: the

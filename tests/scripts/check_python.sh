@@ -6,6 +6,9 @@
 # the package's tests, run from the installed copy against this build's
 # library (DRAGON_LIB): the CPU tests run, the GPU tests print "skipped:
 # no CUDA device" without one (DRAGON_REQUIRE_GPU=1 makes that a failure).
+# The install is held to what it promises: dragon_bdh installed and no
+# `dragon` beside it, nothing written into python/ (no build/, no
+# egg-info), no path of the tree in the installed package.
 # A machine without network (the GPU one) installs from the wheels
 # scripts/gpu_deps.sh fetched (.gpu/wheels).
 # A library built with sanitizers is loaded with their runtimes (ASan,
@@ -65,14 +68,30 @@ if ! python3 -c 'import setuptools' 2>/dev/null; then
   python3 -m pip install -q "${pipx[@]}" --target "$site" setuptools ||
     { echo "check_python: pip install setuptools failed" >&2; exit 1; }
 fi
-rm -rf "$site/dragon" "$site"/dragon_bdh-*
-python3 -m pip install -q "${pipx[@]}" --no-build-isolation --no-deps --upgrade --target "$site" "$src/python" ||
+rm -rf "$site/dragon" "$site/dragon_bdh" "$site"/dragon_bdh-*
+before=$(cd "$src/python" && find . -path ./tests -prune -o -print | grep -v __pycache__ | sort)
+DRAGON_LIB="$build" python3 -m pip install -q "${pipx[@]}" --no-build-isolation --no-deps --upgrade --target "$site" \
+  "$src/python" ||
   { echo "check_python: pip install ./python failed" >&2; exit 1; }
+after=$(cd "$src/python" && find . -path ./tests -prune -o -print | grep -v __pycache__ | sort)
+if [ "$before" != "$after" ]; then
+  echo "check_python: pip install ./python wrote into the source tree:" >&2
+  diff <(echo "$before") <(echo "$after") >&2
+  exit 1
+fi
+[ -d "$site/dragon_bdh" ] && [ -f "$site/dragon_bdh/_libs/libdragon.so" ] && [ ! -e "$site/dragon" ] ||
+  { echo "check_python: the install holds $(ls "$site" | tr '\n' ' '): want dragon_bdh (its libdragon bundled) and no dragon" >&2
+    exit 1; }
+if grep -rl --include='*.py' -F "$src" "$site/dragon_bdh"; then
+  echo "check_python: the installed package names the source tree ($src) in the files above" >&2
+  exit 1
+fi
 if ! python3 -c 'import pytest' 2>/dev/null; then
   python3 -m pip install -q "${pipx[@]}" --target "$site" pytest ||
     { echo "check_python: pip install pytest failed" >&2; exit 1; }
 fi
 cd "$build" # the installed package, not the tree's
-inst=$(run_py python3 -c 'import dragon, os; print(os.path.dirname(dragon.__file__))')
-[ "$inst" = "$site/dragon" ] || { echo "check_python: dragon imported from $inst, not the install in $site" >&2; exit 1; }
+inst=$(run_py python3 -c 'import dragon_bdh, os; print(os.path.dirname(dragon_bdh.__file__))')
+[ "$inst" = "$site/dragon_bdh" ] ||
+  { echo "check_python: dragon_bdh imported from $inst, not the install in $site" >&2; exit 1; }
 DRAGON="${DRAGON:-$build/dragon}" DRAGON_LIB="$build" run_py python3 -m pytest -q -rs -p no:cacheprovider "$src/python/tests"

@@ -98,5 +98,5 @@ class Buffer:
         return capsule(self.data, self.shape, self.dtype, self.device_type, self.device_id, self.owner)
 
     def __repr__(self):
-        return "dragon.Buffer(%s, %s, %s)" % (
+        return "dragon_bdh.Buffer(%s, %s, %s)" % (
             "cuda:%d" % self.device_id if self.device_type == KDLCUDA else "cpu", self.shape, self.dtype)

@@ -15,8 +15,8 @@ import threading
 
 import torch
 
-import dragon
-from dragon import _lib
+import dragon_bdh
+from dragon_bdh import _lib
 
 # the storage dtype of each dragon format, and its codes a storage element
 STORAGE = {
@@ -52,6 +52,7 @@ def check_only(compile=False):
 
 
 def checking():
+    """Whether this thread is inside check_only()."""
     return getattr(_state, "check_only", False)
 
 
@@ -62,14 +63,15 @@ def spec(text):
         with _specs_lock:
             s = _specs.get(text)
             if s is None:
-                s = _specs[text] = dragon.Spec(text)
+                s = _specs[text] = dragon_bdh.Spec(text)
     return s
 
 
 def float_fmt(t, what):
+    """dragon's format name of float tensor t (f32, bf16), else InvalidArgument."""
     f = FLOAT_FMT.get(t.dtype)
     if f is None:
-        raise dragon.InvalidArgument("%s: expected a float32 or bfloat16 tensor, got %s" % (what, t.dtype),
+        raise dragon_bdh.InvalidArgument("%s: expected a float32 or bfloat16 tensor, got %s" % (what, t.dtype),
                                      "invalid argument")
     return f
 
@@ -80,12 +82,13 @@ def storage_shape(fmt, shape):
     if per == 1:
         return tuple(shape)
     if shape[-1] % per:
-        raise dragon.InvalidArgument("a %s tensor's last dimension (%d) must be a multiple of %d"
+        raise dragon_bdh.InvalidArgument("a %s tensor's last dimension (%d) must be a multiple of %d"
                                      % (fmt, shape[-1], per), "invalid argument")
     return tuple(shape[:-1]) + (shape[-1] // per,)
 
 
 def empty(fmt, shape, like):
+    """An empty torch tensor holding a dragon tensor of fmt and shape, on like's device."""
     dt, _ = STORAGE[fmt]
     return torch.empty(storage_shape(fmt, shape), dtype=dt, device=like.device)
 
@@ -95,10 +98,10 @@ def ffi_tensor(name, t, fmt, scale=None, logical=None):
     and device checked here; the rest is dragon's to check)."""
     dt, per = STORAGE[fmt]
     if t.dtype != dt:
-        raise dragon.InvalidArgument("%s: expected a %s tensor (dragon %s), got %s" % (name, dt, fmt, t.dtype),
+        raise dragon_bdh.InvalidArgument("%s: expected a %s tensor (dragon %s), got %s" % (name, dt, fmt, t.dtype),
                                      "invalid argument")
     if not checking() and t.device.type != "cuda":
-        raise dragon.InvalidArgument("%s: expected a CUDA tensor, got one on %s" % (name, t.device),
+        raise dragon_bdh.InvalidArgument("%s: expected a CUDA tensor, got one on %s" % (name, t.device),
                                      "invalid argument")
     shape = tuple(logical) if logical is not None else (
         tuple(t.shape[:-1]) + (t.shape[-1] * per,) if t.dim() else ())
@@ -114,10 +117,10 @@ def ffi_tensor(name, t, fmt, scale=None, logical=None):
     f.data = t.data_ptr()
     if scale is not None:
         if scale.dtype != torch.float32:
-            raise dragon.InvalidArgument("%s's scale: expected float32, got %s" % (name, scale.dtype),
+            raise dragon_bdh.InvalidArgument("%s's scale: expected float32, got %s" % (name, scale.dtype),
                                          "invalid argument")
         if scale.device != t.device:
-            raise dragon.InvalidArgument("%s's scale: on %s, the tensor on %s" % (name, scale.device, t.device),
+            raise dragon_bdh.InvalidArgument("%s's scale: on %s, the tensor on %s" % (name, scale.device, t.device),
                                          "invalid argument")
         f.scale = scale.data_ptr()
     return f
@@ -131,7 +134,7 @@ def _device_of(ts):
         if dev is None:
             dev = t.device
         elif t.device != dev:
-            raise dragon.InvalidArgument("tensors on %s and %s: an op's tensors share one device" % (dev, t.device),
+            raise dragon_bdh.InvalidArgument("tensors on %s and %s: an op's tensors share one device" % (dev, t.device),
                                          "invalid argument")
     return dev
 
@@ -139,10 +142,10 @@ def _device_of(ts):
 def device(tdev):
     """dragon's Device for a torch CUDA device, its stream set to torch's
     current one on this thread."""
-    d = dragon.Device.get(tdev.index if tdev.index is not None else torch.cuda.current_device())
+    d = dragon_bdh.Device.get(tdev.index if tdev.index is not None else torch.cuda.current_device())
     # torch's default stream is handle 0, the legacy default stream: dragon's
     # NULL would be its own non-blocking stream, which never waits for torch
-    d.set_stream(torch.cuda.current_stream(tdev).cuda_stream or dragon.Device.LEGACY_STREAM)
+    d.set_stream(torch.cuda.current_stream(tdev).cuda_stream or dragon_bdh.Device.LEGACY_STREAM)
     return d
 
 

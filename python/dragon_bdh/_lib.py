@@ -2,15 +2,21 @@
 the few calls of dragon/runtime.h the package needs), and its statuses as
 Python exceptions.
 
-The library is looked for, first found wins:
-  1. $DRAGON_LIB: the library file, or a folder holding libdragon.so;
-  2. an installed one: `pkg-config --variable=libdir dragon`, then the
+The library is looked for at run time, first found wins (nothing about
+where the package was built is written into it):
+  1. $DRAGON_LIB: the library file, or a folder holding libdragon.so (the
+     only place looked at when it is set);
+  2. the copy bundled in the package (dragon_bdh/_libs/libdragon.so): a
+     wheel built from a tree whose library is built carries it
+     (python/setup.py says where it looks);
+  3. an installed one: `pkg-config --variable=libdir dragon`, then the
      linker's search path (ctypes.util.find_library);
-  3. the build folders of the source tree the package was installed from
-     (or is imported from): build, build-test, build-gpu.
-Nothing is loaded at `import dragon`; the first call that needs the
+  4. when the package is imported from a source tree itself
+     (PYTHONPATH=python, not installed), that tree's build folders:
+     build, build-test, build-gpu.
+Nothing is loaded at `import dragon_bdh`; the first call that needs the
 library loads it, and a missing one is one ImportError naming where it
-looked.
+looked and how to point the package at a library.
 """
 import ctypes
 import ctypes.util
@@ -18,7 +24,7 @@ import os
 import subprocess
 import threading
 
-FFI_VERSION = 2
+FFI_VERSION = 3
 MSG = 1024  # bytes of a message buffer
 
 
@@ -165,6 +171,10 @@ _PROTOS = {
     "dg_rng_seed": (None, [ctypes.POINTER(_U64), _U64]),
     "dg_model_file_check": (ctypes.c_int, [_P, _SZ, _STR, _STR, _SZ]),
     "dg_ffi_model_run": (ctypes.c_int, [_P, _U64, _U64, _I32, _U64, ctypes.c_uint32, _I32, _I32, _STR, _SZ]),
+    "dg_ffi_model_forward": (ctypes.c_int, [_P, _U64, _U64, _I32, _I32, _I32, _U64, ctypes.c_uint32, _I32, _STR,
+                                            _SZ]),
+    "dg_ffi_model_backward": (ctypes.c_int, [_P, _STR, _SZ]),
+    "dg_ffi_model_hidden": (ctypes.c_int, [_P, ctypes.POINTER(_U64), ctypes.POINTER(_I32), ctypes.c_int64 * 3]),
 }
 
 _lock = threading.Lock()
@@ -173,19 +183,15 @@ _path = None
 _status_names = {}
 
 
-def _source_roots():
-    roots = []
-    try:
-        from . import _build_info  # written by setup.py at install time
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUNDLED = os.path.join(HERE, "_libs")  # where a wheel built from a built tree puts its copy
 
-        roots.append(_build_info.SOURCE_ROOT)
-    except ImportError:
-        pass
-    # imported from the tree itself (PYTHONPATH=python)
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if os.path.isfile(os.path.join(here, "include", "dragon", "ffi.h")):
-        roots.append(here)
-    return roots
+
+def _source_root():
+    """The source tree the package is imported from (PYTHONPATH=python), or
+    None for an installed package (its folder is not in a tree)."""
+    root = os.path.dirname(os.path.dirname(HERE))
+    return root if os.path.isfile(os.path.join(root, "include", "dragon", "ffi.h")) else None
 
 
 def _in_dir(d):
@@ -197,25 +203,26 @@ def _in_dir(d):
 
 
 def candidates():
-    """Where the library is looked for, in order: (what, path or None)."""
+    """Where the library is looked for, in order: a list of (what, path or
+    None where there is none)."""
     out = []
     env = os.environ.get("DRAGON_LIB")
     if env:
-        out.append(("$DRAGON_LIB", _in_dir(env) if os.path.isdir(env) else env))
+        out.append(("$DRAGON_LIB=" + env, _in_dir(env) if os.path.isdir(env) else env))
         return out  # an explicit choice is the only one
+    out.append(("the package's bundled copy (%s)" % BUNDLED, _in_dir(BUNDLED)))
     try:
         libdir = subprocess.run(["pkg-config", "--variable=libdir", "dragon"], capture_output=True,
                                 text=True, timeout=10).stdout.strip()
         if libdir:
-            out.append(("pkg-config dragon", _in_dir(libdir)))
+            out.append(("pkg-config dragon (%s)" % libdir, _in_dir(libdir)))
     except (OSError, subprocess.SubprocessError):
         pass
     found = ctypes.util.find_library("dragon")
-    if found:
-        out.append(("the linker's path", found))
-    for root in _source_roots():
-        for b in ("build", "build-test", "build-gpu"):
-            out.append((os.path.join(root, b), _in_dir(os.path.join(root, b))))
+    out.append(("the linker's path", found))
+    root = _source_root()
+    for b in ("build", "build-test", "build-gpu") if root else ():
+        out.append((os.path.join(root, b), _in_dir(os.path.join(root, b))))
     return out
 
 
@@ -230,7 +237,7 @@ def lib():
         tried = []
         for what, path in candidates():
             if not path:
-                tried.append(what + ": none there")
+                tried.append(what + ": none")
                 continue
             try:
                 cand = ctypes.CDLL(path)
@@ -254,8 +261,10 @@ def lib():
                     _status_names[code] = s.decode()
             _lib, _path = cand, path
             return _lib
-        raise ImportError("dragon: libdragon not found; build it (scripts/test.sh) or set DRAGON_LIB to "
-                          "the library or its folder. Looked in: " + "; ".join(tried or ["nowhere"]))
+        raise ImportError("dragon_bdh: libdragon not found; set DRAGON_LIB to the library or its build folder "
+                          "(DRAGON_LIB=build), install it (cmake --install build), or reinstall the package once "
+                          "the library is built (pip install ./python bundles it). Looked in: "
+                          + "; ".join(tried or ["nowhere"]))
 
 
 def library_path():
@@ -265,6 +274,7 @@ def library_path():
 
 
 def status_name(code):
+    """dragon's name of status `code` ("invalid argument", ...)."""
     lib()
     return _status_names.get(code, "status %d" % code)
 
@@ -285,6 +295,7 @@ def check(code, buf=None, what=None):
 
 
 def msgbuf():
+    """A buffer for dragon's one-line messages."""
     return ctypes.create_string_buffer(MSG)
 
 
@@ -304,4 +315,5 @@ def fmt_code(name):
 
 
 def fmt_name(code):
+    """The format name of a dg_fmt value."""
     return lib().dg_fmt_name(code).decode()

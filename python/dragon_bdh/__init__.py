@@ -1,14 +1,22 @@
-"""dragon: low-bit BDH kernels and training step, from Python.
+"""dragon_bdh: dragon's low-bit BDH kernels and training step, from Python.
 
-Pure Python over libdragon (ctypes; dragon/ffi.h). `import dragon` needs
-neither torch nor a GPU; `dragon.torch` runs the ops and the model on
-torch tensors. Calls that need a GPU raise dragon.NoDevice with dragon's
-reason when there is none.
+The package of the dragon toolchain (distribution dragon-bdh, import
+name dragon_bdh; it was imported as `dragon` before 0.2, a name HPE's
+dragonhpc installs too, so that name is no longer installed: write
+`import dragon_bdh` where `import dragon` was, `dragon_bdh.torch` for
+`dragon.torch`).
 
-    import dragon
-    dragon.device_count()             # 0 without a driver or device
-    s = dragon.Spec("op=lowrank_fwd;weight=ternary;act=int8;relu=0")
-    s.text, s.args(b=8, t=512)        # canonical text, the op's tensors
+Pure Python over libdragon (ctypes; dragon/ffi.h). `import dragon_bdh`
+needs neither torch nor a GPU; dragon_bdh.torch runs the ops and the BDH
+model on torch tensors. Calls that need a GPU raise dragon_bdh.NoDevice
+with dragon's reason when there is none. The library is found at run
+time ($DRAGON_LIB, the package's bundled copy, an installed libdragon:
+dragon_bdh._lib says in which order).
+
+    import dragon_bdh
+    dragon_bdh.device_count()             # 0 without a driver or device
+    s = dragon_bdh.Spec("op=lowrank_fwd;weight=ternary;act=int8;relu=0")
+    s.text, s.args(b=8, t=512)            # canonical text, the op's tensors
 """
 import ctypes
 import threading
@@ -20,9 +28,12 @@ from ._lib import DragonError, InvalidArgument, InvalidSpec, NoDevice, Unsupport
 __all__ = ["Spec", "Device", "Model", "Buffer", "DragonError", "InvalidArgument", "InvalidSpec",
            "NoDevice", "Unsupported", "Corpus", "device_count", "library_path", "check_weights", "PRESETS",
            "PARAMS"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
+#: dragon's recipes (dg_model_preset): the GPU model runs f32, bf16, w8a8
+#: and bitnet, the CPU model f32, w8a8 and bitnet; seed is kept for comparison.
 PRESETS = ("f32", "bf16", "w8a8", "bitnet", "seed")
+#: the model's parameters in dragon's order, as pathwaycom/bdh names them.
 PARAMS = ("embed.weight", "encoder", "encoder_v", "decoder", "lm_head")
 
 
@@ -64,6 +75,7 @@ class Spec:
 
     @property
     def handle(self):
+        """The dg_spec handle (for dragon's calls through ctypes)."""
         return self._h
 
     def args(self, b=1, t=1, r=1):
@@ -112,7 +124,7 @@ class Spec:
         _lib.check(L.dg_ffi_op_check(self._h, arr, n, ctypes.byref(opts) if opts else None, buf, _lib.MSG), buf)
 
     def __repr__(self):
-        return "dragon.Spec(%r)" % self.text
+        return "dragon_bdh.Spec(%r)" % self.text
 
     def __del__(self):
         h = getattr(self, "_h", None)
@@ -141,6 +153,8 @@ class Device:
 
     @classmethod
     def get(cls, ordinal=0):
+        """The process's one Device of ordinal (opened at the first call);
+        NoDevice with dragon's reason where there is none."""
         with cls._lock:
             d = cls._open.get(ordinal)
             if d is None:
@@ -149,12 +163,15 @@ class Device:
 
     @property
     def handle(self):
+        """The dg_device handle."""
         return self._h
 
     def errmsg(self):
+        """dragon's message of the device's last error."""
         return _lib.lib().dg_device_errmsg(self._h).decode(errors="replace")
 
     def check(self, code):
+        """Raises the exception of status `code` with the device's message."""
         if code:
             raise _lib.error(code, self.errmsg())
 
@@ -168,15 +185,17 @@ class Device:
         self.check(_lib.lib().dg_device_set_stream(self._h, ctypes.c_void_p(cu_stream) if cu_stream else None))
 
     def sync(self):
+        """Waits for the device's work on the calling thread's stream."""
         self.check(_lib.lib().dg_device_sync(self._h))
 
 
 class Model:
-    """A BDH model of a preset at a batch shape (B, T): on a Device, or on
-    the CPU (device None: f32, w8a8, bitnet). Its f32 masters and
-    gradients are its own memory: param(i) gives their addresses and
-    buffer() wraps one for DLPack. dragon.torch.BDH is the nn.Module over
-    it."""
+    """dragon's BDH model of a preset for batches of (B, T): on a Device,
+    or on the CPU (device None: f32, w8a8, bitnet; the CPU model runs any
+    (B, T), a GPU model the one it was made for). Its f32 masters and
+    gradients are its own memory: `params` lists their names, shapes and
+    addresses, buffer() wraps one for DLPack. dragon_bdh.torch.BDH is the
+    nn.Module over it."""
 
     def __init__(self, preset="w8a8", batch=8, time=512, seed=1, device=None, layers=0, embd=0, heads=0,
                  neurons=0, vocab=0, dropout=None):
@@ -224,12 +243,41 @@ class Model:
         return Buffer(_lib.lib().dg_ffi_model_bad(self._h), (), "int32", *self._where(), owner=self)
 
     def run(self, idx, targets, tokens_on_device=False, seed=0, step=0, train=True, backward=True):
-        """One forward (and backward): idx, targets the addresses of (B, T)
-        int32 tokens, host memory unless tokens_on_device."""
+        """One forward (and backward) at the model's (B, T): idx, targets
+        the addresses of (B, T) int32 tokens, host memory unless
+        tokens_on_device. The gradients are overwritten."""
         buf = _lib.msgbuf()
         st = _lib.lib().dg_ffi_model_run(self._h, idx, targets, int(tokens_on_device), seed, step, int(train),
                                         int(backward), buf, _lib.MSG)
         _lib.check(st, buf)
+
+    def forward(self, idx, targets, b, t, tokens_on_device=False, seed=0, step=0, train=True):
+        """The forward alone of a batch of (b, t) (the CPU model: any; a GPU
+        model: its own), its activations kept for backward(): idx, targets
+        the addresses of (b, t) int32 tokens (host memory unless
+        tokens_on_device); targets 0: no loss (the CPU model only; a GPU
+        model takes targets outside the vocabulary, which add nothing).
+        The loss is at loss_buffer(), the last hidden state at hidden()."""
+        buf = _lib.msgbuf()
+        st = _lib.lib().dg_ffi_model_forward(self._h, idx, targets, b, t, int(tokens_on_device), seed, step,
+                                            int(train), buf, _lib.MSG)
+        _lib.check(st, buf)
+
+    def backward(self):
+        """The backward of the last forward(), its gradients overwritten;
+        InvalidArgument saying why when there is none to run."""
+        buf = _lib.msgbuf()
+        _lib.check(_lib.lib().dg_ffi_model_backward(self._h, buf, _lib.MSG), buf)
+
+    def hidden(self):
+        """The last forward's last hidden state, (b, t, D) float32 or
+        bfloat16, as a DLPack Buffer (valid until the next forward, run or
+        backward)."""
+        addr, fmt, sh = ctypes.c_uint64(), ctypes.c_int32(), (ctypes.c_int64 * 3)()
+        _lib.check(_lib.lib().dg_ffi_model_hidden(self._h, ctypes.byref(addr), ctypes.byref(fmt), sh),
+                   what="no forward has run: no hidden state")
+        dtype = {"f32": "float32", "bf16": "bfloat16"}[_lib.fmt_name(fmt.value)]
+        return Buffer(addr.value, tuple(sh), dtype, *self._where(), owner=self)
 
     def __del__(self):
         h = getattr(self, "_h", None)

@@ -3,9 +3,11 @@
 Raw ops (no autograd; integer results): quantize_act, quantize_weight,
 dequantize, pack, unpack. Differentiable ops (torch.autograd.Function,
 straight-through gradients w.r.t. quantized operands, as dragon's step):
-  projection(x, w)   x (B,Hin,T,E) f32|bf16, w (H,L,E) f32|bf16 (dragon's
+  projection(x, w, weight="int8", relu=True, threshold=0.0)
+                     x (B,Hin,T,E) f32|bf16, w (H,L,E) f32|bf16 (dragon's
                      layout, nn.Linear's (out, in) per head)
-                     -> relu(x . w^T - thr) (B,H,T,L), x's dtype; with a
+                     -> relu(x . w^T - threshold) (B,H,T,L) (relu=False:
+                     x . w^T, no threshold), x's dtype; with a
                      low-bit weight format x is quantized a token at a
                      time and w a channel at a time first, the ReLU's
                      mask recomputed from the saved codes in the backward
@@ -20,19 +22,20 @@ from sm_80 on, f32 weights and activations too (dragon's step does the
 same; about 1e-3 of the norm, templates/backward.lua), so gradients are
 f32 tensors good to bf16's rounding, not to f32's.
 Each differentiable op's forward and backward are torch.library custom
-ops (dragon::projection_fwd, ...) with fake implementations, so
+ops (dragon_bdh::projection_fwd, ...) with fake implementations, so
 torch.compile traces a model calling them; every tensor they make comes
 from torch's allocator on the current stream (torch.cuda.graph captures
 them).
 """
 import ctypes
+import warnings
 
 import torch
 
-import dragon
-from dragon import _lib
-from dragon.torch import _call
-from dragon.torch._call import call, empty, ffi_tensor, float_fmt, storage_shape
+import dragon_bdh
+from dragon_bdh import _lib
+from dragon_bdh.torch import _call
+from dragon_bdh.torch._call import call, empty, ffi_tensor, float_fmt, storage_shape
 
 LOWBIT = ("int8", "ternary", "sign1")
 PACKED = ("ternary", "sign1")
@@ -151,8 +154,9 @@ def fake_quant_weight(w, weight="int8", wscale="channel"):
 # ---- projection -------------------------------------------------------------------
 
 
-def _relu_text(relu):
-    return "none" if relu is None else repr(float(relu))
+def _relu_text(threshold, relu):
+    """The spec's relu= value: the threshold, or none without a ReLU."""
+    return repr(float(threshold)) if relu else "none"
 
 
 def _exec_weight(w, weight, wscale):
@@ -171,7 +175,7 @@ def _proj_spec(op, H, Hin, E, L, extra):
     return text + extra
 
 
-def _proj_fwd_impl(x, w, weight, relu, has_relu):
+def _proj_fwd_impl(x, w, weight, threshold, relu):
     B, Hin, T, E = x.shape
     H, L, E2 = w.shape
     xf = float_fmt(x, "x")
@@ -189,7 +193,7 @@ def _proj_fwd_impl(x, w, weight, relu, has_relu):
         weight = xf
     wq, wsc = _exec_weight(w, weight, "channel")
     out = torch.empty((B, H, T, L), dtype=x.dtype, device=x.device)
-    relu_t = _relu_text(relu if has_relu else None)
+    relu_t = _relu_text(threshold, relu)
     text = _proj_spec("lowrank_fwd", H, Hin, E, L,
                       ";weight=%s;act=%s;out=%s;relu=%s%s" % (weight, act, xf, relu_t, scales))
     call(text, [ffi_tensor("x", xq, act, xsc, logical=(B, Hin, T, E)),
@@ -201,7 +205,7 @@ def _proj_fwd_impl(x, w, weight, relu, has_relu):
     return out, xq, xsc, wq, wsc
 
 
-def _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, relu, has_relu, x_float):
+def _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, threshold, relu, x_float):
     B, Hin, T, E = x_shape
     H, L, _ = w_shape
     lowbit = weight in LOWBIT
@@ -217,10 +221,10 @@ def _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, relu, has_r
         xq, wq = xq.contiguous(), wq.to(xq.dtype).contiguous()
     fx = lambda: ffi_tensor("x", xq, act, xs, logical=(B, Hin, T, E))  # noqa: E731
     fw = lambda: ffi_tensor("w", wq, weight, ws, logical=(H, L, E))  # noqa: E731
-    if has_relu:
+    if relu:
         gm = torch.empty_like(g)
         call(_proj_spec("relu_mask", H, Hin, E, L, ";weight=%s;act=%s;relu=%s%s%s" % (
-            weight, act, _relu_text(relu), scales_w, scales_a)),
+            weight, act, _relu_text(threshold, relu), scales_w, scales_a)),
             [fx(), fw(), ffi_tensor("grad", g, "f32"), ffi_tensor("grad_out", gm, "f32")], g)
         g = gm
     gx = torch.empty((B, Hin, T, E), dtype=torch.float32, device=g.device)
@@ -335,14 +339,16 @@ def _att_bwd_impl(grad, xs, v, scores):
 
 # ---- the custom ops (what torch.compile sees) ---------------------------------------
 
-@torch.library.custom_op("dragon::projection_fwd", mutates_args=())
-def projection_fwd(x: torch.Tensor, w: torch.Tensor, weight: str, relu: float, has_relu: bool) -> tuple[
+@torch.library.custom_op("dragon_bdh::projection_fwd", mutates_args=())
+def projection_fwd(x: torch.Tensor, w: torch.Tensor, weight: str, threshold: float, relu: bool) -> tuple[
         torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _proj_fwd_impl(x, w, weight, relu, has_relu)
+    """dragon_bdh::projection_fwd: (out, x codes, x scales, w copy, w scales)
+    (the codes empty on the float path, whose backward saves x and w)."""
+    return _proj_fwd_impl(x, w, weight, threshold, relu)
 
 
 @projection_fwd.register_fake
-def _(x, w, weight, relu, has_relu):
+def _(x, w, weight, threshold, relu):
     B, Hin, T, E = x.shape
     H, L, _ = w.shape
     out = x.new_empty((B, H, T, L))
@@ -355,20 +361,22 @@ def _(x, w, weight, relu, has_relu):
             x.new_empty((H * L,), dtype=torch.float32))
 
 
-@torch.library.custom_op("dragon::projection_bwd", mutates_args=())
+@torch.library.custom_op("dragon_bdh::projection_bwd", mutates_args=())
 def projection_bwd(grad: torch.Tensor, xq: torch.Tensor, xsc: torch.Tensor, wq: torch.Tensor, wsc: torch.Tensor,
-                   x_shape: list[int], w_shape: list[int], weight: str, relu: float, has_relu: bool,
+                   x_shape: list[int], w_shape: list[int], weight: str, threshold: float, relu: bool,
                    x_float: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, relu, has_relu, x_float)
+    """dragon_bdh::projection_bwd: (grad x, grad w), float32."""
+    return _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, threshold, relu, x_float)
 
 
 @projection_bwd.register_fake
-def _(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, relu, has_relu, x_float):
+def _(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, threshold, relu, x_float):
     return (grad.new_empty(tuple(x_shape), dtype=torch.float32), grad.new_empty(tuple(w_shape), dtype=torch.float32))
 
 
-@torch.library.custom_op("dragon::decoder_fwd", mutates_args=())
+@torch.library.custom_op("dragon_bdh::decoder_fwd", mutates_args=())
 def decoder_fwd(y: torch.Tensor, w: torch.Tensor, weight: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dragon_bdh::decoder_fwd: (out, w copy, w scales)."""
     return _dec_fwd_impl(y, w, weight)
 
 
@@ -384,9 +392,10 @@ def _(y, w, weight):
     return out, wq, y.new_empty((E,), dtype=torch.float32)
 
 
-@torch.library.custom_op("dragon::decoder_bwd", mutates_args=())
+@torch.library.custom_op("dragon_bdh::decoder_bwd", mutates_args=())
 def decoder_bwd(grad: torch.Tensor, y: torch.Tensor, wq: torch.Tensor, wsc: torch.Tensor, weight: str,
                 w_shape: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """dragon_bdh::decoder_bwd: (grad y, grad w), float32."""
     return _dec_bwd_impl(grad, y, wq, wsc, weight, w_shape)
 
 
@@ -395,8 +404,9 @@ def _(grad, y, wq, wsc, weight, w_shape):
     return (y.new_empty(y.shape, dtype=torch.float32), y.new_empty(tuple(w_shape), dtype=torch.float32))
 
 
-@torch.library.custom_op("dragon::attention_fwd", mutates_args=())
+@torch.library.custom_op("dragon_bdh::attention_fwd", mutates_args=())
 def attention_fwd(xs: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dragon_bdh::attention_fwd: (out, the scores the backward reads)."""
     return _att_fwd_impl(xs, v)
 
 
@@ -406,9 +416,10 @@ def _(xs, v):
     return xs.new_empty((B, H, T, v.shape[-1])), xs.new_empty((B, H, T, T))
 
 
-@torch.library.custom_op("dragon::attention_bwd", mutates_args=())
+@torch.library.custom_op("dragon_bdh::attention_bwd", mutates_args=())
 def attention_bwd(grad: torch.Tensor, xs: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> tuple[
         torch.Tensor, torch.Tensor]:
+    """dragon_bdh::attention_bwd: (grad xs, grad v), float32."""
     return _att_bwd_impl(grad, xs, v, scores)
 
 
@@ -421,63 +432,93 @@ def _(grad, xs, v, scores):
 
 
 class Projection(torch.autograd.Function):
+    """projection()'s autograd: dragon_bdh::projection_fwd and _bwd."""
+
     @staticmethod
-    def forward(ctx, x, w, weight, relu):
-        has_relu = relu is not None
-        out, xq, xsc, wq, wsc = torch.ops.dragon.projection_fwd(x, w, weight, 0.0 if relu is None else float(relu),
-                                                                has_relu)
+    def forward(ctx, x, w, weight, threshold, relu):
+        """The projection, its codes saved for the backward."""
+        out, xq, xsc, wq, wsc = torch.ops.dragon_bdh.projection_fwd(x, w, weight, threshold, relu)
         if weight in LOWBIT:
             ctx.save_for_backward(xq, xsc, wq, wsc)
         else:
             ctx.save_for_backward(x, xsc, w, wsc)
-        ctx.cfg = (list(x.shape), list(w.shape), weight, 0.0 if relu is None else float(relu), has_relu,
-                   _call.FLOAT_FMT.get(x.dtype, "f32"), x.dtype, w.dtype)
+        ctx.cfg = (list(x.shape), list(w.shape), weight, threshold, relu, _call.FLOAT_FMT.get(x.dtype, "f32"),
+                   x.dtype, w.dtype)
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        """Gradients of x and w (straight through the quantizers)."""
         xq, xsc, wq, wsc = ctx.saved_tensors
-        xs, ws, weight, relu, has_relu, xf, xdt, wdt = ctx.cfg
-        gx, gw = torch.ops.dragon.projection_bwd(grad, xq, xsc, wq, wsc, xs, ws, weight, relu, has_relu, xf)
-        return gx.to(xdt), gw.to(wdt), None, None
+        xs, ws, weight, threshold, relu, xf, xdt, wdt = ctx.cfg
+        gx, gw = torch.ops.dragon_bdh.projection_bwd(grad, xq, xsc, wq, wsc, xs, ws, weight, threshold, relu, xf)
+        return gx.to(xdt), gw.to(wdt), None, None, None
 
 
 class Decoder(torch.autograd.Function):
+    """decoder()'s autograd: dragon_bdh::decoder_fwd and _bwd."""
+
     @staticmethod
     def forward(ctx, y, w, weight):
-        out, wq, wsc = torch.ops.dragon.decoder_fwd(y, w, weight)
+        """The decoder, its weight's codes saved for the backward."""
+        out, wq, wsc = torch.ops.dragon_bdh.decoder_fwd(y, w, weight)
         ctx.save_for_backward(y, wq if weight in LOWBIT else w, wsc)
         ctx.cfg = (weight, list(w.shape), y.dtype, w.dtype)
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        """Gradients of y and w."""
         y, wq, wsc = ctx.saved_tensors
         weight, ws, ydt, wdt = ctx.cfg
-        gy, gw = torch.ops.dragon.decoder_bwd(grad, y, wq, wsc, weight, ws)
+        gy, gw = torch.ops.dragon_bdh.decoder_bwd(grad, y, wq, wsc, weight, ws)
         return gy.to(ydt), gw.to(wdt), None
 
 
 class Attention(torch.autograd.Function):
+    """attention()'s autograd: dragon_bdh::attention_fwd and _bwd."""
+
     @staticmethod
     def forward(ctx, xs, v):
-        out, scores = torch.ops.dragon.attention_fwd(xs, v)
+        """The attention, its scores saved for the backward."""
+        out, scores = torch.ops.dragon_bdh.attention_fwd(xs, v)
         ctx.save_for_backward(xs, v, scores)
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        """Gradients of xs and v."""
         xs, v, scores = ctx.saved_tensors
-        gxs, gv = torch.ops.dragon.attention_bwd(grad, xs, v, scores)
+        gxs, gv = torch.ops.dragon_bdh.attention_bwd(grad, xs, v, scores)
         return gxs.to(xs.dtype), gv.to(v.dtype)
 
 
-def projection(x, w, weight="int8", relu=0.0):
-    """relu(x . w^T - relu) per head (relu None: no ReLU); see the module doc."""
+def projection(x, w, weight="int8", relu=True, threshold=0.0):
+    """relu(x . w^T - threshold) per head, or x . w^T with relu=False.
+
+    x (B, Hin, T, E) float32|bfloat16, w (H, L, E) -> (B, H, T, L) in x's
+    dtype; weight: the format w is computed in ("int8", "ternary",
+    "sign1": x then int8 a token at a time; "f32", "bf16": x's own
+    format). relu: bool, whether a ReLU follows; threshold: what it
+    subtracts first (0.0: a plain ReLU; only with relu=True). Gradients
+    are straight-through w.r.t. the quantized operands; see the module's
+    doc. (Before 0.2 relu took the threshold itself, None for no ReLU;
+    those forms still work and warn.)"""
+    if relu is None or (not isinstance(relu, bool) and isinstance(relu, (int, float))):
+        warnings.warn("projection(relu=%r): relu is a bool now, the threshold is threshold=; this means "
+                      "relu=%s%s" % (relu, relu is not None, "" if relu is None else ", threshold=%r" % float(relu)),
+                      DeprecationWarning, stacklevel=2)
+        relu, threshold = (False, 0.0) if relu is None else (True, float(relu))
+    if not isinstance(relu, bool):
+        raise dragon_bdh.InvalidArgument("relu=%r: True or False (the threshold is threshold=)" % (relu,),
+                                         "invalid argument")
+    if not relu and threshold != 0.0:
+        raise dragon_bdh.InvalidArgument("threshold=%r without a ReLU (relu=False): the threshold is the ReLU's"
+                                         % threshold, "invalid argument")
     if weight not in LOWBIT + ("f32", "bf16"):
-        raise dragon.InvalidArgument("weight '%s': one of int8, ternary, sign1, f32, bf16" % weight,
-                                     "invalid argument")
-    return Projection.apply(x, w, weight, relu)
+        raise dragon_bdh.InvalidArgument("weight '%s': one of int8, ternary, sign1, f32, bf16" % weight,
+                                         "invalid argument")
+    return Projection.apply(x, w, weight, float(threshold), relu)
 
 
 def decoder(y, w, weight="int8"):
