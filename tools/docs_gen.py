@@ -13,9 +13,10 @@ is not what it prints, or with --write writes them there (through a
 temporary file). Nothing here needs a GPU.
 
 One thing in the help text depends on the machine, the NVRTC found at run
-time ("NVRTC 13.0 targets sm_75 to sm_121"); the page says "NVRTC
-<version> targets sm_<first> to sm_<last>" instead, and the op list leaves
-the NVRTC targets out (`dragon-gen list` prints them).
+time ("NVRTC 13.0 targets sm_75 to sm_121", or "e.g. sm_90" where none
+loads); the page says "NVRTC <version> targets sm_<first> to sm_<last>"
+instead, and the op list leaves the NVRTC targets out (`dragon-gen list`
+prints them).
 Exit status: 0 (--check: current), 1 a program failed or a page is not
 current, 2 usage.
 """
@@ -42,7 +43,9 @@ def run(argv):
 
 
 def help_text(argv):
-    return NVRTC.sub("NVRTC <version> targets sm_<first> to sm_<last>", run(argv + ["--help"])).rstrip("\n")
+    text = run(argv + ["--help"]).replace("sm_XY or sm_XYa, e.g. sm_90", "sm_XY or sm_XYa: NVRTC <version> targets "
+                                          "sm_<first> to sm_<last>")  # the text where no NVRTC loads
+    return NVRTC.sub("NVRTC <version> targets sm_<first> to sm_<last>", text).rstrip("\n")
 
 
 def cli_page(exe):
