@@ -93,7 +93,7 @@ failed=0
 nfresh=0
 while IFS=$'\t' read -r at cmd; do
   nfresh=$((nfresh + 1))
-  cmd=$(sed -e 's/[[:space:]]*$//' <<<"$cmd")
+  cmd=${cmd%"${cmd##*[![:space:]]}"} # trailing blanks off
   if ! grep -qF "in_root $cmd " "$src/scripts/check_fresh.sh"; then
     echo "check_readme_sh: README.md:$at: '$cmd' is a quick-start command (sh fresh) that scripts/check_fresh.sh does not run" >&2
     failed=$((failed + 1))
@@ -142,6 +142,7 @@ if [ -d "$src/.gpu/wheels" ]; then
 fi
 
 # One bash runs them all, in order; the README line of each goes first.
+# shellcheck disable=SC2016 # $at and $cmd are the generated script's
 {
   echo 'set -euo pipefail'
   echo 'trap '\''echo "check_readme_sh: README.md:$at: exit $?: $cmd" >&2'\'' ERR'

@@ -16,7 +16,9 @@ files() { # the tracked sources of these kinds (git's list where there is one)
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     git ls-files -co --exclude-standard -- "$@"
   else
-    find . -path './build*' -prune -o -type f \( -false $(printf -- '-o -name %s ' "$@") \) -print | sed 's|^\./||'
+    local args=() p
+    for p in "$@"; do args+=(-o -path "./$p"); done
+    find . -path './build*' -prune -o -type f \( -false "${args[@]}" \) -print | sed 's|^\./||'
   fi
 }
 names=$(
