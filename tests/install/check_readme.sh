@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Compiles every C block of README.md (every fence tagged c: ```c or ~~~c)
-# against an installed dragon, through the installed dragon.pc alone, so
-# the README's code keeps up with the API a user gets.
+# Compiles every C block of README.md and docs/*.md (every fence tagged c:
+# ```c or ~~~c) against an installed dragon, through the installed
+# dragon.pc alone, so the documentation's code keeps up with the API a
+# user gets.
 #
 #   check_readme.sh BUILD_DIR SOURCE_DIR
 #
@@ -27,7 +28,7 @@
 set -euo pipefail
 build="$1"
 src="$2"
-readme="$src/README.md"
+docs=("$src/README.md" "$src"/docs/*.md)
 work=$(mktemp -d /tmp/dragon-readme-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -56,8 +57,8 @@ static char msg[256] DG_README_UNUSED;
 '
 
 # Split the C blocks into $work/block-N.c (the block's text) and print
-# each one's README line.
-awk -v dir="$work" '
+# each one's file and line (relative to the source folder).
+awk -v dir="$work" -v src="$src" '
   BEGIN { n = 0; inside = 0 }
   {
     line = $0
@@ -65,7 +66,8 @@ awk -v dir="$work" '
       t = line; sub(/^[ \t]*/, "", t); fence = substr(t, 1, 3)
       n++; inside = 1; file = sprintf("%s/block-%d.c", dir, n)
       printf "" > file
-      print NR > (dir "/lines")
+      f = FILENAME; if (index(f, src "/") == 1) f = substr(f, length(src) + 2)
+      print f ":" FNR > (dir "/lines")
       next
     }
     if (inside) {
@@ -74,12 +76,12 @@ awk -v dir="$work" '
       print line >> file
     }
   }
-  END { if (inside) { print "README.md: a C block is not closed" > "/dev/stderr"; exit 1 } }
-' "$readme"
+  END { if (inside) { print "a C block is not closed" > "/dev/stderr"; exit 1 } }
+' "${docs[@]}"
 
 n=$(find "$work" -maxdepth 1 -name "block-*.c" | wc -l)
 if [ "$n" -eq 0 ]; then
-  echo "check_readme: README.md has no C block (tagged c); nothing was checked" >&2
+  echo "check_readme: README.md and docs/ have no C block (tagged c); nothing was checked" >&2
   exit 1
 fi
 mapfile -t lines < "$work/lines"
@@ -89,11 +91,13 @@ failed=0
 objs=()
 for i in $(seq 1 "$n"); do
   b="$work/block-$i.c"
-  start=$((${lines[$((i - 1))]} + 1)) # the block's first line in README.md
-  at="README.md:$start"
+  fence=${lines[$((i - 1))]}         # FILE:LINE of the block's fence
+  file=${fence%:*}
+  start=$((${fence##*:} + 1)) # the block's first line in FILE
+  at="$file:$start"
   if grep -Eq '(^|[^A-Za-z0-9_])main[[:space:]]*\(' "$b"; then
-    # a whole program; messages name README.md's lines
-    { echo "#line $start \"README.md\""; cat "$b"; } > "$work/program-$i.c"
+    # a whole program; messages name the file's lines
+    { echo "#line $start \"$file\""; cat "$b"; } > "$work/program-$i.c"
     # shellcheck disable=SC2086
     if ! cc -std=c17 -Wall -Wextra -Werror ${CFLAGS:-} -D_POSIX_C_SOURCE=200809L "$work/program-$i.c" $cflags $libs \
          -Wl,-rpath,"$libdir" -o "$work/program-$i" 2> "$work/err-$i"; then
@@ -123,7 +127,7 @@ for i in $(seq 1 "$n"); do
       echo "int dg_readme_block_$i(void);"
       echo "int dg_readme_block_$i(void)"
       echo '{'
-      echo "#line $start \"README.md\""
+      echo "#line $start \"$file\""
       # (the #include lines went above; blank lines keep the numbering)
       sed -e 's/^[[:space:]]*#.*$//' -e 's/\.\.\./return 1;/g' "$b"
       echo '	return 0;'
