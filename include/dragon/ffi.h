@@ -38,8 +38,9 @@ extern "C" {
 #endif
 
 /* The layout of the structs below; a caller checks it at load (2:
- * dg_ffi_opts's elem0 at its end). */
-#define DG_FFI_VERSION 2
+ * dg_ffi_opts's elem0 at its end; 3: dg_corpus's token corpora, and
+ * dg_ffi_model_logits). */
+#define DG_FFI_VERSION 3
 int dg_ffi_version(void);
 
 /* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
@@ -181,6 +182,18 @@ dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int3
 /* A GPU model's int32 flag a device-side run sets on a bad token (0 on
  * the CPU model). */
 uint64_t dg_ffi_model_bad(const dg_ffi_model *m);
+
+/*
+ * The logits at position pos of every row of a batch of the model's
+ * (b, t): idx, (b, t) int32 tokens on the host, each checked against the
+ * vocabulary; out, (b, V) f32 on the host, row r at out + r·V. The forward
+ * alone, dropout off, from the masters as they are now (a GPU model's
+ * execution copies remade first); synchronizes (dg_model_cpu_logits,
+ * dg_model_logits). The model is causal: a row's logits at pos depend on
+ * its tokens 0..pos only.
+ */
+dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64_t out, char *msg,
+			      size_t msg_size);
 
 #ifdef __cplusplus
 }

@@ -94,12 +94,15 @@ class BDH(nn.Module):
             return t, True
         return t.cpu(), False
 
-    def _run(self, idx, targets, backward):
+    def _run_check(self):
         for p, where in zip(self._params(), range(5)):
             if p.data_ptr() != self._m.params[where]["master"]:
                 raise dragon.InvalidArgument("%s is no longer dragon's memory (was it replaced, not copied "
                                              "into?); load weights with load_state_dict" % dragon.PARAMS[where],
                                              "invalid argument")
+
+    def _run(self, idx, targets, backward):
+        self._run_check()
         i, on_dev = self._tokens(idx, "idx")
         t, _ = self._tokens(targets, "targets")
         if on_dev != (t.device.type == "cuda"):
@@ -119,6 +122,17 @@ class BDH(nn.Module):
             return _Step.apply(self, idx, targets, *self._params())
         self._run(idx, targets, backward=False)
         return self._loss.clone()
+
+    def generate(self, prompt=None, length=200, temperature=0.8, top_k=40, seed=1337):
+        """The token ids drawn after prompt (a list of `length` ints) as
+        `dragon sample` draws them from the same weights and seed:
+        dragon.Model.generate on this model's masters, its time the
+        context. prompt: a list of ids, or bytes/str for a byte model
+        (vocab 256)."""
+        self._run_check()
+        if self._dev.type == "cuda":
+            dragon.torch._call.device(self._dev)
+        return self._m.generate(prompt, length=length, temperature=temperature, top_k=top_k, seed=seed)
 
     def bad_tokens(self):
         """Whether the last run with tokens on the device met one outside
