@@ -244,6 +244,10 @@ static int parse(int argc, char **argv, train_args *a)
 		if (!ok)
 			return DG__CLI_USAGE;
 	}
+	if (!a->data && a->vocab && a->vocab != 256)
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+				   "--vocab %d: the built-in corpus is bytes (vocab 256); give a token corpus with --data",
+				   (int)a->vocab);
 	if (a->o.allow_changed && !a->o.resume)
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "--allow-changed goes with --resume (what may differ from the checkpoint)");
@@ -489,11 +493,6 @@ int dg__cli_cmd_train(int argc, char **argv)
 	dg_corpus_opts co = { .vocab = (int)a.vocab };
 	dg_status st = a.data ? dg_corpus_open_with(a.data, &co, &c, msg, sizeof(msg))
 			      : dg_corpus_builtin(&c, msg, sizeof(msg));
-	if (!st && !a.data && a.vocab && a.vocab != 256) {
-		st = DG_ERR_INVALID_ARG;
-		snprintf(msg, sizeof(msg), "--vocab %d: the built-in corpus is bytes (vocab 256); give a token corpus with --data",
-			 (int)a.vocab);
-	}
 	if (st) {
 		leave(&world, true);
 		dg_device_close(dev);

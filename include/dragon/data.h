@@ -86,7 +86,8 @@ typedef struct dg_corpus_opts {
  * Opens a corpus; data names it as --data does:
  *   - a list of llm.c shards, comma-separated, each a path or a glob
  *     (a glob's files sorted by name), or one glob: every file must be a
- *     shard;
+ *     shard (a path that is there is a path, commas and * ? [ in its name
+ *     or not);
  *   - a folder: train.bin (and val.bin) of raw uint16 tokens, else the
  *     llm.c shards in it (*_train_*.bin, *_val_*.bin);
  *   - a file: an llm.c shard when it starts with the shard magic or is

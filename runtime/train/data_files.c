@@ -86,6 +86,20 @@ static dg_status expand(names *l, const char *pat, bool must, char *msg, size_t 
 	return st;
 }
 
+/* The first n characters of s into buf with glob(3)'s special ones
+ * escaped, so a folder named "a[1]" is matched as itself. */
+static const char *escaped(char *buf, size_t size, const char *s, size_t n)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n && s[i] && k + 2 < size; i++) {
+		if (strchr("*?[]\\", s[i]))
+			buf[k++] = '\\';
+		buf[k++] = s[i];
+	}
+	buf[k] = '\0';
+	return buf;
+}
+
 static const char *base_of(const char *p)
 {
 	const char *s = strrchr(p, '/');
@@ -290,12 +304,12 @@ static dg_status shard_split(resolved *r, names *g, char *msg, size_t size)
 	r->train = *g;
 	memset(g, 0, sizeof(*g));
 	if (nval == 0 && ntrain > 0) { /* the val shards beside the train ones */
-		char pat[4200];
+		char pat[8500], pre[8400];
 		for (int i = 0; i < r->train.n && !st; i++) {
 			const char *p = r->train.v[i], *b = base_of(p), *t = strstr(b, "_train_");
 			if (shard_role(p) != 0)
 				continue;
-			snprintf(pat, sizeof(pat), "%.*s_val_*.bin", (int)(t - p), p);
+			snprintf(pat, sizeof(pat), "%s_val_*.bin", escaped(pre, sizeof(pre), p, (size_t)(t - p)));
 			st = expand(&r->val, pat, false, msg, size);
 		}
 		if (!st && r->val.n)
@@ -308,7 +322,7 @@ static dg_status shard_split(resolved *r, names *g, char *msg, size_t size)
 /* A folder: train.bin (and val.bin), else llm.c's shards in it. */
 static dg_status resolve_dir(resolved *r, const char *dir, char *msg, size_t size)
 {
-	char p[4200];
+	char p[8600];
 	size_t dl = strlen(dir);
 	while (dl > 1 && dir[dl - 1] == '/')
 		dl--;
@@ -322,9 +336,11 @@ static dg_status resolve_dir(resolved *r, const char *dir, char *msg, size_t siz
 		return st;
 	}
 	names g = { 0 };
-	dg_status st = expand(&g, join(p, sizeof(p), dir, dl, "*_train_*.bin"), false, msg, size);
+	char e[8400];
+	escaped(e, sizeof(e), dir, dl);
+	dg_status st = expand(&g, join(p, sizeof(p), e, strlen(e), "*_train_*.bin"), false, msg, size);
 	if (!st)
-		st = expand(&g, join(p, sizeof(p), dir, dl, "*_val_*.bin"), false, msg, size);
+		st = expand(&g, join(p, sizeof(p), e, strlen(e), "*_val_*.bin"), false, msg, size);
 	if (!st && g.n == 0)
 		st = dg__msgf(DG_ERR_IO, msg, size,
 			      "%s: a directory, not a regular file (nor a folder of tokens: train.bin and val.bin, "
@@ -341,7 +357,8 @@ static dg_status resolve(resolved *r, const char *data, int vocab, char *msg, si
 {
 	dg_status st = DG_OK;
 	struct stat sb;
-	if (strchr(data, ',') || is_glob(data)) { /* a list of shards */
+	const bool there = lstat(data, &sb) == 0; /* a path that is there is itself, whatever its characters */
+	if (!there && (strchr(data, ',') || is_glob(data))) { /* a list of shards */
 		names g = { 0 };
 		for (const char *p = data; !st;) {
 			size_t n = strcspn(p, ",");
@@ -365,7 +382,7 @@ static dg_status resolve(resolved *r, const char *data, int vocab, char *msg, si
 		names_free(&g);
 		return st;
 	}
-	if (stat(data, &sb) == 0 && S_ISDIR(sb.st_mode))
+	if (there && stat(data, &sb) == 0 && S_ISDIR(sb.st_mode))
 		return resolve_dir(r, data, msg, size);
 	if (shard_role(data) >= 0 || starts_as_shard(data)) {
 		names g = { 0 };
