@@ -6,10 +6,21 @@
  * be exact on every length; the tests check the NIST vectors and incremental
  * updates split at every offset. Byte order is handled explicitly (big-endian
  * words per the standard), so the result does not depend on the host.
+ * On an x86 CPU with the SHA extensions the blocks are compressed by them
+ * (compress_ni, chosen by CPUID once), the same digests about ten times
+ * faster: checkpoints, bundles and a token corpus's gigabytes are hashed
+ * with it; the tests hold it to the portable code at every length.
  */
 #include "base/sha256.h"
 
+#include <stdatomic.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define DG_SHA_NI 1
+#endif
 
 /* §4.2.2: first 32 bits of the fractional parts of the cube roots of the
  * first 64 primes. */
@@ -89,6 +100,98 @@ static void compress(uint32_t h[8], const uint8_t block[64])
 	h[7] += hh;
 }
 
+#ifdef DG_SHA_NI
+/*
+ * The same compression on x86's SHA extensions (Intel SDM: SHA256RNDS2,
+ * SHA256MSG1, SHA256MSG2), n blocks at p, about ten times the portable
+ * one's speed. The instructions keep the state as two vectors, (A, B, E,
+ * F) and (C, D, G, H), A and C in the top lanes; a round pair takes two
+ * words of W + K from the low half of a vector. W is made four words at a
+ * time: W[t..t+3] = MSG2(MSG1(W[t-16..t-13], W[t-12..t-9]) + W[t-7..t-4],
+ * W[t-4..t-1]), which adds σ0, W[t-16], W[t-7] and σ1.
+ */
+__attribute__((target("sha,sse4.1,ssse3"))) static void compress_ni(uint32_t h[8], const uint8_t *p,
+								    size_t n)
+{
+	/* each 32-bit word's bytes reversed: the message is big-endian */
+	const __m128i be = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+	__m128i abcd = _mm_loadu_si128((const __m128i *)(const void *)h);
+	__m128i efgh = _mm_loadu_si128((const __m128i *)(const void *)(h + 4));
+	__m128i badc = _mm_shuffle_epi32(abcd, 0xB1);             /* b a d c */
+	__m128i hgfe = _mm_shuffle_epi32(efgh, 0x1B);             /* h g f e */
+	__m128i abef = _mm_alignr_epi8(badc, hgfe, 8);            /* f e b a */
+	__m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xF0);         /* h g d c */
+	for (; n > 0; n--, p += 64) {
+		const __m128i abef0 = abef, cdgh0 = cdgh;
+		__m128i w[4];
+		for (int i = 0; i < 16; i++) {
+			if (i < 4) {
+				w[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i)), be);
+			} else {
+				__m128i t = _mm_sha256msg1_epu32(w[(i - 4) & 3], w[(i - 3) & 3]);
+				t = _mm_add_epi32(t, _mm_alignr_epi8(w[(i - 1) & 3], w[(i - 2) & 3], 4));
+				w[i & 3] = _mm_sha256msg2_epu32(t, w[(i - 1) & 3]);
+			}
+			__m128i wk = _mm_add_epi32(w[i & 3], _mm_loadu_si128((const __m128i *)(const void *)(k + 4 * i)));
+			cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);      /* rounds 4i, 4i+1 */
+			wk = _mm_shuffle_epi32(wk, 0x0E);
+			abef = _mm_sha256rnds2_epu32(abef, cdgh, wk);      /* 4i+2, 4i+3 */
+		}
+		abef = _mm_add_epi32(abef, abef0);
+		cdgh = _mm_add_epi32(cdgh, cdgh0);
+	}
+	__m128i feba = _mm_shuffle_epi32(abef, 0x1B);             /* a b e f */
+	__m128i ghcd = _mm_shuffle_epi32(cdgh, 0xB1);             /* g h c d */
+	_mm_storeu_si128((__m128i *)(void *)h, _mm_blend_epi16(feba, ghcd, 0xF0));          /* a b c d */
+	_mm_storeu_si128((__m128i *)(void *)(h + 4), _mm_alignr_epi8(ghcd, feba, 8));       /* e f g h */
+}
+
+/* Whether this CPU has the SHA extensions (and SSSE3, SSE4.1): CPUID
+ * leaf 7 EBX bit 29, leaf 1 ECX bits 9 and 19. */
+static bool cpu_has_sha(void)
+{
+	unsigned a, b, c, d;
+	if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 9)) || !(c & (1u << 19)))
+		return false;
+	return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 29));
+}
+#endif
+
+/* -1 not asked yet, 0 portable, 1 the SHA extensions */
+static atomic_int use_ni = -1;
+
+bool dg__sha256_accelerated(void)
+{
+	int u = atomic_load_explicit(&use_ni, memory_order_relaxed);
+	if (u < 0) {
+#ifdef DG_SHA_NI
+		u = cpu_has_sha();
+#else
+		u = 0;
+#endif
+		atomic_store_explicit(&use_ni, u, memory_order_relaxed);
+	}
+	return u == 1;
+}
+
+void dg__sha256_set_portable(bool portable)
+{
+	atomic_store_explicit(&use_ni, portable ? 0 : -1, memory_order_relaxed);
+}
+
+/* n whole blocks at p into h. */
+static void blocks(uint32_t h[8], const uint8_t *p, size_t n)
+{
+#ifdef DG_SHA_NI
+	if (dg__sha256_accelerated()) {
+		compress_ni(h, p, n);
+		return;
+	}
+#endif
+	for (; n > 0; n--, p += 64)
+		compress(h, p);
+}
+
 void dg__sha256_init(dg__sha256 *s)
 {
 	/* §5.3.3: first 32 bits of the fractional parts of the square roots
@@ -119,11 +222,12 @@ void dg__sha256_update(dg__sha256 *s, const void *data, size_t n)
 		n -= take;
 		if (s->nbuf < 64)
 			return;
-		compress(s->h, s->buf);
+		blocks(s->h, s->buf, 1);
 		s->nbuf = 0;
 	}
-	for (; n >= 64; p += 64, n -= 64)
-		compress(s->h, p);
+	blocks(s->h, p, n / 64);
+	p += n / 64 * 64;
+	n %= 64;
 	if (n > 0) {
 		memcpy(s->buf, p, n);
 		s->nbuf = n;
@@ -139,13 +243,13 @@ void dg__sha256_final(dg__sha256 *s, uint8_t digest[32])
 	s->buf[s->nbuf++] = 0x80;
 	if (s->nbuf > 56) {
 		memset(s->buf + s->nbuf, 0, 64 - s->nbuf);
-		compress(s->h, s->buf);
+		blocks(s->h, s->buf, 1);
 		s->nbuf = 0;
 	}
 	memset(s->buf + s->nbuf, 0, 56 - s->nbuf);
 	store_be32(s->buf + 56, (uint32_t)(bits >> 32));
 	store_be32(s->buf + 60, (uint32_t)bits);
-	compress(s->h, s->buf);
+	blocks(s->h, s->buf, 1);
 
 	for (int i = 0; i < 8; i++)
 		store_be32(digest + 4 * i, s->h[i]);

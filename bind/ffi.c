@@ -488,6 +488,23 @@ dg_status dg_ffi_model_backward(dg_ffi_model *m, char *msg, size_t msg_size)
 	return st;
 }
 
+dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64_t out, char *msg,
+			      size_t msg_size)
+{
+	if (!m || !idx || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_logits: NULL argument");
+	dg_model_batch bt = { .idx = (const int32_t *)(uintptr_t)idx, .b = m->b, .t = m->t };
+	float *z = (float *)(uintptr_t)out;
+	if (!m->gm)
+		return dg_model_cpu_logits(m->w, &bt, pos, z, msg, msg_size);
+	dg_status st = dg_model_sync_copies(m->gm);
+	if (!st)
+		st = dg_model_logits(m->gm, &bt, pos, z);
+	if (st)
+		snprintf(msg, msg_size, "%s", dg_device_errmsg(m->dev));
+	return st;
+}
+
 dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fmt, int64_t shape[3])
 {
 	if (!m || !m->forward)

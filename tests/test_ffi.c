@@ -362,6 +362,38 @@ Test(ffi, cpu_model_is_dg_model_cpu_step)
 	dg_ffi_model_destroy(NULL);
 }
 
+/* dg_ffi_model_logits is dg_model_cpu_logits of the model's masters (a
+ * vocabulary of 512), a token past it refused by name. */
+Test(ffi, cpu_model_logits)
+{
+	char msg[512];
+	dg_ffi_model *m;
+	dg_ffi_model_sizes sz = *SIZES;
+	sz.vocab = 512;
+	cr_assert_eq(dg_ffi_model_create(NULL, "f32", &sz, 2, 8, 7, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	const dg_model_config *c = dg_ffi_model_config(m);
+	int32_t idx[16], tgt[16];
+	tokens(idx, tgt, 16, 512, 2);
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(c, 7, &w, msg, sizeof(msg)), DG_OK);
+	static float got[2 * 512], want[2 * 512];
+	dg_model_batch bt = { .idx = idx, .b = 2, .t = 8 };
+	for (int pos = 0; pos < 8; pos += 7) {
+		cr_assert_eq(dg_ffi_model_logits(m, (uint64_t)(uintptr_t)idx, pos, (uint64_t)(uintptr_t)got, msg,
+						 sizeof(msg)),
+			     DG_OK, "%s", msg);
+		cr_assert_eq(dg_model_cpu_logits(w, &bt, pos, want, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(memcmp(got, want, sizeof(got)), 0, "pos %d: the logits differ", pos);
+	}
+	idx[3] = 512;
+	cr_assert_eq(dg_ffi_model_logits(m, (uint64_t)(uintptr_t)idx, 7, (uint64_t)(uintptr_t)got, msg, sizeof(msg)),
+		     DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "idx[3] = 512"), "%s", msg);
+	cr_assert_eq(dg_ffi_model_logits(m, 0, 7, (uint64_t)(uintptr_t)got, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	dg_model_weights_destroy(w);
+	dg_ffi_model_destroy(m);
+}
+
 /* The GPU model through the door against dg_model_step, before and after
  * its masters are changed on the device. */
 static void gpu_model_case(const char *preset)

@@ -6,6 +6,11 @@
  *     BDH's (256), with vocabularies off the power of two (50, 1000), and
  *     each entry has the launch info the ops read (lmhead_ce: BR rows of
  *     E + V floats of dynamic shared memory, the dw kernel 256 threads);
+ *   - the vocabularies of token corpora: embed_fwd, embed_bwd and lmhead_ce
+ *     (f32 and bf16) compile at llm.c's padded GPT-2 vocabulary (50304),
+ *     lmhead_ce at one row of E + V floats a block (D 256 and 4096: still
+ *     under an sm_90 block's 227 KiB), the embedding at 65536 too, whose
+ *     logits row lmhead_ce refuses naming vocab (at any embd);
  *   - bad specs are refused naming the field (vocab range, formats the ops
  *     do not take, a width the warp-per-row kernels cannot hold, a vocab
  *     whose logits do not fit in shared memory, a thread count);
@@ -135,6 +140,38 @@ Test(nvrtc_norm, launch_info)
 	cr_assert_eq(p.n_entries, 1);
 	cr_assert_eq(p.entries[0].threads, 128);
 	cr_assert_eq(p.entries[0].smem, 0);
+	dg_codegen_destroy(cg);
+}
+
+/* The vocabularies of llm.c's shards (GPT-2's 50257, padded to 50304) and
+ * of uint16 tokens' largest (65536). */
+Test(nvrtc_norm, large_vocabularies)
+{
+	dg_codegen *cg = NULL;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	compile_one(cg, "op=embed_fwd;out=bf16;embd=256;vocab=50304");
+	compile_one(cg, "op=embed_bwd;src=bf16;embd=256;vocab=50304");
+	compile_one(cg, "op=lmhead_ce;src=bf16;weight=f32;embd=256;vocab=50304"); /* the GPU model's */
+	compile_one(cg, "op=lmhead_ce;src=f32;weight=f32;embd=256;vocab=50304");
+	compile_one(cg, "op=lmhead_ce;src=bf16;weight=f32;embd=4096;vocab=50304");
+	compile_one(cg, "op=embed_fwd;out=f32;embd=4096;vocab=65536");
+	compile_one(cg, "op=embed_bwd;src=f32;embd=4096;vocab=65536");
+	static const int embds[] = { 256, 4096 };
+	for (int i = 0; i < 2; i++) {
+		char text[128];
+		snprintf(text, sizeof(text), "op=lmhead_ce;src=bf16;weight=f32;embd=%d;vocab=50304", embds[i]);
+		dg_spec s = spec_of(text);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+		cr_assert_eq(p.entries[0].smem, (embds[i] + 50304) * 4, "%s: one row: %d", text, p.entries[0].smem);
+		snprintf(text, sizeof(text), "op=lmhead_ce;src=bf16;weight=f32;embd=%d;vocab=65536", embds[i]);
+		s = spec_of(text);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC, "%s planned", text);
+		cr_assert(strstr(dg_codegen_errmsg(cg), "vocab=65536: a row of x and its logits"), "%s",
+			  dg_codegen_errmsg(cg));
+	}
+	dg_spec s = spec_of("op=lmhead_ce;embd=4;vocab=65536");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC, "embd 4, vocab 65536 planned");
 	dg_codegen_destroy(cg);
 }
 

@@ -11,7 +11,8 @@
  *     bit, as one that ran through, and ends with the same weights;
  *   - a resume whose config differs is refused naming the field; a resume
  *     with no checkpoint, a folder holding another run's checkpoints, a
- *     corpus too short for a row are refused; a learning rate that makes
+ *     corpus too short for a row or of tokens past the model's vocabulary
+ *     are refused; a learning rate that makes
  *     the loss blow up stops the run naming the step, the last checkpoint
  *     kept;
  *   - the stop flag (what `dragon train`'s SIGINT handler sets) ends the
@@ -204,6 +205,20 @@ Test(train, refusals_and_faults)
 	dg_train_opts t = tiny(d, 6);
 	cr_assert_eq(dg_train_run(&t, s, NULL, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "validation split"), "%s", msg);
+	dg_corpus_destroy(s);
+	/* a corpus of tokens past the model's vocabulary */
+	char tok[512];
+	snprintf(tok, sizeof(tok), "%s/tokens.u16", dg_test_tmpdir());
+	FILE *f = fopen(tok, "wb");
+	cr_assert_not_null(f);
+	for (int i = 0; i < 4000; i++)
+		fputc(i % 200, f), fputc(i % 2, f); /* tokens up to 455 */
+	fclose(f);
+	dg_corpus_opts co = { .vocab = 512 };
+	cr_assert_eq(dg_corpus_open_with(tok, &co, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	t = tiny(d, 6);
+	cr_assert_eq(dg_train_run(&t, s, NULL, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "vocab=256: ") && strstr(msg, "holds tokens up to 511"), "%s", msg);
 	dg_corpus_destroy(s);
 	/* a blow-up: stopped at the step it happens, the last checkpoint kept */
 	char e[512];

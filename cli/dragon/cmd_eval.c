@@ -27,7 +27,7 @@
 #include "dragon/runtime.h"
 
 static const char help_text[] =
-	"usage: dragon eval --model M.safetensors [--data FILE] [--preset P] [--batch B]\n"
+	"usage: dragon eval --model M.safetensors [--data D] [--preset P] [--batch B]\n"
 	"                   [--time T] [--seed S] [--batches K] [--grads OUT.safetensors]\n"
 	"                   [--cpu] [--json] [--layers L --embd D --heads H --neurons N]\n\n"
 	"The mean cross-entropy loss (and perplexity) of the model's weights over K\n"
@@ -41,9 +41,13 @@ static const char help_text[] =
 	"                  (all four then), or overriding it\n"
 	"  --preset P      the recipe: f32, bf16, w8a8, bitnet (default: the file's, else\n"
 	"                  f32); the shapes stay the file's\n"
-	"  --data FILE     a file of bytes, the tokens; its last 10% is the validation\n"
-	"                  split, rows start at offsets drawn from --seed. Without it: a\n"
-	"                  built-in deterministic batch of random bytes (no corpus yet)\n"
+	"  --data D        a corpus as `dragon train --data` reads it: a file of bytes\n"
+	"                  (its last 10% the validation split), llm.c's token shards\n"
+	"                  (their *_val_* shards), a folder of train.bin and val.bin;\n"
+	"                  a plain file is uint16 tokens for a model whose vocabulary\n"
+	"                  is not 256, and every token must be below it. Rows start at\n"
+	"                  offsets of the validation split drawn from --seed. Without\n"
+	"                  it: a built-in deterministic batch of random bytes\n"
 	"  --batch B       rows a batch (default 8)\n"
 	"  --time T        tokens a row (default 512, capped to the split of --data)\n"
 	"  --batches K     batches (default 8)\n"
@@ -61,6 +65,7 @@ static const char help_text[] =
 	"time (seconds of the evaluation: model set-up and batches, not file reading).\n"
 	"JSON keys: model, config{layers,embd,heads,neurons,vocab}, preset, device\n"
 	"(\"gpu\"|\"cpu\"), device_name, data (path or \"builtin\"), data_bytes, split_bytes,\n"
+	"split_tokens, "
 	"seed, batch, time, batches, tokens, loss, perplexity, losses[], wall_s, grads.\n"
 	"Exit status: 0 ok, 1 failure (a file, a tensor, the data, the device), 2 usage.\n";
 
@@ -199,9 +204,13 @@ static void report_text(const eval_args *a, const dg_model_config *c, const char
 	if (d->builtin)
 		printf("data:    built-in deterministic batch (random bytes of seed %llu; no corpus yet)\n",
 		       (unsigned long long)a->seed);
-	else
+	else if (d->corpus->kind == DG_CORPUS_KIND_BYTES)
 		printf("data:    %s (%llu bytes; validation split: the last %zu, offsets of seed %llu)\n",
 		       a->data, (unsigned long long)d->file_size, d->len, (unsigned long long)a->seed);
+	else
+		printf("data:    %s (%zu tokens in %d file%s; validation split: %s, %zu tokens, offsets of seed %llu)\n",
+		       a->data, d->corpus->len, d->corpus->n_files, d->corpus->n_files == 1 ? "" : "s",
+		       d->corpus->split, d->len, (unsigned long long)a->seed);
 	printf("batches: %d of %dx%d (%lld tokens)\n", k, b, t, (long long)k * b * t);
 	printf("loss:    %.6f (perplexity %.3f)\n", loss, exp(loss));
 	printf("time:    %.3f s\n", secs);
@@ -233,7 +242,9 @@ static int report_json(const eval_args *a, const dg_model_config *c, const char 
 		cJSON_AddNullToObject(j, "data_bytes");
 	else
 		cJSON_AddNumberToObject(j, "data_bytes", (double)d->file_size);
-	cJSON_AddNumberToObject(j, "split_bytes", (double)d->len);
+	cJSON_AddNumberToObject(j, "split_bytes",
+				(double)d->len * (d->corpus && d->corpus->kind != DG_CORPUS_KIND_BYTES ? 2 : 1));
+	cJSON_AddNumberToObject(j, "split_tokens", (double)d->len);
 	cJSON_AddNumberToObject(j, "seed", (double)a->seed);
 	cJSON_AddNumberToObject(j, "batch", b);
 	cJSON_AddNumberToObject(j, "time", t);
@@ -274,7 +285,7 @@ int dg__cli_cmd_eval(int argc, char **argv)
 		return dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
 	int b = (int)a.batch, t = (int)a.time, k_all = (int)a.batches;
 	if (a.data) {
-		st = dg__eval_data_open(&d, a.data, &t, a.seed, msg, sizeof(msg)); /* t 0: capped */
+		st = dg__eval_data_open(&d, a.data, c.vocab, &t, a.seed, msg, sizeof(msg)); /* t 0: capped */
 	} else {
 		t = t ? t : 512;
 		st = dg__eval_data_builtin(&d, k_all, b, t, a.seed, msg, sizeof(msg));

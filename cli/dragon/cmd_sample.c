@@ -2,7 +2,9 @@
  * dragon sample — text from a checkpoint of `dragon train`: the prompt,
  * then N bytes, each drawn from the model's distribution of the next byte
  * given the bytes before it (the last T of them), with a temperature and
- * top-k, from a seeded stream (the same seed, the same text).
+ * top-k, from a seeded stream (the same seed, the same text;
+ * dragon/sample.h draws). A model of another vocabulary than bytes reads
+ * its prompt as token ids and prints token ids, space-separated.
  *
  * The model reads its context left-aligned: it is causal (dragon/model.h
  * dg_model_cpu_logits), so the logits at the context's last position do
@@ -30,18 +32,24 @@
 #include "dragon/checkpoint.h"
 #include "dragon/model.h"
 #include "dragon/rng.h"
+#include "dragon/sample.h"
 
 static const char help_text[] =
-	"usage: dragon sample CKPT|DIR [--prompt TEXT] [--length N] [--temperature X]\n"
-	"                     [--top-k K] [--seed S] [--time T] [--cpu]\n\n"
+	"usage: dragon sample CKPT|DIR [--prompt TEXT | --prompt-ids ID,...] [--length N]\n"
+	"                     [--temperature X] [--top-k K] [--seed S] [--time T] [--cpu]\n\n"
 	"Generates bytes from a checkpoint of `dragon train`: the prompt, then N bytes,\n"
 	"each drawn from the model's distribution of the next byte given the last T\n"
-	"bytes before it.\n\n"
+	"bytes before it. A model whose vocabulary is not bytes (256) generates token\n"
+	"ids: its prompt is given as ids, and it prints the prompt's ids and each id\n"
+	"drawn, space-separated, on one line.\n\n"
 	"  CKPT|DIR          a checkpoint (ckpt-<step>.safetensors), or a run's folder:\n"
 	"                    its newest checkpoint\n"
 	"  --prompt TEXT     the text to continue (default none: the model starts after\n"
 	"                    a newline, which is not printed)\n"
-	"  --length N        bytes to generate after the prompt (200)\n"
+	"  --prompt-ids L    the prompt as token ids, comma-separated (each below the\n"
+	"                    vocabulary); a model of token ids needs one (llm.c's GPT-2\n"
+	"                    shards: 50256, end of text, starts a document)\n"
+	"  --length N        bytes (tokens) to generate after the prompt (200)\n"
 	"  --temperature X   divides the logits (0.8); 0 takes the most likely byte\n"
 	"                    each time (greedy)\n"
 	"  --top-k K         draw among the K most likely bytes (40; 0 all)\n"
@@ -52,21 +60,23 @@ static const char help_text[] =
 	"                    bitnet; a bf16 checkpoint runs with f32 arithmetic on its\n"
 	"                    weights, said on stderr)\n\n"
 	"Runs on GPU 0 when there is one. Prints the prompt, then each byte as it is\n"
-	"drawn, raw, to stdout.\n"
+	"drawn, raw, to stdout (token ids: in decimal, a space between, a newline at\n"
+	"the end).\n"
 	"Exit status: 0 ok, 1 failure (the checkpoint, the device), 2 usage.\n";
 
-enum { O_PROMPT = 1, O_LENGTH, O_TEMP, O_TOPK, O_SEED, O_TIME, O_CPU, O_HELP };
+enum { O_PROMPT = 1, O_LENGTH, O_TEMP, O_TOPK, O_SEED, O_TIME, O_CPU, O_HELP, O_PROMPT_IDS };
 
 static const dg__cli_opt opts[] = {
 	{ "prompt", 'p', true, O_PROMPT },   { "length", 'n', true, O_LENGTH },
 	{ "temperature", 0, true, O_TEMP },  { "top-k", 'k', true, O_TOPK },
 	{ "seed", 's', true, O_SEED },       { "time", 't', true, O_TIME },
 	{ "cpu", 0, false, O_CPU },          { "help", 'h', false, O_HELP },
-	{ NULL, 0, false, 0 },
+	{ "prompt-ids", 0, true, O_PROMPT_IDS }, { NULL, 0, false, 0 },
 };
 
 typedef struct sample_args {
 	const char *path, *prompt;
+	const char *prompt_ids; /* --prompt-ids, as given; NULL none */
 	uint64_t length, top_k, seed, time; /* time 0: the checkpoint's */
 	double temperature;
 	bool cpu;
@@ -102,6 +112,7 @@ static int parse(int argc, char **argv, sample_args *a)
 			fputs(help_text, stdout);
 			return -1;
 		case O_PROMPT: a->prompt = v; break;
+		case O_PROMPT_IDS: a->prompt_ids = v; break;
 		case O_CPU: a->cpu = true; break;
 		case O_LENGTH: ok = dg__cli_parse_u64("--length", v, 0, 1u << 30, &a->length); break;
 		case O_TOPK: ok = dg__cli_parse_u64("--top-k", v, 0, 1u << 20, &a->top_k); break;
@@ -123,6 +134,9 @@ static int parse(int argc, char **argv, sample_args *a)
 	if (!a->path)
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "sample: name a checkpoint or a run's folder; see `dragon sample --help`");
+	if (a->prompt_ids && a->prompt[0])
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+				   "--prompt and --prompt-ids: give the prompt one way, as text or as token ids");
 	return 0;
 }
 
@@ -165,44 +179,6 @@ static dg_model_config as_f32(const dg_model_config *c)
 	return r;
 }
 
-typedef struct scored {
-	float z;
-	int v;
-} scored;
-
-/* Larger logits first; ties by the smaller byte (a total order: qsort's
- * result is the same on every libc). */
-static int by_logit(const void *pa, const void *pb)
-{
-	const scored *a = pa, *b = pb;
-	if (a->z != b->z)
-		return a->z > b->z ? -1 : 1;
-	return a->v - b->v;
-}
-
-/* The next byte from logits z (V of them): the most likely at temperature
- * 0, else a draw from softmax(z / temperature) over the k most likely. */
-static int draw(const float *z, int V, double temperature, int k, dg_rng *r, scored *tmp)
-{
-	for (int v = 0; v < V; v++)
-		tmp[v] = (scored){ z[v], v };
-	qsort(tmp, (size_t)V, sizeof(*tmp), by_logit);
-	if (temperature == 0)
-		return tmp[0].v;
-	int n = k > 0 && k < V ? k : V;
-	double total = 0;
-	double p[256]; /* V is 256: the caller refuses another vocabulary */
-	for (int i = 0; i < n; i++)
-		total += p[i] = exp(((double)tmp[i].z - tmp[0].z) / temperature);
-	double u = (double)(dg_rng_u64(r) >> 11) * 0x1p-53 * total;
-	for (int i = 0; i < n; i++) {
-		if (u < p[i])
-			return tmp[i].v;
-		u -= p[i];
-	}
-	return tmp[n - 1].v;
-}
-
 /* What generates: the GPU model of one row of T, or the CPU model's
  * weights. */
 typedef struct gen {
@@ -230,55 +206,128 @@ static int logits_of(gen *g, const int32_t *ctx, int n, float *z)
 	return st ? dg__cli_err(DG__CLI_FAIL, st, "%s", msg) : DG__CLI_OK;
 }
 
-/* Prints the prompt, then a.length bytes as they are drawn. */
-static int generate(gen *g, const sample_args *a, int V)
+/* The prompt's token ids (--prompt-ids "1,2,3") into *out (malloc'd),
+ * each below v; *n how many. Returns the exit code (reported). */
+static int parse_ids(const char *s, int v, int32_t **out, int *n)
+{
+	size_t cap = 1;
+	for (const char *p = s; *p; p++)
+		cap += *p == ',';
+	int32_t *ids = malloc(cap * sizeof(*ids));
+	if (!ids)
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory");
+	int k = 0;
+	for (const char *p = s;; k++) {
+		char *end;
+		errno = 0;
+		long long x = strtoll(p, &end, 10);
+		if (errno || end == p || (*end && *end != ',') || x < 0 || x >= v) {
+			free(ids);
+			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+					   "--prompt-ids %s: id %d (from '%.20s') is not a token id of the vocabulary 0..%d "
+					   "(comma-separated ids)",
+					   s, k + 1, p, v - 1);
+		}
+		ids[k] = (int32_t)x;
+		if (!*end)
+			break;
+		p = end + 1;
+	}
+	*out = ids;
+	*n = k + 1;
+	return DG__CLI_OK;
+}
+
+/* Prints token t: a byte raw, or an id (a space before all but the first). */
+static void put_token(int32_t t, bool ids, bool *first)
+{
+	if (ids)
+		printf(*first ? "%d" : " %d", (int)t);
+	else
+		fputc(t, stdout);
+	*first = false;
+}
+
+/* The prompt's tokens for a model of vocabulary V into *out (malloc'd,
+ * *n of them): --prompt-ids, else --prompt's bytes (a byte model only).
+ * Returns the exit code (reported). */
+static int prompt_of(const sample_args *a, int V, int32_t **out, int *n)
+{
+	if (a->prompt_ids)
+		return parse_ids(a->prompt_ids, V, out, n);
+	if (V != 256)
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+				   "%s a vocabulary of %d, token ids, not bytes: give the prompt as ids with "
+				   "--prompt-ids ID,... (llm.c's GPT-2 shards: 50256, end of text, starts a document)",
+				   a->prompt[0] ? "--prompt TEXT: the model reads" : "the model reads", V);
+	int plen = (int)strlen(a->prompt);
+	int32_t *p = malloc(((size_t)plen + 1) * sizeof(*p));
+	if (!p)
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory");
+	for (int i = 0; i < plen; i++)
+		p[i] = (unsigned char)a->prompt[i];
+	*out = p;
+	*n = plen;
+	return DG__CLI_OK;
+}
+
+/* Prints the prompt (plen tokens), then a.length tokens as they are
+ * drawn: bytes raw for a vocabulary of 256, else ids. */
+static int generate(gen *g, const sample_args *a, int V, const int32_t *prompt, int plen)
 {
 	const int T = g->T;
-	size_t plen = strlen(a->prompt);
-	/* the context: the prompt's last T bytes (a newline without one) */
+	const bool ids = V != 256;
+	int code = DG__CLI_OK;
+	/* the context: the prompt's last T tokens (a newline without one) */
 	int32_t *ctx = malloc((size_t)T * sizeof(int32_t));
 	float *z = malloc((size_t)V * sizeof(float));
-	scored *tmp = malloc((size_t)V * sizeof(scored));
-	if (!ctx || !z || !tmp) {
+	if (!ctx || !z) {
 		free(ctx);
 		free(z);
-		free(tmp);
 		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory");
 	}
 	int n = 0;
 	if (plen == 0)
 		ctx[n++] = '\n';
-	for (size_t i = plen > (size_t)T ? plen - (size_t)T : 0; i < plen; i++)
-		ctx[n++] = (unsigned char)a->prompt[i];
-	fwrite(a->prompt, 1, plen, stdout);
+	for (int i = plen > T ? plen - T : 0; i < plen; i++)
+		ctx[n++] = prompt[i];
+	bool first = true;
+	for (int i = 0; i < plen; i++)
+		put_token(prompt[i], ids, &first);
 	fflush(stdout);
 	dg_rng r;
 	dg_rng_seed(&r, a->seed);
-	int code = DG__CLI_OK;
+	char msg[1024];
 	for (uint64_t i = 0; i < a->length && !code && !ferror(stdout); i++) {
 		if ((code = logits_of(g, ctx, n, z)))
 			break;
 		for (int v = 0; v < V && !code; v++)
 			if (!isfinite(z[v]))
 				code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NUMERIC,
-						   "the logits after %d bytes are not finite (logit %d is %g): the weights have diverged",
-						   (int)(plen + i), v, (double)z[v]);
+						   "the logits after %d %s are not finite (logit %d is %g): the weights have diverged",
+						   (int)(plen + i), ids ? "tokens" : "bytes", v, (double)z[v]);
 		if (code)
 			break;
-		int next = draw(z, V, a->temperature, (int)a->top_k, &r, tmp);
-		fputc(next, stdout);
+		int32_t next;
+		dg_status st = dg_sample_draw(z, V, a->temperature, (int)a->top_k, &r, &next, msg, sizeof(msg));
+		if (st) {
+			code = dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
+			break;
+		}
+		put_token(next, ids, &first);
 		fflush(stdout);
-		if (n == T) { /* the context slides: the oldest byte leaves */
+		if (n == T) { /* the context slides: the oldest token leaves */
 			memmove(ctx, ctx + 1, (size_t)(T - 1) * sizeof(int32_t));
 			n--;
 		}
 		ctx[n++] = next;
 	}
-	if (isatty(1))
+	if (ids && !first)
+		putchar('\n');
+	else if (isatty(1))
 		fputc('\n', stderr); /* the shell's prompt on a line of its own */
 	free(ctx);
 	free(z);
-	free(tmp);
 	return code;
 }
 
@@ -297,9 +346,9 @@ int dg__cli_cmd_sample(int argc, char **argv)
 		return dg__cli_err(DG__CLI_FAIL, st, "%s", msg);
 	dg_model_weights *w = s->weights;
 	const int V = w->config.vocab;
-	if (V != 256) {
-		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_UNSUPPORTED,
-				   "%s: vocab %d: sample prints bytes, a vocabulary of 256", path, V);
+	int32_t *prompt = NULL;
+	int plen = 0;
+	if ((code = prompt_of(&a, V, &prompt, &plen))) {
 		dg_train_state_destroy(s);
 		return code;
 	}
@@ -309,6 +358,7 @@ int dg__cli_cmd_sample(int argc, char **argv)
 	dg_model_config probe = cpu_runs ? w->config : as_f32(&w->config);
 	dg_device *dev = NULL;
 	if ((code = dg__cli_device_of(a.cpu, &probe, 0, &dev, dev_name, sizeof(dev_name), NULL))) {
+		free(prompt);
 		dg_train_state_destroy(s);
 		return code;
 	}
@@ -325,11 +375,13 @@ int dg__cli_cmd_sample(int argc, char **argv)
 	if (!code && dev && dg_model_create(dev, w, 1, g.T, &g.m))
 		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_CUDA, "%s", dg_device_errmsg(dev));
 	if (!code && isatty(2))
-		fprintf(stderr, "dragon: sampling %s (step %lld, %s) on %s, context %d bytes\n", path,
-			(long long)s->step, w->config.preset, dev ? dev_name : "the CPU", g.T);
+		fprintf(stderr, "dragon: sampling %s (step %lld, %s) on %s, context %d %s\n", path,
+			(long long)s->step, w->config.preset, dev ? dev_name : "the CPU", g.T,
+			V == 256 ? "bytes" : "tokens");
 	if (!code)
-		code = generate(&g, &a, V);
+		code = generate(&g, &a, V, prompt, plen);
 	dg_model_destroy(g.m);
+	free(prompt);
 	free(g.row);
 	dg_device_close(dev);
 	dg_train_state_destroy(s);

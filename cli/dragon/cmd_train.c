@@ -37,15 +37,17 @@
 
 static const char help_text[] =
 	"usage: dragon train [--preset P] [--steps N] [--batch B] [--time T] [--lr X]\n"
-	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data FILE]\n"
+	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data D]\n"
+	"                    [--vocab V]"
 	"                    [--out DIR] [--eval-every N] [--eval-batches K]\n"
 	"                    [--ckpt-every N] [--keep K] [--resume] [--allow-changed]\n"
 	"                    [--stop-at N] [--cpu]\n"
 	"                    [--no-graph] [--loss-scale dynamic|off] [--gpus N]\n"
 	"                    [--layers L --embd D --heads H --neurons N]\n"
 	"                    [--dropout P] [--json]\n\n"
-	"Trains a BDH model with AdamW on a corpus whose bytes are tokens: the first\n"
-	"90% to train, the last 10% to validate.\n\n"
+	"Trains a BDH model with AdamW on a corpus: a file whose bytes are tokens (its\n"
+	"first 90% to train, its last 10% to validate), llm.c's token shards or raw\n"
+	"uint16 tokens (nanoGPT's train.bin and val.bin).\n\n"
 	"  --preset P        f32, bf16, w8a8, bitnet (default bf16)\n"
 	"  --layers L, --embd D, --heads H, --neurons N\n"
 	"                    the model's shape (default the 25M one: 6, 256, 4, 8192)\n"
@@ -58,9 +60,22 @@ static const char help_text[] =
 	"  --wd X            decoupled weight decay (0.1); --clip X: the global\n"
 	"                    gradient-norm clip (1.0; 0 none)\n"
 	"  --seed S          the weights' init, the batches and dropout (1337)\n"
-	"  --data FILE       train on FILE (default the built-in corpus: Shakespeare,\n"
+	"  --data D          train on D (default the built-in corpus: Shakespeare,\n"
 	"                    which scripts/corpus.sh sets up; read from $DRAGON_CORPUS,\n"
-	"                    else the install's share/dragon/, else ./data/)\n"
+	"                    else the install's share/dragon/, else ./data/). D is a\n"
+	"                    file of bytes; llm.c's token\n"
+	"                    shards: a shard, a glob ('dir/fineweb_*.bin') or a comma\n"
+	"                    list, the *_val_* shards beside *_train_* ones validating;\n"
+	"                    a folder holding train.bin and val.bin (uint16 tokens);\n"
+	"                    or, with --vocab, a file of uint16 tokens. Without val\n"
+	"                    files the last 10% of the tokens validates. A file cut\n"
+	"                    short, a shard header that is not llm.c's or a token not\n"
+	"                    below the vocabulary is refused, naming the file and the\n"
+	"                    byte offset, before the run starts (docs/data.md)\n"
+	"  --vocab V         the model's vocabulary, 2 to 65536: token ids are below V\n"
+	"                    (default: 256 for bytes, 50304 for llm.c's shards: GPT-2's\n"
+	"                    50257 padded as llm.c pads it); any V but 256 reads a\n"
+	"                    plain file as uint16 tokens\n"
 	"  --out DIR         log.jsonl and ckpt-<step>.safetensors (default runs/latest);\n"
 	"                    one run at a time: another on DIR is refused, naming its\n"
 	"                    pid (DIR/lock)\n"
@@ -119,7 +134,7 @@ enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
 	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
 	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_LOSS_SCALE, O_GPUS, O_HELP,
-	O_ALLOW_CHANGED,
+	O_ALLOW_CHANGED, O_VOCAB,
 };
 
 static const dg__cli_opt opts[] = {
@@ -137,7 +152,7 @@ static const dg__cli_opt opts[] = {
 	{ "neurons", 0, true, O_NEURONS },	   { "no-graph", 0, false, O_NO_GRAPH },
 	{ "dropout", 0, true, O_DROPOUT },	   { "loss-scale", 0, true, O_LOSS_SCALE },
 	{ "gpus", 0, true, O_GPUS },		   { "help", 'h', false, O_HELP },
-	{ "allow-changed", 0, false, O_ALLOW_CHANGED },
+	{ "allow-changed", 0, false, O_ALLOW_CHANGED }, { "vocab", 0, true, O_VOCAB },
 	{ NULL, 0, false, 0 },
 };
 
@@ -149,6 +164,7 @@ typedef struct train_args {
 	float lr, wd, clip, dropout;
 	uint64_t steps, warmup;
 	uint64_t gpus; /* --gpus N; 0 not given */
+	uint64_t vocab; /* --vocab V; 0 not given: the corpus's */
 } train_args;
 
 static bool parse_f(const char *flag, const char *v, float lo, float *out)
@@ -225,6 +241,7 @@ static int parse(int argc, char **argv, train_args *a)
 		case O_KEEP: ok = parse_u("--keep", v, 0, 1 << 20, &u), a->o.keep = (int)u; break;
 		case O_STOP_AT: ok = parse_u("--stop-at", v, 1, 1ull << 40, &u), a->o.stop_at = (int64_t)u; break;
 		case O_GPUS: ok = parse_u("--gpus", v, 1, 1024, &a->gpus); break;
+		case O_VOCAB: ok = parse_u("--vocab", v, 2, DG_CORPUS_MAX_VOCAB, &a->vocab); break;
 		case O_LR: ok = parse_f("--lr", v, 0.0f, &a->lr); break;
 		case O_WD: ok = parse_f("--wd", v, 0.0f, &a->wd); break;
 		case O_CLIP: ok = parse_f("--clip", v, 0.0f, &a->clip); break;
@@ -236,6 +253,10 @@ static int parse(int argc, char **argv, train_args *a)
 		if (!ok)
 			return DG__CLI_USAGE;
 	}
+	if (!a->data && a->vocab && a->vocab != 256)
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+				   "--vocab %d: the built-in corpus is bytes (vocab 256); give a token corpus with --data",
+				   (int)a->vocab);
 	if (a->o.allow_changed && !a->o.resume)
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "--allow-changed goes with --resume (what may differ from the checkpoint)");
@@ -249,6 +270,8 @@ static int parse(int argc, char **argv, train_args *a)
 			*dst[i] = (int)a->shape[i];
 	if (a->dropout_given)
 		c.dropout = a->dropout;
+	if (a->vocab)
+		c.vocab = (int)a->vocab;
 	if (dg_model_config_check(&c, msg, sizeof(msg)))
 		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "config: %s", msg);
 	a->o.model = c;
@@ -477,13 +500,17 @@ int dg__cli_cmd_train(int argc, char **argv)
 		a.o.world = &world;
 	}
 	dg_corpus *c = NULL;
-	dg_status st = a.data ? dg_corpus_open(a.data, &c, msg, sizeof(msg))
+	dg_corpus_opts co = { .vocab = (int)a.vocab };
+	dg_status st = a.data ? dg_corpus_open_with(a.data, &co, &c, msg, sizeof(msg))
 			      : dg_corpus_builtin(&c, msg, sizeof(msg));
 	if (st) {
 		leave(&world, true);
 		dg_device_close(dev);
-		return dg__cli_err(DG__CLI_FAIL, st, "%s%s", a.data ? "--data " : "", msg);
+		dg_corpus_destroy(c);
+		return dg__cli_err(st == DG_ERR_INVALID_ARG ? DG__CLI_USAGE : DG__CLI_FAIL, st, "%s%s",
+				   a.data ? "--data " : "", msg);
 	}
+	a.o.model.vocab = c->vocab; /* --vocab's, or the corpus's own */
 	progress_state ps = { .tty = isatty(2) != 0 && d.rank == 0, .peak = dev ? dg__cli_peak_bf16(dev_name) : 0 };
 	struct sigaction old[2];
 	run_at = (dg_train_result){ 0 };
@@ -517,6 +544,7 @@ int dg__cli_cmd_train(int argc, char **argv)
 		cJSON_AddStringToObject(j, "device", dev ? "gpu" : "cpu");
 		cJSON_AddStringToObject(j, "device_name", dev_name);
 		cJSON_AddStringToObject(j, "data", a.data ? a.data : "builtin");
+		cJSON_AddNumberToObject(j, "vocab", a.o.model.vocab);
 		cJSON_AddStringToObject(j, "out", a.o.out_dir);
 		cJSON_AddNumberToObject(j, "steps", (double)done);
 		cJSON_AddNumberToObject(j, "step", (double)run_at.step);

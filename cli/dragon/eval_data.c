@@ -1,57 +1,49 @@
 /*
- * dragon eval's batches (eval_data.h): the validation split of a byte
- * file at seeded offsets, or the built-in deterministic stream.
+ * dragon eval's batches (eval_data.h): the validation split of a corpus
+ * at seeded offsets, or the built-in deterministic stream.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/file.h"
 #include "base/msg.h"
 #include "cli/dragon/eval_data.h"
 
 #define DEFAULT_T 512
 
-dg_status dg__eval_data_open(dg__eval_data *d, const char *path, int *t_inout, uint64_t seed,
+dg_status dg__eval_data_open(dg__eval_data *d, const char *path, int vocab, int *t_inout, uint64_t seed,
 			     char *msg, size_t size)
 {
 	char why[1024];
-	uint64_t n;
-	FILE *f;
 	memset(d, 0, sizeof(*d));
-	dg_status st = dg__file_open_regular(path, &f, &n, why, sizeof(why));
+	dg_corpus_opts o = { .vocab = vocab };
+	dg_status st = dg_corpus_open_with(path, &o, &d->corpus, why, sizeof(why));
 	if (st)
 		return dg__msgf(st, msg, size, "--data %s", why);
-	uint64_t len = n / 10;
+	const dg_corpus *c = d->corpus;
+	const bool bytes = c->kind == DG_CORPUS_KIND_BYTES;
+	uint64_t len = c->len - c->train_len;
 	int t = *t_inout;
 	if (!t)
 		t = len > DEFAULT_T ? DEFAULT_T : len > 1 ? (int)(len - 1) : 1;
 	if (len < (uint64_t)t + 1) {
-		fclose(f);
-		/* the split is n/10: t + 1 bytes need a file of 10·(t + 1) */
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
-				"--data %s: %llu bytes, too short: eval reads rows of T+1 = %d bytes "
-				"from its last 10%% (%llu bytes), so it needs at least %llu bytes "
-				"(a longer file, or a smaller --time)",
-				path, (unsigned long long)n, t + 1, (unsigned long long)len,
-				(unsigned long long)(10 * ((uint64_t)t + 1)));
-	}
-	d->bytes = malloc((size_t)len);
-	if (!d->bytes) {
-		fclose(f);
-		return dg__msgf(DG_ERR_NOMEM, msg, size, "--data %s: out of memory (%llu bytes)", path,
-				(unsigned long long)len);
-	}
-	if (fseeko(f, (off_t)(n - len), SEEK_SET) != 0 || fread(d->bytes, 1, (size_t)len, f) != len) {
-		int e = ferror(f) ? errno : EIO;
-		fclose(f);
+		if (bytes) /* the split is n/10: t + 1 bytes need a file of 10·(t + 1) */
+			st = dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+				      "--data %s: %llu bytes, too short: eval reads rows of T+1 = %d bytes "
+				      "from its last 10%% (%llu bytes), so it needs at least %llu bytes "
+				      "(a longer file, or a smaller --time)",
+				      path, (unsigned long long)c->len, t + 1, (unsigned long long)len,
+				      (unsigned long long)(10 * ((uint64_t)t + 1)));
+		else
+			st = dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+				      "--data %s: too short: eval reads rows of T+1 = %d tokens from its validation "
+				      "split (%s), which holds %llu (more data, or a smaller --time)",
+				      path, t + 1, c->split, (unsigned long long)len);
 		dg__eval_data_close(d);
-		return dg__msgf(DG_ERR_IO, msg, size, "--data %s: reading: %s", path, strerror(e));
+		return st;
 	}
-	fclose(f);
 	d->len = (size_t)len;
-	d->file_size = n;
+	d->file_size = c->file_bytes;
 	d->seed = seed;
 	dg_rng_seed(&d->rng, seed);
 	*t_inout = t;
@@ -78,9 +70,12 @@ dg_status dg__eval_data_builtin(dg__eval_data *d, int k, int b, int t, uint64_t 
 
 void dg__eval_data_batch(dg__eval_data *d, int k, int b, int t, int32_t *idx, int32_t *tgt)
 {
+	if (d->corpus) {
+		dg_corpus_batch(d->corpus, true, &d->rng, b, t, idx, tgt);
+		return;
+	}
 	for (int row = 0; row < b; row++) {
-		size_t off = d->builtin ? ((size_t)k * (size_t)b + (size_t)row) * (size_t)t
-					: (size_t)(dg_rng_u64(&d->rng) % (d->len - (size_t)t));
+		size_t off = ((size_t)k * (size_t)b + (size_t)row) * (size_t)t;
 		for (int i = 0; i < t; i++) {
 			idx[(size_t)row * t + i] = d->bytes[off + (size_t)i];
 			tgt[(size_t)row * t + i] = d->bytes[off + (size_t)i + 1];
@@ -90,6 +85,7 @@ void dg__eval_data_batch(dg__eval_data *d, int k, int b, int t, int32_t *idx, in
 
 void dg__eval_data_close(dg__eval_data *d)
 {
+	dg_corpus_destroy(d->corpus);
 	free(d->bytes);
 	memset(d, 0, sizeof(*d));
 }

@@ -13,7 +13,8 @@
  *     step, seed, data position and data RNG state (decimal), its tokens
  *     a row ("time", the context it trained at; absent from files saved
  *     before it was written, which load with time 0), its rows a step
- *     ("batch") and its corpus's SHA-256 ("corpus_sha256", hex; both
+ *     ("batch") and its corpus's digest ("corpus_sha256", hex,
+ *     dg_corpus_digest: a byte corpus's SHA-256; both
  *     absent from older files, which load with 0 and ""), and the
  *     optimizer's hyper-parameters (%.9g: each float reads back exactly);
  *     "loss_scale": "dynamic" or "off", and with it dynamic its state,
@@ -64,7 +65,7 @@ typedef struct dg_train_state {
 	uint64_t data_pos;                  /* batches drawn so far */
 	int time;                           /* T, tokens a row it trains at; 0: unknown */
 	int batch;                          /* B, rows a step (all ranks'); 0: unknown */
-	char corpus_sha256[65];             /* the corpus's SHA-256 (hex); "": unknown */
+	char corpus_sha256[65];             /* the corpus's digest (hex, dg_corpus_digest); "": unknown */
 	dg_adamw_config opt;
 	dg_loss_scaler scaler;              /* the loss scaler after `step` steps (off: S 1) */
 } dg_train_state;

@@ -40,7 +40,7 @@ extern "C" {
 /* The layout of the structs and calls below; a caller checks it at load
  * (2: dg_ffi_opts's elem0 at its end; 3: the model's forward and backward
  * as two calls, dg_ffi_model_forward, dg_ffi_model_backward,
- * dg_ffi_model_hidden). */
+ * dg_ffi_model_hidden; dg_corpus's token corpora, and dg_ffi_model_logits). */
 #define DG_FFI_VERSION 3
 int dg_ffi_version(void);
 
@@ -215,6 +215,17 @@ dg_status dg_ffi_model_backward(dg_ffi_model *m, char *msg, size_t msg_size);
  * ran.
  */
 dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fmt, int64_t shape[3]);
+/*
+ * The logits at position pos of every row of a batch of the model's
+ * (b, t): idx, (b, t) int32 tokens on the host, each checked against the
+ * vocabulary; out, (b, V) f32 on the host, row r at out + r·V. The forward
+ * alone, dropout off, from the masters as they are now (a GPU model's
+ * execution copies remade first); synchronizes (dg_model_cpu_logits,
+ * dg_model_logits). The model is causal: a row's logits at pos depend on
+ * its tokens 0..pos only.
+ */
+dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64_t out, char *msg,
+			      size_t msg_size);
 
 #ifdef __cplusplus
 }

@@ -46,7 +46,7 @@
  * checkpoint loadable; the temp file a killed save leaves is ignored, and
  * removed by the next run in the folder.
  * A resumed run holds the flags that shape its batches and schedule to
- * the checkpoint's: the corpus (its SHA-256), B, T and the steps, besides
+ * the checkpoint's: the corpus (its digest), B, T and the steps, besides
  * the config and the optimizer (dg_checkpoint_match); allow_changed lets
  * the first four differ, and the run's first log line then says what
  * changed ("changed": {"batch": {"from": 8, "to": 16}, ...}). It repairs
@@ -186,7 +186,9 @@ void dg_train_unlock(int fd); /* -1 is fine */
 /*
  * Runs (or resumes) the run o describes on corpus c. Errors name what:
  * a config the model or the optimizer refuses, a corpus too short for a
- * row of T (dg_corpus_check), a folder another run holds (dg_train_lock),
+ * row of T (dg_corpus_check) or holding tokens past the model's
+ * vocabulary (its vocab above the config's), a folder another run holds
+ * (dg_train_lock),
  * a shape the CPU model has no memory for (DG_ERR_NOMEM), a resume
  * without a checkpoint or whose config differs (the field, both values;
  * o->result->resume_refused), a loss or gradient that is not finite

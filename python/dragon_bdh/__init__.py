@@ -279,6 +279,65 @@ class Model:
         dtype = {"f32": "float32", "bf16": "bfloat16"}[_lib.fmt_name(fmt.value)]
         return Buffer(addr.value, tuple(sh), dtype, *self._where(), owner=self)
 
+    @property
+    def vocab(self):
+        """The model's vocabulary V: token ids are 0..V-1 (embed.weight's rows)."""
+        return self.params[0]["shape"][0]
+
+    def logits(self, idx, pos):
+        """The logits at position pos of every row of a (batch, time) batch
+        of host int32 tokens (idx: their address): a ctypes float array
+        of batch*vocab, row r at r*vocab. The forward alone, dropout off."""
+        out = (ctypes.c_float * (self.batch * self.vocab))()
+        buf = _lib.msgbuf()
+        st = _lib.lib().dg_ffi_model_logits(self._h, idx, pos, ctypes.addressof(out), buf, _lib.MSG)
+        _lib.check(st, buf)
+        return out
+
+    def generate(self, prompt=None, length=200, temperature=0.8, top_k=40, seed=1337):
+        """The tokens drawn after prompt, a list of `length` ints, as
+        `dragon sample` draws them (the same weights and seed, the same
+        tokens): each from the logits at the end of the context, its last
+        `time` tokens in row 0 (the other rows and the tail padded with
+        0), at a temperature (0 greedy) among the top_k most likely
+        (dragon/sample.h). prompt: token ids (a list of ints), or for a
+        byte model (vocab 256) bytes or str (UTF-8); None starts a byte
+        model after a newline. A model of another vocabulary needs ids."""
+        V, T = self.vocab, self.time
+        if prompt is None or len(prompt) == 0:
+            if V != 256:
+                raise InvalidArgument("a vocabulary of %d, token ids: give the prompt as a list of ids" % V,
+                                      "invalid argument")
+            ctx = [10]
+        elif isinstance(prompt, (bytes, bytearray, str)):
+            if V != 256:
+                raise InvalidArgument("a vocabulary of %d, token ids, not bytes: give the prompt as a list of "
+                                      "ids" % V, "invalid argument")
+            ctx = list(prompt.encode() if isinstance(prompt, str) else prompt)
+        else:
+            ctx = [int(t) for t in prompt]
+            bad = [t for t in ctx if not 0 <= t < V]
+            if bad:
+                raise InvalidArgument("prompt: token %d is outside the vocabulary 0..%d" % (bad[0], V - 1),
+                                      "invalid argument")
+        ctx = ctx[-T:]
+        L = _lib.lib()
+        rng = ctypes.c_uint64(0)
+        L.dg_rng_seed(ctypes.byref(rng), seed)
+        row = (ctypes.c_int32 * (self.batch * T))()
+        nxt = ctypes.c_int32()
+        buf = _lib.msgbuf()
+        out = []
+        for _ in range(length):
+            for i in range(T):
+                row[i] = ctx[i] if i < len(ctx) else 0
+            z = self.logits(ctypes.addressof(row), len(ctx) - 1)
+            _lib.check(L.dg_sample_draw(z, V, float(temperature), int(top_k), ctypes.byref(rng), ctypes.byref(nxt),
+                                        buf, _lib.MSG), buf)
+            out.append(nxt.value)
+            ctx = (ctx + [nxt.value])[-T:]
+        return out
+
     def __del__(self):
         h = getattr(self, "_h", None)
         if h and _lib._lib is not None:
@@ -301,24 +360,33 @@ def check_weights(data, name="weights"):
 
 
 class Corpus:
-    """A training corpus as `dragon train` reads it: the built-in one
-    (path None: $DRAGON_CORPUS or data/shakespeare.txt, its digest
-    checked) or a file; its first 90% trains, the rest validates, and
-    batch() draws `dragon train`'s batches (the same rows for the same
-    seed, in the same order)."""
+    """A training corpus as `dragon train --data PATH [--vocab V]` reads it
+    (dragon/data.h): the built-in one (path None: $DRAGON_CORPUS or
+    data/shakespeare.txt, its digest checked), a file of bytes (its first
+    90% trains, the rest validates), llm.c's token shards (a shard, a
+    glob, a comma list, a folder; the *_val_* shards validate) or raw
+    uint16 tokens (a folder of train.bin and val.bin, or a file with a
+    vocab other than 256); every token is checked below the vocabulary
+    when it is opened. batch() draws `dragon train`'s batches (the same
+    rows for the same seed, in the same order). size and train_size count
+    tokens; vocab is the data's (256 for bytes)."""
 
     VAL_SEED = 0x76616C  # the validation batches' seed (the trainer's)
 
-    def __init__(self, path=None, seed=1):
+    def __init__(self, path=None, seed=1, vocab=0):
         L = _lib.lib()
         p = ctypes.POINTER(_lib.Corpus)()
         buf = _lib.msgbuf()
-        st = L.dg_corpus_builtin(ctypes.byref(p), buf, _lib.MSG) if path is None else L.dg_corpus_open(
-            path.encode(), ctypes.byref(p), buf, _lib.MSG)
+        if path is None:
+            st = L.dg_corpus_builtin(ctypes.byref(p), buf, _lib.MSG)
+        else:
+            o = _lib.CorpusOpts(int(vocab))
+            st = L.dg_corpus_open_with(str(path).encode(), ctypes.byref(o), ctypes.byref(p), buf, _lib.MSG)
         _lib.check(st, buf)
         self._c = p
         self.path = p.contents.path.decode()
         self.size, self.train_size = p.contents.len, p.contents.train_len
+        self.vocab, self.split = p.contents.vocab, p.contents.split.decode()
         self._rng = ctypes.c_uint64(0)
         L.dg_rng_seed(ctypes.byref(self._rng), seed)
         self._val = ctypes.c_uint64(0)
@@ -333,6 +401,13 @@ class Corpus:
         tgt = (ctypes.c_int32 * (b * t))()
         L.dg_corpus_batch(self._c, bool(val), ctypes.byref(self._val if val else self._rng), b, t, idx, tgt)
         return idx, tgt
+
+    def digest(self):
+        """The corpus's digest (hex): what a checkpoint of a run on it records."""
+        buf = _lib.msgbuf()
+        hx = ctypes.create_string_buffer(65)
+        _lib.check(_lib.lib().dg_corpus_digest(self._c, hx, buf, _lib.MSG), buf)
+        return hx.value.decode()
 
     def val_batches(self, n, b, t):
         """The trainer's n fixed validation batches."""

@@ -117,7 +117,18 @@ class Corpus(ctypes.Structure):
         ("len", ctypes.c_size_t),
         ("train_len", ctypes.c_size_t),
         ("path", ctypes.c_char * 4096),
+        ("vocab", ctypes.c_int),
+        ("kind", ctypes.c_int),
+        ("n_files", ctypes.c_int),
+        ("n_val_files", ctypes.c_int),
+        ("file_bytes", ctypes.c_uint64),
+        ("split", ctypes.c_char * 160),
+        ("files", ctypes.c_void_p),
     ]
+
+
+class CorpusOpts(ctypes.Structure):
+    _fields_ = [("vocab", ctypes.c_int)]
 
 
 class DeviceOpts(ctypes.Structure):
@@ -164,6 +175,9 @@ _PROTOS = {
     "dg_ffi_model_bad": (_U64, [_P]),
     "dg_corpus_builtin": (ctypes.c_int, [ctypes.POINTER(ctypes.POINTER(Corpus)), _STR, _SZ]),
     "dg_corpus_open": (ctypes.c_int, [_STR, ctypes.POINTER(ctypes.POINTER(Corpus)), _STR, _SZ]),
+    "dg_corpus_open_with": (ctypes.c_int, [_STR, ctypes.POINTER(CorpusOpts), ctypes.POINTER(ctypes.POINTER(Corpus)),
+                                           _STR, _SZ]),
+    "dg_corpus_digest": (ctypes.c_int, [ctypes.POINTER(Corpus), _STR, _STR, _SZ]),
     "dg_corpus_destroy": (None, [ctypes.POINTER(Corpus)]),
     "dg_corpus_check": (ctypes.c_int, [ctypes.POINTER(Corpus), ctypes.c_int, _STR, _SZ]),
     "dg_corpus_batch": (None, [ctypes.POINTER(Corpus), ctypes.c_bool, ctypes.POINTER(_U64), ctypes.c_int,
@@ -175,6 +189,9 @@ _PROTOS = {
                                             _SZ]),
     "dg_ffi_model_backward": (ctypes.c_int, [_P, _STR, _SZ]),
     "dg_ffi_model_hidden": (ctypes.c_int, [_P, ctypes.POINTER(_U64), ctypes.POINTER(_I32), ctypes.c_int64 * 3]),
+    "dg_ffi_model_logits": (ctypes.c_int, [_P, _U64, _I32, _U64, _STR, _SZ]),
+    "dg_sample_draw": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.POINTER(_U64),
+                                      ctypes.POINTER(_I32), _STR, _SZ]),
 }
 
 _lock = threading.Lock()

@@ -30,15 +30,21 @@ dg_status dg_ref_lmhead_ce(const float *x, const float *w, const int32_t *target
 	double total = 0.0;
 	for (int64_t r = 0; r < rows; r++) {
 		const float *xr = x + r * d;
-		double m = -INFINITY;
-		for (int v = 0; v < vocab; v++) {
-			double s = 0.0;
-			for (int k = 0; k < d; k++)
-				s += (double)xr[k] * w[(int64_t)k * vocab + v];
-			z[v] = s;
-			if (s > m)
-				m = s;
+		/* z[v] = Σ_k x[k]·w[k][v], each sum over k in order; k outer, so
+		 * w is read along its rows (a vocabulary of 50304 read down its
+		 * columns missed the cache at every term) */
+		for (int v = 0; v < vocab; v++)
+			z[v] = 0.0;
+		for (int k = 0; k < d; k++) {
+			const double xk = xr[k];
+			const float *wk = w + (int64_t)k * vocab;
+			for (int v = 0; v < vocab; v++)
+				z[v] += xk * wk[v];
 		}
+		double m = -INFINITY;
+		for (int v = 0; v < vocab; v++)
+			if (z[v] > m)
+				m = z[v];
 		double se = 0.0;
 		for (int v = 0; v < vocab; v++)
 			se += exp(z[v] - m);

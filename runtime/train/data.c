@@ -1,7 +1,8 @@
 /*
- * A training run's data (dragon/data.h): the corpus read whole, its
- * 90/10 split, the built-in one found and held to its digest, and seeded
- * batches of rows.
+ * A training run's data (dragon/data.h): a corpus opened (its files by
+ * data_files.c, its tokens scanned by data_scan.c), the built-in one
+ * found and held to its digest, its split checked against a row, and
+ * seeded batches of rows from the stream of its files.
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
@@ -12,53 +13,43 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/file.h"
 #include "base/msg.h"
 #include "base/sha256.h"
 #include "dragon/data.h"
+#include "runtime/train/data_int.h"
 
 void dg_corpus_destroy(dg_corpus *c)
 {
 	if (!c)
 		return;
+	dg__corpus_files_close(c->files);
 	free(c->bytes);
 	free(c);
 }
 
-dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t msg_size)
+dg_status dg_corpus_open_with(const char *data, const dg_corpus_opts *o, dg_corpus **out, char *msg,
+			      size_t msg_size)
 {
-	if (!path || !out)
+	if (!data || !out)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_corpus_open: NULL argument");
 	*out = NULL;
-	FILE *f;
-	uint64_t n;
-	dg_status st = dg__file_open_regular(path, &f, &n, msg, msg_size);
-	if (st)
-		return st;
 	dg_corpus *c = calloc(1, sizeof(*c));
-	if (!c || n >= SIZE_MAX) {
-		fclose(f);
-		free(c);
-		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "%s: %llu bytes: out of memory", path,
-				(unsigned long long)n);
-	}
-	c->len = (size_t)n;
-	c->bytes = malloc(c->len + 1);
-	if (!c->bytes) {
-		fclose(f);
-		free(c);
-		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "%s: %zu bytes: out of memory", path, (size_t)n);
-	}
-	size_t got = fread(c->bytes, 1, c->len, f);
-	fclose(f);
-	if (got != c->len) {
+	if (!c)
+		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+	dg_status st = dg__corpus_files_open(c, data, o ? o->vocab : 0, msg, msg_size);
+	if (!st)
+		st = dg__corpus_scan(c, msg, msg_size);
+	if (st) {
 		dg_corpus_destroy(c);
-		return dg__msgf(DG_ERR_IO, msg, msg_size, "%s: read %zu of %zu bytes", path, got, (size_t)n);
+		return st;
 	}
-	c->train_len = c->len - c->len / 10;
-	snprintf(c->path, sizeof(c->path), "%s", path);
 	*out = c;
 	return DG_OK;
+}
+
+dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t msg_size)
+{
+	return dg_corpus_open_with(path, NULL, out, msg, msg_size);
 }
 
 /* The built-in corpus in the install's data folder: DG_DATA_FROM_LIB
@@ -127,14 +118,15 @@ dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size)
 	}
 	if (st)
 		return st;
-	uint8_t d[32];
-	char hex[65];
-	dg__sha256_digest(c->bytes, c->len, d);
-	dg__sha256_hex(d, hex);
-	if (strcmp(hex, DG_CORPUS_SHA256) != 0) {
+	char hex[65] = "";
+	if (c->kind == DG_CORPUS_KIND_BYTES)
+		st = dg_corpus_digest(c, hex, msg, msg_size);
+	if (!st && strcmp(hex, DG_CORPUS_SHA256) != 0)
 		st = dg__msgf(DG_ERR_CORRUPT, msg, msg_size,
-			      "%s: %zu bytes of SHA-256 %s, not the built-in corpus (%d bytes, %s): run scripts/corpus.sh again",
-			      c->path, c->len, hex, DG_CORPUS_BYTES, DG_CORPUS_SHA256);
+			      "%s: %zu %s of SHA-256 %s, not the built-in corpus (%d bytes, %s): run scripts/corpus.sh again",
+			      path, c->len, c->kind == DG_CORPUS_KIND_BYTES ? "bytes" : "tokens",
+			      hex[0] ? hex : "(not computed)", DG_CORPUS_BYTES, DG_CORPUS_SHA256);
+	if (st) {
 		dg_corpus_destroy(c);
 		return st;
 	}
@@ -147,27 +139,65 @@ dg_status dg_corpus_check(const dg_corpus *c, int t, char *msg, size_t msg_size)
 	if (!c || t < 1)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_corpus_check: %s", c ? "t < 1" : "NULL corpus");
 	size_t need = (size_t)t + 1, val = c->len - c->train_len;
+	const char *unit = c->kind == DG_CORPUS_KIND_BYTES ? "bytes" : "tokens";
+	const bool tail = c->n_val_files == 0; /* the 90/10 split */
 	if (c->train_len < need)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
-				"%s: its train split (the first 90%%) is %zu bytes; rows of %d tokens need %zu", c->path,
-				c->train_len, t, need);
+				"%s: its train split (%s) is %zu %s; rows of %d tokens need %zu", c->path,
+				tail ? "the first 90%" : "the train files", c->train_len, unit, t, need);
+	if (val < need && tail)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"%s: its validation split (the last 10%%) is %zu %s; rows of %d tokens need %zu (a file of at least %zu %s)",
+				c->path, val, unit, t, need, need * 10, unit);
 	if (val < need)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
-				"%s: its validation split (the last 10%%) is %zu bytes; rows of %d tokens need %zu (a file of at least %zu bytes)",
-				c->path, val, t, need, need * 10);
+				"%s: its validation split (%s) is %zu %s; rows of %d tokens need %zu", c->path,
+				c->split, val, unit, t, need);
 	return DG_OK;
+}
+
+/* Tokens [pos, pos + n) of c's stream into out: from the file holding
+ * pos on, into the next ones. */
+static void tokens_at(const dg_corpus *c, size_t pos, int n, int32_t *out)
+{
+	const struct dg__corpus_files *fs = c->files;
+	int lo = 0, hi = fs->n - 1; /* the last file starting at or before pos */
+	while (lo < hi) {
+		int mid = (lo + hi + 1) / 2;
+		if (fs->f[mid].start <= pos)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	const dg__corpus_file *f = &fs->f[lo];
+	size_t o = pos - f->start;
+	for (int j = 0; j < n; j++) {
+		while (o >= f->n) { /* the next file (empty ones skipped) */
+			f++;
+			o = 0;
+		}
+		out[j] = (int32_t)dg__corpus_tok(f, o++);
+	}
 }
 
 void dg_corpus_batch(const dg_corpus *c, bool val, dg_rng *rng, int b, int t, int32_t *idx,
 		     int32_t *tgt)
 {
-	const uint8_t *s = val ? c->bytes + c->train_len : c->bytes;
-	size_t len = val ? c->len - c->train_len : c->train_len;
+	const size_t first = val ? c->train_len : 0;
+	const size_t len = val ? c->len - c->train_len : c->train_len;
 	for (int r = 0; r < b; r++) {
-		size_t o = (size_t)(dg_rng_u64(rng) % (uint64_t)(len - (size_t)t));
-		for (int j = 0; j < t; j++) {
-			idx[(size_t)r * t + j] = s[o + j];
-			tgt[(size_t)r * t + j] = s[o + j + 1];
+		size_t o = first + (size_t)(dg_rng_u64(rng) % (uint64_t)(len - (size_t)t));
+		int32_t *ir = idx + (size_t)r * t, *tr = tgt + (size_t)r * t;
+		if (c->bytes) { /* one file of bytes: the row as it always was read */
+			const uint8_t *s = c->bytes + o;
+			for (int j = 0; j < t; j++) {
+				ir[j] = s[j];
+				tr[j] = s[j + 1];
+			}
+			continue;
 		}
+		tokens_at(c, o, t, ir);
+		memcpy(tr, ir + 1, (size_t)(t - 1) * sizeof(*tr));
+		tokens_at(c, o + (size_t)t, 1, tr + t - 1);
 	}
 }

@@ -367,8 +367,13 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			a.dw = &dw;
 			a.grad_scale = m->grad_scale_at;
 		}
-		return need ? dg_lmhead_ce_workspace(dev, &s, &a, need)
-			    : dg_lmhead_ce(dev, &s, &a);
+		if (!need)
+			return dg_lmhead_ce(dev, &s, &a);
+		/* its kernels prepared here too: a vocab they cannot serve
+		 * (its logits row past shared memory) is refused by field at
+		 * create, before the arenas are allocated */
+		dg_status st = dg_lmhead_ce_workspace(dev, &s, &a, need);
+		return st ? st : sized(m, &s, DG_OK, "");
 	}
 	case DG__N_LN_BWD: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_LAYERNORM_BWD);

@@ -449,6 +449,11 @@ static dg_status check_opts(const dg_train_opts *o, const dg_corpus *c, char *ms
 		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
 			      "batch %d: not a multiple of the %d ranks (each takes an equal share of every batch)",
 			      o->batch, world_of(o));
+	if (!st && c->vocab > o->model.vocab)
+		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+			      "vocab=%d: %s holds tokens up to %d (its vocabulary, checked when it was opened); the "
+			      "model's vocabulary must take them",
+			      o->model.vocab, c->path, c->vocab - 1);
 	if (!st)
 		st = dg_corpus_check(c, o->time, msg, msg_size);
 	/* the CPU model's step, the masters, two moments, the gradients and
@@ -483,9 +488,10 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	const int lb = o->batch / world_of(o); /* this rank's rows of every batch */
 	const size_t lb_off = (size_t)rank_of(o) * (size_t)lb * (size_t)o->time;
 	char corpus[65];
-	uint8_t dig[32];
-	dg__sha256_digest(c->bytes, c->len, dig);
-	dg__sha256_hex(dig, corpus);
+	if ((st = dg_corpus_digest(c, corpus, msg, msg_size))) {
+		dg_train_unlock(lock);
+		return st;
+	}
 
 	char path[4200], logp[4200];
 	snprintf(logp, sizeof(logp), "%s/log.jsonl", o->out_dir);
