@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/msg.h"
+#include "base/publish.h"
 #include "runtime/train/run_dir.h"
 
 dg_status dg__rundir_make(const char *dir, char *msg, size_t size)
@@ -153,19 +154,6 @@ static int64_t line_step(char *line, ssize_t len, bool *has_val)
 	return step;
 }
 
-/* tmp (written, not closed) published as path: fsync, close, rename. */
-static dg_status publish(FILE *o, const char *tmp, const char *path, char *msg, size_t size)
-{
-	bool bad = ferror(o) || fflush(o) != 0 || fsync(fileno(o)) != 0;
-	bad = fclose(o) != 0 || bad;
-	if (bad || rename(tmp, path)) {
-		int e = errno;
-		unlink(tmp);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: rewrite: %s", path, strerror(e));
-	}
-	return DG_OK;
-}
-
 static const char *plural(long long n)
 {
 	return n == 1 ? "" : "s";
@@ -195,13 +183,13 @@ dg_status dg__rundir_log_repair(const char *path, int64_t ckpt, dg_train_warn wa
 			     path, ckpt, ckpt + 1);
 		return DG_OK;
 	}
-	char tmp[4300];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	FILE *o = fopen(tmp, "w");
+	dg__publish pub;
+	dg_status st = dg__publish_begin(&pub, path, 0666, msg, size);
+	FILE *o = st ? NULL : dg__publish_stream(&pub);
 	if (!o) {
-		int e = errno;
 		fclose(f);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: %s", tmp, strerror(e));
+		dg__publish_abort(&pub);
+		return st ? st : dg__msgf(DG_ERR_NOMEM, msg, size, "%s: out of memory", path);
 	}
 	char *line = NULL;
 	size_t cap = 0;
@@ -242,17 +230,14 @@ dg_status dg__rundir_log_repair(const char *path, int64_t ckpt, dg_train_warn wa
 	bool rerr = ferror(f) != 0;
 	fclose(f);
 	if (rerr) {
-		fclose(o);
-		unlink(tmp);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: read: %s", path, strerror(errno));
+		int e = errno;
+		dg__publish_abort(&pub);
+		return dg__msgf(DG_ERR_IO, msg, size, "%s: read: %s", path, strerror(e));
 	}
-	dg_status st = DG_OK;
-	if (bad || back || past) {
-		st = publish(o, tmp, path, msg, size);
-	} else {
-		fclose(o);
-		unlink(tmp);
-	}
+	if (bad || back || past)
+		st = dg__publish_commit(&pub, msg, size);
+	else
+		dg__publish_abort(&pub);
 	if (st)
 		return st;
 	if (bad)
@@ -302,12 +287,13 @@ dg_status dg__rundir_log_set_val(const char *path, int64_t step, double v, char 
 		free(buf);
 		return dg__msgf(DG_ERR_INTERNAL, msg, size, "%s: its last line is not step %" PRId64, path, step);
 	}
-	char tmp[4300];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	FILE *o = fopen(tmp, "w");
+	dg__publish pub;
+	dg_status st = dg__publish_begin(&pub, path, 0666, msg, size);
+	FILE *o = st ? NULL : dg__publish_stream(&pub);
 	if (!o) {
 		free(buf);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: %s", tmp, strerror(errno));
+		dg__publish_abort(&pub);
+		return st ? st : dg__msgf(DG_ERR_NOMEM, msg, size, "%s: out of memory", path);
 	}
 	fwrite(buf, 1, (size_t)(cut - buf), o);
 	if (isfinite(v))
@@ -316,5 +302,5 @@ dg_status dg__rundir_log_set_val(const char *path, int64_t step, double v, char 
 		fputs(", \"val_loss\": null", o);
 	fputs(cut, o);
 	free(buf);
-	return publish(o, tmp, path, msg, size);
+	return dg__publish_commit(&pub, msg, size);
 }
