@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/publish.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
 #include "cli/dragon-gen/util.h"
@@ -248,6 +249,8 @@ dg_status dg__gen_records_publish(const dg__gen_resolved *r, const char *tmp,
 			break;
 		}
 	}
+	if (!st) /* the renames into tune/ are durable before the manifest is */
+		st = dg__publish_sync_dir(tdir, msg, msz);
 	for (size_t i = 0; st && i < moved; i++) {
 		snprintf(to, sizeof(to), "%s/%s", tdir, r->rec_names[i]);
 		if (fresh[i])

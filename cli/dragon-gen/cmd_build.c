@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/publish.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
 #include "cli/dragon-gen/util.h"
@@ -324,11 +325,13 @@ typedef struct build_args {
 	bool json, no_cache, progress, verbose, quiet, tuned;
 } build_args;
 
-/* Moves every file from tmp into dir (the records of r too), then
- * manifest.json (the commit). On failure unlinks the files it moved that
- * were not there before. */
+/* Moves every file from tmp into dir (the records of r too), syncs the
+ * folders, then renames manifest.json in (the commit) and syncs dir again
+ * (base/publish.h), so after a crash the manifest lists only files that
+ * are there. On a failure before the commit unlinks the files it moved
+ * that were not there before; *committed: the manifest is in place. */
 static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const char *tmp,
-			 const char *dir, char *msg, size_t msz)
+			 const char *dir, bool *committed, char *msg, size_t msz)
 {
 	char from[4096], to[4096];
 	struct stat sb;
@@ -336,6 +339,7 @@ static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const 
 	size_t moved = 0;
 	dg_status st = DG_OK;
 
+	*committed = false;
 	if (!fresh) {
 		snprintf(msg, msz, "out of memory");
 		return DG_ERR_NOMEM;
@@ -357,6 +361,8 @@ static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const 
 	}
 	if (!st)
 		st = dg__gen_records_publish(r, tmp, dir, msg, msz);
+	if (!st) /* what the manifest lists is durable before it is */
+		st = dg__publish_sync_dir(dir, msg, msz);
 	if (!st) {
 		if (!dg__gen_join(from, sizeof(from), tmp, DG_MANIFEST_FILE) ||
 		    !dg__gen_join(to, sizeof(to), dir, DG_MANIFEST_FILE) ||
@@ -372,9 +378,11 @@ static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const 
 			if (dg__gen_join(to, sizeof(to), dir, m->kernels[i].file))
 				unlink(to);
 		}
+	} else {
+		*committed = true;
+		st = dg__publish_sync_dir(dir, msg, msz);
 	}
 	free(fresh);
-	dg__gen_sync_dir(dir);
 	return st;
 }
 
@@ -463,7 +471,7 @@ static void remove_orphans(const char *dir, const old_bundle *o, const dg_manife
 	}
 	if (records && dg__gen_join(path, sizeof(path), dir, "tune"))
 		rmdir(path); /* only if it is now empty */
-	dg__gen_sync_dir(dir);
+	(void)dg__publish_sync_dir(dir, NULL, 0); /* housekeeping: best effort */
 }
 
 /* Writes the manifest (with the "tuning" array, if any) into tmp, after
@@ -646,11 +654,15 @@ static int build(const build_args *a, const dg__specset *set, const dg__gen_reso
 	dg_status st = dg__gen_records_write(r, tmp, msg, sizeof(msg));
 	if (!st)
 		st = write_manifest(m, r, tmp, &json, msg, sizeof(msg));
+	bool committed = false;
 	if (!st)
-		st = publish(m, r, tmp, a->out, msg, sizeof(msg));
+		st = publish(m, r, tmp, a->out, &committed, msg, sizeof(msg));
 	if (st) {
 		old_free(&old);
 		free(json);
+		if (committed)
+			return dg__gen_errs(DG__GEN_FAIL, st,
+					    "build: %s; the bundle is in place but may not survive a power loss", msg);
 		return dg__gen_errs(DG__GEN_FAIL, st, "build: %s; %s left as it was", msg, a->out);
 	}
 	remove_orphans(a->out, &old, m, r);

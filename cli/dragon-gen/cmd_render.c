@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/publish.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
 #include "cli/dragon-gen/util.h"
@@ -53,7 +54,7 @@ static int emit(const char *path, const char *text)
 		fputs(text, stdout);
 		return DG__GEN_OK;
 	}
-	dg_status st = dg__gen_write_file_atomic(path, text, strlen(text), err, sizeof(err));
+	dg_status st = dg__publish_file(path, text, strlen(text), err, sizeof(err));
 	if (st)
 		return dg__gen_errs(DG__GEN_FAIL, st, "render -o %s", err);
 	return DG__GEN_OK;

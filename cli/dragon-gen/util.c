@@ -292,47 +292,6 @@ dg_status dg__gen_write_file(const char *path, const void *data, size_t size,
 	return write_file(path, path, data, size, err, esz);
 }
 
-/* The folder part of path ("." for a bare name). */
-static void dir_of(const char *path, char *dir, size_t size)
-{
-	const char *slash = strrchr(path, '/');
-	if (!slash)
-		snprintf(dir, size, ".");
-	else if (slash == path)
-		snprintf(dir, size, "/");
-	else
-		snprintf(dir, size, "%.*s", (int)(slash - path), path);
-}
-
-void dg__gen_sync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd); /* best effort: some filesystems refuse */
-		close(fd);
-	}
-}
-
-dg_status dg__gen_write_file_atomic(const char *path, const void *data,
-				    size_t size, char *err, size_t esz)
-{
-	char tmp[4096], dir[4096];
-	int n = snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
-	if (n < 0 || (size_t)n >= sizeof(tmp))
-		return io_fail(err, esz, path, ENAMETOOLONG);
-	dg_status st = write_file(tmp, path, data, size, err, esz);
-	if (st)
-		return st;
-	if (rename(tmp, path) != 0) {
-		int e = errno;
-		unlink(tmp);
-		return io_fail(err, esz, path, e);
-	}
-	dir_of(path, dir, sizeof(dir));
-	dg__gen_sync_dir(dir);
-	return DG_OK;
-}
-
 dg_status dg__gen_read_file(const char *path, size_t max, uint8_t **out,
 			    size_t *size, char *err, size_t esz)
 {

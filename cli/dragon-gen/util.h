@@ -1,7 +1,8 @@
 /*
  * dragon-gen — what every subcommand shares: exit codes, one-line errors,
- * the option scanner, TTY-aware progress, file helpers (atomic write,
- * recursive remove), JSON output. Private to cli/dragon-gen/.
+ * the option scanner, TTY-aware progress, file helpers (a staging
+ * folder's files, recursive remove; a file that must appear whole is
+ * published with base/publish.h), JSON output. Private to cli/dragon-gen/.
  */
 #ifndef DG_GEN_UTIL_H
 #define DG_GEN_UTIL_H
@@ -115,16 +116,10 @@ bool dg__gen_join(char *buf, size_t size, const char *dir, const char *name);
  * On failure removes the file and writes "<path>: <reason>" into err. */
 dg_status dg__gen_write_file(const char *path, const void *data, size_t size,
 			     char *err, size_t esz);
-/* Writes path.<pid>.tmp, fsyncs, renames over path, fsyncs the folder:
- * readers see the old file or the new one, never a part. */
-dg_status dg__gen_write_file_atomic(const char *path, const void *data,
-				    size_t size, char *err, size_t esz);
 /* Reads a whole regular file (at most max bytes) into *out (malloc'd,
  * NUL-terminated past *size). DG_ERR_NOT_FOUND if it does not exist. */
 dg_status dg__gen_read_file(const char *path, size_t max, uint8_t **out,
 			    size_t *size, char *err, size_t esz);
-/* fsync of a folder, so renames into it are durable. */
-void dg__gen_sync_dir(const char *dir);
 /* Removes path and everything under it (does not follow symlinks). */
 void dg__gen_remove_tree(const char *path);
 /* mkdir -p. top (size bytes) gets the outermost folder it made, "" if
