@@ -1,7 +1,8 @@
 /*
  * dragon-gen — the subcommands. Each takes its argv (argv[0] is the
  * subcommand's name), prints its own --help, and returns the process exit
- * code (util.h: 0 ok, 1 failure, 2 usage). Private to cli/dragon-gen/.
+ * code (cli/common/cli.h: 0 ok, 1 failure, 2 usage). Private to
+ * cli/dragon-gen/.
  */
 #ifndef DG_GEN_GEN_H
 #define DG_GEN_GEN_H

@@ -29,8 +29,9 @@
 #include <unistd.h>
 
 #include "base/publish.h"
+#include "cli/common/cli.h"
+#include "cli/common/scan.h"
 #include "cli/dragon/cmd.h"
-#include "cli/dragon/util.h"
 
 extern char **environ;
 
