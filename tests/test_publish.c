@@ -145,6 +145,15 @@ static void expect_text(const char *path, const char *want)
 	free(got);
 }
 
+/* n bytes of 'b' (malloc'd) */
+static char *filled(size_t n)
+{
+	char *b = malloc(n);
+	cr_assert_not_null(b);
+	memset(b, 'b', n);
+	return b;
+}
+
 static void put(const char *path, const char *text)
 {
 	char msg[1024];
@@ -284,9 +293,7 @@ Test(publish, a_file_size_limit_fails_the_write_and_removes_the_temp_file)
 	snprintf(path, sizeof(path), "%s/big", dir);
 	put(path, "old");
 	size_t n = 1 << 16;
-	char *big = malloc(n);
-	cr_assert_not_null(big);
-	memset(big, 'b', n);
+	char *big = filled(n);
 	struct rlimit was, lim;
 	cr_assert_eq(getrlimit(RLIMIT_FSIZE, &was), 0);
 	lim = was;
@@ -332,9 +339,7 @@ Test(publish, a_full_disk_fails_the_write_and_frees_its_space)
 	snprintf(path, sizeof(path), "%s/f", dir);
 	put(path, "old");
 	size_t n = 1 << 17;
-	char *big = malloc(n);
-	cr_assert_not_null(big);
-	memset(big, 'b', n);
+	char *big = filled(n);
 	cr_assert_eq(dg__publish_file(path, big, n, msg, sizeof(msg)), DG_ERR_IO);
 	expect_msg(msg, path, "write", ENOSPC);
 	cr_expect(strstr(msg, "is removed"), "%s", msg);

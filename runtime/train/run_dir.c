@@ -154,6 +154,19 @@ static int64_t line_step(char *line, ssize_t len, bool *has_val)
 	return step;
 }
 
+/* The log at path to be rewritten whole (base/publish.h): a stream *o on
+ * its temp file, committed or aborted through pub. */
+static dg_status rewrite_open(dg__publish *pub, const char *path, FILE **o, char *msg, size_t size)
+{
+	dg_status st = dg__publish_begin(pub, path, 0666, msg, size);
+	*o = st ? NULL : dg__publish_stream(pub);
+	if (!st && !*o) {
+		dg__publish_abort(pub);
+		st = dg__msgf(DG_ERR_NOMEM, msg, size, "%s: out of memory", path);
+	}
+	return st;
+}
+
 static const char *plural(long long n)
 {
 	return n == 1 ? "" : "s";
@@ -184,12 +197,11 @@ dg_status dg__rundir_log_repair(const char *path, int64_t ckpt, dg_train_warn wa
 		return DG_OK;
 	}
 	dg__publish pub;
-	dg_status st = dg__publish_begin(&pub, path, 0666, msg, size);
-	FILE *o = st ? NULL : dg__publish_stream(&pub);
-	if (!o) {
+	FILE *o;
+	dg_status st = rewrite_open(&pub, path, &o, msg, size);
+	if (st) {
 		fclose(f);
-		dg__publish_abort(&pub);
-		return st ? st : dg__msgf(DG_ERR_NOMEM, msg, size, "%s: out of memory", path);
+		return st;
 	}
 	char *line = NULL;
 	size_t cap = 0;
@@ -288,12 +300,11 @@ dg_status dg__rundir_log_set_val(const char *path, int64_t step, double v, char 
 		return dg__msgf(DG_ERR_INTERNAL, msg, size, "%s: its last line is not step %" PRId64, path, step);
 	}
 	dg__publish pub;
-	dg_status st = dg__publish_begin(&pub, path, 0666, msg, size);
-	FILE *o = st ? NULL : dg__publish_stream(&pub);
-	if (!o) {
+	FILE *o;
+	dg_status st = rewrite_open(&pub, path, &o, msg, size);
+	if (st) {
 		free(buf);
-		dg__publish_abort(&pub);
-		return st ? st : dg__msgf(DG_ERR_NOMEM, msg, size, "%s: out of memory", path);
+		return st;
 	}
 	fwrite(buf, 1, (size_t)(cut - buf), o);
 	if (isfinite(v))
