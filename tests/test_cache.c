@@ -542,7 +542,7 @@ Test(cache, killed_mid_write)
 	cr_assert_eq(ch_count_dir("kernels", NULL, 0), 0);
 	cr_assert_eq(ch_count_dir("quarantine", NULL, 0), 0);
 	cr_assert_eq(ch_count_dir("tmp", tname, sizeof(tname)), 1);
-	/* tmp/<key>.<pid>.<random>.tmp, half written */
+	/* tmp/<key>.dgk.tmp.<pid>.<hex>, half written */
 	snprintf(pidpart, sizeof(pidpart), ".%ld.", (long)pid);
 	cr_assert_eq(strncmp(tname, key, 64), 0, "%s", tname);
 	cr_assert(strstr(tname, pidpart), "%s", tname);

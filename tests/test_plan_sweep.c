@@ -26,6 +26,7 @@
 
 #include <criterion/criterion.h>
 
+#include "base/fnv.h"
 #include "dragon/codegen.h"
 #include "dragon/jit.h"
 #include "dragon/rng.h"
@@ -156,14 +157,6 @@ typedef struct seen {
 	size_t cap, n;
 } seen;
 
-static uint64_t fnv(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h;
-}
-
 /* true when text was not in the set (and now is). */
 static bool seen_add(seen *s, const char *text)
 {
@@ -174,7 +167,7 @@ static bool seen_add(seen *s, const char *text)
 		for (size_t i = 0; i < s->cap; i++) {
 			if (!s->v[i])
 				continue;
-			size_t j = fnv(s->v[i]) & (cap - 1);
+			size_t j = dg__fnv1a(s->v[i]) & (cap - 1);
 			while (v[j])
 				j = (j + 1) & (cap - 1);
 			v[j] = s->v[i];
@@ -183,7 +176,7 @@ static bool seen_add(seen *s, const char *text)
 		s->v = v;
 		s->cap = cap;
 	}
-	size_t j = fnv(text) & (s->cap - 1);
+	size_t j = dg__fnv1a(text) & (s->cap - 1);
 	for (; s->v[j]; j = (j + 1) & (s->cap - 1))
 		if (strcmp(s->v[j], text) == 0)
 			return false;

@@ -22,9 +22,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/publish.h"
+#include "cli/common/cli.h"
+#include "cli/common/files.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
-#include "cli/dragon-gen/util.h"
 #include "dragon/tune.h"
 
 #define BUILTIN_PREFIX "built-in:"
@@ -106,15 +108,15 @@ static size_t kernel_index(const dg__gen_resolved *r, const char *canonical)
 static int note_device(dg__gen_resolved *r, const char *name, int sm)
 {
 	if (!name[0])
-		return DG__GEN_OK;
+		return DG__CLI_OK;
 	if (!r->device[0]) {
 		snprintf(r->device, sizeof(r->device), "%s", name);
 		r->sm = sm;
-		return DG__GEN_OK;
+		return DG__CLI_OK;
 	}
 	if (strcmp(r->device, name) == 0 && r->sm == sm)
-		return DG__GEN_OK;
-	return dg__gen_err(DG__GEN_USAGE,
+		return DG__CLI_OK;
+	return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 			   "build: the specs' arches resolve for two devices of the tuning records (%s sm_%d and %s sm_%d); a bundle is for one: pick it with --device NAME --sm N, or --device none",
 			   r->device, r->sm, name, sm);
 }
@@ -126,7 +128,7 @@ static int tuning_entry(dg__gen_resolved *r, const char *given, const dg_tune_ch
 	cJSON *o = cJSON_CreateObject();
 	if (!o || !cJSON_AddItemToArray(r->tuning, o)) {
 		cJSON_Delete(o);
-		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "build: out of memory");
 	}
 	cJSON_AddStringToObject(o, "spec", given);
 	cJSON_AddStringToObject(o, "kernel_spec", ch->plan.canonical);
@@ -135,20 +137,20 @@ static int tuning_entry(dg__gen_resolved *r, const char *given, const dg_tune_ch
 		const char *name = record_add(r, ch->record, rec);
 		char rel[320];
 		if (!name)
-			return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
+			return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "build: out of memory");
 		snprintf(rel, sizeof(rel), "tune/%s", name);
 		cJSON_AddStringToObject(o, "record", rel);
 	} else {
 		cJSON_AddStringToObject(o, "why", ch->why);
 	}
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 int dg__gen_build_resolve(const dg__gen_tune *t, dg_codegen *cg, const dg__specset *set,
 			  bool tuned, bool verbose, dg__gen_resolved *out)
 {
 	char name[128];
-	int code = DG__GEN_OK, sm;
+	int code = DG__CLI_OK, sm;
 
 	memset(out, 0, sizeof(*out));
 	if (t->mode == DG__GEN_DEV_NAMED) {
@@ -159,14 +161,14 @@ int dg__gen_build_resolve(const dg__gen_tune *t, dg_codegen *cg, const dg__specs
 	out->canonical = calloc(set->n ? set->n : 1, sizeof(*out->canonical));
 	out->tuning = tuned ? cJSON_CreateArray() : NULL;
 	if (!out->specs || !out->canonical || (tuned && !out->tuning))
-		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "build: out of memory");
 	for (size_t i = 0; i < set->n && !code; i++) {
 		const dg_spec *s = &set->specs[i];
 		dg_tune_choice ch;
 		dg__gen_tune_device_for(t, s, name, sizeof(name), &sm);
 		dg_status st = dg_tune_resolve(cg, t->db, s, name[0] ? name : NULL, sm, &ch);
 		if (st)
-			return dg__gen_fail(st, "%s", dg_codegen_errmsg(cg));
+			return dg__cli_fail(st, "%s", dg_codegen_errmsg(cg));
 		if ((code = note_device(out, name, sm)))
 			break;
 		if (tuned && dg_tile_is_auto(&s->tile) &&
@@ -174,13 +176,13 @@ int dg__gen_build_resolve(const dg__gen_tune *t, dg_codegen *cg, const dg__specs
 					 dg_tune_db_record(t->db, s, name, sm))))
 			break;
 		if (dg_tile_is_auto(&s->tile))
-			dg__gen_note(verbose, "%s: %s", set->canonical[i],
+			dg__cli_note(verbose, "%s: %s", set->canonical[i],
 				     ch.tuned ? ch.record : ch.why);
 		if (kernel_index(out, ch.plan.canonical) < out->n)
 			continue; /* another spec of the set resolved to this kernel */
 		out->canonical[out->n] = strdup(ch.plan.canonical);
 		if (!out->canonical[out->n])
-			return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
+			return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "build: out of memory");
 		out->specs[out->n++] = ch.spec;
 	}
 	return code;
@@ -205,10 +207,10 @@ dg_status dg__gen_records_write(const dg__gen_resolved *r, const char *tmp, char
 		if (r->rec_json[i])
 			n = strlen(r->rec_json[i]);
 		else
-			st = dg__gen_read_file(r->rec_paths[i], (size_t)16 << 20, &file, &n, msg, msz);
+			st = dg__cli_read_file(r->rec_paths[i], (size_t)16 << 20, &file, &n, msg, msz);
 		snprintf(path, sizeof(path), "%s/%s", dir, r->rec_names[i]);
 		if (!st)
-			st = dg__gen_write_file(path, file ? file : (const uint8_t *)r->rec_json[i], n,
+			st = dg__cli_write_file(path, file ? file : (const uint8_t *)r->rec_json[i], n,
 						msg, msz);
 		free(file);
 		if (st)
@@ -248,6 +250,8 @@ dg_status dg__gen_records_publish(const dg__gen_resolved *r, const char *tmp,
 			break;
 		}
 	}
+	if (!st) /* the renames into tune/ are durable before the manifest is */
+		st = dg__publish_sync_dir(tdir, msg, msz);
 	for (size_t i = 0; st && i < moved; i++) {
 		snprintf(to, sizeof(to), "%s/%s", tdir, r->rec_names[i]);
 		if (fresh[i])

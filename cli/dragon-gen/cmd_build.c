@@ -32,9 +32,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/publish.h"
+#include "cli/common/cli.h"
+#include "cli/common/files.h"
+#include "cli/common/progress.h"
+#include "cli/common/scan.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
-#include "cli/dragon-gen/util.h"
 #include "dragon/cubin.h"
 #include "dragon/jit.h"
 #include "dragon/manifest.h"
@@ -47,7 +51,7 @@ enum {
 	OPT_PROGRESS, OPT_VERBOSE, OPT_QUIET, OPT_TUNED, OPT_DEVICE, OPT_SM, OPT_TUNE_DB,
 };
 
-static const dg__gen_opt opts[] = {
+static const dg__cli_opt opts[] = {
 	{ "help", 'h', false, OPT_HELP },
 	{ "out", 'o', true, OPT_OUT },
 	{ "jobs", 'j', true, OPT_JOBS },
@@ -140,7 +144,7 @@ typedef struct pool {
 	dg_status fail_st;
 	char fail_msg[8192];     /* its full message */
 	dg_manifest_kernel *kernels; /* r->n results, in spec order */
-	dg__gen_progress prog;
+	dg__cli_progress prog;
 } pool;
 
 /* Keeps the failure of the lowest spec index (so -j does not change which
@@ -230,12 +234,12 @@ static dg_status build_one(pool *p, dg_ctx *ctx, size_t i, char *msg,
 	}
 	snprintf(name, sizeof(name), "%s-%.16s.%s", dg_op_name(spec->op),
 		 bin->key, bin->is_ptx ? "ptx" : "cubin");
-	if (!dg__gen_join(path, sizeof(path), p->tmp, name)) {
+	if (!dg__cli_join(path, sizeof(path), p->tmp, name)) {
 		snprintf(msg, msz, "%s: path too long", p->tmp);
 		st = DG_ERR_IO;
 		goto out;
 	}
-	st = dg__gen_write_file(path, bin->image, size, msg, msz);
+	st = dg__cli_write_file(path, bin->image, size, msg, msz);
 	if (st)
 		goto out;
 	k->file = strdup(name);
@@ -282,7 +286,7 @@ static void *worker(void *arg)
 		} else {
 			p->done++;
 			p->hits += p->kernels[i].cache_hit;
-			dg__gen_progress_tick(&p->prog, p->done, p->kernels[i].file);
+			dg__cli_progress_tick(&p->prog, p->done, p->kernels[i].file);
 		}
 		pthread_mutex_unlock(&p->mu);
 	}
@@ -324,11 +328,13 @@ typedef struct build_args {
 	bool json, no_cache, progress, verbose, quiet, tuned;
 } build_args;
 
-/* Moves every file from tmp into dir (the records of r too), then
- * manifest.json (the commit). On failure unlinks the files it moved that
- * were not there before. */
+/* Moves every file from tmp into dir (the records of r too), syncs the
+ * folders, then renames manifest.json in (the commit) and syncs dir again
+ * (base/publish.h), so after a crash the manifest lists only files that
+ * are there. On a failure before the commit unlinks the files it moved
+ * that were not there before; *committed: the manifest is in place. */
 static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const char *tmp,
-			 const char *dir, char *msg, size_t msz)
+			 const char *dir, bool *committed, char *msg, size_t msz)
 {
 	char from[4096], to[4096];
 	struct stat sb;
@@ -336,14 +342,15 @@ static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const 
 	size_t moved = 0;
 	dg_status st = DG_OK;
 
+	*committed = false;
 	if (!fresh) {
 		snprintf(msg, msz, "out of memory");
 		return DG_ERR_NOMEM;
 	}
 	for (; moved < m->n_kernels; moved++) {
 		const char *f = m->kernels[moved].file;
-		if (!dg__gen_join(from, sizeof(from), tmp, f) ||
-		    !dg__gen_join(to, sizeof(to), dir, f)) {
+		if (!dg__cli_join(from, sizeof(from), tmp, f) ||
+		    !dg__cli_join(to, sizeof(to), dir, f)) {
 			snprintf(msg, msz, "%s: path too long", dir);
 			st = DG_ERR_IO;
 			break;
@@ -357,9 +364,11 @@ static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const 
 	}
 	if (!st)
 		st = dg__gen_records_publish(r, tmp, dir, msg, msz);
+	if (!st) /* what the manifest lists is durable before it is */
+		st = dg__publish_sync_dir(dir, msg, msz);
 	if (!st) {
-		if (!dg__gen_join(from, sizeof(from), tmp, DG_MANIFEST_FILE) ||
-		    !dg__gen_join(to, sizeof(to), dir, DG_MANIFEST_FILE) ||
+		if (!dg__cli_join(from, sizeof(from), tmp, DG_MANIFEST_FILE) ||
+		    !dg__cli_join(to, sizeof(to), dir, DG_MANIFEST_FILE) ||
 		    rename(from, to) != 0) {
 			snprintf(msg, msz, "%s: %s", to, strerror(errno));
 			st = DG_ERR_IO;
@@ -369,12 +378,14 @@ static dg_status publish(const dg_manifest *m, const dg__gen_resolved *r, const 
 		for (size_t i = 0; i < moved; i++) {
 			if (!fresh[i])
 				continue;
-			if (dg__gen_join(to, sizeof(to), dir, m->kernels[i].file))
+			if (dg__cli_join(to, sizeof(to), dir, m->kernels[i].file))
 				unlink(to);
 		}
+	} else {
+		*committed = true;
+		st = dg__publish_sync_dir(dir, msg, msz);
 	}
 	free(fresh);
-	dg__gen_sync_dir(dir);
 	return st;
 }
 
@@ -425,8 +436,8 @@ static void old_load(const char *dir, old_bundle *o)
 		old_add(o, m->kernels[i].file); /* the reader keeps them plain */
 	dg_manifest_destroy(m);
 	/* the "tuning" array is the build's own field: read it raw */
-	if (!dg__gen_join(path, sizeof(path), dir, DG_MANIFEST_FILE) ||
-	    dg__gen_read_file(path, DG_MANIFEST_MAX_BYTES, &bytes, &size, msg, sizeof(msg)))
+	if (!dg__cli_join(path, sizeof(path), dir, DG_MANIFEST_FILE) ||
+	    dg__cli_read_file(path, DG_MANIFEST_MAX_BYTES, &bytes, &size, msg, sizeof(msg)))
 		return;
 	cJSON *root = cJSON_ParseWithLength((const char *)bytes, size), *t;
 	free(bytes);
@@ -456,14 +467,14 @@ static void remove_orphans(const char *dir, const old_bundle *o, const dg_manife
 			snprintf(rel, sizeof(rel), "tune/%s", r->rec_names[k]);
 			keep = strcmp(o->files[i], rel) == 0;
 		}
-		if (keep || !dg__gen_join(path, sizeof(path), dir, o->files[i]))
+		if (keep || !dg__cli_join(path, sizeof(path), dir, o->files[i]))
 			continue;
 		if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode) && unlink(path) == 0)
 			records |= strncmp(o->files[i], "tune/", 5) == 0;
 	}
-	if (records && dg__gen_join(path, sizeof(path), dir, "tune"))
+	if (records && dg__cli_join(path, sizeof(path), dir, "tune"))
 		rmdir(path); /* only if it is now empty */
-	dg__gen_sync_dir(dir);
+	(void)dg__publish_sync_dir(dir, NULL, 0); /* housekeeping: best effort */
 }
 
 /* Writes the manifest (with the "tuning" array, if any) into tmp, after
@@ -483,11 +494,11 @@ static dg_status write_manifest(const dg_manifest *m, const dg__gen_resolved *r,
 	dg_manifest_destroy(back);
 	if (st)
 		return DG_ERR_INTERNAL; /* we wrote something we cannot read */
-	if (!dg__gen_join(path, sizeof(path), tmp, DG_MANIFEST_FILE)) {
+	if (!dg__cli_join(path, sizeof(path), tmp, DG_MANIFEST_FILE)) {
 		snprintf(msg, msz, "%s: path too long", tmp);
 		return DG_ERR_IO;
 	}
-	return dg__gen_write_file(path, *json, strlen(*json), msg, msz);
+	return dg__cli_write_file(path, *json, strlen(*json), msg, msz);
 }
 
 /* Temp folders of builds whose process is gone (killed mid-build). */
@@ -504,8 +515,8 @@ static void remove_stale_temps(const char *dir)
 		if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
 			continue;
 		char path[4096];
-		if (dg__gen_join(path, sizeof(path), dir, e->d_name))
-			dg__gen_remove_tree(path);
+		if (dg__cli_join(path, sizeof(path), dir, e->d_name))
+			dg__cli_remove_tree(path);
 	}
 	if (d)
 		closedir(d);
@@ -515,7 +526,7 @@ static void remove_stale_temps(const char *dir)
 
 static int parse_args(int argc, char **argv, build_args *a)
 {
-	dg__gen_scan_state sc;
+	dg__cli_scan_state sc;
 	const char *arg;
 	uint64_t v;
 	int id;
@@ -524,21 +535,21 @@ static int parse_args(int argc, char **argv, build_args *a)
 	a->jobs = sysconf(_SC_NPROCESSORS_ONLN);
 	if (a->jobs < 1)
 		a->jobs = 1;
-	dg__gen_scan_init(&sc, argc, argv, "build");
-	while ((id = dg__gen_scan(&sc, opts, &arg)) != DG__GEN_SCAN_END) {
+	dg__cli_scan_init(&sc, argc, argv, "build");
+	while ((id = dg__cli_scan(&sc, opts, &arg)) != DG__CLI_SCAN_END) {
 		switch (id) {
 		case OPT_HELP:
 			help();
 			return -1;
 		case OPT_OUT:
 			if (!arg[0] || strlen(arg) > 3000)
-				return dg__gen_err(DG__GEN_USAGE,
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 						   "--out: give a folder name of 1 to 3000 characters");
 			a->out = arg;
 			break;
 		case OPT_JOBS:
-			if (!dg__gen_parse_u64("-j", arg, 1, MAX_JOBS, &v))
-				return DG__GEN_USAGE;
+			if (!dg__cli_parse_u64("-j", arg, 1, MAX_JOBS, &v))
+				return DG__CLI_USAGE;
 			a->jobs = (long)v;
 			break;
 		case OPT_JSON: a->json = true; break;
@@ -551,21 +562,21 @@ static int parse_args(int argc, char **argv, build_args *a)
 		case OPT_DEVICE: a->device = arg; break;
 		case OPT_SM: a->sm = arg; break;
 		case OPT_TUNE_DB: a->tune_db = arg; break;
-		case DG__GEN_SCAN_ARG:
-			return dg__gen_err(DG__GEN_USAGE,
+		case DG__CLI_SCAN_ARG:
+			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 					   "build takes no arguments, got '%s' (the folder goes after --out)",
 					   arg);
-		case DG__GEN_SCAN_ERROR:
-			return DG__GEN_USAGE;
+		case DG__CLI_SCAN_ERROR:
+			return DG__CLI_USAGE;
 		default:
 			if (!dg__spec_flags_add(&a->flags, id, arg))
-				return DG__GEN_FAIL;
+				return DG__CLI_FAIL;
 		}
 	}
 	if (a->no_cache && a->cache_dir)
-		return dg__gen_err(DG__GEN_USAGE,
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "--no-cache and --cache-dir contradict each other; give one");
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 static cJSON *timing_json(const pool *p, const dg__specset *set, double wall_ms, long jobs)
@@ -594,8 +605,8 @@ static int build(const build_args *a, const dg__specset *set, const dg__gen_reso
 	pool p;
 	char msg[8192], hint[1024], flags[DG_SPEC_TEXT_MAX], when[32];
 	char *json = NULL;
-	int code = DG__GEN_OK;
-	double t0 = dg__gen_now_ms();
+	int code = DG__CLI_OK;
+	double t0 = dg__cli_now_ms();
 	old_bundle old;
 
 	memset(&p, 0, sizeof(p));
@@ -606,14 +617,14 @@ static int build(const build_args *a, const dg__specset *set, const dg__gen_reso
 	p.fail_idx = NO_FAILURE;
 	p.kernels = m->kernels;
 	pthread_mutex_init(&p.mu, NULL);
-	dg__gen_progress_init(&p.prog, a->progress, r->n);
+	dg__cli_progress_init(&p.prog, a->progress, r->n);
 	long jobs = a->jobs < (long)r->n ? a->jobs : (long)r->n;
 	run_pool(&p, (int)jobs);
-	dg__gen_progress_end(&p.prog);
+	dg__cli_progress_end(&p.prog);
 	pthread_mutex_destroy(&p.mu);
 
 	if (interrupted)
-		return dg__gen_err(DG__GEN_FAIL, "build interrupted; %s left as it was", a->out);
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_INTERNAL, "build interrupted; %s left as it was", a->out);
 	if (p.fail_idx != NO_FAILURE) {
 		/* Only a template or compile error has source worth reading. */
 		hint[0] = '\0';
@@ -625,12 +636,12 @@ static int build(const build_args *a, const dg__specset *set, const dg__gen_reso
 		}
 		/* a spec error found by the compile is the user's, like any other */
 		const char *where = p.fail_st == DG_ERR_INVALID_SPEC ? "" : "build: ";
-		dg__gen_fail(p.fail_st, "%s%.*s%s%s%s", where, dg__gen_first_line_len(p.fail_msg),
+		dg__cli_fail(p.fail_st, "%s%.*s%s%s%s", where, dg__cli_first_line_len(p.fail_msg),
 			     p.fail_msg, hint[0] ? "; run `" : "", hint,
 			     hint[0] ? "` to see the source" : "");
 		if (a->verbose && strchr(p.fail_msg, '\n'))
 			fprintf(stderr, "%s\n", p.fail_msg);
-		return dg__gen_exit_for(p.fail_st);
+		return dg__cli_exit_for(p.fail_st);
 	}
 	iso_now(when, sizeof(when));
 	m->format = DG_MANIFEST_FORMAT;
@@ -641,21 +652,25 @@ static int build(const build_args *a, const dg__specset *set, const dg__gen_reso
 	m->sm = r->sm;
 	snprintf(m->template_hash, sizeof(m->template_hash), "%s", template_hash);
 	if (!m->generator_version || !m->nvrtc_version || !m->created || !m->device)
-		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "build: out of memory");
 	old_load(a->out, &old);
 	dg_status st = dg__gen_records_write(r, tmp, msg, sizeof(msg));
 	if (!st)
 		st = write_manifest(m, r, tmp, &json, msg, sizeof(msg));
+	bool committed = false;
 	if (!st)
-		st = publish(m, r, tmp, a->out, msg, sizeof(msg));
+		st = publish(m, r, tmp, a->out, &committed, msg, sizeof(msg));
 	if (st) {
 		old_free(&old);
 		free(json);
-		return dg__gen_errs(DG__GEN_FAIL, st, "build: %s; %s left as it was", msg, a->out);
+		if (committed)
+			return dg__cli_err(DG__CLI_FAIL, st,
+					   "build: %s; the bundle is in place but may not survive a power loss", msg);
+		return dg__cli_err(DG__CLI_FAIL, st, "build: %s; %s left as it was", msg, a->out);
 	}
 	remove_orphans(a->out, &old, m, r);
 	old_free(&old);
-	double wall = dg__gen_now_ms() - t0;
+	double wall = dg__cli_now_ms() - t0;
 	if (!a->quiet) {
 		char dev[200] = "";
 		if (r->device[0])
@@ -668,7 +683,7 @@ static int build(const build_args *a, const dg__specset *set, const dg__gen_reso
 		cJSON *root = cJSON_Parse(json);
 		if (root)
 			cJSON_AddItemToObject(root, "timing", timing_json(&p, set, wall, jobs));
-		code = dg__gen_json_print(root);
+		code = dg__cli_json_print(root);
 	}
 	free(json);
 	return code;
@@ -683,7 +698,7 @@ static int plan_kernels(const build_args *a, dg_codegen *cg, dg__specset *set,
 
 	dg_status st = dg__specset_expand(cg, &a->flags, set, msg, sizeof(msg));
 	if (st)
-		return dg__gen_fail(st, "%s", msg);
+		return dg__cli_fail(st, "%s", msg);
 	if (!a->quiet)
 		dg__specset_note_dropped(set);
 	int code = dg__gen_tune_open(a->tune_db, a->cache_dir, a->device, a->sm, "build",
@@ -693,7 +708,7 @@ static int plan_kernels(const build_args *a, dg_codegen *cg, dg__specset *set,
 	code = dg__gen_build_resolve(&t, cg, set, a->tuned, a->verbose, r);
 	dg__gen_tune_close(&t);
 	if (!code)
-		dg__gen_note(a->verbose, "%zu spec%s resolve%s to %zu kernel%s", set->n,
+		dg__cli_note(a->verbose, "%zu spec%s resolve%s to %zu kernel%s", set->n,
 			     plural(set->n), set->n == 1 ? "s" : "", r->n, plural(r->n));
 	return code;
 }
@@ -715,7 +730,7 @@ int dg__gen_cmd_build(int argc, char **argv)
 		goto out;
 	dg_status st = dg_codegen_create(&cg, NULL);
 	if (st) {
-		code = dg__gen_fail(st, "build: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
+		code = dg__cli_fail(st, "build: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
 		goto out;
 	}
 	code = plan_kernels(&a, cg, &set, &r);
@@ -725,35 +740,35 @@ int dg__gen_cmd_build(int argc, char **argv)
 	if (m)
 		m->kernels = calloc(r.n, sizeof(*m->kernels));
 	if (!m || !m->kernels) {
-		code = dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "build: out of memory");
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "build: out of memory");
 		goto out;
 	}
 	m->n_kernels = r.n;
 	catch_signals(true);
-	st = dg__gen_mkdirs(a.out, made, sizeof(made), msg, sizeof(msg));
+	st = dg__cli_mkdirs(a.out, made, sizeof(made), msg, sizeof(msg));
 	if (st) {
-		code = dg__gen_errs(DG__GEN_FAIL, st, "build --out %s", msg);
+		code = dg__cli_err(DG__CLI_FAIL, st, "build --out %s", msg);
 		goto out;
 	}
 	remove_stale_temps(a.out);
 	char tname[64];
 	snprintf(tname, sizeof(tname), ".dragon-build.%ld.tmp", (long)getpid());
-	if (!dg__gen_join(tmp, sizeof(tmp), a.out, tname)) {
-		code = dg__gen_err(DG__GEN_USAGE, "--out %s: path too long", a.out);
+	if (!dg__cli_join(tmp, sizeof(tmp), a.out, tname)) {
+		code = dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--out %s: path too long", a.out);
 		goto out;
 	}
-	dg__gen_remove_tree(tmp);
+	dg__cli_remove_tree(tmp);
 	if (mkdir(tmp, 0755) != 0) {
-		code = dg__gen_errs(DG__GEN_FAIL, DG_ERR_IO, "build: %s: %s", tmp, strerror(errno));
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "build: %s: %s", tmp, strerror(errno));
 		goto out;
 	}
 	have_tmp = true;
 	code = build(&a, &set, &r, dg_codegen_template_hash(cg), tmp, m);
 out:
 	if (have_tmp)
-		dg__gen_remove_tree(tmp);
+		dg__cli_remove_tree(tmp);
 	if (code > 0)
-		dg__gen_rmdirs(a.out, made);
+		dg__cli_rmdirs(a.out, made);
 	catch_signals(false);
 	int sig = interrupted;
 	dg_manifest_destroy(m);
@@ -763,5 +778,5 @@ out:
 	dg__spec_flags_free(&a.flags);
 	if (sig)
 		raise(sig); /* exit the way an interrupted program does */
-	return code < 0 ? DG__GEN_OK : code;
+	return code < 0 ? DG__CLI_OK : code;
 }

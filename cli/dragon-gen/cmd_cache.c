@@ -9,13 +9,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/scan.h"
 #include "cli/dragon-gen/gen.h"
-#include "cli/dragon-gen/util.h"
 #include "dragon/cache.h"
 
 enum { OPT_HELP = 1, OPT_JSON, OPT_DIR, OPT_MAX_BYTES };
 
-static const dg__gen_opt opts[] = {
+static const dg__cli_opt opts[] = {
 	{ "help", 'h', false, OPT_HELP },
 	{ "json", 0, false, OPT_JSON },
 	{ "cache-dir", 0, true, OPT_DIR },
@@ -47,8 +48,8 @@ static const char *const action_names[] = { "stat", "verify", "gc", "clear" };
 static int fail(dg_cache *c, dg_status st, const char *what)
 {
 	const char *why = dg_cache_errmsg(c);
-	return dg__gen_errs(DG__GEN_FAIL, st, "cache %s: %s", what,
-			    why[0] ? why : dg_status_str(st));
+	return dg__cli_err(DG__CLI_FAIL, st, "cache %s: %s", what,
+			   why[0] ? why : dg_status_str(st));
 }
 
 /* There is no cache: nothing to count, check or remove, and nothing made. */
@@ -68,11 +69,11 @@ static int no_cache(action a, bool json)
 		} else {
 			cJSON_AddNumberToObject(j, "removed", 0);
 		}
-		return dg__gen_json_print(j);
+		return dg__cli_json_print(j);
 	}
 	printf("no kernel cache yet (nothing was cached there; it is made at the first build): %s\n",
 	       why);
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 static int do_stat(dg_cache *c, bool json)
@@ -90,7 +91,7 @@ static int do_stat(dg_cache *c, bool json)
 		cJSON_AddNumberToObject(j, "max_bytes", (double)s.max_bytes);
 		cJSON_AddNumberToObject(j, "quarantined", (double)s.quarantined);
 		cJSON_AddNumberToObject(j, "temp_files", (double)s.temp_files);
-		return dg__gen_json_print(j);
+		return dg__cli_json_print(j);
 	}
 	printf("cache:       %s\n"
 	       "entries:     %" PRIu64 "\n"
@@ -99,7 +100,7 @@ static int do_stat(dg_cache *c, bool json)
 	       "temp files:  %" PRIu64 "\n",
 	       dg_cache_root(c), s.entries, s.bytes, (double)s.bytes / 1048576.0,
 	       (double)s.max_bytes / 1048576.0, s.quarantined, s.temp_files);
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 /* Collects each bad entry for the report: JSON array, or lines on stdout. */
@@ -136,7 +137,7 @@ static int do_verify(dg_cache *c, bool json)
 		cJSON_AddNumberToObject(j, "ok", (double)r.ok);
 		cJSON_AddNumberToObject(j, "bad", (double)r.bad);
 		cJSON_AddItemToObject(j, "bad_entries", bad.arr);
-		int code = dg__gen_json_print(j);
+		int code = dg__cli_json_print(j);
 		if (code)
 			return code;
 	} else {
@@ -145,11 +146,11 @@ static int do_verify(dg_cache *c, bool json)
 		       r.checked, r.ok, r.bad);
 	}
 	if (r.bad)
-		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_CORRUPT,
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_CORRUPT,
 				   "cache verify: %" PRIu64
 				   " bad entries moved to %s/quarantine/ (they are rebuilt on next use; `dragon-gen cache gc` deletes them)",
 				   r.bad, dg_cache_root(c));
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 static int do_remove(dg_cache *c, action a, uint64_t max_bytes, bool json)
@@ -163,27 +164,27 @@ static int do_remove(dg_cache *c, action a, uint64_t max_bytes, bool json)
 		cJSON *j = cJSON_CreateObject();
 		cJSON_AddStringToObject(j, "root", dg_cache_root(c));
 		cJSON_AddNumberToObject(j, "removed", (double)removed);
-		return dg__gen_json_print(j);
+		return dg__cli_json_print(j);
 	}
 	printf("removed %" PRIu64 " files from %s\n", removed, dg_cache_root(c));
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 int dg__gen_cmd_cache(int argc, char **argv)
 {
-	dg__gen_scan_state sc;
+	dg__cli_scan_state sc;
 	const char *arg, *dir = NULL;
 	action a = A__NONE;
 	bool json = false, have_max = false;
 	uint64_t max_bytes = 0;
 	int id;
 
-	dg__gen_scan_init(&sc, argc, argv, "cache");
-	while ((id = dg__gen_scan(&sc, opts, &arg)) != DG__GEN_SCAN_END) {
+	dg__cli_scan_init(&sc, argc, argv, "cache");
+	while ((id = dg__cli_scan(&sc, opts, &arg)) != DG__CLI_SCAN_END) {
 		switch (id) {
 		case OPT_HELP:
 			help();
-			return DG__GEN_OK;
+			return DG__CLI_OK;
 		case OPT_JSON:
 			json = true;
 			break;
@@ -191,33 +192,33 @@ int dg__gen_cmd_cache(int argc, char **argv)
 			dir = arg;
 			break;
 		case OPT_MAX_BYTES:
-			if (!dg__gen_parse_u64("--max-bytes", arg, 1, UINT64_MAX,
+			if (!dg__cli_parse_u64("--max-bytes", arg, 1, UINT64_MAX,
 					       &max_bytes))
-				return DG__GEN_USAGE;
+				return DG__CLI_USAGE;
 			have_max = true;
 			break;
-		case DG__GEN_SCAN_ARG:
+		case DG__CLI_SCAN_ARG:
 			if (a != A__NONE)
-				return dg__gen_err(DG__GEN_USAGE,
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 						   "cache takes one action, got '%s' after '%s'",
 						   arg, action_names[a]);
 			for (int i = 0; i < A__NONE; i++)
 				if (strcmp(arg, action_names[i]) == 0)
 					a = (action)i;
 			if (a == A__NONE)
-				return dg__gen_err(DG__GEN_USAGE,
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 						   "cache: unknown action '%s'; actions are stat, verify, gc, clear",
 						   arg);
 			break;
 		default:
-			return DG__GEN_USAGE;
+			return DG__CLI_USAGE;
 		}
 	}
 	if (a == A__NONE)
-		return dg__gen_err(DG__GEN_USAGE,
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "cache needs an action: stat, verify, gc or clear (see `dragon-gen cache --help`)");
 	if (have_max && a != A_GC)
-		return dg__gen_err(DG__GEN_USAGE,
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "cache %s: --max-bytes applies to gc only",
 				   action_names[a]);
 

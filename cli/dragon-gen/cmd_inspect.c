@@ -18,9 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/files.h"
+#include "cli/common/scan.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
-#include "cli/dragon-gen/util.h"
 #include "dragon/jit.h"
 #include "dragon/manifest.h"
 
@@ -28,7 +30,7 @@
 
 enum { OPT_HELP = 1, OPT_JSON, OPT_VERBOSE, OPT_DEVICE, OPT_SM, OPT_TUNE_DB, OPT_CACHE_DIR };
 
-static const dg__gen_opt opts[] = {
+static const dg__cli_opt opts[] = {
 	{ "help", 'h', false, OPT_HELP },
 	{ "json", 0, false, OPT_JSON },
 	{ "verbose", 'v', false, OPT_VERBOSE },
@@ -78,7 +80,7 @@ static dg_status check_kernel(const char *dir, const dg_manifest_kernel *k,
 	size_t n = 0;
 
 	snprintf(path, sizeof(path), "%s/%s", dir, k->file);
-	dg_status st = dg__gen_read_file(path, MAX_FILE_BYTES, &bytes, &n, why,
+	dg_status st = dg__cli_read_file(path, MAX_FILE_BYTES, &bytes, &n, why,
 					 size);
 	if (st == DG_ERR_NOT_FOUND) {
 		snprintf(why, size, "missing (the manifest lists it)");
@@ -107,7 +109,7 @@ static int explain(const inspect_args *a)
 
 	dg_status st = dg_codegen_create(&cg, NULL);
 	if (st) {
-		int code = dg__gen_fail(st, "inspect: %s",
+		int code = dg__cli_fail(st, "inspect: %s",
 					cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
 		dg_codegen_destroy(cg);
 		return code;
@@ -115,7 +117,7 @@ static int explain(const inspect_args *a)
 	st = dg__specset_expand(cg, &a->flags, &set, msg, sizeof(msg));
 	if (st) {
 		dg_codegen_destroy(cg);
-		return dg__gen_fail(st, "%s", msg);
+		return dg__cli_fail(st, "%s", msg);
 	}
 	dg__specset_note_dropped(&set);
 	int code = dg__gen_tune_open(a->tune_db, a->cache_dir, a->device, a->sm, "inspect",
@@ -130,7 +132,7 @@ static int explain(const inspect_args *a)
 		dg__gen_tune_device_for(&t, s, name, sizeof(name), &sm);
 		st = dg__gen_tune_resolve(&t, cg, s, &ch);
 		if (st) {
-			code = dg__gen_fail(st, "%s", dg_codegen_errmsg(cg));
+			code = dg__cli_fail(st, "%s", dg_codegen_errmsg(cg));
 			break;
 		}
 		dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
@@ -166,7 +168,7 @@ static int explain(const inspect_args *a)
 		if (code)
 			cJSON_Delete(arr);
 		else
-			code = dg__gen_json_print(arr);
+			code = dg__cli_json_print(arr);
 	}
 	dg__gen_tune_close(&t);
 	dg__specset_free(&set);
@@ -176,12 +178,12 @@ static int explain(const inspect_args *a)
 
 static int parse_args(int argc, char **argv, inspect_args *a)
 {
-	dg__gen_scan_state sc;
+	dg__cli_scan_state sc;
 	const char *arg;
 	int id;
 
-	dg__gen_scan_init(&sc, argc, argv, "inspect");
-	while ((id = dg__gen_scan(&sc, opts, &arg)) != DG__GEN_SCAN_END) {
+	dg__cli_scan_init(&sc, argc, argv, "inspect");
+	while ((id = dg__cli_scan(&sc, opts, &arg)) != DG__CLI_SCAN_END) {
 		switch (id) {
 		case OPT_HELP:
 			help();
@@ -192,31 +194,31 @@ static int parse_args(int argc, char **argv, inspect_args *a)
 		case OPT_SM: a->sm = arg; break;
 		case OPT_TUNE_DB: a->tune_db = arg; break;
 		case OPT_CACHE_DIR: a->cache_dir = arg; break;
-		case DG__GEN_SCAN_ARG:
+		case DG__CLI_SCAN_ARG:
 			if (a->dir)
-				return dg__gen_err(DG__GEN_USAGE,
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 						   "inspect takes one folder, got '%s' and '%s'",
 						   a->dir, arg);
 			a->dir = arg;
 			break;
-		case DG__GEN_SCAN_ERROR:
-			return DG__GEN_USAGE;
+		case DG__CLI_SCAN_ERROR:
+			return DG__CLI_USAGE;
 		default:
 			if (!dg__spec_flags_add(&a->flags, id, arg))
-				return DG__GEN_FAIL;
+				return DG__CLI_FAIL;
 		}
 	}
 	bool any = dg__spec_flags_any(&a->flags);
 	if (a->dir && any)
-		return dg__gen_err(DG__GEN_USAGE,
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "inspect takes a bundle folder or spec flags, not both");
 	if (!a->dir && !any)
-		return dg__gen_err(DG__GEN_USAGE,
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "inspect needs the bundle folder (dragon-gen inspect DIR) or spec flags (dragon-gen inspect --op lowrank_fwd)");
 	if (a->dir && (a->device || a->sm || a->tune_db || a->cache_dir))
-		return dg__gen_err(DG__GEN_USAGE,
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "--device, --sm, --tune-db and --cache-dir go with spec flags, not with a bundle folder");
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 /* "1 kernel", "3 kernels" */
@@ -276,11 +278,11 @@ static int inspect_bundle(const inspect_args *a)
 
 	dg_status st = dg_manifest_load(dir, &m, msg, sizeof(msg));
 	if (st)
-		return dg__gen_errs(DG__GEN_FAIL, st, "inspect: %s", msg);
+		return dg__cli_err(DG__CLI_FAIL, st, "inspect: %s", msg);
 	dg_ctx_opts co = { .no_cache = true };
 	st = dg_ctx_create(&ctx, &co);
 	if (st) {
-		int code = dg__gen_fail(st, "inspect: %s", ctx ? dg_ctx_errmsg(ctx) : dg_status_str(st));
+		int code = dg__cli_fail(st, "inspect: %s", ctx ? dg_ctx_errmsg(ctx) : dg_status_str(st));
 		dg_ctx_destroy(ctx);
 		dg_manifest_destroy(m);
 		return code;
@@ -289,7 +291,7 @@ static int inspect_bundle(const inspect_args *a)
 	/* the key holds the NVRTC version: another one's keys differ anyway */
 	bool keys = ours && strcmp(m->nvrtc_version, dg_nvrtc_version()) == 0;
 	if (ours && !keys)
-		dg__gen_note(a->verbose, "inspect: %s: keys not checked: built with NVRTC %s, this is %s",
+		dg__cli_note(a->verbose, "inspect: %s: keys not checked: built with NVRTC %s, this is %s",
 			     dir, m->nvrtc_version, dg_nvrtc_version());
 	cJSON *verdicts = a->json ? cJSON_CreateArray() : NULL;
 	size_t bad = 0;
@@ -301,8 +303,8 @@ static int inspect_bundle(const inspect_args *a)
 			ok = check_key(ctx, k, why, sizeof(why)) == DG_OK;
 		if (!ok) {
 			bad++;
-			dg__gen_errs(DG__GEN_FAIL, DG_ERR_CORRUPT, "inspect: %s/%s: %s", dir, k->file,
-				     why);
+			dg__cli_err(DG__CLI_FAIL, DG_ERR_CORRUPT, "inspect: %s/%s: %s", dir, k->file,
+				    why);
 		} else if (a->verbose) {
 			fprintf(stderr, "ok  %s  %s\n", k->file, k->spec);
 		}
@@ -321,9 +323,9 @@ static int inspect_bundle(const inspect_args *a)
 		snprintf(summary, sizeof(summary),
 			 "inspect: %zu of %zu kernel%s in %s %s bad; rebuild with `dragon-gen build --out %s`",
 			 bad, m->n_kernels, plural(m->n_kernels), dir, bad == 1 ? "is" : "are", dir);
-	int code = summary[0] ? DG__GEN_FAIL : DG__GEN_OK;
+	int code = summary[0] ? DG__CLI_FAIL : DG__CLI_OK;
 	if (summary[0])
-		dg__gen_errs(DG__GEN_FAIL, ours ? DG_ERR_CORRUPT : DG_ERR_UNSUPPORTED, "%s", summary);
+		dg__cli_err(DG__CLI_FAIL, ours ? DG_ERR_CORRUPT : DG_ERR_UNSUPPORTED, "%s", summary);
 	if (a->json) {
 		char *text = NULL;
 		cJSON *root = NULL;
@@ -331,7 +333,7 @@ static int inspect_bundle(const inspect_args *a)
 			root = cJSON_Parse(text);
 		free(text);
 		if (root) {
-			cJSON_AddBoolToObject(root, "ok", code == DG__GEN_OK);
+			cJSON_AddBoolToObject(root, "ok", code == DG__CLI_OK);
 			cJSON_AddBoolToObject(root, "loadable", ours);
 			cJSON_AddBoolToObject(root, "keys_checked", keys);
 			if (summary[0]) {
@@ -346,7 +348,7 @@ static int inspect_bundle(const inspect_args *a)
 			verdicts = NULL;
 		}
 		cJSON_Delete(verdicts);
-		int jc = dg__gen_json_print(root);
+		int jc = dg__cli_json_print(root);
 		code = code ? code : jc;
 	} else if (!summary[0]) {
 		char dev[200] = "no device";
@@ -371,5 +373,5 @@ int dg__gen_cmd_inspect(int argc, char **argv)
 	if (!code)
 		code = a.dir ? inspect_bundle(&a) : explain(&a);
 	dg__spec_flags_free(&a.flags);
-	return code < 0 ? DG__GEN_OK : code;
+	return code < 0 ? DG__CLI_OK : code;
 }

@@ -10,9 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/scan.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
-#include "cli/dragon-gen/util.h"
 #include "dragon/jit.h"
 #include "dragon/spec.h"
 
@@ -20,7 +21,7 @@
 
 enum { OPT_HELP = 1, OPT_JSON };
 
-static const dg__gen_opt opts[] = {
+static const dg__cli_opt opts[] = {
 	{ "help", 'h', false, OPT_HELP },
 	{ "json", 0, false, OPT_JSON },
 	{ NULL, 0, false, 0 },
@@ -206,7 +207,7 @@ static void print_text(const cJSON *root)
 
 int dg__gen_cmd_list(int argc, char **argv)
 {
-	dg__gen_scan_state sc;
+	dg__cli_scan_state sc;
 	dg__spec_flags none = { { 0 } };
 	dg__specset set;
 	dg_codegen *cg = NULL;
@@ -215,18 +216,18 @@ int dg__gen_cmd_list(int argc, char **argv)
 	char msg[1024];
 	int id;
 
-	dg__gen_scan_init(&sc, argc, argv, "list");
-	while ((id = dg__gen_scan(&sc, opts, &arg)) != DG__GEN_SCAN_END) {
+	dg__cli_scan_init(&sc, argc, argv, "list");
+	while ((id = dg__cli_scan(&sc, opts, &arg)) != DG__CLI_SCAN_END) {
 		if (id == OPT_HELP) {
 			help();
-			return DG__GEN_OK;
+			return DG__CLI_OK;
 		}
 		if (id == OPT_JSON)
 			json = true;
-		else if (id == DG__GEN_SCAN_ARG)
-			return dg__gen_err(DG__GEN_USAGE, "list takes no arguments, got '%s'", arg);
+		else if (id == DG__CLI_SCAN_ARG)
+			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "list takes no arguments, got '%s'", arg);
 		else
-			return DG__GEN_USAGE;
+			return DG__CLI_USAGE;
 	}
 	dg_status st = dg_codegen_create(&cg, NULL);
 	if (!st)
@@ -235,15 +236,15 @@ int dg__gen_cmd_list(int argc, char **argv)
 		snprintf(msg, sizeof(msg), "%s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
 	dg_codegen_destroy(cg);
 	if (st)
-		return dg__gen_errs(DG__GEN_FAIL, st, "list: the default build set: %s", msg);
+		return dg__cli_err(DG__CLI_FAIL, st, "list: the default build set: %s", msg);
 	dg__specset_note_dropped(&set);
 	cJSON *root = build_json(&set);
 	dg__specset_free(&set);
 	if (json)
-		return dg__gen_json_print(root);
+		return dg__cli_json_print(root);
 	if (!root)
-		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "out of memory listing");
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory listing");
 	print_text(root);
 	cJSON_Delete(root);
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }

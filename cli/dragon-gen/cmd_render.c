@@ -11,14 +11,16 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/publish.h"
+#include "cli/common/cli.h"
+#include "cli/common/scan.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
-#include "cli/dragon-gen/util.h"
 #include "dragon/codegen.h"
 
 enum { OPT_HELP = 1, OPT_OUTPUT, OPT_CANONICAL, OPT_PLAN, OPT_VERBOSE };
 
-static const dg__gen_opt opts[] = {
+static const dg__cli_opt opts[] = {
 	{ "help", 'h', false, OPT_HELP },
 	{ "output", 'o', true, OPT_OUTPUT },
 	{ "canonical", 0, false, OPT_CANONICAL },
@@ -51,12 +53,12 @@ static int emit(const char *path, const char *text)
 
 	if (!path || strcmp(path, "-") == 0) {
 		fputs(text, stdout);
-		return DG__GEN_OK;
+		return DG__CLI_OK;
 	}
-	dg_status st = dg__gen_write_file_atomic(path, text, strlen(text), err, sizeof(err));
+	dg_status st = dg__publish_file(path, text, strlen(text), err, sizeof(err));
 	if (st)
-		return dg__gen_errs(DG__GEN_FAIL, st, "render -o %s", err);
-	return DG__GEN_OK;
+		return dg__cli_err(DG__CLI_FAIL, st, "render -o %s", err);
+	return DG__CLI_OK;
 }
 
 /* The plan as text: what the template says the kernel is. */
@@ -90,7 +92,7 @@ static int render(dg_codegen *cg, const dg_spec *spec, what w, const char *path,
 		st = dg_codegen_render(cg, spec, &src);
 	if (st) {
 		const char *why = dg_codegen_errmsg(cg);
-		code = dg__gen_fail(st, "%s%s", st == DG_ERR_INVALID_SPEC ? "" : "render: ", why);
+		code = dg__cli_fail(st, "%s%s", st == DG_ERR_INVALID_SPEC ? "" : "render: ", why);
 		if (verbose && strchr(why, '\n'))
 			fprintf(stderr, "%s\n", why);
 	} else if (w == CANONICAL) {
@@ -108,7 +110,7 @@ static int render(dg_codegen *cg, const dg_spec *spec, what w, const char *path,
 
 int dg__gen_cmd_render(int argc, char **argv)
 {
-	dg__gen_scan_state sc;
+	dg__cli_scan_state sc;
 	dg__spec_flags flags = { { 0 } };
 	dg__specset set = { 0 };
 	dg_codegen *cg = NULL;
@@ -116,10 +118,10 @@ int dg__gen_cmd_render(int argc, char **argv)
 	what w = SOURCE;
 	bool verbose = false;
 	char msg[1024];
-	int id, code = DG__GEN_OK;
+	int id, code = DG__CLI_OK;
 
-	dg__gen_scan_init(&sc, argc, argv, "render");
-	while ((id = dg__gen_scan(&sc, opts, &arg)) != DG__GEN_SCAN_END) {
+	dg__cli_scan_init(&sc, argc, argv, "render");
+	while ((id = dg__cli_scan(&sc, opts, &arg)) != DG__CLI_SCAN_END) {
 		switch (id) {
 		case OPT_HELP:
 			help();
@@ -130,7 +132,7 @@ int dg__gen_cmd_render(int argc, char **argv)
 		case OPT_CANONICAL:
 		case OPT_PLAN:
 			if (w != SOURCE && w != (id == OPT_PLAN ? PLAN : CANONICAL)) {
-				code = dg__gen_err(DG__GEN_USAGE,
+				code = dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 						   "render: --canonical and --plan contradict each other; give one");
 				goto out;
 			}
@@ -139,38 +141,38 @@ int dg__gen_cmd_render(int argc, char **argv)
 		case OPT_VERBOSE:
 			verbose = true;
 			break;
-		case DG__GEN_SCAN_ARG:
-			code = dg__gen_err(DG__GEN_USAGE,
+		case DG__CLI_SCAN_ARG:
+			code = dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 					   "render takes no arguments, got '%s'; name the spec with flags (see `dragon-gen render --help`)",
 					   arg);
 			goto out;
-		case DG__GEN_SCAN_ERROR:
-			code = DG__GEN_USAGE;
+		case DG__CLI_SCAN_ERROR:
+			code = DG__CLI_USAGE;
 			goto out;
 		default:
 			if (!dg__spec_flags_add(&flags, id, arg)) {
-				code = DG__GEN_FAIL;
+				code = DG__CLI_FAIL;
 				goto out;
 			}
 		}
 	}
 	if (!dg__spec_flags_any(&flags)) {
-		code = dg__gen_err(DG__GEN_USAGE,
+		code = dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "render needs spec flags naming one kernel, e.g. --op pack_i8x4");
 		goto out;
 	}
 	dg_status st = dg_codegen_create(&cg, NULL);
 	if (st) {
-		code = dg__gen_fail(st, "render: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
+		code = dg__cli_fail(st, "render: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
 		goto out;
 	}
 	st = dg__specset_expand(cg, &flags, &set, msg, sizeof(msg));
 	if (st) {
-		code = dg__gen_fail(st, "%s", msg);
+		code = dg__cli_fail(st, "%s", msg);
 		goto out;
 	}
 	if (set.n != 1) {
-		code = dg__gen_err(DG__GEN_USAGE,
+		code = dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "render takes one spec; got %zu (narrow the lists, e.g. with --op)",
 				   set.n);
 		goto out;

@@ -20,9 +20,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/files.h"
+#include "cli/common/progress.h"
+#include "cli/common/scan.h"
 #include "cli/dragon-gen/gen.h"
 #include "cli/dragon-gen/specset.h"
-#include "cli/dragon-gen/util.h"
 #include "dragon/cache.h"
 #include "dragon/jit.h"
 #include "dragon/runtime.h"
@@ -41,17 +44,17 @@ int dg__gen_tune_open(const char *db_path, const char *cache_dir, const char *de
 	memset(out, 0, sizeof(*out));
 	bool none = device && strcmp(device, "none") == 0;
 	if (none && sm_text)
-		return dg__gen_err(DG__GEN_USAGE,
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "%s: --device none takes no --sm (it resolves every spec for no device)",
 				   cmd);
 	if (!none && (device != NULL) != (sm_text != NULL))
-		return dg__gen_err(DG__GEN_USAGE,
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 				   "%s: give --device NAME and --sm N together (the device the kernels run on), or --device none",
 				   cmd);
 	if (device && !device[0])
-		return dg__gen_err(DG__GEN_USAGE, "%s: --device: give a device name, or none", cmd);
-	if (sm_text && !dg__gen_parse_u64("--sm", sm_text, 10, 999, &sm))
-		return DG__GEN_USAGE;
+		return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "%s: --device: give a device name, or none", cmd);
+	if (sm_text && !dg__cli_parse_u64("--sm", sm_text, 10, 999, &sm))
+		return DG__CLI_USAGE;
 	memset(&o, 0, sizeof(o));
 	o.path = db_path;
 	const char *env = getenv("DRAGON_TUNE_DB");
@@ -67,9 +70,9 @@ int dg__gen_tune_open(const char *db_path, const char *cache_dir, const char *de
 	dg_status st = dg_tune_db_open(&out->db, &o);
 	dg_cache_close(cache);
 	if (st)
-		return dg__gen_errs(DG__GEN_FAIL, st, "%s: out of memory reading the tuning DB", cmd);
+		return dg__cli_err(DG__CLI_FAIL, st, "%s: out of memory reading the tuning DB", cmd);
 	for (size_t i = 0; i < dg_tune_db_n_problems(out->db); i++)
-		dg__gen_note(true, "%s: skipped a tuning record: %s", cmd,
+		dg__cli_note(true, "%s: skipped a tuning record: %s", cmd,
 			     dg_tune_db_problem(out->db, i));
 	size_t nd = dg_tune_db_devices(out->db, out->devs, DG__GEN_MAX_DEVICES);
 	out->n_devs = nd < DG__GEN_MAX_DEVICES ? nd : DG__GEN_MAX_DEVICES;
@@ -81,7 +84,7 @@ int dg__gen_tune_open(const char *db_path, const char *cache_dir, const char *de
 		out->sm = (int)sm;
 	}
 	if (out->mode != DG__GEN_DEV_AUTO)
-		return DG__GEN_OK;
+		return DG__CLI_OK;
 	/* several devices of one SM: its specs resolve for none (say so once) */
 	for (size_t i = 0; i < out->n_devs; i++) {
 		size_t same = 0, first = i;
@@ -93,14 +96,14 @@ int dg__gen_tune_open(const char *db_path, const char *cache_dir, const char *de
 			same++;
 		}
 		if (same > 1 && first == i)
-			dg__gen_note(true,
+			dg__cli_note(true,
 				     "%s: the tuning records name %zu devices of sm_%d (%s, ...); specs for sm_%d resolve for none: pick one with --device NAME --sm %d",
 				     cmd, same, out->devs[i].sm, out->devs[i].name, out->devs[i].sm,
 				     out->devs[i].sm);
 	}
-	dg__gen_note(verbose, "%s: tuning records of %zu device%s in %s (%zu built in)", cmd, nd,
+	dg__cli_note(verbose, "%s: tuning records of %zu device%s in %s (%zu built in)", cmd, nd,
 		     nd == 1 ? "" : "s", dg_tune_db_where(out->db), dg_tune_db_n_builtin(out->db));
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 void dg__gen_tune_close(dg__gen_tune *t)
@@ -166,7 +169,7 @@ enum {
 	OPT_PROGRESS, OPT_VERBOSE, OPT_QUIET,
 };
 
-static const dg__gen_opt opts[] = {
+static const dg__cli_opt opts[] = {
 	{ "help", 'h', false, OPT_HELP },
 	{ "budget", 0, true, OPT_BUDGET },
 	{ "record", 0, true, OPT_RECORD },
@@ -244,7 +247,7 @@ typedef struct tune_args {
 static bool num_flag(const char *flag, const char *v, uint64_t lo, uint64_t hi, int *out)
 {
 	uint64_t x;
-	if (!dg__gen_parse_u64(flag, v, lo, hi, &x))
+	if (!dg__cli_parse_u64(flag, v, lo, hi, &x))
 		return false;
 	*out = (int)x;
 	return true;
@@ -252,25 +255,25 @@ static bool num_flag(const char *flag, const char *v, uint64_t lo, uint64_t hi, 
 
 static int parse_args(int argc, char **argv, tune_args *a)
 {
-	dg__gen_scan_state sc;
+	dg__cli_scan_state sc;
 	const char *arg;
 	uint64_t v;
 	int id;
 
-	dg__gen_scan_init(&sc, argc, argv, "tune");
-	while ((id = dg__gen_scan(&sc, opts, &arg)) != DG__GEN_SCAN_END) {
+	dg__cli_scan_init(&sc, argc, argv, "tune");
+	while ((id = dg__cli_scan(&sc, opts, &arg)) != DG__CLI_SCAN_END) {
 		bool ok = true;
 		switch (id) {
 		case OPT_HELP:
 			help();
 			return -1;
 		case OPT_BUDGET:
-			ok = dg__gen_parse_u64("--budget", arg, 1, 86400, &v);
+			ok = dg__cli_parse_u64("--budget", arg, 1, 86400, &v);
 			a->t.budget_s = (double)v;
 			break;
 		case OPT_RECORD:
 			if (!arg[0])
-				return dg__gen_err(DG__GEN_USAGE, "--record: give a file or folder");
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG, "--record: give a file or folder");
 			a->record = arg;
 			break;
 		case OPT_JSON: a->json = true; break;
@@ -290,23 +293,23 @@ static int parse_args(int argc, char **argv, tune_args *a)
 		case OPT_PROGRESS: a->progress = true; break;
 		case OPT_VERBOSE: a->verbose = true; break;
 		case OPT_QUIET: a->quiet = true; break;
-		case DG__GEN_SCAN_ARG:
-			return dg__gen_err(DG__GEN_USAGE,
+		case DG__CLI_SCAN_ARG:
+			return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 					   "tune takes no arguments, got '%s'; name specs with flags (see `dragon-gen tune --help`)",
 					   arg);
-		case DG__GEN_SCAN_ERROR:
-			return DG__GEN_USAGE;
+		case DG__CLI_SCAN_ERROR:
+			return DG__CLI_USAGE;
 		default:
 			if (id == DG__SPEC_OPT_BASE + DG__SF_TILE)
-				return dg__gen_err(DG__GEN_USAGE,
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
 						   "--tile %s: tune chooses the tile; drop --tile", arg);
 			if (!dg__spec_flags_add(&a->flags, id, arg))
-				return DG__GEN_FAIL;
+				return DG__CLI_FAIL;
 		}
 		if (!ok)
-			return DG__GEN_USAGE;
+			return DG__CLI_USAGE;
 	}
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 /* The specs: the product of the flags (planned on a codegen of its own),
@@ -319,29 +322,29 @@ static int spec_list(const tune_args *a, dg_spec **out, size_t *n)
 		*n = dg_tune_bdh_set(NULL, 0);
 		*out = calloc(*n, sizeof(**out));
 		if (!*out)
-			return dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "tune: out of memory");
+			return dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "tune: out of memory");
 		dg_tune_bdh_set(*out, *n);
-		return DG__GEN_OK;
+		return DG__CLI_OK;
 	}
 	dg_codegen *cg = NULL;
 	dg__specset set = { 0 };
 	dg_status st = dg_codegen_create(&cg, NULL);
 	if (st) {
-		int code = dg__gen_fail(st, "tune: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
+		int code = dg__cli_fail(st, "tune: %s", cg ? dg_codegen_errmsg(cg) : dg_status_str(st));
 		dg_codegen_destroy(cg);
 		return code;
 	}
 	st = dg__specset_expand(cg, &a->flags, &set, msg, sizeof(msg));
 	dg_codegen_destroy(cg);
 	if (st)
-		return dg__gen_fail(st, "%s", msg);
+		return dg__cli_fail(st, "%s", msg);
 	if (!a->quiet)
 		dg__specset_note_dropped(&set);
 	*out = set.specs;
 	*n = set.n;
 	set.specs = NULL;
 	dg__specset_free(&set);
-	return DG__GEN_OK;
+	return DG__CLI_OK;
 }
 
 /* ---- progress ------------------------------------------------------------------- */
@@ -358,7 +361,7 @@ static void on_progress(void *user, const dg_spec *spec, dg_tune_phase phase, si
 {
 	static const char *const names[] = { "compiling", "reference", "checking and timing" };
 	prog *p = user;
-	double t = dg__gen_now_ms() / 1e3;
+	double t = dg__cli_now_ms() / 1e3;
 
 	if (!p->on)
 		return;
@@ -394,7 +397,7 @@ static int record_target(const tune_args *a, dg_device *dev, size_t n, char *dir
 			      a->record[len - 1] == '/' || n > 1;
 		if (!is_dir) {
 			snprintf(file, fsz, "%s", a->record);
-			return DG__GEN_OK;
+			return DG__CLI_OK;
 		}
 		snprintf(dir, dsz, "%s", a->record);
 	} else if (env && env[0] && strcmp(env, "none") != 0 && !strchr(env, ':') &&
@@ -403,13 +406,13 @@ static int record_target(const tune_args *a, dg_device *dev, size_t n, char *dir
 	} else {
 		dg_cache *c = dg_ctx_cache(dg_device_jit(dev));
 		if (!c)
-			return dg__gen_errs(DG__GEN_FAIL, DG_ERR_IO,
-					    "tune: no kernel cache to put records in; give --record PATH");
+			return dg__cli_err(DG__CLI_FAIL, DG_ERR_IO,
+					   "tune: no kernel cache to put records in; give --record PATH");
 		snprintf(dir, dsz, "%s/tune", dg_cache_root(c));
 	}
-	if (dg__gen_mkdirs(dir, made, sizeof(made), msg, sizeof(msg)) != DG_OK)
-		return dg__gen_errs(DG__GEN_FAIL, DG_ERR_IO, "tune: %s", msg);
-	return DG__GEN_OK;
+	if (dg__cli_mkdirs(dir, made, sizeof(made), msg, sizeof(msg)) != DG_OK)
+		return dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "tune: %s", msg);
+	return DG__CLI_OK;
 }
 
 static const char *state_name(dg_tune_state s)
@@ -462,8 +465,8 @@ static int tune_one(const tune_args *a, dg_device *dev, const dg_spec *spec, con
 	if (p->shown && p->tty)
 		fputs("\r\033[K", stderr);
 	if (st)
-		return dg__gen_fail(st, "tune: %s: %.*s", text,
-				   dg__gen_first_line_len(dg_device_errmsg(dev)),
+		return dg__cli_fail(st, "tune: %s: %.*s", text,
+				   dg__cli_first_line_len(dg_device_errmsg(dev)),
 				   dg_device_errmsg(dev));
 	if (file[0]) {
 		snprintf(path, sizeof(path), "%s", file);
@@ -474,7 +477,7 @@ static int tune_one(const tune_args *a, dg_device *dev, const dg_spec *spec, con
 	st = dg_tune_record_save(r, path, msg, sizeof(msg));
 	if (st) {
 		dg_tune_record_destroy(r);
-		return dg__gen_errs(DG__GEN_FAIL, st, "tune: writing the record: %s", msg);
+		return dg__cli_err(DG__CLI_FAIL, st, "tune: writing the record: %s", msg);
 	}
 	for (size_t i = 0; i < r->n_cands; i++) {
 		const dg_tune_cand *c = &r->cands[i];
@@ -491,9 +494,9 @@ static int tune_one(const tune_args *a, dg_device *dev, const dg_spec *spec, con
 			fprintf(stderr, "  %-22s sm_%d%-2s %s: %s\n", tile, r->spec.arch,
 				c->arch_specific ? "a" : "", state_name(c->state), c->reason);
 	}
-	int code = DG__GEN_OK;
+	int code = DG__CLI_OK;
 	if (r->winner < 0) {
-		code = dg__gen_errs(DG__GEN_FAIL, DG_ERR_UNSUPPORTED,
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_UNSUPPORTED,
 				   "tune: %s: no candidate passed (%zu rejected, %zu wrong, %zu skipped); see %s",
 				   text, counts[1], counts[2], counts[3], path);
 	} else if (!a->quiet) {
@@ -532,17 +535,17 @@ int dg__gen_cmd_tune(int argc, char **argv)
 	if (code)
 		goto out;
 	if (dg_device_count(&count, why, sizeof(why)) != DG_OK || count == 0) {
-		code = dg__gen_errs(DG__GEN_FAIL, DG_ERR_NO_DEVICE,
-				    "tune: no CUDA device (%s); tuning times kernels on the GPU they will run on",
-				    why);
+		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NO_DEVICE,
+				   "tune: no CUDA device (%s); tuning times kernels on the GPU they will run on",
+				   why);
 		goto out;
 	}
 	dg_ctx_opts jit = { .cache_dir = a.cache_dir };
 	dg_device_opts dopts = { .ordinal = a.gpu, .jit = &jit };
 	dg_status st = dg_device_open(&dev, &dopts);
 	if (st) {
-		code = dg__gen_errs(DG__GEN_FAIL, st, "tune: %s",
-				    dev ? dg_device_errmsg(dev) : "out of memory opening the device");
+		code = dg__cli_err(DG__CLI_FAIL, st, "tune: %s",
+				   dev ? dg_device_errmsg(dev) : "out of memory opening the device");
 		goto out;
 	}
 	code = record_target(&a, dev, n, dir, sizeof(dir), file, sizeof(file));
@@ -558,16 +561,16 @@ int dg__gen_cmd_tune(int argc, char **argv)
 		int c = tune_one(&a, dev, &specs[i], dir, file, &p, json);
 		if (c && !code)
 			code = c;
-		if (c == DG__GEN_FAIL && dg_device_sync(dev) != DG_OK)
+		if (c == DG__CLI_FAIL && dg_device_sync(dev) != DG_OK)
 			break; /* the device is gone: the next sweeps would fail too */
 	}
 	if (json) {
-		int jc = dg__gen_json_print(json);
+		int jc = dg__cli_json_print(json);
 		code = code ? code : jc;
 	}
 out:
 	dg_device_close(dev);
 	free(specs);
 	dg__spec_flags_free(&a.flags);
-	return code < 0 ? DG__GEN_OK : code;
+	return code < 0 ? DG__CLI_OK : code;
 }

@@ -1,7 +1,8 @@
 /*
  * dragon-gen — the subcommands. Each takes its argv (argv[0] is the
  * subcommand's name), prints its own --help, and returns the process exit
- * code (util.h: 0 ok, 1 failure, 2 usage). Private to cli/dragon-gen/.
+ * code (cli/common/cli.h: 0 ok, 1 failure, 2 usage). Private to
+ * cli/dragon-gen/.
  */
 #ifndef DG_GEN_GEN_H
 #define DG_GEN_GEN_H
@@ -106,8 +107,8 @@ dg_status dg__gen_records_write(const dg__gen_resolved *r, const char *tmp, char
  * by a new malloc'd text, the old one freed); nothing when r has none. */
 dg_status dg__gen_tuning_manifest(const dg__gen_resolved *r, char **json, char *msg,
 				  size_t msz);
-/* Moves tmp/tune/<names> into dir/tune/ (made if needed); on failure
- * unlinks what it moved that was not there before. */
+/* Moves tmp/tune/<names> into dir/tune/ (made if needed) and syncs that
+ * folder; on failure unlinks what it moved that was not there before. */
 dg_status dg__gen_records_publish(const dg__gen_resolved *r, const char *tmp,
 				  const char *dir, char *msg, size_t msz);
 

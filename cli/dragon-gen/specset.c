@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fnv.h"
+#include "cli/common/cli.h"
 #include "cli/dragon-gen/specset.h"
 #include "dragon/jit.h"
 
@@ -47,7 +49,7 @@ bool dg__spec_flags_add(dg__spec_flags *f, int id, const char *value)
 	size_t old = f->val[i] ? strlen(f->val[i]) : 0;
 	char *v = realloc(f->val[i], old + strlen(value) + 2);
 	if (!v) {
-		dg__gen_errs(DG__GEN_FAIL, DG_ERR_NOMEM, "out of memory reading flags");
+		dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory reading flags");
 		return false;
 	}
 	if (old)
@@ -213,18 +215,10 @@ typedef struct seen {
 	size_t cap;   /* power of two, > 2 × the product */
 } seen;
 
-static size_t hash_str(const char *s)
-{
-	size_t h = 1469598103934665603ull;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h;
-}
-
 /* True if text is new (and now recorded as index idx). */
 static bool seen_add(seen *t, char *const *texts, const char *text, size_t idx)
 {
-	size_t m = t->cap - 1, i = hash_str(text) & m;
+	size_t m = t->cap - 1, i = (size_t)dg__fnv1a(text) & m;
 	for (; t->slot[i]; i = (i + 1) & m)
 		if (strcmp(texts[t->slot[i] - 1], text) == 0)
 			return false;
@@ -593,7 +587,7 @@ void dg__specset_note_dropped(const dg__specset *set)
 	if (!set->dropped)
 		return;
 	fprintf(stderr, "dragon-gen: left out %zu combination%s the ops' rules refuse; first: %.*s\n",
-		set->dropped, set->dropped == 1 ? "" : "s", dg__gen_first_line_len(set->first_drop),
+		set->dropped, set->dropped == 1 ? "" : "s", dg__cli_first_line_len(set->first_drop),
 		set->first_drop);
 }
 

@@ -35,7 +35,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "cli/dragon-gen/util.h"
+#include "cli/common/scan.h"
 #include "dragon/codegen.h"
 #include "dragon/spec.h"
 
@@ -73,7 +73,7 @@ typedef enum dg__spec_flag {
 	DG__SF__COUNT
 } dg__spec_flag;
 
-/* Option ids of the spec flags in a command's dg__gen_opt table are
+/* Option ids of the spec flags in a command's dg__cli_opt table are
  * DG__SPEC_OPT_BASE + dg__spec_flag; DG__SPEC_OPTS expands to the entries. */
 #define DG__SPEC_OPT_BASE 1000
 #define DG__SF_OPT(e, flag, key, field) { flag, 0, true, DG__SPEC_OPT_BASE + DG__SF_##e },

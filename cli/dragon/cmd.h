@@ -1,7 +1,8 @@
 /*
  * dragon — the subcommands. Each takes its argv (argv[0] is the
  * subcommand's name), prints its own --help, and returns the process exit
- * code (util.h: 0 ok, 1 failure, 2 usage). Private to cli/dragon/.
+ * code (cli/common/cli.h: 0 ok, 1 failure, 2 usage). Private to
+ * cli/dragon/.
  */
 #ifndef DG_CLI_CMD_H
 #define DG_CLI_CMD_H

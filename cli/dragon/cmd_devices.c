@@ -8,8 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/scan.h"
 #include "cli/dragon/cmd.h"
-#include "cli/dragon/util.h"
 #include "dragon/runtime.h"
 
 static const char help_text[] =

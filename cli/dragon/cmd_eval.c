@@ -20,9 +20,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/files.h"
+#include "cli/common/progress.h"
+#include "cli/common/scan.h"
 #include "cli/dragon/cmd.h"
+#include "cli/dragon/device.h"
 #include "cli/dragon/eval_data.h"
-#include "cli/dragon/util.h"
 #include "dragon/model.h"
 #include "dragon/runtime.h"
 

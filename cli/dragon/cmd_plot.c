@@ -11,9 +11,10 @@
  * characters made spaces: gnuplot does no backquote substitution, no @
  * macro expansion and no backslash processing inside single quotes, and
  * the terminal is noenhanced, so they show as typed. The PNG goes to
- * gnuplot's stdout, a temporary file beside --out that is renamed onto it,
- * so gnuplot never sees --out (one starting with '|' is a file, not a
- * pipe). An --out that is one of the logs is refused: the output never
+ * gnuplot's stdout, a temporary file beside --out that is published onto
+ * it whole (base/publish.h: fsync, rename, fsync of the folder), so
+ * gnuplot never sees --out (one starting with '|' is a file, not a pipe).
+ * An --out that is one of the logs is refused: the output never
  * overwrites an input.
  */
 #include <errno.h>
@@ -27,8 +28,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/publish.h"
+#include "cli/common/cli.h"
+#include "cli/common/scan.h"
 #include "cli/dragon/cmd.h"
-#include "cli/dragon/util.h"
 
 extern char **environ;
 
@@ -287,16 +290,14 @@ int dg__cli_cmd_plot(int argc, char **argv)
 	if (e)
 		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "%s: %s", script, strerror(e));
 
-	/* the PNG: gnuplot's stdout, a file beside --out renamed onto it */
-	char tmp[4200];
-	int fd = -1;
-	if (!code && snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", out, (long)getpid()) >= (int)sizeof(tmp))
-		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "--out %s: %s", out, strerror(ENAMETOOLONG));
-	if (!code && (fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666)) < 0)
-		code = dg__cli_err(DG__CLI_FAIL, errno == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO, "--out %s: %s", out,
-				   strerror(errno));
+	/* the PNG: gnuplot's stdout, a temp file beside --out published onto
+	 * it whole (base/publish.h) */
+	dg__publish pub = { .fd = -1 };
+	if (!code && dg__publish_begin(&pub, out, 0666, NULL, 0))
+		code = dg__cli_err(DG__CLI_FAIL, pub.err == ENOENT ? DG_ERR_NOT_FOUND : DG_ERR_IO, "--out %s: %s",
+				   out, strerror(pub.failed ? pub.err : ENAMETOOLONG));
 	if (!code) {
-		e = run_gnuplot(script, fd, errp);
+		e = run_gnuplot(script, pub.fd, errp);
 		if (e == ENOENT) {
 			code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NOT_FOUND,
 					   "gnuplot is not on PATH (Debian: apt-get install gnuplot-nox)");
@@ -307,17 +308,13 @@ int dg__cli_cmd_plot(int argc, char **argv)
 			else
 				snprintf(why, sizeof(why), "%s", strerror(e));
 			code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "gnuplot failed on %s: %s", out, why);
-		} else if (fsync(fd) != 0 || rename(tmp, out) != 0) {
-			code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "--out %s: %s", out, strerror(errno));
+		} else if (dg__publish_commit(&pub, NULL, 0)) {
+			code = dg__cli_err(DG__CLI_FAIL, DG_ERR_IO, "--out %s: %s", out, strerror(pub.err));
 		} else {
 			printf("plot: %s (%d log%s)\n", out, nlogs, nlogs == 1 ? "" : "s");
 		}
 	}
-	if (fd >= 0) {
-		close(fd);
-		if (code)
-			unlink(tmp);
-	}
+	dg__publish_abort(&pub); /* nothing after a commit */
 	/* the temporary files */
 	for (int i = 0; i < nlogs; i++)
 		if (data[i][0])

@@ -27,8 +27,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/scan.h"
 #include "cli/dragon/cmd.h"
-#include "cli/dragon/util.h"
+#include "cli/dragon/device.h"
 #include "dragon/checkpoint.h"
 #include "dragon/model.h"
 #include "dragon/rng.h"

@@ -27,9 +27,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/progress.h"
+#include "cli/common/scan.h"
 #include "cli/dragon/cmd.h"
+#include "cli/dragon/device.h"
 #include "cli/dragon/peak.h"
-#include "cli/dragon/util.h"
 #include "dragon/comm.h"
 #include "dragon/data.h"
 #include "dragon/dist.h"

@@ -26,13 +26,13 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
 
+#include "cli/common/cli.h"
+#include "cli/common/progress.h"
 #include "cli/dragon/cmd.h"
-#include "cli/dragon/util.h"
 #include "dragon/checkpoint.h"
 
 #define KILL_AFTER_S 30.0
@@ -42,13 +42,6 @@ static volatile sig_atomic_t got_signal;
 static void on_signal(int sig)
 {
 	got_signal = sig;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* A loopback port nobody listens on now (0 if none could be had). */
@@ -141,7 +134,7 @@ int dg__cli_launch(int argc, char **argv, int n, const char *out_dir)
 	double kill_at = 0;
 	if (alive < n) { /* a fork failed: stop the ones started */
 		first = n;
-		kill_at = now_s() + KILL_AFTER_S;
+		kill_at = dg__cli_now_s() + KILL_AFTER_S;
 		for (int r = 0; r < n; r++)
 			if (pid[r] > 0)
 				kill(pid[r], SIGTERM);
@@ -155,7 +148,7 @@ int dg__cli_launch(int argc, char **argv, int n, const char *out_dir)
 				if (pid[r] > 0)
 					kill(pid[r], sig);
 		}
-		if (kill_at > 0 && now_s() > kill_at) {
+		if (kill_at > 0 && dg__cli_now_s() > kill_at) {
 			for (int r = 0; r < n; r++)
 				if (pid[r] > 0) {
 					kill(pid[r], SIGKILL);
@@ -187,7 +180,7 @@ int dg__cli_launch(int argc, char **argv, int n, const char *out_dir)
 		if (!ok && !by_stop && first < 0) {
 			first = r;
 			first_ws = ws;
-			kill_at = now_s() + KILL_AFTER_S;
+			kill_at = dg__cli_now_s() + KILL_AFTER_S;
 			for (int k = 0; k < n; k++)
 				if (pid[k] > 0) {
 					kill(pid[k], SIGTERM);

@@ -203,8 +203,9 @@ dg_status dg_tune_record_parse(const char *json, size_t len, const char *name,
 dg_status dg_tune_record_load(const char *path, dg_tune_record **out,
 			      char *msg, size_t msg_size);
 
-/* Writes r to path atomically (temp file, fsync, rename); the folder must
- * exist. */
+/* Writes r to path atomically (temp file, fsync, rename, fsync of the
+ * folder); the folder must exist. DG_ERR_IO names the file, the step that
+ * failed and errno; the file at path is then as it was. */
 dg_status dg_tune_record_save(const dg_tune_record *r, const char *path,
 			      char *msg, size_t msg_size);
 

@@ -8,10 +8,11 @@
  *
  * Why readers never see a bad entry:
  *  - an entry is only ever created by renaming a fully written and fsync'd
- *    temp file over kernels/<key>.dgk; rename is atomic, so the name refers
- *    to a complete old file or a complete new one, never to a partial one;
- *  - a writer that dies leaves only tmp/<key>.<pid>.<random>.tmp, which no
- *    reader opens; gc removes such files once they are a minute old;
+ *    temp file over kernels/<key>.dgk (base/publish.h); rename is atomic,
+ *    so the name refers to a complete old file or a complete new one,
+ *    never to a partial one;
+ *  - a writer that dies leaves only tmp/<key>.dgk.tmp.<pid>.<hex>, which
+ *    no reader opens; gc removes such files once they are a minute old;
  *  - whatever else happens to a file (disk error, a person editing it,
  *    truncation), a reader checks every header field and the checksum
  *    before handing bytes out, and quarantines the file otherwise.
@@ -30,12 +31,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "runtime/store/cache_int.h"
+#include "base/publish.h"
 #include "base/sha256.h"
 
 void (*dg__cache_test_after_partial_write)(void);
@@ -79,34 +79,6 @@ static dg_status key_check(dg_cache *c, const char *key)
 	return DG_OK;
 }
 
-
-static int write_full(int fd, const uint8_t *p, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = write(fd, p, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -1;
-		if (w == 0) {
-			errno = EIO; /* no progress: do not spin */
-			return -1;
-		}
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
-static int fsync_retry(int fd)
-{
-	int r;
-
-	do
-		r = fsync(fd);
-	while (r < 0 && errno == EINTR);
-	return r;
-}
 
 /* ---- open / close ---------------------------------------------------- */
 
@@ -389,44 +361,41 @@ typedef struct span {
 } span;
 
 /* Writes bytes [from, to) of the concatenation of spans. */
-static int write_spans(int fd, const span *s, int ns, size_t from, size_t to)
+static dg_status write_spans(dg__publish *p, const span *s, int ns, size_t from, size_t to)
 {
 	size_t base = 0;
+	dg_status st = DG_OK;
 
-	for (int i = 0; i < ns; base += s[i].n, i++) {
+	for (int i = 0; i < ns && !st; base += s[i].n, i++) {
 		size_t lo = from > base ? from - base : 0;
 		size_t hi = to - base < s[i].n ? to - base : s[i].n;
 		if (to <= base)
 			break;
-		if (lo < hi && write_full(fd, s[i].p + lo, hi - lo) < 0)
-			return -1;
+		if (lo < hi)
+			st = dg__publish_write(p, s[i].p + lo, hi - lo, NULL, 0);
 	}
-	return 0;
+	return st;
 }
 
-static uint64_t random_u64(unsigned attempt)
-{
-	uint64_t r;
-	struct timespec ts;
+/* What each step of a publish is called in the cache's messages. */
+static const char *const step_names[] = {
+	[DG__PUBLISH_CREATE] = "open",
+	[DG__PUBLISH_WRITE] = "write",
+	[DG__PUBLISH_FSYNC] = "fsync",
+	[DG__PUBLISH_CLOSE] = "close",
+	[DG__PUBLISH_RENAME] = "rename into kernels/",
+};
 
-	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) == (ssize_t)sizeof(r))
-		return r;
-	clock_gettime(CLOCK_MONOTONIC, &ts); /* O_EXCL keeps it unique */
-	return (uint64_t)ts.tv_nsec * 2654435761u + (uint64_t)ts.tv_sec +
-	       attempt;
-}
-
-/* Writes tmp/<key>.<pid>.<random>.tmp, fsyncs it, renames it to
- * kernels/<key>.dgk and fsyncs kernels/. */
+/* Publishes tmp/<key>.dgk.tmp.<pid>.<hex> as kernels/<key>.dgk
+ * (base/publish.h: write, fsync, rename, fsync of kernels/). */
 static dg_status entry_publish(dg_cache *c, const char *key,
 			       const uint8_t *image, size_t isz,
 			       const char *meta, size_t msz)
 {
-	char tmp[DG_CACHE_KEY_LEN + 64], name[DG_CACHE_KEY_LEN + 5];
+	char name[DG_CACHE_KEY_LEN + 5];
 	uint8_t h[HDR], sum[32];
-	const char *op = "open";
 	dg__sha256 s;
-	int fd = -1, e;
+	dg__publish p;
 
 	dg__sha256_init(&s);
 	dg__sha256_update(&s, image, isz);
@@ -441,60 +410,35 @@ static dg_status entry_publish(dg_cache *c, const char *key,
 	put_le64(h + DG__CACHE_OFF_META_SIZE, msz);
 	memcpy(h + DG__CACHE_OFF_SUM, sum, 32);
 
-	for (unsigned i = 0; fd < 0 && i < 16; i++) {
-		snprintf(tmp, sizeof(tmp), "%s.%ld.%016llx.tmp", key,
-			 (long)getpid(), (unsigned long long)random_u64(i));
-		fd = openat(c->dfd[DG__CACHE_TMP], tmp,
-			    O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-		if (fd < 0 && errno != EEXIST)
-			return dg__cache_fail(c, DG_ERR_IO, "%s/tmp/%s: open: "
-					      "%s; nothing was published",
-					      c->root, tmp, strerror(errno));
-	}
-	if (fd < 0)
-		return dg__cache_fail(c, DG_ERR_IO, "%s/tmp: no free temp file "
-				      "name; nothing was published", c->root);
-
+	snprintf(name, sizeof(name), "%s.dgk", key);
 	const span sp[3] = {
 		{ h, HDR }, { image, isz }, { (const uint8_t *)meta, msz },
 	};
 	size_t total = HDR + isz + msz;
-	op = "write";
-	if (write_spans(fd, sp, 3, 0, total / 2) < 0)
-		goto out_fail;
-	if (dg__cache_test_after_partial_write)
+	dg_status st = dg__publish_begin_at(&p, c->dfd[DG__CACHE_TMP], c->dfd[DG__CACHE_KERNELS],
+					    name, 0644, NULL, 0);
+	if (!st)
+		st = write_spans(&p, sp, 3, 0, total / 2);
+	if (!st && dg__cache_test_after_partial_write)
 		dg__cache_test_after_partial_write();
-	if (write_spans(fd, sp, 3, total / 2, total) < 0)
-		goto out_fail;
-	op = "fsync";
-	if (fsync_retry(fd) < 0)
-		goto out_fail;
-	op = "close";
-	e = close(fd);
-	fd = -1;
-	if (e < 0)
-		goto out_fail;
-	op = "rename into kernels/";
-	snprintf(name, sizeof(name), "%s.dgk", key);
-	if (renameat(c->dfd[DG__CACHE_TMP], tmp, c->dfd[DG__CACHE_KERNELS],
-		     name) < 0)
-		goto out_fail;
-	/* Make the rename durable. EINVAL: the file system cannot sync a
-	 * folder, and there is nothing more to do. */
-	if (fsync_retry(c->dfd[DG__CACHE_KERNELS]) < 0 && errno != EINVAL)
+	if (!st)
+		st = write_spans(&p, sp, 3, total / 2, total);
+	if (!st)
+		st = dg__publish_commit(&p, NULL, 0);
+	if (!st)
+		return DG_OK;
+	if (p.failed == DG__PUBLISH_SYNC_DIR)
 		return dg__cache_fail(c, DG_ERR_IO, "%s/kernels: fsync: %s; "
 				      "the entry for %s may not survive a "
-				      "power loss", c->root, strerror(errno),
+				      "power loss", c->root, strerror(p.err),
 				      key);
-	return DG_OK;
-
-out_fail:
-	e = errno;
-	if (fd >= 0)
-		close(fd);
-	unlinkat(c->dfd[DG__CACHE_TMP], tmp, 0);
+	if (p.failed == DG__PUBLISH_CREATE && p.err == EEXIST)
+		return dg__cache_fail(c, DG_ERR_IO, "%s/tmp: no free temp file "
+				      "name; nothing was published", c->root);
 	return dg__cache_fail(c, DG_ERR_IO, "%s/tmp/%s: %s: %s; nothing was "
-			      "published", c->root, tmp, op, strerror(e));
+			      "published", c->root, p.tmp,
+			      p.failed ? step_names[p.failed] : "publish",
+			      p.failed ? strerror(p.err) : dg_status_str(st));
 }
 
 dg_status dg_cache_put(dg_cache *cache, const char *key, const uint8_t *image,

@@ -1,25 +1,22 @@
 /*
  * The safetensors writer (dragon/safetensors.h): tensors in the order
  * added, a header of the reference's form, and a save that is atomic
- * (temp file, fsync, rename, directory fsync), so a crash leaves the old
- * file or the new one, never a torn one; a sealed file carries its own
- * SHA-256 in its metadata (dragon/safetensors.h).
+ * (base/publish.h: temp file, fsync, rename, directory fsync), so a crash
+ * leaves the old file or the new one, never a torn one; a sealed file
+ * carries its own SHA-256 in its metadata (dragon/safetensors.h).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "base/msg.h"
+#include "base/publish.h"
 #include "base/sha256.h"
 #include "dragon/safetensors.h"
 #include "runtime/store/safetensors_int.h"
@@ -273,37 +270,9 @@ dg_status dg_safetensors_writer_bytes(const dg_safetensors_writer *w, void **out
 	return DG_OK;
 }
 
-/* A failed step of a save, named with the file and errno's text. */
-static dg_status io_fail(char *msg, size_t size, const char *step, const char *path)
-{
-	int e = errno;
-	return dg__msgf(DG_ERR_IO, msg, size, "%s: %s: %s (errno %d)", path, step, strerror(e), e);
-}
-
 bool dg_safetensors_temp_of(const char *name, size_t *target_len, long *pid)
 {
-	const char *t = NULL;
-	for (const char *q = strstr(name, ".tmp."); q; q = strstr(q + 1, ".tmp."))
-		t = q; /* the last ".tmp.": a target's own name may hold one */
-	if (!t || t == name)
-		return false;
-	const char *p = t + 5, *dot = strchr(p, '.');
-	if (!dot || dot == p || !dot[1])
-		return false;
-	long v = 0;
-	for (const char *c = p; c < dot; c++) {
-		if (*c < '0' || *c > '9' || v > LONG_MAX / 10 - 9)
-			return false;
-		v = v * 10 + (*c - '0');
-	}
-	for (const char *c = dot + 1; *c; c++)
-		if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
-			return false;
-	if (target_len)
-		*target_len = (size_t)(t - name);
-	if (pid)
-		*pid = v;
-	return true;
+	return dg__publish_temp_of(name, target_len, pid);
 }
 
 dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char *path,
@@ -311,75 +280,12 @@ dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char 
 {
 	void *bytes = NULL;
 	size_t size = 0;
-	char tmp[4096], dir[4096];
 
 	if (!w || !path)
 		return DG_ERR_INVALID_ARG;
-	if (strlen(path) + 40 > sizeof(tmp))
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: path too long", path);
 	dg_status st = dg_safetensors_writer_bytes(w, &bytes, &size, msg, msg_size);
-	if (st)
-		return st;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%lx", path, (long)getpid(),
-		 (unsigned long)(ts.tv_nsec ^ (ts.tv_sec << 20)));
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		free(bytes);
-		return io_fail(msg, msg_size, "create the temp file", tmp);
-	}
-	/* write() may take less than asked (a signal, a disk filling up): the
-	 * loop goes on until all is written or it fails; a write of nothing
-	 * sets no errno, so it is read as a full disk */
-	const char *failed = NULL;
-	int err = 0;
-	const unsigned char *p = bytes;
-	size_t left = size;
-	while (left && !failed) {
-		ssize_t k = write(fd, p, left);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0) {
-			failed = "write";
-			err = k == 0 ? ENOSPC : errno;
-		} else {
-			p += k;
-			left -= (size_t)k;
-		}
-	}
+	if (!st)
+		st = dg__publish_file(path, bytes, size, msg, msg_size);
 	free(bytes);
-	/* a delayed write error (a full disk, NFS) shows at fsync or close */
-	if (!failed && fsync(fd)) {
-		failed = "fsync";
-		err = errno;
-	}
-	if (close(fd) && !failed) {
-		failed = "close";
-		err = errno;
-	}
-	if (!failed && rename(tmp, path)) {
-		failed = "rename the temp file over it";
-		err = errno;
-	}
-	if (failed) {
-		bool left_behind = unlink(tmp) != 0 && errno != ENOENT;
-		return dg__msgf(DG_ERR_IO, msg, msg_size,
-				"%s: %s: %s (errno %d); the file is as it was, and its temp file %s %s", path,
-				failed, strerror(err), err, tmp, left_behind ? "could not be removed" : "is removed");
-	}
-	/* the rename itself is durable once the folder is synced */
-	snprintf(dir, sizeof(dir), "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (slash)
-		*(slash == dir ? slash + 1 : slash) = '\0';
-	else
-		snprintf(dir, sizeof(dir), ".");
-	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		if (fsync(dfd) && errno != EINVAL)
-			st = io_fail(msg, msg_size, "fsync the folder", dir);
-		close(dfd);
-	}
 	return st;
 }

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/msg.h"
+#include "base/publish.h"
 #include "runtime/train/run_dir.h"
 
 dg_status dg__rundir_make(const char *dir, char *msg, size_t size)
@@ -153,17 +154,17 @@ static int64_t line_step(char *line, ssize_t len, bool *has_val)
 	return step;
 }
 
-/* tmp (written, not closed) published as path: fsync, close, rename. */
-static dg_status publish(FILE *o, const char *tmp, const char *path, char *msg, size_t size)
+/* The log at path to be rewritten whole (base/publish.h): a stream *o on
+ * its temp file, committed or aborted through pub. */
+static dg_status rewrite_open(dg__publish *pub, const char *path, FILE **o, char *msg, size_t size)
 {
-	bool bad = ferror(o) || fflush(o) != 0 || fsync(fileno(o)) != 0;
-	bad = fclose(o) != 0 || bad;
-	if (bad || rename(tmp, path)) {
-		int e = errno;
-		unlink(tmp);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: rewrite: %s", path, strerror(e));
+	dg_status st = dg__publish_begin(pub, path, 0666, msg, size);
+	*o = st ? NULL : dg__publish_stream(pub);
+	if (!st && !*o) {
+		dg__publish_abort(pub);
+		st = dg__msgf(DG_ERR_NOMEM, msg, size, "%s: out of memory", path);
 	}
-	return DG_OK;
+	return st;
 }
 
 static const char *plural(long long n)
@@ -195,13 +196,12 @@ dg_status dg__rundir_log_repair(const char *path, int64_t ckpt, dg_train_warn wa
 			     path, ckpt, ckpt + 1);
 		return DG_OK;
 	}
-	char tmp[4300];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	FILE *o = fopen(tmp, "w");
-	if (!o) {
-		int e = errno;
+	dg__publish pub;
+	FILE *o;
+	dg_status st = rewrite_open(&pub, path, &o, msg, size);
+	if (st) {
 		fclose(f);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: %s", tmp, strerror(e));
+		return st;
 	}
 	char *line = NULL;
 	size_t cap = 0;
@@ -242,17 +242,14 @@ dg_status dg__rundir_log_repair(const char *path, int64_t ckpt, dg_train_warn wa
 	bool rerr = ferror(f) != 0;
 	fclose(f);
 	if (rerr) {
-		fclose(o);
-		unlink(tmp);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: read: %s", path, strerror(errno));
+		int e = errno;
+		dg__publish_abort(&pub);
+		return dg__msgf(DG_ERR_IO, msg, size, "%s: read: %s", path, strerror(e));
 	}
-	dg_status st = DG_OK;
-	if (bad || back || past) {
-		st = publish(o, tmp, path, msg, size);
-	} else {
-		fclose(o);
-		unlink(tmp);
-	}
+	if (bad || back || past)
+		st = dg__publish_commit(&pub, msg, size);
+	else
+		dg__publish_abort(&pub);
 	if (st)
 		return st;
 	if (bad)
@@ -302,12 +299,12 @@ dg_status dg__rundir_log_set_val(const char *path, int64_t step, double v, char 
 		free(buf);
 		return dg__msgf(DG_ERR_INTERNAL, msg, size, "%s: its last line is not step %" PRId64, path, step);
 	}
-	char tmp[4300];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	FILE *o = fopen(tmp, "w");
-	if (!o) {
+	dg__publish pub;
+	FILE *o;
+	dg_status st = rewrite_open(&pub, path, &o, msg, size);
+	if (st) {
 		free(buf);
-		return dg__msgf(DG_ERR_IO, msg, size, "%s: %s", tmp, strerror(errno));
+		return st;
 	}
 	fwrite(buf, 1, (size_t)(cut - buf), o);
 	if (isfinite(v))
@@ -316,5 +313,5 @@ dg_status dg__rundir_log_set_val(const char *path, int64_t step, double v, char 
 		fputs(", \"val_loss\": null", o);
 	fputs(cut, o);
 	free(buf);
-	return publish(o, tmp, path, msg, size);
+	return dg__publish_commit(&pub, msg, size);
 }

@@ -28,9 +28,10 @@ dg_status dg__rundir_make(const char *dir, char *msg, size_t size);
  * back) with the first one's line number, of the first run of steps
  * missing between two lines kept (and whether there are more), and of
  * the steps missing between the last line kept and ckpt. Every resume
- * says so again while the gap is there. The file is rewritten (temp file,
- * fsync, rename) only when a line goes. *last_no_val: the last line kept
- * is step ckpt and has no "val_loss".
+ * says so again while the gap is there. The file is rewritten whole
+ * (base/publish.h: temp file, fsync, rename, fsync of the folder) only
+ * when a line goes. *last_no_val: the last line kept is step ckpt and
+ * has no "val_loss".
  */
 dg_status dg__rundir_log_repair(const char *path, int64_t ckpt, dg_train_warn warn, void *user,
 				bool *last_no_val, char *msg, size_t size);

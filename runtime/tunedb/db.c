@@ -217,8 +217,8 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Every *.json of a folder, in name order (temp files of writers, which
- * end in .tmp, are not records). */
+/* Every *.json of a folder, in name order (temp files of writers,
+ * <name>.tmp.<pid>.<hex>, are not records). */
 static void load_dir(dg_tune_db *db, const char *dir, const char *device, int sm)
 {
 	DIR *d = opendir(dir);

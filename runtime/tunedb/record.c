@@ -42,6 +42,7 @@
 
 #include "dragon/tune.h"
 #include "base/fnv.h"
+#include "base/publish.h"
 
 #define RECORD_MAX_BYTES ((size_t)16 << 20)
 
@@ -637,25 +638,10 @@ dg_status dg_tune_record_load(const char *path, dg_tune_record **out, char *msg,
 	return DG_OK;
 }
 
-static dg_status write_all(int fd, const char *p, size_t n)
-{
-	while (n) {
-		ssize_t k = write(fd, p, n);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return DG_ERR_IO;
-		p += k;
-		n -= (size_t)k;
-	}
-	return DG_OK;
-}
-
 dg_status dg_tune_record_save(const dg_tune_record *r, const char *path, char *msg,
 			      size_t msg_size)
 {
-	char *text = NULL, tmp[4200];
-	dg_status st;
+	char *text = NULL;
 
 	if (!msg)
 		msg_size = 0; /* snprintf(NULL, 0, ...) writes nothing */
@@ -663,55 +649,12 @@ dg_status dg_tune_record_save(const dg_tune_record *r, const char *path, char *m
 		snprintf(msg, msg_size, "dg_tune_record_save: path is NULL");
 		return DG_ERR_INVALID_ARG;
 	}
-	st = dg_tune_record_to_json(r, &text, msg, msg_size);
+	dg_status st = dg_tune_record_to_json(r, &text, msg, msg_size);
 	if (st)
 		return st;
-	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid()) >=
-	    sizeof(tmp)) {
-		free(text);
-		snprintf(msg, msg_size, "%s: path too long", path);
-		return DG_ERR_INVALID_ARG;
-	}
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		snprintf(msg, msg_size, "%s: %s", tmp, strerror(errno));
-		free(text);
-		return DG_ERR_IO;
-	}
-	st = write_all(fd, text, strlen(text));
-	int e = errno;
+	st = dg__publish_file(path, text, strlen(text), msg, msg_size);
 	free(text);
-	if (!st && fsync(fd) != 0) {
-		e = errno;
-		st = DG_ERR_IO;
-	}
-	if (close(fd) != 0 && !st) {
-		e = errno;
-		st = DG_ERR_IO;
-	}
-	if (!st && rename(tmp, path) != 0) {
-		e = errno;
-		st = DG_ERR_IO;
-	}
-	if (st) {
-		unlink(tmp);
-		snprintf(msg, msg_size, "%s: %s", path, strerror(e));
-		return st;
-	}
-	/* The rename is durable once the folder is synced. */
-	char dir[4200];
-	snprintf(dir, sizeof(dir), "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (slash)
-		*(slash == dir ? slash + 1 : slash) = '\0';
-	else
-		snprintf(dir, sizeof(dir), ".");
-	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		(void)fsync(dfd);
-		close(dfd);
-	}
-	return DG_OK;
+	return st;
 }
 
 void dg_tune_record_file_name(const dg_tune_record *r, char *buf, size_t size)
