@@ -18,7 +18,10 @@ files() { # the tracked sources of these kinds (git's list where there is one)
   else
     local args=() p
     for p in "$@"; do args+=(-o -path "./$p"); done
-    find . -path './build*' -prune -o -type f \( -false "${args[@]}" \) -print | sed 's|^\./||'
+    # no git (a fresh machine's copy): the tree less what .gitignore keeps out
+    # of it (build folders, .venv's packages, .gpu, data, runs)
+    find . \( -path './build*' -o -path ./.venv -o -path ./.gpu -o -path ./.git -o -path ./data -o -path ./runs \) -prune -o \
+      -type f \( -false "${args[@]}" \) -print | sed 's|^\./||'
   fi
 }
 names=$(
