@@ -214,6 +214,32 @@ dg__op_call dg__op_call_from_args(dg_op op, const void *args);
 uint64_t dg__prep_opts(const dg__op_call *c);
 void dg__prep_sign(dg_prepared *p, const dg__op_call *c);
 
+/*
+ * An op caller that holds its ops prepared (the model's nodes): a run of
+ * ops through dg__exec either prepares each into the next of its slots
+ * (preparing; nothing launched) or launches the slot's prepared op, with
+ * only the tensors compared, in the same order. With no slots (plans
+ * NULL) each op is prepared on the stack and launched: the eager path.
+ */
+typedef struct dg__op_exec {
+	dg_device *dev;
+	dg_prepared *plans; /* cap slots, or NULL */
+	int n, cap;         /* slots prepared, slots there are */
+	int next;           /* the slot of the next op (dg__exec_begin zeroes it) */
+	bool preparing;
+} dg__op_exec;
+
+/* An eager caller of dev's ops. */
+dg__op_exec dg__exec_eager(dg_device *dev);
+/* Starts a run of x's ops: preparing (the slots emptied) or launching. */
+void dg__exec_begin(dg__op_exec *x, bool preparing);
+/* Op spec->op with call c through x. Typed args: dg__exec_args. */
+dg_status dg__exec(dg__op_exec *x, const dg_spec *spec, const dg__op_call *c);
+dg_status dg__exec_args(dg__op_exec *x, const dg_spec *spec, const void *args);
+/* The workspace bytes of x's last prepared op (0 when x launches). */
+size_t dg__exec_last_ws(const dg__op_exec *x);
+void dg__exec_free(dg__op_exec *x);
+
 /* Adds a launch of k to p (block {0,0,0} and smem 0: the template's) with
  * its geometry resolved; NULL (and the message on p->dev, *st set) when
  * the geometry breaks a limit or the launches are full. */

@@ -119,20 +119,15 @@ void dg__arg_tmap(dg_prepared *p, dg__prep_launch *L, int which)
 
 /* ---- the call against the prepared one ------------------------------------- */
 
-/* The options a call is prepared with: its flags, its K splits and which of
- * its optional pointers it gives. A launch must give the same. */
+/* The options that shape a prepared op's launches: its K splits, unpack
+ * (the entry) and backward (lmhead_ce's launches). The rest of a call's
+ * scalars and optional pointers (dropout, accumulate, the step and loss
+ * scale pointers, 0 or not) are read at each launch. */
 uint64_t dg__prep_opts(const dg__op_call *c)
 {
 	uint64_t o = (uint64_t)(c->splits & 0xff);
-	o |= (uint64_t)c->accumulate << 8;
 	o |= (uint64_t)c->unpack << 9;
 	o |= (uint64_t)c->backward << 10;
-	o |= (uint64_t)(c->absum != 0) << 11;
-	o |= (uint64_t)(c->bad != 0) << 12;
-	o |= (uint64_t)(c->grad_scale != 0) << 13;
-	o |= (uint64_t)(c->step_at != 0) << 14;
-	o |= (uint64_t)(c->ctl != 0) << 15;
-	o |= (uint64_t)(c->copy != 0) << 16;
 	return o;
 }
 
@@ -221,7 +216,7 @@ static dg_status call_ok(const dg_prepared *p, const dg__op_call *c)
 			return st;
 	if (dg__prep_opts(c) != p->opts)
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
-				    "%s: the call's options (splits, flags, which optional pointers are given) differ from the prepared call's; prepare it again",
+				    "%s: the call's splits, unpack or backward differ from the prepared call's; prepare it again",
 				    p->fn);
 	if (p->ws_bytes) {
 		if (!c->ws.ptr || c->ws.bytes < p->ws_bytes)
@@ -316,6 +311,77 @@ dg_status dg__prepared_launch(const dg_prepared *p, const dg__op_call *c)
 			return st;
 	}
 	return DG_OK;
+}
+
+/* ---- callers that hold their ops prepared ------------------------------------ */
+
+dg__op_exec dg__exec_eager(dg_device *dev)
+{
+	dg__op_exec x;
+	memset(&x, 0, sizeof(x));
+	x.dev = dev;
+	return x;
+}
+
+void dg__exec_begin(dg__op_exec *x, bool preparing)
+{
+	x->next = 0;
+	x->preparing = preparing;
+	if (preparing)
+		x->n = 0;
+}
+
+static dg_status exec_grow(dg__op_exec *x)
+{
+	int cap = x->cap ? x->cap * 2 : 2;
+	dg_prepared *p = realloc(x->plans, (size_t)cap * sizeof(*p));
+	if (!p)
+		return dg__dev_fail(x->dev, DG_ERR_NOMEM, "out of memory preparing an op");
+	x->plans = p;
+	x->cap = cap;
+	return DG_OK;
+}
+
+dg_status dg__exec(dg__op_exec *x, const dg_spec *spec, const dg__op_call *c)
+{
+	dg_status st;
+
+	if (x->preparing) {
+		if (x->next == x->cap && (st = exec_grow(x)))
+			return st;
+		if ((st = dg__prepare(x->dev, spec, c, &x->plans[x->next])))
+			return st;
+		x->n = ++x->next;
+		return DG_OK;
+	}
+	if (!x->plans)
+		return dg__op_run(x->dev, spec, c);
+	if (x->next >= x->n || !spec || x->plans[x->next].spec.op != spec->op)
+		return dg__dev_fail(x->dev, DG_ERR_INTERNAL,
+				    "op %d of a prepared run is %s, not the %s it was prepared with",
+				    x->next, spec ? dg_op_name(spec->op) : "(null)",
+				    x->next < x->n ? dg_op_name(x->plans[x->next].spec.op) : "nothing");
+	return dg__prepared_launch(&x->plans[x->next++], c);
+}
+
+dg_status dg__exec_args(dg__op_exec *x, const dg_spec *spec, const void *args)
+{
+	if (!spec || (unsigned)spec->op >= DG_OP__COUNT)
+		return dg__dev_fail(x->dev, DG_ERR_INVALID_SPEC, "dg__exec: no such op");
+	dg__op_call c = dg__op_call_from_args(spec->op, args);
+	return dg__exec(x, spec, args ? &c : NULL);
+}
+
+size_t dg__exec_last_ws(const dg__op_exec *x)
+{
+	return x->preparing && x->next > 0 ? x->plans[x->next - 1].ws_bytes : 0;
+}
+
+void dg__exec_free(dg__op_exec *x)
+{
+	free(x->plans);
+	x->plans = NULL;
+	x->n = x->cap = x->next = 0;
 }
 
 /* ---- the public door ---------------------------------------------------------- */

@@ -188,6 +188,17 @@ static dg_status sized(dg_model *m, const dg_spec *s, dg_status st, const char *
 	return dg_kernel_get(m->dev, s, NULL, &k);
 }
 
+/* One op of a node through its prepared slots (dg__op_exec): prepared
+ * while sizing, its workspace bytes into *need (NULL: none wanted), then
+ * launched from the slot with only its tensors compared. */
+static dg_status node_op(dg__op_exec *x, const dg_spec *s, const void *args, size_t *need)
+{
+	dg_status st = dg__exec_args(x, s, args);
+	if (!st && need)
+		*need = dg__exec_last_ws(x);
+	return st;
+}
+
 /* An attention op's spec: bf16 on sm_90 takes the warpgroup GEMMs, which
  * read RoPE(xs) made by the chain (rope=pre, arch=sm_90a). */
 static dg_spec attn_spec(const dg_model *m, dg_op op)
@@ -239,12 +250,13 @@ static dg_status prep_attention(dg_model *m)
  * (nothing launched). */
 dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch *bt, size_t *need)
 {
-	char cm[512];
 	dg_device *dev = m->dev;
 	const int *in = nd->in, *out = nd->out;
 	const int64_t D = m->D;
 	const float eps = m->c.ln_eps;
 	dg_workspace ws = ws_of(m, nd);
+	dg__op_exec *ex = &m->ex[nd - m->t.nodes];
+	dg__exec_begin(ex, need != NULL);
 	float p = bt && bt->train ? m->c.dropout : 0.0f;
 	uint64_t seed = bt ? bt->seed : 0;
 	uint32_t step = bt ? bt->step : 0;
@@ -257,8 +269,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = dg__gm_op_spec(m, DG_OP_EMBED_FWD);
 		dg_tensor idx = flat(m, in[1]), tab = dg__gm_tn(m, in[0]), o = rows(m, out[0], D);
 		dg_embed_fwd_args a = { .idx = &idx, .table = &tab, .out = &o, .bad = dg__gm_tn(m, m->id.bad).data };
-		return need ? sized(m, &s, dg_embed_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_embed_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_LN: {
 		dg_spec s = dg__gm_base_spec(m, DG_OP_LAYERNORM_FWD);
@@ -266,15 +277,13 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor x = rows(m, in[0], D), y = rows(m, out[0], D), r = flat(m, out[1]);
 		dg_layernorm_fwd_args a = { .x = &x, .y = &y, .rstd = &r, .eps = eps };
-		return need ? sized(m, &s, dg_layernorm_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_layernorm_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_FWD, nd->arg);
 		dg_tensor x = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &o };
-		return need ? sized(m, &s, dg_lowrank_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_lowrank_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_ATTN: {
 		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
@@ -294,8 +303,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_gate_fwd_args a = { .xs = &xs, .ys = &ys, .xy = &xy, .p = p, .seed = seed,
 				       .step = step, .layer = (uint32_t)nd->layer, .step_at = m->step_at,
 				       .elem0 = elem0 };
-		return need ? sized(m, &s, dg_gate_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_gate_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_QUANT: {
 		/* a token a row: x (B,1,T,D), a (B·H,1,T,D), xy (B,H,T,N) over its heads */
@@ -314,8 +322,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			q.scale = sc;
 		}
 		dg_quantize_act_args a = { .x = &x, .codes = &q, .ws = ws };
-		return need ? dg_quantize_act_workspace(dev, &s, &a, need)
-			    : dg_quantize_act(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEC: {
 		if (in[1] == m->id.dec_fwd) {
@@ -329,8 +336,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			dg_spec_normalize(&s);
 			dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 			dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o, .ws = ws };
-			return need ? dg_lowrank_grad_input_workspace(dev, &s, &a, need)
-				    : dg_lowrank_grad_input(dev, &s, &a);
+			return node_op(ex, &s, &a, need);
 		}
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_FWD);
 		set_recipe(m, &s, 2);
@@ -338,16 +344,14 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor y = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &o, .ws = ws };
-		return need ? dg_decoder_fwd_workspace(dev, &s, &a, need)
-			    : dg_decoder_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_RESID_LN: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_RESID_LN_FWD);
 		dg_tensor x = rows(m, in[0], D), y = rows(m, in[1], D), o = rows(m, out[0], D),
 			  r = flat(m, out[1]);
 		dg_resid_ln_fwd_args a = { .x = &x, .y = &y, .out = &o, .rstd = &r, .eps = eps };
-		return need ? sized(m, &s, dg_resid_ln_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_resid_ln_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_CE:
 	case DG__N_CE_BWD: {
@@ -367,21 +371,17 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			a.dw = &dw;
 			a.grad_scale = m->grad_scale_at;
 		}
-		if (!need)
-			return dg_lmhead_ce(dev, &s, &a);
-		/* its kernels prepared here too: a vocab they cannot serve
+		/* its kernels prepared while sizing: a vocab they cannot serve
 		 * (its logits row past shared memory) is refused by field at
 		 * create, before the arenas are allocated */
-		dg_status st = dg_lmhead_ce_workspace(dev, &s, &a, need);
-		return st ? st : sized(m, &s, DG_OK, "");
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_LN_BWD: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_LAYERNORM_BWD);
 		dg_tensor dy = rows(m, in[0], D), y = rows(m, in[1], D), r = flat(m, in[2]),
 			  dx = rows(m, out[0], D);
 		dg_layernorm_bwd_args a = { .dy = &dy, .y = &y, .rstd = &r, .dx = &dx };
-		return need ? sized(m, &s, dg_layernorm_bwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_layernorm_bwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_DEC_IN: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_GRAD_INPUT);
@@ -391,8 +391,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_decoder_grad_input_args a = { .grad = &g, .w = &w, .grad_y = &o };
-		return need ? sized(m, &s, dg_decoder_grad_input_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_decoder_grad_input(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_GATE_BWD: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_GATE_BWD);
@@ -402,8 +401,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_gate_bwd_args a = { .dxy = &dxy, .xs = &xs, .ys = &ys, .dxs = &dxs, .p = p,
 				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer,
 				       .step_at = m->step_at, .elem0 = elem0 };
-		return need ? sized(m, &s, dg_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_gate_bwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_DEC_GATE: {
 		/* the decoder's bf16 weight (D, H·N): the bf16 recipe's copy or
@@ -420,16 +418,14 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_decoder_gate_bwd_args a = { .grad = &g, .w = &w, .xs = &xs, .ys = &ys, .dxs = &dxs,
 					       .dys = &dys, .p = p, .seed = seed, .step = step,
 					       .layer = (uint32_t)nd->layer, .step_at = m->step_at, .elem0 = elem0 };
-		return need ? sized(m, &s, dg_decoder_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_decoder_gate_bwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ_IN: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, nd->arg);
 		s.src = grad_fmt(m); /* dys (encoder_v) or dxs (encoder) */
 		dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o, .ws = ws };
-		return need ? dg_lowrank_grad_input_workspace(dev, &s, &a, need)
-			    : dg_lowrank_grad_input(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_ATTN_BWD: {
 		/* dxs = (dxs + grad_xs)·[xs > 0]: fused, the chain given dxs
@@ -467,16 +463,14 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = dg__gm_op_spec(m, DG_OP_ADD3);
 		dg_tensor a0 = dg__gm_tn(m, in[0]), a1 = dg__gm_tn(m, in[1]), a2 = dg__gm_tn(m, in[2]), o = dg__gm_tn(m, out[0]);
 		dg_add3_args a = { .a = &a0, .b = &a1, .c = &a2, .out = &o };
-		return need ? sized(m, &s, dg_add3_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_add3(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ_W: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_WEIGHT, nd->arg);
 		s.src = grad_fmt(m); /* the stacks dxs.all, dys.all */
 		dg_tensor g = dg__gm_tn(m, in[0]), x = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_grad_weight_args a = { .grad = &g, .x = &x, .grad_w = &o, .ws = ws };
-		return need ? dg_lowrank_grad_weight_workspace(dev, &s, &a, need)
-			    : dg_lowrank_grad_weight(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEC_W: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_GRAD_WEIGHT);
@@ -485,8 +479,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), y = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_decoder_grad_weight_args a = { .grad = &g, .y = &y, .grad_w = &o, .ws = ws };
-		return need ? dg_decoder_grad_weight_workspace(dev, &s, &a, need)
-			    : dg_decoder_grad_weight(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEQUANT: {
 		/* a stack of saved codes as its rows, a scale a row — the QUANT
@@ -497,8 +490,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor c = rows(m, in[0], D), o = rows(m, out[0], D);
 		c.scale = dg__gm_tn(m, in[0]).scale;
 		dg_dequantize_args a = { .codes = &c, .out = &o };
-		return need ? sized(m, &s, dg_dequantize_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_dequantize(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_EMBED_BWD: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_EMBED_BWD);
@@ -506,8 +498,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor idx = flat(m, in[1]), d = rows(m, in[0], D), o = dg__gm_tn(m, out[0]);
 		dg_embed_bwd_args a = { .idx = &idx, .dout = &d, .dtable = &o };
-		return need ? sized(m, &s, dg_embed_bwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_embed_bwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_TO_MASTER: {
 		/* the execution layout's f32 gradient back to the reference's:
@@ -523,8 +514,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor i3 = dg_tensor_3d(i.name, DG_FMT_F32, i.data, R, E, L);
 		dg_tensor o3 = dg_tensor_3d(o.name, DG_FMT_F32, o.data, R, L, E);
 		dg_transpose_args a = { .in = &i3, .out = &o3 };
-		return need ? sized(m, &s, dg_transpose_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_transpose(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	default:
 		return dg__dev_fail(dev, DG_ERR_INTERNAL, "gpu model: node kind %d has no GPU form",
