@@ -486,14 +486,21 @@ static dg_tensor qr_tensor(const dg_tensor *xs, dg_dptr at)
 	return t;
 }
 
-/* qr = RoPE(xs) into qr (rope_fwd with spec's shape and act); dev NULL:
- * only its check, into msg. */
-static dg_status rope_into(dg_device *dev, const dg_spec *spec, const dg_tensor *xs,
+/* qr = RoPE(xs) into qr (rope_fwd with spec's shape and act) through x;
+ * x NULL: only its check, into msg. */
+static dg_status rope_into(dg__op_exec *x, const dg_spec *spec, const dg_tensor *xs,
 			   const dg_tensor *rope, const dg_tensor *qr, char *msg, size_t size)
 {
 	dg_spec rs = step_spec(spec, DG_OP_ROPE_FWD);
 	dg_rope_fwd_args ra = { .x = xs, .rope = rope, .out = qr };
-	return dev ? dg_rope_fwd(dev, &rs, &ra) : dg_rope_fwd_check(&rs, &ra, msg, size);
+	return x ? dg__exec_args(x, &rs, &ra) : dg_rope_fwd_check(&rs, &ra, msg, size);
+}
+
+/* Whether a chain through x checks its calls before it launches any: an
+ * eager or a preparing run; a prepared one compares each op's tensors. */
+static bool checks_first(const dg__op_exec *x)
+{
+	return !x->plans || x->preparing;
 }
 
 dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
@@ -508,8 +515,9 @@ dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd
 	return DG_OK;
 }
 
-dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a)
+dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_attention_fwd_args *a)
 {
+	dg_device *dev = x->dev;
 	if (!dev)
 		return DG_ERR_INVALID_ARG;
 	if (!is_attention_gemm(spec) || !a)
@@ -522,7 +530,9 @@ dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	if (spec->rope_pre) {
 		if (!a->xs)
 			return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_attention_fwd: xs is NULL");
-		dg_status st = dg__op_workspace_ok(dev, "dg_attention_fwd", &a->ws, qr_bytes(spec, a->xs));
+		dg_status st = x->preparing ? DG_OK
+					    : dg__op_workspace_ok(dev, "dg_attention_fwd", &a->ws,
+								  qr_bytes(spec, a->xs));
 		if (st)
 			return st;
 		qr = qr_tensor(a->xs, a->ws.ptr);
@@ -533,19 +543,27 @@ dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	char msg[512];
 	/* all checked before anything is launched */
 	dg_status st = DG_OK;
+	if (checks_first(x)) {
+		if (spec->rope_pre)
+			st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_out_check(&s2, &oa, msg, sizeof(msg));
+		if (st)
+			return dg__dev_fail_msg(dev, st, msg);
+	}
 	if (spec->rope_pre)
-		st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		st = rope_into(x, spec, a->xs, a->rope, xs, NULL, 0);
 	if (!st)
-		st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
-	if (!st)
-		st = dg_attention_out_check(&s2, &oa, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	if (spec->rope_pre)
-		st = rope_into(dev, spec, a->xs, a->rope, xs, NULL, 0);
-	if (!st)
-		st = dg_attention_scores(dev, &s1, &sa);
-	return st ? st : dg_attention_out(dev, &s2, &oa);
+		st = dg__exec_args(x, &s1, &sa);
+	return st ? st : dg__exec_args(x, &s2, &oa);
+}
+
+dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a)
+{
+	dg__op_exec x = dg__exec_eager(dev);
+	return dg__attention_fwd_exec(&x, spec, a);
 }
 
 /* C's tensor over the workspace: (B, H, T, T) act, the shape of scores. */
@@ -572,8 +590,9 @@ dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd
 	return DG_OK;
 }
 
-dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a)
+dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_attention_bwd_args *a)
 {
+	dg_device *dev = x->dev;
 	if (!dev)
 		return DG_ERR_INVALID_ARG;
 	if (!is_attention_gemm(spec) || !a || !a->scores)
@@ -599,7 +618,7 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	if (st)
 		return dg__dev_fail(dev, st, "dg_attention_bwd: scores must be (B, H, T, T)%s",
 				    spec->rope_pre ? " and xs given" : "");
-	st = dg__op_workspace_ok(dev, "dg_attention_bwd", &a->ws, need);
+	st = x->preparing ? DG_OK : dg__op_workspace_ok(dev, "dg_attention_bwd", &a->ws, need);
 	if (st)
 		return st;
 	dg_tensor ct = c_tensor(spec, a), qr;
@@ -614,23 +633,31 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 					 .grad_xs = a->grad_xs, .dxs = a->dxs,
 					 .mask_xs = a->dxs ? a->xs : NULL };
 	char msg[512];
+	if (checks_first(x)) {
+		if (spec->rope_pre)
+			st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_grad_v_check(&s2, &va, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_grad_xs_check(&s3, &xa, msg, sizeof(msg));
+		if (st)
+			return dg__dev_fail_msg(dev, st, msg);
+	}
 	if (spec->rope_pre)
-		st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		st = rope_into(x, spec, a->xs, a->rope, xs, NULL, 0);
 	if (!st)
-		st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
+		st = dg__exec_args(x, &s1, &ga);
 	if (!st)
-		st = dg_attention_grad_v_check(&s2, &va, msg, sizeof(msg));
+		st = dg__exec_args(x, &s2, &va);
 	if (!st)
-		st = dg_attention_grad_xs_check(&s3, &xa, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	if (spec->rope_pre)
-		st = rope_into(dev, spec, a->xs, a->rope, xs, NULL, 0);
-	if (!st)
-		st = dg_attention_grad_scores(dev, &s1, &ga);
-	if (!st)
-		st = dg_attention_grad_v(dev, &s2, &va);
-	if (!st)
-		st = dg_attention_grad_xs(dev, &s3, &xa);
+		st = dg__exec_args(x, &s3, &xa);
 	return st;
+}
+
+dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a)
+{
+	dg__op_exec x = dg__exec_eager(dev);
+	return dg__attention_bwd_exec(&x, spec, a);
 }

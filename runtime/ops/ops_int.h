@@ -61,10 +61,6 @@ typedef struct dg__op_shape {
 dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
 		       dg__op_shape *shape, char *msg, size_t msg_size);
 
-/* The check of a typed call with the message put on dev. */
-dg_status dg__op_check_dev(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-			   const dg__op_call *c, dg__op_shape *shape);
-
 /* Refuses a workspace smaller than need (its message names the call). */
 dg_status dg__op_workspace_ok(dg_device *dev, const char *fn, const dg_workspace *ws,
 			      size_t need);
@@ -79,37 +75,6 @@ long long dg__op_cdiv(long long a, long long b);
 dg__op_call dg__op_call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
 			   const dg_tensor *t3);
 
-/* The workspace entry of an op that takes none. */
-dg_status dg__op_no_workspace(size_t *bytes);
-
-/* The workspace query of an op that needs none: 0 bytes. */
-#define DG__OP_NO_WORKSPACE(name)                                                            \
-	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec, const dg__op_call *c, \
-				       size_t *bytes)                                        \
-	{                                                                                    \
-		(void)dev, (void)spec, (void)c;                                              \
-		return dg__op_no_workspace(bytes);                                           \
-	}
-
-/*
- * The typed calls of an op whose args struct is its tensors alone: the
- * _check twin and the call, the tensors T0..T3 (expressions of `a`, NULL
- * for unused) in the op table's order; RUN(dev, spec, op, call) runs it.
- */
-#define DG__OP_TYPED(name, OP, RUN, T0, T1, T2, T3)                                          \
-	dg_status dg_##name##_check(const dg_spec *spec, const dg_##name##_args *a, char *msg, \
-				    size_t msg_size)                                          \
-	{                                                                                     \
-		dg__op_call c = a ? dg__op_call_of(T0, T1, T2, T3)                            \
-				  : dg__op_call_of(NULL, NULL, NULL, NULL);                   \
-		return dg__op_check(spec, OP, "dg_" #name, a ? &c : NULL, NULL, msg, msg_size); \
-	}                                                                                     \
-	dg_status dg_##name(dg_device *dev, const dg_spec *spec, const dg_##name##_args *a)     \
-	{                                                                                     \
-		dg__op_call c = a ? dg__op_call_of(T0, T1, T2, T3)                            \
-				  : dg__op_call_of(NULL, NULL, NULL, NULL);                   \
-		return RUN(dev, spec, OP, a ? &c : NULL);                                     \
-	}
 
 /* ---- prepared ops (prepared.c) ---------------------------------------------- */
 
@@ -240,6 +205,14 @@ dg_status dg__exec_args(dg__op_exec *x, const dg_spec *spec, const void *args);
 size_t dg__exec_last_ws(const dg__op_exec *x);
 void dg__exec_free(dg__op_exec *x);
 
+/* The attention chains (dg_attention_fwd, dg_attention_bwd) through x:
+ * preparing, x's slots get their ops (rope, the GEMMs; the workspace not
+ * yet checked: a caller sizing it gives any aligned pointer). */
+dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec,
+				 const dg_attention_fwd_args *a);
+dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec,
+				 const dg_attention_bwd_args *a);
+
 /* Adds a launch of k to p (block {0,0,0} and smem 0: the template's) with
  * its geometry resolved; NULL (and the message on p->dev, *st set) when
  * the geometry breaks a limit or the launches are full. */
@@ -290,13 +263,13 @@ dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_cal
 dg_status dg__op_check_call(const dg_spec *spec, const dg__op_call *c, char *msg,
 			    size_t msg_size);
 
-/* The generic entries of each op of DG_OP_LIST, defined in its family's
- * file as dg__run_<name> and dg__workspace_<name>. */
+/* The entries of each op of DG_OP_LIST, defined in its family's file:
+ * dg__prep_<name> lays out the launches of a checked call (dg__prepare
+ * has done the checks and filled p's spec, shape and signature; it fetches
+ * the kernels, sets the workspace size and lists each kernel parameter's
+ * source), dg__call_<name> turns the op's typed arguments struct into its
+ * call. */
 #define DG__OP_ENTRY(e, name)                                                 \
-	dg_status dg__run_##name(dg_device *dev, const dg_spec *spec,          \
-				 const dg__op_call *c);                        \
-	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec,    \
-				       const dg__op_call *c, size_t *bytes);  \
 	dg_status dg__prep_##name(dg_prepared *p, const dg__op_call *c);       \
 	dg__op_call dg__call_##name(const void *args);
 DG_OP_LIST(DG__OP_ENTRY)

@@ -255,16 +255,7 @@ dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
 
 dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec, const dg_quantize_act_args *a)
 {
-	char msg[512];
 	dg__op_call c = act_call(a);
-	/* The check before the device is entered (dg__prepare enters it
-	 * first): a bad call on a device that failed to open gets the
-	 * check's message, not the device's. */
-	dg_status st = dev && a ? check(spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", &c, NULL, msg,
-					sizeof(msg))
-				: DG_OK;
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
 	return dg__op_typed_run(dev, DG_OP_QUANTIZE_ACT, spec, a ? &c : NULL);
 }
 

@@ -1,8 +1,9 @@
 /*
- * The ops by number: one run and one workspace entry an op of DG_OP_LIST,
- * named after it (dg__run_<name>, dg__workspace_<name>, in the op's family
- * file), so the tuner, the bench and the tests reach every op through one
- * door and an op missing its entries fails to link. The checks are sparse:
+ * The ops by number: a prepare entry and a call entry an op of DG_OP_LIST,
+ * named after it (dg__prep_<name>, dg__call_<name>, in the op's family
+ * file), so the tuner, the bench, the model and the tests reach every op
+ * through one door (dg__prepare, then dg__prepared_launch; dg__op_run is
+ * both) and an op missing its entries fails to link. The checks are sparse:
  * a dg__check_<name> only for the ops of DG__OP_OWN_CHECKS, whose family
  * file adds rules to the op table's; the rest are the table's alone.
  */
@@ -12,36 +13,9 @@
 #include "base/msg.h"
 #include "runtime/ops/ops_int.h"
 
-/* Until every family file lays its launches out for prepare, an op has
- * either its prepare entry or its run and workspace entries: the missing
- * ones are weak, so they read NULL here. */
-#define DG__WEAK_ENTRY(e, name)                                                    \
-	__attribute__((weak)) dg_status dg__run_##name(dg_device *, const dg_spec *, \
-							const dg__op_call *);        \
-	__attribute__((weak)) dg_status dg__workspace_##name(                        \
-		dg_device *, const dg_spec *, const dg__op_call *, size_t *);        \
-	__attribute__((weak)) dg_status dg__prep_##name(dg_prepared *, const dg__op_call *); \
-	__attribute__((weak)) dg__op_call dg__call_##name(const void *);
-DG_OP_LIST(DG__WEAK_ENTRY)
-#undef DG__WEAK_ENTRY
-
 typedef dg_status (*prep_fn)(dg_prepared *, const dg__op_call *);
 typedef dg__op_call (*call_fn)(const void *);
-typedef dg_status (*run_fn)(dg_device *, const dg_spec *, const dg__op_call *);
-typedef dg_status (*ws_fn)(dg_device *, const dg_spec *, const dg__op_call *, size_t *);
 typedef dg_status (*check_fn)(const dg_spec *, const dg__op_call *, char *, size_t);
-
-static const run_fn runs[DG_OP__COUNT] = {
-#define DG__RUN(e, name) [e] = dg__run_##name,
-	DG_OP_LIST(DG__RUN)
-#undef DG__RUN
-};
-
-static const ws_fn workspaces[DG_OP__COUNT] = {
-#define DG__WS(e, name) [e] = dg__workspace_##name,
-	DG_OP_LIST(DG__WS)
-#undef DG__WS
-};
 
 static const check_fn checks[DG_OP__COUNT] = {
 #define DG__CHECK(e, name) [e] = dg__check_##name,
@@ -88,13 +62,8 @@ dg_status dg__prepare(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 	p->heap = false;
 	if (!dev)
 		return DG_ERR_INVALID_ARG;
-	if (!spec || (unsigned)spec->op >= DG_OP__COUNT || !preps[spec->op])
-		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "dg_prepare: %s",
-				    !spec || (unsigned)spec->op >= DG_OP__COUNT
-					    ? "no such op"
-					    : "the op cannot be prepared yet");
-	if ((st = dg__dev_enter(dev)))
-		return st;
+	if (!spec || (unsigned)spec->op >= DG_OP__COUNT)
+		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "dg_prepare: no such op");
 	p->dev = dev;
 	p->spec = *spec;
 	p->fn = fn_names[spec->op];
@@ -104,6 +73,9 @@ dg_status dg__prepare(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 		st = checks[spec->op](spec, c, msg, sizeof(msg));
 	if (st)
 		return dg__dev_fail_msg(dev, st, msg);
+	/* then the device: a bad call is refused by what is wrong with it */
+	if ((st = dg__dev_enter(dev)))
+		return st;
 	dg__prep_sign(p, c);
 	st = preps[spec->op](p, c);
 	if (!st && p->overflow)
@@ -117,8 +89,6 @@ dg_status dg__op_run(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
 {
 	if (!spec || (unsigned)spec->op >= DG_OP__COUNT)
 		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "dg__op_run: no such op");
-	if (!preps[spec->op])
-		return runs[spec->op](dev, spec, c);
 	if (!c)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: args is NULL", fn_names[spec->op]);
 	dg_prepared p;
@@ -132,8 +102,6 @@ dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_cal
 	*bytes = 0;
 	if (!spec || (unsigned)spec->op >= DG_OP__COUNT)
 		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "dg__op_workspace: no such op");
-	if (!preps[spec->op])
-		return workspaces[spec->op](dev, spec, c, bytes);
 	if (!c)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s_workspace: args is NULL",
 				    fn_names[spec->op]);

@@ -47,9 +47,15 @@ static dg_tensor flat(const dg_model *m, int id)
 	return dg_tensor_1d(x.name, x.fmt, x.data, dg_tensor_numel(&x));
 }
 
+/* A node's workspace; while sizing (none yet), a placeholder address its
+ * ops can be prepared with. */
 static dg_workspace ws_of(const dg_model *m, const dg__tnode *nd)
 {
 	dg_workspace w = { 0, 0 };
+	if (m->sizing && nd->ws < 0) {
+		w.ptr = FAKE_BASE + ((dg_dptr)0xff << 36);
+		return w;
+	}
 	if (nd->ws >= 0) {
 		w.ptr = dg__gm_tn(m, nd->ws).data;
 		w.bytes = m->t.bufs[nd->ws].bytes;
@@ -177,17 +183,6 @@ dg_spec dg__gm_op_spec(const dg_model *m, dg_op op)
 
 /* ---- the nodes ---------------------------------------------------------------- */
 
-/* Sizing: a node's check (st, its message cm), then its kernels prepared
- * (JIT or cache, and the template's refusal of a shape it cannot serve,
- * naming the field), so a model that creates runs. */
-static dg_status sized(dg_model *m, const dg_spec *s, dg_status st, const char *cm)
-{
-	if (st)
-		return dg__dev_fail(m->dev, st, "%s", cm);
-	dg_kernel *k;
-	return dg_kernel_get(m->dev, s, NULL, &k);
-}
-
 /* One op of a node through its prepared slots (dg__op_exec): prepared
  * while sizing, its workspace bytes into *need (NULL: none wanted), then
  * launched from the slot with only its tensors compared. */
@@ -221,29 +216,6 @@ static dg_spec attn_spec(const dg_model *m, dg_op op)
 static bool attn_fused(const dg_model *m)
 {
 	return attn_spec(m, DG_OP_ATTENTION_GRAD_XS).arch_specific;
-}
-
-/* The attention chains' ops, prepared, grad_xs as the backward runs it
- * (epi=mask into grad_fmt, or f32 then add_mask). */
-static dg_status prep_attention(dg_model *m)
-{
-	static const dg_op ops[] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_OUT,
-				     DG_OP_ATTENTION_GRAD_SCORES, DG_OP_ATTENTION_GRAD_V,
-				     DG_OP_ATTENTION_GRAD_XS, DG_OP_ROPE_FWD, DG_OP_ADD_MASK };
-	dg_status st = DG_OK;
-	bool fused = attn_fused(m);
-	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]) && !st; i++) {
-		if (ops[i] == DG_OP_ADD_MASK && fused)
-			continue;
-		dg_spec s = ops[i] == DG_OP_ADD_MASK ? add_mask_spec(m) : attn_spec(m, ops[i]);
-		if (ops[i] == DG_OP_ATTENTION_GRAD_XS) {
-			s.epi = fused ? DG_EPI_MASK : DG_EPI_STORE;
-			s.out = fused ? grad_fmt(m) : DG_FMT_F32;
-		}
-		dg_spec_normalize(&s);
-		st = sized(m, &s, DG_OK, "");
-	}
-	return st;
 }
 
 /* One node on the device; sizing: *need gets its workspace bytes instead
@@ -293,9 +265,10 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 					    .ws = ws };
 		if (need) {
 			dg_status st = dg_attention_fwd_workspace(&s, &a, need);
-			return st ? dg__dev_fail(dev, st, "the attention: no workspace size") : prep_attention(m);
+			if (st)
+				return dg__dev_fail(dev, st, "the attention: no workspace size");
 		}
-		return dg_attention_fwd(dev, &s, &a);
+		return dg__attention_fwd_exec(ex, &s, &a);
 	}
 	case DG__N_GATE: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_GATE_FWD);
@@ -442,22 +415,20 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		if (st)
 			return dg__dev_fail(dev, st, "the attention's backward: no workspace size");
 		c_bytes = (c_bytes + 255) / 256 * 256;
-		if (need) {
+		if (need)
 			*need = c_bytes + gx_bytes;
-			return prep_attention(m);
-		}
 		a.ws.ptr = ws.ptr;
 		a.ws.bytes = c_bytes;
 		if (fused)
-			return dg_attention_bwd(dev, &s, &a);
+			return dg__attention_bwd_exec(ex, &s, &a);
 		dg_tensor gx = dg_tensor_make("grad_xs (ws)", DG_FMT_F32, ws.ptr + c_bytes, xs.ndim, xs.shape);
 		a.grad_xs = &gx;
-		st = dg_attention_bwd(dev, &s, &a);
+		st = dg__attention_bwd_exec(ex, &s, &a);
 		if (st)
 			return st;
 		dg_spec ms = add_mask_spec(m);
 		dg_add_mask_args am = { .dxs = &dxs, .other = &gx, .xs = &xs };
-		return dg_add_mask(dev, &ms, &am);
+		return node_op(ex, &ms, &am, NULL);
 	}
 	case DG__N_ADD3: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_ADD3);
