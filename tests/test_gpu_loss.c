@@ -282,7 +282,8 @@ Test(gpu_loss, lmhead_ce_workspace_is_checked)
 	for (int i = 0; i < 2; i++) {
 		a.ws = bad[i];
 		cr_assert_eq(dg_lmhead_ce(dev, &s, &a), DG_ERR_INVALID_ARG, "case %d ran", i);
-		cr_assert(strncmp(dg_device_errmsg(dev), "ws: ", 4) == 0, "%s", dg_device_errmsg(dev));
+		cr_assert(strncmp(dg_device_errmsg(dev), "dg_lmhead_ce: ws: ", 18) == 0, "%s",
+			  dg_device_errmsg(dev));
 	}
 	uint32_t u = 0;
 	gh_download(dev, &u, tl.data, 4);

@@ -90,6 +90,30 @@ typedef struct dg_workspace {
 	size_t bytes;
 } dg_workspace;
 
+/* ---- prepared ops ------------------------------------------------------
+ * An op prepared once for a spec, a device and the shapes of its call, and
+ * launched many times: dg_prepare does every check, fetches the kernels
+ * (JIT or cache), resolves the tile, the launch geometry, the workspace
+ * size and each kernel parameter's place; dg_prepared_launch then checks
+ * only that the call's tensors have the prepared formats and shapes (and
+ * usable pointers) and launches. args points at the op's own arguments
+ * struct, the dg_<op>_args of spec->op (dg_lowrank_fwd_args for
+ * op=lowrank_fwd, ...), its tensors' data pointers any that pass the
+ * checks; a launch takes the same struct with the pointers of the day.
+ * The ops' one-call forms below are dg_prepare + dg_prepared_launch. A
+ * prepared op holds no device memory and may be launched from any thread
+ * (not at once from two with the same workspace). Messages on the
+ * device. The attention chains (dg_attention_fwd, dg_attention_bwd) and
+ * dg_grad_norm are several ops: prepare their ops one by one. */
+typedef struct dg_prepared dg_prepared;
+
+dg_status dg_prepare(dg_device *dev, const dg_spec *spec, const void *args,
+		     dg_prepared **out);
+dg_status dg_prepared_launch(const dg_prepared *p, const void *args);
+/* The workspace bytes a launch needs (0: none; args' ws must hold them). */
+size_t dg_prepared_workspace(const dg_prepared *p);
+void dg_prepared_destroy(dg_prepared *p); /* NULL is fine */
+
 /* ---- projection -------------------------------------------------------- */
 typedef struct dg_lowrank_fwd_args {
 	const dg_tensor *x;

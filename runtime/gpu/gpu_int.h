@@ -24,6 +24,22 @@ dg_status dg__dev_fail_msg(dg_device *dev, dg_status st, const char *msg);
 /* The device's info, cached at open (dev must be open). */
 const dg_device_info *dg__dev_info(const dg_device *dev);
 
+/* A launch's geometry resolved for kernel k (the block and shared memory
+ * it leaves 0 taken from the template) and checked against k and the
+ * device's limits, the kernel opted in to its shared memory: what a
+ * prepared op keeps, so its launches skip the checks. Message on dev. */
+dg_status dg__kernel_geometry(dg_device *dev, const dg_kernel *k, const dg_launch *launch,
+			      dg_launch *out);
+
+/* Launches k with a geometry dg__kernel_geometry resolved, on the calling
+ * thread's stream (the device's context current). */
+dg_status dg__kernel_launch_raw(dg_device *dev, const dg_kernel *k, const dg_launch *l,
+				void **args);
+
+/* Makes dev's context current on the calling thread (a launch's first
+ * step); fails with the device's open error. */
+dg_status dg__dev_enter(dg_device *dev);
+
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), which a kernel takes by value as a __grid_constant__
  * parameter (templates/tma.lua's dg_tmap). */

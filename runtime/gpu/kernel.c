@@ -702,19 +702,12 @@ dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out)
 
 /* ---- launch --------------------------------------------------------------- */
 
-dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
-			   const dg_launch *launch, void **args)
+dg_status dg__kernel_geometry(dg_device *dev, const dg_kernel *k, const dg_launch *launch,
+			      dg_launch *out)
 {
 	static const char dim[3] = { 'x', 'y', 'z' };
 	unsigned block[3];
-	dg_status st;
 
-	st = dg__dev_enter(dev);
-	if (st)
-		return st;
-	if (!k || !launch)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_kernel_launch: %s is NULL",
-				    !k ? "kernel" : "launch");
 	memcpy(block, launch->block, sizeof(block));
 	if (!block[0] && !block[1] && !block[2]) {
 		if (!k->block_threads)
@@ -770,15 +763,38 @@ dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
 		}
 		pthread_mutex_unlock(&dev->mu);
 	}
-	CUresult rc = dev->cu->LaunchKernel(k->fn, launch->grid[0], launch->grid[1],
-					    launch->grid[2], block[0], block[1], block[2],
-					    smem, dg__dev_stream(dev), args, NULL);
-	if (rc != CUDA_SUCCESS) {
-		char what[256];
-		snprintf(what, sizeof(what), "cuLaunchKernel(%s, grid %ux%ux%u, block %ux%ux%u, smem %u)",
-			 k->entry, launch->grid[0], launch->grid[1], launch->grid[2],
-			 block[0], block[1], block[2], smem);
-		return dg__dev_cu_fail(dev, rc, what);
-	}
+	memcpy(out->grid, launch->grid, sizeof(out->grid));
+	memcpy(out->block, block, sizeof(out->block));
+	out->smem = smem;
 	return DG_OK;
+}
+
+dg_status dg__kernel_launch_raw(dg_device *dev, const dg_kernel *k, const dg_launch *l,
+				void **args)
+{
+	CUresult rc = dev->cu->LaunchKernel(k->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
+					    l->block[1], l->block[2], l->smem,
+					    dg__dev_stream(dev), args, NULL);
+	if (rc == CUDA_SUCCESS)
+		return DG_OK;
+	char what[256];
+	snprintf(what, sizeof(what), "cuLaunchKernel(%s, grid %ux%ux%u, block %ux%ux%u, smem %u)",
+		 k->entry, l->grid[0], l->grid[1], l->grid[2], l->block[0], l->block[1],
+		 l->block[2], l->smem);
+	return dg__dev_cu_fail(dev, rc, what);
+}
+
+dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
+			   const dg_launch *launch, void **args)
+{
+	dg_launch l;
+	dg_status st = dg__dev_enter(dev);
+
+	if (st)
+		return st;
+	if (!k || !launch)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_kernel_launch: %s is NULL",
+				    !k ? "kernel" : "launch");
+	st = dg__kernel_geometry(dev, k, launch, &l);
+	return st ? st : dg__kernel_launch_raw(dev, k, &l, args);
 }

@@ -115,17 +115,6 @@ dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__
 	return DG_OK;
 }
 
-dg_status dg__op_check_dev(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-			   const dg__op_call *c, dg__op_shape *shape)
-{
-	char msg[512];
-
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_status st = dg__op_check(spec, op, fn, c, shape, msg, sizeof(msg));
-	return st ? dg__dev_fail_msg(dev, st, msg) : DG_OK;
-}
-
 dg_status dg__op_workspace_ok(dg_device *dev, const char *fn, const dg_workspace *ws,
 			      size_t need)
 {
@@ -170,10 +159,4 @@ dg__op_call dg__op_call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_te
 	c.t[2] = t2;
 	c.t[3] = t3;
 	return c;
-}
-
-dg_status dg__op_no_workspace(size_t *bytes)
-{
-	*bytes = 0;
-	return DG_OK;
 }

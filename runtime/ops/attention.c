@@ -12,6 +12,9 @@
  * workspace. attention_grad_xs's call is its epilogue's (the op table's
  * dg_op_arg.epi): grad_xs, or with epi=mask dxs and mask_xs, which its
  * kernel takes in grad_xs's place; the chain given dxs runs that one.
+ *
+ * Each op lays its launch out for prepare (dg__prep_<name>): the chains
+ * call the typed ops, which prepare and launch.
  */
 #include <stdio.h>
 #include <string.h>
@@ -20,47 +23,93 @@
 
 /* ---- rope ------------------------------------------------------------------------ */
 
-static dg_status run_rope(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-			  const dg__op_call *c)
+/* The call of rope_fwd: x, rope, out. */
+static dg__op_call rope_fwd_call(const dg_rope_fwd_args *a)
 {
-	dg__op_shape sh;
-	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
-	if (st)
-		return st;
-	long long pairs = (long long)sh.b * spec->heads * sh.t * (spec->latent / 2);
+	return a ? dg__op_call_of(a->x, a->rope, a->out, NULL)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
+
+/* The call of rope_bwd: grad, rope, grad_x. */
+static dg__op_call rope_bwd_call(const dg_rope_bwd_args *a)
+{
+	return a ? dg__op_call_of(a->grad, a->rope, a->grad_x, NULL)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
+
+/* Either direction: (src, rope, dst, int B, int T) over the B·H·T·L/2
+ * pairs, grid-stride. */
+static dg_status rope_prep(dg_prepared *p, const char *entry)
+{
+	int64_t B = p->shape.b, T = p->shape.t;
+	long long pairs = (long long)B * p->spec.heads * T * (p->spec.latent / 2);
 	if (pairs == 0)
 		return DG_OK;
 	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, op == DG_OP_ROPE_FWD ? "dg_rope_fwd" : "dg_rope_bwd", &k);
+	dg_status st = dg_kernel_get(p->dev, &p->spec, entry, &k);
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	dg_launch l = { { dg__op_grid(pairs, nt, 8LL * dg__dev_info(dev)->sm_count), 1, 1 },
+	dg_launch l = { { dg__op_grid(pairs, nt, 8LL * dg__dev_info(p->dev)->sm_count), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
-	dg_dptr src = c->t[0]->data, rope = c->t[1]->data, dst = c->t[2]->data;
-	int B = (int)sh.b, T = (int)sh.t;
-	void *args[] = { &src, &rope, &dst, &B, &T };
-	return dg_kernel_launch(dev, k, &l, args);
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0); /* x | grad */
+	dg__arg_data(p, L, 1); /* rope */
+	dg__arg_data(p, L, 2); /* out | grad_x */
+	dg__arg_i32(p, L, B);
+	dg__arg_i32(p, L, T);
+	return DG_OK;
 }
 
-dg_status dg__run_rope_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_rope_fwd(const void *args)
 {
-	return run_rope(dev, spec, DG_OP_ROPE_FWD, "dg_rope_fwd", c);
+	return rope_fwd_call(args);
 }
 
-dg_status dg__run_rope_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg_status dg__prep_rope_fwd(dg_prepared *p, const dg__op_call *c)
 {
-	return run_rope(dev, spec, DG_OP_ROPE_BWD, "dg_rope_bwd", c);
+	(void)c;
+	return rope_prep(p, "dg_rope_fwd");
 }
 
-/* dg__run_rope_* by op: the typed calls' RUN */
-static dg_status run_rope_op(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+dg__op_call dg__call_rope_bwd(const void *args)
 {
-	return op == DG_OP_ROPE_FWD ? dg__run_rope_fwd(dev, spec, c) : dg__run_rope_bwd(dev, spec, c);
+	return rope_bwd_call(args);
 }
 
-DG__OP_TYPED(rope_fwd, DG_OP_ROPE_FWD, run_rope_op, a->x, a->rope, a->out, NULL)
-DG__OP_TYPED(rope_bwd, DG_OP_ROPE_BWD, run_rope_op, a->grad, a->rope, a->grad_x, NULL)
+dg_status dg__prep_rope_bwd(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	return rope_prep(p, "dg_rope_bwd");
+}
+
+dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
+			    size_t msg_size)
+{
+	dg__op_call c = rope_fwd_call(a);
+	return dg__op_check(spec, DG_OP_ROPE_FWD, "dg_rope_fwd", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a)
+{
+	dg__op_call c = rope_fwd_call(a);
+	return dg__op_typed_run(dev, DG_OP_ROPE_FWD, spec, a ? &c : NULL);
+}
+
+dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
+			    size_t msg_size)
+{
+	dg__op_call c = rope_bwd_call(a);
+	return dg__op_check(spec, DG_OP_ROPE_BWD, "dg_rope_bwd", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a)
+{
+	dg__op_call c = rope_bwd_call(a);
+	return dg__op_typed_run(dev, DG_OP_ROPE_BWD, spec, a ? &c : NULL);
+}
 
 /* ---- the GEMMs -------------------------------------------------------------------- */
 
@@ -91,22 +140,14 @@ static bool overlap(const dg_tensor *a, const dg_tensor *b)
 	return a->data < b1 && b->data < a1;
 }
 
-/* The op table's check of op's call; attention_grad_xs epi=mask also
- * refuses a dxs that overlaps an input: its blocks write dxs in place
- * while others still read grad_scores, xs and rope, and the mask read
- * must see the ReLU's output, not a sum written over it. */
-static dg_status gemm_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
-			    dg__op_shape *sh, char *msg, size_t size)
+/* attention_grad_xs epi=mask's rule on the call's pointers: a dxs that
+ * overlaps an input is refused, for its blocks write dxs in place while
+ * others still read grad_scores, xs and rope, and the mask read must see
+ * the ReLU's output, not a sum written over it. c passed the op table's
+ * check (its tensors have their shapes). */
+static dg_status grad_xs_dxs_ok(const char *fn, const dg__op_call *c, char *msg, size_t size)
 {
-	char local[512];
-	if (!msg || !size) {
-		msg = local;
-		size = sizeof(local);
-	}
-	dg_status st = dg__op_check(spec, op, fn, c, sh, msg, size);
-	if (st || op != DG_OP_ATTENTION_GRAD_XS || spec->epi != DG_EPI_MASK)
-		return st;
-	const dg_op_info *row = dg_op_info_of(op);
+	const dg_op_info *row = dg_op_info_of(DG_OP_ATTENTION_GRAD_XS);
 	for (int i = 0; i < row->n_args; i++)
 		if (!row->args[i].output && overlap(c->t[GX_DXS], c->t[i])) {
 			snprintf(msg, size,
@@ -115,6 +156,29 @@ static dg_status gemm_check(const dg_spec *spec, dg_op op, const char *fn, const
 			return DG_ERR_INVALID_ARG;
 		}
 	return DG_OK;
+}
+
+/* attention_grad_xs's whole check: the op table's, then with epi=mask
+ * dxs's overlaps (grad_xs_dxs_ok). */
+static dg_status grad_xs_check(const dg_spec *spec, const char *fn, const dg__op_call *c,
+			       char *msg, size_t size)
+{
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, DG_OP_ATTENTION_GRAD_XS, fn, c, NULL, msg, size);
+	if (st || spec->epi != DG_EPI_MASK)
+		return st;
+	return grad_xs_dxs_ok(fn, c, msg, size);
+}
+
+/* The rule a prepared attention_grad_xs epi=mask checks at every launch. */
+static dg_status grad_xs_ptrs(const dg_prepared *p, const dg__op_call *c, char *msg,
+			      size_t msg_size)
+{
+	return grad_xs_dxs_ok(p->fn, c, msg, msg_size);
 }
 
 /* Whether k is of the warp-specialized path (templates/attention_tma.lua),
@@ -128,16 +192,16 @@ static bool tma_abi(const dg_kernel *k)
 }
 
 /* The two maps of a warp-specialized kernel over RoPE(xs) (B·H, T, L) bf16
- * (the path's ABI): attention_scores' A and B boxes of 64 columns by BM and
- * BN rows, attention_grad_xs's B boxes of 64 columns by 64 rows (its ma is
- * unused and stays zeros). */
-static dg_status tma_maps(dg_device *dev, const dg_spec *spec, const dg_tile *t, dg_dptr qr, int64_t b,
-			  int64_t tl, dg__tmap *ma, dg__tmap *mb)
+ * (the path's ABI): attention_scores' A and B boxes of 64 columns by bm and
+ * bn rows (the kernel's tile), attention_grad_xs's B boxes of 64 columns by
+ * 64 rows (its ma is unused and stays zeros). */
+static dg_status tma_maps(dg_device *dev, const dg_spec *spec, int64_t bm, int64_t bn, dg_dptr qr,
+			  int64_t b, int64_t tl, dg__tmap *ma, dg__tmap *mb)
 {
 	const uint64_t dims[3] = { (uint64_t)spec->latent, (uint64_t)tl, (uint64_t)(b * spec->heads) };
 	memset(ma, 0, sizeof(*ma));
 	if (spec->op == DG_OP_ATTENTION_SCORES) {
-		const uint32_t box_a[2] = { 64, (uint32_t)t->bm }, box_b[2] = { 64, (uint32_t)t->bn };
+		const uint32_t box_a[2] = { 64, (uint32_t)bm }, box_b[2] = { 64, (uint32_t)bn };
 		dg_status st = dg__tmap_bf16(dev, ma, qr, dims, box_a);
 		return st ? st : dg__tmap_bf16(dev, mb, qr, dims, box_b);
 	}
@@ -145,31 +209,43 @@ static dg_status tma_maps(dg_device *dev, const dg_spec *spec, const dg_tile *t,
 	return dg__tmap_bf16(dev, mb, qr, dims, box);
 }
 
-static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
-{
-	char fn[64], msg[512];
-	dg__op_shape sh;
+/* The iv of a prepared GEMM on the warp-specialized path: what its maps
+ * are made of besides the call's pointer. */
+enum { IV_B, IV_T, IV_BM, IV_BN };
 
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	snprintf(fn, sizeof(fn), "dg_%s", dg_op_name(op));
-	dg_status st = gemm_check(spec, op, fn, c, &sh, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	if (sh.b * sh.t == 0)
+/* A prepared GEMM's maps, over the call's RoPE(xs): scores' operand 0,
+ * grad_xs' operand 1. */
+static dg_status gemm_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[2])
+{
+	dg_dptr qr = c->t[p->spec.op == DG_OP_ATTENTION_SCORES ? 0 : 1]->data;
+	return tma_maps(p->dev, &p->spec, p->iv[IV_BM], p->iv[IV_BN], qr, p->iv[IV_B], p->iv[IV_T],
+			&maps[0], &maps[1]);
+}
+
+/* Any of the five: the op's tensors its epilogue uses in the table's
+ * order, then (int B, int T), then on the warp-specialized path its two
+ * maps (a producer warpgroup of 128 threads more a block). */
+static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
+{
+	const dg_spec *spec = &p->spec;
+	int64_t B = p->shape.b, T = p->shape.t;
+
+	if (spec->op == DG_OP_ATTENTION_GRAD_XS && spec->epi == DG_EPI_MASK)
+		p->ptrs = grad_xs_ptrs;
+	if (B * T == 0)
 		return DG_OK;
 	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, fn, &k);
+	dg_status st = dg_kernel_get(p->dev, spec, p->fn, &k);
 	if (st)
 		return st;
 	const dg_tile *t = &dg_kernel_spec(k)->tile;
 	bool per_head;
-	int64_t n = gemm_cols(spec, sh.t, &per_head);
-	int64_t gy = dg__op_cdiv(sh.t, t->bm), gz = per_head ? sh.b * spec->heads : sh.b;
+	int64_t n = gemm_cols(spec, T, &per_head);
+	int64_t gy = dg__op_cdiv(T, t->bm), gz = per_head ? B * spec->heads : B;
 	if (gy > 65535 || gz > 65535)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
 				    "%s: T = %lld and B = %lld need a grid of %lld x %lld blocks (y, z); at most 65535 each",
-				    fn, (long long)sh.t, (long long)sh.b, (long long)gy, (long long)gz);
+				    p->fn, (long long)T, (long long)B, (long long)gy, (long long)gz);
 	dg_launch l;
 	memset(&l, 0, sizeof(l));
 	l.grid[0] = (unsigned)dg__op_cdiv(n, t->bn);
@@ -177,55 +253,161 @@ static dg_status run_gemm(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	l.grid[2] = (unsigned)gz;
 	l.block[0] = (unsigned)(t->wm * t->wn * 32);
 	l.block[1] = l.block[2] = 1;
-	const dg_op_info *row = dg_op_info_of(op);
-	dg_dptr p[DG_OP_MAX_ARGS];
-	void *args[DG_OP_MAX_ARGS + 4];
-	int na = 0;
-	for (int i = 0; i < row->n_args; i++) {
-		if (!dg_op_arg_used(spec, i))
-			continue; /* another epilogue's: not in this kernel's ABI */
-		p[i] = c->t[i]->data;
-		args[na++] = &p[i];
-	}
-	int B = (int)sh.b, T = (int)sh.t;
-	args[na++] = &B;
-	args[na++] = &T;
-	dg__tmap ma, mb;
-	if (spec->rope_pre && tma_abi(k)) {
-		/* RoPE(xs): scores' operand 0, grad_xs' operand 1 */
-		dg_dptr qr = c->t[op == DG_OP_ATTENTION_SCORES ? 0 : 1]->data;
+	bool tma = spec->rope_pre && tma_abi(k);
+	if (tma) {
 		l.block[0] += 128;
-		st = tma_maps(dev, spec, t, qr, sh.b, sh.t, &ma, &mb);
-		if (st)
+		p->iv[IV_B] = B;
+		p->iv[IV_T] = T;
+		p->iv[IV_BM] = t->bm;
+		p->iv[IV_BN] = t->bn;
+		/* the maps of the call prepared with, made once here: a driver
+		 * that cannot make them refuses the prepare, not a launch */
+		dg__tmap maps[2];
+		if ((st = gemm_tmaps(p, c, maps)))
 			return st;
-		args[na++] = &ma;
-		args[na++] = &mb;
+		p->tmaps = gemm_tmaps;
 	}
-	return dg_kernel_launch(dev, k, &l, args);
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	const dg_op_info *row = dg_op_info_of(spec->op);
+	for (int i = 0; i < row->n_args; i++)
+		if (dg_op_arg_used(spec, i)) /* else another epilogue's: not in this kernel's ABI */
+			dg__arg_data(p, L, i);
+	dg__arg_i32(p, L, B);
+	dg__arg_i32(p, L, T);
+	if (tma) {
+		dg__arg_tmap(p, L, 0);
+		dg__arg_tmap(p, L, 1);
+	}
+	return DG_OK;
 }
 
-#define GEMM_ENTRIES(name, OP)                                                               \
-	dg_status dg__run_##name(dg_device *dev, const dg_spec *spec, const dg__op_call *c)  \
-	{                                                                                    \
-		return run_gemm(dev, spec, OP, c);                                           \
-	}                                                                                    \
-	DG__OP_NO_WORKSPACE(name)
+/* ---- the GEMMs' typed calls: the tensors in the table's order ----------------------- */
 
-GEMM_ENTRIES(attention_scores, DG_OP_ATTENTION_SCORES)
-GEMM_ENTRIES(attention_out, DG_OP_ATTENTION_OUT)
-GEMM_ENTRIES(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES)
-GEMM_ENTRIES(attention_grad_v, DG_OP_ATTENTION_GRAD_V)
-GEMM_ENTRIES(attention_grad_xs, DG_OP_ATTENTION_GRAD_XS)
+static dg__op_call scores_call(const dg_attention_scores_args *a)
+{
+	return a ? dg__op_call_of(a->xs, a->rope, a->scores, NULL)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
 
-DG__OP_NO_WORKSPACE(rope_fwd)
+dg__op_call dg__call_attention_scores(const void *args)
+{
+	return scores_call(args);
+}
 
-DG__OP_NO_WORKSPACE(rope_bwd)
+dg_status dg__prep_attention_scores(dg_prepared *p, const dg__op_call *c)
+{
+	return gemm_prep(p, c);
+}
 
-/* The typed calls: a check and a run each, the tensors in the table's order. */
-DG__OP_TYPED(attention_scores, DG_OP_ATTENTION_SCORES, run_gemm, a->xs, a->rope, a->scores, NULL)
-DG__OP_TYPED(attention_out, DG_OP_ATTENTION_OUT, run_gemm, a->scores, a->v, a->out, NULL)
-DG__OP_TYPED(attention_grad_scores, DG_OP_ATTENTION_GRAD_SCORES, run_gemm, a->grad, a->v, a->grad_scores, NULL)
-DG__OP_TYPED(attention_grad_v, DG_OP_ATTENTION_GRAD_V, run_gemm, a->scores, a->grad, a->grad_v, NULL)
+dg_status dg_attention_scores_check(const dg_spec *spec, const dg_attention_scores_args *a,
+				    char *msg, size_t msg_size)
+{
+	dg__op_call c = scores_call(a);
+	return dg__op_check(spec, DG_OP_ATTENTION_SCORES, "dg_attention_scores", a ? &c : NULL,
+			    NULL, msg, msg_size);
+}
+
+dg_status dg_attention_scores(dg_device *dev, const dg_spec *spec,
+			      const dg_attention_scores_args *a)
+{
+	dg__op_call c = scores_call(a);
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_SCORES, spec, a ? &c : NULL);
+}
+
+static dg__op_call out_call(const dg_attention_out_args *a)
+{
+	return a ? dg__op_call_of(a->scores, a->v, a->out, NULL)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
+
+dg__op_call dg__call_attention_out(const void *args)
+{
+	return out_call(args);
+}
+
+dg_status dg__prep_attention_out(dg_prepared *p, const dg__op_call *c)
+{
+	return gemm_prep(p, c);
+}
+
+dg_status dg_attention_out_check(const dg_spec *spec, const dg_attention_out_args *a, char *msg,
+				 size_t msg_size)
+{
+	dg__op_call c = out_call(a);
+	return dg__op_check(spec, DG_OP_ATTENTION_OUT, "dg_attention_out", a ? &c : NULL, NULL, msg,
+			    msg_size);
+}
+
+dg_status dg_attention_out(dg_device *dev, const dg_spec *spec, const dg_attention_out_args *a)
+{
+	dg__op_call c = out_call(a);
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_OUT, spec, a ? &c : NULL);
+}
+
+static dg__op_call grad_scores_call(const dg_attention_grad_scores_args *a)
+{
+	return a ? dg__op_call_of(a->grad, a->v, a->grad_scores, NULL)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
+
+dg__op_call dg__call_attention_grad_scores(const void *args)
+{
+	return grad_scores_call(args);
+}
+
+dg_status dg__prep_attention_grad_scores(dg_prepared *p, const dg__op_call *c)
+{
+	return gemm_prep(p, c);
+}
+
+dg_status dg_attention_grad_scores_check(const dg_spec *spec,
+					 const dg_attention_grad_scores_args *a, char *msg,
+					 size_t msg_size)
+{
+	dg__op_call c = grad_scores_call(a);
+	return dg__op_check(spec, DG_OP_ATTENTION_GRAD_SCORES, "dg_attention_grad_scores",
+			    a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_attention_grad_scores(dg_device *dev, const dg_spec *spec,
+				   const dg_attention_grad_scores_args *a)
+{
+	dg__op_call c = grad_scores_call(a);
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_GRAD_SCORES, spec, a ? &c : NULL);
+}
+
+static dg__op_call grad_v_call(const dg_attention_grad_v_args *a)
+{
+	return a ? dg__op_call_of(a->scores, a->grad, a->grad_v, NULL)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
+
+dg__op_call dg__call_attention_grad_v(const void *args)
+{
+	return grad_v_call(args);
+}
+
+dg_status dg__prep_attention_grad_v(dg_prepared *p, const dg__op_call *c)
+{
+	return gemm_prep(p, c);
+}
+
+dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad_v_args *a,
+				    char *msg, size_t msg_size)
+{
+	dg__op_call c = grad_v_call(a);
+	return dg__op_check(spec, DG_OP_ATTENTION_GRAD_V, "dg_attention_grad_v", a ? &c : NULL,
+			    NULL, msg, msg_size);
+}
+
+dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
+			      const dg_attention_grad_v_args *a)
+{
+	dg__op_call c = grad_v_call(a);
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_GRAD_V, spec, a ? &c : NULL);
+}
 
 /* attention_grad_xs: six tensors, of which a call gives its epilogue's. */
 static dg__op_call grad_xs_call(const dg_attention_grad_xs_args *a)
@@ -238,24 +420,33 @@ static dg__op_call grad_xs_call(const dg_attention_grad_xs_args *a)
 	return c;
 }
 
-dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
-				     char *msg, size_t msg_size)
+dg__op_call dg__call_attention_grad_xs(const void *args)
 {
-	dg__op_call c = grad_xs_call(a);
-	return gemm_check(spec, DG_OP_ATTENTION_GRAD_XS, "dg_attention_grad_xs", a ? &c : NULL, NULL, msg,
-			  msg_size);
+	return grad_xs_call(args);
+}
+
+dg_status dg__prep_attention_grad_xs(dg_prepared *p, const dg__op_call *c)
+{
+	return gemm_prep(p, c);
 }
 
 dg_status dg__check_attention_grad_xs(const dg_spec *spec, const dg__op_call *c, char *msg,
 				      size_t msg_size)
 {
-	return gemm_check(spec, DG_OP_ATTENTION_GRAD_XS, "dg_attention_grad_xs", c, NULL, msg, msg_size);
+	return grad_xs_check(spec, "dg_attention_grad_xs", c, msg, msg_size);
+}
+
+dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
+				     char *msg, size_t msg_size)
+{
+	dg__op_call c = grad_xs_call(a);
+	return grad_xs_check(spec, "dg_attention_grad_xs", a ? &c : NULL, msg, msg_size);
 }
 
 dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec, const dg_attention_grad_xs_args *a)
 {
 	dg__op_call c = grad_xs_call(a);
-	return run_gemm(dev, spec, DG_OP_ATTENTION_GRAD_XS, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_GRAD_XS, spec, a ? &c : NULL);
 }
 
 /* ---- the chains ------------------------------------------------------------------- */
@@ -295,14 +486,21 @@ static dg_tensor qr_tensor(const dg_tensor *xs, dg_dptr at)
 	return t;
 }
 
-/* qr = RoPE(xs) into qr (rope_fwd with spec's shape and act); dev NULL:
- * only its check, into msg. */
-static dg_status rope_into(dg_device *dev, const dg_spec *spec, const dg_tensor *xs,
+/* qr = RoPE(xs) into qr (rope_fwd with spec's shape and act) through x;
+ * x NULL: only its check, into msg. */
+static dg_status rope_into(dg__op_exec *x, const dg_spec *spec, const dg_tensor *xs,
 			   const dg_tensor *rope, const dg_tensor *qr, char *msg, size_t size)
 {
 	dg_spec rs = step_spec(spec, DG_OP_ROPE_FWD);
 	dg_rope_fwd_args ra = { .x = xs, .rope = rope, .out = qr };
-	return dev ? dg_rope_fwd(dev, &rs, &ra) : dg_rope_fwd_check(&rs, &ra, msg, size);
+	return x ? dg__exec_args(x, &rs, &ra) : dg_rope_fwd_check(&rs, &ra, msg, size);
+}
+
+/* Whether a chain through x checks its calls before it launches any: an
+ * eager or a preparing run; a prepared one compares each op's tensors. */
+static bool checks_first(const dg__op_exec *x)
+{
+	return !x->plans || x->preparing;
 }
 
 dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
@@ -317,8 +515,9 @@ dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd
 	return DG_OK;
 }
 
-dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a)
+dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_attention_fwd_args *a)
 {
+	dg_device *dev = x->dev;
 	if (!dev)
 		return DG_ERR_INVALID_ARG;
 	if (!is_attention_gemm(spec) || !a)
@@ -331,7 +530,9 @@ dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	if (spec->rope_pre) {
 		if (!a->xs)
 			return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_attention_fwd: xs is NULL");
-		dg_status st = dg__op_workspace_ok(dev, "dg_attention_fwd", &a->ws, qr_bytes(spec, a->xs));
+		dg_status st = x->preparing ? DG_OK
+					    : dg__op_workspace_ok(dev, "dg_attention_fwd", &a->ws,
+								  qr_bytes(spec, a->xs));
 		if (st)
 			return st;
 		qr = qr_tensor(a->xs, a->ws.ptr);
@@ -342,19 +543,27 @@ dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	char msg[512];
 	/* all checked before anything is launched */
 	dg_status st = DG_OK;
+	if (checks_first(x)) {
+		if (spec->rope_pre)
+			st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_out_check(&s2, &oa, msg, sizeof(msg));
+		if (st)
+			return dg__dev_fail_msg(dev, st, msg);
+	}
 	if (spec->rope_pre)
-		st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		st = rope_into(x, spec, a->xs, a->rope, xs, NULL, 0);
 	if (!st)
-		st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
-	if (!st)
-		st = dg_attention_out_check(&s2, &oa, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	if (spec->rope_pre)
-		st = rope_into(dev, spec, a->xs, a->rope, xs, NULL, 0);
-	if (!st)
-		st = dg_attention_scores(dev, &s1, &sa);
-	return st ? st : dg_attention_out(dev, &s2, &oa);
+		st = dg__exec_args(x, &s1, &sa);
+	return st ? st : dg__exec_args(x, &s2, &oa);
+}
+
+dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a)
+{
+	dg__op_exec x = dg__exec_eager(dev);
+	return dg__attention_fwd_exec(&x, spec, a);
 }
 
 /* C's tensor over the workspace: (B, H, T, T) act, the shape of scores. */
@@ -381,8 +590,9 @@ dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd
 	return DG_OK;
 }
 
-dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a)
+dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_attention_bwd_args *a)
 {
+	dg_device *dev = x->dev;
 	if (!dev)
 		return DG_ERR_INVALID_ARG;
 	if (!is_attention_gemm(spec) || !a || !a->scores)
@@ -408,7 +618,7 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 	if (st)
 		return dg__dev_fail(dev, st, "dg_attention_bwd: scores must be (B, H, T, T)%s",
 				    spec->rope_pre ? " and xs given" : "");
-	st = dg__op_workspace_ok(dev, "dg_attention_bwd", &a->ws, need);
+	st = x->preparing ? DG_OK : dg__op_workspace_ok(dev, "dg_attention_bwd", &a->ws, need);
 	if (st)
 		return st;
 	dg_tensor ct = c_tensor(spec, a), qr;
@@ -423,23 +633,31 @@ dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attenti
 					 .grad_xs = a->grad_xs, .dxs = a->dxs,
 					 .mask_xs = a->dxs ? a->xs : NULL };
 	char msg[512];
+	if (checks_first(x)) {
+		if (spec->rope_pre)
+			st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_grad_v_check(&s2, &va, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_grad_xs_check(&s3, &xa, msg, sizeof(msg));
+		if (st)
+			return dg__dev_fail_msg(dev, st, msg);
+	}
 	if (spec->rope_pre)
-		st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		st = rope_into(x, spec, a->xs, a->rope, xs, NULL, 0);
 	if (!st)
-		st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
+		st = dg__exec_args(x, &s1, &ga);
 	if (!st)
-		st = dg_attention_grad_v_check(&s2, &va, msg, sizeof(msg));
+		st = dg__exec_args(x, &s2, &va);
 	if (!st)
-		st = dg_attention_grad_xs_check(&s3, &xa, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	if (spec->rope_pre)
-		st = rope_into(dev, spec, a->xs, a->rope, xs, NULL, 0);
-	if (!st)
-		st = dg_attention_grad_scores(dev, &s1, &ga);
-	if (!st)
-		st = dg_attention_grad_v(dev, &s2, &va);
-	if (!st)
-		st = dg_attention_grad_xs(dev, &s3, &xa);
+		st = dg__exec_args(x, &s3, &xa);
 	return st;
+}
+
+dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a)
+{
+	dg__op_exec x = dg__exec_eager(dev);
+	return dg__attention_bwd_exec(&x, spec, a);
 }

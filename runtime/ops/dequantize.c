@@ -37,43 +37,21 @@ static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *
 	return DG_OK;
 }
 
-static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+static dg__op_call dq_call(const dg_dequantize_args *a)
 {
-	char msg[512];
-	dg__op_shape sh;
-	(void)op;
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_status st = check(spec, c, &sh, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	long long rows = c->t[0]->shape[0], cols = c->t[0]->shape[1], n = rows * cols;
-	if (n == 0)
-		return DG_OK;
-	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, "dg_dequantize", &k);
-	if (st)
-		return st;
-	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(dev)->sm_count;
-	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, 8), nt, 8LL * (sms > 0 ? sms : 1)), 1, 1 },
-			{ (unsigned)nt, 1, 1 }, 0 };
-	dg_dptr codes = c->t[0]->data, scale = c->t[0]->scale, out = c->t[1]->data;
-	void *args[] = { &codes, &scale, &out, &rows, &cols };
-	return dg_kernel_launch(dev, k, &l, args);
+	dg__op_call c;
+	memset(&c, 0, sizeof(c));
+	if (a) {
+		c.t[0] = a->codes;
+		c.t[1] = a->out;
+	}
+	return c;
 }
-
-dg_status dg__run_dequantize(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
-{
-	return run(dev, spec, DG_OP_DEQUANTIZE, c);
-}
-
-DG__OP_NO_WORKSPACE(dequantize)
 
 dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
 			      size_t msg_size)
 {
-	dg__op_call c = a ? dg__op_call_of(a->codes, a->out, NULL, NULL)
-			  : dg__op_call_of(NULL, NULL, NULL, NULL);
+	dg__op_call c = dq_call(a);
 	return check(spec, a ? &c : NULL, NULL, msg, msg_size);
 }
 
@@ -83,9 +61,37 @@ dg_status dg__check_dequantize(const dg_spec *spec, const dg__op_call *c, char *
 	return check(spec, c, NULL, msg, msg_size);
 }
 
+dg__op_call dg__call_dequantize(const void *args)
+{
+	return dq_call(args);
+}
+
+/* One launch: codes, their scale, out, rows and cols (long long). */
+dg_status dg__prep_dequantize(dg_prepared *p, const dg__op_call *c)
+{
+	long long rows = c->t[0]->shape[0], cols = c->t[0]->shape[1], n = rows * cols;
+	if (n == 0)
+		return DG_OK;
+	dg_kernel *k;
+	dg_status st = dg_kernel_get(p->dev, &p->spec, "dg_dequantize", &k);
+	if (st)
+		return st;
+	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(p->dev)->sm_count;
+	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, 8), nt, 8LL * (sms > 0 ? sms : 1)), 1, 1 },
+			{ (unsigned)nt, 1, 1 }, 0 };
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0);  /* codes */
+	dg__arg_scale(p, L, 0); /* a float, or one a row */
+	dg__arg_data(p, L, 1);  /* out */
+	dg__arg_i64(p, L, rows);
+	dg__arg_i64(p, L, cols);
+	return DG_OK;
+}
+
 dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a)
 {
-	dg__op_call c = a ? dg__op_call_of(a->codes, a->out, NULL, NULL)
-			  : dg__op_call_of(NULL, NULL, NULL, NULL);
-	return run(dev, spec, DG_OP_DEQUANTIZE, a ? &c : NULL);
+	dg__op_call c = dq_call(a);
+	return dg__op_typed_run(dev, DG_OP_DEQUANTIZE, spec, a ? &c : NULL);
 }

@@ -35,39 +35,47 @@ static dg_status check(const dg_spec *spec, dg_op op, const char *fn, const dg__
 	return st ? st : bad_ok(fn, c->bad, msg, size);
 }
 
-static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-		     const dg__op_call *c)
+/* bad's rule at every launch of a prepared op: its pointer is the
+ * launch's own. */
+static dg_status ptrs(const dg_prepared *p, const dg__op_call *c, char *msg, size_t size)
 {
-	char msg[512];
-	dg__op_shape sh;
+	return bad_ok(p->fn, c->bad, msg, size);
+}
 
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_status st = check(spec, op, fn, c, &sh, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	long long rows = sh.r;
-	if (rows == 0 && op == DG_OP_EMBED_FWD)
+/* One launch: idx, in, out, rows (long long), then the forward's bad
+ * pointer or the backward's accumulate (int). */
+static dg_status prep(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	const bool fwd = p->spec.op == DG_OP_EMBED_FWD;
+	long long rows = p->shape.r;
+	p->ptrs = ptrs;
+	if (rows == 0 && fwd)
 		return DG_OK;
 	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, op == DG_OP_EMBED_FWD ? "dg_embed_fwd" : "dg_embed_bwd", &k);
+	dg_status st = dg_kernel_get(p->dev, &p->spec, fwd ? "dg_embed_fwd" : "dg_embed_bwd", &k);
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	int sms = dg__dev_info(dev)->sm_count;
-	dg_dptr idx = c->t[0]->data, in = c->t[1]->data, out = c->t[2]->data, bad = c->bad;
-	if (op == DG_OP_EMBED_FWD) {
-		dg_launch l = { { dg__op_grid(rows, nt / 32, 64LL * (sms > 0 ? sms : 1)), 1, 1 },
-				{ (unsigned)nt, 1, 1 }, 0 };
-		void *a[] = { &idx, &in, &out, &rows, &bad };
-		return dg_kernel_launch(dev, k, &l, a);
-	}
-	/* one block a unit (vocab row, column chunk of nt): all scan at once */
-	long long units = (long long)spec->vocab * dg__op_cdiv(spec->embd, nt);
-	dg_launch l = { { dg__op_grid(units, 1, 1LL << 30), 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
-	int acc = c->accumulate ? 1 : 0;
-	void *a[] = { &idx, &in, &out, &rows, &acc };
-	return dg_kernel_launch(dev, k, &l, a);
+	int sms = dg__dev_info(p->dev)->sm_count;
+	/* the forward: a warp a row; the backward: one block a unit (vocab
+	 * row, column chunk of nt), all scanning at once */
+	long long units = (long long)p->spec.vocab * dg__op_cdiv(p->spec.embd, nt);
+	unsigned grid = fwd ? dg__op_grid(rows, nt / 32, 64LL * (sms > 0 ? sms : 1))
+			    : dg__op_grid(units, 1, 1LL << 30);
+	dg_launch l = { { grid, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0); /* idx */
+	dg__arg_data(p, L, 1); /* table | dout */
+	dg__arg_data(p, L, 2); /* out | dtable */
+	dg__arg_i64(p, L, rows);
+	if (fwd)
+		DG__ARG_OF(p, L, bad);
+	else
+		DG__FLAG_OF(p, L, accumulate);
+	return DG_OK;
 }
 
 /* ---- embed_fwd ---------------------------------------------------------------- */
@@ -92,23 +100,26 @@ dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, ch
 	return check(spec, DG_OP_EMBED_FWD, "dg_embed_fwd", a ? &c : NULL, NULL, msg, msg_size);
 }
 
-dg_status dg__run_embed_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
-{
-	return run(dev, spec, DG_OP_EMBED_FWD, "dg_embed_fwd", c);
-}
-
-DG__OP_NO_WORKSPACE(embed_fwd)
-
 dg_status dg__check_embed_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
 			      size_t msg_size)
 {
 	return check(spec, DG_OP_EMBED_FWD, "dg_embed_fwd", c, NULL, msg, msg_size);
 }
 
+dg__op_call dg__call_embed_fwd(const void *args)
+{
+	return fwd_call(args);
+}
+
+dg_status dg__prep_embed_fwd(dg_prepared *p, const dg__op_call *c)
+{
+	return prep(p, c);
+}
+
 dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a)
 {
 	dg__op_call c = fwd_call(a);
-	return dg__run_embed_fwd(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_EMBED_FWD, spec, a ? &c : NULL);
 }
 
 /* ---- embed_bwd ---------------------------------------------------------------- */
@@ -133,14 +144,7 @@ dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, ch
 	return check(spec, DG_OP_EMBED_BWD, "dg_embed_bwd", a ? &c : NULL, NULL, msg, msg_size);
 }
 
-dg_status dg__run_embed_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
-{
-	return run(dev, spec, DG_OP_EMBED_BWD, "dg_embed_bwd", c);
-}
-
-DG__OP_NO_WORKSPACE(embed_bwd)
-
-/* bad is the forward's, but the generic call may carry one: the run
+/* bad is the forward's, but the generic call may carry one: a launch
  * refuses it misaligned, so the check does too. */
 dg_status dg__check_embed_bwd(const dg_spec *spec, const dg__op_call *c, char *msg,
 			      size_t msg_size)
@@ -148,8 +152,18 @@ dg_status dg__check_embed_bwd(const dg_spec *spec, const dg__op_call *c, char *m
 	return check(spec, DG_OP_EMBED_BWD, "dg_embed_bwd", c, NULL, msg, msg_size);
 }
 
+dg__op_call dg__call_embed_bwd(const void *args)
+{
+	return bwd_call(args);
+}
+
+dg_status dg__prep_embed_bwd(dg_prepared *p, const dg__op_call *c)
+{
+	return prep(p, c);
+}
+
 dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a)
 {
 	dg__op_call c = bwd_call(a);
-	return dg__run_embed_bwd(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_EMBED_BWD, spec, a ? &c : NULL);
 }

@@ -138,67 +138,69 @@ static dg_status gi_plan(dg_device *dev, const dg_spec *spec, const char *entry,
 	return DG_OK;
 }
 
-dg_status dg__grad_input_workspace(dg_device *dev, const dg_spec *spec, const char *entry,
-				   const char *reduce, int64_t bt, int64_t n_cols, unsigned gz,
-				   int64_t k_len, int want, size_t *bytes)
+dg_status dg__grad_input_prep(dg_prepared *p, const char *entry, const char *reduce,
+			      int64_t n_cols, unsigned gz, int64_t k_len, int want)
 {
-	dg_kernel *k = NULL;
-	dg_launch l;
-	int splits, per;
-
-	*bytes = 0;
-	if (bt == 0)
-		return DG_OK; /* nothing to compute */
-	dg_status st = gi_plan(dev, spec, entry, reduce, bt, n_cols, gz, k_len, want, &k, &l, &splits, &per);
-	if (!st && splits > 1)
-		*bytes = (size_t)splits * (size_t)(bt * gz * n_cols) * 4;
-	return st;
-}
-
-dg_status dg__grad_input_launch(dg_device *dev, const dg_spec *spec, const char *entry,
-				const char *reduce, const dg_tensor *grad, const dg_tensor *w,
-				const dg_tensor *out, int64_t n_cols, unsigned gz, int64_t k_len,
-				int want, const dg_workspace *ws)
-{
-	int B = (int)grad->shape[0], T = (int)grad->shape[2];
-	int64_t nx = (int64_t)B * T * gz * n_cols; /* elements of out (one partial) */
+	dg_device *dev = p->dev;
+	const dg_spec *spec = &p->spec;
+	int64_t bt = p->shape.b * p->shape.t;
+	int64_t nx = bt * gz * n_cols; /* elements of out (one partial) */
 	dg_kernel *k = NULL, *kr = NULL;
 	dg_launch l;
-	int splits, per;
+	int splits = 1, per = 1;
 
-	if ((int64_t)B * T == 0)
+	if (bt == 0)
 		return DG_OK; /* nothing to compute */
-	dg_status st = gi_plan(dev, spec, entry, reduce, (int64_t)B * T, n_cols, gz, k_len, want, &k, &l,
+	dg_status st = gi_plan(dev, spec, entry, reduce, bt, n_cols, gz, k_len, want, &k, &l,
 			       &splits, &per);
 	if (st)
 		return st;
-	dg_dptr g = grad->data, wp = w->data, s = w->scale, o = out->data;
 	if (!reduce) {
-		void *args[] = { &g, &wp, &s, &o, &B, &T };
-		return dg_kernel_launch(dev, k, &l, args);
-	}
-	/* the workspace and the reduce entry before anything runs: a refusal
-	 * leaves out untouched */
-	dg_dptr dst = o;
-	if (splits > 1) {
-		st = dg__op_workspace_ok(dev, entry, ws, (size_t)splits * (size_t)nx * 4);
-		if (!st)
-			st = dg_kernel_get(dev, spec, reduce, &kr);
-		if (st)
+		dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+		if (!L)
 			return st;
-		dst = ws->ptr;
+		dg__arg_data(p, L, 0);
+		dg__arg_data(p, L, 1);
+		dg__arg_scale(p, L, 1);
+		dg__arg_data(p, L, 2);
+		dg__arg_i32(p, L, p->shape.b);
+		dg__arg_i32(p, L, p->shape.t);
+		return DG_OK;
+	}
+	if (splits > 1) {
+		p->ws_bytes = (size_t)splits * (size_t)nx * 4;
+		if ((st = dg_kernel_get(dev, spec, reduce, &kr)))
+			return st;
 	}
 	l.grid[2] = gz * (unsigned)splits;
-	void *args[] = { &g, &wp, &s, &dst, &B, &T, &splits, &per };
-	st = dg_kernel_launch(dev, k, &l, args);
-	if (st || splits == 1)
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
 		return st;
+	dg__arg_data(p, L, 0);
+	dg__arg_data(p, L, 1);
+	dg__arg_scale(p, L, 1);
+	if (splits > 1)
+		dg__arg_ws(p, L, 0);
+	else
+		dg__arg_data(p, L, 2);
+	dg__arg_i32(p, L, p->shape.b);
+	dg__arg_i32(p, L, p->shape.t);
+	dg__arg_i32(p, L, splits);
+	dg__arg_i32(p, L, per);
+	if (splits == 1)
+		return DG_OK;
 
 	/* Second pass: out = s · Σ partials, in split order. */
 	dg_launch r = reduce_launch(dev, nx);
-	dg_dptr part = dst;
-	void *rargs[] = { &part, &splits, &s, &o, &B, &T };
-	return dg_kernel_launch(dev, kr, &r, rargs);
+	if (!(L = dg__prep_add(p, kr, &r, &st)))
+		return st;
+	dg__arg_ws(p, L, 0);
+	dg__arg_i32(p, L, splits);
+	dg__arg_scale(p, L, 1);
+	dg__arg_data(p, L, 2);
+	dg__arg_i32(p, L, p->shape.b);
+	dg__arg_i32(p, L, p->shape.t);
+	return DG_OK;
 }
 
 /* The split of a grad_weight reduction of bt rows with tile t: enough
@@ -222,29 +224,12 @@ static int splits_of(dg_device *dev, const dg_tile *t, int64_t heads, int64_t bt
 	return splits < 1 ? 1 : splits;
 }
 
-dg_status dg__grad_weight_workspace(dg_device *dev, const dg_spec *spec, const char *entry,
-				    int64_t bt, int64_t rows, int64_t cols, size_t *bytes)
+dg_status dg__grad_weight_prep(dg_prepared *p, const char *entry, const char *reduce,
+			       int64_t rows, int64_t cols)
 {
-	dg_kernel *k = NULL;
-	int per;
-
-	*bytes = 0;
-	dg_status st = dg_kernel_get(dev, spec, entry, &k);
-	if (st)
-		return st;
-	int splits = splits_of(dev, &dg_kernel_spec(k)->tile, spec->heads, bt, rows, cols, &per);
-	if (splits > 1)
-		*bytes = (size_t)splits * (size_t)(spec->heads * rows * cols) * 4;
-	return DG_OK;
-}
-
-dg_status dg__grad_weight_launch(dg_device *dev, const dg_spec *spec, const char *entry,
-				 const char *reduce, const dg_tensor *grad, const dg_tensor *x,
-				 const dg_tensor *grad_w, bool accumulate, const dg_workspace *ws,
-				 int64_t rows, int64_t cols)
-{
+	dg_device *dev = p->dev;
+	const dg_spec *spec = &p->spec;
 	dg_kernel *k = NULL, *kr = NULL;
-	int B = (int)grad->shape[0], T = (int)grad->shape[2];
 	int64_t H = spec->heads;
 	int64_t nw = H * rows * cols; /* elements of grad_w */
 	int per;
@@ -253,28 +238,40 @@ dg_status dg__grad_weight_launch(dg_device *dev, const dg_spec *spec, const char
 	if (st)
 		return st;
 	const dg_tile *t = &dg_kernel_spec(k)->tile;
-	int splits = splits_of(dev, t, H, (int64_t)B * T, rows, cols, &per);
-	dg_dptr dst = grad_w->data;
+	int splits = splits_of(dev, t, H, p->shape.b * p->shape.t, rows, cols, &per);
 	if (splits > 1) {
-		st = dg__op_workspace_ok(dev, entry, ws, (size_t)splits * (size_t)nw * 4);
-		if (!st)
-			st = dg_kernel_get(dev, spec, reduce, &kr);
-		if (st)
+		p->ws_bytes = (size_t)splits * (size_t)nw * 4;
+		if ((st = dg_kernel_get(dev, spec, reduce, &kr)))
 			return st;
-		dst = ws->ptr;
 	}
 	dg_launch l = gemm_launch(t, (unsigned)dg__op_cdiv(cols, t->bn),
 				  (unsigned)dg__op_cdiv(rows, t->bm), (unsigned)(H * splits));
-	dg_dptr g = grad->data, xp = x->data, s = x->scale;
-	int acc = accumulate ? 1 : 0;
-	void *args[] = { &g, &xp, &s, &dst, &B, &T, &splits, &per, &acc };
-	st = dg_kernel_launch(dev, k, &l, args);
-	if (st || splits == 1)
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
 		return st;
+	dg__arg_data(p, L, 0);
+	dg__arg_data(p, L, 1);
+	dg__arg_scale(p, L, 1);
+	if (splits > 1)
+		dg__arg_ws(p, L, 0);
+	else
+		dg__arg_data(p, L, 2);
+	dg__arg_i32(p, L, p->shape.b);
+	dg__arg_i32(p, L, p->shape.t);
+	dg__arg_i32(p, L, splits);
+	dg__arg_i32(p, L, per);
+	DG__FLAG_OF(p, L, accumulate);
+	if (splits == 1)
+		return DG_OK;
 
 	/* Second pass: grad_w (+)= s · Σ partials, in split order. */
 	dg_launch r = reduce_launch(dev, nw);
-	dg_dptr part = dst, out = grad_w->data;
-	void *rargs[] = { &part, &splits, &s, &out, &acc };
-	return dg_kernel_launch(dev, kr, &r, rargs);
+	if (!(L = dg__prep_add(p, kr, &r, &st)))
+		return st;
+	dg__arg_ws(p, L, 0);
+	dg__arg_i32(p, L, splits);
+	dg__arg_scale(p, L, 1);
+	dg__arg_data(p, L, 2);
+	DG__FLAG_OF(p, L, accumulate);
+	return DG_OK;
 }

@@ -30,6 +30,24 @@ static size_t ws_need(const dg_spec *s, int64_t rows, bool backward)
 	return loss_bytes(rows) + dg__op_align256(dl);
 }
 
+/* The call's own pointers: bad (an int32) and grad_scale (a float),
+ * 4-byte aligned or 0. */
+static dg_status ptrs_ok(const dg__op_call *c, char *msg, size_t size)
+{
+	if (c->bad % 4) {
+		snprintf(msg, size, "%s: bad: pointer 0x%llx is not 4-byte aligned (an int32 on the device)",
+			 FN, (unsigned long long)c->bad);
+		return DG_ERR_INVALID_ARG;
+	}
+	if (c->grad_scale % 4) {
+		snprintf(msg, size,
+			 "%s: grad_scale: pointer 0x%llx is not 4-byte aligned (a float on the device)", FN,
+			 (unsigned long long)c->grad_scale);
+		return DG_ERR_INVALID_ARG;
+	}
+	return DG_OK;
+}
+
 /* The table's check, then what it cannot say: the backward's tensors, at
  * least one row, bad's alignment, and (with_ws) the workspace. */
 static dg_status check(const dg_spec *spec, const dg__op_call *c, bool with_ws, dg__op_shape *shape,
@@ -61,17 +79,8 @@ static dg_status check(const dg_spec *spec, const dg__op_call *c, bool with_ws, 
 		snprintf(msg, size, "targets: 0 rows; the mean loss needs at least one");
 		return DG_ERR_INVALID_ARG;
 	}
-	if (c->bad % 4) {
-		snprintf(msg, size, "%s: bad: pointer 0x%llx is not 4-byte aligned (an int32 on the device)",
-			 FN, (unsigned long long)c->bad);
-		return DG_ERR_INVALID_ARG;
-	}
-	if (c->grad_scale % 4) {
-		snprintf(msg, size,
-			 "%s: grad_scale: pointer 0x%llx is not 4-byte aligned (a float on the device)", FN,
-			 (unsigned long long)c->grad_scale);
-		return DG_ERR_INVALID_ARG;
-	}
+	if ((st = ptrs_ok(c, msg, size)))
+		return st;
 	if (with_ws) {
 		size_t need = ws_need(spec, sh.r, c->backward);
 		if (!c->ws.ptr || c->ws.bytes < need) {
@@ -118,51 +127,44 @@ dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, ch
 	return check(spec, a ? &c : NULL, true, NULL, msg, msg_size);
 }
 
-/* Without the workspace, as dg__workspace_lmhead_ce checks: a device-free
- * check (the FFI's) comes before the workspace is sized and given, and
- * the run still refuses a short one. */
+/* Without the workspace, as dg_lmhead_ce_workspace checks: a device-free
+ * check (the FFI's, the prepare's) comes before the workspace is sized and
+ * given, and a launch still refuses a short one. */
 dg_status dg__check_lmhead_ce(const dg_spec *spec, const dg__op_call *c, char *msg,
 			      size_t msg_size)
 {
 	return check(spec, c, false, NULL, msg, msg_size);
 }
 
-dg_status dg__workspace_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				  size_t *bytes)
+dg__op_call dg__call_lmhead_ce(const void *args)
 {
-	char msg[512];
-	dg__op_shape sh;
-
-	*bytes = 0;
-	dg_status st = check(spec, c, false, &sh, msg, sizeof(msg));
-	if (st)
-		return dev ? dg__dev_fail_msg(dev, st, msg) : st;
-	*bytes = ws_need(spec, sh.r, c->backward);
-	return DG_OK;
+	return call_of(args);
 }
 
-dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a,
-				 size_t *bytes)
+/* The pointer rules at every launch of a prepared op (the check's, for
+ * the launch's own bad and grad_scale). */
+static dg_status ptrs(const dg_prepared *p, const dg__op_call *c, char *msg, size_t size)
 {
-	if (!bytes)
-		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, FN "_workspace: bytes is NULL")
-			   : DG_ERR_INVALID_ARG;
-	dg__op_call c = call_of(a);
-	return dg__workspace_lmhead_ce(dev, spec, a ? &c : NULL, bytes);
+	(void)p;
+	return ptrs_ok(c, msg, size);
 }
 
-dg_status dg__run_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+/*
+ * The fused kernel: x, w, targets, row_loss (ws), dlogits (ws past the
+ * row losses), dx, rows (long long), inv_rows (float), grad_scale,
+ * backward (int), bad; dlogits, dx and grad_scale 0 without backward.
+ * The mean: row_loss, rows, loss. With backward the dw GEMM: x, dlogits,
+ * dw, rows, accumulate (int).
+ */
+dg_status dg__prep_lmhead_ce(dg_prepared *p, const dg__op_call *c)
 {
-	char msg[512];
-	dg__op_shape sh;
+	dg_device *dev = p->dev;
+	const dg_spec *spec = &p->spec;
 	dg_kernel *k[3];
 	static const char *const entries[3] = { FN, FN "_loss", FN "_dw" };
+	dg_status st;
 
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_status st = check(spec, c, true, &sh, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
+	p->ptrs = ptrs;
 	for (int i = 0; i < 3; i++)
 		if ((st = dg_kernel_get(dev, spec, entries[i], &k[i])))
 			return st;
@@ -176,32 +178,80 @@ dg_status dg__run_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg__op_ca
 				    info.dyn_smem);
 	int nt = dg_kernel_spec(k[0])->tile.threads;
 	int sms = dg__dev_info(dev)->sm_count;
-	long long rows = sh.r;
+	long long rows = p->shape.r;
 	float inv_rows = (float)(1.0 / (double)rows);
-	int backward = c->backward ? 1 : 0, acc = c->accumulate ? 1 : 0;
-	dg_dptr x = c->t[0]->data, w = c->t[1]->data, tg = c->t[2]->data, loss = c->t[3]->data;
-	dg_dptr dx = c->backward ? c->t[4]->data : 0, dw = c->backward ? c->t[5]->data : 0;
-	dg_dptr row_loss = c->ws.ptr, dl = c->backward ? c->ws.ptr + loss_bytes(rows) : 0;
-	dg_dptr bad = c->bad, gs = c->backward ? c->grad_scale : 0;
+	const bool backward = c->backward;
+	p->ws_bytes = ws_need(spec, rows, backward);
 
 	dg_launch l = { { dg__op_grid(rows, br, 64LL * (sms > 0 ? sms : 1)), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
-	void *a1[] = { &x, &w, &tg, &row_loss, &dl, &dx, &rows, &inv_rows, &gs, &backward, &bad };
-	if ((st = dg_kernel_launch(dev, k[0], &l, a1)))
+	dg__prep_launch *L = dg__prep_add(p, k[0], &l, &st);
+	if (!L)
 		return st;
+	dg__arg_data(p, L, 0); /* x */
+	dg__arg_data(p, L, 1); /* w */
+	dg__arg_data(p, L, 2); /* targets */
+	dg__arg_ws(p, L, 0);   /* row_loss */
+	if (backward) {
+		dg__arg_ws(p, L, (int64_t)loss_bytes(rows)); /* dlogits */
+		dg__arg_data(p, L, 4);                        /* dx */
+	} else {
+		dg__arg_i64(p, L, 0);
+		dg__arg_i64(p, L, 0);
+	}
+	dg__arg_i64(p, L, rows);
+	dg__arg_f32(p, L, inv_rows);
+	if (backward)
+		DG__ARG_OF(p, L, grad_scale);
+	else
+		dg__arg_i64(p, L, 0);
+	DG__FLAG_OF(p, L, backward);
+	DG__ARG_OF(p, L, bad);
+
 	dg_launch l2 = { { 1, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
-	void *a2[] = { &row_loss, &rows, &loss };
-	if ((st = dg_kernel_launch(dev, k[1], &l2, a2)) || !backward)
+	if (!(L = dg__prep_add(p, k[1], &l2, &st)))
 		return st;
+	dg__arg_ws(p, L, 0); /* row_loss */
+	dg__arg_i64(p, L, rows);
+	dg__arg_data(p, L, 3); /* loss */
+	if (!backward)
+		return DG_OK;
+
 	/* dw: one block a 32x32 tile (templates/loss.lua) */
 	long long tiles = dg__op_cdiv(spec->embd, 32) * dg__op_cdiv(spec->vocab, 32);
 	dg_launch l3 = { { dg__op_grid(tiles, 1, 1LL << 30), 1, 1 }, { 0, 0, 0 }, 0 };
-	void *a3[] = { &x, &dl, &dw, &rows, &acc };
-	return dg_kernel_launch(dev, k[2], &l3, a3);
+	if (!(L = dg__prep_add(p, k[2], &l3, &st)))
+		return st;
+	dg__arg_data(p, L, 0);                        /* x */
+	dg__arg_ws(p, L, (int64_t)loss_bytes(rows)); /* dlogits */
+	dg__arg_data(p, L, 5);                        /* dw */
+	dg__arg_i64(p, L, rows);
+	DG__FLAG_OF(p, L, accumulate);
+	return DG_OK;
+}
+
+/* Without a device: the workspace depends on R, V, src and backward alone
+ * (the generic door, dg__op_workspace, prepares the op instead). */
+dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a,
+				 size_t *bytes)
+{
+	char msg[512];
+	dg__op_shape sh;
+
+	if (!bytes)
+		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, FN "_workspace: bytes is NULL")
+			   : DG_ERR_INVALID_ARG;
+	*bytes = 0;
+	dg__op_call c = call_of(a);
+	dg_status st = check(spec, a ? &c : NULL, false, &sh, msg, sizeof(msg));
+	if (st)
+		return dev ? dg__dev_fail_msg(dev, st, msg) : st;
+	*bytes = ws_need(spec, sh.r, c.backward);
+	return DG_OK;
 }
 
 dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a)
 {
 	dg__op_call c = call_of(a);
-	return dg__run_lmhead_ce(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_LMHEAD_CE, spec, a ? &c : NULL);
 }

@@ -45,40 +45,48 @@ dg_status dg_lowrank_fwd_check(const dg_spec *spec, const dg_lowrank_fwd_args *a
 			    msg, msg_size);
 }
 
-dg_status dg__run_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_lowrank_fwd(const void *args)
 {
-	dg__op_shape sh;
-	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_FWD, "dg_lowrank_fwd", c, &sh);
-	if (st)
-		return st;
-	int B = (int)sh.b, T = (int)sh.t;
-	if ((long long)B * T == 0)
+	return fwd_call(args);
+}
+
+dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	int64_t B = p->shape.b, T = p->shape.t;
+	if (B * T == 0)
 		return DG_OK;
 	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, "dg_lowrank_fwd", &k);
+	dg_status st = dg_kernel_get(p->dev, &p->spec, "dg_lowrank_fwd", &k);
 	if (st)
 		return st;
-	const int sms = dg__dev_info(dev)->sm_count;
+	const int sms = dg__dev_info(p->dev)->sm_count;
 	/* the wgmma path: (head, m-tile) rows of tiles, split into as many runs
 	 * along n as two blocks an SM take (templates/lowrank_wgmma.lua) */
 	long long work = dg_kernel_spec(k)->arch_specific
 				 ? 2LL * sms
-				 : dg__op_cdiv((long long)B * T, 16) * dg__op_cdiv(spec->latent, 16) *
-					   spec->heads;
+				 : dg__op_cdiv(B * T, 16) * dg__op_cdiv(p->spec.latent, 16) *
+					   p->spec.heads;
 	dg_launch l = { { tile_grid(work, sms), 1, 1 }, { 0, 0, 0 }, 0 };
-	dg_dptr x = c->t[0]->data, w = c->t[1]->data, out = c->t[2]->data;
-	dg_dptr sa = c->t[0]->scale, sw = c->t[1]->scale, so = c->t[2]->scale;
-	dg_dptr absum = c->absum;
-	void *args[] = { &x, &w, &sa, &sw, &out, &so, &absum, &B, &T };
-	return dg_kernel_launch(dev, k, &l, args);
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0);  /* x */
+	dg__arg_data(p, L, 1);  /* w */
+	dg__arg_scale(p, L, 0);
+	dg__arg_scale(p, L, 1);
+	dg__arg_data(p, L, 2);  /* out */
+	dg__arg_scale(p, L, 2);
+	DG__ARG_OF(p, L, absum);
+	dg__arg_i32(p, L, B);
+	dg__arg_i32(p, L, T);
+	return DG_OK;
 }
-
-DG__OP_NO_WORKSPACE(lowrank_fwd)
 
 dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg_lowrank_fwd_args *a)
 {
 	dg__op_call c = fwd_call(a);
-	return dg__run_lowrank_fwd(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_LOWRANK_FWD, spec, a ? &c : NULL);
 }
 
 /* ---- relu_mask ------------------------------------------------------------ */
@@ -104,35 +112,41 @@ dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a, ch
 			    msg_size);
 }
 
-dg_status dg__run_relu_mask(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_relu_mask(const void *args)
 {
-	dg__op_shape sh;
-	dg_status st = dg__op_check_dev(dev, spec, DG_OP_RELU_MASK, "dg_relu_mask", c, &sh);
-	if (st)
-		return st;
-	int B = (int)sh.b, T = (int)sh.t;
-	if ((long long)B * T == 0)
-		return DG_OK;
-	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, "dg_relu_mask", &k);
-	if (st)
-		return st;
-	long long work = dg__op_cdiv((long long)B * T, 16) * dg__op_cdiv(spec->latent, 16) *
-			 spec->heads;
-	dg_launch l = { { tile_grid(work, dg__dev_info(dev)->sm_count), 1, 1 }, { 0, 0, 0 }, 0 };
-	dg_dptr x = c->t[0]->data, w = c->t[1]->data;
-	dg_dptr sa = c->t[0]->scale, sw = c->t[1]->scale;
-	dg_dptr grad = c->t[2]->data, grad_out = c->t[3]->data;
-	void *args[] = { &x, &w, &sa, &sw, &grad, &grad_out, &B, &T };
-	return dg_kernel_launch(dev, k, &l, args);
+	return mask_call(args);
 }
 
-DG__OP_NO_WORKSPACE(relu_mask)
+dg_status dg__prep_relu_mask(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	int64_t B = p->shape.b, T = p->shape.t;
+	if (B * T == 0)
+		return DG_OK;
+	dg_kernel *k;
+	dg_status st = dg_kernel_get(p->dev, &p->spec, "dg_relu_mask", &k);
+	if (st)
+		return st;
+	long long work = dg__op_cdiv(B * T, 16) * dg__op_cdiv(p->spec.latent, 16) * p->spec.heads;
+	dg_launch l = { { tile_grid(work, dg__dev_info(p->dev)->sm_count), 1, 1 }, { 0, 0, 0 }, 0 };
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0);  /* x */
+	dg__arg_data(p, L, 1);  /* w */
+	dg__arg_scale(p, L, 0);
+	dg__arg_scale(p, L, 1);
+	dg__arg_data(p, L, 2);  /* grad */
+	dg__arg_data(p, L, 3);  /* grad_out */
+	dg__arg_i32(p, L, B);
+	dg__arg_i32(p, L, T);
+	return DG_OK;
+}
 
 dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec, const dg_relu_mask_args *a)
 {
 	dg__op_call c = mask_call(a);
-	return dg__run_relu_mask(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_RELU_MASK, spec, a ? &c : NULL);
 }
 
 /* ---- lowrank_grad_input ----------------------------------------------------- */
@@ -169,18 +183,6 @@ static dg_status gi_check(const dg_spec *spec, const char *fn, const dg__op_call
 	return st ? st : gi_splits_ok(fn, c->splits, msg, msg_size);
 }
 
-/* gi_check with the message on dev. */
-static dg_status gi_check_dev(dg_device *dev, const dg_spec *spec, const char *fn,
-			      const dg__op_call *c, dg__op_shape *sh)
-{
-	char msg[512];
-
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_status st = gi_check(spec, fn, c, sh, msg, sizeof(msg));
-	return st ? dg__dev_fail_msg(dev, st, msg) : DG_OK;
-}
-
 dg_status dg_lowrank_grad_input_check(const dg_spec *spec, const dg_lowrank_grad_input_args *a,
 				      char *msg, size_t msg_size)
 {
@@ -200,44 +202,30 @@ static int64_t gi_k(const dg_spec *spec)
 	return (int64_t)(spec->heads / spec->in_heads) * spec->latent;
 }
 
-dg_status dg__workspace_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
-					   const dg__op_call *c, size_t *bytes)
+dg__op_call dg__call_lowrank_grad_input(const void *args)
 {
-	dg__op_shape sh;
-	*bytes = 0;
-	dg_status st = gi_check_dev(dev, spec, "dg_lowrank_grad_input_workspace", c, &sh);
-	if (st)
-		return st;
-	return dg__grad_input_workspace(dev, spec, "dg_lowrank_grad_input",
-					"dg_lowrank_grad_input_reduce", sh.b * sh.t, spec->embd,
-					(unsigned)spec->in_heads, gi_k(spec), c->splits, bytes);
+	return gi_call(args);
 }
 
-dg_status dg__run_lowrank_grad_input(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg_status dg__prep_lowrank_grad_input(dg_prepared *p, const dg__op_call *c)
 {
-	dg_status st = gi_check_dev(dev, spec, "dg_lowrank_grad_input", c, NULL);
-	if (st)
-		return st;
-	return dg__grad_input_launch(dev, spec, "dg_lowrank_grad_input",
-				     "dg_lowrank_grad_input_reduce", c->t[0], c->t[1], c->t[2],
-				     spec->embd, (unsigned)spec->in_heads, gi_k(spec), c->splits,
-				     &c->ws);
+	return dg__grad_input_prep(p, "dg_lowrank_grad_input", "dg_lowrank_grad_input_reduce",
+				   p->spec.embd, (unsigned)p->spec.in_heads, gi_k(&p->spec),
+				   c->splits);
 }
 
 dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
 					  const dg_lowrank_grad_input_args *a, size_t *bytes)
 {
-	if (!bytes)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_lowrank_grad_input_workspace: bytes is NULL");
 	dg__op_call c = gi_call(a);
-	return dg__workspace_lowrank_grad_input(dev, spec, a ? &c : NULL, bytes);
+	return dg__op_typed_workspace(dev, DG_OP_LOWRANK_GRAD_INPUT, spec, a ? &c : NULL, bytes);
 }
 
 dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
 				const dg_lowrank_grad_input_args *a)
 {
 	dg__op_call c = gi_call(a);
-	return dg__run_lowrank_grad_input(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_LOWRANK_GRAD_INPUT, spec, a ? &c : NULL);
 }
 
 /* ---- lowrank_grad_weight ---------------------------------------------------- */
@@ -265,43 +253,29 @@ dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
 			    a ? &c : NULL, NULL, msg, msg_size);
 }
 
-dg_status dg__workspace_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
-					    const dg__op_call *c, size_t *bytes)
+dg__op_call dg__call_lowrank_grad_weight(const void *args)
 {
-	dg__op_shape sh;
-	*bytes = 0;
-	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_GRAD_WEIGHT,
-					"dg_lowrank_grad_weight_workspace", c, &sh);
-	if (st)
-		return st;
-	/* per head: rows l (L), cols e (E) */
-	return dg__grad_weight_workspace(dev, spec, "dg_lowrank_grad_weight", sh.b * sh.t,
-					 spec->latent, spec->embd, bytes);
+	return gw_call(args);
 }
 
-dg_status dg__run_lowrank_grad_weight(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg_status dg__prep_lowrank_grad_weight(dg_prepared *p, const dg__op_call *c)
 {
-	dg_status st = dg__op_check_dev(dev, spec, DG_OP_LOWRANK_GRAD_WEIGHT,
-					"dg_lowrank_grad_weight", c, NULL);
-	if (st)
-		return st;
-	return dg__grad_weight_launch(dev, spec, "dg_lowrank_grad_weight",
-				      "dg_lowrank_grad_weight_reduce", c->t[0], c->t[1], c->t[2],
-				      c->accumulate, &c->ws, spec->latent, spec->embd);
+	(void)c;
+	/* per head: rows l (L), cols e (E) */
+	return dg__grad_weight_prep(p, "dg_lowrank_grad_weight", "dg_lowrank_grad_weight_reduce",
+				    p->spec.latent, p->spec.embd);
 }
 
 dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
 					   const dg_lowrank_grad_weight_args *a, size_t *bytes)
 {
-	if (!bytes)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_lowrank_grad_weight_workspace: bytes is NULL");
 	dg__op_call c = gw_call(a);
-	return dg__workspace_lowrank_grad_weight(dev, spec, a ? &c : NULL, bytes);
+	return dg__op_typed_workspace(dev, DG_OP_LOWRANK_GRAD_WEIGHT, spec, a ? &c : NULL, bytes);
 }
 
 dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
 				 const dg_lowrank_grad_weight_args *a)
 {
 	dg__op_call c = gw_call(a);
-	return dg__run_lowrank_grad_weight(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_LOWRANK_GRAD_WEIGHT, spec, a ? &c : NULL);
 }

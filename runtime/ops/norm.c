@@ -36,53 +36,50 @@ static dg_status check(const dg_spec *spec, dg_op op, const char *fn, const dg__
 	return st;
 }
 
-static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-		     const dg__op_call *c)
+/* eps's rule at every launch of a prepared forward: the kernel reads the
+ * launch's own. */
+static dg_status eps_ptrs(const dg_prepared *p, const dg__op_call *c, char *msg, size_t size)
 {
-	char msg[512];
-	dg__op_shape sh;
+	return eps_ok(p->fn, c->eps, msg, size);
+}
 
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_status st = check(spec, op, fn, c, &sh, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	long long rows = sh.r;
+/* One launch of entry dg_<op>: the op's tensors in the table's order,
+ * rows (long long), then the forward's eps (float) or the backward's
+ * accumulate (int). */
+static dg_status prep(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	const dg_op op = p->spec.op;
+	const bool fwd = op == DG_OP_LAYERNORM_FWD || op == DG_OP_RESID_LN_FWD;
+	long long rows = p->shape.r;
+	if (fwd)
+		p->ptrs = eps_ptrs;
 	if (rows == 0)
 		return DG_OK;
 	char entry[64];
 	snprintf(entry, sizeof(entry), "dg_%s", dg_op_name(op));
 	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, entry, &k);
+	dg_status st = dg_kernel_get(p->dev, &p->spec, entry, &k);
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	int sms = dg__dev_info(dev)->sm_count;
+	int sms = dg__dev_info(p->dev)->sm_count;
 	dg_launch l = { { dg__op_grid(rows, nt / 32, 64LL * (sms > 0 ? sms : 1)), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
-	dg_dptr p[5] = { 0 };
-	for (int i = 0; i < dg_op_info_of(op)->n_args; i++)
-		p[i] = c->t[i]->data;
-	float eps = c->eps;
-	int acc = c->accumulate ? 1 : 0;
-	switch (op) {
-	case DG_OP_LAYERNORM_FWD: { /* x, y, rstd */
-		void *a[] = { &p[0], &p[1], &p[2], &rows, &eps };
-		return dg_kernel_launch(dev, k, &l, a);
-	}
-	case DG_OP_RESID_LN_FWD: { /* x, y, out, rstd */
-		void *a[] = { &p[0], &p[1], &p[2], &p[3], &rows, &eps };
-		return dg_kernel_launch(dev, k, &l, a);
-	}
-	case DG_OP_LAYERNORM_BWD: { /* dy, y, rstd, dx */
-		void *a[] = { &p[0], &p[1], &p[2], &p[3], &rows, &acc };
-		return dg_kernel_launch(dev, k, &l, a);
-	}
-	default: { /* resid_ln_bwd: dout, out, rstd, dx, dy */
-		void *a[] = { &p[0], &p[1], &p[2], &p[3], &p[4], &rows, &acc };
-		return dg_kernel_launch(dev, k, &l, a);
-	}
-	}
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	/* layernorm_fwd: x, y, rstd; resid_ln_fwd: x, y, out, rstd;
+	 * layernorm_bwd: dy, y, rstd, dx; resid_ln_bwd: dout, out, rstd, dx, dy */
+	int n = op == DG_OP_LAYERNORM_FWD ? 3 : op == DG_OP_RESID_LN_BWD ? 5 : 4;
+	for (int i = 0; i < n; i++)
+		dg__arg_data(p, L, i);
+	dg__arg_i64(p, L, rows);
+	if (fwd)
+		DG__ARG_OF(p, L, eps);
+	else
+		DG__FLAG_OF(p, L, accumulate);
+	return DG_OK;
 }
 
 /* ---- layernorm_fwd ------------------------------------------------------------ */
@@ -108,23 +105,26 @@ dg_status dg_layernorm_fwd_check(const dg_spec *spec, const dg_layernorm_fwd_arg
 		     msg_size);
 }
 
-dg_status dg__run_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
-{
-	return run(dev, spec, DG_OP_LAYERNORM_FWD, "dg_layernorm_fwd", c);
-}
-
-DG__OP_NO_WORKSPACE(layernorm_fwd)
-
 dg_status dg__check_layernorm_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
 				  size_t msg_size)
 {
 	return check(spec, DG_OP_LAYERNORM_FWD, "dg_layernorm_fwd", c, NULL, msg, msg_size);
 }
 
+dg__op_call dg__call_layernorm_fwd(const void *args)
+{
+	return ln_fwd_call(args);
+}
+
+dg_status dg__prep_layernorm_fwd(dg_prepared *p, const dg__op_call *c)
+{
+	return prep(p, c);
+}
+
 dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_fwd_args *a)
 {
 	dg__op_call c = ln_fwd_call(a);
-	return dg__run_layernorm_fwd(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_LAYERNORM_FWD, spec, a ? &c : NULL);
 }
 
 /* ---- layernorm_bwd ------------------------------------------------------------ */
@@ -151,17 +151,20 @@ dg_status dg_layernorm_bwd_check(const dg_spec *spec, const dg_layernorm_bwd_arg
 		     msg_size);
 }
 
-dg_status dg__run_layernorm_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_layernorm_bwd(const void *args)
 {
-	return run(dev, spec, DG_OP_LAYERNORM_BWD, "dg_layernorm_bwd", c);
+	return ln_bwd_call(args);
 }
 
-DG__OP_NO_WORKSPACE(layernorm_bwd)
+dg_status dg__prep_layernorm_bwd(dg_prepared *p, const dg__op_call *c)
+{
+	return prep(p, c);
+}
 
 dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_bwd_args *a)
 {
 	dg__op_call c = ln_bwd_call(a);
-	return dg__run_layernorm_bwd(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_LAYERNORM_BWD, spec, a ? &c : NULL);
 }
 
 /* ---- resid_ln_fwd ------------------------------------------------------------- */
@@ -188,23 +191,26 @@ dg_status dg_resid_ln_fwd_check(const dg_spec *spec, const dg_resid_ln_fwd_args 
 		     msg_size);
 }
 
-dg_status dg__run_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
-{
-	return run(dev, spec, DG_OP_RESID_LN_FWD, "dg_resid_ln_fwd", c);
-}
-
-DG__OP_NO_WORKSPACE(resid_ln_fwd)
-
 dg_status dg__check_resid_ln_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
 				 size_t msg_size)
 {
 	return check(spec, DG_OP_RESID_LN_FWD, "dg_resid_ln_fwd", c, NULL, msg, msg_size);
 }
 
+dg__op_call dg__call_resid_ln_fwd(const void *args)
+{
+	return rln_fwd_call(args);
+}
+
+dg_status dg__prep_resid_ln_fwd(dg_prepared *p, const dg__op_call *c)
+{
+	return prep(p, c);
+}
+
 dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_fwd_args *a)
 {
 	dg__op_call c = rln_fwd_call(a);
-	return dg__run_resid_ln_fwd(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_RESID_LN_FWD, spec, a ? &c : NULL);
 }
 
 /* ---- resid_ln_bwd ------------------------------------------------------------- */
@@ -232,15 +238,18 @@ dg_status dg_resid_ln_bwd_check(const dg_spec *spec, const dg_resid_ln_bwd_args 
 		     msg_size);
 }
 
-dg_status dg__run_resid_ln_bwd(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_resid_ln_bwd(const void *args)
 {
-	return run(dev, spec, DG_OP_RESID_LN_BWD, "dg_resid_ln_bwd", c);
+	return rln_bwd_call(args);
 }
 
-DG__OP_NO_WORKSPACE(resid_ln_bwd)
+dg_status dg__prep_resid_ln_bwd(dg_prepared *p, const dg__op_call *c)
+{
+	return prep(p, c);
+}
 
 dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_bwd_args *a)
 {
 	dg__op_call c = rln_bwd_call(a);
-	return dg__run_resid_ln_bwd(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_RESID_LN_BWD, spec, a ? &c : NULL);
 }

@@ -61,10 +61,6 @@ typedef struct dg__op_shape {
 dg_status dg__op_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
 		       dg__op_shape *shape, char *msg, size_t msg_size);
 
-/* The check of a typed call with the message put on dev. */
-dg_status dg__op_check_dev(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-			   const dg__op_call *c, dg__op_shape *shape);
-
 /* Refuses a workspace smaller than need (its message names the call). */
 dg_status dg__op_workspace_ok(dg_device *dev, const char *fn, const dg_workspace *ws,
 			      size_t need);
@@ -79,42 +75,179 @@ long long dg__op_cdiv(long long a, long long b);
 dg__op_call dg__op_call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
 			   const dg_tensor *t3);
 
-/* The workspace entry of an op that takes none. */
-dg_status dg__op_no_workspace(size_t *bytes);
 
-/* The workspace query of an op that needs none: 0 bytes. */
-#define DG__OP_NO_WORKSPACE(name)                                                            \
-	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec, const dg__op_call *c, \
-				       size_t *bytes)                                        \
-	{                                                                                    \
-		(void)dev, (void)spec, (void)c;                                              \
-		return dg__op_no_workspace(bytes);                                           \
-	}
+/* ---- prepared ops (prepared.c) ---------------------------------------------- */
+
+/* What a prepared op (dg_prepared) keeps: up to DG__PREP_LAUNCHES kernel
+ * launches, each with its geometry resolved and its argument layout, a
+ * list of where each parameter comes from, so a launch only reads the
+ * call's pointers and scalars into place. */
+#define DG__PREP_LAUNCHES 4
+#define DG__PREP_ARGS 16
+#define DG__PREP_BLOB 128
+
+typedef enum dg__arg_kind {
+	DG__ARG_DATA,  /* the call's tensor i: data + imm bytes (0 when not given) */
+	DG__ARG_SCALE, /* the call's tensor i: its scale pointer (0 when not given) */
+	DG__ARG_WS,    /* the call's workspace pointer + imm bytes */
+	DG__ARG_I32,   /* imm as an int */
+	DG__ARG_I64,   /* imm as a long long */
+	DG__ARG_F32,   /* f */
+	DG__ARG_FIELD, /* `size` bytes of the call at offset off (a scalar option) */
+	DG__ARG_FLAG,  /* the call's bool at offset off, as an int 0 or 1 */
+	DG__ARG_BLOB,  /* `size` bytes of the prepared op's blob at off (a struct) */
+	DG__ARG_TMAP,  /* TMA map imm (0 or 1) of the op's tmaps function */
+} dg__arg_kind;
+
+typedef struct dg__arg {
+	uint8_t kind; /* dg__arg_kind */
+	uint8_t i;    /* DATA, SCALE: the tensor's index in the call */
+	uint16_t off; /* FIELD, FLAG: the call's field; BLOB: the blob's bytes */
+	uint16_t size;
+	int64_t imm;
+	float f;
+} dg__arg;
+
+typedef struct dg__prep_launch {
+	const dg_kernel *k;
+	dg_launch l; /* resolved (dg__kernel_geometry) */
+	int n_args;
+	dg__arg args[DG__PREP_ARGS];
+} dg__prep_launch;
+
+/* One tensor argument as the op was prepared: given or not, its format,
+ * shape and whether its scale is read. A launch's tensors must match. */
+typedef struct dg__prep_sig {
+	bool given, scale;
+	dg_fmt fmt;
+	int ndim;
+	int64_t shape[DG_TENSOR_MAX_DIMS];
+} dg__prep_sig;
+
+/* The TMA maps of a launch, made from the call's pointers (attention's
+ * warp-specialized path): maps[0] and maps[1] for DG__ARG_TMAP 0 and 1. */
+typedef dg_status (*dg__tmaps_fn)(const dg_prepared *p, const dg__op_call *c,
+				  dg__tmap maps[2]);
+
+/* The rules of an op on the call's pointers (no aliasing of an output it
+ * writes in place, ...), checked at every launch: msg gets why. */
+typedef dg_status (*dg__ptrs_fn)(const dg_prepared *p, const dg__op_call *c, char *msg,
+				 size_t msg_size);
+
+struct dg_prepared {
+	dg_device *dev;
+	dg_spec spec;       /* as asked, checked */
+	const char *fn;     /* "dg_<op>", in messages */
+	dg__op_shape shape; /* the call's sizes */
+	int n_sig;          /* the op table's arguments */
+	dg__prep_sig sig[DG_OP_MAX_ARGS];
+	uint64_t opts;      /* the call's options and which optional pointers
+			     * it gives (opts_of in prepared.c) */
+	size_t ws_bytes;    /* the workspace a launch needs */
+	int n_launch;       /* 0: nothing to compute (an empty batch) */
+	dg__prep_launch launch[DG__PREP_LAUNCHES];
+	dg__tmaps_fn tmaps;
+	dg__ptrs_fn ptrs;
+	int64_t iv[4];      /* what tmaps reads (sizes) */
+	uint16_t blob_used;
+	bool overflow;      /* a launch or argument past the arrays: refused */
+	bool heap;          /* made by dg_prepare (dg_prepared_destroy frees it) */
+	_Alignas(16) unsigned char blob[DG__PREP_BLOB];
+};
 
 /*
- * The typed calls of an op whose args struct is its tensors alone: the
- * _check twin and the call, the tensors T0..T3 (expressions of `a`, NULL
- * for unused) in the op table's order; RUN(dev, spec, op, call) runs it.
+ * Prepares op spec->op for calls shaped like c (its tensors' formats and
+ * shapes, which it gives, its options; pointers need only pass the checks)
+ * into *p: the whole check, the kernels fetched (JIT or cache), the
+ * geometry resolved, the workspace sized, the argument layout written.
+ * Nothing is launched. The message is on dev.
  */
-#define DG__OP_TYPED(name, OP, RUN, T0, T1, T2, T3)                                          \
-	dg_status dg_##name##_check(const dg_spec *spec, const dg_##name##_args *a, char *msg, \
-				    size_t msg_size)                                          \
-	{                                                                                     \
-		dg__op_call c = a ? dg__op_call_of(T0, T1, T2, T3)                            \
-				  : dg__op_call_of(NULL, NULL, NULL, NULL);                   \
-		return dg__op_check(spec, OP, "dg_" #name, a ? &c : NULL, NULL, msg, msg_size); \
-	}                                                                                     \
-	dg_status dg_##name(dg_device *dev, const dg_spec *spec, const dg_##name##_args *a)     \
-	{                                                                                     \
-		dg__op_call c = a ? dg__op_call_of(T0, T1, T2, T3)                            \
-				  : dg__op_call_of(NULL, NULL, NULL, NULL);                   \
-		return RUN(dev, spec, OP, a ? &c : NULL);                                     \
-	}
+dg_status dg__prepare(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
+		      dg_prepared *p);
+
+/* Launches a prepared op with c: c's tensors are checked against the
+ * prepared ones (format, shape, pointers), its workspace against
+ * ws_bytes, nothing else. */
+dg_status dg__prepared_launch(const dg_prepared *p, const dg__op_call *c);
+
+/* The call of op's typed arguments struct (dg_<op>_args): each family
+ * file's dg__call_<name>. */
+dg__op_call dg__op_call_from_args(dg_op op, const void *args);
+
+/* The options c is prepared with (flags, splits, which optional pointers
+ * it gives), and p's record of c's tensors and options. */
+uint64_t dg__prep_opts(const dg__op_call *c);
+void dg__prep_sign(dg_prepared *p, const dg__op_call *c);
+
+/*
+ * An op caller that holds its ops prepared (the model's nodes): a run of
+ * ops through dg__exec either prepares each into the next of its slots
+ * (preparing; nothing launched) or launches the slot's prepared op, with
+ * only the tensors compared, in the same order. With no slots (plans
+ * NULL) each op is prepared on the stack and launched: the eager path.
+ */
+typedef struct dg__op_exec {
+	dg_device *dev;
+	dg_prepared *plans; /* cap slots, or NULL */
+	int n, cap;         /* slots prepared, slots there are */
+	int next;           /* the slot of the next op (dg__exec_begin zeroes it) */
+	bool preparing;
+} dg__op_exec;
+
+/* An eager caller of dev's ops. */
+dg__op_exec dg__exec_eager(dg_device *dev);
+/* Starts a run of x's ops: preparing (the slots emptied) or launching. */
+void dg__exec_begin(dg__op_exec *x, bool preparing);
+/* Op spec->op with call c through x. Typed args: dg__exec_args. */
+dg_status dg__exec(dg__op_exec *x, const dg_spec *spec, const dg__op_call *c);
+dg_status dg__exec_args(dg__op_exec *x, const dg_spec *spec, const void *args);
+/* The workspace bytes of x's last prepared op (0 when x launches). */
+size_t dg__exec_last_ws(const dg__op_exec *x);
+void dg__exec_free(dg__op_exec *x);
+
+/* The attention chains (dg_attention_fwd, dg_attention_bwd) through x:
+ * preparing, x's slots get their ops (rope, the GEMMs; the workspace not
+ * yet checked: a caller sizing it gives any aligned pointer). */
+dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec,
+				 const dg_attention_fwd_args *a);
+dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec,
+				 const dg_attention_bwd_args *a);
+
+/* Adds a launch of k to p (block {0,0,0} and smem 0: the template's) with
+ * its geometry resolved; NULL (and the message on p->dev, *st set) when
+ * the geometry breaks a limit or the launches are full. */
+dg__prep_launch *dg__prep_add(dg_prepared *p, const dg_kernel *k, const dg_launch *l,
+			      dg_status *st);
+
+/* The parameters of a launch, in the kernel's order. */
+void dg__arg_data(dg_prepared *p, dg__prep_launch *L, int i);
+void dg__arg_data_at(dg_prepared *p, dg__prep_launch *L, int i, int64_t byte_off);
+void dg__arg_scale(dg_prepared *p, dg__prep_launch *L, int i);
+void dg__arg_ws(dg_prepared *p, dg__prep_launch *L, int64_t byte_off);
+void dg__arg_i32(dg_prepared *p, dg__prep_launch *L, int64_t v);
+void dg__arg_i64(dg_prepared *p, dg__prep_launch *L, int64_t v);
+void dg__arg_f32(dg_prepared *p, dg__prep_launch *L, float v);
+void dg__arg_field(dg_prepared *p, dg__prep_launch *L, size_t off, size_t size);
+void dg__arg_flag(dg_prepared *p, dg__prep_launch *L, size_t off);
+void dg__arg_blob(dg_prepared *p, dg__prep_launch *L, const void *bytes, size_t size);
+void dg__arg_tmap(dg_prepared *p, dg__prep_launch *L, int which);
+
+/* A scalar field of dg__op_call as a parameter: DG__ARG_OF(p, L, eps). */
+#define DG__ARG_OF(p, L, field) \
+	dg__arg_field((p), (L), offsetof(dg__op_call, field), sizeof(((dg__op_call *)0)->field))
+/* A bool field of dg__op_call as an int parameter. */
+#define DG__FLAG_OF(p, L, field) dg__arg_flag((p), (L), offsetof(dg__op_call, field))
 
 /* ---- per-op entries (registry.c) -------------------------------------------- */
 
 /* Runs op spec->op with c (checked first). */
 dg_status dg__op_run(dg_device *dev, const dg_spec *spec, const dg__op_call *c);
+/* A typed op's call (dg_<op>, dg_<op>_workspace): spec must be op's (the
+ * table's message says why not), then dg__op_run / dg__op_workspace, which
+ * prepare the op and launch it (or read its workspace). */
+dg_status dg__op_typed_run(dg_device *dev, dg_op op, const dg_spec *spec, const dg__op_call *c);
+dg_status dg__op_typed_workspace(dg_device *dev, dg_op op, const dg_spec *spec,
+				 const dg__op_call *c, size_t *bytes);
 /* The workspace c needs on dev (0 for ops that take none). */
 dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 			   size_t *bytes);
@@ -130,13 +263,15 @@ dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_cal
 dg_status dg__op_check_call(const dg_spec *spec, const dg__op_call *c, char *msg,
 			    size_t msg_size);
 
-/* The generic entries of each op of DG_OP_LIST, defined in its family's
- * file as dg__run_<name> and dg__workspace_<name>. */
+/* The entries of each op of DG_OP_LIST, defined in its family's file:
+ * dg__prep_<name> lays out the launches of a checked call (dg__prepare
+ * has done the checks and filled p's spec, shape and signature; it fetches
+ * the kernels, sets the workspace size and lists each kernel parameter's
+ * source), dg__call_<name> turns the op's typed arguments struct into its
+ * call. */
 #define DG__OP_ENTRY(e, name)                                                 \
-	dg_status dg__run_##name(dg_device *dev, const dg_spec *spec,          \
-				 const dg__op_call *c);                        \
-	dg_status dg__workspace_##name(dg_device *dev, const dg_spec *spec,    \
-				       const dg__op_call *c, size_t *bytes);
+	dg_status dg__prep_##name(dg_prepared *p, const dg__op_call *c);       \
+	dg__op_call dg__call_##name(const void *args);
 DG_OP_LIST(DG__OP_ENTRY)
 #undef DG__OP_ENTRY
 
@@ -200,20 +335,12 @@ int dg__grad_input_splits(int64_t blocks, int64_t steps, int64_t slots, int want
  * second pass of a kernel that takes a K split (lowrank_grad_input: its
  * partials in ws, `want` splits or 0 for the runtime's choice); NULL for
  * one that takes none (decoder_grad_input, whose K = E is a few steps). */
-dg_status dg__grad_input_workspace(dg_device *dev, const dg_spec *spec, const char *entry,
-				   const char *reduce, int64_t bt, int64_t n_cols, unsigned gz,
-				   int64_t k_len, int want, size_t *bytes);
-dg_status dg__grad_input_launch(dg_device *dev, const dg_spec *spec, const char *entry,
-				const char *reduce, const dg_tensor *grad, const dg_tensor *w,
-				const dg_tensor *out, int64_t n_cols, unsigned gz, int64_t k_len,
-				int want, const dg_workspace *ws);
+dg_status dg__grad_input_prep(dg_prepared *p, const char *entry, const char *reduce,
+			      int64_t n_cols, unsigned gz, int64_t k_len, int want);
 /* grad_weight: grad_w (H, rows, cols) reduced over B·T, split when the
- * tiles are few; ws holds the splits' partials. */
-dg_status dg__grad_weight_workspace(dg_device *dev, const dg_spec *spec, const char *entry,
-				    int64_t bt, int64_t rows, int64_t cols, size_t *bytes);
-dg_status dg__grad_weight_launch(dg_device *dev, const dg_spec *spec, const char *entry,
-				 const char *reduce, const dg_tensor *grad, const dg_tensor *x,
-				 const dg_tensor *grad_w, bool accumulate, const dg_workspace *ws,
-				 int64_t rows, int64_t cols);
+ * tiles are few; ws holds the splits' partials. The call's tensors: grad,
+ * x (its scale the codes'), grad_w; accumulate adds into grad_w. */
+dg_status dg__grad_weight_prep(dg_prepared *p, const char *entry, const char *reduce,
+			       int64_t rows, int64_t cols);
 
 #endif

@@ -30,21 +30,12 @@ static dg__op_call call_of(const dg_adamw_update_args *a)
 	return c;
 }
 
-/* The op table's check (four f32 tensors of one shape), then p, m and v
- * distinct from each other and from grad (each is written), and the
- * control block and the copy aligned. */
-static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *sh, char *msg,
-		       size_t size)
+/* adamw_update's rules on the call's pointers, which a prepared op checks
+ * again at every launch: p, m and v distinct from each other and from
+ * grad (each is written), the control block and the copy aligned. c
+ * passed the op table's check. */
+static dg_status ptr_rules(const char *fn, const dg__op_call *c, char *msg, size_t size)
 {
-	static const char fn[] = "dg_adamw_update";
-	char local[512];
-	if (!msg || !size) {
-		msg = local;
-		size = sizeof(local);
-	}
-	dg_status st = dg__op_check(spec, DG_OP_ADAMW_UPDATE, fn, c, sh, msg, size);
-	if (st)
-		return st;
 	static const char *const names[] = { "p", "grad", "m", "v" };
 	for (int i = 0; i < 4; i++)
 		for (int j = i + 1; j < 4; j++)
@@ -66,59 +57,83 @@ static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *
 	return DG_OK;
 }
 
-static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+/* The op table's check (four f32 tensors of one shape), then ptr_rules. */
+static dg_status check(const dg_spec *spec, const dg__op_call *c, char *msg, size_t size)
 {
-	char msg[512];
-	dg__op_shape sh;
-	(void)op;
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_status st = check(spec, c, &sh, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail_msg(dev, st, msg);
-	long long n = sh.n;
+	static const char fn[] = "dg_adamw_update";
+	char local[512];
+	if (!msg || !size) {
+		msg = local;
+		size = sizeof(local);
+	}
+	dg_status st = dg__op_check(spec, DG_OP_ADAMW_UPDATE, fn, c, NULL, msg, size);
+	return st ? st : ptr_rules(fn, c, msg, size);
+}
+
+/* The rules a prepared adamw_update checks at every launch. */
+static dg_status update_ptrs(const dg_prepared *p, const dg__op_call *c, char *msg,
+			     size_t msg_size)
+{
+	return ptr_rules(p->fn, c, msg, msg_size);
+}
+
+dg__op_call dg__call_adamw_update(const void *args)
+{
+	return call_of(args);
+}
+
+/* (p, grad, m, v, const dg_adamw_ctl_t *ctl, dg_adamw_ctl_t cv,
+ * unsigned short *copy, long long n, int decay): cv the default scalars
+ * by value, which the kernel reads when ctl is 0; grid-stride over
+ * vectors of 4. */
+dg_status dg__prep_adamw_update(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	p->ptrs = update_ptrs;
+	long long n = p->shape.n;
 	if (n == 0)
 		return DG_OK;
 	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, "dg_adamw_update", &k);
+	dg_status st = dg_kernel_get(p->dev, &p->spec, "dg_adamw_update", &k);
 	if (st)
 		return st;
-	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(dev)->sm_count;
+	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(p->dev)->sm_count;
 	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, 4), nt, 8LL * (sms > 0 ? sms : 1)), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
 	dg_adamw_ctl cv;
 	dg_ref_adamw_default_ctl(&cv);
-	dg_dptr p = c->t[0]->data, g = c->t[1]->data, m = c->t[2]->data, v = c->t[3]->data;
-	dg_dptr ctl = c->ctl, copy = c->copy;
-	int decay = c->decay ? 1 : 0;
-	void *args[] = { &p, &g, &m, &v, &ctl, &cv, &copy, &n, &decay };
-	return dg_kernel_launch(dev, k, &l, args);
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0); /* p */
+	dg__arg_data(p, L, 1); /* grad */
+	dg__arg_data(p, L, 2); /* m */
+	dg__arg_data(p, L, 3); /* v */
+	DG__ARG_OF(p, L, ctl);
+	dg__arg_blob(p, L, &cv, sizeof(cv));
+	DG__ARG_OF(p, L, copy);
+	dg__arg_i64(p, L, n);
+	DG__FLAG_OF(p, L, decay);
+	return DG_OK;
 }
-
-dg_status dg__run_adamw_update(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
-{
-	return run(dev, spec, DG_OP_ADAMW_UPDATE, c);
-}
-
-DG__OP_NO_WORKSPACE(adamw_update)
 
 dg_status dg__check_adamw_update(const dg_spec *spec, const dg__op_call *c, char *msg,
 				 size_t msg_size)
 {
-	return check(spec, c, NULL, msg, msg_size);
+	return check(spec, c, msg, msg_size);
 }
 
 dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
 				size_t msg_size)
 {
 	dg__op_call c = call_of(a);
-	return check(spec, a ? &c : NULL, NULL, msg, msg_size);
+	return check(spec, a ? &c : NULL, msg, msg_size);
 }
 
 dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a)
 {
 	dg__op_call c = call_of(a);
-	return run(dev, spec, DG_OP_ADAMW_UPDATE, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_ADAMW_UPDATE, spec, a ? &c : NULL);
 }
 
 /* ---- the gradients' norm ------------------------------------------------------ */

@@ -35,46 +35,53 @@ static dg__op_call weight_call(const dg_pack_weight_args *a)
 	return c;
 }
 
-static dg_status run_weight(dg_device *dev, const dg_spec *spec, dg_op op,
-			    const dg__op_call *c)
+/* One launch: the packer (codes, words) or, with unpack, the unpacker
+ * (words, codes), and rows (long long). unpack is one of the options the
+ * op is prepared with, so it picks the entry here. */
+static dg_status prep_weight(dg_prepared *p, const dg__op_call *c)
 {
-	dg__op_shape sh;
-	dg_status st = dg__op_check_dev(dev, spec, op, "dg_pack_weight", c, &sh);
-	if (st)
-		return st;
-	bool tern = op == DG_OP_PACK_TERNARY;
-	long long rows = sh.r;
-	long long words = rows * (spec->embd / (tern ? 16 : 32));
+	bool tern = p->spec.op == DG_OP_PACK_TERNARY;
+	long long rows = p->shape.r;
+	long long words = rows * (p->spec.embd / (tern ? 16 : 32));
 	const char *entry = tern ? (c->unpack ? "dg_unpack_ternary" : "dg_pack_ternary")
 				 : (c->unpack ? "dg_unpack_sign1" : "dg_pack_sign1");
 	if (words == 0)
 		return DG_OK;
 	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, entry, &k);
+	dg_status st = dg_kernel_get(p->dev, &p->spec, entry, &k);
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	dg_launch l = { { dg__op_grid(words, nt, 8LL * dg__dev_info(dev)->sm_count), 1, 1 },
+	dg_launch l = { { dg__op_grid(words, nt, 8LL * dg__dev_info(p->dev)->sm_count), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
-	dg_dptr codes = c->t[0]->data, packed = c->t[1]->data;
-	void *args[3] = { c->unpack ? (void *)&packed : (void *)&codes,
-			  c->unpack ? (void *)&codes : (void *)&packed, &rows };
-	return dg_kernel_launch(dev, k, &l, args);
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, c->unpack ? 1 : 0); /* packed | codes: the source */
+	dg__arg_data(p, L, c->unpack ? 0 : 1); /* codes | packed: the destination */
+	dg__arg_i64(p, L, rows);
+	return DG_OK;
 }
 
-dg_status dg__run_pack_ternary(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_pack_ternary(const void *args)
 {
-	return run_weight(dev, spec, DG_OP_PACK_TERNARY, c);
+	return weight_call(args);
 }
 
-dg_status dg__run_pack_sign1(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_pack_sign1(const void *args)
 {
-	return run_weight(dev, spec, DG_OP_PACK_SIGN1, c);
+	return weight_call(args);
 }
 
-DG__OP_NO_WORKSPACE(pack_ternary)
+dg_status dg__prep_pack_ternary(dg_prepared *p, const dg__op_call *c)
+{
+	return prep_weight(p, c);
+}
 
-DG__OP_NO_WORKSPACE(pack_sign1)
+dg_status dg__prep_pack_sign1(dg_prepared *p, const dg__op_call *c)
+{
+	return prep_weight(p, c);
+}
 
 /* spec->op picks the format; an op of neither is refused by the check. */
 static dg_op weight_op(const dg_spec *spec)
@@ -101,19 +108,19 @@ dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec, const dg_pack_weig
 	if (dev && !pair_ok(spec, DG_OP_PACK_TERNARY, DG_OP_PACK_SIGN1, "dg_pack_weight", why,
 			    sizeof(why)))
 		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "%s", why);
-	return run_weight(dev, spec, weight_op(spec), a ? &c : NULL);
+	return dg__op_typed_run(dev, weight_op(spec), spec, a ? &c : NULL);
 }
 
 /* ---- pack_i8x4 / unpack_i8x4 ---------------------------------------------- */
 
 /* The op table's order: pack_i8x4 (codes, packed), unpack_i8x4 (packed,
  * codes). */
-static dg__op_call i8x4_call(const dg_spec *spec, const dg_pack_i8x4_args *a)
+static dg__op_call i8x4_call(dg_op op, const dg_pack_i8x4_args *a)
 {
 	dg__op_call c;
 	memset(&c, 0, sizeof(c));
 	if (a) {
-		bool unpack = spec && spec->op == DG_OP_UNPACK_I8X4;
+		bool unpack = op == DG_OP_UNPACK_I8X4;
 		c.t[0] = unpack ? a->packed : a->codes;
 		c.t[1] = unpack ? a->codes : a->packed;
 	}
@@ -125,50 +132,58 @@ static dg_op i8x4_op(const dg_spec *spec)
 	return spec && spec->op == DG_OP_UNPACK_I8X4 ? DG_OP_UNPACK_I8X4 : DG_OP_PACK_I8X4;
 }
 
-static dg_status run_i8x4(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
+/* One launch: src, dst (the op table's order) and rows (long long). */
+static dg_status prep_i8x4(dg_prepared *p, const dg__op_call *c)
 {
-	dg__op_shape sh;
-	dg_status st = dg__op_check_dev(dev, spec, op, "dg_pack_i8x4", c, &sh);
-	if (st)
-		return st;
-	const char *entry = op == DG_OP_PACK_I8X4 ? "dg_pack_i8x4" : "dg_unpack_i8x4";
+	(void)c;
+	const char *entry = p->spec.op == DG_OP_PACK_I8X4 ? "dg_pack_i8x4" : "dg_unpack_i8x4";
 	dg_kernel *k;
-	st = dg_kernel_get(dev, spec, entry, &k);
+	dg_status st = dg_kernel_get(p->dev, &p->spec, entry, &k);
 	if (st)
 		return st;
 	/* Tiles as pack.lua cuts them: TK = min(128, K) codes along K by
 	 * TC = 32 columns, walked grid-stride. */
 	int nt = dg_kernel_spec(k)->tile.threads;
-	const long long kk = spec->embd, cc = spec->latent;
+	const long long kk = p->spec.embd, cc = p->spec.latent;
 	const long long tk = kk < 128 ? kk : 128, tc = 32;
-	long long rows = sh.r;
+	long long rows = p->shape.r;
 	long long tiles = rows * dg__op_cdiv(kk, tk) * dg__op_cdiv(cc, tc);
-	const int sms = dg__dev_info(dev)->sm_count;
+	const int sms = dg__dev_info(p->dev)->sm_count;
 	dg_launch l = { { dg__op_grid(tiles, 1, 8LL * (sms > 0 ? sms : 1)), 1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
-	dg_dptr src = c->t[0]->data, dst = c->t[1]->data;
-	void *a[] = { &src, &dst, &rows };
-	return dg_kernel_launch(dev, k, &l, a);
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0); /* src */
+	dg__arg_data(p, L, 1); /* dst */
+	dg__arg_i64(p, L, rows);
+	return DG_OK;
 }
 
-dg_status dg__run_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_pack_i8x4(const void *args)
 {
-	return run_i8x4(dev, spec, DG_OP_PACK_I8X4, c);
+	return i8x4_call(DG_OP_PACK_I8X4, args);
 }
 
-dg_status dg__run_unpack_i8x4(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg__op_call dg__call_unpack_i8x4(const void *args)
 {
-	return run_i8x4(dev, spec, DG_OP_UNPACK_I8X4, c);
+	return i8x4_call(DG_OP_UNPACK_I8X4, args);
 }
 
-DG__OP_NO_WORKSPACE(pack_i8x4)
+dg_status dg__prep_pack_i8x4(dg_prepared *p, const dg__op_call *c)
+{
+	return prep_i8x4(p, c);
+}
 
-DG__OP_NO_WORKSPACE(unpack_i8x4)
+dg_status dg__prep_unpack_i8x4(dg_prepared *p, const dg__op_call *c)
+{
+	return prep_i8x4(p, c);
+}
 
 dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a, char *msg,
 			     size_t msg_size)
 {
-	dg__op_call c = i8x4_call(spec, a);
+	dg__op_call c = i8x4_call(i8x4_op(spec), a);
 	char local[256];
 	if (!pair_ok(spec, DG_OP_PACK_I8X4, DG_OP_UNPACK_I8X4, "dg_pack_i8x4",
 		     msg && msg_size ? msg : local, msg && msg_size ? msg_size : sizeof(local)))
@@ -179,10 +194,10 @@ dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a, ch
 
 dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg_pack_i8x4_args *a)
 {
-	dg__op_call c = i8x4_call(spec, a);
+	dg__op_call c = i8x4_call(i8x4_op(spec), a);
 	char why[256];
 	if (dev && !pair_ok(spec, DG_OP_PACK_I8X4, DG_OP_UNPACK_I8X4, "dg_pack_i8x4", why,
 			    sizeof(why)))
 		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "%s", why);
-	return run_i8x4(dev, spec, i8x4_op(spec), a ? &c : NULL);
+	return dg__op_typed_run(dev, i8x4_op(spec), spec, a ? &c : NULL);
 }

@@ -91,8 +91,11 @@ const char *dg__quantize_rows_entry(const dg_spec *spec, long long values)
 	return act ? "dg_quantize_act_rows" : "dg_quantize_weight_rows";
 }
 
-static dg_status run_rows(dg_device *dev, const dg_spec *spec, const char *fn, const dg__op_call *c)
+/* The rows entry's launch: rows (long long), G, T and C (int), the
+ * scales (one a row) and the codes. */
+static dg_status prep_rows(dg_prepared *p, const dg__op_call *c)
 {
+	const dg_spec *spec = &p->spec;
 	const dg_tensor *x = c->t[0];
 	long long rows, G = 1, T = 1, C = x->shape[x->ndim - 1];
 	dg_kernel *k;
@@ -105,20 +108,27 @@ static dg_status run_rows(dg_device *dev, const dg_spec *spec, const char *fn, c
 		rows = C ? dg_tensor_numel(x) / C : 0;
 	}
 	if (T > INT32_MAX || C > ROWS_MAX_VALUES || G > ROWS_MAX_VALUES || G * C > ROWS_MAX_VALUES)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
-				    "%s: %s: rows of %lld × %lld values, at most %lld a row%s", fn,
+		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
+				    "%s: %s: rows of %lld × %lld values, at most %lld a row%s", p->fn,
 				    x->name ? x->name : "x", G, C, ROWS_MAX_VALUES,
 				    T > INT32_MAX ? " and 2^31 - 1 tokens a batch" : "");
-	dg_status st = dg_kernel_get(dev, spec, dg__quantize_rows_entry(spec, G * C), &k);
+	dg_status st = dg_kernel_get(p->dev, spec, dg__quantize_rows_entry(spec, G * C), &k);
 	if (st || rows == 0)
 		return st;
-	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(dev)->sm_count;
+	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(p->dev)->sm_count;
 	const long long per_block = rows_warp(G * C) ? nt / 32 : 1; /* rows a block */
-	int gi = (int)G, ti = (int)T, ci = (int)C;
-	dg_dptr xp = x->data, codes = c->t[1]->data, scales = c->t[1]->scale;
 	dg_launch l = flat(dg__op_grid(rows, per_block, 32LL * (sms > 0 ? sms : 1)), nt);
-	void *a[] = { &xp, &rows, &gi, &ti, &ci, &scales, &codes };
-	return dg_kernel_launch(dev, k, &l, a);
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0);  /* x */
+	dg__arg_i64(p, L, rows);
+	dg__arg_i32(p, L, G);
+	dg__arg_i32(p, L, T);
+	dg__arg_i32(p, L, C);
+	dg__arg_scale(p, L, 1); /* scales: one a row */
+	dg__arg_data(p, L, 1);  /* codes */
+	return DG_OK;
 }
 
 /* The op table's check (x of any shape, codes of x's), then quantize_act's
@@ -147,80 +157,55 @@ static dg_status check(const dg_spec *spec, dg_op op, const char *fn, const dg__
 	return DG_OK;
 }
 
-/* check() with the message put on dev. */
-static dg_status check_dev(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-			   const dg__op_call *c, dg__op_shape *sh)
+/* Either quantizer: the rows entry, or the three launches over the
+ * partials in the workspace (one a block: float for activations, double
+ * for weights). */
+static dg_status prep(dg_prepared *p, const dg__op_call *c)
 {
-	char msg[512];
-
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_status st = check(spec, op, fn, c, sh, msg, sizeof(msg));
-	return st ? dg__dev_fail_msg(dev, st, msg) : DG_OK;
-}
-
-/* Workspace: one partial a block (float for activations, double for weights). */
-static dg_status workspace(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-			   const dg__op_call *c, size_t *bytes)
-{
-	dg__op_shape sh;
+	const dg_spec *spec = &p->spec;
+	const bool act = spec->op == DG_OP_QUANTIZE_ACT;
 	dg_kernel *k[3];
 	int nt;
 
-	*bytes = 0;
-	dg_status st = check_dev(dev, spec, op, fn, c, &sh);
-	if (!st && by_rows(spec))
-		return DG_OK; /* a block a row: no partials */
-	if (!st)
-		st = kernels(dev, spec, op == DG_OP_QUANTIZE_ACT ? "dg_quantize_act" : "dg_quantize_weight",
-			     k, &nt);
-	if (!st)
-		*bytes = (size_t)partial_blocks(dev, spec, sh.n, nt) *
-			 (op == DG_OP_QUANTIZE_ACT ? sizeof(float) : sizeof(double));
-	return st;
-}
-
-static dg_status run(dg_device *dev, const dg_spec *spec, dg_op op, const char *fn,
-		     const dg__op_call *c)
-{
-	dg__op_shape sh;
-	dg_kernel *k[3];
-	int nt;
-
-	dg_status st = check_dev(dev, spec, op, fn, c, &sh);
-	if (!st && by_rows(spec))
-		return run_rows(dev, spec, fn, c);
-	if (!st)
-		st = kernels(dev, spec, op == DG_OP_QUANTIZE_ACT ? "dg_quantize_act" : "dg_quantize_weight",
-			     k, &nt);
+	if (by_rows(spec))
+		return prep_rows(p, c); /* a block a row: no partials */
+	dg_status st = kernels(p->dev, spec, act ? "dg_quantize_act" : "dg_quantize_weight", k, &nt);
 	if (st)
 		return st;
-	long long n = sh.n;
-	unsigned g = partial_blocks(dev, spec, n, nt);
-	int n_partials = (int)g;
-	st = dg__op_workspace_ok(dev, fn, &c->ws,
-				 (size_t)g * (op == DG_OP_QUANTIZE_ACT ? sizeof(float) : sizeof(double)));
-	if (st)
-		return st;
-	dg_dptr x = c->t[0]->data, codes = c->t[1]->data, scale = c->t[1]->scale;
-	dg_dptr partials = c->ws.ptr;
+	long long n = p->shape.n;
+	unsigned g = partial_blocks(p->dev, spec, n, nt);
+	p->ws_bytes = (size_t)g * (act ? sizeof(float) : sizeof(double));
 
+	/* the partials: x, n, partials */
 	dg_launch l = flat(g, nt);
-	void *a1[] = { &x, &n, &partials };
-	st = dg_kernel_launch(dev, k[0], &l, a1);
-	if (st)
+	dg__prep_launch *L = dg__prep_add(p, k[0], &l, &st);
+	if (!L)
 		return st;
+	dg__arg_data(p, L, 0);
+	dg__arg_i64(p, L, n);
+	dg__arg_ws(p, L, 0);
+
+	/* the scale: partials, n_partials (int), n, scale */
 	l = flat(1, nt);
-	void *a2[] = { &partials, &n_partials, &n, &scale };
-	st = dg_kernel_launch(dev, k[1], &l, a2);
-	if (st)
+	if (!(L = dg__prep_add(p, k[1], &l, &st)))
 		return st;
+	dg__arg_ws(p, L, 0);
+	dg__arg_i32(p, L, g);
+	dg__arg_i64(p, L, n);
+	dg__arg_scale(p, L, 1);
+
+	/* the codes: x, n, scale, codes */
 	const long long ve = spec->src == DG_FMT_BF16 ? 8 : 4;
-	const int sms = dg__dev_info(dev)->sm_count;
-	l = op == DG_OP_QUANTIZE_ACT ? flat(dg__op_grid(n, (long long)nt * ve, 16LL * (sms > 0 ? sms : 1)), nt)
-				     : flat(dg__op_grid(n / ve + 1, nt, 8LL * sms), nt);
-	void *a3[] = { &x, &n, &scale, &codes };
-	return dg_kernel_launch(dev, k[2], &l, a3);
+	const int sms = dg__dev_info(p->dev)->sm_count;
+	l = act ? flat(dg__op_grid(n, (long long)nt * ve, 16LL * (sms > 0 ? sms : 1)), nt)
+		: flat(dg__op_grid(n / ve + 1, nt, 8LL * sms), nt);
+	if (!(L = dg__prep_add(p, k[2], &l, &st)))
+		return st;
+	dg__arg_data(p, L, 0);
+	dg__arg_i64(p, L, n);
+	dg__arg_scale(p, L, 1);
+	dg__arg_data(p, L, 1);
+	return DG_OK;
 }
 
 /* ---- quantize_act --------------------------------------------------------- */
@@ -251,30 +236,27 @@ dg_status dg__check_quantize_act(const dg_spec *spec, const dg__op_call *c, char
 	return check(spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", c, NULL, msg, msg_size);
 }
 
-dg_status dg__workspace_quantize_act(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
-				     size_t *bytes)
+dg__op_call dg__call_quantize_act(const void *args)
 {
-	return workspace(dev, spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act_workspace", c, bytes);
+	return act_call(args);
 }
 
-dg_status dg__run_quantize_act(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg_status dg__prep_quantize_act(dg_prepared *p, const dg__op_call *c)
 {
-	return run(dev, spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", c);
+	return prep(p, c);
 }
 
 dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
 				    const dg_quantize_act_args *a, size_t *bytes)
 {
-	if (!bytes)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_quantize_act_workspace: bytes is NULL");
 	dg__op_call c = act_call(a);
-	return dg__workspace_quantize_act(dev, spec, a ? &c : NULL, bytes);
+	return dg__op_typed_workspace(dev, DG_OP_QUANTIZE_ACT, spec, a ? &c : NULL, bytes);
 }
 
 dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec, const dg_quantize_act_args *a)
 {
 	dg__op_call c = act_call(a);
-	return dg__run_quantize_act(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_QUANTIZE_ACT, spec, a ? &c : NULL);
 }
 
 /* ---- quantize_weight ------------------------------------------------------ */
@@ -299,30 +281,26 @@ dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_quantize_weight
 			    NULL, msg, msg_size);
 }
 
-dg_status dg__workspace_quantize_weight(dg_device *dev, const dg_spec *spec,
-					const dg__op_call *c, size_t *bytes)
+dg__op_call dg__call_quantize_weight(const void *args)
 {
-	return workspace(dev, spec, DG_OP_QUANTIZE_WEIGHT, "dg_quantize_weight_workspace", c,
-			 bytes);
+	return weight_call(args);
 }
 
-dg_status dg__run_quantize_weight(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
+dg_status dg__prep_quantize_weight(dg_prepared *p, const dg__op_call *c)
 {
-	return run(dev, spec, DG_OP_QUANTIZE_WEIGHT, "dg_quantize_weight", c);
+	return prep(p, c);
 }
 
 dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
 				       const dg_quantize_weight_args *a, size_t *bytes)
 {
-	if (!bytes)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_quantize_weight_workspace: bytes is NULL");
 	dg__op_call c = weight_call(a);
-	return dg__workspace_quantize_weight(dev, spec, a ? &c : NULL, bytes);
+	return dg__op_typed_workspace(dev, DG_OP_QUANTIZE_WEIGHT, spec, a ? &c : NULL, bytes);
 }
 
 dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
 			     const dg_quantize_weight_args *a)
 {
 	dg__op_call c = weight_call(a);
-	return dg__run_quantize_weight(dev, spec, a ? &c : NULL);
+	return dg__op_typed_run(dev, DG_OP_QUANTIZE_WEIGHT, spec, a ? &c : NULL);
 }

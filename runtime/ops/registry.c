@@ -1,29 +1,21 @@
 /*
- * The ops by number: one run and one workspace entry an op of DG_OP_LIST,
- * named after it (dg__run_<name>, dg__workspace_<name>, in the op's family
- * file), so the tuner, the bench and the tests reach every op through one
- * door and an op missing its entries fails to link. The checks are sparse:
+ * The ops by number: a prepare entry and a call entry an op of DG_OP_LIST,
+ * named after it (dg__prep_<name>, dg__call_<name>, in the op's family
+ * file), so the tuner, the bench, the model and the tests reach every op
+ * through one door (dg__prepare, then dg__prepared_launch; dg__op_run is
+ * both) and an op missing its entries fails to link. The checks are sparse:
  * a dg__check_<name> only for the ops of DG__OP_OWN_CHECKS, whose family
  * file adds rules to the op table's; the rest are the table's alone.
  */
+#include <stddef.h>
+#include <string.h>
+
 #include "base/msg.h"
 #include "runtime/ops/ops_int.h"
 
-typedef dg_status (*run_fn)(dg_device *, const dg_spec *, const dg__op_call *);
-typedef dg_status (*ws_fn)(dg_device *, const dg_spec *, const dg__op_call *, size_t *);
+typedef dg_status (*prep_fn)(dg_prepared *, const dg__op_call *);
+typedef dg__op_call (*call_fn)(const void *);
 typedef dg_status (*check_fn)(const dg_spec *, const dg__op_call *, char *, size_t);
-
-static const run_fn runs[DG_OP__COUNT] = {
-#define DG__RUN(e, name) [e] = dg__run_##name,
-	DG_OP_LIST(DG__RUN)
-#undef DG__RUN
-};
-
-static const ws_fn workspaces[DG_OP__COUNT] = {
-#define DG__WS(e, name) [e] = dg__workspace_##name,
-	DG_OP_LIST(DG__WS)
-#undef DG__WS
-};
 
 static const check_fn checks[DG_OP__COUNT] = {
 #define DG__CHECK(e, name) [e] = dg__check_##name,
@@ -31,11 +23,77 @@ static const check_fn checks[DG_OP__COUNT] = {
 #undef DG__CHECK
 };
 
+static const prep_fn preps[DG_OP__COUNT] = {
+#define DG__PREP(e, name) [e] = dg__prep_##name,
+	DG_OP_LIST(DG__PREP)
+#undef DG__PREP
+};
+
+static const call_fn calls[DG_OP__COUNT] = {
+#define DG__CALL(e, name) [e] = dg__call_##name,
+	DG_OP_LIST(DG__CALL)
+#undef DG__CALL
+};
+
+static const char *const fn_names[DG_OP__COUNT] = {
+#define DG__FN(e, name) [e] = "dg_" #name,
+	DG_OP_LIST(DG__FN)
+#undef DG__FN
+};
+
+dg__op_call dg__op_call_from_args(dg_op op, const void *args)
+{
+	if ((unsigned)op < DG_OP__COUNT && calls[op] && args)
+		return calls[op](args);
+	return dg__op_call_of(NULL, NULL, NULL, NULL);
+}
+
+dg_status dg__prepare(dg_device *dev, const dg_spec *spec, const dg__op_call *c, dg_prepared *p)
+{
+	char msg[512];
+	dg_status st;
+
+	memset(p, 0, offsetof(dg_prepared, launch));
+	p->n_launch = 0;
+	p->tmaps = NULL;
+	p->ptrs = NULL;
+	p->blob_used = 0;
+	p->overflow = false;
+	p->heap = false;
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	if (!spec || (unsigned)spec->op >= DG_OP__COUNT)
+		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "dg_prepare: no such op");
+	p->dev = dev;
+	p->spec = *spec;
+	p->fn = fn_names[spec->op];
+	/* the whole check: the table's, then the family's own rules */
+	st = dg__op_check(spec, spec->op, p->fn, c, &p->shape, msg, sizeof(msg));
+	if (!st && checks[spec->op])
+		st = checks[spec->op](spec, c, msg, sizeof(msg));
+	if (st)
+		return dg__dev_fail_msg(dev, st, msg);
+	/* then the device: a bad call is refused by what is wrong with it */
+	if ((st = dg__dev_enter(dev)))
+		return st;
+	dg__prep_sign(p, c);
+	st = preps[spec->op](p, c);
+	if (!st && p->overflow)
+		st = dg__dev_fail(dev, DG_ERR_INTERNAL,
+				  "%s: its launches do not fit a prepared op (at most %d, %d parameters each, %d bytes of constants)",
+				  p->fn, DG__PREP_LAUNCHES, DG__PREP_ARGS, DG__PREP_BLOB);
+	return st;
+}
+
 dg_status dg__op_run(dg_device *dev, const dg_spec *spec, const dg__op_call *c)
 {
 	if (!spec || (unsigned)spec->op >= DG_OP__COUNT)
 		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "dg__op_run: no such op");
-	return runs[spec->op](dev, spec, c);
+	if (!c)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: args is NULL", fn_names[spec->op]);
+	dg_prepared p;
+	dg_status st = dg__prepare(dev, spec, c, &p);
+	return st ? st : dg__prepared_launch(&p, c);
 }
 
 dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
@@ -44,7 +102,14 @@ dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_cal
 	*bytes = 0;
 	if (!spec || (unsigned)spec->op >= DG_OP__COUNT)
 		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "dg__op_workspace: no such op");
-	return workspaces[spec->op](dev, spec, c, bytes);
+	if (!c)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s_workspace: args is NULL",
+				    fn_names[spec->op]);
+	dg_prepared p;
+	dg_status st = dg__prepare(dev, spec, c, &p);
+	if (!st)
+		*bytes = p.ws_bytes;
+	return st;
 }
 
 dg_status dg__op_check_call(const dg_spec *spec, const dg__op_call *c, char *msg,
@@ -57,4 +122,37 @@ dg_status dg__op_check_call(const dg_spec *spec, const dg__op_call *c, char *msg
 	if (checks[spec->op])
 		return checks[spec->op](spec, c, msg, msg_size);
 	return dg__op_check(spec, spec->op, dg_op_name(spec->op), c, NULL, msg, msg_size);
+}
+
+/* A typed call's spec must name its op: else the table's check says why. */
+static dg_status typed_spec_ok(dg_device *dev, dg_op op, const dg_spec *spec,
+			       const dg__op_call *c)
+{
+	char msg[512];
+
+	if (spec && spec->op == op)
+		return DG_OK;
+	dg_status st = dg__op_check(spec, op, fn_names[op], c, NULL, msg, sizeof(msg));
+	return dg__dev_fail_msg(dev, st ? st : DG_ERR_INVALID_SPEC, msg);
+}
+
+dg_status dg__op_typed_run(dg_device *dev, dg_op op, const dg_spec *spec, const dg__op_call *c)
+{
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	dg_status st = typed_spec_ok(dev, op, spec, c);
+	return st ? st : dg__op_run(dev, spec, c);
+}
+
+dg_status dg__op_typed_workspace(dg_device *dev, dg_op op, const dg_spec *spec,
+				 const dg__op_call *c, size_t *bytes)
+{
+	if (!dev)
+		return DG_ERR_INVALID_ARG;
+	if (!bytes)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s_workspace: bytes is NULL",
+				    fn_names[op]);
+	*bytes = 0;
+	dg_status st = typed_spec_ok(dev, op, spec, c);
+	return st ? st : dg__op_workspace(dev, spec, c, bytes);
 }

@@ -9,26 +9,20 @@
 
 #include "runtime/ops/ops_int.h"
 
-static const char *fn_of(dg_op op)
+/* Any of the three: the op's tensors in the table's order, then add_mask's
+ * (int B, int T), add3's (long long n) or transpose's (long long R). */
+static dg_status step_prep(dg_prepared *p, const char *entry)
 {
-	return op == DG_OP_ADD_MASK ? "dg_add_mask" : op == DG_OP_ADD3 ? "dg_add3" : "dg_transpose";
-}
-
-static dg_status run_step(dg_device *dev, const dg_spec *spec, dg_op op, const dg__op_call *c)
-{
-	const char *fn = fn_of(op);
-	dg__op_shape sh;
-	dg_status st = dg__op_check_dev(dev, spec, op, fn, c, &sh);
-	if (st)
-		return st;
+	const dg_spec *spec = &p->spec;
+	const dg_op op = spec->op;
+	const dg__op_shape *sh = &p->shape;
 	/* the work items of a thread (a vector) or of a block (a 32x32 tile) */
 	long long work, per_block;
-	dg_kernel *k;
 	if (op == DG_OP_TRANSPOSE) {
-		work = sh.r * dg__op_cdiv(spec->embd, 32) * dg__op_cdiv(spec->latent, 32);
+		work = sh->r * dg__op_cdiv(spec->embd, 32) * dg__op_cdiv(spec->latent, 32);
 		per_block = 1;
 	} else {
-		long long n = op == DG_OP_ADD3 ? sh.n : (long long)sh.b * spec->heads * sh.t * spec->latent;
+		long long n = op == DG_OP_ADD3 ? sh->n : (long long)sh->b * spec->heads * sh->t * spec->latent;
 		/* a vector: 16 bytes of the narrowest tensor (templates/step.lua) */
 		bool bf = op == DG_OP_ADD_MASK && (spec->act == DG_FMT_BF16 || spec->out == DG_FMT_BF16 ||
 						   spec->src == DG_FMT_BF16);
@@ -37,44 +31,121 @@ static dg_status run_step(dg_device *dev, const dg_spec *spec, dg_op op, const d
 	}
 	if (work == 0)
 		return DG_OK;
-	st = dg_kernel_get(dev, spec, fn, &k);
+	dg_kernel *k;
+	dg_status st = dg_kernel_get(p->dev, spec, entry, &k);
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	dg_launch l = { { dg__op_grid(work, per_block ? per_block : nt, 8LL * dg__dev_info(dev)->sm_count),
+	dg_launch l = { { dg__op_grid(work, per_block ? per_block : nt,
+				      8LL * dg__dev_info(p->dev)->sm_count),
 			  1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
-	dg_dptr p[DG_OP_MAX_ARGS];
-	void *args[DG_OP_MAX_ARGS + 2];
-	int na = 0;
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
 	const dg_op_info *row = dg_op_info_of(op);
-	for (int i = 0; i < row->n_args; i++) {
-		p[i] = c->t[i]->data;
-		args[na++] = &p[i];
-	}
-	int B = (int)sh.b, T = (int)sh.t;
-	long long n_all = (long long)sh.n, rows = (long long)sh.r;
+	for (int i = 0; i < row->n_args; i++)
+		dg__arg_data(p, L, i);
 	if (op == DG_OP_ADD_MASK) {
-		args[na++] = &B;
-		args[na++] = &T;
+		dg__arg_i32(p, L, sh->b);
+		dg__arg_i32(p, L, sh->t);
 	} else {
-		args[na++] = op == DG_OP_ADD3 ? (void *)&n_all : (void *)&rows;
+		dg__arg_i64(p, L, op == DG_OP_ADD3 ? sh->n : sh->r);
 	}
-	return dg_kernel_launch(dev, k, &l, args);
+	return DG_OK;
 }
 
-#define STEP_ENTRIES(name, OP)                                                               \
-	dg_status dg__run_##name(dg_device *dev, const dg_spec *spec, const dg__op_call *c)  \
-	{                                                                                    \
-		return run_step(dev, spec, OP, c);                                           \
-	}                                                                                    \
-	DG__OP_NO_WORKSPACE(name)
+/* ---- add_mask: dxs (in and out), other, xs ---------------------------------------- */
 
-STEP_ENTRIES(add_mask, DG_OP_ADD_MASK)
-STEP_ENTRIES(add3, DG_OP_ADD3)
-STEP_ENTRIES(transpose, DG_OP_TRANSPOSE)
+static dg__op_call add_mask_call(const dg_add_mask_args *a)
+{
+	return a ? dg__op_call_of(a->dxs, a->other, a->xs, NULL)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
 
-/* The typed calls: a check and a run each, the tensors in the table's order. */
-DG__OP_TYPED(add_mask, DG_OP_ADD_MASK, run_step, a->dxs, a->other, a->xs, NULL)
-DG__OP_TYPED(add3, DG_OP_ADD3, run_step, a->a, a->b, a->c, a->out)
-DG__OP_TYPED(transpose, DG_OP_TRANSPOSE, run_step, a->in, a->out, NULL, NULL)
+dg__op_call dg__call_add_mask(const void *args)
+{
+	return add_mask_call(args);
+}
+
+dg_status dg__prep_add_mask(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	return step_prep(p, "dg_add_mask");
+}
+
+dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,
+			    size_t msg_size)
+{
+	dg__op_call c = add_mask_call(a);
+	return dg__op_check(spec, DG_OP_ADD_MASK, "dg_add_mask", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_add_mask(dg_device *dev, const dg_spec *spec, const dg_add_mask_args *a)
+{
+	dg__op_call c = add_mask_call(a);
+	return dg__op_typed_run(dev, DG_OP_ADD_MASK, spec, a ? &c : NULL);
+}
+
+/* ---- add3: a, b, c, out ---------------------------------------------------------- */
+
+static dg__op_call add3_call(const dg_add3_args *a)
+{
+	return a ? dg__op_call_of(a->a, a->b, a->c, a->out)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
+
+dg__op_call dg__call_add3(const void *args)
+{
+	return add3_call(args);
+}
+
+dg_status dg__prep_add3(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	return step_prep(p, "dg_add3");
+}
+
+dg_status dg_add3_check(const dg_spec *spec, const dg_add3_args *a, char *msg, size_t msg_size)
+{
+	dg__op_call c = add3_call(a);
+	return dg__op_check(spec, DG_OP_ADD3, "dg_add3", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_add3(dg_device *dev, const dg_spec *spec, const dg_add3_args *a)
+{
+	dg__op_call c = add3_call(a);
+	return dg__op_typed_run(dev, DG_OP_ADD3, spec, a ? &c : NULL);
+}
+
+/* ---- transpose: in, out ------------------------------------------------------------ */
+
+static dg__op_call transpose_call(const dg_transpose_args *a)
+{
+	return a ? dg__op_call_of(a->in, a->out, NULL, NULL)
+		 : dg__op_call_of(NULL, NULL, NULL, NULL);
+}
+
+dg__op_call dg__call_transpose(const void *args)
+{
+	return transpose_call(args);
+}
+
+dg_status dg__prep_transpose(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	return step_prep(p, "dg_transpose");
+}
+
+dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, char *msg,
+			     size_t msg_size)
+{
+	dg__op_call c = transpose_call(a);
+	return dg__op_check(spec, DG_OP_TRANSPOSE, "dg_transpose", a ? &c : NULL, NULL, msg, msg_size);
+}
+
+dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a)
+{
+	dg__op_call c = transpose_call(a);
+	return dg__op_typed_run(dev, DG_OP_TRANSPOSE, spec, a ? &c : NULL);
+}

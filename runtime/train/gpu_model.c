@@ -106,6 +106,11 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
 	m->sizing = true;
 	int n_nodes = m->t.n_nodes;
+	m->ex = calloc((size_t)n_nodes, sizeof(*m->ex));
+	if (!m->ex)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	for (int n = 0; n < n_nodes; n++)
+		m->ex[n] = dg__exec_eager(dev);
 	for (int n = 0; n < n_nodes; n++) {
 		size_t need = 0;
 		st = dg__gm_run_node(m, &m->t.nodes[n], NULL, &need);
@@ -173,6 +178,9 @@ void dg_model_destroy(dg_model *m)
 		m->tr_free(m);
 	for (int k = 0; k < DG__B__COUNT; k++)
 		(void)dg_free(m->dev, m->alloc[k]);
+	for (int n = 0; m->ex && n < m->t.n_nodes; n++)
+		dg__exec_free(&m->ex[n]);
+	free(m->ex);
 	dg__tape_free(&m->t);
 	free(m);
 }

@@ -8,6 +8,7 @@
 
 #include "dragon/model.h"
 #include "dragon/ops.h"
+#include "runtime/ops/ops_int.h"
 #include "runtime/train/bdh_tape.h"
 #include "runtime/train/model_int.h"
 
@@ -22,6 +23,7 @@ struct dg_model {
 	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
 	bool dec_gate;              /* bf16 activations on sm_90: decoder_gate_bwd */
 	dg__tape t;
+	struct dg__op_exec *ex;     /* each node's ops, prepared while sizing */
 	dg__bdh_ids id;
 	int qw_ws;                  /* quantize_weight's workspace (a per-tensor scale), or -1 */
 	bool sizing;                /* build: buffers at placeholder addresses */

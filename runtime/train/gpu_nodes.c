@@ -47,9 +47,15 @@ static dg_tensor flat(const dg_model *m, int id)
 	return dg_tensor_1d(x.name, x.fmt, x.data, dg_tensor_numel(&x));
 }
 
+/* A node's workspace; while sizing (none yet), a placeholder address its
+ * ops can be prepared with. */
 static dg_workspace ws_of(const dg_model *m, const dg__tnode *nd)
 {
 	dg_workspace w = { 0, 0 };
+	if (m->sizing && nd->ws < 0) {
+		w.ptr = FAKE_BASE + ((dg_dptr)0xff << 36);
+		return w;
+	}
 	if (nd->ws >= 0) {
 		w.ptr = dg__gm_tn(m, nd->ws).data;
 		w.bytes = m->t.bufs[nd->ws].bytes;
@@ -177,15 +183,15 @@ dg_spec dg__gm_op_spec(const dg_model *m, dg_op op)
 
 /* ---- the nodes ---------------------------------------------------------------- */
 
-/* Sizing: a node's check (st, its message cm), then its kernels prepared
- * (JIT or cache, and the template's refusal of a shape it cannot serve,
- * naming the field), so a model that creates runs. */
-static dg_status sized(dg_model *m, const dg_spec *s, dg_status st, const char *cm)
+/* One op of a node through its prepared slots (dg__op_exec): prepared
+ * while sizing, its workspace bytes into *need (NULL: none wanted), then
+ * launched from the slot with only its tensors compared. */
+static dg_status node_op(dg__op_exec *x, const dg_spec *s, const void *args, size_t *need)
 {
-	if (st)
-		return dg__dev_fail(m->dev, st, "%s", cm);
-	dg_kernel *k;
-	return dg_kernel_get(m->dev, s, NULL, &k);
+	dg_status st = dg__exec_args(x, s, args);
+	if (!st && need)
+		*need = dg__exec_last_ws(x);
+	return st;
 }
 
 /* An attention op's spec: bf16 on sm_90 takes the warpgroup GEMMs, which
@@ -212,39 +218,17 @@ static bool attn_fused(const dg_model *m)
 	return attn_spec(m, DG_OP_ATTENTION_GRAD_XS).arch_specific;
 }
 
-/* The attention chains' ops, prepared, grad_xs as the backward runs it
- * (epi=mask into grad_fmt, or f32 then add_mask). */
-static dg_status prep_attention(dg_model *m)
-{
-	static const dg_op ops[] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_OUT,
-				     DG_OP_ATTENTION_GRAD_SCORES, DG_OP_ATTENTION_GRAD_V,
-				     DG_OP_ATTENTION_GRAD_XS, DG_OP_ROPE_FWD, DG_OP_ADD_MASK };
-	dg_status st = DG_OK;
-	bool fused = attn_fused(m);
-	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]) && !st; i++) {
-		if (ops[i] == DG_OP_ADD_MASK && fused)
-			continue;
-		dg_spec s = ops[i] == DG_OP_ADD_MASK ? add_mask_spec(m) : attn_spec(m, ops[i]);
-		if (ops[i] == DG_OP_ATTENTION_GRAD_XS) {
-			s.epi = fused ? DG_EPI_MASK : DG_EPI_STORE;
-			s.out = fused ? grad_fmt(m) : DG_FMT_F32;
-		}
-		dg_spec_normalize(&s);
-		st = sized(m, &s, DG_OK, "");
-	}
-	return st;
-}
-
 /* One node on the device; sizing: *need gets its workspace bytes instead
  * (nothing launched). */
 dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch *bt, size_t *need)
 {
-	char cm[512];
 	dg_device *dev = m->dev;
 	const int *in = nd->in, *out = nd->out;
 	const int64_t D = m->D;
 	const float eps = m->c.ln_eps;
 	dg_workspace ws = ws_of(m, nd);
+	dg__op_exec *ex = &m->ex[nd - m->t.nodes];
+	dg__exec_begin(ex, need != NULL);
 	float p = bt && bt->train ? m->c.dropout : 0.0f;
 	uint64_t seed = bt ? bt->seed : 0;
 	uint32_t step = bt ? bt->step : 0;
@@ -257,8 +241,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = dg__gm_op_spec(m, DG_OP_EMBED_FWD);
 		dg_tensor idx = flat(m, in[1]), tab = dg__gm_tn(m, in[0]), o = rows(m, out[0], D);
 		dg_embed_fwd_args a = { .idx = &idx, .table = &tab, .out = &o, .bad = dg__gm_tn(m, m->id.bad).data };
-		return need ? sized(m, &s, dg_embed_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_embed_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_LN: {
 		dg_spec s = dg__gm_base_spec(m, DG_OP_LAYERNORM_FWD);
@@ -266,15 +249,13 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor x = rows(m, in[0], D), y = rows(m, out[0], D), r = flat(m, out[1]);
 		dg_layernorm_fwd_args a = { .x = &x, .y = &y, .rstd = &r, .eps = eps };
-		return need ? sized(m, &s, dg_layernorm_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_layernorm_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_FWD, nd->arg);
 		dg_tensor x = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &o };
-		return need ? sized(m, &s, dg_lowrank_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_lowrank_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_ATTN: {
 		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
@@ -284,9 +265,10 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 					    .ws = ws };
 		if (need) {
 			dg_status st = dg_attention_fwd_workspace(&s, &a, need);
-			return st ? dg__dev_fail(dev, st, "the attention: no workspace size") : prep_attention(m);
+			if (st)
+				return dg__dev_fail(dev, st, "the attention: no workspace size");
 		}
-		return dg_attention_fwd(dev, &s, &a);
+		return dg__attention_fwd_exec(ex, &s, &a);
 	}
 	case DG__N_GATE: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_GATE_FWD);
@@ -294,8 +276,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_gate_fwd_args a = { .xs = &xs, .ys = &ys, .xy = &xy, .p = p, .seed = seed,
 				       .step = step, .layer = (uint32_t)nd->layer, .step_at = m->step_at,
 				       .elem0 = elem0 };
-		return need ? sized(m, &s, dg_gate_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_gate_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_QUANT: {
 		/* a token a row: x (B,1,T,D), a (B·H,1,T,D), xy (B,H,T,N) over its heads */
@@ -314,8 +295,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			q.scale = sc;
 		}
 		dg_quantize_act_args a = { .x = &x, .codes = &q, .ws = ws };
-		return need ? dg_quantize_act_workspace(dev, &s, &a, need)
-			    : dg_quantize_act(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEC: {
 		if (in[1] == m->id.dec_fwd) {
@@ -329,8 +309,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			dg_spec_normalize(&s);
 			dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 			dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o, .ws = ws };
-			return need ? dg_lowrank_grad_input_workspace(dev, &s, &a, need)
-				    : dg_lowrank_grad_input(dev, &s, &a);
+			return node_op(ex, &s, &a, need);
 		}
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_FWD);
 		set_recipe(m, &s, 2);
@@ -338,16 +317,14 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor y = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &o, .ws = ws };
-		return need ? dg_decoder_fwd_workspace(dev, &s, &a, need)
-			    : dg_decoder_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_RESID_LN: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_RESID_LN_FWD);
 		dg_tensor x = rows(m, in[0], D), y = rows(m, in[1], D), o = rows(m, out[0], D),
 			  r = flat(m, out[1]);
 		dg_resid_ln_fwd_args a = { .x = &x, .y = &y, .out = &o, .rstd = &r, .eps = eps };
-		return need ? sized(m, &s, dg_resid_ln_fwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_resid_ln_fwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_CE:
 	case DG__N_CE_BWD: {
@@ -367,21 +344,17 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			a.dw = &dw;
 			a.grad_scale = m->grad_scale_at;
 		}
-		if (!need)
-			return dg_lmhead_ce(dev, &s, &a);
-		/* its kernels prepared here too: a vocab they cannot serve
+		/* its kernels prepared while sizing: a vocab they cannot serve
 		 * (its logits row past shared memory) is refused by field at
 		 * create, before the arenas are allocated */
-		dg_status st = dg_lmhead_ce_workspace(dev, &s, &a, need);
-		return st ? st : sized(m, &s, DG_OK, "");
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_LN_BWD: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_LAYERNORM_BWD);
 		dg_tensor dy = rows(m, in[0], D), y = rows(m, in[1], D), r = flat(m, in[2]),
 			  dx = rows(m, out[0], D);
 		dg_layernorm_bwd_args a = { .dy = &dy, .y = &y, .rstd = &r, .dx = &dx };
-		return need ? sized(m, &s, dg_layernorm_bwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_layernorm_bwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_DEC_IN: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_GRAD_INPUT);
@@ -391,8 +364,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_decoder_grad_input_args a = { .grad = &g, .w = &w, .grad_y = &o };
-		return need ? sized(m, &s, dg_decoder_grad_input_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_decoder_grad_input(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_GATE_BWD: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_GATE_BWD);
@@ -402,8 +374,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_gate_bwd_args a = { .dxy = &dxy, .xs = &xs, .ys = &ys, .dxs = &dxs, .p = p,
 				       .seed = seed, .step = step, .layer = (uint32_t)nd->layer,
 				       .step_at = m->step_at, .elem0 = elem0 };
-		return need ? sized(m, &s, dg_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_gate_bwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_DEC_GATE: {
 		/* the decoder's bf16 weight (D, H·N): the bf16 recipe's copy or
@@ -420,16 +391,14 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_decoder_gate_bwd_args a = { .grad = &g, .w = &w, .xs = &xs, .ys = &ys, .dxs = &dxs,
 					       .dys = &dys, .p = p, .seed = seed, .step = step,
 					       .layer = (uint32_t)nd->layer, .step_at = m->step_at, .elem0 = elem0 };
-		return need ? sized(m, &s, dg_decoder_gate_bwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_decoder_gate_bwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ_IN: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, nd->arg);
 		s.src = grad_fmt(m); /* dys (encoder_v) or dxs (encoder) */
 		dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o, .ws = ws };
-		return need ? dg_lowrank_grad_input_workspace(dev, &s, &a, need)
-			    : dg_lowrank_grad_input(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_ATTN_BWD: {
 		/* dxs = (dxs + grad_xs)·[xs > 0]: fused, the chain given dxs
@@ -446,37 +415,33 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		if (st)
 			return dg__dev_fail(dev, st, "the attention's backward: no workspace size");
 		c_bytes = (c_bytes + 255) / 256 * 256;
-		if (need) {
+		if (need)
 			*need = c_bytes + gx_bytes;
-			return prep_attention(m);
-		}
 		a.ws.ptr = ws.ptr;
 		a.ws.bytes = c_bytes;
 		if (fused)
-			return dg_attention_bwd(dev, &s, &a);
+			return dg__attention_bwd_exec(ex, &s, &a);
 		dg_tensor gx = dg_tensor_make("grad_xs (ws)", DG_FMT_F32, ws.ptr + c_bytes, xs.ndim, xs.shape);
 		a.grad_xs = &gx;
-		st = dg_attention_bwd(dev, &s, &a);
+		st = dg__attention_bwd_exec(ex, &s, &a);
 		if (st)
 			return st;
 		dg_spec ms = add_mask_spec(m);
 		dg_add_mask_args am = { .dxs = &dxs, .other = &gx, .xs = &xs };
-		return dg_add_mask(dev, &ms, &am);
+		return node_op(ex, &ms, &am, NULL);
 	}
 	case DG__N_ADD3: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_ADD3);
 		dg_tensor a0 = dg__gm_tn(m, in[0]), a1 = dg__gm_tn(m, in[1]), a2 = dg__gm_tn(m, in[2]), o = dg__gm_tn(m, out[0]);
 		dg_add3_args a = { .a = &a0, .b = &a1, .c = &a2, .out = &o };
-		return need ? sized(m, &s, dg_add3_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_add3(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ_W: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_WEIGHT, nd->arg);
 		s.src = grad_fmt(m); /* the stacks dxs.all, dys.all */
 		dg_tensor g = dg__gm_tn(m, in[0]), x = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_grad_weight_args a = { .grad = &g, .x = &x, .grad_w = &o, .ws = ws };
-		return need ? dg_lowrank_grad_weight_workspace(dev, &s, &a, need)
-			    : dg_lowrank_grad_weight(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEC_W: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_GRAD_WEIGHT);
@@ -485,8 +450,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), y = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_decoder_grad_weight_args a = { .grad = &g, .y = &y, .grad_w = &o, .ws = ws };
-		return need ? dg_decoder_grad_weight_workspace(dev, &s, &a, need)
-			    : dg_decoder_grad_weight(dev, &s, &a);
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEQUANT: {
 		/* a stack of saved codes as its rows, a scale a row — the QUANT
@@ -497,8 +461,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor c = rows(m, in[0], D), o = rows(m, out[0], D);
 		c.scale = dg__gm_tn(m, in[0]).scale;
 		dg_dequantize_args a = { .codes = &c, .out = &o };
-		return need ? sized(m, &s, dg_dequantize_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_dequantize(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_EMBED_BWD: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_EMBED_BWD);
@@ -506,8 +469,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec_normalize(&s);
 		dg_tensor idx = flat(m, in[1]), d = rows(m, in[0], D), o = dg__gm_tn(m, out[0]);
 		dg_embed_bwd_args a = { .idx = &idx, .dout = &d, .dtable = &o };
-		return need ? sized(m, &s, dg_embed_bwd_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_embed_bwd(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_TO_MASTER: {
 		/* the execution layout's f32 gradient back to the reference's:
@@ -523,8 +485,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor i3 = dg_tensor_3d(i.name, DG_FMT_F32, i.data, R, E, L);
 		dg_tensor o3 = dg_tensor_3d(o.name, DG_FMT_F32, o.data, R, L, E);
 		dg_transpose_args a = { .in = &i3, .out = &o3 };
-		return need ? sized(m, &s, dg_transpose_check(&s, &a, cm, sizeof(cm)), cm)
-			    : dg_transpose(dev, &s, &a);
+		return node_op(ex, &s, &a, NULL);
 	}
 	default:
 		return dg__dev_fail(dev, DG_ERR_INTERNAL, "gpu model: node kind %d has no GPU form",
