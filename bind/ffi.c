@@ -9,11 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "base/msg.h"
 #include "dragon/codegen.h"
 #include "dragon/jit.h"
 #include "dragon/ffi.h"
+#include "dragon/manifest.h"
 #include "dragon/tensor.h"
+#include "dragon/tune.h"
 #include "runtime/ops/ops_int.h"
 
 int dg_ffi_version(void)
@@ -526,4 +529,171 @@ dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fm
 		shape[2] = m->c.embd;
 	}
 	return DG_OK;
+}
+
+/* ---- bundles ------------------------------------------------------------------- */
+
+#define MAX_KERNEL_FILE ((size_t)256 << 20) /* what the bundle loader reads */
+
+dg_status dg_ffi_bundle_build(const char *out, const char *const *specs, int32_t n_specs,
+			      const char *device, int32_t sm, int32_t jobs, const char *cache_dir,
+			      int32_t no_cache, const char *tune_db, int32_t tuned,
+			      dg_ffi_bundle_summary *summary, char *msg, size_t msg_size)
+{
+	dg_ffi_bundle_summary local;
+	dg_bundle_summary sum;
+	dg_spec *list = NULL;
+	dg_tune_db *db = NULL;
+	dg_status st = DG_OK;
+	char why[4096];
+
+	if (!summary)
+		summary = &local;
+	memset(summary, 0, sizeof(*summary));
+	memset(&sum, 0, sizeof(sum));
+	summary->step = DG_BUNDLE_STEP_ARGS;
+	if (n_specs < 0 || (n_specs > 0 && !specs))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"dg_ffi_bundle_build: %d specs and %s list", (int)n_specs,
+				specs ? "a" : "no");
+	if (specs) {
+		list = calloc(n_specs > 0 ? (size_t)n_specs : 1, sizeof(*list));
+		if (!list)
+			return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+		for (int32_t i = 0; i < n_specs && !st; i++) {
+			if (!specs[i])
+				st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "specs[%d]: NULL", (int)i);
+			else if ((st = dg_spec_parse(specs[i], &list[i], why, sizeof(why))))
+				dg__msgf(st, msg, msg_size, "specs[%d]: %s", (int)i, why);
+		}
+	}
+	if (!st && tune_db) {
+		dg_tune_db_opts o;
+		memset(&o, 0, sizeof(o));
+		o.path = tune_db;
+		if ((st = dg_tune_db_open(&db, &o)))
+			dg__msgf(st, msg, msg_size, "out of memory reading the tuning DB");
+	}
+	if (!st) {
+		dg_ctx_opts jit;
+		memset(&jit, 0, sizeof(jit));
+		jit.cache_dir = cache_dir;
+		jit.no_cache = no_cache != 0;
+		dg_bundle_opts o;
+		memset(&o, 0, sizeof(o));
+		o.out = out;
+		o.specs = list;
+		o.n_specs = specs ? (size_t)n_specs : 0;
+		o.jobs = jobs;
+		o.jit = &jit;
+		o.tune_db = db;
+		o.device = device;
+		o.sm = sm;
+		o.tuned = tuned != 0;
+		st = dg_bundle_build(&o, &sum, msg, msg_size);
+		summary->specs = (int64_t)sum.specs;
+		summary->dropped = (int64_t)sum.dropped;
+		summary->kernels = (int64_t)sum.kernels;
+		summary->cache_hits = (int64_t)sum.cache_hits;
+		summary->wall_ms = sum.wall_ms;
+		summary->jobs = sum.jobs;
+		summary->sm = sum.sm;
+		summary->step = (int32_t)sum.step;
+		snprintf(summary->device, sizeof(summary->device), "%s", sum.device);
+		snprintf(summary->failed, sizeof(summary->failed), "%s", sum.failed);
+	}
+	dg_tune_db_destroy(db);
+	free(list);
+	return st;
+}
+
+/* n specs' canonical texts, each with a '\n', into buf (see ffi.h). */
+static dg_status spec_lines(const char *const *texts, size_t n, char *buf, uint64_t size,
+			    uint64_t *needed, int32_t *count, char *msg, size_t msg_size)
+{
+	uint64_t need = 1;
+	for (size_t i = 0; i < n; i++)
+		need += strlen(texts[i]) + 1;
+	if (needed)
+		*needed = need;
+	if (count)
+		*count = (int32_t)n;
+	if (!buf || size < need)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"%llu bytes hold the %zu specs, the buffer has %llu",
+				(unsigned long long)need, n, (unsigned long long)(buf ? size : 0));
+	size_t at = 0;
+	for (size_t i = 0; i < n; i++) {
+		size_t len = strlen(texts[i]);
+		memcpy(buf + at, texts[i], len);
+		at += len;
+		buf[at++] = '\n';
+	}
+	buf[at] = '\0';
+	if (msg && msg_size)
+		msg[0] = '\0';
+	return DG_OK;
+}
+
+dg_status dg_ffi_bundle_default_specs(char *buf, uint64_t size, uint64_t *needed, int32_t *n,
+				      char *msg, size_t msg_size)
+{
+	dg_spec *specs = NULL;
+	size_t count = 0;
+
+	dg_status st = dg_bundle_default_specs(&specs, &count, msg, msg_size);
+	if (st)
+		return st;
+	char (*texts)[DG_SPEC_TEXT_MAX] = calloc(count ? count : 1, sizeof(*texts));
+	const char **ptrs = calloc(count ? count : 1, sizeof(*ptrs));
+	if (!texts || !ptrs) {
+		st = dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+	} else {
+		for (size_t i = 0; i < count; i++) {
+			dg_spec_to_string(&specs[i], texts[i], sizeof(texts[i]));
+			ptrs[i] = texts[i];
+		}
+		st = spec_lines(ptrs, count, buf, size, needed, n, msg, msg_size);
+	}
+	free(ptrs);
+	free(texts);
+	free(specs);
+	return st;
+}
+
+dg_status dg_ffi_bundle_check(const char *dir, char *buf, uint64_t size, uint64_t *needed, int32_t *n,
+			      char *msg, size_t msg_size)
+{
+	dg_manifest *m = NULL;
+	char path[4096], why[1024];
+
+	if (!dir)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_bundle_check: NULL folder");
+	dg_status st = dg_manifest_load(dir, &m, msg, msg_size);
+	if (st)
+		return st;
+	const char **specs = calloc(m->n_kernels ? m->n_kernels : 1, sizeof(*specs));
+	if (!specs)
+		st = dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+	for (size_t i = 0; i < m->n_kernels && !st; i++) {
+		const dg_manifest_kernel *k = &m->kernels[i];
+		uint8_t *bytes = NULL;
+		size_t len = 0;
+		specs[i] = k->spec;
+		if (!dg__file_join(path, sizeof(path), dir, k->file)) {
+			st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "%s: path too long", dir);
+			break;
+		}
+		st = dg__file_read(path, MAX_KERNEL_FILE, &bytes, &len, why, sizeof(why));
+		if (st)
+			dg__msgf(st, msg, msg_size, "%s (listed in %s): %s", k->file, DG_MANIFEST_FILE, why);
+		else if ((st = dg_manifest_kernel_verify(k, bytes, len, why, sizeof(why))))
+			dg__msgf(st, msg, msg_size, "%s: %s", path, why);
+		free(bytes);
+	}
+	if (!st)
+		st = spec_lines(specs, m->n_kernels, buf, size, needed, n, msg, msg_size);
+	free(specs);
+	dg_manifest_destroy(m);
+	return st;
 }

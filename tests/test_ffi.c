@@ -12,6 +12,9 @@
  *     run's loss and gradients are dg_model_cpu_step's, a master changed
  *     in place is what the next run sees, bad tokens and presets the CPU
  *     does not run are refused;
+ *   - bundles: texts build into a folder the reader checks, a text that
+ *     does not parse is named by its place, the default set is listed
+ *     whole (a buffer too small says the size it needs);
  *   - on a GPU: a run of the model (host and device tokens) gives
  *     dg_model_step's loss and gradients, and after the masters are
  *     changed on the device, the run equals a model made from the changed
@@ -19,6 +22,7 @@
  *     through the door equals the typed op.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +31,8 @@
 #include "dragon/dragon.h"
 #include "dragon/ffi.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
+#include "runtime/store/specset.h"
 
 Test(ffi, version_and_specs)
 {
@@ -57,6 +63,55 @@ Test(ffi, version_and_specs)
 	cr_assert_eq(dg_ffi_spec_parse("op=frob", &s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(msg, "frob"), "%s", msg);
 	dg_ffi_spec_free(NULL);
+}
+
+Test(ffi, bundles)
+{
+	char *root = dg_test_tmpdir();
+	char out[600], cache[600], msg[2048], lines[4096];
+	const char *specs[] = { "op=pack_i8x4;latent=256", "op=unpack_i8x4;latent=256" };
+	dg_ffi_bundle_summary sum;
+	uint64_t need = 0;
+	int32_t n = 0;
+
+	snprintf(out, sizeof(out), "%s/bundle", root);
+	snprintf(cache, sizeof(cache), "%s/cache", root);
+	cr_assert_eq(dg_ffi_bundle_build(out, specs, 2, "", 0, 2, cache, 0, "none", 0, &sum, msg, sizeof(msg)),
+		     DG_OK, "%s", msg);
+	cr_expect_eq(sum.kernels, 2);
+	cr_expect_eq(sum.specs, 2);
+	cr_expect_eq(sum.step, 0);
+	cr_expect_str_empty(sum.device);
+	cr_assert_eq(dg_ffi_bundle_check(out, lines, sizeof(lines), &need, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_expect_eq(n, 2);
+	cr_expect_eq(need, strlen(lines) + 1);
+	cr_expect(strstr(lines, "op=pack_i8x4;") && strstr(lines, "op=unpack_i8x4;") && !strstr(lines, "tile=auto"),
+		  "%s", lines);
+	cr_expect_eq(dg_ffi_bundle_check(out, lines, 8, &need, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_expect_eq(need, strlen(lines) + 1, "a short buffer still learns the size");
+
+	const char *bad[] = { "op=pack_i8x4;latent=256", "op=frob" };
+	char other[700];
+	snprintf(other, sizeof(other), "%s/other", root);
+	cr_expect_eq(dg_ffi_bundle_build(other, bad, 2, "", 0, 0, cache, 0, NULL, 0, &sum, msg, sizeof(msg)),
+		     DG_ERR_INVALID_SPEC);
+	cr_expect(strstr(msg, "specs[1]: ") && strstr(msg, "frob"), "%s", msg);
+	cr_expect_eq(dg_ffi_bundle_build(other, bad, 0, "", 0, 0, cache, 0, NULL, 0, &sum, msg, sizeof(msg)),
+		     DG_ERR_INVALID_ARG, "an empty list");
+	cr_expect_eq(dg_ffi_bundle_check(other, lines, sizeof(lines), &need, &n, msg, sizeof(msg)),
+		     DG_ERR_NOT_FOUND, "nothing was written: %s", msg);
+
+	need = 0;
+	cr_expect_eq(dg_ffi_bundle_default_specs(NULL, 0, &need, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_expect_eq(n, DG__SPECSET_DEFAULT_SIZE);
+	char *all = malloc(need);
+	cr_assert_eq(dg_ffi_bundle_default_specs(all, need, &need, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
+	size_t rows = 0;
+	for (const char *c = all; *c; c++)
+		rows += *c == '\n';
+	cr_expect_eq(rows, DG__SPECSET_DEFAULT_SIZE);
+	free(all);
+	dg_test_rmtree(root);
 }
 
 Test(ffi, op_args_are_the_op_tables)

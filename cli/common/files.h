@@ -2,7 +2,8 @@
  * File helpers of the programs: paths, a whole file read or written, a
  * folder made or removed, whether two paths name one file. A file a
  * reader must see whole is published with base/publish.h; these write the
- * files of a private staging folder that a later rename publishes.
+ * files of a private staging folder that a later rename publishes. All
+ * but the last are base/file.h's, which the library's writers use too.
  * Private to cli/.
  */
 #ifndef DG_CLI_COMMON_FILES_H

@@ -15,9 +15,6 @@
 #include "dragon/status.h"
 #include "dragon/tune.h"
 
-struct cJSON;
-struct dg__specset;
-
 int dg__gen_cmd_build(int argc, char **argv);
 int dg__gen_cmd_render(int argc, char **argv);
 int dg__gen_cmd_list(int argc, char **argv);
@@ -69,47 +66,5 @@ dg_status dg__gen_tune_resolve(const dg__gen_tune *t, dg_codegen *cg, const dg_s
 /* "tile: 128x128x64/2x4/4 (tuned: /path/record.json)" or
  * "tile: 64x64x32/2x2/2 (template default: <why>)". */
 void dg__gen_tile_line(const dg_tune_choice *ch, char *buf, size_t size);
-
-/* ---- build: resolution and the records (build_tuned.c) ------------------------- */
-
-/* The kernels a build compiles: the set's specs resolved for the device,
- * deduplicated by what runs. Zero-initialize; free with
- * dg__gen_resolved_free. */
-typedef struct dg__gen_resolved {
-	dg_spec *specs;     /* n, tile and target resolved (owned) */
-	char **canonical;   /* their canonical texts (owned) */
-	size_t n;
-	char device[128];   /* the device they resolve for; "" none */
-	int sm;             /* 0 likewise */
-	/* --tuned: the records used and the manifest's "tuning" array */
-	char **rec_paths;   /* distinct record paths ("built-in:<file>" too), owned */
-	char **rec_names;   /* their names in the bundle's tune/ folder, owned */
-	char **rec_json;    /* a built-in record's JSON text, NULL for a file; owned */
-	size_t n_recs;
-	struct cJSON *tuning; /* owned, or NULL without --tuned */
-} dg__gen_resolved;
-
-void dg__gen_resolved_free(dg__gen_resolved *r);
-/*
- * Resolves every spec of set on cg for t's devices (dg__gen_tune_resolve)
- * into *out, merging specs that resolve to one kernel; with tuned, notes
- * the records used and each choice. Specs that would resolve for two
- * different devices are a usage error. verbose: each choice on stderr.
- * Returns the exit code (reported).
- */
-int dg__gen_build_resolve(const dg__gen_tune *t, dg_codegen *cg, const struct dg__specset *set,
-			  bool tuned, bool verbose, dg__gen_resolved *out);
-/* Writes the records of r into tmp/tune/ (nothing without records): a
- * file's bytes as they are, a built-in record from its JSON. */
-dg_status dg__gen_records_write(const dg__gen_resolved *r, const char *tmp, char *msg,
-				size_t msz);
-/* Adds the "tuning" array to the manifest text *json (malloc'd; replaced
- * by a new malloc'd text, the old one freed); nothing when r has none. */
-dg_status dg__gen_tuning_manifest(const dg__gen_resolved *r, char **json, char *msg,
-				  size_t msz);
-/* Moves tmp/tune/<names> into dir/tune/ (made if needed) and syncs that
- * folder; on failure unlinks what it moved that was not there before. */
-dg_status dg__gen_records_publish(const dg__gen_resolved *r, const char *tmp,
-				  const char *dir, char *msg, size_t msz);
 
 #endif

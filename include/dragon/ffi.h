@@ -40,8 +40,10 @@ extern "C" {
 /* The layout of the structs and calls below; a caller checks it at load
  * (2: dg_ffi_opts's elem0 at its end; 3: the model's forward and backward
  * as two calls, dg_ffi_model_forward, dg_ffi_model_backward,
- * dg_ffi_model_hidden; dg_corpus's token corpora, and dg_ffi_model_logits). */
-#define DG_FFI_VERSION 3
+ * dg_ffi_model_hidden; dg_corpus's token corpora, and dg_ffi_model_logits;
+ * 4: bundles, dg_ffi_bundle_build, dg_ffi_bundle_default_specs,
+ * dg_ffi_bundle_check). */
+#define DG_FFI_VERSION 4
 int dg_ffi_version(void);
 
 /* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
@@ -226,6 +228,51 @@ dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fm
  */
 dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64_t out, char *msg,
 			      size_t msg_size);
+
+/* ---- bundles ------------------------------------------------------------------- */
+
+/* What a build made, or where it failed (dg_bundle_summary). */
+typedef struct dg_ffi_bundle_summary {
+	int64_t specs, dropped, kernels, cache_hits;
+	double wall_ms;
+	int32_t jobs, sm;
+	int32_t step;     /* a dg_bundle_step: 0 when nothing failed */
+	int32_t reserved;
+	char device[128]; /* the device the bundle is for; "" none */
+	char failed[DG_SPEC_TEXT_MAX]; /* a kernel that failed: its spec */
+} dg_ffi_bundle_summary;
+
+/*
+ * dg_bundle_build into the folder out: n_specs spec texts (dg_spec_parse's
+ * rules; specs NULL: the default build set; a text that does not parse is
+ * DG_ERR_INVALID_SPEC "specs[i]: ..."); device NULL: for each spec's SM
+ * the one device the tuning records name, "": none, else a name with its
+ * sm; jobs 0: the online CPUs; cache_dir NULL: the cache's default;
+ * no_cache 1: compile everything, touch no cache; tune_db: the records (a
+ * file, a folder, "builtin", "none"; NULL: $DRAGON_TUNE_DB, else the
+ * cache's tune/, the built-in records below); tuned 1: copy the records
+ * used into the bundle. summary may be NULL.
+ */
+dg_status dg_ffi_bundle_build(const char *out, const char *const *specs, int32_t n_specs,
+			      const char *device, int32_t sm, int32_t jobs, const char *cache_dir,
+			      int32_t no_cache, const char *tune_db, int32_t tuned,
+			      dg_ffi_bundle_summary *summary, char *msg, size_t msg_size);
+
+/* The default build set (dg_bundle_default_specs): its canonical texts,
+ * each followed by '\n', into buf (size bytes, NUL-terminated), *n how
+ * many. *needed gets the bytes that takes with its NUL: a buf too small
+ * is DG_ERR_INVALID_ARG, and the caller calls again with that size. */
+dg_status dg_ffi_bundle_default_specs(char *buf, uint64_t size, uint64_t *needed, int32_t *n,
+				      char *msg, size_t msg_size);
+
+/* A bundle folder through the library's reader: dir/manifest.json read
+ * (dg_manifest_load) and every file it lists checked against it
+ * (dg_manifest_kernel_verify: size, SHA-256, the cubin's SM). Its
+ * kernels' specs, each followed by '\n', into buf as above. One line
+ * naming the file on failure: DG_ERR_NOT_FOUND (no manifest, a missing
+ * file), DG_ERR_PARSE, DG_ERR_CORRUPT, DG_ERR_UNSUPPORTED. */
+dg_status dg_ffi_bundle_check(const char *dir, char *buf, uint64_t size, uint64_t *needed, int32_t *n,
+			      char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }

@@ -120,6 +120,101 @@ dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out);
  */
 dg_status dg_device_load_bundle(dg_device *dev, const char *dir, size_t *loaded);
 
+/* ---- building a bundle (no device needed) -----------------------------------
+ * What `dragon-gen build` makes and dg_device_load_bundle loads: one
+ * <op>-<key16>.cubin (.ptx past what NVRTC emits SASS for) per kernel and
+ * manifest.json (dragon/manifest.h), built with NVRTC through the kernel
+ * cache. */
+
+/* The default build set: for every op, the product of its op table's
+ * build lists at the op's default shape (dg_op_info.build), each
+ * combination checked as a user's spec is and those an op's rules or its
+ * template refuse left out: every kernel of a BDH training step, forward
+ * and backward. *out (malloc'd, the caller frees it) gets *n specs,
+ * distinct, normalized, tiles auto. */
+dg_status dg_bundle_default_specs(dg_spec **out, size_t *n, char *msg, size_t msg_size);
+
+/* Which step of a build failed (dg_bundle_summary.step). */
+typedef enum dg_bundle_step {
+	DG_BUNDLE_STEP_NONE,    /* nothing failed */
+	DG_BUNDLE_STEP_ARGS,    /* the options: the folder, a spec, the device */
+	DG_BUNDLE_STEP_PLAN,    /* resolving the specs for the device */
+	DG_BUNDLE_STEP_FOLDER,  /* making the folder, or its private temp folder */
+	DG_BUNDLE_STEP_COMPILE, /* a kernel: its compile, check or file */
+	DG_BUNDLE_STEP_PUBLISH, /* moving the files in, the manifest */
+} dg_bundle_step;
+
+struct dg_tune_db;
+
+typedef struct dg_bundle_opts {
+	const char *out;        /* the bundle folder; made with its parents if missing */
+	const dg_spec *specs;   /* n_specs specs; NULL: the default build set */
+	size_t n_specs;
+	int jobs;               /* kernels compiled at a time; 0: the online CPUs */
+	const dg_ctx_opts *jit; /* each compiling thread's JIT context (cache,
+				 * templates); NULL: defaults */
+	/* The tuning records auto tiles resolve through; NULL: opened as the
+	 * runtime opens them ($DRAGON_TUNE_DB, else the cache's tune/, the
+	 * built-in records below). */
+	const struct dg_tune_db *tune_db;
+	/* The device the bundle is for, with its SM (10..999): auto tiles
+	 * resolve for it as the runtime resolves them there. NULL: for each
+	 * spec's SM, the one device the records name (none when they name
+	 * none or several); "": no device (the templates' defaults). */
+	const char *device;
+	int sm;
+	/* Also copy the records used into DIR/tune/, and say in the
+	 * manifest's "tuning" array where each auto tile came from. */
+	bool tuned;
+	/* Called, one call at a time, from the compiling threads:
+	 * progress(user, 0, total, NULL) before the first kernel, then once
+	 * a kernel with its file's name. May be NULL. */
+	void (*progress)(void *user, size_t done, size_t total, const char *file);
+	/* Lines worth a user's eye (a tuning record skipped); detail 1: what
+	 * a verbose listing shows (each auto tile's choice). May be NULL. */
+	void (*note)(void *user, int detail, const char *line);
+	/* Polled between kernels: non-zero stops the build
+	 * (DG_ERR_INTERRUPTED, the folder as it was). May be NULL. */
+	int (*stop)(void *user);
+	void *user; /* handed to the three above */
+} dg_bundle_opts;
+
+typedef struct dg_bundle_summary {
+	size_t specs;      /* specs asked for (the default set's, expanded) */
+	size_t dropped;    /* the default set: combinations left out */
+	size_t kernels;    /* kernels built: specs that resolve alike are one */
+	size_t cache_hits; /* of them, found in the kernel cache */
+	int jobs;          /* threads that compiled */
+	double wall_ms;    /* the compile and the publish */
+	char device[128];  /* the device the bundle is for; "" none */
+	int sm;            /* its SM; 0 likewise */
+	dg_bundle_step step;            /* on failure: where */
+	char failed[DG_SPEC_TEXT_MAX];  /* on a kernel's failure: its spec (what runs) */
+} dg_bundle_summary;
+
+/*
+ * Compiles the specs (or the default build set), each auto tile resolved
+ * for the device as the runtime resolves it there and specs that resolve
+ * to one kernel built once, into the folder opts->out: kernels, then
+ * manifest.json published whole (temp file, fsync, rename, fsync of the
+ * folder). The folder changes only if every kernel builds: they are
+ * compiled into a private temp folder inside it and moved in once all
+ * passed dg_cubin_check, the manifest last (the commit); files an earlier
+ * bundle there listed and this one does not are then removed. On any
+ * failure before the commit the folder is as it was (and folders this
+ * call made are gone). summary (may be NULL) says what was built, or
+ * where it failed.
+ *
+ * DG_ERR_INVALID_ARG: no folder, an empty list (specs non-NULL, n_specs
+ * 0), a device without an SM; DG_ERR_INVALID_SPEC: a spec the op's rules,
+ * NVRTC's arch range or its template refuse ("specs[2]: latent=8190:
+ * ..."); DG_ERR_TEMPLATE, DG_ERR_COMPILE: a kernel that does not render
+ * or compile (msg: one line, the compile's log on the lines after it);
+ * DG_ERR_IO: a file or folder, named; DG_ERR_INTERRUPTED: opts->stop.
+ */
+dg_status dg_bundle_build(const dg_bundle_opts *opts, dg_bundle_summary *summary, char *msg,
+			  size_t msg_size);
+
 /* ---- memory ---------------------------------------------------------------
  * Allocations are 256-byte aligned (every kernel's 16-byte alignment rule
  * holds for whole allocations). Copies and memset are ordered on the

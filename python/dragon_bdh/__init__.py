@@ -17,6 +17,7 @@ dragon_bdh._lib says in which order).
     dragon_bdh.device_count()             # 0 without a driver or device
     s = dragon_bdh.Spec("op=lowrank_fwd;weight=ternary;act=int8;relu=0")
     s.text, s.args(b=8, t=512)            # canonical text, the op's tensors
+    dragon_bdh.build_bundle("kernels", specs=[s])  # a kernel bundle, no GPU needed
 """
 import ctypes
 import threading
@@ -27,7 +28,7 @@ from ._lib import DragonError, InvalidArgument, InvalidSpec, NoDevice, Unsupport
 
 __all__ = ["Spec", "Device", "Model", "Buffer", "DragonError", "InvalidArgument", "InvalidSpec",
            "NoDevice", "Unsupported", "Corpus", "device_count", "library_path", "check_weights", "PRESETS",
-           "PARAMS"]
+           "PARAMS", "build_bundle", "check_bundle", "default_specs"]
 __version__ = "0.2.0"
 
 #: dragon's recipes (dg_model_preset): the GPU model runs f32, bf16, w8a8
@@ -421,3 +422,84 @@ class Corpus:
         if c and _lib._lib is not None:
             _lib._lib.dg_corpus_destroy(c)
             self._c = None
+
+
+# ---- bundles ------------------------------------------------------------------------
+
+#: dg_bundle_step's names: where a failed build stopped (DragonError.step).
+BUNDLE_STEPS = ("", "args", "plan", "folder", "compile", "publish")
+
+
+def _spec_lines(call):
+    """The spec texts a call writes one a line into a buffer (it says the
+    size it needs when the buffer is short)."""
+    size = 1 << 16
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        need, n = ctypes.c_uint64(0), ctypes.c_int32(0)
+        msg = _lib.msgbuf()
+        st = call(buf, size, ctypes.byref(need), ctypes.byref(n), msg, _lib.MSG)
+        if st == 0:
+            return buf.value.decode().splitlines()
+        if need.value <= size:
+            _lib.check(st, msg)
+        size = need.value
+    raise DragonError("the spec list grew while it was read", "internal error")
+
+
+def default_specs():
+    """The default build set (dg_bundle_default_specs): the canonical texts
+    of every kernel of a BDH training step, forward and backward, at the op
+    table's build lists, tiles auto. What build_bundle builds without specs."""
+    return _spec_lines(_lib.lib().dg_ffi_bundle_default_specs)
+
+
+def check_bundle(path):
+    """A bundle folder through dragon's reader: manifest.json read and
+    every file it lists checked against it (size, SHA-256, the cubin's
+    SM). Returns its kernels' specs (canonical texts, tiles resolved);
+    otherwise raises DragonError naming the file (status "not found"
+    without a manifest or with a listed file missing)."""
+    L = _lib.lib()
+    return _spec_lines(lambda *a: L.dg_ffi_bundle_check(str(path).encode(), *a))
+
+
+def build_bundle(path, specs=None, device=None, sm=0, jobs=0, cache_dir=None, no_cache=False, tune_db=None,
+                 tuned=False):
+    """Compiles kernels into a bundle folder at path, as `dragon-gen build`
+    does (dg_bundle_build; no GPU needed): specs (spec texts or Spec
+    objects; None: the default build set, default_specs()), each auto
+    tile resolved as the runtime resolves it on the device the bundle is
+    for: device None, for each spec's SM the one device the tuning
+    records name; "" none (the templates' defaults); or a name with its
+    sm (90 for an H200). jobs: kernels compiled at a time (0: the CPUs);
+    cache_dir, no_cache: the kernel cache; tune_db: the tuning records (a
+    file or folder, "builtin", "none"; None: $DRAGON_TUNE_DB, else the
+    cache's); tuned: copy the records used into the bundle. The folder
+    changes only if every kernel builds. Returns a dict: specs, dropped,
+    kernels, cache_hits, compiled, jobs, wall_ms, device, sm. On failure
+    DragonError with dragon's message, .step where it stopped
+    (BUNDLE_STEPS) and .failed the spec of a kernel that failed ("")."""
+    L = _lib.lib()
+    arr, n = None, 0
+    if specs is not None:
+        texts = [s.text if isinstance(s, Spec) else str(s) for s in specs]
+        n = len(texts)
+        arr = (ctypes.c_char_p * max(n, 1))(*[t.encode() for t in texts])
+
+    def enc(v):
+        return None if v is None else str(v).encode()
+
+    summ = _lib.BundleSummary()
+    buf = ctypes.create_string_buffer(8192)
+    st = L.dg_ffi_bundle_build(str(path).encode(), arr, n, enc(device), int(sm), int(jobs), enc(cache_dir),
+                               int(bool(no_cache)), enc(tune_db), int(bool(tuned)), ctypes.byref(summ), buf,
+                               len(buf))
+    if st:
+        e = _lib.error(st, buf.value.decode(errors="replace"))
+        e.step = BUNDLE_STEPS[summ.step] if 0 <= summ.step < len(BUNDLE_STEPS) else str(summ.step)
+        e.failed = summ.failed.decode()
+        raise e
+    return {"specs": summ.specs, "dropped": summ.dropped, "kernels": summ.kernels,
+            "cache_hits": summ.cache_hits, "compiled": summ.kernels - summ.cache_hits, "jobs": summ.jobs,
+            "wall_ms": summ.wall_ms, "device": summ.device.decode(), "sm": summ.sm}

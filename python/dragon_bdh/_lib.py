@@ -24,7 +24,7 @@ import os
 import subprocess
 import threading
 
-FFI_VERSION = 3
+FFI_VERSION = 4
 MSG = 1024  # bytes of a message buffer
 
 
@@ -127,6 +127,25 @@ class Corpus(ctypes.Structure):
     ]
 
 
+SPEC_TEXT_MAX = 512  # DG_SPEC_TEXT_MAX
+
+
+class BundleSummary(ctypes.Structure):
+    _fields_ = [
+        ("specs", ctypes.c_int64),
+        ("dropped", ctypes.c_int64),
+        ("kernels", ctypes.c_int64),
+        ("cache_hits", ctypes.c_int64),
+        ("wall_ms", ctypes.c_double),
+        ("jobs", ctypes.c_int32),
+        ("sm", ctypes.c_int32),
+        ("step", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("device", ctypes.c_char * 128),
+        ("failed", ctypes.c_char * SPEC_TEXT_MAX),
+    ]
+
+
 class CorpusOpts(ctypes.Structure):
     _fields_ = [("vocab", ctypes.c_int)]
 
@@ -190,6 +209,12 @@ _PROTOS = {
     "dg_ffi_model_backward": (ctypes.c_int, [_P, _STR, _SZ]),
     "dg_ffi_model_hidden": (ctypes.c_int, [_P, ctypes.POINTER(_U64), ctypes.POINTER(_I32), ctypes.c_int64 * 3]),
     "dg_ffi_model_logits": (ctypes.c_int, [_P, _U64, _I32, _U64, _STR, _SZ]),
+    "dg_ffi_bundle_build": (ctypes.c_int, [_STR, ctypes.POINTER(_STR), _I32, _STR, _I32, _I32, _STR, _I32, _STR,
+                                           _I32, ctypes.POINTER(BundleSummary), _STR, _SZ]),
+    "dg_ffi_bundle_default_specs": (ctypes.c_int, [_STR, _U64, ctypes.POINTER(_U64), ctypes.POINTER(_I32), _STR,
+                                                   _SZ]),
+    "dg_ffi_bundle_check": (ctypes.c_int, [_STR, _STR, _U64, ctypes.POINTER(_U64), ctypes.POINTER(_I32), _STR,
+                                           _SZ]),
     "dg_sample_draw": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.POINTER(_U64),
                                       ctypes.POINTER(_I32), _STR, _SZ]),
 }
