@@ -40,7 +40,7 @@ dg_status dg_ffi_spec_parse(const char *text, dg_spec **out, char *msg, size_t m
 	return DG_OK;
 }
 
-void dg_ffi_spec_free(dg_spec *s)
+void dg_ffi_spec_destroy(dg_spec *s)
 {
 	free(s);
 }
@@ -331,7 +331,7 @@ void dg_ffi_model_destroy(dg_ffi_model *m)
 	if (!m)
 		return;
 	dg_model_destroy(m->gm);
-	dg_model_cpu_pass_free(m->pass);
+	dg_model_cpu_pass_destroy(m->pass);
 	dg_model_weights_destroy(m->w);
 	dg_model_weights_destroy(m->g);
 	free(m);
@@ -398,7 +398,7 @@ dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int3
 			      .step = step,
 			      .train = train != 0 };
 	/* whatever the last forward kept is spent */
-	dg_model_cpu_pass_free(m->pass);
+	dg_model_cpu_pass_destroy(m->pass);
 	m->pass = NULL;
 	m->forward = m->backward = false;
 	if (!m->gm) {
@@ -436,7 +436,7 @@ dg_status dg_ffi_model_forward(dg_ffi_model *m, uint64_t idx, uint64_t targets, 
 			      .seed = seed,
 			      .step = step,
 			      .train = train != 0 };
-	dg_model_cpu_pass_free(m->pass);
+	dg_model_cpu_pass_destroy(m->pass);
 	m->pass = NULL;
 	m->forward = m->backward = false;
 	dg_status st;

@@ -59,7 +59,7 @@ typedef enum dg_corpus_kind {
 	DG_CORPUS_KIND_TOKENS, /* raw uint16 tokens */
 } dg_corpus_kind;
 
-struct dg__corpus_files;
+struct dg_corpus_files;
 
 typedef struct dg_corpus {
 	uint8_t *bytes;   /* a byte corpus: the whole file (owned); NULL otherwise */
@@ -73,7 +73,7 @@ typedef struct dg_corpus {
 	uint64_t file_bytes; /* the files' bytes together */
 	char split[160];  /* how the split was made, for messages: "the last
 			   * 10%", "val.bin", "3 val shards beside the train ones" */
-	struct dg__corpus_files *files; /* the files, mapped (private) */
+	struct dg_corpus_files *files; /* the files, mapped (private) */
 } dg_corpus;
 
 typedef struct dg_corpus_opts {
@@ -120,7 +120,7 @@ dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t ms
  * set it up (scripts/corpus.sh) when it is in none; DG_ERR_CORRUPT when
  * its SHA-256 is not DG_CORPUS_SHA256. */
 dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size);
-void dg_corpus_destroy(dg_corpus *c); /* NULL is fine */
+void dg_corpus_close(dg_corpus *c); /* NULL is fine */
 
 /*
  * The corpus's digest, 64 hex digits into hex: what a checkpoint records

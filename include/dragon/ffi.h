@@ -40,8 +40,10 @@ extern "C" {
 /* The layout of the structs and calls below; a caller checks it at load
  * (2: dg_ffi_opts's elem0 at its end; 3: the model's forward and backward
  * as two calls, dg_ffi_model_forward, dg_ffi_model_backward,
- * dg_ffi_model_hidden; dg_corpus's token corpora, and dg_ffi_model_logits). */
-#define DG_FFI_VERSION 3
+ * dg_ffi_model_hidden; dg_corpus's token corpora, and dg_ffi_model_logits;
+ * 4: dg_ffi_spec_destroy, dg_corpus_close, in place of dg_ffi_spec_free,
+ * dg_corpus_destroy). */
+#define DG_FFI_VERSION 4
 int dg_ffi_version(void);
 
 /* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
@@ -83,9 +85,9 @@ typedef struct dg_ffi_opts {
 /* ---- specs ------------------------------------------------------------------ */
 
 /* Parses spec text (dg_spec_parse's rules, the op's defaults for what is
- * left out) into a new handle; free it with dg_ffi_spec_free. */
+ * left out) into a new handle; destroy it with dg_ffi_spec_destroy. */
 dg_status dg_ffi_spec_parse(const char *text, dg_spec **out, char *msg, size_t msg_size);
-void dg_ffi_spec_free(dg_spec *s); /* NULL is fine */
+void dg_ffi_spec_destroy(dg_spec *s); /* NULL is fine */
 /* The canonical text (DG_SPEC_TEXT_MAX is always enough). */
 dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size);
 

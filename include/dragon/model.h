@@ -281,13 +281,13 @@ dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *b
  *
  * forward: *loss the loss (0 without targets). batch->targets NULL: the
  * forward up to x_final without the loss (a logits forward), which has
- * no backward. A new pass into *out (free it with
- * dg_model_cpu_pass_free), NULL on failure.
+ * no backward. A new pass into *out (destroy it with
+ * dg_model_cpu_pass_destroy), NULL on failure.
  * backward: the gradient of every weight into grads (overwritten; w's
  * config); once a pass (DG_ERR_INVALID_ARG saying why a second time or
  * after a forward without targets).
  * hidden: the pass's last hidden state x_final, (B, T, D) f32 (the
- * pass's memory, valid until its backward runs or it is freed); *b, *t
+ * pass's memory, valid until its backward runs or it is destroyed); *b, *t
  * (may be NULL) its batch's B and T.
  */
 typedef struct dg_model_cpu_pass dg_model_cpu_pass;
@@ -295,7 +295,7 @@ dg_status dg_model_cpu_forward(const dg_model_weights *w, const dg_model_batch *
 			       dg_model_cpu_pass **out, char *msg, size_t msg_size);
 dg_status dg_model_cpu_backward(dg_model_cpu_pass *p, dg_model_weights *grads, char *msg, size_t msg_size);
 const float *dg_model_cpu_pass_hidden(const dg_model_cpu_pass *p, int *b, int *t);
-void dg_model_cpu_pass_free(dg_model_cpu_pass *p); /* NULL is fine */
+void dg_model_cpu_pass_destroy(dg_model_cpu_pass *p); /* NULL is fine */
 
 /* ---- the model on the GPU -------------------------------------------------
  * The same tape as the CPU model, run by the GPU ops on arenas planned once

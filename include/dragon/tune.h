@@ -243,7 +243,7 @@ typedef struct dg_tune_db_opts {
  * DG_ERR_NOMEM (then *out is NULL). opts may be NULL.
  */
 dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts);
-void dg_tune_db_destroy(dg_tune_db *db); /* NULL is fine */
+void dg_tune_db_close(dg_tune_db *db); /* NULL is fine */
 
 /* What was read: the paths, ':'-joined ("none" when off). */
 const char *dg_tune_db_where(const dg_tune_db *db);

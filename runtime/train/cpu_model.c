@@ -668,7 +668,7 @@ dg_status dg_model_cpu_forward(const dg_model_weights *w, const dg_model_batch *
 		st = step_run(&p->s, 0, p->s.t.n_forward, batch->targets ? -1 : DG__N_CE, msg, size);
 	}
 	if (st) {
-		dg_model_cpu_pass_free(p);
+		dg_model_cpu_pass_destroy(p);
 		return st;
 	}
 	/* from here on the pass reads its own copies: the caller's tokens and
@@ -715,7 +715,7 @@ const float *dg_model_cpu_pass_hidden(const dg_model_cpu_pass *p, int *b, int *t
 			       dg__tape_offset(&p->s.t, p->s.id.x_final));
 }
 
-void dg_model_cpu_pass_free(dg_model_cpu_pass *p)
+void dg_model_cpu_pass_destroy(dg_model_cpu_pass *p)
 {
 	if (!p)
 		return;
