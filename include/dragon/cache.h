@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -82,26 +83,26 @@ typedef dg_status (*dg_cache_build_fn)(void *user, uint8_t **image,
  * dg_cache_errmsg(NULL) says why. With opts->no_create nothing is made:
  * a root, or one of its folders, that does not exist is DG_ERR_NOT_FOUND
  * (a tool can look at a cache without creating one). */
-dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts);
+DG_API dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts);
 /* Accepts NULL. */
-void dg_cache_close(dg_cache *cache);
+DG_API void dg_cache_close(dg_cache *cache);
 /*
  * The message of the handle's last call: "" after a success, except where
  * dg_cache_get_or_build says otherwise; valid until the handle's next call.
  * NULL: why the last dg_cache_open on this thread failed ("" if it
  * succeeded); valid until this thread's next dg_cache_open. Never NULL.
  */
-const char *dg_cache_errmsg(const dg_cache *cache);
-const char *dg_cache_root(const dg_cache *cache);
+DG_API const char *dg_cache_errmsg(const dg_cache *cache);
+DG_API const char *dg_cache_root(const dg_cache *cache);
 
 /* DG_OK and *out filled on a hit; DG_ERR_NOT_FOUND on a miss (a corrupt
  * entry is quarantined and counts as a miss). */
-dg_status dg_cache_get(dg_cache *cache, const char *key, dg_cache_blob *out);
+DG_API dg_status dg_cache_get(dg_cache *cache, const char *key, dg_cache_blob *out);
 
 /* Publishes an entry atomically (replacing any), then evicts down to the
  * cap. The newest entry is never evicted. */
-dg_status dg_cache_put(dg_cache *cache, const char *key, const uint8_t *image,
-		       size_t image_size, const char *meta);
+DG_API dg_status dg_cache_put(dg_cache *cache, const char *key, const uint8_t *image,
+			      size_t image_size, const char *meta);
 
 /*
  * Get, else take the key's lock, get again, else build and put. *hit (may be
@@ -115,15 +116,15 @@ dg_status dg_cache_put(dg_cache *cache, const char *key, const uint8_t *image,
  * nothing is published, and dg_cache_errmsg(cache) says why (it is "" when
  * the cache worked). A builder failure is returned as the builder's status.
  */
-dg_status dg_cache_get_or_build(dg_cache *cache, const char *key,
-				dg_cache_build_fn build, void *user,
-				dg_cache_blob *out, bool *hit);
+DG_API dg_status dg_cache_get_or_build(dg_cache *cache, const char *key,
+				       dg_cache_build_fn build, void *user,
+				       dg_cache_blob *out, bool *hit);
 
-void dg_cache_blob_free(dg_cache_blob *blob);
+DG_API void dg_cache_blob_free(dg_cache_blob *blob);
 
-dg_status dg_cache_stat(dg_cache *cache, dg_cache_stats *out);
+DG_API dg_status dg_cache_stat(dg_cache *cache, dg_cache_stats *out);
 /* Reads every entry; moves bad ones to quarantine/. */
-dg_status dg_cache_verify(dg_cache *cache, dg_cache_verify_report *out);
+DG_API dg_status dg_cache_verify(dg_cache *cache, dg_cache_verify_report *out);
 /*
  * Told of each bad file dg_cache_verify_each found, after it was moved to
  * quarantine/. key: the entry's key, or for a file in kernels/ whose name is
@@ -135,14 +136,14 @@ typedef void (*dg_cache_verify_fn)(void *user, const char *key,
 				   const char *reason);
 /* dg_cache_verify that also calls cb(user, ...) (cb may be NULL) for each
  * bad file, so a tool can list them. */
-dg_status dg_cache_verify_each(dg_cache *cache, dg_cache_verify_fn cb,
-			       void *user, dg_cache_verify_report *out);
+DG_API dg_status dg_cache_verify_each(dg_cache *cache, dg_cache_verify_fn cb,
+				      void *user, dg_cache_verify_report *out);
 /* Removes temp files older than a minute and the quarantine, then evicts
  * least recently used entries down to max_bytes (0: the cache's cap).
  * *removed (may be NULL) counts files removed. */
-dg_status dg_cache_gc(dg_cache *cache, uint64_t max_bytes, uint64_t *removed);
+DG_API dg_status dg_cache_gc(dg_cache *cache, uint64_t max_bytes, uint64_t *removed);
 /* Removes every entry, temp file and quarantined file. */
-dg_status dg_cache_clear(dg_cache *cache, uint64_t *removed);
+DG_API dg_status dg_cache_clear(dg_cache *cache, uint64_t *removed);
 
 #ifdef __cplusplus
 }

@@ -72,6 +72,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "optim.h"
 #include "runtime.h"
 #include "spec.h"
@@ -97,11 +98,11 @@ typedef struct dg_lowrank_fwd_args {
 	const dg_tensor *out;
 	dg_dptr out_absum; /* 0, or a float that gets += Σ|y| (caller zeroes) */
 } dg_lowrank_fwd_args;
-dg_status dg_lowrank_fwd_check(const dg_spec *spec,
-			       const dg_lowrank_fwd_args *a, char *msg,
-			       size_t msg_size);
-dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
-			 const dg_lowrank_fwd_args *a);
+DG_API dg_status dg_lowrank_fwd_check(const dg_spec *spec,
+				      const dg_lowrank_fwd_args *a, char *msg,
+				      size_t msg_size);
+DG_API dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
+				const dg_lowrank_fwd_args *a);
 
 typedef struct dg_relu_mask_args {
 	const dg_tensor *x;
@@ -109,10 +110,10 @@ typedef struct dg_relu_mask_args {
 	const dg_tensor *grad;
 	const dg_tensor *grad_out;
 } dg_relu_mask_args;
-dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a,
-			     char *msg, size_t msg_size);
-dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
-		       const dg_relu_mask_args *a);
+DG_API dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a,
+				    char *msg, size_t msg_size);
+DG_API dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
+			      const dg_relu_mask_args *a);
 
 /* The gradient GEMMs' gradient formats: dragon/spec.h "gradient formats"
  * (lowrank_grad_input and _weight read grad in spec->src, decoder_grad_input
@@ -131,16 +132,16 @@ typedef struct dg_lowrank_grad_input_args {
 	dg_workspace ws;         /* partial sums of a split reduction over K */
 	int splits;              /* 0: the runtime's choice; 1..64: forced */
 } dg_lowrank_grad_input_args;
-dg_status dg_lowrank_grad_input_check(const dg_spec *spec,
-				      const dg_lowrank_grad_input_args *a,
-				      char *msg, size_t msg_size);
+DG_API dg_status dg_lowrank_grad_input_check(const dg_spec *spec,
+					     const dg_lowrank_grad_input_args *a,
+					     char *msg, size_t msg_size);
 /* The workspace a call with a's tensors and splits needs on dev (a->ws is
  * ignored): splits · B·Hin·T·E floats when split, else 0. */
-dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
-					  const dg_lowrank_grad_input_args *a,
-					  size_t *bytes);
-dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
-				const dg_lowrank_grad_input_args *a);
+DG_API dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
+						 const dg_lowrank_grad_input_args *a,
+						 size_t *bytes);
+DG_API dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
+				       const dg_lowrank_grad_input_args *a);
 
 typedef struct dg_lowrank_grad_weight_args {
 	const dg_tensor *grad; /* (B,H,T,L) spec->src */
@@ -149,15 +150,15 @@ typedef struct dg_lowrank_grad_weight_args {
 	bool accumulate; /* grad_w += instead of = */
 	dg_workspace ws; /* partial sums of a split reduction over B·T */
 } dg_lowrank_grad_weight_args;
-dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
-				       const dg_lowrank_grad_weight_args *a,
-				       char *msg, size_t msg_size);
+DG_API dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
+					      const dg_lowrank_grad_weight_args *a,
+					      char *msg, size_t msg_size);
 /* The workspace a call with a's tensors needs on dev (a->ws is ignored). */
-dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
-					   const dg_lowrank_grad_weight_args *a,
-					   size_t *bytes);
-dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
-				 const dg_lowrank_grad_weight_args *a);
+DG_API dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
+						  const dg_lowrank_grad_weight_args *a,
+						  size_t *bytes);
+DG_API dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
+					const dg_lowrank_grad_weight_args *a);
 
 /* ---- decoder tail ------------------------------------------------------ */
 typedef struct dg_decoder_fwd_args {
@@ -166,24 +167,24 @@ typedef struct dg_decoder_fwd_args {
 	const dg_tensor *out;
 	dg_workspace ws; /* one slice of partial sums a K split */
 } dg_decoder_fwd_args;
-dg_status dg_decoder_fwd_check(const dg_spec *spec,
-			       const dg_decoder_fwd_args *a, char *msg,
-			       size_t msg_size);
-dg_status dg_decoder_fwd_workspace(dg_device *dev, const dg_spec *spec,
-				   const dg_decoder_fwd_args *a, size_t *bytes);
-dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
-			 const dg_decoder_fwd_args *a);
+DG_API dg_status dg_decoder_fwd_check(const dg_spec *spec,
+				      const dg_decoder_fwd_args *a, char *msg,
+				      size_t msg_size);
+DG_API dg_status dg_decoder_fwd_workspace(dg_device *dev, const dg_spec *spec,
+					  const dg_decoder_fwd_args *a, size_t *bytes);
+DG_API dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
+				const dg_decoder_fwd_args *a);
 
 typedef struct dg_decoder_grad_input_args {
 	const dg_tensor *grad;   /* (B,1,T,E) f32 */
 	const dg_tensor *w;
 	const dg_tensor *grad_y; /* (B,H,T,L) spec->out */
 } dg_decoder_grad_input_args;
-dg_status dg_decoder_grad_input_check(const dg_spec *spec,
-				      const dg_decoder_grad_input_args *a,
-				      char *msg, size_t msg_size);
-dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
-				const dg_decoder_grad_input_args *a);
+DG_API dg_status dg_decoder_grad_input_check(const dg_spec *spec,
+					     const dg_decoder_grad_input_args *a,
+					     char *msg, size_t msg_size);
+DG_API dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
+				       const dg_decoder_grad_input_args *a);
 
 typedef struct dg_decoder_grad_weight_args {
 	const dg_tensor *grad;
@@ -192,14 +193,14 @@ typedef struct dg_decoder_grad_weight_args {
 	bool accumulate;
 	dg_workspace ws; /* partial sums of a split reduction over B·T */
 } dg_decoder_grad_weight_args;
-dg_status dg_decoder_grad_weight_check(const dg_spec *spec,
-				       const dg_decoder_grad_weight_args *a,
-				       char *msg, size_t msg_size);
-dg_status dg_decoder_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
-					   const dg_decoder_grad_weight_args *a,
-					   size_t *bytes);
-dg_status dg_decoder_grad_weight(dg_device *dev, const dg_spec *spec,
-				 const dg_decoder_grad_weight_args *a);
+DG_API dg_status dg_decoder_grad_weight_check(const dg_spec *spec,
+					      const dg_decoder_grad_weight_args *a,
+					      char *msg, size_t msg_size);
+DG_API dg_status dg_decoder_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
+						  const dg_decoder_grad_weight_args *a,
+						  size_t *bytes);
+DG_API dg_status dg_decoder_grad_weight(dg_device *dev, const dg_spec *spec,
+					const dg_decoder_grad_weight_args *a);
 
 /* ---- quantize and pack ------------------------------------------------- */
 /* quantize_act: codes->scale receives the scale (2·mean|x|/qmax). */
@@ -208,12 +209,12 @@ typedef struct dg_quantize_act_args {
 	const dg_tensor *codes;
 	dg_workspace ws; /* the |x| partial sums */
 } dg_quantize_act_args;
-dg_status dg_quantize_act_check(const dg_spec *spec, const dg_quantize_act_args *a,
-				char *msg, size_t msg_size);
-dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
-				    const dg_quantize_act_args *a, size_t *bytes);
-dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
-			  const dg_quantize_act_args *a);
+DG_API dg_status dg_quantize_act_check(const dg_spec *spec, const dg_quantize_act_args *a,
+				       char *msg, size_t msg_size);
+DG_API dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
+					   const dg_quantize_act_args *a, size_t *bytes);
+DG_API dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
+				 const dg_quantize_act_args *a);
 
 /* dequantize: codes (R,C) act (int8 | int4 | uint8pos) with their scale —
  * codes->scale one float (ascale=tensor) or R floats, one a row
@@ -224,9 +225,9 @@ typedef struct dg_dequantize_args {
 	const dg_tensor *codes;
 	const dg_tensor *out;
 } dg_dequantize_args;
-dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
-			      size_t msg_size);
-dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a);
+DG_API dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
+				     size_t msg_size);
+DG_API dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a);
 
 /* quantize_weight: codes is int8 (one code a byte, same shape as w) and
  * codes->scale receives the weight scale of spec->weight. */
@@ -235,12 +236,12 @@ typedef struct dg_quantize_weight_args {
 	const dg_tensor *codes;
 	dg_workspace ws; /* the |w| partial sums */
 } dg_quantize_weight_args;
-dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_quantize_weight_args *a,
-				   char *msg, size_t msg_size);
-dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
-				       const dg_quantize_weight_args *a, size_t *bytes);
-dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
-			     const dg_quantize_weight_args *a);
+DG_API dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_quantize_weight_args *a,
+					  char *msg, size_t msg_size);
+DG_API dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
+					      const dg_quantize_weight_args *a, size_t *bytes);
+DG_API dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
+				    const dg_quantize_weight_args *a);
 
 /* spec op pack_ternary or pack_sign1; unpack=false: codes → packed,
  * unpack=true: packed → codes (i8x4). The scale pointer is carried over by
@@ -250,20 +251,20 @@ typedef struct dg_pack_weight_args {
 	const dg_tensor *packed;
 	bool unpack;
 } dg_pack_weight_args;
-dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a,
-			       char *msg, size_t msg_size);
-dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec,
-			 const dg_pack_weight_args *a);
+DG_API dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a,
+				      char *msg, size_t msg_size);
+DG_API dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec,
+				const dg_pack_weight_args *a);
 
 /* spec op pack_i8x4 (codes → packed) or unpack_i8x4 (packed → codes). */
 typedef struct dg_pack_i8x4_args {
 	const dg_tensor *codes;
 	const dg_tensor *packed;
 } dg_pack_i8x4_args;
-dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a,
-			     char *msg, size_t msg_size);
-dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
-		       const dg_pack_i8x4_args *a);
+DG_API dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a,
+				    char *msg, size_t msg_size);
+DG_API dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
+			      const dg_pack_i8x4_args *a);
 
 /* ---- attention (BDH: quadratic form, no softmax, strictly causal) ---------
  * xs (B,H,T,L) act (post-ReLU), v (B,1,T,E) act shared by every head,
@@ -293,48 +294,48 @@ dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
 typedef struct dg_rope_fwd_args {
 	const dg_tensor *x, *rope, *out;
 } dg_rope_fwd_args;
-dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a);
+DG_API dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
+				   size_t msg_size);
+DG_API dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a);
 
 typedef struct dg_rope_bwd_args {
 	const dg_tensor *grad, *rope, *grad_x;
 } dg_rope_bwd_args;
-dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a);
+DG_API dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
+				   size_t msg_size);
+DG_API dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a);
 
 typedef struct dg_attention_scores_args {
 	const dg_tensor *xs, *rope, *scores;
 } dg_attention_scores_args;
-dg_status dg_attention_scores_check(const dg_spec *spec, const dg_attention_scores_args *a,
-				    char *msg, size_t msg_size);
-dg_status dg_attention_scores(dg_device *dev, const dg_spec *spec,
-			      const dg_attention_scores_args *a);
+DG_API dg_status dg_attention_scores_check(const dg_spec *spec, const dg_attention_scores_args *a,
+					   char *msg, size_t msg_size);
+DG_API dg_status dg_attention_scores(dg_device *dev, const dg_spec *spec,
+				     const dg_attention_scores_args *a);
 
 typedef struct dg_attention_out_args {
 	const dg_tensor *scores, *v, *out;
 } dg_attention_out_args;
-dg_status dg_attention_out_check(const dg_spec *spec, const dg_attention_out_args *a, char *msg,
-				 size_t msg_size);
-dg_status dg_attention_out(dg_device *dev, const dg_spec *spec, const dg_attention_out_args *a);
+DG_API dg_status dg_attention_out_check(const dg_spec *spec, const dg_attention_out_args *a, char *msg,
+					size_t msg_size);
+DG_API dg_status dg_attention_out(dg_device *dev, const dg_spec *spec, const dg_attention_out_args *a);
 
 typedef struct dg_attention_grad_scores_args {
 	const dg_tensor *grad, *v, *grad_scores;
 } dg_attention_grad_scores_args;
-dg_status dg_attention_grad_scores_check(const dg_spec *spec,
-					 const dg_attention_grad_scores_args *a, char *msg,
-					 size_t msg_size);
-dg_status dg_attention_grad_scores(dg_device *dev, const dg_spec *spec,
-				   const dg_attention_grad_scores_args *a);
+DG_API dg_status dg_attention_grad_scores_check(const dg_spec *spec,
+						const dg_attention_grad_scores_args *a, char *msg,
+						size_t msg_size);
+DG_API dg_status dg_attention_grad_scores(dg_device *dev, const dg_spec *spec,
+					  const dg_attention_grad_scores_args *a);
 
 typedef struct dg_attention_grad_v_args {
 	const dg_tensor *scores, *grad, *grad_v;
 } dg_attention_grad_v_args;
-dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad_v_args *a,
-				    char *msg, size_t msg_size);
-dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
-			      const dg_attention_grad_v_args *a);
+DG_API dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad_v_args *a,
+					   char *msg, size_t msg_size);
+DG_API dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
+				     const dg_attention_grad_v_args *a);
 
 typedef struct dg_attention_grad_xs_args {
 	const dg_tensor *grad_scores, *xs, *rope;
@@ -342,10 +343,10 @@ typedef struct dg_attention_grad_xs_args {
 	const dg_tensor *dxs, *mask_xs;  /* epi=mask (else NULL): dxs read and
 					  * written, mask_xs read */
 } dg_attention_grad_xs_args;
-dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
-				     char *msg, size_t msg_size);
-dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
-			       const dg_attention_grad_xs_args *a);
+DG_API dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
+					    char *msg, size_t msg_size);
+DG_API dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
+				      const dg_attention_grad_xs_args *a);
 
 /* The chains. spec: any attention op's spec (heads, embd, latent, act,
  * arch, rope are read; each step runs its own op with an auto tile: the
@@ -364,9 +365,9 @@ typedef struct dg_attention_fwd_args {
 	const dg_tensor *out;
 	dg_workspace ws; /* rope=pre: qr; else unused */
 } dg_attention_fwd_args;
-dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
-				     size_t *bytes);
-dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a);
+DG_API dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
+					    size_t *bytes);
+DG_API dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a);
 
 typedef struct dg_attention_bwd_args {
 	const dg_tensor *grad, *xs, *v, *rope, *scores;
@@ -374,9 +375,9 @@ typedef struct dg_attention_bwd_args {
 	dg_workspace ws;
 	const dg_tensor *dxs; /* in place of grad_xs: the masked sum into it */
 } dg_attention_bwd_args;
-dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
-				     size_t *bytes);
-dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a);
+DG_API dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
+					    size_t *bytes);
+DG_API dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a);
 
 /* ---- embed ------------------------------------------------------------- */
 /* bad: 0, or an int32 on the device that gets 1 when a token is outside
@@ -388,9 +389,9 @@ typedef struct dg_embed_fwd_args {
 	const dg_tensor *out;   /* (R, E) spec->out */
 	dg_dptr bad;
 } dg_embed_fwd_args;
-dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,
-			     size_t msg_size);
-dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a);
+DG_API dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,
+				    size_t msg_size);
+DG_API dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a);
 
 /* dtable[v] (accumulate: +)= the rows of dout whose token is v, added in
  * token order (exactly dg_ref_embed_bwd's f32 sums); tokens outside
@@ -401,9 +402,9 @@ typedef struct dg_embed_bwd_args {
 	const dg_tensor *dtable; /* (V, E) f32 */
 	bool accumulate;
 } dg_embed_bwd_args;
-dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, char *msg,
-			     size_t msg_size);
-dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a);
+DG_API dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, char *msg,
+				    size_t msg_size);
+DG_API dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a);
 
 /* ---- layer norm (no affine; biased variance; eps inside the sqrt) ------- */
 typedef struct dg_layernorm_fwd_args {
@@ -412,10 +413,10 @@ typedef struct dg_layernorm_fwd_args {
 	const dg_tensor *rstd; /* (R) f32: 1/sqrt(var + eps), for the backward */
 	float eps;             /* finite, >= 0 (PyTorch's default 1e-5) */
 } dg_layernorm_fwd_args;
-dg_status dg_layernorm_fwd_check(const dg_spec *spec, const dg_layernorm_fwd_args *a,
-				 char *msg, size_t msg_size);
-dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec,
-			   const dg_layernorm_fwd_args *a);
+DG_API dg_status dg_layernorm_fwd_check(const dg_spec *spec, const dg_layernorm_fwd_args *a,
+					char *msg, size_t msg_size);
+DG_API dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec,
+				  const dg_layernorm_fwd_args *a);
 
 /* dx (accumulate: +)= rstd·(dy − mean(dy) − y·mean(dy·y)). */
 typedef struct dg_layernorm_bwd_args {
@@ -425,10 +426,10 @@ typedef struct dg_layernorm_bwd_args {
 	const dg_tensor *dx;   /* (R, E) f32 */
 	bool accumulate;
 } dg_layernorm_bwd_args;
-dg_status dg_layernorm_bwd_check(const dg_spec *spec, const dg_layernorm_bwd_args *a,
-				 char *msg, size_t msg_size);
-dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec,
-			   const dg_layernorm_bwd_args *a);
+DG_API dg_status dg_layernorm_bwd_check(const dg_spec *spec, const dg_layernorm_bwd_args *a,
+					char *msg, size_t msg_size);
+DG_API dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec,
+				  const dg_layernorm_bwd_args *a);
 
 /* out = LN(x + y): x the residual stream, y the block's output (the add
  * rounded once in f32), one pass. */
@@ -439,10 +440,10 @@ typedef struct dg_resid_ln_fwd_args {
 	const dg_tensor *rstd; /* (R) f32 */
 	float eps;
 } dg_resid_ln_fwd_args;
-dg_status dg_resid_ln_fwd_check(const dg_spec *spec, const dg_resid_ln_fwd_args *a,
-				char *msg, size_t msg_size);
-dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec,
-			  const dg_resid_ln_fwd_args *a);
+DG_API dg_status dg_resid_ln_fwd_check(const dg_spec *spec, const dg_resid_ln_fwd_args *a,
+				       char *msg, size_t msg_size);
+DG_API dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec,
+				 const dg_resid_ln_fwd_args *a);
 
 /* g = the layer norm gradient of dout; dx (accumulate: +)= g (the residual
  * stream's gradient), dy = g (the block output's). */
@@ -454,10 +455,10 @@ typedef struct dg_resid_ln_bwd_args {
 	const dg_tensor *dy;   /* (R, E) f32 */
 	bool accumulate;
 } dg_resid_ln_bwd_args;
-dg_status dg_resid_ln_bwd_check(const dg_spec *spec, const dg_resid_ln_bwd_args *a,
-				char *msg, size_t msg_size);
-dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec,
-			  const dg_resid_ln_bwd_args *a);
+DG_API dg_status dg_resid_ln_bwd_check(const dg_spec *spec, const dg_resid_ln_bwd_args *a,
+				       char *msg, size_t msg_size);
+DG_API dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec,
+				 const dg_resid_ln_bwd_args *a);
 
 /* ---- lm_head + softmax cross-entropy ------------------------------------ */
 /* loss = mean over the R rows of logsumexp(x·w) − (x·w)[target], written
@@ -484,12 +485,12 @@ typedef struct dg_lmhead_ce_args {
 	 * the kernel runs, so a captured step reads its control block */
 	dg_dptr grad_scale;
 } dg_lmhead_ce_args;
-dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
-			     size_t msg_size);
+DG_API dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
+				    size_t msg_size);
 /* dev may be NULL (the size needs none); a->ws is ignored. */
-dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
-				 const dg_lmhead_ce_args *a, size_t *bytes);
-dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a);
+DG_API dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
+					const dg_lmhead_ce_args *a, size_t *bytes);
+DG_API dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a);
 
 /* ---- gate (BDH's xy = dropout(xs · ys)) -----------------------------------
  * (B,H,T,L) tensors, H and L the spec's, B and T the call's; act f32 or bf16,
@@ -522,9 +523,9 @@ typedef struct dg_gate_fwd_args {
 	 * index in the global batch's (B,H,T,L) tensor (row0·H·T·L), 0 alone */
 	uint64_t elem0;
 } dg_gate_fwd_args;
-dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a);
+DG_API dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
+				   size_t msg_size);
+DG_API dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a);
 
 typedef struct dg_gate_bwd_args {
 	const dg_tensor *dxy; /* in: dxy; out: dys */
@@ -535,9 +536,9 @@ typedef struct dg_gate_bwd_args {
 	dg_dptr step_at; /* as gate_fwd's */
 	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 } dg_gate_bwd_args;
-dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
+DG_API dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
+				   size_t msg_size);
+DG_API dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
 
 /* decoder_gate_bwd: decoder_grad_input and gate_bwd in one kernel (no dxy
  * in memory), the model's backward on sm_90a:
@@ -556,10 +557,10 @@ typedef struct dg_decoder_gate_bwd_args {
 	dg_dptr step_at; /* as gate_fwd's */
 	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 } dg_decoder_gate_bwd_args;
-dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
-				    char *msg, size_t msg_size);
-dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
-			      const dg_decoder_gate_bwd_args *a);
+DG_API dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
+					   char *msg, size_t msg_size);
+DG_API dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
+				     const dg_decoder_gate_bwd_args *a);
 
 /* ---- step (the training step's element-wise glue and layout change) ------
  *   add_mask   dxs (B,H,T,L) in/out spec->out, other spec->src, xs act:
@@ -576,22 +577,22 @@ typedef struct dg_add_mask_args {
 	const dg_tensor *dxs; /* in and out */
 	const dg_tensor *other, *xs;
 } dg_add_mask_args;
-dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_add_mask(dg_device *dev, const dg_spec *spec, const dg_add_mask_args *a);
+DG_API dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,
+				   size_t msg_size);
+DG_API dg_status dg_add_mask(dg_device *dev, const dg_spec *spec, const dg_add_mask_args *a);
 
 typedef struct dg_add3_args {
 	const dg_tensor *a, *b, *c, *out;
 } dg_add3_args;
-dg_status dg_add3_check(const dg_spec *spec, const dg_add3_args *a, char *msg, size_t msg_size);
-dg_status dg_add3(dg_device *dev, const dg_spec *spec, const dg_add3_args *a);
+DG_API dg_status dg_add3_check(const dg_spec *spec, const dg_add3_args *a, char *msg, size_t msg_size);
+DG_API dg_status dg_add3(dg_device *dev, const dg_spec *spec, const dg_add3_args *a);
 
 typedef struct dg_transpose_args {
 	const dg_tensor *in, *out;
 } dg_transpose_args;
-dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, char *msg,
-			     size_t msg_size);
-dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
+DG_API dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, char *msg,
+				    size_t msg_size);
+DG_API dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
 
 /* ---- optim (the optimizer on the device: templates/adamw.lua) -------------
  *   adamw_update  p, m, v (any shape, one shape) f32 in place, grad f32:
@@ -616,9 +617,9 @@ typedef struct dg_adamw_update_args {
 	dg_dptr copy; /* 0, or p's elements in bf16 */
 	bool decay;   /* the decoupled weight decay (a matrix's) */
 } dg_adamw_update_args;
-dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
-				size_t msg_size);
-dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a);
+DG_API dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
+				       size_t msg_size);
+DG_API dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a);
 
 typedef struct dg_grad_norm_args {
 	const dg_tensor *const *grads; /* n f32 gradients, any shapes */
@@ -627,8 +628,8 @@ typedef struct dg_grad_norm_args {
 	dg_workspace ws; /* dg_grad_norm_workspace's bytes */
 } dg_grad_norm_args;
 /* The workspace of n gradients' norm: a partial sum each of their blocks. */
-size_t dg_grad_norm_workspace(int n);
-dg_status dg_grad_norm(dg_device *dev, const dg_spec *spec, const dg_grad_norm_args *a);
+DG_API size_t dg_grad_norm_workspace(int n);
+DG_API dg_status dg_grad_norm(dg_device *dev, const dg_spec *spec, const dg_grad_norm_args *a);
 
 #ifdef __cplusplus
 }

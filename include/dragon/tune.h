@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 #include "codegen.h"
+#include "export.h"
 #include "runtime.h"
 #include "spec.h"
 #include "status.h"
@@ -72,8 +73,8 @@ extern "C" {
  * DG_ERR_NOMEM.
  */
 #define DG_TUNE_MAX_CANDIDATES 256
-dg_status dg_tune_space(dg_codegen *cg, const dg_spec *spec, int device_sm, dg_spec **out,
-			size_t *n, char *msg, size_t msg_size);
+DG_API dg_status dg_tune_space(dg_codegen *cg, const dg_spec *spec, int device_sm, dg_spec **out,
+			       size_t *n, char *msg, size_t msg_size);
 
 /* What a compiled kernel entry uses, and what the device allows. */
 typedef struct dg_tune_resources {
@@ -94,8 +95,8 @@ typedef struct dg_tune_limits {
 /* true when a kernel of these resources can be launched; otherwise false
  * and one line in why naming the resource, e.g. "256 threads a block x 255
  * registers = 65280 ... more than the 65536 a block has". */
-bool dg_tune_fits(const dg_tune_resources *r, const dg_tune_limits *lim,
-		  char *why, size_t why_size);
+DG_API bool dg_tune_fits(const dg_tune_resources *r, const dg_tune_limits *lim,
+			 char *why, size_t why_size);
 
 /*
  * The ops the BDH training step runs, one spec each, at H=4, E=256,
@@ -109,7 +110,7 @@ bool dg_tune_fits(const dg_tune_resources *r, const dg_tune_limits *lim,
  * Writes up to max specs into out (may be NULL) and returns how many
  * there are.
  */
-size_t dg_tune_bdh_set(dg_spec *out, size_t max);
+DG_API size_t dg_tune_bdh_set(dg_spec *out, size_t max);
 
 /* ---- candidates, figures, the winner ------------------------------------------ */
 
@@ -145,7 +146,7 @@ typedef struct dg_tune_cand {
  * text (strcmp). Returns its index, or -1 when none was timed. band < 0
  * is taken as 0.
  */
-int dg_tune_choose(const dg_tune_cand *cands, size_t n, double band);
+DG_API int dg_tune_choose(const dg_tune_cand *cands, size_t n, double band);
 
 /* ---- records ---------------------------------------------------------------------- */
 
@@ -179,12 +180,12 @@ typedef struct dg_tune_record {
 	char *path;      /* the file it was read from, or NULL */
 } dg_tune_record;
 
-void dg_tune_record_destroy(dg_tune_record *r); /* NULL is fine */
+DG_API void dg_tune_record_destroy(dg_tune_record *r); /* NULL is fine */
 
 /* Indented JSON text (trailing newline) into *out, malloc'd (free).
  * DG_ERR_INVALID_ARG when a field would not read back. */
-dg_status dg_tune_record_to_json(const dg_tune_record *r, char **out,
-				 char *msg, size_t msg_size);
+DG_API dg_status dg_tune_record_to_json(const dg_tune_record *r, char **out,
+					char *msg, size_t msg_size);
 
 /*
  * Parses len bytes of JSON. name (may be NULL) is how messages call the
@@ -195,26 +196,26 @@ dg_status dg_tune_record_to_json(const dg_tune_record *r, char **out,
  * "/db/x.json: candidates[2].median_us: expected a number". *out is NULL
  * on failure; on success a new record (dg_tune_record_destroy).
  */
-dg_status dg_tune_record_parse(const char *json, size_t len, const char *name,
-			       dg_tune_record **out, char *msg,
-			       size_t msg_size);
+DG_API dg_status dg_tune_record_parse(const char *json, size_t len, const char *name,
+				      dg_tune_record **out, char *msg,
+				      size_t msg_size);
 
 /* Reads and parses a file (r->path set). DG_ERR_NOT_FOUND, DG_ERR_IO. */
-dg_status dg_tune_record_load(const char *path, dg_tune_record **out,
-			      char *msg, size_t msg_size);
+DG_API dg_status dg_tune_record_load(const char *path, dg_tune_record **out,
+				     char *msg, size_t msg_size);
 
 /* Writes r to path atomically (temp file, fsync, rename, fsync of the
  * folder); the folder must exist. DG_ERR_IO names the file, the step that
  * failed and errno; the file at path is then as it was. */
-dg_status dg_tune_record_save(const dg_tune_record *r, const char *path,
-			      char *msg, size_t msg_size);
+DG_API dg_status dg_tune_record_save(const dg_tune_record *r, const char *path,
+				     char *msg, size_t msg_size);
 
 /* The file name a record gets in a DB folder:
  * "<op>-<16 hex digits of the spec's hash>-<device>-sm<N>.json", the
  * device name reduced to [a-z0-9-]; one file per (spec, device), so a new
  * sweep replaces the old one. */
-void dg_tune_record_file_name(const dg_tune_record *r, char *buf,
-			      size_t size);
+DG_API void dg_tune_record_file_name(const dg_tune_record *r, char *buf,
+				     size_t size);
 
 /* ---- the tuning DB ----------------------------------------------------------------- */
 
@@ -242,33 +243,33 @@ typedef struct dg_tune_db_opts {
  * hides the others, and a missing folder is an empty DB. Fails only with
  * DG_ERR_NOMEM (then *out is NULL). opts may be NULL.
  */
-dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts);
-void dg_tune_db_close(dg_tune_db *db); /* NULL is fine */
+DG_API dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts);
+DG_API void dg_tune_db_close(dg_tune_db *db); /* NULL is fine */
 
 /* What was read: the paths, ':'-joined ("none" when off). */
-const char *dg_tune_db_where(const dg_tune_db *db);
+DG_API const char *dg_tune_db_where(const dg_tune_db *db);
 /* Records kept (one a key, after newest-wins merging). */
-size_t dg_tune_db_size(const dg_tune_db *db);
+DG_API size_t dg_tune_db_size(const dg_tune_db *db);
 /* Kept records that are built into the library (the devices dragon was
  * tuned on, runtime/tunedb/records/); a user's record of a key wins over one. */
-size_t dg_tune_db_n_builtin(const dg_tune_db *db);
+DG_API size_t dg_tune_db_n_builtin(const dg_tune_db *db);
 /* Records skipped because they name another device. */
-size_t dg_tune_db_n_other_device(const dg_tune_db *db);
+DG_API size_t dg_tune_db_n_other_device(const dg_tune_db *db);
 /* Records skipped as unreadable or malformed, and why (one line each,
  * naming the file and the field). */
-size_t dg_tune_db_n_problems(const dg_tune_db *db);
-const char *dg_tune_db_problem(const dg_tune_db *db, size_t i);
+DG_API size_t dg_tune_db_n_problems(const dg_tune_db *db);
+DG_API const char *dg_tune_db_problem(const dg_tune_db *db, size_t i);
 /* The distinct devices (name, SM) the kept records name; writes up to
  * max into out (may be NULL), returns how many there are. */
-size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out,
-			  size_t max);
+DG_API size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out,
+				 size_t max);
 
 /* The record the DB keeps for spec's key (its canonical text with tile
  * auto, device name, sm; sm 0: the spec's arch), or NULL: what
  * dg_tune_resolve looks up, for a tool that copies records (dragon-gen
  * build --tuned). Owned by db. */
-const dg_tune_record *dg_tune_db_record(const dg_tune_db *db, const dg_spec *spec,
-					const char *device, int sm);
+DG_API const dg_tune_record *dg_tune_db_record(const dg_tune_db *db, const dg_spec *spec,
+					       const char *device, int sm);
 
 /* How a spec's tile was chosen. */
 typedef struct dg_tune_choice {
@@ -288,14 +289,14 @@ typedef struct dg_tune_choice {
  * 0: the spec's arch. Fails (the message on cg) only when the spec itself
  * cannot be planned: DG_ERR_INVALID_SPEC, or the codegen's failure.
  */
-dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *spec,
-			  const char *device, int sm, dg_tune_choice *out);
+DG_API dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *spec,
+				 const char *device, int sm, dg_tune_choice *out);
 
 /* What dg_kernel_get does with spec on dev, and why: the device's tuning
  * DB (loaded once, at the first kernel an auto tile asks for) or the
  * heuristic default. */
-dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
-				dg_tune_choice *out);
+DG_API dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
+				       dg_tune_choice *out);
 
 /* ---- sweeps ------------------------------------------------------------------------ */
 
@@ -332,8 +333,8 @@ typedef struct dg_tune_opts {
  * status with the message on dev; failures of candidates are recorded in
  * the record, not returned. opts may be NULL.
  */
-dg_status dg_tune_sweep(dg_device *dev, const dg_spec *spec,
-			const dg_tune_opts *opts, dg_tune_record **out);
+DG_API dg_status dg_tune_sweep(dg_device *dev, const dg_spec *spec,
+			       const dg_tune_opts *opts, dg_tune_record **out);
 
 #ifdef __cplusplus
 }
