@@ -15,6 +15,7 @@
 #include "dragon/ffi.h"
 #include "dragon/tensor.h"
 #include "runtime/ops/ops_int.h"
+#include "runtime/train/model_int.h"
 
 int dg_ffi_version(void)
 {

@@ -27,6 +27,7 @@
 #include "dragon/dragon.h"
 #include "dragon/ffi.h"
 #include "gpu_helpers.h"
+#include "runtime/ops/checks.h"
 
 Test(ffi, version_and_specs)
 {

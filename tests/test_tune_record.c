@@ -20,6 +20,7 @@
 
 #include "dragon/tune.h"
 #include "helpers.h"
+#include "runtime/tunedb/choose.h"
 
 #define SPEC_LR "op=lowrank_fwd;weight=ternary;act=int8;out=int8;relu=0"
 #define DEV "NVIDIA H200"

@@ -24,10 +24,10 @@
  *     "format": "dragon-checkpoint-2", "kind": "checkpoint", and
  *     "file_sha256", the file's seal: the SHA-256 (hex) of the whole file
  *     — header, metadata and tensors — as it is with these 64 digits
- *     written as '0' (dragon/safetensors.h), so a flipped bit anywhere in
+ *     written as '0' (docs/formats.md), so a flipped bit anywhere in
  *     it, a step or an RNG state as much as a weight, is refused.
- * It is written atomically (temp file, fsync, rename, directory fsync:
- * dg_safetensors_writer_save), so a crash or a full disk leaves the
+ * It is written atomically (temp file, fsync, rename, directory
+ * fsync), so a crash or a full disk leaves the
  * previous file as it was. A file whose tensors or metadata are missing,
  * misshapen or unparsable is refused, naming what; so is one whose
  * weights or moments are not finite (a second moment negative), though

@@ -116,7 +116,7 @@ DG_API void dg_model_weights_destroy(dg_model_weights *w); /* NULL is fine */
  * shapes, F32) after dg_model_file_check's checks; a missing, misnamed or
  * misshapen tensor is refused by name. Writes them likewise (atomically),
  * with the config as metadata, "kind": "weights" and the file's seal
- * ("file_sha256": the SHA-256 of the whole file, dragon/safetensors.h). */
+ * ("file_sha256": the SHA-256 of the whole file, docs/formats.md). */
 DG_API dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
 				       dg_model_weights **out, char *msg, size_t msg_size);
 DG_API dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
@@ -141,8 +141,8 @@ DG_API dg_status dg_model_grads_save(const dg_model_weights *g, const char *path
  *     moment not negative: else DG_ERR_NUMERIC naming the tensor and the
  *     first bad index ("lm_head[17] is nan").
  * A file that is not safetensors (cut, or its header damaged) is
- * DG_ERR_PARSE, "<name>: damaged (or not safetensors): ..." with
- * dg_safetensors_parse's reason.
+ * DG_ERR_PARSE, "<name>: damaged (or not safetensors): ..." naming the
+ * field the reader refused.
  */
 DG_API dg_status dg_model_file_check(const void *bytes, size_t size, const char *name, char *msg,
 				     size_t msg_size);
@@ -271,33 +271,6 @@ DG_API dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_bat
 DG_API dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *batch, int pos,
 				     float *out, char *msg, size_t msg_size);
 
-/*
- * The step in two halves, as a framework's autograd calls them: the
- * forward of batch with every activation kept in a pass, then, later,
- * the backward from it. forward then backward computes what
- * dg_model_cpu_step does, bit for bit. The pass owns copies of what it
- * reads (the masters, the tokens and targets, the config): w and the
- * batch's arrays may go once forward returns; its stop flag is read
- * during the forward only.
- *
- * forward: *loss the loss (0 without targets). batch->targets NULL: the
- * forward up to x_final without the loss (a logits forward), which has
- * no backward. A new pass into *out (destroy it with
- * dg_model_cpu_pass_destroy), NULL on failure.
- * backward: the gradient of every weight into grads (overwritten; w's
- * config); once a pass (DG_ERR_INVALID_ARG saying why a second time or
- * after a forward without targets).
- * hidden: the pass's last hidden state x_final, (B, T, D) f32 (the
- * pass's memory, valid until its backward runs or it is destroyed); *b, *t
- * (may be NULL) its batch's B and T.
- */
-typedef struct dg_model_cpu_pass dg_model_cpu_pass;
-DG_API dg_status dg_model_cpu_forward(const dg_model_weights *w, const dg_model_batch *batch, double *loss,
-				      dg_model_cpu_pass **out, char *msg, size_t msg_size);
-DG_API dg_status dg_model_cpu_backward(dg_model_cpu_pass *p, dg_model_weights *grads, char *msg, size_t msg_size);
-DG_API const float *dg_model_cpu_pass_hidden(const dg_model_cpu_pass *p, int *b, int *t);
-DG_API void dg_model_cpu_pass_destroy(dg_model_cpu_pass *p); /* NULL is fine */
-
 /* ---- the model on the GPU -------------------------------------------------
  * The same tape as the CPU model, run by the GPU ops on arenas planned once
  * for batches of (b, t): every buffer, copy and workspace is allocated by
@@ -347,43 +320,6 @@ DG_API dg_status dg_model_profile(dg_model *m, const dg_model_batch *batch, dg_m
  * read-back (what a bench times and a training loop builds on). */
 DG_API dg_status dg_model_run(dg_model *m, const dg_model_batch *batch, bool backward);
 
-/* The backward nodes alone, queued on the calling thread's stream: the
- * backward of the forward dg_model_run or dg_model_run_device (backward
- * false) ran last with batch's seed, step and train, the gradients
- * overwritten. The caller guarantees that nothing ran on m between the
- * two (the activations the backward reads are the arenas' as that
- * forward left them). */
-DG_API dg_status dg_model_run_backward(dg_model *m, const dg_model_batch *batch);
-/* The last hidden state x_final of the last forward, (B, 1, T, D) at the
- * model's (B, T), on the device, in *fmt (the activations': f32 or bf16;
- * may be NULL). Valid until the next run's backward or forward. */
-DG_API dg_dptr dg_model_hidden_addr(const dg_model *m, dg_fmt *fmt);
-
-/* ---- the model under a framework's optimizer -------------------------------
- * A framework (PyTorch, through dragon/ffi.h) that owns the optimizer
- * aliases the model's own buffers: the f32 masters it updates in place,
- * the gradients a backward writes, the loss. After it has changed the
- * masters, dg_model_sync_copies remakes what the kernels read from them
- * (the layouts, the codes and scales of a low-bit recipe, the bf16
- * decoder copy) on the calling thread's stream. */
-
-/* Param p's master and gradient on the device (f32, the param's shape). */
-DG_API dg_status dg_model_param_buffers(const dg_model *m, dg_model_param p, dg_dptr *master,
-					dg_dptr *grad);
-/* The device float the last run's loss is in, and the int32 flag a token
- * outside the vocabulary sets (dg_model_run_device). */
-DG_API dg_dptr dg_model_loss_addr(const dg_model *m);
-DG_API dg_dptr dg_model_bad_addr(const dg_model *m);
-/* The execution copies remade from the masters on the device, queued. */
-DG_API dg_status dg_model_sync_copies(dg_model *m);
-/* dg_model_run with the tokens and targets ((b, t) int32) on the device:
- * copied on the stream, not checked on the host (a bad token makes its
- * row harmless and sets the flag at dg_model_bad_addr, which the caller
- * reads when it reads the loss). batch's idx and targets are ignored; its
- * b, t, seed, step and train are used. */
-DG_API dg_status dg_model_run_device(dg_model *m, const dg_model_batch *batch, dg_dptr idx, dg_dptr targets,
-				     bool backward);
-
 /* ---- training on the GPU ----------------------------------------------------
  * AdamW beside the model (dragon/optim.h): its moments on the device, the
  * step's scalars in a control block on the device (dg_adamw_ctl), one
@@ -430,12 +366,6 @@ DG_API dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, dou
 DG_API dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1, float *const *v1);
 /* Whether the model's steps replay a captured graph now. */
 DG_API bool dg_model_graph_live(const dg_model *m);
-/* A bench's measure of the step's tail alone — the gradients' norm, AdamW
- * on every master, the execution copies remade — on the gradients the
- * model holds: reps tails run eagerly between two events, *ms the mean.
- * Each is an update of the masters and moments (not a training step's:
- * call it on a model whose training does not matter). */
-DG_API dg_status dg_model_optim_time(dg_model *m, int reps, double *ms);
 
 #ifdef __cplusplus
 }

@@ -5,10 +5,10 @@
  * DG_ERR_INVALID_ARG (tensors) or DG_ERR_INVALID_SPEC (spec), and the
  * device's message names the tensor and the expected shape.
  *
- * Every op has a _check twin that runs the same checks without a device
- * (tests, and tools that plan ahead). Each op's tensors, their formats and
- * shapes are the op table's (dg_op_info_of(op)->args); the checks read
- * them there.
+ * Each op's tensors, their formats and shapes are the op table's
+ * (dg_op_info_of(op)->args); the checks read them there. The same checks
+ * without a device, for any op (a tool that plans ahead), are
+ * dg_ffi_op_check's (dragon/ffi.h).
  *
  * Graph-safe: no op allocates, frees or synchronizes once its kernels are
  * loaded. An op that needs scratch memory takes a caller-owned workspace,
@@ -98,9 +98,6 @@ typedef struct dg_lowrank_fwd_args {
 	const dg_tensor *out;
 	dg_dptr out_absum; /* 0, or a float that gets += Σ|y| (caller zeroes) */
 } dg_lowrank_fwd_args;
-DG_API dg_status dg_lowrank_fwd_check(const dg_spec *spec,
-				      const dg_lowrank_fwd_args *a, char *msg,
-				      size_t msg_size);
 DG_API dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
 				const dg_lowrank_fwd_args *a);
 
@@ -110,8 +107,6 @@ typedef struct dg_relu_mask_args {
 	const dg_tensor *grad;
 	const dg_tensor *grad_out;
 } dg_relu_mask_args;
-DG_API dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a,
-				    char *msg, size_t msg_size);
 DG_API dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
 			      const dg_relu_mask_args *a);
 
@@ -132,9 +127,6 @@ typedef struct dg_lowrank_grad_input_args {
 	dg_workspace ws;         /* partial sums of a split reduction over K */
 	int splits;              /* 0: the runtime's choice; 1..64: forced */
 } dg_lowrank_grad_input_args;
-DG_API dg_status dg_lowrank_grad_input_check(const dg_spec *spec,
-					     const dg_lowrank_grad_input_args *a,
-					     char *msg, size_t msg_size);
 /* The workspace a call with a's tensors and splits needs on dev (a->ws is
  * ignored): splits · B·Hin·T·E floats when split, else 0. */
 DG_API dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
@@ -150,9 +142,6 @@ typedef struct dg_lowrank_grad_weight_args {
 	bool accumulate; /* grad_w += instead of = */
 	dg_workspace ws; /* partial sums of a split reduction over B·T */
 } dg_lowrank_grad_weight_args;
-DG_API dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
-					      const dg_lowrank_grad_weight_args *a,
-					      char *msg, size_t msg_size);
 /* The workspace a call with a's tensors needs on dev (a->ws is ignored). */
 DG_API dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
 						  const dg_lowrank_grad_weight_args *a,
@@ -167,9 +156,6 @@ typedef struct dg_decoder_fwd_args {
 	const dg_tensor *out;
 	dg_workspace ws; /* one slice of partial sums a K split */
 } dg_decoder_fwd_args;
-DG_API dg_status dg_decoder_fwd_check(const dg_spec *spec,
-				      const dg_decoder_fwd_args *a, char *msg,
-				      size_t msg_size);
 DG_API dg_status dg_decoder_fwd_workspace(dg_device *dev, const dg_spec *spec,
 					  const dg_decoder_fwd_args *a, size_t *bytes);
 DG_API dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
@@ -180,9 +166,6 @@ typedef struct dg_decoder_grad_input_args {
 	const dg_tensor *w;
 	const dg_tensor *grad_y; /* (B,H,T,L) spec->out */
 } dg_decoder_grad_input_args;
-DG_API dg_status dg_decoder_grad_input_check(const dg_spec *spec,
-					     const dg_decoder_grad_input_args *a,
-					     char *msg, size_t msg_size);
 DG_API dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
 				       const dg_decoder_grad_input_args *a);
 
@@ -193,9 +176,6 @@ typedef struct dg_decoder_grad_weight_args {
 	bool accumulate;
 	dg_workspace ws; /* partial sums of a split reduction over B·T */
 } dg_decoder_grad_weight_args;
-DG_API dg_status dg_decoder_grad_weight_check(const dg_spec *spec,
-					      const dg_decoder_grad_weight_args *a,
-					      char *msg, size_t msg_size);
 DG_API dg_status dg_decoder_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
 						  const dg_decoder_grad_weight_args *a,
 						  size_t *bytes);
@@ -209,8 +189,6 @@ typedef struct dg_quantize_act_args {
 	const dg_tensor *codes;
 	dg_workspace ws; /* the |x| partial sums */
 } dg_quantize_act_args;
-DG_API dg_status dg_quantize_act_check(const dg_spec *spec, const dg_quantize_act_args *a,
-				       char *msg, size_t msg_size);
 DG_API dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
 					   const dg_quantize_act_args *a, size_t *bytes);
 DG_API dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
@@ -225,8 +203,6 @@ typedef struct dg_dequantize_args {
 	const dg_tensor *codes;
 	const dg_tensor *out;
 } dg_dequantize_args;
-DG_API dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
-				     size_t msg_size);
 DG_API dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a);
 
 /* quantize_weight: codes is int8 (one code a byte, same shape as w) and
@@ -236,8 +212,6 @@ typedef struct dg_quantize_weight_args {
 	const dg_tensor *codes;
 	dg_workspace ws; /* the |w| partial sums */
 } dg_quantize_weight_args;
-DG_API dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_quantize_weight_args *a,
-					  char *msg, size_t msg_size);
 DG_API dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
 					      const dg_quantize_weight_args *a, size_t *bytes);
 DG_API dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
@@ -251,8 +225,6 @@ typedef struct dg_pack_weight_args {
 	const dg_tensor *packed;
 	bool unpack;
 } dg_pack_weight_args;
-DG_API dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a,
-				      char *msg, size_t msg_size);
 DG_API dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec,
 				const dg_pack_weight_args *a);
 
@@ -261,8 +233,6 @@ typedef struct dg_pack_i8x4_args {
 	const dg_tensor *codes;
 	const dg_tensor *packed;
 } dg_pack_i8x4_args;
-DG_API dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a,
-				    char *msg, size_t msg_size);
 DG_API dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
 			      const dg_pack_i8x4_args *a);
 
@@ -294,46 +264,33 @@ DG_API dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
 typedef struct dg_rope_fwd_args {
 	const dg_tensor *x, *rope, *out;
 } dg_rope_fwd_args;
-DG_API dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
-				   size_t msg_size);
 DG_API dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a);
 
 typedef struct dg_rope_bwd_args {
 	const dg_tensor *grad, *rope, *grad_x;
 } dg_rope_bwd_args;
-DG_API dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
-				   size_t msg_size);
 DG_API dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a);
 
 typedef struct dg_attention_scores_args {
 	const dg_tensor *xs, *rope, *scores;
 } dg_attention_scores_args;
-DG_API dg_status dg_attention_scores_check(const dg_spec *spec, const dg_attention_scores_args *a,
-					   char *msg, size_t msg_size);
 DG_API dg_status dg_attention_scores(dg_device *dev, const dg_spec *spec,
 				     const dg_attention_scores_args *a);
 
 typedef struct dg_attention_out_args {
 	const dg_tensor *scores, *v, *out;
 } dg_attention_out_args;
-DG_API dg_status dg_attention_out_check(const dg_spec *spec, const dg_attention_out_args *a, char *msg,
-					size_t msg_size);
 DG_API dg_status dg_attention_out(dg_device *dev, const dg_spec *spec, const dg_attention_out_args *a);
 
 typedef struct dg_attention_grad_scores_args {
 	const dg_tensor *grad, *v, *grad_scores;
 } dg_attention_grad_scores_args;
-DG_API dg_status dg_attention_grad_scores_check(const dg_spec *spec,
-						const dg_attention_grad_scores_args *a, char *msg,
-						size_t msg_size);
 DG_API dg_status dg_attention_grad_scores(dg_device *dev, const dg_spec *spec,
 					  const dg_attention_grad_scores_args *a);
 
 typedef struct dg_attention_grad_v_args {
 	const dg_tensor *scores, *grad, *grad_v;
 } dg_attention_grad_v_args;
-DG_API dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad_v_args *a,
-					   char *msg, size_t msg_size);
 DG_API dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
 				     const dg_attention_grad_v_args *a);
 
@@ -343,8 +300,6 @@ typedef struct dg_attention_grad_xs_args {
 	const dg_tensor *dxs, *mask_xs;  /* epi=mask (else NULL): dxs read and
 					  * written, mask_xs read */
 } dg_attention_grad_xs_args;
-DG_API dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
-					    char *msg, size_t msg_size);
 DG_API dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
 				      const dg_attention_grad_xs_args *a);
 
@@ -389,8 +344,6 @@ typedef struct dg_embed_fwd_args {
 	const dg_tensor *out;   /* (R, E) spec->out */
 	dg_dptr bad;
 } dg_embed_fwd_args;
-DG_API dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,
-				    size_t msg_size);
 DG_API dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a);
 
 /* dtable[v] (accumulate: +)= the rows of dout whose token is v, added in
@@ -402,8 +355,6 @@ typedef struct dg_embed_bwd_args {
 	const dg_tensor *dtable; /* (V, E) f32 */
 	bool accumulate;
 } dg_embed_bwd_args;
-DG_API dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, char *msg,
-				    size_t msg_size);
 DG_API dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a);
 
 /* ---- layer norm (no affine; biased variance; eps inside the sqrt) ------- */
@@ -413,8 +364,6 @@ typedef struct dg_layernorm_fwd_args {
 	const dg_tensor *rstd; /* (R) f32: 1/sqrt(var + eps), for the backward */
 	float eps;             /* finite, >= 0 (PyTorch's default 1e-5) */
 } dg_layernorm_fwd_args;
-DG_API dg_status dg_layernorm_fwd_check(const dg_spec *spec, const dg_layernorm_fwd_args *a,
-					char *msg, size_t msg_size);
 DG_API dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec,
 				  const dg_layernorm_fwd_args *a);
 
@@ -426,8 +375,6 @@ typedef struct dg_layernorm_bwd_args {
 	const dg_tensor *dx;   /* (R, E) f32 */
 	bool accumulate;
 } dg_layernorm_bwd_args;
-DG_API dg_status dg_layernorm_bwd_check(const dg_spec *spec, const dg_layernorm_bwd_args *a,
-					char *msg, size_t msg_size);
 DG_API dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec,
 				  const dg_layernorm_bwd_args *a);
 
@@ -440,8 +387,6 @@ typedef struct dg_resid_ln_fwd_args {
 	const dg_tensor *rstd; /* (R) f32 */
 	float eps;
 } dg_resid_ln_fwd_args;
-DG_API dg_status dg_resid_ln_fwd_check(const dg_spec *spec, const dg_resid_ln_fwd_args *a,
-				       char *msg, size_t msg_size);
 DG_API dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec,
 				 const dg_resid_ln_fwd_args *a);
 
@@ -455,8 +400,6 @@ typedef struct dg_resid_ln_bwd_args {
 	const dg_tensor *dy;   /* (R, E) f32 */
 	bool accumulate;
 } dg_resid_ln_bwd_args;
-DG_API dg_status dg_resid_ln_bwd_check(const dg_spec *spec, const dg_resid_ln_bwd_args *a,
-				       char *msg, size_t msg_size);
 DG_API dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec,
 				 const dg_resid_ln_bwd_args *a);
 
@@ -485,8 +428,6 @@ typedef struct dg_lmhead_ce_args {
 	 * the kernel runs, so a captured step reads its control block */
 	dg_dptr grad_scale;
 } dg_lmhead_ce_args;
-DG_API dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
-				    size_t msg_size);
 /* dev may be NULL (the size needs none); a->ws is ignored. */
 DG_API dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
 					const dg_lmhead_ce_args *a, size_t *bytes);
@@ -523,8 +464,6 @@ typedef struct dg_gate_fwd_args {
 	 * index in the global batch's (B,H,T,L) tensor (row0·H·T·L), 0 alone */
 	uint64_t elem0;
 } dg_gate_fwd_args;
-DG_API dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
-				   size_t msg_size);
 DG_API dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a);
 
 typedef struct dg_gate_bwd_args {
@@ -536,8 +475,6 @@ typedef struct dg_gate_bwd_args {
 	dg_dptr step_at; /* as gate_fwd's */
 	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 } dg_gate_bwd_args;
-DG_API dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
-				   size_t msg_size);
 DG_API dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
 
 /* decoder_gate_bwd: decoder_grad_input and gate_bwd in one kernel (no dxy
@@ -557,8 +494,6 @@ typedef struct dg_decoder_gate_bwd_args {
 	dg_dptr step_at; /* as gate_fwd's */
 	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 } dg_decoder_gate_bwd_args;
-DG_API dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
-					   char *msg, size_t msg_size);
 DG_API dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
 				     const dg_decoder_gate_bwd_args *a);
 
@@ -577,21 +512,16 @@ typedef struct dg_add_mask_args {
 	const dg_tensor *dxs; /* in and out */
 	const dg_tensor *other, *xs;
 } dg_add_mask_args;
-DG_API dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,
-				   size_t msg_size);
 DG_API dg_status dg_add_mask(dg_device *dev, const dg_spec *spec, const dg_add_mask_args *a);
 
 typedef struct dg_add3_args {
 	const dg_tensor *a, *b, *c, *out;
 } dg_add3_args;
-DG_API dg_status dg_add3_check(const dg_spec *spec, const dg_add3_args *a, char *msg, size_t msg_size);
 DG_API dg_status dg_add3(dg_device *dev, const dg_spec *spec, const dg_add3_args *a);
 
 typedef struct dg_transpose_args {
 	const dg_tensor *in, *out;
 } dg_transpose_args;
-DG_API dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, char *msg,
-				    size_t msg_size);
 DG_API dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
 
 /* ---- optim (the optimizer on the device: templates/adamw.lua) -------------
@@ -617,8 +547,6 @@ typedef struct dg_adamw_update_args {
 	dg_dptr copy; /* 0, or p's elements in bf16 */
 	bool decay;   /* the decoupled weight decay (a matrix's) */
 } dg_adamw_update_args;
-DG_API dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
-				       size_t msg_size);
 DG_API dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a);
 
 typedef struct dg_grad_norm_args {

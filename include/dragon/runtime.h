@@ -1,5 +1,5 @@
 /*
- * dragon — the GPU runtime: device, streams, memory, kernels, launch.
+ * dragon — the GPU runtime: device, streams, memory, kernels, events, graphs.
  *
  * The CUDA driver is opened with dlopen("libcuda.so.1") the first time a
  * device is asked for; a machine without a driver or without a device gets
@@ -146,25 +146,11 @@ DG_API dg_status dg_memset8(dg_device *dev, dg_dptr dst, uint8_t value,
 /* The device's free and total memory now (cuMemGetInfo), bytes. */
 DG_API dg_status dg_device_mem_info(dg_device *dev, size_t *free_bytes, size_t *total_bytes);
 
-/*
- * Arena: one allocation handed out by bumping an offset (parameters,
- * gradients, activations), so pointers are stable for CUDA graphs and a
- * whole step's activations are released by one reset.
- */
-typedef struct dg_arena dg_arena;
-DG_API dg_status dg_arena_create(dg_device *dev, size_t bytes, dg_arena **out);
-DG_API void dg_arena_destroy(dg_arena *arena); /* NULL is fine */
-/* align: a power of two, at least 16 (0: 256). DG_ERR_NOMEM with the
- * sizes in the message when the arena is full. */
-DG_API dg_status dg_arena_alloc(dg_arena *arena, size_t bytes, size_t align,
-				dg_dptr *out);
-DG_API void dg_arena_reset(dg_arena *arena);
-DG_API size_t dg_arena_used(const dg_arena *arena);
-DG_API size_t dg_arena_capacity(const dg_arena *arena);
-
 /* ---- kernels -------------------------------------------------------------
- * A dg_kernel is one entry point of one spec's loaded module. It belongs
- * to the device and stays valid until dg_device_close. */
+ * A dg_kernel is one entry point of one spec's loaded module: the ops
+ * fetch and launch them; here a program asks which kernel a spec gets,
+ * where it came from and what it uses. It belongs to the device and stays
+ * valid until dg_device_close. */
 typedef struct dg_kernel dg_kernel;
 
 typedef enum dg_kernel_origin {
@@ -197,24 +183,6 @@ typedef struct dg_kernel_info {
 DG_API dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec,
 			       const char *entry, dg_kernel **out);
 DG_API dg_status dg_kernel_info_get(const dg_kernel *k, dg_kernel_info *info);
-/* The spec k was built for: the tile and target resolved (ops size their
- * grids and workspaces from it). Valid while the device is open. */
-DG_API const dg_spec *dg_kernel_spec(const dg_kernel *k);
-/* The entries of k's spec (k is one of them): how many, and the i-th. */
-DG_API int dg_kernel_entry_count(const dg_kernel *k);
-DG_API const dg_kernel *dg_kernel_entry(const dg_kernel *k, int i); /* NULL out of range */
-
-typedef struct dg_launch {
-	unsigned grid[3];
-	unsigned block[3];  /* 0,0,0: the template's block_threads */
-	unsigned smem;      /* 0: the template's dyn_smem */
-} dg_launch;
-
-/* Launches on the calling thread's stream. args as cuLaunchKernel's
- * kernelParams. Checks the grid and block against the device's limits
- * first (message names the dimension). */
-DG_API dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
-				  const dg_launch *launch, void **args);
 
 /* Number of kernels loaded (distinct spec+entry). */
 DG_API size_t dg_device_kernel_count(const dg_device *dev);
@@ -242,38 +210,6 @@ DG_API void dg_stream_destroy(dg_device *dev, void *stream); /* NULL is fine */
 /* Milliseconds between two recorded (and completed) events. */
 DG_API dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end,
 				     float *ms);
-
-/* ---- timing --------------------------------------------------------------
- * The one way dragon times a call (the tuner, the bench): warm-up calls,
- * then for each rep a write of a buffer four times the L2 (at least 256
- * MiB, outside the timing, so every rep starts with a cold L2) and a pair
- * of CUDA events around the call, all on the calling thread's stream;
- * the median, p10 and p90 of the reps. */
-typedef struct dg_timer dg_timer;
-
-typedef struct dg_timer_opts {
-	int warmup;   /* untimed calls first; 0: 3 (negative: none) */
-	int reps;     /* timed calls; 0: 25 */
-	bool warm_l2; /* do not flush the L2 between reps */
-} dg_timer_opts;
-
-typedef struct dg_timing {
-	double median_us, p10_us, p90_us, min_us;
-	int reps;
-} dg_timing;
-
-/* Enqueues one call on the calling thread's stream. */
-typedef dg_status (*dg_timed_fn)(void *user);
-
-/* A timer of up to max_reps reps (0: 1000): its events and flush buffer. */
-DG_API dg_status dg_timer_create(dg_device *dev, int max_reps, dg_timer **out);
-DG_API void dg_timer_destroy(dg_timer *t); /* NULL is fine */
-/* Bytes the timer writes to flush the L2. */
-DG_API size_t dg_timer_flush_bytes(const dg_timer *t);
-/* Times fn (opts may be NULL). A failure of fn is returned as it is (its
- * message on the device); a failure of the timing itself likewise. */
-DG_API dg_status dg_timer_run(dg_timer *t, const dg_timer_opts *opts, dg_timed_fn fn, void *user,
-			      dg_timing *out);
 
 /* ---- CUDA graphs ---------------------------------------------------------
  * dg_graph_begin starts capturing the calling thread's stream (which must

@@ -6,7 +6,7 @@
  * for the device (dg_codegen_plan_for; dg_tune_resolve says which and
  * why). A sweep (dg_tune_sweep) makes such a record:
  *
- *   1. the candidate space (dg_tune_space): a small grid of tiles per op
+ *   1. the candidate space: a small grid of tiles per op
  *      family — GEMM ops BMxBNxBK/WMxWN/S, element-wise ops t64..t1024 —
  *      for the spec's arch and, on a device of exactly that arch from
  *      sm_90 on, for its arch-specific target too (sm_90a), each kept only
@@ -22,7 +22,7 @@
  *      events: warm-up calls, then reps calls each after a write of a
  *      buffer larger than the L2 (so every rep starts cold), median, p10
  *      and p90;
- *   5. the winner (dg_tune_choose): among the candidates within the tie
+ *   5. the winner: among the candidates within the tie
  *      band (2%) of the fastest median, the simplest tile (fewer threads,
  *      then fewer stages, then less shared memory, then the portable
  *      target, then the tile text), so repeated sweeps agree.
@@ -37,8 +37,8 @@
  * records name one key (records merged from several machines or sweeps)
  * the newest date wins.
  *
- * Without a GPU: spaces, records, the DB and the chooser all work; only
- * dg_tune_sweep and the events need a device.
+ * Without a GPU: records and the DB work; only dg_tune_sweep needs a
+ * device.
  */
 #ifndef DRAGON_TUNE_H
 #define DRAGON_TUNE_H
@@ -57,46 +57,7 @@
 extern "C" {
 #endif
 
-/* ---- candidate spaces ----------------------------------------------------------- */
-
-/*
- * The candidates for tuning spec (its tile ignored) on a device of SM
- * device_sm (0: the spec's arch): every tile of the op family's grid that
- * the op's template plans (dg_codegen_plan on cg), the template's default
- * first; for a spec whose arch equals device_sm (sm_90 or newer, not
- * already arch-specific) each tile again on the arch-specific target
- * (arch_specific true), which enables other tiles. At most
- * DG_TUNE_MAX_CANDIDATES.
- *
- * *out is malloc'd (the caller frees it with free()), *n its length.
- * DG_ERR_INVALID_SPEC when spec itself is invalid or its op takes no tile;
- * DG_ERR_NOMEM.
- */
-#define DG_TUNE_MAX_CANDIDATES 256
-DG_API dg_status dg_tune_space(dg_codegen *cg, const dg_spec *spec, int device_sm, dg_spec **out,
-			       size_t *n, char *msg, size_t msg_size);
-
-/* What a compiled kernel entry uses, and what the device allows. */
-typedef struct dg_tune_resources {
-	int threads;     /* a block, from the template's launch info */
-	int dyn_smem;    /* dynamic shared memory, bytes (launch info) */
-	int static_smem; /* static shared memory, bytes (cubin) */
-	int regs;        /* registers a thread (cubin) */
-	int local_bytes; /* local memory a thread: spills (cubin) */
-	int max_threads; /* threads a block the compiled kernel allows */
-} dg_tune_resources;
-
-typedef struct dg_tune_limits {
-	int max_threads;    /* threads a block (1024) */
-	int smem_optin;     /* shared memory a block may opt in to, bytes */
-	int regs_per_block; /* registers a block (65536) */
-} dg_tune_limits;
-
-/* true when a kernel of these resources can be launched; otherwise false
- * and one line in why naming the resource, e.g. "256 threads a block x 255
- * registers = 65280 ... more than the 65536 a block has". */
-DG_API bool dg_tune_fits(const dg_tune_resources *r, const dg_tune_limits *lim,
-			 char *why, size_t why_size);
+/* ---- what `dragon-gen tune` tunes ---------------------------------------------- */
 
 /*
  * The ops the BDH training step runs, one spec each, at H=4, E=256,
@@ -136,17 +97,6 @@ typedef struct dg_tune_cand {
 
 /* Default tie band: candidates within 2% of the fastest median tie. */
 #define DG_TUNE_TIE_BAND 0.02
-
-/*
- * The winner among the TIMED candidates of cands (n of them): the fastest
- * median m, then among every candidate with median <= m·(1 + band) the
- * simplest: fewer threads a block (the tile's warps·32 or threads), then
- * fewer stages, then less shared memory (the recorded figure), then the
- * portable target before the arch-specific one, then the smaller tile
- * text (strcmp). Returns its index, or -1 when none was timed. band < 0
- * is taken as 0.
- */
-DG_API int dg_tune_choose(const dg_tune_cand *cands, size_t n, double band);
 
 /* ---- records ---------------------------------------------------------------------- */
 
@@ -292,12 +242,6 @@ typedef struct dg_tune_choice {
 DG_API dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *spec,
 				 const char *device, int sm, dg_tune_choice *out);
 
-/* What dg_kernel_get does with spec on dev, and why: the device's tuning
- * DB (loaded once, at the first kernel an auto tile asks for) or the
- * heuristic default. */
-DG_API dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
-				       dg_tune_choice *out);
-
 /* ---- sweeps ------------------------------------------------------------------------ */
 
 typedef enum dg_tune_phase {
@@ -312,6 +256,9 @@ typedef void (*dg_tune_progress_fn)(void *user, const dg_spec *spec,
 				    dg_tune_phase phase, size_t done,
 				    size_t total, double eta_s);
 
+/* The most candidates a space holds. */
+#define DG_TUNE_MAX_CANDIDATES 256
+
 typedef struct dg_tune_opts {
 	double budget_s;    /* wall-clock budget of the sweep; 0: 60 */
 	int rows;           /* B·T timed at; 0: 4096 */
@@ -320,7 +267,8 @@ typedef struct dg_tune_opts {
 	int reps;           /* timed calls; 0: 25 */
 	int jobs;           /* compile threads; 0: online CPUs */
 	double tie_band;    /* 0: DG_TUNE_TIE_BAND */
-	int max_candidates; /* first N of the space only; 0: all */
+	int max_candidates; /* first N of the space only; 0: all (at most
+			     * DG_TUNE_MAX_CANDIDATES) */
 	uint64_t seed;      /* inputs; 0: a fixed default */
 	dg_tune_progress_fn progress; /* may be NULL */
 	void *user;

@@ -1,5 +1,5 @@
 /*
- * The optimizer's reference (dragon/ref.h dg_ref_adamw): AdamW in
+ * The optimizer's reference (runtime/ref/ref_ops.h dg_ref_adamw): AdamW in
  * PyTorch's single-tensor order, every operation in f32 and rounded once,
  * so the GPU's update (templates/adamw.lua) given the same control block
  * is this bit for bit. The host optimizer (runtime/train/optim.c) runs it
@@ -14,7 +14,7 @@
 
 #include "dragon/fmt.h"
 #include "dragon/optim.h"
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 
 void dg_ref_adamw(const dg_adamw_ctl *ctl, bool decay, float *p, const float *grad, float *m,
 		  float *v, uint16_t *copy, size_t n)

@@ -23,7 +23,7 @@
 
 #include "base/msg.h"
 #include "dragon/model.h"
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 #include "dragon/spec.h"
 #include "runtime/train/bdh_tape.h"
 #include "runtime/train/model_int.h"
@@ -323,7 +323,7 @@ static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
 
 /* Execution copy k (f32, the kernels' layout) replaced by its recipe's
  * dequantized codes: int8 a scale a channel (a row), else a scale a
- * tensor (dragon/ref.h's quantizers). */
+ * tensor (runtime/ref/ref_ops.h's quantizers). */
 static dg_status fake_weight(step *s, int k)
 {
 	const dg_proj_recipe *r = k == 0 ? &s->c->encoder : k == 1 ? &s->c->encoder_v : &s->c->decoder;

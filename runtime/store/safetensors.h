@@ -1,7 +1,8 @@
 /*
- * dragon — safetensors files: the tensor file format PyTorch, JAX and the
- * Hugging Face tools read (safetensors.torch.load_file), for model weights
- * and checkpoints.
+ * safetensors files: the tensor file format PyTorch, JAX and the Hugging
+ * Face tools read (safetensors.torch.load_file), in which dragon keeps
+ * model weights and checkpoints (dragon/model.h, dragon/checkpoint.h read
+ * and write them). Private to the library, its tests and its benches.
  *
  *   8 bytes     N, little-endian u64: the header's length
  *   N bytes     a JSON object, '{' first, padded with spaces:
@@ -35,19 +36,14 @@
  * covers every byte of the file but its own 64 and the file stays a
  * plain safetensors file for every other reader.
  */
-#ifndef DRAGON_SAFETENSORS_H
-#define DRAGON_SAFETENSORS_H
+#ifndef DG_RUNTIME_STORE_SAFETENSORS_H
+#define DG_RUNTIME_STORE_SAFETENSORS_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "export.h"
-#include "status.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include "dragon/status.h"
 
 #define DG_SAFETENSORS_MAX_DIMS 8
 #define DG_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
@@ -77,8 +73,8 @@ typedef enum dg_st_dtype {
 	DG_ST__COUNT
 } dg_st_dtype;
 
-DG_API const char *dg_st_dtype_name(dg_st_dtype d); /* "F32"; "?" outside the enum */
-DG_API size_t dg_st_dtype_size(dg_st_dtype d);      /* bytes an element; 0 outside */
+const char *dg_st_dtype_name(dg_st_dtype d); /* "F32"; "?" outside the enum */
+size_t dg_st_dtype_size(dg_st_dtype d);      /* bytes an element; 0 outside */
 
 typedef struct dg_st_tensor {
 	const char *name;
@@ -99,27 +95,27 @@ typedef struct dg_safetensors dg_safetensors;
  * with one line naming the field on anything malformed; DG_ERR_NOMEM.
  * On failure *out is NULL; on success free it with dg_safetensors_destroy.
  */
-DG_API dg_status dg_safetensors_parse(const void *bytes, size_t size, const char *name,
-				      dg_safetensors **out, char *msg, size_t msg_size);
+dg_status dg_safetensors_parse(const void *bytes, size_t size, const char *name,
+			       dg_safetensors **out, char *msg, size_t msg_size);
 /* Reads and parses a file. DG_ERR_NOT_FOUND, DG_ERR_IO, DG_ERR_PARSE. */
-DG_API dg_status dg_safetensors_load(const char *path, dg_safetensors **out, char *msg,
-				     size_t msg_size);
-DG_API void dg_safetensors_destroy(dg_safetensors *f); /* NULL is fine */
+dg_status dg_safetensors_load(const char *path, dg_safetensors **out, char *msg,
+			      size_t msg_size);
+void dg_safetensors_destroy(dg_safetensors *f); /* NULL is fine */
 
 /* The tensors, in file order (by offset). */
-DG_API size_t dg_safetensors_count(const dg_safetensors *f);
-DG_API const dg_st_tensor *dg_safetensors_at(const dg_safetensors *f, size_t i);
+size_t dg_safetensors_count(const dg_safetensors *f);
+const dg_st_tensor *dg_safetensors_at(const dg_safetensors *f, size_t i);
 /* The tensor named name, or NULL. */
-DG_API const dg_st_tensor *dg_safetensors_find(const dg_safetensors *f, const char *name);
+const dg_st_tensor *dg_safetensors_find(const dg_safetensors *f, const char *name);
 /* The metadata: value of key or NULL; and every pair by index. */
-DG_API const char *dg_safetensors_meta(const dg_safetensors *f, const char *key);
-DG_API size_t dg_safetensors_meta_count(const dg_safetensors *f);
-DG_API bool dg_safetensors_meta_at(const dg_safetensors *f, size_t i, const char **key,
-				   const char **value);
+const char *dg_safetensors_meta(const dg_safetensors *f, const char *key);
+size_t dg_safetensors_meta_count(const dg_safetensors *f);
+bool dg_safetensors_meta_at(const dg_safetensors *f, size_t i, const char **key,
+			    const char **value);
 
 /* The SHA-256 (64 lowercase hex digits and a NUL) of f's data section:
  * every tensor's bytes as stored, what `tail -c +<9 + N>` gives. */
-DG_API void dg_safetensors_data_sha256(const dg_safetensors *f, char hex[65]);
+void dg_safetensors_data_sha256(const dg_safetensors *f, char hex[65]);
 
 /*
  * Checks f's seal under key (see above): DG_OK when the file's bytes hash
@@ -128,8 +124,8 @@ DG_API void dg_safetensors_data_sha256(const dg_safetensors *f, char hex[65]);
  * written as "key":"<hex>" once in the header. msg says which, without
  * the file's name (the caller names the file).
  */
-DG_API dg_status dg_safetensors_seal_check(const dg_safetensors *f, const char *key, char *msg,
-					   size_t msg_size);
+dg_status dg_safetensors_seal_check(const dg_safetensors *f, const char *key, char *msg,
+				    size_t msg_size);
 
 /*
  * Checks that tensor `name` exists with dtype and exactly the shape given
@@ -137,47 +133,44 @@ DG_API dg_status dg_safetensors_seal_check(const dg_safetensors *f, const char *
  * tensor, e.g. "encoder: expected F32 [4, 256, 8192], got F32 [4, 8192, 256]"
  * or "decoder: missing (the file holds embed.weight, encoder, ...)".
  */
-DG_API dg_status dg_safetensors_expect(const dg_safetensors *f, const char *name, dg_st_dtype dtype,
-				       int ndim, const int64_t *shape, const dg_st_tensor **out,
-				       char *msg, size_t msg_size);
+dg_status dg_safetensors_expect(const dg_safetensors *f, const char *name, dg_st_dtype dtype,
+				int ndim, const int64_t *shape, const dg_st_tensor **out,
+				char *msg, size_t msg_size);
 
 /* ---- writing ---------------------------------------------------------------- */
 
 typedef struct dg_safetensors_writer dg_safetensors_writer;
 
-DG_API dg_status dg_safetensors_writer_create(dg_safetensors_writer **out);
-DG_API void dg_safetensors_writer_destroy(dg_safetensors_writer *w); /* NULL is fine */
+dg_status dg_safetensors_writer_create(dg_safetensors_writer **out);
+void dg_safetensors_writer_destroy(dg_safetensors_writer *w); /* NULL is fine */
 /* Adds a tensor; data (numel · dtype size bytes) is copied. A name given
  * twice, an empty one or "__metadata__" is DG_ERR_INVALID_ARG. */
-DG_API dg_status dg_safetensors_writer_add(dg_safetensors_writer *w, const char *name,
-					   dg_st_dtype dtype, int ndim, const int64_t *shape,
-					   const void *data, char *msg, size_t msg_size);
+dg_status dg_safetensors_writer_add(dg_safetensors_writer *w, const char *name,
+				    dg_st_dtype dtype, int ndim, const int64_t *shape,
+				    const void *data, char *msg, size_t msg_size);
 /* Sets a metadata pair (a key given again replaces its value). */
-DG_API dg_status dg_safetensors_writer_meta(dg_safetensors_writer *w, const char *key,
-					    const char *value, char *msg, size_t msg_size);
+dg_status dg_safetensors_writer_meta(dg_safetensors_writer *w, const char *key,
+				     const char *value, char *msg, size_t msg_size);
 /* Seals the file under metadata key (see above): every file the writer
  * makes from then on carries its SHA-256 there, in place of any value
  * dg_safetensors_writer_meta gave key. A key of other characters than
  * letters, digits, '_' and '.' is DG_ERR_INVALID_ARG. */
-DG_API dg_status dg_safetensors_writer_seal(dg_safetensors_writer *w, const char *key, char *msg,
-					    size_t msg_size);
+dg_status dg_safetensors_writer_seal(dg_safetensors_writer *w, const char *key, char *msg,
+				     size_t msg_size);
 /* The whole file in memory (malloc'd *out of *size bytes; free it). */
-DG_API dg_status dg_safetensors_writer_bytes(const dg_safetensors_writer *w, void **out,
-					     size_t *size, char *msg, size_t msg_size);
+dg_status dg_safetensors_writer_bytes(const dg_safetensors_writer *w, void **out,
+				      size_t *size, char *msg, size_t msg_size);
 /* Writes the file atomically (see above) through the temp file
  * "<path>.tmp.<writer's pid>.<hex>". DG_ERR_IO names the file, the step
  * that failed (create, write, fsync, close, rename) and errno; the temp
  * file is then removed and the previous file at path, if any, is left as
  * it was. A writer killed midway leaves its temp file behind (see
  * dg_safetensors_temp_of). */
-DG_API dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char *path,
-					    char *msg, size_t msg_size);
+dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char *path,
+				     char *msg, size_t msg_size);
 /* Whether the file name `name` (no folder) is a save's temp file: then
  * its first *target_len characters are the target's name and *pid the
  * writer's process id (either may be NULL). */
-DG_API bool dg_safetensors_temp_of(const char *name, size_t *target_len, long *pid);
+bool dg_safetensors_temp_of(const char *name, size_t *target_len, long *pid);
 
-#ifdef __cplusplus
-}
-#endif
-#endif /* DRAGON_SAFETENSORS_H */
+#endif /* DG_RUNTIME_STORE_SAFETENSORS_H */
