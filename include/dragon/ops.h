@@ -197,7 +197,7 @@ DG_API dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
 /* dequantize: codes (R,C) act (int8 | int4 | uint8pos) with their scale —
  * codes->scale one float (ascale=tensor) or R floats, one a row
  * (ascale=token) — → out (R,C) spec->out (bf16 | f32): out = code × s in
- * f32, bf16 rounded to nearest even once (dg_ref_dequantize, bit for bit).
+ * f32, bf16 rounded to nearest even once (dg_ref_run's, bit for bit).
  * Both tensors 2-D (view a stack as its rows). */
 typedef struct dg_dequantize_args {
 	const dg_tensor *codes;
@@ -347,7 +347,7 @@ typedef struct dg_embed_fwd_args {
 DG_API dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a);
 
 /* dtable[v] (accumulate: +)= the rows of dout whose token is v, added in
- * token order (exactly dg_ref_embed_bwd's f32 sums); tokens outside
+ * token order (exactly the CPU reference's f32 sums); tokens outside
  * 0..V-1 add nothing. */
 typedef struct dg_embed_bwd_args {
 	const dg_tensor *idx;    /* (R) i32 */
@@ -451,7 +451,7 @@ DG_API dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhe
  *             dxs = g·ys, and dys = ys > 0 ? g·xs : 0 (ys's ReLU mask)
  *             written over dxy (in place)              spec->out: dxy,
  *             dys and dxs (f32 | bf16, dragon/spec.h's gradient formats)
- * Results are the CPU reference's bit for bit (dg_ref_gate_op). */
+ * Results are the CPU reference's bit for bit (dg_ref_run). */
 typedef struct dg_gate_fwd_args {
 	const dg_tensor *xs, *ys, *xy;
 	float p;       /* drop probability, 0 <= p < 1 */
@@ -484,7 +484,7 @@ DG_API dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_
  * w spec->weight f32 | bf16 (no scale: a low-bit recipe passes its bf16
  * copy), xs and ys act, dxs and dys spec->out (bf16 by default); dxs and
  * dys alias nothing. Within the GEMM tolerance of the CPU reference
- * dg_ref_decoder_gate_bwd (its sums; the gate's rounding is the same). */
+ * (dg_ref_run: its sums; the gate's rounding is the same). */
 typedef struct dg_decoder_gate_bwd_args {
 	const dg_tensor *grad, *w, *xs, *ys;
 	const dg_tensor *dxs, *dys; /* out */
@@ -506,8 +506,7 @@ DG_API dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
  *              even), R the call's: the master encoders [H,D,N] to (H,N,D)
  *              (R = H, E = D, L = N), the decoder [H·N,D] to (D,H·N) (R = 1,
  *              E = H·N, L = D); the way back swaps E and L with act=f32.
- * Exact: the CPU references' bits (dg_ref_add_mask, dg_ref_add3,
- * dg_ref_transpose). */
+ * Exact: the CPU references' bits (dg_ref_run). */
 typedef struct dg_add_mask_args {
 	const dg_tensor *dxs; /* in and out */
 	const dg_tensor *other, *xs;
@@ -530,8 +529,9 @@ DG_API dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_tran
  *                 dg_adamw_ctl (dragon/optim.h) in device memory, which a
  *                 captured step's host side rewrites by one small copy a
  *                 step; nothing when its skip is set. Bit for bit
- *                 dg_ref_adamw. ctl 0: dg_ref_adamw_default_ctl's
- *                 scalars (the tuner's and the bench's calls). copy (0:
+ *                 the CPU reference (dg_ref_run). ctl 0: default
+ *                 scalars (step 0 of dg_adamw_defaults at lr 1e-3, no
+ *                 clip: the tuner's and the bench's calls). copy (0:
  *                 none): bf16 storage of p's element count, p's new value
  *                 rounded to nearest even as it is written (a float
  *                 recipe's GEMM operand in the master's own layout).

@@ -70,7 +70,7 @@ typedef struct dg_ref_call {
 					 * when storage for either is given) */
 	/* gate_fwd / gate_bwd / decoder_gate_bwd: the dropout (p 0: none);
 	 * elem0 the first element's index in the mask's stream (0: the
-	 * tensor's own; dg_ref_gate_fwd) */
+	 * tensor's own) */
 	float p;
 	uint64_t seed;
 	uint32_t step, layer;
