@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "autotune/sweep_int.h"
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 #include "dragon/rng.h"
 #include "runtime/ops/ops_int.h"
 

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dragon/tune.h"
+#include "autotune/sweep_int.h"
 
 static const struct {
 	int bm, bn, wm, wn;

@@ -15,7 +15,7 @@
  *
  * Checking and timing run on the calling thread, one candidate at a time
  * (so timings never overlap): run at check_rows and compare; then the
- * device's timer (dragon/runtime.h dg_timer: warm-up calls, then reps
+ * device's timer (runtime/gpu/gpu_int.h dg_timer: warm-up calls, then reps
  * calls each after an L2 flush, events around the call; median, p10 and
  * p90). A candidate whose launch fails for a reason of its own (the op's
  * checks, its launch limits) is rejected; a failure of the device ends
@@ -34,6 +34,7 @@
 #include "dragon/jit.h"
 #include "dragon/tune.h"
 #include "runtime/gpu/gpu_int.h"
+#include "runtime/tunedb/choose.h"
 
 #define COMPILE_SHARE 0.7 /* of the budget */
 #define MAX_JOBS 256

@@ -1,7 +1,8 @@
 /*
  * The one helper for handle-free functions that report into a caller's
  * message buffer: the spec parser, the manifest reader, the cubin check.
- * Private to the library (codegen/ and runtime/).
+ * Private to the library and its programs (base/msg.c is compiled into
+ * each: libdragon does not export it).
  */
 #ifndef DG_CODEGEN_MSG_H
 #define DG_CODEGEN_MSG_H

@@ -5,7 +5,8 @@
  * beside it, fsync'd, renamed over it, and the folder fsync'd, so after a
  * crash the name holds the old file or the new one, never a part, and a
  * published file survives a power loss. Private to the library and its
- * CLIs.
+ * CLIs: libdragon does not export it, and the CLIs compile base/publish.c
+ * (and base/msg.c) into their own binaries.
  *
  * The temp file is <name>.tmp.<pid>.<hex> (dg_safetensors_temp_of reads
  * the pid back), made with O_EXCL: two publishers of one path, threads or

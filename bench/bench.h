@@ -18,6 +18,7 @@
 #pragma GCC diagnostic pop
 
 #include "dragon/dragon.h"
+#include "runtime/gpu/gpu_int.h"
 
 enum { BDH_H = 4, BDH_L = 8192, BDH_E = 256 };
 #define LT_WORKSPACE (32u << 20)

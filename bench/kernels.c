@@ -78,6 +78,7 @@
 #include <cjson/cJSON.h>
 
 #include "bench/bench.h"
+#include "runtime/gpu/gpu_int.h"
 
 #define MAX_FILTERS 16
 

@@ -11,6 +11,7 @@
 #include <nvrtc.h>
 
 #include "bench/bench.h"
+#include "runtime/gpu/gpu_int.h"
 
 /* ---- the ReLU kernel of the anchor ---------------------------------------- */
 static const char relu_src[] =

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "bench/bench.h"
+#include "runtime/gpu/gpu_int.h"
 
 #define STR_(x) #x
 #define STR(x) STR_(x) /* the exported name: cuda.h maps some to _v2 */

@@ -27,6 +27,7 @@
 #include <cjson/cJSON.h>
 
 #include "dragon/dragon.h"
+#include "runtime/gpu/gpu_int.h" /* dg_kernel_launch: the floor */
 
 #define SPEC_TEXT                                                             \
 	"op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=1;heads=4;"       \

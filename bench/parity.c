@@ -30,7 +30,7 @@
 
 #include "dragon/dragon.h"
 #include "dragon/model.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 
 static int meta_int(const dg_safetensors *f, const char *k)
 {

@@ -54,6 +54,7 @@
 #include "bench/step_rows.h"
 #include "dragon/dragon.h"
 #include "dragon/model.h"
+#include "runtime/train/model_int.h"
 
 static int cmp_double(const void *a, const void *b)
 {

@@ -18,6 +18,7 @@
 #include "dragon/tensor.h"
 #include "dragon/tune.h"
 #include "runtime/ops/ops_int.h"
+#include "runtime/train/model_int.h"
 
 int dg_ffi_version(void)
 {
@@ -43,7 +44,7 @@ dg_status dg_ffi_spec_parse(const char *text, dg_spec **out, char *msg, size_t m
 	return DG_OK;
 }
 
-void dg_ffi_spec_free(dg_spec *s)
+void dg_ffi_spec_destroy(dg_spec *s)
 {
 	free(s);
 }
@@ -334,7 +335,7 @@ void dg_ffi_model_destroy(dg_ffi_model *m)
 	if (!m)
 		return;
 	dg_model_destroy(m->gm);
-	dg_model_cpu_pass_free(m->pass);
+	dg_model_cpu_pass_destroy(m->pass);
 	dg_model_weights_destroy(m->w);
 	dg_model_weights_destroy(m->g);
 	free(m);
@@ -401,7 +402,7 @@ dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int3
 			      .step = step,
 			      .train = train != 0 };
 	/* whatever the last forward kept is spent */
-	dg_model_cpu_pass_free(m->pass);
+	dg_model_cpu_pass_destroy(m->pass);
 	m->pass = NULL;
 	m->forward = m->backward = false;
 	if (!m->gm) {
@@ -439,7 +440,7 @@ dg_status dg_ffi_model_forward(dg_ffi_model *m, uint64_t idx, uint64_t targets, 
 			      .seed = seed,
 			      .step = step,
 			      .train = train != 0 };
-	dg_model_cpu_pass_free(m->pass);
+	dg_model_cpu_pass_destroy(m->pass);
 	m->pass = NULL;
 	m->forward = m->backward = false;
 	dg_status st;
@@ -602,7 +603,7 @@ dg_status dg_ffi_bundle_build(const char *out, const char *const *specs, int32_t
 		snprintf(summary->device, sizeof(summary->device), "%s", sum.device);
 		snprintf(summary->failed, sizeof(summary->failed), "%s", sum.failed);
 	}
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 	free(list);
 	return st;
 }

@@ -182,7 +182,7 @@ static dg_status check_scales(const dg_spec *s, unsigned uses, char *msg, size_t
 					dg_fmt_name(s->weight));
 	}
 	/* Output codes are rounded from one per-launch map of the sum
-	 * (dragon/ref.h lowrank_fwd), which a scale a row or a column breaks. */
+	 * (runtime/ref/ref_ops.h lowrank_fwd), which a scale a row or a column breaks. */
 	if ((uses & DG_FIELD_OUT) && (uses & DG_FIELD_RELU) && dg_fmt_is_code(s->out) &&
 	    ((s->ascale != DG_SCALE_TENSOR) || (s->wscale != DG_SCALE_TENSOR)))
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,

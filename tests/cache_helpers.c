@@ -14,6 +14,7 @@
 
 #include "cache_helpers.h"
 #include "base/sha256.h"
+#include "runtime/store/cache_io.h"
 
 char ch_root[256];
 

@@ -22,6 +22,7 @@
 #include "cache_helpers.h"
 #include "dragon/cache.h"
 #include "base/sha256.h"
+#include "runtime/store/cache_io.h"
 
 TestSuite(cache, .init = ch_setup, .fini = ch_teardown);
 

@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "dragon/checkpoint.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "helpers.h"
 
 static dg_model_config small(void)

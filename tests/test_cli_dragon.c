@@ -39,7 +39,7 @@
 #include "dragon/model.h"
 #include "dragon/rng.h"
 #include "dragon/runtime.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "helpers.h"
 
 #include "cli_helpers.h"

@@ -186,7 +186,7 @@ Test(cli_tokens, llmc_shards_train_resume_eval_and_sample)
 	cr_assert_eq(c->n_val_files, 1);
 	cr_assert_eq(dg_corpus_digest(c, hex, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_expect_str_eq(s->corpus_sha256, hex);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 
 	/* eval: the val shard's tokens */
 	gen(&sb, &r, "eval", "--model", ckpt, "--data", glob, "--cpu", "--batch", "2", "--time", "16", "--batches",

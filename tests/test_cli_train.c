@@ -47,7 +47,7 @@
 
 #include "cli_helpers.h"
 #include "dragon/checkpoint.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "helpers.h"
 
 extern char **environ;

@@ -88,7 +88,7 @@ Test(data, split_and_batches)
 	dg_corpus_batch(c, false, &a, B, T, idx, tgt);
 	dg_corpus_batch(c, false, &b, B, T, idx2, tgt2);
 	cr_assert_neq(memcmp(idx, idx2, sizeof(idx)), 0);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 }
 
 Test(data, too_short_and_missing)
@@ -101,7 +101,7 @@ Test(data, too_short_and_missing)
 	cr_assert(strstr(msg, "validation split (the last 10%) is 10 bytes; rows of 10 tokens need 11"), "%s", msg);
 	cr_assert_eq(dg_corpus_check(c, 100, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "train split"), "%s", msg);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	cr_assert_eq(dg_corpus_open("/nonexistent/corpus.txt", &c, msg, sizeof(msg)), DG_ERR_NOT_FOUND);
 	cr_assert(strstr(msg, "/nonexistent/corpus.txt"), "%s", msg);
 	cr_assert_null(c);
@@ -170,7 +170,7 @@ Test(data, builtin_corpus)
 		cr_assert_eq(c->len, DG_CORPUS_BYTES);
 		cr_assert_eq(c->train_len, DG_CORPUS_BYTES - DG_CORPUS_BYTES / 10);
 		cr_assert_eq(dg_corpus_check(c, 512, msg, sizeof(msg)), DG_OK, "%s", msg);
-		dg_corpus_destroy(c);
+		dg_corpus_close(c);
 	}
 	if (keep)
 		setenv("DRAGON_CORPUS", keep, 1);

@@ -150,7 +150,7 @@ Test(data_tokens, one_shard)
 	cr_assert_eq(c->file_bytes, 1024 + 2000);
 	cr_assert_str_eq(c->split, "the last 10%");
 	rows_consecutive(c, 49000, 49899, 49900, 49999);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	dg_test_rmtree(dir);
 }
 
@@ -173,7 +173,7 @@ Test(data_tokens, shards_as_a_glob_a_list_and_a_folder)
 	cr_assert(strstr(c->split, "1 *_val_* shard beside the train ones"), "%s", c->split);
 	rows_consecutive(c, 0, 899, 1000, 1099); /* rows cross from file to file in name order */
 	cr_assert_eq(dg_corpus_digest(c, hex[0], msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 
 	/* a list, the val shard among them */
 	snprintf(data, sizeof(data), "%s/tiny_train_000001.bin,%s/tiny_train_00000[23].bin,%s/tiny_val_000000.bin",
@@ -184,14 +184,14 @@ Test(data_tokens, shards_as_a_glob_a_list_and_a_folder)
 	cr_assert(strstr(c->split, "given"), "%s", c->split);
 	rows_consecutive(c, 0, 899, 1000, 1099);
 	cr_assert_eq(dg_corpus_digest(c, hex[1], msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 
 	/* the folder */
 	c = open_ok(dir, 0);
 	cr_assert_eq(c->n_files, 4);
 	cr_assert_eq(c->n_val_files, 1);
 	cr_assert_eq(dg_corpus_digest(c, hex[2], msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	cr_assert_str_eq(hex[0], hex[1]);
 	cr_assert_str_eq(hex[0], hex[2]);
 
@@ -201,7 +201,7 @@ Test(data_tokens, shards_as_a_glob_a_list_and_a_folder)
 	cr_assert_eq(c->n_files, 2);
 	cr_assert_eq(c->train_len, 300);
 	rows_consecutive(c, 300, 599, 1000, 1099);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 
 	/* the val shard alone: 90/10 of it, another split, another digest */
 	snprintf(data, sizeof(data), "%s/tiny_val_000000.bin", dir);
@@ -210,7 +210,7 @@ Test(data_tokens, shards_as_a_glob_a_list_and_a_folder)
 	cr_assert_eq(c->train_len, 90);
 	cr_assert_eq(dg_corpus_digest(c, hex[3], msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_str_neq(hex[3], hex[0]);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 
 	/* another val token: another digest */
 	set_token(dir, "tiny_val_000000.bin", DG_SHARD_HEADER_BYTES, 99, 7);
@@ -218,7 +218,7 @@ Test(data_tokens, shards_as_a_glob_a_list_and_a_folder)
 	c = open_ok(d2, 0);
 	cr_assert_eq(dg_corpus_digest(c, hex[1], msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_str_neq(hex[1], hex[0], "a changed val token kept the digest");
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	dg_test_rmtree(dir);
 }
 
@@ -233,12 +233,12 @@ Test(data_tokens, a_folder_named_like_a_pattern)
 	dg_corpus *c = open_ok(dir, 0);
 	cr_assert_eq(c->n_files, 2);
 	cr_assert_eq(c->n_val_files, 1);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	snprintf(data, sizeof(data), "%s/x_train_000001.bin", dir);
 	c = open_ok(data, 0);
 	cr_assert_eq(c->n_val_files, 1, "the val shard beside it");
 	rows_consecutive(c, 0, 199, 300, 349);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	dg_test_rmtree(top);
 }
 
@@ -254,13 +254,13 @@ Test(data_tokens, raw_uint16_tokens)
 	cr_assert_eq(c->train_len, 500);
 	cr_assert_str_eq(c->split, "val.bin");
 	rows_consecutive(c, 100, 599, 700, 799);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	/* train.bin named: its val.bin beside it */
 	snprintf(data, sizeof(data), "%s/train.bin", dir);
 	c = open_ok(data, 1000);
 	cr_assert_eq(c->n_val_files, 1);
 	cr_assert_eq(c->train_len, 500);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	/* another file: 90/10 */
 	raw(dir, "tokens.u16", 1000, 0, 0);
 	snprintf(data, sizeof(data), "%s/tokens.u16", dir);
@@ -268,16 +268,16 @@ Test(data_tokens, raw_uint16_tokens)
 	cr_assert_eq(c->len, 1000);
 	cr_assert_eq(c->train_len, 900);
 	rows_consecutive(c, 0, 899, 900, 999);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	/* without a vocab (or with 256) a plain file is bytes */
 	c = open_ok(data, 0);
 	cr_assert_eq(c->kind, DG_CORPUS_KIND_BYTES);
 	cr_assert_eq(c->len, 2000);
 	cr_assert_eq(c->vocab, 256);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	c = open_ok(data, 256);
 	cr_assert_eq(c->kind, DG_CORPUS_KIND_BYTES);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	/* a folder of raw tokens says nothing of its vocabulary */
 	refused(dir, 0, DG_ERR_INVALID_ARG, (const char *const[]){ "train.bin", "raw uint16 tokens", "--vocab", NULL });
 	dg_test_rmtree(dir);
@@ -318,7 +318,7 @@ Test(data_tokens, refusals_name_the_file_and_the_offset)
 		(const char *const[]){ data, "byte offset 1098: token 60000 is outside the vocabulary 0..50303", NULL });
 	/* below 65536 it is in the vocabulary */
 	dg_corpus *c = open_ok(data, 65536);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	good_shard(dir, "ok.bin", 100, 0); /* tokens 0..99: 99 at 1024 + 2·99 */
 	refused(AT("ok.bin"), 99, DG_ERR_CORRUPT,
 		(const char *const[]){ data, "byte offset 1222: token 99 is outside the vocabulary 0..98", NULL });
@@ -359,11 +359,11 @@ Test(data_tokens, the_scan_across_pieces, .timeout = 60)
 	dg_corpus *c = open_ok(data, 65536);
 	char h1[65], h2[65];
 	cr_assert_eq(dg_corpus_digest(c, h1, msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	c = open_ok(data, 65536);
 	cr_assert_eq(dg_corpus_digest(c, h2, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_str_eq(h1, h2);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	/* tokens i % 65536: with vocab 65535, token 65535 at i = 65535 first */
 	refused(data, 65535, DG_ERR_CORRUPT, (const char *const[]){ "byte offset 131070: token 65535", NULL });
 	/* only past the first piece */
@@ -384,6 +384,6 @@ Test(data_tokens, a_byte_corpus_digest_is_its_sha256)
 	cr_assert_eq(c->kind, DG_CORPUS_KIND_BYTES);
 	cr_assert_eq(dg_corpus_digest(c, hex, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	dg_test_rmtree(dir);
 }

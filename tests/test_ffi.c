@@ -33,6 +33,7 @@
 #include "gpu_helpers.h"
 #include "helpers.h"
 #include "runtime/store/specset.h"
+#include "runtime/ops/checks.h"
 
 Test(ffi, version_and_specs)
 {
@@ -43,7 +44,7 @@ Test(ffi, version_and_specs)
 		     DG_OK, "%s", msg);
 	cr_assert_eq(dg_ffi_spec_text(s, text, sizeof(text)), DG_OK);
 	cr_assert(strstr(text, "op=lowrank_fwd") && strstr(text, "heads=2"), "%s", text);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 	s = (dg_spec *)1;
 	cr_assert_eq(dg_ffi_spec_parse("op=lowrank_fwd;latent=8190", &s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(msg, "latent=8190"), "%s", msg);
@@ -55,14 +56,14 @@ Test(ffi, version_and_specs)
 	cr_assert_eq(dg_ffi_spec_plan(s, 90, path, sizeof(path), text, sizeof(text), msg, sizeof(msg)), DG_OK, "%s",
 		     msg);
 	cr_assert(path[0] && strstr(text, "tile=") && !strstr(text, "tile=auto"), "%s: %s", path, text);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 	cr_assert_eq(dg_ffi_spec_parse("op=lowrank_fwd;tile=48x64x64/2x2/2", &s, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(dg_ffi_spec_plan(s, 90, path, sizeof(path), NULL, 0, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(msg, "48"), "%s", msg);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 	cr_assert_eq(dg_ffi_spec_parse("op=frob", &s, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(msg, "frob"), "%s", msg);
-	dg_ffi_spec_free(NULL);
+	dg_ffi_spec_destroy(NULL);
 }
 
 Test(ffi, bundles)
@@ -209,7 +210,7 @@ Test(ffi, op_check_names_what_is_wrong)
 	b[0].fmt = 99;
 	cr_assert_eq(dg_ffi_op_check(s, b, 3, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "format 99"), "%s", msg);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 }
 
 /* text's op's tensors at B b, T t, R r (dg_ffi_op_args), the ones a call
@@ -273,14 +274,14 @@ Test(ffi, op_check_quantize_act_token_needs_4d)
 	tc = dg_tensor_4d("codes", DG_FMT_INT8, a[1].data, 1, 1, 6, 64);
 	tc.scale = a[1].scale;
 	cr_assert_eq(dg_quantize_act_check(s, &qa, msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 
 	cr_assert_eq(dg_ffi_spec_parse("op=quantize_act;src=f32;act=int8;ascale=tensor", &s, msg, sizeof(msg)), DG_OK,
 		     "%s", msg);
 	a[0] = any_shape("x", DG_FMT_F32, 2, flat, 0);
 	a[1] = any_shape("codes", DG_FMT_INT8, 2, flat, 1);
 	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 }
 
 /* Rules of the family files the op table cannot say, each a call the
@@ -302,7 +303,7 @@ Test(ffi, op_check_is_the_ops_own)
 	a[1] = any_shape("out", DG_FMT_F32, 3, stack, 1);
 	cr_assert_eq(dg_ffi_op_check(s, a, 2, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "codes: dg_dequantize: expected (R, C) codes, got 3 dimensions"), "%s", msg);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 
 	int32_t n;
 	s = placed("op=gate_fwd;heads=2;latent=64;act=f32", 2, 3, 1, a, &n);
@@ -316,7 +317,7 @@ Test(ffi, op_check_is_the_ops_own)
 	o.step_at = a[0].data + 2;
 	cr_assert_eq(dg_ffi_op_check(s, a, n, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "step_at") && strstr(msg, "4-byte aligned"), "%s", msg);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 
 	s = placed("op=lmhead_ce;embd=32;vocab=64", 1, 1, 5, a, &n);
 	cr_assert_eq(n, 6);
@@ -324,7 +325,7 @@ Test(ffi, op_check_is_the_ops_own)
 	o = (dg_ffi_opts){ .bad = a[0].data + 1 };
 	cr_assert_eq(dg_ffi_op_check(s, a, n, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "bad") && strstr(msg, "4-byte aligned"), "%s", msg);
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 }
 
 #define SIZES (&(dg_ffi_model_sizes){ .layers = 2, .embd = 32, .heads = 2, .neurons = 64, .vocab = 0, .dropout = 0.1f })
@@ -566,6 +567,6 @@ Test(ffi, gpu_op_is_the_typed_op)
 	a[1].shape[3] = 60;
 	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "codes"), "%s", dg_device_errmsg(dev));
-	dg_ffi_spec_free(s);
+	dg_ffi_spec_destroy(s);
 	gh_close(dev);
 }

@@ -1,7 +1,7 @@
 /*
  * The model's forward and backward as two calls (dragon/ffi.h
  * dg_ffi_model_forward, dg_ffi_model_backward, dg_ffi_model_hidden; under
- * them dragon/model.h dg_model_cpu_forward ... and dg_model_run_backward),
+ * them runtime/train/model_int.h dg_model_cpu_forward ... and dg_model_run_backward),
  * what a framework's autograd runs:
  *   - on the CPU, forward then backward is dg_model_cpu_step bit for bit
  *     (f32 and w8a8, dropout on), at the model's (B, T) and at another;
@@ -22,6 +22,7 @@
 #include "dragon/dragon.h"
 #include "dragon/ffi.h"
 #include "gpu_helpers.h"
+#include "runtime/train/model_int.h"
 
 #define SIZES (&(dg_ffi_model_sizes){ .layers = 2, .embd = 32, .heads = 2, .neurons = 64, .vocab = 0, .dropout = 0.1f })
 #define U64(p) ((uint64_t)(uintptr_t)(p))

@@ -15,6 +15,7 @@
 
 #include "dragon/fmt.h"
 #include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 
 /* One row of M.formats as the Lua text writes it. */
 typedef struct lua_fmt {

@@ -52,6 +52,8 @@
 #include "dragon/codegen.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/ref/ref_ops.h"
 
 typedef struct shape {
 	int B, H, T, N, D;

@@ -45,6 +45,7 @@
 #include "backward_helpers.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 static const dg_fmt weights[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
 				  DG_FMT_TERNARY, DG_FMT_SIGN1 };

@@ -33,6 +33,7 @@
 #include "backward_helpers.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "runtime/gpu/gpu_int.h"
 
 #define BDH_H 4
 #define BDH_E 256

@@ -53,6 +53,7 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "runtime/ops/ops_int.h"
+#include "runtime/ref/ref_ops.h"
 
 typedef struct shape {
 	int H, Hin, E, L, B, T;

@@ -2,7 +2,7 @@
  * GPU tests of the sm_90a warpgroup path of lowrank_grad_input and
  * lowrank_grad_weight (templates/backward_wgmma.lua): a bf16 gradient
  * (src=bf16) with a bf16 w / x, on small odd shapes against the CPU
- * references (dragon/ref.h, the bf16 storages read as they are). Skip
+ * references (runtime/ref/ref_ops.h, the bf16 storages read as they are). Skip
  * without a device (gh_open) or unless it is an sm_90 (the path is
  * sm_90a's), saying why.
  *
@@ -34,8 +34,9 @@
 #include <string.h>
 
 #include "backward_helpers.h"
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 #include "gpu_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 /* Opens the device; skips (with the reason) unless it is an sm_90. */
 static dg_device *open_sm90(void)

@@ -45,6 +45,8 @@
 #include "dragon/ref.h"
 #include "dragon/rng.h"
 #include "gpu_helpers.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/ref/ref_ops.h"
 
 typedef struct shape {
 	int B, T, H, E, L;

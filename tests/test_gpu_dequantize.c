@@ -28,6 +28,7 @@
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 static void check(dg_device *dev, dg_fmt act, dg_fmt out, dg_scale_gran g, int64_t R, int64_t C,
 		  int threads)

@@ -22,6 +22,7 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "rows_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 static const dg_fmt FL[2] = { DG_FMT_F32, DG_FMT_BF16 };
 

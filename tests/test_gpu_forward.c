@@ -30,6 +30,8 @@
 
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "runtime/ops/checks.h"
+#include "runtime/ref/ref_ops.h"
 
 /* Compares n outputs of format f: bytes when exact, else within a
  * tolerance (codes within 1: a float sum may round across a code edge).

@@ -42,6 +42,7 @@
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 /* The spec of op; grad, other: the gradients' formats (out, src) where
  * the op reads those fields. */

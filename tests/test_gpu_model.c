@@ -77,7 +77,7 @@
 #include <string.h>
 
 #include "dragon/model.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "gpu_helpers.h"
 
 static dg_model_config tiny(const char *preset)

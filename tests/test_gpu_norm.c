@@ -27,6 +27,7 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "rows_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 #define EPS 1e-5f
 

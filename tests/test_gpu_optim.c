@@ -1,6 +1,6 @@
 /*
  * GPU tests of the optim family (templates/adamw.lua, runtime/ops/optim.c)
- * against the host's optimizer (dragon/optim.h dg_adamw_step; dragon/ref.h
+ * against the host's optimizer (dragon/optim.h dg_adamw_step; runtime/ref/ref_ops.h
  * dg_ref_adamw, which tests/test_nvrtc_optim.c holds to it bit for bit).
  * Skip without a device (gh_open); fail instead with DRAGON_REQUIRE_GPU=1.
  *
@@ -48,8 +48,9 @@
 
 #include "dragon/ops.h"
 #include "dragon/optim.h"
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 #include "gpu_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 static void ok(dg_device *dev, dg_status st, const char *what)
 {

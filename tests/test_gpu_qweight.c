@@ -20,6 +20,7 @@
 
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 /* The reference rule with a given scale (dg_ref_quantize_weight's apply). */
 static int8_t code_of(dg_fmt f, float v, float s)

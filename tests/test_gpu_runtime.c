@@ -16,6 +16,8 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "helpers.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/ref/ref_ops.h"
 
 static bool own_cache(void)
 {

@@ -24,6 +24,7 @@
 #include "autotune/sweep_int.h"
 #include "gpu_helpers.h"
 #include "runtime/ops/ops_int.h"
+#include "runtime/ref/ref_ops.h"
 
 static void check_spec(dg_device *dev, const char *text, int rows)
 {

@@ -33,6 +33,7 @@
 #include "dragon/optim.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 static dg_model_config config(const char *preset, bool small)
 {

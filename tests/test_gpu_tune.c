@@ -18,6 +18,8 @@
 #include "dragon/tune.h"
 #include "gpu_helpers.h"
 #include "helpers.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/tunedb/choose.h"
 
 static const char *const SPECS[2] = {
 	"op=lowrank_fwd;weight=ternary;act=int8;out=int8;relu=0",

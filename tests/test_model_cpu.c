@@ -21,6 +21,7 @@
 #include "dragon/ref.h"
 #include "dragon/rng.h"
 #include "helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 static dg_model_config tiny_of(const char *preset)
 {

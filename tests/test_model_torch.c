@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "dragon/model.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "helpers.h"
 
 static int meta_int(const dg_safetensors *f, const char *key)

@@ -29,6 +29,7 @@
 #include "dragon/codegen.h"
 #include "dragon/ops.h"
 #include "dragon/spec.h"
+#include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
 
 static const dg_op gemms[] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_OUT, DG_OP_ATTENTION_GRAD_SCORES,

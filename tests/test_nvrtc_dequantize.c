@@ -19,6 +19,7 @@
 #include "dragon/codegen.h"
 #include "dragon/ops.h"
 #include "dragon/spec.h"
+#include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
 
 static dg_codegen *make_cg(void)

@@ -24,6 +24,7 @@
 #include "dragon/codegen.h"
 #include "dragon/ops.h"
 #include "dragon/spec.h"
+#include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
 
 static const dg_op ops[] = { DG_OP_GATE_FWD, DG_OP_GATE_BWD, DG_OP_ADD_MASK, DG_OP_ADD3,

@@ -28,6 +28,7 @@
 
 #include "dragon/codegen.h"
 #include "dragon/ops.h"
+#include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
 
 static char err[8192];

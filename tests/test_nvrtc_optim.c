@@ -40,6 +40,8 @@
 #include "dragon/ref.h"
 #include "dragon/rng.h"
 #include "dragon/spec.h"
+#include "runtime/ops/checks.h"
+#include "runtime/ref/ref_ops.h"
 #include "runtime/store/nvrtc.h"
 
 static dg_codegen *make_cg(void)

@@ -146,6 +146,6 @@ Test(nvrtc_quantize, rows_at_the_bdh_shapes)
 		dg__nvrtc_result_free(&res);
 		dg_source_destroy(src);
 	}
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 	dg_codegen_destroy(cg);
 }

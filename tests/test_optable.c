@@ -23,6 +23,7 @@
 #include "dragon/ops.h"
 #include "dragon/spec.h"
 #include "helpers.h"
+#include "runtime/ops/checks.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -20,6 +20,7 @@
 
 #include "dragon/ref.h"
 #include "ref_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 /* --- helpers ------------------------------------------------------------- */
 

@@ -17,6 +17,7 @@
 
 #include "dragon/ref.h"
 #include "dragon/rng.h"
+#include "runtime/ref/ref_ops.h"
 
 static float *rnd(dg_rng *r, size_t n, float lo)
 {

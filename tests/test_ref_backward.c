@@ -23,6 +23,8 @@
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "ref_helpers.h"
+#include "runtime/ops/checks.h"
+#include "runtime/ref/ref_ops.h"
 
 /* --- helpers ------------------------------------------------------------- */
 

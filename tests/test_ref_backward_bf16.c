@@ -18,6 +18,7 @@
 #include "dragon/ref.h"
 #include "dragon/rng.h"
 #include "ref_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 static void *fill(dg_rng *r, dg_fmt f, size_t n)
 {

@@ -14,6 +14,7 @@
 
 #include "dragon/ref.h"
 #include "ref_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 static dg_spec dec_spec(int heads, int latent, int embd, dg_fmt weight, dg_fmt act, dg_fmt out)
 {

@@ -15,6 +15,7 @@
 
 #include "dragon/ref.h"
 #include "dragon/rng.h"
+#include "runtime/ref/ref_ops.h"
 
 Test(ref_dequantize, hand_worked)
 {

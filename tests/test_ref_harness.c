@@ -22,6 +22,7 @@
 #include "dragon/rng.h"
 #include "dragon/spec.h"
 #include "ref_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 /* ---- the tolerance check ------------------------------------------------------ */
 

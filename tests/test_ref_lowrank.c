@@ -21,6 +21,7 @@
 
 #include "dragon/ref.h"
 #include "ref_helpers.h"
+#include "runtime/ref/ref_ops.h"
 
 /* --- helpers ------------------------------------------------------------- */
 

@@ -21,6 +21,8 @@
 #include "dragon/runtime.h"
 #include "dragon/tensor.h"
 #include "helpers.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/ops/checks.h"
 
 /* ---- no device --------------------------------------------------------- */
 

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "helpers.h"
 
 /* A file of one header text and n data bytes (0x5a each). */

@@ -26,6 +26,7 @@
 #include "dragon/codegen.h"
 #include "dragon/ref.h"
 #include "dragon/rng.h"
+#include "runtime/ref/ref_ops.h"
 #include "runtime/store/nvrtc.h"
 
 static char msg[8192];

@@ -165,7 +165,7 @@ Test(train, learns_and_resumes_bit_exactly)
 	dg_train_state_destroy(sa);
 	dg_train_state_destroy(sb);
 	free(la), free(lb);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 }
 
 Test(train, refusals_and_faults)
@@ -205,7 +205,7 @@ Test(train, refusals_and_faults)
 	dg_train_opts t = tiny(d, 6);
 	cr_assert_eq(dg_train_run(&t, s, NULL, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "validation split"), "%s", msg);
-	dg_corpus_destroy(s);
+	dg_corpus_close(s);
 	/* a corpus of tokens past the model's vocabulary */
 	char tok[512];
 	snprintf(tok, sizeof(tok), "%s/tokens.u16", dg_test_tmpdir());
@@ -219,7 +219,7 @@ Test(train, refusals_and_faults)
 	t = tiny(d, 6);
 	cr_assert_eq(dg_train_run(&t, s, NULL, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "vocab=256: ") && strstr(msg, "holds tokens up to 511"), "%s", msg);
-	dg_corpus_destroy(s);
+	dg_corpus_close(s);
 	/* a blow-up: stopped at the step it happens, the last checkpoint kept */
 	char e[512];
 	snprintf(e, sizeof(e), "%s/nan", dg_test_tmpdir());
@@ -238,7 +238,7 @@ Test(train, refusals_and_faults)
 	cr_assert_eq(k->step, at - 1, "the newest checkpoint is of step %lld, the blow-up of %lld",
 		     (long long)k->step, at);
 	dg_train_state_destroy(k);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 }
 
 /* What the progress callback of the stop test does: at step `at` it sets
@@ -331,7 +331,7 @@ Test(train, stop_flag_checkpoints_then_resumes)
 	cr_assert_str_eq(lb, la, "stopped and resumed, the run logged other numbers");
 	free(la);
 	free(lb);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	dg_test_rmtree(root);
 }
 
@@ -427,7 +427,7 @@ Test(train, full_disk_keeps_the_last_checkpoint)
 	cr_assert_str_eq(ld, la, "resumed after the full disk, the run logged other numbers");
 	free(la);
 	free(ld);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	dg_test_rmtree(root);
 }
 
@@ -480,7 +480,7 @@ Test(train, the_folder_lock_names_its_holder)
 	cr_assert_eq(res.step, 4);
 	close(p[0]);
 	close(p[1]);
-	dg_corpus_destroy(c4);
+	dg_corpus_close(c4);
 	dg_test_rmtree(root);
 }
 

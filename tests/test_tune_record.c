@@ -20,6 +20,7 @@
 
 #include "dragon/tune.h"
 #include "helpers.h"
+#include "runtime/tunedb/choose.h"
 
 #define SPEC_LR "op=lowrank_fwd;weight=ternary;act=int8;out=int8;relu=0"
 #define DEV "NVIDIA H200"
@@ -329,7 +330,7 @@ Test(tune_db, lookup_merge_and_fallback)
 	resolve(cg, NULL, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no tuning DB"), "%s", ch.why);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 
 	/* the same folder opened for the other device: its record only (the
 	 * H200's built-in ones count as another device's) */
@@ -340,13 +341,13 @@ Test(tune_db, lookup_merge_and_fallback)
 	cr_assert_eq(dg_tune_db_n_other_device(db), 2 + N_BUILTIN);
 	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned, "a record of another device must not be used");
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 
 	/* unfiltered: two devices */
 	dg_tune_db_opts o3 = { .path = dir };
 	cr_assert_eq(dg_tune_db_open(&db, &o3), DG_OK);
 	cr_assert_eq(dg_tune_db_devices(db, NULL, 0), 2);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 	dg_codegen_destroy(cg);
 
 	dg_tune_record_destroy(ra);
@@ -377,7 +378,7 @@ Test(tune_db, merge_is_independent_of_order_and_env_path_list)
 	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(ch.tuned);
 	cr_assert_str_eq(ch.date, "2026-12-05T00:00:00Z");
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 
 	/* "none" turns the DB off, built-in records included */
 	setenv("DRAGON_TUNE_DB", "none", 1);
@@ -388,7 +389,7 @@ Test(tune_db, merge_is_independent_of_order_and_env_path_list)
 	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no tuning DB"), "%s", ch.why);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 	unsetenv("DRAGON_TUNE_DB");
 
 	/* a missing folder is an empty folder, not an error: the built-in
@@ -398,7 +399,7 @@ Test(tune_db, merge_is_independent_of_order_and_env_path_list)
 	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN);
 	cr_assert_eq(dg_tune_db_n_builtin(db), N_BUILTIN);
 	cr_assert_eq(dg_tune_db_n_problems(db), 0);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 	dg_codegen_destroy(cg);
 
 	dg_tune_record_destroy(ra);
@@ -423,7 +424,7 @@ Test(tune_db, stale_or_empty_winners_fall_back_with_a_reason)
 	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no winner"), "%s", ch.why);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 
 	/* a winner its template no longer plans */
 	const char *tiles[1] = { "48x64x64/2x2/2" };
@@ -434,7 +435,7 @@ Test(tune_db, stale_or_empty_winners_fall_back_with_a_reason)
 	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no longer valid") && strstr(ch.why, "BM and BN"), "%s", ch.why);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 	dg_tune_record_destroy(st);
 
 	/* without a DB the element-wise ops get their default threads too */
@@ -486,14 +487,14 @@ Test(tune_db, builtin_records)
 	/* another device: none of them */
 	resolve(cg, db, &s, "NVIDIA A100", 80, &ch);
 	cr_assert(!ch.tuned);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 
 	/* unfiltered, and "builtin" keeps the user's folder out */
 	dg_tune_db_opts all = { .path = "builtin" };
 	cr_assert_eq(dg_tune_db_open(&db, &all), DG_OK);
 	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN);
 	cr_assert_str_eq(dg_tune_db_where(db), "builtin");
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 
 	/* "none": no records at all */
 	dg_tune_db_opts none = { .path = "none", .device = DEV, .sm = 90 };
@@ -507,7 +508,7 @@ Test(tune_db, builtin_records)
 	dg_plan want;
 	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &want), DG_OK);
 	cr_assert_str_eq(ch.plan.canonical, want.canonical);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 	dg_codegen_destroy(cg);
 }
 
@@ -540,7 +541,7 @@ Test(tune_db, a_user_record_wins_over_a_builtin_one)
 	resolve(cg, db, &d, DEV, 90, &ch);
 	cr_assert(ch.tuned, "%s", ch.why);
 	cr_assert(strncmp(ch.record, "built-in:", 9) == 0, "%s", ch.record);
-	dg_tune_db_destroy(db);
+	dg_tune_db_close(db);
 	dg_codegen_destroy(cg);
 	dg_tune_record_destroy(r);
 	dg_test_rmtree(dir);

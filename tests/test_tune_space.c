@@ -18,8 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autotune/sweep_int.h"
 #include "dragon/tune.h"
 #include "helpers.h"
+#include "runtime/tunedb/choose.h"
 
 static dg_spec spec_of(const char *text)
 {

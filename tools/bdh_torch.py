@@ -67,7 +67,7 @@ def rope(phases, v):
 
 
 # ---- fake quantization (straight-through), dragon's quantizers -------------
-# A recipe's copies as dragon makes them (dragon/ref.h): int8 weights a scale
+# A recipe's copies as dragon makes them (runtime/ref/ref_ops.h): int8 weights a scale
 # an output channel (max|w|/127, codes rint(w/s)), ternary weights a scale a
 # tensor (s = mean|w|, code 0 where |w| < s, else sign(w)); activations int8
 # (or uint8pos for the decoder's post-ReLU input) a scale a token (max|x| /

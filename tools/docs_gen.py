@@ -80,9 +80,10 @@ def ops_page(exe):
            "op's spec fields (with their `dragon-gen` flags, defaults and the formats each takes), its tile",
            "kind and the lists it is built for in the default set; validation, defaults, `dragon-gen list`,",
            "the help texts, the default build set, the tuner's dispatch and the ops' tensor checks all come",
-           "from it. Each op has a typed call in `include/dragon/ops.h` (an args struct, a `_check` that",
-           "needs no GPU, a `_workspace` query where it needs scratch), a template module in `templates/`",
-           "and a CPU reference in `runtime/ref/`.", "",
+           "from it. Each op has a typed call in `include/dragon/ops.h` (an args struct, a `_workspace`",
+           "query where it needs scratch; the checks of any op without a GPU are `dg_ffi_op_check`'s), a",
+           "template module in `templates/` and a CPU reference in `runtime/ref/` (any op's through",
+           "`dg_ref_run`).", "",
            "| op | family | computes | tile |", "|---|---|---|---|"]
     for o in ops:
         out.append(f"| [`{o['name']}`](#{o['name']}) | {o['family']} | {md(o['about'])} | `{o['tile_form']}` |")

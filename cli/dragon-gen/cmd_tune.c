@@ -108,7 +108,7 @@ int dg__gen_tune_open(const char *db_path, const char *cache_dir, const char *de
 
 void dg__gen_tune_close(dg__gen_tune *t)
 {
-	dg_tune_db_destroy(t->db);
+	dg_tune_db_close(t->db);
 	t->db = NULL;
 }
 

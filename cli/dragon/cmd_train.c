@@ -509,7 +509,7 @@ int dg__cli_cmd_train(int argc, char **argv)
 	if (st) {
 		leave(&world, true);
 		dg_device_close(dev);
-		dg_corpus_destroy(c);
+		dg_corpus_close(c);
 		return dg__cli_err(st == DG_ERR_INVALID_ARG ? DG__CLI_USAGE : DG__CLI_FAIL, st, "%s%s",
 				   a.data ? "--data " : "", msg);
 	}
@@ -574,7 +574,7 @@ int dg__cli_cmd_train(int argc, char **argv)
 		       a.o.out_dir);
 	}
 	leave(&world, st != DG_OK && st != DG_ERR_INTERRUPTED);
-	dg_corpus_destroy(c);
+	dg_corpus_close(c);
 	dg_device_close(dev);
 	return code;
 }

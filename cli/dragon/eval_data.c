@@ -85,7 +85,7 @@ void dg__eval_data_batch(dg__eval_data *d, int k, int b, int t, int32_t *idx, in
 
 void dg__eval_data_close(dg__eval_data *d)
 {
-	dg_corpus_destroy(d->corpus);
+	dg_corpus_close(d->corpus);
 	free(d->bytes);
 	memset(d, 0, sizeof(*d));
 }

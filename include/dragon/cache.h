@@ -1,5 +1,6 @@
 /*
- * dragon — the on-disk kernel cache.
+ * dragon — the on-disk kernel cache: where it is, what it holds, checking
+ * and trimming it. The JIT (dragon/jit.h) reads and writes its entries.
  *
  * Root: opts->dir, else $DRAGON_CACHE_DIR, else $XDG_CACHE_HOME/dragon,
  * else ~/.cache/dragon. Entries live in <root>/kernels/<key>.dgk, one file
@@ -12,15 +13,15 @@
  *    which is never read and which gc removes;
  *  - every read verifies the header and checksum; a bad entry is moved to
  *    <root>/quarantine/ and reported as a miss, never loaded;
- *  - dg_cache_get_or_build serializes builders of one key with an advisory
+ *  - the JIT serializes builders of one key with an advisory
  *    lock (<root>/locks/<key>.lock, released by the kernel if the holder
  *    dies), so concurrent processes build a key once and all return the
  *    bytes of the one published entry;
  *  - size is capped (opts->max_bytes, else $DRAGON_CACHE_MAX_BYTES, else
  *    1 GiB): after each put the least recently used entries are evicted.
  *    Use is recorded by dragon itself: a hit sets the entry's mtime;
- *  - the cache is an optimisation: dg_cache_get_or_build returns what it
- *    built even when the cache cannot store it (read-only or full disk).
+ *  - the cache is an optimisation: the JIT returns what it built even
+ *    when the cache cannot store it (read-only or full disk).
  */
 #ifndef DRAGON_CACHE_H
 #define DRAGON_CACHE_H
@@ -29,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -46,13 +48,6 @@ typedef struct dg_cache_opts {
 	bool no_create;     /* open only a cache that exists: make no folder */
 } dg_cache_opts;
 
-/* One entry's contents. Owned by the caller: dg_cache_blob_free. */
-typedef struct dg_cache_blob {
-	uint8_t *image; /* binary image (cubin or PTX), image_size bytes */
-	size_t image_size;
-	char *meta; /* metadata JSON, NUL-terminated */
-} dg_cache_blob;
-
 typedef struct dg_cache_stats {
 	uint64_t entries;
 	uint64_t bytes;       /* sum of entry file sizes */
@@ -67,63 +62,26 @@ typedef struct dg_cache_verify_report {
 	uint64_t bad; /* each moved to quarantine/ */
 } dg_cache_verify_report;
 
-/*
- * Builds a missing entry: on success sets *image (malloc'd, size *size) and
- * *meta (malloc'd JSON text, or NULL for ""); the cache takes ownership. On
- * failure returns a status and leaves a message in the caller's own state;
- * nothing is published, and *image and *meta are neither read nor freed:
- * the builder frees whatever it allocated before returning an error.
- */
-typedef dg_status (*dg_cache_build_fn)(void *user, uint8_t **image,
-				       size_t *size, char **meta);
-
 /* Creates the root folders if needed. opts may be NULL. *out is the new
  * handle (free with dg_cache_close), NULL on failure: then
  * dg_cache_errmsg(NULL) says why. With opts->no_create nothing is made:
  * a root, or one of its folders, that does not exist is DG_ERR_NOT_FOUND
  * (a tool can look at a cache without creating one). */
-dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts);
+DG_API dg_status dg_cache_open(dg_cache **out, const dg_cache_opts *opts);
 /* Accepts NULL. */
-void dg_cache_close(dg_cache *cache);
+DG_API void dg_cache_close(dg_cache *cache);
 /*
- * The message of the handle's last call: "" after a success, except where
- * dg_cache_get_or_build says otherwise; valid until the handle's next call.
+ * The message of the handle's last call: "" after a success (or why a
+ * built entry could not be kept); valid until the handle's next call.
  * NULL: why the last dg_cache_open on this thread failed ("" if it
  * succeeded); valid until this thread's next dg_cache_open. Never NULL.
  */
-const char *dg_cache_errmsg(const dg_cache *cache);
-const char *dg_cache_root(const dg_cache *cache);
+DG_API const char *dg_cache_errmsg(const dg_cache *cache);
+DG_API const char *dg_cache_root(const dg_cache *cache);
 
-/* DG_OK and *out filled on a hit; DG_ERR_NOT_FOUND on a miss (a corrupt
- * entry is quarantined and counts as a miss). */
-dg_status dg_cache_get(dg_cache *cache, const char *key, dg_cache_blob *out);
-
-/* Publishes an entry atomically (replacing any), then evicts down to the
- * cap. The newest entry is never evicted. */
-dg_status dg_cache_put(dg_cache *cache, const char *key, const uint8_t *image,
-		       size_t image_size, const char *meta);
-
-/*
- * Get, else take the key's lock, get again, else build and put. *hit (may be
- * NULL) tells whether the bytes came from disk. *out is filled on DG_OK
- * (free with dg_cache_blob_free).
- *
- * The cache is an optimisation, so a cache that cannot keep the result
- * does not fail the call: if the key's lock cannot be taken, the entry is
- * built without it; if the built entry cannot be published (read-only or
- * full disk), the built bytes are still returned with DG_OK and *hit false,
- * nothing is published, and dg_cache_errmsg(cache) says why (it is "" when
- * the cache worked). A builder failure is returned as the builder's status.
- */
-dg_status dg_cache_get_or_build(dg_cache *cache, const char *key,
-				dg_cache_build_fn build, void *user,
-				dg_cache_blob *out, bool *hit);
-
-void dg_cache_blob_free(dg_cache_blob *blob);
-
-dg_status dg_cache_stat(dg_cache *cache, dg_cache_stats *out);
+DG_API dg_status dg_cache_stat(dg_cache *cache, dg_cache_stats *out);
 /* Reads every entry; moves bad ones to quarantine/. */
-dg_status dg_cache_verify(dg_cache *cache, dg_cache_verify_report *out);
+DG_API dg_status dg_cache_verify(dg_cache *cache, dg_cache_verify_report *out);
 /*
  * Told of each bad file dg_cache_verify_each found, after it was moved to
  * quarantine/. key: the entry's key, or for a file in kernels/ whose name is
@@ -135,14 +93,14 @@ typedef void (*dg_cache_verify_fn)(void *user, const char *key,
 				   const char *reason);
 /* dg_cache_verify that also calls cb(user, ...) (cb may be NULL) for each
  * bad file, so a tool can list them. */
-dg_status dg_cache_verify_each(dg_cache *cache, dg_cache_verify_fn cb,
-			       void *user, dg_cache_verify_report *out);
+DG_API dg_status dg_cache_verify_each(dg_cache *cache, dg_cache_verify_fn cb,
+				      void *user, dg_cache_verify_report *out);
 /* Removes temp files older than a minute and the quarantine, then evicts
  * least recently used entries down to max_bytes (0: the cache's cap).
  * *removed (may be NULL) counts files removed. */
-dg_status dg_cache_gc(dg_cache *cache, uint64_t max_bytes, uint64_t *removed);
+DG_API dg_status dg_cache_gc(dg_cache *cache, uint64_t max_bytes, uint64_t *removed);
 /* Removes every entry, temp file and quarantined file. */
-dg_status dg_cache_clear(dg_cache *cache, uint64_t *removed);
+DG_API dg_status dg_cache_clear(dg_cache *cache, uint64_t *removed);
 
 #ifdef __cplusplus
 }

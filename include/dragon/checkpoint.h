@@ -24,10 +24,10 @@
  *     "format": "dragon-checkpoint-2", "kind": "checkpoint", and
  *     "file_sha256", the file's seal: the SHA-256 (hex) of the whole file
  *     — header, metadata and tensors — as it is with these 64 digits
- *     written as '0' (dragon/safetensors.h), so a flipped bit anywhere in
+ *     written as '0' (docs/formats.md), so a flipped bit anywhere in
  *     it, a step or an RNG state as much as a weight, is refused.
- * It is written atomically (temp file, fsync, rename, directory fsync:
- * dg_safetensors_writer_save), so a crash or a full disk leaves the
+ * It is written atomically (temp file, fsync, rename, directory
+ * fsync), so a crash or a full disk leaves the
  * previous file as it was. A file whose tensors or metadata are missing,
  * misshapen or unparsable is refused, naming what; so is one whose
  * weights or moments are not finite (a second moment negative), though
@@ -46,6 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "model.h"
 #include "optim.h"
 #include "rng.h"
@@ -72,19 +73,19 @@ typedef struct dg_train_state {
 
 /* A run's state at step 0: a copy of w, zero moments, the data RNG
  * seeded with seed. Free with dg_train_state_destroy (NULL is fine). */
-dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const dg_adamw_config *opt,
-				dg_train_state **out, char *msg, size_t msg_size);
-void dg_train_state_destroy(dg_train_state *s);
+DG_API dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const dg_adamw_config *opt,
+				       dg_train_state **out, char *msg, size_t msg_size);
+DG_API void dg_train_state_destroy(dg_train_state *s);
 
 /* Writes s to path atomically. DG_ERR_IO names the file, the step that
  * failed and errno (a full disk: "write: No space left on device"); the
  * temp file is then removed and the previous file at path is as it was. */
-dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *msg, size_t msg_size);
+DG_API dg_status dg_checkpoint_save(const dg_train_state *s, const char *path, char *msg, size_t msg_size);
 
 /* The file dg_checkpoint_save writes, in memory (malloc'd *out of *size
  * bytes; free it). */
-dg_status dg_checkpoint_bytes(const dg_train_state *s, void **out, size_t *size, char *msg,
-			      size_t msg_size);
+DG_API dg_status dg_checkpoint_bytes(const dg_train_state *s, void **out, size_t *size, char *msg,
+				     size_t msg_size);
 
 /* Reads a checkpoint (a new state in *out), after the checks of every
  * reader of weights (dg_model_file_check). DG_ERR_NOT_FOUND / DG_ERR_IO
@@ -96,22 +97,22 @@ dg_status dg_checkpoint_bytes(const dg_train_state *s, void **out, size_t *size,
  * truncated file, a damaged header), a step past the run's steps, or a
  * file that is not a checkpoint (weights, gradients). Every message names
  * the file. */
-dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size);
+DG_API dg_status dg_checkpoint_load(const char *path, dg_train_state **out, char *msg, size_t msg_size);
 /* dg_checkpoint_load of size bytes in memory; name says them in messages. */
-dg_status dg_checkpoint_parse(const void *bytes, size_t size, const char *name, dg_train_state **out,
-			      char *msg, size_t msg_size);
+DG_API dg_status dg_checkpoint_parse(const void *bytes, size_t size, const char *name, dg_train_state **out,
+				     char *msg, size_t msg_size);
 
 /* Whether a run of config c, optimizer opt and loss scaler mode
  * loss_scale (DG_LOSS_SCALE_OFF / _DYNAMIC) may resume from s: OK, or
  * DG_ERR_INVALID_ARG naming the first field that differs ("heads: the
  * checkpoint's 4, this run's 8"; "loss_scale: the checkpoint's off, this
  * run's dynamic"). */
-dg_status dg_checkpoint_match(const dg_train_state *s, const dg_model_config *c,
-			      const dg_adamw_config *opt, uint32_t loss_scale, char *msg,
-			      size_t msg_size);
+DG_API dg_status dg_checkpoint_match(const dg_train_state *s, const dg_model_config *c,
+				     const dg_adamw_config *opt, uint32_t loss_scale, char *msg,
+				     size_t msg_size);
 
 /* The checkpoint file of step in dir: "<dir>/ckpt-<step, 8 digits>.safetensors". */
-void dg_checkpoint_path(const char *dir, int64_t step, char *out, size_t size);
+DG_API void dg_checkpoint_path(const char *dir, int64_t step, char *out, size_t size);
 
 /* Keeps the `keep` newest checkpoints of dir (by step), removing older
  * ckpt-*.safetensors files, and removes the temp files of checkpoint
@@ -119,7 +120,7 @@ void dg_checkpoint_path(const char *dir, int64_t step, char *out, size_t size);
  * is gone or is this one: call it between saves); other files are left
  * alone. keep < 1 keeps all the checkpoints. *latest (may be NULL) gets
  * the newest checkpoint's step, or -1; temp files never count. */
-dg_status dg_checkpoint_prune(const char *dir, int keep, int64_t *latest, char *msg, size_t msg_size);
+DG_API dg_status dg_checkpoint_prune(const char *dir, int keep, int64_t *latest, char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }

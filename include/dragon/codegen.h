@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 
+#include "export.h"
 #include "spec.h"
 #include "status.h"
 
@@ -61,7 +62,7 @@ typedef struct dg_plan {
  * template fails. Answers are cached on cg by canonical spec, so asking
  * again costs a hash lookup. The message is on cg.
  */
-dg_status dg_codegen_plan(dg_codegen *cg, const dg_spec *spec, dg_plan *out);
+DG_API dg_status dg_codegen_plan(dg_codegen *cg, const dg_spec *spec, dg_plan *out);
 
 /*
  * The plan of spec on a device of SM device_sm when no tuning record names
@@ -70,8 +71,8 @@ dg_status dg_codegen_plan(dg_codegen *cg, const dg_spec *spec, dg_plan *out);
  * there takes an arch-specific path (wgmma on sm_90a); otherwise
  * dg_codegen_plan. device_sm 0: the spec's own arch.
  */
-dg_status dg_codegen_plan_for(dg_codegen *cg, const dg_spec *spec, int device_sm,
-			      dg_plan *out);
+DG_API dg_status dg_codegen_plan_for(dg_codegen *cg, const dg_spec *spec, int device_sm,
+				     dg_plan *out);
 
 /* Rendered kernel source. Owned by the caller: dg_source_destroy. */
 typedef struct dg_source {
@@ -93,27 +94,27 @@ typedef struct dg_source {
  * does not exist: DG_ERR_IO; a template that does not load:
  * DG_ERR_TEMPLATE); every later call on it fails the same way. Destroy it
  * in either case. */
-dg_status dg_codegen_create(dg_codegen **out, const dg_codegen_opts *opts);
-void dg_codegen_destroy(dg_codegen *cg);
+DG_API dg_status dg_codegen_create(dg_codegen **out, const dg_codegen_opts *opts);
+DG_API void dg_codegen_destroy(dg_codegen *cg);
 
 /* Message of the last failure on cg ("" if none); valid until the next
  * call on cg. Template errors read "templates/<file>.lua:<line>: <msg>". */
-const char *dg_codegen_errmsg(const dg_codegen *cg);
+DG_API const char *dg_codegen_errmsg(const dg_codegen *cg);
 
 /* Hex SHA-256 over every template file (name and bytes, sorted by name):
  * part of every cache key, so editing a template invalidates what it
  * generated, and the same as the embedded set's for a folder holding the
  * same files, whatever order the folder lists them in. */
-const char *dg_codegen_template_hash(const dg_codegen *cg);
+DG_API const char *dg_codegen_template_hash(const dg_codegen *cg);
 
 /* Where templates come from: "embedded" or the folder path. */
-const char *dg_codegen_template_origin(const dg_codegen *cg);
+DG_API const char *dg_codegen_template_origin(const dg_codegen *cg);
 
 /* Plans spec (dg_codegen_plan: an auto tile gets its default) and renders
  * the planned kernel; the source's launch info is the plan's. */
-dg_status dg_codegen_render(dg_codegen *cg, const dg_spec *spec,
-			    dg_source **out);
-void dg_source_destroy(dg_source *src);
+DG_API dg_status dg_codegen_render(dg_codegen *cg, const dg_spec *spec,
+				   dg_source **out);
+DG_API void dg_source_destroy(dg_source *src);
 
 #ifdef __cplusplus
 }

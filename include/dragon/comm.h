@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "fmt.h"
 #include "runtime.h"
 #include "status.h"
@@ -33,29 +34,29 @@ extern "C" {
 
 /* NCCL's version (2.28.9 is 22809) and where it was loaded from (path may
  * be NULL). DG_ERR_UNSUPPORTED naming where it looked when there is none. */
-dg_status dg_nccl_version(int *version, char *path, size_t path_size, char *msg, size_t msg_size);
+DG_API dg_status dg_nccl_version(int *version, char *path, size_t path_size, char *msg, size_t msg_size);
 
 /* A new unique id (rank 0 makes it; the others receive it). No GPU
  * needed. */
-dg_status dg_comm_unique_id(uint8_t id[DG_COMM_ID_BYTES], char *msg, size_t msg_size);
+DG_API dg_status dg_comm_unique_id(uint8_t id[DG_COMM_ID_BYTES], char *msg, size_t msg_size);
 
 typedef struct dg_comm dg_comm;
 
 /* Rank `rank` of `world` on dev, from rank 0's id: blocks until every
  * rank has joined (NCCL's init). Errors on dev's message. */
-dg_status dg_comm_create(dg_device *dev, const uint8_t id[DG_COMM_ID_BYTES], int world, int rank,
-			 dg_comm **out);
+DG_API dg_status dg_comm_create(dg_device *dev, const uint8_t id[DG_COMM_ID_BYTES], int world, int rank,
+				dg_comm **out);
 /* Ends it; after an error or when another rank failed, abort (no wait
  * for the others). NULL is fine. */
-void dg_comm_destroy(dg_comm *c, int abort);
+DG_API void dg_comm_destroy(dg_comm *c, int abort);
 
 /* In place: buf's count values of fmt (f32 | bf16) summed over the ranks,
  * divided by the world size when average; queued on the calling thread's
  * stream. */
-dg_status dg_comm_allreduce(dg_comm *c, dg_dptr buf, size_t count, dg_fmt fmt, int average);
+DG_API dg_status dg_comm_allreduce(dg_comm *c, dg_dptr buf, size_t count, dg_fmt fmt, int average);
 /* An error a rank's collectives hit asynchronously (a peer gone), as a
  * status and a message on the device; DG_OK when none. */
-dg_status dg_comm_check(dg_comm *c);
+DG_API dg_status dg_comm_check(dg_comm *c);
 
 #ifdef __cplusplus
 }

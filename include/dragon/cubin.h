@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -44,8 +45,8 @@ extern "C" {
  * another SM. msg (if non-NULL) gets one line saying which, e.g.
  * "cubin targets sm_80, expected sm_90".
  */
-dg_status dg_cubin_check(const void *image, size_t size, int arch, char *msg,
-			 size_t msg_size);
+DG_API dg_status dg_cubin_check(const void *image, size_t size, int arch, char *msg,
+				size_t msg_size);
 
 #ifdef __cplusplus
 }

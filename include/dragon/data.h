@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "rng.h"
 #include "status.h"
 
@@ -59,7 +60,7 @@ typedef enum dg_corpus_kind {
 	DG_CORPUS_KIND_TOKENS, /* raw uint16 tokens */
 } dg_corpus_kind;
 
-struct dg__corpus_files;
+struct dg_corpus_files;
 
 typedef struct dg_corpus {
 	uint8_t *bytes;   /* a byte corpus: the whole file (owned); NULL otherwise */
@@ -73,7 +74,7 @@ typedef struct dg_corpus {
 	uint64_t file_bytes; /* the files' bytes together */
 	char split[160];  /* how the split was made, for messages: "the last
 			   * 10%", "val.bin", "3 val shards beside the train ones" */
-	struct dg__corpus_files *files; /* the files, mapped (private) */
+	struct dg_corpus_files *files; /* the files, mapped (private) */
 } dg_corpus;
 
 typedef struct dg_corpus_opts {
@@ -110,17 +111,17 @@ typedef struct dg_corpus_opts {
  * DG_ERR_INVALID_ARG for a vocab out of range or raw tokens without one.
  * o may be NULL (vocab 0). *out is NULL on failure.
  */
-dg_status dg_corpus_open_with(const char *data, const dg_corpus_opts *o, dg_corpus **out, char *msg,
-			      size_t msg_size);
+DG_API dg_status dg_corpus_open_with(const char *data, const dg_corpus_opts *o, dg_corpus **out, char *msg,
+				     size_t msg_size);
 /* dg_corpus_open_with(path, NULL, ...). */
-dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t msg_size);
+DG_API dg_status dg_corpus_open(const char *path, dg_corpus **out, char *msg, size_t msg_size);
 /* The built-in corpus: $DRAGON_CORPUS when set (there only), else the
  * install's share/dragon/shakespeare.txt, else data/shakespeare.txt,
  * with its digest checked. DG_ERR_NOT_FOUND naming the places and how to
  * set it up (scripts/corpus.sh) when it is in none; DG_ERR_CORRUPT when
  * its SHA-256 is not DG_CORPUS_SHA256. */
-dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size);
-void dg_corpus_destroy(dg_corpus *c); /* NULL is fine */
+DG_API dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size);
+DG_API void dg_corpus_close(dg_corpus *c); /* NULL is fine */
 
 /*
  * The corpus's digest, 64 hex digits into hex: what a checkpoint records
@@ -131,20 +132,20 @@ void dg_corpus_destroy(dg_corpus *c); /* NULL is fine */
  * (their little-endian bytes; headers left out), hashed on every core.
  * DG_ERR_NOMEM when no thread could be made.
  */
-dg_status dg_corpus_digest(const dg_corpus *c, char hex[65], char *msg, size_t msg_size);
+DG_API dg_status dg_corpus_digest(const dg_corpus *c, char hex[65], char *msg, size_t msg_size);
 
 /* Whether both splits hold a row of t tokens and its targets (t + 1
  * tokens): DG_ERR_INVALID_ARG naming the split, its tokens and the
  * tokens needed otherwise. */
-dg_status dg_corpus_check(const dg_corpus *c, int t, char *msg, size_t msg_size);
+DG_API dg_status dg_corpus_check(const dg_corpus *c, int t, char *msg, size_t msg_size);
 
 /* A batch of b rows of t tokens from the train split (val false) or the
  * validation split: row r starts at offset dg_rng_u64(rng) % (split − t)
  * of the split, the draws in row order; idx[r·t + j] its tokens, tgt the
  * next ones. Deterministic in rng's state (a run's position is that state
  * and how many batches it drew). dg_corpus_check(c, t) must have passed. */
-void dg_corpus_batch(const dg_corpus *c, bool val, dg_rng *rng, int b, int t, int32_t *idx,
-		     int32_t *tgt);
+DG_API void dg_corpus_batch(const dg_corpus *c, bool val, dg_rng *rng, int b, int t, int32_t *idx,
+			    int32_t *tgt);
 
 #ifdef __cplusplus
 }

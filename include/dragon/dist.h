@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -33,37 +34,38 @@ typedef struct dg_dist {
 
 /* The rank's place from the environment (above); a value that is not a
  * number in range is DG_ERR_INVALID_ARG naming the variable. */
-dg_status dg_dist_from_env(dg_dist *out, char *msg, size_t msg_size);
+DG_API dg_status dg_dist_from_env(dg_dist *out, char *msg, size_t msg_size);
 
 typedef struct dg_rdzv dg_rdzv;
 
 /* Joins the world d describes, waiting at most timeout_s seconds for
  * every rank (rank 0) or for rank 0 to listen (the others). A world of
  * one joins at once. DG_ERR_IO naming the address and what failed. */
-dg_status dg_rdzv_open(const dg_dist *d, double timeout_s, dg_rdzv **out, char *msg, size_t msg_size);
-void dg_rdzv_close(dg_rdzv *r); /* NULL is fine */
+DG_API dg_status dg_rdzv_open(const dg_dist *d, double timeout_s, dg_rdzv **out, char *msg, size_t msg_size);
+DG_API void dg_rdzv_close(dg_rdzv *r); /* NULL is fine */
 
 /* n bytes of rank 0's buf into every rank's buf. */
-dg_status dg_rdzv_bcast(dg_rdzv *r, void *buf, size_t n, char *msg, size_t msg_size);
+DG_API dg_status dg_rdzv_bcast(dg_rdzv *r, void *buf, size_t n, char *msg, size_t msg_size);
 
 /* Whether every rank's n bytes at mine equal rank 0's: DG_OK on every
  * rank, or on every rank DG_ERR_CORRUPT naming the first rank that
  * differs (what: the bytes' name for the message, "the weights' digest"). */
-dg_status dg_rdzv_same(dg_rdzv *r, const void *mine, size_t n, const char *what, char *msg, size_t msg_size);
+DG_API dg_status dg_rdzv_same(dg_rdzv *r, const void *mine, size_t n, const char *what, char *msg,
+			      size_t msg_size);
 
 /* *any on every rank: whether any rank's flag is set (a stop every rank
  * must agree on, before the same step). */
-dg_status dg_rdzv_any(dg_rdzv *r, int flag, int *any, char *msg, size_t msg_size);
+DG_API dg_status dg_rdzv_any(dg_rdzv *r, int flag, int *any, char *msg, size_t msg_size);
 
 /* In place on every rank: the mean over the ranks of n[i] floats at
  * v[i] (i < count) and of *scalar (may be NULL), summed in rank order in
  * double on rank 0 and rounded once, so every rank gets the same bytes
  * (the CPU model's gradients and loss; a GPU run's go through NCCL). */
-dg_status dg_rdzv_mean(dg_rdzv *r, float *const *v, const size_t *n, int count, double *scalar, char *msg,
-		       size_t msg_size);
+DG_API dg_status dg_rdzv_mean(dg_rdzv *r, float *const *v, const size_t *n, int count, double *scalar,
+			      char *msg, size_t msg_size);
 
 /* Every rank waits for every other. */
-dg_status dg_rdzv_barrier(dg_rdzv *r, char *msg, size_t msg_size);
+DG_API dg_status dg_rdzv_barrier(dg_rdzv *r, char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }

@@ -1,10 +1,13 @@
 /*
  * dragon — low-bit BDH kernels, generated per specialization and compiled
- * at run time. The umbrella header: include this one.
+ * at run time. The umbrella header: include this one; it includes every
+ * header of the public API (each function in them is marked DG_API,
+ * export.h).
  */
 #ifndef DRAGON_H
 #define DRAGON_H
 
+#include "export.h"
 #include "status.h"
 #include "fmt.h"
 #include "rng.h"
@@ -19,5 +22,14 @@
 #include "tensor.h"
 #include "ops.h"
 #include "tune.h"
+#include "optim.h"
+#include "model.h"
+#include "data.h"
+#include "sample.h"
+#include "checkpoint.h"
+#include "train.h"
+#include "dist.h"
+#include "comm.h"
+#include "ffi.h"
 
 #endif /* DRAGON_H */

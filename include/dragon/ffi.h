@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "model.h"
 #include "runtime.h"
 #include "spec.h"
@@ -42,9 +43,11 @@ extern "C" {
  * as two calls, dg_ffi_model_forward, dg_ffi_model_backward,
  * dg_ffi_model_hidden; dg_corpus's token corpora, and dg_ffi_model_logits;
  * 4: bundles, dg_ffi_bundle_build, dg_ffi_bundle_default_specs,
- * dg_ffi_bundle_check). */
-#define DG_FFI_VERSION 4
-int dg_ffi_version(void);
+ * dg_ffi_bundle_check;
+ * 5: dg_ffi_spec_destroy, dg_corpus_close, in place of dg_ffi_spec_free,
+ * dg_corpus_destroy). */
+#define DG_FFI_VERSION 5
+DG_API int dg_ffi_version(void);
 
 /* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
  * (dg_fmt_from_name gives it), stride in elements (all 0: contiguous),
@@ -85,11 +88,11 @@ typedef struct dg_ffi_opts {
 /* ---- specs ------------------------------------------------------------------ */
 
 /* Parses spec text (dg_spec_parse's rules, the op's defaults for what is
- * left out) into a new handle; free it with dg_ffi_spec_free. */
-dg_status dg_ffi_spec_parse(const char *text, dg_spec **out, char *msg, size_t msg_size);
-void dg_ffi_spec_free(dg_spec *s); /* NULL is fine */
+ * left out) into a new handle; destroy it with dg_ffi_spec_destroy. */
+DG_API dg_status dg_ffi_spec_parse(const char *text, dg_spec **out, char *msg, size_t msg_size);
+DG_API void dg_ffi_spec_destroy(dg_spec *s); /* NULL is fine */
 /* The canonical text (DG_SPEC_TEXT_MAX is always enough). */
-dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size);
+DG_API dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size);
 
 /* The template's plan of s on a device of SM device_sm (90 for an H200;
  * 0: the spec's own arch), as the runtime asks it before compiling: the
@@ -97,16 +100,16 @@ dg_status dg_ffi_spec_text(const dg_spec *s, char *buf, size_t size);
  * with the tile resolved into canonical (either may be NULL). A spec the
  * template refuses is DG_ERR_INVALID_SPEC with its one line. No device
  * needed. */
-dg_status dg_ffi_spec_plan(const dg_spec *s, int32_t device_sm, char *path, size_t path_size, char *canonical,
-			   size_t canonical_size, char *msg, size_t msg_size);
+DG_API dg_status dg_ffi_spec_plan(const dg_spec *s, int32_t device_sm, char *path, size_t path_size,
+				  char *canonical, size_t canonical_size, char *msg, size_t msg_size);
 
 /* Compiles the kernel of s's plan on a device of SM device_sm with NVRTC
  * into the JIT's disk cache (what the first launch on such a device would
  * compile when no tuning record names another tile); no device needed.
  * *cache_hit (may be NULL): it was there already. A compile error is
  * DG_ERR_COMPILE with the start of NVRTC's log. */
-dg_status dg_ffi_spec_compile(const dg_spec *s, int32_t device_sm, int32_t *cache_hit, char *msg,
-			      size_t msg_size);
+DG_API dg_status dg_ffi_spec_compile(const dg_spec *s, int32_t device_sm, int32_t *cache_hit, char *msg,
+				     size_t msg_size);
 
 /* ---- ops --------------------------------------------------------------------- */
 
@@ -120,21 +123,21 @@ dg_status dg_ffi_spec_compile(const dg_spec *s, int32_t device_sm, int32_t *cach
  * 0. data and scale are 0. B, T or R below 1 where the op has them is
  * DG_ERR_INVALID_ARG.
  */
-dg_status dg_ffi_op_args(const dg_spec *s, int64_t b, int64_t t, int64_t r, dg_ffi_tensor *out,
-			 int32_t *output, int32_t *optional, int32_t *n, char *msg, size_t msg_size);
+DG_API dg_status dg_ffi_op_args(const dg_spec *s, int64_t b, int64_t t, int64_t r, dg_ffi_tensor *out,
+				int32_t *output, int32_t *optional, int32_t *n, char *msg, size_t msg_size);
 
 /* The checks of a call without a device: the tensors (n of them, in
  * dg_ffi_op_args's order; data 0 where an optional one is left out)
  * against the spec, one line naming the tensor on failure. */
-dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
-			  const dg_ffi_opts *o, char *msg, size_t msg_size);
+DG_API dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+				 const dg_ffi_opts *o, char *msg, size_t msg_size);
 /* The workspace bytes the call needs on dev. */
-dg_status dg_ffi_op_workspace(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
-			      const dg_ffi_opts *o, uint64_t *bytes);
+DG_API dg_status dg_ffi_op_workspace(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+				     const dg_ffi_opts *o, uint64_t *bytes);
 /* Checks, then launches on the calling thread's stream; errors on the
  * device (dg_device_errmsg). */
-dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
-			const dg_ffi_opts *o);
+DG_API dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+			       const dg_ffi_opts *o);
 
 /* ---- the model ------------------------------------------------------------------ */
 
@@ -152,21 +155,21 @@ typedef struct dg_ffi_model_sizes {
  * batches of (b, t): on dev, or on the CPU (dev NULL; the recipes
  * dg_model_cpu_runs takes).
  */
-dg_status dg_ffi_model_create(dg_device *dev, const char *preset, const dg_ffi_model_sizes *sizes,
-			      int32_t b, int32_t t, uint64_t seed, dg_ffi_model **out, char *msg,
-			      size_t msg_size);
-void dg_ffi_model_destroy(dg_ffi_model *m); /* NULL is fine */
+DG_API dg_status dg_ffi_model_create(dg_device *dev, const char *preset, const dg_ffi_model_sizes *sizes,
+				     int32_t b, int32_t t, uint64_t seed, dg_ffi_model **out, char *msg,
+				     size_t msg_size);
+DG_API void dg_ffi_model_destroy(dg_ffi_model *m); /* NULL is fine */
 /* The config (its preset, recipe and sizes). */
-const dg_model_config *dg_ffi_model_config(const dg_ffi_model *m);
+DG_API const dg_model_config *dg_ffi_model_config(const dg_ffi_model *m);
 
 /* Param p (dg_model_param order): its reference name, shape, and the
  * addresses of its f32 master and gradient (device addresses on a GPU
  * model, host pointers on the CPU one). */
-dg_status dg_ffi_model_param(const dg_ffi_model *m, int32_t p, const char **name, int32_t *ndim,
-			     int64_t shape[3], uint64_t *master, uint64_t *grad);
+DG_API dg_status dg_ffi_model_param(const dg_ffi_model *m, int32_t p, const char **name, int32_t *ndim,
+				    int64_t shape[3], uint64_t *master, uint64_t *grad);
 /* Where the last run's loss (one f32) is: a device address, or a host
  * pointer on the CPU model. */
-uint64_t dg_ffi_model_loss(const dg_ffi_model *m);
+DG_API uint64_t dg_ffi_model_loss(const dg_ffi_model *m);
 
 /*
  * One forward (backward: and backward, the gradients overwritten) of a
@@ -179,12 +182,12 @@ uint64_t dg_ffi_model_loss(const dg_ffi_model *m);
  * and sets the flag at dg_ffi_model_bad). seed, step: the dropout's;
  * train 0 turns it off.
  */
-dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int32_t tokens_on_device,
-			   uint64_t seed, uint32_t step, int32_t train, int32_t backward, char *msg,
-			   size_t msg_size);
+DG_API dg_status dg_ffi_model_run(dg_ffi_model *m, uint64_t idx, uint64_t targets, int32_t tokens_on_device,
+				  uint64_t seed, uint32_t step, int32_t train, int32_t backward, char *msg,
+				  size_t msg_size);
 /* A GPU model's int32 flag a device-side run sets on a bad token (0 on
  * the CPU model). */
-uint64_t dg_ffi_model_bad(const dg_ffi_model *m);
+DG_API uint64_t dg_ffi_model_bad(const dg_ffi_model *m);
 
 /*
  * The forward alone of a batch of (b, t), its activations kept for
@@ -197,9 +200,9 @@ uint64_t dg_ffi_model_bad(const dg_ffi_model *m);
  * last hidden state (for the logits; the CPU model only, which then
  * leaves the loss out; it has no backward).
  */
-dg_status dg_ffi_model_forward(dg_ffi_model *m, uint64_t idx, uint64_t targets, int32_t b, int32_t t,
-			       int32_t tokens_on_device, uint64_t seed, uint32_t step, int32_t train, char *msg,
-			       size_t msg_size);
+DG_API dg_status dg_ffi_model_forward(dg_ffi_model *m, uint64_t idx, uint64_t targets, int32_t b, int32_t t,
+				      int32_t tokens_on_device, uint64_t seed, uint32_t step, int32_t train,
+				      char *msg, size_t msg_size);
 /*
  * The backward of the last forward (dg_ffi_model_forward), queued on the
  * calling thread's stream: the gradients overwritten. Once a forward:
@@ -207,7 +210,7 @@ dg_status dg_ffi_model_forward(dg_ffi_model *m, uint64_t idx, uint64_t targets, 
  * its backward run already, a forward without targets, or a
  * dg_ffi_model_run since).
  */
-dg_status dg_ffi_model_backward(dg_ffi_model *m, char *msg, size_t msg_size);
+DG_API dg_status dg_ffi_model_backward(dg_ffi_model *m, char *msg, size_t msg_size);
 /*
  * The last forward's last hidden state x_final: its address (a device
  * address on a GPU model, a host pointer on the CPU one), format (dg_fmt:
@@ -216,7 +219,7 @@ dg_status dg_ffi_model_backward(dg_ffi_model *m, char *msg, size_t msg_size);
  * the next forward, run or backward. DG_ERR_INVALID_ARG when no forward
  * ran.
  */
-dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fmt, int64_t shape[3]);
+DG_API dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fmt, int64_t shape[3]);
 /*
  * The logits at position pos of every row of a batch of the model's
  * (b, t): idx, (b, t) int32 tokens on the host, each checked against the
@@ -226,8 +229,8 @@ dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fm
  * dg_model_logits). The model is causal: a row's logits at pos depend on
  * its tokens 0..pos only.
  */
-dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64_t out, char *msg,
-			      size_t msg_size);
+DG_API dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64_t out, char *msg,
+				     size_t msg_size);
 
 /* ---- bundles ------------------------------------------------------------------- */
 
@@ -253,7 +256,7 @@ typedef struct dg_ffi_bundle_summary {
  * cache's tune/, the built-in records below); tuned 1: copy the records
  * used into the bundle. summary may be NULL.
  */
-dg_status dg_ffi_bundle_build(const char *out, const char *const *specs, int32_t n_specs,
+DG_API dg_status dg_ffi_bundle_build(const char *out, const char *const *specs, int32_t n_specs,
 			      const char *device, int32_t sm, int32_t jobs, const char *cache_dir,
 			      int32_t no_cache, const char *tune_db, int32_t tuned,
 			      dg_ffi_bundle_summary *summary, char *msg, size_t msg_size);
@@ -262,7 +265,7 @@ dg_status dg_ffi_bundle_build(const char *out, const char *const *specs, int32_t
  * each followed by '\n', into buf (size bytes, NUL-terminated), *n how
  * many. *needed gets the bytes that takes with its NUL: a buf too small
  * is DG_ERR_INVALID_ARG, and the caller calls again with that size. */
-dg_status dg_ffi_bundle_default_specs(char *buf, uint64_t size, uint64_t *needed, int32_t *n,
+DG_API dg_status dg_ffi_bundle_default_specs(char *buf, uint64_t size, uint64_t *needed, int32_t *n,
 				      char *msg, size_t msg_size);
 
 /* A bundle folder through the library's reader: dir/manifest.json read
@@ -271,7 +274,7 @@ dg_status dg_ffi_bundle_default_specs(char *buf, uint64_t size, uint64_t *needed
  * kernels' specs, each followed by '\n', into buf as above. One line
  * naming the file on failure: DG_ERR_NOT_FOUND (no manifest, a missing
  * file), DG_ERR_PARSE, DG_ERR_CORRUPT, DG_ERR_UNSUPPORTED. */
-dg_status dg_ffi_bundle_check(const char *dir, char *buf, uint64_t size, uint64_t *needed, int32_t *n,
+DG_API dg_status dg_ffi_bundle_check(const char *dir, char *buf, uint64_t size, uint64_t *needed, int32_t *n,
 			      char *msg, size_t msg_size);
 
 #ifdef __cplusplus

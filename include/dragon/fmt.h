@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -61,26 +63,26 @@ typedef struct dg_fmt_info {
 } dg_fmt_info;
 
 /* The row of fmt; NULL for a value outside the enum. */
-const dg_fmt_info *dg_fmt_info_of(dg_fmt fmt);
+DG_API const dg_fmt_info *dg_fmt_info_of(dg_fmt fmt);
 
-const char *dg_fmt_name(dg_fmt fmt); /* "?" outside the enum */
+DG_API const char *dg_fmt_name(dg_fmt fmt); /* "?" outside the enum */
 /* Name → enum; false when unknown. */
-bool dg_fmt_from_name(const char *name, dg_fmt *out);
+DG_API bool dg_fmt_from_name(const char *name, dg_fmt *out);
 
 /* Predicates and sizes (false / 0 outside the enum). */
-bool dg_fmt_is_code(dg_fmt fmt);
-int dg_fmt_per_word(dg_fmt fmt);
+DG_API bool dg_fmt_is_code(dg_fmt fmt);
+DG_API int dg_fmt_per_word(dg_fmt fmt);
 /* Bytes n elements of the packed axis take (0 when n does not fill whole
  * words: ternary 16, sign1 32, other codes 4). */
-size_t dg_fmt_row_bytes(dg_fmt fmt, int64_t n);
+DG_API size_t dg_fmt_row_bytes(dg_fmt fmt, int64_t n);
 
 /* bf16 <-> f32: round half to even; a NaN keeps its sign and top payload
  * and gets the quiet bit (never becomes inf). The kernels' conversion. */
-uint16_t dg_f32_to_bf16(float x);
-float dg_bf16_to_f32(uint16_t x);
+DG_API uint16_t dg_f32_to_bf16(float x);
+DG_API float dg_bf16_to_f32(uint16_t x);
 
 /* The mask's names, "f32|bf16|int8", into buf (cut to fit); returns buf. */
-const char *dg_fmt_list(unsigned mask, char *buf, size_t size);
+DG_API const char *dg_fmt_list(unsigned mask, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@
 
 #include "cache.h"
 #include "codegen.h"
+#include "export.h"
 #include "spec.h"
 #include "status.h"
 
@@ -57,33 +58,33 @@ typedef struct dg_binary {
  * and DG_ERR_INVALID_ARG still sets *out to a handle whose errmsg says why
  * (templates that do not load, a cache folder that cannot be made); every
  * later call on it fails the same way. Destroy it in either case. */
-dg_status dg_ctx_create(dg_ctx **out, const dg_ctx_opts *opts);
-void dg_ctx_destroy(dg_ctx *ctx);
+DG_API dg_status dg_ctx_create(dg_ctx **out, const dg_ctx_opts *opts);
+DG_API void dg_ctx_destroy(dg_ctx *ctx);
 /* Message of the last failure on ctx; valid until the next call on it. */
-const char *dg_ctx_errmsg(const dg_ctx *ctx);
-dg_codegen *dg_ctx_codegen(dg_ctx *ctx);
-dg_cache *dg_ctx_cache(dg_ctx *ctx); /* NULL when no_cache */
+DG_API const char *dg_ctx_errmsg(const dg_ctx *ctx);
+DG_API dg_codegen *dg_ctx_codegen(dg_ctx *ctx);
+DG_API dg_cache *dg_ctx_cache(dg_ctx *ctx); /* NULL when no_cache */
 
-dg_status dg_jit_compile(dg_ctx *ctx, const dg_spec *spec, dg_binary **out);
-void dg_binary_destroy(dg_binary *bin);
+DG_API dg_status dg_jit_compile(dg_ctx *ctx, const dg_spec *spec, dg_binary **out);
+DG_API void dg_binary_destroy(dg_binary *bin);
 
 /* The cache key dg_jit_compile would use for spec (it renders, compiles
  * nothing), and the canonical text of what renders (the tile resolved):
  * `dragon-gen inspect` holds a bundle's keys against its specs with it.
  * key: DG_CACHE_KEY_LEN + 1 bytes; canonical (may be NULL):
  * DG_SPEC_TEXT_MAX. */
-dg_status dg_jit_key(dg_ctx *ctx, const dg_spec *spec, char *key, char *canonical);
+DG_API dg_status dg_jit_key(dg_ctx *ctx, const dg_spec *spec, char *key, char *canonical);
 
 /* Whether this NVRTC can target arch (sm_<arch>, "a" when arch_specific):
  * DG_OK, or DG_ERR_INVALID_SPEC with one line in msg naming the range it
  * targets ("arch=sm_50: NVRTC 13.0 targets sm_75 to sm_121; ..."). */
-dg_status dg_jit_check_arch(int arch, bool arch_specific, char *msg, size_t msg_size);
+DG_API dg_status dg_jit_check_arch(int arch, bool arch_specific, char *msg, size_t msg_size);
 
 /* NVRTC's version as "13.0"; the SM versions it emits SASS for. */
-const char *dg_nvrtc_version(void);
+DG_API const char *dg_nvrtc_version(void);
 /* Writes up to max archs (ascending) into archs; returns how many NVRTC
  * supports (0 if NVRTC failed). */
-int dg_nvrtc_archs(int *archs, int max);
+DG_API int dg_nvrtc_archs(int *archs, int max);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "export.h"
 #include "spec.h"
 #include "status.h"
 
@@ -95,27 +96,27 @@ typedef struct dg_manifest {
  * "kernels[3].key: expected 64 lowercase hex digits"; DG_ERR_NOMEM when
  * memory runs out. *out is NULL on failure.
  */
-dg_status dg_manifest_parse(const char *json, size_t len, dg_manifest **out,
-			    char *msg, size_t msg_size);
+DG_API dg_status dg_manifest_parse(const char *json, size_t len, dg_manifest **out,
+				   char *msg, size_t msg_size);
 
 /*
  * Serializes m (indented JSON text, trailing newline) into *out, malloc'd
  * and owned by the caller (free). DG_ERR_INVALID_ARG when a field would not
  * read back (NULL strings, a non-finite compile time); DG_ERR_NOMEM.
  */
-dg_status dg_manifest_to_json(const dg_manifest *m, char **out, char *msg,
-			      size_t msg_size);
+DG_API dg_status dg_manifest_to_json(const dg_manifest *m, char **out, char *msg,
+				     size_t msg_size);
 
 /* Reads and parses DIR/manifest.json; messages start with that path.
  * DG_ERR_NOT_FOUND if it does not exist, DG_ERR_IO if it cannot be read. */
-dg_status dg_manifest_load(const char *dir, dg_manifest **out, char *msg,
-			   size_t msg_size);
+DG_API dg_status dg_manifest_load(const char *dir, dg_manifest **out, char *msg,
+				  size_t msg_size);
 
-void dg_manifest_destroy(dg_manifest *m);
+DG_API void dg_manifest_destroy(dg_manifest *m);
 
 /* Sets k->size and k->sha256 from the bytes of k's file. */
-void dg_manifest_kernel_hash(dg_manifest_kernel *k, const void *bytes,
-			     size_t size);
+DG_API void dg_manifest_kernel_hash(dg_manifest_kernel *k, const void *bytes,
+				    size_t size);
 
 /*
  * Checks the bytes of k's file against k: the size, the SHA-256, and for a
@@ -124,9 +125,9 @@ void dg_manifest_kernel_hash(dg_manifest_kernel *k, const void *bytes,
  * SM), with one line in msg, e.g. "3440 bytes; the manifest says 6880
  * (truncated?)".
  */
-dg_status dg_manifest_kernel_verify(const dg_manifest_kernel *k,
-				    const void *bytes, size_t size, char *msg,
-				    size_t msg_size);
+DG_API dg_status dg_manifest_kernel_verify(const dg_manifest_kernel *k,
+					   const void *bytes, size_t size, char *msg,
+					   size_t msg_size);
 
 #ifdef __cplusplus
 }

@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "fmt.h"
 #include "optim.h"
 #include "runtime.h" /* dg_device */
@@ -77,11 +78,11 @@ typedef struct dg_model_config {
 
 /* The 25M defaults with preset `name` (f32, bf16, w8a8, bitnet, seed).
  * DG_ERR_INVALID_ARG with the list of presets when the name is unknown. */
-dg_status dg_model_preset(const char *name, dg_model_config *out, char *msg, size_t msg_size);
+DG_API dg_status dg_model_preset(const char *name, dg_model_config *out, char *msg, size_t msg_size);
 
 /* Checks a config: sizes, formats, granularities; one line naming the
  * field on failure ("neurons=100: must be a multiple of 4 ..."). */
-dg_status dg_model_config_check(const dg_model_config *c, char *msg, size_t msg_size);
+DG_API dg_status dg_model_config_check(const dg_model_config *c, char *msg, size_t msg_size);
 
 /* ---- weights ------------------------------------------------------------- */
 
@@ -95,10 +96,10 @@ typedef enum dg_model_param {
 	DG_PARAM_LM_HEAD,   /* "lm_head"      [D, V] */
 } dg_model_param;
 
-const char *dg_model_param_name(dg_model_param p);
+DG_API const char *dg_model_param_name(dg_model_param p);
 /* The param's shape (ndim, up to 3 extents); returns its element count. */
-int64_t dg_model_param_shape(const dg_model_config *c, dg_model_param p, int *ndim,
-			     int64_t shape[3]);
+DG_API int64_t dg_model_param_shape(const dg_model_config *c, dg_model_param p, int *ndim,
+				    int64_t shape[3]);
 
 /* A model's f32 master weights on the host (a CPU model, or the staging of
  * a GPU one): params[p] holds dg_model_param_shape(c, p) floats. */
@@ -108,22 +109,22 @@ typedef struct dg_model_weights {
 } dg_model_weights;
 
 /* Weights of c, initialized as the reference: normal(0, 0.02) from seed. */
-dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
-				  dg_model_weights **out, char *msg, size_t msg_size);
-void dg_model_weights_destroy(dg_model_weights *w); /* NULL is fine */
+DG_API dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
+					 dg_model_weights **out, char *msg, size_t msg_size);
+DG_API void dg_model_weights_destroy(dg_model_weights *w); /* NULL is fine */
 /* Reads the weights of c from a safetensors file (the reference's names,
  * shapes, F32) after dg_model_file_check's checks; a missing, misnamed or
  * misshapen tensor is refused by name. Writes them likewise (atomically),
  * with the config as metadata, "kind": "weights" and the file's seal
- * ("file_sha256": the SHA-256 of the whole file, dragon/safetensors.h). */
-dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
-				dg_model_weights **out, char *msg, size_t msg_size);
-dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
-				size_t msg_size);
+ * ("file_sha256": the SHA-256 of the whole file, docs/formats.md). */
+DG_API dg_status dg_model_weights_load(const dg_model_config *c, const char *path,
+				       dg_model_weights **out, char *msg, size_t msg_size);
+DG_API dg_status dg_model_weights_save(const dg_model_weights *w, const char *path, char *msg,
+				       size_t msg_size);
 /* Writes gradients g (a weights' names and shapes) as dg_model_weights_save
  * does, but of "kind": "gradients", which no reader of weights takes. */
-dg_status dg_model_grads_save(const dg_model_weights *g, const char *path, char *msg,
-			      size_t msg_size);
+DG_API dg_status dg_model_grads_save(const dg_model_weights *g, const char *path, char *msg,
+				     size_t msg_size);
 /*
  * What every reader of weights (the functions here, dg_checkpoint_load,
  * the Python package's load_checkpoint) checks of a file before it uses a
@@ -140,11 +141,11 @@ dg_status dg_model_grads_save(const dg_model_weights *g, const char *path, char 
  *     moment not negative: else DG_ERR_NUMERIC naming the tensor and the
  *     first bad index ("lm_head[17] is nan").
  * A file that is not safetensors (cut, or its header damaged) is
- * DG_ERR_PARSE, "<name>: damaged (or not safetensors): ..." with
- * dg_safetensors_parse's reason.
+ * DG_ERR_PARSE, "<name>: damaged (or not safetensors): ..." naming the
+ * field the reader refused.
  */
-dg_status dg_model_file_check(const void *bytes, size_t size, const char *name, char *msg,
-			      size_t msg_size);
+DG_API dg_status dg_model_file_check(const void *bytes, size_t size, const char *name, char *msg,
+				     size_t msg_size);
 /*
  * The config a weights file was saved with (dg_model_weights_save's
  * metadata): the recipe of its "preset" (f32 when it has none), then its
@@ -155,8 +156,8 @@ dg_status dg_model_file_check(const void *bytes, size_t size, const char *name, 
  * refuses, DG_ERR_PARSE naming the key. Reads the whole file and checks
  * it first as dg_model_file_check does.
  */
-dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg,
-			       size_t msg_size);
+DG_API dg_status dg_model_config_read(const char *path, dg_model_config *out, char *msg,
+				      size_t msg_size);
 
 /* ---- memory ----------------------------------------------------------------
  * What a step at (B, T) holds, by bucket, from its tape's plan, before
@@ -176,8 +177,8 @@ typedef struct dg_model_memory {
 } dg_model_memory;
 
 /* The plan of the CPU model's step (dg_model_cpu_step) at (B, T). */
-dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_memory *out,
-			      char *msg, size_t msg_size);
+DG_API dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_memory *out,
+				     char *msg, size_t msg_size);
 
 /*
  * Whether the CPU model's training step at (B, T) fits in this machine's
@@ -193,8 +194,8 @@ dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_m
  * dg_model_cpu_memory refuses. *need (may be NULL): the estimate, bytes
  * (SIZE_MAX past what a size_t counts).
  */
-dg_status dg_model_cpu_fits(const dg_model_config *c, int b, int t, int copies, size_t *need, char *msg,
-			    size_t msg_size);
+DG_API dg_status dg_model_cpu_fits(const dg_model_config *c, int b, int t, int copies, size_t *need,
+				   char *msg, size_t msg_size);
 
 /* ---- work -------------------------------------------------------------------
  * The FLOPs a token of a training step costs at block size t: the
@@ -216,7 +217,7 @@ dg_status dg_model_cpu_fits(const dg_model_config *c, int b, int t, int copies, 
  * it is the FLOP/s a run achieves, over the device's peak its MFU. The
  * recipe does not change the count: a low-bit matmul does the same work.
  * t < 1 counts as 1 (no attention). */
-double dg_model_flops_per_token(const dg_model_config *c, int t);
+DG_API double dg_model_flops_per_token(const dg_model_config *c, int t);
 
 /* ---- the model on the CPU -------------------------------------------------
  * The whole forward and backward on the CPU references (dragon/ref.h):
@@ -252,10 +253,10 @@ typedef struct dg_model_batch {
  * activations a scale a token (w8a8, bitnet: fake-quantized with the GPU's
  * quantizers, dequantized f32, straight-through gradients); not bf16 or
  * the per-tensor seed recipe. */
-bool dg_model_cpu_runs(const dg_model_config *c);
+DG_API bool dg_model_cpu_runs(const dg_model_config *c);
 
-dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *batch,
-			    double *loss, dg_model_weights *grads, char *msg, size_t msg_size);
+DG_API dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *batch,
+				   double *loss, dg_model_weights *grads, char *msg, size_t msg_size);
 
 /*
  * The logits of position pos of every row: the forward alone, dropout off
@@ -267,35 +268,8 @@ dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_batch *bat
  * before it only, so a context shorter than T may be padded after pos
  * with any tokens. pos outside 0..T−1 is DG_ERR_INVALID_ARG.
  */
-dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *batch, int pos,
-			      float *out, char *msg, size_t msg_size);
-
-/*
- * The step in two halves, as a framework's autograd calls them: the
- * forward of batch with every activation kept in a pass, then, later,
- * the backward from it. forward then backward computes what
- * dg_model_cpu_step does, bit for bit. The pass owns copies of what it
- * reads (the masters, the tokens and targets, the config): w and the
- * batch's arrays may go once forward returns; its stop flag is read
- * during the forward only.
- *
- * forward: *loss the loss (0 without targets). batch->targets NULL: the
- * forward up to x_final without the loss (a logits forward), which has
- * no backward. A new pass into *out (free it with
- * dg_model_cpu_pass_free), NULL on failure.
- * backward: the gradient of every weight into grads (overwritten; w's
- * config); once a pass (DG_ERR_INVALID_ARG saying why a second time or
- * after a forward without targets).
- * hidden: the pass's last hidden state x_final, (B, T, D) f32 (the
- * pass's memory, valid until its backward runs or it is freed); *b, *t
- * (may be NULL) its batch's B and T.
- */
-typedef struct dg_model_cpu_pass dg_model_cpu_pass;
-dg_status dg_model_cpu_forward(const dg_model_weights *w, const dg_model_batch *batch, double *loss,
-			       dg_model_cpu_pass **out, char *msg, size_t msg_size);
-dg_status dg_model_cpu_backward(dg_model_cpu_pass *p, dg_model_weights *grads, char *msg, size_t msg_size);
-const float *dg_model_cpu_pass_hidden(const dg_model_cpu_pass *p, int *b, int *t);
-void dg_model_cpu_pass_free(dg_model_cpu_pass *p); /* NULL is fine */
+DG_API dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *batch, int pos,
+				     float *out, char *msg, size_t msg_size);
 
 /* ---- the model on the GPU -------------------------------------------------
  * The same tape as the CPU model, run by the GPU ops on arenas planned once
@@ -309,26 +283,26 @@ typedef struct dg_model dg_model;
 
 /* What a model of c at (b, t) on dev would allocate, by bucket, without
  * allocating it (the ops' workspaces are the device's tiles'). */
-dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t,
-			dg_model_memory *out);
+DG_API dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t,
+			       dg_model_memory *out);
 /* A model of w's config on dev for batches of (b, t), w's weights
  * uploaded. Errors: the device's message (dg_device_errmsg). */
-dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t,
-			  dg_model **out);
-void dg_model_destroy(dg_model *m); /* NULL is fine */
+DG_API dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t,
+				 dg_model **out);
+DG_API void dg_model_destroy(dg_model *m); /* NULL is fine */
 /* Uploads w (the model's config) and remakes the execution copies. */
-dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w);
-void dg_model_memory_of(const dg_model *m, dg_model_memory *out);
+DG_API dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w);
+DG_API void dg_model_memory_of(const dg_model *m, dg_model_memory *out);
 /* As dg_model_cpu_step, on the GPU: batch must be (b, t); grads (host,
  * the model's config) NULL for the loss alone. Synchronizes (it returns
  * the loss). */
-dg_status dg_model_step(dg_model *m, const dg_model_batch *batch, double *loss,
-			dg_model_weights *grads);
+DG_API dg_status dg_model_step(dg_model *m, const dg_model_batch *batch, double *loss,
+			       dg_model_weights *grads);
 /* As dg_model_cpu_logits, on the GPU: batch must be (b, t). The forward
  * nodes run on the device; x_final's rows at pos (bf16 ones converted
  * exactly) and lm_head's f32 master are read back and multiplied on the
  * host in double. Synchronizes. */
-dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, float *out);
+DG_API dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, float *out);
 /* Where a step's time goes: one step (forward and backward) with each node
  * timed alone (events around it, the stream drained between nodes), the
  * times summed by what the nodes do ("projection", "attention bwd", ...),
@@ -338,50 +312,13 @@ typedef struct dg_model_time {
 	int count;   /* nodes of that kind in the step */
 	double ms;   /* their time together */
 } dg_model_time;
-dg_status dg_model_profile(dg_model *m, const dg_model_batch *batch, dg_model_time *out, int cap,
-			   int *n);
+DG_API dg_status dg_model_profile(dg_model *m, const dg_model_batch *batch, dg_model_time *out, int cap,
+				  int *n);
 
 /* The step's nodes alone, queued on the calling thread's stream: the
  * batch uploaded, the forward and (backward) the backward; no wait, no
  * read-back (what a bench times and a training loop builds on). */
-dg_status dg_model_run(dg_model *m, const dg_model_batch *batch, bool backward);
-
-/* The backward nodes alone, queued on the calling thread's stream: the
- * backward of the forward dg_model_run or dg_model_run_device (backward
- * false) ran last with batch's seed, step and train, the gradients
- * overwritten. The caller guarantees that nothing ran on m between the
- * two (the activations the backward reads are the arenas' as that
- * forward left them). */
-dg_status dg_model_run_backward(dg_model *m, const dg_model_batch *batch);
-/* The last hidden state x_final of the last forward, (B, 1, T, D) at the
- * model's (B, T), on the device, in *fmt (the activations': f32 or bf16;
- * may be NULL). Valid until the next run's backward or forward. */
-dg_dptr dg_model_hidden_addr(const dg_model *m, dg_fmt *fmt);
-
-/* ---- the model under a framework's optimizer -------------------------------
- * A framework (PyTorch, through dragon/ffi.h) that owns the optimizer
- * aliases the model's own buffers: the f32 masters it updates in place,
- * the gradients a backward writes, the loss. After it has changed the
- * masters, dg_model_sync_copies remakes what the kernels read from them
- * (the layouts, the codes and scales of a low-bit recipe, the bf16
- * decoder copy) on the calling thread's stream. */
-
-/* Param p's master and gradient on the device (f32, the param's shape). */
-dg_status dg_model_param_buffers(const dg_model *m, dg_model_param p, dg_dptr *master,
-				 dg_dptr *grad);
-/* The device float the last run's loss is in, and the int32 flag a token
- * outside the vocabulary sets (dg_model_run_device). */
-dg_dptr dg_model_loss_addr(const dg_model *m);
-dg_dptr dg_model_bad_addr(const dg_model *m);
-/* The execution copies remade from the masters on the device, queued. */
-dg_status dg_model_sync_copies(dg_model *m);
-/* dg_model_run with the tokens and targets ((b, t) int32) on the device:
- * copied on the stream, not checked on the host (a bad token makes its
- * row harmless and sets the flag at dg_model_bad_addr, which the caller
- * reads when it reads the loss). batch's idx and targets are ignored; its
- * b, t, seed, step and train are used. */
-dg_status dg_model_run_device(dg_model *m, const dg_model_batch *batch, dg_dptr idx, dg_dptr targets,
-			      bool backward);
+DG_API dg_status dg_model_run(dg_model *m, const dg_model_batch *batch, bool backward);
 
 /* ---- training on the GPU ----------------------------------------------------
  * AdamW beside the model (dragon/optim.h): its moments on the device, the
@@ -406,35 +343,29 @@ dg_status dg_model_run_device(dg_model *m, const dg_model_batch *batch, dg_dptr 
  * then lives on the device, updated by each step. Again on a model that
  * has them: the moments, c and the scaler replaced (the graph kept unless
  * the scaler is turned on or off). */
-dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *const *m1,
-			      float *const *v1, bool graph, const dg_loss_scaler *ls);
+DG_API dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *const *m1,
+				     float *const *v1, bool graph, const dg_loss_scaler *ls);
 /* Data parallel (dragon/train.h dg_train_world): each step's gradients
  * and loss averaged over comm's ranks (NCCL all-reduce, captured with the
  * step) before the norm; NULL: alone. */
 struct dg_comm;
-dg_status dg_model_optim_comm(dg_model *m, struct dg_comm *comm);
+DG_API dg_status dg_model_optim_comm(dg_model *m, struct dg_comm *comm);
 /* Queues training step t (0-based) of batch (b, t as planned; its seed is
  * the dropout's, its step ignored: t is) at learning rate lr, on the
  * calling thread's stream; returns without waiting. */
-dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr);
+DG_API dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr);
 /* The loss and the gradient norm (unscaled) of queued step t (one of the
  * last DG_MODEL_TRAIN_RING), waiting for that step only; *skipped (may be
  * NULL): the update was skipped because the norm is not finite; *ls (may
  * be NULL): the loss scaler after step t (its scale the next step's; S 1
  * and mode off without one). */
-dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *norm, bool *skipped,
-				dg_loss_scaler *ls);
+DG_API dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *norm, bool *skipped,
+				       dg_loss_scaler *ls);
 /* The masters into w and the moments into m1, v1 (host arrays of each
  * param's size; either may be NULL), waiting for the queued steps. */
-dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1, float *const *v1);
+DG_API dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1, float *const *v1);
 /* Whether the model's steps replay a captured graph now. */
-bool dg_model_graph_live(const dg_model *m);
-/* A bench's measure of the step's tail alone — the gradients' norm, AdamW
- * on every master, the execution copies remade — on the gradients the
- * model holds: reps tails run eagerly between two events, *ms the mean.
- * Each is an update of the masters and moments (not a training step's:
- * call it on a model whose training does not matter). */
-dg_status dg_model_optim_time(dg_model *m, int reps, double *ms);
+DG_API bool dg_model_graph_live(const dg_model *m);
 
 #ifdef __cplusplus
 }

@@ -5,10 +5,10 @@
  * DG_ERR_INVALID_ARG (tensors) or DG_ERR_INVALID_SPEC (spec), and the
  * device's message names the tensor and the expected shape.
  *
- * Every op has a _check twin that runs the same checks without a device
- * (tests, and tools that plan ahead). Each op's tensors, their formats and
- * shapes are the op table's (dg_op_info_of(op)->args); the checks read
- * them there.
+ * Each op's tensors, their formats and shapes are the op table's
+ * (dg_op_info_of(op)->args); the checks read them there. The same checks
+ * without a device, for any op (a tool that plans ahead), are
+ * dg_ffi_op_check's (dragon/ffi.h).
  *
  * Graph-safe: no op allocates, frees or synchronizes once its kernels are
  * loaded. An op that needs scratch memory takes a caller-owned workspace,
@@ -72,6 +72,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "optim.h"
 #include "runtime.h"
 #include "spec.h"
@@ -107,12 +108,12 @@ typedef struct dg_workspace {
  * dg_grad_norm are several ops: prepare their ops one by one. */
 typedef struct dg_prepared dg_prepared;
 
-dg_status dg_prepare(dg_device *dev, const dg_spec *spec, const void *args,
+DG_API dg_status dg_prepare(dg_device *dev, const dg_spec *spec, const void *args,
 		     dg_prepared **out);
-dg_status dg_prepared_launch(const dg_prepared *p, const void *args);
+DG_API dg_status dg_prepared_launch(const dg_prepared *p, const void *args);
 /* The workspace bytes a launch needs (0: none; args' ws must hold them). */
-size_t dg_prepared_workspace(const dg_prepared *p);
-void dg_prepared_destroy(dg_prepared *p); /* NULL is fine */
+DG_API size_t dg_prepared_workspace(const dg_prepared *p);
+DG_API void dg_prepared_destroy(dg_prepared *p); /* NULL is fine */
 
 /* ---- projection -------------------------------------------------------- */
 typedef struct dg_lowrank_fwd_args {
@@ -121,11 +122,8 @@ typedef struct dg_lowrank_fwd_args {
 	const dg_tensor *out;
 	dg_dptr out_absum; /* 0, or a float that gets += Σ|y| (caller zeroes) */
 } dg_lowrank_fwd_args;
-dg_status dg_lowrank_fwd_check(const dg_spec *spec,
-			       const dg_lowrank_fwd_args *a, char *msg,
-			       size_t msg_size);
-dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
-			 const dg_lowrank_fwd_args *a);
+DG_API dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
+				const dg_lowrank_fwd_args *a);
 
 typedef struct dg_relu_mask_args {
 	const dg_tensor *x;
@@ -133,10 +131,8 @@ typedef struct dg_relu_mask_args {
 	const dg_tensor *grad;
 	const dg_tensor *grad_out;
 } dg_relu_mask_args;
-dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a,
-			     char *msg, size_t msg_size);
-dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
-		       const dg_relu_mask_args *a);
+DG_API dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
+			      const dg_relu_mask_args *a);
 
 /* The gradient GEMMs' gradient formats: dragon/spec.h "gradient formats"
  * (lowrank_grad_input and _weight read grad in spec->src, decoder_grad_input
@@ -155,16 +151,13 @@ typedef struct dg_lowrank_grad_input_args {
 	dg_workspace ws;         /* partial sums of a split reduction over K */
 	int splits;              /* 0: the runtime's choice; 1..64: forced */
 } dg_lowrank_grad_input_args;
-dg_status dg_lowrank_grad_input_check(const dg_spec *spec,
-				      const dg_lowrank_grad_input_args *a,
-				      char *msg, size_t msg_size);
 /* The workspace a call with a's tensors and splits needs on dev (a->ws is
  * ignored): splits · B·Hin·T·E floats when split, else 0. */
-dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
-					  const dg_lowrank_grad_input_args *a,
-					  size_t *bytes);
-dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
-				const dg_lowrank_grad_input_args *a);
+DG_API dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
+						 const dg_lowrank_grad_input_args *a,
+						 size_t *bytes);
+DG_API dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
+				       const dg_lowrank_grad_input_args *a);
 
 typedef struct dg_lowrank_grad_weight_args {
 	const dg_tensor *grad; /* (B,H,T,L) spec->src */
@@ -173,15 +166,12 @@ typedef struct dg_lowrank_grad_weight_args {
 	bool accumulate; /* grad_w += instead of = */
 	dg_workspace ws; /* partial sums of a split reduction over B·T */
 } dg_lowrank_grad_weight_args;
-dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
-				       const dg_lowrank_grad_weight_args *a,
-				       char *msg, size_t msg_size);
 /* The workspace a call with a's tensors needs on dev (a->ws is ignored). */
-dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
-					   const dg_lowrank_grad_weight_args *a,
-					   size_t *bytes);
-dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
-				 const dg_lowrank_grad_weight_args *a);
+DG_API dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
+						  const dg_lowrank_grad_weight_args *a,
+						  size_t *bytes);
+DG_API dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
+					const dg_lowrank_grad_weight_args *a);
 
 /* ---- decoder tail ------------------------------------------------------ */
 typedef struct dg_decoder_fwd_args {
@@ -190,24 +180,18 @@ typedef struct dg_decoder_fwd_args {
 	const dg_tensor *out;
 	dg_workspace ws; /* one slice of partial sums a K split */
 } dg_decoder_fwd_args;
-dg_status dg_decoder_fwd_check(const dg_spec *spec,
-			       const dg_decoder_fwd_args *a, char *msg,
-			       size_t msg_size);
-dg_status dg_decoder_fwd_workspace(dg_device *dev, const dg_spec *spec,
-				   const dg_decoder_fwd_args *a, size_t *bytes);
-dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
-			 const dg_decoder_fwd_args *a);
+DG_API dg_status dg_decoder_fwd_workspace(dg_device *dev, const dg_spec *spec,
+					  const dg_decoder_fwd_args *a, size_t *bytes);
+DG_API dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
+				const dg_decoder_fwd_args *a);
 
 typedef struct dg_decoder_grad_input_args {
 	const dg_tensor *grad;   /* (B,1,T,E) f32 */
 	const dg_tensor *w;
 	const dg_tensor *grad_y; /* (B,H,T,L) spec->out */
 } dg_decoder_grad_input_args;
-dg_status dg_decoder_grad_input_check(const dg_spec *spec,
-				      const dg_decoder_grad_input_args *a,
-				      char *msg, size_t msg_size);
-dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
-				const dg_decoder_grad_input_args *a);
+DG_API dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
+				       const dg_decoder_grad_input_args *a);
 
 typedef struct dg_decoder_grad_weight_args {
 	const dg_tensor *grad;
@@ -216,14 +200,11 @@ typedef struct dg_decoder_grad_weight_args {
 	bool accumulate;
 	dg_workspace ws; /* partial sums of a split reduction over B·T */
 } dg_decoder_grad_weight_args;
-dg_status dg_decoder_grad_weight_check(const dg_spec *spec,
-				       const dg_decoder_grad_weight_args *a,
-				       char *msg, size_t msg_size);
-dg_status dg_decoder_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
-					   const dg_decoder_grad_weight_args *a,
-					   size_t *bytes);
-dg_status dg_decoder_grad_weight(dg_device *dev, const dg_spec *spec,
-				 const dg_decoder_grad_weight_args *a);
+DG_API dg_status dg_decoder_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
+						  const dg_decoder_grad_weight_args *a,
+						  size_t *bytes);
+DG_API dg_status dg_decoder_grad_weight(dg_device *dev, const dg_spec *spec,
+					const dg_decoder_grad_weight_args *a);
 
 /* ---- quantize and pack ------------------------------------------------- */
 /* quantize_act: codes->scale receives the scale (2·mean|x|/qmax). */
@@ -232,25 +213,21 @@ typedef struct dg_quantize_act_args {
 	const dg_tensor *codes;
 	dg_workspace ws; /* the |x| partial sums */
 } dg_quantize_act_args;
-dg_status dg_quantize_act_check(const dg_spec *spec, const dg_quantize_act_args *a,
-				char *msg, size_t msg_size);
-dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
-				    const dg_quantize_act_args *a, size_t *bytes);
-dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
-			  const dg_quantize_act_args *a);
+DG_API dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
+					   const dg_quantize_act_args *a, size_t *bytes);
+DG_API dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec,
+				 const dg_quantize_act_args *a);
 
 /* dequantize: codes (R,C) act (int8 | int4 | uint8pos) with their scale —
  * codes->scale one float (ascale=tensor) or R floats, one a row
  * (ascale=token) — → out (R,C) spec->out (bf16 | f32): out = code × s in
- * f32, bf16 rounded to nearest even once (dg_ref_dequantize, bit for bit).
+ * f32, bf16 rounded to nearest even once (dg_ref_run's, bit for bit).
  * Both tensors 2-D (view a stack as its rows). */
 typedef struct dg_dequantize_args {
 	const dg_tensor *codes;
 	const dg_tensor *out;
 } dg_dequantize_args;
-dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
-			      size_t msg_size);
-dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a);
+DG_API dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a);
 
 /* quantize_weight: codes is int8 (one code a byte, same shape as w) and
  * codes->scale receives the weight scale of spec->weight. */
@@ -259,12 +236,10 @@ typedef struct dg_quantize_weight_args {
 	const dg_tensor *codes;
 	dg_workspace ws; /* the |w| partial sums */
 } dg_quantize_weight_args;
-dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_quantize_weight_args *a,
-				   char *msg, size_t msg_size);
-dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
-				       const dg_quantize_weight_args *a, size_t *bytes);
-dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
-			     const dg_quantize_weight_args *a);
+DG_API dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
+					      const dg_quantize_weight_args *a, size_t *bytes);
+DG_API dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
+				    const dg_quantize_weight_args *a);
 
 /* spec op pack_ternary or pack_sign1; unpack=false: codes → packed,
  * unpack=true: packed → codes (i8x4). The scale pointer is carried over by
@@ -274,20 +249,16 @@ typedef struct dg_pack_weight_args {
 	const dg_tensor *packed;
 	bool unpack;
 } dg_pack_weight_args;
-dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a,
-			       char *msg, size_t msg_size);
-dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec,
-			 const dg_pack_weight_args *a);
+DG_API dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec,
+				const dg_pack_weight_args *a);
 
 /* spec op pack_i8x4 (codes → packed) or unpack_i8x4 (packed → codes). */
 typedef struct dg_pack_i8x4_args {
 	const dg_tensor *codes;
 	const dg_tensor *packed;
 } dg_pack_i8x4_args;
-dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a,
-			     char *msg, size_t msg_size);
-dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
-		       const dg_pack_i8x4_args *a);
+DG_API dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
+			      const dg_pack_i8x4_args *a);
 
 /* ---- attention (BDH: quadratic form, no softmax, strictly causal) ---------
  * xs (B,H,T,L) act (post-ReLU), v (B,1,T,E) act shared by every head,
@@ -317,48 +288,35 @@ dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
 typedef struct dg_rope_fwd_args {
 	const dg_tensor *x, *rope, *out;
 } dg_rope_fwd_args;
-dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a);
+DG_API dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a);
 
 typedef struct dg_rope_bwd_args {
 	const dg_tensor *grad, *rope, *grad_x;
 } dg_rope_bwd_args;
-dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a);
+DG_API dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a);
 
 typedef struct dg_attention_scores_args {
 	const dg_tensor *xs, *rope, *scores;
 } dg_attention_scores_args;
-dg_status dg_attention_scores_check(const dg_spec *spec, const dg_attention_scores_args *a,
-				    char *msg, size_t msg_size);
-dg_status dg_attention_scores(dg_device *dev, const dg_spec *spec,
-			      const dg_attention_scores_args *a);
+DG_API dg_status dg_attention_scores(dg_device *dev, const dg_spec *spec,
+				     const dg_attention_scores_args *a);
 
 typedef struct dg_attention_out_args {
 	const dg_tensor *scores, *v, *out;
 } dg_attention_out_args;
-dg_status dg_attention_out_check(const dg_spec *spec, const dg_attention_out_args *a, char *msg,
-				 size_t msg_size);
-dg_status dg_attention_out(dg_device *dev, const dg_spec *spec, const dg_attention_out_args *a);
+DG_API dg_status dg_attention_out(dg_device *dev, const dg_spec *spec, const dg_attention_out_args *a);
 
 typedef struct dg_attention_grad_scores_args {
 	const dg_tensor *grad, *v, *grad_scores;
 } dg_attention_grad_scores_args;
-dg_status dg_attention_grad_scores_check(const dg_spec *spec,
-					 const dg_attention_grad_scores_args *a, char *msg,
-					 size_t msg_size);
-dg_status dg_attention_grad_scores(dg_device *dev, const dg_spec *spec,
-				   const dg_attention_grad_scores_args *a);
+DG_API dg_status dg_attention_grad_scores(dg_device *dev, const dg_spec *spec,
+					  const dg_attention_grad_scores_args *a);
 
 typedef struct dg_attention_grad_v_args {
 	const dg_tensor *scores, *grad, *grad_v;
 } dg_attention_grad_v_args;
-dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad_v_args *a,
-				    char *msg, size_t msg_size);
-dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
-			      const dg_attention_grad_v_args *a);
+DG_API dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
+				     const dg_attention_grad_v_args *a);
 
 typedef struct dg_attention_grad_xs_args {
 	const dg_tensor *grad_scores, *xs, *rope;
@@ -366,10 +324,8 @@ typedef struct dg_attention_grad_xs_args {
 	const dg_tensor *dxs, *mask_xs;  /* epi=mask (else NULL): dxs read and
 					  * written, mask_xs read */
 } dg_attention_grad_xs_args;
-dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
-				     char *msg, size_t msg_size);
-dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
-			       const dg_attention_grad_xs_args *a);
+DG_API dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
+				      const dg_attention_grad_xs_args *a);
 
 /* The chains. spec: any attention op's spec (heads, embd, latent, act,
  * arch, rope are read; each step runs its own op with an auto tile: the
@@ -388,9 +344,9 @@ typedef struct dg_attention_fwd_args {
 	const dg_tensor *out;
 	dg_workspace ws; /* rope=pre: qr; else unused */
 } dg_attention_fwd_args;
-dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
-				     size_t *bytes);
-dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a);
+DG_API dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
+					    size_t *bytes);
+DG_API dg_status dg_attention_fwd(dg_device *dev, const dg_spec *spec, const dg_attention_fwd_args *a);
 
 typedef struct dg_attention_bwd_args {
 	const dg_tensor *grad, *xs, *v, *rope, *scores;
@@ -398,9 +354,9 @@ typedef struct dg_attention_bwd_args {
 	dg_workspace ws;
 	const dg_tensor *dxs; /* in place of grad_xs: the masked sum into it */
 } dg_attention_bwd_args;
-dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
-				     size_t *bytes);
-dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a);
+DG_API dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
+					    size_t *bytes);
+DG_API dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_attention_bwd_args *a);
 
 /* ---- embed ------------------------------------------------------------- */
 /* bad: 0, or an int32 on the device that gets 1 when a token is outside
@@ -412,12 +368,10 @@ typedef struct dg_embed_fwd_args {
 	const dg_tensor *out;   /* (R, E) spec->out */
 	dg_dptr bad;
 } dg_embed_fwd_args;
-dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,
-			     size_t msg_size);
-dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a);
+DG_API dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a);
 
 /* dtable[v] (accumulate: +)= the rows of dout whose token is v, added in
- * token order (exactly dg_ref_embed_bwd's f32 sums); tokens outside
+ * token order (exactly the CPU reference's f32 sums); tokens outside
  * 0..V-1 add nothing. */
 typedef struct dg_embed_bwd_args {
 	const dg_tensor *idx;    /* (R) i32 */
@@ -425,9 +379,7 @@ typedef struct dg_embed_bwd_args {
 	const dg_tensor *dtable; /* (V, E) f32 */
 	bool accumulate;
 } dg_embed_bwd_args;
-dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, char *msg,
-			     size_t msg_size);
-dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a);
+DG_API dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a);
 
 /* ---- layer norm (no affine; biased variance; eps inside the sqrt) ------- */
 typedef struct dg_layernorm_fwd_args {
@@ -436,10 +388,8 @@ typedef struct dg_layernorm_fwd_args {
 	const dg_tensor *rstd; /* (R) f32: 1/sqrt(var + eps), for the backward */
 	float eps;             /* finite, >= 0 (PyTorch's default 1e-5) */
 } dg_layernorm_fwd_args;
-dg_status dg_layernorm_fwd_check(const dg_spec *spec, const dg_layernorm_fwd_args *a,
-				 char *msg, size_t msg_size);
-dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec,
-			   const dg_layernorm_fwd_args *a);
+DG_API dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec,
+				  const dg_layernorm_fwd_args *a);
 
 /* dx (accumulate: +)= rstd·(dy − mean(dy) − y·mean(dy·y)). */
 typedef struct dg_layernorm_bwd_args {
@@ -449,10 +399,8 @@ typedef struct dg_layernorm_bwd_args {
 	const dg_tensor *dx;   /* (R, E) f32 */
 	bool accumulate;
 } dg_layernorm_bwd_args;
-dg_status dg_layernorm_bwd_check(const dg_spec *spec, const dg_layernorm_bwd_args *a,
-				 char *msg, size_t msg_size);
-dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec,
-			   const dg_layernorm_bwd_args *a);
+DG_API dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec,
+				  const dg_layernorm_bwd_args *a);
 
 /* out = LN(x + y): x the residual stream, y the block's output (the add
  * rounded once in f32), one pass. */
@@ -463,10 +411,8 @@ typedef struct dg_resid_ln_fwd_args {
 	const dg_tensor *rstd; /* (R) f32 */
 	float eps;
 } dg_resid_ln_fwd_args;
-dg_status dg_resid_ln_fwd_check(const dg_spec *spec, const dg_resid_ln_fwd_args *a,
-				char *msg, size_t msg_size);
-dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec,
-			  const dg_resid_ln_fwd_args *a);
+DG_API dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec,
+				 const dg_resid_ln_fwd_args *a);
 
 /* g = the layer norm gradient of dout; dx (accumulate: +)= g (the residual
  * stream's gradient), dy = g (the block output's). */
@@ -478,10 +424,8 @@ typedef struct dg_resid_ln_bwd_args {
 	const dg_tensor *dy;   /* (R, E) f32 */
 	bool accumulate;
 } dg_resid_ln_bwd_args;
-dg_status dg_resid_ln_bwd_check(const dg_spec *spec, const dg_resid_ln_bwd_args *a,
-				char *msg, size_t msg_size);
-dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec,
-			  const dg_resid_ln_bwd_args *a);
+DG_API dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec,
+				 const dg_resid_ln_bwd_args *a);
 
 /* ---- lm_head + softmax cross-entropy ------------------------------------ */
 /* loss = mean over the R rows of logsumexp(x·w) − (x·w)[target], written
@@ -508,12 +452,10 @@ typedef struct dg_lmhead_ce_args {
 	 * the kernel runs, so a captured step reads its control block */
 	dg_dptr grad_scale;
 } dg_lmhead_ce_args;
-dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
-			     size_t msg_size);
 /* dev may be NULL (the size needs none); a->ws is ignored. */
-dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
-				 const dg_lmhead_ce_args *a, size_t *bytes);
-dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a);
+DG_API dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
+					const dg_lmhead_ce_args *a, size_t *bytes);
+DG_API dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a);
 
 /* ---- gate (BDH's xy = dropout(xs · ys)) -----------------------------------
  * (B,H,T,L) tensors, H and L the spec's, B and T the call's; act f32 or bf16,
@@ -533,7 +475,7 @@ dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_a
  *             dxs = g·ys, and dys = ys > 0 ? g·xs : 0 (ys's ReLU mask)
  *             written over dxy (in place)              spec->out: dxy,
  *             dys and dxs (f32 | bf16, dragon/spec.h's gradient formats)
- * Results are the CPU reference's bit for bit (dg_ref_gate_op). */
+ * Results are the CPU reference's bit for bit (dg_ref_run). */
 typedef struct dg_gate_fwd_args {
 	const dg_tensor *xs, *ys, *xy;
 	float p;       /* drop probability, 0 <= p < 1 */
@@ -546,9 +488,7 @@ typedef struct dg_gate_fwd_args {
 	 * index in the global batch's (B,H,T,L) tensor (row0·H·T·L), 0 alone */
 	uint64_t elem0;
 } dg_gate_fwd_args;
-dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a);
+DG_API dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a);
 
 typedef struct dg_gate_bwd_args {
 	const dg_tensor *dxy; /* in: dxy; out: dys */
@@ -559,9 +499,7 @@ typedef struct dg_gate_bwd_args {
 	dg_dptr step_at; /* as gate_fwd's */
 	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 } dg_gate_bwd_args;
-dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
+DG_API dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
 
 /* decoder_gate_bwd: decoder_grad_input and gate_bwd in one kernel (no dxy
  * in memory), the model's backward on sm_90a:
@@ -570,7 +508,7 @@ dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_arg
  * w spec->weight f32 | bf16 (no scale: a low-bit recipe passes its bf16
  * copy), xs and ys act, dxs and dys spec->out (bf16 by default); dxs and
  * dys alias nothing. Within the GEMM tolerance of the CPU reference
- * dg_ref_decoder_gate_bwd (its sums; the gate's rounding is the same). */
+ * (dg_ref_run: its sums; the gate's rounding is the same). */
 typedef struct dg_decoder_gate_bwd_args {
 	const dg_tensor *grad, *w, *xs, *ys;
 	const dg_tensor *dxs, *dys; /* out */
@@ -580,10 +518,8 @@ typedef struct dg_decoder_gate_bwd_args {
 	dg_dptr step_at; /* as gate_fwd's */
 	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 } dg_decoder_gate_bwd_args;
-dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
-				    char *msg, size_t msg_size);
-dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
-			      const dg_decoder_gate_bwd_args *a);
+DG_API dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
+				     const dg_decoder_gate_bwd_args *a);
 
 /* ---- step (the training step's element-wise glue and layout change) ------
  *   add_mask   dxs (B,H,T,L) in/out spec->out, other spec->src, xs act:
@@ -594,28 +530,22 @@ dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
  *              even), R the call's: the master encoders [H,D,N] to (H,N,D)
  *              (R = H, E = D, L = N), the decoder [H·N,D] to (D,H·N) (R = 1,
  *              E = H·N, L = D); the way back swaps E and L with act=f32.
- * Exact: the CPU references' bits (dg_ref_add_mask, dg_ref_add3,
- * dg_ref_transpose). */
+ * Exact: the CPU references' bits (dg_ref_run). */
 typedef struct dg_add_mask_args {
 	const dg_tensor *dxs; /* in and out */
 	const dg_tensor *other, *xs;
 } dg_add_mask_args;
-dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,
-			    size_t msg_size);
-dg_status dg_add_mask(dg_device *dev, const dg_spec *spec, const dg_add_mask_args *a);
+DG_API dg_status dg_add_mask(dg_device *dev, const dg_spec *spec, const dg_add_mask_args *a);
 
 typedef struct dg_add3_args {
 	const dg_tensor *a, *b, *c, *out;
 } dg_add3_args;
-dg_status dg_add3_check(const dg_spec *spec, const dg_add3_args *a, char *msg, size_t msg_size);
-dg_status dg_add3(dg_device *dev, const dg_spec *spec, const dg_add3_args *a);
+DG_API dg_status dg_add3(dg_device *dev, const dg_spec *spec, const dg_add3_args *a);
 
 typedef struct dg_transpose_args {
 	const dg_tensor *in, *out;
 } dg_transpose_args;
-dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, char *msg,
-			     size_t msg_size);
-dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
+DG_API dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
 
 /* ---- optim (the optimizer on the device: templates/adamw.lua) -------------
  *   adamw_update  p, m, v (any shape, one shape) f32 in place, grad f32:
@@ -623,8 +553,9 @@ dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_a
  *                 dg_adamw_ctl (dragon/optim.h) in device memory, which a
  *                 captured step's host side rewrites by one small copy a
  *                 step; nothing when its skip is set. Bit for bit
- *                 dg_ref_adamw. ctl 0: dg_ref_adamw_default_ctl's
- *                 scalars (the tuner's and the bench's calls). copy (0:
+ *                 the CPU reference (dg_ref_run). ctl 0: default
+ *                 scalars (step 0 of dg_adamw_defaults at lr 1e-3, no
+ *                 clip: the tuner's and the bench's calls). copy (0:
  *                 none): bf16 storage of p's element count, p's new value
  *                 rounded to nearest even as it is written (a float
  *                 recipe's GEMM operand in the master's own layout).
@@ -640,9 +571,7 @@ typedef struct dg_adamw_update_args {
 	dg_dptr copy; /* 0, or p's elements in bf16 */
 	bool decay;   /* the decoupled weight decay (a matrix's) */
 } dg_adamw_update_args;
-dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
-				size_t msg_size);
-dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a);
+DG_API dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a);
 
 typedef struct dg_grad_norm_args {
 	const dg_tensor *const *grads; /* n f32 gradients, any shapes */
@@ -651,8 +580,8 @@ typedef struct dg_grad_norm_args {
 	dg_workspace ws; /* dg_grad_norm_workspace's bytes */
 } dg_grad_norm_args;
 /* The workspace of n gradients' norm: a partial sum each of their blocks. */
-size_t dg_grad_norm_workspace(int n);
-dg_status dg_grad_norm(dg_device *dev, const dg_spec *spec, const dg_grad_norm_args *a);
+DG_API size_t dg_grad_norm_workspace(int n);
+DG_API dg_status dg_grad_norm(dg_device *dev, const dg_spec *spec, const dg_grad_norm_args *a);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -36,24 +37,24 @@ typedef struct dg_adamw_config {
 } dg_adamw_config;
 
 /* The defaults above for a run of `steps` steps (warm-up min(100, steps/10)). */
-void dg_adamw_defaults(dg_adamw_config *c, int64_t steps);
+DG_API void dg_adamw_defaults(dg_adamw_config *c, int64_t steps);
 /* A config dg_adamw_step can run: finite positive lr, betas in [0, 1),
  * eps > 0, weight decay and clip >= 0, 0 <= warmup <= steps, 0 <= floor
  * <= lr. DG_ERR_INVALID_ARG with the field named otherwise. */
-dg_status dg_adamw_check(const dg_adamw_config *c, char *msg, size_t msg_size);
+DG_API dg_status dg_adamw_check(const dg_adamw_config *c, char *msg, size_t msg_size);
 
 /* The learning rate of step t (0-based): lr·(t+1)/warmup during the
  * warm-up, then floor + (lr − floor)·(1 + cos(π·p))/2 with p = (t −
  * warmup)/(steps − warmup) (1 past the end), in double, rounded once. */
-float dg_adamw_lr(const dg_adamw_config *c, int64_t t);
+DG_API float dg_adamw_lr(const dg_adamw_config *c, int64_t t);
 
 /* The clip factor of a gradient whose global L2 norm is `norm` (the
  * square root of the sum of every tensor's squares): min(1, clip/(norm +
  * 1e-6)) as clip_grad_norm_ takes it; 1 when clip is 0. */
-float dg_adamw_clip_scale(const dg_adamw_config *c, double norm);
+DG_API float dg_adamw_clip_scale(const dg_adamw_config *c, double norm);
 
 /* Σ g² of n floats, in double (the norm's partial of one tensor). */
-double dg_adamw_sq_sum(const float *g, size_t n);
+DG_API double dg_adamw_sq_sum(const float *g, size_t n);
 
 /*
  * The dynamic loss scaler (PyTorch's torch.amp.GradScaler): the loss's
@@ -77,13 +78,14 @@ typedef struct dg_loss_scaler {
 } dg_loss_scaler;
 
 /* A fresh scaler: on, S 2^16, the interval 2000, no good steps; off: S 1. */
-void dg_loss_scaler_defaults(dg_loss_scaler *ls, bool on);
+DG_API void dg_loss_scaler_defaults(dg_loss_scaler *ls, bool on);
 
 /*
  * The scalars of one step's update, as the GPU's kernels read them from
  * device memory (a step's control block, updated by one small copy a step,
- * so a captured CUDA graph replays every step), and as dg_ref_adamw takes
- * them. 80 bytes, this layout exactly (templates/adamw.lua mirrors it).
+ * so a captured CUDA graph replays every step), and as the CPU reference
+ * of adamw_update takes them. 80 bytes, this layout exactly
+ * (templates/adamw.lua mirrors it).
  * The host writes the first twelve fields, DG_ADAMW_CTL_HOST_BYTES, every
  * step (dg_adamw_ctl_fill, then the scaler's config); the rest is the
  * device's: the gradient norm (dg_grad_norm on the GPU) writes scale,
@@ -124,7 +126,7 @@ typedef struct dg_adamw_ctl {
  * double and rounded once, as dg_adamw_step always has), the scaler off;
  * scale 1, skip 0, loss_scale 1, good_steps, sq and norm 0 until a norm
  * is taken. */
-void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_ctl *out);
+DG_API void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_ctl *out);
 
 /*
  * One AdamW update of n parameters at step t (0-based; the bias
@@ -140,8 +142,8 @@ void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_c
  * operation is f32, rounded once. lr is the step's (dg_adamw_lr). m and v
  * start at zero.
  */
-void dg_adamw_step(const dg_adamw_config *c, int64_t t, float lr, float scale, bool decay, float *p,
-		   const float *grad, float *m, float *v, size_t n);
+DG_API void dg_adamw_step(const dg_adamw_config *c, int64_t t, float lr, float scale, bool decay, float *p,
+			  const float *grad, float *m, float *v, size_t n);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "fmt.h"
 
 #ifdef __cplusplus
@@ -21,12 +22,12 @@ typedef struct dg_rng {
 	uint64_t state;
 } dg_rng;
 
-void dg_rng_seed(dg_rng *r, uint64_t seed);
-uint64_t dg_rng_u64(dg_rng *r);
+DG_API void dg_rng_seed(dg_rng *r, uint64_t seed);
+DG_API uint64_t dg_rng_u64(dg_rng *r);
 /* Uniform in [lo, hi), from 53 random bits. */
-float dg_rng_uniform(dg_rng *r, float lo, float hi);
+DG_API float dg_rng_uniform(dg_rng *r, float lo, float hi);
 /* Uniform integer in [lo, hi]. */
-int dg_rng_int(dg_rng *r, int lo, int hi);
+DG_API int dg_rng_int(dg_rng *r, int lo, int hi);
 
 /*
  * n random values of format fmt in its storage layout (dragon/fmt.h):
@@ -35,23 +36,23 @@ int dg_rng_int(dg_rng *r, int lo, int hi);
  * -1, 0, +1 packed 16 a word, sign1 bits 32 a word (n a multiple of the
  * codes a word), i32 token ids in 0..255 (the default vocab). storage holds dg_fmt_row_bytes(fmt, n) bytes.
  */
-void dg_rng_fill(dg_rng *r, dg_fmt fmt, void *storage, size_t n);
+DG_API void dg_rng_fill(dg_rng *r, dg_fmt fmt, void *storage, size_t n);
 
 /* ---- dropout: a counter-based stream, the same on the CPU and the GPU ----
  * Philox4x32-10 (Salmon, Moraes, Dror, Shaw 2011): four 32-bit outputs of
  * a counter under a key, 10 rounds. A dropout mask is never stored: the
  * forward and the backward (and the GPU's kernels, in the same integer
  * arithmetic) regenerate it from (seed, step, layer, element). */
-void dg_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+DG_API void dg_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
 /* The integer threshold of drop probability p in [0, 1): an element is
  * dropped when its 32-bit draw is below it. */
-uint32_t dg_dropout_threshold(float p);
+DG_API uint32_t dg_dropout_threshold(float p);
 
 /* Whether element i of (seed, step, layer) survives dropout p: the draw is
  * word i % 4 of Philox at counter (i/4 low, i/4 high, step, layer) under
  * key (seed low, seed high). */
-bool dg_dropout_keep(uint64_t seed, uint32_t step, uint32_t layer, uint64_t i, float p);
+DG_API bool dg_dropout_keep(uint64_t seed, uint32_t step, uint32_t layer, uint64_t i, float p);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /*
- * dragon — the GPU runtime: device, streams, memory, kernels, launch.
+ * dragon — the GPU runtime: device, streams, memory, kernels, events, graphs.
  *
  * The CUDA driver is opened with dlopen("libcuda.so.1") the first time a
  * device is asked for; a machine without a driver or without a device gets
@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "jit.h"
 #include "spec.h"
 #include "status.h"
@@ -66,34 +67,34 @@ typedef struct dg_device_info {
  * device, is *n = 0 and DG_OK (msg, if non-NULL, says why there are none);
  * a driver that fails otherwise is DG_ERR_CUDA with its message.
  */
-dg_status dg_device_count(int *n, char *msg, size_t msg_size);
+DG_API dg_status dg_device_count(int *n, char *msg, size_t msg_size);
 
 /*
  * Opens a device. Like dg_ctx_create, *out is set even on failure (unless
  * out is NULL or memory ran out), so dg_device_errmsg can say why; close it
  * either way. DG_ERR_NO_DEVICE: no driver or no such device.
  */
-dg_status dg_device_open(dg_device **out, const dg_device_opts *opts);
-void dg_device_close(dg_device *dev); /* NULL is fine */
-const char *dg_device_errmsg(const dg_device *dev);
-dg_status dg_device_info_get(dg_device *dev, dg_device_info *info);
+DG_API dg_status dg_device_open(dg_device **out, const dg_device_opts *opts);
+DG_API void dg_device_close(dg_device *dev); /* NULL is fine */
+DG_API const char *dg_device_errmsg(const dg_device *dev);
+DG_API dg_status dg_device_info_get(dg_device *dev, dg_device_info *info);
 /* The JIT context kernels are compiled with (for tools and tests). */
-dg_ctx *dg_device_jit(dg_device *dev);
+DG_API dg_ctx *dg_device_jit(dg_device *dev);
 
 /* The stream the calling thread's launches and copies go to: a CUstream
  * (PyTorch's current stream, say), DG_STREAM_LEGACY for the legacy
  * default stream, or NULL for the device's own stream (created at open,
  * non-blocking: it does not wait for the default stream, nor it for
  * dragon). Per thread: another thread keeps its own. */
-dg_status dg_device_set_stream(dg_device *dev, void *cu_stream);
+DG_API dg_status dg_device_set_stream(dg_device *dev, void *cu_stream);
 /* The legacy default stream (the driver's CU_STREAM_LEGACY): what a
  * framework's stream handle 0 means — PyTorch's default stream is it, so
  * a caller passing torch.cuda.current_stream() passes this for handle 0,
  * never NULL (which would be dragon's own stream, racing torch's work). */
 #define DG_STREAM_LEGACY ((void *)0x1)
-void *dg_device_stream(dg_device *dev); /* the calling thread's */
+DG_API void *dg_device_stream(dg_device *dev); /* the calling thread's */
 /* Waits for the calling thread's stream. */
-dg_status dg_device_sync(dg_device *dev);
+DG_API dg_status dg_device_sync(dg_device *dev);
 
 /* Where the device's kernels came from, since open. */
 typedef struct dg_device_stats {
@@ -104,7 +105,7 @@ typedef struct dg_device_stats {
 	size_t bundled;   /* specs loaded from bundles */
 	size_t planned;   /* specs planned to find their kernel (no compile) */
 } dg_device_stats;
-dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out);
+DG_API dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out);
 
 /*
  * Loads the kernels of a `dragon-gen build` bundle (DIR/manifest.json and
@@ -118,7 +119,7 @@ dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out);
  * joins several) loads bundles at dg_device_open, a failure there failing
  * the open.
  */
-dg_status dg_device_load_bundle(dg_device *dev, const char *dir, size_t *loaded);
+DG_API dg_status dg_device_load_bundle(dg_device *dev, const char *dir, size_t *loaded);
 
 /* ---- building a bundle (no device needed) -----------------------------------
  * What `dragon-gen build` makes and dg_device_load_bundle loads: one
@@ -132,7 +133,7 @@ dg_status dg_device_load_bundle(dg_device *dev, const char *dir, size_t *loaded)
  * template refuse left out: every kernel of a BDH training step, forward
  * and backward. *out (malloc'd, the caller frees it) gets *n specs,
  * distinct, normalized, tiles auto. */
-dg_status dg_bundle_default_specs(dg_spec **out, size_t *n, char *msg, size_t msg_size);
+DG_API dg_status dg_bundle_default_specs(dg_spec **out, size_t *n, char *msg, size_t msg_size);
 
 /* Which step of a build failed (dg_bundle_summary.step). */
 typedef enum dg_bundle_step {
@@ -212,53 +213,39 @@ typedef struct dg_bundle_summary {
  * or compile (msg: one line, the compile's log on the lines after it);
  * DG_ERR_IO: a file or folder, named; DG_ERR_INTERRUPTED: opts->stop.
  */
-dg_status dg_bundle_build(const dg_bundle_opts *opts, dg_bundle_summary *summary, char *msg,
+DG_API dg_status dg_bundle_build(const dg_bundle_opts *opts, dg_bundle_summary *summary, char *msg,
 			  size_t msg_size);
 
 /* ---- memory ---------------------------------------------------------------
  * Allocations are 256-byte aligned (every kernel's 16-byte alignment rule
  * holds for whole allocations). Copies and memset are ordered on the
  * device's stream; the _sync forms of copies to the host wait for it. */
-dg_status dg_malloc(dg_device *dev, size_t bytes, dg_dptr *out);
-dg_status dg_free(dg_device *dev, dg_dptr ptr); /* 0 is fine */
-dg_status dg_memcpy_htod(dg_device *dev, dg_dptr dst, const void *src,
-			 size_t bytes);
-dg_status dg_memcpy_dtoh(dg_device *dev, void *dst, dg_dptr src,
-			 size_t bytes); /* waits for the stream */
-dg_status dg_memcpy_dtod(dg_device *dev, dg_dptr dst, dg_dptr src,
-			 size_t bytes);
+DG_API dg_status dg_malloc(dg_device *dev, size_t bytes, dg_dptr *out);
+DG_API dg_status dg_free(dg_device *dev, dg_dptr ptr); /* 0 is fine */
+DG_API dg_status dg_memcpy_htod(dg_device *dev, dg_dptr dst, const void *src,
+				size_t bytes);
+DG_API dg_status dg_memcpy_dtoh(dg_device *dev, void *dst, dg_dptr src,
+				size_t bytes); /* waits for the stream */
+DG_API dg_status dg_memcpy_dtod(dg_device *dev, dg_dptr dst, dg_dptr src,
+				size_t bytes);
 /* As dg_memcpy_dtoh without the wait: dst must be page-locked
  * (dg_host_alloc) and stay valid until the copy has run (an event recorded
  * after it says when). */
-dg_status dg_memcpy_dtoh_async(dg_device *dev, void *dst, dg_dptr src, size_t bytes);
+DG_API dg_status dg_memcpy_dtoh_async(dg_device *dev, void *dst, dg_dptr src, size_t bytes);
 /* Page-locked host memory (cuMemHostAlloc), what an asynchronous copy to
  * the host needs; dg_host_free releases it (NULL is fine). */
-dg_status dg_host_alloc(dg_device *dev, size_t bytes, void **out);
-void dg_host_free(dg_device *dev, void *p);
-dg_status dg_memset8(dg_device *dev, dg_dptr dst, uint8_t value,
-		     size_t bytes);
+DG_API dg_status dg_host_alloc(dg_device *dev, size_t bytes, void **out);
+DG_API void dg_host_free(dg_device *dev, void *p);
+DG_API dg_status dg_memset8(dg_device *dev, dg_dptr dst, uint8_t value,
+			    size_t bytes);
 /* The device's free and total memory now (cuMemGetInfo), bytes. */
-dg_status dg_device_mem_info(dg_device *dev, size_t *free_bytes, size_t *total_bytes);
-
-/*
- * Arena: one allocation handed out by bumping an offset (parameters,
- * gradients, activations), so pointers are stable for CUDA graphs and a
- * whole step's activations are released by one reset.
- */
-typedef struct dg_arena dg_arena;
-dg_status dg_arena_create(dg_device *dev, size_t bytes, dg_arena **out);
-void dg_arena_destroy(dg_arena *arena); /* NULL is fine */
-/* align: a power of two, at least 16 (0: 256). DG_ERR_NOMEM with the
- * sizes in the message when the arena is full. */
-dg_status dg_arena_alloc(dg_arena *arena, size_t bytes, size_t align,
-			 dg_dptr *out);
-void dg_arena_reset(dg_arena *arena);
-size_t dg_arena_used(const dg_arena *arena);
-size_t dg_arena_capacity(const dg_arena *arena);
+DG_API dg_status dg_device_mem_info(dg_device *dev, size_t *free_bytes, size_t *total_bytes);
 
 /* ---- kernels -------------------------------------------------------------
- * A dg_kernel is one entry point of one spec's loaded module. It belongs
- * to the device and stays valid until dg_device_close. */
+ * A dg_kernel is one entry point of one spec's loaded module: the ops
+ * fetch and launch them; here a program asks which kernel a spec gets,
+ * where it came from and what it uses. It belongs to the device and stays
+ * valid until dg_device_close. */
 typedef struct dg_kernel dg_kernel;
 
 typedef enum dg_kernel_origin {
@@ -288,86 +275,36 @@ typedef struct dg_kernel_info {
  * a hash lookup: no planning, no allocation. Kernels with more than 48 KiB
  * of dynamic shared memory are opted in here.
  */
-dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec,
-			const char *entry, dg_kernel **out);
-dg_status dg_kernel_info_get(const dg_kernel *k, dg_kernel_info *info);
-/* The spec k was built for: the tile and target resolved (ops size their
- * grids and workspaces from it). Valid while the device is open. */
-const dg_spec *dg_kernel_spec(const dg_kernel *k);
-/* The entries of k's spec (k is one of them): how many, and the i-th. */
-int dg_kernel_entry_count(const dg_kernel *k);
-const dg_kernel *dg_kernel_entry(const dg_kernel *k, int i); /* NULL out of range */
-
-typedef struct dg_launch {
-	unsigned grid[3];
-	unsigned block[3];  /* 0,0,0: the template's block_threads */
-	unsigned smem;      /* 0: the template's dyn_smem */
-} dg_launch;
-
-/* Launches on the calling thread's stream. args as cuLaunchKernel's
- * kernelParams. Checks the grid and block against the device's limits
- * first (message names the dimension). */
-dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
-			   const dg_launch *launch, void **args);
+DG_API dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec,
+			       const char *entry, dg_kernel **out);
+DG_API dg_status dg_kernel_info_get(const dg_kernel *k, dg_kernel_info *info);
 
 /* Number of kernels loaded (distinct spec+entry). */
-size_t dg_device_kernel_count(const dg_device *dev);
+DG_API size_t dg_device_kernel_count(const dg_device *dev);
 
 /* ---- events --------------------------------------------------------------
  * Events on the calling thread's stream. Messages on the device. */
 typedef struct dg_event dg_event;
 
-dg_status dg_event_create(dg_device *dev, dg_event **out);
-void dg_event_destroy(dg_event *ev); /* NULL is fine */
+DG_API dg_status dg_event_create(dg_device *dev, dg_event **out);
+DG_API void dg_event_destroy(dg_event *ev); /* NULL is fine */
 /* Records ev on the calling thread's stream. */
-dg_status dg_event_record(dg_event *ev);
+DG_API dg_status dg_event_record(dg_event *ev);
 /* Waits until the work before ev's last record has run. */
-dg_status dg_event_synchronize(dg_event *ev);
+DG_API dg_status dg_event_synchronize(dg_event *ev);
 /* The calling thread's stream waits (on the device, the host goes on)
  * for the work before ev's last record: a fork or a join between two
  * streams, which a capture records as an edge of the graph. */
-dg_status dg_event_wait(dg_event *ev);
+DG_API dg_status dg_event_wait(dg_event *ev);
 
 /* A stream of dev's own beside the device's (non-blocking), for work that
  * overlaps the calling thread's (dg_device_set_stream to queue on it).
  * dg_stream_destroy after the work on it is done or joined. */
-dg_status dg_stream_create(dg_device *dev, void **out);
-void dg_stream_destroy(dg_device *dev, void *stream); /* NULL is fine */
+DG_API dg_status dg_stream_create(dg_device *dev, void **out);
+DG_API void dg_stream_destroy(dg_device *dev, void *stream); /* NULL is fine */
 /* Milliseconds between two recorded (and completed) events. */
-dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end,
-			      float *ms);
-
-/* ---- timing --------------------------------------------------------------
- * The one way dragon times a call (the tuner, the bench): warm-up calls,
- * then for each rep a write of a buffer four times the L2 (at least 256
- * MiB, outside the timing, so every rep starts with a cold L2) and a pair
- * of CUDA events around the call, all on the calling thread's stream;
- * the median, p10 and p90 of the reps. */
-typedef struct dg_timer dg_timer;
-
-typedef struct dg_timer_opts {
-	int warmup;   /* untimed calls first; 0: 3 (negative: none) */
-	int reps;     /* timed calls; 0: 25 */
-	bool warm_l2; /* do not flush the L2 between reps */
-} dg_timer_opts;
-
-typedef struct dg_timing {
-	double median_us, p10_us, p90_us, min_us;
-	int reps;
-} dg_timing;
-
-/* Enqueues one call on the calling thread's stream. */
-typedef dg_status (*dg_timed_fn)(void *user);
-
-/* A timer of up to max_reps reps (0: 1000): its events and flush buffer. */
-dg_status dg_timer_create(dg_device *dev, int max_reps, dg_timer **out);
-void dg_timer_destroy(dg_timer *t); /* NULL is fine */
-/* Bytes the timer writes to flush the L2. */
-size_t dg_timer_flush_bytes(const dg_timer *t);
-/* Times fn (opts may be NULL). A failure of fn is returned as it is (its
- * message on the device); a failure of the timing itself likewise. */
-dg_status dg_timer_run(dg_timer *t, const dg_timer_opts *opts, dg_timed_fn fn, void *user,
-		       dg_timing *out);
+DG_API dg_status dg_event_elapsed_ms(const dg_event *start, const dg_event *end,
+				     float *ms);
 
 /* ---- CUDA graphs ---------------------------------------------------------
  * dg_graph_begin starts capturing the calling thread's stream (which must
@@ -380,10 +317,10 @@ dg_status dg_timer_run(dg_timer *t, const dg_timer_opts *opts, dg_timed_fn fn, v
  * ops were given: keep them valid and unchanged while the graph lives. */
 typedef struct dg_graph dg_graph;
 
-dg_status dg_graph_begin(dg_device *dev);
-dg_status dg_graph_end(dg_device *dev, dg_graph **out);
-dg_status dg_graph_launch(dg_graph *g);
-void dg_graph_destroy(dg_graph *g); /* NULL is fine */
+DG_API dg_status dg_graph_begin(dg_device *dev);
+DG_API dg_status dg_graph_end(dg_device *dev, dg_graph **out);
+DG_API dg_status dg_graph_launch(dg_graph *g);
+DG_API void dg_graph_destroy(dg_graph *g); /* NULL is fine */
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "rng.h"
 #include "status.h"
 
@@ -28,8 +29,8 @@ extern "C" {
  * that is not finite; DG_ERR_INVALID_ARG for v < 1, a temperature below 0
  * or top_k below 0; DG_ERR_NOMEM.
  */
-dg_status dg_sample_draw(const float *z, int v, double temperature, int top_k, dg_rng *r, int32_t *out,
-			 char *msg, size_t msg_size);
+DG_API dg_status dg_sample_draw(const float *z, int v, double temperature, int top_k, dg_rng *r, int32_t *out,
+				char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }

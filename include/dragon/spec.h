@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "fmt.h"
 #include "status.h"
 
@@ -118,7 +119,7 @@ typedef enum dg_epi {
 } dg_epi;
 
 /* "store", "mask"; "?" outside the enum. */
-const char *dg_epi_name(dg_epi e);
+DG_API const char *dg_epi_name(dg_epi e);
 
 /*
  * The granularity of an integer operand's scale (DESIGN.md "Formats and
@@ -142,7 +143,7 @@ typedef enum dg_scale_gran {
 } dg_scale_gran;
 
 /* "tensor", "token", "channel"; "?" outside the enum. */
-const char *dg_scale_name(dg_scale_gran g);
+DG_API const char *dg_scale_name(dg_scale_gran g);
 
 /*
  * Tile. All zero means "auto" (tuning DB, else the heuristic default).
@@ -328,40 +329,40 @@ typedef struct dg_op_info {
 } dg_op_info;
 
 /* The row of op; NULL for a value outside the enum. */
-const dg_op_info *dg_op_info_of(dg_op op);
+DG_API const dg_op_info *dg_op_info_of(dg_op op);
 /* The format an argument of s's op has under s (f: the argument's
  * dg_op_arg.fmt): s's act, weight, out or src, int8 codes, the op's
  * pack_fmt, int32 token ids, or f32. */
-dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f);
+DG_API dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f);
 
 /* The extent of dimension d under s: B, T and R the call's (b, t, r),
  * the others the spec's (H, Hin, E, L, H·L, V; 1 for DG_DIM_ONE). */
-int64_t dg_op_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r);
+DG_API int64_t dg_op_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r);
 
 /* Whether argument i of s's op is one of a call under s (its epi; see
  * dg_op_arg.epi): the checks refuse the others given, the kernels never
  * see them, and the tuner and the tests make only these. */
-bool dg_op_arg_used(const dg_spec *s, int i);
+DG_API bool dg_op_arg_used(const dg_spec *s, int i);
 
 /* Longest canonical text, terminator included. */
 #define DG_SPEC_TEXT_MAX 512
 
-const char *dg_op_name(dg_op op); /* "?" outside the enum */
+DG_API const char *dg_op_name(dg_op op); /* "?" outside the enum */
 /* Name → enum; false when unknown. */
-bool dg_op_from_name(const char *name, dg_op *out);
+DG_API bool dg_op_from_name(const char *name, dg_op *out);
 
 /* Fields that `op` reads (a mask of dg_field). */
-unsigned dg_spec_uses(dg_op op);
+DG_API unsigned dg_spec_uses(dg_op op);
 
 /* The defaults of `op`: BDH's shape (H=4, E=256, L=8192, V=256), int8 weights
  * and activations, int8 out, no ReLU, auto tile, sm_90, then the op's own
  * (dg_op_info.defaults: decoder_fwd writes bf16, relu_mask has relu=0).
  * Always a valid spec. */
-void dg_spec_init(dg_spec *spec, dg_op op);
+DG_API void dg_spec_init(dg_spec *spec, dg_op op);
 
 /* Resets the fields `spec->op` does not read to their defaults, so two specs
  * that name the same kernel compare (and print) equal. */
-void dg_spec_normalize(dg_spec *spec);
+DG_API void dg_spec_normalize(dg_spec *spec);
 
 /*
  * Checks every field the op reads against the op table: ranges, formats,
@@ -373,11 +374,11 @@ void dg_spec_normalize(dg_spec *spec);
  * Fields the op does not read are ignored. Whether the tile's values can
  * run is the template's to say: dg_codegen_plan.
  */
-dg_status dg_spec_validate(const dg_spec *spec, char *msg, size_t msg_size);
+DG_API dg_status dg_spec_validate(const dg_spec *spec, char *msg, size_t msg_size);
 
 /* Canonical text into buf (DG_SPEC_TEXT_MAX is always enough). Returns
  * DG_ERR_INVALID_ARG if buf is too small. Does not validate. */
-dg_status dg_spec_to_string(const dg_spec *spec, char *buf, size_t size);
+DG_API dg_status dg_spec_to_string(const dg_spec *spec, char *buf, size_t size);
 
 /*
  * Parses the text form: `key=value;` pairs in any order, the trailing `;`
@@ -386,21 +387,21 @@ dg_status dg_spec_to_string(const dg_spec *spec, char *buf, size_t size);
  * and bad values are refused with a message naming them. The result is
  * validated. On failure *out is untouched.
  */
-dg_status dg_spec_parse(const char *text, dg_spec *out, char *msg,
-			size_t msg_size);
+DG_API dg_status dg_spec_parse(const char *text, dg_spec *out, char *msg,
+			       size_t msg_size);
 
 /* Parses one value of the key named `key` ("weight", "relu", "tile",
  * "heads", ...) into spec; the same rules as dg_spec_parse. Used by the CLI
  * flags. */
-dg_status dg_spec_set(dg_spec *spec, const char *key, const char *value,
-		      char *msg, size_t msg_size);
+DG_API dg_status dg_spec_set(dg_spec *spec, const char *key, const char *value,
+			     char *msg, size_t msg_size);
 
 /* Text of one tile / threshold / arch, as the canonical form writes it. */
-void dg_tile_to_string(const dg_tile *tile, char *buf, size_t size);
-bool dg_tile_is_auto(const dg_tile *tile);
+DG_API void dg_tile_to_string(const dg_tile *tile, char *buf, size_t size);
+DG_API bool dg_tile_is_auto(const dg_tile *tile);
 
 /* Equality of the canonical forms. */
-bool dg_spec_equal(const dg_spec *a, const dg_spec *b);
+DG_API bool dg_spec_equal(const dg_spec *a, const dg_spec *b);
 
 #ifdef __cplusplus
 }

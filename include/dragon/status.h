@@ -10,6 +10,8 @@
 #ifndef DRAGON_STATUS_H
 #define DRAGON_STATUS_H
 
+#include "export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -41,7 +43,7 @@ typedef enum dg_status {
 } dg_status;
 
 /* Fixed name of a status ("invalid spec"); never NULL. */
-const char *dg_status_str(dg_status st);
+DG_API const char *dg_status_str(dg_status st);
 
 #ifdef __cplusplus
 }

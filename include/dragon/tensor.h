@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "export.h"
 #include "runtime.h"
 #include "spec.h"
 #include "status.h"
@@ -42,25 +43,25 @@ typedef struct dg_tensor {
 } dg_tensor;
 
 /* A contiguous tensor. ndim 1..4; shape copied. */
-dg_tensor dg_tensor_make(const char *name, dg_fmt fmt, dg_dptr data,
-			 int ndim, const int64_t *shape);
+DG_API dg_tensor dg_tensor_make(const char *name, dg_fmt fmt, dg_dptr data,
+				int ndim, const int64_t *shape);
 /* Same, shape as arguments: dg_tensor_4d("x", DG_FMT_INT8, p, B, 1, T, E). */
-dg_tensor dg_tensor_1d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0);
-dg_tensor dg_tensor_2d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
-		       int64_t d1);
-dg_tensor dg_tensor_3d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
-		       int64_t d1, int64_t d2);
-dg_tensor dg_tensor_4d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
-		       int64_t d1, int64_t d2, int64_t d3);
+DG_API dg_tensor dg_tensor_1d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0);
+DG_API dg_tensor dg_tensor_2d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
+			      int64_t d1);
+DG_API dg_tensor dg_tensor_3d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
+			      int64_t d1, int64_t d2);
+DG_API dg_tensor dg_tensor_4d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
+			      int64_t d1, int64_t d2, int64_t d3);
 
-int64_t dg_tensor_numel(const dg_tensor *t);
+DG_API int64_t dg_tensor_numel(const dg_tensor *t);
 /* Storage bytes of a contiguous tensor of this format and shape (0 when the
  * last dimension does not fill whole words of the format). */
-size_t dg_tensor_bytes(const dg_tensor *t);
-bool dg_tensor_is_contiguous(const dg_tensor *t);
+DG_API size_t dg_tensor_bytes(const dg_tensor *t);
+DG_API bool dg_tensor_is_contiguous(const dg_tensor *t);
 
 /* "x (int8, 2x1x3x256)" into buf; returns buf. */
-const char *dg_tensor_describe(const dg_tensor *t, char *buf, size_t size);
+DG_API const char *dg_tensor_describe(const dg_tensor *t, char *buf, size_t size);
 
 /*
  * Checks t against what an op expects: not NULL, the format, the number of
@@ -71,9 +72,9 @@ const char *dg_tensor_describe(const dg_tensor *t, char *buf, size_t size);
  *   "w: expected int8 (4, 8192, 256), got int8 (4, 256, 8192)"
  * `role` names the tensor when t->name is NULL.
  */
-dg_status dg_tensor_expect(const dg_tensor *t, const char *role, dg_fmt fmt,
-			   int ndim, const int64_t *shape, bool need_scale,
-			   char *msg, size_t msg_size);
+DG_API dg_status dg_tensor_expect(const dg_tensor *t, const char *role, dg_fmt fmt,
+				  int ndim, const int64_t *shape, bool need_scale,
+				  char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }

@@ -67,6 +67,7 @@
 #include <stdint.h>
 
 #include "data.h"
+#include "export.h"
 #include "model.h"
 #include "optim.h"
 #include "runtime.h"
@@ -150,7 +151,7 @@ typedef struct dg_train_opts {
 /* Fills o with the defaults: the 25M bf16 preset, B 8, T 512, AdamW's
  * defaults for `steps`, eval every 100 steps over 32 batches, a checkpoint
  * every 500, keep 3, out_dir "runs/latest", seed 1337. */
-void dg_train_defaults(dg_train_opts *o, int64_t steps);
+DG_API void dg_train_defaults(dg_train_opts *o, int64_t steps);
 
 /* What a step reports to the caller's progress callback (may be NULL). */
 typedef struct dg_train_report {
@@ -180,8 +181,8 @@ typedef void (*dg_train_progress)(const dg_train_report *r, void *user);
  * DG_ERR_IO when another process holds it: "<dir>: in use by another
  * training run (pid N)", *holder (may be NULL) its pid; else 0.
  */
-dg_status dg_train_lock(const char *dir, int *fd, long *holder, char *msg, size_t msg_size);
-void dg_train_unlock(int fd); /* -1 is fine */
+DG_API dg_status dg_train_lock(const char *dir, int *fd, long *holder, char *msg, size_t msg_size);
+DG_API void dg_train_unlock(int fd); /* -1 is fine */
 
 /*
  * Runs (or resumes) the run o describes on corpus c. Errors name what:
@@ -197,8 +198,8 @@ void dg_train_unlock(int fd); /* -1 is fine */
  * checkpoint's save names the file, errno and the step of the newest
  * checkpoint still there). DG_ERR_INTERRUPTED when *o->stop was set.
  */
-dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
-		       void *user, char *msg, size_t msg_size);
+DG_API dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
+			      void *user, char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,7 @@
  * for the device (dg_codegen_plan_for; dg_tune_resolve says which and
  * why). A sweep (dg_tune_sweep) makes such a record:
  *
- *   1. the candidate space (dg_tune_space): a small grid of tiles per op
+ *   1. the candidate space: a small grid of tiles per op
  *      family — GEMM ops BMxBNxBK/WMxWN/S, element-wise ops t64..t1024 —
  *      for the spec's arch and, on a device of exactly that arch from
  *      sm_90 on, for its arch-specific target too (sm_90a), each kept only
@@ -22,7 +22,7 @@
  *      events: warm-up calls, then reps calls each after a write of a
  *      buffer larger than the L2 (so every rep starts cold), median, p10
  *      and p90;
- *   5. the winner (dg_tune_choose): among the candidates within the tie
+ *   5. the winner: among the candidates within the tie
  *      band (2%) of the fastest median, the simplest tile (fewer threads,
  *      then fewer stages, then less shared memory, then the portable
  *      target, then the tile text), so repeated sweeps agree.
@@ -37,8 +37,8 @@
  * records name one key (records merged from several machines or sweeps)
  * the newest date wins.
  *
- * Without a GPU: spaces, records, the DB and the chooser all work; only
- * dg_tune_sweep and the events need a device.
+ * Without a GPU: records and the DB work; only dg_tune_sweep needs a
+ * device.
  */
 #ifndef DRAGON_TUNE_H
 #define DRAGON_TUNE_H
@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 #include "codegen.h"
+#include "export.h"
 #include "runtime.h"
 #include "spec.h"
 #include "status.h"
@@ -56,46 +57,7 @@
 extern "C" {
 #endif
 
-/* ---- candidate spaces ----------------------------------------------------------- */
-
-/*
- * The candidates for tuning spec (its tile ignored) on a device of SM
- * device_sm (0: the spec's arch): every tile of the op family's grid that
- * the op's template plans (dg_codegen_plan on cg), the template's default
- * first; for a spec whose arch equals device_sm (sm_90 or newer, not
- * already arch-specific) each tile again on the arch-specific target
- * (arch_specific true), which enables other tiles. At most
- * DG_TUNE_MAX_CANDIDATES.
- *
- * *out is malloc'd (the caller frees it with free()), *n its length.
- * DG_ERR_INVALID_SPEC when spec itself is invalid or its op takes no tile;
- * DG_ERR_NOMEM.
- */
-#define DG_TUNE_MAX_CANDIDATES 256
-dg_status dg_tune_space(dg_codegen *cg, const dg_spec *spec, int device_sm, dg_spec **out,
-			size_t *n, char *msg, size_t msg_size);
-
-/* What a compiled kernel entry uses, and what the device allows. */
-typedef struct dg_tune_resources {
-	int threads;     /* a block, from the template's launch info */
-	int dyn_smem;    /* dynamic shared memory, bytes (launch info) */
-	int static_smem; /* static shared memory, bytes (cubin) */
-	int regs;        /* registers a thread (cubin) */
-	int local_bytes; /* local memory a thread: spills (cubin) */
-	int max_threads; /* threads a block the compiled kernel allows */
-} dg_tune_resources;
-
-typedef struct dg_tune_limits {
-	int max_threads;    /* threads a block (1024) */
-	int smem_optin;     /* shared memory a block may opt in to, bytes */
-	int regs_per_block; /* registers a block (65536) */
-} dg_tune_limits;
-
-/* true when a kernel of these resources can be launched; otherwise false
- * and one line in why naming the resource, e.g. "256 threads a block x 255
- * registers = 65280 ... more than the 65536 a block has". */
-bool dg_tune_fits(const dg_tune_resources *r, const dg_tune_limits *lim,
-		  char *why, size_t why_size);
+/* ---- what `dragon-gen tune` tunes ---------------------------------------------- */
 
 /*
  * The ops the BDH training step runs, one spec each, at H=4, E=256,
@@ -109,7 +71,7 @@ bool dg_tune_fits(const dg_tune_resources *r, const dg_tune_limits *lim,
  * Writes up to max specs into out (may be NULL) and returns how many
  * there are.
  */
-size_t dg_tune_bdh_set(dg_spec *out, size_t max);
+DG_API size_t dg_tune_bdh_set(dg_spec *out, size_t max);
 
 /* ---- candidates, figures, the winner ------------------------------------------ */
 
@@ -135,17 +97,6 @@ typedef struct dg_tune_cand {
 
 /* Default tie band: candidates within 2% of the fastest median tie. */
 #define DG_TUNE_TIE_BAND 0.02
-
-/*
- * The winner among the TIMED candidates of cands (n of them): the fastest
- * median m, then among every candidate with median <= m·(1 + band) the
- * simplest: fewer threads a block (the tile's warps·32 or threads), then
- * fewer stages, then less shared memory (the recorded figure), then the
- * portable target before the arch-specific one, then the smaller tile
- * text (strcmp). Returns its index, or -1 when none was timed. band < 0
- * is taken as 0.
- */
-int dg_tune_choose(const dg_tune_cand *cands, size_t n, double band);
 
 /* ---- records ---------------------------------------------------------------------- */
 
@@ -179,12 +130,12 @@ typedef struct dg_tune_record {
 	char *path;      /* the file it was read from, or NULL */
 } dg_tune_record;
 
-void dg_tune_record_destroy(dg_tune_record *r); /* NULL is fine */
+DG_API void dg_tune_record_destroy(dg_tune_record *r); /* NULL is fine */
 
 /* Indented JSON text (trailing newline) into *out, malloc'd (free).
  * DG_ERR_INVALID_ARG when a field would not read back. */
-dg_status dg_tune_record_to_json(const dg_tune_record *r, char **out,
-				 char *msg, size_t msg_size);
+DG_API dg_status dg_tune_record_to_json(const dg_tune_record *r, char **out,
+					char *msg, size_t msg_size);
 
 /*
  * Parses len bytes of JSON. name (may be NULL) is how messages call the
@@ -195,26 +146,26 @@ dg_status dg_tune_record_to_json(const dg_tune_record *r, char **out,
  * "/db/x.json: candidates[2].median_us: expected a number". *out is NULL
  * on failure; on success a new record (dg_tune_record_destroy).
  */
-dg_status dg_tune_record_parse(const char *json, size_t len, const char *name,
-			       dg_tune_record **out, char *msg,
-			       size_t msg_size);
+DG_API dg_status dg_tune_record_parse(const char *json, size_t len, const char *name,
+				      dg_tune_record **out, char *msg,
+				      size_t msg_size);
 
 /* Reads and parses a file (r->path set). DG_ERR_NOT_FOUND, DG_ERR_IO. */
-dg_status dg_tune_record_load(const char *path, dg_tune_record **out,
-			      char *msg, size_t msg_size);
+DG_API dg_status dg_tune_record_load(const char *path, dg_tune_record **out,
+				     char *msg, size_t msg_size);
 
 /* Writes r to path atomically (temp file, fsync, rename, fsync of the
  * folder); the folder must exist. DG_ERR_IO names the file, the step that
  * failed and errno; the file at path is then as it was. */
-dg_status dg_tune_record_save(const dg_tune_record *r, const char *path,
-			      char *msg, size_t msg_size);
+DG_API dg_status dg_tune_record_save(const dg_tune_record *r, const char *path,
+				     char *msg, size_t msg_size);
 
 /* The file name a record gets in a DB folder:
  * "<op>-<16 hex digits of the spec's hash>-<device>-sm<N>.json", the
  * device name reduced to [a-z0-9-]; one file per (spec, device), so a new
  * sweep replaces the old one. */
-void dg_tune_record_file_name(const dg_tune_record *r, char *buf,
-			      size_t size);
+DG_API void dg_tune_record_file_name(const dg_tune_record *r, char *buf,
+				     size_t size);
 
 /* ---- the tuning DB ----------------------------------------------------------------- */
 
@@ -242,33 +193,33 @@ typedef struct dg_tune_db_opts {
  * hides the others, and a missing folder is an empty DB. Fails only with
  * DG_ERR_NOMEM (then *out is NULL). opts may be NULL.
  */
-dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts);
-void dg_tune_db_destroy(dg_tune_db *db); /* NULL is fine */
+DG_API dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts);
+DG_API void dg_tune_db_close(dg_tune_db *db); /* NULL is fine */
 
 /* What was read: the paths, ':'-joined ("none" when off). */
-const char *dg_tune_db_where(const dg_tune_db *db);
+DG_API const char *dg_tune_db_where(const dg_tune_db *db);
 /* Records kept (one a key, after newest-wins merging). */
-size_t dg_tune_db_size(const dg_tune_db *db);
+DG_API size_t dg_tune_db_size(const dg_tune_db *db);
 /* Kept records that are built into the library (the devices dragon was
  * tuned on, runtime/tunedb/records/); a user's record of a key wins over one. */
-size_t dg_tune_db_n_builtin(const dg_tune_db *db);
+DG_API size_t dg_tune_db_n_builtin(const dg_tune_db *db);
 /* Records skipped because they name another device. */
-size_t dg_tune_db_n_other_device(const dg_tune_db *db);
+DG_API size_t dg_tune_db_n_other_device(const dg_tune_db *db);
 /* Records skipped as unreadable or malformed, and why (one line each,
  * naming the file and the field). */
-size_t dg_tune_db_n_problems(const dg_tune_db *db);
-const char *dg_tune_db_problem(const dg_tune_db *db, size_t i);
+DG_API size_t dg_tune_db_n_problems(const dg_tune_db *db);
+DG_API const char *dg_tune_db_problem(const dg_tune_db *db, size_t i);
 /* The distinct devices (name, SM) the kept records name; writes up to
  * max into out (may be NULL), returns how many there are. */
-size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out,
-			  size_t max);
+DG_API size_t dg_tune_db_devices(const dg_tune_db *db, dg_tune_device *out,
+				 size_t max);
 
 /* The record the DB keeps for spec's key (its canonical text with tile
  * auto, device name, sm; sm 0: the spec's arch), or NULL: what
  * dg_tune_resolve looks up, for a tool that copies records (dragon-gen
  * build --tuned). Owned by db. */
-const dg_tune_record *dg_tune_db_record(const dg_tune_db *db, const dg_spec *spec,
-					const char *device, int sm);
+DG_API const dg_tune_record *dg_tune_db_record(const dg_tune_db *db, const dg_spec *spec,
+					       const char *device, int sm);
 
 /* How a spec's tile was chosen. */
 typedef struct dg_tune_choice {
@@ -288,14 +239,8 @@ typedef struct dg_tune_choice {
  * 0: the spec's arch. Fails (the message on cg) only when the spec itself
  * cannot be planned: DG_ERR_INVALID_SPEC, or the codegen's failure.
  */
-dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *spec,
-			  const char *device, int sm, dg_tune_choice *out);
-
-/* What dg_kernel_get does with spec on dev, and why: the device's tuning
- * DB (loaded once, at the first kernel an auto tile asks for) or the
- * heuristic default. */
-dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec,
-				dg_tune_choice *out);
+DG_API dg_status dg_tune_resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *spec,
+				 const char *device, int sm, dg_tune_choice *out);
 
 /* ---- sweeps ------------------------------------------------------------------------ */
 
@@ -311,6 +256,9 @@ typedef void (*dg_tune_progress_fn)(void *user, const dg_spec *spec,
 				    dg_tune_phase phase, size_t done,
 				    size_t total, double eta_s);
 
+/* The most candidates a space holds. */
+#define DG_TUNE_MAX_CANDIDATES 256
+
 typedef struct dg_tune_opts {
 	double budget_s;    /* wall-clock budget of the sweep; 0: 60 */
 	int rows;           /* B·T timed at; 0: 4096 */
@@ -319,7 +267,8 @@ typedef struct dg_tune_opts {
 	int reps;           /* timed calls; 0: 25 */
 	int jobs;           /* compile threads; 0: online CPUs */
 	double tie_band;    /* 0: DG_TUNE_TIE_BAND */
-	int max_candidates; /* first N of the space only; 0: all */
+	int max_candidates; /* first N of the space only; 0: all (at most
+			     * DG_TUNE_MAX_CANDIDATES) */
 	uint64_t seed;      /* inputs; 0: a fixed default */
 	dg_tune_progress_fn progress; /* may be NULL */
 	void *user;
@@ -332,8 +281,8 @@ typedef struct dg_tune_opts {
  * status with the message on dev; failures of candidates are recorded in
  * the record, not returned. opts may be NULL.
  */
-dg_status dg_tune_sweep(dg_device *dev, const dg_spec *spec,
-			const dg_tune_opts *opts, dg_tune_record **out);
+DG_API dg_status dg_tune_sweep(dg_device *dev, const dg_spec *spec,
+			       const dg_tune_opts *opts, dg_tune_record **out);
 
 #ifdef __cplusplus
 }

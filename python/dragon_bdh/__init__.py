@@ -130,7 +130,7 @@ class Spec:
     def __del__(self):
         h = getattr(self, "_h", None)
         if h and _lib._lib is not None:
-            _lib._lib.dg_ffi_spec_free(h)
+            _lib._lib.dg_ffi_spec_destroy(h)
             self._h = None
 
 
@@ -420,7 +420,7 @@ class Corpus:
     def __del__(self):
         c = getattr(self, "_c", None)
         if c and _lib._lib is not None:
-            _lib._lib.dg_corpus_destroy(c)
+            _lib._lib.dg_corpus_close(c)
             self._c = None
 
 

@@ -24,7 +24,7 @@ import os
 import subprocess
 import threading
 
-FFI_VERSION = 4
+FFI_VERSION = 5
 MSG = 1024  # bytes of a message buffer
 
 
@@ -173,7 +173,7 @@ _PROTOS = {
     "dg_device_set_stream": (ctypes.c_int, [_P, _P]),
     "dg_device_sync": (ctypes.c_int, [_P]),
     "dg_ffi_spec_parse": (ctypes.c_int, [_STR, ctypes.POINTER(_P), _STR, _SZ]),
-    "dg_ffi_spec_free": (None, [_P]),
+    "dg_ffi_spec_destroy": (None, [_P]),
     "dg_ffi_spec_text": (ctypes.c_int, [_P, _STR, _SZ]),
     "dg_ffi_spec_plan": (ctypes.c_int, [_P, _I32, _STR, _SZ, _STR, _SZ, _STR, _SZ]),
     "dg_ffi_spec_compile": (ctypes.c_int, [_P, _I32, ctypes.POINTER(_I32), _STR, _SZ]),
@@ -197,7 +197,7 @@ _PROTOS = {
     "dg_corpus_open_with": (ctypes.c_int, [_STR, ctypes.POINTER(CorpusOpts), ctypes.POINTER(ctypes.POINTER(Corpus)),
                                            _STR, _SZ]),
     "dg_corpus_digest": (ctypes.c_int, [ctypes.POINTER(Corpus), _STR, _STR, _SZ]),
-    "dg_corpus_destroy": (None, [ctypes.POINTER(Corpus)]),
+    "dg_corpus_close": (None, [ctypes.POINTER(Corpus)]),
     "dg_corpus_check": (ctypes.c_int, [ctypes.POINTER(Corpus), ctypes.c_int, _STR, _SZ]),
     "dg_corpus_batch": (None, [ctypes.POINTER(Corpus), ctypes.c_bool, ctypes.POINTER(_U64), ctypes.c_int,
                                ctypes.c_int, _P, _P]),

@@ -106,7 +106,7 @@ dg_status dg__bundle_tune_open(const dg_bundle_opts *opts, dg__bundle_tune *out,
 
 void dg__bundle_tune_close(dg__bundle_tune *t)
 {
-	dg_tune_db_destroy(t->owned);
+	dg_tune_db_close(t->owned);
 	memset(t, 0, sizeof(*t));
 }
 

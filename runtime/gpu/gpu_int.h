@@ -1,17 +1,99 @@
 /*
  * What the GPU layer lends the layers above it inside libdragon (the ops,
- * the tuning sweep, the training step): setting the device's message and
- * reading its cached info. Nothing outside libdragon includes it; the
- * device's insides stay in runtime/gpu/device_int.h.
+ * the tuning sweep, the training step): a kernel's spec, its entries and
+ * its launch, arenas, the timer of the tuner and the bench, setting the
+ * device's message and reading its cached info. Nothing outside libdragon
+ * (but its tests and benches) includes it; the device's insides stay in
+ * runtime/gpu/device_int.h.
  */
 #ifndef DG_RUNTIME_GPU_INT_H
 #define DG_RUNTIME_GPU_INT_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "dragon/runtime.h"
+#include "dragon/tune.h"
+
+/* ---- kernels: what the ops launch with (runtime/gpu/kernel.c) ---------------- */
+
+/* The spec k was built for: the tile and target resolved (ops size their
+ * grids and workspaces from it). Valid while the device is open. */
+const dg_spec *dg_kernel_spec(const dg_kernel *k);
+/* The entries of k's spec (k is one of them): how many, and the i-th. */
+int dg_kernel_entry_count(const dg_kernel *k);
+const dg_kernel *dg_kernel_entry(const dg_kernel *k, int i); /* NULL out of range */
+
+typedef struct dg_launch {
+	unsigned grid[3];
+	unsigned block[3];  /* 0,0,0: the template's block_threads */
+	unsigned smem;      /* 0: the template's dyn_smem */
+} dg_launch;
+
+/* Launches on the calling thread's stream. args as cuLaunchKernel's
+ * kernelParams. Checks the grid and block against the device's limits
+ * first (message names the dimension). */
+dg_status dg_kernel_launch(dg_device *dev, const dg_kernel *k,
+			   const dg_launch *launch, void **args);
+
+/* What dg_kernel_get does with spec on dev, and why: the device's tuning
+ * DB (loaded once, at the first kernel an auto tile asks for) or the
+ * heuristic default. */
+dg_status dg_device_tile_choice(dg_device *dev, const dg_spec *spec, dg_tune_choice *out);
+
+/* ---- arenas (runtime/gpu/device.c) ------------------------------------------ */
+
+/*
+ * Arena: one allocation handed out by bumping an offset (parameters,
+ * gradients, activations), so pointers are stable for CUDA graphs and a
+ * whole step's activations are released by one reset.
+ */
+typedef struct dg_arena dg_arena;
+dg_status dg_arena_create(dg_device *dev, size_t bytes, dg_arena **out);
+void dg_arena_destroy(dg_arena *arena); /* NULL is fine */
+/* align: a power of two, at least 16 (0: 256). DG_ERR_NOMEM with the
+ * sizes in the message when the arena is full. */
+dg_status dg_arena_alloc(dg_arena *arena, size_t bytes, size_t align,
+			 dg_dptr *out);
+void dg_arena_reset(dg_arena *arena);
+size_t dg_arena_used(const dg_arena *arena);
+size_t dg_arena_capacity(const dg_arena *arena);
+
+/* ---- timing (runtime/gpu/timer.c) -------------------------------------------
+ * The one way dragon times a call (the tuner, the bench): warm-up calls,
+ * then for each rep a write of a buffer four times the L2 (at least 256
+ * MiB, outside the timing, so every rep starts with a cold L2) and a pair
+ * of CUDA events around the call, all on the calling thread's stream;
+ * the median, p10 and p90 of the reps. */
+typedef struct dg_timer dg_timer;
+
+typedef struct dg_timer_opts {
+	int warmup;   /* untimed calls first; 0: 3 (negative: none) */
+	int reps;     /* timed calls; 0: 25 */
+	bool warm_l2; /* do not flush the L2 between reps */
+} dg_timer_opts;
+
+typedef struct dg_timing {
+	double median_us, p10_us, p90_us, min_us;
+	int reps;
+} dg_timing;
+
+/* Enqueues one call on the calling thread's stream. */
+typedef dg_status (*dg_timed_fn)(void *user);
+
+/* A timer of up to max_reps reps (0: 1000): its events and flush buffer. */
+dg_status dg_timer_create(dg_device *dev, int max_reps, dg_timer **out);
+void dg_timer_destroy(dg_timer *t); /* NULL is fine */
+/* Bytes the timer writes to flush the L2. */
+size_t dg_timer_flush_bytes(const dg_timer *t);
+/* Times fn (opts may be NULL). A failure of fn is returned as it is (its
+ * message on the device); a failure of the timing itself likewise. */
+dg_status dg_timer_run(dg_timer *t, const dg_timer_opts *opts, dg_timed_fn fn, void *user,
+		       dg_timing *out);
+
+/* ---- the device's message and info ------------------------------------------ */
 
 /* Sets the calling thread's message on dev (printf format) and returns st.
  * dev may be NULL (the message is then dropped). */

@@ -434,7 +434,7 @@ static const dg_tune_db *tune_db(dg_device *dev)
 
 void dg__dev_tune_destroy(dg_device *dev)
 {
-	dg_tune_db_destroy(dev->tune_db);
+	dg_tune_db_close(dev->tune_db);
 	dev->tune_db = NULL;
 	dev->tune_loaded = false;
 }

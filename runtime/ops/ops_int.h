@@ -15,6 +15,7 @@
 
 #include "dragon/ops.h"
 #include "runtime/gpu/gpu_int.h"
+#include "runtime/ops/checks.h"
 
 /* One call of an op: its tensors in the op table's order
  * (dg_op_info_of(op)->args), and the few non-tensor arguments. */

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 #include "runtime/ops/ops_int.h"
 
 /* templates/adamw.lua's PARTS: dg_grad_sumsq's blocks, a partial each. */

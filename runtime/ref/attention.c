@@ -1,5 +1,5 @@
 /*
- * CPU references of the attention family (dragon/ref.h): the RoPE tables
+ * CPU references of the attention family (runtime/ref/ref_ops.h): the RoPE tables
  * and rotation of bdh.py, and BDH's attention — no softmax, no scaling,
  * strictly causal (tril(·, −1)), the values shared by every head — forward
  * and backward. Sums in double; S is recomputed, never stored.

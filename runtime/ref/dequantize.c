@@ -1,5 +1,5 @@
 /*
- * The CPU reference of dequantize (dragon/ref.h; templates/dequantize.lua):
+ * The CPU reference of dequantize (runtime/ref/ref_ops.h; templates/dequantize.lua):
  * out = code × s in f32, bf16 rounded to nearest even once — the kernel's
  * one product and one rounding, so the GPU matches it bit for bit.
  */

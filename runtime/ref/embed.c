@@ -1,5 +1,5 @@
 /*
- * CPU reference of the embedding (dragon/ref.h): rows of a table by token,
+ * CPU reference of the embedding (runtime/ref/ref_ops.h): rows of a table by token,
  * and the backward that adds the output gradient's rows back in token
  * order (deterministic, as the GPU's sorted reduction is).
  */

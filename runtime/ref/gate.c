@@ -1,5 +1,5 @@
 /*
- * CPU reference of the gate and its dropout (dragon/ref.h): xy = xs·ys,
+ * CPU reference of the gate and its dropout (runtime/ref/ref_ops.h): xy = xs·ys,
  * dropped and rescaled by the counter-based mask of dragon/rng.h, which
  * the backward regenerates instead of storing. elem0 is the first
  * element's index in the mask's stream (a data-parallel rank's rows of the

@@ -1,5 +1,5 @@
 /*
- * CPU reference of the loss family (dragon/ref.h): lm_head and softmax
+ * CPU reference of the loss family (runtime/ref/ref_ops.h): lm_head and softmax
  * cross-entropy fused — logits a row at a time, never all of them — with
  * the mean over rows PyTorch's F.cross_entropy takes, and its backward.
  * Sums in double.

@@ -1,5 +1,5 @@
 /*
- * CPU references of the norm family (dragon/ref.h): layer norm over the
+ * CPU references of the norm family (runtime/ref/ref_ops.h): layer norm over the
  * last dimension without affine parameters, forward and backward, as
  * PyTorch's nn.LayerNorm(d, elementwise_affine=False) computes them (the
  * biased variance, eps inside the square root). Sums in double.

@@ -1,10 +1,12 @@
 /*
- * The optimizer's reference (dragon/ref.h dg_ref_adamw): AdamW in PyTorch's
- * single-tensor order, every operation in f32 and rounded once, so the
- * GPU's update (templates/adamw.lua) given the same control block is this
- * bit for bit. The host optimizer (runtime/train/optim.c) runs it too, and
- * the control block's host half is filled here (dg_adamw_ctl_fill), and
- * the loss scaler's rule is written here once for the tests to hold
+ * The optimizer's reference (runtime/ref/ref_ops.h dg_ref_adamw): AdamW in
+ * PyTorch's single-tensor order, every operation in f32 and rounded once,
+ * so the GPU's update (templates/adamw.lua) given the same control block
+ * is this bit for bit. The host optimizer (runtime/train/optim.c) runs it
+ * too. The control block's host half is filled here (dragon/optim.h
+ * dg_adamw_ctl_fill, the one function of that header below
+ * runtime/train/: the ops' default control block is made of it), and the
+ * loss scaler's rule is written here once for the tests to hold
  * dg_grad_clip to (dg_ref_loss_scale_update).
  */
 #include <math.h>
@@ -12,7 +14,7 @@
 
 #include "dragon/fmt.h"
 #include "dragon/optim.h"
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 
 void dg_ref_adamw(const dg_adamw_ctl *ctl, bool decay, float *p, const float *grad, float *m,
 		  float *v, uint16_t *copy, size_t n)
@@ -56,14 +58,6 @@ void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_c
 	out->step = (uint32_t)t;
 	out->scale = 1.0f;
 	out->loss_scale = 1.0f;
-}
-
-void dg_loss_scaler_defaults(dg_loss_scaler *ls, bool on)
-{
-	ls->mode = on ? DG_LOSS_SCALE_DYNAMIC : DG_LOSS_SCALE_OFF;
-	ls->growth_interval = DG_LOSS_SCALE_GROWTH_INTERVAL;
-	ls->scale = on ? DG_LOSS_SCALE_INIT : 1.0f;
-	ls->good_steps = 0;
 }
 
 void dg_ref_loss_scale_update(dg_loss_scaler *ls, bool finite)

@@ -1,5 +1,5 @@
 /*
- * CPU references of the attention ops (dragon/ref.h; templates/rope.lua,
+ * CPU references of the attention ops (runtime/ref/ref_ops.h; templates/rope.lua,
  * templates/attention.lua): the same tensors the kernels take, act tensors
  * in f32 or bf16 storage. RoPE in f32 exactly as the kernels round it
  * (dg_ref_rope_fwd / dg_ref_rope_bwd); the GEMMs sum in double from the

@@ -1,5 +1,5 @@
 /*
- * CPU references of the four backward GEMMs (dragon/ref.h) and of the
+ * CPU references of the four backward GEMMs (runtime/ref/ref_ops.h) and of the
  * ternary / sign1 unpackers:
  *
  *   lowrank_grad_input   grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]
@@ -32,7 +32,7 @@
  * Bad pointers, shapes and formats give DG_ERR_INVALID_ARG and leave the
  * outputs untouched.
  */
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 
 #include <stdbool.h>
 #include <stdint.h>

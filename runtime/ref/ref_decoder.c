@@ -1,5 +1,5 @@
 /*
- * CPU reference of decoder_fwd (dragon/ref.h):
+ * CPU reference of decoder_fwd (runtime/ref/ref_ops.h):
  *
  *   out[b,0,t,d] = s · Σ_h Σ_l y[b,h,t,l] · w[d, h·L + l]
  *
@@ -16,7 +16,7 @@
  * tolerance. (A float running sum over K = H·L = 32768 terms lost ~1e-4,
  * which the deep model amplified; see ref_lowrank.c dot_float.)
  */
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 
 #include <stdbool.h>
 #include <stdint.h>

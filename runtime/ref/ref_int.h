@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 
 /* Activation code formats: int8, int4, uint8pos. */
 static inline bool dg__ref_is_act_code(dg_fmt f)

@@ -1,5 +1,5 @@
 /*
- * CPU reference of lowrank_fwd (dragon/ref.h):
+ * CPU reference of lowrank_fwd (runtime/ref/ref_ops.h):
  *
  *   y[b,h,t,l] = s · Σ_e x[b,hin(h),t,e] · w[h,l,e]     hin(h) = Hin==1 ? 0 : h
  *   out = relu ? max(y - thr, 0) : y, stored in the out format (f32, bf16),
@@ -21,7 +21,7 @@
  * forward's y - thr is > 0 (grad and grad_out may alias: each element is
  * read before it is written, once).
  */
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 
 #include <math.h>
 #include <stdbool.h>

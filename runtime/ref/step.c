@@ -1,5 +1,5 @@
 /*
- * CPU references of the step family (dragon/ref.h; templates/step.lua):
+ * CPU references of the step family (runtime/ref/ref_ops.h; templates/step.lua):
  * the masked gradient sum, the three-way sum and the layout transpose, in
  * the kernels' order of operations (each sum rounded once, in f32).
  */

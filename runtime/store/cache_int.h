@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 
 #include "dragon/cache.h"
+#include "runtime/store/cache_io.h"
 
 #define DG__CACHE_MAGIC "DGKCACHE"
 #define DG__CACHE_VERSION 1u

@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "dragon/jit.h"
+#include "runtime/store/cache_io.h"
 #include "runtime/store/nvrtc.h"
 #include "base/sha256.h"
 

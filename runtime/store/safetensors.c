@@ -1,9 +1,9 @@
 /*
- * safetensors files (dragon/safetensors.h): the strict reader (the atomic
+ * safetensors files (runtime/store/safetensors.h): the strict reader (the atomic
  * writer is safetensors_write.c). The reader is a fuzz target (tests/fuzz/fuzz_safetensors.c): no
  * input may crash it or parse into something that does not write back and
  * read again the same. It also checks seals (a file's SHA-256 in its own
- * metadata, dragon/safetensors.h).
+ * metadata, runtime/store/safetensors.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 
 #include "base/msg.h"
 #include "base/sha256.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "runtime/store/safetensors_int.h"
 
 #define MAX_SAFE_INT 9007199254740992.0 /* 2^53 */

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 
 typedef struct dg__st_meta {
 	char *key, *value;

@@ -1,9 +1,9 @@
 /*
- * The safetensors writer (dragon/safetensors.h): tensors in the order
+ * The safetensors writer (runtime/store/safetensors.h): tensors in the order
  * added, a header of the reference's form, and a save that is atomic
  * (base/publish.h: temp file, fsync, rename, directory fsync), so a crash
  * leaves the old file or the new one, never a torn one; a sealed file
- * carries its own SHA-256 in its metadata (dragon/safetensors.h).
+ * carries its own SHA-256 in its metadata (runtime/store/safetensors.h).
  */
 #include <errno.h>
 #include <limits.h>
@@ -18,7 +18,7 @@
 #include "base/msg.h"
 #include "base/publish.h"
 #include "base/sha256.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "runtime/store/safetensors_int.h"
 
 /* ---- writing ------------------------------------------------------------------ */

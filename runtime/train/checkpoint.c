@@ -19,7 +19,7 @@
 
 #include "base/msg.h"
 #include "dragon/checkpoint.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "runtime/train/model_int.h"
 
 #define FORMAT "dragon-checkpoint-2"   /* sealed: the whole file's SHA-256 */

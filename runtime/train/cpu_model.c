@@ -23,7 +23,7 @@
 
 #include "base/msg.h"
 #include "dragon/model.h"
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 #include "dragon/spec.h"
 #include "runtime/train/bdh_tape.h"
 #include "runtime/train/model_int.h"
@@ -323,7 +323,7 @@ static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
 
 /* Execution copy k (f32, the kernels' layout) replaced by its recipe's
  * dequantized codes: int8 a scale a channel (a row), else a scale a
- * tensor (dragon/ref.h's quantizers). */
+ * tensor (runtime/ref/ref_ops.h's quantizers). */
 static dg_status fake_weight(step *s, int k)
 {
 	const dg_proj_recipe *r = k == 0 ? &s->c->encoder : k == 1 ? &s->c->encoder_v : &s->c->decoder;
@@ -668,7 +668,7 @@ dg_status dg_model_cpu_forward(const dg_model_weights *w, const dg_model_batch *
 		st = step_run(&p->s, 0, p->s.t.n_forward, batch->targets ? -1 : DG__N_CE, msg, size);
 	}
 	if (st) {
-		dg_model_cpu_pass_free(p);
+		dg_model_cpu_pass_destroy(p);
 		return st;
 	}
 	/* from here on the pass reads its own copies: the caller's tokens and
@@ -715,7 +715,7 @@ const float *dg_model_cpu_pass_hidden(const dg_model_cpu_pass *p, int *b, int *t
 			       dg__tape_offset(&p->s.t, p->s.id.x_final));
 }
 
-void dg_model_cpu_pass_free(dg_model_cpu_pass *p)
+void dg_model_cpu_pass_destroy(dg_model_cpu_pass *p)
 {
 	if (!p)
 		return;

@@ -18,7 +18,7 @@
 #include "dragon/data.h"
 #include "runtime/train/data_int.h"
 
-void dg_corpus_destroy(dg_corpus *c)
+void dg_corpus_close(dg_corpus *c)
 {
 	if (!c)
 		return;
@@ -40,7 +40,7 @@ dg_status dg_corpus_open_with(const char *data, const dg_corpus_opts *o, dg_corp
 	if (!st)
 		st = dg__corpus_scan(c, msg, msg_size);
 	if (st) {
-		dg_corpus_destroy(c);
+		dg_corpus_close(c);
 		return st;
 	}
 	*out = c;
@@ -127,7 +127,7 @@ dg_status dg_corpus_builtin(dg_corpus **out, char *msg, size_t msg_size)
 			      path, c->len, c->kind == DG_CORPUS_KIND_BYTES ? "bytes" : "tokens",
 			      hex[0] ? hex : "(not computed)", DG_CORPUS_BYTES, DG_CORPUS_SHA256);
 	if (st) {
-		dg_corpus_destroy(c);
+		dg_corpus_close(c);
 		return st;
 	}
 	*out = c;
@@ -160,7 +160,7 @@ dg_status dg_corpus_check(const dg_corpus *c, int t, char *msg, size_t msg_size)
  * pos on, into the next ones. */
 static void tokens_at(const dg_corpus *c, size_t pos, int n, int32_t *out)
 {
-	const struct dg__corpus_files *fs = c->files;
+	const struct dg_corpus_files *fs = c->files;
 	int lo = 0, hi = fs->n - 1; /* the last file starting at or before pos */
 	while (lo < hi) {
 		int mid = (lo + hi + 1) / 2;

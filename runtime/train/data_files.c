@@ -406,7 +406,7 @@ static dg_status resolve(resolved *r, const char *data, int vocab, char *msg, si
 	return st;
 }
 
-void dg__corpus_files_close(struct dg__corpus_files *fs)
+void dg__corpus_files_close(struct dg_corpus_files *fs)
 {
 	if (!fs)
 		return;
@@ -432,7 +432,7 @@ dg_status dg__corpus_files_open(dg_corpus *c, const char *data, int vocab, char 
 			      "50304 padded as llm.c pads it)",
 			      r.train.n ? r.train.v[0] : data);
 	const int n = r.train.n + r.val.n;
-	struct dg__corpus_files *fs = NULL;
+	struct dg_corpus_files *fs = NULL;
 	if (!st && !(fs = calloc(1, sizeof(*fs) + (size_t)n * sizeof(fs->f[0]))))
 		st = dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
 	for (int i = 0; !st && i < n; i++) {

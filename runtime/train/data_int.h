@@ -31,7 +31,7 @@ typedef struct dg__corpus_file {
 	uint8_t role;        /* 0 train, 1 validate, 2 both (the 90/10 split) */
 } dg__corpus_file;
 
-struct dg__corpus_files {
+struct dg_corpus_files {
 	int n;
 	dg__corpus_file f[]; /* n of them, the train split's first */
 };
@@ -48,7 +48,7 @@ static inline uint32_t dg__corpus_tok(const dg__corpus_file *f, size_t i)
  * mapped and checked, its split, kind, vocab and path set; every token
  * not yet scanned. */
 dg_status dg__corpus_files_open(dg_corpus *c, const char *data, int vocab, char *msg, size_t size);
-void dg__corpus_files_close(struct dg__corpus_files *fs); /* NULL is fine */
+void dg__corpus_files_close(struct dg_corpus_files *fs); /* NULL is fine */
 
 /* Holds every token of c's files below c->vocab, on every core: the
  * first that is not (in file order) refused as DG_ERR_CORRUPT naming its

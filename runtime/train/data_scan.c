@@ -106,7 +106,7 @@ static void run(pass *ps)
 /* The pieces of c's files (those of width 2 only for the scan). */
 static dg_status pieces_of(const dg_corpus *c, bool digest, pass *ps, char *msg, size_t size)
 {
-	const struct dg__corpus_files *fs = c->files;
+	const struct dg_corpus_files *fs = c->files;
 	size_t np = 0;
 	for (int i = 0; i < fs->n; i++)
 		np += (fs->f[i].n + DG__CORPUS_PIECE - 1) / DG__CORPUS_PIECE;

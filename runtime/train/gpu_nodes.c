@@ -11,6 +11,7 @@
 
 #include "dragon/ref.h"
 #include "runtime/gpu/gpu_int.h"
+#include "runtime/ops/checks.h"
 #include "runtime/train/gpu_model_int.h"
 
 /* A buffer's device address; while sizing (nothing planned), a distinct

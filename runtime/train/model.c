@@ -11,7 +11,7 @@
 #include "base/msg.h"
 #include "dragon/model.h"
 #include "dragon/rng.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "runtime/train/model_int.h"
 
 static dg_proj_recipe recipe(dg_fmt weight, dg_fmt act, dg_scale_gran ws, dg_scale_gran as)

@@ -14,7 +14,7 @@
 
 #include "base/msg.h"
 #include "dragon/model.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 #include "runtime/train/model_int.h"
 
 /* The parameters' names in a file: the reference's (pathwaycom/bdh), so

@@ -5,10 +5,11 @@
 #ifndef DG_RUNTIME_TRAIN_MODEL_INT_H
 #define DG_RUNTIME_TRAIN_MODEL_INT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "dragon/model.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 
 /* NULL when c's recipe is the low-bit kind the tape serves — every
  * projection's weights and activations integer, the activations a scale
@@ -28,7 +29,7 @@ dg_status dg__model_weights_add(dg_safetensors_writer *sw, const dg_model_weight
 				size_t size);
 
 /* The metadata a dragon file of weights says itself with: its seal (the
- * file's SHA-256, dragon/safetensors.h) and its kind. Files saved before
+ * file's SHA-256, runtime/store/safetensors.h) and its kind. Files saved before
  * they were written have neither. */
 #define DG__SEAL_KEY "file_sha256"
 #define DG__KIND_KEY "kind"
@@ -59,5 +60,81 @@ dg_status dg__model_file_parse(const void *bytes, size_t n, const char *name, dg
  * caller has checked it (dg__model_file_check). */
 dg_status dg__model_config_of(const dg_safetensors *f, const char *path, dg_model_config *out,
 			      char *msg, size_t size);
+
+/* ---- the model behind dragon/ffi.h ------------------------------------------
+ * What the FFI door's model (bind/ffi.c) is made of: the CPU model's step
+ * in two calls and the GPU model's buffers by address, for a framework
+ * that owns the optimizer and the autograd. */
+
+/*
+ * The step in two halves, as a framework's autograd calls them: the
+ * forward of batch with every activation kept in a pass, then, later,
+ * the backward from it. forward then backward computes what
+ * dg_model_cpu_step does, bit for bit. The pass owns copies of what it
+ * reads (the masters, the tokens and targets, the config): w and the
+ * batch's arrays may go once forward returns; its stop flag is read
+ * during the forward only.
+ *
+ * forward: *loss the loss (0 without targets). batch->targets NULL: the
+ * forward up to x_final without the loss (a logits forward), which has
+ * no backward. A new pass into *out (destroy it with
+ * dg_model_cpu_pass_destroy), NULL on failure.
+ * backward: the gradient of every weight into grads (overwritten; w's
+ * config); once a pass (DG_ERR_INVALID_ARG saying why a second time or
+ * after a forward without targets).
+ * hidden: the pass's last hidden state x_final, (B, T, D) f32 (the
+ * pass's memory, valid until its backward runs or it is destroyed); *b, *t
+ * (may be NULL) its batch's B and T.
+ */
+typedef struct dg_model_cpu_pass dg_model_cpu_pass;
+dg_status dg_model_cpu_forward(const dg_model_weights *w, const dg_model_batch *batch, double *loss,
+			       dg_model_cpu_pass **out, char *msg, size_t msg_size);
+dg_status dg_model_cpu_backward(dg_model_cpu_pass *p, dg_model_weights *grads, char *msg, size_t msg_size);
+const float *dg_model_cpu_pass_hidden(const dg_model_cpu_pass *p, int *b, int *t);
+void dg_model_cpu_pass_destroy(dg_model_cpu_pass *p); /* NULL is fine */
+
+/* The backward nodes alone, queued on the calling thread's stream: the
+ * backward of the forward dg_model_run or dg_model_run_device (backward
+ * false) ran last with batch's seed, step and train, the gradients
+ * overwritten. The caller guarantees that nothing ran on m between the
+ * two (the activations the backward reads are the arenas' as that
+ * forward left them). */
+dg_status dg_model_run_backward(dg_model *m, const dg_model_batch *batch);
+/* The last hidden state x_final of the last forward, (B, 1, T, D) at the
+ * model's (B, T), on the device, in *fmt (the activations': f32 or bf16;
+ * may be NULL). Valid until the next run's backward or forward. */
+dg_dptr dg_model_hidden_addr(const dg_model *m, dg_fmt *fmt);
+
+/* ---- the model under a framework's optimizer -------------------------------
+ * A framework (PyTorch, through dragon/ffi.h) that owns the optimizer
+ * aliases the model's own buffers: the f32 masters it updates in place,
+ * the gradients a backward writes, the loss. After it has changed the
+ * masters, dg_model_sync_copies remakes what the kernels read from them
+ * (the layouts, the codes and scales of a low-bit recipe, the bf16
+ * decoder copy) on the calling thread's stream. */
+
+/* Param p's master and gradient on the device (f32, the param's shape). */
+dg_status dg_model_param_buffers(const dg_model *m, dg_model_param p, dg_dptr *master,
+				 dg_dptr *grad);
+/* The device float the last run's loss is in, and the int32 flag a token
+ * outside the vocabulary sets (dg_model_run_device). */
+dg_dptr dg_model_loss_addr(const dg_model *m);
+dg_dptr dg_model_bad_addr(const dg_model *m);
+/* The execution copies remade from the masters on the device, queued. */
+dg_status dg_model_sync_copies(dg_model *m);
+/* dg_model_run with the tokens and targets ((b, t) int32) on the device:
+ * copied on the stream, not checked on the host (a bad token makes its
+ * row harmless and sets the flag at dg_model_bad_addr, which the caller
+ * reads when it reads the loss). batch's idx and targets are ignored; its
+ * b, t, seed, step and train are used. */
+dg_status dg_model_run_device(dg_model *m, const dg_model_batch *batch, dg_dptr idx, dg_dptr targets,
+			      bool backward);
+
+/* A bench's measure of the step's tail alone — the gradients' norm, AdamW
+ * on every master, the execution copies remade — on the gradients the
+ * model holds: reps tails run eagerly between two events, *ms the mean.
+ * Each is an update of the masters and moments (not a training step's:
+ * call it on a model whose training does not matter). */
+dg_status dg_model_optim_time(dg_model *m, int reps, double *ms);
 
 #endif

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "dragon/optim.h"
-#include "dragon/ref.h"
+#include "runtime/ref/ref_ops.h"
 
 void dg_adamw_defaults(dg_adamw_config *c, int64_t steps)
 {
@@ -20,6 +20,14 @@ void dg_adamw_defaults(dg_adamw_config *c, int64_t steps)
 	c->steps = steps > 0 ? steps : 1;
 	c->warmup = c->steps / 10 < 100 ? c->steps / 10 : 100;
 	c->lr_floor = c->lr / 10;
+}
+
+void dg_loss_scaler_defaults(dg_loss_scaler *ls, bool on)
+{
+	ls->mode = on ? DG_LOSS_SCALE_DYNAMIC : DG_LOSS_SCALE_OFF;
+	ls->growth_interval = DG_LOSS_SCALE_GROWTH_INTERVAL;
+	ls->scale = on ? DG_LOSS_SCALE_INIT : 1.0f;
+	ls->good_steps = 0;
 }
 
 static dg_status bad(char *msg, size_t size, const char *field, const char *why, double v)

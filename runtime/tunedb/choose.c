@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "dragon/tune.h"
+#include "runtime/tunedb/choose.h"
 
 static int tile_threads(const dg_tile *t)
 {

@@ -326,7 +326,7 @@ dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts)
 		return DG_ERR_NOMEM;
 	db->where = choose_where(opts);
 	if (!db->where) {
-		dg_tune_db_destroy(db);
+		dg_tune_db_close(db);
 		return DG_ERR_NOMEM;
 	}
 	const char *device = opts ? opts->device : NULL;
@@ -343,14 +343,14 @@ dg_status dg_tune_db_open(dg_tune_db **out, const dg_tune_db_opts *opts)
 		free(list);
 	}
 	if (db->oom) {
-		dg_tune_db_destroy(db);
+		dg_tune_db_close(db);
 		return DG_ERR_NOMEM;
 	}
 	*out = db;
 	return DG_OK;
 }
 
-void dg_tune_db_destroy(dg_tune_db *db)
+void dg_tune_db_close(dg_tune_db *db)
 {
 	if (!db)
 		return;

@@ -23,7 +23,7 @@
 
 #include "dragon/checkpoint.h"
 #include "dragon/model.h"
-#include "dragon/safetensors.h"
+#include "runtime/store/safetensors.h"
 
 /* A state of preset at a small shape, step 3 of 10, moments of seed. */
 static dg_status state(const char *preset, int layers, int embd, int heads, int neurons, int vocab,

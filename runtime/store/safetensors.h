@@ -1,7 +1,8 @@
 /*
- * dragon — safetensors files: the tensor file format PyTorch, JAX and the
- * Hugging Face tools read (safetensors.torch.load_file), for model weights
- * and checkpoints.
+ * safetensors files: the tensor file format PyTorch, JAX and the Hugging
+ * Face tools read (safetensors.torch.load_file), in which dragon keeps
+ * model weights and checkpoints (dragon/model.h, dragon/checkpoint.h read
+ * and write them). Private to the library, its tests and its benches.
  *
  *   8 bytes     N, little-endian u64: the header's length
  *   N bytes     a JSON object, '{' first, padded with spaces:
@@ -35,18 +36,14 @@
  * covers every byte of the file but its own 64 and the file stays a
  * plain safetensors file for every other reader.
  */
-#ifndef DRAGON_SAFETENSORS_H
-#define DRAGON_SAFETENSORS_H
+#ifndef DG_RUNTIME_STORE_SAFETENSORS_H
+#define DG_RUNTIME_STORE_SAFETENSORS_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include "dragon/status.h"
 
 #define DG_SAFETENSORS_MAX_DIMS 8
 #define DG_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
@@ -176,7 +173,4 @@ dg_status dg_safetensors_writer_save(const dg_safetensors_writer *w, const char 
  * writer's process id (either may be NULL). */
 bool dg_safetensors_temp_of(const char *name, size_t *target_len, long *pid);
 
-#ifdef __cplusplus
-}
-#endif
-#endif /* DRAGON_SAFETENSORS_H */
+#endif /* DG_RUNTIME_STORE_SAFETENSORS_H */
