@@ -199,8 +199,9 @@ static int logits_of(gen *g, const int32_t *ctx, int n, float *z)
 	if (g->m) {
 		memset(g->row + n, 0, (size_t)(g->T - n) * sizeof(int32_t));
 		dg_model_batch b = { .idx = g->row, .b = 1, .t = g->T };
-		if (dg_model_logits(g->m, &b, n - 1, z))
-			return dg__cli_err(DG__CLI_FAIL, DG_ERR_CUDA, "%s", dg_device_errmsg(g->dev));
+		dg_status st = dg_model_logits(g->m, &b, n - 1, z);
+		if (st)
+			return dg__cli_err(DG__CLI_FAIL, st, "%s", dg_device_errmsg(g->dev));
 		return DG__CLI_OK;
 	}
 	dg_model_batch b = { .idx = g->row, .b = 1, .t = n };
@@ -374,8 +375,9 @@ int dg__cli_cmd_sample(int argc, char **argv)
 	g.row = malloc((size_t)g.T * sizeof(int32_t));
 	if (!g.row)
 		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory");
-	if (!code && dev && dg_model_create(dev, w, 1, g.T, &g.m))
-		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_CUDA, "%s", dg_device_errmsg(dev));
+	dg_status made = !code && dev ? dg_model_create(dev, w, 1, g.T, &g.m) : DG_OK;
+	if (made)
+		code = dg__cli_err(DG__CLI_FAIL, made, "%s", dg_device_errmsg(dev));
 	if (!code && isatty(2))
 		fprintf(stderr, "dragon: sampling %s (step %lld, %s) on %s, context %d %s\n", path,
 			(long long)s->step, w->config.preset, dev ? dev_name : "the CPU", g.T,

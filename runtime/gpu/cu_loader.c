@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/gpu/cu_loader.h"
@@ -54,6 +55,81 @@ static void *resolve(void *lib, get_proc_v2_fn gp2, get_proc_v1_fn gp1,
 		fn = NULL;
 	}
 	return dlsym(lib, sym);
+}
+
+/* ---- failures on demand -----------------------------------------------------
+ * $DRAGON_FAULT (a test's tool, docs/environment.md) names driver calls to
+ * fail, comma-separated, so the failures a real GPU rarely shows can be
+ * driven through every layer up to the CLI: alloc (cuMemAlloc: out of
+ * memory), launch (cuLaunchKernel: too many resources requested), sync
+ * (the synchronizations: an illegal address, as a kernel's fault reports
+ * itself), load (loading a module: an invalid image). */
+
+static CUresult CUDAAPI fault_alloc(CUdeviceptr *p, size_t n)
+{
+	(void)p, (void)n;
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult CUDAAPI fault_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+				     unsigned bx, unsigned by, unsigned bz, unsigned smem,
+				     CUstream s, void **args, void **extra)
+{
+	(void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem;
+	(void)s, (void)args, (void)extra;
+	return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+}
+
+static CUresult CUDAAPI fault_stream_sync(CUstream s)
+{
+	(void)s;
+	return CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
+static CUresult CUDAAPI fault_ctx_sync(void)
+{
+	return CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
+static CUresult CUDAAPI fault_event_sync(CUevent e)
+{
+	(void)e;
+	return CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
+static CUresult CUDAAPI fault_load(CUmodule *m, const void *image)
+{
+	(void)m, (void)image;
+	return CUDA_ERROR_INVALID_IMAGE;
+}
+
+static bool fault_named(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = list; (p = strstr(p, name)); p += n)
+		if ((p == list || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+			return true;
+	return false;
+}
+
+static void apply_faults(dg__cu *cu)
+{
+	const char *f = getenv("DRAGON_FAULT");
+	if (!f || !f[0])
+		return;
+	if (fault_named(f, "alloc"))
+		cu->MemAlloc = fault_alloc;
+	if (fault_named(f, "launch"))
+		cu->LaunchKernel = fault_launch;
+	if (fault_named(f, "sync")) {
+		cu->StreamSynchronize = fault_stream_sync;
+		cu->CtxSynchronize = fault_ctx_sync;
+		cu->EventSynchronize = fault_event_sync;
+	}
+	if (fault_named(f, "load")) {
+		cu->ModuleLoadData = fault_load;
+		cu->has_library = false;
+	}
 }
 
 static void load_driver(void)
@@ -111,6 +187,7 @@ static void load_driver(void)
 			load_status = DG_ERR_CUDA;
 		return;
 	}
+	apply_faults(&cu_table);
 	load_status = DG_OK;
 }
 

@@ -172,8 +172,9 @@ static dg_status same_weights(run_ctx *r, int64_t n, char *msg, size_t size)
 {
 	const dg_train_opts *o = r->o;
 	dg_train_state *s = r->s;
-	if (r->sp->m && dg_model_optim_get(r->sp->m, s->weights, NULL, NULL))
-		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(o->dev));
+	dg_status st = r->sp->m ? dg_model_optim_get(r->sp->m, s->weights, NULL, NULL) : DG_OK;
+	if (st)
+		return dg__msgf(st, msg, size, "%s", dg_device_errmsg(o->dev));
 	dg__sha256 h;
 	dg__sha256_init(&h);
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
@@ -186,7 +187,7 @@ static dg_status same_weights(run_ctx *r, int64_t n, char *msg, size_t size)
 	dg__sha256_final(&h, d);
 	char what[96], why[512];
 	snprintf(what, sizeof(what), "weights (their SHA-256) after step %" PRId64, n);
-	dg_status st = dg_rdzv_same(o->world->rdzv, d, sizeof(d), what, why, sizeof(why));
+	st = dg_rdzv_same(o->world->rdzv, d, sizeof(d), what, why, sizeof(why));
 	return st ? dg__msgf(st, msg, size, "%s", why) : DG_OK;
 }
 
@@ -203,8 +204,9 @@ static dg_status checkpoint(run_ctx *r, int64_t n, char *path, size_t path_size,
 		r->saved = n;
 		return DG_OK;
 	}
-	if (r->sp->m && dg_model_optim_get(r->sp->m, s->weights, s->m, s->v))
-		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(o->dev));
+	dg_status got = r->sp->m ? dg_model_optim_get(r->sp->m, s->weights, s->m, s->v) : DG_OK;
+	if (got)
+		return dg__msgf(got, msg, size, "%s", dg_device_errmsg(o->dev));
 	char why[2048];
 	dg_checkpoint_path(o->out_dir, n, path, path_size);
 	dg_status st = dg_checkpoint_save(s, path, why, sizeof(why));
@@ -327,12 +329,13 @@ static dg_status finish_gpu(run_ctx *r, int64_t t, float lr, char *msg, size_t s
 {
 	double loss, norm;
 	bool skipped = false;
-	if (dg_model_train_result(r->sp->m, t, &loss, &norm, &skipped, &r->s->scaler))
-		return dg__msgf(DG_ERR_CUDA, msg, size, "%s", dg_device_errmsg(r->o->dev));
+	dg_status st = dg_model_train_result(r->sp->m, t, &loss, &norm, &skipped, &r->s->scaler);
+	if (st)
+		return dg__msgf(st, msg, size, "%s", dg_device_errmsg(r->o->dev));
 	/* with the scaler, an overflowed gradient is a skipped step (S halved
 	 * on the device); a loss that is not finite still stops the run */
 	const bool ok_skip = r->o->loss_scale && skipped && isfinite(loss);
-	dg_status st = ok_skip ? DG_OK : numeric(r, t, loss, norm, msg, size);
+	st = ok_skip ? DG_OK : numeric(r, t, loss, norm, msg, size);
 	return st ? st : finish(r, t, lr, loss, norm, ok_skip, msg, size);
 }
 
@@ -557,11 +560,14 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		goto out;
 	}
 	const double t0 = now_s(); /* the first step's wall time: to the first step */
-	if (o->dev && (dg_model_create(o->dev, s->weights, lb, o->time, &sp.m) ||
-		       dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL, o->resume ? s->v : NULL,
-					   !o->no_graph, &s->scaler) ||
-		       (o->world && o->world->comm && dg_model_optim_comm(sp.m, o->world->comm)))) {
-		st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
+	if (o->dev && ((st = dg_model_create(o->dev, s->weights, lb, o->time, &sp.m)) ||
+		       (st = dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL,
+						 o->resume ? s->v : NULL, !o->no_graph, &s->scaler)) ||
+		       (o->world && o->world->comm &&
+			(st = dg_model_optim_comm(sp.m, o->world->comm))))) {
+		/* the device's status as it is: out of memory, a kernel that
+		 * does not compile, a launch that fails are told apart */
+		st = dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 		goto out;
 	}
 	const int64_t end = o->stop_at > 0 && o->stop_at < o->opt.steps ? o->stop_at : o->opt.steps;
@@ -652,8 +658,8 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 			}
 			continue;
 		}
-		if (dg_model_train_step(sp.m, &b, t, lr)) {
-			st = dg__msgf(DG_ERR_CUDA, msg, msg_size, "%s", dg_device_errmsg(o->dev));
+		if ((st = dg_model_train_step(sp.m, &b, t, lr))) {
+			st = dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 			goto out;
 		}
 		s->step = t + 1;
