@@ -36,9 +36,11 @@
  * This file creates, plans, fills and runs the model; runtime/train/
  * gpu_nodes.c turns each node into its ops (gpu_model_int.h between them).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dragon/fmt.h"
 #include "dragon/model.h"
@@ -75,6 +77,75 @@ static const char *lowbit_refusal(const dg_model_config *c, char *buf, size_t si
 }
 
 /* Records the tape, sizes the workspaces, plans. */
+/* ---- sizing: every node's ops prepared, in parallel ----------------------- */
+
+/* The threads that prepare a model's nodes: each takes the next node and
+ * prepares its ops (the first use of a kernel compiles it, or reads it
+ * from the cache; threads asking for one kernel share its build), so a
+ * new shape's kernels compile on every core at once. The first failure by
+ * node order is the one reported. */
+#define SIZE_THREADS_MAX 64
+
+typedef struct sizer {
+	dg_model *m;
+	size_t *needs;
+	pthread_mutex_t mu;
+	int next;           /* the next node to take */
+	int failed_at;      /* the first failing node, or n_nodes */
+	dg_status st;
+	char msg[4096];
+} sizer;
+
+static void *size_worker(void *arg)
+{
+	sizer *z = arg;
+	dg_model *m = z->m;
+	for (;;) {
+		pthread_mutex_lock(&z->mu);
+		int n = z->next < z->failed_at ? z->next++ : m->t.n_nodes;
+		pthread_mutex_unlock(&z->mu);
+		if (n >= m->t.n_nodes)
+			return NULL;
+		size_t need = 0;
+		dg_status st = dg__gm_run_node(m, &m->t.nodes[n], NULL, &need);
+		z->needs[n] = need;
+		if (st) {
+			pthread_mutex_lock(&z->mu);
+			if (n < z->failed_at) {
+				z->failed_at = n;
+				z->st = st;
+				snprintf(z->msg, sizeof(z->msg), "%s", dg_device_errmsg(m->dev));
+			}
+			pthread_mutex_unlock(&z->mu);
+		}
+	}
+}
+
+/* needs[n]: node n's workspace bytes. */
+static dg_status size_nodes(dg_model *m, size_t *needs)
+{
+	sizer z;
+	memset(&z, 0, sizeof(z));
+	z.m = m;
+	z.needs = needs;
+	z.failed_at = m->t.n_nodes;
+	pthread_mutex_init(&z.mu, NULL);
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int want = (int)(cores < 1 ? 1 : cores > SIZE_THREADS_MAX ? SIZE_THREADS_MAX : cores);
+	if (want > m->t.n_nodes)
+		want = m->t.n_nodes;
+	pthread_t th[SIZE_THREADS_MAX];
+	int made = 0;
+	for (int i = 1; i < want; i++) /* this thread is one of them */
+		if (pthread_create(&th[made], NULL, size_worker, &z) == 0)
+			made++;
+	size_worker(&z);
+	for (int i = 0; i < made; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&z.mu);
+	return z.st ? dg__dev_fail(m->dev, z.st, "%s", z.msg) : DG_OK;
+}
+
 static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t)
 {
 	char msg[512];
@@ -111,21 +182,27 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	for (int n = 0; n < n_nodes; n++)
 		m->ex[n] = dg__exec_eager(dev);
-	for (int n = 0; n < n_nodes; n++) {
-		size_t need = 0;
-		st = dg__gm_run_node(m, &m->t.nodes[n], NULL, &need);
-		if (st)
-			return st;
+	size_t *needs = calloc((size_t)n_nodes + 1, sizeof(*needs));
+	if (!needs)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	st = size_nodes(m, needs);
+	for (int n = 0; n < n_nodes && !st; n++) {
+		size_t need = needs[n];
 		if (need) {
 			char nm[40];
 			snprintf(nm, sizeof(nm), "ws.%d", n);
 			int64_t sh[1] = { (int64_t)need };
 			int id = dg__tape_buf(&m->t, nm, DG_FMT_INT8, DG__B_WORKSPACE, 1, sh);
-			if (id < 0)
-				return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+			if (id < 0) {
+				st = dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+				break;
+			}
 			m->t.nodes[n].ws = id;
 		}
 	}
+	free(needs);
+	if (st)
+		return st;
 	/* a per-tensor weight scale's partial sums (the largest copy's) */
 	for (int k = 0; m->lowbit && k < 3 && !st; k++) {
 		const dg_proj_recipe *r = dg__gm_recipe(m, k);
