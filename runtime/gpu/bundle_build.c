@@ -53,19 +53,6 @@
 #define MAX_OUT 3000
 #define MSG_MAX 8192
 
-void dg__bundle_note(const dg_bundle_opts *o, int detail, const char *fmt, ...)
-{
-	char line[2048];
-	va_list ap;
-
-	if (!o->note)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	o->note(o->user, detail, line);
-}
-
 static double now_ms(void)
 {
 	struct timespec ts;

@@ -20,6 +20,7 @@
  * template's default (dg_codegen_plan_for).
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,20 @@
 #include "base/publish.h"
 #include "dragon/cache.h"
 #include "runtime/gpu/bundle_int.h"
+
+/* A line for the user (the build's note callback), detail 1 for --verbose's. */
+void dg__bundle_note(const dg_bundle_opts *o, int detail, const char *fmt, ...)
+{
+	char line[2048];
+	va_list ap;
+
+	if (!o->note)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	o->note(o->user, detail, line);
+}
 
 #define BUILTIN_PREFIX "built-in:"
 
