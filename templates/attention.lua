@@ -98,7 +98,10 @@ The mma.sync path's pair-store form is not measured against the pair it
 replaces (the model does not run it). Next: scores on a 128x256 tile, and
 RoPE out of the x projection's epilogue.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local TILES = require("tiles")
+local DEV = require("device")
 local fmt = string.format
 
 local M = {}
@@ -252,20 +255,20 @@ local NAMES = { "attention_scores", "attention_out", "attention_grad_scores", "a
                 "attention_grad_xs" }
 
 local function fields(spec)
-  local op = C.one_of(spec, "op", NAMES)
+  local op = SPEC.one_of(spec, "op", NAMES)
   local k = { op = op, o = OPS[op] }
-  k.H = C.int_field(spec, "heads", 1)
-  k.E = C.int_field(spec, "embd", 4)
-  k.L = C.int_field(spec, "latent", 4)
-  k.arch = C.int_field(spec, "arch", 1)
+  k.H = SPEC.int_field(spec, "heads", 1)
+  k.E = SPEC.int_field(spec, "embd", 4)
+  k.L = SPEC.int_field(spec, "latent", 4)
+  k.arch = SPEC.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
-  k.act = C.one_of(spec, "act", { "f32", "bf16" })
+  k.act = SPEC.one_of(spec, "act", { "f32", "bf16" })
   -- grad_xs writes the gradient format (f32 | bf16); the others' outputs are fixed
-  k.out = op == "attention_grad_xs" and C.one_of(spec, "out", { "f32", "bf16" }) or "f32"
+  k.out = op == "attention_grad_xs" and SPEC.one_of(spec, "out", { "f32", "bf16" }) or "f32"
   -- rope=pre (scores, grad_xs): the operand is RoPE(xs) already
   k.rope_pre = (op == "attention_scores" or op == "attention_grad_xs") and spec.rope == "pre"
   -- epi=mask (grad_xs): dxs = (dxs + grad_xs)·[mask_xs > 0] in place of grad_xs
-  k.epi_mask = op == "attention_grad_xs" and C.one_of(spec, "epi", { "store", "mask" }) == "mask"
+  k.epi_mask = op == "attention_grad_xs" and SPEC.one_of(spec, "epi", { "store", "mask" }) == "mask"
   k.a_rope = k.o.a_rope == true and not k.rope_pre
   k.b_rope = k.o.b_rope == true and not k.rope_pre
   return k
@@ -357,12 +360,12 @@ end
 
 function M.plan(spec)
   local k = fields(spec)
-  local t = C.tile_of(spec)
-  local auto = C.tile_is_auto(t)
+  local t = TILES.tile_of(spec)
+  local auto = TILES.tile_is_auto(t)
   if auto then t = default_tile(k) end
-  local ok, err = C.gemm_tile_pow2(t, auto)
-  if ok then ok, err = C.warps_ok(t, auto) end
-  if ok then ok, err = C.stages_ok(t, auto, 1, tma_op(k) and 8 or (wgmma_op(k) and 4 or 2)) end
+  local ok, err = TILES.gemm_tile_pow2(t, auto)
+  if ok then ok, err = TILES.warps_ok(t, auto) end
+  if ok then ok, err = TILES.stages_ok(t, auto, 1, tma_op(k) and 8 or (wgmma_op(k) and 4 or 2)) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32
   local p = { tile = t, arch_specific = false, name = k.op .. ".cu",
@@ -373,7 +376,7 @@ function M.plan(spec)
     p.arch_specific = true
     p.entries[1].threads = TMA.threads(t)
     local smem = TMA.smem_bytes(t, k.epi_mask)
-    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.entries[1].smem = smem
     return p
@@ -383,37 +386,37 @@ function M.plan(spec)
     p.arch_specific = true
     -- epi=mask stages the f32 tile through the ring once the MMAs are done
     local smem = require("wgmma_bf16").smem_bytes(t, k.epi_mask)
-    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.entries[1].smem = smem
     return p
   end
   if t.stages > 4 then
-    return C.refuse(t, auto, "stages 5 to 8 are the warp-specialized sm_90a path's (attention_scores, rope=pre, L %% 8 == 0), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64, and whose ring fits shared memory")
+    return TILES.refuse(t, auto, "stages 5 to 8 are the warp-specialized sm_90a path's (attention_scores, rope=pre, L %% 8 == 0), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64, and whose ring fits shared memory")
   end
   if t.stages > 2 then
-    return C.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")
+    return TILES.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")
   end
   local mma = mma_fits(k, t)
   if mma then
     local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
     if acc > 128 then
-      return C.refuse(t, auto, "%d f32 accumulators a thread on the tensor-core path; at most 128 (more warps or a smaller tile)", acc)
+      return TILES.refuse(t, auto, "%d f32 accumulators a thread on the tensor-core path; at most 128 (more warps or a smaller tile)", acc)
     end
     p.path = "mma.sync bf16"
   else
     local wtm, wtn = t.bm // t.wm, t.bn // t.wn
     if t.bm % t.wm ~= 0 or t.bn % t.wn ~= 0 or wtm % 4 ~= 0 or wtn % 16 ~= 0 then
-      return C.refuse(t, auto, "each warp's tile (BM/WM x BN/WN) must be a multiple of 4x16 on the fp32 path")
+      return TILES.refuse(t, auto, "each warp's tile (BM/WM x BN/WN) must be a multiple of 4x16 on the fp32 path")
     end
     if (wtm // 4) * (wtn // 8) > 64 then
-      return C.refuse(t, auto, "%d outputs per thread; at most 64 fit in registers (more warps or a smaller tile)",
+      return TILES.refuse(t, auto, "%d outputs per thread; at most 64 fit in registers (more warps or a smaller tile)",
                       (wtm // 4) * (wtn // 8))
     end
     p.path = "fp32"
   end
   local smem = smem_bytes(k, t, mma)
-  ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+  ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
   if not ok then return nil, err end
   p.entries[1].smem = smem
   return p
@@ -838,7 +841,7 @@ end
 -- epi=mask's device helpers, after out_helpers (dg_store2) and the
 -- kernel's typedefs: a pair's masked sum (the mma.sync and fp32 paths'
 -- store, and the staged epilogue's ragged columns) and, with chunk, the
--- staged epilogue's 8-column one (common.lua's VEC_IO loads and stores).
+-- staged epilogue's 8-column one (elementwise.lua's VEC_IO loads and stores).
 -- The arithmetic is templates/step.lua add_mask's (src=f32): the f32 sum
 -- rounded once, then the out format's one rounding; 0 where mask_xs <= 0.
 local MASK_PAIR = [[
@@ -913,16 +916,16 @@ function M.render(spec, plan)
   if k.epi_mask then
     about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, from the accumulator pairs.", of)
   end
-  local w = C.writer()
-  w:line(C.banner(spec, "attention.lua", about))
-  w:line(C.helpers({ bf16 = true, bf16x2 = true }))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "attention.lua", about))
+  w:line(DEV.helpers({ bf16 = true, bf16x2 = true }))
   w:line(HELPERS)
-  w:line(C.subst(HEAD, v))
+  w:line(EMIT.subst(HEAD, v))
   w:line(mma and PUT_MMA or PUT_SIMT)
   w:line(out_helpers(of))
   if k.epi_mask then w:line(MASK_PAIR) end
   w:line()
-  w:line(C.subst(KERNEL, kv))
+  w:line(EMIT.subst(KERNEL, kv))
   return w:text()
 end
 

@@ -127,7 +127,11 @@ per k:
     step) — when two buffers fit in 48 KiB of static shared memory; a tile
     that fits only once runs single-buffered.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
 local MMA = require("backward_mma")
 local WG = require("backward_wgmma")
 local fmt = string.format
@@ -146,7 +150,7 @@ local SMEM_STATIC = 48 * 1024
 -- word pointer p at element n) and the decode statement (writes EU floats at
 -- bd, 16-byte aligned, from r[]).
 local function b_unit(f, bn)
-  local F = C.formats[f]
+  local F = FM.formats[f]
   if f == "f32" then
     return { EU = 4, NWB = 4,
       load = "const uint4 v = __ldg((const uint4 *)(p + n));\n" ..
@@ -162,13 +166,12 @@ local function b_unit(f, bn)
   elseif f == "ternary" then
     return { EU = 16, NWB = 1,
       load = "r[0] = __ldg(p + n / 16);",
-      decode = [[
+      decode = fmt([[
 #pragma unroll
 for (int c = 0; c < 4; ++c) {	// 16 codes = four float4
 	const unsigned q = (r[0] >> (8 * c)) & 0xffu;
-	*(float4 *)(bd + 4 * c) = make_float4(dg_tern1f(q & 3u), dg_tern1f((q >> 2) & 3u),
-					       dg_tern1f((q >> 4) & 3u), dg_tern1f(q >> 6));
-}]] }
+	*(float4 *)(bd + 4 * c) = make_float4(%s);
+}]], FM.quad(FM.floats_of_unit(f, "q"), 1, ",\n\t\t\t\t\t       ")) }
   elseif f == "sign1" then
     -- bn 16: a unit is half a word (the shift picks the half)
     local eu = math.min(32, bn)
@@ -178,15 +181,12 @@ for (int c = 0; c < 4; ++c) {	// 16 codes = four float4
 #pragma unroll
 for (int c = 0; c < %d; ++c) {	// %d codes = %d float4
 	const unsigned q = (r[0] >> (4 * c)) & 15u;
-	*(float4 *)(bd + 4 * c) = make_float4(dg_sign1f(q & 1u), dg_sign1f(q & 2u),
-					       dg_sign1f(q & 4u), dg_sign1f(q & 8u));
-}]], eu // 4, eu, eu // 4) }
+	*(float4 *)(bd + 4 * c) = make_float4(%s);
+}]], eu // 4, eu, eu // 4, FM.quad(FM.floats_of_unit(f, "q"), 1, ",\n\t\t\t\t\t       ")) }
   else -- i8x4 codes: int8, int4, uint8pos
-    local lane = F.unsigned and "dg_u8f" or "dg_s8f"
     return { EU = 4, NWB = 1,
       load = "r[0] = __ldg(p + n / 4);",
-      decode = fmt("*(float4 *)bd = make_float4(%s(r[0], 0), %s(r[0], 1), %s(r[0], 2), %s(r[0], 3));",
-                   lane, lane, lane, lane) }
+      decode = fmt("*(float4 *)bd = make_float4(%s);", FM.quad(FM.floats_of_unit(f, "r[0]"))) }
   end
 end
 
@@ -710,8 +710,8 @@ local function finish(w, o, entry, is_code, vec)
   if o.a_kmajor and not o.split then return end
   local sn = o.scale
   w:line(fmt("constexpr int RNT = %d;\t\t// threads a block of %s_reduce", RNT, entry))
-  w:line(C.subst(o.split and REDUCE_INPUT or REDUCE, {
-    ENTRY = entry, SUM = C.subst(REDUCE_SUM, { NP = o.split and "NX" or "NW" }),
+  w:line(EMIT.subst(o.split and REDUCE_INPUT or REDUCE, {
+    ENTRY = entry, SUM = EMIT.subst(REDUCE_SUM, { NP = o.split and "NX" or "NW" }),
     SCALE_LOAD = is_code and fmt("\tconst float s = *%s;\t\t// the %s's scale", sn, o.w_operand and "weight" or "activation")
       or (vec and fmt("\t(void)%s;\t// per %s: the scales went into B as it was staged", sn,
                       o.w_operand and "channel" or "token")
@@ -722,21 +722,21 @@ local function finish(w, o, entry, is_code, vec)
 end
 
 local function fields(spec)
-  local op = C.one_of(spec, "op", { "lowrank_grad_input", "lowrank_grad_weight",
+  local op = SPEC.one_of(spec, "op", { "lowrank_grad_input", "lowrank_grad_weight",
                                     "decoder_grad_input", "decoder_grad_weight" })
   local k = { op = op, o = OPS[op] }
-  k.H = C.int_field(spec, "heads", 1)
-  k.HIN = op:match("^lowrank") and C.int_field(spec, "in_heads", 1) or 1
-  k.E = C.int_field(spec, "embd", 4)
-  k.L = C.int_field(spec, "latent", 4)
-  k.arch = C.int_field(spec, "arch", 1)
+  k.H = SPEC.int_field(spec, "heads", 1)
+  k.HIN = op:match("^lowrank") and SPEC.int_field(spec, "in_heads", 1) or 1
+  k.E = SPEC.int_field(spec, "embd", 4)
+  k.L = SPEC.int_field(spec, "latent", 4)
+  k.arch = SPEC.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
-  k.bfmt = k.o.w_operand and C.one_of(spec, "weight", WEIGHTS) or C.one_of(spec, "act", ACTS)
-  k.F = C.formats[k.bfmt]
+  k.bfmt = k.o.w_operand and SPEC.one_of(spec, "weight", WEIGHTS) or SPEC.one_of(spec, "act", ACTS)
+  k.F = FM.formats[k.bfmt]
   -- the gradients' formats (dragon/spec.h): the lowrank ops read grad in
   -- src, decoder_grad_input writes grad_y in out; the rest is f32
-  k.gfmt = op:match("^lowrank") and C.one_of(spec, "src", { "f32", "bf16" }) or "f32"
-  k.ofmt = op == "decoder_grad_input" and C.one_of(spec, "out", { "f32", "bf16" }) or "f32"
+  k.gfmt = op:match("^lowrank") and SPEC.one_of(spec, "src", { "f32", "bf16" }) or "f32"
+  k.ofmt = op == "decoder_grad_input" and SPEC.one_of(spec, "out", { "f32", "bf16" }) or "f32"
 
   -- scales along the reduction (a weight's per channel in grad_input, an
   -- activation's per token in grad_weight) multiply B's row k as it is
@@ -795,13 +795,13 @@ end
 
 function M.plan(spec)
   local k = fields(spec)
-  local t = C.tile_of(spec)
-  local auto = C.tile_is_auto(t)
+  local t = TILES.tile_of(spec)
+  local auto = TILES.tile_is_auto(t)
   if auto then t = default_tile(k) end
-  local ok, err = C.gemm_tile_pow2(t, auto)
-  if ok and k.red ~= 0 then ok, err = C.bk_divides(t, auto, k.red, k.red_name) end
-  if ok then ok, err = C.warps_ok(t, auto) end
-  if ok then ok, err = C.stages_ok(t, auto, 1, 4) end
+  local ok, err = TILES.gemm_tile_pow2(t, auto)
+  if ok and k.red ~= 0 then ok, err = TILES.bk_divides(t, auto, k.red, k.red_name) end
+  if ok then ok, err = TILES.warps_ok(t, auto) end
+  if ok then ok, err = TILES.stages_ok(t, auto, 1, 4) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32
   local entry = "dg_" .. k.op
@@ -811,7 +811,7 @@ function M.plan(spec)
   end
   if WG.fits(k, t) then
     local smem = WG.smem_bytes(t)
-    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.path, p.arch_specific, p.smem_bytes, p.entries[1].smem = "wgmma bf16", true, smem, smem
     return p
@@ -819,26 +819,26 @@ function M.plan(spec)
   if MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then
     local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
     if acc > 128 then
-      return C.refuse(t, auto, "%d f32 accumulators a thread on the tensor-core path; at most 128 (more warps or a smaller tile)", acc)
+      return TILES.refuse(t, auto, "%d f32 accumulators a thread on the tensor-core path; at most 128 (more warps or a smaller tile)", acc)
     end
     local eu = MMA.unit_eu(k.bfmt, t.bn, k.packed_len % 16 == 0 and t.bn % 16 == 0)
     if t.bn % eu ~= 0 then
-      return C.refuse(t, auto, "BN must be a multiple of %d (%s units)", eu, k.bfmt)
+      return TILES.refuse(t, auto, "BN must be a multiple of %d (%s units)", eu, k.bfmt)
     end
     local smem = MMA.smem_bytes(k.o.a_kmajor, k.gfmt == "bf16", t.bm, t.bn, t.bk, t.stages)
-    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.path, p.smem_bytes, p.entries[1].smem = "mma.sync bf16", smem, smem
     return p
   end
-  ok, err = C.simt_warp_tile(t, auto)
+  ok, err = TILES.simt_warp_tile(t, auto)
   if not ok then return nil, err end
   local eu = b_unit(k.bfmt, t.bn).EU
   if t.bn % eu ~= 0 then
-    return C.refuse(t, auto, "BN must be a multiple of %d (%s units)", eu, k.bfmt)
+    return TILES.refuse(t, auto, "BN must be a multiple of %d (%s units)", eu, k.bfmt)
   end
   local smem, nbuf = simt_smem(k, t)
-  ok, err = C.smem_fits(t, auto, smem, k.arch, true)
+  ok, err = TILES.smem_fits(t, auto, smem, k.arch, true)
   if not ok then return nil, err end
   p.path, p.smem_bytes, p.nbuf, p.entries[1].smem = "fp32", smem, nbuf, 0
   return p
@@ -853,23 +853,23 @@ function M.render(spec, plan)
   local c = {
     spec = spec, op = op, o = o, entry = entry, bfmt = bfmt, F = F,
     H = H, HIN = HIN, E = E, L = L, bm = bm, bn = bn, bk = bk, wm = wm, wn = wn, stages = stages,
-    HIN_H = HIN == 1 and "0" or "h", arch = C.int_field(spec, "arch", 1),
+    HIN_H = HIN == 1 and "0" or "h", arch = SPEC.int_field(spec, "arch", 1),
     bname = o.w_operand and "w" or (op == "lowrank_grad_weight" and "x" or "y"),
     vec = k.vec, gfmt = k.gfmt, ofmt = k.ofmt,
-    GT = C.formats[k.gfmt].ctype, OT = C.formats[k.ofmt].ctype,
+    GT = FM.formats[k.gfmt].ctype, OT = FM.formats[k.ofmt].ctype,
   }
   if plan.path == "wgmma bf16" then
-    c.about = about_lines(op, o, entry, (C.subst(o.sig, { BT = F.ctype }):gsub("GT", c.GT):gsub("OT", c.OT)), c)
+    c.about = about_lines(op, o, entry, (EMIT.subst(o.sig, { BT = F.ctype }):gsub("GT", c.GT):gsub("OT", c.OT)), c)
     c.smem = plan.smem_bytes
-    local w = C.writer()
+    local w = EMIT.writer()
     w:line(WG.render(c))
     finish(w, o, entry, F.code, k.vec)
     return w:text()
   end
   if plan.path == "mma.sync bf16" then
-    c.about = about_lines(op, o, entry, (C.subst(o.sig, { BT = F.ctype }):gsub("GT", c.GT):gsub("OT", c.OT)), c)
+    c.about = about_lines(op, o, entry, (EMIT.subst(o.sig, { BT = F.ctype }):gsub("GT", c.GT):gsub("OT", c.OT)), c)
     c.smem = plan.smem_bytes
-    local w = C.writer()
+    local w = EMIT.writer()
     w:line(MMA.render(c))
     finish(w, o, entry, F.code, k.vec)
     return w:text()
@@ -903,7 +903,7 @@ function M.render(spec, plan)
     A_GUARD = a_guard, B_GUARD = b_guard, B_GUARD_S = b_guard,
     HIN_H = HIN == 1 and "0" or "h",
   }
-  kv.SIG = C.subst(o.sig, kv)
+  kv.SIG = EMIT.subst(o.sig, kv)
   local scale_name = o.scale
   local scale_load = is_code and fmt("\tconst float s = *%s;		// the %s's scale", scale_name,
                                      o.w_operand and "weight" or "activation")
@@ -914,9 +914,9 @@ function M.render(spec, plan)
     kv.PROLOGUE = MMA.GI_SPLIT.PROLOGUE
     kv.ZH = "z"
     kv.K_GUARD_B = ""
-    kv.LOAD_A = C.subst(LOAD_A_KMAJOR, kv)
-    kv.STORE_A = C.subst(STORE_A_KMAJOR, kv)
-    kv.EPILOGUE = C.subst(EPI_INPUT, {
+    kv.LOAD_A = EMIT.subst(LOAD_A_KMAJOR, kv)
+    kv.STORE_A = EMIT.subst(STORE_A_KMAJOR, kv)
+    kv.EPILOGUE = EMIT.subst(EPI_INPUT, {
       SCALE_WHY = MMA.GI_SPLIT.why(is_code),
       SCALE_LOAD = is_code and MMA.GI_SPLIT.SCALE_LOAD or scale_load, OUT = "out", SCALED = scaled,
       CONV = "" })
@@ -926,9 +926,9 @@ function M.render(spec, plan)
                   "\n\tconst int k_begin = 0, k_end = KT;"
     kv.ZH = "z"
     kv.K_GUARD_B = ""
-    kv.LOAD_A = C.subst(LOAD_A_KMAJOR, kv)
-    kv.STORE_A = C.subst(STORE_A_KMAJOR, kv)
-    kv.EPILOGUE = C.subst(EPI_INPUT, {
+    kv.LOAD_A = EMIT.subst(LOAD_A_KMAJOR, kv)
+    kv.STORE_A = EMIT.subst(STORE_A_KMAJOR, kv)
+    kv.EPILOGUE = EMIT.subst(EPI_INPUT, {
       SCALE_WHY = is_code and fmt("%s = %s · Σ (the integer operand's scale, once)", o.out_name, scale_name)
                           or fmt("%s = Σ", o.out_name),
       SCALE_LOAD = scale_load, OUT = o.out_name, SCALED = scaled,
@@ -941,9 +941,9 @@ function M.render(spec, plan)
                   "\tconst int k_end = min(k_begin + kt_per_split, kt_all);	// empty: writes zeros"
     kv.ZH = "h"
     kv.K_GUARD_B = "k < K && "
-    kv.LOAD_A = C.subst(LOAD_A_MMAJOR, kv)
-    kv.STORE_A = C.subst(STORE_A_MMAJOR, kv)
-    kv.EPILOGUE = C.subst(EPI_WEIGHT, {
+    kv.LOAD_A = EMIT.subst(LOAD_A_MMAJOR, kv)
+    kv.STORE_A = EMIT.subst(STORE_A_MMAJOR, kv)
+    kv.EPILOGUE = EMIT.subst(EPI_WEIGHT, {
       SCALED_DESC = is_code and "sa · Σ" or "Σ",
       SCALE_LOAD = scale_load, SCALED = scaled })
   end
@@ -962,20 +962,18 @@ function M.render(spec, plan)
 
   local helpers = {}
   if k.ofmt == "bf16" then helpers.bf16 = true end
-  if bfmt == "ternary" then helpers.ternary = true end
-  if bfmt == "sign1" then helpers.sign1 = true end
-  if F.epw == 4 then helpers.i8x4f = true end
+  FM.decoders(bfmt, helpers, true)
 
   local about = about_lines(op, o, entry, (kv.SIG:gsub("GT", c.GT):gsub("OT", c.OT)), c)
   about[#about + 1] = fmt("path: fp32 FMA, %s operand decoded to f32 while staged; shared memory %d bytes, %s.",
                           bfmt, smem, nbuf == 2 and "double-buffered" or "single buffer")
 
-  local w = C.writer()
-  w:line(C.banner(spec, "backward.lua", about))
-  w:line(C.helpers(helpers))
-  w:line(C.subst(HEAD, v))
-  w:line(C.subst(o.text, { HIN_H = kv.HIN_H }))
-  w:line(C.subst(KERNEL, kv))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "backward.lua", about))
+  w:line(DEV.helpers(helpers))
+  w:line(EMIT.subst(HEAD, v))
+  w:line(EMIT.subst(o.text, { HIN_H = kv.HIN_H }))
+  w:line(EMIT.subst(KERNEL, kv))
   finish(w, o, entry, F.code, k.vec)
   return w:text()
 end

@@ -73,7 +73,9 @@ A: S·BM·BK·4 bytes of ring plus two buffers of the bf16 A tile and BK·PB
 bf16 of B; bf16 A: S bf16 A tiles plus two B tiles. And 64 bytes of static
 table for ternary.
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local FM = require("formats")
+local DEV = require("device")
 local fmt = string.format
 
 local M = {}
@@ -190,7 +192,7 @@ __device__ __forceinline__ const unsigned *dg_b_krow(const unsigned *yp, int b, 
 -- the packed axis and bn are multiples of 16, so an i8x4 unit may be four
 -- words (one 16-byte load).
 local function b_unit(f, bn, wide)
-  local F = C.formats[f]
+  local F = FM.formats[f]
   if f == "f32" then
     return { EU = 4, NWB = 4,
       load = "const uint4 v = __ldg((const uint4 *)(p + n));\n" ..
@@ -762,7 +764,7 @@ function M.render(c)
     GT = c.GT, OT = c.OT, gfmt = c.gfmt, ofmt = c.ofmt,
     LAYOUT_WHY = a16 and "S bf16 A tiles (the cp.async ring), then two B tiles."
                      or "the f32 ring (S stages, chunk-linear), then two\n// buffers, each an A tile then a B tile.",
-    LAYOUT = C.subst(a16 and LAYOUT_BF16 or LAYOUT_F32, { SMEM = smem }),
+    LAYOUT = EMIT.subst(a16 and LAYOUT_BF16 or LAYOUT_F32, { SMEM = smem }),
   }
   local kv = {
     ENTRY = c.entry, BT = F.ctype, BNAME = c.bname, B_GUARD = b_guard,
@@ -773,7 +775,7 @@ function M.render(c)
                     "\t__syncthreads();\t// the table, before the prologue decodes step 0"
                 or "",
   }
-  kv.SIG = C.subst(o.sig, kv)
+  kv.SIG = EMIT.subst(o.sig, kv)
   local at_end = F.code and not c.vec -- a vector scale goes into B as it is staged
   local scale_load = at_end and fmt("\tconst float s = *%s;\t\t// the %s's scale", o.scale,
                                     o.w_operand and "weight" or "activation")
@@ -810,7 +812,7 @@ function M.render(c)
     and "\t\t\t\t\tsrc = grad + (long long)(kb + kk) * E + m;\t// A row k = b*T + t"
     or "\t\t\t\t\tint bb, tt;\n\t\t\t\t\trow_bt(kk, b0, t0, bb, tt);\n" ..
        "\t\t\t\t\tsrc = dg_a_krow(grad, bb, tt, h, T) + m;"
-  kv.A_SLOTS = C.subst(slots, { A_GUARD = a_guard, A_ROW = a_row, CP = ce == 8 and "dg_cp16" or "dg_cp8" })
+  kv.A_SLOTS = EMIT.subst(slots, { A_GUARD = a_guard, A_ROW = a_row, CP = ce == 8 and "dg_cp16" or "dg_cp8" })
   if o.a_kmajor then
     -- lowrank_grad_input splits K (M.GI_SPLIT); decoder_grad_input (K = E,
     -- a few steps) runs it whole
@@ -823,13 +825,13 @@ function M.render(c)
     kv.K_GUARD_B = ""
     kv.B_ROW = "\t\t\t\tconst unsigned *p = dg_b_row(bw, k, z, T);"
     kv.A_LANE, kv.A_FRAG = A_LANE_KMAJOR, A_FRAG_KMAJOR
-    kv.EPILOGUE = C.subst(EPI_INPUT, {
+    kv.EPILOGUE = EMIT.subst(EPI_INPUT, {
       SCALE_WHY = o.split and M.GI_SPLIT.why(at_end)
                   or (F.code and fmt("%s = %s · Σ (the integer operand's scale, once)", o.out_name, o.scale)
                               or fmt("%s = Σ", o.out_name)),
       SCALE_LOAD = (o.split and at_end) and M.GI_SPLIT.SCALE_LOAD or scale_load,
       -- out=bf16 (decoder_grad_input's grad_y): the pair rounded to nearest even once
-      STORE = C.subst(c.ofmt == "bf16"
+      STORE = EMIT.subst(c.ofmt == "bf16"
         and "\t\t\t\t\t*(unsigned *)(${OUT} + dg_out(m, n, z, T)) =\n\t\t\t\t\t\tdg_bf16x2(${S0}, ${S1});"
         or "\t\t\t\t\t*(float2 *)(${OUT} + dg_out(m, n, z, T)) =\n\t\t\t\t\t\tmake_float2(${S0}, ${S1});",
         { OUT = o.split and "out" or o.out_name, S0 = scaled("acc[mt][nt][2 * hr]"), S1 = scaled("acc[mt][nt][2 * hr + 1]") }) })
@@ -845,12 +847,12 @@ function M.render(c)
     kv.B_ROW = "\t\t\t\tint bb, tt;\n\t\t\t\trow_bt(kk, b0, t0, bb, tt);\n" ..
                "\t\t\t\tconst unsigned *p = dg_b_krow(bw, bb, tt, h, T);"
     kv.A_LANE, kv.A_FRAG = A_LANE_MMAJOR, A_FRAG_MMAJOR
-    kv.EPILOGUE = C.subst(EPI_WEIGHT, {
+    kv.EPILOGUE = EMIT.subst(EPI_WEIGHT, {
       SCALED_DESC = F.code and "sa · Σ" or "Σ", SCALE_LOAD = scale_load,
       S0 = scaled("c0"), S1 = scaled("c1") })
   end
 
-  local w = C.writer()
+  local w = EMIT.writer()
   c.about[#c.about + 1] = fmt("path: tensor cores (mma.sync m16n8k16 bf16, f32 sums; sm_%d >= sm_80, BK %% 16 == 0,", c.arch)
   c.about[#c.about + 1] = fmt("  warp tile %dx%d whole 16x16): gradient %s, %s operand decoded",
                               bm // wm, bn // wn,
@@ -859,14 +861,14 @@ function M.render(c)
   c.about[#c.about + 1] = fmt("  to bf16 once (%s); both read by ldmatrix; %d-stage %s cp.async ring, %d bytes of",
                               (F.code or bfmt == "bf16") and "exact" or "rounded", S, a16 and "bf16" or "f32", smem)
   c.about[#c.about + 1] = "  dynamic shared memory (templates/backward_mma.lua)."
-  w:line(C.banner(c.spec, "backward.lua", c.about))
-  w:line(C.helpers({ bf16x2 = true, cp_async = true }))
+  w:line(EMIT.banner(c.spec, "backward.lua", c.about))
+  w:line(DEV.helpers({ bf16x2 = true, cp_async = true }))
   w:line(HELPERS)
   if u.i8 then w:line(I8_HELPERS) end
-  w:line(C.subst(HEAD, v))
-  w:line(C.subst(o.text, { HIN_H = c.HIN_H }))
-  w:line(C.subst(ADDR[op], { HIN_H = c.HIN_H }))
-  w:line(C.subst(KERNEL, kv))
+  w:line(EMIT.subst(HEAD, v))
+  w:line(EMIT.subst(o.text, { HIN_H = c.HIN_H }))
+  w:line(EMIT.subst(ADDR[op], { HIN_H = c.HIN_H }))
+  w:line(EMIT.subst(KERNEL, kv))
   return w:text()
 end
 

@@ -43,7 +43,8 @@ ascending within a block): |got − ref| <= K·2^-24·Σ|terms|.
 Shared memory (dynamic; M.smem_bytes, backward.lua M.plan checks it):
 S·(BM + BN)·BK·2 bytes and 1024 for the atoms' alignment.
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local DEV = require("device")
 local WB = require("wgmma_bf16")
 local fmt = string.format
 
@@ -284,19 +285,19 @@ function M.render(c)
                               c.stages, smem, minb == 2 and 2 or 1)
   c.about[#c.about + 1] = fmt("  A (grad, bf16) %s, B (%s, bf16) N-major (templates/backward_wgmma.lua).",
                               gi and "K-major" or "M-major", c.bname)
-  local w = C.writer()
-  w:line(C.banner(c.spec, "backward.lua", c.about))
-  w:line(C.helpers({ cp_async = true }))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(c.spec, "backward.lua", c.about))
+  w:line(DEV.helpers({ cp_async = true }))
   w:line(WB.helpers(c.bn, not gi, true))
-  w:line(C.subst(HEAD, { H = c.H, HIN = c.HIN, E = c.E, L = c.L, BM = c.bm, BN = c.bn, BK = c.bk, S = c.stages }))
-  w:line(C.subst(o.text, { HIN_H = c.HIN_H }))
-  w:line(C.subst(ADDR[op], { HIN_H = c.HIN_H }))
-  w:line(C.subst(KERNEL, {
+  w:line(EMIT.subst(HEAD, { H = c.H, HIN = c.HIN, E = c.E, L = c.L, BM = c.bm, BN = c.bn, BK = c.bk, S = c.stages }))
+  w:line(EMIT.subst(o.text, { HIN_H = c.HIN_H }))
+  w:line(EMIT.subst(ADDR[op], { HIN_H = c.HIN_H }))
+  w:line(EMIT.subst(KERNEL, {
     MINB = minb, ENTRY = c.entry,
-    SIG = C.subst(o.sig, { BT = "unsigned short" }),
+    SIG = EMIT.subst(o.sig, { BT = "unsigned short" }),
     PROLOGUE = PROLOGUE[op], LOAD = LOAD[op],
-    EPILOGUE = C.subst(EPILOGUE[op], { PAIRS = C.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
-    MAINLOOP = C.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
+    EPILOGUE = EMIT.subst(EPILOGUE[op], { PAIRS = EMIT.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
+    MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
                                       B_KC = "false", B_KS = "2048" }),
   }))
   return w:text()

@@ -70,7 +70,12 @@ flight (in registers) while the current one is computed. Shared memory:
 min(stages, 2)·(bm + bn)·bk·P bytes (P = 1 codes, 4 floats), static (48 KiB
 at most), reused by the epilogue to stage the output tile when it fits.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
+local SCL = require("scales")
 local fmt = string.format
 
 local M = {}
@@ -93,22 +98,22 @@ local function stage_body(f, int_path, nw)
   local v = { nw = nw }
   if int_path then
     if f == "ternary" then
-      return C.subst([[
+      v.q = FM.quad(FM.i8x4_of_word(f, "r[i]"), 1, ",\n\t\t\t   ")
+      return EMIT.subst([[
 #pragma unroll
 for (int i = 0; i < ${nw}; ++i)	// a word: 16 codes = one chunk
 	dg_stc(buf, row, ku * ${nw} + i,
-		make_uint4(dg_tern4(r[i] & 0xffu), dg_tern4((r[i] >> 8) & 0xffu),
-			   dg_tern4((r[i] >> 16) & 0xffu), dg_tern4(r[i] >> 24)));]], v)
+		make_uint4(${q}));]], v)
     elseif f == "sign1" then
-      return C.subst([[
+      local t = FM.i8x4_of_word(f, "r[i]")
+      v.q0, v.q1 = FM.quad(t, 1, ",\n\t\t\t   "), FM.quad(t, 5, ",\n\t\t\t   ")
+      return EMIT.subst([[
 #pragma unroll
 for (int i = 0; i < ${nw}; ++i) {	// a word: 32 codes = two chunks
 	dg_stc(buf, row, (ku * ${nw} + i) * 2,
-		make_uint4(dg_sign4(r[i] & 15u), dg_sign4((r[i] >> 4) & 15u),
-			   dg_sign4((r[i] >> 8) & 15u), dg_sign4((r[i] >> 12) & 15u)));
+		make_uint4(${q0}));
 	dg_stc(buf, row, (ku * ${nw} + i) * 2 + 1,
-		make_uint4(dg_sign4((r[i] >> 16) & 15u), dg_sign4((r[i] >> 20) & 15u),
-			   dg_sign4((r[i] >> 24) & 15u), dg_sign4(r[i] >> 28)));
+		make_uint4(${q1}));
 }]], v)
     else
       -- i8x4 codes are copied as they are: nw words = 4·nw codes = one
@@ -120,46 +125,46 @@ for (int i = 0; i < ${nw}; ++i) {	// a word: 32 codes = two chunks
   end
   -- float path: chunks of four f32
   if f == "f32" then
-    C.check(nw == 4, "internal: f32 staging unit of %d words", nw)
+    SPEC.check(nw == 4, "internal: f32 staging unit of %d words", nw)
     return "dg_stc(buf, row, ku, make_uint4(r[0], r[1], r[2], r[3]));	// 4 floats as they are"
   elseif f == "bf16" then
-    C.check(nw % 2 == 0, "internal: bf16 staging unit of %d words", nw)
-    return C.subst([[
+    SPEC.check(nw % 2 == 0, "internal: bf16 staging unit of %d words", nw)
+    return EMIT.subst([[
 #pragma unroll
 for (int i = 0; i < ${nw}; i += 2)	// two words: 4 bf16 = one chunk (bf16 → f32 is << 16)
 	dg_stc(buf, row, (ku * ${nw} + i) / 2,
 		make_uint4(r[i] << 16, r[i] & 0xffff0000u, r[i + 1] << 16, r[i + 1] & 0xffff0000u));]], v)
   elseif f == "ternary" then
-    return C.subst([[
+    v.q = FM.quad(FM.floats_of_unit(f, "q"), 1, ",\n\t\t\t\t    ")
+    return EMIT.subst([[
 #pragma unroll
 for (int i = 0; i < ${nw}; ++i) {	// a word: 16 codes = four chunks
 #pragma unroll
 	for (int c = 0; c < 4; ++c) {
 		const unsigned q = (r[i] >> (8 * c)) & 0xffu;
 		dg_stc(buf, row, (ku * ${nw} + i) * 4 + c,
-			make_float4(dg_tern1f(q & 3u), dg_tern1f((q >> 2) & 3u),
-				    dg_tern1f((q >> 4) & 3u), dg_tern1f(q >> 6)));
+			make_float4(${q}));
 	}
 }]], v)
   elseif f == "sign1" then
-    return C.subst([[
+    v.q = FM.quad(FM.floats_of_unit(f, "q"), 1, ",\n\t\t\t\t    ")
+    return EMIT.subst([[
 #pragma unroll
 for (int i = 0; i < ${nw}; ++i) {	// a word: 32 codes = eight chunks
 #pragma unroll
 	for (int c = 0; c < 8; ++c) {
 		const unsigned q = (r[i] >> (4 * c)) & 15u;
 		dg_stc(buf, row, (ku * ${nw} + i) * 8 + c,
-			make_float4(dg_sign1f(q & 1u), dg_sign1f(q & 2u),
-				    dg_sign1f(q & 4u), dg_sign1f(q & 8u)));
+			make_float4(${q}));
 	}
 }]], v)
   else -- i8x4 codes → floats, a word = one chunk
-    v.lane = C.formats[f].unsigned and "dg_u8f" or "dg_s8f"
-    return C.subst([[
+    v.q = FM.quad(FM.floats_of_unit(f, "r[i]"))
+    return EMIT.subst([[
 #pragma unroll
 for (int i = 0; i < ${nw}; ++i)	// a word: 4 codes = one chunk
 	dg_stc(buf, row, ku * ${nw} + i,
-		make_float4(${lane}(r[i], 0), ${lane}(r[i], 1), ${lane}(r[i], 2), ${lane}(r[i], 3)));]], v)
+		make_float4(${q}));]], v)
   end
 end
 
@@ -185,8 +190,8 @@ end
 local function relu_of(spec)
   local r = spec.relu
   if r == false or r == nil then return nil end
-  C.check(type(r) == "number", "spec.relu=%s: must be false or a number (the threshold)", tostring(r))
-  C.check(r == r and r ~= math.huge and r ~= -math.huge, "spec.relu=%s: the threshold must be finite", tostring(r))
+  SPEC.check(type(r) == "number", "spec.relu=%s: must be false or a number (the threshold)", tostring(r))
+  SPEC.check(r == r and r ~= math.huge and r ~= -math.huge, "spec.relu=%s: the threshold must be finite", tostring(r))
   return r
 end
 
@@ -350,7 +355,7 @@ ${EPILOGUE}
 -- Loader: `dg_ld(r, p, off)` reads NW words at p + off (16, 8 or 4 bytes),
 -- or zeros when p is null.
 local function loaders(nws)
-  local w = C.writer()
+  local w = EMIT.writer()
   w:line("// NW words of one staging unit (one 16/8/4-byte load), zeros for a null row.")
   local seen = {}
   for _, nw in ipairs(nws) do
@@ -381,7 +386,7 @@ end
 local function compute_text(int_path, act, cb)
   local v = {}
   if int_path then
-    v.dp = C.formats[act].unsigned and "dg_dp4a_us" or "dg_dp4a_ss"
+    v.dp = FM.formats[act].unsigned and "dg_dp4a_us" or "dg_dp4a_ss"
     v.VT = ({ [16] = "uint4", [8] = "uint2", [4] = "unsigned" })[cb]
     local comps = cb == 4 and { "" } or ({ ".x", ".y", ".z", ".w" })
     local lines = {}
@@ -389,7 +394,7 @@ local function compute_text(int_path, act, cb)
       lines[#lines + 1] = fmt("\t\t\t\t\tacc[i][j] = %s(a%s, b[j]%s, acc[i][j]);", v.dp, comps[k], comps[k])
     end
     v.DP = table.concat(lines, "\n")
-    return C.subst([[
+    return EMIT.subst([[
 	// Integer sums, exact: acc += Σ x·w four codes at a time.
 	int acc[TM][TN];
 #pragma unroll
@@ -481,17 +486,17 @@ local MAIN_1 = [[
 local VEC_TYPES = { [16] = "uint4", [8] = "uint2", [4] = "unsigned", [2] = "unsigned short", [1] = "unsigned char" }
 
 local function epilogue_text(p)
-  local w = C.writer()
+  local w = EMIT.writer()
   w:indent(1)
   w:line("// ---- epilogue: scale, ReLU, convert; the shared buffers are free now.")
   local sc = p.sc
-  for _, l in ipairs(C.scale_prologue(sc)) do w:line(l) end
+  for _, l in ipairs(SCL.scale_prologue(sc)) do w:line(l) end
   if not sc.any then w:line("// float × float: y = acc") end
   if p.out_code then
     w:line("const float so_v = *so;			// out scale: codes rint(y · (1/so))")
     w:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;	// one IEEE reciprocal, not a division an element")
-    C.check(not sc.vec, "lowrank.lua: output codes need per-tensor input scales")
-    for _, l in ipairs(C.code_consts(p.out, p.thr, C.scale_expr(sc) or "1.0f")) do
+    SPEC.check(not sc.vec, "lowrank.lua: output codes need per-tensor input scales")
+    for _, l in ipairs(SCL.code_consts(p.out, p.thr, SCL.scale_expr(sc) or "1.0f")) do
       w:line(l)
     end
   end
@@ -511,7 +516,7 @@ local function epilogue_text(p)
     w:line("#pragma unroll")
     w:line("for (int i = 0; i < TM; ++i) {")
     w:line("\tconst int m = m0 + o_row[i];")
-    w:linef("\tsa_r[i] = m < M ? sa[%s] : 0.0f;", C.x_row(p.HIN, "m"))
+    w:linef("\tsa_r[i] = m < M ? sa[%s] : 0.0f;", SCL.x_row(p.HIN, "m"))
     w:line("}")
   end
   if sc.sw_vec then
@@ -544,7 +549,7 @@ local function epilogue_text(p)
     w:line("const float accf = acc[i][j];")
   end
   if sc.any then
-    w:linef("float y = __fmul_rn(accf, %s);", C.scale_expr(sc, "sa_r[i]", "sw_c[j]"))
+    w:linef("float y = __fmul_rn(accf, %s);", SCL.scale_expr(sc, "sa_r[i]", "sw_c[j]"))
   else
     w:line("float y = accf;")
   end
@@ -588,7 +593,7 @@ local function epilogue_text(p)
   w:line("\t}")
   w:line("}")
   if p.staged then
-    w:line(C.subst([[
+    w:line(EMIT.subst([[
 // Coalesced stores of the staged tile: VE elements (${VB} bytes) a store, a
 // row's vectors consecutive across threads. L % VE == 0, so a vector is
 // wholly inside or wholly past the last column.
@@ -632,7 +637,7 @@ local function render_simt(spec, k)
   local bm, bn, bk, wm, wn, stages = k.bm, k.bn, k.bk, k.wm, k.wn, k.stages
   local mask = k.mask
 
-  local fa, fw = C.formats[act], C.formats[weight]
+  local fa, fw = FM.formats[act], FM.formats[weight]
   local int_path = fa.code and fw.code
   local P = int_path and 1 or 4  -- shared bytes an element
   -- Shared tiles are rows of chunks: 16 bytes (16 codes or 4 floats), or the
@@ -647,7 +652,7 @@ local function render_simt(spec, k)
 
   local ch = bk // CE
   local sw_r, sw_c = 1, 1
-  if C.is_pow2(ch) then
+  if TILES.is_pow2(ch) then
     sw_c = math.min(ch, 8)
     sw_r = math.max(1, 8 // ch)
   end
@@ -659,7 +664,7 @@ local function render_simt(spec, k)
   local a_guard = (bm * ua) % nt ~= 0 and "u < BM * UA && " or ""
   local b_guard = (bn * ub) % nt ~= 0 and "u < BN * UB && " or ""
 
-  local ot = C.out_types[mask and "f32" or out]
+  local ot = FM.out_types[mask and "f32" or out]
   local osz = ot.size
   local staged = not mask and bm * bn * osz <= smem
   local vb = 16
@@ -669,28 +674,25 @@ local function render_simt(spec, k)
   -- warp's 4 lane rows must land in 4 different groups of a 128-byte line.
   local osw_r, osw_c = 1, 1
   local rb = (bn * osz) // 32
-  if (bn * osz) % 32 == 0 and C.is_pow2(rb) then
+  if (bn * osz) % 32 == 0 and TILES.is_pow2(rb) then
     osw_c = math.min(rb, 4)
     osw_r = math.max(1, 4 // rb)
   end
 
   local helpers = { code = (not mask and (out == "int8" or out == "uint8pos")) or nil,
                     bf16 = (not mask and out == "bf16") or nil }
+  FM.decoders(weight, helpers)
   if int_path then
     helpers.dp4a = true
-    if weight == "ternary" then helpers.ternary = true end
-    if weight == "sign1" then helpers.sign1 = true end
-  else
-    if weight == "ternary" then helpers.ternary = true end
-    if weight == "sign1" then helpers.sign1 = true end
-    if fa.code or fw.code then helpers.i8x4f = true end
+  elseif fa.code or fw.code then
+    helpers.i8x4f = true -- the lanes of an i8x4 operand as floats
   end
 
   local p = {
     int_path = int_path, act_code = fa.code, w_code = fw.code, sc = k.sc, HIN = HIN,
     out = out, OT = ot.ctype, staged = staged, VB = vb, mask = mask,
     out_code = not mask and (out == "int8" or out == "uint8pos"),
-    thr = thr and C.cfloat(thr) or nil,
+    thr = thr and EMIT.cfloat(thr) or nil,
   }
 
   local vars = {
@@ -723,7 +725,7 @@ local function render_simt(spec, k)
 
   vars.OUTSTAGE = ""
   if staged then
-    vars.OUTSTAGE = C.subst([[
+    vars.OUTSTAGE = EMIT.subst([[
 // ---- output staging: the BM x BN tile in shared memory, element (r, c) at
 // column dg_ocol(r, c), so the 4 lane rows of a warp write 4 different
 // 32-byte bank groups; VE elements a global store.
@@ -737,10 +739,10 @@ __device__ __forceinline__ int dg_ocol(int r, int c)
 ]], { OSW_R = osw_r, OSW_C = osw_c, VE = vb // osz, GROUP = 32 // osz })
   end
 
-  local w = C.writer()
-  w:line(C.banner(spec, "lowrank.lua", about))
-  w:line(C.helpers(helpers))
-  w:line(C.subst(KERNEL, vars))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "lowrank.lua", about))
+  w:line(DEV.helpers(helpers))
+  w:line(EMIT.subst(KERNEL, vars))
   return w:text()
 end
 
@@ -759,21 +761,21 @@ Which path a spec takes (M.plan decides; render follows it):
 
 -- The spec's fields as the plan and the renderers read them.
 local function fields(spec)
-  C.check(spec.op == "lowrank_fwd" or spec.op == "relu_mask",
+  SPEC.check(spec.op == "lowrank_fwd" or spec.op == "relu_mask",
           "lowrank.lua renders ops lowrank_fwd and relu_mask, not %s", tostring(spec.op))
   local k = { op = spec.op, mask = spec.op == "relu_mask" }
-  k.H = C.int_field(spec, "heads", 1)
-  k.HIN = C.int_field(spec, "in_heads", 1)
-  k.E = C.int_field(spec, "embd", 1)
-  k.L = C.int_field(spec, "latent", 1)
-  k.act = C.one_of(spec, "act", ACTS)
-  k.weight = C.one_of(spec, "weight", WEIGHTS)
-  k.out = k.mask and "f32" or C.one_of(spec, "out", OUTS)
+  k.H = SPEC.int_field(spec, "heads", 1)
+  k.HIN = SPEC.int_field(spec, "in_heads", 1)
+  k.E = SPEC.int_field(spec, "embd", 1)
+  k.L = SPEC.int_field(spec, "latent", 1)
+  k.act = SPEC.one_of(spec, "act", ACTS)
+  k.weight = SPEC.one_of(spec, "weight", WEIGHTS)
+  k.out = k.mask and "f32" or SPEC.one_of(spec, "out", OUTS)
   k.thr = relu_of(spec)
-  k.arch = C.int_field(spec, "arch", 1)
+  k.arch = SPEC.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
   k.entry = k.mask and "dg_relu_mask" or "dg_lowrank_fwd"
-  k.sc = C.scale_kind(spec, C.formats[k.act], C.formats[k.weight])
+  k.sc = SCL.scale_kind(spec, FM.formats[k.act], FM.formats[k.weight])
   return k
 end
 
@@ -789,7 +791,7 @@ end
 --     outputs a thread); BK the largest step up to 64 (codes) or 32
 --     (floats) that divides E and whole storage words, double-buffered.
 local function default_tile(k)
-  local fa, fw = C.formats[k.act], C.formats[k.weight]
+  local fa, fw = FM.formats[k.act], FM.formats[k.weight]
   local ints = fa.code and fw.code
   if ints and k.op == "lowrank_fwd" and k.arch == 90 and k.arch_specific then
     local t = { bm = 128, bn = 64, bk = 64, wm = 8, wn = 1, stages = 2, threads = 0 }
@@ -798,7 +800,7 @@ local function default_tile(k)
   if ints and k.arch >= 80 and k.E % 32 == 0 then
     return { bm = 128, bn = 128, bk = k.E % 64 == 0 and 64 or 32, wm = 2, wn = 4, stages = 4, threads = 0 }
   end
-  local cpw = math.max(4, C.codes_per_word(k.act), C.codes_per_word(k.weight))
+  local cpw = math.max(4, FM.codes_per_word(k.act), FM.codes_per_word(k.weight))
   local bk = ints and 64 or 32
   while k.E % bk ~= 0 and bk > cpw do bk = bk // 2 end
   return { bm = 64, bn = 64, bk = bk, wm = 2, wn = 2, stages = 2, threads = 0 }
@@ -813,26 +815,26 @@ end
 
 function M.plan(spec)
   local k = fields(spec)
-  local t = C.tile_of(spec)
-  local auto = C.tile_is_auto(t)
+  local t = TILES.tile_of(spec)
+  local auto = TILES.tile_is_auto(t)
   if auto then t = default_tile(k) end
-  local ok, err = C.gemm_tile_pow2(t, auto)
+  local ok, err = TILES.gemm_tile_pow2(t, auto)
   if not ok then return nil, err end
-  local cpw = math.max(C.codes_per_word(k.weight), C.codes_per_word(k.act))
+  local cpw = math.max(FM.codes_per_word(k.weight), FM.codes_per_word(k.act))
   if t.bk % cpw ~= 0 then
-    return C.refuse(t, auto, "BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
+    return TILES.refuse(t, auto, "BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
                     cpw, k.weight, k.act)
   end
-  ok, err = C.bk_divides(t, auto, k.E, "embd")
+  ok, err = TILES.bk_divides(t, auto, k.E, "embd")
   if not ok then return nil, err end
-  local fa, fw = C.formats[k.act], C.formats[k.weight]
+  local fa, fw = FM.formats[k.act], FM.formats[k.weight]
   local ints = fa.code and fw.code
   if require("lowrank_wgmma").fits(k, t) then
     return plan_of(k, t, "wgmma", true, t.bm // 64 * 128, k.E * (t.bm + 3 * t.bn), true)
   end
-  ok, err = C.warps_ok(t, auto)
-  if ok then ok, err = C.simt_warp_tile(t, auto) end
-  if ok then ok, err = C.stages_ok(t, auto, 1, 4) end
+  ok, err = TILES.warps_ok(t, auto)
+  if ok then ok, err = TILES.simt_warp_tile(t, auto) end
+  if ok then ok, err = TILES.stages_ok(t, auto, 1, 4) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32
   local MMA = require("mma")
@@ -842,19 +844,19 @@ function M.plan(spec)
     local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
     local afrag = (t.bm // t.wm // 16) * 2 * (t.bk % 64 == 0 and 4 or 2)
     if acc + afrag > 128 then
-      return C.refuse(t, auto, "the tensor-core path needs %d accumulator and %d fragment registers a thread; at most 128 (more warps or a smaller tile)",
+      return TILES.refuse(t, auto, "the tensor-core path needs %d accumulator and %d fragment registers a thread; at most 128 (more warps or a smaller tile)",
                       acc, afrag)
     end
     -- the pipeline, and the output tile staged in the same buffer
     local mp = MMA.plan(t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, k.weight)
-    local osz = k.mask and 1 or C.out_types[k.out].size
+    local osz = k.mask and 1 or FM.out_types[k.out].size
     local smem = math.max(mp.pipe, t.bm * (t.bn * osz + math.max(16, 8 * osz)), 4 * t.wm * t.wn)
-    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     return plan_of(k, t, "mma.sync", false, nt, smem, true)
   end
   local smem = math.min(t.stages, 2) * (t.bm + t.bn) * t.bk * (ints and 1 or 4)
-  ok, err = C.smem_fits(t, auto, smem, k.arch, true)
+  ok, err = TILES.smem_fits(t, auto, smem, k.arch, true)
   if not ok then return nil, err end
   return plan_of(k, t, ints and "dp4a" or "fp32", false, nt, smem, false)
 end
@@ -866,7 +868,7 @@ function M.render(spec, plan)
   k.smem = plan.smem_bytes
   k.threads = plan.entries[1].threads
 
-  local ot = C.out_types[k.out].ctype
+  local ot = FM.out_types[k.out].ctype
   k.signature = function(xt, wt)
     if k.mask then
       return fmt("dg_relu_mask(const %s *__restrict__ x, const %s *__restrict__ w,\n"
@@ -879,7 +881,7 @@ function M.render(spec, plan)
       .. "\t       float *__restrict__ out_absum, int B, int T)", xt, wt, ot)
   end
   k.about = function(path, nt, extra)
-    local fa, fw = C.formats[k.act], C.formats[k.weight]
+    local fa, fw = FM.formats[k.act], FM.formats[k.weight]
     local t = {}
     if k.mask then
       t[#t + 1] = "relu_mask: grad_out[b,h,t,l] = (s · Σ_e x[b,hin(h),t,e] · w[h,l,e] − thr) > 0 ? grad : 0"
