@@ -190,11 +190,7 @@ for (int c = 0; c < %d; ++c) {	// %d codes = %d float4
   end
 end
 
--- Indents every line of `text` by `n` tabs.
-local function indent(text, n)
-  local pad = string.rep("\t", n)
-  return (text:gsub("([^\n]+)", pad .. "%1"))
-end
+local indent = EMIT.indent
 
 -- ---- per-op addressing ------------------------------------------------------
 -- Each op gives device functions (text) over the compile-time constants:

@@ -88,11 +88,7 @@ function M.fits(arch, bm, bn, bk, wm, wn)
          (bm // wm) % 16 == 0 and (bn // wn) % 16 == 0
 end
 
--- Indents every line of `text` by `n` tabs.
-local function indent(text, n)
-  local pad = string.rep("\t", n)
-  return (text:gsub("([^\n]+)", pad .. "%1"))
-end
+local indent = EMIT.indent
 
 -- ---- lowrank_grad_input's K split ---------------------------------------------
 -- The same on every path (backward.lua's SIMT kernel, this one and

@@ -65,8 +65,6 @@ function M.plan(bm, bn, bk, wm, wn, stages, weight)
   return p
 end
 
-local VT = { [1] = "unsigned", [2] = "uint2", [4] = "uint4" }
-
 -- Device helpers: cp.async, the MMA, the register decoders of packed weights.
 function M.helpers(p, act_unsigned)
   local w = EMIT.writer()
