@@ -74,7 +74,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.build = "in_heads=1,4;" LOWBIT ";act=int8;relu=0",
 	},
 	[DG_OP_LOWRANK_GRAD_INPUT] = {
-		.family = "lowrank", .module = "backward",
+		.family = "lowrank", .module = "grad",
 		.about = "projection input gradient: grad_x (B,Hin,T,E) f32 = sw * grad (B,H,T,L) src . w (H,L,E)",
 		.fields = LOWRANK_SHAPE | F(SRC) | F(WEIGHT) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
@@ -90,7 +90,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.build = "in_heads=1,4;" LOWBIT ";src=bf16",
 	},
 	[DG_OP_LOWRANK_GRAD_WEIGHT] = {
-		.family = "lowrank", .module = "backward",
+		.family = "lowrank", .module = "grad",
 		.about = "projection weight gradient: grad_w (H,L,E) f32 (+)= sa * sum_bt grad (B,H,T,L) src x (B,Hin,T,E)",
 		.fields = LOWRANK_SHAPE | F(ACT) | F(SRC) | F(ASCALE),
 		.tile = DG_TILE_GEMM,
@@ -121,7 +121,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.build = LOWBIT ";act=uint8pos;out=bf16",
 	},
 	[DG_OP_DECODER_GRAD_INPUT] = {
-		.family = "decoder", .module = "backward",
+		.family = "decoder", .module = "grad",
 		.about = "decoder input gradient: grad_y (B,H,T,L) out = sw * grad (B,1,T,E) f32 . w (E,H*L)",
 		.fields = DECODER_SHAPE | F(OUT) | F(WEIGHT) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
@@ -137,7 +137,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.build = LOWBIT ";out=bf16",
 	},
 	[DG_OP_DECODER_GRAD_WEIGHT] = {
-		.family = "decoder", .module = "backward",
+		.family = "decoder", .module = "grad",
 		.about = "decoder weight gradient: grad_w (E,H*L) (+)= sa * sum_bt grad (B,1,T,E) y (B,H,T,L)",
 		.fields = DECODER_SHAPE | F(ACT) | F(ASCALE),
 		.tile = DG_TILE_GEMM,
@@ -596,7 +596,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	 * it (templates/adamw.lua). The control block and the optional bf16
 	 * copy travel outside the table (dg_adamw_args). */
 	[DG_OP_ADAMW_UPDATE] = {
-		.family = "optim", .module = "adamw",
+		.family = "optim", .module = "optim",
 		.about = "AdamW: p, m, v (any shape) f32 updated in place from grad f32 and the step's control block (lr, bias corrections, clip factor)",
 		.fields = F(ARCH) | F(TILE),
 		.tile = DG_TILE_THREADS,

@@ -55,7 +55,7 @@ warpgroup ones templates/attention_wgmma.lua's and attention_tma.lua's):
   mma.sync bf16 (act bf16, sm_80+, BK % 16 == 0, warp tiles whole 16x16):
     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, f32 sums, operands
     read by ldmatrix (x4; .trans where the operand lands M- or N-major),
-    fragment layouts as templates/backward_mma.lua documents them; an
+    fragment layouts as templates/grad_mma.lua documents them; an
     accumulator pair c0, c1 is columns 2q, 2q+1 of one row, the RoPE pair
     the grad_xs epilogue turns. f32 operands (grad) round to bf16 once.
   fp32 FMA (act f32, or a tile the tensor cores cannot run): a warp's lanes

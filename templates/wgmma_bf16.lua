@@ -35,7 +35,7 @@ of its row, or a row that is not 16-byte aligned, is assembled from guarded
 element loads and one 16-byte shared store (the rare ragged shapes).
 dg_wb_stage finds a row at base + row·ld; dg_wb_stage_row takes the row's
 pointer from its caller (operands whose rows are not affine in the row
-index: templates/backward_wgmma.lua's (b, t) rows).
+index: templates/grad_wgmma.lua's (b, t) rows).
 
 Accumulators (m64nN, f32), as the integer path's (templates/wgmma.lua):
 thread t of the warpgroup, warp w = t/32 % 4, lane = 4g + q, register 4j+i:

@@ -1,5 +1,5 @@
 --[[
-adamw.lua — the optimizer's kernels (dg_ref_adamw mirrors the update):
+optim.lua — the optimizer's kernels (dg_ref_adamw mirrors the update):
 
   dg_adamw_update        one AdamW update of n parameters in place, the step's
                   scalars from its control block (dragon/optim.h
@@ -211,7 +211,7 @@ M.PARTS = PARTS
 function M.render(spec, plan)
   local nt = plan.tile.threads
   local w = EMIT.writer()
-  w:line(EMIT.banner(spec, "adamw.lua", {
+  w:line(EMIT.banner(spec, "optim.lua", {
     "adamw_update: p, m, v (n) f32 updated in place from grad (n) f32 and the step's control block;",
     "the gradient norm's partial sums (sumsq) and its clip factor (clip).", "",
     fmt("dg_adamw_update(float *p, const float *grad, float *m, float *v, const dg_adamw_ctl_t *ctl, dg_adamw_ctl_t cv, unsigned short *copy, long long n, int decay)   any grid, %d threads", nt),
