@@ -6,6 +6,7 @@
  * widened operands, so a GPU result is compared with a tolerance (f32: a
  * state bound; bf16: normwise). Outputs in the act format round to nearest
  * even once. Per (b, h) a T x T scratch at most; no quadratic memory in B.
+ * The model's own attention, which the CPU model runs: attention_model.c.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,10 @@
 /*
- * CPU references of the attention family (dragon/ref.h): the RoPE tables
- * and rotation of bdh.py, and BDH's attention — no softmax, no scaling,
- * strictly causal (tril(·, −1)), the values shared by every head — forward
- * and backward. Sums in double; S is recomputed, never stored.
+ * CPU references of the model's attention (dragon/ref.h), what the CPU
+ * model runs: the RoPE tables and rotation of bdh.py, and BDH's attention
+ * — no softmax, no scaling, strictly causal (tril(·, −1)), the values
+ * shared by every head — forward and backward. Sums in double; S is
+ * recomputed, never stored. Its chunked form: attention_chunked.c; the
+ * references of the attention ops, on the kernels' tensors: attention.c.
  */
 #include <math.h>
 #include <stdlib.h>
