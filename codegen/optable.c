@@ -593,7 +593,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	/* The optimizer: one fused AdamW update a tensor, its scalars from the
 	 * step's control block (dragon/optim.h dg_adamw_ctl), so a captured
 	 * training step replays every step; the gradient norm's entries beside
-	 * it (templates/adamw.lua). The control block and the optional bf16
+	 * it (templates/optim.lua). The control block and the optional bf16
 	 * copy travel outside the table (dg_adamw_args). */
 	[DG_OP_ADAMW_UPDATE] = {
 		.family = "optim", .module = "optim",

@@ -593,7 +593,7 @@ dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, ch
 			     size_t msg_size);
 dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
 
-/* ---- optim (the optimizer on the device: templates/adamw.lua) -------------
+/* ---- optim (the optimizer on the device: templates/optim.lua) -------------
  *   adamw_update  p, m, v (any shape, one shape) f32 in place, grad f32:
  *                 one AdamW update with the step's scalars from ctl, a
  *                 dg_adamw_ctl (dragon/optim.h) in device memory, which a

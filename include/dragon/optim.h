@@ -83,7 +83,7 @@ void dg_loss_scaler_defaults(dg_loss_scaler *ls, bool on);
  * The scalars of one step's update, as the GPU's kernels read them from
  * device memory (a step's control block, updated by one small copy a step,
  * so a captured CUDA graph replays every step), and as dg_ref_adamw takes
- * them. 80 bytes, this layout exactly (templates/adamw.lua mirrors it).
+ * them. 80 bytes, this layout exactly (templates/optim.lua mirrors it).
  * The host writes the first twelve fields, DG_ADAMW_CTL_HOST_BYTES, every
  * step (dg_adamw_ctl_fill, then the scaler's config); the rest is the
  * device's: the gradient norm (dg_grad_norm on the GPU) writes scale,

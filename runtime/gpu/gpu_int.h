@@ -26,7 +26,7 @@ const dg_device_info *dg__dev_info(const dg_device *dev);
 
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), which a kernel takes by value as a __grid_constant__
- * parameter (templates/tma.lua's dg_tmap). */
+ * parameter (templates/attention_tma.lua's dg_tmap). */
 typedef struct dg__tmap {
 	_Alignas(64) unsigned char bytes[128];
 } dg__tmap;

@@ -1,7 +1,7 @@
 /*
  * The optimizer's reference (dragon/ref.h dg_ref_adamw): AdamW in PyTorch's
  * single-tensor order, every operation in f32 and rounded once, so the
- * GPU's update (templates/adamw.lua) given the same control block is this
+ * GPU's update (templates/optim.lua) given the same control block is this
  * bit for bit. The host optimizer (runtime/train/optim.c) runs it too, and
  * the control block's host half is filled here (dg_adamw_ctl_fill), and
  * the loss scaler's rule is written here once for the tests to hold

@@ -19,7 +19,7 @@ straight-through gradients w.r.t. quantized operands, as dragon's step):
                      gradient passed straight through.
 The backward's GEMMs take bf16 operands with f32 sums on every path
 from sm_80 on, f32 weights and activations too (dragon's step does the
-same; about 1e-3 of the norm, templates/backward.lua), so gradients are
+same; about 1e-3 of the norm, templates/grad.lua), so gradients are
 f32 tensors good to bf16's rounding, not to f32's.
 Each differentiable op's forward and backward are torch.library custom
 ops (dragon_bdh::projection_fwd, ...) with fake implementations, so
