@@ -1,6 +1,6 @@
 /*
  * kernels — dragon's BDH kernels on the GPU, against the floor and against
- * cuBLASLt, at training shapes (H=4, L=8192, E=256; M = B·T rows):
+ * cuBLASLt, at training shapes (H=4, N=8192, D=256; M = B·T rows):
  *
  *   lowrank_fwd  x (1,1,M,256) int8, w (4,8192,256) ternary, relu thr 0
  *                → out (1,4,M,8192) bf16 | int8 codes   (K=256, N=32768)

@@ -105,22 +105,22 @@ dg_status dg_ref_pack_sign1(const int8_t *codes, uint32_t *words, size_t rows,
 			    int k);
 
 /*
- * lowrank_fwd for spec (op lowrank_fwd; heads H, in_heads Hin, embd E,
- * latent L; formats from the spec), batch B, time T:
+ * lowrank_fwd for spec (op lowrank_fwd; heads H, in_heads Hin, embd D,
+ * latent N; formats from the spec), batch B, time T:
  *
- *   y[b,h,t,l] = s · Σ_e x[b,hin(h),t,e] · w[h,l,e]   hin(h) = Hin==1 ? 0 : h
+ *   y[b,h,t,n] = s · Σ_d x[b,hin(h),t,d] · w[h,n,d]   hin(h) = Hin==1 ? 0 : h
  *   out = relu ? max(y - thr, 0) : y, stored in the out format
  *
- * x: (B, Hin, T, E) in the act storage: i8x4 int32 (B,Hin,T,E/4) for int8,
+ * x: (B, Hin, T, D) in the act storage: i8x4 int32 (B,Hin,T,D/4) for int8,
  *    int4 and uint8pos (uint8pos lanes unsigned), else f32 / bf16.
- * w: (H, L, E) in the weight storage: int8 i8x4 (H,L,E/4); ternary uint32
- *    (H,L,E/16); sign1 uint32 (H,L,E/32); else f32 / bf16 (H,L,E).
+ * w: (H, N, D) in the weight storage: int8 i8x4 (H,N,D/4); ternary uint32
+ *    (H,N,D/16); sign1 uint32 (H,N,D/32); else f32 / bf16 (H,N,D).
  * s: sa·sw computed as a float product when both are integer formats (the
  *    sum is an exact int32); sa alone when only act is integer, sw alone
  *    when only weight is, 1 for float × float (the reference sums in
  *    double and rounds once; the kernels' float sums run in another
  *    order: compare with a tolerance).
- * out: (B, H, T, L): f32, bf16, or codes for int8 (±127) and uint8pos
+ * out: (B, H, T, N): f32, bf16, or codes for int8 (±127) and uint8pos
  *    (0..255): v = fmaf(sum, a, b) with a = s·r, b = relu ? -thr·r : 0,
  *    r = 1.0f / so (each one rounded float); v = max(v, 0) with relu;
  *    code = clamp(rint(v)); code 0 when so <= 0. That is out / so, rounded
@@ -135,7 +135,7 @@ typedef struct dg_ref_lowrank_args {
 	float sa, sw, so;
 	/* The spec's ascale=token: sa_v holds one scale a row of x
 	 * ((b·Hin + hin)·T + t) in place of sa; wscale=channel: sw_v one a
-	 * channel (h·L + l) in place of sw. Then s = sa_v[row]·sw_v[col] (the
+	 * channel (h·N + n) in place of sw. Then s = sa_v[row]·sw_v[col] (the
 	 * float product) an element, and out must be f32 or bf16. */
 	const float *sa_v, *sw_v;
 	void *out;
@@ -156,18 +156,18 @@ dg_status dg_ref_lowrank_fwd(const dg_spec *spec,
  */
 
 /* relu_mask: y as lowrank_fwd computes it before the ReLU (same inputs and
- * scales); grad_out[i] = y[i] > thr ? grad[i] : 0, both (B,H,T,L) f32
+ * scales); grad_out[i] = y[i] > thr ? grad[i] : 0, both (B,H,T,N) f32
  * (they may alias). spec op relu_mask (relu set). */
 dg_status dg_ref_relu_mask(const dg_spec *spec, const void *x, const void *w,
 			   float sa, float sw, const float *grad,
 			   float *grad_out, int batch, int time);
 
 /*
- * decoder_fwd (spec op decoder_fwd: heads H, latent L, embd E = D):
- *   out[b,0,t,d] = s · Σ_h Σ_l y[b,h,t,l] · w[d, h·L + l]
- * y: (B,H,T,L) in the act storage (i8x4 words along L for codes);
- * w: (E, H·L) in the weight storage, packed along H·L;
- * out: (B,1,T,E) f32 or bf16. s as lowrank_fwd.
+ * decoder_fwd (spec op decoder_fwd: heads H, latent N, embd D):
+ *   out[b,0,t,d] = s · Σ_h Σ_n y[b,h,t,n] · w[d, h·N + n]
+ * y: (B,H,T,N) in the act storage (i8x4 words along N for codes);
+ * w: (D, H·N) in the weight storage, packed along H·N;
+ * out: (B,1,T,D) f32 or bf16. s as lowrank_fwd.
  */
 typedef struct dg_ref_decoder_args {
 	const void *y;
@@ -186,23 +186,23 @@ dg_status dg_ref_decoder_fwd(const dg_spec *spec,
  * lowrank ops read grad in spec->src (f32 | bf16, widened exactly),
  * decoder_grad_input writes grad_y in spec->out (f32 | bf16: the f32
  * result rounded to nearest even once); every other gradient f32. */
-/* lowrank_grad_input: grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l
- * grad[b,h,t,l] · w[h,l,e]; grad (B,H,T,L) src, grad_x (B,Hin,T,E) f32. */
+/* lowrank_grad_input: grad_x[b,i,t,d] = sw · Σ_{h: hin(h)=i} Σ_n
+ * grad[b,h,t,n] · w[h,n,d]; grad (B,H,T,N) src, grad_x (B,Hin,T,D) f32. */
 dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const void *grad,
 				    const void *w, float sw, float *grad_x,
 				    int batch, int time);
-/* lowrank_grad_weight: grad_w[h,l,e] = sa · Σ_{b,t} grad[b,h,t,l] ·
- * x[b,hin(h),t,e]; grad src, x in the act storage, grad_w (H,L,E) f32. */
+/* lowrank_grad_weight: grad_w[h,n,d] = sa · Σ_{b,t} grad[b,h,t,n] ·
+ * x[b,hin(h),t,d]; grad src, x in the act storage, grad_w (H,N,D) f32. */
 dg_status dg_ref_lowrank_grad_weight(const dg_spec *spec, const void *grad,
 				     const void *x, float sa, float *grad_w,
 				     int batch, int time);
-/* decoder_grad_input: grad_y[b,h,t,l] = sw · Σ_d grad[b,0,t,d] ·
- * w[d, h·L + l]; grad (B,1,T,E) f32, grad_y (B,H,T,L) out. */
+/* decoder_grad_input: grad_y[b,h,t,n] = sw · Σ_d grad[b,0,t,d] ·
+ * w[d, h·N + n]; grad (B,1,T,D) f32, grad_y (B,H,T,N) out. */
 dg_status dg_ref_decoder_grad_input(const dg_spec *spec, const float *grad,
 				    const void *w, float sw, void *grad_y,
 				    int batch, int time);
-/* decoder_grad_weight: grad_w[d, h·L + l] = sa · Σ_{b,t} grad[b,0,t,d] ·
- * y[b,h,t,l]; y in the act storage, grad_w (E, H·L). */
+/* decoder_grad_weight: grad_w[d, h·N + n] = sa · Σ_{b,t} grad[b,0,t,d] ·
+ * y[b,h,t,n]; y in the act storage, grad_w (D, H·N). */
 dg_status dg_ref_decoder_grad_weight(const dg_spec *spec, const float *grad,
 				     const void *y, float sa, float *grad_w,
 				     int batch, int time);
@@ -216,7 +216,7 @@ dg_status dg_ref_unpack_sign1(const uint32_t *words, int8_t *codes,
 			      size_t rows, int k);
 
 /* ---- the rest of the BDH model, in f32 ------------------------------------------
- * Shapes as DESIGN.md's model: B batch, T time, H heads, D = embd, N = latent
+ * Shapes as dragon/model.h's: B batch, T time, H heads, D = embd, N = latent
  * (neurons a head). Row-major, f32; sums in double. Each backward takes
  * what its forward saved and overwrites its input gradients, except where
  * "accumulate" says +=. */
@@ -277,35 +277,35 @@ void dg_ref_attention_state_chunk(float *state, const float *qr, const float *v,
 
 /* ---- the attention ops (templates/rope.lua, templates/attention.lua) ----------
  * The tensors of the op table's rows: act tensors in f32 or bf16 storage
- * (spec->act), gradients f32; heads, latent L (= N) and embd E (= D) from
- * the spec, b and t the call's. The rope table (t, L) f32 holds (cos, sin)
+ * (spec->act), gradients f32; heads H, latent N and embd D from the
+ * spec, b and t the call's. The rope table (t, N) f32 holds (cos, sin)
  * of pair p of row t at columns 2p, 2p+1: dg_ref_rope_table's values
  * interleaved (dg_ref_rope_pairs writes it; rows of a longer table are the
  * same, so the first t rows of one table serve every shorter T). Sums in
  * double; act outputs rounded once. */
 void dg_ref_rope_pairs(int t_len, int n, float *table);
 /* rope_fwd (x act → out act) or rope_bwd (grad f32 → grad_x f32) by spec->op,
- * (b, H, t, L). */
+ * (b, H, t, N). */
 dg_status dg_ref_rope_op(const dg_spec *spec, const void *x, const float *rope, void *out, int b,
 			 int t);
-/* scores (b,H,t,t) = tril(qr·qrᵀ, −1), qr = RoPE(xs (b,H,t,L)) in f32. */
+/* scores (b,H,t,t) = tril(qr·qrᵀ, −1), qr = RoPE(xs (b,H,t,N)) in f32. */
 dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const float *rope,
 				  void *scores, int b, int t);
-/* out (b,H,t,E) = tril(scores, −1)·v, v (b,1,t,E). */
+/* out (b,H,t,D) = tril(scores, −1)·v, v (b,1,t,D). */
 dg_status dg_ref_attention_out(const dg_spec *spec, const void *scores, const void *v, void *out,
 			       int b, int t);
-/* grad_scores (b,H,t,t) = dS + dSᵀ, dS = tril(grad·vᵀ, −1), grad (b,H,t,E). */
+/* grad_scores (b,H,t,t) = dS + dSᵀ, dS = tril(grad·vᵀ, −1), grad (b,H,t,D). */
 dg_status dg_ref_attention_grad_scores(const dg_spec *spec, const float *grad, const void *v,
 				       void *grad_scores, int b, int t);
-/* grad_v (b,1,t,E) = Σ_h tril(scores, −1)ᵀ·grad. */
+/* grad_v (b,1,t,D) = Σ_h tril(scores, −1)ᵀ·grad. */
 dg_status dg_ref_attention_grad_v(const dg_spec *spec, const void *scores, const float *grad,
 				  float *grad_v, int b, int t);
-/* grad_xs (b,H,t,L) in spec->out (f32 | bf16) = RoPEᵀ(grad_scores·RoPE(xs))
+/* grad_xs (b,H,t,N) in spec->out (f32 | bf16) = RoPEᵀ(grad_scores·RoPE(xs))
  * (dqr rounded to f32 first, RoPEᵀ in f32, then one rounding to out).
  * spec->epi must be store (epi=mask's is the next). */
 dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores, const void *xs,
 				   const float *rope, void *grad_xs, int b, int t);
-/* epi=mask: out (b,H,t,L) = mask_xs > 0 ? dxs + g : 0 with g the f32
+/* epi=mask: out (b,H,t,N) = mask_xs > 0 ? dxs + g : 0 with g the f32
  * grad_xs above (at out=f32): dg_ref_attention_grad_xs, then
  * dg_ref_add_mask(act, out, f32, ...). dxs and out in spec->out (f32 |
  * bf16), mask_xs in act; out may be dxs. */
@@ -338,7 +338,7 @@ dg_status dg_ref_gate_fwd_op(dg_fmt act, const void *xs, const void *ys, int64_t
 dg_status dg_ref_gate_bwd_op(dg_fmt act, dg_fmt grad, const void *dxy, const void *xs,
 			     const void *ys, int64_t n, float p, uint64_t seed, uint32_t step,
 			     uint32_t layer, uint64_t elem0, void *dxs, void *dys);
-/* decoder_gate_bwd (dragon/ops.h): dxy = Σ_d grad[b,0,t,d]·w[d, h·L + l]
+/* decoder_gate_bwd (dragon/ops.h): dxy = Σ_d grad[b,0,t,d]·w[d, h·N + n]
  * in f32 (dg_ref_decoder_grad_input's sums, w spec->weight f32 | bf16),
  * then gate_bwd's arithmetic on it; xs, ys spec->act, dxs and dys
  * spec->out. */

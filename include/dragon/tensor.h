@@ -44,7 +44,7 @@ typedef struct dg_tensor {
 /* A contiguous tensor. ndim 1..4; shape copied. */
 dg_tensor dg_tensor_make(const char *name, dg_fmt fmt, dg_dptr data,
 			 int ndim, const int64_t *shape);
-/* Same, shape as arguments: dg_tensor_4d("x", DG_FMT_INT8, p, B, 1, T, E). */
+/* Same, shape as arguments: dg_tensor_4d("x", DG_FMT_INT8, p, B, 1, T, D). */
 dg_tensor dg_tensor_1d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0);
 dg_tensor dg_tensor_2d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
 		       int64_t d1);

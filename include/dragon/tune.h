@@ -98,8 +98,8 @@ bool dg_tune_fits(const dg_tune_resources *r, const dg_tune_limits *lim,
 		  char *why, size_t why_size);
 
 /*
- * The ops the BDH training step runs, one spec each, at H=4, E=256,
- * L=8192 (the set `dragon-gen tune` tunes without spec flags):
+ * The ops the BDH training step runs, one spec each, at H=4, D=256,
+ * N=8192 (the set `dragon-gen tune` tunes without spec flags):
  *   lowrank_fwd ternary·int8 → int8 relu=0, and → bf16 relu=0;
  *   relu_mask ternary·int8 relu=0; decoder_fwd int8·int8 → bf16 and
  *   ternary·int8 → bf16; lowrank_grad_input ternary; lowrank_grad_weight
