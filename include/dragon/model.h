@@ -2,8 +2,9 @@
  * dragon — the BDH model: its config and recipes, its weights as the
  * reference names them, and its forward and backward.
  *
- * BDH (DESIGN.md "Model"): L layers sharing one set of weights; embd D,
- * heads H, N neurons a head, a byte vocabulary.
+ * BDH: L layers sharing one set of weights; embd D, heads H, N neurons a
+ * head, a vocabulary of V (bytes by default). The letters are the
+ * model's (docs/formats.md, "Dimensions").
  *
  *   x = LN(embed[idx])                              (B,1,T,D)
  *   per layer:

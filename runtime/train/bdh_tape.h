@@ -1,6 +1,6 @@
 /*
  * The BDH step as a tape (runtime/train/tape.h): the buffers and nodes of
- * DESIGN.md's model, forward then backward, for a config and (B, T).
+ * dragon/model.h's model, forward then backward, for a config and (B, T).
  *
  * Shared weights: every layer reads the same execution copies, and each
  * weight's gradient is one node over all layers' rows (the layers' inputs

@@ -1,8 +1,8 @@
 /*
  * The BDH model on the CPU references (dragon/model.h dg_model_cpu_step):
- * the forward of DESIGN.md's model, every layer's activations kept, and the
- * backward in reverse — the oracle the GPU model is checked against, and a
- * model CI can check by finite differences at tiny sizes.
+ * the forward dragon/model.h writes, every layer's activations kept, and
+ * the backward in reverse — the oracle the GPU model is checked against,
+ * and a model CI can check by finite differences at tiny sizes.
  *
  * It runs the step's tape (runtime/train/bdh_tape.c, the one the GPU
  * model runs) on host arenas planned from it, each node by the references

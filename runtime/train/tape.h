@@ -1,5 +1,5 @@
 /*
- * The tape of a training step (DESIGN.md "Training step"): the buffers a
+ * The tape of a training step (docs/training.md): the buffers a
  * step touches and the nodes that read and write them, forward then
  * backward, recorded once per (config, B, T) by a builder (bdh_tape.c),
  * then planned into arenas and run by a backend (the CPU references,
