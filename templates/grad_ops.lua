@@ -322,7 +322,7 @@ local RNT = 256 -- threads a block of the reduce entry
 M.RNT = RNT
 
 -- Appends the reduce entry of the grad_weight ops and lowrank_grad_input
--- (M.plan lists it): the sum of a split's partials, in split order.
+-- (grad.lua M.plan lists it): the sum of a split's partials, in split order.
 function M.reduce_entries(w, o, entry, is_code, vec)
   if vec then is_code = false end -- the scales went into B as it was staged
   if o.a_kmajor and not o.split then return end

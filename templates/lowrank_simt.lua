@@ -573,7 +573,7 @@ function M.render(spec, k)
   local CB = int_path and math.min(16, bk) or 16 -- bytes a chunk
   local CE = CB // P                              -- elements a chunk
 
-  -- plan checked the tile (M.plan): warp grids, BK against E and the
+  -- lowrank.lua M.plan checked the tile: warp grids, BK against E and the
   -- packed words, the static shared memory
   local nbuf = math.min(stages, 2)
   local smem = k.smem
