@@ -180,7 +180,7 @@ static dg_status pack_codes(dg__at_case *c, tbuf *b)
 /* The scales argument a of shape (ndim) carries under c's spec: 0 (one, a
  * tensor's), or a
  * scale a row of the GEMM that reads it (ascale=token: the decoder's y
- * (B,H,T,L) one a token b·T + t, any other all but the last dimension) or
+ * (B,H,T,N) one a token b·T + t, any other all but the last dimension) or
  * an output channel (wscale=channel: the rows of the last dimension); the
  * quantizers' codes one a row they quantize. */
 static size_t n_scales(const dg__at_case *c, const dg_op_arg *a, int ndim, const int64_t *shape)

@@ -294,7 +294,7 @@ size_t dg_tune_bdh_set(dg_spec *out, size_t max)
 
 	for (size_t i = 0; i < N_OF(bdh_set); i++) {
 		dg_spec s;
-		/* Defaults are H=4, E=256, L=8192, sm_90 (dg_spec_init); a
+		/* Defaults are H=4, D=256, N=8192, sm_90 (dg_spec_init); a
 		 * text that stops parsing is a defect the tests catch. */
 		if (dg_spec_parse(bdh_set[i], &s, NULL, 0) != DG_OK)
 			continue;

@@ -1,13 +1,13 @@
 /*
  * kernels — dragon's BDH kernels on the GPU, against the floor and against
- * cuBLASLt, at training shapes (H=4, L=8192, E=256; M = B·T rows):
+ * cuBLASLt, at training shapes (H=4, N=8192, D=256; M = B·T rows):
  *
  *   lowrank_fwd  x (1,1,M,256) int8, w (4,8192,256) ternary, relu thr 0
  *                → out (1,4,M,8192) bf16 | int8 codes   (K=256, N=32768)
  *   decoder_fwd  y (1,4,M,8192) int8, w (256,32768) ternary | int8
  *                → out (1,1,M,256) bf16                 (K=32768, N=256)
  *
- * and the backward GEMMs (f32 gradients; the GEMM is gemm_m × N × K):
+ * and the gradient GEMMs (f32 gradients; the GEMM is gemm_m × N × K):
  *
  *   lowrank_grad_input   grad (1,4,M,8192) f32, w (4,8192,256) ternary
  *                        → grad_x (1,1,M,256) f32     (M × 256 × 32768)
@@ -50,7 +50,7 @@
  * grad_weight's split partials are not counted), the copy bandwidth
  * measured here (dg_memcpy_dtod of 1 GiB, read + write), the peak from
  * a table keyed by sm and name (int8 peak for integer × integer kernels,
- * else bf16; the backward kernels run bf16 tensor cores and use the
+ * else bf16; the gradient GEMMs run bf16 tensor cores and use the
  * measured bf16 peak where the table has one); a device not in the table
  * gets "unknown peak" and a bytes-only floor. Each result names the peak
  * it used (floor_peak_ops_per_s).
@@ -118,7 +118,7 @@ static void case_name(const bcase *c, char *buf, size_t size)
 		 c->src == DG_FMT_BF16 ? ".src_bf16" : "");
 }
 
-static bool is_backward(dg_op op)
+static bool is_grad(dg_op op)
 {
 	return op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_LOWRANK_GRAD_WEIGHT ||
 	       op == DG_OP_DECODER_GRAD_INPUT || op == DG_OP_DECODER_GRAD_WEIGHT;
@@ -151,7 +151,7 @@ static void case_gemm(const bcase *c, int64_t *gm, int64_t *n, int64_t *k)
 }
 
 /* The tensors of one case, their memory, and the op's arguments. The
- * backward ops put the gradient in x, the other operand (weight, or the
+ * gradient GEMMs put the gradient in x, the other operand (weight, or the
  * forward's input codes) in w, and the gradient they make in out. */
 typedef struct run_case {
 	dg_spec spec;
@@ -329,7 +329,7 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 	 * these inputs (half-normal y after the ReLU), so codes are not all
 	 * saturated or zero. */
 	double sx = 1.0 / 127, sw = 0.02;
-	if (is_backward(c->op)) /* only the operand in w is integer: its scale */
+	if (is_grad(c->op)) /* only the operand in w is integer: its scale */
 		return (!r->w.scale ||
 			bk_put_float(b, r->w.scale, (float)(r->w.fmt == DG_FMT_INT8 ? sx : sw))) &&
 		       case_workspace(b, r);
@@ -442,10 +442,10 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 				(long long)n, (long long)k, an->err);
 	}
 	double ops = 2.0 * (double)gm * (double)n * (double)k;
-	/* the backward kernels are bf16 tensor-core GEMMs on an f32 gradient */
-	bool int_kernel = !is_backward(c->op) && dg_fmt_is_code(c->act) && dg_fmt_is_code(c->weight);
+	/* the gradient GEMMs are bf16 tensor-core GEMMs on an f32 gradient */
+	bool int_kernel = !is_grad(c->op) && dg_fmt_is_code(c->act) && dg_fmt_is_code(c->weight);
 	double peak_ops = pk ? (int_kernel ? pk->int8_ops : pk->bf16_flops) : 0;
-	if (pk && is_backward(c->op) && pk->bf16_measured > 0)
+	if (pk && is_grad(c->op) && pk->bf16_measured > 0)
 		peak_ops = pk->bf16_measured;
 	double floor_us = (double)r.bytes / copy_bps * 1e6;
 	if (peak_ops > 0 && ops / peak_ops * 1e6 > floor_us)
@@ -461,7 +461,7 @@ static bool case_run(bench *b, const bcase *c, const char *arch, double copy_bps
 	cJSON_AddStringToObject(o, "floor_basis",
 				!pk ? "bytes only (unknown peak)"
 				: int_kernel ? "bytes, int8 peak"
-				: is_backward(c->op) && pk->bf16_measured > 0 ? "bytes, bf16 peak (measured)"
+				: is_grad(c->op) && pk->bf16_measured > 0 ? "bytes, bf16 peak (measured)"
 				: "bytes, bf16 peak");
 	add_num_or_null(o, "floor_peak_ops_per_s", peak_ops, peak_ops > 0);
 	add_num_or_null(o, "cublas_bf16_us", an->us, have_lt);

@@ -32,7 +32,9 @@ Epilogues: attention.lua's pair stores, or (epi=mask) attention_wgmma.lua's
 staged one through the ring, synchronized among the consumers alone (named
 barrier 1: the producer has left).
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local DEV = require("device")
+local EW = require("elementwise")
 local fmt = string.format
 
 local M = {}
@@ -305,15 +307,15 @@ function M.render(spec, plan, k, sh)
   if k.epi_mask then
     about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, the f32 tile staged through shared memory, 8 columns a thread.", of)
   end
-  local w = C.writer()
-  w:line(C.banner(spec, "attention.lua", about))
-  w:line(C.helpers({ bf16 = true, cp_async = true }))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "attention.lua", about))
+  w:line(DEV.helpers({ bf16 = true, cp_async = true }))
   w:line(WB.helpers(t.bn, not o.a_kc, not o.b_kc))
-  w:line(C.subst(HEAD, v))
+  w:line(EMIT.subst(HEAD, v))
   w:line(HELPERS)
   w:line(sh.out_helpers(of))
   if k.epi_mask then
-    w:line(C.VEC_IO)
+    w:line(EW.VEC_IO)
     w:line(sh.MASK_PAIR)
     w:line(require("attention_wgmma").MASK_CHUNK)
   end
@@ -323,10 +325,10 @@ function M.render(spec, plan, k, sh)
     epi = require("attention_wgmma").EPI_STAGED:gsub("__syncthreads%(%);", "dg_consumers_sync();")
   else
     epi = "\t// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)\n" .. store .. "\n" ..
-      C.subst(WB.PAIRS, { MLIM = "M",
+      EMIT.subst(WB.PAIRS, { MLIM = "M",
         PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
   end
-  w:line(C.subst(KERNEL, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "", LOADS = LOADS[k.op],
+  w:line(EMIT.subst(KERNEL, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "", LOADS = LOADS[k.op],
                            RING_BYTES = tostring(ring), EPILOGUE = epi,
                            A_KS = o.a_kc and "32" or "2048", B_KS = o.b_kc and "32" or "2048" }))
   return w:text()

@@ -8,7 +8,9 @@ and two epilogues: the accumulator pairs stored as they are, or (grad_xs
 epi=mask) the f32 tile staged through the ring and added into dxs 8
 columns a thread.
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local DEV = require("device")
+local EW = require("elementwise")
 local fmt = string.format
 
 local M = {}
@@ -195,25 +197,25 @@ function M.render(spec, plan, k, sh)
   if k.epi_mask then
     about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, the f32 tile staged through shared memory, 8 columns a thread.", of)
   end
-  local w = C.writer()
-  w:line(C.banner(spec, "attention.lua", about))
-  w:line(C.helpers({ bf16 = true, cp_async = true }))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "attention.lua", about))
+  w:line(DEV.helpers({ bf16 = true, cp_async = true }))
   w:line(WB.helpers(t.bn, not o.a_kc, not o.b_kc))
-  w:line(C.subst(HEAD_WG, v))
+  w:line(EMIT.subst(HEAD_WG, v))
   w:line(sh.out_helpers(of))
   if k.epi_mask then
-    w:line(C.VEC_IO)
+    w:line(EW.VEC_IO)
     w:line(sh.MASK_PAIR)
     w:line(MASK_CHUNK)
   end
   w:line()
-  local main = C.subst(WB.MAINLOOP, { A_KC = "A_KC", A_KS = "(A_KC ? 32 : 2048)", B_KC = "B_KC",
+  local main = EMIT.subst(WB.MAINLOOP, { A_KC = "A_KC", A_KS = "(A_KC ? 32 : 2048)", B_KC = "B_KC",
                                      B_KS = "(B_KC ? 32 : 2048)" })
   local epi = k.epi_mask and EPI_STAGED or
     "\t// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)\n" .. store .. "\n" ..
-    C.subst(WB.PAIRS, { MLIM = "M",
+    EMIT.subst(WB.PAIRS, { MLIM = "M",
       PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
-  w:line(C.subst(KERNEL_WG, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "",
+  w:line(EMIT.subst(KERNEL_WG, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "",
                               MINB = minb, MAINLOOP = main, EPILOGUE = epi }))
   return w:text()
 end

@@ -43,7 +43,12 @@ Paths
   SIMT integer   both integer otherwise: int32 multiply-add, same ABI;
   SIMT float     any float operand: fp32 FMA, K in steps of up to 32.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
+local SCL = require("scales")
 local fmt = string.format
 
 local M = {}
@@ -411,7 +416,7 @@ end
 local function render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages, nt, smem)
   local WG = require("wgmma")
   local MMA = require("mma")
-  local wdiv = weight == "ternary" and 4 or (weight == "sign1" and 8 or 1)
+  local wdiv = FM.i8x4_words(weight)
   local v = { H = H, L = L, E = E, WDIV = wdiv, BM = bm, BN = bn, BK = bk, S = stages,
               YT = fa.ctype, WT = fw.ctype, UB = weight == "ternary" and 64 or (weight == "sign1" and 128 or 16),
               ISSUE_B = "", B_DECODE = "", B_PROLOGUE = "", B_PREFETCH = "", B_STEP = "" }
@@ -430,7 +435,7 @@ local function render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages, nt, s
 		}]]
   else
     local dec = WG.unit_decoder(weight)
-    v.B_DECODE = C.subst([[
+    v.B_DECODE = EMIT.subst([[
 	// B: packed weight units (16 bytes, UB codes) loaded to registers one
 	// step ahead, decoded to s8 core-matrix rows after the step's MMAs issue.
 	// Unit u = tid + s·NT: row (u%8) of core group u/(8·UPR), unit (u/8)%UPR.
@@ -475,25 +480,25 @@ ${DEC}
 		}]]
   end
   local main = MMA.helpers({ decode = false }, fa.unsigned) .. "\n" .. WG.helpers(bn, fa.unsigned) .. "\n" ..
-    (weight == "ternary" and (WG.decoders .. "\n") or "") .. C.subst(KERNEL_WG, v)
+    (weight == "ternary" and (WG.decoders .. "\n") or "") .. EMIT.subst(KERNEL_WG, v)
   local about = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, %d stages "
-    .. "(%d K steps in flight)%s, split-K into int32 slices", bn, fa.unsigned and "u8" or "s8", stages, stages - 2,
+    .. "(%d K steps in flight)%s, split-K into int32 slices", bn, FM.mma_type(act), stages, stages - 2,
     (weight == "ternary" or weight == "sign1") and (", " .. weight .. " weights decoded to s8 in shared memory") or "")
   return main, about
 end
 
 local function fields(spec)
-  C.check(spec.op == "decoder_fwd", "decoder.lua renders op decoder_fwd, not %s", tostring(spec.op))
+  SPEC.check(spec.op == "decoder_fwd", "decoder.lua renders op decoder_fwd, not %s", tostring(spec.op))
   local k = {}
-  k.H = C.int_field(spec, "heads", 1)
-  k.E = C.int_field(spec, "embd", 4)
-  k.L = C.int_field(spec, "latent", 1)
-  k.act = C.one_of(spec, "act", ACTS)
-  k.weight = C.one_of(spec, "weight", WEIGHTS)
-  k.out = C.one_of(spec, "out", OUTS)
-  k.arch = C.int_field(spec, "arch", 1)
+  k.H = SPEC.int_field(spec, "heads", 1)
+  k.E = SPEC.int_field(spec, "embd", 4)
+  k.L = SPEC.int_field(spec, "latent", 1)
+  k.act = SPEC.one_of(spec, "act", ACTS)
+  k.weight = SPEC.one_of(spec, "weight", WEIGHTS)
+  k.out = SPEC.one_of(spec, "out", OUTS)
+  k.arch = SPEC.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
-  k.fa, k.fw = C.formats[k.act], C.formats[k.weight]
+  k.fa, k.fw = FM.formats[k.act], FM.formats[k.weight]
   k.ints = k.fa.code and k.fw.code
   return k
 end
@@ -517,7 +522,7 @@ local function default_tile(k)
   if k.ints and k.arch >= 80 and L % 32 == 0 then
     return { bm = 64, bn = 128, bk = L % 64 == 0 and 64 or 32, wm = 2, wn = 2, stages = 4, threads = 0 }
   end
-  local cpw = math.max(4, C.codes_per_word(k.act), C.codes_per_word(k.weight))
+  local cpw = math.max(4, FM.codes_per_word(k.act), FM.codes_per_word(k.weight))
   local bk = k.ints and 64 or 32
   while L % bk ~= 0 and bk > cpw do bk = bk // 2 end
   return { bm = 64, bn = 64, bk = bk, wm = 2, wn = 2, stages = 2, threads = 0 }
@@ -531,17 +536,17 @@ end
 
 function M.plan(spec)
   local k = fields(spec)
-  local t = C.tile_of(spec)
-  local auto = C.tile_is_auto(t)
+  local t = TILES.tile_of(spec)
+  local auto = TILES.tile_is_auto(t)
   if auto then t = default_tile(k) end
-  local ok, err = C.gemm_tile_pow2(t, auto)
+  local ok, err = TILES.gemm_tile_pow2(t, auto)
   if not ok then return nil, err end
-  local cpw = math.max(C.codes_per_word(k.weight), C.codes_per_word(k.act))
+  local cpw = math.max(FM.codes_per_word(k.weight), FM.codes_per_word(k.act))
   if t.bk % cpw ~= 0 then
-    return C.refuse(t, auto, "BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
+    return TILES.refuse(t, auto, "BK must be a multiple of %d (weight=%s act=%s pack that many codes a word)",
                     cpw, k.weight, k.act)
   end
-  ok, err = C.bk_divides(t, auto, k.L, "latent")
+  ok, err = TILES.bk_divides(t, auto, k.L, "latent")
   if not ok then return nil, err end
   if wgmma_fits(k, t) then
     -- each warpgroup holds a 64 x BN int32 accumulator: BN/2 registers a
@@ -550,30 +555,30 @@ function M.plan(spec)
     local nt = t.bm // 64 * 128
     local cap = math.min(255, 65536 // nt)
     if t.bn // 2 + 32 > cap then
-      return C.refuse(t, auto, "the warpgroup path holds BN/2 = %d accumulators a thread; at %d threads a thread gets at most %d registers (BM <= 128 or BN <= 128)",
+      return TILES.refuse(t, auto, "the warpgroup path holds BN/2 = %d accumulators a thread; at %d threads a thread gets at most %d registers (BM <= 128 or BN <= 128)",
                       t.bn // 2, nt, cap)
     end
     return plan_of(t, "wgmma", true, nt, t.stages * (t.bm + t.bn) * t.bk)
   end
-  ok, err = C.warps_ok(t, auto)
-  if ok then ok, err = C.simt_warp_tile(t, auto) end
-  if ok then ok, err = C.stages_ok(t, auto, 1, 4) end
+  ok, err = TILES.warps_ok(t, auto)
+  if ok then ok, err = TILES.simt_warp_tile(t, auto) end
+  if ok then ok, err = TILES.stages_ok(t, auto, 1, 4) end
   if not ok then return nil, err end
   local MMA = require("mma")
   if k.ints and MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then
     local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
     local afrag = (t.bm // t.wm // 16) * 2 * (t.bk % 64 == 0 and 4 or 2)
     if acc + afrag > 128 then
-      return C.refuse(t, auto, "the tensor-core path needs %d accumulator and %d fragment registers a thread; at most 128 (more warps or a smaller tile)",
+      return TILES.refuse(t, auto, "the tensor-core path needs %d accumulator and %d fragment registers a thread; at most 128 (more warps or a smaller tile)",
                       acc, afrag)
     end
     local smem = MMA.plan(t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, k.weight).pipe
-    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     return plan_of(t, "mma.sync", false, t.wm * t.wn * 32, smem)
   end
   local smem = (t.bm + t.bn) * (math.min(t.bk, 32) + 1) * 4
-  ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+  ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
   if not ok then return nil, err end
   return plan_of(t, "simt", false, t.wm * t.wn * 32, smem)
 end
@@ -589,7 +594,7 @@ function M.render(spec, plan)
   local use_mma = plan.path == "mma.sync"
 
   local helpers = { bf16 = (out == "bf16" or act == "bf16" or weight == "bf16") or nil }
-  local w = C.writer()
+  local w = EMIT.writer()
   local main, about, launch_main, smem, nt
   if use_wg then
     nt, smem = plan.entries[1].threads, plan.smem_bytes
@@ -597,18 +602,17 @@ function M.render(spec, plan)
     helpers.sign1 = (weight == "sign1") or nil
   elseif use_mma then
     local p = MMA.plan(bm, bn, bk, wm, wn, stages, weight)
-    local wdiv = weight == "ternary" and 4 or (weight == "sign1" and 8 or 1)
+    local wdiv = FM.i8x4_words(weight)
     smem = plan.smem_bytes
     nt = plan.entries[1].threads
-    helpers.ternary = (weight == "ternary") or nil
-    helpers.sign1 = (weight == "sign1") or nil
-    main = MMA.helpers(p, fa.unsigned) .. "\n" .. C.subst(KERNEL_MMA, {
+    FM.decoders(weight, helpers)
+    main = MMA.helpers(p, fa.unsigned) .. "\n" .. EMIT.subst(KERNEL_MMA, {
       H = H, L = L, E = E, WDIV = wdiv, CONSTANTS = MMA.constants(p, H * L), SMEM = smem,
       MINB = (p.nt <= 256 and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
       YT = fa.ctype, WT = fw.ctype, GEMM = MMA.gemm(p),
     })
     about = fmt("integer × integer on tensor cores: mma.sync m16n8k32 %s.s8 (%d stages, row stride %d), "
-      .. "split-K into int32 slices", fa.unsigned and "u8" or "s8", p.stages, p.rs)
+      .. "split-K into int32 slices", FM.mma_type(act), p.stages, p.rs)
   else
     local ks = math.min(bk, 32)
     nt = plan.entries[1].threads
@@ -655,13 +659,13 @@ function M.render(spec, plan)
     else
       v.B_LOAD = "w[i]"
     end
-    main = C.subst(KERNEL_SIMT, v)
+    main = EMIT.subst(KERNEL_SIMT, v)
     about = int_path and "integer × integer, SIMT: int32 multiply-add, split-K into int32 slices"
       or "float (SIMT): operands converted to f32, fp32 FMA, K unsplit (deterministic)"
   end
 
   -- the convert entry
-  local cv = { OT = C.out_types[out].ctype }
+  local cv = { OT = FM.out_types[out].ctype }
   if int_path then
     cv.WS_T, cv.WS_V, cv.CVT = "int", "int4", "__int2float_rn"
     cv.SUM = [[
@@ -678,8 +682,8 @@ function M.render(spec, plan)
   end
   -- the scales: per launch, or per row m = i / E (token b·T + t) and per
   -- column d = i % E (channel); E % 4 == 0, so i..i+3 share a row
-  local sc = C.scale_kind(spec, fa, fw)
-  local pre = C.scale_prologue(sc)
+  local sc = SCL.scale_kind(spec, fa, fw)
+  local pre = SCL.scale_prologue(sc)
   cv.PRE = #pre > 0 and ("\t" .. table.concat(pre, "\n\t")) or "\t(void)sa;\n\t(void)sw;"
   local rl = {}
   if sc.vec then
@@ -689,7 +693,7 @@ function M.render(spec, plan)
   if sc.sa_vec then rl[#rl + 1] = "\t\tconst float sa_m = sa[m];" end
   cv.ROW = table.concat(rl, "\n")
   for j = 0, 3 do
-    cv["S" .. j] = C.scale_expr(sc, "sa_m", fmt("sw[d + %d]", j)) or "1.0f"
+    cv["S" .. j] = SCL.scale_expr(sc, "sa_m", fmt("sw[d + %d]", j)) or "1.0f"
   end
   if out == "f32" then
     cv.STORE = "\t\t*(float4 *)(out + i) = make_float4(y0, y1, y2, y3);"
@@ -708,7 +712,7 @@ __device__ __forceinline__ int dg_tern_at(const unsigned *__restrict__ w, long l
 ]]
   local want_tern_at = helpers.tern_at
   helpers.tern_at = nil
-  w:line(C.banner(spec, "decoder.lua", {
+  w:line(EMIT.banner(spec, "decoder.lua", {
     "decoder_fwd: out[b,0,t,d] = s · Σ_h Σ_l y[b,h,t,l] · w[d, h·L + l]",
     "",
     fmt("extern \"C\" __global__ void dg_decoder_fwd(const %s *y, const %s *w, void *ws, int B, int T, int nsplit)",
@@ -721,10 +725,10 @@ __device__ __forceinline__ int dg_tern_at(const unsigned *__restrict__ w, long l
         stages, nt, smem),
     "path: " .. about .. ".",
   }))
-  w:line(C.helpers(helpers))
+  w:line(DEV.helpers(helpers))
   if want_tern_at then w:line(tern_at) end
   w:line(main)
-  w:line(C.subst(CONVERT, cv))
+  w:line(EMIT.subst(CONVERT, cv))
   return w:text()
 end
 

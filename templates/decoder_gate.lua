@@ -66,7 +66,12 @@ Arithmetic: products and sums f32 (wgmma: grad rounded to bf16 first, w
 exact); g, g·ys and g·xs each rounded once (__fmul_rn), as gate_bwd; bf16
 results rounded to nearest even once.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
+local EW = require("elementwise")
 local WB = require("wgmma_bf16")
 local PHILOX = require("gate").PHILOX
 local fmt = string.format
@@ -76,16 +81,16 @@ local M = {}
 local FLOATS = { "f32", "bf16" }
 
 local function fields(spec)
-  C.one_of(spec, "op", { "decoder_gate_bwd" })
+  SPEC.one_of(spec, "op", { "decoder_gate_bwd" })
   local k = {}
-  k.H = C.int_field(spec, "heads", 1)
-  k.E = C.int_field(spec, "embd", 4)
-  k.L = C.int_field(spec, "latent", 4)
-  k.arch = C.int_field(spec, "arch", 1)
+  k.H = SPEC.int_field(spec, "heads", 1)
+  k.E = SPEC.int_field(spec, "embd", 4)
+  k.L = SPEC.int_field(spec, "latent", 4)
+  k.arch = SPEC.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
-  k.wfmt = C.one_of(spec, "weight", FLOATS)
-  k.xfmt = C.one_of(spec, "act", FLOATS)
-  k.gfmt = C.one_of(spec, "out", FLOATS)
+  k.wfmt = SPEC.one_of(spec, "weight", FLOATS)
+  k.xfmt = SPEC.one_of(spec, "act", FLOATS)
+  k.gfmt = SPEC.one_of(spec, "out", FLOATS)
   return k
 end
 
@@ -116,22 +121,22 @@ end
 
 function M.plan(spec)
   local k = fields(spec)
-  local t = C.tile_of(spec)
-  local auto = C.tile_is_auto(t)
+  local t = TILES.tile_of(spec)
+  local auto = TILES.tile_is_auto(t)
   if auto then t = default_tile(k) end
-  local ok, err = C.gemm_tile_pow2(t, auto)
+  local ok, err = TILES.gemm_tile_pow2(t, auto)
   if not ok then return nil, err end
   local p = { tile = t, arch_specific = false, name = "decoder_gate_bwd.cu" }
   if wgmma_fits(k, t) then
     local smem = wgmma_smem(t)
-    ok, err = C.smem_fits(t, auto, smem, k.arch, false)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.path, p.arch_specific, p.smem_bytes = "wgmma bf16", true, smem
     p.entries = { { name = "dg_decoder_gate_bwd", threads = (t.bm // 64) * 128, smem = smem } }
     return p
   end
   if not (t.bm == 64 and t.bn == 64 and (t.bk == 16 or t.bk == 32) and t.wm * t.wn == 8 and t.stages == 1) then
-    return C.refuse(t, auto, "the fp32 path runs 64x64x16|32 tiles of 8 warps (WM*WN = 8), one stage%s",
+    return TILES.refuse(t, auto, "the fp32 path runs 64x64x16|32 tiles of 8 warps (WM*WN = 8), one stage%s",
                     wgmma_applies(k) and "; the warpgroup path: WN 1, BM = 16*WM (64 or 128), BN 64|128|256, BK 64, 2-4 stages" or "")
   end
   p.path, p.smem_bytes = "fp32", 0
@@ -443,44 +448,44 @@ function M.render(spec, plan)
   local t = plan.tile
   local v = {
     H = k.H, E = k.E, L = k.L, wfmt = k.wfmt, xfmt = k.xfmt, gfmt = k.gfmt,
-    WT = C.formats[k.wfmt].ctype, XT = C.formats[k.xfmt].ctype, GT = C.formats[k.gfmt].ctype,
+    WT = FM.formats[k.wfmt].ctype, XT = FM.formats[k.xfmt].ctype, GT = FM.formats[k.gfmt].ctype,
   }
   local about = {
     fmt("decoder_gate_bwd: dxy = grad (B,1,T,%d) f32 . w (%d,%d) %s per head; g = keep ? dxy/(1-p) : 0;",
         k.E, k.E, k.H * k.L, k.wfmt),
     fmt("  dxs = g*ys, dys = [ys > 0] g*xs (B,%d,T,%d) %s; xs, ys %s.", k.H, k.L, k.gfmt, k.xfmt),
     "",
-    fmt("extern \"C\" __global__ void dg_decoder_gate_bwd(%s)", (C.subst(SIG, {}):gsub("__restrict__ ", ""))),
+    fmt("extern \"C\" __global__ void dg_decoder_gate_bwd(%s)", (EMIT.subst(SIG, {}):gsub("__restrict__ ", ""))),
     fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", k.L, t.bn, t.bm, k.H, plan.entries[1].threads),
   }
-  local w = C.writer()
+  local w = EMIT.writer()
   if plan.path == "wgmma bf16" then
     local minb = (t.bm == 128 and t.bn <= 128) and 2 or 1
     about[#about + 1] = fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups, a ring of %d stages",
                             t.bn, t.bm // 64, t.stages)
     about[#about + 1] = fmt("  (%d bytes of dynamic shared memory), __launch_bounds__ for %d blocks an SM; the epilogue staged.",
                             plan.smem_bytes, minb)
-    w:line(C.banner(spec, "decoder_gate.lua", about))
-    w:line(C.helpers({ bf16 = true, bf16x2 = true, cp_async = true }))
+    w:line(EMIT.banner(spec, "decoder_gate.lua", about))
+    w:line(DEV.helpers({ bf16 = true, bf16x2 = true, cp_async = true }))
     w:line(WB.helpers(t.bn, false, true))
-    w:line(C.subst(HEAD, v))
-    w:line(C.VEC_IO)
+    w:line(EMIT.subst(HEAD, v))
+    w:line(EW.VEC_IO)
     w:line(PHILOX)
     w:line(GATE)
-    w:line(C.subst(KERNEL_WG, {
+    w:line(EMIT.subst(KERNEL_WG, {
       BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, MINB = minb, SIG = SIG, PRE = PRE,
-      MAINLOOP = C.subst(WB.MAINLOOP, { A_KC = "true", A_KS = "32", B_KC = "false", B_KS = "2048" }),
+      MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = "true", A_KS = "32", B_KC = "false", B_KS = "2048" }),
     }))
     return w:text()
   end
   about[#about + 1] = fmt("path: fp32 FMA, 64x64 tiles, K steps of %d through shared memory; the gate per element.", t.bk)
-  w:line(C.banner(spec, "decoder_gate.lua", about))
-  w:line(C.helpers({ bf16 = true, bf16x2 = true }))
-  w:line(C.subst(HEAD, v))
-  w:line(C.VEC_IO)
+  w:line(EMIT.banner(spec, "decoder_gate.lua", about))
+  w:line(DEV.helpers({ bf16 = true, bf16x2 = true }))
+  w:line(EMIT.subst(HEAD, v))
+  w:line(EW.VEC_IO)
   w:line(PHILOX)
   w:line(GATE)
-  w:line(C.subst(KERNEL_FP32, { BK = t.bk, SIG = SIG, PRE = PRE }))
+  w:line(EMIT.subst(KERNEL_FP32, { BK = t.bk, SIG = SIG, PRE = PRE }))
   return w:text()
 end
 

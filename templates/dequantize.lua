@@ -18,7 +18,12 @@ Kernel ABI:
   one at a time. A scale a row needs a vector inside one row: when C is
   not a multiple of 8 every code is walked one at a time.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
+local EW = require("elementwise")
 local fmt = string.format
 
 local M = {}
@@ -59,28 +64,28 @@ ${S0}
 ]]
 
 function M.plan(spec)
-  C.one_of(spec, "op", { "dequantize" })
-  return C.threads_plan(spec, { "dg_dequantize" }, "dequantize.cu")
+  SPEC.one_of(spec, "op", { "dequantize" })
+  return TILES.threads_plan(spec, { "dg_dequantize" }, "dequantize.cu")
 end
 
 function M.render(spec, plan)
-  local act = C.one_of(spec, "act", { "int8", "int4", "uint8pos" })
-  local out = C.one_of(spec, "out", { "bf16", "f32" })
-  local rows = C.one_of(spec, "ascale", { "tensor", "token" }) == "token"
+  local act = SPEC.one_of(spec, "act", { "int8", "int4", "uint8pos" })
+  local out = SPEC.one_of(spec, "out", { "bf16", "f32" })
+  local rows = SPEC.one_of(spec, "ascale", { "tensor", "token" }) == "token"
   local nt = plan.tile.threads
   local u = act == "uint8pos"
   local v = {
     NT = nt, act = act, out = out,
     CT = u and "unsigned char" or "signed char",
     OT = out == "bf16" and "unsigned short" or "float",
-    CODE_F = u and "dg_u8f" or "dg_s8f",	-- common.lua's i8x4f: lane j of a word of four codes
+    CODE_F = FM.lane_reader(act),	-- formats.lua's i8x4f: lane j of a word of four codes
     S0 = rows and "" or "\tconst float s0 = __ldg(scale);",
     VEC_OK = rows and "cols % VE == 0" or "true",
     S_VEC = rows and "__ldg(scale + iv * VE / cols)" or "s0",
     S_ONE = rows and "__ldg(scale + i / cols)" or "s0",
   }
-  local w = C.writer()
-  w:line(C.banner(spec, "dequantize.lua", {
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "dequantize.lua", {
     fmt("dequantize: codes (R, C) %s → out (R, C) %s = code × s, s %s; the f32 product%s.", act, out,
         rows and "a row (scale[r])" or "a tensor (*scale)", out == "bf16" and " rounded to nearest even once" or ""),
     "",
@@ -88,9 +93,9 @@ function M.render(spec, plan)
         v.CT, v.OT, nt),
     "path: element-wise, 8 codes a vector grid-stride" .. (rows and " (C a multiple of 8; else one at a time)." or "."),
   }))
-  w:line(C.helpers({ bf16 = true, i8x4f = true }))
-  w:line(C.VEC_IO)
-  w:line(C.subst(KERNEL, v))
+  w:line(DEV.helpers({ bf16 = true, i8x4f = true }))
+  w:line(EW.VEC_IO)
+  w:line(EMIT.subst(KERNEL, v))
   return w:text()
 end
 

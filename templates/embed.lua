@@ -20,7 +20,11 @@ dg_ref_embed_bwd are the references):
 
   E (embd), V (vocab) are compile-time constants; E a multiple of 4.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
 local fmt = string.format
 
 local M = {}
@@ -121,23 +125,23 @@ dg_embed_bwd(const int *__restrict__ idx, const ${ST} *__restrict__ dout, float 
 ]]
 
 function M.plan(spec)
-  local op = C.one_of(spec, "op", OPS)
-  local p, err = C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+  local op = SPEC.one_of(spec, "op", OPS)
+  local p, err = TILES.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
   if not p then return nil, err end
   p.path = op == "embed_fwd" and "warp-per-row" or "vocab-row-owner"
   return p
 end
 
 function M.render(spec, plan)
-  local op = C.one_of(spec, "op", OPS)
-  local E = C.int_field(spec, "embd", 4)
-  local V = C.int_field(spec, "vocab", 2)
+  local op = SPEC.one_of(spec, "op", OPS)
+  local E = SPEC.int_field(spec, "embd", 4)
+  local V = SPEC.int_field(spec, "vocab", 2)
   local nt = plan.tile.threads
   local v = { E = E, V = V, NT = nt }
   local about, body
   if op == "embed_fwd" then
-    local out = C.one_of(spec, "out", { "f32", "bf16" })
-    v.OT = C.formats[out].ctype
+    local out = SPEC.one_of(spec, "out", { "f32", "bf16" })
+    v.OT = FM.formats[out].ctype
     about = {
       fmt("embed_fwd: out (rows, %d) %s = table (%d, %d) f32 [idx (rows) i32]; a token outside 0..%d",
           E, out, V, E, V - 1),
@@ -146,22 +150,22 @@ function M.render(spec, plan)
       fmt("dg_embed_fwd(const int *idx, const float *table, %s *out, long long rows, int *bad)", v.OT),
       fmt("   any grid, %d threads (%d rows a block)", nt, nt // 32),
     }
-    body = C.subst(FWD, v)
+    body = EMIT.subst(FWD, v)
   else
-    local src = C.one_of(spec, "src", { "f32", "bf16" })
-    v.ST = C.formats[src].ctype
+    local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
+    v.ST = FM.formats[src].ctype
     about = {
       fmt("embed_bwd: dtable (%d, %d) f32 (+)= dout (rows, %d) %s summed by token, in token order.", V, E, E, src),
       "",
       fmt("dg_embed_bwd(const int *idx, const %s *dout, float *dtable, long long rows, int accumulate)", v.ST),
       fmt("   any grid (%d units), %d threads", V * ((E + nt - 1) // nt), nt),
     }
-    body = C.subst(BWD, v)
+    body = EMIT.subst(BWD, v)
   end
-  local w = C.writer()
-  w:line(C.banner(spec, "embed.lua", about))
-  w:line(C.helpers({ bf16 = true }))
-  w:line(C.subst(COMMON, v))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "embed.lua", about))
+  w:line(DEV.helpers({ bf16 = true }))
+  w:line(EMIT.subst(COMMON, v))
   w:line(body)
   return w:text()
 end

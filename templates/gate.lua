@@ -41,7 +41,11 @@ results are the f32 result rounded to nearest even once. p, seed, step,
 layer and elem0 are kernel arguments (step plus *step_at), so one kernel
 serves every step, layer, rate and rank.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local TILES = require("tiles")
+local DEV = require("device")
+local EW = require("elementwise")
 local fmt = string.format
 
 local M = {}
@@ -179,17 +183,17 @@ local BWD_ONE = [[
 local OPS = { "gate_fwd", "gate_bwd" }
 
 function M.plan(spec)
-  local op = C.one_of(spec, "op", OPS)
-  return C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+  local op = SPEC.one_of(spec, "op", OPS)
+  return TILES.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
 end
 
 function M.render(spec, plan)
-  local op = C.one_of(spec, "op", OPS)
-  local H = C.int_field(spec, "heads", 1)
-  local L = C.int_field(spec, "latent", 1)
-  local act = C.one_of(spec, "act", { "f32", "bf16" })
+  local op = SPEC.one_of(spec, "op", OPS)
+  local H = SPEC.int_field(spec, "heads", 1)
+  local L = SPEC.int_field(spec, "latent", 1)
+  local act = SPEC.one_of(spec, "act", { "f32", "bf16" })
   -- gate_bwd's gradients (dragon/spec.h): dxy, dys over it, dxs
-  local grad = op == "gate_bwd" and C.one_of(spec, "out", { "f32", "bf16" }) or "f32"
+  local grad = op == "gate_bwd" and SPEC.one_of(spec, "out", { "f32", "bf16" }) or "f32"
   local nt = plan.tile.threads
   local xt = act == "bf16" and "unsigned short" or "float"
   local gt = grad == "bf16" and "unsigned short" or "float"
@@ -211,17 +215,17 @@ function M.render(spec, plan)
     about = fmt("gate_bwd: dxs = g·ys, dys = [ys > 0]·g·xs over dxy (B, %d, T, %d), g = keep ? dxy/(1−p) : 0; dxy, dys, dxs %s; xs, ys %s.",
                 H, L, grad, act)
   end
-  local w = C.writer()
-  w:line(C.banner(spec, "gate.lua", {
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "gate.lua", {
     about, "",
     fmt("%s(%s)   any grid, %d threads", v.ENTRY, v.PARAMS, nt),
     "path: element-wise, 16-byte vectors grid-stride, the dropout mask from Philox4x32-10 (dragon/rng.h).",
   }))
-  w:line(C.helpers({ bf16 = true }))
-  w:line(C.subst(CONSTS, { H = H, L = L, NT = nt, VE = ve, XT = xt, GT = gt }))
-  w:line(C.VEC_IO)
+  w:line(DEV.helpers({ bf16 = true }))
+  w:line(EMIT.subst(CONSTS, { H = H, L = L, NT = nt, VE = ve, XT = xt, GT = gt }))
+  w:line(EW.VEC_IO)
   w:line(PHILOX)
-  w:line(C.subst(C.ELEMENTWISE, v))
+  w:line(EMIT.subst(EW.ELEMENTWISE, v))
   return w:text()
 end
 

@@ -36,7 +36,12 @@ reference), three kernels a call:
   compile-time constants. Every sum has a fixed order: run to run bitwise
   the same, on any grid.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
+local ABSUM = require("absum")
 local fmt = string.format
 
 local M = {}
@@ -260,7 +265,7 @@ dg_lmhead_ce_dw(const ${XT} *__restrict__ x, const ${DT} *__restrict__ dlogits, 
 -- Rows a block of the fused kernel: the most of 16, 8, 4, 2, 1 whose x
 -- and logits rows fit in the arch's shared memory.
 local function rows_a_block(E, V, arch)
-  local limit = C.smem_limit(arch)
+  local limit = TILES.smem_limit(arch)
   for _, br in ipairs({ 16, 8, 4, 2, 1 }) do
     if br * (E + V) * 4 <= limit then return br end
   end
@@ -268,17 +273,17 @@ local function rows_a_block(E, V, arch)
 end
 
 function M.plan(spec)
-  C.check(spec.op == "lmhead_ce", "loss.lua renders op lmhead_ce, not %s", tostring(spec.op))
-  local E = C.int_field(spec, "embd", 4)
-  local V = C.int_field(spec, "vocab", 2)
-  local arch = C.int_field(spec, "arch", 0)
-  local p, err = C.threads_plan(spec, { "dg_lmhead_ce", "dg_lmhead_ce_loss", "dg_lmhead_ce_dw" },
+  SPEC.check(spec.op == "lmhead_ce", "loss.lua renders op lmhead_ce, not %s", tostring(spec.op))
+  local E = SPEC.int_field(spec, "embd", 4)
+  local V = SPEC.int_field(spec, "vocab", 2)
+  local arch = SPEC.int_field(spec, "arch", 0)
+  local p, err = TILES.threads_plan(spec, { "dg_lmhead_ce", "dg_lmhead_ce_loss", "dg_lmhead_ce_dw" },
                                 "lmhead_ce.cu")
   if not p then return nil, err end
   local br = rows_a_block(E, V, arch)
   if not br then
     return nil, fmt("vocab=%d: a row of x and its logits (embd + vocab = %d floats) must fit in the %d bytes of shared memory of an sm_%d block",
-                    V, E + V, C.smem_limit(arch), arch)
+                    V, E + V, TILES.smem_limit(arch), arch)
   end
   p.path = "fused-rows"
   p.entries[1].smem = br * (E + V) * 4
@@ -288,14 +293,14 @@ function M.plan(spec)
 end
 
 function M.render(spec, plan)
-  local E = C.int_field(spec, "embd", 4)
-  local V = C.int_field(spec, "vocab", 2)
-  local src = C.one_of(spec, "src", { "f32", "bf16" })
-  local wf = C.one_of(spec, "weight", { "f32", "bf16" })
+  local E = SPEC.int_field(spec, "embd", 4)
+  local V = SPEC.int_field(spec, "vocab", 2)
+  local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
+  local wf = SPEC.one_of(spec, "weight", { "f32", "bf16" })
   local nt = plan.tile.threads
   local v = {
-    E = E, V = V, NT = nt, BR = plan.br, DWT = DWT, DW_NT = DW_NT, RED = C.tree_first(nt),
-    XT = C.formats[src].ctype, WT = C.formats[wf].ctype, DT = C.formats[src].ctype,
+    E = E, V = V, NT = nt, BR = plan.br, DWT = DWT, DW_NT = DW_NT, RED = ABSUM.tree_first(nt),
+    XT = FM.formats[src].ctype, WT = FM.formats[wf].ctype, DT = FM.formats[src].ctype,
   }
   local about = {
     fmt("lmhead_ce: loss = mean CE(x (rows, %d) %s · w (%d, %d) %s, targets); backward: dx, dw (f32),",
@@ -309,11 +314,11 @@ function M.render(spec, plan)
     fmt("dg_lmhead_ce_dw(const %s *x, const %s *dlogits, float *dw, long long rows, int accumulate)", v.XT, v.DT),
     fmt("    any grid (%d tiles), %d threads", ((E + DWT - 1) // DWT) * ((V + DWT - 1) // DWT), DW_NT),
   }
-  local w = C.writer()
-  w:line(C.banner(spec, "loss.lua", about))
-  w:line(C.helpers({ bf16 = true }))
-  w:line(C.subst(COMMON, v))
-  w:line(C.subst(FUSED, v))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "loss.lua", about))
+  w:line(DEV.helpers({ bf16 = true }))
+  w:line(EMIT.subst(COMMON, v))
+  w:line(EMIT.subst(FUSED, v))
   return w:text()
 end
 

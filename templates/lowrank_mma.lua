@@ -9,7 +9,11 @@ mma.sync m16n8k32 GEMM, then the epilogue — scale, threshold, ReLU, convert
 render(spec, k): k is lowrank.lua's parsed spec (fields, tile, signature and
 about builders); returns source, entries, program name, launch info.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local DEV = require("device")
+local SCL = require("scales")
 local fmt = string.format
 
 local M = {}
@@ -79,11 +83,11 @@ ${EPILOGUE}
 -- (row, 2q+1) of its fragments; they are converted and staged as pairs, then
 -- written (or, for relu_mask, applied to grad) with coalesced vectors.
 local function mma_epilogue(k, vb)
-  local w = C.writer()
+  local w = EMIT.writer()
   w:indent(1)
   w:line("// ---- epilogue: scale, ReLU, convert; the pipeline buffers are free now.")
   local sc = k.sc
-  for _, l in ipairs(C.scale_prologue(sc)) do w:line(l) end
+  for _, l in ipairs(SCL.scale_prologue(sc)) do w:line(l) end
   if sc.sa_vec then
     w:line("float sa_r[MT][2];		// the act's scale of each fragment row (per token)")
     w:line("#pragma unroll")
@@ -91,7 +95,7 @@ local function mma_epilogue(k, vb)
     w:line("#pragma unroll")
     w:line("\tfor (int hh = 0; hh < 2; ++hh) {")
     w:line("\t\tconst int m = m0 + wr * WTM + mt * 16 + g + 8 * hh;")
-    w:linef("\t\tsa_r[mt][hh] = m < M ? sa[%s] : 0.0f;", C.x_row(k.HIN, "m"))
+    w:linef("\t\tsa_r[mt][hh] = m < M ? sa[%s] : 0.0f;", SCL.x_row(k.HIN, "m"))
     w:line("\t}")
   end
   if sc.sw_vec then
@@ -105,10 +109,10 @@ local function mma_epilogue(k, vb)
   end
   local out_code = not k.mask and (k.out == "int8" or k.out == "uint8pos")
   if out_code then
-    C.check(not sc.vec, "lowrank_mma.lua: output codes need per-tensor input scales")
+    SPEC.check(not sc.vec, "lowrank_mma.lua: output codes need per-tensor input scales")
     w:line("const float so_v = *so;			// out scale: codes rint(y · (1/so))")
     w:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;	// one IEEE reciprocal, not a division an element")
-    for _, l in ipairs(C.code_consts(k.out, k.thr and C.cfloat(k.thr), "s")) do
+    for _, l in ipairs(SCL.code_consts(k.out, k.thr and EMIT.cfloat(k.thr), "s")) do
       w:line(l)
     end
   end
@@ -116,7 +120,7 @@ local function mma_epilogue(k, vb)
     w:line("float absum = 0.0f;			// Σ|y| of this thread's valid outputs")
   end
   w:line("unsigned char *ot = smem;		// the staged tile, BM rows of OS bytes")
-  w:line(C.subst([[
+  w:line(EMIT.subst([[
 #pragma unroll
 for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -127,9 +131,9 @@ for (int mt = 0; mt < MT; ++mt) {
 			const int c = wc * WTN + nt * 8 + 2 * q;
 			float y0 = __fmul_rn(__int2float_rn(acc[mt][nt][2 * hh]), ${S0});
 			float y1 = __fmul_rn(__int2float_rn(acc[mt][nt][2 * hh + 1]), ${S1});]],
-    { S0 = C.scale_expr(sc, "sa_r[mt][hh]", "sw_c[nt][0]"), S1 = C.scale_expr(sc, "sa_r[mt][hh]", "sw_c[nt][1]") }))
+    { S0 = SCL.scale_expr(sc, "sa_r[mt][hh]", "sw_c[nt][0]"), S1 = SCL.scale_expr(sc, "sa_r[mt][hh]", "sw_c[nt][1]") }))
   w:indent(3)
-  local thr = k.thr and C.cfloat(k.thr)
+  local thr = k.thr and EMIT.cfloat(k.thr)
   if k.mask then
     w:linef("y0 = __fsub_rn(y0, %s);	// the forward's relu(y - thr) is > 0 here", thr)
     w:linef("y1 = __fsub_rn(y1, %s);", thr)
@@ -184,7 +188,7 @@ for (int v = tid; v < BM * (BN / 4); v += NT) {
 }]])
     return w:text()
   end
-  w:line(C.subst([[
+  w:line(EMIT.subst([[
 // Coalesced stores of the staged tile, VE elements a store (L % VE == 0: a
 // vector is wholly inside or past the last column).
 #pragma unroll 1
@@ -219,21 +223,19 @@ end
 
 function M.render(spec, k)
   local MMA = require("mma")
-  local fa, fw = C.formats[k.act], C.formats[k.weight]
+  local fa, fw = FM.formats[k.act], FM.formats[k.weight]
   local p = MMA.plan(k.bm, k.bn, k.bk, k.wm, k.wn, k.stages, k.weight)
-  local osz = k.mask and 1 or C.out_types[k.out].size
+  local osz = k.mask and 1 or FM.out_types[k.out].size
   local opad = math.max(16, 8 * osz)
   local smem = k.smem -- lowrank.lua M.plan: the pipeline, the staged output tile
   local vb = 16
   while (k.L * osz) % vb ~= 0 or (k.bn * osz) % vb ~= 0 do vb = vb // 2 end
-  local wdiv = k.weight == "ternary" and 4 or (k.weight == "sign1" and 8 or 1)
+  local wdiv = FM.i8x4_words(k.weight)
 
-  local helpers = {
+  local helpers = FM.decoders(k.weight, {
     code = (not k.mask and (k.out == "int8" or k.out == "uint8pos")) or nil,
     bf16 = (not k.mask and k.out == "bf16") or nil,
-    ternary = (k.weight == "ternary") or nil,
-    sign1 = (k.weight == "sign1") or nil,
-  }
+  })
   local vars = {
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = k.E // wdiv, WDIV = wdiv,
     CONSTANTS = MMA.constants(p, k.E),
@@ -248,15 +250,15 @@ function M.render(spec, k)
     EPILOGUE = mma_epilogue(k, vb),
   }
   local path = fmt("integer × integer on tensor cores: mma.sync m16n8k32 %s.s8, exact int32 sums; %s",
-                   fa.unsigned and "u8" or "s8",
+                   FM.mma_type(k.act),
                    p.decode and (k.weight .. " weights decoded to s8 in shared memory") or "cp.async operands")
   local about = k.about(path, p.nt, fmt("dynamic shared memory %d bytes (%d-stage pipeline, row stride %d); "
     .. "epilogue staged through shared memory, %d-byte stores.", smem, p.stages, p.rs, k.mask and 16 or vb))
-  local w = C.writer()
-  w:line(C.banner(spec, "lowrank.lua", about))
-  w:line(C.helpers(helpers))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "lowrank.lua", about))
+  w:line(DEV.helpers(helpers))
   w:line(MMA.helpers(p, fa.unsigned))
-  w:line(C.subst(KERNEL_MMA, vars))
+  w:line(EMIT.subst(KERNEL_MMA, vars))
   return w:text()
 end
 

@@ -21,12 +21,16 @@ store of int8 codes (two of bf16, four of f32) with no shuffle and no
 shared-memory staging.
 
 Codes out: u = sat(fmaf(acc, a1, b1)), then fmaf(u, R, 1.5·2^23 + lo)
-rounds to the integer code (dragon/ref.h, common.lua dg_code_t): two FMAs
+rounds to the integer code (dragon/ref.h, device.lua dg_code_t): two FMAs
 on the FP32 pipe, the float's low byte is the code; the accumulator becomes
 a float exactly by the 1.5·2^23 trick too (|acc| < 2^22, checked
 at render time from E and the formats' largest codes; otherwise I2F).
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local DEV = require("device")
+local SCL = require("scales")
 local fmt = string.format
 
 local M = {}
@@ -38,7 +42,7 @@ local M = {}
 -- 16, and the shared memory (E·(BM + 3·BN)) within 227 KiB. t: the tile.
 function M.fits(k, t)
   return k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and
-    C.formats[k.act].code and C.formats[k.weight].code and
+    FM.formats[k.act].code and FM.formats[k.weight].code and
     t.wn == 1 and t.wm % 4 == 0 and t.wm <= 16 and t.bm == 16 * t.wm and (t.bn == 64 or t.bn == 128) and
     t.stages == 2 and k.E % (k.weight == "sign1" and 128 or 64) == 0 and k.L % 16 == 0 and
     k.E * (t.bm + 3 * t.bn) <= 227 * 1024
@@ -198,7 +202,7 @@ local function acc_ref(i)
 end
 
 local function epilogue(k, magic)
-  local w = C.writer()
+  local w = EMIT.writer()
   w:indent(7)
   local out_code = k.out == "int8" or k.out == "uint8pos"
   local sc = k.sc
@@ -208,7 +212,7 @@ local function epilogue(k, magic)
     w:line("for (int i = 0; i < 16; ++i)")
     w:line("\tsw_g[i] = sw[(long long)h * L + n0 + 64 * a + 16 * q + i];")
   end
-  local function s_of(i) return C.scale_expr(sc, "sa_r[hh]", fmt("sw_g[%d]", i)) end
+  local function s_of(i) return SCL.scale_expr(sc, "sa_r[hh]", fmt("sw_g[%d]", i)) end
   local tofloat = magic and "(__int_as_float(%s + 0x4b400000) - 12582912.0f)" or "__int2float_rn(%s)"
   if out_code then
     w:line("unsigned cw[16];	// 1.5·2^23 + code: the low byte is the code (dg_code_t)")
@@ -227,7 +231,7 @@ local function epilogue(k, magic)
     for i = 0, 15 do
       local y = fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_of(i))
       if k.thr then
-        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, C.cfloat(k.thr))
+        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
       end
       w:linef("\tabsum += fabsf(%s);", y)
     end
@@ -237,7 +241,7 @@ local function epilogue(k, magic)
     for i = 0, 15 do
       local y = fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_of(i))
       if k.thr then
-        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, C.cfloat(k.thr))
+        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
       end
       w:linef("y[%d] = %s;", i, y)
       w:linef("absum += fabsf(y[%d]);", i)
@@ -262,7 +266,7 @@ local function epilogue(k, magic)
 end
 
 local function load_b(k)
-  local w = C.writer()
+  local w = EMIT.writer()
   w:indent(1)
   if k.weight == "int8" then
     -- one byte a code: 16-byte cp.async straight into the core matrices
@@ -284,7 +288,7 @@ auto b_put = [&](int j, int bf) {
   end
   -- packed: this thread's 16-byte units fetched to registers ahead, decoded later
   local dec = require("wgmma").unit_decoder(k.weight)
-  w:line(C.subst([[
+  w:line(EMIT.subst([[
 constexpr int UCODES = ${UCODES};		// codes a B load unit (16 bytes of storage)
 constexpr int UPR = E / UCODES;			// B units a row
 constexpr int NUB = (BN * UPR + NT - 1) / NT;	// B units a thread
@@ -346,37 +350,37 @@ local STEP = [[
 function M.render(spec, k)
   local WG = require("wgmma")
   local MMA = require("mma")
-  local fa, fw = C.formats[k.act], C.formats[k.weight]
+  local fa, fw = FM.formats[k.act], FM.formats[k.weight]
   local nt = k.threads
   local smem = k.smem -- lowrank.lua M.plan: the x tile and three weight tiles, whole E
   local qa = k.act == "uint8pos" and 255 or (k.act == "int4" and 7 or 127)
   local qw = k.weight == "int8" and 127 or 1
   local magic = k.E * qa * qw < (1 << 22)
   local out_code = k.out == "int8" or k.out == "uint8pos"
-  local wdiv = k.weight == "ternary" and 4 or (k.weight == "sign1" and 8 or 1)
-  local sc = C.writer()
+  local wdiv = FM.i8x4_words(k.weight)
+  local sc = EMIT.writer()
   sc:indent(1)
-  for _, l in ipairs(C.scale_prologue(k.sc)) do sc:line(l) end
+  for _, l in ipairs(SCL.scale_prologue(k.sc)) do sc:line(l) end
   local sa_rows = ""
   if k.sc.sa_vec then
-    sa_rows = C.subst([[
+    sa_rows = EMIT.subst([[
 	float sa_r[2];	// the act's scale of this thread's two rows (per token)
 #pragma unroll
 	for (int hh = 0; hh < 2; ++hh) {
 		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hh;
 		sa_r[hh] = m < M ? sa[${XROW}] : 0.0f;
 	}
-]], { XROW = C.x_row(k.HIN, "m") })
+]], { XROW = SCL.x_row(k.HIN, "m") })
   end
   if out_code then
-    C.check(not k.sc.vec, "lowrank_wgmma.lua: output codes need per-tensor input scales")
+    SPEC.check(not k.sc.vec, "lowrank_wgmma.lua: output codes need per-tensor input scales")
     sc:line("const float so_v = *so;")
     sc:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;")
-    for _, l in ipairs(C.code_consts(k.out, k.thr and C.cfloat(k.thr), "s")) do
+    for _, l in ipairs(SCL.code_consts(k.out, k.thr and EMIT.cfloat(k.thr), "s")) do
       sc:line(l)
     end
   end
-  local ab = C.writer()
+  local ab = EMIT.writer()
   ab:indent(1)
   ab:line([[
 // Σ|y| of the block: warp shuffles, then the warps in order, one atomic.
@@ -405,27 +409,27 @@ if (out_absum) {
     SIGNATURE = k.signature(fa.ctype, fw.ctype),
     HIN_H = k.HIN == 1 and "0" or "h",
     SCALES = sc:text(), SA_ROWS = sa_rows,
-    OT = C.out_types[k.out].ctype,
+    OT = FM.out_types[k.out].ctype,
     LOAD_B = load_b(k),
-    STEP0 = C.subst(STEP, { P = 0, ACCA = "acc0", ACCB = "acc1" }),
-    STEP1 = C.subst(STEP, { P = 1, ACCA = "acc1", ACCB = "acc0" }),
+    STEP0 = EMIT.subst(STEP, { P = 0, ACCA = "acc0", ACCB = "acc1" }),
+    STEP1 = EMIT.subst(STEP, { P = 1, ACCA = "acc1", ACCB = "acc0" }),
     EPI = epilogue(k, magic),
     ABSUM = ab:text(),
   }
   local path = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, exact int32 sums; %s",
-                   k.bn, fa.unsigned and "u8" or "s8",
+                   k.bn, FM.mma_type(k.act),
                    (k.weight == "int8") and "cp.async operands" or (k.weight .. " weights decoded to s8 in shared memory"))
   local about = k.about(path, nt, fmt("dynamic shared memory %d bytes (x tile + two weight tiles, whole E); "
     .. "contiguous tile runs a block; %s; epilogue straight from the accumulators, 16-byte stores.",
     smem, magic and "accumulators to float by the 1.5·2^23 trick (|acc| < 2^22)" or "accumulators to float by I2F"))
-  local w = C.writer()
-  w:line(C.banner(spec, "lowrank.lua", about))
-  w:line(C.helpers({ bf16 = (k.out == "bf16") or nil, sign1 = (k.weight == "sign1") or nil,
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "lowrank.lua", about))
+  w:line(DEV.helpers({ bf16 = (k.out == "bf16") or nil, sign1 = (k.weight == "sign1") or nil,
                      code = (k.out == "int8" or k.out == "uint8pos") or nil }))
   w:line(MMA.helpers({ decode = false }, fa.unsigned))
   w:line(WG.helpers(k.bn, fa.unsigned))
   if k.weight == "ternary" then w:line(WG.decoders) end
-  w:line(C.subst(KERNEL, vars))
+  w:line(EMIT.subst(KERNEL, vars))
   return w:text()
 end
 

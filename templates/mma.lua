@@ -34,7 +34,8 @@ bytes apart modulo 128, so the 8 lanes cover all 32 banks once. LDS.64 is
 served a half warp (rows g..g+3 × four 8-byte pieces) and rows are 32 bytes
 apart modulo 128: again all 32 banks once.
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local FM = require("formats")
 local fmt = string.format
 
 local M = {}
@@ -64,12 +65,10 @@ function M.plan(bm, bn, bk, wm, wn, stages, weight)
   return p
 end
 
-local VT = { [1] = "unsigned", [2] = "uint2", [4] = "uint4" }
-
 -- Device helpers: cp.async, the MMA, the register decoders of packed weights.
 function M.helpers(p, act_unsigned)
-  local w = C.writer()
-  w:line(C.subst([[
+  local w = EMIT.writer()
+  w:line(EMIT.subst([[
 // ---- tensor-core GEMM helpers (templates/mma.lua) -------------------------
 // 16-byte cp.async global → shared; src_bytes 0 fills the 16 bytes with zeros
 // (rows past the edge; src must still be a valid global address).
@@ -124,17 +123,16 @@ __device__ __forceinline__ void dg_mma(int (&d)[4], unsigned a0, unsigned a1, un
       w:line(fmt([[
 #pragma unroll
 	for (int i = 0; i < %d; ++i)	// a word: 16 codes = 16 bytes
-		*(uint4 *)(dst + 16 * i) = make_uint4(dg_tern4(r[i] & 0xffu), dg_tern4((r[i] >> 8) & 0xffu),
-						      dg_tern4((r[i] >> 16) & 0xffu), dg_tern4(r[i] >> 24));]], uw))
+		*(uint4 *)(dst + 16 * i) = make_uint4(%s);]], uw, FM.quad(FM.i8x4_of_word("ternary", "r[i]"), 1,
+                                                                ",\n\t\t\t\t\t\t      ")))
     else
+      local q = FM.i8x4_of_word("sign1", "r[i]")
       w:line(fmt([[
 #pragma unroll
 	for (int i = 0; i < %d; ++i) {	// a word: 32 codes = 32 bytes
-		*(uint4 *)(dst + 32 * i) = make_uint4(dg_sign4(r[i] & 15u), dg_sign4((r[i] >> 4) & 15u),
-						      dg_sign4((r[i] >> 8) & 15u), dg_sign4((r[i] >> 12) & 15u));
-		*(uint4 *)(dst + 32 * i + 16) = make_uint4(dg_sign4((r[i] >> 16) & 15u), dg_sign4((r[i] >> 20) & 15u),
-							   dg_sign4((r[i] >> 24) & 15u), dg_sign4(r[i] >> 28));
-	}]], uw))
+		*(uint4 *)(dst + 32 * i) = make_uint4(%s);
+		*(uint4 *)(dst + 32 * i + 16) = make_uint4(%s);
+	}]], uw, FM.quad(q, 1, ",\n\t\t\t\t\t\t      "), FM.quad(q, 5, ",\n\t\t\t\t\t\t\t   ")))
     end
     w:line("}")
   end
@@ -143,7 +141,7 @@ end
 
 -- constexprs of the plan (inside the rendered file, before the kernel).
 function M.constants(p, K)
-  return C.subst([[
+  return EMIT.subst([[
 // ---- tensor-core tile (templates/mma.lua) ----------------------------------
 constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};	// block tile, K step (codes)
 constexpr int WM = ${WM}, WN = ${WN};		// warps: WM rows x WN cols
@@ -160,7 +158,7 @@ constexpr int KT = ${K} / BK;			// K steps of the whole reduction
 constexpr int CPR = BK / 16;			// 16-byte chunks a row
 constexpr int SA = (BM * CPR + NT - 1) / NT;	// A chunks a thread
 ]], { BM = p.bm, BN = p.bn, BK = p.bk, WM = p.wm, WN = p.wn, S = p.stages, KC = p.kc, RS = p.rs, K = K })
-    .. (p.decode and C.subst([[
+    .. (p.decode and EMIT.subst([[
 constexpr int KU = ${KU};			// codes a decode unit (B rows)
 constexpr int UPR = BK / KU;			// units a row
 constexpr int SB = (BN * UPR + NT - 1) / NT;	// B units a thread
@@ -186,7 +184,7 @@ function M.gemm(p)
     UW = p.uw or 0,
     FT = p.kc == 64 and "uint4" or "uint2",
   }
-  local w = C.writer()
+  local w = EMIT.writer()
   w:line([[
 	// ---- operand slots: A chunk u = tid + s*NT is (row u / CPR, chunk u % CPR)
 	int a_dst[SA];			// byte offset in a stage; -1: no chunk for this slot
@@ -204,7 +202,7 @@ function M.gemm(p)
 		}
 	}]])
   if p.decode then
-    w:line(C.subst([[
+    w:line(EMIT.subst([[
 	// B decode units: u = tid + s*NT is (row u / UPR, unit u % UPR)
 	int b_dst[SB];
 	const unsigned char *b_src[SB];
@@ -289,7 +287,7 @@ function M.gemm(p)
     mm[2] = "\t\t\t\t\tdg_mma(acc[mt][nt], a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w, b.z, b.w);"
   end
   v.MMA = table.concat(mm, "\n")
-  w:line(C.subst([[
+  w:line(EMIT.subst([[
 	// ---- fragments: this lane's rows g, g+8 of each m16 tile, row g of each
 	// n8 tile, KC/4 bytes at q·KC/4 of each KC-byte chunk (see mma.lua)
 	const int g = lane >> 2, q = lane & 3;

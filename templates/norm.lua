@@ -27,7 +27,11 @@ dg_ref_layernorm_fwd / dg_ref_layernorm_bwd are the references.
   the same bits), so a result depends on nothing but its row: any grid, run
   to run bitwise the same. Rows are walked grid-stride, NT/32 a block.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
 local fmt = string.format
 
 local M = {}
@@ -183,13 +187,13 @@ ${DY_STORE}			if (accumulate) {
 ]]
 
 local function op_of(spec)
-  return C.one_of(spec, "op", OPS)
+  return SPEC.one_of(spec, "op", OPS)
 end
 
 function M.plan(spec)
   local op = op_of(spec)
-  local E = C.int_field(spec, "embd", 4)
-  local p, err = C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+  local E = SPEC.int_field(spec, "embd", 4)
+  local p, err = TILES.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
   if not p then return nil, err end
   if E % 4 ~= 0 or E > MAX_E then
     return nil, fmt("embd=%d: %s holds a row in one warp's registers: a multiple of 4 up to %d",
@@ -201,16 +205,16 @@ end
 
 function M.render(spec, plan)
   local op = op_of(spec)
-  local E = C.int_field(spec, "embd", 4)
-  local src = C.one_of(spec, "src", { "f32", "bf16" })
+  local E = SPEC.int_field(spec, "embd", 4)
+  local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
   local nt = plan.tile.threads
-  local ST = C.formats[src].ctype
-  local v = { E = E, NT = nt, INV_E = C.cfloat(1.0 / E), ENTRY = "dg_" .. op, ST = ST }
+  local ST = FM.formats[src].ctype
+  local v = { E = E, NT = nt, INV_E = EMIT.cfloat(1.0 / E), ENTRY = "dg_" .. op, ST = ST }
   local about, body
   local fwd = op == "layernorm_fwd" or op == "resid_ln_fwd"
   if fwd then
-    local out = C.one_of(spec, "out", { "f32", "bf16" })
-    local OT = C.formats[out].ctype
+    local out = SPEC.one_of(spec, "out", { "f32", "bf16" })
+    local OT = FM.formats[out].ctype
     if op == "layernorm_fwd" then
       v.PARAMS = fmt("const %s *__restrict__ x, %s *__restrict__ y", ST, OT)
       v.LOAD, v.OUTP = "dg_ld4(x + off, j)", "y"
@@ -225,7 +229,7 @@ function M.render(spec, plan)
       fmt("%s(%s, float *rstd, long long rows, float eps)   any grid, %d threads (%d rows a block)",
           v.ENTRY, v.PARAMS:gsub("__restrict__ ", ""), nt, nt // 32),
     }
-    body = C.subst(FWD, v)
+    body = EMIT.subst(FWD, v)
     if op == "resid_ln_fwd" then
       body = [[
 // x + y, vector j, in f32 (the residual add, rounded once).
@@ -252,12 +256,12 @@ __device__ __forceinline__ float4 dg_resid4(const T *x, const T *y, int j)
           v.ENTRY, v.G, ST, v.Y, op == "resid_ln_bwd" and " float *dy," or ""),
       fmt("   any grid, %d threads (%d rows a block)", nt, nt // 32),
     }
-    body = C.subst(BWD, v)
+    body = EMIT.subst(BWD, v)
   end
-  local w = C.writer()
-  w:line(C.banner(spec, "norm.lua", about))
-  w:line(C.helpers({ bf16 = true }))
-  w:line(C.subst(COMMON, v))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "norm.lua", about))
+  w:line(DEV.helpers({ bf16 = true }))
+  w:line(EMIT.subst(COMMON, v))
   w:line(body)
   return w:text()
 end

@@ -17,7 +17,9 @@ pack.lua — i8x4 packing of int8 codes along the reduction axis and back
   memory (C for codes, K/4 for packed); an odd pitch keeps the column reads
   of shared memory free of bank conflicts.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local TILES = require("tiles")
 local fmt = string.format
 
 local M = {}
@@ -105,14 +107,14 @@ dg_unpack_i8x4(const int *__restrict__ packed, signed char *__restrict__ codes, 
 ]]
 
 function M.plan(spec)
-  local op = C.one_of(spec, "op", { "pack_i8x4", "unpack_i8x4" })
-  return C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+  local op = SPEC.one_of(spec, "op", { "pack_i8x4", "unpack_i8x4" })
+  return TILES.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
 end
 
 function M.render(spec, plan)
-  local op = C.one_of(spec, "op", { "pack_i8x4", "unpack_i8x4" })
-  local K = C.int_field(spec, "embd", 4)
-  local Cc = C.int_field(spec, "latent", 1)
+  local op = SPEC.one_of(spec, "op", { "pack_i8x4", "unpack_i8x4" })
+  local K = SPEC.int_field(spec, "embd", 4)
+  local Cc = SPEC.int_field(spec, "latent", 1)
   local nt = plan.tile.threads
 
   local v = { K = K, C = Cc, NT = nt, TK = math.min(128, K), TC = 32 }
@@ -132,9 +134,9 @@ function M.render(spec, plan)
     }
   end
 
-  local w = C.writer()
-  w:line(C.banner(spec, "pack.lua", about))
-  w:line(C.subst(COMMON, v))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "pack.lua", about))
+  w:line(EMIT.subst(COMMON, v))
   w:line(op == "pack_i8x4" and PACK or UNPACK)
   return w:text()
 end

@@ -49,7 +49,11 @@ so two 256-thread blocks share an SM. WV = VE (8 bf16, 4 f32): a warp
 keeps rows of up to 2048 bf16 / 512 f32 values in registers (8 f32
 vectors a lane make ptxas spill around the division's slow path).
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
+local ABSUM = require("absum")
 local fmt = string.format
 
 local M = {}
@@ -261,7 +265,7 @@ end
 
 -- The plan: threads_plan (default t256) with both entries.
 function M.plan(spec, prefix, program)
-  return C.threads_plan(spec, M.entries(prefix), program)
+  return TILES.threads_plan(spec, M.entries(prefix), program)
 end
 
 -- The rendered source. o: file (the calling template), head (banner lines
@@ -271,13 +275,13 @@ end
 -- of constants quant_fn uses).
 function M.render(spec, plan, o)
   local nt = plan.tile.threads
-  local v = C.src_vars(o.src, "x")
+  local v = ABSUM.src_vars(o.src, "x")
   v.NT, v.MINB, v.RV = nt, math.max(1, 512 // nt), math.min(16, 4096 // nt)
   v.WV = v.VE
-  v.ST, v.CT, v.P, v.PREFIX = C.formats[o.src].ctype, o.ct, "x", o.prefix
+  v.ST, v.CT, v.P, v.PREFIX = FM.formats[o.src].ctype, o.ct, "x", o.prefix
   v.ACC, v.COMBINE, v.SCALE, v.QUANT, v.QUANT_FN = o.acc, o.combine, o.scale, o.quant, o.quant_fn
   v.CONSTS = o.consts or ""
-  v.SRC_READER = C.subst(C.SRC_READER, v)
+  v.SRC_READER = EMIT.subst(ABSUM.SRC_READER, v)
   local about = {}
   for _, l in ipairs(o.head) do about[#about + 1] = l end
   for _, l in ipairs({
@@ -294,10 +298,10 @@ function M.render(spec, plan, o)
   }) do about[#about + 1] = l end
   local want = { code = true }
   if o.src == "bf16" then want.bf16 = true end
-  local w = C.writer()
-  w:line(C.banner(spec, o.file, about))
-  w:line(C.helpers(want))
-  w:line(C.subst(KERNELS, v))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, o.file, about))
+  w:line(DEV.helpers(want))
+  w:line(EMIT.subst(KERNELS, v))
   return w:text()
 end
 

@@ -27,7 +27,12 @@ warp a token), rendered by templates/qrows.lua (its banner has the plan):
 scales[r] = max|x| / qmax over the token's G·C values (a float division),
 its codes by dg_quant as above.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
+local ABSUM = require("absum")
 local R = require("qrows")
 local fmt = string.format
 
@@ -95,25 +100,25 @@ local ACTS = { "int8", "int4", "uint8pos" }
 local ENTRIES = { "dg_quantize_act_absum", "dg_quantize_act_scale", "dg_quantize_act_apply" }
 
 function M.plan(spec)
-  C.check(spec.op == "quantize_act", "quantize.lua renders op quantize_act, not %s", tostring(spec.op))
+  SPEC.check(spec.op == "quantize_act", "quantize.lua renders op quantize_act, not %s", tostring(spec.op))
   if spec.ascale == "token" then
     return R.plan(spec, "dg_quantize_act", "quantize_act.cu")
   end
-  return C.threads_plan(spec, ENTRIES, "quantize_act.cu")
+  return TILES.threads_plan(spec, ENTRIES, "quantize_act.cu")
 end
 
 function M.render(spec, plan)
-  local src = C.one_of(spec, "src", { "f32", "bf16" })
-  local act = C.one_of(spec, "act", ACTS)
+  local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
+  local act = SPEC.one_of(spec, "act", ACTS)
   local nt = plan.tile.threads
 
-  local qmax = C.formats[act].qmax
-  local v = C.src_vars(src, "x")
-  v.NT, v.QMAX, v.QLO, v.RED, v.act = nt, qmax, act == "uint8pos" and 0 or -qmax, C.tree_first(nt), act
-  v.ST, v.CT = C.formats[src].ctype, act == "uint8pos" and "unsigned char" or "signed char"
+  local qmax = FM.formats[act].qmax
+  local v = ABSUM.src_vars(src, "x")
+  v.NT, v.QMAX, v.QLO, v.RED, v.act = nt, qmax, act == "uint8pos" and 0 or -qmax, ABSUM.tree_first(nt), act
+  v.ST, v.CT = FM.formats[src].ctype, act == "uint8pos" and "unsigned char" or "signed char"
   v.P, v.PREFIX, v.ACC, v.CAST = "x", "dg_quantize_act", "float", ""
   v.SCALE_EXPR = "2.0 * sum / ((double)n * (double)QMAX)"
-  v.SRC_READER, v.QUANT_FN, v.QCONSTS = C.subst(C.SRC_READER, v), QUANT_FN, C.subst(QCONSTS, v)
+  v.SRC_READER, v.QUANT_FN, v.QCONSTS = EMIT.subst(ABSUM.SRC_READER, v), QUANT_FN, EMIT.subst(QCONSTS, v)
   if spec.ascale == "token" then
     return R.render(spec, plan, {
       file = "quantize.lua", prefix = "dg_quantize_act", src = src, ct = v.CT, acc = "float",
@@ -124,7 +129,7 @@ function M.render(spec, plan)
                "codes = clamp(rint(x / s)) (0 where s == 0)." },
     })
   end
-  v.ABSUM_SCALE = C.subst(C.ABSUM_SCALE, v)
+  v.ABSUM_SCALE = EMIT.subst(ABSUM.ABSUM_SCALE, v)
   local want = { code = true }
   if src == "bf16" then want.bf16 = true end
 
@@ -137,10 +142,10 @@ function M.render(spec, plan)
     fmt("dg_quantize_act_apply(const %s *x, long long n, const float *scale, %s *codes)   any grid", v.ST, v.CT),
   }
 
-  local w = C.writer()
-  w:line(C.banner(spec, "quantize.lua", about))
-  w:line(C.helpers(want))
-  w:line(C.subst(KERNELS, v))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "quantize.lua", about))
+  w:line(DEV.helpers(want))
+  w:line(EMIT.subst(KERNELS, v))
   return w:text()
 end
 

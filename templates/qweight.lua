@@ -56,7 +56,12 @@ word holds, so packing the flat sequence is packing every row:
   32-bit word a thread, so both are coalesced. codes and words must be
   16-byte aligned (whole allocations are).
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local FM = require("formats")
+local TILES = require("tiles")
+local DEV = require("device")
+local ABSUM = require("absum")
 local R = require("qrows")
 local fmt = string.format
 
@@ -135,14 +140,14 @@ local ROW_SCALES = {
 
 local function render_quantize(spec, plan)
   local nt = plan.tile.threads
-  local src = C.one_of(spec, "src", { "f32", "bf16" })
-  local weight = C.one_of(spec, "weight", { "int8", "ternary", "sign1" })
-  local v = C.src_vars(src, "w")
-  v.NT, v.RED, v.weight, v.ST = nt, C.tree_first(nt), weight, C.formats[src].ctype
+  local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
+  local weight = SPEC.one_of(spec, "weight", { "int8", "ternary", "sign1" })
+  local v = ABSUM.src_vars(src, "w")
+  v.NT, v.RED, v.weight, v.ST = nt, ABSUM.tree_first(nt), weight, FM.formats[src].ctype
   v.CODE, v.SCALE_EXPR = CODES[weight], SCALES[weight]
   v.P, v.PREFIX, v.ACC, v.CAST = "w", "dg_quantize_weight", "double", "(double)"
-  v.SRC_READER = C.subst(C.SRC_READER, v)
-  v.WCODE_FN = C.subst(WCODE_FN, v)
+  v.SRC_READER = EMIT.subst(ABSUM.SRC_READER, v)
+  v.WCODE_FN = EMIT.subst(WCODE_FN, v)
   if spec.wscale == "channel" then
     local rs = ROW_SCALES[weight]
     return R.render(spec, plan, {
@@ -153,7 +158,7 @@ local function render_quantize(spec, plan)
                "w (rows, C): G = T = 1, a row of the last dimension; the sums in double." },
     })
   end
-  v.ABSUM_SCALE = C.subst(C.ABSUM_SCALE, v)
+  v.ABSUM_SCALE = EMIT.subst(ABSUM.ABSUM_SCALE, v)
   local about = {
     fmt("quantize_weight: %s → %s codes (one signed byte a code) and scale %s.", src, weight,
         weight == "int8" and "2·mean|w|/127" or "mean|w|"),
@@ -166,10 +171,10 @@ local function render_quantize(spec, plan)
   }
   local want = { code = true }
   if src == "bf16" then want.bf16 = true end
-  local w = C.writer()
-  w:line(C.banner(spec, "qweight.lua", about))
-  w:line(C.helpers(want))
-  w:line(C.subst(QUANT, v))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "qweight.lua", about))
+  w:line(DEV.helpers(want))
+  w:line(EMIT.subst(QUANT, v))
   return w:text()
 end
 
@@ -207,8 +212,7 @@ dg_unpack_ternary(const unsigned *__restrict__ words, int *__restrict__ codes, l
 	for (long long i = (long long)blockIdx.x * NT + threadIdx.x; i < nw; i += (long long)gridDim.x * NT) {
 		const unsigned r = __ldg(words + i);
 		// dg_tern4: the four codes of one byte → an i8x4 word
-		((uint4 *)codes)[i] = make_uint4(dg_tern4(r & 0xffu), dg_tern4((r >> 8) & 0xffu),
-						 dg_tern4((r >> 16) & 0xffu), dg_tern4(r >> 24));
+		((uint4 *)codes)[i] = make_uint4(${Q});
 	}
 }
 ]]
@@ -240,17 +244,15 @@ dg_unpack_sign1(const unsigned *__restrict__ words, int *__restrict__ codes, lon
 	for (long long i = (long long)blockIdx.x * NT + threadIdx.x; i < nw; i += (long long)gridDim.x * NT) {
 		const unsigned r = __ldg(words + i);
 		// dg_sign4: the four codes of one nibble → an i8x4 word
-		((uint4 *)codes)[2 * i] = make_uint4(dg_sign4(r & 15u), dg_sign4((r >> 4) & 15u),
-						     dg_sign4((r >> 8) & 15u), dg_sign4((r >> 12) & 15u));
-		((uint4 *)codes)[2 * i + 1] = make_uint4(dg_sign4((r >> 16) & 15u), dg_sign4((r >> 20) & 15u),
-							 dg_sign4((r >> 24) & 15u), dg_sign4(r >> 28));
+		((uint4 *)codes)[2 * i] = make_uint4(${Q0});
+		((uint4 *)codes)[2 * i + 1] = make_uint4(${Q1});
 	}
 }
 ]]
 
 local function render_pack(spec, nt)
   local op = spec.op
-  local K = C.int_field(spec, "embd", 1)
+  local K = SPEC.int_field(spec, "embd", 1)
   local per = op == "pack_ternary" and 16 or 32
   local what = op == "pack_ternary" and "ternary" or "sign1"
   local about = {
@@ -260,24 +262,29 @@ local function render_pack(spec, nt)
         what, nt),
     fmt("dg_unpack_%s(const unsigned *words, int *codes, long long rows)   any grid, %d threads", what, nt),
   }
-  local w = C.writer()
-  w:line(C.banner(spec, "qweight.lua", about))
-  w:line(C.helpers({ [what] = true }))
-  w:line(C.subst(op == "pack_ternary" and PACK_TERNARY or PACK_SIGN1, { K = K, NT = nt }))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "qweight.lua", about))
+  w:line(DEV.helpers({ [what] = true }))
+  -- the unpack's i8x4 words of a storage word r (formats.lua)
+  local q = FM.i8x4_of_word(what, "r")
+  w:line(EMIT.subst(op == "pack_ternary" and PACK_TERNARY or PACK_SIGN1, { K = K, NT = nt,
+    Q = FM.quad(q, 1, ",\n\t\t\t\t\t\t "),
+    Q0 = what == "sign1" and FM.quad(q, 1, ",\n\t\t\t\t\t\t     ") or nil,
+    Q1 = what == "sign1" and FM.quad(q, 5, ",\n\t\t\t\t\t\t\t ") or nil }))
   return w:text()
 end
 
 function M.plan(spec)
-  local op = C.one_of(spec, "op", { "quantize_weight", "pack_ternary", "pack_sign1" })
+  local op = SPEC.one_of(spec, "op", { "quantize_weight", "pack_ternary", "pack_sign1" })
   if op == "quantize_weight" and spec.wscale == "channel" then
     return R.plan(spec, "dg_quantize_weight", "quantize_weight.cu")
   end
   if op == "quantize_weight" then
-    return C.threads_plan(spec, { "dg_quantize_weight_absum", "dg_quantize_weight_scale",
+    return TILES.threads_plan(spec, { "dg_quantize_weight_absum", "dg_quantize_weight_scale",
                                   "dg_quantize_weight_apply" }, "quantize_weight.cu")
   end
   local what = op == "pack_ternary" and "ternary" or "sign1"
-  return C.threads_plan(spec, { "dg_pack_" .. what, "dg_unpack_" .. what }, op .. ".cu")
+  return TILES.threads_plan(spec, { "dg_pack_" .. what, "dg_unpack_" .. what }, op .. ".cu")
 end
 
 function M.render(spec, plan)

@@ -25,7 +25,10 @@ The attention kernels (attention.lua) inline the same arithmetic on their
 loads and in their epilogue, so scores of bf16 xs see exactly rope_fwd's
 bf16 output.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local TILES = require("tiles")
+local DEV = require("device")
 local fmt = string.format
 
 local M = {}
@@ -81,16 +84,16 @@ ${STORE}
 ]]
 
 function M.plan(spec)
-  local op = C.one_of(spec, "op", { "rope_fwd", "rope_bwd" })
-  return C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+  local op = SPEC.one_of(spec, "op", { "rope_fwd", "rope_bwd" })
+  return TILES.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
 end
 
 function M.render(spec, plan)
-  local op = C.one_of(spec, "op", { "rope_fwd", "rope_bwd" })
-  local H = C.int_field(spec, "heads", 1)
-  local L = C.int_field(spec, "latent", 2)
-  C.check(L % 2 == 0, "spec.latent=%d: must be even (RoPE turns pairs)", L)
-  local act = op == "rope_fwd" and C.one_of(spec, "act", { "f32", "bf16" }) or "f32"
+  local op = SPEC.one_of(spec, "op", { "rope_fwd", "rope_bwd" })
+  local H = SPEC.int_field(spec, "heads", 1)
+  local L = SPEC.int_field(spec, "latent", 2)
+  SPEC.check(L % 2 == 0, "spec.latent=%d: must be even (RoPE turns pairs)", L)
+  local act = op == "rope_fwd" and SPEC.one_of(spec, "act", { "f32", "bf16" }) or "f32"
   local bf = act == "bf16"
   local v = {
     H = H, L = L, NT = plan.tile.threads, ENTRY = "dg_" .. op, XT = bf and "unsigned short" or "float",
@@ -140,10 +143,10 @@ function M.render(spec, plan)
     "path: element-wise (grid-stride): 4 pairs a thread by 16-byte accesses when L % 8 == 0 and the",
     "tensors are 16-byte aligned, else a pair a thread; f32 products rounded as the reference's.",
   }
-  local w = C.writer()
-  w:line(C.banner(spec, "rope.lua", about))
-  if bf then w:line(C.helpers({ bf16 = true })) end
-  w:line(C.subst(KERNEL, v))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "rope.lua", about))
+  if bf then w:line(DEV.helpers({ bf16 = true })) end
+  w:line(EMIT.subst(KERNEL, v))
   return w:text()
 end
 

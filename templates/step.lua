@@ -29,7 +29,11 @@ Kernel ABI:
 Arithmetic: each sum rounded once (__fadd_rn, in the order written), as the
 reference's C.
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local TILES = require("tiles")
+local DEV = require("device")
+local EW = require("elementwise")
 local fmt = string.format
 
 local M = {}
@@ -94,16 +98,16 @@ dg_transpose(const float *__restrict__ in, ${OT} *__restrict__ out, long long R)
 ]]
 
 function M.plan(spec)
-  local op = C.one_of(spec, "op", OPS)
-  return C.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
+  local op = SPEC.one_of(spec, "op", OPS)
+  return TILES.threads_plan(spec, { "dg_" .. op }, op .. ".cu")
 end
 
 local function render_add_mask(spec, nt)
-  local H = C.int_field(spec, "heads", 1)
-  local L = C.int_field(spec, "latent", 1)
-  local act = C.one_of(spec, "act", { "f32", "bf16" })
-  local grad = C.one_of(spec, "out", { "f32", "bf16" })  -- dxs, written (and read)
-  local other = C.one_of(spec, "src", { "f32", "bf16" }) -- other, read
+  local H = SPEC.int_field(spec, "heads", 1)
+  local L = SPEC.int_field(spec, "latent", 1)
+  local act = SPEC.one_of(spec, "act", { "f32", "bf16" })
+  local grad = SPEC.one_of(spec, "out", { "f32", "bf16" })  -- dxs, written (and read)
+  local other = SPEC.one_of(spec, "src", { "f32", "bf16" }) -- other, read
   local function ctype(f) return f == "bf16" and "unsigned short" or "float" end
   local ve = (act == "bf16" or grad == "bf16" or other == "bf16") and 8 or 4
   local v = {
@@ -111,21 +115,21 @@ local function render_add_mask(spec, nt)
     PARAMS = "GT *__restrict__ dxs, const ST *__restrict__ other, const XT *__restrict__ xs, int B, int T",
     VEC = MASK_VEC, ONE = MASK_ONE,
   }
-  local w = C.writer()
-  w:line(C.banner(spec, "step.lua", {
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "step.lua", {
     fmt("add_mask: dxs (B, %d, T, %d) %s = xs > 0 ? dxs + other : 0, in place; other %s, xs %s.",
         H, L, grad, other, act), "",
     fmt("dg_add_mask(%s)   any grid, %d threads", v.PARAMS, nt),
     "path: element-wise, 16-byte vectors grid-stride.",
   }))
-  w:line(C.helpers({ bf16 = true }))
+  w:line(DEV.helpers({ bf16 = true }))
   w:linef("constexpr int H = %d;\t\t// heads\nconstexpr int L = %d;\t\t// latent", H, L)
   w:linef("constexpr int NT = %d;\t\t// threads a block\nconstexpr int VE = %d;\t\t// elements a vector: 16 bytes of the narrowest tensor",
           nt, ve)
   w:linef("typedef %s GT;\t\t// dxs (out)\ntypedef %s ST;\t\t// other (src)\ntypedef %s XT;\t\t// xs (act)",
           ctype(grad), ctype(other), ctype(act))
-  w:line(C.VEC_IO)
-  w:line(C.subst(C.ELEMENTWISE, v))
+  w:line(EW.VEC_IO)
+  w:line(EMIT.subst(EW.ELEMENTWISE, v))
   return w:text()
 end
 
@@ -135,38 +139,38 @@ local function render_add3(spec, nt)
     PARAMS = "const float *a, const float *b, const float *c, float *out, long long n_all",
     VEC = ADD3_VEC, ONE = ADD3_ONE,
   }
-  local w = C.writer()
-  w:line(C.banner(spec, "step.lua", {
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "step.lua", {
     "add3: out (any shape) f32 = (a + b) + c; out may alias a.", "",
     fmt("dg_add3(%s)   any grid, %d threads", v.PARAMS, nt),
     "path: element-wise, 16-byte vectors grid-stride.",
   }))
-  w:line(C.helpers({ bf16 = true }))
+  w:line(DEV.helpers({ bf16 = true }))
   w:linef("constexpr int NT = %d;\t\t// threads a block\nconstexpr int VE = 4;\t\t// floats a 16-byte vector", nt)
-  w:line(C.VEC_IO)
-  w:line(C.subst(C.ELEMENTWISE, v))
+  w:line(EW.VEC_IO)
+  w:line(EMIT.subst(EW.ELEMENTWISE, v))
   return w:text()
 end
 
 local function render_transpose(spec, nt)
-  local E = C.int_field(spec, "embd", 1)
-  local L = C.int_field(spec, "latent", 1)
-  local act = C.one_of(spec, "act", { "f32", "bf16" })
+  local E = SPEC.int_field(spec, "embd", 1)
+  local L = SPEC.int_field(spec, "latent", 1)
+  local act = SPEC.one_of(spec, "act", { "f32", "bf16" })
   local bf = act == "bf16"
   local ot = bf and "unsigned short" or "float"
-  local w = C.writer()
-  w:line(C.banner(spec, "step.lua", {
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "step.lua", {
     fmt("transpose: in (R, %d, %d) f32 → out (R, %d, %d) %s.", E, L, L, E, act), "",
     fmt("dg_transpose(const float *in, %s *out, long long R)   any grid, %d threads", ot, nt),
     "path: 32x32 tiles through shared memory, grid-stride; coalesced reads and writes.",
   }))
-  if bf then w:line(C.helpers({ bf16 = true })) end
-  w:line(C.subst(TRANSPOSE, { E = E, L = L, NT = nt, OT = ot, CONV = bf and "dg_f32_to_bf16" or "" }))
+  if bf then w:line(DEV.helpers({ bf16 = true })) end
+  w:line(EMIT.subst(TRANSPOSE, { E = E, L = L, NT = nt, OT = ot, CONV = bf and "dg_f32_to_bf16" or "" }))
   return w:text()
 end
 
 function M.render(spec, plan)
-  local op = C.one_of(spec, "op", OPS)
+  local op = SPEC.one_of(spec, "op", OPS)
   local nt = plan.tile.threads
   if op == "add_mask" then return render_add_mask(spec, nt) end
   if op == "add3" then return render_add3(spec, nt) end

@@ -36,7 +36,8 @@ after the accumulators were touched by other instructions; after
 wait_group the accumulators are pinned with empty asm so that no read of
 them is moved above the wait.
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local FM = require("formats")
 local fmt = string.format
 
 local M = {}
@@ -78,8 +79,8 @@ function M.helpers(n, act_unsigned)
     regs[#regs + 1] = "%" .. i
     outs[#outs + 1] = fmt("\"+r\"(d[%d])", i)
   end
-  local w = C.writer()
-  w:line(C.subst([[
+  local w = EMIT.writer()
+  w:line(EMIT.subst([[
 // ---- warpgroup tensor-core helpers (templates/wgmma.lua) --------------------
 __device__ __forceinline__ unsigned long long dg_wg_desc(unsigned saddr, unsigned sbo)
 {
@@ -150,16 +151,15 @@ function M.unit_decoder(weight)
 *(uint4 *)(o + 2 * 128) = dg_tern16(rb[s].z);
 *(uint4 *)(o + 3 * 128) = dg_tern16(rb[s].w);]]
   end
-  return [[
+  local q = FM.i8x4_of_word("sign1", "x_")
+  return fmt([[
 const unsigned vw[4] = { rb[s].x, rb[s].y, rb[s].z, rb[s].w };
 #pragma unroll
 for (int i = 0; i < 4; ++i) {
 	const unsigned x_ = vw[i];
-	*(uint4 *)(o + (2 * i) * 128) = make_uint4(dg_sign4(x_ & 15u), dg_sign4((x_ >> 4) & 15u),
-						    dg_sign4((x_ >> 8) & 15u), dg_sign4((x_ >> 12) & 15u));
-	*(uint4 *)(o + (2 * i + 1) * 128) = make_uint4(dg_sign4((x_ >> 16) & 15u), dg_sign4((x_ >> 20) & 15u),
-							dg_sign4((x_ >> 24) & 15u), dg_sign4(x_ >> 28));
-}]]
+	*(uint4 *)(o + (2 * i) * 128) = make_uint4(%s);
+	*(uint4 *)(o + (2 * i + 1) * 128) = make_uint4(%s);
+}]], FM.quad(q, 1, ",\n\t\t\t\t\t\t    "), FM.quad(q, 5, ",\n\t\t\t\t\t\t\t"))
 end
 
 return M

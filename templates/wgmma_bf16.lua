@@ -35,7 +35,7 @@ of its row, or a row that is not 16-byte aligned, is assembled from guarded
 element loads and one 16-byte shared store (the rare ragged shapes).
 dg_wb_stage finds a row at base + row·ld; dg_wb_stage_row takes the row's
 pointer from its caller (operands whose rows are not affine in the row
-index: templates/backward_wgmma.lua's (b, t) rows).
+index: templates/grad_wgmma.lua's (b, t) rows).
 
 Accumulators (m64nN, f32), as the integer path's (templates/wgmma.lua):
 thread t of the warpgroup, warp w = t/32 % 4, lane = 4g + q, register 4j+i:
@@ -49,7 +49,7 @@ first wgmma; a stage is refilled only after every warpgroup's wgmma that
 read it completed (wait_group 1 after each step, then the next step's
 barrier); accumulators are pinned after each wait.
 ]]
-local C = require("common")
+local EMIT = require("emit")
 local fmt = string.format
 
 local M = {}
@@ -82,7 +82,7 @@ function M.helpers(n, a_mn, b_mn)
     regs[#regs + 1] = "%" .. i
     outs[#outs + 1] = fmt("\"+f\"(d[%d])", i)
   end
-  return C.subst([[
+  return EMIT.subst([[
 // ---- bf16 warpgroup tensor-core helpers (templates/wgmma_bf16.lua) ---------
 // The descriptor of a 128-byte-swizzled tile (layout type 1, bits 62-63).
 // K-major: SBO 1024 (the next 8 rows), LBO unused (1); MN-major: LBO 8192

@@ -1,6 +1,6 @@
 /*
  * The format table (dragon/fmt.h, base/fmt.c) and the templates' own table
- * (templates/common.lua M.formats), which describes the same storage for
+ * (templates/formats.lua M.formats), which describes the same storage for
  * the generated code: read from the source tree and held equal field by
  * field (epw is the codes a word of a code format, 32 / bits of every
  * format; code, qmax, unsigned). Then the sizes and the bf16 conversion
@@ -91,11 +91,11 @@ static void parse_row(const char *body, const char *end, lua_fmt *f)
 	}
 }
 
-/* Every row of M.formats in templates/common.lua. */
+/* Every row of M.formats in templates/formats.lua. */
 static int lua_formats(lua_fmt *out, int max)
 {
 	char path[1024];
-	snprintf(path, sizeof(path), "%s/templates/common.lua", DG_SOURCE_DIR);
+	snprintf(path, sizeof(path), "%s/templates/formats.lua", DG_SOURCE_DIR);
 	char *text = read_text(path);
 	const char *p = strstr(text, "\nM.formats = {");
 	cr_assert_not_null(p, "%s has no M.formats table", path);

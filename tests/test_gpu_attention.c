@@ -1,7 +1,7 @@
 /*
  * GPU tests of the attention family (templates/rope.lua, attention.lua;
  * runtime/ops/attention.c) against the CPU references of
- * runtime/ref/ref_attention.c (which tests/test_ref_attention.c holds to
+ * runtime/ref/attention.c (which tests/test_ref_attention.c holds to
  * the model's dg_ref_attention_fwd / _bwd). Skip without a device
  * (gh_open); fail instead with DRAGON_REQUIRE_GPU=1.
  *

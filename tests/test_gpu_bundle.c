@@ -175,11 +175,11 @@ static int64_t extent(const op_case *c, dg_dim d)
 		return c->spec.heads;
 	case DG_DIM_HIN:
 		return c->spec.in_heads;
-	case DG_DIM_E:
+	case DG_DIM_D:
 		return c->spec.embd;
-	case DG_DIM_L:
+	case DG_DIM_N:
 		return c->spec.latent;
-	case DG_DIM_HL:
+	case DG_DIM_HN:
 		return (int64_t)c->spec.heads * c->spec.latent;
 	case DG_DIM_V:
 		return c->spec.vocab;

@@ -7,19 +7,19 @@
  * The sequence (H 4, E 256, L 1024, B 2, T 256; auto tiles, so on an H200
  * the projection and the decoder take their sm_90a wgmma paths):
  *
- *   quantize_act     x f32 (B,1,T,E)            → xq int8, sx
- *   quantize_weight  w_enc f32 (H,L,E)          → codes int8, swe (ternary)
- *   pack_ternary     codes (H·L, E)             → w_enc ternary
- *   quantize_weight  w_dec f32 (E,H·L)          → codes int8, swd (ternary)
- *   pack_ternary     codes (E, H·L)             → w_dec ternary
- *   lowrank_fwd      xq · w_enc, relu 0         → y uint8pos (B,H,T,L)
- *   lowrank_fwd      xq · w_enc, relu 0         → y bf16 (B,H,T,L)
- *   decoder_fwd      y · w_dec (uint8pos·ternary) → out bf16 (B,1,T,E)
- *   decoder_grad_input   g_out f32, w_dec       → g_y f32 (B,H,T,L)
+ *   quantize_act     x f32 (B,1,T,D)            → xq int8, sx
+ *   quantize_weight  w_enc f32 (H,N,D)          → codes int8, swe (ternary)
+ *   pack_ternary     codes (H·N, D)             → w_enc ternary
+ *   quantize_weight  w_dec f32 (D,H·N)          → codes int8, swd (ternary)
+ *   pack_ternary     codes (D, H·N)             → w_dec ternary
+ *   lowrank_fwd      xq · w_enc, relu 0         → y uint8pos (B,H,T,N)
+ *   lowrank_fwd      xq · w_enc, relu 0         → y bf16 (B,H,T,N)
+ *   decoder_fwd      y · w_dec (uint8pos·ternary) → out bf16 (B,1,T,D)
+ *   decoder_grad_input   g_out f32, w_dec       → g_y f32 (B,H,T,N)
  *   relu_mask        xq, w_enc, g_y             → g_pre f32
- *   lowrank_grad_input   g_pre, w_enc           → g_x f32 (B,1,T,E)
- *   lowrank_grad_weight  g_pre, xq              → g_w_enc f32 (H,L,E)
- *   decoder_grad_weight  g_out, y               → g_w_dec f32 (E,H·L)
+ *   lowrank_grad_input   g_pre, w_enc           → g_x f32 (B,1,T,D)
+ *   lowrank_grad_weight  g_pre, xq              → g_w_enc f32 (H,N,D)
+ *   decoder_grad_weight  g_out, y               → g_w_dec f32 (D,H·N)
  *
  * with the workspaces their _workspace queries ask for (B·T 512 splits
  * both grad_weight reductions over the few output tiles of L 1024, so
@@ -187,7 +187,7 @@ static void seq_make(seq *q, dg_device *dev)
 	q->c_enc.scale = add_out(q, "swe", DG_FMT_F32, 4);
 	q->c_enc2d = dg_tensor_make("codes", DG_FMT_INT8, q->c_enc.data, 2, s_enc2d);
 	q->w_enc = out_tensor(q, "w_enc", DG_FMT_TERNARY, 2, s_enc2d);
-	q->w_enc.ndim = 3; /* the words of (H·L, E) read as (H, L, E) */
+	q->w_enc.ndim = 3; /* the words of (H·N, D) read as (H, N, D) */
 	q->w_enc.shape[0] = H;
 	q->w_enc.shape[1] = L;
 	q->w_enc.shape[2] = E;

@@ -1,5 +1,5 @@
 /*
- * GPU tests of the optim family (templates/adamw.lua, runtime/ops/optim.c)
+ * GPU tests of the optim family (templates/optim.lua, runtime/ops/optim.c)
  * against the host's optimizer (dragon/optim.h dg_adamw_step; runtime/ref/ref_ops.h
  * dg_ref_adamw, which tests/test_nvrtc_optim.c holds to it bit for bit).
  * Skip without a device (gh_open); fail instead with DRAGON_REQUIRE_GPU=1.

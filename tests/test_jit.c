@@ -99,7 +99,7 @@ Test(jit, key_covers_spec_arch_and_templates)
 	/* A template edit changes the key: copy the templates, append a comment. */
 	char *tpl = dg_test_tmpdir();
 	char cmd[2048];
-	snprintf(cmd, sizeof(cmd), "cp %s/templates/*.lua %s/ && echo '-- edited' >> %s/common.lua",
+	snprintf(cmd, sizeof(cmd), "cp %s/templates/*.lua %s/ && echo '-- edited' >> %s/formats.lua",
 		 DG_SOURCE_DIR, tpl, tpl);
 	cr_assert_eq(system(cmd), 0);
 	dg_ctx *e = make_ctx(dir, tpl);

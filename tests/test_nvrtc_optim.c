@@ -1,5 +1,5 @@
 /*
- * The optim family without a GPU (templates/adamw.lua, runtime/ops/optim.c,
+ * The optim family without a GPU (templates/optim.lua, runtime/ops/optim.c,
  * runtime/ref/optim.c):
  *   - adamw_update's defaults (sm_90, tile auto: t256) and canonical text;
  *     fields not the op's are refused;
@@ -131,7 +131,7 @@ Test(nvrtc_optim, renders_and_compiles_for_sm90_and_sm80)
 			for (int k = 0; k < 3; k++)
 				cr_assert_str_eq(src->entries[k], entries[k], "%s: entry %d", text, k);
 			cr_assert(strstr(src->text, "do not edit"), "%s: no generated-code banner", text);
-			cr_assert(strstr(src->text, "adamw.lua"), "%s: the banner names no template", text);
+			cr_assert(strstr(src->text, "optim.lua"), "%s: the banner names no template", text);
 			cr_assert(strstr(src->text, "op=adamw_update;"), "%s: the banner holds no spec", text);
 			const int nt = threads[th] ? threads[th] : 256;
 			cr_assert_eq(constexpr_of(src->text, "NT"), nt, "%s", text);
@@ -208,7 +208,7 @@ Test(nvrtc_optim, parts_and_control_block_agree_with_the_runtime)
 		dg_source *src = NULL;
 		cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
 		cr_assert_eq(constexpr_of(src->text, "PARTS"), (int)parts,
-			     "templates/adamw.lua's PARTS is not runtime/ops/optim.c's %zu", parts);
+			     "templates/optim.lua's PARTS is not runtime/ops/optim.c's %zu", parts);
 		char grid[32];
 		snprintf(grid, sizeof(grid), "grid %zu,", parts);
 		cr_assert(strstr(src->text, grid), "the banner does not say '%s'", grid);

@@ -86,10 +86,10 @@ Test(optable, every_row_is_complete)
 					  g->name, d);
 				has_bt |= g->dims[d] == DG_DIM_B;
 				has_r |= g->dims[d] == DG_DIM_R;
-				dg_field need = g->dims[d] == DG_DIM_H || g->dims[d] == DG_DIM_HL ? DG_FIELD_HEADS
+				dg_field need = g->dims[d] == DG_DIM_H || g->dims[d] == DG_DIM_HN ? DG_FIELD_HEADS
 						: g->dims[d] == DG_DIM_HIN			   ? DG_FIELD_IN_HEADS
-						: g->dims[d] == DG_DIM_E			   ? DG_FIELD_EMBD
-						: g->dims[d] == DG_DIM_L			   ? DG_FIELD_LATENT
+						: g->dims[d] == DG_DIM_D			   ? DG_FIELD_EMBD
+						: g->dims[d] == DG_DIM_N			   ? DG_FIELD_LATENT
 						: g->dims[d] == DG_DIM_V			   ? DG_FIELD_VOCAB
 												   : 0;
 				cr_assert(!need || (r->fields & need), "%s.%s: a dimension of a field it does not read",
@@ -543,11 +543,11 @@ static int64_t extent_of(const dg_spec *s, dg_dim d)
 		return s->heads;
 	case DG_DIM_HIN:
 		return s->in_heads;
-	case DG_DIM_E:
+	case DG_DIM_D:
 		return s->embd;
-	case DG_DIM_L:
+	case DG_DIM_N:
 		return s->latent;
-	case DG_DIM_HL:
+	case DG_DIM_HN:
 		return (int64_t)s->heads * s->latent;
 	case DG_DIM_V:
 		return s->vocab;

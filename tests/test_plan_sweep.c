@@ -1,12 +1,12 @@
 /*
- * The template's plan is the one owner of a tile's rules (STYLE.md §16):
- * a sweep of random tiles over every op holds plan and render to the same
- * answer. For each sample (a spec dg_spec_validate takes; a random tile
- * BMxBNxBK/WMxWN/S from plausible ranges, powers of two and some not,
- * warpgroup shapes BM = 16·WM, WN = 1, an auto tile now and then; t<N> for
- * the element-wise ops; every weight × act × out (× src) the op takes,
- * relu none / 0, in_heads 1 / H, sm_80 / sm_90 / sm_90a, small and BDH
- * shapes):
+ * The template's plan is the one owner of a tile's rules (templates/: the
+ * op's module and tiles.lua): a sweep of random tiles over every op holds
+ * plan and render to the same answer. For each sample (a spec
+ * dg_spec_validate takes; a random tile BMxBNxBK/WMxWN/S from plausible
+ * ranges, powers of two and some not, warpgroup shapes BM = 16·WM,
+ * WN = 1, an auto tile now and then; t<N> for the element-wise ops; every
+ * weight × act × out (× src) the op takes, relu none / 0, in_heads 1 / H,
+ * sm_80 / sm_90 / sm_90a, small and BDH shapes):
  *   - dg_codegen_plan succeeds exactly when dg_codegen_render does, and a
  *     refusal of either is the same status and message;
  *   - the rendered source's launch info (dg_source entries, block_threads,

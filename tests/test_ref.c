@@ -1,7 +1,7 @@
 /*
- * Tests of the element-wise CPU references (runtime/ref/ref.c): bf16 <-> f32,
- * qmax, activation and weight quantize, and the i8x4, ternary and sign1
- * packings. lowrank_fwd's reference is tested in tests/test_ref_lowrank.c.
+ * Tests of the element-wise CPU references (runtime/ref/quantize.c,
+ * pack.c): bf16 <-> f32, qmax, activation and weight quantize, and the
+ * i8x4, ternary and sign1 packings. lowrank_fwd's reference is tested in tests/test_ref_lowrank.c.
  *
  * The references are the contracts the GPU kernels are compared against,
  * so they must be right on their own. Hand-computed cases (worked in the

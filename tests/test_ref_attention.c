@@ -1,5 +1,5 @@
 /*
- * The attention ops' references (runtime/ref/ref_attention.c) against the
+ * The attention ops' references (runtime/ref/attention.c) against the
  * model's own attention references (dg_ref_attention_fwd / _bwd, which the
  * CPU model and the PyTorch comparison use): the op chain — scores, out;
  * grad_scores, grad_v, grad_xs — gives the same out, dv and dxs = RoPEᵀ(dqr)

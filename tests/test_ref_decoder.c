@@ -1,5 +1,5 @@
 /*
- * Tests of the decoder_fwd CPU reference (runtime/ref/ref_decoder.c): a hand
+ * Tests of the decoder_fwd CPU reference (runtime/ref/decoder.c): a hand
  * case, every weight × act format and several head counts against a naive
  * double loop with its own packers (values chosen so every sum is exact, so
  * float paths compare bit for bit too), bf16 output, and bad arguments.

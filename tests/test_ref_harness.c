@@ -339,11 +339,11 @@ static int64_t run_extent(const dg_spec *s, dg_dim d)
 		return s->heads;
 	case DG_DIM_HIN:
 		return s->in_heads;
-	case DG_DIM_E:
+	case DG_DIM_D:
 		return s->embd;
-	case DG_DIM_L:
+	case DG_DIM_N:
 		return s->latent;
-	case DG_DIM_HL:
+	case DG_DIM_HN:
 		return (int64_t)s->heads * s->latent;
 	case DG_DIM_V:
 		return s->vocab;

@@ -1,5 +1,5 @@
 /*
- * Tests of the lowrank_fwd CPU reference (runtime/ref/ref_lowrank.c): hand
+ * Tests of the lowrank_fwd CPU reference (runtime/ref/lowrank.c): hand
  * cases for every storage format and epilogue, then every weight × act
  * format against a naive double loop with its own decoders and packers,
  * in_heads = 1 against a replicated input, the relu threshold, and bad

@@ -303,7 +303,7 @@ Test(scales, decoder_ref)
 	}
 }
 
-/* ---- the backward references ------------------------------------------------------ */
+/* ---- the gradient GEMMs' references ---------------------------------------------- */
 
 Test(scales, backward_refs)
 {

@@ -14,7 +14,7 @@
  *
  * Integer storage is packed along the reduction axis, little-endian lanes.
  * Every predicate and size of a format anywhere in dragon comes from
- * dg_fmt_info (base/fmt.c): the templates' own table (templates/common.lua
+ * dg_fmt_info (base/fmt.c): the templates' own table (templates/formats.lua
  * M.formats) describes the same storage for the generated code, and a test
  * holds the two equal.
  */

@@ -2,8 +2,9 @@
  * dragon — the BDH model: its config and recipes, its weights as the
  * reference names them, and its forward and backward.
  *
- * BDH (DESIGN.md "Model"): L layers sharing one set of weights; embd D,
- * heads H, N neurons a head, a byte vocabulary.
+ * BDH: L layers sharing one set of weights; embd D, heads H, N neurons a
+ * head, a vocabulary of V (bytes by default). The letters are the
+ * model's (docs/formats.md, "Dimensions").
  *
  *   x = LN(embed[idx])                              (B,1,T,D)
  *   per layer:
@@ -59,6 +60,16 @@ typedef struct dg_proj_recipe {
 	dg_scale_gran ascale; /* tensor | token */
 	bool absmean;         /* the seed's scales: 2·mean|·|/qmax, not absmax */
 } dg_proj_recipe;
+
+/* The model's three projections, in the order dg_model_config holds their
+ * recipes: the index of a projection's recipe, of its weight's execution
+ * copy and of that copy's gradient. */
+typedef enum dg_proj {
+	DG_PROJ_ENCODER,   /* xs = relu(x·encoder − t_x), encoder [H, D, N] */
+	DG_PROJ_ENCODER_V, /* ys = relu(LN(att)·encoder_v − t_y), encoder_v [H, D, N] */
+	DG_PROJ_DECODER,   /* y = LN(xy·decoder), decoder [H·N, D] */
+	DG_PROJ__COUNT
+} dg_proj;
 
 typedef struct dg_model_config {
 	int layers;     /* 6 */

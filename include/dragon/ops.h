@@ -16,27 +16,27 @@
  * small is refused by name. Plan it once per shape; the size depends on
  * the tile the device resolves, so ask on the device that runs the op.
  *
- * Shapes (BDH): B batch, T time, H heads, Hin input heads (1 or H),
- * E embd, L latent — H, Hin, E, L come from the spec, B and T from the
- * tensors. Integer tensors carry their scale (dg_tensor.scale). Gradients
+ * Shapes (BDH; docs/formats.md, "Dimensions"): B batch, T time, H heads,
+ * Hin input heads (1 or H), D embd, N latent — H, Hin, D, N come from the
+ * spec (heads, in_heads, embd, latent), B and T from the tensors. Integer tensors carry their scale (dg_tensor.scale). Gradients
  * are f32. The straight-through estimator: gradients w.r.t. a quantized
  * weight are the gradients of its float master, and are returned as such.
  *
- *   lowrank_fwd          x (B,Hin,T,E) act, w (H,L,E) weight
- *                        → out (B,H,T,L) out      relu(s·x·wᵀ − thr)
- *   relu_mask            x, w as lowrank_fwd; grad (B,H,T,L) f32
- *                        → grad_out (B,H,T,L) f32 = grad · [y > thr],
+ *   lowrank_fwd          x (B,Hin,T,D) act, w (H,N,D) weight
+ *                        → out (B,H,T,N) out      relu(s·x·wᵀ − thr)
+ *   relu_mask            x, w as lowrank_fwd; grad (B,H,T,N) f32
+ *                        → grad_out (B,H,T,N) f32 = grad · [y > thr],
  *                          y recomputed from the codes (may alias grad)
- *   lowrank_grad_input   grad (B,H,T,L) f32 (masked), w (H,L,E) weight
- *                        → grad_x (B,Hin,T,E) f32 (head sum when Hin = 1)
- *   lowrank_grad_weight  grad (B,H,T,L) f32 (masked), x (B,Hin,T,E) act
- *                        → grad_w (H,L,E) f32
- *   decoder_fwd          y (B,H,T,L) act, w (E,H·L) weight
- *                        → out (B,1,T,E) f32|bf16 (head sum fused)
- *   decoder_grad_input   grad (B,1,T,E) f32, w (E,H·L) weight
- *                        → grad_y (B,H,T,L) f32
- *   decoder_grad_weight  grad (B,1,T,E) f32, y (B,H,T,L) act
- *                        → grad_w (E,H·L) f32
+ *   lowrank_grad_input   grad (B,H,T,N) f32 (masked), w (H,N,D) weight
+ *                        → grad_x (B,Hin,T,D) f32 (head sum when Hin = 1)
+ *   lowrank_grad_weight  grad (B,H,T,N) f32 (masked), x (B,Hin,T,D) act
+ *                        → grad_w (H,N,D) f32
+ *   decoder_fwd          y (B,H,T,N) act, w (D,H·N) weight
+ *                        → out (B,1,T,D) f32|bf16 (head sum fused)
+ *   decoder_grad_input   grad (B,1,T,D) f32, w (D,H·N) weight
+ *                        → grad_y (B,H,T,N) f32
+ *   decoder_grad_weight  grad (B,1,T,D) f32, y (B,H,T,N) act
+ *                        → grad_w (D,H·N) f32
  *   quantize_act         x (any) f32|bf16 → codes (same shape) act, scale
  *   dequantize           codes (R,C) act, scale a tensor or a row → out (R,C)
  *                        bf16|f32 = code × s
@@ -46,18 +46,18 @@
  *   unpack_ternary / unpack_sign1   packed (R,K) → codes (R,K) int8 (i8x4)
  *   pack_i8x4 / unpack_i8x4      codes (R,K,C) int8 ↔ packed (R,C,K) int8
  *
- * Rows R (= B·T, the call's) of width E, V the spec's vocab; float
+ * Rows R (= B·T, the call's) of width D, V the spec's vocab; float
  * activations f32|bf16 (src in, out out), statistics, losses and
  * gradients f32; every sum in a fixed order (bitwise reproducible, any
  * grid):
- *   embed_fwd      idx (R) i32, table (V,E) f32 → out (R,E) out
- *   embed_bwd      idx (R) i32, dout (R,E) src → dtable (V,E) f32 (+)=
- *   layernorm_fwd  x (R,E) src → y (R,E) out, rstd (R) f32
- *   layernorm_bwd  dy (R,E) f32, y (R,E) src, rstd → dx (R,E) f32 (+)=
- *   resid_ln_fwd   x, y (R,E) src → out (R,E) out = LN(x + y), rstd
- *   resid_ln_bwd   dout (R,E) f32, out (R,E) src, rstd → dx (+)=, dy
- *   lmhead_ce      x (R,E) src, w (E,V) weight (f32|bf16), targets (R) i32
- *                  → loss (1) f32; backward: dx (R,E) f32, dw (E,V) f32 (+)=
+ *   embed_fwd      idx (R) i32, table (V,D) f32 → out (R,D) out
+ *   embed_bwd      idx (R) i32, dout (R,D) src → dtable (V,D) f32 (+)=
+ *   layernorm_fwd  x (R,D) src → y (R,D) out, rstd (R) f32
+ *   layernorm_bwd  dy (R,D) f32, y (R,D) src, rstd → dx (R,D) f32 (+)=
+ *   resid_ln_fwd   x, y (R,D) src → out (R,D) out = LN(x + y), rstd
+ *   resid_ln_bwd   dout (R,D) f32, out (R,D) src, rstd → dx (+)=, dy
+ *   lmhead_ce      x (R,D) src, w (D,V) weight (f32|bf16), targets (R) i32
+ *                  → loss (1) f32; backward: dx (R,D) f32, dw (D,V) f32 (+)=
  * A token id outside 0..V-1 (embed_fwd's idx, lmhead_ce's targets) is never
  * read through: the op cannot see device data without a sync, so the
  * kernel makes that row harmless (a zero embedding row; row loss 0 and no
@@ -137,30 +137,30 @@ DG_API dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec,
 /* The gradient GEMMs' gradient formats: dragon/spec.h "gradient formats"
  * (lowrank_grad_input and _weight read grad in spec->src, decoder_grad_input
  * writes grad_y in spec->out; f32 | bf16; everything else f32). */
-/* lowrank_grad_input reduces over K = (H/Hin)·L, a long reduction onto
- * few output tiles (B·T x E): split over grid z into partial sums in the
+/* lowrank_grad_input reduces over K = (H/Hin)·N, a long reduction onto
+ * few output tiles (B·T x D): split over grid z into partial sums in the
  * workspace, which a second pass adds in split order (no float atomics:
  * bitwise reproducible for a fixed split count and tile). splits 0 lets
  * the runtime pick the count from the grid and the SM count; 1 to 64
  * forces it (a split past the reduction's K steps sums nothing), for
  * tests and manual sweeps. */
 typedef struct dg_lowrank_grad_input_args {
-	const dg_tensor *grad;   /* (B,H,T,L) spec->src */
+	const dg_tensor *grad;   /* (B,H,T,N) spec->src */
 	const dg_tensor *w;
-	const dg_tensor *grad_x; /* (B,Hin,T,E) f32 */
+	const dg_tensor *grad_x; /* (B,Hin,T,D) f32 */
 	dg_workspace ws;         /* partial sums of a split reduction over K */
 	int splits;              /* 0: the runtime's choice; 1..64: forced */
 } dg_lowrank_grad_input_args;
 /* The workspace a call with a's tensors and splits needs on dev (a->ws is
- * ignored): splits · B·Hin·T·E floats when split, else 0. */
+ * ignored): splits · B·Hin·T·D floats when split, else 0. */
 DG_API dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
-						 const dg_lowrank_grad_input_args *a,
-						 size_t *bytes);
+					  const dg_lowrank_grad_input_args *a,
+					  size_t *bytes);
 DG_API dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
-				       const dg_lowrank_grad_input_args *a);
+				const dg_lowrank_grad_input_args *a);
 
 typedef struct dg_lowrank_grad_weight_args {
-	const dg_tensor *grad; /* (B,H,T,L) spec->src */
+	const dg_tensor *grad; /* (B,H,T,N) spec->src */
 	const dg_tensor *x;
 	const dg_tensor *grad_w;
 	bool accumulate; /* grad_w += instead of = */
@@ -186,9 +186,9 @@ DG_API dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec,
 				const dg_decoder_fwd_args *a);
 
 typedef struct dg_decoder_grad_input_args {
-	const dg_tensor *grad;   /* (B,1,T,E) f32 */
+	const dg_tensor *grad;   /* (B,1,T,D) f32 */
 	const dg_tensor *w;
-	const dg_tensor *grad_y; /* (B,H,T,L) spec->out */
+	const dg_tensor *grad_y; /* (B,H,T,N) spec->out */
 } dg_decoder_grad_input_args;
 DG_API dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
 				       const dg_decoder_grad_input_args *a);
@@ -261,24 +261,24 @@ DG_API dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec,
 			      const dg_pack_i8x4_args *a);
 
 /* ---- attention (BDH: quadratic form, no softmax, strictly causal) ---------
- * xs (B,H,T,L) act (post-ReLU), v (B,1,T,E) act shared by every head,
- * rope (T,L) f32: (cos, sin) of pair p of row t at columns 2p, 2p+1
+ * xs (B,H,T,N) act (post-ReLU), v (B,1,T,D) act shared by every head,
+ * rope (T,N) f32: (cos, sin) of pair p of row t at columns 2p, 2p+1
  * (dg_ref_rope_pairs; upload once for the longest T: the first T rows of
- * it, a (T,L) view, serve any shorter T). act f32 (fp32 FMA) or bf16 (tensor
+ * it, a (T,N) view, serve any shorter T). act f32 (fp32 FMA) or bf16 (tensor
  * cores, f32 sums); gradients f32.
- *   rope_fwd               x → out = x·cos + rot(x)·sin          (B,H,T,L) act
- *   rope_bwd               grad → grad_x = its transpose          (B,H,T,L) f32
+ *   rope_fwd               x → out = x·cos + rot(x)·sin          (B,H,T,N) act
+ *   rope_bwd               grad → grad_x = its transpose          (B,H,T,N) f32
  *   attention_scores       xs, rope → scores S = tril(qr·qrᵀ, −1), qr = RoPE(xs)
  *                          (B,H,T,T) act (zeros on and above the diagonal)
- *   attention_out          scores, v → out = tril(S, −1)·v      (B,H,T,E) act
- *   attention_grad_scores  grad (B,H,T,E), v → grad_scores C = dS + dSᵀ,
+ *   attention_out          scores, v → out = tril(S, −1)·v      (B,H,T,D) act
+ *   attention_grad_scores  grad (B,H,T,D), v → grad_scores C = dS + dSᵀ,
  *                          dS = tril(grad·vᵀ, −1)                (B,H,T,T) act
  *   attention_grad_v       scores, grad → grad_v = Σ_h tril(S, −1)ᵀ·grad
- *                          (B,1,T,E) f32, heads summed in order (deterministic)
+ *                          (B,1,T,D) f32, heads summed in order (deterministic)
  *   attention_grad_xs      grad_scores, xs, rope → grad_xs = RoPEᵀ(C·RoPE(xs))
- *                          (B,H,T,L) out (f32 | bf16; before the ReLU mask)
- *                          epi=mask: no grad_xs; dxs (B,H,T,L) out, in place,
- *                          and mask_xs (B,H,T,L) act (the ReLU's output) →
+ *                          (B,H,T,N) out (f32 | bf16; before the ReLU mask)
+ *                          epi=mask: no grad_xs; dxs (B,H,T,N) out, in place,
+ *                          and mask_xs (B,H,T,N) act (the ReLU's output) →
  *                          dxs = (dxs + grad_xs) · [mask_xs > 0], grad_xs in
  *                          f32 and the sum rounded once, as add_mask's
  *                          (src=f32) after the f32 grad_xs; dxs must not
@@ -333,7 +333,7 @@ DG_API dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
  * Backward: grad_scores into ws, then grad_v and grad_xs; ws holds C,
  * B·H·T·T act values (dg_attention_bwd_workspace). With rope=pre (what the
  * sm_90a warpgroup GEMMs need: spec arch=sm_90a, act=bf16) each chain
- * first writes qr = RoPE(xs) (rope_fwd, B·H·T·L act values) into its
+ * first writes qr = RoPE(xs) (rope_fwd, B·H·T·N act values) into its
  * workspace, after C in the backward's, and the GEMMs read it raw.
  * The backward takes grad_xs (written, out = its format) or dxs (the
  * ReLU's gradient, f32 | bf16, in place: dxs = (dxs + grad_xs)·[xs > 0],
@@ -364,8 +364,8 @@ DG_API dg_status dg_attention_bwd(dg_device *dev, const dg_spec *spec, const dg_
  * zero it once, read it when the loss is read. */
 typedef struct dg_embed_fwd_args {
 	const dg_tensor *idx;   /* (R) i32 */
-	const dg_tensor *table; /* (V, E) f32 */
-	const dg_tensor *out;   /* (R, E) spec->out */
+	const dg_tensor *table; /* (V, D) f32 */
+	const dg_tensor *out;   /* (R, D) spec->out */
 	dg_dptr bad;
 } dg_embed_fwd_args;
 DG_API dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a);
@@ -375,16 +375,16 @@ DG_API dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embe
  * 0..V-1 add nothing. */
 typedef struct dg_embed_bwd_args {
 	const dg_tensor *idx;    /* (R) i32 */
-	const dg_tensor *dout;   /* (R, E) spec->src */
-	const dg_tensor *dtable; /* (V, E) f32 */
+	const dg_tensor *dout;   /* (R, D) spec->src */
+	const dg_tensor *dtable; /* (V, D) f32 */
 	bool accumulate;
 } dg_embed_bwd_args;
 DG_API dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a);
 
 /* ---- layer norm (no affine; biased variance; eps inside the sqrt) ------- */
 typedef struct dg_layernorm_fwd_args {
-	const dg_tensor *x;    /* (R, E) spec->src */
-	const dg_tensor *y;    /* (R, E) spec->out; must not alias x */
+	const dg_tensor *x;    /* (R, D) spec->src */
+	const dg_tensor *y;    /* (R, D) spec->out; must not alias x */
 	const dg_tensor *rstd; /* (R) f32: 1/sqrt(var + eps), for the backward */
 	float eps;             /* finite, >= 0 (PyTorch's default 1e-5) */
 } dg_layernorm_fwd_args;
@@ -393,10 +393,10 @@ DG_API dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec,
 
 /* dx (accumulate: +)= rstd·(dy − mean(dy) − y·mean(dy·y)). */
 typedef struct dg_layernorm_bwd_args {
-	const dg_tensor *dy;   /* (R, E) f32 */
-	const dg_tensor *y;    /* (R, E) spec->src: the forward's output */
+	const dg_tensor *dy;   /* (R, D) f32 */
+	const dg_tensor *y;    /* (R, D) spec->src: the forward's output */
 	const dg_tensor *rstd; /* (R) f32: the forward's */
-	const dg_tensor *dx;   /* (R, E) f32 */
+	const dg_tensor *dx;   /* (R, D) f32 */
 	bool accumulate;
 } dg_layernorm_bwd_args;
 DG_API dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec,
@@ -405,9 +405,9 @@ DG_API dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec,
 /* out = LN(x + y): x the residual stream, y the block's output (the add
  * rounded once in f32), one pass. */
 typedef struct dg_resid_ln_fwd_args {
-	const dg_tensor *x;    /* (R, E) spec->src */
-	const dg_tensor *y;    /* (R, E) spec->src */
-	const dg_tensor *out;  /* (R, E) spec->out; must not alias x or y */
+	const dg_tensor *x;    /* (R, D) spec->src */
+	const dg_tensor *y;    /* (R, D) spec->src */
+	const dg_tensor *out;  /* (R, D) spec->out; must not alias x or y */
 	const dg_tensor *rstd; /* (R) f32 */
 	float eps;
 } dg_resid_ln_fwd_args;
@@ -417,11 +417,11 @@ DG_API dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec,
 /* g = the layer norm gradient of dout; dx (accumulate: +)= g (the residual
  * stream's gradient), dy = g (the block output's). */
 typedef struct dg_resid_ln_bwd_args {
-	const dg_tensor *dout; /* (R, E) f32 */
-	const dg_tensor *out;  /* (R, E) spec->src: the forward's output */
+	const dg_tensor *dout; /* (R, D) f32 */
+	const dg_tensor *out;  /* (R, D) spec->src: the forward's output */
 	const dg_tensor *rstd; /* (R) f32 */
-	const dg_tensor *dx;   /* (R, E) f32 */
-	const dg_tensor *dy;   /* (R, E) f32 */
+	const dg_tensor *dx;   /* (R, D) f32 */
+	const dg_tensor *dy;   /* (R, D) f32 */
 	bool accumulate;
 } dg_resid_ln_bwd_args;
 DG_API dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec,
@@ -437,12 +437,12 @@ DG_API dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec,
  * it depends on R, V, src and backward only). R >= 1. A target outside
  * 0..V-1: row loss 0, no gradient, *bad = 1 (see embed_fwd). */
 typedef struct dg_lmhead_ce_args {
-	const dg_tensor *x;       /* (R, E) spec->src */
-	const dg_tensor *w;       /* (E, V) spec->weight (f32 | bf16) */
+	const dg_tensor *x;       /* (R, D) spec->src */
+	const dg_tensor *w;       /* (D, V) spec->weight (f32 | bf16) */
 	const dg_tensor *targets; /* (R) i32 */
 	const dg_tensor *loss;    /* (1) f32 */
-	const dg_tensor *dx;      /* (R, E) f32, or NULL without backward */
-	const dg_tensor *dw;      /* (E, V) f32, or NULL without backward */
+	const dg_tensor *dx;      /* (R, D) f32, or NULL without backward */
+	const dg_tensor *dw;      /* (D, V) f32, or NULL without backward */
 	bool backward;
 	bool accumulate;          /* dw += */
 	dg_workspace ws;
@@ -458,13 +458,13 @@ DG_API dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
 DG_API dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a);
 
 /* ---- gate (BDH's xy = dropout(xs · ys)) -----------------------------------
- * (B,H,T,L) tensors, H and L the spec's, B and T the call's; act f32 or bf16,
+ * (B,H,T,N) tensors, H and N the spec's, B and T the call's; act f32 or bf16,
  * gradients f32. The dropout mask is dg_dropout_keep(seed, step, layer,
  * elem0 + i, p) of dragon/rng.h for flat element i, regenerated (never
  * stored); p in [0, 1) (0: every element kept, scale 1), the scale
  * 1/(1 − p) rounded once. elem0 (0: the tensor's own masks) places the
  * tensor in a larger one's stream: a data-parallel rank running rows
- * row0 .. of the global batch passes row0·H·T·L and draws what one
+ * row0 .. of the global batch passes row0·H·T·N and draws what one
  * process running the whole batch draws for those rows (any value: one
  * that is not a multiple of 4, whole Philox blocks, costs the vectors a
  * block more and decoder_gate_bwd's warpgroup epilogue its vectors). p, seed,
@@ -485,7 +485,7 @@ typedef struct dg_gate_fwd_args {
 	 * captured into a CUDA graph reads it from its control block */
 	dg_dptr step_at;
 	/* added to each element's index before its draw: the first element's
-	 * index in the global batch's (B,H,T,L) tensor (row0·H·T·L), 0 alone */
+	 * index in the global batch's (B,H,T,N) tensor (row0·H·T·N), 0 alone */
 	uint64_t elem0;
 } dg_gate_fwd_args;
 DG_API dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a);
@@ -503,7 +503,7 @@ DG_API dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_
 
 /* decoder_gate_bwd: decoder_grad_input and gate_bwd in one kernel (no dxy
  * in memory), the model's backward on sm_90a:
- *   dxy = grad (B,1,T,E) f32 · w (E, H·L) (head h: columns h·L ..), f32;
+ *   dxy = grad (B,1,T,D) f32 · w (D, H·N) (head h: columns h·N ..), f32;
  *   g = keep ? dxy·(1/(1−p)) : 0; dxs = g·ys, dys = ys > 0 ? g·xs : 0.
  * w spec->weight f32 | bf16 (no scale: a low-bit recipe passes its bf16
  * copy), xs and ys act, dxs and dys spec->out (bf16 by default); dxs and
@@ -522,14 +522,15 @@ DG_API dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
 				     const dg_decoder_gate_bwd_args *a);
 
 /* ---- step (the training step's element-wise glue and layout change) ------
- *   add_mask   dxs (B,H,T,L) in/out spec->out, other spec->src, xs act:
+ *   add_mask   dxs (B,H,T,N) in/out spec->out, other spec->src, xs act:
  *              dxs = xs > 0 ? dxs + other : 0 (xs = relu(·) from two consumers)
  *   add3       a, b, c → out = (a + b) + c, f32, any shape (all the same);
  *              out may alias a
- *   transpose  in (R,E,L) f32 → out (R,L,E) act (bf16: rounded to nearest
- *              even), R the call's: the master encoders [H,D,N] to (H,N,D)
- *              (R = H, E = D, L = N), the decoder [H·N,D] to (D,H·N) (R = 1,
- *              E = H·N, L = D); the way back swaps E and L with act=f32.
+ *   transpose  in (R,D,N) f32 → out (R,N,D) act (bf16: rounded to nearest
+ *              even), R the call's, D and N the spec's embd and latent:
+ *              the master encoders [H,D,N] to (H,N,D) (R = H), the
+ *              decoder [H·N,D] to (D,H·N) (R = 1, embd H·N, latent D); the
+ *              way back swaps embd and latent with act=f32.
  * Exact: the CPU references' bits (dg_ref_run). */
 typedef struct dg_add_mask_args {
 	const dg_tensor *dxs; /* in and out */
@@ -547,7 +548,7 @@ typedef struct dg_transpose_args {
 } dg_transpose_args;
 DG_API dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a);
 
-/* ---- optim (the optimizer on the device: templates/adamw.lua) -------------
+/* ---- optim (the optimizer on the device: templates/optim.lua) -------------
  *   adamw_update  p, m, v (any shape, one shape) f32 in place, grad f32:
  *                 one AdamW update with the step's scalars from ctl, a
  *                 dg_adamw_ctl (dragon/optim.h) in device memory, which a

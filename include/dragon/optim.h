@@ -85,7 +85,7 @@ DG_API void dg_loss_scaler_defaults(dg_loss_scaler *ls, bool on);
  * device memory (a step's control block, updated by one small copy a step,
  * so a captured CUDA graph replays every step), and as the CPU reference
  * of adamw_update takes them. 80 bytes, this layout exactly
- * (templates/adamw.lua mirrors it).
+ * (templates/optim.lua mirrors it).
  * The host writes the first twelve fields, DG_ADAMW_CTL_HOST_BYTES, every
  * step (dg_adamw_ctl_fill, then the scaler's config); the rest is the
  * device's: the gradient norm (dg_grad_norm on the GPU) writes scale,

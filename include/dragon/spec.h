@@ -122,14 +122,14 @@ typedef enum dg_epi {
 DG_API const char *dg_epi_name(dg_epi e);
 
 /*
- * The granularity of an integer operand's scale (DESIGN.md "Formats and
- * scales"), a compile-time constant of the kernel like the formats:
+ * The granularity of an integer operand's scale (docs/formats.md, "Data
+ * formats"), a compile-time constant of the kernel like the formats:
  *   tensor   one float (the seed's recipe);
  *   token    activations: one float a row of the GEMM that reads the codes
- *            (lowrank x (B,Hin,T,E): B·Hin·T of them, row (b·Hin + hin)·T + t;
- *            decoder y (B,H,T,L): B·T, row b·T + t, over every head);
- *   channel  weights: one float an output channel (lowrank w (H,L,E): H·L,
- *            channel h·L + l; decoder w (E,H·L): E).
+ *            (lowrank x (B,Hin,T,D): B·Hin·T of them, row (b·Hin + hin)·T + t;
+ *            decoder y (B,H,T,N): B·T, row b·T + t, over every head);
+ *   channel  weights: one float an output channel (lowrank w (H,N,D): H·N,
+ *            channel h·N + n; decoder w (D,H·N): D).
  * The scales are applied in the epilogue as a row and a column multiply,
  * or (the gradients, where they run along the reduction) to the f32
  * operand as it is loaded. Text keys ascale= (tensor|token) and wscale=
@@ -163,8 +163,8 @@ typedef struct dg_spec {
 	dg_op op;
 	int heads;    /* H: output heads */
 	int in_heads; /* Hin: 1 (input shared by all heads) or H */
-	int embd;     /* E: model width; reduction length of lowrank_fwd */
-	int latent;   /* L: latent width per head */
+	int embd;     /* D: model width; reduction length of lowrank_fwd */
+	int latent;   /* N: latent width per head (the model's neurons a head) */
 	dg_fmt weight;
 	dg_fmt act;
 	dg_fmt out; /* what a forward op writes; a backward op's gradients (below) */
@@ -194,7 +194,7 @@ typedef struct dg_spec {
  *   out  the format of every gradient the op writes, an in-place one
  *        included (it is read in that format first).
  * Both take f32 | bf16 and default to f32. The ops and their gradients:
- *   decoder_grad_input   out: grad_y            (grad (B,1,T,E) stays f32)
+ *   decoder_grad_input   out: grad_y            (grad (B,1,T,D) stays f32)
  *   gate_bwd             out: dxy, dys over it, dxs
  *   decoder_gate_bwd     out: dxs, dys          (grad stays f32; its own
  *                        op, out defaults to bf16)
@@ -226,9 +226,9 @@ typedef enum dg_dim {
 	DG_DIM_R,     /* rows: the call's (pack ops) */
 	DG_DIM_H,     /* the spec's heads */
 	DG_DIM_HIN,   /* the spec's in_heads */
-	DG_DIM_E,     /* the spec's embd */
-	DG_DIM_L,     /* the spec's latent */
-	DG_DIM_HL,    /* heads · latent */
+	DG_DIM_D,     /* the spec's embd */
+	DG_DIM_N,     /* the spec's latent */
+	DG_DIM_HN,    /* heads · latent */
 	DG_DIM_ONE,   /* 1 */
 	DG_DIM_V,     /* the spec's vocab */
 } dg_dim;
@@ -336,7 +336,7 @@ DG_API const dg_op_info *dg_op_info_of(dg_op op);
 DG_API dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f);
 
 /* The extent of dimension d under s: B, T and R the call's (b, t, r),
- * the others the spec's (H, Hin, E, L, H·L, V; 1 for DG_DIM_ONE). */
+ * the others the spec's (H, Hin, D, N, H·N, V; 1 for DG_DIM_ONE). */
 DG_API int64_t dg_op_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r);
 
 /* Whether argument i of s's op is one of a call under s (its epi; see
@@ -354,7 +354,7 @@ DG_API bool dg_op_from_name(const char *name, dg_op *out);
 /* Fields that `op` reads (a mask of dg_field). */
 DG_API unsigned dg_spec_uses(dg_op op);
 
-/* The defaults of `op`: BDH's shape (H=4, E=256, L=8192, V=256), int8 weights
+/* The defaults of `op`: BDH's shape (H=4, D=256, N=8192, V=256), int8 weights
  * and activations, int8 out, no ReLU, auto tile, sm_90, then the op's own
  * (dg_op_info.defaults: decoder_fwd writes bf16, relu_mask has relu=0).
  * Always a valid spec. */

@@ -44,15 +44,15 @@ typedef struct dg_tensor {
 
 /* A contiguous tensor. ndim 1..4; shape copied. */
 DG_API dg_tensor dg_tensor_make(const char *name, dg_fmt fmt, dg_dptr data,
-				int ndim, const int64_t *shape);
-/* Same, shape as arguments: dg_tensor_4d("x", DG_FMT_INT8, p, B, 1, T, E). */
+			 int ndim, const int64_t *shape);
+/* Same, shape as arguments: dg_tensor_4d("x", DG_FMT_INT8, p, B, 1, T, D). */
 DG_API dg_tensor dg_tensor_1d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0);
 DG_API dg_tensor dg_tensor_2d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
-			      int64_t d1);
+		       int64_t d1);
 DG_API dg_tensor dg_tensor_3d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
-			      int64_t d1, int64_t d2);
+		       int64_t d1, int64_t d2);
 DG_API dg_tensor dg_tensor_4d(const char *name, dg_fmt fmt, dg_dptr data, int64_t d0,
-			      int64_t d1, int64_t d2, int64_t d3);
+		       int64_t d1, int64_t d2, int64_t d3);
 
 DG_API int64_t dg_tensor_numel(const dg_tensor *t);
 /* Storage bytes of a contiguous tensor of this format and shape (0 when the

@@ -60,8 +60,8 @@ extern "C" {
 /* ---- what `dragon-gen tune` tunes ---------------------------------------------- */
 
 /*
- * The ops the BDH training step runs, one spec each, at H=4, E=256,
- * L=8192 (the set `dragon-gen tune` tunes without spec flags):
+ * The ops the BDH training step runs, one spec each, at H=4, D=256,
+ * N=8192 (the set `dragon-gen tune` tunes without spec flags):
  *   lowrank_fwd ternary·int8 → int8 relu=0, and → bf16 relu=0;
  *   relu_mask ternary·int8 relu=0; decoder_fwd int8·int8 → bf16 and
  *   ternary·int8 → bf16; lowrank_grad_input ternary; lowrank_grad_weight

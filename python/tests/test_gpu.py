@@ -103,7 +103,7 @@ def test_projection_float_against_float64(gpu, weight):
     y.backward(g.to(y.dtype))
     want.backward(g)
     # the gradient GEMMs take bf16 operands with f32 sums on every path from
-    # sm_80 on (templates/backward.lua: about 1e-3 of the norm), f32 weights too
+    # sm_80 on (templates/grad.lua: about 1e-3 of the norm), f32 weights too
     assert rel(x.grad, x64.grad) < 5e-3 and rel(w.grad, w64.grad) < 5e-3
 
 

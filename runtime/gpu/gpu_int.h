@@ -124,7 +124,7 @@ dg_status dg__dev_enter(dg_device *dev);
 
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), which a kernel takes by value as a __grid_constant__
- * parameter (templates/tma.lua's dg_tmap). */
+ * parameter (templates/attention_tma.lua's dg_tmap). */
 typedef struct dg__tmap {
 	_Alignas(64) unsigned char bytes[128];
 } dg__tmap;

@@ -1,149 +1,301 @@
 /*
- * CPU references of the attention family (runtime/ref/ref_ops.h): the RoPE tables
- * and rotation of bdh.py, and BDH's attention — no softmax, no scaling,
- * strictly causal (tril(·, −1)), the values shared by every head — forward
- * and backward. Sums in double; S is recomputed, never stored.
+ * CPU references of the attention ops (runtime/ref/ref_ops.h; templates/rope.lua,
+ * templates/attention.lua): the same tensors the kernels take, act tensors
+ * in f32 or bf16 storage. RoPE in f32 exactly as the kernels round it
+ * (dg_ref_rope_fwd / dg_ref_rope_bwd); the GEMMs sum in double from the
+ * widened operands, so a GPU result is compared with a tolerance (f32: a
+ * state bound; bf16: normwise). Outputs in the act format round to nearest
+ * even once. Per (b, h) a T x T scratch at most; no quadratic memory in B.
+ * The model's own attention, which the CPU model runs: attention_model.c.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/ref/ref_int.h"
 
-#define ROPE_THETA 65536.0f
-
-void dg_ref_rope_table(int t_len, int n, float *cos_t, float *sin_t)
+void dg_ref_rope_pairs(int t_len, int n, float *table)
 {
-	const float two_pi = (float)(2.0 * M_PI);
-	for (int p = 0; p < n / 2; p++) {
-		/* the reference's f32 arithmetic: quantize(i) = 2·floor(i/2) */
-		float expo = (float)(2 * p) / (float)n;
-		float freq = 1.0f / powf(ROPE_THETA, expo) / two_pi;
-		for (int t = 0; t < t_len; t++) {
-			float ph = (float)t * freq;
-			ph = (ph - floorf(ph)) * two_pi;
-			cos_t[(int64_t)t * (n / 2) + p] = cosf(ph);
-			sin_t[(int64_t)t * (n / 2) + p] = sinf(ph);
+	size_t half = (size_t)t_len * (size_t)(n / 2);
+	float *c = malloc((half ? half : 1) * sizeof(float));
+	float *s = malloc((half ? half : 1) * sizeof(float));
+	if (!c || !s) {
+		free(c);
+		free(s);
+		return;
+	}
+	dg_ref_rope_table(t_len, n, c, s);
+	for (size_t i = 0; i < half; i++) {
+		table[2 * i] = c[i];
+		table[2 * i + 1] = s[i];
+	}
+	free(c);
+	free(s);
+}
+
+/* n values of act storage f (f32 | bf16) as floats (malloc'd). */
+static float *widen(dg_fmt f, const void *p, size_t n)
+{
+	float *o = malloc((n ? n : 1) * sizeof(float));
+	if (!o)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		o[i] = dg__ref_plain_at(f, p, i);
+	return o;
+}
+
+static void put(dg_fmt f, void *p, size_t i, double v)
+{
+	if (f == DG_FMT_BF16)
+		((uint16_t *)p)[i] = dg_f32_to_bf16((float)v);
+	else
+		((float *)p)[i] = (float)v;
+}
+
+/* The rope table's pairs back in dg_ref_rope_fwd's (cos, sin) tables;
+ * c and s are NULL after a failure (free them either way). */
+static dg_status split_table(const float *rope, int t, int n, float **c, float **s)
+{
+	size_t half = (size_t)t * (size_t)(n / 2);
+	*c = malloc((half ? half : 1) * sizeof(float));
+	*s = malloc((half ? half : 1) * sizeof(float));
+	if (!*c || !*s) {
+		free(*c);
+		free(*s);
+		*c = *s = NULL;
+		return DG_ERR_NOMEM;
+	}
+	for (size_t i = 0; i < half; i++) {
+		(*c)[i] = rope[2 * i];
+		(*s)[i] = rope[2 * i + 1];
+	}
+	return DG_OK;
+}
+
+static bool act_ok(const dg_spec *spec)
+{
+	return spec && (spec->act == DG_FMT_F32 || spec->act == DG_FMT_BF16) && spec->heads > 0 &&
+	       spec->latent > 0 && spec->latent % 2 == 0 && spec->embd > 0;
+}
+
+static void *xmalloc(size_t n)
+{
+	return malloc(n ? n : 1);
+}
+
+dg_status dg_ref_rope_op(const dg_spec *spec, const void *x, const float *rope, void *out, int b,
+			 int t)
+{
+	if (!spec || !x || !rope || !out || b < 0 || t < 0 || spec->latent % 2 ||
+	    (spec->op != DG_OP_ROPE_FWD && spec->op != DG_OP_ROPE_BWD))
+		return DG_ERR_INVALID_ARG;
+	bool fwd = spec->op == DG_OP_ROPE_FWD;
+	dg_fmt f = fwd ? spec->act : DG_FMT_F32;
+	int n = spec->latent;
+	int64_t rows = (int64_t)b * spec->heads;
+	size_t total = (size_t)rows * (size_t)t * (size_t)n;
+	float *c, *s;
+	float *xf = widen(f, x, total), *of = xmalloc(total * sizeof(float));
+	dg_status st = split_table(rope, t, n, &c, &s);
+	if (!st && (!xf || !of))
+		st = DG_ERR_NOMEM;
+	if (!st) {
+		if (fwd)
+			dg_ref_rope_fwd(xf, c, s, rows, t, n, of);
+		else
+			dg_ref_rope_bwd(xf, c, s, rows, t, n, of);
+		for (size_t i = 0; i < total; i++)
+			put(f, out, i, of[i]);
+	}
+	free(c);
+	free(s);
+	free(xf);
+	free(of);
+	return st;
+}
+
+/* qr = RoPE(xs) of (b, h) = z: (t, n) floats into q (tmp: t·n scratch);
+ * rope=pre: xs is qr already, copied. */
+static void rope_rows(const dg_spec *spec, const void *xs, int64_t z, const float *c,
+		      const float *s, int t, int n, float *tmp, float *q)
+{
+	size_t tn = (size_t)t * (size_t)n;
+	for (size_t i = 0; i < tn; i++)
+		tmp[i] = dg__ref_plain_at(spec->act, xs, (size_t)z * tn + i);
+	if (spec->rope_pre)
+		memcpy(q, tmp, tn * sizeof(float));
+	else
+		dg_ref_rope_fwd(tmp, c, s, 1, t, n, q);
+}
+
+dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const float *rope,
+				  void *scores, int b, int t)
+{
+	if (!act_ok(spec) || !xs || !rope || !scores || b < 0 || t < 0)
+		return DG_ERR_INVALID_ARG;
+	int n = spec->latent;
+	size_t tn = (size_t)t * (size_t)n, tt = (size_t)t * (size_t)t;
+	float *c, *s, *tmp = xmalloc(tn * sizeof(float)), *q = xmalloc(tn * sizeof(float));
+	dg_status st = split_table(rope, t, n, &c, &s);
+	if (!st && (!tmp || !q))
+		st = DG_ERR_NOMEM;
+	for (int64_t z = 0; !st && z < (int64_t)b * spec->heads; z++) {
+		rope_rows(spec, xs, z, c, s, t, n, tmp, q);
+		for (int i = 0; i < t; i++)
+			for (int j = 0; j < t; j++) {
+				double acc = 0.0;
+				for (int k = 0; j < i && k < n; k++)
+					acc += (double)q[(size_t)i * n + k] * q[(size_t)j * n + k];
+				put(spec->act, scores, (size_t)z * tt + (size_t)i * t + j, acc);
+			}
+	}
+	free(c);
+	free(s);
+	free(tmp);
+	free(q);
+	return st;
+}
+
+dg_status dg_ref_attention_out(const dg_spec *spec, const void *scores, const void *v, void *out,
+			       int b, int t)
+{
+	if (!act_ok(spec) || !scores || !v || !out || b < 0 || t < 0)
+		return DG_ERR_INVALID_ARG;
+	int d = spec->embd, h = spec->heads;
+	size_t tt = (size_t)t * (size_t)t, td = (size_t)t * (size_t)d;
+	double *acc = xmalloc((size_t)d * sizeof(double));
+	if (!acc)
+		return DG_ERR_NOMEM;
+	for (int64_t z = 0; z < (int64_t)b * h; z++) {
+		size_t vb = (size_t)(z / h) * td;
+		for (int i = 0; i < t; i++) {
+			memset(acc, 0, (size_t)d * sizeof(double));
+			for (int j = 0; j < i; j++) {
+				double sij = dg__ref_plain_at(spec->act, scores, (size_t)z * tt + (size_t)i * t + j);
+				for (int e = 0; e < d; e++)
+					acc[e] += sij * dg__ref_plain_at(spec->act, v, vb + (size_t)j * d + e);
+			}
+			for (int e = 0; e < d; e++)
+				put(spec->act, out, (size_t)z * td + (size_t)i * d + e, acc[e]);
 		}
 	}
+	free(acc);
+	return DG_OK;
 }
 
-void dg_ref_rope_fwd(const float *v, const float *cos_t, const float *sin_t, int64_t rows,
-		     int t_len, int n, float *out)
+dg_status dg_ref_attention_grad_scores(const dg_spec *spec, const float *grad, const void *v,
+				       void *grad_scores, int b, int t)
 {
-	for (int64_t r = 0; r < rows; r++)
-		for (int t = 0; t < t_len; t++) {
-			const float *a = v + (r * t_len + t) * n;
-			float *o = out + (r * t_len + t) * n;
-			const float *c = cos_t + (int64_t)t * (n / 2), *s = sin_t + (int64_t)t * (n / 2);
-			for (int p = 0; p < n / 2; p++) {
-				float e = a[2 * p], od = a[2 * p + 1];
-				o[2 * p] = e * c[p] - od * s[p];
-				o[2 * p + 1] = od * c[p] + e * s[p];
+	if (!act_ok(spec) || !grad || !v || !grad_scores || b < 0 || t < 0)
+		return DG_ERR_INVALID_ARG;
+	int d = spec->embd, h = spec->heads;
+	size_t tt = (size_t)t * (size_t)t, td = (size_t)t * (size_t)d;
+	for (int64_t z = 0; z < (int64_t)b * h; z++) {
+		const float *g = grad + (size_t)z * td;
+		size_t vb = (size_t)(z / h) * td;
+		for (int i = 0; i < t; i++)
+			for (int j = 0; j < t; j++) {
+				/* C[i][j] = dS[i][j] (j < i) or dS[j][i] (j > i), 0 on the diagonal */
+				int r = i > j ? i : j, col = i > j ? j : i;
+				double acc = 0.0;
+				for (int e = 0; i != j && e < d; e++)
+					acc += (double)g[(size_t)r * d + e] *
+					       dg__ref_plain_at(spec->act, v, vb + (size_t)col * d + e);
+				put(spec->act, grad_scores, (size_t)z * tt + (size_t)i * t + j, acc);
 			}
-		}
+	}
+	return DG_OK;
 }
 
-void dg_ref_rope_bwd(const float *dout, const float *cos_t, const float *sin_t, int64_t rows,
-		     int t_len, int n, float *dv)
+dg_status dg_ref_attention_grad_v(const dg_spec *spec, const void *scores, const float *grad,
+				  float *grad_v, int b, int t)
 {
-	for (int64_t r = 0; r < rows; r++)
-		for (int t = 0; t < t_len; t++) {
-			const float *g = dout + (r * t_len + t) * n;
-			float *o = dv + (r * t_len + t) * n;
-			const float *c = cos_t + (int64_t)t * (n / 2), *s = sin_t + (int64_t)t * (n / 2);
-			for (int p = 0; p < n / 2; p++) {
-				float ge = g[2 * p], go = g[2 * p + 1];
-				o[2 * p] = ge * c[p] + go * s[p];
-				o[2 * p + 1] = go * c[p] - ge * s[p];
-			}
-		}
-}
-
-/* S[i, j] = qr_i · qr_j for j < i (one head of one batch row). */
-static double score(const float *qr, int n, int i, int j)
-{
-	double s = 0.0;
-	for (int k = 0; k < n; k++)
-		s += (double)qr[(int64_t)i * n + k] * qr[(int64_t)j * n + k];
-	return s;
-}
-
-void dg_ref_attention_fwd(const float *qr, const float *v, int b, int h, int t, int n, int d,
-			  float *out)
-{
-	double *acc = malloc((size_t)d * sizeof(double));
+	if (!act_ok(spec) || !scores || !grad || !grad_v || b < 0 || t < 0)
+		return DG_ERR_INVALID_ARG;
+	int d = spec->embd, h = spec->heads;
+	size_t tt = (size_t)t * (size_t)t, td = (size_t)t * (size_t)d;
+	double *acc = xmalloc((size_t)d * sizeof(double));
 	if (!acc)
-		return;
+		return DG_ERR_NOMEM;
 	for (int bi = 0; bi < b; bi++)
-		for (int hi = 0; hi < h; hi++) {
-			const float *q = qr + ((int64_t)bi * h + hi) * t * n;
-			const float *vb = v + (int64_t)bi * t * d;
-			float *o = out + ((int64_t)bi * h + hi) * t * d;
-			for (int i = 0; i < t; i++) {
-				memset(acc, 0, (size_t)d * sizeof(double));
-				for (int j = 0; j < i; j++) {
-					double s = score(q, n, i, j);
-					for (int k = 0; k < d; k++)
-						acc[k] += s * vb[(int64_t)j * d + k];
+		for (int j = 0; j < t; j++) {
+			memset(acc, 0, (size_t)d * sizeof(double));
+			for (int hi = 0; hi < h; hi++) {
+				size_t z = (size_t)bi * h + hi;
+				for (int i = j + 1; i < t; i++) {
+					double sij = dg__ref_plain_at(spec->act, scores, z * tt + (size_t)i * t + j);
+					const float *g = grad + z * td + (size_t)i * d;
+					for (int e = 0; e < d; e++)
+						acc[e] += sij * g[e];
 				}
-				for (int k = 0; k < d; k++)
-					o[(int64_t)i * d + k] = (float)acc[k];
 			}
+			for (int e = 0; e < d; e++)
+				grad_v[(size_t)bi * td + (size_t)j * d + e] = (float)acc[e];
 		}
 	free(acc);
+	return DG_OK;
 }
 
-void dg_ref_attention_bwd(const float *dout, const float *qr, const float *v, int b, int h, int t,
-			  int n, int d, float *dqr, float *dv)
+dg_status dg_ref_attention_grad_xs(const dg_spec *spec, const void *grad_scores, const void *xs,
+				   const float *rope, void *grad_xs, int b, int t)
 {
-	double *ds = malloc((size_t)t * t * sizeof(double));
-	double *gq = malloc((size_t)t * n * sizeof(double));
-	double *gv = malloc((size_t)t * d * sizeof(double));
-	if (!ds || !gq || !gv)
-		goto out;
-	for (int bi = 0; bi < b; bi++) {
-		const float *vb = v + (int64_t)bi * t * d;
-		memset(gv, 0, (size_t)t * d * sizeof(double));
-		for (int hi = 0; hi < h; hi++) {
-			const float *q = qr + ((int64_t)bi * h + hi) * t * n;
-			const float *g = dout + ((int64_t)bi * h + hi) * t * d;
-			/* dS = tril(dout·vᵀ, −1) */
-			for (int i = 0; i < t; i++)
-				for (int j = 0; j < t; j++) {
-					double s = 0.0;
-					if (j < i)
-						for (int k = 0; k < d; k++)
-							s += (double)g[(int64_t)i * d + k] * vb[(int64_t)j * d + k];
-					ds[(int64_t)i * t + j] = s;
-				}
-			/* dqr_i = Σ_j (dS[i,j] + dS[j,i]) qr_j */
-			memset(gq, 0, (size_t)t * n * sizeof(double));
-			for (int i = 0; i < t; i++)
-				for (int j = 0; j < t; j++) {
-					double c = ds[(int64_t)i * t + j] + ds[(int64_t)j * t + i];
-					if (c == 0.0)
-						continue;
-					for (int k = 0; k < n; k++)
-						gq[(int64_t)i * n + k] += c * q[(int64_t)j * n + k];
-				}
-			float *oq = dqr + ((int64_t)bi * h + hi) * t * n;
-			for (int64_t k = 0; k < (int64_t)t * n; k++)
-				oq[k] = (float)gq[k];
-			/* dv_j += Σ_{i > j} S[i,j] dout_i */
-			for (int i = 0; i < t; i++)
-				for (int j = 0; j < i; j++) {
-					double s = score(q, n, i, j);
-					for (int k = 0; k < d; k++)
-						gv[(int64_t)j * d + k] += s * g[(int64_t)i * d + k];
-				}
+	if (!act_ok(spec) || !grad_scores || !xs || !rope || !grad_xs || b < 0 || t < 0 ||
+	    (spec->out != DG_FMT_F32 && spec->out != DG_FMT_BF16) || spec->epi != DG_EPI_STORE)
+		return DG_ERR_INVALID_ARG;
+	int n = spec->latent;
+	size_t tn = (size_t)t * (size_t)n, tt = (size_t)t * (size_t)t;
+	float *c, *s, *tmp = xmalloc(tn * sizeof(float)), *q = xmalloc(tn * sizeof(float));
+	float *gx = xmalloc(tn * sizeof(float));
+	double *acc = xmalloc((size_t)n * sizeof(double));
+	dg_status st = split_table(rope, t, n, &c, &s);
+	if (!st && (!tmp || !q || !acc || !gx))
+		st = DG_ERR_NOMEM;
+	for (int64_t z = 0; !st && z < (int64_t)b * spec->heads; z++) {
+		rope_rows(spec, xs, z, c, s, t, n, tmp, q);
+		for (int i = 0; i < t; i++) {
+			memset(acc, 0, (size_t)n * sizeof(double));
+			for (int j = 0; j < t; j++) {
+				double cij = dg__ref_plain_at(spec->act, grad_scores, (size_t)z * tt + (size_t)i * t + j);
+				if (cij == 0.0)
+					continue;
+				for (int k = 0; k < n; k++)
+					acc[k] += cij * q[(size_t)j * n + k];
+			}
+			for (int k = 0; k < n; k++)
+				tmp[(size_t)i * n + k] = (float)acc[k]; /* dqr row i */
 		}
-		float *ov = dv + (int64_t)bi * t * d;
-		for (int64_t k = 0; k < (int64_t)t * d; k++)
-			ov[k] = (float)gv[k];
+		/* RoPEᵀ in f32, then the out format's one rounding */
+		dg_ref_rope_bwd(tmp, c, s, 1, t, n, gx);
+		for (size_t i = 0; i < tn; i++)
+			put(spec->out, grad_xs, (size_t)z * tn + i, gx[i]);
 	}
-out:
-	free(ds);
-	free(gq);
-	free(gv);
+	free(c);
+	free(s);
+	free(tmp);
+	free(q);
+	free(gx);
+	free(acc);
+	return st;
+}
+
+/* epi=mask: the two ops it fuses, each by its own reference — grad_xs in
+ * f32, then add_mask (other f32) — so the fused kernel is held to the
+ * unfused pair. */
+dg_status dg_ref_attention_grad_xs_mask(const dg_spec *spec, const void *grad_scores,
+					const void *xs, const float *rope, const void *dxs,
+					const void *mask_xs, void *out, int b, int t)
+{
+	if (!act_ok(spec) || spec->epi != DG_EPI_MASK || !dxs || !mask_xs || !out || b < 0 || t < 0)
+		return DG_ERR_INVALID_ARG;
+	size_t n = (size_t)b * (size_t)spec->heads * (size_t)t * (size_t)spec->latent;
+	float *gx = xmalloc(n * sizeof(float));
+	if (!gx)
+		return DG_ERR_NOMEM;
+	dg_spec g = *spec;
+	g.epi = DG_EPI_STORE;
+	g.out = DG_FMT_F32;
+	dg_status st = dg_ref_attention_grad_xs(&g, grad_scores, xs, rope, gx, b, t);
+	if (!st)
+		st = dg_ref_add_mask(spec->act, spec->out, DG_FMT_F32, dxs, gx, mask_xs, (int64_t)n, out);
+	free(gx);
+	return st;
 }

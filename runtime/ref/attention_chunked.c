@@ -1,7 +1,7 @@
 /*
  * CPU references of BDH attention's chunked (linear-attention) form
- * (runtime/ref/ref_ops.h). With no softmax the attention is exactly linear attention
- * with Q = K = qr and V = v:
+ * (runtime/ref/ref_ops.h; the quadratic form: attention_model.c). With no softmax
+ * the attention is exactly linear attention with Q = K = qr and V = v:
  *
  *   o_t = Σ_{j<t} (qr_t·qr_j) v_j = qr_t·S_{t−1},   S_t = S_{t−1} + qr_tᵀ v_t
  *

@@ -1,12 +1,10 @@
 /*
- * The optimizer's reference (runtime/ref/ref_ops.h dg_ref_adamw): AdamW in
- * PyTorch's single-tensor order, every operation in f32 and rounded once,
- * so the GPU's update (templates/adamw.lua) given the same control block
- * is this bit for bit. The host optimizer (runtime/train/optim.c) runs it
- * too. The control block's host half is filled here (dragon/optim.h
- * dg_adamw_ctl_fill, the one function of that header below
- * runtime/train/: the ops' default control block is made of it), and the
- * loss scaler's rule is written here once for the tests to hold
+ * The optimizer's reference (runtime/ref/ref_ops.h dg_ref_adamw): AdamW in PyTorch's
+ * single-tensor order, every operation in f32 and rounded once, so the
+ * GPU's update (templates/optim.lua) given the same control block is this
+ * bit for bit. The host optimizer (runtime/train/optim.c) runs it too, and
+ * the control block's host half is filled here (dg_adamw_ctl_fill), and
+ * the loss scaler's rule is written here once for the tests to hold
  * dg_grad_clip to (dg_ref_loss_scale_update).
  */
 #include <math.h>

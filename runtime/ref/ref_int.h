@@ -1,5 +1,5 @@
 /*
- * CPU reference internals shared by the runtime/ref*.c files: the float →
+ * CPU reference internals shared by the files of runtime/ref/: the float →
  * code rounding every reference uses, and the element loaders of every
  * storage format (plain f32/bf16, i8x4 lanes, ternary and sign1 words).
  * Only those files look here.
@@ -87,7 +87,7 @@ static inline int dg__ref_code_at(dg_fmt f, const void *p, size_t i)
 	}
 }
 
-/* The backward references with a scale a row or a channel along the
+/* The gradient GEMMs' references with a scale a row or a channel along the
  * reduction (sv; NULL: the per-tensor value), as dg_ref_run reaches them. */
 dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const void *grad, const void *w,
 				       float sw, const float *sv, float *grad_x, int batch,

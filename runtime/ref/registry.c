@@ -172,7 +172,7 @@ dg_status dg__ref_attention_grad_xs(const dg_spec *spec, const dg_ref_call *c)
 					(int)c->t);
 }
 
-/* ---- embed, norm, loss: rows R of width E -------------------------------------- */
+/* ---- embed, norm, loss: rows R of width D -------------------------------------- */
 
 /* n values of a float tensor (f32 | bf16) as f32, malloc'd (NULL: no memory). */
 static float *floats_of(dg_fmt f, const void *p, size_t n)
@@ -307,7 +307,7 @@ dg_status dg__ref_resid_ln_bwd(const dg_spec *spec, const dg_ref_call *c)
 	return ln_bwd(spec, c, true);
 }
 
-/* x (R,E) src, w (E,V) weight, targets (R) → loss (1) f32 (argument 3),
+/* x (R,D) src, w (D,V) weight, targets (R) → loss (1) f32 (argument 3),
  * dx (4), dw (5, accumulate). */
 dg_status dg__ref_lmhead_ce(const dg_spec *spec, const dg_ref_call *c)
 {

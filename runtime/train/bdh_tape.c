@@ -27,6 +27,7 @@
  * one node.
  */
 #include "runtime/train/bdh_tape.h"
+#include "runtime/train/model_int.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -102,16 +103,16 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	}
 	/* the execution copies (a low-bit recipe's: codes and their scales,
 	 * one a channel or one a tensor) and their gradients */
-	const dg_proj_recipe *rc[3] = { &c->encoder, &c->encoder_v, &c->decoder };
-	static const char *const en[3] = { "encoder", "encoder_v", "decoder" };
-	for (int k = 0; k < 3; k++) {
-		dg_fmt wf = codes ? rc[k]->weight : act;
+	for (int k = 0; k < DG_PROJ__COUNT; k++) {
+		const dg_proj_recipe *rc = dg__proj_recipe(c, k);
+		const bool dec = k == DG_PROJ_DECODER;
+		dg_fmt wf = codes ? rc->weight : act;
 		int64_t sh[3] = { H, N, D }, dsh[2] = { D, H * N };
-		snprintf(nm, sizeof(nm), "%s.exec", en[k]);
-		id->exec[k] = dg__tape_buf(t, nm, wf, DG__B_LOWBIT, k < 2 ? 3 : 2, k < 2 ? sh : dsh);
+		snprintf(nm, sizeof(nm), "%s.exec", dg__proj_name(k));
+		id->exec[k] = dg__tape_buf(t, nm, wf, DG__B_LOWBIT, dec ? 2 : 3, dec ? dsh : sh);
 		if (codes) {
-			int64_t ns = rc[k]->wscale == DG_SCALE_CHANNEL ? (k < 2 ? H * N : D) : 1;
-			snprintf(nm, sizeof(nm), "%s.scale", en[k]);
+			int64_t ns = rc->wscale == DG_SCALE_CHANNEL ? (dec ? D : H * N) : 1;
+			snprintf(nm, sizeof(nm), "%s.scale", dg__proj_name(k));
 			dg__tape_set_scale(t, id->exec[k], buf(t, nm, DG__B_LOWBIT, 1, ns, 0, 0, 0));
 		}
 	}
@@ -121,21 +122,22 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		int64_t n1[1] = { H * N * D };
 		id->exec_codes = dg__tape_buf(t, "exec.codes", DG_FMT_INT8, DG__B_LOWBIT, 1, n1);
 	}
-	for (int k = 0; k < 3; k++) { /* 16 MiB each at the 25M shape */
+	for (int k = 0; k < DG_PROJ__COUNT; k++) { /* 16 MiB each at the 25M shape */
+		const bool dec = k == DG_PROJ_DECODER;
 		int64_t sh[3] = { H, N, D }, dsh[2] = { D, H * N };
-		if (!(k < 2 ? bf16g : codes && dgate))
+		if (!(dec ? codes && dgate : bf16g))
 			continue;
-		snprintf(nm, sizeof(nm), "%s.exec.bf16", en[k]);
-		id->exec_bf16[k] = dg__tape_buf(t, nm, DG_FMT_BF16, DG__B_LOWBIT, k < 2 ? 3 : 2, k < 2 ? sh : dsh);
+		snprintf(nm, sizeof(nm), "%s.exec.bf16", dg__proj_name(k));
+		id->exec_bf16[k] = dg__tape_buf(t, nm, DG_FMT_BF16, DG__B_LOWBIT, dec ? 2 : 3, dec ? dsh : sh);
 	}
 	const bool dfwd = gpu && tg->dec_fwd_gemm && !lowbit && act == DG_FMT_BF16;
 	if (dfwd) { /* 16 MiB at the 25M shape */
 		int64_t sh[3] = { H, N, D };
 		id->dec_fwd = dg__tape_buf(t, "decoder.fwd.bf16", DG_FMT_BF16, DG__B_LOWBIT, 3, sh);
 	}
-	id->gexec[0] = buf(t, "grad.encoder.exec", DG__B_TEMP, 3, H, N, D, 0);
-	id->gexec[1] = buf(t, "grad.encoder_v.exec", DG__B_TEMP, 3, H, N, D, 0);
-	id->gexec[2] = buf(t, "grad.decoder.exec", DG__B_TEMP, 2, D, H * N, 0, 0);
+	id->gexec[DG_PROJ_ENCODER] = buf(t, "grad.encoder.exec", DG__B_TEMP, 3, H, N, D, 0);
+	id->gexec[DG_PROJ_ENCODER_V] = buf(t, "grad.encoder_v.exec", DG__B_TEMP, 3, H, N, D, 0);
+	id->gexec[DG_PROJ_DECODER] = buf(t, "grad.decoder.exec", DG__B_TEMP, 2, D, H * N, 0, 0);
 	int64_t bt2[2] = { B, T }, one[1] = { 1 };
 	/* the batch is written before the first node and the loss read after
 	 * the last: they live the whole step, beside the copies (a lifetime
@@ -239,20 +241,22 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 				dg__tape_set_scale(t, xyq, view(t, xyqs_all, l, (int)Ly, "xyq.scale", 1, B * T, 0,
 								  0, 0));
 			}
-			node(t, DG__N_QUANT, l, x[l], -1, -1, -1, xq, -1, 0);
+			node(t, DG__N_QUANT, l, x[l], -1, -1, -1, xq, -1, DG_PROJ_ENCODER);
 		}
-		node(t, DG__N_PROJ, l, lowbit ? xq : x[l], id->exec[0], -1, -1, xsl[l], -1, 0);
+		node(t, DG__N_PROJ, l, lowbit ? xq : x[l], id->exec[DG_PROJ_ENCODER], -1, -1, xsl[l], -1,
+		     DG_PROJ_ENCODER);
 		node(t, DG__N_ATTN, l, xsl[l], x[l], gpu ? id->rope : id->cos, gpu ? -1 : id->sin, att,
 		     svl[l], 0);
 		node(t, DG__N_LN, l, att, -1, -1, -1, al[l], arl[l], 0);
 		if (lowbit)
-			node(t, DG__N_QUANT, l, al[l], -1, -1, -1, aq, -1, 1);
-		node(t, DG__N_PROJ, l, lowbit ? aq : al[l], id->exec[1], -1, -1, ysl[l], -1, 1);
+			node(t, DG__N_QUANT, l, al[l], -1, -1, -1, aq, -1, DG_PROJ_ENCODER_V);
+		node(t, DG__N_PROJ, l, lowbit ? aq : al[l], id->exec[DG_PROJ_ENCODER_V], -1, -1, ysl[l], -1,
+		     DG_PROJ_ENCODER_V);
 		node(t, DG__N_GATE, l, xsl[l], ysl[l], -1, -1, xyl[l], -1, 0);
 		if (lowbit)
-			node(t, DG__N_QUANT, l, xyl[l], -1, -1, -1, xyq, -1, 2);
-		node(t, DG__N_DEC, l, lowbit ? xyq : xyl[l], dfwd ? id->dec_fwd : id->exec[2], -1, -1, yd,
-		     -1, 0);
+			node(t, DG__N_QUANT, l, xyl[l], -1, -1, -1, xyq, -1, DG_PROJ_DECODER);
+		node(t, DG__N_DEC, l, lowbit ? xyq : xyl[l], dfwd ? id->dec_fwd : id->exec[DG_PROJ_DECODER], -1,
+		     -1, yd, -1, 0);
 		node(t, DG__N_LN, l, yd, -1, -1, -1, yl[l], yrl[l], 0);
 		node(t, DG__N_RESID_LN, l, x[l], yl[l], -1, -1, x[l + 1], orl[l], 0);
 	}
@@ -281,16 +285,20 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		/* dxy lands in dys's bytes; the gate's backward turns it into
 		 * dys in place (dgate: one node writes dxs and dys, no dxy) */
 		if (dgate) {
-			node(t, DG__N_DEC_GATE, l, dyd, codes ? id->exec_bf16[2] : id->exec[2], xsl[l],
-			     ysl[l], dxs, dys, 0);
+			node(t, DG__N_DEC_GATE, l, dyd,
+			     codes ? id->exec_bf16[DG_PROJ_DECODER] : id->exec[DG_PROJ_DECODER], xsl[l], ysl[l],
+			     dxs, dys, 0);
 		} else {
-			node(t, DG__N_DEC_IN, l, dyd, id->exec[2], -1, -1, dys, -1, 0);
+			node(t, DG__N_DEC_IN, l, dyd, id->exec[DG_PROJ_DECODER], -1, -1, dys, -1, 0);
 			node(t, DG__N_GATE_BWD, l, dys, xsl[l], ysl[l], -1, dxs, dys, 0);
 		}
-		node(t, DG__N_PROJ_IN, l, dys, bf16g ? id->exec_bf16[1] : id->exec[1], -1, -1, da, -1, 1);
+		node(t, DG__N_PROJ_IN, l, dys,
+		     bf16g ? id->exec_bf16[DG_PROJ_ENCODER_V] : id->exec[DG_PROJ_ENCODER_V], -1, -1, da, -1,
+		     DG_PROJ_ENCODER_V);
 		node(t, DG__N_LN_BWD, l, da, al[l], arl[l], -1, datt, -1, 0);
 		node(t, DG__N_ATTN_BWD, l, datt, svl[l], x[l], xsl[l], dxs, dv, 0);
-		node(t, DG__N_PROJ_IN, l, dxs, bf16g ? id->exec_bf16[0] : id->exec[0], -1, -1, dxe, -1, 0);
+		node(t, DG__N_PROJ_IN, l, dxs, bf16g ? id->exec_bf16[DG_PROJ_ENCODER] : id->exec[DG_PROJ_ENCODER],
+		     -1, -1, dxe, -1, DG_PROJ_ENCODER);
 		node(t, DG__N_ADD3, l, ds, dv, dxe, -1, dxn, -1, 0);
 		dx = dxn;
 	}
@@ -308,20 +316,20 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	int xw = lowbit ? xq_all : x_all, aw = lowbit ? aq_all : a_all;
 	if (bf16g) {
 		xw = abuf(t, DG_FMT_BF16, "xq.all.bf16", DG__B_TEMP, 4, LB, 1, T, D);
-		node(t, DG__N_DEQUANT, -1, xq_all, -1, -1, -1, xw, -1, 0);
+		node(t, DG__N_DEQUANT, -1, xq_all, -1, -1, -1, xw, -1, DG_PROJ_ENCODER);
 	}
-	node(t, DG__N_PROJ_W, -1, dxs_all, xw, -1, -1, id->gexec[0], -1, 0);
-	node(t, DG__N_TO_MASTER, -1, id->gexec[0], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
+	node(t, DG__N_PROJ_W, -1, dxs_all, xw, -1, -1, id->gexec[DG_PROJ_ENCODER], -1, DG_PROJ_ENCODER);
+	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_ENCODER], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
 	     DG_PARAM_ENCODER);
 	if (bf16g) {
 		aw = abuf(t, DG_FMT_BF16, "aq.all.bf16", DG__B_TEMP, 4, LB, H, T, D);
-		node(t, DG__N_DEQUANT, -1, aq_all, -1, -1, -1, aw, -1, 1);
+		node(t, DG__N_DEQUANT, -1, aq_all, -1, -1, -1, aw, -1, DG_PROJ_ENCODER_V);
 	}
-	node(t, DG__N_PROJ_W, -1, dys_all, aw, -1, -1, id->gexec[1], -1, 1);
-	node(t, DG__N_TO_MASTER, -1, id->gexec[1], -1, -1, -1, id->grads[DG_PARAM_ENCODER_V], -1,
+	node(t, DG__N_PROJ_W, -1, dys_all, aw, -1, -1, id->gexec[DG_PROJ_ENCODER_V], -1, DG_PROJ_ENCODER_V);
+	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_ENCODER_V], -1, -1, -1, id->grads[DG_PARAM_ENCODER_V], -1,
 	     DG_PARAM_ENCODER_V);
-	node(t, DG__N_DEC_W, -1, dyd_all, lowbit ? xyq_all : xy_all, -1, -1, id->gexec[2], -1, 0);
-	node(t, DG__N_TO_MASTER, -1, id->gexec[2], -1, -1, -1, id->grads[DG_PARAM_DECODER], -1,
+	node(t, DG__N_DEC_W, -1, dyd_all, lowbit ? xyq_all : xy_all, -1, -1, id->gexec[DG_PROJ_DECODER], -1, 0);
+	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_DECODER], -1, -1, -1, id->grads[DG_PARAM_DECODER], -1,
 	     DG_PARAM_DECODER);
 	return t->oom ? DG_ERR_NOMEM : DG_OK;
 }

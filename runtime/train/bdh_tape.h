@@ -1,6 +1,6 @@
 /*
  * The BDH step as a tape (runtime/train/tape.h): the buffers and nodes of
- * DESIGN.md's model, forward then backward, for a config and (B, T).
+ * dragon/model.h's model, forward then backward, for a config and (B, T).
  *
  * Shared weights: every layer reads the same execution copies, and each
  * weight's gradient is one node over all layers' rows (the layers' inputs
@@ -18,16 +18,16 @@
 typedef struct dg__bdh_ids {
 	int params[DG_MODEL_N_PARAMS]; /* the masters, reference layouts */
 	int grads[DG_MODEL_N_PARAMS];  /* their gradients */
-	int exec[3];                   /* encoder, encoder_v (H,N,D); decoder (D,H·N);
+	int exec[DG_PROJ__COUNT];      /* encoder, encoder_v (H,N,D); decoder (D,H·N);
 					* a low-bit recipe's codes carry their scales */
 	int exec_f32;                  /* low-bit: a transposed f32 master (H·N·D) */
 	int exec_codes;                /* low-bit: its codes, one a byte, before packing */
-	int exec_bf16[3];              /* bf16_grads: the encoders' codes × scales (H,N,D)
+	int exec_bf16[DG_PROJ__COUNT]; /* bf16_grads: the encoders' codes × scales (H,N,D)
 					* bf16, what their input gradients read; dec_gate:
 					* the decoder's (D,H·N), what DEC_GATE reads */
 	int dec_fwd;                   /* dec_fwd_gemm: the decoder's bf16 copy in the
 					* master's layout [H·N, D], what its forward reads */
-	int gexec[3];                  /* the execution copies' gradients */
+	int gexec[DG_PROJ__COUNT];     /* the execution copies' gradients */
 	int tokens, targets;           /* (B, T) int32 (4-byte buffers) */
 	int cos, sin;                  /* the CPU's RoPE tables (T, N/2) */
 	int rope;                      /* the GPU's: (T, N) f32, cos at 2p, sin at 2p+1 */
@@ -53,7 +53,7 @@ typedef struct dg__bdh_target {
 	/* the GPU's bf16 activations on sm_90: the decoder's input gradient
 	 * and the gate's backward are one node (DEC_GATE, decoder_gate_bwd),
 	 * which reads the decoder's weight in bf16 (a low-bit recipe's
-	 * dequantized copy, exec_bf16[2]) */
+	 * dequantized copy, exec_bf16[DG_PROJ_DECODER]) */
 	bool dec_gate;
 	/* the GPU's float bf16 recipe on sm_90: the decoder's forward as the
 	 * projection's input-gradient GEMM (lowrank_grad_input's warpgroup

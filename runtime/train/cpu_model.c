@@ -1,8 +1,8 @@
 /*
  * The BDH model on the CPU references (dragon/model.h dg_model_cpu_step):
- * the forward of DESIGN.md's model, every layer's activations kept, and the
- * backward in reverse — the oracle the GPU model is checked against, and a
- * model CI can check by finite differences at tiny sizes.
+ * the forward dragon/model.h writes, every layer's activations kept, and
+ * the backward in reverse — the oracle the GPU model is checked against,
+ * and a model CI can check by finite differences at tiny sizes.
  *
  * It runs the step's tape (runtime/train/bdh_tape.c, the one the GPU
  * model runs) on host arenas planned from it, each node by the references
@@ -136,8 +136,8 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 				     NULL, F(s, out[1]));
 		return DG_OK;
 	case DG__N_PROJ: {
-		dg_spec sp = fspec(s, DG_OP_LOWRANK_FWD, nd->arg ? s->H : 1,
-				   nd->arg ? c->thr_y : c->thr_x, true);
+		const bool v = nd->arg == DG_PROJ_ENCODER_V; /* else the encoder */
+		dg_spec sp = fspec(s, DG_OP_LOWRANK_FWD, v ? s->H : 1, v ? c->thr_y : c->thr_x, true);
 		dg_ref_lowrank_args a = { .x = F(s, in[0]), .w = F(s, in[1]), .sa = 1, .sw = 1,
 					  .so = 1, .out = F(s, out[0]), .batch = s->B, .time = s->T };
 		return dg_ref_lowrank_fwd(&sp, &a);
@@ -183,11 +183,11 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 		/* fake quantization: the recipe's codes a scale a token,
 		 * dequantized (x (B,1,T,D) a token (b,t); a (B,H,T,D) a row
 		 * (b,h,t); xy (B,H,T,N) a token (b,t) over every head) */
-		const dg_proj_recipe *r = nd->arg == 0 ? &c->encoder : nd->arg == 1 ? &c->encoder_v : &c->decoder;
+		const dg_proj_recipe *r = dg__proj_recipe(c, nd->arg);
 		size_t Bq = (size_t)s->B, G = 1, C = (size_t)s->D;
-		if (nd->arg == 1)
+		if (nd->arg == DG_PROJ_ENCODER_V)
 			Bq *= (size_t)s->H;
-		if (nd->arg == 2) {
+		if (nd->arg == DG_PROJ_DECODER) {
 			G = (size_t)s->H;
 			C = (size_t)s->N;
 		}
@@ -243,7 +243,8 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 		return DG_OK;
 	}
 	case DG__N_PROJ_IN: {
-		dg_spec sp = fspec(s, DG_OP_LOWRANK_GRAD_INPUT, nd->arg ? s->H : 1, 0, false);
+		dg_spec sp = fspec(s, DG_OP_LOWRANK_GRAD_INPUT, nd->arg == DG_PROJ_ENCODER_V ? s->H : 1, 0,
+				   false);
 		return dg_ref_lowrank_grad_input(&sp, F(s, in[0]), F(s, in[1]), 1, F(s, out[0]), s->B,
 						 s->T);
 	}
@@ -276,7 +277,8 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 		return DG_OK;
 	}
 	case DG__N_PROJ_W: {
-		dg_spec sp = fspec(s, DG_OP_LOWRANK_GRAD_WEIGHT, nd->arg ? s->H : 1, 0, false);
+		dg_spec sp = fspec(s, DG_OP_LOWRANK_GRAD_WEIGHT, nd->arg == DG_PROJ_ENCODER_V ? s->H : 1, 0,
+				   false);
 		return dg_ref_lowrank_grad_weight(&sp, F(s, in[0]), F(s, in[1]), 1, F(s, out[0]),
 						  batch_of(s, in[0]), s->T);
 	}
@@ -309,11 +311,12 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
  * else why not. */
 static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
 {
-	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
 	char why[256];
 	bool f32 = true, ints = dg__model_lowbit_why(c, why, sizeof(why)) == NULL;
-	for (int i = 0; i < 3; i++)
-		f32 = f32 && r[i]->weight == DG_FMT_F32 && r[i]->act == DG_FMT_F32;
+	for (int i = 0; i < DG_PROJ__COUNT; i++) {
+		const dg_proj_recipe *r = dg__proj_recipe(c, i);
+		f32 = f32 && r->weight == DG_FMT_F32 && r->act == DG_FMT_F32;
+	}
 	*lowbit = !f32 && ints;
 	if (f32 || ints)
 		return NULL;
@@ -324,11 +327,11 @@ static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
 /* Execution copy k (f32, the kernels' layout) replaced by its recipe's
  * dequantized codes: int8 a scale a channel (a row), else a scale a
  * tensor (runtime/ref/ref_ops.h's quantizers). */
-static dg_status fake_weight(step *s, int k)
+static dg_status fake_weight(step *s, dg_proj k)
 {
-	const dg_proj_recipe *r = k == 0 ? &s->c->encoder : k == 1 ? &s->c->encoder_v : &s->c->decoder;
+	const dg_proj_recipe *r = dg__proj_recipe(s->c, k);
 	float *w = F(s, s->id.exec[k]);
-	size_t cols = k < 2 ? (size_t)s->D : (size_t)s->H * s->N;
+	size_t cols = k == DG_PROJ_DECODER ? (size_t)s->H * s->N : (size_t)s->D;
 	size_t n = (size_t)s->H * s->N * s->D, rows = n / cols;
 	int8_t *q = malloc(n + 1);
 	float *sc = malloc(rows * sizeof(float) + 4);
@@ -554,10 +557,11 @@ static dg_status step_open(step *s, const dg_model_weights *w, const dg_model_ba
 	/* the masters, their execution copies, the batch, the RoPE tables */
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
 		memcpy(F(s, s->id.params[p]), w->params[p], s->t.bufs[s->id.params[p]].bytes);
-	to_hnd(w->params[DG_PARAM_ENCODER], F(s, s->id.exec[0]), s->H, s->D, s->N);
-	to_hnd(w->params[DG_PARAM_ENCODER_V], F(s, s->id.exec[1]), s->H, s->D, s->N);
-	transpose(w->params[DG_PARAM_DECODER], F(s, s->id.exec[2]), (int64_t)s->H * s->N, s->D);
-	for (int k = 0; s->lowbit && k < 3 && !st; k++)
+	to_hnd(w->params[DG_PARAM_ENCODER], F(s, s->id.exec[DG_PROJ_ENCODER]), s->H, s->D, s->N);
+	to_hnd(w->params[DG_PARAM_ENCODER_V], F(s, s->id.exec[DG_PROJ_ENCODER_V]), s->H, s->D, s->N);
+	transpose(w->params[DG_PARAM_DECODER], F(s, s->id.exec[DG_PROJ_DECODER]), (int64_t)s->H * s->N,
+		  s->D);
+	for (int k = 0; s->lowbit && k < DG_PROJ__COUNT && !st; k++)
 		st = fake_weight(s, k);
 	memcpy(I(s, s->id.tokens), batch->idx, (size_t)s->bt * sizeof(int32_t));
 	if (batch->targets)

@@ -53,10 +53,11 @@
 
 static bool float_recipe(const dg_model_config *c)
 {
-	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
-	for (int i = 0; i < 3; i++)
-		if (r[i]->weight != c->precision || r[i]->act != c->precision)
+	for (int i = 0; i < DG_PROJ__COUNT; i++) {
+		const dg_proj_recipe *r = dg__proj_recipe(c, i);
+		if (r->weight != c->precision || r->act != c->precision)
 			return false;
+	}
 	return true;
 }
 
@@ -204,7 +205,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	if (st)
 		return st;
 	/* a per-tensor weight scale's partial sums (the largest copy's) */
-	for (int k = 0; m->lowbit && k < 3 && !st; k++) {
+	for (int k = 0; m->lowbit && k < DG_PROJ__COUNT && !st; k++) {
 		const dg_proj_recipe *r = dg__gm_recipe(m, k);
 		if (r->wscale == DG_SCALE_CHANNEL)
 			continue;
@@ -212,7 +213,8 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 		q.weight = r->weight;
 		q.src = DG_FMT_F32;
 		dg_spec_normalize(&q);
-		int64_t E = k == 2 ? (int64_t)m->H * m->N : m->D, R = (int64_t)m->H * m->N * m->D / E;
+		int64_t E = k == DG_PROJ_DECODER ? (int64_t)m->H * m->N : m->D;
+		int64_t R = (int64_t)m->H * m->N * m->D / E;
 		dg_tensor wf = dg_tensor_2d("w", DG_FMT_F32, FAKE_BASE, R, E);
 		dg_tensor cd = dg_tensor_2d("codes", DG_FMT_INT8, FAKE_BASE, R, E);
 		cd.scale = FAKE_BASE;
@@ -268,11 +270,11 @@ void dg_model_memory_of(const dg_model *m, dg_model_memory *out)
 		dg__tape_report(&m->t, out);
 }
 
-/* Execution copy k (0 encoder, 1 encoder_v, 2 decoder) from its master. */
-dg_status dg__gm_make_copy(dg_model *m, int k)
+/* Execution copy k (dragon/model.h dg_proj) from its master. */
+dg_status dg__gm_make_copy(dg_model *m, dg_proj k)
 {
 	dg_device *dev = m->dev;
-	bool dec = k == 2;
+	bool dec = k == DG_PROJ_DECODER;
 	int64_t R = dec ? 1 : m->H, E = dec ? (int64_t)m->H * m->N : m->D, L = dec ? m->D : m->N;
 	dg_spec s = dg__gm_op_spec(m, DG_OP_TRANSPOSE);
 	s.embd = (int)E;
@@ -280,7 +282,8 @@ dg_status dg__gm_make_copy(dg_model *m, int k)
 	if (m->lowbit)
 		s.act = DG_FMT_F32;
 	dg_spec_normalize(&s);
-	int src = m->id.params[k == 0 ? DG_PARAM_ENCODER : k == 1 ? DG_PARAM_ENCODER_V : DG_PARAM_DECODER];
+	int src = m->id.params[k == DG_PROJ_ENCODER ? DG_PARAM_ENCODER
+			       : k == DG_PROJ_ENCODER_V ? DG_PARAM_ENCODER_V : DG_PARAM_DECODER];
 	dg_tensor i = dg__gm_tn(m, src), o = dg__gm_tn(m, m->lowbit ? m->id.exec_f32 : m->id.exec[k]);
 	dg_tensor i3 = dg_tensor_3d(i.name, DG_FMT_F32, i.data, R, E, L);
 	dg_tensor o3 = dg_tensor_3d(o.name, m->lowbit ? DG_FMT_F32 : m->act, o.data, R, L, E);
@@ -360,7 +363,7 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 	/* the execution copies: [H, D, N] → (H, N, D); [H·N, D] → (D, H·N), in
 	 * the activations' format, or (low-bit) in f32, then quantized (and
 	 * packed) with their scales */
-	for (int k = 0; k < 3 && !st; k++)
+	for (int k = 0; k < DG_PROJ__COUNT && !st; k++)
 		st = dg__gm_make_copy(m, k);
 	if (!st && m->id.dec_fwd >= 0)
 		st = upload_bf16(m, m->id.dec_fwd, w->params[DG_PARAM_DECODER]);
@@ -567,7 +570,7 @@ dg_status dg_model_sync_copies(dg_model *m)
 	if (!m)
 		return DG_ERR_INVALID_ARG;
 	dg_status st = DG_OK;
-	for (int k = 0; k < 3 && !st; k++)
+	for (int k = 0; k < DG_PROJ__COUNT && !st; k++)
 		st = dg__gm_make_copy(m, k);
 	if (!st && m->id.dec_fwd >= 0)
 		st = dec_fwd_copy(m);

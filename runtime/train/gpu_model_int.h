@@ -41,9 +41,9 @@ struct dg_model {
 
 /* The batch's checks and its upload: tokens, targets, the bad flag reset. */
 dg_status dg__gm_upload(dg_model *m, const dg_model_batch *bt);
-/* Execution copy k (0 encoder, 1 encoder_v, 2 decoder) from its master
- * on the device. */
-dg_status dg__gm_make_copy(dg_model *m, int k);
+/* Execution copy k (dragon/model.h dg_proj) from its master on the
+ * device. */
+dg_status dg__gm_make_copy(dg_model *m, dg_proj k);
 
 
 /* A buffer's device address (a distinct placeholder while sizing); the
@@ -53,8 +53,8 @@ dg_tensor dg__gm_tn(const dg_model *m, int id);
 
 /* Specs: an op's with the model's shape, device arch and activations'
  * formats (base), normalized (op); dequantize's (codes of act with the
- * granularity g, to bf16); projection which's recipe (0 encoder, 1
- * encoder_v, 2 decoder). */
+ * granularity g, to bf16); projection which's recipe (which: a
+ * dragon/model.h dg_proj). */
 dg_spec dg__gm_base_spec(const dg_model *m, dg_op op);
 dg_spec dg__gm_op_spec(const dg_model *m, dg_op op);
 dg_spec dg__gm_dequant_spec(const dg_model *m, dg_fmt act, dg_scale_gran g);

@@ -321,7 +321,7 @@ static dg_status tail(dg_model *m)
 			a.copy = dg__gm_addr(m, m->id.dec_fwd);
 		st = dg_adamw_update(dev, &s, &a);
 	}
-	for (int k = 0; k < 3 && !st; k++)
+	for (int k = 0; k < DG_PROJ__COUNT && !st; k++)
 		st = dg__gm_make_copy(m, k);
 	return st;
 }

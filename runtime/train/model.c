@@ -377,19 +377,28 @@ dg_status dg__model_config_of(const dg_safetensors *f, const char *path, dg_mode
 	return DG_OK;
 }
 
+const dg_proj_recipe *dg__proj_recipe(const dg_model_config *c, dg_proj p)
+{
+	return p == DG_PROJ_ENCODER ? &c->encoder : p == DG_PROJ_ENCODER_V ? &c->encoder_v : &c->decoder;
+}
+
+const char *dg__proj_name(dg_proj p)
+{
+	return p == DG_PROJ_ENCODER ? "encoder" : p == DG_PROJ_ENCODER_V ? "encoder_v" : "decoder";
+}
+
 const char *dg__model_lowbit_why(const dg_model_config *c, char *buf, size_t size)
 {
-	const dg_proj_recipe *r[3] = { &c->encoder, &c->encoder_v, &c->decoder };
-	static const char *const en[3] = { "encoder", "encoder_v", "decoder" };
-	for (int i = 0; i < 3; i++) {
-		if (!dg_fmt_is_code(r[i]->weight) || !dg_fmt_is_code(r[i]->act)) {
+	for (int i = 0; i < DG_PROJ__COUNT; i++) {
+		const dg_proj_recipe *r = dg__proj_recipe(c, i);
+		if (!dg_fmt_is_code(r->weight) || !dg_fmt_is_code(r->act)) {
 			snprintf(buf, size, "%s: weight=%s act=%s: a recipe is all float (f32, bf16) or all integer",
-				 en[i], dg_fmt_name(r[i]->weight), dg_fmt_name(r[i]->act));
+				 dg__proj_name(i), dg_fmt_name(r->weight), dg_fmt_name(r->act));
 			return buf;
 		}
-		if (r[i]->ascale != DG_SCALE_TOKEN || r[i]->absmean) {
+		if (r->ascale != DG_SCALE_TOKEN || r->absmean) {
 			snprintf(buf, size, "%s.ascale=%s: the GPU model quantizes activations a scale a token (absmax)",
-				 en[i], dg_scale_name(r[i]->ascale));
+				 dg__proj_name(i), dg_scale_name(r->ascale));
 			return buf;
 		}
 	}

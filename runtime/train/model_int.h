@@ -11,6 +11,11 @@
 #include "dragon/model.h"
 #include "runtime/store/safetensors.h"
 
+/* Projection p's recipe in c (dragon/model.h dg_proj), and the
+ * projection's name: "encoder", "encoder_v", "decoder". */
+const dg_proj_recipe *dg__proj_recipe(const dg_model_config *c, dg_proj p);
+const char *dg__proj_name(dg_proj p);
+
 /* NULL when c's recipe is the low-bit kind the tape serves — every
  * projection's weights and activations integer, the activations a scale
  * a token (absmax): one scale a layer cannot serve the weight gradient's

@@ -1,5 +1,5 @@
 /*
- * The tape of a training step (DESIGN.md "Training step"): the buffers a
+ * The tape of a training step (docs/training.md): the buffers a
  * step touches and the nodes that read and write them, forward then
  * backward, recorded once per (config, B, T) by a builder (bdh_tape.c),
  * then planned into arenas and run by a backend (the CPU references,
@@ -48,14 +48,14 @@ typedef enum dg__nkind {
 	/* forward */
 	DG__N_EMBED,    /* out0 = table[tokens]                       in: table */
 	DG__N_LN,       /* out0 = LN(in0), out1 = rstd                 */
-	DG__N_PROJ,     /* out0 = relu(in0 · in1ᵀ − thr), arg: 0 encoder, 1 encoder_v */
+	DG__N_PROJ,     /* out0 = relu(in0 · in1ᵀ − thr), arg: DG_PROJ_ENCODER | _ENCODER_V */
 	DG__N_ATTN,     /* out0 = att, out1 = what its backward needs (qr | S); in: xs, x */
 	DG__N_GATE,     /* out0 = dropout(in0 · in1), layer keys the mask */
 	DG__N_DEC,      /* out0 = in0 (B,H,T,N) · in1 (D, H·N)ᵀ */
 	DG__N_RESID_LN, /* out0 = LN(in0 + in1), out1 = rstd */
 	DG__N_CE,       /* loss of in0 · in1 (lm_head) against the targets */
 	DG__N_QUANT,    /* out0 = codes of in0 with their scales (a recipe's act),
-			 * arg: 0 encoder's input, 1 encoder_v's, 2 decoder's */
+			 * arg: the dg_proj whose input it is */
 	/* backward */
 	DG__N_CE_BWD,      /* out0 = dx (=), out1 = d lm_head (=), out2 = the loss
 			    * again; in: x, lm_head, targets */

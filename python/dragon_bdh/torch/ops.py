@@ -4,22 +4,22 @@ Raw ops (no autograd; integer results): quantize_act, quantize_weight,
 dequantize, pack, unpack. Differentiable ops (torch.autograd.Function,
 straight-through gradients w.r.t. quantized operands, as dragon's step):
   projection(x, w, weight="int8", relu=True, threshold=0.0)
-                     x (B,Hin,T,E) f32|bf16, w (H,L,E) f32|bf16 (dragon's
+                     x (B,Hin,T,D) f32|bf16, w (H,N,D) f32|bf16 (dragon's
                      layout, nn.Linear's (out, in) per head)
-                     -> relu(x . w^T - threshold) (B,H,T,L) (relu=False:
+                     -> relu(x . w^T - threshold) (B,H,T,N) (relu=False:
                      x . w^T, no threshold), x's dtype; with a
                      low-bit weight format x is quantized a token at a
                      time and w a channel at a time first, the ReLU's
                      mask recomputed from the saved codes in the backward
-  decoder(y, w)      y (B,H,T,L) f32|bf16, w (E,H*L) -> (B,1,T,E) f32,
+  decoder(y, w)      y (B,H,T,N) f32|bf16, w (D,H*N) -> (B,1,T,D) f32,
                      the head sum fused; w low-bit a channel at a time
-  attention(xs, v)   xs (B,H,T,L), v (B,1,T,E), one dtype
-                     -> tril(RoPE(xs) . RoPE(xs)^T, -1) . v (B,H,T,E)
+  attention(xs, v)   xs (B,H,T,N), v (B,1,T,D), one dtype
+                     -> tril(RoPE(xs) . RoPE(xs)^T, -1) . v (B,H,T,D)
   fake_quant_act(x), fake_quant_weight(w): the quantizers' round trip,
                      gradient passed straight through.
 The backward's GEMMs take bf16 operands with f32 sums on every path
 from sm_80 on, f32 weights and activations too (dragon's step does the
-same; about 1e-3 of the norm, templates/backward.lua), so gradients are
+same; about 1e-3 of the norm, templates/grad.lua), so gradients are
 f32 tensors good to bf16's rounding, not to f32's.
 Each differentiable op's forward and backward are torch.library custom
 ops (dragon_bdh::projection_fwd, ...) with fake implementations, so
@@ -160,24 +160,24 @@ def _relu_text(threshold, relu):
 
 
 def _exec_weight(w, weight, wscale):
-    """w (H,L,E) master -> (storage, scale) the kernels read."""
-    H, L, E = w.shape
+    """w (H,N,D) master -> (storage, scale) the kernels read."""
+    H, N, D = w.shape
     if weight not in LOWBIT:
         return w.to(_call.STORAGE[weight][0]).contiguous(), None
-    codes, scale = quantize_weight(w.reshape(H * L, E), weight, wscale)
+    codes, scale = quantize_weight(w.reshape(H * N, D), weight, wscale)
     if weight in PACKED:
-        return pack(codes, weight).reshape(H, L, -1), scale
-    return codes.reshape(H, L, E), scale
+        return pack(codes, weight).reshape(H, N, -1), scale
+    return codes.reshape(H, N, D), scale
 
 
-def _proj_spec(op, H, Hin, E, L, extra):
-    text = "op=%s;heads=%d;in_heads=%d;embd=%d;latent=%d" % (op, H, Hin, E, L)
+def _proj_spec(op, H, Hin, D, N, extra):
+    text = "op=%s;heads=%d;in_heads=%d;embd=%d;latent=%d" % (op, H, Hin, D, N)
     return text + extra
 
 
 def _proj_fwd_impl(x, w, weight, threshold, relu):
-    B, Hin, T, E = x.shape
-    H, L, E2 = w.shape
+    B, Hin, T, D = x.shape
+    H, N, D2 = w.shape
     xf = float_fmt(x, "x")
     lowbit = weight in LOWBIT
     act = "int8" if lowbit else xf
@@ -192,12 +192,12 @@ def _proj_fwd_impl(x, w, weight, threshold, relu):
         scales = ""
         weight = xf
     wq, wsc = _exec_weight(w, weight, "channel")
-    out = torch.empty((B, H, T, L), dtype=x.dtype, device=x.device)
+    out = torch.empty((B, H, T, N), dtype=x.dtype, device=x.device)
     relu_t = _relu_text(threshold, relu)
-    text = _proj_spec("lowrank_fwd", H, Hin, E, L,
+    text = _proj_spec("lowrank_fwd", H, Hin, D, N,
                       ";weight=%s;act=%s;out=%s;relu=%s%s" % (weight, act, xf, relu_t, scales))
-    call(text, [ffi_tensor("x", xq, act, xsc, logical=(B, Hin, T, E)),
-                ffi_tensor("w", wq, weight, wsc, logical=(H, L, E)),
+    call(text, [ffi_tensor("x", xq, act, xsc, logical=(B, Hin, T, D)),
+                ffi_tensor("w", wq, weight, wsc, logical=(H, N, D)),
                 ffi_tensor("out", out, xf)], x)
     if not lowbit:  # the float path saves its inputs (a custom op's outputs may not alias them)
         none = lambda: torch.empty(0, dtype=torch.float32, device=x.device)  # noqa: E731
@@ -206,8 +206,8 @@ def _proj_fwd_impl(x, w, weight, threshold, relu):
 
 
 def _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, threshold, relu, x_float):
-    B, Hin, T, E = x_shape
-    H, L, _ = w_shape
+    B, Hin, T, D = x_shape
+    H, N, _ = w_shape
     lowbit = weight in LOWBIT
     act = "int8" if lowbit else x_float
     if not lowbit:
@@ -219,19 +219,19 @@ def _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, threshold, 
     ws = wsc if lowbit else None
     if not lowbit:  # xq, wq are the inputs x and w (the masters)
         xq, wq = xq.contiguous(), wq.to(xq.dtype).contiguous()
-    fx = lambda: ffi_tensor("x", xq, act, xs, logical=(B, Hin, T, E))  # noqa: E731
-    fw = lambda: ffi_tensor("w", wq, weight, ws, logical=(H, L, E))  # noqa: E731
+    fx = lambda: ffi_tensor("x", xq, act, xs, logical=(B, Hin, T, D))  # noqa: E731
+    fw = lambda: ffi_tensor("w", wq, weight, ws, logical=(H, N, D))  # noqa: E731
     if relu:
         gm = torch.empty_like(g)
-        call(_proj_spec("relu_mask", H, Hin, E, L, ";weight=%s;act=%s;relu=%s%s%s" % (
+        call(_proj_spec("relu_mask", H, Hin, D, N, ";weight=%s;act=%s;relu=%s%s%s" % (
             weight, act, _relu_text(threshold, relu), scales_w, scales_a)),
             [fx(), fw(), ffi_tensor("grad", g, "f32"), ffi_tensor("grad_out", gm, "f32")], g)
         g = gm
-    gx = torch.empty((B, Hin, T, E), dtype=torch.float32, device=g.device)
-    call(_proj_spec("lowrank_grad_input", H, Hin, E, L, ";weight=%s%s" % (weight, scales_w)),
+    gx = torch.empty((B, Hin, T, D), dtype=torch.float32, device=g.device)
+    call(_proj_spec("lowrank_grad_input", H, Hin, D, N, ";weight=%s%s" % (weight, scales_w)),
          [ffi_tensor("grad", g, "f32"), fw(), ffi_tensor("grad_x", gx, "f32")], g)
-    gw = torch.empty((H, L, E), dtype=torch.float32, device=g.device)
-    call(_proj_spec("lowrank_grad_weight", H, Hin, E, L, ";act=%s%s" % (act, scales_a)),
+    gw = torch.empty((H, N, D), dtype=torch.float32, device=g.device)
+    call(_proj_spec("lowrank_grad_weight", H, Hin, D, N, ";act=%s%s" % (act, scales_a)),
          [ffi_tensor("grad", g, "f32"), fx(), ffi_tensor("grad_w", gw, "f32")], g)
     return gx, gw
 
@@ -240,8 +240,8 @@ def _proj_bwd_impl(grad, xq, xsc, wq, wsc, x_shape, w_shape, weight, threshold, 
 
 
 def _dec_fwd_impl(y, w, weight):
-    B, H, T, L = y.shape
-    E, HL = w.shape
+    B, H, T, N = y.shape
+    D, HN = w.shape
     yf = float_fmt(y, "y")
     y = y.contiguous()
     lowbit = weight in LOWBIT
@@ -252,9 +252,9 @@ def _dec_fwd_impl(y, w, weight):
     else:
         weight = yf
         wq, wsc, extra = w.to(y.dtype).contiguous(), None, ""
-    out = torch.empty((B, 1, T, E), dtype=torch.float32, device=y.device)
-    call("op=decoder_fwd;heads=%d;embd=%d;latent=%d;weight=%s;act=%s;out=f32%s" % (H, E, L, weight, yf, extra),
-         [ffi_tensor("y", y, yf), ffi_tensor("w", wq, weight, wsc, logical=(E, HL)),
+    out = torch.empty((B, 1, T, D), dtype=torch.float32, device=y.device)
+    call("op=decoder_fwd;heads=%d;embd=%d;latent=%d;weight=%s;act=%s;out=f32%s" % (H, D, N, weight, yf, extra),
+         [ffi_tensor("y", y, yf), ffi_tensor("w", wq, weight, wsc, logical=(D, HN)),
           ffi_tensor("out", out, "f32")], y)
     if not lowbit:  # the float path saves the master (no alias out of a custom op)
         none = lambda: torch.empty(0, dtype=torch.float32, device=y.device)  # noqa: E731
@@ -263,8 +263,8 @@ def _dec_fwd_impl(y, w, weight):
 
 
 def _dec_bwd_impl(grad, y, wq, wsc, weight, w_shape):
-    B, H, T, L = y.shape
-    E, HL = w_shape
+    B, H, T, N = y.shape
+    D, HN = w_shape
     yf = float_fmt(y, "y")
     lowbit = weight in LOWBIT
     if not lowbit:  # wq is the master
@@ -272,12 +272,12 @@ def _dec_bwd_impl(grad, y, wq, wsc, weight, w_shape):
         wq = wq.to(y.dtype).contiguous()
     extra = ";wscale=channel" if lowbit else ""
     g = grad.to(torch.float32).contiguous()
-    gy = torch.empty((B, H, T, L), dtype=torch.float32, device=g.device)
-    call("op=decoder_grad_input;heads=%d;embd=%d;latent=%d;weight=%s%s" % (H, E, L, weight, extra),
-         [ffi_tensor("grad", g, "f32"), ffi_tensor("w", wq, weight, wsc if lowbit else None, logical=(E, HL)),
+    gy = torch.empty((B, H, T, N), dtype=torch.float32, device=g.device)
+    call("op=decoder_grad_input;heads=%d;embd=%d;latent=%d;weight=%s%s" % (H, D, N, weight, extra),
+         [ffi_tensor("grad", g, "f32"), ffi_tensor("w", wq, weight, wsc if lowbit else None, logical=(D, HN)),
           ffi_tensor("grad_y", gy, "f32")], g)
-    gw = torch.empty((E, HL), dtype=torch.float32, device=g.device)
-    call("op=decoder_grad_weight;heads=%d;embd=%d;latent=%d;act=%s" % (H, E, L, yf),
+    gw = torch.empty((D, HN), dtype=torch.float32, device=g.device)
+    call("op=decoder_grad_weight;heads=%d;embd=%d;latent=%d;act=%s" % (H, D, N, yf),
          [ffi_tensor("grad", g, "f32"), ffi_tensor("y", y.contiguous(), yf), ffi_tensor("grad_w", gw, "f32")], g)
     return gy, gw
 
@@ -289,12 +289,12 @@ _ropes = {}
 
 def rope_table(t, n, device):
     """dragon's RoPE table (T, N) f32 (pairs' cos and sin of
-    DESIGN.md's phases), on device (cached)."""
+    dg_ref_rope_table's phases, dragon/ref.h), on device (cached)."""
     key = (t, n, str(device))
     r = _ropes.get(key)
     if r is None:
-        L = _lib.lib()
-        fn = L.dg_ref_rope_pairs
+        lib = _lib.lib()
+        fn = lib.dg_ref_rope_pairs
         fn.restype, fn.argtypes = None, [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         host = torch.empty((t, n), dtype=torch.float32)
         fn(t, n, host.data_ptr())
@@ -303,35 +303,35 @@ def rope_table(t, n, device):
 
 
 def _att_fwd_impl(xs, v):
-    B, H, T, L = xs.shape
-    E = v.shape[-1]
+    B, H, T, N = xs.shape
+    D = v.shape[-1]
     f = float_fmt(xs, "xs")
     xs, v = xs.contiguous(), v.to(xs.dtype).contiguous()
-    rope = rope_table(T, L, xs.device)
+    rope = rope_table(T, N, xs.device)
     scores = torch.empty((B, H, T, T), dtype=xs.dtype, device=xs.device)
-    call("op=attention_scores;heads=%d;latent=%d;act=%s" % (H, L, f),
+    call("op=attention_scores;heads=%d;latent=%d;act=%s" % (H, N, f),
          [ffi_tensor("xs", xs, f), ffi_tensor("rope", rope, "f32"), ffi_tensor("scores", scores, f)], xs)
-    out = torch.empty((B, H, T, E), dtype=xs.dtype, device=xs.device)
-    call("op=attention_out;heads=%d;embd=%d;act=%s" % (H, E, f),
+    out = torch.empty((B, H, T, D), dtype=xs.dtype, device=xs.device)
+    call("op=attention_out;heads=%d;embd=%d;act=%s" % (H, D, f),
          [ffi_tensor("scores", scores, f), ffi_tensor("v", v, f), ffi_tensor("out", out, f)], xs)
     return out, scores
 
 
 def _att_bwd_impl(grad, xs, v, scores):
-    B, H, T, L = xs.shape
-    E = v.shape[-1]
+    B, H, T, N = xs.shape
+    D = v.shape[-1]
     f = float_fmt(xs, "xs")
     g = grad.to(torch.float32).contiguous()
     v = v.to(xs.dtype).contiguous()
-    rope = rope_table(T, L, xs.device)
+    rope = rope_table(T, N, xs.device)
     c = torch.empty((B, H, T, T), dtype=xs.dtype, device=xs.device)
-    call("op=attention_grad_scores;heads=%d;embd=%d;act=%s" % (H, E, f),
+    call("op=attention_grad_scores;heads=%d;embd=%d;act=%s" % (H, D, f),
          [ffi_tensor("grad", g, "f32"), ffi_tensor("v", v, f), ffi_tensor("grad_scores", c, f)], g)
-    gv = torch.empty((B, 1, T, E), dtype=torch.float32, device=g.device)
-    call("op=attention_grad_v;heads=%d;embd=%d;act=%s" % (H, E, f),
+    gv = torch.empty((B, 1, T, D), dtype=torch.float32, device=g.device)
+    call("op=attention_grad_v;heads=%d;embd=%d;act=%s" % (H, D, f),
          [ffi_tensor("scores", scores, f), ffi_tensor("grad", g, "f32"), ffi_tensor("grad_v", gv, "f32")], g)
-    gxs = torch.empty((B, H, T, L), dtype=torch.float32, device=g.device)
-    call("op=attention_grad_xs;heads=%d;latent=%d;act=%s;out=f32" % (H, L, f),
+    gxs = torch.empty((B, H, T, N), dtype=torch.float32, device=g.device)
+    call("op=attention_grad_xs;heads=%d;latent=%d;act=%s;out=f32" % (H, N, f),
          [ffi_tensor("grad_scores", c, f), ffi_tensor("xs", xs.contiguous(), f), ffi_tensor("rope", rope, "f32"),
           ffi_tensor("grad_xs", gxs, "f32")], g)
     return gxs, gv
@@ -349,16 +349,16 @@ def projection_fwd(x: torch.Tensor, w: torch.Tensor, weight: str, threshold: flo
 
 @projection_fwd.register_fake
 def _(x, w, weight, threshold, relu):
-    B, Hin, T, E = x.shape
-    H, L, _ = w.shape
-    out = x.new_empty((B, H, T, L))
+    B, Hin, T, D = x.shape
+    H, N, _ = w.shape
+    out = x.new_empty((B, H, T, N))
     if weight not in LOWBIT:
         none = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
         return out, none(), none(), none(), none()
-    xq = x.new_empty((B, Hin, T, E), dtype=torch.int8)
-    wq = w.new_empty(storage_shape(weight, (H, L, E)), dtype=_call.STORAGE[weight][0])
+    xq = x.new_empty((B, Hin, T, D), dtype=torch.int8)
+    wq = w.new_empty(storage_shape(weight, (H, N, D)), dtype=_call.STORAGE[weight][0])
     return (out, xq, x.new_empty((B * Hin * T,), dtype=torch.float32), wq,
-            x.new_empty((H * L,), dtype=torch.float32))
+            x.new_empty((H * N,), dtype=torch.float32))
 
 
 @torch.library.custom_op("dragon_bdh::projection_bwd", mutates_args=())
@@ -382,14 +382,14 @@ def decoder_fwd(y: torch.Tensor, w: torch.Tensor, weight: str) -> tuple[torch.Te
 
 @decoder_fwd.register_fake
 def _(y, w, weight):
-    B, H, T, L = y.shape
-    E, HL = w.shape
-    out = y.new_empty((B, 1, T, E), dtype=torch.float32)
+    B, H, T, N = y.shape
+    D, HN = w.shape
+    out = y.new_empty((B, 1, T, D), dtype=torch.float32)
     if weight not in LOWBIT:
         none = lambda: y.new_empty((0,), dtype=torch.float32)  # noqa: E731
         return out, none(), none()
-    wq = w.new_empty(storage_shape(weight, (E, HL)), dtype=_call.STORAGE[weight][0])
-    return out, wq, y.new_empty((E,), dtype=torch.float32)
+    wq = w.new_empty(storage_shape(weight, (D, HN)), dtype=_call.STORAGE[weight][0])
+    return out, wq, y.new_empty((D,), dtype=torch.float32)
 
 
 @torch.library.custom_op("dragon_bdh::decoder_bwd", mutates_args=())
@@ -412,7 +412,7 @@ def attention_fwd(xs: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torc
 
 @attention_fwd.register_fake
 def _(xs, v):
-    B, H, T, L = xs.shape
+    B, H, T, N = xs.shape
     return xs.new_empty((B, H, T, v.shape[-1])), xs.new_empty((B, H, T, T))
 
 
@@ -496,7 +496,7 @@ class Attention(torch.autograd.Function):
 def projection(x, w, weight="int8", relu=True, threshold=0.0):
     """relu(x . w^T - threshold) per head, or x . w^T with relu=False.
 
-    x (B, Hin, T, E) float32|bfloat16, w (H, L, E) -> (B, H, T, L) in x's
+    x (B, Hin, T, D) float32|bfloat16, w (H, N, D) -> (B, H, T, N) in x's
     dtype; weight: the format w is computed in ("int8", "ternary",
     "sign1": x then int8 a token at a time; "f32", "bf16": x's own
     format). relu: bool, whether a ReLU follows; threshold: what it
@@ -522,7 +522,7 @@ def projection(x, w, weight="int8", relu=True, threshold=0.0):
 
 
 def decoder(y, w, weight="int8"):
-    """The decoder tail: sum_h y[:, h] . w[:, h*L:(h+1)*L]^T, (B,1,T,E) f32."""
+    """The decoder tail: sum_h y[:, h] . w[:, h*N:(h+1)*N]^T, (B,1,T,D) f32."""
     return Decoder.apply(y, w, weight)
 
 

@@ -1,8 +1,8 @@
 --[[
-backward_wgmma.lua — the sm_90a warpgroup path of lowrank_grad_input and
+grad_wgmma.lua — the sm_90a warpgroup path of lowrank_grad_input and
 lowrank_grad_weight when both operands are bf16 (src=bf16 and weight=bf16
 / act=bf16): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
-(templates/backward.lua picks it with M.fits, keeps the ABI, the grids
+(templates/grad.lua picks it with M.fits, keeps the ABI, the grids
 and the splits — grad_weight's over B·T, lowrank_grad_input's over K —
 and appends the _reduce entries).
 
@@ -18,7 +18,7 @@ GEMM C[m, n] = Σ_k A[m, k] · B[n, k], f32 sums, K steps of BK 64:
     MN-major (e contiguous), affine rows of E. splits == 1: grad_x (dst)
     = Σ; else the raw Σ into partial p at dst + p·NX (NX = B·HIN·T·E; the
     same sums: bf16 w has no scale), which the reduce entry
-    dg_lowrank_grad_input_reduce adds in split order (backward.lua).
+    dg_lowrank_grad_input_reduce adds in split order (grad_ops.lua).
   lowrank_grad_weight  per head h = z % H, split p = z / H: m = l, n = e,
     k = (b, t) of K = B·T, the split's K steps [p·kt_per_split, ...).
     A = grad[b, h, t, l] and B = x[b, hin(h), t, e], both MN-major (a K
@@ -40,10 +40,11 @@ hide one block's barrier behind the other's MMAs.
 Precision: bf16 operands are exact; products exact in f32, sums f32 (K
 ascending within a block): |got − ref| <= K·2^-24·Σ|terms|.
 
-Shared memory (dynamic; M.smem_bytes, backward.lua M.plan checks it):
+Shared memory (dynamic; M.smem_bytes, grad.lua M.plan checks it):
 S·(BM + BN)·BK·2 bytes and 1024 for the atoms' alignment.
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local DEV = require("device")
 local WB = require("wgmma_bf16")
 local fmt = string.format
 
@@ -51,7 +52,7 @@ local M = {}
 
 -- The path applies to the spec (whatever the tile): sm_90a, one of the two
 -- lowrank grads, bf16 gradient and bf16 other operand; grad_input's
--- reduction L a multiple of BK 64. k: backward.lua's fields.
+-- reduction L a multiple of BK 64. k: grad.lua's fields.
 function M.applies(k)
   return k.arch == 90 and k.arch_specific and k.gfmt == "bf16" and k.bfmt == "bf16" and
          (k.op == "lowrank_grad_weight" or (k.op == "lowrank_grad_input" and k.L % 64 == 0))
@@ -84,7 +85,7 @@ end
 --     cost 4 MiB a split, written once and read once by the reduce entry.
 --     Three stages (two K steps, 64 KiB, in flight a block, four an SM):
 --     four would take 129 KiB, one block an SM. Measured on the H200
---     (tests/test_gpu_backward_bdh.c): the encoder's call 150 µs, 457
+--     (tests/test_gpu_grad_bdh.c): the encoder's call 150 µs, 457
 --     TFLOP/s, with its 4 splits (433 µs before); the model's 12 calls a
 --     step 1.8 ms (4.5 before).
 --   lowrank_grad_weight 128x128x64/8x1/3: per head M = L 8192, 512 blocks,
@@ -116,7 +117,7 @@ static_assert(A_UNITS % NT == 0 && B_UNITS % NT == 0, "whole chunks a thread");
 local ADDR = {}
 
 -- grad_input's A rows: as the mma.sync path addresses them
-ADDR.lowrank_grad_input = require("backward_mma").ADDR.lowrank_grad_input
+ADDR.lowrank_grad_input = require("grad_ops").ADDR.lowrank_grad_input
 
 ADDR.lowrank_grad_weight = [[
 // MN-major staging: unit u = tid + s·NT is K row (u/8) % 64, chunk u % 8 of
@@ -200,8 +201,8 @@ LOAD.lowrank_grad_weight = [[
 	};]]
 
 local PROLOGUE = {
-  -- the K split of every path (backward_mma.lua M.GI_SPLIT)
-  lowrank_grad_input = require("backward_mma").GI_SPLIT.PROLOGUE .. [[
+  -- the K split of every path (grad_ops.lua M.GI_SPLIT)
+  lowrank_grad_input = require("grad_ops").GI_SPLIT.PROLOGUE .. [[
 
 	const int nsteps = k_end - k_begin;
 	(void)sw;				// bf16 w: no scale]],
@@ -269,7 +270,7 @@ ${EPILOGUE}
 }
 ]]
 
--- Renders the warpgroup kernel; `c` holds what backward.lua's render worked
+-- Renders the warpgroup kernel; `c` holds what grad.lua's render worked
 -- out (spec, op, its OPS entry o, shape, tile, banner lines).
 function M.render(c)
   local o, op = c.o, c.op
@@ -282,21 +283,21 @@ function M.render(c)
                               c.bn, c.bm // 64)
   c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d blocks an SM;",
                               c.stages, smem, minb == 2 and 2 or 1)
-  c.about[#c.about + 1] = fmt("  A (grad, bf16) %s, B (%s, bf16) N-major (templates/backward_wgmma.lua).",
+  c.about[#c.about + 1] = fmt("  A (grad, bf16) %s, B (%s, bf16) N-major (templates/grad_wgmma.lua).",
                               gi and "K-major" or "M-major", c.bname)
-  local w = C.writer()
-  w:line(C.banner(c.spec, "backward.lua", c.about))
-  w:line(C.helpers({ cp_async = true }))
+  local w = EMIT.writer()
+  w:line(EMIT.banner(c.spec, "grad.lua", c.about))
+  w:line(DEV.helpers({ cp_async = true }))
   w:line(WB.helpers(c.bn, not gi, true))
-  w:line(C.subst(HEAD, { H = c.H, HIN = c.HIN, E = c.E, L = c.L, BM = c.bm, BN = c.bn, BK = c.bk, S = c.stages }))
-  w:line(C.subst(o.text, { HIN_H = c.HIN_H }))
-  w:line(C.subst(ADDR[op], { HIN_H = c.HIN_H }))
-  w:line(C.subst(KERNEL, {
+  w:line(EMIT.subst(HEAD, { H = c.H, HIN = c.HIN, E = c.E, L = c.L, BM = c.bm, BN = c.bn, BK = c.bk, S = c.stages }))
+  w:line(EMIT.subst(o.text, { HIN_H = c.HIN_H }))
+  w:line(EMIT.subst(ADDR[op], { HIN_H = c.HIN_H }))
+  w:line(EMIT.subst(KERNEL, {
     MINB = minb, ENTRY = c.entry,
-    SIG = C.subst(o.sig, { BT = "unsigned short" }),
+    SIG = EMIT.subst(o.sig, { BT = "unsigned short" }),
     PROLOGUE = PROLOGUE[op], LOAD = LOAD[op],
-    EPILOGUE = C.subst(EPILOGUE[op], { PAIRS = C.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
-    MAINLOOP = C.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
+    EPILOGUE = EMIT.subst(EPILOGUE[op], { PAIRS = EMIT.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
+    MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
                                       B_KC = "false", B_KS = "2048" }),
   }))
   return w:text()

@@ -1,6 +1,6 @@
 /*
- * Every kernel variant of templates/backward.lua and templates/qweight.lua
- * renders and compiles to an sm_90 cubin: each backward op × each weight /
+ * Every kernel variant of templates/grad.lua and templates/qweight.lua
+ * renders and compiles to an sm_90 cubin: each gradient GEMM × each weight /
  * act format × in_heads 1 / H at the BDH shape (the default tiles: the
  * tensor-core path, mma.sync m16n8k16 bf16), the same for sm_80 and for
  * sm_75 (the fp32 SIMT path), odd tiles of both paths (SIMT: single
@@ -12,7 +12,7 @@
  * tiles, latent 100 and 36 (the 8-byte chunks of a bf16 row aligned to 8
  * bytes only), the canonical text naming them only when bf16, a format
  * they do not take refused by field; the sm_90a warpgroup path of the
- * lowrank grads with bf16 gradient and operand (templates/backward_wgmma.lua:
+ * lowrank grads with bf16 gradient and operand (templates/grad_wgmma.lua:
  * its default and other tiles, small shapes, the plan's path, the
  * promotion of plan_for, its refusals, mma.sync for other tiles);
  * lowrank_grad_input's K split on every path (the split ABI and the
@@ -91,7 +91,7 @@ static const char *gw_entries[] = { "dg_lowrank_grad_weight",
 static const char *dgw_entries[] = { "dg_decoder_grad_weight",
 				     "dg_decoder_grad_weight_reduce" };
 
-Test(nvrtc_backward, lowrank_grad_input_every_weight_and_in_heads)
+Test(nvrtc_grad, lowrank_grad_input_every_weight_and_in_heads)
 {
 	dg_codegen *cg = make_cg();
 
@@ -105,7 +105,7 @@ Test(nvrtc_backward, lowrank_grad_input_every_weight_and_in_heads)
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_backward, lowrank_grad_weight_every_act_and_in_heads)
+Test(nvrtc_grad, lowrank_grad_weight_every_act_and_in_heads)
 {
 	dg_codegen *cg = make_cg();
 
@@ -134,7 +134,7 @@ static void expect_path(dg_codegen *cg, const dg_spec *spec, const char *path)
 /* The default tiles take the tensor cores from sm_80 on and the SIMT path
  * before; both compile for every format (an sm_75 spec still compiles for
  * the sm_90 target here: the SIMT source has nothing newer than sm_50). */
-Test(nvrtc_backward, paths_by_arch)
+Test(nvrtc_grad, paths_by_arch)
 {
 	static const dg_op ops[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT,
 				     DG_OP_DECODER_GRAD_INPUT, DG_OP_DECODER_GRAD_WEIGHT };
@@ -159,7 +159,7 @@ Test(nvrtc_backward, paths_by_arch)
 	dg_codegen_destroy(cg);
 }
 
-/* A backward spec on a tile off the default: the operand format under
+/* A gradient GEMM's spec on a tile off the default: the operand format under
  * test (the other operand int8), heads 3, latent / embd, the tile. */
 typedef struct odd_tile {
 	dg_op op;
@@ -206,7 +206,7 @@ static void compile_on_path(dg_codegen *cg, const dg_spec *s, const char *path)
  * and chunk counts that do not divide the threads (staging guards),
  * sign1 units of half a word (bn 16), latent / embd smaller than or not a
  * multiple of the block tile, in_heads 1 and H. */
-Test(nvrtc_backward, mma_odd_tiles)
+Test(nvrtc_grad, mma_odd_tiles)
 {
 	static const odd_tile cases[] = {
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 48, 64, { 16, 16, 16, 1, 1, 1, 0 } },
@@ -232,7 +232,7 @@ Test(nvrtc_backward, mma_odd_tiles)
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_backward, decoder_grads_every_format)
+Test(nvrtc_grad, decoder_grads_every_format)
 {
 	dg_codegen *cg = make_cg();
 
@@ -265,7 +265,7 @@ static void expect_text(dg_codegen *cg, const dg_spec *spec, const char *what, b
  * the default tiles (tensor cores; the bf16 gradient copied straight into
  * the A tiles), sm_75 (SIMT, widened as loaded), odd tensor-core tiles
  * with latent 100 / 36 (8-byte chunks) and 96 (16-byte), in_heads 1 and H. */
-Test(nvrtc_backward, bf16_gradients_every_path)
+Test(nvrtc_grad, bf16_gradients_every_path)
 {
 	dg_codegen *cg = make_cg();
 	static const dg_op lows[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT };
@@ -325,7 +325,7 @@ Test(nvrtc_backward, bf16_gradients_every_path)
  * the canonical text (a tuning record's text still names the kernel),
  * bf16 named; a format an op does not take, and a gradient field an op
  * does not read, refused by name. */
-Test(nvrtc_backward, gradient_format_fields)
+Test(nvrtc_grad, gradient_format_fields)
 {
 	char text[DG_SPEC_TEXT_MAX], msg[256];
 	dg_spec s;
@@ -362,7 +362,7 @@ Test(nvrtc_backward, gradient_format_fields)
  * buffer, bn 16 (sign1 half words), unit counts that do not divide the
  * threads (staging guards), 1-warp blocks, latent not a multiple of the
  * block tile. */
-Test(nvrtc_backward, odd_tiles)
+Test(nvrtc_grad, odd_tiles)
 {
 	static const odd_tile cases[] = {
 		{ DG_OP_LOWRANK_GRAD_INPUT, DG_FMT_SIGN1, 36, 64, { 16, 16, 4, 1, 1, 1, 0 } },
@@ -384,7 +384,7 @@ Test(nvrtc_backward, odd_tiles)
 	dg_codegen_destroy(cg);
 }
 
-Test(nvrtc_backward, quantize_weight_and_packers)
+Test(nvrtc_grad, quantize_weight_and_packers)
 {
 	static const char *q_entries[] = { "dg_quantize_weight_absum",
 					   "dg_quantize_weight_scale",
@@ -415,7 +415,7 @@ Test(nvrtc_backward, quantize_weight_and_packers)
 }
 
 /* What the templates refuse, with the field named. */
-Test(nvrtc_backward, render_refusals)
+Test(nvrtc_grad, render_refusals)
 {
 	dg_codegen *cg = make_cg();
 	dg_source *src = NULL;
@@ -450,9 +450,9 @@ Test(nvrtc_backward, render_refusals)
 	dg_codegen_destroy(cg);
 }
 
-/* What the template's plan refuses of a backward tile, per path, with the
+/* What the template's plan refuses of a gradient GEMM's tile, per path, with the
  * rule named (the spec itself is valid: only its tile cannot run). */
-Test(nvrtc_backward, plan_refusals)
+Test(nvrtc_grad, plan_refusals)
 {
 	dg_codegen *cg = make_cg();
 	dg_plan p;
@@ -512,7 +512,7 @@ Test(nvrtc_backward, plan_refusals)
 	dg_codegen_destroy(cg);
 }
 
-/* --- the sm_90a warpgroup path (templates/backward_wgmma.lua) --------------- */
+/* --- the sm_90a warpgroup path (templates/grad_wgmma.lua) --------------- */
 
 /* A lowrank grad spec that the path applies to: sm_90a, bf16 gradient and
  * bf16 weight (grad_input) / act (grad_weight). */
@@ -548,7 +548,7 @@ static void expect_plan_path(dg_codegen *cg, const dg_spec *s, const char *path,
  * BN 64 to 256, stages 3 and 4) render and compile for sm_90a at the BDH
  * shape and small ones (latent 64 / 128, embd 32 / 64: smaller than BN,
  * heads 2 / 4, in_heads 1 and H); each plan names the path. */
-Test(nvrtc_backward, wgmma_bf16_tiles_and_shapes)
+Test(nvrtc_grad, wgmma_bf16_tiles_and_shapes)
 {
 	static const dg_tile tiles[] = {
 		{ 0, 0, 0, 0, 0, 0, 0 },
@@ -578,10 +578,10 @@ Test(nvrtc_backward, wgmma_bf16_tiles_and_shapes)
 	dg_codegen_destroy(cg);
 }
 
-/* The default tiles (templates/backward_wgmma.lua M.default_tile), the
+/* The default tiles (templates/grad_wgmma.lua M.default_tile), the
  * promotion of an sm_90 spec by plan_for, and what stays on mma.sync: a
  * non-warpgroup tile, an int8 operand, an f32 gradient, sm_90 without a. */
-Test(nvrtc_backward, wgmma_bf16_defaults_and_mma_fallback)
+Test(nvrtc_grad, wgmma_bf16_defaults_and_mma_fallback)
 {
 	dg_codegen *cg = make_cg();
 	dg_plan p;
@@ -657,7 +657,7 @@ Test(nvrtc_backward, wgmma_bf16_defaults_and_mma_fallback)
 	dg_codegen_destroy(cg);
 }
 
-/* --- lowrank_grad_input's K split (templates/backward_mma.lua M.GI_SPLIT) --- */
+/* --- lowrank_grad_input's K split (templates/grad_mma.lua M.GI_SPLIT) --- */
 
 /* Whether the n bytes at p hold the NUL-terminated name (a symbol's). */
 static bool image_has(const uint8_t *p, size_t n, const char *name)
@@ -716,7 +716,7 @@ static void expect_split_kernel(dg_codegen *cg, const dg_spec *s, const char *pa
  * mma.sync path for sm_80 (int8 a tensor, scaled once at the end; a channel,
  * scaled as B is staged; ternary; f32; a bf16 gradient) and the SIMT path
  * for sm_80 (BK 8). */
-Test(nvrtc_backward, lowrank_grad_input_split_every_path)
+Test(nvrtc_grad, lowrank_grad_input_split_every_path)
 {
 	dg_codegen *cg = make_cg();
 

@@ -1,7 +1,8 @@
 --[[
-backward_mma.lua — the tensor-core path of the four backward GEMMs
-(templates/backward.lua picks it with M.fits and renders it with M.render;
-the ABI, the grids and the grad_weight splits are backward.lua's).
+grad_mma.lua — the tensor-core path of the four gradient GEMMs
+(templates/grad.lua picks it with M.fits and renders it with M.render;
+the ABI, the grids and the grad_weight splits are grad.lua's, the per-op
+addressing grad_ops.lua's).
 
 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80+), the GEMM
 C[m, n] = Σ_k A[m, k] · B[k, n], A the gradient (f32, or bf16 where the
@@ -68,119 +69,28 @@ to the norm is about 1e-3. (tf32 m16n8k8 would keep 10 bits of the
 gradient at half the bf16 rate.) The scale multiplies the f32 sum once at
 the end.
 
-Shared memory (dynamic; M.smem_bytes, backward.lua M.plan checks it): f32
+Shared memory (dynamic; M.smem_bytes, grad.lua M.plan checks it): f32
 A: S·BM·BK·4 bytes of ring plus two buffers of the bf16 A tile and BK·PB
 bf16 of B; bf16 A: S bf16 A tiles plus two B tiles. And 64 bytes of static
 table for ternary.
 ]]
-local C = require("common")
+local EMIT = require("emit")
+local FM = require("formats")
+local GOPS = require("grad_ops")
+local DEV = require("device")
 local fmt = string.format
 
 local M = {}
 
 -- The tensor-core path applies: sm_80 or newer, BK a multiple of 16 (one
 -- k16 MMA step), warp tiles whole 16x16 (an m16 A fragment; two n8 B tiles
--- a ldmatrix.x4). backward.lua M.plan asks.
+-- a ldmatrix.x4). grad.lua M.plan asks.
 function M.fits(arch, bm, bn, bk, wm, wn)
   return arch >= 80 and bk % 16 == 0 and bm % wm == 0 and bn % wn == 0 and
          (bm // wm) % 16 == 0 and (bn // wn) % 16 == 0
 end
 
--- Indents every line of `text` by `n` tabs.
-local function indent(text, n)
-  local pad = string.rep("\t", n)
-  return (text:gsub("([^\n]+)", pad .. "%1"))
-end
-
--- ---- lowrank_grad_input's K split ---------------------------------------------
--- The same on every path (backward.lua's SIMT kernel, this one and
--- backward_wgmma.lua read it here: both require this module): grid z =
--- split·HIN + input head; block (z, sp) sums the K steps [sp·kt_per_split,
--- (sp+1)·kt_per_split) of KT, clipped (an empty range sums to 0 and writes
--- zeros), into grad_x (splits 1: scaled) or partial sp at dst + sp·NX
--- (NX = B·HIN·T·E; raw sums the reduce entry adds in split order and
--- scales). `out` is where the epilogue writes.
-M.GI_SPLIT = {
-  PROLOGUE = [[
-	const int M = B * T;			// output rows (b, t)
-	const int z = blockIdx.z % HIN, sp = blockIdx.z / HIN;	// input head, split
-	const int k_begin = min(sp * kt_per_split, KT);
-	const int k_end = min(k_begin + kt_per_split, KT);	// empty: writes zeros
-	// grad_x (splits 1), or partial sp (M·HIN·E floats each)
-	float *const out = splits == 1 ? dst : dst + (long long)sp * M * HIN * E;]],
-  -- a per-tensor scale multiplies grad_x only: a partial is the raw sum
-  -- (times 1.0f, exact), scaled once by the reduce entry
-  SCALE_LOAD = "\tconst float s = splits == 1 ? *sw : 1.0f;\t// the weight's scale (partials: raw)",
-}
-
--- The epilogue's headline of the split (is_code: a per-tensor scale).
-function M.GI_SPLIT.why(is_code)
-  return (is_code and "splits == 1: grad_x = sw · Σ (the integer operand's scale, once)"
-                   or "splits == 1: grad_x = Σ") ..
-         ";\n\t// else partial sp = the raw Σ (the reduce entry adds the partials in\n\t// split order, then scales)"
-end
-
--- ---- per-op addressing of the staging (on top of backward.lua's OPS text) --
-
-local ADDR = {}
-M.ADDR = ADDR -- backward_wgmma.lua stages grad_input's rows the same way
-
-ADDR.lowrank_grad_input = [[
-// A row m's base (k = 0 of block z's heads) and the offset of K step kt
-// from it (a step never straddles two heads: BK | L).
-__device__ __forceinline__ const GT *dg_a_base(const GT *g, int m, int z, int T)
-{
-	const int b = m / T, t = m - b * T;
-	return g + ((long long)(b * H + z * HPB) * T + t) * L;
-}
-
-__device__ __forceinline__ long long dg_a_koff(int kt, int T)
-{
-	const int k = kt * BK;
-	return (long long)(k / L) * T * L + k % L;
-}
-]]
-
-ADDR.decoder_grad_input = [[
-// A row m's base and the offset of K step kt from it.
-__device__ __forceinline__ const GT *dg_a_base(const GT *g, int m, int z, int T)
-{
-	return g + (long long)m * E;
-}
-
-__device__ __forceinline__ long long dg_a_koff(int kt, int T)
-{
-	return (long long)kt * BK;
-}
-]]
-
-ADDR.lowrank_grad_weight = [[
-// Row k = b*T + t of A (grad, contiguous along l) and of B (x, packed
-// along e), from (b, t).
-__device__ __forceinline__ const GT *dg_a_krow(const GT *g, int b, int t, int h, int T)
-{
-	return g + ((long long)(b * H + h) * T + t) * L;
-}
-
-__device__ __forceinline__ const unsigned *dg_b_krow(const unsigned *xp, int b, int t, int h, int T)
-{
-	return xp + ((long long)(b * HIN + ${HIN_H}) * T + t) * (E / EPW_B);
-}
-]]
-
-ADDR.decoder_grad_weight = [[
-// Row k = b*T + t of A (grad, contiguous along d) and of B (y, packed
-// along l), from (b, t).
-__device__ __forceinline__ const GT *dg_a_krow(const GT *g, int b, int t, int h, int T)
-{
-	return g + (long long)(b * T + t) * E;
-}
-
-__device__ __forceinline__ const unsigned *dg_b_krow(const unsigned *yp, int b, int t, int h, int T)
-{
-	return yp + ((long long)(b * H + h) * T + t) * (L / EPW_B);
-}
-]]
+local indent = EMIT.indent
 
 -- ---- B units ------------------------------------------------------------------
 
@@ -190,7 +100,7 @@ __device__ __forceinline__ const unsigned *dg_b_krow(const unsigned *yp, int b, 
 -- the packed axis and bn are multiples of 16, so an i8x4 unit may be four
 -- words (one 16-byte load).
 local function b_unit(f, bn, wide)
-  local F = C.formats[f]
+  local F = FM.formats[f]
   if f == "f32" then
     return { EU = 4, NWB = 4,
       load = "const uint4 v = __ldg((const uint4 *)(p + n));\n" ..
@@ -241,7 +151,7 @@ for (int c = 0; c < 2; ++c) {	// 16 codes = two uint4 of bf16 pairs
   end
 end
 
--- Values a B staging unit of format f holds along n (backward.lua M.plan:
+-- Values a B staging unit of format f holds along n (grad.lua M.plan:
 -- BN must be a multiple).
 function M.unit_eu(f, bn, wide)
   return b_unit(f, bn, wide).EU
@@ -279,7 +189,7 @@ __device__ __forceinline__ uint2 dg_u8x4_bf16(unsigned w)
 ]]
 
 local HELPERS = [[
-// ---- tensor-core helpers (templates/backward_mma.lua) -----------------------
+// ---- tensor-core helpers (templates/grad_mma.lua) ---------------------------
 // A ternary code (00 0, 01 +1, 11 -1, the unused 10 as 0) / a sign1 bit
 // (set +1, clear -1) as bf16 bits.
 __device__ __forceinline__ unsigned dg_tern_bf(unsigned c)
@@ -720,7 +630,7 @@ ${SCALE_LOAD}
 			}
 		}]]
 
--- Shared memory bytes of the tensor-core tile (backward.lua M.plan); a_bf16:
+-- Shared memory bytes of the tensor-core tile (grad.lua M.plan); a_bf16:
 -- the gradient is bf16 (src=bf16), so the ring is the A tiles themselves.
 function M.smem_bytes(a_kmajor, a_bf16, bm, bn, bk, stages)
   local S = math.max(2, stages)
@@ -730,7 +640,7 @@ function M.smem_bytes(a_kmajor, a_bf16, bm, bn, bk, stages)
   return S * bm * bk * 4 + 2 * (a16 + b16) * 2
 end
 
--- Renders the tensor-core kernel; `c` holds what backward.lua's render
+-- Renders the tensor-core kernel; `c` holds what grad.lua's render
 -- worked out (spec, op, its OPS entry o, formats, shape, tile, banner lines).
 function M.render(c)
   local o, op, bfmt, F = c.o, c.op, c.bfmt, c.F
@@ -738,7 +648,7 @@ function M.render(c)
   local S = math.max(2, c.stages)
   local packed_len = op:match("^lowrank") and c.E or c.L
   local u = b_unit(bfmt, bn, packed_len % 16 == 0 and bn % 16 == 0)
-  local smem = c.smem -- backward.lua M.plan: M.smem_bytes
+  local smem = c.smem -- grad.lua M.plan: M.smem_bytes
   local nt = wm * wn * 32
   -- a bf16 gradient (src=bf16) is copied straight into the A tiles, in
   -- chunks of 8 values (16 bytes) where L % 8 == 0 keeps every row of grad
@@ -762,7 +672,7 @@ function M.render(c)
     GT = c.GT, OT = c.OT, gfmt = c.gfmt, ofmt = c.ofmt,
     LAYOUT_WHY = a16 and "S bf16 A tiles (the cp.async ring), then two B tiles."
                      or "the f32 ring (S stages, chunk-linear), then two\n// buffers, each an A tile then a B tile.",
-    LAYOUT = C.subst(a16 and LAYOUT_BF16 or LAYOUT_F32, { SMEM = smem }),
+    LAYOUT = EMIT.subst(a16 and LAYOUT_BF16 or LAYOUT_F32, { SMEM = smem }),
   }
   local kv = {
     ENTRY = c.entry, BT = F.ctype, BNAME = c.bname, B_GUARD = b_guard,
@@ -773,7 +683,7 @@ function M.render(c)
                     "\t__syncthreads();\t// the table, before the prologue decodes step 0"
                 or "",
   }
-  kv.SIG = C.subst(o.sig, kv)
+  kv.SIG = EMIT.subst(o.sig, kv)
   local at_end = F.code and not c.vec -- a vector scale goes into B as it is staged
   local scale_load = at_end and fmt("\tconst float s = *%s;\t\t// the %s's scale", o.scale,
                                     o.w_operand and "weight" or "activation")
@@ -810,11 +720,11 @@ function M.render(c)
     and "\t\t\t\t\tsrc = grad + (long long)(kb + kk) * E + m;\t// A row k = b*T + t"
     or "\t\t\t\t\tint bb, tt;\n\t\t\t\t\trow_bt(kk, b0, t0, bb, tt);\n" ..
        "\t\t\t\t\tsrc = dg_a_krow(grad, bb, tt, h, T) + m;"
-  kv.A_SLOTS = C.subst(slots, { A_GUARD = a_guard, A_ROW = a_row, CP = ce == 8 and "dg_cp16" or "dg_cp8" })
+  kv.A_SLOTS = EMIT.subst(slots, { A_GUARD = a_guard, A_ROW = a_row, CP = ce == 8 and "dg_cp16" or "dg_cp8" })
   if o.a_kmajor then
-    -- lowrank_grad_input splits K (M.GI_SPLIT); decoder_grad_input (K = E,
+    -- lowrank_grad_input splits K (GOPS.GI_SPLIT); decoder_grad_input (K = E,
     -- a few steps) runs it whole
-    kv.PROLOGUE = o.split and M.GI_SPLIT.PROLOGUE
+    kv.PROLOGUE = o.split and GOPS.GI_SPLIT.PROLOGUE
                   or "\tconst int M = B * T;\t\t\t// output rows (b, t)\n" ..
                      "\tconst int z = blockIdx.z;\t\t// head" ..
                      "\n\tconst int k_begin = 0, k_end = KT;"
@@ -823,13 +733,13 @@ function M.render(c)
     kv.K_GUARD_B = ""
     kv.B_ROW = "\t\t\t\tconst unsigned *p = dg_b_row(bw, k, z, T);"
     kv.A_LANE, kv.A_FRAG = A_LANE_KMAJOR, A_FRAG_KMAJOR
-    kv.EPILOGUE = C.subst(EPI_INPUT, {
-      SCALE_WHY = o.split and M.GI_SPLIT.why(at_end)
+    kv.EPILOGUE = EMIT.subst(EPI_INPUT, {
+      SCALE_WHY = o.split and GOPS.GI_SPLIT.why(at_end)
                   or (F.code and fmt("%s = %s · Σ (the integer operand's scale, once)", o.out_name, o.scale)
                               or fmt("%s = Σ", o.out_name)),
-      SCALE_LOAD = (o.split and at_end) and M.GI_SPLIT.SCALE_LOAD or scale_load,
+      SCALE_LOAD = (o.split and at_end) and GOPS.GI_SPLIT.SCALE_LOAD or scale_load,
       -- out=bf16 (decoder_grad_input's grad_y): the pair rounded to nearest even once
-      STORE = C.subst(c.ofmt == "bf16"
+      STORE = EMIT.subst(c.ofmt == "bf16"
         and "\t\t\t\t\t*(unsigned *)(${OUT} + dg_out(m, n, z, T)) =\n\t\t\t\t\t\tdg_bf16x2(${S0}, ${S1});"
         or "\t\t\t\t\t*(float2 *)(${OUT} + dg_out(m, n, z, T)) =\n\t\t\t\t\t\tmake_float2(${S0}, ${S1});",
         { OUT = o.split and "out" or o.out_name, S0 = scaled("acc[mt][nt][2 * hr]"), S1 = scaled("acc[mt][nt][2 * hr + 1]") }) })
@@ -845,12 +755,12 @@ function M.render(c)
     kv.B_ROW = "\t\t\t\tint bb, tt;\n\t\t\t\trow_bt(kk, b0, t0, bb, tt);\n" ..
                "\t\t\t\tconst unsigned *p = dg_b_krow(bw, bb, tt, h, T);"
     kv.A_LANE, kv.A_FRAG = A_LANE_MMAJOR, A_FRAG_MMAJOR
-    kv.EPILOGUE = C.subst(EPI_WEIGHT, {
+    kv.EPILOGUE = EMIT.subst(EPI_WEIGHT, {
       SCALED_DESC = F.code and "sa · Σ" or "Σ", SCALE_LOAD = scale_load,
       S0 = scaled("c0"), S1 = scaled("c1") })
   end
 
-  local w = C.writer()
+  local w = EMIT.writer()
   c.about[#c.about + 1] = fmt("path: tensor cores (mma.sync m16n8k16 bf16, f32 sums; sm_%d >= sm_80, BK %% 16 == 0,", c.arch)
   c.about[#c.about + 1] = fmt("  warp tile %dx%d whole 16x16): gradient %s, %s operand decoded",
                               bm // wm, bn // wn,
@@ -858,15 +768,15 @@ function M.render(c)
                               bfmt)
   c.about[#c.about + 1] = fmt("  to bf16 once (%s); both read by ldmatrix; %d-stage %s cp.async ring, %d bytes of",
                               (F.code or bfmt == "bf16") and "exact" or "rounded", S, a16 and "bf16" or "f32", smem)
-  c.about[#c.about + 1] = "  dynamic shared memory (templates/backward_mma.lua)."
-  w:line(C.banner(c.spec, "backward.lua", c.about))
-  w:line(C.helpers({ bf16x2 = true, cp_async = true }))
+  c.about[#c.about + 1] = "  dynamic shared memory (templates/grad_mma.lua)."
+  w:line(EMIT.banner(c.spec, "grad.lua", c.about))
+  w:line(DEV.helpers({ bf16x2 = true, cp_async = true }))
   w:line(HELPERS)
   if u.i8 then w:line(I8_HELPERS) end
-  w:line(C.subst(HEAD, v))
-  w:line(C.subst(o.text, { HIN_H = c.HIN_H }))
-  w:line(C.subst(ADDR[op], { HIN_H = c.HIN_H }))
-  w:line(C.subst(KERNEL, kv))
+  w:line(EMIT.subst(HEAD, v))
+  w:line(EMIT.subst(o.text, { HIN_H = c.HIN_H }))
+  w:line(EMIT.subst(GOPS.ADDR[op], { HIN_H = c.HIN_H }))
+  w:line(EMIT.subst(KERNEL, kv))
   return w:text()
 end
 

@@ -1,5 +1,5 @@
 /*
- * Helpers shared by the GPU backward suites; see tests/backward_helpers.h.
+ * Helpers shared by the GPU suites of the gradient GEMMs; see tests/grad_helpers.h.
  */
 #include <criterion/criterion.h>
 
@@ -11,30 +11,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward_helpers.h"
+#include "grad_helpers.h"
 #include "dragon/fmt.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 
-float bh_scale_of(dg_fmt f)
+float gr_scale_of(dg_fmt f)
 {
 	int q = dg_fmt_info_of(f)->qmax;
 
 	return q ? 1.0f / (float)q : 1.0f;
 }
 
-float *bh_rand_f32(size_t n)
+float *gr_rand_f32(size_t n)
 {
 	return gh_rand_storage(DG_FMT_F32, n, NULL);
 }
 
-double bh_bound_c(dg_fmt f)
+double gr_bound_c(dg_fmt f)
 {
 	return f == DG_FMT_F32 ? 3.0 : 2.0;
 }
 
 /* The two rules of the header comment, elementwise first. */
-bool bh_bf16_ok(const char *what, const float *got, const float *want, const float *absum,
+bool gr_bf16_ok(const char *what, const float *got, const float *want, const float *absum,
 		size_t n, double c, char *why, size_t why_size)
 {
 	float *bound = gh_xmalloc(n * sizeof(float));
@@ -42,7 +42,7 @@ bool bh_bf16_ok(const char *what, const float *got, const float *want, const flo
 	bool ok;
 
 	for (size_t i = 0; i < n; i++)
-		bound[i] = (float)(c * BH_BF16_U * absum[i] + 1e-6 * (1.0 + fabs((double)want[i])));
+		bound[i] = (float)(c * GR_BF16_U * absum[i] + 1e-6 * (1.0 + fabs((double)want[i])));
 	ok = dg_ref_within(got, want, bound, n, r, sizeof(r));
 	free(bound);
 	if (!ok) {
@@ -50,22 +50,22 @@ bool bh_bf16_ok(const char *what, const float *got, const float *want, const flo
 		return false;
 	}
 	/* the norm rule alone: the element rule is dg_ref_within's above */
-	if (!dg_ref_close_norm(got, want, n, BH_BF16_REL, FLT_MAX, r, sizeof(r))) {
+	if (!dg_ref_close_norm(got, want, n, GR_BF16_REL, FLT_MAX, r, sizeof(r))) {
 		snprintf(why, why_size, "%s: relative-to-norm: %s", what, r);
 		return false;
 	}
 	return true;
 }
 
-void bh_expect_bf16(const char *what, const float *got, const float *want, const float *absum,
+void gr_expect_bf16(const char *what, const float *got, const float *want, const float *absum,
 		    size_t n, double c)
 {
 	char why[512];
 
-	cr_assert(bh_bf16_ok(what, got, want, absum, n, c, why, sizeof(why)), "%s", why);
+	cr_assert(gr_bf16_ok(what, got, want, absum, n, c, why, sizeof(why)), "%s", why);
 }
 
-void *bh_abs_storage(dg_fmt f, const void *src, size_t n)
+void *gr_abs_storage(dg_fmt f, const void *src, size_t n)
 {
 	size_t bytes = gh_bytes(f, n);
 	uint8_t *p = gh_xmalloc(bytes + 16);
@@ -98,7 +98,7 @@ void *bh_abs_storage(dg_fmt f, const void *src, size_t n)
 	return p;
 }
 
-float *bh_abs_f32(const float *v, size_t n)
+float *gr_abs_f32(const float *v, size_t n)
 {
 	float *p = gh_xmalloc(n * 4);
 
@@ -107,13 +107,13 @@ float *bh_abs_f32(const float *v, size_t n)
 	return p;
 }
 
-void bh_expect_written(const char *what, const float *v, size_t n)
+void gr_expect_written(const char *what, const float *v, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		cr_assert(!isnan(v[i]), "%s[%zu] never written (still 0xff)", what, i);
 }
 
-size_t bh_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_args *a,
+size_t gr_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_args *a,
 		     const char *what)
 {
 	size_t need = 0;

@@ -14,7 +14,7 @@
  * summed in double (exact products, one rounding to float at the end),
  * y = sum · (sa | sw | 1): the kernel's order differs, so compare with a
  * tolerance. (A float running sum over K = H·L = 32768 terms lost ~1e-4,
- * which the deep model amplified; see ref_lowrank.c dot_float.)
+ * which the deep model amplified; see lowrank.c dot_float.)
  */
 #include "runtime/ref/ref_ops.h"
 

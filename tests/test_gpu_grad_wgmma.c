@@ -1,6 +1,6 @@
 /*
  * GPU tests of the sm_90a warpgroup path of lowrank_grad_input and
- * lowrank_grad_weight (templates/backward_wgmma.lua): a bf16 gradient
+ * lowrank_grad_weight (templates/grad_wgmma.lua): a bf16 gradient
  * (src=bf16) with a bf16 w / x, on small odd shapes against the CPU
  * references (runtime/ref/ref_ops.h, the bf16 storages read as they are). Skip
  * without a device (gh_open) or unless it is an sm_90 (the path is
@@ -20,9 +20,9 @@
  *     an element never written fails; a second run gives the same bytes.
  *
  * Tolerance: bf16 operands are exact and their products exact in f32, so
- * the error is the f32 sums' (K·2^-24·Σ|terms|); bh_expect_bf16 with
+ * the error is the f32 sums' (K·2^-24·Σ|terms|); gr_expect_bf16 with
  * c = 1 (2^-8·Σ|terms| elementwise, 1e-2 of the norm: the check that
- * fails a wrong layout, tests/test_gpu_backward.c
+ * fails a wrong layout, tests/test_gpu_grad.c
  * tolerance_catches_layout_errors).
  */
 #include <criterion/criterion.h>
@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward_helpers.h"
+#include "grad_helpers.h"
 #include "runtime/ref/ref_ops.h"
 #include "gpu_helpers.h"
 #include "runtime/ref/ref_ops.h"
@@ -100,7 +100,7 @@ static void expect_wgmma(const dg_spec *sp)
 /* n random bf16 values (malloc'd) and their |values| (*abs, malloc'd). */
 static uint16_t *rand_bf16(size_t n, uint16_t **abs)
 {
-	float *f = bh_rand_f32(n);
+	float *f = gr_rand_f32(n);
 	uint16_t *h = gh_xmalloc(n * 2 + 16), *a = gh_xmalloc(n * 2 + 16);
 	for (size_t i = 0; i < n; i++) {
 		h[i] = dg_f32_to_bf16(f[i]);
@@ -130,13 +130,13 @@ static void check_grad_input(dg_device *dev, const shape *s, const dg_tile *tile
 		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), s->B, s->Hin, s->T,
 					    s->E);
 		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
-		bh_grad_input(dev, &sp, &a, what);
+		gr_grad_input(dev, &sp, &a, what);
 		gh_download(dev, run ? again : got, tx.data, nx * 4);
 	}
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, g, w, 1.0f, want, s->B, s->T), DG_OK);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, ga, wa, 1.0f, absum, s->B, s->T), DG_OK);
-	bh_expect_written(what, got, nx);
-	bh_expect_bf16(what, got, want, absum, nx, 1.0);
+	gr_expect_written(what, got, nx);
+	gr_expect_bf16(what, got, want, absum, nx, 1.0);
 	gh_expect_bytes(what, again, got, nx * 4);
 	free(g), free(ga), free(w), free(wa), free(want), free(absum), free(got), free(again);
 }
@@ -153,7 +153,7 @@ static size_t check_grad_weight(dg_device *dev, const shape *s, const dg_tile *t
 	size_t ng = (size_t)s->B * s->H * s->T * s->L, nx = (size_t)s->B * s->Hin * s->T * s->E,
 	       nw = (size_t)s->H * s->L * s->E, need = 0;
 	uint16_t *ga, *xa, *g = rand_bf16(ng, &ga), *x = rand_bf16(nx, &xa);
-	float *start = bh_rand_f32(nw), *want = gh_xmalloc(nw * 4), *absum = gh_xmalloc(nw * 4);
+	float *start = gr_rand_f32(nw), *want = gh_xmalloc(nw * 4), *absum = gh_xmalloc(nw * 4);
 	float *got = gh_xmalloc(nw * 4), *again = gh_xmalloc(nw * 4);
 
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_BF16, gh_upload(dev, g, ng * 2), s->B, s->H, s->T, s->L);
@@ -176,14 +176,14 @@ static size_t check_grad_weight(dg_device *dev, const shape *s, const dg_tile *t
 	if (accumulate) /* the one f32 add: inside the bound's 1e-6·(1 + |want|) */
 		for (size_t i = 0; i < nw; i++)
 			want[i] += start[i];
-	bh_expect_written(what, got, nw);
-	bh_expect_bf16(what, got, want, absum, nw, 1.0);
+	gr_expect_written(what, got, nw);
+	gr_expect_bf16(what, got, want, absum, nw, 1.0);
 	gh_expect_bytes(what, again, got, nw * 4);
 	free(g), free(ga), free(x), free(xa), free(start), free(want), free(absum), free(got), free(again);
 	return need;
 }
 
-Test(gpu_backward, wgmma_grad_input_small)
+Test(gpu_grad, wgmma_grad_input_small)
 {
 	static const shape shapes[] = {
 		{ 2, 1, 64, 64, 1, 1 }, { 2, 2, 36, 128, 2, 7 }, { 4, 1, 40, 64, 3, 65 }, { 4, 4, 64, 128, 2, 130 },
@@ -197,7 +197,7 @@ Test(gpu_backward, wgmma_grad_input_small)
 	gh_close(dev);
 }
 
-Test(gpu_backward, wgmma_grad_weight_small)
+Test(gpu_grad, wgmma_grad_weight_small)
 {
 	static const shape shapes[] = {
 		{ 2, 1, 64, 64, 1, 1 }, { 2, 2, 36, 100, 2, 7 }, { 4, 1, 40, 96, 3, 65 }, { 4, 4, 64, 128, 2, 130 },
@@ -214,7 +214,7 @@ Test(gpu_backward, wgmma_grad_weight_small)
 /* B·T 2000 (31.25 K steps of 64) over a few output tiles: the op splits
  * it (workspace > 0; the last split's last step is 16 rows), accumulate
  * off and on, every tile. */
-Test(gpu_backward, wgmma_grad_weight_split)
+Test(gpu_grad, wgmma_grad_weight_split)
 {
 	static const shape s = { 2, 1, 40, 100, 2, 1000 };
 	dg_device *dev = open_sm90();

@@ -1,6 +1,6 @@
 /*
- * GPU tests of the four backward GEMMs (templates/backward.lua,
- * backward_mma.lua; runtime/ops/grad.c, lowrank.c, decoder.c). Skip without
+ * GPU tests of the four gradient GEMMs (templates/grad.lua,
+ * grad_mma.lua; runtime/ops/grad.c, lowrank.c, decoder.c). Skip without
  * a device (gh_open).
  *
  *   - each op × each storage format × in_heads 1 / H on small odd shapes
@@ -26,9 +26,9 @@
  *     dg_decoder_fwd, f32, no ReLU: the loss Σ r·out is bilinear) against
  *     the GPU gradients (shapes whose default tiles take the tensor cores).
  *
- * The BDH shape is in tests/test_gpu_backward_bdh.c.
+ * The BDH shape is in tests/test_gpu_grad_bdh.c.
  *
- * Tolerance: tests/backward_helpers.h (bh_expect_bf16, the elementwise
+ * Tolerance: tests/grad_helpers.h (gr_expect_bf16, the elementwise
  * Σ|terms| bound and the relative-to-norm bound);
  * tolerance_catches_layout_errors proves without a device that it fails a
  * wrong index, a transposed or shifted tile or a missing scale.
@@ -42,7 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward_helpers.h"
+#include "grad_helpers.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "runtime/ref/ref_ops.h"
@@ -100,22 +100,22 @@ static void check_lowrank_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 	dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_INPUT, s, f, tile);
 	size_t ng = (size_t)s->B * s->H * s->T * s->L, nw = (size_t)s->H * s->L * s->E,
 	       nx = (size_t)s->B * s->Hin * s->T * s->E;
-	float *g = bh_rand_f32(ng), *got = gh_xmalloc(nx * 4), *want = gh_xmalloc(nx * 4);
+	float *g = gr_rand_f32(ng), *got = gh_xmalloc(nx * 4), *want = gh_xmalloc(nx * 4);
 	void *w = gh_rand_storage(f, nw, NULL);
-	float sw = bh_scale_of(f);
+	float sw = gr_scale_of(f);
 
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, s->H, s->T, s->L);
 	dg_tensor tw = dg_tensor_3d("w", f, gh_upload(dev, w, gh_bytes(f, nw)), s->H, s->L, s->E);
 	tw.scale = gh_scalar(dev, sw);
 	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), s->B, s->Hin, s->T, s->E);
 	dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
-	bh_grad_input(dev, &sp, &a, dg_fmt_name(f));
+	gr_grad_input(dev, &sp, &a, dg_fmt_name(f));
 	gh_download(dev, got, tx.data, nx * 4);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	float *ga = bh_abs_f32(g, ng), *absum = gh_xmalloc(nx * 4);
-	void *wa = bh_abs_storage(f, w, nw);
+	float *ga = gr_abs_f32(g, ng), *absum = gh_xmalloc(nx * 4);
+	void *wa = gr_abs_storage(f, w, nw);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
-	bh_expect_bf16(dg_fmt_name(f), got, want, absum, nx, bh_bound_c(f));
+	gr_expect_bf16(dg_fmt_name(f), got, want, absum, nx, gr_bound_c(f));
 	free(g);
 	free(got);
 	free(want);
@@ -130,9 +130,9 @@ static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 	dg_spec sp = spec_of(DG_OP_DECODER_GRAD_INPUT, s, f, tile);
 	size_t ng = (size_t)s->B * s->T * s->E, nw = (size_t)s->E * s->H * s->L,
 	       ny = (size_t)s->B * s->H * s->T * s->L;
-	float *g = bh_rand_f32(ng), *got = gh_xmalloc(ny * 4), *want = gh_xmalloc(ny * 4);
+	float *g = gr_rand_f32(ng), *got = gh_xmalloc(ny * 4), *want = gh_xmalloc(ny * 4);
 	void *w = gh_rand_storage(f, nw, NULL);
-	float sw = bh_scale_of(f);
+	float sw = gr_scale_of(f);
 
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, 1, s->T, s->E);
 	dg_tensor tw = dg_tensor_2d("w", f, gh_upload(dev, w, gh_bytes(f, nw)), s->E,
@@ -143,10 +143,10 @@ static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f, c
 	cr_assert_eq(dg_decoder_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, ty.data, ny * 4);
 	cr_assert_eq(dg_ref_decoder_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	float *ga = bh_abs_f32(g, ng), *absum = gh_xmalloc(ny * 4);
-	void *wa = bh_abs_storage(f, w, nw);
+	float *ga = gr_abs_f32(g, ng), *absum = gh_xmalloc(ny * 4);
+	void *wa = gr_abs_storage(f, w, nw);
 	cr_assert_eq(dg_ref_decoder_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
-	bh_expect_bf16(dg_fmt_name(f), got, want, absum, ny, bh_bound_c(f));
+	gr_expect_bf16(dg_fmt_name(f), got, want, absum, ny, gr_bound_c(f));
 	free(g);
 	free(got);
 	free(want);
@@ -167,12 +167,12 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 	size_t ng = lowrank ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->B * s->T * s->E;
 	size_t nx = lowrank ? (size_t)s->B * s->Hin * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
 	size_t nw = (size_t)s->H * s->L * s->E, need = 0;
-	float *g = bh_rand_f32(ng), *start = bh_rand_f32(nw);
+	float *g = gr_rand_f32(ng), *start = gr_rand_f32(nw);
 	float *got = gh_xmalloc(nw * 4), *want = gh_xmalloc(nw * 4), *absum = gh_xmalloc(nw * 4);
 	void *x = gh_rand_storage(f, nx, NULL);
-	float *ga = bh_abs_f32(g, ng);
-	void *xa = bh_abs_storage(f, x, nx);
-	float sa = bh_scale_of(f);
+	float *ga = gr_abs_f32(g, ng);
+	void *xa = gr_abs_storage(f, x, nx);
+	float sa = gr_scale_of(f);
 
 	dg_dptr dg_ = gh_upload(dev, g, ng * 4), dx = gh_upload(dev, x, gh_bytes(f, nx));
 	dg_dptr dw = accumulate ? gh_upload(dev, start, nw * 4) : gh_alloc_ff(dev, nw * 4);
@@ -207,7 +207,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		for (size_t i = 0; i < nw; i++)
 			want[i] += start[i];
 	gh_download(dev, got, dw, nw * 4);
-	bh_expect_bf16(dg_fmt_name(f), got, want, absum, nw, bh_bound_c(f));
+	gr_expect_bf16(dg_fmt_name(f), got, want, absum, nw, gr_bound_c(f));
 	if (ws_bytes)
 		*ws_bytes = need;
 	free(g);
@@ -226,7 +226,7 @@ static const int times[] = { 1, 3, 127 };
  * exact f32 widening (*wide, malloc'd). */
 static uint16_t *bf16_grad(size_t n, float **wide)
 {
-	float *g = bh_rand_f32(n);
+	float *g = gr_rand_f32(n);
 	uint16_t *h = gh_xmalloc(n * 2 + 16);
 	for (size_t i = 0; i < n; i++) {
 		h[i] = dg_f32_to_bf16(g[i]);
@@ -260,9 +260,9 @@ static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, 
 	float *gw = NULL, *want = gh_xmalloc(no * 4), *absum = gh_xmalloc(no * 4), *got = gh_xmalloc(no * 4);
 	uint16_t *gh = dgi ? NULL : bf16_grad(ng, &gw);
 	if (dgi)
-		gw = bh_rand_f32(ng);
-	void *b = gh_rand_storage(f, nb, NULL), *ba = bh_abs_storage(f, b, nb);
-	float *ga = bh_abs_f32(gw, ng), sc = bh_scale_of(f);
+		gw = gr_rand_f32(ng);
+	void *b = gh_rand_storage(f, nb, NULL), *ba = gr_abs_storage(f, b, nb);
+	float *ga = gr_abs_f32(gw, ng), sc = gr_scale_of(f);
 	dg_dptr dgr = dgi ? gh_upload(dev, gw, ng * 4) : gh_upload(dev, gh, ng * 2);
 	dg_dptr db = gh_upload(dev, b, gh_bytes(f, nb));
 	size_t ob = dgi ? no * 2 : no * 4;
@@ -274,7 +274,7 @@ static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, 
 		tw.scale = gh_scalar(dev, sc);
 		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, dout, s->B, s->Hin, s->T, s->E);
 		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
-		bh_grad_input(dev, &sp, &a, what);
+		gr_grad_input(dev, &sp, &a, what);
 		cr_assert_eq(dg_ref_lowrank_grad_input(&sp, gh, b, sc, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_input(&sf, gw, b, sc, got, s->B, s->T), DG_OK);
 		gh_expect_bytes("the reference's bf16 grad is its widened f32", want, got, no * 4);
@@ -321,12 +321,12 @@ static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, 
 	} else {
 		gh_download(dev, got, dout, ob);
 	}
-	bh_expect_written(what, got, no);
-	bh_expect_bf16(what, got, want, absum, no, bh_bound_c(f));
+	gr_expect_written(what, got, no);
+	gr_expect_bf16(what, got, want, absum, no, gr_bound_c(f));
 	free(gw), free(gh), free(want), free(absum), free(got), free(b), free(ba), free(ga);
 }
 
-Test(gpu_backward, bf16_gradients_small)
+Test(gpu_grad, bf16_gradients_small)
 {
 	dg_device *dev = gh_open();
 
@@ -347,7 +347,7 @@ Test(gpu_backward, bf16_gradients_small)
 	gh_close(dev);
 }
 
-Test(gpu_backward, lowrank_grad_input_small)
+Test(gpu_grad, lowrank_grad_input_small)
 {
 	dg_device *dev = gh_open();
 
@@ -364,7 +364,7 @@ Test(gpu_backward, lowrank_grad_input_small)
 	gh_close(dev);
 }
 
-Test(gpu_backward, decoder_grad_input_small)
+Test(gpu_grad, decoder_grad_input_small)
 {
 	dg_device *dev = gh_open();
 
@@ -380,7 +380,7 @@ Test(gpu_backward, decoder_grad_input_small)
 	gh_close(dev);
 }
 
-Test(gpu_backward, lowrank_grad_weight_small)
+Test(gpu_grad, lowrank_grad_weight_small)
 {
 	dg_device *dev = gh_open();
 
@@ -396,7 +396,7 @@ Test(gpu_backward, lowrank_grad_weight_small)
 	gh_close(dev);
 }
 
-Test(gpu_backward, decoder_grad_weight_small)
+Test(gpu_grad, decoder_grad_weight_small)
 {
 	dg_device *dev = gh_open();
 
@@ -414,7 +414,7 @@ Test(gpu_backward, decoder_grad_weight_small)
 /* A long reduction over few output tiles is split over grid z (its
  * partials in the workspace, so the op asks for one) and summed by the
  * second pass; the result is bitwise the same run to run. */
-Test(gpu_backward, grad_weight_split_and_reproducible)
+Test(gpu_grad, grad_weight_split_and_reproducible)
 {
 	dg_device *dev = gh_open();
 	shape s = { 2, 1, 40, 36, 2, 1000 };
@@ -443,7 +443,7 @@ Test(gpu_backward, grad_weight_split_and_reproducible)
 /* The split's workspace is the caller's: missing or one byte short, the
  * call is refused with a message naming the op and "ws", and nothing runs
  * (grad_w keeps its 0xff bytes). */
-Test(gpu_backward, grad_weight_workspace_is_checked)
+Test(gpu_grad, grad_weight_workspace_is_checked)
 {
 	dg_device *dev = gh_open();
 	shape s = { 2, 1, 40, 36, 2, 1000 };
@@ -458,7 +458,7 @@ Test(gpu_backward, grad_weight_workspace_is_checked)
 		dg_spec sp = spec_of(o, &s, DG_FMT_INT8, NULL);
 		size_t ng = lowrank ? (size_t)s.B * s.H * s.T * s.L : (size_t)s.B * s.T * s.E;
 		size_t nx = lowrank ? (size_t)s.B * s.T * s.E : (size_t)s.B * s.H * s.T * s.L;
-		float *g = bh_rand_f32(ng);
+		float *g = gr_rand_f32(ng);
 		void *x = gh_rand_storage(DG_FMT_INT8, nx, NULL);
 		dg_dptr dw = gh_alloc_ff(dev, nw * 4);
 		dg_tensor tg = lowrank ? dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s.B, s.H, s.T, s.L)
@@ -506,7 +506,7 @@ Test(gpu_backward, grad_weight_workspace_is_checked)
  * one element, read transposed, or missing the operand's scale fails — on
  * a short reduction and on a long one, where the elementwise bound alone is
  * near the RMS and the norm check is what fails. */
-Test(gpu_backward, tolerance_catches_layout_errors)
+Test(gpu_grad, tolerance_catches_layout_errors)
 {
 	static const int Ts[] = { 3, 2000 };
 
@@ -516,13 +516,13 @@ Test(gpu_backward, tolerance_catches_layout_errors)
 		size_t ng = (size_t)s.B * s.H * s.T * s.L, nx = (size_t)s.B * s.T * s.E,
 		       nw = (size_t)s.H * s.L * s.E, pl = (size_t)s.L * s.E;
 		gh_seed(50 + (uint64_t)ti);
-		float *g = bh_rand_f32(ng), *gr = gh_xmalloc(ng * 4);
+		float *g = gr_rand_f32(ng), *gr = gh_xmalloc(ng * 4);
 		void *x = gh_rand_storage(DG_FMT_INT8, nx, NULL);
-		float *ga = bh_abs_f32(g, ng);
-		void *xa = bh_abs_storage(DG_FMT_INT8, x, nx);
+		float *ga = gr_abs_f32(g, ng);
+		void *xa = gr_abs_storage(DG_FMT_INT8, x, nx);
 		float *want = gh_xmalloc(nw * 4), *absum = gh_xmalloc(nw * 4), *ok = gh_xmalloc(nw * 4),
 		      *bad = gh_xmalloc(nw * 4);
-		const float sa = bh_scale_of(DG_FMT_INT8);
+		const float sa = gr_scale_of(DG_FMT_INT8);
 		char why[256];
 
 		for (size_t i = 0; i < ng; i++)
@@ -530,22 +530,22 @@ Test(gpu_backward, tolerance_catches_layout_errors)
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, g, x, sa, want, s.B, s.T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s.B, s.T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, gr, x, sa, ok, s.B, s.T), DG_OK);
-		cr_assert(bh_bf16_ok("bf16-rounded", ok, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
+		cr_assert(gr_bf16_ok("bf16-rounded", ok, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
 		/* and its output rounded to bf16 once more (out=bf16) still passes */
 		for (size_t i = 0; i < nw; i++)
 			bad[i] = dg_bf16_to_f32(dg_f32_to_bf16(ok[i]));
-		cr_assert(bh_bf16_ok("bf16 output", bad, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
+		cr_assert(gr_bf16_ok("bf16 output", bad, want, absum, nw, 2.0, why, sizeof(why)), "%s", why);
 		for (size_t i = 0; i < nw; i++) /* shifted by one element */
 			bad[i] = ok[(i + 1) % nw];
-		cr_assert_not(bh_bf16_ok("shifted", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		cr_assert_not(gr_bf16_ok("shifted", bad, want, absum, nw, 2.0, why, sizeof(why)));
 		for (size_t i = 0; i < nw; i++) { /* each head's (L, E) read as (E, L) */
 			size_t h = i / pl, r = i % pl, l = r / (size_t)s.E, e = r % (size_t)s.E;
 			bad[i] = ok[h * pl + e * (size_t)s.L + l];
 		}
-		cr_assert_not(bh_bf16_ok("transposed", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		cr_assert_not(gr_bf16_ok("transposed", bad, want, absum, nw, 2.0, why, sizeof(why)));
 		for (size_t i = 0; i < nw; i++) /* the scale forgotten */
 			bad[i] = ok[i] / sa;
-		cr_assert_not(bh_bf16_ok("unscaled", bad, want, absum, nw, 2.0, why, sizeof(why)));
+		cr_assert_not(gr_bf16_ok("unscaled", bad, want, absum, nw, 2.0, why, sizeof(why)));
 		free(g);
 		free(gr);
 		free(x);
@@ -577,7 +577,7 @@ static double loss_of(dg_device *dev, dg_dptr out, const float *r, float *buf, s
 	return l;
 }
 
-Test(gpu_backward, finite_differences_lowrank)
+Test(gpu_grad, finite_differences_lowrank)
 {
 	dg_device *dev = gh_open();
 	/* L 48: the default grad_input tile (BK 16) takes the tensor cores */
@@ -588,7 +588,7 @@ Test(gpu_backward, finite_differences_lowrank)
 		int Hin = hin_i ? H : 1;
 		size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 		gh_seed(30 + (uint64_t)Hin);
-		float *x = bh_rand_f32(nx), *w = bh_rand_f32(nw), *r = bh_rand_f32(no), *buf = gh_xmalloc(no * 4);
+		float *x = gr_rand_f32(nx), *w = gr_rand_f32(nw), *r = gr_rand_f32(no), *buf = gh_xmalloc(no * 4);
 		float *gx = gh_xmalloc(nx * 4), *gw = gh_xmalloc(nw * 4);
 		dg_dptr dx = gh_upload(dev, x, nx * 4), dw = gh_upload(dev, w, nw * 4);
 		dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
@@ -616,7 +616,7 @@ Test(gpu_backward, finite_differences_lowrank)
 		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &gws, &wa, &need), DG_OK, "%s",
 			     dg_device_errmsg(dev));
 		wa.ws = gh_workspace(dev, need);
-		bh_grad_input(dev, &gis, &ia, "lowrank_grad_input");
+		gr_grad_input(dev, &gis, &ia, "lowrank_grad_input");
 		cr_assert_eq(dg_lowrank_grad_weight(dev, &gws, &wa), DG_OK, "%s", dg_device_errmsg(dev));
 		gh_download(dev, gx, tgx.data, nx * 4);
 		gh_download(dev, gw, tgw.data, nw * 4);
@@ -641,10 +641,10 @@ Test(gpu_backward, finite_differences_lowrank)
 			fd[0] = (float)((lp - lm) / (2.0 * eps));
 			an[0] = on_x ? gx[i] : gw[i];
 			/* the gradient is bf16-rounded on the tensor cores:
-			 * BH_BF16_REL of its RMS, plus the differences' rounding */
+			 * GR_BF16_REL of its RMS, plus the differences' rounding */
 			gh_expect_close(on_x ? "grad_x vs finite differences" : "grad_w vs finite differences",
 					an, fd, 1,
-					(float)(BH_BF16_REL * rms_of(on_x ? gx : gw, n)) + 1e-3f, 0.0f);
+					(float)(GR_BF16_REL * rms_of(on_x ? gx : gw, n)) + 1e-3f, 0.0f);
 		}
 		free(x);
 		free(w);
@@ -656,7 +656,7 @@ Test(gpu_backward, finite_differences_lowrank)
 	gh_close(dev);
 }
 
-Test(gpu_backward, finite_differences_decoder)
+Test(gpu_grad, finite_differences_decoder)
 {
 	dg_device *dev = gh_open();
 	/* E 48: the default grad_input tile (BK 16) takes the tensor cores */
@@ -665,7 +665,7 @@ Test(gpu_backward, finite_differences_decoder)
 	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
 
 	gh_seed(40);
-	float *y = bh_rand_f32(ny), *w = bh_rand_f32(nw), *r = bh_rand_f32(no), *buf = gh_xmalloc(no * 4);
+	float *y = gr_rand_f32(ny), *w = gr_rand_f32(nw), *r = gr_rand_f32(no), *buf = gh_xmalloc(no * 4);
 	float *gy = gh_xmalloc(ny * 4), *gw = gh_xmalloc(nw * 4);
 	dg_dptr dy = gh_upload(dev, y, ny * 4), dw = gh_upload(dev, w, nw * 4);
 	dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
@@ -719,7 +719,7 @@ Test(gpu_backward, finite_differences_decoder)
 		fd[0] = (float)((lp - lm) / (2.0 * eps));
 		an[0] = on_y ? gy[i] : gw[i];
 		gh_expect_close(on_y ? "grad_y vs finite differences" : "grad_w vs finite differences",
-				an, fd, 1, (float)(BH_BF16_REL * rms_of(on_y ? gy : gw, n)) + 1e-3f,
+				an, fd, 1, (float)(GR_BF16_REL * rms_of(on_y ? gy : gw, n)) + 1e-3f,
 				0.0f);
 	}
 	free(y);

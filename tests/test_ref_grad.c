@@ -1,6 +1,6 @@
 /*
- * Tests of the backward CPU references (runtime/ref/ref_backward.c) and of the
- * _check twins of the backward and weight-quantize ops (no device needed):
+ * Tests of the gradient GEMMs' CPU references (runtime/ref/grad.c) and of
+ * the _check twins of the gradient and weight-quantize ops (no device needed):
  *
  *   - every grad ref against central finite differences of a forward:
  *     dg_ref_lowrank_fwd for the projection (f32, ReLU off, so the loss

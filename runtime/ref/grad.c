@@ -1,5 +1,5 @@
 /*
- * CPU references of the four backward GEMMs (runtime/ref/ref_ops.h) and of the
+ * CPU references of the four gradient GEMMs (runtime/ref/ref_ops.h) and of the
  * ternary / sign1 unpackers:
  *
  *   lowrank_grad_input   grad_x[b,i,t,e] = sw · Σ_{h: hin(h)=i} Σ_l grad[b,h,t,l] · w[h,l,e]
@@ -11,13 +11,13 @@
  * (exact: codes are small integers, bf16 widens exactly), then every sum
  * runs in double and is scaled in double (by the integer operand's scale,
  * 1 for a float operand) and rounded to float once: exact math, the
- * kernels' target. The GPU differs in two ways (templates/backward.lua):
+ * kernels' target. The GPU differs in two ways (templates/grad.lua):
  * its sums are f32, and on the tensor-core path (sm_80+, the default
  * tiles) the f32 gradient — and an f32 operand — is rounded to bf16 (round
  * to nearest even, at most 2^-9 relative a term) before the products. So
  * compare relative to the norm of the reference: the tensor-core error is
  * about 1e-3 · RMS(ref) an element; tests accept 1e-2 · RMS(ref)
- * (tests/test_gpu_backward.c); the SIMT path (f32 FMA, before sm_80 or on
+ * (tests/test_gpu_grad.c); the SIMT path (f32 FMA, before sm_80 or on
  * odd tiles) is within f32 rounding of the sum.
  *
  * Gradient formats (dragon/spec.h): the lowrank ops read grad in

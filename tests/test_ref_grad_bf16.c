@@ -1,5 +1,5 @@
 /*
- * The backward references' bf16 gradients (runtime/ref/ref_backward.c;
+ * The gradient GEMMs' references with bf16 gradients (runtime/ref/grad.c;
  * dragon/spec.h "gradient formats"), no device needed:
  *   - lowrank_grad_input / _weight with src=bf16 read grad exactly: the
  *     same bytes as the f32 reference of its widened values, every weight

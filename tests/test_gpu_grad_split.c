@@ -1,7 +1,7 @@
 /*
- * GPU tests of lowrank_grad_input's K split (templates/backward_mma.lua
+ * GPU tests of lowrank_grad_input's K split (templates/grad_mma.lua
  * M.GI_SPLIT, the same on every path, and the dg_lowrank_grad_input_reduce
- * entry of templates/backward.lua; runtime/ops/grad.c picks the count and
+ * entry of templates/grad.lua; runtime/ops/grad.c picks the count and
  * launches both). The count is forced through
  * dg_lowrank_grad_input_args.splits and every result is checked against the
  * CPU reference (dg_ref_lowrank_grad_input: the math is the same whatever
@@ -35,10 +35,10 @@
  * given (empty splits and all), and over a sweep of grids and K lengths
  * the invariants every launch relies on.
  *
- * Tolerance: tests/backward_helpers.h (bh_expect_bf16): a split changes
+ * Tolerance: tests/grad_helpers.h (gr_expect_bf16): a split changes
  * only the order of the f32 sums, which the bound's K·2^-24·Σ|terms|
  * covers; c = 1 on the warpgroup path (bf16 operands are exact), else
- * bh_bound_c.
+ * gr_bound_c.
  */
 #include <criterion/criterion.h>
 
@@ -49,7 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward_helpers.h"
+#include "grad_helpers.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "runtime/ops/ops_int.h"
@@ -99,8 +99,8 @@ static gi_case make_case(dg_device *dev, const shape *s, dg_fmt gf, dg_fmt wf, c
 	size_t ng = (size_t)s->B * s->H * s->T * s->L, nw = (size_t)s->H * s->L * s->E;
 	k.nx = (size_t)s->B * s->Hin * s->T * s->E;
 	void *g = gh_rand_storage(gf, ng, NULL), *w = gh_rand_storage(wf, nw, NULL);
-	void *ga = bh_abs_storage(gf, g, ng), *wa = bh_abs_storage(wf, w, nw);
-	float sw = bh_scale_of(wf);
+	void *ga = gr_abs_storage(gf, g, ng), *wa = gr_abs_storage(wf, w, nw);
+	float sw = gr_scale_of(wf);
 	k.grad = dg_tensor_4d("grad", gf, gh_upload(dev, g, gh_bytes(gf, ng)), s->B, s->H, s->T, s->L);
 	k.w = dg_tensor_3d("w", wf, gh_upload(dev, w, gh_bytes(wf, nw)), s->H, s->L, s->E);
 	if (dg_fmt_is_code(wf))
@@ -109,7 +109,7 @@ static gi_case make_case(dg_device *dev, const shape *s, dg_fmt gf, dg_fmt wf, c
 	k.absum = gh_xmalloc(k.nx * 4);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&k.sp, g, w, sw, k.want, s->B, s->T), DG_OK);
 	cr_assert_eq(dg_ref_lowrank_grad_input(&k.sp, ga, wa, sw, k.absum, s->B, s->T), DG_OK);
-	k.c = warpgroup ? 1.0 : bh_bound_c(wf);
+	k.c = warpgroup ? 1.0 : gr_bound_c(wf);
 	free(g), free(w), free(ga), free(wa);
 	return k;
 }
@@ -145,7 +145,7 @@ static float *run_split(dg_device *dev, const gi_case *k, int splits, const char
 		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, k->nx * 4), k->s.B, k->s.Hin,
 					    k->s.T, k->s.E);
 		dg_lowrank_grad_input_args a = { .grad = &k->grad, .w = &k->w, .grad_x = &tx, .splits = splits };
-		need[run] = bh_grad_input(dev, &k->sp, &a, what);
+		need[run] = gr_grad_input(dev, &k->sp, &a, what);
 		gh_download(dev, run ? again : got, tx.data, k->nx * 4);
 	}
 	if (splits == 1)
@@ -154,8 +154,8 @@ static float *run_split(dg_device *dev, const gi_case *k, int splits, const char
 		cr_assert_eq(need[0], (size_t)splits * k->nx * 4, "%s: %zu bytes of workspace, want %d partials of %zu",
 			     what, need[0], splits, k->nx * 4);
 	cr_assert_eq(need[1], need[0], "%s", what);
-	bh_expect_written(what, got, k->nx);
-	bh_expect_bf16(what, got, k->want, k->absum, k->nx, k->c);
+	gr_expect_written(what, got, k->nx);
+	gr_expect_bf16(what, got, k->want, k->absum, k->nx, k->c);
 	gh_expect_bytes(what, again, got, k->nx * 4);
 	free(again);
 	return got;
@@ -184,7 +184,7 @@ static dg_device *open_sm90(void)
 
 /* The warpgroup path: its default tile (128x128, two warpgroups) and a
  * 64-row one, in_heads 1 (8 K steps) and H (2 a z). */
-Test(gpu_backward, grad_input_split_wgmma)
+Test(gpu_grad, grad_input_split_wgmma)
 {
 	static const dg_tile tiles[] = { { 0, 0, 0, 0, 0, 0, 0 }, { 64, 128, 64, 4, 1, 4, 0 } };
 	static const shape shapes[] = { { 4, 1, 40, 128, 2, 65 }, { 4, 4, 64, 128, 2, 65 } };
@@ -204,7 +204,7 @@ Test(gpu_backward, grad_input_split_wgmma)
 /* The mma.sync path (sm_80 and later): an f32 gradient, int8 w (a scale
  * the reduce applies once) and ternary, the default tile (BK 16: L 112 is
  * no multiple of 32, so 21 K steps at Hin 1, 7 at Hin H) and an odd one. */
-Test(gpu_backward, grad_input_split_mma)
+Test(gpu_grad, grad_input_split_mma)
 {
 	static const dg_tile tiles[] = { { 0, 0, 0, 0, 0, 0, 0 }, { 32, 32, 16, 2, 1, 3, 0 } };
 	static const dg_fmt fmts[] = { DG_FMT_INT8, DG_FMT_TERNARY };
@@ -234,7 +234,7 @@ Test(gpu_backward, grad_input_split_mma)
  * (int8 codes times f32, fused), so one and two splits differ only by the
  * rounding of the sums: each is within (K + 1)·2^-24·Σ|terms| of the exact
  * value (K additions and the scale's multiply). */
-Test(gpu_backward, grad_input_split_simt)
+Test(gpu_grad, grad_input_split_simt)
 {
 	static const dg_tile tile = { 64, 64, 8, 2, 2, 2, 0 };
 	dg_device *dev = gh_open();
@@ -259,7 +259,7 @@ Test(gpu_backward, grad_input_split_simt)
 
 /* Bad input leaves grad_x alone: no workspace, one a byte short (the
  * message names the bytes needed), splits out of range. */
-Test(gpu_backward, grad_input_split_bad_input)
+Test(gpu_grad, grad_input_split_bad_input)
 {
 	dg_device *dev = gh_open();
 	static const dg_tile tile = { 0, 0, 0, 0, 0, 0, 0 };
@@ -307,8 +307,8 @@ Test(gpu_backward, grad_input_split_bad_input)
 	a.splits = 4;
 	cr_assert_eq(dg_lowrank_grad_input(dev, &k.sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, dx, k.nx * 4);
-	bh_expect_written("grad_x", (const float *)got, k.nx);
-	bh_expect_bf16("grad_x, 4 splits", (const float *)got, k.want, k.absum, k.nx, k.c);
+	gr_expect_written("grad_x", (const float *)got, k.nx);
+	gr_expect_bf16("grad_x, 4 splits", (const float *)got, k.want, k.absum, k.nx, k.c);
 	free(ff);
 	free(got);
 	free_case(&k);

@@ -1,6 +1,6 @@
 /*
- * GPU tests of the four backward GEMMs at the BDH shape (H 4, E 256,
- * L 8192, B·T 4096; templates/backward.lua, runtime/ops/grad.c), on
+ * GPU tests of the four gradient GEMMs at the BDH shape (H 4, E 256,
+ * L 8192, B·T 4096; templates/grad.lua, runtime/ops/grad.c), on
  * the default tiles, int8 operands. Skip without a device (gh_open).
  *
  *   - lowrank grad_input on sampled rows;
@@ -17,8 +17,8 @@
  *     (bdh_wgmma_bf16_against_mma; skipped off sm_90).
  *
  * Outputs start as 0xff bytes (NaN): every element must be written.
- * Tolerance: tests/backward_helpers.h.
- * The small odd shapes are in tests/test_gpu_backward.c.
+ * Tolerance: tests/grad_helpers.h.
+ * The small odd shapes are in tests/test_gpu_grad.c.
  */
 #include <criterion/criterion.h>
 
@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward_helpers.h"
+#include "grad_helpers.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "runtime/gpu/gpu_int.h"
@@ -48,7 +48,7 @@ static double i8_at(const int8_t *p, size_t i)
 	return p[i];
 }
 
-Test(gpu_backward, bdh_lowrank_grad_input_sampled)
+Test(gpu_grad, bdh_lowrank_grad_input_sampled)
 {
 	dg_device *dev = gh_open();
 	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L, nw = (size_t)BDH_H * BDH_L * BDH_E,
@@ -57,7 +57,7 @@ Test(gpu_backward, bdh_lowrank_grad_input_sampled)
 	dg_spec_init(&sp, DG_OP_LOWRANK_GRAD_INPUT); /* H 4, Hin 1, E 256, L 8192, int8 */
 
 	gh_seed(20);
-	float *g = bh_rand_f32(ng);
+	float *g = gr_rand_f32(ng);
 	int8_t *w = gh_rand_storage(DG_FMT_INT8, nw, NULL);
 	float *got = gh_xmalloc(nx * 4);
 	const float sw = 1.0f / 127;
@@ -66,9 +66,9 @@ Test(gpu_backward, bdh_lowrank_grad_input_sampled)
 	tw.scale = gh_scalar(dev, sw);
 	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), BDH_B, 1, BDH_T, BDH_E);
 	dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
-	bh_grad_input(dev, &sp, &a, "bdh lowrank_grad_input");
+	gr_grad_input(dev, &sp, &a, "bdh lowrank_grad_input");
 	gh_download(dev, got, tx.data, nx * 4);
-	bh_expect_written("grad_x", got, nx);
+	gr_expect_written("grad_x", got, nx);
 
 	float want[BDH_E], absum[BDH_E];
 	for (int smp = 0; smp < SAMPLES; smp++) {
@@ -87,8 +87,8 @@ Test(gpu_backward, bdh_lowrank_grad_input_sampled)
 			want[e] = (float)(sw * acc[e]);
 			absum[e] = (float)(sw * aacc[e]);
 		}
-		bh_expect_bf16("bdh grad_x row", got + ((size_t)b * BDH_T + t) * BDH_E, want, absum, BDH_E,
-			    bh_bound_c(DG_FMT_INT8));
+		gr_expect_bf16("bdh grad_x row", got + ((size_t)b * BDH_T + t) * BDH_E, want, absum, BDH_E,
+			    gr_bound_c(DG_FMT_INT8));
 	}
 	free(g);
 	free(w);
@@ -96,7 +96,7 @@ Test(gpu_backward, bdh_lowrank_grad_input_sampled)
 	gh_close(dev);
 }
 
-Test(gpu_backward, bdh_lowrank_grad_weight_sampled)
+Test(gpu_grad, bdh_lowrank_grad_weight_sampled)
 {
 	dg_device *dev = gh_open();
 	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L, nw = (size_t)BDH_H * BDH_L * BDH_E,
@@ -105,7 +105,7 @@ Test(gpu_backward, bdh_lowrank_grad_weight_sampled)
 	dg_spec_init(&sp, DG_OP_LOWRANK_GRAD_WEIGHT); /* act int8 */
 
 	gh_seed(21);
-	float *g = bh_rand_f32(ng);
+	float *g = gr_rand_f32(ng);
 	int8_t *x = gh_rand_storage(DG_FMT_INT8, nx, NULL);
 	float *got = gh_xmalloc(nw * 4);
 	const float sa = 1.0f / 127;
@@ -120,7 +120,7 @@ Test(gpu_backward, bdh_lowrank_grad_weight_sampled)
 	a.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tw.data, nw * 4);
-	bh_expect_written("grad_w", got, nw);
+	gr_expect_written("grad_w", got, nw);
 
 	float want[BDH_E], absum[BDH_E];
 	for (int smp = 0; smp < SAMPLES; smp++) {
@@ -139,8 +139,8 @@ Test(gpu_backward, bdh_lowrank_grad_weight_sampled)
 			want[e] = (float)(sa * acc[e]);
 			absum[e] = (float)(sa * aacc[e]);
 		}
-		bh_expect_bf16("bdh grad_w row", got + ((size_t)h * BDH_L + l) * BDH_E, want, absum, BDH_E,
-			    bh_bound_c(DG_FMT_INT8));
+		gr_expect_bf16("bdh grad_w row", got + ((size_t)h * BDH_L + l) * BDH_E, want, absum, BDH_E,
+			    gr_bound_c(DG_FMT_INT8));
 	}
 	free(g);
 	free(x);
@@ -148,7 +148,7 @@ Test(gpu_backward, bdh_lowrank_grad_weight_sampled)
 	gh_close(dev);
 }
 
-Test(gpu_backward, bdh_decoder_grads_sampled)
+Test(gpu_grad, bdh_decoder_grads_sampled)
 {
 	dg_device *dev = gh_open();
 	const size_t HL = (size_t)BDH_H * BDH_L, ng = (size_t)BDH_B * BDH_T * BDH_E,
@@ -156,7 +156,7 @@ Test(gpu_backward, bdh_decoder_grads_sampled)
 	const float s = 1.0f / 127;
 
 	gh_seed(22);
-	float *g = bh_rand_f32(ng);
+	float *g = gr_rand_f32(ng);
 	int8_t *w = gh_rand_storage(DG_FMT_INT8, nw, NULL), *y = gh_rand_storage(DG_FMT_INT8, ny, NULL);
 	float *gy = gh_xmalloc(ny * 4), *gw = gh_xmalloc(nw * 4);
 	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), BDH_B, 1, BDH_T, BDH_E);
@@ -168,7 +168,7 @@ Test(gpu_backward, bdh_decoder_grads_sampled)
 	dg_decoder_grad_input_args ai = { .grad = &tg, .w = &tw, .grad_y = &tgy };
 	cr_assert_eq(dg_decoder_grad_input(dev, &sp, &ai), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gy, tgy.data, ny * 4);
-	bh_expect_written("grad_y", gy, ny);
+	gr_expect_written("grad_y", gy, ny);
 
 	dg_tensor ty = dg_tensor_4d("y", DG_FMT_INT8, gh_upload(dev, y, ny), BDH_B, BDH_H, BDH_T, BDH_L);
 	ty.scale = gh_scalar(dev, s);
@@ -181,7 +181,7 @@ Test(gpu_backward, bdh_decoder_grads_sampled)
 	aw.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &aw), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gw, tgw.data, nw * 4);
-	bh_expect_written("decoder grad_w", gw, nw);
+	gr_expect_written("decoder grad_w", gw, nw);
 
 	for (int smp = 0; smp < SAMPLES; smp++) {
 		/* grad_y[b, h, t, l0 .. l0+255] */
@@ -199,8 +199,8 @@ Test(gpu_backward, bdh_decoder_grads_sampled)
 			want[j] = (float)(s * acc);
 			absum[j] = (float)(s * aacc);
 		}
-		bh_expect_bf16("bdh grad_y row", gy + (((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l0,
-			    want, absum, 256, bh_bound_c(DG_FMT_INT8));
+		gr_expect_bf16("bdh grad_y row", gy + (((size_t)b * BDH_H + h) * BDH_T + t) * BDH_L + l0,
+			    want, absum, 256, gr_bound_c(DG_FMT_INT8));
 		/* grad_w[d, c0 .. c0+255] */
 		int d = smp == 0 ? BDH_E - 1 : gh_int(0, BDH_E - 1);
 		size_t c0 = 256 * (size_t)gh_int(0, (int)(HL / 256) - 1);
@@ -219,8 +219,8 @@ Test(gpu_backward, bdh_decoder_grads_sampled)
 			want[j] = (float)(s * acc[j]);
 			absum[j] = (float)(s * aacc[j]);
 		}
-		bh_expect_bf16("bdh decoder grad_w row", gw + (size_t)d * HL + c0, want, absum, 256,
-			    bh_bound_c(DG_FMT_INT8));
+		gr_expect_bf16("bdh decoder grad_w row", gw + (size_t)d * HL + c0, want, absum, 256,
+			    gr_bound_c(DG_FMT_INT8));
 	}
 	free(g);
 	free(w);
@@ -264,7 +264,7 @@ static void *bdh_run(dg_device *dev, dg_op op, dg_fmt gf, const dg_tile *t, cons
 		 * shared memory, which the gradient's format changes, and the
 		 * comparison is of the formats at one summation order */
 		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx, .splits = 2 };
-		bh_grad_input(dev, &sp, &a, "bdh lowrank_grad_input");
+		gr_grad_input(dev, &sp, &a, "bdh lowrank_grad_input");
 		st = DG_OK;
 	} else if (dgi) {
 		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dgr, BDH_B, 1, BDH_T, BDH_E);
@@ -291,12 +291,12 @@ static void *bdh_run(dg_device *dev, dg_op op, dg_fmt gf, const dg_tile *t, cons
 	return out;
 }
 
-Test(gpu_backward, bdh_bf16_gradients_match_the_f32_kernels)
+Test(gpu_grad, bdh_bf16_gradients_match_the_f32_kernels)
 {
 	dg_device *dev = gh_open();
 	static const dg_op ops[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT,
 				     DG_OP_DECODER_GRAD_INPUT };
-	/* the template's default tiles at this shape (templates/backward.lua),
+	/* the template's default tiles at this shape (templates/grad.lua),
 	 * pinned so a tuning record of one format cannot give it another */
 	static const dg_tile tiles[] = { { 64, 128, 64, 2, 4, 4, 0 }, { 128, 128, 32, 2, 2, 4, 0 },
 					 { 128, 128, 32, 2, 2, 3, 0 } };
@@ -306,7 +306,7 @@ Test(gpu_backward, bdh_bf16_gradients_match_the_f32_kernels)
 		const size_t ng = dgi ? (size_t)BDH_B * BDH_T * BDH_E : (size_t)BDH_B * BDH_H * BDH_T * BDH_L;
 		const size_t nb = ops[o] == DG_OP_LOWRANK_GRAD_WEIGHT ? (size_t)BDH_B * BDH_T * BDH_E
 								      : (size_t)BDH_H * BDH_L * BDH_E;
-		float *g = bh_rand_f32(ng);
+		float *g = gr_rand_f32(ng);
 		uint16_t *hb = gh_xmalloc(ng * 2);
 		for (size_t i = 0; i < ng; i++) { /* values exact in bf16 */
 			hb[i] = dg_f32_to_bf16(g[i]);
@@ -316,7 +316,7 @@ Test(gpu_backward, bdh_bf16_gradients_match_the_f32_kernels)
 		size_t nf = 0, nh = 0;
 		void *f = bdh_run(dev, ops[o], DG_FMT_F32, &tiles[o], g, hb, b, &nf);
 		void *h = bdh_run(dev, ops[o], DG_FMT_BF16, &tiles[o], g, hb, b, &nh);
-		bh_expect_written(dg_op_name(ops[o]), f, nf / 4);
+		gr_expect_written(dg_op_name(ops[o]), f, nf / 4);
 		if (dgi) { /* grad_y bf16: the f32 kernel's, rounded to nearest even once */
 			cr_assert_eq(nh * 2, nf);
 			const float *fv = f;
@@ -333,7 +333,7 @@ Test(gpu_backward, bdh_bf16_gradients_match_the_f32_kernels)
 	gh_close(dev);
 }
 
-/* ---- the sm_90a warpgroup path (templates/backward_wgmma.lua) ----------------------- */
+/* ---- the sm_90a warpgroup path (templates/grad_wgmma.lua) ----------------------- */
 
 /* One lowrank grad at the BDH shape with a bf16 gradient and bf16 w / x on
  * sm_90a, the tile t (auto: the warpgroup default); the output's device
@@ -382,7 +382,7 @@ static float *wg_run_timed(wg_run *u, const char *path, size_t no)
 	cr_assert_eq(wg_call(u), DG_OK, "%s: %s", p.canonical, dg_device_errmsg(u->dev));
 	float *got = gh_xmalloc(no * 4);
 	gh_download(u->dev, got, u->out.data, no * 4);
-	bh_expect_written(p.canonical, got, no);
+	gr_expect_written(p.canonical, got, no);
 
 	dg_timer *tm = NULL;
 	dg_timing r;
@@ -401,7 +401,7 @@ static float *wg_run_timed(wg_run *u, const char *path, size_t no)
  * default against the mma.sync default tile of the same spec, within
  * 1e-3 of the norm (both sum exact products in f32, in other orders:
  * about 1e-5 apart), each one's time printed. Skips off sm_90. */
-Test(gpu_backward, bdh_wgmma_bf16_against_mma)
+Test(gpu_grad, bdh_wgmma_bf16_against_mma)
 {
 	dg_device *dev = gh_open();
 	dg_device_info di;
@@ -415,7 +415,7 @@ Test(gpu_backward, bdh_wgmma_bf16_against_mma)
 	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L;
 	gh_seed(25);
 	uint16_t *g = gh_xmalloc(ng * 2);
-	float *f = bh_rand_f32(ng);
+	float *f = gr_rand_f32(ng);
 	for (size_t i = 0; i < ng; i++)
 		g[i] = dg_f32_to_bf16(f[i]);
 	free(f);
@@ -425,7 +425,7 @@ Test(gpu_backward, bdh_wgmma_bf16_against_mma)
 		const bool gi = o == 0;
 		const size_t nb = gi ? (size_t)BDH_H * BDH_L * BDH_E : (size_t)BDH_B * BDH_T * BDH_E;
 		const size_t no = gi ? (size_t)BDH_B * BDH_T * BDH_E : (size_t)BDH_H * BDH_L * BDH_E;
-		float *bf = bh_rand_f32(nb);
+		float *bf = gr_rand_f32(nb);
 		uint16_t *b = gh_xmalloc(nb * 2);
 		for (size_t i = 0; i < nb; i++)
 			b[i] = dg_f32_to_bf16(bf[i]);

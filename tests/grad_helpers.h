@@ -1,11 +1,12 @@
 /*
- * Helpers shared by the GPU backward suites (tests/test_gpu_backward.c,
- * tests/test_gpu_backward_bdh.c): |values| of an operand storage for the
- * Σ|terms| reference, and the bf16 tolerance the gradients are checked
- * with. Names start with bh_ (backward helpers). Random operands come from
- * gpu_helpers (gh_rand_storage, the test's dg_rng).
+ * Helpers shared by the GPU suites of the gradient GEMMs
+ * (tests/test_gpu_grad.c, tests/test_gpu_grad_bdh.c): |values| of an
+ * operand storage for the Σ|terms| reference, and the bf16 tolerance the
+ * gradients are checked with. Names start with gr_ (grad helpers).
+ * Random operands come from gpu_helpers (gh_rand_storage, the test's
+ * dg_rng).
  *
- * Tolerance (bh_expect_bf16). The references are exact (double sums of the
+ * Tolerance (gr_expect_bf16). The references are exact (double sums of the
  * f32 gradient times the decoded operand). The tensor-core path rounds the
  * gradient (and an f32 operand) to bf16, round to nearest even — a
  * relative error of at most 2^-8 a value — and sums exact products in f32,
@@ -13,18 +14,18 @@
  * the first term with an f32 operand). Each check asks for both:
  *   - elementwise |got − want| <= c·2^-8·Σ_k |a_k·b_k| + 1e-6·(1 + |want|),
  *     c = 2 (3 with an f32 operand), the Σ|terms| from the same CPU
- *     reference run on |grad| and |operand| (bh_abs_storage) — a bound the
+ *     reference run on |grad| and |operand| (gr_abs_storage) — a bound the
  *     rounding can never exceed, so the test cannot flake (dg_ref_within);
  *   - ‖got − want‖ <= 1e-2·‖want‖ (the rounding gives about 1e-3): on long
  *     reductions the elementwise bound grows like K while a wrong element
  *     is off by about √K, so this is what keeps a wrong index, a
  *     transposed or shifted tile, a lost K step or a missing scale failing
  *     loudly (dg_ref_close_norm; tolerance_catches_layout_errors in
- *     tests/test_gpu_backward.c proves it without a device).
+ *     tests/test_gpu_grad.c proves it without a device).
  * The SIMT path (f32 sums) passes both with room to spare.
  */
-#ifndef DG_TESTS_BACKWARD_HELPERS_H
-#define DG_TESTS_BACKWARD_HELPERS_H
+#ifndef DG_TESTS_GRAD_HELPERS_H
+#define DG_TESTS_GRAD_HELPERS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -32,45 +33,45 @@
 #include "dragon/ops.h"
 #include "dragon/spec.h"
 
-#define BH_BF16_REL 1e-2 /* relative-to-norm bound of a bf16-rounded gradient */
-#define BH_BF16_U (1.0 / 256) /* 2^-8: bf16's unit roundoff (round to nearest even) */
+#define GR_BF16_REL 1e-2 /* relative-to-norm bound of a bf16-rounded gradient */
+#define GR_BF16_U (1.0 / 256) /* 2^-8: bf16's unit roundoff (round to nearest even) */
 
 /* |values| of a storage of n values of format f (same layout), so that a
  * reference run on it and on |grad| gives Σ|terms| (malloc'd). */
-void *bh_abs_storage(dg_fmt f, const void *src, size_t n);
+void *gr_abs_storage(dg_fmt f, const void *src, size_t n);
 /* A scale that keeps decoded values about 1: 1/qmax of a code format. */
-float bh_scale_of(dg_fmt f);
+float gr_scale_of(dg_fmt f);
 
 /* n uniform floats in [-1, 1) from the test's stream (malloc'd). */
-float *bh_rand_f32(size_t n);
+float *gr_rand_f32(size_t n);
 /* |v[i]| of n floats (malloc'd). */
-float *bh_abs_f32(const float *v, size_t n);
+float *gr_abs_f32(const float *v, size_t n);
 
 /* The elementwise factor c of the bound: the gradient is rounded (2^-8),
  * and an f32 operand too (another 2^-8); one unit of c to spare for the
  * f32 sums (K·2^-24 <= 2^-8 for K <= 2^16). */
-double bh_bound_c(dg_fmt f);
+double gr_bound_c(dg_fmt f);
 
 /* Whether got matches want within the bounds above; absum[i] is
  * Σ_k |a_k·b_k| of output i (scale included). `why` gets the failed rule
  * and its worst or first element. */
-bool bh_bf16_ok(const char *what, const float *got, const float *want, const float *absum,
+bool gr_bf16_ok(const char *what, const float *got, const float *want, const float *absum,
 		size_t n, double c, char *why, size_t why_size);
-/* bh_bf16_ok, failing the test with its reason. */
-void bh_expect_bf16(const char *what, const float *got, const float *want, const float *absum,
+/* gr_bf16_ok, failing the test with its reason. */
+void gr_expect_bf16(const char *what, const float *got, const float *want, const float *absum,
 		    size_t n, double c);
 
 /* Fails the test when any of n outputs is NaN: never written (the tests
  * fill outputs with 0xff bytes, a NaN, first). */
-void bh_expect_written(const char *what, const float *v, size_t n);
+void gr_expect_written(const char *what, const float *v, size_t n);
 
 /* Runs lowrank_grad_input with a (a->splits as given: 0 the runtime's
  * choice) in a workspace of the size its _workspace call asks for, every
  * byte 0xff first (a NaN: a split that writes nothing fails
- * bh_expect_written); a->ws is set to it (freed by gh_close). Fails the
+ * gr_expect_written); a->ws is set to it (freed by gh_close). Fails the
  * test naming `what` on an error. Returns the workspace bytes (0: the op
  * did not split). */
-size_t bh_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_args *a,
+size_t gr_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_args *a,
 		     const char *what);
 
 #endif

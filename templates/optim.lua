@@ -1,5 +1,5 @@
 --[[
-adamw.lua — the optimizer's kernels (dg_ref_adamw mirrors the update):
+optim.lua — the optimizer's kernels (dg_ref_adamw mirrors the update):
 
   dg_adamw_update        one AdamW update of n parameters in place, the step's
                   scalars from its control block (dragon/optim.h
@@ -37,7 +37,10 @@ Kernel ABI (runtime/ops/optim.c launches them):
   extern "C" __global__ void dg_grad_clip(const double *part, int nparts,
       dg_adamw_ctl_t *ctl)                            grid 1
 ]]
-local C = require("common")
+local SPEC = require("spec")
+local EMIT = require("emit")
+local TILES = require("tiles")
+local DEV = require("device")
 local fmt = string.format
 
 local M = {}
@@ -194,11 +197,11 @@ dg_grad_clip(const double *__restrict__ part, int nparts, dg_adamw_ctl_t *__rest
 ]]
 
 function M.plan(spec)
-  C.one_of(spec, "op", { "adamw_update" })
-  local p, err = C.threads_plan(spec, { "dg_adamw_update", "dg_grad_sumsq", "dg_grad_clip" }, "adamw.cu")
+  SPEC.one_of(spec, "op", { "adamw_update" })
+  local p, err = TILES.threads_plan(spec, { "dg_adamw_update", "dg_grad_sumsq", "dg_grad_clip" }, "adamw.cu")
   if not p then return nil, err end
   if (p.tile.threads & (p.tile.threads - 1)) ~= 0 then
-    return C.refuse(p.tile, false, "threads must be a power of two (the tree sums halve the block)")
+    return TILES.refuse(p.tile, false, "threads must be a power of two (the tree sums halve the block)")
   end
   return p
 end
@@ -207,8 +210,8 @@ M.PARTS = PARTS
 
 function M.render(spec, plan)
   local nt = plan.tile.threads
-  local w = C.writer()
-  w:line(C.banner(spec, "adamw.lua", {
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "optim.lua", {
     "adamw_update: p, m, v (n) f32 updated in place from grad (n) f32 and the step's control block;",
     "the gradient norm's partial sums (sumsq) and its clip factor (clip).", "",
     fmt("dg_adamw_update(float *p, const float *grad, float *m, float *v, const dg_adamw_ctl_t *ctl, dg_adamw_ctl_t cv, unsigned short *copy, long long n, int decay)   any grid, %d threads", nt),
@@ -216,8 +219,8 @@ function M.render(spec, plan)
     fmt("dg_grad_clip(const double *part, int nparts, dg_adamw_ctl_t *ctl)   grid 1, %d threads", nt),
     "path: element-wise, 16-byte vectors grid-stride; fixed-order double sums.",
   }))
-  w:line(C.helpers({ bf16 = true }))
-  w:line(C.subst(KERNELS, { NT = nt, PARTS = PARTS }))
+  w:line(DEV.helpers({ bf16 = true }))
+  w:line(EMIT.subst(KERNELS, { NT = nt, PARTS = PARTS }))
   return w:text()
 end
 
