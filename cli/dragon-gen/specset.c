@@ -36,8 +36,8 @@ void dg__specset_note_dropped(const dg__specset *set)
 static const char *const flag_what[DG__SF__COUNT] = {
 	[DG__SF_HEADS] = "output heads H",
 	[DG__SF_IN_HEADS] = "input heads: 1 (shared by all heads) or H",
-	[DG__SF_EMBD] = "model width E",
-	[DG__SF_LATENT] = "latent width L per head",
+	[DG__SF_EMBD] = "model width D",
+	[DG__SF_LATENT] = "neurons N a head",
 	[DG__SF_VOCAB] = "vocabulary V (token ids 0..V-1)",
 	[DG__SF_RELU] = "none, or a threshold such as 0 or 0.25",
 	[DG__SF_TILE] = "auto, t<threads> (t256) or BMxBNxBK/WMxWN/S",
@@ -129,7 +129,7 @@ void dg__specset_help(FILE *to, bool default_set)
 	if (default_set)
 		fprintf(to,
 			"With no spec flag: the default build set, %zu specs of every op of a\n"
-			"BDH training step, forward and backward, at H=%d, E=%d, L=%d (the op\n"
+			"BDH training step, forward and backward, at H=%d, D=%d, N=%d (the op\n"
 			"table's build lists; `dragon-gen list` shows them).\n",
 			dg__specset_default_size(), d.heads, d.embd, d.latent);
 }

@@ -2,7 +2,7 @@
  * The decoder family: the decoder tail (decoder_fwd: split-K into
  * per-split slices of partial sums in the caller's workspace, which a
  * second launch adds and converts) and its input and weight gradients (the
- * GEMMs of grad.c). Kernels: templates/decoder.lua, templates/backward.lua.
+ * GEMMs of grad.c). Kernels: templates/decoder.lua, templates/grad.lua.
  */
 #include <string.h>
 

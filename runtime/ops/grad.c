@@ -1,6 +1,6 @@
 /*
  * The gradient GEMMs of the lowrank and decoder families (kernels of
- * templates/backward.lua): their grids, the split of the grad_weight
+ * templates/grad*.lua): their grids, the split of the grad_weight
  * reduction over B·T, and the split of lowrank_grad_input's over K.
  *
  * The grid depends on the tile the kernel was built with, which the device
@@ -25,7 +25,7 @@
 
 #define MAX_SPLITS 64 /* grad_weight's */
 #define MIN_STEPS_A_SPLIT 4 /* K steps each split sums at least */
-#define REDUCE_THREADS 256  /* RNT in templates/backward.lua */
+#define REDUCE_THREADS 256  /* RNT in templates/grad_ops.lua */
 
 static dg_launch gemm_launch(const dg_tile *t, unsigned gx, unsigned gy, unsigned gz)
 {

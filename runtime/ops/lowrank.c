@@ -2,7 +2,7 @@
  * The lowrank family: the projection (lowrank_fwd), its ReLU mask applied
  * to a gradient (relu_mask, y recomputed from the codes), and its input
  * and weight gradients (the GEMMs of grad.c). Kernels: templates/lowrank.lua
- * and templates/backward.lua.
+ * and templates/grad.lua.
  *
  * The projection's kernels walk their tiles with a grid stride, so the
  * grid does not depend on the tile: a multiple of the SM count, capped by

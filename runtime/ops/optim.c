@@ -1,5 +1,5 @@
 /*
- * The optimizer family (dragon/ops.h "optim"; templates/adamw.lua): the
+ * The optimizer family (dragon/ops.h "optim"; templates/optim.lua): the
  * fused AdamW update of one tensor and the gradients' global norm with its
  * clip factor, each reading or writing the step's control block on the
  * device (dragon/optim.h dg_adamw_ctl), so a training step captured into a
@@ -12,7 +12,7 @@
 #include "runtime/ref/ref_ops.h"
 #include "runtime/ops/ops_int.h"
 
-/* templates/adamw.lua's PARTS: dg_grad_sumsq's blocks, a partial each. */
+/* templates/optim.lua's PARTS: dg_grad_sumsq's blocks, a partial each. */
 #define PARTS 264
 /* The control block's alignment: the kernels read it whole, doubles
  * included, so a misaligned one would fault the context, not be refused. */

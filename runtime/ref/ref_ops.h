@@ -357,7 +357,7 @@ void dg_ref_add3(const float *a, const float *b, const float *c, int64_t n, floa
 dg_status dg_ref_transpose(dg_fmt act, const float *in, int64_t r, int e, int l, void *out);
 
 /*
- * adamw (templates/adamw.lua): one AdamW update of n parameters in place
+ * adamw (templates/optim.lua): one AdamW update of n parameters in place
  * on p, m and v from grad, the step's scalars in ctl (dragon/optim.h
  * dg_adamw_ctl): nothing when ctl->skip, else in f32, each operation
  * rounded once, in PyTorch's single-tensor order
@@ -372,7 +372,7 @@ void dg_ref_adamw(const dg_adamw_ctl *ctl, bool decay, float *p, const float *gr
  * registry's): step 0 of dg_adamw_defaults at lr 1e-3, scale 1. */
 void dg_ref_adamw_default_ctl(dg_adamw_ctl *ctl);
 /* The loss scaler's rule after one step (dragon/optim.h dg_loss_scaler;
- * templates/adamw.lua dg_grad_clip applies it on the device): a norm
+ * templates/optim.lua dg_grad_clip applies it on the device): a norm
  * that is not finite halves S and zeroes good_steps; a finite one counts
  * a good step, and at growth_interval doubles S (kept when 2S is not
  * finite) and zeroes the count. Nothing when the scaler is off. */

@@ -58,7 +58,7 @@ dg_tensor dg__gm_tn(const dg_model *m, int id);
 dg_spec dg__gm_base_spec(const dg_model *m, dg_op op);
 dg_spec dg__gm_op_spec(const dg_model *m, dg_op op);
 dg_spec dg__gm_dequant_spec(const dg_model *m, dg_fmt act, dg_scale_gran g);
-const dg_proj_recipe *dg__gm_recipe(const dg_model *m, int which);
+const dg_proj_recipe *dg__gm_recipe(const dg_model *m, dg_proj which);
 
 /* One node on the device; sizing (need non-NULL): *need gets its
  * workspace bytes and its kernels are prepared, nothing launched. */

@@ -105,15 +105,15 @@ static dg_spec add_mask_spec(const dg_model *m)
 	return s;
 }
 
-/* The recipe of projection which (0 encoder, 1 encoder_v, 2 decoder). */
-const dg_proj_recipe *dg__gm_recipe(const dg_model *m, int which)
+/* The recipe of projection which. */
+const dg_proj_recipe *dg__gm_recipe(const dg_model *m, dg_proj which)
 {
-	return which == 0 ? &m->c.encoder : which == 1 ? &m->c.encoder_v : &m->c.decoder;
+	return dg__proj_recipe(&m->c, which);
 }
 
 /* A spec with projection which's formats and scales (a float recipe: the
  * activations' format, no scales). */
-static void set_recipe(const dg_model *m, dg_spec *s, int which)
+static void set_recipe(const dg_model *m, dg_spec *s, dg_proj which)
 {
 	if (!m->lowbit)
 		return;
@@ -138,15 +138,15 @@ static void exact_tile(const dg_model *m, dg_spec *s)
 	}
 }
 
-static dg_spec proj_spec(const dg_model *m, dg_op op, int which)
+static dg_spec proj_spec(const dg_model *m, dg_op op, dg_proj which)
 {
 	dg_spec s = dg__gm_base_spec(m, op);
 	set_recipe(m, &s, which);
 	s.out = m->act;
-	s.in_heads = which ? m->H : 1;
+	s.in_heads = which == DG_PROJ_ENCODER_V ? m->H : 1;
 	if (op == DG_OP_LOWRANK_FWD) {
 		s.relu = true;
-		s.relu_thr = which ? m->c.thr_y : m->c.thr_x;
+		s.relu_thr = which == DG_PROJ_ENCODER_V ? m->c.thr_y : m->c.thr_x;
 		/* integer codes on sm_90: the warpgroup (wgmma) path */
 		s.arch_specific = m->lowbit && s.arch == 90;
 	}
@@ -253,7 +253,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ: {
-		dg_spec s = proj_spec(m, DG_OP_LOWRANK_FWD, nd->arg);
+		dg_spec s = proj_spec(m, DG_OP_LOWRANK_FWD, (dg_proj)nd->arg);
 		dg_tensor x = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &o };
 		return node_op(ex, &s, &a, NULL);
@@ -282,13 +282,13 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	case DG__N_QUANT: {
 		/* a token a row: x (B,1,T,D), a (B·H,1,T,D), xy (B,H,T,N) over its heads */
 		dg_spec s = dg__gm_base_spec(m, DG_OP_QUANTIZE_ACT);
-		const dg_proj_recipe *r = dg__gm_recipe(m, nd->arg);
+		const dg_proj_recipe *r = dg__gm_recipe(m, (dg_proj)nd->arg);
 		s.src = m->act;
 		s.act = r->act;
 		s.ascale = r->ascale;
 		dg_spec_normalize(&s);
 		dg_tensor x = dg__gm_tn(m, in[0]), q = dg__gm_tn(m, out[0]);
-		if (nd->arg == 1) {
+		if (nd->arg == DG_PROJ_ENCODER_V) {
 			int64_t sh[4] = { (int64_t)m->B * m->H, 1, m->T, D };
 			x = dg_tensor_make(x.name, x.fmt, x.data, 4, sh);
 			dg_dptr sc = q.scale;
@@ -313,7 +313,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			return node_op(ex, &s, &a, need);
 		}
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_FWD);
-		set_recipe(m, &s, 2);
+		set_recipe(m, &s, DG_PROJ_DECODER);
 		s.out = m->act;
 		dg_spec_normalize(&s);
 		dg_tensor y = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
@@ -359,7 +359,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	}
 	case DG__N_DEC_IN: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_GRAD_INPUT);
-		set_recipe(m, &s, 2);
+		set_recipe(m, &s, DG_PROJ_DECODER);
 		s.out = grad_fmt(m); /* dxy, written into dys's bytes */
 		exact_tile(m, &s);
 		dg_spec_normalize(&s);
@@ -395,7 +395,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ_IN: {
-		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, nd->arg);
+		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, (dg_proj)nd->arg);
 		s.src = grad_fmt(m); /* dys (encoder_v) or dxs (encoder) */
 		dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_grad_input_args a = { .grad = &g, .w = &w, .grad_x = &o, .ws = ws };
@@ -438,7 +438,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_PROJ_W: {
-		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_WEIGHT, nd->arg);
+		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_WEIGHT, (dg_proj)nd->arg);
 		s.src = grad_fmt(m); /* the stacks dxs.all, dys.all */
 		dg_tensor g = dg__gm_tn(m, in[0]), x = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_grad_weight_args a = { .grad = &g, .x = &x, .grad_w = &o, .ws = ws };
@@ -446,7 +446,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	}
 	case DG__N_DEC_W: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_GRAD_WEIGHT);
-		set_recipe(m, &s, 2);
+		set_recipe(m, &s, DG_PROJ_DECODER);
 		exact_tile(m, &s);
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), y = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
@@ -457,7 +457,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		/* a stack of saved codes as its rows, a scale a row — the QUANT
 		 * node's tokens: x (L·B, 1, T, D) row (l·B + b)·T + t, a
 		 * (L·B, H, T, D) row ((l·B + b)·H + h)·T + t — to bf16 */
-		const dg_proj_recipe *r = dg__gm_recipe(m, nd->arg);
+		const dg_proj_recipe *r = dg__gm_recipe(m, (dg_proj)nd->arg);
 		dg_spec s = dg__gm_dequant_spec(m, r->act, r->ascale);
 		dg_tensor c = rows(m, in[0], D), o = rows(m, out[0], D);
 		c.scale = dg__gm_tn(m, in[0]).scale;
