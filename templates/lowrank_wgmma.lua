@@ -19,10 +19,14 @@ BM × RB bytes) once and walks its n-tiles. The weight rows (B, BN × RB) are
 triple-buffered and the accumulators double-buffered: while tile j's
 epilogue runs, tile j+1's wgmma run on the other accumulator set, and tile
 j+2's weights are fetched (ternary / sign1: into registers, then decoded to
-s8) into the buffer tile j-1 read. One barrier a tile. bf16 weights are
-cp.async'd before the epilogue rather than after it (the buffer is free
-from the last barrier on), so their L2 latency hides under the epilogue's
-stores, which for bf16 are twice the codes' bytes.
+s8) into the buffer tile j-1 read. One barrier a tile. Two schedules
+(PIPE, PIPE_SYNC below): the codes' waits for tile j's MMAs just before
+its epilogue, so tile j+1's stay pending into the next step; bf16's issues
+tile j+1's MMAs and tile j+2's cp.async first, runs tile j's epilogue
+under both, and waits for everything at the step's end — nothing pending
+across the loop's back edge, so ptxas keeps the MMAs asynchronous (it
+serializes the codes' schedule, ptxas info C7514), and the weights' L2
+latency hides under the epilogue's stores, twice the codes' bytes.
 
 Shared memory: RB·(BM + 3·BN) bytes, dynamic. At BDH (E = 256): codes
 80 KiB at 128x64 (two blocks an SM), bf16 160 KiB at 128x64 (one block an
