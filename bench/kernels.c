@@ -4,6 +4,7 @@
  *
  *   lowrank_fwd  x (1,1,M,256) int8, w (4,8192,256) ternary, relu thr 0
  *                → out (1,4,M,8192) bf16 | int8 codes   (K=256, N=32768)
+ *                and the bf16 preset's: x bf16, w bf16 → out bf16
  *   decoder_fwd  y (1,4,M,8192) int8, w (256,32768) ternary | int8
  *                → out (1,1,M,256) bf16                 (K=32768, N=256)
  *
@@ -95,6 +96,7 @@ static const bcase cases[] = {
 	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_INT8, 4096, DG_FMT_F32 },
 	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 16384, DG_FMT_F32 },
 	{ DG_OP_LOWRANK_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_INT8, 16384, DG_FMT_F32 },
+	{ DG_OP_LOWRANK_FWD, DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 4096, DG_FMT_F32 },
 	{ DG_OP_DECODER_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 4096, DG_FMT_F32 },
 	{ DG_OP_DECODER_FWD, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 4096, DG_FMT_F32 },
 	{ DG_OP_DECODER_FWD, DG_FMT_TERNARY, DG_FMT_INT8, DG_FMT_BF16, 16384, DG_FMT_F32 },
@@ -334,7 +336,9 @@ static bool case_setup(bench *b, const bcase *c, const char *arch, run_case *r)
 			bk_put_float(b, r->w.scale, (float)(r->w.fmt == DG_FMT_INT8 ? sx : sw))) &&
 		       case_workspace(b, r);
 	double y_rms = code_rms(c->act) * code_rms(c->weight) * sqrt((double)BDH_E) * sx * sw;
-	if (!bk_put_float(b, r->x.scale, (float)sx) || !bk_put_float(b, r->w.scale, (float)sw))
+	/* (float operands carry no scale) */
+	if ((r->x.scale && !bk_put_float(b, r->x.scale, (float)sx)) ||
+	    (r->w.scale && !bk_put_float(b, r->w.scale, (float)sw)))
 		return false;
 	if (r->out.scale && !bk_put_float(b, r->out.scale, (float)(2 * 0.3989 * y_rms / 127)))
 		return false;

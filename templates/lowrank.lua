@@ -40,6 +40,14 @@ runtime/ops/lowrank.c launches it):
   B*T < 2^30 (int row arithmetic).
 
 Paths (which one a spec takes: M.plan)
+  warpgroup tensor cores (templates/lowrank_wgmma.lua, lowrank_fwd on
+    sm_90a, a warpgroup tile): integer codes (wgmma s8, exact int32 sums)
+    or bf16 act × bf16 weight (wgmma bf16, f32 sums, y = acc); the whole E
+    resident in shared memory, the epilogue stores from the accumulators.
+    relu_mask never takes it: a bf16 mask recomputes y on the fp32 path,
+    so where y is within rounding of thr it may differ from the wgmma
+    forward's ReLU (float sums in another order), as it may from the
+    reference's; integer masks stay bit for bit.
   tensor cores (templates/mma.lua): act and weight integer codes, sm_80+,
     BK % 32 == 0 (so E % 32 == 0), warp tile whole 16x8 fragments.
     mma.sync m16n8k32 s8.s8 (u8.s8 for uint8pos acts, never wrapped),
@@ -88,6 +96,10 @@ Which path a spec takes (M.plan decides; render follows it):
   wgmma (sm_90a) lowrank_fwd, act and weight integer codes, arch sm_90a, a
                  warpgroup tile (templates/lowrank_wgmma.lua M.fits): the
                  whole E resident, one FMA an output, stores from registers;
+  wgmma bf16     the same kernel for bf16 act × bf16 weight (E % 16 == 0,
+  (sm_90a)       L % 16 == 0, E·2·(BM + 3·BN) within 227 KiB); other shapes
+                 fall back to fp32 (the auto tile) or are refused (a
+                 warpgroup tile the SIMT rules refuse);
   tensor cores   act and weight integer codes, BK a multiple of 32 (so
                  E % 32 == 0), the warp tile (BM/WM x BN/WN) whole 16x8
                  fragments: mma.sync s8 (u8 for uint8pos acts) — the fast path;
@@ -121,6 +133,9 @@ end
 --   wgmma (sm_90a) 128x64/8x1/2: two warpgroups of 64 rows, E resident,
 --     64 latent columns a tile, two blocks an SM — 122 us int8 out;
 --     256x64/16x1/2 125, 128x128/8x1/2 142, 64x64/4x1/2 205;
+--   wgmma bf16 (sm_90a) the same 128x64/8x1/2 (not yet timed): 160 KiB of
+--     shared memory at E = 256, one block an SM (256x64 fits too, 224 KiB;
+--     128x128 does not);
 --   tensor cores 128x128x64/2x4/4 (64x32 warp tiles, 2 blocks an SM): 277
 --     us int8 out; 4x2 warps 312, 64x128 329, 64x64 389, 128x64 334, 64x256
 --     349; K = embd in 4 steps at BDH (the whole K in flight);
@@ -130,9 +145,14 @@ end
 local function default_tile(k)
   local fa, fw = FM.formats[k.act], FM.formats[k.weight]
   local ints = fa.code and fw.code
-  if ints and k.op == "lowrank_fwd" and k.arch == 90 and k.arch_specific then
-    local t = { bm = 128, bn = 64, bk = 64, wm = 8, wn = 1, stages = 2, threads = 0 }
-    if require("lowrank_wgmma").fits(k, t) then return t end
+  local LW = require("lowrank_wgmma")
+  if LW.operands(k) and k.op == "lowrank_fwd" and k.arch == 90 and k.arch_specific then
+    -- the K step is unused there (the whole E is resident): the largest of
+    -- 64, 32, 16 that divides E, so that the plan's BK checks pass
+    local bk = 64
+    while k.E % bk ~= 0 and bk > 16 do bk = bk // 2 end
+    local t = { bm = 128, bn = 64, bk = bk, wm = 8, wn = 1, stages = 2, threads = 0 }
+    if LW.fits(k, t) then return t end
   end
   if ints and k.arch >= 80 and k.E % 32 == 0 then
     return { bm = 128, bn = 128, bk = k.E % 64 == 0 and 64 or 32, wm = 2, wn = 4, stages = 4, threads = 0 }
@@ -166,8 +186,10 @@ function M.plan(spec)
   if not ok then return nil, err end
   local fa, fw = FM.formats[k.act], FM.formats[k.weight]
   local ints = fa.code and fw.code
-  if require("lowrank_wgmma").fits(k, t) then
-    return plan_of(k, t, "wgmma", true, t.bm // 64 * 128, k.E * (t.bm + 3 * t.bn), true)
+  local LW = require("lowrank_wgmma")
+  if LW.fits(k, t) then
+    return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16" or "wgmma", true, t.bm // 64 * 128,
+                   LW.smem(k, t), true)
   end
   ok, err = TILES.warps_ok(t, auto)
   if ok then ok, err = TILES.simt_warp_tile(t, auto) end
@@ -244,7 +266,7 @@ function M.render(spec, plan)
     return t
   end
 
-  if plan.path == "wgmma" then
+  if plan.path == "wgmma" or plan.path == "wgmma bf16" then
     return require("lowrank_wgmma").render(spec, k)
   elseif plan.path == "mma.sync" then
     return require("lowrank_mma").render(spec, k)

@@ -4,14 +4,34 @@ lowrank_wgmma.lua — the sm_90a path of lowrank_fwd: warpgroup tensor cores
 and an epilogue that spends one FMA an output and stores straight from the
 accumulators (templates/lowrank.lua documents the ABI and picks the path).
 
+Operands: integer codes (wgmma m64nNk32 s8 / u8 × s8, exact int32 sums), or
+bf16 activations × bf16 weights (wgmma m64nNk16 f32.bf16.bf16, f32 sums;
+y = acc, no scales, as the SIMT fp32 path: floats carry none). Shared
+memory holds bytes in the same no-swizzle core matrices either way (8 rows
+× 16 bytes: 16 codes or 8 bf16 of K), so a row is RB = E·ES bytes (ES 1 or
+2), and an instruction's K step is 32 bytes (256 bytes of the tile) for
+both; only the element count a step (32 codes, 16 bf16) differs.
+
 Block: BM/64 warpgroups (BM rows of x, 64 a warpgroup) × BN latent columns.
 Work units are (head, m-tile) rows of tiles split into contiguous runs of
 n-tiles (as many runs as the grid allows); a unit loads its x rows (A,
-BM × E codes) once and walks its n-tiles. The weight rows (B, BN × E) are
+BM × RB bytes) once and walks its n-tiles. The weight rows (B, BN × RB) are
 triple-buffered and the accumulators double-buffered: while tile j's
 epilogue runs, tile j+1's wgmma run on the other accumulator set, and tile
 j+2's weights are fetched (ternary / sign1: into registers, then decoded to
-s8) into the buffer tile j-1 read. One barrier a tile.
+s8) into the buffer tile j-1 read. One barrier a tile. Two schedules
+(PIPE, PIPE_SYNC below): the codes' waits for tile j's MMAs just before
+its epilogue, so tile j+1's stay pending into the next step; bf16's issues
+tile j+1's MMAs and tile j+2's cp.async first, runs tile j's epilogue
+under both, and waits for everything at the step's end — nothing pending
+across the loop's back edge, so ptxas keeps the MMAs asynchronous (it
+serializes the codes' schedule, ptxas info C7514), and the weights' L2
+latency hides under the epilogue's stores, twice the codes' bytes.
+
+Shared memory: RB·(BM + 3·BN) bytes, dynamic. At BDH (E = 256): codes
+80 KiB at 128x64 (two blocks an SM), bf16 160 KiB at 128x64 (one block an
+SM; the op layer sizes the grid from the blocks an SM: runtime/ops/
+lowrank.c).
 
 Column order: B row p of the shared tile holds weight row n0 + col(p),
   p = 8j + 2q + r  →  col(p) = 64·(j / 8) + 16·q + 2·(j % 8) + r,
@@ -25,6 +45,12 @@ rounds to the integer code (dragon/ref.h, device.lua dg_code_t): two FMAs
 on the FP32 pipe, the float's low byte is the code; the accumulator becomes
 a float exactly by the 1.5·2^23 trick too (|acc| < 2^22, checked
 at render time from E and the formats' largest codes; otherwise I2F).
+bf16 operands: the accumulator is the float (a1, b1 from s = 1).
+
+The f32 accumulators of m64nNk16 bf16 are laid out as the s32 ones of
+m64nNk32 (templates/wgmma.lua: register 4j + i of thread 4g + q of warp w
+holds row 16w + g (+8 for i >= 2), column 8j + 2q (+1 for odd i)), so the
+column order and the epilogue's registers are the same for both.
 ]]
 local SPEC = require("spec")
 local EMIT = require("emit")
@@ -35,17 +61,34 @@ local fmt = string.format
 
 local M = {}
 
+-- The operands the path takes: "s8" (integer codes × codes), "bf16" (bf16
+-- act × bf16 weight), else nil.
+function M.operands(k)
+  if FM.formats[k.act].code and FM.formats[k.weight].code then return "s8" end
+  if k.act == "bf16" and k.weight == "bf16" then return "bf16" end
+  return nil
+end
+
+-- Dynamic shared memory of tile t: the x tile and three weight tiles, the
+-- whole E, RB = E·ES bytes a row.
+function M.smem(k, t)
+  local es = M.operands(k) == "bf16" and 2 or 1
+  return k.E * es * (t.bm + 3 * t.bn)
+end
+
 -- The path applies (templates/lowrank.lua M.plan asks): lowrank_fwd,
--- sm_90a, integer × integer, warps WM x 1 in whole warpgroups with 64 rows
--- each (BM = 16·WM), BN 64 or 128, stages 2 (the weight tile is always
--- triple-buffered), E a multiple of 64 (128 for sign1), L a multiple of
--- 16, and the shared memory (E·(BM + 3·BN)) within 227 KiB. t: the tile.
+-- sm_90a, integer × integer or bf16 × bf16, warps WM x 1 in whole
+-- warpgroups with 64 rows each (BM = 16·WM), BN 64 or 128, stages 2 (the
+-- weight tile is always triple-buffered), E a multiple of 64 for codes
+-- (128 for sign1) or of 16 for bf16 (whole 32-byte K steps), L a multiple
+-- of 16 (a lane's 16 columns are stored whole), and the shared memory
+-- (M.smem) within 227 KiB. t: the tile.
 function M.fits(k, t)
-  return k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and
-    FM.formats[k.act].code and FM.formats[k.weight].code and
-    t.wn == 1 and t.wm % 4 == 0 and t.wm <= 16 and t.bm == 16 * t.wm and (t.bn == 64 or t.bn == 128) and
-    t.stages == 2 and k.E % (k.weight == "sign1" and 128 or 64) == 0 and k.L % 16 == 0 and
-    k.E * (t.bm + 3 * t.bn) <= 227 * 1024
+  local ops = M.operands(k)
+  if not (k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and ops) then return false end
+  local ediv = ops == "bf16" and 16 or (k.weight == "sign1" and 128 or 64)
+  return t.wn == 1 and t.wm % 4 == 0 and t.wm <= 16 and t.bm == 16 * t.wm and (t.bn == 64 or t.bn == 128) and
+    t.stages == 2 and k.E % ediv == 0 and k.L % 16 == 0 and M.smem(k, t) <= 227 * 1024
 end
 
 local KERNEL = [[
@@ -58,9 +101,12 @@ constexpr int WROW = ${WROW};		// bytes a weight row in its storage
 constexpr int BM = ${BM}, BN = ${BN};	// block tile
 constexpr int NWG = BM / 64;		// warpgroups, 64 rows each
 constexpr int NT = NWG * 128;		// threads
-constexpr int KCH = E / 16;		// 16-byte K chunks (core matrices) a row
+constexpr int ES = ${ES};		// bytes an element in shared memory (${ELEM})
+constexpr int RB = E * ES;		// bytes a row of x or w in shared memory
+constexpr int KCH = RB / 16;		// 16-byte K chunks (core matrices) a row
+constexpr int KSTEPS = KCH / 2;		// wgmma K steps: 32 bytes (two core matrices) each
 constexpr int SBO = KCH * 128;		// bytes between 8-row core-matrix groups
-constexpr int A_BYTES = BM * E, B_BYTES = BN * E;	// x tile, one of three weight tiles
+constexpr int A_BYTES = BM * RB, B_BYTES = BN * RB;	// x tile, one of three weight tiles
 
 // Weight row of shared B row p (see the column order above).
 __device__ __forceinline__ int dg_bcol(int p)
@@ -87,7 +133,7 @@ ${SIGNATURE}
 	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
 ${SCALES}
 	float absum = 0.0f;
-	int acc0[BN / 2], acc1[BN / 2];
+	${ACC_T} acc0[BN / 2], acc1[BN / 2];	// ${ACC_WHAT}
 #pragma unroll
 	for (int i = 0; i < BN / 2; ++i) {
 		acc0[i] = 0;
@@ -109,7 +155,7 @@ ${SCALES}
 		const int r_ = j + rot;
 		return j0 + (r_ >= cnt ? r_ - cnt : r_);
 	};
-	// A: BM x-rows of E codes by 16-byte cp.async, zero past M. Chunk u is
+	// A: BM x-rows of RB bytes by 16-byte cp.async, zero past M. Chunk u is
 	// (row u%8 of core group u/(8·KCH), chunk (u/8)%KCH): a quarter warp
 	// writes 8 rows of one core matrix, 128 contiguous bytes.
 #pragma unroll 4
@@ -120,7 +166,7 @@ ${SCALES}
 		int bytes = 0;
 		if (m < M) {
 			const int b = m / T, t = m - b * T;
-			src = xb + ((long long)(b * HIN + ${HIN_H}) * T + t) * E + kc * 16;
+			src = xb + ((long long)(b * HIN + ${HIN_H}) * T + t) * RB + kc * 16;
 			bytes = 16;
 		}
 		dg_cp16(smem + (r >> 3) * SBO + kc * 128 + (r & 7) * 16, src, bytes);
@@ -139,16 +185,16 @@ ${SCALES}
 ${SA_ROWS}	// B: BN weight rows of n-tile j (col order dg_bcol) into buffer bf.
 	// Unit u is (row u%8 of core group u/(8·UPR), unit (u/8)%UPR).
 ${LOAD_B}
-	auto mma = [&](int (&acc)[BN / 2], int bf) {
+	auto mma = [&](${ACC_T} (&acc)[BN / 2], int bf) {
 		const unsigned a_addr = sbase + wg * 8 * SBO;	// this warpgroup's 64 rows
 		const unsigned b_addr = sbase + A_BYTES + bf * B_BYTES;
 		dg_wg_fence();
 #pragma unroll
-		for (int ks = 0; ks < E / 32; ++ks)
+		for (int ks = 0; ks < KSTEPS; ++ks)
 			dg_wgmma(acc, dg_wg_desc(a_addr + ks * 256, SBO), dg_wg_desc(b_addr + ks * 256, SBO), ks);
 		dg_wg_commit();
 	};
-	auto epilogue = [&](int (&acc)[BN / 2], int j) {
+	auto epilogue = [&](${ACC_T} (&acc)[BN / 2], int j) {
 		const int n0 = ntile_of(j) * BN;
 #pragma unroll
 		for (int hh = 0; hh < 2; ++hh) {
@@ -163,33 +209,7 @@ ${EPI}
 			}
 		}
 	};
-	b_fetch(0);
-	b_put(0, 0);
-	if (cnt > 1)
-		b_fetch(1);
-	dg_cp_commit();
-	dg_cp_wait<0>();
-	dg_fence_async_smem();
-	__syncthreads();
-	mma(acc0, 0);
-	if (cnt > 1) {
-		b_put(1, 1);
-		dg_cp_commit();
-		dg_cp_wait<0>();
-		dg_fence_async_smem();
-		__syncthreads();
-	}
-	// Tile j: its MMAs are in flight in acc(j%2) and tile j+1's weights are
-	// in buffer (j+1)%3. Issue j+1's MMAs, finish j (epilogue), fill buffer
-	// (j+2)%3 with tile j+2's weights; one barrier a tile.
-#pragma unroll 1
-	for (int j = 0; j < cnt; j += 2) {
-${STEP0}
-		if (j + 1 >= cnt)
-			break;
-${STEP1}
-	}
-	__syncthreads();	// the next unit overwrites A and the buffers
+${PIPE}	__syncthreads();	// the next unit overwrites A and the buffers
 	}
 ${ABSUM}
 }
@@ -201,7 +221,10 @@ local function acc_ref(i)
   return fmt("acc[4 * (8 * a + %d) + 2 * hh + %d]", i // 2, i % 2)
 end
 
-local function epilogue(k, magic)
+-- The epilogue's statements for one (row half hh, column group a): y of the
+-- 16 accumulators, then the stores. magic: the 1.5·2^23 int → float trick
+-- applies; fsum: the accumulators are f32 sums (bf16 operands) already.
+local function epilogue(k, magic, fsum)
   local w = EMIT.writer()
   w:indent(7)
   local out_code = k.out == "int8" or k.out == "uint8pos"
@@ -213,7 +236,13 @@ local function epilogue(k, magic)
     w:line("\tsw_g[i] = sw[(long long)h * L + n0 + 64 * a + 16 * q + i];")
   end
   local function s_of(i) return SCL.scale_expr(sc, "sa_r[hh]", fmt("sw_g[%d]", i)) end
-  local tofloat = magic and "(__int_as_float(%s + 0x4b400000) - 12582912.0f)" or "__int2float_rn(%s)"
+  local tofloat = fsum and "%s" or (magic and "(__int_as_float(%s + 0x4b400000) - 12582912.0f)" or "__int2float_rn(%s)")
+  -- y before the ReLU: acc · s, or (float × float, no scale) acc itself
+  local function scaled(i)
+    local s_e = s_of(i)
+    if not s_e then return fmt(tofloat, acc_ref(i)) end
+    return fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_e)
+  end
   if out_code then
     w:line("unsigned cw[16];	// 1.5·2^23 + code: the low byte is the code (dg_code_t)")
     for i = 0, 15 do
@@ -229,7 +258,7 @@ local function epilogue(k, magic)
     w:line("*(uint4 *)(orp + 64 * a) = o;")
     w:line("if (out_absum) {	// Σ|y| of y = relu(acc·s − thr), as the float outputs compute it")
     for i = 0, 15 do
-      local y = fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_of(i))
+      local y = scaled(i)
       if k.thr then
         y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
       end
@@ -239,7 +268,7 @@ local function epilogue(k, magic)
   else
     w:line("float y[16];")
     for i = 0, 15 do
-      local y = fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_of(i))
+      local y = scaled(i)
       if k.thr then
         y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
       end
@@ -268,8 +297,9 @@ end
 local function load_b(k)
   local w = EMIT.writer()
   w:indent(1)
-  if k.weight == "int8" then
-    -- one byte a code: 16-byte cp.async straight into the core matrices
+  if k.weight == "int8" or k.weight == "bf16" then
+    -- int8 (one byte a code) and bf16 (8 a chunk) rows as they are stored:
+    -- 16-byte cp.async straight into the core matrices
     w:line([[
 auto b_fetch = [&](int j) { (void)j; };
 auto b_put = [&](int j, int bf) {
@@ -323,6 +353,40 @@ ${DEC}
   return w:text()
 end
 
+-- The pipeline over a unit's tiles (the codes' schedule): tile j's MMAs
+-- stay in flight across the step boundary and are waited for (wait_group
+-- 1) just before tile j's epilogue. (ptxas serializes the warpgroup MMAs
+-- of this form: a group pending across the loop's back edge while other
+-- accumulators are read, C7514; PIPE_SYNC below has none pending there.)
+local PIPE = [[
+	b_fetch(0);
+	b_put(0, 0);
+	if (cnt > 1)
+		b_fetch(1);
+	dg_cp_commit();
+	dg_cp_wait<0>();
+	dg_fence_async_smem();
+	__syncthreads();
+	mma(acc0, 0);
+	if (cnt > 1) {
+		b_put(1, 1);
+		dg_cp_commit();
+		dg_cp_wait<0>();
+		dg_fence_async_smem();
+		__syncthreads();
+	}
+	// Tile j: its MMAs are in flight in acc(j%2) and tile j+1's weights are
+	// in buffer (j+1)%3. Issue j+1's MMAs, finish j (epilogue), fill buffer
+	// (j+2)%3 with tile j+2's weights; one barrier a tile.
+#pragma unroll 1
+	for (int j = 0; j < cnt; j += 2) {
+${STEP0}
+		if (j + 1 >= cnt)
+			break;
+${STEP1}
+	}
+]]
+
 local STEP = [[
 		{
 			const int jj = j + ${P};
@@ -347,6 +411,59 @@ local STEP = [[
 			}
 		}]]
 
+-- The bf16 schedule (cp.async weights): a step issues tile j+1's MMAs,
+-- then the cp.async of tile j+2's weights, runs tile j's epilogue (its
+-- sums complete since the last step's end) under both, and ends with
+-- wait_group 0 (tile j+1's sums), the copies' wait and one barrier. No
+-- group is pending across a step, so ptxas keeps the MMAs asynchronous
+-- (the codes' schedule, PIPE, leaves one pending across the loop's back
+-- edge: C7514, serialized). Buffers: tile j+1's MMAs read (j+1)%3; tile
+-- j+2's weights go to (j+2)%3, whose last reader, tile j-1, every
+-- warpgroup waited for before the previous step's barrier; the barrier at
+-- a step's end makes tile j+2's weights visible to the next step's MMAs.
+-- The prologue loads tiles 0 and 1 in one group and waits for tile 0's
+-- sums.
+local PIPE_SYNC = [[
+	b_put(0, 0);
+	if (cnt > 1)
+		b_put(1, 1);
+	dg_cp_commit();
+	dg_cp_wait<0>();
+	dg_fence_async_smem();
+	__syncthreads();
+	mma(acc0, 0);
+	dg_wg_wait<0>();
+	dg_wg_pin(acc0);
+	// Tile j: its sums are done in acc(j%2), tile j+1's weights are in
+	// buffer (j+1)%3.
+#pragma unroll 1
+	for (int j = 0; j < cnt; j += 2) {
+${STEP0}
+		if (j + 1 >= cnt)
+			break;
+${STEP1}
+	}
+]]
+
+local STEP_SYNC = [[
+		{
+			const int jj = j + ${P};
+			if (jj + 1 < cnt)
+				mma(${ACCB}, (jj + 1) % 3);	// the next tile's MMAs run under this one's epilogue
+			if (jj + 2 < cnt) {
+				b_put(jj + 2, (jj + 2) % 3);	// and so do the weights after it
+				dg_cp_commit();
+			}
+			epilogue(${ACCA}, jj);
+			dg_wg_wait<0>();
+			dg_wg_pin(${ACCB});
+			if (jj + 2 < cnt) {
+				dg_cp_wait<0>();
+				dg_fence_async_smem();
+				__syncthreads();	// tile jj+2's weights visible; every tile-jj+1 MMA done
+			}
+		}]]
+
 function M.render(spec, k)
   local WG = require("wgmma")
   local MMA = require("mma")
@@ -357,6 +474,8 @@ function M.render(spec, k)
   local qw = k.weight == "int8" and 127 or 1
   local magic = k.E * qa * qw < (1 << 22)
   local out_code = k.out == "int8" or k.out == "uint8pos"
+  local bf = M.operands(k) == "bf16" -- bf16 × bf16: f32 sums, no scales
+  if bf then magic = false end
   local wdiv = FM.i8x4_words(k.weight)
   local sc = EMIT.writer()
   sc:indent(1)
@@ -376,7 +495,8 @@ function M.render(spec, k)
     SPEC.check(not k.sc.vec, "lowrank_wgmma.lua: output codes need per-tensor input scales")
     sc:line("const float so_v = *so;")
     sc:line("const float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;")
-    for _, l in ipairs(SCL.code_consts(k.out, k.thr and EMIT.cfloat(k.thr), "s")) do
+    -- integer × integer: s = sa·sw (SCL.scale_prologue); float × float: 1
+    for _, l in ipairs(SCL.code_consts(k.out, k.thr and EMIT.cfloat(k.thr), SCL.scale_expr(k.sc) or "1.0f")) do
       sc:line(l)
     end
   end
@@ -401,7 +521,9 @@ if (out_absum) {
 	}
 }]])
   local vars = {
-    H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = k.E // wdiv,
+    H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = bf and 2 * k.E or k.E // wdiv,
+    ES = bf and 2 or 1, ELEM = bf and "bf16" or "one code a byte",
+    ACC_T = bf and "float" or "int", ACC_WHAT = bf and "f32 sums" or "exact int32 sums",
     BM = k.bm, BN = k.bn,
     -- two blocks an SM when both accumulator sets (BN registers) and the
     -- rest fit 65536 / (2·NT) registers and the shared memory fits
@@ -411,23 +533,33 @@ if (out_absum) {
     SCALES = sc:text(), SA_ROWS = sa_rows,
     OT = FM.out_types[k.out].ctype,
     LOAD_B = load_b(k),
-    STEP0 = EMIT.subst(STEP, { P = 0, ACCA = "acc0", ACCB = "acc1" }),
-    STEP1 = EMIT.subst(STEP, { P = 1, ACCA = "acc1", ACCB = "acc0" }),
-    EPI = epilogue(k, magic),
+    PIPE = EMIT.subst(bf and PIPE_SYNC or PIPE, {
+      STEP0 = EMIT.subst(bf and STEP_SYNC or STEP, { P = 0, ACCA = "acc0", ACCB = "acc1" }),
+      STEP1 = EMIT.subst(bf and STEP_SYNC or STEP, { P = 1, ACCA = "acc1", ACCB = "acc0" }),
+    }),
+    EPI = epilogue(k, magic, bf),
     ABSUM = ab:text(),
   }
-  local path = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, exact int32 sums; %s",
-                   k.bn, FM.mma_type(k.act),
-                   (k.weight == "int8") and "cp.async operands" or (k.weight .. " weights decoded to s8 in shared memory"))
-  local about = k.about(path, nt, fmt("dynamic shared memory %d bytes (x tile + two weight tiles, whole E); "
+  local path, conv
+  if bf then
+    path = fmt("bf16 × bf16 on warpgroup tensor cores (sm_90a): wgmma m64n%dk16 f32.bf16.bf16, f32 sums; "
+               .. "cp.async operands, the next weight tile fetched under the epilogue", k.bn)
+    conv = "f32 accumulators, y = acc (float operands carry no scale)"
+  else
+    path = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, exact int32 sums; %s",
+               k.bn, fa.unsigned and "u8" or "s8",
+               (k.weight == "int8") and "cp.async operands" or (k.weight .. " weights decoded to s8 in shared memory"))
+    conv = magic and "accumulators to float by the 1.5·2^23 trick (|acc| < 2^22)" or "accumulators to float by I2F"
+  end
+  local about = k.about(path, nt, fmt("dynamic shared memory %d bytes (x tile + three weight tiles, whole E); "
     .. "contiguous tile runs a block; %s; epilogue straight from the accumulators, 16-byte stores.",
-    smem, magic and "accumulators to float by the 1.5·2^23 trick (|acc| < 2^22)" or "accumulators to float by I2F"))
+    smem, conv))
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "lowrank.lua", about))
   w:line(DEV.helpers({ bf16 = (k.out == "bf16") or nil, sign1 = (k.weight == "sign1") or nil,
                      code = (k.out == "int8" or k.out == "uint8pos") or nil }))
   w:line(MMA.helpers({ decode = false }, fa.unsigned))
-  w:line(WG.helpers(k.bn, fa.unsigned))
+  w:line(WG.helpers(k.bn, fa.unsigned, bf))
   if k.weight == "ternary" then w:line(WG.decoders) end
   w:line(EMIT.subst(KERNEL, vars))
   return w:text()

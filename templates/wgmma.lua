@@ -71,46 +71,59 @@ __device__ __forceinline__ void dg_fence_async_smem()
 ]]
 
 -- The C helpers for an N-wide instruction (N = 64 | 128 | 256), A codes
--- unsigned (uint8pos) or signed.
-function M.helpers(n, act_unsigned)
+-- unsigned (uint8pos) or signed; or (bf16 true) bf16 A and B with f32
+-- sums: `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`, both
+-- operands K-major (transpose immediates 0) in the same no-swizzle core
+-- matrices: a core matrix is 8 rows × 16 bytes whatever the type (8 bf16
+-- of K), so the descriptor, LBO and SBO are the byte counts above and one
+-- instruction's K step (k16 bf16, k32 s8) is 32 bytes: two core matrices,
+-- 256 bytes of the tile. The accumulators are floats in the same layout.
+function M.helpers(n, act_unsigned, bf16)
   local nr = n // 2
   local regs, outs = {}, {}
   for i = 0, nr - 1 do
     regs[#regs + 1] = "%" .. i
-    outs[#outs + 1] = fmt("\"+r\"(d[%d])", i)
+    outs[#outs + 1] = fmt(bf16 and "\"+f\"(d[%d])" or "\"+r\"(d[%d])", i)
   end
   local w = EMIT.writer()
   w:line(EMIT.subst([[
 // ---- warpgroup tensor-core helpers (templates/wgmma.lua) --------------------
 __device__ __forceinline__ unsigned long long dg_wg_desc(unsigned saddr, unsigned sbo)
 {
-	// no swizzle; LBO 128 bytes (the next 16 codes of K); SBO the next 8 rows
+	// no swizzle; LBO 128 bytes (the next ${LB} of K); SBO the next 8 rows
 	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | ((unsigned long long)(128u >> 4) << 16) |
 	       ((unsigned long long)((sbo & 0x3ffffu) >> 4) << 32);
 }
 
-${SYNC}// d (+)= A · B over one k32 step: 64 x ${N} int32, A ${AT} codes, B s8;
+${SYNC}// d (+)= A · B over one ${KB} step: 64 x ${N} ${DS};
 // scale_d 0: d = A·B (the first step of a tile), else d += A·B.
-__device__ __forceinline__ void dg_wgmma(int (&d)[${NR}], unsigned long long da, unsigned long long db,
+__device__ __forceinline__ void dg_wgmma(${CT} (&d)[${NR}], unsigned long long da, unsigned long long db,
 					 int scale_d)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %${PS}, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n${N}k32.s32.${AT}.s8 "
-		     "{${REGS}}, %${PA}, %${PB}, p;\n}\n"
+		     "wgmma.mma_async.sync.aligned.m64n${N}${KS}.${DT}.${AT}.${BT} "
+		     "{${REGS}}, %${PA}, %${PB}, p${IMM};\n}\n"
 		     : ${OUTS}
 		     : "l"(da), "l"(db), "r"(scale_d));
 }
 
 // Keeps the compiler from moving accesses of the accumulators across a
 // wgmma wait (the asm above does not name them as read after it returns).
-__device__ __forceinline__ void dg_wg_pin(int (&d)[${NR}])
+__device__ __forceinline__ void dg_wg_pin(${CT} (&d)[${NR}])
 {
 #pragma unroll
 	for (int i = 0; i < ${NR}; ++i)
-		asm volatile("" : "+r"(d[i]) :: "memory");
+		asm volatile("" : "${PC}"(d[i]) :: "memory");
 }
-]], { N = n, NR = nr, AT = act_unsigned and "u8" or "s8", REGS = table.concat(regs, ", "),
-      OUTS = table.concat(outs, ", "), PA = nr, PB = nr + 1, PS = nr + 2, SYNC = M.SYNC }))
+]], { N = n, NR = nr, REGS = table.concat(regs, ", "), OUTS = table.concat(outs, ", "),
+      PA = nr, PB = nr + 1, PS = nr + 2, SYNC = M.SYNC,
+      AT = bf16 and "bf16" or (act_unsigned and "u8" or "s8"), BT = bf16 and "bf16" or "s8",
+      DT = bf16 and "f32" or "s32", CT = bf16 and "float" or "int", PC = bf16 and "+f" or "+r",
+      KS = bf16 and "k16" or "k32", KB = bf16 and "k16" or "k32",
+      LB = bf16 and "8 bf16" or "16 codes",
+      DS = bf16 and "f32, A and B bf16" or fmt("int32, A %s codes, B s8", act_unsigned and "u8" or "s8"),
+      -- bf16: imm-scale-a, imm-scale-b 1 (no negation), imm-trans-a, -b 0 (K-major)
+      IMM = bf16 and ", 1, 1, 0, 0" or "" }))
   return w:text()
 end
 

@@ -618,6 +618,34 @@ Test(codegen_plan, plan_for_moves_an_auto_tile_to_the_arch_specific_target)
 	dg_codegen_destroy(cg);
 }
 
+/* bf16 × bf16 projections: an auto tile on an sm_90 device moves to the
+ * sm_90a warpgroup path ("wgmma bf16", the bf16 preset's projections);
+ * the portable plan, relu_mask and shapes the path refuses stay fp32. */
+Test(codegen_plan, bf16_projection_takes_the_warpgroup_path)
+{
+	dg_codegen *cg = real_codegen();
+	dg_plan p;
+	dg_spec s = spec_of("op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0");
+	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(p.spec.arch_specific && p.needs_arch_specific, "%s", p.canonical);
+	cr_assert_str_eq(p.path, "wgmma bf16");
+	cr_assert(strstr(p.canonical, "tile=128x64x64/8x1/2;"), "%s", p.canonical);
+	cr_assert_eq(p.entries[0].threads, 256);
+	cr_assert_eq(p.entries[0].smem, 256 * 2 * (128 + 3 * 64));
+	s.in_heads = 4;
+	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma bf16");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
+	cr_assert_str_eq(p.path, "fp32");
+	dg_spec m = spec_of("op=relu_mask;weight=bf16;act=bf16;relu=0;arch=sm_90a");
+	cr_assert_eq(dg_codegen_plan(cg, &m, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "fp32");
+	dg_spec o = spec_of("op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0;latent=200;arch=sm_90a");
+	cr_assert_eq(dg_codegen_plan(cg, &o, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "fp32", "%s", p.canonical);
+	dg_codegen_destroy(cg);
+}
+
 /* A warpgroup tile (BM = 16·WM, WN = 1) takes wgmma on sm_90a only. */
 Test(codegen_plan, paths_follow_the_tile_and_the_target)
 {

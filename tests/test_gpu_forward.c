@@ -9,6 +9,11 @@
  *                a dp4a tile; then the BDH shape (H 4, E 256, L 8192,
  *                B·T 4096) with the reference on sampled rows;
  *   relu_mask    the same formats, grad and grad_out separate and aliased;
+ *   bf16 × bf16  the sm_90a warpgroup path (sm_90 devices): every out ×
+ *                relu × in_heads on small odd shapes, the other warpgroup
+ *                tiles, runs of 1 to 5 n-tiles a block, the BDH shape
+ *                (and a ragged one: L 8112, B·T 4000) on sampled rows;
+ *                a shape the path refuses runs fp32;
  *   decoder_fwd  every weight × act × out, heads 1 and 3, SIMT and tensor-
  *                core tiles, in a workspace the op sizes (_workspace); the
  *                BDH shape (sampled rows); a missing or short workspace is
@@ -28,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dragon/codegen.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "runtime/ops/checks.h"
@@ -327,6 +333,194 @@ Test(gpu_bdh, lowrank_ternary_int8) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8, D
 Test(gpu_bdh, lowrank_sign1_uint8pos) { lowrank_bdh(DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD); }
 Test(gpu_bdh, lowrank_ternary_uint8pos) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD); }
 Test(gpu_bdh, relu_mask_ternary_int8) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_RELU_MASK); }
+
+/* ---- bf16 × bf16 on the sm_90a warpgroup path ----------------------------
+ * templates/lowrank_wgmma.lua with bf16 operands (plan path "wgmma bf16"),
+ * against the reference within the float tolerance (compare_out). Skips
+ * unless the device is an sm_90 (the path is sm_90a's). */
+
+/* Opens the device; skips (with the reason) unless it is an sm_90. */
+static dg_device *open_sm90(void)
+{
+	dg_device *dev = gh_open();
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	if (di.sm != 90) {
+		gh_close(dev);
+		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
+		cr_skip_test("skipped: the warpgroup path needs sm_90");
+	}
+	return dev;
+}
+
+/* The plan of s takes path (codegen, no device). */
+static void expect_path(const dg_spec *s, const char *path)
+{
+	dg_codegen *cg = NULL;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	cr_assert_eq(dg_codegen_plan(cg, s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, path, "%s", p.canonical);
+	dg_codegen_destroy(cg);
+}
+
+static dg_spec bf16_spec(int H, int Hin, int E, int L)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	s.heads = H;
+	s.in_heads = Hin;
+	s.embd = E;
+	s.latent = L;
+	s.weight = DG_FMT_BF16;
+	s.act = DG_FMT_BF16;
+	s.out = DG_FMT_BF16;
+	s.relu = true;
+	s.relu_thr = 0.0f;
+	s.arch = 90;
+	s.arch_specific = true;
+	return s;
+}
+
+/* Every out × relu {none, 0, 0.25} × in_heads {1, H} at the auto tile on
+ * small odd shapes: E 96 (12 K steps) and 64, L 208 (a last n-tile of 16
+ * columns), B 2 and T 1, 3, 127 (rows past the last m-tile, most blocks
+ * with one or no tile); E = L = 16; and L 200, which the path refuses: the
+ * auto tile is fp32's there. */
+Test(gpu_lowrank_bf16, small_shapes)
+{
+	dg_device *dev = open_sm90();
+	const int Ts[3] = { 1, 3, 127 };
+
+	gh_seed(9090);
+	for (int e = 0; e < 2; e++)
+		for (int r = 0; r < 3; r++)
+			for (int oi = 0; oi < 4; oi++)
+				for (int hin = 0; hin < 2; hin++) {
+					dg_spec s = bf16_spec(3, hin ? 3 : 1, e ? 64 : 96, 208);
+					s.out = O_FMTS[oi];
+					s.relu = r > 0;
+					s.relu_thr = r == 2 ? 0.25f : 0.0f;
+					if (dg_spec_validate(&s, NULL, 0) != DG_OK)
+						continue; /* uint8pos without relu */
+					expect_path(&s, "wgmma bf16");
+					for (int ti = 0; ti < 3; ti++)
+						run_lowrank(dev, &s, 2, Ts[ti]);
+				}
+	dg_spec t = bf16_spec(2, 1, 16, 16);
+	expect_path(&t, "wgmma bf16");
+	run_lowrank(dev, &t, 2, 127);
+	run_lowrank(dev, &t, 1, 1);
+	dg_spec f = bf16_spec(3, 3, 96, 200);
+	expect_path(&f, "fp32");
+	run_lowrank(dev, &f, 2, 127);
+	gh_close(dev);
+}
+
+/* The warpgroup tiles other than the default: one warpgroup, four, n128. */
+Test(gpu_lowrank_bf16, tiles)
+{
+	static const dg_tile tiles[] = {
+		{ 64, 64, 64, 4, 1, 2, 0 },
+		{ 256, 64, 64, 16, 1, 2, 0 },
+		{ 128, 128, 64, 8, 1, 2, 0 },
+		{ 64, 128, 64, 4, 1, 2, 0 },
+	};
+	dg_device *dev = open_sm90();
+
+	gh_seed(9191);
+	for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
+		for (int hin = 0; hin < 2; hin++) {
+			dg_spec s = bf16_spec(2, hin ? 2 : 1, 64, 208);
+			s.tile = tiles[i];
+			s.out = hin ? DG_FMT_F32 : DG_FMT_BF16;
+			expect_path(&s, "wgmma bf16");
+			run_lowrank(dev, &s, 2, 127);
+			run_lowrank(dev, &s, 3, 1);
+			run_lowrank(dev, &s, 1, 300);
+		}
+	gh_close(dev);
+}
+
+/* The pipeline over a block's run of n-tiles: at E 256 (one block an SM)
+ * and B·T 2048, H 4, each block gets about L/64/2 n-tiles in a row, so
+ * L 128, 256, 384, 640 run 1, 2, 3 and 5 tiles a block (the prologue
+ * alone, an even and odd count, the buffers' rotation); the reference on
+ * every output. */
+Test(gpu_lowrank_bf16, pipeline_depths)
+{
+	static const int Ls[] = { 128, 256, 384, 640 };
+	dg_device *dev = open_sm90();
+
+	gh_seed(9292);
+	for (size_t i = 0; i < sizeof(Ls) / sizeof(Ls[0]); i++)
+		for (int hin = 0; hin < 2; hin++) {
+			dg_spec s = bf16_spec(4, hin ? 4 : 1, 256, Ls[i]);
+			expect_path(&s, "wgmma bf16");
+			run_lowrank(dev, &s, 2, 1024);
+		}
+	gh_close(dev);
+}
+
+/* The BDH shape (H 4, E 256, B·T 4096; L 8192: 128 n-tiles a block, or
+ * L 8112: 127, the last one 48 columns wide, with B·T 4000: a last m-tile
+ * of 32 rows) on the full GPU run, the reference on sampled rows (the
+ * start, middle and end), within the float tolerance; every output
+ * written (0xffff, the fill, is a NaN). */
+static void bdh_bf16(int Hin, int L, int B, int T)
+{
+	dg_device *dev = open_sm90();
+	dg_spec s = bf16_spec(4, Hin, 256, L);
+	expect_path(&s, "wgmma bf16");
+	const int H = s.heads, E = s.embd;
+	size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
+	size_t xb, wb;
+	gh_seed(5151 + (uint64_t)Hin * 7 + (uint64_t)L);
+	uint16_t *xh = gh_rand_storage(DG_FMT_BF16, nx, &xb), *wh = gh_rand_storage(DG_FMT_BF16, nw, &wb);
+	dg_dptr xd = gh_upload(dev, xh, xb), wd = gh_upload(dev, wh, wb);
+	dg_tensor x = dg_tensor_4d("x", DG_FMT_BF16, xd, B, Hin, T, E);
+	dg_tensor w = dg_tensor_3d("w", DG_FMT_BF16, wd, H, L, E);
+	dg_dptr od = gh_alloc_ff(dev, no * 2);
+	dg_tensor out = dg_tensor_4d("out", DG_FMT_BF16, od, B, H, T, L);
+	dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out };
+	cr_assert_eq(dg_lowrank_fwd(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	uint16_t *got = gh_xmalloc(no * 2);
+	gh_download(dev, got, od, no * 2);
+	for (size_t i = 0; i < no; i++)
+		cr_assert((got[i] & 0x7fffu) <= 0x7f80u, "out[%zu] never written (0x%04x)", i, got[i]);
+
+	const int starts[3][2] = { { 0, 0 }, { B - 1, T / 2 - 3 }, { B - 1, T - SAMPLE_ROWS } };
+	uint16_t *xs = gh_xmalloc((size_t)Hin * SAMPLE_ROWS * E * 2);
+	uint16_t *want = gh_xmalloc((size_t)H * SAMPLE_ROWS * L * 2);
+	uint16_t *gs = gh_xmalloc((size_t)H * SAMPLE_ROWS * L * 2);
+	for (int si = 0; si < 3; si++) {
+		int b = starts[si][0], t0 = starts[si][1];
+		for (int hi = 0; hi < Hin; hi++)
+			memcpy(xs + (size_t)hi * SAMPLE_ROWS * E, xh + (((size_t)b * Hin + hi) * T + t0) * E,
+			       (size_t)SAMPLE_ROWS * E * 2);
+		dg_ref_lowrank_args ra = { .x = xs, .w = wh, .sa = 1.0f, .sw = 1.0f, .so = 1.0f,
+					   .out = want, .batch = 1, .time = SAMPLE_ROWS };
+		cr_assert_eq(dg_ref_lowrank_fwd(&s, &ra), DG_OK);
+		for (int h = 0; h < H; h++)
+			memcpy(gs + (size_t)h * SAMPLE_ROWS * L, got + (((size_t)b * H + h) * T + t0) * L,
+			       (size_t)SAMPLE_ROWS * L * 2);
+		char what[128];
+		snprintf(what, sizeof(what), "BDH bf16 in_heads %d L %d rows b %d t %d..%d", Hin, L, b, t0,
+			 t0 + SAMPLE_ROWS - 1);
+		compare_out(what, DG_FMT_BF16, gs, want, (size_t)H * SAMPLE_ROWS * L, false);
+	}
+	free(xs);
+	free(want);
+	free(gs);
+	free(got);
+	free(xh);
+	free(wh);
+	gh_close(dev);
+}
+
+Test(gpu_bdh, lowrank_bf16_bf16) { bdh_bf16(1, 8192, 2, 2048); }
+Test(gpu_bdh, lowrank_bf16_bf16_in_heads) { bdh_bf16(4, 8192, 2, 2048); }
+Test(gpu_bdh, lowrank_bf16_bf16_ragged) { bdh_bf16(1, 8112, 1, 4000); }
 
 /* ---- decoder_fwd ---------------------------------------------------------- */
 

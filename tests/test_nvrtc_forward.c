@@ -3,7 +3,9 @@
  * NVRTC-compile to sm_90 cubins on every path — tensor cores (mma.sync),
  * dp4a, SIMT integer, fp32 — and each spec takes the path the templates
  * and codegen/spec.c promise (the source names its instruction), with the
- * launch info (threads, dynamic shared memory) reaching dg_source.
+ * launch info (threads, dynamic shared memory) reaching dg_source; and
+ * bf16 × bf16 projections on the sm_90a warpgroup path (sm_90a cubins), or
+ * fp32 where that path does not apply.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +158,110 @@ Test(nvrtc_forward, launch_info_reaches_the_source)
 			cr_assert_eq(src->dyn_smem[1], 0);
 		}
 		dg_source_destroy(src);
+	}
+	dg_codegen_destroy(cg);
+}
+
+/* ---- bf16 × bf16 on the sm_90a warpgroup path (templates/lowrank_wgmma.lua) --
+ * The projection of the bf16 preset: the BDH shape (in_heads 1 and H) at
+ * the default tile and the other warpgroup tiles, every out format, relu
+ * none / 0 / 0.25, small odd shapes (E 96, L 208; E = L = 16); each plans
+ * "wgmma bf16" (the source names wgmma m64nNk16 f32.bf16.bf16), with its
+ * launch info (128 threads a warpgroup, E·2·(BM + 3·BN) bytes of dynamic
+ * shared memory), and compiles for sm_90a. What the path does not take (L
+ * or E not a multiple of 16, relu_mask, one operand f32) plans fp32 at the
+ * auto tile, never fails. */
+struct wgcase {
+	const char *text;
+	int threads, smem; /* 0: not checked */
+};
+
+static void compile_wgmma_bf16(dg_codegen *cg, const struct wgcase *c)
+{
+	dg_spec s;
+	dg_plan p;
+	dg_source *src = NULL;
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+
+	spec_of(c->text, &s);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", c->text, dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma bf16", "%s: plan %s", c->text, p.canonical);
+	cr_assert(p.needs_arch_specific && p.spec.arch_specific, "%s", p.canonical);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", c->text, dg_codegen_errmsg(cg));
+	char inst[64];
+	snprintf(inst, sizeof(inst), "wgmma.mma_async.sync.aligned.m64n%dk16.f32.bf16.bf16", p.spec.tile.bn);
+	cr_assert(strstr(src->text, inst), "%s: no %s", p.canonical, inst);
+	cr_assert(!strstr(src->text, "k32.s32."), "%s: an integer wgmma", p.canonical);
+	cr_assert_not_null(src->block_threads, "%s: no launch info", c->text);
+	cr_assert_eq(src->block_threads[0], p.spec.tile.bm / 64 * 128, "%s", p.canonical);
+	cr_assert_eq(src->dyn_smem[0], s.embd * 2 * (p.spec.tile.bm + 3 * p.spec.tile.bn), "%s",
+		     p.canonical);
+	if (c->threads)
+		cr_assert_eq(src->block_threads[0], c->threads, "%s", p.canonical);
+	if (c->smem)
+		cr_assert_eq(src->dyn_smem[0], c->smem, "%s", p.canonical);
+	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
+	dg_status st = dg__nvrtc_compile(src, &t, &res, err, sizeof(err));
+	cr_assert_eq(st, DG_OK, "%s: %s", p.canonical, err);
+	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not a cubin", c->text);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+#define BF "op=lowrank_fwd;weight=bf16;act=bf16;arch=sm_90a;"
+#define BDH "heads=4;embd=256;latent=8192;"
+
+Test(nvrtc_forward, lowrank_bf16_wgmma)
+{
+	static const struct wgcase cases[] = {
+		/* the bf16 preset's projections: encoder (in_heads 1), encoder_v (H) */
+		{ BF BDH "in_heads=1;out=bf16;relu=0", 256, 163840 },
+		{ BF BDH "in_heads=4;out=bf16;relu=0", 256, 163840 },
+		{ BF BDH "out=f32;relu=0.25", 256, 163840 },
+		{ BF BDH "out=int8;relu=0", 256, 163840 },
+		{ BF BDH "in_heads=4;out=uint8pos;relu=0", 256, 163840 },
+		{ BF BDH "out=bf16", 256, 163840 },
+		/* the other warpgroup tiles that fit at E 256 */
+		{ BF BDH "out=bf16;relu=0;tile=64x64x64/4x1/2", 128, 131072 },
+		{ BF BDH "out=bf16;relu=0;tile=256x64x64/16x1/2", 512, 229376 },
+		{ BF BDH "in_heads=4;out=f32;tile=64x128x64/4x1/2", 128, 229376 },
+		/* a small odd shape: 12 K steps, L past the last 64-wide tile */
+		{ BF "heads=3;in_heads=3;embd=96;latent=208;out=bf16;relu=0", 256, 61440 },
+		{ BF "heads=3;embd=96;latent=208;out=f32;relu=0.25;tile=128x128x32/8x1/2", 256, 98304 },
+		{ BF "heads=2;embd=16;latent=16;out=bf16;relu=0", 0, 0 },
+	};
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		compile_wgmma_bf16(cg, &cases[i]);
+	dg_codegen_destroy(cg);
+}
+
+Test(nvrtc_forward, lowrank_bf16_fallbacks)
+{
+	static const struct fcase cases[] = {
+		/* shapes the warpgroup path refuses: the auto tile is fp32's */
+		{ BF "heads=3;embd=96;latent=200;out=bf16;relu=0", P_FLOAT },
+		{ BF "heads=2;embd=40;latent=64;out=f32;relu=0", P_FLOAT },
+		/* the mask recomputes y on the fp32 path */
+		{ "op=relu_mask;weight=bf16;act=bf16;arch=sm_90a;relu=0", P_FLOAT },
+		/* one float operand is not bf16 × bf16 */
+		{ "op=lowrank_fwd;weight=bf16;act=f32;arch=sm_90a;" BDH "out=bf16;relu=0", P_FLOAT },
+	};
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dg_spec s;
+		dg_plan p;
+		spec_of(cases[i].text, &s);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", cases[i].text,
+			     dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "fp32", "%s: plan %s", cases[i].text, p.canonical);
+		cr_assert_not(p.needs_arch_specific, "%s", p.canonical);
+		compile_case(cg, &cases[i]);
 	}
 	dg_codegen_destroy(cg);
 }

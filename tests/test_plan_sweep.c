@@ -417,7 +417,8 @@ Test(plan_sweep, nvrtc_compiles_the_hardest_planned_tile_of_each_path)
 		dg_op op;
 		const char *path;
 	} want[] = {
-		{ DG_OP_LOWRANK_FWD, "wgmma" },		{ DG_OP_LOWRANK_FWD, "mma.sync" },
+		{ DG_OP_LOWRANK_FWD, "wgmma" },		{ DG_OP_LOWRANK_FWD, "wgmma bf16" },
+		{ DG_OP_LOWRANK_FWD, "mma.sync" },
 		{ DG_OP_LOWRANK_FWD, "dp4a" },		{ DG_OP_LOWRANK_FWD, "fp32" },
 		/* the mask recomputes y on warp tensor cores or SIMT */
 		{ DG_OP_RELU_MASK, "mma.sync" },	{ DG_OP_RELU_MASK, "dp4a" },
@@ -467,8 +468,9 @@ Test(plan_sweep, nvrtc_compiles_the_hardest_planned_tile_of_each_path)
 				if (b[k].op != (dg_op)op || strncmp(p.path, b[k].path, len) != 0 ||
 				    (p.path[len] && p.path[len] != ' '))
 					continue;
-				/* "mma.sync" is not "mma.sync bf16" */
-				if (strcmp(b[k].path, "mma.sync") == 0 && strcmp(p.path, "mma.sync") != 0)
+				/* "mma.sync" is not "mma.sync bf16", "wgmma" not "wgmma bf16" */
+				if ((strcmp(b[k].path, "mma.sync") == 0 || strcmp(b[k].path, "wgmma") == 0) &&
+				    strcmp(p.path, b[k].path) != 0)
 					continue;
 				long f = pressure(&p);
 				if (f > b[k].score) {

@@ -7,7 +7,9 @@
  * The projection's kernels walk their tiles with a grid stride, so the
  * grid does not depend on the tile: a multiple of the SM count, capped by
  * the most tiles any valid tile (16x16 at least) can make; on the wgmma
- * path (sm_90a) two blocks an SM, each a run of (head, m-tile) tiles.
+ * path (sm_90a) as many blocks as an SM holds at once (two for the codes'
+ * 128x64 tile, one for bf16's, whose 160 KiB of shared memory at E 256
+ * leave room for one), each a run of (head, m-tile) tiles.
  * Block size and dynamic shared memory come from the plan (launch.block /
  * launch.smem left 0).
  */
@@ -20,6 +22,21 @@
 static unsigned tile_grid(long long work, int sms)
 {
 	return dg__op_grid(work, 1, 16LL * (sms > 0 ? sms : 1));
+}
+
+/* Blocks of kernel k an SM holds at once, 1 or 2 (the wgmma path's
+ * blocks do not use more): its shared memory (and the 1 KiB the driver
+ * reserves a block) against the SM's, its registers against the file. */
+static long long blocks_per_sm(const dg_kernel *k, const dg_device_info *di)
+{
+	dg_kernel_info ki;
+	if (dg_kernel_info_get(k, &ki) != DG_OK || ki.block_threads <= 0)
+		return 1;
+	long long smem = (long long)ki.dyn_smem + ki.static_smem + 1024;
+	long long sm_smem = (long long)di->smem_optin + 1024;
+	long long regs = (long long)((ki.regs + 7) / 8 * 8) * ki.block_threads;
+	long long file = di->regs_per_block > 0 ? di->regs_per_block : 65536;
+	return 2 * smem <= sm_smem && 2 * regs <= file ? 2 : 1;
 }
 
 /* ---- lowrank_fwd ---------------------------------------------------------- */
@@ -60,13 +77,18 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	dg_status st = dg_kernel_get(p->dev, &p->spec, "dg_lowrank_fwd", &k);
 	if (st)
 		return st;
-	const int sms = dg__dev_info(p->dev)->sm_count;
-	/* the wgmma path: (head, m-tile) rows of tiles, split into as many runs
-	 * along n as two blocks an SM take (templates/lowrank_wgmma.lua) */
-	long long work = dg_kernel_spec(k)->arch_specific
-				 ? 2LL * sms
-				 : dg__op_cdiv(B * T, 16) * dg__op_cdiv(p->spec.latent, 16) *
-					   p->spec.heads;
+	const dg_device_info *di = dg__dev_info(p->dev);
+	const int sms = di->sm_count;
+	/* the wgmma path (an arch-specific spec with a warpgroup tile; an
+	 * auto tile the path refuses resolves to another): (head, m-tile) rows
+	 * of tiles, split into as many runs along n as the SMs hold blocks at
+	 * once (templates/lowrank_wgmma.lua) */
+	const dg_spec *ks = dg_kernel_spec(k);
+	const dg_tile *t = &ks->tile;
+	bool wg = ks->arch_specific && t->wn == 1 && t->wm % 4 == 0 && t->bm == 16 * t->wm;
+	long long work = wg ? blocks_per_sm(k, di) * sms
+			    : dg__op_cdiv(B * T, 16) * dg__op_cdiv(p->spec.latent, 16) *
+				      p->spec.heads;
 	dg_launch l = { { tile_grid(work, sms), 1, 1 }, { 0, 0, 0 }, 0 };
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)

@@ -147,8 +147,10 @@ static dg_spec proj_spec(const dg_model *m, dg_op op, dg_proj which)
 	if (op == DG_OP_LOWRANK_FWD) {
 		s.relu = true;
 		s.relu_thr = which == DG_PROJ_ENCODER_V ? m->c.thr_y : m->c.thr_x;
-		/* integer codes on sm_90: the warpgroup (wgmma) path */
-		s.arch_specific = m->lowbit && s.arch == 90;
+		/* integer codes, or bf16 activations × bf16 weights, on sm_90:
+		 * the warpgroup (wgmma) path */
+		bool bf16 = s.act == DG_FMT_BF16 && s.weight == DG_FMT_BF16;
+		s.arch_specific = (m->lowbit || bf16) && s.arch == 90;
 	}
 	if (m->bf16_grads && (op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_LOWRANK_GRAD_WEIGHT)) {
 		/* the dequantized copies (exec_bf16, the DEQUANT nodes' stacks):
