@@ -23,6 +23,7 @@
 #include "helpers.h"
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/ops/checks.h"
+#include "runtime/ops/ops_int.h"
 
 /* ---- no device --------------------------------------------------------- */
 
@@ -409,6 +410,71 @@ Test(ops_check, ops_refuse_before_touching_the_device)
 	size_t bytes = 7;
 	cr_assert_eq(dg_quantize_act_workspace(dev, &s, &qa, &bytes), DG_ERR_NO_DEVICE);
 	dg_device_close(dev);
+}
+
+/* Each op's arguments struct as args_layout.c lays it out: a tensor field
+ * of each argument's name in the op table's order, within the struct, and
+ * each option within it too; the call made of a struct carries them. */
+Test(ops_check, args_layout_follows_the_op_table)
+{
+	for (int op = 0; op < DG_OP__COUNT; op++) {
+		const char *name = dg_op_name((dg_op)op);
+		const dg_op_info *row = dg_op_info_of((dg_op)op);
+		const dg__args_layout *l = dg__op_args_layout((dg_op)op);
+		cr_assert(l && l->size > 0, "%s: no layout", name);
+		for (int i = 0; i < DG_OP_MAX_ARGS; i++) {
+			if (i >= row->n_args) {
+				cr_assert_eq(l->t[i].at, 0, "%s: a tensor %d past the op table's %d", name,
+					     i, row->n_args);
+				continue;
+			}
+			cr_assert(l->t[i].at, "%s: no field for %s", name, row->args[i].name);
+			cr_assert_str_eq(l->t[i].name, row->args[i].name, "%s: tensor %d", name, i);
+			size_t off = l->t[i].at - 1u;
+			cr_assert(off % sizeof(void *) == 0 && off + sizeof(void *) <= l->size,
+				  "%s: %s at %zu", name, l->t[i].name, off);
+		}
+#define DG_TEST_OPTION_WITHIN(f)                                                            \
+		cr_assert(!l->f || l->f - 1u + sizeof(((dg__op_call *)0)->f) <= l->size,       \
+			  "%s: option " #f " past the struct", name);
+		DG__CALL_OPTIONS(DG_TEST_OPTION_WITHIN)
+#undef DG_TEST_OPTION_WITHIN
+	}
+	cr_assert_null(dg__op_args_layout(DG_OP__COUNT));
+
+	dg_tensor x = dg_tensor_1d("x", DG_FMT_F32, 0x1000, 8);
+	dg_tensor w = dg_tensor_1d("w", DG_FMT_F32, 0x2000, 8);
+	dg_lowrank_fwd_args fa = { .x = &x, .w = &w, .out = &x, .out_absum = 0x40 };
+	dg__op_call c = dg__op_call_from_args(DG_OP_LOWRANK_FWD, &fa);
+	cr_assert(c.t[0] == &x && c.t[1] == &w && c.t[2] == &x && !c.t[3]);
+	cr_assert_eq(c.absum, 0x40);
+	/* unpack_i8x4 takes pack_i8x4's struct, its tensors the other way */
+	dg_pack_i8x4_args pa = { .codes = &x, .packed = &w };
+	c = dg__op_call_from_args(DG_OP_UNPACK_I8X4, &pa);
+	cr_assert(c.t[0] == &w && c.t[1] == &x);
+	c = dg__op_call_from_args(DG_OP_PACK_I8X4, &pa);
+	cr_assert(c.t[0] == &x && c.t[1] == &w);
+	dg_pack_weight_args wa = { .codes = &x, .packed = &w, .unpack = true };
+	c = dg__op_call_from_args(DG_OP_PACK_SIGN1, &wa);
+	cr_assert(c.t[0] == &x && c.t[1] == &w && c.unpack);
+	dg_gate_bwd_args ga = { .dxy = &x, .xs = &w, .ys = &x, .dxs = &w, .p = 0.25f, .seed = 7,
+				.step = 3, .layer = 2, .step_at = 0x80, .elem0 = 99 };
+	c = dg__op_call_from_args(DG_OP_GATE_BWD, &ga);
+	cr_assert(c.t[3] == &w && c.p == 0.25f && c.seed == 7 && c.step == 3 && c.layer == 2 &&
+		  c.step_at == 0x80 && c.elem0 == 99);
+	dg_lmhead_ce_args la = { .x = &x, .dw = &w, .backward = true, .accumulate = true,
+				 .ws = { 0x100, 512 }, .bad = 0x200, .grad_scale = 0x300 };
+	c = dg__op_call_from_args(DG_OP_LMHEAD_CE, &la);
+	cr_assert(c.t[0] == &x && !c.t[4] && c.t[5] == &w && c.backward && c.accumulate);
+	cr_assert(c.ws.ptr == 0x100 && c.ws.bytes == 512 && c.bad == 0x200 && c.grad_scale == 0x300);
+	cr_assert(!c.eps && !c.splits && !c.unpack && !c.ctl);
+	/* no struct, or no op: the empty call */
+	dg__op_call zero;
+	memset(&zero, 0, sizeof(zero));
+	c = dg__op_call_from_args(DG_OP_LOWRANK_FWD, NULL);
+	cr_assert(!memcmp(&c, &zero, sizeof(c)));
+	c = dg__op_call_from_args(DG_OP__COUNT, &fa);
+	cr_assert(!memcmp(&c, &zero, sizeof(c)));
 }
 
 /* ---- launch info: template plan → codegen → JIT → cache -------------------- */

@@ -1,12 +1,11 @@
 /*
  * The one check of an op's tensors, read from the op table's signature
  * (dg_op_info.args), and the launch helpers every op file shares. A typed
- * op (dragon/ops.h) puts its tensors in a dg__op_call and asks here, so
+ * op (dragon/ops.h) has its tensors put in a dg__op_call and asks here, so
  * the shapes an op takes are written once, in codegen/optable.c.
  */
 #include <limits.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "runtime/ops/ops_int.h"
 
@@ -147,16 +146,4 @@ unsigned dg__op_grid(long long work, long long per_block, long long cap)
 long long dg__op_cdiv(long long a, long long b)
 {
 	return (a + b - 1) / b;
-}
-
-dg__op_call dg__op_call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
-			   const dg_tensor *t3)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	c.t[0] = t0;
-	c.t[1] = t1;
-	c.t[2] = t2;
-	c.t[3] = t3;
-	return c;
 }

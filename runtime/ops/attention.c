@@ -23,20 +23,6 @@
 
 /* ---- rope ------------------------------------------------------------------------ */
 
-/* The call of rope_fwd: x, rope, out. */
-static dg__op_call rope_fwd_call(const dg_rope_fwd_args *a)
-{
-	return a ? dg__op_call_of(a->x, a->rope, a->out, NULL)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
-/* The call of rope_bwd: grad, rope, grad_x. */
-static dg__op_call rope_bwd_call(const dg_rope_bwd_args *a)
-{
-	return a ? dg__op_call_of(a->grad, a->rope, a->grad_x, NULL)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
 /* Either direction: (src, rope, dst, int B, int T) over the B·H·T·L/2
  * pairs, grid-stride. */
 static dg_status rope_prep(dg_prepared *p, const char *entry)
@@ -63,52 +49,16 @@ static dg_status rope_prep(dg_prepared *p, const char *entry)
 	return DG_OK;
 }
 
-dg__op_call dg__call_rope_fwd(const void *args)
-{
-	return rope_fwd_call(args);
-}
-
 dg_status dg__prep_rope_fwd(dg_prepared *p, const dg__op_call *c)
 {
 	(void)c;
 	return rope_prep(p, "dg_rope_fwd");
 }
 
-dg__op_call dg__call_rope_bwd(const void *args)
-{
-	return rope_bwd_call(args);
-}
-
 dg_status dg__prep_rope_bwd(dg_prepared *p, const dg__op_call *c)
 {
 	(void)c;
 	return rope_prep(p, "dg_rope_bwd");
-}
-
-dg_status dg_rope_fwd_check(const dg_spec *spec, const dg_rope_fwd_args *a, char *msg,
-			    size_t msg_size)
-{
-	dg__op_call c = rope_fwd_call(a);
-	return dg__op_check(spec, DG_OP_ROPE_FWD, "dg_rope_fwd", a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg_status dg_rope_fwd(dg_device *dev, const dg_spec *spec, const dg_rope_fwd_args *a)
-{
-	dg__op_call c = rope_fwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_ROPE_FWD, spec, a ? &c : NULL);
-}
-
-dg_status dg_rope_bwd_check(const dg_spec *spec, const dg_rope_bwd_args *a, char *msg,
-			    size_t msg_size)
-{
-	dg__op_call c = rope_bwd_call(a);
-	return dg__op_check(spec, DG_OP_ROPE_BWD, "dg_rope_bwd", a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg_status dg_rope_bwd(dg_device *dev, const dg_spec *spec, const dg_rope_bwd_args *a)
-{
-	dg__op_call c = rope_bwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_ROPE_BWD, spec, a ? &c : NULL);
 }
 
 /* ---- the GEMMs -------------------------------------------------------------------- */
@@ -160,9 +110,10 @@ static dg_status grad_xs_dxs_ok(const char *fn, const dg__op_call *c, char *msg,
 
 /* attention_grad_xs's whole check: the op table's, then with epi=mask
  * dxs's overlaps (grad_xs_dxs_ok). */
-static dg_status grad_xs_check(const dg_spec *spec, const char *fn, const dg__op_call *c,
-			       char *msg, size_t size)
+dg_status dg__check_attention_grad_xs(const dg_spec *spec, const dg__op_call *c, char *msg,
+				      size_t size)
 {
+	static const char fn[] = "dg_attention_grad_xs";
 	char local[512];
 	if (!msg || !size) {
 		msg = local;
@@ -283,48 +234,11 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
-/* ---- the GEMMs' typed calls: the tensors in the table's order ----------------------- */
-
-static dg__op_call scores_call(const dg_attention_scores_args *a)
-{
-	return a ? dg__op_call_of(a->xs, a->rope, a->scores, NULL)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
-dg__op_call dg__call_attention_scores(const void *args)
-{
-	return scores_call(args);
-}
+/* ---- the GEMMs' entries ------------------------------------------------------------ */
 
 dg_status dg__prep_attention_scores(dg_prepared *p, const dg__op_call *c)
 {
 	return gemm_prep(p, c);
-}
-
-dg_status dg_attention_scores_check(const dg_spec *spec, const dg_attention_scores_args *a,
-				    char *msg, size_t msg_size)
-{
-	dg__op_call c = scores_call(a);
-	return dg__op_check(spec, DG_OP_ATTENTION_SCORES, "dg_attention_scores", a ? &c : NULL,
-			    NULL, msg, msg_size);
-}
-
-dg_status dg_attention_scores(dg_device *dev, const dg_spec *spec,
-			      const dg_attention_scores_args *a)
-{
-	dg__op_call c = scores_call(a);
-	return dg__op_typed_run(dev, DG_OP_ATTENTION_SCORES, spec, a ? &c : NULL);
-}
-
-static dg__op_call out_call(const dg_attention_out_args *a)
-{
-	return a ? dg__op_call_of(a->scores, a->v, a->out, NULL)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
-dg__op_call dg__call_attention_out(const void *args)
-{
-	return out_call(args);
 }
 
 dg_status dg__prep_attention_out(dg_prepared *p, const dg__op_call *c)
@@ -332,61 +246,9 @@ dg_status dg__prep_attention_out(dg_prepared *p, const dg__op_call *c)
 	return gemm_prep(p, c);
 }
 
-dg_status dg_attention_out_check(const dg_spec *spec, const dg_attention_out_args *a, char *msg,
-				 size_t msg_size)
-{
-	dg__op_call c = out_call(a);
-	return dg__op_check(spec, DG_OP_ATTENTION_OUT, "dg_attention_out", a ? &c : NULL, NULL, msg,
-			    msg_size);
-}
-
-dg_status dg_attention_out(dg_device *dev, const dg_spec *spec, const dg_attention_out_args *a)
-{
-	dg__op_call c = out_call(a);
-	return dg__op_typed_run(dev, DG_OP_ATTENTION_OUT, spec, a ? &c : NULL);
-}
-
-static dg__op_call grad_scores_call(const dg_attention_grad_scores_args *a)
-{
-	return a ? dg__op_call_of(a->grad, a->v, a->grad_scores, NULL)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
-dg__op_call dg__call_attention_grad_scores(const void *args)
-{
-	return grad_scores_call(args);
-}
-
 dg_status dg__prep_attention_grad_scores(dg_prepared *p, const dg__op_call *c)
 {
 	return gemm_prep(p, c);
-}
-
-dg_status dg_attention_grad_scores_check(const dg_spec *spec,
-					 const dg_attention_grad_scores_args *a, char *msg,
-					 size_t msg_size)
-{
-	dg__op_call c = grad_scores_call(a);
-	return dg__op_check(spec, DG_OP_ATTENTION_GRAD_SCORES, "dg_attention_grad_scores",
-			    a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg_status dg_attention_grad_scores(dg_device *dev, const dg_spec *spec,
-				   const dg_attention_grad_scores_args *a)
-{
-	dg__op_call c = grad_scores_call(a);
-	return dg__op_typed_run(dev, DG_OP_ATTENTION_GRAD_SCORES, spec, a ? &c : NULL);
-}
-
-static dg__op_call grad_v_call(const dg_attention_grad_v_args *a)
-{
-	return a ? dg__op_call_of(a->scores, a->grad, a->grad_v, NULL)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
-dg__op_call dg__call_attention_grad_v(const void *args)
-{
-	return grad_v_call(args);
 }
 
 dg_status dg__prep_attention_grad_v(dg_prepared *p, const dg__op_call *c)
@@ -394,59 +256,9 @@ dg_status dg__prep_attention_grad_v(dg_prepared *p, const dg__op_call *c)
 	return gemm_prep(p, c);
 }
 
-dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad_v_args *a,
-				    char *msg, size_t msg_size)
-{
-	dg__op_call c = grad_v_call(a);
-	return dg__op_check(spec, DG_OP_ATTENTION_GRAD_V, "dg_attention_grad_v", a ? &c : NULL,
-			    NULL, msg, msg_size);
-}
-
-dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
-			      const dg_attention_grad_v_args *a)
-{
-	dg__op_call c = grad_v_call(a);
-	return dg__op_typed_run(dev, DG_OP_ATTENTION_GRAD_V, spec, a ? &c : NULL);
-}
-
-/* attention_grad_xs: six tensors, of which a call gives its epilogue's. */
-static dg__op_call grad_xs_call(const dg_attention_grad_xs_args *a)
-{
-	if (!a)
-		return dg__op_call_of(NULL, NULL, NULL, NULL);
-	dg__op_call c = dg__op_call_of(a->grad_scores, a->xs, a->rope, a->grad_xs);
-	c.t[GX_DXS] = a->dxs;
-	c.t[GX_DXS + 1] = a->mask_xs;
-	return c;
-}
-
-dg__op_call dg__call_attention_grad_xs(const void *args)
-{
-	return grad_xs_call(args);
-}
-
 dg_status dg__prep_attention_grad_xs(dg_prepared *p, const dg__op_call *c)
 {
 	return gemm_prep(p, c);
-}
-
-dg_status dg__check_attention_grad_xs(const dg_spec *spec, const dg__op_call *c, char *msg,
-				      size_t msg_size)
-{
-	return grad_xs_check(spec, "dg_attention_grad_xs", c, msg, msg_size);
-}
-
-dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
-				     char *msg, size_t msg_size)
-{
-	dg__op_call c = grad_xs_call(a);
-	return grad_xs_check(spec, "dg_attention_grad_xs", a ? &c : NULL, msg, msg_size);
-}
-
-dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec, const dg_attention_grad_xs_args *a)
-{
-	dg__op_call c = grad_xs_call(a);
-	return dg__op_typed_run(dev, DG_OP_ATTENTION_GRAD_XS, spec, a ? &c : NULL);
 }
 
 /* ---- the chains ------------------------------------------------------------------- */

@@ -4,32 +4,9 @@
  * second launch adds and converts) and its input and weight gradients (the
  * GEMMs of grad.c). Kernels: templates/decoder.lua, templates/grad.lua.
  */
-#include <string.h>
-
 #include "runtime/ops/ops_int.h"
 
 /* ---- decoder_fwd ---------------------------------------------------------- */
-
-static dg__op_call fwd_call(const dg_decoder_fwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->y;
-		c.t[1] = a->w;
-		c.t[2] = a->out;
-		c.ws = a->ws;
-	}
-	return c;
-}
-
-dg_status dg_decoder_fwd_check(const dg_spec *spec, const dg_decoder_fwd_args *a, char *msg,
-			       size_t msg_size)
-{
-	dg__op_call c = fwd_call(a);
-	return dg__op_check(spec, DG_OP_DECODER_FWD, "dg_decoder_fwd", a ? &c : NULL, NULL, msg,
-			    msg_size);
-}
 
 /* K splits: enough (tile, split) items for two a SM (one a SM, one wave,
  * on the wgmma path: a block fills its SM), each split at least 256 codes
@@ -50,11 +27,6 @@ static int splits_of(const dg_spec *r, long long m, int sms, long long *tiles)
 	if (want > 32)
 		want = 32;
 	return want < 1 ? 1 : (int)want;
-}
-
-dg__op_call dg__call_decoder_fwd(const void *args)
-{
-	return fwd_call(args);
 }
 
 dg_status dg__prep_decoder_fwd(dg_prepared *p, const dg__op_call *c)
@@ -102,45 +74,7 @@ dg_status dg__prep_decoder_fwd(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
-dg_status dg_decoder_fwd_workspace(dg_device *dev, const dg_spec *spec,
-				   const dg_decoder_fwd_args *a, size_t *bytes)
-{
-	dg__op_call c = fwd_call(a);
-	return dg__op_typed_workspace(dev, DG_OP_DECODER_FWD, spec, a ? &c : NULL, bytes);
-}
-
-dg_status dg_decoder_fwd(dg_device *dev, const dg_spec *spec, const dg_decoder_fwd_args *a)
-{
-	dg__op_call c = fwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_DECODER_FWD, spec, a ? &c : NULL);
-}
-
 /* ---- decoder_grad_input ----------------------------------------------------- */
-
-static dg__op_call gi_call(const dg_decoder_grad_input_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->grad;
-		c.t[1] = a->w;
-		c.t[2] = a->grad_y;
-	}
-	return c;
-}
-
-dg_status dg_decoder_grad_input_check(const dg_spec *spec, const dg_decoder_grad_input_args *a,
-				      char *msg, size_t msg_size)
-{
-	dg__op_call c = gi_call(a);
-	return dg__op_check(spec, DG_OP_DECODER_GRAD_INPUT, "dg_decoder_grad_input",
-			    a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_decoder_grad_input(const void *args)
-{
-	return gi_call(args);
-}
 
 dg_status dg__prep_decoder_grad_input(dg_prepared *p, const dg__op_call *c)
 {
@@ -150,42 +84,7 @@ dg_status dg__prep_decoder_grad_input(dg_prepared *p, const dg__op_call *c)
 				   (unsigned)p->spec.heads, p->spec.embd, 0);
 }
 
-dg_status dg_decoder_grad_input(dg_device *dev, const dg_spec *spec,
-				const dg_decoder_grad_input_args *a)
-{
-	dg__op_call c = gi_call(a);
-	return dg__op_typed_run(dev, DG_OP_DECODER_GRAD_INPUT, spec, a ? &c : NULL);
-}
-
 /* ---- decoder_grad_weight ---------------------------------------------------- */
-
-static dg__op_call gw_call(const dg_decoder_grad_weight_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->grad;
-		c.t[1] = a->y;
-		c.t[2] = a->grad_w;
-		c.accumulate = a->accumulate;
-		c.ws = a->ws;
-	}
-	return c;
-}
-
-dg_status dg_decoder_grad_weight_check(const dg_spec *spec,
-				       const dg_decoder_grad_weight_args *a, char *msg,
-				       size_t msg_size)
-{
-	dg__op_call c = gw_call(a);
-	return dg__op_check(spec, DG_OP_DECODER_GRAD_WEIGHT, "dg_decoder_grad_weight",
-			    a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_decoder_grad_weight(const void *args)
-{
-	return gw_call(args);
-}
 
 dg_status dg__prep_decoder_grad_weight(dg_prepared *p, const dg__op_call *c)
 {
@@ -193,18 +92,4 @@ dg_status dg__prep_decoder_grad_weight(dg_prepared *p, const dg__op_call *c)
 	/* per head: rows d (E), cols l (L) */
 	return dg__grad_weight_prep(p, "dg_decoder_grad_weight", "dg_decoder_grad_weight_reduce",
 				    p->spec.embd, p->spec.latent);
-}
-
-dg_status dg_decoder_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
-					   const dg_decoder_grad_weight_args *a, size_t *bytes)
-{
-	dg__op_call c = gw_call(a);
-	return dg__op_typed_workspace(dev, DG_OP_DECODER_GRAD_WEIGHT, spec, a ? &c : NULL, bytes);
-}
-
-dg_status dg_decoder_grad_weight(dg_device *dev, const dg_spec *spec,
-				 const dg_decoder_grad_weight_args *a)
-{
-	dg__op_call c = gw_call(a);
-	return dg__op_typed_run(dev, DG_OP_DECODER_GRAD_WEIGHT, spec, a ? &c : NULL);
 }

@@ -6,7 +6,6 @@
  * Nothing here allocates, frees or synchronizes.
  */
 #include <stdio.h>
-#include <string.h>
 
 #include "runtime/ops/ops_int.h"
 
@@ -15,15 +14,14 @@
 /* The op table's check (formats, one shape for both, the codes' scale),
  * then the op's own rule: rows, a 2-D tensor (a scale a row is a row of
  * the last dimension, so a stack is passed as its rows). */
-static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *sh, char *msg,
-		       size_t size)
+dg_status dg__check_dequantize(const dg_spec *spec, const dg__op_call *c, char *msg, size_t size)
 {
 	char local[512];
 	if (!msg || !size) {
 		msg = local;
 		size = sizeof(local);
 	}
-	dg_status st = dg__op_check(spec, DG_OP_DEQUANTIZE, FN, c, sh, msg, size);
+	dg_status st = dg__op_check(spec, DG_OP_DEQUANTIZE, FN, c, NULL, msg, size);
 	if (st)
 		return st;
 	const dg_tensor *codes = c->t[0];
@@ -35,35 +33,6 @@ static dg_status check(const dg_spec *spec, const dg__op_call *c, dg__op_shape *
 		return DG_ERR_INVALID_ARG;
 	}
 	return DG_OK;
-}
-
-static dg__op_call dq_call(const dg_dequantize_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->codes;
-		c.t[1] = a->out;
-	}
-	return c;
-}
-
-dg_status dg_dequantize_check(const dg_spec *spec, const dg_dequantize_args *a, char *msg,
-			      size_t msg_size)
-{
-	dg__op_call c = dq_call(a);
-	return check(spec, a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg_status dg__check_dequantize(const dg_spec *spec, const dg__op_call *c, char *msg,
-			       size_t msg_size)
-{
-	return check(spec, c, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_dequantize(const void *args)
-{
-	return dq_call(args);
 }
 
 /* One launch: codes, their scale, out, rows and cols (long long). */
@@ -88,10 +57,4 @@ dg_status dg__prep_dequantize(dg_prepared *p, const dg__op_call *c)
 	dg__arg_i64(p, L, rows);
 	dg__arg_i64(p, L, cols);
 	return DG_OK;
-}
-
-dg_status dg_dequantize(dg_device *dev, const dg_spec *spec, const dg_dequantize_args *a)
-{
-	dg__op_call c = dq_call(a);
-	return dg__op_typed_run(dev, DG_OP_DEQUANTIZE, spec, a ? &c : NULL);
 }

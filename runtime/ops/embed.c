@@ -9,7 +9,6 @@
  * backward then still writes dtable: zeros, or unchanged with accumulate).
  */
 #include <stdio.h>
-#include <string.h>
 
 #include "runtime/ops/ops_int.h"
 
@@ -23,15 +22,16 @@ static dg_status bad_ok(const char *fn, dg_dptr bad, char *msg, size_t size)
 	return DG_ERR_INVALID_ARG;
 }
 
+/* The table's check, then bad's alignment. */
 static dg_status check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
-		       dg__op_shape *sh, char *msg, size_t size)
+		       char *msg, size_t size)
 {
 	char local[512];
 	if (!msg || !size) {
 		msg = local;
 		size = sizeof(local);
 	}
-	dg_status st = dg__op_check(spec, op, fn, c, sh, msg, size);
+	dg_status st = dg__op_check(spec, op, fn, c, NULL, msg, size);
 	return st ? st : bad_ok(fn, c->bad, msg, size);
 }
 
@@ -80,35 +80,10 @@ static dg_status prep(dg_prepared *p, const dg__op_call *c)
 
 /* ---- embed_fwd ---------------------------------------------------------------- */
 
-static dg__op_call fwd_call(const dg_embed_fwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->idx;
-		c.t[1] = a->table;
-		c.t[2] = a->out;
-		c.bad = a->bad;
-	}
-	return c;
-}
-
-dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,
-			     size_t msg_size)
-{
-	dg__op_call c = fwd_call(a);
-	return check(spec, DG_OP_EMBED_FWD, "dg_embed_fwd", a ? &c : NULL, NULL, msg, msg_size);
-}
-
 dg_status dg__check_embed_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
 			      size_t msg_size)
 {
-	return check(spec, DG_OP_EMBED_FWD, "dg_embed_fwd", c, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_embed_fwd(const void *args)
-{
-	return fwd_call(args);
+	return check(spec, DG_OP_EMBED_FWD, "dg_embed_fwd", c, msg, msg_size);
 }
 
 dg_status dg__prep_embed_fwd(dg_prepared *p, const dg__op_call *c)
@@ -116,54 +91,17 @@ dg_status dg__prep_embed_fwd(dg_prepared *p, const dg__op_call *c)
 	return prep(p, c);
 }
 
-dg_status dg_embed_fwd(dg_device *dev, const dg_spec *spec, const dg_embed_fwd_args *a)
-{
-	dg__op_call c = fwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_EMBED_FWD, spec, a ? &c : NULL);
-}
-
 /* ---- embed_bwd ---------------------------------------------------------------- */
-
-static dg__op_call bwd_call(const dg_embed_bwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->idx;
-		c.t[1] = a->dout;
-		c.t[2] = a->dtable;
-		c.accumulate = a->accumulate;
-	}
-	return c;
-}
-
-dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, char *msg,
-			     size_t msg_size)
-{
-	dg__op_call c = bwd_call(a);
-	return check(spec, DG_OP_EMBED_BWD, "dg_embed_bwd", a ? &c : NULL, NULL, msg, msg_size);
-}
 
 /* bad is the forward's, but the generic call may carry one: a launch
  * refuses it misaligned, so the check does too. */
 dg_status dg__check_embed_bwd(const dg_spec *spec, const dg__op_call *c, char *msg,
 			      size_t msg_size)
 {
-	return check(spec, DG_OP_EMBED_BWD, "dg_embed_bwd", c, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_embed_bwd(const void *args)
-{
-	return bwd_call(args);
+	return check(spec, DG_OP_EMBED_BWD, "dg_embed_bwd", c, msg, msg_size);
 }
 
 dg_status dg__prep_embed_bwd(dg_prepared *p, const dg__op_call *c)
 {
 	return prep(p, c);
-}
-
-dg_status dg_embed_bwd(dg_device *dev, const dg_spec *spec, const dg_embed_bwd_args *a)
-{
-	dg__op_call c = bwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_EMBED_BWD, spec, a ? &c : NULL);
 }

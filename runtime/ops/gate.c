@@ -12,25 +12,6 @@
 
 #include "runtime/ops/ops_int.h"
 
-static dg__op_call call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
-			   const dg_tensor *t3, float p, uint64_t seed, uint32_t step,
-			   uint32_t layer, dg_dptr step_at, uint64_t elem0)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	c.t[0] = t0;
-	c.t[1] = t1;
-	c.t[2] = t2;
-	c.t[3] = t3;
-	c.p = p;
-	c.seed = seed;
-	c.step = step;
-	c.layer = layer;
-	c.step_at = step_at;
-	c.elem0 = elem0;
-	return c;
-}
-
 /* The rules of the family on a call's own values, which a prepared op
  * checks again at every launch (it reads them from the call): the drop
  * probability, step_at's alignment (the kernel reads a uint32 there: a
@@ -141,29 +122,6 @@ static dg_status gate_prep(dg_prepared *p, const char *entry)
 
 /* ---- gate_fwd, gate_bwd ------------------------------------------------------------ */
 
-/* gate_fwd's call: xs, ys, xy. */
-static dg__op_call fwd_call(const dg_gate_fwd_args *a)
-{
-	if (!a)
-		return call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0);
-	return call_of(a->xs, a->ys, a->xy, NULL, a->p, a->seed, a->step, a->layer, a->step_at,
-		       a->elem0);
-}
-
-/* gate_bwd's call: dxy, xs, ys, dxs. */
-static dg__op_call bwd_call(const dg_gate_bwd_args *a)
-{
-	if (!a)
-		return call_of(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0);
-	return call_of(a->dxy, a->xs, a->ys, a->dxs, a->p, a->seed, a->step, a->layer, a->step_at,
-		       a->elem0);
-}
-
-dg__op_call dg__call_gate_fwd(const void *args)
-{
-	return fwd_call(args);
-}
-
 dg_status dg__prep_gate_fwd(dg_prepared *p, const dg__op_call *c)
 {
 	(void)c;
@@ -174,24 +132,6 @@ dg_status dg__check_gate_fwd(const dg_spec *spec, const dg__op_call *c, char *ms
 			     size_t msg_size)
 {
 	return gate_check(spec, DG_OP_GATE_FWD, "dg_gate_fwd", c, msg, msg_size);
-}
-
-dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,
-			    size_t msg_size)
-{
-	dg__op_call c = fwd_call(a);
-	return gate_check(spec, DG_OP_GATE_FWD, "dg_gate_fwd", a ? &c : NULL, msg, msg_size);
-}
-
-dg_status dg_gate_fwd(dg_device *dev, const dg_spec *spec, const dg_gate_fwd_args *a)
-{
-	dg__op_call c = fwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_GATE_FWD, spec, a ? &c : NULL);
-}
-
-dg__op_call dg__call_gate_bwd(const void *args)
-{
-	return bwd_call(args);
 }
 
 dg_status dg__prep_gate_bwd(dg_prepared *p, const dg__op_call *c)
@@ -206,49 +146,10 @@ dg_status dg__check_gate_bwd(const dg_spec *spec, const dg__op_call *c, char *ms
 	return gate_check(spec, DG_OP_GATE_BWD, "dg_gate_bwd", c, msg, msg_size);
 }
 
-dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
-			    size_t msg_size)
-{
-	dg__op_call c = bwd_call(a);
-	return gate_check(spec, DG_OP_GATE_BWD, "dg_gate_bwd", a ? &c : NULL, msg, msg_size);
-}
-
-dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a)
-{
-	dg__op_call c = bwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_GATE_BWD, spec, a ? &c : NULL);
-}
-
 /* ---- decoder_gate_bwd ----------------------------------------------------------
  * decoder_grad_input with gate_bwd in its epilogue (templates/decoder_gate.lua):
  * a GEMM grid (ceil(L/BN), ceil(B·T/BM), H) of the kernel's tile, the
  * dropout's arguments as gate_bwd's. */
-
-static dg__op_call dg_call_of(const dg_decoder_gate_bwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->grad;
-		c.t[1] = a->w;
-		c.t[2] = a->xs;
-		c.t[3] = a->ys;
-		c.t[4] = a->dxs;
-		c.t[5] = a->dys;
-		c.p = a->p;
-		c.seed = a->seed;
-		c.step = a->step;
-		c.layer = a->layer;
-		c.step_at = a->step_at;
-		c.elem0 = a->elem0;
-	}
-	return c;
-}
-
-dg__op_call dg__call_decoder_gate_bwd(const void *args)
-{
-	return dg_call_of(args);
-}
 
 /* The six tensors, (int B, int T), the dropout's arguments; the plan's
  * block and shared memory. */
@@ -290,19 +191,4 @@ dg_status dg__check_decoder_gate_bwd(const dg_spec *spec, const dg__op_call *c, 
 				     size_t msg_size)
 {
 	return gate_check(spec, DG_OP_DECODER_GATE_BWD, "dg_decoder_gate_bwd", c, msg, msg_size);
-}
-
-dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
-				    char *msg, size_t msg_size)
-{
-	dg__op_call c = dg_call_of(a);
-	return gate_check(spec, DG_OP_DECODER_GATE_BWD, "dg_decoder_gate_bwd", a ? &c : NULL, msg,
-			  msg_size);
-}
-
-dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
-			      const dg_decoder_gate_bwd_args *a)
-{
-	dg__op_call c = dg_call_of(a);
-	return dg__op_typed_run(dev, DG_OP_DECODER_GATE_BWD, spec, a ? &c : NULL);
 }

@@ -12,7 +12,6 @@
  * only, so _check judges it without a device.
  */
 #include <stdio.h>
-#include <string.h>
 
 #include "runtime/ops/ops_int.h"
 
@@ -100,30 +99,12 @@ static dg_status check(const dg_spec *spec, const dg__op_call *c, bool with_ws, 
 	return DG_OK;
 }
 
-static dg__op_call call_of(const dg_lmhead_ce_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->x;
-		c.t[1] = a->w;
-		c.t[2] = a->targets;
-		c.t[3] = a->loss;
-		c.t[4] = a->dx;
-		c.t[5] = a->dw;
-		c.backward = a->backward;
-		c.accumulate = a->accumulate;
-		c.ws = a->ws;
-		c.bad = a->bad;
-		c.grad_scale = a->grad_scale;
-	}
-	return c;
-}
-
+/* The typed check (checks.h) with the workspace's rule, which needs no
+ * device here; dg_lmhead_ce itself is typed.c's one line. */
 dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
 			     size_t msg_size)
 {
-	dg__op_call c = call_of(a);
+	dg__op_call c = dg__op_call_from_args(DG_OP_LMHEAD_CE, a);
 	return check(spec, a ? &c : NULL, true, NULL, msg, msg_size);
 }
 
@@ -134,11 +115,6 @@ dg_status dg__check_lmhead_ce(const dg_spec *spec, const dg__op_call *c, char *m
 			      size_t msg_size)
 {
 	return check(spec, c, false, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_lmhead_ce(const void *args)
-{
-	return call_of(args);
 }
 
 /* The pointer rules at every launch of a prepared op (the check's, for
@@ -242,16 +218,10 @@ dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec, const dg_l
 		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, FN "_workspace: bytes is NULL")
 			   : DG_ERR_INVALID_ARG;
 	*bytes = 0;
-	dg__op_call c = call_of(a);
+	dg__op_call c = dg__op_call_from_args(DG_OP_LMHEAD_CE, a);
 	dg_status st = check(spec, a ? &c : NULL, false, &sh, msg, sizeof(msg));
 	if (st)
 		return dev ? dg__dev_fail_msg(dev, st, msg) : st;
 	*bytes = ws_need(spec, sh.r, c.backward);
 	return DG_OK;
-}
-
-dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a)
-{
-	dg__op_call c = call_of(a);
-	return dg__op_typed_run(dev, DG_OP_LMHEAD_CE, spec, a ? &c : NULL);
 }

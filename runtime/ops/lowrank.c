@@ -13,8 +13,6 @@
  * Block size and dynamic shared memory come from the plan (launch.block /
  * launch.smem left 0).
  */
-#include <string.h>
-
 #include "base/msg.h"
 #include "runtime/ops/ops_int.h"
 
@@ -40,32 +38,6 @@ static long long blocks_per_sm(const dg_kernel *k, const dg_device_info *di)
 }
 
 /* ---- lowrank_fwd ---------------------------------------------------------- */
-
-static dg__op_call fwd_call(const dg_lowrank_fwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->x;
-		c.t[1] = a->w;
-		c.t[2] = a->out;
-		c.absum = a->out_absum;
-	}
-	return c;
-}
-
-dg_status dg_lowrank_fwd_check(const dg_spec *spec, const dg_lowrank_fwd_args *a,
-			       char *msg, size_t msg_size)
-{
-	dg__op_call c = fwd_call(a);
-	return dg__op_check(spec, DG_OP_LOWRANK_FWD, "dg_lowrank_fwd", a ? &c : NULL, NULL,
-			    msg, msg_size);
-}
-
-dg__op_call dg__call_lowrank_fwd(const void *args)
-{
-	return fwd_call(args);
-}
 
 dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 {
@@ -105,39 +77,7 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
-dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec, const dg_lowrank_fwd_args *a)
-{
-	dg__op_call c = fwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_LOWRANK_FWD, spec, a ? &c : NULL);
-}
-
 /* ---- relu_mask ------------------------------------------------------------ */
-
-static dg__op_call mask_call(const dg_relu_mask_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->x;
-		c.t[1] = a->w;
-		c.t[2] = a->grad;
-		c.t[3] = a->grad_out;
-	}
-	return c;
-}
-
-dg_status dg_relu_mask_check(const dg_spec *spec, const dg_relu_mask_args *a, char *msg,
-			     size_t msg_size)
-{
-	dg__op_call c = mask_call(a);
-	return dg__op_check(spec, DG_OP_RELU_MASK, "dg_relu_mask", a ? &c : NULL, NULL, msg,
-			    msg_size);
-}
-
-dg__op_call dg__call_relu_mask(const void *args)
-{
-	return mask_call(args);
-}
 
 dg_status dg__prep_relu_mask(dg_prepared *p, const dg__op_call *c)
 {
@@ -165,27 +105,7 @@ dg_status dg__prep_relu_mask(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
-dg_status dg_relu_mask(dg_device *dev, const dg_spec *spec, const dg_relu_mask_args *a)
-{
-	dg__op_call c = mask_call(a);
-	return dg__op_typed_run(dev, DG_OP_RELU_MASK, spec, a ? &c : NULL);
-}
-
 /* ---- lowrank_grad_input ----------------------------------------------------- */
-
-static dg__op_call gi_call(const dg_lowrank_grad_input_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->grad;
-		c.t[1] = a->w;
-		c.t[2] = a->grad_x;
-		c.ws = a->ws;
-		c.splits = a->splits;
-	}
-	return c;
-}
 
 /* The call's K splits: 0 (the runtime's choice) or 1 to the most. */
 static dg_status gi_splits_ok(const char *fn, int splits, char *msg, size_t msg_size)
@@ -198,35 +118,18 @@ static dg_status gi_splits_ok(const char *fn, int splits, char *msg, size_t msg_
 }
 
 /* The tensors' check, then the splits'. */
-static dg_status gi_check(const dg_spec *spec, const char *fn, const dg__op_call *c,
-			  dg__op_shape *sh, char *msg, size_t msg_size)
-{
-	dg_status st = dg__op_check(spec, DG_OP_LOWRANK_GRAD_INPUT, fn, c, sh, msg, msg_size);
-	return st ? st : gi_splits_ok(fn, c->splits, msg, msg_size);
-}
-
-dg_status dg_lowrank_grad_input_check(const dg_spec *spec, const dg_lowrank_grad_input_args *a,
-				      char *msg, size_t msg_size)
-{
-	dg__op_call c = gi_call(a);
-	return gi_check(spec, "dg_lowrank_grad_input", a ? &c : NULL, NULL, msg, msg_size);
-}
-
 dg_status dg__check_lowrank_grad_input(const dg_spec *spec, const dg__op_call *c, char *msg,
 				       size_t msg_size)
 {
-	return gi_check(spec, "dg_lowrank_grad_input", c, NULL, msg, msg_size);
+	static const char fn[] = "dg_lowrank_grad_input";
+	dg_status st = dg__op_check(spec, DG_OP_LOWRANK_GRAD_INPUT, fn, c, NULL, msg, msg_size);
+	return st ? st : gi_splits_ok(fn, c->splits, msg, msg_size);
 }
 
 /* K = (H/Hin)·L: block z's heads, their latents in order. */
 static int64_t gi_k(const dg_spec *spec)
 {
 	return (int64_t)(spec->heads / spec->in_heads) * spec->latent;
-}
-
-dg__op_call dg__call_lowrank_grad_input(const void *args)
-{
-	return gi_call(args);
 }
 
 dg_status dg__prep_lowrank_grad_input(dg_prepared *p, const dg__op_call *c)
@@ -236,49 +139,7 @@ dg_status dg__prep_lowrank_grad_input(dg_prepared *p, const dg__op_call *c)
 				   c->splits);
 }
 
-dg_status dg_lowrank_grad_input_workspace(dg_device *dev, const dg_spec *spec,
-					  const dg_lowrank_grad_input_args *a, size_t *bytes)
-{
-	dg__op_call c = gi_call(a);
-	return dg__op_typed_workspace(dev, DG_OP_LOWRANK_GRAD_INPUT, spec, a ? &c : NULL, bytes);
-}
-
-dg_status dg_lowrank_grad_input(dg_device *dev, const dg_spec *spec,
-				const dg_lowrank_grad_input_args *a)
-{
-	dg__op_call c = gi_call(a);
-	return dg__op_typed_run(dev, DG_OP_LOWRANK_GRAD_INPUT, spec, a ? &c : NULL);
-}
-
 /* ---- lowrank_grad_weight ---------------------------------------------------- */
-
-static dg__op_call gw_call(const dg_lowrank_grad_weight_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->grad;
-		c.t[1] = a->x;
-		c.t[2] = a->grad_w;
-		c.accumulate = a->accumulate;
-		c.ws = a->ws;
-	}
-	return c;
-}
-
-dg_status dg_lowrank_grad_weight_check(const dg_spec *spec,
-				       const dg_lowrank_grad_weight_args *a, char *msg,
-				       size_t msg_size)
-{
-	dg__op_call c = gw_call(a);
-	return dg__op_check(spec, DG_OP_LOWRANK_GRAD_WEIGHT, "dg_lowrank_grad_weight",
-			    a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_lowrank_grad_weight(const void *args)
-{
-	return gw_call(args);
-}
 
 dg_status dg__prep_lowrank_grad_weight(dg_prepared *p, const dg__op_call *c)
 {
@@ -286,18 +147,4 @@ dg_status dg__prep_lowrank_grad_weight(dg_prepared *p, const dg__op_call *c)
 	/* per head: rows l (L), cols e (E) */
 	return dg__grad_weight_prep(p, "dg_lowrank_grad_weight", "dg_lowrank_grad_weight_reduce",
 				    p->spec.latent, p->spec.embd);
-}
-
-dg_status dg_lowrank_grad_weight_workspace(dg_device *dev, const dg_spec *spec,
-					   const dg_lowrank_grad_weight_args *a, size_t *bytes)
-{
-	dg__op_call c = gw_call(a);
-	return dg__op_typed_workspace(dev, DG_OP_LOWRANK_GRAD_WEIGHT, spec, a ? &c : NULL, bytes);
-}
-
-dg_status dg_lowrank_grad_weight(dg_device *dev, const dg_spec *spec,
-				 const dg_lowrank_grad_weight_args *a)
-{
-	dg__op_call c = gw_call(a);
-	return dg__op_typed_run(dev, DG_OP_LOWRANK_GRAD_WEIGHT, spec, a ? &c : NULL);
 }

@@ -7,7 +7,6 @@
  */
 #include <math.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "runtime/ops/ops_int.h"
 
@@ -21,19 +20,18 @@ static dg_status eps_ok(const char *fn, float eps, char *msg, size_t size)
 	return DG_ERR_INVALID_ARG;
 }
 
-/* The table check, then the forward's eps. */
-static dg_status check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
-		       dg__op_shape *sh, char *msg, size_t size)
+/* A forward's check: the table's, then eps. (The backwards have the
+ * table's alone.) */
+static dg_status fwd_check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
+			   char *msg, size_t size)
 {
 	char local[512];
 	if (!msg || !size) {
 		msg = local;
 		size = sizeof(local);
 	}
-	dg_status st = dg__op_check(spec, op, fn, c, sh, msg, size);
-	if (!st && (op == DG_OP_LAYERNORM_FWD || op == DG_OP_RESID_LN_FWD))
-		st = eps_ok(fn, c->eps, msg, size);
-	return st;
+	dg_status st = dg__op_check(spec, op, fn, c, NULL, msg, size);
+	return st ? st : eps_ok(fn, c->eps, msg, size);
 }
 
 /* eps's rule at every launch of a prepared forward: the kernel reads the
@@ -82,38 +80,18 @@ static dg_status prep(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
-/* ---- layernorm_fwd ------------------------------------------------------------ */
-
-static dg__op_call ln_fwd_call(const dg_layernorm_fwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->x;
-		c.t[1] = a->y;
-		c.t[2] = a->rstd;
-		c.eps = a->eps;
-	}
-	return c;
-}
-
-dg_status dg_layernorm_fwd_check(const dg_spec *spec, const dg_layernorm_fwd_args *a, char *msg,
-				 size_t msg_size)
-{
-	dg__op_call c = ln_fwd_call(a);
-	return check(spec, DG_OP_LAYERNORM_FWD, "dg_layernorm_fwd", a ? &c : NULL, NULL, msg,
-		     msg_size);
-}
+/* ---- the entries ------------------------------------------------------------- */
 
 dg_status dg__check_layernorm_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
 				  size_t msg_size)
 {
-	return check(spec, DG_OP_LAYERNORM_FWD, "dg_layernorm_fwd", c, NULL, msg, msg_size);
+	return fwd_check(spec, DG_OP_LAYERNORM_FWD, "dg_layernorm_fwd", c, msg, msg_size);
 }
 
-dg__op_call dg__call_layernorm_fwd(const void *args)
+dg_status dg__check_resid_ln_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
+				 size_t msg_size)
 {
-	return ln_fwd_call(args);
+	return fwd_check(spec, DG_OP_RESID_LN_FWD, "dg_resid_ln_fwd", c, msg, msg_size);
 }
 
 dg_status dg__prep_layernorm_fwd(dg_prepared *p, const dg__op_call *c)
@@ -121,85 +99,9 @@ dg_status dg__prep_layernorm_fwd(dg_prepared *p, const dg__op_call *c)
 	return prep(p, c);
 }
 
-dg_status dg_layernorm_fwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_fwd_args *a)
-{
-	dg__op_call c = ln_fwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_LAYERNORM_FWD, spec, a ? &c : NULL);
-}
-
-/* ---- layernorm_bwd ------------------------------------------------------------ */
-
-static dg__op_call ln_bwd_call(const dg_layernorm_bwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->dy;
-		c.t[1] = a->y;
-		c.t[2] = a->rstd;
-		c.t[3] = a->dx;
-		c.accumulate = a->accumulate;
-	}
-	return c;
-}
-
-dg_status dg_layernorm_bwd_check(const dg_spec *spec, const dg_layernorm_bwd_args *a, char *msg,
-				 size_t msg_size)
-{
-	dg__op_call c = ln_bwd_call(a);
-	return check(spec, DG_OP_LAYERNORM_BWD, "dg_layernorm_bwd", a ? &c : NULL, NULL, msg,
-		     msg_size);
-}
-
-dg__op_call dg__call_layernorm_bwd(const void *args)
-{
-	return ln_bwd_call(args);
-}
-
 dg_status dg__prep_layernorm_bwd(dg_prepared *p, const dg__op_call *c)
 {
 	return prep(p, c);
-}
-
-dg_status dg_layernorm_bwd(dg_device *dev, const dg_spec *spec, const dg_layernorm_bwd_args *a)
-{
-	dg__op_call c = ln_bwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_LAYERNORM_BWD, spec, a ? &c : NULL);
-}
-
-/* ---- resid_ln_fwd ------------------------------------------------------------- */
-
-static dg__op_call rln_fwd_call(const dg_resid_ln_fwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->x;
-		c.t[1] = a->y;
-		c.t[2] = a->out;
-		c.t[3] = a->rstd;
-		c.eps = a->eps;
-	}
-	return c;
-}
-
-dg_status dg_resid_ln_fwd_check(const dg_spec *spec, const dg_resid_ln_fwd_args *a, char *msg,
-				size_t msg_size)
-{
-	dg__op_call c = rln_fwd_call(a);
-	return check(spec, DG_OP_RESID_LN_FWD, "dg_resid_ln_fwd", a ? &c : NULL, NULL, msg,
-		     msg_size);
-}
-
-dg_status dg__check_resid_ln_fwd(const dg_spec *spec, const dg__op_call *c, char *msg,
-				 size_t msg_size)
-{
-	return check(spec, DG_OP_RESID_LN_FWD, "dg_resid_ln_fwd", c, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_resid_ln_fwd(const void *args)
-{
-	return rln_fwd_call(args);
 }
 
 dg_status dg__prep_resid_ln_fwd(dg_prepared *p, const dg__op_call *c)
@@ -207,49 +109,7 @@ dg_status dg__prep_resid_ln_fwd(dg_prepared *p, const dg__op_call *c)
 	return prep(p, c);
 }
 
-dg_status dg_resid_ln_fwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_fwd_args *a)
-{
-	dg__op_call c = rln_fwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_RESID_LN_FWD, spec, a ? &c : NULL);
-}
-
-/* ---- resid_ln_bwd ------------------------------------------------------------- */
-
-static dg__op_call rln_bwd_call(const dg_resid_ln_bwd_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->dout;
-		c.t[1] = a->out;
-		c.t[2] = a->rstd;
-		c.t[3] = a->dx;
-		c.t[4] = a->dy;
-		c.accumulate = a->accumulate;
-	}
-	return c;
-}
-
-dg_status dg_resid_ln_bwd_check(const dg_spec *spec, const dg_resid_ln_bwd_args *a, char *msg,
-				size_t msg_size)
-{
-	dg__op_call c = rln_bwd_call(a);
-	return check(spec, DG_OP_RESID_LN_BWD, "dg_resid_ln_bwd", a ? &c : NULL, NULL, msg,
-		     msg_size);
-}
-
-dg__op_call dg__call_resid_ln_bwd(const void *args)
-{
-	return rln_bwd_call(args);
-}
-
 dg_status dg__prep_resid_ln_bwd(dg_prepared *p, const dg__op_call *c)
 {
 	return prep(p, c);
-}
-
-dg_status dg_resid_ln_bwd(dg_device *dev, const dg_spec *spec, const dg_resid_ln_bwd_args *a)
-{
-	dg__op_call c = rln_bwd_call(a);
-	return dg__op_typed_run(dev, DG_OP_RESID_LN_BWD, spec, a ? &c : NULL);
 }

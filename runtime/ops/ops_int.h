@@ -72,10 +72,6 @@ unsigned dg__op_grid(long long work, long long per_block, long long cap);
 
 long long dg__op_cdiv(long long a, long long b);
 
-/* A call of up to four tensors in the op table's order (the rest zero). */
-dg__op_call dg__op_call_of(const dg_tensor *t0, const dg_tensor *t1, const dg_tensor *t2,
-			   const dg_tensor *t3);
-
 
 /* ---- prepared ops (prepared.c) ---------------------------------------------- */
 
@@ -171,8 +167,39 @@ dg_status dg__prepare(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
  * ws_bytes, nothing else. */
 dg_status dg__prepared_launch(const dg_prepared *p, const dg__op_call *c);
 
-/* The call of op's typed arguments struct (dg_<op>_args): each family
- * file's dg__call_<name>. */
+/* ---- the typed arguments structs (args_layout.c) ----------------------------- */
+
+/* The options of dg__op_call an op's arguments struct may carry, by the
+ * call's field name. */
+#define DG__CALL_OPTIONS(X)                                                   \
+	X(ws) X(absum) X(splits) X(accumulate) X(unpack) X(backward) X(eps)   \
+	X(bad) X(grad_scale) X(p) X(seed) X(step) X(layer) X(step_at)         \
+	X(elem0) X(ctl) X(copy) X(decay)
+
+/*
+ * Where the arguments struct of an op's typed call (dg_<name>_args, or
+ * the one its call shares: dg_pack_weight_args, dg_pack_i8x4_args) keeps
+ * what dg__op_call takes: its size, each tensor's field in the op table's
+ * order (dg_op_info_of(op)->args; the field has the argument's name), and
+ * each option the struct has. Offsets are stored plus one, so 0 is a
+ * field the struct lacks.
+ */
+typedef struct dg__args_layout {
+	uint16_t size;
+	struct {
+		uint16_t at;
+		const char *name;
+	} t[DG_OP_MAX_ARGS];
+#define DG__OPTION_AT(f) uint16_t f;
+	DG__CALL_OPTIONS(DG__OPTION_AT)
+#undef DG__OPTION_AT
+} dg__args_layout;
+
+/* op's row of the table (NULL past the ops). */
+const dg__args_layout *dg__op_args_layout(dg_op op);
+
+/* The call of op's typed arguments struct, read through its row: its
+ * tensors and options, the rest zero (all zero for args NULL). */
 dg__op_call dg__op_call_from_args(dg_op op, const void *args);
 
 /* The options c is prepared with (flags, splits, which optional pointers
@@ -243,12 +270,19 @@ void dg__arg_tmap(dg_prepared *p, dg__prep_launch *L, int which);
 
 /* Runs op spec->op with c (checked first). */
 dg_status dg__op_run(dg_device *dev, const dg_spec *spec, const dg__op_call *c);
-/* A typed op's call (dg_<op>, dg_<op>_workspace): spec must be op's (the
- * table's message says why not), then dg__op_run / dg__op_workspace, which
- * prepare the op and launch it (or read its workspace). */
-dg_status dg__op_typed_run(dg_device *dev, dg_op op, const dg_spec *spec, const dg__op_call *c);
+/* A typed op's call (dg_<op>, dg_<op>_workspace; typed.c), args its
+ * arguments struct (dg__op_call_from_args; NULL refused): spec must be
+ * op's (the table's message says why not), then dg__op_run /
+ * dg__op_workspace, which prepare the op and launch it (or read its
+ * workspace). */
+dg_status dg__op_typed_run(dg_device *dev, dg_op op, const dg_spec *spec, const void *args);
 dg_status dg__op_typed_workspace(dg_device *dev, dg_op op, const dg_spec *spec,
-				 const dg__op_call *c, size_t *bytes);
+				 const void *args, size_t *bytes);
+/* A typed op's device-free check (dg_<op>_check, checks.h): the family's
+ * dg__check_<name> for the ops of DG__OP_OWN_CHECKS, else the table's
+ * (dg__op_check, its messages naming dg_<op>). */
+dg_status dg__op_typed_check(dg_op op, const dg_spec *spec, const void *args, char *msg,
+			     size_t msg_size);
 /* The workspace c needs on dev (0 for ops that take none). */
 dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_call *c,
 			   size_t *bytes);
@@ -264,15 +298,14 @@ dg_status dg__op_workspace(dg_device *dev, const dg_spec *spec, const dg__op_cal
 dg_status dg__op_check_call(const dg_spec *spec, const dg__op_call *c, char *msg,
 			    size_t msg_size);
 
-/* The entries of each op of DG_OP_LIST, defined in its family's file:
+/* The entry of each op of DG_OP_LIST, defined in its family's file:
  * dg__prep_<name> lays out the launches of a checked call (dg__prepare
  * has done the checks and filled p's spec, shape and signature; it fetches
  * the kernels, sets the workspace size and lists each kernel parameter's
- * source), dg__call_<name> turns the op's typed arguments struct into its
- * call. */
+ * source). Its typed arguments struct becomes its call through the
+ * table (dg__op_call_from_args). */
 #define DG__OP_ENTRY(e, name)                                                 \
-	dg_status dg__prep_##name(dg_prepared *p, const dg__op_call *c);       \
-	dg__op_call dg__call_##name(const void *args);
+	dg_status dg__prep_##name(dg_prepared *p, const dg__op_call *c);
 DG_OP_LIST(DG__OP_ENTRY)
 #undef DG__OP_ENTRY
 

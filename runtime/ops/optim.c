@@ -7,7 +7,6 @@
  * allocates, frees or synchronizes.
  */
 #include <stdio.h>
-#include <string.h>
 
 #include "runtime/ref/ref_ops.h"
 #include "runtime/ops/ops_int.h"
@@ -17,18 +16,6 @@
 /* The control block's alignment: the kernels read it whole, doubles
  * included, so a misaligned one would fault the context, not be refused. */
 #define CTL_ALIGN 8u
-
-static dg__op_call call_of(const dg_adamw_update_args *a)
-{
-	dg__op_call c = a ? dg__op_call_of(a->p, a->grad, a->m, a->v)
-			  : dg__op_call_of(NULL, NULL, NULL, NULL);
-	if (a) {
-		c.ctl = a->ctl;
-		c.copy = a->copy;
-		c.decay = a->decay;
-	}
-	return c;
-}
 
 /* adamw_update's rules on the call's pointers, which a prepared op checks
  * again at every launch: p, m and v distinct from each other and from
@@ -58,7 +45,8 @@ static dg_status ptr_rules(const char *fn, const dg__op_call *c, char *msg, size
 }
 
 /* The op table's check (four f32 tensors of one shape), then ptr_rules. */
-static dg_status check(const dg_spec *spec, const dg__op_call *c, char *msg, size_t size)
+dg_status dg__check_adamw_update(const dg_spec *spec, const dg__op_call *c, char *msg,
+				 size_t size)
 {
 	static const char fn[] = "dg_adamw_update";
 	char local[512];
@@ -75,11 +63,6 @@ static dg_status update_ptrs(const dg_prepared *p, const dg__op_call *c, char *m
 			     size_t msg_size)
 {
 	return ptr_rules(p->fn, c, msg, msg_size);
-}
-
-dg__op_call dg__call_adamw_update(const void *args)
-{
-	return call_of(args);
 }
 
 /* (p, grad, m, v, const dg_adamw_ctl_t *ctl, dg_adamw_ctl_t cv,
@@ -115,25 +98,6 @@ dg_status dg__prep_adamw_update(dg_prepared *p, const dg__op_call *c)
 	dg__arg_i64(p, L, n);
 	DG__FLAG_OF(p, L, decay);
 	return DG_OK;
-}
-
-dg_status dg__check_adamw_update(const dg_spec *spec, const dg__op_call *c, char *msg,
-				 size_t msg_size)
-{
-	return check(spec, c, msg, msg_size);
-}
-
-dg_status dg_adamw_update_check(const dg_spec *spec, const dg_adamw_update_args *a, char *msg,
-				size_t msg_size)
-{
-	dg__op_call c = call_of(a);
-	return check(spec, a ? &c : NULL, msg, msg_size);
-}
-
-dg_status dg_adamw_update(dg_device *dev, const dg_spec *spec, const dg_adamw_update_args *a)
-{
-	dg__op_call c = call_of(a);
-	return dg__op_typed_run(dev, DG_OP_ADAMW_UPDATE, spec, a ? &c : NULL);
 }
 
 /* ---- the gradients' norm ------------------------------------------------------ */

@@ -5,35 +5,10 @@
  * templates/pack.lua). Element-wise, grid-stride: any grid is correct.
  */
 #include <stdio.h>
-#include <string.h>
 
 #include "runtime/ops/ops_int.h"
 
 /* ---- pack_ternary / pack_sign1 -------------------------------------------- */
-
-/* The pack calls serve two ops each: a spec of another op is refused
- * naming both. */
-static bool pair_ok(const dg_spec *spec, dg_op a, dg_op b, const char *fn, char *msg,
-		    size_t size)
-{
-	if (!spec || spec->op == a || spec->op == b)
-		return true; /* a NULL spec: dg__op_check says so */
-	snprintf(msg, size, "%s: spec op=%s, expected op=%s or op=%s", fn, dg_op_name(spec->op),
-		 dg_op_name(a), dg_op_name(b));
-	return false;
-}
-
-static dg__op_call weight_call(const dg_pack_weight_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->codes;
-		c.t[1] = a->packed;
-		c.unpack = a->unpack;
-	}
-	return c;
-}
 
 /* One launch: the packer (codes, words) or, with unpack, the unpacker
  * (words, codes), and rows (long long). unpack is one of the options the
@@ -63,16 +38,6 @@ static dg_status prep_weight(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
-dg__op_call dg__call_pack_ternary(const void *args)
-{
-	return weight_call(args);
-}
-
-dg__op_call dg__call_pack_sign1(const void *args)
-{
-	return weight_call(args);
-}
-
 dg_status dg__prep_pack_ternary(dg_prepared *p, const dg__op_call *c)
 {
 	return prep_weight(p, c);
@@ -83,54 +48,7 @@ dg_status dg__prep_pack_sign1(dg_prepared *p, const dg__op_call *c)
 	return prep_weight(p, c);
 }
 
-/* spec->op picks the format; an op of neither is refused by the check. */
-static dg_op weight_op(const dg_spec *spec)
-{
-	return spec && spec->op == DG_OP_PACK_SIGN1 ? DG_OP_PACK_SIGN1 : DG_OP_PACK_TERNARY;
-}
-
-dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a, char *msg,
-			       size_t msg_size)
-{
-	dg__op_call c = weight_call(a);
-	char local[256];
-	if (!pair_ok(spec, DG_OP_PACK_TERNARY, DG_OP_PACK_SIGN1, "dg_pack_weight",
-		     msg && msg_size ? msg : local, msg && msg_size ? msg_size : sizeof(local)))
-		return DG_ERR_INVALID_SPEC;
-	return dg__op_check(spec, weight_op(spec), "dg_pack_weight", a ? &c : NULL, NULL, msg,
-			    msg_size);
-}
-
-dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec, const dg_pack_weight_args *a)
-{
-	dg__op_call c = weight_call(a);
-	char why[256];
-	if (dev && !pair_ok(spec, DG_OP_PACK_TERNARY, DG_OP_PACK_SIGN1, "dg_pack_weight", why,
-			    sizeof(why)))
-		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "%s", why);
-	return dg__op_typed_run(dev, weight_op(spec), spec, a ? &c : NULL);
-}
-
 /* ---- pack_i8x4 / unpack_i8x4 ---------------------------------------------- */
-
-/* The op table's order: pack_i8x4 (codes, packed), unpack_i8x4 (packed,
- * codes). */
-static dg__op_call i8x4_call(dg_op op, const dg_pack_i8x4_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		bool unpack = op == DG_OP_UNPACK_I8X4;
-		c.t[0] = unpack ? a->packed : a->codes;
-		c.t[1] = unpack ? a->codes : a->packed;
-	}
-	return c;
-}
-
-static dg_op i8x4_op(const dg_spec *spec)
-{
-	return spec && spec->op == DG_OP_UNPACK_I8X4 ? DG_OP_UNPACK_I8X4 : DG_OP_PACK_I8X4;
-}
 
 /* One launch: src, dst (the op table's order) and rows (long long). */
 static dg_status prep_i8x4(dg_prepared *p, const dg__op_call *c)
@@ -160,16 +78,6 @@ static dg_status prep_i8x4(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
-dg__op_call dg__call_pack_i8x4(const void *args)
-{
-	return i8x4_call(DG_OP_PACK_I8X4, args);
-}
-
-dg__op_call dg__call_unpack_i8x4(const void *args)
-{
-	return i8x4_call(DG_OP_UNPACK_I8X4, args);
-}
-
 dg_status dg__prep_pack_i8x4(dg_prepared *p, const dg__op_call *c)
 {
 	return prep_i8x4(p, c);
@@ -180,24 +88,69 @@ dg_status dg__prep_unpack_i8x4(dg_prepared *p, const dg__op_call *c)
 	return prep_i8x4(p, c);
 }
 
+/* ---- the typed calls: one for two ops each ------------------------------- */
+
+/* The op of the pair a, b that spec names: b when it says so, else a (a
+ * spec of neither is refused before it matters). */
+static dg_op pair_op(const dg_spec *spec, dg_op a, dg_op b)
+{
+	return spec && spec->op == b ? b : a;
+}
+
+/* A spec of neither op is refused naming both. */
+static bool pair_ok(const dg_spec *spec, dg_op a, dg_op b, const char *fn, char *msg,
+		    size_t size)
+{
+	if (!spec || spec->op == a || spec->op == b)
+		return true; /* a NULL spec: dg__op_check says so */
+	snprintf(msg, size, "%s: spec op=%s, expected op=%s or op=%s", fn, dg_op_name(spec->op),
+		 dg_op_name(a), dg_op_name(b));
+	return false;
+}
+
+/* The check of a pair's call: the pair's rule, then the table's (its
+ * messages naming fn, the call's). */
+static dg_status pair_check(const dg_spec *spec, dg_op a, dg_op b, const char *fn,
+			    const void *args, char *msg, size_t msg_size)
+{
+	char local[256];
+	if (!pair_ok(spec, a, b, fn, msg && msg_size ? msg : local,
+		     msg && msg_size ? msg_size : sizeof(local)))
+		return DG_ERR_INVALID_SPEC;
+	dg_op op = pair_op(spec, a, b);
+	dg__op_call c = dg__op_call_from_args(op, args);
+	return dg__op_check(spec, op, fn, args ? &c : NULL, NULL, msg, msg_size);
+}
+
+static dg_status pair_run(dg_device *dev, const dg_spec *spec, dg_op a, dg_op b, const char *fn,
+			  const void *args)
+{
+	char why[256];
+	if (dev && !pair_ok(spec, a, b, fn, why, sizeof(why)))
+		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "%s", why);
+	return dg__op_typed_run(dev, pair_op(spec, a, b), spec, args);
+}
+
+dg_status dg_pack_weight_check(const dg_spec *spec, const dg_pack_weight_args *a, char *msg,
+			       size_t msg_size)
+{
+	return pair_check(spec, DG_OP_PACK_TERNARY, DG_OP_PACK_SIGN1, "dg_pack_weight", a, msg,
+			  msg_size);
+}
+
+dg_status dg_pack_weight(dg_device *dev, const dg_spec *spec, const dg_pack_weight_args *a)
+{
+	return pair_run(dev, spec, DG_OP_PACK_TERNARY, DG_OP_PACK_SIGN1, "dg_pack_weight", a);
+}
+
 dg_status dg_pack_i8x4_check(const dg_spec *spec, const dg_pack_i8x4_args *a, char *msg,
 			     size_t msg_size)
 {
-	dg__op_call c = i8x4_call(i8x4_op(spec), a);
-	char local[256];
-	if (!pair_ok(spec, DG_OP_PACK_I8X4, DG_OP_UNPACK_I8X4, "dg_pack_i8x4",
-		     msg && msg_size ? msg : local, msg && msg_size ? msg_size : sizeof(local)))
-		return DG_ERR_INVALID_SPEC;
-	return dg__op_check(spec, i8x4_op(spec), "dg_pack_i8x4", a ? &c : NULL, NULL, msg,
-			    msg_size);
+	return pair_check(spec, DG_OP_PACK_I8X4, DG_OP_UNPACK_I8X4, "dg_pack_i8x4", a, msg,
+			  msg_size);
 }
 
 dg_status dg_pack_i8x4(dg_device *dev, const dg_spec *spec, const dg_pack_i8x4_args *a)
 {
-	dg__op_call c = i8x4_call(i8x4_op(spec), a);
-	char why[256];
-	if (dev && !pair_ok(spec, DG_OP_PACK_I8X4, DG_OP_UNPACK_I8X4, "dg_pack_i8x4", why,
-			    sizeof(why)))
-		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC, "%s", why);
-	return dg__op_typed_run(dev, i8x4_op(spec), spec, a ? &c : NULL);
+	return pair_run(dev, spec, DG_OP_PACK_I8X4, DG_OP_UNPACK_I8X4, "dg_pack_i8x4", a);
 }

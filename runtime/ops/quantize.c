@@ -19,7 +19,6 @@
  */
 #include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "runtime/ops/ops_int.h"
 
@@ -136,16 +135,17 @@ static dg_status prep_rows(dg_prepared *p, const dg__op_call *c)
  * (B, G, T, C) x, so any other rank is refused here, where the FFI's and
  * the typed _check see it, not only at the launch. quantize_weight's
  * channel rows are any shape's last dimension: the table's check alone. */
-static dg_status check(const dg_spec *spec, dg_op op, const char *fn, const dg__op_call *c,
-		       dg__op_shape *sh, char *msg, size_t size)
+dg_status dg__check_quantize_act(const dg_spec *spec, const dg__op_call *c, char *msg,
+				 size_t size)
 {
+	static const char fn[] = "dg_quantize_act";
 	char local[512];
 	if (!msg || !size) {
 		msg = local;
 		size = sizeof(local);
 	}
-	dg_status st = dg__op_check(spec, op, fn, c, sh, msg, size);
-	if (st || op != DG_OP_QUANTIZE_ACT || spec->ascale != DG_SCALE_TOKEN)
+	dg_status st = dg__op_check(spec, DG_OP_QUANTIZE_ACT, fn, c, NULL, msg, size);
+	if (st || spec->ascale != DG_SCALE_TOKEN)
 		return st;
 	const dg_tensor *x = c->t[0];
 	if (x->ndim != 4) {
@@ -208,99 +208,14 @@ static dg_status prep(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
-/* ---- quantize_act --------------------------------------------------------- */
-
-static dg__op_call act_call(const dg_quantize_act_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->x;
-		c.t[1] = a->codes;
-		c.ws = a->ws;
-	}
-	return c;
-}
-
-dg_status dg_quantize_act_check(const dg_spec *spec, const dg_quantize_act_args *a, char *msg,
-				size_t msg_size)
-{
-	dg__op_call c = act_call(a);
-	return check(spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", a ? &c : NULL, NULL, msg,
-		     msg_size);
-}
-
-dg_status dg__check_quantize_act(const dg_spec *spec, const dg__op_call *c, char *msg,
-				 size_t msg_size)
-{
-	return check(spec, DG_OP_QUANTIZE_ACT, "dg_quantize_act", c, NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_quantize_act(const void *args)
-{
-	return act_call(args);
-}
+/* ---- quantize_act, quantize_weight ------------------------------------------ */
 
 dg_status dg__prep_quantize_act(dg_prepared *p, const dg__op_call *c)
 {
 	return prep(p, c);
 }
 
-dg_status dg_quantize_act_workspace(dg_device *dev, const dg_spec *spec,
-				    const dg_quantize_act_args *a, size_t *bytes)
-{
-	dg__op_call c = act_call(a);
-	return dg__op_typed_workspace(dev, DG_OP_QUANTIZE_ACT, spec, a ? &c : NULL, bytes);
-}
-
-dg_status dg_quantize_act(dg_device *dev, const dg_spec *spec, const dg_quantize_act_args *a)
-{
-	dg__op_call c = act_call(a);
-	return dg__op_typed_run(dev, DG_OP_QUANTIZE_ACT, spec, a ? &c : NULL);
-}
-
-/* ---- quantize_weight ------------------------------------------------------ */
-
-static dg__op_call weight_call(const dg_quantize_weight_args *a)
-{
-	dg__op_call c;
-	memset(&c, 0, sizeof(c));
-	if (a) {
-		c.t[0] = a->w;
-		c.t[1] = a->codes;
-		c.ws = a->ws;
-	}
-	return c;
-}
-
-dg_status dg_quantize_weight_check(const dg_spec *spec, const dg_quantize_weight_args *a,
-				   char *msg, size_t msg_size)
-{
-	dg__op_call c = weight_call(a);
-	return dg__op_check(spec, DG_OP_QUANTIZE_WEIGHT, "dg_quantize_weight", a ? &c : NULL,
-			    NULL, msg, msg_size);
-}
-
-dg__op_call dg__call_quantize_weight(const void *args)
-{
-	return weight_call(args);
-}
-
 dg_status dg__prep_quantize_weight(dg_prepared *p, const dg__op_call *c)
 {
 	return prep(p, c);
-}
-
-dg_status dg_quantize_weight_workspace(dg_device *dev, const dg_spec *spec,
-				       const dg_quantize_weight_args *a, size_t *bytes)
-{
-	dg__op_call c = weight_call(a);
-	return dg__op_typed_workspace(dev, DG_OP_QUANTIZE_WEIGHT, spec, a ? &c : NULL, bytes);
-}
-
-dg_status dg_quantize_weight(dg_device *dev, const dg_spec *spec,
-			     const dg_quantize_weight_args *a)
-{
-	dg__op_call c = weight_call(a);
-	return dg__op_typed_run(dev, DG_OP_QUANTIZE_WEIGHT, spec, a ? &c : NULL);
 }

@@ -1,11 +1,14 @@
 /*
- * The ops by number: a prepare entry and a call entry an op of DG_OP_LIST,
- * named after it (dg__prep_<name>, dg__call_<name>, in the op's family
- * file), so the tuner, the bench, the model and the tests reach every op
- * through one door (dg__prepare, then dg__prepared_launch; dg__op_run is
- * both) and an op missing its entries fails to link. The checks are sparse:
- * a dg__check_<name> only for the ops of DG__OP_OWN_CHECKS, whose family
- * file adds rules to the op table's; the rest are the table's alone.
+ * The ops by number: a prepare entry an op of DG_OP_LIST, named after it
+ * (dg__prep_<name>, in the op's family file), so the tuner, the bench, the
+ * model and the tests reach every op through one door (dg__prepare, then
+ * dg__prepared_launch; dg__op_run is both) and an op missing its entry
+ * fails to link. A typed call's arguments struct becomes the generic call
+ * through args_layout.c's table. The checks are sparse: a dg__check_<name>
+ * only for the ops of DG__OP_OWN_CHECKS, whose family file adds rules to
+ * the op table's; the rest are the table's alone. The typed calls of
+ * dragon/ops.h (typed.c) are each a line through the dg__op_typed_ doors
+ * at the end.
  */
 #include <stddef.h>
 #include <string.h>
@@ -14,7 +17,6 @@
 #include "runtime/ops/ops_int.h"
 
 typedef dg_status (*prep_fn)(dg_prepared *, const dg__op_call *);
-typedef dg__op_call (*call_fn)(const void *);
 typedef dg_status (*check_fn)(const dg_spec *, const dg__op_call *, char *, size_t);
 
 static const check_fn checks[DG_OP__COUNT] = {
@@ -29,24 +31,11 @@ static const prep_fn preps[DG_OP__COUNT] = {
 #undef DG__PREP
 };
 
-static const call_fn calls[DG_OP__COUNT] = {
-#define DG__CALL(e, name) [e] = dg__call_##name,
-	DG_OP_LIST(DG__CALL)
-#undef DG__CALL
-};
-
 static const char *const fn_names[DG_OP__COUNT] = {
 #define DG__FN(e, name) [e] = "dg_" #name,
 	DG_OP_LIST(DG__FN)
 #undef DG__FN
 };
-
-dg__op_call dg__op_call_from_args(dg_op op, const void *args)
-{
-	if ((unsigned)op < DG_OP__COUNT && calls[op] && args)
-		return calls[op](args);
-	return dg__op_call_of(NULL, NULL, NULL, NULL);
-}
 
 dg_status dg__prepare(dg_device *dev, const dg_spec *spec, const dg__op_call *c, dg_prepared *p)
 {
@@ -136,16 +125,18 @@ static dg_status typed_spec_ok(dg_device *dev, dg_op op, const dg_spec *spec,
 	return dg__dev_fail_msg(dev, st ? st : DG_ERR_INVALID_SPEC, msg);
 }
 
-dg_status dg__op_typed_run(dg_device *dev, dg_op op, const dg_spec *spec, const dg__op_call *c)
+dg_status dg__op_typed_run(dg_device *dev, dg_op op, const dg_spec *spec, const void *args)
 {
 	if (!dev)
 		return DG_ERR_INVALID_ARG;
-	dg_status st = typed_spec_ok(dev, op, spec, c);
-	return st ? st : dg__op_run(dev, spec, c);
+	dg__op_call c = dg__op_call_from_args(op, args);
+	const dg__op_call *cp = args ? &c : NULL;
+	dg_status st = typed_spec_ok(dev, op, spec, cp);
+	return st ? st : dg__op_run(dev, spec, cp);
 }
 
 dg_status dg__op_typed_workspace(dg_device *dev, dg_op op, const dg_spec *spec,
-				 const dg__op_call *c, size_t *bytes)
+				 const void *args, size_t *bytes)
 {
 	if (!dev)
 		return DG_ERR_INVALID_ARG;
@@ -153,6 +144,18 @@ dg_status dg__op_typed_workspace(dg_device *dev, dg_op op, const dg_spec *spec,
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s_workspace: bytes is NULL",
 				    fn_names[op]);
 	*bytes = 0;
-	dg_status st = typed_spec_ok(dev, op, spec, c);
-	return st ? st : dg__op_workspace(dev, spec, c, bytes);
+	dg__op_call c = dg__op_call_from_args(op, args);
+	const dg__op_call *cp = args ? &c : NULL;
+	dg_status st = typed_spec_ok(dev, op, spec, cp);
+	return st ? st : dg__op_workspace(dev, spec, cp, bytes);
+}
+
+dg_status dg__op_typed_check(dg_op op, const dg_spec *spec, const void *args, char *msg,
+			     size_t msg_size)
+{
+	dg__op_call c = dg__op_call_from_args(op, args);
+	const dg__op_call *cp = args ? &c : NULL;
+	if (checks[op])
+		return checks[op](spec, cp, msg, msg_size);
+	return dg__op_check(spec, op, fn_names[op], cp, NULL, msg, msg_size);
 }

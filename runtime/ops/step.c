@@ -5,8 +5,6 @@
  * back), all from templates/step.lua. Nothing here allocates, frees or
  * synchronizes.
  */
-#include <string.h>
-
 #include "runtime/ops/ops_int.h"
 
 /* Any of the three: the op's tensors in the table's order, then add_mask's
@@ -55,49 +53,13 @@ static dg_status step_prep(dg_prepared *p, const char *entry)
 	return DG_OK;
 }
 
-/* ---- add_mask: dxs (in and out), other, xs ---------------------------------------- */
-
-static dg__op_call add_mask_call(const dg_add_mask_args *a)
-{
-	return a ? dg__op_call_of(a->dxs, a->other, a->xs, NULL)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
-dg__op_call dg__call_add_mask(const void *args)
-{
-	return add_mask_call(args);
-}
+/* ---- the entries: add_mask (dxs in and out, other, xs), add3 (a, b, c, out),
+ * transpose (in, out) ------------------------------------------------------------- */
 
 dg_status dg__prep_add_mask(dg_prepared *p, const dg__op_call *c)
 {
 	(void)c;
 	return step_prep(p, "dg_add_mask");
-}
-
-dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,
-			    size_t msg_size)
-{
-	dg__op_call c = add_mask_call(a);
-	return dg__op_check(spec, DG_OP_ADD_MASK, "dg_add_mask", a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg_status dg_add_mask(dg_device *dev, const dg_spec *spec, const dg_add_mask_args *a)
-{
-	dg__op_call c = add_mask_call(a);
-	return dg__op_typed_run(dev, DG_OP_ADD_MASK, spec, a ? &c : NULL);
-}
-
-/* ---- add3: a, b, c, out ---------------------------------------------------------- */
-
-static dg__op_call add3_call(const dg_add3_args *a)
-{
-	return a ? dg__op_call_of(a->a, a->b, a->c, a->out)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
-dg__op_call dg__call_add3(const void *args)
-{
-	return add3_call(args);
 }
 
 dg_status dg__prep_add3(dg_prepared *p, const dg__op_call *c)
@@ -106,46 +68,8 @@ dg_status dg__prep_add3(dg_prepared *p, const dg__op_call *c)
 	return step_prep(p, "dg_add3");
 }
 
-dg_status dg_add3_check(const dg_spec *spec, const dg_add3_args *a, char *msg, size_t msg_size)
-{
-	dg__op_call c = add3_call(a);
-	return dg__op_check(spec, DG_OP_ADD3, "dg_add3", a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg_status dg_add3(dg_device *dev, const dg_spec *spec, const dg_add3_args *a)
-{
-	dg__op_call c = add3_call(a);
-	return dg__op_typed_run(dev, DG_OP_ADD3, spec, a ? &c : NULL);
-}
-
-/* ---- transpose: in, out ------------------------------------------------------------ */
-
-static dg__op_call transpose_call(const dg_transpose_args *a)
-{
-	return a ? dg__op_call_of(a->in, a->out, NULL, NULL)
-		 : dg__op_call_of(NULL, NULL, NULL, NULL);
-}
-
-dg__op_call dg__call_transpose(const void *args)
-{
-	return transpose_call(args);
-}
-
 dg_status dg__prep_transpose(dg_prepared *p, const dg__op_call *c)
 {
 	(void)c;
 	return step_prep(p, "dg_transpose");
-}
-
-dg_status dg_transpose_check(const dg_spec *spec, const dg_transpose_args *a, char *msg,
-			     size_t msg_size)
-{
-	dg__op_call c = transpose_call(a);
-	return dg__op_check(spec, DG_OP_TRANSPOSE, "dg_transpose", a ? &c : NULL, NULL, msg, msg_size);
-}
-
-dg_status dg_transpose(dg_device *dev, const dg_spec *spec, const dg_transpose_args *a)
-{
-	dg__op_call c = transpose_call(a);
-	return dg__op_typed_run(dev, DG_OP_TRANSPOSE, spec, a ? &c : NULL);
 }
