@@ -268,6 +268,13 @@ void dg__arg_tmap(dg_prepared *p, dg__prep_launch *L, int which);
 
 /* ---- per-op entries (registry.c) -------------------------------------------- */
 
+/* The op table's entries by number (registry.c): "dg_<op>", the family's
+ * own check of op spec->op (DG_OK where the family adds none), and its
+ * launch layout (dg__prep_<name>). */
+const char *dg__op_fn_name(dg_op op);
+dg_status dg__op_own_check(const dg_spec *spec, const dg__op_call *c, char *msg, size_t msg_size);
+dg_status dg__op_prep(dg_prepared *p, const dg__op_call *c);
+
 /* Runs op spec->op with c (checked first). */
 dg_status dg__op_run(dg_device *dev, const dg_spec *spec, const dg__op_call *c);
 /* A typed op's call (dg_<op>, dg_<op>_workspace; typed.c), args its
