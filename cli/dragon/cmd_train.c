@@ -113,7 +113,11 @@ static const char help_text[] =
 	"                    another launcher (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,\n"
 	"                    MASTER_ADDR, MASTER_PORT set) each process is one rank.\n"
 	"  --json            one JSON object on stdout at the end: steps (run by this\n"
-	"                    command), step (the run's, reached), total_steps, wall_s\n\n"
+	"                    command), step (the run's, reached), total_steps, wall_s;\n"
+	"                    on a GPU also first_step_s and ready_s (seconds from\n"
+	"                    the command's start to the first step's loss, and to\n"
+	"                    the model ready) and kernels (how many were compiled,\n"
+	"                    read from the cache, loaded from bundles)\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
 	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
 	"GPUs of a known peak: H200, H100, A100) and the time left.\n\n"
@@ -457,6 +461,7 @@ static void leave(dg_train_world *w, bool failed)
 
 int dg__cli_cmd_train(int argc, char **argv)
 {
+	const double t_cmd = dg__cli_now_s(); /* the first step counts from here */
 	train_args a;
 	int code = parse(argc, argv, &a);
 	if (code)
@@ -525,6 +530,10 @@ int dg__cli_cmd_train(int argc, char **argv)
 	double t0 = dg__cli_now_s();
 	st = dg_train_run(&a.o, c, d.rank == 0 ? progress : NULL, &ps, msg, sizeof(msg));
 	double secs = dg__cli_now_s() - t0;
+	if (run_at.first_step_s > 0) { /* from the command's start: opening the device and the data too */
+		run_at.first_step_s += t0 - t_cmd;
+		run_at.ready_s += t0 - t_cmd;
+	}
 	release_stop(old);
 	if (ps.tty)
 		fputc('\n', stderr);
@@ -553,6 +562,16 @@ int dg__cli_cmd_train(int argc, char **argv)
 		cJSON_AddNumberToObject(j, "step", (double)run_at.step);
 		cJSON_AddNumberToObject(j, "total_steps", (double)total);
 		cJSON_AddNumberToObject(j, "wall_s", secs);
+		if (run_at.first_step_s > 0) {
+			cJSON_AddNumberToObject(j, "ready_s", run_at.ready_s);
+			cJSON_AddNumberToObject(j, "first_step_s", run_at.first_step_s);
+		}
+		if (dev) {
+			cJSON *k = cJSON_AddObjectToObject(j, "kernels");
+			cJSON_AddNumberToObject(k, "compiled", (double)run_at.kernels_compiled);
+			cJSON_AddNumberToObject(k, "cached", (double)run_at.kernels_cached);
+			cJSON_AddNumberToObject(k, "bundled", (double)run_at.kernels_bundled);
+		}
 		code = dg__cli_json_print(j);
 	} else {
 		char where[300];
@@ -569,8 +588,15 @@ int dg__cli_cmd_train(int argc, char **argv)
 		else if (run_at.first != 0 || run_at.step != total)
 			snprintf(span, sizeof(span), " (steps %lld-%lld of %lld)", (long long)run_at.first + 1,
 				 (long long)run_at.step, total);
-		printf("trained: %s on %s, %lld step%s of %dx%d%s, in %.1f s; log and checkpoints in %s\n",
-		       a.o.model.preset, where, done, done == 1 ? "" : "s", a.o.batch, a.o.time, span, secs,
+		char first[200] = ""; /* the GPU: what the first step waited for */
+		if (dev && run_at.first_step_s > 0)
+			snprintf(first, sizeof(first),
+				  " (the first step after %.2f s: the model ready after %.2f s, its kernels %zu "
+				 "compiled, %zu from the cache, %zu from bundles)",
+				 run_at.first_step_s, run_at.ready_s, run_at.kernels_compiled, run_at.kernels_cached,
+				 run_at.kernels_bundled);
+		printf("trained: %s on %s, %lld step%s of %dx%d%s, in %.1f s%s; log and checkpoints in %s\n",
+		       a.o.model.preset, where, done, done == 1 ? "" : "s", a.o.batch, a.o.time, span, secs, first,
 		       a.o.out_dir);
 	}
 	leave(&world, st != DG_OK && st != DG_ERR_INTERRUPTED);

@@ -114,6 +114,13 @@ typedef struct dg_train_result {
 	bool resume_refused;  /* a resume refused for a flag that differs from the
 			       * checkpoint's (dg_checkpoint_match's fields, the
 			       * corpus, B, T, the steps): a usage error */
+	/* Time to the first step, from dg_train_run's call (0 until known):
+	 * ready_s when the model is ready (the GPU: its kernels built, its
+	 * memory planned and allocated, the optimizer set up), first_step_s
+	 * when the first step's loss is read back (its log line). The GPU's
+	 * kernels by where they came from, at ready_s: */
+	double ready_s, first_step_s;
+	size_t kernels_compiled, kernels_cached, kernels_bundled;
 } dg_train_result;
 
 typedef struct dg_train_opts {

@@ -125,6 +125,7 @@ typedef struct run_ctx {
 	int32_t *idx, *tgt;
 	size_t bt;              /* tokens a step */
 	double t0, t_last;      /* the run's start; the last step's end */
+	double t_run;           /* dg_train_run's start */
 	int64_t end;            /* the step the run stops after */
 	int64_t saved;          /* the newest checkpoint's step, -1 none */
 	dg_train_progress progress;
@@ -275,6 +276,8 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 			return st;
 	}
 	const double te = now_s();
+	if (o->result && !o->result->first_step_s)
+		o->result->first_step_s = te - r->t_run;
 	dg_train_report rp = { .step = n, .steps = o->opt.steps, .train_loss = loss, .val_loss = vl,
 			       .lr = lr, .grad_norm = norm, .tokens_per_s = (double)r->bt / (te - r->t_last),
 			       .wall_s = te - r->t0, .flops_per_token = dg_model_flops_per_token(&o->model, o->time),
@@ -471,6 +474,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 {
 	if (!o || !c || !o->out_dir)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_train_run: NULL argument");
+	const double t_run = now_s(); /* the first step's times count from here */
 	if (o->result)
 		*o->result = (dg_train_result){ 0 };
 	dg_status st = check_opts(o, c, msg, msg_size);
@@ -570,10 +574,19 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		st = dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 		goto out;
 	}
+	if (o->result) {
+		o->result->ready_s = now_s() - t_run;
+		dg_device_stats ds;
+		if (o->dev && !dg_device_stats_get(o->dev, &ds)) {
+			o->result->kernels_compiled = ds.compiled;
+			o->result->kernels_cached = ds.cached;
+			o->result->kernels_bundled = ds.bundled;
+		}
+	}
 	const int64_t end = o->stop_at > 0 && o->stop_at < o->opt.steps ? o->stop_at : o->opt.steps;
 	const dg_model_config *mc = &s->weights->config;
 	run_ctx rc = { .o = o, .c = c, .s = s, .sp = &sp, .log = -1, .logp = logp, .idx = idx, .tgt = tgt,
-		       .bt = bt, .t0 = t0, .t_last = t0, .end = end, .saved = o->resume ? s->step : -1,
+		       .bt = bt, .t0 = t0, .t_run = t_run, .t_last = t0, .end = end, .saved = o->resume ? s->step : -1,
 		       .progress = progress, .user = user };
 	snprintf(rc.changed, sizeof(rc.changed), "%s", changed);
 	/* a validation a stop cut short: computed now, into its line */

@@ -1,0 +1,85 @@
+/*
+ * `dragon train` on a GPU says how long its first step waited and where
+ * the step's kernels came from: with an empty kernel cache they are
+ * compiled, the same run again reads every one from the cache; the times
+ * are ordered (the model ready before the first step's loss, both within
+ * the run's wall time). Without a GPU each test prints "skipped: no CUDA
+ * device".
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "cli_helpers.h"
+#include "dragon/dragon.h"
+
+#define SMALL "--preset", "bf16", "--layers", "1", "--embd", "64", "--heads", "2", "--neurons", \
+	      "256", "--batch", "2", "--time", "32", "--eval-every", "0", "--seed", "3",       \
+	      "--steps", "3"
+
+static bool gpu_or_skip(void)
+{
+	char why[512] = "";
+	int n = 0;
+	if (dg_device_count(&n, why, sizeof(why)) == DG_OK && n > 0)
+		return true;
+	const char *req = getenv("DRAGON_REQUIRE_GPU");
+	cr_assert(!(req && strcmp(req, "1") == 0), "DRAGON_REQUIRE_GPU=1 and no device: %s", why);
+	printf("skipped: no CUDA device (%s)\n", why);
+	return false;
+}
+
+typedef struct first_step {
+	double wall, ready, first, compiled, cached, bundled;
+} first_step;
+
+static first_step train_json(const sandbox *sb, const char *data, const char *out)
+{
+	run r;
+	gen(sb, &r, "train", SMALL, "--data", data, "--out", out, "--json", NULL);
+	cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+	cJSON *j = parse_json(r.out);
+	cr_assert(j, "not JSON: %s", r.out);
+	const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "kernels");
+	cr_assert(cJSON_IsObject(k), "no kernels: %s", r.out);
+	first_step f = { num(j, "wall_s"), num(j, "ready_s"), num(j, "first_step_s"),
+			 num(k, "compiled"), num(k, "cached"), num(k, "bundled") };
+	printf("ready %.3f s, first step %.3f s, wall %.3f s; kernels %g compiled, %g cached, %g bundled\n",
+	       f.ready, f.first, f.wall, f.compiled, f.cached, f.bundled);
+	cr_expect(f.ready > 0 && f.ready <= f.first, "ready_s %g, first_step_s %g", f.ready, f.first);
+	cJSON_Delete(j);
+	run_free(&r);
+	return f;
+}
+
+Test(cli_train_gpu, the_first_step_says_what_it_waited_for)
+{
+	if (!gpu_or_skip())
+		cr_skip_test("skipped: no CUDA device");
+	sandbox sb;
+	char data[600], out[600], out2[600];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb); /* its own, empty, kernel cache */
+	text_file(&sb, data, sizeof(data), 20000);
+	snprintf(out, sizeof(out), "%s/run", sb.root);
+	snprintf(out2, sizeof(out2), "%s/again", sb.root);
+	first_step a = train_json(&sb, data, out);
+	cr_expect(a.compiled > 0, "an empty cache: the kernels are compiled (%g)", a.compiled);
+	first_step b = train_json(&sb, data, out2);
+	cr_expect(b.compiled == 0 && b.cached >= a.compiled,
+		  "the same run again: every kernel from the cache (%g compiled, %g cached; %g the first time)",
+		  b.compiled, b.cached, a.compiled);
+	/* the line a person reads says the same */
+	run r;
+	char out3[600];
+	snprintf(out3, sizeof(out3), "%s/text", sb.root);
+	gen(&sb, &r, "train", SMALL, "--data", data, "--out", out3, NULL);
+	cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+	cr_expect(strstr(r.out, "(the first step after ") && strstr(r.out, " compiled, ") &&
+			  strstr(r.out, " from the cache, "),
+		  "%s", r.out);
+	run_free(&r);
+	sandbox_fini(&sb);
+}
