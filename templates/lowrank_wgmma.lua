@@ -490,7 +490,8 @@ if (out_absum) {
   local cp_weights = k.weight == "int8" or k.weight == "bf16"
   local put = "b_put(jj + 2, (jj + 2) % 3);"
   local put_early = cp_weights and fmt("\t\t\t\t%s\n\t\t\t\tdg_cp_commit();\n", put) or ""
-  local put_late = cp_weights and "" or fmt("\t\t\tif (jj + 2 < cnt)\n\t\t\t\t%s\t// decoded under tile jj+1's MMAs\n", put)
+  local put_late = cp_weights and "" or
+    fmt("\t\t\tif (jj + 2 < cnt)\n\t\t\t\t%s\t// decoded under tile jj+1's MMAs\n", put)
   local vars = {
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = bf and 2 * k.E or k.E // wdiv,
     ES = bf and 2 or 1, ELEM = bf and "bf16" or "one code a byte",
@@ -505,8 +506,10 @@ if (out_absum) {
     OT = FM.out_types[k.out].ctype,
     LOAD_B = load_b(k),
     PIPE = EMIT.subst(PIPE_SYNC, {
-      STEP0 = EMIT.subst(STEP_SYNC, { P = 0, ACCA = "acc0", ACCB = "acc1", PUT_EARLY = put_early, PUT_LATE = put_late }),
-      STEP1 = EMIT.subst(STEP_SYNC, { P = 1, ACCA = "acc1", ACCB = "acc0", PUT_EARLY = put_early, PUT_LATE = put_late }),
+      STEP0 = EMIT.subst(STEP_SYNC, { P = 0, ACCA = "acc0", ACCB = "acc1", PUT_EARLY = put_early,
+                                      PUT_LATE = put_late }),
+      STEP1 = EMIT.subst(STEP_SYNC, { P = 1, ACCA = "acc1", ACCB = "acc0", PUT_EARLY = put_early,
+                                      PUT_LATE = put_late }),
     }),
     EPI = epilogue(k, magic, bf),
     ABSUM = ab:text(),
