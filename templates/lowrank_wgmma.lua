@@ -19,14 +19,26 @@ BM × RB bytes) once and walks its n-tiles. The weight rows (B, BN × RB) are
 triple-buffered and the accumulators double-buffered: while tile j's
 epilogue runs, tile j+1's wgmma run on the other accumulator set, and tile
 j+2's weights are fetched (ternary / sign1: into registers, then decoded to
-s8) into the buffer tile j-1 read. One barrier a tile. Two schedules
-(PIPE, PIPE_SYNC below): the codes' waits for tile j's MMAs just before
-its epilogue, so tile j+1's stay pending into the next step; bf16's issues
-tile j+1's MMAs and tile j+2's cp.async first, runs tile j's epilogue
-under both, and waits for everything at the step's end — nothing pending
-across the loop's back edge, so ptxas keeps the MMAs asynchronous (it
-serializes the codes' schedule, ptxas info C7514), and the weights' L2
-latency hides under the epilogue's stores, twice the codes' bytes.
+s8) into the buffer tile j-1 read. One barrier a tile. One schedule
+(PIPE_SYNC below) for every operand type: a step issues tile j+1's MMAs
+and tile j+2's weight loads first, runs tile j's epilogue under both, and
+waits for everything at the step's end — nothing pending across the
+loop's back edge, so ptxas keeps the MMAs asynchronous.
+
+The codes had a schedule of their own until the bf16 one replaced it: it
+waited for tile j's MMAs (wait_group 1) just before tile j's epilogue, so
+tile j+1's group stayed pending across the loop's back edge while the
+other accumulator set was read. ptxas serializes every wgmma of such a
+kernel (info C7514: each one waits for the previous), for every
+projection spec of the integer presets (w8a8: int8 weights × int8 codes;
+bitnet: ternary weights × int8 codes) at every warpgroup tile but
+256x128, whose two accumulator sets do not fit 128 registers a thread
+(serialized for that, C7511; M.fits refuses it now). The codes now take
+the bf16 path's schedule unchanged, the packed weights (ternary, sign1)
+split into a fetch to registers before the epilogue and the decode into
+shared memory after it; the epilogue, the ABI and the grid (as many
+blocks as an SM holds × the SMs, persistent: runtime/ops/lowrank.c) are
+as before.
 
 Shared memory: RB·(BM + 3·BN) bytes, dynamic. At BDH (E = 256): codes
 80 KiB at 128x64 (two blocks an SM), bf16 160 KiB at 128x64 (one block an
@@ -82,13 +94,17 @@ end
 -- weight tile is always triple-buffered), E a multiple of 64 for codes
 -- (128 for sign1) or of 16 for bf16 (whole 32-byte K steps), L a multiple
 -- of 16 (a lane's 16 columns are stored whole), and the shared memory
--- (M.smem) within 227 KiB. t: the tile.
+-- (M.smem) within 227 KiB, and BM·BN at most 128·128: both accumulator
+-- sets are BN registers a thread, and at 512 threads (BM 256) the file
+-- gives a thread 128, which BN 128 fills by itself (ptxas spills and
+-- serializes the MMAs, info C7511 / C7512). t: the tile.
 function M.fits(k, t)
   local ops = M.operands(k)
   if not (k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and ops) then return false end
   local ediv = ops == "bf16" and 16 or (k.weight == "sign1" and 128 or 64)
   return t.wn == 1 and t.wm % 4 == 0 and t.wm <= 16 and t.bm == 16 * t.wm and (t.bn == 64 or t.bn == 128) and
-    t.stages == 2 and k.E % ediv == 0 and k.L % 16 == 0 and M.smem(k, t) <= 227 * 1024
+    t.bm * t.bn <= 128 * 128 and t.stages == 2 and k.E % ediv == 0 and k.L % 16 == 0 and
+    M.smem(k, t) <= 227 * 1024
 end
 
 local KERNEL = [[
@@ -353,80 +369,29 @@ ${DEC}
   return w:text()
 end
 
--- The pipeline over a unit's tiles (the codes' schedule): tile j's MMAs
--- stay in flight across the step boundary and are waited for (wait_group
--- 1) just before tile j's epilogue. (ptxas serializes the warpgroup MMAs
--- of this form: a group pending across the loop's back edge while other
--- accumulators are read, C7514; PIPE_SYNC below has none pending there.)
-local PIPE = [[
-	b_fetch(0);
-	b_put(0, 0);
-	if (cnt > 1)
-		b_fetch(1);
-	dg_cp_commit();
-	dg_cp_wait<0>();
-	dg_fence_async_smem();
-	__syncthreads();
-	mma(acc0, 0);
-	if (cnt > 1) {
-		b_put(1, 1);
-		dg_cp_commit();
-		dg_cp_wait<0>();
-		dg_fence_async_smem();
-		__syncthreads();
-	}
-	// Tile j: its MMAs are in flight in acc(j%2) and tile j+1's weights are
-	// in buffer (j+1)%3. Issue j+1's MMAs, finish j (epilogue), fill buffer
-	// (j+2)%3 with tile j+2's weights; one barrier a tile.
-#pragma unroll 1
-	for (int j = 0; j < cnt; j += 2) {
-${STEP0}
-		if (j + 1 >= cnt)
-			break;
-${STEP1}
-	}
-]]
-
-local STEP = [[
-		{
-			const int jj = j + ${P};
-			if (jj + 1 < cnt) {
-				mma(${ACCB}, (jj + 1) % 3);	// the next tile's MMAs run under this one's epilogue
-				dg_wg_wait<1>();
-			} else {
-				dg_wg_wait<0>();
-			}
-			dg_wg_pin(${ACCA});
-			if (jj + 2 < cnt)
-				b_fetch(jj + 2);
-			epilogue(${ACCA}, jj);
-			if (jj + 2 < cnt) {
-				// buffer (jj+2)%3 was read by tile jj-1's MMAs, which every
-				// warpgroup finished before the last barrier
-				b_put(jj + 2, (jj + 2) % 3);
-				dg_cp_commit();
-				dg_cp_wait<0>();
-				dg_fence_async_smem();
-				__syncthreads();	// tile jj+2's weights visible; every tile-jj MMA done
-			}
-		}]]
-
--- The bf16 schedule (cp.async weights): a step issues tile j+1's MMAs,
--- then the cp.async of tile j+2's weights, runs tile j's epilogue (its
--- sums complete since the last step's end) under both, and ends with
+-- The schedule (every operand type): a step issues tile j+1's MMAs, then
+-- the load of tile j+2's weights, runs tile j's epilogue (its sums
+-- complete since the last step's end) under both, and ends with
 -- wait_group 0 (tile j+1's sums), the copies' wait and one barrier. No
--- group is pending across a step, so ptxas keeps the MMAs asynchronous
--- (the codes' schedule, PIPE, leaves one pending across the loop's back
--- edge: C7514, serialized). Buffers: tile j+1's MMAs read (j+1)%3; tile
--- j+2's weights go to (j+2)%3, whose last reader, tile j-1, every
+-- group is pending across a step, so ptxas keeps the MMAs asynchronous (a
+-- group pending across the loop's back edge while the other accumulator
+-- set is read, as an earlier schedule of the codes had it, makes ptxas
+-- serialize every wgmma of the kernel: info C7514). Weights: cp.async
+-- (int8, bf16) are issued before the epilogue (PUT_EARLY); packed ones
+-- (ternary, sign1) are fetched to registers before it and decoded into
+-- shared memory after it (PUT_LATE), so the global loads' latency hides
+-- under the epilogue either way. Buffers: tile j+1's MMAs read (j+1)%3;
+-- tile j+2's weights go to (j+2)%3, whose last reader, tile j-1, every
 -- warpgroup waited for before the previous step's barrier; the barrier at
 -- a step's end makes tile j+2's weights visible to the next step's MMAs.
--- The prologue loads tiles 0 and 1 in one group and waits for tile 0's
--- sums.
+-- The prologue loads tiles 0 and 1 and waits for tile 0's sums.
 local PIPE_SYNC = [[
+	b_fetch(0);
 	b_put(0, 0);
-	if (cnt > 1)
+	if (cnt > 1) {
+		b_fetch(1);
 		b_put(1, 1);
+	}
 	dg_cp_commit();
 	dg_cp_wait<0>();
 	dg_fence_async_smem();
@@ -451,11 +416,10 @@ local STEP_SYNC = [[
 			if (jj + 1 < cnt)
 				mma(${ACCB}, (jj + 1) % 3);	// the next tile's MMAs run under this one's epilogue
 			if (jj + 2 < cnt) {
-				b_put(jj + 2, (jj + 2) % 3);	// and so do the weights after it
-				dg_cp_commit();
-			}
+				b_fetch(jj + 2);	// and so do the weights after it
+${PUT_EARLY}			}
 			epilogue(${ACCA}, jj);
-			dg_wg_wait<0>();
+${PUT_LATE}			dg_wg_wait<0>();
 			dg_wg_pin(${ACCB});
 			if (jj + 2 < cnt) {
 				dg_cp_wait<0>();
@@ -520,6 +484,14 @@ if (out_absum) {
 		atomicAdd(out_absum, sum);
 	}
 }]])
+  -- tile j+2's weights: cp.async straight to shared memory before the
+  -- epilogue (int8, bf16), or registers fetched before it and decoded
+  -- after it (ternary, sign1)
+  local cp_weights = k.weight == "int8" or k.weight == "bf16"
+  local put = "b_put(jj + 2, (jj + 2) % 3);"
+  local put_early = cp_weights and fmt("\t\t\t\t%s\n\t\t\t\tdg_cp_commit();\n", put) or ""
+  local put_late = cp_weights and "" or
+    fmt("\t\t\tif (jj + 2 < cnt)\n\t\t\t\t%s\t// decoded under tile jj+1's MMAs\n", put)
   local vars = {
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = bf and 2 * k.E or k.E // wdiv,
     ES = bf and 2 or 1, ELEM = bf and "bf16" or "one code a byte",
@@ -533,9 +505,11 @@ if (out_absum) {
     SCALES = sc:text(), SA_ROWS = sa_rows,
     OT = FM.out_types[k.out].ctype,
     LOAD_B = load_b(k),
-    PIPE = EMIT.subst(bf and PIPE_SYNC or PIPE, {
-      STEP0 = EMIT.subst(bf and STEP_SYNC or STEP, { P = 0, ACCA = "acc0", ACCB = "acc1" }),
-      STEP1 = EMIT.subst(bf and STEP_SYNC or STEP, { P = 1, ACCA = "acc1", ACCB = "acc0" }),
+    PIPE = EMIT.subst(PIPE_SYNC, {
+      STEP0 = EMIT.subst(STEP_SYNC, { P = 0, ACCA = "acc0", ACCB = "acc1", PUT_EARLY = put_early,
+                                      PUT_LATE = put_late }),
+      STEP1 = EMIT.subst(STEP_SYNC, { P = 1, ACCA = "acc1", ACCB = "acc0", PUT_EARLY = put_early,
+                                      PUT_LATE = put_late }),
     }),
     EPI = epilogue(k, magic, bf),
     ABSUM = ab:text(),

@@ -14,6 +14,9 @@
  *                tiles, runs of 1 to 5 n-tiles a block, the BDH shape
  *                (and a ragged one: L 8112, B·T 4000) on sampled rows;
  *                a shape the path refuses runs fp32;
+ *   codes        the sm_90a warpgroup path of integer codes (int8, ternary,
+ *                sign1 weights): every warpgroup tile, runs of 1 to 5
+ *                n-tiles a block, the BDH shape, bit for bit;
  *   decoder_fwd  every weight × act × out, heads 1 and 3, SIMT and tensor-
  *                core tiles, in a workspace the op sizes (_workspace); the
  *                BDH shape (sampled rows); a missing or short workspace is
@@ -245,9 +248,11 @@ Test(gpu_lowrank, explicit_tiles)
 #define BDH_T 2048
 #define SAMPLE_ROWS 8
 
-static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
+static void expect_path(const dg_spec *s, const char *path);
+
+/* wg: the sm_90a warpgroup path (dev an sm_90), else the default tile's. */
+static void lowrank_bdh_on(dg_device *dev, dg_fmt weight, dg_fmt act, dg_op op, bool wg)
 {
-	dg_device *dev = gh_open();
 	dg_spec s;
 	dg_spec_init(&s, op);
 	s.weight = weight;
@@ -255,6 +260,11 @@ static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
 	s.relu = true;
 	s.relu_thr = 0.0f;
 	s.out = act == DG_FMT_UINT8POS ? DG_FMT_UINT8POS : DG_FMT_INT8;
+	if (wg) {
+		s.arch = 90;
+		s.arch_specific = true;
+		expect_path(&s, "wgmma");
+	}
 	cr_assert_eq(dg_spec_validate(&s, NULL, 0), DG_OK);
 	const int H = s.heads, E = s.embd, L = s.latent, B = BDH_B, T = BDH_T;
 	size_t nx = (size_t)B * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
@@ -326,6 +336,11 @@ static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
 	free(xh);
 	free(wh);
 	gh_close(dev);
+}
+
+static void lowrank_bdh(dg_fmt weight, dg_fmt act, dg_op op)
+{
+	lowrank_bdh_on(gh_open(), weight, act, op, false);
 }
 
 Test(gpu_bdh, lowrank_int8_int8) { lowrank_bdh(DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD); }
@@ -521,6 +536,97 @@ static void bdh_bf16(int Hin, int L, int B, int T)
 Test(gpu_bdh, lowrank_bf16_bf16) { bdh_bf16(1, 8192, 2, 2048); }
 Test(gpu_bdh, lowrank_bf16_bf16_in_heads) { bdh_bf16(4, 8192, 2, 2048); }
 Test(gpu_bdh, lowrank_bf16_bf16_ragged) { bdh_bf16(1, 8112, 1, 4000); }
+
+/* ---- integer codes on the sm_90a warpgroup path -----------------------------
+ * The codes' wgmma kernels (templates/lowrank_wgmma.lua: the pipeline of
+ * MMAs, weight loads and epilogue over a block's run of n-tiles), bit for
+ * bit against the reference: every warpgroup tile at E 256 (int8 and
+ * ternary weights by cp.async and by the register decode, sign1 × uint8pos),
+ * runs of 1 to 5 n-tiles a block, and the BDH shape. */
+static dg_spec codes_spec(dg_fmt weight, dg_fmt act, int H, int Hin, int E, int L)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	s.heads = H;
+	s.in_heads = Hin;
+	s.embd = E;
+	s.latent = L;
+	s.weight = weight;
+	s.act = act;
+	s.out = DG_FMT_BF16;
+	s.relu = true;
+	s.relu_thr = 0.0f;
+	s.arch = 90;
+	s.arch_specific = true;
+	return s;
+}
+
+static const dg_fmt CODE_W[3] = { DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
+static const dg_fmt CODE_A[3] = { DG_FMT_INT8, DG_FMT_INT8, DG_FMT_UINT8POS };
+
+/* The warpgroup tiles: the default, one warpgroup, four, n128; every out
+ * format once across them. */
+Test(gpu_lowrank_codes, tiles)
+{
+	static const dg_tile tiles[] = {
+		{ 128, 64, 64, 8, 1, 2, 0 },
+		{ 64, 64, 64, 4, 1, 2, 0 },
+		{ 256, 64, 64, 16, 1, 2, 0 },
+		{ 128, 128, 64, 8, 1, 2, 0 },
+		{ 64, 128, 64, 4, 1, 2, 0 },
+	};
+	dg_device *dev = open_sm90();
+
+	gh_seed(9393);
+	for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
+		for (int f = 0; f < 3; f++)
+			for (int hin = 0; hin < 2; hin++) {
+				dg_spec s = codes_spec(CODE_W[f], CODE_A[f], 2, hin ? 2 : 1, 256, 208);
+				s.tile = tiles[i];
+				s.out = O_FMTS[(i + (size_t)f + (size_t)hin) % 4];
+				if (dg_spec_validate(&s, NULL, 0) != DG_OK)
+					continue; /* a combination the spec rules refuse */
+				expect_path(&s, "wgmma");
+				run_lowrank(dev, &s, 2, 127);
+				run_lowrank(dev, &s, 3, 1);
+				run_lowrank(dev, &s, 1, 300);
+			}
+	gh_close(dev);
+}
+
+/* Runs of 1, 2, 3 and 5 n-tiles a block (L 128 .. 640 at B·T 4096, H 4:
+ * 128 (head, m-tile) rows, two blocks an SM of the 132 of an H200 split
+ * each into two runs; the prologue alone, even and odd counts, the
+ * buffers' rotation). */
+Test(gpu_lowrank_codes, pipeline_depths)
+{
+	static const int Ls[] = { 128, 256, 384, 640 };
+	dg_device *dev = open_sm90();
+
+	gh_seed(9494);
+	for (size_t i = 0; i < sizeof(Ls) / sizeof(Ls[0]); i++)
+		for (int f = 0; f < 3; f++)
+			for (int hin = 0; hin < 2; hin++) {
+				dg_spec s = codes_spec(CODE_W[f], CODE_A[f], 4, hin ? 4 : 1, 256, Ls[i]);
+				s.out = hin ? DG_FMT_INT8 : DG_FMT_BF16;
+				expect_path(&s, "wgmma");
+				run_lowrank(dev, &s, 4, 1024);
+			}
+	gh_close(dev);
+}
+
+Test(gpu_bdh, lowrank_int8_int8_wgmma)
+{
+	lowrank_bdh_on(open_sm90(), DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
+}
+Test(gpu_bdh, lowrank_ternary_int8_wgmma)
+{
+	lowrank_bdh_on(open_sm90(), DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
+}
+Test(gpu_bdh, lowrank_sign1_uint8pos_wgmma)
+{
+	lowrank_bdh_on(open_sm90(), DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD, true);
+}
 
 /* ---- decoder_fwd ---------------------------------------------------------- */
 

@@ -7,6 +7,7 @@
  * bf16 × bf16 projections on the sm_90a warpgroup path (sm_90a cubins), or
  * fp32 where that path does not apply.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,5 +264,90 @@ Test(nvrtc_forward, lowrank_bf16_fallbacks)
 		cr_assert_not(p.needs_arch_specific, "%s", p.canonical);
 		compile_case(cg, &cases[i]);
 	}
+	dg_codegen_destroy(cg);
+}
+
+/* ---- integer codes on the sm_90a warpgroup path (templates/lowrank_wgmma.lua) --
+ * The projections of the w8a8 preset (int8 weights a channel × int8 codes a
+ * token) and of bitnet (ternary weights a tensor × int8 codes a token) as
+ * runtime/train/gpu_nodes.c builds them at 25M (encoder: in_heads 1,
+ * encoder_v: H; out the activations' bf16, relu 0), at the auto tile and
+ * every warpgroup tile the tuner offers that the path takes; sign1 and
+ * other outputs once. Each plans "wgmma", names the integer wgmma and
+ * compiles for sm_90a; where NVRTC prints ptxas's -v log, ptxas must keep
+ * the MMAs asynchronous: no "wgmma.mma_async instructions are serialized"
+ * (C7511 .. C7514), and no spills for the presets' specs (sign1's decode
+ * spills a few bytes at 128 registers). 256x128 (BN registers of
+ * accumulators at 512 threads) plans another path. */
+static void compile_wgmma_codes(dg_codegen *cg, const char *text, bool no_spills)
+{
+	dg_spec s;
+	dg_plan p;
+	dg_source *src = NULL;
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+
+	spec_of(text, &s);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma", "%s: plan %s", text, p.canonical);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	char inst[64];
+	snprintf(inst, sizeof(inst), "wgmma.mma_async.sync.aligned.m64n%dk32.s32.", p.spec.tile.bn);
+	cr_assert(strstr(src->text, inst), "%s: no %s", p.canonical, inst);
+	cr_assert_eq(src->block_threads[0], p.spec.tile.bm / 64 * 128, "%s", p.canonical);
+	cr_assert_eq(src->dyn_smem[0], s.embd * (p.spec.tile.bm + 3 * p.spec.tile.bn), "%s", p.canonical);
+	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
+	cr_assert_lt(t.n_opts, DG__NVRTC_MAX_OPTS);
+	snprintf(t.opts[t.n_opts++], sizeof(t.opts[0]), "--ptxas-options=-v");
+	dg_status st = dg__nvrtc_compile(src, &t, &res, err, sizeof(err));
+	cr_assert_eq(st, DG_OK, "%s: %s", p.canonical, err);
+	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not a cubin", text);
+	if (res.log && strstr(res.log, "ptxas")) {
+		cr_assert(!strstr(res.log, "serialized"), "%s: ptxas serializes the MMAs:\n%s", p.canonical,
+			  res.log);
+		cr_assert(!no_spills || strstr(res.log, " 0 bytes spill stores, 0 bytes spill loads"),
+			  "%s: spills:\n%s", p.canonical, res.log);
+	} else {
+		/* an NVRTC that keeps ptxas's -v to itself (an empty log) */
+		printf("note: %s: this NVRTC prints no ptxas log; serialization not checked\n", p.canonical);
+	}
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+#define W8A8 "op=lowrank_fwd;weight=int8;act=int8;wscale=channel;ascale=token;arch=sm_90a;out=bf16;relu=0;"
+#define BITNET "op=lowrank_fwd;weight=ternary;act=int8;ascale=token;arch=sm_90a;out=bf16;relu=0;"
+
+Test(nvrtc_forward, lowrank_codes_wgmma)
+{
+	static const char *const tiles[] = { "", "tile=64x64x64/4x1/2;", "tile=64x128x64/4x1/2;",
+					     "tile=128x128x64/8x1/2;", "tile=256x64x64/16x1/2;" };
+	static const char *const others[] = {
+		"op=lowrank_fwd;weight=sign1;act=uint8pos;arch=sm_90a;" BDH "out=uint8pos;relu=0",
+		"op=lowrank_fwd;weight=int8;act=int8;arch=sm_90a;" BDH "in_heads=4;out=int8;relu=0.25",
+		"op=lowrank_fwd;weight=ternary;act=uint8pos;arch=sm_90a;" BDH "out=f32",
+		"op=lowrank_fwd;weight=sign1;act=int8;arch=sm_90a;heads=3;embd=128;latent=208;out=bf16;relu=0;"
+		"tile=128x128x64/8x1/2",
+	};
+	char text[512];
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	for (int preset = 0; preset < 2; preset++)
+		for (int hin = 0; hin < 2; hin++)
+			for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++) {
+				snprintf(text, sizeof(text), "%s" BDH "in_heads=%d;%s", preset ? BITNET : W8A8,
+					 hin ? 4 : 1, tiles[i]);
+				text[strlen(text) - 1] = '\0'; /* the last ';' */
+				compile_wgmma_codes(cg, text, true);
+			}
+	for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++)
+		compile_wgmma_codes(cg, others[i], false);
+	/* both accumulator sets of 256x128 do not fit 128 registers a thread */
+	dg_spec s;
+	dg_plan p;
+	spec_of(W8A8 BDH "tile=256x128x64/16x1/2", &s);
+	if (dg_codegen_plan(cg, &s, &p) == DG_OK)
+		cr_assert_str_neq(p.path, "wgmma", "%s", p.canonical);
 	dg_codegen_destroy(cg);
 }
