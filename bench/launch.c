@@ -8,7 +8,11 @@
  *             in place, the launch;
  *   kernel:   dg_kernel_launch of the kernel fetched once, its parameters
  *             made by hand: the driver's launch and the geometry's checks,
- *             the floor of the two above.
+ *             the floor of the two above;
+ *   ffi:      dg_ffi_op_run, the foreign callers' one call (dragon/ffi.h:
+ *             the tensor descriptors turned into the op's call, then eager);
+ *   ffi_prepared: dg_ffi_prepared_run of the op prepared once through the
+ *             door (dg_ffi_op_prepare): what the PyTorch ops launch.
  *
  * Each way launches --batch calls back to back (fewer than the driver's
  * queue holds, so the host never waits for the GPU), timed on the host,
@@ -52,15 +56,16 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-enum way { EAGER, PREPARED, KERNEL, N_WAYS };
-static const char *const way_name[N_WAYS] = { "eager", "prepared", "kernel" };
+enum way { EAGER, PREPARED, KERNEL, FFI, FFI_PREPARED, N_WAYS };
+static const char *const way_name[N_WAYS] = { "eager", "prepared", "kernel", "ffi", "ffi_prepared" };
 
 typedef struct setup {
 	dg_device *dev;
 	dg_spec spec;
 	dg_tensor x, w, out;
 	dg_lowrank_fwd_args args;
-	dg_prepared *prep;
+	dg_prepared *prep, *ffi_prep;
+	dg_ffi_tensor ft[3];
 	dg_kernel *k;
 	dg_launch l;
 	dg_dptr xp, wp, op, zero;
@@ -74,6 +79,10 @@ static dg_status launch_once(setup *s, enum way way)
 		return dg_lowrank_fwd(s->dev, &s->spec, &s->args);
 	case PREPARED:
 		return dg_prepared_launch(s->prep, &s->args);
+	case FFI:
+		return dg_ffi_op_run(s->dev, &s->spec, s->ft, 3, NULL);
+	case FFI_PREPARED:
+		return dg_ffi_prepared_run(s->ffi_prep, s->ft, 3, NULL, NULL, 0);
 	default: {
 		void *a[] = { &s->xp, &s->wp, &s->zero, &s->zero, &s->op, &s->zero, &s->zero,
 			      &s->B, &s->T };
@@ -129,7 +138,14 @@ int main(int argc, char **argv)
 	s.w = dg_tensor_3d("w", DG_FMT_BF16, s.wp, H, L, E);
 	s.out = dg_tensor_4d("out", DG_FMT_BF16, s.op, 1, H, 1, L);
 	s.args = (dg_lowrank_fwd_args){ .x = &s.x, .w = &s.w, .out = &s.out };
+	s.ft[0] = (dg_ffi_tensor){ .name = "x", .fmt = DG_FMT_BF16, .ndim = 4, .shape = { 1, 1, 1, E },
+				   .data = s.xp };
+	s.ft[1] = (dg_ffi_tensor){ .name = "w", .fmt = DG_FMT_BF16, .ndim = 3, .shape = { H, L, E },
+				   .data = s.wp };
+	s.ft[2] = (dg_ffi_tensor){ .name = "out", .fmt = DG_FMT_BF16, .ndim = 4, .shape = { 1, H, 1, L },
+				   .data = s.op };
 	if ((st = dg_prepare(s.dev, &s.spec, &s.args, &s.prep)) ||
+	    (st = dg_ffi_op_prepare(s.dev, &s.spec, s.ft, 3, NULL, &s.ffi_prep, NULL, 0)) ||
 	    (st = dg_kernel_get(s.dev, &s.spec, "dg_lowrank_fwd", &s.k))) {
 		fprintf(stderr, "launch: %s\n", dg_device_errmsg(s.dev));
 		return 1;
@@ -172,9 +188,10 @@ int main(int argc, char **argv)
 	for (int w = 0; w < N_WAYS; w++)
 		cJSON_AddNumberToObject(rows, way_name[w], per[w]);
 	cJSON_AddNumberToObject(doc, "eager_over_prepared", per[EAGER] / per[PREPARED]);
+	cJSON_AddNumberToObject(doc, "ffi_over_ffi_prepared", per[FFI] / per[FFI_PREPARED]);
 	char *text = cJSON_Print(doc);
-	printf("launch: host µs a launch: eager %.2f, prepared %.2f, kernel %.2f\n%s\n", per[EAGER],
-	       per[PREPARED], per[KERNEL], text ? text : "");
+	printf("launch: host µs a launch: eager %.2f, prepared %.2f, kernel %.2f, ffi %.2f, ffi_prepared %.2f\n%s\n",
+	       per[EAGER], per[PREPARED], per[KERNEL], per[FFI], per[FFI_PREPARED], text ? text : "");
 	if (out_path && text) {
 		FILE *f = fopen(out_path, "w");
 		if (!f || fputs(text, f) == EOF || fclose(f)) {
@@ -185,6 +202,7 @@ int main(int argc, char **argv)
 	free(text);
 	cJSON_Delete(doc);
 	dg_prepared_destroy(s.prep);
+	dg_prepared_destroy(s.ffi_prep);
 	dg_free(s.dev, s.op);
 	dg_free(s.dev, s.wp);
 	dg_free(s.dev, s.xp);

@@ -224,25 +224,6 @@ dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n, c
 	return st ? st : dg__op_check_call(s, &c, msg, msg_size);
 }
 
-dg_status dg_ffi_op_workspace(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
-			      const dg_ffi_opts *o, uint64_t *bytes)
-{
-	if (!dev || !bytes)
-		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_ffi_op_workspace: NULL argument")
-			   : DG_ERR_INVALID_ARG;
-	*bytes = 0;
-	dg_tensor ts[DG_OP_MAX_ARGS];
-	dg__op_call c;
-	char msg[512];
-	dg_status st = call_of(s, t, n, o, ts, &c, msg, sizeof(msg));
-	if (st)
-		return dg__dev_fail(dev, st, "%s", msg);
-	size_t b = 0;
-	st = dg__op_workspace(dev, s, &c, &b);
-	*bytes = b;
-	return st;
-}
-
 dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
 			const dg_ffi_opts *o)
 {
@@ -253,6 +234,56 @@ dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t
 	char msg[512];
 	dg_status st = call_of(s, t, n, o, ts, &c, msg, sizeof(msg));
 	return st ? dg__dev_fail(dev, st, "%s", msg) : dg__op_run(dev, s, &c);
+}
+
+/* A failure: its message m on dev (when there is one) and into msg. */
+static dg_status fail_both(dg_device *dev, dg_status st, const char *m, char *msg, size_t msg_size)
+{
+	if (dev)
+		dg__dev_fail_msg(dev, st, m);
+	return dg__msgf(st, msg, msg_size, "%s", m);
+}
+
+dg_status dg_ffi_op_prepare(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+			    const dg_ffi_opts *o, dg_prepared **out, char *msg, size_t msg_size)
+{
+	char m[512];
+	if (out)
+		*out = NULL;
+	if (!dev || !s || !out) {
+		snprintf(m, sizeof(m), "dg_ffi_op_prepare: %s is NULL", !dev ? "dev" : !s ? "spec" : "out");
+		return fail_both(dev, DG_ERR_INVALID_ARG, m, msg, msg_size);
+	}
+	dg_tensor ts[DG_OP_MAX_ARGS];
+	dg__op_call c;
+	dg_status st = call_of(s, t, n, o, ts, &c, m, sizeof(m));
+	if (st)
+		return fail_both(dev, st, m, msg, msg_size);
+	dg_prepared *p = malloc(sizeof(*p));
+	if (!p)
+		return fail_both(dev, DG_ERR_NOMEM, "dg_ffi_op_prepare: out of memory", msg, msg_size);
+	if ((st = dg__prepare(dev, s, &c, p))) {
+		free(p);
+		return dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(dev));
+	}
+	p->heap = true; /* dg_prepared_destroy frees it */
+	*out = p;
+	return DG_OK;
+}
+
+dg_status dg_ffi_prepared_run(const dg_prepared *p, const dg_ffi_tensor *t, int32_t n, const dg_ffi_opts *o,
+			      char *msg, size_t msg_size)
+{
+	char m[512];
+	if (!p)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_prepared_run: the prepared op is NULL");
+	dg_tensor ts[DG_OP_MAX_ARGS];
+	dg__op_call c;
+	dg_status st = call_of(&p->spec, t, n, o, ts, &c, m, sizeof(m));
+	if (st)
+		return fail_both(p->dev, st, m, msg, msg_size);
+	st = dg__prepared_launch(p, &c);
+	return st ? dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(p->dev)) : DG_OK;
 }
 
 /* ---- the model ------------------------------------------------------------------ */

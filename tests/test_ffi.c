@@ -19,7 +19,13 @@
  *     dg_model_step's loss and gradients, and after the masters are
  *     changed on the device, the run equals a model made from the changed
  *     weights (the execution copies remade: w8a8, bitnet and bf16); an op
- *     through the door equals the typed op.
+ *     through the door equals the typed op;
+ *   - prepared ops through the door: a prepare refuses a NULL argument, a
+ *     bad spec, a wrong count or shape by name without a device, and a
+ *     right call is the device's failure there (a NULL handle's run is
+ *     refused too); on a GPU a prepared op launched twice equals the typed
+ *     op each time and refuses a launch of another shape, count, pointer
+ *     or workspace by name.
  */
 #include <math.h>
 #include <stdio.h>
@@ -546,8 +552,10 @@ Test(ffi, gpu_op_is_the_typed_op)
 		{ .name = "codes", .fmt = DG_FMT_INT8, .ndim = 4, .shape = { 1, 1, rows, cols }, .data = c1,
 		  .scale = s1 },
 	};
-	uint64_t ws = 1;
-	cr_assert_eq(dg_ffi_op_workspace(dev, s, a, 2, NULL, &ws), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_prepared *p = NULL;
+	cr_assert_eq(dg_ffi_op_prepare(dev, s, a, 2, NULL, &p, msg, sizeof(msg)), DG_OK, "%s", msg);
+	size_t ws = dg_prepared_workspace(p);
+	dg_prepared_destroy(p);
 	dg_workspace w = gh_workspace(dev, ws);
 	dg_ffi_opts o = { .ws = w.ptr, .ws_bytes = w.bytes };
 	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_OK, "%s", dg_device_errmsg(dev));
@@ -567,6 +575,140 @@ Test(ffi, gpu_op_is_the_typed_op)
 	a[1].shape[3] = 60;
 	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "codes"), "%s", dg_device_errmsg(dev));
+	dg_ffi_spec_destroy(s);
+	gh_close(dev);
+}
+
+/* ---- prepared ops ------------------------------------------------------------ */
+
+Test(ffi, prepare_refuses_bad_calls_by_name)
+{
+	char msg[512];
+	dg_ffi_tensor a[3], b[3];
+	dg_spec *s = lowrank(a);
+	dg_device *dev = NULL;
+	dg_status opened = dg_device_open(&dev, NULL); /* no GPU: the failed handle, which still checks */
+	cr_assert_not_null(dev);
+	dg_prepared *p = (dg_prepared *)(uintptr_t)1;
+
+	cr_assert_eq(dg_ffi_op_prepare(NULL, s, a, 3, NULL, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_null(p);
+	cr_assert(strstr(msg, "dev is NULL"), "%s", msg);
+	cr_assert_eq(dg_ffi_op_prepare(dev, NULL, a, 3, NULL, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "spec is NULL"), "%s", msg);
+	cr_assert_str_eq(dg_device_errmsg(dev), msg, "the message is on the device too");
+	cr_assert_eq(dg_ffi_op_prepare(dev, s, a, 3, NULL, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "out is NULL"), "%s", msg);
+
+	dg_spec bad = *s;
+	bad.op = (dg_op)DG_OP__COUNT;
+	cr_assert_eq(dg_ffi_op_prepare(dev, &bad, a, 3, NULL, &p, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert_null(p);
+	cr_assert(strstr(msg, "no such op"), "%s", msg);
+
+	cr_assert_eq(dg_ffi_op_prepare(dev, s, a, 2, NULL, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "takes 3 tensors (x, w, out), got 2"), "%s", msg);
+	cr_assert_eq(dg_ffi_op_prepare(dev, s, NULL, 3, NULL, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+
+	memcpy(b, a, sizeof(b));
+	b[1].shape[2] = 31;
+	cr_assert_eq(dg_ffi_op_prepare(dev, s, b, 3, NULL, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_null(p);
+	cr_assert(strstr(msg, "w") && strstr(msg, "31"), "%s", msg);
+	cr_assert_str_eq(dg_device_errmsg(dev), msg);
+	memcpy(b, a, sizeof(b));
+	b[0].fmt = 99;
+	cr_assert_eq(dg_ffi_op_prepare(dev, s, b, 3, NULL, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "format 99"), "%s", msg);
+	memcpy(b, a, sizeof(b));
+	b[2].stride[0] = b[2].stride[1] = b[2].stride[2] = b[2].stride[3] = 1;
+	cr_assert_eq(dg_ffi_op_prepare(dev, s, b, 3, NULL, &p, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "out") && strstr(msg, "contiguous"), "%s", msg);
+
+	/* a right call: the device's own failure without one (the checks passed) */
+	msg[0] = '\0';
+	dg_status st = dg_ffi_op_prepare(dev, s, a, 3, NULL, &p, msg, sizeof(msg));
+	if (opened) {
+		cr_assert_eq(st, opened, "%s", msg);
+		cr_assert_null(p);
+		cr_assert_gt(strlen(msg), 0);
+	} else {
+		cr_assert_eq(st, DG_OK, "%s", msg);
+		cr_assert_not_null(p);
+	}
+	dg_prepared_destroy(p);
+
+	cr_assert_eq(dg_ffi_prepared_run(NULL, a, 3, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "NULL"), "%s", msg);
+	cr_assert_eq(dg_ffi_prepared_run(NULL, a, 3, NULL, NULL, 0), DG_ERR_INVALID_ARG, "no message buffer");
+	cr_assert_eq(dg_prepared_workspace(NULL), 0);
+	dg_prepared_destroy(NULL);
+	dg_device_close(dev);
+	dg_ffi_spec_destroy(s);
+}
+
+/* quantize_act prepared once through the door, launched twice into other
+ * buffers: the typed op's codes and scales each time; a launch of another
+ * shape, count, pointer or too small a workspace refused by name. */
+Test(ffi, gpu_prepared_op_launches_and_refuses_mismatches)
+{
+	dg_device *dev = gh_open();
+	char msg[512];
+	dg_spec *s;
+	cr_assert_eq(dg_ffi_spec_parse("op=quantize_act;src=f32;act=int8;ascale=token", &s, msg, sizeof(msg)), DG_OK,
+		     "%s", msg);
+	const int rows = 6, cols = 64;
+	float x[6 * 64];
+	for (int i = 0; i < rows * cols; i++)
+		x[i] = cosf((float)i * 0.29f) * (float)(i % 5 + 1);
+	dg_dptr dx = gh_upload(dev, x, sizeof(x));
+	dg_dptr cref = gh_alloc(dev, rows * cols), sref = gh_alloc(dev, rows * 4);
+	dg_ffi_tensor a[2] = {
+		{ .name = "x", .fmt = DG_FMT_F32, .ndim = 4, .shape = { 1, 1, rows, cols }, .data = dx },
+		{ .name = "codes", .fmt = DG_FMT_INT8, .ndim = 4, .shape = { 1, 1, rows, cols }, .data = cref,
+		  .scale = sref },
+	};
+	dg_prepared *p = NULL;
+	cr_assert_eq(dg_ffi_op_prepare(dev, s, a, 2, NULL, &p, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_workspace w = gh_workspace(dev, dg_prepared_workspace(p));
+	dg_tensor tx = dg_tensor_4d("x", DG_FMT_F32, dx, 1, 1, rows, cols);
+	dg_tensor tc = dg_tensor_4d("codes", DG_FMT_INT8, cref, 1, 1, rows, cols);
+	tc.scale = sref;
+	dg_quantize_act_args qa = { .x = &tx, .codes = &tc, .ws = w };
+	cr_assert_eq(dg_quantize_act(dev, s, &qa), DG_OK, "%s", dg_device_errmsg(dev));
+	int8_t want_c[6 * 64], got_c[6 * 64];
+	float want_s[6], got_s[6];
+	gh_download(dev, want_c, cref, sizeof(want_c));
+	gh_download(dev, want_s, sref, sizeof(want_s));
+	dg_ffi_opts o = { .ws = w.ptr, .ws_bytes = w.bytes };
+	for (int k = 0; k < 2; k++) {
+		dg_dptr c = gh_alloc(dev, rows * cols), sc = gh_alloc(dev, rows * 4);
+		a[1].data = c;
+		a[1].scale = sc;
+		cr_assert_eq(dg_ffi_prepared_run(p, a, 2, &o, msg, sizeof(msg)), DG_OK, "launch %d: %s", k, msg);
+		gh_download(dev, got_c, c, sizeof(got_c));
+		gh_download(dev, got_s, sc, sizeof(got_s));
+		gh_expect_bytes("codes", got_c, want_c, sizeof(got_c));
+		gh_expect_bytes("scales", got_s, want_s, sizeof(got_s));
+	}
+	dg_ffi_tensor b[2];
+	memcpy(b, a, sizeof(b));
+	b[1].shape[3] = 60;
+	cr_assert_eq(dg_ffi_prepared_run(p, b, 2, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "codes") && strstr(msg, "prepared for"), "%s", msg);
+	cr_assert_str_eq(dg_device_errmsg(dev), msg);
+	cr_assert_eq(dg_ffi_prepared_run(p, a, 1, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "takes 2 tensors"), "%s", msg);
+	memcpy(b, a, sizeof(b));
+	b[0].data = 0;
+	cr_assert_eq(dg_ffi_prepared_run(p, b, 2, &o, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "x: data pointer"), "%s", msg);
+	if (w.bytes) {
+		dg_ffi_opts small = { .ws = w.ptr, .ws_bytes = w.bytes - 1 };
+		cr_assert_eq(dg_ffi_prepared_run(p, a, 2, &small, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+		cr_assert(strstr(msg, "ws"), "%s", msg);
+	}
+	dg_prepared_destroy(p);
 	dg_ffi_spec_destroy(s);
 	gh_close(dev);
 }

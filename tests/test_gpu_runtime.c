@@ -709,3 +709,95 @@ Test(gpu_ops, quantize_act_workspace_is_checked)
 	free(ff);
 	gh_close(dev);
 }
+
+/* ---- thread records: with or without a device --------------------------- */
+
+struct rec_arg {
+	dg_device *dev;
+	pthread_barrier_t *made, *go;
+	bool failed_ok; /* a failed open: the thread saw its own message */
+};
+
+static void *rec_thread(void *p)
+{
+	struct rec_arg *a = p;
+	/* on an open device a record for the stream; on a failed one the
+	 * failure's message, the thread's own */
+	dg_status st = dg_device_set_stream(a->dev, NULL);
+	a->failed_ok = st == DG_OK || dg_device_errmsg(a->dev)[0] != '\0';
+	pthread_barrier_wait(a->made);
+	pthread_barrier_wait(a->go);
+	return NULL;
+}
+
+/* Short-lived threads (the model's sizing starts one a node) leave no
+ * record behind: a device's records are those of its living threads. */
+Test(gpu_runtime, thread_records_end_with_their_threads)
+{
+	enum { THREADS = 48, ROUNDS = 4 };
+	dg_device *dev = NULL;
+	(void)dg_device_open(&dev, NULL); /* no GPU: the failed handle, as good here */
+	cr_assert_not_null(dev);
+	(void)dg_device_errmsg(dev);
+	size_t base = dg__dev_thread_count(dev);
+	for (int r = 0; r < ROUNDS; r++) {
+		pthread_barrier_t made, go;
+		pthread_barrier_init(&made, NULL, THREADS + 1);
+		pthread_barrier_init(&go, NULL, THREADS + 1);
+		pthread_t th[THREADS];
+		struct rec_arg args[THREADS];
+		for (int i = 0; i < THREADS; i++) {
+			args[i] = (struct rec_arg){ .dev = dev, .made = &made, .go = &go };
+			cr_assert_eq(pthread_create(&th[i], NULL, rec_thread, &args[i]), 0);
+		}
+		pthread_barrier_wait(&made);
+		size_t living = dg__dev_thread_count(dev);
+		pthread_barrier_wait(&go);
+		for (int i = 0; i < THREADS; i++) {
+			pthread_join(th[i], NULL);
+			cr_assert(args[i].failed_ok, "thread %d: no message of its own", i);
+		}
+		pthread_barrier_destroy(&made);
+		pthread_barrier_destroy(&go);
+		cr_assert_eq(living, base + THREADS, "round %d: %zu records for %d living threads", r,
+			     living, THREADS);
+		cr_assert_eq(dg__dev_thread_count(dev), base, "round %d: %zu records after the threads ended",
+			     r, dg__dev_thread_count(dev));
+	}
+	dg_device_close(dev);
+}
+
+static void *close_under_thread(void *p)
+{
+	struct rec_arg *a = p;
+	(void)dg_device_set_stream(a->dev, NULL);
+	pthread_barrier_wait(a->made);
+	pthread_barrier_wait(a->go); /* the device closed meanwhile */
+	dg_device *again = NULL;
+	(void)dg_device_open(&again, NULL); /* its lookup frees the closed one's record */
+	(void)dg_device_errmsg(again);
+	dg_device_close(again);
+	return NULL;
+}
+
+/* A device closed while a thread that used it lives: the thread frees its
+ * record later (ASan's build checks nobody touches it twice). */
+Test(gpu_runtime, close_leaves_living_threads_their_records)
+{
+	dg_device *dev = NULL;
+	(void)dg_device_open(&dev, NULL);
+	cr_assert_not_null(dev);
+	pthread_barrier_t made, go;
+	pthread_barrier_init(&made, NULL, 2);
+	pthread_barrier_init(&go, NULL, 2);
+	struct rec_arg a = { .dev = dev, .made = &made, .go = &go };
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, close_under_thread, &a), 0);
+	pthread_barrier_wait(&made);
+	cr_assert_geq(dg__dev_thread_count(dev), 1);
+	dg_device_close(dev);
+	pthread_barrier_wait(&go);
+	pthread_join(th, NULL);
+	pthread_barrier_destroy(&made);
+	pthread_barrier_destroy(&go);
+}

@@ -4,10 +4,12 @@
  * the _check twins of every op (each wrong tensor named: test_optable.c
  * holds every op's signature against its check), and the launch info a
  * template's plan gives, carried through codegen, the JIT and the disk
- * cache.
+ * cache; a prepared op's layout past its arrays refused in the op's own
+ * state, whichever threads lay out ops at once.
  *
  * The no-device tests skip on a machine that has a GPU.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -614,4 +616,51 @@ Test(launch_info, real_templates_compile_what_they_plan)
 	}
 	dg_binary_destroy(b);
 	dg_ctx_destroy(ctx);
+}
+
+/* ---- a prepared op's layout past its arrays ------------------------------------ */
+
+struct overflow_arg {
+	dg_prepared *p;
+	int64_t v;
+};
+
+static void *overflow_layout(void *arg)
+{
+	struct overflow_arg *a = arg;
+	dg__prep_launch *L = &a->p->launch[0];
+	for (int i = 0; i < 1000; i++) {
+		dg__arg_i64(a->p, L, a->v);        /* past the end: the op's sink */
+		dg__arg_i64(a->p, NULL, a->v + 1); /* no launch: the sink too */
+		dg__arg_i64(a->p, L, a->v);
+	}
+	return NULL;
+}
+
+/* The arguments past a launch's end are refused (overflow) and written
+ * where only that op's prepare looks: ops prepared on several threads at
+ * once (the model's sizing) do not write into one another's, nor into
+ * anything shared. */
+Test(prepared_layout, past_the_end_lands_in_the_ops_own_sink)
+{
+	enum { THREADS = 8 };
+	dg_prepared *p = calloc(THREADS, sizeof(*p));
+	cr_assert_not_null(p);
+	pthread_t th[THREADS];
+	struct overflow_arg a[THREADS];
+	for (int t = 0; t < THREADS; t++) {
+		p[t].n_launch = 1;
+		p[t].launch[0].n_args = DG__PREP_ARGS; /* full */
+		a[t] = (struct overflow_arg){ &p[t], 1000 * (t + 1) };
+		cr_assert_eq(pthread_create(&th[t], NULL, overflow_layout, &a[t]), 0);
+	}
+	for (int t = 0; t < THREADS; t++)
+		pthread_join(th[t], NULL);
+	for (int t = 0; t < THREADS; t++) {
+		cr_assert(p[t].overflow, "op %d: not refused", t);
+		cr_assert_eq(p[t].launch[0].n_args, DG__PREP_ARGS, "op %d: the launch grew", t);
+		cr_assert_eq(p[t].sink.imm, 1000 * (t + 1), "op %d: its sink holds %lld", t,
+			     (long long)p[t].sink.imm);
+	}
+	free(p);
 }

@@ -12,7 +12,11 @@
  * shapes the spec gives them at a call's B, T or R, so a caller allocates
  * outputs from it), its scalars in dg_ffi_opts, the checks and messages
  * the typed ops have. Work goes to the calling thread's stream
- * (dg_device_set_stream: PyTorch's current stream, say).
+ * (dg_device_set_stream: PyTorch's current stream, say). A caller that
+ * runs an op again and again with tensors of one shape prepares it once
+ * (dg_ffi_op_prepare) and launches the handle (dg_ffi_prepared_run): the
+ * checks, the kernel lookup and the launches' layout are then done once,
+ * a launch only compares the call's tensors with the prepared ones.
  *
  * The model: dg_ffi_model is a BDH model of a preset at a batch shape, on
  * a device or (dev NULL) the CPU model. Its f32 masters and gradients are
@@ -30,6 +34,7 @@
 
 #include "export.h"
 #include "model.h"
+#include "ops.h"
 #include "runtime.h"
 #include "spec.h"
 #include "status.h"
@@ -45,8 +50,10 @@ extern "C" {
  * 4: bundles, dg_ffi_bundle_build, dg_ffi_bundle_default_specs,
  * dg_ffi_bundle_check;
  * 5: dg_ffi_spec_destroy, dg_corpus_close, in place of dg_ffi_spec_free,
- * dg_corpus_destroy). */
-#define DG_FFI_VERSION 5
+ * dg_corpus_destroy;
+ * 6: prepared ops, dg_ffi_op_prepare and dg_ffi_prepared_run, a prepared
+ * op's dg_prepared_workspace in place of dg_ffi_op_workspace). */
+#define DG_FFI_VERSION 6
 DG_API int dg_ffi_version(void);
 
 /* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
@@ -65,7 +72,7 @@ typedef struct dg_ffi_tensor {
 /* The non-tensor arguments of an op call (dragon/ops.h names what each op
  * reads; zero is every default). */
 typedef struct dg_ffi_opts {
-	uint64_t ws, ws_bytes;   /* workspace (dg_ffi_op_workspace sizes it) */
+	uint64_t ws, ws_bytes;   /* workspace (dg_prepared_workspace sizes it) */
 	uint64_t absum;          /* lowrank_fwd: += Σ|y| into this float, or 0 */
 	uint64_t bad;            /* embed_fwd, lmhead_ce: int32 flag, or 0 */
 	uint64_t grad_scale;     /* lmhead_ce: device float dlogits are scaled by, or 0 */
@@ -131,13 +138,40 @@ DG_API dg_status dg_ffi_op_args(const dg_spec *s, int64_t b, int64_t t, int64_t 
  * against the spec, one line naming the tensor on failure. */
 DG_API dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
 				 const dg_ffi_opts *o, char *msg, size_t msg_size);
-/* The workspace bytes the call needs on dev. */
-DG_API dg_status dg_ffi_op_workspace(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
-				     const dg_ffi_opts *o, uint64_t *bytes);
-/* Checks, then launches on the calling thread's stream; errors on the
- * device (dg_device_errmsg). */
+/* Checks, then launches on the calling thread's stream: a prepare and
+ * its launch in one call (dg_ffi_op_prepare's checks and messages, the
+ * kernels looked up again each call); errors on the device
+ * (dg_device_errmsg). */
 DG_API dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
 			       const dg_ffi_opts *o);
+
+/*
+ * A prepared op (dragon/ops.h's dg_prepared) from a call's tensors and
+ * options as dg_ffi_op_run takes them: the whole check (one line naming
+ * the tensor), the kernels fetched, the launches laid out, into *out.
+ * Data pointers need only pass the checks: a launch gives its own. Its
+ * workspace is dg_prepared_workspace(*out) bytes; dg_prepared_destroy
+ * frees it. It holds no device memory, and may be launched from any
+ * thread while dev is open. Failures are in msg and on dev; a call that
+ * is right but has no device to run on is the device's failure
+ * (DG_ERR_NO_DEVICE, ...), a wrong one is refused first
+ * (DG_ERR_INVALID_ARG, DG_ERR_INVALID_SPEC), device or not.
+ */
+DG_API dg_status dg_ffi_op_prepare(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+				   const dg_ffi_opts *o, dg_prepared **out, char *msg, size_t msg_size);
+/*
+ * Launches prepared op p on the calling thread's stream with this call's
+ * tensors (n of them, dg_ffi_op_args's order) and options: each tensor
+ * must have the prepared one's format and shape (contiguous), its data
+ * and scale pointers are checked, the workspace against
+ * dg_prepared_workspace, opts' splits, unpack and backward against the
+ * prepared ones; the other scalars and optional pointers are this call's.
+ * Nothing else is checked or looked up. A mismatch is DG_ERR_INVALID_ARG
+ * naming the tensor (prepare again for another shape); failures are in
+ * msg and on the device.
+ */
+DG_API dg_status dg_ffi_prepared_run(const dg_prepared *p, const dg_ffi_tensor *t, int32_t n,
+				     const dg_ffi_opts *o, char *msg, size_t msg_size);
 
 /* ---- the model ------------------------------------------------------------------ */
 

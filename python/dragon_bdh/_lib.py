@@ -24,7 +24,7 @@ import os
 import subprocess
 import threading
 
-FFI_VERSION = 5
+FFI_VERSION = 6
 MSG = 1024  # bytes of a message buffer
 
 
@@ -182,9 +182,13 @@ _PROTOS = {
                                       ctypes.POINTER(_I32), ctypes.POINTER(_I32), _STR, _SZ]),
     "dg_ffi_op_check": (ctypes.c_int, [_P, ctypes.POINTER(FfiTensor), _I32, ctypes.POINTER(FfiOpts),
                                        _STR, _SZ]),
-    "dg_ffi_op_workspace": (ctypes.c_int, [_P, _P, ctypes.POINTER(FfiTensor), _I32,
-                                           ctypes.POINTER(FfiOpts), ctypes.POINTER(_U64)]),
     "dg_ffi_op_run": (ctypes.c_int, [_P, _P, ctypes.POINTER(FfiTensor), _I32, ctypes.POINTER(FfiOpts)]),
+    "dg_ffi_op_prepare": (ctypes.c_int, [_P, _P, ctypes.POINTER(FfiTensor), _I32, ctypes.POINTER(FfiOpts),
+                                         ctypes.POINTER(_P), _STR, _SZ]),
+    "dg_ffi_prepared_run": (ctypes.c_int, [_P, ctypes.POINTER(FfiTensor), _I32, ctypes.POINTER(FfiOpts),
+                                           _STR, _SZ]),
+    "dg_prepared_workspace": (_SZ, [_P]),
+    "dg_prepared_destroy": (None, [_P]),
     "dg_ffi_model_create": (ctypes.c_int, [_P, _STR, ctypes.POINTER(FfiModelSizes), _I32, _I32, _U64,
                                            ctypes.POINTER(_P), _STR, _SZ]),
     "dg_ffi_model_destroy": (None, [_P]),

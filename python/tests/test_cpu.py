@@ -235,3 +235,149 @@ def test_the_kernels_of_a_low_bit_step_compile():
             dt.decoder(y, d, weight=weight).sum().backward()
         dt.attention(y, v).float().sum().backward()
     assert len(dt._call._compiled) >= 10
+
+
+# ---- prepared ops: the cache in front of dg_ffi_op_prepare ------------------------------
+
+QA = "op=quantize_act;src=f32;act=int8;ascale=token"
+
+
+def _qa_tensors(rows, cols=64):
+    """quantize_act's tensors on the CPU as FfiTensors (ffi_tensor takes
+    CPU tensors inside check_only), with the torch tensors they point at."""
+    from dragon_bdh.torch import _call
+
+    x = torch.randn(1, 1, rows, cols)
+    codes = torch.empty(1, 1, rows, cols, dtype=torch.int8)
+    scale = torch.empty(rows)
+    with dt.check_only():
+        ts = [_call.ffi_tensor("x", x, "f32"), _call.ffi_tensor("codes", codes, "int8", scale)]
+    return ts, (x, codes, scale)
+
+
+class _FakeDevice:
+    ordinal = 0
+    handle = None
+
+    def check(self, code):
+        assert code == 0
+
+
+def test_a_second_call_of_a_shape_only_launches(monkeypatch):
+    """The op is prepared once a shape: a second call of the same shape
+    launches the kept handle (the library's prepare and launch stood in
+    for, no GPU), another shape prepares again, clear_prepared lets go
+    of the handles and each is destroyed once."""
+    import ctypes
+
+    from dragon_bdh import _lib
+    from dragon_bdh.torch import _call
+
+    L = _lib.lib()
+    log = {"prepare": 0, "run": [], "destroy": []}
+    handles = iter(range(0x1000, 0x2000, 0x10))
+
+    def prepare(dev, spec, arr, n, opts, out, msg, size):
+        log["prepare"] += 1
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = next(handles)
+        return 0
+
+    def run(h, arr, n, opts, msg, size):
+        log["run"].append((h, arr[1].data))
+        return 0
+
+    monkeypatch.setattr(L, "dg_ffi_op_prepare", prepare)
+    monkeypatch.setattr(L, "dg_ffi_prepared_run", run)
+    monkeypatch.setattr(L, "dg_prepared_workspace", lambda h: 0)
+    monkeypatch.setattr(L, "dg_prepared_destroy", lambda h: log["destroy"].append(h))
+    monkeypatch.setattr(_call, "device", lambda tdev: _FakeDevice())
+    _call.clear_prepared()
+    before = _call.prepared_stats()
+
+    a, keep_a = _qa_tensors(6)
+    b, keep_b = _qa_tensors(6)  # the same shape, other memory
+    c, keep_c = _qa_tensors(8)
+    _call.call(QA, a, keep_a[0])
+    _call.call(QA, b, keep_b[0])
+    assert log["prepare"] == 1, "the second call of the shape prepared again"
+    assert [r[1] for r in log["run"]] == [a[1].data, b[1].data] and log["run"][0][0] == log["run"][1][0]
+    _call.call(QA, c, keep_c[0])
+    assert log["prepare"] == 2 and log["run"][2][0] != log["run"][0][0]
+    _call.call(QA, a, keep_a[0], accumulate=True)  # an option a prepare reads: another op
+    assert log["prepare"] == 3
+    st = _call.prepared_stats()
+    assert st["prepares"] - before["prepares"] == 3 and st["launches"] - before["launches"] == 4
+    assert st["kept"] == 3
+    _call.clear_prepared()
+    import gc
+
+    gc.collect()
+    assert sorted(log["destroy"]) == sorted({r[0] for r in log["run"]}), "each handle destroyed once"
+    assert _call.prepared_stats()["kept"] == 0
+
+
+def test_the_kept_prepared_ops_are_bounded(monkeypatch):
+    import ctypes
+
+    from dragon_bdh import _lib
+    from dragon_bdh.torch import _call
+
+    L = _lib.lib()
+    destroyed = []
+    handles = iter(range(0x1000, 0x9000, 0x10))
+
+    def prepare(dev, spec, arr, n, opts, out, msg, size):
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = next(handles)
+        return 0
+
+    monkeypatch.setattr(L, "dg_ffi_op_prepare", prepare)
+    monkeypatch.setattr(L, "dg_ffi_prepared_run", lambda *a: 0)
+    monkeypatch.setattr(L, "dg_prepared_workspace", lambda h: 0)
+    monkeypatch.setattr(L, "dg_prepared_destroy", destroyed.append)
+    monkeypatch.setattr(_call, "device", lambda tdev: _FakeDevice())
+    monkeypatch.setattr(_call, "PREPARED_MAX", 4)
+    _call.clear_prepared()
+    for rows in range(1, 11):
+        ts, keep = _qa_tensors(rows)
+        _call.call(QA, ts, keep[0])
+    import gc
+
+    gc.collect()
+    assert _call.prepared_stats()["kept"] == 4 and len(destroyed) == 6
+    _call.clear_prepared()
+
+
+def test_prepare_without_a_device_fails_cleanly():
+    """The library's prepare on a device that did not open: a right call
+    is the device's failure, a wrong one refused by name first; nothing
+    kept."""
+    if dragon_bdh.device_count():
+        pytest.skip("a GPU is here")
+    import ctypes
+
+    from dragon_bdh import _lib
+    from dragon_bdh.torch import _call
+
+    L = _lib.lib()
+    h = ctypes.c_void_p()
+    assert L.dg_device_open(ctypes.byref(h), None) != 0 and h
+    d = dragon_bdh.Device.__new__(dragon_bdh.Device)
+    d._h, d.ordinal = h, 0
+    try:
+        _call.clear_prepared()
+        s = _call.spec(QA)
+        ts, keep = _qa_tensors(6)
+        arr = (_lib.FfiTensor * 2)(*ts)
+        with pytest.raises(dragon_bdh.NoDevice) as e:
+            _call.prepared(s, d, ts, arr, _lib.FfiOpts(), {})
+        assert str(e.value)
+        ts[1].shape[3] = 60
+        arr = (_lib.FfiTensor * 2)(*ts)
+        with pytest.raises(dragon_bdh.InvalidArgument, match="codes"):
+            _call.prepared(s, d, ts, arr, _lib.FfiOpts(), {})
+        assert _call.prepared_stats()["kept"] == 0
+        # the door itself: a NULL handle's launch is refused with a message
+        buf = _lib.msgbuf()
+        assert L.dg_ffi_prepared_run(None, arr, 2, None, buf, _lib.MSG) != 0 and buf.value
+    finally:
+        L.dg_device_close(h)

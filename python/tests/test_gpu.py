@@ -421,3 +421,29 @@ def test_the_example_follows_dragon_train_on_the_gpu(gpu, tmp_path):
     print("example vs dragon train on the GPU: worst relative loss difference %.2e over 60 steps" % worst)
     assert worst < 1e-2
     assert got[-1]["train_loss"] < got[0]["train_loss"] - 0.5
+
+
+def test_ops_keep_their_prepared_kernels(gpu):
+    """A second call of a shape launches the op prepared at the first (no
+    new prepare), with the same results into other memory; another shape
+    prepares its own; clear_prepared lets them go and the next call
+    prepares again."""
+    dt.clear_prepared()
+    x = torch.randn(48, 256, device=gpu) * 3
+    st0 = dt.prepared_stats()
+    c1, s1 = dt.quantize_act(x, "int8", "token")
+    st1 = dt.prepared_stats()
+    c2, s2 = dt.quantize_act(x.clone(), "int8", "token")
+    st2 = dt.prepared_stats()
+    assert st1["prepares"] - st0["prepares"] == 1
+    assert st2["prepares"] == st1["prepares"], "the second call of the shape prepared again"
+    assert st2["launches"] - st1["launches"] == 1
+    assert torch.equal(c1, c2) and torch.equal(s1, s2)
+    dt.quantize_act(torch.randn(16, 256, device=gpu), "int8", "token")
+    assert dt.prepared_stats()["prepares"] == st2["prepares"] + 1
+    dt.clear_prepared()
+    assert dt.prepared_stats()["kept"] == 0
+    c3, s3 = dt.quantize_act(x, "int8", "token")
+    torch.cuda.synchronize()
+    assert dt.prepared_stats()["prepares"] == st2["prepares"] + 2
+    assert torch.equal(c1, c3) and torch.equal(s1, s3)

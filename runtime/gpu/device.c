@@ -234,8 +234,6 @@ dg_status dg_device_open(dg_device **out, const dg_device_opts *opts)
 	if (!dev)
 		return DG_ERR_NOMEM;
 	dev->ordinal = opts ? opts->ordinal : 0;
-	dev->thr_key_ok = pthread_key_create(&dev->thr_key, NULL) == 0;
-	pthread_mutex_init(&dev->thr_mu, NULL);
 	pthread_mutex_init(&dev->mu, NULL);
 	pthread_mutex_init(&dev->tune_mu, NULL);
 	pthread_cond_init(&dev->cv, NULL);
@@ -271,14 +269,11 @@ void dg_device_close(dg_device *dev)
 	free(dev->buckets);
 	free(dev->jit_cache_dir);
 	free(dev->jit_template_dir);
-	if (dev->thr_key_ok)
-		pthread_key_delete(dev->thr_key);
 	dg__dev_threads_destroy(dev);
 	dg__dev_tune_destroy(dev);
 	pthread_cond_destroy(&dev->cv);
 	pthread_mutex_destroy(&dev->tune_mu);
 	pthread_mutex_destroy(&dev->mu);
-	pthread_mutex_destroy(&dev->thr_mu);
 	free(dev);
 }
 

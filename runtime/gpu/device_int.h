@@ -16,6 +16,7 @@
 #define DG_RUNTIME_GPU_DEVICE_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -73,10 +74,14 @@ typedef struct dg__kentry {
 	dg__module *mod;
 } dg__kentry;
 
-/* A thread's state on one device: its message and its stream (kept in a
- * list so close frees the records of every thread, living or gone). */
+/* A thread's state on one device: its message and its stream. It is on
+ * two lists: the device's (under thread.c's lock; close walks it) and
+ * its thread's (that thread's alone; the thread frees its records when it
+ * exits, and those of a closed device on its next lookup). */
 typedef struct dg__thread {
-	struct dg__thread *next;
+	struct dg__thread *next, *prev; /* the device's list */
+	struct dg__thread *mine;        /* the thread's list */
+	_Atomic(struct dg_device *) dev; /* NULL once the device closed */
 	CUstream stream;  /* NULL: the device's own stream */
 	char text[DG__MSG_SIZE];
 } dg__thread;
@@ -118,12 +123,10 @@ struct dg_device {
 	bool tune_loaded;
 	struct dg_tune_db *tune_db; /* NULL: none (or it could not be made) */
 
-	/* Per-thread records (pthread key); thr_shared when the key or a
-	 * record could not be made. */
-	pthread_key_t thr_key;
-	bool thr_key_ok;
-	pthread_mutex_t thr_mu;
+	/* The records of the threads that use the device and have not
+	 * exited (thread.c); thr_shared when a record could not be made. */
 	dg__thread *threads;
+	size_t n_threads;
 	dg__thread thr_shared;
 };
 
@@ -142,7 +145,8 @@ dg__thread *dg__dev_thread(dg_device *dev);
 /* The stream the calling thread's work goes to. */
 CUstream dg__dev_stream(dg_device *dev);
 
-/* Frees every thread record (device.c, at close). */
+/* Lets go of every thread record (device.c, at close): the calling
+ * thread's are freed, the others' freed by their threads. */
 void dg__dev_threads_destroy(dg_device *dev);
 
 /* ---- kernel.c ------------------------------------------------------------- */

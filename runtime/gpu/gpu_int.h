@@ -106,6 +106,10 @@ dg_status dg__dev_fail_msg(dg_device *dev, dg_status st, const char *msg);
 /* The device's info, cached at open (dev must be open). */
 const dg_device_info *dg__dev_info(const dg_device *dev);
 
+/* How many threads hold a message record on dev now: each holds one from
+ * its first call on dev until it exits (runtime/gpu/thread.c). */
+size_t dg__dev_thread_count(dg_device *dev);
+
 /* A launch's geometry resolved for kernel k (the block and shared memory
  * it leaves 0 taken from the template) and checked against k and the
  * device's limits, the kernel opted in to its shared memory: what a

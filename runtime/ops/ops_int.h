@@ -148,6 +148,9 @@ struct dg_prepared {
 	int64_t iv[4];      /* what tmaps reads (sizes) */
 	uint16_t blob_used;
 	bool overflow;      /* a launch or argument past the arrays: refused */
+	dg__arg sink;       /* where the arguments past the end are written
+			     * (this op's own: ops are prepared on several
+			     * threads at once) */
 	bool heap;          /* made by dg_prepare (dg_prepared_destroy frees it) */
 	_Alignas(16) unsigned char blob[DG__PREP_BLOB];
 };

@@ -34,10 +34,11 @@ dg__prep_launch *dg__prep_add(dg_prepared *p, const dg_kernel *k, const dg_launc
 
 static dg__arg *next_arg(dg_prepared *p, dg__prep_launch *L, dg__arg_kind kind)
 {
-	static dg__arg sink; /* where the args past the end go; refused at prepare */
 	if (!L || L->n_args == DG__PREP_ARGS) {
+		/* refused at prepare (overflow); the write lands in p's own
+		 * sink, never in memory another thread's prepare writes */
 		p->overflow = true;
-		return &sink;
+		return &p->sink;
 	}
 	dg__arg *a = &L->args[L->n_args++];
 	memset(a, 0, sizeof(*a));

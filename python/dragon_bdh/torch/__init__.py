@@ -18,10 +18,11 @@ except ImportError as e:  # torch missing, or one that does not import
                               "(import dragon_bdh alone needs nothing)" % e, name="torch") from e
 
 from dragon_bdh.torch import _call  # noqa: E402,F401
-from dragon_bdh.torch._call import check_only  # noqa: E402
+from dragon_bdh.torch._call import check_only, clear_prepared, prepared_stats  # noqa: E402
 from dragon_bdh.torch.bdh import BDH, BDHConfig  # noqa: E402
 from dragon_bdh.torch.ops import (attention, decoder, dequantize, fake_quant_act, fake_quant_weight,  # noqa: E402
                                   pack, projection, quantize_act, quantize_weight, rope_table, unpack)
 
 __all__ = ["BDH", "BDHConfig", "attention", "decoder", "dequantize", "fake_quant_act", "fake_quant_weight", "pack",
-           "projection", "quantize_act", "quantize_weight", "rope_table", "unpack", "check_only"]
+           "projection", "quantize_act", "quantize_weight", "rope_table", "unpack", "check_only",
+           "clear_prepared", "prepared_stats"]

@@ -4,11 +4,20 @@ and contiguity by dragon (its messages), outputs and workspaces allocated
 by torch (the caching allocator, so torch.cuda.graph captures them), the
 launch on torch.cuda.current_stream().
 
+Each op is prepared once a shape (dg_ffi_op_prepare: the checks, the
+kernels fetched, the launches laid out) and kept, keyed by its spec, its
+device, its tensors' formats, shapes and strides and the options a
+prepare reads; a call of that shape again only launches the prepared op
+(dg_ffi_prepared_run compares the tensors and pointers with the prepared
+ones). At most PREPARED_MAX are kept, the least recently used let go
+first; clear_prepared() lets go of them all, prepared_stats() counts.
+
 check_only(): a context in which calls run dragon's checks instead of
 launching (CPU tensors allowed, outputs left as allocated) and ask the
 template for each spec's plan on an H200 (what the JIT asks before it
 compiles), so the wiring of every op is testable without a GPU.
 """
+import collections
 import contextlib
 import ctypes
 import threading
@@ -111,9 +120,11 @@ def ffi_tensor(name, t, fmt, scale=None, logical=None):
     f.ndim = len(shape)
     for i, e in enumerate(shape[:4]):
         f.shape[i] = e
+    strides = ()
     if not t.is_contiguous():  # dragon names it ("not contiguous")
-        for i, s in enumerate(t.stride()[:4]):
-            f.stride[i] = s * per if i == t.dim() - 1 else s
+        strides = tuple(s * per if i == t.dim() - 1 else s for i, s in enumerate(t.stride()[:4]))
+        for i, s in enumerate(strides):
+            f.stride[i] = s
     f.data = t.data_ptr()
     if scale is not None:
         if scale.dtype != torch.float32:
@@ -123,6 +134,7 @@ def ffi_tensor(name, t, fmt, scale=None, logical=None):
             raise dragon_bdh.InvalidArgument("%s's scale: on %s, the tensor on %s" % (name, scale.device, t.device),
                                          "invalid argument")
         f.scale = scale.data_ptr()
+    f._sig = (f.fmt, len(shape), shape[:4], strides, f.data != 0, scale is not None)  # the key of its prepared op
     return f
 
 
@@ -149,9 +161,98 @@ def device(tdev):
     return d
 
 
+# ---- prepared ops -------------------------------------------------------------------
+
+PREPARED_MAX = 512  # prepared ops kept (a BDH step at one shape uses a few dozen)
+
+# the dg_ffi_opts fields a prepare reads (checks, or lays out launches by):
+# by value; the optional pointers by whether they are given. The rest
+# (seed, step, elem0: the dropout's draw) are the launch's alone.
+_OPT_VALUES = ("eps", "p", "layer", "splits", "accumulate", "unpack", "backward", "decay")
+_OPT_POINTERS = ("absum", "bad", "grad_scale", "step_at", "ctl", "copy")
+
+_prepared = collections.OrderedDict()  # key -> Prepared, least recently used first
+_prepared_lock = threading.Lock()
+_counts = {"prepares": 0, "launches": 0, "let_go": 0}
+
+
+class Prepared:
+    """A dg_prepared op of one device and one shape of call; freed with
+    the object (the library's handle holds no device memory)."""
+
+    __slots__ = ("handle", "device", "ws_bytes", "_destroy")
+
+    def __init__(self, device, handle):
+        self.handle = handle
+        L = _lib.lib()
+        self.device, self._destroy = device, L.dg_prepared_destroy
+        self.ws_bytes = L.dg_prepared_workspace(handle)
+
+    def run(self, arr, n, o):
+        """Launches it on the calling thread's stream (the device's)."""
+        self.device.check(_lib.lib().dg_ffi_prepared_run(self.handle, arr, n, ctypes.byref(o), None, 0))
+
+    def __del__(self):
+        h, self.handle = self.handle, None
+        if h:
+            self._destroy(h)
+
+
+def _tensor_sig(f):
+    sig = getattr(f, "_sig", None)
+    if sig is None:  # an FfiTensor made elsewhere (an optional one left out: all 0)
+        nd = max(0, min(f.ndim, 4))
+        sig = (f.fmt, f.ndim, tuple(f.shape[:nd]), tuple(f.stride[:nd]) if any(f.stride[:nd]) else (), f.data != 0,
+               f.scale != 0)
+    return sig
+
+
+def prepared(s, d, tensors, arr, o, opts):
+    """The prepared op of spec s on Device d for a call of these tensors
+    (FfiTensor list, arr its ctypes array) and options (the dg_ffi_opts o
+    was made from): kept from an earlier call of the same shape, else
+    prepared now (dragon's checks: InvalidArgument naming the tensor)."""
+    key = (s.text, d.ordinal, tuple(_tensor_sig(f) for f in tensors),
+           tuple(opts.get(k, 0) for k in _OPT_VALUES), tuple(bool(opts.get(k)) for k in _OPT_POINTERS))
+    with _prepared_lock:
+        p = _prepared.get(key)
+        if p is not None:
+            _prepared.move_to_end(key)
+            return p
+    h = ctypes.c_void_p()
+    d.check(_lib.lib().dg_ffi_op_prepare(d.handle, s.handle, arr, len(tensors), ctypes.byref(o),
+                                         ctypes.byref(h), None, 0))
+    p = Prepared(d, h.value)
+    with _prepared_lock:
+        kept = _prepared.get(key)  # another thread prepared it meanwhile: one is kept, p freed
+        if kept is not None:
+            return kept
+        _prepared[key] = p
+        _counts["prepares"] += 1
+        while len(_prepared) > PREPARED_MAX:
+            _prepared.popitem(last=False)  # freed once no call holds it
+            _counts["let_go"] += 1
+    return p
+
+
+def clear_prepared():
+    """Lets go of every prepared op (each freed once no call holds it)."""
+    with _prepared_lock:
+        _counts["let_go"] += len(_prepared)
+        _prepared.clear()
+
+
+def prepared_stats():
+    """{"prepares": ops prepared, "launches": prepared launches, "kept":
+    prepared ops held now, "let_go": those let go (the bound, clear_prepared)}."""
+    with _prepared_lock:
+        return dict(_counts, kept=len(_prepared))
+
+
 def call(text, tensors, like, **opts):
     """Runs spec text's op on tensors (FfiTensor list in the op's order);
-    opts are dg_ffi_opts fields. A workspace is sized and allocated here
+    opts are dg_ffi_opts fields. The op is prepared at the first call of
+    a shape and launched from then on; a workspace is allocated here
     (torch) when the op asks for one."""
     s = spec(text)
     n = len(tensors)
@@ -170,12 +271,11 @@ def call(text, tensors, like, **opts):
             _compiled.add(s.text)
         return
     d = device(like.device)
-    L = _lib.lib()
-    need = ctypes.c_uint64(0)
-    d.check(L.dg_ffi_op_workspace(d.handle, s.handle, arr, n, ctypes.byref(o), ctypes.byref(need)))
+    p = prepared(s, d, tensors, arr, o, opts)
     ws = None
-    if need.value:
-        ws = torch.empty(need.value, dtype=torch.uint8, device=like.device)
-        o.ws, o.ws_bytes = ws.data_ptr(), need.value
-    d.check(L.dg_ffi_op_run(d.handle, s.handle, arr, n, ctypes.byref(o)))
+    if p.ws_bytes:
+        ws = torch.empty(p.ws_bytes, dtype=torch.uint8, device=like.device)
+        o.ws, o.ws_bytes = ws.data_ptr(), p.ws_bytes
+    p.run(arr, n, o)
+    _counts["launches"] += 1
     return ws  # the caller keeps it alive until the stream is past it (torch's allocator does)
