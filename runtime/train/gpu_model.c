@@ -83,15 +83,21 @@ static const char *lowbit_refusal(const dg_model_config *c, char *buf, size_t si
 /* The threads that prepare a model's nodes: each takes the next node and
  * prepares its ops (the first use of a kernel compiles it, or reads it
  * from the cache; threads asking for one kernel share its build), so a
- * new shape's kernels compile on every core at once. The first failure by
- * node order is the one reported. */
+ * new shape's kernels compile on every core at once. The nodes are taken
+ * the first of each kind first (kind, arg and direction: the layers'
+ * nodes of one kind share their kernels), so every distinct kernel of the
+ * step is being built before any thread waits on a build that another
+ * holds — taken in tape order, the threads piled up on the first layer's
+ * forward kernels while the backward's were not yet started. The first
+ * failure by node order is the one reported. */
 #define SIZE_THREADS_MAX 64
 
 typedef struct sizer {
 	dg_model *m;
 	size_t *needs;
+	const int *order;   /* the nodes in the order they are taken */
 	pthread_mutex_t mu;
-	int next;           /* the next node to take */
+	int next;           /* the next of order to take */
 	int failed_at;      /* the first failing node, or n_nodes */
 	dg_status st;
 	char msg[4096];
@@ -103,7 +109,9 @@ static void *size_worker(void *arg)
 	dg_model *m = z->m;
 	for (;;) {
 		pthread_mutex_lock(&z->mu);
-		int n = z->next < z->failed_at ? z->next++ : m->t.n_nodes;
+		int n = z->next < m->t.n_nodes ? z->order[z->next++] : m->t.n_nodes;
+		if (n > z->failed_at)
+			n = m->t.n_nodes; /* past a failure: nothing to report */
 		pthread_mutex_unlock(&z->mu);
 		if (n >= m->t.n_nodes)
 			return NULL;
@@ -122,13 +130,44 @@ static void *size_worker(void *arg)
 	}
 }
 
+/* Whether nodes a and b are of one kind (their ops' kernels the same). */
+static bool same_kind(const dg__tnode *a, const dg__tnode *b)
+{
+	return a->kind == b->kind && a->arg == b->arg && a->backward == b->backward;
+}
+
+/* order: the first node of each kind, in tape order, then the others. */
+static void take_order(const dg__tape *t, int *order)
+{
+	int k = 0;
+	for (int n = 0; n < t->n_nodes; n++) {
+		bool first = true;
+		for (int p = 0; p < n && first; p++)
+			first = !same_kind(&t->nodes[p], &t->nodes[n]);
+		if (first)
+			order[k++] = n;
+	}
+	for (int n = 0; n < t->n_nodes; n++) {
+		bool first = true;
+		for (int p = 0; p < n && first; p++)
+			first = !same_kind(&t->nodes[p], &t->nodes[n]);
+		if (!first)
+			order[k++] = n;
+	}
+}
+
 /* needs[n]: node n's workspace bytes. */
 static dg_status size_nodes(dg_model *m, size_t *needs)
 {
 	sizer z;
 	memset(&z, 0, sizeof(z));
+	int *order = malloc((size_t)(m->t.n_nodes > 0 ? m->t.n_nodes : 1) * sizeof(*order));
+	if (!order)
+		return dg__dev_fail(m->dev, DG_ERR_NOMEM, "out of memory (%d nodes)", m->t.n_nodes);
+	take_order(&m->t, order);
 	z.m = m;
 	z.needs = needs;
+	z.order = order;
 	z.failed_at = m->t.n_nodes;
 	pthread_mutex_init(&z.mu, NULL);
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -144,6 +183,7 @@ static dg_status size_nodes(dg_model *m, size_t *needs)
 	for (int i = 0; i < made; i++)
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&z.mu);
+	free(order);
 	return z.st ? dg__dev_fail(m->dev, z.st, "%s", z.msg) : DG_OK;
 }
 
