@@ -147,7 +147,7 @@ static dg_status size_nodes(dg_model *m, size_t *needs)
 	return z.st ? dg__dev_fail(m->dev, z.st, "%s", z.msg) : DG_OK;
 }
 
-static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t)
+static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum)
 {
 	char msg[512];
 	dg_status st = dg_model_config_check(c, msg, sizeof(msg));
@@ -160,7 +160,12 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 				    c->preset[0] ? c->preset : "(custom)", no);
 	if (b < 1 || t < 1)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "batch %dx%d: B and T must be at least 1", b, t);
+	if (accum < 1 || accum > 1024)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "accum %d: micro-batches a step must be 1..1024", accum);
 	m->dev = dev;
+	m->accum = accum;
+	m->micro = 0;
+	m->last = true;
 	m->c = *c;
 	m->B = b, m->T = t, m->H = c->heads, m->D = c->embd, m->N = c->neurons, m->V = c->vocab;
 	m->act = c->precision;
@@ -172,7 +177,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
-			      .dec_fwd_gemm = m->dec_gate && !m->lowbit };
+			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1 };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
@@ -242,7 +247,7 @@ dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t, 
 			   : DG_ERR_INVALID_ARG;
 	dg_model m;
 	memset(&m, 0, sizeof(m));
-	dg_status st = build(&m, dev, c, b, t);
+	dg_status st = build(&m, dev, c, b, t, 1);
 	if (!st)
 		dg__tape_report(&m.t, out);
 	dg__tape_free(&m.t);
@@ -380,6 +385,12 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 
 dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t, dg_model **out)
 {
+	return dg_model_create_accum(dev, w, b, t, 1, out);
+}
+
+dg_status dg_model_create_accum(dg_device *dev, const dg_model_weights *w, int b, int t, int accum,
+				dg_model **out)
+{
 	if (!dev || !w || !out)
 		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_create: NULL argument")
 			   : DG_ERR_INVALID_ARG;
@@ -387,7 +398,7 @@ dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int 
 	dg_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	dg_status st = build(m, dev, &w->config, b, t);
+	dg_status st = build(m, dev, &w->config, b, t, accum);
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
 		m->base[k] = 0;
 		if (m->t.arena[k])

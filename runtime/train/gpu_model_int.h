@@ -33,8 +33,15 @@ struct dg_model {
 				     * training step's control block): the gate
 				     * nodes pass it, their batch's step then 0 */
 	dg_dptr grad_scale_at;      /* 0, or the loss scaler's S on the device
-				     * (the control block's loss_scale): the
-				     * loss's backward multiplies by it */
+				     * (the control block's loss_scale), or
+				     * 1/K (accumulation): the loss's backward
+				     * multiplies by it */
+	int accum;                  /* K: micro-batches a training step (1) */
+	int micro;                  /* the micro-batch running: > 0 adds to the
+				     * weight gradients (0 outside a training step) */
+	bool last;                  /* the step's last micro-batch (or none): the
+				     * execution-layout gradients go to the masters'
+				     * layout (true outside a training step) */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
 	void (*tr_free)(dg_model *m); /* frees tr (set with it: destroy calls it) */
 };
