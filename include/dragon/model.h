@@ -91,6 +91,15 @@ typedef struct dg_model_config {
  * DG_ERR_INVALID_ARG with the list of presets when the name is unknown. */
 DG_API dg_status dg_model_preset(const char *name, dg_model_config *out, char *msg, size_t msg_size);
 
+/* The shapes a config may take: layers 1..256, heads 1..64, embd a
+ * multiple of 4 up to 65536 (the GPU's kernels then plan their tiles and
+ * refuse, by field, a width they cannot serve: a layer norm's row, for
+ * one), neurons a multiple of 4 up to DG_MODEL_MAX_NEURONS a head, H·N up
+ * to DG_MODEL_MAX_HN, vocab 2..DG_MODEL_MAX_VOCAB. */
+#define DG_MODEL_MAX_NEURONS 65536
+#define DG_MODEL_MAX_HN (1 << 20)
+#define DG_MODEL_MAX_VOCAB 65536
+
 /* Checks a config: sizes, formats, granularities; one line naming the
  * field on failure ("neurons=100: must be a multiple of 4 ..."). */
 DG_API dg_status dg_model_config_check(const dg_model_config *c, char *msg, size_t msg_size);

@@ -78,9 +78,8 @@ dg_spec dg__gm_base_spec(const dg_model *m, dg_op op)
 	s.act = m->act;
 	s.out = m->act;
 	s.src = m->act;
-	const dg_device_info *di = dg__dev_info(m->dev);
-	if (di && di->sm > 0)
-		s.arch = di->sm;
+	if (m->sm > 0)
+		s.arch = m->sm;
 	return s;
 }
 
