@@ -438,6 +438,28 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 	return st;
 }
 
+/* The planned arenas against the device's free memory, before any is
+ * allocated: DG_ERR_NOMEM naming both, by bucket, when they do not fit
+ * (a device that cannot say is let through: the allocation then tells). */
+static dg_status fits(dg_model *m, int accum)
+{
+	dg_model_memory mm;
+	dg__tape_report(&m->t, &mm);
+	size_t free_b = 0, total_b = 0;
+	if (dg_device_mem_info(m->dev, &free_b, &total_b) || mm.total <= free_b)
+		return DG_OK;
+	const double g = 1.0 / (1 << 30);
+	char acc[48] = "";
+	if (accum > 1)
+		snprintf(acc, sizeof(acc), " (accum %d)", accum);
+	return dg__dev_fail(m->dev, DG_ERR_NOMEM,
+			    "batch %dx%d%s: the model needs %.2f GiB (masters %.2f, copies %.2f, gradients %.2f, "
+			    "activations %.2f), more than the device's %.2f GiB free (of %.2f); take a smaller "
+			    "--batch (--accum K keeps the batch), --time or shape",
+			    m->B, m->T, acc, mm.total * g, mm.params * g, mm.lowbit * g, mm.grads * g,
+			    mm.activations * g, free_b * g, total_b * g);
+}
+
 dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t, dg_model **out)
 {
 	return dg_model_create_accum(dev, w, b, t, 1, out);
@@ -454,6 +476,8 @@ dg_status dg_model_create_accum(dg_device *dev, const dg_model_weights *w, int b
 	if (!m)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	dg_status st = build(m, dev, &w->config, b, t, accum, 0, NULL, NULL);
+	if (!st)
+		st = fits(m, accum);
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
 		m->base[k] = 0;
 		if (m->t.arena[k])

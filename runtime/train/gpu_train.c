@@ -181,6 +181,17 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 		for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
 			total += 2 * ((param_bytes(m, p) + 255) / 256 * 256);
 		tr->norm_ws_bytes = dg_grad_norm_workspace(DG_MODEL_N_PARAMS);
+		size_t free_b = 0, total_b = 0;
+		if (!dg_device_mem_info(dev, &free_b, &total_b) && total > free_b) {
+			const double g = 1.0 / (1 << 30);
+			st = dg__dev_fail(dev, DG_ERR_NOMEM,
+					  "AdamW's moments need %.2f GiB, more than the device's %.2f GiB free (of "
+					  "%.2f) beside the model; take a smaller --batch (--accum K keeps the "
+					  "batch), --time or shape",
+					  total * g, free_b * g, total_b * g);
+			train_free(m);
+			return st;
+		}
 		st = dg_malloc(dev, total, &tr->mom);
 		if (!st)
 			st = dg_malloc(dev, sizeof(dg_adamw_ctl), &tr->ctl);
