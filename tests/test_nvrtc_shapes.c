@@ -9,6 +9,7 @@
  *     the embd field's 65536 cap and was refused);
  *   - D 1280, H 16, N 16384 (3·D·H·N ≈ 1.0B parameters);
  *   - H·N = 2^20 (H 16, N 65536: the largest K, N the largest a head);
+ *   - D 4096 (H 8, N 8192: the widest row the layer norms hold);
  *   - an odd small one (D 64, H 3, N 96, vocab 300);
  * for the w8a8 and bf16 presets. Distinct specs compile once. And the
  * config past the ranges is refused naming the field before anything is
@@ -126,6 +127,11 @@ Test(nvrtc_shapes, d1280_h16_n16384_bf16, .timeout = 1200)
 Test(nvrtc_shapes, hn_2p20_w8a8, .timeout = 1200)
 {
 	step_compiles("w8a8", 256, 16, 65536, 256, 1, 256);
+}
+
+Test(nvrtc_shapes, d4096_w8a8, .timeout = 1200)
+{
+	step_compiles("w8a8", 4096, 8, 8192, 256, 1, 256);
 }
 
 Test(nvrtc_shapes, odd_small_bf16, .timeout = 1200)
