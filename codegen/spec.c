@@ -20,7 +20,7 @@
 #include "dragon/spec.h"
 
 #define DG_MAX_HEADS 64
-#define DG_MAX_EMBD 65536
+#define DG_MAX_EMBD (1 << 20) /* a row of the decoder's K = H·N (its transposes, quantizers, packs) */
 #define DG_MAX_LATENT (1 << 20)
 #define DG_MAX_VOCAB 65536
 

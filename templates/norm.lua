@@ -37,7 +37,8 @@ local fmt = string.format
 local M = {}
 
 local OPS = { "layernorm_fwd", "layernorm_bwd", "resid_ln_fwd", "resid_ln_bwd" }
-local MAX_E = 2048 -- a row in one warp's registers: at most 16 vectors a lane
+local MAX_E = 4096 -- a row in one warp's registers: at most 32 vectors a lane (past 2048 the
+                   -- backward's two rows spill to local memory: correct, not fast)
 
 local COMMON = [[
 constexpr int E = ${E};			// embd: the normalized width

@@ -705,6 +705,9 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 	} flags[] = {
 		{ "--steps", "0", "--steps 0: expected a whole number from 1" },
 		{ "--batch", "x", "--batch x: expected a whole number from 1" },
+		{ "--accum", "0", "--accum 0: expected a whole number from 1" },
+		{ "--accum", "1025", "--accum 1025: expected a whole number from 1" },
+		{ "--accum", "two", "--accum two: expected a whole number from 1" },
 		{ "--time", "-3", "--time -3" },
 		{ "--clip", "-1", "--clip -1: not a number >= 0" },
 		{ "--preset", "nope", "--preset: preset nope: unknown; presets are" },
@@ -719,6 +722,13 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 	cr_assert_not(exists(out), "a refused command made %s", out);
 
 	text_file(&sb, data, sizeof(data), 6000);
+	/* accumulation runs on the CPU model and says so */
+	char acc[600];
+	snprintf(acc, sizeof(acc), "%s/accum", sb.root);
+	gen(&sb, &r, "train", TINY, "--steps", "2", "--accum", "2", "--data", data, "--out", acc, NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cr_expect(strstr(r.out, "2 steps of 4x16 (2 micro-batches)"), "%s", r.out);
+	run_free(&r);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
 	expect_one_line_error(&r, 1, "no checkpoint to resume from");
 	run_free(&r);

@@ -46,10 +46,9 @@ typedef struct fixture {
 	dg_model_batch batch;
 } fixture;
 
-static void setup_of(fixture *f, uint64_t seed, const char *preset)
+static void setup_config(fixture *f, uint64_t seed, dg_model_config c)
 {
 	char msg[512];
-	dg_model_config c = tiny_of(preset);
 	cr_assert_eq(dg_model_weights_create(&c, seed, &f->w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(dg_model_weights_create(&c, seed, &f->g, msg, sizeof(msg)), DG_OK, "%s", msg);
 	/* init weights are 0.02-small: scale them so the activations are not
@@ -64,10 +63,15 @@ static void setup_of(fixture *f, uint64_t seed, const char *preset)
 	dg_rng r;
 	dg_rng_seed(&r, seed + 7);
 	for (int i = 0; i < 32; i++) {
-		f->idx[i] = dg_rng_int(&r, 0, 255);
-		f->tgt[i] = dg_rng_int(&r, 0, 255);
+		f->idx[i] = dg_rng_int(&r, 0, c.vocab - 1);
+		f->tgt[i] = dg_rng_int(&r, 0, c.vocab - 1);
 	}
 	f->batch = (dg_model_batch){ .idx = f->idx, .targets = f->tgt, .b = 2, .t = 16 };
+}
+
+static void setup_of(fixture *f, uint64_t seed, const char *preset)
+{
+	setup_config(f, seed, tiny_of(preset));
 }
 
 static void setup(fixture *f, uint64_t seed)
@@ -102,12 +106,14 @@ static double fd_along(fixture *f, int p, const float *u, int64_t n, double eps)
 	return (lp - lm) / (2 * eps);
 }
 
-Test(model_cpu, gradients_match_finite_differences)
+/* Every weight's gradient against central differences of the loss: along
+ * the gradient (the derivative is |g|), and entry by entry among the
+ * larger ones. */
+static void gradients_match(fixture *f_)
 {
-	fixture f;
+	fixture f = *f_;
 	char msg[512];
 	double loss;
-	setup(&f, 1);
 	cr_assert_eq(dg_model_cpu_step(f.w, &f.batch, &loss, f.g, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert(loss > 1.0 && loss < 50.0, "loss %g", loss);
 	dg_rng r;
@@ -151,6 +157,32 @@ Test(model_cpu, gradients_match_finite_differences)
 	}
 	dg_model_weights_destroy(f.w);
 	dg_model_weights_destroy(f.g);
+}
+
+Test(model_cpu, gradients_match_finite_differences)
+{
+	fixture f;
+	setup(&f, 1);
+	gradients_match(&f);
+}
+
+/* An odd shape, off every power of two: D 64, three heads of 96 neurons
+ * (H·N = 288), a vocabulary of 300 (token ids past a byte), three layers. */
+Test(model_cpu, gradients_match_finite_differences_at_an_odd_shape)
+{
+	fixture f;
+	dg_model_config c = tiny_of("f32");
+	c.layers = 3;
+	c.embd = 64;
+	c.heads = 3;
+	c.neurons = 96;
+	c.vocab = 300;
+	setup_config(&f, 3, c);
+	bool past_a_byte = false;
+	for (int i = 0; i < 32; i++)
+		past_a_byte |= f.idx[i] > 255 || f.tgt[i] > 255;
+	cr_assert(past_a_byte, "no token past 255 in the batch");
+	gradients_match(&f);
 }
 
 Test(model_cpu, dropout_is_regenerated_and_unbiased)

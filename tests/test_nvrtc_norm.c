@@ -107,9 +107,11 @@ Test(nvrtc_norm, every_op_compiles_f32_and_bf16)
 	compile_one(cg, "op=layernorm_fwd;tile=t32"), n++;
 	compile_one(cg, "op=layernorm_bwd;tile=t1024;embd=2048"), n++;
 	compile_one(cg, "op=resid_ln_fwd;tile=t64;embd=2048;src=bf16;out=bf16"), n++;
+	compile_one(cg, "op=layernorm_fwd;embd=4096;src=bf16;out=bf16"), n++;
+	compile_one(cg, "op=resid_ln_bwd;embd=4096;src=bf16"), n++;
 	compile_one(cg, "op=embed_bwd;tile=t128;embd=1000;vocab=3"), n++;
 	compile_one(cg, "op=lmhead_ce;tile=t512;vocab=30000"), n++;
-	cr_assert_eq(n, 5 + 3 * 2 * (4 + 2 + 3 * 4));
+	cr_assert_eq(n, 7 + 3 * 2 * (4 + 2 + 3 * 4));
 	dg_codegen_destroy(cg);
 }
 
@@ -207,8 +209,8 @@ Test(nvrtc_norm, bad_specs_name_the_field)
 	refused_spec("op=embed_fwd;relu=0", "relu: op embed_fwd does not take it");
 	dg_codegen *cg = NULL;
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	refused_plan(cg, "op=layernorm_fwd;embd=4096", "embd=4096: layernorm_fwd holds a row");
-	refused_plan(cg, "op=resid_ln_bwd;embd=2052", "embd=2052");
+	refused_plan(cg, "op=layernorm_fwd;embd=4100", "embd=4100: layernorm_fwd holds a row");
+	refused_plan(cg, "op=resid_ln_bwd;embd=8192", "embd=8192");
 	refused_plan(cg, "op=lmhead_ce;vocab=65536", "vocab=65536: a row of x and its logits");
 	refused_plan(cg, "op=embed_bwd;tile=t48", "tile=t48: threads must be a multiple of 32");
 	refused_plan(cg, "op=lmhead_ce;tile=t2048", "tile=t2048");

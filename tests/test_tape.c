@@ -332,3 +332,28 @@ Test(tape, memory_report_25m)
 	cr_assert_eq(dg_model_cpu_memory(&c, 0, 512, &m, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "batch 0x512"), "%s", msg);
 }
+
+/* Gradient accumulation (keep_gexec): the projections' execution-layout
+ * weight gradients live in the gradients' arena, each its own bytes,
+ * so a step's micro-batches add into them; without it they are
+ * temporaries whose bytes other buffers reuse. */
+Test(tape, accumulation_keeps_the_execution_gradients)
+{
+	dg__tape t;
+	dg__bdh_ids id;
+	for (int keep = 0; keep < 2; keep++) {
+		dg__bdh_target f = { .gpu = true, .act = DG_FMT_BF16, .keep_gexec = keep };
+		build_for("bf16", 2, 64, 2, 128, 2, 16, &f, &t, &id);
+		invariants(&t, 2, 2);
+		for (int k = 0; k < DG_PROJ__COUNT; k++) {
+			int g = id.gexec[k];
+			cr_assert_eq(t.bufs[g].bucket, keep ? DG__B_GRADS : DG__B_TEMP, "%s", t.bufs[g].name);
+			for (int j = 0; keep && j < k; j++) { /* disjoint bytes */
+				const dg__tbuf *a = &t.bufs[g], *b = &t.bufs[id.gexec[j]];
+				cr_assert(a->offset + a->bytes <= b->offset || b->offset + b->bytes <= a->offset,
+					  "%s overlaps %s", a->name, b->name);
+			}
+		}
+		dg__tape_free(&t);
+	}
+}

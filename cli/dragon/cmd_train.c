@@ -39,9 +39,9 @@
 #include "dragon/train.h"
 
 static const char help_text[] =
-	"usage: dragon train [--preset P] [--steps N] [--batch B] [--time T] [--lr X]\n"
-	"                    [--warmup N] [--wd X] [--clip X] [--seed S] [--data D]\n"
-	"                    [--vocab V]"
+	"usage: dragon train [--preset P] [--steps N] [--batch B] [--time T] [--accum K]\n"
+	"                    [--lr X] [--warmup N] [--wd X] [--clip X] [--seed S]\n"
+	"                    [--data D] [--vocab V]\n"
 	"                    [--out DIR] [--eval-every N] [--eval-batches K]\n"
 	"                    [--ckpt-every N] [--keep K] [--resume] [--allow-changed]\n"
 	"                    [--stop-at N] [--cpu]\n"
@@ -57,7 +57,12 @@ static const char help_text[] =
 	"  --dropout P       the drop probability of xs·ys in training (0.1; 0 none)\n"
 	"  --steps N         optimizer steps (default 1500)\n"
 	"  --batch B, --time T\n"
-	"                    rows of T tokens a step (default 8 x 512)\n"
+	"                    rows of T tokens a micro-batch (default 8 x 512)\n"
+	"  --accum K         gradient accumulation: K micro-batches of B rows a step,\n"
+	"                    their gradients summed before one update (1..1024,\n"
+	"                    default 1): the step of a batch of K*B rows up to the\n"
+	"                    sums' order, in the memory of B rows; not with\n"
+	"                    --loss-scale dynamic\n"
 	"  --lr X            peak learning rate (1e-3), after --warmup N linear steps\n"
 	"                    (min(100, steps/10)); a cosine to lr/10 at the last step\n"
 	"  --wd X            decoupled weight decay (0.1); --clip X: the global\n"
@@ -87,12 +92,12 @@ static const char help_text[] =
 	"  --ckpt-every N    a checkpoint every N steps (500), and at the end; --keep K\n"
 	"                    the newest K kept (3)\n"
 	"  --resume          continue from DIR's newest checkpoint (the same config,\n"
-	"                    corpus, --batch, --time and --steps, else refused naming\n"
-	"                    the one that differs); the log then reads as if the run\n"
+	"                    corpus, --batch, --time, --accum and --steps, else refused\n"
+	"                    naming the one that differs); the log then reads as if the run\n"
 	"                    had never stopped (a damaged one is repaired, with a\n"
 	"                    warning saying what was found)\n"
-	"  --allow-changed   with --resume: another corpus, --batch, --time or --steps\n"
-	"                    on purpose; the log's next line records the change\n"
+	"  --allow-changed   with --resume: another corpus, --batch, --time, --accum or\n"
+	"                    --steps on purpose; the log's next line records the change\n"
 	"  --stop-at N       stop after step N (a checkpoint first); resume later\n"
 	"  --cpu             the CPU model even with a GPU (f32, w8a8, bitnet; small\n"
 	"                    shapes: a shape whose step needs more memory than the\n"
@@ -141,7 +146,7 @@ enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
 	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
 	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_LOSS_SCALE, O_GPUS, O_HELP,
-	O_ALLOW_CHANGED, O_VOCAB,
+	O_ALLOW_CHANGED, O_VOCAB, O_ACCUM,
 };
 
 static const dg__cli_opt opts[] = {
@@ -160,6 +165,7 @@ static const dg__cli_opt opts[] = {
 	{ "dropout", 0, true, O_DROPOUT },	   { "loss-scale", 0, true, O_LOSS_SCALE },
 	{ "gpus", 0, true, O_GPUS },		   { "help", 'h', false, O_HELP },
 	{ "allow-changed", 0, false, O_ALLOW_CHANGED }, { "vocab", 0, true, O_VOCAB },
+	{ "accum", 0, true, O_ACCUM },
 	{ NULL, 0, false, 0 },
 };
 
@@ -241,6 +247,7 @@ static int parse(int argc, char **argv, train_args *a)
 			break;
 		case O_BATCH: ok = parse_u("--batch", v, 1, 1 << 16, &u), a->o.batch = (int)u; break;
 		case O_TIME: ok = parse_u("--time", v, 1, 1 << 20, &u), a->o.time = (int)u; break;
+		case O_ACCUM: ok = parse_u("--accum", v, 1, DG_TRAIN_MAX_ACCUM, &u), a->o.accum = (int)u; break;
 		case O_SEED: ok = parse_u("--seed", v, 0, UINT64_MAX, &a->o.seed); break;
 		case O_EVAL_EVERY: ok = parse_u("--eval-every", v, 0, 1ull << 40, &u), a->o.eval_every = (int64_t)u; break;
 		case O_EVAL_BATCHES: ok = parse_u("--eval-batches", v, 1, 1 << 20, &u), a->o.eval_batches = (int)u; break;
@@ -591,12 +598,16 @@ int dg__cli_cmd_train(int argc, char **argv)
 		char first[200] = ""; /* the GPU: what the first step waited for */
 		if (dev && run_at.first_step_s > 0)
 			snprintf(first, sizeof(first),
-				  " (the first step after %.2f s: the model ready after %.2f s, its kernels %zu "
+				 " (the first step after %.2f s: the model ready after %.2f s, its kernels %zu "
 				 "compiled, %zu from the cache, %zu from bundles)",
 				 run_at.first_step_s, run_at.ready_s, run_at.kernels_compiled, run_at.kernels_cached,
 				 run_at.kernels_bundled);
-		printf("trained: %s on %s, %lld step%s of %dx%d%s, in %.1f s%s; log and checkpoints in %s\n",
-		       a.o.model.preset, where, done, done == 1 ? "" : "s", a.o.batch, a.o.time, span, secs, first,
+		char acc[32] = "";
+		if (a.o.accum > 1)
+			snprintf(acc, sizeof(acc), " (%d micro-batches)", a.o.accum);
+		printf("trained: %s on %s, %lld step%s of %dx%d%s%s, in %.1f s%s; log and checkpoints in %s\n",
+		       a.o.model.preset, where, done, done == 1 ? "" : "s",
+		       a.o.accum > 1 ? a.o.accum * a.o.batch : a.o.batch, a.o.time, acc, span, secs, first,
 		       a.o.out_dir);
 	}
 	leave(&world, st != DG_OK && st != DG_ERR_INTERRUPTED);

@@ -13,7 +13,9 @@
  *     step, seed, data position and data RNG state (decimal), its tokens
  *     a row ("time", the context it trained at; absent from files saved
  *     before it was written, which load with time 0), its rows a step
- *     ("batch") and its corpus's digest ("corpus_sha256", hex,
+ *     ("batch"), its micro-batches a step ("accum", gradient accumulation;
+ *     absent from files saved before it was written, which load with 0,
+ *     and written only when above 1) and its corpus's digest ("corpus_sha256", hex,
  *     dg_corpus_digest: a byte corpus's SHA-256; both
  *     absent from older files, which load with 0 and ""), and the
  *     optimizer's hyper-parameters (%.9g: each float reads back exactly);
@@ -66,6 +68,7 @@ typedef struct dg_train_state {
 	uint64_t data_pos;                  /* batches drawn so far */
 	int time;                           /* T, tokens a row it trains at; 0: unknown */
 	int batch;                          /* B, rows a step (all ranks'); 0: unknown */
+	int accum;                          /* micro-batches of B rows a step (--accum); 0: unknown (1) */
 	char corpus_sha256[65];             /* the corpus's digest (hex, dg_corpus_digest); "": unknown */
 	dg_adamw_config opt;
 	dg_loss_scaler scaler;              /* the loss scaler after `step` steps (off: S 1) */

@@ -91,6 +91,15 @@ typedef struct dg_model_config {
  * DG_ERR_INVALID_ARG with the list of presets when the name is unknown. */
 DG_API dg_status dg_model_preset(const char *name, dg_model_config *out, char *msg, size_t msg_size);
 
+/* The shapes a config may take: layers 1..256, heads 1..64, embd a
+ * multiple of 4 up to 65536 (the GPU's kernels then plan their tiles and
+ * refuse, by field, a width they cannot serve: a layer norm's row, for
+ * one), neurons a multiple of 4 up to DG_MODEL_MAX_NEURONS a head, H·N up
+ * to DG_MODEL_MAX_HN, vocab 2..DG_MODEL_MAX_VOCAB. */
+#define DG_MODEL_MAX_NEURONS 65536
+#define DG_MODEL_MAX_HN (1 << 20)
+#define DG_MODEL_MAX_VOCAB 65536
+
 /* Checks a config: sizes, formats, granularities; one line naming the
  * field on failure ("neurons=100: must be a multiple of 4 ..."). */
 DG_API dg_status dg_model_config_check(const dg_model_config *c, char *msg, size_t msg_size);
@@ -300,6 +309,13 @@ DG_API dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, 
  * uploaded. Errors: the device's message (dg_device_errmsg). */
 DG_API dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t,
 				 dg_model **out);
+/* As dg_model_create, for steps of accum micro-batches of (b, t) each
+ * (dg_model_train_micro; accum 1: dg_model_create): the projections'
+ * execution-layout weight gradients then live in the gradients' arena,
+ * summed from micro-batch to micro-batch, instead of the step's
+ * temporaries. accum 1..1024. */
+DG_API dg_status dg_model_create_accum(dg_device *dev, const dg_model_weights *w, int b, int t, int accum,
+				       dg_model **out);
 DG_API void dg_model_destroy(dg_model *m); /* NULL is fine */
 /* Uploads w (the model's config) and remakes the execution copies. */
 DG_API dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w);
@@ -365,6 +381,21 @@ DG_API dg_status dg_model_optim_comm(dg_model *m, struct dg_comm *comm);
  * the dropout's, its step ignored: t is) at learning rate lr, on the
  * calling thread's stream; returns without waiting. */
 DG_API dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr);
+/*
+ * Gradient accumulation (a model of dg_model_create_accum with K > 1;
+ * K = 1: micro-batch 0 is dg_model_train_step): micro-batch i (0..K−1, in
+ * order, each with the same t and lr) of training step t. Each runs the
+ * forward and the backward of its (b, t) batch with the loss's gradient
+ * times 1/K, micro-batch 0 writing the weight gradients and the others
+ * adding to them; the last one then runs the norm, the update and the
+ * copies, so the step is the one of a batch of the K micro-batches' rows
+ * up to the sums' order (give micro-batch i the row0 of its rows in that
+ * batch for the same dropout masks). The reported loss is the mean of the
+ * K losses. Each micro-batch index replays its own captured graph (the
+ * dropout's first element is baked into it). With the loss scaler on, K
+ * must be 1 (DG_ERR_UNSUPPORTED: the loss's gradient is S, not S/K).
+ */
+DG_API dg_status dg_model_train_micro(dg_model *m, const dg_model_batch *batch, int i, int64_t t, float lr);
 /* The loss and the gradient norm (unscaled) of queued step t (one of the
  * last DG_MODEL_TRAIN_RING), waiting for that step only; *skipped (may be
  * NULL): the update was skipped because the norm is not finite; *ls (may

@@ -13,7 +13,11 @@
  *   1. the learning rate dg_adamw_lr(opt, t); a batch of the train split
  *      drawn from the run's data RNG (dragon/data.h);
  *   2. the loss and every weight's gradient (dropout on, keyed on the
- *      run's seed and t), on the CPU model or the GPU one;
+ *      run's seed and t), on the CPU model or the GPU one; with accum K >
+ *      1 the batch drawn is K·B rows, run as K micro-batches of B rows
+ *      whose gradients are summed, each scaled by 1/K (the loss, their
+ *      mean), before one update: the step of one batch of K·B rows up to
+ *      the sums' order (the same rows, the same dropout masks);
  *   3. the global gradient norm and its clip factor; a loss or norm that
  *      is not finite stops the run (DG_ERR_NUMERIC, naming the step; the
  *      last checkpoint is kept);
@@ -46,9 +50,9 @@
  * checkpoint loadable; the temp file a killed save leaves is ignored, and
  * removed by the next run in the folder.
  * A resumed run holds the flags that shape its batches and schedule to
- * the checkpoint's: the corpus (its digest), B, T and the steps, besides
+ * the checkpoint's: the corpus (its digest), B, T, accum and the steps, besides
  * the config and the optimizer (dg_checkpoint_match); allow_changed lets
- * the first four differ, and the run's first log line then says what
+ * the first five differ, and the run's first log line then says what
  * changed ("changed": {"batch": {"from": 8, "to": 16}, ...}). It repairs
  * the log to the checkpoint: the lines past its step dropped (an
  * interrupted run's), and, each told to the warn callback, the lines
@@ -123,9 +127,13 @@ typedef struct dg_train_result {
 	size_t kernels_compiled, kernels_cached, kernels_bundled;
 } dg_train_result;
 
+/* The most micro-batches a step (dg_train_opts.accum). */
+#define DG_TRAIN_MAX_ACCUM 1024
+
 typedef struct dg_train_opts {
 	dg_model_config model; /* the config (preset and shape) */
-	int batch, time;       /* B, T */
+	int batch, time;       /* B, T: a micro-batch's rows (accum of them a step) */
+	int accum;             /* gradient accumulation: micro-batches a step (1..DG_TRAIN_MAX_ACCUM; 0: 1) */
 	dg_adamw_config opt;   /* opt.steps: the run's length */
 	uint64_t seed;         /* weights' init, batches, dropout */
 	int64_t eval_every;    /* steps between validation losses; 0: only at the end */

@@ -330,7 +330,7 @@ dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd
 dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_attention_fwd_args *a)
 {
 	dg_device *dev = x->dev;
-	if (!dev)
+	if (!dev && !x->sink) /* a listing of specs needs none */
 		return DG_ERR_INVALID_ARG;
 	if (!is_attention_gemm(spec) || !a)
 		return dg__dev_fail(dev, !a ? DG_ERR_INVALID_ARG : DG_ERR_INVALID_SPEC,
@@ -405,7 +405,7 @@ dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd
 dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_attention_bwd_args *a)
 {
 	dg_device *dev = x->dev;
-	if (!dev)
+	if (!dev && !x->sink) /* a listing of specs needs none */
 		return DG_ERR_INVALID_ARG;
 	if (!is_attention_gemm(spec) || !a || !a->scores)
 		return dg__dev_fail(dev, !is_attention_gemm(spec) ? DG_ERR_INVALID_SPEC : DG_ERR_INVALID_ARG,

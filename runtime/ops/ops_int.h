@@ -223,6 +223,11 @@ typedef struct dg__op_exec {
 	int n, cap;         /* slots prepared, slots there are */
 	int next;           /* the slot of the next op (dg__exec_begin zeroes it) */
 	bool preparing;
+	/* NULL, or (preparing) each op's spec handed to sink instead of
+	 * prepared: nothing compiled, loaded or launched, no device needed
+	 * (what a shape's step would prepare, listed; workspaces 0) */
+	dg_status (*sink)(void *user, const dg_spec *spec);
+	void *sink_user;
 } dg__op_exec;
 
 /* An eager caller of dev's ops. */

@@ -450,6 +450,8 @@ dg_status dg__exec(dg__op_exec *x, const dg_spec *spec, const dg__op_call *c)
 {
 	dg_status st;
 
+	if (x->preparing && x->sink)
+		return spec ? x->sink(x->sink_user, spec) : DG_ERR_INVALID_SPEC;
 	if (x->preparing) {
 		if (x->next == x->cap && (st = exec_grow(x)))
 			return st;

@@ -135,9 +135,10 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		int64_t sh[3] = { H, N, D };
 		id->dec_fwd = dg__tape_buf(t, "decoder.fwd.bf16", DG_FMT_BF16, DG__B_LOWBIT, 3, sh);
 	}
-	id->gexec[DG_PROJ_ENCODER] = buf(t, "grad.encoder.exec", DG__B_TEMP, 3, H, N, D, 0);
-	id->gexec[DG_PROJ_ENCODER_V] = buf(t, "grad.encoder_v.exec", DG__B_TEMP, 3, H, N, D, 0);
-	id->gexec[DG_PROJ_DECODER] = buf(t, "grad.decoder.exec", DG__B_TEMP, 2, D, H * N, 0, 0);
+	const dg__bucket gb = gpu && tg->keep_gexec ? DG__B_GRADS : DG__B_TEMP;
+	id->gexec[DG_PROJ_ENCODER] = buf(t, "grad.encoder.exec", gb, 3, H, N, D, 0);
+	id->gexec[DG_PROJ_ENCODER_V] = buf(t, "grad.encoder_v.exec", gb, 3, H, N, D, 0);
+	id->gexec[DG_PROJ_DECODER] = buf(t, "grad.decoder.exec", gb, 2, D, H * N, 0, 0);
 	int64_t bt2[2] = { B, T }, one[1] = { 1 };
 	/* the batch is written before the first node and the loss read after
 	 * the last: they live the whole step, beside the copies (a lifetime

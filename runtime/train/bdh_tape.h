@@ -61,6 +61,10 @@ typedef struct dg__bdh_target {
 	 * out) from a bf16 copy of the master (dec_fwd); its output yd is
 	 * f32, which the layer norm after it reads */
 	bool dec_fwd_gemm;
+	/* the GPU's gradient accumulation: the projections' execution-layout
+	 * weight gradients (gexec) kept in the gradients' arena, summed over
+	 * a step's micro-batches, not temporaries */
+	bool keep_gexec;
 } dg__bdh_target;
 
 /* Records the step into t (initialized by the caller with c, B, T); the

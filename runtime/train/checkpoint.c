@@ -144,6 +144,8 @@ static dg_status writer_of(const dg_train_state *s, dg_safetensors_writer **out,
 		st = meta_u64(sw, "time", (uint64_t)s->time, msg, msg_size);
 	if (!st && s->batch > 0)
 		st = meta_u64(sw, "batch", (uint64_t)s->batch, msg, msg_size);
+	if (!st && s->accum > 1)
+		st = meta_u64(sw, "accum", (uint64_t)s->accum, msg, msg_size);
 	if (!st && s->corpus_sha256[0])
 		st = dg_safetensors_writer_meta(sw, "corpus_sha256", s->corpus_sha256, msg, msg_size);
 	const struct {
@@ -367,6 +369,16 @@ static dg_status state_of(const dg_safetensors *f, const char *path, dg_train_st
 				      path, b);
 		if (!st)
 			s->batch = (int)b;
+	}
+	/* the run's micro-batches a step: written when above 1 */
+	if (!st && dg_safetensors_meta(f, "accum")) {
+		uint64_t k = 0;
+		st = read_u64(f, path, "accum", &k, msg, msg_size);
+		if (!st && (k < 1 || k > INT32_MAX))
+			st = dg__msgf(DG_ERR_PARSE, msg, msg_size, "%s: metadata accum=%" PRIu64 ": not a count",
+				      path, k);
+		if (!st)
+			s->accum = (int)k;
 	}
 	const char *corpus = st ? NULL : dg_safetensors_meta(f, "corpus_sha256");
 	if (corpus && (strlen(corpus) != 64 || strspn(corpus, "0123456789abcdef") != 64))

@@ -42,6 +42,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/msg.h"
 #include "dragon/fmt.h"
 #include "dragon/model.h"
 #include "dragon/ops.h"
@@ -187,7 +188,11 @@ static dg_status size_nodes(dg_model *m, size_t *needs)
 	return z.st ? dg__dev_fail(m->dev, z.st, "%s", z.msg) : DG_OK;
 }
 
-static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t)
+/* m's model of c at (b, t): the tape recorded, each node's ops prepared
+ * while sizing its workspace, the arenas planned. dev NULL: the specs
+ * listed to sink instead (on an sm device), nothing planned. */
+static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum,
+		       int sm, dg_status (*sink)(void *, const dg_spec *), void *user)
 {
 	char msg[512];
 	dg_status st = dg_model_config_check(c, msg, sizeof(msg));
@@ -200,19 +205,25 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 				    c->preset[0] ? c->preset : "(custom)", no);
 	if (b < 1 || t < 1)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "batch %dx%d: B and T must be at least 1", b, t);
+	if (accum < 1 || accum > 1024)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "accum %d: micro-batches a step must be 1..1024", accum);
 	m->dev = dev;
+	m->accum = accum;
+	m->micro = 0;
+	m->last = true;
 	m->c = *c;
 	m->B = b, m->T = t, m->H = c->heads, m->D = c->embd, m->N = c->neurons, m->V = c->vocab;
 	m->act = c->precision;
 	m->lowbit = !float_recipe(c);
-	const dg_device_info *di = dg__dev_info(dev);
-	m->bf16_grads = m->lowbit && di && di->sm == 90;
-	m->dec_gate = m->act == DG_FMT_BF16 && di && di->sm == 90;
+	const dg_device_info *di = dev ? dg__dev_info(dev) : NULL;
+	m->sm = di ? di->sm : sm;
+	m->bf16_grads = m->lowbit && m->sm == 90;
+	m->dec_gate = m->act == DG_FMT_BF16 && m->sm == 90;
 	m->qw_ws = -1;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
-			      .dec_fwd_gemm = m->dec_gate && !m->lowbit };
+			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1 };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
@@ -221,12 +232,21 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	m->ex = calloc((size_t)n_nodes, sizeof(*m->ex));
 	if (!m->ex)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	for (int n = 0; n < n_nodes; n++)
+	for (int n = 0; n < n_nodes; n++) {
 		m->ex[n] = dg__exec_eager(dev);
+		m->ex[n].sink = sink;
+		m->ex[n].sink_user = user;
+	}
 	size_t *needs = calloc((size_t)n_nodes + 1, sizeof(*needs));
 	if (!needs)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	st = size_nodes(m, needs);
+	st = sink ? DG_OK : size_nodes(m, needs);
+	for (int n = 0; sink && n < n_nodes && !st; n++) { /* listing: one thread, in order */
+		size_t need = 0;
+		st = dg__gm_run_node(m, &m->t.nodes[n], NULL, &need);
+		if (st)
+			m->failed_node = n;
+	}
 	for (int n = 0; n < n_nodes && !st; n++) {
 		size_t need = needs[n];
 		if (need) {
@@ -242,7 +262,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 		}
 	}
 	free(needs);
-	if (st)
+	if (st || sink)
 		return st;
 	/* a per-tensor weight scale's partial sums (the largest copy's) */
 	for (int k = 0; m->lowbit && k < DG_PROJ__COUNT && !st; k++) {
@@ -282,7 +302,7 @@ dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t, 
 			   : DG_ERR_INVALID_ARG;
 	dg_model m;
 	memset(&m, 0, sizeof(m));
-	dg_status st = build(&m, dev, c, b, t);
+	dg_status st = build(&m, dev, c, b, t, 1, 0, NULL, NULL);
 	if (!st)
 		dg__tape_report(&m.t, out);
 	dg__tape_free(&m.t);
@@ -310,18 +330,65 @@ void dg_model_memory_of(const dg_model *m, dg_model_memory *out)
 		dg__tape_report(&m->t, out);
 }
 
+/* The specs of execution copy k's ops: the transpose ([H, D, N] → (H, N,
+ * D), [H·N, D] → (D, H·N): rows of E, L of them), and a low-bit recipe's
+ * weight quantizer, the bf16 copy's dequantize (when made) and the pack
+ * (a packed format). */
+static dg_spec copy_transpose_spec(const dg_model *m, dg_proj k)
+{
+	const bool dec = k == DG_PROJ_DECODER;
+	dg_spec s = dg__gm_op_spec(m, DG_OP_TRANSPOSE);
+	s.embd = dec ? m->H * m->N : m->D;
+	s.latent = dec ? m->D : m->N;
+	if (m->lowbit)
+		s.act = DG_FMT_F32;
+	dg_spec_normalize(&s);
+	return s;
+}
+
+static dg_spec copy_quant_spec(const dg_model *m, dg_proj k)
+{
+	const dg_proj_recipe *r = dg__gm_recipe(m, k);
+	dg_spec q = dg__gm_base_spec(m, DG_OP_QUANTIZE_WEIGHT);
+	q.weight = r->weight;
+	q.wscale = r->wscale;
+	q.src = DG_FMT_F32;
+	dg_spec_normalize(&q);
+	return q;
+}
+
+static bool copy_has_bf16(const dg_model *m, dg_proj k)
+{
+	return m->lowbit && m->bf16_grads && (k != DG_PROJ_DECODER || m->dec_gate);
+}
+
+static dg_spec copy_dequant_spec(const dg_model *m, dg_proj k)
+{
+	const dg_proj_recipe *r = dg__gm_recipe(m, k);
+	return dg__gm_dequant_spec(m, DG_FMT_INT8, r->wscale == DG_SCALE_CHANNEL ? DG_SCALE_TOKEN : DG_SCALE_TENSOR);
+}
+
+static bool copy_packed(const dg_model *m, dg_proj k)
+{
+	return m->lowbit && dg__gm_recipe(m, k)->weight != DG_FMT_INT8;
+}
+
+static dg_spec copy_pack_spec(const dg_model *m, dg_proj k)
+{
+	const dg_proj_recipe *r = dg__gm_recipe(m, k);
+	dg_spec ps = dg__gm_base_spec(m, r->weight == DG_FMT_TERNARY ? DG_OP_PACK_TERNARY : DG_OP_PACK_SIGN1);
+	ps.embd = k == DG_PROJ_DECODER ? m->H * m->N : m->D;
+	dg_spec_normalize(&ps);
+	return ps;
+}
+
 /* Execution copy k (dragon/model.h dg_proj) from its master. */
 dg_status dg__gm_make_copy(dg_model *m, dg_proj k)
 {
 	dg_device *dev = m->dev;
 	bool dec = k == DG_PROJ_DECODER;
 	int64_t R = dec ? 1 : m->H, E = dec ? (int64_t)m->H * m->N : m->D, L = dec ? m->D : m->N;
-	dg_spec s = dg__gm_op_spec(m, DG_OP_TRANSPOSE);
-	s.embd = (int)E;
-	s.latent = (int)L;
-	if (m->lowbit)
-		s.act = DG_FMT_F32;
-	dg_spec_normalize(&s);
+	dg_spec s = copy_transpose_spec(m, k);
 	int src = m->id.params[k == DG_PROJ_ENCODER ? DG_PARAM_ENCODER
 			       : k == DG_PROJ_ENCODER_V ? DG_PARAM_ENCODER_V : DG_PARAM_DECODER];
 	dg_tensor i = dg__gm_tn(m, src), o = dg__gm_tn(m, m->lowbit ? m->id.exec_f32 : m->id.exec[k]);
@@ -334,12 +401,8 @@ dg_status dg__gm_make_copy(dg_model *m, dg_proj k)
 	/* quantize the (R·L, E) rows: a scale a channel is a scale a row */
 	const dg_proj_recipe *r = dg__gm_recipe(m, k);
 	dg_tensor exec = dg__gm_tn(m, m->id.exec[k]);
-	bool packed = r->weight != DG_FMT_INT8;
-	dg_spec q = dg__gm_base_spec(m, DG_OP_QUANTIZE_WEIGHT);
-	q.weight = r->weight;
-	q.wscale = r->wscale;
-	q.src = DG_FMT_F32;
-	dg_spec_normalize(&q);
+	bool packed = copy_packed(m, k);
+	dg_spec q = copy_quant_spec(m, k);
 	dg_tensor wf = dg_tensor_2d("w (f32, execution layout)", DG_FMT_F32, o.data, R * L, E);
 	dg_tensor codes = dg_tensor_2d("codes", DG_FMT_INT8,
 				       packed ? dg__gm_addr(m, m->id.exec_codes) : exec.data, R * L, E);
@@ -350,12 +413,11 @@ dg_status dg__gm_make_copy(dg_model *m, dg_proj k)
 		qa.ws.bytes = m->t.bufs[m->qw_ws].bytes;
 	}
 	st = dg_quantize_weight(dev, &q, &qa);
-	if (!st && m->bf16_grads && (!dec || m->dec_gate)) {
+	if (!st && copy_has_bf16(m, k)) {
 		/* the input gradient's bf16 copy: the codes (before packing)
 		 * times their scale, a channel's a row (the decoder's: what
 		 * decoder_gate_bwd reads) */
-		dg_spec ds = dg__gm_dequant_spec(m, DG_FMT_INT8,
-					  r->wscale == DG_SCALE_CHANNEL ? DG_SCALE_TOKEN : DG_SCALE_TENSOR);
+		dg_spec ds = copy_dequant_spec(m, k);
 		dg_tensor bf = dg_tensor_2d("w (bf16, dequantized)", DG_FMT_BF16,
 					    dg__gm_addr(m, m->id.exec_bf16[k]), R * L, E);
 		dg_dequantize_args da = { .codes = &codes, .out = &bf };
@@ -363,9 +425,7 @@ dg_status dg__gm_make_copy(dg_model *m, dg_proj k)
 	}
 	if (st || !packed)
 		return st;
-	dg_spec ps = dg__gm_base_spec(m, r->weight == DG_FMT_TERNARY ? DG_OP_PACK_TERNARY : DG_OP_PACK_SIGN1);
-	ps.embd = (int)E;
-	dg_spec_normalize(&ps);
+	dg_spec ps = copy_pack_spec(m, k);
 	dg_tensor pk = dg_tensor_2d("packed", r->weight, exec.data, R * L, E);
 	dg_pack_weight_args pa = { .codes = &codes, .packed = &pk };
 	return dg_pack_weight(dev, &ps, &pa);
@@ -418,7 +478,35 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 	return st;
 }
 
+/* The planned arenas against the device's free memory, before any is
+ * allocated: DG_ERR_NOMEM naming both, by bucket, when they do not fit
+ * (a device that cannot say is let through: the allocation then tells). */
+static dg_status fits(dg_model *m, int accum)
+{
+	dg_model_memory mm;
+	dg__tape_report(&m->t, &mm);
+	size_t free_b = 0, total_b = 0;
+	if (dg_device_mem_info(m->dev, &free_b, &total_b) || mm.total <= free_b)
+		return DG_OK;
+	const double g = 1.0 / (1 << 30);
+	char acc[48] = "";
+	if (accum > 1)
+		snprintf(acc, sizeof(acc), " (accum %d)", accum);
+	return dg__dev_fail(m->dev, DG_ERR_NOMEM,
+			    "batch %dx%d%s: the model needs %.2f GiB (masters %.2f, copies %.2f, gradients %.2f, "
+			    "activations %.2f), more than the device's %.2f GiB free (of %.2f); take a smaller "
+			    "--batch (--accum K keeps the batch), --time or shape",
+			    m->B, m->T, acc, mm.total * g, mm.params * g, mm.lowbit * g, mm.grads * g,
+			    mm.activations * g, free_b * g, total_b * g);
+}
+
 dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t, dg_model **out)
+{
+	return dg_model_create_accum(dev, w, b, t, 1, out);
+}
+
+dg_status dg_model_create_accum(dg_device *dev, const dg_model_weights *w, int b, int t, int accum,
+				dg_model **out)
 {
 	if (!dev || !w || !out)
 		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_create: NULL argument")
@@ -427,7 +515,9 @@ dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int 
 	dg_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	dg_status st = build(m, dev, &w->config, b, t);
+	dg_status st = build(m, dev, &w->config, b, t, accum, 0, NULL, NULL);
+	if (!st)
+		st = fits(m, accum);
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
 		m->base[k] = 0;
 		if (m->t.arena[k])
@@ -722,5 +812,61 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 	}
 	free(x);
 	free(lm);
+	return st;
+}
+
+dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm,
+			    dg_status (*sink)(void *user, const dg_spec *spec), void *user, char *msg,
+			    size_t msg_size)
+{
+	if (msg && msg_size)
+		msg[0] = '\0';
+	if (!c || !sink)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg__gm_step_specs: NULL argument");
+	dg_status st = dg_model_config_check(c, msg, msg_size);
+	if (st)
+		return st;
+	if (!float_recipe(c)) {
+		char why[256];
+		const char *no = lowbit_refusal(c, why, sizeof(why));
+		if (no)
+			return dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size, "preset %s: %s",
+					c->preset[0] ? c->preset : "(custom)", no);
+	}
+	dg_model *m = calloc(1, sizeof(*m));
+	if (!m)
+		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
+	m->failed_node = -1;
+	st = build(m, NULL, c, b, t, 1, sm, sink, user);
+	/* the execution copies' ops and the optimizer's */
+	for (int k = 0; k < DG_PROJ__COUNT && !st; k++) {
+		dg_spec s = copy_transpose_spec(m, (dg_proj)k);
+		st = sink(user, &s);
+		if (!st && m->lowbit) {
+			s = copy_quant_spec(m, (dg_proj)k);
+			st = sink(user, &s);
+		}
+		if (!st && copy_has_bf16(m, (dg_proj)k)) {
+			s = copy_dequant_spec(m, (dg_proj)k);
+			st = sink(user, &s);
+		}
+		if (!st && copy_packed(m, (dg_proj)k)) {
+			s = copy_pack_spec(m, (dg_proj)k);
+			st = sink(user, &s);
+		}
+	}
+	if (!st) {
+		dg_spec s = dg__gm_op_spec(m, DG_OP_ADAMW_UPDATE);
+		st = sink(user, &s);
+	}
+	if (st && msg && msg_size && !msg[0] && m->failed_node >= 0)
+		dg__msgf(st, msg, msg_size, "node %d (%s, layer %d) at this shape: %s", m->failed_node,
+			 dg__nkind_name(m->t.nodes[m->failed_node].kind), m->t.nodes[m->failed_node].layer,
+			 dg_status_str(st));
+	else if (st && msg && msg_size && !msg[0])
+		dg__msgf(st, msg, msg_size, "the step's specs at this shape: %s", dg_status_str(st));
+	free(m->ex);
+	dg__tape_free(&m->t);
+	free(m);
 	return st;
 }

@@ -18,6 +18,8 @@ struct dg_model {
 	dg_device *dev;
 	dg_model_config c;
 	int B, T, H, D, N, V;
+	int sm;                     /* the device's SM architecture (90: sm_90), 0 unknown */
+	int failed_node;            /* listing the specs (dg__gm_step_specs): the node that failed */
 	dg_fmt act;
 	bool lowbit;
 	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
@@ -33,8 +35,15 @@ struct dg_model {
 				     * training step's control block): the gate
 				     * nodes pass it, their batch's step then 0 */
 	dg_dptr grad_scale_at;      /* 0, or the loss scaler's S on the device
-				     * (the control block's loss_scale): the
-				     * loss's backward multiplies by it */
+				     * (the control block's loss_scale), or
+				     * 1/K (accumulation): the loss's backward
+				     * multiplies by it */
+	int accum;                  /* K: micro-batches a training step (1) */
+	int micro;                  /* the micro-batch running: > 0 adds to the
+				     * weight gradients (0 outside a training step) */
+	bool last;                  /* the step's last micro-batch (or none): the
+				     * execution-layout gradients go to the masters'
+				     * layout (true outside a training step) */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
 	void (*tr_free)(dg_model *m); /* frees tr (set with it: destroy calls it) */
 };
@@ -63,5 +72,19 @@ const dg_proj_recipe *dg__gm_recipe(const dg_model *m, dg_proj which);
 /* One node on the device; sizing (need non-NULL): *need gets its
  * workspace bytes and its kernels are prepared, nothing launched. */
 dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch *bt, size_t *need);
+
+/*
+ * Every op spec the GPU model of c at (b, t) on a device of SM
+ * architecture sm would prepare — each node's, the execution copies'
+ * (transpose, quantize, dequantize, pack) and the optimizer's — handed to
+ * sink in node order (repeats included), without a device: nothing is
+ * compiled, allocated or launched. What a compile test asks to know that
+ * a shape's step generates and compiles. The first status sink returns
+ * that is not DG_OK stops it and is returned; msg names a refusal of
+ * the config.
+ */
+dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm,
+			    dg_status (*sink)(void *user, const dg_spec *spec), void *user, char *msg,
+			    size_t msg_size);
 
 #endif

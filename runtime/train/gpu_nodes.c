@@ -78,9 +78,8 @@ dg_spec dg__gm_base_spec(const dg_model *m, dg_op op)
 	s.act = m->act;
 	s.out = m->act;
 	s.src = m->act;
-	const dg_device_info *di = dg__dev_info(m->dev);
-	if (di && di->sm > 0)
-		s.arch = di->sm;
+	if (m->sm > 0)
+		s.arch = m->sm;
 	return s;
 }
 
@@ -345,6 +344,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 			dw = dg__gm_tn(m, out[1]);
 			a.dx = &dx;
 			a.dw = &dw;
+			a.accumulate = m->micro > 0; /* a later micro-batch adds */
 			a.grad_scale = m->grad_scale_at;
 		}
 		/* its kernels prepared while sizing: a vocab they cannot serve
@@ -443,7 +443,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_WEIGHT, (dg_proj)nd->arg);
 		s.src = grad_fmt(m); /* the stacks dxs.all, dys.all */
 		dg_tensor g = dg__gm_tn(m, in[0]), x = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
-		dg_lowrank_grad_weight_args a = { .grad = &g, .x = &x, .grad_w = &o, .ws = ws };
+		dg_lowrank_grad_weight_args a = { .grad = &g, .x = &x, .grad_w = &o, .ws = ws,
+						  .accumulate = m->micro > 0 };
 		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEC_W: {
@@ -452,7 +453,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		exact_tile(m, &s);
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), y = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
-		dg_decoder_grad_weight_args a = { .grad = &g, .y = &y, .grad_w = &o, .ws = ws };
+		dg_decoder_grad_weight_args a = { .grad = &g, .y = &y, .grad_w = &o, .ws = ws,
+						  .accumulate = m->micro > 0 };
 		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEQUANT: {
@@ -471,12 +473,15 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		s.src = DG_FMT_F32; /* the gradient */
 		dg_spec_normalize(&s);
 		dg_tensor idx = flat(m, in[1]), d = rows(m, in[0], D), o = dg__gm_tn(m, out[0]);
-		dg_embed_bwd_args a = { .idx = &idx, .dout = &d, .dtable = &o };
+		dg_embed_bwd_args a = { .idx = &idx, .dout = &d, .dtable = &o, .accumulate = m->micro > 0 };
 		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_TO_MASTER: {
 		/* the execution layout's f32 gradient back to the reference's:
-		 * (H, N, D) → (H, D, N); (D, H·N) → (H·N, D) */
+		 * (H, N, D) → (H, D, N); (D, H·N) → (H·N, D); accumulating,
+		 * once the last micro-batch has added its share */
+		if (!m->last && !need)
+			return DG_OK;
 		dg_spec s = dg__gm_op_spec(m, DG_OP_TRANSPOSE);
 		bool dec = nd->arg == DG_PARAM_DECODER;
 		int64_t R = dec ? 1 : m->H, E = dec ? D : m->N, L = dec ? (int64_t)m->H * m->N : D;

@@ -22,6 +22,16 @@
  * it again. The graph holds the addresses it was captured with: the
  * arenas, the moments, the control block and the dropout seed are
  * recorded and compared before each launch; a difference recaptures.
+ *
+ * Gradient accumulation (K micro-batches a step, dg_model_train_micro):
+ * micro-batch i runs the nodes alone with the loss's gradient times 1/K
+ * (a device float, the loss's grad_scale), the weight-gradient nodes
+ * writing (i = 0) or adding (i > 0) into the gradients (the execution
+ * layouts' kept in the gradients' arena, their transposes to the masters'
+ * only in the last); the last runs the tail too. Each micro-batch's loss
+ * and bad flag are copied into the ring slot's row of K; the event after
+ * the last. Each index i has its own graph: the dropout's first element
+ * (row0) and whether it writes or adds are baked into its launches.
  */
 #include <math.h>
 #include <stddef.h>
@@ -34,12 +44,19 @@
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/train/gpu_model_int.h"
 
-/* A ring slot: what a step sends back. */
+/* A ring slot: what a step sends back (its micro-batches' losses and bad
+ * flags in the ring's rows of K, mloss and mbad). */
 typedef struct slot {
 	dg_adamw_ctl ctl; /* norm, scale, skip, the scaler after the step */
-	float loss;
-	int32_t bad;
 } slot;
+
+/* A captured micro-batch and what it was captured with. */
+typedef struct gcap {
+	dg_graph *graph;
+	dg_dptr base[DG__B__COUNT];
+	uint64_t seed;
+	uint32_t row0;
+} gcap;
 
 typedef struct dg__gm_train {
 	dg_adamw_config opt;
@@ -51,10 +68,13 @@ typedef struct dg__gm_train {
 	dg_dptr norm_ws;                   /* grad_norm's partials */
 	size_t norm_ws_bytes;
 	int64_t queued;                    /* steps queued on this model */
-	dg_graph *graph;
-	dg_dptr cap_base[DG__B__COUNT];    /* what graph was captured with */
-	uint64_t cap_seed;
+	gcap *gr;                          /* K: micro-batch i's graph */
+	int next_micro;                    /* the micro-batch the next call must be */
+	int64_t micro_t;                   /* the step the micro-batches under way are of */
+	dg_dptr inv_k;                     /* accum > 1: a device float, 1/K */
 	slot *ring;                        /* DG_MODEL_TRAIN_RING, page-locked */
+	float *mloss;                      /* DG_MODEL_TRAIN_RING × K, page-locked */
+	int32_t *mbad;                     /* DG_MODEL_TRAIN_RING × K, page-locked */
 	dg_event *ev[DG_MODEL_TRAIN_RING];
 	int64_t ring_step[DG_MODEL_TRAIN_RING];
 	struct dg_comm *comm;              /* data parallel: the gradients' and loss's mean over the ranks */
@@ -78,7 +98,12 @@ static void train_free(dg_model *m)
 	dg__gm_train *tr = m->tr;
 	if (!tr)
 		return;
-	dg_graph_destroy(tr->graph);
+	for (int i = 0; tr->gr && i < m->accum; i++)
+		dg_graph_destroy(tr->gr[i].graph);
+	free(tr->gr);
+	dg_host_free(m->dev, tr->mloss);
+	dg_host_free(m->dev, tr->mbad);
+	(void)dg_free(m->dev, tr->inv_k);
 	for (int k = 0; k < DG_MODEL_TRAIN_RING; k++)
 		dg_event_destroy(tr->ev[k]);
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
@@ -91,6 +116,16 @@ static void train_free(dg_model *m)
 	(void)dg_free(m->dev, tr->norm_ws);
 	free(tr);
 	m->tr = NULL;
+}
+
+/* Every micro-batch's graph destroyed (captured again when next used). */
+static void drop_graphs(dg_model *m)
+{
+	dg__gm_train *tr = m->tr;
+	for (int i = 0; tr->gr && i < m->accum; i++) {
+		dg_graph_destroy(tr->gr[i].graph);
+		tr->gr[i].graph = NULL;
+	}
 }
 
 /* The moments from host arrays (or zeros). */
@@ -129,6 +164,12 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 					    "dg_model_optim_init: loss scaler mode %u, interval %u, scale %g: "
 					    "want mode 1 (dynamic), an interval >= 1 and a finite scale > 0",
 					    sc.mode, sc.growth_interval, (double)sc.scale);
+		if (m->accum > 1)
+			return dg__dev_fail(dev, DG_ERR_UNSUPPORTED,
+					    "the loss scaler with gradient accumulation (accum %d): not supported "
+					    "(the loss's gradient would be S, not S/K); accumulate without it, or "
+					    "take a K-times-larger batch",
+					    m->accum);
 	}
 	if (!m->tr) {
 		dg__gm_train *tr = calloc(1, sizeof(*tr));
@@ -140,6 +181,17 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 		for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
 			total += 2 * ((param_bytes(m, p) + 255) / 256 * 256);
 		tr->norm_ws_bytes = dg_grad_norm_workspace(DG_MODEL_N_PARAMS);
+		size_t free_b = 0, total_b = 0;
+		if (!dg_device_mem_info(dev, &free_b, &total_b) && total > free_b) {
+			const double g = 1.0 / (1 << 30);
+			st = dg__dev_fail(dev, DG_ERR_NOMEM,
+					  "AdamW's moments need %.2f GiB, more than the device's %.2f GiB free (of "
+					  "%.2f) beside the model; take a smaller --batch (--accum K keeps the "
+					  "batch), --time or shape",
+					  total * g, free_b * g, total_b * g);
+			train_free(m);
+			return st;
+		}
 		st = dg_malloc(dev, total, &tr->mom);
 		if (!st)
 			st = dg_malloc(dev, sizeof(dg_adamw_ctl), &tr->ctl);
@@ -147,6 +199,19 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 			st = dg_malloc(dev, tr->norm_ws_bytes, &tr->norm_ws);
 		if (!st)
 			st = dg_host_alloc(dev, sizeof(slot) * DG_MODEL_TRAIN_RING, (void **)&tr->ring);
+		const size_t rk = (size_t)DG_MODEL_TRAIN_RING * (size_t)m->accum;
+		if (!st)
+			st = dg_host_alloc(dev, 4 * rk, (void **)&tr->mloss);
+		if (!st)
+			st = dg_host_alloc(dev, 4 * rk, (void **)&tr->mbad);
+		if (!st && !(tr->gr = calloc((size_t)m->accum, sizeof(*tr->gr))))
+			st = dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+		if (!st && m->accum > 1) {
+			const float inv = (float)(1.0 / m->accum);
+			st = dg_malloc(dev, sizeof(float), &tr->inv_k);
+			if (!st)
+				st = dg_memcpy_htod(dev, tr->inv_k, &inv, sizeof(inv));
+		}
 		for (int k = 0; k < DG_MODEL_TRAIN_RING && !st; k++) {
 			st = dg_event_create(dev, &tr->ev[k]);
 			tr->ring_step[k] = -1;
@@ -164,10 +229,8 @@ dg_status dg_model_optim_init(dg_model *m, const dg_adamw_config *c, float *cons
 		}
 	}
 	dg__gm_train *tr = m->tr;
-	if (tr->ls.mode != sc.mode) { /* the loss's node reads S or not: recapture */
-		dg_graph_destroy(tr->graph);
-		tr->graph = NULL;
-	}
+	if (tr->ls.mode != sc.mode) /* the loss's node reads S or not: recapture */
+		drop_graphs(m);
 	tr->opt = *c;
 	tr->ls = sc;
 	tr->use_graph = graph;
@@ -257,22 +320,30 @@ static dg_status comm_init(dg_model *m)
 	return st;
 }
 
-/* The step's work on the device, after its batch and control block. */
-static dg_status body(dg_model *m, const dg_model_batch *bt)
+/* Micro-batch i's work on the device, after its batch and control block:
+ * the nodes (and, the last, the all-reduce and the tail). */
+static dg_status body(dg_model *m, const dg_model_batch *bt, int i)
 {
 	dg__gm_train *tr = m->tr;
 	dg_status st = DG_OK;
+	const bool last = i == m->accum - 1;
 	m->step_at = tr->ctl + offsetof(dg_adamw_ctl, step);
-	m->grad_scale_at = tr->ls.mode ? tr->ctl + offsetof(dg_adamw_ctl, loss_scale) : 0;
+	m->grad_scale_at = tr->ls.mode ? tr->ctl + offsetof(dg_adamw_ctl, loss_scale) : tr->inv_k;
+	m->micro = i;
+	m->last = last;
 	for (int k = 0; k < m->t.n_nodes && !st; k++) {
 		st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
-		for (int p = 0; tr->comm && p < DG_MODEL_N_PARAMS && !st; p++)
+		for (int p = 0; tr->comm && last && p < DG_MODEL_N_PARAMS && !st; p++)
 			if (tr->last_writer[p] == k)
 				st = reduce_bucket(m, p);
 	}
 	m->step_at = 0;
 	m->grad_scale_at = 0;
-	if (!st && tr->comm)
+	m->micro = 0;
+	m->last = true;
+	if (!last || st)
+		return st;
+	if (tr->comm)
 		st = reduce_join(m);
 	return st ? st : tail(m);
 }
@@ -289,8 +360,7 @@ dg_status dg_model_optim_comm(dg_model *m, struct dg_comm *comm)
 	}
 	if (m->tr->comm != comm) {
 		m->tr->comm = comm;
-		dg_graph_destroy(m->tr->graph); /* captured without it: captured again */
-		m->tr->graph = NULL;
+		drop_graphs(m); /* captured without it: captured again */
 	}
 	return DG_OK;
 }
@@ -326,36 +396,47 @@ static dg_status tail(dg_model *m)
 	return st;
 }
 
-/* Whether the graph was captured with the model's buffers and seed. */
-static bool graph_current(const dg_model *m, uint64_t seed)
+/* Whether micro-batch i's graph was captured with the model's buffers,
+ * seed and row0. */
+static bool graph_current(const dg_model *m, int i, uint64_t seed, uint32_t row0)
 {
-	const dg__gm_train *tr = m->tr;
-	return tr->graph && tr->cap_seed == seed &&
-	       memcmp(tr->cap_base, m->base, sizeof(tr->cap_base)) == 0;
+	const gcap *c = &m->tr->gr[i];
+	return c->graph && c->seed == seed && c->row0 == row0 && memcmp(c->base, m->base, sizeof(c->base)) == 0;
 }
 
-static dg_status capture(dg_model *m, const dg_model_batch *bt)
+static dg_status capture(dg_model *m, const dg_model_batch *bt, int i)
 {
-	dg__gm_train *tr = m->tr;
-	dg_graph_destroy(tr->graph);
-	tr->graph = NULL;
+	gcap *c = &m->tr->gr[i];
+	dg_graph_destroy(c->graph);
+	c->graph = NULL;
 	dg_status st = dg_graph_begin(m->dev);
 	if (st)
 		return st;
-	st = body(m, bt);
+	st = body(m, bt, i);
 	dg_graph *g = NULL;
 	dg_status end = dg_graph_end(m->dev, &g);
 	if (st || end) {
 		dg_graph_destroy(g);
 		return st ? st : end;
 	}
-	tr->graph = g;
-	memcpy(tr->cap_base, m->base, sizeof(tr->cap_base));
-	tr->cap_seed = bt->seed;
+	c->graph = g;
+	memcpy(c->base, m->base, sizeof(c->base));
+	c->seed = bt->seed;
+	c->row0 = bt->row0;
 	return DG_OK;
 }
 
 dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr)
+{
+	if (m && m->accum > 1)
+		return dg__dev_fail(m->dev, DG_ERR_INVALID_ARG,
+				    "dg_model_train_step: the model accumulates %d micro-batches a step: "
+				    "dg_model_train_micro each",
+				    m->accum);
+	return dg_model_train_micro(m, batch, 0, t, lr);
+}
+
+dg_status dg_model_train_micro(dg_model *m, const dg_model_batch *batch, int i, int64_t t, float lr)
 {
 	if (!m || !batch || !batch->idx || !batch->targets)
 		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_train_step: NULL argument")
@@ -368,36 +449,51 @@ dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t 
 	if (t < 0 || t > (int64_t)UINT32_MAX)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_train_step: step %lld out of range",
 				    (long long)t);
+	if (i != tr->next_micro || (i > 0 && t != tr->micro_t))
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "dg_model_train_micro: micro-batch %d of step %lld: the next is micro-batch %d%s",
+				    i, (long long)t, tr->next_micro, i > 0 && t != tr->micro_t ? " of another step" : "");
 	dg_model_batch bt = *batch;
 	bt.step = 0; /* the step is the control block's */
 	bt.train = true;
-	dg_adamw_ctl ctl;
-	dg_adamw_ctl_fill(&tr->opt, t, lr, &ctl);
-	ctl.scaler = tr->ls.mode;
-	ctl.growth_interval = tr->ls.growth_interval;
+	const int K = m->accum;
+	const int k = (int)(t % DG_MODEL_TRAIN_RING);
 	dg_status st = dg__gm_upload(m, &bt);
-	if (!st)
+	if (!st && i == 0) {
+		dg_adamw_ctl ctl;
+		dg_adamw_ctl_fill(&tr->opt, t, lr, &ctl);
+		ctl.scaler = tr->ls.mode;
+		ctl.growth_interval = tr->ls.growth_interval;
 		st = dg_memcpy_htod(dev, tr->ctl, &ctl, DG_ADAMW_CTL_HOST_BYTES);
+		/* the slot's last reader was DG_MODEL_TRAIN_RING steps ago:
+		 * waited for by its event */
+		if (!st)
+			st = dg_event_synchronize(tr->ev[k]);
+		tr->ring_step[k] = -1;
+	}
 	if (st)
 		return st;
-	if (tr->use_graph && tr->queued > 0 && !graph_current(m, bt.seed))
-		st = capture(m, &bt);
+	if (tr->use_graph && tr->queued > 0 && !graph_current(m, i, bt.seed, bt.row0))
+		st = capture(m, &bt, i);
 	if (!st)
-		st = tr->graph && tr->use_graph ? dg_graph_launch(tr->graph) : body(m, &bt);
-	if (st)
+		st = tr->gr[i].graph && tr->use_graph ? dg_graph_launch(tr->gr[i].graph) : body(m, &bt, i);
+	/* this micro-batch's loss and bad flag into the slot's row */
+	const size_t at = (size_t)k * (size_t)K + (size_t)i;
+	if (!st)
+		st = dg_memcpy_dtoh_async(dev, &tr->mloss[at], dg__gm_addr(m, m->id.loss), sizeof(float));
+	if (!st)
+		st = dg_memcpy_dtoh_async(dev, &tr->mbad[at], dg__gm_addr(m, m->id.bad), sizeof(int32_t));
+	if (st) {
+		tr->next_micro = 0; /* the step is lost: the next starts afresh */
 		return st;
+	}
+	tr->micro_t = t;
+	tr->next_micro = i + 1 < K ? i + 1 : 0;
+	if (i + 1 < K)
+		return DG_OK;
 	tr->queued++;
-	/* the results into their slot (its last reader was DG_MODEL_TRAIN_RING
-	 * steps ago: waited for by its event) */
-	int k = (int)(t % DG_MODEL_TRAIN_RING);
 	slot *sl = &tr->ring[k];
-	st = dg_event_synchronize(tr->ev[k]);
-	if (!st)
-		st = dg_memcpy_dtoh_async(dev, &sl->ctl, tr->ctl, sizeof(sl->ctl));
-	if (!st)
-		st = dg_memcpy_dtoh_async(dev, &sl->loss, dg__gm_addr(m, m->id.loss), sizeof(sl->loss));
-	if (!st)
-		st = dg_memcpy_dtoh_async(dev, &sl->bad, dg__gm_addr(m, m->id.bad), sizeof(sl->bad));
+	st = dg_memcpy_dtoh_async(dev, &sl->ctl, tr->ctl, sizeof(sl->ctl));
 	if (!st)
 		st = dg_event_record(tr->ev[k]);
 	tr->ring_step[k] = st ? -1 : t;
@@ -420,9 +516,14 @@ dg_status dg_model_train_result(dg_model *m, int64_t t, double *loss, double *no
 	if (st)
 		return st;
 	const slot *sl = &tr->ring[k];
-	if (sl->bad)
-		return dg__dev_fail(m->dev, DG_ERR_INTERNAL, "a token reached the GPU outside the vocabulary");
-	*loss = sl->loss;
+	double sum = 0;
+	for (int i = 0; i < m->accum; i++) {
+		const size_t at = (size_t)k * (size_t)m->accum + (size_t)i;
+		if (tr->mbad[at])
+			return dg__dev_fail(m->dev, DG_ERR_INTERNAL, "a token reached the GPU outside the vocabulary");
+		sum += tr->mloss[at];
+	}
+	*loss = m->accum == 1 ? (double)tr->mloss[(size_t)k] : sum / m->accum;
 	*norm = sl->ctl.norm;
 	if (skipped)
 		*skipped = sl->ctl.skip != 0;
@@ -456,7 +557,10 @@ dg_status dg_model_optim_get(dg_model *m, dg_model_weights *w, float *const *m1,
 
 bool dg_model_graph_live(const dg_model *m)
 {
-	return m && m->tr && m->tr->use_graph && m->tr->graph && graph_current(m, m->tr->cap_seed);
+	if (!m || !m->tr || !m->tr->use_graph || !m->tr->gr)
+		return false;
+	const gcap *c = &m->tr->gr[m->accum - 1];
+	return c->graph && graph_current(m, m->accum - 1, c->seed, c->row0);
 }
 
 dg_status dg_model_optim_time(dg_model *m, int reps, double *ms)

@@ -96,12 +96,19 @@ dg_status dg_model_config_check(const dg_model_config *c, char *msg, size_t size
 	if (c->embd < 4 || c->embd > 65536 || c->embd % 4)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
 				"embd=%d: must be a multiple of 4 from 4 to 65536", c->embd);
-	if (c->neurons < 4 || c->neurons > (1 << 20) || c->neurons % 4)
+	if (c->neurons < 4 || c->neurons > DG_MODEL_MAX_NEURONS || c->neurons % 4)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
-				"neurons=%d: must be a multiple of 4 (RoPE pairs, packed codes) up to 2^20",
-				c->neurons);
-	if (c->vocab < 2 || c->vocab > (1 << 20))
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "vocab=%d: must be 2 to 2^20", c->vocab);
+				"neurons=%d: must be a multiple of 4 (RoPE pairs, packed codes) up to %d a head",
+				c->neurons, DG_MODEL_MAX_NEURONS);
+	/* K = H·N: the decoder's reduction, a row of its copies (int32 counts
+	 * of a head's rows in the kernels) */
+	if ((int64_t)c->heads * c->neurons > DG_MODEL_MAX_HN)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+				"heads=%d, neurons=%d: H·N = %lld, the decoder's K, must be at most 2^20 (%d)",
+				c->heads, c->neurons, (long long)c->heads * c->neurons, DG_MODEL_MAX_HN);
+	if (c->vocab < 2 || c->vocab > DG_MODEL_MAX_VOCAB)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "vocab=%d: must be 2 to %d (the kernels' token ids)",
+				c->vocab, DG_MODEL_MAX_VOCAB);
 	if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dropout=%g: must be in [0, 1)",
 				(double)c->dropout);

@@ -37,6 +37,7 @@ void dg_train_defaults(dg_train_opts *o, int64_t steps)
 	dg_model_preset("bf16", &o->model, msg, sizeof(msg));
 	o->batch = 8;
 	o->time = 512;
+	o->accum = 1;
 	dg_adamw_defaults(&o->opt, steps);
 	o->seed = 1337;
 	o->eval_every = 100;
@@ -68,6 +69,12 @@ static dg_status step_of(stepper *sp, const dg_model_weights *w, const dg_model_
 	if (st)
 		dg__msgf(st, msg, size, "%s", dg_device_errmsg(sp->dev));
 	return st;
+}
+
+/* Micro-batches a step (0 reads 1). */
+static int accum_of(const dg_train_opts *o)
+{
+	return o->accum > 1 ? o->accum : 1;
 }
 
 /* This process's rank and the world's size (1, 0 alone). */
@@ -123,7 +130,8 @@ typedef struct run_ctx {
 	const char *logp;
 	char changed[1024];     /* a resume's changes (JSON members) for its first line; "" none */
 	int32_t *idx, *tgt;
-	size_t bt;              /* tokens a step */
+	size_t bt;              /* tokens a step (every micro-batch's) */
+	dg_model_weights *micro; /* the CPU with accum > 1: one micro-batch's gradients */
 	double t0, t_last;      /* the run's start; the last step's end */
 	double t_run;           /* dg_train_run's start */
 	int64_t end;            /* the step the run stops after */
@@ -402,6 +410,7 @@ static dg_status resume_check(const dg_train_opts *o, const dg_corpus *c, const 
 		long long have, want; /* have 0: the checkpoint does not say */
 	} v[] = { { "batch", "--batch", s->batch, o->batch },
 		  { "time", "--time", s->time, o->time },
+		  { "accum", "--accum", s->accum ? s->accum : (s->batch ? 1 : 0), accum_of(o) },
 		  { "steps", "--steps", s->opt.steps, o->opt.steps } };
 	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
 		if (!v[i].have || v[i].have == v[i].want)
@@ -432,6 +441,9 @@ static dg_status check_opts(const dg_train_opts *o, const dg_corpus *c, char *ms
 	dg_status st = dg_model_config_check(&o->model, msg, msg_size);
 	if (!st)
 		st = dg_adamw_check(&o->opt, msg, msg_size);
+	if (!st && (o->accum < 0 || o->accum > DG_TRAIN_MAX_ACCUM))
+		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+			      "accum %d: micro-batches a step must be 1..%d", o->accum, DG_TRAIN_MAX_ACCUM);
 	if (!st && (o->batch < 1 || o->time < 1 || o->eval_batches < 1))
 		st = dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
 			      "batch %d, time %d, eval_batches %d: each must be at least 1", o->batch, o->time,
@@ -440,6 +452,11 @@ static dg_status check_opts(const dg_train_opts *o, const dg_corpus *c, char *ms
 		st = dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
 			      "--loss-scale dynamic: the loss scaler runs on the GPU model only; train on a GPU, "
 			      "or drop it (--loss-scale off) on the CPU");
+	if (!st && o->loss_scale && accum_of(o) > 1)
+		st = dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
+			      "--accum %d with --loss-scale dynamic: not supported (the loss's gradient would be "
+			      "S, not S/K); accumulate without the scaler (--loss-scale off)",
+			      o->accum);
 	if (!st && !o->dev && !dg_model_cpu_runs(&o->model))
 		st = dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
 			      "preset %s: the CPU model runs f32, w8a8 and bitnet; train it on a GPU",
@@ -463,10 +480,67 @@ static dg_status check_opts(const dg_train_opts *o, const dg_corpus *c, char *ms
 	if (!st)
 		st = dg_corpus_check(c, o->time, msg, msg_size);
 	/* the CPU model's step, the masters, two moments, the gradients and
-	 * the init: held to the machine's memory before any is allocated */
+	 * the init (and a micro-batch's gradients with accum): held to the machine's memory before any is allocated */
 	if (!st && !o->dev)
-		st = dg_model_cpu_fits(&o->model, o->batch / world_of(o), o->time, 5, NULL, msg, msg_size);
+		st = dg_model_cpu_fits(&o->model, o->batch / world_of(o), o->time, accum_of(o) > 1 ? 6 : 5, NULL,
+				       msg, msg_size);
 	return st;
+}
+
+/* Micro-batch k of a step whose first micro-batch is b (this rank's rows
+ * of the first B): the global batch's rows k·B .. k·B + B − 1, this
+ * rank's share of them, their dropout masks the K·B-row batch's. */
+static dg_model_batch micro_batch(const dg_train_opts *o, const dg_model_batch *b, int k)
+{
+	dg_model_batch mb = *b;
+	const size_t off = (size_t)k * (size_t)o->batch * (size_t)o->time;
+	mb.idx += off;
+	mb.targets += off;
+	mb.row0 += (uint32_t)(k * o->batch);
+	return mb;
+}
+
+/* The CPU model's step of K micro-batches: each one's gradients into
+ * r->micro, summed into grads; then grads and the loss times 1/K (the
+ * mean over the K·B rows, as one batch of them gives it up to the sums'
+ * order). K = 1: the step itself. */
+static dg_status cpu_accum(run_ctx *r, const dg_model_batch *b, double *loss, dg_model_weights *grads,
+			   char *msg, size_t size)
+{
+	const dg_train_opts *o = r->o;
+	const int K = accum_of(o);
+	if (K == 1)
+		return step_of(r->sp, r->s->weights, b, loss, grads, msg, size);
+	const dg_model_config *mc = &r->s->weights->config;
+	double sum = 0;
+	for (int k = 0; k < K; k++) {
+		dg_model_batch mb = micro_batch(o, b, k);
+		double l;
+		dg_status st = step_of(r->sp, r->s->weights, &mb, &l, k ? r->micro : grads, msg, size);
+		if (st)
+			return st;
+		sum += l;
+		for (int p = 0; k && p < DG_MODEL_N_PARAMS; p++) {
+			int nd;
+			int64_t sh[3];
+			size_t n = (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh);
+			float *g = grads->params[p];
+			const float *m = r->micro->params[p];
+			for (size_t i = 0; i < n; i++)
+				g[i] += m[i];
+		}
+	}
+	const float inv = (float)(1.0 / K);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		int nd;
+		int64_t sh[3];
+		size_t n = (size_t)dg_model_param_shape(mc, (dg_model_param)p, &nd, sh);
+		float *g = grads->params[p];
+		for (size_t i = 0; i < n; i++)
+			g[i] *= inv;
+	}
+	*loss = sum / K;
+	return DG_OK;
 }
 
 dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_progress progress,
@@ -504,7 +578,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	snprintf(logp, sizeof(logp), "%s/log.jsonl", o->out_dir);
 	int64_t latest = -1;
 	dg_train_state *s = NULL;
-	dg_model_weights *w0 = NULL, *grads = NULL;
+	dg_model_weights *w0 = NULL, *grads = NULL, *micro = NULL;
 	int32_t *idx = NULL, *tgt = NULL;
 	stepper sp = { o->dev, NULL };
 	int log = -1;
@@ -551,12 +625,15 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	/* what the checkpoints record of the run's batches */
 	s->time = o->time;
 	s->batch = o->batch;
+	s->accum = accum_of(o);
 	memcpy(s->corpus_sha256, corpus, sizeof(corpus));
 	if (o->result)
 		o->result->first = o->result->step = s->step;
 	if (!o->dev && (st = dg__model_weights_alloc(&o->model, &grads, msg, msg_size)))
 		goto out;
-	size_t bt = (size_t)o->batch * (size_t)o->time;
+	if (!o->dev && accum_of(o) > 1 && (st = dg__model_weights_alloc(&o->model, &micro, msg, msg_size)))
+		goto out;
+	size_t bt = (size_t)accum_of(o) * (size_t)o->batch * (size_t)o->time;
 	idx = malloc(bt * sizeof(int32_t));
 	tgt = malloc(bt * sizeof(int32_t));
 	if (!idx || !tgt) {
@@ -564,7 +641,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		goto out;
 	}
 	const double t0 = now_s(); /* the first step's wall time: to the first step */
-	if (o->dev && ((st = dg_model_create(o->dev, s->weights, lb, o->time, &sp.m)) ||
+	if (o->dev && ((st = dg_model_create_accum(o->dev, s->weights, lb, o->time, accum_of(o), &sp.m)) ||
 		       (st = dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL,
 						 o->resume ? s->v : NULL, !o->no_graph, &s->scaler)) ||
 		       (o->world && o->world->comm &&
@@ -586,7 +663,8 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	const int64_t end = o->stop_at > 0 && o->stop_at < o->opt.steps ? o->stop_at : o->opt.steps;
 	const dg_model_config *mc = &s->weights->config;
 	run_ctx rc = { .o = o, .c = c, .s = s, .sp = &sp, .log = -1, .logp = logp, .idx = idx, .tgt = tgt,
-		       .bt = bt, .t0 = t0, .t_run = t_run, .t_last = t0, .end = end, .saved = o->resume ? s->step : -1,
+		       .bt = bt, .micro = micro, .t0 = t0, .t_run = t_run, .t_last = t0, .end = end,
+		       .saved = o->resume ? s->step : -1,
 		       .progress = progress, .user = user };
 	snprintf(rc.changed, sizeof(rc.changed), "%s", changed);
 	/* a validation a stop cut short: computed now, into its line */
@@ -618,7 +696,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		const int64_t t = s->step;
 		const float lr = dg_adamw_lr(&o->opt, t);
 		const dg_rng rng0 = s->data_rng; /* a step the stop drops draws its batch again */
-		dg_corpus_batch(c, false, &s->data_rng, o->batch, o->time, idx, tgt);
+		dg_corpus_batch(c, false, &s->data_rng, accum_of(o) * o->batch, o->time, idx, tgt);
 		s->data_pos++;
 		dg_model_batch b = { .idx = idx + lb_off, .targets = tgt + lb_off, .b = lb, .t = o->time,
 				     .seed = s->seed, .step = (uint32_t)t, .train = true,
@@ -626,7 +704,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 				     .stop = inner_stop(o) };
 		if (!sp.m) {
 			double loss;
-			if ((st = step_of(&sp, s->weights, &b, &loss, grads, msg, msg_size))) {
+			if ((st = cpu_accum(&rc, &b, &loss, grads, msg, msg_size))) {
 				if (st == DG_ERR_INTERRUPTED) {
 					s->data_rng = rng0;
 					s->data_pos--;
@@ -671,7 +749,11 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 			}
 			continue;
 		}
-		if ((st = dg_model_train_step(sp.m, &b, t, lr))) {
+		for (int k = 0; k < accum_of(o) && !st; k++) {
+			dg_model_batch mb = micro_batch(o, &b, k);
+			st = dg_model_train_micro(sp.m, &mb, k, t, lr);
+		}
+		if (st) {
 			st = dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(o->dev));
 			goto out;
 		}
@@ -695,6 +777,7 @@ out:
 	dg_model_destroy(sp.m);
 	free(idx);
 	free(tgt);
+	dg_model_weights_destroy(micro);
 	dg_model_weights_destroy(grads);
 	dg_model_weights_destroy(w0);
 	dg_train_state_destroy(s);

@@ -1,0 +1,170 @@
+/*
+ * Any BDH shape: every op spec the GPU model's training step would prepare
+ * for a shape on an H200 (sm_90; runtime/train/gpu_model.c
+ * dg__gm_step_specs: each node's ops, the execution copies' and the
+ * optimizer's, listed without a device) validates, plans, renders and
+ * compiles with NVRTC for its arch (sm_90a where the spec is
+ * arch-specific), at shapes past the 25M one:
+ *   - D 768, H 12, N 8192 (K = H·N = 98304, which once passed through
+ *     the embd field's 65536 cap and was refused);
+ *   - D 1280, H 16, N 16384 (3·D·H·N ≈ 1.0B parameters);
+ *   - H·N = 2^20 (H 16, N 65536: the largest K, N the largest a head);
+ *   - D 4096 (H 8, N 8192: the widest row the layer norms hold);
+ *   - an odd small one (D 64, H 3, N 96, vocab 300);
+ * for the w8a8 and bf16 presets. Distinct specs compile once. And the
+ * config past the ranges is refused naming the field before anything is
+ * listed (H·N above 2^20, N above 65536, vocab above 65536).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "dragon/codegen.h"
+#include "dragon/model.h"
+#include "runtime/store/nvrtc.h"
+#include "runtime/train/gpu_model_int.h"
+
+#define MAX_SPECS 512
+
+typedef struct seen {
+	dg_codegen *cg;
+	char (*text)[DG_SPEC_TEXT_MAX];
+	int n, compiled;
+	int ops[DG_OP__COUNT];
+	const char *shape;
+} seen;
+
+/* Each distinct spec: validated, planned, rendered and compiled. */
+static dg_status check_spec(void *user, const dg_spec *spec)
+{
+	seen *z = user;
+	char text[DG_SPEC_TEXT_MAX], e[8192];
+	dg_spec s = *spec;
+	cr_assert_eq(dg_spec_validate(&s, e, sizeof(e)), DG_OK, "%s: %s: %s", z->shape, dg_op_name(s.op), e);
+	dg_spec_to_string(&s, text, sizeof(text));
+	for (int i = 0; i < z->n; i++)
+		if (strcmp(z->text[i], text) == 0)
+			return DG_OK;
+	cr_assert_lt(z->n, MAX_SPECS);
+	snprintf(z->text[z->n++], sizeof(text), "%s", text);
+	z->ops[s.op]++;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_plan(z->cg, &s, &p), DG_OK, "%s: %s: %s", z->shape, text, dg_codegen_errmsg(z->cg));
+	dg_source *src = NULL;
+	cr_assert_eq(dg_codegen_render(z->cg, &s, &src), DG_OK, "%s: %s: %s", z->shape, text,
+		     dg_codegen_errmsg(z->cg));
+	dg__nvrtc_target t;
+	cr_assert_eq(dg__nvrtc_target_for(s.arch, s.arch_specific, &t, e, sizeof(e)), DG_OK, "%s", e);
+	dg__nvrtc_result res;
+	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, e, sizeof(e)), DG_OK, "%s: %s: %s", z->shape, text, e);
+	cr_assert(res.size > 64, "%s", text);
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+	z->compiled++;
+	return DG_OK;
+}
+
+static dg_model_config shape(const char *preset, int D, int H, int N, int V)
+{
+	dg_model_config c;
+	char msg[256];
+	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	c.embd = D;
+	c.heads = H;
+	c.neurons = N;
+	c.vocab = V;
+	return c;
+}
+
+static void step_compiles(const char *preset, int D, int H, int N, int V, int B, int T)
+{
+	char name[128], msg[1024];
+	snprintf(name, sizeof(name), "%s D %d H %d N %d V %d", preset, D, H, N, V);
+	seen z = { .shape = name };
+	z.text = calloc(MAX_SPECS, sizeof(*z.text));
+	cr_assert_not_null(z.text);
+	cr_assert_eq(dg_codegen_create(&z.cg, NULL), DG_OK);
+	dg_model_config c = shape(preset, D, H, N, V);
+	cr_assert_eq(dg__gm_step_specs(&c, B, T, 90, check_spec, &z, msg, sizeof(msg)), DG_OK, "%s: %s", name, msg);
+	printf("nvrtc_shapes %s: %d distinct specs of the step compiled for sm_90/sm_90a\n", name, z.compiled);
+	/* the step's families, each there: the projections, the decoder's
+	 * copies (a row of K = H·N), attention, norms, the loss, AdamW */
+	cr_expect_gt(z.ops[DG_OP_LOWRANK_FWD], 0, "%s", name);
+	cr_expect_gt(z.ops[DG_OP_TRANSPOSE], 0, "%s", name);
+	cr_expect_gt(z.ops[DG_OP_ATTENTION_SCORES], 0, "%s", name);
+	cr_expect_gt(z.ops[DG_OP_LAYERNORM_FWD], 0, "%s", name);
+	cr_expect_gt(z.ops[DG_OP_LMHEAD_CE], 0, "%s", name);
+	cr_expect_gt(z.ops[DG_OP_ADAMW_UPDATE], 0, "%s", name);
+	bool k_row = false; /* a transpose of the decoder: a row of H·N */
+	for (int i = 0; i < z.n; i++) {
+		char want[64];
+		snprintf(want, sizeof(want), "embd=%d;", H * N);
+		if (strstr(z.text[i], "op=transpose;") && strstr(z.text[i], want))
+			k_row = true;
+	}
+	cr_expect(k_row, "%s: no transpose of a row of K = %d", name, H * N);
+	dg_codegen_destroy(z.cg);
+	free(z.text);
+}
+
+Test(nvrtc_shapes, d768_h12_n8192_w8a8, .timeout = 1200)
+{
+	step_compiles("w8a8", 768, 12, 8192, 256, 4, 512);
+}
+
+Test(nvrtc_shapes, d1280_h16_n16384_w8a8, .timeout = 1200)
+{
+	step_compiles("w8a8", 1280, 16, 16384, 256, 2, 512);
+}
+
+Test(nvrtc_shapes, d1280_h16_n16384_bf16, .timeout = 1200)
+{
+	step_compiles("bf16", 1280, 16, 16384, 256, 2, 512);
+}
+
+Test(nvrtc_shapes, hn_2p20_w8a8, .timeout = 1200)
+{
+	step_compiles("w8a8", 256, 16, 65536, 256, 1, 256);
+}
+
+Test(nvrtc_shapes, d4096_w8a8, .timeout = 1200)
+{
+	step_compiles("w8a8", 4096, 8, 8192, 256, 1, 256);
+}
+
+Test(nvrtc_shapes, odd_small_bf16, .timeout = 1200)
+{
+	step_compiles("bf16", 64, 3, 96, 300, 2, 32);
+}
+
+static dg_status count_spec(void *user, const dg_spec *s)
+{
+	(void)s;
+	(*(int *)user)++;
+	return DG_OK;
+}
+
+Test(nvrtc_shapes, shapes_past_the_ranges_are_refused_by_field)
+{
+	static const struct {
+		int D, H, N, V;
+		const char *want;
+	} bad[] = {
+		{ 256, 32, 65536, 256, "heads=32, neurons=65536" }, /* H·N = 2^21 */
+		{ 256, 1, 131072, 256, "neurons=131072" },
+		{ 256, 4, 8192, 65537, "vocab=65537" },
+		{ 256, 65, 64, 256, "heads=65" },
+		{ 258, 4, 64, 256, "embd=258" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char msg[1024];
+		int n = 0;
+		dg_model_config c = shape("w8a8", bad[i].D, bad[i].H, bad[i].N, bad[i].V);
+		cr_expect_eq(dg__gm_step_specs(&c, 1, 16, 90, count_spec, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG,
+			     "%s", bad[i].want);
+		cr_expect(strstr(msg, bad[i].want), "%s: %s", bad[i].want, msg);
+		cr_expect_eq(n, 0, "%s: %d specs listed before the refusal", bad[i].want, n);
+	}
+}
