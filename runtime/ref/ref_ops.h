@@ -244,6 +244,8 @@ void dg_ref_layernorm_bwd(const float *dy, const float *y, const float *rstd, in
  * each. rot(v)[2p] = −v[2p+1], rot(v)[2p+1] = v[2p];
  * out = v·cos + rot(v)·sin over (rows = B·H, t_len, n). */
 void dg_ref_rope_table(int t_len, int n, float *cos_t, float *sin_t);
+/* Row t of the tables alone (n/2 values each): the same values, any t. */
+void dg_ref_rope_row(int t, int n, float *cos_t, float *sin_t);
 void dg_ref_rope_fwd(const float *v, const float *cos_t, const float *sin_t, int64_t rows,
 		     int t_len, int n, float *out);
 /* The transpose: dv = dout·cos + rotᵀ(dout·sin). */
