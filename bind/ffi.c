@@ -270,6 +270,8 @@ struct dg_ffi_model {
 	bool forward;              /* a forward ran (its hidden state is there) */
 	bool targets;              /* it had targets (a loss) */
 	bool backward;             /* its backward may run */
+	dg_model_state *state;     /* the CPU model's decoder state, or NULL */
+	int state_rows;            /* its rows */
 };
 
 dg_status dg_ffi_model_create(dg_device *dev, const char *preset, const dg_ffi_model_sizes *sz, int32_t b,
@@ -336,6 +338,7 @@ void dg_ffi_model_destroy(dg_ffi_model *m)
 		return;
 	dg_model_destroy(m->gm);
 	dg_model_cpu_pass_destroy(m->pass);
+	dg_model_state_destroy(m->state);
 	dg_model_weights_destroy(m->w);
 	dg_model_weights_destroy(m->g);
 	free(m);
@@ -506,6 +509,40 @@ dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64
 		st = dg_model_logits(m->gm, &bt, pos, z);
 	if (st)
 		snprintf(msg, msg_size, "%s", dg_device_errmsg(m->dev));
+	return st;
+}
+
+dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, int32_t n, int32_t restart,
+			      uint64_t out, char *msg, size_t msg_size)
+{
+	if (!m || !tokens || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_decode: NULL argument");
+	if (m->gm)
+		return dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
+				"the GPU model decodes from no state yet: recompute the context's logits "
+				"(dg_ffi_model_logits)");
+	if (rows < 1 || n < 1 || (!restart && n != 1))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"%d rows of %d tokens: at least 1 of each, and 1 token a row without restart",
+				rows, n);
+	if (!restart && (!m->state || m->state_rows != rows))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"no state of %d rows to continue: restart it with the prompts first", rows);
+	const int32_t *tok = (const int32_t *)(uintptr_t)tokens;
+	float *z = (float *)(uintptr_t)out;
+	dg_status st = DG_OK;
+	if (!restart)
+		return dg_model_cpu_decode(m->w, m->state, tok, z, msg, msg_size);
+	if (m->state && m->state_rows != rows) {
+		dg_model_state_destroy(m->state);
+		m->state = NULL;
+	}
+	if (!m->state && (st = dg_model_state_create(&m->c, rows, &m->state, msg, msg_size)))
+		return st;
+	m->state_rows = rows;
+	for (int32_t r = 0; r < rows && !st; r++)
+		st = dg_model_cpu_prefill(m->w, m->state, r, tok + (int64_t)r * n, n, z + (int64_t)r * m->c.vocab,
+					  msg, msg_size);
 	return st;
 }
 

@@ -450,6 +450,56 @@ Test(ffi, cpu_model_logits)
 	dg_ffi_model_destroy(m);
 }
 
+/* dg_ffi_model_decode: rows restarted with their prompts, then a token a
+ * row, the logits as the full forward's over every token so far (within
+ * the f32 state's rounding); continuing without a state, or another
+ * number of rows, refused. */
+Test(ffi, cpu_model_decode)
+{
+	char msg[512];
+	dg_ffi_model *m;
+	cr_assert_eq(dg_ffi_model_create(NULL, "f32", SIZES, 2, 8, 7, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	const dg_model_config *c = dg_ffi_model_config(m);
+	const int V = c->vocab;
+	int32_t idx[24], tgt[24], ctx[12], two[2];
+	tokens(idx, tgt, 24, V, 3);
+	float *got = malloc(2 * (size_t)V * sizeof(float)), *want = malloc((size_t)V * sizeof(float));
+	cr_assert(got && want);
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(c, 7, &w, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)idx, 2, 1, 0, (uint64_t)(uintptr_t)got, msg,
+					 sizeof(msg)),
+		     DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "restart"), "%s", msg);
+	/* rows of 10 prompt tokens: idx[0..9], idx[10..19]; then idx[20], idx[21] */
+	cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)idx, 2, 10, 1, (uint64_t)(uintptr_t)got, msg,
+					 sizeof(msg)),
+		     DG_OK, "%s", msg);
+	for (int k = 0; k < 2; k++) {
+		for (int r = 0; r < 2; r++) {
+			memcpy(ctx, idx + 10 * r, 10 * sizeof(int32_t));
+			if (k)
+				ctx[10] = idx[20 + r];
+			dg_model_batch bt = { .idx = ctx, .b = 1, .t = 10 + k };
+			cr_assert_eq(dg_model_cpu_logits(w, &bt, 9 + k, want, msg, sizeof(msg)), DG_OK, "%s", msg);
+			for (int v = 0; v < V; v++)
+				cr_assert_float_eq(got[r * V + v], want[v], 1e-5, "row %d, step %d, logit %d", r, k, v);
+		}
+		two[0] = idx[20], two[1] = idx[21];
+		if (!k)
+			cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)two, 2, 1, 0,
+							 (uint64_t)(uintptr_t)got, msg, sizeof(msg)),
+				     DG_OK, "%s", msg);
+	}
+	cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)two, 1, 1, 0, (uint64_t)(uintptr_t)got, msg,
+					 sizeof(msg)),
+		     DG_ERR_INVALID_ARG);
+	dg_model_weights_destroy(w);
+	dg_ffi_model_destroy(m);
+	free(got);
+	free(want);
+}
+
 /* The GPU model through the door against dg_model_step, before and after
  * its masters are changed on the device. */
 static void gpu_model_case(const char *preset)

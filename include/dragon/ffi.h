@@ -45,8 +45,8 @@ extern "C" {
  * 4: bundles, dg_ffi_bundle_build, dg_ffi_bundle_default_specs,
  * dg_ffi_bundle_check;
  * 5: dg_ffi_spec_destroy, dg_corpus_close, in place of dg_ffi_spec_free,
- * dg_corpus_destroy). */
-#define DG_FFI_VERSION 5
+ * dg_corpus_destroy; 6: dg_ffi_model_decode). */
+#define DG_FFI_VERSION 6
 DG_API int dg_ffi_version(void);
 
 /* A tensor: dg_tensor with fixed-size fields. fmt is a dg_fmt value
@@ -231,6 +231,20 @@ DG_API dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int3
  */
 DG_API dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64_t out, char *msg,
 				     size_t msg_size);
+
+/*
+ * Decoding from a state (dragon/model.h dg_model_state), the CPU model
+ * only: the context is every token so far, no window, and a token costs
+ * the same at any position. restart 1: a state of `rows` rows, row r
+ * started with its n tokens, tokens + r·n ((rows, n) int32 on the host);
+ * restart 0: one more token a row (n 1, tokens (rows)) to the state
+ * made last. out: (rows, V) f32 on the host, the logits after each row's
+ * last token, row r at out + r·V. The masters as they are now.
+ * DG_ERR_UNSUPPORTED on a GPU model; DG_ERR_INVALID_ARG naming what is
+ * wrong (a token outside the vocabulary, no state to continue).
+ */
+DG_API dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, int32_t n,
+				     int32_t restart, uint64_t out, char *msg, size_t msg_size);
 
 /* ---- bundles ------------------------------------------------------------------- */
 

@@ -24,7 +24,7 @@ import os
 import subprocess
 import threading
 
-FFI_VERSION = 5
+FFI_VERSION = 6
 MSG = 1024  # bytes of a message buffer
 
 
@@ -209,6 +209,7 @@ _PROTOS = {
     "dg_ffi_model_backward": (ctypes.c_int, [_P, _STR, _SZ]),
     "dg_ffi_model_hidden": (ctypes.c_int, [_P, ctypes.POINTER(_U64), ctypes.POINTER(_I32), ctypes.c_int64 * 3]),
     "dg_ffi_model_logits": (ctypes.c_int, [_P, _U64, _I32, _U64, _STR, _SZ]),
+    "dg_ffi_model_decode": (ctypes.c_int, [_P, _U64, _I32, _I32, _I32, _U64, _STR, _SZ]),
     "dg_ffi_bundle_build": (ctypes.c_int, [_STR, ctypes.POINTER(_STR), _I32, _STR, _I32, _I32, _STR, _I32, _STR,
                                            _I32, ctypes.POINTER(BundleSummary), _STR, _SZ]),
     "dg_ffi_bundle_default_specs": (ctypes.c_int, [_STR, _U64, ctypes.POINTER(_U64), ctypes.POINTER(_I32), _STR,
