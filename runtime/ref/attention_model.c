@@ -14,6 +14,15 @@
 
 #define ROPE_THETA 65536.0f
 
+void dg_ref_rope_freq(int n, float *freq)
+{
+	const float two_pi = (float)(2.0 * M_PI);
+	for (int p = 0; p < n / 2; p++) {
+		float expo = (float)(2 * p) / (float)n;
+		freq[2 * p] = freq[2 * p + 1] = 1.0f / powf(ROPE_THETA, expo) / two_pi;
+	}
+}
+
 void dg_ref_rope_row(int t, int n, float *cos_t, float *sin_t)
 {
 	const float two_pi = (float)(2.0 * M_PI);
