@@ -47,6 +47,7 @@
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "runtime/gpu/gpu_int.h"
+#include "runtime/ref/ref_ops.h"
 #include "runtime/train/gpu_model_int.h"
 
 /* ---- create, plan ----------------------------------------------------------- */
@@ -261,6 +262,11 @@ void dg_model_destroy(dg_model *m)
 		dg__exec_free(&m->ex[n]);
 	free(m->ex);
 	dg__tape_free(&m->t);
+	(void)dg_free(m->dev, m->state);
+	(void)dg_free(m->dev, m->pos_d);
+	(void)dg_free(m->dev, m->freq_d);
+	free(m->pos);
+	free(m->pos_f);
 	free(m);
 }
 
@@ -380,6 +386,40 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 
 dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t, dg_model **out)
 {
+	return dg__gm_create(dev, w, b, t, false, out);
+}
+
+/* A decoder's state, positions and frequencies (before its nodes are
+ * sized: they read the addresses). */
+static dg_status decode_alloc(dg_model *m, dg_device *dev, const dg_model_config *c, int b)
+{
+	if (b < 1)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "a decoder of %d rows: at least 1", b);
+	const size_t state = (size_t)c->layers * (size_t)b * (size_t)c->heads * (size_t)c->neurons *
+			     (size_t)c->embd * sizeof(float);
+	m->decode = true;
+	m->pos = calloc((size_t)b, sizeof(int64_t));
+	m->pos_f = calloc((size_t)b, sizeof(float));
+	float *freq = malloc((size_t)c->neurons * sizeof(float));
+	dg_status st = m->pos && m->pos_f && freq ? DG_OK : dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	if (!st)
+		st = dg_malloc(dev, state, &m->state);
+	if (!st)
+		st = dg_memset8(dev, m->state, 0, state);
+	if (!st)
+		st = dg_malloc(dev, (size_t)b * sizeof(float), &m->pos_d);
+	if (!st)
+		st = dg_malloc(dev, (size_t)c->neurons * sizeof(float), &m->freq_d);
+	if (!st) {
+		dg_ref_rope_freq(c->neurons, freq);
+		st = dg_memcpy_htod(dev, m->freq_d, freq, (size_t)c->neurons * sizeof(float));
+	}
+	free(freq);
+	return st;
+}
+
+dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, bool decode, dg_model **out)
+{
 	if (!dev || !w || !out)
 		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_create: NULL argument")
 			   : DG_ERR_INVALID_ARG;
@@ -387,7 +427,10 @@ dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int 
 	dg_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	dg_status st = build(m, dev, &w->config, b, t);
+	m->dev = dev;
+	dg_status st = decode ? decode_alloc(m, dev, &w->config, b) : DG_OK;
+	if (!st)
+		st = build(m, dev, &w->config, b, t);
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
 		m->base[k] = 0;
 		if (m->t.arena[k])

@@ -35,9 +35,22 @@ struct dg_model {
 	dg_dptr grad_scale_at;      /* 0, or the loss scaler's S on the device
 				     * (the control block's loss_scale): the
 				     * loss's backward multiplies by it */
+	/* decoding from a state (gpu_decode.c: a model of (b, 1) whose
+	 * attention node runs attention_step), else false and 0 */
+	bool decode;
+	dg_dptr state;              /* (layers, B, H, N, D) f32: each layer's S */
+	dg_dptr pos_d;              /* (B) f32: each row's position this token */
+	dg_dptr freq_d;             /* (N) f32: RoPE's frequencies (dg_ref_rope_freq) */
+	int64_t *pos;               /* (B) host: each row's consumed tokens */
+	float *pos_f;               /* (B) host: the staging of pos_d */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
 	void (*tr_free)(dg_model *m); /* frees tr (set with it: destroy calls it) */
 };
+
+/* dg_model_create's model (decode false), or a decoder of b rows (decode
+ * true: t must be 1; its state, positions and RoPE frequencies allocated
+ * first, so its attention nodes are sized as attention_step). */
+dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, bool decode, dg_model **out);
 
 /* The batch's checks and its upload: tokens, targets, the bad flag reset. */
 dg_status dg__gm_upload(dg_model *m, const dg_model_batch *bt);
