@@ -519,8 +519,8 @@ dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, in
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_decode: NULL argument");
 	if (m->gm)
 		return dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
-				"the GPU model decodes from no state yet: recompute the context's logits "
-				"(dg_ffi_model_logits)");
+				"the door decodes on the CPU model; on a GPU, dg_model_state_create on the "
+				"device from the weights (dragon/model.h), or dg_ffi_model_logits");
 	if (rows < 1 || n < 1 || (!restart && n != 1))
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
 				"%d rows of %d tokens: at least 1 of each, and 1 token a row without restart",
@@ -531,19 +531,14 @@ dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, in
 	const int32_t *tok = (const int32_t *)(uintptr_t)tokens;
 	float *z = (float *)(uintptr_t)out;
 	dg_status st = DG_OK;
-	if (!restart)
-		return dg_model_cpu_decode(m->w, m->state, tok, z, msg, msg_size);
-	if (m->state && m->state_rows != rows) {
+	if (restart && m->state && m->state_rows != rows) {
 		dg_model_state_destroy(m->state);
 		m->state = NULL;
 	}
-	if (!m->state && (st = dg_model_state_create(&m->c, rows, &m->state, msg, msg_size)))
+	if (!m->state && (st = dg_model_state_create(NULL, m->w, rows, &m->state, msg, msg_size)))
 		return st;
 	m->state_rows = rows;
-	for (int32_t r = 0; r < rows && !st; r++)
-		st = dg_model_cpu_prefill(m->w, m->state, r, tok + (int64_t)r * n, n, z + (int64_t)r * m->c.vocab,
-					  msg, msg_size);
-	return st;
+	return dg_model_decode(m->state, -1, tok, n, restart != 0, z, msg, msg_size);
 }
 
 dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fmt, int64_t shape[3])

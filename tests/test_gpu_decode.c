@@ -7,7 +7,7 @@
  *
  *   - f32: greedy decoding of 200 tokens after a prompt of 9 gives the same
  *     ids, the logits within 1e-3 of the largest; and the CPU decoder's
- *     logits (dg_model_cpu_decode) within the same bound;
+ *     logits (dg_model_decode on the CPU) within the same bound;
  *   - bf16 and w8a8: the same 40 tokens fed to both (teacher forcing), the
  *     logits within 5e-2 of the largest (bf16 rounding, and codes that may
  *     round the other way between the two forms' sums);
@@ -95,7 +95,7 @@ static void run_case(dg_device *dev, const char *preset, int np, int len, bool g
 	const bool cpu = strcmp(preset, "f32") == 0;
 	dg_model_state *cs = NULL;
 	if (cpu)
-		cr_assert_eq(dg_model_state_create(&w->config, 1, &cs, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(dg_model_state_create(NULL, w, 1, &cs, msg, sizeof(msg)), DG_OK, "%s", msg);
 	static int32_t ctx[TMAX];
 	static float zd[V], zf[V], zc[V];
 	dg_rng r;
@@ -104,7 +104,7 @@ static void run_case(dg_device *dev, const char *preset, int np, int len, bool g
 		ctx[i] = dg_rng_int(&r, 0, V - 1);
 	cr_assert_eq(dg__model_decode(dec, ctx, np, true, zd), DG_OK, "%s", dg_device_errmsg(dev));
 	if (cpu)
-		cr_assert_eq(dg_model_cpu_prefill(w, cs, 0, ctx, np, zc, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(dg_model_decode(cs, 0, ctx, np, true, zc, msg, sizeof(msg)), DG_OK, "%s", msg);
 	double worst = 0;
 	for (int k = np; k < np + len; k++) {
 		full_logits(dev, full, 1, ctx, k, zf);
@@ -121,7 +121,7 @@ static void run_case(dg_device *dev, const char *preset, int np, int len, bool g
 		}
 		cr_assert_eq(dg__model_decode(dec, &ctx[k], 1, false, zd), DG_OK, "%s", dg_device_errmsg(dev));
 		if (cpu)
-			cr_assert_eq(dg_model_cpu_decode(w, cs, &ctx[k], zc, msg, sizeof(msg)), DG_OK, "%s", msg);
+			cr_assert_eq(dg_model_decode(cs, -1, &ctx[k], 1, false, zc, msg, sizeof(msg)), DG_OK, "%s", msg);
 	}
 	printf("gpu decode %s: %d tokens after %d, worst relative logit error %.3g\n", preset, len, np, worst);
 	dg_model_state_destroy(cs);

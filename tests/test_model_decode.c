@@ -1,12 +1,13 @@
 /*
- * Decoding from a state on the CPU (runtime/train/cpu_decode.c): greedy
+ * Decoding from a state on the CPU (runtime/train/decode.c, dg_model_decode): greedy
  * decoding of 200 tokens after a prompt gives the same token ids as the
  * full forward recomputed over the whole context for every token
  * (dg_model_cpu_logits, no window: the context passes the T a model
  * trains at), and logits within f32 rounding of it, from the 0.02 init and
  * from weights scaled up as a trained model's are (peaked logits, sparse
  * activations); batched rows of different prompts and positions each as
- * their own sequence; a low-bit recipe's logits; and the refusals.
+ * their own sequence (every row at once, or one row continued alone); a
+ * low-bit recipe's logits; and the refusals.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -80,8 +81,8 @@ static void greedy_equal(const dg_model_weights *w, int np, int len, double tol,
 	for (int i = 0; i < np; i++)
 		ctx[i] = dg_rng_int(&r, 0, V - 1);
 	dg_model_state *s;
-	cr_assert_eq(dg_model_state_create(&w->config, 1, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	cr_assert_eq(dg_model_cpu_prefill(w, s, 0, ctx, np, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_state_create(NULL, w, 1, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_decode(s, 0, ctx, np, true, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
 	double worst = 0;
 	for (int k = np; k < n; k++) {
 		full_logits(w, ctx, k, zf);
@@ -93,7 +94,7 @@ static void greedy_equal(const dg_model_weights *w, int np, int len, double tol,
 			     k, a, b);
 		ctx[k] = a;
 		if (k + 1 < n)
-			cr_assert_eq(dg_model_cpu_decode(w, s, &ctx[k], zs, msg, sizeof(msg)), DG_OK, "%s", msg);
+			cr_assert_eq(dg_model_decode(s, -1, &ctx[k], 1, false, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
 	}
 	cr_log_info("greedy %d tokens after %d: worst relative logit error %.3g", len, np, worst);
 	dg_model_state_destroy(s);
@@ -133,14 +134,14 @@ Test(model_decode, lowbit_recipe_logits)
 	for (int i = 0; i < n; i++)
 		ctx[i] = dg_rng_int(&r, 0, V - 1);
 	dg_model_state *s;
-	cr_assert_eq(dg_model_state_create(&w->config, 1, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	cr_assert_eq(dg_model_cpu_prefill(w, s, 0, ctx, 12, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_state_create(NULL, w, 1, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_decode(s, 0, ctx, 12, true, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
 	for (int k = 12; k <= n; k++) {
 		full_logits(w, ctx, k, zf);
 		double e = rel_err(zs, zf, V);
 		cr_assert_lt(e, 0.05, "w8a8, after %d tokens: logits %g off", k, e);
 		if (k < n)
-			cr_assert_eq(dg_model_cpu_decode(w, s, &ctx[k], zs, msg, sizeof(msg)), DG_OK, "%s", msg);
+			cr_assert_eq(dg_model_decode(s, -1, &ctx[k], 1, false, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
 	}
 	dg_model_state_destroy(s);
 	dg_model_weights_destroy(w);
@@ -161,14 +162,14 @@ Test(model_decode, batched_rows_are_their_own_sequences)
 	dg_rng r;
 	dg_rng_seed(&r, 19);
 	dg_model_state *s;
-	cr_assert_eq(dg_model_state_create(&w->config, B, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_state_create(NULL, w, B, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
 	for (int b = 0; b < B; b++) {
 		for (int i = 0; i < np[b] + len; i++)
 			ctx[b][i] = dg_rng_int(&r, 0, V - 1);
 		/* a row prefilled twice restarts: the first prompt leaves nothing */
-		cr_assert_eq(dg_model_cpu_prefill(w, s, b, ctx[b] + 1, 5, NULL, msg, sizeof(msg)), DG_OK, "%s",
+		cr_assert_eq(dg_model_decode(s, b, ctx[b] + 1, 5, true, zs + (size_t)b * V, msg, sizeof(msg)), DG_OK, "%s",
 			     msg);
-		cr_assert_eq(dg_model_cpu_prefill(w, s, b, ctx[b], np[b], zs + (size_t)b * V, msg, sizeof(msg)),
+		cr_assert_eq(dg_model_decode(s, b, ctx[b], np[b], true, zs + (size_t)b * V, msg, sizeof(msg)),
 			     DG_OK, "%s", msg);
 	}
 	for (int k = 0; k <= len; k++) {
@@ -179,34 +180,70 @@ Test(model_decode, batched_rows_are_their_own_sequences)
 			tok[b] = ctx[b][np[b] + k];
 		}
 		if (k < len)
-			cr_assert_eq(dg_model_cpu_decode(w, s, tok, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
+			cr_assert_eq(dg_model_decode(s, -1, tok, 1, false, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
 	}
 	dg_model_state_destroy(s);
 	dg_model_weights_destroy(w);
 	free(zs);
 }
 
+Test(model_decode, every_row_at_once_and_a_row_continued)
+{
+	/* two rows restarted together with prompts of 10 (row -1, n 10), row
+	 * 1 continued with 3 more tokens alone, then a token each: each row's
+	 * logits as its own context's full forward */
+	char msg[512];
+	dg_model_weights *w = weights_of("f32", 21, 25.0f);
+	const int V = w->config.vocab;
+	int32_t ctx[2][16], tok[2];
+	float zs[2 * 256], zf[256];
+	dg_rng r;
+	dg_rng_seed(&r, 23);
+	for (int b = 0; b < 2; b++)
+		for (int i = 0; i < 16; i++)
+			ctx[b][i] = dg_rng_int(&r, 0, V - 1);
+	int32_t prompts[2][10];
+	memcpy(prompts[0], ctx[0], sizeof(prompts[0]));
+	memcpy(prompts[1], ctx[1], sizeof(prompts[1]));
+	dg_model_state *s;
+	cr_assert_eq(dg_model_state_create(NULL, w, 2, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_decode(s, -1, &prompts[0][0], 10, true, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
+	for (int b = 0; b < 2; b++) {
+		full_logits(w, ctx[b], 10, zf);
+		cr_assert_lt(rel_err(zs + b * V, zf, V), 1e-4, "row %d after its prompt", b);
+	}
+	cr_assert_eq(dg_model_decode(s, 1, &ctx[1][10], 3, false, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
+	full_logits(w, ctx[1], 13, zf);
+	cr_assert_lt(rel_err(zs, zf, V), 1e-4, "row 1 continued");
+	tok[0] = ctx[0][10];
+	tok[1] = ctx[1][13];
+	cr_assert_eq(dg_model_decode(s, -1, tok, 1, false, zs, msg, sizeof(msg)), DG_OK, "%s", msg);
+	full_logits(w, ctx[0], 11, zf);
+	cr_assert_lt(rel_err(zs, zf, V), 1e-4, "row 0 at 11");
+	full_logits(w, ctx[1], 14, zf);
+	cr_assert_lt(rel_err(zs + V, zf, V), 1e-4, "row 1 at 14");
+	dg_model_state_destroy(s);
+	dg_model_weights_destroy(w);
+}
+
 Test(model_decode, refusals)
 {
 	char msg[512];
-	dg_model_weights *w = weights_of("f32", 1, 1.0f), *other = weights_of("f32", 1, 1.0f);
-	dg_model_state *s, *s2;
+	dg_model_weights *w = weights_of("f32", 1, 1.0f), *bf = weights_of("bf16", 1, 1.0f);
+	dg_model_state *s;
 	float z[2 * 256];
 	int32_t tok[2] = { 1, 256 };
-	cr_assert_eq(dg_model_state_create(&w->config, 0, &s, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_model_state_create(&w->config, 2, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	cr_assert_eq(dg_model_cpu_decode(w, s, tok, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_state_create(NULL, w, 0, &s, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_state_create(NULL, bf, 1, &s, msg, sizeof(msg)), DG_ERR_UNSUPPORTED);
+	cr_assert(strstr(msg, "bf16"), "%s", msg);
+	cr_assert_eq(dg_model_state_create(NULL, w, 2, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg_model_decode(s, -1, tok, 1, false, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "tokens[1] = 256"), "%s", msg);
-	cr_assert_eq(dg_model_cpu_prefill(w, s, 2, tok, 1, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
-	cr_assert_eq(dg_model_cpu_prefill(w, s, 0, tok, 0, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
-	dg_model_config c = other->config;
-	c.neurons = 128;
-	cr_assert_eq(dg_model_state_create(&c, 1, &s2, msg, sizeof(msg)), DG_OK, "%s", msg);
-	cr_assert_eq(dg_model_cpu_prefill(w, s2, 0, tok, 1, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
-	cr_assert(strstr(msg, "another model"), "%s", msg);
-	dg_model_state_destroy(s2);
+	cr_assert_eq(dg_model_decode(s, 2, tok, 1, true, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_decode(s, 0, tok, 0, true, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_model_decode(s, -2, tok, 1, true, z, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	dg_model_state_destroy(s);
 	dg_model_state_destroy(NULL);
 	dg_model_weights_destroy(w);
-	dg_model_weights_destroy(other);
+	dg_model_weights_destroy(bf);
 }

@@ -286,32 +286,34 @@ DG_API dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_b
  * With no softmax, BDH's attention is linear attention (Q = K = qr, V =
  * x): o_t = qr_t·S_{t−1}, S_t = S_{t−1} + qr_tᵀ x_t, RoPE a rotation at
  * the token's own position. A decoder state holds, for each of its batch
- * rows (one sequence a row), every layer's S (H × N × D f32 a layer) and
- * the row's position (the tokens it has consumed): a prompt is consumed
- * once (prefill, in chunks) and each next token then costs the same
+ * rows (one sequence a row), every layer's S (H × N × D f32 a layer: 201
+ * MB a row at 25M) and the row's position (the tokens it has consumed): a
+ * prompt is consumed once and each next token then costs the same
  * whatever the context's length, with no window. The logits equal the
- * full forward's (dg_model_cpu_logits over the whole context, dropout
- * off) up to the rounding of the f32 state. */
+ * full forward's over the whole context (dg_model_cpu_logits,
+ * dg_model_logits; dropout off) up to the rounding of the f32 state and
+ * of the two forms' sums. */
 typedef struct dg_model_state dg_model_state;
 
-/* A state of c for batch rows, every row empty (position 0). Its bytes:
- * batch·layers·H·N·D·4 (201 MB a row at 25M). */
-DG_API dg_status dg_model_state_create(const dg_model_config *c, int batch, dg_model_state **out,
-				       char *msg, size_t msg_size);
+/* A decoder of w for batch rows, every row empty (position 0): on dev
+ * (its state on the device, w's weights uploaded now; the recipes of
+ * dg_model_create), or on the CPU (dev NULL: the recipes of
+ * dg_model_cpu_runs, w's weights read at each call, so w must outlive the
+ * state). Errors name what and why in msg (the device's message too). */
+DG_API dg_status dg_model_state_create(dg_device *dev, const dg_model_weights *w, int batch,
+				       dg_model_state **out, char *msg, size_t msg_size);
 DG_API void dg_model_state_destroy(dg_model_state *s); /* NULL is fine */
-/* Row's sequence restarted with prompt tokens (n >= 1): the row emptied
- * (position 0, S zero), then the n tokens consumed in chunks; logits (may
- * be NULL): the V logits after the last of them. The recipes of
- * dg_model_cpu_runs. A token outside the vocabulary is DG_ERR_INVALID_ARG
- * naming its index, before the state changes. */
-DG_API dg_status dg_model_cpu_prefill(const dg_model_weights *w, dg_model_state *s, int row,
-				      const int32_t *tokens, int n, float *logits, char *msg,
-				      size_t msg_size);
-/* One more token for every row (tokens[r] for row r; the rows' positions
- * may differ: each is its own), logits (rows, V) after it (row r at
- * logits + r·V). A row never prefilled starts at position 0. */
-DG_API dg_status dg_model_cpu_decode(const dg_model_weights *w, dg_model_state *s,
-				     const int32_t *tokens, float *logits, char *msg, size_t msg_size);
+/*
+ * Consumes n tokens (n >= 1) and gives the logits after the last. row −1:
+ * every row, tokens (rows, n) (row r at tokens + r·n), logits (rows, V)
+ * (row r at logits + r·V); row r alone (the CPU decoder only): tokens (n),
+ * logits (V). restart: the rows emptied first (a new prompt); else the
+ * tokens follow what the rows hold (each row at its own position). The
+ * CPU decoder takes a prompt in chunks. A token outside the vocabulary is
+ * DG_ERR_INVALID_ARG naming its index, before the state changes.
+ */
+DG_API dg_status dg_model_decode(dg_model_state *s, int row, const int32_t *tokens, int n, bool restart,
+				 float *logits, char *msg, size_t msg_size);
 
 /* ---- the model on the GPU -------------------------------------------------
  * The same tape as the CPU model, run by the GPU ops on arenas planned once

@@ -1,6 +1,7 @@
 /*
- * Decoding from a state on the CPU (dragon/model.h dg_model_cpu_prefill,
- * dg_model_cpu_decode): the forward of dg_model_cpu_logits, a token a row,
+ * Decoding from a state (dragon/model.h dg_model_state, dg_model_decode):
+ * on a device, the GPU decoder of runtime/train/gpu_decode.c; on the CPU,
+ * here: the forward of dg_model_cpu_logits, a token a row,
  * with the attention in its linear form. Every op but the attention works
  * a token at a time, so it runs on the rows at hand (R tokens, each as a
  * batch row of time 1) by the same references as the CPU model, in the
@@ -17,12 +18,16 @@
 
 #include "base/msg.h"
 #include "dragon/model.h"
+#include "dragon/runtime.h"
 #include "dragon/spec.h"
 #include "runtime/ref/ref_ops.h"
 #include "runtime/train/model_int.h"
 
 struct dg_model_state {
 	dg_model_config c;
+	const dg_model_weights *w; /* the CPU decoder's weights */
+	dg_model *gpu;             /* the GPU decoder, or NULL */
+	dg_device *dev;
 	int batch;
 	int64_t *pos;  /* a row's consumed tokens */
 	float *S;      /* (batch, layers, H, N, D) */
@@ -32,30 +37,47 @@ struct dg_model_state {
 /* Tokens a prefill runs at once: the scratch is O(chunk·H·N). */
 #define PREFILL_CHUNK 64
 
-dg_status dg_model_state_create(const dg_model_config *c, int batch, dg_model_state **out, char *msg,
-				size_t size)
+dg_status dg_model_state_create(dg_device *dev, const dg_model_weights *w, int batch, dg_model_state **out,
+				char *msg, size_t size)
 {
-	if (!c || !out)
+	if (!w || !out)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_state_create: NULL argument");
 	*out = NULL;
+	const dg_model_config *c = &w->config;
 	dg_status st = dg_model_config_check(c, msg, size);
 	if (st)
 		return st;
 	if (batch < 1)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "batch %d: a state holds at least 1 row", batch);
+	bool lowbit;
+	const char *no = dev ? NULL : dg__cpu_recipe(c, &lowbit);
+	if (no)
+		return dg__msgf(DG_ERR_UNSUPPORTED, msg, size, "preset %s: %s", c->preset[0] ? c->preset : "(custom)",
+				no);
 	dg_model_state *s = calloc(1, sizeof(*s));
 	if (!s)
 		return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
 	s->c = *c;
+	s->w = w;
+	s->dev = dev;
 	s->batch = batch;
 	s->per_row = (size_t)c->layers * (size_t)c->heads * (size_t)c->neurons * (size_t)c->embd;
+	if (dev) {
+		if ((st = dg__model_decoder_create(dev, w, batch, &s->gpu))) {
+			dg__msgf(st, msg, size, "%s", dg_device_errmsg(dev));
+			dg_model_state_destroy(s);
+			return st;
+		}
+		*out = s;
+		return DG_OK;
+	}
 	s->pos = calloc((size_t)batch, sizeof(int64_t));
 	s->S = calloc((size_t)batch * s->per_row, sizeof(float));
 	if (!s->pos || !s->S) {
 		dg_model_state_destroy(s);
 		return dg__msgf(DG_ERR_NOMEM, msg, size,
 				"a decoder state of %d rows: %.1f MB do not fit in memory", batch,
-				(double)batch * (double)s->per_row * 4e-6);
+				(double)batch * (double)(c->layers * c->heads) * c->neurons * c->embd * 4e-6);
 	}
 	*out = s;
 	return DG_OK;
@@ -65,6 +87,7 @@ void dg_model_state_destroy(dg_model_state *s)
 {
 	if (!s)
 		return;
+	dg_model_destroy(s->gpu);
 	free(s->pos);
 	free(s->S);
 	free(s);
@@ -103,13 +126,6 @@ static dg_status run_open(run *r, const dg_model_weights *w, dg_model_state *s, 
 	if (!w || !s)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "%s: NULL argument", fn);
 	const dg_model_config *c = &w->config;
-	if (c->layers != s->c.layers || c->embd != s->c.embd || c->heads != s->c.heads ||
-	    c->neurons != s->c.neurons || c->vocab != s->c.vocab)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
-				"%s: the state is of another model (layers %d, embd %d, heads %d, neurons %d, "
-				"vocab %d; the weights' %d, %d, %d, %d, %d)",
-				fn, s->c.layers, s->c.embd, s->c.heads, s->c.neurons, s->c.vocab, c->layers,
-				c->embd, c->heads, c->neurons, c->vocab);
 	const char *no = dg__cpu_recipe(c, &r->lowbit);
 	if (no)
 		return dg__msgf(DG_ERR_UNSUPPORTED, msg, size, "preset %s: %s",
@@ -275,23 +291,17 @@ static dg_status check_tokens(const dg_model_config *c, const int32_t *tok, int 
 	return DG_OK;
 }
 
-dg_status dg_model_cpu_prefill(const dg_model_weights *w, dg_model_state *s, int row, const int32_t *tokens,
-			       int n, float *logits, char *msg, size_t size)
+/* Row `row` consumes n tokens in chunks (restart: emptied first); logits
+ * (may be NULL) after the last. */
+static dg_status consume(dg_model_state *s, int row, const int32_t *tokens, int n, bool restart, float *logits,
+			 char *msg, size_t size)
 {
-	if (!w || !s || !tokens)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_prefill: NULL argument");
-	if (row < 0 || row >= s->batch || n < 1)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "row %d, %d tokens: rows 0..%d, n >= 1", row, n,
-				s->batch - 1);
-	dg_status st = check_tokens(&w->config, tokens, n, "tokens", msg, size);
-	if (st)
-		return st;
 	run r;
 	const int R = n < PREFILL_CHUNK ? n : PREFILL_CHUNK;
 	int rows[PREFILL_CHUNK];
 	int64_t pos[PREFILL_CHUNK];
-	st = run_open(&r, w, s, R, "dg_model_cpu_prefill", msg, size);
-	if (!st) { /* the row restarts */
+	dg_status st = run_open(&r, s->w, s, R, "dg_model_decode", msg, size);
+	if (!st && restart) {
 		s->pos[row] = 0;
 		memset(s->S + (size_t)row * s->per_row, 0, s->per_row * sizeof(float));
 	}
@@ -306,23 +316,16 @@ dg_status dg_model_cpu_prefill(const dg_model_weights *w, dg_model_state *s, int
 			logits_of(&r, r.x + (int64_t)(m - 1) * r.D, logits);
 	}
 	run_free(&r);
-	if (st && !(msg && msg[0]))
-		dg__msgf(st, msg, size, "dg_model_cpu_prefill: %s", dg_status_str(st));
 	return st;
 }
 
-dg_status dg_model_cpu_decode(const dg_model_weights *w, dg_model_state *s, const int32_t *tokens,
-			      float *logits, char *msg, size_t size)
+/* One token for every row, each at its own position, in one pass. */
+static dg_status step_rows(dg_model_state *s, const int32_t *tokens, float *logits, char *msg, size_t size)
 {
-	if (!w || !s || !tokens || !logits)
-		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_cpu_decode: NULL argument");
-	dg_status st = check_tokens(&w->config, tokens, s->batch, "tokens", msg, size);
-	if (st)
-		return st;
 	run r = { 0 };
 	int *rows = malloc((size_t)s->batch * sizeof(int));
 	int64_t *pos = malloc((size_t)s->batch * sizeof(int64_t));
-	st = rows && pos ? run_open(&r, w, s, s->batch, "dg_model_cpu_decode", msg, size) : DG_ERR_NOMEM;
+	dg_status st = rows && pos ? run_open(&r, s->w, s, s->batch, "dg_model_decode", msg, size) : DG_ERR_NOMEM;
 	if (!st) {
 		for (int i = 0; i < s->batch; i++) {
 			rows[i] = i;
@@ -335,7 +338,36 @@ dg_status dg_model_cpu_decode(const dg_model_weights *w, dg_model_state *s, cons
 	run_free(&r);
 	free(rows);
 	free(pos);
+	return st;
+}
+
+dg_status dg_model_decode(dg_model_state *s, int row, const int32_t *tokens, int n, bool restart, float *logits,
+			  char *msg, size_t size)
+{
+	if (!s || !tokens || !logits)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size, "dg_model_decode: NULL argument");
+	if (row < -1 || row >= s->batch || n < 1)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, size,
+				"row %d, %d tokens: a row of 0..%d (or -1: every row), at least 1 token", row, n,
+				s->batch - 1);
+	const int rows = row < 0 ? s->batch : 1;
+	dg_status st = check_tokens(&s->c, tokens, rows * n, "tokens", msg, size);
+	if (st)
+		return st;
+	if (s->gpu) {
+		if (row >= 0)
+			return dg__msgf(DG_ERR_UNSUPPORTED, msg, size,
+					"row %d: the GPU decoder takes every row at once (row -1)", row);
+		st = dg__model_decode(s->gpu, tokens, n, restart, logits);
+		return st ? dg__msgf(st, msg, size, "%s", dg_device_errmsg(s->dev)) : DG_OK;
+	}
+	if (row < 0 && n == 1 && !restart)
+		st = step_rows(s, tokens, logits, msg, size);
+	else if (row >= 0)
+		st = consume(s, row, tokens, n, restart, logits, msg, size);
+	for (int r = 0; row < 0 && !(n == 1 && !restart) && r < s->batch && !st; r++)
+		st = consume(s, r, tokens + (int64_t)r * n, n, restart, logits + (int64_t)r * s->c.vocab, msg, size);
 	if (st && !(msg && msg[0]))
-		dg__msgf(st, msg, size, "dg_model_cpu_decode: %s", dg_status_str(st));
+		dg__msgf(st, msg, size, "dg_model_decode: %s", dg_status_str(st));
 	return st;
 }
