@@ -517,10 +517,6 @@ dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, in
 {
 	if (!m || !tokens || !out)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_decode: NULL argument");
-	if (m->gm)
-		return dg__msgf(DG_ERR_UNSUPPORTED, msg, msg_size,
-				"the door decodes on the CPU model; on a GPU, dg_model_state_create on the "
-				"device from the weights (dragon/model.h), or dg_ffi_model_logits");
 	if (rows < 1 || n < 1 || (!restart && n != 1))
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
 				"%d rows of %d tokens: at least 1 of each, and 1 token a row without restart",
@@ -531,11 +527,24 @@ dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, in
 	const int32_t *tok = (const int32_t *)(uintptr_t)tokens;
 	float *z = (float *)(uintptr_t)out;
 	dg_status st = DG_OK;
-	if (restart && m->state && m->state_rows != rows) {
+	if (restart && m->state && (m->gm || m->state_rows != rows)) {
 		dg_model_state_destroy(m->state);
 		m->state = NULL;
 	}
-	if (!m->state && (st = dg_model_state_create(NULL, m->w, rows, &m->state, msg, msg_size)))
+	/* a GPU model's decoder is made from its masters as they are now
+	 * (read back into the host copy; the copy follows the queued work) */
+	for (int p = 0; m->gm && !m->state && p < DG_MODEL_N_PARAMS && !st; p++) {
+		dg_dptr mp = 0, gp = 0;
+		int nd;
+		int64_t sh[3];
+		size_t bytes = (size_t)dg_model_param_shape(&m->c, (dg_model_param)p, &nd, sh) * sizeof(float);
+		st = dg_model_param_buffers(m->gm, (dg_model_param)p, &mp, &gp);
+		if (!st)
+			st = dg_memcpy_dtoh(m->dev, m->w->params[p], mp, bytes);
+		if (st)
+			return dg__msgf(st, msg, msg_size, "the masters: %s", dg_device_errmsg(m->dev));
+	}
+	if (!m->state && (st = dg_model_state_create(m->dev, m->w, rows, &m->state, msg, msg_size)))
 		return st;
 	m->state_rows = rows;
 	return dg_model_decode(m->state, -1, tok, n, restart != 0, z, msg, msg_size);

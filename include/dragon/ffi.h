@@ -233,15 +233,16 @@ DG_API dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos,
 				     size_t msg_size);
 
 /*
- * Decoding from a state (dragon/model.h dg_model_state), the CPU model
- * only: the context is every token so far, no window, and a token costs
- * the same at any position. restart 1: a state of `rows` rows, row r
- * started with its n tokens, tokens + r·n ((rows, n) int32 on the host);
- * restart 0: one more token a row (n 1, tokens (rows)) to the state
- * made last. out: (rows, V) f32 on the host, the logits after each row's
- * last token, row r at out + r·V. The masters as they are now.
- * DG_ERR_UNSUPPORTED on a GPU model; DG_ERR_INVALID_ARG naming what is
- * wrong (a token outside the vocabulary, no state to continue).
+ * Decoding from a state (dragon/model.h dg_model_state, dg_model_decode):
+ * the context is every token so far, no window, and a token costs the
+ * same at any position. restart 1: a decoder of `rows` rows (on the
+ * model's device: made from its masters as they are now, read back; on
+ * the CPU: reading them), row r started with its n tokens, tokens + r·n
+ * ((rows, n) int32 on the host); restart 0: one more token a row (n 1,
+ * tokens (rows)) to the decoder made last. out: (rows, V) f32 on the
+ * host, the logits after each row's last token, row r at out + r·V.
+ * DG_ERR_INVALID_ARG naming what is wrong (a token outside the
+ * vocabulary, no decoder to continue).
  */
 DG_API dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, int32_t n,
 				     int32_t restart, uint64_t out, char *msg, size_t msg_size);

@@ -309,20 +309,13 @@ class BDH(nn.Module):
         position's logits over temperature (0: the most likely token),
         kept to the top_k most likely when top_k is given.
 
-        On the CPU the model decodes from a state (dragon/model.h
-        dg_model_state): the prompt is consumed once, then each token costs
-        the same at any position, and the context is every token so far
-        (no window). On a GPU each new token recomputes the window (the
-        last config.block_size tokens) from scratch with dropout off, a
-        forward of the plan's (B, T)."""
-        if self._device().type == "cpu" and max_new_tokens > 0:
-            return self._generate_state(idx, max_new_tokens, temperature, top_k)
-        for _ in range(max_new_tokens):
-            ctx = idx[:, -self.config.block_size:]
-            logits = self._last_logits(ctx)
-            nxt = self._draw(logits, temperature, top_k)
-            idx = torch.cat((idx, nxt.to(idx.device, idx.dtype)), dim=1)
-        return idx
+        The model decodes from a state (dragon/model.h dg_model_state, on
+        the module's device): the prompt is consumed once, then each token
+        costs the same at any position, and the context is every token so
+        far (no window), dropout off."""
+        if max_new_tokens <= 0:
+            return idx
+        return self._generate_state(idx, max_new_tokens, temperature, top_k)
 
     @staticmethod
     def _draw(logits, temperature, top_k):
@@ -336,11 +329,13 @@ class BDH(nn.Module):
         return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
     def _generate_state(self, idx, max_new_tokens, temperature, top_k):
-        """generate() on the CPU model's decoder state: every row prefilled
-        with its (B, T) tokens, then a token a row at a time."""
+        """generate() on a decoder state: every row prefilled with its
+        (B, T) tokens, then a token a row at a time."""
         B, T = self._check_tokens(idx, None)
         plan = self._last = self._plan(B, T)
         with torch.no_grad():
+            if plan.device.type == "cuda":
+                _call.device(plan.device)  # dragon reads the masters on torch's stream, after these copies
             for m, p in zip(plan.masters, self._params()):
                 m.copy_(p.detach())
         V = self.config.vocab_size
