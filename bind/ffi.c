@@ -532,7 +532,9 @@ dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, in
 		m->state = NULL;
 	}
 	/* a GPU model's decoder is made from its masters as they are now
-	 * (read back into the host copy; the copy follows the queued work) */
+	 * (read back into a host copy; the copy follows the queued work) */
+	if (m->gm && !m->state && !m->w && (st = dg__model_weights_alloc(&m->c, &m->w, msg, msg_size)))
+		return st;
 	for (int p = 0; m->gm && !m->state && p < DG_MODEL_N_PARAMS && !st; p++) {
 		dg_dptr mp = 0, gp = 0;
 		int nd;

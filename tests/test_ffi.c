@@ -575,6 +575,44 @@ Test(ffi, gpu_model_bf16)
 	gpu_model_case("bf16");
 }
 
+/* dg_ffi_model_decode on a GPU model (f32): its rows' logits after their
+ * prompts, and after one more token each, are the model's own full
+ * forward's (dg_ffi_model_logits at the same positions, the tail of the
+ * batch padded), within the two forms' f32 sums. */
+Test(ffi, gpu_model_decode)
+{
+	dg_device *dev = gh_open();
+	char msg[512];
+	dg_ffi_model *m;
+	cr_assert_eq(dg_ffi_model_create(dev, "f32", SIZES, 2, 8, 7, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	const int V = dg_ffi_model_config(m)->vocab;
+	int32_t idx[16], tgt[16], prompts[10], two[2];
+	tokens(idx, tgt, 16, V, 5);
+	memcpy(prompts, idx, 5 * sizeof(int32_t));
+	memcpy(prompts + 5, idx + 8, 5 * sizeof(int32_t));
+	float *got = malloc(2 * (size_t)V * sizeof(float)), *want = malloc(2 * (size_t)V * sizeof(float));
+	cr_assert(got && want);
+	cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)prompts, 2, 5, 1, (uint64_t)(uintptr_t)got, msg,
+					 sizeof(msg)),
+		     DG_OK, "%s", msg);
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(dg_ffi_model_logits(m, (uint64_t)(uintptr_t)idx, 4 + k, (uint64_t)(uintptr_t)want, msg,
+						 sizeof(msg)),
+			     DG_OK, "%s", msg);
+		for (int i = 0; i < 2 * V; i++)
+			cr_assert_float_eq(got[i], want[i], 1e-3, "step %d, logit %d", k, i);
+		two[0] = idx[5], two[1] = idx[13];
+		if (!k)
+			cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)two, 2, 1, 0, (uint64_t)(uintptr_t)got,
+							 msg, sizeof(msg)),
+				     DG_OK, "%s", msg);
+	}
+	free(got);
+	free(want);
+	dg_ffi_model_destroy(m);
+	gh_close(dev);
+}
+
 /* quantize_act through the door: the codes and scales of the typed op. */
 Test(ffi, gpu_op_is_the_typed_op)
 {
