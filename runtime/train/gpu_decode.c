@@ -16,7 +16,19 @@
 
 dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, int b, dg_model **out)
 {
-	return dg__gm_create(dev, w, b, 1, true, out);
+	dg_status st = dg__gm_create(dev, w, b, 1, true, out);
+	if (st)
+		return st;
+	/* lm_head stays on the host too: the logits need not read it back */
+	dg_model *m = *out;
+	size_t n = (size_t)m->D * m->V;
+	if (!(m->lm_host = malloc(n * sizeof(float)))) {
+		dg_model_destroy(m);
+		*out = NULL;
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	}
+	memcpy(m->lm_host, w->params[DG_PARAM_LM_HEAD], n * sizeof(float));
+	return DG_OK;
 }
 
 dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool restart, float *logits)

@@ -267,6 +267,7 @@ void dg_model_destroy(dg_model *m)
 	(void)dg_free(m->dev, m->freq_d);
 	free(m->pos);
 	free(m->pos_f);
+	free(m->lm_host);
 	free(m);
 }
 
@@ -695,16 +696,17 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 	const dg__tbuf *xf = &m->t.bufs[m->id.x_final];
 	const size_t es = xf->fmt == DG_FMT_BF16 ? 2 : 4, row = (size_t)m->D * es;
 	uint8_t *x = malloc((size_t)m->B * row + 4);
-	float *lm = malloc((size_t)m->D * m->V * sizeof(float) + 4);
-	if (!st && (!x || !lm))
+	float *lm = m->lm_host ? NULL : malloc((size_t)m->D * m->V * sizeof(float) + 4);
+	if (!st && (!x || !(lm || m->lm_host)))
 		st = dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	/* x_final (B,1,T,D): row r's position pos at (r·T + pos)·D */
 	dg_dptr xd = dg__gm_tn(m, m->id.x_final).data;
 	for (int r = 0; r < m->B && !st; r++)
 		st = dg_memcpy_dtoh(dev, x + (size_t)r * row, xd + ((dg_dptr)r * m->T + (dg_dptr)pos) * row, row);
-	if (!st)
+	if (!st && lm)
 		st = dg_memcpy_dtoh(dev, lm, dg__gm_tn(m, m->id.params[DG_PARAM_LM_HEAD]).data,
 				    (size_t)m->D * m->V * sizeof(float));
+	const float *lmh = lm ? lm : m->lm_host;
 	for (int r = 0; r < m->B && !st; r++) {
 		const uint8_t *xr = x + (size_t)r * row;
 		for (int v = 0; v < m->V; v++) {
@@ -718,7 +720,7 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 				} else {
 					memcpy(&xk, xr + (size_t)k * 4, 4);
 				}
-				z += (double)xk * lm[(int64_t)k * m->V + v];
+				z += (double)xk * lmh[(int64_t)k * m->V + v];
 			}
 			out[(int64_t)r * m->V + v] = (float)z;
 		}

@@ -43,6 +43,8 @@ struct dg_model {
 	dg_dptr freq_d;             /* (N) f32: RoPE's frequencies (dg_ref_rope_freq) */
 	int64_t *pos;               /* (B) host: each row's consumed tokens */
 	float *pos_f;               /* (B) host: the staging of pos_d */
+	float *lm_host;             /* a decoder's lm_head [D, V] on the host (its
+				     * weights do not change: read once) */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
 	void (*tr_free)(dg_model *m); /* frees tr (set with it: destroy calls it) */
 };
