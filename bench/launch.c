@@ -9,8 +9,8 @@
  *   kernel:   dg_kernel_launch of the kernel fetched once, its parameters
  *             made by hand: the driver's launch and the geometry's checks,
  *             the floor of the two above;
- *   ffi:      dg_ffi_op_run, the foreign callers' one call (dragon/ffi.h:
- *             the tensor descriptors turned into the op's call, then eager);
+ *   ffi:      the foreign callers' one call through dragon/ffi.h: the
+ *             descriptors prepared (dg_ffi_op_prepare), launched, destroyed;
  *   ffi_prepared: dg_ffi_prepared_run of the op prepared once through the
  *             door (dg_ffi_op_prepare): what the PyTorch ops launch.
  *
@@ -72,6 +72,17 @@ typedef struct setup {
 	int B, T;
 } setup;
 
+/* One call through the door: prepare, launch, destroy. */
+static dg_status ffi_once(setup *s)
+{
+	dg_prepared *p = NULL;
+	dg_status st = dg_ffi_op_prepare(s->dev, &s->spec, s->ft, 3, NULL, &p, NULL, 0);
+	if (!st)
+		st = dg_ffi_prepared_run(p, s->ft, 3, NULL, NULL, 0);
+	dg_prepared_destroy(p);
+	return st;
+}
+
 static dg_status launch_once(setup *s, enum way way)
 {
 	switch (way) {
@@ -80,7 +91,7 @@ static dg_status launch_once(setup *s, enum way way)
 	case PREPARED:
 		return dg_prepared_launch(s->prep, &s->args);
 	case FFI:
-		return dg_ffi_op_run(s->dev, &s->spec, s->ft, 3, NULL);
+		return ffi_once(s);
 	case FFI_PREPARED:
 		return dg_ffi_prepared_run(s->ffi_prep, s->ft, 3, NULL, NULL, 0);
 	default: {

@@ -224,18 +224,6 @@ dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n, c
 	return st ? st : dg__op_check_call(s, &c, msg, msg_size);
 }
 
-dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
-			const dg_ffi_opts *o)
-{
-	if (!dev)
-		return DG_ERR_INVALID_ARG;
-	dg_tensor ts[DG_OP_MAX_ARGS];
-	dg__op_call c;
-	char msg[512];
-	dg_status st = call_of(s, t, n, o, ts, &c, msg, sizeof(msg));
-	return st ? dg__dev_fail(dev, st, "%s", msg) : dg__op_run(dev, s, &c);
-}
-
 /* A failure: its message m on dev (when there is one) and into msg. */
 static dg_status fail_both(dg_device *dev, dg_status st, const char *m, char *msg, size_t msg_size)
 {
@@ -301,6 +289,8 @@ struct dg_ffi_model {
 	bool forward;              /* a forward ran (its hidden state is there) */
 	bool targets;              /* it had targets (a loss) */
 	bool backward;             /* its backward may run */
+	dg_model_state *state;     /* the CPU model's decoder state, or NULL */
+	int state_rows;            /* its rows */
 };
 
 dg_status dg_ffi_model_create(dg_device *dev, const char *preset, const dg_ffi_model_sizes *sz, int32_t b,
@@ -367,6 +357,7 @@ void dg_ffi_model_destroy(dg_ffi_model *m)
 		return;
 	dg_model_destroy(m->gm);
 	dg_model_cpu_pass_destroy(m->pass);
+	dg_model_state_destroy(m->state);
 	dg_model_weights_destroy(m->w);
 	dg_model_weights_destroy(m->g);
 	free(m);
@@ -538,6 +529,46 @@ dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64
 	if (st)
 		snprintf(msg, msg_size, "%s", dg_device_errmsg(m->dev));
 	return st;
+}
+
+dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, int32_t n, int32_t restart,
+			      uint64_t out, char *msg, size_t msg_size)
+{
+	if (!m || !tokens || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_ffi_model_decode: NULL argument");
+	if (rows < 1 || n < 1 || (!restart && n != 1))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"%d rows of %d tokens: at least 1 of each, and 1 token a row without restart",
+				rows, n);
+	if (!restart && (!m->state || m->state_rows != rows))
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size,
+				"no state of %d rows to continue: restart it with the prompts first", rows);
+	const int32_t *tok = (const int32_t *)(uintptr_t)tokens;
+	float *z = (float *)(uintptr_t)out;
+	dg_status st = DG_OK;
+	if (restart && m->state && (m->gm || m->state_rows != rows)) {
+		dg_model_state_destroy(m->state);
+		m->state = NULL;
+	}
+	/* a GPU model's decoder is made from its masters as they are now
+	 * (read back into a host copy; the copy follows the queued work) */
+	if (m->gm && !m->state && !m->w && (st = dg__model_weights_alloc(&m->c, &m->w, msg, msg_size)))
+		return st;
+	for (int p = 0; m->gm && !m->state && p < DG_MODEL_N_PARAMS && !st; p++) {
+		dg_dptr mp = 0, gp = 0;
+		int nd;
+		int64_t sh[3];
+		size_t bytes = (size_t)dg_model_param_shape(&m->c, (dg_model_param)p, &nd, sh) * sizeof(float);
+		st = dg_model_param_buffers(m->gm, (dg_model_param)p, &mp, &gp);
+		if (!st)
+			st = dg_memcpy_dtoh(m->dev, m->w->params[p], mp, bytes);
+		if (st)
+			return dg__msgf(st, msg, msg_size, "the masters: %s", dg_device_errmsg(m->dev));
+	}
+	if (!m->state && (st = dg_model_state_create(m->dev, m->w, rows, &m->state, msg, msg_size)))
+		return st;
+	m->state_rows = rows;
+	return dg_model_decode(m->state, -1, tok, n, restart != 0, z, msg, msg_size);
 }
 
 dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int32_t *fmt, int64_t shape[3])

@@ -348,6 +348,27 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	/* ---- embed, norm, loss: rows R = B·T of width D (run-time R; D, V the
 	 * spec's). Float activations f32|bf16; statistics, losses and
 	 * gradients f32; every sum in a fixed order (bitwise reproducible). */
+	/* ---- decoding from a state: the attention's linear form a token at a
+	 * time (dragon/model.h dg_model_state) */
+	[DG_OP_ATTENTION_STEP] = {
+		.family = "attention", .module = "attention_step",
+		.about = "attention step: out (B,H,1,D) = qr . S, then S (B,H,N,D) f32 += qr^T v; qr = RoPE(xs (B,H,1,N)) at pos (B) f32 with freq (N), v (B,1,1,D)",
+		.fields = F(ACT) | F(ARCH) | F(EMBD) | F(HEADS) | F(LATENT) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.n_args = 6, .args = {
+			{ "xs", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(ONE), DIM(N) } },
+			{ "pos", false, DG_ARG_F32, false, 1, { DIM(B) } },
+			{ "freq", false, DG_ARG_F32, false, 1, { DIM(N) } },
+			{ "v", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(ONE), DIM(ONE), DIM(D) } },
+			{ "state", true, DG_ARG_F32, false, 4, { DIM(B), DIM(H), DIM(N), DIM(D) } },
+			{ "out", true, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(ONE), DIM(D) } } },
+		.check = DG_CHECK_NORM,
+		.build = "act=f32,bf16",
+		.inout = 1u << 4, /* state: read, then written */
+	},
 	[DG_OP_EMBED_FWD] = {
 		.family = "embed", .module = "embed",
 		.about = "embedding: out (R,D) f32|bf16 = table (V,D)[idx (R) i32]; a token outside 0..V-1 gives a zero row and sets *bad",

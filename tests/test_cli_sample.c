@@ -66,22 +66,22 @@ static bool same_out(const run *a, const run *b)
 }
 
 /* The greedy continuation of prompt by the library: argmax (the smallest
- * byte of a tie) of the CPU model's logits at the last of the context's
- * last T bytes, n times. */
+ * byte of a tie) of the CPU model's full forward at the last of every byte
+ * so far (the CPU samples from a state: no window, the context passes the
+ * checkpoint's T), n times. */
 static void greedy(const char *ckpt, const char *prompt, int n, char *out)
 {
 	char msg[1024];
 	dg_train_state *s = NULL;
 	cr_assert_eq(dg_checkpoint_load(ckpt, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	const int T = s->time;
-	cr_assert_eq(T, 16, "the checkpoint's time");
+	cr_assert_eq(s->time, 16, "the checkpoint's time");
 	int len = (int)strlen(prompt);
 	int32_t *all = malloc((size_t)(len + n) * sizeof(int32_t));
 	float z[256];
 	for (int i = 0; i < len; i++)
 		all[i] = (unsigned char)prompt[i];
 	for (int i = 0; i < n; i++) {
-		int end = len + i, start = end > T ? end - T : 0;
+		int end = len + i, start = 0;
 		dg_model_batch b = { .idx = all + start, .b = 1, .t = end - start };
 		cr_assert_eq(dg_model_cpu_logits(s->weights, &b, end - start - 1, z, msg, sizeof(msg)), DG_OK,
 			     "%s", msg);
@@ -144,7 +144,7 @@ Test(cli_sample, seeds_lengths_and_greedy)
 	run_free(&r2);
 	run_free(&r);
 
-	/* a prompt longer than T (16): printed whole, continued from its tail */
+	/* a prompt longer than T (16): printed whole, continued from all of it */
 	static const char longp[] = "made glorious summer by this sun of York. Now is the winter";
 	greedy(ckpt, longp, 20, want);
 	gen(&sb, &r, "sample", dir, "--cpu", "--prompt", longp, "--length", "20", "--temperature", "0", NULL);
@@ -323,9 +323,10 @@ Test(cli_sample, gpu_samples)
 	run_free(&r);
 	run_free(&r2);
 	/* greedy on the GPU is the CPU's (f32: logits 1e-5 apart, far below
-	 * the gaps between a trained model's first and second bytes) */
-	gen(&sb, &r, "sample", dir, "--prompt", "Now is", "--length", "30", "--temperature", "0", NULL);
-	gen(&sb, &r2, "sample", dir, "--prompt", "Now is", "--length", "30", "--temperature", "0", "--cpu", NULL);
+	 * the gaps between a trained model's first and second bytes) while
+	 * the context fits the GPU's window (T 16: the CPU's has none) */
+	gen(&sb, &r, "sample", dir, "--prompt", "Now is", "--length", "10", "--temperature", "0", NULL);
+	gen(&sb, &r2, "sample", dir, "--prompt", "Now is", "--length", "10", "--temperature", "0", "--cpu", NULL);
 	cr_assert(r.code == 0 && r2.code == 0, "%s %s", r.err, r2.err);
 	cr_expect(same_out(&r, &r2), "greedy GPU '%.*s', CPU '%.*s'", (int)r.out_len, r.out, (int)r2.out_len,
 		  r2.out);

@@ -456,6 +456,56 @@ Test(ffi, cpu_model_logits)
 	dg_ffi_model_destroy(m);
 }
 
+/* dg_ffi_model_decode: rows restarted with their prompts, then a token a
+ * row, the logits as the full forward's over every token so far (within
+ * the f32 state's rounding); continuing without a state, or another
+ * number of rows, refused. */
+Test(ffi, cpu_model_decode)
+{
+	char msg[512];
+	dg_ffi_model *m;
+	cr_assert_eq(dg_ffi_model_create(NULL, "f32", SIZES, 2, 8, 7, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	const dg_model_config *c = dg_ffi_model_config(m);
+	const int V = c->vocab;
+	int32_t idx[24], tgt[24], ctx[12], two[2];
+	tokens(idx, tgt, 24, V, 3);
+	float *got = malloc(2 * (size_t)V * sizeof(float)), *want = malloc((size_t)V * sizeof(float));
+	cr_assert(got && want);
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(c, 7, &w, msg, sizeof(msg)), DG_OK);
+	cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)idx, 2, 1, 0, (uint64_t)(uintptr_t)got, msg,
+					 sizeof(msg)),
+		     DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "restart"), "%s", msg);
+	/* rows of 10 prompt tokens: idx[0..9], idx[10..19]; then idx[20], idx[21] */
+	cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)idx, 2, 10, 1, (uint64_t)(uintptr_t)got, msg,
+					 sizeof(msg)),
+		     DG_OK, "%s", msg);
+	for (int k = 0; k < 2; k++) {
+		for (int r = 0; r < 2; r++) {
+			memcpy(ctx, idx + 10 * r, 10 * sizeof(int32_t));
+			if (k)
+				ctx[10] = idx[20 + r];
+			dg_model_batch bt = { .idx = ctx, .b = 1, .t = 10 + k };
+			cr_assert_eq(dg_model_cpu_logits(w, &bt, 9 + k, want, msg, sizeof(msg)), DG_OK, "%s", msg);
+			for (int v = 0; v < V; v++)
+				cr_assert_float_eq(got[r * V + v], want[v], 1e-5, "row %d, step %d, logit %d", r, k, v);
+		}
+		two[0] = idx[20], two[1] = idx[21];
+		if (!k)
+			cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)two, 2, 1, 0,
+							 (uint64_t)(uintptr_t)got, msg, sizeof(msg)),
+				     DG_OK, "%s", msg);
+	}
+	cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)two, 1, 1, 0, (uint64_t)(uintptr_t)got, msg,
+					 sizeof(msg)),
+		     DG_ERR_INVALID_ARG);
+	dg_model_weights_destroy(w);
+	dg_ffi_model_destroy(m);
+	free(got);
+	free(want);
+}
+
 /* The GPU model through the door against dg_model_step, before and after
  * its masters are changed on the device. */
 static void gpu_model_case(const char *preset)
@@ -531,6 +581,56 @@ Test(ffi, gpu_model_bf16)
 	gpu_model_case("bf16");
 }
 
+/* dg_ffi_model_decode on a GPU model (f32): its rows' logits after their
+ * prompts, and after one more token each, are the model's own full
+ * forward's (dg_ffi_model_logits at the same positions, the tail of the
+ * batch padded), within the two forms' f32 sums. */
+Test(ffi, gpu_model_decode)
+{
+	dg_device *dev = gh_open();
+	char msg[512];
+	dg_ffi_model *m;
+	cr_assert_eq(dg_ffi_model_create(dev, "f32", SIZES, 2, 8, 7, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
+	const int V = dg_ffi_model_config(m)->vocab;
+	int32_t idx[16], tgt[16], prompts[10], two[2];
+	tokens(idx, tgt, 16, V, 5);
+	memcpy(prompts, idx, 5 * sizeof(int32_t));
+	memcpy(prompts + 5, idx + 8, 5 * sizeof(int32_t));
+	float *got = malloc(2 * (size_t)V * sizeof(float)), *want = malloc(2 * (size_t)V * sizeof(float));
+	cr_assert(got && want);
+	cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)prompts, 2, 5, 1, (uint64_t)(uintptr_t)got, msg,
+					 sizeof(msg)),
+		     DG_OK, "%s", msg);
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(dg_ffi_model_logits(m, (uint64_t)(uintptr_t)idx, 4 + k, (uint64_t)(uintptr_t)want, msg,
+						 sizeof(msg)),
+			     DG_OK, "%s", msg);
+		for (int i = 0; i < 2 * V; i++)
+			cr_assert_float_eq(got[i], want[i], 1e-3, "step %d, logit %d", k, i);
+		two[0] = idx[5], two[1] = idx[13];
+		if (!k)
+			cr_assert_eq(dg_ffi_model_decode(m, (uint64_t)(uintptr_t)two, 2, 1, 0, (uint64_t)(uintptr_t)got,
+							 msg, sizeof(msg)),
+				     DG_OK, "%s", msg);
+	}
+	free(got);
+	free(want);
+	dg_ffi_model_destroy(m);
+	gh_close(dev);
+}
+
+/* One call through the door: prepared, launched, destroyed. */
+static dg_status run_once(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
+			  const dg_ffi_opts *o)
+{
+	dg_prepared *p = NULL;
+	dg_status st = dg_ffi_op_prepare(dev, s, t, n, o, &p, NULL, 0);
+	if (!st)
+		st = dg_ffi_prepared_run(p, t, n, o, NULL, 0);
+	dg_prepared_destroy(p);
+	return st;
+}
+
 /* quantize_act through the door: the codes and scales of the typed op. */
 Test(ffi, gpu_op_is_the_typed_op)
 {
@@ -558,7 +658,7 @@ Test(ffi, gpu_op_is_the_typed_op)
 	dg_prepared_destroy(p);
 	dg_workspace w = gh_workspace(dev, ws);
 	dg_ffi_opts o = { .ws = w.ptr, .ws_bytes = w.bytes };
-	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(run_once(dev, s, a, 2, &o), DG_OK, "%s", dg_device_errmsg(dev));
 	dg_tensor tx = dg_tensor_4d("x", DG_FMT_F32, dx, 1, 1, rows, cols);
 	dg_tensor tc = dg_tensor_4d("codes", DG_FMT_INT8, c2, 1, 1, rows, cols);
 	tc.scale = s2;
@@ -573,7 +673,7 @@ Test(ffi, gpu_op_is_the_typed_op)
 	gh_expect_bytes("codes", h1, h2, sizeof(h1));
 	gh_expect_bytes("scales", f1, f2, sizeof(f1));
 	a[1].shape[3] = 60;
-	cr_assert_eq(dg_ffi_op_run(dev, s, a, 2, &o), DG_ERR_INVALID_ARG);
+	cr_assert_eq(run_once(dev, s, a, 2, &o), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(dg_device_errmsg(dev), "codes"), "%s", dg_device_errmsg(dev));
 	dg_ffi_spec_destroy(s);
 	gh_close(dev);

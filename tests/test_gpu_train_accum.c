@@ -1,6 +1,6 @@
 /*
  * Gradient accumulation on the GPU (runtime/train/gpu_train.c,
- * dg_model_create_accum and dg_model_train_micro):
+ * dg_model_create_accum and dg_model_train_step's batch->micro):
  *   - K micro-batches of b rows make the step of one batch of K·b rows:
  *     a model of (K·b, T) stepping the whole batch against a model of
  *     (b, T) accumulating K micro-batches (micro-batch i the rows i·b..,
@@ -13,9 +13,8 @@
  *     both, so the tolerance can fail. f32 at the tiny config, and bf16
  *     and w8a8 at a small one (their weight-gradient GEMMs add on the
  *     tensor-core paths);
- *   - bad calls: dg_model_train_step on an accumulating model, a
- *     micro-batch out of order, the loss scaler with accum > 1, accum 0:
- *     each refused by name.
+ *   - bad calls: a micro-batch out of order (batch->micro) or of another
+ *     step, the loss scaler with accum > 1, accum 0: each refused by name.
  * Skips without a device.
  */
 #include <criterion/criterion.h>
@@ -83,8 +82,8 @@ static void train(dg_device *dev, const dg_model_weights *w, int b, int k, doubl
 		const float lr = dg_adamw_lr(&opt, t);
 		for (int i = 0; i < k; i++) {
 			dg_model_batch bt = { .idx = idx + i * b * T, .targets = tgt + i * b * T, .b = b, .t = T,
-					      .seed = 91, .train = true, .row0 = (uint32_t)(i * b) };
-			cr_assert_eq(dg_model_train_micro(m, &bt, i, t, lr), DG_OK, "step %lld micro %d: %s",
+					      .seed = 91, .train = true, .row0 = (uint32_t)(i * b), .micro = i };
+			cr_assert_eq(dg_model_train_step(m, &bt, t, lr), DG_OK, "step %lld micro %d: %s",
 				     (long long)t, i, dg_device_errmsg(dev));
 		}
 		cr_assert_eq(dg_model_train_result(m, t, &loss[t], &norm[t], NULL, NULL), DG_OK, "%s",
@@ -185,15 +184,16 @@ Test(gpu_train_accum, bad_calls_are_refused_by_name)
 	int32_t idx[K * MB * T], tgt[K * MB * T];
 	rows_of(idx, tgt, 0);
 	dg_model_batch bt = { .idx = idx, .targets = tgt, .b = MB, .t = T, .seed = 1, .train = true };
+	bt.micro = 1;
 	cr_assert_eq(dg_model_train_step(m, &bt, 0, 1e-3f), DG_ERR_INVALID_ARG);
-	cr_expect(strstr(dg_device_errmsg(dev), "dg_model_train_micro"), "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_train_micro(m, &bt, 1, 0, 1e-3f), DG_ERR_INVALID_ARG);
 	cr_expect(strstr(dg_device_errmsg(dev), "micro-batch 1 of step 0: the next is micro-batch 0"), "%s",
 		  dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_train_micro(m, &bt, 0, 0, 1e-3f), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_train_micro(m, &bt, 1, 1, 1e-3f), DG_ERR_INVALID_ARG);
+	bt.micro = 0;
+	cr_assert_eq(dg_model_train_step(m, &bt, 0, 1e-3f), DG_OK, "%s", dg_device_errmsg(dev));
+	bt.micro = 1;
+	cr_assert_eq(dg_model_train_step(m, &bt, 1, 1e-3f), DG_ERR_INVALID_ARG);
 	cr_expect(strstr(dg_device_errmsg(dev), "of another step"), "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_model_train_micro(m, &bt, 1, 0, 1e-3f), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_model_train_step(m, &bt, 0, 1e-3f), DG_OK, "%s", dg_device_errmsg(dev));
 	double loss, norm;
 	cr_assert_eq(dg_model_train_result(m, 0, &loss, &norm, NULL, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	cr_expect(isfinite(loss) && isfinite(norm));

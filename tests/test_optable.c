@@ -422,6 +422,12 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 						.dxs = by_name(c, "dxs"), .mask_xs = by_name(c, "mask_xs") };
 		return dg_attention_grad_xs_check(s, &a, msg, size);
 	}
+	case DG_OP_ATTENTION_STEP: {
+		dg_attention_step_args a = { .xs = by_name(c, "xs"), .pos = by_name(c, "pos"),
+					     .freq = by_name(c, "freq"), .v = by_name(c, "v"),
+					     .state = by_name(c, "state"), .out = by_name(c, "out") };
+		return dg_attention_step_check(s, &a, msg, size);
+	}
 	case DG_OP_EMBED_FWD: {
 		dg_embed_fwd_args a = { .idx = by_name(c, "idx"), .table = by_name(c, "table"),
 					.out = by_name(c, "out") };

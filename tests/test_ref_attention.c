@@ -346,3 +346,68 @@ Test(ref_attention, chunked_bound_sees_a_lost_state)
 		cr_assert_eq(got[e], 0.0f);
 	free(qr), free(v), free(want), free(got), free(state);
 }
+
+/* attention_step, token by token, is the model's attention: RoPE at each
+ * token's position (dg_ref_rope_row), then the chunk-1 recurrence
+ * (dg_ref_attention_state_chunk) — out and the state — and so the
+ * quadratic form's rows; its zero pairs (a ReLU's) change nothing. */
+Test(ref_attention, step_is_the_recurrence)
+{
+	enum { B = 2, H = 2, T = 9, N = 16, D = 8 };
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_ATTENTION_STEP);
+	s.act = DG_FMT_F32;
+	s.heads = H;
+	s.latent = N;
+	s.embd = D;
+	dg_spec_normalize(&s);
+	dg_rng r;
+	dg_rng_seed(&r, 31);
+	static float xs[B][H][T][N], v[B][T][D], qr[B][H][T][N], want[B][H][T][D];
+	static float state[B][H][N][D], ref_state[B][H][N][D], out[B][H][D];
+	float freq[N], c[N / 2], sn[N / 2];
+	dg_ref_rope_freq(N, freq);
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++) {
+			for (int e = 0; e < D; e++)
+				v[b][t][e] = dg_rng_uniform(&r, -1.0f, 1.0f);
+			for (int h = 0; h < H; h++)
+				for (int k = 0; k < N; k++) {
+					float x = dg_rng_uniform(&r, -1.0f, 1.0f);
+					xs[b][h][t][k] = x > 0.3f ? x : 0.0f; /* sparse, pairs of zeros too */
+				}
+		}
+	/* the rotated rows and the quadratic form */
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++) {
+			dg_ref_rope_row(t, N, c, sn);
+			for (int h = 0; h < H; h++)
+				dg_ref_rope_fwd(xs[b][h][t], c, sn, 1, 1, N, qr[b][h][t]);
+		}
+	dg_ref_attention_fwd(&qr[0][0][0][0], &v[0][0][0], B, H, T, N, D, &want[0][0][0][0]);
+	memset(state, 0, sizeof(state));
+	memset(ref_state, 0, sizeof(ref_state));
+	for (int t = 0; t < T; t++) {
+		float x1[B][H][N], v1[B][D], pos[B];
+		for (int b = 0; b < B; b++) {
+			pos[b] = (float)t;
+			memcpy(v1[b], v[b][t], sizeof(v1[b]));
+			for (int h = 0; h < H; h++)
+				memcpy(x1[b][h], xs[b][h][t], sizeof(x1[b][h]));
+		}
+		cr_assert_eq(dg_ref_attention_step(&s, x1, pos, freq, v1, &state[0][0][0][0], out, B), DG_OK);
+		for (int b = 0; b < B; b++)
+			for (int h = 0; h < H; h++) {
+				float o1[D];
+				dg_ref_attention_state_chunk(&ref_state[b][h][0][0], qr[b][h][t], v[b][t], 1, N, D, o1);
+				for (int e = 0; e < D; e++) {
+					cr_assert_float_eq(out[b][h][e], o1[e], 1e-5f, "t %d b %d h %d e %d", t, b, h, e);
+					cr_assert_float_eq(out[b][h][e], want[b][h][t][e], 1e-4f, "t %d: the quadratic form", t);
+				}
+			}
+	}
+	for (int i = 0; i < B * H * N * D; i++)
+		cr_assert_float_eq((&state[0][0][0][0])[i], (&ref_state[0][0][0][0])[i], 1e-5f, "state[%d]", i);
+	/* refusals */
+	cr_assert_eq(dg_ref_attention_step(&s, NULL, NULL, freq, v, &state[0][0][0][0], out, B), DG_ERR_INVALID_ARG);
+}

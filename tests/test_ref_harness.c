@@ -484,6 +484,16 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 			return dg_ref_attention_grad_xs_mask(s, c->in[0], c->in[1], c->in[2], c->in[4], c->in[5],
 							     out, b, t);
 		return dg_ref_attention_grad_xs(s, c->in[0], c->in[1], c->in[2], out, b, t);
+	case DG_OP_ATTENTION_STEP: { /* the state (4) read and written: a copy */
+		size_t n = (size_t)b * s->heads * s->latent * s->embd;
+		float *state = malloc(n * sizeof(float));
+		if (!state)
+			return DG_ERR_NOMEM;
+		memcpy(state, c->in[4], n * sizeof(float));
+		dg_status st = dg_ref_attention_step(s, c->in[0], c->in[1], c->in[2], c->in[3], state, out, b);
+		free(state);
+		return st;
+	}
 	case DG_OP_GATE_FWD:
 		return dg_ref_gate_fwd_op(s->act, c->in[0], c->in[1], (int64_t)b * s->heads * t * s->latent,
 					  c->p, c->seed, c->step, c->layer, c->elem0, out);

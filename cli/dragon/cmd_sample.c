@@ -1,17 +1,16 @@
 /*
  * dragon sample — text from a checkpoint of `dragon train`: the prompt,
  * then N bytes, each drawn from the model's distribution of the next byte
- * given the bytes before it (the last T of them), with a temperature and
- * top-k, from a seeded stream (the same seed, the same text;
- * dragon/sample.h draws). A model of another vocabulary than bytes reads
- * its prompt as token ids and prints token ids, space-separated.
+ * given the bytes before it, with a temperature and top-k, from a seeded
+ * stream (the same seed, the same text; dragon/sample.h draws). A model of
+ * another vocabulary than bytes reads its prompt as token ids and prints
+ * token ids, space-separated.
  *
- * The model reads its context left-aligned: it is causal (dragon/model.h
- * dg_model_cpu_logits), so the logits at the context's last position do
- * not depend on what follows it. The GPU model is planned once for one
- * row of T and its tail is padded; the CPU model runs the context's own
- * length. T is the context the checkpoint trained at (its "time"), else
- * 512, or --time.
+ * The model decodes from a state (dragon/model.h dg_model_state), on the
+ * GPU or the CPU: the prompt is consumed once, then each byte costs the
+ * same at any position, and the context is every byte before it (no
+ * window; --time is kept for the command lines that give it, and checked,
+ * but no longer bounds the context).
  *
  * Recipes: the GPU model runs the checkpoint's; the CPU model (no GPU, or
  * --cpu) runs f32, w8a8 and bitnet, and a recipe it does not run (bf16,
@@ -40,10 +39,11 @@ static const char help_text[] =
 	"usage: dragon sample CKPT|DIR [--prompt TEXT | --prompt-ids ID,...] [--length N]\n"
 	"                     [--temperature X] [--top-k K] [--seed S] [--time T] [--cpu]\n\n"
 	"Generates bytes from a checkpoint of `dragon train`: the prompt, then N bytes,\n"
-	"each drawn from the model's distribution of the next byte given the last T\n"
-	"bytes before it. A model whose vocabulary is not bytes (256) generates token\n"
-	"ids: its prompt is given as ids, and it prints the prompt's ids and each id\n"
-	"drawn, space-separated, on one line.\n\n"
+	"each drawn from the model's distribution of the next byte given all the\n"
+	"bytes before it (the model keeps a state: a byte costs the same at any\n"
+	"length, and there is no window). A model whose vocabulary is\n"
+	"not bytes (256) generates token ids: its prompt is given as ids, and it\n"
+	"prints the prompt's ids and each id drawn, space-separated, on one line.\n\n"
 	"  CKPT|DIR          a checkpoint (ckpt-<step>.safetensors), or a run's folder:\n"
 	"                    its newest checkpoint\n"
 	"  --prompt TEXT     the text to continue (default none: the model starts after\n"
@@ -56,8 +56,8 @@ static const char help_text[] =
 	"                    each time (greedy)\n"
 	"  --top-k K         draw among the K most likely bytes (40; 0 all)\n"
 	"  --seed S          the draws (1337): the same seed, the same text\n"
-	"  --time T          the context, in bytes (default the T the checkpoint trained\n"
-	"                    at, else 512)\n"
+	"  --time T          accepted for older command lines; the context is the\n"
+	"                    whole text\n"
 	"  --cpu             the CPU model even with a GPU (it runs f32, w8a8 and\n"
 	"                    bitnet; a bf16 checkpoint runs with f32 arithmetic on its\n"
 	"                    weights, said on stderr)\n\n"
@@ -181,31 +181,17 @@ static dg_model_config as_f32(const dg_model_config *c)
 	return r;
 }
 
-/* What generates: the GPU model of one row of T, or the CPU model's
- * weights. */
+/* What generates: a decoder of one row, on the GPU or the CPU. */
 typedef struct gen {
-	dg_device *dev;
-	dg_model *m;
-	const dg_model_weights *w;
-	int T;
-	int32_t *row; /* (1, T): the context, then padding */
+	dg_model_state *state;
 } gen;
 
-/* The logits after the n tokens of ctx (1 <= n <= T) into z. */
-static int logits_of(gen *g, const int32_t *ctx, int n, float *z)
+/* The logits after the prompt's n tokens (prefill), or after one more
+ * token (n 1), from the state, into z. */
+static int state_logits(gen *g, const int32_t *tok, int n, bool prefill, float *z)
 {
 	char msg[1024];
-	memcpy(g->row, ctx, (size_t)n * sizeof(int32_t));
-	if (g->m) {
-		memset(g->row + n, 0, (size_t)(g->T - n) * sizeof(int32_t));
-		dg_model_batch b = { .idx = g->row, .b = 1, .t = g->T };
-		dg_status st = dg_model_logits(g->m, &b, n - 1, z);
-		if (st)
-			return dg__cli_err(DG__CLI_FAIL, st, "%s", dg_device_errmsg(g->dev));
-		return DG__CLI_OK;
-	}
-	dg_model_batch b = { .idx = g->row, .b = 1, .t = n };
-	dg_status st = dg_model_cpu_logits(g->w, &b, n - 1, z, msg, sizeof(msg));
+	dg_status st = dg_model_decode(g->state, -1, tok, n, prefill, z, msg, sizeof(msg));
 	return st ? dg__cli_err(DG__CLI_FAIL, st, "%s", msg) : DG__CLI_OK;
 }
 
@@ -278,11 +264,10 @@ static int prompt_of(const sample_args *a, int V, int32_t **out, int *n)
  * drawn: bytes raw for a vocabulary of 256, else ids. */
 static int generate(gen *g, const sample_args *a, int V, const int32_t *prompt, int plen)
 {
-	const int T = g->T;
 	const bool ids = V != 256;
 	int code = DG__CLI_OK;
-	/* the context: the prompt's last T tokens (a newline without one) */
-	int32_t *ctx = malloc((size_t)T * sizeof(int32_t));
+	/* the context: the prompt (a newline without one), consumed once */
+	int32_t *ctx = malloc(((size_t)plen + 1) * sizeof(int32_t));
 	float *z = malloc((size_t)V * sizeof(float));
 	if (!ctx || !z) {
 		free(ctx);
@@ -292,7 +277,7 @@ static int generate(gen *g, const sample_args *a, int V, const int32_t *prompt, 
 	int n = 0;
 	if (plen == 0)
 		ctx[n++] = '\n';
-	for (int i = plen > T ? plen - T : 0; i < plen; i++)
+	for (int i = 0; i < plen; i++)
 		ctx[n++] = prompt[i];
 	bool first = true;
 	for (int i = 0; i < plen; i++)
@@ -302,7 +287,8 @@ static int generate(gen *g, const sample_args *a, int V, const int32_t *prompt, 
 	dg_rng_seed(&r, a->seed);
 	char msg[1024];
 	for (uint64_t i = 0; i < a->length && !code && !ferror(stdout); i++) {
-		if ((code = logits_of(g, ctx, n, z)))
+		code = i == 0 ? state_logits(g, ctx, n, true, z) : state_logits(g, &ctx[n - 1], 1, false, z);
+		if (code)
 			break;
 		for (int v = 0; v < V && !code; v++)
 			if (!isfinite(z[v]))
@@ -319,11 +305,8 @@ static int generate(gen *g, const sample_args *a, int V, const int32_t *prompt, 
 		}
 		put_token(next, ids, &first);
 		fflush(stdout);
-		if (n == T) { /* the context slides: the oldest token leaves */
-			memmove(ctx, ctx + 1, (size_t)(T - 1) * sizeof(int32_t));
-			n--;
-		}
-		ctx[n++] = next;
+		ctx[0] = next; /* the state holds the context: the last token alone */
+		n = 1;
 	}
 	if (ids && !first)
 		putchar('\n');
@@ -371,22 +354,17 @@ int dg__cli_cmd_sample(int argc, char **argv)
 			w->config.preset, w->config.preset);
 		w->config = probe;
 	}
-	gen g = { .dev = dev, .w = w, .T = a.time ? (int)a.time : s->time > 0 ? s->time : 512 };
-	g.row = malloc((size_t)g.T * sizeof(int32_t));
-	if (!g.row)
-		code = dg__cli_err(DG__CLI_FAIL, DG_ERR_NOMEM, "out of memory");
-	dg_status made = !code && dev ? dg_model_create(dev, w, 1, g.T, &g.m) : DG_OK;
+	gen g = { 0 };
+	dg_status made = dg_model_state_create(dev, w, 1, &g.state, msg, sizeof(msg));
 	if (made)
-		code = dg__cli_err(DG__CLI_FAIL, made, "%s", dg_device_errmsg(dev));
+		code = dg__cli_err(DG__CLI_FAIL, made, "%s", msg);
 	if (!code && isatty(2))
-		fprintf(stderr, "dragon: sampling %s (step %lld, %s) on %s, context %d %s\n", path,
-			(long long)s->step, w->config.preset, dev ? dev_name : "the CPU", g.T,
-			V == 256 ? "bytes" : "tokens");
+		fprintf(stderr, "dragon: sampling %s (step %lld, %s) on %s, the whole text as context\n", path,
+			(long long)s->step, w->config.preset, dev ? dev_name : "the CPU");
 	if (!code)
 		code = generate(&g, &a, V, prompt, plen);
-	dg_model_destroy(g.m);
+	dg_model_state_destroy(g.state);
 	free(prompt);
-	free(g.row);
 	dg_device_close(dev);
 	dg_train_state_destroy(s);
 	return code;

@@ -52,7 +52,9 @@ extern "C" {
  * 5: dg_ffi_spec_destroy, dg_corpus_close, in place of dg_ffi_spec_free,
  * dg_corpus_destroy;
  * 6: prepared ops, dg_ffi_op_prepare and dg_ffi_prepared_run, a prepared
- * op's dg_prepared_workspace in place of dg_ffi_op_workspace). */
+ * op's dg_prepared_workspace in place of dg_ffi_op_workspace, and of
+ * dg_ffi_op_run: a prepare, its launches, a destroy;
+ * dg_ffi_model_decode). */
 #define DG_FFI_VERSION 6
 DG_API int dg_ffi_version(void);
 
@@ -138,16 +140,9 @@ DG_API dg_status dg_ffi_op_args(const dg_spec *s, int64_t b, int64_t t, int64_t 
  * against the spec, one line naming the tensor on failure. */
 DG_API dg_status dg_ffi_op_check(const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
 				 const dg_ffi_opts *o, char *msg, size_t msg_size);
-/* Checks, then launches on the calling thread's stream: a prepare and
- * its launch in one call (dg_ffi_op_prepare's checks and messages, the
- * kernels looked up again each call); errors on the device
- * (dg_device_errmsg). */
-DG_API dg_status dg_ffi_op_run(dg_device *dev, const dg_spec *s, const dg_ffi_tensor *t, int32_t n,
-			       const dg_ffi_opts *o);
-
 /*
  * A prepared op (dragon/ops.h's dg_prepared) from a call's tensors and
- * options as dg_ffi_op_run takes them: the whole check (one line naming
+ * options (dg_ffi_op_check's): the whole check (one line naming
  * the tensor), the kernels fetched, the launches laid out, into *out.
  * Data pointers need only pass the checks: a launch gives its own. Its
  * workspace is dg_prepared_workspace(*out) bytes; dg_prepared_destroy
@@ -265,6 +260,21 @@ DG_API dg_status dg_ffi_model_hidden(const dg_ffi_model *m, uint64_t *addr, int3
  */
 DG_API dg_status dg_ffi_model_logits(dg_ffi_model *m, uint64_t idx, int32_t pos, uint64_t out, char *msg,
 				     size_t msg_size);
+
+/*
+ * Decoding from a state (dragon/model.h dg_model_state, dg_model_decode):
+ * the context is every token so far, no window, and a token costs the
+ * same at any position. restart 1: a decoder of `rows` rows (on the
+ * model's device: made from its masters as they are now, read back; on
+ * the CPU: reading them), row r started with its n tokens, tokens + r·n
+ * ((rows, n) int32 on the host); restart 0: one more token a row (n 1,
+ * tokens (rows)) to the decoder made last. out: (rows, V) f32 on the
+ * host, the logits after each row's last token, row r at out + r·V.
+ * DG_ERR_INVALID_ARG naming what is wrong (a token outside the
+ * vocabulary, no decoder to continue).
+ */
+DG_API dg_status dg_ffi_model_decode(dg_ffi_model *m, uint64_t tokens, int32_t rows, int32_t n,
+				     int32_t restart, uint64_t out, char *msg, size_t msg_size);
 
 /* ---- bundles ------------------------------------------------------------------- */
 

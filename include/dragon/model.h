@@ -261,6 +261,10 @@ typedef struct dg_model_batch {
 	 * once set, dg_model_cpu_step returns DG_ERR_INTERRUPTED with nothing
 	 * written to grads that the caller may use (the GPU model ignores it) */
 	const volatile sig_atomic_t *stop;
+	/* gradient accumulation (a model of dg_model_create_accum, K > 1):
+	 * which micro-batch of the training step this is, 0..K−1, in order
+	 * (dg_model_train_step); 0 otherwise */
+	int micro;
 } dg_model_batch;
 
 /*
@@ -291,6 +295,39 @@ DG_API dg_status dg_model_cpu_step(const dg_model_weights *w, const dg_model_bat
 DG_API dg_status dg_model_cpu_logits(const dg_model_weights *w, const dg_model_batch *batch, int pos,
 				     float *out, char *msg, size_t msg_size);
 
+/* ---- decoding from a state --------------------------------------------------
+ * With no softmax, BDH's attention is linear attention (Q = K = qr, V =
+ * x): o_t = qr_t·S_{t−1}, S_t = S_{t−1} + qr_tᵀ x_t, RoPE a rotation at
+ * the token's own position. A decoder state holds, for each of its batch
+ * rows (one sequence a row), every layer's S (H × N × D f32 a layer: 201
+ * MB a row at 25M) and the row's position (the tokens it has consumed): a
+ * prompt is consumed once and each next token then costs the same
+ * whatever the context's length, with no window. The logits equal the
+ * full forward's over the whole context (dg_model_cpu_logits,
+ * dg_model_logits; dropout off) up to the rounding of the f32 state and
+ * of the two forms' sums. */
+typedef struct dg_model_state dg_model_state;
+
+/* A decoder of w for batch rows, every row empty (position 0): on dev
+ * (its state on the device, w's weights uploaded now; the recipes of
+ * dg_model_create), or on the CPU (dev NULL: the recipes of
+ * dg_model_cpu_runs, w's weights read at each call, so w must outlive the
+ * state). Errors name what and why in msg (the device's message too). */
+DG_API dg_status dg_model_state_create(dg_device *dev, const dg_model_weights *w, int batch,
+				       dg_model_state **out, char *msg, size_t msg_size);
+DG_API void dg_model_state_destroy(dg_model_state *s); /* NULL is fine */
+/*
+ * Consumes n tokens (n >= 1) and gives the logits after the last. row −1:
+ * every row, tokens (rows, n) (row r at tokens + r·n), logits (rows, V)
+ * (row r at logits + r·V); row r alone (the CPU decoder only): tokens (n),
+ * logits (V). restart: the rows emptied first (a new prompt); else the
+ * tokens follow what the rows hold (each row at its own position). The
+ * CPU decoder takes a prompt in chunks. A token outside the vocabulary is
+ * DG_ERR_INVALID_ARG naming its index, before the state changes.
+ */
+DG_API dg_status dg_model_decode(dg_model_state *s, int row, const int32_t *tokens, int n, bool restart,
+				 float *logits, char *msg, size_t msg_size);
+
 /* ---- the model on the GPU -------------------------------------------------
  * The same tape as the CPU model, run by the GPU ops on arenas planned once
  * for batches of (b, t): every buffer, copy and workspace is allocated by
@@ -310,7 +347,7 @@ DG_API dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, 
 DG_API dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t,
 				 dg_model **out);
 /* As dg_model_create, for steps of accum micro-batches of (b, t) each
- * (dg_model_train_micro; accum 1: dg_model_create): the projections'
+ * (dg_model_train_step with batch->micro; accum 1: dg_model_create): the projections'
  * execution-layout weight gradients then live in the gradients' arena,
  * summed from micro-batch to micro-batch, instead of the step's
  * temporaries. accum 1..1024. */
@@ -379,23 +416,21 @@ struct dg_comm;
 DG_API dg_status dg_model_optim_comm(dg_model *m, struct dg_comm *comm);
 /* Queues training step t (0-based) of batch (b, t as planned; its seed is
  * the dropout's, its step ignored: t is) at learning rate lr, on the
- * calling thread's stream; returns without waiting. */
+ * calling thread's stream; returns without waiting.
+ *
+ * Gradient accumulation (a model of dg_model_create_accum with K > 1):
+ * batch->micro = i (0..K−1, in order, each with the same t and lr) queues
+ * micro-batch i of training step t. Each runs the forward and the backward
+ * of its (b, t) batch with the loss's gradient times 1/K, micro-batch 0
+ * writing the weight gradients and the others adding to them; the last one
+ * then runs the norm, the update and the copies, so the step is the one of
+ * a batch of the K micro-batches' rows up to the sums' order (give
+ * micro-batch i the row0 of its rows in that batch for the same dropout
+ * masks). The reported loss is the mean of the K losses. Each micro-batch
+ * index replays its own captured graph (the dropout's first element is
+ * baked into it). With the loss scaler on, K must be 1
+ * (DG_ERR_UNSUPPORTED: the loss's gradient is S, not S/K). */
 DG_API dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr);
-/*
- * Gradient accumulation (a model of dg_model_create_accum with K > 1;
- * K = 1: micro-batch 0 is dg_model_train_step): micro-batch i (0..K−1, in
- * order, each with the same t and lr) of training step t. Each runs the
- * forward and the backward of its (b, t) batch with the loss's gradient
- * times 1/K, micro-batch 0 writing the weight gradients and the others
- * adding to them; the last one then runs the norm, the update and the
- * copies, so the step is the one of a batch of the K micro-batches' rows
- * up to the sums' order (give micro-batch i the row0 of its rows in that
- * batch for the same dropout masks). The reported loss is the mean of the
- * K losses. Each micro-batch index replays its own captured graph (the
- * dropout's first element is baked into it). With the loss scaler on, K
- * must be 1 (DG_ERR_UNSUPPORTED: the loss's gradient is S, not S/K).
- */
-DG_API dg_status dg_model_train_micro(dg_model *m, const dg_model_batch *batch, int i, int64_t t, float lr);
 /* The loss and the gradient norm (unscaled) of queued step t (one of the
  * last DG_MODEL_TRAIN_RING), waiting for that step only; *skipped (may be
  * NULL): the update was skipped because the norm is not finite; *ls (may

@@ -279,8 +279,6 @@ DG_API dg_status dg_kernel_get(dg_device *dev, const dg_spec *spec,
 			       const char *entry, dg_kernel **out);
 DG_API dg_status dg_kernel_info_get(const dg_kernel *k, dg_kernel_info *info);
 
-/* Number of kernels loaded (distinct spec+entry). */
-DG_API size_t dg_device_kernel_count(const dg_device *dev);
 
 /* ---- events --------------------------------------------------------------
  * Events on the calling thread's stream. Messages on the device. */

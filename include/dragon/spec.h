@@ -59,6 +59,7 @@ extern "C" {
 	X(DG_OP_ATTENTION_GRAD_SCORES, attention_grad_scores)               \
 	X(DG_OP_ATTENTION_GRAD_V, attention_grad_v)                         \
 	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs) \
+	X(DG_OP_ATTENTION_STEP, attention_step)                             \
 	X(DG_OP_EMBED_FWD, embed_fwd)                                       \
 	X(DG_OP_EMBED_BWD, embed_bwd)                                       \
 	X(DG_OP_LAYERNORM_FWD, layernorm_fwd)                               \

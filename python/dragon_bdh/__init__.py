@@ -295,16 +295,31 @@ class Model:
         _lib.check(st, buf)
         return out
 
+    def decode(self, tokens, rows, n, restart):
+        """Logits from a decoder state (no window; a token costs the same
+        at any position; on a GPU model made from its masters as they are
+        at the restart): restart True starts `rows` rows,
+        row r with its n tokens tokens[r*n:(r+1)*n]; restart False adds one
+        token a row (n 1) to the state made last. tokens: the address of
+        host int32 tokens. A ctypes float array of rows*vocab, the logits
+        after each row's last token, row r at r*vocab."""
+        out = (ctypes.c_float * (rows * self.vocab))()
+        buf = _lib.msgbuf()
+        st = _lib.lib().dg_ffi_model_decode(self._h, tokens, rows, n, 1 if restart else 0, ctypes.addressof(out),
+                                            buf, _lib.MSG)
+        _lib.check(st, buf)
+        return out
+
     def generate(self, prompt=None, length=200, temperature=0.8, top_k=40, seed=1337):
         """The tokens drawn after prompt, a list of `length` ints, as
         `dragon sample` draws them (the same weights and seed, the same
-        tokens): each from the logits at the end of the context, its last
-        `time` tokens in row 0 (the other rows and the tail padded with
-        0), at a temperature (0 greedy) among the top_k most likely
+        tokens): each from the logits at the end of the context, every
+        token so far (the model decodes from a state: no window), at a
+        temperature (0 greedy) among the top_k most likely
         (dragon/sample.h). prompt: token ids (a list of ints), or for a
         byte model (vocab 256) bytes or str (UTF-8); None starts a byte
         model after a newline. A model of another vocabulary needs ids."""
-        V, T = self.vocab, self.time
+        V = self.vocab
         if prompt is None or len(prompt) == 0:
             if V != 256:
                 raise InvalidArgument("a vocabulary of %d, token ids: give the prompt as a list of ids" % V,
@@ -321,22 +336,27 @@ class Model:
             if bad:
                 raise InvalidArgument("prompt: token %d is outside the vocabulary 0..%d" % (bad[0], V - 1),
                                       "invalid argument")
-        ctx = ctx[-T:]
         L = _lib.lib()
         rng = ctypes.c_uint64(0)
         L.dg_rng_seed(ctypes.byref(rng), seed)
-        row = (ctypes.c_int32 * (self.batch * T))()
+        return self._generate_state(ctx, length, temperature, top_k, rng)
+
+    def _generate_state(self, ctx, length, temperature, top_k, rng):
+        """generate() from a decoder state: the prompt prefilled, then a
+        token at a time."""
+        L, V = _lib.lib(), self.vocab
+        tok = (ctypes.c_int32 * len(ctx))(*ctx)
         nxt = ctypes.c_int32()
         buf = _lib.msgbuf()
         out = []
-        for _ in range(length):
-            for i in range(T):
-                row[i] = ctx[i] if i < len(ctx) else 0
-            z = self.logits(ctypes.addressof(row), len(ctx) - 1)
+        if length > 0:
+            z = self.decode(ctypes.addressof(tok), 1, len(ctx), True)
+        for i in range(length):
             _lib.check(L.dg_sample_draw(z, V, float(temperature), int(top_k), ctypes.byref(rng), ctypes.byref(nxt),
                                         buf, _lib.MSG), buf)
             out.append(nxt.value)
-            ctx = (ctx + [nxt.value])[-T:]
+            if i + 1 < length:
+                z = self.decode(ctypes.addressof(nxt), 1, 1, False)
         return out
 
     def __del__(self):

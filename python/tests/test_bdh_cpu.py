@@ -186,8 +186,9 @@ def test_any_batch_and_length_on_the_cpu():
 def test_generate_samples_from_the_last_positions_logits():
     """generate() appends max_new_tokens tokens, the prompt kept; with
     temperature 0 (or top_k 1) each is the argmax of the reference's
-    logits at the last position of the window (the last block_size
-    tokens); sampling draws from torch's generator (seeded: repeatable)."""
+    logits at the last position of every token so far (the CPU decodes
+    from a state: no window, the context passes block_size 8); sampling
+    draws from torch's generator (seeded: repeatable)."""
     m, ref = model("f32")
     m.train()  # generate turns dropout off whatever the mode
     idx, _ = tokens(5, 2, 6)
@@ -195,7 +196,7 @@ def test_generate_samples_from_the_last_positions_logits():
     assert out.shape == (2, 18) and torch.equal(out[:, :6], idx) and out.dtype == idx.dtype
     with torch.no_grad():
         for k in range(6, 18):
-            ctx = out[:, max(0, k - 8):k]  # block_size 8
+            ctx = out[:, :k]  # past block_size 8
             want = ref(ctx)[:, -1].argmax(-1)
             assert torch.equal(out[:, k], want), k
     assert torch.equal(m.generate(idx, 12, top_k=1), out)

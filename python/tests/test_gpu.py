@@ -286,14 +286,15 @@ def test_bdh_backward_runs_in_loss_backward(gpu, monkeypatch):
 
 def test_bdh_generate_on_the_gpu(gpu):
     """Greedy generate() is the PyTorch model's argmax at each last
-    position (f32), the prompt kept, the window the last block_size."""
+    position (f32), the prompt kept, the context every token so far (the
+    decoder's state: no window, past block_size 16)."""
     m, ref = gpu_model(gpu, "f32", block_size=16)
     idx, _ = gpu_tokens(gpu, 5, 2, 6)
     out = m.generate(idx, 20, temperature=0)
     assert out.shape == (2, 26) and torch.equal(out[:, :6], idx)
     with torch.no_grad():
         for k in range(6, 26):
-            assert torch.equal(out[:, k], ref(out[:, max(0, k - 16):k])[:, -1].argmax(-1)), k
+            assert torch.equal(out[:, k], ref(out[:, :k])[:, -1].argmax(-1)), k
     torch.manual_seed(1)
     assert m.generate(idx, 8, temperature=0.8, top_k=10).shape == (2, 14)
 

@@ -675,17 +675,6 @@ const dg_kernel *dg_kernel_entry(const dg_kernel *k, int i)
 	return k && i >= 0 && i < k->mod->n_kernels ? &k->mod->kernels[i] : NULL;
 }
 
-size_t dg_device_kernel_count(const dg_device *dev)
-{
-	if (!dev || dev->init_status)
-		return 0;
-	dg_device *d = (dg_device *)dev; /* the lock, not the state, changes */
-	pthread_mutex_lock(&d->mu);
-	size_t n = d->stats.kernels;
-	pthread_mutex_unlock(&d->mu);
-	return n;
-}
-
 dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out)
 {
 	if (!dev)

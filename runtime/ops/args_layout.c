@@ -93,6 +93,8 @@ static const dg__args_layout layouts[DG_OP__COUNT] = {
 					  .t = { T3(attention_grad_scores, grad, v, grad_scores) } },
 	[DG_OP_ATTENTION_GRAD_V] = { SIZE(attention_grad_v),
 				     .t = { T3(attention_grad_v, scores, grad, grad_v) } },
+	[DG_OP_ATTENTION_STEP] = { SIZE(attention_step),
+				   .t = { T6(attention_step, xs, pos, freq, v, state, out) } },
 	[DG_OP_ATTENTION_GRAD_XS] = { SIZE(attention_grad_xs),
 				      .t = { T6(attention_grad_xs, grad_scores, xs, rope, grad_xs,
 						dxs, mask_xs) } },

@@ -234,6 +234,32 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	return DG_OK;
 }
 
+/* ---- attention_step (templates/attention_step.lua) -------------------------------- */
+
+/* The op's six tensors in the table's order and (int B); grid (D/8, H, B). */
+dg_status dg__prep_attention_step(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	const dg_spec *spec = &p->spec;
+	int64_t B = p->shape.b;
+	if (B == 0)
+		return DG_OK;
+	dg_kernel *k;
+	dg_status st = dg_kernel_get(p->dev, spec, "dg_attention_step", &k);
+	if (st)
+		return st;
+	int nt = dg_kernel_spec(k)->tile.threads;
+	dg_launch l = { { (unsigned)(spec->embd / 8), (unsigned)spec->heads, (unsigned)B }, { (unsigned)nt, 1, 1 }, 0 };
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	const dg_op_info *row = dg_op_info_of(spec->op);
+	for (int i = 0; i < row->n_args; i++)
+		dg__arg_data(p, L, i);
+	dg__arg_i32(p, L, B);
+	return DG_OK;
+}
+
 /* ---- the GEMMs' entries ------------------------------------------------------------ */
 
 dg_status dg__prep_attention_scores(dg_prepared *p, const dg__op_call *c)

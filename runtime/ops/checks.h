@@ -59,6 +59,8 @@ dg_status dg_attention_grad_scores_check(const dg_spec *spec,
 					 size_t msg_size);
 dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad_v_args *a,
 				    char *msg, size_t msg_size);
+dg_status dg_attention_step_check(const dg_spec *spec, const dg_attention_step_args *a, char *msg,
+				  size_t msg_size);
 dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
 				     char *msg, size_t msg_size);
 dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,

@@ -242,6 +242,17 @@ dg_status dg_attention_grad_v(dg_device *dev, const dg_spec *spec,
 	return dg__op_typed_run(dev, DG_OP_ATTENTION_GRAD_V, spec, a);
 }
 
+dg_status dg_attention_step_check(const dg_spec *spec, const dg_attention_step_args *a, char *msg,
+				  size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_ATTENTION_STEP, spec, a, msg, msg_size);
+}
+
+dg_status dg_attention_step(dg_device *dev, const dg_spec *spec, const dg_attention_step_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_STEP, spec, a);
+}
+
 dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
 				     char *msg, size_t msg_size)
 {

@@ -14,20 +14,33 @@
 
 #define ROPE_THETA 65536.0f
 
-void dg_ref_rope_table(int t_len, int n, float *cos_t, float *sin_t)
+void dg_ref_rope_freq(int n, float *freq)
+{
+	const float two_pi = (float)(2.0 * M_PI);
+	for (int p = 0; p < n / 2; p++) {
+		float expo = (float)(2 * p) / (float)n;
+		freq[2 * p] = freq[2 * p + 1] = 1.0f / powf(ROPE_THETA, expo) / two_pi;
+	}
+}
+
+void dg_ref_rope_row(int t, int n, float *cos_t, float *sin_t)
 {
 	const float two_pi = (float)(2.0 * M_PI);
 	for (int p = 0; p < n / 2; p++) {
 		/* the reference's f32 arithmetic: quantize(i) = 2·floor(i/2) */
 		float expo = (float)(2 * p) / (float)n;
 		float freq = 1.0f / powf(ROPE_THETA, expo) / two_pi;
-		for (int t = 0; t < t_len; t++) {
-			float ph = (float)t * freq;
-			ph = (ph - floorf(ph)) * two_pi;
-			cos_t[(int64_t)t * (n / 2) + p] = cosf(ph);
-			sin_t[(int64_t)t * (n / 2) + p] = sinf(ph);
-		}
+		float ph = (float)t * freq;
+		ph = (ph - floorf(ph)) * two_pi;
+		cos_t[p] = cosf(ph);
+		sin_t[p] = sinf(ph);
 	}
+}
+
+void dg_ref_rope_table(int t_len, int n, float *cos_t, float *sin_t)
+{
+	for (int t = 0; t < t_len; t++)
+		dg_ref_rope_row(t, n, cos_t + (int64_t)t * (n / 2), sin_t + (int64_t)t * (n / 2));
 }
 
 void dg_ref_rope_fwd(const float *v, const float *cos_t, const float *sin_t, int64_t rows,

@@ -244,6 +244,8 @@ void dg_ref_layernorm_bwd(const float *dy, const float *y, const float *rstd, in
  * each. rot(v)[2p] = −v[2p+1], rot(v)[2p+1] = v[2p];
  * out = v·cos + rot(v)·sin over (rows = B·H, t_len, n). */
 void dg_ref_rope_table(int t_len, int n, float *cos_t, float *sin_t);
+/* Row t of the tables alone (n/2 values each): the same values, any t. */
+void dg_ref_rope_row(int t, int n, float *cos_t, float *sin_t);
 void dg_ref_rope_fwd(const float *v, const float *cos_t, const float *sin_t, int64_t rows,
 		     int t_len, int n, float *out);
 /* The transpose: dv = dout·cos + rotᵀ(dout·sin). */
@@ -291,6 +293,13 @@ dg_status dg_ref_rope_op(const dg_spec *spec, const void *x, const float *rope, 
 dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const float *rope,
 				  void *scores, int b, int t);
 /* out (b,H,t,E) = tril(scores, −1)·v, v (b,1,t,E). */
+/* attention_step (dragon/ops.h): xs (B,H,1,N) act, pos (B) f32, freq (N)
+ * f32, v (B,1,1,D) act; out (B,H,1,D) act = qr·S (sums in double), then
+ * state (B,H,N,D) f32 += qrᵀ·v (fmaf, one rounding an entry). */
+dg_status dg_ref_attention_step(const dg_spec *spec, const void *xs, const float *pos, const float *freq,
+				const void *v, float *state, void *out, int b);
+/* Pair p's RoPE frequency (dg_ref_rope_table's) at 2p and 2p+1, n values. */
+void dg_ref_rope_freq(int n, float *freq);
 dg_status dg_ref_attention_out(const dg_spec *spec, const void *scores, const void *v, void *out,
 			       int b, int t);
 /* grad_scores (b,H,t,t) = dS + dSᵀ, dS = tril(grad·vᵀ, −1), grad (b,H,t,E). */

@@ -363,6 +363,23 @@ dg_status dg__ref_decoder_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
 	return st;
 }
 
+dg_status dg__ref_attention_step(const dg_spec *spec, const dg_ref_call *c)
+{
+	/* state: read, then written (outs[4], else scratch; in[4] its old value) */
+	size_t n = (size_t)c->b * spec->heads * spec->latent * spec->embd;
+	float *state = out_at(spec, c, 4), *scratch = NULL;
+	if (!state && !(state = scratch = malloc(n * sizeof(float) + 4)))
+		return DG_ERR_NOMEM;
+	if (c->in[4] && c->in[4] != state)
+		memcpy(state, c->in[4], n * sizeof(float));
+	else if (!c->in[4])
+		memset(state, 0, n * sizeof(float));
+	dg_status st = dg_ref_attention_step(spec, c->in[0], c->in[1], c->in[2], c->in[3], state, c->out,
+					     (int)c->b);
+	free(scratch);
+	return st;
+}
+
 dg_status dg__ref_add_mask(const dg_spec *spec, const dg_ref_call *c)
 {
 	return dg_ref_add_mask(spec->act, spec->out, spec->src, c->in[0], c->in[1], c->in[2], bhtl(spec, c),

@@ -324,15 +324,15 @@ static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
 	       "(fake-quantized); others on the GPU";
 }
 
-/* Execution copy k (f32, the kernels' layout) replaced by its recipe's
- * dequantized codes: int8 a scale a channel (a row), else a scale a
- * tensor (runtime/ref/ref_ops.h's quantizers). */
-static dg_status fake_weight(step *s, dg_proj k)
+/* Execution copy w of projection k (f32, the kernels' layout) replaced
+ * by its recipe's dequantized codes: int8 a scale a channel (a row), else
+ * a scale a tensor (runtime/ref/ref_ops.h's quantizers). */
+static dg_status fake_weight(const dg_model_config *c, dg_proj k, float *w)
 {
-	const dg_proj_recipe *r = dg__proj_recipe(s->c, k);
-	float *w = F(s, s->id.exec[k]);
-	size_t cols = k == DG_PROJ_DECODER ? (size_t)s->H * s->N : (size_t)s->D;
-	size_t n = (size_t)s->H * s->N * s->D, rows = n / cols;
+	const dg_proj_recipe *r = dg__proj_recipe(c, k);
+	const int H = c->heads, D = c->embd, N = c->neurons;
+	size_t cols = k == DG_PROJ_DECODER ? (size_t)H * N : (size_t)D;
+	size_t n = (size_t)H * N * D, rows = n / cols;
 	int8_t *q = malloc(n + 1);
 	float *sc = malloc(rows * sizeof(float) + 4);
 	dg_status st = q && sc ? DG_OK : DG_ERR_NOMEM;
@@ -347,6 +347,24 @@ static dg_status fake_weight(step *s, dg_proj k)
 		w[i] = (float)q[i] * sc[i / cols];
 	free(q);
 	free(sc);
+	return st;
+}
+
+const char *dg__cpu_recipe(const dg_model_config *c, bool *lowbit)
+{
+	return cpu_recipe(c, lowbit);
+}
+
+dg_status dg__cpu_exec_copies(const dg_model_weights *w, bool lowbit, float *const exec[DG_PROJ__COUNT])
+{
+	const dg_model_config *c = &w->config;
+	const int H = c->heads, D = c->embd, N = c->neurons;
+	to_hnd(w->params[DG_PARAM_ENCODER], exec[DG_PROJ_ENCODER], H, D, N);
+	to_hnd(w->params[DG_PARAM_ENCODER_V], exec[DG_PROJ_ENCODER_V], H, D, N);
+	transpose(w->params[DG_PARAM_DECODER], exec[DG_PROJ_DECODER], (int64_t)H * N, D);
+	dg_status st = DG_OK;
+	for (int k = 0; lowbit && k < DG_PROJ__COUNT && !st; k++)
+		st = fake_weight(c, (dg_proj)k, exec[k]);
 	return st;
 }
 
@@ -557,12 +575,10 @@ static dg_status step_open(step *s, const dg_model_weights *w, const dg_model_ba
 	/* the masters, their execution copies, the batch, the RoPE tables */
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
 		memcpy(F(s, s->id.params[p]), w->params[p], s->t.bufs[s->id.params[p]].bytes);
-	to_hnd(w->params[DG_PARAM_ENCODER], F(s, s->id.exec[DG_PROJ_ENCODER]), s->H, s->D, s->N);
-	to_hnd(w->params[DG_PARAM_ENCODER_V], F(s, s->id.exec[DG_PROJ_ENCODER_V]), s->H, s->D, s->N);
-	transpose(w->params[DG_PARAM_DECODER], F(s, s->id.exec[DG_PROJ_DECODER]), (int64_t)s->H * s->N,
-		  s->D);
-	for (int k = 0; s->lowbit && k < DG_PROJ__COUNT && !st; k++)
-		st = fake_weight(s, k);
+	float *const exec[DG_PROJ__COUNT] = { F(s, s->id.exec[DG_PROJ_ENCODER]),
+					      F(s, s->id.exec[DG_PROJ_ENCODER_V]),
+					      F(s, s->id.exec[DG_PROJ_DECODER]) };
+	st = dg__cpu_exec_copies(w, s->lowbit, exec);
 	memcpy(I(s, s->id.tokens), batch->idx, (size_t)s->bt * sizeof(int32_t));
 	if (batch->targets)
 		memcpy(I(s, s->id.targets), batch->targets, (size_t)s->bt * sizeof(int32_t));

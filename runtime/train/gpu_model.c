@@ -48,6 +48,7 @@
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "runtime/gpu/gpu_int.h"
+#include "runtime/ref/ref_ops.h"
 #include "runtime/train/gpu_model_int.h"
 
 /* ---- create, plan ----------------------------------------------------------- */
@@ -321,6 +322,12 @@ void dg_model_destroy(dg_model *m)
 		dg__exec_free(&m->ex[n]);
 	free(m->ex);
 	dg__tape_free(&m->t);
+	(void)dg_free(m->dev, m->state);
+	(void)dg_free(m->dev, m->pos_d);
+	(void)dg_free(m->dev, m->freq_d);
+	free(m->pos);
+	free(m->pos_f);
+	free(m->lm_host);
 	free(m);
 }
 
@@ -508,6 +515,41 @@ dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int 
 dg_status dg_model_create_accum(dg_device *dev, const dg_model_weights *w, int b, int t, int accum,
 				dg_model **out)
 {
+	return dg__gm_create(dev, w, b, t, accum, false, out);
+}
+
+/* A decoder's state, positions and frequencies (before its nodes are
+ * sized: they read the addresses). */
+static dg_status decode_alloc(dg_model *m, dg_device *dev, const dg_model_config *c, int b)
+{
+	if (b < 1)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "a decoder of %d rows: at least 1", b);
+	const size_t state = (size_t)c->layers * (size_t)b * (size_t)c->heads * (size_t)c->neurons *
+			     (size_t)c->embd * sizeof(float);
+	m->decode = true;
+	m->pos = calloc((size_t)b, sizeof(int64_t));
+	m->pos_f = calloc((size_t)b, sizeof(float));
+	float *freq = malloc((size_t)c->neurons * sizeof(float));
+	dg_status st = m->pos && m->pos_f && freq ? DG_OK : dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	if (!st)
+		st = dg_malloc(dev, state, &m->state);
+	if (!st)
+		st = dg_memset8(dev, m->state, 0, state);
+	if (!st)
+		st = dg_malloc(dev, (size_t)b * sizeof(float), &m->pos_d);
+	if (!st)
+		st = dg_malloc(dev, (size_t)c->neurons * sizeof(float), &m->freq_d);
+	if (!st) {
+		dg_ref_rope_freq(c->neurons, freq);
+		st = dg_memcpy_htod(dev, m->freq_d, freq, (size_t)c->neurons * sizeof(float));
+	}
+	free(freq);
+	return st;
+}
+
+dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, int accum, bool decode,
+		       dg_model **out)
+{
 	if (!dev || !w || !out)
 		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_create: NULL argument")
 			   : DG_ERR_INVALID_ARG;
@@ -515,7 +557,10 @@ dg_status dg_model_create_accum(dg_device *dev, const dg_model_weights *w, int b
 	dg_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	dg_status st = build(m, dev, &w->config, b, t, accum, 0, NULL, NULL);
+	m->dev = dev;
+	dg_status st = decode ? decode_alloc(m, dev, &w->config, b) : DG_OK;
+	if (!st)
+		st = build(m, dev, &w->config, b, t, accum, 0, NULL, NULL);
 	if (!st)
 		st = fits(m, accum);
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
@@ -782,16 +827,17 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 	const dg__tbuf *xf = &m->t.bufs[m->id.x_final];
 	const size_t es = xf->fmt == DG_FMT_BF16 ? 2 : 4, row = (size_t)m->D * es;
 	uint8_t *x = malloc((size_t)m->B * row + 4);
-	float *lm = malloc((size_t)m->D * m->V * sizeof(float) + 4);
-	if (!st && (!x || !lm))
+	float *lm = m->lm_host ? NULL : malloc((size_t)m->D * m->V * sizeof(float) + 4);
+	if (!st && (!x || !(lm || m->lm_host)))
 		st = dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	/* x_final (B,1,T,D): row r's position pos at (r·T + pos)·D */
 	dg_dptr xd = dg__gm_tn(m, m->id.x_final).data;
 	for (int r = 0; r < m->B && !st; r++)
 		st = dg_memcpy_dtoh(dev, x + (size_t)r * row, xd + ((dg_dptr)r * m->T + (dg_dptr)pos) * row, row);
-	if (!st)
+	if (!st && lm)
 		st = dg_memcpy_dtoh(dev, lm, dg__gm_tn(m, m->id.params[DG_PARAM_LM_HEAD]).data,
 				    (size_t)m->D * m->V * sizeof(float));
+	const float *lmh = lm ? lm : m->lm_host;
 	for (int r = 0; r < m->B && !st; r++) {
 		const uint8_t *xr = x + (size_t)r * row;
 		for (int v = 0; v < m->V; v++) {
@@ -805,7 +851,7 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 				} else {
 					memcpy(&xk, xr + (size_t)k * 4, 4);
 				}
-				z += (double)xk * lm[(int64_t)k * m->V + v];
+				z += (double)xk * lmh[(int64_t)k * m->V + v];
 			}
 			out[(int64_t)r * m->V + v] = (float)z;
 		}

@@ -44,9 +44,25 @@ struct dg_model {
 	bool last;                  /* the step's last micro-batch (or none): the
 				     * execution-layout gradients go to the masters'
 				     * layout (true outside a training step) */
+	/* decoding from a state (gpu_decode.c: a model of (b, 1) whose
+	 * attention node runs attention_step), else false and 0 */
+	bool decode;
+	dg_dptr state;              /* (layers, B, H, N, D) f32: each layer's S */
+	dg_dptr pos_d;              /* (B) f32: each row's position this token */
+	dg_dptr freq_d;             /* (N) f32: RoPE's frequencies (dg_ref_rope_freq) */
+	int64_t *pos;               /* (B) host: each row's consumed tokens */
+	float *pos_f;               /* (B) host: the staging of pos_d */
+	float *lm_host;             /* a decoder's lm_head [D, V] on the host (its
+				     * weights do not change: read once) */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
 	void (*tr_free)(dg_model *m); /* frees tr (set with it: destroy calls it) */
 };
+
+/* dg_model_create's model (decode false), or a decoder of b rows (decode
+ * true: t must be 1; its state, positions and RoPE frequencies allocated
+ * first, so its attention nodes are sized as attention_step). */
+dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, int accum, bool decode,
+		       dg_model **out);
 
 /* The batch's checks and its upload: tokens, targets, the bad flag reset. */
 dg_status dg__gm_upload(dg_model *m, const dg_model_batch *bt);

@@ -220,6 +220,31 @@ static bool attn_fused(const dg_model *m)
 	return attn_spec(m, DG_OP_ATTENTION_GRAD_XS).arch_specific;
 }
 
+/* A decoder's attention node (gpu_decode.c): attention_step on layer
+ * nd->layer's state, xs (B,H,1,N), v = the layer's input x (B,1,1,D) and
+ * att (B,H,1,D), all in act, at the rows' positions in pos_d. */
+static dg_status attn_step(dg_model *m, dg__op_exec *ex, const dg__tnode *nd, size_t *need)
+{
+	const int *in = nd->in, *out = nd->out;
+	dg_fmt f = m->t.bufs[out[0]].fmt;
+	if (m->t.bufs[in[0]].fmt != f || m->t.bufs[in[1]].fmt != f)
+		return dg__dev_fail(m->dev, DG_ERR_UNSUPPORTED,
+				    "decoding: the attention's xs, x and output in one format (%s, %s, %s)",
+				    dg_fmt_name(m->t.bufs[in[0]].fmt), dg_fmt_name(m->t.bufs[in[1]].fmt),
+				    dg_fmt_name(f));
+	dg_spec s = dg__gm_base_spec(m, DG_OP_ATTENTION_STEP);
+	s.act = f;
+	dg_spec_normalize(&s);
+	const dg_dptr layer = (dg_dptr)m->B * m->H * m->N * m->D * sizeof(float);
+	dg_tensor xs = dg__gm_tn(m, in[0]), v = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
+	dg_tensor pos = dg_tensor_1d("pos", DG_FMT_F32, m->pos_d, m->B);
+	dg_tensor freq = dg_tensor_1d("freq", DG_FMT_F32, m->freq_d, m->N);
+	dg_tensor st = dg_tensor_4d("state", DG_FMT_F32, m->state + (dg_dptr)nd->layer * layer, m->B, m->H, m->N,
+				    m->D);
+	dg_attention_step_args a = { .xs = &xs, .pos = &pos, .freq = &freq, .v = &v, .state = &st, .out = &o };
+	return node_op(ex, &s, &a, need);
+}
+
 /* One node on the device; sizing: *need gets its workspace bytes instead
  * (nothing launched). */
 dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch *bt, size_t *need)
@@ -260,6 +285,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_ATTN: {
+		if (m->decode) /* a token a row against the layer's state */
+			return attn_step(m, ex, nd, need);
 		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
 		dg_tensor xs = dg__gm_tn(m, in[0]), v = dg__gm_tn(m, in[1]), rope = dg__gm_tn(m, in[2]), sc = dg__gm_tn(m, out[1]),
 			  o = dg__gm_tn(m, out[0]);

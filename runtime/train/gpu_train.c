@@ -23,7 +23,7 @@
  * arenas, the moments, the control block and the dropout seed are
  * recorded and compared before each launch; a difference recaptures.
  *
- * Gradient accumulation (K micro-batches a step, dg_model_train_micro):
+ * Gradient accumulation (K micro-batches a step, dg_model_train_step's batch->micro):
  * micro-batch i runs the nodes alone with the loss's gradient times 1/K
  * (a device float, the loss's grad_scale), the weight-gradient nodes
  * writing (i = 0) or adding (i > 0) into the gradients (the execution
@@ -428,19 +428,10 @@ static dg_status capture(dg_model *m, const dg_model_batch *bt, int i)
 
 dg_status dg_model_train_step(dg_model *m, const dg_model_batch *batch, int64_t t, float lr)
 {
-	if (m && m->accum > 1)
-		return dg__dev_fail(m->dev, DG_ERR_INVALID_ARG,
-				    "dg_model_train_step: the model accumulates %d micro-batches a step: "
-				    "dg_model_train_micro each",
-				    m->accum);
-	return dg_model_train_micro(m, batch, 0, t, lr);
-}
-
-dg_status dg_model_train_micro(dg_model *m, const dg_model_batch *batch, int i, int64_t t, float lr)
-{
 	if (!m || !batch || !batch->idx || !batch->targets)
 		return m ? dg__dev_fail(m->dev, DG_ERR_INVALID_ARG, "dg_model_train_step: NULL argument")
 			 : DG_ERR_INVALID_ARG;
+	const int i = batch->micro;
 	dg_device *dev = m->dev;
 	dg__gm_train *tr = m->tr;
 	if (!tr)
@@ -451,7 +442,7 @@ dg_status dg_model_train_micro(dg_model *m, const dg_model_batch *batch, int i, 
 				    (long long)t);
 	if (i != tr->next_micro || (i > 0 && t != tr->micro_t))
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
-				    "dg_model_train_micro: micro-batch %d of step %lld: the next is micro-batch %d%s",
+				    "dg_model_train_step: micro-batch %d of step %lld: the next is micro-batch %d%s",
 				    i, (long long)t, tr->next_micro, i > 0 && t != tr->micro_t ? " of another step" : "");
 	dg_model_batch bt = *batch;
 	bt.step = 0; /* the step is the control block's */

@@ -22,6 +22,24 @@ const char *dg__proj_name(dg_proj p);
  * one GEMM over all layers — else why not, naming the field, in buf. */
 const char *dg__model_lowbit_why(const dg_model_config *c, char *buf, size_t size);
 
+/* The CPU model's recipes (cpu_model.c): NULL when it runs c's (*lowbit:
+ * fake-quantized integer weights and activations), else why not. */
+const char *dg__cpu_recipe(const dg_model_config *c, bool *lowbit);
+/* The CPU model's execution copies of w's projections into exec[k] (f32,
+ * H·N·D each): the encoders (H, N, D), the decoder (D, H·N), each
+ * replaced by its recipe's dequantized codes when lowbit. */
+dg_status dg__cpu_exec_copies(const dg_model_weights *w, bool lowbit, float *const exec[DG_PROJ__COUNT]);
+
+/* Decoding from a state on the GPU (gpu_decode.c): a model of w for b
+ * rows of one token, each layer's attention state (L·b·H·N·D f32) on the
+ * device; dg__model_decode consumes n tokens a row (tokens (b, n), row r
+ * at tokens + r·n), restart: every row emptied first, and gives the
+ * (b, V) logits after each row's last (as dg_model_logits gives them).
+ * Errors: the device's message. The model is destroyed by
+ * dg_model_destroy. */
+dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, int b, dg_model **out);
+dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool restart, float *logits);
+
 /* Weights of c, every value zero (storage to fill: a checkpoint's, a
  * gradient's), without dg_model_weights_create's random init. */
 dg_status dg__model_weights_alloc(const dg_model_config *c, dg_model_weights **out, char *msg,

@@ -751,7 +751,8 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		}
 		for (int k = 0; k < accum_of(o) && !st; k++) {
 			dg_model_batch mb = micro_batch(o, &b, k);
-			st = dg_model_train_micro(sp.m, &mb, k, t, lr);
+			mb.micro = k;
+			st = dg_model_train_step(sp.m, &mb, t, lr);
 		}
 		if (st) {
 			st = dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(o->dev));

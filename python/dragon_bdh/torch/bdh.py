@@ -309,23 +309,47 @@ class BDH(nn.Module):
         position's logits over temperature (0: the most likely token),
         kept to the top_k most likely when top_k is given.
 
-        Each new token recomputes the whole window (the last
-        config.block_size tokens) from scratch with dropout off: dragon's
-        model keeps no recurrent state between calls yet, so a token costs
-        a forward of the window (on a GPU, of the plan's (B, T))."""
-        for _ in range(max_new_tokens):
-            ctx = idx[:, -self.config.block_size:]
-            logits = self._last_logits(ctx)
-            if temperature == 0:
-                nxt = logits.argmax(-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = float("-inf")
-                nxt = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat((idx, nxt.to(idx.device, idx.dtype)), dim=1)
-        return idx
+        The model decodes from a state (dragon/model.h dg_model_state, on
+        the module's device): the prompt is consumed once, then each token
+        costs the same at any position, and the context is every token so
+        far (no window), dropout off."""
+        if max_new_tokens <= 0:
+            return idx
+        return self._generate_state(idx, max_new_tokens, temperature, top_k)
+
+    @staticmethod
+    def _draw(logits, temperature, top_k):
+        """(B, 1) tokens from (B, V) logits, as the reference's generate draws."""
+        if temperature == 0:
+            return logits.argmax(-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+            logits[logits < v[:, [-1]]] = float("-inf")
+        return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+
+    def _generate_state(self, idx, max_new_tokens, temperature, top_k):
+        """generate() on a decoder state: every row prefilled with its
+        (B, T) tokens, then a token a row at a time."""
+        B, T = self._check_tokens(idx, None)
+        plan = self._last = self._plan(B, T)
+        with torch.no_grad():
+            if plan.device.type == "cuda":
+                _call.device(plan.device)  # dragon reads the masters on torch's stream, after these copies
+            for m, p in zip(plan.masters, self._params()):
+                m.copy_(p.detach())
+        V = self.config.vocab_size
+        tok = idx.to("cpu", torch.int32, copy=True).contiguous()
+        z = plan.model.decode(tok.data_ptr(), B, T, True)
+        out = [idx]
+        for i in range(max_new_tokens):
+            logits = torch.frombuffer(z, dtype=torch.float32).view(B, V).clone()
+            nxt = self._draw(logits, temperature, top_k)
+            out.append(nxt.to(idx.device, idx.dtype))
+            if i + 1 < max_new_tokens:
+                step = nxt.to(torch.int32).contiguous()
+                z = plan.model.decode(step.data_ptr(), B, 1, False)
+        return torch.cat(out, dim=1)
 
     # ---- dragon's --------------------------------------------------------------------
 

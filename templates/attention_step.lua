@@ -1,0 +1,150 @@
+--[[
+attention_step.lua — BDH's attention in its linear form, one token a row
+(dg_ref_attention_step mirrors it): with no softmax the attention is linear
+attention with Q = K = qr and V = v, so a row's next token reads and then
+adds to a state S (N × D f32 a head) of every token before it:
+
+  qr       = RoPE(xs) at the row's position t: pair p = (2p, 2p+1),
+             ph = (t·freq[2p] mod 1)·2π, qr[2p] = x0·cos − x1·sin,
+             qr[2p+1] = x1·cos + x0·sin
+  out[e]   = Σ_k qr[k]·S[k, e]            (S before this token)
+  S[k, e] += qr[k]·v[e]
+
+Kernel ABI (XT: act's type, float (f32) | unsigned short (bf16)):
+  extern "C" __global__ void dg_attention_step(const XT *xs, const float *pos,
+      const float *freq, const XT *v, float *state, XT *out, int B)
+  xs (B, H, 1, N); pos (B) f32 (each row's position, exact integers below
+  2^24); freq (N) f32 (pair p's frequency at 2p and 2p+1: dragon/model.h's
+  RoPE, 1/θ^(2p/N)/2π); v (B, 1, 1, D); state (B, H, N, D) f32, read and
+  written; out (B, H, 1, D).
+  grid (D/8, H, B), the plan's threads a block; 16-byte aligned.
+
+A block owns 8 columns of one (row, head): its threads stride over the
+pairs, skip a pair whose two xs are 0 (a ReLU output: most are, and their
+rows of S neither add to out nor change), and read, add to and write back
+32 bytes of each of the pair's two rows of S; the block then sums its
+threads' partial outputs in a fixed order (deterministic). Sums in f32;
+bf16 values are read exactly and out is rounded to nearest even once.
+]]
+local SPEC = require("spec")
+local EMIT = require("emit")
+local TILES = require("tiles")
+local DEV = require("device")
+local fmt = string.format
+
+local M = {}
+
+local EC = 8 -- columns of S a block owns
+
+local KERNEL = [[
+constexpr int H = ${H};		// heads
+constexpr int N = ${N};		// latent
+constexpr int D = ${D};		// embd
+constexpr int NT = ${NT};		// threads a block
+constexpr int EC = ${EC};		// columns of S a block owns
+typedef ${XT} XT;		// xs, v, out (act)
+
+__device__ __forceinline__ float dg_ld1(const float *p, long long i) { return p[i]; }
+__device__ __forceinline__ float dg_ld1(const unsigned short *p, long long i) { return dg_bf16_to_f32(p[i]); }
+__device__ __forceinline__ void dg_st1(float *p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void dg_st1(unsigned short *p, long long i, float v) { p[i] = dg_f32_to_bf16(v); }
+
+// Row k of S (EC columns from the block's first): acc += q·S[k], S[k] += q·v.
+__device__ __forceinline__ void dg_step_row(float *__restrict__ S, int k, float q, const float *vv, float *acc)
+{
+	float4 *r = reinterpret_cast<float4 *>(S + (long long)k * D);
+	float4 a = r[0], b = r[1];
+	acc[0] = fmaf(q, a.x, acc[0]); acc[1] = fmaf(q, a.y, acc[1]);
+	acc[2] = fmaf(q, a.z, acc[2]); acc[3] = fmaf(q, a.w, acc[3]);
+	acc[4] = fmaf(q, b.x, acc[4]); acc[5] = fmaf(q, b.y, acc[5]);
+	acc[6] = fmaf(q, b.z, acc[6]); acc[7] = fmaf(q, b.w, acc[7]);
+	a.x = fmaf(q, vv[0], a.x); a.y = fmaf(q, vv[1], a.y);
+	a.z = fmaf(q, vv[2], a.z); a.w = fmaf(q, vv[3], a.w);
+	b.x = fmaf(q, vv[4], b.x); b.y = fmaf(q, vv[5], b.y);
+	b.z = fmaf(q, vv[6], b.z); b.w = fmaf(q, vv[7], b.w);
+	r[0] = a;
+	r[1] = b;
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+dg_attention_step(const XT *__restrict__ xs, const float *__restrict__ pos, const float *__restrict__ freq,
+		  const XT *__restrict__ v, float *__restrict__ state, XT *__restrict__ out, int B)
+{
+	const int e0 = blockIdx.x * EC, h = blockIdx.y, b = blockIdx.z;
+	if (b >= B)
+		return;
+	const float t = pos[b];
+	const float two_pi = 6.28318530717958647692f;	// (float)(2π), the reference's
+	float vv[EC], acc[EC];
+#pragma unroll
+	for (int j = 0; j < EC; ++j) {
+		vv[j] = dg_ld1(v, (long long)b * D + e0 + j);
+		acc[j] = 0.0f;
+	}
+	const XT *x = xs + ((long long)b * H + h) * N;
+	float *S = state + ((long long)b * H + h) * N * D + e0;
+	for (int p = threadIdx.x; p < N / 2; p += NT) {
+		const float x0 = dg_ld1(x, 2 * p), x1 = dg_ld1(x, 2 * p + 1);
+		if (x0 == 0.0f && x1 == 0.0f)
+			continue;	// qr 0: the rows add nothing and stay
+		float ph = __fmul_rn(t, freq[2 * p]);
+		ph = __fmul_rn(__fsub_rn(ph, floorf(ph)), two_pi);
+		const float c = cosf(ph), s = sinf(ph);
+		const float q0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+		const float q1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+		dg_step_row(S, 2 * p, q0, vv, acc);
+		dg_step_row(S, 2 * p + 1, q1, vv, acc);
+	}
+	// the block's sum of each column: warps by shuffles, then the warps in order
+	__shared__ float part[NT / 32][EC];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+	for (int j = 0; j < EC; ++j) {
+		float a = acc[j];
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1)
+			a += __shfl_xor_sync(0xffffffffu, a, o);
+		if (lane == 0)
+			part[warp][j] = a;
+	}
+	__syncthreads();
+	if (threadIdx.x < EC) {
+		float a = 0.0f;
+		for (int w = 0; w < NT / 32; ++w)
+			a += part[w][threadIdx.x];
+		dg_st1(out, ((long long)b * H + h) * D + e0 + threadIdx.x, a);
+	}
+}
+]]
+
+function M.plan(spec)
+  SPEC.one_of(spec, "op", { "attention_step" })
+  local D = SPEC.int_field(spec, "embd", 1)
+  local N = SPEC.int_field(spec, "latent", 2)
+  SPEC.check(D % EC == 0, "spec.embd=%d: must be a multiple of %d (a block owns %d columns of the state)", D, EC, EC)
+  SPEC.check(N % 2 == 0, "spec.latent=%d: must be even (RoPE's pairs)", N)
+  return TILES.threads_plan(spec, { "dg_attention_step" }, "attention_step.cu")
+end
+
+function M.render(spec, plan)
+  SPEC.one_of(spec, "op", { "attention_step" })
+  local H = SPEC.int_field(spec, "heads", 1)
+  local N = SPEC.int_field(spec, "latent", 2)
+  local D = SPEC.int_field(spec, "embd", 1)
+  local act = SPEC.one_of(spec, "act", { "f32", "bf16" })
+  local nt = plan.tile.threads
+  local w = EMIT.writer()
+  w:line(EMIT.banner(spec, "attention_step.lua", {
+    fmt("attention_step: out (B, %d, 1, %d) %s = qr·S, then S (B, %d, %d, %d) f32 += qrᵀ·v; qr = RoPE(xs) at each row's position.",
+        H, D, act, H, N, D),
+    "",
+    fmt("dg_attention_step(xs, pos, freq, v, state, out, int B)   grid (%d, %d, B), %d threads", D // EC, H, nt),
+    "path: a block owns 8 columns of a (row, head)'s state; pairs whose xs are 0 skipped; a fixed-order block sum.",
+  }))
+  w:line(DEV.helpers({ bf16 = true }))
+  w:line(EMIT.subst(KERNEL, { H = H, N = N, D = D, NT = nt, EC = EC,
+                              XT = act == "bf16" and "unsigned short" or "float" }))
+  return w:text()
+end
+
+return M
