@@ -1,7 +1,9 @@
 --[[
 grad_wgmma.lua — the sm_90a warpgroup path of lowrank_grad_input and
 lowrank_grad_weight when both operands are bf16 (src=bf16 and weight=bf16
-/ act=bf16): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
+/ act=bf16), and of decoder_grad_weight with its f32 gradient and y bf16
+or 8-bit codes (render_dgw, below: register staging with the mma.sync
+path's conversions): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
 (templates/grad.lua picks it with M.fits, keeps the ABI, the grids
 and the splits — grad_weight's over B·T, lowrank_grad_input's over K —
 and appends the _reduce entries).
