@@ -75,6 +75,11 @@ Paths (M.plan picks one from the arch and the tile; render follows it):
     arch-specific, so dg_codegen_plan_for promotes an sm_90 spec to it.
     Its default tile for both ops is 128x128x64/8x1/3 (two warpgroups,
     two blocks an SM; grad_wgmma.lua M.default_tile has the reasons).
+    decoder_grad_weight takes it too with its f32 gradient and y bf16,
+    int8 or uint8pos (E and L multiples of 8; stages 2 to 4): both staged
+    through registers and converted as the mma.sync path converts them
+    (the gradient rounded to bf16, a scale a token folded into y's rows
+    and rounded, one a tensor on the sum); default 128x128x64/8x1/2.
   tensor cores (templates/grad_mma.lua; the default from sm_80 on):
     sm_80+, BK % 16 == 0, warp tiles whole 16x16 blocks. mma.sync m16n8k16
     bf16 with f32 sums. Each element is converted once as it is staged:

@@ -188,6 +188,9 @@ __device__ __forceinline__ uint2 dg_u8x4_bf16(unsigned w)
 }
 ]]
 
+-- (grad_wgmma.lua's decoder_grad_weight decodes its codes with them too)
+M.I8_HELPERS = I8_HELPERS
+
 local HELPERS = [[
 // ---- tensor-core helpers (templates/grad_mma.lua) ---------------------------
 // A ternary code (00 0, 01 +1, 11 -1, the unused 10 as 0) / a sign1 bit

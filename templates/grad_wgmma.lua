@@ -1,7 +1,9 @@
 --[[
 grad_wgmma.lua — the sm_90a warpgroup path of lowrank_grad_input and
 lowrank_grad_weight when both operands are bf16 (src=bf16 and weight=bf16
-/ act=bf16): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
+/ act=bf16), and of decoder_grad_weight with its f32 gradient and y bf16
+or 8-bit codes (render_dgw, below: register staging with the mma.sync
+path's conversions): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
 (templates/grad.lua picks it with M.fits, keeps the ABI, the grids
 and the splits — grad_weight's over B·T, lowrank_grad_input's over K —
 and appends the _reduce entries).
@@ -53,14 +55,24 @@ local M = {}
 -- The path applies to the spec (whatever the tile): sm_90a, one of the two
 -- lowrank grads, bf16 gradient and bf16 other operand; grad_input's
 -- reduction L a multiple of BK 64. k: grad.lua's fields.
+-- decoder_grad_weight: its f32 gradient and its y (bf16, or integer codes
+-- of 8 bits: int8, uint8pos) go through registers and are converted to bf16
+-- as they are stored (E % 8 == 0 and L % 8 == 0: whole 8-value chunks).
+local DGW_Y = { bf16 = true, int8 = true, uint8pos = true }
+
 function M.applies(k)
-  return k.arch == 90 and k.arch_specific and k.gfmt == "bf16" and k.bfmt == "bf16" and
+  if not (k.arch == 90 and k.arch_specific) then return false end
+  if k.op == "decoder_grad_weight" then
+    return DGW_Y[k.bfmt] == true and k.E % 8 == 0 and k.L % 8 == 0
+  end
+  return k.gfmt == "bf16" and k.bfmt == "bf16" and
          (k.op == "lowrank_grad_weight" or (k.op == "lowrank_grad_input" and k.L % 64 == 0))
 end
 
--- Its tiles: wgmma_bf16.lua's (M.tile_ok), a ring of 3 or 4 stages.
+-- Its tiles: wgmma_bf16.lua's (M.tile_ok), a ring of 3 or 4 stages
+-- (decoder_grad_weight, one step staged ahead in registers: 2 to 4).
 function M.fits(k, t)
-  return M.applies(k) and WB.tile_ok(t, 3, 4)
+  return M.applies(k) and WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
 end
 
 function M.smem_bytes(t)
@@ -90,8 +102,14 @@ end
 --     step 1.8 ms (4.5 before).
 --   lowrank_grad_weight 128x128x64/8x1/3: per head M = L 8192, 512 blocks,
 --     97 KiB each: two blocks an SM, 64 accumulators a thread.
+--   decoder_grad_weight 128x128x64/8x1/2: M = E 256, N = L 8192 a head,
+--     K = B·T (24576 at six layers' stacks): (8192/128)·(256/128)·4 = 512
+--     blocks, two an SM. Its staging holds one step in registers (32 words
+--     of f32 gradient and 8 of codes or 16 of bf16 a thread) and stores
+--     it a step ahead, so a ring of two stages suffices (65 KiB).
 function M.default_tile(k)
-  return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 3, threads = 0 }
+  return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1,
+           stages = k.op == "decoder_grad_weight" and 2 or 3, threads = 0 }
 end
 
 local HEAD = [[
@@ -270,10 +288,245 @@ ${EPILOGUE}
 }
 ]]
 
+-- ---- decoder_grad_weight --------------------------------------------------
+-- grad is f32 and y bf16 or 8-bit codes, neither of which cp.async can
+-- convert: a thread loads its chunks of a step into registers (8 values of
+-- one K row each: two float4 of grad, a uint2 of codes or a uint4 of bf16),
+-- rounds / decodes them to bf16 — exactly as the mma.sync path does: grad
+-- rounded to nearest even, codes exact, and with per-token scales
+-- (ascale=token) B(k, l) = bf16(code · sa[k]) — and stores them with one
+-- st.shared.v4 into the chunk's swizzled place (dg_wb_mnmaj; both operands
+-- MN-major: a K row is 64 contiguous d / l).
+local DGW_HEAD = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int E = ${E};		// embd
+constexpr int L = ${L};		// latent width per head
+typedef float GT;		// the gradient (grad): f32, rounded to bf16 as staged
+constexpr int EPW_B = ${EPW_B};		// y values a 32-bit word (the op table's B rows)
+
+// ---- tile: BM/64 warpgroups along M (d), each 64 x BN (l); a ring of S stages
+constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};
+constexpr int NT = (BM / 64) * 128;		// threads a block
+constexpr int S = ${S};			// stages (one more step waits in registers)
+static_assert(BK == 64, "one 128-byte swizzle row of K a step");
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
+constexpr int A_UNITS = BM * BK / 8, B_UNITS = BN * BK / 8;	// 8-value chunks (16 bytes of bf16)
+constexpr int SA = A_UNITS / NT, SB = B_UNITS / NT;	// chunks a thread
+static_assert(A_UNITS % NT == 0 && B_UNITS % NT == 0, "whole chunks a thread");
+// MN-major staging: unit u = tid + s·NT is K row (u/8) % 64, chunk u % 8 of
+// the 64-wide group u / 512; so a thread's K rows are the KR rows
+// (tid/8) + j·NT/8, j = s % KR, and its group is s / KR.
+constexpr int KR = 512 / NT;
+static_assert(E % 8 == 0 && L % 8 == 0, "whole chunks along d and l");
+]]
+
+-- The registers of one staged chunk of y and their decode into a uint4 of
+-- four bf16 pairs `d` (r: the raw chunk), per y format.
+local DGW_B = {
+  bf16 = { T = "uint4", Z = "make_uint4(0u, 0u, 0u, 0u)",
+           LOAD = "__ldg((const uint4 *)(br[s % KR] + n / EPW_B))",
+           DECODE = "uint4 d = r;" },
+  uint8pos = { T = "uint2", Z = "make_uint2(0u, 0u)",
+               LOAD = "__ldg((const uint2 *)(br[s % KR] + n / EPW_B))",
+               DECODE = "const uint2 lo = dg_u8x4_bf16(r.x), hi = dg_u8x4_bf16(r.y);\n" ..
+                        "uint4 d = make_uint4(lo.x, lo.y, hi.x, hi.y);" },
+  int8 = { T = "uint2", Z = "make_uint2(0u, 0u)",
+           LOAD = "__ldg((const uint2 *)(br[s % KR] + n / EPW_B))",
+           DECODE = "const uint2 lo = dg_s8x4_bf16(r.x), hi = dg_s8x4_bf16(r.y);\n" ..
+                    "uint4 d = make_uint4(lo.x, lo.y, hi.x, hi.y);" },
+}
+
+local DGW_KERNEL = [[
+extern "C" __global__ void __launch_bounds__(NT, ${MINB})
+${ENTRY}(${SIG})
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+	const int K = B * T;			// the reduction (b, t)
+	const int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split
+	const int kt_all = (K + BK - 1) / BK;
+	const int k_begin = min(sp * kt_per_split, kt_all);
+	const int k_end = min(k_begin + kt_per_split, kt_all);	// empty: writes zeros
+	const int nsteps = k_end - k_begin;
+	const unsigned *yw = (const unsigned *)y;	// y as 32-bit words
+${SCALE_LOAD}
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+
+	// ---- one step in registers: this thread's SA chunks of A (grad rows k,
+	// d = m0 + 64·(s / KR) + 8·(u % 8) ..) and SB of B (y rows k, l likewise);
+	// zeros past K, E or L (E % 8 == L % 8 == 0: a chunk is wholly in or out).
+	float4 ra[SA][2];
+	${BT_REG} rb[SB];
+${RS_DECL}
+	auto fetch = [&](int st) {	// st: the block's step, K step k_begin + st
+		const int kb = (k_begin + st) * BK;
+		const GT *ar[KR];
+		const unsigned *br[KR];
+#pragma unroll
+		for (int j = 0; j < KR; ++j) {
+			const int k = kb + (tid >> 3) + j * (NT / 8);
+			ar[j] = nullptr;
+			br[j] = nullptr;
+			if (k < K) {
+				const int b = k / T, t = k - b * T;
+				ar[j] = dg_a_krow(grad, b, t, h, T);
+				br[j] = dg_b_krow(yw, b, t, h, T);
+			}
+${RS_LOAD}
+		}
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int m = m0 + 64 * (s / KR) + 8 * ((tid + s * NT) & 7);
+			ra[s][0] = ra[s][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			if (ar[s % KR] != nullptr && m < MM) {
+				ra[s][0] = __ldg((const float4 *)(ar[s % KR] + m));
+				ra[s][1] = __ldg((const float4 *)(ar[s % KR] + m + 4));
+			}
+		}
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int n = n0 + 64 * (s / KR) + 8 * ((tid + s * NT) & 7);
+			rb[s] = ${BT_ZERO};
+			if (br[s % KR] != nullptr && n < N)
+				rb[s] = ${B_LOAD};
+		}
+	};
+	// the registers, as bf16, into stage st % S (their swizzled chunks)
+	auto put = [&](int st) {
+		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
+#pragma unroll
+		for (int s = 0; s < SA; ++s) {
+			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = s / KR;
+			const float4 v0 = ra[s][0], v1 = ra[s][1];
+			asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+				     :: "r"(as + dg_wb_mnmaj(gg, kk, c)), "r"(dg_bf16x2(v0.x, v0.y)), "r"(dg_bf16x2(v0.z, v0.w)),
+				        "r"(dg_bf16x2(v1.x, v1.y)), "r"(dg_bf16x2(v1.z, v1.w)) : "memory");
+		}
+#pragma unroll
+		for (int s = 0; s < SB; ++s) {
+			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = s / KR;
+			const ${BT_REG} r = rb[s];
+${B_DECODE}
+${RS_APPLY}
+			asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+				     :: "r"(bs + dg_wb_mnmaj(gg, kk, c)), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w) : "memory");
+		}
+	};
+
+	float acc[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i)
+		acc[i] = 0.0f;
+	// ---- pipeline: step i+1 is stored (put) while step i's MMAs run, into
+	// the stage step i+1-S had, whose MMAs every warpgroup waited for
+	// before this step's barrier; step i+2 is then fetched into the
+	// registers, its loads in flight across the next barrier.
+	if (nsteps > 0) {
+		fetch(0);
+		put(0);
+		if (nsteps > 1)
+			fetch(1);
+	}
+#pragma unroll 1
+	for (int i = 0; i < nsteps; ++i) {
+		dg_fence_async_smem();		// this thread's stores of step i, to the tensor cores
+		__syncthreads();		// everyone's; and every MMA of step i-1 is done
+		// this warpgroup's 64 rows of A: one 64-wide M group
+		const unsigned as = sbase + (i % S) * STAGE + wg * 8192, bs = sbase + (i % S) * STAGE + A_BYTES;
+		dg_wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < BK / 16; ++ks)
+			dg_wb_mma(acc, dg_wb_desc<false>(as + ks * 2048), dg_wb_desc<false>(bs + ks * 2048), 1);
+		dg_wg_commit();
+		if (i + 1 < nsteps) {
+			put(i + 1);		// S >= 2: not step i's stage
+			if (i + 2 < nsteps)
+				fetch(i + 2);
+		}
+		dg_wg_wait<0>();
+		dg_wb_pin(acc);
+	}
+
+	// ---- epilogue: splits == 1: grad_w (+)= ${SCALED_DESC}; else the raw sum
+	// into partial p (dst + p·NW), summed by the reduce entry. The accumulator
+	// pairs (rows g, g+8 of the warp's 16, cols 8j + 2q, +1; N is even).
+	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
+${PAIRS}
+}
+]]
+
+local DGW_PAIR = [[
+				float2 *o = (float2 *)(out + dg_out(m, n, h, T));
+				const float c0 = acc[4 * j + 2 * hr], c1 = acc[4 * j + 2 * hr + 1];
+				if (splits != 1) {
+					*o = make_float2(c0, c1);
+				} else {
+					float2 v = make_float2(${S0}, ${S1});
+					if (accumulate) {
+						const float2 pv = *o;
+						v.x = __fadd_rn(pv.x, v.x);
+						v.y = __fadd_rn(pv.y, v.y);
+					}
+					*o = v;
+				}]]
+
+local function render_dgw(c)
+  local o, F = c.o, c.F
+  local bt = DGW_B[c.bfmt]
+  local at_end = F.code and not c.vec -- a per-token scale goes into B as it is staged
+  local function scaled(x) return at_end and fmt("__fmul_rn(%s, s)", x) or x end
+  local smem = c.smem
+  -- two blocks an SM (at most 128 registers a thread) while the
+  -- accumulators allow it, as the lowrank grads
+  local minb = (c.bm == 128 and c.bn <= 128) and 2 or 1
+  c.about[#c.about + 1] = fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups,",
+                              c.bn, c.bm // 64)
+  c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d block%s an SM;",
+                              c.stages, smem, minb, minb == 2 and "s" or "")
+  c.about[#c.about + 1] = fmt("  A (grad, f32) rounded to bf16 and B (y, %s) %s as staged through registers,",
+                              c.bfmt, c.bfmt == "bf16" and "copied" or (c.vec and "times sa[k], rounded to bf16," or "decoded"))
+  c.about[#c.about + 1] = "  both MN-major (templates/grad_wgmma.lua)."
+  local w = EMIT.writer()
+  w:line(EMIT.banner(c.spec, "grad.lua", c.about))
+  w:line(DEV.helpers({ bf16x2 = true, cp_async = true }))
+  w:line(WB.helpers(c.bn, true, true))
+  if F.code then w:line(require("grad_mma").I8_HELPERS) end
+  w:line(EMIT.subst(DGW_HEAD, { H = c.H, E = c.E, L = c.L, EPW_B = F.epw, BM = c.bm, BN = c.bn, BK = c.bk,
+                               S = c.stages }))
+  w:line(EMIT.subst(o.text, { HIN_H = "0" }))
+  w:line(EMIT.subst(require("grad_ops").ADDR.decoder_grad_weight, { HIN_H = "0" }))
+  local rs = c.vec
+  w:line(EMIT.subst(DGW_KERNEL, {
+    MINB = minb, ENTRY = c.entry,
+    SIG = EMIT.subst(o.sig, { BT = F.ctype }),
+    SCALE_LOAD = at_end and "\tconst float s = *sa;\t\t// the activation's scale"
+                 or (rs and "\t// per token: the scales go into B as it is staged" or "\t(void)sa;\t\t\t// bf16 y: no scale"),
+    BT_REG = bt.T, BT_ZERO = bt.Z, B_LOAD = bt.LOAD,
+    B_DECODE = EMIT.indent(bt.DECODE, 3),
+    RS_DECL = rs and "\tfloat rs[KR];\t\t// the scale of each of this thread's K rows (0 past K)" or "",
+    RS_LOAD = rs and "\t\t\trs[j] = k < K ? dg_b_scale(sa, k, h, T) : 0.0f;" or "",
+    RS_APPLY = rs and [[
+			// B(k, l) · sa[k], rounded to bf16 (the decoded code is exact)
+			d.x = dg_bf16x2(__fmul_rn(__uint_as_float(d.x << 16), rs[s % KR]), __fmul_rn(__uint_as_float(d.x & 0xffff0000u), rs[s % KR]));
+			d.y = dg_bf16x2(__fmul_rn(__uint_as_float(d.y << 16), rs[s % KR]), __fmul_rn(__uint_as_float(d.y & 0xffff0000u), rs[s % KR]));
+			d.z = dg_bf16x2(__fmul_rn(__uint_as_float(d.z << 16), rs[s % KR]), __fmul_rn(__uint_as_float(d.z & 0xffff0000u), rs[s % KR]));
+			d.w = dg_bf16x2(__fmul_rn(__uint_as_float(d.w << 16), rs[s % KR]), __fmul_rn(__uint_as_float(d.w & 0xffff0000u), rs[s % KR]));]]
+               or "",
+    SCALED_DESC = at_end and "sa · Σ" or "Σ",
+    PAIRS = EMIT.subst(WB.PAIRS, { MLIM = "MM", PAIR = EMIT.subst(DGW_PAIR, { S0 = scaled("c0"), S1 = scaled("c1") }) }),
+  }))
+  return w:text()
+end
+
 -- Renders the warpgroup kernel; `c` holds what grad.lua's render worked
 -- out (spec, op, its OPS entry o, shape, tile, banner lines).
 function M.render(c)
   local o, op = c.o, c.op
+  if op == "decoder_grad_weight" then return render_dgw(c) end
   local gi = op == "lowrank_grad_input"
   -- two blocks an SM (at most 128 registers a thread) while the
   -- accumulators allow it

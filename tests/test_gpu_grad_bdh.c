@@ -14,7 +14,9 @@
  *     same; a bf16 grad_y is the f32 one rounded to nearest even;
  *   - the sm_90a warpgroup path (bf16 gradient and bf16 w / x) against
  *     the mma.sync tile of the same spec, each one's time printed
- *     (bdh_wgmma_bf16_against_mma; skipped off sm_90).
+ *     (bdh_wgmma_bf16_against_mma; skipped off sm_90); the same for
+ *     decoder_grad_weight's (f32 gradient, y bf16 or uint8pos a scale a
+ *     token: bdh_wgmma_decoder_grad_weight_against_mma).
  *
  * Outputs start as 0xff bytes (NaN): every element must be written.
  * Tolerance: tests/grad_helpers.h.
@@ -352,6 +354,10 @@ static dg_status wg_call(void *user)
 		dg_lowrank_grad_input_args a = { .grad = &u->grad, .w = &u->b, .grad_x = &u->out, .ws = u->ws };
 		return dg_lowrank_grad_input(u->dev, &u->spec, &a);
 	}
+	if (u->spec.op == DG_OP_DECODER_GRAD_WEIGHT) {
+		dg_decoder_grad_weight_args a = { .grad = &u->grad, .y = &u->b, .grad_w = &u->out, .ws = u->ws };
+		return dg_decoder_grad_weight(u->dev, &u->spec, &a);
+	}
 	dg_lowrank_grad_weight_args a = { .grad = &u->grad, .x = &u->b, .grad_w = &u->out, .ws = u->ws };
 	return dg_lowrank_grad_weight(u->dev, &u->spec, &a);
 }
@@ -367,7 +373,11 @@ static float *wg_run_timed(wg_run *u, const char *path, size_t no)
 	cr_assert_str_eq(p.path, path, "%s", p.canonical);
 	dg_codegen_destroy(cg);
 	size_t need = 0;
-	if (u->spec.op == DG_OP_LOWRANK_GRAD_WEIGHT) {
+	if (u->spec.op == DG_OP_DECODER_GRAD_WEIGHT) {
+		dg_decoder_grad_weight_args a = { .grad = &u->grad, .y = &u->b, .grad_w = &u->out };
+		cr_assert_eq(dg_decoder_grad_weight_workspace(u->dev, &u->spec, &a, &need), DG_OK, "%s",
+			     dg_device_errmsg(u->dev));
+	} else if (u->spec.op == DG_OP_LOWRANK_GRAD_WEIGHT) {
 		dg_lowrank_grad_weight_args a = { .grad = &u->grad, .x = &u->b, .grad_w = &u->out };
 		cr_assert_eq(dg_lowrank_grad_weight_workspace(u->dev, &u->spec, &a, &need), DG_OK, "%s",
 			     dg_device_errmsg(u->dev));
@@ -456,6 +466,60 @@ Test(gpu_grad, bdh_wgmma_bf16_against_mma)
 		char why[256];
 		cr_assert(dg_ref_close_norm(wg, mm, no, 1e-3, FLT_MAX, why, sizeof(why)), "%s: %s",
 			  dg_op_name(u.spec.op), why);
+		free(wg);
+		free(mm);
+	}
+	gh_close(dev);
+}
+
+/* decoder_grad_weight with its f32 gradient on sm_90a, y as the presets
+ * have it (bf16; uint8pos codes a scale a token, w8a8's): the warpgroup
+ * default against the mma.sync default tile of the same spec, within 1e-3
+ * of the norm (both round the same operands to bf16 and sum exact
+ * products in f32, in other orders), each one's time printed. Skips off
+ * sm_90. */
+Test(gpu_grad, bdh_wgmma_decoder_grad_weight_against_mma)
+{
+	dg_device *dev = gh_open();
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	if (di.sm != 90) {
+		gh_close(dev);
+		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
+		cr_skip_test("skipped: the warpgroup path needs sm_90");
+	}
+	const dg_tile mma_tile = { 128, 128, 32, 2, 2, 4, 0 };
+	const size_t ng = (size_t)BDH_B * BDH_T * BDH_E, ny = (size_t)BDH_B * BDH_H * BDH_T * BDH_L,
+		     nt = (size_t)BDH_B * BDH_T, no = (size_t)BDH_E * BDH_H * BDH_L;
+	gh_seed(26);
+	float *g = gr_rand_f32(ng), *sv = gr_rand_f32(nt);
+	for (size_t i = 0; i < nt; i++)
+		sv[i] = (0.5f + fabsf(sv[i])) / 255.0f;
+	dg_dptr dgr = gh_upload(dev, g, ng * 4), dsv = gh_upload(dev, sv, nt * 4);
+	free(g);
+	free(sv);
+	for (int f = 0; f < 2; f++) {
+		const dg_fmt yf = f ? DG_FMT_UINT8POS : DG_FMT_BF16;
+		void *y = gh_rand_storage(yf, ny, NULL);
+		wg_run u = { .dev = dev };
+		dg_spec_init(&u.spec, DG_OP_DECODER_GRAD_WEIGHT);
+		u.spec.act = yf;
+		u.spec.ascale = f ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
+		u.spec.arch = 90;
+		u.spec.arch_specific = true;
+		dg_spec_normalize(&u.spec);
+		u.grad = dg_tensor_4d("grad", DG_FMT_F32, dgr, BDH_B, 1, BDH_T, BDH_E);
+		u.b = dg_tensor_4d("y", yf, gh_upload(dev, y, gh_bytes(yf, ny)), BDH_B, BDH_H, BDH_T, BDH_L);
+		if (f)
+			u.b.scale = dsv;
+		free(y);
+		u.out = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc(dev, no * 4), BDH_E, (int64_t)BDH_H * BDH_L);
+		float *wg = wg_run_timed(&u, "wgmma bf16", no);
+		u.spec.tile = mma_tile;
+		float *mm = wg_run_timed(&u, "mma.sync bf16", no);
+		char why[256];
+		cr_assert(dg_ref_close_norm(wg, mm, no, 1e-3, FLT_MAX, why, sizeof(why)), "%s: %s",
+			  dg_fmt_name(yf), why);
 		free(wg);
 		free(mm);
 	}

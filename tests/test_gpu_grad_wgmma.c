@@ -2,7 +2,9 @@
  * GPU tests of the sm_90a warpgroup path of lowrank_grad_input and
  * lowrank_grad_weight (templates/grad_wgmma.lua): a bf16 gradient
  * (src=bf16) with a bf16 w / x, on small odd shapes against the CPU
- * references (runtime/ref/ref_ops.h, the bf16 storages read as they are). Skip
+ * references (runtime/ref/ref_ops.h, the bf16 storages read as they are);
+ * and of decoder_grad_weight's (f32 gradient, y bf16 or uint8pos codes a
+ * scale a token or a tensor: the section before its tests). Skip
  * without a device (gh_open) or unless it is an sm_90 (the path is
  * sm_90a's), saying why.
  *
@@ -36,7 +38,7 @@
 #include "grad_helpers.h"
 #include "runtime/ref/ref_ops.h"
 #include "gpu_helpers.h"
-#include "runtime/ref/ref_ops.h"
+#include "runtime/ref/ref_int.h"
 
 /* Opens the device; skips (with the reason) unless it is an sm_90. */
 static dg_device *open_sm90(void)
@@ -225,5 +227,154 @@ Test(gpu_grad, wgmma_grad_weight_split)
 			size_t need = check_grad_weight(dev, &s, &tiles[k], acc);
 			cr_assert_gt(need, 0, "tile %d: B·T 2000 is not split", k);
 		}
+	gh_close(dev);
+}
+
+/* ---- decoder_grad_weight (templates/grad_wgmma.lua render_dgw) ---------------
+ * grad f32 (B, 1, T, E) rounded to bf16 as staged, y bf16 or uint8pos codes
+ * (the presets' decoder activations: bf16; w8a8 and bitnet a scale a token,
+ * seed one a tensor), E and L multiples of 8. Tolerance as the mma.sync
+ * path's (tests/grad_helpers.h): the gradient rounded (c = 2), and with a
+ * scale a token B(k, l) = bf16(code · sa[k]) rounded too (c = 3). */
+
+typedef struct dshape {
+	int H, E, L, B, T;
+} dshape;
+
+/* The default and three other warpgroup tiles of decoder_grad_weight
+ * (a ring of 2 to 4 stages: one step waits in registers). */
+static const dg_tile dgw_tiles[] = {
+	{ 0, 0, 0, 0, 0, 0, 0 },
+	{ 128, 64, 64, 8, 1, 3, 0 },
+	{ 64, 256, 64, 4, 1, 2, 0 },
+	{ 128, 256, 64, 8, 1, 4, 0 },
+};
+
+static dg_spec dgw_spec(const dshape *s, dg_fmt y, bool token, const dg_tile *tile)
+{
+	dg_spec sp;
+
+	dg_spec_init(&sp, DG_OP_DECODER_GRAD_WEIGHT);
+	sp.heads = s->H;
+	sp.embd = s->E;
+	sp.latent = s->L;
+	sp.act = y;
+	sp.ascale = token ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
+	sp.arch = 90;
+	sp.arch_specific = true;
+	sp.tile = *tile;
+	dg_spec_normalize(&sp);
+	return sp;
+}
+
+/* decoder_grad_weight with y of format f (token: a scale a token) on tile;
+ * accumulate: grad_w starts random, the expectation is start + reference.
+ * Returns the workspace the op asked for (> 0: it split B·T). */
+static size_t check_dgw(dg_device *dev, const dshape *s, dg_fmt f, bool token, const dg_tile *tile,
+			bool accumulate)
+{
+	char what[192];
+	dg_spec sp = dgw_spec(s, f, token, tile);
+	expect_wgmma(&sp);
+	snprintf(what, sizeof(what), "wgmma decoder_grad_weight %s%s H %d E %d L %d B %d T %d tile %dx%d acc %d",
+		 dg_fmt_name(f), token ? " token" : "", s->H, s->E, s->L, s->B, s->T, tile->bm, tile->bn,
+		 accumulate);
+	size_t ng = (size_t)s->B * s->T * s->E, ny = (size_t)s->B * s->H * s->T * s->L,
+	       nw = (size_t)s->E * s->H * s->L, nt = (size_t)s->B * s->T, need = 0;
+	float *g = gr_rand_f32(ng), *ga = gr_abs_f32(g, ng), *start = gr_rand_f32(nw);
+	void *y = gh_rand_storage(f, ny, NULL), *ya = gr_abs_storage(f, y, ny);
+	float sa = gr_scale_of(f);
+	/* a scale a token: positive, about sa, each its own */
+	float *sv = gr_rand_f32(nt);
+	for (size_t i = 0; i < nt; i++)
+		sv[i] = sa * (0.5f + (sv[i] < 0 ? -sv[i] : sv[i]));
+	float *want = gh_xmalloc(nw * 4), *absum = gh_xmalloc(nw * 4);
+	float *got = gh_xmalloc(nw * 4), *again = gh_xmalloc(nw * 4);
+
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, 1, s->T, s->E);
+	dg_tensor ty = dg_tensor_4d("y", f, gh_upload(dev, y, gh_bytes(f, ny)), s->B, s->H, s->T, s->L);
+	if (f != DG_FMT_BF16)
+		ty.scale = token ? gh_upload(dev, sv, nt * 4) : gh_scalar(dev, sa);
+	for (int run = 0; run < 2; run++) {
+		dg_dptr dw = accumulate ? gh_upload(dev, start, nw * 4) : gh_alloc_ff(dev, nw * 4);
+		dg_tensor tw = dg_tensor_2d("grad_w", DG_FMT_F32, dw, s->E, (int64_t)s->H * s->L);
+		dg_decoder_grad_weight_args a = { .grad = &tg, .y = &ty, .grad_w = &tw, .accumulate = accumulate };
+		cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s: %s", what,
+			     dg_device_errmsg(dev));
+		/* partials start as NaN too: a split that writes nothing fails */
+		a.ws = gh_workspace(dev, need);
+		if (need)
+			cr_assert_eq(dg_memset8(dev, a.ws.ptr, 0xff, need), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+		gh_download(dev, run ? again : got, dw, nw * 4);
+	}
+	cr_assert_eq(dg__ref_decoder_grad_weight_v(&sp, g, y, sa, sv, want, s->B, s->T), DG_OK);
+	cr_assert_eq(dg__ref_decoder_grad_weight_v(&sp, ga, ya, sa, sv, absum, s->B, s->T), DG_OK);
+	if (accumulate) /* the one f32 add: inside the bound's 1e-6·(1 + |want|) */
+		for (size_t i = 0; i < nw; i++)
+			want[i] += start[i];
+	gr_expect_written(what, got, nw);
+	gr_expect_bf16(what, got, want, absum, nw, token ? 3.0 : 2.0);
+	gh_expect_bytes(what, again, got, nw * 4);
+	free(g), free(ga), free(start), free(y), free(ya), free(sv), free(want), free(absum), free(got),
+		free(again);
+	return need;
+}
+
+/* The y formats of the presets: bf16; uint8pos a scale a token and one a
+ * tensor. */
+static const struct {
+	dg_fmt f;
+	bool token;
+} dgw_fmts[] = { { DG_FMT_BF16, false }, { DG_FMT_UINT8POS, true }, { DG_FMT_UINT8POS, false } };
+
+/* Small odd shapes: E 40 / 32 (fewer rows than BM), L 96 / 136 / 200 (a
+ * ragged last N tile), T 1, 7, 65, 130 and B 1 to 3 (a K step that straddles
+ * a batch, a last K step of a few rows); every tile, accumulate off and on. */
+Test(gpu_grad, wgmma_decoder_grad_weight_small)
+{
+	static const dshape shapes[] = {
+		{ 2, 40, 96, 1, 1 }, { 2, 64, 136, 2, 7 }, { 4, 32, 64, 3, 65 }, { 1, 136, 200, 2, 130 },
+	};
+	dg_device *dev = open_sm90();
+
+	gh_seed(93);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (int k = 0; k < 4; k++)
+			for (size_t f = 0; f < sizeof(dgw_fmts) / sizeof(dgw_fmts[0]); f++)
+				check_dgw(dev, &shapes[i], dgw_fmts[f].f, dgw_fmts[f].token, &dgw_tiles[k],
+					  (k + (int)f) % 2 == 1);
+	gh_close(dev);
+}
+
+/* B·T 2000 (31.25 K steps of 64) over a few output tiles: the op splits it
+ * (workspace > 0; the reduce entry adds the partials and, for a scale a
+ * tensor, scales), accumulate off and on, every tile and format. */
+Test(gpu_grad, wgmma_decoder_grad_weight_split)
+{
+	static const dshape s = { 2, 40, 96, 2, 1000 };
+	dg_device *dev = open_sm90();
+
+	gh_seed(94);
+	for (int k = 0; k < 4; k++)
+		for (size_t f = 0; f < sizeof(dgw_fmts) / sizeof(dgw_fmts[0]); f++)
+			for (int acc = 0; acc < 2; acc++) {
+				size_t need = check_dgw(dev, &s, dgw_fmts[f].f, dgw_fmts[f].token, &dgw_tiles[k], acc);
+				cr_assert_gt(need, 0, "tile %d: B·T 2000 is not split", k);
+			}
+	gh_close(dev);
+}
+
+/* The BDH shape (H 4, E 256, L 8192: 512 blocks of the default tile, no
+ * split) on a short B·T of 130 (a ragged last K step), the default tile,
+ * each format, accumulate off and on. */
+Test(gpu_grad, wgmma_decoder_grad_weight_bdh, .timeout = 600)
+{
+	static const dshape s = { 4, 256, 8192, 2, 65 };
+	dg_device *dev = open_sm90();
+
+	gh_seed(95);
+	for (size_t f = 0; f < sizeof(dgw_fmts) / sizeof(dgw_fmts[0]); f++)
+		check_dgw(dev, &s, dgw_fmts[f].f, dgw_fmts[f].token, &dgw_tiles[0], f == 1);
 	gh_close(dev);
 }

@@ -14,7 +14,9 @@
  * they do not take refused by field; the sm_90a warpgroup path of the
  * lowrank grads with bf16 gradient and operand (templates/grad_wgmma.lua:
  * its default and other tiles, small shapes, the plan's path, the
- * promotion of plan_for, its refusals, mma.sync for other tiles);
+ * promotion of plan_for, its refusals, mma.sync for other tiles) and of
+ * decoder_grad_weight with an f32 gradient and y bf16 / 8-bit codes (its
+ * tiles and formats, the scale where it belongs, the fallbacks);
  * lowrank_grad_input's K split on every path (the split ABI and the
  * _reduce entry in the source, the scale where it belongs, both entries
  * in an sm_90a and an sm_80 cubin); and the render and the spec refuse
@@ -654,6 +656,124 @@ Test(nvrtc_grad, wgmma_bf16_defaults_and_mma_fallback)
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 4"), "%s", dg_codegen_errmsg(cg));
+	dg_codegen_destroy(cg);
+}
+
+/* --- decoder_grad_weight on the warpgroup path (grad_wgmma.lua render_dgw) */
+
+/* A decoder_grad_weight spec the path applies to: sm_90a, y of format f
+ * (bf16, int8, uint8pos), a scale a token or a tensor. */
+static dg_spec dgw_wg_spec(int heads, int embd, int latent, dg_fmt f, bool token)
+{
+	dg_spec s = bdh(DG_OP_DECODER_GRAD_WEIGHT);
+	s.heads = heads;
+	s.embd = embd;
+	s.latent = latent;
+	s.act = f;
+	s.ascale = token ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
+	s.arch = 90;
+	s.arch_specific = true;
+	dg_spec_normalize(&s);
+	return s;
+}
+
+/* The default and three other tiles (one and two warpgroups, BN 64 to 256,
+ * stages 2 to 4) × y bf16 / uint8pos (a scale a token and a tensor) /
+ * int8 render and compile for sm_90a at the BDH shape and small ones (embd
+ * 40 / 32 below BM, latent 96 / 136 / 200 ragged), each plan on the path;
+ * the source holds the staging's conversions and the scale where the
+ * mma.sync path applies it. */
+Test(nvrtc_grad, wgmma_decoder_grad_weight_tiles_and_formats)
+{
+	static const dg_tile tiles[] = {
+		{ 0, 0, 0, 0, 0, 0, 0 },
+		{ 128, 64, 64, 8, 1, 3, 0 },
+		{ 64, 256, 64, 4, 1, 2, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },
+	};
+	static const int shapes[][3] = { /* heads, embd, latent */
+		{ 4, 256, 8192 }, { 2, 40, 96 }, { 2, 64, 136 }, { 4, 32, 64 }, { 1, 136, 200 },
+	};
+	static const struct {
+		dg_fmt f;
+		bool token;
+	} fmts[] = { { DG_FMT_BF16, false }, { DG_FMT_UINT8POS, true }, { DG_FMT_UINT8POS, false },
+		     { DG_FMT_INT8, true } };
+	dg_codegen *cg = make_cg();
+
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (int k = 0; k < 4; k++)
+			for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
+				/* the BDH shape on every tile, the small ones on two each */
+				if (i > 0 && k % 2 != (int)(i + f) % 2)
+					continue;
+				dg_spec s = dgw_wg_spec(shapes[i][0], shapes[i][1], shapes[i][2], fmts[f].f,
+							fmts[f].token);
+				s.tile = tiles[k];
+				expect_plan_path(cg, &s, "wgmma bf16", true);
+				compile_on_path(cg, &s, "path: warpgroup tensor cores");
+				dg_source *src = NULL;
+				cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+				/* the gradient rounded to bf16 as staged; a scale a token
+				 * into B's rows, one a tensor on the sum (and the reduce) */
+				cr_assert(strstr(src->text, "dg_bf16x2(v0.x, v0.y)"));
+				bool token = fmts[f].token, code = fmts[f].f != DG_FMT_BF16;
+				cr_assert_eq(strstr(src->text, "rs[j] = k < K ? dg_b_scale(sa, k, h, T)") != NULL, token);
+				cr_assert_eq(strstr(src->text, "__fmul_rn(c0, s)") != NULL, code && !token);
+				cr_assert_eq(strstr(src->text, "sum.x = __fmul_rn(sum.x, s);") != NULL, code && !token);
+				dg_source_destroy(src);
+			}
+	dg_codegen_destroy(cg);
+}
+
+/* The default tile and its plan (two stages, 65 KiB, two entries), the
+ * promotion of an sm_90 spec by plan_for, and what stays on mma.sync: an
+ * f32 / int4 y, embd or latent not a multiple of 8, a non-warpgroup tile,
+ * sm_90 without a. */
+Test(nvrtc_grad, wgmma_decoder_grad_weight_defaults_and_mma_fallback)
+{
+	dg_codegen *cg = make_cg();
+	dg_plan p;
+
+	for (int f = 0; f < 2; f++) {
+		dg_spec s = dgw_wg_spec(4, 256, 8192, f ? DG_FMT_UINT8POS : DG_FMT_BF16, f == 1);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "wgmma bf16");
+		cr_assert(p.needs_arch_specific);
+		cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/2;"), "%s", p.canonical);
+		cr_assert_eq(p.n_entries, 2);
+		cr_assert_str_eq(p.entries[1].name, "dg_decoder_grad_weight_reduce");
+		cr_assert_eq(p.entries[0].threads, 256);
+		cr_assert_eq(p.entries[0].smem, 2 * (128 + 128) * 64 * 2 + 1024);
+		/* sm_90 (no a): mma.sync; plan_for on an sm_90 device promotes it */
+		s.arch_specific = false;
+		expect_plan_path(cg, &s, "mma.sync bf16", false);
+		cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "wgmma bf16");
+		cr_assert(p.spec.arch_specific && p.needs_arch_specific);
+		/* a non-warpgroup tile on the sm_90a spec: mma.sync */
+		s.arch_specific = true;
+		s.tile = (dg_tile){ 128, 128, 32, 2, 2, 4, 0 };
+		expect_plan_path(cg, &s, "mma.sync bf16", false);
+		compile_on_path(cg, &s, "path: tensor cores");
+	}
+	/* y f32 or int4: mma.sync (f32: the operand would be rounded; int4 is
+	 * no preset's decoder activation) */
+	dg_spec s = dgw_wg_spec(4, 256, 8192, DG_FMT_F32, false);
+	expect_plan_path(cg, &s, "mma.sync bf16", false);
+	s = dgw_wg_spec(4, 256, 8192, DG_FMT_INT4, true);
+	expect_plan_path(cg, &s, "mma.sync bf16", false);
+	/* embd 36 / latent 100: not whole 8-value chunks, mma.sync */
+	s = dgw_wg_spec(2, 36, 96, DG_FMT_UINT8POS, true);
+	expect_plan_path(cg, &s, "mma.sync bf16", false);
+	s = dgw_wg_spec(2, 40, 100, DG_FMT_BF16, false);
+	expect_plan_path(cg, &s, "mma.sync bf16", false);
+	/* a ring of 1 stage is not the path's; 5 is no tile's */
+	s = dgw_wg_spec(4, 256, 8192, DG_FMT_UINT8POS, true);
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 1, 0 };
+	expect_plan_path(cg, &s, "mma.sync bf16", false);
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
 	dg_codegen_destroy(cg);
 }
 

@@ -477,6 +477,10 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	case DG__N_DEC_W: {
 		dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_GRAD_WEIGHT);
 		set_recipe(m, &s, DG_PROJ_DECODER);
+		/* y bf16 (the bf16 preset) or 8-bit codes (w8a8, bitnet, seed:
+		 * uint8pos) on sm_90: the warpgroup path (templates/grad_wgmma.lua) */
+		if (s.arch == 90 && (s.act == DG_FMT_BF16 || s.act == DG_FMT_UINT8POS || s.act == DG_FMT_INT8))
+			s.arch_specific = true;
 		exact_tile(m, &s);
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), y = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
