@@ -313,6 +313,10 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 						.dxs = mask ? t4 : NULL, .mask_xs = mask ? t5 : NULL };
 		return ws_bytes ? DG_OK : dg_attention_grad_xs(dev, s, &a);
 	}
+	case DG_OP_ATTENTION_STEP: {
+		dg_attention_step_args a = { .xs = t0, .pos = t1, .freq = t2, .v = t3, .state = t4, .out = t5 };
+		return ws_bytes ? DG_OK : dg_attention_step(dev, s, &a);
+	}
 	/* the gate and the step's element-wise glue */
 	case DG_OP_GATE_FWD: {
 		dg_gate_fwd_args a = { .xs = t0, .ys = t1, .xy = t2, .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
