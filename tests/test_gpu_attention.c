@@ -185,27 +185,118 @@ static void *run_twice(dg_device *dev, const dg_spec *s, const dg_tensor *in, in
 	return r[0];
 }
 
+/* n = B·H·T·T scores of act: exactly 0 on and above the diagonal. */
+static void expect_causal(dg_fmt act, const void *scores, size_t bh, int T)
+{
+	float *gs = widen(act, scores, bh * T * T);
+	for (size_t z = 0; z < bh; z++)
+		for (int i = 0; i < T; i++)
+			for (int j = i; j < T; j++)
+				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
+	free(gs);
+}
+
+/* attention_scores sp (act) at shape s on in2 = { xs, rope }, twice: the
+ * reference on the host xs into want (B·H·T·T values of act), compared by
+ * act's bound, and exactly 0 on and above the diagonal. */
+static void check_scores(dg_device *dev, const dg_spec *sp, dg_fmt act, const shape *s, const dg_tensor *in2,
+			 const void *xs, const float *rope, void *want, const char *what)
+{
+	int B = s->B, H = s->H, T = s->T;
+	size_t ns = (size_t)B * H * T * T;
+	void *got = run_twice(dev, sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * act_size(act));
+	cr_assert_eq(dg_ref_attention_scores(sp, xs, rope, want, B, T), DG_OK);
+	expect_close(what, act, act, got, want, ns);
+	expect_causal(act, got, (size_t)B * H, T);
+	free(got);
+}
+
+/* The inputs most cases share, drawn in this order from the test's
+ * stream: the RoPE table (no draw), grad (B, H, T, D) f32 in [-1, 1),
+ * with_gx a grad_x (B, H, T, N) f32 likewise, xs (B, H, T, N) act in
+ * [0, 1) (xs_mask: rand_mask's, a ReLU's output with zeros and
+ * negatives), v (B, 1, T, D) act in [-1, 1); each uploaded as a tensor. */
+typedef struct inputs {
+	float *rope, *g, *gx; /* gx NULL without with_gx */
+	void *xs, *v;
+	dg_tensor t_xs, t_rope, t_v, t_g, t_gx;
+} inputs;
+
+static void *rand_mask(dg_fmt act, size_t n);
+
+static void inputs_make(dg_device *dev, dg_fmt act, const shape *s, bool with_gx, bool xs_mask, inputs *in)
+{
+	int B = s->B, H = s->H, T = s->T, N = s->N, D = s->D;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D, as = act_size(act);
+	memset(in, 0, sizeof(*in));
+	in->rope = gh_xmalloc((size_t)T * N * 4);
+	in->g = gh_xmalloc(ng * 4);
+	dg_ref_rope_pairs(T, N, in->rope);
+	for (size_t i = 0; i < ng; i++)
+		in->g[i] = gh_uniform(-1.0f, 1.0f);
+	if (with_gx) {
+		in->gx = gh_xmalloc(nx * 4);
+		for (size_t i = 0; i < nx; i++)
+			in->gx[i] = gh_uniform(-1.0f, 1.0f);
+	}
+	in->xs = xs_mask ? rand_mask(act, nx) : rand_act(act, nx, 0.0f, NULL);
+	in->v = rand_act(act, nv, -1.0f, NULL);
+	in->t_xs = dg_tensor_4d("xs", act, UP(in->xs, nx * as), B, H, T, N);
+	in->t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(in->rope, (size_t)T * N * 4), T, N);
+	in->t_v = dg_tensor_4d("v", act, UP(in->v, nv * as), B, 1, T, D);
+	in->t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(in->g, ng * 4), B, H, T, D);
+	if (with_gx)
+		in->t_gx = dg_tensor_4d("grad", DG_FMT_F32, UP(in->gx, nx * 4), B, H, T, N);
+}
+
+static void inputs_free(inputs *in)
+{
+	free(in->rope), free(in->g), free(in->gx), free(in->xs), free(in->v);
+}
+
+/* The chains' spec: it carries every size of the step (heads, latent,
+ * embd), which normalizing to one op's fields would drop; pre: the sm_90a
+ * warpgroup path with rope=pre. */
+static dg_spec chain_spec(dg_fmt act, const shape *s, bool pre)
+{
+	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, s, NULL);
+	sp.embd = s->D;
+	if (pre) {
+		sp.arch = 90;
+		sp.arch_specific = true;
+		sp.rope_pre = true;
+	}
+	return sp;
+}
+
+/* add_mask: dxs (out) += other (f32) where xs (act) > 0, at H heads of
+ * latent N. */
+static dg_spec add_mask_spec(dg_fmt act, dg_fmt out, int H, int N)
+{
+	dg_spec ms;
+	dg_spec_init(&ms, DG_OP_ADD_MASK);
+	ms.act = act;
+	ms.out = out;
+	ms.src = DG_FMT_F32;
+	ms.heads = H;
+	ms.latent = N;
+	dg_spec_normalize(&ms);
+	return ms;
+}
+
 static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile *tile)
 {
 	int B = s->B, H = s->H, T = s->T, N = s->N, D = s->D;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
 	size_t ns = (size_t)B * H * T * T, as = act_size(act);
-	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4), *gx = gh_xmalloc(nx * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	for (size_t i = 0; i < nx; i++)
-		gx[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
+	inputs in;
+	inputs_make(dev, act, s, true, false, &in);
+	const float *rope = in.rope, *g = in.g, *gx = in.gx;
+	const void *xs = in.xs, *v = in.v;
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g, t_gx = in.t_gx;
 	void *want_x = gh_xmalloc(nx * 4), *want_s = gh_xmalloc(ns * as), *want_c = gh_xmalloc(ns * as);
 	void *want_o = gh_xmalloc(ng * as);
 	float *want_gv = gh_xmalloc(nv * 4), *want_gx = gh_xmalloc(nx * 4);
-
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * as), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * as), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
-	dg_tensor t_gx = dg_tensor_4d("grad", DG_FMT_F32, UP(gx, nx * 4), B, H, T, N);
 
 	/* rope, bit for bit */
 	dg_spec sp = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
@@ -224,16 +315,7 @@ static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile
 	/* scores: exactly 0 on and above the diagonal */
 	sp = spec_of(DG_OP_ATTENTION_SCORES, act, s, tile);
 	in2[0] = t_xs;
-	got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * as);
-	cr_assert_eq(dg_ref_attention_scores(&sp, xs, rope, want_s, B, T), DG_OK);
-	expect_close("attention_scores", act, act, got, want_s, ns);
-	float *gs = widen(act, got, ns);
-	for (size_t z = 0; z < (size_t)B * H; z++)
-		for (int i = 0; i < T; i++)
-			for (int j = i; j < T; j++)
-				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
-	free(gs);
-	free(got);
+	check_scores(dev, &sp, act, s, in2, xs, rope, want_s, "attention_scores");
 
 	/* out, from the reference's scores */
 	dg_tensor t_s = dg_tensor_4d("scores", act, UP(want_s, ns * as), B, H, T, T);
@@ -250,7 +332,7 @@ static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile
 	got = run_twice(dev, &sp, in_c, 2, dg_tensor_4d("grad_scores", act, 0, B, H, T, T), ns * as);
 	cr_assert_eq(dg_ref_attention_grad_scores(&sp, g, v, want_c, B, T), DG_OK);
 	expect_close("attention_grad_scores", act, act, got, want_c, ns);
-	gs = widen(act, got, ns);
+	float *gs = widen(act, got, ns);
 	for (size_t z = 0; z < (size_t)B * H; z++)
 		for (int i = 0; i < T; i++)
 			for (int j = 0; j <= i; j++) {
@@ -278,8 +360,8 @@ static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile
 	expect_close("attention_grad_xs", act, DG_FMT_F32, got, want_gx, nx);
 	free(got);
 
-	free(rope), free(g), free(gx), free(xs), free(v), free(want_x), free(want_s), free(want_c);
-	free(want_o), free(want_gv), free(want_gx);
+	inputs_free(&in);
+	free(want_x), free(want_s), free(want_c), free(want_o), free(want_gv), free(want_gx);
 }
 
 static const shape small_shapes[] = {
@@ -325,23 +407,14 @@ Test(gpu_attention, chains_are_the_ops)
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
 	size_t ns = (size_t)B * H * T * T;
-	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	inputs in;
+	inputs_make(dev, act, &s, false, false, &in);
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
 	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
 	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
 	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
 	dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
-	/* the chains' spec carries every size of the step (heads, latent,
-	 * embd), which normalizing to one op's fields would drop */
-	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
-	sp.embd = D;
+	dg_spec sp = chain_spec(act, &s, false);
 
 	dg_attention_fwd_args fa = { .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s, .out = &t_o };
 	cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
@@ -381,7 +454,8 @@ Test(gpu_attention, chains_are_the_ops)
 	void *gx = run_twice(dev, &so, in_x, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
 	gh_download(dev, got, t_gx.data, nx * 4);
 	gh_expect_bytes("dg_attention_bwd grad_xs", got, gx, nx * 4);
-	free(rope), free(g), free(xs), free(v), free(sc), free(got), free(o), free(gv), free(c), free(gx);
+	inputs_free(&in);
+	free(sc), free(got), free(o), free(gv), free(c), free(gx);
 	gh_close(dev);
 }
 
@@ -411,20 +485,27 @@ static dg_status add_mask_timed(void *user)
 	return dg_add_mask(u->dev, u->spec, u->a);
 }
 
-/* Times s on t and prints the rate of `flop` useful operations. */
-static void report(dg_device *dev, const dg_spec *s, const dg_tensor *const *t, int n, double flop)
+/* The median of 10 timed runs of fn(user) (cold L2). */
+static double median_us(dg_device *dev, dg_timed_fn fn, void *user)
 {
 	dg_timer *tm = NULL;
 	dg_timing r;
+	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_opts o = { .reps = 10 };
+	cr_assert_eq(dg_timer_run(tm, &o, fn, user, &r), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_destroy(tm);
+	return r.median_us;
+}
+
+/* Times s on t and prints the rate of `flop` useful operations. */
+static void report(dg_device *dev, const dg_spec *s, const dg_tensor *const *t, int n, double flop)
+{
 	timed u = { .dev = dev, .spec = *s };
 	for (int i = 0; i < n; i++)
 		u.t[i] = t[i];
-	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_timer_opts o = { .reps = 10 };
-	cr_assert_eq(dg_timer_run(tm, &o, timed_call, &u, &r), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_timer_destroy(tm);
+	double us = median_us(dev, timed_call, &u);
 	printf("bdh %-22s %9.1f us  %7.1f TFLOP/s  %5.1f%% of 790 (useful flops, cold L2)\n", dg_op_name(s->op),
-	       r.median_us, flop / r.median_us * 1e-6, flop / r.median_us * 1e-6 / 790 * 100);
+	       us, flop / us * 1e-6, flop / us * 1e-6 / 790 * 100);
 	fflush(stdout);
 }
 
@@ -437,15 +518,11 @@ Test(gpu_attention, bdh_shape_sampled_bf16)
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
 	size_t ns = (size_t)B * H * T * T, tn = (size_t)T * N, tt = (size_t)T * T, td = (size_t)T * D;
-	float *rope = gh_xmalloc(tn * 4), *g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, tn * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	inputs in;
+	inputs_make(dev, act, &s, false, false, &in);
+	const float *rope = in.rope, *g = in.g;
+	void *xs = in.xs, *v = in.v;
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
 	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
 	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
 	dg_tensor t_c = dg_tensor_4d("grad_scores", act, FF(ns * 2), B, H, T, T);
@@ -506,7 +583,8 @@ Test(gpu_attention, bdh_shape_sampled_bf16)
 	report(dev, &s_c, a_c, 3, bh * tri * D * 2);
 	report(dev, &s_v, a_v, 3, bh * tri * D * 2);
 	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
-	free(rope), free(g), free(xs), free(v), free(sc), free(o), free(c), free(gv), free(gx), free(want);
+	inputs_free(&in);
+	free(sc), free(o), free(c), free(gv), free(gx), free(want);
 	gh_close(dev);
 }
 
@@ -538,15 +616,31 @@ static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 	return sp;
 }
 
-/* The plan of sp names the warpgroup path. */
-static void expect_wgmma(const dg_spec *sp)
+/* The plan of sp names the path `path`. */
+static void expect_path(const dg_spec *sp, const char *path)
 {
 	dg_codegen *cg = NULL;
 	dg_plan p;
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
 	cr_assert_eq(dg_codegen_plan(cg, sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma bf16", "%s", p.canonical);
+	cr_assert_str_eq(p.path, path, "%s", p.canonical);
 	dg_codegen_destroy(cg);
+}
+
+/* The plan of sp names the warpgroup path. */
+static void expect_wgmma(const dg_spec *sp)
+{
+	expect_path(sp, "wgmma bf16");
+}
+
+/* RoPE(xs) in act at shape s, the operand of rope=pre (malloc'd). */
+static void *rope_of(dg_fmt act, const shape *s, const void *xs, const float *rope)
+{
+	size_t nx = (size_t)s->B * s->H * s->T * s->N;
+	void *qr = gh_xmalloc(nx * act_size(act));
+	dg_spec rs = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
+	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, s->B, s->T), DG_OK);
+	return qr;
 }
 
 static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
@@ -557,10 +651,8 @@ static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	float *rope = gh_xmalloc((size_t)T * N * 4);
 	dg_ref_rope_pairs(T, N, rope);
 	void *xs = rand_act(act, nx, 0.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
-	void *qr = gh_xmalloc(nx * 2), *want_s = gh_xmalloc(ns * 2);
+	void *qr = rope_of(act, s, xs, rope), *want_s = gh_xmalloc(ns * 2);
 	float *want_gx = gh_xmalloc(nx * 4);
-	dg_spec rs = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
-	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, B, T), DG_OK);
 	dg_tensor t_qr = dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N);
 	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
 	dg_tensor t_c = dg_tensor_4d("grad_scores", act, UP(c, ns * 2), B, H, T, T);
@@ -568,21 +660,12 @@ static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	dg_spec sp = wg_spec(DG_OP_ATTENTION_SCORES, s, tile);
 	expect_wgmma(&sp);
 	dg_tensor in2[2] = { t_qr, t_rope };
-	void *got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * 2);
-	cr_assert_eq(dg_ref_attention_scores(&sp, qr, rope, want_s, B, T), DG_OK);
-	expect_close("attention_scores (wgmma)", act, act, got, want_s, ns);
-	float *gs = widen(act, got, ns);
-	for (size_t z = 0; z < (size_t)B * H; z++)
-		for (int i = 0; i < T; i++)
-			for (int j = i; j < T; j++)
-				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
-	free(gs);
-	free(got);
+	check_scores(dev, &sp, act, s, in2, qr, rope, want_s, "attention_scores (wgmma)");
 
 	sp = wg_spec(DG_OP_ATTENTION_GRAD_XS, s, tile);
 	expect_wgmma(&sp);
 	dg_tensor in3[3] = { t_c, t_qr, t_rope };
-	got = run_twice(dev, &sp, in3, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
+	void *got = run_twice(dev, &sp, in3, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
 	cr_assert_eq(dg_ref_attention_grad_xs(&sp, c, qr, rope, want_gx, B, T), DG_OK);
 	expect_close("attention_grad_xs (wgmma)", act, DG_FMT_F32, got, want_gx, nx);
 	/* out=bf16: the same sums, rounded once: the f32 output's bf16, bit for bit */
@@ -630,27 +713,13 @@ static void ws_scores_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	dg_fmt act = DG_FMT_BF16;
 	float *rope = gh_xmalloc((size_t)T * N * 4);
 	dg_ref_rope_pairs(T, N, rope);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *qr = gh_xmalloc(nx * 2), *want = gh_xmalloc(ns * 2);
-	dg_spec rs = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
-	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, B, T), DG_OK);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *qr = rope_of(act, s, xs, rope), *want = gh_xmalloc(ns * 2);
 	dg_tensor in2[2] = { dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N),
 			     dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N) };
 	dg_spec sp = wg_spec(DG_OP_ATTENTION_SCORES, s, tile);
-	dg_codegen *cg = NULL;
-	dg_plan p;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	cr_assert_eq(dg_codegen_plan(cg, &sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma tma", "%s", p.canonical);
-	dg_codegen_destroy(cg);
-	void *got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * 2);
-	cr_assert_eq(dg_ref_attention_scores(&sp, qr, rope, want, B, T), DG_OK);
-	expect_close("attention_scores (warp-specialized)", act, act, got, want, ns);
-	float *gs = widen(act, got, ns);
-	for (size_t z = 0; z < (size_t)B * H; z++)
-		for (int i = 0; i < T; i++)
-			for (int j = i; j < T; j++)
-				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
-	free(gs), free(got), free(rope), free(xs), free(qr), free(want);
+	expect_path(&sp, "wgmma tma");
+	check_scores(dev, &sp, act, s, in2, qr, rope, want, "attention_scores (warp-specialized)");
+	free(rope), free(xs), free(qr), free(want);
 }
 
 Test(gpu_attention, warp_specialized_scores)
@@ -685,24 +754,12 @@ Test(gpu_attention, warpgroup_chains)
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
 	size_t ns = (size_t)B * H * T * T;
-	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	inputs in;
+	inputs_make(dev, act, &s, false, false, &in);
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
 	void *res[2][4];
 	for (int pre = 0; pre < 2; pre++) {
-		dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
-		sp.embd = D;
-		if (pre) {
-			sp.arch = 90;
-			sp.arch_specific = true;
-			sp.rope_pre = true;
-		}
+		dg_spec sp = chain_spec(act, &s, pre);
 		dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
 		dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
 		dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
@@ -739,7 +796,7 @@ Test(gpu_attention, warpgroup_chains)
 	for (int pre = 0; pre < 2; pre++)
 		for (int k = 0; k < 4; k++)
 			free(res[pre][k]);
-	free(rope), free(g), free(xs), free(v);
+	inputs_free(&in);
 	gh_close(dev);
 }
 
@@ -887,14 +944,7 @@ static void mask_case(dg_device *dev, const dg_spec *spec, const shape *s, const
 	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
 	const dg_tensor *t4[4] = { &t_c, &t_xs, &t_rope, &t_gx };
 	cr_assert_eq(run_op(dev, &ss, t4), DG_OK, "%s (unfused): %s", what, dg_device_errmsg(dev));
-	dg_spec ms;
-	dg_spec_init(&ms, DG_OP_ADD_MASK);
-	ms.act = act;
-	ms.out = gf;
-	ms.src = DG_FMT_F32;
-	ms.heads = H;
-	ms.latent = N;
-	dg_spec_normalize(&ms);
+	dg_spec ms = add_mask_spec(act, gf, H, N);
 	dg_tensor t_d = dg_tensor_4d("dxs", gf, UP(dxs, nx * gs), B, H, T, N);
 	dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
 	dg_add_mask_args am = { .dxs = &t_d, .other = &t_o, .xs = &t_m };
@@ -982,27 +1032,16 @@ Test(gpu_attention, epi_mask_chain)
 	shape s = { 2, 2, 65, 128, 64 };
 	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
 	dg_fmt act = DG_FMT_BF16;
-	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D;
 	size_t ns = (size_t)B * H * T * T;
-	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_mask(act, nx), *v = rand_act(act, nv, -1.0f, NULL), *sc = rand_act(act, ns, -1.0f, NULL);
+	inputs in;
+	inputs_make(dev, act, &s, false, true, &in);
+	void *sc = rand_act(act, ns, -1.0f, NULL);
 	void *dxs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL);
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
 	dg_tensor t_s = dg_tensor_4d("scores", act, UP(sc, ns * 2), B, H, T, T);
 	for (int pre = 0; pre < (di.sm == 90 ? 2 : 1); pre++) {
-		dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
-		sp.embd = D;
-		if (pre) {
-			sp.arch = 90;
-			sp.arch_specific = true;
-			sp.rope_pre = true;
-		}
+		dg_spec sp = chain_spec(act, &s, pre);
 		/* unfused: grad_xs f32, then add_mask */
 		dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
 		dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
@@ -1012,14 +1051,7 @@ Test(gpu_attention, epi_mask_chain)
 		cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
 		ba.ws = gh_workspace(dev, need);
 		cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
-		dg_spec ms;
-		dg_spec_init(&ms, DG_OP_ADD_MASK);
-		ms.act = act;
-		ms.out = DG_FMT_BF16;
-		ms.src = DG_FMT_F32;
-		ms.heads = H;
-		ms.latent = N;
-		dg_spec_normalize(&ms);
+		dg_spec ms = add_mask_spec(act, DG_FMT_BF16, H, N);
 		dg_tensor t_d0 = dg_tensor_4d("dxs", DG_FMT_BF16, UP(dxs, nx * 2), B, H, T, N);
 		dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
 		dg_add_mask_args am = { .dxs = &t_d0, .other = &t_o, .xs = &t_xs };
@@ -1045,7 +1077,8 @@ Test(gpu_attention, epi_mask_chain)
 		gh_expect_bytes(pre ? "chain grad_v (rope=pre)" : "chain grad_v", v1, v0, nv * 4);
 		free(a0), free(a1), free(v0), free(v1);
 	}
-	free(rope), free(g), free(xs), free(v), free(sc), free(dxs);
+	inputs_free(&in);
+	free(sc), free(dxs);
 	gh_close(dev);
 }
 
@@ -1094,25 +1127,12 @@ Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
 	double bh = (double)B * H;
 	report(dev, &s_m, a_m, 5, bh * (double)T * T * N * 2);
 	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
-	dg_spec ms;
-	dg_spec_init(&ms, DG_OP_ADD_MASK);
-	ms.act = act;
-	ms.out = DG_FMT_BF16;
-	ms.src = DG_FMT_F32;
-	ms.heads = H;
-	ms.latent = N;
-	dg_spec_normalize(&ms);
+	dg_spec ms = add_mask_spec(act, DG_FMT_BF16, H, N);
 	dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
 	dg_add_mask_args am = { .dxs = &t_d, .other = &t_o, .xs = &t_m };
-	dg_timer *tm = NULL;
-	dg_timing tr;
-	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_timer_opts o = { .reps = 10 };
 	add_mask_call u = { dev, &ms, &am };
-	cr_assert_eq(dg_timer_run(tm, &o, add_mask_timed, &u, &tr), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_timer_destroy(tm);
 	printf("bdh %-22s %9.1f us  (the unfused pair's second kernel: dxs bf16, other f32, cold L2)\n", "add_mask",
-	       tr.median_us);
+	       median_us(dev, add_mask_timed, &u));
 	fflush(stdout);
 	free(rope), free(qr), free(c), free(dxs), free(mx), free(got), free(want);
 	gh_close(dev);
