@@ -21,13 +21,7 @@
 #include "dragon/spec.h"
 #include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
-
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", cg ? dg_codegen_errmsg(cg) : "no memory");
-	return cg;
-}
+#include "nvrtc_helpers.h"
 
 static dg_spec spec_of(dg_fmt act, dg_fmt out, dg_scale_gran g, int threads)
 {
@@ -67,7 +61,7 @@ Test(nvrtc_dequantize, every_format_compiles)
 	char e[8192], text[DG_SPEC_TEXT_MAX];
 	dg__nvrtc_target t;
 	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, e, sizeof(e)), DG_OK, "%s", e);
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	int n = 0;
 	for (int a = 0; a < 3; a++)
 		for (int o = 0; o < 2; o++)
@@ -105,40 +99,26 @@ Test(nvrtc_dequantize, every_format_compiles)
 	dg_codegen_destroy(cg);
 }
 
-/* spec is refused (validate or plan) with a message holding `field`. */
-static void expect_refused(dg_codegen *cg, const dg_spec *s, const char *field)
-{
-	char msg[512] = "";
-	dg_plan p;
-	dg_status st = dg_spec_validate(s, msg, sizeof(msg));
-	if (st == DG_OK) {
-		st = dg_codegen_plan(cg, s, &p);
-		snprintf(msg, sizeof(msg), "%s", dg_codegen_errmsg(cg));
-	}
-	cr_assert_eq(st, DG_ERR_INVALID_SPEC, "%s: accepted", field);
-	cr_assert(strstr(msg, field), "'%s' does not name %s", msg, field);
-}
-
 Test(nvrtc_dequantize, bad_specs_are_refused_naming_the_field)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	static const dg_fmt not_codes[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_TERNARY, DG_FMT_SIGN1 };
 	for (size_t i = 0; i < sizeof(not_codes) / sizeof(not_codes[0]); i++) {
 		dg_spec s = spec_of(not_codes[i], DG_FMT_BF16, DG_SCALE_TENSOR, 0);
-		expect_refused(cg, &s, "act");
+		nh_expect_refused(cg, &s, "act");
 	}
 	dg_spec s = spec_of(DG_FMT_INT8, DG_FMT_INT8, DG_SCALE_TENSOR, 0);
-	expect_refused(cg, &s, "out");
+	nh_expect_refused(cg, &s, "out");
 	s = spec_of(DG_FMT_INT8, DG_FMT_UINT8POS, DG_SCALE_TENSOR, 0);
-	expect_refused(cg, &s, "out");
+	nh_expect_refused(cg, &s, "out");
 	s = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_CHANNEL, 0);
-	expect_refused(cg, &s, "ascale");
+	nh_expect_refused(cg, &s, "ascale");
 	s = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TENSOR, 48);
-	expect_refused(cg, &s, "threads");
+	nh_expect_refused(cg, &s, "threads");
 	s.tile.threads = 2048;
-	expect_refused(cg, &s, "threads");
+	nh_expect_refused(cg, &s, "threads");
 	s.tile = (dg_tile){ 64, 64, 32, 2, 2, 2, 0 };
-	expect_refused(cg, &s, "tile");
+	nh_expect_refused(cg, &s, "tile");
 	dg_codegen_destroy(cg);
 }
 
@@ -212,7 +192,7 @@ Test(nvrtc_dequantize, the_models_bf16_gradient_specs_compile)
 	char e[8192], text[DG_SPEC_TEXT_MAX], m[512];
 	dg__nvrtc_target t;
 	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, e, sizeof(e)), DG_OK, "%s", e);
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_spec specs[6];
 	int n = 0;
 	for (int w = 0; w < 2; w++)

@@ -43,13 +43,7 @@
 #include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 #include "runtime/store/nvrtc.h"
-
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", cg ? dg_codegen_errmsg(cg) : "no memory");
-	return cg;
-}
+#include "nvrtc_helpers.h"
 
 static dg_spec spec_of(int arch, int threads)
 {
@@ -75,7 +69,7 @@ Test(nvrtc_optim, defaults_and_text)
 	dg_spec_to_string(&p, text, sizeof(text));
 	cr_assert_str_eq(text, "arch=sm_80;op=adamw_update;tile=t128;");
 	/* the auto tile plans to t256 */
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_plan pl;
 	cr_assert_eq(dg_codegen_plan(cg, &s, &pl), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_eq(pl.spec.tile.threads, 256);
@@ -116,7 +110,7 @@ Test(nvrtc_optim, renders_and_compiles_for_sm90_and_sm80)
 	static const char *const entries[] = { "dg_adamw_update", "dg_grad_sumsq", "dg_grad_clip" };
 	static const int arches[] = { 90, 80 }, threads[] = { 0, 32, 1024 };
 	char e[8192], text[DG_SPEC_TEXT_MAX], m[512];
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	int n = 0;
 	for (int a = 0; a < 2; a++) {
 		dg__nvrtc_target t;
@@ -154,7 +148,7 @@ Test(nvrtc_optim, renders_and_compiles_for_sm90_and_sm80)
 
 Test(nvrtc_optim, threads_not_a_power_of_two_are_refused)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	static const int bad[] = { 96, 480, 992 };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		dg_spec s = spec_of(90, bad[i]);
@@ -194,7 +188,7 @@ Test(nvrtc_optim, threads_not_a_power_of_two_are_refused)
  * and runtime/ops/optim.c's (the launch and the workspace). */
 Test(nvrtc_optim, parts_and_control_block_agree_with_the_runtime)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	const size_t parts = dg_grad_norm_workspace(1) / sizeof(double);
 	cr_assert_eq(parts, 264);
 	for (int n = -1; n <= 0; n++)
