@@ -97,16 +97,9 @@ Test(cli_train_stop, a_long_cpu_step_stops_at_once_and_says_so)
 	free(l);
 
 	/* step 2 again, from the batch it drew: the straight run's */
-	gen(&sb, &r, "train", SLOW, "--data", data, "--out", d, "--resume", "--stop-at", "2", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", SLOW, "--data", data, "--out", a, "--stop-at", "2", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a), *ld = log_text(d);
-	cr_assert_str_eq(ld, la, "stopped midway and resumed:\n%s\nstraight:\n%s", ld, la);
-	free(la);
-	free(ld);
+	gen_ok(&sb, "train", SLOW, "--data", data, "--out", d, "--resume", "--stop-at", "2", NULL);
+	gen_ok(&sb, "train", SLOW, "--data", data, "--out", a, "--stop-at", "2", NULL);
+	expect_same_log(d, "stopped midway and resumed", a, "straight");
 	sandbox_fini(&sb);
 }
 
@@ -146,17 +139,9 @@ Test(cli_train_stop, a_validation_cut_short_is_finished_by_the_resume)
 	cr_assert_null(strstr(ld, "val_loss"), "%s", ld);
 	free(ld);
 
-	gen(&sb, &r, "train", VAL, "--data", data, "--out", d, "--resume", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", VAL, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a);
-	ld = log_text(d);
-	cr_assert_str_eq(ld, la, "stopped in a validation and resumed:\n%s\nstraight:\n%s", ld, la);
-	free(la);
-	free(ld);
+	gen_ok(&sb, "train", VAL, "--data", data, "--out", d, "--resume", NULL);
+	gen_ok(&sb, "train", VAL, "--data", data, "--out", a, NULL);
+	expect_same_log(d, "stopped in a validation and resumed", a, "straight");
 	sandbox_fini(&sb);
 }
 
