@@ -590,20 +590,6 @@ Test(gpu_attention, bdh_shape_sampled_bf16)
 
 /* ---- the sm_90a warpgroup path (rope=pre) ------------------------------------------ */
 
-/* Opens the device; skips (by name) unless it is an sm_90. */
-static dg_device *open_sm90(void)
-{
-	dg_device *dev = gh_open();
-	dg_device_info di;
-	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
-	if (di.sm != 90) {
-		gh_close(dev);
-		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
-		cr_skip_test("skipped: the warpgroup path needs sm_90");
-	}
-	return dev;
-}
-
 static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 {
 	dg_spec sp = spec_of(op, DG_FMT_BF16, s, NULL);
@@ -616,21 +602,10 @@ static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 	return sp;
 }
 
-/* The plan of sp names the path `path`. */
-static void expect_path(const dg_spec *sp, const char *path)
-{
-	dg_codegen *cg = NULL;
-	dg_plan p;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	cr_assert_eq(dg_codegen_plan(cg, sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, path, "%s", p.canonical);
-	dg_codegen_destroy(cg);
-}
-
 /* The plan of sp names the warpgroup path. */
 static void expect_wgmma(const dg_spec *sp)
 {
-	expect_path(sp, "wgmma bf16");
+	gh_expect_path(sp, "wgmma bf16");
 }
 
 /* RoPE(xs) in act at shape s, the operand of rope=pre (malloc'd). */
@@ -694,7 +669,7 @@ Test(gpu_attention, warpgroup_path_small_shapes)
 		{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 64, 4, 1, 3, 0 },
 		{ 128, 256, 64, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0x90a);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
@@ -717,7 +692,7 @@ static void ws_scores_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	dg_tensor in2[2] = { dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N),
 			     dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N) };
 	dg_spec sp = wg_spec(DG_OP_ATTENTION_SCORES, s, tile);
-	expect_path(&sp, "wgmma tma");
+	gh_expect_path(&sp, "wgmma tma");
 	check_scores(dev, &sp, act, s, in2, qr, rope, want, "attention_scores (warp-specialized)");
 	free(rope), free(xs), free(qr), free(want);
 }
@@ -732,7 +707,7 @@ Test(gpu_attention, warp_specialized_scores)
 		{ 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 }, { 64, 128, 64, 4, 1, 8, 0 },
 		{ 64, 64, 64, 4, 1, 8, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0x75a);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
@@ -747,7 +722,7 @@ Test(gpu_attention, warp_specialized_scores)
  * sums in another order. */
 Test(gpu_attention, warpgroup_chains)
 {
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0xc4a2);
 	shape s = { 2, 2, 65, 128, 64 };
 	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
@@ -805,7 +780,7 @@ Test(gpu_attention, warpgroup_chains)
  * step), scores and grad_xs. */
 Test(gpu_attention, bdh_shape_warpgroup)
 {
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0xbd5);
 	shape s = { 8, 4, 512, 8192, 256 };
 	int B = s.B, H = s.H, T = s.T, N = s.N;
@@ -972,7 +947,7 @@ Test(gpu_attention, epi_mask_warpgroup)
 		{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 64, 4, 1, 3, 0 },
 		{ 128, 256, 64, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0xe9a);
 	for (size_t i = 0; i < sizeof(mask_shapes) / sizeof(mask_shapes[0]); i++)
 		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
@@ -1087,7 +1062,7 @@ Test(gpu_attention, epi_mask_chain)
  * beside the unfused grad_xs's (f32 out) and add_mask's. */
 Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
 {
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0xbd6);
 	shape s = { 8, 4, 512, 8192, 256 };
 	int B = s.B, H = s.H, T = s.T, N = s.N;

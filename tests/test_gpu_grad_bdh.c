@@ -403,14 +403,7 @@ static float *wg_run_timed(wg_run *u, const char *path, size_t no)
  * about 1e-5 apart), each one's time printed. Skips off sm_90. */
 Test(gpu_grad, bdh_wgmma_bf16_against_mma)
 {
-	dg_device *dev = gh_open();
-	dg_device_info di;
-	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
-	if (di.sm != 90) {
-		gh_close(dev);
-		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
-		cr_skip_test("skipped: the warpgroup path needs sm_90");
-	}
+	dg_device *dev = gh_open_sm90();
 	static const dg_tile mma_tiles[] = { { 64, 128, 64, 2, 4, 4, 0 }, { 128, 128, 32, 2, 2, 4, 0 } };
 	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L;
 	gh_seed(25);
