@@ -163,3 +163,15 @@ void dg_test_all_specs(dg_spec_list *out)
 	dg_spec_init(&s, DG_OP_UNPACK_I8X4);
 	push(out, &cap, &s);
 }
+
+dg_model_config dg_test_tiny_model(const char *preset)
+{
+	dg_model_config c;
+	char msg[256];
+	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	c.layers = 2;
+	c.embd = 32;
+	c.heads = 2;
+	c.neurons = 64;
+	return c;
+}

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "dragon/model.h"
 #include "dragon/spec.h"
 
 /* A fresh folder under $TMPDIR (or /tmp); malloc'd path, never NULL (a
@@ -43,6 +44,10 @@ void dg_test_all_specs(dg_spec_list *out);
 /* true when DRAGON_TEST_QUICK is set: suites cut the slowest exhaustive
  * loops to a deterministic sample (used by the sanitizer run). */
 int dg_test_quick(void);
+
+/* The tiny model the suites train and check: preset's config (a failure
+ * fails the test) at 2 layers, embd 32, 2 heads, 64 neurons. */
+dg_model_config dg_test_tiny_model(const char *preset);
 
 /* Whether a part of a test that needs something besides the build (torch,
  * the corpus) runs: true when `here`. Otherwise it prints "skipped:

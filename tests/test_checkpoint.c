@@ -33,18 +33,6 @@
 #include "runtime/store/safetensors.h"
 #include "helpers.h"
 
-static dg_model_config tiny(void)
-{
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	return c;
-}
-
 static size_t numel(const dg_model_config *c, int p)
 {
 	int nd;
@@ -130,7 +118,7 @@ static void spill(const char *path, const void *b, size_t n)
 
 Test(checkpoint, save_load_roundtrip_exact)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c), *b = NULL;
 	char *dir = dg_test_tmpdir(), path[512], msg[512];
 	dg_checkpoint_path(dir, s->step, path, sizeof(path));
@@ -179,7 +167,7 @@ Test(checkpoint, save_load_roundtrip_exact)
 
 Test(checkpoint, bad_files_are_refused_by_name)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c), *b = (dg_train_state *)1;
 	char *dir = dg_test_tmpdir(), path[512], other[512], msg[512];
 	snprintf(path, sizeof(path), "%s/good.safetensors", dir);
@@ -276,7 +264,7 @@ Test(checkpoint, bad_files_are_refused_by_name)
 
 Test(checkpoint, resume_names_what_differs)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c);
 	char msg[256];
 	dg_adamw_config o = s->opt;
@@ -308,7 +296,7 @@ Test(checkpoint, resume_names_what_differs)
  * off. */
 Test(checkpoint, loss_scaler_state_roundtrips)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c), *b = NULL;
 	char *dir = dg_test_tmpdir(), path[512], msg[512];
 	snprintf(path, sizeof(path), "%s/ls.safetensors", dir);
@@ -464,7 +452,7 @@ Test(checkpoint, pytorch_reads_the_weights)
 	if (!dg_test_need(system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") == 0, "no torch",
 			  "python3 cannot import torch, safetensors: scripts/test.sh installs them into .venv"))
 		return;
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c);
 	char *dir = dg_test_tmpdir(), path[512], out[512], cmd[2048], msg[256];
 	snprintf(path, sizeof(path), "%s/c.safetensors", dir);

@@ -46,23 +46,11 @@
 
 #define LN256 5.545177444479562
 
-static dg_model_config tiny(void)
-{
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	return c;
-}
-
 /* The sandbox, the program, and sb.root/model.safetensors (seed 7). */
 static dg_model_weights *setup(sandbox *sb, char *model, size_t size)
 {
 	char msg[512];
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_model_weights *w = NULL;
 	cli_use_program("DRAGON", "dragon: ");
 	sandbox_init(sb);
@@ -292,7 +280,7 @@ Test(cli_dragon, grads_are_the_cpu_models)
 	char model[700], data[700], out[700], msg[512];
 	uint8_t bytes[170];
 	dg_model_weights *w = setup(&sb, model, sizeof(model)), *g = NULL;
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	cr_assert_eq(dg_model_weights_create(&c, 0, &g, msg, sizeof(msg)), DG_OK);
 	write_data(&sb, "short.bin", sizeof(bytes), 3, data, sizeof(data), bytes);
 	size_t off[2] = { 0, 0 };
@@ -385,7 +373,7 @@ Test(cli_dragon, json_has_the_documented_keys)
  * (meta) dragon's config as metadata. */
 static void write_odd_model(const char *path, const char *decoder_name, bool meta)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_safetensors_writer *sw;
 	char msg[512];
 	cr_assert_eq(dg_safetensors_writer_create(&sw), DG_OK);

@@ -79,18 +79,7 @@
 #include "dragon/model.h"
 #include "runtime/store/safetensors.h"
 #include "gpu_helpers.h"
-
-static dg_model_config tiny(const char *preset)
-{
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	return c;
-}
+#include "helpers.h"
 
 struct batch {
 	int32_t idx[64], tgt[64];
@@ -131,7 +120,7 @@ static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double lo
 	char msg[1024];
 	/* the CPU runs f32 for the float recipes, the low-bit ones fake-quantized */
 	bool low = strcmp(preset, "w8a8") == 0 || strcmp(preset, "bitnet") == 0;
-	dg_model_config fc = tiny(low ? preset : "f32"), gc = tiny(preset);
+	dg_model_config fc = dg_test_tiny_model(low ? preset : "f32"), gc = dg_test_tiny_model(preset);
 	dg_model_weights *w = NULL, *wg = NULL, *gcpu = NULL, *ggpu = NULL;
 	cr_assert_eq(dg_model_weights_create(&fc, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(dg_model_weights_create(&fc, 0, &gcpu, msg, sizeof(msg)), DG_OK);
@@ -309,7 +298,7 @@ Test(gpu_model, plan_and_bad_input)
 {
 	dg_device *dev = gh_open();
 	char msg[256];
-	dg_model_config c = tiny("f32");
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_model_memory plan, got;
 	cr_assert_eq(dg_model_plan(dev, &c, 2, 16, &plan), DG_OK, "%s", dg_device_errmsg(dev));
 	dg_model_weights *w = NULL;
@@ -340,10 +329,10 @@ Test(gpu_model, plan_and_bad_input)
 	dg_model_weights_destroy(w);
 
 	/* recipes the kernels cannot serve, named by field */
-	dg_model_config s = tiny("seed");
+	dg_model_config s = dg_test_tiny_model("seed");
 	cr_assert_eq(dg_model_plan(dev, &s, 2, 16, &plan), DG_ERR_UNSUPPORTED);
 	cr_assert(strstr(dg_device_errmsg(dev), "ascale=tensor"), "%s", dg_device_errmsg(dev));
-	dg_model_config big = tiny("f32");
+	dg_model_config big = dg_test_tiny_model("f32");
 	big.embd = 4096; /* wider than the row ops' one warp a row */
 	cr_assert_neq(dg_model_plan(dev, &big, 2, 16, &plan), DG_OK);
 	cr_assert(strstr(dg_device_errmsg(dev), "embd"), "%s", dg_device_errmsg(dev));
@@ -374,7 +363,7 @@ static void gpu_logits(dg_device *dev, const char *preset)
 {
 	char msg[1024];
 	const int B = 2, T = 16, V = 256;
-	dg_model_config c = tiny(preset);
+	dg_model_config c = dg_test_tiny_model(preset);
 	dg_model_weights *w = NULL;
 	cr_assert_eq(dg_model_weights_create(&c, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	struct batch bt;
@@ -444,7 +433,7 @@ Test(gpu_model, vocab_of_llmc_shards_and_the_largest)
 	dg_device_info di;
 	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
 	enum { B = 2, T = 16 };
-	dg_model_config c = tiny("f32");
+	dg_model_config c = dg_test_tiny_model("f32");
 	c.vocab = 50304;
 	c.dropout = 0;
 	dg_model_weights *w = NULL, *gc = NULL, *gg = NULL;

@@ -23,21 +23,9 @@
 #include "helpers.h"
 #include "runtime/ref/ref_ops.h"
 
-static dg_model_config tiny_of(const char *preset)
-{
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	return c;
-}
-
 static dg_model_config tiny(void)
 {
-	return tiny_of("f32");
+	return dg_test_tiny_model("f32");
 }
 
 typedef struct fixture {
@@ -71,7 +59,7 @@ static void setup_config(fixture *f, uint64_t seed, dg_model_config c)
 
 static void setup_of(fixture *f, uint64_t seed, const char *preset)
 {
-	setup_config(f, seed, tiny_of(preset));
+	setup_config(f, seed, dg_test_tiny_model(preset));
 }
 
 static void setup(fixture *f, uint64_t seed)
@@ -171,7 +159,7 @@ Test(model_cpu, gradients_match_finite_differences)
 Test(model_cpu, gradients_match_finite_differences_at_an_odd_shape)
 {
 	fixture f;
-	dg_model_config c = tiny_of("f32");
+	dg_model_config c = dg_test_tiny_model("f32");
 	c.layers = 3;
 	c.embd = 64;
 	c.heads = 3;
