@@ -175,3 +175,51 @@ dg_model_config dg_test_tiny_model(const char *preset)
 	c.neurons = 64;
 	return c;
 }
+
+size_t dg_test_numel(const dg_model_config *c, int p)
+{
+	int nd;
+	int64_t sh[3];
+	return (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+}
+
+dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o)
+{
+	char msg[256];
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(c, 5, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_train_state *s;
+	cr_assert_eq(dg_train_state_create(w, 42, o, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model_weights_destroy(w);
+	dg_rng r;
+	dg_rng_seed(&r, 9);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+		for (size_t i = 0; i < dg_test_numel(c, p); i++) {
+			s->m[p][i] = dg_rng_uniform(&r, -1, 1) * 1e-3f;
+			s->v[p][i] = dg_rng_uniform(&r, 0, 1) * 1e-6f;
+		}
+	return s;
+}
+
+void *dg_test_read_bytes(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s", path);
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc(*n + 1);
+	cr_assert_not_null(b);
+	cr_assert_eq(fread(b, 1, *n, f), *n);
+	b[*n] = '\0';
+	fclose(f);
+	return b;
+}
+
+void dg_test_write_bytes(const char *path, const void *b, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f, "%s", path);
+	cr_assert_eq(fwrite(b, 1, n, f), n);
+	fclose(f);
+}

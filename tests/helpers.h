@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "dragon/checkpoint.h"
 #include "dragon/model.h"
 #include "dragon/spec.h"
 
@@ -48,6 +49,19 @@ int dg_test_quick(void);
 /* The tiny model the suites train and check: preset's config (a failure
  * fails the test) at 2 layers, embd 32, 2 heads, 64 neurons. */
 dg_model_config dg_test_tiny_model(const char *preset);
+
+/* Values in parameter p of a model of config c. */
+size_t dg_test_numel(const dg_model_config *c, int p);
+/* A training state some steps in: weights of c from seed 5, the state
+ * from seed 42 with optimizer o, and random moments (m in ±1e-3, v in
+ * [0, 1e-6)) from a dg_rng of seed 9; the counters are the caller's. */
+dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o);
+
+/* The bytes of the file at path (malloc'd, a NUL past them; *n their
+ * count); a failure fails the test. */
+void *dg_test_read_bytes(const char *path, size_t *n);
+/* path := n bytes of b; a failure fails the test. */
+void dg_test_write_bytes(const char *path, const void *b, size_t n);
 
 /* Whether a part of a test that needs something besides the build (torch,
  * the corpus) runs: true when `here`. Otherwise it prints "skipped:
