@@ -204,22 +204,24 @@ dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_con
 void *dg_test_read_bytes(const char *path, size_t *n)
 {
 	FILE *f = fopen(path, "rb");
-	cr_assert_not_null(f, "%s", path);
+	cr_assert_not_null(f, "cannot read %s", path);
 	fseek(f, 0, SEEK_END);
-	*n = (size_t)ftell(f);
+	size_t len = (size_t)ftell(f);
 	fseek(f, 0, SEEK_SET);
-	char *b = malloc(*n + 1);
+	char *b = malloc(len + 1);
 	cr_assert_not_null(b);
-	cr_assert_eq(fread(b, 1, *n, f), *n);
-	b[*n] = '\0';
+	cr_assert_eq(fread(b, 1, len, f), len);
+	b[len] = '\0';
 	fclose(f);
+	if (n)
+		*n = len;
 	return b;
 }
 
 void dg_test_write_bytes(const char *path, const void *b, size_t n)
 {
 	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f, "%s", path);
+	cr_assert_not_null(f, "cannot write %s", path);
 	cr_assert_eq(fwrite(b, 1, n, f), n);
-	fclose(f);
+	cr_assert_eq(fclose(f), 0);
 }

@@ -58,9 +58,9 @@ size_t dg_test_numel(const dg_model_config *c, int p);
 dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o);
 
 /* The bytes of the file at path (malloc'd, a NUL past them; *n their
- * count); a failure fails the test. */
+ * count, n may be NULL); a failure fails the test. */
 void *dg_test_read_bytes(const char *path, size_t *n);
-/* path := n bytes of b; a failure fails the test. */
+/* path := n bytes of b (written and closed); a failure fails the test. */
 void dg_test_write_bytes(const char *path, const void *b, size_t n);
 
 /* Whether a part of a test that needs something besides the build (torch,
