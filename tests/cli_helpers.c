@@ -275,6 +275,13 @@ void text_file(const sandbox *sb, char *path, size_t size, size_t n)
 	fclose(f);
 }
 
+void train_sandbox(sandbox *sb, char *data, size_t size, size_t n)
+{
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(sb);
+	text_file(sb, data, size, n);
+}
+
 char *log_text(const char *dir)
 {
 	char path[700];

@@ -57,6 +57,9 @@ bool gnuplot_or_skip(void);
 /* ---- dragon train's tests --------------------------------------------- */
 /* sb.root/text.txt: n bytes of a repeated sentence (its path into path). */
 void text_file(const sandbox *sb, char *path, size_t size, size_t n);
+/* The dragon program (cli_use_program("DRAGON", "dragon: ")) in a fresh
+ * sandbox with text_file's n bytes of text (its path into data). */
+void train_sandbox(sandbox *sb, char *data, size_t size, size_t n);
 /* dir's log.jsonl without its timing fields (tokens_per_s, wall_s). */
 char *log_text(const char *dir);
 /* dir's log_text is straight's, byte for byte; a mismatch fails naming

@@ -80,9 +80,7 @@ static void two_ranks_are_the_lone_run(const char *drop)
 	sandbox sb;
 	run r;
 	char data[600], a[600], b[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
 	gen_ok(&sb, "train", TINY, "--steps", "12", "--dropout", drop, "--data", data, "--out", a, NULL);
@@ -133,9 +131,7 @@ Test(cli_dist, stop_and_resume_and_another_launcher)
 	sandbox sb;
 	run r;
 	char data[600], a[600], b[600], c[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
 	snprintf(c, sizeof(c), "%s/c", sb.root);
@@ -235,9 +231,7 @@ Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 	sandbox sb;
 	run r;
 	char data[600], a[600], k[600], c[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(k, sizeof(k), "%s/k", sb.root);
 	snprintf(c, sizeof(c), "%s/c", sb.root);
@@ -268,9 +262,7 @@ Test(cli_dist, refusals)
 	sandbox sb;
 	run r;
 	char data[600], out[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(out, sizeof(out), "%s/o", sb.root);
 	gen(&sb, &r, "train", "--cpu", "--preset", "f32", "--batch", "3", "--gpus", "2", "--data", data, "--out", out, NULL);
 	expect_one_line_error(&r, 2, "--batch 3 --gpus 2: the batch must be a multiple of the GPUs");
@@ -346,9 +338,7 @@ Test(cli_dist, gpu_one_rank_is_the_lone_run_and_two_are_too)
 	}
 	sandbox sb;
 	char data[600], a[600], b[600], c[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
 	snprintf(c, sizeof(c), "%s/c", sb.root);

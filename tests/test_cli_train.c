@@ -60,9 +60,7 @@ Test(cli_train, runs_stops_and_resumes)
 	sandbox sb;
 	run r;
 	char data[600], a[600], b[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", a, NULL);
@@ -103,9 +101,7 @@ Test(cli_train, refusals)
 	sandbox sb;
 	run r;
 	char data[600], out[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(out, sizeof(out), "%s/o", sb.root);
 	gen(&sb, &r, "train", "--frobnicate", NULL);
 	cr_assert_eq(r.code, 2, "%s", r.err);
@@ -234,9 +230,7 @@ Test(cli_train, sigint_and_sigterm_checkpoint_and_resume)
 	sandbox sb;
 	run r;
 	char data[600], a[600], b[600], ck[700], want[800];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
 	gen_ok(&sb, "train", LONG_RUN, "--data", data, "--out", a, NULL);
@@ -278,9 +272,7 @@ Test(cli_train, sigterm_twice_from_one_sender_is_one_request)
 	sandbox sb;
 	run r;
 	char data[600], b[600], ck[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	static const useconds_t gaps[2] = { 0, 5000 };
 	for (int k = 0; k < 2; k++) {
 		snprintf(b, sizeof(b), "%s/b%d", sb.root, k);
@@ -332,9 +324,7 @@ Test(cli_train, full_disk_names_the_file_and_keeps_the_last_checkpoint)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600], p4[700], p6[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	gen_ok(&sb, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", a, NULL);
@@ -390,9 +380,7 @@ Test(cli_train, file_size_limit_names_the_file_and_keeps_the_last_checkpoint)
 	sandbox sb;
 	run r;
 	char data[600], d[600], p4[700], p6[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	gen_ok(&sb, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--stop-at",
 	       "4", NULL);
@@ -501,9 +489,7 @@ Test(cli_train, kill9_at_any_moment_keeps_a_checkpoint)
 	sandbox sb;
 	run r;
 	char data[600], a[600], k[600], pa[700], pk[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(k, sizeof(k), "%s/k", sb.root);
 	gen_ok(&sb, "train", KILL_RUN, "--data", data, "--out", a, NULL);
@@ -576,9 +562,7 @@ Test(cli_train, second_sigint_during_the_checkpoint)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600], ck[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 #define TWICE_RUN KILL_RUN, "--ckpt-every", "5"
@@ -860,9 +844,7 @@ Test(cli_train, progress_on_a_terminal)
 {
 	sandbox sb;
 	char data[600], out[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(out, sizeof(out), "%s/o", sb.root);
 	const char *args[] = { "train", TINY, "--steps", "10", "--data", data, "--out", out, NULL };
 	int code;
@@ -885,9 +867,7 @@ Test(cli_train, plot_draws_a_png)
 	char data[600], a[600], log[700], png[700], bad[700];
 	if (!gnuplot_or_skip())
 		return;
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	gen_ok(&sb, "train", TINY, "--steps", "6", "--data", data, "--out", a, NULL);
 	snprintf(log, sizeof(log), "%s/log.jsonl", a);

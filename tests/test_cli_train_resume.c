@@ -178,9 +178,7 @@ Test(cli_train_resume, a_resume_repairs_the_log_and_says_so)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	gen_ok(&sb, "train", TINY, "--steps", "10", "--data", data, "--out", a, NULL);
@@ -363,9 +361,7 @@ Test(cli_train_resume, stop_at_and_json_count_the_steps_run)
 	sandbox sb;
 	run r;
 	char data[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--stop-at", "4", "--json", NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);

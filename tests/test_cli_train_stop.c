@@ -67,9 +67,7 @@ Test(cli_train_stop, a_long_cpu_step_stops_at_once_and_says_so)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600], ck[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 20000);
+	train_sandbox(&sb, data, sizeof(data), 20000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	const char *args[] = { "train", SLOW, "--data", data, "--out", d, NULL };
@@ -114,9 +112,7 @@ Test(cli_train_stop, a_validation_cut_short_is_finished_by_the_resume)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 20000);
+	train_sandbox(&sb, data, sizeof(data), 20000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	const char *args[] = { "train", VAL, "--data", data, "--out", d, NULL };
@@ -194,9 +190,7 @@ Test(cli_train_stop, a_shape_past_the_memory_is_refused_before_it_starts)
 	sandbox sb;
 	run r = { 0 };
 	char data[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 10500000); /* a validation split of a row of 2^20 */
+	train_sandbox(&sb, data, sizeof(data), 10500000); /* a validation split of a row of 2^20 */
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	long rss;
 	double took;
@@ -236,9 +230,7 @@ Test(cli_train_stop, cpu_alone_names_what_to_add)
 	sandbox sb;
 	run r;
 	char data[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	gen(&sb, &r, "train", "--cpu", "--data", data, "--out", d, NULL);
 	expect_one_line_error(&r, 2, "--cpu: the default preset, bf16, runs on an NVIDIA GPU only; add --preset f32 (or "
