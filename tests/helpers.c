@@ -225,3 +225,32 @@ void dg_test_write_bytes(const char *path, const void *b, size_t n)
 	cr_assert_eq(fwrite(b, 1, n, f), n);
 	cr_assert_eq(fclose(f), 0);
 }
+
+const char *dg_test_far_step(void *u, const char *key, const char *val)
+{
+	(void)u;
+	return strcmp(key, "step") ? val : "999999999999";
+}
+
+dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip, dg_test_meta_fn edit,
+				       void *u)
+{
+	char msg[512];
+	dg_safetensors_writer *w;
+	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
+	for (size_t i = 0; i < dg_safetensors_count(f); i++) {
+		const dg_st_tensor *t = dg_safetensors_at(f, i);
+		if (skip && !strcmp(t->name, skip))
+			continue;
+		cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
+						       sizeof(msg)), DG_OK, "%s", msg);
+	}
+	for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
+		const char *key, *val;
+		cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
+		if (edit && !(val = edit(u, key, val)))
+			continue;
+		cr_assert_eq(dg_safetensors_writer_meta(w, key, val, msg, sizeof(msg)), DG_OK, "%s", msg);
+	}
+	return w;
+}

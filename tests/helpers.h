@@ -10,6 +10,7 @@
 #include "dragon/checkpoint.h"
 #include "dragon/model.h"
 #include "dragon/spec.h"
+#include "runtime/store/safetensors.h"
 
 /* A fresh folder under $TMPDIR (or /tmp); malloc'd path, never NULL (a
  * failure fails the test). */
@@ -62,6 +63,20 @@ dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_con
 void *dg_test_read_bytes(const char *path, size_t *n);
 /* path := n bytes of b (written and closed); a failure fails the test. */
 void dg_test_write_bytes(const char *path, const void *b, size_t n);
+
+/* What dg_test_rewrite writes for metadata key (its value val): a value,
+ * or NULL to leave the key out. */
+typedef const char *(*dg_test_meta_fn)(void *u, const char *key, const char *val);
+
+/* A writer (dg_safetensors_writer_destroy it) holding f's tensors but the
+ * one named skip (NULL: none) and its metadata through edit (NULL: as it
+ * is), in f's order; the caller seals and saves it. A failure fails the
+ * test. */
+/* A dg_test_meta_fn: step 999999999999 (far past any run's), the rest
+ * as it is. */
+const char *dg_test_far_step(void *u, const char *key, const char *val);
+dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip, dg_test_meta_fn edit,
+				       void *u);
 
 /* Whether a part of a test that needs something besides the build (torch,
  * the corpus) runs: true when `here`. Otherwise it prints "skipped:

@@ -166,20 +166,7 @@ Test(checkpoint_damage, a_step_edited_is_refused)
 	dg_safetensors *f;
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
 	for (int seal = 0; seal < 2; seal++) {
-		dg_safetensors_writer *w;
-		cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
-		for (size_t i = 0; i < dg_safetensors_count(f); i++) {
-			const dg_st_tensor *t = dg_safetensors_at(f, i);
-			cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
-							       sizeof(msg)), DG_OK, "%s", msg);
-		}
-		for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
-			const char *key, *val;
-			cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-			if (!strcmp(key, "step"))
-				val = "999999999999";
-			cr_assert_eq(dg_safetensors_writer_meta(w, key, val, msg, sizeof(msg)), DG_OK);
-		}
+		dg_safetensors_writer *w = dg_test_rewrite(f, NULL, dg_test_far_step, NULL);
 		if (seal)
 			cr_assert_eq(dg_safetensors_writer_seal(w, "file_sha256", msg, sizeof(msg)), DG_OK, "%s", msg);
 		cr_assert_eq(dg_safetensors_writer_save(w, other, msg, sizeof(msg)), DG_OK, "%s", msg);
@@ -290,6 +277,15 @@ Test(checkpoint_damage, gradients_and_unsealed_kinds_are_not_weights)
 /* A dragon-checkpoint-1 (saved before seals: no seal, no kind, the
  * tensors' data_sha256) loads, the same state; a flipped bit of a tensor
  * is refused by its data_sha256. */
+/* The metadata of a dragon-checkpoint-1: no seal, no kind. */
+static const char *as_v1(void *u, const char *key, const char *val)
+{
+	(void)u;
+	if (!strcmp(key, "file_sha256") || !strcmp(key, "kind"))
+		return NULL;
+	return strcmp(key, "format") ? val : "dragon-checkpoint-1";
+}
+
 Test(checkpoint_damage, an_older_checkpoint_loads_and_its_tensors_are_checked)
 {
 	dg_train_state *s = made(), *b = NULL;
@@ -301,22 +297,7 @@ Test(checkpoint_damage, an_older_checkpoint_loads_and_its_tensors_are_checked)
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
 	char sum[65];
 	dg_safetensors_data_sha256(f, sum);
-	dg_safetensors_writer *w;
-	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
-	for (size_t i = 0; i < dg_safetensors_count(f); i++) {
-		const dg_st_tensor *t = dg_safetensors_at(f, i);
-		cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
-						       sizeof(msg)), DG_OK, "%s", msg);
-	}
-	for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
-		const char *key, *val;
-		cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-		if (!strcmp(key, "file_sha256") || !strcmp(key, "kind"))
-			continue;
-		if (!strcmp(key, "format"))
-			val = "dragon-checkpoint-1";
-		cr_assert_eq(dg_safetensors_writer_meta(w, key, val, msg, sizeof(msg)), DG_OK);
-	}
+	dg_safetensors_writer *w = dg_test_rewrite(f, NULL, as_v1, NULL);
 	cr_assert_eq(dg_safetensors_writer_meta(w, "data_sha256", sum, msg, sizeof(msg)), DG_OK);
 	cr_assert_eq(dg_safetensors_writer_save(w, old, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_safetensors_writer_destroy(w);
