@@ -74,4 +74,13 @@ void gr_expect_written(const char *what, const float *v, size_t n);
 size_t gr_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_args *a,
 		     const char *what);
 
+/* Runs lowrank_grad_weight (decoder_grad_weight) with a in a workspace
+ * of the size its _workspace call asks for (a->ws set, freed by
+ * gh_close; a failed _workspace call fails the test); *ws_bytes (may be
+ * NULL) gets that size. Returns the op's status. */
+dg_status gr_lowrank_grad_weight(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_weight_args *a,
+				 size_t *ws_bytes);
+dg_status gr_decoder_grad_weight(dg_device *dev, const dg_spec *sp, dg_decoder_grad_weight_args *a,
+				 size_t *ws_bytes);
+
 #endif

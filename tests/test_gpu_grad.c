@@ -177,10 +177,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dw, s->H, s->L, s->E);
 		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw,
 						  .accumulate = accumulate };
-		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		a.ws = gh_workspace(dev, need);
-		cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(gr_lowrank_grad_weight(dev, &sp, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, g, x, sa, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s->B, s->T), DG_OK);
 	} else {
@@ -190,10 +187,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		dg_tensor tw = dg_tensor_2d("grad_w", DG_FMT_F32, dw, s->E, (int64_t)s->H * s->L);
 		dg_decoder_grad_weight_args a = { .grad = &tg, .y = &ty, .grad_w = &tw,
 						  .accumulate = accumulate };
-		cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		a.ws = gh_workspace(dev, need);
-		cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(gr_decoder_grad_weight(dev, &sp, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_decoder_grad_weight(&sp, g, x, sa, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_decoder_grad_weight(&sp, ga, xa, sa, absum, s->B, s->T), DG_OK);
 	}
@@ -295,11 +289,7 @@ static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, 
 		tx.scale = gh_scalar(dev, sc);
 		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dout, s->H, s->L, s->E);
 		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
-		size_t need = 0;
-		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		a.ws = gh_workspace(dev, need);
-		st = dg_lowrank_grad_weight(dev, &sp, &a);
+		st = gr_lowrank_grad_weight(dev, &sp, &a, NULL);
 		cr_assert_eq(st, DG_OK, "%s: %s", what, dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, gh, b, sc, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sf, gw, b, sc, got, s->B, s->T), DG_OK);
@@ -668,12 +658,8 @@ Test(gpu_grad, finite_differences_lowrank)
 		dg_lowrank_fwd_args fa = { .x = &tx, .w = &tw, .out = &to };
 		dg_lowrank_grad_input_args ia = { .grad = &tr, .w = &tw, .grad_x = &tgx };
 		dg_lowrank_grad_weight_args wa = { .grad = &tr, .x = &tx, .grad_w = &tgw };
-		size_t need = 0;
-		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &gws, &wa, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		wa.ws = gh_workspace(dev, need);
 		gr_grad_input(dev, &gis, &ia, "lowrank_grad_input");
-		cr_assert_eq(dg_lowrank_grad_weight(dev, &gws, &wa), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(gr_lowrank_grad_weight(dev, &gws, &wa, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 		gh_download(dev, gx, tgx.data, nx * 4);
 		gh_download(dev, gw, tgw.data, nw * 4);
 
@@ -723,11 +709,8 @@ Test(gpu_grad, finite_differences_decoder)
 	size_t need = 0;
 	cr_assert_eq(dg_decoder_fwd_workspace(dev, &fs, &fa, &need), DG_OK, "%s", dg_device_errmsg(dev));
 	fa.ws = gh_workspace(dev, need);
-	cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &gws, &wa, &need), DG_OK, "%s",
-		     dg_device_errmsg(dev));
-	wa.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_decoder_grad_input(dev, &gis, &ia), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_decoder_grad_weight(dev, &gws, &wa), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(gr_decoder_grad_weight(dev, &gws, &wa, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gy, tgy.data, ny * 4);
 	gh_download(dev, gw, tgw.data, nw * 4);
 

@@ -114,11 +114,7 @@ Test(gpu_grad, bdh_lowrank_grad_weight_sampled)
 	tx.scale = gh_scalar(dev, sa);
 	dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), BDH_H, BDH_L, BDH_E);
 	dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
-	size_t need = 0;
-	cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-		     dg_device_errmsg(dev));
-	a.ws = gh_workspace(dev, need);
-	cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(gr_lowrank_grad_weight(dev, &sp, &a, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tw.data, nw * 4);
 	gr_expect_written("grad_w", got, nw);
 
@@ -175,11 +171,7 @@ Test(gpu_grad, bdh_decoder_grads_sampled)
 	dg_tensor tgw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), BDH_E, (int64_t)HL);
 	dg_spec_init(&sp, DG_OP_DECODER_GRAD_WEIGHT);
 	dg_decoder_grad_weight_args aw = { .grad = &tg, .y = &ty, .grad_w = &tgw };
-	size_t need = 0;
-	cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &sp, &aw, &need), DG_OK, "%s",
-		     dg_device_errmsg(dev));
-	aw.ws = gh_workspace(dev, need);
-	cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &aw), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(gr_decoder_grad_weight(dev, &sp, &aw, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gw, tgw.data, nw * 4);
 	gr_expect_written("decoder grad_w", gw, nw);
 
@@ -279,11 +271,7 @@ static void *bdh_run(dg_device *dev, dg_op op, dg_fmt gf, const dg_tile *t, cons
 		tx.scale = gh_scalar(dev, 1.0f / 127);
 		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dout, BDH_H, BDH_L, BDH_E);
 		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
-		size_t need = 0;
-		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		a.ws = gh_workspace(dev, need);
-		st = dg_lowrank_grad_weight(dev, &sp, &a);
+		st = gr_lowrank_grad_weight(dev, &sp, &a, NULL);
 	}
 	cr_assert_eq(st, DG_OK, "%s: %s", dg_op_name(op), dg_device_errmsg(dev));
 	void *out = gh_xmalloc(*bytes);
