@@ -148,3 +148,21 @@ dg_status gr_decoder_grad_weight(dg_device *dev, const dg_spec *sp, dg_decoder_g
 		*ws_bytes = need;
 	return dg_decoder_grad_weight(dev, sp, a);
 }
+
+dg_spec gr_spec(dg_op op, const gr_shape *s, dg_fmt f, const dg_tile *tile)
+{
+	dg_spec sp;
+
+	dg_spec_init(&sp, op);
+	sp.heads = s->H;
+	sp.in_heads = s->Hin;
+	sp.embd = s->E;
+	sp.latent = s->L;
+	if (op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_DECODER_GRAD_INPUT)
+		sp.weight = f;
+	else
+		sp.act = f;
+	if (tile)
+		sp.tile = *tile;
+	return sp;
+}

@@ -73,27 +73,7 @@ static const dg_tile small_tiles[] = {
 
 /* --- small odd shapes against the references -------------------------------- */
 
-typedef struct shape {
-	int H, Hin, E, L, B, T;
-} shape;
-
-static dg_spec spec_of(dg_op op, const shape *s, dg_fmt f, const dg_tile *tile)
-{
-	dg_spec sp;
-
-	dg_spec_init(&sp, op);
-	sp.heads = s->H;
-	sp.in_heads = s->Hin;
-	sp.embd = s->E;
-	sp.latent = s->L;
-	if (op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_DECODER_GRAD_INPUT)
-		sp.weight = f;
-	else
-		sp.act = f;
-	if (tile)
-		sp.tile = *tile;
-	return sp;
-}
+typedef gr_shape shape;
 
 /* The CPU reference of a grad_input op (lowrank_ or decoder_). */
 static dg_status ref_grad_input(const dg_spec *sp, const float *g, const void *w, float sw, float *out,
@@ -110,7 +90,7 @@ static dg_status ref_grad_input(const dg_spec *sp, const float *g, const void *w
 static void check_grad_input(dg_device *dev, dg_op op, const shape *s, dg_fmt f, const dg_tile *tile)
 {
 	bool lowrank = op == DG_OP_LOWRANK_GRAD_INPUT;
-	dg_spec sp = spec_of(op, s, f, tile);
+	dg_spec sp = gr_spec(op, s, f, tile);
 	size_t ng = lowrank ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->B * s->T * s->E;
 	size_t nw = (size_t)s->H * s->L * s->E;
 	size_t no = lowrank ? (size_t)s->B * s->Hin * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
@@ -157,7 +137,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 				bool accumulate, const dg_tile *tile, size_t *ws_bytes)
 {
 	bool lowrank = op == DG_OP_LOWRANK_GRAD_WEIGHT;
-	dg_spec sp = spec_of(op, s, f, tile);
+	dg_spec sp = gr_spec(op, s, f, tile);
 	size_t ng = lowrank ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->B * s->T * s->E;
 	size_t nx = lowrank ? (size_t)s->B * s->Hin * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
 	size_t nw = (size_t)s->H * s->L * s->E, need = 0;
@@ -230,7 +210,7 @@ static uint16_t *bf16_grad(size_t n, float **wide)
 static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, const dg_tile *tile)
 {
 	char what[96];
-	dg_spec sp = spec_of(op, s, f, tile), sf;
+	dg_spec sp = gr_spec(op, s, f, tile), sf;
 	if (op == DG_OP_DECODER_GRAD_INPUT)
 		sp.out = DG_FMT_BF16;
 	else
@@ -439,7 +419,7 @@ Test(gpu_grad, grad_weight_workspace_is_checked)
 	for (int op = 0; op < 2; op++) {
 		bool lowrank = op == 0;
 		dg_op o = lowrank ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_DECODER_GRAD_WEIGHT;
-		dg_spec sp = spec_of(o, &s, DG_FMT_INT8, NULL);
+		dg_spec sp = gr_spec(o, &s, DG_FMT_INT8, NULL);
 		size_t ng = lowrank ? (size_t)s.B * s.H * s.T * s.L : (size_t)s.B * s.T * s.E;
 		size_t nx = lowrank ? (size_t)s.B * s.T * s.E : (size_t)s.B * s.H * s.T * s.L;
 		float *g = gr_rand_f32(ng);
@@ -496,7 +476,7 @@ Test(gpu_grad, tolerance_catches_layout_errors)
 
 	for (int ti = 0; ti < 2; ti++) {
 		shape s = { 2, 1, 40, 36, 2, Ts[ti] };
-		dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_WEIGHT, &s, DG_FMT_INT8, NULL);
+		dg_spec sp = gr_spec(DG_OP_LOWRANK_GRAD_WEIGHT, &s, DG_FMT_INT8, NULL);
 		size_t ng = (size_t)s.B * s.H * s.T * s.L, nx = (size_t)s.B * s.T * s.E,
 		       nw = (size_t)s.H * s.L * s.E, pl = (size_t)s.L * s.E;
 		gh_seed(50 + (uint64_t)ti);

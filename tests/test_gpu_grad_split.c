@@ -55,9 +55,7 @@
 #include "runtime/ops/ops_int.h"
 #include "runtime/ref/ref_ops.h"
 
-typedef struct shape {
-	int H, Hin, E, L, B, T;
-} shape;
+typedef gr_shape shape;
 
 /* The forced counts of every check (0: the runtime's). */
 static const int split_counts[] = { 1, 2, 3, 5, 8, 0 };

@@ -38,9 +38,7 @@
 #include "gpu_helpers.h"
 #include "runtime/ref/ref_ops.h"
 
-typedef struct shape {
-	int H, Hin, E, L, B, T;
-} shape;
+typedef gr_shape shape;
 
 /* The default and three other warpgroup tiles. */
 static const dg_tile tiles[] = {
@@ -53,21 +51,11 @@ static const dg_tile tiles[] = {
 
 static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 {
-	dg_spec sp;
+	dg_spec sp = gr_spec(op, s, DG_FMT_BF16, tile);
 
-	dg_spec_init(&sp, op);
-	sp.heads = s->H;
-	sp.in_heads = s->Hin;
-	sp.embd = s->E;
-	sp.latent = s->L;
 	sp.src = DG_FMT_BF16;
-	if (op == DG_OP_LOWRANK_GRAD_INPUT)
-		sp.weight = DG_FMT_BF16;
-	else
-		sp.act = DG_FMT_BF16;
 	sp.arch = 90;
 	sp.arch_specific = true;
-	sp.tile = *tile;
 	dg_spec_normalize(&sp);
 	return sp;
 }
