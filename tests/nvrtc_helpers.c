@@ -51,3 +51,12 @@ void nh_expect_refused(dg_codegen *cg, const dg_spec *spec, const char *field)
 	cr_assert_eq(st, DG_ERR_INVALID_SPEC, "%s: accepted", field);
 	cr_assert(strstr(msg, field), "'%s' does not name %s", msg, field);
 }
+
+void nh_expect_named(dg_status st, const char *msg, const char *name, const char *also)
+{
+	char head[64];
+	snprintf(head, sizeof(head), "%s: ", name);
+	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted (%s): %s", name, msg);
+	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
+	cr_assert(!also || strstr(msg, also), "'%s' does not say %s", msg, also);
+}

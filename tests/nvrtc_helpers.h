@@ -23,4 +23,8 @@ void nh_compile(dg_codegen *cg, const dg_spec *spec, const char *path, int sm);
  * DG_ERR_INVALID_SPEC and a message holding `field`. */
 void nh_expect_refused(dg_codegen *cg, const dg_spec *spec, const char *field);
 
+/* A _check's refusal: DG_ERR_INVALID_ARG, a message that starts with
+ * "<name>: " and holds `also` (NULL: anything). */
+void nh_expect_named(dg_status st, const char *msg, const char *name, const char *also);
+
 #endif

@@ -141,13 +141,8 @@ Test(nvrtc_attention, bad_specs_are_refused_naming_the_field)
 
 /* ---- the checks, without a device ------------------------------------------------ */
 
-static void expect_named(dg_status st, const char *msg, const char *name)
-{
-	char head[64];
-	snprintf(head, sizeof(head), "%s: ", name);
-	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted: %s", msg);
-	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
-}
+/* A _check refused the call naming `name`. */
+#define expect_named(st, msg, name) nh_expect_named(st, msg, name, NULL)
 
 #define P(i) ((dg_dptr)0x100000 * (i))
 

@@ -124,15 +124,6 @@ Test(nvrtc_dequantize, bad_specs_are_refused_naming_the_field)
 
 /* ---- the check, without a device ------------------------------------------------ */
 
-static void expect_named(dg_status st, const char *msg, const char *name, const char *also)
-{
-	char head[64];
-	snprintf(head, sizeof(head), "%s: ", name);
-	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted: %s", msg);
-	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
-	cr_assert(!also || strstr(msg, also), "'%s' does not say %s", msg, also);
-}
-
 #define P(i) ((dg_dptr)0x100000 * (i))
 
 Test(nvrtc_dequantize, check_refuses_wrong_tensors_by_name)
@@ -146,31 +137,31 @@ Test(nvrtc_dequantize, check_refuses_wrong_tensors_by_name)
 		dg_dequantize_args a = { .codes = &codes, .out = &out };
 		cr_assert_eq(dg_dequantize_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
 		codes.fmt = DG_FMT_UINT8POS; /* not the spec's act */
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "int8");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "int8");
 		codes.fmt = DG_FMT_INT8;
 		codes.scale = 0;
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "scale");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "scale");
 		codes.scale = P(3);
 		out.fmt = DG_FMT_F32; /* not the spec's out */
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "bf16");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "bf16");
 		out.fmt = DG_FMT_BF16;
 		out.shape[1] = 255; /* not the codes' shape */
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "96, 256");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "96, 256");
 		out.shape[1] = 256;
 		out.data += 8;
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "aligned");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "aligned");
 		out.data = P(2);
 		/* a stack not viewed as its rows */
 		dg_tensor c4 = dg_tensor_4d("codes", DG_FMT_INT8, P(1), 2, 3, 16, 256);
 		dg_tensor o4 = dg_tensor_4d("out", DG_FMT_BF16, P(2), 2, 3, 16, 256);
 		c4.scale = P(3);
 		dg_dequantize_args a4 = { .codes = &c4, .out = &o4 };
-		expect_named(dg_dequantize_check(&s, &a4, msg, sizeof(msg)), msg, "codes", "(R, C)");
+		nh_expect_named(dg_dequantize_check(&s, &a4, msg, sizeof(msg)), msg, "codes", "(R, C)");
 		a.codes = NULL;
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "missing");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "missing");
 		a.codes = &codes;
 		a.out = NULL;
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "missing");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "missing");
 		cr_assert_eq(dg_dequantize_check(&s, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 		/* a spec of another op */
 		dg_spec q;
