@@ -111,6 +111,20 @@ static void compare(const float *a, const float *b, int64_t n, double *rel, doub
 	*cosv = ab / sqrt((aa > 0 ? aa : 1) * (den > 0 ? den : 1));
 }
 
+/* Each parameter's gradient in got (config c) against want's, normwise
+ * within rel_max, printed. */
+static void expect_grads(const dg_model_config *c, const dg_model_weights *got, const dg_model_weights *want,
+			 double rel_max)
+{
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		double rel, cosv;
+		compare(got->params[p], want->params[p], (int64_t)dg_test_numel(c, p), &rel, &cosv);
+		printf("  grad %-12s rel %.3g\n", dg_model_param_name((dg_model_param)p), rel);
+		cr_expect(rel <= rel_max, "grad %s normwise %.3g (at most %g)", dg_model_param_name((dg_model_param)p),
+			  rel, rel_max);
+	}
+}
+
 /* The GPU step of w's weights (config gc) against the CPU f32 step of the
  * same weights: loss_rel, grad_rel bound the f32-comparable presets;
  * cos_min the low-bit ones (loss_rel then bounds the loss's distance). */
@@ -219,16 +233,7 @@ Test(gpu_model, the_25m_shapes_match_the_cpu_model)
 	printf("gpu_model 25M shapes B=1 T=32: loss %.9g, CPU %.9g (rel %.3g)\n", lg, lc,
 	       fabs(lg - lc) / fabs(lc));
 	cr_expect(fabs(lg - lc) <= 1e-5 * fabs(lc), "loss %.9g, CPU %.9g", lg, lc);
-	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-		int nd;
-		int64_t sh[3];
-		int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
-		double rel, cosv;
-		compare(gg->params[p], gc->params[p], n, &rel, &cosv);
-		printf("  grad %-12s rel %.3g\n", dg_model_param_name((dg_model_param)p), rel);
-		cr_expect(rel <= 5e-3, "grad %s normwise %.3g (at most 5e-3)",
-			  dg_model_param_name((dg_model_param)p), rel);
-	}
+	expect_grads(&c, gg, gc, 5e-3);
 	dg_model_destroy(m);
 	dg_model_weights_destroy(w);
 	dg_model_weights_destroy(gc);
@@ -458,15 +463,7 @@ Test(gpu_model, vocab_of_llmc_shards_and_the_largest)
 		cr_assert_eq(dg_model_step(m, &bt, &lg, gg), DG_OK, "%s", dg_device_errmsg(dev));
 		printf("  loss %.9g (CPU %.9g)\n", lg, lc);
 		cr_expect(fabs(lg - lc) <= 1e-5 * fabs(lc), "loss %.9g, CPU %.9g", lg, lc);
-		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-			int nd;
-			int64_t sh[3];
-			int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
-			double rel, cosv;
-			compare(gg->params[p], gc->params[p], n, &rel, &cosv);
-			printf("  grad %-12s rel %.3g\n", dg_model_param_name((dg_model_param)p), rel);
-			cr_expect(rel <= 1e-4, "grad %s normwise %.3g", dg_model_param_name((dg_model_param)p), rel);
-		}
+		expect_grads(&c, gg, gc, 1e-4);
 	}
 	dg_model_destroy(m);
 	m = NULL;
