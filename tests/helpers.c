@@ -254,3 +254,29 @@ dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip
 	}
 	return w;
 }
+
+int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r)
+{
+	switch (d) {
+	case DG_DIM_B:
+		return b;
+	case DG_DIM_T:
+		return t;
+	case DG_DIM_R:
+		return r;
+	case DG_DIM_H:
+		return s->heads;
+	case DG_DIM_HIN:
+		return s->in_heads;
+	case DG_DIM_D:
+		return s->embd;
+	case DG_DIM_N:
+		return s->latent;
+	case DG_DIM_HN:
+		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
+	default:
+		return 1;
+	}
+}

@@ -6,6 +6,7 @@
 #define DG_TESTS_HELPERS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dragon/checkpoint.h"
 #include "dragon/model.h"
@@ -46,6 +47,11 @@ void dg_test_all_specs(dg_spec_list *out);
 /* true when DRAGON_TEST_QUICK is set: suites cut the slowest exhaustive
  * loops to a deterministic sample (used by the sanitizer run). */
 int dg_test_quick(void);
+
+/* The extent of dimension d of an op's argument at spec s, the batch b,
+ * time t and rows r given: the suites' own statement of the op table's
+ * rule (independent of dg_op_dim_extent). */
+int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r);
 
 /* The tiny model the suites train and check: preset's config (a failure
  * fails the test) at 2 layers, embd 32, 2 heads, 64 neurons. */
