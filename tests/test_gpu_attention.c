@@ -497,6 +497,10 @@ static double median_us(dg_device *dev, dg_timed_fn fn, void *user)
 	return r.median_us;
 }
 
+/* The (b, h) slices of the BDH shape (B 8, H 4) the references check. */
+static const int bdh_samples[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
+#define N_BDH_SAMPLES 3
+
 /* Times s on t and prints the rate of `flop` useful operations. */
 static void report(dg_device *dev, const dg_spec *s, const dg_tensor *const *t, int n, double flop)
 {
@@ -548,27 +552,27 @@ Test(gpu_attention, bdh_shape_sampled_bf16)
 	gh_download(dev, gx, t_gx.data, nx * 4);
 
 	/* sampled slices: each op judged on its own GPU inputs */
-	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
 	void *want = gh_xmalloc(tn * 4);
 	shape one = { 1, 1, T, N, D };
-	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
-		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1], b = (size_t)zs[k][0];
+	for (size_t k = 0; k < N_BDH_SAMPLES; k++) {
+		const int *sl = bdh_samples[k];
+		size_t z = (size_t)sl[0] * H + (size_t)sl[1], b = (size_t)sl[0];
 		char what[64];
 		dg_spec r = spec_of(DG_OP_ATTENTION_SCORES, act, &one, NULL);
 		cr_assert_eq(dg_ref_attention_scores(&r, (uint16_t *)xs + z * tn, rope, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "scores (b %zu, h %d)", b, zs[k][1]);
+		snprintf(what, sizeof(what), "scores (b %zu, h %d)", b, sl[1]);
 		expect_close(what, act, act, sc + z * tt, want, tt);
 		r = spec_of(DG_OP_ATTENTION_OUT, act, &one, NULL);
 		cr_assert_eq(dg_ref_attention_out(&r, sc + z * tt, (uint16_t *)v + b * td, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "out (b %zu, h %d)", b, zs[k][1]);
+		snprintf(what, sizeof(what), "out (b %zu, h %d)", b, sl[1]);
 		expect_close(what, act, act, o + z * td, want, td);
 		r = spec_of(DG_OP_ATTENTION_GRAD_SCORES, act, &one, NULL);
 		cr_assert_eq(dg_ref_attention_grad_scores(&r, g + z * td, (uint16_t *)v + b * td, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "grad_scores (b %zu, h %d)", b, zs[k][1]);
+		snprintf(what, sizeof(what), "grad_scores (b %zu, h %d)", b, sl[1]);
 		expect_close(what, act, act, c + z * tt, want, tt);
 		r = spec_of(DG_OP_ATTENTION_GRAD_XS, act, &one, NULL);
 		cr_assert_eq(dg_ref_attention_grad_xs(&r, c + z * tt, (uint16_t *)xs + z * tn, rope, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "grad_xs (b %zu, h %d)", b, zs[k][1]);
+		snprintf(what, sizeof(what), "grad_xs (b %zu, h %d)", b, sl[1]);
 		expect_close(what, act, DG_FMT_F32, gx + z * tn, want, tn);
 		r = spec_of(DG_OP_ATTENTION_GRAD_V, act, &s, NULL); /* every head of batch row b */
 		cr_assert_eq(dg_ref_attention_grad_v(&r, sc + b * H * tt, g + b * H * td, want, 1, T), DG_OK);
@@ -809,20 +813,20 @@ Test(gpu_attention, bdh_shape_warpgroup)
 	gh_download(dev, qr, t_qr.data, nx * 2);
 	gh_download(dev, sc, t_s.data, ns * 2);
 	gh_download(dev, gx, t_gx.data, nx * 4);
-	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
 	void *want = gh_xmalloc(tn * 4);
 	shape one = { 1, 1, T, N, s.D };
-	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
-		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1];
+	for (size_t k = 0; k < N_BDH_SAMPLES; k++) {
+		const int *sl = bdh_samples[k];
+		size_t z = (size_t)sl[0] * H + (size_t)sl[1];
 		char what[64];
 		dg_spec r = wg_spec(DG_OP_ATTENTION_SCORES, &one, NULL);
 		cr_assert_eq(dg_ref_attention_scores(&r, qr + z * tn, rope, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "scores wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		snprintf(what, sizeof(what), "scores wgmma (b %d, h %d)", sl[0], sl[1]);
 		expect_close(what, act, act, sc + z * tt, want, tt);
 		r = wg_spec(DG_OP_ATTENTION_GRAD_XS, &one, NULL);
 		cr_assert_eq(dg_ref_attention_grad_xs(&r, (uint16_t *)c + z * tt, qr + z * tn, rope, want, 1, T),
 			     DG_OK);
-		snprintf(what, sizeof(what), "grad_xs wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		snprintf(what, sizeof(what), "grad_xs wgmma (b %d, h %d)", sl[0], sl[1]);
 		expect_close(what, act, DG_FMT_F32, gx + z * tn, want, tn);
 	}
 	double bh = (double)B * H, tri = (double)T * (T - 1) / 2;
@@ -1084,17 +1088,17 @@ Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
 	cr_assert_eq(run_op(dev, &s_m, a_m), DG_OK, "%s", dg_device_errmsg(dev));
 	uint16_t *got = gh_xmalloc(nx * 2);
 	gh_download(dev, got, t_d.data, nx * 2);
-	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
 	void *want = gh_xmalloc(tn * 2);
 	shape one = { 1, 1, T, N, s.D };
-	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
-		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1];
+	for (size_t k = 0; k < N_BDH_SAMPLES; k++) {
+		const int *sl = bdh_samples[k];
+		size_t z = (size_t)sl[0] * H + (size_t)sl[1];
 		char what[64];
 		dg_spec r = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &one, NULL), DG_FMT_BF16);
 		cr_assert_eq(dg_ref_attention_grad_xs_mask(&r, (uint16_t *)c + z * tt, (uint16_t *)qr + z * tn, rope,
 							   (uint16_t *)dxs + z * tn, (uint16_t *)mx + z * tn, want, 1, T),
 			     DG_OK);
-		snprintf(what, sizeof(what), "epi=mask wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		snprintf(what, sizeof(what), "epi=mask wgmma (b %d, h %d)", sl[0], sl[1]);
 		expect_close(what, act, DG_FMT_BF16, got + z * tn, want, tn);
 	}
 	/* times: the fused op (dxs read and written, mask_xs read), and the
