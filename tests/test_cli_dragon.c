@@ -101,6 +101,19 @@ static double cpu_loss(const dg_model_weights *w, const uint8_t *bytes, const si
 	return loss;
 }
 
+/* sb.root/short.bin: 170 bytes of dg_rng(3), its split the last 17, so
+ * rows of T = 16 all start at 0 whatever the seed (its path into data);
+ * returns w's CPU loss of two such rows (its gradients into grads, which
+ * may be NULL). */
+static double short_data(const sandbox *sb, char *data, size_t size, const dg_model_weights *w,
+			 dg_model_weights *grads)
+{
+	uint8_t bytes[170];
+	write_data(sb, "short.bin", sizeof(bytes), 3, data, size, bytes);
+	size_t off[2] = { 0, 0 };
+	return cpu_loss(w, bytes + 153, off, 2, 16, grads);
+}
+
 static const char *str(const cJSON *j, const char *k)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
@@ -115,11 +128,8 @@ Test(cli_dragon, cpu_loss_is_the_cpu_models)
 	sandbox sb;
 	run r;
 	char model[700], data[700];
-	uint8_t bytes[170];
 	dg_model_weights *w = setup(&sb, model, sizeof(model));
-	write_data(&sb, "short.bin", sizeof(bytes), 3, data, sizeof(data), bytes);
-	size_t off[2] = { 0, 0 };
-	double want = cpu_loss(w, bytes + 153, off, 2, 16, NULL);
+	double want = short_data(&sb, data, sizeof(data), w, NULL);
 
 	gen(&sb, &r, "eval", "--model", model, "--data", data, "--batch", "2", "--time", "16",
 	    "--batches", "3", "--cpu", "--json", NULL);
@@ -278,13 +288,10 @@ Test(cli_dragon, grads_are_the_cpu_models)
 	sandbox sb;
 	run r;
 	char model[700], data[700], out[700], msg[512];
-	uint8_t bytes[170];
 	dg_model_weights *w = setup(&sb, model, sizeof(model)), *g = NULL;
 	dg_model_config c = dg_test_tiny_model("f32");
 	cr_assert_eq(dg_model_weights_create(&c, 0, &g, msg, sizeof(msg)), DG_OK);
-	write_data(&sb, "short.bin", sizeof(bytes), 3, data, sizeof(data), bytes);
-	size_t off[2] = { 0, 0 };
-	cpu_loss(w, bytes + 153, off, 2, 16, g);
+	short_data(&sb, data, sizeof(data), w, g);
 	snprintf(out, sizeof(out), "%s/grads.safetensors", sb.root);
 
 	gen(&sb, &r, "eval", "--model", model, "--data", data, "--batch", "2", "--time", "16",
@@ -740,11 +747,8 @@ Test(cli_dragon, gpu_agrees_with_cpu)
 	sandbox sb;
 	run r;
 	char model[700], data[700];
-	uint8_t bytes[170];
 	dg_model_weights *w = setup(&sb, model, sizeof(model));
-	write_data(&sb, "short.bin", sizeof(bytes), 3, data, sizeof(data), bytes);
-	size_t off[2] = { 0, 0 };
-	double want = cpu_loss(w, bytes + 153, off, 2, 16, NULL);
+	double want = short_data(&sb, data, sizeof(data), w, NULL);
 
 	gen(&sb, &r, "eval", "--model", model, "--data", data, "--batch", "2", "--time", "16",
 	    "--batches", "2", "--json", NULL);
