@@ -311,68 +311,64 @@ Test(gpu_grad, bf16_gradients_small)
 	gh_close(dev);
 }
 
+/* One op's small shapes: every format (the weights of a grad_input op,
+ * the acts of a grad_weight one) x T 1, 3, 127 x the small tiles, at
+ * in_heads 1 (and H where hins is 2); a grad_weight op runs format acc_f
+ * with accumulate. */
+typedef struct small_suite {
+	dg_op op;
+	uint64_t seed;
+	int hins, E, L, acc_f;
+} small_suite;
+
+static void run_small(const small_suite *u)
+{
+	bool gi = u->op == DG_OP_LOWRANK_GRAD_INPUT || u->op == DG_OP_DECODER_GRAD_INPUT;
+	dg_device *dev = gh_open();
+
+	gh_seed(u->seed);
+	for (int hin = 0; hin < u->hins; hin++)
+		for (int ti = 0; ti < 3; ti++)
+			for (int f = 0; f < 5; f++)
+				for (int k = 0; k < N_SMALL_TILES; k++) {
+					shape s = { 3, hin ? 3 : 1, u->E, u->L, 2, times[ti] };
+					if (gi)
+						check_grad_input(dev, u->op, &s, weights[f], &small_tiles[k]);
+					else
+						free(check_grad_weight(dev, u->op, &s, acts[f], f == u->acc_f,
+								       &small_tiles[k], NULL));
+				}
+	gh_close(dev);
+}
+
+/* E 96: a multiple of sign1's 32, not of the 128 tile; L 112: a multiple
+ * of 16, not of 32 */
 Test(gpu_grad, lowrank_grad_input_small)
 {
-	dg_device *dev = gh_open();
-
-	gh_seed(10);
-	for (int hin = 0; hin < 2; hin++)
-		for (int ti = 0; ti < 3; ti++)
-			for (int f = 0; f < 5; f++)
-				for (int k = 0; k < N_SMALL_TILES; k++) {
-					/* E 96: a multiple of sign1's 32, not of the 128 tile;
-					 * L 112: a multiple of 16, not of 32 */
-					shape s = { 3, hin ? 3 : 1, 96, 112, 2, times[ti] };
-					check_grad_input(dev, DG_OP_LOWRANK_GRAD_INPUT, &s, weights[f], &small_tiles[k]);
-				}
-	gh_close(dev);
+	static const small_suite u = { DG_OP_LOWRANK_GRAD_INPUT, 10, 2, 96, 112, -1 };
+	run_small(&u);
 }
 
+/* L 96: a multiple of sign1's 32, not of the 128 tile; E 48: a multiple
+ * of 16, not of 32 */
 Test(gpu_grad, decoder_grad_input_small)
 {
-	dg_device *dev = gh_open();
-
-	gh_seed(11);
-	for (int ti = 0; ti < 3; ti++)
-		for (int f = 0; f < 5; f++)
-			for (int k = 0; k < N_SMALL_TILES; k++) {
-				/* L 96: a multiple of sign1's 32, not of the 128 tile;
-				 * E 48: a multiple of 16, not of 32 */
-				shape s = { 3, 1, 48, 96, 2, times[ti] };
-				check_grad_input(dev, DG_OP_DECODER_GRAD_INPUT, &s, weights[f], &small_tiles[k]);
-			}
-	gh_close(dev);
+	static const small_suite u = { DG_OP_DECODER_GRAD_INPUT, 11, 1, 48, 96, -1 };
+	run_small(&u);
 }
 
+/* int8 (acts[2]) accumulates */
 Test(gpu_grad, lowrank_grad_weight_small)
 {
-	dg_device *dev = gh_open();
-
-	gh_seed(12);
-	for (int hin = 0; hin < 2; hin++)
-		for (int ti = 0; ti < 3; ti++)
-			for (int f = 0; f < 5; f++)
-				for (int k = 0; k < N_SMALL_TILES; k++) {
-					shape s = { 3, hin ? 3 : 1, 40, 100, 2, times[ti] };
-					free(check_grad_weight(dev, DG_OP_LOWRANK_GRAD_WEIGHT, &s, acts[f],
-							       f == 2, &small_tiles[k], NULL));
-				}
-	gh_close(dev);
+	static const small_suite u = { DG_OP_LOWRANK_GRAD_WEIGHT, 12, 2, 40, 100, 2 };
+	run_small(&u);
 }
 
+/* int4 (acts[3]) accumulates */
 Test(gpu_grad, decoder_grad_weight_small)
 {
-	dg_device *dev = gh_open();
-
-	gh_seed(13);
-	for (int ti = 0; ti < 3; ti++)
-		for (int f = 0; f < 5; f++)
-			for (int k = 0; k < N_SMALL_TILES; k++) {
-				shape s = { 3, 1, 40, 100, 2, times[ti] };
-				free(check_grad_weight(dev, DG_OP_DECODER_GRAD_WEIGHT, &s, acts[f], f == 3,
-						       &small_tiles[k], NULL));
-			}
-	gh_close(dev);
+	static const small_suite u = { DG_OP_DECODER_GRAD_WEIGHT, 13, 1, 40, 100, 3 };
+	run_small(&u);
 }
 
 /* A long reduction over few output tiles is split over grid z (its
