@@ -248,8 +248,6 @@ Test(gpu_lowrank, explicit_tiles)
 #define BDH_T 2048
 #define SAMPLE_ROWS 8
 
-static void expect_path(const dg_spec *s, const char *path);
-
 /* wg: the sm_90a warpgroup path (dev an sm_90), else the default tile's. */
 static void lowrank_bdh_on(dg_device *dev, dg_fmt weight, dg_fmt act, dg_op op, bool wg)
 {
@@ -263,7 +261,7 @@ static void lowrank_bdh_on(dg_device *dev, dg_fmt weight, dg_fmt act, dg_op op, 
 	if (wg) {
 		s.arch = 90;
 		s.arch_specific = true;
-		expect_path(&s, "wgmma");
+		gh_expect_path(&s, "wgmma");
 	}
 	cr_assert_eq(dg_spec_validate(&s, NULL, 0), DG_OK);
 	const int H = s.heads, E = s.embd, L = s.latent, B = BDH_B, T = BDH_T;
@@ -550,7 +548,7 @@ Test(gpu_lowrank_codes, tiles)
 		{ 128, 128, 64, 8, 1, 2, 0 },
 		{ 64, 128, 64, 4, 1, 2, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(9393);
 	for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
@@ -561,7 +559,7 @@ Test(gpu_lowrank_codes, tiles)
 				s.out = O_FMTS[(i + (size_t)f + (size_t)hin) % 4];
 				if (dg_spec_validate(&s, NULL, 0) != DG_OK)
 					continue; /* a combination the spec rules refuse */
-				expect_path(&s, "wgmma");
+				gh_expect_path(&s, "wgmma");
 				run_lowrank(dev, &s, 2, 127);
 				run_lowrank(dev, &s, 3, 1);
 				run_lowrank(dev, &s, 1, 300);
@@ -576,7 +574,7 @@ Test(gpu_lowrank_codes, tiles)
 Test(gpu_lowrank_codes, pipeline_depths)
 {
 	static const int Ls[] = { 128, 256, 384, 640 };
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(9494);
 	for (size_t i = 0; i < sizeof(Ls) / sizeof(Ls[0]); i++)
@@ -584,7 +582,7 @@ Test(gpu_lowrank_codes, pipeline_depths)
 			for (int hin = 0; hin < 2; hin++) {
 				dg_spec s = codes_spec(CODE_W[f], CODE_A[f], 4, hin ? 4 : 1, 256, Ls[i]);
 				s.out = hin ? DG_FMT_INT8 : DG_FMT_BF16;
-				expect_path(&s, "wgmma");
+				gh_expect_path(&s, "wgmma");
 				run_lowrank(dev, &s, 4, 1024);
 			}
 	gh_close(dev);
@@ -592,15 +590,15 @@ Test(gpu_lowrank_codes, pipeline_depths)
 
 Test(gpu_bdh, lowrank_int8_int8_wgmma)
 {
-	lowrank_bdh_on(open_sm90(), DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
+	lowrank_bdh_on(gh_open_sm90(), DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
 }
 Test(gpu_bdh, lowrank_ternary_int8_wgmma)
 {
-	lowrank_bdh_on(open_sm90(), DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
+	lowrank_bdh_on(gh_open_sm90(), DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
 }
 Test(gpu_bdh, lowrank_sign1_uint8pos_wgmma)
 {
-	lowrank_bdh_on(open_sm90(), DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD, true);
+	lowrank_bdh_on(gh_open_sm90(), DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD, true);
 }
 
 /* ---- decoder_fwd ---------------------------------------------------------- */
