@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cache_helpers.h"
+#include "helpers.h"
 #include "base/sha256.h"
 #include "runtime/store/cache_io.h"
 
@@ -123,27 +124,12 @@ int ch_count_dir(const char *sub, char *first, size_t n)
 
 uint8_t *ch_file_read(const char *path, size_t *n)
 {
-	FILE *f = fopen(path, "rb");
-	uint8_t *buf;
-	long len;
-
-	cr_assert_not_null(f, "fopen %s", path);
-	fseek(f, 0, SEEK_END);
-	len = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)len + 1);
-	cr_assert_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
-	fclose(f);
-	*n = (size_t)len;
-	return buf;
+	return dg_test_read_bytes(path, n);
 }
 
 void ch_file_write(const char *path, const void *p, size_t n)
 {
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f, "fopen %s", path);
-	cr_assert_eq(fwrite(p, 1, n, f), n);
-	cr_assert_eq(fclose(f), 0);
+	dg_test_write_bytes(path, p, n);
 }
 
 void ch_flip_byte(const char *path, size_t off)

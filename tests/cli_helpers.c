@@ -163,18 +163,37 @@ void run_free(run *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* Runs the program on the NULL-ended arguments of ap into r. */
+static void vgen(const sandbox *sb, run *r, va_list ap)
+{
+	const char *args[64];
+	int n = 0;
+
+	while ((args[n] = va_arg(ap, const char *)))
+		cr_assert_lt(++n, 63);
+	collect(sb, spawn_gen(sb, args), r);
+}
+
 /* gen(&sb, &r, "build", "--op", "x", NULL) */
 void gen(const sandbox *sb, run *r, ...)
 {
-	const char *args[64];
 	va_list ap;
-	int n = 0;
 
 	va_start(ap, r);
-	while ((args[n] = va_arg(ap, const char *)))
-		cr_assert_lt(++n, 63);
+	vgen(sb, r, ap);
 	va_end(ap);
-	collect(sb, spawn_gen(sb, args), r);
+}
+
+void gen_ok(const sandbox *sb, ...)
+{
+	run r;
+	va_list ap;
+
+	va_start(ap, sb);
+	vgen(sb, &r, ap);
+	va_end(ap);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	run_free(&r);
 }
 
 int count_lines(const char *s)
@@ -256,6 +275,13 @@ void text_file(const sandbox *sb, char *path, size_t size, size_t n)
 	fclose(f);
 }
 
+void train_sandbox(sandbox *sb, char *data, size_t size, size_t n)
+{
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(sb);
+	text_file(sb, data, size, n);
+}
+
 char *log_text(const char *dir)
 {
 	char path[700];
@@ -272,6 +298,14 @@ char *log_text(const char *dir)
 	}
 	free(s);
 	return out;
+}
+
+void expect_same_log(const char *dir, const char *what, const char *straight, const char *straight_what)
+{
+	char *got = log_text(dir), *want = log_text(straight);
+	cr_assert_str_eq(got, want, "%s:\n%s\n%s:\n%s", what, got, straight_what, want);
+	free(got);
+	free(want);
 }
 
 long long ckpt_step(const char *path)

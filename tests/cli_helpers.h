@@ -36,6 +36,9 @@ pid_t spawn_gen(const sandbox *sb, const char *const *args);
 void collect(const sandbox *sb, pid_t pid, run *r);
 void run_free(run *r);
 void gen(const sandbox *sb, run *r, ...);
+/* gen, then exit 0 asserted (stderr in the message) and the run freed:
+ * gen_ok(&sb, "train", ..., NULL). */
+void gen_ok(const sandbox *sb, ...);
 int count_lines(const char *s);
 void expect_one_line_error(const run *r, int code, const char *want);
 bool exists(const char *path);
@@ -54,8 +57,14 @@ bool gnuplot_or_skip(void);
 /* ---- dragon train's tests --------------------------------------------- */
 /* sb.root/text.txt: n bytes of a repeated sentence (its path into path). */
 void text_file(const sandbox *sb, char *path, size_t size, size_t n);
+/* The dragon program (cli_use_program("DRAGON", "dragon: ")) in a fresh
+ * sandbox with text_file's n bytes of text (its path into data). */
+void train_sandbox(sandbox *sb, char *data, size_t size, size_t n);
 /* dir's log.jsonl without its timing fields (tokens_per_s, wall_s). */
 char *log_text(const char *dir);
+/* dir's log_text is straight's, byte for byte; a mismatch fails naming
+ * both runs (what, straight_what) with the two logs. */
+void expect_same_log(const char *dir, const char *what, const char *straight, const char *straight_what);
 /* The step of the checkpoint at path, loaded (which checks it whole). */
 long long ckpt_step(const char *path);
 /* Lines of dir/log.jsonl, 0 while there is none. */

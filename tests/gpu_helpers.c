@@ -12,6 +12,7 @@
 
 #include <criterion/criterion.h>
 
+#include "dragon/codegen.h"
 #include "gpu_helpers.h"
 #include "helpers.h"
 
@@ -78,6 +79,29 @@ void gh_close(dg_device *dev)
 		dg_test_rmtree(cache_dir);
 		cache_dir = NULL;
 	}
+}
+
+dg_device *gh_open_sm90(void)
+{
+	dg_device *dev = gh_open();
+	dg_device_info di;
+	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
+	if (di.sm != 90) {
+		gh_close(dev);
+		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
+		cr_skip_test("skipped: the warpgroup path needs sm_90");
+	}
+	return dev;
+}
+
+void gh_expect_path(const dg_spec *sp, const char *path)
+{
+	dg_codegen *cg = NULL;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	cr_assert_eq(dg_codegen_plan(cg, sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, path, "%s", p.canonical);
+	dg_codegen_destroy(cg);
 }
 
 dg_dptr gh_alloc(dg_device *dev, size_t bytes)

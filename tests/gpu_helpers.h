@@ -27,6 +27,12 @@
 
 dg_device *gh_open(void);
 void gh_close(dg_device *dev); /* frees every gh_ allocation, closes */
+/* gh_open, then skips the test (printing "skipped: the warpgroup path
+ * needs sm_90 (device is sm_<n>)") unless the device is an sm_90. */
+dg_device *gh_open_sm90(void);
+/* The code generator's plan of sp takes the path `path` (dg_plan.path;
+ * no device needed). */
+void gh_expect_path(const dg_spec *sp, const char *path);
 
 dg_dptr gh_alloc(dg_device *dev, size_t bytes);          /* zeroed */
 dg_dptr gh_alloc_ff(dg_device *dev, size_t bytes);       /* every byte 0xff */

@@ -126,3 +126,43 @@ size_t gr_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_ar
 	cr_assert_eq(dg_lowrank_grad_input(dev, sp, a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
 	return need;
 }
+
+dg_status gr_lowrank_grad_weight(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_weight_args *a,
+				 size_t *ws_bytes)
+{
+	size_t need = 0;
+	cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, sp, a, &need), DG_OK, "%s", dg_device_errmsg(dev));
+	a->ws = gh_workspace(dev, need);
+	if (ws_bytes)
+		*ws_bytes = need;
+	return dg_lowrank_grad_weight(dev, sp, a);
+}
+
+dg_status gr_decoder_grad_weight(dg_device *dev, const dg_spec *sp, dg_decoder_grad_weight_args *a,
+				 size_t *ws_bytes)
+{
+	size_t need = 0;
+	cr_assert_eq(dg_decoder_grad_weight_workspace(dev, sp, a, &need), DG_OK, "%s", dg_device_errmsg(dev));
+	a->ws = gh_workspace(dev, need);
+	if (ws_bytes)
+		*ws_bytes = need;
+	return dg_decoder_grad_weight(dev, sp, a);
+}
+
+dg_spec gr_spec(dg_op op, const gr_shape *s, dg_fmt f, const dg_tile *tile)
+{
+	dg_spec sp;
+
+	dg_spec_init(&sp, op);
+	sp.heads = s->H;
+	sp.in_heads = s->Hin;
+	sp.embd = s->E;
+	sp.latent = s->L;
+	if (op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_DECODER_GRAD_INPUT)
+		sp.weight = f;
+	else
+		sp.act = f;
+	if (tile)
+		sp.tile = *tile;
+	return sp;
+}

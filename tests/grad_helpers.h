@@ -36,6 +36,15 @@
 #define GR_BF16_REL 1e-2 /* relative-to-norm bound of a bf16-rounded gradient */
 #define GR_BF16_U (1.0 / 256) /* 2^-8: bf16's unit roundoff (round to nearest even) */
 
+/* A gradient GEMM's shape: heads, in_heads, embd, latent, batch, time. */
+typedef struct gr_shape {
+	int H, Hin, E, L, B, T;
+} gr_shape;
+
+/* op's spec (not normalized) at s: the operand format f is the weight of a
+ * grad_input op, the act of a grad_weight one; tile NULL: the auto tile. */
+dg_spec gr_spec(dg_op op, const gr_shape *s, dg_fmt f, const dg_tile *tile);
+
 /* |values| of a storage of n values of format f (same layout), so that a
  * reference run on it and on |grad| gives Σ|terms| (malloc'd). */
 void *gr_abs_storage(dg_fmt f, const void *src, size_t n);
@@ -73,5 +82,14 @@ void gr_expect_written(const char *what, const float *v, size_t n);
  * did not split). */
 size_t gr_grad_input(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_input_args *a,
 		     const char *what);
+
+/* Runs lowrank_grad_weight (decoder_grad_weight) with a in a workspace
+ * of the size its _workspace call asks for (a->ws set, freed by
+ * gh_close; a failed _workspace call fails the test); *ws_bytes (may be
+ * NULL) gets that size. Returns the op's status. */
+dg_status gr_lowrank_grad_weight(dg_device *dev, const dg_spec *sp, dg_lowrank_grad_weight_args *a,
+				 size_t *ws_bytes);
+dg_status gr_decoder_grad_weight(dg_device *dev, const dg_spec *sp, dg_decoder_grad_weight_args *a,
+				 size_t *ws_bytes);
 
 #endif

@@ -163,3 +163,120 @@ void dg_test_all_specs(dg_spec_list *out)
 	dg_spec_init(&s, DG_OP_UNPACK_I8X4);
 	push(out, &cap, &s);
 }
+
+dg_model_config dg_test_tiny_model(const char *preset)
+{
+	dg_model_config c;
+	char msg[256];
+	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	c.layers = 2;
+	c.embd = 32;
+	c.heads = 2;
+	c.neurons = 64;
+	return c;
+}
+
+size_t dg_test_numel(const dg_model_config *c, int p)
+{
+	int nd;
+	int64_t sh[3];
+	return (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+}
+
+dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o)
+{
+	char msg[256];
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(c, 5, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_train_state *s;
+	cr_assert_eq(dg_train_state_create(w, 42, o, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_model_weights_destroy(w);
+	dg_rng r;
+	dg_rng_seed(&r, 9);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+		for (size_t i = 0; i < dg_test_numel(c, p); i++) {
+			s->m[p][i] = dg_rng_uniform(&r, -1, 1) * 1e-3f;
+			s->v[p][i] = dg_rng_uniform(&r, 0, 1) * 1e-6f;
+		}
+	return s;
+}
+
+void *dg_test_read_bytes(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "cannot read %s", path);
+	fseek(f, 0, SEEK_END);
+	size_t len = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc(len + 1);
+	cr_assert_not_null(b);
+	cr_assert_eq(fread(b, 1, len, f), len);
+	b[len] = '\0';
+	fclose(f);
+	if (n)
+		*n = len;
+	return b;
+}
+
+void dg_test_write_bytes(const char *path, const void *b, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f, "cannot write %s", path);
+	cr_assert_eq(fwrite(b, 1, n, f), n);
+	cr_assert_eq(fclose(f), 0);
+}
+
+const char *dg_test_far_step(void *u, const char *key, const char *val)
+{
+	(void)u;
+	return strcmp(key, "step") ? val : "999999999999";
+}
+
+dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip, dg_test_meta_fn edit,
+				       void *u)
+{
+	char msg[512];
+	dg_safetensors_writer *w;
+	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
+	for (size_t i = 0; i < dg_safetensors_count(f); i++) {
+		const dg_st_tensor *t = dg_safetensors_at(f, i);
+		if (skip && !strcmp(t->name, skip))
+			continue;
+		cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
+						       sizeof(msg)), DG_OK, "%s", msg);
+	}
+	for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
+		const char *key, *val;
+		cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
+		if (edit && !(val = edit(u, key, val)))
+			continue;
+		cr_assert_eq(dg_safetensors_writer_meta(w, key, val, msg, sizeof(msg)), DG_OK, "%s", msg);
+	}
+	return w;
+}
+
+int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r)
+{
+	switch (d) {
+	case DG_DIM_B:
+		return b;
+	case DG_DIM_T:
+		return t;
+	case DG_DIM_R:
+		return r;
+	case DG_DIM_H:
+		return s->heads;
+	case DG_DIM_HIN:
+		return s->in_heads;
+	case DG_DIM_D:
+		return s->embd;
+	case DG_DIM_N:
+		return s->latent;
+	case DG_DIM_HN:
+		return (int64_t)s->heads * s->latent;
+	case DG_DIM_V:
+		return s->vocab;
+	default:
+		return 1;
+	}
+}

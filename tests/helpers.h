@@ -6,8 +6,12 @@
 #define DG_TESTS_HELPERS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
+#include "dragon/checkpoint.h"
+#include "dragon/model.h"
 #include "dragon/spec.h"
+#include "runtime/store/safetensors.h"
 
 /* A fresh folder under $TMPDIR (or /tmp); malloc'd path, never NULL (a
  * failure fails the test). */
@@ -43,6 +47,42 @@ void dg_test_all_specs(dg_spec_list *out);
 /* true when DRAGON_TEST_QUICK is set: suites cut the slowest exhaustive
  * loops to a deterministic sample (used by the sanitizer run). */
 int dg_test_quick(void);
+
+/* The extent of dimension d of an op's argument at spec s, the batch b,
+ * time t and rows r given: the suites' own statement of the op table's
+ * rule (independent of dg_op_dim_extent). */
+int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r);
+
+/* The tiny model the suites train and check: preset's config (a failure
+ * fails the test) at 2 layers, embd 32, 2 heads, 64 neurons. */
+dg_model_config dg_test_tiny_model(const char *preset);
+
+/* Values in parameter p of a model of config c. */
+size_t dg_test_numel(const dg_model_config *c, int p);
+/* A training state some steps in: weights of c from seed 5, the state
+ * from seed 42 with optimizer o, and random moments (m in ±1e-3, v in
+ * [0, 1e-6)) from a dg_rng of seed 9; the counters are the caller's. */
+dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o);
+
+/* The bytes of the file at path (malloc'd, a NUL past them; *n their
+ * count, n may be NULL); a failure fails the test. */
+void *dg_test_read_bytes(const char *path, size_t *n);
+/* path := n bytes of b (written and closed); a failure fails the test. */
+void dg_test_write_bytes(const char *path, const void *b, size_t n);
+
+/* What dg_test_rewrite writes for metadata key (its value val): a value,
+ * or NULL to leave the key out. */
+typedef const char *(*dg_test_meta_fn)(void *u, const char *key, const char *val);
+
+/* A writer (dg_safetensors_writer_destroy it) holding f's tensors but the
+ * one named skip (NULL: none) and its metadata through edit (NULL: as it
+ * is), in f's order; the caller seals and saves it. A failure fails the
+ * test. */
+/* A dg_test_meta_fn: step 999999999999 (far past any run's), the rest
+ * as it is. */
+const char *dg_test_far_step(void *u, const char *key, const char *val);
+dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip, dg_test_meta_fn edit,
+				       void *u);
 
 /* Whether a part of a test that needs something besides the build (torch,
  * the corpus) runs: true when `here`. Otherwise it prints "skipped:

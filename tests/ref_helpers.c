@@ -43,3 +43,21 @@ void *rh_xmalloc(size_t n)
 	cr_assert_not_null(p, "out of memory");
 	return p;
 }
+
+double rh_rand_value(dg_fmt f)
+{
+	switch (f) {
+	case DG_FMT_INT8:
+		return rh_rng_int(-127, 127);
+	case DG_FMT_INT4:
+		return rh_rng_int(-7, 7);
+	case DG_FMT_UINT8POS:
+		return rh_rng_int(0, 255);
+	case DG_FMT_TERNARY:
+		return rh_rng_int(-1, 1);
+	case DG_FMT_SIGN1:
+		return rh_rng_int(0, 1) ? 1 : -1;
+	default:
+		return rh_rng_int(-64, 64) / 8.0;
+	}
+}

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dragon/spec.h"
+
 /* The IEEE bits of f. */
 uint32_t rh_fbits(float f);
 
@@ -19,6 +21,11 @@ void rh_rng_seed(uint64_t s);
 uint32_t rh_rng_u32(void);
 /* Uniform integer in [lo, hi]. */
 int rh_rng_int(int lo, int hi);
+
+/* A random value of format f from the stream: an integer code in range
+ * (codes unscaled), or a float k/8 (|k| <= 64, exact in bf16) so that every
+ * float-path sum of a few such products is exact too. */
+double rh_rand_value(dg_fmt f);
 
 /* malloc(n ? n : 1), failing the test when it returns NULL. */
 void *rh_xmalloc(size_t n);

@@ -33,45 +33,14 @@
 #include "runtime/store/safetensors.h"
 #include "helpers.h"
 
-static dg_model_config tiny(void)
-{
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	return c;
-}
-
-static size_t numel(const dg_model_config *c, int p)
-{
-	int nd;
-	int64_t sh[3];
-	return (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
-}
-
 /* A state some steps in: random weights, moments and counters. */
 static dg_train_state *made(const dg_model_config *c)
 {
-	char msg[256];
-	dg_model_weights *w;
-	cr_assert_eq(dg_model_weights_create(c, 5, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_adamw_config o;
 	dg_adamw_defaults(&o, 300);
 	o.lr = 3e-4f;
 	o.clip = 0.7f;
-	dg_train_state *s;
-	cr_assert_eq(dg_train_state_create(w, 42, &o, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_model_weights_destroy(w);
-	dg_rng r;
-	dg_rng_seed(&r, 9);
-	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
-		for (size_t i = 0; i < numel(c, p); i++) {
-			s->m[p][i] = dg_rng_uniform(&r, -1, 1) * 1e-3f;
-			s->v[p][i] = dg_rng_uniform(&r, 0, 1) * 1e-6f;
-		}
+	dg_train_state *s = dg_test_train_state(c, &o);
 	s->step = 123;
 	s->data_pos = 124;
 	s->time = 64;
@@ -84,7 +53,7 @@ static void same_state(const dg_train_state *a, const dg_train_state *b)
 {
 	const dg_model_config *c = &a->weights->config;
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-		size_t n = numel(c, p) * 4;
+		size_t n = dg_test_numel(c, p) * 4;
 		cr_assert_eq(memcmp(a->weights->params[p], b->weights->params[p], n), 0, "param %d", p);
 		cr_assert_eq(memcmp(a->m[p], b->m[p], n), 0, "m %d", p);
 		cr_assert_eq(memcmp(a->v[p], b->v[p], n), 0, "v %d", p);
@@ -106,31 +75,22 @@ static void same_state(const dg_train_state *a, const dg_train_state *b)
 	cr_assert_eq(b->weights->config.heads, c->heads);
 }
 
-/* Bytes of a file, and a file of bytes. */
-static void *slurp(const char *path, size_t *n)
+/* The metadata of edit *u of save_load_roundtrip_exact: k 1 step "x",
+ * k 2 time "x", k 3 the dragon-checkpoint-1 form (no time, seal or kind). */
+static const char *edit_k(void *u, const char *key, const char *val)
 {
-	FILE *f = fopen(path, "rb");
-	cr_assert_not_null(f, "%s", path);
-	fseek(f, 0, SEEK_END);
-	*n = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	void *b = malloc(*n + 1);
-	cr_assert_eq(fread(b, 1, *n, f), *n);
-	fclose(f);
-	return b;
-}
-
-static void spill(const char *path, const void *b, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f, "%s", path);
-	cr_assert_eq(fwrite(b, 1, n, f), n);
-	fclose(f);
+	static const char *const bad_key[4] = { NULL, "step", "time", NULL };
+	int k = *(const int *)u;
+	if (k == 3 && (!strcmp(key, "time") || !strcmp(key, "file_sha256") || !strcmp(key, "kind")))
+		return NULL;
+	if (k == 3 && !strcmp(key, "format"))
+		return "dragon-checkpoint-1";
+	return bad_key[k] && !strcmp(key, bad_key[k]) ? "x" : val;
 }
 
 Test(checkpoint, save_load_roundtrip_exact)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c), *b = NULL;
 	char *dir = dg_test_tmpdir(), path[512], msg[512];
 	dg_checkpoint_path(dir, s->step, path, sizeof(path));
@@ -150,7 +110,7 @@ Test(checkpoint, save_load_roundtrip_exact)
 		cr_assert_str_eq(dg_safetensors_meta(f, "kind"), "checkpoint");
 		cr_assert_str_eq(dg_safetensors_meta(f, "format"), "dragon-checkpoint-2");
 		size_t n;
-		char *bytes = slurp(path, &n), *at = NULL;
+		char *bytes = dg_test_read_bytes(path, &n), *at = NULL;
 		for (size_t i = 0; i + 15 <= n && !at; i++)
 			if (memcmp(bytes + i, "\"file_sha256\":\"", 15) == 0)
 				at = bytes + i + 15;
@@ -158,7 +118,7 @@ Test(checkpoint, save_load_roundtrip_exact)
 		memset(at, '0', 64);
 		char zeroed[600], cmd[1400], got[65] = "";
 		snprintf(zeroed, sizeof(zeroed), "%s.zeroed", path);
-		spill(zeroed, bytes, n);
+		dg_test_write_bytes(zeroed, bytes, n);
 		free(bytes);
 		snprintf(cmd, sizeof(cmd), "sha256sum '%s'", zeroed);
 		FILE *pp = popen(cmd, "r");
@@ -179,7 +139,7 @@ Test(checkpoint, save_load_roundtrip_exact)
 
 Test(checkpoint, bad_files_are_refused_by_name)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c), *b = (dg_train_state *)1;
 	char *dir = dg_test_tmpdir(), path[512], other[512], msg[512];
 	snprintf(path, sizeof(path), "%s/good.safetensors", dir);
@@ -190,9 +150,9 @@ Test(checkpoint, bad_files_are_refused_by_name)
 	cr_assert_null(b);
 
 	size_t n;
-	unsigned char *bytes = slurp(path, &n);
+	unsigned char *bytes = dg_test_read_bytes(path, &n);
 	snprintf(other, sizeof(other), "%s/cut.safetensors", dir);
-	spill(other, bytes, n / 2);
+	dg_test_write_bytes(other, bytes, n / 2);
 	cr_assert_neq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_OK, "a truncated file loaded");
 	cr_assert(strstr(msg, "cut.safetensors"), "%s", msg);
 
@@ -201,7 +161,7 @@ Test(checkpoint, bad_files_are_refused_by_name)
 	memcpy(flip, bytes, n);
 	flip[n - 5] ^= 0x10; /* in adamw.v.lm_head, the last tensor */
 	snprintf(other, sizeof(other), "%s/flip.safetensors", dir);
-	spill(other, flip, n);
+	dg_test_write_bytes(other, flip, n);
 	free(flip);
 	cr_assert_eq(dg_checkpoint_load(other, &b, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
 	cr_assert(strstr(msg, "flip.safetensors: damaged: its bytes hash to "), "%s", msg);
@@ -220,27 +180,8 @@ Test(checkpoint, bad_files_are_refused_by_name)
 	 * loads, with time 0 */
 	dg_safetensors *f;
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
-	static const char *const bad_key[4] = { NULL, "step", "time", NULL };
 	for (int k = 0; k < 4; k++) {
-		dg_safetensors_writer *w;
-		cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
-		for (size_t i = 0; i < dg_safetensors_count(f); i++) {
-			const dg_st_tensor *t = dg_safetensors_at(f, i);
-			if (k == 0 && !strcmp(t->name, "adamw.v.decoder"))
-				continue;
-			cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
-							       sizeof(msg)), DG_OK, "%s", msg);
-		}
-		for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
-			const char *key, *val;
-			cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-			if (k == 3 && (!strcmp(key, "time") || !strcmp(key, "file_sha256") || !strcmp(key, "kind")))
-				continue;
-			if (k == 3 && !strcmp(key, "format"))
-				val = "dragon-checkpoint-1";
-			bool bad = bad_key[k] && !strcmp(key, bad_key[k]);
-			cr_assert_eq(dg_safetensors_writer_meta(w, key, bad ? "x" : val, msg, sizeof(msg)), DG_OK);
-		}
+		dg_safetensors_writer *w = dg_test_rewrite(f, k == 0 ? "adamw.v.decoder" : NULL, edit_k, &k);
 		if (k < 3)
 			cr_assert_eq(dg_safetensors_writer_seal(w, "file_sha256", msg, sizeof(msg)), DG_OK, "%s", msg);
 		snprintf(other, sizeof(other), "%s/edit%d.safetensors", dir, k);
@@ -267,7 +208,7 @@ Test(checkpoint, bad_files_are_refused_by_name)
 	cr_assert_neq(stat(other, &st), 0);
 	/* the good file is as it was */
 	size_t n2;
-	unsigned char *again = slurp(path, &n2);
+	unsigned char *again = dg_test_read_bytes(path, &n2);
 	cr_assert(n2 == n && memcmp(again, bytes, n) == 0);
 	free(bytes);
 	free(again);
@@ -276,7 +217,7 @@ Test(checkpoint, bad_files_are_refused_by_name)
 
 Test(checkpoint, resume_names_what_differs)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c);
 	char msg[256];
 	dg_adamw_config o = s->opt;
@@ -308,7 +249,7 @@ Test(checkpoint, resume_names_what_differs)
  * off. */
 Test(checkpoint, loss_scaler_state_roundtrips)
 {
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c), *b = NULL;
 	char *dir = dg_test_tmpdir(), path[512], msg[512];
 	snprintf(path, sizeof(path), "%s/ls.safetensors", dir);
@@ -332,7 +273,7 @@ Test(checkpoint, loss_scaler_state_roundtrips)
 	cr_assert_str_eq(msg, "loss_scale: the checkpoint's off, this run's dynamic (--loss-scale)");
 	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	size_t n;
-	char *bytes = slurp(path, &n);
+	char *bytes = dg_test_read_bytes(path, &n);
 	/* the key renamed: "loss_scalX", a key nothing reads */
 	static const char *const texts[4] = { "\"loss_scale\"", "\"kind\"", "\"file_sha256\"",
 					      "\"dragon-checkpoint-2\"" };
@@ -345,7 +286,7 @@ Test(checkpoint, loss_scaler_state_roundtrips)
 				found++;
 			}
 		cr_assert_eq(found, 1, "%s should be in the header once", texts[k]);
-		spill(path, bytes, n);
+		dg_test_write_bytes(path, bytes, n);
 		if (k == 0) {
 			cr_assert_eq(dg_checkpoint_load(path, &b, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
 			cr_assert(strstr(msg, "ls.safetensors: damaged: "), "%s", msg);
@@ -365,14 +306,14 @@ Test(checkpoint, prune_keeps_the_newest)
 	const int steps[] = { 1, 2, 3, 4, 5 };
 	for (int i = 0; i < 5; i++) {
 		dg_checkpoint_path(dir, steps[i], path, sizeof(path));
-		spill(path, "x", 1);
+		dg_test_write_bytes(path, "x", 1);
 	}
 	snprintf(path, sizeof(path), "%s/ckpt-0007.safetensors", dir); /* another width */
-	spill(path, "x", 1);
+	dg_test_write_bytes(path, "x", 1);
 	snprintf(path, sizeof(path), "%s/notes.txt", dir);
-	spill(path, "x", 1);
+	dg_test_write_bytes(path, "x", 1);
 	snprintf(path, sizeof(path), "%s/ckpt-12x.safetensors", dir);
-	spill(path, "x", 1);
+	dg_test_write_bytes(path, "x", 1);
 	int64_t latest = 0;
 	cr_assert_eq(dg_checkpoint_prune(dir, 2, &latest, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(latest, 7);
@@ -419,7 +360,7 @@ Test(checkpoint, prune_removes_dead_saves_temp_files)
 	char *dir = dg_test_tmpdir(), path[512], name[256], msg[256];
 	for (int i = 1; i <= 3; i++) {
 		dg_checkpoint_path(dir, i, path, sizeof(path));
-		spill(path, "x", 1);
+		dg_test_write_bytes(path, "x", 1);
 	}
 	const struct {
 		long pid;
@@ -428,12 +369,12 @@ Test(checkpoint, prune_removes_dead_saves_temp_files)
 	} temps[] = { { (long)dead, 9, true }, { (long)getpid(), 4, true }, { 1, 8, false } };
 	for (int i = 0; i < 3; i++) {
 		snprintf(path, sizeof(path), "%s/ckpt-%08d.safetensors.tmp.%ld.abc", dir, temps[i].step, temps[i].pid);
-		spill(path, "x", 1);
+		dg_test_write_bytes(path, "x", 1);
 	}
 	snprintf(path, sizeof(path), "%s/weights.safetensors.tmp.%ld.abc", dir, (long)dead);
-	spill(path, "x", 1);
+	dg_test_write_bytes(path, "x", 1);
 	snprintf(path, sizeof(path), "%s/log.jsonl.tmp", dir);
-	spill(path, "x", 1);
+	dg_test_write_bytes(path, "x", 1);
 	int64_t latest = 0;
 	cr_assert_eq(dg_checkpoint_prune(dir, 2, &latest, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(latest, 3, "a temp file counted as a checkpoint (latest %lld)", (long long)latest);
@@ -452,7 +393,7 @@ Test(checkpoint, prune_removes_dead_saves_temp_files)
 	cr_assert_neq(stat(path, &st), 0, "step 1 kept past keep = 2");
 	/* keep < 1 keeps every checkpoint, still not the dead temps */
 	snprintf(path, sizeof(path), "%s/ckpt-%08d.safetensors.tmp.%ld.abc", dir, 5, (long)dead);
-	spill(path, "x", 1);
+	dg_test_write_bytes(path, "x", 1);
 	cr_assert_eq(dg_checkpoint_prune(dir, 0, &latest, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(latest, 3);
 	cr_assert_neq(stat(path, &st), 0, "%s kept", path);
@@ -464,7 +405,7 @@ Test(checkpoint, pytorch_reads_the_weights)
 	if (!dg_test_need(system("python3 -c 'import torch, safetensors' >/dev/null 2>&1") == 0, "no torch",
 			  "python3 cannot import torch, safetensors: scripts/test.sh installs them into .venv"))
 		return;
-	dg_model_config c = tiny();
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_train_state *s = made(&c);
 	char *dir = dg_test_tmpdir(), path[512], out[512], cmd[2048], msg[256];
 	snprintf(path, sizeof(path), "%s/c.safetensors", dir);
@@ -478,8 +419,8 @@ Test(checkpoint, pytorch_reads_the_weights)
 		 path, out);
 	cr_assert_eq(system(cmd), 0, "%s", cmd);
 	size_t n;
-	void *enc = slurp(out, &n);
-	cr_assert_eq(n, numel(&c, DG_PARAM_ENCODER) * 4);
+	void *enc = dg_test_read_bytes(out, &n);
+	cr_assert_eq(n, dg_test_numel(&c, DG_PARAM_ENCODER) * 4);
 	cr_assert_eq(memcmp(enc, s->weights->params[DG_PARAM_ENCODER], n), 0);
 	free(enc);
 	dg_train_state_destroy(s);

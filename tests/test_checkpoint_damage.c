@@ -45,57 +45,17 @@ static dg_model_config small(void)
 	return c;
 }
 
-static size_t numel(const dg_model_config *c, int p)
-{
-	int nd;
-	int64_t sh[3];
-	return (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
-}
-
 /* A state at step 30 of 300, random moments (v >= 0). */
 static dg_train_state *made(void)
 {
 	dg_model_config c = small();
-	char msg[256];
-	dg_model_weights *w;
-	cr_assert_eq(dg_model_weights_create(&c, 5, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_adamw_config o;
 	dg_adamw_defaults(&o, 300);
-	dg_train_state *s;
-	cr_assert_eq(dg_train_state_create(w, 42, &o, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_model_weights_destroy(w);
-	dg_rng r;
-	dg_rng_seed(&r, 9);
-	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
-		for (size_t i = 0; i < numel(&c, p); i++) {
-			s->m[p][i] = dg_rng_uniform(&r, -1, 1) * 1e-3f;
-			s->v[p][i] = dg_rng_uniform(&r, 0, 1) * 1e-6f;
-		}
+	dg_train_state *s = dg_test_train_state(&c, &o);
 	s->step = 30;
 	s->data_pos = 30;
 	s->time = 16;
 	return s;
-}
-
-static void *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert_not_null(f, "%s", path);
-	fseek(f, 0, SEEK_END);
-	*n = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	void *b = malloc(*n + 1);
-	cr_assert_eq(fread(b, 1, *n, f), *n);
-	fclose(f);
-	return b;
-}
-
-static void spill(const char *path, const void *b, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f, "%s", path);
-	cr_assert_eq(fwrite(b, 1, n, f), n);
-	fclose(f);
 }
 
 /* The offset of text in b (n bytes), which must be there once. */
@@ -124,7 +84,7 @@ static size_t header_len(const unsigned char *b)
 static dg_status load_bytes(const char *path, const void *b, size_t n, char *msg, size_t size)
 {
 	unlink(path); /* a new file: a file truncated and rewritten may be flushed at close */
-	spill(path, b, n);
+	dg_test_write_bytes(path, b, n);
 	dg_train_state *s = (dg_train_state *)1;
 	dg_status st = dg_checkpoint_load(path, &s, msg, size);
 	if (st)
@@ -141,7 +101,7 @@ Test(checkpoint_damage, every_bit_of_the_header_is_covered)
 	snprintf(flip, sizeof(flip), "%s/flip.safetensors", dir);
 	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	size_t n;
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = dg_test_read_bytes(path, &n);
 	const size_t hn = header_len(b);
 	cr_assert_lt(hn, n);
 	size_t flips = 0, parsed = 0;
@@ -184,7 +144,7 @@ Test(checkpoint_damage, a_step_edited_is_refused)
 	snprintf(other, sizeof(other), "%s/edit.safetensors", dir);
 	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	size_t n;
-	char *bytes = slurp(path, &n);
+	char *bytes = dg_test_read_bytes(path, &n);
 	/* "step":"30" -> "31": one bit */
 	size_t at = find_once(bytes, n, "\"step\":\"30\"");
 	bytes[at + 9] ^= 1;
@@ -206,20 +166,7 @@ Test(checkpoint_damage, a_step_edited_is_refused)
 	dg_safetensors *f;
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
 	for (int seal = 0; seal < 2; seal++) {
-		dg_safetensors_writer *w;
-		cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
-		for (size_t i = 0; i < dg_safetensors_count(f); i++) {
-			const dg_st_tensor *t = dg_safetensors_at(f, i);
-			cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
-							       sizeof(msg)), DG_OK, "%s", msg);
-		}
-		for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
-			const char *key, *val;
-			cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-			if (!strcmp(key, "step"))
-				val = "999999999999";
-			cr_assert_eq(dg_safetensors_writer_meta(w, key, val, msg, sizeof(msg)), DG_OK);
-		}
+		dg_safetensors_writer *w = dg_test_rewrite(f, NULL, dg_test_far_step, NULL);
 		if (seal)
 			cr_assert_eq(dg_safetensors_writer_seal(w, "file_sha256", msg, sizeof(msg)), DG_OK, "%s", msg);
 		cr_assert_eq(dg_safetensors_writer_save(w, other, msg, sizeof(msg)), DG_OK, "%s", msg);
@@ -306,11 +253,11 @@ Test(checkpoint_damage, gradients_and_unsealed_kinds_are_not_weights)
 	cr_assert_eq(dg_model_weights_load(c, path, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_model_weights_destroy(w);
 	size_t n;
-	char *bytes = slurp(path, &n);
+	char *bytes = dg_test_read_bytes(path, &n);
 	find_once(bytes, n, "\"kind\":\"weights\"");
 	size_t at = find_once(bytes, n, "\"embd\":\"8\"") + 8;
 	bytes[at] ^= 1; /* 8 -> 9 */
-	spill(path, bytes, n);
+	dg_test_write_bytes(path, bytes, n);
 	cr_assert_eq(dg_model_weights_load(c, path, &w, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
 	cr_assert(strstr(msg, "weights.safetensors: damaged: "), "%s", msg);
 	cr_assert_eq(dg_model_config_read(path, &got, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
@@ -318,7 +265,7 @@ Test(checkpoint_damage, gradients_and_unsealed_kinds_are_not_weights)
 	bytes[at] ^= 1;
 	at = find_once(bytes, n, "\"file_sha256\"");
 	bytes[at + 5] ^= 1;
-	spill(path, bytes, n);
+	dg_test_write_bytes(path, bytes, n);
 	cr_assert_eq(dg_model_weights_load(c, path, &w, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
 	cr_assert(strstr(msg, "weights.safetensors: damaged: it says it is dragon's weights but has no file_sha256"),
 		  "%s", msg);
@@ -330,6 +277,15 @@ Test(checkpoint_damage, gradients_and_unsealed_kinds_are_not_weights)
 /* A dragon-checkpoint-1 (saved before seals: no seal, no kind, the
  * tensors' data_sha256) loads, the same state; a flipped bit of a tensor
  * is refused by its data_sha256. */
+/* The metadata of a dragon-checkpoint-1: no seal, no kind. */
+static const char *as_v1(void *u, const char *key, const char *val)
+{
+	(void)u;
+	if (!strcmp(key, "file_sha256") || !strcmp(key, "kind"))
+		return NULL;
+	return strcmp(key, "format") ? val : "dragon-checkpoint-1";
+}
+
 Test(checkpoint_damage, an_older_checkpoint_loads_and_its_tensors_are_checked)
 {
 	dg_train_state *s = made(), *b = NULL;
@@ -341,22 +297,7 @@ Test(checkpoint_damage, an_older_checkpoint_loads_and_its_tensors_are_checked)
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
 	char sum[65];
 	dg_safetensors_data_sha256(f, sum);
-	dg_safetensors_writer *w;
-	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
-	for (size_t i = 0; i < dg_safetensors_count(f); i++) {
-		const dg_st_tensor *t = dg_safetensors_at(f, i);
-		cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
-						       sizeof(msg)), DG_OK, "%s", msg);
-	}
-	for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
-		const char *key, *val;
-		cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-		if (!strcmp(key, "file_sha256") || !strcmp(key, "kind"))
-			continue;
-		if (!strcmp(key, "format"))
-			val = "dragon-checkpoint-1";
-		cr_assert_eq(dg_safetensors_writer_meta(w, key, val, msg, sizeof(msg)), DG_OK);
-	}
+	dg_safetensors_writer *w = dg_test_rewrite(f, NULL, as_v1, NULL);
 	cr_assert_eq(dg_safetensors_writer_meta(w, "data_sha256", sum, msg, sizeof(msg)), DG_OK);
 	cr_assert_eq(dg_safetensors_writer_save(w, old, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_safetensors_writer_destroy(w);
@@ -364,10 +305,10 @@ Test(checkpoint_damage, an_older_checkpoint_loads_and_its_tensors_are_checked)
 	cr_assert_eq(dg_checkpoint_load(old, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(b->step, 30);
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
-		cr_assert_eq(memcmp(b->v[p], s->v[p], numel(&s->weights->config, p) * 4), 0);
+		cr_assert_eq(memcmp(b->v[p], s->v[p], dg_test_numel(&s->weights->config, p) * 4), 0);
 	dg_train_state_destroy(b);
 	size_t n;
-	unsigned char *bytes = slurp(old, &n);
+	unsigned char *bytes = dg_test_read_bytes(old, &n);
 	bytes[n - 3] ^= 0x40;
 	cr_assert_eq(load_bytes(old, bytes, n, msg, sizeof(msg)), DG_ERR_CORRUPT, "%s", msg);
 	cr_assert(strstr(msg, "old.safetensors: damaged: its tensors hash to "), "%s", msg);

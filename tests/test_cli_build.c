@@ -238,9 +238,7 @@ Test(cli, failed_build_leaves_out_dir_alone)
 		broken_templates(&sb, tmpl[mode], sizeof(tmpl[mode]), mode, &line[mode]);
 
 	/* an out folder with an earlier bundle in it */
-	gen(&sb, &r, "build", "--op", "pack_i8x4", "--out", sb.out, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--op", "pack_i8x4", "--out", sb.out, NULL);
 	dg_test_write_file(sb.out, "keep.txt", "mine");
 	char *before = listing(sb.out);
 	snprintf(mpath, sizeof(mpath), "%s/manifest.json", sb.out);
@@ -369,14 +367,11 @@ Test(cli, default_set_builds)
 Test(cli, build_heads_flag_alone)
 {
 	sandbox sb;
-	run r;
 	size_t readers = DG_OP__COUNT;
 
 	sandbox_init(&sb);
-	gen(&sb, &r, "build", "--heads", "4", "--latent", "256", "--device", "none", "-j2",
-	    "--out", sb.out, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--heads", "4", "--latent", "256", "--device", "none", "-j2",
+	       "--out", sb.out, NULL);
 	dg_manifest *m = check_bundle(&sb, readers);
 	cr_expect_str_eq(m->device, "");
 	cr_expect_eq(m->sm, 0);
@@ -406,18 +401,14 @@ Test(cli, build_resolves_for_the_device)
 	cr_expect_eq(m->sm, 90);
 	dg_manifest_destroy(m);
 	/* without --device: the one device the records name for sm_90 */
-	gen(&sb, &r, "build", "--op", "lowrank_fwd", "--weight", "ternary", "--relu", "0",
-	    "--out-format", "int8", "--out", sb.out, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--op", "lowrank_fwd", "--weight", "ternary", "--relu", "0",
+	       "--out-format", "int8", "--out", sb.out, NULL);
 	m = check_bundle(&sb, 1);
 	cr_expect_str_eq(m->kernels[0].spec, want);
 	dg_manifest_destroy(m);
 	/* decoder_fwd int8: the record's winner (sm_90) is not the template's
 	 * default (a warpgroup tile on sm_90a), so the device shows */
-	gen(&sb, &r, "build", "--op", "decoder_fwd", "--out", sb.out, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--op", "decoder_fwd", "--out", sb.out, NULL);
 	m = check_bundle(&sb, 1);
 	cr_expect(strstr(m->kernels[0].spec, "arch=sm_90;") &&
 			  strstr(m->kernels[0].spec, "tile=64x128x64/2x2/4;"),
@@ -473,16 +464,13 @@ Test(cli, build_auto_and_its_tile_once)
 Test(cli, rebuild_removes_orphans)
 {
 	sandbox sb;
-	run r;
 	char path[900], rec[900];
 
 	sandbox_init(&sb);
 	unsetenv("DRAGON_TUNE_DB");
 	/* pack_i8x4 at the BDH shape has a built-in record: --tuned bundles it */
-	gen(&sb, &r, "build", "--tuned", "--op", "pack_i8x4,unpack_i8x4", "--out", sb.out, "-q",
-	    NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--tuned", "--op", "pack_i8x4,unpack_i8x4", "--out", sb.out, "-q",
+	       NULL);
 	dg_manifest *m = check_bundle(&sb, 2);
 	char pack[256];
 	snprintf(pack, sizeof(pack), "%s", strncmp(m->kernels[0].file, "pack", 4) == 0
@@ -500,9 +488,7 @@ Test(cli, rebuild_removes_orphans)
 	dg_tune_record_destroy(tr);
 	dg_test_write_file(sb.out, "keep.txt", "mine");
 
-	gen(&sb, &r, "build", "--op", "unpack_i8x4", "--out", sb.out, "-q", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--op", "unpack_i8x4", "--out", sb.out, "-q", NULL);
 	dg_manifest_destroy(check_bundle(&sb, 1));
 	snprintf(path, sizeof(path), "%s/%s", sb.out, pack);
 	cr_expect_not(exists(path), "the old kernel %s stayed", pack);
@@ -523,10 +509,8 @@ Test(cli, inspect_checks_keys_and_templates)
 	char msg[512];
 
 	sandbox_init(&sb);
-	gen(&sb, &r, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out",
-	    sb.out, "-q", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out",
+	       sb.out, "-q", NULL);
 	dg_manifest *m = NULL;
 	cr_assert_eq(dg_manifest_load(sb.out, &m, msg, sizeof(msg)), DG_OK, "%s", msg);
 	char key[80], bad[80], hash[80], other[80];
@@ -578,10 +562,8 @@ Test(cli, a_copy_of_templates_builds_what_the_library_loads)
 	run r;
 
 	sandbox_init(&sb);
-	gen(&sb, &r, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out", sb.out, "-q",
-	    NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out", sb.out, "-q",
+	       NULL);
 	char *copy = dg_test_templates_copy();
 	sb.template_dir = copy;
 	gen(&sb, &r, "build", "--op", "pack_i8x4,unpack_i8x4", "--latent", "256", "--out", sb.out,

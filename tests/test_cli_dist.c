@@ -80,14 +80,10 @@ static void two_ranks_are_the_lone_run(const char *drop)
 	sandbox sb;
 	run r;
 	char data[600], a[600], b[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
-	gen(&sb, &r, "train", TINY, "--steps", "12", "--dropout", drop, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "12", "--dropout", drop, "--data", data, "--out", a, NULL);
 	gen(&sb, &r, "train", TINY, "--steps", "12", "--dropout", drop, "--gpus", "2", "--data", data, "--out", b, NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);
 	cr_assert(strstr(r.out, "trained: f32 on 2 ranks (the CPU), 12 steps of 4x16"), "%s", r.out);
@@ -135,23 +131,14 @@ Test(cli_dist, stop_and_resume_and_another_launcher)
 	sandbox sb;
 	run r;
 	char data[600], a[600], b[600], c[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
 	snprintf(c, sizeof(c), "%s/c", sb.root);
-	gen(&sb, &r, "train", DROP_RUN, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", DROP_RUN, "--data", data, "--out", b, "--stop-at", "6", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", DROP_RUN, "--data", data, "--out", b, "--resume", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a), *lb = log_text(b);
-	cr_assert_str_eq(lb, la, "resumed 2-rank run:\n%s\nstraight:\n%s", lb, la);
+	gen_ok(&sb, "train", DROP_RUN, "--data", data, "--out", a, NULL);
+	gen_ok(&sb, "train", DROP_RUN, "--data", data, "--out", b, "--stop-at", "6", NULL);
+	gen_ok(&sb, "train", DROP_RUN, "--data", data, "--out", b, "--resume", NULL);
+	expect_same_log(b, "resumed 2-rank run", a, "straight");
 
 	/* two ranks of another launcher: the environment alone */
 	setenv("WORLD_SIZE", "2", 1);
@@ -183,11 +170,7 @@ Test(cli_dist, stop_and_resume_and_another_launcher)
 		}
 		run_free(&r);
 	}
-	char *lc = log_text(c);
-	cr_assert_str_eq(lc, la, "another launcher's ranks:\n%s\n--gpus 2:\n%s", lc, la);
-	free(la);
-	free(lb);
-	free(lc);
+	expect_same_log(c, "another launcher's ranks", a, "--gpus 2");
 	sandbox_fini(&sb);
 }
 
@@ -248,25 +231,17 @@ Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 	sandbox sb;
 	run r;
 	char data[600], a[600], k[600], c[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(k, sizeof(k), "%s/k", sb.root);
 	snprintf(c, sizeof(c), "%s/c", sb.root);
-	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a);
+	gen_ok(&sb, "train", LONG_RUN, "--data", data, "--out", a, NULL);
 
 	/* kill -9 of rank 1 */
 	const char *args[] = { "train", LONG_RUN, "--data", data, "--out", k, NULL };
 	kill_rank_1(&sb, args, k, 10);
-	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", k, "--resume", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *lk = log_text(k);
-	cr_assert_str_eq(lk, la, "after a killed rank:\n%s\nstraight:\n%s", lk, la);
+	gen_ok(&sb, "train", LONG_RUN, "--data", data, "--out", k, "--resume", NULL);
+	expect_same_log(k, "after a killed rank", a, "straight");
 
 	/* ^C to the launcher: both ranks stop at one step, with its checkpoint */
 	const char *cargs[] = { "train", LONG_RUN, "--data", data, "--out", c, NULL };
@@ -277,14 +252,8 @@ Test(cli_dist, a_killed_rank_and_a_ctrl_c)
 	cr_assert_eq(r.code, 130, "exit %d: %s", r.code, r.err);
 	cr_assert(strstr(r.err, "interrupted at step "), "%s", r.err);
 	run_free(&r);
-	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", c, "--resume", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *lc = log_text(c);
-	cr_assert_str_eq(lc, la, "after ^C:\n%s\nstraight:\n%s", lc, la);
-	free(la);
-	free(lk);
-	free(lc);
+	gen_ok(&sb, "train", LONG_RUN, "--data", data, "--out", c, "--resume", NULL);
+	expect_same_log(c, "after ^C", a, "straight");
 	sandbox_fini(&sb);
 }
 
@@ -293,9 +262,7 @@ Test(cli_dist, refusals)
 	sandbox sb;
 	run r;
 	char data[600], out[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(out, sizeof(out), "%s/o", sb.root);
 	gen(&sb, &r, "train", "--cpu", "--preset", "f32", "--batch", "3", "--gpus", "2", "--data", data, "--out", out, NULL);
 	expect_one_line_error(&r, 2, "--batch 3 --gpus 2: the batch must be a multiple of the GPUs");
@@ -370,48 +337,31 @@ Test(cli_dist, gpu_one_rank_is_the_lone_run_and_two_are_too)
 		cr_skip_test("skipped: no CUDA device (%s)", why);
 	}
 	sandbox sb;
-	run r;
 	char data[600], a[600], b[600], c[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 8000);
+	train_sandbox(&sb, data, sizeof(data), 8000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
 	snprintf(c, sizeof(c), "%s/c", sb.root);
-	gen(&sb, &r, "train", GPU_RUN, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", GPU_RUN, "--gpus", "1", "--data", data, "--out", b, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a), *lb = log_text(b);
-	cr_assert_str_eq(lb, la, "--gpus 1:\n%s\nlone:\n%s", lb, la);
-	free(lb);
+	gen_ok(&sb, "train", GPU_RUN, "--data", data, "--out", a, NULL);
+	gen_ok(&sb, "train", GPU_RUN, "--gpus", "1", "--data", data, "--out", b, NULL);
+	expect_same_log(b, "--gpus 1", a, "lone");
 	if (n < 2) {
 		printf("gpu_two: skipped: needs 2 GPUs (this machine has %d); --gpus 1 checked\n", n);
-		free(la);
 		sandbox_fini(&sb);
 		return;
 	}
-	gen(&sb, &r, "train", GPU_RUN, "--gpus", "2", "--data", data, "--out", c, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", GPU_RUN, "--gpus", "2", "--data", data, "--out", c, NULL);
 	double worst = log_worst(a, c);
 	printf("dist: 2 GPUs against one, f32, dropout 0: worst relative difference %.2e over 12 steps\n", worst);
 	cr_assert_lt(worst, 1e-5);
-	free(la);
 
 	/* with dropout: each rank draws its rows' masks of the global batch */
 	char ad[600], cd[600], k[600];
 	snprintf(ad, sizeof(ad), "%s/ad", sb.root);
 	snprintf(cd, sizeof(cd), "%s/cd", sb.root);
 	snprintf(k, sizeof(k), "%s/k", sb.root);
-	gen(&sb, &r, "train", GPU_DROP, "--data", data, "--out", ad, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", GPU_DROP, "--gpus", "2", "--data", data, "--out", cd, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", GPU_DROP, "--data", data, "--out", ad, NULL);
+	gen_ok(&sb, "train", GPU_DROP, "--gpus", "2", "--data", data, "--out", cd, NULL);
 	worst = log_worst(ad, cd);
 	printf("dist: 2 GPUs against one, f32, dropout 0.1: worst relative difference %.2e over 12 steps\n", worst);
 	cr_assert_lt(worst, 1e-5);
@@ -422,9 +372,7 @@ Test(cli_dist, gpu_one_rank_is_the_lone_run_and_two_are_too)
 	long long newest = kill_rank_1(&sb, args, k, 120);
 	char stop[32];
 	snprintf(stop, sizeof(stop), "%lld", newest + 10);
-	gen(&sb, &r, "train", GPU_LONG, "--data", data, "--out", k, "--resume", "--stop-at", stop, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", GPU_LONG, "--data", data, "--out", k, "--resume", "--stop-at", stop, NULL);
 	printf("dist: 2 GPUs, rank 1 killed: named, checkpoint %lld whole, resumed to %s\n", newest, stop);
 	sandbox_fini(&sb);
 }

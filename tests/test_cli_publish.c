@@ -92,7 +92,6 @@ static void spy_dump(const spy_log *l)
 Test(cli_publish, plot_syncs_the_png_and_then_its_folder)
 {
 	sandbox sb;
-	run r;
 	char log[700], dir[700], out[800], want[128];
 	cli_use_program("DRAGON", "dragon: ");
 	if (!gnuplot_or_skip())
@@ -109,9 +108,7 @@ Test(cli_publish, plot_syncs_the_png_and_then_its_folder)
 	cr_assert_eq(mkdir(dir, 0755), 0);
 	snprintf(out, sizeof(out), "%s/loss.png", dir);
 	spy_on(&sb);
-	gen(&sb, &r, "plot", log, "--out", out, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "plot", log, "--out", out, NULL);
 
 	spy_log l;
 	spy_read(&sb, &l);
@@ -132,16 +129,13 @@ Test(cli_publish, plot_syncs_the_png_and_then_its_folder)
 Test(cli_publish, build_syncs_what_the_manifest_lists_before_the_manifest)
 {
 	sandbox sb;
-	run r;
 	char path[800], tune[800], bundle[128], records[128];
 	cli_use_program("DRAGON_GEN", "dragon-gen: ");
 	sandbox_init(&sb);
 	unsetenv("DRAGON_TUNE_DB");
 	spy_on(&sb);
 	/* pack_i8x4 at the BDH shape has a built-in record: --tuned bundles it */
-	gen(&sb, &r, "build", "--tuned", "--op", "pack_i8x4,unpack_i8x4", "--out", sb.out, "-q", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", "--tuned", "--op", "pack_i8x4,unpack_i8x4", "--out", sb.out, "-q", NULL);
 
 	spy_log l;
 	spy_read(&sb, &l);

@@ -164,10 +164,8 @@ Test(cli_tokens, llmc_shards_train_resume_eval_and_sample)
 	snprintf(out, sizeof(out), "%s/run", sb.root);
 
 	/* stopped at 5, resumed to 10: the shards' digest held */
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--eval-every", "5", "--data", glob, "--out", out, "--stop-at",
-	    "5", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--eval-every", "5", "--data", glob, "--out", out, "--stop-at",
+	       "5", NULL);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--eval-every", "5", "--data", glob, "--out", out, "--resume",
 	    "--json", NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);
@@ -236,10 +234,8 @@ Test(cli_tokens, llmc_shards_train_resume_eval_and_sample)
 
 	/* another val shard: another corpus, a resume refused naming it */
 	snprintf(out, sizeof(out), "%s/run2", sb.root);
-	gen(&sb, &r, "train", TINY, "--steps", "4", "--eval-every", "2", "--data", glob, "--out", out, "--stop-at",
-	    "2", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "4", "--eval-every", "2", "--data", glob, "--out", out, "--stop-at",
+	       "2", NULL);
 	snprintf(p, sizeof(p), "%s/tok_val_000000.bin", sb.root);
 	tokens(p, 1000, 18, V, true, -1, 0);
 	gen(&sb, &r, "train", TINY, "--steps", "4", "--eval-every", "2", "--data", glob, "--out", out, "--resume",
@@ -287,9 +283,7 @@ Test(cli_tokens, bad_token_files_are_refused_before_a_step)
 	/* eval holds the data to the model's vocabulary too */
 	snprintf(p, sizeof(p), "%s/ok.u16", sb.root);
 	tokens(p, 3000, 0, 512, false, -1, 0);
-	gen(&sb, &r, "train", TINY, "--steps", "1", "--data", p, "--vocab", "512", "--out", out, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "1", "--data", p, "--vocab", "512", "--out", out, NULL);
 	char ckpt[800];
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt-00000001.safetensors", out);
 	snprintf(p, sizeof(p), "%s/cut_train_000000.bin", sb.root);

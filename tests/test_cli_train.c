@@ -60,9 +60,7 @@ Test(cli_train, runs_stops_and_resumes)
 	sandbox sb;
 	run r;
 	char data[600], a[600], b[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", a, NULL);
@@ -76,9 +74,7 @@ Test(cli_train, runs_stops_and_resumes)
 	snprintf(ck, sizeof(ck), "%s/ckpt-00000010.safetensors", a);
 	cr_assert(exists(ck), "%s", ck);
 
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", b, "--stop-at", "4", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--data", data, "--out", b, "--stop-at", "4", NULL);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", b, "--resume", "--json", NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);
 	cJSON *j = parse_json(r.out);
@@ -88,8 +84,7 @@ Test(cli_train, runs_stops_and_resumes)
 	cr_assert_eq(num(j, "total_steps"), 10);
 	cJSON_Delete(j);
 	run_free(&r);
-	char *lb = log_text(b);
-	cr_assert_str_eq(lb, la, "resumed:\n%s\nstraight:\n%s", lb, la);
+	expect_same_log(b, "resumed", a, "straight");
 
 	/* another shape: named */
 	gen(&sb, &r, "train", "--cpu", "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "4",
@@ -98,7 +93,6 @@ Test(cli_train, runs_stops_and_resumes)
 	expect_one_line_error(&r, 2, "heads: the checkpoint's 2, this run's 4");
 	run_free(&r);
 	free(la);
-	free(lb);
 	sandbox_fini(&sb);
 }
 
@@ -107,9 +101,7 @@ Test(cli_train, refusals)
 	sandbox sb;
 	run r;
 	char data[600], out[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(out, sizeof(out), "%s/o", sb.root);
 	gen(&sb, &r, "train", "--frobnicate", NULL);
 	cr_assert_eq(r.code, 2, "%s", r.err);
@@ -238,14 +230,10 @@ Test(cli_train, sigint_and_sigterm_checkpoint_and_resume)
 	sandbox sb;
 	run r;
 	char data[600], a[600], b[600], ck[700], want[800];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(b, sizeof(b), "%s/b", sb.root);
-	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", LONG_RUN, "--data", data, "--out", a, NULL);
 
 	const char *fresh[] = { "train", LONG_RUN, "--data", data, "--out", b, NULL };
 	const char *resume[] = { "train", LONG_RUN, "--data", data, "--out", b, "--resume", NULL };
@@ -267,13 +255,8 @@ Test(cli_train, sigint_and_sigterm_checkpoint_and_resume)
 		cr_assert_eq(ckpt_step(ck), n);
 		done = n;
 	}
-	gen(&sb, &r, "train", LONG_RUN, "--data", data, "--out", b, "--resume", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a), *lb = log_text(b);
-	cr_assert_str_eq(lb, la, "interrupted twice:\n%s\nstraight:\n%s", lb, la);
-	free(la);
-	free(lb);
+	gen_ok(&sb, "train", LONG_RUN, "--data", data, "--out", b, "--resume", NULL);
+	expect_same_log(b, "interrupted twice", a, "straight");
 	sandbox_fini(&sb);
 }
 
@@ -289,9 +272,7 @@ Test(cli_train, sigterm_twice_from_one_sender_is_one_request)
 	sandbox sb;
 	run r;
 	char data[600], b[600], ck[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	static const useconds_t gaps[2] = { 0, 5000 };
 	for (int k = 0; k < 2; k++) {
 		snprintf(b, sizeof(b), "%s/b%d", sb.root, k);
@@ -343,18 +324,12 @@ Test(cli_train, full_disk_names_the_file_and_keeps_the_last_checkpoint)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600], p4[700], p6[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--stop-at",
-	    "4", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", a, NULL);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--stop-at",
+	       "4", NULL);
 	snprintf(p4, sizeof(p4), "%s/ckpt-00000004.safetensors", d);
 	snprintf(p6, sizeof(p6), "%s/ckpt-00000006.safetensors", d);
 	size_t n4, m4;
@@ -387,14 +362,9 @@ Test(cli_train, full_disk_names_the_file_and_keeps_the_last_checkpoint)
 	free(before);
 	free(after);
 
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--resume",
-	    NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a), *ld = log_text(d);
-	cr_assert_str_eq(ld, la, "resumed after a full disk:\n%s\nstraight:\n%s", ld, la);
-	free(la);
-	free(ld);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--resume",
+	       NULL);
+	expect_same_log(d, "resumed after a full disk", a, "straight");
 	sandbox_fini(&sb);
 }
 
@@ -410,14 +380,10 @@ Test(cli_train, file_size_limit_names_the_file_and_keeps_the_last_checkpoint)
 	sandbox sb;
 	run r;
 	char data[600], d[600], p4[700], p6[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--stop-at",
-	    "4", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", d, "--stop-at",
+	       "4", NULL);
 	snprintf(p4, sizeof(p4), "%s/ckpt-00000004.safetensors", d);
 	snprintf(p6, sizeof(p6), "%s/ckpt-00000006.safetensors", d);
 	size_t n4, m4;
@@ -523,14 +489,10 @@ Test(cli_train, kill9_at_any_moment_keeps_a_checkpoint)
 	sandbox sb;
 	run r;
 	char data[600], a[600], k[600], pa[700], pk[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(k, sizeof(k), "%s/k", sb.root);
-	gen(&sb, &r, "train", KILL_RUN, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", KILL_RUN, "--data", data, "--out", a, NULL);
 
 	const char *fresh[] = { "train", KILL_RUN, "--data", data, "--out", k, NULL };
 	const char *resume[] = { "train", KILL_RUN, "--data", data, "--out", k, "--resume", NULL };
@@ -562,13 +524,10 @@ Test(cli_train, kill9_at_any_moment_keeps_a_checkpoint)
 	cr_assert_geq(kills, 10, "only %d kills before the run's end came near", kills);
 	cr_assert_geq(mid_write, 1, "none of %d kills landed mid-write", kills);
 
-	gen(&sb, &r, "train", KILL_RUN, "--data", data, "--out", k, "--resume", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a), *lk = log_text(k);
-	cr_assert_str_eq(lk, la, "killed %d times:\n%s\nstraight:\n%s", kills, lk, la);
-	free(la);
-	free(lk);
+	gen_ok(&sb, "train", KILL_RUN, "--data", data, "--out", k, "--resume", NULL);
+	char what[64];
+	snprintf(what, sizeof(what), "killed %d times", kills);
+	expect_same_log(k, what, a, "straight");
 	snprintf(pa, sizeof(pa), "%s/ckpt-%08d.safetensors", a, KILL_STEPS);
 	snprintf(pk, sizeof(pk), "%s/ckpt-%08d.safetensors", k, KILL_STEPS);
 	size_t na, nk;
@@ -603,15 +562,11 @@ Test(cli_train, second_sigint_during_the_checkpoint)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600], ck[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 #define TWICE_RUN KILL_RUN, "--ckpt-every", "5"
-	gen(&sb, &r, "train", TWICE_RUN, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TWICE_RUN, "--data", data, "--out", a, NULL);
 	const char *args[] = { "train", TWICE_RUN, "--data", data, "--out", d, NULL };
 	pid_t pid = spawn_gen(&sb, args);
 	wait_for_lines(d, 7, pid);
@@ -645,13 +600,8 @@ Test(cli_train, second_sigint_during_the_checkpoint)
 	cr_assert_geq(newest, 5);
 	snprintf(ck, sizeof(ck), "%s/ckpt-%08lld.safetensors", d, newest);
 	cr_assert_eq(ckpt_step(ck), newest);
-	gen(&sb, &r, "train", TWICE_RUN, "--data", data, "--out", d, "--resume", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a), *ld = log_text(d);
-	cr_assert_str_eq(ld, la, "stopped by two ^C:\n%s\nstraight:\n%s", ld, la);
-	free(la);
-	free(ld);
+	gen_ok(&sb, "train", TWICE_RUN, "--data", data, "--out", d, "--resume", NULL);
+	expect_same_log(d, "stopped by two ^C", a, "straight");
 	cr_assert_eq(temps_in(d, 0), 0, "a temp file left after the resume:\n%s", listing(d));
 	sandbox_fini(&sb);
 }
@@ -732,10 +682,8 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
 	expect_one_line_error(&r, 1, "no checkpoint to resume from");
 	run_free(&r);
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", out, "--stop-at",
-	    "4", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--ckpt-every", "2", "--data", data, "--out", out, "--stop-at",
+	       "4", NULL);
 	snprintf(ck, sizeof(ck), "%s/ckpt-00000002.safetensors", out);
 	cr_assert(exists(ck), "%s", ck);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, NULL);
@@ -784,19 +732,7 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 	dg_safetensors *f;
 	char msg[1024];
 	cr_assert_eq(dg_safetensors_load(ck, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
-	dg_safetensors_writer *w;
-	cr_assert_eq(dg_safetensors_writer_create(&w), DG_OK);
-	for (size_t i = 0; i < dg_safetensors_count(f); i++) {
-		const dg_st_tensor *t = dg_safetensors_at(f, i);
-		cr_assert_eq(dg_safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, msg,
-						       sizeof(msg)), DG_OK, "%s", msg);
-	}
-	for (size_t i = 0; i < dg_safetensors_meta_count(f); i++) {
-		const char *key, *val;
-		cr_assert(dg_safetensors_meta_at(f, i, &key, &val));
-		cr_assert_eq(dg_safetensors_writer_meta(w, key, strcmp(key, "step") ? val : "999999999999", msg,
-							sizeof(msg)), DG_OK);
-	}
+	dg_safetensors_writer *w = dg_test_rewrite(f, NULL, dg_test_far_step, NULL);
 	cr_assert_eq(dg_safetensors_writer_save(w, ck, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_safetensors_writer_destroy(w);
 	dg_safetensors_destroy(f);
@@ -816,10 +752,8 @@ Test(cli_train, bad_inputs_are_refused_by_name)
 	damage(ck, 0, NULL, 0);
 	damage(ck, 0, good, n);
 	snprintf(p, sizeof(p), "%s/grads.safetensors", sb.root);
-	gen(&sb, &r, "eval", "--model", ck, "--cpu", "--batch", "1", "--time", "8", "--batches", "1", "--grads", p,
-	    NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "eval", "--model", ck, "--cpu", "--batch", "1", "--time", "8", "--batches", "1", "--grads", p,
+	       NULL);
 	cr_assert_eq(rename(p, ck), 0);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", out, "--resume", NULL);
 	expect_one_line_error(&r, 1, "ckpt-00000004.safetensors: a gradients file");
@@ -898,9 +832,7 @@ Test(cli_train, progress_on_a_terminal)
 {
 	sandbox sb;
 	char data[600], out[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(out, sizeof(out), "%s/o", sb.root);
 	const char *args[] = { "train", TINY, "--steps", "10", "--data", data, "--out", out, NULL };
 	int code;
@@ -923,13 +855,9 @@ Test(cli_train, plot_draws_a_png)
 	char data[600], a[600], log[700], png[700], bad[700];
 	if (!gnuplot_or_skip())
 		return;
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
-	gen(&sb, &r, "train", TINY, "--steps", "6", "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "6", "--data", data, "--out", a, NULL);
 	snprintf(log, sizeof(log), "%s/log.jsonl", a);
 	snprintf(png, sizeof(png), "%s/loss.png", sb.root);
 	gen(&sb, &r, "plot", log, log, "--label", "one", "--out", png, "--title", "tiny \"run\"", NULL);

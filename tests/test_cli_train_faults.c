@@ -44,9 +44,7 @@ static void train_with(const char *fault, const char *const *want)
 	sandbox sb;
 	run r;
 	char data[600], out[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 20000);
+	train_sandbox(&sb, data, sizeof(data), 20000);
 	snprintf(out, sizeof(out), "%s/run", sb.root);
 	setenv("DRAGON_FAULT", fault, 1);
 	gen(&sb, &r, "train", SMALL, "--data", data, "--out", out, NULL);

@@ -178,14 +178,10 @@ Test(cli_train_resume, a_resume_repairs_the_log_and_says_so)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--data", data, "--out", a, NULL);
 	char *straight = log_text(a);
 	long long st[64];
 	static const struct {
@@ -208,9 +204,7 @@ Test(cli_train_resume, a_resume_repairs_the_log_and_says_so)
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		snprintf(d, sizeof(d), "%s/%s", sb.root, cases[i].name);
-		gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--stop-at", "6", NULL);
-		cr_assert_eq(r.code, 0, "%s", r.err);
-		run_free(&r);
+		gen_ok(&sb, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--stop-at", "6", NULL);
 		char *kept = first_lines(d, cases[i].keep < 0 ? 0 : cases[i].keep);
 		char *text = malloc(strlen(kept) + strlen(cases[i].extra) + 1);
 		sprintf(text, "%s%s", kept, cases[i].extra);
@@ -296,9 +290,7 @@ Test(cli_train_resume, a_resume_holds_the_corpus_batch_time_and_steps)
 	rename(data, other);
 	text_file(&sb, data, sizeof(data), 6000);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--stop-at", "4", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--stop-at", "4", NULL);
 	char *before = raw_log(d);
 
 	/* each refused, naming the field, the flag, both values; nothing
@@ -328,39 +320,29 @@ Test(cli_train_resume, a_resume_holds_the_corpus_batch_time_and_steps)
 
 	/* --allow-changed: each taken, recorded on the resumed run's first
 	 * line, and the checkpoint holds the new value from then on */
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--resume", "--allow-changed",
-	    "--batch", "4", "--stop-at", "5", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--resume", "--allow-changed",
+	       "--batch", "4", "--stop-at", "5", NULL);
 	expect_change(d, 5, "batch", 2, 4);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--resume", NULL);
 	expect_one_line_error(&r, 2, "batch: the checkpoint's 4, this run's 2 (--batch)");
 	run_free(&r);
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--resume", "--allow-changed",
-	    "--batch", "4", "--time", "8", "--stop-at", "6", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--resume", "--allow-changed",
+	       "--batch", "4", "--time", "8", "--stop-at", "6", NULL);
 	expect_change(d, 6, "time", 16, 8);
-	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", other, "--out", d, "--resume", "--allow-changed",
-	    "--batch", "4", "--time", "8", "--stop-at", "7", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "10", "--data", other, "--out", d, "--resume", "--allow-changed",
+	       "--batch", "4", "--time", "8", "--stop-at", "7", NULL);
 	cJSON *c = change_at(d, 7, "data");
 	cr_assert(cJSON_IsString(cJSON_GetObjectItem(c, "from")) && cJSON_IsString(cJSON_GetObjectItem(c, "to")));
 	cr_assert_eq(strlen(cJSON_GetObjectItem(c, "to")->valuestring), 64);
 	cr_assert_str_neq(cJSON_GetObjectItem(c, "from")->valuestring, cJSON_GetObjectItem(c, "to")->valuestring);
 	cJSON_Delete(c);
-	gen(&sb, &r, "train", TINY, "--steps", "60", "--data", other, "--out", d, "--resume", "--allow-changed",
-	    "--batch", "4", "--time", "8", "--stop-at", "8", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "60", "--data", other, "--out", d, "--resume", "--allow-changed",
+	       "--batch", "4", "--time", "8", "--stop-at", "8", NULL);
 	expect_change(d, 8, "steps", 10, 60);
 	expect_change(d, 8, "warmup", 1, 6);
 	/* the new schedule is the checkpoint's now: resumed as it is */
-	gen(&sb, &r, "train", TINY, "--steps", "60", "--data", other, "--out", d, "--resume", "--batch", "4", "--time",
-	    "8", "--stop-at", "9", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "train", TINY, "--steps", "60", "--data", other, "--out", d, "--resume", "--batch", "4", "--time",
+	       "8", "--stop-at", "9", NULL);
 	long long st[64];
 	expect_steps(st, log_steps(d, st, 64), 1, 9);
 	cr_assert_null(change_at(d, 9, NULL));
@@ -379,9 +361,7 @@ Test(cli_train_resume, stop_at_and_json_count_the_steps_run)
 	sandbox sb;
 	run r;
 	char data[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--data", data, "--out", d, "--stop-at", "4", "--json", NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);

@@ -67,9 +67,7 @@ Test(cli_train_stop, a_long_cpu_step_stops_at_once_and_says_so)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600], ck[700];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 20000);
+	train_sandbox(&sb, data, sizeof(data), 20000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	const char *args[] = { "train", SLOW, "--data", data, "--out", d, NULL };
@@ -97,16 +95,9 @@ Test(cli_train_stop, a_long_cpu_step_stops_at_once_and_says_so)
 	free(l);
 
 	/* step 2 again, from the batch it drew: the straight run's */
-	gen(&sb, &r, "train", SLOW, "--data", data, "--out", d, "--resume", "--stop-at", "2", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", SLOW, "--data", data, "--out", a, "--stop-at", "2", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a), *ld = log_text(d);
-	cr_assert_str_eq(ld, la, "stopped midway and resumed:\n%s\nstraight:\n%s", ld, la);
-	free(la);
-	free(ld);
+	gen_ok(&sb, "train", SLOW, "--data", data, "--out", d, "--resume", "--stop-at", "2", NULL);
+	gen_ok(&sb, "train", SLOW, "--data", data, "--out", a, "--stop-at", "2", NULL);
+	expect_same_log(d, "stopped midway and resumed", a, "straight");
 	sandbox_fini(&sb);
 }
 
@@ -121,9 +112,7 @@ Test(cli_train_stop, a_validation_cut_short_is_finished_by_the_resume)
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 20000);
+	train_sandbox(&sb, data, sizeof(data), 20000);
 	snprintf(a, sizeof(a), "%s/a", sb.root);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	const char *args[] = { "train", VAL, "--data", data, "--out", d, NULL };
@@ -146,17 +135,9 @@ Test(cli_train_stop, a_validation_cut_short_is_finished_by_the_resume)
 	cr_assert_null(strstr(ld, "val_loss"), "%s", ld);
 	free(ld);
 
-	gen(&sb, &r, "train", VAL, "--data", data, "--out", d, "--resume", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	gen(&sb, &r, "train", VAL, "--data", data, "--out", a, NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
-	char *la = log_text(a);
-	ld = log_text(d);
-	cr_assert_str_eq(ld, la, "stopped in a validation and resumed:\n%s\nstraight:\n%s", ld, la);
-	free(la);
-	free(ld);
+	gen_ok(&sb, "train", VAL, "--data", data, "--out", d, "--resume", NULL);
+	gen_ok(&sb, "train", VAL, "--data", data, "--out", a, NULL);
+	expect_same_log(d, "stopped in a validation and resumed", a, "straight");
 	sandbox_fini(&sb);
 }
 
@@ -209,9 +190,7 @@ Test(cli_train_stop, a_shape_past_the_memory_is_refused_before_it_starts)
 	sandbox sb;
 	run r = { 0 };
 	char data[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 10500000); /* a validation split of a row of 2^20 */
+	train_sandbox(&sb, data, sizeof(data), 10500000); /* a validation split of a row of 2^20 */
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	long rss;
 	double took;
@@ -251,9 +230,7 @@ Test(cli_train_stop, cpu_alone_names_what_to_add)
 	sandbox sb;
 	run r;
 	char data[600], d[600];
-	cli_use_program("DRAGON", "dragon: ");
-	sandbox_init(&sb);
-	text_file(&sb, data, sizeof(data), 6000);
+	train_sandbox(&sb, data, sizeof(data), 6000);
 	snprintf(d, sizeof(d), "%s/d", sb.root);
 	gen(&sb, &r, "train", "--cpu", "--data", data, "--out", d, NULL);
 	expect_one_line_error(&r, 2, "--cpu: the default preset, bf16, runs on an NVIDIA GPU only; add --preset f32 (or "

@@ -205,10 +205,8 @@ Test(cli_tune, build_tuned_bundles_the_record)
 
 	sandbox_init(&sb);
 	make_db(&sb, dir, sizeof(dir), false);
-	gen(&sb, &r, "build", SPEC_FLAGS, "--out", sb.out, "--tuned", "--tune-db", dir, "-q",
-	    NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", SPEC_FLAGS, "--out", sb.out, "--tuned", "--tune-db", dir, "-q",
+	       NULL);
 	snprintf(path, sizeof(path), "%s/tune/h200.json", sb.out);
 	cr_expect(exists(path), "the record is not in the bundle: %s", listing(sb.out));
 	snprintf(path, sizeof(path), "%s/manifest.json", sb.out);
@@ -229,9 +227,7 @@ Test(cli_tune, build_tuned_bundles_the_record)
 	run_free(&r);
 	/* without --tuned the kernel is the same (the records resolve every
 	 * build), and the bundle's records go */
-	gen(&sb, &r, "build", SPEC_FLAGS, "--out", sb.out, "--tune-db", dir, "-q", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	run_free(&r);
+	gen_ok(&sb, "build", SPEC_FLAGS, "--out", sb.out, "--tune-db", dir, "-q", NULL);
 	snprintf(path, sizeof(path), "%s/manifest.json", sb.out);
 	text = slurp(path, NULL);
 	cr_expect(strstr(text, "tile=64x128x64/2x2/2;"), "%s", text);

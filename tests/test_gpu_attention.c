@@ -185,27 +185,118 @@ static void *run_twice(dg_device *dev, const dg_spec *s, const dg_tensor *in, in
 	return r[0];
 }
 
+/* n = B·H·T·T scores of act: exactly 0 on and above the diagonal. */
+static void expect_causal(dg_fmt act, const void *scores, size_t bh, int T)
+{
+	float *gs = widen(act, scores, bh * T * T);
+	for (size_t z = 0; z < bh; z++)
+		for (int i = 0; i < T; i++)
+			for (int j = i; j < T; j++)
+				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
+	free(gs);
+}
+
+/* attention_scores sp (act) at shape s on in2 = { xs, rope }, twice: the
+ * reference on the host xs into want (B·H·T·T values of act), compared by
+ * act's bound, and exactly 0 on and above the diagonal. */
+static void check_scores(dg_device *dev, const dg_spec *sp, dg_fmt act, const shape *s, const dg_tensor *in2,
+			 const void *xs, const float *rope, void *want, const char *what)
+{
+	int B = s->B, H = s->H, T = s->T;
+	size_t ns = (size_t)B * H * T * T;
+	void *got = run_twice(dev, sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * act_size(act));
+	cr_assert_eq(dg_ref_attention_scores(sp, xs, rope, want, B, T), DG_OK);
+	expect_close(what, act, act, got, want, ns);
+	expect_causal(act, got, (size_t)B * H, T);
+	free(got);
+}
+
+/* The inputs most cases share, drawn in this order from the test's
+ * stream: the RoPE table (no draw), grad (B, H, T, D) f32 in [-1, 1),
+ * with_gx a grad_x (B, H, T, N) f32 likewise, xs (B, H, T, N) act in
+ * [0, 1) (xs_mask: rand_mask's, a ReLU's output with zeros and
+ * negatives), v (B, 1, T, D) act in [-1, 1); each uploaded as a tensor. */
+typedef struct inputs {
+	float *rope, *g, *gx; /* gx NULL without with_gx */
+	void *xs, *v;
+	dg_tensor t_xs, t_rope, t_v, t_g, t_gx;
+} inputs;
+
+static void *rand_mask(dg_fmt act, size_t n);
+
+static void inputs_make(dg_device *dev, dg_fmt act, const shape *s, bool with_gx, bool xs_mask, inputs *in)
+{
+	int B = s->B, H = s->H, T = s->T, N = s->N, D = s->D;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D, as = act_size(act);
+	memset(in, 0, sizeof(*in));
+	in->rope = gh_xmalloc((size_t)T * N * 4);
+	in->g = gh_xmalloc(ng * 4);
+	dg_ref_rope_pairs(T, N, in->rope);
+	for (size_t i = 0; i < ng; i++)
+		in->g[i] = gh_uniform(-1.0f, 1.0f);
+	if (with_gx) {
+		in->gx = gh_xmalloc(nx * 4);
+		for (size_t i = 0; i < nx; i++)
+			in->gx[i] = gh_uniform(-1.0f, 1.0f);
+	}
+	in->xs = xs_mask ? rand_mask(act, nx) : rand_act(act, nx, 0.0f, NULL);
+	in->v = rand_act(act, nv, -1.0f, NULL);
+	in->t_xs = dg_tensor_4d("xs", act, UP(in->xs, nx * as), B, H, T, N);
+	in->t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(in->rope, (size_t)T * N * 4), T, N);
+	in->t_v = dg_tensor_4d("v", act, UP(in->v, nv * as), B, 1, T, D);
+	in->t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(in->g, ng * 4), B, H, T, D);
+	if (with_gx)
+		in->t_gx = dg_tensor_4d("grad", DG_FMT_F32, UP(in->gx, nx * 4), B, H, T, N);
+}
+
+static void inputs_free(inputs *in)
+{
+	free(in->rope), free(in->g), free(in->gx), free(in->xs), free(in->v);
+}
+
+/* The chains' spec: it carries every size of the step (heads, latent,
+ * embd), which normalizing to one op's fields would drop; pre: the sm_90a
+ * warpgroup path with rope=pre. */
+static dg_spec chain_spec(dg_fmt act, const shape *s, bool pre)
+{
+	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, s, NULL);
+	sp.embd = s->D;
+	if (pre) {
+		sp.arch = 90;
+		sp.arch_specific = true;
+		sp.rope_pre = true;
+	}
+	return sp;
+}
+
+/* add_mask: dxs (out) += other (f32) where xs (act) > 0, at H heads of
+ * latent N. */
+static dg_spec add_mask_spec(dg_fmt act, dg_fmt out, int H, int N)
+{
+	dg_spec ms;
+	dg_spec_init(&ms, DG_OP_ADD_MASK);
+	ms.act = act;
+	ms.out = out;
+	ms.src = DG_FMT_F32;
+	ms.heads = H;
+	ms.latent = N;
+	dg_spec_normalize(&ms);
+	return ms;
+}
+
 static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile *tile)
 {
 	int B = s->B, H = s->H, T = s->T, N = s->N, D = s->D;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
 	size_t ns = (size_t)B * H * T * T, as = act_size(act);
-	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4), *gx = gh_xmalloc(nx * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	for (size_t i = 0; i < nx; i++)
-		gx[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
+	inputs in;
+	inputs_make(dev, act, s, true, false, &in);
+	const float *rope = in.rope, *g = in.g, *gx = in.gx;
+	const void *xs = in.xs, *v = in.v;
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g, t_gx = in.t_gx;
 	void *want_x = gh_xmalloc(nx * 4), *want_s = gh_xmalloc(ns * as), *want_c = gh_xmalloc(ns * as);
 	void *want_o = gh_xmalloc(ng * as);
 	float *want_gv = gh_xmalloc(nv * 4), *want_gx = gh_xmalloc(nx * 4);
-
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * as), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * as), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
-	dg_tensor t_gx = dg_tensor_4d("grad", DG_FMT_F32, UP(gx, nx * 4), B, H, T, N);
 
 	/* rope, bit for bit */
 	dg_spec sp = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
@@ -224,16 +315,7 @@ static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile
 	/* scores: exactly 0 on and above the diagonal */
 	sp = spec_of(DG_OP_ATTENTION_SCORES, act, s, tile);
 	in2[0] = t_xs;
-	got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * as);
-	cr_assert_eq(dg_ref_attention_scores(&sp, xs, rope, want_s, B, T), DG_OK);
-	expect_close("attention_scores", act, act, got, want_s, ns);
-	float *gs = widen(act, got, ns);
-	for (size_t z = 0; z < (size_t)B * H; z++)
-		for (int i = 0; i < T; i++)
-			for (int j = i; j < T; j++)
-				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
-	free(gs);
-	free(got);
+	check_scores(dev, &sp, act, s, in2, xs, rope, want_s, "attention_scores");
 
 	/* out, from the reference's scores */
 	dg_tensor t_s = dg_tensor_4d("scores", act, UP(want_s, ns * as), B, H, T, T);
@@ -250,7 +332,7 @@ static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile
 	got = run_twice(dev, &sp, in_c, 2, dg_tensor_4d("grad_scores", act, 0, B, H, T, T), ns * as);
 	cr_assert_eq(dg_ref_attention_grad_scores(&sp, g, v, want_c, B, T), DG_OK);
 	expect_close("attention_grad_scores", act, act, got, want_c, ns);
-	gs = widen(act, got, ns);
+	float *gs = widen(act, got, ns);
 	for (size_t z = 0; z < (size_t)B * H; z++)
 		for (int i = 0; i < T; i++)
 			for (int j = 0; j <= i; j++) {
@@ -278,8 +360,8 @@ static void small_case(dg_device *dev, dg_fmt act, const shape *s, const dg_tile
 	expect_close("attention_grad_xs", act, DG_FMT_F32, got, want_gx, nx);
 	free(got);
 
-	free(rope), free(g), free(gx), free(xs), free(v), free(want_x), free(want_s), free(want_c);
-	free(want_o), free(want_gv), free(want_gx);
+	inputs_free(&in);
+	free(want_x), free(want_s), free(want_c), free(want_o), free(want_gv), free(want_gx);
 }
 
 static const shape small_shapes[] = {
@@ -325,23 +407,14 @@ Test(gpu_attention, chains_are_the_ops)
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
 	size_t ns = (size_t)B * H * T * T;
-	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	inputs in;
+	inputs_make(dev, act, &s, false, false, &in);
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
 	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
 	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
 	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
 	dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
-	/* the chains' spec carries every size of the step (heads, latent,
-	 * embd), which normalizing to one op's fields would drop */
-	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
-	sp.embd = D;
+	dg_spec sp = chain_spec(act, &s, false);
 
 	dg_attention_fwd_args fa = { .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s, .out = &t_o };
 	cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
@@ -381,7 +454,8 @@ Test(gpu_attention, chains_are_the_ops)
 	void *gx = run_twice(dev, &so, in_x, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
 	gh_download(dev, got, t_gx.data, nx * 4);
 	gh_expect_bytes("dg_attention_bwd grad_xs", got, gx, nx * 4);
-	free(rope), free(g), free(xs), free(v), free(sc), free(got), free(o), free(gv), free(c), free(gx);
+	inputs_free(&in);
+	free(sc), free(got), free(o), free(gv), free(c), free(gx);
 	gh_close(dev);
 }
 
@@ -411,20 +485,31 @@ static dg_status add_mask_timed(void *user)
 	return dg_add_mask(u->dev, u->spec, u->a);
 }
 
-/* Times s on t and prints the rate of `flop` useful operations. */
-static void report(dg_device *dev, const dg_spec *s, const dg_tensor *const *t, int n, double flop)
+/* The median of 10 timed runs of fn(user) (cold L2). */
+static double median_us(dg_device *dev, dg_timed_fn fn, void *user)
 {
 	dg_timer *tm = NULL;
 	dg_timing r;
+	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_opts o = { .reps = 10 };
+	cr_assert_eq(dg_timer_run(tm, &o, fn, user, &r), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_timer_destroy(tm);
+	return r.median_us;
+}
+
+/* The (b, h) slices of the BDH shape (B 8, H 4) the references check. */
+static const int bdh_samples[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
+#define N_BDH_SAMPLES 3
+
+/* Times s on t and prints the rate of `flop` useful operations. */
+static void report(dg_device *dev, const dg_spec *s, const dg_tensor *const *t, int n, double flop)
+{
 	timed u = { .dev = dev, .spec = *s };
 	for (int i = 0; i < n; i++)
 		u.t[i] = t[i];
-	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_timer_opts o = { .reps = 10 };
-	cr_assert_eq(dg_timer_run(tm, &o, timed_call, &u, &r), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_timer_destroy(tm);
+	double us = median_us(dev, timed_call, &u);
 	printf("bdh %-22s %9.1f us  %7.1f TFLOP/s  %5.1f%% of 790 (useful flops, cold L2)\n", dg_op_name(s->op),
-	       r.median_us, flop / r.median_us * 1e-6, flop / r.median_us * 1e-6 / 790 * 100);
+	       us, flop / us * 1e-6, flop / us * 1e-6 / 790 * 100);
 	fflush(stdout);
 }
 
@@ -437,15 +522,11 @@ Test(gpu_attention, bdh_shape_sampled_bf16)
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
 	size_t ns = (size_t)B * H * T * T, tn = (size_t)T * N, tt = (size_t)T * T, td = (size_t)T * D;
-	float *rope = gh_xmalloc(tn * 4), *g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, tn * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	inputs in;
+	inputs_make(dev, act, &s, false, false, &in);
+	const float *rope = in.rope, *g = in.g;
+	void *xs = in.xs, *v = in.v;
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
 	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
 	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
 	dg_tensor t_c = dg_tensor_4d("grad_scores", act, FF(ns * 2), B, H, T, T);
@@ -471,27 +552,27 @@ Test(gpu_attention, bdh_shape_sampled_bf16)
 	gh_download(dev, gx, t_gx.data, nx * 4);
 
 	/* sampled slices: each op judged on its own GPU inputs */
-	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
 	void *want = gh_xmalloc(tn * 4);
 	shape one = { 1, 1, T, N, D };
-	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
-		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1], b = (size_t)zs[k][0];
+	for (size_t k = 0; k < N_BDH_SAMPLES; k++) {
+		const int *sl = bdh_samples[k];
+		size_t z = (size_t)sl[0] * H + (size_t)sl[1], b = (size_t)sl[0];
 		char what[64];
 		dg_spec r = spec_of(DG_OP_ATTENTION_SCORES, act, &one, NULL);
 		cr_assert_eq(dg_ref_attention_scores(&r, (uint16_t *)xs + z * tn, rope, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "scores (b %zu, h %d)", b, zs[k][1]);
+		snprintf(what, sizeof(what), "scores (b %zu, h %d)", b, sl[1]);
 		expect_close(what, act, act, sc + z * tt, want, tt);
 		r = spec_of(DG_OP_ATTENTION_OUT, act, &one, NULL);
 		cr_assert_eq(dg_ref_attention_out(&r, sc + z * tt, (uint16_t *)v + b * td, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "out (b %zu, h %d)", b, zs[k][1]);
+		snprintf(what, sizeof(what), "out (b %zu, h %d)", b, sl[1]);
 		expect_close(what, act, act, o + z * td, want, td);
 		r = spec_of(DG_OP_ATTENTION_GRAD_SCORES, act, &one, NULL);
 		cr_assert_eq(dg_ref_attention_grad_scores(&r, g + z * td, (uint16_t *)v + b * td, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "grad_scores (b %zu, h %d)", b, zs[k][1]);
+		snprintf(what, sizeof(what), "grad_scores (b %zu, h %d)", b, sl[1]);
 		expect_close(what, act, act, c + z * tt, want, tt);
 		r = spec_of(DG_OP_ATTENTION_GRAD_XS, act, &one, NULL);
 		cr_assert_eq(dg_ref_attention_grad_xs(&r, c + z * tt, (uint16_t *)xs + z * tn, rope, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "grad_xs (b %zu, h %d)", b, zs[k][1]);
+		snprintf(what, sizeof(what), "grad_xs (b %zu, h %d)", b, sl[1]);
 		expect_close(what, act, DG_FMT_F32, gx + z * tn, want, tn);
 		r = spec_of(DG_OP_ATTENTION_GRAD_V, act, &s, NULL); /* every head of batch row b */
 		cr_assert_eq(dg_ref_attention_grad_v(&r, sc + b * H * tt, g + b * H * td, want, 1, T), DG_OK);
@@ -506,25 +587,12 @@ Test(gpu_attention, bdh_shape_sampled_bf16)
 	report(dev, &s_c, a_c, 3, bh * tri * D * 2);
 	report(dev, &s_v, a_v, 3, bh * tri * D * 2);
 	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
-	free(rope), free(g), free(xs), free(v), free(sc), free(o), free(c), free(gv), free(gx), free(want);
+	inputs_free(&in);
+	free(sc), free(o), free(c), free(gv), free(gx), free(want);
 	gh_close(dev);
 }
 
 /* ---- the sm_90a warpgroup path (rope=pre) ------------------------------------------ */
-
-/* Opens the device; skips (by name) unless it is an sm_90. */
-static dg_device *open_sm90(void)
-{
-	dg_device *dev = gh_open();
-	dg_device_info di;
-	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
-	if (di.sm != 90) {
-		gh_close(dev);
-		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
-		cr_skip_test("skipped: the warpgroup path needs sm_90");
-	}
-	return dev;
-}
 
 static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 {
@@ -541,12 +609,17 @@ static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 /* The plan of sp names the warpgroup path. */
 static void expect_wgmma(const dg_spec *sp)
 {
-	dg_codegen *cg = NULL;
-	dg_plan p;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	cr_assert_eq(dg_codegen_plan(cg, sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma bf16", "%s", p.canonical);
-	dg_codegen_destroy(cg);
+	gh_expect_path(sp, "wgmma bf16");
+}
+
+/* RoPE(xs) in act at shape s, the operand of rope=pre (malloc'd). */
+static void *rope_of(dg_fmt act, const shape *s, const void *xs, const float *rope)
+{
+	size_t nx = (size_t)s->B * s->H * s->T * s->N;
+	void *qr = gh_xmalloc(nx * act_size(act));
+	dg_spec rs = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
+	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, s->B, s->T), DG_OK);
+	return qr;
 }
 
 static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
@@ -557,10 +630,8 @@ static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	float *rope = gh_xmalloc((size_t)T * N * 4);
 	dg_ref_rope_pairs(T, N, rope);
 	void *xs = rand_act(act, nx, 0.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
-	void *qr = gh_xmalloc(nx * 2), *want_s = gh_xmalloc(ns * 2);
+	void *qr = rope_of(act, s, xs, rope), *want_s = gh_xmalloc(ns * 2);
 	float *want_gx = gh_xmalloc(nx * 4);
-	dg_spec rs = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
-	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, B, T), DG_OK);
 	dg_tensor t_qr = dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N);
 	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
 	dg_tensor t_c = dg_tensor_4d("grad_scores", act, UP(c, ns * 2), B, H, T, T);
@@ -568,21 +639,12 @@ static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	dg_spec sp = wg_spec(DG_OP_ATTENTION_SCORES, s, tile);
 	expect_wgmma(&sp);
 	dg_tensor in2[2] = { t_qr, t_rope };
-	void *got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * 2);
-	cr_assert_eq(dg_ref_attention_scores(&sp, qr, rope, want_s, B, T), DG_OK);
-	expect_close("attention_scores (wgmma)", act, act, got, want_s, ns);
-	float *gs = widen(act, got, ns);
-	for (size_t z = 0; z < (size_t)B * H; z++)
-		for (int i = 0; i < T; i++)
-			for (int j = i; j < T; j++)
-				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
-	free(gs);
-	free(got);
+	check_scores(dev, &sp, act, s, in2, qr, rope, want_s, "attention_scores (wgmma)");
 
 	sp = wg_spec(DG_OP_ATTENTION_GRAD_XS, s, tile);
 	expect_wgmma(&sp);
 	dg_tensor in3[3] = { t_c, t_qr, t_rope };
-	got = run_twice(dev, &sp, in3, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
+	void *got = run_twice(dev, &sp, in3, 3, dg_tensor_4d("grad_xs", DG_FMT_F32, 0, B, H, T, N), nx * 4);
 	cr_assert_eq(dg_ref_attention_grad_xs(&sp, c, qr, rope, want_gx, B, T), DG_OK);
 	expect_close("attention_grad_xs (wgmma)", act, DG_FMT_F32, got, want_gx, nx);
 	/* out=bf16: the same sums, rounded once: the f32 output's bf16, bit for bit */
@@ -611,7 +673,7 @@ Test(gpu_attention, warpgroup_path_small_shapes)
 		{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 64, 4, 1, 3, 0 },
 		{ 128, 256, 64, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0x90a);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
@@ -630,27 +692,13 @@ static void ws_scores_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	dg_fmt act = DG_FMT_BF16;
 	float *rope = gh_xmalloc((size_t)T * N * 4);
 	dg_ref_rope_pairs(T, N, rope);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *qr = gh_xmalloc(nx * 2), *want = gh_xmalloc(ns * 2);
-	dg_spec rs = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
-	cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, B, T), DG_OK);
+	void *xs = rand_act(act, nx, 0.0f, NULL), *qr = rope_of(act, s, xs, rope), *want = gh_xmalloc(ns * 2);
 	dg_tensor in2[2] = { dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N),
 			     dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N) };
 	dg_spec sp = wg_spec(DG_OP_ATTENTION_SCORES, s, tile);
-	dg_codegen *cg = NULL;
-	dg_plan p;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	cr_assert_eq(dg_codegen_plan(cg, &sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma tma", "%s", p.canonical);
-	dg_codegen_destroy(cg);
-	void *got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("scores", act, 0, B, H, T, T), ns * 2);
-	cr_assert_eq(dg_ref_attention_scores(&sp, qr, rope, want, B, T), DG_OK);
-	expect_close("attention_scores (warp-specialized)", act, act, got, want, ns);
-	float *gs = widen(act, got, ns);
-	for (size_t z = 0; z < (size_t)B * H; z++)
-		for (int i = 0; i < T; i++)
-			for (int j = i; j < T; j++)
-				cr_assert_eq(gs[z * T * T + (size_t)i * T + j], 0.0f, "scores[%zu][%d][%d]", z, i, j);
-	free(gs), free(got), free(rope), free(xs), free(qr), free(want);
+	gh_expect_path(&sp, "wgmma tma");
+	check_scores(dev, &sp, act, s, in2, qr, rope, want, "attention_scores (warp-specialized)");
+	free(rope), free(xs), free(qr), free(want);
 }
 
 Test(gpu_attention, warp_specialized_scores)
@@ -663,7 +711,7 @@ Test(gpu_attention, warp_specialized_scores)
 		{ 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 }, { 64, 128, 64, 4, 1, 8, 0 },
 		{ 64, 64, 64, 4, 1, 8, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0x75a);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
@@ -678,31 +726,19 @@ Test(gpu_attention, warp_specialized_scores)
  * sums in another order. */
 Test(gpu_attention, warpgroup_chains)
 {
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0xc4a2);
 	shape s = { 2, 2, 65, 128, 64 };
 	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
 	size_t ns = (size_t)B * H * T * T;
-	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_act(act, nx, 0.0f, NULL), *v = rand_act(act, nv, -1.0f, NULL);
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	inputs in;
+	inputs_make(dev, act, &s, false, false, &in);
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
 	void *res[2][4];
 	for (int pre = 0; pre < 2; pre++) {
-		dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
-		sp.embd = D;
-		if (pre) {
-			sp.arch = 90;
-			sp.arch_specific = true;
-			sp.rope_pre = true;
-		}
+		dg_spec sp = chain_spec(act, &s, pre);
 		dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
 		dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
 		dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
@@ -739,7 +775,7 @@ Test(gpu_attention, warpgroup_chains)
 	for (int pre = 0; pre < 2; pre++)
 		for (int k = 0; k < 4; k++)
 			free(res[pre][k]);
-	free(rope), free(g), free(xs), free(v);
+	inputs_free(&in);
 	gh_close(dev);
 }
 
@@ -748,7 +784,7 @@ Test(gpu_attention, warpgroup_chains)
  * step), scores and grad_xs. */
 Test(gpu_attention, bdh_shape_warpgroup)
 {
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0xbd5);
 	shape s = { 8, 4, 512, 8192, 256 };
 	int B = s.B, H = s.H, T = s.T, N = s.N;
@@ -777,20 +813,20 @@ Test(gpu_attention, bdh_shape_warpgroup)
 	gh_download(dev, qr, t_qr.data, nx * 2);
 	gh_download(dev, sc, t_s.data, ns * 2);
 	gh_download(dev, gx, t_gx.data, nx * 4);
-	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
 	void *want = gh_xmalloc(tn * 4);
 	shape one = { 1, 1, T, N, s.D };
-	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
-		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1];
+	for (size_t k = 0; k < N_BDH_SAMPLES; k++) {
+		const int *sl = bdh_samples[k];
+		size_t z = (size_t)sl[0] * H + (size_t)sl[1];
 		char what[64];
 		dg_spec r = wg_spec(DG_OP_ATTENTION_SCORES, &one, NULL);
 		cr_assert_eq(dg_ref_attention_scores(&r, qr + z * tn, rope, want, 1, T), DG_OK);
-		snprintf(what, sizeof(what), "scores wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		snprintf(what, sizeof(what), "scores wgmma (b %d, h %d)", sl[0], sl[1]);
 		expect_close(what, act, act, sc + z * tt, want, tt);
 		r = wg_spec(DG_OP_ATTENTION_GRAD_XS, &one, NULL);
 		cr_assert_eq(dg_ref_attention_grad_xs(&r, (uint16_t *)c + z * tt, qr + z * tn, rope, want, 1, T),
 			     DG_OK);
-		snprintf(what, sizeof(what), "grad_xs wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		snprintf(what, sizeof(what), "grad_xs wgmma (b %d, h %d)", sl[0], sl[1]);
 		expect_close(what, act, DG_FMT_F32, gx + z * tn, want, tn);
 	}
 	double bh = (double)B * H, tri = (double)T * (T - 1) / 2;
@@ -887,14 +923,7 @@ static void mask_case(dg_device *dev, const dg_spec *spec, const shape *s, const
 	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
 	const dg_tensor *t4[4] = { &t_c, &t_xs, &t_rope, &t_gx };
 	cr_assert_eq(run_op(dev, &ss, t4), DG_OK, "%s (unfused): %s", what, dg_device_errmsg(dev));
-	dg_spec ms;
-	dg_spec_init(&ms, DG_OP_ADD_MASK);
-	ms.act = act;
-	ms.out = gf;
-	ms.src = DG_FMT_F32;
-	ms.heads = H;
-	ms.latent = N;
-	dg_spec_normalize(&ms);
+	dg_spec ms = add_mask_spec(act, gf, H, N);
 	dg_tensor t_d = dg_tensor_4d("dxs", gf, UP(dxs, nx * gs), B, H, T, N);
 	dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
 	dg_add_mask_args am = { .dxs = &t_d, .other = &t_o, .xs = &t_m };
@@ -922,7 +951,7 @@ Test(gpu_attention, epi_mask_warpgroup)
 		{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 64, 4, 1, 3, 0 },
 		{ 128, 256, 64, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0xe9a);
 	for (size_t i = 0; i < sizeof(mask_shapes) / sizeof(mask_shapes[0]); i++)
 		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
@@ -982,27 +1011,16 @@ Test(gpu_attention, epi_mask_chain)
 	shape s = { 2, 2, 65, 128, 64 };
 	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
 	dg_fmt act = DG_FMT_BF16;
-	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D;
 	size_t ns = (size_t)B * H * T * T;
-	float *rope = gh_xmalloc((size_t)T * N * 4), *g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, rope);
-	for (size_t i = 0; i < ng; i++)
-		g[i] = gh_uniform(-1.0f, 1.0f);
-	void *xs = rand_mask(act, nx), *v = rand_act(act, nv, -1.0f, NULL), *sc = rand_act(act, ns, -1.0f, NULL);
+	inputs in;
+	inputs_make(dev, act, &s, false, true, &in);
+	void *sc = rand_act(act, ns, -1.0f, NULL);
 	void *dxs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL);
-	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
-	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
-	dg_tensor t_v = dg_tensor_4d("v", act, UP(v, nv * 2), B, 1, T, D);
-	dg_tensor t_g = dg_tensor_4d("grad", DG_FMT_F32, UP(g, ng * 4), B, H, T, D);
+	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
 	dg_tensor t_s = dg_tensor_4d("scores", act, UP(sc, ns * 2), B, H, T, T);
 	for (int pre = 0; pre < (di.sm == 90 ? 2 : 1); pre++) {
-		dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, act, &s, NULL);
-		sp.embd = D;
-		if (pre) {
-			sp.arch = 90;
-			sp.arch_specific = true;
-			sp.rope_pre = true;
-		}
+		dg_spec sp = chain_spec(act, &s, pre);
 		/* unfused: grad_xs f32, then add_mask */
 		dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
 		dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
@@ -1012,14 +1030,7 @@ Test(gpu_attention, epi_mask_chain)
 		cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
 		ba.ws = gh_workspace(dev, need);
 		cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
-		dg_spec ms;
-		dg_spec_init(&ms, DG_OP_ADD_MASK);
-		ms.act = act;
-		ms.out = DG_FMT_BF16;
-		ms.src = DG_FMT_F32;
-		ms.heads = H;
-		ms.latent = N;
-		dg_spec_normalize(&ms);
+		dg_spec ms = add_mask_spec(act, DG_FMT_BF16, H, N);
 		dg_tensor t_d0 = dg_tensor_4d("dxs", DG_FMT_BF16, UP(dxs, nx * 2), B, H, T, N);
 		dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
 		dg_add_mask_args am = { .dxs = &t_d0, .other = &t_o, .xs = &t_xs };
@@ -1045,7 +1056,8 @@ Test(gpu_attention, epi_mask_chain)
 		gh_expect_bytes(pre ? "chain grad_v (rope=pre)" : "chain grad_v", v1, v0, nv * 4);
 		free(a0), free(a1), free(v0), free(v1);
 	}
-	free(rope), free(g), free(xs), free(v), free(sc), free(dxs);
+	inputs_free(&in);
+	free(sc), free(dxs);
 	gh_close(dev);
 }
 
@@ -1054,7 +1066,7 @@ Test(gpu_attention, epi_mask_chain)
  * beside the unfused grad_xs's (f32 out) and add_mask's. */
 Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
 {
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	gh_seed(0xbd6);
 	shape s = { 8, 4, 512, 8192, 256 };
 	int B = s.B, H = s.H, T = s.T, N = s.N;
@@ -1076,17 +1088,17 @@ Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
 	cr_assert_eq(run_op(dev, &s_m, a_m), DG_OK, "%s", dg_device_errmsg(dev));
 	uint16_t *got = gh_xmalloc(nx * 2);
 	gh_download(dev, got, t_d.data, nx * 2);
-	static const int zs[][2] = { { 0, 0 }, { 7, 3 }, { 3, 1 } };
 	void *want = gh_xmalloc(tn * 2);
 	shape one = { 1, 1, T, N, s.D };
-	for (size_t k = 0; k < sizeof(zs) / sizeof(zs[0]); k++) {
-		size_t z = (size_t)zs[k][0] * H + (size_t)zs[k][1];
+	for (size_t k = 0; k < N_BDH_SAMPLES; k++) {
+		const int *sl = bdh_samples[k];
+		size_t z = (size_t)sl[0] * H + (size_t)sl[1];
 		char what[64];
 		dg_spec r = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &one, NULL), DG_FMT_BF16);
 		cr_assert_eq(dg_ref_attention_grad_xs_mask(&r, (uint16_t *)c + z * tt, (uint16_t *)qr + z * tn, rope,
 							   (uint16_t *)dxs + z * tn, (uint16_t *)mx + z * tn, want, 1, T),
 			     DG_OK);
-		snprintf(what, sizeof(what), "epi=mask wgmma (b %d, h %d)", zs[k][0], zs[k][1]);
+		snprintf(what, sizeof(what), "epi=mask wgmma (b %d, h %d)", sl[0], sl[1]);
 		expect_close(what, act, DG_FMT_BF16, got + z * tn, want, tn);
 	}
 	/* times: the fused op (dxs read and written, mask_xs read), and the
@@ -1094,25 +1106,12 @@ Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
 	double bh = (double)B * H;
 	report(dev, &s_m, a_m, 5, bh * (double)T * T * N * 2);
 	report(dev, &s_x, a_x, 4, bh * (double)T * T * N * 2);
-	dg_spec ms;
-	dg_spec_init(&ms, DG_OP_ADD_MASK);
-	ms.act = act;
-	ms.out = DG_FMT_BF16;
-	ms.src = DG_FMT_F32;
-	ms.heads = H;
-	ms.latent = N;
-	dg_spec_normalize(&ms);
+	dg_spec ms = add_mask_spec(act, DG_FMT_BF16, H, N);
 	dg_tensor t_o = dg_tensor_4d("other", DG_FMT_F32, t_gx.data, B, H, T, N);
 	dg_add_mask_args am = { .dxs = &t_d, .other = &t_o, .xs = &t_m };
-	dg_timer *tm = NULL;
-	dg_timing tr;
-	cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_timer_opts o = { .reps = 10 };
 	add_mask_call u = { dev, &ms, &am };
-	cr_assert_eq(dg_timer_run(tm, &o, add_mask_timed, &u, &tr), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_timer_destroy(tm);
 	printf("bdh %-22s %9.1f us  (the unfused pair's second kernel: dxs bf16, other f32, cold L2)\n", "add_mask",
-	       tr.median_us);
+	       median_us(dev, add_mask_timed, &u));
 	fflush(stdout);
 	free(rope), free(qr), free(c), free(dxs), free(mx), free(got), free(want);
 	gh_close(dev);

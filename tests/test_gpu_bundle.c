@@ -43,30 +43,6 @@ extern char **environ;
 
 /* ---- building bundles ------------------------------------------------------ */
 
-static char *slurp(const char *path, size_t *size)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert_not_null(f, "cannot read %s", path);
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *buf = gh_xmalloc((size_t)n + 1);
-	cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-	fclose(f);
-	buf[n] = '\0';
-	if (size)
-		*size = (size_t)n;
-	return buf;
-}
-
-static void spit(const char *path, const void *bytes, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f, "cannot write %s", path);
-	cr_assert_eq(fwrite(bytes, 1, n, f), n);
-	cr_assert_eq(fclose(f), 0);
-}
-
 /* A fresh, empty cache folder for this test's process (dragon-gen and the
  * devices read $DRAGON_CACHE_DIR) and no other bundles or records. */
 static char *fresh_env(void)
@@ -107,7 +83,7 @@ static void gen_build(const dg_device_info *info, const char *out, const char *c
 	int status = 0;
 	cr_assert_eq(waitpid(pid, &status, 0), pid);
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-		char *text = slurp(log, NULL);
+		char *text = dg_test_read_bytes(log, NULL);
 		cr_assert_fail("dragon-gen build --out %s --device '%s' --sm %s%s: status %d:\n%.3000s", out,
 			       info->name, sm, extra ? " (spec flags)" : "", status, text);
 	}
@@ -635,10 +611,10 @@ Test(gpu_bundle, a_changed_cubin_byte_is_refused)
 	const char *file = m->kernels[0].file;
 	snprintf(path, sizeof(path), "%s/%s", out, file);
 	size_t n = 0;
-	char *bytes = slurp(path, &n);
+	char *bytes = dg_test_read_bytes(path, &n);
 	cr_assert_gt(n, 64);
 	bytes[n / 2] ^= 0x01; /* same size: only the checksum can tell */
-	spit(path, bytes, n);
+	dg_test_write_bytes(path, bytes, n);
 	free(bytes);
 
 	dg_device *dev = open_uncached();
@@ -669,7 +645,7 @@ Test(gpu_bundle, other_templates_are_refused)
 	char *json = NULL;
 	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_OK, "%s", msg);
 	snprintf(path, sizeof(path), "%s/%s", out, DG_MANIFEST_FILE);
-	spit(path, json, strlen(json));
+	dg_test_write_bytes(path, json, strlen(json));
 	free(json);
 
 	dg_device *dev = open_uncached();

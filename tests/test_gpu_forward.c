@@ -248,8 +248,6 @@ Test(gpu_lowrank, explicit_tiles)
 #define BDH_T 2048
 #define SAMPLE_ROWS 8
 
-static void expect_path(const dg_spec *s, const char *path);
-
 /* wg: the sm_90a warpgroup path (dev an sm_90), else the default tile's. */
 static void lowrank_bdh_on(dg_device *dev, dg_fmt weight, dg_fmt act, dg_op op, bool wg)
 {
@@ -263,7 +261,7 @@ static void lowrank_bdh_on(dg_device *dev, dg_fmt weight, dg_fmt act, dg_op op, 
 	if (wg) {
 		s.arch = 90;
 		s.arch_specific = true;
-		expect_path(&s, "wgmma");
+		gh_expect_path(&s, "wgmma");
 	}
 	cr_assert_eq(dg_spec_validate(&s, NULL, 0), DG_OK);
 	const int H = s.heads, E = s.embd, L = s.latent, B = BDH_B, T = BDH_T;
@@ -354,31 +352,6 @@ Test(gpu_bdh, relu_mask_ternary_int8) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8,
  * against the reference within the float tolerance (compare_out). Skips
  * unless the device is an sm_90 (the path is sm_90a's). */
 
-/* Opens the device; skips (with the reason) unless it is an sm_90. */
-static dg_device *open_sm90(void)
-{
-	dg_device *dev = gh_open();
-	dg_device_info di;
-	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
-	if (di.sm != 90) {
-		gh_close(dev);
-		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
-		cr_skip_test("skipped: the warpgroup path needs sm_90");
-	}
-	return dev;
-}
-
-/* The plan of s takes path (codegen, no device). */
-static void expect_path(const dg_spec *s, const char *path)
-{
-	dg_codegen *cg = NULL;
-	dg_plan p;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	cr_assert_eq(dg_codegen_plan(cg, s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, path, "%s", p.canonical);
-	dg_codegen_destroy(cg);
-}
-
 static dg_spec bf16_spec(int H, int Hin, int E, int L)
 {
 	dg_spec s;
@@ -404,7 +377,7 @@ static dg_spec bf16_spec(int H, int Hin, int E, int L)
  * auto tile is fp32's there. */
 Test(gpu_lowrank_bf16, small_shapes)
 {
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	const int Ts[3] = { 1, 3, 127 };
 
 	gh_seed(9090);
@@ -418,16 +391,16 @@ Test(gpu_lowrank_bf16, small_shapes)
 					s.relu_thr = r == 2 ? 0.25f : 0.0f;
 					if (dg_spec_validate(&s, NULL, 0) != DG_OK)
 						continue; /* uint8pos without relu */
-					expect_path(&s, "wgmma bf16");
+					gh_expect_path(&s, "wgmma bf16");
 					for (int ti = 0; ti < 3; ti++)
 						run_lowrank(dev, &s, 2, Ts[ti]);
 				}
 	dg_spec t = bf16_spec(2, 1, 16, 16);
-	expect_path(&t, "wgmma bf16");
+	gh_expect_path(&t, "wgmma bf16");
 	run_lowrank(dev, &t, 2, 127);
 	run_lowrank(dev, &t, 1, 1);
 	dg_spec f = bf16_spec(3, 3, 96, 200);
-	expect_path(&f, "fp32");
+	gh_expect_path(&f, "fp32");
 	run_lowrank(dev, &f, 2, 127);
 	gh_close(dev);
 }
@@ -441,7 +414,7 @@ Test(gpu_lowrank_bf16, tiles)
 		{ 128, 128, 64, 8, 1, 2, 0 },
 		{ 64, 128, 64, 4, 1, 2, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(9191);
 	for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
@@ -449,7 +422,7 @@ Test(gpu_lowrank_bf16, tiles)
 			dg_spec s = bf16_spec(2, hin ? 2 : 1, 64, 208);
 			s.tile = tiles[i];
 			s.out = hin ? DG_FMT_F32 : DG_FMT_BF16;
-			expect_path(&s, "wgmma bf16");
+			gh_expect_path(&s, "wgmma bf16");
 			run_lowrank(dev, &s, 2, 127);
 			run_lowrank(dev, &s, 3, 1);
 			run_lowrank(dev, &s, 1, 300);
@@ -465,13 +438,13 @@ Test(gpu_lowrank_bf16, tiles)
 Test(gpu_lowrank_bf16, pipeline_depths)
 {
 	static const int Ls[] = { 128, 256, 384, 640 };
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(9292);
 	for (size_t i = 0; i < sizeof(Ls) / sizeof(Ls[0]); i++)
 		for (int hin = 0; hin < 2; hin++) {
 			dg_spec s = bf16_spec(4, hin ? 4 : 1, 256, Ls[i]);
-			expect_path(&s, "wgmma bf16");
+			gh_expect_path(&s, "wgmma bf16");
 			run_lowrank(dev, &s, 2, 1024);
 		}
 	gh_close(dev);
@@ -484,9 +457,9 @@ Test(gpu_lowrank_bf16, pipeline_depths)
  * written (0xffff, the fill, is a NaN). */
 static void bdh_bf16(int Hin, int L, int B, int T)
 {
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 	dg_spec s = bf16_spec(4, Hin, 256, L);
-	expect_path(&s, "wgmma bf16");
+	gh_expect_path(&s, "wgmma bf16");
 	const int H = s.heads, E = s.embd;
 	size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 	size_t xb, wb;
@@ -575,7 +548,7 @@ Test(gpu_lowrank_codes, tiles)
 		{ 128, 128, 64, 8, 1, 2, 0 },
 		{ 64, 128, 64, 4, 1, 2, 0 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(9393);
 	for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
@@ -586,7 +559,7 @@ Test(gpu_lowrank_codes, tiles)
 				s.out = O_FMTS[(i + (size_t)f + (size_t)hin) % 4];
 				if (dg_spec_validate(&s, NULL, 0) != DG_OK)
 					continue; /* a combination the spec rules refuse */
-				expect_path(&s, "wgmma");
+				gh_expect_path(&s, "wgmma");
 				run_lowrank(dev, &s, 2, 127);
 				run_lowrank(dev, &s, 3, 1);
 				run_lowrank(dev, &s, 1, 300);
@@ -601,7 +574,7 @@ Test(gpu_lowrank_codes, tiles)
 Test(gpu_lowrank_codes, pipeline_depths)
 {
 	static const int Ls[] = { 128, 256, 384, 640 };
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(9494);
 	for (size_t i = 0; i < sizeof(Ls) / sizeof(Ls[0]); i++)
@@ -609,7 +582,7 @@ Test(gpu_lowrank_codes, pipeline_depths)
 			for (int hin = 0; hin < 2; hin++) {
 				dg_spec s = codes_spec(CODE_W[f], CODE_A[f], 4, hin ? 4 : 1, 256, Ls[i]);
 				s.out = hin ? DG_FMT_INT8 : DG_FMT_BF16;
-				expect_path(&s, "wgmma");
+				gh_expect_path(&s, "wgmma");
 				run_lowrank(dev, &s, 4, 1024);
 			}
 	gh_close(dev);
@@ -617,15 +590,15 @@ Test(gpu_lowrank_codes, pipeline_depths)
 
 Test(gpu_bdh, lowrank_int8_int8_wgmma)
 {
-	lowrank_bdh_on(open_sm90(), DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
+	lowrank_bdh_on(gh_open_sm90(), DG_FMT_INT8, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
 }
 Test(gpu_bdh, lowrank_ternary_int8_wgmma)
 {
-	lowrank_bdh_on(open_sm90(), DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
+	lowrank_bdh_on(gh_open_sm90(), DG_FMT_TERNARY, DG_FMT_INT8, DG_OP_LOWRANK_FWD, true);
 }
 Test(gpu_bdh, lowrank_sign1_uint8pos_wgmma)
 {
-	lowrank_bdh_on(open_sm90(), DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD, true);
+	lowrank_bdh_on(gh_open_sm90(), DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD, true);
 }
 
 /* ---- decoder_fwd ---------------------------------------------------------- */

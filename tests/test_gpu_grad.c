@@ -73,80 +73,54 @@ static const dg_tile small_tiles[] = {
 
 /* --- small odd shapes against the references -------------------------------- */
 
-typedef struct shape {
-	int H, Hin, E, L, B, T;
-} shape;
+typedef gr_shape shape;
 
-static dg_spec spec_of(dg_op op, const shape *s, dg_fmt f, const dg_tile *tile)
+/* The CPU reference of a grad_input op (lowrank_ or decoder_). */
+static dg_status ref_grad_input(const dg_spec *sp, const float *g, const void *w, float sw, float *out,
+				int B, int T)
 {
-	dg_spec sp;
-
-	dg_spec_init(&sp, op);
-	sp.heads = s->H;
-	sp.in_heads = s->Hin;
-	sp.embd = s->E;
-	sp.latent = s->L;
-	if (op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_DECODER_GRAD_INPUT)
-		sp.weight = f;
-	else
-		sp.act = f;
-	if (tile)
-		sp.tile = *tile;
-	return sp;
+	if (sp->op == DG_OP_LOWRANK_GRAD_INPUT)
+		return dg_ref_lowrank_grad_input(sp, g, w, sw, out, B, T);
+	return dg_ref_decoder_grad_input(sp, g, w, sw, out, B, T);
 }
 
-static void check_lowrank_grad_input(dg_device *dev, const shape *s, dg_fmt f, const dg_tile *tile)
+/* lowrank_grad_input (grad (B, H, T, L), w (H, L, E) -> grad_x (B, Hin, T,
+ * E)) or decoder_grad_input (grad (B, 1, T, E), w (E, H·L) -> grad_y (B,
+ * H, T, L)), w in f, against the reference. */
+static void check_grad_input(dg_device *dev, dg_op op, const shape *s, dg_fmt f, const dg_tile *tile)
 {
-	dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_INPUT, s, f, tile);
-	size_t ng = (size_t)s->B * s->H * s->T * s->L, nw = (size_t)s->H * s->L * s->E,
-	       nx = (size_t)s->B * s->Hin * s->T * s->E;
-	float *g = gr_rand_f32(ng), *got = gh_xmalloc(nx * 4), *want = gh_xmalloc(nx * 4);
+	bool lowrank = op == DG_OP_LOWRANK_GRAD_INPUT;
+	dg_spec sp = gr_spec(op, s, f, tile);
+	size_t ng = lowrank ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->B * s->T * s->E;
+	size_t nw = (size_t)s->H * s->L * s->E;
+	size_t no = lowrank ? (size_t)s->B * s->Hin * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
+	float *g = gr_rand_f32(ng), *got = gh_xmalloc(no * 4), *want = gh_xmalloc(no * 4);
 	void *w = gh_rand_storage(f, nw, NULL);
 	float sw = gr_scale_of(f);
 
-	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, s->H, s->T, s->L);
-	dg_tensor tw = dg_tensor_3d("w", f, gh_upload(dev, w, gh_bytes(f, nw)), s->H, s->L, s->E);
-	tw.scale = gh_scalar(dev, sw);
-	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), s->B, s->Hin, s->T, s->E);
-	dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
-	gr_grad_input(dev, &sp, &a, dg_fmt_name(f));
-	gh_download(dev, got, tx.data, nx * 4);
-	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	float *ga = gr_abs_f32(g, ng), *absum = gh_xmalloc(nx * 4);
+	dg_dptr dgr = gh_upload(dev, g, ng * 4), dw = gh_upload(dev, w, gh_bytes(f, nw));
+	dg_dptr dout = gh_alloc_ff(dev, no * 4);
+	if (lowrank) {
+		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dgr, s->B, s->H, s->T, s->L);
+		dg_tensor tw = dg_tensor_3d("w", f, dw, s->H, s->L, s->E);
+		tw.scale = gh_scalar(dev, sw);
+		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, dout, s->B, s->Hin, s->T, s->E);
+		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
+		gr_grad_input(dev, &sp, &a, dg_fmt_name(f));
+	} else {
+		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dgr, s->B, 1, s->T, s->E);
+		dg_tensor tw = dg_tensor_2d("w", f, dw, s->E, (int64_t)s->H * s->L);
+		tw.scale = gh_scalar(dev, sw);
+		dg_tensor ty = dg_tensor_4d("grad_y", DG_FMT_F32, dout, s->B, s->H, s->T, s->L);
+		dg_decoder_grad_input_args a = { .grad = &tg, .w = &tw, .grad_y = &ty };
+		cr_assert_eq(dg_decoder_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	}
+	gh_download(dev, got, dout, no * 4);
+	cr_assert_eq(ref_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
+	float *ga = gr_abs_f32(g, ng), *absum = gh_xmalloc(no * 4);
 	void *wa = gr_abs_storage(f, w, nw);
-	cr_assert_eq(dg_ref_lowrank_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
-	gr_expect_bf16(dg_fmt_name(f), got, want, absum, nx, gr_bound_c(f));
-	free(g);
-	free(got);
-	free(want);
-	free(w);
-	free(ga);
-	free(wa);
-	free(absum);
-}
-
-static void check_decoder_grad_input(dg_device *dev, const shape *s, dg_fmt f, const dg_tile *tile)
-{
-	dg_spec sp = spec_of(DG_OP_DECODER_GRAD_INPUT, s, f, tile);
-	size_t ng = (size_t)s->B * s->T * s->E, nw = (size_t)s->E * s->H * s->L,
-	       ny = (size_t)s->B * s->H * s->T * s->L;
-	float *g = gr_rand_f32(ng), *got = gh_xmalloc(ny * 4), *want = gh_xmalloc(ny * 4);
-	void *w = gh_rand_storage(f, nw, NULL);
-	float sw = gr_scale_of(f);
-
-	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), s->B, 1, s->T, s->E);
-	dg_tensor tw = dg_tensor_2d("w", f, gh_upload(dev, w, gh_bytes(f, nw)), s->E,
-				    (int64_t)s->H * s->L);
-	tw.scale = gh_scalar(dev, sw);
-	dg_tensor ty = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc_ff(dev, ny * 4), s->B, s->H, s->T, s->L);
-	dg_decoder_grad_input_args a = { .grad = &tg, .w = &tw, .grad_y = &ty };
-	cr_assert_eq(dg_decoder_grad_input(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
-	gh_download(dev, got, ty.data, ny * 4);
-	cr_assert_eq(dg_ref_decoder_grad_input(&sp, g, w, sw, want, s->B, s->T), DG_OK);
-	float *ga = gr_abs_f32(g, ng), *absum = gh_xmalloc(ny * 4);
-	void *wa = gr_abs_storage(f, w, nw);
-	cr_assert_eq(dg_ref_decoder_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
-	gr_expect_bf16(dg_fmt_name(f), got, want, absum, ny, gr_bound_c(f));
+	cr_assert_eq(ref_grad_input(&sp, ga, wa, sw, absum, s->B, s->T), DG_OK);
+	gr_expect_bf16(dg_fmt_name(f), got, want, absum, no, gr_bound_c(f));
 	free(g);
 	free(got);
 	free(want);
@@ -163,7 +137,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 				bool accumulate, const dg_tile *tile, size_t *ws_bytes)
 {
 	bool lowrank = op == DG_OP_LOWRANK_GRAD_WEIGHT;
-	dg_spec sp = spec_of(op, s, f, tile);
+	dg_spec sp = gr_spec(op, s, f, tile);
 	size_t ng = lowrank ? (size_t)s->B * s->H * s->T * s->L : (size_t)s->B * s->T * s->E;
 	size_t nx = lowrank ? (size_t)s->B * s->Hin * s->T * s->E : (size_t)s->B * s->H * s->T * s->L;
 	size_t nw = (size_t)s->H * s->L * s->E, need = 0;
@@ -183,10 +157,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dw, s->H, s->L, s->E);
 		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw,
 						  .accumulate = accumulate };
-		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		a.ws = gh_workspace(dev, need);
-		cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(gr_lowrank_grad_weight(dev, &sp, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, g, x, sa, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, ga, xa, sa, absum, s->B, s->T), DG_OK);
 	} else {
@@ -196,10 +167,7 @@ static float *check_grad_weight(dg_device *dev, dg_op op, const shape *s, dg_fmt
 		dg_tensor tw = dg_tensor_2d("grad_w", DG_FMT_F32, dw, s->E, (int64_t)s->H * s->L);
 		dg_decoder_grad_weight_args a = { .grad = &tg, .y = &ty, .grad_w = &tw,
 						  .accumulate = accumulate };
-		cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		a.ws = gh_workspace(dev, need);
-		cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(gr_decoder_grad_weight(dev, &sp, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_decoder_grad_weight(&sp, g, x, sa, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_decoder_grad_weight(&sp, ga, xa, sa, absum, s->B, s->T), DG_OK);
 	}
@@ -242,7 +210,7 @@ static uint16_t *bf16_grad(size_t n, float **wide)
 static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, const dg_tile *tile)
 {
 	char what[96];
-	dg_spec sp = spec_of(op, s, f, tile), sf;
+	dg_spec sp = gr_spec(op, s, f, tile), sf;
 	if (op == DG_OP_DECODER_GRAD_INPUT)
 		sp.out = DG_FMT_BF16;
 	else
@@ -301,11 +269,7 @@ static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, 
 		tx.scale = gh_scalar(dev, sc);
 		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dout, s->H, s->L, s->E);
 		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
-		size_t need = 0;
-		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		a.ws = gh_workspace(dev, need);
-		st = dg_lowrank_grad_weight(dev, &sp, &a);
+		st = gr_lowrank_grad_weight(dev, &sp, &a, NULL);
 		cr_assert_eq(st, DG_OK, "%s: %s", what, dg_device_errmsg(dev));
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sp, gh, b, sc, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_weight(&sf, gw, b, sc, got, s->B, s->T), DG_OK);
@@ -347,68 +311,64 @@ Test(gpu_grad, bf16_gradients_small)
 	gh_close(dev);
 }
 
+/* One op's small shapes: every format (the weights of a grad_input op,
+ * the acts of a grad_weight one) x T 1, 3, 127 x the small tiles, at
+ * in_heads 1 (and H where hins is 2); a grad_weight op runs format acc_f
+ * with accumulate. */
+typedef struct small_suite {
+	dg_op op;
+	uint64_t seed;
+	int hins, E, L, acc_f;
+} small_suite;
+
+static void run_small(const small_suite *u)
+{
+	bool gi = u->op == DG_OP_LOWRANK_GRAD_INPUT || u->op == DG_OP_DECODER_GRAD_INPUT;
+	dg_device *dev = gh_open();
+
+	gh_seed(u->seed);
+	for (int hin = 0; hin < u->hins; hin++)
+		for (int ti = 0; ti < 3; ti++)
+			for (int f = 0; f < 5; f++)
+				for (int k = 0; k < N_SMALL_TILES; k++) {
+					shape s = { 3, hin ? 3 : 1, u->E, u->L, 2, times[ti] };
+					if (gi)
+						check_grad_input(dev, u->op, &s, weights[f], &small_tiles[k]);
+					else
+						free(check_grad_weight(dev, u->op, &s, acts[f], f == u->acc_f,
+								       &small_tiles[k], NULL));
+				}
+	gh_close(dev);
+}
+
+/* E 96: a multiple of sign1's 32, not of the 128 tile; L 112: a multiple
+ * of 16, not of 32 */
 Test(gpu_grad, lowrank_grad_input_small)
 {
-	dg_device *dev = gh_open();
-
-	gh_seed(10);
-	for (int hin = 0; hin < 2; hin++)
-		for (int ti = 0; ti < 3; ti++)
-			for (int f = 0; f < 5; f++)
-				for (int k = 0; k < N_SMALL_TILES; k++) {
-					/* E 96: a multiple of sign1's 32, not of the 128 tile;
-					 * L 112: a multiple of 16, not of 32 */
-					shape s = { 3, hin ? 3 : 1, 96, 112, 2, times[ti] };
-					check_lowrank_grad_input(dev, &s, weights[f], &small_tiles[k]);
-				}
-	gh_close(dev);
+	static const small_suite u = { DG_OP_LOWRANK_GRAD_INPUT, 10, 2, 96, 112, -1 };
+	run_small(&u);
 }
 
+/* L 96: a multiple of sign1's 32, not of the 128 tile; E 48: a multiple
+ * of 16, not of 32 */
 Test(gpu_grad, decoder_grad_input_small)
 {
-	dg_device *dev = gh_open();
-
-	gh_seed(11);
-	for (int ti = 0; ti < 3; ti++)
-		for (int f = 0; f < 5; f++)
-			for (int k = 0; k < N_SMALL_TILES; k++) {
-				/* L 96: a multiple of sign1's 32, not of the 128 tile;
-				 * E 48: a multiple of 16, not of 32 */
-				shape s = { 3, 1, 48, 96, 2, times[ti] };
-				check_decoder_grad_input(dev, &s, weights[f], &small_tiles[k]);
-			}
-	gh_close(dev);
+	static const small_suite u = { DG_OP_DECODER_GRAD_INPUT, 11, 1, 48, 96, -1 };
+	run_small(&u);
 }
 
+/* int8 (acts[2]) accumulates */
 Test(gpu_grad, lowrank_grad_weight_small)
 {
-	dg_device *dev = gh_open();
-
-	gh_seed(12);
-	for (int hin = 0; hin < 2; hin++)
-		for (int ti = 0; ti < 3; ti++)
-			for (int f = 0; f < 5; f++)
-				for (int k = 0; k < N_SMALL_TILES; k++) {
-					shape s = { 3, hin ? 3 : 1, 40, 100, 2, times[ti] };
-					free(check_grad_weight(dev, DG_OP_LOWRANK_GRAD_WEIGHT, &s, acts[f],
-							       f == 2, &small_tiles[k], NULL));
-				}
-	gh_close(dev);
+	static const small_suite u = { DG_OP_LOWRANK_GRAD_WEIGHT, 12, 2, 40, 100, 2 };
+	run_small(&u);
 }
 
+/* int4 (acts[3]) accumulates */
 Test(gpu_grad, decoder_grad_weight_small)
 {
-	dg_device *dev = gh_open();
-
-	gh_seed(13);
-	for (int ti = 0; ti < 3; ti++)
-		for (int f = 0; f < 5; f++)
-			for (int k = 0; k < N_SMALL_TILES; k++) {
-				shape s = { 3, 1, 40, 100, 2, times[ti] };
-				free(check_grad_weight(dev, DG_OP_DECODER_GRAD_WEIGHT, &s, acts[f], f == 3,
-						       &small_tiles[k], NULL));
-			}
-	gh_close(dev);
+	static const small_suite u = { DG_OP_DECODER_GRAD_WEIGHT, 13, 1, 40, 100, 3 };
+	run_small(&u);
 }
 
 /* A long reduction over few output tiles is split over grid z (its
@@ -455,7 +415,7 @@ Test(gpu_grad, grad_weight_workspace_is_checked)
 	for (int op = 0; op < 2; op++) {
 		bool lowrank = op == 0;
 		dg_op o = lowrank ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_DECODER_GRAD_WEIGHT;
-		dg_spec sp = spec_of(o, &s, DG_FMT_INT8, NULL);
+		dg_spec sp = gr_spec(o, &s, DG_FMT_INT8, NULL);
 		size_t ng = lowrank ? (size_t)s.B * s.H * s.T * s.L : (size_t)s.B * s.T * s.E;
 		size_t nx = lowrank ? (size_t)s.B * s.T * s.E : (size_t)s.B * s.H * s.T * s.L;
 		float *g = gr_rand_f32(ng);
@@ -512,7 +472,7 @@ Test(gpu_grad, tolerance_catches_layout_errors)
 
 	for (int ti = 0; ti < 2; ti++) {
 		shape s = { 2, 1, 40, 36, 2, Ts[ti] };
-		dg_spec sp = spec_of(DG_OP_LOWRANK_GRAD_WEIGHT, &s, DG_FMT_INT8, NULL);
+		dg_spec sp = gr_spec(DG_OP_LOWRANK_GRAD_WEIGHT, &s, DG_FMT_INT8, NULL);
 		size_t ng = (size_t)s.B * s.H * s.T * s.L, nx = (size_t)s.B * s.T * s.E,
 		       nw = (size_t)s.H * s.L * s.E, pl = (size_t)s.L * s.E;
 		gh_seed(50 + (uint64_t)ti);
@@ -577,18 +537,80 @@ static double loss_of(dg_device *dev, dg_dptr out, const float *r, float *buf, s
 	return l;
 }
 
+/* A forward of the finite differences: dg_lowrank_fwd or dg_decoder_fwd
+ * on its args. */
+typedef dg_status (*fwd_fn)(dg_device *dev, const dg_spec *s, const void *args);
+
+static dg_status lowrank_fwd(dg_device *dev, const dg_spec *s, const void *args)
+{
+	return dg_lowrank_fwd(dev, s, args);
+}
+
+static dg_status decoder_fwd(dg_device *dev, const dg_spec *s, const void *args)
+{
+	return dg_decoder_fwd(dev, s, args);
+}
+
+/* The forward's two operands (host copies and their device arrays), its
+ * output and the loss weights r, and the GPU's gradients of Σ r·out. */
+typedef struct fd_case {
+	fwd_fn fwd;
+	const dg_spec *spec;
+	const void *args;
+	float *in, *w;       /* host copies, restored after each probe */
+	dg_dptr d_in, d_w;
+	size_t n_in, n_w, n_out;
+	dg_dptr out;
+	const float *r;
+	const float *g_in, *g_w; /* the GPU gradients */
+	const char *in_what;     /* "grad_x vs finite differences" */
+} fd_case;
+
+/* 16 probes, on in and w in turn, of a random element: the central
+ * difference (eps 0.125: the loss is bilinear, so exact but for rounding)
+ * against the GPU gradient, within GR_BF16_REL of the gradient's RMS (it
+ * is bf16-rounded on the tensor cores) plus the differences' rounding. */
+static void fd_probe(dg_device *dev, const fd_case *c)
+{
+	const float eps = 0.125f;
+	float *buf = gh_xmalloc(c->n_out * 4);
+
+	for (int k = 0; k < 16; k++) {
+		bool on_in = k % 2 == 0;
+		float *p = on_in ? c->in : c->w;
+		size_t n = on_in ? c->n_in : c->n_w, i = (size_t)gh_int(0, (int)n - 1);
+		dg_dptr dp = on_in ? c->d_in : c->d_w;
+		float v = p[i], fd[1], an[1];
+
+		p[i] = v + eps;
+		put(dev, dp, i, p[i]);
+		cr_assert_eq(c->fwd(dev, c->spec, c->args), DG_OK, "%s", dg_device_errmsg(dev));
+		double lp = loss_of(dev, c->out, c->r, buf, c->n_out);
+		p[i] = v - eps;
+		put(dev, dp, i, p[i]);
+		cr_assert_eq(c->fwd(dev, c->spec, c->args), DG_OK, "%s", dg_device_errmsg(dev));
+		double lm = loss_of(dev, c->out, c->r, buf, c->n_out);
+		p[i] = v;
+		put(dev, dp, i, p[i]);
+		fd[0] = (float)((lp - lm) / (2.0 * eps));
+		an[0] = on_in ? c->g_in[i] : c->g_w[i];
+		gh_expect_close(on_in ? c->in_what : "grad_w vs finite differences", an, fd, 1,
+				(float)(GR_BF16_REL * rms_of(on_in ? c->g_in : c->g_w, n)) + 1e-3f, 0.0f);
+	}
+	free(buf);
+}
+
 Test(gpu_grad, finite_differences_lowrank)
 {
 	dg_device *dev = gh_open();
 	/* L 48: the default grad_input tile (BK 16) takes the tensor cores */
 	const int H = 2, E = 32, L = 48, B = 2, T = 3;
-	const float eps = 0.125f;
 
 	for (int hin_i = 0; hin_i < 2; hin_i++) {
 		int Hin = hin_i ? H : 1;
 		size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 		gh_seed(30 + (uint64_t)Hin);
-		float *x = gr_rand_f32(nx), *w = gr_rand_f32(nw), *r = gr_rand_f32(no), *buf = gh_xmalloc(no * 4);
+		float *x = gr_rand_f32(nx), *w = gr_rand_f32(nw), *r = gr_rand_f32(no);
 		float *gx = gh_xmalloc(nx * 4), *gw = gh_xmalloc(nw * 4);
 		dg_dptr dx = gh_upload(dev, x, nx * 4), dw = gh_upload(dev, w, nw * 4);
 		dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
@@ -612,44 +634,17 @@ Test(gpu_grad, finite_differences_lowrank)
 		dg_lowrank_fwd_args fa = { .x = &tx, .w = &tw, .out = &to };
 		dg_lowrank_grad_input_args ia = { .grad = &tr, .w = &tw, .grad_x = &tgx };
 		dg_lowrank_grad_weight_args wa = { .grad = &tr, .x = &tx, .grad_w = &tgw };
-		size_t need = 0;
-		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &gws, &wa, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		wa.ws = gh_workspace(dev, need);
 		gr_grad_input(dev, &gis, &ia, "lowrank_grad_input");
-		cr_assert_eq(dg_lowrank_grad_weight(dev, &gws, &wa), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(gr_lowrank_grad_weight(dev, &gws, &wa, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 		gh_download(dev, gx, tgx.data, nx * 4);
 		gh_download(dev, gw, tgw.data, nw * 4);
 
-		for (int k = 0; k < 16; k++) {
-			bool on_x = k % 2 == 0;
-			float *p = on_x ? x : w;
-			size_t n = on_x ? nx : nw, i = (size_t)gh_int(0, (int)n - 1);
-			dg_dptr dp = on_x ? dx : dw;
-			float v = p[i], fd[1], an[1];
-
-			p[i] = v + eps;
-			put(dev, dp, i, p[i]);
-			cr_assert_eq(dg_lowrank_fwd(dev, &fs, &fa), DG_OK, "%s", dg_device_errmsg(dev));
-			double lp = loss_of(dev, dout, r, buf, no);
-			p[i] = v - eps;
-			put(dev, dp, i, p[i]);
-			cr_assert_eq(dg_lowrank_fwd(dev, &fs, &fa), DG_OK, "%s", dg_device_errmsg(dev));
-			double lm = loss_of(dev, dout, r, buf, no);
-			p[i] = v;
-			put(dev, dp, i, p[i]);
-			fd[0] = (float)((lp - lm) / (2.0 * eps));
-			an[0] = on_x ? gx[i] : gw[i];
-			/* the gradient is bf16-rounded on the tensor cores:
-			 * GR_BF16_REL of its RMS, plus the differences' rounding */
-			gh_expect_close(on_x ? "grad_x vs finite differences" : "grad_w vs finite differences",
-					an, fd, 1,
-					(float)(GR_BF16_REL * rms_of(on_x ? gx : gw, n)) + 1e-3f, 0.0f);
-		}
+		fd_case c = { lowrank_fwd, &fs, &fa, x, w, dx, dw, nx, nw, no, dout, r, gx, gw,
+			      "grad_x vs finite differences" };
+		fd_probe(dev, &c);
 		free(x);
 		free(w);
 		free(r);
-		free(buf);
 		free(gx);
 		free(gw);
 	}
@@ -661,11 +656,10 @@ Test(gpu_grad, finite_differences_decoder)
 	dg_device *dev = gh_open();
 	/* E 48: the default grad_input tile (BK 16) takes the tensor cores */
 	const int H = 2, E = 48, L = 20, B = 2, T = 3;
-	const float eps = 0.125f;
 	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
 
 	gh_seed(40);
-	float *y = gr_rand_f32(ny), *w = gr_rand_f32(nw), *r = gr_rand_f32(no), *buf = gh_xmalloc(no * 4);
+	float *y = gr_rand_f32(ny), *w = gr_rand_f32(nw), *r = gr_rand_f32(no);
 	float *gy = gh_xmalloc(ny * 4), *gw = gh_xmalloc(nw * 4);
 	dg_dptr dy = gh_upload(dev, y, ny * 4), dw = gh_upload(dev, w, nw * 4);
 	dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
@@ -691,41 +685,17 @@ Test(gpu_grad, finite_differences_decoder)
 	size_t need = 0;
 	cr_assert_eq(dg_decoder_fwd_workspace(dev, &fs, &fa, &need), DG_OK, "%s", dg_device_errmsg(dev));
 	fa.ws = gh_workspace(dev, need);
-	cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &gws, &wa, &need), DG_OK, "%s",
-		     dg_device_errmsg(dev));
-	wa.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_decoder_grad_input(dev, &gis, &ia), DG_OK, "%s", dg_device_errmsg(dev));
-	cr_assert_eq(dg_decoder_grad_weight(dev, &gws, &wa), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(gr_decoder_grad_weight(dev, &gws, &wa, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gy, tgy.data, ny * 4);
 	gh_download(dev, gw, tgw.data, nw * 4);
 
-	for (int k = 0; k < 16; k++) {
-		bool on_y = k % 2 == 0;
-		float *p = on_y ? y : w;
-		size_t n = on_y ? ny : nw, i = (size_t)gh_int(0, (int)n - 1);
-		dg_dptr dp = on_y ? dy : dw;
-		float v = p[i], fd[1], an[1];
-
-		p[i] = v + eps;
-		put(dev, dp, i, p[i]);
-		cr_assert_eq(dg_decoder_fwd(dev, &fs, &fa), DG_OK, "%s", dg_device_errmsg(dev));
-		double lp = loss_of(dev, dout, r, buf, no);
-		p[i] = v - eps;
-		put(dev, dp, i, p[i]);
-		cr_assert_eq(dg_decoder_fwd(dev, &fs, &fa), DG_OK, "%s", dg_device_errmsg(dev));
-		double lm = loss_of(dev, dout, r, buf, no);
-		p[i] = v;
-		put(dev, dp, i, p[i]);
-		fd[0] = (float)((lp - lm) / (2.0 * eps));
-		an[0] = on_y ? gy[i] : gw[i];
-		gh_expect_close(on_y ? "grad_y vs finite differences" : "grad_w vs finite differences",
-				an, fd, 1, (float)(GR_BF16_REL * rms_of(on_y ? gy : gw, n)) + 1e-3f,
-				0.0f);
-	}
+	fd_case c = { decoder_fwd, &fs, &fa, y, w, dy, dw, ny, nw, no, dout, r, gy, gw,
+		      "grad_y vs finite differences" };
+	fd_probe(dev, &c);
 	free(y);
 	free(w);
 	free(r);
-	free(buf);
 	free(gy);
 	free(gw);
 	gh_close(dev);

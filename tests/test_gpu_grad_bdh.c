@@ -116,11 +116,7 @@ Test(gpu_grad, bdh_lowrank_grad_weight_sampled)
 	tx.scale = gh_scalar(dev, sa);
 	dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), BDH_H, BDH_L, BDH_E);
 	dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
-	size_t need = 0;
-	cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-		     dg_device_errmsg(dev));
-	a.ws = gh_workspace(dev, need);
-	cr_assert_eq(dg_lowrank_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(gr_lowrank_grad_weight(dev, &sp, &a, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, tw.data, nw * 4);
 	gr_expect_written("grad_w", got, nw);
 
@@ -177,11 +173,7 @@ Test(gpu_grad, bdh_decoder_grads_sampled)
 	dg_tensor tgw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), BDH_E, (int64_t)HL);
 	dg_spec_init(&sp, DG_OP_DECODER_GRAD_WEIGHT);
 	dg_decoder_grad_weight_args aw = { .grad = &tg, .y = &ty, .grad_w = &tgw };
-	size_t need = 0;
-	cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &sp, &aw, &need), DG_OK, "%s",
-		     dg_device_errmsg(dev));
-	aw.ws = gh_workspace(dev, need);
-	cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &aw), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(gr_decoder_grad_weight(dev, &sp, &aw, NULL), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, gw, tgw.data, nw * 4);
 	gr_expect_written("decoder grad_w", gw, nw);
 
@@ -281,11 +273,7 @@ static void *bdh_run(dg_device *dev, dg_op op, dg_fmt gf, const dg_tile *t, cons
 		tx.scale = gh_scalar(dev, 1.0f / 127);
 		dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, dout, BDH_H, BDH_L, BDH_E);
 		dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
-		size_t need = 0;
-		cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s",
-			     dg_device_errmsg(dev));
-		a.ws = gh_workspace(dev, need);
-		st = dg_lowrank_grad_weight(dev, &sp, &a);
+		st = gr_lowrank_grad_weight(dev, &sp, &a, NULL);
 	}
 	cr_assert_eq(st, DG_OK, "%s: %s", dg_op_name(op), dg_device_errmsg(dev));
 	void *out = gh_xmalloc(*bytes);
@@ -413,14 +401,7 @@ static float *wg_run_timed(wg_run *u, const char *path, size_t no)
  * about 1e-5 apart), each one's time printed. Skips off sm_90. */
 Test(gpu_grad, bdh_wgmma_bf16_against_mma)
 {
-	dg_device *dev = gh_open();
-	dg_device_info di;
-	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
-	if (di.sm != 90) {
-		gh_close(dev);
-		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
-		cr_skip_test("skipped: the warpgroup path needs sm_90");
-	}
+	dg_device *dev = gh_open_sm90();
 	static const dg_tile mma_tiles[] = { { 64, 128, 64, 2, 4, 4, 0 }, { 128, 128, 32, 2, 2, 4, 0 } };
 	const size_t ng = (size_t)BDH_B * BDH_H * BDH_T * BDH_L;
 	gh_seed(25);

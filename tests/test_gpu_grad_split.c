@@ -55,9 +55,7 @@
 #include "runtime/ops/ops_int.h"
 #include "runtime/ref/ref_ops.h"
 
-typedef struct shape {
-	int H, Hin, E, L, B, T;
-} shape;
+typedef gr_shape shape;
 
 /* The forced counts of every check (0: the runtime's). */
 static const int split_counts[] = { 1, 2, 3, 5, 8, 0 };
@@ -120,17 +118,6 @@ static void free_case(gi_case *k)
 	free(k->absum);
 }
 
-/* The plan of sp names path. */
-static void expect_path(const dg_spec *sp, const char *path)
-{
-	dg_codegen *cg = NULL;
-	dg_plan p;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	cr_assert_eq(dg_codegen_plan(cg, sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, path, "%s", p.canonical);
-	dg_codegen_destroy(cg);
-}
-
 /* k with `splits` into a fresh 0xff grad_x, twice; checks the first
  * against the reference, the second's bytes against the first and the
  * workspace size. Returns the first result (malloc'd). */
@@ -168,33 +155,19 @@ static void run_all_splits(dg_device *dev, const gi_case *k, const char *label)
 		free(run_split(dev, k, split_counts[i], label));
 }
 
-/* Opens the device; skips (with the reason) unless it is an sm_90. */
-static dg_device *open_sm90(void)
-{
-	dg_device *dev = gh_open();
-	dg_device_info di;
-	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
-	if (di.sm != 90) {
-		gh_close(dev);
-		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
-		cr_skip_test("skipped: the warpgroup path needs sm_90");
-	}
-	return dev;
-}
-
 /* The warpgroup path: its default tile (128x128, two warpgroups) and a
  * 64-row one, in_heads 1 (8 K steps) and H (2 a z). */
 Test(gpu_grad, grad_input_split_wgmma)
 {
 	static const dg_tile tiles[] = { { 0, 0, 0, 0, 0, 0, 0 }, { 64, 128, 64, 4, 1, 4, 0 } };
 	static const shape shapes[] = { { 4, 1, 40, 128, 2, 65 }, { 4, 4, 64, 128, 2, 65 } };
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(93);
 	for (int t = 0; t < 2; t++)
 		for (int i = 0; i < 2; i++) {
 			gi_case k = make_case(dev, &shapes[i], DG_FMT_BF16, DG_FMT_BF16, &tiles[t], true);
-			expect_path(&k.sp, "wgmma bf16");
+			gh_expect_path(&k.sp, "wgmma bf16");
 			run_all_splits(dev, &k, t ? "wgmma 64x128" : "wgmma default");
 			free_case(&k);
 		}
@@ -223,7 +196,7 @@ Test(gpu_grad, grad_input_split_mma)
 			for (int hin = 0; hin < 2; hin++) {
 				shape s = { 3, hin ? 3 : 1, 96, 112, 2, 65 };
 				gi_case k = make_case(dev, &s, DG_FMT_F32, fmts[f], &tiles[t], false);
-				expect_path(&k.sp, "mma.sync bf16");
+				gh_expect_path(&k.sp, "mma.sync bf16");
 				run_all_splits(dev, &k, dg_fmt_name(fmts[f]));
 				free_case(&k);
 			}
@@ -243,7 +216,7 @@ Test(gpu_grad, grad_input_split_simt)
 	for (int hin = 0; hin < 2; hin++) {
 		shape s = { 3, hin ? 3 : 1, 96, 112, 2, 65 };
 		gi_case k = make_case(dev, &s, DG_FMT_F32, DG_FMT_INT8, &tile, false);
-		expect_path(&k.sp, "fp32");
+		gh_expect_path(&k.sp, "fp32");
 		run_all_splits(dev, &k, "simt");
 		float *one = run_split(dev, &k, 1, "simt"), *two = run_split(dev, &k, 2, "simt");
 		const double K = (double)(s.H / s.Hin) * s.L;

@@ -40,23 +40,7 @@
 #include "gpu_helpers.h"
 #include "runtime/ref/ref_int.h"
 
-/* Opens the device; skips (with the reason) unless it is an sm_90. */
-static dg_device *open_sm90(void)
-{
-	dg_device *dev = gh_open();
-	dg_device_info di;
-	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
-	if (di.sm != 90) {
-		gh_close(dev);
-		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
-		cr_skip_test("skipped: the warpgroup path needs sm_90");
-	}
-	return dev;
-}
-
-typedef struct shape {
-	int H, Hin, E, L, B, T;
-} shape;
+typedef gr_shape shape;
 
 /* The default and three other warpgroup tiles. */
 static const dg_tile tiles[] = {
@@ -69,21 +53,11 @@ static const dg_tile tiles[] = {
 
 static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 {
-	dg_spec sp;
+	dg_spec sp = gr_spec(op, s, DG_FMT_BF16, tile);
 
-	dg_spec_init(&sp, op);
-	sp.heads = s->H;
-	sp.in_heads = s->Hin;
-	sp.embd = s->E;
-	sp.latent = s->L;
 	sp.src = DG_FMT_BF16;
-	if (op == DG_OP_LOWRANK_GRAD_INPUT)
-		sp.weight = DG_FMT_BF16;
-	else
-		sp.act = DG_FMT_BF16;
 	sp.arch = 90;
 	sp.arch_specific = true;
-	sp.tile = *tile;
 	dg_spec_normalize(&sp);
 	return sp;
 }
@@ -91,12 +65,7 @@ static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 /* The plan of sp names the warpgroup path. */
 static void expect_wgmma(const dg_spec *sp)
 {
-	dg_codegen *cg = NULL;
-	dg_plan p;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	cr_assert_eq(dg_codegen_plan(cg, sp, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma bf16", "%s", p.canonical);
-	dg_codegen_destroy(cg);
+	gh_expect_path(sp, "wgmma bf16");
 }
 
 /* n random bf16 values (malloc'd) and their |values| (*abs, malloc'd). */
@@ -190,7 +159,7 @@ Test(gpu_grad, wgmma_grad_input_small)
 	static const shape shapes[] = {
 		{ 2, 1, 64, 64, 1, 1 }, { 2, 2, 36, 128, 2, 7 }, { 4, 1, 40, 64, 3, 65 }, { 4, 4, 64, 128, 2, 130 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(90);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
@@ -204,7 +173,7 @@ Test(gpu_grad, wgmma_grad_weight_small)
 	static const shape shapes[] = {
 		{ 2, 1, 64, 64, 1, 1 }, { 2, 2, 36, 100, 2, 7 }, { 4, 1, 40, 96, 3, 65 }, { 4, 4, 64, 128, 2, 130 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(91);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
@@ -219,7 +188,7 @@ Test(gpu_grad, wgmma_grad_weight_small)
 Test(gpu_grad, wgmma_grad_weight_split)
 {
 	static const shape s = { 2, 1, 40, 100, 2, 1000 };
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(92);
 	for (int k = 0; k < N_TILES; k++)

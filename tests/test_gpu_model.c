@@ -79,18 +79,7 @@
 #include "dragon/model.h"
 #include "runtime/store/safetensors.h"
 #include "gpu_helpers.h"
-
-static dg_model_config tiny(const char *preset)
-{
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	return c;
-}
+#include "helpers.h"
 
 struct batch {
 	int32_t idx[64], tgt[64];
@@ -122,6 +111,20 @@ static void compare(const float *a, const float *b, int64_t n, double *rel, doub
 	*cosv = ab / sqrt((aa > 0 ? aa : 1) * (den > 0 ? den : 1));
 }
 
+/* Each parameter's gradient in got (config c) against want's, normwise
+ * within rel_max, printed. */
+static void expect_grads(const dg_model_config *c, const dg_model_weights *got, const dg_model_weights *want,
+			 double rel_max)
+{
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		double rel, cosv;
+		compare(got->params[p], want->params[p], (int64_t)dg_test_numel(c, p), &rel, &cosv);
+		printf("  grad %-12s rel %.3g\n", dg_model_param_name((dg_model_param)p), rel);
+		cr_expect(rel <= rel_max, "grad %s normwise %.3g (at most %g)", dg_model_param_name((dg_model_param)p),
+			  rel, rel_max);
+	}
+}
+
 /* The GPU step of w's weights (config gc) against the CPU f32 step of the
  * same weights: loss_rel, grad_rel bound the f32-comparable presets;
  * cos_min the low-bit ones (loss_rel then bounds the loss's distance). */
@@ -131,7 +134,7 @@ static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double lo
 	char msg[1024];
 	/* the CPU runs f32 for the float recipes, the low-bit ones fake-quantized */
 	bool low = strcmp(preset, "w8a8") == 0 || strcmp(preset, "bitnet") == 0;
-	dg_model_config fc = tiny(low ? preset : "f32"), gc = tiny(preset);
+	dg_model_config fc = dg_test_tiny_model(low ? preset : "f32"), gc = dg_test_tiny_model(preset);
 	dg_model_weights *w = NULL, *wg = NULL, *gcpu = NULL, *ggpu = NULL;
 	cr_assert_eq(dg_model_weights_create(&fc, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(dg_model_weights_create(&fc, 0, &gcpu, msg, sizeof(msg)), DG_OK);
@@ -230,16 +233,7 @@ Test(gpu_model, the_25m_shapes_match_the_cpu_model)
 	printf("gpu_model 25M shapes B=1 T=32: loss %.9g, CPU %.9g (rel %.3g)\n", lg, lc,
 	       fabs(lg - lc) / fabs(lc));
 	cr_expect(fabs(lg - lc) <= 1e-5 * fabs(lc), "loss %.9g, CPU %.9g", lg, lc);
-	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-		int nd;
-		int64_t sh[3];
-		int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
-		double rel, cosv;
-		compare(gg->params[p], gc->params[p], n, &rel, &cosv);
-		printf("  grad %-12s rel %.3g\n", dg_model_param_name((dg_model_param)p), rel);
-		cr_expect(rel <= 5e-3, "grad %s normwise %.3g (at most 5e-3)",
-			  dg_model_param_name((dg_model_param)p), rel);
-	}
+	expect_grads(&c, gg, gc, 5e-3);
 	dg_model_destroy(m);
 	dg_model_weights_destroy(w);
 	dg_model_weights_destroy(gc);
@@ -309,7 +303,7 @@ Test(gpu_model, plan_and_bad_input)
 {
 	dg_device *dev = gh_open();
 	char msg[256];
-	dg_model_config c = tiny("f32");
+	dg_model_config c = dg_test_tiny_model("f32");
 	dg_model_memory plan, got;
 	cr_assert_eq(dg_model_plan(dev, &c, 2, 16, &plan), DG_OK, "%s", dg_device_errmsg(dev));
 	dg_model_weights *w = NULL;
@@ -340,10 +334,10 @@ Test(gpu_model, plan_and_bad_input)
 	dg_model_weights_destroy(w);
 
 	/* recipes the kernels cannot serve, named by field */
-	dg_model_config s = tiny("seed");
+	dg_model_config s = dg_test_tiny_model("seed");
 	cr_assert_eq(dg_model_plan(dev, &s, 2, 16, &plan), DG_ERR_UNSUPPORTED);
 	cr_assert(strstr(dg_device_errmsg(dev), "ascale=tensor"), "%s", dg_device_errmsg(dev));
-	dg_model_config big = tiny("f32");
+	dg_model_config big = dg_test_tiny_model("f32");
 	big.embd = 8192; /* wider than the row ops take (4096) */
 	cr_assert_neq(dg_model_plan(dev, &big, 2, 16, &plan), DG_OK);
 	cr_assert(strstr(dg_device_errmsg(dev), "embd"), "%s", dg_device_errmsg(dev));
@@ -374,7 +368,7 @@ static void gpu_logits(dg_device *dev, const char *preset)
 {
 	char msg[1024];
 	const int B = 2, T = 16, V = 256;
-	dg_model_config c = tiny(preset);
+	dg_model_config c = dg_test_tiny_model(preset);
 	dg_model_weights *w = NULL;
 	cr_assert_eq(dg_model_weights_create(&c, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
 	struct batch bt;
@@ -444,7 +438,7 @@ Test(gpu_model, vocab_of_llmc_shards_and_the_largest)
 	dg_device_info di;
 	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
 	enum { B = 2, T = 16 };
-	dg_model_config c = tiny("f32");
+	dg_model_config c = dg_test_tiny_model("f32");
 	c.vocab = 50304;
 	c.dropout = 0;
 	dg_model_weights *w = NULL, *gc = NULL, *gg = NULL;
@@ -469,15 +463,7 @@ Test(gpu_model, vocab_of_llmc_shards_and_the_largest)
 		cr_assert_eq(dg_model_step(m, &bt, &lg, gg), DG_OK, "%s", dg_device_errmsg(dev));
 		printf("  loss %.9g (CPU %.9g)\n", lg, lc);
 		cr_expect(fabs(lg - lc) <= 1e-5 * fabs(lc), "loss %.9g, CPU %.9g", lg, lc);
-		for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-			int nd;
-			int64_t sh[3];
-			int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
-			double rel, cosv;
-			compare(gg->params[p], gc->params[p], n, &rel, &cosv);
-			printf("  grad %-12s rel %.3g\n", dg_model_param_name((dg_model_param)p), rel);
-			cr_expect(rel <= 1e-4, "grad %s normwise %.3g", dg_model_param_name((dg_model_param)p), rel);
-		}
+		expect_grads(&c, gg, gc, 1e-4);
 	}
 	dg_model_destroy(m);
 	m = NULL;

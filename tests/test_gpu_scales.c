@@ -264,6 +264,25 @@ static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int 
 	free(gs2);
 }
 
+/* A case of act_rows: the spec's text, the shape, whether it is timed. */
+typedef struct act_case {
+	const char *text;
+	int B, G, T, C;
+	bool time;
+} act_case;
+
+#define AQ "op=quantize_act;ascale=token;"
+
+/* act_rows of each case on one device, the stream seeded first. */
+static void act_rows_all(uint64_t seed, const act_case *c, size_t n)
+{
+	dg_device *dev = gh_open();
+	gh_seed(seed);
+	for (size_t i = 0; i < n; i++)
+		act_rows(dev, c[i].text, c[i].B, c[i].G, c[i].T, c[i].C, c[i].time);
+	gh_close(dev);
+}
+
 /* The token quantizer at the BDH xy shape (a token 4 heads × 8192) at
  * B 2, T 64, and the paths around it: a block a token with its 16
  * vectors a thread in registers (bf16) or half of them streamed (f32), a
@@ -272,18 +291,18 @@ static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int 
  * bit the CPU reference; the BDH shapes are timed. */
 Test(gpu_scales, quantize_act_rows_paths)
 {
-	dg_device *dev = gh_open();
-	gh_seed(0x7a11);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 2, 4, 64, 8192, true);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=uint8pos", 2, 4, 64, 8192, true);
-	act_rows(dev, "op=quantize_act;ascale=token;src=f32;act=int8", 2, 4, 8, 8192, false);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 4, 1, 64, 256, true);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 2, 4, 16, 64, false);
-	act_rows(dev, "op=quantize_act;ascale=token;src=f32;act=int4", 2, 2, 8, 512, false);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8;tile=t128", 2, 4, 8, 8192, false);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 2, 3, 8, 100, false);
-	act_rows(dev, "op=quantize_act;ascale=token;src=f32;act=uint8pos", 1, 3, 8, 1001, false);
-	gh_close(dev);
+	static const act_case cases[] = {
+		{ AQ "src=bf16;act=int8", 2, 4, 64, 8192, true },
+		{ AQ "src=bf16;act=uint8pos", 2, 4, 64, 8192, true },
+		{ AQ "src=f32;act=int8", 2, 4, 8, 8192, false },
+		{ AQ "src=bf16;act=int8", 4, 1, 64, 256, true },
+		{ AQ "src=bf16;act=int8", 2, 4, 16, 64, false },
+		{ AQ "src=f32;act=int4", 2, 2, 8, 512, false },
+		{ AQ "src=bf16;act=int8;tile=t128", 2, 4, 8, 8192, false },
+		{ AQ "src=bf16;act=int8", 2, 3, 8, 100, false },
+		{ AQ "src=f32;act=uint8pos", 1, 3, 8, 1001, false },
+	};
+	act_rows_all(0x7a11, cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 /* The three token quantizers of a BDH w8a8 layer at the full step (B 8,
@@ -292,12 +311,12 @@ Test(gpu_scales, quantize_act_rows_paths)
  * H200's bandwidth. */
 Test(gpu_scales, quantize_act_rows_bdh_step)
 {
-	dg_device *dev = gh_open();
-	gh_seed(0xbd8);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 8, 1, 512, 256, true);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=int8", 32, 1, 512, 256, true);
-	act_rows(dev, "op=quantize_act;ascale=token;src=bf16;act=uint8pos", 8, 4, 512, 8192, true);
-	gh_close(dev);
+	static const act_case cases[] = {
+		{ AQ "src=bf16;act=int8", 8, 1, 512, 256, true },
+		{ AQ "src=bf16;act=int8", 32, 1, 512, 256, true },
+		{ AQ "src=bf16;act=uint8pos", 8, 4, 512, 8192, true },
+	};
+	act_rows_all(0xbd8, cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 /* quantize_weight wscale=channel of w (rows, cols) f32 | bf16: scales
@@ -370,14 +389,24 @@ static void weight_rows(dg_device *dev, const char *text, int rows, int cols, bo
  * and the scalar paths. */
 Test(gpu_scales, quantize_weight_rows_paths)
 {
+#define WQ "op=quantize_weight;wscale=channel;"
+	static const struct {
+		const char *text;
+		int rows, cols;
+		bool time;
+	} cases[] = {
+		{ WQ "src=f32;weight=int8", 4 * 8192, 256, true },
+		{ WQ "src=f32;weight=int8", 256, 4 * 8192, true },
+		{ WQ "src=f32;weight=ternary", 64, 8192, false },
+		{ WQ "src=f32;weight=ternary", 300, 256, false },
+		{ WQ "src=bf16;weight=sign1", 16, 4 * 8192, false },
+		{ WQ "src=f32;weight=ternary", 33, 1002, false },
+		{ WQ "src=bf16;weight=int8", 5, 3001, false },
+	};
+#undef WQ
 	dg_device *dev = gh_open();
 	gh_seed(0x3e1);
-	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=int8", 4 * 8192, 256, true);
-	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=int8", 256, 4 * 8192, true);
-	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=ternary", 64, 8192, false);
-	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=ternary", 300, 256, false);
-	weight_rows(dev, "op=quantize_weight;wscale=channel;src=bf16;weight=sign1", 16, 4 * 8192, false);
-	weight_rows(dev, "op=quantize_weight;wscale=channel;src=f32;weight=ternary", 33, 1002, false);
-	weight_rows(dev, "op=quantize_weight;wscale=channel;src=bf16;weight=int8", 5, 3001, false);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		weight_rows(dev, cases[i].text, cases[i].rows, cases[i].cols, cases[i].time);
 	gh_close(dev);
 }

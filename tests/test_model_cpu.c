@@ -23,21 +23,9 @@
 #include "helpers.h"
 #include "runtime/ref/ref_ops.h"
 
-static dg_model_config tiny_of(const char *preset)
-{
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	return c;
-}
-
 static dg_model_config tiny(void)
 {
-	return tiny_of("f32");
+	return dg_test_tiny_model("f32");
 }
 
 typedef struct fixture {
@@ -71,7 +59,7 @@ static void setup_config(fixture *f, uint64_t seed, dg_model_config c)
 
 static void setup_of(fixture *f, uint64_t seed, const char *preset)
 {
-	setup_config(f, seed, tiny_of(preset));
+	setup_config(f, seed, dg_test_tiny_model(preset));
 }
 
 static void setup(fixture *f, uint64_t seed)
@@ -171,7 +159,7 @@ Test(model_cpu, gradients_match_finite_differences)
 Test(model_cpu, gradients_match_finite_differences_at_an_odd_shape)
 {
 	fixture f;
-	dg_model_config c = tiny_of("f32");
+	dg_model_config c = dg_test_tiny_model("f32");
 	c.layers = 3;
 	c.embd = 64;
 	c.heads = 3;
@@ -276,6 +264,37 @@ Test(model_cpu, rows_apart_with_row0_are_the_whole_batch_with_dropout)
 	dg_model_weights_destroy(f.g);
 }
 
+/* The sizes of op_backwards_match_finite_differences' attention. */
+typedef struct attn_dims {
+	int B, H, T, N, D;
+} attn_dims;
+
+/* 12 central differences (step 1e-2) of Σ g·attention(qr, v) at sizes z in
+ * random entries of p (qr or v itself, n values; each restored) against
+ * the backward's grad (named name). */
+static void attention_fd(dg_rng *r, const attn_dims *z, float *p, int n, const float *grad, const char *name,
+			 const float *qr, const float *v, const float *g, float *out)
+{
+	const int B = z->B, H = z->H, T = z->T, N = z->N, D = z->D;
+
+	for (int k = 0; k < 12; k++) {
+		int i = dg_rng_int(r, 0, n - 1);
+		float keep = p[i];
+		double lp = 0, lm = 0;
+		p[i] = keep + 1e-2f;
+		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
+		for (int j = 0; j < B * H * T * D; j++)
+			lp += (double)g[j] * out[j];
+		p[i] = keep - 1e-2f;
+		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
+		for (int j = 0; j < B * H * T * D; j++)
+			lm += (double)g[j] * out[j];
+		p[i] = keep;
+		double fd = (lp - lm) / 2e-2;
+		cr_assert(fabs(fd - grad[i]) <= 1e-3 + 1e-3 * fabs(fd), "%s[%d]: %g vs %g", name, i, grad[i], fd);
+	}
+}
+
 /* d/dx of Σ w·f(x) against Σ w·f'(x) for one op at a time. */
 Test(model_cpu, op_backwards_match_finite_differences)
 {
@@ -292,38 +311,9 @@ Test(model_cpu, op_backwards_match_finite_differences)
 		g[i] = dg_rng_uniform(&r, -1, 1);
 	dg_ref_attention_bwd(g, qr, v, B, H, T, N, D, dqr, dv);
 	/* attention w.r.t. qr and v, a few entries each */
-	for (int k = 0; k < 12; k++) {
-		int i = dg_rng_int(&r, 0, B * H * T * N - 1);
-		float keep = qr[i];
-		double lp = 0, lm = 0;
-		qr[i] = keep + 1e-2f;
-		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
-		for (int j = 0; j < B * H * T * D; j++)
-			lp += (double)g[j] * out[j];
-		qr[i] = keep - 1e-2f;
-		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
-		for (int j = 0; j < B * H * T * D; j++)
-			lm += (double)g[j] * out[j];
-		qr[i] = keep;
-		double fd = (lp - lm) / 2e-2;
-		cr_assert(fabs(fd - dqr[i]) <= 1e-3 + 1e-3 * fabs(fd), "dqr[%d]: %g vs %g", i, dqr[i], fd);
-	}
-	for (int k = 0; k < 12; k++) {
-		int i = dg_rng_int(&r, 0, B * T * D - 1);
-		float keep = v[i];
-		double lp = 0, lm = 0;
-		v[i] = keep + 1e-2f;
-		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
-		for (int j = 0; j < B * H * T * D; j++)
-			lp += (double)g[j] * out[j];
-		v[i] = keep - 1e-2f;
-		dg_ref_attention_fwd(qr, v, B, H, T, N, D, out);
-		for (int j = 0; j < B * H * T * D; j++)
-			lm += (double)g[j] * out[j];
-		v[i] = keep;
-		double fd = (lp - lm) / 2e-2;
-		cr_assert(fabs(fd - dv[i]) <= 1e-3 + 1e-3 * fabs(fd), "dv[%d]: %g vs %g", i, dv[i], fd);
-	}
+	const attn_dims z = { B, H, T, N, D };
+	attention_fd(&r, &z, qr, B * H * T * N, dqr, "dqr", qr, v, g, out);
+	attention_fd(&r, &z, v, B * T * D, dv, "dv", qr, v, g, out);
 	/* RoPE's backward is its transpose: <rope(a), b> = <a, ropeᵀ(b)> */
 	float cs[T * N / 2], sn[T * N / 2], a[H * T * N], b2[H * T * N], ra[H * T * N], rb[H * T * N];
 	dg_ref_rope_table(T, N, cs, sn);

@@ -31,46 +31,11 @@
 #include "dragon/spec.h"
 #include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
+#include "nvrtc_helpers.h"
 
 static const dg_op gemms[] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_OUT, DG_OP_ATTENTION_GRAD_SCORES,
 			       DG_OP_ATTENTION_GRAD_V, DG_OP_ATTENTION_GRAD_XS };
 #define N_GEMMS 5
-
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", cg ? dg_codegen_errmsg(cg) : "no memory");
-	return cg;
-}
-
-/* Renders spec, checks its banner names `path` (NULL: any) and its entry
- * dg_<op>, compiles it for sm_<sm> (sm_90a where the spec is arch-specific). */
-static void compile_for(dg_codegen *cg, const dg_spec *spec, const char *path, int sm)
-{
-	char e[8192], text[DG_SPEC_TEXT_MAX], entry[64];
-	dg__nvrtc_target t;
-	dg__nvrtc_result res;
-	dg_source *src = NULL;
-
-	dg_spec_to_string(spec, text, sizeof(text));
-	snprintf(entry, sizeof(entry), "dg_%s", dg_op_name(spec->op));
-	cr_assert_eq(dg__nvrtc_target_for(sm, spec->arch_specific, &t, e, sizeof(e)), DG_OK, "%s", e);
-	cr_assert_eq(dg_codegen_render(cg, spec, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
-	cr_assert_eq(src->n_entries, 1, "%s", text);
-	cr_assert_str_eq(src->entries[0], entry, "%s", text);
-	if (path)
-		cr_assert(strstr(src->text, path), "%s: expected '%s' in the banner", text, path);
-	dg_status st = dg__nvrtc_compile(src, &t, &res, e, sizeof(e));
-	cr_assert_eq(st, DG_OK, "%s: %s", text, e);
-	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not an ELF cubin", text);
-	dg__nvrtc_result_free(&res);
-	dg_source_destroy(src);
-}
-
-static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
-{
-	compile_for(cg, spec, path, 90);
-}
 
 static dg_spec spec_of(dg_op op, dg_fmt act, int arch)
 {
@@ -84,40 +49,40 @@ static dg_spec spec_of(dg_op op, dg_fmt act, int arch)
 
 Test(nvrtc_attention, rope_every_act_and_shape)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	for (int a = 0; a < 2; a++)
 		for (int small = 0; small < 2; small++) {
 			dg_spec s = spec_of(DG_OP_ROPE_FWD, a ? DG_FMT_BF16 : DG_FMT_F32, 90);
 			if (small)
 				s.heads = 3, s.latent = 100;
-			compile_one(cg, &s, "path: element-wise");
+			nh_compile(cg, &s, "path: element-wise", 90);
 			s = spec_of(DG_OP_ROPE_BWD, DG_FMT_F32, 90);
 			if (small)
 				s.heads = 3, s.latent = 100;
 			s.tile.threads = a ? 128 : 0;
-			compile_one(cg, &s, "path: element-wise");
+			nh_compile(cg, &s, "path: element-wise", 90);
 		}
 	dg_codegen_destroy(cg);
 }
 
 Test(nvrtc_attention, gemms_at_their_defaults)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	for (int o = 0; o < N_GEMMS; o++) {
 		/* bf16 on tensor cores; f32 and sm_75 bf16 on the fp32 path */
 		dg_spec s = spec_of(gemms[o], DG_FMT_BF16, 90);
-		compile_one(cg, &s, "path: tensor cores");
+		nh_compile(cg, &s, "path: tensor cores", 90);
 		s = spec_of(gemms[o], DG_FMT_F32, 90);
-		compile_one(cg, &s, "path: fp32 FMA");
+		nh_compile(cg, &s, "path: fp32 FMA", 90);
 		s = spec_of(gemms[o], DG_FMT_BF16, 75);
-		compile_one(cg, &s, "path: fp32 FMA");
+		nh_compile(cg, &s, "path: fp32 FMA", 90);
 		/* small odd shape: 4-element bf16 units along latent */
 		for (int a = 0; a < 2; a++) {
 			s = spec_of(gemms[o], a ? DG_FMT_BF16 : DG_FMT_F32, 80);
 			s.heads = 3;
 			s.latent = 100;
 			s.embd = 48;
-			compile_one(cg, &s, a ? "path: tensor cores" : "path: fp32 FMA");
+			nh_compile(cg, &s, a ? "path: tensor cores" : "path: fp32 FMA", 90);
 		}
 	}
 	dg_codegen_destroy(cg);
@@ -135,7 +100,7 @@ Test(nvrtc_attention, gemms_on_other_tiles)
 		{ { 64, 32, 8, 2, 2, 2, 0 }, false },	/* BK 8: fp32 path for bf16 too */
 		{ { 32, 32, 16, 4, 2, 2, 0 }, false },	/* warp tile 8x16: fp32 */
 	};
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	for (int o = 0; o < N_GEMMS; o++)
 		for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
 			for (int a = 0; a < 2; a++) {
@@ -144,59 +109,40 @@ Test(nvrtc_attention, gemms_on_other_tiles)
 				s.latent = 128;
 				s.embd = 64;
 				s.tile = tiles[i].tile;
-				compile_one(cg, &s, a && tiles[i].mma ? "path: tensor cores" : "path: fp32 FMA");
+				nh_compile(cg, &s, a && tiles[i].mma ? "path: tensor cores" : "path: fp32 FMA", 90);
 			}
 	dg_codegen_destroy(cg);
 }
 
-/* spec is refused (validate or plan) with a message holding `field`. */
-static void expect_refused(dg_codegen *cg, const dg_spec *s, const char *field)
-{
-	char msg[512] = "";
-	dg_plan p;
-	dg_status st = dg_spec_validate(s, msg, sizeof(msg));
-	if (st == DG_OK) {
-		st = dg_codegen_plan(cg, s, &p);
-		snprintf(msg, sizeof(msg), "%s", dg_codegen_errmsg(cg));
-	}
-	cr_assert_eq(st, DG_ERR_INVALID_SPEC, "%s: accepted", field);
-	cr_assert(strstr(msg, field), "'%s' does not name %s", msg, field);
-}
-
 Test(nvrtc_attention, bad_specs_are_refused_naming_the_field)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	for (int o = 0; o < N_GEMMS; o++) {
 		dg_spec s = spec_of(gemms[o], DG_FMT_BF16, 90);
 		s.act = DG_FMT_INT8;
-		expect_refused(cg, &s, "act");
+		nh_expect_refused(cg, &s, "act");
 		s = spec_of(gemms[o], DG_FMT_BF16, 90);
 		s.tile = (dg_tile){ 64, 64, 256, 2, 2, 2, 0 };
-		expect_refused(cg, &s, "BK");
+		nh_expect_refused(cg, &s, "BK");
 		s.tile = (dg_tile){ 64, 64, 32, 2, 2, 3, 0 };
-		expect_refused(cg, &s, "stages");
+		nh_expect_refused(cg, &s, "stages");
 		s.tile = (dg_tile){ 64, 64, 32, 2, 8, 2, 0 }; /* warp tile 32x8 */
-		expect_refused(cg, &s, "warp's tile");
+		nh_expect_refused(cg, &s, "warp's tile");
 		s.tile = (dg_tile){ 0, 0, 0, 0, 0, 0, 128 };
-		expect_refused(cg, &s, "tile");
+		nh_expect_refused(cg, &s, "tile");
 	}
 	dg_spec r = spec_of(DG_OP_ROPE_FWD, DG_FMT_BF16, 90);
 	r.tile.threads = 48;
-	expect_refused(cg, &r, "threads");
+	nh_expect_refused(cg, &r, "threads");
 	r = spec_of(DG_OP_ROPE_FWD, DG_FMT_UINT8POS, 90);
-	expect_refused(cg, &r, "act");
+	nh_expect_refused(cg, &r, "act");
 	dg_codegen_destroy(cg);
 }
 
 /* ---- the checks, without a device ------------------------------------------------ */
 
-static void expect_named(dg_status st, const char *msg, const char *name)
-{
-	char head[64];
-	snprintf(head, sizeof(head), "%s: ", name);
-	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted: %s", msg);
-	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
-}
+/* A _check refused the call naming `name`. */
+#define expect_named(st, msg, name) nh_expect_named(st, msg, name, NULL)
 
 #define P(i) ((dg_dptr)0x100000 * (i))
 
@@ -260,7 +206,7 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 		{ 0, 0, 0, 0, 0, 0, 0 },          { 64, 64, 64, 4, 1, 3, 0 },
 		{ 128, 256, 64, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 4, 0 },
 	};
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	const dg_op ops[2] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_GRAD_XS };
 	for (int o = 0; o < 2; o++)
 		for (int small = 0; small < 2; small++)
@@ -272,7 +218,7 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 				cr_assert_str_eq(p.path, "wgmma bf16");
 				cr_assert(p.needs_arch_specific);
 				cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32, "%s", p.canonical);
-				compile_one(cg, &s, "path: warpgroup tensor cores (wgmma");
+				nh_compile(cg, &s, "path: warpgroup tensor cores (wgmma", 90);
 			}
 	/* a ring of 5 to 8 stages: attention_scores' warp-specialized form
 	 * (a producer warpgroup beside the tile's warps, TMA along L), on
@@ -291,7 +237,7 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 			bool ws = deep[k].stages >= 5;
 			cr_assert_str_eq(p.path, ws ? "wgmma tma" : "wgmma bf16", "%s", p.canonical);
 			cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32 + (ws ? 128 : 0), "%s", p.canonical);
-			compile_one(cg, &s, ws ? "path: warp-specialized wgmma" : "path: warpgroup tensor cores (wgmma");
+			nh_compile(cg, &s, ws ? "path: warp-specialized wgmma" : "path: warpgroup tensor cores (wgmma", 90);
 		}
 	for (int o = 0; o < 2; o++) {
 		dg_spec s = wg_spec(ops[o], 2, o ? 64 : 100);
@@ -307,22 +253,22 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 	/* grad_xs out=bf16 on both tensor-core paths and the fp32 one */
 	dg_spec gb = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
 	gb.out = DG_FMT_BF16;
-	compile_one(cg, &gb, "path: warpgroup tensor cores (wgmma");
+	nh_compile(cg, &gb, "path: warpgroup tensor cores (wgmma", 90);
 	gb.tile = (dg_tile){ 128, 128, 32, 2, 4, 2, 0 };
-	compile_one(cg, &gb, "path: tensor cores (mma.sync");
+	nh_compile(cg, &gb, "path: tensor cores (mma.sync", 90);
 	gb = spec_of(DG_OP_ATTENTION_GRAD_XS, DG_FMT_F32, 90);
 	gb.out = DG_FMT_BF16;
-	compile_one(cg, &gb, "path: fp32");
+	nh_compile(cg, &gb, "path: fp32", 90);
 	/* rope=pre on an mma.sync tile: the warp tensor cores read it raw */
 	dg_spec s = wg_spec(DG_OP_ATTENTION_SCORES, 4, 8192);
 	s.tile = (dg_tile){ 128, 128, 32, 2, 4, 2, 0 };
-	compile_one(cg, &s, "path: tensor cores (mma.sync");
+	nh_compile(cg, &s, "path: tensor cores (mma.sync", 90);
 	dg_codegen_destroy(cg);
 }
 
 Test(nvrtc_attention, warpgroup_tiles_off_its_path_are_refused)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_plan p;
 	/* stages 3: the warpgroup path's, which rope=load cannot take */
 	dg_spec s = wg_spec(DG_OP_ATTENTION_SCORES, 4, 8192);
@@ -373,7 +319,7 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 		{ 128, 256, 64, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 4, 0 },
 	};
 	static const int latents[] = { 8192, 64, 100 };
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	for (size_t li = 0; li < sizeof(latents) / sizeof(latents[0]); li++)
 		for (int ob = 0; ob < 2; ob++)
 			for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++) {
@@ -393,7 +339,7 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 				cr_assert_geq(p.entries[0].smem, bm * (bn + 8) * 4 + 1024, "%s", p.canonical);
 				cr_assert_eq(p.entries[0].smem, ps.entries[0].smem, "%s: the ring is the larger", p.canonical);
 				cr_assert(strstr(p.canonical, ";epi=mask;"), "%s", p.canonical);
-				compile_one(cg, &s, "epi=mask: dxs");
+				nh_compile(cg, &s, "epi=mask: dxs", 90);
 			}
 	/* the ABI in the banner: dxs and mask_xs, no grad_xs */
 	dg_spec s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
@@ -413,15 +359,15 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 			m.out = ob ? DG_FMT_BF16 : DG_FMT_F32;
 			if (small)
 				m.heads = 3, m.latent = 100;
-			compile_for(cg, &m, "path: tensor cores (mma.sync", 80);
+			nh_compile(cg, &m, "path: tensor cores (mma.sync", 80);
 			m.rope_pre = true;
-			compile_for(cg, &m, "epi=mask: dxs", 80);
+			nh_compile(cg, &m, "epi=mask: dxs", 80);
 			m.act = DG_FMT_F32;
 			m.rope_pre = false;
-			compile_for(cg, &m, "path: fp32 FMA", 80);
+			nh_compile(cg, &m, "path: fp32 FMA", 80);
 			m.act = DG_FMT_BF16;
 			m.tile = (dg_tile){ 64, 32, 8, 2, 2, 2, 0 };
-			compile_for(cg, &m, "path: fp32 FMA", 80);
+			nh_compile(cg, &m, "path: fp32 FMA", 80);
 		}
 	dg_codegen_destroy(cg);
 }

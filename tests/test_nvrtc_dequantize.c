@@ -21,13 +21,7 @@
 #include "dragon/spec.h"
 #include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
-
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", cg ? dg_codegen_errmsg(cg) : "no memory");
-	return cg;
-}
+#include "nvrtc_helpers.h"
 
 static dg_spec spec_of(dg_fmt act, dg_fmt out, dg_scale_gran g, int threads)
 {
@@ -67,7 +61,7 @@ Test(nvrtc_dequantize, every_format_compiles)
 	char e[8192], text[DG_SPEC_TEXT_MAX];
 	dg__nvrtc_target t;
 	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, e, sizeof(e)), DG_OK, "%s", e);
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	int n = 0;
 	for (int a = 0; a < 3; a++)
 		for (int o = 0; o < 2; o++)
@@ -105,53 +99,30 @@ Test(nvrtc_dequantize, every_format_compiles)
 	dg_codegen_destroy(cg);
 }
 
-/* spec is refused (validate or plan) with a message holding `field`. */
-static void expect_refused(dg_codegen *cg, const dg_spec *s, const char *field)
-{
-	char msg[512] = "";
-	dg_plan p;
-	dg_status st = dg_spec_validate(s, msg, sizeof(msg));
-	if (st == DG_OK) {
-		st = dg_codegen_plan(cg, s, &p);
-		snprintf(msg, sizeof(msg), "%s", dg_codegen_errmsg(cg));
-	}
-	cr_assert_eq(st, DG_ERR_INVALID_SPEC, "%s: accepted", field);
-	cr_assert(strstr(msg, field), "'%s' does not name %s", msg, field);
-}
-
 Test(nvrtc_dequantize, bad_specs_are_refused_naming_the_field)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	static const dg_fmt not_codes[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_TERNARY, DG_FMT_SIGN1 };
 	for (size_t i = 0; i < sizeof(not_codes) / sizeof(not_codes[0]); i++) {
 		dg_spec s = spec_of(not_codes[i], DG_FMT_BF16, DG_SCALE_TENSOR, 0);
-		expect_refused(cg, &s, "act");
+		nh_expect_refused(cg, &s, "act");
 	}
 	dg_spec s = spec_of(DG_FMT_INT8, DG_FMT_INT8, DG_SCALE_TENSOR, 0);
-	expect_refused(cg, &s, "out");
+	nh_expect_refused(cg, &s, "out");
 	s = spec_of(DG_FMT_INT8, DG_FMT_UINT8POS, DG_SCALE_TENSOR, 0);
-	expect_refused(cg, &s, "out");
+	nh_expect_refused(cg, &s, "out");
 	s = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_CHANNEL, 0);
-	expect_refused(cg, &s, "ascale");
+	nh_expect_refused(cg, &s, "ascale");
 	s = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TENSOR, 48);
-	expect_refused(cg, &s, "threads");
+	nh_expect_refused(cg, &s, "threads");
 	s.tile.threads = 2048;
-	expect_refused(cg, &s, "threads");
+	nh_expect_refused(cg, &s, "threads");
 	s.tile = (dg_tile){ 64, 64, 32, 2, 2, 2, 0 };
-	expect_refused(cg, &s, "tile");
+	nh_expect_refused(cg, &s, "tile");
 	dg_codegen_destroy(cg);
 }
 
 /* ---- the check, without a device ------------------------------------------------ */
-
-static void expect_named(dg_status st, const char *msg, const char *name, const char *also)
-{
-	char head[64];
-	snprintf(head, sizeof(head), "%s: ", name);
-	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted: %s", msg);
-	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
-	cr_assert(!also || strstr(msg, also), "'%s' does not say %s", msg, also);
-}
 
 #define P(i) ((dg_dptr)0x100000 * (i))
 
@@ -166,31 +137,31 @@ Test(nvrtc_dequantize, check_refuses_wrong_tensors_by_name)
 		dg_dequantize_args a = { .codes = &codes, .out = &out };
 		cr_assert_eq(dg_dequantize_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
 		codes.fmt = DG_FMT_UINT8POS; /* not the spec's act */
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "int8");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "int8");
 		codes.fmt = DG_FMT_INT8;
 		codes.scale = 0;
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "scale");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "scale");
 		codes.scale = P(3);
 		out.fmt = DG_FMT_F32; /* not the spec's out */
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "bf16");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "bf16");
 		out.fmt = DG_FMT_BF16;
 		out.shape[1] = 255; /* not the codes' shape */
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "96, 256");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "96, 256");
 		out.shape[1] = 256;
 		out.data += 8;
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "aligned");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "aligned");
 		out.data = P(2);
 		/* a stack not viewed as its rows */
 		dg_tensor c4 = dg_tensor_4d("codes", DG_FMT_INT8, P(1), 2, 3, 16, 256);
 		dg_tensor o4 = dg_tensor_4d("out", DG_FMT_BF16, P(2), 2, 3, 16, 256);
 		c4.scale = P(3);
 		dg_dequantize_args a4 = { .codes = &c4, .out = &o4 };
-		expect_named(dg_dequantize_check(&s, &a4, msg, sizeof(msg)), msg, "codes", "(R, C)");
+		nh_expect_named(dg_dequantize_check(&s, &a4, msg, sizeof(msg)), msg, "codes", "(R, C)");
 		a.codes = NULL;
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "missing");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "codes", "missing");
 		a.codes = &codes;
 		a.out = NULL;
-		expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "missing");
+		nh_expect_named(dg_dequantize_check(&s, &a, msg, sizeof(msg)), msg, "out", "missing");
 		cr_assert_eq(dg_dequantize_check(&s, NULL, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 		/* a spec of another op */
 		dg_spec q;
@@ -212,7 +183,7 @@ Test(nvrtc_dequantize, the_models_bf16_gradient_specs_compile)
 	char e[8192], text[DG_SPEC_TEXT_MAX], m[512];
 	dg__nvrtc_target t;
 	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, e, sizeof(e)), DG_OK, "%s", e);
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_spec specs[6];
 	int n = 0;
 	for (int w = 0; w < 2; w++)

@@ -26,41 +26,11 @@
 #include "dragon/spec.h"
 #include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
+#include "nvrtc_helpers.h"
 
 static const dg_op ops[] = { DG_OP_GATE_FWD, DG_OP_GATE_BWD, DG_OP_ADD_MASK, DG_OP_ADD3,
 			     DG_OP_TRANSPOSE };
 #define N_OPS 5
-
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", cg ? dg_codegen_errmsg(cg) : "no memory");
-	return cg;
-}
-
-/* Renders spec, checks its banner names `path` and its entry dg_<op>,
- * compiles it for sm_90. */
-static void compile_one(dg_codegen *cg, const dg_spec *spec, const char *path)
-{
-	char e[8192], text[DG_SPEC_TEXT_MAX], entry[64];
-	dg__nvrtc_target t;
-	dg__nvrtc_result res;
-	dg_source *src = NULL;
-
-	dg_spec_to_string(spec, text, sizeof(text));
-	snprintf(entry, sizeof(entry), "dg_%s", dg_op_name(spec->op));
-	cr_assert_eq(dg__nvrtc_target_for(90, false, &t, e, sizeof(e)), DG_OK, "%s", e);
-	cr_assert_eq(dg_codegen_render(cg, spec, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
-	cr_assert_eq(src->n_entries, 1, "%s", text);
-	cr_assert_str_eq(src->entries[0], entry, "%s", text);
-	cr_assert(strstr(src->text, path), "%s: expected '%s' in the banner", text, path);
-	cr_assert(strstr(src->text, "do not edit"), "%s: no generated-code banner", text);
-	dg_status st = dg__nvrtc_compile(src, &t, &res, e, sizeof(e));
-	cr_assert_eq(st, DG_OK, "%s: %s", text, e);
-	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not an ELF cubin", text);
-	dg__nvrtc_result_free(&res);
-	dg_source_destroy(src);
-}
 
 static dg_spec spec_of(dg_op op, dg_fmt act)
 {
@@ -78,7 +48,7 @@ static const char *path_of(dg_op op)
 
 Test(nvrtc_gate, every_op_act_and_shape)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	for (int o = 0; o < N_OPS; o++)
 		for (int a = 0; a < 2; a++)
 			for (int small = 0; small < 2; small++) {
@@ -88,15 +58,15 @@ Test(nvrtc_gate, every_op_act_and_shape)
 				s.tile.threads = small ? 64 : 0;
 				char m[512];
 				cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s", m);
-				compile_one(cg, &s, path_of(ops[o]));
+				nh_compile(cg, &s, path_of(ops[o]), 90);
 			}
 	/* the decoder's transpose (E = H·N) and the largest block */
 	dg_spec t = spec_of(DG_OP_TRANSPOSE, DG_FMT_BF16);
 	t.embd = 32768, t.latent = 256, t.tile.threads = 1024;
-	compile_one(cg, &t, path_of(DG_OP_TRANSPOSE));
+	nh_compile(cg, &t, path_of(DG_OP_TRANSPOSE), 90);
 	t = spec_of(DG_OP_GATE_BWD, DG_FMT_BF16);
 	t.tile.threads = 1024;
-	compile_one(cg, &t, path_of(DG_OP_GATE_BWD));
+	nh_compile(cg, &t, path_of(DG_OP_GATE_BWD), 90);
 	dg_codegen_destroy(cg);
 }
 
@@ -104,7 +74,7 @@ Test(nvrtc_gate, every_op_act_and_shape)
  * (src) compiles; the kernel's types follow them. */
 Test(nvrtc_gate, gradient_formats)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	char text[DG_SPEC_TEXT_MAX];
 	for (int k = 0; k < 8; k++)
 		for (int small = 0; small < 2; small++)
@@ -134,67 +104,48 @@ Test(nvrtc_gate, gradient_formats)
 				bool any = act == DG_FMT_BF16 || gf == DG_FMT_BF16 || (o && of == DG_FMT_BF16);
 				cr_assert(strstr(src->text, any ? "VE = 8;" : "VE = 4;"), "%s: vector width", text);
 				dg_source_destroy(src);
-				compile_one(cg, &s, path_of(s.op));
+				nh_compile(cg, &s, path_of(s.op), 90);
 			}
 	dg_codegen_destroy(cg);
 }
 
-/* spec is refused (validate or plan) with a message holding `field`. */
-static void expect_refused(dg_codegen *cg, const dg_spec *s, const char *field)
-{
-	char msg[512] = "";
-	dg_plan p;
-	dg_status st = dg_spec_validate(s, msg, sizeof(msg));
-	if (st == DG_OK) {
-		st = dg_codegen_plan(cg, s, &p);
-		snprintf(msg, sizeof(msg), "%s", dg_codegen_errmsg(cg));
-	}
-	cr_assert_eq(st, DG_ERR_INVALID_SPEC, "%s: accepted", field);
-	cr_assert(strstr(msg, field), "'%s' does not name %s", msg, field);
-}
-
 Test(nvrtc_gate, bad_specs_are_refused_naming_the_field)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	for (int o = 0; o < N_OPS; o++) {
 		dg_spec s = spec_of(ops[o], DG_FMT_BF16);
 		if (dg_spec_uses(ops[o]) & DG_FIELD_ACT) {
 			s.act = DG_FMT_INT8;
-			expect_refused(cg, &s, "act");
+			nh_expect_refused(cg, &s, "act");
 		}
 		s = spec_of(ops[o], DG_FMT_BF16);
 		s.tile.threads = 48;
-		expect_refused(cg, &s, "threads");
+		nh_expect_refused(cg, &s, "threads");
 		s.tile.threads = 2048;
-		expect_refused(cg, &s, "threads");
+		nh_expect_refused(cg, &s, "threads");
 		s.tile = (dg_tile){ 64, 64, 32, 2, 2, 2, 0 };
-		expect_refused(cg, &s, "tile");
+		nh_expect_refused(cg, &s, "tile");
 	}
 	dg_spec t = spec_of(DG_OP_TRANSPOSE, DG_FMT_F32);
 	t.embd = 30; /* embd is a multiple of 4 for every op */
-	expect_refused(cg, &t, "embd");
+	nh_expect_refused(cg, &t, "embd");
 	/* a gradient format the ops do not take */
 	t = spec_of(DG_OP_GATE_BWD, DG_FMT_BF16);
 	t.out = DG_FMT_INT8;
-	expect_refused(cg, &t, "out=int8");
+	nh_expect_refused(cg, &t, "out=int8");
 	t = spec_of(DG_OP_ADD_MASK, DG_FMT_BF16);
 	t.out = DG_FMT_UINT8POS;
-	expect_refused(cg, &t, "out=uint8pos");
+	nh_expect_refused(cg, &t, "out=uint8pos");
 	t = spec_of(DG_OP_ADD_MASK, DG_FMT_BF16);
 	t.src = DG_FMT_INT8;
-	expect_refused(cg, &t, "src=int8");
+	nh_expect_refused(cg, &t, "src=int8");
 	dg_codegen_destroy(cg);
 }
 
 /* ---- the checks, without a device ------------------------------------------------ */
 
-static void expect_named(dg_status st, const char *msg, const char *name)
-{
-	char head[64];
-	snprintf(head, sizeof(head), "%s: ", name);
-	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted: %s", msg);
-	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
-}
+/* A _check refused the call naming `name`. */
+#define expect_named(st, msg, name) nh_expect_named(st, msg, name, NULL)
 
 #define P(i) ((dg_dptr)0x100000 * (i))
 
@@ -353,7 +304,7 @@ static void compile_dg(dg_codegen *cg, int H, int E, int L, dg_fmt w, dg_fmt act
 
 Test(nvrtc_gate, decoder_gate_bwd_both_paths)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	static const dg_fmt F[2] = { DG_FMT_F32, DG_FMT_BF16 };
 	/* the warpgroup path: bf16 w, any act and out; the BDH shape and
 	 * ragged ones (L 100: rows that are not whole vectors) */
@@ -372,7 +323,7 @@ Test(nvrtc_gate, decoder_gate_bwd_both_paths)
 
 Test(nvrtc_gate, decoder_gate_bwd_refusals)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	char e[512];
 	dg_spec s;
 	/* a low-bit weight: the op reads a float copy */

@@ -33,6 +33,7 @@
 #include "dragon/cubin.h"
 #include "dragon/spec.h"
 #include "runtime/store/nvrtc.h"
+#include "nvrtc_helpers.h"
 
 static const dg_fmt weights[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_INT8,
 				  DG_FMT_TERNARY, DG_FMT_SIGN1 };
@@ -69,15 +70,6 @@ static void compile_one(dg_codegen *cg, const dg_spec *spec,
 	dg_source_destroy(src);
 }
 
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s",
-		     cg ? dg_codegen_errmsg(cg) : "no memory");
-	return cg;
-}
-
 static dg_spec bdh(dg_op op)
 {
 	dg_spec s;
@@ -95,7 +87,7 @@ static const char *dgw_entries[] = { "dg_decoder_grad_weight",
 
 Test(nvrtc_grad, lowrank_grad_input_every_weight_and_in_heads)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (int f = 0; f < 5; f++)
 		for (int hin = 0; hin < 2; hin++) {
@@ -109,7 +101,7 @@ Test(nvrtc_grad, lowrank_grad_input_every_weight_and_in_heads)
 
 Test(nvrtc_grad, lowrank_grad_weight_every_act_and_in_heads)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (int f = 0; f < 5; f++)
 		for (int hin = 0; hin < 2; hin++) {
@@ -142,7 +134,7 @@ Test(nvrtc_grad, paths_by_arch)
 				     DG_OP_DECODER_GRAD_INPUT, DG_OP_DECODER_GRAD_WEIGHT };
 	static const char *const *ens[] = { gi_entries, gw_entries, dgi_entries, dgw_entries };
 	static const int nen[] = { 2, 2, 1, 2 };
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (int o = 0; o < 4; o++) {
 		dg_spec s = bdh(ops[o]);
@@ -224,7 +216,7 @@ Test(nvrtc_grad, mma_odd_tiles)
 		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_BF16, 132, 40, { 128, 128, 16, 4, 4, 4, 0 } },
 		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_INT8, 8192, 256, { 64, 64, 128, 2, 2, 2, 0 } },
 	};
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		dg_spec s = odd_tile_spec(&cases[i], i % 2 ? 3 : 1);
@@ -236,7 +228,7 @@ Test(nvrtc_grad, mma_odd_tiles)
 
 Test(nvrtc_grad, decoder_grads_every_format)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (int f = 0; f < 5; f++) {
 		dg_spec s = bdh(DG_OP_DECODER_GRAD_INPUT);
@@ -269,7 +261,7 @@ static void expect_text(dg_codegen *cg, const dg_spec *spec, const char *what, b
  * with latent 100 / 36 (8-byte chunks) and 96 (16-byte), in_heads 1 and H. */
 Test(nvrtc_grad, bf16_gradients_every_path)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	static const dg_op lows[] = { DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT };
 	char text[DG_SPEC_TEXT_MAX];
 
@@ -376,7 +368,7 @@ Test(nvrtc_grad, odd_tiles)
 		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_UINT8POS, 20, 12, { 32, 16, 8, 2, 1, 2, 0 } },
 		{ DG_OP_DECODER_GRAD_WEIGHT, DG_FMT_BF16, 132, 40, { 128, 128, 8, 4, 4, 2, 0 } },
 	};
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		dg_spec s = odd_tile_spec(&cases[i], i % 2 ? 3 : 1);
@@ -394,7 +386,7 @@ Test(nvrtc_grad, quantize_weight_and_packers)
 	static const char *t_entries[] = { "dg_pack_ternary", "dg_unpack_ternary" };
 	static const char *s_entries[] = { "dg_pack_sign1", "dg_unpack_sign1" };
 	static const dg_fmt wq[] = { DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (int src = 0; src < 2; src++)
 		for (int f = 0; f < 3; f++) {
@@ -419,7 +411,7 @@ Test(nvrtc_grad, quantize_weight_and_packers)
 /* What the templates refuse, with the field named. */
 Test(nvrtc_grad, render_refusals)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_source *src = NULL;
 
 	/* SIMT (sm_70): one buffer of 128x128x64 floats does not fit 48 KiB */
@@ -456,7 +448,7 @@ Test(nvrtc_grad, render_refusals)
  * rule named (the spec itself is valid: only its tile cannot run). */
 Test(nvrtc_grad, plan_refusals)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_plan p;
 	dg_spec s = bdh(DG_OP_DECODER_GRAD_WEIGHT);
 	const char *m;
@@ -561,7 +553,7 @@ Test(nvrtc_grad, wgmma_bf16_tiles_and_shapes)
 	static const int shapes[][3] = { /* heads, embd, latent */
 		{ 4, 256, 8192 }, { 2, 32, 64 }, { 4, 64, 128 }, { 2, 64, 128 }, { 4, 32, 64 },
 	};
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (int o = 0; o < 2; o++) {
 		dg_op op = o ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_LOWRANK_GRAD_INPUT;
@@ -585,7 +577,7 @@ Test(nvrtc_grad, wgmma_bf16_tiles_and_shapes)
  * non-warpgroup tile, an int8 operand, an f32 gradient, sm_90 without a. */
 Test(nvrtc_grad, wgmma_bf16_defaults_and_mma_fallback)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_plan p;
 
 	dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_INPUT, 4, 1, 256, 8192);
@@ -838,7 +830,7 @@ static void expect_split_kernel(dg_codegen *cg, const dg_spec *s, const char *pa
  * for sm_80 (BK 8). */
 Test(nvrtc_grad, lowrank_grad_input_split_every_path)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (int hin = 0; hin < 2; hin++) {
 		dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_INPUT, 4, hin ? 4 : 1, 256, 8192);

@@ -43,13 +43,7 @@
 #include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 #include "runtime/store/nvrtc.h"
-
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", cg ? dg_codegen_errmsg(cg) : "no memory");
-	return cg;
-}
+#include "nvrtc_helpers.h"
 
 static dg_spec spec_of(int arch, int threads)
 {
@@ -75,7 +69,7 @@ Test(nvrtc_optim, defaults_and_text)
 	dg_spec_to_string(&p, text, sizeof(text));
 	cr_assert_str_eq(text, "arch=sm_80;op=adamw_update;tile=t128;");
 	/* the auto tile plans to t256 */
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_plan pl;
 	cr_assert_eq(dg_codegen_plan(cg, &s, &pl), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_eq(pl.spec.tile.threads, 256);
@@ -116,7 +110,7 @@ Test(nvrtc_optim, renders_and_compiles_for_sm90_and_sm80)
 	static const char *const entries[] = { "dg_adamw_update", "dg_grad_sumsq", "dg_grad_clip" };
 	static const int arches[] = { 90, 80 }, threads[] = { 0, 32, 1024 };
 	char e[8192], text[DG_SPEC_TEXT_MAX], m[512];
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	int n = 0;
 	for (int a = 0; a < 2; a++) {
 		dg__nvrtc_target t;
@@ -154,7 +148,7 @@ Test(nvrtc_optim, renders_and_compiles_for_sm90_and_sm80)
 
 Test(nvrtc_optim, threads_not_a_power_of_two_are_refused)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	static const int bad[] = { 96, 480, 992 };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		dg_spec s = spec_of(90, bad[i]);
@@ -194,7 +188,7 @@ Test(nvrtc_optim, threads_not_a_power_of_two_are_refused)
  * and runtime/ops/optim.c's (the launch and the workspace). */
 Test(nvrtc_optim, parts_and_control_block_agree_with_the_runtime)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	const size_t parts = dg_grad_norm_workspace(1) / sizeof(double);
 	cr_assert_eq(parts, 264);
 	for (int n = -1; n <= 0; n++)
@@ -247,15 +241,6 @@ Test(nvrtc_optim, parts_and_control_block_agree_with_the_runtime)
 
 /* ---- the check, without a device ------------------------------------------------ */
 
-static void expect_named(dg_status st, const char *msg, const char *name, const char *also)
-{
-	char head[64];
-	snprintf(head, sizeof(head), "%s: ", name);
-	cr_assert_eq(st, DG_ERR_INVALID_ARG, "accepted (%s): %s", name, msg);
-	cr_assert(strncmp(msg, head, strlen(head)) == 0, "'%s' does not name %s", msg, name);
-	cr_assert(!also || strstr(msg, also), "'%s' does not say %s", msg, also);
-}
-
 #define P(i) ((dg_dptr)0x100000 * (i))
 
 Test(nvrtc_optim, check_refuses_by_name)
@@ -281,63 +266,63 @@ Test(nvrtc_optim, check_refuses_by_name)
 
 	/* formats: every tensor is f32 */
 	g.fmt = DG_FMT_BF16;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "grad", "f32");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "grad", "f32");
 	g.fmt = DG_FMT_F32;
 	p.fmt = DG_FMT_BF16;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "p", "f32");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "p", "f32");
 	p.fmt = DG_FMT_F32;
 	v.fmt = DG_FMT_INT8;
 	v.scale = P(7);
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "f32");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "f32");
 	v.fmt = DG_FMT_F32;
 	v.scale = 0;
 	/* shapes: p's */
 	dg_tensor m2 = dg_tensor_2d("m", DG_FMT_F32, P(3), 64, 32);
 	a.m = &m2;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "m", "64, 33");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "m", "64, 33");
 	dg_tensor v1d = dg_tensor_1d("v", DG_FMT_F32, P(4), 64 * 33); /* the same count, another shape */
 	a.m = &m;
 	a.v = &v1d;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "64, 33");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "64, 33");
 	a.v = &v;
 	dg_tensor g2 = dg_tensor_2d("grad", DG_FMT_F32, P(2), 33, 64);
 	a.grad = &g2;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "grad", "64, 33");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "grad", "64, 33");
 	a.grad = &g;
 	/* missing, misaligned */
 	a.v = NULL;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "missing");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "missing");
 	a.v = &v;
 	a.p = NULL;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "p", "missing");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "p", "missing");
 	a.p = &p;
 	m.data += 8;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "m", "aligned");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "m", "aligned");
 	m.data = P(3);
 	/* aliasing: p, m and v are each written */
 	m.data = p.data;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "m", "alias p");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "m", "alias p");
 	m.data = P(3);
 	g.data = p.data;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "grad", "alias p");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "grad", "alias p");
 	g.data = P(2);
 	v.data = m.data;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "alias m");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "alias m");
 	v.data = g.data;
-	expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "alias grad");
+	nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "v", "alias grad");
 	v.data = P(4);
 	/* the copy 16-byte aligned (its stores are 8-byte vectors), the
 	 * control block 8-byte aligned (it holds doubles) */
 	static const unsigned offs[] = { 2, 8 };
 	for (int k = 0; k < 2; k++) {
 		a.copy = P(6) + offs[k];
-		expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "copy", "16-byte aligned");
+		nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "copy", "16-byte aligned");
 	}
 	a.copy = P(6);
 	static const unsigned coffs[] = { 4, 2, 1 };
 	for (int k = 0; k < 3; k++) {
 		a.ctl = P(5) + coffs[k];
-		expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "ctl", "8-byte aligned");
+		nh_expect_named(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), msg, "ctl", "8-byte aligned");
 	}
 	a.ctl = P(5) + 8;
 	cr_assert_eq(dg_adamw_update_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
@@ -368,7 +353,7 @@ Test(nvrtc_optim, gate_checks_refuse_a_misaligned_step_at)
 	f.step_at = P(4) + 4;
 	cr_assert_eq(dg_gate_fwd_check(&s, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
 	f.step_at = P(4) + 2;
-	expect_named(dg_gate_fwd_check(&s, &f, msg, sizeof(msg)), msg, "step_at", "4-byte aligned");
+	nh_expect_named(dg_gate_fwd_check(&s, &f, msg, sizeof(msg)), msg, "step_at", "4-byte aligned");
 
 	dg_spec sb;
 	dg_spec_init(&sb, DG_OP_GATE_BWD);
@@ -382,7 +367,7 @@ Test(nvrtc_optim, gate_checks_refuse_a_misaligned_step_at)
 	dg_gate_bwd_args b = { .dxy = &dxy, .xs = &bxs, .ys = &bys, .dxs = &dxs, .p = 0.1f, .step_at = P(4) };
 	cr_assert_eq(dg_gate_bwd_check(&sb, &b, msg, sizeof(msg)), DG_OK, "%s", msg);
 	b.step_at = P(4) + 1;
-	expect_named(dg_gate_bwd_check(&sb, &b, msg, sizeof(msg)), msg, "step_at", "4-byte aligned");
+	nh_expect_named(dg_gate_bwd_check(&sb, &b, msg, sizeof(msg)), msg, "step_at", "4-byte aligned");
 }
 
 /* ---- the reference --------------------------------------------------------------- */

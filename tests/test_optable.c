@@ -536,30 +536,11 @@ static dg_fmt fmt_of(const dg_spec *s, const dg_op_info *r, dg_arg_fmt f)
 
 enum { CALL_B = 2, CALL_T = 3, CALL_R = 5 };
 
+/* A dimension's extent in the calls built here (the tests' own copy of
+ * the rule, not dg_op_dim_extent's). */
 static int64_t extent_of(const dg_spec *s, dg_dim d)
 {
-	switch (d) {
-	case DG_DIM_B:
-		return CALL_B;
-	case DG_DIM_T:
-		return CALL_T;
-	case DG_DIM_R:
-		return CALL_R;
-	case DG_DIM_H:
-		return s->heads;
-	case DG_DIM_HIN:
-		return s->in_heads;
-	case DG_DIM_D:
-		return s->embd;
-	case DG_DIM_N:
-		return s->latent;
-	case DG_DIM_HN:
-		return (int64_t)s->heads * s->latent;
-	case DG_DIM_V:
-		return s->vocab;
-	default:
-		return 1;
-	}
+	return dg_test_dim_extent(s, d, CALL_B, CALL_T, CALL_R);
 }
 
 /* The call the signature describes: every tensor the spec uses at its

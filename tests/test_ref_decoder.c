@@ -30,25 +30,6 @@ static dg_spec dec_spec(int heads, int latent, int embd, dg_fmt weight, dg_fmt a
 	return s;
 }
 
-/* Integer codes in range, or floats k/8 (|k| <= 64, exact in bf16). */
-static double rand_value(dg_fmt f)
-{
-	switch (f) {
-	case DG_FMT_INT8:
-		return rh_rng_int(-127, 127);
-	case DG_FMT_INT4:
-		return rh_rng_int(-7, 7);
-	case DG_FMT_UINT8POS:
-		return rh_rng_int(0, 255);
-	case DG_FMT_TERNARY:
-		return rh_rng_int(-1, 1);
-	case DG_FMT_SIGN1:
-		return rh_rng_int(0, 1) ? 1 : -1;
-	default:
-		return rh_rng_int(-64, 64) / 8.0;
-	}
-}
-
 /* The documented storage of n values (row-major, packed along rows). */
 static void *to_storage(dg_fmt f, const double *v, size_t n)
 {
@@ -106,9 +87,9 @@ static void check_pair(dg_fmt weight, dg_fmt act, int H, int L, int E, int B, in
 	unsigned char *o = rh_xmalloc(no * 4);
 
 	for (size_t i = 0; i < ny; i++)
-		y[i] = rand_value(act);
+		y[i] = rh_rand_value(act);
 	for (size_t i = 0; i < nw; i++)
-		w[i] = rand_value(weight);
+		w[i] = rh_rand_value(weight);
 	void *ys = to_storage(act, y, ny), *ws = to_storage(weight, w, nw);
 	dg_ref_decoder_args a = { .y = ys, .w = ws, .sa = sa, .sw = sw, .out = o, .batch = B, .time = T };
 

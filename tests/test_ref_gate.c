@@ -36,6 +36,22 @@ static float *rnd(dg_rng *r, size_t n)
 	return v;
 }
 
+/* decoder_gate_bwd, f32 throughout, at H heads of latent L, embd E
+ * (validated). */
+static dg_spec gate_bwd_spec(int H, int E, int L)
+{
+	dg_spec dg;
+	dg_spec_init(&dg, DG_OP_DECODER_GATE_BWD);
+	dg.heads = H;
+	dg.embd = E;
+	dg.latent = L;
+	dg.weight = DG_FMT_F32;
+	dg.act = DG_FMT_F32;
+	dg.out = DG_FMT_F32;
+	cr_assert_eq(dg_spec_validate(&dg, NULL, 0), DG_OK);
+	return dg;
+}
+
 static uint16_t *to_bf16(const float *v, size_t n, float *widened)
 {
 	uint16_t *h = malloc((n ? n : 1) * 2);
@@ -267,14 +283,7 @@ Test(ref_gate, decoder_gate_bwd_is_decoder_grad_input_then_gate_bwd)
 	gi.latent = L;
 	gi.weight = DG_FMT_F32;
 	gi.out = DG_FMT_F32;
-	dg_spec_init(&dg, DG_OP_DECODER_GATE_BWD);
-	dg.heads = H;
-	dg.embd = E;
-	dg.latent = L;
-	dg.weight = DG_FMT_F32;
-	dg.act = DG_FMT_F32;
-	dg.out = DG_FMT_F32;
-	cr_assert_eq(dg_spec_validate(&dg, NULL, 0), DG_OK);
+	dg = gate_bwd_spec(H, E, L);
 	const float ps[] = { 0.0f, 0.25f };
 	for (int k = 0; k < 2; k++) {
 		float p = ps[k];
@@ -374,15 +383,7 @@ Test(ref_gate, elem0_draws_the_global_batchs_masks)
 	}
 
 	/* decoder_gate_bwd: its sums a row are the row's alone */
-	dg_spec dg;
-	dg_spec_init(&dg, DG_OP_DECODER_GATE_BWD);
-	dg.heads = H;
-	dg.embd = E;
-	dg.latent = L;
-	dg.weight = DG_FMT_F32;
-	dg.act = DG_FMT_F32;
-	dg.out = DG_FMT_F32;
-	cr_assert_eq(dg_spec_validate(&dg, NULL, 0), DG_OK);
+	dg_spec dg = gate_bwd_spec(H, E, L);
 	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, B, T, p, 42, 7, 3, 0, fdxs, fdys), DG_OK);
 	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, grad + (size_t)HB * T * E, w, x2, y2, HB, T, p, 42, 7, 3, e0,
 					     hdxs, hdys), DG_OK);

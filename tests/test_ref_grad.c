@@ -144,6 +144,37 @@ static bool fmt_int(dg_fmt f)
 	return f != DG_FMT_F32 && f != DG_FMT_BF16;
 }
 
+/* --- finite differences --------------------------------------------------- */
+
+/* Central differences (loss(p_i + eps) - loss(p_i - eps)) / (2·eps) over
+ * the n elements of an operand held as floats (pf) or doubles (pd, pf
+ * NULL), into fd; each element is restored after its pair. loss(u)
+ * evaluates the loss of the operands as they stand. */
+static void central_diff(float *pf, double *pd, size_t n, double eps,
+			 double (*loss)(void *u), void *u, double *fd)
+{
+	for (size_t i = 0; i < n; i++) {
+		double v = pf ? pf[i] : pd[i];
+		double lp, lm;
+
+		if (pf)
+			pf[i] = (float)(v + eps);
+		else
+			pd[i] = v + eps;
+		lp = loss(u);
+		if (pf)
+			pf[i] = (float)(v - eps);
+		else
+			pd[i] = v - eps;
+		lm = loss(u);
+		if (pf)
+			pf[i] = (float)v;
+		else
+			pd[i] = v;
+		fd[i] = (lp - lm) / (2 * eps);
+	}
+}
+
 /* --- finite differences: lowrank ----------------------------------------- */
 
 /* loss = Σ r·out of the f32 forward, in double. */
@@ -159,6 +190,20 @@ static double lowrank_loss(const dg_spec *fs, const float *x, const float *w,
 	for (size_t i = 0; i < n; i++)
 		loss += (double)r[i] * out[i];
 	return loss;
+}
+
+typedef struct lowrank_fd_ctx {
+	const dg_spec *fs;
+	const float *x, *w, *r;
+	float *out;
+	int B, T;
+} lowrank_fd_ctx;
+
+static double lowrank_loss_of(void *u)
+{
+	lowrank_fd_ctx *c = u;
+
+	return lowrank_loss(c->fs, c->x, c->w, c->r, c->out, c->B, c->T);
 }
 
 static void lowrank_fd(int H, int Hin)
@@ -188,27 +233,10 @@ static void lowrank_fd(int H, int Hin)
 	cr_assert_eq(dg_ref_lowrank_grad_weight(&gwspec, r, x, 1.0f, gw, B, T),
 		     DG_OK);
 
-	for (size_t i = 0; i < nx; i++) {
-		float v = x[i];
-
-		x[i] = v + eps;
-		double lp = lowrank_loss(&fs, x, w, r, out, B, T);
-		x[i] = v - eps;
-		double lm = lowrank_loss(&fs, x, w, r, out, B, T);
-		x[i] = v;
-		fd[i] = (lp - lm) / (2.0 * eps);
-	}
+	lowrank_fd_ctx ctx = { &fs, x, w, r, out, B, T };
+	central_diff(x, NULL, nx, eps, lowrank_loss_of, &ctx, fd);
 	expect_close("grad_x vs finite differences", gx, fd, nx, 1e-4, 1e-4);
-	for (size_t i = 0; i < nw; i++) {
-		float v = w[i];
-
-		w[i] = v + eps;
-		double lp = lowrank_loss(&fs, x, w, r, out, B, T);
-		w[i] = v - eps;
-		double lm = lowrank_loss(&fs, x, w, r, out, B, T);
-		w[i] = v;
-		fd[i] = (lp - lm) / (2.0 * eps);
-	}
+	central_diff(w, NULL, nw, eps, lowrank_loss_of, &ctx, fd);
 	expect_close("grad_w vs finite differences", gw, fd, nw, 1e-4, 1e-4);
 	free(x);
 	free(w);
@@ -251,6 +279,18 @@ static double decoder_loss(const double *y, const double *w, const double *r,
 	return loss;
 }
 
+typedef struct decoder_fd_ctx {
+	const double *y, *w, *r;
+	int B, H, T, L, E;
+} decoder_fd_ctx;
+
+static double decoder_loss_of(void *u)
+{
+	decoder_fd_ctx *c = u;
+
+	return decoder_loss(c->y, c->w, c->r, c->B, c->H, c->T, c->L, c->E);
+}
+
 Test(decoder_grad, finite_differences)
 {
 	const int H = 2, E = 8, L = 12, B = 2, T = 3;
@@ -276,27 +316,10 @@ Test(decoder_grad, finite_differences)
 	cr_assert_eq(dg_ref_decoder_grad_input(&gi, rf, wf, 1.0f, gy, B, T), DG_OK);
 	cr_assert_eq(dg_ref_decoder_grad_weight(&gws, rf, yf, 1.0f, gw, B, T), DG_OK);
 
-	for (size_t i = 0; i < ny; i++) {
-		double v = y[i];
-
-		y[i] = v + eps;
-		double lp = decoder_loss(y, w, r, B, H, T, L, E);
-		y[i] = v - eps;
-		double lm = decoder_loss(y, w, r, B, H, T, L, E);
-		y[i] = v;
-		fd[i] = (lp - lm) / (2 * eps);
-	}
+	decoder_fd_ctx ctx = { y, w, r, B, H, T, L, E };
+	central_diff(NULL, y, ny, eps, decoder_loss_of, &ctx, fd);
 	expect_close("grad_y vs finite differences", gy, fd, ny, 1e-6, 1e-6);
-	for (size_t i = 0; i < nw; i++) {
-		double v = w[i];
-
-		w[i] = v + eps;
-		double lp = decoder_loss(y, w, r, B, H, T, L, E);
-		w[i] = v - eps;
-		double lm = decoder_loss(y, w, r, B, H, T, L, E);
-		w[i] = v;
-		fd[i] = (lp - lm) / (2 * eps);
-	}
+	central_diff(NULL, w, nw, eps, decoder_loss_of, &ctx, fd);
 	expect_close("grad_w vs finite differences", gw, fd, nw, 1e-6, 1e-6);
 	free(yf);
 	free(wf);

@@ -21,6 +21,7 @@
 #include "dragon/ref.h"
 #include "dragon/rng.h"
 #include "dragon/spec.h"
+#include "helpers.h"
 #include "ref_helpers.h"
 #include "runtime/ref/ref_ops.h"
 
@@ -328,28 +329,7 @@ enum { RUN_B = 2, RUN_T = 3, RUN_R = 5, RUN_N = 192, RUN_COLS = 64 };
 
 static int64_t run_extent(const dg_spec *s, dg_dim d)
 {
-	switch (d) {
-	case DG_DIM_B:
-		return RUN_B;
-	case DG_DIM_T:
-		return RUN_T;
-	case DG_DIM_R:
-		return RUN_R;
-	case DG_DIM_H:
-		return s->heads;
-	case DG_DIM_HIN:
-		return s->in_heads;
-	case DG_DIM_D:
-		return s->embd;
-	case DG_DIM_N:
-		return s->latent;
-	case DG_DIM_HN:
-		return (int64_t)s->heads * s->latent;
-	case DG_DIM_V:
-		return s->vocab;
-	default:
-		return 1;
-	}
+	return dg_test_dim_extent(s, d, RUN_B, RUN_T, RUN_R);
 }
 
 static size_t arg_elems(const dg_spec *s, const dg_op_arg *a)

@@ -252,26 +252,6 @@ Test(lowrank, hand_float_and_mixed)
 
 /* --- lowrank_fwd: every format against a naive double loop ---------------- */
 
-/* A random value of format f: integer codes in range, float values k/8
- * (|k| <= 64, exact in bf16), so that every float-path sum is exact too. */
-static double rand_value(dg_fmt f)
-{
-	switch (f) {
-	case DG_FMT_INT8:
-		return rh_rng_int(-127, 127);
-	case DG_FMT_INT4:
-		return rh_rng_int(-7, 7);
-	case DG_FMT_UINT8POS:
-		return rh_rng_int(0, 255);
-	case DG_FMT_TERNARY:
-		return rh_rng_int(-1, 1);
-	case DG_FMT_SIGN1:
-		return rh_rng_int(0, 1) ? 1 : -1;
-	default:
-		return rh_rng_int(-64, 64) / 8.0;
-	}
-}
-
 /* The storage of n values (one row-major tensor) in format f. */
 static void *to_storage(dg_fmt f, const double *v, size_t n)
 {
@@ -348,9 +328,9 @@ static void lr_case_make(struct lr_case *c, dg_fmt weight, dg_fmt act, int Hin)
 	c->y = rh_xmalloc(ny * sizeof(float));
 	c->acc = rh_xmalloc(ny * sizeof(float));
 	for (size_t i = 0; i < nx; i++)
-		c->x[i] = rand_value(act);
+		c->x[i] = rh_rand_value(act);
 	for (size_t i = 0; i < nw; i++)
-		c->w[i] = rand_value(weight);
+		c->w[i] = rh_rand_value(weight);
 	c->xs = to_storage(act, c->x, nx);
 	c->ws = to_storage(weight, c->w, nw);
 

@@ -150,6 +150,78 @@ static dg_status check(const dg_spec *spec, dg_op op, const void *a,
 
 /* --- the four GEMMs ------------------------------------------------------- */
 
+/* What the four ops share before their sums: the call checked, the sizes,
+ * whether a scale vector runs along the reduction (vec), the scalar scale
+ * s (1 for a float operand or with vec), the operand decoded to floats and
+ * the double accumulator. */
+typedef struct gemm {
+	size_t H, Hin, E, L, B, T;
+	bool vec;
+	double s;
+	float *v;    /* the decoded operand */
+	double *acc; /* its length is the op's (see gemm_begin) */
+} gemm;
+
+/* Checks the call of op (the operand `a` in spec->weight with a channel
+ * scale, or in spec->act with a token scale), then decodes it and
+ * allocates the accumulator. DG_OK: g holds both (free with gemm_end). */
+static dg_status gemm_begin(const dg_spec *spec, dg_op op, const void *grad, const void *a,
+		       const void *out, float scale, const float *sv, int batch, int time, gemm *g)
+{
+	const bool w_side = op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_DECODER_GRAD_INPUT;
+	dg_status st = check(spec, op, grad, a, out,
+			     spec ? (w_side ? spec->weight : spec->act) : DG_FMT_F32, w_side, batch,
+			     time);
+	size_t n, acc_n;
+
+	if (st)
+		return st;
+	g->H = (size_t)spec->heads;
+	g->Hin = (size_t)spec->in_heads;
+	g->E = (size_t)spec->embd;
+	g->L = (size_t)spec->latent;
+	g->B = (size_t)batch;
+	g->T = (size_t)time;
+	const dg_fmt f = w_side ? spec->weight : spec->act;
+	g->vec = is_code(f) && (w_side ? spec->wscale == DG_SCALE_CHANNEL
+				       : spec->ascale == DG_SCALE_TOKEN);
+	if (g->vec && !sv)
+		return DG_ERR_INVALID_ARG;
+	g->s = is_code(f) && !g->vec ? (double)scale : 1.0;
+	switch (op) {
+	case DG_OP_LOWRANK_GRAD_INPUT: /* w (H, L, E); acc one row of E */
+		n = g->H * g->L * g->E;
+		acc_n = g->E;
+		break;
+	case DG_OP_LOWRANK_GRAD_WEIGHT: /* x (B, Hin, T, E); acc one head's (L, E) */
+		n = g->B * g->Hin * g->T * g->E;
+		acc_n = g->L * g->E;
+		break;
+	case DG_OP_DECODER_GRAD_INPUT: /* w (E, H·L); acc one row of H·L */
+		n = g->E * g->H * g->L;
+		acc_n = g->H * g->L;
+		break;
+	default: /* y (B, H, T, L); acc (E, H·L) */
+		n = g->B * g->H * g->T * g->L;
+		acc_n = g->E * g->H * g->L;
+		break;
+	}
+	g->v = decode_all(f, a, n);
+	g->acc = malloc(acc_n * sizeof(*g->acc));
+	if (!g->v || !g->acc) {
+		free(g->v);
+		free(g->acc);
+		return DG_ERR_NOMEM;
+	}
+	return DG_OK;
+}
+
+static void gemm_end(gemm *g)
+{
+	free(g->v);
+	free(g->acc);
+}
+
 dg_status dg_ref_lowrank_grad_input(const dg_spec *spec, const void *grad,
 				    const void *w, float sw, float *grad_x,
 				    int batch, int time)
@@ -163,32 +235,18 @@ dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const void *grad, co
 				       float sw, const float *sv, float *grad_x, int batch,
 				       int time)
 {
-	dg_status st = check(spec, DG_OP_LOWRANK_GRAD_INPUT, grad, w, grad_x,
-			     spec ? spec->weight : DG_FMT_F32, true, batch,
-			     time);
-	size_t H, Hin, E, L, B, T;
-	double s, *acc;
-	float *wf;
+	gemm m;
+	dg_status st = gemm_begin(spec, DG_OP_LOWRANK_GRAD_INPUT, grad, w, grad_x, sw, sv, batch,
+			     time, &m);
 
 	if (st)
 		return st;
-	H = (size_t)spec->heads;
-	Hin = (size_t)spec->in_heads;
-	E = (size_t)spec->embd;
-	L = (size_t)spec->latent;
-	B = (size_t)batch;
-	T = (size_t)time;
-	const bool vec = is_code(spec->weight) && spec->wscale == DG_SCALE_CHANNEL;
-	if (vec && !sv)
-		return DG_ERR_INVALID_ARG;
-	s = is_code(spec->weight) && !vec ? (double)sw : 1.0;
-	wf = decode_all(spec->weight, w, H * L * E); /* (H, L, E) */
-	acc = malloc(E * sizeof(*acc));
-	if (!wf || !acc) {
-		free(wf);
-		free(acc);
-		return DG_ERR_NOMEM;
-	}
+	const size_t H = m.H, Hin = m.Hin, E = m.E, L = m.L, B = m.B, T = m.T;
+	const bool vec = m.vec;
+	const double s = m.s;
+	const float *wf = m.v; /* (H, L, E) */
+	double *acc = m.acc;
+
 	for (size_t b = 0; b < B; b++) {
 		for (size_t i = 0; i < Hin; i++) {
 			for (size_t t = 0; t < T; t++) {
@@ -214,8 +272,7 @@ dg_status dg__ref_lowrank_grad_input_v(const dg_spec *spec, const void *grad, co
 			}
 		}
 	}
-	free(wf);
-	free(acc);
+	gemm_end(&m);
 	return DG_OK;
 }
 
@@ -232,31 +289,18 @@ dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const void *grad, c
 					float sa, const float *sv, float *grad_w, int batch,
 					int time)
 {
-	dg_status st = check(spec, DG_OP_LOWRANK_GRAD_WEIGHT, grad, x, grad_w,
-			     spec ? spec->act : DG_FMT_F32, false, batch, time);
-	size_t H, Hin, E, L, B, T;
-	double s, *acc;
-	float *xf;
+	gemm m;
+	dg_status st = gemm_begin(spec, DG_OP_LOWRANK_GRAD_WEIGHT, grad, x, grad_w, sa, sv, batch,
+			     time, &m);
 
 	if (st)
 		return st;
-	H = (size_t)spec->heads;
-	Hin = (size_t)spec->in_heads;
-	E = (size_t)spec->embd;
-	L = (size_t)spec->latent;
-	B = (size_t)batch;
-	T = (size_t)time;
-	const bool vec = is_code(spec->act) && spec->ascale == DG_SCALE_TOKEN;
-	if (vec && !sv)
-		return DG_ERR_INVALID_ARG;
-	s = is_code(spec->act) && !vec ? (double)sa : 1.0;
-	xf = decode_all(spec->act, x, B * Hin * T * E); /* (B, Hin, T, E) */
-	acc = malloc(L * E * sizeof(*acc));              /* one head's (L, E) */
-	if (!xf || !acc) {
-		free(xf);
-		free(acc);
-		return DG_ERR_NOMEM;
-	}
+	const size_t H = m.H, Hin = m.Hin, E = m.E, L = m.L, B = m.B, T = m.T;
+	const bool vec = m.vec;
+	const double s = m.s;
+	const float *xf = m.v; /* (B, Hin, T, E) */
+	double *acc = m.acc;   /* one head's (L, E) */
+
 	for (size_t h = 0; h < H; h++) {
 		size_t hin = Hin == 1 ? 0 : h;
 
@@ -279,8 +323,7 @@ dg_status dg__ref_lowrank_grad_weight_v(const dg_spec *spec, const void *grad, c
 		for (size_t i = 0; i < L * E; i++)
 			grad_w[h * L * E + i] = (float)(s * acc[i]);
 	}
-	free(xf);
-	free(acc);
+	gemm_end(&m);
 	return DG_OK;
 }
 
@@ -296,32 +339,18 @@ dg_status dg__ref_decoder_grad_input_v(const dg_spec *spec, const float *grad, c
 				       float sw, const float *sv, void *grad_y, int batch,
 				       int time)
 {
-	dg_status st = check(spec, DG_OP_DECODER_GRAD_INPUT, grad, w, grad_y,
-			     spec ? spec->weight : DG_FMT_F32, true, batch,
-			     time);
-	size_t H, E, L, B, T, HL;
-	double s, *acc;
-	float *wf;
+	gemm m;
+	dg_status st = gemm_begin(spec, DG_OP_DECODER_GRAD_INPUT, grad, w, grad_y, sw, sv, batch,
+			     time, &m);
 
 	if (st)
 		return st;
-	H = (size_t)spec->heads;
-	E = (size_t)spec->embd;
-	L = (size_t)spec->latent;
-	B = (size_t)batch;
-	T = (size_t)time;
-	HL = H * L;
-	const bool vec = is_code(spec->weight) && spec->wscale == DG_SCALE_CHANNEL;
-	if (vec && !sv)
-		return DG_ERR_INVALID_ARG;
-	s = is_code(spec->weight) && !vec ? (double)sw : 1.0;
-	wf = decode_all(spec->weight, w, E * HL); /* (E, H·L) */
-	acc = malloc(HL * sizeof(*acc));
-	if (!wf || !acc) {
-		free(wf);
-		free(acc);
-		return DG_ERR_NOMEM;
-	}
+	const size_t H = m.H, E = m.E, L = m.L, B = m.B, T = m.T, HL = H * L;
+	const bool vec = m.vec;
+	const double s = m.s;
+	const float *wf = m.v; /* (E, H·L) */
+	double *acc = m.acc;
+
 	for (size_t b = 0; b < B; b++) {
 		for (size_t t = 0; t < T; t++) {
 			const float *g = grad + (b * T + t) * E;
@@ -343,8 +372,7 @@ dg_status dg__ref_decoder_grad_input_v(const dg_spec *spec, const float *grad, c
 			}
 		}
 	}
-	free(wf);
-	free(acc);
+	gemm_end(&m);
 	return DG_OK;
 }
 
@@ -360,31 +388,18 @@ dg_status dg__ref_decoder_grad_weight_v(const dg_spec *spec, const float *grad, 
 					float sa, const float *sv, float *grad_w, int batch,
 					int time)
 {
-	dg_status st = check(spec, DG_OP_DECODER_GRAD_WEIGHT, grad, y, grad_w,
-			     spec ? spec->act : DG_FMT_F32, false, batch, time);
-	size_t H, E, L, B, T, HL;
-	double s, *acc;
-	float *yf;
+	gemm m;
+	dg_status st = gemm_begin(spec, DG_OP_DECODER_GRAD_WEIGHT, grad, y, grad_w, sa, sv, batch,
+			     time, &m);
 
 	if (st)
 		return st;
-	H = (size_t)spec->heads;
-	E = (size_t)spec->embd;
-	L = (size_t)spec->latent;
-	B = (size_t)batch;
-	T = (size_t)time;
-	HL = H * L;
-	const bool vec = is_code(spec->act) && spec->ascale == DG_SCALE_TOKEN;
-	if (vec && !sv)
-		return DG_ERR_INVALID_ARG;
-	s = is_code(spec->act) && !vec ? (double)sa : 1.0;
-	yf = decode_all(spec->act, y, B * H * T * L); /* (B, H, T, L) */
-	acc = malloc(E * HL * sizeof(*acc));          /* (E, H·L) */
-	if (!yf || !acc) {
-		free(yf);
-		free(acc);
-		return DG_ERR_NOMEM;
-	}
+	const size_t H = m.H, E = m.E, L = m.L, B = m.B, T = m.T, HL = H * L;
+	const bool vec = m.vec;
+	const double s = m.s;
+	const float *yf = m.v; /* (B, H, T, L) */
+	double *acc = m.acc;   /* (E, H·L) */
+
 	memset(acc, 0, E * HL * sizeof(*acc));
 	for (size_t b = 0; b < B; b++) {
 		for (size_t t = 0; t < T; t++) {
@@ -407,8 +422,7 @@ dg_status dg__ref_decoder_grad_weight_v(const dg_spec *spec, const float *grad, 
 	}
 	for (size_t i = 0; i < E * HL; i++)
 		grad_w[i] = (float)(s * acc[i]);
-	free(yf);
-	free(acc);
+	gemm_end(&m);
 	return DG_OK;
 }
 
