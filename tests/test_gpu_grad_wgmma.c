@@ -305,7 +305,7 @@ Test(gpu_grad, wgmma_decoder_grad_weight_small)
 	static const dshape shapes[] = {
 		{ 2, 40, 96, 1, 1 }, { 2, 64, 136, 2, 7 }, { 4, 32, 64, 3, 65 }, { 1, 136, 200, 2, 130 },
 	};
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(93);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
@@ -322,7 +322,7 @@ Test(gpu_grad, wgmma_decoder_grad_weight_small)
 Test(gpu_grad, wgmma_decoder_grad_weight_split)
 {
 	static const dshape s = { 2, 40, 96, 2, 1000 };
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(94);
 	for (int k = 0; k < 4; k++)
@@ -340,7 +340,7 @@ Test(gpu_grad, wgmma_decoder_grad_weight_split)
 Test(gpu_grad, wgmma_decoder_grad_weight_bdh, .timeout = 600)
 {
 	static const dshape s = { 4, 256, 8192, 2, 65 };
-	dg_device *dev = open_sm90();
+	dg_device *dev = gh_open_sm90();
 
 	gh_seed(95);
 	for (size_t f = 0; f < sizeof(dgw_fmts) / sizeof(dgw_fmts[0]); f++)

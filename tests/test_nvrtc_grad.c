@@ -691,7 +691,7 @@ Test(nvrtc_grad, wgmma_decoder_grad_weight_tiles_and_formats)
 		bool token;
 	} fmts[] = { { DG_FMT_BF16, false }, { DG_FMT_UINT8POS, true }, { DG_FMT_UINT8POS, false },
 		     { DG_FMT_INT8, true } };
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		for (int k = 0; k < 4; k++)
@@ -724,7 +724,7 @@ Test(nvrtc_grad, wgmma_decoder_grad_weight_tiles_and_formats)
  * sm_90 without a. */
 Test(nvrtc_grad, wgmma_decoder_grad_weight_defaults_and_mma_fallback)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = nh_codegen();
 	dg_plan p;
 
 	for (int f = 0; f < 2; f++) {
