@@ -21,6 +21,7 @@
 #include <criterion/criterion.h>
 
 #include "cli/dragon-gen/specset.h"
+#include "dragon/runtime.h"
 #include "dragon/checkpoint.h"
 #include "dragon/cubin.h"
 #include "dragon/manifest.h"
@@ -389,6 +390,18 @@ bool on_path(const char *name)
 			return true;
 		p += n + (p[n] == ':');
 	}
+	return false;
+}
+
+bool gpu_or_skip(void)
+{
+	char why[512] = "";
+	int n = 0;
+	if (dg_device_count(&n, why, sizeof(why)) == DG_OK && n > 0)
+		return true;
+	const char *req = getenv("DRAGON_REQUIRE_GPU");
+	cr_assert(!(req && strcmp(req, "1") == 0), "DRAGON_REQUIRE_GPU=1 and no device: %s", why);
+	printf("skipped: no CUDA device (%s)\n", why);
 	return false;
 }
 

@@ -53,6 +53,9 @@ bool on_path(const char *name);
  * its dependencies (DRAGON_REQUIRE_DEPS=1: scripts/test.sh, so CI and a
  * fresh machine, where scripts/deps.sh installs gnuplot-nox). */
 bool gnuplot_or_skip(void);
+/* Whether a CUDA device is here; without one prints "skipped: no CUDA
+ * device (why)" (a failure with DRAGON_REQUIRE_GPU=1) and says false. */
+bool gpu_or_skip(void);
 
 /* ---- dragon train's tests --------------------------------------------- */
 /* sb.root/text.txt: n bytes of a repeated sentence (its path into path). */

@@ -19,18 +19,6 @@
 	      "256", "--batch", "2", "--time", "32", "--eval-every", "0", "--seed", "3",       \
 	      "--steps", "3"
 
-static bool gpu_or_skip(void)
-{
-	char why[512] = "";
-	int n = 0;
-	if (dg_device_count(&n, why, sizeof(why)) == DG_OK && n > 0)
-		return true;
-	const char *req = getenv("DRAGON_REQUIRE_GPU");
-	cr_assert(!(req && strcmp(req, "1") == 0), "DRAGON_REQUIRE_GPU=1 and no device: %s", why);
-	printf("skipped: no CUDA device (%s)\n", why);
-	return false;
-}
-
 typedef struct first_step {
 	double wall, ready, first, compiled, cached, bundled;
 } first_step;
