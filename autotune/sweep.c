@@ -32,6 +32,7 @@
 #include "autotune/sweep_int.h"
 #include "dragon/codegen.h"
 #include "dragon/jit.h"
+#include "dragon/autotune.h"
 #include "dragon/tune.h"
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/tunedb/choose.h"

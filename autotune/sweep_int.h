@@ -15,6 +15,7 @@
 #include "dragon/runtime.h"
 #include "dragon/spec.h"
 #include "dragon/status.h"
+#include "dragon/autotune.h"
 #include "dragon/tune.h"
 
 /* ---- candidate spaces (space.c) ---------------------------------------------- */

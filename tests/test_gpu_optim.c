@@ -48,6 +48,7 @@
 
 #include "dragon/ops.h"
 #include "dragon/optim.h"
+#include "dragon/ref.h"
 #include "runtime/ref/ref_ops.h"
 #include "gpu_helpers.h"
 #include "runtime/ref/ref_ops.h"

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dragon/autotune.h"
 #include "dragon/tune.h"
 #include "gpu_helpers.h"
 #include "helpers.h"

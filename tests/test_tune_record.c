@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dragon/autotune.h"
 #include "dragon/tune.h"
 #include "helpers.h"
 #include "runtime/tunedb/choose.h"

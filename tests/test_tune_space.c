@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "autotune/sweep_int.h"
+#include "dragon/autotune.h"
 #include "dragon/tune.h"
 #include "helpers.h"
 #include "runtime/tunedb/choose.h"

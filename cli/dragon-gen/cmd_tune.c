@@ -29,6 +29,7 @@
 #include "dragon/cache.h"
 #include "dragon/jit.h"
 #include "dragon/runtime.h"
+#include "dragon/autotune.h"
 #include "dragon/tune.h"
 
 /* ---- shared with inspect and build ------------------------------------------ */

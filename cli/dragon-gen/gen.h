@@ -13,6 +13,7 @@
 #include "dragon/codegen.h"
 #include "dragon/spec.h"
 #include "dragon/status.h"
+#include "dragon/autotune.h"
 #include "dragon/tune.h"
 
 int dg__gen_cmd_build(int argc, char **argv);

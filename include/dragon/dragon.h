@@ -22,6 +22,7 @@
 #include "tensor.h"
 #include "ops.h"
 #include "tune.h"
+#include "autotune.h"
 #include "optim.h"
 #include "model.h"
 #include "data.h"

@@ -122,11 +122,9 @@ typedef struct dg_adamw_ctl {
 /* The bytes of the host's half: the per-step copy writes these alone. */
 #define DG_ADAMW_CTL_HOST_BYTES offsetof(dg_adamw_ctl, scale)
 
-/* The host's fields of step t at learning rate lr (each computed in
- * double and rounded once, as dg_adamw_step always has), the scaler off;
- * scale 1, skip 0, loss_scale 1, good_steps, sq and norm 0 until a norm
- * is taken. */
-DG_API void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_ctl *out);
+/* The host's half of step t is filled by dg_adamw_ctl_fill (dragon/ref.h:
+ * the references of the update and its default control block make it with
+ * the same rule, below this layer). */
 
 /*
  * One AdamW update of n parameters at step t (0-based; the bias

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "export.h"
+#include "optim.h"
 #include "spec.h"
 #include "status.h"
 
@@ -34,6 +35,14 @@ extern "C" {
  * longer table are the same, so the first t rows of one table serve
  * every shorter T. */
 DG_API void dg_ref_rope_pairs(int t_len, int n, float *table);
+
+/* The AdamW control block's host fields of step t at learning rate lr
+ * (dragon/optim.h dg_adamw_ctl; each computed in double and rounded once,
+ * as dg_adamw_step always has), the scaler off; scale 1, skip 0,
+ * loss_scale 1, good_steps, sq and norm 0 until a norm is taken. The
+ * update's reference, its default control block and the trainers make it
+ * with this one rule. */
+DG_API void dg_adamw_ctl_fill(const dg_adamw_config *c, int64_t t, float lr, dg_adamw_ctl *out);
 
 /* ---- any op by the op table's arguments ---------------------------------
  * The reference of spec->op with its tensors in the op table's order

@@ -12,6 +12,7 @@
 
 #include "dragon/fmt.h"
 #include "dragon/optim.h"
+#include "dragon/ref.h"
 #include "runtime/ref/ref_ops.h"
 
 void dg_ref_adamw(const dg_adamw_ctl *ctl, bool decay, float *p, const float *grad, float *m,

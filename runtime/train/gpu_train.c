@@ -41,6 +41,7 @@
 #include "dragon/comm.h"
 #include "dragon/model.h"
 #include "dragon/ops.h"
+#include "dragon/ref.h"
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/train/gpu_model_int.h"
 

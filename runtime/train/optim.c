@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dragon/optim.h"
+#include "dragon/ref.h"
 #include "runtime/ref/ref_ops.h"
 
 void dg_adamw_defaults(dg_adamw_config *c, int64_t steps)
