@@ -82,21 +82,28 @@ static void transpose(const float *src, float *dst, int64_t rows, int64_t cols)
 			dst[c * rows + r] = src[r * cols + c];
 }
 
-/* A float spec of op for the shape. */
-static dg_spec fspec(const step *s, dg_op op, int in_heads, float thr, bool relu)
+/* A float spec of op at heads H, embd D, latent N (the CPU model's and
+ * its decoder's: every op f32, relu with its threshold or none). */
+dg_spec dg__cpu_fspec(dg_op op, int H, int D, int N, int in_heads, float thr, bool relu)
 {
 	dg_spec sp;
 	dg_spec_init(&sp, op);
-	sp.heads = s->H;
+	sp.heads = H;
 	sp.in_heads = in_heads;
-	sp.embd = s->D;
-	sp.latent = s->N;
+	sp.embd = D;
+	sp.latent = N;
 	sp.weight = DG_FMT_F32;
 	sp.act = DG_FMT_F32;
 	sp.out = DG_FMT_F32;
 	sp.relu = relu;
 	sp.relu_thr = relu ? thr : 0.0f;
 	return sp;
+}
+
+/* A float spec of op for the step's shape. */
+static dg_spec fspec(const step *s, dg_op op, int in_heads, float thr, bool relu)
+{
+	return dg__cpu_fspec(op, (int)s->H, (int)s->D, (int)s->N, in_heads, thr, relu);
 }
 
 /* Rows of a buffer of last dimension d. */

@@ -153,18 +153,7 @@ static dg_status run_open(run *r, const dg_model_weights *w, dg_model_state *s, 
 /* A float spec of op for the model's shape (cpu_model.c's). */
 static dg_spec fspec(const run *r, dg_op op, int in_heads, float thr, bool relu)
 {
-	dg_spec sp;
-	dg_spec_init(&sp, op);
-	sp.heads = r->H;
-	sp.in_heads = in_heads;
-	sp.embd = r->D;
-	sp.latent = r->N;
-	sp.weight = DG_FMT_F32;
-	sp.act = DG_FMT_F32;
-	sp.out = DG_FMT_F32;
-	sp.relu = relu;
-	sp.relu_thr = relu ? thr : 0.0f;
-	return sp;
+	return dg__cpu_fspec(op, (int)r->H, (int)r->D, (int)r->N, in_heads, thr, relu);
 }
 
 /* x (rows, G, 1, C) replaced by projection k's fake-quantized codes a

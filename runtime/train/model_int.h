@@ -28,6 +28,8 @@ const char *dg__cpu_recipe(const dg_model_config *c, bool *lowbit);
 /* The CPU model's execution copies of w's projections into exec[k] (f32,
  * H·N·D each): the encoders (H, N, D), the decoder (D, H·N), each
  * replaced by its recipe's dequantized codes when lowbit. */
+/* A float spec of op at heads H, embd D, latent N (cpu_model.c). */
+dg_spec dg__cpu_fspec(dg_op op, int H, int D, int N, int in_heads, float thr, bool relu);
 dg_status dg__cpu_exec_copies(const dg_model_weights *w, bool lowbit, float *const exec[DG_PROJ__COUNT]);
 
 /* Decoding from a state on the GPU (gpu_decode.c): a model of w for b
