@@ -311,6 +311,14 @@ end
 -- attention_grad_v (z = B only) 64x64 so the grid fills the SMs. fp32:
 -- 64x64x16 of 2x2 warps.
 local function default_tile(k)
+  if tma_op(k) then
+    -- the warp-specialized path: 2 consumer warpgroups of 64 x 128 (64 f32
+    -- accumulators a thread) and a producer warpgroup, a ring of 5 stages
+    -- (160 KiB: one block an SM). attention_grad_xs at T % 8 != 0 (C's
+    -- rows cannot be a tensor map) takes the cp.async ring's tile below in
+    -- the runtime (runtime/ops/attention.c).
+    return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 5, threads = 0 }
+  end
   if wgmma_op(k) then
     -- 2 warpgroups, 64 f32 accumulators a thread; 96 KiB of ring: two
     -- blocks an SM
@@ -379,7 +387,7 @@ function M.plan(spec)
     return p
   end
   if t.stages > 4 then
-    return TILES.refuse(t, auto, "stages 5 to 8 are the warp-specialized sm_90a path's (attention_scores, rope=pre, L %% 8 == 0), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64, and whose ring fits shared memory")
+    return TILES.refuse(t, auto, "stages 5 to 8 are the warp-specialized sm_90a path's (attention_scores and attention_grad_xs, rope=pre, L %% 8 == 0), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64, and whose ring fits shared memory")
   end
   if t.stages > 2 then
     return TILES.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")

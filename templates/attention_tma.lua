@@ -12,21 +12,23 @@ ABI and the epilogues' arithmetic):
   it), so loads of later stages overlap the MMAs of earlier ones and no
   block-wide barrier sits in the K loop.
 
-Loads: operands along L (RoPE(xs), rows of L bf16, L % 8 == 0) come by
-TMA (cp.async.bulk.tensor, a tensor map a kernel parameter, the 128-byte
-swizzle of templates/wgmma_bf16.lua, zeros past T and L) issued by one
-thread; attention_grad_xs's A, C = dS + dSᵀ (rows of T, any T — a tensor
-map needs rows of a multiple of 16 bytes), comes by cp.async from the
-producer warpgroup's 128 threads, each arriving on the stage's full
-barrier when its copies land (cp.async.mbarrier.arrive.noinc).
+Loads: every operand by TMA (cp.async.bulk.tensor, a tensor map a kernel
+parameter, the 128-byte swizzle of templates/wgmma_bf16.lua, zeros past
+the edges) issued by one producer thread; the stage's full barrier
+completes on the bytes (expect_tx). attention_scores' operands are RoPE(xs)
+along L (rows of L bf16, L % 8 == 0); attention_grad_xs's A is C = dS + dSᵀ
+(rows of T bf16: a tensor map needs rows of a multiple of 16 bytes, so the
+runtime takes this path for grad_xs only at T % 8 == 0 and the cp.async
+ring of templates/attention_wgmma.lua at other T), its B RoPE(xs) N-major.
 
 ABI: the op's (templates/attention.lua) followed by two tensor maps,
   ..., int B, int T, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb
-made by the runtime (runtime/ops/attention.c) over the RoPE(xs) operand:
-  attention_scores: ma boxes 64 x BM, mb boxes 64 x BN (K-major rows of T)
-  attention_grad_xs: mb boxes 64 x 64 (64 of L by 64 rows of T: MN-major),
-                     ma unused.
-Each a rank-3 bf16 map (L, T, B·H).
+made by the runtime (runtime/ops/attention.c):
+  attention_scores: ma, mb over RoPE(xs) (L, T, B·H): boxes 64 x BM, 64 x BN
+                    (K-major rows of T)
+  attention_grad_xs: ma over C (T, T, B·H): boxes 64 x BM (K-major rows of
+                     T); mb over RoPE(xs): boxes 64 x 64 (64 of L by 64
+                     rows of T: MN-major).
 
 Epilogues: attention.lua's pair stores, or (epi=mask) attention_wgmma.lua's
 staged one through the ring, synchronized among the consumers alone (named
@@ -39,17 +41,13 @@ local fmt = string.format
 
 local M = {}
 
--- The path serves attention_scores (and renders attention_grad_xs) with
--- rope=pre on sm_90a (attention.lua's wgmma_op) when L allows a tensor map
--- (rows of a multiple of 16 bytes); tiles: wgmma_bf16.lua's (BN 64, 128 or
--- 256: 32 to 128 accumulators a thread) with 5 to 8 stages.
---
--- attention_grad_xs is rendered by this module too, but not planned onto
--- it: on the H200 its kernel (A by the producers' cp.async) hung in the GPU
--- suite (2026-12-03), with a setmaxnreg budget that moved every register of
--- the SM, since capped at the launch's; until a GPU run clears it, grad_xs
--- keeps the cp.async ring (templates/attention_wgmma.lua).
-M.OPS = { attention_scores = true }
+-- The path serves attention_scores and attention_grad_xs with rope=pre on
+-- sm_90a (attention.lua's wgmma_op) when L allows a tensor map (rows of a
+-- multiple of 16 bytes); tiles: wgmma_bf16.lua's (BN 64, 128 or 256: 32 to
+-- 128 accumulators a thread) with 5 to 8 stages. (grad_xs's first form took
+-- A by the producers' cp.async with cp.async.mbarrier.arrive.noinc and hung
+-- on the H200; A is a tensor map now, as scores' operands are.)
+M.OPS = { attention_scores = true, attention_grad_xs = true }
 
 function M.applies(k)
   return k.rope_pre and k.L % 8 == 0 and M.OPS[k.op] == true
@@ -92,15 +90,11 @@ constexpr int NT = NCW * 128;			// consumer threads
 constexpr int NTB = NT + 128;			// threads a block
 constexpr int S = ${S};
 constexpr bool A_KC = ${A_KC}, B_KC = ${B_KC};	// K-major (else M / N-major)
-constexpr bool A_TMA = ${A_TMA};		// A by TMA (else by the producers' cp.async)
 static_assert(BK == 64, "one 128-byte swizzle row of K a step");
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
-constexpr int A_UNITS = BM * BK / 8;		// 16-byte chunks of A (cp.async)
-constexpr int SA = (A_UNITS + 127) / 128;	// chunks a producer thread
-// bytes a stage's TMA brings (the full boxes: zeros past the edges count)
-constexpr unsigned TX = (A_TMA ? A_BYTES : 0) + B_BYTES;
-// full: the TMA thread's expect_tx, and with A by cp.async each producer thread
-constexpr unsigned FULL_ARRIVALS = A_TMA ? 1 : 129;
+// bytes a stage's TMA brings (the full boxes: zeros past the edges count);
+// full completes on the TMA thread's expect_tx and those bytes
+constexpr unsigned TX = A_BYTES + B_BYTES;
 // registers a thread: what the launch gives every thread (the block alone
 // on its SM: 64 Ki / NTB, a multiple of 8), moved by setmaxnreg from the
 // producer to the consumers only where their accumulators need more (BN
@@ -108,7 +102,7 @@ constexpr unsigned FULL_ARRIVALS = A_TMA ? 1 : 129;
 // back, or setmaxnreg.inc would wait forever
 constexpr int REG_L = 65536 / NTB / 8 * 8;
 constexpr bool REG_MOVE = BN > 128 && REG_L < 232;
-constexpr int REG_P = A_TMA ? 40 : 56;
+constexpr int REG_P = 40;
 constexpr int REG_C0 = REG_L + (REG_L - REG_P) * 128 / NT / 8 * 8;
 constexpr int REG_C = REG_C0 > 240 ? 240 : REG_C0;
 ]]
@@ -132,13 +126,6 @@ __device__ __forceinline__ void dg_mbar_expect_tx(unsigned bar, unsigned bytes)
 __device__ __forceinline__ void dg_mbar_arrive(unsigned bar)
 {
 	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-
-// This thread's cp.async copies so far arrive on bar once they land (the
-// arrival is one of the barrier's expected count).
-__device__ __forceinline__ void dg_mbar_cp_arrive(unsigned bar)
-{
-	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
 }
 
 // Waits until the barrier's phase of this parity completed.
@@ -188,20 +175,11 @@ local LOADS = {
   attention_grad_xs = [[
 			if (pt == 0) {
 				dg_mbar_expect_tx(full, TX);
+				dg_tma_load(as, &ma, full, k0, m0, z);	// C rows m0.., columns k0..
 #pragma unroll
 				for (int g = 0; g < BN / 64; ++g)	// 64 of L by 64 rows of T a box
 					dg_tma_load(bs + 8192 * g, &mb, full, n0 + 64 * g, k0, z);
-			}
-			// A = C rows m0.., columns k0.. (K-major), zeros past T
-#pragma unroll
-			for (int c = 0; c < SA; ++c) {
-				const int u = pt + 128 * c;
-				if (A_UNITS % 128 != 0 && u >= A_UNITS)
-					break;
-				const int r = u >> 3, ch = u & 7;
-				dg_wb_stage(as + dg_wb_kmaj(r, ch), (const unsigned short *)pa, m0 + r, M, k0 + 8 * ch, K, LDA);
-			}
-			dg_mbar_cp_arrive(full);]],
+			}]],
 }
 
 local KERNEL = [[
@@ -226,7 +204,7 @@ ${SKIP}
 	const unsigned bars = sbase + (unsigned)(${RING_BYTES});
 	if (tid == 0) {
 		for (int s = 0; s < S; ++s) {
-			dg_mbar_init(bars + 8 * s, FULL_ARRIVALS);
+			dg_mbar_init(bars + 8 * s, 1);
 			dg_mbar_init(bars + 8 * (S + s), NT);
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -244,8 +222,6 @@ ${SKIP}
 			dg_mbar_wait(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
 ${LOADS}
 		}
-		if constexpr (!A_TMA)
-			dg_cp_wait<0>();
 		return;
 	}
 
@@ -282,11 +258,9 @@ function M.render(spec, plan, k, sh)
   local WB = require("wgmma_bf16")
   local o, t = k.o, plan.tile
   local of = sh.operand_fmt(k, o.ot)
-  local a_tma = k.op == "attention_scores"
   local v = {
     H = k.H, E = k.E, L = k.L, XT = sh.CTYPE[k.act], AT = sh.CTYPE.bf16, BT = sh.CTYPE.bf16, OT = sh.CTYPE[of],
     BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, A_KC = tostring(o.a_kc), B_KC = tostring(o.b_kc),
-    A_TMA = tostring(a_tma),
   }
   local entry = "dg_" .. k.op
   local sig, geo, store = sh.op_text(k)
@@ -301,7 +275,7 @@ function M.render(spec, plan, k, sh)
     fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
         o.n, t.bn, t.bm, o.gz, M.threads(t), plan.entries[1].smem),
     fmt("path: warp-specialized wgmma m64n%dk16 bf16, f32 sums (sm_90a): %d consumer warpgroups, a producer warpgroup, a ring of %d stages with full/empty mbarriers; A %s by %s, B %s by TMA; rope=pre.",
-        t.bn, t.bm // 64, t.stages, o.a_kc and "K-major" or "M-major", a_tma and "TMA" or "cp.async",
+        t.bn, t.bm // 64, t.stages, o.a_kc and "K-major" or "M-major", "TMA",
         o.b_kc and "K-major" or "N-major"),
   }
   if k.epi_mask then

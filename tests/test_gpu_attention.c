@@ -606,10 +606,13 @@ static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 	return sp;
 }
 
-/* The plan of sp names the warpgroup path. */
+/* The plan of sp names the warpgroup path: the warp-specialized form for an
+ * auto tile where rows of L are a tensor map's (L % 8 == 0) or a ring of 5
+ * to 8 stages, else the cp.async ring. */
 static void expect_wgmma(const dg_spec *sp)
 {
-	gh_expect_path(sp, "wgmma bf16");
+	bool ws = dg_tile_is_auto(&sp->tile) ? sp->latent % 8 == 0 : sp->tile.stages >= 5;
+	gh_expect_path(sp, ws ? "wgmma tma" : "wgmma bf16");
 }
 
 /* RoPE(xs) in act at shape s, the operand of rope=pre (malloc'd). */
@@ -881,6 +884,9 @@ static void mask_case(dg_device *dev, const dg_spec *spec, const shape *s, const
 		cr_assert_eq(dg_codegen_plan(cg, &fs, &p), DG_OK, "%s: %s", what, dg_codegen_errmsg(cg));
 		fs.tile = p.spec.tile;
 		dg_codegen_destroy(cg);
+		/* the runtime's own choice where C's rows are no tensor map's */
+		if (fs.tile.stages >= 5 && s->T % 8 != 0)
+			fs.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
 	}
 	const dg_spec *sp = &fs;
 	int B = s->B, H = s->H, T = s->T, N = s->N;
@@ -1114,5 +1120,90 @@ Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
 	       median_us(dev, add_mask_timed, &u));
 	fflush(stdout);
 	free(rope), free(qr), free(c), free(dxs), free(mx), free(got), free(want);
+	gh_close(dev);
+}
+
+/* attention_grad_xs on the warp-specialized path (every operand by TMA,
+ * templates/attention_tma.lua): store (f32 and bf16 out, with scores on the
+ * same tile: wg_case) and epi=mask (mask_case: the reference, the unfused
+ * pair on the same tile bit for bit) at T % 8 == 0, whole and ragged tiles;
+ * a tile of that path at another T is refused naming T, an auto tile there
+ * runs the cp.async ring. Then the BDH shape's epi=mask time on each tile. */
+Test(gpu_attention, warp_specialized_grad_xs)
+{
+	static const shape shapes[] = {
+		{ 2, 2, 8, 64, 32 }, { 2, 2, 64, 128, 64 }, { 1, 2, 136, 256, 32 }, { 1, 1, 200, 64, 32 },
+	};
+	static const dg_tile tiles[] = {
+		{ 0, 0, 0, 0, 0, 0, 0 },      { 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 },
+		{ 64, 128, 64, 4, 1, 8, 0 },  { 64, 64, 64, 4, 1, 8, 0 },   { 64, 256, 64, 4, 1, 5, 0 },
+	};
+	dg_device *dev = gh_open_sm90();
+	gh_seed(0x75b);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++) {
+			wg_case(dev, &shapes[i], &tiles[k]);
+			for (int b = 0; b < 2; b++) {
+				dg_spec sp = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &shapes[i], &tiles[k]),
+						       b ? DG_FMT_BF16 : DG_FMT_F32);
+				expect_wgmma(&sp);
+				char what[96];
+				snprintf(what, sizeof(what), "epi=mask tma T%d L%d tile %zu dxs %s", shapes[i].T, shapes[i].N,
+					 k, b ? "bf16" : "f32");
+				mask_case(dev, &sp, &shapes[i], what);
+			}
+		}
+
+	/* T 65: the path's tile refused naming T; the auto tile runs (the
+	 * cp.async ring) and matches the reference */
+	shape odd = { 1, 2, 65, 64, 32 };
+	int T = odd.T, N = odd.N;
+	size_t nx = (size_t)odd.B * odd.H * T * N, ns = (size_t)odd.B * odd.H * T * T;
+	float *rope = gh_xmalloc((size_t)T * N * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	void *qr = rand_act(DG_FMT_BF16, nx, -1.0f, NULL), *c = rand_act(DG_FMT_BF16, ns, -1.0f, NULL);
+	dg_tensor t_c = dg_tensor_4d("grad_scores", DG_FMT_BF16, UP(c, ns * 2), odd.B, odd.H, T, T);
+	dg_tensor t_qr = dg_tensor_4d("xs", DG_FMT_BF16, UP(qr, nx * 2), odd.B, odd.H, T, N);
+	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
+	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), odd.B, odd.H, T, N);
+	const dg_tensor *a_x[4] = { &t_c, &t_qr, &t_rope, &t_gx };
+	dg_spec sp = wg_spec(DG_OP_ATTENTION_GRAD_XS, &odd, &tiles[1]);
+	cr_assert_eq(run_op(dev, &sp, a_x), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "T = 65") && strstr(dg_device_errmsg(dev), "T % 8 == 0"), "%s",
+		  dg_device_errmsg(dev));
+	sp = wg_spec(DG_OP_ATTENTION_GRAD_XS, &odd, NULL);
+	cr_assert_eq(run_op(dev, &sp, a_x), DG_OK, "%s", dg_device_errmsg(dev));
+	float *got = gh_xmalloc(nx * 4), *want = gh_xmalloc(nx * 4);
+	gh_download(dev, got, t_gx.data, nx * 4);
+	cr_assert_eq(dg_ref_attention_grad_xs(&sp, c, qr, rope, want, odd.B, T), DG_OK);
+	expect_close("attention_grad_xs T 65 (auto tile)", DG_FMT_BF16, DG_FMT_F32, got, want, nx);
+	free(rope), free(qr), free(c), free(got), free(want);
+
+	/* the BDH shape, epi=mask dxs bf16 (the model's op): time a tile */
+	shape s = { 8, 4, 512, 8192, 256 };
+	nx = (size_t)s.B * s.H * s.T * s.N, ns = (size_t)s.B * s.H * s.T * s.T;
+	size_t tn = (size_t)s.T * s.N;
+	rope = gh_xmalloc(tn * 4);
+	dg_ref_rope_pairs(s.T, s.N, rope);
+	qr = rand_act(DG_FMT_BF16, nx, -1.0f, NULL), c = rand_act(DG_FMT_BF16, ns, -1.0f, NULL);
+	void *dxs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL), *mx = rand_mask(DG_FMT_BF16, nx);
+	dg_tensor b_c = dg_tensor_4d("grad_scores", DG_FMT_BF16, UP(c, ns * 2), s.B, s.H, s.T, s.T);
+	dg_tensor b_qr = dg_tensor_4d("xs", DG_FMT_BF16, UP(qr, nx * 2), s.B, s.H, s.T, s.N);
+	dg_tensor b_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, tn * 4), s.T, s.N);
+	dg_tensor b_d = dg_tensor_4d("dxs", DG_FMT_BF16, UP(dxs, nx * 2), s.B, s.H, s.T, s.N);
+	dg_tensor b_m = dg_tensor_4d("mask_xs", DG_FMT_BF16, UP(mx, nx * 2), s.B, s.H, s.T, s.N);
+	const dg_tensor *a_m[5] = { &b_c, &b_qr, &b_rope, &b_d, &b_m };
+	static const dg_tile timed_tiles[] = {
+		{ 128, 128, 64, 8, 1, 3, 0 }, { 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 },
+		{ 64, 256, 64, 4, 1, 5, 0 },  { 64, 128, 64, 4, 1, 8, 0 },
+	};
+	double flop = (double)s.B * s.H * (double)s.T * s.T * s.N * 2;
+	for (size_t k = 0; k < sizeof(timed_tiles) / sizeof(timed_tiles[0]); k++) {
+		dg_spec ms = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &s, &timed_tiles[k]), DG_FMT_BF16);
+		const dg_tile *t = &timed_tiles[k];
+		printf("tile %dx%dx%d/%dx%d/%d: ", t->bm, t->bn, t->bk, t->wm, t->wn, t->stages);
+		report(dev, &ms, a_m, 5, flop);
+	}
+	free(rope), free(qr), free(c), free(dxs), free(mx);
 	gh_close(dev);
 }

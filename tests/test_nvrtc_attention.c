@@ -215,22 +215,26 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 				s.tile = tiles[k];
 				dg_plan p;
 				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-				cr_assert_str_eq(p.path, "wgmma bf16");
+				/* the auto tile: the warp-specialized path (L % 8 == 0) */
+				bool ws = dg_tile_is_auto(&tiles[k]);
+				cr_assert_str_eq(p.path, ws ? "wgmma tma" : "wgmma bf16", "%s", p.canonical);
 				cr_assert(p.needs_arch_specific);
-				cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32, "%s", p.canonical);
-				nh_compile(cg, &s, "path: warpgroup tensor cores (wgmma", 90);
+				cr_assert_eq(p.entries[0].threads, p.spec.tile.wm * 32 + (ws ? 128 : 0), "%s", p.canonical);
+				nh_compile(cg, &s, ws ? "path: warp-specialized wgmma" : "path: warpgroup tensor cores (wgmma",
+					   90);
 			}
-	/* a ring of 5 to 8 stages: attention_scores' warp-specialized form
-	 * (a producer warpgroup beside the tile's warps, TMA along L), on
-	 * tiles whose ring fits shared memory; not where rows of L are no
-	 * tensor map's (L % 8 != 0), nor attention_grad_xs */
+	/* a ring of 5 to 8 stages: the warp-specialized form of attention_scores
+	 * and attention_grad_xs (a producer warpgroup beside the tile's warps,
+	 * every operand by TMA), on tiles whose ring fits shared memory; not
+	 * where rows of L are no tensor map's (L % 8 != 0) */
 	static const dg_tile deep[] = {
 		{ 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 }, { 64, 128, 64, 4, 1, 8, 0 },
 		{ 64, 64, 64, 4, 1, 8, 0 },   { 128, 256, 64, 8, 1, 4, 0 },
 	};
+	for (int o = 0; o < 2; o++)
 	for (int small = 0; small < 2; small++)
 		for (size_t k = 0; k < sizeof(deep) / sizeof(deep[0]); k++) {
-			dg_spec s = wg_spec(DG_OP_ATTENTION_SCORES, small ? 2 : 4, small ? 64 : 8192);
+			dg_spec s = wg_spec(ops[o], small ? 2 : 4, small ? 64 : 8192);
 			s.tile = deep[k];
 			dg_plan p;
 			cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
@@ -240,7 +244,7 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 			nh_compile(cg, &s, ws ? "path: warp-specialized wgmma" : "path: warpgroup tensor cores (wgmma", 90);
 		}
 	for (int o = 0; o < 2; o++) {
-		dg_spec s = wg_spec(ops[o], 2, o ? 64 : 100);
+		dg_spec s = wg_spec(ops[o], 2, 100);
 		s.tile = deep[0];
 		dg_plan p;
 		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC, "%s", dg_codegen_errmsg(cg));
@@ -253,6 +257,8 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 	/* grad_xs out=bf16 on both tensor-core paths and the fp32 one */
 	dg_spec gb = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
 	gb.out = DG_FMT_BF16;
+	nh_compile(cg, &gb, "path: warp-specialized wgmma", 90);
+	gb.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
 	nh_compile(cg, &gb, "path: warpgroup tensor cores (wgmma", 90);
 	gb.tile = (dg_tile){ 128, 128, 32, 2, 4, 2, 0 };
 	nh_compile(cg, &gb, "path: tensor cores (mma.sync", 90);
@@ -331,7 +337,9 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 				s.tile = tiles[k];
 				dg_plan p, ps;
 				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-				cr_assert_str_eq(p.path, "wgmma bf16");
+				/* the auto tile where L % 8 == 0: the warp-specialized path */
+				bool ws = dg_tile_is_auto(&tiles[k]) && latents[li] % 8 == 0;
+				cr_assert_str_eq(p.path, ws ? "wgmma tma" : "wgmma bf16", "%s", p.canonical);
 				dg_spec st = s;
 				st.epi = DG_EPI_STORE;
 				cr_assert_eq(dg_codegen_plan(cg, &st, &ps), DG_OK, "%s", dg_codegen_errmsg(cg));
@@ -347,7 +355,7 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 	s.out = DG_FMT_BF16;
 	dg_source *src = NULL;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert(strstr(src->text, "OT *dxs, const XT *mask_xs, int B, int T)"), "the banner's ABI");
+	cr_assert(strstr(src->text, "OT *dxs, const XT *mask_xs, int B, int T, const __grid_constant__ dg_tmap ma"), "the banner's ABI");
 	cr_assert_null(strstr(src->text, "grad_xs, int B"), "epi=mask writes no grad_xs");
 	cr_assert(strstr(src->text, "dg_mask_chunk(po, pm, rope, m, n, v)"), "the staged epilogue");
 	dg_source_destroy(src);

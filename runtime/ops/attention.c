@@ -142,35 +142,56 @@ static bool tma_abi(const dg_kernel *k)
 	return dg_kernel_info_get(k, &info) == DG_OK && info.block_threads == t->wm * t->wn * 32 + 128;
 }
 
-/* The two maps of a warp-specialized kernel over RoPE(xs) (B·H, T, L) bf16
- * (the path's ABI): attention_scores' A and B boxes of 64 columns by bm and
- * bn rows (the kernel's tile), attention_grad_xs's B boxes of 64 columns by
- * 64 rows (its ma is unused and stays zeros). */
-static dg_status tma_maps(dg_device *dev, const dg_spec *spec, int64_t bm, int64_t bn, dg_dptr qr,
-			  int64_t b, int64_t tl, dg__tmap *ma, dg__tmap *mb)
+/* The two maps of a warp-specialized kernel (the path's ABI,
+ * templates/attention_tma.lua), bf16 rank 3: attention_scores' A and B over
+ * RoPE(xs) (L, T, B·H), boxes of 64 columns by bm and bn rows (the kernel's
+ * tile); attention_grad_xs's A over C (T, T, B·H), boxes of 64 columns by
+ * bm rows, and its B over RoPE(xs), boxes of 64 columns by 64 rows. */
+static dg_status tma_maps(dg_device *dev, const dg_spec *spec, int64_t bm, int64_t bn, dg_dptr c_ptr,
+			  dg_dptr qr, int64_t b, int64_t tl, dg__tmap *ma, dg__tmap *mb)
 {
 	const uint64_t dims[3] = { (uint64_t)spec->latent, (uint64_t)tl, (uint64_t)(b * spec->heads) };
-	memset(ma, 0, sizeof(*ma));
 	if (spec->op == DG_OP_ATTENTION_SCORES) {
 		const uint32_t box_a[2] = { 64, (uint32_t)bm }, box_b[2] = { 64, (uint32_t)bn };
 		dg_status st = dg__tmap_bf16(dev, ma, qr, dims, box_a);
 		return st ? st : dg__tmap_bf16(dev, mb, qr, dims, box_b);
 	}
-	const uint32_t box[2] = { 64, 64 };
-	return dg__tmap_bf16(dev, mb, qr, dims, box);
+	const uint64_t dims_c[3] = { (uint64_t)tl, (uint64_t)tl, (uint64_t)(b * spec->heads) };
+	const uint32_t box_c[2] = { 64, (uint32_t)bm }, box[2] = { 64, 64 };
+	dg_status st = dg__tmap_bf16(dev, ma, c_ptr, dims_c, box_c);
+	return st ? st : dg__tmap_bf16(dev, mb, qr, dims, box);
 }
 
 /* The iv of a prepared GEMM on the warp-specialized path: what its maps
  * are made of besides the call's pointer. */
 enum { IV_B, IV_T, IV_BM, IV_BN };
 
-/* A prepared GEMM's maps, over the call's RoPE(xs): scores' operand 0,
- * grad_xs' operand 1. */
+/* A prepared GEMM's maps over the call's tensors: RoPE(xs) is scores'
+ * operand 0 and grad_xs' operand 1 (C its operand 0). */
 static dg_status gemm_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[2])
 {
-	dg_dptr qr = c->t[p->spec.op == DG_OP_ATTENTION_SCORES ? 0 : 1]->data;
-	return tma_maps(p->dev, &p->spec, p->iv[IV_BM], p->iv[IV_BN], qr, p->iv[IV_B], p->iv[IV_T],
+	bool scores = p->spec.op == DG_OP_ATTENTION_SCORES;
+	dg_dptr qr = c->t[scores ? 0 : 1]->data, cp = scores ? 0 : c->t[0]->data;
+	return tma_maps(p->dev, &p->spec, p->iv[IV_BM], p->iv[IV_BN], cp, qr, p->iv[IV_B], p->iv[IV_T],
 			&maps[0], &maps[1]);
+}
+
+/* attention_grad_xs's C by TMA needs rows of T bf16 of a multiple of 16
+ * bytes. At another T an auto tile becomes the cp.async ring's (the
+ * default of templates/attention.lua's wgmma path: 128 x 128 x 64, 8 warps,
+ * 3 stages) and k the kernel of that tile; a tile asked for is refused. */
+static dg_status grad_xs_tile(dg_prepared *p, int64_t T, dg_kernel **k)
+{
+	if (p->spec.op != DG_OP_ATTENTION_GRAD_XS || T % 8 == 0 || !tma_abi(*k))
+		return DG_OK;
+	if (!dg_tile_is_auto(&p->spec.tile))
+		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
+				    "%s: T = %lld: the warp-specialized tile (stages %d) reads C by TMA, which needs T %% 8 == 0; take a tile of 3 or 4 stages or an auto tile",
+				    p->fn, (long long)T, dg_kernel_spec(*k)->tile.stages);
+	dg_spec s = p->spec;
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
+	dg_spec_normalize(&s);
+	return dg_kernel_get(p->dev, &s, p->fn, k);
 }
 
 /* Any of the five: the op's tensors its epilogue uses in the table's
@@ -187,6 +208,8 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 		return DG_OK;
 	dg_kernel *k;
 	dg_status st = dg_kernel_get(p->dev, spec, p->fn, &k);
+	if (!st)
+		st = grad_xs_tile(p, T, &k);
 	if (st)
 		return st;
 	const dg_tile *t = &dg_kernel_spec(k)->tile;
