@@ -1,7 +1,8 @@
 /*
- * The bench `kernels` (bench/kernels.c): its handle, the device and the
- * timing it shares with its cuBLASLt anchors (bench/kernels_cublas.c) and
- * its setup (bench/kernels_run.c). Names start with bk_.
+ * The benches `kernels` (bench/kernels.c) and `attention`
+ * (bench/attention.c): their handle, the device and the timing they share
+ * with the cuBLASLt anchors (bench/kernels_cublas.c) and the setup
+ * (bench/kernels_run.c). Names start with bk_.
  */
 #ifndef DG_BENCH_BENCH_H
 #define DG_BENCH_BENCH_H
@@ -69,6 +70,21 @@ typedef struct anchor {
 	char err[1024];
 } anchor;
 
+/* A bf16 GEMM through cuBLASLt (bf16 in and out, f32 compute, the
+ * heuristic's first algo, LT_WORKSPACE of workspace), in row-major terms:
+ * for each of batch matrices, C (M,N) = op(A)·op(B), A stored (M,K) or,
+ * ta, (K,M); B stored (K,N) or, tb, (N,K); the batch's matrices back to
+ * back (strides M·K, K·N, M·N). */
+typedef struct bk_gemm {
+	int64_t m, n, k, batch; /* batch 0 is 1 */
+	bool ta, tb;
+	dg_dptr a, b, c;
+	/* bk_gemm_open's */
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t la, lb, lc;
+	cublasLtMatmulHeuristicResult_t algo;
+} bk_gemm;
+
 /* Each false/0 on failure with b->err set. */
 bool bk_cu_ok(bench *b, CUresult rc, const char *call);
 bool bk_lt_ok(bench *b, cublasStatus_t st, const char *call);
@@ -90,6 +106,11 @@ void bk_fini(bench *b);
 /* Compiles and loads the anchor's relu_bf16 (b->relu_fn), or says why not
  * in b->relu_err. */
 void bk_relu_load(bench *b);
+/* The descriptors and the algorithm of g (bk_gemm_close releases them;
+ * on failure nothing is held); bk_gemm_run, a run_fn, enqueues g. */
+bool bk_gemm_open(bench *b, bk_gemm *g);
+bool bk_gemm_run(bench *b, void *g);
+void bk_gemm_close(bk_gemm *g);
 /* Times cuBLASLt bf16 at a's shape (and + ReLU when a->relu). */
 void bk_anchor_run(bench *b, anchor *a);
 
