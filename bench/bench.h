@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <cuda.h>
 /* cublasLt.h declares cublasLtLoggerForceDisable() without a prototype. */
@@ -46,6 +47,7 @@ typedef struct bench {
 	dg_device_info info;
 	CUstream stream;    /* the calling thread's: dg_device_stream */
 	int reps, warmup;
+	bool require;       /* --require-gpu: no device is a failure */
 	int ncopy;          /* max(reps, 10): the copy is timed 10 times at least */
 	dg_timer *timer;    /* of ncopy reps */
 	dg_rng rng;
@@ -98,6 +100,19 @@ bool bk_time_op(bench *b, run_fn fn, void *arg, bool warm_l2, int reps, dg_timin
 /* Device copy bandwidth, bytes read + written a second; 0 on failure. */
 double bk_copy_bandwidth(bench *b);
 
+/* A bench's own option a, with the next entry v (NULL at the end): the
+ * count of entries it takes (1 or 2), 0 when a is not one of its own. */
+typedef int (*bk_opt_fn)(void *user, const char *a, const char *v);
+/* Reads argv: --reps N (1..10000), --warmup N (0..1000) and
+ * --require-gpu into b, --help, and own's options. false when main is
+ * to return *rc: 0 after --help (usage on stdout), 2 for a bad option or
+ * value (usage on stderr). */
+bool bk_args(bench *b, int argc, char **argv, bk_opt_fn own, void *user, int (*usage)(FILE *f, int code),
+	     int *rc);
+/* Opens device 0 into b->dev and b->info. false: no device ("skipped: no
+ * CUDA device" on stdout; *rc 0, or 1 under --require-gpu) or a failure
+ * to open it (on stderr, *rc 1); prog names the bench in the messages. */
+bool bk_open(bench *b, const char *prog, int *rc);
 /* The driver table, the timer and cuBLASLt of b->dev (open); then
  * bk_relu_load the ReLU anchor's kernel; bk_fini releases them and closes the device. */
 bool bk_init(bench *b);
