@@ -51,7 +51,7 @@
 #include <cjson/cJSON.h>
 
 #include "bench/bench.h"
-#include "bench/bench_json.h"
+#include "bench/bench_common.h"
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/ops/ops_int.h"
 
@@ -323,22 +323,6 @@ static int usage(FILE *f, int code)
 	return code;
 }
 
-/* "512,1024": into times (at most MAX_TIMES, each 2..1048576); the count, or
- * -1. */
-static int parse_times(const char *s, int *times)
-{
-	int n = 0;
-	while (*s) {
-		char *end;
-		long v = strtol(s, &end, 10);
-		if (end == s || v < 2 || v > (1L << 20) || n == MAX_TIMES || (*end && *end != ','))
-			return -1;
-		times[n++] = (int)v;
-		s = *end ? end + 1 : end;
-	}
-	return n ? n : -1;
-}
-
 static void add_notes(cJSON *doc)
 {
 	static const char *const notes[] = {
@@ -378,7 +362,7 @@ static int attention_option(void *user, const char *a, const char *v)
 	else if (!strcmp(a, "--form"))
 		o->form = v;
 	else if (!strcmp(a, "--times"))
-		return (o->ntimes = parse_times(v, o->times)) > 0 ? 2 : 0;
+		return (o->ntimes = bc_parse_ints(v, o->times, MAX_TIMES, 2, 1L << 20)) > 0 ? 2 : 0;
 	else
 		return 0;
 	return 2;
@@ -414,7 +398,7 @@ int main(int argc, char **argv)
 	char spec_text[512];
 	if (dg_spec_to_string(&spec, spec_text, sizeof(spec_text)))
 		snprintf(spec_text, sizeof(spec_text), "?");
-	cJSON *doc = bj_doc("attention", &b.info);
+	cJSON *doc = bc_doc("attention", &b.info);
 	cJSON_AddStringToObject(doc, "nvrtc_version", dg_nvrtc_version());
 	cJSON_AddNumberToObject(doc, "cublaslt_version", (double)cublasLtGetVersion());
 	cJSON_AddNumberToObject(doc, "heads", BDH_H);
@@ -444,7 +428,7 @@ int main(int argc, char **argv)
 	}
 	if (failed)
 		fprintf(stderr, "attention: %d of %d T with an error (in their rows)\n", failed, o.ntimes);
-	rc = bj_write("attention", doc, out_path, out_path == NULL);
+	rc = bc_write("attention", doc, out_path, out_path == NULL);
 	cJSON_Delete(doc);
 	bk_fini(&b);
 	return rc;

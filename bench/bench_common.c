@@ -1,13 +1,28 @@
 /*
- * The benches' JSON header and the writing of their document
- * (bench/bench_json.h).
+ * The benches' list options, JSON header and the writing of their
+ * document (bench/bench_common.h).
  */
-#include "bench/bench_json.h"
+#include "bench/bench_common.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
-cJSON *bj_doc(const char *bench, const dg_device_info *info)
+int bc_parse_ints(const char *s, int *v, int max, long lo, long hi)
+{
+	int n = 0;
+	while (*s) {
+		char *end;
+		long x = strtol(s, &end, 10);
+		if (end == s || x < lo || x > hi || n == max || (*end && *end != ','))
+			return -1;
+		v[n++] = (int)x;
+		s = *end ? end + 1 : end;
+	}
+	return n ? n : -1;
+}
+
+cJSON *bc_doc(const char *bench, const dg_device_info *info)
 {
 	char date[16];
 	time_t now = time(NULL);
@@ -22,7 +37,7 @@ cJSON *bj_doc(const char *bench, const dg_device_info *info)
 	return doc;
 }
 
-int bj_write(const char *prog, const cJSON *doc, const char *path, bool echo)
+int bc_write(const char *prog, const cJSON *doc, const char *path, bool echo)
 {
 	char *text = cJSON_Print(doc);
 	if (!text) {
