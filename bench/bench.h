@@ -1,7 +1,8 @@
 /*
- * The bench `kernels` (bench/kernels.c): its handle, the device and the
- * timing it shares with its cuBLASLt anchors (bench/kernels_cublas.c) and
- * its setup (bench/kernels_run.c). Names start with bk_.
+ * The benches `kernels` (bench/kernels.c) and `attention`
+ * (bench/attention.c): their handle, the device and the timing they share
+ * with the cuBLASLt anchors (bench/kernels_cublas.c) and the setup
+ * (bench/kernels_run.c). Names start with bk_.
  */
 #ifndef DG_BENCH_BENCH_H
 #define DG_BENCH_BENCH_H
@@ -9,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <cuda.h>
 /* cublasLt.h declares cublasLtLoggerForceDisable() without a prototype. */
@@ -45,6 +47,7 @@ typedef struct bench {
 	dg_device_info info;
 	CUstream stream;    /* the calling thread's: dg_device_stream */
 	int reps, warmup;
+	bool require;       /* --require-gpu: no device is a failure */
 	int ncopy;          /* max(reps, 10): the copy is timed 10 times at least */
 	dg_timer *timer;    /* of ncopy reps */
 	dg_rng rng;
@@ -69,6 +72,21 @@ typedef struct anchor {
 	char err[1024];
 } anchor;
 
+/* A bf16 GEMM through cuBLASLt (bf16 in and out, f32 compute, the
+ * heuristic's first algo, LT_WORKSPACE of workspace), in row-major terms:
+ * for each of batch matrices, C (M,N) = op(A)·op(B), A stored (M,K) or,
+ * ta, (K,M); B stored (K,N) or, tb, (N,K); the batch's matrices back to
+ * back (strides M·K, K·N, M·N). */
+typedef struct bk_gemm {
+	int64_t m, n, k, batch; /* batch 0 is 1 */
+	bool ta, tb;
+	dg_dptr a, b, c;
+	/* bk_gemm_open's */
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t la, lb, lc;
+	cublasLtMatmulHeuristicResult_t algo;
+} bk_gemm;
+
 /* Each false/0 on failure with b->err set. */
 bool bk_cu_ok(bench *b, CUresult rc, const char *call);
 bool bk_lt_ok(bench *b, cublasStatus_t st, const char *call);
@@ -82,6 +100,19 @@ bool bk_time_op(bench *b, run_fn fn, void *arg, bool warm_l2, int reps, dg_timin
 /* Device copy bandwidth, bytes read + written a second; 0 on failure. */
 double bk_copy_bandwidth(bench *b);
 
+/* A bench's own option a, with the next entry v (NULL at the end): the
+ * count of entries it takes (1 or 2), 0 when a is not one of its own. */
+typedef int (*bk_opt_fn)(void *user, const char *a, const char *v);
+/* Reads argv: --reps N (1..10000), --warmup N (0..1000) and
+ * --require-gpu into b, --help, and own's options. false when main is
+ * to return *rc: 0 after --help (usage on stdout), 2 for a bad option or
+ * value (usage on stderr). */
+bool bk_args(bench *b, int argc, char **argv, bk_opt_fn own, void *user, int (*usage)(FILE *f, int code),
+	     int *rc);
+/* Opens device 0 into b->dev and b->info. false: no device ("skipped: no
+ * CUDA device" on stdout; *rc 0, or 1 under --require-gpu) or a failure
+ * to open it (on stderr, *rc 1); prog names the bench in the messages. */
+bool bk_open(bench *b, const char *prog, int *rc);
 /* The driver table, the timer and cuBLASLt of b->dev (open); then
  * bk_relu_load the ReLU anchor's kernel; bk_fini releases them and closes the device. */
 bool bk_init(bench *b);
@@ -90,6 +121,11 @@ void bk_fini(bench *b);
 /* Compiles and loads the anchor's relu_bf16 (b->relu_fn), or says why not
  * in b->relu_err. */
 void bk_relu_load(bench *b);
+/* The descriptors and the algorithm of g (bk_gemm_close releases them;
+ * on failure nothing is held); bk_gemm_run, a run_fn, enqueues g. */
+bool bk_gemm_open(bench *b, bk_gemm *g);
+bool bk_gemm_run(bench *b, void *g);
+void bk_gemm_close(bk_gemm *g);
 /* Times cuBLASLt bf16 at a's shape (and + ReLU when a->relu). */
 void bk_anchor_run(bench *b, anchor *a);
 

@@ -512,62 +512,46 @@ static bool case_selected(const bcase *c, const char **filters, int nfilters)
 	return nfilters == 0;
 }
 
+/* kernels' own options */
+typedef struct kernels_opts {
+	const char *out_path, *arch, *filters[MAX_FILTERS];
+	int nfilters;
+} kernels_opts;
+
+static int kernels_option(void *user, const char *a, const char *v)
+{
+	kernels_opts *o = user;
+	if (!v)
+		return 0;
+	if (strcmp(a, "--out") == 0)
+		o->out_path = v;
+	else if (strcmp(a, "--arch") == 0)
+		o->arch = v;
+	else if (strcmp(a, "--tile") == 0)
+		bench_tile = v;
+	else if (strcmp(a, "--splits") == 0)
+		bench_splits = atoi(v);
+	else if (strcmp(a, "--case") == 0 && o->nfilters < MAX_FILTERS)
+		o->filters[o->nfilters++] = v;
+	else
+		return 0;
+	return 2;
+}
+
 int main(int argc, char **argv)
 {
-	const char *out_path = NULL, *arch = NULL, *filters[MAX_FILTERS];
-	int nfilters = 0;
-	bool require = false;
-	bench b;
-	memset(&b, 0, sizeof(b));
-	b.reps = 30;
-	b.warmup = 3;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (strcmp(a, "--require-gpu") == 0)
-			require = true;
-		else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
-			return usage(stdout, 0);
-		else if (!v)
-			return usage(stderr, 2);
-		else if (strcmp(a, "--out") == 0)
-			out_path = v, i++;
-		else if (strcmp(a, "--reps") == 0)
-			b.reps = atoi(v), i++;
-		else if (strcmp(a, "--warmup") == 0)
-			b.warmup = atoi(v), i++;
-		else if (strcmp(a, "--arch") == 0)
-			arch = v, i++;
-		else if (strcmp(a, "--tile") == 0)
-			bench_tile = v, i++;
-		else if (strcmp(a, "--splits") == 0)
-			bench_splits = atoi(v), i++;
-		else if (strcmp(a, "--case") == 0 && nfilters < MAX_FILTERS)
-			filters[nfilters++] = v, i++;
-		else
-			return usage(stderr, 2);
-	}
-	if (b.reps < 1 || b.reps > 10000 || b.warmup < 0 || b.warmup > 1000 || bench_splits < 0 ||
-	    bench_splits > 64)
-		return usage(stderr, 2);
-
-	dg_device_opts opts = { .ordinal = 0, .jit = NULL };
-	dg_status st = dg_device_open(&b.dev, &opts);
-	if (st == DG_ERR_NO_DEVICE) {
-		printf("skipped: no CUDA device (%s)\n", b.dev ? dg_device_errmsg(b.dev) : "");
-		dg_device_close(b.dev);
-		if (require)
-			fprintf(stderr, "kernels: --require-gpu: no CUDA device\n");
-		return require ? 1 : 0;
-	}
-	if (st == DG_OK)
-		st = dg_device_info_get(b.dev, &b.info);
-	if (st) {
-		fprintf(stderr, "kernels: opening the device: %s: %s\n", dg_status_str(st),
-			b.dev ? dg_device_errmsg(b.dev) : "");
-		dg_device_close(b.dev);
-		return 1;
-	}
+	kernels_opts o = { 0 };
+	bench b = { .reps = 30, .warmup = 3 };
 	int rc = 0;
+	if (!bk_args(&b, argc, argv, kernels_option, &o, usage, &rc))
+		return rc;
+	if (bench_splits < 0 || bench_splits > 64)
+		return usage(stderr, 2);
+	const char *out_path = o.out_path, *arch = o.arch, **filters = o.filters;
+	int nfilters = o.nfilters;
+
+	if (!bk_open(&b, "kernels", &rc))
+		return rc;
 	cJSON *j = cJSON_CreateObject(), *results = NULL;
 	if (!bk_init(&b)) {
 		fprintf(stderr, "kernels: setup: %s\n", b.err);

@@ -1,8 +1,10 @@
 /*
- * The anchors of the bench `kernels`: a cuBLASLt bf16 GEMM on our shapes,
- * and for the projection that GEMM followed by a separate relu(y − thr)
- * kernel compiled here with NVRTC. Both run on b->stream (the calling
- * thread's, dg_device_stream) and are timed by the same timer as ours.
+ * The cuBLASLt anchors: a bf16 GEMM, batched, of any of the row-major
+ * shapes our ops compute (bk_gemm: the attention bench's floor), and the
+ * bench `kernels`' anchor, that GEMM on our projection's shapes, followed
+ * for the projection by a separate relu(y − thr) kernel compiled here with
+ * NVRTC. All run on b->stream (the calling thread's, dg_device_stream) and
+ * are timed by the same timer as ours.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,86 +81,118 @@ out:
 	nvrtcDestroyProgram(&prog);
 }
 
-/* ---- cuBLASLt anchor ------------------------------------------------------
- * Row-major Y (M,N) = X (M,K) · Wᵀ, W (N,K) as our weights are stored: in
- * cuBLASLt's column-major terms Yᵀ (N×M) = op_T(W: K×N) · Xᵀ (K×M), "TN". */
-typedef struct gemm {
-	int64_t m, n, k;
-	dg_dptr x, w, y; /* bf16 (M,K), (N,K), (M,N) */
-	cublasLtMatmulDesc_t desc;
-	cublasLtMatrixLayout_t la, lb, lc;
-	cublasLtMatmulHeuristicResult_t algo;
-	float thr;
-} gemm;
-
-static bool run_gemm(bench *b, void *arg)
+/* ---- a cuBLASLt bf16 GEMM, batched --------------------------------------------
+ * Row-major C (M,N) = op(A)·op(B) (see bench.h bk_gemm). In cuBLASLt's
+ * column-major terms a row-major (r, c) matrix is its transpose (c × r):
+ * Cᵀ (N×M) = op(B)ᵀ · op(A)ᵀ, so B is cuBLASLt's first operand (N×K: a
+ * stored (K,N) as it is, a stored (N,K) transposed) and A its second (K×M:
+ * a stored (M,K) as it is, a stored (K,M) transposed). */
+static bool layout(bench *b, cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t batch)
 {
-	gemm *g = arg;
-	const float alpha = 1.0f, beta = 0.0f;
-	return bk_lt_ok(b, cublasLtMatmul(b->lt, g->desc, &alpha, (const void *)g->w, g->la,
-				       (const void *)g->x, g->lb, &beta, (const void *)g->y,
-				       g->lc, (void *)g->y, g->lc, &g->algo.algo,
-				       (void *)b->lt_ws, LT_WORKSPACE, b->stream),
-		     "cublasLtMatmul");
+	int32_t n = (int32_t)batch;
+	int64_t stride = rows * cols;
+	return bk_lt_ok(b, cublasLtMatrixLayoutCreate(l, CUDA_R_16BF, (uint64_t)rows, (uint64_t)cols, rows),
+			"cublasLtMatrixLayoutCreate") &&
+	       (batch == 1 ||
+		(bk_lt_ok(b, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)),
+			  "cublasLtMatrixLayoutSetAttribute") &&
+		 bk_lt_ok(b, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+							      sizeof(stride)),
+			  "cublasLtMatrixLayoutSetAttribute")));
 }
+
+bool bk_gemm_open(bench *b, bk_gemm *g)
+{
+	cublasLtMatmulPreference_t pref = NULL;
+	uint64_t ws = LT_WORKSPACE;
+	cublasOperation_t ta = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+	int found = 0;
+	int64_t batch = g->batch > 0 ? g->batch : 1;
+	g->desc = NULL;
+	g->la = g->lb = g->lc = NULL;
+	bool ok = bk_lt_ok(b, cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+			   "cublasLtMatmulDescCreate") &&
+		  bk_lt_ok(b, cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+			   "cublasLtMatmulDescSetAttribute") &&
+		  bk_lt_ok(b, cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+			   "cublasLtMatmulDescSetAttribute") &&
+		  (g->tb ? layout(b, &g->la, g->k, g->n, batch) : layout(b, &g->la, g->n, g->k, batch)) &&
+		  (g->ta ? layout(b, &g->lb, g->m, g->k, batch) : layout(b, &g->lb, g->k, g->m, batch)) &&
+		  layout(b, &g->lc, g->n, g->m, batch) &&
+		  bk_lt_ok(b, cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate") &&
+		  bk_lt_ok(b, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+								   sizeof(ws)),
+			   "cublasLtMatmulPreferenceSetAttribute") &&
+		  bk_lt_ok(b, cublasLtMatmulAlgoGetHeuristic(b->lt, g->desc, g->la, g->lb, g->lc, g->lc, pref, 1,
+							     &g->algo, &found),
+			   "cublasLtMatmulAlgoGetHeuristic");
+	if (ok && found < 1) {
+		snprintf(b->err, sizeof(b->err), "cuBLASLt has no algorithm for bf16 %lld x (%lldx%lldx%lld)",
+			 (long long)batch, (long long)g->m, (long long)g->n, (long long)g->k);
+		ok = false;
+	}
+	cublasLtMatmulPreferenceDestroy(pref);
+	if (!ok)
+		bk_gemm_close(g);
+	return ok;
+}
+
+bool bk_gemm_run(bench *b, void *arg)
+{
+	bk_gemm *g = arg;
+	const float alpha = 1.0f, beta = 0.0f;
+	return bk_lt_ok(b, cublasLtMatmul(b->lt, g->desc, &alpha, (const void *)g->b, g->la, (const void *)g->a,
+					  g->lb, &beta, (const void *)g->c, g->lc, (void *)g->c, g->lc, &g->algo.algo,
+					  (void *)b->lt_ws, LT_WORKSPACE, b->stream),
+			"cublasLtMatmul");
+}
+
+void bk_gemm_close(bk_gemm *g)
+{
+	cublasLtMatrixLayoutDestroy(g->la);
+	cublasLtMatrixLayoutDestroy(g->lb);
+	cublasLtMatrixLayoutDestroy(g->lc);
+	cublasLtMatmulDescDestroy(g->desc);
+	g->la = g->lb = g->lc = NULL;
+	g->desc = NULL;
+}
+
+/* ---- the anchor: Y (M,N) = X (M,K) · Wᵀ, W (N,K) as our weights are
+ * stored, then (for the projection) relu(Y − thr) ------------------------------ */
+typedef struct relu_gemm {
+	bk_gemm g; /* a = x, b = w (tb), c = y */
+	float thr;
+} relu_gemm;
 
 static bool run_gemm_relu(bench *b, void *arg)
 {
-	gemm *g = arg;
-	if (!run_gemm(b, arg))
+	relu_gemm *r = arg;
+	if (!bk_gemm_run(b, &r->g))
 		return false;
-	unsigned long long n8 = (unsigned long long)(g->m * g->n / 8);
+	unsigned long long n8 = (unsigned long long)(r->g.m * r->g.n / 8);
 	unsigned grid = (unsigned)((n8 + 255) / 256);
-	void *args[] = { &g->y, &g->y, &n8, &g->thr };
+	void *args[] = { &r->g.c, &r->g.c, &n8, &r->thr };
 	return bk_cu_ok(b, bk_cu.cuLaunchKernel(b->relu_fn, grid, 1, 1, 256, 1, 1, 0, b->stream,
 					  args, NULL),
 		     "cuLaunchKernel (relu_bf16)");
 }
 
-
 /* Times the GEMM (and GEMM + ReLU when a->relu) for a's shape. */
 void bk_anchor_run(bench *b, anchor *a)
 {
-	gemm g = { .m = a->m, .n = a->n, .k = a->k, .thr = 0.0f };
-	cublasLtMatmulPreference_t pref = NULL;
+	relu_gemm r = { .g = { .m = a->m, .n = a->n, .k = a->k, .batch = 1, .tb = true }, .thr = 0.0f };
+	bk_gemm *g = &r.g;
 	dg_timing s;
-	uint64_t ws = LT_WORKSPACE;
-	cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-	int found = 0;
 	a->done = true;
 	a->relu_us = -1;
-	bool ok = bk_dg_ok(b, dg_malloc(b->dev, (size_t)(g.m * g.k * 2), &g.x), "dg_malloc") &&
-		  bk_dg_ok(b, dg_malloc(b->dev, (size_t)(g.n * g.k * 2), &g.w), "dg_malloc") &&
-		  bk_dg_ok(b, dg_malloc(b->dev, (size_t)(g.m * g.n * 2), &g.y), "dg_malloc") &&
-		  bk_fill_random(b, g.x, (size_t)(g.m * g.k * 2), DG_FMT_BF16) &&
-		  bk_fill_random(b, g.w, (size_t)(g.n * g.k * 2), DG_FMT_BF16);
-	ok = ok && bk_lt_ok(b, cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-			 "cublasLtMatmulDescCreate") &&
-	     bk_lt_ok(b, cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
-		   "cublasLtMatmulDescSetAttribute") &&
-	     bk_lt_ok(b, cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
-		   "cublasLtMatmulDescSetAttribute") &&
-	     bk_lt_ok(b, cublasLtMatrixLayoutCreate(&g.la, CUDA_R_16BF, (uint64_t)g.k, (uint64_t)g.n, g.k),
-		   "cublasLtMatrixLayoutCreate") &&
-	     bk_lt_ok(b, cublasLtMatrixLayoutCreate(&g.lb, CUDA_R_16BF, (uint64_t)g.k, (uint64_t)g.m, g.k),
-		   "cublasLtMatrixLayoutCreate") &&
-	     bk_lt_ok(b, cublasLtMatrixLayoutCreate(&g.lc, CUDA_R_16BF, (uint64_t)g.n, (uint64_t)g.m, g.n),
-		   "cublasLtMatrixLayoutCreate") &&
-	     bk_lt_ok(b, cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate") &&
-	     bk_lt_ok(b, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-							   &ws, sizeof(ws)),
-		   "cublasLtMatmulPreferenceSetAttribute") &&
-	     bk_lt_ok(b, cublasLtMatmulAlgoGetHeuristic(b->lt, g.desc, g.la, g.lb, g.lc, g.lc, pref, 1,
-						     &g.algo, &found),
-		   "cublasLtMatmulAlgoGetHeuristic");
-	if (ok && found < 1) {
-		snprintf(b->err, sizeof(b->err), "cuBLASLt has no algorithm for bf16 %lldx%lldx%lld",
-			 (long long)g.m, (long long)g.n, (long long)g.k);
-		ok = false;
-	}
-	if (ok && (ok = bk_time_op(b, run_gemm, &g, false, b->reps, &s)))
+	bool ok = bk_dg_ok(b, dg_malloc(b->dev, (size_t)(g->m * g->k * 2), &g->a), "dg_malloc") &&
+		  bk_dg_ok(b, dg_malloc(b->dev, (size_t)(g->n * g->k * 2), &g->b), "dg_malloc") &&
+		  bk_dg_ok(b, dg_malloc(b->dev, (size_t)(g->m * g->n * 2), &g->c), "dg_malloc") &&
+		  bk_fill_random(b, g->a, (size_t)(g->m * g->k * 2), DG_FMT_BF16) &&
+		  bk_fill_random(b, g->b, (size_t)(g->n * g->k * 2), DG_FMT_BF16) && bk_gemm_open(b, g);
+	if (ok && (ok = bk_time_op(b, bk_gemm_run, g, false, b->reps, &s)))
 		a->us = s.median_us;
-	if (ok && a->relu && b->relu_fn && (ok = bk_time_op(b, run_gemm_relu, &g, false, b->reps, &s)))
+	if (ok && a->relu && b->relu_fn && (ok = bk_time_op(b, run_gemm_relu, &r, false, b->reps, &s)))
 		a->relu_us = s.median_us;
 	if (!ok) {
 		a->failed = true;
@@ -166,13 +200,8 @@ void bk_anchor_run(bench *b, anchor *a)
 	} else if (a->relu && !b->relu_fn) {
 		snprintf(a->err, sizeof(a->err), "no ReLU kernel: %s", b->relu_err);
 	}
-	cublasLtMatmulPreferenceDestroy(pref);
-	cublasLtMatrixLayoutDestroy(g.la);
-	cublasLtMatrixLayoutDestroy(g.lb);
-	cublasLtMatrixLayoutDestroy(g.lc);
-	cublasLtMatmulDescDestroy(g.desc);
-	dg_free(b->dev, g.x);
-	dg_free(b->dev, g.w);
-	dg_free(b->dev, g.y);
+	bk_gemm_close(g);
+	dg_free(b->dev, g->a);
+	dg_free(b->dev, g->b);
+	dg_free(b->dev, g->c);
 }
-

@@ -132,6 +132,58 @@ double bk_copy_bandwidth(bench *b)
 }
 
 /* ---- setup ------------------------------------------------------------------ */
+bool bk_args(bench *b, int argc, char **argv, bk_opt_fn own, void *user, int (*usage)(FILE *f, int code),
+	     int *rc)
+{
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int took = 0;
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			*rc = usage(stdout, 0);
+			return false;
+		}
+		if (!strcmp(a, "--require-gpu"))
+			b->require = true, took = 1;
+		else if (v && !strcmp(a, "--reps"))
+			b->reps = atoi(v), took = 2;
+		else if (v && !strcmp(a, "--warmup"))
+			b->warmup = atoi(v), took = 2;
+		else
+			took = own(user, a, v);
+		if (!took) {
+			*rc = usage(stderr, 2);
+			return false;
+		}
+		i += took - 1;
+	}
+	if (b->reps < 1 || b->reps > 10000 || b->warmup < 0 || b->warmup > 1000) {
+		*rc = usage(stderr, 2);
+		return false;
+	}
+	return true;
+}
+
+bool bk_open(bench *b, const char *prog, int *rc)
+{
+	dg_device_opts opts = { .ordinal = 0, .jit = NULL };
+	dg_status st = dg_device_open(&b->dev, &opts);
+	if (st == DG_ERR_NO_DEVICE) {
+		printf("skipped: no CUDA device (%s)\n", b->dev ? dg_device_errmsg(b->dev) : "");
+		if (b->require)
+			fprintf(stderr, "%s: --require-gpu: no CUDA device\n", prog);
+		*rc = b->require ? 1 : 0;
+	} else if (st == DG_OK && (st = dg_device_info_get(b->dev, &b->info)) == DG_OK) {
+		return true;
+	} else {
+		fprintf(stderr, "%s: opening the device: %s: %s\n", prog, dg_status_str(st),
+			b->dev ? dg_device_errmsg(b->dev) : "");
+		*rc = 1;
+	}
+	dg_device_close(b->dev);
+	b->dev = NULL;
+	return false;
+}
+
 bool bk_init(bench *b)
 {
 	static const struct {

@@ -1,20 +1,29 @@
 /*
  * sample — the time of a token decoded from a state on the GPU
- * (runtime/train/gpu_decode.c), by context and batch.
+ * (runtime/train/gpu_decode.c, what dg_model_state_create and
+ * dg_model_decode run on a device), by context and batch.
  *
  * The 25M model of --preset (bf16 by default: D 256, H 4, N 8192, 6
  * layers; weights from seed 1, scaled as a trained model's so a ReLU keeps
- * about a quarter of its inputs) as a decoder of B rows; each row placed
- * at position `context` (its state holds what a prefill of that many
- * tokens would leave: a state's content does not change a token's work,
- * which is the same at every position), then --warmup tokens, then
- * --tokens tokens timed on the host, each dg__model_decode of one token a
- * row (its logits read back: what `dragon sample` waits for). A row:
- * {context, batch, ms_per_token (a step: one token for every row),
- * tokens_per_s (batch / a step's time)}. Contexts 512, 4096, 16384, 65536;
- * batches 1 and 64 (--batches). JSON to --out (and stdout).
+ * about a quarter of its inputs) as a decoder of B rows
+ * (dg__model_decoder_create: the decoder behind dg_model_state_create,
+ * whose rows' positions the bench can set). Each row is placed at position
+ * `context` without a prefill: a token's work does not depend on the
+ * state's content (the state stays as created, zeros) nor on its position
+ * (RoPE's phase is computed, not looked up), so a token at position
+ * 65536 costs what it costs after a prefill of 65536 tokens. Then
+ * --warmup tokens, then --tokens tokens timed on the host, each
+ * dg__model_decode of one token a row (what dg_model_decode runs), its
+ * logits read back and the next token picked greedily (what `dragon
+ * sample` waits for). A row: {context, batch, ms_per_token (a step: one
+ * token for every row), tokens_per_s (batch / a step's time), forward_ms
+ * (the same forward alone, --tokens of them queued back to back then one
+ * sync: no read-back, no logits on the host; ms_per_token − forward_ms is
+ * the host's share)}. Contexts 512, 4096, 16384, 65536 (--contexts);
+ * batches 1 and 64 (--batches). One JSON document to --out (and stdout).
  *
- * Usage: sample [--preset P] [--tokens N] [--warmup N] [--batches 1,64] [--out FILE]
+ * Usage: sample [--preset P] [--tokens N] [--warmup N] [--batches 1,64]
+ *               [--contexts 512,4096,16384,65536] [--out FILE]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +32,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench/bench_common.h"
 #include "dragon/dragon.h"
 #include "runtime/train/gpu_model_int.h"
 #include "runtime/train/model_int.h"
@@ -34,28 +44,122 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static const int contexts[] = { 512, 4096, 16384, 65536 };
+#define MAX_LIST 16
+
+typedef struct sample_run {
+	dg_device *dev;
+	const dg_model_config *c;
+	const char *preset;
+	int tokens, warmup;
+} sample_run;
+
+/* The rows of decoder m (B rows) at each context into rows; false (the
+ * device's message on stderr) at the first failure. */
+static bool run_contexts(const sample_run *r, dg_model *m, int B, const int *contexts, int n, cJSON *rows)
+{
+	const int V = r->c->vocab;
+	int32_t *tok = calloc((size_t)B, sizeof(int32_t)), *tgt = calloc((size_t)B, sizeof(int32_t));
+	float *z = malloc((size_t)B * V * sizeof(float));
+	dg_status st = tok && tgt && z ? DG_OK : DG_ERR_NOMEM;
+	for (int ci = 0; ci < n && !st; ci++) {
+		for (int i = 0; i < B; i++) {
+			m->pos[i] = contexts[ci];
+			tok[i] = (int32_t)('a' + i % 26);
+		}
+		double t0 = 0;
+		for (int k = 0; k < r->warmup + r->tokens && !st; k++) {
+			if (k == r->warmup)
+				t0 = now_s();
+			st = dg__model_decode(m, tok, 1, false, z);
+			for (int i = 0; i < B && !st; i++) { /* greedy: the next token */
+				int best = 0;
+				for (int v = 1; v < V; v++)
+					if (z[(size_t)i * V + v] > z[(size_t)i * V + best])
+						best = v;
+				tok[i] = best;
+			}
+		}
+		double ms = (now_s() - t0) / r->tokens * 1e3;
+		/* the forward alone, at the positions the tokens reached */
+		dg_model_batch bt = { .idx = tok, .targets = tgt, .b = B, .t = 1 };
+		double t1 = now_s();
+		for (int k = 0; k < r->tokens && !st; k++)
+			st = dg_model_run(m, &bt, false);
+		if (!st)
+			st = dg_device_sync(r->dev);
+		double fwd = (now_s() - t1) / r->tokens * 1e3;
+		if (st)
+			break;
+		cJSON *row = cJSON_CreateObject();
+		cJSON_AddNumberToObject(row, "context", contexts[ci]);
+		cJSON_AddNumberToObject(row, "batch", B);
+		cJSON_AddNumberToObject(row, "ms_per_token", ms);
+		cJSON_AddNumberToObject(row, "tokens_per_s", B / (ms * 1e-3));
+		cJSON_AddNumberToObject(row, "forward_ms", fwd);
+		cJSON_AddItemToArray(rows, row);
+		fprintf(stderr, "sample %s: batch %d context %d: %.3f ms a step (the forward alone %.3f), %.0f tokens/s\n",
+			r->preset, B, contexts[ci], ms, fwd, B / (ms * 1e-3));
+	}
+	if (st)
+		fprintf(stderr, "sample: batch %d: %s\n", B,
+			st == DG_ERR_NOMEM && !(tok && tgt && z) ? "out of host memory" : dg_device_errmsg(r->dev));
+	free(tok);
+	free(tgt);
+	free(z);
+	return !st;
+}
+
+static void add_notes(cJSON *doc)
+{
+	static const char *const notes[] = {
+		"a token a row from the decoder's state (gpu_decode.c: what dg_model_state_create and "
+		"dg_model_decode run on a device), one dg__model_decode call a token, logits read back and the "
+		"next token picked on the host",
+		"contexts reached by setting each row's position, no prefill: the state stays as created (zeros); "
+		"a token's work does not depend on the state's content or its position",
+		"ms_per_token: host time of a step (one token for every row); tokens_per_s = batch / that",
+		"forward_ms: the same forward alone (dg_model_run, --tokens queued, one sync): no read-back, no "
+		"logits; ms_per_token - forward_ms is the host's share",
+	};
+	cJSON *n = cJSON_AddArrayToObject(doc, "notes");
+	for (size_t i = 0; i < sizeof(notes) / sizeof(notes[0]); i++)
+		cJSON_AddItemToArray(n, cJSON_CreateString(notes[i]));
+}
+
+static int usage(void)
+{
+	fprintf(stderr, "usage: sample [--preset P] [--tokens N] [--warmup N] [--batches 1,64] "
+			"[--contexts 512,4096,16384,65536] [--out FILE]\n");
+	return 2;
+}
 
 int main(int argc, char **argv)
 {
-	const char *preset = "bf16", *out_path = NULL, *batches = "1,64";
-	int tokens = 100, warmup = 10;
+	const char *preset = "bf16", *out_path = NULL;
+	int tokens = 100, warmup = 10, batches[MAX_LIST] = { 1, 64 }, nb = 2,
+	    contexts[MAX_LIST] = { 512, 4096, 16384, 65536 }, nc = 4;
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--preset") && i + 1 < argc)
-			preset = argv[++i];
-		else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
-			tokens = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
-			warmup = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--batches") && i + 1 < argc)
-			batches = argv[++i];
-		else if (!strcmp(argv[i], "--out") && i + 1 < argc)
-			out_path = argv[++i];
-		else {
-			fprintf(stderr,
-				"usage: sample [--preset P] [--tokens N] [--warmup N] [--batches 1,64] [--out FILE]\n");
-			return 2;
-		}
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		bool ok = true;
+		if (!v)
+			return usage();
+		if (!strcmp(a, "--preset"))
+			preset = v;
+		else if (!strcmp(a, "--tokens"))
+			tokens = atoi(v);
+		else if (!strcmp(a, "--warmup"))
+			warmup = atoi(v);
+		else if (!strcmp(a, "--batches"))
+			ok = (nb = bc_parse_ints(v, batches, MAX_LIST, 1, 1 << 16)) > 0;
+		else if (!strcmp(a, "--contexts"))
+			ok = (nc = bc_parse_ints(v, contexts, MAX_LIST, 0, 1 << 24)) > 0;
+		else if (!strcmp(a, "--out"))
+			out_path = v;
+		else
+			ok = false;
+		if (!ok)
+			return usage();
+		i++;
 	}
 	if (tokens < 1 || warmup < 0) {
 		fprintf(stderr, "sample: --tokens at least 1, --warmup at least 0\n");
@@ -86,81 +190,30 @@ int main(int argc, char **argv)
 	}
 	dg_device_info info;
 	dg_device_info_get(dev, &info);
-	cJSON *doc = cJSON_CreateObject(), *rows = cJSON_CreateArray();
-	cJSON_AddStringToObject(doc, "device", info.name);
+	cJSON *doc = bc_doc("sample", &info), *rows = cJSON_CreateArray();
 	cJSON_AddStringToObject(doc, "preset", preset);
 	cJSON_AddNumberToObject(doc, "layers", c.layers);
 	cJSON_AddNumberToObject(doc, "embd", c.embd);
 	cJSON_AddNumberToObject(doc, "heads", c.heads);
 	cJSON_AddNumberToObject(doc, "neurons", c.neurons);
 	cJSON_AddNumberToObject(doc, "tokens", tokens);
+	cJSON_AddNumberToObject(doc, "warmup", warmup);
+	add_notes(doc);
 	cJSON_AddItemToObject(doc, "rows", rows);
+	sample_run r = { .dev = dev, .c = &c, .preset = preset, .tokens = tokens, .warmup = warmup };
 	int code = 0;
-	for (const char *b = batches; *b && !code;) {
-		int B = atoi(b);
-		const char *comma = strchr(b, ',');
-		b = comma ? comma + 1 : b + strlen(b);
-		if (B < 1)
-			continue;
+	for (int bi = 0; bi < nb && !code; bi++) {
 		dg_model *m = NULL;
-		if ((st = dg__model_decoder_create(dev, w, B, &m))) {
-			fprintf(stderr, "sample: a decoder of %d rows: %s\n", B, dg_device_errmsg(dev));
+		if (dg__model_decoder_create(dev, w, batches[bi], &m)) {
+			fprintf(stderr, "sample: a decoder of %d rows: %s\n", batches[bi], dg_device_errmsg(dev));
 			code = 1;
-			break;
+		} else if (!run_contexts(&r, m, batches[bi], contexts, nc, rows)) {
+			code = 1;
 		}
-		int32_t *tok = calloc((size_t)B, sizeof(int32_t));
-		float *z = malloc((size_t)B * c.vocab * sizeof(float));
-		for (size_t ci = 0; ci < sizeof(contexts) / sizeof(contexts[0]) && !code; ci++) {
-			for (int r = 0; r < B; r++) {
-				m->pos[r] = contexts[ci];
-				tok[r] = (int32_t)('a' + r % 26);
-			}
-			double t0 = 0;
-			for (int k = 0; k < warmup + tokens && !st; k++) {
-				if (k == warmup)
-					t0 = now_s();
-				st = dg__model_decode(m, tok, 1, false, z);
-				for (int r = 0; r < B && !st; r++) { /* greedy: the next token */
-					int best = 0;
-					for (int v = 1; v < c.vocab; v++)
-						if (z[(size_t)r * c.vocab + v] > z[(size_t)r * c.vocab + best])
-							best = v;
-					tok[r] = best;
-				}
-			}
-			if (st) {
-				fprintf(stderr, "sample: batch %d context %d: %s\n", B, contexts[ci], dg_device_errmsg(dev));
-				code = 1;
-				break;
-			}
-			double ms = (now_s() - t0) / tokens * 1e3;
-			cJSON *row = cJSON_CreateObject();
-			cJSON_AddNumberToObject(row, "context", contexts[ci]);
-			cJSON_AddNumberToObject(row, "batch", B);
-			cJSON_AddNumberToObject(row, "ms_per_token", ms);
-			cJSON_AddNumberToObject(row, "tokens_per_s", B / (ms * 1e-3));
-			cJSON_AddItemToArray(rows, row);
-			fprintf(stderr, "sample %s: batch %d context %d: %.3f ms a step, %.0f tokens/s\n", preset, B,
-				contexts[ci], ms, B / (ms * 1e-3));
-		}
-		free(tok);
-		free(z);
 		dg_model_destroy(m);
 	}
-	char *text = cJSON_Print(doc);
-	if (text) {
-		printf("%s\n", text);
-		if (out_path) {
-			FILE *f = fopen(out_path, "w");
-			if (!f || fprintf(f, "%s\n", text) < 0) {
-				fprintf(stderr, "sample: cannot write %s\n", out_path);
-				code = 1;
-			}
-			if (f)
-				fclose(f);
-		}
-	}
-	free(text);
+	if (bc_write("sample", doc, out_path, true))
+		code = 1;
 	cJSON_Delete(doc);
 	dg_model_weights_destroy(w);
 	dg_device_close(dev);

@@ -1,0 +1,64 @@
+/*
+ * The benches' list options, JSON header and the writing of their
+ * document (bench/bench_common.h).
+ */
+#include "bench/bench_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+int bc_parse_ints(const char *s, int *v, int max, long lo, long hi)
+{
+	int n = 0;
+	while (*s) {
+		char *end;
+		long x = strtol(s, &end, 10);
+		if (end == s || x < lo || x > hi || n == max || (*end && *end != ','))
+			return -1;
+		v[n++] = (int)x;
+		s = *end ? end + 1 : end;
+	}
+	return n ? n : -1;
+}
+
+cJSON *bc_doc(const char *bench, const dg_device_info *info)
+{
+	char date[16];
+	time_t now = time(NULL);
+	strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
+	cJSON *doc = cJSON_CreateObject();
+	cJSON_AddStringToObject(doc, "bench", bench);
+	cJSON_AddStringToObject(doc, "device", info->name);
+	cJSON_AddNumberToObject(doc, "sm", info->sm);
+	cJSON_AddNumberToObject(doc, "sm_count", info->sm_count);
+	cJSON_AddNumberToObject(doc, "driver", info->driver_version);
+	cJSON_AddStringToObject(doc, "date", date);
+	return doc;
+}
+
+int bc_write(const char *prog, const cJSON *doc, const char *path, bool echo)
+{
+	char *text = cJSON_Print(doc);
+	if (!text) {
+		fprintf(stderr, "%s: out of memory printing the JSON\n", prog);
+		return 1;
+	}
+	int rc = 0;
+	if (echo)
+		printf("%s\n", text);
+	if (path) {
+		FILE *f = fopen(path, "w");
+		bool ok = f && fprintf(f, "%s\n", text) >= 0;
+		if (f && fclose(f))
+			ok = false;
+		if (!ok) {
+			fprintf(stderr, "%s: cannot write %s\n", prog, path);
+			rc = 1;
+		} else {
+			fprintf(stderr, "%s: wrote %s\n", prog, path);
+		}
+	}
+	cJSON_free(text);
+	return rc;
+}
