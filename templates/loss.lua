@@ -26,11 +26,18 @@ reference), three kernels a call:
     <<<1, NT>>>: *loss = Σ row_loss / rows, summed in double in a fixed
     order (thread-strided, then a fixed tree).
   extern "C" __global__ void dg_lmhead_ce_dw(const XT *x, const DT *dlogits,
-      float *dw, long long rows, int accumulate)
+      float *out, long long rows, int splits, int accumulate)
     dw (E, V) (accumulate: +)= xᵀ·dlogits: a block a 32x32 tile of dw (256
     threads: 4 k's by 1 v each), the rows in chunks of 32 through shared
-    memory, each output summed over r in order. Any grid (tiles
-    grid-stride).
+    memory; grid y = splits, split s summing its own whole chunks of rows
+    (ceil(chunks / splits) of them) in order. splits 1: into dw itself;
+    more: into the parts (splits, E, V), which
+  extern "C" __global__ void dg_lmhead_ce_dw_sum(const float *part,
+      float *dw, int splits, int accumulate)
+    sums in order s = 0, 1, ... into dw. The runtime picks splits from R, E
+    and V alone (runtime/ops/loss.c), so dw is the same bits on any device:
+    one split took 0.34 ms at R 4096, E = V = 256 on the H200 (64 blocks,
+    each the whole R); 32 splits give 2048 blocks of 128 rows.
 
   XT, WT: src and weight formats (float | bf16). E (embd), V (vocab)
   compile-time constants. Every sum has a fixed order: run to run bitwise
@@ -219,26 +226,31 @@ dg_lmhead_ce_loss(const float *__restrict__ row_loss, long long rows, float *__r
 }
 
 extern "C" __global__ void __launch_bounds__(DW_NT)
-dg_lmhead_ce_dw(const ${XT} *__restrict__ x, const ${DT} *__restrict__ dlogits, float *__restrict__ dw,
-		long long rows, int accumulate)
+dg_lmhead_ce_dw(const ${XT} *__restrict__ x, const ${DT} *__restrict__ dlogits, float *__restrict__ out,
+		long long rows, int splits, int accumulate)
 {
 	constexpr int TK = (E + DWT - 1) / DWT, TV = (V + DWT - 1) / DWT;
 	__shared__ float xs[DWT][DWT + 1];	// (rows of the chunk, k)
 	__shared__ float ds[DWT][DWT + 1];	// (rows of the chunk, v)
 	const int tx = threadIdx.x % DWT, ty = threadIdx.x / DWT;	// v, first k
 	constexpr int KPT = DWT * DWT / DW_NT;				// k's a thread
+	// split s (grid y) sums the chunks of rows [s·rps, (s+1)·rps)
+	const long long chunks = (rows + DWT - 1) / DWT;
+	const long long rps = (chunks + splits - 1) / splits * DWT;
+	const int s = blockIdx.y;
+	const long long r_begin = s * rps, r_end = min(rows, r_begin + rps);
 	for (int tile = blockIdx.x; tile < TK * TV; tile += gridDim.x) {
 		const int k0 = tile / TV * DWT, v0 = tile % TV * DWT;
 		float acc[KPT];
 #pragma unroll
 		for (int j = 0; j < KPT; ++j)
 			acc[j] = 0.0f;
-		for (long long c0 = 0; c0 < rows; c0 += DWT) {
+		for (long long c0 = r_begin; c0 < r_end; c0 += DWT) {
 			for (int i = threadIdx.x; i < DWT * DWT; i += DW_NT) {
 				const int rr = i / DWT, cc = i % DWT;
 				const long long r = c0 + rr;
-				xs[rr][cc] = r < rows && k0 + cc < E ? dg_ld(x, r * E + k0 + cc) : 0.0f;
-				ds[rr][cc] = r < rows && v0 + cc < V ? dg_ld(dlogits, r * V + v0 + cc) : 0.0f;
+				xs[rr][cc] = r < r_end && k0 + cc < E ? dg_ld(x, r * E + k0 + cc) : 0.0f;
+				ds[rr][cc] = r < r_end && v0 + cc < V ? dg_ld(dlogits, r * V + v0 + cc) : 0.0f;
 			}
 			__syncthreads();
 #pragma unroll 8
@@ -254,10 +266,24 @@ dg_lmhead_ce_dw(const ${XT} *__restrict__ x, const ${DT} *__restrict__ dlogits, 
 		for (int j = 0; j < KPT; ++j) {
 			const int k = k0 + ty + j * (DW_NT / DWT), v = v0 + tx;
 			if (k < E && v < V) {
-				float *o = dw + (long long)k * V + v;
-				*o = accumulate ? __fadd_rn(*o, acc[j]) : acc[j];
+				// one split: dw itself; more: this split's part (s, E, V)
+				float *o = out + (long long)s * E * V + (long long)k * V + v;
+				*o = splits == 1 && accumulate ? __fadd_rn(*o, acc[j]) : acc[j];
 			}
 		}
+	}
+}
+
+// dw (accumulate: +)= the splits' parts summed in order s = 0, 1, ...
+extern "C" __global__ void __launch_bounds__(DW_NT)
+dg_lmhead_ce_dw_sum(const float *__restrict__ part, float *__restrict__ dw, int splits, int accumulate)
+{
+	for (long long i = (long long)blockIdx.x * DW_NT + threadIdx.x; i < (long long)E * V;
+	     i += (long long)gridDim.x * DW_NT) {
+		float acc = part[i];
+		for (int s = 1; s < splits; ++s)
+			acc = __fadd_rn(acc, part[(long long)s * E * V + i]);
+		dw[i] = accumulate ? __fadd_rn(dw[i], acc) : acc;
 	}
 }
 ]]
@@ -277,8 +303,8 @@ function M.plan(spec)
   local E = SPEC.int_field(spec, "embd", 4)
   local V = SPEC.int_field(spec, "vocab", 2)
   local arch = SPEC.int_field(spec, "arch", 0)
-  local p, err = TILES.threads_plan(spec, { "dg_lmhead_ce", "dg_lmhead_ce_loss", "dg_lmhead_ce_dw" },
-                                "lmhead_ce.cu")
+  local p, err = TILES.threads_plan(spec, { "dg_lmhead_ce", "dg_lmhead_ce_loss", "dg_lmhead_ce_dw",
+                                        "dg_lmhead_ce_dw_sum" }, "lmhead_ce.cu")
   if not p then return nil, err end
   local br = rows_a_block(E, V, arch)
   if not br then
@@ -288,6 +314,7 @@ function M.plan(spec)
   p.path = "fused-rows"
   p.entries[1].smem = br * (E + V) * 4
   p.entries[3].threads = DW_NT
+  p.entries[4].threads = DW_NT
   p.br = br
   return p
 end
@@ -311,8 +338,9 @@ function M.render(spec, plan)
     fmt("dg_lmhead_ce(const %s *x, const %s *w, const int *targets, float *row_loss, %s *dlogits,", v.XT, v.WT, v.DT),
     fmt("    float *dx, long long rows, float inv_rows, const float *grad_scale, int backward, int *bad)   any grid, %d threads", nt),
     fmt("dg_lmhead_ce_loss(const float *row_loss, long long rows, float *loss)   <<<1, %d>>>", nt),
-    fmt("dg_lmhead_ce_dw(const %s *x, const %s *dlogits, float *dw, long long rows, int accumulate)", v.XT, v.DT),
-    fmt("    any grid (%d tiles), %d threads", ((E + DWT - 1) // DWT) * ((V + DWT - 1) // DWT), DW_NT),
+    fmt("dg_lmhead_ce_dw(const %s *x, const %s *dlogits, float *out, long long rows, int splits, int accumulate)", v.XT, v.DT),
+    fmt("    grid (any: %d tiles, splits), %d threads: out = dw (splits 1) or the parts (splits, E, V)", ((E + DWT - 1) // DWT) * ((V + DWT - 1) // DWT), DW_NT),
+    fmt("dg_lmhead_ce_dw_sum(const float *part, float *dw, int splits, int accumulate)   any grid, %d threads", DW_NT),
   }
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "loss.lua", about))

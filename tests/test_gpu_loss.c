@@ -238,6 +238,10 @@ Test(gpu_loss, lmhead_ce_small)
 				for (int v = 0; v < 3; v++)
 					for (int r = 0; r < 2; r++)
 						lm_case(dev, FL[a], FL[b], E[e], V[v], R[r], 0, (e + v + r) % 2, false);
+	/* R 1000: dw in 8 splits of 128 rows, the last one ragged; with and
+	 * without accumulate */
+	lm_case(dev, DG_FMT_BF16, DG_FMT_F32, 96, 50, 1000, 0, true, false);
+	lm_case(dev, DG_FMT_F32, DG_FMT_BF16, 256, 256, 1000, 0, false, false);
 	/* a vocabulary whose logits leave room for one row a block */
 	lm_case(dev, DG_FMT_F32, DG_FMT_F32, 256, 30000, 5, 0, false, false);
 	gh_close(dev);

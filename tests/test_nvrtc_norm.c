@@ -125,9 +125,11 @@ Test(nvrtc_norm, launch_info)
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
 	dg_spec s = spec_of("op=lmhead_ce");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_eq(p.n_entries, 3);
+	cr_assert_eq(p.n_entries, 4);
 	cr_assert_str_eq(p.entries[1].name, "dg_lmhead_ce_loss");
 	cr_assert_str_eq(p.entries[2].name, "dg_lmhead_ce_dw");
+	cr_assert_str_eq(p.entries[3].name, "dg_lmhead_ce_dw_sum");
+	cr_assert_eq(p.entries[3].threads, 256);
 	cr_assert_eq(p.entries[0].threads, 256);
 	cr_assert_eq(p.entries[0].smem, 16 * (256 + 256) * 4);
 	cr_assert_eq(p.entries[1].smem, 0);

@@ -3,13 +3,15 @@
  * templates/loss.lua). Three launches: the fused kernel (a block a few
  * rows: logits in shared memory, the row losses, and with backward
  * dlogits and dx), the mean of the row losses in a fixed order, and with
- * backward the dw GEMM over dlogits. Nothing uses atomics: the loss, dx
+ * backward the dw GEMM over dlogits (with splits of R a fourth: their sum
+ * in order). Nothing uses atomics: the loss, dx
  * and dw are bitwise the same run to run, on any device of the same arch.
  *
  * Workspace (caller-owned, dg_lmhead_ce_workspace): the row losses, R
  * floats, then (backward) dlogits (R, V) in f32, or bf16 when src is bf16,
- * each part 256-byte aligned. Its size depends on R, V, src and backward
- * only, so _check judges it without a device.
+ * then (backward, dw_splits > 1) the dw GEMM's parts (splits, E, V) f32,
+ * each part 256-byte aligned. Its size depends on R, E, V, src and
+ * backward only, so _check judges it without a device.
  */
 #include <stdio.h>
 
@@ -23,10 +25,35 @@ static size_t loss_bytes(int64_t rows)
 	return dg__op_align256((size_t)rows * sizeof(float));
 }
 
+/* The dw GEMM's splits of R (templates/loss.lua): chunks of 128 rows a
+ * split, at most 32, and parts (splits, E, V) f32 of at most 16 Mi floats;
+ * 1 (dw written directly) where that leaves one. From R, E and V alone, so
+ * dw's sums have the same order on any device. */
+static int dw_splits(const dg_spec *s, int64_t rows)
+{
+	int64_t ev = (int64_t)s->embd * s->vocab;
+	int64_t n = (rows + 127) / 128;
+	if (n > 32)
+		n = 32;
+	if (ev > 0 && n > (16LL << 20) / ev)
+		n = (16LL << 20) / ev;
+	return n < 2 ? 1 : (int)n;
+}
+
+/* Bytes of the row losses and (backward) dlogits, each part 256-byte
+ * aligned; the dw parts follow where dw_splits > 1. */
+static size_t dlogits_bytes(const dg_spec *s, int64_t rows)
+{
+	return dg__op_align256((size_t)rows * (size_t)s->vocab * (s->src == DG_FMT_BF16 ? 2 : 4));
+}
+
 static size_t ws_need(const dg_spec *s, int64_t rows, bool backward)
 {
-	size_t dl = backward ? (size_t)rows * (size_t)s->vocab * (s->src == DG_FMT_BF16 ? 2 : 4) : 0;
-	return loss_bytes(rows) + dg__op_align256(dl);
+	if (!backward)
+		return loss_bytes(rows);
+	int sp = dw_splits(s, rows);
+	size_t parts = sp > 1 ? (size_t)sp * (size_t)s->embd * (size_t)s->vocab * sizeof(float) : 0;
+	return loss_bytes(rows) + dlogits_bytes(s, rows) + dg__op_align256(parts);
 }
 
 /* The call's own pointers: bad (an int32) and grad_scale (a float),
@@ -130,18 +157,19 @@ static dg_status ptrs(const dg_prepared *p, const dg__op_call *c, char *msg, siz
  * row losses), dx, rows (long long), inv_rows (float), grad_scale,
  * backward (int), bad; dlogits, dx and grad_scale 0 without backward.
  * The mean: row_loss, rows, loss. With backward the dw GEMM: x, dlogits,
- * dw, rows, accumulate (int).
+ * dw or the parts, rows, splits (int), accumulate (int); with splits > 1
+ * their sum: parts, dw, splits, accumulate.
  */
 dg_status dg__prep_lmhead_ce(dg_prepared *p, const dg__op_call *c)
 {
 	dg_device *dev = p->dev;
 	const dg_spec *spec = &p->spec;
-	dg_kernel *k[3];
-	static const char *const entries[3] = { FN, FN "_loss", FN "_dw" };
+	dg_kernel *k[4];
+	static const char *const entries[4] = { FN, FN "_loss", FN "_dw", FN "_dw_sum" };
 	dg_status st;
 
 	p->ptrs = ptrs;
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 4; i++)
 		if ((st = dg_kernel_get(dev, spec, entries[i], &k[i])))
 			return st;
 	dg_kernel_info info;
@@ -193,15 +221,32 @@ dg_status dg__prep_lmhead_ce(dg_prepared *p, const dg__op_call *c)
 	if (!backward)
 		return DG_OK;
 
-	/* dw: one block a 32x32 tile (templates/loss.lua) */
+	/* dw: one block a 32x32 tile and split of R (templates/loss.lua);
+	 * with splits the parts, then their sum in order */
+	int splits = dw_splits(spec, rows);
+	int64_t parts = (int64_t)(loss_bytes(rows) + dlogits_bytes(spec, rows));
 	long long tiles = dg__op_cdiv(spec->embd, 32) * dg__op_cdiv(spec->vocab, 32);
-	dg_launch l3 = { { dg__op_grid(tiles, 1, 1LL << 30), 1, 1 }, { 0, 0, 0 }, 0 };
+	dg_launch l3 = { { dg__op_grid(tiles, 1, 1LL << 30), (unsigned)splits, 1 }, { 0, 0, 0 }, 0 };
 	if (!(L = dg__prep_add(p, k[2], &l3, &st)))
 		return st;
 	dg__arg_data(p, L, 0);                        /* x */
 	dg__arg_ws(p, L, (int64_t)loss_bytes(rows)); /* dlogits */
-	dg__arg_data(p, L, 5);                        /* dw */
+	if (splits > 1)
+		dg__arg_ws(p, L, parts); /* the parts */
+	else
+		dg__arg_data(p, L, 5); /* dw */
 	dg__arg_i64(p, L, rows);
+	dg__arg_i32(p, L, splits);
+	DG__FLAG_OF(p, L, accumulate);
+	if (splits == 1)
+		return DG_OK;
+	int64_t ev = (int64_t)spec->embd * spec->vocab;
+	dg_launch l4 = { { dg__op_grid(ev, 256, 64LL * (sms > 0 ? sms : 1)), 1, 1 }, { 0, 0, 0 }, 0 };
+	if (!(L = dg__prep_add(p, k[3], &l4, &st)))
+		return st;
+	dg__arg_ws(p, L, parts);
+	dg__arg_data(p, L, 5); /* dw */
+	dg__arg_i32(p, L, splits);
 	DG__FLAG_OF(p, L, accumulate);
 	return DG_OK;
 }
