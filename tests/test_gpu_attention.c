@@ -1195,7 +1195,8 @@ Test(gpu_attention, warp_specialized_grad_xs)
 	const dg_tensor *a_m[5] = { &b_c, &b_qr, &b_rope, &b_d, &b_m };
 	static const dg_tile timed_tiles[] = {
 		{ 128, 128, 64, 8, 1, 3, 0 }, { 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 },
-		{ 64, 256, 64, 4, 1, 5, 0 },  { 64, 128, 64, 4, 1, 8, 0 },
+		{ 64, 256, 64, 4, 1, 5, 0 },  { 64, 128, 64, 4, 1, 8, 0 },  { 128, 256, 64, 8, 1, 3, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },
 	};
 	double flop = (double)s.B * s.H * (double)s.T * s.T * s.N * 2;
 	for (size_t k = 0; k < sizeof(timed_tiles) / sizeof(timed_tiles[0]); k++) {
@@ -1205,5 +1206,74 @@ Test(gpu_attention, warp_specialized_grad_xs)
 		report(dev, &ms, a_m, 5, flop);
 	}
 	free(rope), free(qr), free(c), free(dxs), free(mx);
+	gh_close(dev);
+}
+
+/* The chains with qr given (rope=pre): the forward writes RoPE(xs) there
+ * (rope_fwd's bytes) and needs no workspace, the backward reads it instead
+ * of making it again, and every output is the same bits as the chains
+ * that make qr in their workspace; qr with rope=load is refused by name. */
+Test(gpu_attention, chains_take_a_kept_qr)
+{
+	dg_device *dev = gh_open_sm90();
+	gh_seed(0xc4a3);
+	shape s = { 2, 2, 64, 128, 64 };
+	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
+	dg_fmt act = DG_FMT_BF16;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t ns = (size_t)B * H * T * T;
+	inputs in;
+	inputs_make(dev, act, &s, false, true, &in);
+	void *dxs0 = rand_act(DG_FMT_BF16, nx, -1.0f, NULL);
+	dg_spec sp = chain_spec(act, &s, true);
+	void *got[2][5];
+	for (int k = 0; k < 2; k++) {
+		dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
+		dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
+		dg_tensor t_q = dg_tensor_4d("qr", act, FF(nx * 2), B, H, T, N);
+		dg_tensor t_d = dg_tensor_4d("dxs", DG_FMT_BF16, UP(dxs0, nx * 2), B, H, T, N);
+		dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
+		dg_attention_fwd_args fa = { .xs = &in.t_xs, .v = &in.t_v, .rope = &in.t_rope, .scores = &t_s,
+					     .out = &t_o, .qr = k ? &t_q : NULL };
+		size_t need = 1;
+		cr_assert_eq(dg_attention_fwd_workspace(&sp, &fa, &need), DG_OK);
+		cr_assert_eq(need, k ? 0 : (nx * 2 + 255) / 256 * 256);
+		fa.ws = gh_workspace(dev, need);
+		cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_attention_bwd_args ba = { .grad = &in.t_g, .xs = &in.t_xs, .v = &in.t_v, .rope = &in.t_rope,
+					     .scores = &t_s, .grad_v = &t_gv, .dxs = &t_d, .qr = k ? &t_q : NULL };
+		size_t need_b = 0, c_bytes = ns * 2;
+		cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need_b), DG_OK);
+		cr_assert_eq(need_b, k ? c_bytes : (c_bytes + 255) / 256 * 256 + (nx * 2 + 255) / 256 * 256);
+		ba.ws = gh_workspace(dev, need_b);
+		cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
+		const dg_tensor *outs[4] = { &t_s, &t_o, &t_d, &t_gv };
+		for (int i = 0; i < 4; i++) {
+			size_t n = dg_tensor_bytes(outs[i]);
+			got[k][i] = gh_xmalloc(n);
+			gh_download(dev, got[k][i], outs[i]->data, n);
+		}
+		got[k][4] = gh_xmalloc(nx * 2);
+		gh_download(dev, got[k][4], k ? t_q.data : fa.ws.ptr, nx * 2);
+	}
+	static const char *const names[5] = { "scores", "out", "dxs", "grad_v", "qr" };
+	for (int i = 0; i < 5; i++) {
+		size_t n = i == 0 ? ns * 2 : i == 1 ? ng * 2 : i == 2 ? nx * 2 : i == 3 ? nv * 4 : nx * 2;
+		char what[64];
+		snprintf(what, sizeof(what), "chains with a kept qr: %s", names[i]);
+		gh_expect_bytes(what, got[1][i], got[0][i], n);
+		free(got[0][i]), free(got[1][i]);
+	}
+	/* rope=load has no qr */
+	dg_spec sl = chain_spec(act, &s, false);
+	dg_tensor t_q = dg_tensor_4d("qr", act, FF(nx * 2), B, H, T, N);
+	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
+	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
+	dg_attention_fwd_args fa = { .xs = &in.t_xs, .v = &in.t_v, .rope = &in.t_rope, .scores = &t_s, .out = &t_o,
+				     .qr = &t_q };
+	cr_assert_eq(dg_attention_fwd(dev, &sl, &fa), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "qr: given, but the spec's rope is load"), "%s", dg_device_errmsg(dev));
+	inputs_free(&in);
+	free(dxs0);
 	gh_close(dev);
 }

@@ -183,6 +183,54 @@ static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double lo
 	dg_model_weights_destroy(ggpu);
 }
 
+/* RoPE(xs) kept by the attention's forward for its backward (the plan's
+ * choice where it fits: bf16 activations on sm_90) or made again there
+ * (DRAGON_KEEP_QR=0): the same step, bit for bit — the loss and every
+ * gradient — and the kept plan's activations larger by B·H·T·N bf16 a
+ * layer. */
+static void keep_qr_case(dg_device *dev, const char *preset)
+{
+	char msg[1024];
+	dg_model_config c = dg_test_tiny_model(preset);
+	dg_model_weights *w = NULL, *g[2] = { NULL, NULL };
+	cr_assert_eq(dg_model_weights_create(&c, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	struct batch bt;
+	make_batch(&bt, 2, 16, 11, true);
+	double loss[2];
+	dg_model_memory mem[2];
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(dg_model_weights_create(&c, 0, &g[k], msg, sizeof(msg)), DG_OK);
+		if (k)
+			setenv("DRAGON_KEEP_QR", "0", 1);
+		dg_model *m = NULL;
+		dg_status st = dg_model_create(dev, w, 2, 16, &m);
+		unsetenv("DRAGON_KEEP_QR");
+		cr_assert_eq(st, DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+		dg_model_memory_of(m, &mem[k]);
+		cr_assert_eq(dg_model_step(m, &bt.b, &loss[k], g[k]), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+		dg_model_destroy(m);
+	}
+	printf("gpu_model %s keep_qr: loss %.9g / %.9g, activations %zu / %zu bytes\n", preset, loss[0], loss[1],
+	       mem[0].activations, mem[1].activations);
+	cr_expect(memcmp(&loss[0], &loss[1], sizeof(double)) == 0, "%s: loss %.17g kept, %.17g made again", preset,
+		  loss[0], loss[1]);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+		cr_expect(memcmp(g[0]->params[p], g[1]->params[p], dg_test_numel(&c, p) * sizeof(float)) == 0,
+			  "%s: grad %s differs", preset, dg_model_param_name((dg_model_param)p));
+	cr_expect_gt(mem[0].activations, mem[1].activations, "%s: the kept plan holds RoPE(xs)", preset);
+	dg_model_weights_destroy(w);
+	dg_model_weights_destroy(g[0]);
+	dg_model_weights_destroy(g[1]);
+}
+
+Test(gpu_model, kept_rope_queries_change_no_bit)
+{
+	dg_device *dev = gh_open_sm90();
+	keep_qr_case(dev, "bf16");
+	keep_qr_case(dev, "w8a8");
+	gh_close(dev);
+}
+
 Test(gpu_model, f32_matches_the_cpu_model)
 {
 	dg_device *dev = gh_open();

@@ -354,7 +354,11 @@ typedef struct dg_attention_fwd_args {
 	const dg_tensor *xs, *v, *rope;
 	const dg_tensor *scores; /* (B,H,T,T) act: saved for the backward */
 	const dg_tensor *out;
-	dg_workspace ws; /* rope=pre: qr; else unused */
+	dg_workspace ws; /* rope=pre: qr (unless qr is given); else unused */
+	/* rope=pre: where RoPE(xs) ((B,H,T,L) act) is written, to be given
+	 * to the backward, which then makes no RoPE pass; NULL: in the
+	 * workspace. rope=load: must be NULL. */
+	const dg_tensor *qr;
 } dg_attention_fwd_args;
 DG_API dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
 					    size_t *bytes);
@@ -365,6 +369,9 @@ typedef struct dg_attention_bwd_args {
 	const dg_tensor *grad_xs, *grad_v;
 	dg_workspace ws;
 	const dg_tensor *dxs; /* in place of grad_xs: the masked sum into it */
+	/* rope=pre: RoPE(xs) as the forward wrote it (its args' qr), read
+	 * instead of made again in the workspace; NULL: made. rope=load: NULL. */
+	const dg_tensor *qr;
 } dg_attention_bwd_args;
 DG_API dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
 					    size_t *bytes);

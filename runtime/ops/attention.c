@@ -372,7 +372,28 @@ dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd
 	*bytes = 0;
 	if (!is_attention_gemm(spec) || !a || (spec->rope_pre && !a->xs))
 		return DG_ERR_INVALID_ARG;
-	*bytes = qr_bytes(spec, a->xs);
+	*bytes = a->qr ? 0 : qr_bytes(spec, a->xs);
+	return DG_OK;
+}
+
+/* Whether a and b have one format and shape (strides: the op checks). */
+static bool same_layout(const dg_tensor *a, const dg_tensor *b)
+{
+	if (!a || !b || a->fmt != b->fmt || a->ndim != b->ndim)
+		return false;
+	for (int i = 0; i < a->ndim; i++)
+		if (a->shape[i] != b->shape[i])
+			return false;
+	return true;
+}
+
+/* A chain's qr given with rope=load, which has none: refused by name. */
+static dg_status qr_given_ok(dg_device *dev, const char *fn, const dg_spec *spec, const dg_tensor *qr)
+{
+	if (qr && !spec->rope_pre)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "%s: qr: given, but the spec's rope is load (RoPE on the GEMMs' loads: no qr); pass NULL or take rope=pre",
+				    fn);
 	return DG_OK;
 }
 
@@ -388,22 +409,28 @@ dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_SCORES), s2 = step_spec(spec, DG_OP_ATTENTION_OUT);
 	dg_tensor qr;
 	const dg_tensor *xs = a->xs;
+	dg_status st = qr_given_ok(dev, "dg_attention_fwd", spec, a->qr);
+	if (st)
+		return st;
 	if (spec->rope_pre) {
 		if (!a->xs)
 			return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_attention_fwd: xs is NULL");
-		dg_status st = x->preparing ? DG_OK
-					    : dg__op_workspace_ok(dev, "dg_attention_fwd", &a->ws,
-								  qr_bytes(spec, a->xs));
+		st = x->preparing || a->qr ? DG_OK
+					   : dg__op_workspace_ok(dev, "dg_attention_fwd", &a->ws,
+								 qr_bytes(spec, a->xs));
 		if (st)
 			return st;
-		qr = qr_tensor(a->xs, a->ws.ptr);
-		xs = &qr;
+		if (a->qr)
+			xs = a->qr;
+		else {
+			qr = qr_tensor(a->xs, a->ws.ptr);
+			xs = &qr;
+		}
 	}
 	dg_attention_scores_args sa = { .xs = xs, .rope = a->rope, .scores = a->scores };
 	dg_attention_out_args oa = { .scores = a->scores, .v = a->v, .out = a->out };
 	char msg[512];
 	/* all checked before anything is launched */
-	dg_status st = DG_OK;
 	if (checks_first(x)) {
 		if (spec->rope_pre)
 			st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
@@ -446,8 +473,8 @@ dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd
 	    (spec->rope_pre && !a->xs))
 		return DG_ERR_INVALID_ARG;
 	dg_tensor t = c_tensor(spec, a);
-	*bytes = (spec->rope_pre ? dg__op_align256(dg_tensor_bytes(&t)) : dg_tensor_bytes(&t)) +
-		 qr_bytes(spec, a->xs);
+	size_t qb = a->qr ? 0 : qr_bytes(spec, a->xs);
+	*bytes = (qb ? dg__op_align256(dg_tensor_bytes(&t)) : dg_tensor_bytes(&t)) + qb;
 	return DG_OK;
 }
 
@@ -475,7 +502,11 @@ dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 		s3.out = gt->fmt;
 	dg_spec_normalize(&s3);
 	size_t need = 0;
-	dg_status st = dg_attention_bwd_workspace(spec, a, &need);
+	dg_status st = qr_given_ok(dev, "dg_attention_bwd", spec, a->qr);
+	if (!st)
+		st = dg_attention_bwd_workspace(spec, a, &need);
+	if (st == DG_ERR_INVALID_ARG && a->qr && !spec->rope_pre)
+		return st;
 	if (st)
 		return dg__dev_fail(dev, st, "dg_attention_bwd: scores must be (B, H, T, T)%s",
 				    spec->rope_pre ? " and xs given" : "");
@@ -484,7 +515,11 @@ dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 		return st;
 	dg_tensor ct = c_tensor(spec, a), qr;
 	const dg_tensor *xs = a->xs;
-	if (spec->rope_pre) {
+	/* rope=pre: RoPE(xs) given (the forward's), or made after C */
+	const bool make_qr = spec->rope_pre && !a->qr;
+	if (a->qr)
+		xs = a->qr;
+	else if (make_qr) {
 		qr = qr_tensor(a->xs, a->ws.ptr + dg__op_align256(dg_tensor_bytes(&ct)));
 		xs = &qr;
 	}
@@ -495,8 +530,11 @@ dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 					 .mask_xs = a->dxs ? a->xs : NULL };
 	char msg[512];
 	if (checks_first(x)) {
-		if (spec->rope_pre)
+		if (make_qr)
 			st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
+		else if (a->qr && !same_layout(a->qr, a->xs))
+			snprintf(msg, sizeof(msg), "qr: not of xs's shape and format (RoPE(xs), as the forward wrote it)"),
+				st = DG_ERR_INVALID_ARG;
 		if (!st)
 			st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
 		if (!st)
@@ -506,7 +544,7 @@ dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 		if (st)
 			return dg__dev_fail_msg(dev, st, msg);
 	}
-	if (spec->rope_pre)
+	if (make_qr)
 		st = rope_into(x, spec, a->xs, a->rope, xs, NULL, 0);
 	if (!st)
 		st = dg__exec_args(x, &s1, &ga);

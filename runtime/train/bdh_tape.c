@@ -72,6 +72,17 @@ static void node3(dg__tape *t, dg__nkind k, int i0, int i1, int i2, int o0, int 
 	dg__tape_node(t, k, -1, in, 3, out, 3, 0);
 }
 
+int64_t dg__bdh_attn_qr_offset(int64_t B, int64_t H, int64_t T, dg_fmt act)
+{
+	int64_t sc = B * H * T * T * (int64_t)dg_fmt_row_bytes(act, 1);
+	return (sc + 255) / 256 * 256;
+}
+
+int64_t dg__bdh_attn_saved_bytes(int64_t B, int64_t H, int64_t T, int64_t N, dg_fmt act)
+{
+	return dg__bdh_attn_qr_offset(B, H, T, act) + B * H * T * N * (int64_t)dg_fmt_row_bytes(act, 1);
+}
+
 dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target *tg)
 {
 	const bool gpu = tg && tg->gpu;
@@ -206,8 +217,12 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		snprintf(nm, sizeof(nm), "attn.saved.%d", l);
 		/* what the attention's backward reads: the CPU's RoPE'd
 		 * queries, the GPU's scores */
-		svl[l] = gpu ? abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, T)
-			     : buf(t, nm, DG__B_SAVED, 4, B, H, T, N);
+		if (gpu && tg->keep_qr) /* scores, then RoPE(xs) (dg__bdh_target) */
+			svl[l] = abuf(t, DG_FMT_INT8, nm, DG__B_SAVED, 1, dg__bdh_attn_saved_bytes(B, H, T, N, act),
+				      0, 0, 0);
+		else
+			svl[l] = gpu ? abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, T)
+				     : buf(t, nm, DG__B_SAVED, 4, B, H, T, N);
 		int att = abuf(t, act, "att", DG__B_TEMP, 4, B, H, T, D);
 		snprintf(nm, sizeof(nm), "a.%d", l);
 		al[l] = view(t, a_all, l, (int)Ly, nm, 4, B, H, T, D);

@@ -65,7 +65,18 @@ typedef struct dg__bdh_target {
 	 * weight gradients (gexec) kept in the gradients' arena, summed over
 	 * a step's micro-batches, not temporaries */
 	bool keep_gexec;
+	/* the GPU's rope=pre attention (bf16 on sm_90): the forward keeps
+	 * RoPE(xs) for the backward, which then makes no RoPE pass; the
+	 * layer's saved attention buffer holds the scores, then (256-byte
+	 * aligned) RoPE(xs) (B,H,T,N) act, one buffer of bytes */
+	bool keep_qr;
 } dg__bdh_target;
+
+/* The keep_qr attention buffer's layout: the scores (B,H,T,T) in act,
+ * then RoPE(xs) (B,H,T,N) at dg__bdh_attn_qr_offset (256-byte aligned);
+ * its bytes. */
+int64_t dg__bdh_attn_qr_offset(int64_t B, int64_t H, int64_t T, dg_fmt act);
+int64_t dg__bdh_attn_saved_bytes(int64_t B, int64_t H, int64_t T, int64_t N, dg_fmt act);
 
 /* Records the step into t (initialized by the caller with c, B, T); the
  * caller adds workspaces (dg__tape_buf + node.ws) and plans. DG_ERR_NOMEM

@@ -220,11 +220,15 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	m->sm = di ? di->sm : sm;
 	m->bf16_grads = m->lowbit && m->sm == 90;
 	m->dec_gate = m->act == DG_FMT_BF16 && m->sm == 90;
+	/* RoPE(xs) kept where the attention reads it pre-made (its rope=pre
+	 * path: gpu_nodes.c attn_spec) and the caller asks (keep_qr) */
+	m->keep_qr = m->keep_qr && m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode;
 	m->qw_ws = -1;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
-			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1 };
+			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1,
+			      .keep_qr = m->keep_qr };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
@@ -296,6 +300,36 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	return DG_OK;
 }
 
+/* What build made: the nodes' prepared slots and the tape. */
+static void unbuild(dg_model *m)
+{
+	for (int n = 0; m->ex && n < m->t.n_nodes; n++)
+		dg__exec_free(&m->ex[n]);
+	free(m->ex);
+	m->ex = NULL;
+	dg__tape_free(&m->t);
+}
+
+static dg_status fits(dg_model *m, int accum, bool quiet);
+
+/* build, keeping RoPE(xs) for the attention's backward (keep_qr: no RoPE
+ * pass there, B·H·T·N act bytes a layer more) where that plan fits the
+ * device's free memory, else without. The step's numbers are the same
+ * bits either way (the backward would make the same qr again): 1.1 ms of
+ * RoPE passes a step fewer at 25M, B 8, T 512 on the H200, for 1.6 GB. */
+static dg_status build_fit(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum)
+{
+	/* DRAGON_KEEP_QR=0: never (the backward makes RoPE(xs) again) */
+	const char *env = getenv("DRAGON_KEEP_QR");
+	m->keep_qr = !(env && strcmp(env, "0") == 0);
+	dg_status st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
+	if (st || !m->keep_qr || fits(m, accum, true) == DG_OK)
+		return st;
+	unbuild(m);
+	m->keep_qr = false;
+	return build(m, dev, c, b, t, accum, 0, NULL, NULL);
+}
+
 dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t, dg_model_memory *out)
 {
 	if (!dev || !c || !out)
@@ -303,10 +337,10 @@ dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t, 
 			   : DG_ERR_INVALID_ARG;
 	dg_model m;
 	memset(&m, 0, sizeof(m));
-	dg_status st = build(&m, dev, c, b, t, 1, 0, NULL, NULL);
+	dg_status st = build_fit(&m, dev, c, b, t, 1);
 	if (!st)
 		dg__tape_report(&m.t, out);
-	dg__tape_free(&m.t);
+	unbuild(&m);
 	return st;
 }
 
@@ -318,10 +352,7 @@ void dg_model_destroy(dg_model *m)
 		m->tr_free(m);
 	for (int k = 0; k < DG__B__COUNT; k++)
 		(void)dg_free(m->dev, m->alloc[k]);
-	for (int n = 0; m->ex && n < m->t.n_nodes; n++)
-		dg__exec_free(&m->ex[n]);
-	free(m->ex);
-	dg__tape_free(&m->t);
+	unbuild(m);
 	(void)dg_free(m->dev, m->state);
 	(void)dg_free(m->dev, m->pos_d);
 	(void)dg_free(m->dev, m->freq_d);
@@ -488,13 +519,17 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 /* The planned arenas against the device's free memory, before any is
  * allocated: DG_ERR_NOMEM naming both, by bucket, when they do not fit
  * (a device that cannot say is let through: the allocation then tells). */
-static dg_status fits(dg_model *m, int accum)
+/* Whether the plan fits the device's free memory; quiet: the status
+ * alone, else the message says what needs how much. */
+static dg_status fits(dg_model *m, int accum, bool quiet)
 {
 	dg_model_memory mm;
 	dg__tape_report(&m->t, &mm);
 	size_t free_b = 0, total_b = 0;
 	if (dg_device_mem_info(m->dev, &free_b, &total_b) || mm.total <= free_b)
 		return DG_OK;
+	if (quiet)
+		return DG_ERR_NOMEM;
 	const double g = 1.0 / (1 << 30);
 	char acc[48] = "";
 	if (accum > 1)
@@ -560,9 +595,9 @@ dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t,
 	m->dev = dev;
 	dg_status st = decode ? decode_alloc(m, dev, &w->config, b) : DG_OK;
 	if (!st)
-		st = build(m, dev, &w->config, b, t, accum, 0, NULL, NULL);
+		st = build_fit(m, dev, &w->config, b, t, accum);
 	if (!st)
-		st = fits(m, accum);
+		st = fits(m, accum, false);
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
 		m->base[k] = 0;
 		if (m->t.arena[k])

@@ -24,6 +24,8 @@ struct dg_model {
 	bool lowbit;
 	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
 	bool dec_gate;              /* bf16 activations on sm_90: decoder_gate_bwd */
+	bool keep_qr;               /* RoPE(xs) saved by the attention's forward
+				     * (dg__bdh_target): where the plan fits */
 	dg__tape t;
 	struct dg__op_exec *ex;     /* each node's ops, prepared while sizing */
 	dg__bdh_ids id;

@@ -208,6 +208,24 @@ static dg_spec attn_spec(const dg_model *m, dg_op op)
 	return s; /* not normalized: the chains read embd and latent */
 }
 
+/* The layer's saved attention buffer: the scores (B,H,T,T), and with
+ * keep_qr RoPE(xs) (B,H,T,N) after them (runtime/train/bdh_tape.h), which
+ * the forward writes and the backward reads (qr NULL: not kept). */
+static dg_tensor attn_saved(const dg_model *m, int id, dg_tensor *qr)
+{
+	dg_tensor all = dg__gm_tn(m, id);
+	if (!m->keep_qr) {
+		if (qr)
+			qr->data = 0;
+		return all;
+	}
+	dg_tensor sc = dg_tensor_4d("scores", m->act, all.data, m->B, m->H, m->T, m->T);
+	if (qr)
+		*qr = dg_tensor_4d("qr", m->act, all.data + (dg_dptr)dg__bdh_attn_qr_offset(m->B, m->H, m->T, m->act),
+				   m->B, m->H, m->T, m->N);
+	return sc;
+}
+
 /* Whether the attention's backward adds its grad_xs into dxs in grad_xs's
  * own epilogue (epi=mask, the chain given dxs): where the warpgroup path
  * runs, whose staged epilogue moves dxs and xs in whole lines; so the f32
@@ -288,10 +306,11 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		if (m->decode) /* a token a row against the layer's state */
 			return attn_step(m, ex, nd, need);
 		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
-		dg_tensor xs = dg__gm_tn(m, in[0]), v = dg__gm_tn(m, in[1]), rope = dg__gm_tn(m, in[2]), sc = dg__gm_tn(m, out[1]),
+		dg_tensor qr, sc = attn_saved(m, out[1], &qr);
+		dg_tensor xs = dg__gm_tn(m, in[0]), v = dg__gm_tn(m, in[1]), rope = dg__gm_tn(m, in[2]),
 			  o = dg__gm_tn(m, out[0]);
 		dg_attention_fwd_args a = { .xs = &xs, .v = &v, .rope = &rope, .scores = &sc, .out = &o,
-					    .ws = ws };
+					    .ws = ws, .qr = m->keep_qr ? &qr : NULL };
 		if (need) {
 			dg_status st = dg_attention_fwd_workspace(&s, &a, need);
 			if (st)
@@ -435,12 +454,14 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		 * (grad_xs's epi=mask; the workspace holds C and qr only), or
 		 * the chain's grad_xs into the workspace's tail, then add_mask */
 		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
-		dg_tensor g = dg__gm_tn(m, in[0]), sc = dg__gm_tn(m, in[1]), v = dg__gm_tn(m, in[2]), xs = dg__gm_tn(m, in[3]),
+		dg_tensor qr, sc = attn_saved(m, in[1], &qr);
+		dg_tensor g = dg__gm_tn(m, in[0]), v = dg__gm_tn(m, in[2]), xs = dg__gm_tn(m, in[3]),
 			  dxs = dg__gm_tn(m, out[0]), dv = dg__gm_tn(m, out[1]), rope = dg__gm_tn(m, m->id.rope);
 		bool fused = attn_fused(m);
 		size_t c_bytes = 0, gx_bytes = fused ? 0 : (size_t)dg_tensor_numel(&xs) * sizeof(float);
 		dg_attention_bwd_args a = { .grad = &g, .xs = &xs, .v = &v, .rope = &rope, .scores = &sc,
-					    .grad_v = &dv, .dxs = fused ? &dxs : NULL };
+					    .grad_v = &dv, .dxs = fused ? &dxs : NULL,
+					    .qr = m->keep_qr ? &qr : NULL };
 		dg_status st = dg_attention_bwd_workspace(&s, &a, &c_bytes);
 		if (st)
 			return dg__dev_fail(dev, st, "the attention's backward: no workspace size");
