@@ -96,8 +96,23 @@ profile, w8a8): the attention's backward 6.0 ms a step where grad_xs at f32
 and add_mask made it 8.1 (tests/test_gpu_attention.c
 bdh_shape_epi_mask_warpgroup prints the op's own time beside the pair's).
 The mma.sync path's pair-store form is not measured against the pair it
-replaces (the model does not run it). Next: scores on a 128x256 tile, and
-RoPE out of the x projection's epilogue.
+replaces (the model does not run it).
+Since 2026-12-03 both rope=pre GEMMs default to the warp-specialized path
+(templates/attention_tma.lua; grad_xs at T % 8 != 0 the cp.async ring):
+scores 174 us a layer (394 TFLOP/s useful, was 377 on the cp.async ring);
+grad_xs epi=mask 692 us on 128x128 with 5 stages, 687 on the cp.async
+ring's 3 (2 blocks an SM), 690 with 6, 900 on 128x256, 990-1090 on BM 64
+tiles (test_gpu_attention warp_specialized_grad_xs prints them): how its
+operands are loaded does not move it. It is bound by traffic: a 128x128
+tile re-reads 256 KB of operands from L2 for K = T = 512 (2.1 GB a layer,
+16 bytes an output) beside its epilogue's dxs, mask_xs and table (1.07 GB
+of HBM), and the epilogue does not overlap the next tile's MMAs. Next:
+A shared by TMA multicast across a cluster along N, a persistent grid
+whose epilogue overlaps the next tile's loads, RoPE out of the x
+projection's epilogue. The model's forward keeps RoPE(xs) for the
+backward where the plan fits (runtime/train/gpu_model.c keep_qr), so the
+backward chain runs no rope_fwd: attention backward 6.02 -> 4.89 ms a
+step (w8a8, B 8, T 512).
 ]]
 local SPEC = require("spec")
 local TILES = require("tiles")
