@@ -35,6 +35,7 @@
 
 #include "gpu_helpers.h"
 #include "helpers.h"
+#include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 
 extern char **environ;

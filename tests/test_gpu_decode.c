@@ -37,6 +37,7 @@
 #include "dragon/ops.h"
 #include "dragon/rng.h"
 #include "gpu_helpers.h"
+#include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 #include "runtime/train/model_int.h"
 

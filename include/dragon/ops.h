@@ -474,13 +474,14 @@ DG_API dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhe
  * logits (R, V) f32 = x (R, D) spec->src · w (D, V) f32, each logit summed
  * in double with k increasing and rounded once to f32: bit for bit the
  * host's double sum in that order (dg_ref_lmhead_logits, dg_model_logits).
- * What a decoder reads back a token; R is its few rows. No workspace. */
+ * What a decoder reads back a token; R is its few rows. No workspace.
+ * Launched through dg_prepare / dg_prepared_launch with these arguments
+ * (no one-call form among the exports). */
 typedef struct dg_lmhead_logits_args {
 	const dg_tensor *x;      /* (R, D) spec->src */
 	const dg_tensor *w;      /* (D, V) f32 */
 	const dg_tensor *logits; /* (R, V) f32 */
 } dg_lmhead_logits_args;
-DG_API dg_status dg_lmhead_logits(dg_device *dev, const dg_spec *spec, const dg_lmhead_logits_args *a);
 
 /* ---- gate (BDH's xy = dropout(xs · ys)) -----------------------------------
  * (B,H,T,N) tensors, H and N the spec's, B and T the call's; act f32 or bf16,

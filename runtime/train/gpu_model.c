@@ -836,7 +836,6 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 	if (!st)
 		st = dg_memcpy_dtoh(dev, lm, dg__gm_tn(m, m->id.params[DG_PARAM_LM_HEAD]).data,
 				    (size_t)m->D * m->V * sizeof(float));
-	const float *lmh = lm;
 	for (int r = 0; r < m->B && !st; r++) {
 		const uint8_t *xr = x + (size_t)r * row;
 		for (int v = 0; v < m->V; v++) {
@@ -850,7 +849,7 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 				} else {
 					memcpy(&xk, xr + (size_t)k * 4, 4);
 				}
-				z += (double)xk * lmh[(int64_t)k * m->V + v];
+				z += (double)xk * lm[(int64_t)k * m->V + v];
 			}
 			out[(int64_t)r * m->V + v] = (float)z;
 		}
