@@ -13,8 +13,10 @@
  * (RoPE's phase is computed, not looked up), so a token at position
  * 65536 costs what it costs after a prefill of 65536 tokens. Then
  * --warmup tokens, then --tokens tokens timed on the host, each
- * dg__model_decode of one token a row (what dg_model_decode runs), its
- * logits read back and the next token picked greedily (what `dragon
+ * dg__model_decode of one token a row (what dg_model_decode runs: one
+ * upload, the token's work replayed as one CUDA graph — --graph off runs
+ * it op by op instead — the logits computed on the device and read
+ * back) and the next token picked greedily on the host (what `dragon
  * sample` waits for). A row: {context, batch, ms_per_token (a step: one
  * token for every row), tokens_per_s (batch / a step's time), forward_ms
  * (the same forward alone, --tokens of them queued back to back then one
@@ -23,7 +25,7 @@
  * batches 1 and 64 (--batches). One JSON document to --out (and stdout).
  *
  * Usage: sample [--preset P] [--tokens N] [--warmup N] [--batches 1,64]
- *               [--contexts 512,4096,16384,65536] [--out FILE]
+ *               [--contexts 512,4096,16384,65536] [--graph on|off] [--out FILE]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +53,7 @@ typedef struct sample_run {
 	const dg_model_config *c;
 	const char *preset;
 	int tokens, warmup;
+	bool graph;
 } sample_run;
 
 /* The rows of decoder m (B rows) at each context into rows; false (the
@@ -61,6 +64,7 @@ static bool run_contexts(const sample_run *r, dg_model *m, int B, const int *con
 	int32_t *tok = calloc((size_t)B, sizeof(int32_t)), *tgt = calloc((size_t)B, sizeof(int32_t));
 	float *z = malloc((size_t)B * V * sizeof(float));
 	dg_status st = tok && tgt && z ? DG_OK : DG_ERR_NOMEM;
+	st = dg__model_decode_graph(m, r->graph);
 	for (int ci = 0; ci < n && !st; ci++) {
 		for (int i = 0; i < B; i++) {
 			m->pos[i] = contexts[ci];
@@ -113,13 +117,14 @@ static void add_notes(cJSON *doc)
 {
 	static const char *const notes[] = {
 		"a token a row from the decoder's state (gpu_decode.c: what dg_model_state_create and "
-		"dg_model_decode run on a device), one dg__model_decode call a token, logits read back and the "
-		"next token picked on the host",
+		"dg_model_decode run on a device), one dg__model_decode call a token: positions and tokens "
+		"uploaded in one copy, the token's work replayed as one CUDA graph (graph: false runs it op by "
+		"op), the logits computed on the device and read back; the next token picked on the host",
 		"contexts reached by setting each row's position, no prefill: the state stays as created (zeros); "
 		"a token's work does not depend on the state's content or its position",
 		"ms_per_token: host time of a step (one token for every row); tokens_per_s = batch / that",
-		"forward_ms: the same forward alone (dg_model_run, --tokens queued, one sync): no read-back, no "
-		"logits; ms_per_token - forward_ms is the host's share",
+		"forward_ms: the same forward op by op (dg_model_run, --tokens queued, one sync, its loss node "
+		"too): no read-back, no logits; with the graph, ms_per_token may be below it",
 	};
 	cJSON *n = cJSON_AddArrayToObject(doc, "notes");
 	for (size_t i = 0; i < sizeof(notes) / sizeof(notes[0]); i++)
@@ -129,7 +134,7 @@ static void add_notes(cJSON *doc)
 static int usage(void)
 {
 	fprintf(stderr, "usage: sample [--preset P] [--tokens N] [--warmup N] [--batches 1,64] "
-			"[--contexts 512,4096,16384,65536] [--out FILE]\n");
+			"[--contexts 512,4096,16384,65536] [--graph on|off] [--out FILE]\n");
 	return 2;
 }
 
@@ -138,6 +143,7 @@ int main(int argc, char **argv)
 	const char *preset = "bf16", *out_path = NULL;
 	int tokens = 100, warmup = 10, batches[MAX_LIST] = { 1, 64 }, nb = 2,
 	    contexts[MAX_LIST] = { 512, 4096, 16384, 65536 }, nc = 4;
+	bool graph = true;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		bool ok = true;
@@ -153,6 +159,8 @@ int main(int argc, char **argv)
 			ok = (nb = bc_parse_ints(v, batches, MAX_LIST, 1, 1 << 16)) > 0;
 		else if (!strcmp(a, "--contexts"))
 			ok = (nc = bc_parse_ints(v, contexts, MAX_LIST, 0, 1 << 24)) > 0;
+		else if (!strcmp(a, "--graph"))
+			ok = (graph = !strcmp(v, "on")) || !strcmp(v, "off");
 		else if (!strcmp(a, "--out"))
 			out_path = v;
 		else
@@ -198,9 +206,10 @@ int main(int argc, char **argv)
 	cJSON_AddNumberToObject(doc, "neurons", c.neurons);
 	cJSON_AddNumberToObject(doc, "tokens", tokens);
 	cJSON_AddNumberToObject(doc, "warmup", warmup);
+	cJSON_AddBoolToObject(doc, "graph", graph);
 	add_notes(doc);
 	cJSON_AddItemToObject(doc, "rows", rows);
-	sample_run r = { .dev = dev, .c = &c, .preset = preset, .tokens = tokens, .warmup = warmup };
+	sample_run r = { .dev = dev, .c = &c, .preset = preset, .tokens = tokens, .warmup = warmup, .graph = graph };
 	int code = 0;
 	for (int bi = 0; bi < nb && !code; bi++) {
 		dg_model *m = NULL;

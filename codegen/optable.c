@@ -485,6 +485,21 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.check = DG_CHECK_NORM,
 		.build = "src=f32,bf16",
 	},
+	[DG_OP_LMHEAD_LOGITS] = {
+		.family = "loss", .module = "logits",
+		.about = "lm_head logits for decoding: logits (R,V) f32 = x (R,D) . w (D,V) f32, each summed in double (k in order) and rounded once",
+		.fields = F(ARCH) | F(EMBD) | F(SRC) | F(TILE) | F(VOCAB),
+		.tile = DG_TILE_THREADS,
+		.src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 3, .args = {
+			{ "x", false, DG_ARG_SRC, false, 2, { DIM(R), DIM(D) } },
+			{ "w", false, DG_ARG_F32, false, 2, { DIM(D), DIM(V) } },
+			{ "logits", true, DG_ARG_F32, false, 2, { DIM(R), DIM(V) } } },
+		.tune = { .r_mul = 1, .r_div = 1 },
+		.check = DG_CHECK_EXACT,
+		.build = "src=f32,bf16",
+	},
 	/* ---- the gate (BDH's xy = dropout(xs · ys)) and the training step's
 	 * element-wise glue. The dropout mask is dragon/rng.h's
 	 * dg_dropout_keep of the flat element index plus the call's elem0; p,

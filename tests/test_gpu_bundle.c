@@ -35,6 +35,7 @@
 
 #include "gpu_helpers.h"
 #include "helpers.h"
+#include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 
 extern char **environ;
@@ -257,6 +258,10 @@ static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 		dg_lmhead_ce_args a = { .x = t0, .w = t1, .targets = t2, .loss = t3, .dx = t4, .dw = t5,
 					.backward = true, .ws = c->ws };
 		return ws_bytes ? dg_lmhead_ce_workspace(dev, s, &a, ws_bytes) : dg_lmhead_ce(dev, s, &a);
+	}
+	case DG_OP_LMHEAD_LOGITS: {
+		dg_lmhead_logits_args a = { .x = t0, .w = t1, .logits = t2 };
+		return ws_bytes ? DG_OK : dg_lmhead_logits(dev, s, &a);
 	}
 	/* attention: RoPE and the five GEMMs, each alone */
 	case DG_OP_ROPE_FWD: {

@@ -14,7 +14,15 @@
  *   - three rows at once, restarted with their prompts, then in lock-step,
  *     each row its own full forward's; a restart empties the state;
  *   - refusals: a model planned for batches, a token outside the
- *     vocabulary.
+ *     vocabulary;
+ *   - the token's work replayed as a CUDA graph (the default) against the
+ *     same decoder run op by op (dg__model_decode_graph off): the logits
+ *     bit for bit, a prompt and 30 tokens of 3 rows, f32 and bf16; and
+ *     each the host's double sum of x_final times lm_head bit for bit
+ *     (dg_model_logits's numbers);
+ *   - lmhead_logits (the logits op) against dg_ref_lmhead_logits bit for
+ *     bit, f32 and bf16 x, rows 1 to 130, a vocabulary not a multiple of
+ *     the block; the reference by hand first (a sum f32 would lose).
  * Skip without a device (gh_open); fail instead with DRAGON_REQUIRE_GPU=1.
  */
 #include <criterion/criterion.h>
@@ -24,9 +32,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dragon/fmt.h"
 #include "dragon/model.h"
+#include "dragon/ops.h"
 #include "dragon/rng.h"
 #include "gpu_helpers.h"
+#include "runtime/ops/checks.h"
+#include "runtime/ref/ref_ops.h"
 #include "runtime/train/model_int.h"
 
 enum { V = 256, TMAX = 256 };
@@ -181,5 +193,142 @@ Test(gpu_decode, batched_rows_and_restart, .timeout = 600)
 	dg_model_destroy(dec);
 	dg_model_destroy(full);
 	dg_model_weights_destroy(w);
+	gh_close(dev);
+}
+
+/* The host's logits of decoder m's x_final (B rows): Σ_k x·lm_head in
+ * double, k in order (dg_model_logits's sums). */
+static void host_logits(dg_device *dev, dg_model *m, const dg_model_weights *w, int B, float *z)
+{
+	enum { DMAX = 64 };
+	const int D = w->config.embd;
+	cr_assert_leq(D, DMAX);
+	dg_fmt f;
+	dg_dptr xd = dg_model_hidden_addr(m, &f);
+	const size_t es = f == DG_FMT_BF16 ? 2 : 4;
+	uint8_t raw[4 * DMAX * 4];
+	float x[4 * DMAX];
+	cr_assert_leq(B, 4);
+	gh_download(dev, raw, xd, (size_t)B * D * es);
+	for (int i = 0; i < B * D; i++) {
+		if (es == 2) {
+			uint16_t h;
+			memcpy(&h, raw + 2 * i, 2);
+			x[i] = dg_bf16_to_f32(h);
+		} else {
+			memcpy(&x[i], raw + 4 * i, 4);
+		}
+	}
+	dg_ref_lmhead_logits(x, w->params[DG_PARAM_LM_HEAD], B, D, V, z);
+}
+
+static void graph_against_eager(dg_device *dev, const char *preset)
+{
+	enum { B = 3, NP = 7, LEN = 30 };
+	dg_model_weights *w = weights_of(preset, 31);
+	dg_model *eager, *graph;
+	cr_assert_eq(dg__model_decoder_create(dev, w, B, &eager), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg__model_decoder_create(dev, w, B, &graph), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg__model_decode_graph(eager, false), DG_OK);
+	cr_assert_eq(dg__model_decode_graph(graph, true), DG_OK);
+	static int32_t prompt[B * NP], tok[B];
+	static float ze[B * V], zg[B * V], zh[B * V];
+	dg_rng r;
+	dg_rng_seed(&r, 37);
+	for (int i = 0; i < B * NP; i++)
+		prompt[i] = dg_rng_int(&r, 0, V - 1);
+	/* the prompt: token 1 eager, the graph captured at token 2, then replayed */
+	cr_assert_eq(dg__model_decode(eager, prompt, NP, true, ze), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg__model_decode(graph, prompt, NP, true, zg), DG_OK, "%s", dg_device_errmsg(dev));
+	for (int k = 0; k <= LEN; k++) {
+		cr_assert(memcmp(ze, zg, sizeof(ze)) == 0, "%s after %d tokens: the graph's logits are not the eager ones",
+			  preset, NP + k);
+		host_logits(dev, graph, w, B, zh);
+		cr_assert(memcmp(zg, zh, sizeof(zh)) == 0,
+			  "%s after %d tokens: the device's logits are not the host's double sums of x_final", preset,
+			  NP + k);
+		for (int b = 0; b < B; b++)
+			tok[b] = dg_rng_int(&r, 0, V - 1);
+		if (k == LEN)
+			break;
+		cr_assert_eq(dg__model_decode(eager, tok, 1, false, ze), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(dg__model_decode(graph, tok, 1, false, zg), DG_OK, "%s", dg_device_errmsg(dev));
+	}
+	/* a restart replays the same graph from an empty state */
+	cr_assert_eq(dg__model_decode(eager, prompt, NP, true, ze), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg__model_decode(graph, prompt, NP, true, zg), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert(memcmp(ze, zg, sizeof(ze)) == 0, "%s: after a restart the graph's logits are not the eager ones",
+		  preset);
+	printf("gpu decode %s: graph replay = eager, bit for bit, %d tokens of %d rows\n", preset, NP + LEN, B);
+	dg_model_destroy(eager);
+	dg_model_destroy(graph);
+	dg_model_weights_destroy(w);
+}
+
+Test(gpu_decode, graph_replay_equals_eager_bit_for_bit, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	graph_against_eager(dev, "f32");
+	graph_against_eager(dev, "bf16");
+	gh_close(dev);
+}
+
+/* lmhead_logits of rows R of E against the reference, bit for bit. */
+static void logits_case(dg_device *dev, dg_fmt src, int R, int E, int NV)
+{
+	size_t xb;
+	void *x = gh_rand_storage(src, (size_t)R * E, &xb);
+	float *w = gh_rand_storage(DG_FMT_F32, (size_t)E * NV, NULL);
+	float *xf = gh_xmalloc((size_t)R * E * sizeof(float));
+	float *want = gh_xmalloc((size_t)R * NV * sizeof(float)), *got = gh_xmalloc((size_t)R * NV * sizeof(float));
+	for (size_t i = 0; i < (size_t)R * E; i++)
+		xf[i] = src == DG_FMT_BF16 ? dg_bf16_to_f32(((uint16_t *)x)[i]) : ((float *)x)[i];
+	dg_ref_lmhead_logits(xf, w, R, E, NV, want);
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_LMHEAD_LOGITS);
+	s.src = src;
+	s.embd = E;
+	s.vocab = NV;
+	dg_device_info info;
+	dg_device_info_get(dev, &info);
+	s.arch = info.sm;
+	dg_spec_normalize(&s);
+	dg_tensor tx = dg_tensor_2d("x", src, gh_upload(dev, x, xb), R, E);
+	dg_tensor tw = dg_tensor_2d("w", DG_FMT_F32, gh_upload(dev, w, (size_t)E * NV * 4), E, NV);
+	dg_tensor tz = dg_tensor_2d("logits", DG_FMT_F32, gh_alloc_ff(dev, (size_t)R * NV * 4), R, NV);
+	dg_lmhead_logits_args a = { .x = &tx, .w = &tw, .logits = &tz };
+	cr_assert_eq(dg_lmhead_logits(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	gh_download(dev, got, tz.data, (size_t)R * NV * 4);
+	char what[96];
+	snprintf(what, sizeof(what), "lmhead_logits %s R=%d E=%d V=%d", dg_fmt_name(src), R, E, NV);
+	gh_expect_bytes(what, got, want, (size_t)R * NV * 4);
+	free(x);
+	free(w);
+	free(xf);
+	free(want);
+	free(got);
+}
+
+Test(gpu_decode, lmhead_logits_is_the_double_sum, .timeout = 300)
+{
+	/* by hand: (1, 2)·((3, 4), (5, 6)) = (13, 16); and 1·1e8 + 1·1 + 1·(−1e8)
+	 * = 1 in double, where f32 would give 0 (1e8 + 1 rounds to 1e8) */
+	const float x[3] = { 1, 2, 0 }, w[6] = { 3, 4, 5, 6, 0, 0 };
+	float z[2];
+	dg_ref_lmhead_logits(x, w, 1, 3, 2, z);
+	cr_assert(z[0] == 13.0f && z[1] == 16.0f, "(%g, %g), not (13, 16)", z[0], z[1]);
+	const float x1[3] = { 1, 1, 1 }, w1[3] = { 1e8f, 1.0f, -1e8f };
+	dg_ref_lmhead_logits(x1, w1, 1, 3, 1, z);
+	cr_assert(z[0] == 1.0f, "%g, not 1: the sum is not in double", z[0]);
+
+	dg_device *dev = gh_open();
+	gh_seed(41);
+	const int rows[] = { 1, 3, 64, 130 };
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		logits_case(dev, DG_FMT_F32, rows[i], 256, 256);
+		logits_case(dev, DG_FMT_BF16, rows[i], 256, 256);
+	}
+	logits_case(dev, DG_FMT_BF16, 5, 32, 50); /* V past the last block's columns */
+	logits_case(dev, DG_FMT_F32, 2, 4, 300);
 	gh_close(dev);
 }

@@ -17,7 +17,9 @@
  *   - each op's _check refuses a call naming what is wrong: a misshapen or
  *     wrong-format tensor, eps, lmhead_ce's workspace (missing, short,
  *     misaligned), its backward tensors, zero rows, a misaligned bad flag;
- *     and dg_lmhead_ce_workspace sizes the workspace with no device.
+ *     and dg_lmhead_ce_workspace sizes the workspace with no device;
+ *   - lmhead_logits: its plan (one entry, t64 by default) and its compile
+ *     for sm_90 and sm_90a at the decoder's shapes and large ones.
  */
 #include <math.h>
 #include <stdio.h>
@@ -340,4 +342,46 @@ Test(nvrtc_norm, lmhead_ce_checks_and_workspace)
 	cr_assert_eq(dg_lmhead_ce_workspace(NULL, &s, &a, &need), DG_ERR_INVALID_ARG);
 	cr_assert_eq(need, 0u);
 	cr_assert_eq(dg_lmhead_ce_workspace(NULL, &s, &a, NULL), DG_ERR_INVALID_ARG);
+}
+
+/* lmhead_logits (templates/logits.lua, a decoder's logits): one entry, t64
+ * by default (a decoder's few rows over 256 columns on several SMs), any
+ * thread count asked for; it compiles for sm_90 and sm_90a at the 25M
+ * shape (the decoder's spec: bf16 x_final; f32 for the f32 recipe) and at
+ * large vocabularies and widths. */
+Test(nvrtc_norm, lmhead_logits_plans_and_compiles)
+{
+	dg_codegen *cg = NULL;
+	dg_plan p;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	dg_spec s = spec_of("op=lmhead_logits;src=bf16");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_eq(p.n_entries, 1);
+	cr_assert_str_eq(p.entries[0].name, "dg_lmhead_logits");
+	cr_assert_eq(p.entries[0].threads, 64);
+	cr_assert_eq(p.entries[0].smem, 0);
+	s = spec_of("op=lmhead_logits;tile=t256");
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_eq(p.entries[0].threads, 256);
+	compile_one(cg, "op=lmhead_logits;src=bf16;embd=256;vocab=256");
+	compile_one(cg, "op=lmhead_logits;src=f32;embd=256;vocab=256");
+	compile_one(cg, "op=lmhead_logits;src=bf16;embd=4096;vocab=50304;tile=t1024");
+	compile_one(cg, "op=lmhead_logits;src=f32;embd=32;vocab=50;tile=t32");
+	/* sm_90a, as the GPU model's specs on an H200 ask */
+	static const char *const a90[] = { "op=lmhead_logits;src=bf16;arch=sm_90a",
+					   "op=lmhead_logits;src=f32;arch=sm_90a" };
+	for (int i = 0; i < 2; i++) {
+		dg_spec sa = spec_of(a90[i]);
+		dg_source *src = NULL;
+		dg__nvrtc_target t;
+		dg__nvrtc_result res;
+		cr_assert_eq(dg_codegen_render(cg, &sa, &src), DG_OK, "%s: %s", a90[i], dg_codegen_errmsg(cg));
+		cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
+		cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_OK, "%s: %s", a90[i], err);
+		cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not a cubin", a90[i]);
+		dg__nvrtc_result_free(&res);
+		dg_source_destroy(src);
+	}
+	refused_spec("op=lmhead_logits;weight=int8", "weight");
+	dg_codegen_destroy(cg);
 }

@@ -465,6 +465,11 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 					.backward = true, .ws = { (dg_dptr)0x4000000, (size_t)1 << 20 } };
 		return dg_lmhead_ce_check(s, &a, msg, size);
 	}
+	case DG_OP_LMHEAD_LOGITS: {
+		dg_lmhead_logits_args a = { .x = by_name(c, "x"), .w = by_name(c, "w"),
+					    .logits = by_name(c, "logits") };
+		return dg_lmhead_logits_check(s, &a, msg, size);
+	}
 	case DG_OP_GATE_FWD: {
 		dg_gate_fwd_args a = { .xs = by_name(c, "xs"), .ys = by_name(c, "ys"), .xy = by_name(c, "xy"),
 				       .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };

@@ -399,6 +399,9 @@ static dg_status direct_rows(const dg_spec *s, const dg_ref_call *c, void *out)
 		as_f32(s->src, c->in[0], n, a);
 		as_f32(s->weight, c->in[1], (size_t)E * (size_t)V, b);
 		return dg_ref_lmhead_ce(a, b, c->in[2], RUN_R, E, V, &loss, g, out, false, NULL);
+	case DG_OP_LMHEAD_LOGITS:
+		dg_ref_lmhead_logits(as_f32(s->src, c->in[0], n, a), c->in[1], RUN_R, E, V, out);
+		return DG_OK;
 	default:
 		return DG_ERR_INTERNAL;
 	}

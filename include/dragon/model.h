@@ -323,7 +323,11 @@ DG_API void dg_model_state_destroy(dg_model_state *s); /* NULL is fine */
  * logits (V). restart: the rows emptied first (a new prompt); else the
  * tokens follow what the rows hold (each row at its own position). The
  * CPU decoder takes a prompt in chunks. A token outside the vocabulary is
- * DG_ERR_INVALID_ARG naming its index, before the state changes.
+ * DG_ERR_INVALID_ARG naming its index, before the state changes. On a
+ * device a token is one small upload (positions and tokens) and one CUDA
+ * graph replay (captured at the state's second token), its logits made on
+ * the device — dg_model_logits's host double sums bit for bit — and read
+ * back once, after the last.
  */
 DG_API dg_status dg_model_decode(dg_model_state *s, int row, const int32_t *tokens, int n, bool restart,
 				 float *logits, char *msg, size_t msg_size);

@@ -58,6 +58,7 @@
  *   resid_ln_bwd   dout (R,D) f32, out (R,D) src, rstd → dx (+)=, dy
  *   lmhead_ce      x (R,D) src, w (D,V) weight (f32|bf16), targets (R) i32
  *                  → loss (1) f32; backward: dx (R,D) f32, dw (D,V) f32 (+)=
+ *   lmhead_logits  x (R,D) src, w (D,V) f32 → logits (R,V) f32 (double sums)
  * A token id outside 0..V-1 (embed_fwd's idx, lmhead_ce's targets) is never
  * read through: the op cannot see device data without a sync, so the
  * kernel makes that row harmless (a zero embedding row; row loss 0 and no
@@ -475,6 +476,19 @@ typedef struct dg_lmhead_ce_args {
 DG_API dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec,
 					const dg_lmhead_ce_args *a, size_t *bytes);
 DG_API dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_args *a);
+
+/* ---- lm_head logits (decoding) -------------------------------------------
+ * logits (R, V) f32 = x (R, D) spec->src · w (D, V) f32, each logit summed
+ * in double with k increasing and rounded once to f32: bit for bit the
+ * host's double sum in that order (dg_ref_lmhead_logits, dg_model_logits).
+ * What a decoder reads back a token; R is its few rows. No workspace.
+ * Launched through dg_prepare / dg_prepared_launch with these arguments
+ * (no one-call form among the exports). */
+typedef struct dg_lmhead_logits_args {
+	const dg_tensor *x;      /* (R, D) spec->src */
+	const dg_tensor *w;      /* (D, V) f32 */
+	const dg_tensor *logits; /* (R, V) f32 */
+} dg_lmhead_logits_args;
 
 /* ---- gate (BDH's xy = dropout(xs · ys)) -----------------------------------
  * (B,H,T,N) tensors, H and N the spec's, B and T the call's; act f32 or bf16,

@@ -67,6 +67,7 @@ extern "C" {
 	X(DG_OP_RESID_LN_FWD, resid_ln_fwd)                                 \
 	X(DG_OP_RESID_LN_BWD, resid_ln_bwd)                                 \
 	X(DG_OP_LMHEAD_CE, lmhead_ce)                                       \
+	X(DG_OP_LMHEAD_LOGITS, lmhead_logits)                               \
 	X(DG_OP_GATE_FWD, gate_fwd)                                         \
 	X(DG_OP_GATE_BWD, gate_bwd)                                         \
 	X(DG_OP_ADD_MASK, add_mask)                                         \

@@ -119,6 +119,7 @@ static const dg__args_layout layouts[DG_OP__COUNT] = {
 			      OPT(lmhead_ce, backward, bool), OPT(lmhead_ce, accumulate, bool),
 			      OPT(lmhead_ce, ws, dg_workspace), OPT(lmhead_ce, bad, dg_dptr),
 			      OPT(lmhead_ce, grad_scale, dg_dptr) },
+	[DG_OP_LMHEAD_LOGITS] = { SIZE(lmhead_logits), .t = { T3(lmhead_logits, x, w, logits) } },
 	/* gate */
 	[DG_OP_GATE_FWD] = { SIZE(gate_fwd), .t = { T3(gate_fwd, xs, ys, xy) }, DROPOUT(gate_fwd) },
 	[DG_OP_GATE_BWD] = { SIZE(gate_bwd), .t = { T4(gate_bwd, dxy, xs, ys, dxs) },

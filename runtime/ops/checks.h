@@ -75,6 +75,11 @@ dg_status dg_resid_ln_fwd_check(const dg_spec *spec, const dg_resid_ln_fwd_args 
 				char *msg, size_t msg_size);
 dg_status dg_resid_ln_bwd_check(const dg_spec *spec, const dg_resid_ln_bwd_args *a,
 				char *msg, size_t msg_size);
+dg_status dg_lmhead_logits_check(const dg_spec *spec, const dg_lmhead_logits_args *a, char *msg,
+				 size_t msg_size);
+/* lmhead_logits's one-call form (prepare and launch), for the library's
+ * own callers and the tests: the public door is dg_prepare. */
+dg_status dg_lmhead_logits(dg_device *dev, const dg_spec *spec, const dg_lmhead_logits_args *a);
 dg_status dg_lmhead_ce_check(const dg_spec *spec, const dg_lmhead_ce_args *a, char *msg,
 			     size_t msg_size);
 dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,

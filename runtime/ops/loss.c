@@ -12,6 +12,9 @@
  * then (backward, dw_splits > 1) the dw GEMM's parts (splits, E, V) f32,
  * each part 256-byte aligned. Its size depends on R, E, V, src and
  * backward only, so _check judges it without a device.
+ *
+ * And a decoder's logits (lmhead_logits, templates/logits.lua): x·w into
+ * global memory, each sum in double in a fixed order, no workspace.
  */
 #include <stdio.h>
 
@@ -268,5 +271,34 @@ dg_status dg_lmhead_ce_workspace(dg_device *dev, const dg_spec *spec, const dg_l
 	if (st)
 		return dev ? dg__dev_fail_msg(dev, st, msg) : st;
 	*bytes = ws_need(spec, sh.r, c.backward);
+	return DG_OK;
+}
+
+/* ---- lmhead_logits (templates/logits.lua) -------------------------------------
+ * One launch: x, w, logits, rows (long long); a block unit is 4 rows by
+ * the tile's columns (the template's BR), units grid-stride. R = 0
+ * launches nothing. */
+dg_status dg__prep_lmhead_logits(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	const dg_spec *spec = &p->spec;
+	long long rows = p->shape.r;
+	if (rows == 0)
+		return DG_OK;
+	dg_kernel *k;
+	dg_status st = dg_kernel_get(p->dev, spec, "dg_lmhead_logits", &k);
+	if (st)
+		return st;
+	int nt = dg_kernel_spec(k)->tile.threads;
+	int sms = dg__dev_info(p->dev)->sm_count;
+	long long units = dg__op_cdiv(rows, 4) * dg__op_cdiv(spec->vocab, nt);
+	dg_launch l = { { dg__op_grid(units, 1, 8LL * (sms > 0 ? sms : 1)), 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0); /* x */
+	dg__arg_data(p, L, 1); /* w */
+	dg__arg_data(p, L, 2); /* logits */
+	dg__arg_i64(p, L, rows);
 	return DG_OK;
 }

@@ -342,6 +342,17 @@ dg_status dg_lmhead_ce(dg_device *dev, const dg_spec *spec, const dg_lmhead_ce_a
 	return dg__op_typed_run(dev, DG_OP_LMHEAD_CE, spec, a);
 }
 
+dg_status dg_lmhead_logits_check(const dg_spec *spec, const dg_lmhead_logits_args *a, char *msg,
+				 size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_LMHEAD_LOGITS, spec, a, msg, msg_size);
+}
+
+dg_status dg_lmhead_logits(dg_device *dev, const dg_spec *spec, const dg_lmhead_logits_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_LMHEAD_LOGITS, spec, a);
+}
+
 /* ---- gate ---------------------------------------------------------------- */
 
 dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char *msg,

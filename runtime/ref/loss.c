@@ -75,3 +75,16 @@ dg_status dg_ref_lmhead_ce(const float *x, const float *w, const int32_t *target
 	free(gw);
 	return DG_OK;
 }
+
+void dg_ref_lmhead_logits(const float *x, const float *w, int64_t rows, int d, int vocab, float *out)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const float *xr = x + r * d;
+		for (int v = 0; v < vocab; v++) {
+			double z = 0.0;
+			for (int k = 0; k < d; k++)
+				z += (double)xr[k] * (double)w[(int64_t)k * vocab + v];
+			out[r * vocab + v] = (float)z;
+		}
+	}
+}

@@ -396,4 +396,10 @@ dg_status dg_ref_lmhead_ce(const float *x, const float *w, const int32_t *target
 			   int d, int vocab, double *loss, float *dx, float *dw, bool accumulate,
 			   int64_t *bad);
 
+/* A decoder's logits: out[r][v] = Σ_k x[r][k]·w[k][v] over rows of d (w
+ * (d, vocab)), each sum in double with k increasing, rounded once to f32
+ * (the order dg_model_logits sums in; lmhead_logits on the GPU matches it
+ * bit for bit: each product of two floats is exact in double). */
+void dg_ref_lmhead_logits(const float *x, const float *w, int64_t rows, int d, int vocab, float *out);
+
 #endif /* DG_RUNTIME_REF_OPS_H */

@@ -307,6 +307,20 @@ dg_status dg__ref_resid_ln_bwd(const dg_spec *spec, const dg_ref_call *c)
 	return ln_bwd(spec, c, true);
 }
 
+/* x (R,D) src, w (D,V) f32 → logits (R,V) f32 (argument 2). */
+dg_status dg__ref_lmhead_logits(const dg_spec *spec, const dg_ref_call *c)
+{
+	size_t nx = (size_t)c->r * (size_t)spec->embd;
+	float *o = out_at(spec, c, 2);
+	float *x = floats_of(spec->src, c->in[0], nx);
+	if (!x)
+		return DG_ERR_NOMEM;
+	if (o)
+		dg_ref_lmhead_logits(x, c->in[1], c->r, spec->embd, spec->vocab, o);
+	free(x);
+	return DG_OK;
+}
+
 /* x (R,D) src, w (D,V) weight, targets (R) → loss (1) f32 (argument 3),
  * dx (4), dw (5, accumulate). */
 dg_status dg__ref_lmhead_ce(const dg_spec *spec, const dg_ref_call *c)

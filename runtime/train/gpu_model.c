@@ -350,6 +350,8 @@ void dg_model_destroy(dg_model *m)
 		return;
 	if (m->tr_free)
 		m->tr_free(m);
+	if (m->dc_free)
+		m->dc_free(m);
 	for (int k = 0; k < DG__B__COUNT; k++)
 		(void)dg_free(m->dev, m->alloc[k]);
 	unbuild(m);
@@ -357,8 +359,6 @@ void dg_model_destroy(dg_model *m)
 	(void)dg_free(m->dev, m->pos_d);
 	(void)dg_free(m->dev, m->freq_d);
 	free(m->pos);
-	free(m->pos_f);
-	free(m->lm_host);
 	free(m);
 }
 
@@ -563,15 +563,14 @@ static dg_status decode_alloc(dg_model *m, dg_device *dev, const dg_model_config
 			     (size_t)c->embd * sizeof(float);
 	m->decode = true;
 	m->pos = calloc((size_t)b, sizeof(int64_t));
-	m->pos_f = calloc((size_t)b, sizeof(float));
 	float *freq = malloc((size_t)c->neurons * sizeof(float));
-	dg_status st = m->pos && m->pos_f && freq ? DG_OK : dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	dg_status st = m->pos && freq ? DG_OK : dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	if (!st)
 		st = dg_malloc(dev, state, &m->state);
 	if (!st)
 		st = dg_memset8(dev, m->state, 0, state);
 	if (!st)
-		st = dg_malloc(dev, (size_t)b * sizeof(float), &m->pos_d);
+		st = dg_malloc(dev, (size_t)b * 2 * sizeof(float), &m->pos_d);
 	if (!st)
 		st = dg_malloc(dev, (size_t)c->neurons * sizeof(float), &m->freq_d);
 	if (!st) {
@@ -862,17 +861,16 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 	const dg__tbuf *xf = &m->t.bufs[m->id.x_final];
 	const size_t es = xf->fmt == DG_FMT_BF16 ? 2 : 4, row = (size_t)m->D * es;
 	uint8_t *x = malloc((size_t)m->B * row + 4);
-	float *lm = m->lm_host ? NULL : malloc((size_t)m->D * m->V * sizeof(float) + 4);
-	if (!st && (!x || !(lm || m->lm_host)))
+	float *lm = malloc((size_t)m->D * m->V * sizeof(float) + 4);
+	if (!st && (!x || !lm))
 		st = dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	/* x_final (B,1,T,D): row r's position pos at (r·T + pos)·D */
 	dg_dptr xd = dg__gm_tn(m, m->id.x_final).data;
 	for (int r = 0; r < m->B && !st; r++)
 		st = dg_memcpy_dtoh(dev, x + (size_t)r * row, xd + ((dg_dptr)r * m->T + (dg_dptr)pos) * row, row);
-	if (!st && lm)
+	if (!st)
 		st = dg_memcpy_dtoh(dev, lm, dg__gm_tn(m, m->id.params[DG_PARAM_LM_HEAD]).data,
 				    (size_t)m->D * m->V * sizeof(float));
-	const float *lmh = lm ? lm : m->lm_host;
 	for (int r = 0; r < m->B && !st; r++) {
 		const uint8_t *xr = x + (size_t)r * row;
 		for (int v = 0; v < m->V; v++) {
@@ -886,7 +884,7 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 				} else {
 					memcpy(&xk, xr + (size_t)k * 4, 4);
 				}
-				z += (double)xk * lmh[(int64_t)k * m->V + v];
+				z += (double)xk * lm[(int64_t)k * m->V + v];
 			}
 			out[(int64_t)r * m->V + v] = (float)z;
 		}

@@ -50,12 +50,13 @@ struct dg_model {
 	 * attention node runs attention_step), else false and 0 */
 	bool decode;
 	dg_dptr state;              /* (layers, B, H, N, D) f32: each layer's S */
-	dg_dptr pos_d;              /* (B) f32: each row's position this token */
+	dg_dptr pos_d;              /* (2B) 4-byte words: each row's position this
+				     * token (B) f32, then its token (B) i32 — what
+				     * a token uploads, in one copy */
 	dg_dptr freq_d;             /* (N) f32: RoPE's frequencies (dg_ref_rope_freq) */
 	int64_t *pos;               /* (B) host: each row's consumed tokens */
-	float *pos_f;               /* (B) host: the staging of pos_d */
-	float *lm_host;             /* a decoder's lm_head [D, V] on the host (its
-				     * weights do not change: read once) */
+	struct dg__gm_decode *dc;   /* a decoder's per-token parts (gpu_decode.c) */
+	void (*dc_free)(dg_model *m); /* frees dc (set with it: destroy calls it) */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
 	void (*tr_free)(dg_model *m); /* frees tr (set with it: destroy calls it) */
 };

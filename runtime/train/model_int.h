@@ -41,6 +41,10 @@ dg_status dg__cpu_exec_copies(const dg_model_weights *w, bool lowbit, float *con
  * dg_model_destroy. */
 dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, int b, dg_model **out);
 dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool restart, float *logits);
+/* Whether decoder m replays its token's work as one CUDA graph (on, the
+ * default: captured at its second token) or runs it op by op (off): the
+ * same kernels and addresses, so the same logits bit for bit. */
+dg_status dg__model_decode_graph(dg_model *m, bool on);
 
 /* Weights of c, every value zero (storage to fill: a checkpoint's, a
  * gradient's), without dg_model_weights_create's random init. */
