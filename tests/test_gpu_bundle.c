@@ -6,9 +6,10 @@
  *   - the default BDH set, built by $DRAGON_GEN for this device (its name
  *     and SM) into a fresh cache folder, loaded by dg_device_load_bundle
  *     into a device that has no disk cache (no_cache): every kernel of the
- *     manifest is then run once through the public ops API with its spec
+ *     manifest is then run once through the typed ops' door with its spec
  *     as a user writes it (tile auto, the portable target), on tensors made
- *     from the op table's signature at small B·T — afterwards the device
+ *     from the op table's signature at small B·T (the call's arguments
+ *     struct filled through the arguments layout) — afterwards the device
  *     has compiled nothing and read no cache, and counts the manifest's
  *     kernels as bundled; the projection and the decoder (integer paths)
  *     and the packers are bit for bit dg_ref_run's;
@@ -35,6 +36,7 @@
 
 #include "gpu_helpers.h"
 #include "helpers.h"
+#include "runtime/ops/ops_int.h"
 #include "runtime/ref/ref_ops.h"
 
 extern char **environ;
@@ -164,174 +166,57 @@ static int64_t extent(const op_case *c, dg_dim d)
 	}
 }
 
-/* Runs c's op on dev, or (ws_bytes non-NULL) asks for its workspace. */
+/* Stores the n bytes of v at a layout's offset `at` (plus one; 0: the
+ * struct has no such field, nothing stored). */
+static void put(unsigned char *args, uint16_t at, const void *v, size_t n)
+{
+	if (at)
+		memcpy(args + at - 1, v, n);
+}
+
+/*
+ * Runs c's op on dev, or (ws_bytes non-NULL) asks for its workspace, as a
+ * user's dg_<op> call does: its typed arguments struct, filled through the
+ * op's row of the arguments layout (runtime/ops/args_layout.c) — the op
+ * table's tensors in order (an epilogue's that the spec does not use:
+ * NULL), the workspace, and the options: eps 1e-5 (the norms), backward
+ * (lmhead_ce), the dropout's p 0.1, seed 1, step 2, layer 3, decay
+ * (adamw_update); the rest zero — then the typed door every dg_<op> is one
+ * line of. An op whose struct has no workspace needs none.
+ */
 static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 {
-	const dg_tensor *t0 = &c->a[0].t, *t1 = &c->a[1].t, *t2 = &c->a[2].t, *t3 = &c->a[3].t;
-	const dg_tensor *t4 = &c->a[4].t, *t5 = &c->a[5].t;
 	const dg_spec *s = &c->spec;
-	if (ws_bytes)
+	const dg__args_layout *l = dg__op_args_layout(s->op);
+	cr_assert(l && l->size, "op %s has no arguments struct", dg_op_name(s->op));
+	unsigned char *args = gh_xmalloc(l->size);
+	memset(args, 0, l->size);
+	for (int i = 0; i < c->row->n_args; i++) {
+		const dg_tensor *t = dg_op_arg_used(s, i) ? &c->a[i].t : NULL;
+		cr_assert(l->t[i].at, "%s: no field for %s", dg_op_name(s->op), c->row->args[i].name);
+		put(args, l->t[i].at, &t, sizeof(t));
+	}
+	const float eps = 1e-5f, p = 0.1f;
+	const bool yes = true;
+	const uint64_t seed = 1;
+	const uint32_t step = 2, layer = 3;
+	put(args, l->ws, &c->ws, sizeof(c->ws));
+	put(args, l->eps, &eps, sizeof(eps));
+	put(args, l->backward, &yes, sizeof(yes));
+	put(args, l->p, &p, sizeof(p));
+	put(args, l->seed, &seed, sizeof(seed));
+	put(args, l->step, &step, sizeof(step));
+	put(args, l->layer, &layer, sizeof(layer));
+	put(args, l->decay, &yes, sizeof(yes));
+	dg_status st;
+	if (ws_bytes) {
 		*ws_bytes = 0;
-	switch (s->op) {
-	case DG_OP_LOWRANK_FWD: {
-		dg_lowrank_fwd_args a = { .x = t0, .w = t1, .out = t2 };
-		return ws_bytes ? DG_OK : dg_lowrank_fwd(dev, s, &a);
+		st = l->ws ? dg__op_typed_workspace(dev, s->op, s, args, ws_bytes) : DG_OK;
+	} else {
+		st = dg__op_typed_run(dev, s->op, s, args);
 	}
-	case DG_OP_RELU_MASK: {
-		dg_relu_mask_args a = { .x = t0, .w = t1, .grad = t2, .grad_out = t3 };
-		return ws_bytes ? DG_OK : dg_relu_mask(dev, s, &a);
-	}
-	case DG_OP_LOWRANK_GRAD_INPUT: {
-		dg_lowrank_grad_input_args a = { .grad = t0, .w = t1, .grad_x = t2, .ws = c->ws };
-		return ws_bytes ? dg_lowrank_grad_input_workspace(dev, s, &a, ws_bytes)
-				: dg_lowrank_grad_input(dev, s, &a);
-	}
-	case DG_OP_LOWRANK_GRAD_WEIGHT: {
-		dg_lowrank_grad_weight_args a = { .grad = t0, .x = t1, .grad_w = t2, .ws = c->ws };
-		return ws_bytes ? dg_lowrank_grad_weight_workspace(dev, s, &a, ws_bytes)
-				: dg_lowrank_grad_weight(dev, s, &a);
-	}
-	case DG_OP_DECODER_FWD: {
-		dg_decoder_fwd_args a = { .y = t0, .w = t1, .out = t2, .ws = c->ws };
-		return ws_bytes ? dg_decoder_fwd_workspace(dev, s, &a, ws_bytes)
-				: dg_decoder_fwd(dev, s, &a);
-	}
-	case DG_OP_DECODER_GRAD_INPUT: {
-		dg_decoder_grad_input_args a = { .grad = t0, .w = t1, .grad_y = t2 };
-		return ws_bytes ? DG_OK : dg_decoder_grad_input(dev, s, &a);
-	}
-	case DG_OP_DECODER_GRAD_WEIGHT: {
-		dg_decoder_grad_weight_args a = { .grad = t0, .y = t1, .grad_w = t2, .ws = c->ws };
-		return ws_bytes ? dg_decoder_grad_weight_workspace(dev, s, &a, ws_bytes)
-				: dg_decoder_grad_weight(dev, s, &a);
-	}
-	case DG_OP_QUANTIZE_ACT: {
-		dg_quantize_act_args a = { .x = t0, .codes = t1, .ws = c->ws };
-		return ws_bytes ? dg_quantize_act_workspace(dev, s, &a, ws_bytes)
-				: dg_quantize_act(dev, s, &a);
-	}
-	case DG_OP_QUANTIZE_WEIGHT: {
-		dg_quantize_weight_args a = { .w = t0, .codes = t1, .ws = c->ws };
-		return ws_bytes ? dg_quantize_weight_workspace(dev, s, &a, ws_bytes)
-				: dg_quantize_weight(dev, s, &a);
-	}
-	case DG_OP_PACK_TERNARY:
-	case DG_OP_PACK_SIGN1: {
-		dg_pack_weight_args a = { .codes = t0, .packed = t1, .unpack = false };
-		return ws_bytes ? DG_OK : dg_pack_weight(dev, s, &a);
-	}
-	case DG_OP_PACK_I8X4: {
-		dg_pack_i8x4_args a = { .codes = t0, .packed = t1 };
-		return ws_bytes ? DG_OK : dg_pack_i8x4(dev, s, &a);
-	}
-	case DG_OP_UNPACK_I8X4: {
-		dg_pack_i8x4_args a = { .packed = t0, .codes = t1 };
-		return ws_bytes ? DG_OK : dg_pack_i8x4(dev, s, &a);
-	}
-	/* the row ops: random token ids are 0..255, the default vocab */
-	case DG_OP_EMBED_FWD: {
-		dg_embed_fwd_args a = { .idx = t0, .table = t1, .out = t2 };
-		return ws_bytes ? DG_OK : dg_embed_fwd(dev, s, &a);
-	}
-	case DG_OP_EMBED_BWD: {
-		dg_embed_bwd_args a = { .idx = t0, .dout = t1, .dtable = t2 };
-		return ws_bytes ? DG_OK : dg_embed_bwd(dev, s, &a);
-	}
-	case DG_OP_LAYERNORM_FWD: {
-		dg_layernorm_fwd_args a = { .x = t0, .y = t1, .rstd = t2, .eps = 1e-5f };
-		return ws_bytes ? DG_OK : dg_layernorm_fwd(dev, s, &a);
-	}
-	case DG_OP_LAYERNORM_BWD: {
-		dg_layernorm_bwd_args a = { .dy = t0, .y = t1, .rstd = t2, .dx = t3 };
-		return ws_bytes ? DG_OK : dg_layernorm_bwd(dev, s, &a);
-	}
-	case DG_OP_RESID_LN_FWD: {
-		dg_resid_ln_fwd_args a = { .x = t0, .y = t1, .out = t2, .rstd = t3, .eps = 1e-5f };
-		return ws_bytes ? DG_OK : dg_resid_ln_fwd(dev, s, &a);
-	}
-	case DG_OP_RESID_LN_BWD: {
-		dg_resid_ln_bwd_args a = { .dout = t0, .out = t1, .rstd = t2, .dx = t3, .dy = t4 };
-		return ws_bytes ? DG_OK : dg_resid_ln_bwd(dev, s, &a);
-	}
-	case DG_OP_LMHEAD_CE: {
-		dg_lmhead_ce_args a = { .x = t0, .w = t1, .targets = t2, .loss = t3, .dx = t4, .dw = t5,
-					.backward = true, .ws = c->ws };
-		return ws_bytes ? dg_lmhead_ce_workspace(dev, s, &a, ws_bytes) : dg_lmhead_ce(dev, s, &a);
-	}
-	/* attention: RoPE and the five GEMMs, each alone */
-	case DG_OP_ROPE_FWD: {
-		dg_rope_fwd_args a = { .x = t0, .rope = t1, .out = t2 };
-		return ws_bytes ? DG_OK : dg_rope_fwd(dev, s, &a);
-	}
-	case DG_OP_ROPE_BWD: {
-		dg_rope_bwd_args a = { .grad = t0, .rope = t1, .grad_x = t2 };
-		return ws_bytes ? DG_OK : dg_rope_bwd(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_SCORES: {
-		dg_attention_scores_args a = { .xs = t0, .rope = t1, .scores = t2 };
-		return ws_bytes ? DG_OK : dg_attention_scores(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_OUT: {
-		dg_attention_out_args a = { .scores = t0, .v = t1, .out = t2 };
-		return ws_bytes ? DG_OK : dg_attention_out(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_GRAD_SCORES: {
-		dg_attention_grad_scores_args a = { .grad = t0, .v = t1, .grad_scores = t2 };
-		return ws_bytes ? DG_OK : dg_attention_grad_scores(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_GRAD_V: {
-		dg_attention_grad_v_args a = { .scores = t0, .grad = t1, .grad_v = t2 };
-		return ws_bytes ? DG_OK : dg_attention_grad_v(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_GRAD_XS: {
-		bool mask = s->epi == DG_EPI_MASK; /* the default set's are epi=store */
-		dg_attention_grad_xs_args a = { .grad_scores = t0, .xs = t1, .rope = t2, .grad_xs = mask ? NULL : t3,
-						.dxs = mask ? t4 : NULL, .mask_xs = mask ? t5 : NULL };
-		return ws_bytes ? DG_OK : dg_attention_grad_xs(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_STEP: {
-		dg_attention_step_args a = { .xs = t0, .pos = t1, .freq = t2, .v = t3, .state = t4, .out = t5 };
-		return ws_bytes ? DG_OK : dg_attention_step(dev, s, &a);
-	}
-	/* the gate and the step's element-wise glue */
-	case DG_OP_GATE_FWD: {
-		dg_gate_fwd_args a = { .xs = t0, .ys = t1, .xy = t2, .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
-		return ws_bytes ? DG_OK : dg_gate_fwd(dev, s, &a);
-	}
-	case DG_OP_GATE_BWD: {
-		dg_gate_bwd_args a = { .dxy = t0, .xs = t1, .ys = t2, .dxs = t3, .p = 0.1f, .seed = 1,
-				       .step = 2, .layer = 3 };
-		return ws_bytes ? DG_OK : dg_gate_bwd(dev, s, &a);
-	}
-	case DG_OP_ADD_MASK: {
-		dg_add_mask_args a = { .dxs = t0, .other = t1, .xs = t2 };
-		return ws_bytes ? DG_OK : dg_add_mask(dev, s, &a);
-	}
-	case DG_OP_ADD3: {
-		dg_add3_args a = { .a = t0, .b = t1, .c = t2, .out = t3 };
-		return ws_bytes ? DG_OK : dg_add3(dev, s, &a);
-	}
-	case DG_OP_TRANSPOSE: {
-		dg_transpose_args a = { .in = t0, .out = t1 };
-		return ws_bytes ? DG_OK : dg_transpose(dev, s, &a);
-	}
-	case DG_OP_DEQUANTIZE: {
-		dg_dequantize_args a = { .codes = t0, .out = t1 };
-		return ws_bytes ? DG_OK : dg_dequantize(dev, s, &a);
-	}
-	case DG_OP_DECODER_GATE_BWD: {
-		dg_decoder_gate_bwd_args a = { .grad = t0, .w = t1, .xs = t2, .ys = t3, .dxs = t4, .dys = t5,
-					       .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
-		return ws_bytes ? DG_OK : dg_decoder_gate_bwd(dev, s, &a);
-	}
-	case DG_OP_ADAMW_UPDATE: { /* the default control block (ctl 0) */
-		dg_adamw_update_args a = { .p = t0, .grad = t1, .m = t2, .v = t3, .decay = true };
-		return ws_bytes ? DG_OK : dg_adamw_update(dev, s, &a);
-	}
-	default:
-		cr_assert_fail("op %s has no call here", dg_op_name(s->op));
-		return DG_ERR_INTERNAL;
-	}
+	free(args);
+	return st;
 }
 
 /* Codes a pack op reads: codes its packed format holds (random storage of
