@@ -121,6 +121,37 @@ static dg_device_stats stats_of(dg_device *dev)
 	return st;
 }
 
+/* What every test starts from: the device that holds the tensors (gh_open:
+ * skips without a GPU), a fresh cache folder (fresh_env), and a bundle
+ * built for that device into a fresh folder (gen_build's extra), its
+ * manifest loaded. */
+typedef struct fixture {
+	dg_device *mem;
+	char *cache, *root;
+	char out[600];
+	dg_device_info info;
+	dg_manifest *m;
+} fixture;
+
+static void fixture_open(fixture *f, const char *const *extra)
+{
+	f->mem = gh_open();
+	f->cache = fresh_env();
+	cr_assert_eq(dg_device_info_get(f->mem, &f->info), DG_OK);
+	f->root = dg_test_tmpdir();
+	snprintf(f->out, sizeof(f->out), "%s/bundle", f->root);
+	gen_build(&f->info, f->out, extra);
+	f->m = load_manifest(f->out);
+}
+
+static void fixture_close(fixture *f)
+{
+	dg_manifest_destroy(f->m);
+	gh_close(f->mem);
+	dg_test_rmtree(f->root);
+	dg_test_rmtree(f->cache);
+}
+
 /* ---- one call of any op, from the op table's signature ---------------------- */
 
 typedef struct arg_buf {
@@ -377,16 +408,13 @@ static bool case_run(op_case *c, dg_device *dev, dg_device *mem)
  * CI run, about one run in three); ctest's --timeout bounds a hang. */
 Test(gpu_bundle, default_set_runs_without_compiling)
 {
-	dg_device *mem = gh_open(); /* skips without a GPU; holds the tensors */
-	char *cache = fresh_env();
-	dg_device_info info;
-	cr_assert_eq(dg_device_info_get(mem, &info), DG_OK);
-	char *root = dg_test_tmpdir(), out[600];
-	snprintf(out, sizeof(out), "%s/bundle", root);
-	gen_build(&info, out, NULL);
-	dg_manifest *m = load_manifest(out);
-	cr_assert_str_eq(m->device, info.name);
-	cr_assert_eq(m->sm, info.sm);
+	fixture f;
+	fixture_open(&f, NULL);
+	dg_device *mem = f.mem;
+	dg_manifest *m = f.m;
+	const char *out = f.out;
+	cr_assert_str_eq(m->device, f.info.name);
+	cr_assert_eq(m->sm, f.info.sm);
 
 	dg_device *dev = open_uncached();
 	size_t loaded = 0;
@@ -428,27 +456,21 @@ Test(gpu_bundle, default_set_runs_without_compiling)
 	cr_assert_gt(projections, 0, "no projection compared with the reference");
 	fprintf(stderr, "bundle: %zu kernels ran, %zu compared with the reference bit for bit\n",
 		m->n_kernels, checked);
-	dg_manifest_destroy(m);
 	dg_device_close(dev);
-	gh_close(mem);
-	dg_test_rmtree(root);
-	dg_test_rmtree(cache);
+	fixture_close(&f);
 }
 
 /* ---- $DRAGON_KERNELS ---------------------------------------------------------- */
 
 Test(gpu_bundle, dragon_kernels_loads_at_open)
 {
-	dg_device *mem = gh_open();
-	char *cache = fresh_env();
-	dg_device_info info;
-	cr_assert_eq(dg_device_info_get(mem, &info), DG_OK);
-	char *root = dg_test_tmpdir(), out[600], missing[700];
-	snprintf(out, sizeof(out), "%s/bundle", root);
-	gen_build(&info, out, SMALL);
-	dg_manifest *m = load_manifest(out);
+	fixture f;
+	fixture_open(&f, SMALL);
+	dg_device *mem = f.mem;
+	dg_manifest *m = f.m;
+	char missing[700];
 
-	setenv("DRAGON_KERNELS", out, 1);
+	setenv("DRAGON_KERNELS", f.out, 1);
 	dg_device *dev = open_uncached();
 	dg_device_stats st = stats_of(dev);
 	cr_assert_eq(st.bundled, m->n_kernels, "loaded at open");
@@ -466,7 +488,7 @@ Test(gpu_bundle, dragon_kernels_loads_at_open)
 	dg_device_close(dev);
 
 	/* a folder that is not there fails the open, by name */
-	snprintf(missing, sizeof(missing), "%s/no-such-bundle", root);
+	snprintf(missing, sizeof(missing), "%s/no-such-bundle", f.root);
 	setenv("DRAGON_KERNELS", missing, 1);
 	dg_ctx_opts jit = { .no_cache = true };
 	dg_device_opts o = { .ordinal = 0, .jit = &jit };
@@ -475,74 +497,53 @@ Test(gpu_bundle, dragon_kernels_loads_at_open)
 	cr_assert(strstr(dg_device_errmsg(dev), missing), "%s", dg_device_errmsg(dev));
 	dg_device_close(dev);
 	unsetenv("DRAGON_KERNELS");
-	dg_manifest_destroy(m);
-	gh_close(mem);
-	dg_test_rmtree(root);
-	dg_test_rmtree(cache);
+	fixture_close(&f);
 }
 
 /* ---- refused bundles ---------------------------------------------------------- */
 
+/* f's bundle, loaded by a device without a disk cache, is refused with
+ * status want and a message naming `name`: nothing of it loaded. */
+static void expect_refused(fixture *f, dg_status want, const char *name)
+{
+	dg_device *dev = open_uncached();
+	size_t loaded = 99;
+	cr_assert_eq(dg_device_load_bundle(dev, f->out, &loaded), want, "%s", dg_device_errmsg(dev));
+	cr_assert(strstr(dg_device_errmsg(dev), name), "names %s: %s", name, dg_device_errmsg(dev));
+	cr_assert_eq(loaded, 0);
+	cr_assert_eq(stats_of(dev).bundled, 0, "nothing of it loaded");
+	dg_device_close(dev);
+}
+
 Test(gpu_bundle, a_changed_cubin_byte_is_refused)
 {
-	dg_device *mem = gh_open();
-	char *cache = fresh_env();
-	dg_device_info info;
-	cr_assert_eq(dg_device_info_get(mem, &info), DG_OK);
-	char *root = dg_test_tmpdir(), out[600], path[1200];
-	snprintf(out, sizeof(out), "%s/bundle", root);
-	gen_build(&info, out, SMALL);
-	dg_manifest *m = load_manifest(out);
-	const char *file = m->kernels[0].file;
-	snprintf(path, sizeof(path), "%s/%s", out, file);
+	fixture f;
+	fixture_open(&f, SMALL);
+	char path[1200];
+	const char *file = f.m->kernels[0].file;
+	snprintf(path, sizeof(path), "%s/%s", f.out, file);
 	size_t n = 0;
 	char *bytes = dg_test_read_bytes(path, &n);
 	cr_assert_gt(n, 64);
 	bytes[n / 2] ^= 0x01; /* same size: only the checksum can tell */
 	dg_test_write_bytes(path, bytes, n);
 	free(bytes);
-
-	dg_device *dev = open_uncached();
-	size_t loaded = 99;
-	cr_assert_eq(dg_device_load_bundle(dev, out, &loaded), DG_ERR_CORRUPT, "%s",
-		     dg_device_errmsg(dev));
-	cr_assert(strstr(dg_device_errmsg(dev), file), "names the file: %s", dg_device_errmsg(dev));
-	cr_assert_eq(loaded, 0);
-	cr_assert_eq(stats_of(dev).bundled, 0, "nothing of it loaded");
-	dg_device_close(dev);
-	dg_manifest_destroy(m);
-	gh_close(mem);
-	dg_test_rmtree(root);
-	dg_test_rmtree(cache);
+	expect_refused(&f, DG_ERR_CORRUPT, file);
+	fixture_close(&f);
 }
 
 Test(gpu_bundle, other_templates_are_refused)
 {
-	dg_device *mem = gh_open();
-	char *cache = fresh_env();
-	dg_device_info info;
-	cr_assert_eq(dg_device_info_get(mem, &info), DG_OK);
-	char *root = dg_test_tmpdir(), out[600], path[700], msg[1024];
-	snprintf(out, sizeof(out), "%s/bundle", root);
-	gen_build(&info, out, SMALL);
-	dg_manifest *m = load_manifest(out);
+	fixture f;
+	fixture_open(&f, SMALL);
+	dg_manifest *m = f.m;
+	char path[700], msg[1024];
 	m->template_hash[0] = m->template_hash[0] == '0' ? '1' : '0';
 	char *json = NULL;
 	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_OK, "%s", msg);
-	snprintf(path, sizeof(path), "%s/%s", out, DG_MANIFEST_FILE);
+	snprintf(path, sizeof(path), "%s/%s", f.out, DG_MANIFEST_FILE);
 	dg_test_write_bytes(path, json, strlen(json));
 	free(json);
-
-	dg_device *dev = open_uncached();
-	size_t loaded = 99;
-	cr_assert_eq(dg_device_load_bundle(dev, out, &loaded), DG_ERR_UNSUPPORTED, "%s",
-		     dg_device_errmsg(dev));
-	cr_assert(strstr(dg_device_errmsg(dev), "templates"), "%s", dg_device_errmsg(dev));
-	cr_assert_eq(loaded, 0);
-	cr_assert_eq(stats_of(dev).bundled, 0);
-	dg_device_close(dev);
-	dg_manifest_destroy(m);
-	gh_close(mem);
-	dg_test_rmtree(root);
-	dg_test_rmtree(cache);
+	expect_refused(&f, DG_ERR_UNSUPPORTED, "templates");
+	fixture_close(&f);
 }
