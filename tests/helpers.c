@@ -255,6 +255,16 @@ dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip
 	return w;
 }
 
+dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N)
+{
+	dg_spec s;
+	dg_spec_init(&s, op);
+	s.heads = H;
+	s.embd = E;
+	s.latent = N;
+	return s;
+}
+
 int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r)
 {
 	switch (d) {

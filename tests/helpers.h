@@ -48,6 +48,10 @@ void dg_test_all_specs(dg_spec_list *out);
  * loops to a deterministic sample (used by the sanitizer run). */
 int dg_test_quick(void);
 
+/* dg_spec_init's spec of op at H heads, embd E and latent N: the sizes
+ * the suites' specs set first. */
+dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N);
+
 /* The extent of dimension d of an op's argument at spec s, the batch b,
  * time t and rows r given: the suites' own statement of the op table's
  * rule (independent of dg_op_dim_extent). */

@@ -39,6 +39,7 @@
 #include "dragon/codegen.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 #include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 
@@ -356,12 +357,8 @@ Test(gpu_bdh, relu_mask_ternary_int8) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8,
  * E; out bf16, relu at 0, on the sm_90a path. */
 static dg_spec codes_spec(dg_fmt weight, dg_fmt act, int H, int Hin, int E, int L)
 {
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
-	s.heads = H;
+	dg_spec s = dg_test_spec_sized(DG_OP_LOWRANK_FWD, H, E, L);
 	s.in_heads = Hin;
-	s.embd = E;
-	s.latent = L;
 	s.weight = weight;
 	s.act = act;
 	s.out = DG_FMT_BF16;
