@@ -183,6 +183,29 @@ size_t dg_test_numel(const dg_model_config *c, int p)
 	return (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
 }
 
+dg_model_weights *dg_test_tiny_weights(const char *preset, uint64_t seed, float scale)
+{
+	dg_model_config c = dg_test_tiny_model(preset);
+	char msg[512];
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(&c, seed, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		size_t n = dg_test_numel(&c, p);
+		for (size_t i = 0; i < n; i++)
+			w->params[p][i] *= scale;
+	}
+	return w;
+}
+
+int dg_test_argmax(const float *z, int n)
+{
+	int best = 0;
+	for (int i = 1; i < n; i++)
+		if (z[i] > z[best])
+			best = i;
+	return best;
+}
+
 dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o)
 {
 	char msg[256];

@@ -63,6 +63,12 @@ dg_model_config dg_test_tiny_model(const char *preset);
 
 /* Values in parameter p of a model of config c. */
 size_t dg_test_numel(const dg_model_config *c, int p);
+/* Weights of dg_test_tiny_model(preset) drawn from seed, every value of
+ * every parameter times scale (25: the peaked logits and sparse
+ * activations of a trained model). */
+dg_model_weights *dg_test_tiny_weights(const char *preset, uint64_t seed, float scale);
+/* The index of the largest of z[0..n) (the first of equals). */
+int dg_test_argmax(const float *z, int n);
 /* A training state some steps in: weights of c from seed 5, the state
  * from seed 42 with optimizer o, and random moments (m in ±1e-3, v in
  * [0, 1e-6)) from a dg_rng of seed 9; the counters are the caller's. */
