@@ -278,6 +278,21 @@ dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip
 	return w;
 }
 
+dg_spec dg_test_spec_parse(const char *text)
+{
+	dg_spec s;
+	char msg[512];
+	cr_assert_eq(dg_spec_parse(text, &s, msg, sizeof(msg)), DG_OK, "%s: %s", text, msg);
+	return s;
+}
+
+dg_codegen *dg_test_codegen(void)
+{
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
+	return cg;
+}
+
 dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N)
 {
 	dg_spec s;

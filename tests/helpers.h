@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "dragon/checkpoint.h"
+#include "dragon/codegen.h"
 #include "dragon/model.h"
 #include "dragon/spec.h"
 #include "runtime/store/safetensors.h"
@@ -47,6 +48,13 @@ void dg_test_all_specs(dg_spec_list *out);
 /* true when DRAGON_TEST_QUICK is set: suites cut the slowest exhaustive
  * loops to a deterministic sample (used by the sanitizer run). */
 int dg_test_quick(void);
+
+/* The spec of text (dg_spec_parse); a failure fails the test, naming text
+ * and the parser's message. */
+dg_spec dg_test_spec_parse(const char *text);
+/* A code generator of the built-in templates (dg_codegen_create); a
+ * failure fails the test. */
+dg_codegen *dg_test_codegen(void);
 
 /* dg_spec_init's spec of op at H heads, embd E and latent N: the sizes
  * the suites' specs set first. */
