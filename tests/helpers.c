@@ -164,16 +164,21 @@ void dg_test_all_specs(dg_spec_list *out)
 	push(out, &cap, &s);
 }
 
-dg_model_config dg_test_tiny_model(const char *preset)
+dg_model_config dg_test_model(const char *preset, int layers, int embd, int heads, int neurons)
 {
 	dg_model_config c;
 	char msg[256];
 	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
+	c.layers = layers;
+	c.embd = embd;
+	c.heads = heads;
+	c.neurons = neurons;
 	return c;
+}
+
+dg_model_config dg_test_tiny_model(const char *preset)
+{
+	return dg_test_model(preset, 2, 32, 2, 64);
 }
 
 size_t dg_test_numel(const dg_model_config *c, int p)
