@@ -211,6 +211,73 @@ int dg_test_argmax(const float *z, int n)
 	return best;
 }
 
+dg_corpus *dg_test_corpus(const char *text, size_t n, size_t stride)
+{
+	char path[512], msg[256];
+	size_t len = strlen(text);
+	snprintf(path, sizeof(path), "%s/text.txt", dg_test_tmpdir());
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	for (size_t i = 0; i < n; i++)
+		fputc(text[(i * stride) % len], f);
+	fclose(f);
+	dg_corpus *c;
+	cr_assert_eq(dg_corpus_open(path, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	return c;
+}
+
+char *dg_test_log_untimed(const char *dir, int *lines)
+{
+	char path[600], line[1024];
+	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	size_t cap = 1 << 16, n = 0;
+	char *out = calloc(cap, 1);
+	int count = 0;
+	while (fgets(line, sizeof(line), f)) {
+		char *cut = strstr(line, ", \"tokens_per_s\"");
+		cr_assert_not_null(cut, "%s", line);
+		*cut = '\0';
+		n += (size_t)snprintf(out + n, cap - n, "%s\n", line);
+		count++;
+	}
+	fclose(f);
+	if (lines)
+		*lines = count;
+	return out;
+}
+
+dg_train_state *dg_test_checkpoint_at(const char *dir, int64_t step)
+{
+	char msg[512], path[600];
+	dg_checkpoint_path(dir, step, path, sizeof(path));
+	dg_train_state *s;
+	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	return s;
+}
+
+dg_train_opts dg_test_tiny_opts(const char *dir, int64_t steps)
+{
+	dg_train_opts o;
+	dg_train_defaults(&o, steps);
+	o.model = dg_test_tiny_model("f32");
+	o.time = 16;
+	o.opt.lr = 3e-3f;
+	o.out_dir = dir;
+	return o;
+}
+
+void dg_test_expect_same_state(const dg_train_state *a, const dg_train_state *b)
+{
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		size_t n = dg_test_numel(&a->weights->config, p) * 4;
+		cr_expect_eq(memcmp(a->weights->params[p], b->weights->params[p], n), 0, "weights %d", p);
+		cr_expect_eq(memcmp(a->m[p], b->m[p], n), 0, "adamw.m %d", p);
+		cr_expect_eq(memcmp(a->v[p], b->v[p], n), 0, "adamw.v %d", p);
+	}
+}
+
 dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o)
 {
 	char msg[256];

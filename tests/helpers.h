@@ -10,8 +10,10 @@
 
 #include "dragon/checkpoint.h"
 #include "dragon/codegen.h"
+#include "dragon/data.h"
 #include "dragon/model.h"
 #include "dragon/spec.h"
+#include "dragon/train.h"
 #include "runtime/store/safetensors.h"
 
 /* A fresh folder under $TMPDIR (or /tmp); malloc'd path, never NULL (a
@@ -83,6 +85,24 @@ int dg_test_argmax(const float *z, int n);
  * from seed 42 with optimizer o, and random moments (m in ±1e-3, v in
  * [0, 1e-6)) from a dg_rng of seed 9; the counters are the caller's. */
 dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o);
+
+/* A corpus (dg_corpus_open) of a fresh file of n bytes in the test's
+ * temporary folder, byte i text[(i·stride) % strlen(text)]. */
+dg_corpus *dg_test_corpus(const char *text, size_t n, size_t stride);
+/* The lines of dir/log.jsonl, each cut where its timing fields start
+ * (", \"tokens_per_s\"", which every line has), malloc'd; *lines (lines
+ * may be NULL) their count. */
+char *dg_test_log_untimed(const char *dir, int *lines);
+/* The state of dir's checkpoint of step step (a failure fails the test). */
+dg_train_state *dg_test_checkpoint_at(const char *dir, int64_t step);
+
+/* dg_train_defaults for steps with the f32 tiny model (dg_test_tiny_model),
+ * T 16, lr 3e-3, writing into dir. */
+dg_train_opts dg_test_tiny_opts(const char *dir, int64_t steps);
+
+/* Checkpoint states a and b of one config hold the same bytes: every
+ * parameter's weights and both AdamW moments (m, v). */
+void dg_test_expect_same_state(const dg_train_state *a, const dg_train_state *b);
 
 /* The bytes of the file at path (malloc'd, a NUL past them; *n their
  * count, n may be NULL); a failure fails the test. */
