@@ -34,13 +34,7 @@
 
 static dg_model_config small(void)
 {
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 1;
-	c.embd = 8;
-	c.heads = 1;
-	c.neurons = 8;
+	dg_model_config c = dg_test_model("f32", 1, 8, 1, 8);
 	c.vocab = 16;
 	return c;
 }
