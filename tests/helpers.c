@@ -169,7 +169,8 @@ dg_model_config dg_test_model(const char *preset, int layers, int embd, int head
 	dg_model_config c;
 	char msg[256];
 	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = layers;
+	if (layers)
+		c.layers = layers;
 	c.embd = embd;
 	c.heads = heads;
 	c.neurons = neurons;

@@ -67,7 +67,8 @@ dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N);
  * rule (independent of dg_op_dim_extent). */
 int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r);
 
-/* preset's config (a failure fails the test) at these sizes. */
+/* preset's config (a failure fails the test) at these sizes (layers 0:
+ * the preset's). */
 dg_model_config dg_test_model(const char *preset, int layers, int embd, int heads, int neurons);
 /* The tiny model the suites train and check: dg_test_model at 2 layers,
  * embd 32, 2 heads, 64 neurons. */
