@@ -366,6 +366,17 @@ dg_codegen *dg_test_codegen(void)
 	return cg;
 }
 
+dg_spec dg_test_dequantize_spec(dg_fmt act, dg_fmt out, dg_scale_gran g, int threads)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DEQUANTIZE);
+	s.act = act;
+	s.out = out;
+	s.ascale = g;
+	s.tile.threads = threads;
+	return s;
+}
+
 dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N)
 {
 	dg_spec s;

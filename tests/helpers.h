@@ -58,6 +58,10 @@ dg_spec dg_test_spec_parse(const char *text);
  * failure fails the test. */
 dg_codegen *dg_test_codegen(void);
 
+/* dequantize of act codes (a scale each: ascale g) into out, at threads
+ * a block (0: the template's). */
+dg_spec dg_test_dequantize_spec(dg_fmt act, dg_fmt out, dg_scale_gran g, int threads);
+
 /* dg_spec_init's spec of op at H heads, embd E and latent N: the sizes
  * the suites' specs set first. */
 dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N);
