@@ -351,6 +351,23 @@ dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip
 	return w;
 }
 
+void dg_test_expect_row_bytes(void)
+{
+	static const struct {
+		dg_fmt fmt;
+		int64_t n;
+		size_t bytes;
+	} rows[] = {
+		{ DG_FMT_F32, 5, 20 },      { DG_FMT_BF16, 5, 10 },     { DG_FMT_INT8, 8, 8 },
+		{ DG_FMT_INT8, 6, 0 },      /* not whole i8x4 words */ { DG_FMT_UINT8POS, 4, 4 },
+		{ DG_FMT_INT4, 12, 12 },    { DG_FMT_TERNARY, 32, 8 }, { DG_FMT_TERNARY, 24, 0 },
+		{ DG_FMT_SIGN1, 64, 8 },    { DG_FMT_SIGN1, 48, 0 },   { DG_FMT_F32, -1, 0 },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		cr_assert_eq(dg_fmt_row_bytes(rows[i].fmt, rows[i].n), rows[i].bytes, "%s × %lld",
+			     dg_fmt_name(rows[i].fmt), (long long)rows[i].n);
+}
+
 dg_spec dg_test_spec_parse(const char *text)
 {
 	dg_spec s;

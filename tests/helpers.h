@@ -51,6 +51,10 @@ void dg_test_all_specs(dg_spec_list *out);
  * loops to a deterministic sample (used by the sanitizer run). */
 int dg_test_quick(void);
 
+/* dg_fmt_row_bytes of each format on whole and partial words (a partial
+ * one: 0), and of a negative count (0). */
+void dg_test_expect_row_bytes(void);
+
 /* The spec of text (dg_spec_parse); a failure fails the test, naming text
  * and the parser's message. */
 dg_spec dg_test_spec_parse(const char *text);
