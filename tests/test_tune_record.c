@@ -238,6 +238,22 @@ static void resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *s, cons
 	cr_assert_not(dg_tile_is_auto(&ch->spec.tile));
 }
 
+/* SPEC_LR resolves (on DEV, sm 90) to the tuned record of the file named
+ * record, dated date, tile 64x64x64/2x2/2; its choice. */
+static dg_tune_choice expect_tuned_lr(dg_codegen *cg, const dg_tune_db *db, const char *record, const char *date)
+{
+	dg_spec s = dg_test_spec_parse(SPEC_LR);
+	dg_tune_choice ch;
+	resolve(cg, db, &s, DEV, 90, &ch);
+	cr_assert(ch.tuned, "%s", ch.why);
+	cr_assert(strstr(ch.record, record), "%s", ch.record);
+	cr_assert_str_eq(ch.date, date);
+	char tile[64];
+	dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
+	cr_assert_str_eq(tile, "64x64x64/2x2/2");
+	return ch;
+}
+
 /* Records built into the library for the H200 (the BDH set). */
 #define N_BUILTIN 13
 
@@ -280,15 +296,8 @@ Test(tune_db, lookup_merge_and_fallback)
 	cr_assert(saw_empty && saw_types);
 
 	/* the newest record wins: B's 64x64 */
+	dg_tune_choice ch = expect_tuned_lr(cg, db, "b.json", "2026-12-02T09:00:00Z");
 	dg_spec s = dg_test_spec_parse(SPEC_LR);
-	dg_tune_choice ch;
-	resolve(cg, db, &s, DEV, 90, &ch);
-	cr_assert(ch.tuned, "%s", ch.why);
-	cr_assert(strstr(ch.record, "b.json"), "%s", ch.record);
-	cr_assert_str_eq(ch.date, "2026-12-02T09:00:00Z");
-	char tile[64];
-	dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
-	cr_assert_str_eq(tile, "64x64x64/2x2/2");
 
 	/* another spec: the heuristic, saying why */
 	dg_spec s2 = dg_test_spec_parse("op=lowrank_fwd;weight=int8;act=int8;out=bf16");
@@ -512,15 +521,7 @@ Test(tune_db, a_user_record_wins_over_a_builtin_one)
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
 	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN);
 	cr_assert_eq(dg_tune_db_n_builtin(db), N_BUILTIN - 1);
-	dg_spec s = dg_test_spec_parse(SPEC_LR);
-	dg_tune_choice ch;
-	resolve(cg, db, &s, DEV, 90, &ch);
-	cr_assert(ch.tuned, "%s", ch.why);
-	cr_assert(strstr(ch.record, "old.json"), "%s", ch.record);
-	cr_assert_str_eq(ch.date, "2000-01-01T00:00:00Z");
-	char tile[64];
-	dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
-	cr_assert_str_eq(tile, "64x64x64/2x2/2");
+	dg_tune_choice ch = expect_tuned_lr(cg, db, "old.json", "2000-01-01T00:00:00Z");
 	cr_assert_not(ch.spec.arch_specific);
 	/* the other keys still have their built-in records */
 	dg_spec d = dg_test_spec_parse("op=decoder_fwd;weight=int8;act=int8;out=bf16");
