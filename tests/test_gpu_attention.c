@@ -975,13 +975,12 @@ static const shape mask_shapes[] = {
  * four tiles, dxs bf16 and f32. */
 Test(gpu_attention, epi_mask_warpgroup)
 {
-	const dg_tile *tiles = wg_tiles;
 	dg_device *dev = gh_open_sm90();
 	gh_seed(0xe9a);
 	for (size_t i = 0; i < sizeof(mask_shapes) / sizeof(mask_shapes[0]); i++)
 		for (size_t k = 0; k < N_WG_TILES; k++)
 			for (int b = 0; b < 2; b++) {
-				dg_spec sp = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &mask_shapes[i], &tiles[k]),
+				dg_spec sp = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &mask_shapes[i], &wg_tiles[k]),
 						       b ? DG_FMT_BF16 : DG_FMT_F32);
 				expect_wgmma(&sp);
 				char what[96];
