@@ -234,3 +234,24 @@ void gh_expect_close(const char *what, const float *got, const float *want,
 	cr_assert(dg_ref_close(DG_FMT_F32, got, want, n, atol, rtol, why, sizeof(why)), "%s: %s",
 		  what, why);
 }
+
+void gh_expect_bad_workspaces(dg_device *dev, const dg_spec *s, void *args, dg_workspace ok, gh_ws_call call,
+			      const char *fn, const char *out_name, dg_dptr out, size_t out_bytes, dg_dptr scale)
+{
+	const dg_workspace bad[3] = { { 0, 0 }, { ok.ptr, ok.bytes - 1 }, { 0, ok.bytes } };
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(call(dev, s, args, bad[i]), DG_ERR_INVALID_ARG, "case %d ran", i);
+		const char *m = dg_device_errmsg(dev);
+		cr_assert(strstr(m, fn) && strstr(m, "ws"), "case %d: %s", i, m);
+	}
+	unsigned char *got = gh_xmalloc(out_bytes), *ff = gh_xmalloc(out_bytes);
+	memset(ff, 0xff, out_bytes);
+	gh_download(dev, got, out, out_bytes);
+	char what[128];
+	snprintf(what, sizeof(what), "%s after refused calls", out_name);
+	gh_expect_bytes(what, got, ff, out_bytes);
+	if (scale)
+		cr_assert_eq(gh_read_scalar(dev, scale), -1.0f, "scale untouched");
+	free(got);
+	free(ff);
+}

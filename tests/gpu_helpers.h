@@ -44,6 +44,17 @@ void gh_sync(dg_device *dev);
 /* A workspace of `bytes` (none for 0), freed by gh_close. */
 dg_workspace gh_workspace(dg_device *dev, size_t bytes);
 
+/* One call of an op on its arguments struct args with the workspace ws
+ * in place of the struct's. */
+typedef dg_status (*gh_ws_call)(dg_device *dev, const dg_spec *s, void *args, dg_workspace ws);
+/* call refuses with DG_ERR_INVALID_ARG, its message naming fn and "ws",
+ * each of the three workspaces that are not ok (which holds all the op
+ * needs): none, one byte short, and ok's size at a null pointer; and
+ * writes nothing: the out_bytes at out (named out_name) keep their 0xff,
+ * the float at scale (unless 0) its -1. */
+void gh_expect_bad_workspaces(dg_device *dev, const dg_spec *s, void *args, dg_workspace ok, gh_ws_call call,
+			      const char *fn, const char *out_name, dg_dptr out, size_t out_bytes, dg_dptr scale);
+
 /* Storage bytes of n values of format f in the layout of dragon/fmt.h:
  * one-a-byte codes any n, sub-byte codes n a multiple of their codes a
  * word (asserted). */

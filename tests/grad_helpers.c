@@ -15,6 +15,7 @@
 #include "dragon/fmt.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 
 float gr_scale_of(dg_fmt f)
 {
@@ -151,13 +152,9 @@ dg_status gr_decoder_grad_weight(dg_device *dev, const dg_spec *sp, dg_decoder_g
 
 dg_spec gr_spec(dg_op op, const gr_shape *s, dg_fmt f, const dg_tile *tile)
 {
-	dg_spec sp;
+	dg_spec sp = dg_test_spec_sized(op, s->H, s->E, s->L);
 
-	dg_spec_init(&sp, op);
-	sp.heads = s->H;
 	sp.in_heads = s->Hin;
-	sp.embd = s->E;
-	sp.latent = s->L;
 	if (op == DG_OP_LOWRANK_GRAD_INPUT || op == DG_OP_DECODER_GRAD_INPUT)
 		sp.weight = f;
 	else

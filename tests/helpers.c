@@ -164,16 +164,22 @@ void dg_test_all_specs(dg_spec_list *out)
 	push(out, &cap, &s);
 }
 
-dg_model_config dg_test_tiny_model(const char *preset)
+dg_model_config dg_test_model(const char *preset, int layers, int embd, int heads, int neurons)
 {
 	dg_model_config c;
 	char msg[256];
 	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
+	if (layers)
+		c.layers = layers;
+	c.embd = embd;
+	c.heads = heads;
+	c.neurons = neurons;
 	return c;
+}
+
+dg_model_config dg_test_tiny_model(const char *preset)
+{
+	return dg_test_model(preset, 2, 32, 2, 64);
 }
 
 size_t dg_test_numel(const dg_model_config *c, int p)
@@ -181,6 +187,96 @@ size_t dg_test_numel(const dg_model_config *c, int p)
 	int nd;
 	int64_t sh[3];
 	return (size_t)dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+}
+
+dg_model_weights *dg_test_tiny_weights(const char *preset, uint64_t seed, float scale)
+{
+	dg_model_config c = dg_test_tiny_model(preset);
+	char msg[512];
+	dg_model_weights *w;
+	cr_assert_eq(dg_model_weights_create(&c, seed, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		size_t n = dg_test_numel(&c, p);
+		for (size_t i = 0; i < n; i++)
+			w->params[p][i] *= scale;
+	}
+	return w;
+}
+
+int dg_test_argmax(const float *z, int n)
+{
+	int best = 0;
+	for (int i = 1; i < n; i++)
+		if (z[i] > z[best])
+			best = i;
+	return best;
+}
+
+dg_corpus *dg_test_corpus(const char *text, size_t n, size_t stride)
+{
+	char path[512], msg[256];
+	size_t len = strlen(text);
+	snprintf(path, sizeof(path), "%s/text.txt", dg_test_tmpdir());
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	for (size_t i = 0; i < n; i++)
+		fputc(text[(i * stride) % len], f);
+	fclose(f);
+	dg_corpus *c;
+	cr_assert_eq(dg_corpus_open(path, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+	return c;
+}
+
+char *dg_test_log_untimed(const char *dir, int *lines)
+{
+	char path[600], line[1024];
+	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	size_t cap = 1 << 16, n = 0;
+	char *out = calloc(cap, 1);
+	int count = 0;
+	while (fgets(line, sizeof(line), f)) {
+		char *cut = strstr(line, ", \"tokens_per_s\"");
+		cr_assert_not_null(cut, "%s", line);
+		*cut = '\0';
+		n += (size_t)snprintf(out + n, cap - n, "%s\n", line);
+		count++;
+	}
+	fclose(f);
+	if (lines)
+		*lines = count;
+	return out;
+}
+
+dg_train_state *dg_test_checkpoint_at(const char *dir, int64_t step)
+{
+	char msg[512], path[600];
+	dg_checkpoint_path(dir, step, path, sizeof(path));
+	dg_train_state *s;
+	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	return s;
+}
+
+dg_train_opts dg_test_tiny_opts(const char *dir, int64_t steps)
+{
+	dg_train_opts o;
+	dg_train_defaults(&o, steps);
+	o.model = dg_test_tiny_model("f32");
+	o.time = 16;
+	o.opt.lr = 3e-3f;
+	o.out_dir = dir;
+	return o;
+}
+
+void dg_test_expect_same_state(const dg_train_state *a, const dg_train_state *b)
+{
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		size_t n = dg_test_numel(&a->weights->config, p) * 4;
+		cr_expect_eq(memcmp(a->weights->params[p], b->weights->params[p], n), 0, "weights %d", p);
+		cr_expect_eq(memcmp(a->m[p], b->m[p], n), 0, "adamw.m %d", p);
+		cr_expect_eq(memcmp(a->v[p], b->v[p], n), 0, "adamw.v %d", p);
+	}
 }
 
 dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o)
@@ -253,6 +349,59 @@ dg_safetensors_writer *dg_test_rewrite(const dg_safetensors *f, const char *skip
 		cr_assert_eq(dg_safetensors_writer_meta(w, key, val, msg, sizeof(msg)), DG_OK, "%s", msg);
 	}
 	return w;
+}
+
+void dg_test_expect_row_bytes(void)
+{
+	static const struct {
+		dg_fmt fmt;
+		int64_t n;
+		size_t bytes;
+	} rows[] = {
+		{ DG_FMT_F32, 5, 20 },      { DG_FMT_BF16, 5, 10 },     { DG_FMT_INT8, 8, 8 },
+		{ DG_FMT_INT8, 6, 0 },      /* not whole i8x4 words */ { DG_FMT_UINT8POS, 4, 4 },
+		{ DG_FMT_INT4, 12, 12 },    { DG_FMT_TERNARY, 32, 8 }, { DG_FMT_TERNARY, 24, 0 },
+		{ DG_FMT_SIGN1, 64, 8 },    { DG_FMT_SIGN1, 48, 0 },   { DG_FMT_F32, -1, 0 },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		cr_assert_eq(dg_fmt_row_bytes(rows[i].fmt, rows[i].n), rows[i].bytes, "%s × %lld",
+			     dg_fmt_name(rows[i].fmt), (long long)rows[i].n);
+}
+
+dg_spec dg_test_spec_parse(const char *text)
+{
+	dg_spec s;
+	char msg[512];
+	cr_assert_eq(dg_spec_parse(text, &s, msg, sizeof(msg)), DG_OK, "%s: %s", text, msg);
+	return s;
+}
+
+dg_codegen *dg_test_codegen(void)
+{
+	dg_codegen *cg = NULL;
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
+	return cg;
+}
+
+dg_spec dg_test_dequantize_spec(dg_fmt act, dg_fmt out, dg_scale_gran g, int threads)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DEQUANTIZE);
+	s.act = act;
+	s.out = out;
+	s.ascale = g;
+	s.tile.threads = threads;
+	return s;
+}
+
+dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N)
+{
+	dg_spec s;
+	dg_spec_init(&s, op);
+	s.heads = H;
+	s.embd = E;
+	s.latent = N;
+	return s;
 }
 
 int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r)

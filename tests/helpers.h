@@ -9,8 +9,11 @@
 #include <stdint.h>
 
 #include "dragon/checkpoint.h"
+#include "dragon/codegen.h"
+#include "dragon/data.h"
 #include "dragon/model.h"
 #include "dragon/spec.h"
+#include "dragon/train.h"
 #include "runtime/store/safetensors.h"
 
 /* A fresh folder under $TMPDIR (or /tmp); malloc'd path, never NULL (a
@@ -48,21 +51,67 @@ void dg_test_all_specs(dg_spec_list *out);
  * loops to a deterministic sample (used by the sanitizer run). */
 int dg_test_quick(void);
 
+/* dg_fmt_row_bytes of each format on whole and partial words (a partial
+ * one: 0), and of a negative count (0). */
+void dg_test_expect_row_bytes(void);
+
+/* The spec of text (dg_spec_parse); a failure fails the test, naming text
+ * and the parser's message. */
+dg_spec dg_test_spec_parse(const char *text);
+/* A code generator of the built-in templates (dg_codegen_create); a
+ * failure fails the test. */
+dg_codegen *dg_test_codegen(void);
+
+/* dequantize of act codes (a scale each: ascale g) into out, at threads
+ * a block (0: the template's). */
+dg_spec dg_test_dequantize_spec(dg_fmt act, dg_fmt out, dg_scale_gran g, int threads);
+
+/* dg_spec_init's spec of op at H heads, embd E and latent N: the sizes
+ * the suites' specs set first. */
+dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N);
+
 /* The extent of dimension d of an op's argument at spec s, the batch b,
  * time t and rows r given: the suites' own statement of the op table's
  * rule (independent of dg_op_dim_extent). */
 int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r);
 
-/* The tiny model the suites train and check: preset's config (a failure
- * fails the test) at 2 layers, embd 32, 2 heads, 64 neurons. */
+/* preset's config (a failure fails the test) at these sizes (layers 0:
+ * the preset's). */
+dg_model_config dg_test_model(const char *preset, int layers, int embd, int heads, int neurons);
+/* The tiny model the suites train and check: dg_test_model at 2 layers,
+ * embd 32, 2 heads, 64 neurons. */
 dg_model_config dg_test_tiny_model(const char *preset);
 
 /* Values in parameter p of a model of config c. */
 size_t dg_test_numel(const dg_model_config *c, int p);
+/* Weights of dg_test_tiny_model(preset) drawn from seed, every value of
+ * every parameter times scale (25: the peaked logits and sparse
+ * activations of a trained model). */
+dg_model_weights *dg_test_tiny_weights(const char *preset, uint64_t seed, float scale);
+/* The index of the largest of z[0..n) (the first of equals). */
+int dg_test_argmax(const float *z, int n);
 /* A training state some steps in: weights of c from seed 5, the state
  * from seed 42 with optimizer o, and random moments (m in ±1e-3, v in
  * [0, 1e-6)) from a dg_rng of seed 9; the counters are the caller's. */
 dg_train_state *dg_test_train_state(const dg_model_config *c, const dg_adamw_config *o);
+
+/* A corpus (dg_corpus_open) of a fresh file of n bytes in the test's
+ * temporary folder, byte i text[(i·stride) % strlen(text)]. */
+dg_corpus *dg_test_corpus(const char *text, size_t n, size_t stride);
+/* The lines of dir/log.jsonl, each cut where its timing fields start
+ * (", \"tokens_per_s\"", which every line has), malloc'd; *lines (lines
+ * may be NULL) their count. */
+char *dg_test_log_untimed(const char *dir, int *lines);
+/* The state of dir's checkpoint of step step (a failure fails the test). */
+dg_train_state *dg_test_checkpoint_at(const char *dir, int64_t step);
+
+/* dg_train_defaults for steps with the f32 tiny model (dg_test_tiny_model),
+ * T 16, lr 3e-3, writing into dir. */
+dg_train_opts dg_test_tiny_opts(const char *dir, int64_t steps);
+
+/* Checkpoint states a and b of one config hold the same bytes: every
+ * parameter's weights and both AdamW moments (m, v). */
+void dg_test_expect_same_state(const dg_train_state *a, const dg_train_state *b);
 
 /* The bytes of the file at path (malloc'd, a NUL past them; *n their
  * count, n may be NULL); a failure fails the test. */

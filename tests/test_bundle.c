@@ -60,14 +60,6 @@ static char *listing(const char *dir)
 	return text;
 }
 
-static dg_spec spec_of(const char *text)
-{
-	dg_spec s;
-	char msg[512];
-	cr_assert_eq(dg_spec_parse(text, &s, msg, sizeof(msg)), DG_OK, "%s: %s", text, msg);
-	return s;
-}
-
 /* What the callbacks saw. */
 typedef struct seen {
 	size_t started, total, ticks, last_done;
@@ -148,8 +140,8 @@ Test(bundle, builds_a_small_list)
 
 	box_init(&b);
 	/* the auto tile and the tile it resolves to are one kernel */
-	dg_spec specs[3] = { spec_of("op=pack_i8x4;latent=256"), spec_of("op=unpack_i8x4;latent=256"),
-			     spec_of("op=pack_i8x4;latent=256") };
+	dg_spec specs[3] = { dg_test_spec_parse("op=pack_i8x4;latent=256"), dg_test_spec_parse("op=unpack_i8x4;latent=256"),
+			     dg_test_spec_parse("op=pack_i8x4;latent=256") };
 	dg_codegen *cg = NULL;
 	dg_plan plan;
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
@@ -208,7 +200,7 @@ Test(bundle, builds_for_a_named_device)
 	dg_bundle_summary sum;
 
 	box_init(&b);
-	dg_spec s = spec_of("op=unpack_i8x4;latent=256");
+	dg_spec s = dg_test_spec_parse("op=unpack_i8x4;latent=256");
 	dg_bundle_opts o = { .out = b.out, .specs = &s, .n_specs = 1, .jit = &b.jit,
 			     .device = "NVIDIA H200", .sm = 90 };
 	cr_assert_eq(dg_bundle_build(&o, &sum, msg, sizeof(msg)), DG_OK, "%s", msg);
@@ -245,7 +237,7 @@ Test(bundle, refuses_bad_input_and_writes_nothing)
 
 	box_init(&b);
 	snprintf(out, sizeof(out), "%s/made/by/nobody", b.root);
-	dg_spec good = spec_of("op=pack_i8x4;latent=256");
+	dg_spec good = dg_test_spec_parse("op=pack_i8x4;latent=256");
 
 	expect_refused(NULL, DG_ERR_INVALID_ARG, DG_BUNDLE_STEP_ARGS, "NULL options");
 	dg_bundle_opts o = { .out = NULL, .specs = &good, .n_specs = 1, .jit = &b.jit, .device = "" };
@@ -259,7 +251,7 @@ Test(bundle, refuses_bad_input_and_writes_nothing)
 	o.jobs = 0;
 
 	/* an invalid spec: the op's rules, named by its place in the list */
-	dg_spec bad[2] = { good, spec_of("op=lowrank_fwd") };
+	dg_spec bad[2] = { good, dg_test_spec_parse("op=lowrank_fwd") };
 	bad[1].latent = 8190;
 	o.specs = bad;
 	o.n_specs = 2;
@@ -269,7 +261,7 @@ Test(bundle, refuses_bad_input_and_writes_nothing)
 	bad[1].arch = 50;
 	expect_refused(&o, DG_ERR_INVALID_SPEC, DG_BUNDLE_STEP_ARGS, "specs[1]: arch=sm_50");
 	/* a tile its template refuses */
-	bad[1] = spec_of("op=lowrank_fwd;latent=256");
+	bad[1] = dg_test_spec_parse("op=lowrank_fwd;latent=256");
 	char msg[512];
 	cr_assert_eq(dg_spec_set(&bad[1], "tile", "48x64x64/2x2/2", msg, sizeof(msg)), DG_OK, "%s", msg);
 	expect_refused(&o, DG_ERR_INVALID_SPEC, DG_BUNDLE_STEP_ARGS, "specs[1]: tile=48x64x64/2x2/2");
@@ -302,7 +294,7 @@ Test(bundle, a_stop_leaves_nothing)
 	box_init(&b);
 	snprintf(top, sizeof(top), "%s/made", b.root);
 	snprintf(out, sizeof(out), "%s/by/the/build", top);
-	dg_spec specs[2] = { spec_of("op=pack_i8x4;latent=256"), spec_of("op=unpack_i8x4;latent=256") };
+	dg_spec specs[2] = { dg_test_spec_parse("op=pack_i8x4;latent=256"), dg_test_spec_parse("op=unpack_i8x4;latent=256") };
 	dg_bundle_opts o = { .out = out, .specs = specs, .n_specs = 2, .jit = &b.jit, .device = "",
 			     .stop = on_stop, .user = &s };
 	cr_expect_eq(dg_bundle_build(&o, &sum, msg, sizeof(msg)), DG_ERR_INTERRUPTED, "%s", msg);
@@ -323,7 +315,7 @@ Test(bundle, a_failed_kernel_leaves_the_old_bundle)
 
 	box_init(&b);
 	/* quantize_act's template is another file: it compiles, then pack fails */
-	dg_spec specs[2] = { spec_of("op=quantize_act"), spec_of("op=pack_i8x4;latent=256") };
+	dg_spec specs[2] = { dg_test_spec_parse("op=quantize_act"), dg_test_spec_parse("op=pack_i8x4;latent=256") };
 	dg_bundle_opts o = { .out = b.out, .specs = specs, .n_specs = 1, .jit = &b.jit, .device = "" };
 	cr_assert_eq(dg_bundle_build(&o, &sum, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_test_write_file(b.out, "keep.txt", "mine");

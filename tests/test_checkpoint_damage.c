@@ -34,13 +34,7 @@
 
 static dg_model_config small(void)
 {
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset("f32", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 1;
-	c.embd = 8;
-	c.heads = 1;
-	c.neurons = 8;
+	dg_model_config c = dg_test_model("f32", 1, 8, 1, 8);
 	c.vocab = 16;
 	return c;
 }
@@ -55,6 +49,16 @@ static dg_train_state *made(void)
 	s->step = 30;
 	s->data_pos = 30;
 	s->time = 16;
+	return s;
+}
+
+/* made()'s state, saved as dir/name (that path into path, 512 bytes). */
+static dg_train_state *made_saved(const char *dir, const char *name, char *path)
+{
+	char msg[1024];
+	dg_train_state *s = made();
+	snprintf(path, 512, "%s/%s", dir, name);
+	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	return s;
 }
 
@@ -95,11 +99,9 @@ static dg_status load_bytes(const char *path, const void *b, size_t n, char *msg
 
 Test(checkpoint_damage, every_bit_of_the_header_is_covered)
 {
-	dg_train_state *s = made();
 	char *dir = dg_test_tmpdir(), path[512], flip[512], msg[1024];
-	snprintf(path, sizeof(path), "%s/good.safetensors", dir);
+	dg_train_state *s = made_saved(dir, "good.safetensors", path);
 	snprintf(flip, sizeof(flip), "%s/flip.safetensors", dir);
-	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	size_t n;
 	unsigned char *b = dg_test_read_bytes(path, &n);
 	const size_t hn = header_len(b);
@@ -138,11 +140,9 @@ Test(checkpoint_damage, every_bit_of_the_header_is_covered)
 
 Test(checkpoint_damage, a_step_edited_is_refused)
 {
-	dg_train_state *s = made(), *b = NULL;
 	char *dir = dg_test_tmpdir(), path[512], other[512], msg[1024];
-	snprintf(path, sizeof(path), "%s/ck.safetensors", dir);
+	dg_train_state *s = made_saved(dir, "ck.safetensors", path), *b = NULL;
 	snprintf(other, sizeof(other), "%s/edit.safetensors", dir);
-	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	size_t n;
 	char *bytes = dg_test_read_bytes(path, &n);
 	/* "step":"30" -> "31": one bit */
@@ -288,11 +288,9 @@ static const char *as_v1(void *u, const char *key, const char *val)
 
 Test(checkpoint_damage, an_older_checkpoint_loads_and_its_tensors_are_checked)
 {
-	dg_train_state *s = made(), *b = NULL;
 	char *dir = dg_test_tmpdir(), path[512], old[512], msg[1024];
-	snprintf(path, sizeof(path), "%s/new.safetensors", dir);
+	dg_train_state *s = made_saved(dir, "new.safetensors", path), *b = NULL;
 	snprintf(old, sizeof(old), "%s/old.safetensors", dir);
-	cr_assert_eq(dg_checkpoint_save(s, path, msg, sizeof(msg)), DG_OK, "%s", msg);
 	dg_safetensors *f;
 	cr_assert_eq(dg_safetensors_load(path, &f, msg, sizeof(msg)), DG_OK, "%s", msg);
 	char sum[65];

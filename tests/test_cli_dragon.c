@@ -114,6 +114,16 @@ static double short_data(const sandbox *sb, char *data, size_t size, const dg_mo
 	return cpu_loss(w, bytes + 153, off, 2, 16, grads);
 }
 
+/* The eval tests' start: a model (setup, its path into model) and the
+ * short data file (its path into data), both strings of 700 bytes; the
+ * weights, and *want their CPU loss on the data. */
+static dg_model_weights *eval_setup(sandbox *sb, char *model, char *data, double *want)
+{
+	dg_model_weights *w = setup(sb, model, 700);
+	*want = short_data(sb, data, 700, w, NULL);
+	return w;
+}
+
 static const char *str(const cJSON *j, const char *k)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
@@ -128,8 +138,8 @@ Test(cli_dragon, cpu_loss_is_the_cpu_models)
 	sandbox sb;
 	run r;
 	char model[700], data[700];
-	dg_model_weights *w = setup(&sb, model, sizeof(model));
-	double want = short_data(&sb, data, sizeof(data), w, NULL);
+	double want;
+	dg_model_weights *w = eval_setup(&sb, model, data, &want);
 
 	gen(&sb, &r, "eval", "--model", model, "--data", data, "--batch", "2", "--time", "16",
 	    "--batches", "3", "--cpu", "--json", NULL);
@@ -735,20 +745,13 @@ Test(cli_dragon, devices_lists_what_the_driver_finds)
 
 Test(cli_dragon, gpu_agrees_with_cpu)
 {
-	char why[512] = "";
-	int n = 0;
-	dg_status st = dg_device_count(&n, why, sizeof(why));
-	if (st != DG_OK || n == 0) {
-		const char *req = getenv("DRAGON_REQUIRE_GPU");
-		cr_assert(!(req && strcmp(req, "1") == 0), "DRAGON_REQUIRE_GPU=1 and no device: %s", why);
-		printf("skipped: no CUDA device (%s)\n", why);
+	if (!gpu_or_skip())
 		cr_skip_test("skipped: no CUDA device");
-	}
 	sandbox sb;
 	run r;
 	char model[700], data[700];
-	dg_model_weights *w = setup(&sb, model, sizeof(model));
-	double want = short_data(&sb, data, sizeof(data), w, NULL);
+	double want;
+	dg_model_weights *w = eval_setup(&sb, model, data, &want);
 
 	gen(&sb, &r, "eval", "--model", model, "--data", data, "--batch", "2", "--time", "16",
 	    "--batches", "2", "--json", NULL);

@@ -99,6 +99,26 @@ static dg_train_state *load(const char *ckpt)
 	return s;
 }
 
+/* The train run r trained out to step `steps` at vocab V: it exited 0,
+ * its JSON says the vocab (and steps_run steps run, unless -1), the loss
+ * falls (falls, by), and its checkpoint of step `steps` (its path into
+ * ckpt, 800 bytes) has the vocab; that checkpoint's state. */
+static dg_train_state *trained(run *r, const char *out, int steps, double by, int vocab, int steps_run, char *ckpt)
+{
+	cr_assert_eq(r->code, 0, "%s", r->err);
+	cJSON *j = parse_json(r->out);
+	cr_expect_eq(num(j, "vocab"), vocab);
+	if (steps_run >= 0)
+		cr_expect_eq(num(j, "steps"), steps_run);
+	cJSON_Delete(j);
+	run_free(r);
+	falls(out, steps, by);
+	snprintf(ckpt, 800, "%s/ckpt-%08d.safetensors", out, steps);
+	dg_train_state *s = load(ckpt);
+	cr_expect_eq(s->weights->config.vocab, vocab);
+	return s;
+}
+
 Test(cli_tokens, raw_tokens_at_vocab_512)
 {
 	sandbox sb;
@@ -111,16 +131,7 @@ Test(cli_tokens, raw_tokens_at_vocab_512)
 	snprintf(out, sizeof(out), "%s/run", sb.root);
 	gen(&sb, &r, "train", TINY, "--steps", "12", "--eval-every", "12", "--data", data, "--vocab", "512", "--out",
 	    out, "--json", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	cJSON *j = parse_json(r.out);
-	cr_expect_eq(num(j, "vocab"), 512);
-	cJSON_Delete(j);
-	run_free(&r);
-	falls(out, 12, 1.0);
-	snprintf(ckpt, sizeof(ckpt), "%s/ckpt-00000012.safetensors", out);
-	dg_train_state *s = load(ckpt);
-	cr_expect_eq(s->weights->config.vocab, 512);
-	dg_train_state_destroy(s);
+	dg_train_state_destroy(trained(&r, out, 12, 1.0, 512, -1, ckpt));
 	sandbox_fini(&sb);
 }
 
@@ -168,16 +179,7 @@ Test(cli_tokens, llmc_shards_train_resume_eval_and_sample)
 	       "5", NULL);
 	gen(&sb, &r, "train", TINY, "--steps", "10", "--eval-every", "5", "--data", glob, "--out", out, "--resume",
 	    "--json", NULL);
-	cr_assert_eq(r.code, 0, "%s", r.err);
-	cJSON *j = parse_json(r.out);
-	cr_expect_eq(num(j, "vocab"), V);
-	cr_expect_eq(num(j, "steps"), 5);
-	cJSON_Delete(j);
-	run_free(&r);
-	falls(out, 10, 0.5);
-	snprintf(ckpt, sizeof(ckpt), "%s/ckpt-00000010.safetensors", out);
-	dg_train_state *s = load(ckpt);
-	cr_expect_eq(s->weights->config.vocab, (int)V);
+	dg_train_state *s = trained(&r, out, 10, 0.5, (int)V, 5, ckpt);
 	char msg[1024], hex[65];
 	dg_corpus *c = NULL;
 	cr_assert_eq(dg_corpus_open(glob, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
@@ -190,7 +192,7 @@ Test(cli_tokens, llmc_shards_train_resume_eval_and_sample)
 	gen(&sb, &r, "eval", "--model", ckpt, "--data", glob, "--cpu", "--batch", "2", "--time", "16", "--batches",
 	    "2", "--json", NULL);
 	cr_assert_eq(r.code, 0, "%s", r.err);
-	j = parse_json(r.out);
+	cJSON *j = parse_json(r.out);
 	cr_expect_eq(num(j, "split_tokens"), 1000);
 	cr_expect(isfinite(num(j, "loss")) && num(j, "loss") > 0, "%s", r.out);
 	cJSON_Delete(j);

@@ -62,19 +62,37 @@ static double wait_for_err(const sandbox *sb, const char *want, double limit)
 	     "--batch", "2", "--time", "768", "--eval-every", "0", "--eval-batches", "1", "--seed", "5",       \
 	     "--ckpt-every", "1", "--steps", "6"
 
+/* The stop tests' start: a sandbox with 20000 bytes of data (its path
+ * into data) and the run folders a and d (600 bytes each); `dragon train
+ * <flags> --data data --out d` started (*pid) and its first log line
+ * awaited: the seconds that took (a step, and the start). */
+static double start_run(sandbox *sb, const char *const *flags, char *data, char *a, char *d, pid_t *pid)
+{
+	const char *args[40] = { "train" };
+	int n = 1;
+	train_sandbox(sb, data, 600, 20000);
+	snprintf(a, 600, "%s/a", sb->root);
+	snprintf(d, 600, "%s/d", sb->root);
+	for (int i = 0; flags[i]; i++)
+		args[n++] = flags[i];
+	const char *tail[] = { "--data", data, "--out", d, NULL };
+	for (int i = 0; i < 5; i++)
+		args[n++] = tail[i];
+	const double t0 = now_s();
+	*pid = spawn_gen(sb, args);
+	wait_for_lines(d, 1, *pid);
+	return now_s() - t0;
+}
+
+static const char *const slow[] = { SLOW, NULL };
+
 Test(cli_train_stop, a_long_cpu_step_stops_at_once_and_says_so)
 {
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600], ck[700];
-	train_sandbox(&sb, data, sizeof(data), 20000);
-	snprintf(a, sizeof(a), "%s/a", sb.root);
-	snprintf(d, sizeof(d), "%s/d", sb.root);
-	const char *args[] = { "train", SLOW, "--data", data, "--out", d, NULL };
-	const double t0 = now_s();
-	pid_t pid = spawn_gen(&sb, args);
-	wait_for_lines(d, 1, pid);
-	const double step = now_s() - t0; /* a step, and the start */
+	pid_t pid;
+	const double step = start_run(&sb, slow, data, a, d, &pid); /* a step, and the start */
 	usleep((useconds_t)(step * 0.25e6)); /* into step 2 (step 1's checkpoint is written) */
 	const double ts = now_s();
 	cr_assert_eq(kill(pid, SIGTERM), 0);
@@ -107,19 +125,15 @@ Test(cli_train_stop, a_long_cpu_step_stops_at_once_and_says_so)
 	    "--batch", "2", "--time", "256", "--eval-every", "2", "--eval-batches", "60", "--seed", "5",     \
 	    "--ckpt-every", "10", "--steps", "3"
 
+static const char *const val[] = { VAL, NULL };
+
 Test(cli_train_stop, a_validation_cut_short_is_finished_by_the_resume)
 {
 	sandbox sb;
 	run r;
 	char data[600], a[600], d[600];
-	train_sandbox(&sb, data, sizeof(data), 20000);
-	snprintf(a, sizeof(a), "%s/a", sb.root);
-	snprintf(d, sizeof(d), "%s/d", sb.root);
-	const char *args[] = { "train", VAL, "--data", data, "--out", d, NULL };
-	const double t0 = now_s();
-	pid_t pid = spawn_gen(&sb, args);
-	wait_for_lines(d, 1, pid);
-	const double step = now_s() - t0;
+	pid_t pid;
+	const double step = start_run(&sb, val, data, a, d, &pid);
 	/* step 2 takes one step; its validation sixty forwards (~20 steps) */
 	usleep((useconds_t)(step * 4e6));
 	const double ts = now_s();

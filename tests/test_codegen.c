@@ -443,26 +443,11 @@ Test(codegen_sandbox, invalid_spec_is_refused_before_lua)
 
 /* ---- plans: the template's rules for a tile ------------------------------- */
 
-static dg_codegen *real_codegen(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
-	return cg;
-}
-
-static dg_spec spec_of(const char *text)
-{
-	dg_spec s;
-	char m[512];
-	cr_assert_eq(dg_spec_parse(text, &s, m, sizeof(m)), DG_OK, "%s: %s", text, m);
-	return s;
-}
-
 /* text parses and validates, but its template refuses the tile with want;
  * the message starts with "tile=<the tile>: " and render refuses it too. */
 static void plan_refuses(dg_codegen *cg, const char *text, const char *want)
 {
-	dg_spec s = spec_of(text);
+	dg_spec s = dg_test_spec_parse(text);
 	dg_plan p;
 	dg_source *src = (dg_source *)0x1;
 	char head[96], tb[64];
@@ -481,7 +466,7 @@ static void plan_refuses(dg_codegen *cg, const char *text, const char *want)
 
 Test(codegen_plan, refuses_tiles_it_cannot_run)
 {
-	dg_codegen *cg = real_codegen();
+	dg_codegen *cg = dg_test_codegen();
 	plan_refuses(cg, "op=lowrank_fwd;tile=48x64x64/2x2/2", "BM and BN must be powers of two from 16 to 256");
 	plan_refuses(cg, "op=lowrank_fwd;tile=64x64x64/2x2/2;embd=96", "BK=64 must divide embd=96");
 	plan_refuses(cg, "op=lowrank_fwd;tile=64x64x16/2x2/2;weight=sign1", "BK must be a multiple of 32");
@@ -500,7 +485,7 @@ Test(codegen_plan, refuses_tiles_it_cannot_run)
 
 Test(codegen_plan, invalid_specs_and_arguments)
 {
-	dg_codegen *cg = real_codegen();
+	dg_codegen *cg = dg_test_codegen();
 	dg_spec s;
 	dg_plan p;
 	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
@@ -553,7 +538,7 @@ Test(codegen_plan, auto_tile_resolves_for_every_format)
 	const int embd[] = { 32, 64, 96, 256, 4096 };
 	const int arch[][2] = { { 80, 0 }, { 90, 0 }, { 90, 1 } };
 	const dg_op ops[] = { DG_OP_LOWRANK_FWD, DG_OP_RELU_MASK, DG_OP_DECODER_FWD };
-	dg_codegen *cg = real_codegen();
+	dg_codegen *cg = dg_test_codegen();
 	int n = 0;
 	for (size_t o = 0; o < 3; o++)
 		for (int i = 0; i < 5; i++)
@@ -583,9 +568,9 @@ Test(codegen_plan, auto_tile_resolves_for_every_format)
 
 Test(codegen_plan, plan_for_moves_an_auto_tile_to_the_arch_specific_target)
 {
-	dg_codegen *cg = real_codegen();
+	dg_codegen *cg = dg_test_codegen();
 	dg_plan p;
-	dg_spec s = spec_of("op=lowrank_fwd;weight=ternary;relu=0");
+	dg_spec s = dg_test_spec_parse("op=lowrank_fwd;weight=ternary;relu=0");
 	/* on the spec's own arch, sm_90: the warpgroup path of sm_90a */
 	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert(p.spec.arch_specific && p.needs_arch_specific, "%s", p.canonical);
@@ -601,18 +586,18 @@ Test(codegen_plan, plan_for_moves_an_auto_tile_to_the_arch_specific_target)
 	/* another device's SM, an explicit tile, an arch without "a": plan as is */
 	cr_assert_eq(dg_codegen_plan_for(cg, &s, 100, &q), DG_OK);
 	cr_assert_not(q.spec.arch_specific);
-	dg_spec t = spec_of("op=lowrank_fwd;weight=ternary;relu=0;tile=64x64x64/2x2/2");
+	dg_spec t = dg_test_spec_parse("op=lowrank_fwd;weight=ternary;relu=0;tile=64x64x64/2x2/2");
 	cr_assert_eq(dg_codegen_plan_for(cg, &t, 90, &q), DG_OK);
 	cr_assert_not(q.spec.arch_specific);
 	cr_assert(strstr(q.canonical, "tile=64x64x64/2x2/2;"));
-	dg_spec u = spec_of("op=lowrank_fwd;arch=sm_80");
+	dg_spec u = dg_test_spec_parse("op=lowrank_fwd;arch=sm_80");
 	cr_assert_eq(dg_codegen_plan_for(cg, &u, 80, &q), DG_OK);
 	cr_assert_not(q.spec.arch_specific);
 	/* an op whose default on sm_90a takes no warpgroup path stays portable */
-	dg_spec g = spec_of("op=lowrank_grad_input");
+	dg_spec g = dg_test_spec_parse("op=lowrank_grad_input");
 	cr_assert_eq(dg_codegen_plan_for(cg, &g, 90, &q), DG_OK);
 	cr_assert_not(q.spec.arch_specific, "%s", q.canonical);
-	dg_spec e = spec_of("op=pack_i8x4");
+	dg_spec e = dg_test_spec_parse("op=pack_i8x4");
 	cr_assert_eq(dg_codegen_plan_for(cg, &e, 90, &q), DG_OK);
 	cr_assert_not(q.spec.arch_specific, "%s", q.canonical);
 	dg_codegen_destroy(cg);
@@ -623,9 +608,9 @@ Test(codegen_plan, plan_for_moves_an_auto_tile_to_the_arch_specific_target)
  * the portable plan, relu_mask and shapes the path refuses stay fp32. */
 Test(codegen_plan, bf16_projection_takes_the_warpgroup_path)
 {
-	dg_codegen *cg = real_codegen();
+	dg_codegen *cg = dg_test_codegen();
 	dg_plan p;
-	dg_spec s = spec_of("op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0");
+	dg_spec s = dg_test_spec_parse("op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0");
 	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert(p.spec.arch_specific && p.needs_arch_specific, "%s", p.canonical);
 	cr_assert_str_eq(p.path, "wgmma bf16");
@@ -637,10 +622,10 @@ Test(codegen_plan, bf16_projection_takes_the_warpgroup_path)
 	cr_assert_str_eq(p.path, "wgmma bf16");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
 	cr_assert_str_eq(p.path, "fp32");
-	dg_spec m = spec_of("op=relu_mask;weight=bf16;act=bf16;relu=0;arch=sm_90a");
+	dg_spec m = dg_test_spec_parse("op=relu_mask;weight=bf16;act=bf16;relu=0;arch=sm_90a");
 	cr_assert_eq(dg_codegen_plan(cg, &m, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "fp32");
-	dg_spec o = spec_of("op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0;latent=200;arch=sm_90a");
+	dg_spec o = dg_test_spec_parse("op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0;latent=200;arch=sm_90a");
 	cr_assert_eq(dg_codegen_plan(cg, &o, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "fp32", "%s", p.canonical);
 	dg_codegen_destroy(cg);
@@ -649,29 +634,29 @@ Test(codegen_plan, bf16_projection_takes_the_warpgroup_path)
 /* A warpgroup tile (BM = 16·WM, WN = 1) takes wgmma on sm_90a only. */
 Test(codegen_plan, paths_follow_the_tile_and_the_target)
 {
-	dg_codegen *cg = real_codegen();
+	dg_codegen *cg = dg_test_codegen();
 	dg_plan p;
-	dg_spec s = spec_of("op=lowrank_fwd;tile=128x64x64/8x1/2;arch=sm_90a");
+	dg_spec s = dg_test_spec_parse("op=lowrank_fwd;tile=128x64x64/8x1/2;arch=sm_90a");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma");
 	cr_assert(p.needs_arch_specific);
-	s = spec_of("op=lowrank_fwd;tile=128x64x64/8x1/2");
+	s = dg_test_spec_parse("op=lowrank_fwd;tile=128x64x64/8x1/2");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "mma.sync");
 	cr_assert_not(p.needs_arch_specific);
-	s = spec_of("op=lowrank_fwd;arch=sm_75");
+	s = dg_test_spec_parse("op=lowrank_fwd;arch=sm_75");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
 	cr_assert_str_eq(p.path, "dp4a");
-	s = spec_of("op=lowrank_fwd;weight=f32;act=f32");
+	s = dg_test_spec_parse("op=lowrank_fwd;weight=f32;act=f32");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
 	cr_assert_str_eq(p.path, "fp32");
-	s = spec_of("op=lowrank_grad_input");
+	s = dg_test_spec_parse("op=lowrank_grad_input");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
 	cr_assert_str_eq(p.path, "mma.sync bf16");
-	s = spec_of("op=lowrank_grad_input;arch=sm_75");
+	s = dg_test_spec_parse("op=lowrank_grad_input;arch=sm_75");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
 	cr_assert_str_eq(p.path, "fp32");
-	s = spec_of("op=quantize_act");
+	s = dg_test_spec_parse("op=quantize_act");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
 	cr_assert_str_eq(p.path, "element-wise");
 	cr_assert_str_eq(p.program, "quantize_act.cu");

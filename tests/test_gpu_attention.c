@@ -211,6 +211,14 @@ static void check_scores(dg_device *dev, const dg_spec *sp, dg_fmt act, const sh
 	free(got);
 }
 
+/* The RoPE table of T positions at latent N (dg_ref_rope_pairs; malloc'd). */
+static float *rope_table(int T, int N)
+{
+	float *rope = gh_xmalloc((size_t)T * N * 4);
+	dg_ref_rope_pairs(T, N, rope);
+	return rope;
+}
+
 /* The inputs most cases share, drawn in this order from the test's
  * stream: the RoPE table (no draw), grad (B, H, T, D) f32 in [-1, 1),
  * with_gx a grad_x (B, H, T, N) f32 likewise, xs (B, H, T, N) act in
@@ -229,9 +237,8 @@ static void inputs_make(dg_device *dev, dg_fmt act, const shape *s, bool with_gx
 	int B = s->B, H = s->H, T = s->T, N = s->N, D = s->D;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D, as = act_size(act);
 	memset(in, 0, sizeof(*in));
-	in->rope = gh_xmalloc((size_t)T * N * 4);
+	in->rope = rope_table(T, N);
 	in->g = gh_xmalloc(ng * 4);
-	dg_ref_rope_pairs(T, N, in->rope);
 	for (size_t i = 0; i < ng; i++)
 		in->g[i] = gh_uniform(-1.0f, 1.0f);
 	if (with_gx) {
@@ -267,6 +274,62 @@ static dg_spec chain_spec(dg_fmt act, const shape *s, bool pre)
 		sp.rope_pre = true;
 	}
 	return sp;
+}
+
+/* The shape the chain tests run. */
+static const shape chain_shape = { 2, 2, 65, 128, 64 };
+
+/* The outputs of the chains at shape s, each 0xff: scores and out in act,
+ * grad_xs and grad_v f32. */
+typedef struct chain_out {
+	dg_tensor s, o, gx, gv;
+} chain_out;
+
+static chain_out chain_outputs(dg_device *dev, dg_fmt act, const shape *s)
+{
+	int B = s->B, H = s->H, T = s->T, N = s->N, D = s->D;
+	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
+	size_t ns = (size_t)B * H * T * T, as = act_size(act);
+	chain_out c;
+	c.s = dg_tensor_4d("scores", act, FF(ns * as), B, H, T, T);
+	c.o = dg_tensor_4d("out", act, FF(ng * as), B, H, T, D);
+	c.gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
+	c.gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
+	return c;
+}
+
+/* dg_attention_fwd then _bwd at chain_spec(act, s, pre) on in into co.
+ * Each workspace is the size its query gives (the forward's: none with
+ * rope on the load, qr with rope=pre; the backward's: the gradient of the
+ * scores, and qr with rope=pre); a workspace 256 bytes short is refused
+ * by name before the call with the full one (the forward's where it has
+ * one, and the backward's). */
+static void chain_run(dg_device *dev, dg_fmt act, const shape *s, bool pre, const inputs *in, const chain_out *co)
+{
+	size_t nx = (size_t)s->B * s->H * s->T * s->N, ns = (size_t)s->B * s->H * s->T * s->T;
+	size_t qr = pre ? (nx * 2 + 255) / 256 * 256 : 0;
+	dg_spec sp = chain_spec(act, s, pre);
+	dg_attention_fwd_args fa = { .xs = &in->t_xs, .v = &in->t_v, .rope = &in->t_rope, .scores = &co->s,
+				     .out = &co->o };
+	size_t need = 0;
+	cr_assert_eq(dg_attention_fwd_workspace(&sp, &fa, &need), DG_OK);
+	cr_assert_eq(need, qr);
+	if (need) {
+		fa.ws = gh_workspace(dev, need - 256);
+		cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_ERR_INVALID_ARG);
+		cr_assert(strstr(dg_device_errmsg(dev), "ws"), "%s", dg_device_errmsg(dev));
+		fa.ws = gh_workspace(dev, need);
+	}
+	cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_attention_bwd_args ba = { .grad = &in->t_g, .xs = &in->t_xs, .v = &in->t_v, .rope = &in->t_rope,
+				     .scores = &co->s, .grad_xs = &co->gx, .grad_v = &co->gv };
+	cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
+	cr_assert_eq(need, pre ? (ns * 2 + 255) / 256 * 256 + qr : ns * 2);
+	ba.ws = gh_workspace(dev, need - 256);
+	cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "ws"), "%s", dg_device_errmsg(dev));
+	ba.ws = gh_workspace(dev, need);
+	cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
 }
 
 /* add_mask: dxs (out) += other (f32) where xs (act) > 0, at H heads of
@@ -402,7 +465,7 @@ Test(gpu_attention, chains_are_the_ops)
 {
 	dg_device *dev = gh_open();
 	gh_seed(0xc4a1);
-	shape s = { 2, 2, 65, 128, 64 };
+	shape s = chain_shape;
 	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
@@ -410,24 +473,9 @@ Test(gpu_attention, chains_are_the_ops)
 	inputs in;
 	inputs_make(dev, act, &s, false, false, &in);
 	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
-	dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
-	dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
-	dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
-	dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
-	dg_spec sp = chain_spec(act, &s, false);
-
-	dg_attention_fwd_args fa = { .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s, .out = &t_o };
-	cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_attention_bwd_args ba = { .grad = &t_g, .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s,
-				     .grad_xs = &t_gx, .grad_v = &t_gv };
-	size_t need = 0;
-	cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
-	cr_assert_eq(need, ns * 2);
-	ba.ws = gh_workspace(dev, need - 256);
-	cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_ERR_INVALID_ARG);
-	cr_assert(strstr(dg_device_errmsg(dev), "ws"), "%s", dg_device_errmsg(dev));
-	ba.ws = gh_workspace(dev, need);
-	cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
+	chain_out co = chain_outputs(dev, act, &s);
+	dg_tensor t_s = co.s, t_o = co.o, t_gx = co.gx, t_gv = co.gv;
+	chain_run(dev, act, &s, false, &in, &co);
 
 	/* the ops one by one, on the chain's own intermediates */
 	dg_tensor in2[3] = { t_xs, t_rope };
@@ -630,8 +678,7 @@ static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	int B = s->B, H = s->H, T = s->T, N = s->N;
 	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T;
 	dg_fmt act = DG_FMT_BF16;
-	float *rope = gh_xmalloc((size_t)T * N * 4);
-	dg_ref_rope_pairs(T, N, rope);
+	float *rope = rope_table(T, N);
 	void *xs = rand_act(act, nx, 0.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
 	void *qr = rope_of(act, s, xs, rope), *want_s = gh_xmalloc(ns * 2);
 	float *want_gx = gh_xmalloc(nx * 4);
@@ -665,22 +712,35 @@ static void wg_case(dg_device *dev, const shape *s, const dg_tile *tile)
 }
 
 /* T 1 and 7 (rows of C not 16-byte aligned: guarded element loads), 65,
- * 130 and 200 (ragged tiles); the default tile and three others. */
+ * 130 and 200 (ragged tiles). */
+static const shape wg_shapes[] = {
+	{ 2, 2, 1, 64, 32 }, { 2, 2, 7, 128, 64 }, { 2, 2, 65, 64, 32 }, { 1, 2, 130, 128, 64 },
+	{ 1, 1, 200, 256, 32 },
+};
+
+/* The default tile and three others. */
+static const dg_tile wg_tiles[] = {
+	{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 64, 4, 1, 3, 0 },
+	{ 128, 256, 64, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
+};
+
+#define N_WG_SHAPES (sizeof(wg_shapes) / sizeof(wg_shapes[0]))
+#define N_WG_TILES (sizeof(wg_tiles) / sizeof(wg_tiles[0]))
+
+/* fn on each of wg_shapes with each of tiles[0..n_tiles), shapes outer. */
+static void each_wg_shape(dg_device *dev, const dg_tile *tiles, size_t n_tiles,
+			  void (*fn)(dg_device *, const shape *, const dg_tile *))
+{
+	for (size_t i = 0; i < N_WG_SHAPES; i++)
+		for (size_t k = 0; k < n_tiles; k++)
+			fn(dev, &wg_shapes[i], &tiles[k]);
+}
+
 Test(gpu_attention, warpgroup_path_small_shapes)
 {
-	static const shape shapes[] = {
-		{ 2, 2, 1, 64, 32 }, { 2, 2, 7, 128, 64 }, { 2, 2, 65, 64, 32 }, { 1, 2, 130, 128, 64 },
-		{ 1, 1, 200, 256, 32 },
-	};
-	static const dg_tile tiles[] = {
-		{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 64, 4, 1, 3, 0 },
-		{ 128, 256, 64, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
-	};
 	dg_device *dev = gh_open_sm90();
 	gh_seed(0x90a);
-	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
-			wg_case(dev, &shapes[i], &tiles[k]);
+	each_wg_shape(dev, wg_tiles, N_WG_TILES, wg_case);
 	gh_close(dev);
 }
 
@@ -693,8 +753,7 @@ static void ws_scores_case(dg_device *dev, const shape *s, const dg_tile *tile)
 	int B = s->B, H = s->H, T = s->T, N = s->N;
 	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T;
 	dg_fmt act = DG_FMT_BF16;
-	float *rope = gh_xmalloc((size_t)T * N * 4);
-	dg_ref_rope_pairs(T, N, rope);
+	float *rope = rope_table(T, N);
 	void *xs = rand_act(act, nx, 0.0f, NULL), *qr = rope_of(act, s, xs, rope), *want = gh_xmalloc(ns * 2);
 	dg_tensor in2[2] = { dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N),
 			     dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N) };
@@ -706,19 +765,13 @@ static void ws_scores_case(dg_device *dev, const shape *s, const dg_tile *tile)
 
 Test(gpu_attention, warp_specialized_scores)
 {
-	static const shape shapes[] = {
-		{ 2, 2, 1, 64, 32 }, { 2, 2, 7, 128, 64 }, { 2, 2, 65, 64, 32 }, { 1, 2, 130, 128, 64 },
-		{ 1, 1, 200, 256, 32 },
-	};
 	static const dg_tile tiles[] = {
 		{ 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 }, { 64, 128, 64, 4, 1, 8, 0 },
 		{ 64, 64, 64, 4, 1, 8, 0 },
 	};
 	dg_device *dev = gh_open_sm90();
 	gh_seed(0x75a);
-	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
-			ws_scores_case(dev, &shapes[i], &tiles[k]);
+	each_wg_shape(dev, tiles, sizeof(tiles) / sizeof(tiles[0]), ws_scores_case);
 	shape bdh = { 2, 4, 512, 8192, 256 };
 	ws_scores_case(dev, &bdh, &tiles[1]);
 	gh_close(dev);
@@ -731,41 +784,18 @@ Test(gpu_attention, warpgroup_chains)
 {
 	dg_device *dev = gh_open_sm90();
 	gh_seed(0xc4a2);
-	shape s = { 2, 2, 65, 128, 64 };
-	int B = s.B, H = s.H, T = s.T, N = s.N, D = s.D;
+	shape s = chain_shape;
 	dg_fmt act = DG_FMT_BF16;
-	size_t nx = (size_t)B * H * T * N, nv = (size_t)B * T * D, ng = (size_t)B * H * T * D;
-	size_t ns = (size_t)B * H * T * T;
 	inputs in;
 	inputs_make(dev, act, &s, false, false, &in);
-	dg_tensor t_xs = in.t_xs, t_rope = in.t_rope, t_v = in.t_v, t_g = in.t_g;
+	size_t nx = (size_t)s.B * s.H * s.T * s.N, nv = (size_t)s.B * s.T * s.D;
+	size_t ng = (size_t)s.B * s.H * s.T * s.D, ns = (size_t)s.B * s.H * s.T * s.T;
 	void *res[2][4];
 	for (int pre = 0; pre < 2; pre++) {
-		dg_spec sp = chain_spec(act, &s, pre);
-		dg_tensor t_s = dg_tensor_4d("scores", act, FF(ns * 2), B, H, T, T);
-		dg_tensor t_o = dg_tensor_4d("out", act, FF(ng * 2), B, H, T, D);
-		dg_tensor t_gx = dg_tensor_4d("grad_xs", DG_FMT_F32, FF(nx * 4), B, H, T, N);
-		dg_tensor t_gv = dg_tensor_4d("grad_v", DG_FMT_F32, FF(nv * 4), B, 1, T, D);
-		dg_attention_fwd_args fa = { .xs = &t_xs, .v = &t_v, .rope = &t_rope, .scores = &t_s,
-					     .out = &t_o };
-		size_t need = 0;
-		cr_assert_eq(dg_attention_fwd_workspace(&sp, &fa, &need), DG_OK);
-		cr_assert_eq(need, pre ? (nx * 2 + 255) / 256 * 256 : 0);
-		if (pre) {
-			fa.ws = gh_workspace(dev, need - 256);
-			cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_ERR_INVALID_ARG);
-			cr_assert(strstr(dg_device_errmsg(dev), "ws"), "%s", dg_device_errmsg(dev));
-			fa.ws = gh_workspace(dev, need);
-		}
-		cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "%s", dg_device_errmsg(dev));
-		dg_attention_bwd_args ba = { .grad = &t_g, .xs = &t_xs, .v = &t_v, .rope = &t_rope,
-					     .scores = &t_s, .grad_xs = &t_gx, .grad_v = &t_gv };
-		cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
-		cr_assert_eq(need, pre ? (ns * 2 + 255) / 256 * 256 + (nx * 2 + 255) / 256 * 256 : ns * 2);
-		ba.ws = gh_workspace(dev, need);
-		cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "%s", dg_device_errmsg(dev));
+		chain_out co = chain_outputs(dev, act, &s);
+		chain_run(dev, act, &s, pre, &in, &co);
 		size_t bytes[4] = { ns * 2, ng * 2, nx * 4, nv * 4 };
-		dg_dptr at[4] = { t_s.data, t_o.data, t_gx.data, t_gv.data };
+		dg_dptr at[4] = { co.s.data, co.o.data, co.gx.data, co.gv.data };
 		for (int k = 0; k < 4; k++) {
 			res[pre][k] = gh_xmalloc(bytes[k]);
 			gh_download(dev, res[pre][k], at[k], bytes[k]);
@@ -793,8 +823,7 @@ Test(gpu_attention, bdh_shape_warpgroup)
 	int B = s.B, H = s.H, T = s.T, N = s.N;
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, tn = (size_t)T * N, tt = (size_t)T * T;
-	float *rope = gh_xmalloc(tn * 4);
-	dg_ref_rope_pairs(T, N, rope);
+	float *rope = rope_table(T, N);
 	void *xs = rand_act(act, nx, 0.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
 	dg_tensor t_xs = dg_tensor_4d("xs", act, UP(xs, nx * 2), B, H, T, N);
 	dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, tn * 4), T, N);
@@ -892,8 +921,7 @@ static void mask_case(dg_device *dev, const dg_spec *spec, const shape *s, const
 	int B = s->B, H = s->H, T = s->T, N = s->N;
 	dg_fmt act = sp->act, gf = sp->out;
 	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, as = act_size(act), gs = act_size(gf);
-	float *rope = gh_xmalloc((size_t)T * N * 4);
-	dg_ref_rope_pairs(T, N, rope);
+	float *rope = rope_table(T, N);
 	void *xs = rand_act(act, nx, 0.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
 	void *dxs = rand_act(gf, nx, -1.0f, NULL), *mx = rand_mask(act, nx);
 	dg_tensor t_c = dg_tensor_4d("grad_scores", act, UP(c, ns * as), B, H, T, T);
@@ -953,16 +981,12 @@ static const shape mask_shapes[] = {
  * four tiles, dxs bf16 and f32. */
 Test(gpu_attention, epi_mask_warpgroup)
 {
-	static const dg_tile tiles[] = {
-		{ 0, 0, 0, 0, 0, 0, 0 },        { 64, 64, 64, 4, 1, 3, 0 },
-		{ 128, 256, 64, 8, 1, 4, 0 },   { 64, 128, 64, 4, 1, 4, 0 },
-	};
 	dg_device *dev = gh_open_sm90();
 	gh_seed(0xe9a);
 	for (size_t i = 0; i < sizeof(mask_shapes) / sizeof(mask_shapes[0]); i++)
-		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
+		for (size_t k = 0; k < N_WG_TILES; k++)
 			for (int b = 0; b < 2; b++) {
-				dg_spec sp = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &mask_shapes[i], &tiles[k]),
+				dg_spec sp = mask_spec(wg_spec(DG_OP_ATTENTION_GRAD_XS, &mask_shapes[i], &wg_tiles[k]),
 						       b ? DG_FMT_BF16 : DG_FMT_F32);
 				expect_wgmma(&sp);
 				char what[96];
@@ -1078,8 +1102,7 @@ Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
 	int B = s.B, H = s.H, T = s.T, N = s.N;
 	dg_fmt act = DG_FMT_BF16;
 	size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, tn = (size_t)T * N, tt = (size_t)T * T;
-	float *rope = gh_xmalloc(tn * 4);
-	dg_ref_rope_pairs(T, N, rope);
+	float *rope = rope_table(T, N);
 	void *qr = rand_act(act, nx, -1.0f, NULL), *c = rand_act(act, ns, -1.0f, NULL);
 	void *dxs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL), *mx = rand_mask(act, nx);
 	dg_tensor t_qr = dg_tensor_4d("xs", act, UP(qr, nx * 2), B, H, T, N);

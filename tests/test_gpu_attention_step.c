@@ -29,16 +29,13 @@
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 #include "runtime/ref/ref_ops.h"
 
 static dg_spec spec_of(dg_fmt act, int H, int N, int D, int threads)
 {
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_ATTENTION_STEP);
+	dg_spec s = dg_test_spec_sized(DG_OP_ATTENTION_STEP, H, D, N);
 	s.act = act;
-	s.heads = H;
-	s.latent = N;
-	s.embd = D;
 	s.tile.threads = threads;
 	dg_spec_normalize(&s);
 	return s;

@@ -6,9 +6,10 @@
  *   - the default BDH set, built by $DRAGON_GEN for this device (its name
  *     and SM) into a fresh cache folder, loaded by dg_device_load_bundle
  *     into a device that has no disk cache (no_cache): every kernel of the
- *     manifest is then run once through the public ops API with its spec
+ *     manifest is then run once through the typed ops' door with its spec
  *     as a user writes it (tile auto, the portable target), on tensors made
- *     from the op table's signature at small B·T — afterwards the device
+ *     from the op table's signature at small B·T (the call's arguments
+ *     struct filled through the arguments layout) — afterwards the device
  *     has compiled nothing and read no cache, and counts the manifest's
  *     kernels as bundled; the projection and the decoder (integer paths)
  *     and the packers are bit for bit dg_ref_run's;
@@ -36,6 +37,7 @@
 #include "gpu_helpers.h"
 #include "helpers.h"
 #include "runtime/ops/checks.h"
+#include "runtime/ops/ops_int.h"
 #include "runtime/ref/ref_ops.h"
 
 extern char **environ;
@@ -120,6 +122,37 @@ static dg_device_stats stats_of(dg_device *dev)
 	return st;
 }
 
+/* What every test starts from: the device that holds the tensors (gh_open:
+ * skips without a GPU), a fresh cache folder (fresh_env), and a bundle
+ * built for that device into a fresh folder (gen_build's extra), its
+ * manifest loaded. */
+typedef struct fixture {
+	dg_device *mem;
+	char *cache, *root;
+	char out[600];
+	dg_device_info info;
+	dg_manifest *m;
+} fixture;
+
+static void fixture_open(fixture *f, const char *const *extra)
+{
+	f->mem = gh_open();
+	f->cache = fresh_env();
+	cr_assert_eq(dg_device_info_get(f->mem, &f->info), DG_OK);
+	f->root = dg_test_tmpdir();
+	snprintf(f->out, sizeof(f->out), "%s/bundle", f->root);
+	gen_build(&f->info, f->out, extra);
+	f->m = load_manifest(f->out);
+}
+
+static void fixture_close(fixture *f)
+{
+	dg_manifest_destroy(f->m);
+	gh_close(f->mem);
+	dg_test_rmtree(f->root);
+	dg_test_rmtree(f->cache);
+}
+
 /* ---- one call of any op, from the op table's signature ---------------------- */
 
 typedef struct arg_buf {
@@ -165,178 +198,57 @@ static int64_t extent(const op_case *c, dg_dim d)
 	}
 }
 
-/* Runs c's op on dev, or (ws_bytes non-NULL) asks for its workspace. */
+/* Stores the n bytes of v at a layout's offset `at` (plus one; 0: the
+ * struct has no such field, nothing stored). */
+static void put(unsigned char *args, uint16_t at, const void *v, size_t n)
+{
+	if (at)
+		memcpy(args + at - 1, v, n);
+}
+
+/*
+ * Runs c's op on dev, or (ws_bytes non-NULL) asks for its workspace, as a
+ * user's dg_<op> call does: its typed arguments struct, filled through the
+ * op's row of the arguments layout (runtime/ops/args_layout.c) — the op
+ * table's tensors in order (an epilogue's that the spec does not use:
+ * NULL), the workspace, and the options: eps 1e-5 (the norms), backward
+ * (lmhead_ce), the dropout's p 0.1, seed 1, step 2, layer 3, decay
+ * (adamw_update); the rest zero — then the typed door every dg_<op> is one
+ * line of. An op whose struct has no workspace needs none.
+ */
 static dg_status op_call(dg_device *dev, op_case *c, size_t *ws_bytes)
 {
-	const dg_tensor *t0 = &c->a[0].t, *t1 = &c->a[1].t, *t2 = &c->a[2].t, *t3 = &c->a[3].t;
-	const dg_tensor *t4 = &c->a[4].t, *t5 = &c->a[5].t;
 	const dg_spec *s = &c->spec;
-	if (ws_bytes)
+	const dg__args_layout *l = dg__op_args_layout(s->op);
+	cr_assert(l && l->size, "op %s has no arguments struct", dg_op_name(s->op));
+	unsigned char *args = gh_xmalloc(l->size);
+	memset(args, 0, l->size);
+	for (int i = 0; i < c->row->n_args; i++) {
+		const dg_tensor *t = dg_op_arg_used(s, i) ? &c->a[i].t : NULL;
+		cr_assert(l->t[i].at, "%s: no field for %s", dg_op_name(s->op), c->row->args[i].name);
+		put(args, l->t[i].at, &t, sizeof(t));
+	}
+	const float eps = 1e-5f, p = 0.1f;
+	const bool yes = true;
+	const uint64_t seed = 1;
+	const uint32_t step = 2, layer = 3;
+	put(args, l->ws, &c->ws, sizeof(c->ws));
+	put(args, l->eps, &eps, sizeof(eps));
+	put(args, l->backward, &yes, sizeof(yes));
+	put(args, l->p, &p, sizeof(p));
+	put(args, l->seed, &seed, sizeof(seed));
+	put(args, l->step, &step, sizeof(step));
+	put(args, l->layer, &layer, sizeof(layer));
+	put(args, l->decay, &yes, sizeof(yes));
+	dg_status st;
+	if (ws_bytes) {
 		*ws_bytes = 0;
-	switch (s->op) {
-	case DG_OP_LOWRANK_FWD: {
-		dg_lowrank_fwd_args a = { .x = t0, .w = t1, .out = t2 };
-		return ws_bytes ? DG_OK : dg_lowrank_fwd(dev, s, &a);
+		st = l->ws ? dg__op_typed_workspace(dev, s->op, s, args, ws_bytes) : DG_OK;
+	} else {
+		st = dg__op_typed_run(dev, s->op, s, args);
 	}
-	case DG_OP_RELU_MASK: {
-		dg_relu_mask_args a = { .x = t0, .w = t1, .grad = t2, .grad_out = t3 };
-		return ws_bytes ? DG_OK : dg_relu_mask(dev, s, &a);
-	}
-	case DG_OP_LOWRANK_GRAD_INPUT: {
-		dg_lowrank_grad_input_args a = { .grad = t0, .w = t1, .grad_x = t2, .ws = c->ws };
-		return ws_bytes ? dg_lowrank_grad_input_workspace(dev, s, &a, ws_bytes)
-				: dg_lowrank_grad_input(dev, s, &a);
-	}
-	case DG_OP_LOWRANK_GRAD_WEIGHT: {
-		dg_lowrank_grad_weight_args a = { .grad = t0, .x = t1, .grad_w = t2, .ws = c->ws };
-		return ws_bytes ? dg_lowrank_grad_weight_workspace(dev, s, &a, ws_bytes)
-				: dg_lowrank_grad_weight(dev, s, &a);
-	}
-	case DG_OP_DECODER_FWD: {
-		dg_decoder_fwd_args a = { .y = t0, .w = t1, .out = t2, .ws = c->ws };
-		return ws_bytes ? dg_decoder_fwd_workspace(dev, s, &a, ws_bytes)
-				: dg_decoder_fwd(dev, s, &a);
-	}
-	case DG_OP_DECODER_GRAD_INPUT: {
-		dg_decoder_grad_input_args a = { .grad = t0, .w = t1, .grad_y = t2 };
-		return ws_bytes ? DG_OK : dg_decoder_grad_input(dev, s, &a);
-	}
-	case DG_OP_DECODER_GRAD_WEIGHT: {
-		dg_decoder_grad_weight_args a = { .grad = t0, .y = t1, .grad_w = t2, .ws = c->ws };
-		return ws_bytes ? dg_decoder_grad_weight_workspace(dev, s, &a, ws_bytes)
-				: dg_decoder_grad_weight(dev, s, &a);
-	}
-	case DG_OP_QUANTIZE_ACT: {
-		dg_quantize_act_args a = { .x = t0, .codes = t1, .ws = c->ws };
-		return ws_bytes ? dg_quantize_act_workspace(dev, s, &a, ws_bytes)
-				: dg_quantize_act(dev, s, &a);
-	}
-	case DG_OP_QUANTIZE_WEIGHT: {
-		dg_quantize_weight_args a = { .w = t0, .codes = t1, .ws = c->ws };
-		return ws_bytes ? dg_quantize_weight_workspace(dev, s, &a, ws_bytes)
-				: dg_quantize_weight(dev, s, &a);
-	}
-	case DG_OP_PACK_TERNARY:
-	case DG_OP_PACK_SIGN1: {
-		dg_pack_weight_args a = { .codes = t0, .packed = t1, .unpack = false };
-		return ws_bytes ? DG_OK : dg_pack_weight(dev, s, &a);
-	}
-	case DG_OP_PACK_I8X4: {
-		dg_pack_i8x4_args a = { .codes = t0, .packed = t1 };
-		return ws_bytes ? DG_OK : dg_pack_i8x4(dev, s, &a);
-	}
-	case DG_OP_UNPACK_I8X4: {
-		dg_pack_i8x4_args a = { .packed = t0, .codes = t1 };
-		return ws_bytes ? DG_OK : dg_pack_i8x4(dev, s, &a);
-	}
-	/* the row ops: random token ids are 0..255, the default vocab */
-	case DG_OP_EMBED_FWD: {
-		dg_embed_fwd_args a = { .idx = t0, .table = t1, .out = t2 };
-		return ws_bytes ? DG_OK : dg_embed_fwd(dev, s, &a);
-	}
-	case DG_OP_EMBED_BWD: {
-		dg_embed_bwd_args a = { .idx = t0, .dout = t1, .dtable = t2 };
-		return ws_bytes ? DG_OK : dg_embed_bwd(dev, s, &a);
-	}
-	case DG_OP_LAYERNORM_FWD: {
-		dg_layernorm_fwd_args a = { .x = t0, .y = t1, .rstd = t2, .eps = 1e-5f };
-		return ws_bytes ? DG_OK : dg_layernorm_fwd(dev, s, &a);
-	}
-	case DG_OP_LAYERNORM_BWD: {
-		dg_layernorm_bwd_args a = { .dy = t0, .y = t1, .rstd = t2, .dx = t3 };
-		return ws_bytes ? DG_OK : dg_layernorm_bwd(dev, s, &a);
-	}
-	case DG_OP_RESID_LN_FWD: {
-		dg_resid_ln_fwd_args a = { .x = t0, .y = t1, .out = t2, .rstd = t3, .eps = 1e-5f };
-		return ws_bytes ? DG_OK : dg_resid_ln_fwd(dev, s, &a);
-	}
-	case DG_OP_RESID_LN_BWD: {
-		dg_resid_ln_bwd_args a = { .dout = t0, .out = t1, .rstd = t2, .dx = t3, .dy = t4 };
-		return ws_bytes ? DG_OK : dg_resid_ln_bwd(dev, s, &a);
-	}
-	case DG_OP_LMHEAD_CE: {
-		dg_lmhead_ce_args a = { .x = t0, .w = t1, .targets = t2, .loss = t3, .dx = t4, .dw = t5,
-					.backward = true, .ws = c->ws };
-		return ws_bytes ? dg_lmhead_ce_workspace(dev, s, &a, ws_bytes) : dg_lmhead_ce(dev, s, &a);
-	}
-	case DG_OP_LMHEAD_LOGITS: {
-		dg_lmhead_logits_args a = { .x = t0, .w = t1, .logits = t2 };
-		return ws_bytes ? DG_OK : dg_lmhead_logits(dev, s, &a);
-	}
-	/* attention: RoPE and the five GEMMs, each alone */
-	case DG_OP_ROPE_FWD: {
-		dg_rope_fwd_args a = { .x = t0, .rope = t1, .out = t2 };
-		return ws_bytes ? DG_OK : dg_rope_fwd(dev, s, &a);
-	}
-	case DG_OP_ROPE_BWD: {
-		dg_rope_bwd_args a = { .grad = t0, .rope = t1, .grad_x = t2 };
-		return ws_bytes ? DG_OK : dg_rope_bwd(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_SCORES: {
-		dg_attention_scores_args a = { .xs = t0, .rope = t1, .scores = t2 };
-		return ws_bytes ? DG_OK : dg_attention_scores(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_OUT: {
-		dg_attention_out_args a = { .scores = t0, .v = t1, .out = t2 };
-		return ws_bytes ? DG_OK : dg_attention_out(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_GRAD_SCORES: {
-		dg_attention_grad_scores_args a = { .grad = t0, .v = t1, .grad_scores = t2 };
-		return ws_bytes ? DG_OK : dg_attention_grad_scores(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_GRAD_V: {
-		dg_attention_grad_v_args a = { .scores = t0, .grad = t1, .grad_v = t2 };
-		return ws_bytes ? DG_OK : dg_attention_grad_v(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_GRAD_XS: {
-		bool mask = s->epi == DG_EPI_MASK; /* the default set's are epi=store */
-		dg_attention_grad_xs_args a = { .grad_scores = t0, .xs = t1, .rope = t2, .grad_xs = mask ? NULL : t3,
-						.dxs = mask ? t4 : NULL, .mask_xs = mask ? t5 : NULL };
-		return ws_bytes ? DG_OK : dg_attention_grad_xs(dev, s, &a);
-	}
-	case DG_OP_ATTENTION_STEP: {
-		dg_attention_step_args a = { .xs = t0, .pos = t1, .freq = t2, .v = t3, .state = t4, .out = t5 };
-		return ws_bytes ? DG_OK : dg_attention_step(dev, s, &a);
-	}
-	/* the gate and the step's element-wise glue */
-	case DG_OP_GATE_FWD: {
-		dg_gate_fwd_args a = { .xs = t0, .ys = t1, .xy = t2, .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
-		return ws_bytes ? DG_OK : dg_gate_fwd(dev, s, &a);
-	}
-	case DG_OP_GATE_BWD: {
-		dg_gate_bwd_args a = { .dxy = t0, .xs = t1, .ys = t2, .dxs = t3, .p = 0.1f, .seed = 1,
-				       .step = 2, .layer = 3 };
-		return ws_bytes ? DG_OK : dg_gate_bwd(dev, s, &a);
-	}
-	case DG_OP_ADD_MASK: {
-		dg_add_mask_args a = { .dxs = t0, .other = t1, .xs = t2 };
-		return ws_bytes ? DG_OK : dg_add_mask(dev, s, &a);
-	}
-	case DG_OP_ADD3: {
-		dg_add3_args a = { .a = t0, .b = t1, .c = t2, .out = t3 };
-		return ws_bytes ? DG_OK : dg_add3(dev, s, &a);
-	}
-	case DG_OP_TRANSPOSE: {
-		dg_transpose_args a = { .in = t0, .out = t1 };
-		return ws_bytes ? DG_OK : dg_transpose(dev, s, &a);
-	}
-	case DG_OP_DEQUANTIZE: {
-		dg_dequantize_args a = { .codes = t0, .out = t1 };
-		return ws_bytes ? DG_OK : dg_dequantize(dev, s, &a);
-	}
-	case DG_OP_DECODER_GATE_BWD: {
-		dg_decoder_gate_bwd_args a = { .grad = t0, .w = t1, .xs = t2, .ys = t3, .dxs = t4, .dys = t5,
-					       .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
-		return ws_bytes ? DG_OK : dg_decoder_gate_bwd(dev, s, &a);
-	}
-	case DG_OP_ADAMW_UPDATE: { /* the default control block (ctl 0) */
-		dg_adamw_update_args a = { .p = t0, .grad = t1, .m = t2, .v = t3, .decay = true };
-		return ws_bytes ? DG_OK : dg_adamw_update(dev, s, &a);
-	}
-	default:
-		cr_assert_fail("op %s has no call here", dg_op_name(s->op));
-		return DG_ERR_INTERNAL;
-	}
+	free(args);
+	return st;
 }
 
 /* Codes a pack op reads: codes its packed format holds (random storage of
@@ -497,16 +409,13 @@ static bool case_run(op_case *c, dg_device *dev, dg_device *mem)
  * CI run, about one run in three); ctest's --timeout bounds a hang. */
 Test(gpu_bundle, default_set_runs_without_compiling)
 {
-	dg_device *mem = gh_open(); /* skips without a GPU; holds the tensors */
-	char *cache = fresh_env();
-	dg_device_info info;
-	cr_assert_eq(dg_device_info_get(mem, &info), DG_OK);
-	char *root = dg_test_tmpdir(), out[600];
-	snprintf(out, sizeof(out), "%s/bundle", root);
-	gen_build(&info, out, NULL);
-	dg_manifest *m = load_manifest(out);
-	cr_assert_str_eq(m->device, info.name);
-	cr_assert_eq(m->sm, info.sm);
+	fixture f;
+	fixture_open(&f, NULL);
+	dg_device *mem = f.mem;
+	dg_manifest *m = f.m;
+	const char *out = f.out;
+	cr_assert_str_eq(m->device, f.info.name);
+	cr_assert_eq(m->sm, f.info.sm);
 
 	dg_device *dev = open_uncached();
 	size_t loaded = 0;
@@ -548,27 +457,21 @@ Test(gpu_bundle, default_set_runs_without_compiling)
 	cr_assert_gt(projections, 0, "no projection compared with the reference");
 	fprintf(stderr, "bundle: %zu kernels ran, %zu compared with the reference bit for bit\n",
 		m->n_kernels, checked);
-	dg_manifest_destroy(m);
 	dg_device_close(dev);
-	gh_close(mem);
-	dg_test_rmtree(root);
-	dg_test_rmtree(cache);
+	fixture_close(&f);
 }
 
 /* ---- $DRAGON_KERNELS ---------------------------------------------------------- */
 
 Test(gpu_bundle, dragon_kernels_loads_at_open)
 {
-	dg_device *mem = gh_open();
-	char *cache = fresh_env();
-	dg_device_info info;
-	cr_assert_eq(dg_device_info_get(mem, &info), DG_OK);
-	char *root = dg_test_tmpdir(), out[600], missing[700];
-	snprintf(out, sizeof(out), "%s/bundle", root);
-	gen_build(&info, out, SMALL);
-	dg_manifest *m = load_manifest(out);
+	fixture f;
+	fixture_open(&f, SMALL);
+	dg_device *mem = f.mem;
+	dg_manifest *m = f.m;
+	char missing[700];
 
-	setenv("DRAGON_KERNELS", out, 1);
+	setenv("DRAGON_KERNELS", f.out, 1);
 	dg_device *dev = open_uncached();
 	dg_device_stats st = stats_of(dev);
 	cr_assert_eq(st.bundled, m->n_kernels, "loaded at open");
@@ -586,7 +489,7 @@ Test(gpu_bundle, dragon_kernels_loads_at_open)
 	dg_device_close(dev);
 
 	/* a folder that is not there fails the open, by name */
-	snprintf(missing, sizeof(missing), "%s/no-such-bundle", root);
+	snprintf(missing, sizeof(missing), "%s/no-such-bundle", f.root);
 	setenv("DRAGON_KERNELS", missing, 1);
 	dg_ctx_opts jit = { .no_cache = true };
 	dg_device_opts o = { .ordinal = 0, .jit = &jit };
@@ -595,74 +498,53 @@ Test(gpu_bundle, dragon_kernels_loads_at_open)
 	cr_assert(strstr(dg_device_errmsg(dev), missing), "%s", dg_device_errmsg(dev));
 	dg_device_close(dev);
 	unsetenv("DRAGON_KERNELS");
-	dg_manifest_destroy(m);
-	gh_close(mem);
-	dg_test_rmtree(root);
-	dg_test_rmtree(cache);
+	fixture_close(&f);
 }
 
 /* ---- refused bundles ---------------------------------------------------------- */
 
+/* f's bundle, loaded by a device without a disk cache, is refused with
+ * status want and a message naming `name`: nothing of it loaded. */
+static void expect_refused(fixture *f, dg_status want, const char *name)
+{
+	dg_device *dev = open_uncached();
+	size_t loaded = 99;
+	cr_assert_eq(dg_device_load_bundle(dev, f->out, &loaded), want, "%s", dg_device_errmsg(dev));
+	cr_assert(strstr(dg_device_errmsg(dev), name), "names %s: %s", name, dg_device_errmsg(dev));
+	cr_assert_eq(loaded, 0);
+	cr_assert_eq(stats_of(dev).bundled, 0, "nothing of it loaded");
+	dg_device_close(dev);
+}
+
 Test(gpu_bundle, a_changed_cubin_byte_is_refused)
 {
-	dg_device *mem = gh_open();
-	char *cache = fresh_env();
-	dg_device_info info;
-	cr_assert_eq(dg_device_info_get(mem, &info), DG_OK);
-	char *root = dg_test_tmpdir(), out[600], path[1200];
-	snprintf(out, sizeof(out), "%s/bundle", root);
-	gen_build(&info, out, SMALL);
-	dg_manifest *m = load_manifest(out);
-	const char *file = m->kernels[0].file;
-	snprintf(path, sizeof(path), "%s/%s", out, file);
+	fixture f;
+	fixture_open(&f, SMALL);
+	char path[1200];
+	const char *file = f.m->kernels[0].file;
+	snprintf(path, sizeof(path), "%s/%s", f.out, file);
 	size_t n = 0;
 	char *bytes = dg_test_read_bytes(path, &n);
 	cr_assert_gt(n, 64);
 	bytes[n / 2] ^= 0x01; /* same size: only the checksum can tell */
 	dg_test_write_bytes(path, bytes, n);
 	free(bytes);
-
-	dg_device *dev = open_uncached();
-	size_t loaded = 99;
-	cr_assert_eq(dg_device_load_bundle(dev, out, &loaded), DG_ERR_CORRUPT, "%s",
-		     dg_device_errmsg(dev));
-	cr_assert(strstr(dg_device_errmsg(dev), file), "names the file: %s", dg_device_errmsg(dev));
-	cr_assert_eq(loaded, 0);
-	cr_assert_eq(stats_of(dev).bundled, 0, "nothing of it loaded");
-	dg_device_close(dev);
-	dg_manifest_destroy(m);
-	gh_close(mem);
-	dg_test_rmtree(root);
-	dg_test_rmtree(cache);
+	expect_refused(&f, DG_ERR_CORRUPT, file);
+	fixture_close(&f);
 }
 
 Test(gpu_bundle, other_templates_are_refused)
 {
-	dg_device *mem = gh_open();
-	char *cache = fresh_env();
-	dg_device_info info;
-	cr_assert_eq(dg_device_info_get(mem, &info), DG_OK);
-	char *root = dg_test_tmpdir(), out[600], path[700], msg[1024];
-	snprintf(out, sizeof(out), "%s/bundle", root);
-	gen_build(&info, out, SMALL);
-	dg_manifest *m = load_manifest(out);
+	fixture f;
+	fixture_open(&f, SMALL);
+	dg_manifest *m = f.m;
+	char path[700], msg[1024];
 	m->template_hash[0] = m->template_hash[0] == '0' ? '1' : '0';
 	char *json = NULL;
 	cr_assert_eq(dg_manifest_to_json(m, &json, msg, sizeof(msg)), DG_OK, "%s", msg);
-	snprintf(path, sizeof(path), "%s/%s", out, DG_MANIFEST_FILE);
+	snprintf(path, sizeof(path), "%s/%s", f.out, DG_MANIFEST_FILE);
 	dg_test_write_bytes(path, json, strlen(json));
 	free(json);
-
-	dg_device *dev = open_uncached();
-	size_t loaded = 99;
-	cr_assert_eq(dg_device_load_bundle(dev, out, &loaded), DG_ERR_UNSUPPORTED, "%s",
-		     dg_device_errmsg(dev));
-	cr_assert(strstr(dg_device_errmsg(dev), "templates"), "%s", dg_device_errmsg(dev));
-	cr_assert_eq(loaded, 0);
-	cr_assert_eq(stats_of(dev).bundled, 0);
-	dg_device_close(dev);
-	dg_manifest_destroy(m);
-	gh_close(mem);
-	dg_test_rmtree(root);
-	dg_test_rmtree(cache);
+	expect_refused(&f, DG_ERR_UNSUPPORTED, "templates");
+	fixture_close(&f);
 }

@@ -37,41 +37,12 @@
 #include "dragon/ops.h"
 #include "dragon/rng.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 #include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 #include "runtime/train/model_int.h"
 
 enum { V = 256, TMAX = 256 };
-
-static dg_model_weights *weights_of(const char *preset, uint64_t seed)
-{
-	dg_model_config c;
-	char msg[512];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	dg_model_weights *w;
-	cr_assert_eq(dg_model_weights_create(&c, seed, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
-	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-		int nd;
-		int64_t sh[3];
-		int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
-		for (int64_t i = 0; i < n; i++)
-			w->params[p][i] *= 25.0f;
-	}
-	return w;
-}
-
-static int argmax(const float *z)
-{
-	int best = 0;
-	for (int i = 1; i < V; i++)
-		if (z[i] > z[best])
-			best = i;
-	return best;
-}
 
 static double rel_err(const float *a, const float *b)
 {
@@ -100,7 +71,7 @@ static void full_logits(dg_device *dev, dg_model *full, int B, const int32_t *ct
 static void run_case(dg_device *dev, const char *preset, int np, int len, bool greedy, double tol)
 {
 	char msg[512];
-	dg_model_weights *w = weights_of(preset, 5);
+	dg_model_weights *w = dg_test_tiny_weights(preset, 5, 25.0f);
 	dg_model *full, *dec;
 	cr_assert_eq(dg_model_create(dev, w, 1, TMAX, &full), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
 	cr_assert_eq(dg__model_decoder_create(dev, w, 1, &dec), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
@@ -127,7 +98,7 @@ static void run_case(dg_device *dev, const char *preset, int np, int len, bool g
 			cr_assert_lt(rel_err(zc, zf), tol, "%s after %d tokens: the CPU decoder's %g off", preset, k,
 				     rel_err(zc, zf));
 		if (greedy) {
-			int a = argmax(zd), b = argmax(zf);
+			int a = dg_test_argmax(zd, V), b = dg_test_argmax(zf, V);
 			cr_assert_eq(a, b, "%s token %d: the decoder %d, the full forward %d", preset, k - np, a, b);
 			ctx[k] = a;
 		}
@@ -161,7 +132,7 @@ Test(gpu_decode, batched_rows_and_restart, .timeout = 600)
 {
 	dg_device *dev = gh_open();
 	enum { B = 3, NP = 7, LEN = 12 };
-	dg_model_weights *w = weights_of("f32", 9);
+	dg_model_weights *w = dg_test_tiny_weights("f32", 9, 25.0f);
 	dg_model *full, *dec;
 	cr_assert_eq(dg_model_create(dev, w, B, TMAX, &full), DG_OK, "%s", dg_device_errmsg(dev));
 	cr_assert_eq(dg__model_decoder_create(dev, w, B, &dec), DG_OK, "%s", dg_device_errmsg(dev));
@@ -225,7 +196,7 @@ static void host_logits(dg_device *dev, dg_model *m, const dg_model_weights *w, 
 static void graph_against_eager(dg_device *dev, const char *preset)
 {
 	enum { B = 3, NP = 7, LEN = 30 };
-	dg_model_weights *w = weights_of(preset, 31);
+	dg_model_weights *w = dg_test_tiny_weights(preset, 31, 25.0f);
 	dg_model *eager, *graph;
 	cr_assert_eq(dg__model_decoder_create(dev, w, B, &eager), DG_OK, "%s", dg_device_errmsg(dev));
 	cr_assert_eq(dg__model_decoder_create(dev, w, B, &graph), DG_OK, "%s", dg_device_errmsg(dev));

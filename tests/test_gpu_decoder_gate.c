@@ -45,6 +45,7 @@
 #include "dragon/ref.h"
 #include "dragon/rng.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/ref/ref_ops.h"
 
@@ -75,11 +76,7 @@ static bool device_sm90(dg_device *dev)
 
 static dg_spec spec_of(const shape *sh, const fmts *f, int dev_sm)
 {
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_DECODER_GATE_BWD);
-	s.heads = sh->H;
-	s.embd = sh->E;
-	s.latent = sh->L;
+	dg_spec s = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD, sh->H, sh->E, sh->L);
 	s.weight = f->w;
 	s.act = f->act;
 	s.out = f->out;

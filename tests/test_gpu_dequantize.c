@@ -28,6 +28,7 @@
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 #include "runtime/ref/ref_ops.h"
 
 static void check(dg_device *dev, dg_fmt act, dg_fmt out, dg_scale_gran g, int64_t R, int64_t C,
@@ -47,12 +48,7 @@ static void check(dg_device *dev, dg_fmt act, dg_fmt out, dg_scale_gran g, int64
 	dg_tensor tc = dg_tensor_2d("codes", act, gh_upload(dev, codes, n ? n : 1), R, C);
 	tc.scale = gh_upload(dev, sc, ns * sizeof(float));
 	dg_tensor to = dg_tensor_2d("out", out, gh_alloc_ff(dev, ob ? ob : 1), R, C);
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_DEQUANTIZE);
-	s.act = act;
-	s.out = out;
-	s.ascale = g;
-	s.tile.threads = threads;
+	dg_spec s = dg_test_dequantize_spec(act, out, g, threads);
 	dg_dequantize_args a = { .codes = &tc, .out = &to };
 	void *want = gh_xmalloc(ob), *got = gh_xmalloc(ob);
 	cr_assert_eq(dg_ref_dequantize(act, out, g, codes, R, C, sc, want), DG_OK);

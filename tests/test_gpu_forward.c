@@ -39,6 +39,7 @@
 #include "dragon/codegen.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 #include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 
@@ -352,22 +353,68 @@ Test(gpu_bdh, relu_mask_ternary_int8) { lowrank_bdh(DG_FMT_TERNARY, DG_FMT_INT8,
  * against the reference within the float tolerance (compare_out). Skips
  * unless the device is an sm_90 (the path is sm_90a's). */
 
-static dg_spec bf16_spec(int H, int Hin, int E, int L)
+/* lowrank_fwd with weight × act at H heads of latent L, in_heads Hin, embd
+ * E; out bf16, relu at 0, on the sm_90a path. */
+static dg_spec codes_spec(dg_fmt weight, dg_fmt act, int H, int Hin, int E, int L)
 {
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
-	s.heads = H;
+	dg_spec s = dg_test_spec_sized(DG_OP_LOWRANK_FWD, H, E, L);
 	s.in_heads = Hin;
-	s.embd = E;
-	s.latent = L;
-	s.weight = DG_FMT_BF16;
-	s.act = DG_FMT_BF16;
+	s.weight = weight;
+	s.act = act;
 	s.out = DG_FMT_BF16;
 	s.relu = true;
 	s.relu_thr = 0.0f;
 	s.arch = 90;
 	s.arch_specific = true;
 	return s;
+}
+
+static dg_spec bf16_spec(int H, int Hin, int E, int L)
+{
+	return codes_spec(DG_FMT_BF16, DG_FMT_BF16, H, Hin, E, L);
+}
+
+/* run_lowrank of s at B·T 2×127 (a ragged last m-tile), 3×1 and 1×300:
+ * what each warpgroup tile runs. */
+static void run_tile_shapes(dg_device *dev, const dg_spec *s)
+{
+	run_lowrank(dev, s, 2, 127);
+	run_lowrank(dev, s, 3, 1);
+	run_lowrank(dev, s, 1, 300);
+}
+
+/* The warpgroup tiles: the default (128x64), one warpgroup, four, n128. */
+static const dg_tile WG_TILES[] = {
+	{ 128, 64, 64, 8, 1, 2, 0 },
+	{ 64, 64, 64, 4, 1, 2, 0 },
+	{ 256, 64, 64, 16, 1, 2, 0 },
+	{ 128, 128, 64, 8, 1, 2, 0 },
+	{ 64, 128, 64, 4, 1, 2, 0 },
+};
+#define N_WG_TILES (sizeof(WG_TILES) / sizeof(WG_TILES[0]))
+
+/* The pipeline over a block's run of n-tiles at E 256, H 4, in_heads {1, 4},
+ * L 128, 256, 384 and 640 (1, 2, 3 and 5 n-tiles a block: the prologue
+ * alone, an even and odd count, the buffers' rotation; see the tests for
+ * the B·T each needs), for each of the n weight × act pairs w[i] × a[i]
+ * (out bf16, or out_hin at in_heads 4) on the plan path `path`, B·T
+ * B × 1024; the reference on every output. */
+static void pipeline_depths(uint64_t seed, const dg_fmt *w, const dg_fmt *a, int n, dg_fmt out_hin,
+			    const char *path, int B)
+{
+	static const int Ls[] = { 128, 256, 384, 640 };
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(seed);
+	for (size_t i = 0; i < sizeof(Ls) / sizeof(Ls[0]); i++)
+		for (int f = 0; f < n; f++)
+			for (int hin = 0; hin < 2; hin++) {
+				dg_spec s = codes_spec(w[f], a[f], 4, hin ? 4 : 1, 256, Ls[i]);
+				s.out = hin ? out_hin : DG_FMT_BF16;
+				gh_expect_path(&s, path);
+				run_lowrank(dev, &s, B, 1024);
+			}
+	gh_close(dev);
 }
 
 /* Every out × relu {none, 0, 0.25} × in_heads {1, H} at the auto tile on
@@ -408,46 +455,27 @@ Test(gpu_lowrank_bf16, small_shapes)
 /* The warpgroup tiles other than the default: one warpgroup, four, n128. */
 Test(gpu_lowrank_bf16, tiles)
 {
-	static const dg_tile tiles[] = {
-		{ 64, 64, 64, 4, 1, 2, 0 },
-		{ 256, 64, 64, 16, 1, 2, 0 },
-		{ 128, 128, 64, 8, 1, 2, 0 },
-		{ 64, 128, 64, 4, 1, 2, 0 },
-	};
 	dg_device *dev = gh_open_sm90();
 
 	gh_seed(9191);
-	for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
+	for (size_t i = 1; i < N_WG_TILES; i++)
 		for (int hin = 0; hin < 2; hin++) {
 			dg_spec s = bf16_spec(2, hin ? 2 : 1, 64, 208);
-			s.tile = tiles[i];
+			s.tile = WG_TILES[i];
 			s.out = hin ? DG_FMT_F32 : DG_FMT_BF16;
 			gh_expect_path(&s, "wgmma bf16");
-			run_lowrank(dev, &s, 2, 127);
-			run_lowrank(dev, &s, 3, 1);
-			run_lowrank(dev, &s, 1, 300);
+			run_tile_shapes(dev, &s);
 		}
 	gh_close(dev);
 }
 
 /* The pipeline over a block's run of n-tiles: at E 256 (one block an SM)
  * and B·T 2048, H 4, each block gets about L/64/2 n-tiles in a row, so
- * L 128, 256, 384, 640 run 1, 2, 3 and 5 tiles a block (the prologue
- * alone, an even and odd count, the buffers' rotation); the reference on
- * every output. */
+ * L 128, 256, 384, 640 run 1, 2, 3 and 5 tiles a block. */
 Test(gpu_lowrank_bf16, pipeline_depths)
 {
-	static const int Ls[] = { 128, 256, 384, 640 };
-	dg_device *dev = gh_open_sm90();
-
-	gh_seed(9292);
-	for (size_t i = 0; i < sizeof(Ls) / sizeof(Ls[0]); i++)
-		for (int hin = 0; hin < 2; hin++) {
-			dg_spec s = bf16_spec(4, hin ? 4 : 1, 256, Ls[i]);
-			gh_expect_path(&s, "wgmma bf16");
-			run_lowrank(dev, &s, 2, 1024);
-		}
-	gh_close(dev);
+	static const dg_fmt bf16[1] = { DG_FMT_BF16 };
+	pipeline_depths(9292, bf16, bf16, 1, DG_FMT_BF16, "wgmma bf16", 2);
 }
 
 /* The BDH shape (H 4, E 256, B·T 4096; L 8192: 128 n-tiles a block, or
@@ -516,23 +544,6 @@ Test(gpu_bdh, lowrank_bf16_bf16_ragged) { bdh_bf16(1, 8112, 1, 4000); }
  * bit against the reference: every warpgroup tile at E 256 (int8 and
  * ternary weights by cp.async and by the register decode, sign1 × uint8pos),
  * runs of 1 to 5 n-tiles a block, and the BDH shape. */
-static dg_spec codes_spec(dg_fmt weight, dg_fmt act, int H, int Hin, int E, int L)
-{
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
-	s.heads = H;
-	s.in_heads = Hin;
-	s.embd = E;
-	s.latent = L;
-	s.weight = weight;
-	s.act = act;
-	s.out = DG_FMT_BF16;
-	s.relu = true;
-	s.relu_thr = 0.0f;
-	s.arch = 90;
-	s.arch_specific = true;
-	return s;
-}
 
 static const dg_fmt CODE_W[3] = { DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_SIGN1 };
 static const dg_fmt CODE_A[3] = { DG_FMT_INT8, DG_FMT_INT8, DG_FMT_UINT8POS };
@@ -541,28 +552,19 @@ static const dg_fmt CODE_A[3] = { DG_FMT_INT8, DG_FMT_INT8, DG_FMT_UINT8POS };
  * format once across them. */
 Test(gpu_lowrank_codes, tiles)
 {
-	static const dg_tile tiles[] = {
-		{ 128, 64, 64, 8, 1, 2, 0 },
-		{ 64, 64, 64, 4, 1, 2, 0 },
-		{ 256, 64, 64, 16, 1, 2, 0 },
-		{ 128, 128, 64, 8, 1, 2, 0 },
-		{ 64, 128, 64, 4, 1, 2, 0 },
-	};
 	dg_device *dev = gh_open_sm90();
 
 	gh_seed(9393);
-	for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++)
+	for (size_t i = 0; i < N_WG_TILES; i++)
 		for (int f = 0; f < 3; f++)
 			for (int hin = 0; hin < 2; hin++) {
 				dg_spec s = codes_spec(CODE_W[f], CODE_A[f], 2, hin ? 2 : 1, 256, 208);
-				s.tile = tiles[i];
+				s.tile = WG_TILES[i];
 				s.out = O_FMTS[(i + (size_t)f + (size_t)hin) % 4];
 				if (dg_spec_validate(&s, NULL, 0) != DG_OK)
 					continue; /* a combination the spec rules refuse */
 				gh_expect_path(&s, "wgmma");
-				run_lowrank(dev, &s, 2, 127);
-				run_lowrank(dev, &s, 3, 1);
-				run_lowrank(dev, &s, 1, 300);
+				run_tile_shapes(dev, &s);
 			}
 	gh_close(dev);
 }
@@ -573,19 +575,7 @@ Test(gpu_lowrank_codes, tiles)
  * buffers' rotation). */
 Test(gpu_lowrank_codes, pipeline_depths)
 {
-	static const int Ls[] = { 128, 256, 384, 640 };
-	dg_device *dev = gh_open_sm90();
-
-	gh_seed(9494);
-	for (size_t i = 0; i < sizeof(Ls) / sizeof(Ls[0]); i++)
-		for (int f = 0; f < 3; f++)
-			for (int hin = 0; hin < 2; hin++) {
-				dg_spec s = codes_spec(CODE_W[f], CODE_A[f], 4, hin ? 4 : 1, 256, Ls[i]);
-				s.out = hin ? DG_FMT_INT8 : DG_FMT_BF16;
-				gh_expect_path(&s, "wgmma");
-				run_lowrank(dev, &s, 4, 1024);
-			}
-	gh_close(dev);
+	pipeline_depths(9494, CODE_W, CODE_A, 3, DG_FMT_INT8, "wgmma", 4);
 }
 
 Test(gpu_bdh, lowrank_int8_int8_wgmma)
@@ -612,6 +602,14 @@ static dg_workspace decoder_workspace(dg_device *dev, const dg_spec *spec,
 		     dg_device_errmsg(dev));
 	cr_assert_gt(need, 0, "decoder_fwd always writes its partial sums to the workspace");
 	return gh_workspace(dev, need);
+}
+
+/* dg_decoder_fwd with the workspace ws (gh_expect_bad_workspaces'). */
+static dg_status decoder_fwd_ws(dg_device *dev, const dg_spec *s, void *args, dg_workspace ws)
+{
+	dg_decoder_fwd_args *a = args;
+	a->ws = ws;
+	return dg_decoder_fwd(dev, s, a);
 }
 
 static void run_decoder(dg_device *dev, const dg_spec *spec, int B, int T)
@@ -815,17 +813,8 @@ Test(gpu_decoder, workspace_is_checked)
 	cr_assert_eq(dg_decoder_fwd_workspace(dev, &s, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
 	cr_assert_gt(need, 0);
 	dg_workspace big = gh_workspace(dev, need);
-	const dg_workspace bad[3] = { { 0, 0 }, { big.ptr, need - 1 }, { 0, need } };
-	for (int i = 0; i < 3; i++) {
-		a.ws = bad[i];
-		cr_assert_eq(dg_decoder_fwd(dev, &s, &a), DG_ERR_INVALID_ARG, "case %d ran", i);
-		const char *m = dg_device_errmsg(dev);
-		cr_assert(strstr(m, "dg_decoder_fwd") && strstr(m, "ws"), "case %d: %s", i, m);
-	}
-	unsigned char *got = gh_xmalloc(ob), *ff = gh_xmalloc(ob);
-	memset(ff, 0xff, ob);
-	gh_download(dev, got, out.data, ob);
-	gh_expect_bytes("out after refused calls", got, ff, ob);
+	gh_expect_bad_workspaces(dev, &s, &a, big, decoder_fwd_ws, "dg_decoder_fwd", "out", out.data, ob, 0);
+	unsigned char *got = gh_xmalloc(ob);
 	a.ws = big;
 	cr_assert_eq(dg_decoder_fwd(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	gh_download(dev, got, out.data, ob);
@@ -837,7 +826,6 @@ Test(gpu_decoder, workspace_is_checked)
 	free(yh);
 	free(wh);
 	free(got);
-	free(ff);
 	free(want);
 	gh_close(dev);
 }

@@ -42,6 +42,7 @@
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 #include "runtime/ref/ref_ops.h"
 
 /* The spec of op; grad, other: the gradients' formats (out, src) where
@@ -49,17 +50,13 @@
 static dg_spec spec_grads(dg_op op, dg_fmt act, dg_fmt grad, dg_fmt other, int H, int E, int L,
 			  int threads)
 {
-	dg_spec s;
-	dg_spec_init(&s, op);
+	dg_spec s = dg_test_spec_sized(op, H, E, L);
 	if (dg_spec_uses(op) & DG_FIELD_ACT)
 		s.act = act;
 	if (dg_spec_uses(op) & DG_FIELD_OUT)
 		s.out = grad;
 	if (dg_spec_uses(op) & DG_FIELD_SRC)
 		s.src = other;
-	s.heads = H;
-	s.embd = E;
-	s.latent = L;
 	s.tile.threads = threads;
 	dg_spec_normalize(&s);
 	return s;

@@ -84,6 +84,20 @@ static dg_status ref_grad_input(const dg_spec *sp, const float *g, const void *w
 	return dg_ref_decoder_grad_input(sp, g, w, sw, out, B, T);
 }
 
+/* lowrank_grad_input sp at shape s through gr_grad_input (what names it):
+ * grad (B, H, T, L) in gf at grad, w (H, L, E) in f at w with scale sw,
+ * into grad_x (B, Hin, T, E) f32 at out. */
+static void run_lowrank_gi(dg_device *dev, const dg_spec *sp, const shape *s, dg_fmt gf, dg_dptr grad, dg_fmt f,
+			   dg_dptr w, float sw, dg_dptr out, const char *what)
+{
+	dg_tensor tg = dg_tensor_4d("grad", gf, grad, s->B, s->H, s->T, s->L);
+	dg_tensor tw = dg_tensor_3d("w", f, w, s->H, s->L, s->E);
+	tw.scale = gh_scalar(dev, sw);
+	dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, out, s->B, s->Hin, s->T, s->E);
+	dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
+	gr_grad_input(dev, sp, &a, what);
+}
+
 /* lowrank_grad_input (grad (B, H, T, L), w (H, L, E) -> grad_x (B, Hin, T,
  * E)) or decoder_grad_input (grad (B, 1, T, E), w (E, H·L) -> grad_y (B,
  * H, T, L)), w in f, against the reference. */
@@ -101,12 +115,7 @@ static void check_grad_input(dg_device *dev, dg_op op, const shape *s, dg_fmt f,
 	dg_dptr dgr = gh_upload(dev, g, ng * 4), dw = gh_upload(dev, w, gh_bytes(f, nw));
 	dg_dptr dout = gh_alloc_ff(dev, no * 4);
 	if (lowrank) {
-		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dgr, s->B, s->H, s->T, s->L);
-		dg_tensor tw = dg_tensor_3d("w", f, dw, s->H, s->L, s->E);
-		tw.scale = gh_scalar(dev, sw);
-		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, dout, s->B, s->Hin, s->T, s->E);
-		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
-		gr_grad_input(dev, &sp, &a, dg_fmt_name(f));
+		run_lowrank_gi(dev, &sp, s, DG_FMT_F32, dgr, f, dw, sw, dout, dg_fmt_name(f));
 	} else {
 		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, dgr, s->B, 1, s->T, s->E);
 		dg_tensor tw = dg_tensor_2d("w", f, dw, s->E, (int64_t)s->H * s->L);
@@ -237,12 +246,7 @@ static void check_bf16_grad(dg_device *dev, dg_op op, const shape *s, dg_fmt f, 
 	dg_dptr dout = gh_alloc_ff(dev, ob);
 	dg_status st;
 	if (gi) {
-		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_BF16, dgr, s->B, s->H, s->T, s->L);
-		dg_tensor tw = dg_tensor_3d("w", f, db, s->H, s->L, s->E);
-		tw.scale = gh_scalar(dev, sc);
-		dg_tensor tx = dg_tensor_4d("grad_x", DG_FMT_F32, dout, s->B, s->Hin, s->T, s->E);
-		dg_lowrank_grad_input_args a = { .grad = &tg, .w = &tw, .grad_x = &tx };
-		gr_grad_input(dev, &sp, &a, what);
+		run_lowrank_gi(dev, &sp, s, DG_FMT_BF16, dgr, f, db, sc, dout, what);
 		cr_assert_eq(dg_ref_lowrank_grad_input(&sp, gh, b, sc, want, s->B, s->T), DG_OK);
 		cr_assert_eq(dg_ref_lowrank_grad_input(&sf, gw, b, sc, got, s->B, s->T), DG_OK);
 		gh_expect_bytes("the reference's bf16 grad is its widened f32", want, got, no * 4);
@@ -561,10 +565,54 @@ typedef struct fd_case {
 	dg_dptr d_in, d_w;
 	size_t n_in, n_w, n_out;
 	dg_dptr out;
-	const float *r;
-	const float *g_in, *g_w; /* the GPU gradients */
-	const char *in_what;     /* "grad_x vs finite differences" */
+	float *r;
+	float *g_in, *g_w;   /* the GPU gradients */
+	const char *in_what; /* "grad_x vs finite differences" */
 } fd_case;
+
+/* c's data: in (n_in), w (n_w) and r (n_out), random f32 drawn in that
+ * order from the test's stream; in and w uploaded (d_in, d_w), out zeroed,
+ * r uploaded into *d_r; the host buffers of the two gradients. */
+static void fd_data(dg_device *dev, fd_case *c, size_t n_in, size_t n_w, size_t n_out, dg_dptr *d_r)
+{
+	c->n_in = n_in;
+	c->n_w = n_w;
+	c->n_out = n_out;
+	c->in = gr_rand_f32(n_in);
+	c->w = gr_rand_f32(n_w);
+	c->r = gr_rand_f32(n_out);
+	c->g_in = gh_xmalloc(n_in * 4);
+	c->g_w = gh_xmalloc(n_w * 4);
+	c->d_in = gh_upload(dev, c->in, n_in * 4);
+	c->d_w = gh_upload(dev, c->w, n_w * 4);
+	c->out = gh_alloc(dev, n_out * 4);
+	*d_r = gh_upload(dev, c->r, n_out * 4);
+}
+
+static void fd_free(fd_case *c)
+{
+	free(c->in);
+	free(c->w);
+	free(c->r);
+	free(c->g_in);
+	free(c->g_w);
+}
+
+/* The f32 specs of a forward (fwd: op fwd) and its two gradients (gi,
+ * gw: ops gi_op, gw_op) at H heads of latent L, embd E. */
+static void f32_specs(dg_op fwd_op, dg_op gi_op, dg_op gw_op, int H, int E, int L, dg_spec *fwd, dg_spec *gi,
+		      dg_spec *gw)
+{
+	dg_spec_init(fwd, fwd_op);
+	fwd->heads = H;
+	fwd->embd = E;
+	fwd->latent = L;
+	fwd->weight = fwd->act = fwd->out = DG_FMT_F32;
+	*gi = *fwd;
+	gi->op = gi_op;
+	*gw = *fwd;
+	gw->op = gw_op;
+}
 
 /* 16 probes, on in and w in turn, of a random element: the central
  * difference (eps 0.125: the loss is bilinear, so exact but for rounding)
@@ -600,6 +648,18 @@ static void fd_probe(dg_device *dev, const fd_case *c)
 	free(buf);
 }
 
+/* The GPU's gradients (at g_in, g_w on the device) into c, then fd_probe
+ * of the forward spec on args; frees c's data. */
+static void fd_check(dg_device *dev, fd_case *c, const dg_spec *spec, const void *args, dg_dptr g_in, dg_dptr g_w)
+{
+	gh_download(dev, c->g_in, g_in, c->n_in * 4);
+	gh_download(dev, c->g_w, g_w, c->n_w * 4);
+	c->spec = spec;
+	c->args = args;
+	fd_probe(dev, c);
+	fd_free(c);
+}
+
 Test(gpu_grad, finite_differences_lowrank)
 {
 	dg_device *dev = gh_open();
@@ -610,43 +670,25 @@ Test(gpu_grad, finite_differences_lowrank)
 		int Hin = hin_i ? H : 1;
 		size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 		gh_seed(30 + (uint64_t)Hin);
-		float *x = gr_rand_f32(nx), *w = gr_rand_f32(nw), *r = gr_rand_f32(no);
-		float *gx = gh_xmalloc(nx * 4), *gw = gh_xmalloc(nw * 4);
-		dg_dptr dx = gh_upload(dev, x, nx * 4), dw = gh_upload(dev, w, nw * 4);
-		dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
-		dg_tensor tx = dg_tensor_4d("x", DG_FMT_F32, dx, B, Hin, T, E);
-		dg_tensor tw = dg_tensor_3d("w", DG_FMT_F32, dw, H, L, E);
-		dg_tensor to = dg_tensor_4d("out", DG_FMT_F32, dout, B, H, T, L);
+		fd_case c = { .fwd = lowrank_fwd, .in_what = "grad_x vs finite differences" };
+		dg_dptr dr;
+		fd_data(dev, &c, nx, nw, no, &dr);
+		dg_tensor tx = dg_tensor_4d("x", DG_FMT_F32, c.d_in, B, Hin, T, E);
+		dg_tensor tw = dg_tensor_3d("w", DG_FMT_F32, c.d_w, H, L, E);
+		dg_tensor to = dg_tensor_4d("out", DG_FMT_F32, c.out, B, H, T, L);
 		dg_tensor tr = dg_tensor_4d("grad", DG_FMT_F32, dr, B, H, T, L);
 		dg_tensor tgx = dg_tensor_4d("grad_x", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), B, Hin, T, E);
 		dg_tensor tgw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), H, L, E);
 		dg_spec fs, gis, gws;
-		dg_spec_init(&fs, DG_OP_LOWRANK_FWD);
-		fs.heads = H;
-		fs.in_heads = Hin;
-		fs.embd = E;
-		fs.latent = L;
-		fs.weight = fs.act = fs.out = DG_FMT_F32;
-		gis = fs;
-		gis.op = DG_OP_LOWRANK_GRAD_INPUT;
-		gws = fs;
-		gws.op = DG_OP_LOWRANK_GRAD_WEIGHT;
+		f32_specs(DG_OP_LOWRANK_FWD, DG_OP_LOWRANK_GRAD_INPUT, DG_OP_LOWRANK_GRAD_WEIGHT, H, E, L, &fs, &gis,
+			  &gws);
+		fs.in_heads = gis.in_heads = gws.in_heads = Hin;
 		dg_lowrank_fwd_args fa = { .x = &tx, .w = &tw, .out = &to };
 		dg_lowrank_grad_input_args ia = { .grad = &tr, .w = &tw, .grad_x = &tgx };
 		dg_lowrank_grad_weight_args wa = { .grad = &tr, .x = &tx, .grad_w = &tgw };
 		gr_grad_input(dev, &gis, &ia, "lowrank_grad_input");
 		cr_assert_eq(gr_lowrank_grad_weight(dev, &gws, &wa, NULL), DG_OK, "%s", dg_device_errmsg(dev));
-		gh_download(dev, gx, tgx.data, nx * 4);
-		gh_download(dev, gw, tgw.data, nw * 4);
-
-		fd_case c = { lowrank_fwd, &fs, &fa, x, w, dx, dw, nx, nw, no, dout, r, gx, gw,
-			      "grad_x vs finite differences" };
-		fd_probe(dev, &c);
-		free(x);
-		free(w);
-		free(r);
-		free(gx);
-		free(gw);
+		fd_check(dev, &c, &fs, &fa, tgx.data, tgw.data);
 	}
 	gh_close(dev);
 }
@@ -659,26 +701,17 @@ Test(gpu_grad, finite_differences_decoder)
 	size_t ny = (size_t)B * H * T * L, nw = (size_t)E * H * L, no = (size_t)B * T * E;
 
 	gh_seed(40);
-	float *y = gr_rand_f32(ny), *w = gr_rand_f32(nw), *r = gr_rand_f32(no);
-	float *gy = gh_xmalloc(ny * 4), *gw = gh_xmalloc(nw * 4);
-	dg_dptr dy = gh_upload(dev, y, ny * 4), dw = gh_upload(dev, w, nw * 4);
-	dg_dptr dout = gh_alloc(dev, no * 4), dr = gh_upload(dev, r, no * 4);
-	dg_tensor ty = dg_tensor_4d("y", DG_FMT_F32, dy, B, H, T, L);
-	dg_tensor tw = dg_tensor_2d("w", DG_FMT_F32, dw, E, (int64_t)H * L);
-	dg_tensor to = dg_tensor_4d("out", DG_FMT_F32, dout, B, 1, T, E);
+	fd_case c = { .fwd = decoder_fwd, .in_what = "grad_y vs finite differences" };
+	dg_dptr dr;
+	fd_data(dev, &c, ny, nw, no, &dr);
+	dg_tensor ty = dg_tensor_4d("y", DG_FMT_F32, c.d_in, B, H, T, L);
+	dg_tensor tw = dg_tensor_2d("w", DG_FMT_F32, c.d_w, E, (int64_t)H * L);
+	dg_tensor to = dg_tensor_4d("out", DG_FMT_F32, c.out, B, 1, T, E);
 	dg_tensor tr = dg_tensor_4d("grad", DG_FMT_F32, dr, B, 1, T, E);
 	dg_tensor tgy = dg_tensor_4d("grad_y", DG_FMT_F32, gh_alloc_ff(dev, ny * 4), B, H, T, L);
 	dg_tensor tgw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), E, (int64_t)H * L);
 	dg_spec fs, gis, gws;
-	dg_spec_init(&fs, DG_OP_DECODER_FWD);
-	fs.heads = H;
-	fs.embd = E;
-	fs.latent = L;
-	fs.weight = fs.act = fs.out = DG_FMT_F32;
-	gis = fs;
-	gis.op = DG_OP_DECODER_GRAD_INPUT;
-	gws = fs;
-	gws.op = DG_OP_DECODER_GRAD_WEIGHT;
+	f32_specs(DG_OP_DECODER_FWD, DG_OP_DECODER_GRAD_INPUT, DG_OP_DECODER_GRAD_WEIGHT, H, E, L, &fs, &gis, &gws);
 	dg_decoder_fwd_args fa = { .y = &ty, .w = &tw, .out = &to };
 	dg_decoder_grad_input_args ia = { .grad = &tr, .w = &tw, .grad_y = &tgy };
 	dg_decoder_grad_weight_args wa = { .grad = &tr, .y = &ty, .grad_w = &tgw };
@@ -687,16 +720,6 @@ Test(gpu_grad, finite_differences_decoder)
 	fa.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_decoder_grad_input(dev, &gis, &ia), DG_OK, "%s", dg_device_errmsg(dev));
 	cr_assert_eq(gr_decoder_grad_weight(dev, &gws, &wa, NULL), DG_OK, "%s", dg_device_errmsg(dev));
-	gh_download(dev, gy, tgy.data, ny * 4);
-	gh_download(dev, gw, tgw.data, nw * 4);
-
-	fd_case c = { decoder_fwd, &fs, &fa, y, w, dy, dw, ny, nw, no, dout, r, gy, gw,
-		      "grad_y vs finite differences" };
-	fd_probe(dev, &c);
-	free(y);
-	free(w);
-	free(r);
-	free(gy);
-	free(gw);
+	fd_check(dev, &c, &fs, &fa, tgy.data, tgw.data);
 	gh_close(dev);
 }

@@ -461,14 +461,7 @@ Test(gpu_grad, bdh_wgmma_bf16_against_mma)
  * sm_90. */
 Test(gpu_grad, bdh_wgmma_decoder_grad_weight_against_mma)
 {
-	dg_device *dev = gh_open();
-	dg_device_info di;
-	cr_assert_eq(dg_device_info_get(dev, &di), DG_OK);
-	if (di.sm != 90) {
-		gh_close(dev);
-		fprintf(stderr, "skipped: the warpgroup path needs sm_90 (device is sm_%d)\n", di.sm);
-		cr_skip_test("skipped: the warpgroup path needs sm_90");
-	}
+	dg_device *dev = gh_open_sm90();
 	const dg_tile mma_tile = { 128, 128, 32, 2, 2, 4, 0 };
 	const size_t ng = (size_t)BDH_B * BDH_T * BDH_E, ny = (size_t)BDH_B * BDH_H * BDH_T * BDH_L,
 		     nt = (size_t)BDH_B * BDH_T, no = (size_t)BDH_E * BDH_H * BDH_L;

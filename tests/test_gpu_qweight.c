@@ -47,6 +47,30 @@ static dg_workspace qw_workspace(dg_device *dev, const dg_spec *s, const dg_quan
 	return gh_workspace(dev, need);
 }
 
+/* quantize_weight to weight's codes. */
+static dg_spec qw_spec(dg_fmt weight)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_QUANTIZE_WEIGHT);
+	s.weight = weight;
+	return s;
+}
+
+/* One call of s on a with its workspace (qw_workspace): it runs. */
+static void qw_run(dg_device *dev, const dg_spec *s, dg_quantize_weight_args *a)
+{
+	a->ws = qw_workspace(dev, s, a);
+	cr_assert_eq(dg_quantize_weight(dev, s, a), DG_OK, "%s", dg_device_errmsg(dev));
+}
+
+/* dg_quantize_weight with the workspace ws (gh_expect_bad_workspaces'). */
+static dg_status quantize_weight_ws(dg_device *dev, const dg_spec *s, void *args, dg_workspace ws)
+{
+	dg_quantize_weight_args *a = args;
+	a->ws = ws;
+	return dg_quantize_weight(dev, s, a);
+}
+
 static void run_quantize(dg_fmt weight, dg_fmt src, size_t n, int mode)
 {
 	dg_device *dev = gh_open();
@@ -76,13 +100,10 @@ static void run_quantize(dg_fmt weight, dg_fmt src, size_t n, int mode)
 	dg_tensor tw = dg_tensor_2d("w", src, dw, 1, (int64_t)n);
 	dg_tensor tc = dg_tensor_2d("codes", DG_FMT_INT8, dc, 1, (int64_t)n);
 	tc.scale = ds;
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_QUANTIZE_WEIGHT);
-	s.weight = weight;
+	dg_spec s = qw_spec(weight);
 	s.src = src;
 	dg_quantize_weight_args a = { .w = &tw, .codes = &tc };
-	a.ws = qw_workspace(dev, &s, &a);
-	cr_assert_eq(dg_quantize_weight(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	qw_run(dev, &s, &a);
 	gh_download(dev, got, dc, n);
 	float scale = gh_read_scalar(dev, ds);
 
@@ -137,13 +158,10 @@ Test(gpu_qweight, quantize_bdh_reproducible)
 	dg_dptr s1 = gh_scalar(dev, 0), s2 = gh_scalar(dev, 0);
 	dg_tensor tw = dg_tensor_3d("w", DG_FMT_F32, dw, 4, 8192, 256);
 	dg_tensor tc = dg_tensor_3d("codes", DG_FMT_INT8, dc, 4, 8192, 256);
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_QUANTIZE_WEIGHT);
-	s.weight = DG_FMT_TERNARY;
+	dg_spec s = qw_spec(DG_FMT_TERNARY);
 	tc.scale = s1;
 	dg_quantize_weight_args qa = { .w = &tw, .codes = &tc };
-	qa.ws = qw_workspace(dev, &s, &qa);
-	cr_assert_eq(dg_quantize_weight(dev, &s, &qa), DG_OK, "%s", dg_device_errmsg(dev));
+	qw_run(dev, &s, &qa);
 	tc.scale = s2;
 	cr_assert_eq(dg_quantize_weight(dev, &s, &qa), DG_OK, "%s", dg_device_errmsg(dev));
 	float a = gh_read_scalar(dev, s1), b = gh_read_scalar(dev, s2);
@@ -239,32 +257,17 @@ Test(gpu_qweight, workspace_is_checked)
 	dg_device *dev = gh_open();
 	const size_t n = 4096 * 33;
 	float *w = gh_rand_storage(DG_FMT_F32, n, NULL);
-	unsigned char *got = gh_xmalloc(n), *ff = gh_xmalloc(n);
-	memset(ff, 0xff, n);
 	dg_dptr dc = gh_alloc_ff(dev, n), ds = gh_scalar(dev, -1.0f);
 	dg_tensor tw = dg_tensor_2d("w", DG_FMT_F32, gh_upload(dev, w, n * 4), 33, 4096);
 	dg_tensor tc = dg_tensor_2d("codes", DG_FMT_INT8, dc, 33, 4096);
 	tc.scale = ds;
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_QUANTIZE_WEIGHT);
-	s.weight = DG_FMT_TERNARY;
+	dg_spec s = qw_spec(DG_FMT_TERNARY);
 	dg_quantize_weight_args a = { .w = &tw, .codes = &tc };
 	dg_workspace ok = qw_workspace(dev, &s, &a);
-	const dg_workspace bad[3] = { { 0, 0 }, { ok.ptr, ok.bytes - 1 }, { 0, ok.bytes } };
-	for (int i = 0; i < 3; i++) {
-		a.ws = bad[i];
-		cr_assert_eq(dg_quantize_weight(dev, &s, &a), DG_ERR_INVALID_ARG, "case %d ran", i);
-		const char *m = dg_device_errmsg(dev);
-		cr_assert(strstr(m, "dg_quantize_weight") && strstr(m, "ws"), "case %d: %s", i, m);
-	}
-	gh_download(dev, got, dc, n);
-	gh_expect_bytes("codes after refused calls", got, ff, n);
-	cr_assert_eq(gh_read_scalar(dev, ds), -1.0f, "scale untouched");
+	gh_expect_bad_workspaces(dev, &s, &a, ok, quantize_weight_ws, "dg_quantize_weight", "codes", dc, n, ds);
 	a.ws = ok;
 	cr_assert_eq(dg_quantize_weight(dev, &s, &a), DG_OK, "%s", dg_device_errmsg(dev));
 	cr_assert_gt(gh_read_scalar(dev, ds), 0.0f);
 	free(w);
-	free(got);
-	free(ff);
 	gh_close(dev);
 }

@@ -178,6 +178,35 @@ static void rows_time(rows_call *u, const char *what, const char *entry, double 
 	fflush(stdout);
 }
 
+/* What a rows check reads back: the codes (n bytes) and scales (rows
+ * floats) of the launch, the reference's, and a second launch's. */
+typedef struct rows_out {
+	void *got, *want, *again;
+	float *gs, *ws, *gs2;
+} rows_out;
+
+static rows_out rows_out_make(size_t n, size_t rows)
+{
+	rows_out o = { gh_xmalloc(n), gh_xmalloc(n), gh_xmalloc(n),
+		       gh_xmalloc(rows * 4), gh_xmalloc(rows * 4), gh_xmalloc(rows * 4) };
+	return o;
+}
+
+/* The end of a rows check: u timed when `time` (the bytes it moves: n
+ * values of esz read, n codes and `rows` scales written), o freed. */
+static void rows_done(rows_call *u, const char *what, const char *entry, bool time, size_t n, size_t esz,
+		      size_t rows, rows_out *o)
+{
+	if (time)
+		rows_time(u, what, entry, (double)n * esz + (double)n + (double)rows * 4);
+	free(o->got);
+	free(o->want);
+	free(o->again);
+	free(o->gs);
+	free(o->ws);
+	free(o->gs2);
+}
+
 /* n floats into storage of src (f32 | bf16), malloc'd. */
 static void *rows_store(dg_fmt src, const float *v, size_t n)
 {
@@ -239,8 +268,9 @@ static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int 
 	u.codes = dg_tensor_make("codes", s.act, gh_alloc(dev, n), 4, sh);
 	u.codes.scale = gh_alloc(dev, rows * sizeof(float));
 
-	uint8_t *got = gh_xmalloc(n), *want = gh_xmalloc(n), *again = gh_xmalloc(n);
-	float *gs = gh_xmalloc(rows * 4), *ws = gh_xmalloc(rows * 4), *gs2 = gh_xmalloc(rows * 4);
+	rows_out o = rows_out_make(n, rows);
+	uint8_t *got = o.got, *want = o.want, *again = o.again;
+	float *gs = o.gs, *ws = o.ws, *gs2 = o.gs2;
 	rows_once(&u, what, got, n, gs, rows);
 	cr_assert_eq(dg_ref_quantize_act_rows(s.src, s.act, xs, (size_t)B, (size_t)G, (size_t)T, (size_t)C,
 					      want, ws), DG_OK);
@@ -251,17 +281,10 @@ static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int 
 	rows_once(&u, what, again, n, gs2, rows);
 	snprintf(msg, sizeof(msg), "%s, %s: a second launch", what, entry);
 	gh_expect_bytes(msg, again, got, n);
-	if (time)
-		rows_time(&u, what, entry, (double)n * esz + (double)n + (double)rows * 4);
+	rows_done(&u, what, entry, time, n, esz, rows, &o);
 	free(tok);
 	free(v);
 	free(xs);
-	free(got);
-	free(want);
-	free(again);
-	free(gs);
-	free(ws);
-	free(gs2);
 }
 
 /* A case of act_rows: the spec's text, the shape, whether it is timed. */
@@ -343,9 +366,9 @@ static void weight_rows(dg_device *dev, const char *text, int rows, int cols, bo
 	u.codes = dg_tensor_2d("codes", DG_FMT_INT8, gh_alloc(dev, n), rows, cols);
 	u.codes.scale = gh_alloc(dev, (size_t)rows * sizeof(float));
 
-	int8_t *got = gh_xmalloc(n), *want = gh_xmalloc(n), *again = gh_xmalloc(n);
-	float *gs = gh_xmalloc((size_t)rows * 4), *ws = gh_xmalloc((size_t)rows * 4),
-	      *gs2 = gh_xmalloc((size_t)rows * 4);
+	rows_out o = rows_out_make(n, (size_t)rows);
+	int8_t *got = o.got, *want = o.want, *again = o.again;
+	float *gs = o.gs, *ws = o.ws, *gs2 = o.gs2;
 	rows_once(&u, what, got, n, gs, (size_t)rows);
 	cr_assert_eq(dg_ref_quantize_weight_rows(s.weight, v, (size_t)rows, (size_t)cols, want, ws), DG_OK);
 	int off = 0;
@@ -371,16 +394,9 @@ static void weight_rows(dg_device *dev, const char *text, int rows, int cols, bo
 	gh_expect_bytes(msg, gs2, gs, (size_t)rows * sizeof(float));
 	snprintf(msg, sizeof(msg), "%s, %s: a second launch's codes", what, entry);
 	gh_expect_bytes(msg, again, got, n);
-	if (time)
-		rows_time(&u, what, entry, (double)n * esz + (double)n + (double)rows * 4);
+	rows_done(&u, what, entry, time, n, esz, (size_t)rows, &o);
 	free(v);
 	free(xs);
-	free(got);
-	free(want);
-	free(again);
-	free(gs);
-	free(ws);
-	free(gs2);
 }
 
 /* The channel quantizer on each path: the BDH execution weights (encoder

@@ -26,16 +26,11 @@
 #include "dragon/model.h"
 #include "dragon/optim.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 
 static dg_model_config odd(const char *preset)
 {
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 3;
-	c.embd = 64;
-	c.heads = 3;
-	c.neurons = 96;
+	dg_model_config c = dg_test_model(preset, 3, 64, 3, 96);
 	c.vocab = 300;
 	return c;
 }

@@ -33,18 +33,13 @@
 #include "dragon/optim.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
+#include "helpers.h"
 #include "runtime/ref/ref_ops.h"
 
+/* The tiny model, or (small) a small one: embd 64, 256 neurons. */
 static dg_model_config config(const char *preset, bool small)
 {
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = small ? 64 : 32;
-	c.heads = 2;
-	c.neurons = small ? 256 : 64;
-	return c;
+	return dg_test_model(preset, 2, small ? 64 : 32, 2, small ? 256 : 64);
 }
 
 enum { B = 2, T = 16, STEPS = 6 };

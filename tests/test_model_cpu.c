@@ -159,11 +159,7 @@ Test(model_cpu, gradients_match_finite_differences)
 Test(model_cpu, gradients_match_finite_differences_at_an_odd_shape)
 {
 	fixture f;
-	dg_model_config c = dg_test_tiny_model("f32");
-	c.layers = 3;
-	c.embd = 64;
-	c.heads = 3;
-	c.neurons = 96;
+	dg_model_config c = dg_test_model("f32", 3, 64, 3, 96);
 	c.vocab = 300;
 	setup_config(&f, 3, c);
 	bool past_a_byte = false;

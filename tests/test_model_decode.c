@@ -18,36 +18,6 @@
 #include "dragon/rng.h"
 #include "helpers.h"
 
-static dg_model_weights *weights_of(const char *preset, uint64_t seed, float scale)
-{
-	dg_model_config c;
-	char msg[512];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = 2;
-	c.embd = 32;
-	c.heads = 2;
-	c.neurons = 64;
-	dg_model_weights *w;
-	cr_assert_eq(dg_model_weights_create(&c, seed, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
-	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-		int nd;
-		int64_t sh[3];
-		int64_t n = dg_model_param_shape(&c, (dg_model_param)p, &nd, sh);
-		for (int64_t i = 0; i < n; i++)
-			w->params[p][i] *= scale;
-	}
-	return w;
-}
-
-static int argmax(const float *z, int v)
-{
-	int best = 0;
-	for (int i = 1; i < v; i++)
-		if (z[i] > z[best])
-			best = i;
-	return best;
-}
-
 /* The largest |a − b| over v logits, relative to the largest |b|. */
 static double rel_err(const float *a, const float *b, int v)
 {
@@ -89,7 +59,7 @@ static void greedy_equal(const dg_model_weights *w, int np, int len, double tol,
 		double e = rel_err(zs, zf, V);
 		worst = fmax(worst, e);
 		cr_assert_lt(e, tol, "after %d tokens: the state's logits are %g off the full forward's", k, e);
-		int a = argmax(zs, V), b = argmax(zf, V);
+		int a = dg_test_argmax(zs, V), b = dg_test_argmax(zf, V);
 		cr_assert_eq(a, b, "token %d (context %d): the state decodes %d, the full forward %d", k - np,
 			     k, a, b);
 		ctx[k] = a;
@@ -105,7 +75,7 @@ static void greedy_equal(const dg_model_weights *w, int np, int len, double tol,
 
 Test(model_decode, greedy_equals_full_recompute_init)
 {
-	dg_model_weights *w = weights_of("f32", 3, 1.0f);
+	dg_model_weights *w = dg_test_tiny_weights("f32", 3, 1.0f);
 	greedy_equal(w, 9, 200, 1e-4, 11);
 	dg_model_weights_destroy(w);
 }
@@ -114,7 +84,7 @@ Test(model_decode, greedy_equals_full_recompute_trained_like, .timeout = 600)
 {
 	/* past a training T (the prompt alone is longer than a chunk of the
 	 * prefill: two chunks and a part) */
-	dg_model_weights *w = weights_of("f32", 5, 25.0f);
+	dg_model_weights *w = dg_test_tiny_weights("f32", 5, 25.0f);
 	greedy_equal(w, 150, 200, 1e-4, 13);
 	dg_model_weights_destroy(w);
 }
@@ -125,7 +95,7 @@ Test(model_decode, lowbit_recipe_logits)
 	 * where the state's sums differ in their last bits, so the logits are
 	 * compared loosely, at a short context */
 	char msg[512];
-	dg_model_weights *w = weights_of("w8a8", 7, 25.0f);
+	dg_model_weights *w = dg_test_tiny_weights("w8a8", 7, 25.0f);
 	const int V = w->config.vocab, n = 24;
 	int32_t ctx[24];
 	float zs[256], zf[256];
@@ -153,7 +123,7 @@ Test(model_decode, batched_rows_are_their_own_sequences)
 	 * then 20 tokens each in lock-step: every row's logits as its own
 	 * context's full forward */
 	char msg[512];
-	dg_model_weights *w = weights_of("f32", 9, 25.0f);
+	dg_model_weights *w = dg_test_tiny_weights("f32", 9, 25.0f);
 	const int V = w->config.vocab, B = 3, len = 20;
 	const int np[3] = { 3, 40, 70 };
 	int32_t ctx[3][96], tok[3];
@@ -193,7 +163,7 @@ Test(model_decode, every_row_at_once_and_a_row_continued)
 	 * 1 continued with 3 more tokens alone, then a token each: each row's
 	 * logits as its own context's full forward */
 	char msg[512];
-	dg_model_weights *w = weights_of("f32", 21, 25.0f);
+	dg_model_weights *w = dg_test_tiny_weights("f32", 21, 25.0f);
 	const int V = w->config.vocab;
 	int32_t ctx[2][16], tok[2];
 	float zs[2 * 256], zf[256];
@@ -229,7 +199,7 @@ Test(model_decode, every_row_at_once_and_a_row_continued)
 Test(model_decode, refusals)
 {
 	char msg[512];
-	dg_model_weights *w = weights_of("f32", 1, 1.0f), *bf = weights_of("bf16", 1, 1.0f);
+	dg_model_weights *w = dg_test_tiny_weights("f32", 1, 1.0f), *bf = dg_test_tiny_weights("bf16", 1, 1.0f);
 	dg_model_state *s;
 	float z[2 * 256];
 	int32_t tok[2] = { 1, 256 };

@@ -21,18 +21,8 @@
 #include "dragon/spec.h"
 #include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
+#include "helpers.h"
 #include "nvrtc_helpers.h"
-
-static dg_spec spec_of(dg_fmt act, dg_fmt out, dg_scale_gran g, int threads)
-{
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_DEQUANTIZE);
-	s.act = act;
-	s.out = out;
-	s.ascale = g;
-	s.tile.threads = threads;
-	return s;
-}
 
 Test(nvrtc_dequantize, defaults_and_text)
 {
@@ -67,7 +57,7 @@ Test(nvrtc_dequantize, every_format_compiles)
 		for (int o = 0; o < 2; o++)
 			for (int g = 0; g < 2; g++)
 				for (int th = 0; th < 2; th++) {
-					dg_spec s = spec_of(acts[a], o ? DG_FMT_F32 : DG_FMT_BF16,
+					dg_spec s = dg_test_dequantize_spec(acts[a], o ? DG_FMT_F32 : DG_FMT_BF16,
 							    g ? DG_SCALE_TOKEN : DG_SCALE_TENSOR, th ? 64 : 0);
 					char m[512];
 					cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s", m);
@@ -104,16 +94,16 @@ Test(nvrtc_dequantize, bad_specs_are_refused_naming_the_field)
 	dg_codegen *cg = nh_codegen();
 	static const dg_fmt not_codes[] = { DG_FMT_F32, DG_FMT_BF16, DG_FMT_TERNARY, DG_FMT_SIGN1 };
 	for (size_t i = 0; i < sizeof(not_codes) / sizeof(not_codes[0]); i++) {
-		dg_spec s = spec_of(not_codes[i], DG_FMT_BF16, DG_SCALE_TENSOR, 0);
+		dg_spec s = dg_test_dequantize_spec(not_codes[i], DG_FMT_BF16, DG_SCALE_TENSOR, 0);
 		nh_expect_refused(cg, &s, "act");
 	}
-	dg_spec s = spec_of(DG_FMT_INT8, DG_FMT_INT8, DG_SCALE_TENSOR, 0);
+	dg_spec s = dg_test_dequantize_spec(DG_FMT_INT8, DG_FMT_INT8, DG_SCALE_TENSOR, 0);
 	nh_expect_refused(cg, &s, "out");
-	s = spec_of(DG_FMT_INT8, DG_FMT_UINT8POS, DG_SCALE_TENSOR, 0);
+	s = dg_test_dequantize_spec(DG_FMT_INT8, DG_FMT_UINT8POS, DG_SCALE_TENSOR, 0);
 	nh_expect_refused(cg, &s, "out");
-	s = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_CHANNEL, 0);
+	s = dg_test_dequantize_spec(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_CHANNEL, 0);
 	nh_expect_refused(cg, &s, "ascale");
-	s = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TENSOR, 48);
+	s = dg_test_dequantize_spec(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TENSOR, 48);
 	nh_expect_refused(cg, &s, "threads");
 	s.tile.threads = 2048;
 	nh_expect_refused(cg, &s, "threads");
@@ -130,7 +120,7 @@ Test(nvrtc_dequantize, check_refuses_wrong_tensors_by_name)
 {
 	char msg[512];
 	for (int g = 0; g < 2; g++) {
-		dg_spec s = spec_of(DG_FMT_INT8, DG_FMT_BF16, g ? DG_SCALE_TOKEN : DG_SCALE_TENSOR, 0);
+		dg_spec s = dg_test_dequantize_spec(DG_FMT_INT8, DG_FMT_BF16, g ? DG_SCALE_TOKEN : DG_SCALE_TENSOR, 0);
 		dg_tensor codes = dg_tensor_2d("codes", DG_FMT_INT8, P(1), 96, 256);
 		dg_tensor out = dg_tensor_2d("out", DG_FMT_BF16, P(2), 96, 256);
 		codes.scale = P(3);
@@ -198,8 +188,8 @@ Test(nvrtc_dequantize, the_models_bf16_gradient_specs_compile)
 			dg_spec_normalize(&s);
 			specs[n++] = s;
 		}
-	specs[n++] = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TOKEN, 0);
-	specs[n++] = spec_of(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TENSOR, 0);
+	specs[n++] = dg_test_dequantize_spec(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TOKEN, 0);
+	specs[n++] = dg_test_dequantize_spec(DG_FMT_INT8, DG_FMT_BF16, DG_SCALE_TENSOR, 0);
 	for (int i = 0; i < n; i++) {
 		dg_spec *s = &specs[i];
 		s->arch_specific = true;

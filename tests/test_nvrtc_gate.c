@@ -26,6 +26,7 @@
 #include "dragon/spec.h"
 #include "runtime/ops/checks.h"
 #include "runtime/store/nvrtc.h"
+#include "helpers.h"
 #include "nvrtc_helpers.h"
 
 static const dg_op ops[] = { DG_OP_GATE_FWD, DG_OP_GATE_BWD, DG_OP_ADD_MASK, DG_OP_ADD3,
@@ -280,11 +281,7 @@ static void compile_dg(dg_codegen *cg, int H, int E, int L, dg_fmt w, dg_fmt act
 	dg__nvrtc_target t;
 	dg__nvrtc_result res;
 	dg_source *src = NULL;
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_DECODER_GATE_BWD);
-	s.heads = H;
-	s.embd = E;
-	s.latent = L;
+	dg_spec s = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD, H, E, L);
 	s.weight = w;
 	s.act = act;
 	s.out = out;

@@ -335,15 +335,22 @@ Test(nvrtc_optim, check_refuses_by_name)
 	cr_assert(strstr(msg, "adamw_update"), "%s", msg);
 }
 
+/* A gate op at 2 heads of latent 64 (normalized: its default formats). */
+static dg_spec gate_spec(dg_op op)
+{
+	dg_spec s;
+	dg_spec_init(&s, op);
+	s.heads = 2;
+	s.latent = 64;
+	dg_spec_normalize(&s);
+	return s;
+}
+
 /* The gate kernels read their device step as a uint32. */
 Test(nvrtc_optim, gate_checks_refuse_a_misaligned_step_at)
 {
 	char msg[512];
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_GATE_FWD);
-	s.heads = 2;
-	s.latent = 64;
-	dg_spec_normalize(&s);
+	dg_spec s = gate_spec(DG_OP_GATE_FWD);
 	dg_tensor xs = dg_tensor_4d("xs", s.act, P(1), 2, 2, 8, 64);
 	dg_tensor ys = dg_tensor_4d("ys", s.act, P(2), 2, 2, 8, 64);
 	dg_tensor xy = dg_tensor_4d("xy", s.act, P(3), 2, 2, 8, 64);
@@ -355,11 +362,7 @@ Test(nvrtc_optim, gate_checks_refuse_a_misaligned_step_at)
 	f.step_at = P(4) + 2;
 	nh_expect_named(dg_gate_fwd_check(&s, &f, msg, sizeof(msg)), msg, "step_at", "4-byte aligned");
 
-	dg_spec sb;
-	dg_spec_init(&sb, DG_OP_GATE_BWD);
-	sb.heads = 2;
-	sb.latent = 64;
-	dg_spec_normalize(&sb);
+	dg_spec sb = gate_spec(DG_OP_GATE_BWD);
 	dg_tensor dxy = dg_tensor_4d("dxy", sb.out, P(5), 2, 2, 8, 64);
 	dg_tensor dxs = dg_tensor_4d("dxs", sb.out, P(6), 2, 2, 8, 64);
 	dg_tensor bxs = dg_tensor_4d("xs", sb.act, P(1), 2, 2, 8, 64);

@@ -23,6 +23,7 @@
 
 #include "dragon/codegen.h"
 #include "dragon/model.h"
+#include "helpers.h"
 #include "runtime/store/nvrtc.h"
 #include "runtime/train/gpu_model_int.h"
 
@@ -68,12 +69,7 @@ static dg_status check_spec(void *user, const dg_spec *spec)
 
 static dg_model_config shape(const char *preset, int D, int H, int N, int V)
 {
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.embd = D;
-	c.heads = H;
-	c.neurons = N;
+	dg_model_config c = dg_test_model(preset, 0, D, H, N);
 	c.vocab = V;
 	return c;
 }

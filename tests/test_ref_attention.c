@@ -17,6 +17,7 @@
 
 #include "dragon/ref.h"
 #include "dragon/rng.h"
+#include "helpers.h"
 #include "runtime/ref/ref_ops.h"
 
 static float *rnd(dg_rng *r, size_t n, float lo)
@@ -37,12 +38,8 @@ static void expect_near(const char *what, const float *got, const float *want, s
 
 static dg_spec spec_of(dg_op op, int h, int n, int d)
 {
-	dg_spec s;
-	dg_spec_init(&s, op);
+	dg_spec s = dg_test_spec_sized(op, h, d, n);
 	s.act = DG_FMT_F32;
-	s.heads = h;
-	s.latent = n;
-	s.embd = d;
 	return s;
 }
 
@@ -354,12 +351,7 @@ Test(ref_attention, chunked_bound_sees_a_lost_state)
 Test(ref_attention, step_is_the_recurrence)
 {
 	enum { B = 2, H = 2, T = 9, N = 16, D = 8 };
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_ATTENTION_STEP);
-	s.act = DG_FMT_F32;
-	s.heads = H;
-	s.latent = N;
-	s.embd = D;
+	dg_spec s = spec_of(DG_OP_ATTENTION_STEP, H, N, D);
 	dg_spec_normalize(&s);
 	dg_rng r;
 	dg_rng_seed(&r, 31);

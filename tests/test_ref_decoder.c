@@ -13,17 +13,14 @@
 #include <string.h>
 
 #include "dragon/ref.h"
+#include "helpers.h"
 #include "ref_helpers.h"
 #include "runtime/ref/ref_ops.h"
 
 static dg_spec dec_spec(int heads, int latent, int embd, dg_fmt weight, dg_fmt act, dg_fmt out)
 {
-	dg_spec s;
+	dg_spec s = dg_test_spec_sized(DG_OP_DECODER_FWD, heads, embd, latent);
 
-	dg_spec_init(&s, DG_OP_DECODER_FWD);
-	s.heads = heads;
-	s.latent = latent;
-	s.embd = embd;
 	s.weight = weight;
 	s.act = act;
 	s.out = out;

@@ -25,6 +25,7 @@
 
 #include "dragon/ref.h"
 #include "dragon/rng.h"
+#include "helpers.h"
 #include "runtime/ref/ref_ops.h"
 
 static float *rnd(dg_rng *r, size_t n)
@@ -40,11 +41,7 @@ static float *rnd(dg_rng *r, size_t n)
  * (validated). */
 static dg_spec gate_bwd_spec(int H, int E, int L)
 {
-	dg_spec dg;
-	dg_spec_init(&dg, DG_OP_DECODER_GATE_BWD);
-	dg.heads = H;
-	dg.embd = E;
-	dg.latent = L;
+	dg_spec dg = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD, H, E, L);
 	dg.weight = DG_FMT_F32;
 	dg.act = DG_FMT_F32;
 	dg.out = DG_FMT_F32;
@@ -276,11 +273,7 @@ Test(ref_gate, decoder_gate_bwd_is_decoder_grad_input_then_gate_bwd)
 	float *dxy = malloc(n * 4), *wdxs = malloc(n * 4), *wdys = malloc(n * 4);
 	float *gdxs = malloc(n * 4), *gdys = malloc(n * 4);
 	uint16_t *bdxs = malloc(n * 2), *bdys = malloc(n * 2);
-	dg_spec gi, dg;
-	dg_spec_init(&gi, DG_OP_DECODER_GRAD_INPUT);
-	gi.heads = H;
-	gi.embd = E;
-	gi.latent = L;
+	dg_spec gi = dg_test_spec_sized(DG_OP_DECODER_GRAD_INPUT, H, E, L), dg;
 	gi.weight = DG_FMT_F32;
 	gi.out = DG_FMT_F32;
 	dg = gate_bwd_spec(H, E, L);

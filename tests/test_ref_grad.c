@@ -22,6 +22,7 @@
 
 #include "dragon/ops.h"
 #include "dragon/ref.h"
+#include "helpers.h"
 #include "ref_helpers.h"
 #include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
@@ -36,13 +37,9 @@ static float frand(void)
 static dg_spec grad_spec(dg_op op, int heads, int in_heads, int embd,
 			 int latent)
 {
-	dg_spec s;
+	dg_spec s = dg_test_spec_sized(op, heads, embd, latent);
 
-	dg_spec_init(&s, op);
-	s.heads = heads;
 	s.in_heads = in_heads;
-	s.embd = embd;
-	s.latent = latent;
 	s.weight = DG_FMT_F32;
 	s.act = DG_FMT_F32;
 	return s;

@@ -134,17 +134,7 @@ Test(tensor, constructors_and_sizes)
 	dg_tensor sg = dg_tensor_1d("w", DG_FMT_SIGN1, 0, 64);
 	cr_assert_eq(dg_tensor_bytes(&sg), 8);
 
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_F32, 5), 20);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_BF16, 5), 10);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_INT8, 8), 8);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_INT8, 6), 0, "not whole i8x4 words");
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_UINT8POS, 4), 4);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_INT4, 12), 12);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_TERNARY, 32), 8);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_TERNARY, 24), 0);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_SIGN1, 64), 8);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_SIGN1, 48), 0);
-	cr_assert_eq(dg_fmt_row_bytes(DG_FMT_F32, -1), 0);
+	dg_test_expect_row_bytes();
 
 	int64_t shape[2] = { 7, 9 };
 	dg_tensor m = dg_tensor_make(NULL, DG_FMT_F32, 0, 2, shape);

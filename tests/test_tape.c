@@ -12,18 +12,13 @@
 #include <string.h>
 
 #include "dragon/model.h"
+#include "helpers.h"
 #include "runtime/train/bdh_tape.h"
 
 static void build_for(const char *preset, int layers, int D, int H, int N, int B, int T,
 		      const dg__bdh_target *tg, dg__tape *t, dg__bdh_ids *id)
 {
-	dg_model_config c;
-	char msg[256];
-	cr_assert_eq(dg_model_preset(preset, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	c.layers = layers;
-	c.embd = D;
-	c.heads = H;
-	c.neurons = N;
+	dg_model_config c = dg_test_model(preset, layers, D, H, N);
 	dg__tape_init(t, &c, B, T);
 	cr_assert_eq(dg__bdh_tape_build(t, id, tg), DG_OK);
 	cr_assert_eq(dg__tape_plan(t), DG_OK);

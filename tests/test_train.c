@@ -43,74 +43,31 @@
 
 static dg_corpus *corpus_of(size_t n)
 {
-	static const char text[] = "To be, or not to be, that is the question: whether 'tis nobler in the mind "
-				   "to suffer the slings and arrows of outrageous fortune. ";
-	char path[512], msg[256];
-	snprintf(path, sizeof(path), "%s/text.txt", dg_test_tmpdir());
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f);
-	for (size_t i = 0; i < n; i++)
-		fputc(text[i % (sizeof(text) - 1)], f);
-	fclose(f);
-	dg_corpus *c;
-	cr_assert_eq(dg_corpus_open(path, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	return c;
+	return dg_test_corpus("To be, or not to be, that is the question: whether 'tis nobler in the mind "
+			      "to suffer the slings and arrows of outrageous fortune. ",
+			      n, 1);
 }
 
 static dg_train_opts tiny(const char *dir, int64_t steps)
 {
-	dg_train_opts o;
-	dg_train_defaults(&o, steps);
-	char msg[256];
-	cr_assert_eq(dg_model_preset("f32", &o.model, msg, sizeof(msg)), DG_OK);
-	o.model.layers = 2;
-	o.model.embd = 32;
-	o.model.heads = 2;
-	o.model.neurons = 64;
+	dg_train_opts o = dg_test_tiny_opts(dir, steps);
 	o.batch = 2;
-	o.time = 16;
-	o.opt.lr = 3e-3f;
 	o.opt.warmup = 2;
 	o.eval_every = 4;
 	o.eval_batches = 2;
 	o.ckpt_every = 3;
 	o.keep = 2;
-	o.out_dir = dir;
 	o.seed = 5;
 	return o;
-}
-
-/* The log's lines without the timing fields (tokens_per_s, wall_s). */
-static char *log_of(const char *dir, int *lines)
-{
-	char path[600], line[1024];
-	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f, "%s", path);
-	size_t cap = 1 << 16, n = 0;
-	char *out = calloc(cap, 1);
-	*lines = 0;
-	while (fgets(line, sizeof(line), f)) {
-		char *cut = strstr(line, ", \"tokens_per_s\"");
-		cr_assert_not_null(cut, "%s", line);
-		*cut = '\0';
-		n += (size_t)snprintf(out + n, cap - n, "%s\n", line);
-		(*lines)++;
-	}
-	fclose(f);
-	return out;
 }
 
 static dg_train_state *newest(const char *dir)
 {
 	int64_t latest;
-	char msg[512], path[600];
+	char msg[512];
 	cr_assert_eq(dg_checkpoint_prune(dir, 0, &latest, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_geq(latest, 0);
-	dg_checkpoint_path(dir, latest, path, sizeof(path));
-	dg_train_state *s;
-	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	return s;
+	return dg_test_checkpoint_at(dir, latest);
 }
 
 Test(train, learns_and_resumes_bit_exactly)
@@ -122,7 +79,7 @@ Test(train, learns_and_resumes_bit_exactly)
 	dg_train_opts o = tiny(a, 12);
 	cr_assert_eq(dg_train_run(&o, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
 	int na;
-	char *la = log_of(a, &na);
+	char *la = dg_test_log_untimed(a, &na);
 	cr_assert_eq(na, 12, "%s", la);
 	double v4, v12;
 	cr_assert(sscanf(strstr(la, "{\"step\": 4,"), "{\"step\": 4, \"train_loss\": %*g, \"lr\": %*g, \"grad_norm\": %*g, \"val_loss\": %lf", &v4) == 1, "%s", la);
@@ -144,24 +101,18 @@ Test(train, learns_and_resumes_bit_exactly)
 	q.stop_at = 7;
 	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
 	int nb;
-	free(log_of(b, &nb));
+	free(dg_test_log_untimed(b, &nb));
 	cr_assert_eq(nb, 7);
 	q.stop_at = 0;
 	q.resume = true;
 	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
-	char *lb = log_of(b, &nb);
+	char *lb = dg_test_log_untimed(b, &nb);
 	cr_assert_str_eq(lb, la, "a resumed run logged other numbers");
 	dg_train_state *sa = newest(a), *sb = newest(b);
 	cr_assert_eq(sa->step, 12);
 	cr_assert_eq(sb->step, 12);
 	cr_assert_eq(sa->data_rng.state, sb->data_rng.state);
-	for (int k = 0; k < DG_MODEL_N_PARAMS; k++) {
-		int nd;
-		int64_t sh[3];
-		size_t n = (size_t)dg_model_param_shape(&sa->weights->config, (dg_model_param)k, &nd, sh) * 4;
-		cr_assert_eq(memcmp(sa->weights->params[k], sb->weights->params[k], n), 0, "weights %d", k);
-		cr_assert_eq(memcmp(sa->m[k], sb->m[k], n), 0, "m %d", k);
-	}
+	dg_test_expect_same_state(sa, sb);
 	dg_train_state_destroy(sa);
 	dg_train_state_destroy(sb);
 	free(la), free(lb);
@@ -251,6 +202,18 @@ typedef struct stopper {
 	ino_t ino; /* 0: no checkpoint of step `at` when the flag was set */
 } stopper;
 
+/* q run to its end on c logs what the straight run logged (la, freed);
+ * what names the case. */
+static void expect_resumed_log(const dg_train_opts *q, dg_corpus *c, char *la, const char *what)
+{
+	char msg[512];
+	cr_assert_eq(dg_train_run(q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
+	char *lb = dg_test_log_untimed(q->out_dir, NULL);
+	cr_assert_str_eq(lb, la, "%s, the run logged other numbers", what);
+	free(la);
+	free(lb);
+}
+
 static void stop_at_step(const dg_train_report *r, void *user)
 {
 	stopper *s = user;
@@ -284,7 +247,7 @@ Test(train, stop_flag_checkpoints_then_resumes)
 	dg_train_opts o = tiny(a, 12);
 	cr_assert_eq(dg_train_run(&o, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
 	int na, nb;
-	char *la = log_of(a, &na);
+	char *la = dg_test_log_untimed(a, &na);
 
 	/* stopped during step 5 (ckpt_every 3: no checkpoint of 5 yet): one
 	 * is written, the log ends at 5 */
@@ -297,7 +260,7 @@ Test(train, stop_flag_checkpoints_then_resumes)
 	char want[1400];
 	snprintf(want, sizeof(want), "interrupted at step 5 of 12; checkpoint %s", p);
 	cr_assert_str_eq(msg, want);
-	free(log_of(b, &nb));
+	free(dg_test_log_untimed(b, &nb));
 	cr_assert_eq(nb, 5);
 	dg_train_state *k = newest(b);
 	cr_assert_eq(k->step, 5);
@@ -321,16 +284,12 @@ Test(train, stop_flag_checkpoints_then_resumes)
 	s.at = -1;
 	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_ERR_INTERRUPTED, "%s", msg);
 	cr_assert(strstr(msg, "interrupted at step 6 of 12; checkpoint "), "%s", msg);
-	free(log_of(b, &nb));
+	free(dg_test_log_untimed(b, &nb));
 	cr_assert_eq(nb, 6);
 
 	/* resumed to the end: the same log as the straight run */
 	q.stop = NULL;
-	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
-	char *lb = log_of(b, &nb);
-	cr_assert_str_eq(lb, la, "stopped and resumed, the run logged other numbers");
-	free(la);
-	free(lb);
+	expect_resumed_log(&q, c, la, "stopped and resumed");
 	dg_corpus_close(c);
 	dg_test_rmtree(root);
 }
@@ -354,8 +313,8 @@ Test(train, full_disk_keeps_the_last_checkpoint)
 	dg_train_opts o = tiny(a, 8);
 	o.ckpt_every = 2;
 	cr_assert_eq(dg_train_run(&o, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
-	int na, nd;
-	char *la = log_of(a, &na);
+	int na;
+	char *la = dg_test_log_untimed(a, &na);
 
 	dg_train_opts q = tiny(d, 8);
 	q.ckpt_every = 2;
@@ -422,11 +381,7 @@ Test(train, full_disk_keeps_the_last_checkpoint)
 	dg_train_state_destroy(k4);
 
 	/* room again: the resume goes on from 4 and logs what a straight run logs */
-	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
-	char *ld = log_of(d, &nd);
-	cr_assert_str_eq(ld, la, "resumed after the full disk, the run logged other numbers");
-	free(la);
-	free(ld);
+	expect_resumed_log(&q, c, la, "resumed after the full disk");
 	dg_corpus_close(c);
 	dg_test_rmtree(root);
 }

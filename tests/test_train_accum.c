@@ -30,40 +30,21 @@ enum { STEPS = 3 };
 
 static dg_corpus *corpus_of(size_t n)
 {
-	static const char text[] = "Now is the winter of our discontent made glorious summer by this sun of "
-				   "York; and all the clouds that lour'd upon our house. ";
-	char path[512], msg[256];
-	snprintf(path, sizeof(path), "%s/text.txt", dg_test_tmpdir());
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f);
-	for (size_t i = 0; i < n; i++)
-		fputc(text[(i * 7) % (sizeof(text) - 1)], f);
-	fclose(f);
-	dg_corpus *c;
-	cr_assert_eq(dg_corpus_open(path, &c, msg, sizeof(msg)), DG_OK, "%s", msg);
-	return c;
+	return dg_test_corpus("Now is the winter of our discontent made glorious summer by this sun of "
+			      "York; and all the clouds that lour'd upon our house. ",
+			      n, 7);
 }
 
 static dg_train_opts tiny(const char *dir, int batch, int accum, int64_t steps)
 {
-	dg_train_opts o;
-	dg_train_defaults(&o, steps);
-	char msg[256];
-	cr_assert_eq(dg_model_preset("f32", &o.model, msg, sizeof(msg)), DG_OK);
-	o.model.layers = 2;
-	o.model.embd = 32;
-	o.model.heads = 2;
-	o.model.neurons = 64;
+	dg_train_opts o = dg_test_tiny_opts(dir, steps);
 	o.batch = batch;
 	o.accum = accum;
-	o.time = 16;
-	o.opt.lr = 3e-3f;
 	o.opt.warmup = 1;
 	o.eval_every = 0; /* at the last step only (over b-row batches: not compared) */
 	o.eval_batches = 1;
 	o.ckpt_every = 1;
 	o.keep = 0;
-	o.out_dir = dir;
 	o.seed = 11;
 	return o;
 }
@@ -96,15 +77,6 @@ static void logged(const char *dir, int n, double *loss, double *norm)
 		}
 	fclose(f);
 	cr_assert(found, "%s: no step %d", path, n);
-}
-
-static dg_train_state *at_step(const char *dir, int64_t step)
-{
-	char msg[512], path[600];
-	dg_checkpoint_path(dir, step, path, sizeof(path));
-	dg_train_state *s;
-	cr_assert_eq(dg_checkpoint_load(path, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	return s;
 }
 
 /* The largest |a − b| over every weight of two checkpoints. */
@@ -152,8 +124,8 @@ Test(train_accum, k_micro_batches_are_the_k_times_larger_batch)
 		/* the tolerance can fail: the micro-batch alone is another step */
 		cr_expect_gt(rel(lp, lb) + rel(np, nb), 1e-3, "step %d: the half batch logs the whole one's", n);
 	}
-	dg_train_state *sb = at_step(big, STEPS), *s2 = at_step(k2, STEPS), *s4 = at_step(k4, STEPS),
-		       *sp = at_step(part, STEPS);
+	dg_train_state *sb = dg_test_checkpoint_at(big, STEPS), *s2 = dg_test_checkpoint_at(k2, STEPS), *s4 = dg_test_checkpoint_at(k4, STEPS),
+		       *sp = dg_test_checkpoint_at(part, STEPS);
 	cr_expect_eq(s2->accum, 2, "the checkpoint's accum %d", s2->accum);
 	cr_expect_eq(s2->batch, 2);
 	cr_expect_eq(sb->accum, 0, "accum 1 is not written (reads 0), got %d", sb->accum);
@@ -167,25 +139,6 @@ Test(train_accum, k_micro_batches_are_the_k_times_larger_batch)
 	dg_train_state_destroy(s2);
 	dg_train_state_destroy(s4);
 	dg_train_state_destroy(sp);
-}
-
-/* The log's lines without the timing fields. */
-static char *log_of(const char *dir)
-{
-	char path[600], line[1024];
-	snprintf(path, sizeof(path), "%s/log.jsonl", dir);
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f, "%s", path);
-	size_t cap = 1 << 16, n = 0;
-	char *out = calloc(cap, 1);
-	while (fgets(line, sizeof(line), f)) {
-		char *cut = strstr(line, ", \"tokens_per_s\"");
-		cr_assert_not_null(cut, "%s", line);
-		*cut = '\0';
-		n += (size_t)snprintf(out + n, cap - n, "%s\n", line);
-	}
-	fclose(f);
-	return out;
 }
 
 Test(train_accum, resume_is_bit_exact_and_holds_accum)
@@ -212,17 +165,11 @@ Test(train_accum, resume_is_bit_exact_and_holds_accum)
 	q.result = NULL;
 	q.accum = 3;
 	cr_assert_eq(dg_train_run(&q, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
-	char *la = log_of(a), *lb = log_of(b);
+	char *la = dg_test_log_untimed(a, NULL), *lb = dg_test_log_untimed(b, NULL);
 	cr_expect_str_eq(lb, la, "a resumed run with accum logged other numbers");
-	dg_train_state *sa = at_step(a, 4), *sb = at_step(b, 4);
+	dg_train_state *sa = dg_test_checkpoint_at(a, 4), *sb = dg_test_checkpoint_at(b, 4);
 	cr_expect_eq(sb->accum, 3);
-	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
-		int nd;
-		int64_t sh[3];
-		size_t n = (size_t)dg_model_param_shape(&sa->weights->config, (dg_model_param)p, &nd, sh) * 4;
-		cr_expect_eq(memcmp(sa->weights->params[p], sb->weights->params[p], n), 0, "weights %d", p);
-		cr_expect_eq(memcmp(sa->v[p], sb->v[p], n), 0, "adamw.v %d", p);
-	}
+	dg_test_expect_same_state(sa, sb);
 	dg_train_state_destroy(sa);
 	dg_train_state_destroy(sb);
 	free(la), free(lb);
@@ -237,7 +184,7 @@ Test(train_accum, resume_is_bit_exact_and_holds_accum)
 	r.allow_changed = true;
 	r.accum = 1;
 	cr_assert_eq(dg_train_run(&r, c, NULL, NULL, msg, sizeof(msg)), DG_OK, "%s", msg);
-	char *lc = log_of(b);
+	char *lc = dg_test_log_untimed(b, NULL);
 	cr_expect(strstr(lc, "\"changed\": {\"accum\": {\"from\": 3, \"to\": 1}}"), "%s", lc);
 	free(lc);
 	dg_corpus_close(c);

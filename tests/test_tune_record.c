@@ -225,21 +225,6 @@ Test(tune_record, to_json_refuses_a_bad_winner)
 
 /* ---- the DB ------------------------------------------------------------------ */
 
-static dg_spec spec_of(const char *text)
-{
-	dg_spec s;
-	char msg[256];
-	cr_assert_eq(dg_spec_parse(text, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	return s;
-}
-
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
-	return cg;
-}
-
 /* dg_tune_resolve, which fails only when the spec cannot be planned. */
 static void resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *s, const char *device,
 		    int sm, dg_tune_choice *ch)
@@ -251,6 +236,22 @@ static void resolve(dg_codegen *cg, const dg_tune_db *db, const dg_spec *s, cons
 	cr_assert_eq(dg_spec_to_string(&ch->spec, c, sizeof(c)), DG_OK);
 	cr_assert_str_eq(c, ch->plan.canonical);
 	cr_assert_not(dg_tile_is_auto(&ch->spec.tile));
+}
+
+/* SPEC_LR resolves (on DEV, sm 90) to the tuned record of the file named
+ * record, dated date, tile 64x64x64/2x2/2; its choice. */
+static dg_tune_choice expect_tuned_lr(dg_codegen *cg, const dg_tune_db *db, const char *record, const char *date)
+{
+	dg_spec s = dg_test_spec_parse(SPEC_LR);
+	dg_tune_choice ch;
+	resolve(cg, db, &s, DEV, 90, &ch);
+	cr_assert(ch.tuned, "%s", ch.why);
+	cr_assert(strstr(ch.record, record), "%s", ch.record);
+	cr_assert_str_eq(ch.date, date);
+	char tile[64];
+	dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
+	cr_assert_str_eq(tile, "64x64x64/2x2/2");
+	return ch;
 }
 
 /* Records built into the library for the H200 (the BDH set). */
@@ -276,7 +277,7 @@ Test(tune_db, lookup_merge_and_fallback)
 	dg_test_write_file(dir, "types.json", "{\"format\": \"one\"}");
 	dg_test_write_file(dir, "readme.txt", "not a record");
 
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = dg_test_codegen();
 	dg_tune_db *db = NULL;
 	dg_tune_db_opts o = { .path = dir, .device = DEV, .sm = 90 };
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
@@ -295,18 +296,11 @@ Test(tune_db, lookup_merge_and_fallback)
 	cr_assert(saw_empty && saw_types);
 
 	/* the newest record wins: B's 64x64 */
-	dg_spec s = spec_of(SPEC_LR);
-	dg_tune_choice ch;
-	resolve(cg, db, &s, DEV, 90, &ch);
-	cr_assert(ch.tuned, "%s", ch.why);
-	cr_assert(strstr(ch.record, "b.json"), "%s", ch.record);
-	cr_assert_str_eq(ch.date, "2026-12-02T09:00:00Z");
-	char tile[64];
-	dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
-	cr_assert_str_eq(tile, "64x64x64/2x2/2");
+	dg_tune_choice ch = expect_tuned_lr(cg, db, "b.json", "2026-12-02T09:00:00Z");
+	dg_spec s = dg_test_spec_parse(SPEC_LR);
 
 	/* another spec: the heuristic, saying why */
-	dg_spec s2 = spec_of("op=lowrank_fwd;weight=int8;act=int8;out=bf16");
+	dg_spec s2 = dg_test_spec_parse("op=lowrank_fwd;weight=int8;act=int8;out=bf16");
 	resolve(cg, db, &s2, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no record for " DEV " (sm_90)"), "%s", ch.why);
@@ -315,14 +309,14 @@ Test(tune_db, lookup_merge_and_fallback)
 	cr_assert(dg_spec_equal(&ch.spec, &want.spec), "%s", want.canonical);
 
 	/* an explicit tile is kept */
-	dg_spec s3 = spec_of(SPEC_LR ";tile=128x128x64/2x4/4");
+	dg_spec s3 = dg_test_spec_parse(SPEC_LR ";tile=128x128x64/2x4/4");
 	resolve(cg, db, &s3, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(dg_spec_equal(&ch.spec, &s3));
 	cr_assert(strstr(ch.why, "names its tile"), "%s", ch.why);
 
 	/* a spec the template cannot plan fails, with the template's message */
-	dg_spec bad = spec_of(SPEC_LR ";tile=48x64x64/2x2/2");
+	dg_spec bad = dg_test_spec_parse(SPEC_LR ";tile=48x64x64/2x2/2");
 	cr_assert_eq(dg_tune_resolve(cg, db, &bad, DEV, 90, &ch), DG_ERR_INVALID_SPEC);
 	cr_assert(strstr(dg_codegen_errmsg(cg), "BM and BN must be powers of two"), "%s",
 		  dg_codegen_errmsg(cg));
@@ -369,12 +363,12 @@ Test(tune_db, merge_is_independent_of_order_and_env_path_list)
 	char list[2048];
 	snprintf(list, sizeof(list), "%s:%s", d1, d2);
 	setenv("DRAGON_TUNE_DB", list, 1);
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = dg_test_codegen();
 	dg_tune_db *db = NULL;
 	dg_tune_db_opts o = { .device = DEV, .sm = 90 };
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
 	cr_assert_str_eq(dg_tune_db_where(db), list);
-	dg_spec s = spec_of(SPEC_LR);
+	dg_spec s = dg_test_spec_parse(SPEC_LR);
 	dg_tune_choice ch;
 	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(ch.tuned);
@@ -416,11 +410,11 @@ Test(tune_db, stale_or_empty_winners_fall_back_with_a_reason)
 	dg_tune_record *r = make(SPEC_LR, DEV, 90, "2026-12-01T10:00:00Z", TILES, none, 2);
 	cr_assert_eq(r->winner, -1);
 	save(r, dir, "r.json");
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = dg_test_codegen();
 	dg_tune_db *db = NULL;
 	dg_tune_db_opts o = { .path = dir, .device = DEV, .sm = 90 };
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
-	dg_spec s = spec_of(SPEC_LR);
+	dg_spec s = dg_test_spec_parse(SPEC_LR);
 	dg_tune_choice ch;
 	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
@@ -440,7 +434,7 @@ Test(tune_db, stale_or_empty_winners_fall_back_with_a_reason)
 	dg_tune_record_destroy(st);
 
 	/* without a DB the element-wise ops get their default threads too */
-	dg_spec q = spec_of("op=quantize_act");
+	dg_spec q = dg_test_spec_parse("op=quantize_act");
 	resolve(cg, NULL, &q, DEV, 90, &ch);
 	cr_assert(!ch.tuned);
 	cr_assert(strstr(ch.why, "no tuning DB"), "%s", ch.why);
@@ -453,7 +447,7 @@ Test(tune_db, stale_or_empty_winners_fall_back_with_a_reason)
 /* The records built into the library: the H200's BDH set. */
 Test(tune_db, builtin_records)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = dg_test_codegen();
 	dg_tune_db *db = NULL;
 	dg_tune_db_opts o = { .path = "builtin", .device = DEV, .sm = 90 };
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
@@ -467,7 +461,7 @@ Test(tune_db, builtin_records)
 	cr_assert_eq(dv[0].sm, 90);
 
 	/* the projection of the BDH step: the warpgroup tile on sm_90a */
-	dg_spec s = spec_of("op=lowrank_fwd;weight=ternary;act=int8;out=int8;relu=0");
+	dg_spec s = dg_test_spec_parse("op=lowrank_fwd;weight=ternary;act=int8;out=int8;relu=0");
 	dg_tune_choice ch;
 	resolve(cg, db, &s, DEV, 90, &ch);
 	cr_assert(ch.tuned, "%s", ch.why);
@@ -521,24 +515,16 @@ Test(tune_db, a_user_record_wins_over_a_builtin_one)
 	const double med[2] = { 100.0, 200.0 };
 	dg_tune_record *r = make(SPEC_LR, DEV, 90, "2000-01-01T00:00:00Z", tiles, med, 2);
 	save(r, dir, "old.json");
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = dg_test_codegen();
 	dg_tune_db *db = NULL;
 	dg_tune_db_opts o = { .path = dir, .device = DEV, .sm = 90 };
 	cr_assert_eq(dg_tune_db_open(&db, &o), DG_OK);
 	cr_assert_eq(dg_tune_db_size(db), N_BUILTIN);
 	cr_assert_eq(dg_tune_db_n_builtin(db), N_BUILTIN - 1);
-	dg_spec s = spec_of(SPEC_LR);
-	dg_tune_choice ch;
-	resolve(cg, db, &s, DEV, 90, &ch);
-	cr_assert(ch.tuned, "%s", ch.why);
-	cr_assert(strstr(ch.record, "old.json"), "%s", ch.record);
-	cr_assert_str_eq(ch.date, "2000-01-01T00:00:00Z");
-	char tile[64];
-	dg_tile_to_string(&ch.spec.tile, tile, sizeof(tile));
-	cr_assert_str_eq(tile, "64x64x64/2x2/2");
+	dg_tune_choice ch = expect_tuned_lr(cg, db, "old.json", "2000-01-01T00:00:00Z");
 	cr_assert_not(ch.spec.arch_specific);
 	/* the other keys still have their built-in records */
-	dg_spec d = spec_of("op=decoder_fwd;weight=int8;act=int8;out=bf16");
+	dg_spec d = dg_test_spec_parse("op=decoder_fwd;weight=int8;act=int8;out=bf16");
 	resolve(cg, db, &d, DEV, 90, &ch);
 	cr_assert(ch.tuned, "%s", ch.why);
 	cr_assert(strncmp(ch.record, "built-in:", 9) == 0, "%s", ch.record);

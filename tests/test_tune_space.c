@@ -24,21 +24,6 @@
 #include "helpers.h"
 #include "runtime/tunedb/choose.h"
 
-static dg_spec spec_of(const char *text)
-{
-	dg_spec s;
-	char msg[256];
-	cr_assert_eq(dg_spec_parse(text, &s, msg, sizeof(msg)), DG_OK, "%s", msg);
-	return s;
-}
-
-static dg_codegen *make_cg(void)
-{
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK, "%s", dg_codegen_errmsg(cg));
-	return cg;
-}
-
 /* The template's default tile of s on its target (arch_specific or not). */
 static dg_tile default_tile(dg_codegen *cg, const dg_spec *s, bool arch_specific)
 {
@@ -52,8 +37,8 @@ static dg_tile default_tile(dg_codegen *cg, const dg_spec *s, bool arch_specific
 
 static void check_space(const char *text, int device_sm, bool want_specific)
 {
-	dg_codegen *cg = make_cg();
-	dg_spec s = spec_of(text), *c = NULL;
+	dg_codegen *cg = dg_test_codegen();
+	dg_spec s = dg_test_spec_parse(text), *c = NULL;
 	size_t n = 0;
 	char msg[256];
 
@@ -106,7 +91,7 @@ Test(tune_space, every_candidate_is_valid_and_distinct)
 
 Test(tune_space, sizes_stay_small)
 {
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = dg_test_codegen();
 	dg_spec set[32], *c = NULL;
 	size_t n = dg_tune_bdh_set(set, 32), k = 0;
 	char msg[256];
@@ -118,7 +103,7 @@ Test(tune_space, sizes_stay_small)
 		cr_assert_leq(k, 180, "%s: %zu candidates", dg_op_name(set[i].op), k);
 		free(c);
 	}
-	dg_spec e = spec_of("op=pack_i8x4");
+	dg_spec e = dg_test_spec_parse("op=pack_i8x4");
 	cr_assert_eq(dg_tune_space(cg, &e, 90, &c, &k, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(k, 10, "t64..t1024 on sm_90 and sm_90a: %zu", k);
 	free(c);
@@ -127,18 +112,18 @@ Test(tune_space, sizes_stay_small)
 
 Test(tune_space, bad_specs_are_refused)
 {
-	dg_spec s = spec_of("op=lowrank_fwd"), *c = (dg_spec *)1;
+	dg_spec s = dg_test_spec_parse("op=lowrank_fwd"), *c = (dg_spec *)1;
 	size_t n = 7;
 	char msg[256];
 
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = dg_test_codegen();
 	s.latent = 8190;
 	cr_assert_eq(dg_tune_space(cg, &s, 90, &c, &n, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
 	cr_assert_null(c);
 	cr_assert_eq(n, 0);
 	cr_assert(strstr(msg, "latent=8190"), "%s", msg);
 	/* its tile is ignored: a tile the template refuses still has a space */
-	s = spec_of("op=lowrank_fwd;tile=48x64x64/2x2/2");
+	s = dg_test_spec_parse("op=lowrank_fwd;tile=48x64x64/2x2/2");
 	cr_assert_eq(dg_tune_space(cg, &s, 90, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_gt(n, 1);
 	free(c);
@@ -189,7 +174,7 @@ Test(tune_space, fits_rejects_with_the_reason)
 static dg_tune_cand cand(const char *tile, bool specific, double us, int smem)
 {
 	dg_tune_cand c;
-	dg_spec s = spec_of("op=lowrank_fwd");
+	dg_spec s = dg_test_spec_parse("op=lowrank_fwd");
 	memset(&c, 0, sizeof(c));
 	cr_assert_eq(dg_spec_set(&s, "tile", tile, NULL, 0), DG_OK);
 	c.tile = s.tile;
@@ -310,10 +295,10 @@ Test(tune_space, warpgroup_tiles_on_sm_90a)
 	const char *texts[] = { "op=lowrank_fwd;weight=ternary;act=int8;out=int8;relu=0",
 				"op=decoder_fwd;weight=int8;act=int8;out=bf16" };
 	char msg[256];
-	dg_codegen *cg = make_cg();
+	dg_codegen *cg = dg_test_codegen();
 
 	for (size_t t = 0; t < 2; t++) {
-		dg_spec s = spec_of(texts[t]), *c = NULL;
+		dg_spec s = dg_test_spec_parse(texts[t]), *c = NULL;
 		size_t n = 0, wg = 0;
 
 		cr_assert_eq(dg_tune_space(cg, &s, 90, &c, &n, msg, sizeof(msg)), DG_OK, "%s", msg);
