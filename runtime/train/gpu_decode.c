@@ -157,10 +157,13 @@ static dg_status token(dg_model *m, const int32_t *tokens, int n, int k)
 	/* pageable: staged by the driver before the call returns, so the
 	 * next token may overwrite in_h at once */
 	dg_status st = dg_memcpy_htod(m->dev, m->pos_d, dc->in_h, (size_t)B * 8);
-	if (!st && dc->use_graph && dc->warm && !dc->graph)
+	/* the legacy default stream (a framework's stream 0) cannot be
+	 * captured: there the body runs op by op */
+	const bool graph = dc->use_graph && dg_device_stream(m->dev) != DG_STREAM_LEGACY;
+	if (!st && graph && dc->warm && !dc->graph)
 		st = capture(m);
 	if (!st)
-		st = dc->use_graph && dc->graph ? dg_graph_launch(dc->graph) : body(m);
+		st = graph && dc->graph ? dg_graph_launch(dc->graph) : body(m);
 	if (st)
 		return st;
 	dc->warm = true;

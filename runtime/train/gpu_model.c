@@ -316,16 +316,31 @@ static dg_status fits(dg_model *m, int accum, bool quiet);
  * pass there, B·H·T·N act bytes a layer more) where that plan fits the
  * device's free memory, else without. The step's numbers are the same
  * bits either way (the backward would make the same qr again): 1.1 ms of
- * RoPE passes a step fewer at 25M, B 8, T 512 on the H200, for 1.6 GB. */
+ * RoPE passes a step fewer at 25M, B 8, T 512 on the H200, for 1.6 GB.
+ * The plan without is made first; it is made again with qr kept only
+ * when its total and the kept bytes fit (so a step that does not fit at
+ * all is refused after one plan, as before). */
 static dg_status build_fit(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum)
 {
+	m->keep_qr = false;
+	dg_status st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
 	/* DRAGON_KEEP_QR=0: never (the backward makes RoPE(xs) again) */
 	const char *env = getenv("DRAGON_KEEP_QR");
-	m->keep_qr = !(env && strcmp(env, "0") == 0);
-	dg_status st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
-	if (st || !m->keep_qr || fits(m, accum, true) == DG_OK)
+	if (st || (env && strcmp(env, "0") == 0) || !(m->act == DG_FMT_BF16 && m->sm == 90) || m->decode)
 		return st;
+	dg_model_memory mm;
+	dg__tape_report(&m->t, &mm);
+	size_t free_b = 0, total_b = 0;
+	const size_t kept = (size_t)c->layers * (size_t)b * (size_t)c->heads * (size_t)t * (size_t)c->neurons *
+			    dg_fmt_row_bytes(m->act, 1);
+	if (dg_device_mem_info(dev, &free_b, &total_b) || mm.total + kept > free_b)
+		return DG_OK;
 	unbuild(m);
+	m->keep_qr = true;
+	st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
+	if (st || fits(m, accum, true) == DG_OK)
+		return st;
+	unbuild(m); /* the kept plan's arena came out larger than the sum */
 	m->keep_qr = false;
 	return build(m, dev, c, b, t, accum, 0, NULL, NULL);
 }
