@@ -98,19 +98,16 @@ __device__ __forceinline__ void dg_row_fold(${ACC} &a, const uint4 &q)
 	}
 }
 
-// The VE codes of q at scale s in one store at codes + off (four a word,
-// code e in byte e % 4).
-__device__ __forceinline__ void dg_row_put(${CT} *codes, long long off, const uint4 &q, float s)
+${QUANT_VEC_FN}
+
+// The VE codes of q at scale s (si: the row's ${SCALE_AUX_WHAT}) in one store at
+// codes + off (four a word, code e in byte e % 4).
+__device__ __forceinline__ void dg_row_put(${CT} *codes, long long off, const uint4 &q, float s, float si)
 {
 	float f[VE];
 	dg_src_unpack(q, f);
 	unsigned w[VE / 4];
-#pragma unroll
-	for (int k = 0; k < VE / 4; ++k)
-		w[k] = 0u;
-#pragma unroll
-	for (int e = 0; e < VE; ++e)
-		w[e / 4] |= ((unsigned)${QUANT}(f[e], s) & 0xffu) << (8 * (e % 4));
+	dg_quant_vec(f, s, si, w);
 ${STORE_AT}
 }
 
@@ -137,16 +134,16 @@ __device__ __forceinline__ ${ACC} dg_row_part_vec(const ${ST} *__restrict__ x, l
 // Vector path, pass 2: the codes of the same vectors.
 template <int P, int K>
 __device__ __forceinline__ void dg_row_codes_vec(const ${ST} *__restrict__ x, long long base, long long seg,
-						 int cv, int nv, int p, const uint4 (&q)[K], float s,
+						 int cv, int nv, int p, const uint4 (&q)[K], float s, float si,
 						 ${CT} *__restrict__ codes)
 {
 #pragma unroll
 	for (int k = 0; k < K; ++k)
 		if (p + k * P < nv)
-			dg_row_put(codes, dg_row_vec(base, seg, cv, p + k * P), q[k], s);
+			dg_row_put(codes, dg_row_vec(base, seg, cv, p + k * P), q[k], s, si);
 	for (int j = p + K * P; j < nv; j += P) {
 		const long long off = dg_row_vec(base, seg, cv, j);
-		dg_row_put(codes, off, __ldg((const uint4 *)(x + off)), s);
+		dg_row_put(codes, off, __ldg((const uint4 *)(x + off)), s, si);
 	}
 }
 
@@ -222,11 +219,11 @@ ${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
 		}
 		__syncthreads();	// red is rewritten by the next row
 		const ${ACC} r0 = a;
-		const float s = ${SCALE};
+		const float s = ${SCALE}, si = ${SCALE_AUX};
 		if (tid == 0)
 			scales[r] = s;
 		if (vec)
-			dg_row_codes_vec<NT, RV>(x, base, seg, cv, nv, tid, q, s, codes);
+			dg_row_codes_vec<NT, RV>(x, base, seg, cv, nv, tid, q, s, si, codes);
 		else
 			dg_row_codes_one<NT>(x, base, seg, C, n, tid, s, codes);
 	}
@@ -247,16 +244,32 @@ ${PREFIX}_rows_warp(const ${ST} *__restrict__ x, long long rows, int G, int T, i
 		uint4 q[WV];
 		const ${ACC} r0 = dg_row_warp(vec ? dg_row_part_vec<32, WV>(x, base, seg, cv, nv, lane, q)
 					       : dg_row_part_one<32>(x, base, seg, C, n, lane));
-		const float s = ${SCALE};
+		const float s = ${SCALE}, si = ${SCALE_AUX};
 		if (lane == 0)
 			scales[r] = s;
 		if (vec)
-			dg_row_codes_vec<32, WV>(x, base, seg, cv, nv, lane, q, s, codes);
+			dg_row_codes_vec<32, WV>(x, base, seg, cv, nv, lane, q, s, si, codes);
 		else
 			dg_row_codes_one<32>(x, base, seg, C, n, lane, s, codes);
 	}
 }
 ]]
+
+-- The codes of a vector one value at a time through quant (the default
+-- QUANT_VEC_FN: si unused).
+local QUANT_VEC_ONE = [[
+// The N codes of f at scale s, four a word (code e in byte e %% 4).
+template <int N>
+__device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float si, unsigned (&w)[N / 4])
+{
+	(void)si;
+#pragma unroll
+	for (int k = 0; k < N / 4; ++k)
+		w[k] = 0u;
+#pragma unroll
+	for (int e = 0; e < N; ++e)
+		w[e / 4] |= ((unsigned)%s(f[e], s) & 0xffu) << (8 * (e %% 4));
+}]]
 
 -- The entries, in the order the plan lists them.
 function M.entries(prefix)
@@ -281,6 +294,11 @@ function M.render(spec, plan, o)
   v.ST, v.CT, v.P, v.PREFIX = FM.formats[o.src].ctype, o.ct, "x", o.prefix
   v.ACC, v.COMBINE, v.SCALE, v.QUANT, v.QUANT_FN = o.acc, o.combine, o.scale, o.quant, o.quant_fn
   v.CONSTS = o.consts or ""
+  -- a vector's codes: o.quant_vec_fn (given the row's si = o.scale_aux, a
+  -- C expression of s), else one value at a time through o.quant
+  v.QUANT_VEC_FN = o.quant_vec_fn or fmt(QUANT_VEC_ONE, o.quant)
+  v.SCALE_AUX = o.scale_aux or "0.0f"
+  v.SCALE_AUX_WHAT = o.scale_aux_what or "second constant, unused here"
   v.SRC_READER = EMIT.subst(ABSUM.SRC_READER, v)
   local about = {}
   for _, l in ipairs(o.head) do about[#about + 1] = l end

@@ -90,6 +90,67 @@ __device__ __forceinline__ int dg_quant(float v, float s)
 	return (s == 0.0f || v == 0.0f) ? 0 : dg_code(__fdiv_rn(v, s), QLO, QMAX);
 }]]
 
+-- A token's codes a vector at a time (the rows entries): one multiply by the
+-- row's reciprocal in place of a division a value, the same codes.
+--
+-- Why it is exact: with s normal and at most 2^125, si = rcp.rn(s) is
+-- normal and y = fl(v·si) is within |q|·2^-23·(1 + 2^-24) of q = v/s
+-- (two roundings of 2^-24 each); every |v| of the row is at most its max m
+-- and s = fl(m/qmax), so |q|, |y| ≤ qmax·(1 + 2^-22) ≤ 256 and
+-- |y − q| ≤ 2^-15. dg_quant's code is rint(fl(q)) clamped; fl(q) lies on
+-- q's side of every half-integer h or on h itself only when
+-- |q − h| ≤ ulp(h)/2 ≤ 2^-16 (rounding is monotone and h is a float). So
+-- where y is farther than 2^-12 from every half-integer, y and fl(q) lie
+-- strictly between the same two half-integers and round to the same
+-- integer; anywhere else (and for a NaN v, whose y is NaN) the vector
+-- takes dg_quant's division. rint(y) is y + 1.5·2^23 (exact to an integer,
+-- half to even, for |y| < 2^22), and that float's bits are
+-- 0x4b400000 + rint(y): clamped as integers, their low byte is the code.
+local QUANT_VEC_FN = [[
+// The row's reciprocal for dg_quant_vec: rcp.rn(s) where s is normal and at
+// most 2^125, else 0 (every code of the row by the division).
+__device__ __forceinline__ float dg_quant_inv(float s)
+{
+	return s >= 1.17549435e-38f && s <= 4.25352959e37f ? __frcp_rn(s) : 0.0f;
+}
+
+// The N codes of f at scale s, four a word (code e in byte e % 4): exactly
+// dg_quant's, by a multiply with si = dg_quant_inv(s) where y = v·si is not
+// within 2^-12 of a half-integer, else by dg_quant (templates/quantize.lua
+// has the argument).
+template <int N>
+__device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float si, unsigned (&w)[N / 4])
+{
+	constexpr float RM = 12582912.0f;	// 1.5·2^23: y + RM is rint(y) + RM
+	constexpr int RB = 0x4b400000;		// its bits at rint(y) = 0
+	int b[N];
+	bool near = !(si != 0.0f);
+#pragma unroll
+	for (int e = 0; e < N; ++e) {
+		const float y = __fmul_rn(f[e], si);
+		const float t = __fadd_rn(y, RM);
+		near |= !(fabsf(__fsub_rn(y, __fsub_rn(t, RM))) < 0.499755859375f);	// 0.5 − 2^-12
+		b[e] = min(max(__float_as_int(t), RB + QLO), RB + QMAX);
+	}
+	if (near) {	// rare: one division site in a rolled loop (no spills around its slow path)
+#pragma unroll 1
+		for (int e = 0; e < N; ++e) {
+			float v = f[0];
+#pragma unroll
+			for (int k = 1; k < N; ++k)
+				v = e == k ? f[k] : v;
+			const int c = dg_quant(v, s);
+#pragma unroll
+			for (int k = 0; k < N; ++k)
+				b[k] = e == k ? c : b[k];
+		}
+	}
+#pragma unroll
+	for (int k = 0; k < N / 4; ++k)
+		w[k] = __byte_perm(__byte_perm(b[4 * k], b[4 * k + 1], 0x0040),
+				   __byte_perm(b[4 * k + 2], b[4 * k + 3], 0x0040), 0x5410);
+}]]
+
 -- The constants of dg_quant.
 local QCONSTS = [[
 constexpr int QMAX = ${QMAX};		// ${act}: codes in [QLO, QMAX]
@@ -123,7 +184,8 @@ function M.render(spec, plan)
     return R.render(spec, plan, {
       file = "quantize.lua", prefix = "dg_quantize_act", src = src, ct = v.CT, acc = "float",
       combine = "fmaxf(a, v)", scale = "__fdiv_rn(r0, (float)QMAX)", quant = "dg_quant",
-      consts = v.QCONSTS, quant_fn = QUANT_FN,
+      consts = v.QCONSTS, quant_fn = QUANT_FN, quant_vec_fn = QUANT_VEC_FN,
+      scale_aux = "dg_quant_inv(s)", scale_aux_what = "reciprocal (dg_quant_inv)",
       head = { fmt("quantize_act: %s → %s codes (qmax %d), a scale a token: s = max|x|/qmax over the token,", src,
                    act, qmax),
                "codes = clamp(rint(x / s)) (0 where s == 0)." },

@@ -11,8 +11,16 @@
  *     entry (256 values) or the block entry (32768);
  *   - that entry compiles for sm_90 with no spills (ptxas -v through
  *     NVRTC), and the block entry within 128 registers a thread, so two
- *     256-thread blocks (128 KiB of loads in flight) share an SM.
+ *     256-thread blocks (128 KiB of loads in flight) share an SM;
+ *   - the token quantizer's codes by a multiply with the row's reciprocal
+ *     (templates/quantize.lua dg_quant_vec) are the division's wherever
+ *     the rule takes them: every bf16 value of a row against scales from
+ *     many row maxima (random, powers of two, values whose quotients land
+ *     on half-integers), for each code format, in this file's C with the
+ *     same float operations; the rule falls back to the division rarely.
  */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +31,7 @@
 #include "dragon/spec.h"
 #include "dragon/tune.h"
 #include "runtime/ops/ops_int.h"
+#include "runtime/ref/ref_ops.h"
 #include "runtime/store/nvrtc.h"
 
 /* ptxas's figures of one entry, read from the -v log. */
@@ -148,4 +157,92 @@ Test(nvrtc_quantize, rows_at_the_bdh_shapes)
 	}
 	dg_tune_db_close(db);
 	dg_codegen_destroy(cg);
+}
+
+/* dg_quant_vec's code of one value (templates/quantize.lua), the same float
+ * operations in C: v·si, rounded to an integer by adding 1.5·2^23; *near
+ * set where y is within 2^-12 of a half-integer (the kernel then divides). */
+static int fast_code(float v, float si, int lo, int hi, bool *near)
+{
+	volatile float y = v * si, t = y + 12582912.0f, k = t - 12582912.0f;
+	*near = !(si != 0.0f) || !(fabsf(y - k) < 0.499755859375f);
+	int32_t b;
+	memcpy(&b, (const void *)&t, 4);
+	b = b < 0x4b400000 + lo ? 0x4b400000 + lo : b;
+	return (b > 0x4b400000 + hi ? 0x4b400000 + hi : b) - 0x4b400000;
+}
+
+/* dg_quant_inv: the reciprocal where s is normal and at most 2^125. */
+static float fast_inv(float s)
+{
+	return s >= 1.17549435e-38f && s <= 4.25352959e37f ? 1.0f / s : 0.0f;
+}
+
+/* dg_quant: the division's code (0 where s is 0 or the quotient NaN). */
+static int div_code(float v, float s, int lo, int hi)
+{
+	if (s == 0.0f || v == 0.0f)
+		return 0;
+	float q = rintf(v / s);
+	if (q != q)
+		return 0;
+	return q < (float)lo ? lo : (q > (float)hi ? hi : (int)q);
+}
+
+/* Every bf16 v with |v| ≤ m at s = m/qmax: the rule's code where it takes
+ * one is the division's; returns the values it sent to the division. */
+static long check_row_max(float m, int qmax, int lo, long *checked)
+{
+	const float s = m / (float)qmax, si = fast_inv(s);
+	long near_n = 0;
+	for (uint32_t h = 0; h < 0x10000u; h++) {
+		float v = dg_ref_bf16_to_f32((uint16_t)h);
+		if (!(fabsf(v) <= m))
+			continue;
+		bool near;
+		int c = fast_code(v, si, lo, qmax, &near);
+		(*checked)++;
+		if (near) {
+			near_n++;
+			continue;
+		}
+		cr_assert_eq(c, div_code(v, s, lo, qmax),
+			     "m %a (s %a), qmax %d: v %a: the rule gives %d, the division %d", (double)m,
+			     (double)s, qmax, (double)v, c, div_code(v, s, lo, qmax));
+	}
+	return near_n;
+}
+
+Test(nvrtc_quantize, the_reciprocal_rule_gives_the_divisions_codes)
+{
+	static const int qmaxes[][2] = { { 127, -127 }, { 255, 0 }, { 7, -7 } };
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+	long checked = 0, near_n = 0;
+	for (size_t q = 0; q < sizeof(qmaxes) / sizeof(qmaxes[0]); q++) {
+		const int qmax = qmaxes[q][0], lo = qmaxes[q][1];
+		/* random row maxima over the bf16 range (the kernel's m is a bf16
+		 * value), powers of two, and maxima that are qmax·(k + 1/2)·2^e,
+		 * whose quotients fall on half-integers exactly */
+		for (int i = 0; i < 160; i++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			uint16_t h = (uint16_t)(x & 0x7fffu);
+			float m = dg_ref_bf16_to_f32(h);
+			if (!(m > 0.0f) || isinf(m))
+				continue;
+			near_n += check_row_max(m, qmax, lo, &checked);
+		}
+		for (int e = -130; e <= 127; e += 11)
+			near_n += check_row_max(ldexpf(1.0f, e), qmax, lo, &checked);
+		for (int k = 0; k < 8; k++)
+			for (int e = -20; e <= 20; e += 5)
+				near_n += check_row_max(ldexpf((float)qmax * ((float)k + 0.5f), e), qmax, lo,
+							&checked);
+		/* the largest and smallest maxima: s past 2^125, s subnormal */
+		near_n += check_row_max(3.38953139e38f, qmax, lo, &checked);
+		near_n += check_row_max(1.0e-38f, qmax, lo, &checked);
+	}
+	cr_log_info("%ld values checked, %ld sent to the division", checked, near_n);
+	cr_assert_gt(checked, 1000000);
+	cr_assert_lt(near_n * 50, checked, "the division takes %ld of %ld values: the rule is no faster",
+		     near_n, checked);
 }
