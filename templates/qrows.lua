@@ -192,6 +192,15 @@ __device__ __forceinline__ bool dg_row_vec_ok(const ${ST} *x, int C, const ${CT}
 	       ((unsigned long long)codes & (unsigned long long)(VE - 1)) == 0;
 }
 
+${STAGE_FNS}
+
+// Element offset of row r's first element: token (b, t) = (r / T, r % T).
+__device__ __forceinline__ long long dg_row_base(long long r, int G, int T, int C)
+{
+	const long long b = r / T;
+	return (b * G * T + (r - b * T)) * C;
+}
+
 // A block a row.
 extern "C" __global__ void __launch_bounds__(NT, MINB)
 ${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
@@ -202,11 +211,22 @@ ${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
 	const bool vec = dg_row_vec_ok(x, C, codes);
 	const long long seg = (long long)T * C;	// from one segment of a row to the next
 	const int cv = C / VE, nv = G * cv, n = G * C;
+	const bool pre = vec && dg_stage_ok();	// the next row's vectors staged while this one's codes go out
+	if (pre && blockIdx.x < rows)
+		dg_row_stage(x, dg_row_base(blockIdx.x, G, T, C), seg, cv, nv, tid);
 	for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-		const long long b = r / T, base = (b * G * T + (r - b * T)) * C;
+		const long long base = dg_row_base(r, G, T, C);
 		uint4 q[RV];
-		${ACC} a = vec ? dg_row_part_vec<NT, RV>(x, base, seg, cv, nv, tid, q)
-			   : dg_row_part_one<NT>(x, base, seg, C, n, tid);
+		${ACC} a;
+		if (pre) {
+			a = dg_row_part_staged(x, base, seg, cv, nv, tid, q);
+			dg_after(a);	// every staged vector read (a depends on them all) before the stage is refilled
+			if (r + gridDim.x < rows)
+				dg_row_stage(x, dg_row_base(r + gridDim.x, G, T, C), seg, cv, nv, tid);
+		} else {
+			a = vec ? dg_row_part_vec<NT, RV>(x, base, seg, cv, nv, tid, q)
+				: dg_row_part_one<NT>(x, base, seg, C, n, tid);
+		}
 		a = dg_row_warp(a);
 		if (lane == 0)
 			red[warp] = a;
@@ -255,6 +275,96 @@ ${PREFIX}_rows_warp(const ${ST} *__restrict__ x, long long rows, int G, int T, i
 }
 ]]
 
+-- The stage of the block entry (sm_80 on): the next row's first RV·NT
+-- vectors, copied by cp.async into dynamic shared memory while this row's
+-- reduction and codes run; thread p copies and later reads only its own
+-- vectors j = p + k·NT, so its cp.async.wait_group alone makes them
+-- visible (no barrier), and it refills them only after its fold has used
+-- every one (dg_after: an empty asm that takes the fold's value).
+local STAGE_FNS = [[
+extern __shared__ uint4 dg_stage[];	// RV·NT vectors: the next row's first ones
+
+// Whether the launch gave the stage its RV·NT vectors of shared memory.
+__device__ __forceinline__ bool dg_stage_ok()
+{
+	unsigned dsm;
+	asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
+	return dsm >= (unsigned)(RV * NT * 16);
+}
+
+// Thread p's copies of the row at base into the stage, one cp.async group.
+__device__ __forceinline__ void dg_row_stage(const ${ST} *__restrict__ x, long long base, long long seg, int cv,
+					     int nv, int p)
+{
+#pragma unroll
+	for (int k = 0; k < RV; ++k)
+		if (p + k * NT < nv)
+			dg_cp16((unsigned)__cvta_generic_to_shared(dg_stage + p + k * NT),
+				x + dg_row_vec(base, seg, cv, p + k * NT), 16);
+	dg_cp_commit();
+}
+
+// Pass 1 from the stage: the row's first RV·NT vectors (thread p's in q),
+// then the rest streamed as dg_row_part_vec streams them.
+__device__ __forceinline__ ${ACC} dg_row_part_staged(const ${ST} *__restrict__ x, long long base, long long seg,
+						   int cv, int nv, int p, uint4 (&q)[RV])
+{
+	dg_cp_wait<0>();
+	${ACC} a = 0;
+#pragma unroll
+	for (int k = 0; k < RV; ++k)
+		if (p + k * NT < nv)
+			q[k] = dg_stage[p + k * NT];
+#pragma unroll
+	for (int k = 0; k < RV; ++k)
+		if (p + k * NT < nv)
+			dg_row_fold(a, q[k]);
+	for (int j = p + RV * NT; j < nv; j += NT)
+		dg_row_fold(a, __ldg((const uint4 *)(x + dg_row_vec(base, seg, cv, j))));
+	return a;
+}
+
+__device__ __forceinline__ void dg_after(float a)
+{
+	asm volatile("" :: "f"(a) : "memory");
+}
+
+__device__ __forceinline__ void dg_after(double a)
+{
+	asm volatile("" :: "d"(a) : "memory");
+}]]
+
+-- Before sm_80 (no cp.async): no stage; the block entry reads x directly.
+local STAGE_NONE = [[
+__device__ __forceinline__ bool dg_stage_ok()
+{
+	return false;
+}
+
+__device__ __forceinline__ void dg_row_stage(const ${ST} *, long long, long long, int, int, int)
+{
+}
+
+template <typename Q>
+__device__ __forceinline__ ${ACC} dg_row_part_staged(const ${ST} *, long long, long long, int, int, int, Q &)
+{
+	return 0;
+}
+
+template <typename A>
+__device__ __forceinline__ void dg_after(A)
+{
+}]]
+
+-- Whether an arch has the stage (cp.async), and its bytes: RV·NT vectors.
+function M.staged(spec)
+  return (spec.arch or 0) >= 80
+end
+
+function M.stage_bytes(nt)
+  return math.min(16, 4096 // nt) * nt * 16
+end
+
 -- The codes of a vector one value at a time through quant (the default
 -- QUANT_VEC_FN: si unused).
 local QUANT_VEC_ONE = [[
@@ -276,9 +386,13 @@ function M.entries(prefix)
   return { prefix .. "_rows", prefix .. "_rows_warp" }
 end
 
--- The plan: threads_plan (default t256) with both entries.
+-- The plan: threads_plan (default t256) with both entries; the block
+-- entry asks for its stage's shared memory where the arch has cp.async.
 function M.plan(spec, prefix, program)
-  return TILES.threads_plan(spec, M.entries(prefix), program)
+  local p, err = TILES.threads_plan(spec, M.entries(prefix), program)
+  if not p then return p, err end
+  if M.staged(spec) then p.entries[1].smem = M.stage_bytes(p.tile.threads) end
+  return p
 end
 
 -- The rendered source. o: file (the calling template), head (banner lines
@@ -300,6 +414,8 @@ function M.render(spec, plan, o)
   v.SCALE_AUX = o.scale_aux or "0.0f"
   v.SCALE_AUX_WHAT = o.scale_aux_what or "second constant, unused here"
   v.SRC_READER = EMIT.subst(ABSUM.SRC_READER, v)
+  local staged = M.staged(spec)
+  v.STAGE_FNS = EMIT.subst(staged and STAGE_FNS or STAGE_NONE, v)
   local about = {}
   for _, l in ipairs(o.head) do about[#about + 1] = l end
   for _, l in ipairs({
@@ -314,7 +430,7 @@ function M.render(spec, plan, o)
     "  vectors a thread kept in registers between the reduction and the codes; else scalar, read twice.",
     "  The reduction: a fixed order a thread, an xor butterfly a warp, the warps in order (templates/qrows.lua).",
   }) do about[#about + 1] = l end
-  local want = { code = true }
+  local want = { code = true, cp_async = staged }
   if o.src == "bf16" then want.bf16 = true end
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, o.file, about))

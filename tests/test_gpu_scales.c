@@ -335,6 +335,13 @@ Test(gpu_scales, quantize_act_rows_paths)
 		{ AQ "src=bf16;act=int8;tile=t128", 2, 4, 8, 8192, false },
 		{ AQ "src=bf16;act=int8", 2, 3, 8, 100, false },
 		{ AQ "src=f32;act=uint8pos", 1, 3, 8, 1001, false },
+		/* more tokens than the block entry's resident blocks (its stage
+		 * prefetches a block's next token): a token of 512 vectors (part
+		 * of the stage), of 8192 f32 vectors (half streamed past it), and
+		 * rows not a multiple of the grid */
+		{ AQ "src=bf16;act=uint8pos", 4, 4, 201, 1024, false },
+		{ AQ "src=f32;act=int8", 2, 4, 301, 8192, false },
+		{ AQ "src=bf16;act=int8", 3, 4, 171, 8192, true },
 	};
 	act_rows_all(0x7a11, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -455,6 +462,11 @@ Test(gpu_scales, quantize_weight_rows_paths)
 		{ WQ "src=bf16;weight=sign1", 16, 4 * 8192, false },
 		{ WQ "src=f32;weight=ternary", 33, 1002, false },
 		{ WQ "src=bf16;weight=int8", 5, 3001, false },
+		/* more rows than the block entry's resident blocks: each block's
+		 * next row staged while its codes go out (sm_80 on), part of the
+		 * stage (512 vectors) and past it (8192, half streamed) */
+		{ WQ "src=bf16;weight=int8", 700, 4096, false },
+		{ WQ "src=f32;weight=ternary", 600, 32768, false },
 	};
 #undef WQ
 	dg_device *dev = gh_open();
