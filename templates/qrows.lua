@@ -42,10 +42,21 @@ The plan of each, for P threads on a row (P = NT or 32):
     the CPU reference (QUANT: __fdiv_rn and dg_code rounding, or the
     weight rule).
 
+  * The block entry's stage (sm_80 on, where the launch gives it RV·NT·16
+    bytes of dynamic shared memory: the plan asks for them): the host
+    launches only as many blocks as stay resident, each walks its rows,
+    and while row r's reduction and codes run, row r + grid's first RV·NT
+    vectors are already on their way into shared memory by cp.async
+    (issued right after row r's fold has used its staged vectors). So a
+    block's loads are in flight through its compute, not only between
+    rows. A thread copies and reads back only its own vectors: its
+    cp.async.wait_group is the only synchronization the stage needs.
+
 RV = min(16, 4096 / NT): a 32768-value bf16 row is 16 uint4 a thread at
-256 threads (64 registers), and a block keeps at most 64 KiB in flight;
-the block entry is bounded to 128 registers a thread (min blocks 512/NT),
-so two 256-thread blocks share an SM. WV = VE (8 bf16, 4 f32): a warp
+256 threads (64 registers), and a block keeps 64 KiB in flight (the stage
+the same); the block entry is bounded to 128 registers a thread (min
+blocks 512/NT), so two 256-thread blocks (and their 2 × 64 KiB stages)
+share an SM: up to 128 KiB of loads in flight an SM. WV = VE (8 bf16, 4 f32): a warp
 keeps rows of up to 2048 bf16 / 512 f32 values in registers (8 f32
 vectors a lane make ptxas spill around the division's slow path).
 ]]

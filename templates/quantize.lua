@@ -25,7 +25,18 @@ A scale a token (ascale=token) is one launch instead, of the entry
 dg_quantize_act_rows (a block a token) or dg_quantize_act_rows_warp (a
 warp a token), rendered by templates/qrows.lua (its banner has the plan):
 scales[r] = max|x| / qmax over the token's G·C values (a float division),
-its codes by dg_quant as above.
+its codes those of dg_quant as above, computed by a multiply with the
+row's reciprocal where that provably gives the same code (dg_quant_vec
+below: a division only within 2^-12 of a half-integer).
+
+What the BDH w8a8 step (B 8, T 512, D 256, H 4, N 8192; 6 layers) moves
+through the token quantizer, a layer: the xy token (B,4,T,8192) bf16 →
+uint8pos, one pass: 268 MB in, 134 MB of codes and 16 KB of scales out,
+402 MB, 95 µs at 4.25 TB/s; the x (B,1,T,256) and a (B·H,1,T,256) tokens
+→ int8: 3.2 MB and 12.6 MB, 0.7 and 3.0 µs. A step: 2.51 GB, 0.59 ms.
+Each value is read once from memory: the block entry keeps a token in
+registers between its max and its codes and stages the next token in
+shared memory meanwhile (templates/qrows.lua).
 ]]
 local SPEC = require("spec")
 local EMIT = require("emit")
