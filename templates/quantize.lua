@@ -116,7 +116,9 @@ __device__ __forceinline__ int dg_quant(float v, float s)
 -- integer; anywhere else (and for a NaN v, whose y is NaN) the vector
 -- takes dg_quant's division. rint(y) is y + 1.5·2^23 (exact to an integer,
 -- half to even, for |y| < 2^22), and that float's bits are
--- 0x4b400000 + rint(y): clamped as integers, their low byte is the code.
+-- 0x4b400000 + rint(y), whose low byte is the code. No clamp to qmax is
+-- needed: y ≤ m·si·(1 + 2^-24) ≤ qmax·(1 + 3·2^-24) < qmax + 1/2, so
+-- |rint(y)| ≤ qmax; uint8pos alone clamps its negatives to 0.
 local QUANT_VEC_FN = [[
 // The row's reciprocal for dg_quant_vec: rcp.rn(s) where s is normal and at
 // most 2^125, else 0 (every code of the row by the division).
@@ -141,7 +143,7 @@ __device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float
 		const float y = __fmul_rn(f[e], si);
 		const float t = __fadd_rn(y, RM);
 		near |= !(fabsf(__fsub_rn(y, __fsub_rn(t, RM))) < 0.499755859375f);	// 0.5 − 2^-12
-		b[e] = min(max(__float_as_int(t), RB + QLO), RB + QMAX);
+		b[e] = QLO < 0 ? __float_as_int(t) : max(__float_as_int(t), RB);	// |rint(y)| ≤ qmax already
 	}
 	if (near) {	// rare: one division site in a rolled loop (no spills around its slow path)
 #pragma unroll 1

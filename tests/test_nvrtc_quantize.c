@@ -160,16 +160,17 @@ Test(nvrtc_quantize, rows_at_the_bdh_shapes)
 }
 
 /* dg_quant_vec's code of one value (templates/quantize.lua), the same float
- * operations in C: v·si, rounded to an integer by adding 1.5·2^23; *near
- * set where y is within 2^-12 of a half-integer (the kernel then divides). */
+ * operations in C: v·si, rounded to an integer by adding 1.5·2^23, only
+ * uint8pos's negatives clamped (to 0); *near set where y is within 2^-12
+ * of a half-integer (the kernel then divides). */
 static int fast_code(float v, float si, int lo, int hi, bool *near)
 {
 	volatile float y = v * si, t = y + 12582912.0f, k = t - 12582912.0f;
 	*near = !(si != 0.0f) || !(fabsf(y - k) < 0.499755859375f);
 	int32_t b;
 	memcpy(&b, (const void *)&t, 4);
-	b = b < 0x4b400000 + lo ? 0x4b400000 + lo : b;
-	return (b > 0x4b400000 + hi ? 0x4b400000 + hi : b) - 0x4b400000;
+	(void)hi; /* no clamp to qmax: |rint(y)| ≤ qmax in a row (quantize.lua) */
+	return (lo < 0 ? b : (b < 0x4b400000 ? 0x4b400000 : b)) - 0x4b400000;
 }
 
 /* dg_quant_inv: the reciprocal where s is normal and at most 2^125. */
