@@ -182,9 +182,8 @@ ${ONE}
 ]]
 
 -- Raw vectors: the 16-byte words of vector iv (VE elements) of an f32 or
--- bf16 tensor, their floats, and the store of VE floats (bf16: a pair a
--- cvt.rn.bf16x2 on sm_80 and later, which rounds as dg_f32_to_bf16 except
--- a NaN's payload, so a pair holding a NaN takes dg_f32_to_bf16).
+-- bf16 tensor, their floats, and the store of VE floats (bf16: a pair an
+-- instruction, device.lua's dg_pack2).
 local RAW = [[
 template <typename T>
 struct dg_raw {
@@ -219,19 +218,6 @@ __device__ __forceinline__ void dg_unr(const dg_raw<unsigned short> &r, float (&
 			f[8 * k + 2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
 		}
 	}
-}
-
-// lo, hi → one bf16x2 word, each rounded as dg_f32_to_bf16.
-__device__ __forceinline__ unsigned dg_pack2(float lo, float hi)
-{
-#if __CUDA_ARCH__ >= 800
-	if (lo == lo && hi == hi) {
-		unsigned d;
-		asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-		return d;
-	}
-#endif
-	return (unsigned)dg_f32_to_bf16(lo) | ((unsigned)dg_f32_to_bf16(hi) << 16);
 }
 
 __device__ __forceinline__ void dg_stv(float *p, long long iv, const float (&f)[VE])
@@ -358,7 +344,7 @@ function M.render(spec, plan)
     fmt("path: element-wise, 16-byte vectors grid-stride, %d a thread an iteration with every load first;", M.UNROLL),
     "the dropout mask from Philox4x32-10 (dragon/rng.h).",
   }))
-  w:line(DEV.helpers({ bf16 = true }))
+  w:line(DEV.helpers({ bf16 = true, bf16x2_exact = true }))
   w:line(EMIT.subst(CONSTS, { H = H, L = L, NT = nt, VE = ve, XT = xt, GT = gt, U = M.UNROLL }))
   w:line(EW.VEC_IO)
   w:line(RAW)

@@ -37,7 +37,8 @@ at 4.25 TB/s (126 µs without the table); rope_bwd f32 moves 1.09 GB:
 
 Arithmetic: each product and the sum rounded once (__fmul_rn, __fadd_rn, no
 contraction into FMA), in f32 — what the reference's C computes, bit for
-bit; bf16 inputs widen exactly and the result rounds to nearest even once.
+bit; bf16 inputs widen exactly and the result rounds to nearest even once
+(a pair an instruction, device.lua's dg_pack2: dg_f32_to_bf16's bits).
 The attention kernels (attention.lua) inline the same arithmetic on their
 loads and in their epilogue, so scores of bf16 xs see exactly rope_fwd's
 bf16 output.
@@ -157,11 +158,11 @@ function M.render(spec, plan)
 					unsigned o[4];
 #pragma unroll
 					for (int j = 0; j < 4; ++j)
-						o[j] = (unsigned)dg_f32_to_bf16(y[2 * j]) | ((unsigned)dg_f32_to_bf16(y[2 * j + 1]) << 16);
+						o[j] = dg_pack2(y[2 * j], y[2 * j + 1]);
 					((uint4 *)dst)[]] .. at .. [[] = make_uint4(o[0], o[1], o[2], o[3]);]]
     v.LOAD = "__ldg((const unsigned *)src + " .. at .. ")"	-- two bf16: element 2p low
     v.UNPACK = "\t\t\t\tconst float x0 = __uint_as_float(w[k] << 16), x1 = __uint_as_float(w[k] & 0xffff0000u);"
-    v.STORE = "\t\t\t\t((unsigned *)dst)[" .. at .. "] = (unsigned)dg_f32_to_bf16(y0) | ((unsigned)dg_f32_to_bf16(y1) << 16);"
+    v.STORE = "\t\t\t\t((unsigned *)dst)[" .. at .. "] = dg_pack2(y0, y1);"
   else
     -- a unit of 8 floats: two float4, so RBV 4 keeps 128 bytes in flight
     v.RBV, v.VT, v.PT, v.VDECL2 = 4, "float4", "float2", "\n\t\t\t\tfloat4 w2[RBV];	// the unit's second half"
@@ -198,7 +199,7 @@ function M.render(spec, plan)
   }
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "rope.lua", about))
-  if bf then w:line(DEV.helpers({ bf16 = true })) end
+  if bf then w:line(DEV.helpers({ bf16 = true, bf16x2_exact = true })) end
   w:line(EMIT.subst(KERNEL, v))
   return w:text()
 end
