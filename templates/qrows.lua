@@ -15,8 +15,10 @@ double sums' orders differ, each fixed):
     4 × 8192 values).
   extern "C" __global__ void <prefix>_rows_warp(... the same ...)
     a warp a row, NT/32 rows a block, grid-stride over rows by warps: for
-    short rows (the BDH x and a tokens, 256 values). The host
-    (runtime/ops/quantize.c) picks the entry by G·C.
+    short rows (the BDH x and a tokens, 256 values); rows of at most a
+    vector a lane (G·C ≤ 32·VE on the vector path) WV rows a warp at a
+    time, all their loads first. The host (runtime/ops/quantize.c) picks
+    the entry by G·C.
 
 The plan of each, for P threads on a row (P = NT or 32):
 
@@ -113,7 +115,7 @@ ${QUANT_VEC_FN}
 
 // The VE codes of q at scale s (si: the row's ${SCALE_AUX_WHAT}) in one store at
 // codes + off (four a word, code e in byte e % 4).
-__device__ __forceinline__ void dg_row_put(${CT} *codes, long long off, const uint4 &q, float s, float si)
+__device__ __forceinline__ void dg_row_put(${CT} *codes, long long off, const uint4 &q, float s, float2 si)
 {
 	float f[VE];
 	dg_src_unpack(q, f);
@@ -145,7 +147,7 @@ __device__ __forceinline__ ${ACC} dg_row_part_vec(const ${ST} *__restrict__ x, l
 // Vector path, pass 2: the codes of the same vectors.
 template <int P, int K>
 __device__ __forceinline__ void dg_row_codes_vec(const ${ST} *__restrict__ x, long long base, long long seg,
-						 int cv, int nv, int p, const uint4 (&q)[K], float s, float si,
+						 int cv, int nv, int p, const uint4 (&q)[K], float s, float2 si,
 						 ${CT} *__restrict__ codes)
 {
 #pragma unroll
@@ -250,7 +252,8 @@ ${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
 		}
 		__syncthreads();	// red is rewritten by the next row
 		const ${ACC} r0 = a;
-		const float s = ${SCALE}, si = ${SCALE_AUX};
+		const float s = ${SCALE};
+		const float2 si = ${SCALE_AUX};
 		if (tid == 0)
 			scales[r] = s;
 		if (vec)
@@ -269,13 +272,42 @@ ${PREFIX}_rows_warp(const ${ST} *__restrict__ x, long long rows, int G, int T, i
 	const bool vec = dg_row_vec_ok(x, C, codes);
 	const long long seg = (long long)T * C;
 	const int cv = C / VE, nv = G * cv, n = G * C;
-	const long long stride = (long long)gridDim.x * NW;
-	for (long long r = (long long)blockIdx.x * NW + (threadIdx.x >> 5); r < rows; r += stride) {
-		const long long b = r / T, base = (b * G * T + (r - b * T)) * C;
+	const long long stride = (long long)gridDim.x * NW, wid = (long long)blockIdx.x * NW + (threadIdx.x >> 5);
+	if (vec && nv <= 32) {
+		// rows of a vector a lane at most (the BDH x and a tokens): WV
+		// consecutive rows a warp at a time, every load first, then each
+		// row as below (the same folds, so the same bits)
+		for (long long rg = wid * WV; rg < rows; rg += stride * WV) {
+			uint4 q[WV];
+#pragma unroll
+			for (int k = 0; k < WV; ++k)
+				if (rg + k < rows && lane < nv)
+					q[k] = __ldg((const uint4 *)(x + dg_row_vec(dg_row_base(rg + k, G, T, C), seg, cv, lane)));
+#pragma unroll
+			for (int k = 0; k < WV; ++k) {
+				if (rg + k >= rows)
+					break;
+				${ACC} a = 0;
+				if (lane < nv)
+					dg_row_fold(a, q[k]);
+				const ${ACC} r0 = dg_row_warp(a);
+				const float s = ${SCALE};
+				const float2 si = ${SCALE_AUX};
+				if (lane == 0)
+					scales[rg + k] = s;
+				if (lane < nv)
+					dg_row_put(codes, dg_row_vec(dg_row_base(rg + k, G, T, C), seg, cv, lane), q[k], s, si);
+			}
+		}
+		return;
+	}
+	for (long long r = wid; r < rows; r += stride) {
+		const long long base = dg_row_base(r, G, T, C);
 		uint4 q[WV];
 		const ${ACC} r0 = dg_row_warp(vec ? dg_row_part_vec<32, WV>(x, base, seg, cv, nv, lane, q)
 					       : dg_row_part_one<32>(x, base, seg, C, n, lane));
-		const float s = ${SCALE}, si = ${SCALE_AUX};
+		const float s = ${SCALE};
+		const float2 si = ${SCALE_AUX};
 		if (lane == 0)
 			scales[r] = s;
 		if (vec)
@@ -381,7 +413,7 @@ end
 local QUANT_VEC_ONE = [[
 // The N codes of f at scale s, four a word (code e in byte e %% 4).
 template <int N>
-__device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float si, unsigned (&w)[N / 4])
+__device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float2 si, unsigned (&w)[N / 4])
 {
 	(void)si;
 #pragma unroll
@@ -422,8 +454,8 @@ function M.render(spec, plan, o)
   -- a vector's codes: o.quant_vec_fn (given the row's si = o.scale_aux, a
   -- C expression of s), else one value at a time through o.quant
   v.QUANT_VEC_FN = o.quant_vec_fn or fmt(QUANT_VEC_ONE, o.quant)
-  v.SCALE_AUX = o.scale_aux or "0.0f"
-  v.SCALE_AUX_WHAT = o.scale_aux_what or "second constant, unused here"
+  v.SCALE_AUX = o.scale_aux or "make_float2(0.0f, 0.0f)"
+  v.SCALE_AUX_WHAT = o.scale_aux_what or "constants, unused here"
   v.SRC_READER = EMIT.subst(ABSUM.SRC_READER, v)
   local staged = M.staged(spec)
   v.STAGE_FNS = EMIT.subst(staged and STAGE_FNS or STAGE_NONE, v)

@@ -135,7 +135,11 @@ static dg_status prep_rows(dg_prepared *p, const dg__op_call *c)
 	if (st || rows == 0)
 		return st;
 	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(p->dev)->sm_count;
-	const long long per_block = rows_warp(G * C) ? nt / 32 : 1; /* rows a block */
+	/* rows a block: the warp entry's warps a row each, or WV (8) rows each
+	 * where a row is a vector a lane at most (templates/qrows.lua; this
+	 * only sizes the grid) */
+	const long long ve = spec->src == DG_FMT_BF16 ? 8 : 4;
+	const long long per_block = !rows_warp(G * C) ? 1 : (C % ve == 0 && G * C <= 32 * ve) ? nt / 32 * 8 : nt / 32;
 	/* the block entry: one block a row slot that stays resident (its stage
 	 * prefetches the block's next row), the warp entry as many as fit */
 	const long long blocks = rows_warp(G * C) ? 32 : resident_blocks(p->dev, k, nt);
