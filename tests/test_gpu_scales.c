@@ -342,6 +342,11 @@ Test(gpu_scales, quantize_act_rows_paths)
 		{ AQ "src=bf16;act=uint8pos", 4, 4, 201, 1024, false },
 		{ AQ "src=f32;act=int8", 2, 4, 301, 8192, false },
 		{ AQ "src=bf16;act=int8", 3, 4, 171, 8192, true },
+		/* the warp entry's rows of a vector a lane at most, 8 a warp at a
+		 * time: rows not a multiple of 8, rows of fewer vectors than lanes */
+		{ AQ "src=bf16;act=uint8pos", 3, 1, 37, 128, false },
+		{ AQ "src=f32;act=int8", 1, 1, 77, 128, false },
+		{ AQ "src=bf16;act=int4", 2, 2, 13, 48, false },
 	};
 	act_rows_all(0x7a11, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -467,6 +472,9 @@ Test(gpu_scales, quantize_weight_rows_paths)
 		 * stage (512 vectors) and past it (8192, half streamed) */
 		{ WQ "src=bf16;weight=int8", 700, 4096, false },
 		{ WQ "src=f32;weight=ternary", 600, 32768, false },
+		/* the warp entry's short rows, 8 a warp at a time (the same sums) */
+		{ WQ "src=bf16;weight=int8", 301, 256, false },
+		{ WQ "src=f32;weight=sign1", 45, 96, false },
 	};
 #undef WQ
 	dg_device *dev = gh_open();
