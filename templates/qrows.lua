@@ -41,8 +41,11 @@ The plan of each, for P threads on a row (P = NT or 32):
     order-free anyway; the double sums of ternary / sign1 weights are
     deterministic for a given NT and entry (which the row length picks).
   * The scale from the reduced value (SCALE), then every code exactly as
-    the CPU reference (QUANT: __fdiv_rn and dg_code rounding, or the
-    weight rule).
+    the CPU reference: a vector's codes by QUANT_VEC (the token
+    quantizer's: a multiply with the row's reciprocal, exact by
+    quantize.lua's argument; else QUANT a value: the weight rule), the
+    scalar path's by QUANT (__fdiv_rn and dg_code rounding, or the weight
+    rule).
 
   * The block entry's stage (sm_80 on, where the launch gives it RV·NT·16
     bytes of dynamic shared memory: the plan asks for them): the host
