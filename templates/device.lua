@@ -47,6 +47,24 @@ __device__ __forceinline__ unsigned dg_bf16x2(float lo, float hi)
 }
 ]]
 
+H.bf16x2_exact = [[
+// lo, hi → one bf16x2 word (lo in bits 0..15), each exactly as
+// dg_f32_to_bf16 rounds it: cvt.rn.bf16x2.f32 on sm_80 and later, except
+// for a pair holding a NaN (cvt gives the canonical NaN, dg_f32_to_bf16
+// keeps its sign and payload), which takes dg_f32_to_bf16.
+__device__ __forceinline__ unsigned dg_pack2(float lo, float hi)
+{
+#if __CUDA_ARCH__ >= 800
+	if (lo == lo && hi == hi) {
+		unsigned d;
+		asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+		return d;
+	}
+#endif
+	return (unsigned)dg_f32_to_bf16(lo) | ((unsigned)dg_f32_to_bf16(hi) << 16);
+}
+]]
+
 H.code = [[
 // clamp(rint(q), lo, hi): __float2int_rn rounds half to even (NaN gives 0,
 // out-of-range saturates), exactly rintf + clamp in the CPU reference.
@@ -113,7 +131,7 @@ H.ternary = FM.DECODERS.ternary
 H.sign1 = FM.DECODERS.sign1
 H.i8x4f = FM.DECODERS.i8x4f
 
-local order = { "bf16", "bf16x2", "code", "dp4a", "ternary", "sign1", "i8x4f", "cp_async" }
+local order = { "bf16", "bf16x2", "bf16x2_exact", "code", "dp4a", "ternary", "sign1", "i8x4f", "cp_async" }
 
 -- The device helper sections named in `want` (a set), in a fixed order.
 function M.helpers(want)

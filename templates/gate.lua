@@ -35,6 +35,19 @@ each float (f32) | unsigned short (bf16)):
   narrowest tensor, 4 when every tensor is f32, else 8 — one or two Philox
   blocks), the plan's threads a block; 16-byte aligned.
 
+Schedule: 16-byte vectors, two a thread an iteration (U) with all their
+loads issued before the first use, kept as raw words (64 bytes in flight a
+thread for gate_fwd bf16 at 57 registers: 64 KiB an SM); the Philox
+blocks of a vector drawn once (8 bf16 elements: two blocks); bf16 results
+packed two an instruction (cvt.rn.bf16x2 on sm_80 on, a pair holding a
+NaN by dg_f32_to_bf16).
+
+Bytes and time at the BDH shape (B 8, H 4, T 512, L 8192, bf16): gate_fwd
+reads xs and ys and writes xy, 3 × 268 MB = 805 MB: 189 µs at 4.25 TB/s,
+1.14 ms a step (6 layers). gate_bwd (bf16 gradients) reads dxy, xs, ys
+and writes dxs, dys: 1.34 GB, 316 µs (the sm_90 bf16 model runs it fused
+into decoder_gate_bwd instead).
+
 Arithmetic: every product rounded once (__fmul_rn), s = __fdiv_rn(1, 1 − p):
 the reference's C, bit for bit; bf16 values are read exactly and bf16
 results are the f32 result rounded to nearest even once. p, seed, step,
@@ -134,6 +147,7 @@ constexpr int H = ${H};		// heads
 constexpr int L = ${L};		// latent
 constexpr int NT = ${NT};		// threads a block
 constexpr int VE = ${VE};		// elements a vector: 16 bytes of the narrowest tensor
+constexpr int U = ${U};		// vectors a thread an iteration, all loaded before the first use
 typedef ${XT} XT;		// xs, ys, xy (act)
 typedef ${GT} GT;		// dxy, dys, dxs (gate_bwd's out)
 ]]
@@ -144,34 +158,138 @@ local PRE = [[
 	const unsigned thr = dg_drop_threshold(p);
 	const float s = p > 0.0f ? __fdiv_rn(1.0f, __fsub_rn(1.0f, p)) : 1.0f;	// 1/(1 - p)]]
 
-local FWD_VEC = [[
-		float a[VE], b[VE], o[VE];
-		dg_ld(xs, iv, a);
-		dg_ld(ys, iv, b);
-		const unsigned keep = dg_keep_at<VE>((unsigned long long)iv * VE + elem0, thr, seed, step, layer);
+-- The loop: U vectors a thread an iteration (iv = i0 + u·NT, so a warp's
+-- accesses of each u are whole lines), every load of the U vectors issued
+-- before the first use and kept as raw 16-byte words (half the registers
+-- of floats for bf16), then the mask, the arithmetic and the stores; the
+-- last n % VE elements one at a time.
+local LOOP = [[
+extern "C" __global__ void __launch_bounds__(NT)
+${ENTRY}(${PARAMS})
+{
+	const long long n = ${N};
+	const long long nv = n / VE;			// whole vectors
+	const long long first = (long long)blockIdx.x * (NT * U) + threadIdx.x;
+	const long long stride = (long long)gridDim.x * (NT * U);
+${PRE}
+	for (long long i0 = first; i0 < nv; i0 += stride) {
+${VEC}
+	}
+	for (long long i = nv * VE + (long long)blockIdx.x * NT + threadIdx.x; i < n; i += (long long)gridDim.x * NT) {
+${ONE}
+	}
+}
+]]
+
+-- Raw vectors: the 16-byte words of vector iv (VE elements) of an f32 or
+-- bf16 tensor, their floats, and the store of VE floats (bf16: a pair an
+-- instruction, device.lua's dg_pack2).
+local RAW = [[
+template <typename T>
+struct dg_raw {
+	uint4 w[(VE * sizeof(T) + 15) / 16];	// (1 for a bf16 type where VE is 4: never read)
+};
+
+template <typename T>
+__device__ __forceinline__ void dg_ldr(const T *p, long long iv, dg_raw<T> &r)
+{
 #pragma unroll
-		for (int j = 0; j < VE; ++j)
-			o[j] = (keep >> j) & 1u ? __fmul_rn(__fmul_rn(a[j], b[j]), s) : 0.0f;
-		dg_st(xy, iv, o);]]
+	for (int k = 0; k < VE * (int)sizeof(T) / 16; ++k)
+		r.w[k] = ((const uint4 *)p)[iv * (VE * (long long)sizeof(T) / 16) + k];
+}
+
+__device__ __forceinline__ void dg_unr(const dg_raw<float> &r, float (&f)[VE])
+{
+#pragma unroll
+	for (int k = 0; k < VE / 4; ++k) {
+		f[4 * k] = __uint_as_float(r.w[k].x), f[4 * k + 1] = __uint_as_float(r.w[k].y);
+		f[4 * k + 2] = __uint_as_float(r.w[k].z), f[4 * k + 3] = __uint_as_float(r.w[k].w);
+	}
+}
+
+__device__ __forceinline__ void dg_unr(const dg_raw<unsigned short> &r, float (&f)[VE])
+{
+#pragma unroll
+	for (int k = 0; k < VE / 8; ++k) {
+		const unsigned u[4] = { r.w[k].x, r.w[k].y, r.w[k].z, r.w[k].w };
+#pragma unroll
+		for (int j = 0; j < 4; ++j) {
+			f[8 * k + 2 * j] = __uint_as_float(u[j] << 16);
+			f[8 * k + 2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+		}
+	}
+}
+
+__device__ __forceinline__ void dg_stv(float *p, long long iv, const float (&f)[VE])
+{
+	dg_st(p, iv, f);
+}
+
+__device__ __forceinline__ void dg_stv(unsigned short *p, long long iv, const float (&f)[VE])
+{
+#pragma unroll
+	for (int k = 0; k < VE / 8; ++k)
+		((uint4 *)p)[iv * (VE / 8) + k] = make_uint4(dg_pack2(f[8 * k], f[8 * k + 1]), dg_pack2(f[8 * k + 2], f[8 * k + 3]),
+							     dg_pack2(f[8 * k + 4], f[8 * k + 5]), dg_pack2(f[8 * k + 6], f[8 * k + 7]));
+}
+]]
+
+local FWD_VEC = [[
+		dg_raw<XT> ra[U], rb[U];
+#pragma unroll
+		for (int u = 0; u < U; ++u)		// every load first
+			if (i0 + u * NT < nv) {
+				dg_ldr(xs, i0 + u * NT, ra[u]);
+				dg_ldr(ys, i0 + u * NT, rb[u]);
+			}
+#pragma unroll
+		for (int u = 0; u < U; ++u) {
+			const long long iv = i0 + u * NT;
+			if (iv >= nv)
+				break;
+			float a[VE], b[VE], o[VE];
+			dg_unr(ra[u], a);
+			dg_unr(rb[u], b);
+			const unsigned keep = dg_keep_at<VE>((unsigned long long)iv * VE + elem0, thr, seed, step, layer);
+#pragma unroll
+			for (int j = 0; j < VE; ++j)
+				o[j] = (keep >> j) & 1u ? __fmul_rn(__fmul_rn(a[j], b[j]), s) : 0.0f;
+			dg_stv(xy, iv, o);
+		}]]
 
 local FWD_ONE = [[
 		const bool keep = dg_keep1((unsigned long long)i + elem0, thr, seed, step, layer);
 		dg_st1(xy, i, keep ? __fmul_rn(__fmul_rn(dg_ld1(xs, i), dg_ld1(ys, i)), s) : 0.0f);]]
 
 local BWD_VEC = [[
-		float d[VE], a[VE], b[VE], gx[VE];
-		dg_ld(dxy, iv, d);
-		dg_ld(xs, iv, a);
-		dg_ld(ys, iv, b);
-		const unsigned keep = dg_keep_at<VE>((unsigned long long)iv * VE + elem0, thr, seed, step, layer);
+		dg_raw<GT> rd[U];
+		dg_raw<XT> ra[U], rb[U];
 #pragma unroll
-		for (int j = 0; j < VE; ++j) {
-			const float g = (keep >> j) & 1u ? __fmul_rn(d[j], s) : 0.0f;
-			gx[j] = __fmul_rn(g, b[j]);
-			d[j] = b[j] > 0.0f ? __fmul_rn(g, a[j]) : 0.0f;	// dys, over dxy
-		}
-		dg_st(dxs, iv, gx);
-		dg_st(dxy, iv, d);]]
+		for (int u = 0; u < U; ++u)		// every load first
+			if (i0 + u * NT < nv) {
+				dg_ldr(dxy, i0 + u * NT, rd[u]);
+				dg_ldr(xs, i0 + u * NT, ra[u]);
+				dg_ldr(ys, i0 + u * NT, rb[u]);
+			}
+#pragma unroll
+		for (int u = 0; u < U; ++u) {
+			const long long iv = i0 + u * NT;
+			if (iv >= nv)
+				break;
+			float d[VE], a[VE], b[VE], gx[VE];
+			dg_unr(rd[u], d);
+			dg_unr(ra[u], a);
+			dg_unr(rb[u], b);
+			const unsigned keep = dg_keep_at<VE>((unsigned long long)iv * VE + elem0, thr, seed, step, layer);
+#pragma unroll
+			for (int j = 0; j < VE; ++j) {
+				const float g = (keep >> j) & 1u ? __fmul_rn(d[j], s) : 0.0f;
+				gx[j] = __fmul_rn(g, b[j]);
+				d[j] = b[j] > 0.0f ? __fmul_rn(g, a[j]) : 0.0f;	// dys, over dxy
+			}
+			dg_stv(dxs, iv, gx);
+			dg_stv(dxy, iv, d);
+		}]]
 
 local BWD_ONE = [[
 		const bool keep = dg_keep1((unsigned long long)i + elem0, thr, seed, step, layer);
@@ -181,6 +299,10 @@ local BWD_ONE = [[
 		dg_st1(dxy, i, y > 0.0f ? __fmul_rn(g, dg_ld1(xs, i)) : 0.0f);]]
 
 local OPS = { "gate_fwd", "gate_bwd" }
+
+-- Vectors a thread an iteration (the loop's U). The kernel takes any grid;
+-- runtime/ops/gate.c sizes its grid by NT·U vectors a block (GATE_UNROLL).
+M.UNROLL = 2
 
 function M.plan(spec)
   local op = SPEC.one_of(spec, "op", OPS)
@@ -219,13 +341,15 @@ function M.render(spec, plan)
   w:line(EMIT.banner(spec, "gate.lua", {
     about, "",
     fmt("%s(%s)   any grid, %d threads", v.ENTRY, v.PARAMS, nt),
-    "path: element-wise, 16-byte vectors grid-stride, the dropout mask from Philox4x32-10 (dragon/rng.h).",
+    fmt("path: element-wise, 16-byte vectors grid-stride, %d a thread an iteration with every load first;", M.UNROLL),
+    "the dropout mask from Philox4x32-10 (dragon/rng.h).",
   }))
-  w:line(DEV.helpers({ bf16 = true }))
-  w:line(EMIT.subst(CONSTS, { H = H, L = L, NT = nt, VE = ve, XT = xt, GT = gt }))
+  w:line(DEV.helpers({ bf16 = true, bf16x2_exact = true }))
+  w:line(EMIT.subst(CONSTS, { H = H, L = L, NT = nt, VE = ve, XT = xt, GT = gt, U = M.UNROLL }))
   w:line(EW.VEC_IO)
+  w:line(RAW)
   w:line(PHILOX)
-  w:line(EMIT.subst(EW.ELEMENTWISE, v))
+  w:line(EMIT.subst(LOOP, v))
   return w:text()
 end
 

@@ -15,8 +15,10 @@ double sums' orders differ, each fixed):
     4 × 8192 values).
   extern "C" __global__ void <prefix>_rows_warp(... the same ...)
     a warp a row, NT/32 rows a block, grid-stride over rows by warps: for
-    short rows (the BDH x and a tokens, 256 values). The host
-    (runtime/ops/quantize.c) picks the entry by G·C.
+    short rows (the BDH x and a tokens, 256 values); rows of at most a
+    vector a lane (G·C ≤ 32·VE on the vector path) WV rows a warp at a
+    time, all their loads first. The host (runtime/ops/quantize.c) picks
+    the entry by G·C.
 
 The plan of each, for P threads on a row (P = NT or 32):
 
@@ -39,13 +41,27 @@ The plan of each, for P threads on a row (P = NT or 32):
     order-free anyway; the double sums of ternary / sign1 weights are
     deterministic for a given NT and entry (which the row length picks).
   * The scale from the reduced value (SCALE), then every code exactly as
-    the CPU reference (QUANT: __fdiv_rn and dg_code rounding, or the
-    weight rule).
+    the CPU reference: a vector's codes by QUANT_VEC (the token
+    quantizer's: a multiply with the row's reciprocal, exact by
+    quantize.lua's argument; else QUANT a value: the weight rule), the
+    scalar path's by QUANT (__fdiv_rn and dg_code rounding, or the weight
+    rule).
+
+  * The block entry's stage (sm_80 on, where the launch gives it RV·NT·16
+    bytes of dynamic shared memory: the plan asks for them): the host
+    launches only as many blocks as stay resident, each walks its rows,
+    and while row r's reduction and codes run, row r + grid's first RV·NT
+    vectors are already on their way into shared memory by cp.async
+    (issued right after row r's fold has used its staged vectors). So a
+    block's loads are in flight through its compute, not only between
+    rows. A thread copies and reads back only its own vectors: its
+    cp.async.wait_group is the only synchronization the stage needs.
 
 RV = min(16, 4096 / NT): a 32768-value bf16 row is 16 uint4 a thread at
-256 threads (64 registers), and a block keeps at most 64 KiB in flight;
-the block entry is bounded to 128 registers a thread (min blocks 512/NT),
-so two 256-thread blocks share an SM. WV = VE (8 bf16, 4 f32): a warp
+256 threads (64 registers), and a block keeps 64 KiB in flight (the stage
+the same); the block entry is bounded to 128 registers a thread (min
+blocks 512/NT), so two 256-thread blocks (and their 2 × 64 KiB stages)
+share an SM: up to 128 KiB of loads in flight an SM. WV = VE (8 bf16, 4 f32): a warp
 keeps rows of up to 2048 bf16 / 512 f32 values in registers (8 f32
 vectors a lane make ptxas spill around the division's slow path).
 ]]
@@ -98,19 +114,16 @@ __device__ __forceinline__ void dg_row_fold(${ACC} &a, const uint4 &q)
 	}
 }
 
-// The VE codes of q at scale s in one store at codes + off (four a word,
-// code e in byte e % 4).
-__device__ __forceinline__ void dg_row_put(${CT} *codes, long long off, const uint4 &q, float s)
+${QUANT_VEC_FN}
+
+// The VE codes of q at scale s (si: the row's ${SCALE_AUX_WHAT}) in one store at
+// codes + off (four a word, code e in byte e % 4).
+__device__ __forceinline__ void dg_row_put(${CT} *codes, long long off, const uint4 &q, float s, float2 si)
 {
 	float f[VE];
 	dg_src_unpack(q, f);
 	unsigned w[VE / 4];
-#pragma unroll
-	for (int k = 0; k < VE / 4; ++k)
-		w[k] = 0u;
-#pragma unroll
-	for (int e = 0; e < VE; ++e)
-		w[e / 4] |= ((unsigned)${QUANT}(f[e], s) & 0xffu) << (8 * (e % 4));
+	dg_quant_vec(f, s, si, w);
 ${STORE_AT}
 }
 
@@ -137,16 +150,16 @@ __device__ __forceinline__ ${ACC} dg_row_part_vec(const ${ST} *__restrict__ x, l
 // Vector path, pass 2: the codes of the same vectors.
 template <int P, int K>
 __device__ __forceinline__ void dg_row_codes_vec(const ${ST} *__restrict__ x, long long base, long long seg,
-						 int cv, int nv, int p, const uint4 (&q)[K], float s,
+						 int cv, int nv, int p, const uint4 (&q)[K], float s, float2 si,
 						 ${CT} *__restrict__ codes)
 {
 #pragma unroll
 	for (int k = 0; k < K; ++k)
 		if (p + k * P < nv)
-			dg_row_put(codes, dg_row_vec(base, seg, cv, p + k * P), q[k], s);
+			dg_row_put(codes, dg_row_vec(base, seg, cv, p + k * P), q[k], s, si);
 	for (int j = p + K * P; j < nv; j += P) {
 		const long long off = dg_row_vec(base, seg, cv, j);
-		dg_row_put(codes, off, __ldg((const uint4 *)(x + off)), s);
+		dg_row_put(codes, off, __ldg((const uint4 *)(x + off)), s, si);
 	}
 }
 
@@ -195,6 +208,15 @@ __device__ __forceinline__ bool dg_row_vec_ok(const ${ST} *x, int C, const ${CT}
 	       ((unsigned long long)codes & (unsigned long long)(VE - 1)) == 0;
 }
 
+${STAGE_FNS}
+
+// Element offset of row r's first element: token (b, t) = (r / T, r % T).
+__device__ __forceinline__ long long dg_row_base(long long r, int G, int T, int C)
+{
+	const long long b = r / T;
+	return (b * G * T + (r - b * T)) * C;
+}
+
 // A block a row.
 extern "C" __global__ void __launch_bounds__(NT, MINB)
 ${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
@@ -205,11 +227,22 @@ ${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
 	const bool vec = dg_row_vec_ok(x, C, codes);
 	const long long seg = (long long)T * C;	// from one segment of a row to the next
 	const int cv = C / VE, nv = G * cv, n = G * C;
+	const bool pre = vec && dg_stage_ok();	// the next row's vectors staged while this one's codes go out
+	if (pre && blockIdx.x < rows)
+		dg_row_stage(x, dg_row_base(blockIdx.x, G, T, C), seg, cv, nv, tid);
 	for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-		const long long b = r / T, base = (b * G * T + (r - b * T)) * C;
+		const long long base = dg_row_base(r, G, T, C);
 		uint4 q[RV];
-		${ACC} a = vec ? dg_row_part_vec<NT, RV>(x, base, seg, cv, nv, tid, q)
-			   : dg_row_part_one<NT>(x, base, seg, C, n, tid);
+		${ACC} a;
+		if (pre) {
+			a = dg_row_part_staged(x, base, seg, cv, nv, tid, q);
+			dg_after(a);	// every staged vector read (a depends on them all) before the stage is refilled
+			if (r + gridDim.x < rows)
+				dg_row_stage(x, dg_row_base(r + gridDim.x, G, T, C), seg, cv, nv, tid);
+		} else {
+			a = vec ? dg_row_part_vec<NT, RV>(x, base, seg, cv, nv, tid, q)
+				: dg_row_part_one<NT>(x, base, seg, C, n, tid);
+		}
 		a = dg_row_warp(a);
 		if (lane == 0)
 			red[warp] = a;
@@ -223,10 +256,11 @@ ${PREFIX}_rows(const ${ST} *__restrict__ x, long long rows, int G, int T, int C,
 		__syncthreads();	// red is rewritten by the next row
 		const ${ACC} r0 = a;
 		const float s = ${SCALE};
+		const float2 si = ${SCALE_AUX};
 		if (tid == 0)
 			scales[r] = s;
 		if (vec)
-			dg_row_codes_vec<NT, RV>(x, base, seg, cv, nv, tid, q, s, codes);
+			dg_row_codes_vec<NT, RV>(x, base, seg, cv, nv, tid, q, s, si, codes);
 		else
 			dg_row_codes_one<NT>(x, base, seg, C, n, tid, s, codes);
 	}
@@ -241,31 +275,170 @@ ${PREFIX}_rows_warp(const ${ST} *__restrict__ x, long long rows, int G, int T, i
 	const bool vec = dg_row_vec_ok(x, C, codes);
 	const long long seg = (long long)T * C;
 	const int cv = C / VE, nv = G * cv, n = G * C;
-	const long long stride = (long long)gridDim.x * NW;
-	for (long long r = (long long)blockIdx.x * NW + (threadIdx.x >> 5); r < rows; r += stride) {
-		const long long b = r / T, base = (b * G * T + (r - b * T)) * C;
+	const long long stride = (long long)gridDim.x * NW, wid = (long long)blockIdx.x * NW + (threadIdx.x >> 5);
+	if (vec && nv <= 32) {
+		// rows of a vector a lane at most (the BDH x and a tokens): WV
+		// consecutive rows a warp at a time, every load first, then each
+		// row as below (the same folds, so the same bits)
+		for (long long rg = wid * WV; rg < rows; rg += stride * WV) {
+			uint4 q[WV];
+#pragma unroll
+			for (int k = 0; k < WV; ++k)
+				if (rg + k < rows && lane < nv)
+					q[k] = __ldg((const uint4 *)(x + dg_row_vec(dg_row_base(rg + k, G, T, C), seg, cv, lane)));
+#pragma unroll
+			for (int k = 0; k < WV; ++k) {
+				if (rg + k >= rows)
+					break;
+				${ACC} a = 0;
+				if (lane < nv)
+					dg_row_fold(a, q[k]);
+				const ${ACC} r0 = dg_row_warp(a);
+				const float s = ${SCALE};
+				const float2 si = ${SCALE_AUX};
+				if (lane == 0)
+					scales[rg + k] = s;
+				if (lane < nv)
+					dg_row_put(codes, dg_row_vec(dg_row_base(rg + k, G, T, C), seg, cv, lane), q[k], s, si);
+			}
+		}
+		return;
+	}
+	for (long long r = wid; r < rows; r += stride) {
+		const long long base = dg_row_base(r, G, T, C);
 		uint4 q[WV];
 		const ${ACC} r0 = dg_row_warp(vec ? dg_row_part_vec<32, WV>(x, base, seg, cv, nv, lane, q)
 					       : dg_row_part_one<32>(x, base, seg, C, n, lane));
 		const float s = ${SCALE};
+		const float2 si = ${SCALE_AUX};
 		if (lane == 0)
 			scales[r] = s;
 		if (vec)
-			dg_row_codes_vec<32, WV>(x, base, seg, cv, nv, lane, q, s, codes);
+			dg_row_codes_vec<32, WV>(x, base, seg, cv, nv, lane, q, s, si, codes);
 		else
 			dg_row_codes_one<32>(x, base, seg, C, n, lane, s, codes);
 	}
 }
 ]]
 
+-- The stage of the block entry (sm_80 on): the next row's first RV·NT
+-- vectors, copied by cp.async into dynamic shared memory while this row's
+-- reduction and codes run; thread p copies and later reads only its own
+-- vectors j = p + k·NT, so its cp.async.wait_group alone makes them
+-- visible (no barrier), and it refills them only after its fold has used
+-- every one (dg_after: an empty asm that takes the fold's value).
+local STAGE_FNS = [[
+extern __shared__ uint4 dg_stage[];	// RV·NT vectors: the next row's first ones
+
+// Whether the launch gave the stage its RV·NT vectors of shared memory.
+__device__ __forceinline__ bool dg_stage_ok()
+{
+	unsigned dsm;
+	asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
+	return dsm >= (unsigned)(RV * NT * 16);
+}
+
+// Thread p's copies of the row at base into the stage, one cp.async group.
+__device__ __forceinline__ void dg_row_stage(const ${ST} *__restrict__ x, long long base, long long seg, int cv,
+					     int nv, int p)
+{
+#pragma unroll
+	for (int k = 0; k < RV; ++k)
+		if (p + k * NT < nv)
+			dg_cp16((unsigned)__cvta_generic_to_shared(dg_stage + p + k * NT),
+				x + dg_row_vec(base, seg, cv, p + k * NT), 16);
+	dg_cp_commit();
+}
+
+// Pass 1 from the stage: the row's first RV·NT vectors (thread p's in q),
+// then the rest streamed as dg_row_part_vec streams them.
+__device__ __forceinline__ ${ACC} dg_row_part_staged(const ${ST} *__restrict__ x, long long base, long long seg,
+						   int cv, int nv, int p, uint4 (&q)[RV])
+{
+	dg_cp_wait<0>();
+	${ACC} a = 0;
+#pragma unroll
+	for (int k = 0; k < RV; ++k)
+		if (p + k * NT < nv)
+			q[k] = dg_stage[p + k * NT];
+#pragma unroll
+	for (int k = 0; k < RV; ++k)
+		if (p + k * NT < nv)
+			dg_row_fold(a, q[k]);
+	for (int j = p + RV * NT; j < nv; j += NT)
+		dg_row_fold(a, __ldg((const uint4 *)(x + dg_row_vec(base, seg, cv, j))));
+	return a;
+}
+
+__device__ __forceinline__ void dg_after(float a)
+{
+	asm volatile("" :: "f"(a) : "memory");
+}
+
+__device__ __forceinline__ void dg_after(double a)
+{
+	asm volatile("" :: "d"(a) : "memory");
+}]]
+
+-- Before sm_80 (no cp.async): no stage; the block entry reads x directly.
+local STAGE_NONE = [[
+__device__ __forceinline__ bool dg_stage_ok()
+{
+	return false;
+}
+
+__device__ __forceinline__ void dg_row_stage(const ${ST} *, long long, long long, int, int, int)
+{
+}
+
+template <typename Q>
+__device__ __forceinline__ ${ACC} dg_row_part_staged(const ${ST} *, long long, long long, int, int, int, Q &)
+{
+	return 0;
+}
+
+template <typename A>
+__device__ __forceinline__ void dg_after(A)
+{
+}]]
+
+-- Whether an arch has the stage (cp.async), and its bytes: RV·NT vectors.
+function M.staged(spec)
+  return (spec.arch or 0) >= 80
+end
+
+function M.stage_bytes(nt)
+  return math.min(16, 4096 // nt) * nt * 16
+end
+
+-- The codes of a vector one value at a time through quant (the default
+-- QUANT_VEC_FN: si unused).
+local QUANT_VEC_ONE = [[
+// The N codes of f at scale s, four a word (code e in byte e %% 4).
+template <int N>
+__device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float2 si, unsigned (&w)[N / 4])
+{
+	(void)si;
+#pragma unroll
+	for (int k = 0; k < N / 4; ++k)
+		w[k] = 0u;
+#pragma unroll
+	for (int e = 0; e < N; ++e)
+		w[e / 4] |= ((unsigned)%s(f[e], s) & 0xffu) << (8 * (e %% 4));
+}]]
+
 -- The entries, in the order the plan lists them.
 function M.entries(prefix)
   return { prefix .. "_rows", prefix .. "_rows_warp" }
 end
 
--- The plan: threads_plan (default t256) with both entries.
+-- The plan: threads_plan (default t256) with both entries; the block
+-- entry asks for its stage's shared memory where the arch has cp.async.
 function M.plan(spec, prefix, program)
-  return TILES.threads_plan(spec, M.entries(prefix), program)
+  local p, err = TILES.threads_plan(spec, M.entries(prefix), program)
+  if not p then return p, err end
+  if M.staged(spec) then p.entries[1].smem = M.stage_bytes(p.tile.threads) end
+  return p
 end
 
 -- The rendered source. o: file (the calling template), head (banner lines
@@ -281,7 +454,14 @@ function M.render(spec, plan, o)
   v.ST, v.CT, v.P, v.PREFIX = FM.formats[o.src].ctype, o.ct, "x", o.prefix
   v.ACC, v.COMBINE, v.SCALE, v.QUANT, v.QUANT_FN = o.acc, o.combine, o.scale, o.quant, o.quant_fn
   v.CONSTS = o.consts or ""
+  -- a vector's codes: o.quant_vec_fn (given the row's si = o.scale_aux, a
+  -- C expression of s), else one value at a time through o.quant
+  v.QUANT_VEC_FN = o.quant_vec_fn or fmt(QUANT_VEC_ONE, o.quant)
+  v.SCALE_AUX = o.scale_aux or "make_float2(0.0f, 0.0f)"
+  v.SCALE_AUX_WHAT = o.scale_aux_what or "constants, unused here"
   v.SRC_READER = EMIT.subst(ABSUM.SRC_READER, v)
+  local staged = M.staged(spec)
+  v.STAGE_FNS = EMIT.subst(staged and STAGE_FNS or STAGE_NONE, v)
   local about = {}
   for _, l in ipairs(o.head) do about[#about + 1] = l end
   for _, l in ipairs({
@@ -296,7 +476,7 @@ function M.render(spec, plan, o)
     "  vectors a thread kept in registers between the reduction and the codes; else scalar, read twice.",
     "  The reduction: a fixed order a thread, an xor butterfly a warp, the warps in order (templates/qrows.lua).",
   }) do about[#about + 1] = l end
-  local want = { code = true }
+  local want = { code = true, cp_async = staged }
   if o.src == "bf16" then want.bf16 = true end
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, o.file, about))

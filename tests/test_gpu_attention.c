@@ -459,6 +459,54 @@ Test(gpu_attention, small_shapes_bf16)
 	small_all(DG_FMT_BF16);
 }
 
+/* rope_fwd (act) and rope_bwd (f32) at shape s, bit for bit the
+ * reference. */
+static void rope_case(dg_device *dev, dg_fmt act, const shape *s)
+{
+	int B = s->B, H = s->H, T = s->T, N = s->N;
+	size_t nx = (size_t)B * H * T * N, as = act_size(act);
+	char what[96];
+	inputs in;
+	inputs_make(dev, act, s, true, false, &in);
+	void *want = gh_xmalloc(nx * 4);
+	dg_spec sp = spec_of(DG_OP_ROPE_FWD, act, s, NULL);
+	dg_tensor in2[2] = { in.t_xs, in.t_rope };
+	void *got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("out", act, 0, B, H, T, N), nx * as);
+	cr_assert_eq(dg_ref_rope_op(&sp, in.xs, in.rope, want, B, T), DG_OK);
+	snprintf(what, sizeof(what), "rope_fwd %s (%d,%d,%d,%d)", dg_fmt_name(act), B, H, T, N);
+	gh_expect_bytes(what, got, want, nx * as);
+	free(got);
+	sp = spec_of(DG_OP_ROPE_BWD, act, s, NULL);
+	in2[0] = in.t_gx;
+	got = run_twice(dev, &sp, in2, 2, dg_tensor_4d("grad_x", DG_FMT_F32, 0, B, H, T, N), nx * 4);
+	cr_assert_eq(dg_ref_rope_op(&sp, in.gx, in.rope, want, B, T), DG_OK);
+	snprintf(what, sizeof(what), "rope_bwd (%d,%d,%d,%d)", B, H, T, N);
+	gh_expect_bytes(what, got, want, nx * 4);
+	free(got);
+	free(want);
+	inputs_free(&in);
+}
+
+/* RoPE's schedule (templates/rope.lua: a thread a table column over the
+ * B·H rows, 8 or 4 rows in flight; the grid's y over row groups where the
+ * columns are few): B·H not a multiple of the row group (9, 20, 3 rows),
+ * row groups split over y (short T), odd T, the pair path (latent 36 and
+ * 100: L % 8 != 0), and a long row at one T (latent 8192, 64 positions). */
+Test(gpu_attention, rope_schedules)
+{
+	static const shape shapes[] = {
+		{ 3, 3, 5, 64, 8 }, { 3, 3, 5, 36, 8 }, { 5, 4, 300, 128, 8 }, { 1, 3, 77, 100, 8 },
+		{ 1, 4, 64, 8192, 8 }, { 2, 1, 1, 8, 8 },
+	};
+	dg_device *dev = gh_open();
+	gh_seed(0x40be);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		rope_case(dev, DG_FMT_F32, &shapes[i]);
+		rope_case(dev, DG_FMT_BF16, &shapes[i]);
+	}
+	gh_close(dev);
+}
+
 /* ---- the chains ------------------------------------------------------------------ */
 
 Test(gpu_attention, chains_are_the_ops)

@@ -242,9 +242,37 @@ static float *rows_values(size_t rows, size_t cols, bool nan)
 	return v;
 }
 
+/* Values of row r whose quotients by the row's scale fall on and around
+ * half-integers: the row's maximum qmax·2^e (so s = 2^e exactly) at a
+ * place that moves, and (k + 1/2 + d)·2^e for k uniform in [-qmax, qmax)
+ * with d cycling through 0, ±1 ulp of the value and ±2^-10, ±2^-13 (bf16
+ * storage rounds the small ones back to the half-integer): the codes the
+ * token quantizer's reciprocal rule must send to the division (ties to
+ * even) and those just outside its 2^-12 margin, which it must not. */
+static float *rows_halves(size_t rows, size_t cols, int qmax)
+{
+	static const float d[] = { 0.0f, 1.0f / 1024, -1.0f / 1024, 1.0f / 8192, -1.0f / 8192 };
+	float *v = gh_xmalloc(rows * cols * sizeof(float));
+	for (size_t r = 0; r < rows; r++) {
+		int e = (int)(r % 9) - 4;
+		for (size_t c = 0; c < cols; c++) {
+			float k = floorf(gh_uniform(-(float)qmax, (float)qmax));
+			float h = k + 0.5f, x = ldexpf(h + (c % 7 < 5 ? d[c % 7] : 0.0f), e);
+			if (c % 7 == 5)
+				x = nextafterf(x, INFINITY);
+			else if (c % 7 == 6)
+				x = nextafterf(x, -INFINITY);
+			v[r * cols + c] = fabsf(x) < ldexpf((float)qmax, e) ? x : ldexpf(h, e);
+		}
+		v[r * cols + (r * 131 + 7) % cols] = ldexpf((float)qmax, e);
+	}
+	return v;
+}
+
 /* quantize_act ascale=token (spec text) of x (B, G, T, C): scales and
- * codes bit for bit those of dg_ref_quantize_act_rows; timed when time. */
-static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int C, bool time)
+ * codes bit for bit those of dg_ref_quantize_act_rows; timed when time.
+ * halves: rows_halves's values in place of rows_values's. */
+static void act_rows_of(dg_device *dev, const char *text, int B, int G, int T, int C, bool time, bool halves)
 {
 	char msg[512], what[160];
 	dg_spec s;
@@ -256,7 +284,8 @@ static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int 
 
 	/* the values by token b·T + t: (B, G, T, C) read as (B, G·T... ) is not
 	 * token-major, so fill token-major and scatter */
-	float *tok = rows_values(rows, (size_t)G * C, true), *v = gh_xmalloc(n * sizeof(float));
+	float *tok = halves ? rows_halves(rows, (size_t)G * C, dg_ref_qmax(s.act)) : rows_values(rows, (size_t)G * C, true),
+	      *v = gh_xmalloc(n * sizeof(float));
 	for (size_t r = 0; r < rows; r++)
 		for (size_t g = 0; g < (size_t)G; g++)
 			memcpy(v + (((r / T) * G + g) * T + r % T) * C, tok + (r * G + g) * C,
@@ -285,6 +314,11 @@ static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int 
 	free(tok);
 	free(v);
 	free(xs);
+}
+
+static void act_rows(dg_device *dev, const char *text, int B, int G, int T, int C, bool time)
+{
+	act_rows_of(dev, text, B, G, T, C, time, false);
 }
 
 /* A case of act_rows: the spec's text, the shape, whether it is timed. */
@@ -324,8 +358,39 @@ Test(gpu_scales, quantize_act_rows_paths)
 		{ AQ "src=bf16;act=int8;tile=t128", 2, 4, 8, 8192, false },
 		{ AQ "src=bf16;act=int8", 2, 3, 8, 100, false },
 		{ AQ "src=f32;act=uint8pos", 1, 3, 8, 1001, false },
+		/* more tokens than the block entry's resident blocks (its stage
+		 * prefetches a block's next token): a token of 512 vectors (part
+		 * of the stage), of 8192 f32 vectors (half streamed past it), and
+		 * rows not a multiple of the grid */
+		{ AQ "src=bf16;act=uint8pos", 4, 4, 201, 1024, false },
+		{ AQ "src=f32;act=int8", 2, 4, 301, 8192, false },
+		{ AQ "src=bf16;act=int8", 3, 4, 171, 8192, true },
+		/* the warp entry's rows of a vector a lane at most, 8 a warp at a
+		 * time: rows not a multiple of 8, rows of fewer vectors than lanes */
+		{ AQ "src=bf16;act=uint8pos", 3, 1, 37, 128, false },
+		{ AQ "src=f32;act=int8", 1, 1, 77, 128, false },
+		{ AQ "src=bf16;act=int4", 2, 2, 13, 48, false },
 	};
 	act_rows_all(0x7a11, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+/* Quotients on and around half-integers (rows_halves) on both entries,
+ * each source and code format: the token quantizer's multiply by the
+ * row's reciprocal gives the division's codes, ties to even included. */
+Test(gpu_scales, quantize_act_rows_half_integers)
+{
+	static const act_case cases[] = {
+		{ AQ "src=bf16;act=int8", 2, 4, 8, 8192, false },
+		{ AQ "src=f32;act=int8", 2, 4, 8, 8192, false },
+		{ AQ "src=bf16;act=uint8pos", 2, 1, 16, 256, false },
+		{ AQ "src=f32;act=int4", 2, 2, 8, 256, false },
+		{ AQ "src=f32;act=uint8pos", 1, 3, 8, 1001, false },
+	};
+	dg_device *dev = gh_open();
+	gh_seed(0x4a1f);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		act_rows_of(dev, cases[i].text, cases[i].B, cases[i].G, cases[i].T, cases[i].C, false, true);
+	gh_close(dev);
 }
 
 /* The three token quantizers of a BDH w8a8 layer at the full step (B 8,
@@ -418,6 +483,14 @@ Test(gpu_scales, quantize_weight_rows_paths)
 		{ WQ "src=bf16;weight=sign1", 16, 4 * 8192, false },
 		{ WQ "src=f32;weight=ternary", 33, 1002, false },
 		{ WQ "src=bf16;weight=int8", 5, 3001, false },
+		/* more rows than the block entry's resident blocks: each block's
+		 * next row staged while its codes go out (sm_80 on), part of the
+		 * stage (512 vectors) and past it (8192, half streamed) */
+		{ WQ "src=bf16;weight=int8", 700, 4096, false },
+		{ WQ "src=f32;weight=ternary", 600, 32768, false },
+		/* the warp entry's short rows, 8 a warp at a time (the same sums) */
+		{ WQ "src=bf16;weight=int8", 301, 256, false },
+		{ WQ "src=f32;weight=sign1", 45, 96, false },
 	};
 #undef WQ
 	dg_device *dev = gh_open();

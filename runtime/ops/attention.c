@@ -23,21 +23,30 @@
 
 /* ---- rope ------------------------------------------------------------------------ */
 
-/* Either direction: (src, rope, dst, int B, int T) over the B·H·T·L/2
- * pairs, grid-stride. */
+/* Either direction: (src, rope, dst, int B, int T). The kernel
+ * (templates/rope.lua) takes any grid: x strides over the table's columns
+ * (t, unit: 4 pairs where L % 8 == 0, else one), reading a column's
+ * (cos, sin) once for every (b, h) row; y splits the B·H rows in groups
+ * of 8, and is more than 1 only where the columns alone give fewer than
+ * four blocks an SM (short T): this only sizes the grid. */
 static dg_status rope_prep(dg_prepared *p, const char *entry)
 {
 	int64_t B = p->shape.b, T = p->shape.t;
-	long long pairs = (long long)B * p->spec.heads * T * (p->spec.latent / 2);
-	if (pairs == 0)
+	const long long rows = (long long)B * p->spec.heads;
+	const long long cols = (long long)T * (p->spec.latent / 2) / (p->spec.latent % 8 == 0 ? 4 : 1);
+	if (rows * cols == 0)
 		return DG_OK;
 	dg_kernel *k;
 	dg_status st = dg_kernel_get(p->dev, &p->spec, entry, &k);
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	dg_launch l = { { dg__op_grid(pairs, nt, 8LL * dg__dev_info(p->dev)->sm_count), 1, 1 },
-			{ (unsigned)nt, 1, 1 }, 0 };
+	const long long sms = dg__dev_info(p->dev)->sm_count > 0 ? dg__dev_info(p->dev)->sm_count : 1;
+	unsigned gx = dg__op_grid(cols, nt, 8LL * sms);
+	unsigned gy = dg__op_grid(4LL * sms, gx, dg__op_cdiv(rows, 8));
+	if (gy > 65535)
+		gy = 65535;
+	dg_launch l = { { gx, gy, 1 }, { (unsigned)nt, 1, 1 }, 0 };
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)
 		return st;

@@ -12,6 +12,10 @@
 
 #include "runtime/ops/ops_int.h"
 
+/* Vectors a thread of gate_fwd / gate_bwd an iteration (templates/gate.lua
+ * M.UNROLL): only the grid's size depends on it. */
+#define GATE_UNROLL 2
+
 /* The rules of the family on a call's own values, which a prepared op
  * checks again at every launch (it reads them from the call): the drop
  * probability, step_at's alignment (the kernel reads a uint32 there: a
@@ -101,12 +105,14 @@ static dg_status gate_prep(dg_prepared *p, const char *entry)
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	/* elements a thread's vector: 16 bytes of the narrowest tensor
-	 * (templates/gate.lua); the loop is grid-stride, so this only sizes
-	 * the grid */
+	/* elements a thread's vector: 16 bytes of the narrowest tensor, and
+	 * GATE_UNROLL vectors a thread an iteration (templates/gate.lua VE,
+	 * M.UNROLL); the loop is grid-stride, so this only sizes the grid */
 	bool bf = spec->act == DG_FMT_BF16 || (spec->op == DG_OP_GATE_BWD && spec->out == DG_FMT_BF16);
 	long long ve = bf ? 8 : 4;
-	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, ve), nt, 8LL * dg__dev_info(p->dev)->sm_count), 1, 1 },
+	dg_launch l = { { dg__op_grid(dg__op_cdiv(n, ve), (long long)nt * GATE_UNROLL,
+				      8LL * dg__dev_info(p->dev)->sm_count),
+			  1, 1 },
 			{ (unsigned)nt, 1, 1 }, 0 };
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)

@@ -90,6 +90,26 @@ const char *dg__quantize_rows_entry(const dg_spec *spec, long long values)
 	return act ? "dg_quantize_act_rows" : "dg_quantize_weight_rows";
 }
 
+/* Blocks of k (nt threads) an SM can hold at once: by registers (a
+ * register file of regs_per_block, allocated 8 a thread at a time), by
+ * shared memory (the plan's dynamic and the cubin's static, 1 KiB a block
+ * reserved) and by threads (2048 an SM); at least 1. */
+static long long resident_blocks(dg_device *dev, const dg_kernel *k, int nt)
+{
+	const dg_device_info *di = dg__dev_info(dev);
+	dg_kernel_info ki;
+	long long n = 2048 / (nt > 0 ? nt : 1);
+	if (dg_kernel_info_get(k, &ki) != DG_OK)
+		return 1;
+	long long regs = ((long long)ki.regs + 7) / 8 * 8 * nt;
+	if (regs > 0 && di->regs_per_block > 0 && di->regs_per_block / regs < n)
+		n = di->regs_per_block / regs;
+	long long smem = (long long)ki.dyn_smem + ki.static_smem + 1024;
+	if (di->smem_optin > 0 && (di->smem_optin + 1024) / smem < n)
+		n = (di->smem_optin + 1024) / smem;
+	return n > 0 ? n : 1;
+}
+
 /* The rows entry's launch: rows (long long), G, T and C (int), the
  * scales (one a row) and the codes. */
 static dg_status prep_rows(dg_prepared *p, const dg__op_call *c)
@@ -115,8 +135,15 @@ static dg_status prep_rows(dg_prepared *p, const dg__op_call *c)
 	if (st || rows == 0)
 		return st;
 	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(p->dev)->sm_count;
-	const long long per_block = rows_warp(G * C) ? nt / 32 : 1; /* rows a block */
-	dg_launch l = flat(dg__op_grid(rows, per_block, 32LL * (sms > 0 ? sms : 1)), nt);
+	/* rows a block: the warp entry's warps a row each, or WV (8) rows each
+	 * where a row is a vector a lane at most (templates/qrows.lua; this
+	 * only sizes the grid) */
+	const long long ve = spec->src == DG_FMT_BF16 ? 8 : 4;
+	const long long per_block = !rows_warp(G * C) ? 1 : (C % ve == 0 && G * C <= 32 * ve) ? nt / 32 * 8 : nt / 32;
+	/* the block entry: one block a row slot that stays resident (its stage
+	 * prefetches the block's next row), the warp entry as many as fit */
+	const long long blocks = rows_warp(G * C) ? 32 : resident_blocks(p->dev, k, nt);
+	dg_launch l = flat(dg__op_grid(rows, per_block, blocks * (sms > 0 ? sms : 1)), nt);
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)
 		return st;
