@@ -56,24 +56,13 @@ static void pack_sign1_naive(const int8_t *c, uint32_t *w, size_t n)
 			w[i / 32] |= 1u << (i % 32);
 }
 
+/* A lowrank_fwd spec: every field not named here zero, ReLU off, sm_90. */
 static dg_spec lowrank_spec(int heads, int in_heads, int embd, int latent,
 			    dg_fmt weight, dg_fmt act, dg_fmt out)
 {
-	dg_spec s;
-
-	memset(&s, 0, sizeof(s));
-	s.op = DG_OP_LOWRANK_FWD;
-	s.heads = heads;
-	s.in_heads = in_heads;
-	s.embd = embd;
-	s.latent = latent;
-	s.weight = weight;
-	s.act = act;
-	s.out = out;
-	s.src = DG_FMT_F32;
-	s.relu = false;
-	s.arch = 90;
-	return s;
+	return (dg_spec){ .op = DG_OP_LOWRANK_FWD, .heads = heads, .in_heads = in_heads, .embd = embd,
+			  .latent = latent, .weight = weight, .act = act, .out = out, .src = DG_FMT_F32,
+			  .relu = false, .arch = 90 };
 }
 
 /* --- lowrank_fwd: hand cases --------------------------------------------- */
