@@ -314,14 +314,8 @@ static void lr_case_make(struct lr_case *c, dg_fmt weight, dg_fmt act, int Hin)
 {
 	size_t nx, nw, ny;
 
-	c->H = 3;
-	c->Hin = Hin;
-	c->E = 64;
-	c->L = 7;
-	c->B = 2;
-	c->T = 3;
-	c->weight = weight;
-	c->act = act;
+	*c = (struct lr_case){ .H = 3, .Hin = Hin, .E = 64, .L = 7, .B = 2, .T = 3, .weight = weight, .act = act };
+	/* one statement each: the draws' order is the seed's */
 	c->sa = (float)rh_rng_int(1, 1000) / 3000.0f;
 	c->sw = (float)rh_rng_int(1, 1000) / 7000.0f;
 	nx = (size_t)c->B * c->Hin * c->T * c->E;
