@@ -56,24 +56,13 @@ static void pack_sign1_naive(const int8_t *c, uint32_t *w, size_t n)
 			w[i / 32] |= 1u << (i % 32);
 }
 
+/* A lowrank_fwd spec: every field not named here zero, ReLU off, sm_90. */
 static dg_spec lowrank_spec(int heads, int in_heads, int embd, int latent,
 			    dg_fmt weight, dg_fmt act, dg_fmt out)
 {
-	dg_spec s;
-
-	memset(&s, 0, sizeof(s));
-	s.op = DG_OP_LOWRANK_FWD;
-	s.heads = heads;
-	s.in_heads = in_heads;
-	s.embd = embd;
-	s.latent = latent;
-	s.weight = weight;
-	s.act = act;
-	s.out = out;
-	s.src = DG_FMT_F32;
-	s.relu = false;
-	s.arch = 90;
-	return s;
+	return (dg_spec){ .op = DG_OP_LOWRANK_FWD, .heads = heads, .in_heads = in_heads, .embd = embd,
+			  .latent = latent, .weight = weight, .act = act, .out = out, .src = DG_FMT_F32,
+			  .relu = false, .arch = 90 };
 }
 
 /* --- lowrank_fwd: hand cases --------------------------------------------- */
@@ -114,50 +103,59 @@ Test(lowrank, hand_int8_f32_out)
 	cr_assert_eq(absum, 0.5);
 }
 
+/* One row of hand_int8_code_outs: the output format and scale, the relu,
+ * and the two codes y = 0.75, -1.25 must come out as. */
+struct code_out_case {
+	const char *what;
+	dg_fmt out;
+	bool relu;
+	float relu_thr, so;
+	int want[2];
+};
+
+/* Code i of a two-code output buffer of format f. */
+static int code_at(const void *buf, dg_fmt f, int i)
+{
+	if (f == DG_FMT_BF16)
+		return ((const uint16_t *)buf)[i];
+	if (f == DG_FMT_UINT8POS)
+		return ((const uint8_t *)buf)[i];
+	return ((const int8_t *)buf)[i];
+}
+
 Test(lowrank, hand_int8_code_outs)
 {
+	static const struct code_out_case cases[] = {
+		/* int8 codes with so = 0.25: 0.75/0.25 = 3, -1.25/0.25 = -5. */
+		{ "int8", DG_FMT_INT8, false, 0.0f, 0.25f, { 3, -5 } },
+		/* uint8pos after relu(y - 0.25) = 0.5, 0 with so = 0.125: 4, 0. */
+		{ "uint8pos relu", DG_FMT_UINT8POS, true, 0.25f, 0.125f, { 4, 0 } },
+		/* uint8pos without relu clamps at 0 (y = 0.75, -1.25; so = 0.125):
+		 * 6, 0 — a negative y never wraps into a large code. */
+		{ "uint8pos", DG_FMT_UINT8POS, false, 0.25f, 0.125f, { 6, 0 } },
+		/* bf16 without relu: 0.75 = 0x3f40, -1.25 = 0xbfa0. */
+		{ "bf16", DG_FMT_BF16, false, 0.25f, 0.125f, { 0x3f40, 0xbfa0 } },
+		/* so <= 0: code 0. */
+		{ "int8 so 0", DG_FMT_INT8, false, 0.25f, 0.0f, { 0, 0 } },
+	};
 	int32_t x, w[2];
-	int8_t o8[2];
-	uint8_t u8[2];
-	uint16_t ob[2];
-	dg_spec s = lowrank_spec(1, 1, 4, 2, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_INT8);
-	dg_ref_lowrank_args a = { .x = &x, .w = w, .sa = 0.5f, .sw = 0.25f,
-				  .so = 0.25f, .out = o8, .batch = 1, .time = 1 };
+	uint16_t buf[2]; /* two codes of the widest format, bf16 */
 
 	hand_int8_setup(&x, w);
-	/* int8 codes with so = 0.25: 0.75/0.25 = 3, -1.25/0.25 = -5. */
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(o8[0], 3);
-	cr_assert_eq(o8[1], -5);
-	/* uint8pos after relu(y - 0.25) = 0.5, 0 with so = 0.125: 4, 0. */
-	s.out = DG_FMT_UINT8POS;
-	s.relu = true;
-	s.relu_thr = 0.25f;
-	a.so = 0.125f;
-	a.out = u8;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(u8[0], 4);
-	cr_assert_eq(u8[1], 0);
-	/* uint8pos without relu clamps at 0 (y = 0.75, -1.25; so = 0.125):
-	 * 6, 0 — a negative y never wraps into a large code. */
-	s.relu = false;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(u8[0], 6);
-	cr_assert_eq(u8[1], 0);
-	/* bf16 without relu: 0.75 = 0x3f40, -1.25 = 0xbfa0. */
-	s.out = DG_FMT_BF16;
-	s.relu = false;
-	a.out = ob;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(ob[0], 0x3f40);
-	cr_assert_eq(ob[1], 0xbfa0);
-	/* so <= 0: code 0. */
-	s.out = DG_FMT_INT8;
-	a.out = o8;
-	a.so = 0.0f;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(o8[0], 0);
-	cr_assert_eq(o8[1], 0);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct code_out_case *c = &cases[i];
+		dg_spec s = lowrank_spec(1, 1, 4, 2, DG_FMT_INT8, DG_FMT_INT8, c->out);
+		dg_ref_lowrank_args a = { .x = &x, .w = w, .sa = 0.5f, .sw = 0.25f,
+					  .so = c->so, .out = buf, .batch = 1, .time = 1 };
+
+		s.relu = c->relu;
+		s.relu_thr = c->relu_thr;
+		memset(buf, 0x55, sizeof(buf)); /* no expected code: a code left unwritten fails */
+		cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK, "%s", c->what);
+		for (int k = 0; k < 2; k++)
+			cr_assert_eq(code_at(buf, c->out, k), c->want[k], "%s: code %d is %d, want %d", c->what, k,
+				     code_at(buf, c->out, k), c->want[k]);
+	}
 }
 
 Test(lowrank, hand_uint8pos_lanes_are_unsigned)
@@ -230,24 +228,30 @@ Test(lowrank, hand_float_and_mixed)
 	pack_bytes((const uint8_t *)xc, &x8, 4);
 	for (int i = 0; i < 4; i++)
 		xh[i] = dg_ref_f32_to_bf16(xf[i]);
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -2.0f);
-	s.act = DG_FMT_BF16;
-	a.x = xh;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -2.0f);
-	s.act = DG_FMT_INT8;
-	s.weight = DG_FMT_F32;
-	a.x = &x8;
-	a.w = wf;
-	a.sa = 0.25f;
-	a.sw = 9.0f; /* unused: the weight is float */
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -2.0f);
-	s.act = DG_FMT_F32;
-	a.x = xf;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
-	cr_assert_eq(out, -4.0f);
+	/* the formats, x, w and scales of each run, and its y */
+	const struct {
+		const char *what;
+		dg_fmt act, weight;
+		const void *x, *w;
+		float sa, sw, want;
+	} runs[] = {
+		{ "f32 x int8 w", DG_FMT_F32, DG_FMT_INT8, xf, &w8, 7.0f, 0.5f, -2.0f },
+		{ "bf16 x int8 w", DG_FMT_BF16, DG_FMT_INT8, xh, &w8, 7.0f, 0.5f, -2.0f },
+		/* sw unused: the weight is float */
+		{ "int8 x f32 w", DG_FMT_INT8, DG_FMT_F32, &x8, wf, 0.25f, 9.0f, -2.0f },
+		{ "f32 x f32 w", DG_FMT_F32, DG_FMT_F32, xf, wf, 0.25f, 9.0f, -4.0f },
+	};
+	for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+		s.act = runs[i].act;
+		s.weight = runs[i].weight;
+		a.x = runs[i].x;
+		a.w = runs[i].w;
+		a.sa = runs[i].sa;
+		a.sw = runs[i].sw;
+		out = NAN;
+		cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK, "%s", runs[i].what);
+		cr_assert_eq(out, runs[i].want, "%s: y %g, want %g", runs[i].what, out, runs[i].want);
+	}
 }
 
 /* --- lowrank_fwd: every format against a naive double loop ---------------- */
@@ -310,14 +314,8 @@ static void lr_case_make(struct lr_case *c, dg_fmt weight, dg_fmt act, int Hin)
 {
 	size_t nx, nw, ny;
 
-	c->H = 3;
-	c->Hin = Hin;
-	c->E = 64;
-	c->L = 7;
-	c->B = 2;
-	c->T = 3;
-	c->weight = weight;
-	c->act = act;
+	*c = (struct lr_case){ .H = 3, .Hin = Hin, .E = 64, .L = 7, .B = 2, .T = 3, .weight = weight, .act = act };
+	/* one statement each: the draws' order is the seed's */
 	c->sa = (float)rh_rng_int(1, 1000) / 3000.0f;
 	c->sw = (float)rh_rng_int(1, 1000) / 7000.0f;
 	nx = (size_t)c->B * c->Hin * c->T * c->E;
@@ -558,42 +556,48 @@ Test(lowrank, bad_args)
 	float o[16];
 	dg_spec s = lowrank_spec(2, 1, 32, 2, DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32);
 	dg_ref_lowrank_args a = { .x = x, .w = w, .sa = 1, .sw = 1, .out = o, .batch = 1, .time = 1 };
-	dg_spec bad;
-	dg_ref_lowrank_args ba;
+	/* copies of a and s, each with one thing the reference refuses */
+	static const char *const args_why[] = { "x NULL", "w NULL", "out NULL", "batch -1", "time -2" };
+	dg_ref_lowrank_args ba[] = { a, a, a, a, a };
+	static const char *const spec_why[] = {
+		"op quantize_act",
+		"in_heads 3 (neither 1 nor heads)",
+		"heads 0",
+		"embd 6 (i8x4 needs a multiple of 4)",
+		"embd 8 ternary (16 a word)",
+		"embd 16 sign1 (32 a word)",
+		"weight int4",
+		"act ternary",
+		"out int4",
+		"out past the formats",
+	};
+	dg_spec bad[] = { s, s, s, s, s, s, s, s, s, s };
+
+	ba[0].x = NULL;
+	ba[1].w = NULL;
+	ba[2].out = NULL;
+	ba[3].batch = -1;
+	ba[4].time = -2;
+	bad[0].op = DG_OP_QUANTIZE_ACT;
+	bad[1].in_heads = 3;
+	bad[2].heads = 0;
+	bad[3].embd = 6;
+	bad[4].embd = 8, bad[4].weight = DG_FMT_TERNARY;
+	bad[5].embd = 16, bad[5].weight = DG_FMT_SIGN1;
+	bad[6].weight = DG_FMT_INT4;
+	bad[7].act = DG_FMT_TERNARY;
+	bad[8].out = DG_FMT_INT4;
+	bad[9].out = DG_FMT__COUNT;
 
 	cr_assert_eq(dg_ref_lowrank_fwd(&s, &a), DG_OK);
 	cr_assert_eq(dg_ref_lowrank_fwd(NULL, &a), DG_ERR_INVALID_ARG);
 	cr_assert_eq(dg_ref_lowrank_fwd(&s, NULL), DG_ERR_INVALID_ARG);
-	ba = a, ba.x = NULL;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	ba = a, ba.w = NULL;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	ba = a, ba.out = NULL;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	ba = a, ba.batch = -1;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	ba = a, ba.time = -2;
-	cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba), DG_ERR_INVALID_ARG);
-	bad = s, bad.op = DG_OP_QUANTIZE_ACT;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.in_heads = 3; /* neither 1 nor heads */
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.heads = 0;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.embd = 6; /* i8x4 needs a multiple of 4 */
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.embd = 8, bad.weight = DG_FMT_TERNARY; /* 16 a word */
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.embd = 16, bad.weight = DG_FMT_SIGN1; /* 32 a word */
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.weight = DG_FMT_INT4;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.act = DG_FMT_TERNARY;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.out = DG_FMT_INT4;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
-	bad = s, bad.out = DG_FMT__COUNT;
-	cr_assert_eq(dg_ref_lowrank_fwd(&bad, &a), DG_ERR_INVALID_ARG);
+	cr_assert_eq(sizeof(ba) / sizeof(ba[0]), sizeof(args_why) / sizeof(args_why[0]));
+	for (size_t i = 0; i < sizeof(ba) / sizeof(ba[0]); i++)
+		cr_assert_eq(dg_ref_lowrank_fwd(&s, &ba[i]), DG_ERR_INVALID_ARG, "args with %s accepted", args_why[i]);
+	cr_assert_eq(sizeof(bad) / sizeof(bad[0]), sizeof(spec_why) / sizeof(spec_why[0]));
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(dg_ref_lowrank_fwd(&bad[i], &a), DG_ERR_INVALID_ARG, "spec with %s accepted", spec_why[i]);
 }
 
 /* --- relu_mask ------------------------------------------------------------ */
