@@ -512,10 +512,9 @@ dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 	dg_spec_normalize(&s3);
 	size_t need = 0;
 	dg_status st = qr_given_ok(dev, "dg_attention_bwd", spec, a->qr);
-	if (!st)
-		st = dg_attention_bwd_workspace(spec, a, &need);
-	if (st == DG_ERR_INVALID_ARG && a->qr && !spec->rope_pre)
+	if (st)
 		return st;
+	st = dg_attention_bwd_workspace(spec, a, &need);
 	if (st)
 		return dg__dev_fail(dev, st, "dg_attention_bwd: scores must be (B, H, T, T)%s",
 				    spec->rope_pre ? " and xs given" : "");

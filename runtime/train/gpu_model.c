@@ -220,9 +220,6 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	m->sm = di ? di->sm : sm;
 	m->bf16_grads = m->lowbit && m->sm == 90;
 	m->dec_gate = m->act == DG_FMT_BF16 && m->sm == 90;
-	/* RoPE(xs) kept where the attention reads it pre-made (its rope=pre
-	 * path: gpu_nodes.c attn_spec) and the caller asks (keep_qr) */
-	m->keep_qr = m->keep_qr && m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode;
 	m->qw_ws = -1;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
@@ -310,7 +307,16 @@ static void unbuild(dg_model *m)
 	dg__tape_free(&m->t);
 }
 
-static dg_status fits(dg_model *m, int accum, bool quiet);
+static bool room_for(dg_model *m, size_t extra);
+
+/* Whether the attention can keep RoPE(xs): where it reads it pre-made (its
+ * rope=pre path, gpu_nodes.c attn_spec) in a training step, and
+ * DRAGON_KEEP_QR is not 0. */
+static bool qr_keepable(const dg_model *m)
+{
+	const char *env = getenv("DRAGON_KEEP_QR");
+	return m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode && !(env && strcmp(env, "0") == 0);
+}
 
 /* build, keeping RoPE(xs) for the attention's backward (keep_qr: no RoPE
  * pass there, B·H·T·N act bytes a layer more) where that plan fits the
@@ -324,21 +330,16 @@ static dg_status build_fit(dg_model *m, dg_device *dev, const dg_model_config *c
 {
 	m->keep_qr = false;
 	dg_status st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
-	/* DRAGON_KEEP_QR=0: never (the backward makes RoPE(xs) again) */
-	const char *env = getenv("DRAGON_KEEP_QR");
-	if (st || (env && strcmp(env, "0") == 0) || !(m->act == DG_FMT_BF16 && m->sm == 90) || m->decode)
+	if (st || !qr_keepable(m))
 		return st;
-	dg_model_memory mm;
-	dg__tape_report(&m->t, &mm);
-	size_t free_b = 0, total_b = 0;
 	const size_t kept = (size_t)c->layers * (size_t)b * (size_t)c->heads * (size_t)t * (size_t)c->neurons *
 			    dg_fmt_row_bytes(m->act, 1);
-	if (dg_device_mem_info(dev, &free_b, &total_b) || mm.total + kept > free_b)
+	if (!room_for(m, kept))
 		return DG_OK;
 	unbuild(m);
 	m->keep_qr = true;
 	st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
-	if (st || fits(m, accum, true) == DG_OK)
+	if (st || room_for(m, 0))
 		return st;
 	unbuild(m); /* the kept plan's arena came out larger than the sum */
 	m->keep_qr = false;
@@ -531,20 +532,27 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 	return st;
 }
 
-/* The planned arenas against the device's free memory, before any is
- * allocated: DG_ERR_NOMEM naming both, by bucket, when they do not fit
- * (a device that cannot say is let through: the allocation then tells). */
-/* Whether the plan fits the device's free memory; quiet: the status
- * alone, else the message says what needs how much. */
-static dg_status fits(dg_model *m, int accum, bool quiet)
+/* Whether the plan and extra bytes more fit the device's free memory (a
+ * device that cannot say: yes). */
+static bool room_for(dg_model *m, size_t extra)
 {
 	dg_model_memory mm;
 	dg__tape_report(&m->t, &mm);
 	size_t free_b = 0, total_b = 0;
-	if (dg_device_mem_info(m->dev, &free_b, &total_b) || mm.total <= free_b)
+	return dg_device_mem_info(m->dev, &free_b, &total_b) || mm.total + extra <= free_b;
+}
+
+/* The planned arenas against the device's free memory, before any is
+ * allocated: DG_ERR_NOMEM naming both, by bucket, when they do not fit
+ * (a device that cannot say is let through: the allocation then tells). */
+static dg_status fits(dg_model *m, int accum)
+{
+	if (room_for(m, 0))
 		return DG_OK;
-	if (quiet)
-		return DG_ERR_NOMEM;
+	dg_model_memory mm;
+	dg__tape_report(&m->t, &mm);
+	size_t free_b = 0, total_b = 0;
+	(void)dg_device_mem_info(m->dev, &free_b, &total_b);
 	const double g = 1.0 / (1 << 30);
 	char acc[48] = "";
 	if (accum > 1)
@@ -611,7 +619,7 @@ dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t,
 	if (!st)
 		st = build_fit(m, dev, &w->config, b, t, accum);
 	if (!st)
-		st = fits(m, accum, false);
+		st = fits(m, accum);
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
 		m->base[k] = 0;
 		if (m->t.arena[k])
