@@ -343,7 +343,10 @@ DG_API dg_status dg_model_decode(dg_model_state *s, int row, const int32_t *toke
 typedef struct dg_model dg_model;
 
 /* What a model of c at (b, t) on dev would allocate, by bucket, without
- * allocating it (the ops' workspaces are the device's tiles'). */
+ * allocating it (the ops' workspaces are the device's tiles'). A plan
+ * larger than the device's free memory even without the workspaces is
+ * reported without them (no kernel is prepared for a step that cannot
+ * run). */
 DG_API dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t,
 			       dg_model_memory *out);
 /* A model of w's config on dev for batches of (b, t), w's weights

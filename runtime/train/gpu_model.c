@@ -189,6 +189,8 @@ static dg_status size_nodes(dg_model *m, size_t *needs)
 	return z.st ? dg__dev_fail(m->dev, z.st, "%s", z.msg) : DG_OK;
 }
 
+static bool room_for(dg_model *m, size_t extra);
+
 /* m's model of c at (b, t): the tape recorded, each node's ops prepared
  * while sizing its workspace, the arenas planned. dev NULL: the specs
  * listed to sink instead (on an sm device), nothing planned. */
@@ -229,6 +231,16 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
+	/* a step that does not fit even without its workspaces is refused
+	 * (by fits) before any kernel is prepared: preparing compiles and
+	 * loads modules, which hold device memory and take seconds */
+	if (!sink && dev) {
+		st = dg__tape_plan(&m->t);
+		if (st)
+			return dg__dev_fail(dev, st, "the step's arena plan: %s", dg_status_str(st));
+		if (!room_for(m, 0))
+			return DG_OK;
+	}
 	m->sizing = true;
 	int n_nodes = m->t.n_nodes;
 	m->ex = calloc((size_t)n_nodes, sizeof(*m->ex));
@@ -306,8 +318,6 @@ static void unbuild(dg_model *m)
 	m->ex = NULL;
 	dg__tape_free(&m->t);
 }
-
-static bool room_for(dg_model *m, size_t extra);
 
 /* Whether the attention can keep RoPE(xs): where it reads it pre-made (its
  * rope=pre path, gpu_nodes.c attn_spec) in a training step, and
