@@ -9,6 +9,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "dragon/model.h"
@@ -47,26 +48,25 @@ static int find(const dg__tape *t, const char *name)
 	return -1;
 }
 
-/* dxs.all and dys.all (and every layer's view of them) in fmt, at their
- * (L·B, H, T, N) bytes of it. */
-static void expect_grad_stacks(const dg__tape *t, dg_fmt fmt, int64_t LB, int64_t H, int64_t T, int64_t N)
+/* Each layer's dxs.l and dys.l in fmt, (B, H, T, N), buffers of their
+ * own (no stack of every layer). */
+static void expect_layer_grads(const dg__tape *t, dg_fmt fmt, int L, int64_t B, int64_t H, int64_t T, int64_t N)
 {
-	static const char *const stacks[] = { "dxs.all", "dys.all" };
-	size_t want = (size_t)(LB * H * T * N) * (fmt == DG_FMT_BF16 ? 2 : 4);
-	for (int k = 0; k < 2; k++) {
-		int s = find(t, stacks[k]);
-		cr_assert(s >= 0, "no %s", stacks[k]);
-		cr_assert_eq(t->bufs[s].fmt, fmt, "%s: %s, not %s", stacks[k], dg_fmt_name(t->bufs[s].fmt),
-			     dg_fmt_name(fmt));
-		cr_assert_eq(t->bufs[s].bytes, want, "%s: %zu bytes, not %zu", stacks[k], t->bufs[s].bytes, want);
-		int views = 0;
-		for (int i = 0; i < t->n_bufs; i++)
-			if (t->bufs[i].parent == s) {
-				views++;
-				cr_assert_eq(t->bufs[i].fmt, fmt, "%s", t->bufs[i].name);
-			}
-		cr_assert_gt(views, 0, "%s: no layer views", stacks[k]);
-	}
+	static const char *const names[] = { "dxs", "dys" };
+	cr_assert_eq(find(t, "dxs.all"), -1, "a stack of every layer's dxs");
+	cr_assert_eq(find(t, "dys.all"), -1, "a stack of every layer's dys");
+	size_t want = (size_t)(B * H * T * N) * (fmt == DG_FMT_BF16 ? 2 : 4);
+	for (int k = 0; k < 2; k++)
+		for (int l = 0; l < L; l++) {
+			char nm[40];
+			snprintf(nm, sizeof(nm), "%s.%d", names[k], l);
+			int s = find(t, nm);
+			cr_assert(s >= 0, "no %s", nm);
+			const dg__tbuf *b = &t->bufs[s];
+			cr_assert_eq(b->fmt, fmt, "%s: %s, not %s", nm, dg_fmt_name(b->fmt), dg_fmt_name(fmt));
+			cr_assert_eq(b->bytes, want, "%s: %zu bytes, not %zu", nm, b->bytes, want);
+			cr_assert_eq(b->parent, -1, "%s: a view", nm);
+		}
 }
 
 Test(tape, plan_invariants)
@@ -75,25 +75,31 @@ Test(tape, plan_invariants)
 	dg__bdh_ids id;
 	build("f32", 3, 32, 2, 64, 2, 16, &t, &id);
 	invariants(&t, 3, 2);
-	expect_grad_stacks(&t, DG_FMT_F32, 3 * 2, 2, 16, 64); /* the CPU's: f32 */
+	expect_layer_grads(&t, DG_FMT_F32, 3, 2, 2, 16, 64); /* the CPU's: f32 */
 	dg__tape_free(&t);
 	/* the GPU's tapes: bf16 activations (and gradient stacks); w8a8's codes
 	 * with their scales; the f32 recipe keeps f32 stacks */
 	dg__bdh_target f = { .gpu = true, .act = DG_FMT_F32 };
 	build_for("f32", 3, 32, 2, 64, 2, 16, &f, &t, &id);
 	invariants(&t, 3, 2);
-	expect_grad_stacks(&t, DG_FMT_F32, 3 * 2, 2, 16, 64);
+	expect_layer_grads(&t, DG_FMT_F32, 3, 2, 2, 16, 64);
 	dg__tape_free(&t);
 	dg__bdh_target bf = { .gpu = true, .act = DG_FMT_BF16 };
 	build_for("bf16", 3, 32, 2, 64, 2, 16, &bf, &t, &id);
 	invariants(&t, 3, 2);
-	expect_grad_stacks(&t, DG_FMT_BF16, 3 * 2, 2, 16, 64);
+	expect_layer_grads(&t, DG_FMT_BF16, 3, 2, 2, 16, 64);
 	dg__tape_free(&t);
 	dg__bdh_target lb = { .gpu = true, .act = DG_FMT_BF16, .lowbit = true };
 	build_for("w8a8", 6, 256, 4, 8192, 8, 512, &lb, &t, &id);
 	invariants(&t, 6, 8);
-	/* 1.6 GB each at the 25M shape, half what f32 stacks took */
-	expect_grad_stacks(&t, DG_FMT_BF16, 6 * 8, 4, 512, 8192);
+	/* 268 MB each at the 25M shape (a stack of six was 1.6 GB) */
+	expect_layer_grads(&t, DG_FMT_BF16, 6, 8, 4, 512, 8192);
+	/* and the arena holds a few layers' of them, not six: 4.83 GB, 4.24
+	 * saved (7.48 with the stacks) */
+	dg_model_memory mm;
+	dg__tape_report(&t, &mm);
+	const size_t bhtn = (size_t)8 * 4 * 512 * 8192 * 2;
+	cr_assert_lt(mm.activations, mm.saved + 4 * bhtn, "arena %zu, saved %zu", mm.activations, mm.saved);
 	int xyq = -1;
 	for (int i = 0; i < t.n_bufs; i++)
 		if (strcmp(t.bufs[i].name, "xyq.all") == 0)
@@ -107,11 +113,12 @@ Test(tape, plan_invariants)
 
 /* The GPU's low-bit tape on sm_90 (bf16_grads) against the one without, at
  * the 25M shape: the encoders' input gradients read their bf16 copies
- * (H,N,D) in the low-bit bucket, 16 MiB each; each weight gradient reads a
- * dequantize node's bf16 copy of the saved codes, made by the node right
- * before it and dead after it (a temporary of the shared arena); the
- * decoder and the forward are unchanged; the low-bit bucket grows by the
- * two copies exactly and the planned arena by at most the temporaries. */
+ * (H,N,D) in the low-bit bucket, 16 MiB each; each layer's weight
+ * gradient reads a dequantize node's bf16 copy of that layer's saved
+ * codes, made by the node right before it and dead after it (a temporary
+ * of the shared arena); the decoder and the forward are unchanged; the
+ * low-bit bucket grows by the two copies exactly and the planned arena by
+ * at most the temporaries. */
 Test(tape, bf16_gradient_operands_on_sm90)
 {
 	static const char *const presets[] = { "w8a8", "bitnet" };
@@ -135,7 +142,7 @@ Test(tape, bf16_gradient_operands_on_sm90)
 			cr_assert_eq(c->bytes, copy, "%s", c->name);
 		}
 		cr_assert_eq(u.n_forward, t.n_forward, "the forward changed");
-		cr_assert_eq(u.n_nodes, t.n_nodes + 2, "two dequantize nodes, nothing else");
+		cr_assert_eq(u.n_nodes, t.n_nodes + 2 * L, "two dequantize nodes a layer, nothing else");
 		int pin = 0, pw = 0, deq = 0;
 		for (int n = 0; n < u.n_nodes; n++) {
 			const dg__tnode *nd = &u.nodes[n];
@@ -155,14 +162,17 @@ Test(tape, bf16_gradient_operands_on_sm90)
 			cr_assert_eq(dq->kind, DG__N_DEQUANT, "node %d: no dequantize before the weight gradient", n);
 			cr_assert_eq(dq->arg, nd->arg);
 			cr_assert_eq(dq->out[0], nd->in[1]);
-			cr_assert_str_eq(codes->name, nd->arg ? "aq.all" : "xq.all");
+			char want[16];
+			snprintf(want, sizeof(want), "%s.%d", nd->arg ? "aq" : "xq", nd->layer);
+			cr_assert_str_eq(codes->name, want);
+			cr_assert_eq(dq->layer, nd->layer);
 			cr_assert(codes->scale >= 0, "%s: codes without scales", codes->name);
 			/* a scale a row of the copy's (rows, D) */
 			cr_assert_eq(u.bufs[codes->scale].bytes * D, codes->bytes * 4, "%s: a scale a row", codes->name);
 			cr_assert_eq(x->fmt, DG_FMT_BF16);
 			cr_assert_eq(x->bucket, DG__B_TEMP);
 			cr_assert(x->parent < 0);
-			cr_assert_eq(x->bytes, nd->arg ? ab : xb, "%s", x->name);
+			cr_assert_eq(x->bytes, (nd->arg ? ab : xb) / L, "%s", x->name);
 			cr_assert_eq(x->ndim, 4);
 			for (int d = 0; d < 4; d++)
 				cr_assert_eq(x->shape[d], codes->shape[d], "%s: not the codes' shape", x->name);
@@ -170,8 +180,8 @@ Test(tape, bf16_gradient_operands_on_sm90)
 				  x->first, x->last, n - 1, n);
 		}
 		cr_assert_eq(pin, 2 * L);
-		cr_assert_eq(pw, 2);
-		cr_assert_eq(deq, 2);
+		cr_assert_eq(pw, 2 * L);
+		cr_assert_eq(deq, 2 * L);
 		dg_model_memory a, b;
 		dg__tape_report(&t, &a);
 		dg__tape_report(&u, &b);
@@ -295,16 +305,31 @@ static void invariants(dg__tape *t_, int layers, int B)
 				shared++;
 		}
 	cr_assert_geq(shared, 10, "only %d pairs of buffers reuse bytes", shared);
-	/* the weight gradients read the stacks: one node each, over L·B rows */
-	int wg = 0;
-	for (int n = 0; n < t.n_nodes; n++)
-		if (t.nodes[n].kind == DG__N_PROJ_W || t.nodes[n].kind == DG__N_DEC_W) {
-			wg++;
-			const dg__tbuf *g = &t.bufs[t.nodes[n].in[0]];
+	/* the encoders' weight gradients: a node a layer and projection, over
+	 * the layer's B rows, the backward's first (the last layer) writing and
+	 * the others adding; the decoder's: one node over the stack of every
+	 * layer's L·B rows */
+	int pw[DG_PROJ__COUNT] = { 0 }, dw = 0;
+	for (int n = 0; n < t.n_nodes; n++) {
+		const dg__tnode *nd = &t.nodes[n];
+		const dg__tbuf *g = &t.bufs[nd->in[0]];
+		if (nd->kind == DG__N_DEC_W) {
+			dw++;
 			cr_assert_eq(g->shape[0], layers * B, "%s: not the stack of every layer", g->name);
-			cr_assert_eq(root(&t, t.nodes[n].in[0]), t.nodes[n].in[0]);
+			cr_assert_eq(root(&t, nd->in[0]), nd->in[0]);
+			cr_assert(!dg__bdh_grad_adds(&t, nd));
 		}
-	cr_assert_eq(wg, 3);
+		if (nd->kind != DG__N_PROJ_W)
+			continue;
+		cr_assert(nd->arg >= 0 && nd->arg < DG_PROJ__COUNT);
+		cr_assert_eq(nd->layer, layers - 1 - pw[nd->arg], "node %d: layer %d out of turn", n, nd->layer);
+		cr_assert_eq(g->shape[0], B, "%s: not one layer's rows", g->name);
+		cr_assert_eq(dg__bdh_grad_adds(&t, nd), pw[nd->arg] > 0, "node %d (layer %d)", n, nd->layer);
+		pw[nd->arg]++;
+	}
+	cr_assert_eq(pw[DG_PROJ_ENCODER], layers);
+	cr_assert_eq(pw[DG_PROJ_ENCODER_V], layers);
+	cr_assert_eq(dw, 1);
 }
 
 Test(tape, memory_report_25m)
@@ -320,10 +345,11 @@ Test(tape, memory_report_25m)
 	cr_assert_eq(m.total, m.params + m.lowbit + m.grads + m.activations);
 	cr_assert(m.activations < m.saved + m.temp + m.workspace);
 	/* the six layers' (B,H,T,N) f32 activations: xs, qr, ys, xy saved a
-	 * layer (512 MiB each), dxs and dys stacked for the weight GEMMs */
+	 * layer (512 MiB each); dxs and dys a layer each, reused by the next */
 	size_t bhtn = (size_t)8 * 4 * 512 * 8192 * 4;
 	cr_assert_geq(m.saved, 6 * 4 * bhtn);
 	cr_assert_geq(m.temp, 6 * 2 * bhtn);
+	cr_assert_lt(m.activations, m.saved + 4 * bhtn, "the layers' gradients are not reused");
 	cr_assert_eq(dg_model_cpu_memory(&c, 0, 512, &m, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "batch 0x512"), "%s", msg);
 }

@@ -72,6 +72,29 @@ static void node3(dg__tape *t, dg__nkind k, int i0, int i1, int i2, int o0, int 
 	dg__tape_node(t, k, -1, in, 3, out, 3, 0);
 }
 
+/* Layer l's share of projection k's weight gradient: gexec[k] (+)= the
+ * rows of grad (B,H,T,N)ᵀ · in (its input: x, a, or their saved codes),
+ * written by the backward's first layer and added by the others
+ * (dg__bdh_grad_adds); bf16g: through a bf16 copy of the codes made right
+ * before, a temporary. A layer at a time, so the (B,H,T,N) gradients are
+ * a layer's, not a stack of every layer's (3.2 GB at 25M, B 8, T 512). */
+static void grad_w(dg__tape *t, const dg__bdh_ids *id, bool bf16g, int l, int grad, int in, dg_proj k)
+{
+	if (bf16g) {
+		const dg__tbuf *c = &t->bufs[in];
+		int w = abuf(t, DG_FMT_BF16, k == DG_PROJ_ENCODER ? "xq.bf16" : "aq.bf16", DG__B_TEMP, 4,
+			     c->shape[0], c->shape[1], c->shape[2], c->shape[3]);
+		node(t, DG__N_DEQUANT, l, in, -1, -1, -1, w, -1, k);
+		in = w;
+	}
+	node(t, DG__N_PROJ_W, l, grad, in, -1, -1, id->gexec[k], -1, k);
+}
+
+bool dg__bdh_grad_adds(const dg__tape *t, const dg__tnode *nd)
+{
+	return nd->kind == DG__N_PROJ_W && nd->layer >= 0 && nd->layer != t->config.layers - 1;
+}
+
 int64_t dg__bdh_attn_qr_offset(int64_t B, int64_t H, int64_t T, dg_fmt act)
 {
 	int64_t sc = B * H * T * T * (int64_t)dg_fmt_row_bytes(act, 1);
@@ -165,7 +188,7 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	}
 	id->loss = buf(t, "loss", DG__B_LOWBIT, 1, 1, 0, 0, 0);
 
-	/* the stacks the weight gradients read as one GEMM each */
+	/* every layer's x and a, stacked (saved: the weight gradients read them) */
 	int x_all = abuf(t, act, "x.all", DG__B_SAVED, 4, LB, 1, T, D);
 	int a_all = abuf(t, act, "a.all", DG__B_SAVED, 4, LB, H, T, D);
 	int xy_all = lowbit ? -1 : abuf(t, act, "xy.all", DG__B_SAVED, 4, LB, H, T, N);
@@ -187,10 +210,8 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 			dg__tape_set_scale(t, xyq_all, xyqs_all);
 		}
 	}
-	/* the (B,H,T,N) gradients in the activations' format (the CPU's and
-	 * the f32 recipe's: f32); the layers' dxs, dys are views of them */
-	int dxs_all = abuf(t, act, "dxs.all", DG__B_TEMP, 4, LB, H, T, N);
-	int dys_all = abuf(t, act, "dys.all", DG__B_TEMP, 4, LB, H, T, N);
+	/* the decoder's output gradients of every layer, which its weight
+	 * gradient reads as one GEMM ((L·B, 1, T, D), small) */
 	int dyd_all = buf(t, "dyd.all", DG__B_TEMP, 4, LB, 1, T, D);
 
 	/* forward */
@@ -198,7 +219,7 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	int x0_rstd = buf(t, "x0.rstd", DG__B_SAVED, 1, B * T, 0, 0, 0);
 	int *x = NULL;
 	int xl[257], xsl[256], svl[256], al[256], arl[256], ysl[256], xyl[256], yl[256], yrl[256],
-		orl[256];
+		orl[256], xql[256], aql[256];
 	if (Ly > 256)
 		return DG_ERR_INVALID_ARG;
 	x = xl;
@@ -259,6 +280,8 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 			}
 			node(t, DG__N_QUANT, l, x[l], -1, -1, -1, xq, -1, DG_PROJ_ENCODER);
 		}
+		xql[l] = xq;
+		aql[l] = aq;
 		node(t, DG__N_PROJ, l, lowbit ? xq : x[l], id->exec[DG_PROJ_ENCODER], -1, -1, xsl[l], -1,
 		     DG_PROJ_ENCODER);
 		node(t, DG__N_ATTN, l, xsl[l], x[l], gpu ? id->rope : id->cos, gpu ? -1 : id->sin, att,
@@ -286,10 +309,13 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		int ds = buf(t, "ds", DG__B_TEMP, 4, B, 1, T, D);
 		snprintf(nm, sizeof(nm), "dyd.%d", l);
 		int dyd = view(t, dyd_all, l, (int)Ly, nm, 4, B, 1, T, D);
+		/* the layer's (B,H,T,N) gradients in the activations' format (the
+		 * CPU's and the f32 recipe's: f32), dead after the layer's weight
+		 * gradients: the next layer's reuse their bytes */
 		snprintf(nm, sizeof(nm), "dxs.%d", l);
-		int dxs = view(t, dxs_all, l, (int)Ly, nm, 4, B, H, T, N);
+		int dxs = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "dys.%d", l);
-		int dys = view(t, dys_all, l, (int)Ly, nm, 4, B, H, T, N);
+		int dys = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
 		int da = buf(t, "da", DG__B_TEMP, 4, B, H, T, D);
 		int datt = buf(t, "datt", DG__B_TEMP, 4, B, H, T, D);
 		int dv = buf(t, "dv", DG__B_TEMP, 4, B, 1, T, D);
@@ -311,10 +337,12 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		node(t, DG__N_PROJ_IN, l, dys,
 		     bf16g ? id->exec_bf16[DG_PROJ_ENCODER_V] : id->exec[DG_PROJ_ENCODER_V], -1, -1, da, -1,
 		     DG_PROJ_ENCODER_V);
+		grad_w(t, id, bf16g, l, dys, lowbit ? aql[l] : al[l], DG_PROJ_ENCODER_V);
 		node(t, DG__N_LN_BWD, l, da, al[l], arl[l], -1, datt, -1, 0);
 		node(t, DG__N_ATTN_BWD, l, datt, svl[l], x[l], xsl[l], dxs, dv, 0);
 		node(t, DG__N_PROJ_IN, l, dxs, bf16g ? id->exec_bf16[DG_PROJ_ENCODER] : id->exec[DG_PROJ_ENCODER],
 		     -1, -1, dxe, -1, DG_PROJ_ENCODER);
+		grad_w(t, id, bf16g, l, dxs, lowbit ? xql[l] : x[l], DG_PROJ_ENCODER);
 		node(t, DG__N_ADD3, l, ds, dv, dxe, -1, dxn, -1, 0);
 		dx = dxn;
 	}
@@ -324,26 +352,14 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	int demb = buf(t, "demb", DG__B_TEMP, 4, B, 1, T, D);
 	node(t, DG__N_LN_BWD, -1, dx, x[0], x0_rstd, -1, demb, -1, 0);
 	node(t, DG__N_EMBED_BWD, -1, demb, id->tokens, -1, -1, id->grads[DG_PARAM_EMBED], -1, 0);
-	/* the shared weights: one GEMM each over every layer's rows (bf16g:
-	 * of the saved codes dequantized just before, a temporary: x's
-	 * (L·B·T, D) rows and a's (L·B·H·T, D), a scale a row), each one's
-	 * master gradient right after it, so a bucket's all-reduce runs
-	 * beside the next GEMM */
-	int xw = lowbit ? xq_all : x_all, aw = lowbit ? aq_all : a_all;
-	if (bf16g) {
-		xw = abuf(t, DG_FMT_BF16, "xq.all.bf16", DG__B_TEMP, 4, LB, 1, T, D);
-		node(t, DG__N_DEQUANT, -1, xq_all, -1, -1, -1, xw, -1, DG_PROJ_ENCODER);
-	}
-	node(t, DG__N_PROJ_W, -1, dxs_all, xw, -1, -1, id->gexec[DG_PROJ_ENCODER], -1, DG_PROJ_ENCODER);
-	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_ENCODER], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
-	     DG_PARAM_ENCODER);
-	if (bf16g) {
-		aw = abuf(t, DG_FMT_BF16, "aq.all.bf16", DG__B_TEMP, 4, LB, H, T, D);
-		node(t, DG__N_DEQUANT, -1, aq_all, -1, -1, -1, aw, -1, DG_PROJ_ENCODER_V);
-	}
-	node(t, DG__N_PROJ_W, -1, dys_all, aw, -1, -1, id->gexec[DG_PROJ_ENCODER_V], -1, DG_PROJ_ENCODER_V);
+	/* the encoders' gradients are whole (each layer's added by grad_w);
+	 * each master's right after its last GEMM, so a bucket's all-reduce
+	 * runs beside the next one; the decoder's weight gradient: one GEMM
+	 * over every layer's rows */
 	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_ENCODER_V], -1, -1, -1, id->grads[DG_PARAM_ENCODER_V], -1,
 	     DG_PARAM_ENCODER_V);
+	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_ENCODER], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
+	     DG_PARAM_ENCODER);
 	node(t, DG__N_DEC_W, -1, dyd_all, lowbit ? xyq_all : xy_all, -1, -1, id->gexec[DG_PROJ_DECODER], -1, 0);
 	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_DECODER], -1, -1, -1, id->grads[DG_PARAM_DECODER], -1,
 	     DG_PARAM_DECODER);

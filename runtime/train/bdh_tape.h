@@ -83,4 +83,10 @@ int64_t dg__bdh_attn_saved_bytes(int64_t B, int64_t H, int64_t T, int64_t N, dg_
  * when a declaration runs out of memory. */
 dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *ids, const dg__bdh_target *tg);
 
+/* Whether node nd adds into its output instead of writing it: a layer's
+ * share of a projection's weight gradient, except the backward's first
+ * layer's (the last), which writes. A step's later micro-batches add
+ * besides (the backends' rule). */
+bool dg__bdh_grad_adds(const dg__tape *t, const dg__tnode *nd);
+
 #endif

@@ -284,10 +284,21 @@ static dg_status run_node(step *s, const dg__tnode *nd, char *msg, size_t size)
 		return DG_OK;
 	}
 	case DG__N_PROJ_W: {
+		/* a layer's share: the backward's first writes, the others add */
 		dg_spec sp = fspec(s, DG_OP_LOWRANK_GRAD_WEIGHT, nd->arg == DG_PROJ_ENCODER_V ? s->H : 1, 0,
 				   false);
-		return dg_ref_lowrank_grad_weight(&sp, F(s, in[0]), F(s, in[1]), 1, F(s, out[0]),
-						  batch_of(s, in[0]), s->T);
+		const bool adds = dg__bdh_grad_adds(&s->t, nd);
+		const int64_t n = (int64_t)s->H * s->N * s->D;
+		float *o = F(s, out[0]), *part = adds ? malloc((size_t)n * sizeof(float)) : o;
+		if (!part)
+			return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
+		dg_status gs = dg_ref_lowrank_grad_weight(&sp, F(s, in[0]), F(s, in[1]), 1, part,
+							  batch_of(s, in[0]), s->T);
+		for (int64_t i = 0; adds && !gs && i < n; i++)
+			o[i] += part[i];
+		if (adds)
+			free(part);
+		return gs;
 	}
 	case DG__N_DEC_W: {
 		dg_spec sp = fspec(s, DG_OP_DECODER_GRAD_WEIGHT, 1, 0, false);

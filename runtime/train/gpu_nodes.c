@@ -83,8 +83,8 @@ dg_spec dg__gm_base_spec(const dg_model *m, dg_op op)
 	return s;
 }
 
-/* The format of the (B,H,T,N) gradients (the tape's dxs.all, dys.all and
- * their views): the activations' (dragon/spec.h "gradient formats"). */
+/* The format of the (B,H,T,N) gradients (the tape's dxs.l, dys.l): the
+ * activations' (dragon/spec.h "gradient formats"). */
 static dg_fmt grad_fmt(const dg_model *m)
 {
 	return m->act;
@@ -489,10 +489,10 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 	}
 	case DG__N_PROJ_W: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_WEIGHT, (dg_proj)nd->arg);
-		s.src = grad_fmt(m); /* the stacks dxs.all, dys.all */
+		s.src = grad_fmt(m); /* the layer's dxs or dys */
 		dg_tensor g = dg__gm_tn(m, in[0]), x = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_grad_weight_args a = { .grad = &g, .x = &x, .grad_w = &o, .ws = ws,
-						  .accumulate = m->micro > 0 };
+						  .accumulate = m->micro > 0 || dg__bdh_grad_adds(&m->t, nd) };
 		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_DEC_W: {
