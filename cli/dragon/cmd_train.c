@@ -121,8 +121,11 @@ static const char help_text[] =
 	"                    command), step (the run's, reached), total_steps, wall_s;\n"
 	"                    on a GPU also first_step_s and ready_s (seconds from\n"
 	"                    the command's start to the first step's loss, and to\n"
-	"                    the model ready) and kernels (how many were compiled,\n"
-	"                    read from the cache, loaded from bundles)\n\n"
+	"                    the model ready), kernels (how many were compiled,\n"
+	"                    read from the cache, loaded from bundles) and\n"
+	"                    peak_bytes (the device memory the run took: the drop\n"
+	"                    in the GPU's free memory from before the model to\n"
+	"                    after the first step's loss)\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
 	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
 	"GPUs of a known peak: H200, H100, A100) and the time left.\n\n"
@@ -578,6 +581,8 @@ int dg__cli_cmd_train(int argc, char **argv)
 			cJSON_AddNumberToObject(k, "compiled", (double)run_at.kernels_compiled);
 			cJSON_AddNumberToObject(k, "cached", (double)run_at.kernels_cached);
 			cJSON_AddNumberToObject(k, "bundled", (double)run_at.kernels_bundled);
+			if (run_at.peak_bytes)
+				cJSON_AddNumberToObject(j, "peak_bytes", (double)run_at.peak_bytes);
 		}
 		code = dg__cli_json_print(j);
 	} else {
