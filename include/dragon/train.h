@@ -26,7 +26,7 @@
  *      validation loss over eval_batches fixed batches (dropout off; the
  *      same batches every time, every run); every ckpt_every steps (and at
  *      the last, and when stop_at stops it) a checkpoint, the newest
- *      `keep` kept.
+ *      `keep` kept (ckpt_every < 0: never).
  * Before each step the run looks at *stop (when given): once it is set
  * (a SIGINT handler's flag, say), the run checkpoints the steps done
  * (unless that checkpoint is already there), closes the log and returns
@@ -146,7 +146,9 @@ typedef struct dg_train_opts {
 	uint64_t seed;         /* weights' init, batches, dropout */
 	int64_t eval_every;    /* steps between validation losses; 0: only at the end */
 	int eval_batches;      /* fixed validation batches a validation loss (32) */
-	int64_t ckpt_every;    /* steps between checkpoints; 0: only at the end */
+	int64_t ckpt_every;    /* steps between checkpoints; 0: only at the end;
+				* < 0: none at all, not at the end nor when stopped
+				* (a run that cannot be resumed: a benchmark's) */
 	int keep;              /* checkpoints kept (3); < 1: all */
 	const char *out_dir;   /* log.jsonl and the checkpoints (created) */
 	bool resume;           /* continue from out_dir's newest checkpoint */

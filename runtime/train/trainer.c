@@ -158,6 +158,8 @@ static bool eval_due(const dg_train_opts *o, int64_t n)
 
 static bool ckpt_due(const run_ctx *r, int64_t n)
 {
+	if (r->o->ckpt_every < 0) /* none at all */
+		return false;
 	return (r->o->ckpt_every > 0 && n % r->o->ckpt_every == 0) || n == r->end;
 }
 
@@ -358,8 +360,8 @@ static dg_status finish_gpu(run_ctx *r, int64_t t, float lr, char *msg, size_t s
 /* Asked to stop before the next step (or inside one on the CPU, which
  * dropped it): the queued GPU step, if any, is finished (logged) first;
  * then the steps done are checkpointed, unless the last one's checkpoint
- * is there already, and the run ends with DG_ERR_INTERRUPTED naming the
- * step and the checkpoint. */
+ * is there already (none with ckpt_every < 0), and the run ends with
+ * DG_ERR_INTERRUPTED naming the step and the checkpoint. */
 static dg_status stop(run_ctx *r, int64_t pending, float pending_lr, char *msg, size_t size)
 {
 	dg_status st = pending >= 0 ? finish_gpu(r, pending, pending_lr, msg, size) : DG_OK;
@@ -367,10 +369,14 @@ static dg_status stop(run_ctx *r, int64_t pending, float pending_lr, char *msg, 
 		return st;
 	char path[4200];
 	const int64_t n = r->s->step;
-	if (r->saved != n && (st = checkpoint(r, n, path, sizeof(path), msg, size)))
+	if (r->o->ckpt_every >= 0 && r->saved != n && (st = checkpoint(r, n, path, sizeof(path), msg, size)))
 		return st;
 	if (r->o->result)
 		r->o->result->step = n;
+	if (r->o->ckpt_every < 0)
+		return dg__msgf(DG_ERR_INTERRUPTED, msg, size,
+				"interrupted at step %" PRId64 " of %" PRId64 "; no checkpoint (none asked for)", n,
+				r->o->opt.steps);
 	dg_checkpoint_path(r->o->out_dir, n, path, sizeof(path));
 	return dg__msgf(DG_ERR_INTERRUPTED, msg, size, "interrupted at step %" PRId64 " of %" PRId64 "; checkpoint %s",
 			n, r->o->opt.steps, path);
