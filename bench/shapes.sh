@@ -12,7 +12,7 @@
 #   d512       6  512  8   4096    256  8   512
 #   d768       6  768 12   8192    256  4   512
 #   1b         6 1280 16  16384    256  2   512   1.0B parameters: w8a8 runs
-#                                                 200 steps (a 12 GB checkpoint)
+#                                                 200 steps
 #   25m-t16k   6  256  4   8192    256  1 16384   long context
 #   25m-v50k   6  256  4   8192  50304  8   512   GPT-2's vocabulary (uint16 tokens)
 #   hn1m       6  256 16  65536    256  1   256   H·N = 1M neurons
@@ -25,8 +25,7 @@
 # (vocab 256) or on random uint16 tokens written as nanoGPT's
 # train.bin/val.bin (any other vocab), with an empty kernel cache of its
 # own (first_step_s is an empty cache's), no validation but the one at the
-# end (over one batch), one checkpoint (at the end: dragon train always
-# writes it; the 1b one is 12 GB, removed with the run), --json. Its row:
+# end (over one batch), no checkpoint (--ckpt-every never), --json. Its row:
 # first_step_s, peak_bytes and kernels from the JSON; step_ms, the median
 # over the steps after the first 5 (but the last, which validates) of
 # B·T / tokens_per_s from the log; first_loss and last_loss. Then the
@@ -37,7 +36,8 @@
 #
 # FILE (default $OUT/shapes-<device>-<date>.json when $OUT is set, else
 # bench/results/shapes-<device>-<date>.json) gets {"device", "date",
-# "commit", "rows": [...]}; with $OUT set a copy goes to runs/shapes/
+# "commit", "rows": [...]} (each row with the commit it ran), and stdout
+# a table of its rows; with $OUT set a copy goes to runs/shapes/
 # (ignored by git, so a warm device machine keeps it between calls, while
 # $OUT starts empty). --merge: the rows already in FILE (or, when there
 # is none, in that copy) are kept, but those of a (shape, impl, preset)
@@ -51,7 +51,7 @@
 #   bench/shapes.sh --only "1b 25m-v50k" --merge
 #   bench/shapes.sh --only "25m-t16k hn1m" --merge
 # (torch.compile takes most of a shape's time; the 1b w8a8 run's 200
-# steps and checkpoint a minute or two).
+# steps a minute or so).
 #
 # dragon is $DRAGON (default build-gpu/dragon; when it is not there and
 # .gpu/debs is, scripts/gpu_test.sh builds it, no tests); .gpu/prefix/runlib
@@ -269,12 +269,12 @@ while read -r name L D H N V B T; do
     [ "$cpu" = 1 ] && cpu_flag=(--cpu)
     timed "$name $p ($n steps)" "$d.out" "$d.err" env DRAGON_CACHE_DIR="$tmp/cache" "$DRAGON" train "${cpu_flag[@]}" --preset "$p" \
       --layers "$L" --embd "$D" --heads "$H" --neurons "$N" --batch "$B" --time "$T" --steps "$n" \
-      --eval-every 0 --eval-batches 1 --ckpt-every 0 --keep 1 "${data[@]}" --out "$d" --json ||
+      --eval-every 0 --eval-batches 1 --ckpt-every never "${data[@]}" --out "$d" --json ||
       { missed=1; continue; }
     row dragon "${shape[@]}" "$p" "$rc" "$d.out" "$d.err" "$d/log.jsonl"
     [ "$rc" = 0 ] || status=1
     say "$name $p: $(tail -n 1 "$rows" | cut -c1-300)"
-    rm -rf "$d" "$tmp/cache" # the 1b checkpoint is 12 GB
+    rm -rf "$d" "$tmp/cache"
   done
   if [ "$anchor" = 1 ]; then
     a="$tmp/anchor-$name"
@@ -301,7 +301,7 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 [ "$out" = /dev/null ] || "$PYTHON" - "$rows" "$out" "$old" "$device" "$(date -u +%F)" "$commit" <<'PY' || status=1
 import json, sys
 rows_p, out, old, device, date, commit = sys.argv[1:]
-new = [json.loads(l) for l in open(rows_p) if l.strip()]
+new = [dict(json.loads(l), commit=commit) for l in open(rows_p) if l.strip()]
 key = lambda r: (r["shape"], r["impl"], r["preset"])
 rows = []
 if old:
@@ -310,6 +310,17 @@ if old:
 rows += new
 res = {"device": device, "date": date, "commit": commit, "rows": rows}
 open(out, "w").write(json.dumps(res, indent=1) + "\n")
+# the table a person reads
+print("%-9s %-13s %-6s %9s %11s %8s %7s %s" % ("shape", "impl", "preset", "step ms", "tokens/s", "peak GB",
+                                                  "first s", "loss first -> last"))
+for r in rows:
+    if "error" in r:
+        print("%-9s %-13s %-6s error: %s" % (r["shape"], r["impl"], r["preset"], r["error"].splitlines()[-1][:80]))
+        continue
+    f = lambda k, fmt, scale=1: fmt % (r[k] / scale) if r.get(k) is not None else "-"
+    loss = "%.3f -> %.3f (%d steps)" % (r["first_loss"], r["last_loss"], r["steps"]) if "first_loss" in r else ""
+    print("%-9s %-13s %-6s %9s %11s %8s %7s %s" % (r["shape"], r["impl"], r["preset"], f("step_ms", "%.2f"),
+          f("tokens_per_s", "%.0f"), f("peak_bytes", "%.1f", 1e9), f("first_step_s", "%.2f"), loss))
 PY
 if [ "$out" != /dev/null ] && [ -n "$keep_copy" ] && ! [ "$out" -ef "$keep_copy" ]; then
   mkdir -p runs/shapes && cp "$out" "$keep_copy"
