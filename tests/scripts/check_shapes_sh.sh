@@ -2,7 +2,8 @@
 # bench/shapes.sh on the CPU (DRAGON_SHAPES_CPU=1: its tiny shapes, dragon
 # train --cpu, random tokens), without a GPU:
 #   - every (shape, preset) gives a dragon row with the shape, params =
-#     3·H·D·N + 2·V·D, step_ms, tokens_per_s, first/last loss, steps;
+#     3·H·D·N + 2·V·D, step_ms, tokens_per_s, first/last loss, steps, and
+#     a line of the table on stdout;
 #     the anchor, which needs CUDA, gives a row with `error` (not a crash),
 #     and the exit status says a run failed (1);
 #   - --merge replaces the rows run again and keeps the others; without it
@@ -41,20 +42,22 @@ for r in rows:
 PY
 }
 
-"${sh[@]}" --steps 8 --out "$f" 2>"$t/err"
+"${sh[@]}" --steps 8 --out "$f" >"$t/table" 2>"$t/err"
 rc=$?
 [ $rc -eq 1 ] || fail "the anchor without CUDA: exit $rc, not 1: $(cat "$t/err")"
 rows "$f" "tiny dragon w8a8 ok" "tiny dragon f32 ok" "tiny torch.compile bf16 error" \
   "tiny-v1k dragon w8a8 ok" "tiny-v1k dragon f32 ok" "tiny-v1k torch.compile bf16 error" ||
   fail "the first call: $(cat "$t/err")"
+[ "$(grep -c '^tiny' "$t/table")" = 6 ] && grep -q '^tiny-v1k  *dragon  *f32  *[0-9.]' "$t/table" ||
+  fail "the table on stdout: $(cat "$t/table")"
 
 # one shape again, one preset, merged: the others kept
-"${sh[@]}" --steps 8 --out "$f" --only tiny-v1k --presets f32 --no-anchor --merge 2>"$t/err" ||
+"${sh[@]}" --steps 8 --out "$f" --only tiny-v1k --presets f32 --no-anchor --merge >/dev/null 2>"$t/err" ||
   fail "--merge: exit $?: $(cat "$t/err")"
 rows "$f" "tiny dragon w8a8 ok" "tiny dragon f32 ok" "tiny torch.compile bf16 error" \
   "tiny-v1k dragon w8a8 ok" "tiny-v1k dragon f32 ok" "tiny-v1k torch.compile bf16 error" || fail "--merge"
 grep -q "tiny-v1k f32" "$t/err" && ! grep -q "tiny w8a8" "$t/err" || fail "--only, --presets: $(cat "$t/err")"
-"${sh[@]}" --steps 8 --out "$t/two.json" --only tiny --presets f32 --no-anchor 2>"$t/err" ||
+"${sh[@]}" --steps 8 --out "$t/two.json" --only tiny --presets f32 --no-anchor >/dev/null 2>"$t/err" ||
   fail "one run: exit $?: $(cat "$t/err")"
 rows "$t/two.json" "tiny dragon f32 ok" || fail "without --merge"
 
