@@ -30,8 +30,8 @@
  * Before each step the run looks at *stop (when given): once it is set
  * (a SIGINT handler's flag, say), the run checkpoints the steps done
  * (unless that checkpoint is already there, or ckpt_every < 0), closes
- * the log and returns
- * DG_ERR_INTERRUPTED, "interrupted at step N of M; checkpoint <path>";
+ * the log and returns DG_ERR_INTERRUPTED, "interrupted at step N of M;
+ * checkpoint <path>" (or "no checkpoint (none asked for)");
  * resuming then goes on as if nothing had happened.
  * Everything that step t reads — the weights, the moments, t, the data
  * RNG — is in the checkpoint, so a run resumed from one logs the same
