@@ -60,7 +60,8 @@
 # runs the anchor and writes the JSON. DRAGON_SHAPES_CPU=1 (the tree's own
 # check, tests/scripts/check_shapes_sh.sh): tiny shapes on the CPU model
 # (dragon train --cpu) on random tokens, presets "w8a8 f32" unless
-# --presets says.
+# --presets says; the anchor sees no GPU (CUDA_VISIBLE_DEVICES empty), so
+# its rows are errors.
 # Exit status: 0 every run gave its figures, 1 one failed (its row says
 # why) or the build did, 2 usage, 3 some not run for the budget (call again
 # with the --only it names, and --merge).
@@ -278,7 +279,10 @@ while read -r name L D H N V B T; do
   done
   if [ "$anchor" = 1 ]; then
     a="$tmp/anchor-$name"
-    if timed "$name torch.compile" "$a.out" "$a.err" "$PYTHON" bench/torch_bdh_step.py --layers "$L" --embd "$D" \
+    # the CPU check hides the GPUs from the anchor too: its rows are errors on any machine
+    hide=()
+    [ "$cpu" = 1 ] && hide=(env CUDA_VISIBLE_DEVICES=)
+    if timed "$name torch.compile" "$a.out" "$a.err" "${hide[@]}" "$PYTHON" bench/torch_bdh_step.py --layers "$L" --embd "$D" \
       --heads "$H" --neurons "$N" --vocab "$V" --batch "$B" --time "$T"; then
       row anchor "${shape[@]}" bf16 "$rc" "$a.out" "$a.err"
       [ "$rc" = 0 ] || status=1
