@@ -36,8 +36,11 @@
 #
 # FILE (default $OUT/shapes-<device>-<date>.json when $OUT is set, else
 # bench/results/shapes-<device>-<date>.json) gets {"device", "date",
-# "commit", "rows": [...]} (each row with the commit it ran), and stdout
-# a table of its rows; with $OUT set a copy goes to runs/shapes/
+# "commit", "checks", "rows": [...]} (each row with the commit it ran;
+# checks: over dragon's rows, the shapes with figures, first_step_s
+# within 3 s for 25m and 5 s for all, the ≥1B w8a8 run's 200 steps with
+# its loss falling and its peak memory; null where no row says), and
+# stdout a table of its rows and the checks; with $OUT set a copy goes to runs/shapes/
 # (ignored by git, so a warm device machine keeps it between calls, while
 # $OUT starts empty). --merge: the rows already in FILE (or, when there
 # is none, in that copy) are kept, but those of a (shape, impl, preset)
@@ -312,7 +315,20 @@ if old:
     done = {key(r) for r in new}
     rows = [r for r in json.load(open(old))["rows"] if key(r) not in done]
 rows += new
-res = {"device": device, "date": date, "commit": commit, "rows": rows}
+# the acceptance, over dragon's rows (None: no row to say)
+ok = [r for r in rows if r["impl"] == "dragon" and "error" not in r]
+first = [r for r in ok if r.get("first_step_s") is not None]
+def every(rs, f):
+    return all(f(r) for r in rs) if rs else None
+checks = {
+    "shapes": len({r["shape"] for r in ok}),
+    "first_step_25m_le_3s": every([r for r in first if r["shape"] == "25m"], lambda r: r["first_step_s"] <= 3),
+    "first_step_le_5s": every(first, lambda r: r["first_step_s"] <= 5),
+    "billion_200_steps_loss_falls": every([r for r in ok if r["params"] >= 10**9 and r["preset"] == "w8a8"],
+                                          lambda r: r["steps"] >= 200 and r["last_loss"] < r["first_loss"]
+                                          and bool(r.get("peak_bytes"))),
+}
+res = {"device": device, "date": date, "commit": commit, "checks": checks, "rows": rows}
 open(out, "w").write(json.dumps(res, indent=1) + "\n")
 # the table a person reads
 print("%-9s %-13s %-6s %9s %11s %8s %7s %s" % ("shape", "impl", "preset", "step ms", "tokens/s", "peak GB",
@@ -325,6 +341,7 @@ for r in rows:
     loss = "%.3f -> %.3f (%d steps)" % (r["first_loss"], r["last_loss"], r["steps"]) if "first_loss" in r else ""
     print("%-9s %-13s %-6s %9s %11s %8s %7s %s" % (r["shape"], r["impl"], r["preset"], f("step_ms", "%.2f"),
           f("tokens_per_s", "%.0f"), f("peak_bytes", "%.1f", 1e9), f("first_step_s", "%.2f"), loss))
+print("checks: " + json.dumps(checks))
 PY
 if [ "$out" != /dev/null ] && [ -n "$keep_copy" ] && ! [ "$out" -ef "$keep_copy" ]; then
   mkdir -p runs/shapes && cp "$out" "$keep_copy"

@@ -3,7 +3,7 @@
 # train --cpu, random tokens), without a GPU:
 #   - every (shape, preset) gives a dragon row with the shape, params =
 #     3·H·D·N + 2·V·D, step_ms, tokens_per_s, first/last loss, steps, and
-#     a line of the table on stdout;
+#     a line of the table on stdout; the checks count the shapes;
 #     the anchor, which needs CUDA, gives a row with `error` (not a crash),
 #     and the exit status says a run failed (1);
 #   - --merge replaces the rows run again and keeps the others; without it
@@ -48,6 +48,11 @@ rc=$?
 rows "$f" "tiny dragon w8a8 ok" "tiny dragon f32 ok" "tiny torch.compile bf16 error" \
   "tiny-v1k dragon w8a8 ok" "tiny-v1k dragon f32 ok" "tiny-v1k torch.compile bf16 error" ||
   fail "the first call: $(cat "$t/err")"
+python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["checks"]
+assert c["shapes"] == 2 and c["first_step_le_5s"] is True and c["billion_200_steps_loss_falls"] is None, c' "$f" ||
+  fail "the checks"
 [ "$(grep -c '^tiny' "$t/table")" = 6 ] && grep -q '^tiny-v1k  *dragon  *f32  *[0-9.]' "$t/table" ||
   fail "the table on stdout: $(cat "$t/table")"
 
