@@ -3,7 +3,7 @@
  * the step's kernels came from: with an empty kernel cache they are
  * compiled, the same run again reads every one from the cache; the times
  * are ordered (the model ready before the first step's loss, both within
- * the run's wall time). Without a GPU each test prints "skipped: no CUDA
+ * the run's wall time), and the device memory it took is reported. Without a GPU each test prints "skipped: no CUDA
  * device".
  */
 #include <stdio.h>
@@ -20,7 +20,7 @@
 	      "--steps", "3"
 
 typedef struct first_step {
-	double wall, ready, first, compiled, cached, bundled;
+	double wall, ready, first, compiled, cached, bundled, peak;
 } first_step;
 
 static first_step train_json(const sandbox *sb, const char *data, const char *out)
@@ -33,10 +33,13 @@ static first_step train_json(const sandbox *sb, const char *data, const char *ou
 	const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "kernels");
 	cr_assert(cJSON_IsObject(k), "no kernels: %s", r.out);
 	first_step f = { num(j, "wall_s"), num(j, "ready_s"), num(j, "first_step_s"),
-			 num(k, "compiled"), num(k, "cached"), num(k, "bundled") };
-	printf("ready %.3f s, first step %.3f s, wall %.3f s; kernels %g compiled, %g cached, %g bundled\n",
-	       f.ready, f.first, f.wall, f.compiled, f.cached, f.bundled);
+			 num(k, "compiled"), num(k, "cached"), num(k, "bundled"), num(j, "peak_bytes") };
+	printf("ready %.3f s, first step %.3f s, wall %.3f s; kernels %g compiled, %g cached, %g bundled; "
+	       "%.0f bytes\n",
+	       f.ready, f.first, f.wall, f.compiled, f.cached, f.bundled, f.peak);
 	cr_expect(f.ready > 0 && f.ready <= f.first, "ready_s %g, first_step_s %g", f.ready, f.first);
+	/* the weights alone (f32 masters, two moments) are more than 1 MB at this shape */
+	cr_expect(f.peak > 1e6, "peak_bytes %g: the run's device memory", f.peak);
 	cJSON_Delete(j);
 	run_free(&r);
 	return f;

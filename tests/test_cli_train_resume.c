@@ -14,8 +14,10 @@
  *     longer named "warmup"); --allow-changed takes each, and the log's
  *     next line records the change;
  *   - the steps a command ran, as --json and the summary line report them,
- *     under --stop-at and --resume.
+ *     under --stop-at and --resume;
+ *   - --ckpt-every never: no checkpoint, at the end or at a stop.
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -393,5 +395,57 @@ Test(cli_train_resume, stop_at_and_json_count_the_steps_run)
 	run_free(&r);
 	long long st[64];
 	expect_steps(st, log_steps(d, st, 64), 1, 10);
+	sandbox_fini(&sb);
+}
+
+/* The checkpoints in dir (ckpt-*.safetensors). */
+static int ckpt_files(const char *dir)
+{
+	DIR *d = opendir(dir);
+	cr_assert(d, "%s: not a folder", dir);
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d));)
+		n += strncmp(e->d_name, "ckpt-", 5) == 0 && strstr(e->d_name, ".safetensors") != NULL;
+	closedir(d);
+	return n;
+}
+
+/*
+ * --ckpt-every never: a run writes no checkpoint, not at the end and not
+ * when a signal stops it (which says so, and offers no resume); the log
+ * is the same as a run's with checkpoints.
+ */
+Test(cli_train_resume, ckpt_every_never_writes_none)
+{
+	sandbox sb;
+	run r;
+	char data[600], a[600], b[600], c[600];
+	train_sandbox(&sb, data, sizeof(data), 6000);
+	snprintf(a, sizeof(a), "%s/a", sb.root);
+	snprintf(b, sizeof(b), "%s/b", sb.root);
+	snprintf(c, sizeof(c), "%s/c", sb.root);
+	gen(&sb, &r, "train", TINY, "--steps", "6", "--data", data, "--out", a, "--ckpt-every", "never", NULL);
+	cr_assert_eq(r.code, 0, "%s", r.err);
+	cr_expect(strstr(r.out, "; log in "), "%s", r.out);
+	run_free(&r);
+	cr_expect_eq(ckpt_files(a), 0, "a checkpoint in %s", a);
+	gen_ok(&sb, "train", TINY, "--steps", "6", "--data", data, "--out", b, NULL);
+	cr_expect_eq(ckpt_files(b), 1);
+	expect_same_log(a, "without checkpoints", b, "with");
+
+	const char *never[] = { "train", LONG_RUN, "--data", data, "--out", c, "--ckpt-every", "never", NULL };
+	pid_t pid = spawn_gen(&sb, never);
+	wait_for_lines(c, 4, pid);
+	cr_assert_eq(kill(pid, SIGTERM), 0);
+	collect(&sb, pid, &r);
+	cr_expect_eq(r.code, 128 + SIGTERM, "exit %d: %s", r.code, r.err);
+	cr_expect(strstr(r.err, "SIGTERM: stopping, without a checkpoint (") &&
+			  strstr(r.err, "; no checkpoint (none asked for)") && !strstr(r.err, "--resume"),
+		  "%s", r.err);
+	run_free(&r);
+	cr_expect_eq(ckpt_files(c), 0, "a checkpoint in %s", c);
+	gen(&sb, &r, "train", TINY, "--steps", "6", "--data", data, "--out", a, "--ckpt-every", "nev", NULL);
+	expect_one_line_error(&r, 2, "--ckpt-every nev: a whole number of steps, or never");
+	run_free(&r);
 	sandbox_fini(&sb);
 }

@@ -90,7 +90,8 @@ static const char help_text[] =
 	"  --eval-every N    validation loss every N steps (100) over --eval-batches K\n"
 	"                    fixed batches (32), and at the last step\n"
 	"  --ckpt-every N    a checkpoint every N steps (500), and at the end; --keep K\n"
-	"                    the newest K kept (3)\n"
+	"                    the newest K kept (3); never: none at all, not at the end\n"
+	"                    nor when stopped (a run to measure, not to resume)\n"
 	"  --resume          continue from DIR's newest checkpoint (the same config,\n"
 	"                    corpus, --batch, --time, --accum and --steps, else refused\n"
 	"                    naming the one that differs); the log then reads as if the run\n"
@@ -121,8 +122,11 @@ static const char help_text[] =
 	"                    command), step (the run's, reached), total_steps, wall_s;\n"
 	"                    on a GPU also first_step_s and ready_s (seconds from\n"
 	"                    the command's start to the first step's loss, and to\n"
-	"                    the model ready) and kernels (how many were compiled,\n"
-	"                    read from the cache, loaded from bundles)\n\n"
+	"                    the model ready), kernels (how many were compiled,\n"
+	"                    read from the cache, loaded from bundles) and\n"
+	"                    peak_bytes (the device memory the run took: the drop\n"
+	"                    in the GPU's free memory from before the model to\n"
+	"                    after the first step's loss)\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
 	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
 	"GPUs of a known peak: H200, H100, A100) and the time left.\n\n"
@@ -251,7 +255,15 @@ static int parse(int argc, char **argv, train_args *a)
 		case O_SEED: ok = parse_u("--seed", v, 0, UINT64_MAX, &a->o.seed); break;
 		case O_EVAL_EVERY: ok = parse_u("--eval-every", v, 0, 1ull << 40, &u), a->o.eval_every = (int64_t)u; break;
 		case O_EVAL_BATCHES: ok = parse_u("--eval-batches", v, 1, 1 << 20, &u), a->o.eval_batches = (int)u; break;
-		case O_CKPT_EVERY: ok = parse_u("--ckpt-every", v, 0, 1ull << 40, &u), a->o.ckpt_every = (int64_t)u; break;
+		case O_CKPT_EVERY:
+			if (strcmp(v, "never") == 0)
+				a->o.ckpt_every = -1;
+			else if (v[0] < '0' || v[0] > '9')
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+						   "--ckpt-every %s: a whole number of steps, or never", v);
+			else
+				ok = parse_u("--ckpt-every", v, 0, 1ull << 40, &u), a->o.ckpt_every = (int64_t)u;
+			break;
 		case O_KEEP: ok = parse_u("--keep", v, 0, 1 << 20, &u), a->o.keep = (int)u; break;
 		case O_STOP_AT: ok = parse_u("--stop-at", v, 1, 1ull << 40, &u), a->o.stop_at = (int64_t)u; break;
 		case O_GPUS: ok = parse_u("--gpus", v, 1, 1024, &a->gpus); break;
@@ -341,6 +353,7 @@ static pid_t stop_from;
 static struct timespec stop_at;
 static dg_train_result run_at;     /* the trainer's: the steps done, for the handler's line */
 static volatile sig_atomic_t say;  /* 1: the handler speaks (rank 0); 2: after a progress line */
+static volatile sig_atomic_t no_ckpt; /* --ckpt-every never: a stop writes no checkpoint */
 
 /* s copied to p (no NUL): its length. Async-signal-safe, as put_u. */
 static size_t put_s(char *p, const char *s)
@@ -379,9 +392,10 @@ static void say_stop(int sig, bool again)
 	n += put_s(b + n, "dragon: ");
 	n += put_s(b + n, name);
 	if (again) {
-		n += put_s(b + n, " again: stopping at once (the newest checkpoint is whole; resume with --resume)\n");
+		n += put_s(b + n, no_ckpt ? " again: stopping at once\n"
+				  : " again: stopping at once (the newest checkpoint is whole; resume with --resume)\n");
 	} else {
-		n += put_s(b + n, ": stopping with a checkpoint (");
+		n += put_s(b + n, no_ckpt ? ": stopping, without a checkpoint (" : ": stopping with a checkpoint (");
 		n += put_u(b + n, (long long)run_at.step);
 		n += put_s(b + n, run_at.step == 1 ? " step done); " : " steps done); ");
 		n += put_s(b + n, sig == SIGINT ? "^C" : "SIGTERM");
@@ -530,6 +544,7 @@ int dg__cli_cmd_train(int argc, char **argv)
 	struct sigaction old[2];
 	run_at = (dg_train_result){ 0 };
 	say = d.rank != 0 ? 0 : ps.tty ? 2 : 1;
+	no_ckpt = a.o.ckpt_every < 0;
 	catch_stop(old);
 	a.o.stop = &stop_signal;
 	a.o.result = &run_at;
@@ -552,7 +567,8 @@ int dg__cli_cmd_train(int argc, char **argv)
 		code = dg__cli_err(DG__CLI_USAGE, st, "%s%s", who, msg);
 	} else if (st == DG_ERR_INTERRUPTED) {
 		/* a rank may stop because another got the signal (they agree) */
-		code = dg__cli_err(128 + (stop_signal ? stop_signal : SIGTERM), st, "%s%s; resume with --resume", who, msg);
+		code = dg__cli_err(128 + (stop_signal ? stop_signal : SIGTERM), st, "%s%s%s", who, msg,
+				   a.o.ckpt_every < 0 ? "" : "; resume with --resume");
 	} else if (st) {
 		code = dg__cli_err(DG__CLI_FAIL, st, "%s%s", who, msg);
 	} else if (d.rank != 0) {
@@ -578,6 +594,8 @@ int dg__cli_cmd_train(int argc, char **argv)
 			cJSON_AddNumberToObject(k, "compiled", (double)run_at.kernels_compiled);
 			cJSON_AddNumberToObject(k, "cached", (double)run_at.kernels_cached);
 			cJSON_AddNumberToObject(k, "bundled", (double)run_at.kernels_bundled);
+			if (run_at.peak_bytes)
+				cJSON_AddNumberToObject(j, "peak_bytes", (double)run_at.peak_bytes);
 		}
 		code = dg__cli_json_print(j);
 	} else {
@@ -605,10 +623,10 @@ int dg__cli_cmd_train(int argc, char **argv)
 		char acc[32] = "";
 		if (a.o.accum > 1)
 			snprintf(acc, sizeof(acc), " (%d micro-batches)", a.o.accum);
-		printf("trained: %s on %s, %lld step%s of %dx%d%s%s, in %.1f s%s; log and checkpoints in %s\n",
+		printf("trained: %s on %s, %lld step%s of %dx%d%s%s, in %.1f s%s; %s in %s\n",
 		       a.o.model.preset, where, done, done == 1 ? "" : "s",
 		       a.o.accum > 1 ? a.o.accum * a.o.batch : a.o.batch, a.o.time, acc, span, secs, first,
-		       a.o.out_dir);
+		       a.o.ckpt_every < 0 ? "log" : "log and checkpoints", a.o.out_dir);
 	}
 	leave(&world, st != DG_OK && st != DG_ERR_INTERRUPTED);
 	dg_corpus_close(c);

@@ -26,11 +26,12 @@
  *      validation loss over eval_batches fixed batches (dropout off; the
  *      same batches every time, every run); every ckpt_every steps (and at
  *      the last, and when stop_at stops it) a checkpoint, the newest
- *      `keep` kept.
+ *      `keep` kept (ckpt_every < 0: never).
  * Before each step the run looks at *stop (when given): once it is set
  * (a SIGINT handler's flag, say), the run checkpoints the steps done
- * (unless that checkpoint is already there), closes the log and returns
- * DG_ERR_INTERRUPTED, "interrupted at step N of M; checkpoint <path>";
+ * (unless that checkpoint is already there, or ckpt_every < 0), closes
+ * the log and returns DG_ERR_INTERRUPTED, "interrupted at step N of M;
+ * checkpoint <path>" (or "no checkpoint (none asked for)");
  * resuming then goes on as if nothing had happened.
  * Everything that step t reads — the weights, the moments, t, the data
  * RNG — is in the checkpoint, so a run resumed from one logs the same
@@ -125,6 +126,14 @@ typedef struct dg_train_result {
 	 * kernels by where they came from, at ready_s: */
 	double ready_s, first_step_s;
 	size_t kernels_compiled, kernels_cached, kernels_bundled;
+	/* The GPU: the device memory the run holds, as the drop in the
+	 * device's free memory (dg_device_mem_info) from just before the
+	 * model is created to just after the first step's loss is read back,
+	 * when everything the run allocates on the device (the arenas, the
+	 * optimizer's state, the captured step's graph) exists; other
+	 * processes' allocations in between count too. Bytes; 0 on the CPU,
+	 * or until known. */
+	size_t peak_bytes;
 } dg_train_result;
 
 /* The most micro-batches a step (dg_train_opts.accum). */
@@ -138,7 +147,9 @@ typedef struct dg_train_opts {
 	uint64_t seed;         /* weights' init, batches, dropout */
 	int64_t eval_every;    /* steps between validation losses; 0: only at the end */
 	int eval_batches;      /* fixed validation batches a validation loss (32) */
-	int64_t ckpt_every;    /* steps between checkpoints; 0: only at the end */
+	int64_t ckpt_every;    /* steps between checkpoints; 0: only at the end;
+				* < 0: none at all, not at the end nor when stopped
+				* (a run that cannot be resumed: a benchmark's) */
 	int keep;              /* checkpoints kept (3); < 1: all */
 	const char *out_dir;   /* log.jsonl and the checkpoints (created) */
 	bool resume;           /* continue from out_dir's newest checkpoint */

@@ -134,6 +134,7 @@ typedef struct run_ctx {
 	dg_model_weights *micro; /* the CPU with accum > 1: one micro-batch's gradients */
 	double t0, t_last;      /* the run's start; the last step's end */
 	double t_run;           /* dg_train_run's start */
+	size_t free0;           /* the GPU: its free memory before the model was created; 0 unknown */
 	int64_t end;            /* the step the run stops after */
 	int64_t saved;          /* the newest checkpoint's step, -1 none */
 	dg_train_progress progress;
@@ -157,6 +158,8 @@ static bool eval_due(const dg_train_opts *o, int64_t n)
 
 static bool ckpt_due(const run_ctx *r, int64_t n)
 {
+	if (r->o->ckpt_every < 0) /* none at all */
+		return false;
 	return (r->o->ckpt_every > 0 && n % r->o->ckpt_every == 0) || n == r->end;
 }
 
@@ -284,8 +287,12 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 			return st;
 	}
 	const double te = now_s();
-	if (o->result && !o->result->first_step_s)
+	if (o->result && !o->result->first_step_s) {
 		o->result->first_step_s = te - r->t_run;
+		size_t free1, total;
+		if (r->free0 && !dg_device_mem_info(o->dev, &free1, &total) && free1 < r->free0)
+			o->result->peak_bytes = r->free0 - free1;
+	}
 	dg_train_report rp = { .step = n, .steps = o->opt.steps, .train_loss = loss, .val_loss = vl,
 			       .lr = lr, .grad_norm = norm, .tokens_per_s = (double)r->bt / (te - r->t_last),
 			       .wall_s = te - r->t0, .flops_per_token = dg_model_flops_per_token(&o->model, o->time),
@@ -353,8 +360,8 @@ static dg_status finish_gpu(run_ctx *r, int64_t t, float lr, char *msg, size_t s
 /* Asked to stop before the next step (or inside one on the CPU, which
  * dropped it): the queued GPU step, if any, is finished (logged) first;
  * then the steps done are checkpointed, unless the last one's checkpoint
- * is there already, and the run ends with DG_ERR_INTERRUPTED naming the
- * step and the checkpoint. */
+ * is there already (none with ckpt_every < 0), and the run ends with
+ * DG_ERR_INTERRUPTED naming the step and the checkpoint. */
 static dg_status stop(run_ctx *r, int64_t pending, float pending_lr, char *msg, size_t size)
 {
 	dg_status st = pending >= 0 ? finish_gpu(r, pending, pending_lr, msg, size) : DG_OK;
@@ -362,10 +369,14 @@ static dg_status stop(run_ctx *r, int64_t pending, float pending_lr, char *msg, 
 		return st;
 	char path[4200];
 	const int64_t n = r->s->step;
-	if (r->saved != n && (st = checkpoint(r, n, path, sizeof(path), msg, size)))
+	if (r->o->ckpt_every >= 0 && r->saved != n && (st = checkpoint(r, n, path, sizeof(path), msg, size)))
 		return st;
 	if (r->o->result)
 		r->o->result->step = n;
+	if (r->o->ckpt_every < 0)
+		return dg__msgf(DG_ERR_INTERRUPTED, msg, size,
+				"interrupted at step %" PRId64 " of %" PRId64 "; no checkpoint (none asked for)", n,
+				r->o->opt.steps);
 	dg_checkpoint_path(r->o->out_dir, n, path, sizeof(path));
 	return dg__msgf(DG_ERR_INTERRUPTED, msg, size, "interrupted at step %" PRId64 " of %" PRId64 "; checkpoint %s",
 			n, r->o->opt.steps, path);
@@ -641,6 +652,9 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		goto out;
 	}
 	const double t0 = now_s(); /* the first step's wall time: to the first step */
+	size_t free0 = 0, total0; /* what the model's memory is measured from (peak_bytes) */
+	if (o->dev && dg_device_mem_info(o->dev, &free0, &total0))
+		free0 = 0; /* not known: no peak_bytes */
 	if (o->dev && ((st = dg_model_create_accum(o->dev, s->weights, lb, o->time, accum_of(o), &sp.m)) ||
 		       (st = dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL,
 						 o->resume ? s->v : NULL, !o->no_graph, &s->scaler)) ||
@@ -663,7 +677,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	const int64_t end = o->stop_at > 0 && o->stop_at < o->opt.steps ? o->stop_at : o->opt.steps;
 	const dg_model_config *mc = &s->weights->config;
 	run_ctx rc = { .o = o, .c = c, .s = s, .sp = &sp, .log = -1, .logp = logp, .idx = idx, .tgt = tgt,
-		       .bt = bt, .micro = micro, .t0 = t0, .t_run = t_run, .t_last = t0, .end = end,
+		       .bt = bt, .micro = micro, .t0 = t0, .t_run = t_run, .free0 = free0, .t_last = t0, .end = end,
 		       .saved = o->resume ? s->step : -1,
 		       .progress = progress, .user = user };
 	snprintf(rc.changed, sizeof(rc.changed), "%s", changed);
