@@ -484,3 +484,40 @@ Test(model_cpu, logits_give_the_loss_w8a8)
 {
 	logits_give_the_loss("w8a8");
 }
+
+/* The initial weights, drawn on every core, are the bits of one thread
+ * drawing the stream in order: normal(0, 0.02) by Box-Muller over
+ * splitmix64, parameter after parameter, two values a pair of draws. A
+ * projection of 393,216 values is three chunks of 2^16 pairs. */
+static void expect_sequential_init(const dg_model_config *c, uint64_t seed)
+{
+	char msg[256];
+	dg_model_weights *w = NULL;
+	cr_assert_eq(dg_model_weights_create(c, seed, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_rng rng;
+	dg_rng_seed(&rng, seed);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
+		const int64_t n = (int64_t)dg_test_numel(c, p);
+		float *want = malloc((size_t)n * sizeof(float));
+		cr_assert(want);
+		for (int64_t i = 0; i < n; i += 2) {
+			double u1 = ((double)(dg_rng_u64(&rng) >> 11) + 1.0) / 9007199254740993.0;
+			double u2 = (double)(dg_rng_u64(&rng) >> 11) / 9007199254740992.0;
+			double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
+			want[i] = (float)(0.02 * r * cos(a));
+			if (i + 1 < n)
+				want[i + 1] = (float)(0.02 * r * sin(a));
+		}
+		cr_assert(memcmp(want, w->params[p], (size_t)n * sizeof(float)) == 0,
+			  "%s: not the sequential stream's values", dg_model_param_name((dg_model_param)p));
+		free(want);
+	}
+	dg_model_weights_destroy(w);
+}
+
+Test(model_cpu, initial_weights_are_the_sequential_stream)
+{
+	dg_model_config c = dg_test_model("f32", 2, 64, 3, 2048);
+	expect_sequential_init(&c, 1);
+	expect_sequential_init(&c, 0xfeedfacecafebeefull);
+}

@@ -4,9 +4,12 @@
  * names and shapes, initialization, and weights in safetensors files.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/msg.h"
 #include "dragon/model.h"
@@ -199,6 +202,57 @@ dg_status dg__model_weights_alloc(const dg_model_config *c, dg_model_weights **o
 	return DG_OK;
 }
 
+/* ---- the initial weights: normal(0, 0.02), on every core ----------------
+ *
+ * By Box-Muller, two values a pair of draws of splitmix64 seeded with the
+ * seed: the parameters in order, parameter p's pair k (values 2k, 2k + 1;
+ * the last pair of an odd count keeps one) taking the stream's pairs from
+ * where the parameters before it ended. splitmix64's state after j draws is
+ * seed + j·γ, so a pair's draws are computed where it lies: the threads
+ * take chunks of pairs, and every value is the same bits as one thread
+ * drawing in order (1.0B parameters: 23 s on one core). */
+#define INIT_CHUNK (1 << 16) /* pairs a chunk */
+#define INIT_THREADS_MAX 64
+#define SPLITMIX_GAMMA 0x9e3779b97f4a7c15ull
+
+typedef struct init_work {
+	dg_model_weights *w;
+	uint64_t seed;
+	int64_t n[DG_MODEL_N_PARAMS];     /* values of each parameter */
+	int64_t first[DG_MODEL_N_PARAMS]; /* its first pair in the stream */
+	int64_t chunks[DG_MODEL_N_PARAMS + 1]; /* chunks before parameter p */
+	_Atomic int64_t next;             /* the next chunk to take */
+} init_work;
+
+static void init_chunk(const init_work *iw, int p, int64_t k0, int64_t k1)
+{
+	float *v = iw->w->params[p];
+	const int64_t n = iw->n[p];
+	dg_rng rng = { .state = iw->seed + 2 * (uint64_t)(iw->first[p] + k0) * SPLITMIX_GAMMA };
+	for (int64_t k = k0; k < k1; k++) {
+		double u1 = ((double)(dg_rng_u64(&rng) >> 11) + 1.0) / 9007199254740993.0;
+		double u2 = (double)(dg_rng_u64(&rng) >> 11) / 9007199254740992.0;
+		double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
+		v[2 * k] = (float)(0.02 * r * cos(a));
+		if (2 * k + 1 < n)
+			v[2 * k + 1] = (float)(0.02 * r * sin(a));
+	}
+}
+
+static void *init_worker(void *arg)
+{
+	init_work *iw = arg;
+	const int64_t total = iw->chunks[DG_MODEL_N_PARAMS];
+	for (int64_t c; (c = atomic_fetch_add(&iw->next, 1)) < total;) {
+		int p = 0;
+		while (iw->chunks[p + 1] <= c)
+			p++;
+		const int64_t pairs = (iw->n[p] + 1) / 2, k0 = (c - iw->chunks[p]) * INIT_CHUNK;
+		init_chunk(iw, p, k0, k0 + INIT_CHUNK < pairs ? k0 + INIT_CHUNK : pairs);
+	}
+	return NULL;
+}
+
 dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
 				  dg_model_weights **out, char *msg, size_t size)
 {
@@ -206,22 +260,29 @@ dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
 	dg_status st = dg__model_weights_alloc(c, &w, msg, size);
 	if (st)
 		return st;
-	dg_rng rng;
-	dg_rng_seed(&rng, seed);
+	init_work iw = { .w = w, .seed = seed };
+	atomic_init(&iw.next, 0);
+	int64_t pairs = 0;
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
 		int64_t sh[3];
-		int64_t n = dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
-		/* normal(0, 0.02) by Box-Muller, two values a pair of draws */
-		for (int64_t i = 0; i < n; i += 2) {
-			double u1 = ((double)(dg_rng_u64(&rng) >> 11) + 1.0) / 9007199254740993.0;
-			double u2 = (double)(dg_rng_u64(&rng) >> 11) / 9007199254740992.0;
-			double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
-			w->params[p][i] = (float)(0.02 * r * cos(a));
-			if (i + 1 < n)
-				w->params[p][i + 1] = (float)(0.02 * r * sin(a));
-		}
+		iw.n[p] = dg_model_param_shape(c, (dg_model_param)p, &nd, sh);
+		iw.first[p] = pairs;
+		pairs += (iw.n[p] + 1) / 2;
+		iw.chunks[p + 1] = iw.chunks[p] + ((iw.n[p] + 1) / 2 + INIT_CHUNK - 1) / INIT_CHUNK;
 	}
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int64_t want = cores < 1 ? 1 : cores > INIT_THREADS_MAX ? INIT_THREADS_MAX : cores;
+	if (want > iw.chunks[DG_MODEL_N_PARAMS])
+		want = iw.chunks[DG_MODEL_N_PARAMS];
+	pthread_t th[INIT_THREADS_MAX];
+	int made = 0;
+	for (int64_t i = 1; i < want; i++) /* this thread is one of them */
+		if (pthread_create(&th[made], NULL, init_worker, &iw) == 0)
+			made++;
+	init_worker(&iw);
+	for (int i = 0; i < made; i++)
+		pthread_join(th[i], NULL);
 	*out = w;
 	return DG_OK;
 }
