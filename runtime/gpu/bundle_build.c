@@ -39,6 +39,7 @@
 
 #include "base/file.h"
 #include "base/msg.h"
+#include "base/pool.h"
 #include "base/publish.h"
 #include "dragon/cubin.h"
 #include "dragon/jit.h"
@@ -46,7 +47,7 @@
 #include "runtime/gpu/bundle_int.h"
 #include "runtime/store/specset.h"
 
-#define MAX_JOBS 1024
+#define MAX_JOBS DG_POOL_MAX
 #define NO_FAILURE SIZE_MAX
 #define TEMP_PREFIX ".dragon-build."
 /* The longest folder taken: its temp folder and a kernel's name fit 4096. */
@@ -232,21 +233,6 @@ static void *worker(void *arg)
 	}
 	dg_ctx_destroy(ctx);
 	return NULL;
-}
-
-/* Runs `jobs` workers (or the work on this thread if none can start). */
-static void run_pool(pool *p, int jobs)
-{
-	pthread_t th[MAX_JOBS];
-	int started = 0;
-
-	while (started < jobs &&
-	       pthread_create(&th[started], NULL, worker, p) == 0)
-		started++;
-	if (started == 0)
-		worker(p);
-	for (int t = 0; t < started; t++)
-		pthread_join(th[t], NULL);
 }
 
 /* ---- publishing ------------------------------------------------------------- */
@@ -585,7 +571,7 @@ static dg_status compile_and_publish(build *b)
 	if (o->progress)
 		o->progress(o->user, 0, r->n, NULL);
 	pthread_mutex_init(&p.mu, NULL);
-	run_pool(&p, (int)jobs);
+	dg__pool_run(worker, &p, (int)jobs);
 	pthread_mutex_destroy(&p.mu);
 	b->sum->cache_hits = p.hits;
 

@@ -40,9 +40,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/msg.h"
+#include "base/pool.h"
 #include "dragon/fmt.h"
 #include "dragon/model.h"
 #include "dragon/ops.h"
@@ -172,18 +172,8 @@ static dg_status size_nodes(dg_model *m, size_t *needs)
 	z.order = order;
 	z.failed_at = m->t.n_nodes;
 	pthread_mutex_init(&z.mu, NULL);
-	long cores = sysconf(_SC_NPROCESSORS_ONLN);
-	int want = (int)(cores < 1 ? 1 : cores > SIZE_THREADS_MAX ? SIZE_THREADS_MAX : cores);
-	if (want > m->t.n_nodes)
-		want = m->t.n_nodes;
-	pthread_t th[SIZE_THREADS_MAX];
-	int made = 0;
-	for (int i = 1; i < want; i++) /* this thread is one of them */
-		if (pthread_create(&th[made], NULL, size_worker, &z) == 0)
-			made++;
-	size_worker(&z);
-	for (int i = 0; i < made; i++)
-		pthread_join(th[i], NULL);
+	int want = dg__pool_cores(SIZE_THREADS_MAX);
+	dg__pool_run(size_worker, &z, want < m->t.n_nodes ? want : m->t.n_nodes);
 	pthread_mutex_destroy(&z.mu);
 	free(order);
 	return z.st ? dg__dev_fail(m->dev, z.st, "%s", z.msg) : DG_OK;

@@ -4,14 +4,13 @@
  * names and shapes, initialization, and weights in safetensors files.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/msg.h"
+#include "base/pool.h"
 #include "dragon/model.h"
 #include "dragon/rng.h"
 #include "runtime/store/safetensors.h"
@@ -271,18 +270,8 @@ dg_status dg_model_weights_create(const dg_model_config *c, uint64_t seed,
 		pairs += (iw.n[p] + 1) / 2;
 		iw.chunks[p + 1] = iw.chunks[p] + ((iw.n[p] + 1) / 2 + INIT_CHUNK - 1) / INIT_CHUNK;
 	}
-	long cores = sysconf(_SC_NPROCESSORS_ONLN);
-	int64_t want = cores < 1 ? 1 : cores > INIT_THREADS_MAX ? INIT_THREADS_MAX : cores;
-	if (want > iw.chunks[DG_MODEL_N_PARAMS])
-		want = iw.chunks[DG_MODEL_N_PARAMS];
-	pthread_t th[INIT_THREADS_MAX];
-	int made = 0;
-	for (int64_t i = 1; i < want; i++) /* this thread is one of them */
-		if (pthread_create(&th[made], NULL, init_worker, &iw) == 0)
-			made++;
-	init_worker(&iw);
-	for (int i = 0; i < made; i++)
-		pthread_join(th[i], NULL);
+	int64_t n = dg__pool_cores(INIT_THREADS_MAX);
+	dg__pool_run(init_worker, &iw, (int)(n < iw.chunks[DG_MODEL_N_PARAMS] ? n : iw.chunks[DG_MODEL_N_PARAMS]));
 	*out = w;
 	return DG_OK;
 }
