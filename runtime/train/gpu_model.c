@@ -37,6 +37,7 @@
  * gpu_nodes.c turns each node into its ops (gpu_model_int.h between them).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,70 @@ static dg_status size_nodes(dg_model *m, size_t *needs)
 
 static bool room_for(dg_model *m, size_t extra);
 
+/* ---- the step's kernels, all at once ----------------------------------------
+ *
+ * Sizing prepares the nodes on every core, a node a thread, but a node's
+ * ops one after another (the attention's chains: three or four kernels),
+ * and the execution copies' and the optimizer's kernels are prepared
+ * later still, one by one (dg_model_set_weights, dg_model_optim_init). So
+ * first every op spec the step will prepare (dg__gm_step_specs: the
+ * nodes', the copies', AdamW's) is compiled and loaded, a spec a thread,
+ * all at once; sizing then finds them built. A spec that fails here is
+ * left to the prepare that needs it, which reports it (the warm-up only
+ * saves time). For now DRAGON_PRECOMPILE=1 turns it on: it has not yet
+ * been timed against sizing alone on a GPU (bench/shapes.sh's first_step_s
+ * with and without is the measure; then it becomes the default). */
+typedef struct warm_list {
+	dg_spec *specs;
+	int n, cap;
+	dg_device *dev;
+	_Atomic int next;
+} warm_list;
+
+static dg_status warm_add(void *user, const dg_spec *spec)
+{
+	warm_list *w = user;
+	for (int i = 0; i < w->n; i++)
+		if (dg_spec_equal(&w->specs[i], spec))
+			return DG_OK;
+	if (w->n == w->cap) {
+		int cap = w->cap ? 2 * w->cap : 64;
+		dg_spec *p = realloc(w->specs, (size_t)cap * sizeof(*p));
+		if (!p)
+			return DG_ERR_NOMEM;
+		w->specs = p;
+		w->cap = cap;
+	}
+	w->specs[w->n++] = *spec;
+	return DG_OK;
+}
+
+static void *warm_worker(void *arg)
+{
+	warm_list *w = arg;
+	for (int i; (i = atomic_fetch_add(&w->next, 1)) < w->n;) {
+		dg_kernel *k = NULL;
+		(void)dg_kernel_get(w->dev, &w->specs[i], NULL, &k);
+	}
+	return NULL;
+}
+
+static void warm_kernels(dg_model *m, const dg_model_config *c, int b, int t)
+{
+	const char *env = getenv("DRAGON_PRECOMPILE");
+	if (m->warm || m->decode || !env || strcmp(env, "1") != 0)
+		return;
+	m->warm = true;
+	warm_list w = { .dev = m->dev };
+	atomic_init(&w.next, 0);
+	char msg[256];
+	if (dg__gm_step_specs(c, b, t, m->sm, warm_add, &w, msg, sizeof(msg)) == DG_OK && w.n > 0) {
+		int n = dg__pool_cores(SIZE_THREADS_MAX);
+		dg__pool_run(warm_worker, &w, n < w.n ? n : w.n);
+	}
+	free(w.specs);
+}
+
 /* m's model of c at (b, t): the tape recorded, each node's ops prepared
  * while sizing its workspace, the arenas planned. dev NULL: the specs
  * listed to sink instead (on an sm device), nothing planned. */
@@ -230,6 +295,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 			return dg__dev_fail(dev, st, "the step's arena plan: %s", dg_status_str(st));
 		if (!room_for(m, 0))
 			return DG_OK;
+		warm_kernels(m, c, b, t);
 	}
 	m->sizing = true;
 	int n_nodes = m->t.n_nodes;

@@ -24,6 +24,7 @@ struct dg_model {
 	bool lowbit;
 	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
 	bool dec_gate;              /* bf16 activations on sm_90: decoder_gate_bwd */
+	bool warm;                  /* the step's kernels were compiled at once (warm_kernels) */
 	bool keep_qr;               /* RoPE(xs) saved by the attention's forward
 				     * (dg__bdh_target): where the plan fits */
 	dg__tape t;
