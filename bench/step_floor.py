@@ -91,8 +91,9 @@ def nodes(p, L, B, T, D, H, N, V, G):
     g_encv = G.add("encoder_v fwd", H, BT, D, N)
     g_dec = G.add("decoder fwd, encoder grad_input", 1, BT, H * N, D)
     g_encv_in = G.add("encoder_v grad_input", H, BT, N, D)
-    g_w = G.add("encoder grad_weight, decoder grad_weight", 1, D, L * BT, H * N)
-    g_wv = G.add("encoder_v grad_weight", H, D, L * BT, N)
+    g_w = G.add("encoder grad_weight (a layer)", 1, D, BT, H * N)
+    g_wv = G.add("encoder_v grad_weight (a layer)", H, D, BT, N)
+    g_dw = G.add("decoder grad_weight", 1, D, L * BT, H * N)
     g_lm = G.add("lm_head logits", 1, BT, D, V)
     g_lm_dx = G.add("lm_head grad_input", 1, BT, V, D)
     g_lm_dw = G.add("lm_head grad_weight", 1, D, BT, V)
@@ -131,7 +132,8 @@ def nodes(p, L, B, T, D, H, N, V, G):
         [g_lm])
     add("lm_head+ce bwd", "lm_head+ce bwd", a * X + 2 * f4 * D * V + f4 * BT + f4 * X + f4,
         "x, lm_head, targets in; dx f32, d lm_head, loss out", [g_lm, g_lm_dx, g_lm_dw])
-    for _ in range(L):
+    for li in range(L):
+        adds = f4 * W if li else 0  # the backward's first layer writes the weight gradients, the others add
         add("layernorm bwd", "d(x + y)", 2 * f4 * X + a * X + f4 * BT, "dx f32, x', rstd in; ds f32 out")
         add("layernorm bwd", "d yd", 2 * f4 * X + a * X + f4 * BT, "ds, y, rstd in; dyd f32 out")
         if dgate:
@@ -143,28 +145,26 @@ def nodes(p, L, B, T, D, H, N, V, G):
             add("gate bwd", "gate bwd", 5 * a * S, "dxy, xs, ys in; dxs, dys out")
         add("projection grad_input", "encoder_v", a * S + (2 * W if bf16g else wexec(1)) + f4 * A,
             "dys, encoder_v in; da f32 out", [g_encv_in])
+        if bf16g:
+            add("dequantize", "a codes", aq + 2 * A, "a codes, scales in; bf16 out")
+        add("projection grad_weight", "encoder_v", a * S + (2 * A if bf16g else aq if low else a * A) + f4 * W,
+            "dys, a in; d encoder_v f32 (+=) out", [g_wv], extra=adds)
         add("layernorm bwd", "d att", 2 * f4 * A + a * A + f4 * BHT, "da, a, rstd in; datt f32 out")
         add("attention bwd", "attention bwd", f4 * A + a * SC + a * X + a * S + a * S + f4 * X,
             "datt f32, scores, x, xs in; dxs (+=: read too), dv f32 out; RoPE table", att_b, extra=a * S + f4 * T * N)
         add("projection grad_input", "encoder", a * S + (2 * W if bf16g else wexec(0)) + f4 * X,
             "dxs, encoder in; dxe f32 out", [g_dec])
+        if bf16g:
+            add("dequantize", "x codes", xq + 2 * X, "x codes, scales in; bf16 out")
+        add("projection grad_weight", "encoder", a * S + (2 * X if bf16g else xq if low else a * X) + f4 * W,
+            "dxs, x in; d encoder f32 (+=) out", [g_w], extra=adds)
         add("add3", "add3", 4 * f4 * X, "ds, dv, dxe in; dx out (f32)")
     add("layernorm bwd", "d emb", 2 * f4 * X + a * X + f4 * BT, "dx, x0, rstd in; demb f32 out")
     add("embed bwd", "embed bwd", f4 * X + f4 * BT + f4 * V * D, "demb, tokens in; d table f32 out")
-    if bf16g:
-        add("dequantize", "x codes", L * xq + 2 * L * X, "x codes, scales (all layers) in; bf16 out")
-    add("projection grad_weight", "encoder",
-        L * a * S + (2 * L * X if bf16g else L * xq if low else L * a * X) + f4 * W,
-        "dxs, x (all layers) in; d encoder f32 out", [g_w])
-    add("to master layout", "encoder", 2 * f4 * W, "d encoder f32 in and out")
-    if bf16g:
-        add("dequantize", "a codes", L * aq + 2 * L * A, "a codes, scales (all layers) in; bf16 out")
-    add("projection grad_weight", "encoder_v",
-        L * a * S + (2 * L * A if bf16g else L * aq if low else L * a * A) + f4 * W,
-        "dys, a (all layers) in; d encoder_v f32 out", [g_wv])
     add("to master layout", "encoder_v", 2 * f4 * W, "d encoder_v f32 in and out")
+    add("to master layout", "encoder", 2 * f4 * W, "d encoder f32 in and out")
     add("decoder grad_weight", "decoder grad_weight", L * f4 * X + (L * xyq if low else L * a * S) + f4 * W,
-        "dyd f32, xy%s (all layers) in; d decoder f32 out" % (" codes" if low else ""), [g_w])
+        "dyd f32, xy%s (all layers) in; d decoder f32 out" % (" codes" if low else ""), [g_dw])
     add("to master layout", "decoder", 2 * f4 * W, "d decoder f32 in and out")
     return out
 
