@@ -123,6 +123,34 @@ Test(gpu_runtime, memory_round_trips)
 	gh_close(dev);
 }
 
+/* dg_device_stats' allocated and peak_allocated follow dg_malloc and
+ * dg_free, and dg__dev_mem_mark resets the peak to what is held. */
+Test(gpu_runtime, stats_count_the_bytes_held)
+{
+	dg_device *dev = gh_open();
+	const size_t mb = (size_t)1 << 20;
+	const size_t held0 = dg__dev_mem_mark(dev);
+	dg_device_stats s0 = stats_of(dev);
+	cr_assert_eq(s0.allocated, held0);
+	cr_assert_eq(s0.peak_allocated, held0, "the mark resets the peak to what is held");
+	dg_dptr a = gh_alloc(dev, 3 * mb), b = gh_alloc(dev, 5 * mb + 7);
+	dg_device_stats s1 = stats_of(dev);
+	cr_assert_eq(s1.allocated, held0 + 8 * mb + 7, "%zu held, %zu before", s1.allocated, held0);
+	cr_assert_eq(s1.peak_allocated, s1.allocated);
+	cr_assert_eq(dg_free(dev, b), DG_OK, "%s", dg_device_errmsg(dev));
+	dg_dptr c = gh_alloc(dev, mb);
+	dg_device_stats s2 = stats_of(dev);
+	cr_assert_eq(s2.allocated, held0 + 4 * mb, "a free gives its bytes back");
+	cr_assert_eq(s2.peak_allocated, held0 + 8 * mb + 7, "the peak stays");
+	cr_assert_eq(dg__dev_mem_high(dev), s2.peak_allocated);
+	cr_assert_eq(dg__dev_mem_mark(dev), held0 + 4 * mb);
+	cr_assert_eq(stats_of(dev).peak_allocated, held0 + 4 * mb);
+	cr_assert_eq(dg_free(dev, a), DG_OK);
+	cr_assert_eq(dg_free(dev, c), DG_OK);
+	cr_assert_eq(stats_of(dev).allocated, held0);
+	gh_close(dev);
+}
+
 Test(gpu_runtime, arena)
 {
 	dg_device *dev = gh_open();

@@ -96,7 +96,8 @@ DG_API void *dg_device_stream(dg_device *dev); /* the calling thread's */
 /* Waits for the calling thread's stream. */
 DG_API dg_status dg_device_sync(dg_device *dev);
 
-/* Where the device's kernels came from, since open. */
+/* Where the device's kernels came from, since open, and the device
+ * memory dragon holds on it. */
 typedef struct dg_device_stats {
 	size_t kernels;   /* entries loaded (distinct spec + entry) */
 	size_t modules;   /* specs loaded */
@@ -104,6 +105,10 @@ typedef struct dg_device_stats {
 	size_t cached;    /* specs read from the disk cache */
 	size_t bundled;   /* specs loaded from bundles */
 	size_t planned;   /* specs planned to find their kernel (no compile) */
+	size_t allocated;      /* bytes dg_malloc holds now (not yet dg_free'd) */
+	size_t peak_allocated; /* the most it held at once (PyTorch's
+				  max_memory_allocated; the driver's own
+				  memory, modules and graphs not counted) */
 } dg_device_stats;
 DG_API dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out);
 

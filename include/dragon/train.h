@@ -126,13 +126,12 @@ typedef struct dg_train_result {
 	 * kernels by where they came from, at ready_s: */
 	double ready_s, first_step_s;
 	size_t kernels_compiled, kernels_cached, kernels_bundled;
-	/* The GPU: the device memory the run holds, as the drop in the
-	 * device's free memory (dg_device_mem_info) from just before the
-	 * model is created to just after the first step's loss is read back,
-	 * when everything the run allocates on the device (the arenas, the
-	 * optimizer's state, the captured step's graph) exists; other
-	 * processes' allocations in between count too. Bytes; 0 on the CPU,
-	 * or until known. */
+	/* The GPU: the most device memory the run held at once, from the
+	 * model's creation to the last step reported so far: the arenas,
+	 * the weights, the optimizer's state, the workspaces (what dg_malloc
+	 * gave it: dg_device_stats.peak_allocated, as PyTorch's
+	 * max_memory_allocated; the driver's context, modules and graphs
+	 * are not counted, nor other processes'). Bytes; 0 on the CPU. */
 	size_t peak_bytes;
 } dg_train_result;
 

@@ -52,6 +52,8 @@
 	  (size_t *, size_t *))                                               \
 	X(MemAlloc, "cuMemAlloc", "cuMemAlloc_v2", 1, (CUdeviceptr *, size_t)) \
 	X(MemFree, "cuMemFree", "cuMemFree_v2", 1, (CUdeviceptr))             \
+	X(MemGetAddressRange, "cuMemGetAddressRange",                         \
+	  "cuMemGetAddressRange_v2", 1, (CUdeviceptr *, size_t *, CUdeviceptr)) \
 	X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", 1,    \
 	  (CUdeviceptr, const void *, size_t, CUstream))                      \
 	X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", 1,    \

@@ -322,7 +322,25 @@ dg_status dg_malloc(dg_device *dev, size_t bytes, dg_dptr *out)
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(dev, rc, "cuMemAlloc");
 	*out = (dg_dptr)p;
+	size_t live = atomic_fetch_add(&dev->mem_live, bytes) + bytes;
+	size_t high = atomic_load(&dev->mem_high);
+	while (high < live && !atomic_compare_exchange_weak(&dev->mem_high, &high, live))
+		;
 	return DG_OK;
+}
+
+size_t dg__dev_mem_mark(dg_device *dev)
+{
+	if (!dev || dev->init_status)
+		return 0;
+	size_t live = atomic_load(&dev->mem_live);
+	atomic_store(&dev->mem_high, live);
+	return live;
+}
+
+size_t dg__dev_mem_high(dg_device *dev)
+{
+	return dev && !dev->init_status ? atomic_load(&dev->mem_high) : 0;
 }
 
 dg_status dg_device_mem_info(dg_device *dev, size_t *free_bytes, size_t *total_bytes)
@@ -343,9 +361,18 @@ dg_status dg_free(dg_device *dev, dg_dptr ptr)
 	dg_status st = dg__dev_enter(dev);
 	if (st)
 		return st;
+	/* the allocation's size, for the bytes held (dg_device_stats) */
+	CUdeviceptr base = 0;
+	size_t bytes = 0;
+	if (dev->cu->MemGetAddressRange(&base, &bytes, (CUdeviceptr)ptr) != CUDA_SUCCESS ||
+	    base != (CUdeviceptr)ptr)
+		bytes = 0; /* not one of dg_malloc's: freed all the same */
 	CUresult rc = dev->cu->MemFree((CUdeviceptr)ptr);
 	if (rc != CUDA_SUCCESS)
 		return dg__dev_cu_fail(dev, rc, "cuMemFree");
+	size_t live = atomic_load(&dev->mem_live);
+	while (!atomic_compare_exchange_weak(&dev->mem_live, &live, live > bytes ? live - bytes : 0))
+		;
 	return DG_OK;
 }
 

@@ -114,7 +114,10 @@ struct dg_device {
 	dg__kentry **buckets;
 	size_t n_buckets, n_entries;
 	dg__module *modules;    /* every module, built or loaded */
-	dg_device_stats stats;
+	dg_device_stats stats;  /* but its allocated and peak_allocated: */
+	/* The bytes dg_malloc holds now (dg_free's taken off) and the most
+	 * it held since open or since dg__dev_mem_mark. */
+	_Atomic size_t mem_live, mem_high;
 
 	/* The tuning DB (kernel.c), read at the first auto tile and kept
 	 * until close; tune_mu guards both fields (not dev->mu: reading the

@@ -106,6 +106,14 @@ dg_status dg__dev_fail_msg(dg_device *dev, dg_status st, const char *msg);
 /* The device's info, cached at open (dev must be open). */
 const dg_device_info *dg__dev_info(const dg_device *dev);
 
+/* The device memory dg_malloc holds now (what dg_free has not given
+ * back), which becomes the high-water mark: dg__dev_mem_high is then the
+ * most held since this call, as PyTorch's reset_peak_memory_stats and
+ * max_memory_allocated. Driver memory (contexts, modules, graphs) is not
+ * counted. 0 when dev is not open. */
+size_t dg__dev_mem_mark(dg_device *dev);
+size_t dg__dev_mem_high(dg_device *dev);
+
 /* How many threads hold a message record on dev now: each holds one from
  * its first call on dev until it exits (runtime/gpu/thread.c). */
 size_t dg__dev_thread_count(dg_device *dev);

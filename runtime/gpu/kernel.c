@@ -686,6 +686,8 @@ dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out)
 	pthread_mutex_lock(&dev->mu);
 	*out = dev->stats;
 	pthread_mutex_unlock(&dev->mu);
+	out->allocated = atomic_load(&dev->mem_live);
+	out->peak_allocated = atomic_load(&dev->mem_high);
 	return DG_OK;
 }
 

@@ -24,6 +24,7 @@
 #include "dragon/checkpoint.h"
 #include "dragon/dist.h"
 #include "dragon/train.h"
+#include "runtime/gpu/gpu_int.h"
 #include "runtime/train/model_int.h"
 #include "runtime/train/run_dir.h"
 
@@ -134,7 +135,7 @@ typedef struct run_ctx {
 	dg_model_weights *micro; /* the CPU with accum > 1: one micro-batch's gradients */
 	double t0, t_last;      /* the run's start; the last step's end */
 	double t_run;           /* dg_train_run's start */
-	size_t free0;           /* the GPU: its free memory before the model was created; 0 unknown */
+	size_t mem0;            /* the GPU: the bytes dragon held before the model was created */
 	int64_t end;            /* the step the run stops after */
 	int64_t saved;          /* the newest checkpoint's step, -1 none */
 	dg_train_progress progress;
@@ -287,11 +288,11 @@ static dg_status finish(run_ctx *r, int64_t t, float lr, double loss, double nor
 			return st;
 	}
 	const double te = now_s();
-	if (o->result && !o->result->first_step_s) {
+	if (o->result && !o->result->first_step_s)
 		o->result->first_step_s = te - r->t_run;
-		size_t free1, total;
-		if (r->free0 && !dg_device_mem_info(o->dev, &free1, &total) && free1 < r->free0)
-			o->result->peak_bytes = r->free0 - free1;
+	if (o->result && o->dev) { /* the most held since the model's creation, so far */
+		size_t high = dg__dev_mem_high(o->dev);
+		o->result->peak_bytes = high > r->mem0 ? high - r->mem0 : 0;
 	}
 	dg_train_report rp = { .step = n, .steps = o->opt.steps, .train_loss = loss, .val_loss = vl,
 			       .lr = lr, .grad_norm = norm, .tokens_per_s = (double)r->bt / (te - r->t_last),
@@ -652,9 +653,9 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		goto out;
 	}
 	const double t0 = now_s(); /* the first step's wall time: to the first step */
-	size_t free0 = 0, total0; /* what the model's memory is measured from (peak_bytes) */
-	if (o->dev && dg_device_mem_info(o->dev, &free0, &total0))
-		free0 = 0; /* not known: no peak_bytes */
+	/* what the run's memory is measured from (peak_bytes): the bytes
+	 * held now, which become the high-water mark */
+	const size_t mem0 = o->dev ? dg__dev_mem_mark(o->dev) : 0;
 	if (o->dev && ((st = dg_model_create_accum(o->dev, s->weights, lb, o->time, accum_of(o), &sp.m)) ||
 		       (st = dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL,
 						 o->resume ? s->v : NULL, !o->no_graph, &s->scaler)) ||
@@ -677,7 +678,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	const int64_t end = o->stop_at > 0 && o->stop_at < o->opt.steps ? o->stop_at : o->opt.steps;
 	const dg_model_config *mc = &s->weights->config;
 	run_ctx rc = { .o = o, .c = c, .s = s, .sp = &sp, .log = -1, .logp = logp, .idx = idx, .tgt = tgt,
-		       .bt = bt, .micro = micro, .t0 = t0, .t_run = t_run, .free0 = free0, .t_last = t0, .end = end,
+		       .bt = bt, .micro = micro, .t0 = t0, .t_run = t_run, .mem0 = mem0, .t_last = t0, .end = end,
 		       .saved = o->resume ? s->step : -1,
 		       .progress = progress, .user = user };
 	snprintf(rc.changed, sizeof(rc.changed), "%s", changed);
