@@ -1,6 +1,8 @@
 --[[
 loss.lua — lm_head and softmax cross-entropy fused (dg_ref_lmhead_ce is the
-reference), three kernels a call:
+reference). A large vocabulary (bf16 x and V >= 4096, or f32 x and V >
+50304; loss_tc.lua's M.applies) takes the tensor-core path of loss_tc.lua;
+otherwise three kernels a call:
 
   extern "C" __global__ void dg_lmhead_ce(const XT *x, const WT *w,
       const int *targets, float *row_loss, DT *dlogits, float *dx,
@@ -49,6 +51,7 @@ local FM = require("formats")
 local TILES = require("tiles")
 local DEV = require("device")
 local ABSUM = require("absum")
+local TC = require("loss_tc")
 local fmt = string.format
 
 local M = {}
@@ -101,6 +104,30 @@ __device__ __forceinline__ float dg_warp_max(float s)
 	for (int o = 16; o > 0; o >>= 1)
 		s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
 	return s;
+}
+]]
+
+local LOSS = [[
+extern "C" __global__ void __launch_bounds__(NT)
+dg_lmhead_ce_loss(const float *__restrict__ row_loss, long long rows, float *__restrict__ loss)
+{
+	__shared__ double red[NT];
+	const int tid = threadIdx.x;
+	if (blockIdx.x != 0)
+		return;			// one block does it all (<<<1, NT>>>)
+	double s = 0.0;
+	for (long long i = tid; i < rows; i += NT)
+		s += (double)row_loss[i];
+	red[tid] = s;
+	__syncthreads();
+#pragma unroll
+	for (int o = RED; o > 0; o >>= 1) {
+		if (tid < o && tid + o < NT)
+			red[tid] += red[tid + o];
+		__syncthreads();
+	}
+	if (tid == 0)
+		*loss = (float)(red[0] / (double)rows);
 }
 ]]
 
@@ -203,28 +230,6 @@ dg_lmhead_ce(const ${XT} *__restrict__ x, const ${WT} *__restrict__ w, const int
 	}
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-dg_lmhead_ce_loss(const float *__restrict__ row_loss, long long rows, float *__restrict__ loss)
-{
-	__shared__ double red[NT];
-	const int tid = threadIdx.x;
-	if (blockIdx.x != 0)
-		return;			// one block does it all (<<<1, NT>>>)
-	double s = 0.0;
-	for (long long i = tid; i < rows; i += NT)
-		s += (double)row_loss[i];
-	red[tid] = s;
-	__syncthreads();
-#pragma unroll
-	for (int o = RED; o > 0; o >>= 1) {
-		if (tid < o && tid + o < NT)
-			red[tid] += red[tid + o];
-		__syncthreads();
-	}
-	if (tid == 0)
-		*loss = (float)(red[0] / (double)rows);
-}
-
 extern "C" __global__ void __launch_bounds__(DW_NT)
 dg_lmhead_ce_dw(const ${XT} *__restrict__ x, const ${DT} *__restrict__ dlogits, float *__restrict__ out,
 		long long rows, int splits, int accumulate)
@@ -306,6 +311,8 @@ function M.plan(spec)
   local p, err = TILES.threads_plan(spec, { "dg_lmhead_ce", "dg_lmhead_ce_loss", "dg_lmhead_ce_dw",
                                         "dg_lmhead_ce_dw_sum" }, "lmhead_ce.cu")
   if not p then return nil, err end
+  local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
+  if TC.applies(E, V, src) then return TC.plan(p, E, V, arch) end
   local br = rows_a_block(E, V, arch)
   if not br then
     return nil, fmt("vocab=%d: a row of x and its logits (embd + vocab = %d floats) must fit in the %d bytes of shared memory of an sm_%d block",
@@ -326,9 +333,10 @@ function M.render(spec, plan)
   local wf = SPEC.one_of(spec, "weight", { "f32", "bf16" })
   local nt = plan.tile.threads
   local v = {
-    E = E, V = V, NT = nt, BR = plan.br, DWT = DWT, DW_NT = DW_NT, RED = ABSUM.tree_first(nt),
+    E = E, V = V, NT = nt, BR = plan.br or 1, DWT = DWT, DW_NT = DW_NT, RED = ABSUM.tree_first(nt),
     XT = FM.formats[src].ctype, WT = FM.formats[wf].ctype, DT = FM.formats[src].ctype,
   }
+  if plan.path == "tensor-core" then return TC.render(spec, plan, v, COMMON, LOSS) end
   local about = {
     fmt("lmhead_ce: loss = mean CE(x (rows, %d) %s · w (%d, %d) %s, targets); backward: dx, dw (f32),",
         E, src, E, V, wf),
@@ -347,6 +355,7 @@ function M.render(spec, plan)
   w:line(DEV.helpers({ bf16 = true }))
   w:line(EMIT.subst(COMMON, v))
   w:line(EMIT.subst(FUSED, v))
+  w:line(EMIT.subst(LOSS, v))
   return w:text()
 end
 

@@ -97,8 +97,20 @@ static void lm_case(dg_device *dev, dg_fmt src, dg_fmt wfm, int E, int V, int64_
 	rw_load(src, xs, nx, x);
 	rw_store(wfm, w, nw, ws);
 	rw_load(wfm, ws, nw, w);
-	snprintf(what, sizeof(what), "lmhead_ce x %s w %s E=%d V=%d R=%lld bad=%d%s", dg_fmt_name(src),
-		 dg_fmt_name(wfm), E, V, (long long)R, bad_rows, accumulate ? " accumulate" : "");
+	/* the tensor-core path (a large vocabulary) rounds x and w to bf16:
+	 * the reference gets them rounded too, and dlogits are bf16 in dx */
+	const bool tc = E % 8 == 0 && (src == DG_FMT_BF16 ? V >= 4096 : V > 50304);
+	if (tc) {
+		void *tmp = gh_xmalloc(nw * 2);
+		rw_store(DG_FMT_BF16, x, nx, tmp);
+		rw_load(DG_FMT_BF16, tmp, nx, x);
+		rw_store(DG_FMT_BF16, w, nw, tmp);
+		rw_load(DG_FMT_BF16, tmp, nw, w);
+		free(tmp);
+	}
+	snprintf(what, sizeof(what), "lmhead_ce x %s w %s E=%d V=%d R=%lld bad=%d%s%s", dg_fmt_name(src),
+		 dg_fmt_name(wfm), E, V, (long long)R, bad_rows, accumulate ? " accumulate" : "",
+		 E % 8 == 0 && (src == DG_FMT_BF16 ? V >= 4096 : V > 50304) ? " (tensor cores)" : "");
 
 	/* the reference on the valid rows, rescaled from their mean to the mean over R */
 	float *xv = gh_xmalloc(nx * 4), *dxv = gh_xmalloc(nx * 4), *dwv = gh_xmalloc(nw * 4);
@@ -126,13 +138,13 @@ static void lm_case(dg_device *dev, dg_fmt src, dg_fmt wfm, int E, int V, int64_
 	/* the bounds */
 	double *m = magnitudes(x, w, t, R, E, V);
 	float *bdx = gh_xmalloc(nx * 4), *bdw = gh_xmalloc(nw * 4);
-	const double cdw = src == DG_FMT_BF16 ? 1.0 / 256 + 3e-5 : 3e-5;
+	const double cdw = src == DG_FMT_BF16 || tc ? 1.0 / 256 + 3e-5 : 3e-5, cdx = tc ? 1.0 / 256 + 3e-5 : 3e-5;
 	for (int64_t r = 0; r < R; r++)
 		for (int k = 0; k < E; k++) {
 			double s = 0.0;
 			for (int v = 0; v < V; v++)
 				s += m[r * V + v] * fabs((double)w[(int64_t)k * V + v]);
-			bdx[r * E + k] = (float)(3e-5 * s + 1e-12);
+			bdx[r * E + k] = (float)(cdx * s + 1e-12);
 		}
 	for (int k = 0; k < E; k++)
 		for (int v = 0; v < V; v++) {
@@ -254,6 +266,80 @@ Test(gpu_loss, lmhead_ce_bdh)
 	lm_case(dev, DG_FMT_F32, DG_FMT_F32, 256, 256, 4096, 0, false, true);
 	lm_case(dev, DG_FMT_BF16, DG_FMT_F32, 256, 256, 4096, 0, true, true);
 	lm_case(dev, DG_FMT_BF16, DG_FMT_BF16, 256, 256, 4096, 0, false, false);
+	gh_close(dev);
+}
+
+/* The tensor-core path (templates/loss_tc.lua): a bf16 x from V 4096, an
+ * f32 x past V 50304; ragged V (not a multiple of 8 or 128), ragged R,
+ * E 64 (half a tile) and 256, bad targets, accumulate, dx in splits (R 300
+ * at E 64: one row tile of one column tile); GPT-2's vocabulary at BDH's
+ * 4096 rows timed. */
+Test(gpu_loss, lmhead_ce_tensor_cores)
+{
+	dg_device *dev = gh_open();
+	gh_seed(43);
+	lm_case(dev, DG_FMT_BF16, DG_FMT_F32, 64, 4096, 37, 0, false, false);
+	lm_case(dev, DG_FMT_BF16, DG_FMT_F32, 64, 5003, 300, 3, true, false);
+	lm_case(dev, DG_FMT_BF16, DG_FMT_BF16, 256, 8197, 129, 0, false, false);
+	lm_case(dev, DG_FMT_F32, DG_FMT_F32, 64, 50311, 20, 2, false, false);
+	lm_case(dev, DG_FMT_BF16, DG_FMT_F32, 64, 50304, 96, 1, true, false);
+	gh_close(dev);
+}
+
+/* GPT-2's vocabulary at BDH's 4096 rows (E 256, a bf16 x): timed, forward
+ * and backward, and a second run the same bits (the reference's double
+ * sums at this size would take minutes; lmhead_ce_tensor_cores checks the
+ * values). */
+Test(gpu_loss, lmhead_ce_gpt2_vocab_timed)
+{
+	enum { E = 256, V = 50304, R = 4096 };
+	dg_device *dev = gh_open();
+	gh_seed(44);
+	size_t nx = (size_t)R * E, nw = (size_t)E * V;
+	float *x = rw_rand(nx, -2.0f, 2.0f), *w = rw_rand(nw, -0.05f, 0.05f);
+	void *xs = gh_xmalloc(nx * 2);
+	int32_t *t = gh_xmalloc((size_t)R * 4);
+	for (int r = 0; r < R; r++)
+		t[r] = gh_int(0, V - 1);
+	rw_store(DG_FMT_BF16, x, nx, xs);
+	lm_run l = { .dev = dev };
+	dg_spec_init(&l.s, DG_OP_LMHEAD_CE);
+	l.s.src = DG_FMT_BF16;
+	l.s.weight = DG_FMT_F32;
+	l.s.embd = E;
+	l.s.vocab = V;
+	l.x = dg_tensor_2d("x", DG_FMT_BF16, gh_upload(dev, xs, nx * 2), R, E);
+	l.w = dg_tensor_2d("w", DG_FMT_F32, gh_upload(dev, w, nw * 4), E, V);
+	l.tg = dg_tensor_1d("targets", DG_FMT_I32, gh_upload(dev, t, (size_t)R * 4), R);
+	l.loss = dg_tensor_1d("loss", DG_FMT_F32, gh_alloc_ff(dev, 4), 1);
+	l.dx = dg_tensor_2d("dx", DG_FMT_F32, gh_alloc_ff(dev, nx * 4), R, E);
+	l.dw = dg_tensor_2d("dw", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), E, V);
+	l.a = (dg_lmhead_ce_args){ .x = &l.x, .w = &l.w, .targets = &l.tg, .loss = &l.loss, .dx = &l.dx,
+				   .dw = &l.dw, .backward = true, .bad = gh_alloc(dev, 4) };
+	size_t need = 0;
+	cr_assert_eq(dg_lmhead_ce_workspace(dev, &l.s, &l.a, &need), DG_OK, "%s", dg_device_errmsg(dev));
+	l.a.ws = gh_workspace(dev, need);
+	lm_call(&l);
+	float loss = gh_read_scalar(dev, l.loss.data);
+	/* weights of 0.05 and x of 2 leave the logits near 0: the loss near log V */
+	cr_assert(fabsf(loss - logf((float)V)) < 0.5f, "loss %g, log V %g", (double)loss, log((double)V));
+	float *dx = gh_xmalloc(nx * 4), *dx2 = gh_xmalloc(nx * 4);
+	gh_download(dev, dx, l.dx.data, nx * 4);
+	lm_call(&l);
+	gh_download(dev, dx2, l.dx.data, nx * 4);
+	cr_assert(memcmp(dx, dx2, nx * 4) == 0, "two runs differ");
+	printf("lmhead_ce E %d V %d R %d bf16 on tensor cores: workspace %zu bytes, loss %.6f\n", E, V, R, need,
+	       (double)loss);
+	rw_report(dev, &l.s, NULL, "lmhead_ce gpt2 vocab fwd+bwd", lm_call, &l, 20);
+	l.a.backward = false;
+	l.a.dx = l.a.dw = NULL;
+	rw_report(dev, &l.s, NULL, "  forward only", lm_call, &l, 20);
+	free(x);
+	free(w);
+	free(xs);
+	free(t);
+	free(dx);
+	free(dx2);
 	gh_close(dev);
 }
 

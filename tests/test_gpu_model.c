@@ -519,18 +519,31 @@ Test(gpu_model, vocab_of_llmc_shards_and_the_largest)
 	dg_model_weights_destroy(gc);
 	dg_model_weights_destroy(gg);
 
+	/* the largest vocabulary: past 50304 an f32 lm_head runs on tensor
+	 * cores (templates/loss_tc.lua), x and w rounded to bf16 there */
 	c.vocab = 65536;
 	dg_model_memory plan;
 	st = dg_model_plan(dev, &c, B, T, &plan);
 	printf("gpu_model vocab 65536 on sm_%d: plan %s %s\n", di.sm, dg_status_str(st), st ? dg_device_errmsg(dev) : "");
-	if (di.sm == 90) {
-		cr_assert_neq(st, DG_OK, "vocab 65536 planned");
-		cr_assert(strstr(dg_device_errmsg(dev), "vocab=65536"), "%s", dg_device_errmsg(dev));
+	if (di.sm >= 80) {
+		cr_assert_eq(st, DG_OK, "%s", dg_device_errmsg(dev));
 		cr_assert_eq(dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
-		cr_assert_neq(dg_model_create(dev, w, B, T, &m), DG_OK, "vocab 65536 created");
-		cr_assert(strstr(dg_device_errmsg(dev), "vocab=65536"), "%s", dg_device_errmsg(dev));
-		cr_assert_null(m);
+		cr_assert_eq(dg_model_weights_create(&c, 0, &gc, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(dg_model_weights_create(&c, 0, &gg, msg, sizeof(msg)), DG_OK, "%s", msg);
+		for (int i = 0; i < B * T; i++) {
+			idx[i] = i == 0 ? 65535 : gh_int(0, 65535);
+			tgt[i] = i == 1 ? 65535 : gh_int(0, 65535);
+		}
+		cr_assert_eq(dg_model_cpu_step(w, &bt, &lc, gc, msg, sizeof(msg)), DG_OK, "%s", msg);
+		cr_assert_eq(dg_model_create(dev, w, B, T, &m), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(dg_model_step(m, &bt, &lg, gg), DG_OK, "%s", dg_device_errmsg(dev));
+		printf("  loss %.9g (CPU %.9g)\n", lg, lc);
+		cr_expect(fabs(lg - lc) <= 1e-3 * fabs(lc), "loss %.9g, CPU %.9g", lg, lc);
+		expect_grads(&c, gg, gc, 2e-2);
+		dg_model_destroy(m);
 		dg_model_weights_destroy(w);
+		dg_model_weights_destroy(gc);
+		dg_model_weights_destroy(gg);
 	}
 	gh_close(dev);
 }

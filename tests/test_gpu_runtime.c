@@ -133,12 +133,15 @@ Test(gpu_runtime, stats_count_the_bytes_held)
 	dg_device_stats s0 = stats_of(dev);
 	cr_assert_eq(s0.allocated, held0);
 	cr_assert_eq(s0.peak_allocated, held0, "the mark resets the peak to what is held");
-	dg_dptr a = gh_alloc(dev, 3 * mb), b = gh_alloc(dev, 5 * mb + 7);
+	/* dg_malloc itself: gh_close frees what gh_alloc made */
+	dg_dptr a = 0, b = 0, c = 0;
+	cr_assert_eq(dg_malloc(dev, 3 * mb, &a), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg_malloc(dev, 5 * mb + 7, &b), DG_OK, "%s", dg_device_errmsg(dev));
 	dg_device_stats s1 = stats_of(dev);
 	cr_assert_eq(s1.allocated, held0 + 8 * mb + 7, "%zu held, %zu before", s1.allocated, held0);
 	cr_assert_eq(s1.peak_allocated, s1.allocated);
 	cr_assert_eq(dg_free(dev, b), DG_OK, "%s", dg_device_errmsg(dev));
-	dg_dptr c = gh_alloc(dev, mb);
+	cr_assert_eq(dg_malloc(dev, mb, &c), DG_OK, "%s", dg_device_errmsg(dev));
 	dg_device_stats s2 = stats_of(dev);
 	cr_assert_eq(s2.allocated, held0 + 4 * mb, "a free gives its bytes back");
 	cr_assert_eq(s2.peak_allocated, held0 + 8 * mb + 7, "the peak stays");

@@ -7,10 +7,12 @@
  *     each entry has the launch info the ops read (lmhead_ce: BR rows of
  *     E + V floats of dynamic shared memory, the dw kernel 256 threads);
  *   - the vocabularies of token corpora: embed_fwd, embed_bwd and lmhead_ce
- *     (f32 and bf16) compile at llm.c's padded GPT-2 vocabulary (50304),
- *     lmhead_ce at one row of E + V floats a block (D 256 and 4096: still
- *     under an sm_90 block's 227 KiB), the embedding at 65536 too, whose
- *     logits row lmhead_ce refuses naming vocab (at any embd);
+ *     (f32 and bf16) compile at llm.c's padded GPT-2 vocabulary (50304)
+ *     and at 65536; lmhead_ce takes its tensor-core path (templates/
+ *     loss_tc.lua: eight entries, the GEMMs' 60 KiB ring) for a bf16 x from
+ *     V 4096 and an f32 x past V 50304 (E a multiple of 8, sm_80 on),
+ *     otherwise one row of E + V floats a block, whose limit it refuses
+ *     naming vocab;
  *   - bad specs are refused naming the field (vocab range, formats the ops
  *     do not take, a width the warp-per-row kernels cannot hold, a vocab
  *     whose logits do not fit in shared memory, a thread count);
@@ -164,19 +166,44 @@ Test(nvrtc_norm, large_vocabularies)
 	compile_one(cg, "op=lmhead_ce;src=bf16;weight=f32;embd=4096;vocab=50304");
 	compile_one(cg, "op=embed_fwd;out=f32;embd=4096;vocab=65536");
 	compile_one(cg, "op=embed_bwd;src=f32;embd=4096;vocab=65536");
+	compile_one(cg, "op=lmhead_ce;src=f32;weight=bf16;embd=64;vocab=65536");
+	compile_one(cg, "op=lmhead_ce;src=bf16;weight=f32;embd=4096;vocab=65536");
 	static const int embds[] = { 256, 4096 };
 	for (int i = 0; i < 2; i++) {
+		/* a bf16 x from V 4096 on tensor cores (templates/loss_tc.lua), to V 65536 */
+		static const int vocabs[] = { 4096, 50304, 65536 };
+		for (int j = 0; j < 3; j++) {
+			char text[128];
+			snprintf(text, sizeof(text), "op=lmhead_ce;src=bf16;weight=f32;embd=%d;vocab=%d", embds[i],
+				 vocabs[j]);
+			dg_spec s = spec_of(text);
+			cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+			cr_assert_str_eq(p.path, "tensor-core", "%s", text);
+			cr_assert_eq(p.n_entries, 8, "%s", text);
+			cr_assert_str_eq(p.entries[0].name, "dg_lmhead_ce");
+			cr_assert_str_eq(p.entries[7].name, "dg_lmhead_ce_dw");
+			cr_assert_eq(p.entries[0].smem, 61440, "%s: the GEMM's ring: %d", text, p.entries[0].smem);
+			cr_assert_eq(p.entries[1].smem, 0);
+		}
+		/* f32 keeps f32 logits a row a block up to V 50304 */
 		char text[128];
-		snprintf(text, sizeof(text), "op=lmhead_ce;src=bf16;weight=f32;embd=%d;vocab=50304", embds[i]);
+		snprintf(text, sizeof(text), "op=lmhead_ce;src=f32;weight=f32;embd=%d;vocab=50304", embds[i]);
 		dg_spec s = spec_of(text);
 		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "fused-rows", "%s", text);
 		cr_assert_eq(p.entries[0].smem, (embds[i] + 50304) * 4, "%s: one row: %d", text, p.entries[0].smem);
-		snprintf(text, sizeof(text), "op=lmhead_ce;src=bf16;weight=f32;embd=%d;vocab=65536", embds[i]);
+		snprintf(text, sizeof(text), "op=lmhead_ce;src=bf16;weight=f32;embd=%d;vocab=4095", embds[i]);
 		s = spec_of(text);
-		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC, "%s planned", text);
-		cr_assert(strstr(dg_codegen_errmsg(cg), "vocab=65536: a row of x and its logits"), "%s",
-			  dg_codegen_errmsg(cg));
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "fused-rows", "%s", text);
 	}
+	/* no tensor cores before sm_80 */
+	dg_spec s8 = spec_of("op=lmhead_ce;src=bf16;embd=256;vocab=50304;arch=sm_75");
+	cr_assert_eq(dg_codegen_plan(cg, &s8, &p), DG_ERR_INVALID_SPEC, "sm_75 planned");
+	cr_assert(strstr(dg_codegen_errmsg(cg), "vocab=50304: the lm_head's tensor-core path"), "%s",
+		  dg_codegen_errmsg(cg));
+	/* an E that is not a multiple of 8 stays on the fused rows, which
+	 * cannot hold a row of 65536 */
 	dg_spec s = spec_of("op=lmhead_ce;embd=4;vocab=65536");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC, "embd 4, vocab 65536 planned");
 	dg_codegen_destroy(cg);
@@ -215,7 +242,7 @@ Test(nvrtc_norm, bad_specs_name_the_field)
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
 	refused_plan(cg, "op=layernorm_fwd;embd=4100", "embd=4100: layernorm_fwd holds a row");
 	refused_plan(cg, "op=resid_ln_bwd;embd=8192", "embd=8192");
-	refused_plan(cg, "op=lmhead_ce;vocab=65536", "vocab=65536: a row of x and its logits");
+	refused_plan(cg, "op=lmhead_ce;embd=4;vocab=65536", "vocab=65536: a row of x and its logits");
 	refused_plan(cg, "op=embed_bwd;tile=t48", "tile=t48: threads must be a multiple of 32");
 	refused_plan(cg, "op=lmhead_ce;tile=t2048", "tile=t2048");
 	dg_codegen_destroy(cg);

@@ -13,6 +13,10 @@
  * each part 256-byte aligned. Its size depends on R, E, V, src and
  * backward only, so _check judges it without a device.
  *
+ * A large vocabulary takes the tensor-core path instead (prep_tc, below;
+ * templates/loss_tc.lua): x and w cast to bf16, the lm_head GEMM twice
+ * (the softmax's statistics, then dlogits in bf16), dx and dw GEMMs.
+ *
  * And a decoder's logits (lmhead_logits, templates/logits.lua): x·w into
  * global memory, each sum in double in a fixed order, no workspace.
  */
@@ -50,8 +54,74 @@ static size_t dlogits_bytes(const dg_spec *s, int64_t rows)
 	return dg__op_align256((size_t)rows * (size_t)s->vocab * (s->src == DG_FMT_BF16 ? 2 : 4));
 }
 
+/* ---- the tensor-core path (templates/loss_tc.lua) ---------------------------
+ * Taken for a large vocabulary, by loss_tc.lua's rule (M.applies): E a
+ * multiple of 8, and V >= 4096 for a bf16 x, V > 50304 for an f32 x.
+ * Workspace, each part 256-byte aligned: the row losses, (backward)
+ * dlogits (R, VP) bf16, the logits' statistics (R, NTV) float2, lse (R),
+ * the target's logit (R), xb (R, E) and wb (E, VP) bf16, and (backward,
+ * splits > 1) dx's parts (splits, R, E) f32. VP is V rounded up to 8, NTV
+ * the 128-column tiles of a row. */
+static bool tc_path(const dg_spec *s)
+{
+	if (s->embd % 8)
+		return false;
+	return s->src == DG_FMT_BF16 ? s->vocab >= 4096 : s->vocab > 50304;
+}
+
+typedef struct tc_layout {
+	int64_t vp, ntv;
+	int splits; /* dx's splits of its K tiles (VP / 32) */
+	size_t dlogits, stats, lse, zt, xb, wb, parts, total;
+} tc_layout;
+
+/* dx has ceil(R/128)·ceil(E/128) tiles and a long K (VP): splits of K, in
+ * order, for two waves of 132 SMs, at most 16 and at least 16 K tiles a
+ * split. From R, E and V alone, so dx is the same bits on any device. */
+static int dx_splits(int64_t rows, int E, int64_t vp)
+{
+	long long blocks = dg__op_cdiv(rows, 128) * dg__op_cdiv(E, 128);
+	long long kt = dg__op_cdiv(vp, 32), sp = 264 / blocks;
+	if (sp > 16)
+		sp = 16;
+	if (sp > kt / 16)
+		sp = kt / 16;
+	return sp < 2 ? 1 : (int)sp;
+}
+
+static tc_layout tc_of(const dg_spec *s, int64_t rows, bool backward)
+{
+	tc_layout L = { .vp = (s->vocab + 7) / 8 * 8, .ntv = dg__op_cdiv(s->vocab, 128), .splits = 1 };
+	const size_t r = (size_t)rows, e = (size_t)s->embd;
+	size_t off = loss_bytes(rows);
+	if (backward) {
+		L.dlogits = off;
+		off += dg__op_align256(r * (size_t)L.vp * 2);
+	}
+	L.stats = off;
+	off += dg__op_align256(r * (size_t)L.ntv * 8);
+	L.lse = off;
+	off += dg__op_align256(r * 4);
+	L.zt = off;
+	off += dg__op_align256(r * 4);
+	L.xb = off;
+	off += dg__op_align256(r * e * 2);
+	L.wb = off;
+	off += dg__op_align256(e * (size_t)L.vp * 2);
+	if (backward)
+		L.splits = dx_splits(rows, s->embd, L.vp);
+	if (L.splits > 1) {
+		L.parts = off;
+		off += dg__op_align256((size_t)L.splits * r * e * 4);
+	}
+	L.total = off;
+	return L;
+}
+
 static size_t ws_need(const dg_spec *s, int64_t rows, bool backward)
 {
+	if (tc_path(s))
+		return tc_of(s, rows, backward).total;
 	if (!backward)
 		return loss_bytes(rows);
 	int sp = dw_splits(s, rows);
@@ -163,8 +233,118 @@ static dg_status ptrs(const dg_prepared *p, const dg__op_call *c, char *msg, siz
  * dw or the parts, rows, splits (int), accumulate (int); with splits > 1
  * their sum: parts, dw, splits, accumulate.
  */
+/* The tensor-core path's launches (templates/loss_tc.lua): the casts to
+ * bf16; the logits' statistics; lse and the row losses; their mean; with
+ * backward dlogits, dx (and its splits' sum), dw. */
+static dg_status prep_tc(dg_prepared *p, const dg__op_call *c)
+{
+	dg_device *dev = p->dev;
+	const dg_spec *spec = &p->spec;
+	static const char *const entries[8] = { FN "_cast",    FN,       FN "_rows",   FN "_loss",
+						FN "_dlogits", FN "_dx", FN "_dx_sum", FN "_dw" };
+	dg_kernel *k[8];
+	dg_status st;
+	for (int i = 0; i < 8; i++)
+		if ((st = dg_kernel_get(dev, spec, entries[i], &k[i])))
+			return st;
+	const long long rows = p->shape.r, E = spec->embd;
+	const bool backward = c->backward;
+	const tc_layout T = tc_of(spec, rows, backward);
+	const int sms = dg__dev_info(dev)->sm_count > 0 ? dg__dev_info(dev)->sm_count : 1;
+	const unsigned rt = (unsigned)dg__op_cdiv(rows, 128);
+	if (dg__op_cdiv(rows, 128) > 65535)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, FN ": %lld rows: at most %d on the tensor-core path",
+				    rows, 65535 * 128);
+	p->ws_bytes = T.total;
+	p->ptrs = ptrs;
+
+	dg_launch l = { { dg__op_grid(rows * E + E * T.vp, 256, 64LL * sms), 1, 1 }, { 0, 0, 0 }, 0 };
+	dg__prep_launch *L = dg__prep_add(p, k[0], &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0); /* x */
+	dg__arg_data(p, L, 1); /* w */
+	dg__arg_ws(p, L, (int64_t)T.xb);
+	dg__arg_ws(p, L, (int64_t)T.wb);
+	dg__arg_i64(p, L, rows);
+
+	dg_launch lz = { { (unsigned)T.ntv, rt, 1 }, { 0, 0, 0 }, 0 };
+	if (!(L = dg__prep_add(p, k[1], &lz, &st)))
+		return st;
+	dg__arg_ws(p, L, (int64_t)T.xb);
+	dg__arg_ws(p, L, (int64_t)T.wb);
+	dg__arg_data(p, L, 2); /* targets */
+	dg__arg_ws(p, L, (int64_t)T.stats);
+	dg__arg_ws(p, L, (int64_t)T.zt);
+	dg__arg_i64(p, L, rows);
+
+	dg_launch lr = { { dg__op_grid(rows, 8, 64LL * sms), 1, 1 }, { 0, 0, 0 }, 0 };
+	if (!(L = dg__prep_add(p, k[2], &lr, &st)))
+		return st;
+	dg__arg_ws(p, L, (int64_t)T.stats);
+	dg__arg_ws(p, L, (int64_t)T.zt);
+	dg__arg_data(p, L, 2);
+	dg__arg_ws(p, L, 0); /* row_loss */
+	dg__arg_ws(p, L, (int64_t)T.lse);
+	dg__arg_i64(p, L, rows);
+	DG__ARG_OF(p, L, bad);
+
+	dg_launch l1 = { { 1, 1, 1 }, { 0, 0, 0 }, 0 };
+	if (!(L = dg__prep_add(p, k[3], &l1, &st)))
+		return st;
+	dg__arg_ws(p, L, 0);
+	dg__arg_i64(p, L, rows);
+	dg__arg_data(p, L, 3); /* loss */
+	if (!backward)
+		return DG_OK;
+
+	if (!(L = dg__prep_add(p, k[4], &lz, &st)))
+		return st;
+	dg__arg_ws(p, L, (int64_t)T.xb);
+	dg__arg_ws(p, L, (int64_t)T.wb);
+	dg__arg_data(p, L, 2);
+	dg__arg_ws(p, L, (int64_t)T.lse);
+	dg__arg_ws(p, L, (int64_t)T.dlogits);
+	dg__arg_i64(p, L, rows);
+	dg__arg_f32(p, L, (float)(1.0 / (double)rows));
+	DG__ARG_OF(p, L, grad_scale);
+
+	dg_launch lx = { { (unsigned)dg__op_cdiv(E, 128), rt, (unsigned)T.splits }, { 0, 0, 0 }, 0 };
+	if (!(L = dg__prep_add(p, k[5], &lx, &st)))
+		return st;
+	dg__arg_ws(p, L, (int64_t)T.dlogits);
+	dg__arg_ws(p, L, (int64_t)T.wb);
+	if (T.splits > 1)
+		dg__arg_ws(p, L, (int64_t)T.parts);
+	else
+		dg__arg_data(p, L, 4); /* dx */
+	dg__arg_i64(p, L, rows);
+	dg__arg_i32(p, L, T.splits);
+	if (T.splits > 1) {
+		dg_launch ls = { { dg__op_grid(rows * E, 256, 64LL * sms), 1, 1 }, { 0, 0, 0 }, 0 };
+		if (!(L = dg__prep_add(p, k[6], &ls, &st)))
+			return st;
+		dg__arg_ws(p, L, (int64_t)T.parts);
+		dg__arg_data(p, L, 4);
+		dg__arg_i64(p, L, rows);
+		dg__arg_i32(p, L, T.splits);
+	}
+
+	dg_launch lw = { { (unsigned)T.ntv, (unsigned)dg__op_cdiv(E, 128), 1 }, { 0, 0, 0 }, 0 };
+	if (!(L = dg__prep_add(p, k[7], &lw, &st)))
+		return st;
+	dg__arg_ws(p, L, (int64_t)T.xb);
+	dg__arg_ws(p, L, (int64_t)T.dlogits);
+	dg__arg_data(p, L, 5); /* dw */
+	dg__arg_i64(p, L, rows);
+	DG__FLAG_OF(p, L, accumulate);
+	return DG_OK;
+}
+
 dg_status dg__prep_lmhead_ce(dg_prepared *p, const dg__op_call *c)
 {
+	if (tc_path(&p->spec))
+		return prep_tc(p, c);
 	dg_device *dev = p->dev;
 	const dg_spec *spec = &p->spec;
 	dg_kernel *k[4];

@@ -79,7 +79,7 @@ long long dg__op_cdiv(long long a, long long b);
  * launches, each with its geometry resolved and its argument layout, a
  * list of where each parameter comes from, so a launch only reads the
  * call's pointers and scalars into place. */
-#define DG__PREP_LAUNCHES 4
+#define DG__PREP_LAUNCHES 8
 #define DG__PREP_ARGS 16
 #define DG__PREP_BLOB 128
 
