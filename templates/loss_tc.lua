@@ -47,7 +47,15 @@ the splits in order): the results are bitwise the same run to run.
 
 Precision: x and w are rounded to bf16 (as torch's autocast does for the
 lm_head), products exact, sums f32; the loss comes from the f32 logits;
-dlogits is rounded to bf16 for the two GEMMs that read it.
+the GEMM epilogues' exponentials are __expf (ex2.approx: a few ulp, below
+the bf16 rounding of dlogits; the row combination keeps expf); dlogits is
+rounded to bf16 for the two GEMMs that read it.
+
+Occupancy: the GEMM entries are bounded to 128 registers (two blocks of 8
+warps an SM, 60 KiB of ring each); at 135 the statistics kernel ran one
+block an SM and took 1.42 ms at R 4096, V 50304 on the H200 (ncu), where
+dlogits, the same GEMM at two blocks, took 0.93. ncu put the epilogues'
+ALU work (expf then) above the tensor pipe's.
 ]]
 local EMIT = require("emit")
 local FM = require("formats")
@@ -229,7 +237,7 @@ dg_lmhead_ce_cast(const ${XT} *__restrict__ x, const ${WT} *__restrict__ w, bf16
 }
 
 // The logits' statistics: grid (NTV, row tiles).
-extern "C" __global__ void __launch_bounds__(GNT)
+extern "C" __global__ void __launch_bounds__(GNT, 2)
 dg_lmhead_ce(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, const int *__restrict__ targets,
 		   float2 *__restrict__ stats, float *__restrict__ zt, long long rows)
 {
@@ -268,7 +276,7 @@ dg_lmhead_ce(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, const int
 #pragma unroll
 				for (int e = 0; e < 2; ++e)
 					if (n0 + wn + ni * 8 + 2 * q + e < V)
-						s += expf(acc[mi][ni][2 * h + e] - mx);
+						s += __expf(acc[mi][ni][2 * h + e] - mx);
 			s += __shfl_xor_sync(0xffffffffu, s, 1);
 			s += __shfl_xor_sync(0xffffffffu, s, 2);
 			if (q == 0) {
@@ -287,7 +295,7 @@ dg_lmhead_ce(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, const int
 #pragma unroll
 		for (int j = 0; j < 4; ++j)
 			if (red_s[threadIdx.x][j] > 0.0f)	// a warp's columns all past V: (-inf, 0)
-				s += red_s[threadIdx.x][j] * expf(red_m[threadIdx.x][j] - mx);
+				s += red_s[threadIdx.x][j] * __expf(red_m[threadIdx.x][j] - mx);
 		if (r < rows)
 			stats[r * NTV + blockIdx.x] = make_float2(mx, s);
 	}
@@ -330,7 +338,7 @@ dg_lmhead_ce_rows(const float2 *__restrict__ stats, const float *__restrict__ zt
 }
 
 // dlogits: grid (NTV, row tiles).
-extern "C" __global__ void __launch_bounds__(GNT)
+extern "C" __global__ void __launch_bounds__(GNT, 2)
 dg_lmhead_ce_dlogits(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, const int *__restrict__ targets,
 		     const float *__restrict__ lse, bf16 *__restrict__ dlogits, long long rows, float inv_rows,
 		     const float *grad_scale)
@@ -362,7 +370,7 @@ dg_lmhead_ce_dlogits(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, c
 #pragma unroll
 				for (int e = 0; e < 2; ++e)
 					d[e] = ok && c + e < V
-						       ? (expf(acc[mi][ni][2 * h + e] - l) - (c + e == t ? 1.0f : 0.0f)) * inv_rows
+						       ? (__expf(acc[mi][ni][2 * h + e] - l) - (c + e == t ? 1.0f : 0.0f)) * inv_rows
 						       : 0.0f;
 				*(unsigned *)(dlogits + r * VP + c) = dg_pack2(d[0], d[1]);
 			}
@@ -370,7 +378,7 @@ dg_lmhead_ce_dlogits(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, c
 }
 
 // dx: grid (column tiles of E, row tiles, splits).
-extern "C" __global__ void __launch_bounds__(GNT)
+extern "C" __global__ void __launch_bounds__(GNT, 2)
 dg_lmhead_ce_dx(const bf16 *__restrict__ dlogits, const bf16 *__restrict__ wb, float *__restrict__ out,
 		long long rows, int splits)
 {
@@ -413,7 +421,7 @@ dg_lmhead_ce_dx_sum(const float *__restrict__ part, float *__restrict__ dx, long
 }
 
 // dw: grid (column tiles of V, row tiles of E).
-extern "C" __global__ void __launch_bounds__(GNT)
+extern "C" __global__ void __launch_bounds__(GNT, 2)
 dg_lmhead_ce_dw(const bf16 *__restrict__ xb, const bf16 *__restrict__ dlogits, float *__restrict__ dw,
 		long long rows, int accumulate)
 {
