@@ -132,10 +132,7 @@ end
 -- --tile and `dragon-gen tune`, BDH shape, M = 4096):
 --   wgmma (sm_90a) 128x64/8x1/2: two warpgroups of 64 rows, E resident,
 --     64 latent columns a tile, two blocks an SM — 122 us int8 out;
---     256x64/16x1/2 125, 128x128/8x1/2 142, 64x64/4x1/2 205; 64x64 where
---     128x64 does not fit E resident (codes from E 640 to 896), mma.sync
---     past that (a K-streaming warpgroup kernel is the way on: E 1280's
---     codes, and bf16 from E 448, fall to mma.sync and fp32 today);
+--     256x64/16x1/2 125, 128x128/8x1/2 142, 64x64/4x1/2 205;
 --   wgmma bf16 (sm_90a) the same 128x64/8x1/2 (not yet timed): 160 KiB of
 --     shared memory at E = 256, one block an SM (256x64 fits too, 224 KiB;
 --     128x128 does not);
@@ -155,10 +152,6 @@ local function default_tile(k)
     local bk = 64
     while k.E % bk ~= 0 and bk > 16 do bk = bk // 2 end
     local t = { bm = 128, bn = 64, bk = bk, wm = 8, wn = 1, stages = 2, threads = 0 }
-    if LW.fits(k, t) then return t end
-    -- one warpgroup where two do not fit E resident (codes at E 768:
-    -- 192 KiB; 64x64 measured 205 us against mma.sync's 277 at BDH)
-    t = { bm = 64, bn = 64, bk = bk, wm = 4, wn = 1, stages = 2, threads = 0 }
     if LW.fits(k, t) then return t end
   end
   if ints and k.arch >= 80 and k.E % 32 == 0 then

@@ -343,22 +343,6 @@ Test(nvrtc_forward, lowrank_codes_wgmma)
 			}
 	for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++)
 		compile_wgmma_codes(cg, others[i], false);
-	/* E 768 (D 768, the issue's 226M shape): 128x64 does not hold E resident
-	 * (240 KiB), the auto tile is one warpgroup's 64x64 (192 KiB), not
-	 * mma.sync; E 1280 fits neither and stays on mma.sync */
-	for (int preset = 0; preset < 2; preset++)
-		for (int hin = 0; hin < 2; hin++) {
-			snprintf(text, sizeof(text), "%sheads=12;embd=768;latent=8192;in_heads=%d", preset ? BITNET : W8A8,
-				 hin ? 12 : 1);
-			compile_wgmma_codes(cg, text, true);
-		}
-	{
-		dg_spec s;
-		dg_plan p;
-		spec_of(W8A8 "heads=16;embd=1280;latent=16384;in_heads=1", &s);
-		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-		cr_assert_str_eq(p.path, "mma.sync", "%s", p.canonical);
-	}
 	/* both accumulator sets of 256x128 do not fit 128 registers a thread */
 	dg_spec s;
 	dg_plan p;
