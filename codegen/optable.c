@@ -468,7 +468,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	},
 	[DG_OP_LMHEAD_CE] = {
 		.family = "loss", .module = "loss",
-		.about = "lm_head + softmax cross-entropy: loss f32 = mean_r CE(x (R,D) . w (D,V), targets (R) i32); backward: dx (R,D), dw (D,V) (+)= f32",
+		.about = "lm_head + softmax cross-entropy: loss f32 = mean_r CE(x (R,D) . w (D,V), targets (R) i32); backward: dx (R,D), dw (D,V) (+)= f32; from V 4096 (bf16 x) or past 50304 (f32 x) on tensor cores, x and w rounded to bf16",
 		.fields = F(ARCH) | F(EMBD) | F(SRC) | F(TILE) | F(VOCAB) | F(WEIGHT),
 		.tile = DG_TILE_THREADS,
 		.weight_fmts = FLOATS, .src_fmts = FLOATS,
