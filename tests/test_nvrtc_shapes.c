@@ -13,7 +13,8 @@
  *   - an odd small one (D 64, H 3, N 96, vocab 300);
  * for the w8a8 and bf16 presets. Distinct specs compile once. And the
  * config past the ranges is refused naming the field before anything is
- * listed (H·N above 2^20, N above 65536, vocab above 65536).
+ * listed (H·N above 2^20, N above 65536, vocab above 65536, and bitnet's
+ * N off a multiple of 16).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,4 +164,14 @@ Test(nvrtc_shapes, shapes_past_the_ranges_are_refused_by_field)
 		cr_expect(strstr(msg, bad[i].want), "%s: %s", bad[i].want, msg);
 		cr_expect_eq(n, 0, "%s: %d specs listed before the refusal", bad[i].want, n);
 	}
+	/* bitnet's ternary weights pack 16 codes a word along the neurons:
+	 * N 1000 is refused naming neurons, not a kernel's latent field */
+	char msg[1024];
+	int n = 0;
+	dg_model_config c = shape("bitnet", 256, 3, 1000, 256);
+	cr_expect_neq(dg__gm_step_specs(&c, 1, 16, 90, count_spec, &n, msg, sizeof(msg)), DG_OK, "bitnet N 1000");
+	cr_expect(strstr(msg, "neurons=1000") && strstr(msg, "multiple of 16"), "%s", msg);
+	cr_expect_eq(n, 0, "bitnet N 1000: %d specs listed before the refusal", n);
+	c = shape("bitnet", 256, 3, 1008, 256);
+	cr_expect_eq(dg__gm_step_specs(&c, 1, 16, 90, count_spec, &n, msg, sizeof(msg)), DG_OK, "N 1008: %s", msg);
 }

@@ -77,6 +77,19 @@ static const char *lowbit_refusal(const dg_model_config *c, char *buf, size_t si
 		snprintf(buf, size, "precision=%s: a low-bit recipe keeps the rest in bf16", dg_fmt_name(c->precision));
 		return buf;
 	}
+	/* packed weights: 16 ternary or 32 sign1 codes a 32-bit word, along
+	 * the neurons (the decoder's rows, H·N) and the embedding */
+	for (int i = 0; i < DG_PROJ__COUNT; i++) {
+		const dg_fmt w = dg__proj_recipe(c, i)->weight;
+		const int k = w == DG_FMT_TERNARY ? 16 : w == DG_FMT_SIGN1 ? 32 : 1;
+		if (c->neurons % k || c->embd % k) {
+			snprintf(buf, size,
+				 "%s=%d: %s weights pack %d codes a 32-bit word along it, so it must be a multiple of %d",
+				 c->neurons % k ? "neurons" : "embd", c->neurons % k ? c->neurons : c->embd,
+				 dg_fmt_name(w), k, k);
+			return buf;
+		}
+	}
 	return NULL;
 }
 
