@@ -26,7 +26,8 @@
 # train.bin/val.bin (any other vocab), with an empty kernel cache of its
 # own (first_step_s is an empty cache's), no validation but the one at the
 # end (over one batch), no checkpoint (--ckpt-every never), --json. Its row:
-# first_step_s, peak_bytes and kernels from the JSON; step_ms, the median
+# first_step_s, ready_s, startup (its parts), peak_bytes and kernels from
+# the JSON; step_ms, the median
 # over the steps after the first 5 (but the last, which validates) of
 # B·T / tokens_per_s from the log; first_loss and last_loss. Then the
 # anchor, `torch_bdh_step.py` at the shape (impl torch.compile, preset
@@ -194,7 +195,8 @@ if kind == "dragon":
         r.update(step_ms=statistics.median(ms), tokens_per_s=B * T / statistics.median(ms) * 1e3,
                  peak_bytes=j.get("peak_bytes"), first_step_s=j.get("first_step_s"),
                  first_loss=log[0]["train_loss"], last_loss=log[-1]["train_loss"], steps=j["steps"],
-                 kernels=j.get("kernels"), device_name=j.get("device_name"))
+                 kernels=j.get("kernels"), device_name=j.get("device_name"),
+                 ready_s=j.get("ready_s"), startup=j.get("startup"))
     except Exception as e:
         r["error"] = tail(errp) if rc else "%s: %s" % (type(e).__name__, e)
 else:

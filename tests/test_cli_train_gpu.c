@@ -38,6 +38,13 @@ static first_step train_json(const sandbox *sb, const char *data, const char *ou
 	       "%.0f bytes\n",
 	       f.ready, f.first, f.wall, f.compiled, f.cached, f.bundled, f.peak);
 	cr_expect(f.ready > 0 && f.ready <= f.first, "ready_s %g, first_step_s %g", f.ready, f.first);
+	/* ready_s's parts: the weights, the model, its optimizer */
+	const cJSON *su = cJSON_GetObjectItemCaseSensitive(j, "startup");
+	cr_assert(cJSON_IsObject(su), "no startup: %s", r.out);
+	double ws = num(su, "weights_s"), ms = num(su, "model_s"), os = num(su, "optim_s");
+	printf("startup: weights %.3f s, model %.3f s, optimizer %.3f s\n", ws, ms, os);
+	cr_expect(ws >= 0 && ms > 0 && os >= 0 && ws + ms + os <= f.ready, "startup %g + %g + %g, ready_s %g", ws,
+		  ms, os, f.ready);
 	/* the weights alone (f32 masters, two moments) are more than 1 MB at this shape */
 	cr_expect(f.peak > 1e6, "peak_bytes %g: the run's device memory", f.peak);
 	cJSON_Delete(j);

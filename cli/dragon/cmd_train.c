@@ -122,7 +122,10 @@ static const char help_text[] =
 	"                    command), step (the run's, reached), total_steps, wall_s;\n"
 	"                    on a GPU also first_step_s and ready_s (seconds from\n"
 	"                    the command's start to the first step's loss, and to\n"
-	"                    the model ready), kernels (how many were compiled,\n"
+	"                    the model ready), startup (weights_s: the initial\n"
+	"                    weights drawn or read; on a GPU model_s: the model\n"
+	"                    created, its kernels compiled; optim_s: its\n"
+	"                    optimizer set up), kernels (how many were compiled,\n"
 	"                    read from the cache, loaded from bundles) and\n"
 	"                    peak_bytes (the most device memory the run held at\n"
 	"                    once: arenas, weights, optimizer state, workspaces,\n"
@@ -588,6 +591,12 @@ int dg__cli_cmd_train(int argc, char **argv)
 		if (run_at.first_step_s > 0) {
 			cJSON_AddNumberToObject(j, "ready_s", run_at.ready_s);
 			cJSON_AddNumberToObject(j, "first_step_s", run_at.first_step_s);
+			cJSON *su = cJSON_AddObjectToObject(j, "startup");
+			cJSON_AddNumberToObject(su, "weights_s", run_at.weights_s);
+			if (dev) {
+				cJSON_AddNumberToObject(su, "model_s", run_at.model_s);
+				cJSON_AddNumberToObject(su, "optim_s", run_at.optim_s);
+			}
 		}
 		if (dev) {
 			cJSON *k = cJSON_AddObjectToObject(j, "kernels");

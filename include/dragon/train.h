@@ -125,6 +125,12 @@ typedef struct dg_train_result {
 	 * when the first step's loss is read back (its log line). The GPU's
 	 * kernels by where they came from, at ready_s: */
 	double ready_s, first_step_s;
+	/* ready_s's parts: weights_s to the initial weights (drawn, or read
+	 * from the checkpoint) and the run's state, model_s for the GPU model
+	 * (its kernels compiled, its nodes prepared, its arenas allocated and
+	 * the weights uploaded: dg_model_create), optim_s for its optimizer
+	 * (dg_model_optim_init: masters, moments, the captured step) */
+	double weights_s, model_s, optim_s;
 	size_t kernels_compiled, kernels_cached, kernels_bundled;
 	/* The GPU: the most device memory the run held at once, from the
 	 * model's creation to the last step reported so far: the arenas,

@@ -656,18 +656,31 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 	/* what the run's memory is measured from (peak_bytes): the bytes
 	 * held now, which become the high-water mark */
 	const size_t mem0 = o->dev ? dg__dev_mem_mark(o->dev) : 0;
-	if (o->dev && ((st = dg_model_create_accum(o->dev, s->weights, lb, o->time, accum_of(o), &sp.m)) ||
-		       (st = dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL,
-						 o->resume ? s->v : NULL, !o->no_graph, &s->scaler)) ||
-		       (o->world && o->world->comm &&
-			(st = dg_model_optim_comm(sp.m, o->world->comm))))) {
-		/* the device's status as it is: out of memory, a kernel that
-		 * does not compile, a launch that fails are told apart */
-		st = dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(o->dev));
-		goto out;
+	double t_model = t0, t_optim = t0;
+	if (o->result)
+		o->result->weights_s = t0 - t_run;
+	if (o->dev) {
+		st = dg_model_create_accum(o->dev, s->weights, lb, o->time, accum_of(o), &sp.m);
+		t_model = now_s();
+		if (!st)
+			st = dg_model_optim_init(sp.m, &o->opt, o->resume ? s->m : NULL, o->resume ? s->v : NULL,
+						 !o->no_graph, &s->scaler);
+		t_optim = now_s();
+		if (!st && o->world && o->world->comm)
+			st = dg_model_optim_comm(sp.m, o->world->comm);
+		if (st) {
+			/* the device's status as it is: out of memory, a kernel that
+			 * does not compile, a launch that fails are told apart */
+			st = dg__msgf(st, msg, msg_size, "%s", dg_device_errmsg(o->dev));
+			goto out;
+		}
 	}
 	if (o->result) {
 		o->result->ready_s = now_s() - t_run;
+		if (o->dev) {
+			o->result->model_s = t_model - t0;
+			o->result->optim_s = t_optim - t_model;
+		}
 		dg_device_stats ds;
 		if (o->dev && !dg_device_stats_get(o->dev, &ds)) {
 			o->result->kernels_compiled = ds.compiled;
