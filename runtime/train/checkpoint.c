@@ -62,6 +62,15 @@ static dg_status state_alloc(const dg_model_config *c, dg_train_state **out, cha
 	return DG_OK;
 }
 
+/* The state's fields but its arrays. */
+static void state_init(dg_train_state *s, uint64_t seed, const dg_adamw_config *opt)
+{
+	s->seed = seed;
+	dg_rng_seed(&s->data_rng, seed);
+	s->opt = *opt;
+	dg_loss_scaler_defaults(&s->scaler, false);
+}
+
 dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const dg_adamw_config *opt,
 				dg_train_state **out, char *msg, size_t msg_size)
 {
@@ -80,10 +89,27 @@ dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const 
 		size_t n = (size_t)dg_model_param_shape(&w->config, (dg_model_param)p, &nd, sh);
 		memcpy(s->weights->params[p], w->params[p], n * sizeof(float));
 	}
-	s->seed = seed;
-	dg_rng_seed(&s->data_rng, seed);
-	s->opt = *opt;
-	dg_loss_scaler_defaults(&s->scaler, false);
+	state_init(s, seed, opt);
+	*out = s;
+	return DG_OK;
+}
+
+dg_status dg__train_state_adopt(dg_model_weights **w, uint64_t seed, const dg_adamw_config *opt,
+				dg_train_state **out, char *msg, size_t msg_size)
+{
+	if (!w || !*w || !opt || !out)
+		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg__train_state_adopt: NULL argument");
+	*out = NULL;
+	dg_status st = dg_adamw_check(opt, msg, msg_size);
+	if (st)
+		return st;
+	dg_train_state *s;
+	if ((st = state_alloc(&(*w)->config, &s, msg, msg_size)))
+		return st;
+	dg_model_weights_destroy(s->weights); /* zero pages, never touched */
+	s->weights = *w;
+	*w = NULL;
+	state_init(s, seed, opt);
 	*out = s;
 	return DG_OK;
 }

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "dragon/checkpoint.h"
 #include "dragon/model.h"
 #include "runtime/store/safetensors.h"
 
@@ -63,6 +64,12 @@ dg_status dg__model_weights_add(dg_safetensors_writer *sw, const dg_model_weight
 #define DG__SEAL_KEY "file_sha256"
 #define DG__KIND_KEY "kind"
 #define DG__KIND_WEIGHTS "weights"       /* dg_model_weights_save */
+/* dg_train_state_create, the state taking *w's arrays instead of a copy
+ * (*w NULL after, on success): a 1B-parameter model's 4 GB copy and its
+ * page faults were a second or more of the time to a run's first step. */
+dg_status dg__train_state_adopt(dg_model_weights **w, uint64_t seed, const dg_adamw_config *opt,
+				dg_train_state **out, char *msg, size_t msg_size);
+
 #define DG__KIND_CHECKPOINT "checkpoint" /* dg_checkpoint_save */
 #define DG__KIND_GRADIENTS "gradients"   /* dg_model_grads_save */
 

@@ -630,7 +630,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 			goto out;
 		}
 		if ((st = dg_model_weights_create(&o->model, o->seed, &w0, msg, msg_size)) ||
-		    (st = dg_train_state_create(w0, o->seed, &o->opt, &s, msg, msg_size)))
+		    (st = dg__train_state_adopt(&w0, o->seed, &o->opt, &s, msg, msg_size)))
 			goto out;
 		dg_loss_scaler_defaults(&s->scaler, o->loss_scale);
 	}
