@@ -3,7 +3,7 @@ o=$OUT; unset OUT
 timeout 200 scripts/gpu_test.sh --target test_cli_train_gpu --target dragon-cli -- -R '^test_cli_train_gpu$' > $o/suite.txt 2>&1
 grep -E "tests passed|Failed|Assert" build-gpu/results/ctest.log | head > $o/fails.txt
 export LD_LIBRARY_PATH=$PWD/.gpu/prefix/runlib
-timeout 200 bench/shapes.sh --only "1b hn1m 25m" --presets "w8a8 bf16" --no-anchor --steps 6 --budget 170 --out $o/startup.json > $o/shapes.txt 2>&1
+timeout 150 bench/shapes.sh --only "1b hn1m" --presets "w8a8 bf16" --no-anchor --steps 6 --budget 120 --out $o/startup.json > $o/shapes.txt 2>&1
 python3 - $o/startup.json <<'PY' > $o/startup.txt
 import json,sys
 for r in json.load(open(sys.argv[1]))["rows"]:
