@@ -371,6 +371,40 @@ Test(nvrtc_norm, lmhead_ce_checks_and_workspace)
 	cr_assert_eq(dg_lmhead_ce_workspace(NULL, &s, &a, NULL), DG_ERR_INVALID_ARG);
 }
 
+/* The tensor-core path's workspace (runtime/ops/loss.c tc_of), with no
+ * device: GPT-2's vocabulary at BDH's 4096 rows, a bf16 x. Each part
+ * 256-byte aligned: the row losses (16 KiB), dlogits (4096 x 50304 bf16),
+ * the tiles' statistics (4096 x 393 float2), lse and the target's logit
+ * (16 KiB each), xb (4096 x 256 bf16), wb (256 x 50304 bf16) and dx's four
+ * splits (4 x 4096 x 256 f32): 469647360 bytes, as the H200 run printed;
+ * the forward alone has no dlogits and no splits. */
+Test(nvrtc_norm, lmhead_ce_tensor_core_workspace)
+{
+	enum { R = 4096, E = 256, V = 50304 };
+	dg_spec s = spec_of("op=lmhead_ce;embd=256;vocab=50304;src=bf16");
+	dg_tensor x = dg_tensor_2d("x", DG_FMT_BF16, P(1), R, E), w = dg_tensor_2d("w", DG_FMT_F32, P(2), E, V),
+		  tg = dg_tensor_1d("targets", DG_FMT_I32, P(3), R), loss = dg_tensor_1d("loss", DG_FMT_F32, P(4), 1);
+	dg_tensor dx = dg_tensor_2d("dx", DG_FMT_F32, P(5), R, E), dw = dg_tensor_2d("dw", DG_FMT_F32, P(6), E, V);
+	dg_lmhead_ce_args a = { .x = &x, .w = &w, .targets = &tg, .loss = &loss };
+	size_t need = 0;
+	const size_t rl = (size_t)R * 4, dl = (size_t)R * V * 2, st = (size_t)R * 393 * 8, xb = (size_t)R * E * 2,
+		     wb = (size_t)E * V * 2, parts = (size_t)4 * R * E * 4;
+	cr_assert_eq(dg_lmhead_ce_workspace(NULL, &s, &a, &need), DG_OK);
+	cr_assert_eq(need, rl + st + 2 * rl + xb + wb, "forward: %zu", need);
+	a.backward = true;
+	a.dx = &dx;
+	a.dw = &dw;
+	cr_assert_eq(dg_lmhead_ce_workspace(NULL, &s, &a, &need), DG_OK);
+	cr_assert_eq(need, rl + dl + st + 2 * rl + xb + wb + parts, "backward: %zu", need);
+	cr_assert_eq(need, 469647360u);
+	/* a vocabulary off 8 pads wb and dlogits' rows to a multiple of 8 */
+	s.vocab = 50257;
+	w.shape[1] = dw.shape[1] = 50257;
+	cr_assert_eq(dg_lmhead_ce_workspace(NULL, &s, &a, &need), DG_OK);
+	cr_assert_eq(need, rl + (size_t)R * 50264 * 2 + st + 2 * rl + xb + (size_t)E * 50264 * 2 + parts,
+		     "V 50257 pads to 50264: %zu", need);
+}
+
 /* lmhead_logits (templates/logits.lua, a decoder's logits): one entry, t64
  * by default (a decoder's few rows over 256 columns on several SMs), any
  * thread count asked for; it compiles for sm_90 and sm_90a at the 25M
