@@ -221,6 +221,15 @@ __device__ __forceinline__ void dg_lt_gemm(float acc[4][4][4], bf16 *smem, const
 	__syncthreads();	// the ring is free for the caller's epilogue
 }
 
+// Where the calling thread's accumulators lie in the block tile (dg_lt_gemm's
+// mapping): acc[mi][ni][2h + e] is row fr + 16·mi + 8·h, column fc + 8·ni + e.
+__device__ __forceinline__ void dg_lt_origin(int &fr, int &fc)
+{
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	fr = (warp & 1) * 64 + (lane >> 2);
+	fc = (warp >> 1) * 32 + 2 * (lane & 3);
+}
+
 extern "C" __global__ void __launch_bounds__(GNT)
 dg_lmhead_ce_cast(const ${XT} *__restrict__ x, const ${WT} *__restrict__ w, bf16 *__restrict__ xb,
 		  bf16 *__restrict__ wb, long long rows)
@@ -246,13 +255,13 @@ dg_lmhead_ce(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, const int
 	float acc[4][4][4];
 	const long long m0 = (long long)blockIdx.y * GT, n0 = (long long)blockIdx.x * GT;
 	dg_lt_gemm<true, false>(acc, (bf16 *)dg_smem, xb, E, rows, wb, VP, VP, E, m0, n0, 0, (E + GBK - 1) / GBK);
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-	const int wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
+	int fr, fc;
+	dg_lt_origin(fr, fc);
 #pragma unroll
 	for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
 		for (int h = 0; h < 2; ++h) {
-			const int rl = wm + mi * 16 + g + 8 * h;
+			const int rl = fr + mi * 16 + 8 * h;
 			const long long r = m0 + rl;
 			const int t = r < rows ? __ldg(targets + r) : -1;
 			float mx = __int_as_float(0xff800000);
@@ -260,7 +269,7 @@ dg_lmhead_ce(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, const int
 			for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
 				for (int e = 0; e < 2; ++e) {
-					const long long c = n0 + wn + ni * 8 + 2 * q + e;
+					const long long c = n0 + fc + ni * 8 + e;
 					const float z = acc[mi][ni][2 * h + e];
 					if (c < V) {
 						mx = fmaxf(mx, z);
@@ -275,13 +284,13 @@ dg_lmhead_ce(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, const int
 			for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
 				for (int e = 0; e < 2; ++e)
-					if (n0 + wn + ni * 8 + 2 * q + e < V)
+					if (n0 + fc + ni * 8 + e < V)
 						s += __expf(acc[mi][ni][2 * h + e] - mx);
 			s += __shfl_xor_sync(0xffffffffu, s, 1);
 			s += __shfl_xor_sync(0xffffffffu, s, 2);
-			if (q == 0) {
-				red_m[rl][warp >> 1] = mx;
-				red_s[rl][warp >> 1] = s;
+			if ((threadIdx.x & 3) == 0) {	// a quad's first lane, for its warp's 32 columns
+				red_m[rl][threadIdx.x >> 6] = mx;
+				red_s[rl][threadIdx.x >> 6] = s;
 			}
 		}
 	__syncthreads();
@@ -349,13 +358,13 @@ dg_lmhead_ce_dlogits(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, c
 		inv_rows = __fmul_rn(inv_rows, *grad_scale);
 	const long long m0 = (long long)blockIdx.y * GT, n0 = (long long)blockIdx.x * GT;
 	dg_lt_gemm<true, false>(acc, (bf16 *)dg_smem, xb, E, rows, wb, VP, VP, E, m0, n0, 0, (E + GBK - 1) / GBK);
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-	const int wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
+	int fr, fc;
+	dg_lt_origin(fr, fc);
 #pragma unroll
 	for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
 		for (int h = 0; h < 2; ++h) {
-			const long long r = m0 + wm + mi * 16 + g + 8 * h;
+			const long long r = m0 + fr + mi * 16 + 8 * h;
 			if (r >= rows)
 				continue;
 			const int t = __ldg(targets + r);
@@ -363,7 +372,7 @@ dg_lmhead_ce_dlogits(const bf16 *__restrict__ xb, const bf16 *__restrict__ wb, c
 			const float l = ok ? lse[r] : 0.0f;
 #pragma unroll
 			for (int ni = 0; ni < 4; ++ni) {
-				const long long c = n0 + wn + ni * 8 + 2 * q;
+				const long long c = n0 + fc + ni * 8;
 				if (c >= VP)
 					continue;
 				float d[2];
@@ -390,18 +399,18 @@ dg_lmhead_ce_dx(const bf16 *__restrict__ dlogits, const bf16 *__restrict__ wb, f
 	const long long m0 = (long long)blockIdx.y * GT, n0 = (long long)blockIdx.x * GT;
 	dg_lt_gemm<true, true>(acc, (bf16 *)dg_smem, dlogits, VP, rows, wb, VP, E, VP, m0, n0, kt0, kt1);
 	float *o = out + (splits > 1 ? (long long)p * rows * E : 0LL);
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-	const int wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
+	int fr, fc;
+	dg_lt_origin(fr, fc);
 #pragma unroll
 	for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
 		for (int h = 0; h < 2; ++h) {
-			const long long r = m0 + wm + mi * 16 + g + 8 * h;
+			const long long r = m0 + fr + mi * 16 + 8 * h;
 			if (r >= rows)
 				continue;
 #pragma unroll
 			for (int ni = 0; ni < 4; ++ni) {
-				const long long c = n0 + wn + ni * 8 + 2 * q;
+				const long long c = n0 + fc + ni * 8;
 				if (c < E)	// E % 8 == 0: c + 1 < E too
 					*(float2 *)(o + r * E + c) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
 			}
@@ -430,20 +439,20 @@ dg_lmhead_ce_dw(const bf16 *__restrict__ xb, const bf16 *__restrict__ dlogits, f
 	const long long m0 = (long long)blockIdx.y * GT, n0 = (long long)blockIdx.x * GT;
 	dg_lt_gemm<false, false>(acc, (bf16 *)dg_smem, xb, E, E, dlogits, VP, VP, rows, m0, n0, 0,
 				 (int)((rows + GBK - 1) / GBK));
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-	const int wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
+	int fr, fc;
+	dg_lt_origin(fr, fc);
 #pragma unroll
 	for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
 		for (int h = 0; h < 2; ++h) {
-			const long long k = m0 + wm + mi * 16 + g + 8 * h;
+			const long long k = m0 + fr + mi * 16 + 8 * h;
 			if (k >= E)
 				continue;
 #pragma unroll
 			for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
 				for (int e = 0; e < 2; ++e) {
-					const long long v = n0 + wn + ni * 8 + 2 * q + e;
+					const long long v = n0 + fc + ni * 8 + e;
 					if (v < V) {
 						float *o = dw + k * V + v;
 						const float a = acc[mi][ni][2 * h + e];
