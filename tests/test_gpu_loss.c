@@ -110,7 +110,7 @@ static void lm_case(dg_device *dev, dg_fmt src, dg_fmt wfm, int E, int V, int64_
 	}
 	snprintf(what, sizeof(what), "lmhead_ce x %s w %s E=%d V=%d R=%lld bad=%d%s%s", dg_fmt_name(src),
 		 dg_fmt_name(wfm), E, V, (long long)R, bad_rows, accumulate ? " accumulate" : "",
-		 E % 8 == 0 && (src == DG_FMT_BF16 ? V >= 4096 : V > 50304) ? " (tensor cores)" : "");
+		 tc ? " (tensor cores)" : "");
 
 	/* the reference on the valid rows, rescaled from their mean to the mean over R */
 	float *xv = gh_xmalloc(nx * 4), *dxv = gh_xmalloc(nx * 4), *dwv = gh_xmalloc(nw * 4);

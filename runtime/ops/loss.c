@@ -242,19 +242,19 @@ static dg_status prep_tc(dg_prepared *p, const dg__op_call *c)
 	const dg_spec *spec = &p->spec;
 	static const char *const entries[8] = { FN "_cast",    FN,       FN "_rows",   FN "_loss",
 						FN "_dlogits", FN "_dx", FN "_dx_sum", FN "_dw" };
+	const long long rows = p->shape.r, E = spec->embd;
+	if (dg__op_cdiv(rows, 128) > 65535) /* the row tiles are grid y */
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, FN ": %lld rows: at most %d on the tensor-core path",
+				    rows, 65535 * 128);
 	dg_kernel *k[8];
 	dg_status st;
 	for (int i = 0; i < 8; i++)
 		if ((st = dg_kernel_get(dev, spec, entries[i], &k[i])))
 			return st;
-	const long long rows = p->shape.r, E = spec->embd;
 	const bool backward = c->backward;
 	const tc_layout T = tc_of(spec, rows, backward);
 	const int sms = dg__dev_info(dev)->sm_count > 0 ? dg__dev_info(dev)->sm_count : 1;
 	const unsigned rt = (unsigned)dg__op_cdiv(rows, 128);
-	if (dg__op_cdiv(rows, 128) > 65535)
-		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, FN ": %lld rows: at most %d on the tensor-core path",
-				    rows, 65535 * 128);
 	p->ws_bytes = T.total;
 	p->ptrs = ptrs;
 

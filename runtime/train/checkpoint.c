@@ -39,12 +39,13 @@ void dg_train_state_destroy(dg_train_state *s)
 
 /* A state of config c with zero moments and the weights' storage (not
  * filled: the caller copies or reads them). */
-static dg_status state_alloc(const dg_model_config *c, dg_train_state **out, char *msg, size_t size)
+static dg_status state_alloc(const dg_model_config *c, bool weights, dg_train_state **out, char *msg,
+			     size_t size)
 {
 	dg_train_state *s = calloc(1, sizeof(*s));
 	if (!s)
 		return dg__msgf(DG_ERR_NOMEM, msg, size, "out of memory");
-	dg_status st = dg__model_weights_alloc(c, &s->weights, msg, size);
+	dg_status st = weights ? dg__model_weights_alloc(c, &s->weights, msg, size) : DG_OK;
 	for (int p = 0; !st && p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
 		int64_t sh[3];
@@ -62,13 +63,20 @@ static dg_status state_alloc(const dg_model_config *c, dg_train_state **out, cha
 	return DG_OK;
 }
 
-/* The state's fields but its arrays. */
-static void state_init(dg_train_state *s, uint64_t seed, const dg_adamw_config *opt)
+/* A state of c for seed and opt: its moments zero, its weights zero
+ * (weights) or not made (NULL: the caller's to give). */
+static dg_status state_new(const dg_model_config *c, bool weights, uint64_t seed, const dg_adamw_config *opt,
+			   dg_train_state **out, char *msg, size_t msg_size)
 {
+	dg_status st = dg_adamw_check(opt, msg, msg_size);
+	if (st || (st = state_alloc(c, weights, out, msg, msg_size)))
+		return st;
+	dg_train_state *s = *out;
 	s->seed = seed;
 	dg_rng_seed(&s->data_rng, seed);
 	s->opt = *opt;
 	dg_loss_scaler_defaults(&s->scaler, false);
+	return DG_OK;
 }
 
 dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const dg_adamw_config *opt,
@@ -77,20 +85,15 @@ dg_status dg_train_state_create(const dg_model_weights *w, uint64_t seed, const 
 	if (!w || !opt || !out)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg_train_state_create: NULL argument");
 	*out = NULL;
-	dg_status st = dg_adamw_check(opt, msg, msg_size);
+	dg_status st = state_new(&w->config, true, seed, opt, out, msg, msg_size);
 	if (st)
-		return st;
-	dg_train_state *s;
-	if ((st = state_alloc(&w->config, &s, msg, msg_size)))
 		return st;
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
 		int nd;
 		int64_t sh[3];
 		size_t n = (size_t)dg_model_param_shape(&w->config, (dg_model_param)p, &nd, sh);
-		memcpy(s->weights->params[p], w->params[p], n * sizeof(float));
+		memcpy((*out)->weights->params[p], w->params[p], n * sizeof(float));
 	}
-	state_init(s, seed, opt);
-	*out = s;
 	return DG_OK;
 }
 
@@ -100,17 +103,11 @@ dg_status dg__train_state_adopt(dg_model_weights **w, uint64_t seed, const dg_ad
 	if (!w || !*w || !opt || !out)
 		return dg__msgf(DG_ERR_INVALID_ARG, msg, msg_size, "dg__train_state_adopt: NULL argument");
 	*out = NULL;
-	dg_status st = dg_adamw_check(opt, msg, msg_size);
+	dg_status st = state_new(&(*w)->config, false, seed, opt, out, msg, msg_size);
 	if (st)
 		return st;
-	dg_train_state *s;
-	if ((st = state_alloc(&(*w)->config, &s, msg, msg_size)))
-		return st;
-	dg_model_weights_destroy(s->weights); /* zero pages, never touched */
-	s->weights = *w;
+	(*out)->weights = *w;
 	*w = NULL;
-	state_init(s, seed, opt);
-	*out = s;
 	return DG_OK;
 }
 
@@ -340,7 +337,7 @@ static dg_status state_of(const dg_safetensors *f, const char *path, dg_train_st
 		}
 	}
 	dg_train_state *s = NULL;
-	if ((st = state_alloc(&c, &s, msg, msg_size)))
+	if ((st = state_alloc(&c, true, &s, msg, msg_size)))
 		return st;
 	for (int p = 0; p < DG_MODEL_N_PARAMS; p++) {
 		float *dst[3] = { s->weights->params[p], s->m[p], s->v[p] };

@@ -58,18 +58,18 @@ dg_status dg__model_weights_alloc(const dg_model_config *c, dg_model_weights **o
 dg_status dg__model_weights_add(dg_safetensors_writer *sw, const dg_model_weights *w, char *msg,
 				size_t size);
 
-/* The metadata a dragon file of weights says itself with: its seal (the
- * file's SHA-256, runtime/store/safetensors.h) and its kind. Files saved before
- * they were written have neither. */
-#define DG__SEAL_KEY "file_sha256"
-#define DG__KIND_KEY "kind"
-#define DG__KIND_WEIGHTS "weights"       /* dg_model_weights_save */
 /* dg_train_state_create, the state taking *w's arrays instead of a copy
  * (*w NULL after, on success): a 1B-parameter model's 4 GB copy and its
  * page faults were a second or more of the time to a run's first step. */
 dg_status dg__train_state_adopt(dg_model_weights **w, uint64_t seed, const dg_adamw_config *opt,
 				dg_train_state **out, char *msg, size_t msg_size);
 
+/* The metadata a dragon file of weights says itself with: its seal (the
+ * file's SHA-256, runtime/store/safetensors.h) and its kind. Files saved before
+ * they were written have neither. */
+#define DG__SEAL_KEY "file_sha256"
+#define DG__KIND_KEY "kind"
+#define DG__KIND_WEIGHTS "weights"       /* dg_model_weights_save */
 #define DG__KIND_CHECKPOINT "checkpoint" /* dg_checkpoint_save */
 #define DG__KIND_GRADIENTS "gradients"   /* dg_model_grads_save */
 
