@@ -9,6 +9,11 @@
  *        [--warmup 2] [--reps 10] [--torch CMD | --no-torch]
  *        [--floor CMD | --no-floor] [--anchor CMD | --no-anchor]
  *        [--train] [--out FILE]
+ *        [--layers N] [--embd D] [--heads H] [--neurons N] [--vocab V]
+ *
+ * The shape flags replace the 25M preset's fields in every preset (and in
+ * the floor's and the anchor's shape), so the breakdown can be had at any
+ * shape the model takes (bench/shapes.sh's, say).
  *
  * --train adds, a preset, the whole training step (forward, backward, the
  * gradients' norm, AdamW and the execution copies: dg_model_train_step)
@@ -87,6 +92,30 @@ static dg_model_batch bench_batch(int32_t *idx, int32_t *tgt, int B, int T, int 
 	return bt;
 }
 
+/* The shape flags: 0 keeps the preset's field. */
+static struct {
+	int layers, embd, heads, neurons, vocab;
+} g_shape;
+
+/* Preset `name` with the shape flags applied, checked. */
+static dg_status bench_config(const char *name, dg_model_config *c, char *msg, size_t msg_size)
+{
+	dg_status st = dg_model_preset(name, c, msg, msg_size);
+	if (st)
+		return st;
+	if (g_shape.layers)
+		c->layers = g_shape.layers;
+	if (g_shape.embd)
+		c->embd = g_shape.embd;
+	if (g_shape.heads)
+		c->heads = g_shape.heads;
+	if (g_shape.neurons)
+		c->neurons = g_shape.neurons;
+	if (g_shape.vocab)
+		c->vocab = g_shape.vocab;
+	return dg_model_config_check(c, msg, msg_size);
+}
+
 /* One preset: a row, or an error row naming why it did not run. */
 static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int warmup, int reps)
 {
@@ -98,7 +127,7 @@ static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int w
 	cJSON *r = NULL;
 	size_t free0 = 0, total = 0, lowest;
 
-	if (dg_model_preset(preset, &c, msg, sizeof(msg)) ||
+	if (bench_config(preset, &c, msg, sizeof(msg)) ||
 	    dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)))
 		goto fail_msg;
 	if (dg_model_plan(dev, &c, B, T, &plan))
@@ -190,7 +219,7 @@ static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int wa
 	cJSON *r = NULL;
 	dg_adamw_config opt;
 	dg_adamw_defaults(&opt, warmup + reps);
-	if (dg_model_preset(preset, &c, msg, sizeof(msg)) ||
+	if (bench_config(preset, &c, msg, sizeof(msg)) ||
 	    dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)))
 		goto fail_msg;
 	if (dg_model_create(dev, w, B, T, &m) || dg_model_optim_init(m, &opt, NULL, NULL, graph, NULL))
@@ -264,7 +293,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: step [--presets LIST] [--batch B] [--time T] [--warmup N] [--reps N]\n"
 		   "            [--torch CMD | --no-torch] [--floor CMD | --no-floor]\n"
-		   "            [--anchor CMD | --no-anchor] [--train] [--out FILE]\n");
+		   "            [--anchor CMD | --no-anchor] [--train] [--out FILE]\n"
+		   "            [--layers N] [--embd D] [--heads H] [--neurons N] [--vocab V]\n");
 }
 
 int main(int argc, char **argv)
@@ -298,6 +328,16 @@ int main(int argc, char **argv)
 			anchor_cmd = argv[++i];
 		else if (!strcmp(a, "--no-anchor"))
 			use_anchor = 0;
+		else if (!strcmp(a, "--layers") && v)
+			g_shape.layers = atoi(argv[++i]);
+		else if (!strcmp(a, "--embd") && v)
+			g_shape.embd = atoi(argv[++i]);
+		else if (!strcmp(a, "--heads") && v)
+			g_shape.heads = atoi(argv[++i]);
+		else if (!strcmp(a, "--neurons") && v)
+			g_shape.neurons = atoi(argv[++i]);
+		else if (!strcmp(a, "--vocab") && v)
+			g_shape.vocab = atoi(argv[++i]);
 		else if (!strcmp(a, "--train"))
 			train = 1;
 		else if (!strcmp(a, "--out") && v)
@@ -319,8 +359,8 @@ int main(int argc, char **argv)
 	snprintf(list, sizeof(list), "%s", presets);
 	dg_model_config shape;
 	const char *first = strtok(list, ",");
-	if (dg_model_preset(first ? first : "f32", &shape, msg, sizeof(msg)) &&
-	    dg_model_preset("f32", &shape, msg, sizeof(msg))) {
+	if (bench_config(first ? first : "f32", &shape, msg, sizeof(msg)) &&
+	    bench_config("f32", &shape, msg, sizeof(msg))) {
 		fprintf(stderr, "step: %s\n", msg);
 		return 1;
 	}
