@@ -146,6 +146,7 @@ constexpr int SBO = KCH * 128;			// bytes between 8-row core-matrix groups
 constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int SA = BM * KCH / NT;		// A chunks a thread a step
 constexpr int UB = ${UB};			// codes a B unit (16 bytes of storage)
+constexpr bool STAGGER = ${STAGGER};		// K walks staggered by tile (below)
 constexpr int SB = (BN * (BK / UB) + NT - 1) / NT;	// B units a thread a step
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
@@ -188,10 +189,15 @@ dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
 			}
 		continue;
 	}
-	// Tiles of one split start their K walk at staggered steps, so that the
-	// blocks do not all read the same weight columns (the same L2 lines) at
-	// once: step i of the item is K step kstep(i).
-	const int rot = (int)(tile * nkt / ntile);
+	// Tiles of one split start their K walk at staggered steps (STAGGER),
+	// so that the blocks do not all read the same weight columns (the same
+	// L2 lines) at once: step i of the item is K step kstep(i). Only while
+	// the weight fits in L2 (BDH 25M: 8 MB): past it, the tiles that share
+	// an A or B block must read it at about the same time for L2 to serve
+	// it once. Staggered at D 1280, H 16, N 16384 (a 335 MB weight), each
+	// tile read its operands from DRAM: 3.8 GB a call, 1.93 ms (ncu), where
+	// the operands are 0.6 GB.
+	const int rot = STAGGER ? (int)(tile * nkt / ntile) : 0;
 	auto kstep = [&](int i) -> int {
 		const int r = i + rot;
 		return kt0 + (r >= nkt ? r - nkt : r);
@@ -419,6 +425,8 @@ local function render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages, nt, s
   local wdiv = FM.i8x4_words(weight)
   local v = { H = H, L = L, E = E, WDIV = wdiv, BM = bm, BN = bn, BK = bk, S = stages,
               YT = fa.ctype, WT = fw.ctype, UB = weight == "ternary" and 64 or (weight == "sign1" and 128 or 16),
+              -- the weight's bytes within 16 MiB (a third of the H200's L2)
+              STAGGER = (E * H * L // wdiv <= 16 * 1024 * 1024) and "true" or "false",
               ISSUE_B = "", B_DECODE = "", B_PROLOGUE = "", B_PREFETCH = "", B_STEP = "" }
   if weight ~= "ternary" and weight ~= "sign1" then
     v.ISSUE_B = [[
