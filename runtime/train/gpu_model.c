@@ -243,20 +243,75 @@ static void *warm_worker(void *arg)
 	return NULL;
 }
 
-static void warm_kernels(dg_model *m, const dg_model_config *c, int b, int t)
+static bool precompile_on(void)
 {
 	const char *env = getenv("DRAGON_PRECOMPILE");
-	if (m->warm || m->decode || (env && strcmp(env, "0") == 0))
-		return;
-	m->warm = true;
-	warm_list w = { .dev = m->dev };
+	return !(env && strcmp(env, "0") == 0);
+}
+
+/* Every kernel of c's step at (b, t) on dev (an sm device), a spec a
+ * thread on every core. */
+static void warm_specs(dg_device *dev, int sm, const dg_model_config *c, int b, int t)
+{
+	warm_list w = { .dev = dev };
 	atomic_init(&w.next, 0);
 	char msg[256];
-	if (dg__gm_step_specs(c, b, t, m->sm, warm_add, &w, msg, sizeof(msg)) == DG_OK && w.n > 0) {
+	if (dg__gm_step_specs(c, b, t, sm, warm_add, &w, msg, sizeof(msg)) == DG_OK && w.n > 0) {
 		int n = dg__pool_cores(SIZE_THREADS_MAX);
 		dg__pool_run(warm_worker, &w, n < w.n ? n : w.n);
 	}
 	free(w.specs);
+}
+
+static void warm_kernels(dg_model *m, const dg_model_config *c, int b, int t)
+{
+	if (m->warm || m->decode || !precompile_on())
+		return;
+	m->warm = true;
+	warm_specs(m->dev, m->sm, c, b, t);
+}
+
+/* The same ahead of the model, on a thread of its own (a trainer's while
+ * it draws or loads the weights): dg_model_create then finds the kernels
+ * loaded. Nothing is allocated on the device. */
+struct dg__gm_warm {
+	pthread_t th;
+	dg_device *dev;
+	dg_model_config c;
+	int b, t, sm;
+};
+
+static void *warm_thread(void *arg)
+{
+	dg__gm_warm *w = arg;
+	warm_specs(w->dev, w->sm, &w->c, w->b, w->t);
+	return NULL;
+}
+
+dg__gm_warm *dg__gm_warm_start(dg_device *dev, const dg_model_config *c, int b, int t)
+{
+	if (!dev || !c || b < 1 || t < 1 || !precompile_on())
+		return NULL;
+	const dg_device_info *di = dg__dev_info(dev);
+	dg__gm_warm *w = malloc(sizeof(*w));
+	if (!di || !w) {
+		free(w);
+		return NULL;
+	}
+	*w = (dg__gm_warm){ .dev = dev, .c = *c, .b = b, .t = t, .sm = di->sm };
+	if (pthread_create(&w->th, NULL, warm_thread, w)) {
+		free(w);
+		return NULL; /* dg_model_create compiles them itself */
+	}
+	return w;
+}
+
+void dg__gm_warm_join(dg__gm_warm *w)
+{
+	if (!w)
+		return;
+	pthread_join(w->th, NULL);
+	free(w);
 }
 
 /* m's model of c at (b, t): the tape recorded, each node's ops prepared

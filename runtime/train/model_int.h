@@ -40,6 +40,16 @@ dg_status dg__cpu_exec_copies(const dg_model_weights *w, bool lowbit, float *con
  * (b, V) logits after each row's last (as dg_model_logits gives them).
  * Errors: the device's message. The model is destroyed by
  * dg_model_destroy. */
+/* The GPU model's step kernels for (c, b, t) compiled and loaded on dev
+ * on a thread of its own, started now (runtime/train/gpu_model.c): what
+ * dg_model_create would compile first, done while the caller draws or
+ * loads the weights. NULL when DRAGON_PRECOMPILE=0 or no thread could be
+ * made (dg_model_create compiles them then). dg__gm_warm_join waits for it
+ * and frees it (NULL is fine); call it before dev is closed. */
+typedef struct dg__gm_warm dg__gm_warm;
+dg__gm_warm *dg__gm_warm_start(dg_device *dev, const dg_model_config *c, int b, int t);
+void dg__gm_warm_join(dg__gm_warm *w);
+
 dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, int b, dg_model **out);
 dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool restart, float *logits);
 /* Whether decoder m replays its token's work as one CUDA graph (on, the
