@@ -249,7 +249,7 @@ function M.plan(spec)
     p.entries[2] = { name = entry .. "_reduce", threads = GOPS.RNT, smem = 0 }
   end
   if WG.fits(k, t) then
-    local smem = WG.smem_bytes(t)
+    local smem = WG.smem_bytes(t, k)
     ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.path, p.arch_specific, p.smem_bytes, p.entries[1].smem = "wgmma bf16", true, smem, smem

@@ -43,7 +43,9 @@ Precision: bf16 operands are exact; products exact in f32, sums f32 (K
 ascending within a block): |got − ref| <= K·2^-24·Σ|terms|.
 
 Shared memory (dynamic; M.smem_bytes, grad.lua M.plan checks it):
-S·(BM + BN)·BK·2 bytes and 1024 for the atoms' alignment.
+S·(BM + BN)·BK·2 bytes and 1024 for the atoms' alignment; for
+lowrank_grad_weight at least its staged f32 tile, BM·(BN + 8)·4 (smaller
+than the ring at every tile it takes: STAGED_GW).
 ]]
 local EMIT = require("emit")
 local DEV = require("device")
@@ -75,8 +77,9 @@ function M.fits(k, t)
   return M.applies(k) and WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
 end
 
-function M.smem_bytes(t)
-  return WB.smem_bytes(t, false)
+function M.smem_bytes(t, k)
+  -- lowrank_grad_weight stages its f32 tile in the ring (M.STAGED_GW)
+  return WB.smem_bytes(t, k ~= nil and k.op == "lowrank_grad_weight" and k.E % 4 == 0)
 end
 
 -- The default tile where the path applies. At the BDH shape (M = B·T 4096,
@@ -264,6 +267,64 @@ ${PAIRS}]],
 	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
 ${PAIRS}]],
 }
+
+-- lowrank_grad_weight's epilogue when E % 4 == 0: the f32 tile staged in
+-- the ring's shared memory (rows of BNP = BN + 8 floats, so that a
+-- half-warp's pair stores hit 32 banks), then each thread adds and stores
+-- four consecutive e of a row at a time — a warp a whole row of BN, one
+-- 16-byte access a lane — with RB of its float4's previous values in
+-- flight at once. It replaces one pair at a time from the accumulators,
+-- where each pair's read of grad_w waited for the last one's store (they
+-- might alias, and the compiler keeps their order): 32 memory round trips
+-- a thread a tile. ncu at D 1280, H 16, N 16384 (B·T 1024, H200): 3.36
+-- ms a call, 28% of the SM's throughput, 52% of the warps' cycles waiting
+-- on those loads; at H 16, N 65536, B·T 256 (4 K steps a tile) 2 ms a
+-- call for 137 GFLOP. Loaded 16 at a time from the accumulators instead,
+-- the 64 accumulators and 32 loaded values left ptxas 5 loads in flight
+-- and the step slower (1B: 38 -> 45 ms for the 12 calls): here the
+-- accumulators are dead before the loads.
+local STAGED_GW = [[
+	// ---- epilogue: splits == 1: grad_w (+)= Σ; else the raw sum into
+	// partial p (dst + p·NW), summed by the reduce entry; through shared
+	// memory, a float4 of a row at a time (templates/grad_wgmma.lua STAGED_GW)
+	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
+	const bool rmw = splits == 1 && accumulate;
+	constexpr int BNP = BN + 8;		// the staged tile's row (floats)
+	constexpr int C4 = BN / 4;		// float4 a row
+	constexpr int CH = BM * C4 / NT;	// float4 a thread
+	constexpr int RB = CH < 8 ? CH : 8;	// of them in flight
+	static_assert(CH % RB == 0 && E % 4 == 0, "whole batches, whole float4 rows");
+	__syncthreads();			// every warpgroup's MMAs read the ring
+	float *tile = (float *)(smem + (sbase - (unsigned)__cvta_generic_to_shared(smem)));
+#pragma unroll
+	for (int hr = 0; hr < 2; ++hr) {
+		const int r = wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j)
+			*(float2 *)(tile + r * BNP + 8 * j + 2 * q) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+	}
+	__syncthreads();
+#pragma unroll 1
+	for (int c0 = 0; c0 < CH; c0 += RB) {
+		float4 pv[RB];
+#pragma unroll
+		for (int i = 0; i < RB; ++i) {
+			const int c = tid + (c0 + i) * NT, r = c / C4, n = n0 + 4 * (c % C4);
+			pv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			if (rmw && m0 + r < MM && n < N)
+				pv[i] = *(const float4 *)(out + dg_out(m0 + r, n, h, T));
+		}
+#pragma unroll
+		for (int i = 0; i < RB; ++i) {
+			const int c = tid + (c0 + i) * NT, r = c / C4, n = n0 + 4 * (c % C4);
+			if (m0 + r < MM && n < N) {
+				const float4 v = *(const float4 *)(tile + r * BNP + 4 * (c % C4));
+				*(float4 *)(out + dg_out(m0 + r, n, h, T)) = rmw ?
+					make_float4(__fadd_rn(pv[i].x, v.x), __fadd_rn(pv[i].y, v.y),
+						    __fadd_rn(pv[i].z, v.z), __fadd_rn(pv[i].w, v.w)) : v;
+			}
+		}
+	}]]
 
 local KERNEL = [[
 extern "C" __global__ void __launch_bounds__(NT, ${MINB})
@@ -549,7 +610,8 @@ function M.render(c)
     MINB = minb, ENTRY = c.entry,
     SIG = EMIT.subst(o.sig, { BT = "unsigned short" }),
     PROLOGUE = PROLOGUE[op], LOAD = LOAD[op],
-    EPILOGUE = EMIT.subst(EPILOGUE[op], { PAIRS = EMIT.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
+    EPILOGUE = (op == "lowrank_grad_weight" and c.E % 4 == 0) and STAGED_GW or
+      EMIT.subst(EPILOGUE[op], { PAIRS = EMIT.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
     MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
                                       B_KC = "false", B_KS = "2048" }),
   }))
