@@ -19,7 +19,8 @@
  *     stages       the default's and half of it (at least 1)
  *   warpgroup tiles (sm_90a target only, warpgroup_grid): BM 64, 128,
  *     256 with WM = BM/16, WN = 1; BN 64, 128, 256; BK the default's, 64,
- *     128 (lowrank: the default's); stages 1, 2, 3, 4, 6, 8 (the plans
+ *     128 (lowrank's resident tiles, stages 2: the default's; its
+ *     K-streaming ones take them all); stages 1, 2, 3, 4, 6, 8 (the plans
  *     keep what their paths take)
  *   element-wise ops: t64, t128, t256, t512, t1024.
  * 12·2·2 = 48 GEMM tiles (fewer once validated) plus the default, on each
@@ -100,8 +101,8 @@ static bool warpgroup_grid(list *l, const dg_spec *base, const dg_tile *def)
 		for (size_t n = 0; n < N_OF(bns); n++)
 			for (size_t k = 0; k < N_OF(bks); k++)
 				for (size_t st = 0; st < N_OF(stages); st++) {
-					if (base->op == DG_OP_LOWRANK_FWD && k > 0)
-						continue; /* the whole E is resident */
+					if (base->op == DG_OP_LOWRANK_FWD && k > 0 && stages[st] <= 2)
+						continue; /* resident: the whole E, BK unused */
 					memset(&s.tile, 0, sizeof(s.tile));
 					s.tile.bm = bms[m];
 					s.tile.bn = bns[n];

@@ -153,6 +153,19 @@ local function default_tile(k)
     while k.E % bk ~= 0 and bk > 16 do bk = bk // 2 end
     local t = { bm = 128, bn = 64, bk = bk, wm = 8, wn = 1, stages = 2, threads = 0 }
     if LW.fits(k, t) then return t end
+    -- bf16 rows that do not fit resident: the K-streaming form, 128x256,
+    -- 64-byte slices (32 bf16), 4 stages (2 in flight), 96 KiB. `dragon-gen
+    -- tune` at D 768, H 12, N 8192, B·T 2048 (H200): 1.40 ms a call, where
+    -- 128x128/5 took 1.78 and the fp32 path 11.0 (the bf16 step 188 ms
+    -- with it). Codes keep the tensor-core path below: mma.sync's
+    -- 128x128x64/2x4/4 took 1.44 ms at D 1280, H 16, N 16384, B·T 1024,
+    -- the best streaming tile 1.69 (a slice a barrier is too little work
+    -- for cp.async and __syncthreads to feed the MMAs); a tuning record
+    -- may still pick a streaming tile.
+    if LW.operands(k) == "bf16" then
+      t = { bm = 128, bn = 256, bk = 32, wm = 8, wn = 1, stages = 4, threads = 0 }
+      if LW.stream_fits(k, t) then return t end
+    end
   end
   if ints and k.arch >= 80 and k.E % 32 == 0 then
     return { bm = 128, bn = 128, bk = k.E % 64 == 0 and 64 or 32, wm = 2, wn = 4, stages = 4, threads = 0 }
@@ -190,6 +203,10 @@ function M.plan(spec)
   if LW.fits(k, t) then
     return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16" or "wgmma", true, t.bm // 64 * 128,
                    LW.smem(k, t), true)
+  end
+  if LW.stream_fits(k, t) then
+    return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16 stream" or "wgmma stream", true,
+                   t.bm // 64 * 128, LW.stream_smem(k, t), true)
   end
   ok, err = TILES.warps_ok(t, auto)
   if ok then ok, err = TILES.simt_warp_tile(t, auto) end
@@ -266,7 +283,7 @@ function M.render(spec, plan)
     return t
   end
 
-  if plan.path == "wgmma" or plan.path == "wgmma bf16" then
+  if plan.path:match("^wgmma") then
     return require("lowrank_wgmma").render(spec, k)
   elseif plan.path == "mma.sync" then
     return require("lowrank_mma").render(spec, k)

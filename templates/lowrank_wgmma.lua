@@ -107,6 +107,32 @@ function M.fits(k, t)
     M.smem(k, t) <= 227 * 1024
 end
 
+-- The K-streaming form (stages >= 3): for an E whose resident tiles do not
+-- fit (codes past E 704 at 128x64, bf16 past E 352), or as a tuned
+-- choice. Int8 and bf16 weights (cp.async straight into the stages;
+-- ternary and sign1 keep the resident form or fall back), warps WM x 1 in
+-- one or two warpgroups (BM 64 or 128), BN 64 or 128 (or 256 at BM 128),
+-- a stage BK elements of K (BK·ES bytes a row: 64 or 128), E a multiple of
+-- BK, L of 16, 3 to 8 stages within 227 KiB.
+function M.stream_fits(k, t)
+  local ops = M.operands(k)
+  if not (k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and ops) then return false end
+  if not (k.weight == "int8" or k.weight == "bf16") then return false end
+  local es = ops == "bf16" and 2 or 1
+  local kb = t.bk * es
+  return t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
+    (t.bn == 64 or t.bn == 128 or (t.bn == 256 and t.bm == 128)) and (kb == 64 or kb == 128) and
+    k.E % t.bk == 0 and k.L % 16 == 0 and t.stages >= 3 and t.stages <= 8 and
+    M.stream_smem(k, t) <= 227 * 1024
+end
+
+-- Dynamic shared memory of the K-streaming form: S stages of the x and
+-- weight tiles' BK-element slices.
+function M.stream_smem(k, t)
+  local es = M.operands(k) == "bf16" and 2 or 1
+  return t.stages * (t.bm + t.bn) * t.bk * es
+end
+
 local KERNEL = [[
 // ---- specialization constants ----------------------------------------------
 constexpr int H = ${H};		// output heads
@@ -227,6 +253,196 @@ ${EPI}
 	};
 ${PIPE}	__syncthreads();	// the next unit overwrites A and the buffers
 	}
+${ABSUM}
+}
+]]
+
+--[[
+The K-streaming form. Tiles (head, m-tile, n-tile), m fastest (the blocks
+at work share the weight rows of a few n-tiles, read from DRAM once; x is
+small beside the weights), are dealt to the blocks with a stride of the
+grid (runtime/ops/lowrank.c: as many blocks as an SM holds × the SMs).
+A block's tiles and their KT = E/BK K slices make one flat run of steps;
+the ring of S stages keeps S-2 steps of cp.async in flight across tile
+boundaries (the decoder's schedule, templates/decoder.lua KERNEL_WG: a
+stage is refilled two steps after the MMAs that read it were issued, one
+wgmma group left pending a step). A tile's last step waits for its MMAs
+and runs the resident form's epilogue from the accumulators while the
+next tile's first slices are in flight; two blocks an SM (BN <= 128) keep
+the tensor cores busy across it. Shared memory: the resident form's
+no-swizzle core matrices, KCH = BK·ES/16 of them a row a stage, weight
+rows in the column order dg_bcol.
+]]
+local KERNEL_STREAM = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// output heads
+constexpr int HIN = ${HIN};		// input heads
+constexpr int E = ${E};		// the reduction, streamed in slices of BK
+constexpr int L = ${L};		// latent width per head
+constexpr int WROW = ${WROW};		// bytes a weight row in its storage
+constexpr int BM = ${BM}, BN = ${BN};	// block tile
+constexpr int NWG = BM / 64;		// warpgroups, 64 rows each
+constexpr int NT = NWG * 128;		// threads
+constexpr int ES = ${ES};		// bytes an element (${ELEM})
+constexpr int RB = E * ES;		// bytes a row of x or w
+constexpr int KB = ${KB};		// bytes of a row a stage (BK elements)
+constexpr int KT = RB / KB;		// stages of K a tile
+constexpr int KCH = KB / 16;		// 16-byte K chunks (core matrices) a row a stage
+constexpr int KSTEPS = KCH / 2;		// wgmma K steps a stage: 32 bytes each
+constexpr int SBO = KCH * 128;		// bytes between 8-row core-matrix groups
+constexpr int S = ${S};			// stages; S - 2 K slices in flight
+constexpr int A_BYTES = BM * KB, B_BYTES = BN * KB, STAGE = A_BYTES + B_BYTES;
+constexpr int SA = BM * KCH / NT;	// x chunks a thread a stage
+constexpr int SB = (BN * KCH + NT - 1) / NT;	// weight chunks a thread a stage
+static_assert(SA * NT == BM * KCH, "whole x chunks a thread");
+
+// Weight row of shared B row p (see the column order above).
+__device__ __forceinline__ int dg_bcol(int p)
+{
+	const int j = p >> 3, q = (p >> 1) & 3, r = p & 1;
+	return ((j >> 3) << 6) + (q << 4) + ((j & 7) << 1) + r;
+}
+
+extern "C" __global__ void __launch_bounds__(NT, ${MINB})
+${SIGNATURE}
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x;
+	const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int M = B * T;
+	const unsigned char *xb = (const unsigned char *)x;
+	const unsigned char *wb = (const unsigned char *)w;
+	const int NTN = (L + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+	const long long ntiles = (long long)H * NTM * NTN;
+	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+${SCALES}
+	float absum = 0.0f;
+	${ACC_T} acc[BN / 2];	// ${ACC_WHAT}
+	// this block's tiles blockIdx.x + i·gridDim.x, i < mine; step st of the
+	// run is slice st % KT of tile st / KT
+	const long long mine = blockIdx.x < ntiles ? (ntiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+	const long long nsteps = mine * KT;
+	auto tile_at = [&](long long i, int &h, int &m0, int &n0) {
+		const long long tl = blockIdx.x + i * gridDim.x;
+		const int mt = (int)(tl % NTM);
+		const long long r_ = tl / NTM;
+		n0 = (int)(r_ % NTN) * BN;
+		h = (int)(r_ / NTN);
+		m0 = mt * BM;
+	};
+	// The loading side: the tile whose slices are being fetched and this
+	// thread's source rows in it (nullptr: zeros past M or L), found once a tile.
+	long long ld_tile = -1;
+	const unsigned char *a_src[SA];
+	const unsigned char *b_src[SB];
+	auto issue = [&](long long st) {
+		const long long i = st / KT;
+		const int kt = (int)(st - i * KT);
+		if (i != ld_tile) {
+			ld_tile = i;
+			int h, m0, n0;
+			tile_at(i, h, m0, n0);
+#pragma unroll
+			for (int s2 = 0; s2 < SA; ++s2) {
+				const int u = tid + s2 * NT;
+				const int r = (u & 7) | ((u / (8 * KCH)) << 3), kc = (u >> 3) % KCH;
+				const int m = m0 + r;
+				a_src[s2] = nullptr;
+				if (m < M) {
+					const int b = m / T, t = m - b * T;
+					a_src[s2] = xb + ((long long)(b * HIN + ${HIN_H}) * T + t) * RB + kc * 16;
+				}
+			}
+#pragma unroll
+			for (int s2 = 0; s2 < SB; ++s2) {
+				const int u = tid + s2 * NT;
+				const int p = (u & 7) | ((u / (8 * KCH)) << 3), kc = (u >> 3) % KCH;
+				const int n = n0 + dg_bcol(p);
+				b_src[s2] = (u < BN * KCH && n < L) ? wb + ((long long)h * L + n) * WROW + kc * 16 : nullptr;
+			}
+		}
+		unsigned char *base = smem + (int)(st % S) * STAGE;
+		const long long ko = (long long)kt * KB;
+#pragma unroll
+		for (int s2 = 0; s2 < SA; ++s2) {
+			const int u = tid + s2 * NT;
+			const int r = (u & 7) | ((u / (8 * KCH)) << 3), kc = (u >> 3) % KCH;
+			dg_cp16(base + (r >> 3) * SBO + kc * 128 + (r & 7) * 16,
+				a_src[s2] ? (const void *)(a_src[s2] + ko) : (const void *)xb, a_src[s2] ? 16 : 0);
+		}
+#pragma unroll
+		for (int s2 = 0; s2 < SB; ++s2) {
+			const int u = tid + s2 * NT;
+			if (u < BN * KCH) {
+				const int p = (u & 7) | ((u / (8 * KCH)) << 3), kc = (u >> 3) % KCH;
+				dg_cp16(base + A_BYTES + (p >> 3) * SBO + kc * 128 + (p & 7) * 16,
+					b_src[s2] ? (const void *)(b_src[s2] + ko) : (const void *)wb, b_src[s2] ? 16 : 0);
+			}
+		}
+	};
+	// The epilogue of tile i from the accumulators (the resident form's).
+	auto epilogue = [&](long long i) {
+		int h, m0, n0;
+		tile_at(i, h, m0, n0);
+		${OT} *orow[2];		// this thread's two output rows (g and g + 8 of its warp's 16)
+#pragma unroll
+		for (int hh = 0; hh < 2; ++hh) {
+			const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hh;
+			orow[hh] = nullptr;
+			if (m < M) {
+				const int b = m / T, t = m - b * T;
+				orow[hh] = out + ((long long)(b * H + h) * T + t) * L + 16 * q;
+			}
+		}
+${SA_ROWS}#pragma unroll
+		for (int hh = 0; hh < 2; ++hh) {
+			if (orow[hh]) {
+#pragma unroll
+				for (int a = 0; a < BN / 64; ++a) {
+					if (n0 + 64 * a + 16 * q < L) {
+						${OT} *orp = orow[hh] + n0;
+${EPI}
+					}
+				}
+			}
+		}
+	};
+
+	// ---- the run: S - 2 slices in flight; a stage is refilled two steps
+	// after the MMAs that read it were issued (wait_group 1 a step)
+#pragma unroll 1
+	for (int st = 0; st < S - 2; ++st) {
+		if (st < nsteps)
+			issue(st);
+		dg_cp_commit();
+	}
+	long long st = 0;	// the run's step
+#pragma unroll 1
+	for (long long i = 0; i < mine; ++i) {
+#pragma unroll 1
+		for (int kt = 0; kt < KT; ++kt, ++st) {
+			dg_cp_wait<S - 3>();	// this thread's copies of step st have landed
+			dg_fence_async_smem();
+			__syncthreads();	// everyone's; every warpgroup's MMAs of step st-2 are done
+			if (st + S - 2 < nsteps)
+				issue(st + S - 2);	// into step st-2's stage
+			dg_cp_commit();
+			const unsigned a_addr = sbase + (int)(st % S) * STAGE + wg * 8 * SBO;	// this warpgroup's 64 rows
+			const unsigned b_addr = sbase + (int)(st % S) * STAGE + A_BYTES;
+			dg_wg_fence();
+#pragma unroll
+			for (int ks = 0; ks < KSTEPS; ++ks)
+				dg_wgmma(acc, dg_wg_desc(a_addr + ks * 256, SBO), dg_wg_desc(b_addr + ks * 256, SBO),
+					 (kt > 0 || ks > 0) ? 1 : 0);
+			dg_wg_commit();
+			dg_wg_wait<1>();
+		}
+		dg_wg_wait<0>();	// the tile's sums are complete once its MMAs are
+		dg_wg_pin(acc);
+		epilogue(i);
+	}
+	dg_cp_wait<0>();
 ${ABSUM}
 }
 ]]
@@ -492,14 +708,17 @@ if (out_absum) {
   local put_early = cp_weights and fmt("\t\t\t\t%s\n\t\t\t\tdg_cp_commit();\n", put) or ""
   local put_late = cp_weights and "" or
     fmt("\t\t\tif (jj + 2 < cnt)\n\t\t\t\t%s\t// decoded under tile jj+1's MMAs\n", put)
+  local stream = k.stages >= 3
   local vars = {
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = bf and 2 * k.E or k.E // wdiv,
+    KB = k.bk * (bf and 2 or 1), S = k.stages,
     ES = bf and 2 or 1, ELEM = bf and "bf16" or "one code a byte",
     ACC_T = bf and "float" or "int", ACC_WHAT = bf and "f32 sums" or "exact int32 sums",
     BM = k.bm, BN = k.bn,
     -- two blocks an SM when both accumulator sets (BN registers) and the
     -- rest fit 65536 / (2·NT) registers and the shared memory fits
-    MINB = (nt <= 256 and k.bn <= 64 and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
+    -- (the stream form: BN up to 128, its accumulators one set)
+    MINB = (nt <= 256 and k.bn <= (stream and 128 or 64) and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
     SIGNATURE = k.signature(fa.ctype, fw.ctype),
     HIN_H = k.HIN == 1 and "0" or "h",
     SCALES = sc:text(), SA_ROWS = sa_rows,
@@ -517,17 +736,26 @@ if (out_absum) {
   local path, conv
   if bf then
     path = fmt("bf16 × bf16 on warpgroup tensor cores (sm_90a): wgmma m64n%dk16 f32.bf16.bf16, f32 sums; "
-               .. "cp.async operands, the next weight tile fetched under the epilogue", k.bn)
+               .. "cp.async operands%s", k.bn, stream and ", K streamed" or ", the next weight tile fetched under the epilogue")
     conv = "f32 accumulators, y = acc (float operands carry no scale)"
   else
     path = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, exact int32 sums; %s",
                k.bn, fa.unsigned and "u8" or "s8",
-               (k.weight == "int8") and "cp.async operands" or (k.weight .. " weights decoded to s8 in shared memory"))
+               ((k.weight == "int8") and "cp.async operands" or (k.weight .. " weights decoded to s8 in shared memory"))
+               .. (stream and ", K streamed" or ""))
     conv = magic and "accumulators to float by the 1.5·2^23 trick (|acc| < 2^22)" or "accumulators to float by I2F"
   end
-  local about = k.about(path, nt, fmt("dynamic shared memory %d bytes (x tile + three weight tiles, whole E); "
-    .. "contiguous tile runs a block; %s; epilogue straight from the accumulators, 16-byte stores.",
-    smem, conv))
+  local about
+  if stream then
+    about = k.about(path, nt, fmt("dynamic shared memory %d bytes (%d stages of %d-byte K slices of the x and "
+      .. "weight tiles, %d in flight); tiles dealt with a stride of the grid, m fastest, their slices one run; "
+      .. "%s; epilogue straight from the accumulators, 16-byte stores.",
+      smem, k.stages, k.bk * (bf and 2 or 1), k.stages - 2, conv))
+  else
+    about = k.about(path, nt, fmt("dynamic shared memory %d bytes (x tile + three weight tiles, whole E); "
+      .. "contiguous tile runs a block; %s; epilogue straight from the accumulators, 16-byte stores.",
+      smem, conv))
+  end
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "lowrank.lua", about))
   w:line(DEV.helpers({ bf16 = (k.out == "bf16") or nil, sign1 = (k.weight == "sign1") or nil,
@@ -535,7 +763,7 @@ if (out_absum) {
   w:line(MMA.helpers({ decode = false }, fa.unsigned))
   w:line(WG.helpers(k.bn, fa.unsigned, bf))
   if k.weight == "ternary" then w:line(WG.decoders) end
-  w:line(EMIT.subst(KERNEL, vars))
+  w:line(EMIT.subst(stream and KERNEL_STREAM or KERNEL, vars))
   return w:text()
 end
 

@@ -591,6 +591,103 @@ Test(gpu_bdh, lowrank_sign1_uint8pos_wgmma)
 	lowrank_bdh_on(gh_open_sm90(), DG_FMT_SIGN1, DG_FMT_UINT8POS, DG_OP_LOWRANK_FWD, true);
 }
 
+/* ---- the K-streaming form of the sm_90a warpgroup path ---------------------
+ * templates/lowrank_wgmma.lua KERNEL_STREAM (plan paths "wgmma stream" and
+ * "wgmma bf16 stream"): bf16's auto tile where its rows of E do not fit
+ * resident (past E 352), any E with an explicit tile (the codes' only
+ * way: their auto tile there is mma.sync's). Integer codes bit for bit,
+ * bf16 operands within the float tolerance (run_lowrank, the reference on
+ * every output). */
+
+/* weight × act pairs: int8 × int8, int8 × uint8pos, bf16 × bf16 */
+static const dg_fmt STREAM_W[3] = { DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16 };
+static const dg_fmt STREAM_A[3] = { DG_FMT_INT8, DG_FMT_UINT8POS, DG_FMT_BF16 };
+
+static const char *stream_path(dg_fmt w)
+{
+	return w == DG_FMT_BF16 ? "wgmma bf16 stream" : "wgmma stream";
+}
+
+/* At E 768 (12 slices of 64 bytes), H 3, L 208 (a last n-tile of 80
+ * columns), in_heads {1, H}, every out format: bf16's auto tile, the
+ * codes' default stream tile; B·T 2×127, 3×1, 1×300. */
+Test(gpu_lowrank_stream, wide_rows)
+{
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(9595);
+	for (int f = 0; f < 3; f++)
+		for (int oi = 0; oi < 4; oi++)
+			for (int hin = 0; hin < 2; hin++) {
+				dg_spec s = codes_spec(STREAM_W[f], STREAM_A[f], 3, hin ? 3 : 1, 768, 208);
+				if (STREAM_W[f] != DG_FMT_BF16)
+					s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+				s.out = O_FMTS[oi];
+				if (dg_spec_validate(&s, NULL, 0) != DG_OK)
+					continue;
+				gh_expect_path(&s, stream_path(STREAM_W[f]));
+				run_tile_shapes(dev, &s);
+			}
+	gh_close(dev);
+}
+
+/* Explicit tiles (bk in elements: a bf16 slice is twice the bytes): the
+ * codes' default, one warpgroup with one slice in flight, 128-byte slices,
+ * BN 256, six slices in flight; at E 256 and at E 64 (one slice a tile, so
+ * the ring runs across tiles every step). */
+Test(gpu_lowrank_stream, tiles)
+{
+	static const dg_tile T8[] = {
+		{ 128, 128, 64, 8, 1, 5, 0 }, { 64, 64, 64, 4, 1, 3, 0 }, { 128, 64, 128, 8, 1, 4, 0 },
+		{ 128, 256, 64, 8, 1, 3, 0 }, { 64, 128, 64, 4, 1, 8, 0 },
+	};
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(9696);
+	for (size_t i = 0; i < sizeof(T8) / sizeof(T8[0]); i++)
+		for (int f = 0; f < 3; f++)
+			for (int e = 0; e < 2; e++) {
+				const bool bf = STREAM_W[f] == DG_FMT_BF16;
+				dg_tile t = T8[i];
+				if (bf)
+					t.bk /= 2; /* the same bytes a slice */
+				const int E = e ? 64 : 256;
+				if (E % t.bk)
+					continue;
+				dg_spec s = codes_spec(STREAM_W[f], STREAM_A[f], 2, (i + (size_t)e) % 2 ? 2 : 1, E, 208);
+				s.tile = t;
+				s.out = O_FMTS[(i + (size_t)f) % 4];
+				if (dg_spec_validate(&s, NULL, 0) != DG_OK)
+					continue;
+				gh_expect_path(&s, stream_path(STREAM_W[f]));
+				run_tile_shapes(dev, &s);
+			}
+	gh_close(dev);
+}
+
+/* Many tiles a block, the ring running across their boundaries: H 4,
+ * L 512, B·T 2048 (E 128: 2 slices a tile; E 64: 1) at the 64x64 tile
+ * (1024 tiles for at most 264 blocks) and the default. */
+Test(gpu_lowrank_stream, many_tiles_a_block)
+{
+	static const dg_tile T8[] = { { 64, 64, 64, 4, 1, 3, 0 }, { 128, 128, 64, 8, 1, 5, 0 } };
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(9797);
+	for (size_t i = 0; i < 2; i++)
+		for (int f = 0; f < 3; f += 2)
+			for (int e = 0; e < 2; e++) {
+				dg_spec s = codes_spec(STREAM_W[f], STREAM_A[f], 4, e ? 4 : 1, e ? 64 : 128, 512);
+				s.tile = T8[i];
+				if (STREAM_W[f] == DG_FMT_BF16)
+					s.tile.bk /= 2;
+				s.out = f ? DG_FMT_BF16 : DG_FMT_INT8;
+				gh_expect_path(&s, stream_path(STREAM_W[f]));
+				run_lowrank(dev, &s, 2, 1024);
+			}
+	gh_close(dev);
+}
+
 /* ---- decoder_fwd ---------------------------------------------------------- */
 
 /* The workspace a's call needs (its split-K slices), as the op sizes it. */

@@ -63,6 +63,13 @@ Test(gpu_scales, forward)
 		"op=lowrank_fwd;" SMALL "ascale=token;wscale=channel;out=bf16;relu=0",
 		"op=lowrank_fwd;" SMALL "in_heads=4;ascale=token;wscale=channel;out=f32;relu=0.25",
 		"op=lowrank_fwd;" SMALL "ascale=token;wscale=channel;out=bf16;tile=64x64x16/2x2/2",
+		/* the warpgroup path's K-streaming form (explicit tiles) */
+		"op=lowrank_fwd;heads=4;embd=768;latent=512;arch=sm_90a;ascale=token;wscale=channel;out=bf16;relu=0;"
+		"tile=128x128x64/8x1/5",
+		"op=lowrank_fwd;heads=4;embd=768;latent=512;arch=sm_90a;in_heads=4;ascale=token;wscale=channel;out=f32;"
+		"tile=128x256x128/8x1/3",
+		"op=lowrank_fwd;" SMALL "arch=sm_90a;ascale=token;wscale=channel;out=bf16;relu=0;tile=128x128x64/8x1/5",
+		"op=lowrank_fwd;" SMALL "arch=sm_90a;in_heads=4;ascale=token;wscale=channel;out=f32;tile=64x64x128/4x1/3",
 		/* bitnet: ternary weights a tensor, int8 activations a token */
 		"op=lowrank_fwd;" SMALL "weight=ternary;ascale=token;out=bf16;relu=0",
 		"op=lowrank_fwd;" SMALL "arch=sm_90a;weight=ternary;ascale=token;out=bf16;relu=0",

@@ -351,3 +351,100 @@ Test(nvrtc_forward, lowrank_codes_wgmma)
 		cr_assert_str_neq(p.path, "wgmma", "%s", p.canonical);
 	dg_codegen_destroy(cg);
 }
+
+/* ---- the K-streaming form of the warpgroup path (lowrank_wgmma.lua) --------
+ * Where the bf16 rows of E do not fit resident (past E 352 at 128x64), the
+ * auto tile of the bf16 preset's projections is the K-streaming form:
+ * 128x256, 64-byte slices, 4 stages (256 threads, 4·384·64 = 98304
+ * bytes); codes take it by an explicit tile at any E (their
+ * auto tile past E 704 is mma.sync's, measured faster). Each plans
+ * "wgmma stream" / "wgmma bf16 stream", names its wgmma, and compiles with
+ * no serialized MMAs and no spills. Below those widths the auto tile stays
+ * resident, and ternary weights (decoded, not copied) never stream. */
+static void compile_stream(dg_codegen *cg, const char *text, const char *path, int smem)
+{
+	dg_spec s;
+	dg_plan p;
+	dg_source *src = NULL;
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+
+	spec_of(text, &s);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, path, "%s: plan %s", text, p.canonical);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	const bool bf = strstr(path, "bf16") != NULL;
+	char inst[64];
+	snprintf(inst, sizeof(inst), "wgmma.mma_async.sync.aligned.m64n%d%s", p.spec.tile.bn,
+		 bf ? "k16.f32.bf16.bf16" : "k32.s32.");
+	cr_assert(strstr(src->text, inst), "%s: no %s", p.canonical, inst);
+	cr_assert_eq(src->block_threads[0], p.spec.tile.bm / 64 * 128, "%s", p.canonical);
+	const dg_tile *tl = &p.spec.tile;
+	cr_assert_eq(src->dyn_smem[0], tl->stages * (tl->bm + tl->bn) * tl->bk * (bf ? 2 : 1), "%s", p.canonical);
+	if (smem)
+		cr_assert_eq(src->dyn_smem[0], smem, "%s", p.canonical);
+	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
+	cr_assert_lt(t.n_opts, DG__NVRTC_MAX_OPTS);
+	snprintf(t.opts[t.n_opts++], sizeof(t.opts[0]), "--ptxas-options=-v");
+	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_OK, "%s: %s", p.canonical, err);
+	if (res.log && strstr(res.log, "ptxas")) {
+		cr_assert(!strstr(res.log, "serialized"), "%s: ptxas serializes the MMAs:\n%s", p.canonical,
+			  res.log);
+		cr_assert(strstr(res.log, " 0 bytes spill stores, 0 bytes spill loads"), "%s: spills:\n%s",
+			  p.canonical, res.log);
+	}
+	dg__nvrtc_result_free(&res);
+	dg_source_destroy(src);
+}
+
+Test(nvrtc_forward, lowrank_stream_wgmma)
+{
+	static const struct {
+		const char *text, *path;
+		int smem;
+	} cases[] = {
+		/* w8a8 at D 768 (H 12, N 8192) and D 1280 (H 16, N 16384) */
+		{ W8A8 "heads=12;embd=768;latent=8192;in_heads=1;tile=128x128x64/8x1/5", "wgmma stream", 81920 },
+		{ W8A8 "heads=12;embd=768;latent=8192;in_heads=12;tile=128x128x64/8x1/5", "wgmma stream", 81920 },
+		{ W8A8 "heads=16;embd=1280;latent=16384;in_heads=1;tile=128x128x128/8x1/3", "wgmma stream", 98304 },
+		/* bf16 at D 512 and 768: 128x256x32/8x1/4, 4·384·64 bytes */
+		{ BF "heads=8;embd=512;latent=4096;in_heads=1;out=bf16;relu=0", "wgmma bf16 stream", 98304 },
+		{ BF "heads=12;embd=768;latent=8192;in_heads=12;out=bf16;relu=0", "wgmma bf16 stream", 98304 },
+		/* explicit tiles, other outputs, a ragged L */
+		{ W8A8 BDH "tile=64x64x64/4x1/3", "wgmma stream", 0 },
+		{ W8A8 BDH "in_heads=4;tile=128x64x128/8x1/4", "wgmma stream", 0 },
+		{ "op=lowrank_fwd;weight=int8;act=uint8pos;arch=sm_90a;heads=3;embd=4096;latent=208;out=uint8pos;"
+		  "relu=0.25;tile=128x256x64/8x1/3", "wgmma stream", 0 },
+		{ BF "heads=3;embd=96;latent=208;out=f32;relu=0.25;tile=64x128x32/4x1/8", "wgmma bf16 stream", 0 },
+		{ BF BDH "out=int8;relu=0;tile=128x128x64/8x1/4", "wgmma bf16 stream", 0 },
+	};
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		compile_stream(cg, cases[i].text, cases[i].path, cases[i].smem);
+	/* resident while the rows fit (codes at E 704, bf16 at E 352); past
+	 * that the codes' auto tile is mma.sync's */
+	static const char *const resident[][2] = {
+		{ W8A8 "heads=4;embd=704;latent=8192", "wgmma" },
+		{ BF "heads=4;embd=352;latent=8192;out=bf16;relu=0", "wgmma bf16" },
+		{ W8A8 "heads=12;embd=768;latent=8192", "mma.sync" },
+	};
+	for (size_t i = 0; i < 3; i++) {
+		dg_spec s;
+		dg_plan p;
+		spec_of(resident[i][0], &s);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, resident[i][1], "%s", p.canonical);
+	}
+	/* ternary weights never stream; a stream tile for them is refused */
+	dg_spec s;
+	dg_plan p;
+	spec_of(BITNET "heads=12;embd=768;latent=8192", &s);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "mma.sync", "%s", p.canonical);
+	spec_of(BITNET BDH "tile=128x128x64/8x1/5", &s);
+	if (dg_codegen_plan(cg, &s, &p) == DG_OK)
+		cr_assert(strncmp(p.path, "wgmma", 5) != 0, "%s", p.canonical);
+	dg_codegen_destroy(cg);
+}
