@@ -44,6 +44,10 @@ Paths (which one a spec takes: M.plan)
     sm_90a, a warpgroup tile): integer codes (wgmma s8, exact int32 sums)
     or bf16 act × bf16 weight (wgmma bf16, f32 sums, y = acc); the whole E
     resident in shared memory, the epilogue stores from the accumulators.
+    Its K-streaming form (stages >= 3; int8 or bf16 weights): persistent
+    tiles whose K slices run through a ring of cp.async stages; bf16's
+    auto tile where its rows do not fit resident (past E 352), codes' by
+    an explicit tile or a tuning record only (lowrank_wgmma.lua).
     relu_mask never takes it: a bf16 mask recomputes y on the fp32 path,
     so where y is within rounding of thr it may differ from the wgmma
     forward's ReLU (float sums in another order), as it may from the
@@ -100,6 +104,9 @@ Which path a spec takes (M.plan decides; render follows it):
   (sm_90a)       L % 16 == 0, E·2·(BM + 3·BN) within 227 KiB); other shapes
                  fall back to fp32 (the auto tile) or are refused (a
                  warpgroup tile the SIMT rules refuse);
+  wgmma [bf16]   the K-streaming form (a tile of 3 to 8 stages, int8 or
+  stream         bf16 weights, lowrank_wgmma.lua M.stream_fits): bf16's auto
+                 tile where the resident one does not fit;
   tensor cores   act and weight integer codes, BK a multiple of 32 (so
                  E % 32 == 0), the warp tile (BM/WM x BN/WN) whole 16x8
                  fragments: mma.sync s8 (u8 for uint8pos acts) — the fast path;
