@@ -45,6 +45,13 @@ static first_step train_json(const sandbox *sb, const char *data, const char *ou
 	printf("startup: weights %.3f s, model %.3f s, optimizer %.3f s\n", ws, ms, os);
 	cr_expect(ws >= 0 && ms > 0 && os >= 0 && ws + ms + os <= f.ready, "startup %g + %g + %g, ready_s %g", ws,
 		  ms, os, f.ready);
+	/* model_s's parts: compile, plan, alloc, upload, each within it */
+	const cJSON *mp = cJSON_GetObjectItemCaseSensitive(su, "model");
+	cr_assert(cJSON_IsObject(mp), "no startup.model: %s", r.out);
+	double mc = num(mp, "compile_s"), mpl = num(mp, "plan_s"), ma = num(mp, "alloc_s"), mu = num(mp, "upload_s");
+	printf("model: compile %.3f s, plan %.3f s, alloc %.3f s, upload %.3f s\n", mc, mpl, ma, mu);
+	cr_expect(mc >= 0 && mpl >= 0 && ma >= 0 && mu >= 0 && mc + mpl + ma + mu <= ms + 1e-3,
+		  "model parts %g + %g + %g + %g, model_s %g", mc, mpl, ma, mu, ms);
 	/* the weights alone (f32 masters, two moments) are more than 1 MB at this shape */
 	cr_expect(f.peak > 1e6, "peak_bytes %g: the run's device memory", f.peak);
 	cJSON_Delete(j);

@@ -124,8 +124,9 @@ static const char help_text[] =
 	"                    the command's start to the first step's loss, and to\n"
 	"                    the model ready), startup (weights_s: the initial\n"
 	"                    weights drawn or read; on a GPU model_s: the model\n"
-	"                    created, its kernels compiled; optim_s: its\n"
-	"                    optimizer set up), kernels (how many were compiled,\n"
+	"                    created, its kernels compiled, and its parts in\n"
+	"                    model: compile_s, plan_s, alloc_s, upload_s; optim_s:\n"
+	"                    its optimizer set up), kernels (how many were compiled,\n"
 	"                    read from the cache, loaded from bundles) and\n"
 	"                    peak_bytes (the most device memory the run held at\n"
 	"                    once: arenas, weights, optimizer state, workspaces,\n"
@@ -595,6 +596,11 @@ int dg__cli_cmd_train(int argc, char **argv)
 			cJSON_AddNumberToObject(su, "weights_s", run_at.weights_s);
 			if (dev) {
 				cJSON_AddNumberToObject(su, "model_s", run_at.model_s);
+				cJSON *mp = cJSON_AddObjectToObject(su, "model");
+				cJSON_AddNumberToObject(mp, "compile_s", run_at.model_compile_s);
+				cJSON_AddNumberToObject(mp, "plan_s", run_at.model_plan_s);
+				cJSON_AddNumberToObject(mp, "alloc_s", run_at.model_alloc_s);
+				cJSON_AddNumberToObject(mp, "upload_s", run_at.model_upload_s);
 				cJSON_AddNumberToObject(su, "optim_s", run_at.optim_s);
 			}
 		}

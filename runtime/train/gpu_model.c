@@ -38,6 +38,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,12 +264,29 @@ static void warm_specs(dg_device *dev, int sm, const dg_model_config *c, int b, 
 	free(w.specs);
 }
 
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void warm_kernels(dg_model *m, const dg_model_config *c, int b, int t)
 {
 	if (m->warm || m->decode || !precompile_on())
 		return;
 	m->warm = true;
+	const double t0 = mono_s();
 	warm_specs(m->dev, m->sm, c, b, t);
+	m->compile_s += mono_s() - t0;
+}
+
+void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, double *alloc_s, double *upload_s)
+{
+	*compile_s = m ? m->compile_s : 0;
+	*plan_s = m ? m->plan_s : 0;
+	*alloc_s = m ? m->alloc_s : 0;
+	*upload_s = m ? m->upload_s : 0;
 }
 
 /* The same ahead of the model, on a thread of its own (a trainer's while
@@ -749,19 +767,25 @@ dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t,
 	if (!m)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	m->dev = dev;
+	const double t0 = mono_s();
 	dg_status st = decode ? decode_alloc(m, dev, &w->config, b) : DG_OK;
 	if (!st)
 		st = build_fit(m, dev, &w->config, b, t, accum);
 	if (!st)
 		st = fits(m, accum);
+	const double t1 = mono_s();
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
 		m->base[k] = 0;
 		if (m->t.arena[k])
 			st = dg_malloc(dev, m->t.arena[k], &m->alloc[k]);
 		m->base[k] = m->alloc[k];
 	}
+	const double t2 = mono_s();
 	if (!st)
 		st = dg_model_set_weights(m, w);
+	m->plan_s = t1 - t0 - m->compile_s;
+	m->alloc_s = t2 - t1;
+	m->upload_s = mono_s() - t2;
 	if (st) {
 		dg_model_destroy(m);
 		return st;

@@ -25,6 +25,11 @@ struct dg_model {
 	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
 	bool dec_gate;              /* bf16 activations on sm_90: decoder_gate_bwd */
 	bool warm;                  /* the step's kernels were compiled at once (warm_kernels) */
+	/* dg_model_create's seconds, by part (dg__gm_create_times): the
+	 * kernels compiled at once, the plans built (the nodes prepared, the
+	 * kernels a compile missed built one by one), the arenas allocated,
+	 * the weights uploaded and converted */
+	double compile_s, plan_s, alloc_s, upload_s;
 	bool keep_qr;               /* RoPE(xs) saved by the attention's forward
 				     * (dg__bdh_target): where the plan fits */
 	dg__tape t;

@@ -50,6 +50,12 @@ typedef struct dg__gm_warm dg__gm_warm;
 dg__gm_warm *dg__gm_warm_start(dg_device *dev, const dg_model_config *c, int b, int t);
 void dg__gm_warm_join(dg__gm_warm *w);
 
+/* dg_model_create's seconds by part (0 for a NULL model): the step's
+ * kernels compiled at once, the plans built (the nodes prepared: what the
+ * compile missed is built there), the arenas allocated, the weights
+ * uploaded and converted into their execution copies. */
+void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, double *alloc_s, double *upload_s);
+
 dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, int b, dg_model **out);
 dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool restart, float *logits);
 /* Whether decoder m replays its token's work as one CUDA graph (on, the

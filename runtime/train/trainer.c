@@ -686,6 +686,8 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 		if (o->dev) {
 			o->result->model_s = t_model - t0;
 			o->result->optim_s = t_optim - t_model;
+			dg__gm_create_times(sp.m, &o->result->model_compile_s, &o->result->model_plan_s,
+					    &o->result->model_alloc_s, &o->result->model_upload_s);
 		}
 		dg_device_stats ds;
 		if (o->dev && !dg_device_stats_get(o->dev, &ds)) {
