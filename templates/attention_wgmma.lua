@@ -136,7 +136,7 @@ __device__ __forceinline__ void dg_mask_chunk(OT *po, const XT *pm, const float 
 -- shared memory so that dxs and mask_xs move in whole 128-byte lines
 -- (written from the accumulator layout, a thread's bf16 pair half-fills a
 -- 32-byte sector: measured slower than f32 in the model).
-local EPI_STAGED = [[
+local EPI_STAGED_T = [[
 	// ---- epilogue (epi=mask), staged. Once every warpgroup's MMAs are
 	// done the ring is free: the f32 tile goes into it (rows of CP floats:
 	// a half-warp's float2 stores hit 32 distinct banks), then a thread
@@ -147,13 +147,7 @@ local EPI_STAGED = [[
 	static_assert(BM * CPR % NT == 0, "whole passes over the tile");
 	__syncthreads();
 	float *ct = (float *)(smem + (sbase - (unsigned)__cvta_generic_to_shared(smem)));
-#pragma unroll
-	for (int hr = 0; hr < 2; ++hr) {
-		const int r = wg * 64 + (warp & 3) * 16 + g + 8 * hr;
-#pragma unroll
-		for (int j = 0; j < BN / 8; ++j)
-			*(float2 *)(ct + r * CP + 8 * j + 2 * q) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-	}
+${STAGE_ACC}
 	__syncthreads();
 	// lanes 4..7 of each quarter-warp read their chunk's second half first,
 	// so a quarter-warp's eight float4 reads hit distinct banks
@@ -170,6 +164,9 @@ local EPI_STAGED = [[
 		const float v[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w };
 		dg_mask_chunk(po, pm, rope, m, n, v);
 	}]]
+-- the staged epilogue with the accumulators' store into the tile in place
+local EPI_STAGED = EMIT.subst(EPI_STAGED_T,
+  { STAGE_ACC = EMIT.subst(require("wgmma_bf16").STAGE_ACC, { TILE = "ct", PITCH = "CP" }) })
 
 function M.render(spec, plan, k, sh)
   local WB = require("wgmma_bf16")

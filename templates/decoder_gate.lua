@@ -310,13 +310,7 @@ ${MAINLOOP}
 	// flat index of each row's first element (l = 0), once a row
 	float *tile = (float *)(smem + (sbase - (unsigned)__cvta_generic_to_shared(smem)));
 	long long *rowbase = (long long *)(tile + BM * BNP);	// -1: past M
-#pragma unroll
-	for (int hr = 0; hr < 2; ++hr) {
-		const int r = wg * 64 + (warp & 3) * 16 + g + 8 * hr;
-#pragma unroll
-		for (int j = 0; j < BN / 8; ++j)
-			*(float2 *)(tile + r * BNP + 8 * j + 2 * q) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-	}
+${STAGE_ACC}
 	for (int r = tid; r < BM; r += NT) {
 		const int m = m0 + r, bb = m / T, t = m - bb * T;
 		rowbase[r] = m < M ? (((long long)bb * H + h) * T + t) * L : -1;
@@ -475,6 +469,7 @@ function M.render(spec, plan)
     w:line(EMIT.subst(KERNEL_WG, {
       BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, MINB = minb, SIG = SIG, PRE = PRE,
       MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = "true", A_KS = "32", B_KC = "false", B_KS = "2048" }),
+      STAGE_ACC = EMIT.subst(WB.STAGE_ACC, { TILE = "tile", PITCH = "BNP" }),
     }))
     return w:text()
   end

@@ -296,13 +296,7 @@ local STAGED_GW = [[
 	static_assert(CH % RB == 0 && E % 4 == 0, "whole batches, whole float4 rows");
 	__syncthreads();			// every warpgroup's MMAs read the ring
 	float *tile = (float *)(smem + (sbase - (unsigned)__cvta_generic_to_shared(smem)));
-#pragma unroll
-	for (int hr = 0; hr < 2; ++hr) {
-		const int r = wg * 64 + (warp & 3) * 16 + g + 8 * hr;
-#pragma unroll
-		for (int j = 0; j < BN / 8; ++j)
-			*(float2 *)(tile + r * BNP + 8 * j + 2 * q) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-	}
+${STAGE_ACC}
 	__syncthreads();
 #pragma unroll 1
 	for (int c0 = 0; c0 < CH; c0 += RB) {
@@ -610,7 +604,8 @@ function M.render(c)
     MINB = minb, ENTRY = c.entry,
     SIG = EMIT.subst(o.sig, { BT = "unsigned short" }),
     PROLOGUE = PROLOGUE[op], LOAD = LOAD[op],
-    EPILOGUE = (op == "lowrank_grad_weight" and c.E % 4 == 0) and STAGED_GW or
+    EPILOGUE = (op == "lowrank_grad_weight" and c.E % 4 == 0) and
+      EMIT.subst(STAGED_GW, { STAGE_ACC = EMIT.subst(WB.STAGE_ACC, { TILE = "tile", PITCH = "BNP" }) }) or
       EMIT.subst(EPILOGUE[op], { PAIRS = EMIT.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
     MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
                                       B_KC = "false", B_KS = "2048" }),

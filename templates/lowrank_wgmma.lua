@@ -133,23 +133,38 @@ function M.stream_smem(k, t)
   return t.stages * (t.bm + t.bn) * t.bk * es
 end
 
-local KERNEL = [[
-// ---- specialization constants ----------------------------------------------
-constexpr int H = ${H};		// output heads
-constexpr int HIN = ${HIN};		// input heads
-constexpr int E = ${E};		// the reduction: resident in shared memory
-constexpr int L = ${L};		// latent width per head
-constexpr int WROW = ${WROW};		// bytes a weight row in its storage
-constexpr int BM = ${BM}, BN = ${BN};	// block tile
-constexpr int NWG = BM / 64;		// warpgroups, 64 rows each
-constexpr int NT = NWG * 128;		// threads
-constexpr int ES = ${ES};		// bytes an element in shared memory (${ELEM})
-constexpr int RB = E * ES;		// bytes a row of x or w in shared memory
-constexpr int KCH = RB / 16;		// 16-byte K chunks (core matrices) a row
-constexpr int KSTEPS = KCH / 2;		// wgmma K steps: 32 bytes (two core matrices) each
-constexpr int SBO = KCH * 128;		// bytes between 8-row core-matrix groups
-constexpr int A_BYTES = BM * RB, B_BYTES = BN * RB;	// x tile, one of three weight tiles
+-- The epilogue's output rows of a tile (m0, h) and its stores (n0, the
+-- format's ${EPI}), the same in both forms.
+local OUT_ROWS = [[
+	// This thread's two output rows (g and g + 8 of its warp's 16) of the tile.
+	${OT} *orow[2];
+#pragma unroll
+	for (int hh = 0; hh < 2; ++hh) {
+		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hh;
+		orow[hh] = nullptr;
+		if (m < M) {
+			const int b = m / T, t = m - b * T;
+			orow[hh] = out + ((long long)(b * H + h) * T + t) * L + 16 * q;
+		}
+	}
+]]
+local STORES = [[
+#pragma unroll
+		for (int hh = 0; hh < 2; ++hh) {
+			if (orow[hh]) {
+#pragma unroll
+				for (int a = 0; a < BN / 64; ++a) {
+					if (n0 + 64 * a + 16 * q < L) {
+						${OT} *orp = orow[hh] + n0;
+${EPI}
+					}
+				}
+			}
+		}]]
 
+-- Both forms' kernels open alike: the weight rows' column order, the
+-- entry, the thread's place, the tile counts.
+local OPENING = [[
 // Weight row of shared B row p (see the column order above).
 __device__ __forceinline__ int dg_bcol(int p)
 {
@@ -167,7 +182,26 @@ ${SIGNATURE}
 	const int M = B * T;
 	const unsigned char *xb = (const unsigned char *)x;
 	const unsigned char *wb = (const unsigned char *)w;
-	const int NTN = (L + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+	const int NTN = (L + BN - 1) / BN, NTM = (M + BM - 1) / BM;]]
+
+local KERNEL = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// output heads
+constexpr int HIN = ${HIN};		// input heads
+constexpr int E = ${E};		// the reduction: resident in shared memory
+constexpr int L = ${L};		// latent width per head
+constexpr int WROW = ${WROW};		// bytes a weight row in its storage
+constexpr int BM = ${BM}, BN = ${BN};	// block tile
+constexpr int NWG = BM / 64;		// warpgroups, 64 rows each
+constexpr int NT = NWG * 128;		// threads
+constexpr int ES = ${ES};		// bytes an element in shared memory (${ELEM})
+constexpr int RB = E * ES;		// bytes a row of x or w in shared memory
+constexpr int KCH = RB / 16;		// 16-byte K chunks (core matrices) a row
+constexpr int KSTEPS = KCH / 2;		// wgmma K steps: 32 bytes (two core matrices) each
+constexpr int SBO = KCH * 128;		// bytes between 8-row core-matrix groups
+constexpr int A_BYTES = BM * RB, B_BYTES = BN * RB;	// x tile, one of three weight tiles
+
+${OPENING}
 	// Work units: (head, m-tile) rows split into nch contiguous runs of
 	// n-tiles, so a unit's x rows (A) are loaded once; units stride the grid.
 	const int rows = H * NTM;
@@ -213,18 +247,7 @@ ${SCALES}
 		}
 		dg_cp16(smem + (r >> 3) * SBO + kc * 128 + (r & 7) * 16, src, bytes);
 	}
-	// This thread's two output rows (g and g + 8 of its warp's 16), once a unit.
-	${OT} *orow[2];
-#pragma unroll
-	for (int hh = 0; hh < 2; ++hh) {
-		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hh;
-		orow[hh] = nullptr;
-		if (m < M) {
-			const int b = m / T, t = m - b * T;
-			orow[hh] = out + ((long long)(b * H + h) * T + t) * L + 16 * q;
-		}
-	}
-${SA_ROWS}	// B: BN weight rows of n-tile j (col order dg_bcol) into buffer bf.
+${OUT_ROWS}${SA_ROWS}	// B: BN weight rows of n-tile j (col order dg_bcol) into buffer bf.
 	// Unit u is (row u%8 of core group u/(8·UPR), unit (u/8)%UPR).
 ${LOAD_B}
 	auto mma = [&](${ACC_T} (&acc)[BN / 2], int bf) {
@@ -238,18 +261,7 @@ ${LOAD_B}
 	};
 	auto epilogue = [&](${ACC_T} (&acc)[BN / 2], int j) {
 		const int n0 = ntile_of(j) * BN;
-#pragma unroll
-		for (int hh = 0; hh < 2; ++hh) {
-			if (orow[hh]) {
-#pragma unroll
-				for (int a = 0; a < BN / 64; ++a) {
-					if (n0 + 64 * a + 16 * q < L) {
-						${OT} *orp = orow[hh] + n0;
-${EPI}
-					}
-				}
-			}
-		}
+${STORES}
 	};
 ${PIPE}	__syncthreads();	// the next unit overwrites A and the buffers
 	}
@@ -296,24 +308,7 @@ constexpr int SA = BM * KCH / NT;	// x chunks a thread a stage
 constexpr int SB = (BN * KCH + NT - 1) / NT;	// weight chunks a thread a stage
 static_assert(SA * NT == BM * KCH, "whole x chunks a thread");
 
-// Weight row of shared B row p (see the column order above).
-__device__ __forceinline__ int dg_bcol(int p)
-{
-	const int j = p >> 3, q = (p >> 1) & 3, r = p & 1;
-	return ((j >> 3) << 6) + (q << 4) + ((j & 7) << 1) + r;
-}
-
-extern "C" __global__ void __launch_bounds__(NT, ${MINB})
-${SIGNATURE}
-{
-	extern __shared__ __align__(128) unsigned char smem[];
-	const int tid = threadIdx.x;
-	const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-	const int g = lane >> 2, q = lane & 3;
-	const int M = B * T;
-	const unsigned char *xb = (const unsigned char *)x;
-	const unsigned char *wb = (const unsigned char *)w;
-	const int NTN = (L + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+${OPENING}
 	const long long ntiles = (long long)H * NTM * NTN;
 	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
 ${SCALES}
@@ -385,28 +380,7 @@ ${SCALES}
 	auto epilogue = [&](long long i) {
 		int h, m0, n0;
 		tile_at(i, h, m0, n0);
-		${OT} *orow[2];		// this thread's two output rows (g and g + 8 of its warp's 16)
-#pragma unroll
-		for (int hh = 0; hh < 2; ++hh) {
-			const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hh;
-			orow[hh] = nullptr;
-			if (m < M) {
-				const int b = m / T, t = m - b * T;
-				orow[hh] = out + ((long long)(b * H + h) * T + t) * L + 16 * q;
-			}
-		}
-${SA_ROWS}#pragma unroll
-		for (int hh = 0; hh < 2; ++hh) {
-			if (orow[hh]) {
-#pragma unroll
-				for (int a = 0; a < BN / 64; ++a) {
-					if (n0 + 64 * a + 16 * q < L) {
-						${OT} *orp = orow[hh] + n0;
-${EPI}
-					}
-				}
-			}
-		}
+${OUT_ROWS_IN}${SA_ROWS}${STORES}
 	};
 
 	// ---- the run: S - 2 slices in flight; a stage is refilled two steps
@@ -709,17 +683,16 @@ if (out_absum) {
   local put_late = cp_weights and "" or
     fmt("\t\t\tif (jj + 2 < cnt)\n\t\t\t\t%s\t// decoded under tile jj+1's MMAs\n", put)
   local stream = k.stages >= 3
+  -- two blocks an SM when both accumulator sets (BN registers) and the
+  -- rest fit 65536 / (2·NT) registers and the shared memory fits (the
+  -- stream form: BN up to 128, its accumulators one set)
+  local minb = (nt <= 256 and k.bn <= (stream and 128 or 64) and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1
   local vars = {
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = bf and 2 * k.E or k.E // wdiv,
     KB = k.bk * (bf and 2 or 1), S = k.stages,
     ES = bf and 2 or 1, ELEM = bf and "bf16" or "one code a byte",
     ACC_T = bf and "float" or "int", ACC_WHAT = bf and "f32 sums" or "exact int32 sums",
     BM = k.bm, BN = k.bn,
-    -- two blocks an SM when both accumulator sets (BN registers) and the
-    -- rest fit 65536 / (2·NT) registers and the shared memory fits
-    -- (the stream form: BN up to 128, its accumulators one set)
-    MINB = (nt <= 256 and k.bn <= (stream and 128 or 64) and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1,
-    SIGNATURE = k.signature(fa.ctype, fw.ctype),
     HIN_H = k.HIN == 1 and "0" or "h",
     SCALES = sc:text(), SA_ROWS = sa_rows,
     OT = FM.out_types[k.out].ctype,
@@ -730,7 +703,10 @@ if (out_absum) {
       STEP1 = EMIT.subst(STEP_SYNC, { P = 1, ACCA = "acc1", ACCB = "acc0", PUT_EARLY = put_early,
                                       PUT_LATE = put_late }),
     }),
-    EPI = epilogue(k, magic, bf),
+    OPENING = EMIT.subst(OPENING, { MINB = minb, SIGNATURE = k.signature(fa.ctype, fw.ctype) }),
+    OUT_ROWS = EMIT.subst(OUT_ROWS, { OT = FM.out_types[k.out].ctype }),
+    OUT_ROWS_IN = EMIT.indent(EMIT.subst(OUT_ROWS, { OT = FM.out_types[k.out].ctype }), 1),
+    STORES = EMIT.subst(STORES, { OT = FM.out_types[k.out].ctype, EPI = epilogue(k, magic, bf) }),
     ABSUM = ab:text(),
   }
   local path, conv

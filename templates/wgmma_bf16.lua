@@ -222,6 +222,19 @@ M.MAINLOOP = [[
 	dg_cp_wait<0>();
 ]]
 
+-- The accumulators into a staged f32 tile at ${TILE} (a float *), rows
+-- ${PITCH} floats apart (BN + 8: a half-warp's pair stores hit 32 banks),
+-- for an epilogue that reads the tile back by rows; the callers stage it
+-- in the ring once every warpgroup's MMAs are done with it.
+M.STAGE_ACC = [[
+#pragma unroll
+	for (int hr = 0; hr < 2; ++hr) {
+		const int r = wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+#pragma unroll
+		for (int j = 0; j < BN / 8; ++j)
+			*(float2 *)(${TILE} + r * ${PITCH} + 8 * j + 2 * q) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+	}]]
+
 -- The accumulators as the output pairs they are (m, n and n + 1, n even;
 -- the register layout in the banner): ${PAIR} runs for each pair inside
 -- ${MLIM} rows and N columns, with acc[4 * j + 2 * hr] and the next

@@ -279,13 +279,35 @@ Test(nvrtc_forward, lowrank_bf16_fallbacks)
  * (C7511 .. C7514), and no spills for the presets' specs (sign1's decode
  * spills a few bytes at 128 registers). 256x128 (BN registers of
  * accumulators at 512 threads) plans another path. */
+/* src compiled for sm_90a into a cubin with ptxas's -v log, which must
+ * show the MMAs asynchronous (no "wgmma.mma_async instructions are
+ * serialized", C7511 .. C7518) and, with no_spills, no spills. */
+static void compile_sm90a_checked(dg_source *src, const char *canon, bool no_spills)
+{
+	dg__nvrtc_target t;
+	dg__nvrtc_result res;
+
+	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
+	cr_assert_lt(t.n_opts, DG__NVRTC_MAX_OPTS);
+	snprintf(t.opts[t.n_opts++], sizeof(t.opts[0]), "--ptxas-options=-v");
+	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_OK, "%s: %s", canon, err);
+	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not a cubin", canon);
+	if (res.log && strstr(res.log, "ptxas")) {
+		cr_assert(!strstr(res.log, "serialized"), "%s: ptxas serializes the MMAs:\n%s", canon, res.log);
+		cr_assert(!no_spills || strstr(res.log, " 0 bytes spill stores, 0 bytes spill loads"),
+			  "%s: spills:\n%s", canon, res.log);
+	} else {
+		/* an NVRTC that keeps ptxas's -v to itself (an empty log) */
+		printf("note: %s: this NVRTC prints no ptxas log; serialization not checked\n", canon);
+	}
+	dg__nvrtc_result_free(&res);
+}
+
 static void compile_wgmma_codes(dg_codegen *cg, const char *text, bool no_spills)
 {
 	dg_spec s;
 	dg_plan p;
 	dg_source *src = NULL;
-	dg__nvrtc_target t;
-	dg__nvrtc_result res;
 
 	spec_of(text, &s);
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
@@ -296,22 +318,7 @@ static void compile_wgmma_codes(dg_codegen *cg, const char *text, bool no_spills
 	cr_assert(strstr(src->text, inst), "%s: no %s", p.canonical, inst);
 	cr_assert_eq(src->block_threads[0], p.spec.tile.bm / 64 * 128, "%s", p.canonical);
 	cr_assert_eq(src->dyn_smem[0], s.embd * (p.spec.tile.bm + 3 * p.spec.tile.bn), "%s", p.canonical);
-	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
-	cr_assert_lt(t.n_opts, DG__NVRTC_MAX_OPTS);
-	snprintf(t.opts[t.n_opts++], sizeof(t.opts[0]), "--ptxas-options=-v");
-	dg_status st = dg__nvrtc_compile(src, &t, &res, err, sizeof(err));
-	cr_assert_eq(st, DG_OK, "%s: %s", p.canonical, err);
-	cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not a cubin", text);
-	if (res.log && strstr(res.log, "ptxas")) {
-		cr_assert(!strstr(res.log, "serialized"), "%s: ptxas serializes the MMAs:\n%s", p.canonical,
-			  res.log);
-		cr_assert(!no_spills || strstr(res.log, " 0 bytes spill stores, 0 bytes spill loads"),
-			  "%s: spills:\n%s", p.canonical, res.log);
-	} else {
-		/* an NVRTC that keeps ptxas's -v to itself (an empty log) */
-		printf("note: %s: this NVRTC prints no ptxas log; serialization not checked\n", p.canonical);
-	}
-	dg__nvrtc_result_free(&res);
+	compile_sm90a_checked(src, p.canonical, no_spills);
 	dg_source_destroy(src);
 }
 
@@ -366,8 +373,6 @@ static void compile_stream(dg_codegen *cg, const char *text, const char *path, i
 	dg_spec s;
 	dg_plan p;
 	dg_source *src = NULL;
-	dg__nvrtc_target t;
-	dg__nvrtc_result res;
 
 	spec_of(text, &s);
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
@@ -383,17 +388,7 @@ static void compile_stream(dg_codegen *cg, const char *text, const char *path, i
 	cr_assert_eq(src->dyn_smem[0], tl->stages * (tl->bm + tl->bn) * tl->bk * (bf ? 2 : 1), "%s", p.canonical);
 	if (smem)
 		cr_assert_eq(src->dyn_smem[0], smem, "%s", p.canonical);
-	cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
-	cr_assert_lt(t.n_opts, DG__NVRTC_MAX_OPTS);
-	snprintf(t.opts[t.n_opts++], sizeof(t.opts[0]), "--ptxas-options=-v");
-	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_OK, "%s: %s", p.canonical, err);
-	if (res.log && strstr(res.log, "ptxas")) {
-		cr_assert(!strstr(res.log, "serialized"), "%s: ptxas serializes the MMAs:\n%s", p.canonical,
-			  res.log);
-		cr_assert(strstr(res.log, " 0 bytes spill stores, 0 bytes spill loads"), "%s: spills:\n%s",
-			  p.canonical, res.log);
-	}
-	dg__nvrtc_result_free(&res);
+	compile_sm90a_checked(src, p.canonical, true);
 	dg_source_destroy(src);
 }
 
