@@ -131,11 +131,11 @@ typedef struct dg_train_result {
 	 * the weights uploaded: dg_model_create), optim_s for its optimizer
 	 * (dg_model_optim_init: masters, moments, the captured step) */
 	double weights_s, model_s, optim_s;
-	/* model_s's parts: its kernels compiled at once (what the weights'
-	 * drawing left to wait for; 0 when a background compile finished
-	 * first), its plans built (the nodes prepared, any kernel the compile
-	 * missed built then), its arenas allocated, the weights uploaded and
-	 * converted */
+	/* model_s's parts: its kernels compiled at once (on the GPU they
+	 * compile while the weights are drawn or read: what that left to
+	 * wait for), its plans built (the nodes prepared, any kernel the
+	 * compile missed built then), its arenas allocated, the weights
+	 * uploaded and converted */
 	double model_compile_s, model_plan_s, model_alloc_s, model_upload_s;
 	size_t kernels_compiled, kernels_cached, kernels_bundled;
 	/* The GPU: the most device memory the run held at once, from the

@@ -84,7 +84,7 @@ static dg_status decode_open(dg_model *m)
 
 dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, int b, dg_model **out)
 {
-	dg_status st = dg__gm_create(dev, w, b, 1, 1, true, out);
+	dg_status st = dg__gm_create(dev, w, b, 1, 1, true, false, out);
 	if (st)
 		return st;
 	dg_model *m = *out;

@@ -38,10 +38,10 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/msg.h"
 #include "base/pool.h"
@@ -278,7 +278,7 @@ static void warm_kernels(dg_model *m, const dg_model_config *c, int b, int t)
 	m->warm = true;
 	const double t0 = mono_s();
 	warm_specs(m->dev, m->sm, c, b, t);
-	m->compile_s += mono_s() - t0;
+	m->compile_s = mono_s() - t0;
 }
 
 void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, double *alloc_s, double *upload_s)
@@ -324,12 +324,14 @@ dg__gm_warm *dg__gm_warm_start(dg_device *dev, const dg_model_config *c, int b, 
 	return w;
 }
 
-void dg__gm_warm_join(dg__gm_warm *w)
+double dg__gm_warm_join(dg__gm_warm *w)
 {
 	if (!w)
-		return;
+		return 0;
+	const double t0 = mono_s();
 	pthread_join(w->th, NULL);
 	free(w);
+	return mono_s() - t0;
 }
 
 /* m's model of c at (b, t): the tape recorded, each node's ops prepared
@@ -725,7 +727,13 @@ dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int 
 dg_status dg_model_create_accum(dg_device *dev, const dg_model_weights *w, int b, int t, int accum,
 				dg_model **out)
 {
-	return dg__gm_create(dev, w, b, t, accum, false, out);
+	return dg__gm_create(dev, w, b, t, accum, false, false, out);
+}
+
+dg_status dg__model_create_warmed(dg_device *dev, const dg_model_weights *w, int b, int t, int accum,
+				  dg_model **out)
+{
+	return dg__gm_create(dev, w, b, t, accum, false, true, out);
 }
 
 /* A decoder's state, positions and frequencies (before its nodes are
@@ -757,7 +765,7 @@ static dg_status decode_alloc(dg_model *m, dg_device *dev, const dg_model_config
 }
 
 dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, int accum, bool decode,
-		       dg_model **out)
+		       bool warmed, dg_model **out)
 {
 	if (!dev || !w || !out)
 		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_create: NULL argument")
@@ -767,6 +775,7 @@ dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t,
 	if (!m)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	m->dev = dev;
+	m->warm = warmed;
 	const double t0 = mono_s();
 	dg_status st = decode ? decode_alloc(m, dev, &w->config, b) : DG_OK;
 	if (!st)

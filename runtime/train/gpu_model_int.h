@@ -69,9 +69,11 @@ struct dg_model {
 
 /* dg_model_create's model (decode false), or a decoder of b rows (decode
  * true: t must be 1; its state, positions and RoPE frequencies allocated
- * first, so its attention nodes are sized as attention_step). */
+ * first, so its attention nodes are sized as attention_step). warmed: the
+ * step's kernels are loaded already (a joined dg__gm_warm_start), so none
+ * is listed and looked up at once again. */
 dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, int accum, bool decode,
-		       dg_model **out);
+		       bool warmed, dg_model **out);
 
 /* The batch's checks and its upload: tokens, targets, the bad flag reset. */
 dg_status dg__gm_upload(dg_model *m, const dg_model_batch *bt);

@@ -33,22 +33,19 @@ const char *dg__cpu_recipe(const dg_model_config *c, bool *lowbit);
 dg_spec dg__cpu_fspec(dg_op op, int H, int D, int N, int in_heads, float thr, bool relu);
 dg_status dg__cpu_exec_copies(const dg_model_weights *w, bool lowbit, float *const exec[DG_PROJ__COUNT]);
 
-/* Decoding from a state on the GPU (gpu_decode.c): a model of w for b
- * rows of one token, each layer's attention state (L·b·H·N·D f32) on the
- * device; dg__model_decode consumes n tokens a row (tokens (b, n), row r
- * at tokens + r·n), restart: every row emptied first, and gives the
- * (b, V) logits after each row's last (as dg_model_logits gives them).
- * Errors: the device's message. The model is destroyed by
- * dg_model_destroy. */
 /* The GPU model's step kernels for (c, b, t) compiled and loaded on dev
  * on a thread of its own, started now (runtime/train/gpu_model.c): what
  * dg_model_create would compile first, done while the caller draws or
  * loads the weights. NULL when DRAGON_PRECOMPILE=0 or no thread could be
  * made (dg_model_create compiles them then). dg__gm_warm_join waits for it
- * and frees it (NULL is fine); call it before dev is closed. */
+ * and frees it (NULL is fine: 0), giving the seconds it waited; call it
+ * before dev is closed. dg__model_create_warmed is dg_model_create_accum
+ * after a join: it neither lists nor looks up the step's kernels again. */
 typedef struct dg__gm_warm dg__gm_warm;
 dg__gm_warm *dg__gm_warm_start(dg_device *dev, const dg_model_config *c, int b, int t);
-void dg__gm_warm_join(dg__gm_warm *w);
+double dg__gm_warm_join(dg__gm_warm *w);
+dg_status dg__model_create_warmed(dg_device *dev, const dg_model_weights *w, int b, int t, int accum,
+				  dg_model **out);
 
 /* dg_model_create's seconds by part (0 for a NULL model): the step's
  * kernels compiled at once, the plans built (the nodes prepared: what the
@@ -56,6 +53,13 @@ void dg__gm_warm_join(dg__gm_warm *w);
  * uploaded and converted into their execution copies. */
 void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, double *alloc_s, double *upload_s);
 
+/* Decoding from a state on the GPU (gpu_decode.c): a model of w for b
+ * rows of one token, each layer's attention state (L·b·H·N·D f32) on the
+ * device; dg__model_decode consumes n tokens a row (tokens (b, n), row r
+ * at tokens + r·n), restart: every row emptied first, and gives the
+ * (b, V) logits after each row's last (as dg_model_logits gives them).
+ * Errors: the device's message. The model is destroyed by
+ * dg_model_destroy. */
 dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, int b, dg_model **out);
 dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool restart, float *logits);
 /* Whether decoder m replays its token's work as one CUDA graph (on, the
