@@ -77,9 +77,14 @@ function M.fits(k, t)
   return M.applies(k) and WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
 end
 
+-- lowrank_grad_weight's epilogue goes through the ring (STAGED_GW, below)
+-- where E holds whole float4 rows.
+local function staged_gw(op, E)
+  return op == "lowrank_grad_weight" and E % 4 == 0
+end
+
 function M.smem_bytes(t, k)
-  -- lowrank_grad_weight stages its f32 tile in the ring (M.STAGED_GW)
-  return WB.smem_bytes(t, k ~= nil and k.op == "lowrank_grad_weight" and k.E % 4 == 0)
+  return WB.smem_bytes(t, staged_gw(k.op, k.E))
 end
 
 -- The default tile where the path applies. At the BDH shape (M = B·T 4096,
@@ -604,7 +609,7 @@ function M.render(c)
     MINB = minb, ENTRY = c.entry,
     SIG = EMIT.subst(o.sig, { BT = "unsigned short" }),
     PROLOGUE = PROLOGUE[op], LOAD = LOAD[op],
-    EPILOGUE = (op == "lowrank_grad_weight" and c.E % 4 == 0) and
+    EPILOGUE = staged_gw(op, c.E) and
       EMIT.subst(STAGED_GW, { STAGE_ACC = EMIT.subst(WB.STAGE_ACC, { TILE = "tile", PITCH = "BNP" }) }) or
       EMIT.subst(EPILOGUE[op], { PAIRS = EMIT.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
     MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",

@@ -81,11 +81,16 @@ function M.operands(k)
   return nil
 end
 
+-- Bytes an element of either operand in shared memory (ES): 2 for bf16,
+-- 1 for a code.
+local function elem_bytes(k)
+  return M.operands(k) == "bf16" and 2 or 1
+end
+
 -- Dynamic shared memory of tile t: the x tile and three weight tiles, the
 -- whole E, RB = E·ES bytes a row.
 function M.smem(k, t)
-  local es = M.operands(k) == "bf16" and 2 or 1
-  return k.E * es * (t.bm + 3 * t.bn)
+  return k.E * elem_bytes(k) * (t.bm + 3 * t.bn)
 end
 
 -- The path applies (templates/lowrank.lua M.plan asks): lowrank_fwd,
@@ -118,8 +123,7 @@ function M.stream_fits(k, t)
   local ops = M.operands(k)
   if not (k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and ops) then return false end
   if not (k.weight == "int8" or k.weight == "bf16") then return false end
-  local es = ops == "bf16" and 2 or 1
-  local kb = t.bk * es
+  local kb = t.bk * elem_bytes(k)
   return t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
     (t.bn == 64 or t.bn == 128 or (t.bn == 256 and t.bm == 128)) and (kb == 64 or kb == 128) and
     k.E % t.bk == 0 and k.L % 16 == 0 and t.stages >= 3 and t.stages <= 8 and
@@ -129,8 +133,7 @@ end
 -- Dynamic shared memory of the K-streaming form: S stages of the x and
 -- weight tiles' BK-element slices.
 function M.stream_smem(k, t)
-  local es = M.operands(k) == "bf16" and 2 or 1
-  return t.stages * (t.bm + t.bn) * t.bk * es
+  return t.stages * (t.bm + t.bn) * t.bk * elem_bytes(k)
 end
 
 -- The epilogue's output rows of a tile (m0, h) and its stores (n0, the
@@ -687,10 +690,12 @@ if (out_absum) {
   -- rest fit 65536 / (2·NT) registers and the shared memory fits (the
   -- stream form: BN up to 128, its accumulators one set)
   local minb = (nt <= 256 and k.bn <= (stream and 128 or 64) and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1
+  local es = elem_bytes(k)
+  local out_rows = EMIT.subst(OUT_ROWS, { OT = FM.out_types[k.out].ctype })
   local vars = {
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = bf and 2 * k.E or k.E // wdiv,
-    KB = k.bk * (bf and 2 or 1), S = k.stages,
-    ES = bf and 2 or 1, ELEM = bf and "bf16" or "one code a byte",
+    KB = k.bk * es, S = k.stages,
+    ES = es, ELEM = bf and "bf16" or "one code a byte",
     ACC_T = bf and "float" or "int", ACC_WHAT = bf and "f32 sums" or "exact int32 sums",
     BM = k.bm, BN = k.bn,
     HIN_H = k.HIN == 1 and "0" or "h",
@@ -704,8 +709,8 @@ if (out_absum) {
                                       PUT_LATE = put_late }),
     }),
     OPENING = EMIT.subst(OPENING, { MINB = minb, SIGNATURE = k.signature(fa.ctype, fw.ctype) }),
-    OUT_ROWS = EMIT.subst(OUT_ROWS, { OT = FM.out_types[k.out].ctype }),
-    OUT_ROWS_IN = EMIT.indent(EMIT.subst(OUT_ROWS, { OT = FM.out_types[k.out].ctype }), 1),
+    OUT_ROWS = out_rows,
+    OUT_ROWS_IN = EMIT.indent(out_rows, 1),
     STORES = EMIT.subst(STORES, { OT = FM.out_types[k.out].ctype, EPI = epilogue(k, magic, bf) }),
     ABSUM = ab:text(),
   }
@@ -726,7 +731,7 @@ if (out_absum) {
     about = k.about(path, nt, fmt("dynamic shared memory %d bytes (%d stages of %d-byte K slices of the x and "
       .. "weight tiles, %d in flight); tiles dealt with a stride of the grid, m fastest, their slices one run; "
       .. "%s; epilogue straight from the accumulators, 16-byte stores.",
-      smem, k.stages, k.bk * (bf and 2 or 1), k.stages - 2, conv))
+      smem, k.stages, k.bk * es, k.stages - 2, conv))
   else
     about = k.about(path, nt, fmt("dynamic shared memory %d bytes (x tile + three weight tiles, whole E); "
       .. "contiguous tile runs a block; %s; epilogue straight from the accumulators, 16-byte stores.",

@@ -608,6 +608,17 @@ static const char *stream_path(dg_fmt w)
 	return w == DG_FMT_BF16 ? "wgmma bf16 stream" : "wgmma stream";
 }
 
+/* Pair f's spec (codes_spec) at tile t, whose bk counts codes: a bf16
+ * slice of the same bytes has half the elements. */
+static dg_spec stream_spec(int f, int H, int Hin, int E, int L, dg_tile t)
+{
+	dg_spec s = codes_spec(STREAM_W[f], STREAM_A[f], H, Hin, E, L);
+	if (STREAM_W[f] == DG_FMT_BF16)
+		t.bk /= 2;
+	s.tile = t;
+	return s;
+}
+
 /* At E 768 (12 slices of 64 bytes), H 3, L 208 (a last n-tile of 80
  * columns), in_heads {1, H}, every out format: bf16's auto tile, the
  * codes' default stream tile; B·T 2×127, 3×1, 1×300. */
@@ -647,15 +658,10 @@ Test(gpu_lowrank_stream, tiles)
 	for (size_t i = 0; i < sizeof(T8) / sizeof(T8[0]); i++)
 		for (int f = 0; f < 3; f++)
 			for (int e = 0; e < 2; e++) {
-				const bool bf = STREAM_W[f] == DG_FMT_BF16;
-				dg_tile t = T8[i];
-				if (bf)
-					t.bk /= 2; /* the same bytes a slice */
 				const int E = e ? 64 : 256;
-				if (E % t.bk)
+				dg_spec s = stream_spec(f, 2, (i + (size_t)e) % 2 ? 2 : 1, E, 208, T8[i]);
+				if (E % s.tile.bk)
 					continue;
-				dg_spec s = codes_spec(STREAM_W[f], STREAM_A[f], 2, (i + (size_t)e) % 2 ? 2 : 1, E, 208);
-				s.tile = t;
 				s.out = O_FMTS[(i + (size_t)f) % 4];
 				if (dg_spec_validate(&s, NULL, 0) != DG_OK)
 					continue;
@@ -667,7 +673,7 @@ Test(gpu_lowrank_stream, tiles)
 
 /* Many tiles a block, the ring running across their boundaries: H 4,
  * L 512, B·T 2048 (E 128: 2 slices a tile; E 64: 1) at the 64x64 tile
- * (1024 tiles for at most 264 blocks) and the default. */
+ * (1024 tiles for at most 264 blocks) and 128x128x64/8x1/5. */
 Test(gpu_lowrank_stream, many_tiles_a_block)
 {
 	static const dg_tile T8[] = { { 64, 64, 64, 4, 1, 3, 0 }, { 128, 128, 64, 8, 1, 5, 0 } };
@@ -677,10 +683,7 @@ Test(gpu_lowrank_stream, many_tiles_a_block)
 	for (size_t i = 0; i < 2; i++)
 		for (int f = 0; f < 3; f += 2)
 			for (int e = 0; e < 2; e++) {
-				dg_spec s = codes_spec(STREAM_W[f], STREAM_A[f], 4, e ? 4 : 1, e ? 64 : 128, 512);
-				s.tile = T8[i];
-				if (STREAM_W[f] == DG_FMT_BF16)
-					s.tile.bk /= 2;
+				dg_spec s = stream_spec(f, 4, e ? 4 : 1, e ? 64 : 128, 512, T8[i]);
 				s.out = f ? DG_FMT_BF16 : DG_FMT_INT8;
 				gh_expect_path(&s, stream_path(STREAM_W[f]));
 				run_lowrank(dev, &s, 2, 1024);
