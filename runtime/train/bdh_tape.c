@@ -213,6 +213,10 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	/* the decoder's output gradients of every layer, which its weight
 	 * gradient reads as one GEMM ((L·B, 1, T, D), small) */
 	int dyd_all = buf(t, "dyd.all", DG__B_TEMP, 4, LB, 1, T, D);
+	/* stack_pgrads: the encoders' gradients of every layer, likewise */
+	const bool spg = gpu && tg->stack_pgrads;
+	int dxs_all = spg ? abuf(t, act, "dxs.all", DG__B_TEMP, 4, LB, H, T, N) : -1;
+	int dys_all = spg ? abuf(t, act, "dys.all", DG__B_TEMP, 4, LB, H, T, N) : -1;
 
 	/* forward */
 	int emb = abuf(t, act, "emb", DG__B_TEMP, 4, B, 1, T, D);
@@ -313,9 +317,11 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		 * CPU's and the f32 recipe's: f32), dead after the layer's weight
 		 * gradients: the next layer's reuse their bytes */
 		snprintf(nm, sizeof(nm), "dxs.%d", l);
-		int dxs = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
+		int dxs = spg ? view(t, dxs_all, l, (int)Ly, nm, 4, B, H, T, N)
+			      : abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "dys.%d", l);
-		int dys = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
+		int dys = spg ? view(t, dys_all, l, (int)Ly, nm, 4, B, H, T, N)
+			      : abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
 		int da = buf(t, "da", DG__B_TEMP, 4, B, H, T, D);
 		int datt = buf(t, "datt", DG__B_TEMP, 4, B, H, T, D);
 		int dv = buf(t, "dv", DG__B_TEMP, 4, B, 1, T, D);
@@ -337,12 +343,14 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		node(t, DG__N_PROJ_IN, l, dys,
 		     bf16g ? id->exec_bf16[DG_PROJ_ENCODER_V] : id->exec[DG_PROJ_ENCODER_V], -1, -1, da, -1,
 		     DG_PROJ_ENCODER_V);
-		grad_w(t, id, bf16g, l, dys, lowbit ? aql[l] : al[l], DG_PROJ_ENCODER_V);
+		if (!spg)
+			grad_w(t, id, bf16g, l, dys, lowbit ? aql[l] : al[l], DG_PROJ_ENCODER_V);
 		node(t, DG__N_LN_BWD, l, da, al[l], arl[l], -1, datt, -1, 0);
 		node(t, DG__N_ATTN_BWD, l, datt, svl[l], x[l], xsl[l], dxs, dv, 0);
 		node(t, DG__N_PROJ_IN, l, dxs, bf16g ? id->exec_bf16[DG_PROJ_ENCODER] : id->exec[DG_PROJ_ENCODER],
 		     -1, -1, dxe, -1, DG_PROJ_ENCODER);
-		grad_w(t, id, bf16g, l, dxs, lowbit ? xql[l] : x[l], DG_PROJ_ENCODER);
+		if (!spg)
+			grad_w(t, id, bf16g, l, dxs, lowbit ? xql[l] : x[l], DG_PROJ_ENCODER);
 		node(t, DG__N_ADD3, l, ds, dv, dxe, -1, dxn, -1, 0);
 		dx = dxn;
 	}
@@ -352,12 +360,17 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	int demb = buf(t, "demb", DG__B_TEMP, 4, B, 1, T, D);
 	node(t, DG__N_LN_BWD, -1, dx, x[0], x0_rstd, -1, demb, -1, 0);
 	node(t, DG__N_EMBED_BWD, -1, demb, id->tokens, -1, -1, id->grads[DG_PARAM_EMBED], -1, 0);
-	/* the encoders' gradients are whole (each layer's added by grad_w);
-	 * each master's right after its last GEMM, so a bucket's all-reduce
-	 * runs beside the next one; the decoder's weight gradient: one GEMM
-	 * over every layer's rows */
+	/* the encoders' gradients are whole (each layer's added by grad_w, or
+	 * stack_pgrads: one GEMM each over every layer's rows, here); each
+	 * master's right after its last GEMM, so a bucket's all-reduce runs
+	 * beside the next one; the decoder's weight gradient: one GEMM over
+	 * every layer's rows */
+	if (spg)
+		grad_w(t, id, bf16g, -1, dys_all, lowbit ? aq_all : a_all, DG_PROJ_ENCODER_V);
 	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_ENCODER_V], -1, -1, -1, id->grads[DG_PARAM_ENCODER_V], -1,
 	     DG_PARAM_ENCODER_V);
+	if (spg)
+		grad_w(t, id, bf16g, -1, dxs_all, lowbit ? xq_all : x_all, DG_PROJ_ENCODER);
 	node(t, DG__N_TO_MASTER, -1, id->gexec[DG_PROJ_ENCODER], -1, -1, -1, id->grads[DG_PARAM_ENCODER], -1,
 	     DG_PARAM_ENCODER);
 	node(t, DG__N_DEC_W, -1, dyd_all, lowbit ? xyq_all : xy_all, -1, -1, id->gexec[DG_PROJ_DECODER], -1, 0);

@@ -70,6 +70,14 @@ typedef struct dg__bdh_target {
 	 * layer's saved attention buffer holds the scores, then (256-byte
 	 * aligned) RoPE(xs) (B,H,T,N) act, one buffer of bytes */
 	bool keep_qr;
+	/* the GPU: the encoders' (B,H,T,N) gradients dxs and dys of every
+	 * layer kept, stacked (L·B, H, T, N) in act, so each encoder's weight
+	 * gradient is one GEMM over all layers' rows after the backward (as
+	 * the decoder's is), not a GEMM a layer that reads and writes the
+	 * whole f32 gradient each time: L·B·H·T·N act bytes each, against
+	 * L - 1 read-modify-writes of H·N·D floats each (gpu_model.c
+	 * pgrads_stackable says where that pays) */
+	bool stack_pgrads;
 } dg__bdh_target;
 
 /* The keep_qr attention buffer's layout: the scores (B,H,T,T) in act,

@@ -370,7 +370,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
 			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1,
-			      .keep_qr = m->keep_qr };
+			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
@@ -472,31 +472,81 @@ static bool qr_keepable(const dg_model *m)
 	return m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode && !(env && strcmp(env, "0") == 0);
 }
 
-/* build, keeping RoPE(xs) for the attention's backward (keep_qr: no RoPE
- * pass there, B·H·T·N act bytes a layer more) where that plan fits the
- * device's free memory, else without. The step's numbers are the same
- * bits either way (the backward would make the same qr again): 1.1 ms of
- * RoPE passes a step fewer at 25M, B 8, T 512 on the H200, for 1.6 GB.
- * The plan without is made first; it is made again with qr kept only
- * when its total and the kept bytes fit (so a step that does not fit at
- * all is refused after one plan, as before). */
+/* Whether the encoders' weight gradients are made once over every
+ * layer's stacked rows (stack_pgrads, dg__bdh_target) rather than a layer
+ * at a time: DRAGON_STACK_PGRADS=0 never, =1 wherever the plan fits, else
+ * where a layer's rows are few beside the weight (B·T <= STACK_PGRADS_BT):
+ * a layer's GEMM then spends as long reading and writing the f32 gradient
+ * (8·H·N·D bytes) as multiplying (2·B·T·H·N·D flops), and the stack turns
+ * L - 1 of those passes and L - 1 pipeline fills a tile into more K steps
+ * of one GEMM. Larger batches keep the layer-at-a-time form, which holds
+ * a layer's gradients, not every layer's. Measured on the H200 (w8a8
+ * training step, a layer at a time -> stacked; bench/step --train): 1B
+ * (D 1280, H 16, N 16384, B 2) 149.6 -> 144.9 ms, its 12 GEMMs 28.3 ms
+ * -> 2 in 22.9; H 16, N 65536 (B 1, T 256) 64.0 -> 59.6; D 768 (B 4)
+ * 69.2 -> 68.5; D 512 (B 8) 34.6 -> 34.3; the 25M model (B 8) 22.97 ->
+ * 22.72 for 2.7 GB more (peak 6.75 -> 9.44 GB), so not by default. */
+#define STACK_PGRADS_BT 2048
+static bool pgrads_stackable(const dg_model *m, int b, int t)
+{
+	const char *env = getenv("DRAGON_STACK_PGRADS");
+	if (m->decode || m->c.layers < 2 || (env && strcmp(env, "0") == 0))
+		return false;
+	return (env && strcmp(env, "1") == 0) || (int64_t)b * t <= STACK_PGRADS_BT;
+}
+
+/* Whether a plan of `total` bytes fits the device's free memory (a device
+ * that cannot say is let through, as room_for). */
+static bool room_total(dg_model *m, size_t total)
+{
+	size_t free_b = 0, total_b = 0;
+	return dg_device_mem_info(m->dev, &free_b, &total_b) || total <= free_b;
+}
+
+/* build with the memory-for-time choices that fit the device's free
+ * memory: keep_qr (RoPE(xs) kept for the attention's backward: no RoPE
+ * pass there, B·H·T·N act bytes a layer more; 1.1 ms of RoPE passes a
+ * step fewer at 25M, B 8, T 512 on the H200, for 1.6 GB) and
+ * stack_pgrads (pgrads_stackable: 2·(L-1)·B·H·T·N act bytes more). The
+ * step's numbers are the same bits with or without keep_qr (the backward
+ * would make the same qr again); stack_pgrads sums each encoder's weight
+ * gradient over the layers inside one GEMM, in another order than the
+ * layer-at-a-time f32 adds. The plan without either is made first (so a
+ * step that does not fit at all is refused after one plan, as before);
+ * then, while the base's total and the extra bytes fit: both, keep_qr
+ * alone, stack_pgrads alone — the first whose plan fits is kept (an arena
+ * can come out larger than the sum). */
 static dg_status build_fit(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum)
 {
 	m->keep_qr = false;
+	m->stack_pgrads = false;
 	dg_status st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
-	if (st || !qr_keepable(m))
+	if (st)
 		return st;
-	const size_t kept = (size_t)c->layers * (size_t)b * (size_t)c->heads * (size_t)t * (size_t)c->neurons *
-			    dg_fmt_row_bytes(m->act, 1);
-	if (!room_for(m, kept))
+	const bool qr = qr_keepable(m), spg = pgrads_stackable(m, b, t);
+	const size_t layer = (size_t)b * (size_t)c->heads * (size_t)t * (size_t)c->neurons * dg_fmt_row_bytes(m->act, 1);
+	const size_t qr_b = (size_t)c->layers * layer, spg_b = 2 * (size_t)(c->layers - 1) * layer;
+	dg_model_memory base;
+	dg__tape_report(&m->t, &base);
+	const bool tries[3][2] = { { true, true }, { true, false }, { false, true } };
+	bool rebuilt = false;
+	for (int i = 0; i < 3; i++) {
+		const bool kq = tries[i][0], ks = tries[i][1];
+		if ((kq && !qr) || (ks && !spg) || !room_total(m, base.total + (kq ? qr_b : 0) + (ks ? spg_b : 0)))
+			continue;
+		unbuild(m);
+		rebuilt = true;
+		m->keep_qr = kq;
+		m->stack_pgrads = ks;
+		st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
+		if (st || room_for(m, 0))
+			return st;
+	}
+	if (!rebuilt)
 		return DG_OK;
 	unbuild(m);
-	m->keep_qr = true;
-	st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
-	if (st || room_for(m, 0))
-		return st;
-	unbuild(m); /* the kept plan's arena came out larger than the sum */
 	m->keep_qr = false;
+	m->stack_pgrads = false;
 	return build(m, dev, c, b, t, accum, 0, NULL, NULL);
 }
 

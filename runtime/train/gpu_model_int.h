@@ -32,6 +32,10 @@ struct dg_model {
 	double compile_s, plan_s, alloc_s, upload_s;
 	bool keep_qr;               /* RoPE(xs) saved by the attention's forward
 				     * (dg__bdh_target): where the plan fits */
+	bool stack_pgrads;          /* the encoders' weight gradients over every
+				     * layer's stacked rows (dg__bdh_target):
+				     * gpu_model.c pgrads_stackable, where the
+				     * plan fits */
 	dg__tape t;
 	struct dg__op_exec *ex;     /* each node's ops, prepared while sizing */
 	dg__bdh_ids id;
