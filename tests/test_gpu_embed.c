@@ -224,6 +224,26 @@ Test(gpu_embed, bwd)
 	gh_close(dev);
 }
 
+/* Vocabularies whose units hold several vocab rows (templates/embed.lua
+ * vocab_rows: 2 from V 2048, 32 from 32768): llm.c's 50304 at the BDH
+ * rows (timed), a ragged last unit (5001: units of 4, the last of one
+ * row), column chunks with units of 8 (E 1000, V 9000), every token the
+ * last vocab row, and tokens outside the vocabulary. */
+Test(gpu_embed, bwd_large_vocab)
+{
+	dg_device *dev = gh_open();
+	gh_seed(35);
+	for (int a = 0; a < 2; a++) {
+		bwd_case(dev, FL[a], 256, 50304, 4096, -1, 0, false, true);
+		bwd_case(dev, FL[a], 256, 50304, 4096, -1, 0, true, false);
+	}
+	bwd_case(dev, DG_FMT_BF16, 96, 5001, 300, -1, 0, true, false);
+	bwd_case(dev, DG_FMT_F32, 1000, 9000, 300, -1, 0, false, false);
+	bwd_case(dev, DG_FMT_F32, 256, 50304, 4096, 50303, 0, false, false);
+	bwd_case(dev, DG_FMT_BF16, 256, 50304, 4096, -1, 9, true, false);
+	gh_close(dev);
+}
+
 Test(gpu_embed, bwd_skips_out_of_vocabulary)
 {
 	dg_device *dev = gh_open();

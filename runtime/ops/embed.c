@@ -58,11 +58,12 @@ static dg_status prep(dg_prepared *p, const dg__op_call *c)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
 	int sms = dg__dev_info(p->dev)->sm_count;
-	/* the forward: a warp a row; the backward: one block a unit (vocab
-	 * row, column chunk of nt), all scanning at once */
+	/* the forward: a warp a row; the backward: one block a unit (a few
+	 * vocab rows, column chunk of nt; templates/embed.lua), all scanning
+	 * at once: at most a unit a vocab row, and 16 blocks an SM walk them */
 	long long units = (long long)p->spec.vocab * dg__op_cdiv(p->spec.embd, nt);
 	unsigned grid = fwd ? dg__op_grid(rows, nt / 32, 64LL * (sms > 0 ? sms : 1))
-			    : dg__op_grid(units, 1, 1LL << 30);
+			    : dg__op_grid(units, 1, 16LL * (sms > 0 ? sms : 1));
 	dg_launch l = { { grid, 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)
