@@ -19,21 +19,43 @@
 	      "256", "--batch", "2", "--time", "32", "--eval-every", "0", "--seed", "3",       \
 	      "--steps", "3"
 
+/* Two layers: the encoders' weight gradients stacked (B·T 64). */
+#define SMALL2 "--preset", "bf16", "--layers", "2", "--embd", "64", "--heads", "2", "--neurons", \
+	       "256", "--batch", "2", "--time", "32", "--eval-every", "0", "--seed", "3",       \
+	       "--steps", "3"
+
 typedef struct first_step {
 	double wall, ready, first, compiled, cached, bundled, peak;
+	int keep_qr, stack_pgrads, recompute; /* plan's, -1 when missing */
+	char err[2048];                       /* the run's stderr */
 } first_step;
 
-static first_step train_json(const sandbox *sb, const char *data, const char *out)
+/* plan.<key> of the JSON: 1 true, 0 false, -1 missing or not a boolean. */
+static int plan_bool(const cJSON *j, const char *key)
+{
+	const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "plan");
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, key);
+	return cJSON_IsBool(v) ? cJSON_IsTrue(v) : -1;
+}
+
+static first_step train_json_of(const sandbox *sb, const char *data, const char *out, bool two)
 {
 	run r;
-	gen(sb, &r, "train", SMALL, "--data", data, "--out", out, "--json", NULL);
+	if (two)
+		gen(sb, &r, "train", SMALL2, "--data", data, "--out", out, "--json", NULL);
+	else
+		gen(sb, &r, "train", SMALL, "--data", data, "--out", out, "--json", NULL);
 	cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
 	cJSON *j = parse_json(r.out);
 	cr_assert(j, "not JSON: %s", r.out);
 	const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "kernels");
 	cr_assert(cJSON_IsObject(k), "no kernels: %s", r.out);
 	first_step f = { num(j, "wall_s"), num(j, "ready_s"), num(j, "first_step_s"),
-			 num(k, "compiled"), num(k, "cached"), num(k, "bundled"), num(j, "peak_bytes") };
+			 num(k, "compiled"), num(k, "cached"), num(k, "bundled"), num(j, "peak_bytes"),
+			 plan_bool(j, "keep_qr"), plan_bool(j, "stack_pgrads"), plan_bool(j, "recompute"), "" };
+	snprintf(f.err, sizeof(f.err), "%s", r.err);
+	printf("plan: keep_qr %d, stack_pgrads %d, recompute %d\n", f.keep_qr, f.stack_pgrads, f.recompute);
+	cr_expect(f.keep_qr >= 0 && f.stack_pgrads >= 0 && f.recompute >= 0, "no plan's choices: %s", r.out);
 	printf("ready %.3f s, first step %.3f s, wall %.3f s; kernels %g compiled, %g cached, %g bundled; "
 	       "%.0f bytes\n",
 	       f.ready, f.first, f.wall, f.compiled, f.cached, f.bundled, f.peak);
@@ -57,6 +79,11 @@ static first_step train_json(const sandbox *sb, const char *data, const char *ou
 	cJSON_Delete(j);
 	run_free(&r);
 	return f;
+}
+
+static first_step train_json(const sandbox *sb, const char *data, const char *out)
+{
+	return train_json_of(sb, data, out, false);
 }
 
 Test(cli_train_gpu, the_first_step_says_what_it_waited_for)
@@ -86,5 +113,35 @@ Test(cli_train_gpu, the_first_step_says_what_it_waited_for)
 			  strstr(r.out, " from the cache, "),
 		  "%s", r.out);
 	run_free(&r);
+	sandbox_fini(&sb);
+}
+
+/* DRAGON_RECOMPUTE=1: the step saves no projection outputs and its
+ * backward makes them again — the same losses, byte for byte in the log
+ * (two layers, dropout on: the bf16 preset's); the JSON's plan says
+ * recompute (false by default: this step fits), and stderr says what it
+ * traded. The default plan of two layers at B·T 64 stacks the encoders'
+ * weight gradients. */
+Test(cli_train_gpu, recompute_trains_the_same_steps)
+{
+	if (!gpu_or_skip())
+		cr_skip_test("skipped: no CUDA device");
+	sandbox sb;
+	char data[600], out[600], out2[600];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 20000);
+	snprintf(out, sizeof(out), "%s/saved", sb.root);
+	snprintf(out2, sizeof(out2), "%s/recomputed", sb.root);
+	first_step a = train_json_of(&sb, data, out, true);
+	cr_expect_eq(a.recompute, 0, "recompute by default where the step fits");
+	cr_expect_eq(a.stack_pgrads, 1, "two layers at B·T 64: stacked weight gradients");
+	cr_expect(strstr(a.err, "makes them again") == NULL, "%s", a.err);
+	setenv("DRAGON_RECOMPUTE", "1", 1);
+	first_step b = train_json_of(&sb, data, out2, true);
+	unsetenv("DRAGON_RECOMPUTE");
+	cr_expect_eq(b.recompute, 1, "DRAGON_RECOMPUTE=1: not recomputing");
+	cr_expect(strstr(b.err, "makes them again"), "stderr: %s", b.err);
+	expect_same_log(out2, "recomputing", out, "saving xs and ys");
 	sandbox_fini(&sb);
 }

@@ -307,9 +307,10 @@ static void invariants(dg__tape *t_, int layers, int B)
 	cr_assert_geq(shared, 10, "only %d pairs of buffers reuse bytes", shared);
 	/* the encoders' weight gradients: a node a layer and projection, over
 	 * the layer's B rows, the backward's first (the last layer) writing and
-	 * the others adding; the decoder's: one node over the stack of every
-	 * layer's L·B rows */
-	int pw[DG_PROJ__COUNT] = { 0 }, dw = 0;
+	 * the others adding, or (stack_pgrads) one node (layer -1) over the
+	 * stack of every layer's L·B rows, writing; the decoder's: one node
+	 * over the stack of every layer's L·B rows */
+	int pw[DG_PROJ__COUNT] = { 0 }, pws[DG_PROJ__COUNT] = { 0 }, dw = 0;
 	for (int n = 0; n < t.n_nodes; n++) {
 		const dg__tnode *nd = &t.nodes[n];
 		const dg__tbuf *g = &t.bufs[nd->in[0]];
@@ -322,13 +323,21 @@ static void invariants(dg__tape *t_, int layers, int B)
 		if (nd->kind != DG__N_PROJ_W)
 			continue;
 		cr_assert(nd->arg >= 0 && nd->arg < DG_PROJ__COUNT);
+		if (nd->layer < 0) {
+			cr_assert_eq(g->shape[0], layers * B, "%s: not the stack of every layer", g->name);
+			cr_assert_eq(root(&t, nd->in[0]), nd->in[0]);
+			cr_assert(!dg__bdh_grad_adds(&t, nd));
+			pws[nd->arg]++;
+			continue;
+		}
 		cr_assert_eq(nd->layer, layers - 1 - pw[nd->arg], "node %d: layer %d out of turn", n, nd->layer);
 		cr_assert_eq(g->shape[0], B, "%s: not one layer's rows", g->name);
 		cr_assert_eq(dg__bdh_grad_adds(&t, nd), pw[nd->arg] > 0, "node %d (layer %d)", n, nd->layer);
 		pw[nd->arg]++;
 	}
-	cr_assert_eq(pw[DG_PROJ_ENCODER], layers);
-	cr_assert_eq(pw[DG_PROJ_ENCODER_V], layers);
+	for (int k = DG_PROJ_ENCODER; k <= DG_PROJ_ENCODER_V; k++)
+		cr_assert((pw[k] == layers && pws[k] == 0) || (pw[k] == 0 && pws[k] == 1),
+			  "projection %d: %d nodes a layer, %d stacked", k, pw[k], pws[k]);
 	cr_assert_eq(dw, 1);
 }
 
@@ -352,6 +361,117 @@ Test(tape, memory_report_25m)
 	cr_assert_lt(m.activations, m.saved + 4 * bhtn, "the layers' gradients are not reused");
 	cr_assert_eq(dg_model_cpu_memory(&c, 0, 512, &m, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	cr_assert(strstr(msg, "batch 0x512"), "%s", msg);
+}
+
+/* stack_pgrads (the GPU's): each layer's dxs.l and dys.l are views of
+ * (L·B, H, T, N) stacks, and each encoder's weight gradient is one node
+ * after every layer's backward (layer -1, writing, not adding) reading its
+ * stack and the stacked inputs (x.all, a.all, or through a dequantize of
+ * the saved codes' stacks on sm_90's low-bit tape); without it, a node a
+ * layer. */
+Test(tape, stacked_projection_gradients)
+{
+	dg__tape t;
+	dg__bdh_ids id;
+	const int L = 3, B = 2, H = 2, T = 16, N = 64;
+	for (int lb = 0; lb < 2; lb++)
+		for (int spg = 0; spg < 2; spg++) {
+			dg__bdh_target g = { .gpu = true, .act = DG_FMT_BF16, .lowbit = lb, .bf16_grads = lb,
+					     .stack_pgrads = spg };
+			build_for(lb ? "w8a8" : "bf16", L, 32, H, N, B, T, &g, &t, &id);
+			invariants(&t, L, B);
+			int stacks[2] = { find(&t, "dxs.all"), find(&t, "dys.all") };
+			for (int k = 0; k < 2; k++) {
+				cr_assert_eq(stacks[k] >= 0, spg, "stack %d: %d", k, stacks[k]);
+				if (spg)
+					cr_assert_eq(t.bufs[stacks[k]].bytes, (size_t)L * B * H * T * N * 2);
+			}
+			int pw = 0, last_layer_bwd = -1;
+			for (int n = 0; n < t.n_nodes; n++) {
+				const dg__tnode *nd = &t.nodes[n];
+				if (nd->kind == DG__N_ADD3)
+					last_layer_bwd = n;
+				if (nd->kind != DG__N_PROJ_W)
+					continue;
+				pw++;
+				cr_assert_eq(nd->layer >= 0, !spg, "node %d: layer %d", n, nd->layer);
+				cr_assert_eq(dg__bdh_grad_adds(&t, nd), !spg && nd->layer != L - 1);
+				if (spg) {
+					cr_assert(n > last_layer_bwd, "node %d: before a layer's backward ended", n);
+					cr_assert(root(&t, nd->in[0]) == stacks[0] || root(&t, nd->in[0]) == stacks[1]);
+					cr_assert_eq(t.bufs[nd->in[0]].parent, -1, "node %d reads a layer's view", n);
+				}
+			}
+			cr_assert_eq(pw, spg ? 2 : 2 * L);
+			if (spg) {
+				cr_assert_eq(t.bufs[find(&t, "dxs.1")].parent, stacks[0]);
+				cr_assert_eq(t.bufs[find(&t, "dys.2")].parent, stacks[1]);
+			}
+			dg__tape_free(&t);
+		}
+}
+
+/* recompute: xs.l and ys.l are temporaries of the forward (not saved);
+ * each layer's backward starts with the two projections again, from the
+ * saved inputs the forward's read (x.l / a.l, or xq.l / aq.l), into
+ * xs.again.l and ys.again.l, which the gate's and the attention's
+ * backward then read; those nodes count as the backward (the tape stays
+ * forward then backward, n_forward the same), and at the 25M shape
+ * (w8a8 on the GPU) the saved activations shrink by the twelve (B,H,T,N)
+ * bf16 tensors, 3.2 GB. */
+Test(tape, recompute_sparse_activations)
+{
+	dg__tape t;
+	dg__bdh_ids id;
+	size_t saved[2] = { 0, 0 };
+	int n_fwd[2] = { 0, 0 };
+	for (int rec = 0; rec < 2; rec++) {
+		dg__bdh_target g = { .gpu = true, .act = DG_FMT_BF16, .lowbit = true, .bf16_grads = true,
+				     .dec_gate = true, .recompute = rec };
+		build_for("w8a8", 6, 256, 4, 8192, 8, 512, &g, &t, &id);
+		invariants(&t, 6, 8);
+		dg_model_memory mm;
+		dg__tape_report(&t, &mm);
+		saved[rec] = mm.saved;
+		n_fwd[rec] = t.n_forward;
+		printf("tape w8a8 25M%s: saved %zu, arena %zu, total %zu bytes\n", rec ? " recomputing" : "", mm.saved,
+		       mm.activations, mm.total);
+		for (int l = 0; l < 6; l++) {
+			char nm[40];
+			snprintf(nm, sizeof(nm), "xs.%d", l);
+			cr_assert_eq(t.bufs[find(&t, nm)].bucket, rec ? DG__B_TEMP : DG__B_SAVED, "%s", nm);
+			snprintf(nm, sizeof(nm), "ys.%d", l);
+			cr_assert_eq(t.bufs[find(&t, nm)].bucket, rec ? DG__B_TEMP : DG__B_SAVED, "%s", nm);
+			snprintf(nm, sizeof(nm), "xs.again.%d", l);
+			cr_assert_eq(find(&t, nm) >= 0, rec, "%s", nm);
+		}
+		int proj_bwd = 0;
+		for (int n = t.n_forward; n < t.n_nodes; n++) {
+			const dg__tnode *nd = &t.nodes[n];
+			if (nd->kind != DG__N_PROJ)
+				continue;
+			proj_bwd++;
+			char nm[40];
+			snprintf(nm, sizeof(nm), "%s.again.%d", nd->arg == DG_PROJ_ENCODER ? "xs" : "ys", nd->layer);
+			cr_assert_eq(nd->out[0], find(&t, nm), "node %d writes %s", n, t.bufs[nd->out[0]].name);
+			snprintf(nm, sizeof(nm), "%s.%d", nd->arg == DG_PROJ_ENCODER ? "xq" : "aq", nd->layer);
+			cr_assert_eq(nd->in[0], find(&t, nm), "node %d reads %s", n, t.bufs[nd->in[0]].name);
+		}
+		cr_assert_eq(proj_bwd, rec ? 12 : 0);
+		/* the gate's and the attention's backward read the recomputed ones */
+		for (int n = t.n_forward; rec && n < t.n_nodes; n++) {
+			const dg__tnode *nd = &t.nodes[n];
+			if (nd->kind == DG__N_DEC_GATE || nd->kind == DG__N_ATTN_BWD) {
+				int xs = nd->kind == DG__N_DEC_GATE ? nd->in[2] : nd->in[3];
+				cr_assert(strncmp(t.bufs[xs].name, "xs.again.", 9) == 0, "node %d reads %s", n,
+					  t.bufs[xs].name);
+			}
+		}
+		dg__tape_free(&t);
+	}
+	const size_t bhtn = (size_t)8 * 4 * 512 * 8192 * 2;
+	cr_assert_eq(n_fwd[0], n_fwd[1]);
+	cr_assert_eq(saved[0] - saved[1], 12 * bhtn, "saved %zu -> %zu", saved[0], saved[1]);
 }
 
 /* Gradient accumulation (keep_gexec): the projections' execution-layout

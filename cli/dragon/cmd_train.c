@@ -130,7 +130,13 @@ static const char help_text[] =
 	"                    read from the cache, loaded from bundles) and\n"
 	"                    peak_bytes (the most device memory the run held at\n"
 	"                    once: arenas, weights, optimizer state, workspaces,\n"
-	"                    as PyTorch's max_memory_allocated)\n\n"
+	"                    as PyTorch's max_memory_allocated) and plan (the\n"
+	"                    step's memory-for-time choices, each where it fits:\n"
+	"                    keep_qr, the attention's RoPE'd queries kept for its\n"
+	"                    backward; stack_pgrads, the encoders' weight gradients\n"
+	"                    as one GEMM over every layer; recompute, the\n"
+	"                    projections' outputs made again by the backward, taken\n"
+	"                    when the step does not fit with them saved)\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
 	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
 	"GPUs of a known peak: H200, H100, A100) and the time left.\n\n"
@@ -567,6 +573,10 @@ int dg__cli_cmd_train(int argc, char **argv)
 	if (world.world > 1)
 		snprintf(who, sizeof(who), "rank %d: ", d.rank);
 	const long long done = (long long)(run_at.step - run_at.first), total = (long long)a.o.opt.steps;
+	if (dev && run_at.recompute && (world.world <= 1 || d.rank == 0))
+		/* a plan that had to trade time for memory says so */
+		fprintf(stderr, "dragon: the step saves no projection outputs (not enough device memory, or "
+				"DRAGON_RECOMPUTE=1): its backward makes them again, two projections a layer\n");
 	if (st && run_at.resume_refused) {
 		code = dg__cli_err(DG__CLI_USAGE, st, "%s%s", who, msg);
 	} else if (st == DG_ERR_INTERRUPTED) {
@@ -611,6 +621,12 @@ int dg__cli_cmd_train(int argc, char **argv)
 			cJSON_AddNumberToObject(k, "bundled", (double)run_at.kernels_bundled);
 			if (run_at.peak_bytes)
 				cJSON_AddNumberToObject(j, "peak_bytes", (double)run_at.peak_bytes);
+			if (run_at.first_step_s > 0) {
+				cJSON *pl = cJSON_AddObjectToObject(j, "plan");
+				cJSON_AddBoolToObject(pl, "keep_qr", run_at.keep_qr);
+				cJSON_AddBoolToObject(pl, "stack_pgrads", run_at.stack_pgrads);
+				cJSON_AddBoolToObject(pl, "recompute", run_at.recompute);
+			}
 		}
 		code = dg__cli_json_print(j);
 	} else {

@@ -145,6 +145,14 @@ typedef struct dg_train_result {
 	 * max_memory_allocated; the driver's context, modules and graphs
 	 * are not counted, nor other processes'). Bytes; 0 on the CPU. */
 	size_t peak_bytes;
+	/* The GPU model's memory-for-time choices, each made where the step's
+	 * plan fits the device's free memory (false on the CPU): keep_qr, the
+	 * attention's RoPE'd queries kept for its backward; stack_pgrads, the
+	 * encoders' weight gradients as one GEMM over every layer's rows;
+	 * recompute, the projections' outputs made again by the backward
+	 * rather than saved (taken only when the plan that saves them does
+	 * not fit) */
+	bool keep_qr, stack_pgrads, recompute;
 } dg_train_result;
 
 /* The most micro-batches a step (dg_train_opts.accum). */

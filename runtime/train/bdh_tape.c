@@ -236,9 +236,12 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	id->x_final = x_final;
 	node(t, DG__N_EMBED, -1, id->params[DG_PARAM_EMBED], id->tokens, -1, -1, emb, -1, 0);
 	node(t, DG__N_LN, -1, emb, -1, -1, -1, x[0], x0_rstd, 0);
+	/* recompute: xs and ys live through their layer's forward only */
+	const bool rec = tg && tg->recompute;
+	const dg__bucket sparse = rec ? DG__B_TEMP : DG__B_SAVED;
 	for (int l = 0; l < Ly; l++) {
 		snprintf(nm, sizeof(nm), "xs.%d", l);
-		xsl[l] = abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, N);
+		xsl[l] = abuf(t, act, nm, sparse, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "attn.saved.%d", l);
 		/* what the attention's backward reads: the CPU's RoPE'd
 		 * queries, the GPU's scores */
@@ -254,7 +257,7 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		snprintf(nm, sizeof(nm), "a.rstd.%d", l);
 		arl[l] = buf(t, nm, DG__B_SAVED, 1, B * H * T, 0, 0, 0);
 		snprintf(nm, sizeof(nm), "ys.%d", l);
-		ysl[l] = abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, N);
+		ysl[l] = abuf(t, act, nm, sparse, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "xy.%d", l);
 		/* a low-bit recipe keeps xy's codes, not xy */
 		xyl[l] = lowbit ? abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N)
@@ -328,17 +331,29 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		int dxe = buf(t, "dxe", DG__B_TEMP, 4, B, 1, T, D);
 		int dxn = buf(t, "dx", DG__B_TEMP, 4, B, 1, T, D);
 
+		/* recompute: the layer's xs and ys again, as its forward made
+		 * them (the same projections of the same saved inputs) */
+		int xs = xsl[l], ys = ysl[l];
+		if (rec) {
+			snprintf(nm, sizeof(nm), "xs.again.%d", l);
+			xs = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
+			snprintf(nm, sizeof(nm), "ys.again.%d", l);
+			ys = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
+			node(t, DG__N_PROJ, l, lowbit ? xql[l] : x[l], id->exec[DG_PROJ_ENCODER], -1, -1, xs, -1,
+			     DG_PROJ_ENCODER);
+			node(t, DG__N_PROJ, l, lowbit ? aql[l] : al[l], id->exec[DG_PROJ_ENCODER_V], -1, -1, ys, -1,
+			     DG_PROJ_ENCODER_V);
+		}
 		node(t, DG__N_LN_BWD, l, dx, x[l + 1], orl[l], -1, ds, -1, 0);   /* d(x + y) */
 		node(t, DG__N_LN_BWD, l, ds, yl[l], yrl[l], -1, dyd, -1, 0);     /* y = LN(yd) */
 		/* dxy lands in dys's bytes; the gate's backward turns it into
 		 * dys in place (dgate: one node writes dxs and dys, no dxy) */
 		if (dgate) {
 			node(t, DG__N_DEC_GATE, l, dyd,
-			     codes ? id->exec_bf16[DG_PROJ_DECODER] : id->exec[DG_PROJ_DECODER], xsl[l], ysl[l],
-			     dxs, dys, 0);
+			     codes ? id->exec_bf16[DG_PROJ_DECODER] : id->exec[DG_PROJ_DECODER], xs, ys, dxs, dys, 0);
 		} else {
 			node(t, DG__N_DEC_IN, l, dyd, id->exec[DG_PROJ_DECODER], -1, -1, dys, -1, 0);
-			node(t, DG__N_GATE_BWD, l, dys, xsl[l], ysl[l], -1, dxs, dys, 0);
+			node(t, DG__N_GATE_BWD, l, dys, xs, ys, -1, dxs, dys, 0);
 		}
 		node(t, DG__N_PROJ_IN, l, dys,
 		     bf16g ? id->exec_bf16[DG_PROJ_ENCODER_V] : id->exec[DG_PROJ_ENCODER_V], -1, -1, da, -1,
@@ -346,7 +361,7 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		if (!spg)
 			grad_w(t, id, bf16g, l, dys, lowbit ? aql[l] : al[l], DG_PROJ_ENCODER_V);
 		node(t, DG__N_LN_BWD, l, da, al[l], arl[l], -1, datt, -1, 0);
-		node(t, DG__N_ATTN_BWD, l, datt, svl[l], x[l], xsl[l], dxs, dv, 0);
+		node(t, DG__N_ATTN_BWD, l, datt, svl[l], x[l], xs, dxs, dv, 0);
 		node(t, DG__N_PROJ_IN, l, dxs, bf16g ? id->exec_bf16[DG_PROJ_ENCODER] : id->exec[DG_PROJ_ENCODER],
 		     -1, -1, dxe, -1, DG_PROJ_ENCODER);
 		if (!spg)

@@ -78,6 +78,13 @@ typedef struct dg__bdh_target {
 	 * L - 1 read-modify-writes of H·N·D floats each (gpu_model.c
 	 * pgrads_stackable says where that pays) */
 	bool stack_pgrads;
+	/* either target: the projections' outputs xs and ys are not saved
+	 * (temporaries of the forward), and each layer's backward makes them
+	 * again, first, by the same projections of the same saved inputs (x
+	 * and a, or their codes): the same bits, 2·B·H·T·N act bytes a layer
+	 * fewer saved, two projections a layer more (gpu_model.c: where the
+	 * plan would not fit otherwise; DRAGON_RECOMPUTE) */
+	bool recompute;
 } dg__bdh_target;
 
 /* The keep_qr attention buffer's layout: the scores (B,H,T,T) in act,

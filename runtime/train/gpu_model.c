@@ -289,6 +289,13 @@ void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, d
 	*upload_s = m ? m->upload_s : 0;
 }
 
+void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute)
+{
+	*keep_qr = m && m->keep_qr;
+	*stack_pgrads = m && m->stack_pgrads;
+	*recompute = m && m->recompute;
+}
+
 /* The same ahead of the model, on a thread of its own (a trainer's while
  * it draws or loads the weights): dg_model_create then finds the kernels
  * loaded. Nothing is allocated on the device. */
@@ -370,7 +377,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
 			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1,
-			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads };
+			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads, .recompute = m->recompute };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
@@ -520,9 +527,21 @@ static dg_status build_fit(dg_model *m, dg_device *dev, const dg_model_config *c
 {
 	m->keep_qr = false;
 	m->stack_pgrads = false;
+	/* recompute (dg__bdh_target): DRAGON_RECOMPUTE=1 always, =0 never,
+	 * else only where the plan that saves xs and ys does not fit the
+	 * device's free memory (a step that does not fit either way is then
+	 * refused by create, naming the recomputing plan's arenas) */
+	const int rec_env = dg__recompute_env();
+	m->recompute = rec_env == 1 && !m->decode;
 	dg_status st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
 	if (st)
 		return st;
+	if (rec_env < 0 && !m->decode && !room_for(m, 0)) {
+		unbuild(m);
+		m->recompute = true;
+		if ((st = build(m, dev, c, b, t, accum, 0, NULL, NULL)))
+			return st;
+	}
 	const bool qr = qr_keepable(m), spg = pgrads_stackable(m, b, t);
 	const size_t layer = (size_t)b * (size_t)c->heads * (size_t)t * (size_t)c->neurons * dg_fmt_row_bytes(m->act, 1);
 	const size_t qr_b = (size_t)c->layers * layer, spg_b = 2 * (size_t)(c->layers - 1) * layer;

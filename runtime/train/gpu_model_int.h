@@ -32,6 +32,9 @@ struct dg_model {
 	double compile_s, plan_s, alloc_s, upload_s;
 	bool keep_qr;               /* RoPE(xs) saved by the attention's forward
 				     * (dg__bdh_target): where the plan fits */
+	bool recompute;             /* xs and ys made again by the backward, not
+				     * saved (dg__bdh_target): where the plan
+				     * would not fit otherwise */
 	bool stack_pgrads;          /* the encoders' weight gradients over every
 				     * layer's stacked rows (dg__bdh_target):
 				     * gpu_model.c pgrads_stackable, where the

@@ -26,6 +26,12 @@ const char *dg__model_lowbit_why(const dg_model_config *c, char *buf, size_t siz
 /* The CPU model's recipes (cpu_model.c): NULL when it runs c's (*lowbit:
  * fake-quantized integer weights and activations), else why not. */
 const char *dg__cpu_recipe(const dg_model_config *c, bool *lowbit);
+
+/* DRAGON_RECOMPUTE (the step's xs and ys made again by the backward
+ * rather than saved: dg__bdh_target recompute): 1 when it is "1", 0 when
+ * "0", else -1 (unset or anything else: the model decides; the CPU model
+ * saves them). */
+int dg__recompute_env(void);
 /* The CPU model's execution copies of w's projections into exec[k] (f32,
  * H·N·D each): the encoders (H, N, D), the decoder (D, H·N), each
  * replaced by its recipe's dequantized codes when lowbit. */
@@ -52,6 +58,10 @@ dg_status dg__model_create_warmed(dg_device *dev, const dg_model_weights *w, int
  * compile missed is built there), the arenas allocated, the weights
  * uploaded and converted into their execution copies. */
 void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, double *alloc_s, double *upload_s);
+
+/* The plan's memory-for-time choices (dg_train_result's; all false for a
+ * NULL model). */
+void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute);
 
 /* Decoding from a state on the GPU (gpu_decode.c): a model of w for b
  * rows of one token, each layer's attention state (L·b·H·N·D f32) on the

@@ -129,7 +129,9 @@ int dg__tape_node(dg__tape *t, dg__nkind kind, int layer, const int *in, int n_i
 	nd->layer = layer;
 	nd->arg = arg;
 	nd->ws = -1;
-	nd->backward = kind >= DG__N_CE_BWD;
+	/* the backward's kinds, and any node after one (a forward kind the
+	 * backward runs again: bdh_tape.c's recompute) */
+	nd->backward = kind >= DG__N_CE_BWD || (t->n_nodes > 0 && t->nodes[t->n_nodes - 1].backward);
 	for (int i = 0; i < DG__TAPE_IN; i++)
 		nd->in[i] = i < n_in ? in[i] : -1;
 	for (int i = 0; i < DG__TAPE_OUT; i++)

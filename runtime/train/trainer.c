@@ -693,6 +693,8 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 			dg__gm_create_times(sp.m, &o->result->model_compile_s, &o->result->model_plan_s,
 					    &o->result->model_alloc_s, &o->result->model_upload_s);
 			o->result->model_compile_s += waited;
+			dg__gm_plan_modes(sp.m, &o->result->keep_qr, &o->result->stack_pgrads,
+					  &o->result->recompute);
 		}
 		dg_device_stats ds;
 		if (o->dev && !dg_device_stats_get(o->dev, &ds)) {
