@@ -183,6 +183,45 @@ static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double lo
 	dg_model_weights_destroy(ggpu);
 }
 
+/* The tiny step of preset (weights of seed 42, a training batch of seed
+ * bseed) on two models, created under env=v[0] and env=v[1] (unset after
+ * each create): each's loss, gradients (made here, the caller's to
+ * destroy) and plan. */
+static void step_twice(dg_device *dev, const char *preset, const char *env, const char *const v[2], uint64_t bseed,
+		       double loss[2], dg_model_weights *g[2], dg_model_memory mem[2])
+{
+	char msg[1024];
+	dg_model_config c = dg_test_tiny_model(preset);
+	dg_model_weights *w = NULL;
+	cr_assert_eq(dg_model_weights_create(&c, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+	struct batch bt;
+	make_batch(&bt, 2, 16, bseed, true);
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(dg_model_weights_create(&c, 0, &g[k], msg, sizeof(msg)), DG_OK);
+		if (v[k])
+			setenv(env, v[k], 1);
+		dg_model *m = NULL;
+		dg_status st = dg_model_create(dev, w, 2, 16, &m);
+		unsetenv(env);
+		cr_assert_eq(st, DG_OK, "%s %s=%s: %s", preset, env, v[k] ? v[k] : "(unset)", dg_device_errmsg(dev));
+		dg_model_memory_of(m, &mem[k]);
+		cr_assert_eq(dg_model_step(m, &bt.b, &loss[k], g[k]), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+		dg_model_destroy(m);
+	}
+	dg_model_weights_destroy(w);
+}
+
+/* The two steps' losses and every gradient the same bits (config c). */
+static void expect_same_step(const dg_model_config *c, const char *what, const double loss[2],
+			     dg_model_weights *const g[2])
+{
+	cr_expect(memcmp(&loss[0], &loss[1], sizeof(double)) == 0, "%s: loss %.17g, then %.17g", what, loss[0],
+		  loss[1]);
+	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+		cr_expect(memcmp(g[0]->params[p], g[1]->params[p], dg_test_numel(c, p) * sizeof(float)) == 0,
+			  "%s: grad %s differs", what, dg_model_param_name((dg_model_param)p));
+}
+
 /* RoPE(xs) kept by the attention's forward for its backward (the plan's
  * choice where it fits: bf16 activations on sm_90) or made again there
  * (DRAGON_KEEP_QR=0): the same step, bit for bit — the loss and every
@@ -190,35 +229,16 @@ static void gpu_vs_cpu(dg_device *dev, const char *preset, bool train, double lo
  * layer. */
 static void keep_qr_case(dg_device *dev, const char *preset)
 {
-	char msg[1024];
+	static const char *const v[2] = { NULL, "0" };
 	dg_model_config c = dg_test_tiny_model(preset);
-	dg_model_weights *w = NULL, *g[2] = { NULL, NULL };
-	cr_assert_eq(dg_model_weights_create(&c, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
-	struct batch bt;
-	make_batch(&bt, 2, 16, 11, true);
+	dg_model_weights *g[2] = { NULL, NULL };
 	double loss[2];
 	dg_model_memory mem[2];
-	for (int k = 0; k < 2; k++) {
-		cr_assert_eq(dg_model_weights_create(&c, 0, &g[k], msg, sizeof(msg)), DG_OK);
-		if (k)
-			setenv("DRAGON_KEEP_QR", "0", 1);
-		dg_model *m = NULL;
-		dg_status st = dg_model_create(dev, w, 2, 16, &m);
-		unsetenv("DRAGON_KEEP_QR");
-		cr_assert_eq(st, DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
-		dg_model_memory_of(m, &mem[k]);
-		cr_assert_eq(dg_model_step(m, &bt.b, &loss[k], g[k]), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
-		dg_model_destroy(m);
-	}
+	step_twice(dev, preset, "DRAGON_KEEP_QR", v, 11, loss, g, mem);
 	printf("gpu_model %s keep_qr: loss %.9g / %.9g, activations %zu / %zu bytes\n", preset, loss[0], loss[1],
 	       mem[0].activations, mem[1].activations);
-	cr_expect(memcmp(&loss[0], &loss[1], sizeof(double)) == 0, "%s: loss %.17g kept, %.17g made again", preset,
-		  loss[0], loss[1]);
-	for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
-		cr_expect(memcmp(g[0]->params[p], g[1]->params[p], dg_test_numel(&c, p) * sizeof(float)) == 0,
-			  "%s: grad %s differs", preset, dg_model_param_name((dg_model_param)p));
+	expect_same_step(&c, preset, loss, g);
 	cr_expect_gt(mem[0].activations, mem[1].activations, "%s: the kept plan holds RoPE(xs)", preset);
-	dg_model_weights_destroy(w);
 	dg_model_weights_destroy(g[0]);
 	dg_model_weights_destroy(g[1]);
 }
@@ -241,25 +261,12 @@ Test(gpu_model, kept_rope_queries_change_no_bit)
  * two partials add alike in either order). */
 static void stack_pgrads_case(dg_device *dev, const char *preset)
 {
-	char msg[1024];
+	static const char *const v[2] = { "1", "0" };
 	dg_model_config c = dg_test_tiny_model(preset);
-	dg_model_weights *w = NULL, *g[2] = { NULL, NULL };
-	cr_assert_eq(dg_model_weights_create(&c, 42, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
-	struct batch bt;
-	make_batch(&bt, 2, 16, 13, true);
+	dg_model_weights *g[2] = { NULL, NULL };
 	double loss[2];
 	dg_model_memory mem[2];
-	for (int k = 0; k < 2; k++) {
-		cr_assert_eq(dg_model_weights_create(&c, 0, &g[k], msg, sizeof(msg)), DG_OK);
-		setenv("DRAGON_STACK_PGRADS", k ? "0" : "1", 1);
-		dg_model *m = NULL;
-		dg_status st = dg_model_create(dev, w, 2, 16, &m);
-		unsetenv("DRAGON_STACK_PGRADS");
-		cr_assert_eq(st, DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
-		dg_model_memory_of(m, &mem[k]);
-		cr_assert_eq(dg_model_step(m, &bt.b, &loss[k], g[k]), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
-		dg_model_destroy(m);
-	}
+	step_twice(dev, preset, "DRAGON_STACK_PGRADS", v, 13, loss, g, mem);
 	/* the stacks are planned (else the variable chose nothing and this
 	 * compared a path with itself): measured 518400 / 489984 bytes (f32),
 	 * 414208 / 401408 (bf16) */
@@ -282,9 +289,39 @@ static void stack_pgrads_case(dg_device *dev, const char *preset)
 				  "%s: grad %s differs", preset, dg_model_param_name((dg_model_param)p));
 		}
 	}
-	dg_model_weights_destroy(w);
 	dg_model_weights_destroy(g[0]);
 	dg_model_weights_destroy(g[1]);
+}
+
+/* DRAGON_RECOMPUTE=1: xs and ys not saved but made again by each layer's
+ * backward (the plan's choice only where saving them does not fit): the
+ * same step, bit for bit, and the saved activations smaller by the
+ * layers' two (B,H,T,N) tensors. */
+static void recompute_case(dg_device *dev, const char *preset)
+{
+	static const char *const v[2] = { "1", "0" };
+	dg_model_config c = dg_test_tiny_model(preset);
+	dg_model_weights *g[2] = { NULL, NULL };
+	double loss[2];
+	dg_model_memory mem[2];
+	step_twice(dev, preset, "DRAGON_RECOMPUTE", v, 17, loss, g, mem);
+	printf("gpu_model %s recompute: loss %.9g / %.9g, saved %zu / %zu bytes\n", preset, loss[0], loss[1],
+	       mem[0].saved, mem[1].saved);
+	expect_same_step(&c, preset, loss, g);
+	const size_t bhtn = (size_t)2 * c.heads * 16 * c.neurons * (strcmp(preset, "f32") == 0 ? 4 : 2);
+	cr_expect_eq(mem[1].saved - mem[0].saved, 2 * (size_t)c.layers * bhtn, "%s: saved %zu -> %zu", preset,
+		     mem[1].saved, mem[0].saved);
+	dg_model_weights_destroy(g[0]);
+	dg_model_weights_destroy(g[1]);
+}
+
+Test(gpu_model, recompute_changes_no_bit)
+{
+	dg_device *dev = gh_open();
+	recompute_case(dev, "f32");
+	recompute_case(dev, "bf16");
+	recompute_case(dev, "w8a8");
+	gh_close(dev);
 }
 
 Test(gpu_model, stacked_projection_grads_match_per_layer)
