@@ -518,11 +518,13 @@ static bool room_total(dg_model *m, size_t total)
  * step's numbers are the same bits with or without keep_qr (the backward
  * would make the same qr again); stack_pgrads sums each encoder's weight
  * gradient over the layers inside one GEMM, in another order than the
- * layer-at-a-time f32 adds. The plan without either is made first (so a
- * step that does not fit at all is refused after one plan, as before);
- * then, while the base's total and the extra bytes fit: both, keep_qr
- * alone, stack_pgrads alone — the first whose plan fits is kept (an arena
- * can come out larger than the sum). */
+ * layer-at-a-time f32 adds. The plan without either is made first; where
+ * it does not fit, the one that recomputes xs and ys instead of saving
+ * them (recompute: time for memory, the same bits) becomes the base (a
+ * step that fits neither way is refused by create, naming that plan's
+ * arenas); then, while the base's total and the extra bytes fit: both,
+ * keep_qr alone, stack_pgrads alone — the first whose plan fits is kept
+ * (an arena can come out larger than the sum). */
 static dg_status build_fit(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum)
 {
 	m->keep_qr = false;
