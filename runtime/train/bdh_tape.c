@@ -72,6 +72,13 @@ static void node3(dg__tape *t, dg__nkind k, int i0, int i1, int i2, int o0, int 
 	dg__tape_node(t, k, -1, in, 3, out, 3, 0);
 }
 
+/* Layer l's projection k (an encoder) of in (its input, or its codes)
+ * into out: the forward's, and recompute's again in the backward. */
+static void proj(dg__tape *t, const dg__bdh_ids *id, int l, int in, dg_proj k, int out)
+{
+	node(t, DG__N_PROJ, l, in, id->exec[k], -1, -1, out, -1, k);
+}
+
 /* Layer l's share of projection k's weight gradient: gexec[k] (+)= the
  * rows of grad (B,H,T,N)ᵀ · in (its input: x, a, or their saved codes),
  * written by the backward's first layer and added by the others
@@ -289,15 +296,13 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		}
 		xql[l] = xq;
 		aql[l] = aq;
-		node(t, DG__N_PROJ, l, lowbit ? xq : x[l], id->exec[DG_PROJ_ENCODER], -1, -1, xsl[l], -1,
-		     DG_PROJ_ENCODER);
+		proj(t, id, l, lowbit ? xq : x[l], DG_PROJ_ENCODER, xsl[l]);
 		node(t, DG__N_ATTN, l, xsl[l], x[l], gpu ? id->rope : id->cos, gpu ? -1 : id->sin, att,
 		     svl[l], 0);
 		node(t, DG__N_LN, l, att, -1, -1, -1, al[l], arl[l], 0);
 		if (lowbit)
 			node(t, DG__N_QUANT, l, al[l], -1, -1, -1, aq, -1, DG_PROJ_ENCODER_V);
-		node(t, DG__N_PROJ, l, lowbit ? aq : al[l], id->exec[DG_PROJ_ENCODER_V], -1, -1, ysl[l], -1,
-		     DG_PROJ_ENCODER_V);
+		proj(t, id, l, lowbit ? aq : al[l], DG_PROJ_ENCODER_V, ysl[l]);
 		node(t, DG__N_GATE, l, xsl[l], ysl[l], -1, -1, xyl[l], -1, 0);
 		if (lowbit)
 			node(t, DG__N_QUANT, l, xyl[l], -1, -1, -1, xyq, -1, DG_PROJ_DECODER);
@@ -339,10 +344,8 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 			xs = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
 			snprintf(nm, sizeof(nm), "ys.again.%d", l);
 			ys = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
-			node(t, DG__N_PROJ, l, lowbit ? xql[l] : x[l], id->exec[DG_PROJ_ENCODER], -1, -1, xs, -1,
-			     DG_PROJ_ENCODER);
-			node(t, DG__N_PROJ, l, lowbit ? aql[l] : al[l], id->exec[DG_PROJ_ENCODER_V], -1, -1, ys, -1,
-			     DG_PROJ_ENCODER_V);
+			proj(t, id, l, lowbit ? xql[l] : x[l], DG_PROJ_ENCODER, xs);
+			proj(t, id, l, lowbit ? aql[l] : al[l], DG_PROJ_ENCODER_V, ys);
 		}
 		node(t, DG__N_LN_BWD, l, dx, x[l + 1], orl[l], -1, ds, -1, 0);   /* d(x + y) */
 		node(t, DG__N_LN_BWD, l, ds, yl[l], yrl[l], -1, dyd, -1, 0);     /* y = LN(yd) */

@@ -373,14 +373,6 @@ const char *dg__cpu_recipe(const dg_model_config *c, bool *lowbit)
 	return cpu_recipe(c, lowbit);
 }
 
-int dg__recompute_env(void)
-{
-	const char *e = getenv("DRAGON_RECOMPUTE");
-	if (e && strcmp(e, "1") == 0)
-		return 1;
-	return e && strcmp(e, "0") == 0 ? 0 : -1;
-}
-
 dg_status dg__cpu_exec_copies(const dg_model_weights *w, bool lowbit, float *const exec[DG_PROJ__COUNT])
 {
 	const dg_model_config *c = &w->config;
@@ -426,7 +418,7 @@ dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_m
 	if (cpu_recipe(c, &lowbit))
 		lowbit = false;
 	dg__bdh_target tg = { .gpu = false, .act = DG_FMT_F32, .lowbit = lowbit,
-			      .recompute = dg__recompute_env() == 1 };
+			      .recompute = dg__env_switch("DRAGON_RECOMPUTE") == 1 };
 	st = dg__bdh_tape_build(&tp, &id, &tg);
 	if (!st)
 		st = dg__tape_plan(&tp);
@@ -591,7 +583,7 @@ static dg_status step_open(step *s, const dg_model_weights *w, const dg_model_ba
 					batch->targets[i], s->V - 1);
 	dg__tape_init(&s->t, c, s->B, s->T);
 	dg__bdh_target tg = { .gpu = false, .act = DG_FMT_F32, .lowbit = s->lowbit,
-			      .recompute = dg__recompute_env() == 1 };
+			      .recompute = dg__env_switch("DRAGON_RECOMPUTE") == 1 };
 	st = dg__bdh_tape_build(&s->t, &s->id, &tg);
 	if (!st)
 		st = dg__tape_plan(&s->t);

@@ -195,6 +195,7 @@ static dg_status size_nodes(dg_model *m, size_t *needs)
 }
 
 static bool room_for(dg_model *m, size_t extra);
+static bool room_total(dg_model *m, size_t total);
 
 /* ---- the step's kernels, all at once ----------------------------------------
  *
@@ -246,8 +247,7 @@ static void *warm_worker(void *arg)
 
 static bool precompile_on(void)
 {
-	const char *env = getenv("DRAGON_PRECOMPILE");
-	return !(env && strcmp(env, "0") == 0);
+	return dg__env_switch("DRAGON_PRECOMPILE") != 0;
 }
 
 /* Every kernel of c's step at (b, t) on dev (an sm device), a spec a
@@ -475,8 +475,7 @@ static void unbuild(dg_model *m)
  * DRAGON_KEEP_QR is not 0. */
 static bool qr_keepable(const dg_model *m)
 {
-	const char *env = getenv("DRAGON_KEEP_QR");
-	return m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode && !(env && strcmp(env, "0") == 0);
+	return m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode && dg__env_switch("DRAGON_KEEP_QR") != 0;
 }
 
 /* Whether the encoders' weight gradients are made once over every
@@ -496,19 +495,12 @@ static bool qr_keepable(const dg_model *m)
 #define STACK_PGRADS_BT 2048
 static bool pgrads_stackable(const dg_model *m, int b, int t)
 {
-	const char *env = getenv("DRAGON_STACK_PGRADS");
-	if (m->decode || m->c.layers < 2 || (env && strcmp(env, "0") == 0))
+	const int env = dg__env_switch("DRAGON_STACK_PGRADS");
+	if (m->decode || m->c.layers < 2 || env == 0)
 		return false;
-	return (env && strcmp(env, "1") == 0) || (int64_t)b * t <= STACK_PGRADS_BT;
+	return env == 1 || (int64_t)b * t <= STACK_PGRADS_BT;
 }
 
-/* Whether a plan of `total` bytes fits the device's free memory (a device
- * that cannot say is let through, as room_for). */
-static bool room_total(dg_model *m, size_t total)
-{
-	size_t free_b = 0, total_b = 0;
-	return dg_device_mem_info(m->dev, &free_b, &total_b) || total <= free_b;
-}
 
 /* build with the memory-for-time choices that fit the device's free
  * memory: keep_qr (RoPE(xs) kept for the attention's backward: no RoPE
@@ -533,7 +525,7 @@ static dg_status build_fit(dg_model *m, dg_device *dev, const dg_model_config *c
 	 * else only where the plan that saves xs and ys does not fit the
 	 * device's free memory (a step that does not fit either way is then
 	 * refused by create, naming the recomputing plan's arenas) */
-	const int rec_env = dg__recompute_env();
+	const int rec_env = dg__env_switch("DRAGON_RECOMPUTE");
 	m->recompute = rec_env == 1 && !m->decode;
 	dg_status st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
 	if (st)
@@ -757,14 +749,20 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 	return st;
 }
 
-/* Whether the plan and extra bytes more fit the device's free memory (a
- * device that cannot say: yes). */
+/* Whether a plan of `total` bytes fits the device's free memory (a device
+ * that cannot say: yes). */
+static bool room_total(dg_model *m, size_t total)
+{
+	size_t free_b = 0, total_b = 0;
+	return dg_device_mem_info(m->dev, &free_b, &total_b) || total <= free_b;
+}
+
+/* Whether the plan and extra bytes more fit the device's free memory. */
 static bool room_for(dg_model *m, size_t extra)
 {
 	dg_model_memory mm;
 	dg__tape_report(&m->t, &mm);
-	size_t free_b = 0, total_b = 0;
-	return dg_device_mem_info(m->dev, &free_b, &total_b) || mm.total + extra <= free_b;
+	return room_total(m, mm.total + extra);
 }
 
 /* The planned arenas against the device's free memory, before any is

@@ -201,6 +201,14 @@ dg_status dg__model_weights_alloc(const dg_model_config *c, dg_model_weights **o
 	return DG_OK;
 }
 
+int dg__env_switch(const char *name)
+{
+	const char *e = getenv(name);
+	if (e && strcmp(e, "1") == 0)
+		return 1;
+	return e && strcmp(e, "0") == 0 ? 0 : -1;
+}
+
 /* ---- the initial weights: normal(0, 0.02), on every core ----------------
  *
  * By Box-Muller, two values a pair of draws of splitmix64 seeded with the

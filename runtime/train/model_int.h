@@ -27,11 +27,10 @@ const char *dg__model_lowbit_why(const dg_model_config *c, char *buf, size_t siz
  * fake-quantized integer weights and activations), else why not. */
 const char *dg__cpu_recipe(const dg_model_config *c, bool *lowbit);
 
-/* DRAGON_RECOMPUTE (the step's xs and ys made again by the backward
- * rather than saved: dg__bdh_target recompute): 1 when it is "1", 0 when
- * "0", else -1 (unset or anything else: the model decides; the CPU model
- * saves them). */
-int dg__recompute_env(void);
+/* An on/off environment variable of the models (DRAGON_PRECOMPILE,
+ * DRAGON_KEEP_QR, DRAGON_STACK_PGRADS, DRAGON_RECOMPUTE): 1 when it is
+ * "1", 0 when "0", else -1 (unset or anything else: the model decides). */
+int dg__env_switch(const char *name);
 /* The CPU model's execution copies of w's projections into exec[k] (f32,
  * H·N·D each): the encoders (H, N, D), the decoder (D, H·N), each
  * replaced by its recipe's dequantized codes when lowbit. */
