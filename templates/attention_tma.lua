@@ -85,101 +85,26 @@ typedef ${OT} OT;		// output storage
 // ---- tile: BM/64 consumer warpgroups along M, each 64 x BN; a producer
 // warpgroup; a ring of S stages
 constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};
-constexpr int NCW = BM / 64;			// consumer warpgroups
-constexpr int NT = NCW * 128;			// consumer threads
-constexpr int NTB = NT + 128;			// threads a block
+constexpr int NT = (BM / 64) * 128;		// consumer threads
 constexpr int S = ${S};
 constexpr bool A_KC = ${A_KC}, B_KC = ${B_KC};	// K-major (else M / N-major)
 static_assert(BK == 64, "one 128-byte swizzle row of K a step");
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
-// bytes a stage's TMA brings (the full boxes: zeros past the edges count);
-// full completes on the TMA thread's expect_tx and those bytes
-constexpr unsigned TX = A_BYTES + B_BYTES;
-// registers a thread: what the launch gives every thread (the block alone
-// on its SM: 64 Ki / NTB, a multiple of 8), moved by setmaxnreg from the
-// producer to the consumers only where their accumulators need more (BN
-// 256: 128 of them); the moved total never exceeds what the producer gives
-// back, or setmaxnreg.inc would wait forever
-constexpr int REG_L = 65536 / NTB / 8 * 8;
-constexpr bool REG_MOVE = BN > 128 && REG_L < 232;
-constexpr int REG_P = 40;
-constexpr int REG_C0 = REG_L + (REG_L - REG_P) * 128 / NT / 8 * 8;
-constexpr int REG_C = REG_C0 > 240 ? 240 : REG_C0;
 ]]
 
-local HELPERS = [[
-// ---- TMA, mbarriers, register budget (templates/attention_tma.lua) --------
-struct __align__(64) dg_tmap {
-	unsigned long long opaque[16];	// the driver's CUtensorMap
-};
-
-__device__ __forceinline__ void dg_mbar_init(unsigned bar, unsigned count)
-{
-	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void dg_mbar_expect_tx(unsigned bar, unsigned bytes)
-{
-	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void dg_mbar_arrive(unsigned bar)
-{
-	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-
-// Waits until the barrier's phase of this parity completed.
-__device__ __forceinline__ void dg_mbar_wait(unsigned bar, unsigned parity)
-{
-	asm volatile("{\n.reg .pred p;\nDG_WAIT_%=:\n"
-		     "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-		     "@!p bra DG_WAIT_%=;\n}\n" :: "r"(bar), "r"(parity) : "memory");
-}
-
-// Box (c0, c1, c2) of the rank-3 map into shared dst, completing on bar.
-__device__ __forceinline__ void dg_tma_load(unsigned dst, const dg_tmap *map, unsigned bar, int c0, int c1,
-					    int c2)
-{
-	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-		     " [%0], [%1, {%3, %4, %5}], [%2];\n"
-		     :: "r"(dst), "l"((unsigned long long)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-
-template <int R>
-__device__ __forceinline__ void dg_reg_alloc()
-{
-	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R));
-}
-
-template <int R>
-__device__ __forceinline__ void dg_reg_dealloc()
-{
-	asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R));
-}
-
-// The consumers alone (named barrier 1; the producer warpgroup has left).
-__device__ __forceinline__ void dg_consumers_sync()
-{
-	asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
-}
-]]
 
 -- The producer's loads of step i into stage s, by op: A then B.
 local LOADS = {
   attention_scores = [[
-			if (pt == 0) {
-				dg_mbar_expect_tx(full, TX);
+				const int k0 = (kt_begin + i) * BK;
 				dg_tma_load(as, &ma, full, k0, m0, z);
-				dg_tma_load(bs, &mb, full, k0, n0, z);
-			}]],
+				dg_tma_load(bs, &mb, full, k0, n0, z);]],
   attention_grad_xs = [[
-			if (pt == 0) {
-				dg_mbar_expect_tx(full, TX);
+				const int k0 = (kt_begin + i) * BK;
 				dg_tma_load(as, &ma, full, k0, m0, z);	// C rows m0.., columns k0..
 #pragma unroll
 				for (int g = 0; g < BN / 64; ++g)	// 64 of L by 64 rows of T a box
-					dg_tma_load(bs + 8192 * g, &mb, full, n0 + 64 * g, k0, z);
-			}]],
+					dg_tma_load(bs + 8192 * g, &mb, full, n0 + 64 * g, k0, z);]],
 }
 
 local KERNEL = [[
@@ -197,58 +122,10 @@ ${GEO}
 ${SKIP}
 		return;
 	}
-	const int nk = kt_end > kt_begin ? kt_end - kt_begin : 0;
-	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
-	// the barriers after the ring: full[S], then empty[S]
+	const int nsteps = kt_end > kt_begin ? kt_end - kt_begin : 0;
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
 	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
-	const unsigned bars = sbase + (unsigned)(${RING_BYTES});
-	if (tid == 0) {
-		for (int s = 0; s < S; ++s) {
-			dg_mbar_init(bars + 8 * s, 1);
-			dg_mbar_init(bars + 8 * (S + s), NT);
-		}
-		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-	}
-	__syncthreads();
-
-	if (wg == NCW) {	// ---- the producer warpgroup
-		if constexpr (REG_MOVE)
-			dg_reg_dealloc<REG_P>();
-		const int pt = tid - NT;
-		for (int i = 0; i < nk; ++i) {
-			const int s = i % S, k0 = (kt_begin + i) * BK;
-			const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
-			// the stage's previous use (step i - S) released by every consumer
-			dg_mbar_wait(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
-${LOADS}
-		}
-		return;
-	}
-
-	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of the tile
-	if constexpr (REG_MOVE)
-		dg_reg_alloc<REG_C>();
-	float acc[BN / 2];
-#pragma unroll
-	for (int i = 0; i < BN / 2; ++i)
-		acc[i] = 0.0f;
-	for (int i = 0; i < nk; ++i) {
-		const int s = i % S;
-		dg_mbar_wait(bars + 8 * s, (i / S) & 1);
-		const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
-		dg_wg_fence();
-#pragma unroll
-		for (int ks = 0; ks < BK / 16; ++ks)
-			dg_wb_mma(acc, dg_wb_desc<A_KC>(as + ks * ${A_KS}), dg_wb_desc<B_KC>(bs + ks * ${B_KS}), 1);
-		dg_wg_commit();
-		// step i-1's MMAs done: its stage is free
-		dg_wg_wait<1>();
-		dg_wb_pin(acc);
-		if (i > 0)
-			dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));
-	}
-	dg_wg_wait<0>();
-	dg_wb_pin(acc);
+${MAINLOOP}
 
 ${EPILOGUE}
 }
@@ -286,7 +163,8 @@ function M.render(spec, plan, k, sh)
   w:line(DEV.helpers({ bf16 = true, cp_async = true }))
   w:line(WB.helpers(t.bn, not o.a_kc, not o.b_kc))
   w:line(EMIT.subst(HEAD, v))
-  w:line(HELPERS)
+  w:line(WB.WS_HEAD)
+  w:line(WB.WS_HELPERS)
   w:line(sh.out_helpers(of))
   if k.epi_mask then
     w:line(EW.VEC_IO)
@@ -302,9 +180,10 @@ function M.render(spec, plan, k, sh)
       EMIT.subst(WB.PAIRS, { MLIM = "M",
         PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
   end
-  w:line(EMIT.subst(KERNEL, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "", LOADS = LOADS[k.op],
-                           RING_BYTES = tostring(ring), EPILOGUE = epi,
-                           A_KS = o.a_kc and "32" or "2048", B_KS = o.b_kc and "32" or "2048" }))
+  w:line(EMIT.subst(KERNEL, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "", EPILOGUE = epi,
+    MAINLOOP = EMIT.subst(WB.WS_MAINLOOP, { LOADS = LOADS[k.op], RING_BYTES = tostring(ring),
+                                         A_KC = "A_KC", B_KC = "B_KC",
+                                         A_KS = o.a_kc and "32" or "2048", B_KS = o.b_kc and "32" or "2048" }) }))
   return w:text()
 end
 

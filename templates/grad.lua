@@ -136,7 +136,7 @@ local function about_lines(op, o, entry, sig, c)
     "",
     fmt("extern \"C\" __global__ void %s(%s)", entry, (sig:gsub("%s+", " "))),
   }
-  local H, HIN, E, L, bm, bn, nt, bfmt = c.H, c.HIN, c.E, c.L, c.bm, c.bn, c.wm * c.wn * 32, c.bfmt
+  local H, HIN, E, L, bm, bn, nt, bfmt = c.H, c.HIN, c.E, c.L, c.bm, c.bn, c.threads, c.bfmt
   if op == "lowrank_grad_input" then
     about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d·splits), block %d threads; z = split·%d + input head.",
                             E, bn, bm, HIN, nt, HIN)
@@ -240,7 +240,7 @@ function M.plan(spec)
   local ok, err = TILES.gemm_tile_pow2(t, auto)
   if ok and k.red ~= 0 then ok, err = TILES.bk_divides(t, auto, k.red, k.red_name) end
   if ok then ok, err = TILES.warps_ok(t, auto) end
-  if ok then ok, err = TILES.stages_ok(t, auto, 1, 4) end
+  if ok then ok, err = TILES.stages_ok(t, auto, 1, WG.ws_applies(k) and 8 or 4) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32
   local entry = "dg_" .. k.op
@@ -253,6 +253,7 @@ function M.plan(spec)
     ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.path, p.arch_specific, p.smem_bytes, p.entries[1].smem = "wgmma bf16", true, smem, smem
+    if WG.ws_tile(t) then p.path, p.entries[1].threads = "wgmma tma", WG.threads(t) end
     return p
   end
   if MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then
@@ -295,11 +296,11 @@ function M.render(spec, plan)
     bname = o.w_operand and "w" or (op == "lowrank_grad_weight" and "x" or "y"),
     vec = k.vec, gfmt = k.gfmt, ofmt = k.ofmt,
     GT = FM.formats[k.gfmt].ctype, OT = FM.formats[k.ofmt].ctype,
-    smem = plan.smem_bytes, nbuf = plan.nbuf,
+    smem = plan.smem_bytes, nbuf = plan.nbuf, threads = plan.entries[1].threads,
   }
   c.about = about_lines(op, o, entry, (EMIT.subst(o.sig, { BT = F.ctype }):gsub("GT", c.GT):gsub("OT", c.OT)), c)
   local w = EMIT.writer()
-  if plan.path == "wgmma bf16" then
+  if plan.path == "wgmma bf16" or plan.path == "wgmma tma" then
     w:line(WG.render(c))
   elseif plan.path == "mma.sync bf16" then
     w:line(MMA.render(c))

@@ -71,10 +71,35 @@ function M.applies(k)
          (k.op == "lowrank_grad_weight" or (k.op == "lowrank_grad_input" and k.L % 64 == 0))
 end
 
+-- The warp-specialized form (a producer warpgroup's TMA, templates/
+-- wgmma_bf16.lua WS_MAINLOOP) serves the lowrank grads where their rows
+-- are a tensor map's (L and E multiples of 8: rows of whole 16 bytes). It
+-- also needs T % 64 == 0 (a K step of grad_weight, a 64-row box of
+-- grad_input's A, within one b), which only the call knows: the runtime
+-- (runtime/ops/grad.c) takes the cp.async ring's tile at another T.
+function M.ws_applies(k)
+  return M.applies(k) and k.op ~= "decoder_grad_weight" and k.L % 8 == 0 and k.E % 8 == 0
+end
+
+-- Whether tile t names the warp-specialized form: 5 to 8 stages (as
+-- templates/attention_tma.lua's; the cp.async ring takes 3 or 4).
+function M.ws_tile(t)
+  return t.stages >= 5
+end
+
 -- Its tiles: wgmma_bf16.lua's (M.tile_ok), a ring of 3 or 4 stages
--- (decoder_grad_weight, one step staged ahead in registers: 2 to 4).
+-- (decoder_grad_weight, one step staged ahead in registers: 2 to 4), or
+-- the warp-specialized form's 5 to 8.
 function M.fits(k, t)
-  return M.applies(k) and WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
+  if not M.applies(k) then return false end
+  if M.ws_tile(t) then return M.ws_applies(k) and WB.tile_ok(t, 5, 8) end
+  return WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
+end
+
+-- Threads a block: the tile's warps, and the producer warpgroup of the
+-- warp-specialized form.
+function M.threads(t)
+  return t.wm * t.wn * 32 + (M.ws_tile(t) and 128 or 0)
 end
 
 -- lowrank_grad_weight's epilogue goes through the ring (STAGED_GW, below)
@@ -83,8 +108,10 @@ local function staged_gw(op, E)
   return op == "lowrank_grad_weight" and E % 4 == 0
 end
 
+-- The ring (or the staged epilogue's tile), and on the warp-specialized
+-- form its 2·S mbarriers after it.
 function M.smem_bytes(t, k)
-  return WB.smem_bytes(t, staged_gw(k.op, k.E))
+  return WB.smem_bytes(t, staged_gw(k.op, k.E)) + (M.ws_tile(t) and 16 * t.stages or 0)
 end
 
 -- The default tile where the path applies. At the BDH shape (M = B·T 4096,
@@ -122,10 +149,20 @@ end
 --     token), 128x256 against 128x128: D 256, N 8192, K 24576 (the 25M
 --     model's six layers) 1.445 against 1.496 ms; D 768, H 12, N 8192, K
 --     12288 6.29 against 6.93 ms.
+--   The lowrank grads where the warp-specialized form applies (rows of
+--     whole 16 bytes): 128x128x64/8x1/6, a TMA producer warpgroup and a
+--     ring of six stages (193 KiB, one block an SM). `bench/step --train`
+--     (w8a8, each node alone, H200) against the cp.async ring's
+--     128x128x64/8x1/3, grad_weight's and grad_input's calls of a step:
+--     1B (D 1280, H 16, N 16384, B 2) 22.35 -> 13.72 and 15.76 -> 14.17
+--     ms; D 768 (H 12, N 8192, B 4) 9.68 -> 5.82 and 8.04 -> 6.51; 25M
+--     2.38 -> 1.63 and 1.78 -> 1.63. The step: 143.9 -> 134.9, 68.3 ->
+--     62.9, 22.93 -> 21.96 ms. (At T % 64 != 0 the runtime takes the
+--     ring's 128x128x64/8x1/3 instead.)
 function M.default_tile(k)
   local dgw = k.op == "decoder_grad_weight"
   return { bm = 128, bn = (dgw and k.L > 4096) and 256 or 128, bk = 64, wm = 8, wn = 1,
-           stages = dgw and 2 or 3, threads = 0 }
+           stages = dgw and 2 or (M.ws_applies(k) and 6 or 3), threads = 0 }
 end
 
 local HEAD = [[
@@ -250,6 +287,38 @@ local PROLOGUE = {
 	(void)sa;				// bf16 x: no scale]],
 }
 
+-- The warp-specialized form's loads of step i (the producer's one thread;
+-- full, as, bs in scope), per op: 64 x 64 boxes of the 128-byte swizzle,
+-- so each lands as one 64-wide group (MN-major) or 64 rows (K-major) of
+-- the layouts above; zeros past the maps' edges. The maps (runtime/ops/
+-- grad.c grad_tmaps), bf16 rank 3:
+--   lowrank_grad_weight  ma over grad (L, T, B·H), mb over x (E, T, B·HIN):
+--     a K step is 64 t of one b (T % 64 == 0), boxes at (m0 + 64g, t, b·H
+--     + h) and (n0 + 64g, t, b·HIN + hin(h));
+--   lowrank_grad_input  ma over grad (L, T, B·H): 64 rows (b, t) of one b
+--     by 64 l of head z·HPB + k / L, K-major; mb over w (E, H·L, 1): 64
+--     e by 64 rows z·HPB·L + k.
+local TMA_LOADS = {
+  lowrank_grad_weight = [[
+				const int k0 = (k_begin + i) * BK, b = k0 / T, t = k0 - b * T;
+#pragma unroll
+				for (int gg = 0; gg < BM / 64; ++gg)	// grad[b, h, t.., m0 + 64gg ..]
+					dg_tma_load(as + 8192 * gg, &ma, full, m0 + 64 * gg, t, b * H + h);
+#pragma unroll
+				for (int gg = 0; gg < BN / 64; ++gg)	// x[b, hin(h), t.., n0 + 64gg ..]
+					dg_tma_load(bs + 8192 * gg, &mb, full, n0 + 64 * gg, t, b * HIN + ${HIN_H});]],
+  lowrank_grad_input = [[
+				const int k = (k_begin + i) * BK, hh = z * HPB + k / L, l0 = k - (k / L) * L;
+#pragma unroll
+				for (int gg = 0; gg < BM / 64; ++gg) {	// rows m0 + 64gg ..: one b's (past M: zeros)
+					const int m = m0 + 64 * gg, b = m / T, t = m - b * T;
+					dg_tma_load(as + 8192 * gg, &ma, full, l0, t, b * H + hh);
+				}
+#pragma unroll
+				for (int gg = 0; gg < BN / 64; ++gg)	// w rows z·HPB·L + k .., columns n0 + 64gg ..
+					dg_tma_load(bs + 8192 * gg, &mb, full, n0 + 64 * gg, z * HPB * L + k, 0);]],
+}
+
 -- Each op's store of one accumulator pair (the body of wgmma_bf16.lua's
 -- PAIRS) and its row bound.
 local PAIR = {
@@ -350,6 +419,26 @@ ${PROLOGUE}
 	// 128-byte line and fill one 128-byte swizzle row).
 ${LOAD}
 
+${MAINLOOP}
+
+${EPILOGUE}
+}
+]]
+
+-- The warp-specialized kernel: the same prologue and epilogues (their
+-- barriers the consumers' alone), the producer's TMA in place of the
+-- cp.async staging.
+local KERNEL_WS = [[
+extern "C" __global__ void __launch_bounds__(NTB, 1)
+${ENTRY}(${SIG})
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+${PROLOGUE}
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
 ${MAINLOOP}
 
 ${EPILOGUE}
@@ -596,32 +685,49 @@ function M.render(c)
   local o, op = c.o, c.op
   if op == "decoder_grad_weight" then return render_dgw(c) end
   local gi = op == "lowrank_grad_input"
+  local ws = M.ws_tile(c)
   -- two blocks an SM (at most 128 registers a thread) while the
-  -- accumulators allow it
-  local minb = (c.bm == 128 and c.bn <= 128) and 2 or 1
+  -- accumulators allow it; the warp-specialized form: one, its deep ring
+  local minb = (not ws and c.bm == 128 and c.bn <= 128) and 2 or 1
   local smem = c.smem
-  c.about[#c.about + 1] = fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups,",
-                              c.bn, c.bm // 64)
-  c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d blocks an SM;",
-                              c.stages, smem, minb == 2 and 2 or 1)
-  c.about[#c.about + 1] = fmt("  A (grad, bf16) %s, B (%s, bf16) N-major (templates/grad_wgmma.lua).",
-                              gi and "K-major" or "M-major", c.bname)
+  c.about[#c.about + 1] = fmt("path: %swarpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups%s,",
+                              ws and "warp-specialized " or "", c.bn, c.bm // 64, ws and " and a TMA producer warpgroup" or "")
+  c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d block%s an SM;",
+                              c.stages, smem, minb, minb == 2 and "s" or "")
+  c.about[#c.about + 1] = fmt("  A (grad, bf16) %s, B (%s, bf16) N-major%s (templates/grad_wgmma.lua).",
+                              gi and "K-major" or "M-major", c.bname,
+                              ws and ", both by TMA (two tensor maps after the op's arguments; T % 64 == 0)" or "")
   local w = EMIT.writer()
   w:line(EMIT.banner(c.spec, "grad.lua", c.about))
   w:line(DEV.helpers({ cp_async = true }))
   w:line(WB.helpers(c.bn, not gi, true))
   w:line(EMIT.subst(HEAD, { H = c.H, HIN = c.HIN, E = c.E, L = c.L, BM = c.bm, BN = c.bn, BK = c.bk, S = c.stages }))
+  if ws then
+    w:line(WB.WS_HEAD)
+    w:line(WB.WS_HELPERS)
+  end
   w:line(EMIT.subst(o.text, { HIN_H = c.HIN_H }))
   w:line(EMIT.subst(ADDR[op], { HIN_H = c.HIN_H }))
+  local epilogue = staged_gw(op, c.E) and
+    EMIT.subst(STAGED_GW, { STAGE_ACC = EMIT.subst(WB.STAGE_ACC, { TILE = "tile", PITCH = "BNP" }) }) or
+    EMIT.subst(EPILOGUE[op], { PAIRS = EMIT.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) })
+  local keys = { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048", B_KC = "false", B_KS = "2048" }
+  local sig = EMIT.subst(o.sig, { BT = "unsigned short" })
+  if ws then
+    keys.LOADS = EMIT.subst(TMA_LOADS[op], { HIN_H = c.HIN_H })
+    keys.RING_BYTES = tostring(WB.smem_bytes(c, staged_gw(op, c.E)) - 1024)
+    w:line(EMIT.subst(KERNEL_WS, {
+      ENTRY = c.entry, PROLOGUE = PROLOGUE[op],
+      SIG = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb",
+      EPILOGUE = (epilogue:gsub("__syncthreads%(%);", "dg_consumers_sync();")),
+      MAINLOOP = EMIT.subst(WB.WS_MAINLOOP, keys),
+    }))
+    return w:text()
+  end
   w:line(EMIT.subst(KERNEL, {
-    MINB = minb, ENTRY = c.entry,
-    SIG = EMIT.subst(o.sig, { BT = "unsigned short" }),
-    PROLOGUE = PROLOGUE[op], LOAD = LOAD[op],
-    EPILOGUE = staged_gw(op, c.E) and
-      EMIT.subst(STAGED_GW, { STAGE_ACC = EMIT.subst(WB.STAGE_ACC, { TILE = "tile", PITCH = "BNP" }) }) or
-      EMIT.subst(EPILOGUE[op], { PAIRS = EMIT.subst(WB.PAIRS, { MLIM = PAIR[op][1], PAIR = PAIR[op][2] }) }),
-    MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = gi and "true" or "false", A_KS = gi and "32" or "2048",
-                                      B_KC = "false", B_KS = "2048" }),
+    MINB = minb, ENTRY = c.entry, SIG = sig,
+    PROLOGUE = PROLOGUE[op], LOAD = LOAD[op], EPILOGUE = epilogue,
+    MAINLOOP = EMIT.subst(WB.MAINLOOP, keys),
   }))
   return w:text()
 end

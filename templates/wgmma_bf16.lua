@@ -222,6 +222,155 @@ M.MAINLOOP = [[
 	dg_cp_wait<0>();
 ]]
 
+-- ---- the warp-specialized form (templates/attention_tma.lua's, and
+-- templates/grad_wgmma.lua's for the lowrank grads) ----------------------
+-- A producer warpgroup (the block's last) fills a ring of S stages by TMA:
+-- one thread waits for a stage to be free (its empty mbarrier), announces
+-- its bytes (expect_tx on the full mbarrier) and issues the step's boxes
+-- (${LOADS}); the consumer warpgroups (NCW = BM/64 of them) wait for a
+-- stage to be full, run their wgmma on it, and free it once those MMAs
+-- completed (wait_group 1 after the next step's: one step's MMAs in flight
+-- across the wait). No block-wide barrier in the K loop, so the loads of
+-- later stages overlap the MMAs of earlier ones in one block.
+
+-- The constants of the form (after the tile's BM, BN, NT, A_BYTES, B_BYTES):
+-- threads a block, the bytes a stage's TMA brings (the full boxes: zeros
+-- past the edges count), and the register budget. A launch gives every
+-- thread 64 Ki / NTB registers (a multiple of 8; one block an SM); where
+-- BN 256's 128 accumulators need more, setmaxnreg moves them from the
+-- producer to the consumers, never more than the producer gives back (or
+-- setmaxnreg.inc would wait forever).
+M.WS_HEAD = [[
+constexpr int NCW = BM / 64;			// consumer warpgroups
+constexpr int NTB = NT + 128;			// threads a block: and the producer warpgroup
+constexpr unsigned TX = A_BYTES + B_BYTES;	// bytes a stage's boxes bring
+constexpr int REG_L = 65536 / NTB / 8 * 8;
+constexpr bool REG_MOVE = BN > 128 && REG_L < 232;
+constexpr int REG_P = 40;
+constexpr int REG_C0 = REG_L + (REG_L - REG_P) * 128 / NT / 8 * 8;
+constexpr int REG_C = REG_C0 > 240 ? 240 : REG_C0;
+]]
+
+M.WS_HELPERS = [[
+// ---- TMA, mbarriers, register budget (templates/wgmma_bf16.lua) -----------
+struct __align__(64) dg_tmap {
+	unsigned long long opaque[16];	// the driver's CUtensorMap
+};
+
+__device__ __forceinline__ void dg_mbar_init(unsigned bar, unsigned count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void dg_mbar_expect_tx(unsigned bar, unsigned bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void dg_mbar_arrive(unsigned bar)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+
+// Waits until the barrier's phase of this parity completed.
+__device__ __forceinline__ void dg_mbar_wait(unsigned bar, unsigned parity)
+{
+	asm volatile("{\n.reg .pred p;\nDG_WAIT_%=:\n"
+		     "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+		     "@!p bra DG_WAIT_%=;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
+// Box (c0, c1, c2) of the rank-3 map into shared dst, completing on bar.
+__device__ __forceinline__ void dg_tma_load(unsigned dst, const dg_tmap *map, unsigned bar, int c0, int c1,
+					    int c2)
+{
+	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     " [%0], [%1, {%3, %4, %5}], [%2];\n"
+		     :: "r"(dst), "l"((unsigned long long)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+template <int R>
+__device__ __forceinline__ void dg_reg_alloc()
+{
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+
+template <int R>
+__device__ __forceinline__ void dg_reg_dealloc()
+{
+	asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+
+// The consumers alone (named barrier 1; the producer warpgroup has left).
+__device__ __forceinline__ void dg_consumers_sync()
+{
+	asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
+}
+]]
+
+-- The pipeline over nsteps K steps (sbase, tid, wg, S, STAGE, A_BYTES, BK,
+-- BN in scope): the mbarriers after ${RING_BYTES} of ring, the producer's
+-- loop (${LOADS}: step i's boxes into as / bs, completing on full), and
+-- the consumers' loop, which leaves the sums in acc[BN / 2]; the producer
+-- warpgroup has returned after it (the epilogue synchronizes the consumers
+-- with dg_consumers_sync). subst keys as MAINLOOP's.
+M.WS_MAINLOOP = [[
+	// the barriers after the ring: full[S] (one arrival, the producer's
+	// expect_tx, and the bytes), then empty[S] (every consumer thread)
+	const unsigned bars = sbase + (unsigned)(${RING_BYTES});
+	if (tid == 0) {
+		for (int s = 0; s < S; ++s) {
+			dg_mbar_init(bars + 8 * s, 1);
+			dg_mbar_init(bars + 8 * (S + s), NT);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	__syncthreads();
+
+	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
+		if constexpr (REG_MOVE)
+			dg_reg_dealloc<REG_P>();
+		if (tid == NT) {
+			for (int i = 0; i < nsteps; ++i) {
+				const int s = i % S;
+				const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
+				(void)as;
+				(void)bs;
+				// the stage's previous use (step i - S) released by every consumer
+				dg_mbar_wait(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
+				dg_mbar_expect_tx(full, TX);
+${LOADS}
+			}
+		}
+		return;
+	}
+
+	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of the tile
+	if constexpr (REG_MOVE)
+		dg_reg_alloc<REG_C>();
+	float acc[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i)
+		acc[i] = 0.0f;
+	for (int i = 0; i < nsteps; ++i) {
+		const int s = i % S;
+		dg_mbar_wait(bars + 8 * s, (i / S) & 1);
+		const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
+		dg_wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < BK / 16; ++ks)
+			dg_wb_mma(acc, dg_wb_desc<${A_KC}>(as + ks * ${A_KS}), dg_wb_desc<${B_KC}>(bs + ks * ${B_KS}), 1);
+		dg_wg_commit();
+		// step i-1's MMAs done: its stage is free
+		dg_wg_wait<1>();
+		dg_wb_pin(acc);
+		if (i > 0)
+			dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));
+	}
+	dg_wg_wait<0>();
+	dg_wb_pin(acc);
+]]
+
 -- The accumulators into a staged f32 tile at ${TILE} (a float *), rows
 -- ${PITCH} floats apart (BN + 8: a half-warp's pair stores hit 32 banks),
 -- for an epilogue that reads the tile back by rows; the callers stage it

@@ -441,7 +441,7 @@ Test(gpu_grad, bdh_wgmma_bf16_against_mma)
 			u.b = dg_tensor_4d("x", DG_FMT_BF16, db, BDH_B, 1, BDH_T, BDH_E);
 			u.out = dg_tensor_3d("grad_w", DG_FMT_F32, dout, BDH_H, BDH_L, BDH_E);
 		}
-		float *wg = wg_run_timed(&u, "wgmma bf16", no);
+		float *wg = wg_run_timed(&u, "wgmma tma", no); /* the default: warp-specialized */
 		u.spec.tile = mma_tiles[o];
 		float *mm = wg_run_timed(&u, "mma.sync bf16", no);
 		char why[256];

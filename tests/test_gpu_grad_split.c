@@ -155,20 +155,30 @@ static void run_all_splits(dg_device *dev, const gi_case *k, const char *label)
 		free(run_split(dev, k, split_counts[i], label));
 }
 
-/* The warpgroup path: its default tile (128x128, two warpgroups) and a
- * 64-row one, in_heads 1 (8 K steps) and H (2 a z). */
+/* The warpgroup path: its default tile (the warp-specialized form's,
+ * which T 65 sends to the cp.async ring's 128x128 tile) and a 64-row ring
+ * one, in_heads 1 (8 K steps) and H (2 a z); and the warp-specialized
+ * form itself at T 64 (its default and a 64-row tile). */
 Test(gpu_grad, grad_input_split_wgmma)
 {
-	static const dg_tile tiles[] = { { 0, 0, 0, 0, 0, 0, 0 }, { 64, 128, 64, 4, 1, 4, 0 } };
-	static const shape shapes[] = { { 4, 1, 40, 128, 2, 65 }, { 4, 4, 64, 128, 2, 65 } };
+	static const dg_tile tiles[] = { { 0, 0, 0, 0, 0, 0, 0 }, { 64, 128, 64, 4, 1, 4, 0 },
+					 { 64, 128, 64, 4, 1, 5, 0 } };
+	static const shape shapes[] = { { 4, 1, 40, 128, 2, 65 }, { 4, 4, 64, 128, 2, 65 },
+					{ 4, 1, 40, 128, 2, 64 }, { 4, 4, 64, 128, 2, 64 } };
+	static const char *const labels[] = { "wgmma default", "wgmma 64x128", "wgmma tma 64x128" };
 	dg_device *dev = gh_open_sm90();
 
 	gh_seed(93);
-	for (int t = 0; t < 2; t++)
-		for (int i = 0; i < 2; i++) {
+	for (int t = 0; t < 3; t++)
+		for (int i = 0; i < 4; i++) {
+			bool ws_shape = i >= 2;
+			if (t == 1 && ws_shape)
+				continue; /* the ring's tile: at T 65 */
+			if (t == 2 && !ws_shape)
+				continue; /* an explicit warp-specialized tile needs T % 64 == 0 */
 			gi_case k = make_case(dev, &shapes[i], DG_FMT_BF16, DG_FMT_BF16, &tiles[t], true);
-			gh_expect_path(&k.sp, "wgmma bf16");
-			run_all_splits(dev, &k, t ? "wgmma 64x128" : "wgmma default");
+			gh_expect_path(&k.sp, t == 1 ? "wgmma bf16" : "wgmma tma");
+			run_all_splits(dev, &k, labels[t]);
 			free_case(&k);
 		}
 	gh_close(dev);

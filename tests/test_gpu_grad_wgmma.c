@@ -62,10 +62,15 @@ static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 	return sp;
 }
 
-/* The plan of sp names the warpgroup path. */
+/* The plan of sp names the warpgroup path: the warp-specialized form for
+ * a tile of 5 to 8 stages, and for the lowrank grads' auto tile where
+ * rows are whole 16 bytes (E, L multiples of 8; at a T % 64 != 0 the
+ * runtime then takes the cp.async ring's tile, which these shapes test). */
 static void expect_wgmma(const dg_spec *sp)
 {
-	gh_expect_path(sp, "wgmma bf16");
+	bool ws = sp->tile.stages >= 5 || (dg_tile_is_auto(&sp->tile) && sp->op != DG_OP_DECODER_GRAD_WEIGHT &&
+					   sp->embd % 8 == 0 && sp->latent % 8 == 0);
+	gh_expect_path(sp, ws ? "wgmma tma" : "wgmma bf16");
 }
 
 /* n random bf16 values (malloc'd) and their |values| (*abs, malloc'd). */
@@ -196,6 +201,75 @@ Test(gpu_grad, wgmma_grad_weight_split)
 			size_t need = check_grad_weight(dev, &s, &tiles[k], acc);
 			cr_assert_gt(need, 0, "tile %d: B·T 2000 is not split", k);
 		}
+	gh_close(dev);
+}
+
+/* ---- the warp-specialized form (templates/grad_wgmma.lua KERNEL_WS) ----------
+ * A producer warpgroup loads both operands by TMA (64 x 64 boxes, zeros
+ * past the maps' edges) into a ring of 5 to 8 stages. It needs T % 64 == 0
+ * and rows of whole 16 bytes (E, L multiples of 8): E 40 and 72 (a B tile
+ * wider than E, a ragged one), latent 64 / 128 for grad_input and 104 for
+ * grad_weight (a ragged M tile), B 1 to 3, in_heads 1 and H; tiles of one
+ * and two consumer warpgroups, BN 64 to 256. An explicit one at T % 64 !=
+ * 0 is refused, naming T. */
+static const dg_tile ws_tiles[] = {
+	{ 128, 128, 64, 8, 1, 6, 0 },
+	{ 128, 64, 64, 8, 1, 5, 0 },
+	{ 64, 256, 64, 4, 1, 5, 0 },
+	{ 64, 128, 64, 4, 1, 8, 0 },
+};
+#define N_WS_TILES 4
+
+Test(gpu_grad, wgmma_tma_grad_input)
+{
+	static const shape shapes[] = {
+		{ 2, 1, 64, 64, 1, 64 }, { 2, 2, 40, 128, 2, 128 }, { 4, 1, 72, 64, 3, 64 }, { 4, 4, 64, 128, 2, 192 },
+	};
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(96);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (int k = 0; k < N_WS_TILES; k++)
+			check_grad_input(dev, &shapes[i], &ws_tiles[k]);
+	gh_close(dev);
+}
+
+Test(gpu_grad, wgmma_tma_grad_weight)
+{
+	static const shape shapes[] = {
+		{ 2, 1, 64, 64, 1, 64 }, { 2, 2, 40, 104, 2, 128 }, { 4, 1, 72, 104, 3, 64 }, { 4, 4, 64, 128, 2, 192 },
+	};
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(97);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (int k = 0; k < N_WS_TILES; k++)
+			check_grad_weight(dev, &shapes[i], &ws_tiles[k], k % 2 == 1);
+	/* B·T 2048 over a few output tiles: split (partials, then the reduce) */
+	static const shape split = { 2, 1, 40, 104, 2, 1024 };
+	for (int k = 0; k < N_WS_TILES; k++) {
+		size_t need = check_grad_weight(dev, &split, &ws_tiles[k], k % 2 == 0);
+		cr_assert_gt(need, 0, "ws tile %d: B·T 2048 is not split", k);
+	}
+	gh_close(dev);
+}
+
+/* An explicit warp-specialized tile at T % 64 != 0: refused, naming T. */
+Test(gpu_grad, wgmma_tma_refuses_ragged_t)
+{
+	static const shape s = { 2, 1, 64, 64, 1, 65 };
+	dg_device *dev = gh_open_sm90();
+	dg_spec sp = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, &s, &ws_tiles[0]);
+	size_t ng = (size_t)s.B * s.H * s.T * s.L, nx = (size_t)s.B * s.Hin * s.T * s.E,
+	       nw = (size_t)s.H * s.L * s.E;
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_BF16, gh_alloc_ff(dev, ng * 2), s.B, s.H, s.T, s.L);
+	dg_tensor tx = dg_tensor_4d("x", DG_FMT_BF16, gh_alloc_ff(dev, nx * 2), s.B, s.Hin, s.T, s.E);
+	dg_tensor tw = dg_tensor_3d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), s.H, s.L, s.E);
+	dg_lowrank_grad_weight_args a = { .grad = &tg, .x = &tx, .grad_w = &tw };
+	size_t need = 0;
+	cr_assert_eq(dg_lowrank_grad_weight_workspace(dev, &sp, &a, &need), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "T = 65") && strstr(dg_device_errmsg(dev), "T % 64 == 0"), "%s",
+		  dg_device_errmsg(dev));
 	gh_close(dev);
 }
 

@@ -565,10 +565,54 @@ Test(nvrtc_grad, wgmma_bf16_tiles_and_shapes)
 				int H = shapes[i][0];
 				dg_spec s = wg_spec(op, H, (int)(i + (size_t)k) % 2 ? H : 1, shapes[i][1], shapes[i][2]);
 				s.tile = tiles[k];
-				expect_plan_path(cg, &s, "wgmma bf16", true);
-				compile_on_path(cg, &s, "path: warpgroup tensor cores");
+				/* the default is the warp-specialized form (rows of
+				 * whole 16 bytes at every shape here) */
+				bool ws = k == 0;
+				expect_plan_path(cg, &s, ws ? "wgmma tma" : "wgmma bf16", true);
+				compile_on_path(cg, &s, ws ? "path: warp-specialized warpgroup tensor cores"
+							   : "path: warpgroup tensor cores");
 			}
 	}
+	dg_codegen_destroy(cg);
+}
+
+/* The warp-specialized form (tiles of 5 to 8 stages; TMA producer
+ * warpgroup): renders and compiles for sm_90a at the BDH shape and small
+ * ones (rows of whole 16 bytes), its plan a producer warpgroup's threads
+ * more and its banner the maps' ABI; refused where a row is not 16 bytes
+ * whole (embd 36) or for decoder_grad_weight (staged through registers). */
+Test(nvrtc_grad, wgmma_tma_tiles_and_refusals)
+{
+	static const dg_tile tiles[] = {
+		{ 128, 128, 64, 8, 1, 6, 0 },
+		{ 64, 256, 64, 4, 1, 5, 0 },
+		{ 128, 64, 64, 8, 1, 8, 0 },
+	};
+	static const int shapes[][3] = { { 4, 256, 8192 }, { 2, 40, 64 }, { 4, 64, 128 } };
+	dg_codegen *cg = nh_codegen();
+
+	for (int o = 0; o < 2; o++) {
+		dg_op op = o ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_LOWRANK_GRAD_INPUT;
+		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+			for (int k = 0; k < 3; k++) {
+				if (i > 0 && k != (int)i)
+					continue;
+				int H = shapes[i][0];
+				dg_spec s = wg_spec(op, H, (int)(i + (size_t)k) % 2 ? H : 1, shapes[i][1], shapes[i][2]);
+				s.tile = tiles[k];
+				dg_plan p;
+				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+				cr_assert_str_eq(p.path, "wgmma tma");
+				cr_assert(p.needs_arch_specific);
+				cr_assert_eq(p.entries[0].threads, tiles[k].wm * 32 + 128);
+				compile_on_path(cg, &s, "path: warp-specialized warpgroup tensor cores");
+			}
+	}
+	dg_plan p;
+	dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 2, 1, 36, 64);
+	s.tile = tiles[0];
+	cr_assert_neq(dg_codegen_plan(cg, &s, &p), DG_OK, "embd 36: rows of 72 bytes are no tensor map's");
+	cr_assert(strstr(dg_codegen_errmsg(cg), "stages"), "%s", dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 }
 
@@ -580,24 +624,31 @@ Test(nvrtc_grad, wgmma_bf16_defaults_and_mma_fallback)
 	dg_codegen *cg = nh_codegen();
 	dg_plan p;
 
+	/* the warp-specialized form: two consumer warpgroups and the
+	 * producer's, six stages and their 12 mbarriers */
 	dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_INPUT, 4, 1, 256, 8192);
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma bf16");
+	cr_assert_str_eq(p.path, "wgmma tma");
 	cr_assert(p.needs_arch_specific);
-	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/3;"), "%s", p.canonical);
+	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/6;"), "%s", p.canonical);
 	cr_assert_eq(p.n_entries, 2);
 	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_input_reduce");
 	cr_assert_eq(p.entries[1].smem, 0);
-	cr_assert_eq(p.entries[0].threads, 256);
-	cr_assert_eq(p.entries[0].smem, 3 * (128 + 128) * 64 * 2 + 1024);
+	cr_assert_eq(p.entries[0].threads, 384);
+	cr_assert_eq(p.entries[0].smem, 6 * (128 + 128) * 64 * 2 + 1024 + 16 * 6);
 	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 4, 1, 256, 8192);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma tma");
+	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/6;"), "%s", p.canonical);
+	cr_assert_eq(p.n_entries, 2);
+	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_weight_reduce");
+	cr_assert_eq(p.entries[0].threads, 384);
+	cr_assert_eq(p.entries[0].smem, 6 * (128 + 128) * 64 * 2 + 1024 + 16 * 6);
+	/* rows of 72 bytes (embd 36) are no tensor map's: the ring's tile */
+	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 2, 1, 36, 64);
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma bf16");
 	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/3;"), "%s", p.canonical);
-	cr_assert_eq(p.n_entries, 2);
-	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_weight_reduce");
-	cr_assert_eq(p.entries[0].threads, 256);
-	cr_assert_eq(p.entries[0].smem, 3 * (128 + 128) * 64 * 2 + 1024);
 
 	for (int o = 0; o < 2; o++) {
 		dg_op op = o ? DG_OP_LOWRANK_GRAD_WEIGHT : DG_OP_LOWRANK_GRAD_INPUT;
@@ -606,7 +657,7 @@ Test(nvrtc_grad, wgmma_bf16_defaults_and_mma_fallback)
 		s.arch_specific = false;
 		expect_plan_path(cg, &s, "mma.sync bf16", false);
 		cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-		cr_assert_str_eq(p.path, "wgmma bf16");
+		cr_assert_str_eq(p.path, "wgmma tma");
 		cr_assert(p.spec.arch_specific && p.needs_arch_specific);
 		/* a non-warpgroup tile on the same sm_90a spec: mma.sync */
 		s = wg_spec(op, 4, 1, 256, 8192);
@@ -641,13 +692,16 @@ Test(nvrtc_grad, wgmma_bf16_defaults_and_mma_fallback)
 		  dg_codegen_errmsg(cg));
 	/* grad_weight reduces over B·T (run time): latent 96 is a ragged M */
 	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 2, 2, 40, 96);
-	expect_plan_path(cg, &s, "wgmma bf16", true);
-	compile_on_path(cg, &s, "path: warpgroup tensor cores");
-	/* stages past the ring's 4 */
+	expect_plan_path(cg, &s, "wgmma tma", true);
+	compile_on_path(cg, &s, "path: warp-specialized warpgroup tensor cores");
+	/* stages past the ring's 4 name the warp-specialized form; past its 8
+	 * are refused */
 	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 4, 1, 256, 8192);
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+	expect_plan_path(cg, &s, "wgmma tma", true);
+	s.tile = (dg_tile){ 128, 64, 64, 8, 1, 9, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
-	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 4"), "%s", dg_codegen_errmsg(cg));
+	cr_assert(strstr(dg_codegen_errmsg(cg), "stages must be 1 to 8"), "%s", dg_codegen_errmsg(cg));
 	dg_codegen_destroy(cg);
 }
 
@@ -805,7 +859,7 @@ static void expect_split_kernel(dg_codegen *cg, const dg_spec *s, const char *pa
 	cr_assert_str_eq(src->entries[0], "dg_lowrank_grad_input", "%s", text);
 	cr_assert_str_eq(src->entries[1], "dg_lowrank_grad_input_reduce", "%s", text);
 	static const char *const always[] = {
-		"float *__restrict__ dst, int B, int T, int splits, int kt_per_split)",
+		"float *__restrict__ dst, int B, int T, int splits, int kt_per_split",
 		"const int z = blockIdx.z % HIN, sp = blockIdx.z / HIN;",
 		"const int k_begin = min(sp * kt_per_split, KT);",
 		"float *const out = splits == 1 ? dst : dst + (long long)sp * M * HIN * E;",
@@ -841,6 +895,9 @@ Test(nvrtc_grad, lowrank_grad_input_split_every_path)
 	for (int hin = 0; hin < 2; hin++) {
 		dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_INPUT, 4, hin ? 4 : 1, 256, 8192);
 		dg_spec_normalize(&s);
+		expect_split_kernel(cg, &s, "path: warp-specialized warpgroup tensor cores", false);
+		/* and the cp.async ring's tile */
+		s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
 		expect_split_kernel(cg, &s, "path: warpgroup tensor cores", false);
 	}
 	static const struct {

@@ -78,9 +78,8 @@ dg_status dg__prep_decoder_fwd(dg_prepared *p, const dg__op_call *c)
 
 dg_status dg__prep_decoder_grad_input(dg_prepared *p, const dg__op_call *c)
 {
-	(void)c;
 	/* K = E: a few steps, never split (no reduce entry) */
-	return dg__grad_input_prep(p, "dg_decoder_grad_input", NULL, p->spec.latent,
+	return dg__grad_input_prep(p, c, "dg_decoder_grad_input", NULL, p->spec.latent,
 				   (unsigned)p->spec.heads, p->spec.embd, 0);
 }
 
@@ -88,8 +87,7 @@ dg_status dg__prep_decoder_grad_input(dg_prepared *p, const dg__op_call *c)
 
 dg_status dg__prep_decoder_grad_weight(dg_prepared *p, const dg__op_call *c)
 {
-	(void)c;
 	/* per head: rows d (E), cols l (L) */
-	return dg__grad_weight_prep(p, "dg_decoder_grad_weight", "dg_decoder_grad_weight_reduce",
+	return dg__grad_weight_prep(p, c, "dg_decoder_grad_weight", "dg_decoder_grad_weight_reduce",
 				    p->spec.embd, p->spec.latent);
 }

@@ -76,6 +76,72 @@ static int64_t resident_of(dg_device *dev, const dg_kernel *k)
 	return r < 1 ? 1 : r;
 }
 
+/* ---- the warp-specialized form (templates/grad_wgmma.lua KERNEL_WS) ---------
+ * Its kernels (lowrank_grad_input and _weight, bf16, a tile of 5 to 8
+ * stages) have a producer warpgroup beside the tile's warps, which loads
+ * both operands by TMA, and take two tensor maps after the op's arguments.
+ * A map box of 64 rows (b, t) or a K step of 64 t must lie within one b:
+ * T % 64 == 0. At another T an auto tile becomes the cp.async ring's (the
+ * same tile with 3 stages); a tile asked for is refused. */
+static bool ws_abi(const dg_kernel *k)
+{
+	dg_kernel_info info;
+	const dg_tile *t = &dg_kernel_spec(k)->tile;
+	return dg_kernel_info_get(k, &info) == DG_OK && info.block_threads == t->wm * t->wn * 32 + 128;
+}
+
+static dg_status ws_tile(dg_prepared *p, const char *entry, dg_kernel **k)
+{
+	if (!ws_abi(*k) || p->shape.t % 64 == 0)
+		return DG_OK;
+	const dg_tile *t = &dg_kernel_spec(*k)->tile;
+	if (!dg_tile_is_auto(&p->spec.tile))
+		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
+				    "%s: T = %lld: the warp-specialized tile (stages %d) reads 64 rows of T a box by TMA, which needs T %% 64 == 0; take a tile of 3 or 4 stages or an auto tile",
+				    p->fn, (long long)p->shape.t, t->stages);
+	dg_spec s = p->spec;
+	s.tile = (dg_tile){ t->bm, t->bn, t->bk, t->wm, t->wn, 3, 0 };
+	dg_spec_normalize(&s);
+	return dg_kernel_get(p->dev, &s, entry, k);
+}
+
+/* The maps of a warp-specialized call, bf16 rank 3, boxes of 64 x 64:
+ * ma over grad (L, T, B·H); mb over x (E, T, B·Hin) for grad_weight, over
+ * w (E, H·L, 1) for grad_input. */
+static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[2])
+{
+	const dg_spec *s = &p->spec;
+	const uint64_t B = (uint64_t)p->shape.b, T = (uint64_t)p->shape.t, H = (uint64_t)s->heads,
+		       L = (uint64_t)s->latent, E = (uint64_t)s->embd;
+	const uint32_t box[2] = { 64, 64 };
+	const uint64_t da[3] = { L, T, B * H };
+	dg_status st = dg__tmap_bf16(p->dev, &maps[0], c->t[0]->data, da, box);
+	if (st)
+		return st;
+	if (s->op == DG_OP_LOWRANK_GRAD_WEIGHT) {
+		const uint64_t dx[3] = { E, T, B * (uint64_t)s->in_heads };
+		return dg__tmap_bf16(p->dev, &maps[1], c->t[1]->data, dx, box);
+	}
+	const uint64_t dw[3] = { E, H * L, 1 };
+	return dg__tmap_bf16(p->dev, &maps[1], c->t[1]->data, dw, box);
+}
+
+/* Kernel k's launch l on the warp-specialized form: the producer
+ * warpgroup's threads, and the call's maps made once here (a driver that
+ * cannot make them refuses the prepare, not a launch). */
+static dg_status ws_launch(dg_prepared *p, const dg__op_call *c, const dg_kernel *k, dg_launch *l, bool *ws)
+{
+	*ws = ws_abi(k);
+	if (!*ws)
+		return DG_OK;
+	l->block[0] += 128;
+	dg__tmap maps[2];
+	dg_status st = ws_tmaps(p, c, maps);
+	if (!st)
+		p->tmaps = ws_tmaps;
+	return st;
+}
+
 /* The count that finishes soonest in a model of the GPU as `slots` blocks
  * running at once (SMs · resident_of): s splits of per = ceil(steps / s)
  * steps take ceil(blocks·s / slots) rounds of per steps. A larger count
@@ -114,11 +180,14 @@ int dg__grad_input_splits(int64_t blocks, int64_t steps, int64_t slots, int want
 
 /* The kernel of a grad_input call, its grid without the split, and its
  * split (reduce NULL: none, the kernel takes no split). */
-static dg_status gi_plan(dg_device *dev, const dg_spec *spec, const char *entry,
+static dg_status gi_plan(dg_prepared *p, const char *entry,
 			 const char *reduce, int64_t bt, int64_t n_cols, unsigned gz, int64_t k_len,
 			 int want, dg_kernel **k, dg_launch *l, int *splits, int *per)
 {
-	dg_status st = dg_kernel_get(dev, spec, entry, k);
+	dg_device *dev = p->dev;
+	dg_status st = dg_kernel_get(dev, &p->spec, entry, k);
+	if (!st)
+		st = ws_tile(p, entry, k);
 	if (st)
 		return st;
 	const dg_tile *t = &dg_kernel_spec(*k)->tile;
@@ -138,8 +207,8 @@ static dg_status gi_plan(dg_device *dev, const dg_spec *spec, const char *entry,
 	return DG_OK;
 }
 
-dg_status dg__grad_input_prep(dg_prepared *p, const char *entry, const char *reduce,
-			      int64_t n_cols, unsigned gz, int64_t k_len, int want)
+dg_status dg__grad_input_prep(dg_prepared *p, const dg__op_call *c, const char *entry,
+			      const char *reduce, int64_t n_cols, unsigned gz, int64_t k_len, int want)
 {
 	dg_device *dev = p->dev;
 	const dg_spec *spec = &p->spec;
@@ -151,8 +220,10 @@ dg_status dg__grad_input_prep(dg_prepared *p, const char *entry, const char *red
 
 	if (bt == 0)
 		return DG_OK; /* nothing to compute */
-	dg_status st = gi_plan(dev, spec, entry, reduce, bt, n_cols, gz, k_len, want, &k, &l,
-			       &splits, &per);
+	bool ws;
+	dg_status st = gi_plan(p, entry, reduce, bt, n_cols, gz, k_len, want, &k, &l, &splits, &per);
+	if (!st)
+		st = ws_launch(p, c, k, &l, &ws);
 	if (st)
 		return st;
 	if (!reduce) {
@@ -187,6 +258,10 @@ dg_status dg__grad_input_prep(dg_prepared *p, const char *entry, const char *red
 	dg__arg_i32(p, L, p->shape.t);
 	dg__arg_i32(p, L, splits);
 	dg__arg_i32(p, L, per);
+	if (ws) {
+		dg__arg_tmap(p, L, 0);
+		dg__arg_tmap(p, L, 1);
+	}
 	if (splits == 1)
 		return DG_OK;
 
@@ -224,8 +299,8 @@ static int splits_of(dg_device *dev, const dg_tile *t, int64_t heads, int64_t bt
 	return splits < 1 ? 1 : splits;
 }
 
-dg_status dg__grad_weight_prep(dg_prepared *p, const char *entry, const char *reduce,
-			       int64_t rows, int64_t cols)
+dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char *entry,
+			       const char *reduce, int64_t rows, int64_t cols)
 {
 	dg_device *dev = p->dev;
 	const dg_spec *spec = &p->spec;
@@ -235,6 +310,8 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const char *entry, const char *re
 	int per;
 
 	dg_status st = dg_kernel_get(dev, spec, entry, &k);
+	if (!st)
+		st = ws_tile(p, entry, &k);
 	if (st)
 		return st;
 	const dg_tile *t = &dg_kernel_spec(k)->tile;
@@ -246,6 +323,9 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const char *entry, const char *re
 	}
 	dg_launch l = gemm_launch(t, (unsigned)dg__op_cdiv(cols, t->bn),
 				  (unsigned)dg__op_cdiv(rows, t->bm), (unsigned)(H * splits));
+	bool ws;
+	if ((st = ws_launch(p, c, k, &l, &ws)))
+		return st;
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)
 		return st;
@@ -261,6 +341,10 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const char *entry, const char *re
 	dg__arg_i32(p, L, splits);
 	dg__arg_i32(p, L, per);
 	DG__FLAG_OF(p, L, accumulate);
+	if (ws) {
+		dg__arg_tmap(p, L, 0);
+		dg__arg_tmap(p, L, 1);
+	}
 	if (splits == 1)
 		return DG_OK;
 

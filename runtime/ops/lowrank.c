@@ -134,7 +134,7 @@ static int64_t gi_k(const dg_spec *spec)
 
 dg_status dg__prep_lowrank_grad_input(dg_prepared *p, const dg__op_call *c)
 {
-	return dg__grad_input_prep(p, "dg_lowrank_grad_input", "dg_lowrank_grad_input_reduce",
+	return dg__grad_input_prep(p, c, "dg_lowrank_grad_input", "dg_lowrank_grad_input_reduce",
 				   p->spec.embd, (unsigned)p->spec.in_heads, gi_k(&p->spec),
 				   c->splits);
 }
@@ -143,8 +143,7 @@ dg_status dg__prep_lowrank_grad_input(dg_prepared *p, const dg__op_call *c)
 
 dg_status dg__prep_lowrank_grad_weight(dg_prepared *p, const dg__op_call *c)
 {
-	(void)c;
 	/* per head: rows l (L), cols e (E) */
-	return dg__grad_weight_prep(p, "dg_lowrank_grad_weight", "dg_lowrank_grad_weight_reduce",
+	return dg__grad_weight_prep(p, c, "dg_lowrank_grad_weight", "dg_lowrank_grad_weight_reduce",
 				    p->spec.latent, p->spec.embd);
 }

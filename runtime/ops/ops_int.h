@@ -383,13 +383,14 @@ int dg__grad_input_splits(int64_t blocks, int64_t steps, int64_t slots, int want
  * reduction of k_len (a multiple of the tile's BK). reduce names the
  * second pass of a kernel that takes a K split (lowrank_grad_input: its
  * partials in ws, `want` splits or 0 for the runtime's choice); NULL for
- * one that takes none (decoder_grad_input, whose K = E is a few steps). */
-dg_status dg__grad_input_prep(dg_prepared *p, const char *entry, const char *reduce,
-			      int64_t n_cols, unsigned gz, int64_t k_len, int want);
+ * one that takes none (decoder_grad_input, whose K = E is a few steps).
+ * c: the call prepared with (the warp-specialized form's tensor maps). */
+dg_status dg__grad_input_prep(dg_prepared *p, const dg__op_call *c, const char *entry,
+			      const char *reduce, int64_t n_cols, unsigned gz, int64_t k_len, int want);
 /* grad_weight: grad_w (H, rows, cols) reduced over B·T, split when the
  * tiles are few; ws holds the splits' partials. The call's tensors: grad,
  * x (its scale the codes'), grad_w; accumulate adds into grad_w. */
-dg_status dg__grad_weight_prep(dg_prepared *p, const char *entry, const char *reduce,
-			       int64_t rows, int64_t cols);
+dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char *entry,
+			       const char *reduce, int64_t rows, int64_t cols);
 
 #endif
