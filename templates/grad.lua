@@ -73,8 +73,16 @@ Paths (M.plan picks one from the arch and the tile; render follows it):
     wgmma m64nBNk16 bf16 from 128-byte-swizzled shared tiles that a
     cp.async ring fills; the same ABI, grids and splits. The plan is
     arch-specific, so dg_codegen_plan_for promotes an sm_90 spec to it.
-    Its default tile for both ops is 128x128x64/8x1/3 (two warpgroups,
-    two blocks an SM; grad_wgmma.lua M.default_tile has the reasons).
+    Stages 5 to 8 name its warp-specialized form (path "wgmma tma";
+    E and L multiples of 8): a producer warpgroup more a block loads both
+    operands by TMA into the ring, the consumers wait on mbarriers
+    (templates/wgmma_bf16.lua WS_MAINLOOP), two tensor maps follow the
+    op's arguments (runtime/ops/grad.c makes them), and the call needs
+    T % 64 == 0 (the runtime takes the ring's 3-stage tile at another T
+    for an auto tile, and refuses an explicit one). Its default tile for
+    both ops is that form's 128x128x64/8x1/6 where it applies, else
+    128x128x64/8x1/3 (two warpgroups, two blocks an SM; grad_wgmma.lua
+    M.default_tile has the reasons and the figures).
     decoder_grad_weight takes it too with its f32 gradient and y bf16,
     int8 or uint8pos (E and L multiples of 8; stages 2 to 4): both staged
     through registers and converted as the mma.sync path converts them

@@ -31,6 +31,14 @@ GEMM C[m, n] = Σ_k A[m, k] · B[n, k], f32 sums, K steps of BK 64:
     sum into dst + p·NW (an empty split writes zeros), summed by the
     reduce entry in split order.
 
+The warp-specialized form (a tile of 5 to 8 stages; KERNEL_WS, below):
+the same prologues and epilogues, but a producer warpgroup (NT threads
+more) whose one thread loads each step's A and B by TMA (TMA_LOADS: 64 x 64
+boxes of two rank-3 tensor maps, the kernel's last two parameters) into a
+ring of S stages, and consumers that wait on a stage's full mbarrier and
+free it on its empty one (templates/wgmma_bf16.lua WS_MAINLOOP); no block
+barrier in the K loop. One block an SM (193 KiB at 128x128x64/6).
+
 Block: BM/64 warpgroups (WM = BM/16 warps, WN 1), each 64 rows x BN; NT =
 2·BM threads. Staging, shared layout, descriptors, accumulator mapping
 and ordering are wgmma_bf16.lua's; the pipeline is attention.lua's sm_90a
