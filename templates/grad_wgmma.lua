@@ -31,7 +31,7 @@ GEMM C[m, n] = Σ_k A[m, k] · B[n, k], f32 sums, K steps of BK 64:
     sum into dst + p·NW (an empty split writes zeros), summed by the
     reduce entry in split order.
 
-The warp-specialized form (a tile of 5 to 8 stages; KERNEL_WS, below):
+The warp-specialized form (a tile of 5 to 8 stages; KERNEL, below):
 the same prologues and epilogues, but a producer warpgroup (NT threads
 more) whose one thread loads each step's A and B by TMA (TMA_LOADS: 64 x 64
 boxes of two rank-3 tensor maps, the kernel's last two parameters) into a
@@ -410,8 +410,12 @@ ${STAGE_ACC}
 		}
 	}]]
 
+-- The kernel of both forms: the cp.async ring's (LOAD: the staging
+-- lambda; two blocks an SM where minb says) or the warp-specialized one's
+-- (no LOAD: the producer's TMA in WS_MAINLOOP; the epilogues' barriers the
+-- consumers' alone; NTB threads, one block an SM).
 local KERNEL = [[
-extern "C" __global__ void __launch_bounds__(NT, ${MINB})
+extern "C" __global__ void __launch_bounds__(${BOUNDS})
 ${ENTRY}(${SIG})
 {
 	extern __shared__ __align__(128) unsigned char smem[];
@@ -421,36 +425,17 @@ ${ENTRY}(${SIG})
 ${PROLOGUE}
 	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
 	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
-
-	// Step st's A and B tiles into its stage (templates/wgmma_bf16.lua: a
-	// chunk's place dg_wb_kmaj / dg_wb_mnmaj; 8 consecutive threads read one
-	// 128-byte line and fill one 128-byte swizzle row).
-${LOAD}
-
-${MAINLOOP}
+${LOAD}${MAINLOOP}
 
 ${EPILOGUE}
 }
 ]]
 
--- The warp-specialized kernel: the same prologue and epilogues (their
--- barriers the consumers' alone), the producer's TMA in place of the
--- cp.async staging.
-local KERNEL_WS = [[
-extern "C" __global__ void __launch_bounds__(NTB, 1)
-${ENTRY}(${SIG})
-{
-	extern __shared__ __align__(128) unsigned char smem[];
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-	const int g = lane >> 2, q = lane & 3;
-	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
-${PROLOGUE}
-	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
-	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
-${MAINLOOP}
+local LOAD_WHY = [[
 
-${EPILOGUE}
-}
+	// Step st's A and B tiles into its stage (templates/wgmma_bf16.lua: a
+	// chunk's place dg_wb_kmaj / dg_wb_mnmaj; 8 consecutive threads read one
+	// 128-byte line and fill one 128-byte swizzle row).
 ]]
 
 -- ---- decoder_grad_weight --------------------------------------------------
@@ -724,18 +709,13 @@ function M.render(c)
   if ws then
     keys.LOADS = EMIT.subst(TMA_LOADS[op], { HIN_H = c.HIN_H })
     keys.RING_BYTES = tostring(WB.smem_bytes(c, staged_gw(op, c.E)) - 1024)
-    w:line(EMIT.subst(KERNEL_WS, {
-      ENTRY = c.entry, PROLOGUE = PROLOGUE[op],
-      SIG = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb",
-      EPILOGUE = (epilogue:gsub("__syncthreads%(%);", "dg_consumers_sync();")),
-      MAINLOOP = EMIT.subst(WB.WS_MAINLOOP, keys),
-    }))
-    return w:text()
+    sig = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb"
+    epilogue = epilogue:gsub("__syncthreads%(%);", "dg_consumers_sync();")
   end
   w:line(EMIT.subst(KERNEL, {
-    MINB = minb, ENTRY = c.entry, SIG = sig,
-    PROLOGUE = PROLOGUE[op], LOAD = LOAD[op], EPILOGUE = epilogue,
-    MAINLOOP = EMIT.subst(WB.MAINLOOP, keys),
+    BOUNDS = ws and "NTB, 1" or ("NT, " .. minb), ENTRY = c.entry, SIG = sig, PROLOGUE = PROLOGUE[op],
+    LOAD = ws and "" or (LOAD_WHY .. LOAD[op] .. "\n\n"), EPILOGUE = epilogue,
+    MAINLOOP = EMIT.subst(ws and WB.WS_MAINLOOP or WB.MAINLOOP, keys),
   }))
   return w:text()
 end
