@@ -61,16 +61,10 @@ function M.tile_ok(t)
   return require("wgmma_bf16").tile_ok(t, 5, 8)
 end
 
--- Dynamic shared memory: the ring (or the staged epilogue's f32 tile), the
--- 2·S mbarriers, 1 KiB for the swizzle atoms' alignment.
-function M.smem_bytes(t, staged)
-  return require("wgmma_bf16").smem_bytes(t, staged) + 16 * t.stages
-end
-
--- Threads a block: the consumers' warps and the producer warpgroup.
-function M.threads(t)
-  return t.wm * 32 + 128
-end
+-- Dynamic shared memory and threads a block: wgmma_bf16.lua's
+-- warp-specialized form's.
+M.smem_bytes = require("wgmma_bf16").ws_smem_bytes
+M.threads = require("wgmma_bf16").ws_threads
 
 local HEAD = [[
 // ---- specialization constants ----------------------------------------------
@@ -91,7 +85,6 @@ constexpr bool A_KC = ${A_KC}, B_KC = ${B_KC};	// K-major (else M / N-major)
 static_assert(BK == 64, "one 128-byte swizzle row of K a step");
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
 ]]
-
 
 -- The producer's loads of step i into stage s, by op: A then B.
 local LOADS = {
@@ -142,8 +135,7 @@ function M.render(spec, plan, k, sh)
   local entry = "dg_" .. k.op
   local sig, geo, store = sh.op_text(k)
   sig = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb"
-  local ring = t.stages * (t.bm + t.bn) * t.bk * 2
-  if k.epi_mask then ring = math.max(ring, t.bm * (t.bn + 8) * 4) end
+  local ring = WB.ring_bytes(t, k.epi_mask)
   local about = {
     fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
         k.op, k.H, k.E, k.L, k.act),

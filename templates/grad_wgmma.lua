@@ -89,11 +89,9 @@ function M.ws_applies(k)
   return M.applies(k) and k.op ~= "decoder_grad_weight" and k.L % 8 == 0 and k.E % 8 == 0
 end
 
--- Whether tile t names the warp-specialized form: 5 to 8 stages (as
--- templates/attention_tma.lua's; the cp.async ring takes 3 or 4).
-function M.ws_tile(t)
-  return t.stages >= 5
-end
+-- Whether tile t names the warp-specialized form (wgmma_bf16.lua's rule,
+-- as templates/attention_tma.lua's tiles).
+M.ws_tile = WB.ws_tile
 
 -- Its tiles: wgmma_bf16.lua's (M.tile_ok), a ring of 3 or 4 stages
 -- (decoder_grad_weight, one step staged ahead in registers: 2 to 4), or
@@ -107,7 +105,7 @@ end
 -- Threads a block: the tile's warps, and the producer warpgroup of the
 -- warp-specialized form.
 function M.threads(t)
-  return t.wm * t.wn * 32 + (M.ws_tile(t) and 128 or 0)
+  return M.ws_tile(t) and WB.ws_threads(t) or t.wm * t.wn * 32
 end
 
 -- lowrank_grad_weight's epilogue goes through the ring (STAGED_GW, below)
@@ -119,7 +117,7 @@ end
 -- The ring (or the staged epilogue's tile), and on the warp-specialized
 -- form its 2·S mbarriers after it.
 function M.smem_bytes(t, k)
-  return WB.smem_bytes(t, staged_gw(k.op, k.E)) + (M.ws_tile(t) and 16 * t.stages or 0)
+  return (M.ws_tile(t) and WB.ws_smem_bytes or WB.smem_bytes)(t, staged_gw(k.op, k.E))
 end
 
 -- The default tile where the path applies. At the BDH shape (M = B·T 4096,
@@ -299,7 +297,7 @@ local PROLOGUE = {
 -- full, as, bs in scope), per op: 64 x 64 boxes of the 128-byte swizzle,
 -- so each lands as one 64-wide group (MN-major) or 64 rows (K-major) of
 -- the layouts above; zeros past the maps' edges. The maps (runtime/ops/
--- grad.c grad_tmaps), bf16 rank 3:
+-- grad.c ws_tmaps), bf16 rank 3:
 --   lowrank_grad_weight  ma over grad (L, T, B·H), mb over x (E, T, B·HIN):
 --     a K step is 64 t of one b (T % 64 == 0), boxes at (m0 + 64g, t, b·H
 --     + h) and (n0 + 64g, t, b·HIN + hin(h));
@@ -708,7 +706,7 @@ function M.render(c)
   local sig = EMIT.subst(o.sig, { BT = "unsigned short" })
   if ws then
     keys.LOADS = EMIT.subst(TMA_LOADS[op], { HIN_H = c.HIN_H })
-    keys.RING_BYTES = tostring(WB.smem_bytes(c, staged_gw(op, c.E)) - 1024)
+    keys.RING_BYTES = tostring(WB.ring_bytes(c, staged_gw(op, c.E)))
     sig = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb"
     epilogue = epilogue:gsub("__syncthreads%(%);", "dg_consumers_sync();")
   end

@@ -67,10 +67,30 @@ end
 -- and B, or (staged: an epilogue that writes the f32 tile into the ring
 -- once the MMAs are done, BM rows of BN + 8 floats, and `extra` bytes
 -- after it) whichever is larger, and 1 KiB for the atoms' alignment.
-function M.smem_bytes(t, staged, extra)
+function M.ring_bytes(t, staged, extra)
   local ring = t.stages * (t.bm + t.bn) * t.bk * 2
   if staged then ring = math.max(ring, t.bm * (t.bn + 8) * 4 + (extra or 0)) end
-  return ring + 1024
+  return ring
+end
+
+function M.smem_bytes(t, staged, extra)
+  return M.ring_bytes(t, staged, extra) + 1024
+end
+
+-- The warp-specialized form (WS_MAINLOOP, below): a tile of 5 to 8 stages
+-- names it (a cp.async ring takes 3 or 4); its block is the tile's warps
+-- and a producer warpgroup; its dynamic shared memory the ring (or the
+-- staged tile), the 2·S mbarriers after it and 1 KiB for the alignment.
+function M.ws_tile(t)
+  return t.stages >= 5
+end
+
+function M.ws_threads(t)
+  return t.wm * t.wn * 32 + 128
+end
+
+function M.ws_smem_bytes(t, staged, extra)
+  return M.smem_bytes(t, staged, extra) + 16 * t.stages
 end
 
 -- The C helpers for an N-wide instruction (N a multiple of 8, 8..256) with
