@@ -141,16 +141,6 @@ static dg_status grad_xs_ptrs(const dg_prepared *p, const dg__op_call *c, char *
 	return grad_xs_dxs_ok(p->fn, c, msg, msg_size);
 }
 
-/* Whether k is of the warp-specialized path (templates/attention_tma.lua),
- * whose kernels take two TMA tensor maps after (B, T): its plan asks for a
- * producer warpgroup beside the tile's warps (threads wm·wn·32 + 128). */
-static bool tma_abi(const dg_kernel *k)
-{
-	dg_kernel_info info;
-	const dg_tile *t = &dg_kernel_spec(k)->tile;
-	return dg_kernel_info_get(k, &info) == DG_OK && info.block_threads == t->wm * t->wn * 32 + 128;
-}
-
 /* The two maps of a warp-specialized kernel (the path's ABI,
  * templates/attention_tma.lua), bf16 rank 3: attention_scores' A and B over
  * RoPE(xs) (L, T, B·H), boxes of 64 columns by bm and bn rows (the kernel's
@@ -191,7 +181,7 @@ static dg_status gemm_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap
  * 3 stages) and k the kernel of that tile; a tile asked for is refused. */
 static dg_status grad_xs_tile(dg_prepared *p, int64_t T, dg_kernel **k)
 {
-	if (p->spec.op != DG_OP_ATTENTION_GRAD_XS || T % 8 == 0 || !tma_abi(*k))
+	if (p->spec.op != DG_OP_ATTENTION_GRAD_XS || T % 8 == 0 || !dg__tma_abi(*k))
 		return DG_OK;
 	if (!dg_tile_is_auto(&p->spec.tile))
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
@@ -236,7 +226,7 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	l.grid[2] = (unsigned)gz;
 	l.block[0] = (unsigned)(t->wm * t->wn * 32);
 	l.block[1] = l.block[2] = 1;
-	bool tma = spec->rope_pre && tma_abi(k);
+	bool tma = spec->rope_pre && dg__tma_abi(k);
 	if (tma) {
 		l.block[0] += 128;
 		p->iv[IV_B] = B;

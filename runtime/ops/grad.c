@@ -27,7 +27,9 @@
 #define MIN_STEPS_A_SPLIT 4 /* K steps each split sums at least */
 #define REDUCE_THREADS 256  /* RNT in templates/grad_ops.lua */
 
-static dg_launch gemm_launch(const dg_tile *t, unsigned gx, unsigned gy, unsigned gz)
+/* A GEMM's grid; its block is the plan's threads (block 0x0x0: the
+ * tile's warps, and the producer warpgroup on the warp-specialized form). */
+static dg_launch gemm_launch(unsigned gx, unsigned gy, unsigned gz)
 {
 	dg_launch l;
 
@@ -35,8 +37,6 @@ static dg_launch gemm_launch(const dg_tile *t, unsigned gx, unsigned gy, unsigne
 	l.grid[0] = gx;
 	l.grid[1] = gy;
 	l.grid[2] = gz;
-	l.block[0] = (unsigned)(t->wm * t->wn * 32);
-	l.block[1] = l.block[2] = 1;
 	return l;
 }
 
@@ -76,23 +76,16 @@ static int64_t resident_of(dg_device *dev, const dg_kernel *k)
 	return r < 1 ? 1 : r;
 }
 
-/* ---- the warp-specialized form (templates/grad_wgmma.lua KERNEL_WS) ---------
+/* ---- the warp-specialized form (templates/grad_wgmma.lua) -----------------
  * Its kernels (lowrank_grad_input and _weight, bf16, a tile of 5 to 8
  * stages) have a producer warpgroup beside the tile's warps, which loads
  * both operands by TMA, and take two tensor maps after the op's arguments.
  * A map box of 64 rows (b, t) or a K step of 64 t must lie within one b:
  * T % 64 == 0. At another T an auto tile becomes the cp.async ring's (the
  * same tile with 3 stages); a tile asked for is refused. */
-static bool ws_abi(const dg_kernel *k)
-{
-	dg_kernel_info info;
-	const dg_tile *t = &dg_kernel_spec(k)->tile;
-	return dg_kernel_info_get(k, &info) == DG_OK && info.block_threads == t->wm * t->wn * 32 + 128;
-}
-
 static dg_status ws_tile(dg_prepared *p, const char *entry, dg_kernel **k)
 {
-	if (!ws_abi(*k) || p->shape.t % 64 == 0)
+	if (!dg__tma_abi(*k) || p->shape.t % 64 == 0)
 		return DG_OK;
 	const dg_tile *t = &dg_kernel_spec(*k)->tile;
 	if (!dg_tile_is_auto(&p->spec.tile))
@@ -126,15 +119,15 @@ static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap m
 	return dg__tmap_bf16(p->dev, &maps[1], c->t[1]->data, dw, box);
 }
 
-/* Kernel k's launch l on the warp-specialized form: the producer
- * warpgroup's threads, and the call's maps made once here (a driver that
- * cannot make them refuses the prepare, not a launch). */
-static dg_status ws_launch(dg_prepared *p, const dg__op_call *c, const dg_kernel *k, dg_launch *l, bool *ws)
+/* Whether kernel k is of the warp-specialized form; if so the call's maps,
+ * made once here (a driver that cannot make them refuses the prepare, not
+ * a launch). The launch's block is the plan's threads (gemm_launch), the
+ * producer warpgroup's included. */
+static dg_status ws_maps(dg_prepared *p, const dg__op_call *c, const dg_kernel *k, bool *ws)
 {
-	*ws = ws_abi(k);
+	*ws = dg__tma_abi(k);
 	if (!*ws)
 		return DG_OK;
-	l->block[0] += 128;
 	dg__tmap maps[2];
 	dg_status st = ws_tmaps(p, c, maps);
 	if (!st)
@@ -191,7 +184,7 @@ static dg_status gi_plan(dg_prepared *p, const char *entry,
 	if (st)
 		return st;
 	const dg_tile *t = &dg_kernel_spec(*k)->tile;
-	*l = gemm_launch(t, (unsigned)dg__op_cdiv(n_cols, t->bn), (unsigned)dg__op_cdiv(bt, t->bm), gz);
+	*l = gemm_launch((unsigned)dg__op_cdiv(n_cols, t->bn), (unsigned)dg__op_cdiv(bt, t->bm), gz);
 	if (l->grid[1] > 65535)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
 				    "%s: batch·time = %lld rows need %u row blocks of %d, more than the grid's 65535",
@@ -223,7 +216,7 @@ dg_status dg__grad_input_prep(dg_prepared *p, const dg__op_call *c, const char *
 	bool ws;
 	dg_status st = gi_plan(p, entry, reduce, bt, n_cols, gz, k_len, want, &k, &l, &splits, &per);
 	if (!st)
-		st = ws_launch(p, c, k, &l, &ws);
+		st = ws_maps(p, c, k, &ws);
 	if (st)
 		return st;
 	if (!reduce) {
@@ -321,10 +314,10 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char 
 		if ((st = dg_kernel_get(dev, spec, reduce, &kr)))
 			return st;
 	}
-	dg_launch l = gemm_launch(t, (unsigned)dg__op_cdiv(cols, t->bn),
+	dg_launch l = gemm_launch((unsigned)dg__op_cdiv(cols, t->bn),
 				  (unsigned)dg__op_cdiv(rows, t->bm), (unsigned)(H * splits));
 	bool ws;
-	if ((st = ws_launch(p, c, k, &l, &ws)))
+	if ((st = ws_maps(p, c, k, &ws)))
 		return st;
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)

@@ -267,6 +267,11 @@ void dg__arg_field(dg_prepared *p, dg__prep_launch *L, size_t off, size_t size);
 void dg__arg_flag(dg_prepared *p, dg__prep_launch *L, size_t off);
 void dg__arg_blob(dg_prepared *p, dg__prep_launch *L, const void *bytes, size_t size);
 void dg__arg_tmap(dg_prepared *p, dg__prep_launch *L, int which);
+/* Whether k is of a warp-specialized path (templates/wgmma_bf16.lua
+ * WS_MAINLOOP: attention_tma.lua's and grad_wgmma.lua's kernels): its
+ * plan asks for a producer warpgroup beside the tile's warps (threads
+ * wm·wn·32 + 128), and it takes two TMA maps (DG__ARG_TMAP). */
+bool dg__tma_abi(const dg_kernel *k);
 
 /* A scalar field of dg__op_call as a parameter: DG__ARG_OF(p, L, eps). */
 #define DG__ARG_OF(p, L, field) \

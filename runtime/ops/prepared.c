@@ -118,6 +118,13 @@ void dg__arg_tmap(dg_prepared *p, dg__prep_launch *L, int which)
 	next_arg(p, L, DG__ARG_TMAP)->imm = which;
 }
 
+bool dg__tma_abi(const dg_kernel *k)
+{
+	dg_kernel_info info;
+	const dg_tile *t = &dg_kernel_spec(k)->tile;
+	return dg_kernel_info_get(k, &info) == DG_OK && info.block_threads == t->wm * t->wn * 32 + 128;
+}
+
 /* ---- the call against the prepared one ------------------------------------- */
 
 /* The options that shape a prepared op's launches: its K splits, unpack
