@@ -342,6 +342,15 @@ static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
 	       "(fake-quantized); others on the GPU";
 }
 
+/* The CPU model's tape target: f32 throughout, the recipe's fake-quantized
+ * codes (lowbit), and recompute only when DRAGON_RECOMPUTE=1 (memory is
+ * no constraint here; the switch lets the tests compare both forms). */
+static dg__bdh_target cpu_target(bool lowbit)
+{
+	return (dg__bdh_target){ .gpu = false, .act = DG_FMT_F32, .lowbit = lowbit,
+				 .recompute = dg__env_switch("DRAGON_RECOMPUTE") == 1 };
+}
+
 /* Execution copy w of projection k (f32, the kernels' layout) replaced
  * by its recipe's dequantized codes: int8 a scale a channel (a row), else
  * a scale a tensor (runtime/ref/ref_ops.h's quantizers). */
@@ -417,8 +426,7 @@ dg_status dg_model_cpu_memory(const dg_model_config *c, int b, int t, dg_model_m
 	bool lowbit = false;
 	if (cpu_recipe(c, &lowbit))
 		lowbit = false;
-	dg__bdh_target tg = { .gpu = false, .act = DG_FMT_F32, .lowbit = lowbit,
-			      .recompute = dg__env_switch("DRAGON_RECOMPUTE") == 1 };
+	const dg__bdh_target tg = cpu_target(lowbit);
 	st = dg__bdh_tape_build(&tp, &id, &tg);
 	if (!st)
 		st = dg__tape_plan(&tp);
@@ -582,8 +590,7 @@ static dg_status step_open(step *s, const dg_model_weights *w, const dg_model_ba
 					"targets[%lld] = %d: outside the vocabulary 0..%d", (long long)i,
 					batch->targets[i], s->V - 1);
 	dg__tape_init(&s->t, c, s->B, s->T);
-	dg__bdh_target tg = { .gpu = false, .act = DG_FMT_F32, .lowbit = s->lowbit,
-			      .recompute = dg__env_switch("DRAGON_RECOMPUTE") == 1 };
+	const dg__bdh_target tg = cpu_target(s->lowbit);
 	st = dg__bdh_tape_build(&s->t, &s->id, &tg);
 	if (!st)
 		st = dg__tape_plan(&s->t);

@@ -501,7 +501,6 @@ static bool pgrads_stackable(const dg_model *m, int b, int t)
 	return env == 1 || (int64_t)b * t <= STACK_PGRADS_BT;
 }
 
-
 /* build with the memory-for-time choices that fit the device's free
  * memory: keep_qr (RoPE(xs) kept for the attention's backward: no RoPE
  * pass there, B·H·T·N act bytes a layer more; 1.1 ms of RoPE passes a
