@@ -1,14 +1,21 @@
 /*
  * NVRTC: target selection, every rendered kernel compiles to a cubin for
- * sm_90, and a compile error points at the generated line.
+ * sm_90, a compile error points at the generated line, and the prefetch
+ * of NVRTC's libraries reads them whole into the page cache.
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
+#include <nvrtc.h>
 
 #include "dragon/codegen.h"
 #include "dragon/jit.h"
@@ -30,6 +37,54 @@ Test(nvrtc, version_and_archs)
 	}
 	cr_assert(has90, "NVRTC must emit sm_90");
 	cr_assert_neq(strcmp(dg_nvrtc_version(), "unknown"), 0);
+}
+
+/* The fraction of path's pages in the page cache (mincore over a map). */
+static double resident(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	cr_assert_geq(fd, 0, "%s", path);
+	struct stat st;
+	cr_assert_eq(fstat(fd, &st), 0);
+	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	cr_assert_neq(p, MAP_FAILED);
+	const long pg = sysconf(_SC_PAGESIZE);
+	const size_t n = ((size_t)st.st_size + (size_t)pg - 1) / (size_t)pg;
+	unsigned char *v = malloc(n);
+	cr_assert_not_null(v);
+	cr_assert_eq(mincore(p, (size_t)st.st_size, v), 0);
+	size_t in = 0;
+	for (size_t i = 0; i < n; i++)
+		in += v[i] & 1;
+	free(v);
+	munmap(p, (size_t)st.st_size);
+	close(fd);
+	return (double)in / (double)n;
+}
+
+/* The prefetch finds libnvrtc and its builtins and asks for every page of
+ * them, not just a readahead window's worth: the library's pages this
+ * process has not mapped in are dropped from the cache first, and after
+ * the prefetch nearly all of the file is back. */
+Test(nvrtc, prefetch_reads_the_whole_library)
+{
+	Dl_info info;
+	cr_assert(dladdr((void *)nvrtcVersion, &info) && info.dli_fname);
+	char path[4096];
+	snprintf(path, sizeof(path), "%s", info.dli_fname);
+	int fd = open(path, O_RDONLY);
+	cr_assert_geq(fd, 0, "%s", path);
+	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	close(fd);
+	const double before = resident(path);
+	cr_assert_eq(dg__nvrtc_prefetch_now(), 2, "libnvrtc and libnvrtc-builtins beside it");
+	double after = 0;
+	for (int i = 0; i < 200 && (after = resident(path)) < 0.95; i++)
+		usleep(50 * 1000); /* the reads are queued: at most 10 s */
+	printf("nvrtc prefetch: %s resident %.0f%% before, %.0f%% after\n", path, 100 * before, 100 * after);
+	cr_expect_geq(after, 0.95, "%s: %.0f%% resident after the prefetch", path, 100 * after);
+	dg__nvrtc_prefetch(); /* the background form, twice: once a process */
+	dg__nvrtc_prefetch();
 }
 
 Test(nvrtc, target_selection)

@@ -17,6 +17,7 @@
 #include "dragon/tensor.h"
 #include "runtime/gpu/device_int.h"
 #include "runtime/gpu/gpu_int.h"
+#include "runtime/store/nvrtc.h"
 
 #define SMEM_DEFAULT_LIMIT 49152
 
@@ -158,6 +159,9 @@ static dg_status open_device(dg_device *dev, const dg_device_opts *opts)
 	CUresult rc;
 	int count = 0;
 
+	/* the compiler's pages read while the driver starts: the step's
+	 * kernels compile as soon as the device is open */
+	dg__nvrtc_prefetch();
 	st = dg__cu_load(&dev->cu, why, sizeof(why));
 	if (st)
 		return dg__dev_fail(dev, st, "%s", why);

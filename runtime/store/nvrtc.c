@@ -8,11 +8,14 @@
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nvrtc.h>
 
@@ -63,6 +66,33 @@ int dg_nvrtc_archs(int *archs, int max)
 	return n;
 }
 
+/* The file libnvrtc was loaded from (dladdr on one of its functions) into
+ * file; the length of its folder's part, 0 where it cannot be told. */
+static int nvrtc_file(char *file, size_t size)
+{
+	Dl_info info;
+	if (!dladdr((void *)nvrtcVersion, &info) || !info.dli_fname)
+		return 0;
+	const char *slash = strrchr(info.dli_fname, '/');
+	if (!slash || strlen(info.dli_fname) >= size)
+		return 0;
+	snprintf(file, size, "%s", info.dli_fname);
+	return (int)(slash - info.dli_fname);
+}
+
+/* libnvrtc-builtins.so.<major>.<minor> beside libnvrtc into path; false
+ * where that cannot be told. */
+static bool builtins_path(char *path, size_t size)
+{
+	char lib[4096];
+	int major = 0, minor = 0;
+	const int dir = nvrtc_file(lib, sizeof(lib));
+	if (!dir || nvrtcVersion(&major, &minor) != NVRTC_SUCCESS)
+		return false;
+	const int n = snprintf(path, size, "%.*s/libnvrtc-builtins.so.%d.%d", dir, lib, major, minor);
+	return n > 0 && (size_t)n < size;
+}
+
 /*
  * NVRTC dlopens libnvrtc-builtins.so.<major>.<minor> by name at its first
  * compile, which finds it only through the loader's search path: a toolkit
@@ -76,20 +106,70 @@ static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
 
 static void preload_builtins(void)
 {
-	Dl_info info;
-	int major = 0, minor = 0;
 	char path[4096];
 
-	if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS ||
-	    !dladdr((void *)nvrtcVersion, &info) || !info.dli_fname)
+	if (!builtins_path(path, sizeof(path)))
 		return;
-	const char *slash = strrchr(info.dli_fname, '/');
-	if (!slash)
-		return;
-	snprintf(path, sizeof(path), "%.*s/libnvrtc-builtins.so.%d.%d",
-		 (int)(slash - info.dli_fname), info.dli_fname, major, minor);
 	/* Failure is fine: NVRTC then searches as it always does and reports. */
 	dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+}
+
+/* POSIX_FADV_WILLNEED over the whole file, a chunk a call: Linux reads at
+ * most the device's readahead window (a few MB) for one call, so a single
+ * call over the file would bring in only its start. The reads are queued
+ * and the calls return. Whether the file was there. */
+static bool prefetch_file(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	struct stat st;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+		const off_t chunk = (off_t)2 << 20;
+		for (off_t o = 0; o < st.st_size; o += chunk)
+			(void)posix_fadvise(fd, o, chunk, POSIX_FADV_WILLNEED);
+	}
+	close(fd);
+	return true;
+}
+
+int dg__nvrtc_prefetch_now(void)
+{
+	char path[4096];
+	int found = 0;
+	/* the library under the name it was loaded by (a link is read
+	 * through to its target), then the builtins */
+	if (nvrtc_file(path, sizeof(path)) && prefetch_file(path))
+		found++;
+	if (builtins_path(path, sizeof(path)) && prefetch_file(path))
+		found++;
+	return found;
+}
+
+static void *prefetch_main(void *arg)
+{
+	(void)arg;
+	(void)dg__nvrtc_prefetch_now();
+	return NULL;
+}
+
+static pthread_once_t prefetch_once = PTHREAD_ONCE_INIT;
+
+static void prefetch_start(void)
+{
+	pthread_t th;
+	pthread_attr_t a;
+	if (pthread_attr_init(&a))
+		return;
+	if (!pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED) &&
+	    pthread_create(&th, &a, prefetch_main, NULL) != 0)
+		(void)prefetch_main(NULL); /* no thread: the same reads, queued from here */
+	pthread_attr_destroy(&a);
+}
+
+void dg__nvrtc_prefetch(void)
+{
+	pthread_once(&prefetch_once, prefetch_start);
 }
 
 static void add_opt(dg__nvrtc_target *t, const char *o)

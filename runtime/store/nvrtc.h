@@ -47,4 +47,21 @@ dg_status dg__nvrtc_compile(const dg_source *src, const dg__nvrtc_target *t,
 			    dg__nvrtc_result *res, char *err, size_t esz);
 void dg__nvrtc_result_free(dg__nvrtc_result *res);
 
+/*
+ * Asks the kernel to read NVRTC's libraries (libnvrtc, which holds the
+ * compiler, about 110 MB in CUDA 13, and libnvrtc-builtins, from the
+ * folder libnvrtc was loaded from) into the page cache, on a thread of
+ * its own, once a process: a device open calls it, so the reads overlap
+ * the driver's start and the first compile finds the compiler's pages in
+ * memory instead of faulting them in from the disk a few at a time on
+ * every compiling thread (a fresh machine's first `dragon train` spent up
+ * to a second more compiling than its later ones). Failure is silent:
+ * the compile reads the pages as it always does.
+ */
+void dg__nvrtc_prefetch(void);
+
+/* The same, now, on the caller's thread: the number of NVRTC's library
+ * files it found and asked to be read (for the tests). */
+int dg__nvrtc_prefetch_now(void);
+
 #endif
