@@ -173,7 +173,7 @@ function M.render(spec, plan, k, sh)
         PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
   end
   w:line(EMIT.subst(KERNEL, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "", EPILOGUE = epi,
-    MAINLOOP = EMIT.subst(WB.WS_MAINLOOP, { LOADS = LOADS[k.op], RING_BYTES = tostring(ring),
+    MAINLOOP = WB.ws_loop({ LOADS = LOADS[k.op], RING_BYTES = tostring(ring),
                                          A_KC = "A_KC", B_KC = "B_KC",
                                          A_KS = o.a_kc and "32" or "2048", B_KS = o.b_kc and "32" or "2048" }) }))
   return w:text()

@@ -713,7 +713,7 @@ function M.render(c)
   w:line(EMIT.subst(KERNEL, {
     BOUNDS = ws and "NTB, 1" or ("NT, " .. minb), ENTRY = c.entry, SIG = sig, PROLOGUE = PROLOGUE[op],
     LOAD = ws and "" or (LOAD_WHY .. LOAD[op] .. "\n\n"), EPILOGUE = epilogue,
-    MAINLOOP = EMIT.subst(ws and WB.WS_MAINLOOP or WB.MAINLOOP, keys),
+    MAINLOOP = ws and WB.ws_loop(keys) or EMIT.subst(WB.MAINLOOP, keys),
   }))
   return w:text()
 end

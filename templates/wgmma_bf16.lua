@@ -93,15 +93,39 @@ function M.ws_smem_bytes(t, staged, extra)
   return M.smem_bytes(t, staged, extra) + 16 * t.stages
 end
 
--- The C helpers for an N-wide instruction (N a multiple of 8, 8..256) with
--- A MN-major (a_mn) or K-major, B likewise.
-function M.helpers(n, a_mn, b_mn)
+local MMA_FN = [[
+// d (+)= A · B over one k16 step: 64 x ${N} f32; A ${AM}, B ${BM};
+// scale_d 0: d = A·B, else d += A·B.
+__device__ __forceinline__ void ${NAME}(float (&d)[${NR}], unsigned long long da, unsigned long long db,
+					  int scale_d)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %${PS}, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n${N}k16.f32.bf16.bf16 "
+		     "{${REGS}}, %${PA}, %${PB}, p, 1, 1, ${TA}, ${TB};\n}\n"
+		     : ${OUTS}
+		     : "l"(da), "l"(db), "r"(scale_d));
+}
+]]
+
+-- The MMA function `name` of an N-wide instruction (N a multiple of 8,
+-- 8..256) with A MN-major (a_mn) or K-major, B likewise: helpers' dg_wb_mma,
+-- and a kernel's other forms beside it (templates/attention_chunk.lua).
+function M.mma_fn(name, n, a_mn, b_mn)
   local nr = n // 2
   local regs, outs = {}, {}
   for i = 0, nr - 1 do
     regs[#regs + 1] = "%" .. i
     outs[#outs + 1] = fmt("\"+f\"(d[%d])", i)
   end
+  return EMIT.subst(MMA_FN, { NAME = name, N = n, NR = nr, REGS = table.concat(regs, ", "),
+    OUTS = table.concat(outs, ", "), PA = nr, PB = nr + 1, PS = nr + 2, TA = a_mn and 1 or 0,
+    TB = b_mn and 1 or 0, AM = a_mn and "MN-major" or "K-major", BM = b_mn and "MN-major" or "K-major" })
+end
+
+-- The C helpers for an N-wide instruction (N a multiple of 8, 8..256) with
+-- A MN-major (a_mn) or K-major, B likewise.
+function M.helpers(n, a_mn, b_mn)
+  local nr = n // 2
   return EMIT.subst([[
 // ---- bf16 warpgroup tensor-core helpers (templates/wgmma_bf16.lua) ---------
 // The descriptor of a 128-byte-swizzled tile (layout type 1, bits 62-63).
@@ -128,18 +152,7 @@ __device__ __forceinline__ unsigned dg_wb_mnmaj(int g, int k, int c)
 	return (unsigned)(g * 8192 + (k >> 3) * 1024 + (k & 7) * 128 + ((c ^ (k & 7)) << 4));
 }
 
-${SYNC}// d (+)= A · B over one k16 step: 64 x ${N} f32; A ${AM}, B ${BM};
-// scale_d 0: d = A·B, else d += A·B.
-__device__ __forceinline__ void dg_wb_mma(float (&d)[${NR}], unsigned long long da, unsigned long long db,
-					  int scale_d)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %${PS}, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n${N}k16.f32.bf16.bf16 "
-		     "{${REGS}}, %${PA}, %${PB}, p, 1, 1, ${TA}, ${TB};\n}\n"
-		     : ${OUTS}
-		     : "l"(da), "l"(db), "r"(scale_d));
-}
-
+${SYNC}${MMA_FN}
 // Keeps the compiler from moving accesses of the accumulators across a
 // wgmma wait.
 __device__ __forceinline__ void dg_wb_pin(float (&d)[${NR}])
@@ -196,10 +209,7 @@ __device__ __forceinline__ void dg_wb_stage(unsigned dst, const unsigned short *
 	asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
 		     :: "r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
-]], { N = n, NR = nr, REGS = table.concat(regs, ", "), OUTS = table.concat(outs, ", "),
-      PA = nr, PB = nr + 1, PS = nr + 2, TA = a_mn and 1 or 0, TB = b_mn and 1 or 0,
-      AM = a_mn and "MN-major" or "K-major", BM = b_mn and "MN-major" or "K-major",
-      SYNC = require("wgmma").SYNC })
+]], { NR = nr, MMA_FN = M.mma_fn("dg_wb_mma", n, a_mn, b_mn), SYNC = require("wgmma").SYNC })
 end
 
 -- The main loop over the kernel's K steps (its `load(st)` lambda fills a
@@ -333,7 +343,10 @@ __device__ __forceinline__ void dg_consumers_sync()
 -- loop (${LOADS}: step i's boxes into as / bs, completing on full), and
 -- the consumers' loop, which leaves the sums in acc[BN / 2]; the producer
 -- warpgroup has returned after it (the epilogue synchronizes the consumers
--- with dg_consumers_sync). subst keys as MAINLOOP's.
+-- with dg_consumers_sync). subst keys as MAINLOOP's, and through M.ws_loop
+-- ${MMA} (the MMA function, dg_wb_mma unless named) and ${STEP_BEGIN}
+-- (code run by the consumers once step i's stage is full, before its
+-- MMAs: acc holds the sums of the steps before, some perhaps in flight).
 M.WS_MAINLOOP = [[
 	// the barriers after the ring: full[S] (one arrival, the producer's
 	// expect_tx, and the bytes), then empty[S] (every consumer thread)
@@ -374,12 +387,12 @@ ${LOADS}
 		acc[i] = 0.0f;
 	for (int i = 0; i < nsteps; ++i) {
 		const int s = i % S;
-		dg_mbar_wait(bars + 8 * s, (i / S) & 1);
+		dg_mbar_wait(bars + 8 * s, (i / S) & 1);${STEP_BEGIN}
 		const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
 		dg_wg_fence();
 #pragma unroll
 		for (int ks = 0; ks < BK / 16; ++ks)
-			dg_wb_mma(acc, dg_wb_desc<${A_KC}>(as + ks * ${A_KS}), dg_wb_desc<${B_KC}>(bs + ks * ${B_KS}), 1);
+			${MMA}(acc, dg_wb_desc<${A_KC}>(as + ks * ${A_KS}), dg_wb_desc<${B_KC}>(bs + ks * ${B_KS}), 1);
 		dg_wg_commit();
 		// step i-1's MMAs done: its stage is free
 		dg_wg_wait<1>();
@@ -422,5 +435,14 @@ ${PAIR}
 			}
 		}
 	}]]
+
+-- WS_MAINLOOP with keys (MMA and STEP_BEGIN default to dg_wb_mma and none).
+function M.ws_loop(keys)
+  local k = {}
+  for n, v in pairs(keys) do k[n] = v end
+  k.MMA = k.MMA or "dg_wb_mma"
+  k.STEP_BEGIN = k.STEP_BEGIN or ""
+  return EMIT.subst(M.WS_MAINLOOP, k)
+end
 
 return M
