@@ -159,6 +159,22 @@ static size_t check_grad_weight(dg_device *dev, const shape *s, const dg_tile *t
 	return need;
 }
 
+/* Every shape with every tile: grad_input, or grad_weight (accumulating
+ * on the odd tiles). */
+static void each_grad_input(dg_device *dev, const shape *shapes, size_t ns, const dg_tile *ts, int nt)
+{
+	for (size_t i = 0; i < ns; i++)
+		for (int k = 0; k < nt; k++)
+			check_grad_input(dev, &shapes[i], &ts[k]);
+}
+
+static void each_grad_weight(dg_device *dev, const shape *shapes, size_t ns, const dg_tile *ts, int nt)
+{
+	for (size_t i = 0; i < ns; i++)
+		for (int k = 0; k < nt; k++)
+			check_grad_weight(dev, &shapes[i], &ts[k], k % 2 == 1);
+}
+
 Test(gpu_grad, wgmma_grad_input_small)
 {
 	static const shape shapes[] = {
@@ -167,9 +183,7 @@ Test(gpu_grad, wgmma_grad_input_small)
 	dg_device *dev = gh_open_sm90();
 
 	gh_seed(90);
-	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		for (int k = 0; k < N_TILES; k++)
-			check_grad_input(dev, &shapes[i], &tiles[k]);
+	each_grad_input(dev, shapes, sizeof(shapes) / sizeof(shapes[0]), tiles, N_TILES);
 	gh_close(dev);
 }
 
@@ -181,9 +195,7 @@ Test(gpu_grad, wgmma_grad_weight_small)
 	dg_device *dev = gh_open_sm90();
 
 	gh_seed(91);
-	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		for (int k = 0; k < N_TILES; k++)
-			check_grad_weight(dev, &shapes[i], &tiles[k], k % 2 == 1);
+	each_grad_weight(dev, shapes, sizeof(shapes) / sizeof(shapes[0]), tiles, N_TILES);
 	gh_close(dev);
 }
 
@@ -228,9 +240,7 @@ Test(gpu_grad, wgmma_tma_grad_input)
 	dg_device *dev = gh_open_sm90();
 
 	gh_seed(96);
-	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		for (int k = 0; k < N_WS_TILES; k++)
-			check_grad_input(dev, &shapes[i], &ws_tiles[k]);
+	each_grad_input(dev, shapes, sizeof(shapes) / sizeof(shapes[0]), ws_tiles, N_WS_TILES);
 	gh_close(dev);
 }
 
@@ -242,9 +252,7 @@ Test(gpu_grad, wgmma_tma_grad_weight)
 	dg_device *dev = gh_open_sm90();
 
 	gh_seed(97);
-	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		for (int k = 0; k < N_WS_TILES; k++)
-			check_grad_weight(dev, &shapes[i], &ws_tiles[k], k % 2 == 1);
+	each_grad_weight(dev, shapes, sizeof(shapes) / sizeof(shapes[0]), ws_tiles, N_WS_TILES);
 	/* B·T 2048 over a few output tiles: split (partials, then the reduce) */
 	static const shape split = { 2, 1, 40, 104, 2, 1024 };
 	for (int k = 0; k < N_WS_TILES; k++) {

@@ -616,6 +616,24 @@ Test(nvrtc_grad, wgmma_tma_tiles_and_refusals)
 	dg_codegen_destroy(cg);
 }
 
+/* op's default at the BDH shape is the warp-specialized form: two
+ * consumer warpgroups and the producer's, six stages and their 12
+ * mbarriers; its reduce entry (named reduce) takes no shared memory. */
+static void expect_ws_default(dg_codegen *cg, dg_op op, const char *reduce)
+{
+	dg_plan p;
+	dg_spec s = wg_spec(op, 4, 1, 256, 8192);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma tma");
+	cr_assert(p.needs_arch_specific);
+	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/6;"), "%s", p.canonical);
+	cr_assert_eq(p.n_entries, 2);
+	cr_assert_str_eq(p.entries[1].name, reduce);
+	cr_assert_eq(p.entries[1].smem, 0);
+	cr_assert_eq(p.entries[0].threads, 384);
+	cr_assert_eq(p.entries[0].smem, 6 * (128 + 128) * 64 * 2 + 1024 + 16 * 6);
+}
+
 /* The default tiles (templates/grad_wgmma.lua M.default_tile), the
  * promotion of an sm_90 spec by plan_for, and what stays on mma.sync: a
  * non-warpgroup tile, an int8 operand, an f32 gradient, sm_90 without a. */
@@ -624,28 +642,10 @@ Test(nvrtc_grad, wgmma_bf16_defaults_and_mma_fallback)
 	dg_codegen *cg = nh_codegen();
 	dg_plan p;
 
-	/* the warp-specialized form: two consumer warpgroups and the
-	 * producer's, six stages and their 12 mbarriers */
-	dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_INPUT, 4, 1, 256, 8192);
-	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma tma");
-	cr_assert(p.needs_arch_specific);
-	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/6;"), "%s", p.canonical);
-	cr_assert_eq(p.n_entries, 2);
-	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_input_reduce");
-	cr_assert_eq(p.entries[1].smem, 0);
-	cr_assert_eq(p.entries[0].threads, 384);
-	cr_assert_eq(p.entries[0].smem, 6 * (128 + 128) * 64 * 2 + 1024 + 16 * 6);
-	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 4, 1, 256, 8192);
-	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma tma");
-	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/6;"), "%s", p.canonical);
-	cr_assert_eq(p.n_entries, 2);
-	cr_assert_str_eq(p.entries[1].name, "dg_lowrank_grad_weight_reduce");
-	cr_assert_eq(p.entries[0].threads, 384);
-	cr_assert_eq(p.entries[0].smem, 6 * (128 + 128) * 64 * 2 + 1024 + 16 * 6);
+	expect_ws_default(cg, DG_OP_LOWRANK_GRAD_INPUT, "dg_lowrank_grad_input_reduce");
+	expect_ws_default(cg, DG_OP_LOWRANK_GRAD_WEIGHT, "dg_lowrank_grad_weight_reduce");
 	/* rows of 72 bytes (embd 36) are no tensor map's: the ring's tile */
-	s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 2, 1, 36, 64);
+	dg_spec s = wg_spec(DG_OP_LOWRANK_GRAD_WEIGHT, 2, 1, 36, 64);
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma bf16");
 	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/3;"), "%s", p.canonical);
