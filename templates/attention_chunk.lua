@@ -25,7 +25,8 @@ holds the rest, one NVRTC program of six entries:
   dg_attention_chunk_out    out_c (+)= qr_c · S_c: M = C rows, N = D, K =
       2N (qr_c twice, against hi then lo), A K-major, B MN-major; added
       into out (bf16, rounded once) or into an f32 (B, H, T, D) buffer.
-      Chunk 0 (whose state is zero) returns at once.
+      The walk's first chunk (0, or the last for reversed states: its
+      state is zero) returns at once.
   dg_attention_chunk_dq     dxs += RoPEᵀ(dout_c·S_cᵀ + v_c·R_cᵀ): M = C
       rows, N = the state's rows (latent), K = 4D (dout against S's hi
       and lo, then v against R's hi and lo), A and B K-major; the pair
@@ -45,7 +46,7 @@ maps, 64 x 64 boxes of the 128-byte swizzle, zeros past the edges):
       int C, int vh, int reverse)
     ma over qr (N, T, B·H); mb over v (D, T, B) (vh 1) or dout (D, T, B·H)
     (vh H); states (B·H·T/C, 2N, D) bf16. Grid (D/BN, ceil(N/BM), B·H).
-  dg_attention_chunk_out(ma, mb, void *out, int B, int T, int C, int f32out)
+  dg_attention_chunk_out(ma, mb, void *out, int B, int T, int C, int f32out, int reverse)
     ma over qr (N, T, B·H); mb over states (D, 2N, B·H·T/C); out (B, H,
     T, D) bf16 (f32out 0) or f32. Grid (D/BN, T/BM, B·H).
   dg_attention_chunk_dq(ma, mv, ms, mr, const float *rope, OT *dxs, int B,
@@ -240,13 +241,13 @@ local STATE = {
 }
 
 local OUT = {
-  sig = "const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb, void *__restrict__ out, int B, int T, int C, int f32out",
+  sig = "const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb, void *__restrict__ out, int B, int T, int C, int f32out, int reverse",
   geo = [[
 	// block: rows m0.. of (b, h) = z's T (one chunk's: C % BM == 0),
 	// columns n0.. of D; K = 2N: qr's row against the state's hi, then lo
 	const int nc = T / C, c = m0 / C;
-	if (c == 0)
-		return;		// chunk 0's state is zero: nothing to add
+	if (c == (reverse ? nc - 1 : 0))
+		return;		// the walk's first chunk: its state is zero, nothing to add
 	const int nsteps = 2 * N / BK;]],
   loads = [[
 				const int k0 = i * BK, kq = k0 < N ? k0 : k0 - N;
@@ -380,7 +381,7 @@ function M.render(spec, plan)
     fmt("attention_chunk: the chunked attention's state GEMMs, heads %d, embd %d, latent %d, dxs %s.", k.H, k.D, k.N, k.out),
     "",
     "dg_attention_chunk_state(ma, mb, states, int B, int T, int C, int vh, int reverse)   grid (D/BN, ceil(N/BM), B·H)",
-    "dg_attention_chunk_out(ma, mb, out, int B, int T, int C, int f32out)                 grid (D/BN, T/BM, B·H)",
+    "dg_attention_chunk_out(ma, mb, out, int B, int T, int C, int f32out, int reverse)    grid (D/BN, T/BM, B·H)",
     "dg_attention_chunk_dq(ma, mv, ms, mr, rope, dxs, int B, int T, int C)                grid (ceil(N/BN), T/BM, B·H)",
     fmt("  %d threads, %d bytes of dynamic shared memory each", plan.entries[1].threads, plan.entries[1].smem),
     fmt("dg_attention_chunk_vrep / _cast / _hsum: any grid, %d threads", M.EW_THREADS),

@@ -10,6 +10,7 @@
  * a gradient and masked by the ReLU's output (add_mask's rounding).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -402,4 +403,61 @@ Test(ref_attention, step_is_the_recurrence)
 		cr_assert_float_eq((&state[0][0][0][0])[i], (&ref_state[0][0][0][0])[i], 1e-5f, "state[%d]", i);
 	/* refusals */
 	cr_assert_eq(dg_ref_attention_step(&s, NULL, NULL, freq, v, &state[0][0][0][0], out, B), DG_ERR_INVALID_ARG);
+}
+
+/* The chunked form as the GPU runs it (templates/attention_chunk.lua and
+ * the quadratic kernels on the chunks as sequences of one head), each
+ * piece by its CPU reference: the quadratic form at T = C over the B·H·T/C
+ * chunks with the values a head each, the states as bf16 hi + lo, the
+ * inter-chunk terms added, the heads' value gradients summed. Equal to
+ * the quadratic form over the whole T, forward and backward, within the
+ * states' split (2^-16 of a state). */
+Test(ref_attention, chunk_pieces_make_the_quadratic_form)
+{
+	const int b = 2, h = 3, n = 16, d = 8;
+	const int cases[][2] = { { 8, 2 }, { 12, 4 }, { 16, 16 }, { 24, 8 } }; /* (T, C) */
+	dg_rng r;
+	dg_rng_seed(&r, 23);
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		const int t = cases[ci][0], c = cases[ci][1], nc = t / c, g = b * h * nc;
+		size_t nq = (size_t)b * h * t * n, nv = (size_t)b * t * d, no = (size_t)b * h * t * d;
+		size_t nst = (size_t)b * h * nc * 2 * n * d;
+		float *qr = rnd(&r, nq, -1.0f), *v = rnd(&r, nv, -1.0f), *dout = rnd(&r, no, -1.0f);
+		for (size_t i = 0; i < nq; i += 3)
+			qr[i] = 0.0f;
+		float *vr = malloc(no * sizeof(float)); /* the values a head each */
+		for (int bi = 0; bi < b; bi++)
+			for (int hi = 0; hi < h; hi++)
+				memcpy(vr + ((size_t)bi * h + hi) * t * d, v + (size_t)bi * t * d, (size_t)t * d * sizeof(float));
+		uint16_t *s_st = malloc(nst * sizeof(uint16_t)), *r_st = malloc(nst * sizeof(uint16_t));
+		/* forward */
+		float *o1 = calloc(no, sizeof(float)), *o2 = calloc(no, sizeof(float));
+		dg_ref_attention_fwd(qr, v, b, h, t, n, d, o1);
+		dg_ref_attention_fwd(qr, vr, g, 1, c, n, d, o2); /* intra */
+		dg_ref_attention_chunk_state(qr, v, b, h, t, n, d, c, 1, false, s_st);
+		dg_ref_attention_chunk_out(qr, s_st, b, h, t, n, d, c, false, o2);
+		double eo = rel_err(o2, o1, no);
+		/* backward */
+		float *q1 = calloc(nq, sizeof(float)), *q2 = calloc(nq, sizeof(float));
+		float *v1 = calloc(nv, sizeof(float)), *v2 = calloc(nv, sizeof(float)), *gvh = calloc(no, sizeof(float));
+		dg_ref_attention_bwd(dout, qr, v, b, h, t, n, d, q1, v1);
+		dg_ref_attention_bwd(dout, qr, vr, g, 1, c, n, d, q2, gvh); /* intra: a head's dv each */
+		dg_ref_attention_chunk_state(qr, dout, b, h, t, n, d, c, h, true, r_st);
+		dg_ref_attention_chunk_dq(dout, v, s_st, r_st, b, h, t, n, d, c, q2);
+		dg_ref_attention_chunk_out(qr, r_st, b, h, t, n, d, c, true, gvh);
+		for (int bi = 0; bi < b; bi++) /* the heads in order */
+			for (size_t i = 0; i < (size_t)t * d; i++) {
+				float s = 0.0f;
+				for (int hi = 0; hi < h; hi++)
+					s += gvh[((size_t)bi * h + hi) * t * d + i];
+				v2[(size_t)bi * t * d + i] = s;
+			}
+		double eq = rel_err(q2, q1, nq), ev = rel_err(v2, v1, nv);
+		cr_expect(eo < 1e-4, "T %d C %d: out off by %g", t, c, eo);
+		cr_expect(eq < 1e-4, "T %d C %d: dqr off by %g", t, c, eq);
+		cr_expect(ev < 1e-4, "T %d C %d: dv off by %g", t, c, ev);
+		printf("chunk pieces T %d C %d: out %.2g, dqr %.2g, dv %.2g off the quadratic form\n", t, c, eo, eq, ev);
+		free(qr), free(v), free(dout), free(vr), free(s_st), free(r_st), free(o1), free(o2);
+		free(q1), free(q2), free(v1), free(v2), free(gvh);
+	}
 }

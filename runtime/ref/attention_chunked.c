@@ -194,3 +194,94 @@ out:
 	free(gv);
 	free(ds);
 }
+
+/* ---- the GPU chain's pieces (templates/attention_chunk.lua) -------------- */
+
+static void split_store(uint16_t *hi, uint16_t *lo, float x)
+{
+	*hi = dg_ref_f32_to_bf16(x);
+	*lo = dg_ref_f32_to_bf16(x - dg_ref_bf16_to_f32(*hi));
+}
+
+void dg_ref_attention_chunk_state(const float *qr, const float *v, int b, int h, int t, int n, int d,
+				  int chunk, int vh, bool reverse, uint16_t *states)
+{
+	const int nc = t / chunk;
+	const size_t nd = (size_t)n * d;
+	float *acc = malloc(nd * sizeof(float) + 4);
+	if (!acc)
+		return;
+	for (int bi = 0; bi < b; bi++)
+		for (int hi = 0; hi < h; hi++) {
+			const int z = bi * h + hi;
+			const float *q = qr + (int64_t)z * t * n;
+			const float *vz = v + (int64_t)(vh == 1 ? bi : z) * t * d;
+			memset(acc, 0, nd * sizeof(float));
+			for (int w = 0; w < nc; w++) {
+				const int c = reverse ? nc - 1 - w : w;
+				uint16_t *st = states + ((int64_t)z * nc + c) * 2 * (int64_t)nd;
+				for (size_t i = 0; i < nd; i++)
+					split_store(st + i, st + nd + i, acc[i]);
+				/* then the chunk's rows, each entry's sum in double */
+				for (int k = 0; k < n; k++)
+					for (int e = 0; e < d; e++) {
+						double s = 0.0;
+						for (int i = c * chunk; i < (c + 1) * chunk; i++)
+							s += (double)q[(int64_t)i * n + k] * vz[(int64_t)i * d + e];
+						float *p = acc + (int64_t)k * d + e;
+						*p = (float)((double)*p + s);
+					}
+			}
+		}
+	free(acc);
+}
+
+/* The chunk's state (2N, D) bf16 hi + lo at row k, column e. */
+static double state_at(const uint16_t *st, int n, int d, int k, int e)
+{
+	return (double)dg_ref_bf16_to_f32(st[(int64_t)k * d + e]) +
+	       (double)dg_ref_bf16_to_f32(st[((int64_t)n + k) * d + e]);
+}
+
+void dg_ref_attention_chunk_out(const float *qr, const uint16_t *states, int b, int h, int t, int n, int d,
+				int chunk, bool reverse, float *out)
+{
+	const int nc = t / chunk;
+	for (int64_t z = 0; z < (int64_t)b * h; z++)
+		for (int c = 0; c < nc; c++) {
+			if (c == (reverse ? nc - 1 : 0))
+				continue; /* the walk's first chunk: its state is zero */
+			const uint16_t *st = states + (z * nc + c) * 2 * (int64_t)n * d;
+			for (int i = c * chunk; i < (c + 1) * chunk; i++)
+				for (int e = 0; e < d; e++) {
+					double s = 0.0;
+					for (int k = 0; k < n; k++)
+						s += (double)qr[(z * t + i) * n + k] * state_at(st, n, d, k, e);
+					float *p = out + (z * t + i) * d + e;
+					*p = (float)((double)*p + s);
+				}
+		}
+}
+
+void dg_ref_attention_chunk_dq(const float *dout, const float *v, const uint16_t *s_states,
+			       const uint16_t *r_states, int b, int h, int t, int n, int d, int chunk,
+			       float *dqr)
+{
+	const int nc = t / chunk;
+	for (int64_t z = 0; z < (int64_t)b * h; z++) {
+		const int64_t bi = z / h;
+		for (int c = 0; c < nc; c++) {
+			const uint16_t *ss = s_states + (z * nc + c) * 2 * (int64_t)n * d;
+			const uint16_t *rs = r_states + (z * nc + c) * 2 * (int64_t)n * d;
+			for (int i = c * chunk; i < (c + 1) * chunk; i++)
+				for (int k = 0; k < n; k++) {
+					double s = 0.0;
+					for (int e = 0; e < d; e++)
+						s += (double)dout[(z * t + i) * d + e] * state_at(ss, n, d, k, e) +
+						     (double)v[(bi * t + i) * d + e] * state_at(rs, n, d, k, e);
+					float *p = dqr + (z * t + i) * n + k;
+					*p = (float)((double)*p + s);
+				}
+		}
+	}
+}

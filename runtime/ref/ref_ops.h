@@ -271,6 +271,21 @@ void dg_ref_attention_chunked_fwd(const float *qr, const float *v, int b, int h,
 				  int chunk, float *out);
 void dg_ref_attention_chunked_bwd(const float *dout, const float *qr, const float *v, int b, int h,
 				  int t, int n, int d, int chunk, float *dqr, float *dv);
+/* The GPU chain's pieces (templates/attention_chunk.lua), T % chunk == 0,
+ * the states (B·H·T/chunk, 2N, D) bf16 each the f32 sum split in two (hi,
+ * then lo = the rounding's remainder, rows N..2N-1):
+ *   _state: chunk c's state the sums of qrᵀ·v over the chunks before it
+ *     (reverse: after it; v (B,1,T,D) for vh 1, (B,H,T,D) for vh h);
+ *   _out:   out (B,H,T,D) += qr_c·state_c (the walk's first chunk, whose
+ *     state is zero, untouched: 0, or the last for reverse states);
+ *   _dq:    dqr (B,H,T,N) += dout_c·Sᵀ_c + v_c·Rᵀ_c (before RoPE's transpose). */
+void dg_ref_attention_chunk_state(const float *qr, const float *v, int b, int h, int t, int n, int d,
+				  int chunk, int vh, bool reverse, uint16_t *states);
+void dg_ref_attention_chunk_out(const float *qr, const uint16_t *states, int b, int h, int t, int n, int d,
+				int chunk, bool reverse, float *out);
+void dg_ref_attention_chunk_dq(const float *dout, const float *v, const uint16_t *s_states,
+			       const uint16_t *r_states, int b, int h, int t, int n, int d, int chunk,
+			       float *dqr);
 /* One chunk of c rows of one (b, h) against its state (N × D f32, updated
  * in place): out (c × D) = qr·S + tril(qr qrᵀ, −1)·v, then S += qrᵀ v. A
  * sampler keeps S per layer and head and feeds one token (c = 1) a step. */
