@@ -10,8 +10,17 @@ of T, per (b, h) and chunk c (rows c·C .. c·C + C − 1):
 
 (runtime/ref/attention_chunked.c is the reference, in double). The
 intra-chunk terms are the quadratic kernels of templates/attention.lua run
-at T = C on the B·H·(T/C) chunks as sequences of one head; this module
-holds the rest, one NVRTC program of six entries:
+at T = C on the B·H·(T/C) chunks as sequences of one head (scores, out,
+grad_scores and grad_v; tests/test_ref_attention.c
+chunk_pieces_make_the_quadratic_form checks the whole decomposition with
+the CPU references); this module holds the rest, one NVRTC program of six
+entries. Not the intra-chunk grad_xs: its epilogue turns RoPEᵀ by the row's
+place in its sequence, which on a chunk run as a sequence is t mod C, not
+t. So dq must also take the intra term (K = C more: A the chunk's C =
+dS + dSᵀ, K-major; B the chunk's qr, N-major, another transpose than the
+inter steps' K-major states: a per-phase MMA and descriptor in the main
+loop) and the mask (epi=mask's arithmetic) in its epilogue — not yet
+written: today's dq adds the inter terms alone.
 
   dg_attention_chunk_state  every chunk's S_c (or, reversed, R_c) of one
       (b, h): a GEMM of M = N (rows of the state), N = D, K = T walked in
