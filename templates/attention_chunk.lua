@@ -11,16 +11,11 @@ of T, per (b, h) and chunk c (rows c·C .. c·C + C − 1):
 (runtime/ref/attention_chunked.c is the reference, in double). The
 intra-chunk terms are the quadratic kernels of templates/attention.lua run
 at T = C on the B·H·(T/C) chunks as sequences of one head (scores, out,
-grad_scores and grad_v; tests/test_ref_attention.c
+grad_scores and grad_v, none of which reads the RoPE table with rope=pre;
+tests/test_ref_attention.c
 chunk_pieces_make_the_quadratic_form checks the whole decomposition with
 the CPU references); this module holds the rest, one NVRTC program of six
-entries. Not the intra-chunk grad_xs: its epilogue turns RoPEᵀ by the row's
-place in its sequence, which on a chunk run as a sequence is t mod C, not
-t. So dq must also take the intra term (K = C more: A the chunk's C =
-dS + dSᵀ, K-major; B the chunk's qr, N-major, another transpose than the
-inter steps' K-major states: a per-phase MMA and descriptor in the main
-loop) and the mask (epi=mask's arithmetic) in its epilogue — not yet
-written: today's dq adds the inter terms alone.
+entries.
 
   dg_attention_chunk_state  every chunk's S_c (or, reversed, R_c) of one
       (b, h): a GEMM of M = N (rows of the state), N = D, K = T walked in
@@ -36,12 +31,15 @@ written: today's dq adds the inter terms alone.
       into out (bf16, rounded once) or into an f32 (B, H, T, D) buffer.
       The walk's first chunk (0, or the last for reversed states: its
       state is zero) returns at once.
-  dg_attention_chunk_dq     dxs += RoPEᵀ(dout_c·S_cᵀ + v_c·R_cᵀ): M = C
-      rows, N = the state's rows (latent), K = 4D (dout against S's hi
-      and lo, then v against R's hi and lo), A and B K-major; the pair
-      (2p, 2p+1) of each row turned by RoPEᵀ with the table (T, N) and
-      added into dxs (the gradient format) unmasked: the intra-chunk
-      grad_xs (epi=mask) adds its part and masks after it.
+  dg_attention_chunk_dq     dxs = (dxs + RoPEᵀ(g))·[mask_xs > 0], g =
+      (dS_c + dS_cᵀ)·qr_c + dout_c·S_cᵀ + v_c·R_cᵀ: M = C rows, N = the
+      state's rows (latent), K = C + 4D — the chunk's C = dS + dSᵀ (the
+      quadratic grad_scores on the chunk, K-major) against qr_c
+      (N-major), then dout against S's hi and lo and v against R's (both
+      K-major): two transposes, chosen a step (MMA_STEP). The epilogue is
+      epi=mask's arithmetic, RoPEᵀ taken at the row's place in the whole
+      sequence (the quadratic grad_xs run on a chunk as a sequence would
+      take it at t mod C, so the intra term is here).
   dg_attention_chunk_vrep   v (B, 1, T, D) bf16 → (B, H, T, D): the values
       a head each, as the quadratic kernels at one head read them.
   dg_attention_chunk_cast   n f32 → bf16 (rounded to nearest even): dout
@@ -58,11 +56,13 @@ maps, 64 x 64 boxes of the 128-byte swizzle, zeros past the edges):
   dg_attention_chunk_out(ma, mb, void *out, int B, int T, int C, int f32out, int reverse)
     ma over qr (N, T, B·H); mb over states (D, 2N, B·H·T/C); out (B, H,
     T, D) bf16 (f32out 0) or f32. Grid (D/BN, T/BM, B·H).
-  dg_attention_chunk_dq(ma, mv, ms, mr, const float *rope, OT *dxs, int B,
-      int T, int C)
-    ma over dout (D, T, B·H) bf16; mv over v (D, T, B); ms, mr over the S
-    and R states (D, 2N, B·H·T/C); rope (T, N) f32; dxs (B, H, T, N) OT.
-    Grid (ceil(N/BN), T/BM, B·H).
+  dg_attention_chunk_dq(mc, mq, ma, mv, ms, mr, const float *rope, OT *dxs,
+      const unsigned short *mask_xs, int B, int T, int C)
+    mc over C (C, C, B·H·T/C) bf16 (the chunks' grad_scores); mq over qr
+    (N, T, B·H); ma over dout (D, T, B·H) bf16; mv over v (D, T, B); ms, mr
+    over the S and R states (D, 2N, B·H·T/C); rope (T, N) f32; dxs (B, H,
+    T, N) OT, read and written; mask_xs (B, H, T, N) bf16, the ReLU's
+    output. Grid (ceil(N/BN), T/BM, B·H).
   dg_attention_chunk_vrep(const unsigned short *v, unsigned short *vr, int B, int T)
   dg_attention_chunk_cast(const float *x, unsigned short *y, long long n)
   dg_attention_chunk_hsum(const float *gv, float *dv, int B, int T)
@@ -296,28 +296,44 @@ local OUT = {
 }
 
 local DQ = {
-  sig = "const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mv, const __grid_constant__ dg_tmap ms, const __grid_constant__ dg_tmap mr, const float *__restrict__ rope, OT *__restrict__ dxs, int B, int T, int C",
+  sig = "const __grid_constant__ dg_tmap mc, const __grid_constant__ dg_tmap mq, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mv, const __grid_constant__ dg_tmap ms, const __grid_constant__ dg_tmap mr, const float *__restrict__ rope, OT *__restrict__ dxs, const unsigned short *__restrict__ mask_xs, int B, int T, int C",
   geo = [[
 	// block: rows m0.. of (b, h) = z's T (one chunk's), columns n0.. of N;
-	// K = 4D: dout·S (hi, lo), then v·R (hi, lo)
+	// K = C + 4D: the chunk's C·qr (B N-major), then dout·S (hi, lo) and
+	// v·R (hi, lo) (B K-major)
 	const int nc = T / C, c = m0 / C, zc = z * nc + c;
-	const int nsteps = 4 * D / BK;]],
+	const int ni = C / BK, nsteps = ni + 4 * D / BK;]],
   loads = [[
-				const int k0 = i * BK, seg = k0 / D, kd = k0 - seg * D;
+				if (i < ni) {
+					const int k0 = i * BK;
 #pragma unroll
-				for (int gg = 0; gg < BM / 64; ++gg) {	// dout[b, h, m0 + 64gg.., kd..] or v[b, ...]
-					if (seg < 2)
-						dg_tma_load(as + 8192 * gg, &ma, full, kd, m0 + 64 * gg, z);
-					else
-						dg_tma_load(as + 8192 * gg, &mv, full, kd, m0 + 64 * gg, z / H);
-				}
+					for (int gg = 0; gg < BM / 64; ++gg)	// C rows m0 − cC + 64gg.., columns k0..
+						dg_tma_load(as + 8192 * gg, &mc, full, k0, m0 - c * C + 64 * gg, zc);
 #pragma unroll
-				for (int gg = 0; gg < BN / 64; ++gg)	// state rows (seg & 1)·N + n0 + 64gg.., columns kd..
-					dg_tma_load(bs + 8192 * gg, seg < 2 ? &ms : &mr, full, kd, (seg & 1) * N + n0 + 64 * gg, zc);]],
-  mma = "dg_cm_mma_kk", a_kc = true, b_kc = true,
+					for (int gg = 0; gg < BN / 64; ++gg)	// qr[b, h, cC + k0.., n0 + 64gg ..]
+						dg_tma_load(bs + 8192 * gg, &mq, full, n0 + 64 * gg, c * C + k0, z);
+				} else {
+					const int k0 = (i - ni) * BK, seg = k0 / D, kd = k0 - seg * D;
+#pragma unroll
+					for (int gg = 0; gg < BM / 64; ++gg) {	// dout[b, h, m0 + 64gg.., kd..] or v[b, ...]
+						if (seg < 2)
+							dg_tma_load(as + 8192 * gg, &ma, full, kd, m0 + 64 * gg, z);
+						else
+							dg_tma_load(as + 8192 * gg, &mv, full, kd, m0 + 64 * gg, z / H);
+					}
+#pragma unroll
+					for (int gg = 0; gg < BN / 64; ++gg)	// state rows (seg & 1)·N + n0 + 64gg.., columns kd..
+						dg_tma_load(bs + 8192 * gg, seg < 2 ? &ms : &mr, full, kd, (seg & 1) * N + n0 + 64 * gg, zc);
+				}]],
+  mma_step = [[if (i < ni)
+				dg_cm_mma_km(acc, dg_wb_desc<true>(as + ks * 32), dg_wb_desc<false>(bs + ks * 2048), 1);
+			else
+				dg_cm_mma_kk(acc, dg_wb_desc<true>(as + ks * 32), dg_wb_desc<true>(bs + ks * 32), 1);]],
+  a_kc = true, b_kc = true,
   epilogue = [[
-	// ---- epilogue: dxs += RoPEᵀ of the sums, a pair (2p, 2p+1) at a time
-	// with the table's (cos, sin) of its row (rows g, g+8 of the warp's 16)
+	// ---- epilogue: dxs = (dxs + RoPEᵀ(sums))·[mask_xs > 0] (epi=mask's
+	// arithmetic), a pair (2p, 2p+1) at a time with the table's (cos, sin)
+	// of its row's place in the sequence (rows g, g+8 of the warp's 16)
 #pragma unroll
 	for (int hr = 0; hr < 2; ++hr) {
 		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hr;
@@ -332,9 +348,9 @@ local DQ = {
 			const float2 cs = dg_ld2(rope + (long long)m * N + n);
 			const float g0 = __fadd_rn(__fmul_rn(v0, cs.x), __fmul_rn(v1, cs.y));
 			const float g1 = __fsub_rn(__fmul_rn(v1, cs.x), __fmul_rn(v0, cs.y));
-			OT *p = dxs + ((long long)z * T + m) * N + n;
-			const float2 dv = dg_ld2(p);
-			dg_st2(p, __fadd_rn(dv.x, g0), __fadd_rn(dv.y, g1));
+			const long long o = ((long long)z * T + m) * N + n;
+			const float2 dv = dg_ld2(dxs + o), xv = dg_ld2(mask_xs + o);
+			dg_st2(dxs + o, xv.x > 0.0f ? __fadd_rn(dv.x, g0) : 0.0f, xv.y > 0.0f ? __fadd_rn(dv.y, g1) : 0.0f);
 		}
 	}]],
 }
@@ -378,7 +394,7 @@ local function gemm(t, e, entry)
   local loop = WB.ws_loop({ LOADS = e.loads, RING_BYTES = tostring(WB.ring_bytes(t, false)),
                             A_KC = tostring(e.a_kc), B_KC = tostring(e.b_kc),
                             A_KS = e.a_kc and "32" or "2048", B_KS = e.b_kc and "32" or "2048",
-                            MMA = e.mma, STEP_BEGIN = e.step or "" })
+                            MMA = e.mma, MMA_STEP = e.mma_step, STEP_BEGIN = e.step or "" })
   return EMIT.subst(GEMM, { ENTRY = entry, SIG = e.sig, GEO = e.geo, MAINLOOP = loop, EPILOGUE = e.epilogue })
 end
 
@@ -391,7 +407,7 @@ function M.render(spec, plan)
     "",
     "dg_attention_chunk_state(ma, mb, states, int B, int T, int C, int vh, int reverse)   grid (D/BN, ceil(N/BM), B·H)",
     "dg_attention_chunk_out(ma, mb, out, int B, int T, int C, int f32out, int reverse)    grid (D/BN, T/BM, B·H)",
-    "dg_attention_chunk_dq(ma, mv, ms, mr, rope, dxs, int B, int T, int C)                grid (ceil(N/BN), T/BM, B·H)",
+    "dg_attention_chunk_dq(mc, mq, ma, mv, ms, mr, rope, dxs, mask_xs, int B, int T, int C) grid (ceil(N/BN), T/BM, B·H)",
     fmt("  %d threads, %d bytes of dynamic shared memory each", plan.entries[1].threads, plan.entries[1].smem),
     fmt("dg_attention_chunk_vrep / _cast / _hsum: any grid, %d threads", M.EW_THREADS),
     fmt("path: warp-specialized wgmma m64n%dk16 bf16, f32 sums (sm_90a): %d consumer warpgroups, a TMA producer warpgroup, a ring of %d stages; states as bf16 hi + lo.",

@@ -344,9 +344,11 @@ __device__ __forceinline__ void dg_consumers_sync()
 -- the consumers' loop, which leaves the sums in acc[BN / 2]; the producer
 -- warpgroup has returned after it (the epilogue synchronizes the consumers
 -- with dg_consumers_sync). subst keys as MAINLOOP's, and through M.ws_loop
--- ${MMA} (the MMA function, dg_wb_mma unless named) and ${STEP_BEGIN}
--- (code run by the consumers once step i's stage is full, before its
--- MMAs: acc holds the sums of the steps before, some perhaps in flight).
+-- MMA (the MMA function, dg_wb_mma unless named), or MMA_STEP (the whole
+-- statement of a k16 step ks of step i: a kernel whose steps differ in
+-- their operands' layouts chooses there), and STEP_BEGIN (code run by the
+-- consumers once step i's stage is full, before its MMAs: acc holds the
+-- sums of the steps before, some perhaps in flight).
 M.WS_MAINLOOP = [[
 	// the barriers after the ring: full[S] (one arrival, the producer's
 	// expect_tx, and the bytes), then empty[S] (every consumer thread)
@@ -392,7 +394,7 @@ ${LOADS}
 		dg_wg_fence();
 #pragma unroll
 		for (int ks = 0; ks < BK / 16; ++ks)
-			${MMA}(acc, dg_wb_desc<${A_KC}>(as + ks * ${A_KS}), dg_wb_desc<${B_KC}>(bs + ks * ${B_KS}), 1);
+			${MMA_STEP}
 		dg_wg_commit();
 		// step i-1's MMAs done: its stage is free
 		dg_wg_wait<1>();
@@ -436,11 +438,14 @@ ${PAIR}
 		}
 	}]]
 
--- WS_MAINLOOP with keys (MMA and STEP_BEGIN default to dg_wb_mma and none).
+-- WS_MAINLOOP with keys (MMA_STEP: the MMA function's call on the A_KC /
+-- B_KC descriptors; STEP_BEGIN: none).
 function M.ws_loop(keys)
   local k = {}
   for n, v in pairs(keys) do k[n] = v end
-  k.MMA = k.MMA or "dg_wb_mma"
+  k.MMA_STEP = k.MMA_STEP or fmt("%s(acc, dg_wb_desc<%s>(as + ks * %s), dg_wb_desc<%s>(bs + ks * %s), 1);",
+                                 k.MMA or "dg_wb_mma", k.A_KC, k.A_KS, k.B_KC, k.B_KS)
+  k.MMA = nil
   k.STEP_BEGIN = k.STEP_BEGIN or ""
   return EMIT.subst(M.WS_MAINLOOP, k)
 end

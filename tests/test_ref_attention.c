@@ -409,7 +409,8 @@ Test(ref_attention, step_is_the_recurrence)
  * the quadratic kernels on the chunks as sequences of one head), each
  * piece by its CPU reference: the quadratic form at T = C over the B·H·T/C
  * chunks with the values a head each, the states as bf16 hi + lo, the
- * inter-chunk terms added, the heads' value gradients summed. Equal to
+ * inter-chunk terms added, dq's intra term from the chunks' grad_scores,
+ * the heads' value gradients summed. Equal to
  * the quadratic form over the whole T, forward and backward, within the
  * states' split (2^-16 of a state). */
 Test(ref_attention, chunk_pieces_make_the_quadratic_form)
@@ -440,10 +441,18 @@ Test(ref_attention, chunk_pieces_make_the_quadratic_form)
 		/* backward */
 		float *q1 = calloc(nq, sizeof(float)), *q2 = calloc(nq, sizeof(float));
 		float *v1 = calloc(nv, sizeof(float)), *v2 = calloc(nv, sizeof(float)), *gvh = calloc(no, sizeof(float));
+		float *cc = malloc((size_t)g * c * c * sizeof(float)), *dq_intra = malloc(nq * sizeof(float));
+		dg_spec gs;
+		dg_spec_init(&gs, DG_OP_ATTENTION_GRAD_SCORES);
+		gs.act = DG_FMT_F32;
+		gs.heads = 1;
+		gs.embd = d;
 		dg_ref_attention_bwd(dout, qr, v, b, h, t, n, d, q1, v1);
-		dg_ref_attention_bwd(dout, qr, vr, g, 1, c, n, d, q2, gvh); /* intra: a head's dv each */
+		/* intra: grad_v's a head's dv each (its dqr is dq's, below), grad_scores' C */
+		dg_ref_attention_bwd(dout, qr, vr, g, 1, c, n, d, dq_intra, gvh);
+		cr_assert_eq(dg_ref_attention_grad_scores(&gs, dout, vr, cc, g, c), DG_OK);
 		dg_ref_attention_chunk_state(qr, dout, b, h, t, n, d, c, h, true, r_st);
-		dg_ref_attention_chunk_dq(dout, v, s_st, r_st, b, h, t, n, d, c, q2);
+		dg_ref_attention_chunk_dq(cc, qr, dout, v, s_st, r_st, b, h, t, n, d, c, q2);
 		dg_ref_attention_chunk_out(qr, r_st, b, h, t, n, d, c, true, gvh);
 		for (int bi = 0; bi < b; bi++) /* the heads in order */
 			for (size_t i = 0; i < (size_t)t * d; i++) {
@@ -458,6 +467,6 @@ Test(ref_attention, chunk_pieces_make_the_quadratic_form)
 		cr_expect(ev < 1e-4, "T %d C %d: dv off by %g", t, c, ev);
 		printf("chunk pieces T %d C %d: out %.2g, dqr %.2g, dv %.2g off the quadratic form\n", t, c, eo, eq, ev);
 		free(qr), free(v), free(dout), free(vr), free(s_st), free(r_st), free(o1), free(o2);
-		free(q1), free(q2), free(v1), free(v2), free(gvh);
+		free(q1), free(q2), free(v1), free(v2), free(gvh), free(cc), free(dq_intra);
 	}
 }

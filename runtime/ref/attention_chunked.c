@@ -263,20 +263,25 @@ void dg_ref_attention_chunk_out(const float *qr, const uint16_t *states, int b, 
 		}
 }
 
-void dg_ref_attention_chunk_dq(const float *dout, const float *v, const uint16_t *s_states,
-			       const uint16_t *r_states, int b, int h, int t, int n, int d, int chunk,
-			       float *dqr)
+void dg_ref_attention_chunk_dq(const float *cc, const float *qr, const float *dout, const float *v,
+			       const uint16_t *s_states, const uint16_t *r_states, int b, int h, int t, int n,
+			       int d, int chunk, float *dqr)
 {
 	const int nc = t / chunk;
 	for (int64_t z = 0; z < (int64_t)b * h; z++) {
 		const int64_t bi = z / h;
 		for (int c = 0; c < nc; c++) {
-			const uint16_t *ss = s_states + (z * nc + c) * 2 * (int64_t)n * d;
-			const uint16_t *rs = r_states + (z * nc + c) * 2 * (int64_t)n * d;
+			const int64_t zc = z * nc + c;
+			const uint16_t *ss = s_states + zc * 2 * (int64_t)n * d;
+			const uint16_t *rs = r_states + zc * 2 * (int64_t)n * d;
+			const float *cz = cc + zc * chunk * chunk;
 			for (int i = c * chunk; i < (c + 1) * chunk; i++)
 				for (int k = 0; k < n; k++) {
 					double s = 0.0;
-					for (int e = 0; e < d; e++)
+					for (int j = 0; j < chunk; j++) /* within the chunk */
+						s += (double)cz[(int64_t)(i - c * chunk) * chunk + j] *
+						     qr[(z * t + c * chunk + j) * n + k];
+					for (int e = 0; e < d; e++) /* the chunks before and after */
 						s += (double)dout[(z * t + i) * d + e] * state_at(ss, n, d, k, e) +
 						     (double)v[(bi * t + i) * d + e] * state_at(rs, n, d, k, e);
 					float *p = dqr + (z * t + i) * n + k;

@@ -278,14 +278,16 @@ void dg_ref_attention_chunked_bwd(const float *dout, const float *qr, const floa
  *     (reverse: after it; v (B,1,T,D) for vh 1, (B,H,T,D) for vh h);
  *   _out:   out (B,H,T,D) += qr_c·state_c (the walk's first chunk, whose
  *     state is zero, untouched: 0, or the last for reverse states);
- *   _dq:    dqr (B,H,T,N) += dout_c·Sᵀ_c + v_c·Rᵀ_c (before RoPE's transpose). */
+ *   _dq:    dqr (B,H,T,N) += cc_c·qr_c + dout_c·Sᵀ_c + v_c·Rᵀ_c, cc (B·H·T/chunk,
+ *     chunk, chunk) the chunks' dS + dSᵀ (before RoPE's transpose and the
+ *     ReLU's mask, which the kernel's epilogue applies). */
 void dg_ref_attention_chunk_state(const float *qr, const float *v, int b, int h, int t, int n, int d,
 				  int chunk, int vh, bool reverse, uint16_t *states);
 void dg_ref_attention_chunk_out(const float *qr, const uint16_t *states, int b, int h, int t, int n, int d,
 				int chunk, bool reverse, float *out);
-void dg_ref_attention_chunk_dq(const float *dout, const float *v, const uint16_t *s_states,
-			       const uint16_t *r_states, int b, int h, int t, int n, int d, int chunk,
-			       float *dqr);
+void dg_ref_attention_chunk_dq(const float *cc, const float *qr, const float *dout, const float *v,
+			       const uint16_t *s_states, const uint16_t *r_states, int b, int h, int t, int n,
+			       int d, int chunk, float *dqr);
 /* One chunk of c rows of one (b, h) against its state (N × D f32, updated
  * in place): out (c × D) = qr·S + tril(qr qrᵀ, −1)·v, then S += qrᵀ v. A
  * sampler keeps S per layer and head and feeds one token (c = 1) a step. */
