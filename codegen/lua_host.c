@@ -284,6 +284,7 @@ static void push_spec(lua_State *L, const dg_spec *s, const char *module,
 	set_int(L, "embd", s->embd);
 	set_int(L, "latent", s->latent);
 	set_int(L, "vocab", s->vocab);
+	set_int(L, "chunk", s->chunk);
 	set_str(L, "weight", dg_fmt_name(s->weight));
 	set_str(L, "act", dg_fmt_name(s->act));
 	set_str(L, "out", dg_fmt_name(s->out));

@@ -369,6 +369,106 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.build = "act=f32,bf16",
 		.inout = 1u << 4, /* state: read, then written */
 	},
+	/* ---- the chunked form (templates/attention_chunk.lua; the chains of
+	 * runtime/ops/attention.c): per (b, h), chunks of C rows of T; the
+	 * intra-chunk terms are the quadratic ops above on the chunks as
+	 * sequences of one head, these the states and what joins them. sm_90a
+	 * (TMA, warpgroup MMAs) for the three GEMMs; T % C == 0. */
+	[DG_OP_ATTENTION_CHUNK_STATE] = {
+		.family = "attention", .module = "attention_chunk",
+		.about = "chunk states: states (B,H,S,D) = each chunk c's S_c = sum_{t < cC} qr_t^T src_t (backward: R_c = sum_{t >= cC+C}) as bf16 hi and lo rows; qr (B,H,T,N), src (B,Hin,T,D) the values (in_heads 1) or the output gradient",
+		.fields = F(ACT) | F(ARCH) | F(CHUNK) | F(EMBD) | F(HEADS) | F(IN_HEADS) | F(LATENT) | F(TILE),
+		.tile = DG_TILE_GEMM,
+		.act_fmts = B(BF16),
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(ACT) | F(ARCH), .act = DG_FMT_BF16, .arch_specific = true },
+		.n_args = 3, .args = {
+			{ "qr", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			{ "src", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(HIN), DIM(T), DIM(D) } },
+			{ "states", true, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(S), DIM(D) } } },
+		.check = DG_CHECK_NORM,
+		.build = "in_heads=1,4",
+	},
+	[DG_OP_ATTENTION_CHUNK_OUT] = {
+		.family = "attention", .module = "attention_chunk",
+		.about = "chunk output: out (B,H,T,D) out += qr_c (B,H,T,N) . S_c, each chunk's state from states (B,H,S,D) (hi + lo); the walk's first chunk (backward: the last) adds nothing",
+		.fields = F(ACT) | F(ARCH) | F(CHUNK) | F(EMBD) | F(HEADS) | F(LATENT) | F(OUT) | F(TILE),
+		.tile = DG_TILE_GEMM,
+		.act_fmts = B(BF16), .out_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(ACT) | F(ARCH) | F(OUT), .act = DG_FMT_BF16, .out = DG_FMT_BF16,
+			      .arch_specific = true },
+		.n_args = 3, .args = {
+			{ "qr", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			{ "states", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(S), DIM(D) } },
+			{ "out", true, DG_ARG_OUT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(D) } } },
+		.check = DG_CHECK_NORM,
+		.build = "out=f32,bf16",
+		.inout = 1u << 2, /* out: read, then written */
+	},
+	[DG_OP_ATTENTION_CHUNK_DQ] = {
+		.family = "attention", .module = "attention_chunk",
+		.about = "chunk input gradient: dxs (B,H,T,N) out = (dxs + RoPE^T(C_c . qr_c + grad_c . S_c^T + v_c . R_c^T)) * [mask_xs > 0]; C (B,H,T,C) the chunks' dS + dS^T, S and R the forward's and the backward's states (B,H,S,D)",
+		.fields = F(ACT) | F(ARCH) | F(CHUNK) | F(EMBD) | F(HEADS) | F(LATENT) | F(OUT) | F(TILE),
+		.tile = DG_TILE_GEMM,
+		.act_fmts = B(BF16), .out_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(ACT) | F(ARCH) | F(OUT), .act = DG_FMT_BF16, .out = DG_FMT_F32,
+			      .arch_specific = true },
+		.n_args = 9, .args = {
+			{ "grad_scores", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(C) } },
+			{ "qr", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			{ "grad", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(D) } },
+			{ "v", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(ONE), DIM(T), DIM(D) } },
+			{ "states", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(S), DIM(D) } },
+			{ "rstates", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(S), DIM(D) } },
+			{ "rope", false, DG_ARG_F32, false, 2, { DIM(T), DIM(N) } },
+			{ "dxs", true, DG_ARG_OUT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			{ "mask_xs", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } } },
+		.check = DG_CHECK_NORM,
+		.build = "out=f32,bf16",
+		.inout = 1u << 7, /* dxs: read, then written */
+	},
+	[DG_OP_ATTENTION_CHUNK_VREP] = {
+		.family = "attention", .module = "attention_chunk",
+		.about = "values a head each: vr (B,H,T,D) = v (B,1,T,D) for every head",
+		.fields = F(ACT) | F(ARCH) | F(EMBD) | F(HEADS) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = B(BF16),
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.n_args = 2, .args = {
+			{ "v", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(ONE), DIM(T), DIM(D) } },
+			{ "vr", true, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(D) } } },
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
+	[DG_OP_ATTENTION_CHUNK_CAST] = {
+		.family = "attention", .module = "attention_chunk",
+		.about = "gradient cast: out (B,H,T,D) act = grad (B,H,T,D) f32, rounded to nearest even",
+		.fields = F(ACT) | F(ARCH) | F(EMBD) | F(HEADS) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = B(BF16),
+		.pack_fmt = DG_FMT__COUNT,
+		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
+		.n_args = 2, .args = {
+			{ "grad", false, DG_ARG_F32, false, 4, { DIM(B), DIM(H), DIM(T), DIM(D) } },
+			{ "out", true, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(D) } } },
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
+	[DG_OP_ATTENTION_CHUNK_HSUM] = {
+		.family = "attention", .module = "attention_chunk",
+		.about = "head sum: grad_v (B,1,T,D) f32 = sum_h grad (B,H,T,D) f32, the heads in order",
+		.fields = F(ARCH) | F(EMBD) | F(HEADS) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.pack_fmt = DG_FMT__COUNT,
+		.n_args = 2, .args = {
+			{ "grad", false, DG_ARG_F32, false, 4, { DIM(B), DIM(H), DIM(T), DIM(D) } },
+			{ "grad_v", true, DG_ARG_F32, false, 4, { DIM(B), DIM(ONE), DIM(T), DIM(D) } } },
+		.check = DG_CHECK_EXACT,
+		.build = "",
+	},
 	[DG_OP_EMBED_FWD] = {
 		.family = "embed", .module = "embed",
 		.about = "embedding: out (R,D) f32|bf16 = table (V,D)[idx (R) i32]; a token outside 0..V-1 gives a zero row and sets *bad",
@@ -681,6 +781,10 @@ int64_t dg_op_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64
 		return (int64_t)s->heads * s->latent;
 	case DG_DIM_V:
 		return s->vocab;
+	case DG_DIM_C:
+		return s->chunk;
+	case DG_DIM_S:
+		return s->chunk > 0 ? 2 * (int64_t)s->latent * (t / s->chunk) : 0;
 	default:
 		return 1;
 	}

@@ -23,6 +23,7 @@
 #define DG_MAX_EMBD (1 << 20) /* a row of the decoder's K = H·N (its transposes, quantizers, packs) */
 #define DG_MAX_LATENT (1 << 20)
 #define DG_MAX_VOCAB 65536
+#define DG_MAX_CHUNK 4096
 
 /* ---- tile ----------------------------------------------------------------- */
 
@@ -63,6 +64,7 @@ static void common_defaults(dg_spec *spec, dg_op op)
 	spec->arch = 90;
 	spec->arch_specific = false;
 	spec->vocab = 256;
+	spec->chunk = 256;
 }
 
 void dg_spec_init(dg_spec *spec, dg_op op)
@@ -85,6 +87,8 @@ void dg_spec_init(dg_spec *spec, dg_op op)
 		spec->relu = d->relu;
 		spec->relu_thr = d->relu_thr;
 	}
+	if (d->fields & DG_FIELD_ARCH)
+		spec->arch_specific = d->arch_specific;
 }
 
 void dg_spec_normalize(dg_spec *spec)
@@ -103,6 +107,8 @@ void dg_spec_normalize(dg_spec *spec)
 		spec->latent = d.latent;
 	if (!(uses & DG_FIELD_VOCAB))
 		spec->vocab = d.vocab;
+	if (!(uses & DG_FIELD_CHUNK))
+		spec->chunk = d.chunk;
 	if (!(uses & DG_FIELD_WEIGHT))
 		spec->weight = d.weight;
 	if (!(uses & DG_FIELD_ACT))
@@ -327,6 +333,10 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"vocab=%d: must be between 2 and %d (token ids 0..vocab-1)", s->vocab,
 				DG_MAX_VOCAB);
+	if ((uses & DG_FIELD_CHUNK) && (s->chunk < 64 || s->chunk > DG_MAX_CHUNK || s->chunk % 64))
+		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
+				"chunk=%d: must be a multiple of 64 between 64 and %d (the rows of T a state covers)",
+				s->chunk, DG_MAX_CHUNK);
 	if (uses & DG_FIELD_RELU) {
 		if (s->relu && !isfinite(s->relu_thr))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,

@@ -86,6 +86,8 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 	}
 	if ((uses & DG_FIELD_ASCALE) && s->ascale != DG_SCALE_TENSOR)
 		sb_add(&b, "ascale", dg_scale_name(s->ascale));
+	if (uses & DG_FIELD_CHUNK)
+		sb_addi(&b, "chunk", s->chunk);
 	if (uses & DG_FIELD_EMBD)
 		sb_addi(&b, "embd", s->embd);
 	if ((uses & DG_FIELD_EPI) && s->epi != DG_EPI_STORE)
@@ -144,7 +146,7 @@ typedef struct key_info {
 
 static const key_info keys[] = {
 	{ "act", DG_FIELD_ACT },       { "arch", DG_FIELD_ARCH },
-	{ "ascale", DG_FIELD_ASCALE }, { "embd", DG_FIELD_EMBD },     { "epi", DG_FIELD_EPI },
+	{ "ascale", DG_FIELD_ASCALE }, { "chunk", DG_FIELD_CHUNK },    { "embd", DG_FIELD_EMBD },     { "epi", DG_FIELD_EPI },
 	{ "heads", DG_FIELD_HEADS },
 	{ "in_heads", DG_FIELD_IN_HEADS }, { "latent", DG_FIELD_LATENT },
 	{ "out", DG_FIELD_OUT },       { "relu", DG_FIELD_RELU },    { "rope", DG_FIELD_ROPE },
@@ -237,7 +239,8 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 	case DG_FIELD_IN_HEADS:
 	case DG_FIELD_EMBD:
 	case DG_FIELD_LATENT:
-	case DG_FIELD_VOCAB: {
+	case DG_FIELD_VOCAB:
+	case DG_FIELD_CHUNK: {
 		int x;
 		if (!parse_int(v, 0, INT_MAX, &x))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
@@ -251,6 +254,8 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 			s->embd = x;
 		else if (k->field == DG_FIELD_VOCAB)
 			s->vocab = x;
+		else if (k->field == DG_FIELD_CHUNK)
+			s->chunk = x;
 		else
 			s->latent = x;
 		return DG_OK;
@@ -394,7 +399,7 @@ dg_status dg_spec_set(dg_spec *s, const char *key, const char *value,
 	const key_info *k = find_key(key);
 	if (!k)
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"%s: unknown key; keys are op, act, arch, ascale, embd, epi, heads, in_heads, latent, out, relu, rope, src, tile, vocab, weight, wscale",
+				"%s: unknown key; keys are op, act, arch, ascale, chunk, embd, epi, heads, in_heads, latent, out, relu, rope, src, tile, vocab, weight, wscale",
 				key);
 	if (!(dg_spec_uses(s->op) & k->field)) {
 		list_keys(dg_spec_uses(s->op), kl, sizeof(kl));

@@ -14,10 +14,11 @@ at T = C on the B·H·(T/C) chunks as sequences of one head (scores, out,
 grad_scores and grad_v, none of which reads the RoPE table with rope=pre;
 tests/test_ref_attention.c
 chunk_pieces_make_the_quadratic_form checks the whole decomposition with
-the CPU references); this module holds the rest, one NVRTC program of six
-entries.
+the CPU references); this module renders the rest, six ops of one entry
+each (dragon/ops.h, "The chunked form"; runtime/ops/attention_chunk.c
+launches them).
 
-  dg_attention_chunk_state  every chunk's S_c (or, reversed, R_c) of one
+  attention_chunk_state  every chunk's S_c (or, reversed, R_c) of one
       (b, h): a GEMM of M = N (rows of the state), N = D, K = T walked in
       order (reversed: from the end), whose accumulators are stored as
       the state of chunk c when the walk reaches it: before its rows, so
@@ -26,12 +27,11 @@ entries.
       MN-major by TMA. The state is stored as two bf16 matrices, its
       rounding and the rounding's remainder (hi, lo: hi + lo is the f32
       sum to 2^-16 of it), rows 0..N−1 and N..2N−1 of the chunk's (2N, D).
-  dg_attention_chunk_out    out_c (+)= qr_c · S_c: M = C rows, N = D, K =
-      2N (qr_c twice, against hi then lo), A K-major, B MN-major; added
-      into out (bf16, rounded once) or into an f32 (B, H, T, D) buffer.
-      The walk's first chunk (0, or the last for reversed states: its
-      state is zero) returns at once.
-  dg_attention_chunk_dq     dxs = (dxs + RoPEᵀ(g))·[mask_xs > 0], g =
+  attention_chunk_out    out_c += qr_c · S_c: M = C rows, N = D, K = 2N
+      (qr_c twice, against hi then lo), A K-major, B MN-major; added into
+      out (bf16, rounded once, or f32). The walk's first chunk (0, or the
+      last for reversed states: its state is zero) returns at once.
+  attention_chunk_dq     dxs = (dxs + RoPEᵀ(g))·[mask_xs > 0], g =
       (dS_c + dS_cᵀ)·qr_c + dout_c·S_cᵀ + v_c·R_cᵀ: M = C rows, N = the
       state's rows (latent), K = C + 4D — the chunk's C = dS + dSᵀ (the
       quadratic grad_scores on the chunk, K-major) against qr_c
@@ -40,24 +40,24 @@ entries.
       epi=mask's arithmetic, RoPEᵀ taken at the row's place in the whole
       sequence (the quadratic grad_xs run on a chunk as a sequence would
       take it at t mod C, so the intra term is here).
-  dg_attention_chunk_vrep   v (B, 1, T, D) bf16 → (B, H, T, D): the values
-      a head each, as the quadratic kernels at one head read them.
-  dg_attention_chunk_cast   n f32 → bf16 (rounded to nearest even): dout
-      for the TMA loads of state (reversed) and dq.
-  dg_attention_chunk_hsum   dv (B, 1, T, D) f32 = Σ_h gv (B, H, T, D) f32,
-      the heads in order.
+  attention_chunk_vrep   v (B, 1, T, D) bf16 → (B, H, T, D): the values a
+      head each, as the quadratic kernels at one head read them.
+  attention_chunk_cast   f32 → bf16 (rounded to nearest even): dout for
+      the TMA loads of state (reversed) and dq.
+  attention_chunk_hsum   dv (B, 1, T, D) f32 = Σ_h gv (B, H, T, D) f32, the
+      heads in order.
 
-Kernel ABI (runtime/ops/attention.c makes the maps; bf16 rank-3 tensor
-maps, 64 x 64 boxes of the 128-byte swizzle, zeros past the edges):
-  dg_attention_chunk_state(ma, mb, unsigned short *states, int B, int T,
-      int C, int vh, int reverse)
-    ma over qr (N, T, B·H); mb over v (D, T, B) (vh 1) or dout (D, T, B·H)
-    (vh H); states (B·H·T/C, 2N, D) bf16. Grid (D/BN, ceil(N/BM), B·H).
-  dg_attention_chunk_out(ma, mb, void *out, int B, int T, int C, int f32out, int reverse)
+Kernel ABI (bf16 rank-3 tensor maps, 64 x 64 boxes of the 128-byte
+swizzle, zeros past the edges; C, the chunk, is the spec's, a constant):
+  dg_attention_chunk_state(ma, mb, unsigned short *states, int B, int T, int reverse)
+    ma over qr (N, T, B·H); mb over v (D, T, B) (in_heads 1) or dout (D,
+    T, B·H) (in_heads H); states (B·H·T/C, 2N, D) bf16. Grid (D/BN,
+    ceil(N/BM), B·H).
+  dg_attention_chunk_out(ma, mb, OT *out, int B, int T, int reverse)
     ma over qr (N, T, B·H); mb over states (D, 2N, B·H·T/C); out (B, H,
-    T, D) bf16 (f32out 0) or f32. Grid (D/BN, T/BM, B·H).
+    T, D) in the spec's out. Grid (D/BN, T/BM, B·H).
   dg_attention_chunk_dq(mc, mq, ma, mv, ms, mr, const float *rope, OT *dxs,
-      const unsigned short *mask_xs, int B, int T, int C)
+      const unsigned short *mask_xs, int B, int T)
     mc over C (C, C, B·H·T/C) bf16 (the chunks' grad_scores); mq over qr
     (N, T, B·H); ma over dout (D, T, B·H) bf16; mv over v (D, T, B); ms, mr
     over the S and R states (D, 2N, B·H·T/C); rope (T, N) f32; dxs (B, H,
@@ -66,9 +66,10 @@ maps, 64 x 64 boxes of the 128-byte swizzle, zeros past the edges):
   dg_attention_chunk_vrep(const unsigned short *v, unsigned short *vr, int B, int T)
   dg_attention_chunk_cast(const float *x, unsigned short *y, long long n)
   dg_attention_chunk_hsum(const float *gv, float *dv, int B, int T)
-    any grid, the plan's element-wise threads (256).
-  Needs: T % C == 0, C % BM == 0 (a tile's rows within one chunk), C %
-  64 == 0, D % 64 == 0, N % 8 == 0 (rows of whole 16 bytes for the maps).
+    any grid, the plan's threads (t256 by default).
+  Needs: T % C == 0, C % BM == 0 (a tile's rows within one chunk: the
+  auto tile takes BM 64 for a chunk of 64), C % 64 == 0, D % 64 == 0,
+  N % 8 == 0 (rows of whole 16 bytes for the maps).
 
 The GEMMs are templates/wgmma_bf16.lua's warp-specialized form (a TMA
 producer warpgroup, a ring of S stages with full/empty mbarriers, BM/64
@@ -91,20 +92,30 @@ local fmt = string.format
 
 local M = {}
 
-local ENTRIES = { "dg_attention_chunk_state", "dg_attention_chunk_out", "dg_attention_chunk_dq",
-                  "dg_attention_chunk_vrep", "dg_attention_chunk_cast", "dg_attention_chunk_hsum" }
-M.ENTRIES = ENTRIES
+-- The entry each op renders (one a program).
+local ENTRY = {
+  attention_chunk_state = "dg_attention_chunk_state", attention_chunk_out = "dg_attention_chunk_out",
+  attention_chunk_dq = "dg_attention_chunk_dq", attention_chunk_vrep = "dg_attention_chunk_vrep",
+  attention_chunk_cast = "dg_attention_chunk_cast", attention_chunk_hsum = "dg_attention_chunk_hsum",
+}
+local GEMMS = { attention_chunk_state = true, attention_chunk_out = true, attention_chunk_dq = true }
 
-M.EW_THREADS = 256 -- the element-wise entries' block
+M.EW_THREADS = 256 -- the element-wise entries' default block
 
--- The op's fields: heads, embd (D), latent (N), act (bf16), out (the
--- gradient format of dxs: f32 | bf16).
+-- The op's fields: heads, embd (D), and for the GEMMs latent (N), chunk
+-- (C), arch, act (bf16), in_heads (state: the source's heads), out (out:
+-- the output's format; dq: dxs's).
 local function fields(spec)
-  SPEC.one_of(spec, "op", { "attention_chunk" })
-  local k = { H = SPEC.int_field(spec, "heads", 1), D = SPEC.int_field(spec, "embd", 1),
-              N = SPEC.int_field(spec, "latent", 2), arch = SPEC.int_field(spec, "arch", 1) }
-  SPEC.one_of(spec, "act", { "bf16" })
-  k.out = SPEC.one_of(spec, "out", { "f32", "bf16" })
+  local op = SPEC.one_of(spec, "op", { "attention_chunk_state", "attention_chunk_out", "attention_chunk_dq",
+                                       "attention_chunk_vrep", "attention_chunk_cast", "attention_chunk_hsum" })
+  local k = { op = op, gemm = GEMMS[op], H = SPEC.int_field(spec, "heads", 1), D = SPEC.int_field(spec, "embd", 1) }
+  if op ~= "attention_chunk_hsum" then SPEC.one_of(spec, "act", { "bf16" }) end
+  if not k.gemm then return k end
+  k.N = SPEC.int_field(spec, "latent", 2)
+  k.C = SPEC.int_field(spec, "chunk", 64)
+  k.arch = SPEC.int_field(spec, "arch", 1)
+  k.VH = op == "attention_chunk_state" and SPEC.int_field(spec, "in_heads", 1) or 1
+  k.out = op ~= "attention_chunk_state" and SPEC.one_of(spec, "out", { "f32", "bf16" }) or "bf16"
   return k
 end
 
@@ -116,11 +127,20 @@ end
 
 function M.plan(spec)
   local k = fields(spec)
+  if not k.gemm then
+    if k.op == "attention_chunk_vrep" and k.D % 8 ~= 0 then
+      return nil, fmt("embd=%d: the values are copied 8 (16 bytes) at a time: D must be a multiple of 8", k.D)
+    end
+    return TILES.threads_plan(spec, { ENTRY[k.op] }, k.op .. ".cu")
+  end
   local t = TILES.tile_of(spec)
   local auto = TILES.tile_is_auto(t)
-  if auto then t = M.default_tile() end
+  if auto then
+    t = M.default_tile()
+    if k.C % t.bm ~= 0 then t.bm, t.wm = 64, 4 end -- a chunk of 64 rows
+  end
   if not (k.arch == 90 and spec.arch_specific) then
-    return TILES.refuse(t, auto, "attention_chunk runs on sm_90a alone (TMA and warpgroup MMAs): arch=sm_90a")
+    return TILES.refuse(t, auto, "%s runs on sm_90a alone (TMA and warpgroup MMAs): arch=sm_90a", k.op)
   end
   if k.D % 64 ~= 0 then
     return nil, fmt("embd=%d: the chunked attention needs D a multiple of 64 (64-wide boxes of the values)", k.D)
@@ -134,15 +154,14 @@ function M.plan(spec)
   if k.D % t.bn ~= 0 and k.D > t.bn then
     return TILES.refuse(t, auto, "BN %d: D %d must be a multiple of it (the state's and the output's columns)", t.bn, k.D)
   end
+  if k.C % t.bm ~= 0 and k.op ~= "attention_chunk_state" then
+    return TILES.refuse(t, auto, "BM %d: chunk %d must be a multiple of it (a tile's rows within one chunk)", t.bm, k.C)
+  end
   local smem = WB.ws_smem_bytes(t, false)
   local ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
   if not ok then return nil, err end
-  local p = { tile = t, path = "wgmma tma", arch_specific = true, name = "attention_chunk.cu", entries = {} }
-  for i, e in ipairs(ENTRIES) do
-    local gemm = i <= 3
-    p.entries[i] = { name = e, threads = gemm and WB.ws_threads(t) or M.EW_THREADS, smem = gemm and smem or 0 }
-  end
-  return p
+  return { tile = t, path = "wgmma tma", arch_specific = true, name = k.op .. ".cu",
+           entries = { { name = ENTRY[k.op], threads = WB.ws_threads(t), smem = smem } } }
 end
 
 local HEAD = [[
@@ -150,8 +169,9 @@ local HEAD = [[
 constexpr int H = ${H};		// heads
 constexpr int D = ${D};		// embd: the values' width
 constexpr int N = ${N};		// latent: the state's rows
-typedef ${OT} OT;		// dxs: the gradient format
-constexpr int EWT = ${EWT};		// threads of the element-wise entries
+constexpr int C = ${C};		// chunk: the rows of T a state covers
+constexpr int VH = ${VH};		// state: the source's heads (1: v; H: dout)
+typedef ${OT} OT;		// out's and dq's output format
 
 // ---- tile: BM/64 consumer warpgroups along M, each 64 x BN; a producer
 // warpgroup; a ring of S stages
@@ -223,11 +243,11 @@ ${EPILOGUE}
 ]]
 
 local STATE = {
-  sig = "const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb, unsigned short *__restrict__ states, int B, int T, int C, int vh, int reverse",
+  sig = "const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb, unsigned short *__restrict__ states, int B, int T, int reverse",
   geo = [[
 	// block: rows m0.. of the state (N), columns n0.. (D), of (b, h) = z;
 	// K = the T rows of (b, h), walked forward or from the end
-	const int vz = vh == 1 ? z / H : z;	// v's map: (b); dout's: (b, h)
+	const int vz = VH == 1 ? z / H : z;	// v's map: (b); dout's: (b, h)
 	const int nsteps = T / BK, ck = C / BK, nc = T / C;]],
   loads = [[
 				const int t0 = (reverse ? nsteps - 1 - i : i) * BK;
@@ -250,7 +270,7 @@ local STATE = {
 }
 
 local OUT = {
-  sig = "const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb, void *__restrict__ out, int B, int T, int C, int f32out, int reverse",
+  sig = "const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb, OT *__restrict__ out, int B, int T, int reverse",
   geo = [[
 	// block: rows m0.. of (b, h) = z's T (one chunk's: C % BM == 0),
 	// columns n0.. of D; K = 2N: qr's row against the state's hi, then lo
@@ -282,21 +302,14 @@ local OUT = {
 				continue;
 			const long long o = ((long long)z * T + m) * D + n;
 			const float v0 = acc[4 * j + 2 * hr], v1 = acc[4 * j + 2 * hr + 1];
-			if (f32out) {
-				float *p = (float *)out + o;
-				const float2 pv = dg_ld2(p);
-				dg_st2(p, __fadd_rn(pv.x, v0), __fadd_rn(pv.y, v1));
-			} else {
-				unsigned short *p = (unsigned short *)out + o;
-				const float2 pv = dg_ld2(p);
-				dg_st2(p, __fadd_rn(pv.x, v0), __fadd_rn(pv.y, v1));
-			}
+			const float2 pv = dg_ld2(out + o);
+			dg_st2(out + o, __fadd_rn(pv.x, v0), __fadd_rn(pv.y, v1));
 		}
 	}]],
 }
 
 local DQ = {
-  sig = "const __grid_constant__ dg_tmap mc, const __grid_constant__ dg_tmap mq, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mv, const __grid_constant__ dg_tmap ms, const __grid_constant__ dg_tmap mr, const float *__restrict__ rope, OT *__restrict__ dxs, const unsigned short *__restrict__ mask_xs, int B, int T, int C",
+  sig = "const __grid_constant__ dg_tmap mc, const __grid_constant__ dg_tmap mq, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mv, const __grid_constant__ dg_tmap ms, const __grid_constant__ dg_tmap mr, const float *__restrict__ rope, OT *__restrict__ dxs, const unsigned short *__restrict__ mask_xs, int B, int T",
   geo = [[
 	// block: rows m0.. of (b, h) = z's T (one chunk's), columns n0.. of N;
 	// K = C + 4D: the chunk's C·qr (B N-major), then dout·S (hi, lo) and
@@ -355,12 +368,19 @@ local DQ = {
 	}]],
 }
 
-local EW = [[
-// ---- the element-wise entries: any grid, EWT threads a block ---------------
+-- The element-wise entries, one a program (EWT threads a block, any grid).
+local EW_HEAD = [[
+constexpr int H = ${H};		// heads
+constexpr int D = ${D};		// embd
+constexpr int EWT = ${EWT};		// threads a block
+]]
+
+local EW = {
+  attention_chunk_vrep = [[
 extern "C" __global__ void __launch_bounds__(EWT)
 dg_attention_chunk_vrep(const unsigned short *__restrict__ v, unsigned short *__restrict__ vr, int B, int T)
 {
-	// 8 values (16 bytes) a thread: D % 64 == 0, so a row is whole vectors
+	// 8 values (16 bytes) a thread: D % 8 == 0, so a row is whole vectors
 	const long long nv = (long long)B * H * T * (D / 8);
 	for (long long i = (long long)blockIdx.x * EWT + threadIdx.x; i < nv; i += (long long)gridDim.x * EWT) {
 		const long long row = i / (D / 8), e = i - row * (D / 8);	// row = (b·H + h)·T + t
@@ -368,14 +388,16 @@ dg_attention_chunk_vrep(const unsigned short *__restrict__ v, unsigned short *__
 		((uint4 *)vr)[i] = ((const uint4 *)v)[(b * T + t) * (D / 8) + e];
 	}
 }
-
+]],
+  attention_chunk_cast = [[
 extern "C" __global__ void __launch_bounds__(EWT)
 dg_attention_chunk_cast(const float *__restrict__ x, unsigned short *__restrict__ y, long long n)
 {
 	for (long long i = (long long)blockIdx.x * EWT + threadIdx.x; i < n; i += (long long)gridDim.x * EWT)
 		y[i] = dg_f32_to_bf16(x[i]);
 }
-
+]],
+  attention_chunk_hsum = [[
 extern "C" __global__ void __launch_bounds__(EWT)
 dg_attention_chunk_hsum(const float *__restrict__ gv, float *__restrict__ dv, int B, int T)
 {
@@ -388,7 +410,8 @@ dg_attention_chunk_hsum(const float *__restrict__ gv, float *__restrict__ dv, in
 		dv[i] = s;
 	}
 }
-]]
+]],
+}
 
 local function gemm(t, e, entry)
   local loop = WB.ws_loop({ LOADS = e.loads, RING_BYTES = tostring(WB.ring_bytes(t, false)),
@@ -398,35 +421,55 @@ local function gemm(t, e, entry)
   return EMIT.subst(GEMM, { ENTRY = entry, SIG = e.sig, GEO = e.geo, MAINLOOP = loop, EPILOGUE = e.epilogue })
 end
 
+local GEMM_OF = { attention_chunk_state = STATE, attention_chunk_out = OUT, attention_chunk_dq = DQ }
+local ABI = {
+  attention_chunk_state = "dg_attention_chunk_state(ma, mb, states, int B, int T, int reverse)   grid (D/BN, ceil(N/BM), B·H)",
+  attention_chunk_out = "dg_attention_chunk_out(ma, mb, out, int B, int T, int reverse)   grid (D/BN, T/BM, B·H)",
+  attention_chunk_dq = "dg_attention_chunk_dq(mc, mq, ma, mv, ms, mr, rope, dxs, mask_xs, int B, int T)   grid (ceil(N/BN), T/BM, B·H)",
+  attention_chunk_vrep = "dg_attention_chunk_vrep(v, vr, int B, int T)   any grid",
+  attention_chunk_cast = "dg_attention_chunk_cast(x, y, long long n)   any grid",
+  attention_chunk_hsum = "dg_attention_chunk_hsum(gv, dv, int B, int T)   any grid",
+}
+
 function M.render(spec, plan)
   local k = fields(spec)
   local t = plan.tile
   local w = EMIT.writer()
+  if not k.gemm then
+    w:line(EMIT.banner(spec, "attention_chunk.lua", {
+      fmt("%s: the chunked attention's element-wise part, heads %d, embd %d.", k.op, k.H, k.D),
+      "", ABI[k.op], fmt("  %d threads a block", t.threads) }))
+    w:line(DEV.helpers({ bf16 = true }))
+    w:line(EMIT.subst(EW_HEAD, { H = k.H, D = k.D, EWT = t.threads }))
+    w:line(EW[k.op])
+    return w:text()
+  end
   w:line(EMIT.banner(spec, "attention_chunk.lua", {
-    fmt("attention_chunk: the chunked attention's state GEMMs, heads %d, embd %d, latent %d, dxs %s.", k.H, k.D, k.N, k.out),
+    fmt("%s: the chunked attention's state GEMMs, heads %d, embd %d, latent %d, chunk %d.", k.op, k.H, k.D, k.N, k.C),
     "",
-    "dg_attention_chunk_state(ma, mb, states, int B, int T, int C, int vh, int reverse)   grid (D/BN, ceil(N/BM), B·H)",
-    "dg_attention_chunk_out(ma, mb, out, int B, int T, int C, int f32out, int reverse)    grid (D/BN, T/BM, B·H)",
-    "dg_attention_chunk_dq(mc, mq, ma, mv, ms, mr, rope, dxs, mask_xs, int B, int T, int C) grid (ceil(N/BN), T/BM, B·H)",
-    fmt("  %d threads, %d bytes of dynamic shared memory each", plan.entries[1].threads, plan.entries[1].smem),
-    fmt("dg_attention_chunk_vrep / _cast / _hsum: any grid, %d threads", M.EW_THREADS),
+    ABI[k.op],
+    fmt("  %d threads, %d bytes of dynamic shared memory", plan.entries[1].threads, plan.entries[1].smem),
     fmt("path: warp-specialized wgmma m64n%dk16 bf16, f32 sums (sm_90a): %d consumer warpgroups, a TMA producer warpgroup, a ring of %d stages; states as bf16 hi + lo.",
         t.bn, t.bm // 64, t.stages),
   }))
   w:line(DEV.helpers({ bf16 = true, cp_async = true }))
   w:line(WB.helpers(t.bn, true, true))
-  w:line(WB.mma_fn("dg_cm_mma_mm", t.bn, true, true))
-  w:line(WB.mma_fn("dg_cm_mma_km", t.bn, false, true))
-  w:line(WB.mma_fn("dg_cm_mma_kk", t.bn, false, false))
-  w:line(EMIT.subst(HEAD, { H = k.H, D = k.D, N = k.N, OT = k.out == "bf16" and "unsigned short" or "float",
-                            EWT = M.EW_THREADS, BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages }))
+  local e = GEMM_OF[k.op]
+  if k.op == "attention_chunk_state" then
+    w:line(WB.mma_fn("dg_cm_mma_mm", t.bn, true, true))
+  elseif k.op == "attention_chunk_out" then
+    w:line(WB.mma_fn("dg_cm_mma_km", t.bn, false, true))
+  else
+    w:line(WB.mma_fn("dg_cm_mma_km", t.bn, false, true))
+    w:line(WB.mma_fn("dg_cm_mma_kk", t.bn, false, false))
+  end
+  w:line(EMIT.subst(HEAD, { H = k.H, D = k.D, N = k.N, C = k.C, VH = k.VH,
+                            OT = k.out == "bf16" and "unsigned short" or "float",
+                            BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages }))
   w:line(WB.WS_HEAD)
   w:line(WB.WS_HELPERS)
   w:line(COMMON)
-  w:line(gemm(t, STATE, ENTRIES[1]))
-  w:line(gemm(t, OUT, ENTRIES[2]))
-  w:line(gemm(t, DQ, ENTRIES[3]))
-  w:line(EW)
+  w:line(gemm(t, e, ENTRY[k.op]))
   return w:text()
 end
 

@@ -425,6 +425,10 @@ int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int
 		return (int64_t)s->heads * s->latent;
 	case DG_DIM_V:
 		return s->vocab;
+	case DG_DIM_C:
+		return s->chunk;
+	case DG_DIM_S:
+		return s->chunk > 0 ? 2 * (int64_t)s->latent * (t / s->chunk) : 0;
 	default:
 		return 1;
 	}

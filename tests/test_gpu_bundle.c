@@ -193,6 +193,10 @@ static int64_t extent(const op_case *c, dg_dim d)
 		return (int64_t)c->spec.heads * c->spec.latent;
 	case DG_DIM_V:
 		return c->spec.vocab;
+	case DG_DIM_C:
+		return c->spec.chunk;
+	case DG_DIM_S:
+		return c->spec.chunk > 0 ? 2 * (int64_t)c->spec.latent * (c->t / c->spec.chunk) : 0;
 	default:
 		return 1;
 	}
@@ -273,7 +277,7 @@ static void case_make(op_case *c, dg_device *mem, const dg_spec *spec)
 	c->spec = *spec;
 	c->row = dg_op_info_of(spec->op);
 	c->b = 1;
-	c->t = ROWS;
+	c->t = (c->row->fields & DG_FIELD_CHUNK) ? spec->chunk : ROWS; /* a chunked op: one whole chunk */
 	c->r = spec->op == DG_OP_PACK_I8X4 || spec->op == DG_OP_UNPACK_I8X4 ? 1 : 8;
 	c->out = -1;
 	for (int i = 0; i < c->row->n_args; i++) {

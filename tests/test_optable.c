@@ -82,7 +82,7 @@ Test(optable, every_row_is_complete)
 			cr_assert(g->ndim >= 0 && g->ndim <= 4, "%s.%s: ndim %d", op, g->name, g->ndim);
 			any_shape |= g->ndim == 0;
 			for (int d = 0; d < g->ndim; d++) {
-				cr_assert(g->dims[d] >= DG_DIM_B && g->dims[d] <= DG_DIM_V, "%s.%s: dims[%d]", op,
+				cr_assert(g->dims[d] >= DG_DIM_B && g->dims[d] <= DG_DIM_S, "%s.%s: dims[%d]", op,
 					  g->name, d);
 				has_bt |= g->dims[d] == DG_DIM_B;
 				has_r |= g->dims[d] == DG_DIM_R;
@@ -91,6 +91,7 @@ Test(optable, every_row_is_complete)
 						: g->dims[d] == DG_DIM_D			   ? DG_FIELD_EMBD
 						: g->dims[d] == DG_DIM_N			   ? DG_FIELD_LATENT
 						: g->dims[d] == DG_DIM_V			   ? DG_FIELD_VOCAB
+						: g->dims[d] == DG_DIM_C || g->dims[d] == DG_DIM_S ? DG_FIELD_CHUNK
 												   : 0;
 				cr_assert(!need || (r->fields & need), "%s.%s: a dimension of a field it does not read",
 					  op, g->name);
@@ -428,6 +429,36 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 					     .state = by_name(c, "state"), .out = by_name(c, "out") };
 		return dg_attention_step_check(s, &a, msg, size);
 	}
+	case DG_OP_ATTENTION_CHUNK_STATE: {
+		dg_attention_chunk_state_args a = { .qr = by_name(c, "qr"), .src = by_name(c, "src"),
+						    .states = by_name(c, "states"), .backward = true };
+		return dg_attention_chunk_state_check(s, &a, msg, size);
+	}
+	case DG_OP_ATTENTION_CHUNK_OUT: {
+		dg_attention_chunk_out_args a = { .qr = by_name(c, "qr"), .states = by_name(c, "states"),
+						  .out = by_name(c, "out") };
+		return dg_attention_chunk_out_check(s, &a, msg, size);
+	}
+	case DG_OP_ATTENTION_CHUNK_DQ: {
+		dg_attention_chunk_dq_args a = { .grad_scores = by_name(c, "grad_scores"), .qr = by_name(c, "qr"),
+						 .grad = by_name(c, "grad"), .v = by_name(c, "v"),
+						 .states = by_name(c, "states"), .rstates = by_name(c, "rstates"),
+						 .rope = by_name(c, "rope"), .dxs = by_name(c, "dxs"),
+						 .mask_xs = by_name(c, "mask_xs") };
+		return dg_attention_chunk_dq_check(s, &a, msg, size);
+	}
+	case DG_OP_ATTENTION_CHUNK_VREP: {
+		dg_attention_chunk_vrep_args a = { .v = by_name(c, "v"), .vr = by_name(c, "vr") };
+		return dg_attention_chunk_vrep_check(s, &a, msg, size);
+	}
+	case DG_OP_ATTENTION_CHUNK_CAST: {
+		dg_attention_chunk_cast_args a = { .grad = by_name(c, "grad"), .out = by_name(c, "out") };
+		return dg_attention_chunk_cast_check(s, &a, msg, size);
+	}
+	case DG_OP_ATTENTION_CHUNK_HSUM: {
+		dg_attention_chunk_hsum_args a = { .grad = by_name(c, "grad"), .grad_v = by_name(c, "grad_v") };
+		return dg_attention_chunk_hsum_check(s, &a, msg, size);
+	}
 	case DG_OP_EMBED_FWD: {
 		dg_embed_fwd_args a = { .idx = by_name(c, "idx"), .table = by_name(c, "table"),
 					.out = by_name(c, "out") };
@@ -545,7 +576,9 @@ enum { CALL_B = 2, CALL_T = 3, CALL_R = 5 };
  * the rule, not dg_op_dim_extent's). */
 static int64_t extent_of(const dg_spec *s, dg_dim d)
 {
-	return dg_test_dim_extent(s, d, CALL_B, CALL_T, CALL_R);
+	/* a chunked op's T: two whole chunks */
+	const int64_t t = (dg_spec_uses(s->op) & DG_FIELD_CHUNK) ? 2 * (int64_t)s->chunk : CALL_T;
+	return dg_test_dim_extent(s, d, CALL_B, t, CALL_R);
 }
 
 /* The call the signature describes: every tensor the spec uses at its
@@ -589,6 +622,7 @@ static dg_spec small_spec(dg_op op)
 		s.weight = DG_FMT_TERNARY;
 	if (op == DG_OP_PACK_SIGN1)
 		s.embd = 64;
+	s.chunk = 64;
 	char m[256];
 	cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s: %s", dg_op_name(op), m);
 	return s;

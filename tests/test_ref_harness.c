@@ -327,9 +327,15 @@ Test(rng, fill_writes_only_codes_each_format_holds)
 
 enum { RUN_B = 2, RUN_T = 3, RUN_R = 5, RUN_N = 192, RUN_COLS = 64 };
 
+/* T of a run: a chunked op's two whole chunks, else RUN_T. */
+static int run_t(const dg_spec *s)
+{
+	return (dg_spec_uses(s->op) & DG_FIELD_CHUNK) ? 2 * s->chunk : RUN_T;
+}
+
 static int64_t run_extent(const dg_spec *s, dg_dim d)
 {
-	return dg_test_dim_extent(s, d, RUN_B, RUN_T, RUN_R);
+	return dg_test_dim_extent(s, d, RUN_B, run_t(s), RUN_R);
 }
 
 static size_t arg_elems(const dg_spec *s, const dg_op_arg *a)
@@ -407,10 +413,79 @@ static dg_status direct_rows(const dg_spec *s, const dg_ref_call *c, void *out)
 	}
 }
 
+/* The chunked form's ops by the references of runtime/ref/attention_chunked.c
+ * (f32 operands, the states' bf16 as stored), and the helpers' rules
+ * written out: the values a head each, the cast, the head sum in order. */
+static dg_status direct_chunk(const dg_spec *s, const dg_ref_call *c, void *out, int b, int t)
+{
+	const int H = s->heads, N = s->latent, D = s->embd, C = s->chunk;
+	const size_t nq = (size_t)b * H * t * N, nd = (size_t)b * H * t * D, nv = (size_t)b * t * D;
+	float *q = rh_xmalloc(nq * 4 + 16), *g = rh_xmalloc(nd * 4 + 16), *v = rh_xmalloc(nd * 4 + 16);
+	float *cc = rh_xmalloc((size_t)b * H * t * C * 4 + 16), *acc = rh_xmalloc(nq * 4 + 16);
+	dg_status st = DG_OK;
+	switch (s->op) {
+	case DG_OP_ATTENTION_CHUNK_STATE:
+		dg_ref_attention_chunk_state(as_f32(s->act, c->in[0], nq, q),
+					     as_f32(s->act, c->in[1], (size_t)b * s->in_heads * t * D, g), b, H, t, N, D,
+					     C, s->in_heads, c->backward, out);
+		break;
+	case DG_OP_ATTENTION_CHUNK_OUT:
+		as_f32(s->out, c->in[2], nd, g);
+		dg_ref_attention_chunk_out(as_f32(s->act, c->in[0], nq, q), c->in[1], b, H, t, N, D, C, c->backward, g);
+		for (size_t i = 0; i < nd; i++) {
+			if (s->out == DG_FMT_BF16)
+				((uint16_t *)out)[i] = dg_f32_to_bf16(g[i]);
+			else
+				((float *)out)[i] = g[i];
+		}
+		break;
+	case DG_OP_ATTENTION_CHUNK_DQ: {
+		memset(acc, 0, nq * 4);
+		dg_ref_attention_chunk_dq(as_f32(s->act, c->in[0], (size_t)b * H * t * C, cc),
+					  as_f32(s->act, c->in[1], nq, q), as_f32(s->act, c->in[2], nd, g),
+					  as_f32(s->act, c->in[3], nv, v), c->in[4], c->in[5], b, H, t, N, D, C, acc);
+		/* RoPE's transpose by the table (q reused), then epi=mask's sum */
+		dg_spec r;
+		dg_spec_init(&r, DG_OP_ROPE_BWD);
+		r.heads = H;
+		r.latent = N;
+		st = dg_ref_rope_op(&r, acc, c->in[6], q, b, t);
+		if (!st)
+			st = dg_ref_add_mask(s->act, s->out, DG_FMT_F32, c->in[7], q, c->in[8], (int64_t)nq, out);
+		break;
+	}
+	case DG_OP_ATTENTION_CHUNK_VREP:
+		for (size_t i = 0; i < nd; i++) {
+			const size_t e = i % (size_t)D, row = i / (size_t)D, tt = row % (size_t)t, bb = row / ((size_t)H * t);
+			((uint16_t *)out)[i] = ((const uint16_t *)c->in[0])[(bb * t + tt) * D + e];
+		}
+		break;
+	case DG_OP_ATTENTION_CHUNK_CAST:
+		for (size_t i = 0; i < nd; i++)
+			((uint16_t *)out)[i] = dg_f32_to_bf16(((const float *)c->in[0])[i]);
+		break;
+	default: /* hsum */
+		for (size_t i = 0; i < nv; i++) {
+			const size_t bb = i / ((size_t)t * D), r = i % ((size_t)t * D);
+			float sum = 0.0f;
+			for (int h = 0; h < H; h++)
+				sum += ((const float *)c->in[0])[(bb * H + (size_t)h) * t * D + r];
+			((float *)out)[i] = sum;
+		}
+		break;
+	}
+	free(q);
+	free(g);
+	free(v);
+	free(cc);
+	free(acc);
+	return st;
+}
+
 /* The op's own reference, called directly with the same storages. */
 static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float *oscale)
 {
-	int b = RUN_B, t = RUN_T;
+	int b = RUN_B, t = run_t(s);
 	switch (s->op) {
 	case DG_OP_LOWRANK_FWD: {
 		dg_ref_lowrank_args a = { .x = c->in[0], .w = c->in[1], .sa = c->scale[0], .sw = c->scale[1],
@@ -512,6 +587,13 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		dg_ref_adamw(&ctl, true, p, c->in[1], m, out, NULL, RUN_N);
 		return DG_OK;
 	}
+	case DG_OP_ATTENTION_CHUNK_STATE:
+	case DG_OP_ATTENTION_CHUNK_OUT:
+	case DG_OP_ATTENTION_CHUNK_DQ:
+	case DG_OP_ATTENTION_CHUNK_VREP:
+	case DG_OP_ATTENTION_CHUNK_CAST:
+	case DG_OP_ATTENTION_CHUNK_HSUM:
+		return direct_chunk(s, c, out, b, t);
 	default:
 		return direct_rows(s, c, out);
 	}
@@ -573,7 +655,7 @@ static void run_both(dg_spec *s, bool unpack)
 	c.elem0 = 13; /* a rank's offset, not whole Philox blocks: dg_ref_run passes it */
 	c.out_scale = &got_scale;
 	c.b = RUN_B;
-	c.t = RUN_T;
+	c.t = run_t(s);
 	c.r = RUN_R;
 	c.n = RUN_N;
 	if (s->op == DG_OP_DEQUANTIZE)
@@ -611,6 +693,8 @@ Test(ref_run, every_op_is_its_reference)
 		s.heads = 2;
 		s.embd = 64;
 		s.latent = 32;
+		if (r->fields & DG_FIELD_CHUNK)
+			s.chunk = 64;
 		/* every weight, act and out format the op takes, one at a time */
 		for (int f = 0; f < DG_FMT__COUNT; f++) {
 			dg_spec t = s;

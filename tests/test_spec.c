@@ -286,6 +286,7 @@ static const struct {
 	{ "out", DG_FIELD_OUT, "f32" },       { "relu", DG_FIELD_RELU, "0.5" },
 	{ "src", DG_FIELD_SRC, "bf16" },      { "tile", DG_FIELD_TILE, "auto" },
 	{ "vocab", DG_FIELD_VOCAB, "300" },   { "weight", DG_FIELD_WEIGHT, "int8" },
+	{ "chunk", DG_FIELD_CHUNK, "128" },
 };
 
 /* Every key an op reads parses; every other key is refused by name, and

@@ -340,6 +340,67 @@ typedef struct dg_attention_step_args {
 } dg_attention_step_args;
 DG_API dg_status dg_attention_step(dg_device *dev, const dg_spec *spec, const dg_attention_step_args *a);
 
+/*
+ * The chunked form (DESIGN.md, "Long context"): BDH's attention is linear
+ * attention with Q = K = qr = RoPE(xs); in chunks of C rows of T (the
+ * spec's chunk; T % C == 0), per (b, h),
+ *   out_c = tril(qr_c·qr_cᵀ, −1)·v_c + qr_c·S_c,   S_c = Σ_{k<c} qr_kᵀ·v_k,
+ * and the backward adds dout_c·S_cᵀ + v_c·R_cᵀ to dqr_c and Σ_h qr_c·R_c
+ * to dv_c, R_c = Σ_{k>c} qr_kᵀ·dout_k. The intra-chunk terms are the
+ * quadratic ops run at T = C on the B·H·T/C chunks as sequences of one
+ * head (a (B,H,T,·) tensor is the same memory as (B·H·T/C,1,C,·)); these
+ * ops make and use the states. sm_90a (arch=sm_90a) for the three GEMMs,
+ * act bf16, their sums f32. A state is kept as two bf16 matrices, the f32
+ * sum's rounding (hi) and the rounding's remainder (lo): (B,H,S,D) holds
+ * for each chunk its 2N rows (hi, then lo), S = 2·N·T/C.
+ *   attention_chunk_state  qr (B,H,T,N), src (B,Hin,T,D) → states: S_c of
+ *                          src = v (in_heads 1); backward: the reversed walk,
+ *                          R_c of src = dout (in_heads H, bf16)
+ *   attention_chunk_out    qr, states → out (B,H,T,D) out (f32 | bf16) +=
+ *                          qr_c·(hi + lo) of chunk c (the walk's first chunk,
+ *                          whose state is zero, adds nothing); backward: the
+ *                          reversed states (dv's Σ over the heads comes after,
+ *                          attention_chunk_hsum)
+ *   attention_chunk_dq     grad_scores C (B,H,T,C) (the chunks' dS + dSᵀ),
+ *                          qr, grad (B,H,T,D) bf16, v (B,1,T,D), states S,
+ *                          rstates R, rope (T,N) → dxs (B,H,T,N) out, in
+ *                          place: (dxs + RoPEᵀ(C_c·qr_c + grad_c·S_cᵀ +
+ *                          v_c·R_cᵀ))·[mask_xs > 0]; dxs must not overlap an
+ *                          input
+ *   attention_chunk_vrep   v (B,1,T,D) → vr (B,H,T,D): the values a head each
+ *   attention_chunk_cast   grad (B,H,T,D) f32 → out (B,H,T,D) bf16
+ *   attention_chunk_hsum   grad (B,H,T,D) f32 → grad_v (B,1,T,D) f32 = Σ_h,
+ *                          the heads in order
+ * The chains below run them (dg_attention_fwd_args.chunk); a caller of
+ * its own reaches each through the op door (dg_prepare with its args
+ * struct, or dragon/ffi.h).
+ */
+typedef struct dg_attention_chunk_state_args {
+	const dg_tensor *qr, *src, *states;
+	bool backward; /* the reversed walk: R_c, the chunks after c */
+} dg_attention_chunk_state_args;
+
+typedef struct dg_attention_chunk_out_args {
+	const dg_tensor *qr, *states, *out;
+	bool backward; /* states made by the reversed walk */
+} dg_attention_chunk_out_args;
+
+typedef struct dg_attention_chunk_dq_args {
+	const dg_tensor *grad_scores, *qr, *grad, *v, *states, *rstates, *rope, *dxs, *mask_xs;
+} dg_attention_chunk_dq_args;
+
+typedef struct dg_attention_chunk_vrep_args {
+	const dg_tensor *v, *vr;
+} dg_attention_chunk_vrep_args;
+
+typedef struct dg_attention_chunk_cast_args {
+	const dg_tensor *grad, *out;
+} dg_attention_chunk_cast_args;
+
+typedef struct dg_attention_chunk_hsum_args {
+	const dg_tensor *grad, *grad_v;
+} dg_attention_chunk_hsum_args;
+
 /* The chains. spec: any attention op's spec (heads, embd, latent, act,
  * arch, rope are read; each step runs its own op with an auto tile: the
  * tuning DB's or the template's default). Forward: scores, then out.
@@ -360,6 +421,11 @@ typedef struct dg_attention_fwd_args {
 	 * to the backward, which then makes no RoPE pass; NULL: in the
 	 * workspace. rope=load: must be NULL. */
 	const dg_tensor *qr;
+	/* 0: the quadratic form; C (a multiple of 64 dividing T): the chunked
+	 * form (dragon/ops.h, "The chunked form"; rope=pre, arch=sm_90a, act
+	 * bf16), scores then (B,H,T,C): each chunk's C x C block, the
+	 * workspace the values a head each and the states */
+	int chunk;
 } dg_attention_fwd_args;
 DG_API dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
 					    size_t *bytes);
@@ -373,6 +439,11 @@ typedef struct dg_attention_bwd_args {
 	/* rope=pre: RoPE(xs) as the forward wrote it (its args' qr), read
 	 * instead of made again in the workspace; NULL: made. rope=load: NULL. */
 	const dg_tensor *qr;
+	/* the forward's chunk (0: quadratic): scores (B,H,T,C) as it saved
+	 * them; the chunked backward takes dxs (not grad_xs), and its
+	 * workspace holds the gradient in bf16, the values a head each, the
+	 * chunks' C, the per-head value gradients (f32) and both states */
+	int chunk;
 } dg_attention_bwd_args;
 DG_API dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
 					    size_t *bytes);

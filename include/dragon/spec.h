@@ -60,6 +60,12 @@ extern "C" {
 	X(DG_OP_ATTENTION_GRAD_V, attention_grad_v)                         \
 	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs) \
 	X(DG_OP_ATTENTION_STEP, attention_step)                             \
+	X(DG_OP_ATTENTION_CHUNK_STATE, attention_chunk_state)               \
+	X(DG_OP_ATTENTION_CHUNK_OUT, attention_chunk_out)                   \
+	X(DG_OP_ATTENTION_CHUNK_DQ, attention_chunk_dq)                     \
+	X(DG_OP_ATTENTION_CHUNK_VREP, attention_chunk_vrep)                 \
+	X(DG_OP_ATTENTION_CHUNK_CAST, attention_chunk_cast)                 \
+	X(DG_OP_ATTENTION_CHUNK_HSUM, attention_chunk_hsum)                 \
 	X(DG_OP_EMBED_FWD, embed_fwd)                                       \
 	X(DG_OP_EMBED_BWD, embed_bwd)                                       \
 	X(DG_OP_LAYERNORM_FWD, layernorm_fwd)                               \
@@ -102,6 +108,7 @@ typedef enum dg_field {
 	DG_FIELD_VOCAB = 1 << 13,
 	DG_FIELD_ROPE = 1 << 14,
 	DG_FIELD_EPI = 1 << 15,
+	DG_FIELD_CHUNK = 1 << 16,
 } dg_field;
 
 /*
@@ -187,6 +194,11 @@ typedef struct dg_spec {
 	 * warpgroup path needs (grad_xs's epilogue still applies RoPE^T). */
 	bool rope_pre;
 	dg_epi epi; /* attention_grad_xs: its epilogue (above) */
+	/* C: the chunked attention's chunk (text key chunk=; the
+	 * attention_chunk_* ops): the rows of T a state covers, a multiple
+	 * of 64 from 64 to 4096, 256 by default. The chunk's rows are the
+	 * intra-chunk scores' columns (DG_DIM_C). */
+	int chunk;
 } dg_spec;
 
 /*
@@ -233,6 +245,10 @@ typedef enum dg_dim {
 	DG_DIM_HN,    /* heads · latent */
 	DG_DIM_ONE,   /* 1 */
 	DG_DIM_V,     /* the spec's vocab */
+	DG_DIM_C,     /* the spec's chunk */
+	DG_DIM_S,     /* a (b, h)'s chunk states: 2·N·(T/C) rows, the hi and
+		       * lo rows of each chunk's N x D state (the spec's latent
+		       * and chunk, the call's T) */
 } dg_dim;
 
 /* Where an argument's format comes from. */
@@ -247,7 +263,7 @@ typedef enum dg_arg_fmt {
 	DG_ARG_I32,    /* int32 token ids (DG_FMT_I32) */
 } dg_arg_fmt;
 
-#define DG_OP_MAX_ARGS 8
+#define DG_OP_MAX_ARGS 10
 
 /* One tensor argument of an op, in call order. ndim 0: any shape, the
  * first such argument's (the quantizers). */
@@ -290,6 +306,7 @@ typedef struct dg_op_defaults {
 	dg_fmt weight, act, out, src;
 	bool relu;
 	float relu_thr;
+	bool arch_specific; /* with DG_FIELD_ARCH: sm_90a (an op of sm_90a alone) */
 } dg_op_defaults;
 
 typedef struct dg_op_info {

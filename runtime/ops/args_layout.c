@@ -36,6 +36,7 @@
 #define T4(s, a, b, c, d) T3(s, a, b, c), TENSOR(s, d)
 #define T5(s, a, b, c, d, e) T4(s, a, b, c, d), TENSOR(s, e)
 #define T6(s, a, b, c, d, e, f) T5(s, a, b, c, d, e), TENSOR(s, f)
+#define T9(s, a, b, c, d, e, f, g, h, i) T6(s, a, b, c, d, e, f), TENSOR(s, g), TENSOR(s, h), TENSOR(s, i)
 
 /* Option `opt` of the call from field f of dg_<s>_args; both of `type`. */
 #define OPT_AS(opt, s, f, type)                                               \
@@ -98,6 +99,20 @@ static const dg__args_layout layouts[DG_OP__COUNT] = {
 	[DG_OP_ATTENTION_GRAD_XS] = { SIZE(attention_grad_xs),
 				      .t = { T6(attention_grad_xs, grad_scores, xs, rope, grad_xs,
 						dxs, mask_xs) } },
+	[DG_OP_ATTENTION_CHUNK_STATE] = { SIZE(attention_chunk_state),
+					  .t = { T3(attention_chunk_state, qr, src, states) },
+					  OPT(attention_chunk_state, backward, bool) },
+	[DG_OP_ATTENTION_CHUNK_OUT] = { SIZE(attention_chunk_out),
+					.t = { T3(attention_chunk_out, qr, states, out) },
+					OPT(attention_chunk_out, backward, bool) },
+	[DG_OP_ATTENTION_CHUNK_DQ] = { SIZE(attention_chunk_dq),
+				       .t = { T9(attention_chunk_dq, grad_scores, qr, grad, v, states,
+						 rstates, rope, dxs, mask_xs) } },
+	[DG_OP_ATTENTION_CHUNK_VREP] = { SIZE(attention_chunk_vrep), .t = { T2(attention_chunk_vrep, v, vr) } },
+	[DG_OP_ATTENTION_CHUNK_CAST] = { SIZE(attention_chunk_cast),
+					 .t = { T2(attention_chunk_cast, grad, out) } },
+	[DG_OP_ATTENTION_CHUNK_HSUM] = { SIZE(attention_chunk_hsum),
+					 .t = { T2(attention_chunk_hsum, grad, grad_v) } },
 	/* embed */
 	[DG_OP_EMBED_FWD] = { SIZE(embed_fwd), .t = { T3(embed_fwd, idx, table, out) },
 			      OPT(embed_fwd, bad, dg_dptr) },

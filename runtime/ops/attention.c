@@ -167,7 +167,7 @@ enum { IV_B, IV_T, IV_BM, IV_BN };
 
 /* A prepared GEMM's maps over the call's tensors: RoPE(xs) is scores'
  * operand 0 and grad_xs' operand 1 (C its operand 0). */
-static dg_status gemm_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[2])
+static dg_status gemm_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[DG__PREP_TMAPS])
 {
 	bool scores = p->spec.op == DG_OP_ATTENTION_SCORES;
 	dg_dptr qr = c->t[scores ? 0 : 1]->data, cp = scores ? 0 : c->t[0]->data;
@@ -235,7 +235,7 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 		p->iv[IV_BN] = t->bn;
 		/* the maps of the call prepared with, made once here: a driver
 		 * that cannot make them refuses the prepare, not a launch */
-		dg__tmap maps[2];
+		dg__tmap maps[DG__PREP_TMAPS];
 		if ((st = gemm_tmaps(p, c, maps)))
 			return st;
 		p->tmaps = gemm_tmaps;
@@ -363,6 +363,265 @@ static bool checks_first(const dg__op_exec *x)
 	return !x->plans || x->preparing;
 }
 
+/* ---- the chunked form (dragon/ops.h, "The chunked form") ---------------------------- */
+
+static bool same_layout(const dg_tensor *a, const dg_tensor *b);
+
+/* Where the chunked chains keep their parts in the workspace, 256-byte
+ * aligned, in this order: qr (when made), the values a head each (vr);
+ * the backward's gradient in bf16 (gb), the chunks' C (cc), the per-head
+ * value gradients f32 (gv); the states S (and the backward's R). */
+typedef struct chunk_ws {
+	size_t qr, vr, gb, cc, gv, s, r, total;
+} chunk_ws;
+
+static void chunk_layout(const dg_spec *spec, int64_t B, int64_t T, int chunk, bool bwd, bool make_qr,
+			 chunk_ws *w)
+{
+	const size_t bht = (size_t)B * (size_t)spec->heads * (size_t)T;
+	const size_t states = (size_t)B * (size_t)spec->heads * (size_t)(2 * (int64_t)spec->latent * (T / chunk)) *
+			      (size_t)spec->embd * 2;
+	size_t at = 0;
+	memset(w, 0, sizeof(*w));
+	w->qr = at;
+	at += make_qr ? dg__op_align256(bht * (size_t)spec->latent * 2) : 0;
+	w->vr = at;
+	at += dg__op_align256(bht * (size_t)spec->embd * 2);
+	if (bwd) {
+		w->gb = at;
+		at += dg__op_align256(bht * (size_t)spec->embd * 2);
+		w->cc = at;
+		at += dg__op_align256(bht * (size_t)chunk * 2);
+		w->gv = at;
+		at += dg__op_align256(bht * (size_t)spec->embd * 4);
+	}
+	w->s = at;
+	at += dg__op_align256(states);
+	if (bwd) {
+		w->r = at;
+		at += dg__op_align256(states);
+	}
+	w->total = at;
+}
+
+/* What the chunked form needs of the chains' spec and call: refused by
+ * name before anything runs. */
+static dg_status chunk_ok(dg_device *dev, const char *fn, const dg_spec *spec, int chunk, const dg_tensor *xs)
+{
+	if (chunk < 64 || chunk % 64)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: chunk=%d: a multiple of 64 (0: the quadratic form)", fn,
+				    chunk);
+	if (!spec->rope_pre || spec->arch != 90 || !spec->arch_specific || spec->act != DG_FMT_BF16)
+		return dg__dev_fail(dev, DG_ERR_INVALID_SPEC,
+				    "%s: chunk=%d: the chunked form runs on sm_90a with rope=pre and act=bf16 (arch=sm_90a;rope=pre;act=bf16)",
+				    fn, chunk);
+	if (!xs || xs->ndim != 4)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: xs: (B, H, T, N) needed", fn);
+	if (xs->shape[2] % chunk)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "%s: T = %lld: the chunked form needs T a multiple of the chunk (chunk=%d)", fn,
+				    (long long)xs->shape[2], chunk);
+	return DG_OK;
+}
+
+/* spec as chunked op `op` with chunk C (an auto tile); quadratic op `op`
+ * folded: one head, the chunks as sequences. */
+static dg_spec chunk_spec(const dg_spec *spec, dg_op op, int chunk)
+{
+	dg_spec s = step_spec(spec, op);
+	s.chunk = chunk;
+	dg_spec_normalize(&s);
+	return s;
+}
+
+static dg_spec folded_spec(const dg_spec *spec, dg_op op)
+{
+	dg_spec s = step_spec(spec, op);
+	s.heads = 1;
+	dg_spec_normalize(&s);
+	return s;
+}
+
+/* (B, H, T, X) at p as the B·H·T/C chunks of one head: (B·H·T/C, 1, C, X). */
+static dg_tensor fold(const char *name, dg_fmt f, dg_dptr p, int64_t B, int64_t H, int64_t T, int64_t C,
+		      int64_t X)
+{
+	return dg_tensor_4d(name, f, p, B * H * (T / C), 1, C, X);
+}
+
+static dg_status fwd_chunked(dg__op_exec *x, const dg_spec *spec, const dg_attention_fwd_args *a)
+{
+	static const char fn[] = "dg_attention_fwd";
+	dg_device *dev = x->dev;
+	const int C = a->chunk;
+	dg_status st = chunk_ok(dev, fn, spec, C, a->xs);
+	if (st)
+		return st;
+	if (!a->v || !a->rope || !a->scores || !a->out)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: v, rope, scores and out are needed", fn);
+	const int64_t B = a->xs->shape[0], H = spec->heads, T = a->xs->shape[2], N = spec->latent,
+		      D = spec->embd;
+	chunk_ws w;
+	chunk_layout(spec, B, T, C, false, !a->qr, &w);
+	if (!x->preparing && (st = dg__op_workspace_ok(dev, fn, &a->ws, w.total)))
+		return st;
+	const dg_dptr ws = a->ws.ptr;
+	dg_tensor qr = a->qr ? *a->qr : qr_tensor(a->xs, ws + w.qr);
+	dg_tensor vr = dg_tensor_4d("vr (ws)", DG_FMT_BF16, ws + w.vr, B, H, T, D);
+	dg_tensor states = dg_tensor_4d("states (ws)", DG_FMT_BF16, ws + w.s, B, H, 2 * N * (T / C), D);
+	dg_tensor qf = fold("qr (chunks)", DG_FMT_BF16, qr.data, B, H, T, C, N);
+	dg_tensor sf = fold("scores (chunks)", a->scores->fmt, a->scores->data, B, H, T, C, C);
+	dg_tensor vf = fold("vr (chunks)", DG_FMT_BF16, vr.data, B, H, T, C, D);
+	dg_tensor of = fold("out (chunks)", a->out->fmt, a->out->data, B, H, T, C, D);
+	dg_tensor rc = dg_tensor_2d("rope (a chunk's rows)", DG_FMT_F32, a->rope->data, C, N);
+	dg_spec sv = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_VREP, C);
+	dg_spec s1 = folded_spec(spec, DG_OP_ATTENTION_SCORES), s2 = folded_spec(spec, DG_OP_ATTENTION_OUT);
+	dg_spec ss = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_STATE, C);
+	dg_spec so = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_OUT, C);
+	ss.in_heads = 1;
+	so.out = a->out->fmt == DG_FMT_F32 ? DG_FMT_F32 : DG_FMT_BF16;
+	dg_spec_normalize(&ss);
+	dg_spec_normalize(&so);
+	dg_attention_chunk_vrep_args va = { .v = a->v, .vr = &vr };
+	dg_attention_scores_args sa = { .xs = &qf, .rope = &rc, .scores = &sf };
+	dg_attention_out_args oa = { .scores = &sf, .v = &vf, .out = &of };
+	dg_attention_chunk_state_args ta = { .qr = &qr, .src = a->v, .states = &states };
+	dg_attention_chunk_out_args ca = { .qr = &qr, .states = &states, .out = a->out };
+	char msg[512];
+	if (checks_first(x)) {
+		if (!a->qr)
+			st = rope_into(NULL, spec, a->xs, a->rope, &qr, msg, sizeof(msg));
+		if (!st && a->scores->ndim == 4 && (a->scores->shape[2] != T || a->scores->shape[3] != C))
+			snprintf(msg, sizeof(msg), "%s: scores: (B, H, T, C) = (%lld, %lld, %lld, %d) for the chunked form",
+				 fn, (long long)B, (long long)H, (long long)T, C),
+				st = DG_ERR_INVALID_ARG;
+		if (!st)
+			st = dg_attention_chunk_vrep_check(&sv, &va, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_out_check(&s2, &oa, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_chunk_state_check(&ss, &ta, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_chunk_out_check(&so, &ca, msg, sizeof(msg));
+		if (st)
+			return dg__dev_fail_msg(dev, st, msg);
+	}
+	if (!a->qr)
+		st = rope_into(x, spec, a->xs, a->rope, &qr, NULL, 0);
+	if (!st)
+		st = dg__exec_args(x, &sv, &va);
+	if (!st)
+		st = dg__exec_args(x, &s1, &sa);
+	if (!st)
+		st = dg__exec_args(x, &s2, &oa);
+	if (!st)
+		st = dg__exec_args(x, &ss, &ta);
+	return st ? st : dg__exec_args(x, &so, &ca);
+}
+
+static dg_status bwd_chunked(dg__op_exec *x, const dg_spec *spec, const dg_attention_bwd_args *a)
+{
+	static const char fn[] = "dg_attention_bwd";
+	dg_device *dev = x->dev;
+	const int C = a->chunk;
+	dg_status st = chunk_ok(dev, fn, spec, C, a->xs);
+	if (st)
+		return st;
+	if (!a->dxs || a->grad_xs)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "%s: chunk=%d: the chunked backward adds into dxs (masked by xs > 0); give dxs, not grad_xs",
+				    fn, C);
+	if (!a->grad || !a->v || !a->rope || !a->scores || !a->grad_v)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG, "%s: grad, v, rope, scores and grad_v are needed", fn);
+	const int64_t B = a->xs->shape[0], H = spec->heads, T = a->xs->shape[2], N = spec->latent,
+		      D = spec->embd;
+	chunk_ws w;
+	chunk_layout(spec, B, T, C, true, !a->qr, &w);
+	if (!x->preparing && (st = dg__op_workspace_ok(dev, fn, &a->ws, w.total)))
+		return st;
+	const dg_dptr ws = a->ws.ptr;
+	const int64_t S = 2 * N * (T / C);
+	dg_tensor qr = a->qr ? *a->qr : qr_tensor(a->xs, ws + w.qr);
+	dg_tensor vr = dg_tensor_4d("vr (ws)", DG_FMT_BF16, ws + w.vr, B, H, T, D);
+	dg_tensor gb = dg_tensor_4d("grad bf16 (ws)", DG_FMT_BF16, ws + w.gb, B, H, T, D);
+	dg_tensor cc = dg_tensor_4d("grad_scores (ws)", DG_FMT_BF16, ws + w.cc, B, H, T, C);
+	dg_tensor gv = dg_tensor_4d("grad_v per head (ws)", DG_FMT_F32, ws + w.gv, B, H, T, D);
+	dg_tensor sst = dg_tensor_4d("states (ws)", DG_FMT_BF16, ws + w.s, B, H, S, D);
+	dg_tensor rst = dg_tensor_4d("rstates (ws)", DG_FMT_BF16, ws + w.r, B, H, S, D);
+	dg_tensor gf = fold("grad (chunks)", a->grad->fmt, a->grad->data, B, H, T, C, D);
+	dg_tensor vf = fold("vr (chunks)", DG_FMT_BF16, vr.data, B, H, T, C, D);
+	dg_tensor cf = fold("grad_scores (chunks)", DG_FMT_BF16, cc.data, B, H, T, C, C);
+	dg_tensor sf = fold("scores (chunks)", a->scores->fmt, a->scores->data, B, H, T, C, C);
+	dg_tensor gvf = fold("grad_v per head (chunks)", DG_FMT_F32, gv.data, B, H, T, C, D);
+	dg_spec sc = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_CAST, C), sv = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_VREP, C);
+	dg_spec s1 = folded_spec(spec, DG_OP_ATTENTION_GRAD_SCORES), s2 = folded_spec(spec, DG_OP_ATTENTION_GRAD_V);
+	dg_spec ss = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_STATE, C), sr = ss;
+	dg_spec so = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_OUT, C), sh = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_HSUM, C);
+	dg_spec sq = chunk_spec(spec, DG_OP_ATTENTION_CHUNK_DQ, C);
+	ss.in_heads = 1;
+	sr.in_heads = spec->heads;
+	so.out = DG_FMT_F32;
+	sq.out = a->dxs->fmt == DG_FMT_BF16 ? DG_FMT_BF16 : DG_FMT_F32;
+	dg_spec_normalize(&ss);
+	dg_spec_normalize(&sr);
+	dg_spec_normalize(&so);
+	dg_spec_normalize(&sq);
+	dg_attention_chunk_cast_args ka = { .grad = a->grad, .out = &gb };
+	dg_attention_chunk_vrep_args va = { .v = a->v, .vr = &vr };
+	dg_attention_grad_scores_args ga = { .grad = &gf, .v = &vf, .grad_scores = &cf };
+	dg_attention_grad_v_args gva = { .scores = &sf, .grad = &gf, .grad_v = &gvf };
+	dg_attention_chunk_state_args ta = { .qr = &qr, .src = a->v, .states = &sst };
+	dg_attention_chunk_state_args ra = { .qr = &qr, .src = &gb, .states = &rst, .backward = true };
+	dg_attention_chunk_out_args oa = { .qr = &qr, .states = &rst, .out = &gv, .backward = true };
+	dg_attention_chunk_hsum_args ha = { .grad = &gv, .grad_v = a->grad_v };
+	dg_attention_chunk_dq_args qa = { .grad_scores = &cc, .qr = &qr, .grad = &gb, .v = a->v, .states = &sst,
+					  .rstates = &rst, .rope = a->rope, .dxs = a->dxs, .mask_xs = a->xs };
+	char msg[512];
+	if (checks_first(x)) {
+		if (!a->qr)
+			st = rope_into(NULL, spec, a->xs, a->rope, &qr, msg, sizeof(msg));
+		else if (!same_layout(a->qr, a->xs))
+			snprintf(msg, sizeof(msg), "qr: not of xs's shape and format (RoPE(xs), as the forward wrote it)"),
+				st = DG_ERR_INVALID_ARG;
+		if (!st && (a->scores->ndim != 4 || a->scores->shape[2] != T || a->scores->shape[3] != C))
+			snprintf(msg, sizeof(msg), "%s: scores: (B, H, T, C) = (%lld, %lld, %lld, %d) for the chunked form",
+				 fn, (long long)B, (long long)H, (long long)T, C),
+				st = DG_ERR_INVALID_ARG;
+		if (!st)
+			st = dg_attention_chunk_cast_check(&sc, &ka, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_chunk_vrep_check(&sv, &va, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_grad_scores_check(&s1, &ga, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_grad_v_check(&s2, &gva, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_chunk_state_check(&ss, &ta, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_chunk_state_check(&sr, &ra, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_chunk_out_check(&so, &oa, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_chunk_hsum_check(&sh, &ha, msg, sizeof(msg));
+		if (!st)
+			st = dg_attention_chunk_dq_check(&sq, &qa, msg, sizeof(msg));
+		if (st)
+			return dg__dev_fail_msg(dev, st, msg);
+	}
+	if (!a->qr)
+		st = rope_into(x, spec, a->xs, a->rope, &qr, NULL, 0);
+	const struct {
+		const dg_spec *s;
+		const void *a;
+	} steps[] = { { &sc, &ka }, { &sv, &va }, { &s1, &ga }, { &s2, &gva }, { &ss, &ta },
+		      { &sr, &ra }, { &so, &oa }, { &sh, &ha }, { &sq, &qa } };
+	for (size_t i = 0; !st && i < sizeof(steps) / sizeof(steps[0]); i++)
+		st = dg__exec_args(x, steps[i].s, steps[i].a);
+	return st;
+}
+
 dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
 				     size_t *bytes)
 {
@@ -371,6 +630,14 @@ dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd
 	*bytes = 0;
 	if (!is_attention_gemm(spec) || !a || (spec->rope_pre && !a->xs))
 		return DG_ERR_INVALID_ARG;
+	if (a->chunk) {
+		if (!a->xs || a->xs->ndim != 4 || a->chunk < 1)
+			return DG_ERR_INVALID_ARG;
+		chunk_ws w;
+		chunk_layout(spec, a->xs->shape[0], a->xs->shape[2], a->chunk, false, !a->qr, &w);
+		*bytes = w.total;
+		return DG_OK;
+	}
 	*bytes = a->qr ? 0 : qr_bytes(spec, a->xs);
 	return DG_OK;
 }
@@ -405,6 +672,8 @@ dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 		return dg__dev_fail(dev, !a ? DG_ERR_INVALID_ARG : DG_ERR_INVALID_SPEC,
 				    "dg_attention_fwd: %s", !a ? "args is NULL"
 							       : "spec must be an attention op's (op=attention_scores, ...)");
+	if (a->chunk)
+		return fwd_chunked(x, spec, a);
 	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_SCORES), s2 = step_spec(spec, DG_OP_ATTENTION_OUT);
 	dg_tensor qr;
 	const dg_tensor *xs = a->xs;
@@ -471,6 +740,14 @@ dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd
 	if (!is_attention_gemm(spec) || !a || !a->scores || a->scores->ndim != 4 ||
 	    (spec->rope_pre && !a->xs))
 		return DG_ERR_INVALID_ARG;
+	if (a->chunk) {
+		if (!a->xs || a->xs->ndim != 4 || a->chunk < 1)
+			return DG_ERR_INVALID_ARG;
+		chunk_ws w;
+		chunk_layout(spec, a->xs->shape[0], a->xs->shape[2], a->chunk, true, !a->qr, &w);
+		*bytes = w.total;
+		return DG_OK;
+	}
 	dg_tensor t = c_tensor(spec, a);
 	size_t qb = a->qr ? 0 : qr_bytes(spec, a->xs);
 	*bytes = (qb ? dg__op_align256(dg_tensor_bytes(&t)) : dg_tensor_bytes(&t)) + qb;
@@ -487,6 +764,8 @@ dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 				    "dg_attention_bwd: %s", !is_attention_gemm(spec)
 				    ? "spec must be an attention op's (op=attention_grad_xs, ...)"
 				    : "args or scores is NULL");
+	if (a->chunk)
+		return bwd_chunked(x, spec, a);
 	dg_spec s1 = step_spec(spec, DG_OP_ATTENTION_GRAD_SCORES);
 	dg_spec s2 = step_spec(spec, DG_OP_ATTENTION_GRAD_V);
 	dg_spec s3 = step_spec(spec, DG_OP_ATTENTION_GRAD_XS);

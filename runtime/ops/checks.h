@@ -63,6 +63,20 @@ dg_status dg_attention_step_check(const dg_spec *spec, const dg_attention_step_a
 				  size_t msg_size);
 dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
 				     char *msg, size_t msg_size);
+/* The chunked form's ops in one call (prepare and launch), for the
+ * library's own callers and the tests: the public door is dg_prepare. */
+dg_status dg_attention_chunk_state(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_state_args *a);
+dg_status dg_attention_chunk_out(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_out_args *a);
+dg_status dg_attention_chunk_dq(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_dq_args *a);
+dg_status dg_attention_chunk_vrep(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_vrep_args *a);
+dg_status dg_attention_chunk_cast(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_cast_args *a);
+dg_status dg_attention_chunk_hsum(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_hsum_args *a);
+dg_status dg_attention_chunk_state_check(const dg_spec *spec, const dg_attention_chunk_state_args *a, char *msg, size_t msg_size);
+dg_status dg_attention_chunk_out_check(const dg_spec *spec, const dg_attention_chunk_out_args *a, char *msg, size_t msg_size);
+dg_status dg_attention_chunk_dq_check(const dg_spec *spec, const dg_attention_chunk_dq_args *a, char *msg, size_t msg_size);
+dg_status dg_attention_chunk_vrep_check(const dg_spec *spec, const dg_attention_chunk_vrep_args *a, char *msg, size_t msg_size);
+dg_status dg_attention_chunk_cast_check(const dg_spec *spec, const dg_attention_chunk_cast_args *a, char *msg, size_t msg_size);
+dg_status dg_attention_chunk_hsum_check(const dg_spec *spec, const dg_attention_chunk_hsum_args *a, char *msg, size_t msg_size);
 dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,
 			     size_t msg_size);
 dg_status dg_embed_bwd_check(const dg_spec *spec, const dg_embed_bwd_args *a, char *msg,

@@ -101,7 +101,7 @@ static dg_status ws_tile(dg_prepared *p, const char *entry, dg_kernel **k)
 /* The maps of a warp-specialized call, bf16 rank 3, boxes of 64 x 64:
  * ma over grad (L, T, B·H); mb over x (E, T, B·Hin) for grad_weight, over
  * w (E, H·L, 1) for grad_input. */
-static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[2])
+static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[DG__PREP_TMAPS])
 {
 	const dg_spec *s = &p->spec;
 	const uint64_t B = (uint64_t)p->shape.b, T = (uint64_t)p->shape.t, H = (uint64_t)s->heads,
@@ -128,7 +128,7 @@ static dg_status ws_maps(dg_prepared *p, const dg__op_call *c, const dg_kernel *
 	*ws = dg__tma_abi(k);
 	if (!*ws)
 		return DG_OK;
-	dg__tmap maps[2];
+	dg__tmap maps[DG__PREP_TMAPS];
 	dg_status st = ws_tmaps(p, c, maps);
 	if (!st)
 		p->tmaps = ws_tmaps;

@@ -93,7 +93,7 @@ typedef enum dg__arg_kind {
 	DG__ARG_FIELD, /* `size` bytes of the call at offset off (a scalar option) */
 	DG__ARG_FLAG,  /* the call's bool at offset off, as an int 0 or 1 */
 	DG__ARG_BLOB,  /* `size` bytes of the prepared op's blob at off (a struct) */
-	DG__ARG_TMAP,  /* TMA map imm (0 or 1) of the op's tmaps function */
+	DG__ARG_TMAP,  /* TMA map imm (0 .. DG__PREP_TMAPS - 1) of the op's tmaps function */
 } dg__arg_kind;
 
 typedef struct dg__arg {
@@ -121,10 +121,11 @@ typedef struct dg__prep_sig {
 	int64_t shape[DG_TENSOR_MAX_DIMS];
 } dg__prep_sig;
 
-/* The TMA maps of a launch, made from the call's pointers (attention's
- * warp-specialized path): maps[0] and maps[1] for DG__ARG_TMAP 0 and 1. */
+/* The TMA maps of a launch, made from the call's pointers (the
+ * warp-specialized paths): maps[i] for DG__ARG_TMAP i. */
+#define DG__PREP_TMAPS 6
 typedef dg_status (*dg__tmaps_fn)(const dg_prepared *p, const dg__op_call *c,
-				  dg__tmap maps[2]);
+				  dg__tmap maps[DG__PREP_TMAPS]);
 
 /* The rules of an op on the call's pointers (no aliasing of an output it
  * writes in place, ...), checked at every launch: msg gets why. */
@@ -341,6 +342,9 @@ DG_OP_LIST(DG__OP_ENTRY)
 	X(DG_OP_QUANTIZE_ACT, quantize_act)                                   \
 	X(DG_OP_LOWRANK_GRAD_INPUT, lowrank_grad_input)                       \
 	X(DG_OP_ATTENTION_GRAD_XS, attention_grad_xs)                         \
+	X(DG_OP_ATTENTION_CHUNK_STATE, attention_chunk_state)                 \
+	X(DG_OP_ATTENTION_CHUNK_OUT, attention_chunk_out)                     \
+	X(DG_OP_ATTENTION_CHUNK_DQ, attention_chunk_dq)                       \
 	X(DG_OP_EMBED_FWD, embed_fwd)                                         \
 	X(DG_OP_EMBED_BWD, embed_bwd)                                         \
 	X(DG_OP_LAYERNORM_FWD, layernorm_fwd)                                 \

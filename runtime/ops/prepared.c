@@ -263,7 +263,7 @@ dg_status dg__prepared_launch(const dg_prepared *p, const dg__op_call *c)
 		return st;
 	if ((st = call_ok(p, c)))
 		return st;
-	dg__tmap maps[2];
+	dg__tmap maps[DG__PREP_TMAPS];
 	bool mapped = false;
 	for (int j = 0; j < p->n_launch; j++) {
 		const dg__prep_launch *L = &p->launch[j];
@@ -311,7 +311,7 @@ dg_status dg__prepared_launch(const dg_prepared *p, const dg__op_call *c)
 						return st;
 					mapped = true;
 				}
-				a[i] = &maps[x->imm & 1];
+				a[i] = &maps[x->imm % DG__PREP_TMAPS];
 				break;
 			}
 		}

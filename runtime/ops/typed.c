@@ -265,6 +265,66 @@ dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
 	return dg__op_typed_run(dev, DG_OP_ATTENTION_GRAD_XS, spec, a);
 }
 
+dg_status dg_attention_chunk_state_check(const dg_spec *spec, const dg_attention_chunk_state_args *a, char *msg, size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_ATTENTION_CHUNK_STATE, spec, a, msg, msg_size);
+}
+
+dg_status dg_attention_chunk_state(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_state_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_CHUNK_STATE, spec, a);
+}
+
+dg_status dg_attention_chunk_out_check(const dg_spec *spec, const dg_attention_chunk_out_args *a, char *msg, size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_ATTENTION_CHUNK_OUT, spec, a, msg, msg_size);
+}
+
+dg_status dg_attention_chunk_out(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_out_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_CHUNK_OUT, spec, a);
+}
+
+dg_status dg_attention_chunk_dq_check(const dg_spec *spec, const dg_attention_chunk_dq_args *a, char *msg, size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_ATTENTION_CHUNK_DQ, spec, a, msg, msg_size);
+}
+
+dg_status dg_attention_chunk_dq(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_dq_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_CHUNK_DQ, spec, a);
+}
+
+dg_status dg_attention_chunk_vrep_check(const dg_spec *spec, const dg_attention_chunk_vrep_args *a, char *msg, size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_ATTENTION_CHUNK_VREP, spec, a, msg, msg_size);
+}
+
+dg_status dg_attention_chunk_vrep(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_vrep_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_CHUNK_VREP, spec, a);
+}
+
+dg_status dg_attention_chunk_cast_check(const dg_spec *spec, const dg_attention_chunk_cast_args *a, char *msg, size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_ATTENTION_CHUNK_CAST, spec, a, msg, msg_size);
+}
+
+dg_status dg_attention_chunk_cast(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_cast_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_CHUNK_CAST, spec, a);
+}
+
+dg_status dg_attention_chunk_hsum_check(const dg_spec *spec, const dg_attention_chunk_hsum_args *a, char *msg, size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_ATTENTION_CHUNK_HSUM, spec, a, msg, msg_size);
+}
+
+dg_status dg_attention_chunk_hsum(dg_device *dev, const dg_spec *spec, const dg_attention_chunk_hsum_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_ATTENTION_CHUNK_HSUM, spec, a);
+}
+
 /* ---- embed --------------------------------------------------------------- */
 
 dg_status dg_embed_fwd_check(const dg_spec *spec, const dg_embed_fwd_args *a, char *msg,

@@ -394,6 +394,113 @@ dg_status dg__ref_attention_step(const dg_spec *spec, const dg_ref_call *c)
 	return st;
 }
 
+/* ---- the chunked form (dg_ref_attention_chunk_*: f32 operands) ------------------- */
+
+static size_t bhtd(const dg_spec *spec, const dg_ref_call *c)
+{
+	return (size_t)c->b * (size_t)spec->heads * (size_t)c->t * (size_t)spec->embd;
+}
+
+dg_status dg__ref_attention_chunk_state(const dg_spec *spec, const dg_ref_call *c)
+{
+	const size_t nq = (size_t)bhtl(spec, c);
+	const size_t nv = (size_t)c->b * (size_t)spec->in_heads * (size_t)c->t * (size_t)spec->embd;
+	if (spec->chunk < 1 || c->t % spec->chunk)
+		return DG_ERR_INVALID_ARG;
+	float *qr = floats_of(spec->act, c->in[0], nq), *src = floats_of(spec->act, c->in[1], nv);
+	dg_status st = qr && src ? DG_OK : DG_ERR_NOMEM;
+	if (!st)
+		dg_ref_attention_chunk_state(qr, src, (int)c->b, spec->heads, (int)c->t, spec->latent, spec->embd,
+					     spec->chunk, spec->in_heads, c->backward, c->out);
+	free(qr);
+	free(src);
+	return st;
+}
+
+/* out: read (in[2]), then written: the old value plus the states' term,
+ * rounded once to the spec's out */
+dg_status dg__ref_attention_chunk_out(const dg_spec *spec, const dg_ref_call *c)
+{
+	const size_t no = bhtd(spec, c);
+	if (spec->chunk < 1 || c->t % spec->chunk || !c->in[2])
+		return DG_ERR_INVALID_ARG;
+	float *qr = floats_of(spec->act, c->in[0], (size_t)bhtl(spec, c)), *o = floats_of(spec->out, c->in[2], no);
+	dg_status st = qr && o ? DG_OK : DG_ERR_NOMEM;
+	if (!st) {
+		dg_ref_attention_chunk_out(qr, c->in[1], (int)c->b, spec->heads, (int)c->t, spec->latent, spec->embd,
+					   spec->chunk, c->backward, o);
+		store_floats(spec->out, o, no, c->out);
+	}
+	free(qr);
+	free(o);
+	return st;
+}
+
+/* dxs: read (in[7]), then written: (dxs + RoPEᵀ(the three terms in f32))
+ * · [mask_xs > 0], epi=mask's arithmetic (dg_ref_add_mask) */
+dg_status dg__ref_attention_chunk_dq(const dg_spec *spec, const dg_ref_call *c)
+{
+	const size_t nq = (size_t)bhtl(spec, c), nd = bhtd(spec, c);
+	const size_t ncc = (size_t)c->b * (size_t)spec->heads * (size_t)c->t * (size_t)spec->chunk;
+	if (spec->chunk < 1 || c->t % spec->chunk || !c->in[7])
+		return DG_ERR_INVALID_ARG;
+	float *cc = floats_of(spec->act, c->in[0], ncc), *qr = floats_of(spec->act, c->in[1], nq);
+	float *g = floats_of(spec->act, c->in[2], nd);
+	float *v = floats_of(spec->act, c->in[3], (size_t)c->b * (size_t)c->t * (size_t)spec->embd);
+	float *dq = calloc(nq + 1, sizeof(float)), *gx = malloc(nq * sizeof(float) + 1);
+	dg_status st = cc && qr && g && v && dq && gx ? DG_OK : DG_ERR_NOMEM;
+	if (!st) {
+		dg_ref_attention_chunk_dq(cc, qr, g, v, c->in[4], c->in[5], (int)c->b, spec->heads, (int)c->t,
+					  spec->latent, spec->embd, spec->chunk, dq);
+		dg_spec rs;
+		dg_spec_init(&rs, DG_OP_ROPE_BWD);
+		rs.heads = spec->heads;
+		rs.latent = spec->latent;
+		st = dg_ref_rope_op(&rs, dq, c->in[6], gx, (int)c->b, (int)c->t);
+	}
+	if (!st)
+		st = dg_ref_add_mask(spec->act, spec->out, DG_FMT_F32, c->in[7], gx, c->in[8], (int64_t)nq, c->out);
+	free(cc);
+	free(qr);
+	free(g);
+	free(v);
+	free(dq);
+	free(gx);
+	return st;
+}
+
+dg_status dg__ref_attention_chunk_vrep(const dg_spec *spec, const dg_ref_call *c)
+{
+	const size_t row = (size_t)spec->embd * (spec->act == DG_FMT_BF16 ? 2 : 4);
+	for (int64_t b = 0; b < c->b; b++)
+		for (int h = 0; h < spec->heads; h++)
+			memcpy((char *)c->out + ((size_t)(b * spec->heads + h) * (size_t)c->t) * row,
+			       (const char *)c->in[0] + (size_t)b * (size_t)c->t * row, (size_t)c->t * row);
+	return DG_OK;
+}
+
+dg_status dg__ref_attention_chunk_cast(const dg_spec *spec, const dg_ref_call *c)
+{
+	store_floats(spec->act, c->in[0], bhtd(spec, c), c->out);
+	return DG_OK;
+}
+
+/* the heads in order, f32 sums from 0 (the kernel's) */
+dg_status dg__ref_attention_chunk_hsum(const dg_spec *spec, const dg_ref_call *c)
+{
+	const int64_t per = c->t * spec->embd;
+	const float *g = c->in[0];
+	float *o = c->out;
+	for (int64_t b = 0; b < c->b; b++)
+		for (int64_t i = 0; i < per; i++) {
+			float s = 0.0f;
+			for (int h = 0; h < spec->heads; h++)
+				s += g[(b * spec->heads + h) * per + i];
+			o[b * per + i] = s;
+		}
+	return DG_OK;
+}
+
 dg_status dg__ref_add_mask(const dg_spec *spec, const dg_ref_call *c)
 {
 	return dg_ref_add_mask(spec->act, spec->out, spec->src, c->in[0], c->in[1], c->in[2], bhtl(spec, c),

@@ -44,7 +44,7 @@
 /* Size of the default build set: the products of the op table's build
  * lists (checked by tests/test_cli.c against `dragon-gen list`, and
  * against dg__specset_default_size). */
-#define DG__SPECSET_DEFAULT_SIZE 96
+#define DG__SPECSET_DEFAULT_SIZE 105
 /* Largest product we expand (a typo such as a 10^6-long list is refused). */
 #define DG__SPECSET_MAX 65536
 
@@ -56,6 +56,7 @@
 	X(EMBD, "embd", "embd", DG_FIELD_EMBD)                                \
 	X(LATENT, "latent", "latent", DG_FIELD_LATENT)                        \
 	X(VOCAB, "vocab", "vocab", DG_FIELD_VOCAB)                            \
+	X(CHUNK, "chunk", "chunk", DG_FIELD_CHUNK)                            \
 	X(WEIGHT, "weight", "weight", DG_FIELD_WEIGHT)                        \
 	X(ACT, "act", "act", DG_FIELD_ACT)                                    \
 	X(OUT, "out-format", "out", DG_FIELD_OUT)                             \
