@@ -13,6 +13,9 @@
  *   - an odd small one (D 64, H 3, N 96, vocab 300);
  *   - a sweep of odd shapes (heads 1 to 64, D 64 to 4096, N 64 to 65536,
  *     vocab 2 to 65536) at T 1 to 5000, every preset: every spec plans;
+ *   - the 25M model at T 16384 and 65536 (B 1), where the attention takes
+ *     its chunked form (chunks of 256 and 512), and at T 4096 the
+ *     quadratic one with DRAGON_ATTN_CHUNK=0;
  * for the w8a8 and bf16 presets. Distinct specs compile once. And the
  * config past the ranges is refused naming the field before anything is
  * listed (H·N above 2^20, N above 65536, vocab above 65536, and bitnet's
@@ -75,6 +78,25 @@ static dg_model_config shape(const char *preset, int D, int H, int N, int V)
 	dg_model_config c = dg_test_model(preset, 0, D, H, N);
 	c.vocab = V;
 	return c;
+}
+
+/* The specs of one shape's step, each compiled; z's counts stay (the
+ * caller frees z.text and the generator). */
+/* Each listed spec's op counted into user's int[DG_OP__COUNT]. */
+static dg_status count_ops(void *user, const dg_spec *s)
+{
+	((int *)user)[s->op]++;
+	return DG_OK;
+}
+
+static void step_compiles_into(seen *z, const char *preset, int D, int H, int N, int V, int B, int T)
+{
+	char msg[1024];
+	z->text = calloc(MAX_SPECS, sizeof(*z->text));
+	cr_assert_not_null(z->text);
+	cr_assert_eq(dg_codegen_create(&z->cg, NULL), DG_OK);
+	dg_model_config c = shape(preset, D, H, N, V);
+	cr_assert_eq(dg__gm_step_specs(&c, B, T, 90, check_spec, z, msg, sizeof(msg)), DG_OK, "%s: %s", z->shape, msg);
 }
 
 static void step_compiles(const char *preset, int D, int H, int N, int V, int B, int T)
@@ -189,6 +211,40 @@ Test(nvrtc_shapes, a_sweep_of_odd_shapes_plans)
 	cr_expect_eq(plan_failures, 0, "%d specs of the sweep did not plan (above)", plan_failures);
 	cr_expect_eq(listed, 4 * 12 * 8);
 	dg_codegen_destroy(cg);
+/* A long context: the attention's chunked form (gpu_model.c
+ * attn_chunk_for: from T 4096, a chunk of 512 from T 32768), its ops in
+ * the step's list and compiled, the quadratic scores not; and with
+ * DRAGON_ATTN_CHUNK=0 the quadratic form at the same T. */
+Test(nvrtc_shapes, long_context_takes_the_chunked_form, .timeout = 1200)
+{
+	static const struct {
+		int T, chunk;
+	} cases[] = { { 16384, 256 }, { 65536, 512 } };
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		seen z = { .shape = "w8a8 25M, long T" };
+		step_compiles_into(&z, "w8a8", 256, 4, 8192, 256, 1, cases[k].T);
+		printf("nvrtc_shapes T %d: %d distinct specs of the step compiled\n", cases[k].T, z.compiled);
+		cr_expect_gt(z.ops[DG_OP_ATTENTION_CHUNK_STATE], 0, "T %d", cases[k].T);
+		cr_expect_gt(z.ops[DG_OP_ATTENTION_CHUNK_DQ], 0, "T %d", cases[k].T);
+		char want[32];
+		snprintf(want, sizeof(want), "chunk=%d;", cases[k].chunk);
+		bool chunk_seen = false;
+		for (int i = 0; i < z.n; i++)
+			chunk_seen |= strstr(z.text[i], "op=attention_chunk_state;") && strstr(z.text[i], want);
+		cr_expect(chunk_seen, "T %d: no attention_chunk_state of %s", cases[k].T, want);
+		dg_codegen_destroy(z.cg);
+		free(z.text);
+	}
+	setenv("DRAGON_ATTN_CHUNK", "0", 1);
+	dg_model_config c = shape("w8a8", 256, 4, 8192, 256);
+	int ops[DG_OP__COUNT] = { 0 };
+	char msg[512];
+	cr_assert_eq(dg__gm_step_specs(&c, 1, 4096, 90, count_ops, ops, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_expect_eq(ops[DG_OP_ATTENTION_CHUNK_STATE], 0);
+	cr_expect_gt(ops[DG_OP_ATTENTION_SCORES], 0);
+	setenv("DRAGON_ATTN_CHUNK", "96", 1);
+	cr_expect_eq(dg__gm_step_specs(&c, 1, 4096, 90, count_ops, ops, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	unsetenv("DRAGON_ATTN_CHUNK");
 }
 
 Test(nvrtc_shapes, odd_small_bf16, .timeout = 1200)

@@ -136,7 +136,9 @@ static const char help_text[] =
 	"                    backward; stack_pgrads, the encoders' weight gradients\n"
 	"                    as one GEMM over every layer; recompute, the\n"
 	"                    projections' outputs made again by the backward, taken\n"
-	"                    when the step does not fit with them saved)\n\n"
+	"                    when the step does not fit with them saved; attn_chunk,\n"
+	"                    the attention's chunked form's chunk, 0 the quadratic\n"
+	"                    form)\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
 	"the MFU (the model's FLOPs a second over the GPU's dense bf16 peak, for the\n"
 	"GPUs of a known peak: H200, H100, A100) and the time left.\n\n"
@@ -626,6 +628,7 @@ int dg__cli_cmd_train(int argc, char **argv)
 				cJSON_AddBoolToObject(pl, "keep_qr", run_at.keep_qr);
 				cJSON_AddBoolToObject(pl, "stack_pgrads", run_at.stack_pgrads);
 				cJSON_AddBoolToObject(pl, "recompute", run_at.recompute);
+				cJSON_AddNumberToObject(pl, "attn_chunk", run_at.attn_chunk);
 			}
 		}
 		code = dg__cli_json_print(j);

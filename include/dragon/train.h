@@ -153,6 +153,9 @@ typedef struct dg_train_result {
 	 * rather than saved (taken only when the plan that saves them does
 	 * not fit) */
 	bool keep_qr, stack_pgrads, recompute;
+	/* The attention's form (the GPU): 0 the quadratic one, else the
+	 * chunked one's chunk C (rows of T a state covers) */
+	int attn_chunk;
 } dg_train_result;
 
 /* The most micro-batches a step (dg_train_opts.accum). */

@@ -102,15 +102,15 @@ bool dg__bdh_grad_adds(const dg__tape *t, const dg__tnode *nd)
 	return nd->kind == DG__N_PROJ_W && nd->layer >= 0 && nd->layer != t->config.layers - 1;
 }
 
-int64_t dg__bdh_attn_qr_offset(int64_t B, int64_t H, int64_t T, dg_fmt act)
+int64_t dg__bdh_attn_qr_offset(int64_t B, int64_t H, int64_t T, int64_t S, dg_fmt act)
 {
-	int64_t sc = B * H * T * T * (int64_t)dg_fmt_row_bytes(act, 1);
+	int64_t sc = B * H * T * S * (int64_t)dg_fmt_row_bytes(act, 1);
 	return (sc + 255) / 256 * 256;
 }
 
-int64_t dg__bdh_attn_saved_bytes(int64_t B, int64_t H, int64_t T, int64_t N, dg_fmt act)
+int64_t dg__bdh_attn_saved_bytes(int64_t B, int64_t H, int64_t T, int64_t S, int64_t N, dg_fmt act)
 {
-	return dg__bdh_attn_qr_offset(B, H, T, act) + B * H * T * N * (int64_t)dg_fmt_row_bytes(act, 1);
+	return dg__bdh_attn_qr_offset(B, H, T, S, act) + B * H * T * N * (int64_t)dg_fmt_row_bytes(act, 1);
 }
 
 dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target *tg)
@@ -245,6 +245,8 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	node(t, DG__N_LN, -1, emb, -1, -1, -1, x[0], x0_rstd, 0);
 	/* recompute: xs and ys live through their layer's forward only */
 	const bool rec = tg && tg->recompute;
+	/* the GPU's saved scores: (B,H,T,T), or the chunks' (B,H,T,C) */
+	const int64_t sc_cols = gpu && tg->attn_chunk > 0 ? tg->attn_chunk : T;
 	const dg__bucket sparse = rec ? DG__B_TEMP : DG__B_SAVED;
 	for (int l = 0; l < Ly; l++) {
 		snprintf(nm, sizeof(nm), "xs.%d", l);
@@ -253,10 +255,10 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		/* what the attention's backward reads: the CPU's RoPE'd
 		 * queries, the GPU's scores */
 		if (gpu && tg->keep_qr) /* scores, then RoPE(xs) (dg__bdh_target) */
-			svl[l] = abuf(t, DG_FMT_INT8, nm, DG__B_SAVED, 1, dg__bdh_attn_saved_bytes(B, H, T, N, act),
-				      0, 0, 0);
+			svl[l] = abuf(t, DG_FMT_INT8, nm, DG__B_SAVED, 1,
+				      dg__bdh_attn_saved_bytes(B, H, T, sc_cols, N, act), 0, 0, 0);
 		else
-			svl[l] = gpu ? abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, T)
+			svl[l] = gpu ? abuf(t, act, nm, DG__B_SAVED, 4, B, H, T, sc_cols)
 				     : buf(t, nm, DG__B_SAVED, 4, B, H, T, N);
 		int att = abuf(t, act, "att", DG__B_TEMP, 4, B, H, T, D);
 		snprintf(nm, sizeof(nm), "a.%d", l);

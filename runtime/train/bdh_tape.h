@@ -85,13 +85,17 @@ typedef struct dg__bdh_target {
 	 * fewer saved, two projections a layer more (gpu_model.c: where the
 	 * plan would not fit otherwise; DRAGON_RECOMPUTE) */
 	bool recompute;
+	/* the GPU's chunked attention (gpu_model.c attn_chunk_for): 0, the
+	 * quadratic form, its saved scores (B,H,T,T); C, the chunked form,
+	 * its saved scores the chunks' (B,H,T,C) */
+	int attn_chunk;
 } dg__bdh_target;
 
-/* The keep_qr attention buffer's layout: the scores (B,H,T,T) in act,
- * then RoPE(xs) (B,H,T,N) at dg__bdh_attn_qr_offset (256-byte aligned);
- * its bytes. */
-int64_t dg__bdh_attn_qr_offset(int64_t B, int64_t H, int64_t T, dg_fmt act);
-int64_t dg__bdh_attn_saved_bytes(int64_t B, int64_t H, int64_t T, int64_t N, dg_fmt act);
+/* The keep_qr attention buffer's layout: the scores (B,H,T,S) in act (S
+ * = T, or the chunk C of the chunked form), then RoPE(xs) (B,H,T,N) at
+ * dg__bdh_attn_qr_offset (256-byte aligned); its bytes. */
+int64_t dg__bdh_attn_qr_offset(int64_t B, int64_t H, int64_t T, int64_t S, dg_fmt act);
+int64_t dg__bdh_attn_saved_bytes(int64_t B, int64_t H, int64_t T, int64_t S, int64_t N, dg_fmt act);
 
 /* Records the step into t (initialized by the caller with c, B, T); the
  * caller adds workspaces (dg__tape_buf + node.ws) and plans. DG_ERR_NOMEM

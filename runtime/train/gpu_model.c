@@ -289,8 +289,9 @@ void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, d
 	*upload_s = m ? m->upload_s : 0;
 }
 
-void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute)
+void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute, int *attn_chunk)
 {
+	*attn_chunk = m ? m->attn_chunk : 0;
 	*keep_qr = m && m->keep_qr;
 	*stack_pgrads = m && m->stack_pgrads;
 	*recompute = m && m->recompute;
@@ -341,6 +342,43 @@ double dg__gm_warm_join(dg__gm_warm *w)
 	return mono_s() - t0;
 }
 
+/*
+ * The attention's form at T (dg_attention_fwd_args.chunk): the chunked
+ * form's chunk C, or 0 for the quadratic one. The chunked form runs on
+ * the rope=pre path (bf16 on sm_90; gpu_nodes.c attn_spec), for a
+ * training step (decoding runs attention_step), and needs T a multiple of
+ * C. DRAGON_ATTN_CHUNK=C takes chunk C wherever it can run (0: the
+ * quadratic form always); else the chunked form from T = ATTN_CHUNK_FROM
+ * on, C 256 (512 from T 32768, where the states of 256 would take twice
+ * the memory), the largest that divides T. The quadratic form's scores
+ * are B·H·T² act values a layer, saved: past T 16384 (25M, B 1: 2 GB a
+ * layer) it does not fit, where the chunked form's are B·H·T·C and its
+ * states a workspace of O(T). The crossover is the FLOPs' (the chunked
+ * form's fewer from T ≈ 1–1.2K, 3.3× fewer at 4K), not yet measured on
+ * the device: bench/attention --form chunked measures it. A DRAGON_ATTN_CHUNK
+ * that is not a multiple of 64 dividing T is refused (-1).
+ */
+#define ATTN_CHUNK_FROM 4096
+static int attn_chunk_for(const dg_model *m, int t)
+{
+	if (m->decode || m->act != DG_FMT_BF16 || m->sm != 90)
+		return 0;
+	const char *e = getenv("DRAGON_ATTN_CHUNK");
+	if (e && *e) {
+		char *end;
+		long c = strtol(e, &end, 10);
+		if (*end || c < 0 || (c && (c % 64 || c > 4096 || t % c)))
+			return -1;
+		return (int)c;
+	}
+	if (t < ATTN_CHUNK_FROM)
+		return 0;
+	for (int c = t >= 32768 ? 512 : 256; c >= 64; c /= 2)
+		if (t % c == 0)
+			return c;
+	return 0;
+}
+
 /* m's model of c at (b, t): the tape recorded, each node's ops prepared
  * while sizing its workspace, the arenas planned. dev NULL: the specs
  * listed to sink instead (on an sm device), nothing planned. */
@@ -373,11 +411,17 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	m->bf16_grads = m->lowbit && m->sm == 90;
 	m->dec_gate = m->act == DG_FMT_BF16 && m->sm == 90;
 	m->qw_ws = -1;
+	m->attn_chunk = attn_chunk_for(m, t);
+	if (m->attn_chunk < 0)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "DRAGON_ATTN_CHUNK=%s: the attention's chunk must be 0 (the quadratic form) or a multiple of 64 up to 4096 that divides T = %d",
+				    getenv("DRAGON_ATTN_CHUNK"), t);
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
 			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1,
-			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads, .recompute = m->recompute };
+			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads, .recompute = m->recompute,
+			      .attn_chunk = m->attn_chunk };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));

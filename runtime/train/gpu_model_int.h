@@ -35,6 +35,9 @@ struct dg_model {
 	bool recompute;             /* xs and ys made again by the backward, not
 				     * saved (dg__bdh_target): where the plan
 				     * would not fit otherwise */
+	int attn_chunk;             /* the attention's chunked form, its chunk C
+				     * (gpu_model.c attn_chunk_for), or 0: the
+				     * quadratic form */
 	bool stack_pgrads;          /* the encoders' weight gradients over every
 				     * layer's stacked rows (dg__bdh_target):
 				     * gpu_model.c pgrads_stackable, where the

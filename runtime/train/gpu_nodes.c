@@ -219,10 +219,12 @@ static dg_tensor attn_saved(const dg_model *m, int id, dg_tensor *qr)
 			qr->data = 0;
 		return all;
 	}
-	dg_tensor sc = dg_tensor_4d("scores", m->act, all.data, m->B, m->H, m->T, m->T);
+	const int cols = m->attn_chunk ? m->attn_chunk : m->T;
+	dg_tensor sc = dg_tensor_4d("scores", m->act, all.data, m->B, m->H, m->T, cols);
 	if (qr)
-		*qr = dg_tensor_4d("qr", m->act, all.data + (dg_dptr)dg__bdh_attn_qr_offset(m->B, m->H, m->T, m->act),
-				   m->B, m->H, m->T, m->N);
+		*qr = dg_tensor_4d("qr", m->act,
+				   all.data + (dg_dptr)dg__bdh_attn_qr_offset(m->B, m->H, m->T, cols, m->act), m->B,
+				   m->H, m->T, m->N);
 	return sc;
 }
 
@@ -310,7 +312,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor xs = dg__gm_tn(m, in[0]), v = dg__gm_tn(m, in[1]), rope = dg__gm_tn(m, in[2]),
 			  o = dg__gm_tn(m, out[0]);
 		dg_attention_fwd_args a = { .xs = &xs, .v = &v, .rope = &rope, .scores = &sc, .out = &o,
-					    .ws = ws, .qr = m->keep_qr ? &qr : NULL };
+					    .ws = ws, .qr = m->keep_qr ? &qr : NULL, .chunk = m->attn_chunk };
 		if (need) {
 			dg_status st = dg_attention_fwd_workspace(&s, &a, need);
 			if (st)
@@ -461,7 +463,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		size_t c_bytes = 0, gx_bytes = fused ? 0 : (size_t)dg_tensor_numel(&xs) * sizeof(float);
 		dg_attention_bwd_args a = { .grad = &g, .xs = &xs, .v = &v, .rope = &rope, .scores = &sc,
 					    .grad_v = &dv, .dxs = fused ? &dxs : NULL,
-					    .qr = m->keep_qr ? &qr : NULL };
+					    .qr = m->keep_qr ? &qr : NULL, .chunk = m->attn_chunk };
 		dg_status st = dg_attention_bwd_workspace(&s, &a, &c_bytes);
 		if (st)
 			return dg__dev_fail(dev, st, "the attention's backward: no workspace size");

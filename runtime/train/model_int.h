@@ -60,7 +60,7 @@ void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, d
 
 /* The plan's memory-for-time choices (dg_train_result's; all false for a
  * NULL model). */
-void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute);
+void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute, int *attn_chunk);
 
 /* Decoding from a state on the GPU (gpu_decode.c): a model of w for b
  * rows of one token, each layer's attention state (L·b·H·N·D f32) on the
