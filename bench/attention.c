@@ -15,9 +15,21 @@
  * (B,H,T,T) bf16, out (B,H,T,D) bf16, grad (B,H,T,D) f32, grad_v
  * (B,1,T,D) f32, dxs (B,H,T,N) bf16, inputs from dg_rng (uniform; the
  * values do not change the work). B·T = 4096 up to T = 4096, then B = 1.
- * form "chunked" (DESIGN.md "Long context") has no ops yet: refused.
+ * form "chunked" (DESIGN.md "Long context"; dragon/ops.h "The chunked
+ * form"): the same chains with args.chunk = C (--chunk, default the
+ * model's rule: runtime/train/gpu_model.c attn_chunk_for, 256, 512 from T
+ * 32768): per chunk the quadratic ops on the chunks as one-head
+ * sequences, then the states (attention_chunk_state, _out, _dq); scores
+ * (B,H,T,C). --form both runs each T both ways.
  *
- * The floor: cuBLASLt bf16 batched GEMMs (bf16 in and out, f32 compute;
+ * The chunked form's floor: the same GEMMs' cuBLASLt time for its own
+ * products — forward the chunks' qr·qrᵀ (B·H·T/C × C×C×N) and S·v
+ * (B·H·T/C × C×D×C), a state's qrᵀ·v (B·H × N×D×T) and qr·S (B·H × T×D×N,
+ * S in bf16: the kernels read hi + lo, twice the K); backward the chunks'
+ * grad·vᵀ (C×C×D) and Sᵀ·grad (C×D×C) and C·qr (C×N×C), two states
+ * (qrᵀ·v, qrᵀ·dout), qr·R and grad·Sᵀ + v·Rᵀ (B·H × T×N×2D).
+ *
+ * The quadratic form's floor: cuBLASLt bf16 batched GEMMs (bf16 in and out, f32 compute;
  * bench/kernels_cublas.c bk_gemm) of the chains' GEMMs as full squares,
  * over the same buffers: forward qr·qrᵀ (B·H × T×T×N) and S·v (B × H·T×D×T,
  * the heads stacked: v is shared), backward grad·vᵀ (B × H·T×T×D, grad in
@@ -38,7 +50,7 @@
  * --reps calls each between CUDA events on the device's stream (cuBLASLt
  * on it too), the L2 flushed before each, outside the events.
  *
- * Usage: attention [--form quadratic|chunked] [--times 512,1024,...]
+ * Usage: attention [--form quadratic|chunked|both] [--chunk C] [--times 512,1024,...]
  *                  [--warmup N] [--reps N] [--out FILE] [--require-gpu]
  * Exit: 0 (rows with "error" included, or skipped: no CUDA device), 1
  * the setup or the JSON failed, 2 usage.
@@ -67,6 +79,7 @@ typedef struct att_case {
 	bench *b;
 	dg_spec spec; /* the chains' (attention_scores, as the model gives it) */
 	int64_t B, T;
+	int C; /* the chunk; 0: the quadratic form */
 	size_t bytes[N_BUF];
 	dg_dptr mem[N_BUF];
 	dg_tensor xs, v, rope, scores, out, grad, grad_v, dxs;
@@ -96,16 +109,16 @@ static void set_tensors(att_case *c)
 	c->xs = dg_tensor_4d("xs", DG_FMT_BF16, c->mem[XS], B, H, T, N);
 	c->v = dg_tensor_4d("v", DG_FMT_BF16, c->mem[V], B, 1, T, D);
 	c->rope = dg_tensor_2d("rope", DG_FMT_F32, c->mem[ROPE], T, N);
-	c->scores = dg_tensor_4d("scores", DG_FMT_BF16, c->mem[SCORES], B, H, T, T);
+	c->scores = dg_tensor_4d("scores", DG_FMT_BF16, c->mem[SCORES], B, H, T, c->C ? c->C : T);
 	c->out = dg_tensor_4d("out", DG_FMT_BF16, c->mem[OUT], B, H, T, D);
 	c->grad = dg_tensor_4d("grad", DG_FMT_F32, c->mem[GRAD], B, H, T, D);
 	c->grad_v = dg_tensor_4d("grad_v", DG_FMT_F32, c->mem[GRAD_V], B, 1, T, D);
 	c->dxs = dg_tensor_4d("dxs", DG_FMT_BF16, c->mem[DXS], B, H, T, N);
 	dg_attention_fwd_args fa = { .xs = &c->xs, .v = &c->v, .rope = &c->rope, .scores = &c->scores,
-				     .out = &c->out, .ws = { c->mem[FWS], c->bytes[FWS] } };
+				     .out = &c->out, .ws = { c->mem[FWS], c->bytes[FWS] }, .chunk = c->C };
 	dg_attention_bwd_args ba = { .grad = &c->grad, .xs = &c->xs, .v = &c->v, .rope = &c->rope,
 				     .scores = &c->scores, .grad_v = &c->grad_v, .dxs = &c->dxs,
-				     .ws = { c->mem[BWS], c->bytes[BWS] } };
+				     .ws = { c->mem[BWS], c->bytes[BWS] }, .chunk = c->C };
 	c->fa = fa;
 	c->ba = ba;
 }
@@ -201,13 +214,47 @@ static void floor_gemms(const att_case *c, bk_gemm g[N_FLOOR])
 	g[F_CQR] = (bk_gemm){ .batch = B * H, .m = T, .n = N, .k = T, .a = m[BWS], .b = m[XS], .c = m[DXS] };
 }
 
+/* The chunked form's GEMMs (the file's comment), over c's buffers: the
+ * chunks' products over xs, scores, out and dxs; the states' over the
+ * backward's workspace (B·H·2N·T/C·D bf16, more than a state a head). */
+enum { FC_QRQR, FC_SV, FC_STATE, FC_QS, FC_GV, FC_SG, FC_CQR, FC_DQ, N_FLOOR_C };
+static const char *const floor_c_name[N_FLOOR_C] = { "chunk_qr_qrT_ms", "chunk_s_v_ms", "state_ms", "qr_s_ms",
+						     "chunk_grad_vT_ms", "chunk_sT_grad_ms", "chunk_c_qr_ms",
+						     "grad_sT_ms" };
+
+static void floor_gemms_chunked(const att_case *c, bk_gemm g[N_FLOOR_C])
+{
+	const int64_t B = c->B, T = c->T, H = BDH_H, N = BDH_L, D = BDH_E, C = c->C, nc = B * H * (T / C);
+	const dg_dptr *m = c->mem;
+	memset(g, 0, sizeof(bk_gemm) * N_FLOOR_C);
+	g[FC_QRQR] = (bk_gemm){ .batch = nc, .m = C, .n = C, .k = N, .tb = true, .a = m[XS], .b = m[XS], .c = m[SCORES] };
+	g[FC_SV] = (bk_gemm){ .batch = nc, .m = C, .n = D, .k = C, .a = m[SCORES], .b = m[OUT], .c = m[BWS] };
+	/* a state: qrᵀ·v (N,T)·(T,D) a head */
+	g[FC_STATE] = (bk_gemm){ .batch = B * H, .m = N, .n = D, .k = T, .ta = true, .a = m[XS], .b = m[OUT],
+				 .c = m[BWS] };
+	/* qr·S: (T,N)·(N,D) a head */
+	g[FC_QS] = (bk_gemm){ .batch = B * H, .m = T, .n = D, .k = N, .a = m[XS], .b = m[BWS], .c = m[OUT] };
+	g[FC_GV] = (bk_gemm){ .batch = nc, .m = C, .n = C, .k = D, .tb = true, .a = m[OUT], .b = m[OUT],
+			      .c = m[SCORES] };
+	g[FC_SG] = (bk_gemm){ .batch = nc, .m = C, .n = D, .k = C, .ta = true, .a = m[SCORES], .b = m[OUT],
+			      .c = m[BWS] };
+	g[FC_CQR] = (bk_gemm){ .batch = nc, .m = C, .n = N, .k = C, .a = m[SCORES], .b = m[XS], .c = m[DXS] };
+	/* grad·Sᵀ (and v·Rᵀ, the same again): (T,D)·(N,D)ᵀ a head */
+	g[FC_DQ] = (bk_gemm){ .batch = B * H, .m = T, .n = N, .k = D, .tb = true, .a = m[OUT], .b = m[BWS],
+			      .c = m[DXS] };
+}
+
 /* Times the floor's GEMMs into ms; false with b->err at the first that
  * fails. */
-static bool floor_run(att_case *c, double ms[N_FLOOR])
+static bool floor_run(att_case *c, double ms[N_FLOOR_C])
 {
-	bk_gemm g[N_FLOOR];
-	floor_gemms(c, g);
-	for (int i = 0; i < N_FLOOR; i++) {
+	bk_gemm g[N_FLOOR_C];
+	const int n = c->C ? N_FLOOR_C : N_FLOOR;
+	if (c->C)
+		floor_gemms_chunked(c, g);
+	else
+		floor_gemms(c, g);
+	for (int i = 0; i < n; i++) {
 		dg_timing s;
 		bool ok = bk_gemm_open(c->b, &g[i]) && bk_time_op(c->b, bk_gemm_run, &g[i], false, c->b->reps, &s);
 		bk_gemm_close(&g[i]);
@@ -231,23 +278,39 @@ static void add_timing(cJSON *row, const char *what, const dg_timing *s)
 	cJSON_AddNumberToObject(row, key, s->p90_us * 1e-3);
 }
 
-/* One T of form quadratic: its row (the caller owns it). */
-static cJSON *run_quadratic(bench *b, const dg_spec *spec, int T)
+/* The model's chunk at T (runtime/train/gpu_model.c attn_chunk_for's
+ * rule): 256, 512 from T 32768, the largest that divides T. */
+static int model_chunk(int T)
+{
+	for (int c = T >= 32768 ? 512 : 256; c >= 64; c /= 2)
+		if (T % c == 0)
+			return c;
+	return 64;
+}
+
+/* One T of a form (C 0: quadratic): its row (the caller owns it). */
+static cJSON *run_form(bench *b, const dg_spec *spec, int T, int C)
 {
 	att_case c;
 	memset(&c, 0, sizeof(c));
 	c.b = b;
 	c.spec = *spec;
 	c.T = T;
+	c.C = C;
 	c.B = T < TOKENS ? TOKENS / T : 1;
-	const double H = BDH_H, N = BDH_L, D = BDH_E, pairs = (double)c.B * H * (double)T * (T - 1) / 2;
-	const double flops_fwd = pairs * 2 * (N + D), flops_bwd = pairs * (4 * D + 4 * N);
+	const double H = BDH_H, N = BDH_L, D = BDH_E;
+	/* causal pairs: the whole T's, or the chunks' own, then the states' terms */
+	const double pairs = C ? (double)c.B * H * (double)(T / C) * (double)C * (C - 1) / 2
+			       : (double)c.B * H * (double)T * (T - 1) / 2;
+	const double bhtnd = (double)c.B * H * (double)T * N * D;
+	const double flops_fwd = pairs * 2 * (N + D) + (C ? 4 * bhtnd : 0);
+	const double flops_bwd = pairs * (4 * D + 4 * N) + (C ? 10 * bhtnd : 0);
 	cJSON *row = cJSON_CreateObject();
-	cJSON_AddStringToObject(row, "form", "quadratic");
+	cJSON_AddStringToObject(row, "form", C ? "chunked" : "quadratic");
 	cJSON_AddNumberToObject(row, "B", (double)c.B);
 	cJSON_AddNumberToObject(row, "T", T);
-	cJSON_AddNumberToObject(row, "C", 0);
-	fprintf(stderr, "attention: quadratic B %lld T %d ...\n", (long long)c.B, T);
+	cJSON_AddNumberToObject(row, "C", C);
+	fprintf(stderr, "attention: %s B %lld T %d C %d ...\n", C ? "chunked" : "quadratic", (long long)c.B, T, C);
 	if (!case_alloc(&c)) {
 		cJSON_AddStringToObject(row, "error", b->err);
 		goto out;
@@ -256,9 +319,18 @@ static cJSON *run_quadratic(bench *b, const dg_spec *spec, int T)
 	for (int i = 0; i < N_BUF; i++)
 		total += c.bytes[i];
 	cJSON_AddNumberToObject(row, "device_bytes", (double)total);
-	double fl[N_FLOOR];
+	double fl[N_FLOOR_C];
 	bool floor_ok = floor_run(&c, fl);
-	if (floor_ok) {
+	if (floor_ok && C) {
+		cJSON *fj = cJSON_AddObjectToObject(row, "floor");
+		for (int i = 0; i < N_FLOOR_C; i++)
+			cJSON_AddNumberToObject(fj, floor_c_name[i], fl[i]);
+		const double ff = fl[FC_QRQR] + fl[FC_SV] + fl[FC_STATE] + fl[FC_QS];
+		const double fb = fl[FC_GV] + fl[FC_SG] + 2 * fl[FC_STATE] + fl[FC_QS] + fl[FC_CQR] + 2 * fl[FC_DQ];
+		cJSON_AddNumberToObject(row, "floor_fwd_ms", ff);
+		cJSON_AddNumberToObject(row, "floor_bwd_ms", fb);
+		cJSON_AddNumberToObject(row, "floor_ms", ff + fb);
+	} else if (floor_ok) {
 		cJSON *fj = cJSON_AddObjectToObject(row, "floor");
 		for (int i = 0; i < N_FLOOR; i++)
 			cJSON_AddNumberToObject(fj, floor_name[i], fl[i]);
@@ -296,7 +368,9 @@ static void print_row(const cJSON *row)
 {
 	static const char *const keys[] = { "fwd_ms", "bwd_ms", "tflops_fwd", "tflops_bwd", "floor_fwd_ms",
 					    "floor_bwd_ms" };
-	printf("%-10s %5.0f %6.0f", "quadratic", num(row, "B"), num(row, "T"));
+	const cJSON *form = cJSON_GetObjectItemCaseSensitive(row, "form");
+	printf("%-10s %5.0f %6.0f %5.0f", cJSON_IsString(form) ? form->valuestring : "?", num(row, "B"), num(row, "T"),
+	       num(row, "C"));
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 		double v = num(row, keys[i]);
 		if (v < 0)
@@ -316,8 +390,8 @@ static void print_row(const cJSON *row)
 
 static int usage(FILE *f, int code)
 {
-	fprintf(f, "usage: attention [--form quadratic|chunked] [--times 512,1024,...] [--warmup N] [--reps N]\n"
-		   "                 [--out FILE] [--require-gpu]\n"
+	fprintf(f, "usage: attention [--form quadratic|chunked|both] [--chunk C] [--times 512,1024,...]\n"
+		   "                 [--warmup N] [--reps N] [--out FILE] [--require-gpu]\n"
 		   "BDH attention forward and backward by T at the 25M shape (H 4, N 8192, D 256, bf16),\n"
 		   "against cuBLASLt bf16 GEMMs of the same products; JSON to --out.\n");
 	return code;
@@ -329,6 +403,12 @@ static void add_notes(cJSON *doc)
 		"quadratic: the model's attention chains (dg_attention_fwd; dg_attention_bwd with dxs, grad_xs's "
 		"epi=mask), prepared once and launched as the model launches them; on sm_90 rope=pre, arch sm_90a "
 		"(the warpgroup GEMMs), RoPE(xs) written by the chain and included in its time",
+		"chunked: the same chains with args.chunk = C (the model's rule unless --chunk: 256, 512 from T 32768): "
+		"the quadratic ops on the chunks as one-head sequences, then the states (attention_chunk_state, "
+		"_out, _dq); its FLOPs add the states' terms (forward 4*B*H*T*N*D, backward 10*B*H*T*N*D) to the "
+		"chunks' causal pairs, and its floor is the cuBLASLt time of its own products (chunk_* a chunk, "
+		"state_ms a state's q^T*v, qr_s_ms q*S with S in bf16, grad_sT_ms grad*S^T; the backward counts two "
+		"states and two grad_sT)",
 		"B*T = 4096 up to T = 4096, then B = 1; C (the chunk) is 0 for quadratic",
 		"useful (causal) FLOPs, P = T(T-1)/2 pairs a head: forward B*H*P*2*(N + D); backward "
 		"B*H*P*(4*D + 4*N) (dS and grad_v 2D a pair, C*qr 2N on each of the 2P nonzeros of C = dS + dS^T); "
@@ -349,6 +429,7 @@ static void add_notes(cJSON *doc)
 /* attention's own options */
 typedef struct attention_opts {
 	const char *out_path, *form;
+	int chunk; /* 0: the model's rule */
 	int times[MAX_TIMES], ntimes;
 } attention_opts;
 
@@ -361,6 +442,8 @@ static int attention_option(void *user, const char *a, const char *v)
 		o->out_path = v;
 	else if (!strcmp(a, "--form"))
 		o->form = v;
+	else if (!strcmp(a, "--chunk"))
+		return bc_parse_ints(v, &o->chunk, 1, 64, 4096) == 1 && o->chunk % 64 == 0 ? 2 : 0;
 	else if (!strcmp(a, "--times"))
 		return (o->ntimes = bc_parse_ints(v, o->times, MAX_TIMES, 2, 1L << 20)) > 0 ? 2 : 0;
 	else
@@ -378,13 +461,10 @@ int main(int argc, char **argv)
 	if (!bk_args(&b, argc, argv, attention_option, &o, usage, &rc))
 		return rc;
 	const char *form = o.form, *out_path = o.out_path;
-	if (!strcmp(form, "chunked")) {
-		fprintf(stderr, "attention: --form chunked: the chunked attention (DESIGN.md \"Long context\") has no "
-				"ops yet; --form quadratic runs the quadratic chains\n");
-		return 2;
-	}
-	if (strcmp(form, "quadratic")) {
-		fprintf(stderr, "attention: --form %s: expected quadratic or chunked\n", form);
+	const bool quad = !strcmp(form, "quadratic") || !strcmp(form, "both");
+	const bool chunked = !strcmp(form, "chunked") || !strcmp(form, "both");
+	if (!quad && !chunked) {
+		fprintf(stderr, "attention: --form %s: expected quadratic, chunked or both\n", form);
 		return 2;
 	}
 	if (!bk_open(&b, "attention", &rc))
@@ -417,17 +497,22 @@ int main(int argc, char **argv)
 
 	printf("attention on %s (sm_%d), %s, %d reps; times in ms, TFLOP/s on the causal FLOPs\n", b.info.name,
 	       b.info.sm, spec_text, b.reps);
-	printf("%-10s %5s %6s %10s %10s %10s %10s %10s %10s\n", "form", "B", "T", "fwd", "bwd", "TF/s fwd",
+	printf("%-10s %5s %6s %5s %10s %10s %10s %10s %10s %10s\n", "form", "B", "T", "C", "fwd", "bwd", "TF/s fwd",
 	       "TF/s bwd", "floor fwd", "floor bwd");
-	int failed = 0;
-	for (int i = 0; i < o.ntimes; i++) {
-		cJSON *row = run_quadratic(&b, &spec, o.times[i]);
-		failed += cJSON_GetObjectItemCaseSensitive(row, "error") != NULL;
-		print_row(row);
-		cJSON_AddItemToArray(rows, row);
-	}
+	int failed = 0, n_rows = 0;
+	for (int i = 0; i < o.ntimes; i++)
+		for (int f = 0; f < 2; f++) {
+			if ((f == 0 && !quad) || (f == 1 && !chunked))
+				continue;
+			const int C = f == 0 ? 0 : o.chunk ? o.chunk : model_chunk(o.times[i]);
+			cJSON *row = run_form(&b, &spec, o.times[i], C);
+			failed += cJSON_GetObjectItemCaseSensitive(row, "error") != NULL;
+			n_rows++;
+			print_row(row);
+			cJSON_AddItemToArray(rows, row);
+		}
 	if (failed)
-		fprintf(stderr, "attention: %d of %d T with an error (in their rows)\n", failed, o.ntimes);
+		fprintf(stderr, "attention: %d of %d rows with an error (in their rows)\n", failed, n_rows);
 	rc = bc_write("attention", doc, out_path, out_path == NULL);
 	cJSON_Delete(doc);
 	bk_fini(&b);
