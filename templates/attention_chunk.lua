@@ -277,9 +277,12 @@ local OUT = {
 	const int nc = T / C, c = m0 / C;
 	if (c == (reverse ? nc - 1 : 0))
 		return;		// the walk's first chunk: its state is zero, nothing to add
-	const int nsteps = 2 * N / BK;]],
+	// hi's rows in NH steps, then lo's (N % BK != 0: the last step of each
+	// runs past N, where qr's columns are zeros)
+	constexpr int NH = (N + BK - 1) / BK;
+	const int nsteps = 2 * NH;]],
   loads = [[
-				const int k0 = i * BK, kq = k0 < N ? k0 : k0 - N;
+				const int kq = (i < NH ? i : i - NH) * BK, k0 = i < NH ? kq : N + kq;
 #pragma unroll
 				for (int gg = 0; gg < BM / 64; ++gg)	// qr[b, h, m0 + 64gg.., kq..]
 					dg_tma_load(as + 8192 * gg, &ma, full, kq, m0 + 64 * gg, z);
