@@ -13,7 +13,10 @@
 #   d768       6  768 12   8192    256  4   512
 #   1b         6 1280 16  16384    256  2   512   1.0B parameters: w8a8 runs
 #                                                 200 steps
+#   25m-t4k    6  256  4   8192    256  1  4096   long context (the attention's
+#                                                 chunked form from T 4096)
 #   25m-t16k   6  256  4   8192    256  1 16384   long context
+#   25m-t64k   6  256  4   8192    256  1 65536   longer: its peak memory
 #   25m-v50k   6  256  4   8192  50304  8   512   GPT-2's vocabulary (uint16 tokens)
 #   hn1m       6  256 16  65536    256  1   256   H·N = 1M neurons
 #   l12       12  384  6   4096    256  8   512
@@ -54,6 +57,7 @@
 #   bench/shapes.sh --only "25m d512 d768 l12"
 #   bench/shapes.sh --only "1b 25m-v50k" --merge
 #   bench/shapes.sh --only "25m-t16k hn1m" --merge
+#   bench/shapes.sh --only "25m-t4k 25m-t64k" --merge
 # (torch.compile takes most of a shape's time; the 1b w8a8 run's 200
 # steps a minute or so).
 #
@@ -84,7 +88,9 @@ else
 d512 6 512 8 4096 256 8 512
 d768 6 768 12 8192 256 4 512
 1b 6 1280 16 16384 256 2 512
+25m-t4k 6 256 4 8192 256 1 4096
 25m-t16k 6 256 4 8192 256 1 16384
+25m-t64k 6 256 4 8192 256 1 65536
 25m-v50k 6 256 4 8192 50304 8 512
 hn1m 6 256 16 65536 256 1 256
 l12 12 384 6 4096 256 8 512"
