@@ -317,6 +317,7 @@ static const shape op_shapes[] = {
 	{ 2, 2, 256, 128, 64, 64 },
 	{ 2, 2, 256, 136, 128, 128 }, /* latent not a multiple of 64: ragged state rows */
 	{ 1, 3, 384, 128, 64, 128 },
+	{ 1, 2, 256, 128, 192, 128 }, /* embd an odd number of 64s: 64-wide columns */
 };
 
 Test(gpu_attention_chunk, ops_are_their_references)

@@ -4,8 +4,9 @@
  * runtime/ops/attention.c):
  *   - each of the six ops renders and compiles with NVRTC (the three GEMMs
  *     for sm_90a, the helpers for sm_90) at the BDH shape, at chunks 64,
- *     128 and 512, at a ragged latent (136) and on the tiles the plan
- *     takes (BM 64 and 128, BN 64 to 256, 5 to 8 stages);
+ *     128 and 512, at a ragged latent (136), at embd an odd number of 64s
+ *     (192, 320) and on the tiles the plan takes (BM 64 and 128, BN 64 to
+ *     256, 5 to 8 stages);
  *   - what the plan refuses, naming the field: the GEMMs off sm_90a, D not
  *     a multiple of 64, a chunk the tile's rows do not divide, a tile off
  *     the warp-specialized form; the spec's chunk off its range;
@@ -50,8 +51,10 @@ static dg_spec op_spec(dg_op op, int heads, int latent, int embd, int chunk)
 Test(nvrtc_attention_chunk, every_op_compiles_at_the_bdh_shape_and_small_ones)
 {
 	dg_codegen *cg = nh_codegen();
+	/* heads, latent, embd, chunk: embd an odd number of 64s takes 64-wide
+	 * columns (state, out) */
 	static const int shapes[][4] = { { 4, 8192, 256, 256 }, { 2, 128, 64, 64 }, { 3, 136, 128, 128 },
-					 { 16, 16384, 1280, 512 } };
+					 { 16, 16384, 1280, 512 }, { 3, 2048, 192, 256 }, { 5, 6144, 320, 128 } };
 	for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++)
 		for (int i = 0; i < N_OPS; i++) {
 			dg_spec s = op_spec(chunk_ops[i], shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3]);
