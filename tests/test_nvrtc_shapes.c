@@ -80,8 +80,6 @@ static dg_model_config shape(const char *preset, int D, int H, int N, int V)
 	return c;
 }
 
-/* The specs of one shape's step, each compiled; z's counts stay (the
- * caller frees z.text and the generator). */
 /* Each listed spec's op counted into user's int[DG_OP__COUNT]. */
 static dg_status count_ops(void *user, const dg_spec *s)
 {
@@ -89,6 +87,8 @@ static dg_status count_ops(void *user, const dg_spec *s)
 	return DG_OK;
 }
 
+/* The specs of one shape's step, each compiled; z's counts stay (the
+ * caller frees z.text and the generator). */
 static void step_compiles_into(seen *z, const char *preset, int D, int H, int N, int V, int B, int T)
 {
 	char msg[1024];
@@ -155,62 +155,6 @@ Test(nvrtc_shapes, d4096_w8a8, .timeout = 1200)
 	step_compiles("w8a8", 4096, 8, 8192, 256, 1, 256);
 }
 
-/* The plan of every spec of the step for a sweep of shapes no other test
- * names (odd heads, widths and vocabularies, N not a power of two, T from
- * 1 to 5000)
- * and every preset: each validates and its template plans an auto tile
- * (what the first step would compile), nothing refused. Plans only: the
- * compiles of the shapes above stand for the kernels. */
-static int plan_failures;
-static const char *plan_shape;
-
-static dg_status plan_only(void *user, const dg_spec *spec)
-{
-	dg_codegen *cg = user;
-	dg_spec s = *spec;
-	char e[512], text[DG_SPEC_TEXT_MAX];
-	dg_plan p;
-	dg_spec_to_string(&s, text, sizeof(text));
-	if (dg_spec_validate(&s, e, sizeof(e)) != DG_OK) {
-		cr_log_error("%s: %s: %s", plan_shape, text, e);
-		plan_failures++;
-	} else if (dg_codegen_plan(cg, &s, &p) != DG_OK) {
-		cr_log_error("%s: %s: %s", plan_shape, text, dg_codegen_errmsg(cg));
-		plan_failures++;
-	}
-	return DG_OK;
-}
-
-Test(nvrtc_shapes, a_sweep_of_odd_shapes_plans)
-{
-	static const char *const presets[] = { "w8a8", "bf16", "bitnet", "f32" };
-	static const int shapes[][6] = {
-		/* layers, D, H, N, V, B */
-		{ 3, 320, 5, 6144, 1000, 2 },	{ 2, 64, 1, 64, 256, 1 },	{ 4, 192, 3, 2048, 50304, 4 },
-		{ 2, 128, 2, 1024, 65536, 2 },	{ 1, 4096, 1, 4096, 256, 1 },	{ 2, 448, 7, 7168, 32000, 2 },
-		{ 2, 576, 9, 1536, 512, 2 },	{ 2, 256, 64, 16384, 256, 1 },	{ 2, 128, 4, 112, 300, 3 },
-		{ 2, 64, 2, 65536, 256, 1 },	{ 2, 832, 13, 4992, 2, 2 },	{ 2, 960, 3, 320, 777, 2 },
-	};
-	static const int times[] = { 1, 7, 64, 100, 512, 1000, 4096, 5000 };
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
-	char name[160], msg[512];
-	int listed = 0;
-	for (size_t p = 0; p < sizeof(presets) / sizeof(presets[0]); p++)
-		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-			for (size_t k = 0; k < sizeof(times) / sizeof(times[0]); k++) {
-				dg_model_config c = shape(presets[p], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
-				c.layers = shapes[i][0];
-				snprintf(name, sizeof(name), "%s L %d D %d H %d N %d V %d B %d T %d", presets[p], c.layers,
-					 c.embd, c.heads, c.neurons, c.vocab, shapes[i][5], times[k]);
-				plan_shape = name;
-				cr_expect_eq(dg__gm_step_specs(&c, shapes[i][5], times[k], 90, plan_only, cg, msg, sizeof(msg)),
-					     DG_OK, "%s: %s", name, msg);
-				listed++;
-			}
-	cr_expect_eq(plan_failures, 0, "%d specs of the sweep did not plan (above)", plan_failures);
-	cr_expect_eq(listed, 4 * 12 * 8);
-	dg_codegen_destroy(cg);
 /* A long context: the attention's chunked form (gpu_model.c
  * attn_chunk_for: from T 4096, a chunk of 512 from T 32768), its ops in
  * the step's list and compiled, the quadratic scores not; and with
