@@ -18,7 +18,7 @@
  *   - what they refuse, by name: T not a multiple of C, a spec off
  *     sm_90a, grad_xs in place of dxs, a short workspace.
  *
- * Tolerance (dg_ref_close_norm): states f32 sums of bf16 products, 1e-5
+ * Tolerance (dg_ref_close_norm): states f32 sums of bf16 products, 3e-5
  * and 1e-4 against the reference's double sums; bf16 outputs 1e-2 and
  * 2e-2; f32 outputs of bf16 operands 1e-3 and 1e-2 (a state's use reads
  * hi + lo, to 2^-16 of the f32 sum). The chains against each other: the
@@ -235,7 +235,7 @@ static void ops_case(dg_device *dev, const shape *s, const dg_tile *tile)
 		float *g = states_f32(got, chunks, s->N, s->D), *w = states_f32(want, chunks, s->N, s->D);
 		snprintf(what, sizeof(what), "attention_chunk_state%s (T %d, N %d, D %d, C %d)",
 			 back ? " reversed" : "", s->T, s->N, s->D, s->C);
-		expect_norm(what, g, w, chunks * s->N * s->D, 1e-5, 1e-4f);
+		expect_norm(what, g, w, chunks * s->N * s->D, 3e-5, 1e-4f);
 		/* out from these states, into bf16 and f32 */
 		for (int of = 0; of < 2; of++) {
 			dg_fmt out = of ? DG_FMT_F32 : DG_FMT_BF16;
