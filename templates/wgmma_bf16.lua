@@ -109,7 +109,8 @@ __device__ __forceinline__ void ${NAME}(float (&d)[${NR}], unsigned long long da
 
 -- The MMA function `name` of an N-wide instruction (N a multiple of 8,
 -- 8..256) with A MN-major (a_mn) or K-major, B likewise: helpers' dg_wb_mma,
--- and a kernel's other forms beside it (templates/attention_chunk.lua).
+-- and, in a kernel whose GEMMs read other layouts, each of those beside it
+-- (ws_loop's MMA key names the one its loop issues).
 function M.mma_fn(name, n, a_mn, b_mn)
   local nr = n // 2
   local regs, outs = {}, {}

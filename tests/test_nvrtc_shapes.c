@@ -194,25 +194,28 @@ Test(nvrtc_shapes, long_context_takes_the_chunked_form, .timeout = 1200)
 /* The plan of every spec of the step for a sweep of shapes no other test
  * names (odd heads, widths and vocabularies, N not a power of two, T from
  * 1 to past the attention's chunked form, which T = 5000 does not divide)
- * and every preset: each validates and its template plans an auto tile
- * (what the first step would compile), nothing refused. Plans only: the
- * compiles of the shapes above stand for the kernels. */
-static int plan_failures;
-static const char *plan_shape;
+ * and every preset: each validates and its template plans an
+ * auto tile (what the first step would compile), nothing refused. Plans
+ * only: the compiles of the shapes above stand for the kernels. */
+typedef struct sweep {
+	dg_codegen *cg;
+	const char *shape;
+	int failures;
+} sweep;
 
 static dg_status plan_only(void *user, const dg_spec *spec)
 {
-	dg_codegen *cg = user;
+	sweep *w = user;
 	dg_spec s = *spec;
 	char e[512], text[DG_SPEC_TEXT_MAX];
 	dg_plan p;
 	dg_spec_to_string(&s, text, sizeof(text));
 	if (dg_spec_validate(&s, e, sizeof(e)) != DG_OK) {
-		cr_log_error("%s: %s: %s", plan_shape, text, e);
-		plan_failures++;
-	} else if (dg_codegen_plan(cg, &s, &p) != DG_OK) {
-		cr_log_error("%s: %s: %s", plan_shape, text, dg_codegen_errmsg(cg));
-		plan_failures++;
+		cr_log_error("%s: %s: %s", w->shape, text, e);
+		w->failures++;
+	} else if (dg_codegen_plan(w->cg, &s, &p) != DG_OK) {
+		cr_log_error("%s: %s: %s", w->shape, text, dg_codegen_errmsg(w->cg));
+		w->failures++;
 	}
 	return DG_OK;
 }
@@ -228,10 +231,9 @@ Test(nvrtc_shapes, a_sweep_of_odd_shapes_plans)
 		{ 2, 64, 2, 65536, 256, 1 },	{ 2, 832, 13, 4992, 2, 2 },	{ 2, 960, 3, 320, 777, 2 },
 	};
 	static const int times[] = { 1, 7, 64, 100, 512, 1000, 4096, 5000 };
-	dg_codegen *cg = NULL;
-	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	sweep w = { .failures = 0 };
+	cr_assert_eq(dg_codegen_create(&w.cg, NULL), DG_OK);
 	char name[160], msg[512];
-	int listed = 0;
 	for (size_t p = 0; p < sizeof(presets) / sizeof(presets[0]); p++)
 		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 			for (size_t k = 0; k < sizeof(times) / sizeof(times[0]); k++) {
@@ -239,14 +241,12 @@ Test(nvrtc_shapes, a_sweep_of_odd_shapes_plans)
 				c.layers = shapes[i][0];
 				snprintf(name, sizeof(name), "%s L %d D %d H %d N %d V %d B %d T %d", presets[p], c.layers,
 					 c.embd, c.heads, c.neurons, c.vocab, shapes[i][5], times[k]);
-				plan_shape = name;
-				cr_expect_eq(dg__gm_step_specs(&c, shapes[i][5], times[k], 90, plan_only, cg, msg, sizeof(msg)),
+				w.shape = name;
+				cr_expect_eq(dg__gm_step_specs(&c, shapes[i][5], times[k], 90, plan_only, &w, msg, sizeof(msg)),
 					     DG_OK, "%s: %s", name, msg);
-				listed++;
 			}
-	cr_expect_eq(plan_failures, 0, "%d specs of the sweep did not plan (above)", plan_failures);
-	cr_expect_eq(listed, 4 * 12 * 8);
-	dg_codegen_destroy(cg);
+	cr_expect_eq(w.failures, 0, "%d specs of the sweep did not plan (above)", w.failures);
+	dg_codegen_destroy(w.cg);
 }
 
 Test(nvrtc_shapes, odd_small_bf16, .timeout = 1200)

@@ -159,12 +159,13 @@ static void prefetch_start(void)
 {
 	pthread_t th;
 	pthread_attr_t a;
-	if (pthread_attr_init(&a))
-		return;
-	if (!pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED) &&
-	    pthread_create(&th, &a, prefetch_main, NULL) != 0)
-		(void)prefetch_main(NULL); /* no thread: the same reads, queued from here */
-	pthread_attr_destroy(&a);
+	const bool attr = pthread_attr_init(&a) == 0;
+	/* no detached thread: the same reads, queued from here */
+	if (!attr || pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED) ||
+	    pthread_create(&th, &a, prefetch_main, NULL))
+		(void)prefetch_main(NULL);
+	if (attr)
+		pthread_attr_destroy(&a);
 }
 
 void dg__nvrtc_prefetch(void)
