@@ -495,6 +495,184 @@ ${DEC}
   return main, about
 end
 
+-- ---- the warp-specialized form (sm_90a, int8 weights, 8-bit codes) ------
+-- A producer warpgroup (the block's last) walks the block's work items
+-- (tile, split) and their K steps, and loads each step's A (64 rows of y
+-- codes a box: (b, t) rows of one b, 128 codes of one head) and B (BN
+-- weight rows, 128 codes) by TMA into a ring of S stages with the 128-byte
+-- swizzle; the consumer warpgroups wait on a stage's full mbarrier, run
+-- four wgmma m64nBNk32 on it (K-major descriptors, the swizzle's: layout
+-- type 1, 1024 bytes between 8-row groups, a k32 step 32 bytes further),
+-- and free it on its empty one once those MMAs completed (one step in
+-- flight across the wait). Each item's int32 sums go to its slice as the
+-- ring path's do, while the producer is already loading the next item's
+-- steps. The kernel takes two tensor maps after (B, T, nsplit), made by
+-- runtime/ops/decoder.c: ma over y (L, T, B·H) bytes, boxes 128 x 64; mb
+-- over w (H·L, E, 1), boxes 128 x BN. It needs T % 64 == 0 (a box's 64
+-- rows within one b): at another T the runtime takes the ring's tile.
+local function ws_applies(k)
+  return k.arch == 90 and k.arch_specific and k.weight == "int8" and (k.act == "int8" or k.act == "uint8pos")
+end
+
+-- Its tiles: WN 1, WM 4 or 8 (BM 64 or 128), BN 64 | 128 | 256, BK 128
+-- (one 128-byte swizzle row of codes a step), 5 to 8 stages (which name
+-- the form, as the bf16 GEMMs' warp-specialized tiles do); the ring, its
+-- mbarriers and 1 KiB of alignment within 227 KiB.
+local function ws_smem(t)
+  return t.stages * (t.bm + t.bn) * t.bk + 16 * t.stages + 1024
+end
+
+local function ws_fits(k, t)
+  return ws_applies(k) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
+    (t.bn == 64 or t.bn == 128 or t.bn == 256) and t.bk == 128 and t.stages >= 5 and t.stages <= 8 and
+    ws_smem(t) <= 227 * 1024
+end
+
+local KERNEL_WS = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// heads
+constexpr int L = ${L};		// latent width per head (a head's K segment)
+constexpr int E = ${E};		// model width: the N of the GEMM
+constexpr int BM = ${BM}, BN = ${BN}, BK = ${BK};	// block tile, K step (codes)
+constexpr int NCW_ = BM / 64, NT = NCW_ * 128;	// consumer warpgroups, their threads
+constexpr int S = ${S};				// stages
+constexpr int KT = (int)((long long)H * L / BK);	// K steps of the whole reduction
+constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE = A_BYTES + B_BYTES;
+static_assert(BK == 128 && L % BK == 0, "a step is one 128-byte swizzle row of one head's codes");
+${WS_HEAD}
+${WS_HELPERS}
+// The descriptor of a K-major tile of rows of 128 bytes with the 128-byte
+// swizzle (layout type 1): 1024 bytes between 8-row groups (SBO), LBO unused.
+__device__ __forceinline__ unsigned long long dg_sw_desc(unsigned saddr)
+{
+	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024u >> 4) << 32) |
+	       (1ull << 62);
+}
+
+extern "C" __global__ void __launch_bounds__(NTB, 1)
+dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
+	       void *__restrict__ ws_, int B, int T, int nsplit,
+	       const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x;
+	const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int M = B * T;
+	int *ws = (int *)ws_;		// (nsplit, M, E) int32 partial sums
+	(void)y;
+	(void)w;
+	const int NTN = (E + BN - 1) / BN, NTM = (M + BM - 1) / BM;
+	const long long ntile = (long long)NTN * NTM, nitem = ntile * nsplit;
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
+	// the barriers after the ring: full[S] (the producer's expect_tx and the
+	// bytes), then empty[S] (every consumer thread)
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+	const unsigned bars = sbase + S * STAGE;
+	if (tid == 0) {
+		for (int s = 0; s < S; ++s) {
+			dg_mbar_init(bars + 8 * s, 1);
+			dg_mbar_init(bars + 8 * (S + s), NT);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	__syncthreads();
+
+	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
+		if constexpr (REG_MOVE)
+			dg_reg_dealloc<REG_P>();
+		if (tid == NT) {
+			int i = 0;	// the block's step, over all its items
+#pragma unroll 1
+			for (long long item = blockIdx.x; item < nitem; item += gridDim.x) {
+				const long long tile = item % ntile;
+				const int split = (int)(item / ntile);
+				const int n0 = (int)(tile % NTN) * BN, m0 = (int)(tile / NTN) * BM;
+				const int kt0 = (int)((long long)split * KT / nsplit);
+				const int nkt = (int)((long long)(split + 1) * KT / nsplit) - kt0;
+#pragma unroll 1
+				for (int j = 0; j < nkt; ++j, ++i) {
+					const int s = i % S;
+					const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
+					// the stage's previous use (step i - S) released by every consumer
+					dg_mbar_wait(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
+					dg_mbar_expect_tx(full, TX);
+					const int kg = (kt0 + j) * BK, hh = kg / L, l0 = kg - hh * L;
+#pragma unroll
+					for (int gg = 0; gg < BM / 64; ++gg) {	// rows m0 + 64gg ..: one b's (past M: zeros)
+						const int m = m0 + 64 * gg, b = m / T, t = m - b * T;
+						dg_tma_load(as + 8192 * gg, &ma, full, l0, t, b * H + hh);
+					}
+					dg_tma_load(bs, &mb, full, kg, n0, 0);	// w rows n0 .. n0 + BN - 1 (past E: zeros)
+				}
+			}
+		}
+		return;
+	}
+
+	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of each tile
+	if constexpr (REG_MOVE)
+		dg_reg_alloc<REG_C>();
+	int acc[BN / 2];
+	int i = 0;
+#pragma unroll 1
+	for (long long item = blockIdx.x; item < nitem; item += gridDim.x) {
+		const long long tile = item % ntile;
+		const int split = (int)(item / ntile);
+		const int n0 = (int)(tile % NTN) * BN, m0 = (int)(tile / NTN) * BM;
+		const int kt0 = (int)((long long)split * KT / nsplit);
+		const int nkt = (int)((long long)(split + 1) * KT / nsplit) - kt0;
+#pragma unroll
+		for (int r = 0; r < BN / 2; ++r)
+			acc[r] = 0;
+#pragma unroll 1
+		for (int j = 0; j < nkt; ++j, ++i) {
+			const int s = i % S;
+			dg_mbar_wait(bars + 8 * s, (i / S) & 1);
+			const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
+			dg_wg_fence();
+#pragma unroll
+			for (int ks = 0; ks < BK / 32; ++ks)
+				dg_wgmma(acc, dg_sw_desc(as + 32 * ks), dg_sw_desc(bs + 32 * ks), 1);
+			dg_wg_commit();
+			// step i-1's MMAs done: its stage is free (a step of this item)
+			dg_wg_wait<1>();
+			dg_wg_pin(acc);
+			if (j > 0)
+				dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));
+		}
+		dg_wg_wait<0>();
+		dg_wg_pin(acc);
+		if (nkt > 0)	// the item's last step
+			dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));
+		// ---- this split's partial sums into its slice (pairs; an empty K
+		// range writes zeros)
+		int *slice = ws + (long long)split * M * E;
+		const int r0 = m0 + wg * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+		for (int jn = 0; jn < BN / 8; ++jn)
+#pragma unroll
+			for (int hr = 0; hr < 2; ++hr) {
+				const int m = r0 + 8 * hr, d = n0 + 8 * jn + 2 * q;	// d even; E is even
+				if (m < M && d < E)
+					*(int2 *)(slice + (long long)m * E + d) = make_int2(acc[4 * jn + 2 * hr], acc[4 * jn + 2 * hr + 1]);
+			}
+	}
+}
+]]
+
+local function render_ws(H, L, E, act, fa, fw, t)
+  local WG = require("wgmma")
+  local WB = require("wgmma_bf16")
+  local main = WG.helpers(t.bn, fa.unsigned) .. "\n" .. EMIT.subst(KERNEL_WS, {
+    H = H, L = L, E = E, BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, YT = fa.ctype, WT = fw.ctype,
+    WS_HEAD = WB.WS_HEAD, WS_HELPERS = WB.WS_HELPERS })
+  local about = fmt("integer × integer, warp-specialized (sm_90a): a TMA producer warpgroup, %d consumer warpgroups "
+    .. "of wgmma m64n%dk32 %s.s8, a ring of %d stages with full/empty mbarriers; two tensor maps follow nsplit "
+    .. "(T %% 64 == 0); split-K into int32 slices", t.bm // 64, t.bn, FM.mma_type(act), t.stages)
+  return main, about
+end
+
 local function fields(spec)
   SPEC.check(spec.op == "decoder_fwd", "decoder.lua renders op decoder_fwd, not %s", tostring(spec.op))
   local k = {}
@@ -520,8 +698,17 @@ end
 --     128x256/4x4 269, 64x256 252;
 --   SIMT: 64x64 blocks of 2x2 warps, BK the largest step up to 64 (codes)
 --     or 32 (floats) that divides L and whole storage words.
+-- The warp-specialized form as the default where it applies (int8
+-- weights, 8-bit codes, L % 128 == 0): 128x128x128/8x1/6, two consumer
+-- warpgroups of 64 accumulators, 193 KiB. Off until the GPU suite has run
+-- on it (its tests pass against the CPU reference at explicit tiles).
+local WS_DEFAULT = false
+
 local function default_tile(k)
   local L = k.L
+  if WS_DEFAULT and ws_applies(k) and L % 128 == 0 then
+    return { bm = 128, bn = 128, bk = 128, wm = 8, wn = 1, stages = 6, threads = 0 }
+  end
   if k.ints and k.arch == 90 and k.arch_specific then
     local t = { bm = 128, bn = k.E >= 256 and 256 or (k.E > 64 and 128 or 64),
                 bk = L % 128 == 0 and 128 or (L % 64 == 0 and 64 or 32), wm = 8, wn = 1, stages = 4, threads = 0 }
@@ -556,6 +743,9 @@ function M.plan(spec)
   end
   ok, err = TILES.bk_divides(t, auto, k.L, "latent")
   if not ok then return nil, err end
+  if ws_fits(k, t) then
+    return plan_of(t, "wgmma tma", true, t.bm // 64 * 128 + 128, ws_smem(t))
+  end
   if wgmma_fits(k, t) then
     -- each warpgroup holds a 64 x BN int32 accumulator: BN/2 registers a
     -- thread, plus about 32 for addresses and the pipeline, under the
@@ -604,7 +794,10 @@ function M.render(spec, plan)
   local helpers = { bf16 = (out == "bf16" or act == "bf16" or weight == "bf16") or nil }
   local w = EMIT.writer()
   local main, about, launch_main, smem, nt
-  if use_wg then
+  if plan.path == "wgmma tma" then
+    nt, smem = plan.entries[1].threads, plan.smem_bytes
+    main, about = render_ws(H, L, E, act, fa, fw, t)
+  elseif use_wg then
     nt, smem = plan.entries[1].threads, plan.smem_bytes
     main, about = render_wg(H, L, E, act, weight, fa, fw, bm, bn, bk, stages, nt, smem)
     helpers.sign1 = (weight == "sign1") or nil
@@ -723,8 +916,8 @@ __device__ __forceinline__ int dg_tern_at(const unsigned *__restrict__ w, long l
   w:line(EMIT.banner(spec, "decoder.lua", {
     "decoder_fwd: out[b,0,t,d] = s · Σ_h Σ_l y[b,h,t,l] · w[d, h·L + l]",
     "",
-    fmt("extern \"C\" __global__ void dg_decoder_fwd(const %s *y, const %s *w, void *ws, int B, int T, int nsplit)",
-        fa.ctype, fw.ctype),
+    fmt("extern \"C\" __global__ void dg_decoder_fwd(const %s *y, const %s *w, void *ws, int B, int T, int nsplit%s)",
+        fa.ctype, fw.ctype, plan.path == "wgmma tma" and ", const dg_tmap ma, const dg_tmap mb" or ""),
     fmt("extern \"C\" __global__ void dg_decoder_fwd_out(const void *ws, const float *sa, const float *sw, %s *out, long long n, int nsplit)",
         cv.OT),
     fmt("y (B, %d, T, %d) %s; w (%d, %d) %s; ws (B·T, %d) %s; out (B, 1, T, %d) %s.", H, L, act, E, H * L,

@@ -833,6 +833,72 @@ static void decoder_bdh(dg_fmt weight, dg_fmt act)
 	gh_close(dev);
 }
 
+/* ---- decoder_fwd's warp-specialized form (templates/decoder.lua KERNEL_WS) --
+ * int8 weights, int8 or uint8pos codes, a tile of 5 to 8 stages and BK 128:
+ * a TMA producer warpgroup, the items (tile, split) walked by a persistent
+ * grid. Exact against the CPU reference (int32 sums, the same convert
+ * entry): heads 1 and 3, latent 128 and 384 (one and three K steps a head),
+ * embd 64, 96 and 320 (B tiles past E: zeros), B 1 to 3, T 64 and 128 (rows
+ * past M in the last tile), out f32 and bf16, every tile below; and a
+ * larger one (H 4, L 1024, E 256, B 2, T 128: several splits a tile). An
+ * explicit tile at T % 64 != 0 is refused, naming T. */
+static const dg_tile dec_ws_tiles[] = {
+	{ 128, 128, 128, 8, 1, 6, 0 },
+	{ 64, 256, 128, 4, 1, 5, 0 },
+	{ 128, 64, 128, 8, 1, 8, 0 },
+};
+
+static dg_spec dec_ws_spec(int H, int L, int E, dg_fmt act, dg_fmt out, const dg_tile *tile)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DECODER_FWD);
+	s.heads = H;
+	s.latent = L;
+	s.embd = E;
+	s.weight = DG_FMT_INT8;
+	s.act = act;
+	s.out = out;
+	s.arch = 90;
+	s.arch_specific = true;
+	s.tile = *tile;
+	dg_spec_normalize(&s);
+	gh_expect_path(&s, "wgmma tma");
+	return s;
+}
+
+Test(gpu_decoder, wgmma_tma)
+{
+	dg_device *dev = gh_open_sm90();
+	gh_seed(2100);
+	int n = 0;
+	for (size_t ti = 0; ti < sizeof(dec_ws_tiles) / sizeof(dec_ws_tiles[0]); ti++)
+		for (int ai = 0; ai < 2; ai++)
+			for (int hi = 0; hi < 2; hi++) {
+				const int E = n % 3 == 0 ? 64 : (n % 3 == 1 ? 96 : 320);
+				n++;
+				dg_spec s = dec_ws_spec(hi ? 3 : 1, hi ? 384 : 128, E, ai ? DG_FMT_UINT8POS : DG_FMT_INT8,
+							(ai + hi) % 2 ? DG_FMT_BF16 : DG_FMT_F32, &dec_ws_tiles[ti]);
+				run_decoder(dev, &s, 1, 64);
+				run_decoder(dev, &s, 3, 128);
+			}
+	dg_spec big = dec_ws_spec(4, 1024, 256, DG_FMT_UINT8POS, DG_FMT_F32, &dec_ws_tiles[0]);
+	run_decoder(dev, &big, 2, 128);
+
+	/* T 65 on an explicit tile: refused before anything runs */
+	dg_spec s = dec_ws_spec(1, 128, 64, DG_FMT_INT8, DG_FMT_F32, &dec_ws_tiles[0]);
+	dg_tensor y = dg_tensor_4d("y", DG_FMT_INT8, gh_alloc_ff(dev, 65 * 128), 1, 1, 65, 128);
+	dg_tensor w = dg_tensor_2d("w", DG_FMT_INT8, gh_alloc_ff(dev, 64 * 128), 64, 128);
+	dg_tensor out = dg_tensor_4d("out", DG_FMT_F32, gh_alloc_ff(dev, 65 * 64 * 4), 1, 1, 65, 64);
+	y.scale = gh_scalar(dev, 0.01f);
+	w.scale = gh_scalar(dev, 0.01f);
+	dg_decoder_fwd_args a = { .y = &y, .w = &w, .out = &out };
+	size_t need = 0;
+	cr_assert_eq(dg_decoder_fwd_workspace(dev, &s, &a, &need), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "T = 65") && strstr(dg_device_errmsg(dev), "T % 64 == 0"), "%s",
+		  dg_device_errmsg(dev));
+	gh_close(dev);
+}
+
 Test(gpu_bdh, decoder_int8_int8) { decoder_bdh(DG_FMT_INT8, DG_FMT_INT8); }
 Test(gpu_bdh, decoder_ternary_uint8pos) { decoder_bdh(DG_FMT_TERNARY, DG_FMT_UINT8POS); }
 

@@ -443,3 +443,60 @@ Test(nvrtc_forward, lowrank_stream_wgmma)
 		cr_assert(strncmp(p.path, "wgmma", 5) != 0, "%s", p.canonical);
 	dg_codegen_destroy(cg);
 }
+
+/* ---- decoder_fwd's warp-specialized form (templates/decoder.lua KERNEL_WS) --
+ * int8 weights and 8-bit codes (int8, uint8pos) with a tile of 5 to 8
+ * stages and BK 128: plans "wgmma tma" (a producer warpgroup's 128 threads
+ * more, the ring, its 2·S mbarriers and 1 KiB of alignment), names the
+ * integer wgmma and the TMA copy, takes the two maps after nsplit, and
+ * compiles for sm_90a, at the BDH shape and at 1B's; a ternary weight or a
+ * BK of 64 stays on the cp.async ring's path ("wgmma"). */
+Test(nvrtc_forward, decoder_wgmma_tma)
+{
+	static const struct {
+		const char *text;
+		const char *path;
+	} cases[] = {
+		{ "op=decoder_fwd;weight=int8;act=uint8pos;out=bf16;arch=sm_90a;tile=128x128x128/8x1/6", "wgmma tma" },
+		{ "op=decoder_fwd;weight=int8;act=int8;out=f32;arch=sm_90a;tile=64x256x128/4x1/5", "wgmma tma" },
+		{ "op=decoder_fwd;weight=int8;act=uint8pos;out=bf16;arch=sm_90a;heads=16;embd=1280;latent=16384;"
+		  "tile=128x64x128/8x1/8",
+		  "wgmma tma" },
+		{ "op=decoder_fwd;weight=ternary;act=uint8pos;out=bf16;arch=sm_90a;tile=128x128x128/8x1/6", "wgmma" },
+		{ "op=decoder_fwd;weight=int8;act=uint8pos;out=bf16;arch=sm_90a;tile=128x128x64/8x1/6", "wgmma" },
+	};
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dg_spec s;
+		dg_plan p;
+		dg_source *src = NULL;
+		dg__nvrtc_target t;
+		dg__nvrtc_result res;
+
+		spec_of(cases[i].text, &s);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", cases[i].text, dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, cases[i].path, "%s", p.canonical);
+		bool ws = strcmp(cases[i].path, "wgmma tma") == 0;
+		const dg_tile *tl = &p.spec.tile;
+		cr_assert_eq(p.entries[0].threads, tl->bm / 64 * 128 + (ws ? 128 : 0), "%s", p.canonical);
+		if (ws)
+			cr_assert_eq(p.entries[0].smem, tl->stages * (tl->bm + tl->bn) * 128 + 16 * tl->stages + 1024,
+				     "%s", p.canonical);
+		cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", cases[i].text, dg_codegen_errmsg(cg));
+		char inst[64];
+		snprintf(inst, sizeof(inst), "wgmma.mma_async.sync.aligned.m64n%dk32.s32", tl->bn);
+		cr_assert(strstr(src->text, inst), "%s: no %s", p.canonical, inst);
+		cr_assert_eq(strstr(src->text, "cp.async.bulk.tensor.3d") != NULL, ws, "%s: TMA", p.canonical);
+		cr_assert_eq(strstr(src->text, "int nsplit,\n\t       const __grid_constant__ dg_tmap ma, "
+					       "const __grid_constant__ dg_tmap mb)") != NULL,
+			     ws, "%s: the maps' ABI", p.canonical);
+		cr_assert_eq(dg__nvrtc_target_for(90, true, &t, err, sizeof(err)), DG_OK, "%s", err);
+		cr_assert_eq(dg__nvrtc_compile(src, &t, &res, err, sizeof(err)), DG_OK, "%s: %s", p.canonical, err);
+		cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not a cubin", p.canonical);
+		dg__nvrtc_result_free(&res);
+		dg_source_destroy(src);
+	}
+	dg_codegen_destroy(cg);
+}

@@ -150,5 +150,9 @@ typedef struct dg__tmap {
  * naming which. */
 dg_status dg__tmap_bf16(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
 			const uint32_t box[2]);
+/* The same for a tensor of bytes (8-bit codes: rows dims[0] bytes apart,
+ * box[0] <= 128). */
+dg_status dg__tmap_u8(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
+		      const uint32_t box[2]);
 
 #endif

@@ -29,9 +29,22 @@ static int splits_of(const dg_spec *r, long long m, int sms, long long *tiles)
 	return want < 1 ? 1 : (int)want;
 }
 
+/* The warp-specialized form (templates/decoder.lua KERNEL_WS): its maps,
+ * bytes of rank 3: ma over y (L, T, B·H), boxes of 128 codes by 64 rows
+ * (b, t) of one b; mb over w (H·L, E, 1), boxes of 128 codes by BN rows. */
+static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[2])
+{
+	const dg_spec *s = &p->spec;
+	const uint64_t L = (uint64_t)s->latent, H = (uint64_t)s->heads;
+	const uint64_t dy[3] = { L, (uint64_t)p->shape.t, (uint64_t)p->shape.b * H };
+	const uint64_t dw[3] = { H * L, (uint64_t)s->embd, 1 };
+	const uint32_t box_a[2] = { 128, 64 }, box_b[2] = { 128, (uint32_t)p->iv[0] };
+	dg_status st = dg__tmap_u8(p->dev, &maps[0], c->t[0]->data, dy, box_a);
+	return st ? st : dg__tmap_u8(p->dev, &maps[1], c->t[1]->data, dw, box_b);
+}
+
 dg_status dg__prep_decoder_fwd(dg_prepared *p, const dg__op_call *c)
 {
-	(void)c;
 	dg_device *dev = p->dev;
 	dg_kernel *k, *k2;
 	long long tiles;
@@ -41,16 +54,37 @@ dg_status dg__prep_decoder_fwd(dg_prepared *p, const dg__op_call *c)
 		return DG_OK;
 	dg_status st = dg_kernel_get(dev, &p->spec, "dg_decoder_fwd", &k);
 	if (!st)
+		st = dg__tma_rows_tile(p, "dg_decoder_fwd", 4, &k);
+	if (!st)
 		st = dg_kernel_get(dev, &p->spec, "dg_decoder_fwd_out", &k2);
 	if (st)
 		return st;
+	bool ws = dg__tma_abi(k);
+	if (ws) {
+		/* the maps of the call prepared with, made once here: a driver
+		 * that cannot make them refuses the prepare, not a launch */
+		p->iv[0] = dg_kernel_spec(k)->tile.bn;
+		dg__tmap maps[2];
+		if ((st = ws_tmaps(p, c, maps)))
+			return st;
+		p->tmaps = ws_tmaps;
+	}
 	const int sms = dg__dev_info(dev)->sm_count;
 	int nsplit = splits_of(dg_kernel_spec(k), m, sms, &tiles);
+	if (ws) {
+		/* a persistent grid of one block an SM walks the items: the
+		 * count whose rounds of items finish soonest (grad.c's model;
+		 * each split writes a slice of M·E int32, read once more) */
+		int per;
+		const dg_tile *t = &dg_kernel_spec(k)->tile;
+		nsplit = dg__grad_input_splits(tiles, (long long)p->spec.heads * p->spec.latent / t->bk,
+					       sms > 0 ? sms : 1, 0, &per);
+	}
 	/* one slice of partial sums a split (int32; f32 for the float path,
 	 * which runs one split): every element written, nothing to zero */
 	p->ws_bytes = (size_t)nsplit * (size_t)m * (size_t)p->spec.embd * 4;
 	long long work = tiles * nsplit; /* the kernel strides over any grid */
-	dg_launch l1 = { { dg__op_grid(work, 1, 16LL * sms), 1, 1 }, { 0, 0, 0 }, 0 };
+	dg_launch l1 = { { dg__op_grid(work, 1, (ws ? 1LL : 16LL) * sms), 1, 1 }, { 0, 0, 0 }, 0 };
 	dg__prep_launch *L = dg__prep_add(p, k, &l1, &st);
 	if (!L)
 		return st;
@@ -60,6 +94,10 @@ dg_status dg__prep_decoder_fwd(dg_prepared *p, const dg__op_call *c)
 	dg__arg_i32(p, L, p->shape.b);
 	dg__arg_i32(p, L, p->shape.t);
 	dg__arg_i32(p, L, nsplit);
+	if (ws) {
+		dg__arg_tmap(p, L, 0);
+		dg__arg_tmap(p, L, 1);
+	}
 
 	dg_launch l2 = { { dg__op_grid(n, 1024, 16LL * (sms / 2 > 0 ? sms / 2 : 1)), 1, 1 },
 			 { 256, 1, 1 }, 0 };

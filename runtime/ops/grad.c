@@ -79,24 +79,9 @@ static int64_t resident_of(dg_device *dev, const dg_kernel *k)
 /* ---- the warp-specialized form (templates/grad_wgmma.lua) -----------------
  * Its kernels (lowrank_grad_input and _weight, bf16, a tile of 5 to 8
  * stages) have a producer warpgroup beside the tile's warps, which loads
- * both operands by TMA, and take two tensor maps after the op's arguments.
- * A map box of 64 rows (b, t) or a K step of 64 t must lie within one b:
- * T % 64 == 0. At another T an auto tile becomes the cp.async ring's (the
- * same tile with 3 stages); a tile asked for is refused. */
-static dg_status ws_tile(dg_prepared *p, const char *entry, dg_kernel **k)
-{
-	if (!dg__tma_abi(*k) || p->shape.t % 64 == 0)
-		return DG_OK;
-	const dg_tile *t = &dg_kernel_spec(*k)->tile;
-	if (!dg_tile_is_auto(&p->spec.tile))
-		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
-				    "%s: T = %lld: the warp-specialized tile (stages %d) reads 64 rows of T a box by TMA, which needs T %% 64 == 0; take a tile of 3 or 4 stages or an auto tile",
-				    p->fn, (long long)p->shape.t, t->stages);
-	dg_spec s = p->spec;
-	s.tile = (dg_tile){ t->bm, t->bn, t->bk, t->wm, t->wn, 3, 0 };
-	dg_spec_normalize(&s);
-	return dg_kernel_get(p->dev, &s, entry, k);
-}
+ * both operands by TMA, and take two tensor maps after the op's arguments;
+ * at T % 64 != 0 an auto tile takes the cp.async ring's 3 stages
+ * (dg__tma_rows_tile). */
 
 /* The maps of a warp-specialized call, bf16 rank 3, boxes of 64 x 64:
  * ma over grad (L, T, B·H); mb over x (E, T, B·Hin) for grad_weight, over
@@ -180,7 +165,7 @@ static dg_status gi_plan(dg_prepared *p, const char *entry,
 	dg_device *dev = p->dev;
 	dg_status st = dg_kernel_get(dev, &p->spec, entry, k);
 	if (!st)
-		st = ws_tile(p, entry, k);
+		st = dg__tma_rows_tile(p, entry, 3, k);
 	if (st)
 		return st;
 	const dg_tile *t = &dg_kernel_spec(*k)->tile;
@@ -304,7 +289,7 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char 
 
 	dg_status st = dg_kernel_get(dev, spec, entry, &k);
 	if (!st)
-		st = ws_tile(p, entry, &k);
+		st = dg__tma_rows_tile(p, entry, 3, &k);
 	if (st)
 		return st;
 	const dg_tile *t = &dg_kernel_spec(k)->tile;

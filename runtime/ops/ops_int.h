@@ -269,10 +269,16 @@ void dg__arg_flag(dg_prepared *p, dg__prep_launch *L, size_t off);
 void dg__arg_blob(dg_prepared *p, dg__prep_launch *L, const void *bytes, size_t size);
 void dg__arg_tmap(dg_prepared *p, dg__prep_launch *L, int which);
 /* Whether k is of a warp-specialized path (templates/wgmma_bf16.lua
- * WS_MAINLOOP: attention_tma.lua's and grad_wgmma.lua's kernels): its
+ * WS_HEAD: attention_tma.lua's, grad_wgmma.lua's and decoder.lua's): its
  * plan asks for a producer warpgroup beside the tile's warps (threads
- * wm·wn·32 + 128), and it takes two TMA maps (DG__ARG_TMAP). */
+ * wm·wn·32 + 128), and its kernel takes two TMA maps (DG__ARG_TMAP). */
 bool dg__tma_abi(const dg_kernel *k);
+/* Such a kernel's maps read boxes of 64 rows (b, t) or K steps of 64 t,
+ * which lie within one b only at T % 64 == 0: at another T (the prepared
+ * shape's) an auto tile's kernel *k becomes the cp.async ring's, the same
+ * tile with ring_stages stages (`entry` of it), and a tile asked for is
+ * refused, naming T. Nothing changes for another kernel. */
+dg_status dg__tma_rows_tile(dg_prepared *p, const char *entry, int ring_stages, dg_kernel **k);
 
 /* A scalar field of dg__op_call as a parameter: DG__ARG_OF(p, L, eps). */
 #define DG__ARG_OF(p, L, field) \

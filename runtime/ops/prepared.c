@@ -125,6 +125,21 @@ bool dg__tma_abi(const dg_kernel *k)
 	return dg_kernel_info_get(k, &info) == DG_OK && info.block_threads == t->wm * t->wn * 32 + 128;
 }
 
+dg_status dg__tma_rows_tile(dg_prepared *p, const char *entry, int ring_stages, dg_kernel **k)
+{
+	if (!dg__tma_abi(*k) || p->shape.t % 64 == 0)
+		return DG_OK;
+	const dg_tile *t = &dg_kernel_spec(*k)->tile;
+	if (!dg_tile_is_auto(&p->spec.tile))
+		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
+				    "%s: T = %lld: the warp-specialized tile (stages %d) reads 64 rows of T a box by TMA, which needs T %% 64 == 0; take a tile of 3 or 4 stages or an auto tile",
+				    p->fn, (long long)p->shape.t, t->stages);
+	dg_spec s = p->spec;
+	s.tile = (dg_tile){ t->bm, t->bn, t->bk, t->wm, t->wn, ring_stages, 0 };
+	dg_spec_normalize(&s);
+	return dg_kernel_get(p->dev, &s, entry, k);
+}
+
 /* ---- the call against the prepared one ------------------------------------- */
 
 /* The options that shape a prepared op's launches: its K splits, unpack
