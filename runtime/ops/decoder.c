@@ -32,7 +32,7 @@ static int splits_of(const dg_spec *r, long long m, int sms, long long *tiles)
 /* The warp-specialized form (templates/decoder.lua KERNEL_WS): its maps,
  * bytes of rank 3: ma over y (L, T, B·H), boxes of 128 codes by 64 rows
  * (b, t) of one b; mb over w (H·L, E, 1), boxes of 128 codes by BN rows. */
-static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[2])
+static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[DG__PREP_TMAPS])
 {
 	const dg_spec *s = &p->spec;
 	const uint64_t L = (uint64_t)s->latent, H = (uint64_t)s->heads;
@@ -64,7 +64,7 @@ dg_status dg__prep_decoder_fwd(dg_prepared *p, const dg__op_call *c)
 		/* the maps of the call prepared with, made once here: a driver
 		 * that cannot make them refuses the prepare, not a launch */
 		p->iv[0] = dg_kernel_spec(k)->tile.bn;
-		dg__tmap maps[2];
+		dg__tmap maps[DG__PREP_TMAPS];
 		if ((st = ws_tmaps(p, c, maps)))
 			return st;
 		p->tmaps = ws_tmaps;
