@@ -352,19 +352,19 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	 * time (dragon/model.h dg_model_state) */
 	[DG_OP_ATTENTION_STEP] = {
 		.family = "attention", .module = "attention_step",
-		.about = "attention step: out (B,H,1,D) = qr . S, then S (B,H,N,D) f32 += qr^T v; qr = RoPE(xs (B,H,1,N)) at pos (B) f32 with freq (N), v (B,1,1,D)",
+		.about = "attention step: T tokens a row in order, each out (B,H,T,D) = qr . S, then S (B,H,N,D) f32 += qr^T v; qr = RoPE(xs (B,H,T,N)) at pos (B) f32 + t with freq (N), v (B,1,T,D)",
 		.fields = F(ACT) | F(ARCH) | F(EMBD) | F(HEADS) | F(LATENT) | F(TILE),
 		.tile = DG_TILE_THREADS,
 		.act_fmts = FLOATS,
 		.pack_fmt = DG_FMT__COUNT,
 		.defaults = { .fields = F(ACT), .act = DG_FMT_BF16 },
 		.n_args = 6, .args = {
-			{ "xs", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(ONE), DIM(N) } },
+			{ "xs", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
 			{ "pos", false, DG_ARG_F32, false, 1, { DIM(B) } },
 			{ "freq", false, DG_ARG_F32, false, 1, { DIM(N) } },
-			{ "v", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(ONE), DIM(ONE), DIM(D) } },
+			{ "v", false, DG_ARG_ACT, false, 4, { DIM(B), DIM(ONE), DIM(T), DIM(D) } },
 			{ "state", true, DG_ARG_F32, false, 4, { DIM(B), DIM(H), DIM(N), DIM(D) } },
-			{ "out", true, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(ONE), DIM(D) } } },
+			{ "out", true, DG_ARG_ACT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(D) } } },
 		.check = DG_CHECK_NORM,
 		.build = "act=f32,bf16",
 		.inout = 1u << 4, /* state: read, then written */

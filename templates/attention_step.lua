@@ -10,21 +10,41 @@ adds to a state S (N × D f32 a head) of every token before it:
   out[e]   = Σ_k qr[k]·S[k, e]            (S before this token)
   S[k, e] += qr[k]·v[e]
 
-Kernel ABI (XT: act's type, float (f32) | unsigned short (bf16)):
+Kernel ABI (XT: act's type, float (f32) | unsigned short (bf16)); T tokens a
+row, consumed in order (token t at position pos[b] + t):
   extern "C" __global__ void dg_attention_step(const XT *xs, const float *pos,
       const float *freq, const XT *v, float *state, XT *out, int B)
-  xs (B, H, 1, N); pos (B) f32 (each row's position, exact integers below
-  2^24); freq (N) f32 (pair p's frequency at 2p and 2p+1: dragon/model.h's
-  RoPE, 1/θ^(2p/N)/2π); v (B, 1, 1, D); state (B, H, N, D) f32, read and
-  written; out (B, H, 1, D).
-  grid (D/8, H, B), the plan's threads a block; 16-byte aligned.
+    T = 1; grid (D/8, H, B), the plan's threads a block;
+  extern "C" __global__ void dg_attention_window(const XT *xs, const float *pos,
+      const float *freq, const XT *v, float *state, XT *out, int B, int T)
+    T >= 1 (a prefill's window); grid (D/4, H, B), the plan's threads, the
+    entry's dynamic shared memory (RW rows of 4 columns f32);
+  xs (B, H, T, N); pos (B) f32 (each row's position before the window,
+  exact integers below 2^24); freq (N) f32 (pair p's frequency at 2p and
+  2p+1: dragon/model.h's RoPE, 1/θ^(2p/N)/2π); v (B, 1, T, D); state
+  (B, H, N, D) f32, read and written; out (B, H, T, D). 16-byte aligned.
 
-A block owns 8 columns of one (row, head): its threads stride over the
-pairs, skip a pair whose two xs are 0 (a ReLU output: most are, and their
-rows of S neither add to out nor change), and read, add to and write back
-32 bytes of each of the pair's two rows of S; the block then sums its
-threads' partial outputs in a fixed order (deterministic). Sums in f32;
-bf16 values are read exactly and out is rounded to nearest even once.
+dg_attention_step: a block owns 8 columns of one (row, head): its threads
+stride over the pairs, skip a pair whose two xs are 0 (a ReLU output: most
+are, and their rows of S neither add to out nor change), and read, add to
+and write back 32 bytes of each of the pair's two rows of S; the block then
+sums its threads' partial outputs in a fixed order (deterministic).
+
+dg_attention_window: the same recurrence a token at a time over T tokens
+without a trip to memory between them: a block owns 4 columns of one (row,
+head), stages the first RW rows of its columns of S in shared memory (N
+rows where they fit: 16 bytes a row), and for each token walks the pairs as
+dg_attention_step does (the same thread a pair for all T tokens, so a row
+is only ever touched by one thread), then sums the partial outputs in a
+fixed order; rows past RW are read and written in memory as the step's.
+The columns go back to memory once at the end. A column's arithmetic does
+not depend on how many columns a block owns (a thread's pairs, its fmaf
+order, the shuffles and the warps' order are the same), so at the same
+threads a block T tokens of the window are T dg_attention_step calls bit
+for bit: out and the state.
+
+Sums in f32; bf16 values are read exactly and out is rounded to nearest
+even once.
 ]]
 local SPEC = require("spec")
 local EMIT = require("emit")
@@ -48,6 +68,17 @@ __device__ __forceinline__ float dg_ld1(const float *p, long long i) { return p[
 __device__ __forceinline__ float dg_ld1(const unsigned short *p, long long i) { return dg_bf16_to_f32(p[i]); }
 __device__ __forceinline__ void dg_st1(float *p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void dg_st1(unsigned short *p, long long i, float v) { p[i] = dg_f32_to_bf16(v); }
+
+// RoPE of pair (x0, x1) at position t with the pair's frequency fr.
+__device__ __forceinline__ void dg_rope_pair(float t, float fr, float x0, float x1, float *q0, float *q1)
+{
+	const float two_pi = 6.28318530717958647692f;	// (float)(2π), the reference's
+	float ph = __fmul_rn(t, fr);
+	ph = __fmul_rn(__fsub_rn(ph, floorf(ph)), two_pi);
+	const float c = cosf(ph), s = sinf(ph);
+	*q0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+	*q1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
 
 // Row k of S (EC columns from the block's first): acc += q·S[k], S[k] += q·v.
 __device__ __forceinline__ void dg_step_row(float *__restrict__ S, int k, float q, const float *vv, float *acc)
@@ -74,7 +105,6 @@ dg_attention_step(const XT *__restrict__ xs, const float *__restrict__ pos, cons
 	if (b >= B)
 		return;
 	const float t = pos[b];
-	const float two_pi = 6.28318530717958647692f;	// (float)(2π), the reference's
 	float vv[EC], acc[EC];
 #pragma unroll
 	for (int j = 0; j < EC; ++j) {
@@ -87,11 +117,8 @@ dg_attention_step(const XT *__restrict__ xs, const float *__restrict__ pos, cons
 		const float x0 = dg_ld1(x, 2 * p), x1 = dg_ld1(x, 2 * p + 1);
 		if (x0 == 0.0f && x1 == 0.0f)
 			continue;	// qr 0: the rows add nothing and stay
-		float ph = __fmul_rn(t, freq[2 * p]);
-		ph = __fmul_rn(__fsub_rn(ph, floorf(ph)), two_pi);
-		const float c = cosf(ph), s = sinf(ph);
-		const float q0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-		const float q1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+		float q0, q1;
+		dg_rope_pair(t, freq[2 * p], x0, x1, &q0, &q1);
 		dg_step_row(S, 2 * p, q0, vv, acc);
 		dg_step_row(S, 2 * p + 1, q1, vv, acc);
 	}
@@ -115,7 +142,95 @@ dg_attention_step(const XT *__restrict__ xs, const float *__restrict__ pos, cons
 		dg_st1(out, ((long long)b * H + h) * D + e0 + threadIdx.x, a);
 	}
 }
+// ---- dg_attention_window: T tokens a row (see the top) ----------------------
+constexpr int EW = 4;			// columns of S a window block owns
+constexpr int RW = ${RW};		// rows of S staged in shared memory
+
+// Row k of the block's 4 columns: acc += q·S[k], S[k] += q·v (dg_step_row's
+// order, on a float4 in shared memory or in S).
+__device__ __forceinline__ void dg_window_row(float4 *r, float q, const float4 &vv, float4 &acc)
+{
+	float4 a = *r;
+	acc.x = fmaf(q, a.x, acc.x); acc.y = fmaf(q, a.y, acc.y);
+	acc.z = fmaf(q, a.z, acc.z); acc.w = fmaf(q, a.w, acc.w);
+	a.x = fmaf(q, vv.x, a.x); a.y = fmaf(q, vv.y, a.y);
+	a.z = fmaf(q, vv.z, a.z); a.w = fmaf(q, vv.w, a.w);
+	*r = a;
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+dg_attention_window(const XT *__restrict__ xs, const float *__restrict__ pos, const float *__restrict__ freq,
+		    const XT *__restrict__ v, float *__restrict__ state, XT *__restrict__ out, int B, int T)
+{
+	extern __shared__ float4 dg_rows[];	// RW rows of the block's 4 columns
+	__shared__ float part[2][NT / 32][EW];
+	const int e0 = blockIdx.x * EW, h = blockIdx.y, b = blockIdx.z;
+	if (b >= B)
+		return;
+	const long long bh = (long long)b * H + h;
+	float *S = state + bh * N * D + e0;
+	for (int k = threadIdx.x; k < RW; k += NT)
+		dg_rows[k] = *reinterpret_cast<const float4 *>(S + (long long)k * D);
+	__syncthreads();
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const float t0 = pos[b];
+	for (int tok = 0; tok < T; ++tok) {
+		const float t = __fadd_rn(t0, (float)tok);	// exact below 2^24
+		const long long vi = ((long long)b * T + tok) * D + e0;
+		const float4 vv = make_float4(dg_ld1(v, vi), dg_ld1(v, vi + 1), dg_ld1(v, vi + 2), dg_ld1(v, vi + 3));
+		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		const XT *x = xs + (bh * T + tok) * N;
+		for (int p = threadIdx.x; p < N / 2; p += NT) {
+			const float x0 = dg_ld1(x, 2 * p), x1 = dg_ld1(x, 2 * p + 1);
+			if (x0 == 0.0f && x1 == 0.0f)
+				continue;	// qr 0: the rows add nothing and stay
+			float q0, q1;
+			dg_rope_pair(t, freq[2 * p], x0, x1, &q0, &q1);
+			if (2 * p + 1 < RW) {
+				dg_window_row(&dg_rows[2 * p], q0, vv, acc);
+				dg_window_row(&dg_rows[2 * p + 1], q1, vv, acc);
+			} else {
+				dg_window_row(reinterpret_cast<float4 *>(S + (long long)(2 * p) * D), q0, vv, acc);
+				dg_window_row(reinterpret_cast<float4 *>(S + (long long)(2 * p + 1) * D), q1, vv, acc);
+			}
+		}
+		// dg_attention_step's fixed-order sum; part alternates by token, so a
+		// token's writes never meet the previous token's reads
+		float (*pt)[EW] = part[tok & 1];
+		const float accs[EW] = { acc.x, acc.y, acc.z, acc.w };
+#pragma unroll
+		for (int j = 0; j < EW; ++j) {
+			float a = accs[j];
+#pragma unroll
+			for (int o = 16; o > 0; o >>= 1)
+				a += __shfl_xor_sync(0xffffffffu, a, o);
+			if (lane == 0)
+				pt[warp][j] = a;
+		}
+		__syncthreads();
+		if (threadIdx.x < EW) {
+			float a = 0.0f;
+			for (int w = 0; w < NT / 32; ++w)
+				a += pt[w][threadIdx.x];
+			dg_st1(out, (bh * T + tok) * D + e0 + threadIdx.x, a);
+		}
+	}
+	__syncthreads();	// every thread's last updates of the staged rows
+	for (int k = threadIdx.x; k < RW; k += NT)
+		*reinterpret_cast<float4 *>(S + (long long)k * D) = dg_rows[k];
+}
 ]]
+
+-- Rows of S a window block stages (16 bytes a row): N where they fit in
+-- the shared memory the arch lets a block opt in to (less the static part
+-- and a margin), else as many as do; even (a pair's two rows together).
+local function window_rows(N, arch)
+  local cap = arch >= 90 and 200 * 1024 or ((arch == 80 or arch == 87) and 150 * 1024)
+              or (arch >= 80 and 90 * 1024) or 40 * 1024
+  local rows = cap // 16
+  rows = rows - rows % 2
+  return math.min(N, rows)
+end
 
 function M.plan(spec)
   SPEC.one_of(spec, "op", { "attention_step" })
@@ -123,7 +238,13 @@ function M.plan(spec)
   local N = SPEC.int_field(spec, "latent", 2)
   SPEC.check(D % EC == 0, "spec.embd=%d: must be a multiple of %d (a block owns %d columns of the state)", D, EC, EC)
   SPEC.check(N % 2 == 0, "spec.latent=%d: must be even (RoPE's pairs)", N)
-  return TILES.threads_plan(spec, { "dg_attention_step" }, "attention_step.cu")
+  local p, why = TILES.threads_plan(spec, { "dg_attention_step", "dg_attention_window" }, "attention_step.cu")
+  if not p then
+    return nil, why
+  end
+  p.window_rows = window_rows(N, SPEC.int_field(spec, "arch", 1))
+  p.entries[2].smem = p.window_rows * 16
+  return p
 end
 
 function M.render(spec, plan)
@@ -135,14 +256,18 @@ function M.render(spec, plan)
   local nt = plan.tile.threads
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "attention_step.lua", {
-    fmt("attention_step: out (B, %d, 1, %d) %s = qr·S, then S (B, %d, %d, %d) f32 += qrᵀ·v; qr = RoPE(xs) at each row's position.",
+    fmt("attention_step: out (B, %d, T, %d) %s = qr·S, then S (B, %d, %d, %d) f32 += qrᵀ·v, a token at a time; qr = RoPE(xs) at each token's position.",
         H, D, act, H, N, D),
     "",
     fmt("dg_attention_step(xs, pos, freq, v, state, out, int B)   grid (%d, %d, B), %d threads", D // EC, H, nt),
     "path: a block owns 8 columns of a (row, head)'s state; pairs whose xs are 0 skipped; a fixed-order block sum.",
+    fmt("dg_attention_window(xs, pos, freq, v, state, out, int B, int T)   grid (%d, %d, B), %d threads, %d bytes of dynamic shared memory",
+        D // 4, H, nt, plan.window_rows * 16),
+    fmt("path: T tokens a row in order, a block's 4 columns of the state's first %d rows in shared memory; T calls of dg_attention_step bit for bit.",
+        plan.window_rows),
   }))
   w:line(DEV.helpers({ bf16 = true }))
-  w:line(EMIT.subst(KERNEL, { H = H, N = N, D = D, NT = nt, EC = EC,
+  w:line(EMIT.subst(KERNEL, { H = H, N = N, D = D, NT = nt, EC = EC, RW = plan.window_rows,
                               XT = act == "bf16" and "unsigned short" or "float" }))
   return w:text()
 end

@@ -388,7 +388,7 @@ Test(ref_attention, step_is_the_recurrence)
 			for (int h = 0; h < H; h++)
 				memcpy(x1[b][h], xs[b][h][t], sizeof(x1[b][h]));
 		}
-		cr_assert_eq(dg_ref_attention_step(&s, x1, pos, freq, v1, &state[0][0][0][0], out, B), DG_OK);
+		cr_assert_eq(dg_ref_attention_step(&s, x1, pos, freq, v1, &state[0][0][0][0], out, B, 1), DG_OK);
 		for (int b = 0; b < B; b++)
 			for (int h = 0; h < H; h++) {
 				float o1[D];
@@ -402,7 +402,51 @@ Test(ref_attention, step_is_the_recurrence)
 	for (int i = 0; i < B * H * N * D; i++)
 		cr_assert_float_eq((&state[0][0][0][0])[i], (&ref_state[0][0][0][0])[i], 1e-5f, "state[%d]", i);
 	/* refusals */
-	cr_assert_eq(dg_ref_attention_step(&s, NULL, NULL, freq, v, &state[0][0][0][0], out, B), DG_ERR_INVALID_ARG);
+	cr_assert_eq(dg_ref_attention_step(&s, NULL, NULL, freq, v, &state[0][0][0][0], out, B, 1), DG_ERR_INVALID_ARG);
+}
+
+/* A window of T tokens a row (xs (B,H,T,N), v (B,1,T,D), out (B,H,T,D),
+ * token t at pos + t) is T calls of one token, out and state bit for bit,
+ * from a state with a past and at positions past 2^16. */
+Test(ref_attention, step_window_is_its_tokens)
+{
+	enum { B = 2, H = 3, T = 7, N = 12, D = 8 };
+	dg_spec s = spec_of(DG_OP_ATTENTION_STEP, H, N, D);
+	dg_spec_normalize(&s);
+	dg_rng r;
+	dg_rng_seed(&r, 37);
+	static float xs[B][H][T][N], v[B][T][D], out[B][H][T][D], one[B][H][D];
+	static float st_win[B][H][N][D], st_tok[B][H][N][D];
+	float freq[N], pos[B] = { 5.0f, 70000.0f };
+	dg_ref_rope_freq(N, freq);
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++) {
+			for (int e = 0; e < D; e++)
+				v[b][t][e] = dg_rng_uniform(&r, -1.0f, 1.0f);
+			for (int h = 0; h < H; h++)
+				for (int k = 0; k < N; k++) {
+					float x = dg_rng_uniform(&r, -1.0f, 1.0f);
+					xs[b][h][t][k] = x > 0.2f ? x : 0.0f;
+				}
+		}
+	for (int i = 0; i < B * H * N * D; i++)
+		(&st_win[0][0][0][0])[i] = (&st_tok[0][0][0][0])[i] = dg_rng_uniform(&r, -0.1f, 0.1f);
+	cr_assert_eq(dg_ref_attention_step(&s, xs, pos, freq, v, &st_win[0][0][0][0], out, B, T), DG_OK);
+	for (int t = 0; t < T; t++) {
+		float x1[B][H][N], v1[B][D], p1[B];
+		for (int b = 0; b < B; b++) {
+			p1[b] = pos[b] + (float)t;
+			memcpy(v1[b], v[b][t], sizeof(v1[b]));
+			for (int h = 0; h < H; h++)
+				memcpy(x1[b][h], xs[b][h][t], sizeof(x1[b][h]));
+		}
+		cr_assert_eq(dg_ref_attention_step(&s, x1, p1, freq, v1, &st_tok[0][0][0][0], one, B, 1), DG_OK);
+		for (int b = 0; b < B; b++)
+			for (int h = 0; h < H; h++)
+				cr_assert_eq(memcmp(one[b][h], out[b][h][t], sizeof(one[b][h])), 0, "token %d row %d head %d", t,
+					     b, h);
+	}
+	cr_assert_eq(memcmp(st_win, st_tok, sizeof(st_win)), 0, "the state after the window");
 }
 
 /* The chunked form as the GPU runs it (templates/attention_chunk.lua and

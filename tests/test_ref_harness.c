@@ -548,7 +548,7 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		if (!state)
 			return DG_ERR_NOMEM;
 		memcpy(state, c->in[4], n * sizeof(float));
-		dg_status st = dg_ref_attention_step(s, c->in[0], c->in[1], c->in[2], c->in[3], state, out, b);
+		dg_status st = dg_ref_attention_step(s, c->in[0], c->in[1], c->in[2], c->in[3], state, out, b, t);
 		free(state);
 		return st;
 	}

@@ -329,12 +329,15 @@ DG_API dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
 				      const dg_attention_grad_xs_args *a);
 
 /* attention_step: decoding from a state (dragon/model.h dg_model_state),
- * one token a row: qr = RoPE(xs) at each row's position (pos (B) f32, exact
- * integers below 2^24; freq (N) f32, pair p's frequency 1/θ^(2p/N)/2π at
- * 2p and 2p+1), out (B,H,1,D) act = qr·S with S the state before the
- * token, then state (B,H,N,D) f32 += qrᵀ·v, v (B,1,1,D) act; xs (B,H,1,N)
- * act. Deterministic (sums in a fixed order); pairs whose xs are both 0
- * are skipped (their rows neither add nor change). */
+ * T tokens a row in order (T 1: a decoded token; more: a prompt's window,
+ * one launch): for token t, qr = RoPE(xs) at the row's position pos + t
+ * (pos (B) f32, exact integers below 2^24; freq (N) f32, pair p's
+ * frequency 1/θ^(2p/N)/2π at 2p and 2p+1), out (B,H,T,D) act = qr·S with
+ * S the state before the token, then state (B,H,N,D) f32 += qrᵀ·v, v
+ * (B,1,T,D) act; xs (B,H,T,N) act. Deterministic (sums in a fixed order),
+ * and a window of T tokens gives the bytes of T calls of one token at the
+ * same tile; pairs whose xs are both 0 are skipped (their rows neither add
+ * nor change). */
 typedef struct dg_attention_step_args {
 	const dg_tensor *xs, *pos, *freq, *v, *state, *out;
 } dg_attention_step_args;

@@ -258,20 +258,25 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 
 /* ---- attention_step (templates/attention_step.lua) -------------------------------- */
 
-/* The op's six tensors in the table's order and (int B); grid (D/8, H, B). */
+/* The op's six tensors in the table's order, then (int B): a token a row
+ * (T 1) is dg_attention_step, grid (D/8, H, B); a window of T > 1 is
+ * dg_attention_window, (int B, int T), grid (D/4, H, B) and its entry's
+ * shared memory. */
 dg_status dg__prep_attention_step(dg_prepared *p, const dg__op_call *c)
 {
 	(void)c;
 	const dg_spec *spec = &p->spec;
-	int64_t B = p->shape.b;
-	if (B == 0)
+	int64_t B = p->shape.b, T = p->shape.t;
+	if (B == 0 || T == 0)
 		return DG_OK;
+	const bool window = T > 1;
 	dg_kernel *k;
-	dg_status st = dg_kernel_get(p->dev, spec, "dg_attention_step", &k);
+	dg_status st = dg_kernel_get(p->dev, spec, window ? "dg_attention_window" : "dg_attention_step", &k);
 	if (st)
 		return st;
 	int nt = dg_kernel_spec(k)->tile.threads;
-	dg_launch l = { { (unsigned)(spec->embd / 8), (unsigned)spec->heads, (unsigned)B }, { (unsigned)nt, 1, 1 }, 0 };
+	dg_launch l = { { (unsigned)(spec->embd / (window ? 4 : 8)), (unsigned)spec->heads, (unsigned)B },
+			{ (unsigned)nt, 1, 1 }, 0 };
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)
 		return st;
@@ -279,6 +284,8 @@ dg_status dg__prep_attention_step(dg_prepared *p, const dg__op_call *c)
 	for (int i = 0; i < row->n_args; i++)
 		dg__arg_data(p, L, i);
 	dg__arg_i32(p, L, B);
+	if (window)
+		dg__arg_i32(p, L, T);
 	return DG_OK;
 }
 

@@ -156,41 +156,43 @@ dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const flo
 }
 
 dg_status dg_ref_attention_step(const dg_spec *spec, const void *xs, const float *pos, const float *freq,
-				const void *v, float *state, void *out, int b)
+				const void *v, float *state, void *out, int b, int t)
 {
-	if (!act_ok(spec) || !xs || !pos || !freq || !v || !state || !out || b < 0)
+	if (!act_ok(spec) || !xs || !pos || !freq || !v || !state || !out || b < 0 || t < 0)
 		return DG_ERR_INVALID_ARG;
 	const int h = spec->heads, n = spec->latent, d = spec->embd;
 	const float two_pi = (float)(2.0 * M_PI);
-	float *x = widen(spec->act, xs, (size_t)b * h * n), *vv = widen(spec->act, v, (size_t)b * d);
+	float *x = widen(spec->act, xs, (size_t)b * h * t * n), *vv = widen(spec->act, v, (size_t)b * t * d);
 	float *q = malloc((size_t)n * sizeof(float) + 4);
 	double *acc = malloc((size_t)d * sizeof(double) + 8);
 	dg_status st = x && vv && q && acc ? DG_OK : DG_ERR_NOMEM;
 	for (int64_t z = 0; !st && z < (int64_t)b * h; z++) {
-		const float *xz = x + z * n, *vz = vv + (z / h) * d;
-		const float t = pos[z / h];
-		for (int p = 0; p < n / 2; p++) {
-			float x0 = xz[2 * p], x1 = xz[2 * p + 1];
-			float ph = t * freq[2 * p];
-			ph = (ph - floorf(ph)) * two_pi;
-			float c = cosf(ph), s = sinf(ph);
-			float a0 = x0 * c, b0 = x1 * s, a1 = x1 * c, b1 = x0 * s;
-			q[2 * p] = a0 - b0;
-			q[2 * p + 1] = a1 + b1;
-		}
 		float *S = state + z * n * d;
-		memset(acc, 0, (size_t)d * sizeof(double));
-		for (int k = 0; k < n; k++) {
-			if (q[k] == 0.0f)
-				continue;
-			for (int e = 0; e < d; e++) {
-				float *se = S + (int64_t)k * d + e;
-				acc[e] += (double)q[k] * *se;
-				*se = fmaf(q[k], vz[e], *se);
+		for (int tok = 0; tok < t; tok++) { /* in order: each token sees the ones before */
+			const float *xz = x + (z * t + tok) * n, *vz = vv + ((z / h) * t + tok) * d;
+			const float tp = pos[z / h] + (float)tok;
+			for (int p = 0; p < n / 2; p++) {
+				float x0 = xz[2 * p], x1 = xz[2 * p + 1];
+				float ph = tp * freq[2 * p];
+				ph = (ph - floorf(ph)) * two_pi;
+				float c = cosf(ph), s = sinf(ph);
+				float a0 = x0 * c, b0 = x1 * s, a1 = x1 * c, b1 = x0 * s;
+				q[2 * p] = a0 - b0;
+				q[2 * p + 1] = a1 + b1;
 			}
+			memset(acc, 0, (size_t)d * sizeof(double));
+			for (int k = 0; k < n; k++) {
+				if (q[k] == 0.0f)
+					continue;
+				for (int e = 0; e < d; e++) {
+					float *se = S + (int64_t)k * d + e;
+					acc[e] += (double)q[k] * *se;
+					*se = fmaf(q[k], vz[e], *se);
+				}
+			}
+			for (int e = 0; e < d; e++)
+				put(spec->act, out, (size_t)(z * t + tok) * d + e, acc[e]);
 		}
-		for (int e = 0; e < d; e++)
-			put(spec->act, out, (size_t)z * d + e, acc[e]);
 	}
 	free(x);
 	free(vv);

@@ -310,11 +310,12 @@ dg_status dg_ref_rope_op(const dg_spec *spec, const void *x, const float *rope, 
 dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const float *rope,
 				  void *scores, int b, int t);
 /* out (b,H,t,E) = tril(scores, −1)·v, v (b,1,t,E). */
-/* attention_step (dragon/ops.h): xs (B,H,1,N) act, pos (B) f32, freq (N)
- * f32, v (B,1,1,D) act; out (B,H,1,D) act = qr·S (sums in double), then
- * state (B,H,N,D) f32 += qrᵀ·v (fmaf, one rounding an entry). */
+/* attention_step (dragon/ops.h): xs (B,H,T,N) act, pos (B) f32, freq (N)
+ * f32, v (B,1,T,D) act; token by token (token t at pos + t): out (B,H,T,D)
+ * act = qr·S (sums in double), then state (B,H,N,D) f32 += qrᵀ·v (fmaf,
+ * one rounding an entry). */
 dg_status dg_ref_attention_step(const dg_spec *spec, const void *xs, const float *pos, const float *freq,
-				const void *v, float *state, void *out, int b);
+				const void *v, float *state, void *out, int b, int t);
 /* Pair p's RoPE frequency (dg_ref_rope_table's) at 2p and 2p+1, n values. */
 void dg_ref_rope_freq(int n, float *freq);
 dg_status dg_ref_attention_out(const dg_spec *spec, const void *scores, const void *v, void *out,

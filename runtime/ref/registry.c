@@ -389,7 +389,7 @@ dg_status dg__ref_attention_step(const dg_spec *spec, const dg_ref_call *c)
 	else if (!c->in[4])
 		memset(state, 0, n * sizeof(float));
 	dg_status st = dg_ref_attention_step(spec, c->in[0], c->in[1], c->in[2], c->in[3], state, c->out,
-					     (int)c->b);
+					     (int)c->b, (int)c->t);
 	free(scratch);
 	return st;
 }
