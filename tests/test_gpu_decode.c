@@ -20,6 +20,12 @@
  *     bit for bit, a prompt and 30 tokens of 3 rows, f32 and bf16; and
  *     each the host's double sum of x_final times lm_head bit for bit
  *     (dg_model_logits's numbers);
+ *   - a prompt consumed by windows (DRAGON_PREFILL_WINDOW=16: 4 windows, then
+ *     12 tokens one at a time, the last giving the logits) against the same
+ *     prompt a token at a time (=0), 3 rows, f32, bf16 and w8a8: the logits after it and after 20
+ *     more tokens within 1e-4 (f32) or 5e-2 of the largest (how many are
+ *     equal bit for bit is printed), and the full forward's after the
+ *     prompt within the same; a window of 1 refused by name;
  *   - lmhead_logits (the logits op) against dg_ref_lmhead_logits bit for
  *     bit, f32 and bf16 x, rows 1 to 130, a vocabulary not a multiple of
  *     the block; the reference by hand first (a sum f32 would lose).
@@ -125,6 +131,76 @@ Test(gpu_decode, bf16_and_w8a8_logits, .timeout = 600)
 	dg_device *dev = gh_open();
 	run_case(dev, "bf16", 9, 40, false, 5e-2);
 	run_case(dev, "w8a8", 9, 40, false, 5e-2);
+	gh_close(dev);
+}
+
+/* B rows: a prompt of NP tokens by windows of 16 and a token at a time,
+ * then LEN tokens more, both against each other; the full forward's after
+ * the prompt. */
+static void window_case(dg_device *dev, const char *preset, double tol)
+{
+	enum { B = 3, NP = 76, LEN = 20 };
+	dg_model_weights *w = dg_test_tiny_weights(preset, 7, 25.0f);
+	dg_model *full, *win, *one;
+	cr_assert_eq(dg_model_create(dev, w, B, TMAX, &full), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+	cr_assert_eq(setenv("DRAGON_PREFILL_WINDOW", "16", 1), 0);
+	cr_assert_eq(dg__model_decoder_create(dev, w, B, &win), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+	cr_assert_eq(setenv("DRAGON_PREFILL_WINDOW", "0", 1), 0);
+	cr_assert_eq(dg__model_decoder_create(dev, w, B, &one), DG_OK, "%s: %s", preset, dg_device_errmsg(dev));
+	unsetenv("DRAGON_PREFILL_WINDOW");
+	static int32_t ctx[B * TMAX], prompt[B * NP], tok[B];
+	static float za[B * V], zb[B * V], zf[B * V];
+	dg_rng r;
+	dg_rng_seed(&r, 29);
+	for (int i = 0; i < B * TMAX; i++)
+		ctx[i] = dg_rng_int(&r, 0, V - 1);
+	for (int b = 0; b < B; b++)
+		memcpy(prompt + b * NP, ctx + b * TMAX, NP * sizeof(int32_t));
+	cr_assert_eq(dg__model_decode(win, prompt, NP, true, za), DG_OK, "%s", dg_device_errmsg(dev));
+	cr_assert_eq(dg__model_decode(one, prompt, NP, true, zb), DG_OK, "%s", dg_device_errmsg(dev));
+	full_logits(dev, full, B, ctx, NP, zf);
+	int same = 0, all = 0;
+	double worst = 0;
+	for (int k = 0; k <= LEN; k++) {
+		for (int b = 0; b < B; b++) {
+			double e = rel_err(za + b * V, zb + b * V);
+			worst = fmax(worst, e);
+			cr_assert_lt(e, tol, "%s row %d, %d tokens after the prompt: windows and tokens %g apart", preset,
+				     b, k, e);
+			if (k == 0)
+				cr_assert_lt(rel_err(za + b * V, zf + b * V), tol, "%s row %d: the windows' logits off the full forward's",
+					     preset, b);
+			same += memcmp(za + b * V, zb + b * V, V * sizeof(float)) == 0;
+			all++;
+			tok[b] = ctx[b * TMAX + NP + k];
+		}
+		if (k == LEN)
+			break;
+		cr_assert_eq(dg__model_decode(win, tok, 1, false, za), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(dg__model_decode(one, tok, 1, false, zb), DG_OK, "%s", dg_device_errmsg(dev));
+	}
+	printf("gpu decode %s: a prompt of %d by windows of 16 against a token at a time: worst %.3g, %d of %d logit rows bit for bit\n",
+	       preset, NP, worst, same, all);
+	dg_model_destroy(win);
+	dg_model_destroy(one);
+	dg_model_destroy(full);
+	dg_model_weights_destroy(w);
+}
+
+Test(gpu_decode, prompt_windows_equal_tokens, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	window_case(dev, "f32", 1e-4);
+	window_case(dev, "bf16", 5e-2);
+	window_case(dev, "w8a8", 5e-2);
+	/* a window of one token is refused, naming the variable */
+	dg_model_weights *w = dg_test_tiny_weights("f32", 7, 25.0f);
+	dg_model *m = NULL;
+	cr_assert_eq(setenv("DRAGON_PREFILL_WINDOW", "1", 1), 0);
+	cr_assert_eq(dg__model_decoder_create(dev, w, 1, &m), DG_ERR_INVALID_ARG);
+	unsetenv("DRAGON_PREFILL_WINDOW");
+	cr_assert(strstr(dg_device_errmsg(dev), "DRAGON_PREFILL_WINDOW"), "%s", dg_device_errmsg(dev));
+	dg_model_weights_destroy(w);
 	gh_close(dev);
 }
 

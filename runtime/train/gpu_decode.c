@@ -22,7 +22,18 @@
  * On the host a token is: the rows' positions and tokens staged (B f32,
  * B i32) and copied up in one copy, one graph launch; and after a call's
  * last token one copy of the (B, V) logits down, which waits for the
- * stream. Nothing is allocated after create.
+ * stream.
+ *
+ * A prompt (a call of n > 1 tokens a row) is consumed by windows of P
+ * tokens a row before its last token: a second model, planned for (B, P)
+ * on this decoder's state, positions, frequencies and parameters
+ * (dg__gm_create_window, made at the first such call), runs its forward
+ * once a window, its attention nodes taking the P tokens in one launch
+ * (attention_step's window: the bytes of P one-token steps). Every other
+ * node works a token at a time, so a window is its P tokens; the
+ * remainder (fewer than P) and the last token go one at a time, the last
+ * one giving the logits. P = DRAGON_PREFILL_WINDOW (0: every token one at
+ * a time), else 1024 / B within 16..128, a multiple of 16.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +51,10 @@ struct dg__gm_decode {
 	bool use_graph;          /* replay the captured body (default), else run it eagerly */
 	bool warm;               /* the body has run once (its kernels loaded) */
 	dg_graph *graph;         /* the captured body, or NULL */
+	/* the prefill's windows (see the top) */
+	int win_t;               /* P: tokens a row a window; 0: none */
+	dg_model *win;           /* the window model, or NULL until a prompt needs it */
+	int32_t *win_tok;        /* (B, P) host: a window's tokens */
 };
 
 static void decode_free(dg_model *m)
@@ -48,6 +63,8 @@ static void decode_free(dg_model *m)
 	if (!dc)
 		return;
 	dg_graph_destroy(dc->graph);
+	dg_model_destroy(dc->win);
+	free(dc->win_tok);
 	dg_prepared_destroy(dc->lm);
 	(void)dg_free(m->dev, dc->logits);
 	free(dc->in_h);
@@ -82,8 +99,28 @@ static dg_status decode_open(dg_model *m)
 	return dg_prepare(dev, &s, &dc->la, &dc->lm);
 }
 
+/* P (see the top): DRAGON_PREFILL_WINDOW, else 1024 / B within 16..128, a
+ * multiple of 16; -1 for a value that is not 0 or 2..4096. */
+static int window_tokens(int B)
+{
+	const char *e = getenv("DRAGON_PREFILL_WINDOW");
+	if (e && *e) {
+		char *end;
+		long v = strtol(e, &end, 10);
+		return *end || v < 0 || v == 1 || v > 4096 ? -1 : (int)v;
+	}
+	int p = 1024 / B;
+	p = p > 128 ? 128 : p < 16 ? 16 : p;
+	return p - p % 16;
+}
+
 dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, int b, dg_model **out)
 {
+	const int win_t = b >= 1 ? window_tokens(b) : 0;
+	if (win_t < 0)
+		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+				    "DRAGON_PREFILL_WINDOW=%s: a prompt's window is 0 (a token at a time) or 2..4096 tokens a row",
+				    getenv("DRAGON_PREFILL_WINDOW"));
 	dg_status st = dg__gm_create(dev, w, b, 1, 1, true, false, out);
 	if (st)
 		return st;
@@ -91,8 +128,10 @@ dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, in
 	/* the bad flag is never read here (tokens are checked on the host):
 	 * cleared once, not every token */
 	st = decode_open(m);
-	if (!st)
+	if (!st) {
+		m->dc->win_t = win_t;
 		st = dg_memset8(dev, dg__gm_addr(m, m->id.bad), 0, 4);
+	}
 	if (st) {
 		dg_model_destroy(m);
 		*out = NULL;
@@ -172,6 +211,53 @@ static dg_status token(dg_model *m, const int32_t *tokens, int n, int k)
 	return DG_OK;
 }
 
+/* The window model, made at the first prompt that has a window: its bad
+ * flag cleared once, as the decoder's. */
+static dg_status window_open(dg_model *m)
+{
+	struct dg__gm_decode *dc = m->dc;
+	if (dc->win)
+		return DG_OK;
+	dc->win_tok = malloc((size_t)m->B * dc->win_t * sizeof(int32_t));
+	if (!dc->win_tok)
+		return dg__dev_fail(m->dev, DG_ERR_NOMEM, "out of memory");
+	dg_status st = dg__gm_create_window(m->dev, m, dc->win_t, &dc->win);
+	if (!st)
+		st = dg_memset8(m->dev, dg__gm_addr(dc->win, dc->win->id.bad), 0, 4);
+	if (st) {
+		dg_model_destroy(dc->win);
+		dc->win = NULL;
+	}
+	return st;
+}
+
+/* Tokens k0 .. k0 + P - 1 of each row (tokens (B, n)) through the window
+ * model: the rows' positions up (pos_d's first half, which the decoder's
+ * body reads too), the window's tokens into its token buffer, its forward
+ * but the loss; the positions advance by P. */
+static dg_status window(dg_model *m, const int32_t *tokens, int n, int k0)
+{
+	struct dg__gm_decode *dc = m->dc;
+	dg_model *win = dc->win;
+	const int B = m->B, P = dc->win_t;
+	for (int r = 0; r < B; r++) {
+		float p = (float)m->pos[r];
+		memcpy(&dc->in_h[r], &p, 4);
+		memcpy(dc->win_tok + (size_t)r * P, tokens + (int64_t)r * n + k0, (size_t)P * sizeof(int32_t));
+	}
+	dg_status st = dg_memcpy_htod(m->dev, m->pos_d, dc->in_h, (size_t)B * 4);
+	if (!st)
+		st = dg_memcpy_htod(m->dev, dg__gm_addr(win, win->id.tokens), dc->win_tok,
+				    (size_t)B * P * sizeof(int32_t));
+	const dg_model_batch bt = { .b = B, .t = P, .train = false };
+	for (int k = 0; k < win->t.n_forward && !st; k++)
+		if (win->t.nodes[k].kind != DG__N_CE)
+			st = dg__gm_run_node(win, &win->t.nodes[k], &bt, NULL);
+	for (int r = 0; r < B && !st; r++)
+		m->pos[r] += P;
+	return st;
+}
+
 dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool restart, float *logits)
 {
 	if (!m || !tokens || !logits)
@@ -193,7 +279,15 @@ dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool resta
 		st = dg_memset8(dev, m->state, 0, bytes);
 		memset(m->pos, 0, (size_t)m->B * sizeof(int64_t));
 	}
-	for (int k = 0; k < n && !st; k++)
+	/* a prompt: windows of P tokens before its last token, the rest one
+	 * at a time (see the top) */
+	int k = 0;
+	const int P = m->dc->win_t;
+	if (!st && P > 1 && n - 1 >= P)
+		st = window_open(m);
+	for (; !st && P > 1 && k + P <= n - 1; k += P)
+		st = window(m, tokens, n, k);
+	for (; k < n && !st; k++)
 		st = token(m, tokens, n, k);
 	if (!st)
 		st = dg_memcpy_dtoh(dev, logits, m->dc->logits, (size_t)m->B * m->V * sizeof(float));

@@ -425,6 +425,11 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));
+	/* a decoder runs the forward alone: the backward's nodes are neither
+	 * prepared nor planned, so what only they touch takes no memory and
+	 * the activations live through the forward only */
+	if (m->decode)
+		m->t.n_nodes = m->t.n_forward;
 	/* a step that does not fit even without its workspaces is refused
 	 * (by fits) before any kernel is prepared: preparing compiles and
 	 * loads modules, which hold device memory and take seconds */
@@ -631,9 +636,11 @@ void dg_model_destroy(dg_model *m)
 	for (int k = 0; k < DG__B__COUNT; k++)
 		(void)dg_free(m->dev, m->alloc[k]);
 	unbuild(m);
-	(void)dg_free(m->dev, m->state);
-	(void)dg_free(m->dev, m->pos_d);
-	(void)dg_free(m->dev, m->freq_d);
+	if (!m->shares) {
+		(void)dg_free(m->dev, m->state);
+		(void)dg_free(m->dev, m->pos_d);
+		(void)dg_free(m->dev, m->freq_d);
+	}
 	free(m->pos);
 	free(m);
 }
@@ -849,7 +856,7 @@ dg_status dg__model_create_warmed(dg_device *dev, const dg_model_weights *w, int
 }
 
 /* A decoder's state, positions and frequencies (before its nodes are
- * sized: they read the addresses). */
+ * sized: they read the addresses); a window model's are its decoder's. */
 static dg_status decode_alloc(dg_model *m, dg_device *dev, const dg_model_config *c, int b)
 {
 	if (b < 1)
@@ -857,6 +864,12 @@ static dg_status decode_alloc(dg_model *m, dg_device *dev, const dg_model_config
 	const size_t state = (size_t)c->layers * (size_t)b * (size_t)c->heads * (size_t)c->neurons *
 			     (size_t)c->embd * sizeof(float);
 	m->decode = true;
+	if (m->shares) {
+		m->state = m->shares->state;
+		m->pos_d = m->shares->pos_d;
+		m->freq_d = m->shares->freq_d;
+		return DG_OK;
+	}
 	m->pos = calloc((size_t)b, sizeof(int64_t));
 	float *freq = malloc((size_t)c->neurons * sizeof(float));
 	dg_status st = m->pos && freq ? DG_OK : dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
@@ -876,34 +889,70 @@ static dg_status decode_alloc(dg_model *m, dg_device *dev, const dg_model_config
 	return st;
 }
 
-dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, int accum, bool decode,
-		       bool warmed, dg_model **out)
+/* A window model's weights (dg__gm_create_window): its parameters are its
+ * decoder's arena, so only what it keeps of its own is made: the
+ * execution copies from them on the device, the bf16 decoder copy from the
+ * decoder's, the RoPE table. */
+static dg_status window_weights(dg_model *m)
 {
-	if (!dev || !w || !out)
-		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_create: NULL argument")
-			   : DG_ERR_INVALID_ARG;
-	*out = NULL;
+	dg_device *dev = m->dev;
+	const dg_model *d = m->shares;
+	dg_status st = DG_OK;
+	for (int k = 0; k < DG_PROJ__COUNT && !st; k++)
+		st = dg__gm_make_copy(m, k);
+	if (!st && m->id.dec_fwd >= 0)
+		st = dg_memcpy_dtod(dev, dg__gm_addr(m, m->id.dec_fwd), dg__gm_addr(d, d->id.dec_fwd),
+				    m->t.bufs[m->id.dec_fwd].bytes);
+	if (st)
+		return st;
+	float *rope = malloc((size_t)m->T * m->N * sizeof(float) + 4);
+	if (!rope)
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
+	dg_ref_rope_pairs(m->T, m->N, rope);
+	st = dg_memcpy_htod(dev, dg__gm_tn(m, m->id.rope).data, rope, (size_t)m->T * m->N * sizeof(float));
+	free(rope);
+	return st;
+}
+
+/* A model of c at (b, t) (see dg__gm_create), its weights w's; or, with
+ * share (w NULL), a window model of that decoder. */
+static dg_status create(dg_device *dev, const dg_model_config *c, const dg_model_weights *w, int b, int t,
+			int accum, bool decode, bool warmed, const dg_model *share, dg_model **out)
+{
 	dg_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	m->dev = dev;
 	m->warm = warmed;
+	m->shares = share;
 	const double t0 = mono_s();
-	dg_status st = decode ? decode_alloc(m, dev, &w->config, b) : DG_OK;
+	dg_status st = decode ? decode_alloc(m, dev, c, b) : DG_OK;
 	if (!st)
-		st = build_fit(m, dev, &w->config, b, t, accum);
+		st = build_fit(m, dev, c, b, t, accum);
 	if (!st)
 		st = fits(m, accum);
 	const double t1 = mono_s();
 	for (int k = 0; !st && k < DG__B__COUNT; k++) {
 		m->base[k] = 0;
-		if (m->t.arena[k])
+		/* the parameters come first in the tape, their shapes the
+		 * config's: a window model's arena is its decoder's, byte for
+		 * byte, and is used in place */
+		if (share && k == DG__B_PARAMS) {
+			if (m->t.arena[k] != share->t.arena[k])
+				st = dg__dev_fail(dev, DG_ERR_INTERNAL,
+						  "a window model's parameters (%zu bytes) are not its decoder's (%zu)",
+						  m->t.arena[k], share->t.arena[k]);
+			m->base[k] = share->base[k];
+			continue;
+		}
+		/* a decoder has no gradients: its forward alone is planned */
+		if (m->t.arena[k] && !(decode && k == DG__B_GRADS))
 			st = dg_malloc(dev, m->t.arena[k], &m->alloc[k]);
 		m->base[k] = m->alloc[k];
 	}
 	const double t2 = mono_s();
 	if (!st)
-		st = dg_model_set_weights(m, w);
+		st = share ? window_weights(m) : dg_model_set_weights(m, w);
 	m->plan_s = t1 - t0 - m->compile_s;
 	m->alloc_s = t2 - t1;
 	m->upload_s = mono_s() - t2;
@@ -913,6 +962,25 @@ dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t,
 	}
 	*out = m;
 	return DG_OK;
+}
+
+dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, int accum, bool decode,
+		       bool warmed, dg_model **out)
+{
+	if (!dev || !w || !out)
+		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "dg_model_create: NULL argument")
+			   : DG_ERR_INVALID_ARG;
+	*out = NULL;
+	return create(dev, &w->config, w, b, t, accum, decode, warmed, NULL, out);
+}
+
+dg_status dg__gm_create_window(dg_device *dev, const dg_model *dec, int t, dg_model **out)
+{
+	if (!dev || !dec || !out || !dec->decode || dec->shares)
+		return dev ? dg__dev_fail(dev, DG_ERR_INVALID_ARG, "a window model needs a decoder")
+			   : DG_ERR_INVALID_ARG;
+	*out = NULL;
+	return create(dev, &dec->c, NULL, dec->B, t, 1, true, false, dec, out);
 }
 
 /* The batch's checks and upload (nothing runs). */

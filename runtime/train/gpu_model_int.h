@@ -71,6 +71,9 @@ struct dg_model {
 				     * a token uploads, in one copy */
 	dg_dptr freq_d;             /* (N) f32: RoPE's frequencies (dg_ref_rope_freq) */
 	int64_t *pos;               /* (B) host: each row's consumed tokens */
+	const dg_model *shares;     /* a prefill's window model (dg__gm_create_window):
+				     * the decoder whose state, positions,
+				     * frequencies and parameters it uses, else NULL */
 	struct dg__gm_decode *dc;   /* a decoder's per-token parts (gpu_decode.c) */
 	void (*dc_free)(dg_model *m); /* frees dc (set with it: destroy calls it) */
 	struct dg__gm_train *tr;    /* training on the device (gpu_train.c), or NULL */
@@ -78,12 +81,18 @@ struct dg_model {
 };
 
 /* dg_model_create's model (decode false), or a decoder of b rows (decode
- * true: t must be 1; its state, positions and RoPE frequencies allocated
+ * true: t 1, a token a row; its forward alone planned; its state, positions and RoPE frequencies allocated
  * first, so its attention nodes are sized as attention_step). warmed: the
  * step's kernels are loaded already (a joined dg__gm_warm_start), so none
  * is listed and looked up at once again. */
 dg_status dg__gm_create(dg_device *dev, const dg_model_weights *w, int b, int t, int accum, bool decode,
 		       bool warmed, dg_model **out);
+/* A prefill's window model of decoder dec (gpu_decode.c): planned for (dec's
+ * B, t) as a decoder, its attention nodes consuming t tokens a row at once
+ * (attention_step's window), on dec's state, positions, RoPE frequencies
+ * and parameter arena (used in place, not copied); its execution copies
+ * made from those parameters on the device. dec outlives it. */
+dg_status dg__gm_create_window(dg_device *dev, const dg_model *dec, int t, dg_model **out);
 
 /* The batch's checks and its upload: tokens, targets, the bad flag reset. */
 dg_status dg__gm_upload(dg_model *m, const dg_model_batch *bt);
