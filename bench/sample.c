@@ -113,6 +113,50 @@ static bool run_contexts(const sample_run *r, dg_model *m, int B, const int *con
 	return !st;
 }
 
+/* A prompt of each length in prompts through decoder m (B rows, restarted),
+ * timed on the host to the logits after it: rows {batch, prompt, window,
+ * prefill_ms, tokens_per_s} into out; false at the first failure. A first
+ * call of a window and two tokens makes the window model (its kernels
+ * loaded) outside the time. */
+static bool run_prefill(const sample_run *r, dg_model *m, int B, const int *prompts, int n, cJSON *out)
+{
+	const int V = r->c->vocab, P = dg__model_decode_window(m);
+	int most = 0;
+	for (int i = 0; i < n; i++)
+		most = prompts[i] > most ? prompts[i] : most;
+	most = most > P + 2 ? most : P + 2;
+	int32_t *tok = malloc((size_t)B * most * sizeof(int32_t));
+	float *z = malloc((size_t)B * V * sizeof(float));
+	dg_status st = tok && z ? DG_OK : DG_ERR_NOMEM;
+	for (int64_t i = 0; !st && i < (int64_t)B * most; i++)
+		tok[i] = (int32_t)('a' + (i * 7) % 26);
+	if (!st)
+		st = dg__model_decode(m, tok, P + 2, true, z);
+	for (int pi = 0; pi < n && !st; pi++) {
+		const int L = prompts[pi];
+		double t0 = now_s();
+		st = dg__model_decode(m, tok, L, true, z);
+		double ms = (now_s() - t0) * 1e3;
+		if (st)
+			break;
+		cJSON *row = cJSON_CreateObject();
+		cJSON_AddNumberToObject(row, "batch", B);
+		cJSON_AddNumberToObject(row, "prompt", L);
+		cJSON_AddNumberToObject(row, "window", P);
+		cJSON_AddNumberToObject(row, "prefill_ms", ms);
+		cJSON_AddNumberToObject(row, "tokens_per_s", (double)B * L / (ms * 1e-3));
+		cJSON_AddItemToArray(out, row);
+		fprintf(stderr, "sample %s: batch %d: a prompt of %d tokens a row in %.1f ms (windows of %d), %.0f tokens/s\n",
+			r->preset, B, L, ms, P, (double)B * L / (ms * 1e-3));
+	}
+	if (st)
+		fprintf(stderr, "sample: prefill, batch %d: %s\n", B,
+			st == DG_ERR_NOMEM && !(tok && z) ? "out of host memory" : dg_device_errmsg(r->dev));
+	free(tok);
+	free(z);
+	return !st;
+}
+
 static void add_notes(cJSON *doc)
 {
 	static const char *const notes[] = {
@@ -125,6 +169,9 @@ static void add_notes(cJSON *doc)
 		"ms_per_token: host time of a step (one token for every row); tokens_per_s = batch / that",
 		"forward_ms: the same forward op by op (dg_model_run, --tokens queued, one sync, its loss node "
 		"too): no read-back, no logits; with the graph, ms_per_token may be below it",
+		"prefill: a prompt of `prompt` tokens a row (--prefill) from an empty state to the logits after "
+		"it, one dg__model_decode call: windows of `window` tokens a row (DRAGON_PREFILL_WINDOW), the "
+		"rest a token at a time; host time; tokens_per_s = batch * prompt / that",
 	};
 	cJSON *n = cJSON_AddArrayToObject(doc, "notes");
 	for (size_t i = 0; i < sizeof(notes) / sizeof(notes[0]); i++)
@@ -134,7 +181,7 @@ static void add_notes(cJSON *doc)
 static int usage(void)
 {
 	fprintf(stderr, "usage: sample [--preset P] [--tokens N] [--warmup N] [--batches 1,64] "
-			"[--contexts 512,4096,16384,65536] [--graph on|off] [--out FILE]\n");
+			"[--contexts 512,4096,16384,65536] [--prefill 4096,65536] [--graph on|off] [--out FILE]\n");
 	return 2;
 }
 
@@ -142,7 +189,7 @@ int main(int argc, char **argv)
 {
 	const char *preset = "bf16", *out_path = NULL;
 	int tokens = 100, warmup = 10, batches[MAX_LIST] = { 1, 64 }, nb = 2,
-	    contexts[MAX_LIST] = { 512, 4096, 16384, 65536 }, nc = 4;
+	    contexts[MAX_LIST] = { 512, 4096, 16384, 65536 }, nc = 4, prefill[MAX_LIST] = { 4096, 65536 }, np = 2;
 	bool graph = true;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -159,6 +206,8 @@ int main(int argc, char **argv)
 			ok = (nb = bc_parse_ints(v, batches, MAX_LIST, 1, 1 << 16)) > 0;
 		else if (!strcmp(a, "--contexts"))
 			ok = (nc = bc_parse_ints(v, contexts, MAX_LIST, 0, 1 << 24)) > 0;
+		else if (!strcmp(a, "--prefill"))
+			ok = (np = bc_parse_ints(v, prefill, MAX_LIST, 0, 1 << 20)) > 0;
 		else if (!strcmp(a, "--graph"))
 			ok = (graph = !strcmp(v, "on")) || !strcmp(v, "off");
 		else if (!strcmp(a, "--out"))
@@ -209,6 +258,7 @@ int main(int argc, char **argv)
 	cJSON_AddBoolToObject(doc, "graph", graph);
 	add_notes(doc);
 	cJSON_AddItemToObject(doc, "rows", rows);
+	cJSON *pre = cJSON_AddArrayToObject(doc, "prefill");
 	sample_run r = { .dev = dev, .c = &c, .preset = preset, .tokens = tokens, .warmup = warmup, .graph = graph };
 	int code = 0;
 	for (int bi = 0; bi < nb && !code; bi++) {
@@ -216,7 +266,8 @@ int main(int argc, char **argv)
 		if (dg__model_decoder_create(dev, w, batches[bi], &m)) {
 			fprintf(stderr, "sample: a decoder of %d rows: %s\n", batches[bi], dg_device_errmsg(dev));
 			code = 1;
-		} else if (!run_contexts(&r, m, batches[bi], contexts, nc, rows)) {
+		} else if (!run_contexts(&r, m, batches[bi], contexts, nc, rows) ||
+			   (prefill[0] > 0 && !run_prefill(&r, m, batches[bi], prefill, np, pre))) {
 			code = 1;
 		}
 		dg_model_destroy(m);

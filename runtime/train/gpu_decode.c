@@ -33,7 +33,7 @@
  * node works a token at a time, so a window is its P tokens; the
  * remainder (fewer than P) and the last token go one at a time, the last
  * one giving the logits. P = DRAGON_PREFILL_WINDOW (0: every token one at
- * a time), else 1024 / B within 16..128, a multiple of 16.
+ * a time), else 4096 / B within 16..256, a multiple of 16.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +99,7 @@ static dg_status decode_open(dg_model *m)
 	return dg_prepare(dev, &s, &dc->la, &dc->lm);
 }
 
-/* P (see the top): DRAGON_PREFILL_WINDOW, else 1024 / B within 16..128, a
+/* P (see the top): DRAGON_PREFILL_WINDOW, else 4096 / B within 16..256, a
  * multiple of 16; -1 for a value that is not 0 or 2..4096. */
 static int window_tokens(int B)
 {
@@ -109,8 +109,8 @@ static int window_tokens(int B)
 		long v = strtol(e, &end, 10);
 		return *end || v < 0 || v == 1 || v > 4096 ? -1 : (int)v;
 	}
-	int p = 1024 / B;
-	p = p > 128 ? 128 : p < 16 ? 16 : p;
+	int p = 4096 / B;
+	p = p > 256 ? 256 : p < 16 ? 16 : p;
 	return p - p % 16;
 }
 
@@ -137,6 +137,11 @@ dg_status dg__model_decoder_create(dg_device *dev, const dg_model_weights *w, in
 		*out = NULL;
 	}
 	return st;
+}
+
+int dg__model_decode_window(const dg_model *m)
+{
+	return m && m->dc ? m->dc->win_t : 0;
 }
 
 dg_status dg__model_decode_graph(dg_model *m, bool on)

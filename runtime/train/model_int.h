@@ -75,6 +75,9 @@ dg_status dg__model_decode(dg_model *m, const int32_t *tokens, int n, bool resta
  * default: captured at its second token) or runs it op by op (off): the
  * same kernels and addresses, so the same logits bit for bit. */
 dg_status dg__model_decode_graph(dg_model *m, bool on);
+/* P: the tokens a row decoder m's prompts go by at once (gpu_decode.c),
+ * 0 for none (every token one at a time, or not a decoder). */
+int dg__model_decode_window(const dg_model *m);
 
 /* Weights of c, every value zero (storage to fill: a checkpoint's, a
  * gradient's), without dg_model_weights_create's random init. */
