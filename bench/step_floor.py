@@ -8,7 +8,8 @@ Prints one JSON object: {"presets": {PRESET: {KIND: {count, bytes, extra_bytes, 
 "gemms": {KEY: {batch, m, k, n, flops, uses, ms: {candidate: ms}, errors, best, best_ms}}, "copy_GBps", ...}.
 KIND is a node kind as dg_model_profile names it (the "what" of bench/step's breakdown), for the tape
 runtime/train/bdh_tape.c records on sm_90 (the H200): bf16 activations take the fused decoder grad_input +
-gate bwd node, a low-bit recipe its dequantize nodes and bf16 gradient GEMMs.
+gate bwd node, a low-bit recipe its dequantize nodes, bf16 gradient GEMMs and the gate fused with the
+decoder input's quantizer (gate_quant).
 
 A node's floor is the larger of
   - its GEMMs: for each, the fastest cuBLAS call of the same shape that ran here: bf16 (torch.matmul / bmm,
@@ -120,9 +121,10 @@ def nodes(p, L, B, T, D, H, N, V, G):
             add("quantize_act", "a", a * A + aq, "a in; codes, scales out")
         add("projection", "encoder_v", (aq if low else a * A) + wexec(1) + a * S,
             "a%s, encoder_v in; ys out" % (" codes" if low else ""), [g_encv])
-        add("gate", "gate", 3 * a * S, "xs, ys in; xy out")
-        if low:
-            add("quantize_act", "xy", a * S + xyq, "xy in; codes, scales out")
+        if low:  # sm_90's low-bit recipes (a scale a token for xy): the gate and its quantizer one node
+            add("gate_quant", "gate_quant", 2 * a * S + xyq, "xs, ys in; xy codes, scales out")
+        else:
+            add("gate", "gate", 3 * a * S, "xs, ys in; xy out")
         yd = f4 if dfwd else a
         add("decoder", "decoder", (xyq if low else a * S) + (2 * W if dfwd else wexec(2)) + yd * X,
             "xy%s, decoder in; yd out" % (" codes" if low else ""), [g_dec])

@@ -638,6 +638,21 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.build = "act=f32,bf16;out=f32,bf16",
 		.inout = 1u << 0, /* dxy: dys is written over it */
 	},
+	[DG_OP_GATE_QUANT] = {
+		.family = "gate", .module = "gate_quant",
+		.about = "gate and token quantizer in one pass: codes (B,H,T,N) and a scale a token (B*T) = quantize_act ascale=token of gate_fwd(xs, ys) (src), bit for bit, no xy in memory",
+		.fields = F(ACT) | F(ARCH) | F(HEADS) | F(LATENT) | F(SRC) | F(TILE),
+		.tile = DG_TILE_THREADS,
+		.act_fmts = B(INT8) | B(UINT8POS), .src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.defaults = { .fields = F(ACT) | F(SRC), .act = DG_FMT_UINT8POS, .src = DG_FMT_BF16 },
+		.n_args = 3, .args = {
+			{ "xs", false, DG_ARG_SRC, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			{ "ys", false, DG_ARG_SRC, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			{ "codes", true, DG_ARG_ACT, true, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } } },
+		.check = DG_CHECK_SCALED_CODES,
+		.build = "src=bf16;act=uint8pos",
+	},
 	[DG_OP_ADD_MASK] = {
 		.family = "step", .module = "step",
 		.about = "masked sum: dxs (B,H,T,N) out = xs > 0 ? dxs + other : 0, in place; other src, xs act",

@@ -201,6 +201,10 @@ local QCONSTS = [[
 constexpr int QMAX = ${QMAX};		// ${act}: codes in [QLO, QMAX]
 constexpr int QLO = ${QLO};]]
 
+-- The token quantizer's pieces, for a kernel that makes its values and
+-- quantizes them the same way (templates/gate_quant.lua): the same codes.
+M.QUANT_FN, M.QUANT_VEC_FN, M.QCONSTS = QUANT_FN, QUANT_VEC_FN, QCONSTS
+
 local ACTS = { "int8", "int4", "uint8pos" }
 
 local ENTRIES = { "dg_quantize_act_absum", "dg_quantize_act_scale", "dg_quantize_act_apply" }

@@ -29,7 +29,15 @@
  *     batch's second half (forward and backward), and elem0 0 does not;
  *     an elem0 that is not whole Philox blocks (the vectors' straddling
  *     case) or past 2^32 elements is the reference's at that offset,
- *     f32 and bf16, odd shapes (the scalar tail) and whole vectors.
+ *     f32 and bf16, odd shapes (the scalar tail) and whole vectors;
+ *   - gate_quant (templates/gate_quant.lua): its codes and a scale a token
+ *     are gate_fwd's xy through quantize_act ascale=token on the device
+ *     bit for bit, and the reference's (dg_ref_gate_fwd_op, then
+ *     dg_ref_quantize_act_rows), src f32 and bf16, codes uint8pos and
+ *     int8, p 0 and 0.1 (elem0 13: not whole Philox blocks), odd shapes
+ *     (latent 13: the element path; latent 64, heads 1: a vector a
+ *     thread), t64 and the default, the BDH shape with its time against
+ *     the two ops'; codes over xs refused.
  */
 #include <criterion/criterion.h>
 
@@ -38,11 +46,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dragon/ops.h"
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "helpers.h"
+#include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 
 /* The spec of op; grad, other: the gradients' formats (out, src) where
@@ -543,5 +553,117 @@ Test(gpu_gate, elem0_draws_the_global_batchs_masks)
 					free(check_gate_g(dev, act, gf, B, H, T, L, 0, &e));
 				}
 			}
+	gh_close(dev);
+}
+
+/* ---- gate_quant ------------------------------------------------------------ */
+
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* gate_quant at (B, H, T, L) against gate_fwd then quantize_act on the
+ * device and against the references; time: print both ways' time. */
+static void check_gate_quant(dg_device *dev, dg_fmt src, dg_fmt act, int B, int H, int T, int L, int threads,
+			     const drop *d, bool time)
+{
+	char what[200];
+	snprintf(what, sizeof(what), "gate_quant %s -> %s B%d H%d T%d L%d t%d p=%g elem0=%llu", dg_fmt_name(src),
+		 dg_fmt_name(act), B, H, T, L, threads, (double)d->p, (unsigned long long)d->elem0);
+	const size_t n = (size_t)B * H * T * L, xb = n * esz(src), rows = (size_t)B * T;
+	void *xs = rand_of(src, n), *ys = rand_of(src, n);
+	dg_tensor txs = dg_tensor_4d("xs", src, gh_upload(dev, xs, xb), B, H, T, L);
+	dg_tensor tys = dg_tensor_4d("ys", src, gh_upload(dev, ys, xb), B, H, T, L);
+	dg_tensor tq = dg_tensor_4d("codes", act, gh_alloc_ff(dev, n), B, H, T, L);
+	tq.scale = gh_alloc_ff(dev, rows * sizeof(float));
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_GATE_QUANT);
+	s.src = src, s.act = act, s.heads = H, s.latent = L, s.tile.threads = threads;
+	dg_spec_normalize(&s);
+	dg_gate_quant_args a = { .xs = &txs, .ys = &tys, .codes = &tq, .p = d->p, .seed = d->seed, .step = d->step,
+				 .layer = d->layer, .elem0 = d->elem0 };
+	expect_ok(dev, dg_gate_quant(dev, &s, &a), what);
+	unsigned char *got = gh_xmalloc(n), *want = gh_xmalloc(n), *two = gh_xmalloc(n);
+	float *gs = gh_xmalloc(rows * sizeof(float)), *ws = gh_xmalloc(rows * sizeof(float));
+	float *ts = gh_xmalloc(rows * sizeof(float));
+	gh_download(dev, got, tq.data, n);
+	gh_download(dev, gs, tq.scale, rows * sizeof(float));
+	/* the reference: gate_fwd's xy, then a scale a token */
+	void *xy = gh_xmalloc(xb);
+	cr_assert_eq(dg_ref_gate_fwd_op(src, xs, ys, (int64_t)n, d->p, d->seed, d->step, d->layer, d->elem0, xy), DG_OK);
+	cr_assert_eq(dg_ref_quantize_act_rows(src, act, xy, (size_t)B, (size_t)H, (size_t)T, (size_t)L, want, ws), DG_OK);
+	gh_expect_bytes(what, got, want, n);
+	cr_assert_eq(memcmp(gs, ws, rows * sizeof(float)), 0, "%s: the scales differ from the reference's", what);
+	/* the two ops on the device */
+	dg_tensor txy = dg_tensor_4d("xy", src, gh_alloc_ff(dev, xb), B, H, T, L);
+	dg_tensor tq2 = dg_tensor_4d("codes", act, gh_alloc_ff(dev, n), B, H, T, L);
+	tq2.scale = gh_alloc_ff(dev, rows * sizeof(float));
+	dg_spec sf = spec_of(DG_OP_GATE_FWD, src, H, 256, L, 0);
+	dg_gate_fwd_args fa = { .xs = &txs, .ys = &tys, .xy = &txy, .p = d->p, .seed = d->seed, .step = d->step,
+				.layer = d->layer, .elem0 = d->elem0 };
+	dg_spec sq;
+	dg_spec_init(&sq, DG_OP_QUANTIZE_ACT);
+	sq.src = src, sq.act = act, sq.ascale = DG_SCALE_TOKEN;
+	dg_spec_normalize(&sq);
+	dg_quantize_act_args qa = { .x = &txy, .codes = &tq2 };
+	expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what);
+	expect_ok(dev, dg_quantize_act(dev, &sq, &qa), what);
+	gh_download(dev, two, tq2.data, n);
+	gh_download(dev, ts, tq2.scale, rows * sizeof(float));
+	cr_assert_eq(memcmp(got, two, n), 0, "%s: the codes differ from gate_fwd then quantize_act", what);
+	cr_assert_eq(memcmp(gs, ts, rows * sizeof(float)), 0, "%s: the scales differ from quantize_act's", what);
+	if (time) {
+		const int reps = 20;
+		gh_sync(dev);
+		double t0 = wall_s();
+		for (int r = 0; r < reps; r++)
+			expect_ok(dev, dg_gate_quant(dev, &s, &a), what);
+		gh_sync(dev);
+		double t1 = wall_s();
+		for (int r = 0; r < reps; r++) {
+			expect_ok(dev, dg_gate_fwd(dev, &sf, &fa), what);
+			expect_ok(dev, dg_quantize_act(dev, &sq, &qa), what);
+		}
+		gh_sync(dev);
+		double t2 = wall_s();
+		printf("%s: %.1f us, gate_fwd then quantize_act %.1f us\n", what, (t1 - t0) / reps * 1e6,
+		       (t2 - t1) / reps * 1e6);
+	}
+	free(xs), free(ys), free(got), free(want), free(two), free(gs), free(ws), free(ts), free(xy);
+}
+
+Test(gpu_gate, gate_quant_is_gate_then_quantizer, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	gh_seed(97);
+	const drop none = { 0.0f, 1, 0, 0, 0 }, a = { 0.1f, 42, 7, 3, 13 };
+	static const int shapes[][4] = { { 2, 3, 7, 13 }, { 2, 1, 130, 64 }, { 2, 4, 5, 256 }, { 1, 3, 3, 1000 } };
+	for (int sf = 0; sf < 2; sf++)
+		for (int af = 0; af < 2; af++)
+			for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++)
+				for (int th = 0; th < 2; th++)
+					for (int dr = 0; dr < 2; dr++)
+						check_gate_quant(dev, sf ? DG_FMT_BF16 : DG_FMT_F32,
+								 af ? DG_FMT_INT8 : DG_FMT_UINT8POS, shapes[k][0], shapes[k][1],
+								 shapes[k][2], shapes[k][3], th ? 64 : 0, dr ? &a : &none, false);
+	check_gate_quant(dev, DG_FMT_BF16, DG_FMT_UINT8POS, 8, 4, 512, 8192, 0, &a, true);
+	check_gate_quant(dev, DG_FMT_BF16, DG_FMT_UINT8POS, 8, 4, 512, 8192, 0, &none, true);
+	/* codes over xs: refused */
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_GATE_QUANT);
+	s.heads = 1, s.latent = 64;
+	dg_spec_normalize(&s);
+	dg_dptr buf = gh_alloc(dev, 64 * 2 * 4);
+	dg_tensor txs = dg_tensor_4d("xs", DG_FMT_BF16, buf, 1, 1, 4, 64), tys = txs;
+	tys.data = gh_alloc(dev, 64 * 2 * 4);
+	dg_tensor tq = dg_tensor_4d("codes", DG_FMT_UINT8POS, buf, 1, 1, 4, 64);
+	tq.scale = gh_alloc(dev, 16);
+	dg_gate_quant_args qa = { .xs = &txs, .ys = &tys, .codes = &tq };
+	cr_assert_eq(dg_gate_quant(dev, &s, &qa), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "codes") && strstr(dg_device_errmsg(dev), "alias"), "%s",
+		  dg_device_errmsg(dev));
 	gh_close(dev);
 }

@@ -71,6 +71,48 @@ Test(nvrtc_gate, every_op_act_and_shape)
 	dg_codegen_destroy(cg);
 }
 
+/* gate_quant (templates/gate_quant.lua): src f32 | bf16 × codes uint8pos |
+ * int8, at the BDH token (4 × 8192: every vector in registers), a small
+ * odd one (3 × 13: the element path), one of a vector a thread (1 × 64),
+ * the widest token (16 × 65536: past the registers), on t64 and t1024
+ * too; its auto tile is 512 threads; an int4 code or an f32 act refused. */
+Test(nvrtc_gate, gate_quant_formats_and_shapes)
+{
+	dg_codegen *cg = nh_codegen();
+	static const int HL[][2] = { { 4, 8192 }, { 3, 13 }, { 1, 64 }, { 16, 65536 } };
+	for (int src = 0; src < 2; src++)
+		for (int act = 0; act < 2; act++)
+			for (int i = 0; i < 4; i++)
+				for (int th = 0; th < 3; th++) {
+					if (th && i != 0)
+						continue;
+					dg_spec s;
+					dg_spec_init(&s, DG_OP_GATE_QUANT);
+					s.src = src ? DG_FMT_BF16 : DG_FMT_F32;
+					s.act = act ? DG_FMT_INT8 : DG_FMT_UINT8POS;
+					s.heads = HL[i][0], s.latent = HL[i][1];
+					s.tile.threads = th == 1 ? 64 : th == 2 ? 1024 : 0;
+					char m[512];
+					cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s", m);
+					nh_compile(cg, &s, "a block a token", 90);
+				}
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_GATE_QUANT);
+	char m[512];
+	dg_source *src = NULL;
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(strstr(src->text, "tile=t512;"), "the auto tile is 512 threads");
+	dg_source_destroy(src);
+	s.act = DG_FMT_INT4;
+	cr_assert_neq(dg_spec_validate(&s, m, sizeof(m)), DG_OK);
+	cr_assert(strstr(m, "act"), "%s", m);
+	dg_spec_init(&s, DG_OP_GATE_QUANT);
+	s.src = DG_FMT_INT8;
+	cr_assert_neq(dg_spec_validate(&s, m, sizeof(m)), DG_OK);
+	cr_assert(strstr(m, "src"), "%s", m);
+	dg_codegen_destroy(cg);
+}
+
 /* Every combination of act, the gradient (out) and add_mask's other
  * (src) compiles; the kernel's types follow them. */
 Test(nvrtc_gate, gradient_formats)

@@ -506,6 +506,11 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 				       .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
 		return dg_gate_fwd_check(s, &a, msg, size);
 	}
+	case DG_OP_GATE_QUANT: {
+		dg_gate_quant_args a = { .xs = by_name(c, "xs"), .ys = by_name(c, "ys"), .codes = by_name(c, "codes"),
+					 .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };
+		return dg_gate_quant_check(s, &a, msg, size);
+	}
 	case DG_OP_GATE_BWD: {
 		dg_gate_bwd_args a = { .dxy = by_name(c, "dxy"), .xs = by_name(c, "xs"), .ys = by_name(c, "ys"),
 				       .dxs = by_name(c, "dxs"), .p = 0.1f, .seed = 1, .step = 2, .layer = 3 };

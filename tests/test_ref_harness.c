@@ -509,6 +509,17 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		return dg_ref_decoder_grad_weight(s, c->in[0], c->in[1], c->scale[1], out, b, t);
 	case DG_OP_QUANTIZE_ACT:
 		return dg_ref_quantize_act(s->src, s->act, c->in[0], RUN_N, out, oscale);
+	case DG_OP_GATE_QUANT: { /* gate_fwd's xy, then a scale a token (oscale: b·t of them) */
+		const int64_t n = (int64_t)b * s->heads * t * s->latent;
+		void *xy = rh_xmalloc((size_t)n * 4 + 4);
+		dg_status st = dg_ref_gate_fwd_op(s->src, c->in[0], c->in[1], n, c->p, c->seed, c->step, c->layer,
+						  c->elem0, xy);
+		if (!st)
+			st = dg_ref_quantize_act_rows(s->src, s->act, xy, (size_t)b, (size_t)s->heads, (size_t)t,
+						      (size_t)s->latent, out, oscale);
+		free(xy);
+		return st;
+	}
 	case DG_OP_QUANTIZE_WEIGHT: {
 		float w[RUN_N];
 		for (int i = 0; i < RUN_N; i++)
@@ -647,13 +658,18 @@ static void run_both(dg_spec *s, bool unpack)
 	memset(obuf, 0x5a, ob);
 	memset(want, 0x5a, ob);
 	float got_scale = -1.0f, want_scale = -2.0f;
+	/* gate_quant: a scale a token */
+	const bool rows = s->op == DG_OP_GATE_QUANT;
+	const size_t nrows = (size_t)RUN_B * (size_t)run_t(s);
+	float *got_rows = rows ? rh_xmalloc(nrows * sizeof(float)) : NULL;
+	float *want_rows = rows ? rh_xmalloc(nrows * sizeof(float)) : NULL;
 	c.out = obuf;
 	c.p = 0.25f; /* the gate's dropout */
 	c.seed = 99;
 	c.step = 4;
 	c.layer = 1;
 	c.elem0 = 13; /* a rank's offset, not whole Philox blocks: dg_ref_run passes it */
-	c.out_scale = &got_scale;
+	c.out_scale = rows ? got_rows : &got_scale;
 	c.b = RUN_B;
 	c.t = run_t(s);
 	c.r = RUN_R;
@@ -664,12 +680,16 @@ static void run_both(dg_spec *s, bool unpack)
 	char text[DG_SPEC_TEXT_MAX], why[256];
 	dg_spec_to_string(s, text, sizeof(text));
 	cr_assert_eq(dg_ref_run(s, &c), DG_OK, "%s", text);
-	cr_assert_eq(direct(s, &c, want, &want_scale), DG_OK, "%s", text);
+	cr_assert_eq(direct(s, &c, want, rows ? want_rows : &want_scale), DG_OK, "%s", text);
 	cr_assert(dg_ref_same_bytes(c.out, want, ob, why, sizeof(why)), "%s%s: %s", text,
 		  unpack ? " (unpack)" : "", why);
-	if (r->check == DG_CHECK_SCALED_CODES)
+	if (rows)
+		cr_assert_eq(memcmp(got_rows, want_rows, nrows * sizeof(float)), 0, "%s: the scales a token", text);
+	else if (r->check == DG_CHECK_SCALED_CODES)
 		cr_assert_eq(got_scale, want_scale, "%s: scale %g, directly %g", text, (double)got_scale,
 			     (double)want_scale);
+	free(got_rows);
+	free(want_rows);
 	/* the output was written (not left as the fill) */
 	unsigned char *o = c.out;
 	size_t untouched = 0;

@@ -47,9 +47,10 @@ static const cJSON *floor_shapes(const shape *s, cJSON **doc)
 
 /* The GPU model's tape of preset on sm_90, as gpu_model.c's build sets it:
  * a low-bit recipe (a projection's formats not the precision) reads bf16
- * copies in its gradient GEMMs; bf16 activations fuse the decoder's input
- * gradient with the gate's backward; the float bf16 recipe's decoder
- * forward reads a bf16 copy. */
+ * copies in its gradient GEMMs and fuses the gate with the decoder input's
+ * quantizer; bf16 activations fuse the decoder's input gradient with the
+ * gate's backward; the float bf16 recipe's decoder forward reads a bf16
+ * copy. */
 static void gpu_tape(const char *preset, const shape *s, dg__tape *t)
 {
 	dg_model_config c;
@@ -62,7 +63,7 @@ static void gpu_tape(const char *preset, const shape *s, dg__tape *t)
 		lowbit |= r[i]->weight != c.precision || r[i]->act != c.precision;
 	bool bf16 = c.precision == DG_FMT_BF16;
 	dg__bdh_target tg = { .gpu = true, .act = c.precision, .lowbit = lowbit, .bf16_grads = lowbit,
-			      .dec_gate = bf16, .dec_fwd_gemm = bf16 && !lowbit };
+			      .dec_gate = bf16, .dec_fwd_gemm = bf16 && !lowbit, .gate_quant = lowbit };
 	dg__bdh_ids id;
 	dg__tape_init(t, &c, s->B, s->T);
 	cr_assert_eq(dg__bdh_tape_build(t, &id, &tg), DG_OK, "%s", preset);

@@ -608,6 +608,20 @@ typedef struct dg_gate_bwd_args {
 } dg_gate_bwd_args;
 DG_API dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_args *a);
 
+/* gate_quant: gate_fwd and quantize_act ascale=token in one pass (a
+ * low-bit recipe's forward): codes (B,H,T,N) spec->act (uint8pos | int8)
+ * with a scale a token (codes->scale, B·T f32) are those quantize_act
+ * gives gate_fwd's xy (xs, ys (B,H,T,N) spec->src, the same dropout), bit
+ * for bit, without xy in memory. */
+typedef struct dg_gate_quant_args {
+	const dg_tensor *xs, *ys, *codes;
+	float p;
+	uint64_t seed;
+	uint32_t step, layer;
+	dg_dptr step_at; /* as gate_fwd's */
+	uint64_t elem0;  /* as gate_fwd's */
+} dg_gate_quant_args;
+
 /* decoder_gate_bwd: decoder_grad_input and gate_bwd in one kernel (no dxy
  * in memory), the model's backward on sm_90a:
  *   dxy = grad (B,1,T,D) f32 · w (D, H·N) (head h: columns h·N ..), f32;

@@ -76,6 +76,7 @@ extern "C" {
 	X(DG_OP_LMHEAD_LOGITS, lmhead_logits)                               \
 	X(DG_OP_GATE_FWD, gate_fwd)                                         \
 	X(DG_OP_GATE_BWD, gate_bwd)                                         \
+	X(DG_OP_GATE_QUANT, gate_quant)                                     \
 	X(DG_OP_ADD_MASK, add_mask)                                         \
 	X(DG_OP_ADD3, add3)                                                 \
 	X(DG_OP_TRANSPOSE, transpose)                                       \

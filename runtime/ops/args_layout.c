@@ -137,6 +137,7 @@ static const dg__args_layout layouts[DG_OP__COUNT] = {
 	[DG_OP_LMHEAD_LOGITS] = { SIZE(lmhead_logits), .t = { T3(lmhead_logits, x, w, logits) } },
 	/* gate */
 	[DG_OP_GATE_FWD] = { SIZE(gate_fwd), .t = { T3(gate_fwd, xs, ys, xy) }, DROPOUT(gate_fwd) },
+	[DG_OP_GATE_QUANT] = { SIZE(gate_quant), .t = { T3(gate_quant, xs, ys, codes) }, DROPOUT(gate_quant) },
 	[DG_OP_GATE_BWD] = { SIZE(gate_bwd), .t = { T4(gate_bwd, dxy, xs, ys, dxs) },
 			     DROPOUT(gate_bwd) },
 	[DG_OP_DECODER_GATE_BWD] = { SIZE(decoder_gate_bwd),

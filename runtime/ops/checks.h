@@ -100,6 +100,11 @@ dg_status dg_gate_fwd_check(const dg_spec *spec, const dg_gate_fwd_args *a, char
 			    size_t msg_size);
 dg_status dg_gate_bwd_check(const dg_spec *spec, const dg_gate_bwd_args *a, char *msg,
 			    size_t msg_size);
+dg_status dg_gate_quant_check(const dg_spec *spec, const dg_gate_quant_args *a, char *msg,
+			      size_t msg_size);
+/* gate_quant in one call (prepare and launch), for the library's own
+ * callers and the tests: the public door is dg_prepare. */
+dg_status dg_gate_quant(dg_device *dev, const dg_spec *spec, const dg_gate_quant_args *a);
 dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
 				    char *msg, size_t msg_size);
 dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,

@@ -7,6 +7,7 @@
  * reads them from each launch's call. Nothing here allocates, frees or
  * synchronizes.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,6 +36,11 @@ static dg_status call_rules(dg_op op, const char *fn, const dg__op_call *c, char
 	if (c->step_at & 3u) {
 		snprintf(msg, size, "step_at: %s: 0x%llx is not 4-byte aligned (a device uint32)", fn,
 			 (unsigned long long)c->step_at);
+		return DG_ERR_INVALID_ARG;
+	}
+	if (op == DG_OP_GATE_QUANT && (c->t[2]->data == c->t[0]->data || c->t[2]->data == c->t[1]->data)) {
+		snprintf(msg, size, "codes: %s: must not alias xs or ys (a token's values are read again for its codes)",
+			 fn);
 		return DG_ERR_INVALID_ARG;
 	}
 	if (op == DG_OP_GATE_BWD && c->t[3]->data == c->t[0]->data) {
@@ -150,6 +156,49 @@ dg_status dg__check_gate_bwd(const dg_spec *spec, const dg__op_call *c, char *ms
 			     size_t msg_size)
 {
 	return gate_check(spec, DG_OP_GATE_BWD, "dg_gate_bwd", c, msg, msg_size);
+}
+
+/* ---- gate_quant ---------------------------------------------------------------------
+ * A block a token, grid-stride (templates/gate_quant.lua): xs, ys, (long
+ * long rows, int T), the dropout's arguments, the scales (codes' scale),
+ * the codes. The grid: 4 blocks an SM, or one a token where there are
+ * fewer. Its dropout rules are gate_fwd's (gate_check); outputs over an
+ * input are refused there too. */
+
+dg_status dg__prep_gate_quant(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	const dg_spec *spec = &p->spec;
+	const int64_t B = p->shape.b, T = p->shape.t;
+	p->ptrs = gate_ptrs;
+	const long long rows = (long long)B * T;
+	if (rows == 0)
+		return DG_OK;
+	if (T > INT32_MAX)
+		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG, "%s: T = %lld: at most 2^31 - 1 tokens a row",
+				    p->fn, (long long)T);
+	dg_kernel *k;
+	dg_status st = dg_kernel_get(p->dev, spec, "dg_gate_quant", &k);
+	if (st)
+		return st;
+	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(p->dev)->sm_count;
+	dg_launch l = { { dg__op_grid(rows, 1, 4LL * (sms > 0 ? sms : 1)), 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
+	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0); /* xs */
+	dg__arg_data(p, L, 1); /* ys */
+	dg__arg_i64(p, L, rows);
+	dg__arg_i32(p, L, T);
+	dropout_args(p, L);
+	dg__arg_scale(p, L, 2); /* scales: one a token */
+	dg__arg_data(p, L, 2);  /* codes */
+	return DG_OK;
+}
+
+dg_status dg__check_gate_quant(const dg_spec *spec, const dg__op_call *c, char *msg, size_t msg_size)
+{
+	return gate_check(spec, DG_OP_GATE_QUANT, "dg_gate_quant", c, msg, msg_size);
 }
 
 /* ---- decoder_gate_bwd ----------------------------------------------------------

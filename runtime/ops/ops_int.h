@@ -358,6 +358,7 @@ DG_OP_LIST(DG__OP_ENTRY)
 	X(DG_OP_LMHEAD_CE, lmhead_ce)                                         \
 	X(DG_OP_GATE_FWD, gate_fwd)                                           \
 	X(DG_OP_GATE_BWD, gate_bwd)                                           \
+	X(DG_OP_GATE_QUANT, gate_quant)                                       \
 	X(DG_OP_DEQUANTIZE, dequantize)                                       \
 	X(DG_OP_DECODER_GATE_BWD, decoder_gate_bwd)                           \
 	X(DG_OP_ADAMW_UPDATE, adamw_update)

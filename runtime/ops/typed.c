@@ -437,6 +437,16 @@ dg_status dg_gate_bwd(dg_device *dev, const dg_spec *spec, const dg_gate_bwd_arg
 	return dg__op_typed_run(dev, DG_OP_GATE_BWD, spec, a);
 }
 
+dg_status dg_gate_quant_check(const dg_spec *spec, const dg_gate_quant_args *a, char *msg, size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_GATE_QUANT, spec, a, msg, msg_size);
+}
+
+dg_status dg_gate_quant(dg_device *dev, const dg_spec *spec, const dg_gate_quant_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_GATE_QUANT, spec, a);
+}
+
 dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
 				    char *msg, size_t msg_size)
 {

@@ -358,6 +358,25 @@ dg_status dg__ref_gate_fwd(const dg_spec *spec, const dg_ref_call *c)
 				  c->layer, c->elem0, c->out);
 }
 
+/* gate_fwd's xy (src), then quantize_act ascale=token of it: the codes
+ * and a scale a token (out_scale) gate_quant gives bit for bit. */
+dg_status dg__ref_gate_quant(const dg_spec *spec, const dg_ref_call *c)
+{
+	if (!c->out_scale)
+		return DG_ERR_INVALID_ARG;
+	const int64_t n = bhtl(spec, c);
+	void *xy = malloc((size_t)n * (spec->src == DG_FMT_BF16 ? 2 : 4) + 4);
+	if (!xy)
+		return DG_ERR_NOMEM;
+	dg_status st = dg_ref_gate_fwd_op(spec->src, c->in[0], c->in[1], n, c->p, c->seed, c->step, c->layer,
+					  c->elem0, xy);
+	if (!st)
+		st = dg_ref_quantize_act_rows(spec->src, spec->act, xy, (size_t)c->b, (size_t)spec->heads,
+					      (size_t)c->t, (size_t)spec->latent, c->out, c->out_scale);
+	free(xy);
+	return st;
+}
+
 dg_status dg__ref_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
 {
 	return dg_ref_gate_bwd_op(spec->act, spec->out, c->in[0], c->in[1], c->in[2], bhtl(spec, c), c->p,

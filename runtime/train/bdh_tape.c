@@ -125,6 +125,10 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	/* the decoder's input gradient fused with the gate's backward (a GPU
 	 * node: the CPU model runs the two) */
 	const bool dgate = gpu && tg->dec_gate && act == DG_FMT_BF16;
+	/* the gate and the decoder's input quantizer as one node (gate_quant
+	 * takes a scale a token) */
+	const bool gq = codes && tg->gate_quant && t->config.decoder.ascale == DG_SCALE_TOKEN &&
+			(t->config.decoder.act == DG_FMT_UINT8POS || t->config.decoder.act == DG_FMT_INT8);
 	const dg_model_config *c = &t->config;
 	const int64_t B = t->B, T = t->T, H = c->heads, D = c->embd, N = c->neurons, V = c->vocab;
 	const int64_t Ly = c->layers, LB = Ly * B;
@@ -305,9 +309,13 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		if (lowbit)
 			node(t, DG__N_QUANT, l, al[l], -1, -1, -1, aq, -1, DG_PROJ_ENCODER_V);
 		proj(t, id, l, lowbit ? aq : al[l], DG_PROJ_ENCODER_V, ysl[l]);
-		node(t, DG__N_GATE, l, xsl[l], ysl[l], -1, -1, xyl[l], -1, 0);
-		if (lowbit)
-			node(t, DG__N_QUANT, l, xyl[l], -1, -1, -1, xyq, -1, DG_PROJ_DECODER);
+		if (gq) { /* the product never in memory: xyl[l] is left untouched */
+			node(t, DG__N_GATE_Q, l, xsl[l], ysl[l], -1, -1, xyq, -1, DG_PROJ_DECODER);
+		} else {
+			node(t, DG__N_GATE, l, xsl[l], ysl[l], -1, -1, xyl[l], -1, 0);
+			if (lowbit)
+				node(t, DG__N_QUANT, l, xyl[l], -1, -1, -1, xyq, -1, DG_PROJ_DECODER);
+		}
 		node(t, DG__N_DEC, l, lowbit ? xyq : xyl[l], dfwd ? id->dec_fwd : id->exec[DG_PROJ_DECODER], -1,
 		     -1, yd, -1, 0);
 		node(t, DG__N_LN, l, yd, -1, -1, -1, yl[l], yrl[l], 0);

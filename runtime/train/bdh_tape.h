@@ -85,6 +85,10 @@ typedef struct dg__bdh_target {
 	 * fewer saved, two projections a layer more (gpu_model.c: where the
 	 * plan would not fit otherwise; DRAGON_RECOMPUTE) */
 	bool recompute;
+	/* the GPU's low-bit recipes whose decoder input has a scale a token:
+	 * the gate and that quantizer one node (GATE_Q, gate_quant), so the
+	 * product xy is never in memory */
+	bool gate_quant;
 	/* the GPU's chunked attention (gpu_model.c attn_chunk_for): 0, the
 	 * quadratic form, its saved scores (B,H,T,T); C, the chunked form,
 	 * its saved scores the chunks' (B,H,T,C) */

@@ -421,7 +421,9 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
 			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1,
 			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads, .recompute = m->recompute,
-			      .attn_chunk = m->attn_chunk };
+			      .attn_chunk = m->attn_chunk,
+			      /* DRAGON_GATE_QUANT=0: the gate and the quantizer apart */
+			      .gate_quant = m->lowbit && dg__env_switch("DRAGON_GATE_QUANT") != 0 };
 	st = dg__bdh_tape_build(&m->t, &m->id, &tg);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's tape: %s", dg_status_str(st));

@@ -328,6 +328,19 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 				       .elem0 = elem0 };
 		return node_op(ex, &s, &a, NULL);
 	}
+	case DG__N_GATE_Q: {
+		/* xy (B,H,T,N) = the gate's product, quantized a token over its
+		 * heads (the decoder's recipe), never in memory */
+		dg_spec s = dg__gm_base_spec(m, DG_OP_GATE_QUANT);
+		const dg_proj_recipe *r = dg__gm_recipe(m, DG_PROJ_DECODER);
+		s.src = m->act;
+		s.act = r->act;
+		dg_spec_normalize(&s);
+		dg_tensor xs = dg__gm_tn(m, in[0]), ys = dg__gm_tn(m, in[1]), q = dg__gm_tn(m, out[0]);
+		dg_gate_quant_args a = { .xs = &xs, .ys = &ys, .codes = &q, .p = p, .seed = seed, .step = step,
+					 .layer = (uint32_t)nd->layer, .step_at = m->step_at, .elem0 = elem0 };
+		return node_op(ex, &s, &a, NULL);
+	}
 	case DG__N_QUANT: {
 		/* a token a row: x (B,1,T,D), a (B·H,1,T,D), xy (B,H,T,N) over its heads */
 		dg_spec s = dg__gm_base_spec(m, DG_OP_QUANTIZE_ACT);

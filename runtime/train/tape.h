@@ -56,6 +56,9 @@ typedef enum dg__nkind {
 	DG__N_CE,       /* loss of in0 · in1 (lm_head) against the targets */
 	DG__N_QUANT,    /* out0 = codes of in0 with their scales (a recipe's act),
 			 * arg: the dg_proj whose input it is */
+	DG__N_GATE_Q,   /* out0 = DG__N_QUANT's codes of DG__N_GATE's product of
+			 * in0 and in1, in one (gate_quant: no product in
+			 * memory); arg: DG_PROJ_DECODER */
 	/* backward */
 	DG__N_CE_BWD,      /* out0 = dx (=), out1 = d lm_head (=), out2 = the loss
 			    * again; in: x, lm_head, targets */
