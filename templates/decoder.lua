@@ -699,14 +699,20 @@ end
 --   SIMT: 64x64 blocks of 2x2 warps, BK the largest step up to 64 (codes)
 --     or 32 (floats) that divides L and whole storage words.
 -- The warp-specialized form as the default where it applies (int8
--- weights, 8-bit codes, L % 128 == 0): 128x128x128/8x1/6, two consumer
--- warpgroups of 64 accumulators, 193 KiB. Off until the GPU suite has run
--- on it (its tests pass against the CPU reference at explicit tiles).
-local WS_DEFAULT = false
+-- weights, 8-bit codes, L % 128 == 0; bench/kernels on the H200, BDH
+-- shape, M = 4096, int8 · int8 → bf16): 64x256x128/4x1/5, one consumer
+-- warpgroup of 128 accumulators a thread, 201 KiB, 67.2 us; 128x128x128/
+-- 8x1/6 75.7 us; the 4-stage wgmma tile above 185.9 us (cuBLASLt bf16
+-- 105.4). Where E < 256, 128x128x128/8x1/6. A T that is not a multiple of
+-- 64 runs the same tile on the 4-stage path (dg__tma_rows_tile).
+local WS_DEFAULT = true
 
 local function default_tile(k)
   local L = k.L
   if WS_DEFAULT and ws_applies(k) and L % 128 == 0 then
+    if k.E >= 256 then
+      return { bm = 64, bn = 256, bk = 128, wm = 4, wn = 1, stages = 5, threads = 0 }
+    end
     return { bm = 128, bn = 128, bk = 128, wm = 8, wn = 1, stages = 6, threads = 0 }
   end
   if k.ints and k.arch == 90 and k.arch_specific then

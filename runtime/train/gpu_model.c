@@ -353,12 +353,15 @@ double dg__gm_warm_join(dg__gm_warm *w)
  * the memory), the largest that divides T. The quadratic form's scores
  * are B·H·T² act values a layer, saved: past T 16384 (25M, B 1: 2 GB a
  * layer) it does not fit, where the chunked form's are B·H·T·C and its
- * states a workspace of O(T). The crossover is the FLOPs' (the chunked
- * form's fewer from T ≈ 1–1.2K, 3.3× fewer at 4K), not yet measured on
- * the device: bench/attention --form chunked measures it. A DRAGON_ATTN_CHUNK
- * that is not a multiple of 64 dividing T is refused (-1).
+ * states a workspace of O(T). The crossover is measured (bench/attention
+ * --form both on the H200, 25M shape, forward + backward a layer,
+ * bench/results/attention-h200-2026-12-05.json): T 2048 (B 2) quadratic
+ * 2.64 ms, chunked 4.70; T 4096 (B 1) 4.50 against 4.77; T 16384 71.0
+ * against 19.1; T 65536 1297 against 64.2 — so the chunked form from
+ * T 8192. A DRAGON_ATTN_CHUNK that is not a multiple of 64 dividing T is
+ * refused (-1).
  */
-#define ATTN_CHUNK_FROM 4096
+#define ATTN_CHUNK_FROM 8192
 static int attn_chunk_for(const dg_model *m, int t)
 {
 	if (m->decode || m->act != DG_FMT_BF16 || m->sm != 90)
@@ -416,6 +419,12 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
 				    "DRAGON_ATTN_CHUNK=%s: the attention's chunk must be 0 (the quadratic form) or a multiple of 64 up to 4096 that divides T = %d",
 				    getenv("DRAGON_ATTN_CHUNK"), t);
+	/* the chunked form does not keep RoPE(xs): with it, a step of two
+	 * layers or more gave a NaN gradient from its second step on (the
+	 * H200, 25M w8a8, T 1024 to 16384, chunks 256 and 512); without it,
+	 * the same runs train */
+	if (m->attn_chunk > 0)
+		m->keep_qr = false;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
