@@ -14,7 +14,10 @@
  *     bit;
  *   - the chunked chains (dg_attention_fwd / _bwd with chunk C) against
  *     the quadratic chains on the same inputs: out, dxs (the masked sum,
- *     from the same start) and grad_v;
+ *     from the same start) and grad_v; and with RoPE(xs) kept between the
+ *     forward and the backward in a buffer of the caller's (the model's
+ *     keep_qr, starting as NaN bytes: the forward writes it) the same bytes
+ *     as without;
  *   - what they refuse, by name: T not a multiple of C, a spec off
  *     sm_90a, grad_xs in place of dxs, a short workspace.
  *
@@ -356,9 +359,11 @@ static dg_spec chain_spec(const shape *s)
 }
 
 /* Runs the forward and the backward (dxs from dxs0, the masked sum) of
- * form C (0: quadratic) on the shared inputs; outputs downloaded. */
+ * form C (0: quadratic) on the shared inputs; outputs downloaded. kept:
+ * RoPE(xs) kept between the two in a buffer of the caller's (the model's
+ * keep_qr), which starts as NaN bytes: the forward must write it. */
 static void chain_run(dg_device *dev, const shape *s, int C, const chain *in, const void *dxs0, void *out,
-		      void *dxs, void *gv)
+		      void *dxs, void *gv, bool kept)
 {
 	const int B = s->B, H = s->H, T = s->T, N = s->N, D = s->D;
 	const size_t no = (size_t)B * H * T * D, nx = (size_t)B * H * T * N, nv = (size_t)B * T * D;
@@ -369,8 +374,9 @@ static void chain_run(dg_device *dev, const shape *s, int C, const chain *in, co
 	dg_tensor o = dg_tensor_4d("out", DG_FMT_BF16, gh_alloc_ff(dev, no * 2), B, H, T, D);
 	dg_tensor dx = dg_tensor_4d("dxs", DG_FMT_BF16, gh_upload(dev, dxs0, nx * 2), B, H, T, N);
 	dg_tensor g = dg_tensor_4d("grad_v", DG_FMT_F32, gh_alloc_ff(dev, nv * 4), B, 1, T, D);
+	dg_tensor qr = dg_tensor_4d("qr", DG_FMT_BF16, gh_alloc_ff(dev, nx * 2), B, H, T, N);
 	dg_attention_fwd_args fa = { .xs = &in->xs, .v = &in->v, .rope = &in->rope, .scores = &sc, .out = &o,
-				     .chunk = C };
+				     .chunk = C, .qr = kept ? &qr : NULL };
 	size_t need = 0;
 	cr_assert_eq(dg_attention_fwd_workspace(&sp, &fa, &need), DG_OK);
 	if (C) { /* a short workspace is refused by name */
@@ -381,7 +387,7 @@ static void chain_run(dg_device *dev, const shape *s, int C, const chain *in, co
 	fa.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_attention_fwd(dev, &sp, &fa), DG_OK, "chunk %d: %s", C, dg_device_errmsg(dev));
 	dg_attention_bwd_args ba = { .grad = &in->g, .xs = &in->xs, .v = &in->v, .rope = &in->rope,
-				     .scores = &sc, .grad_v = &g, .dxs = &dx, .chunk = C };
+				     .scores = &sc, .grad_v = &g, .dxs = &dx, .chunk = C, .qr = kept ? &qr : NULL };
 	cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
 	ba.ws = gh_workspace(dev, need);
 	cr_assert_eq(dg_attention_bwd(dev, &sp, &ba), DG_OK, "chunk %d: %s", C, dg_device_errmsg(dev));
@@ -403,11 +409,15 @@ static void chains_case(dg_device *dev, const shape *s)
 	in.v = dg_tensor_4d("v", DG_FMT_BF16, gh_upload(dev, v, nv * 2), B, 1, T, D);
 	in.rope = dg_tensor_2d("rope", DG_FMT_F32, gh_upload(dev, rope, (size_t)T * N * 4), T, N);
 	in.g = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, no * 4), B, H, T, D);
-	void *o[2], *d[2], *gv[2];
-	for (int k = 0; k < 2; k++) {
+	void *o[3], *d[3], *gv[3];
+	for (int k = 0; k < 3; k++) { /* quadratic, chunked, chunked with RoPE(xs) kept */
 		o[k] = gh_xmalloc(no * 2), d[k] = gh_xmalloc(nx * 2), gv[k] = gh_xmalloc(nv * 4);
-		chain_run(dev, s, k ? s->C : 0, &in, dxs0, o[k], d[k], gv[k]);
+		chain_run(dev, s, k ? s->C : 0, &in, dxs0, o[k], d[k], gv[k], k == 2);
 	}
+	/* the kept RoPE(xs) is the one the chains make: the same bytes */
+	cr_assert_eq(memcmp(o[2], o[1], no * 2), 0, "chunk %d, qr kept: out differs", s->C);
+	cr_assert_eq(memcmp(d[2], d[1], nx * 2), 0, "chunk %d, qr kept: dxs differs", s->C);
+	cr_assert_eq(memcmp(gv[2], gv[1], nv * 4), 0, "chunk %d, qr kept: grad_v differs", s->C);
 	char what[128];
 	float *a = widen(DG_FMT_BF16, o[1], no), *b = widen(DG_FMT_BF16, o[0], no);
 	snprintf(what, sizeof(what), "chunked (C %d) out against quadratic, T %d", s->C, T);
@@ -419,7 +429,7 @@ static void chains_case(dg_device *dev, const shape *s)
 	free(a), free(b);
 	snprintf(what, sizeof(what), "chunked (C %d) grad_v against quadratic, T %d", s->C, T);
 	expect_norm(what, gv[1], gv[0], nv, 1e-2, 2e-2f);
-	for (int k = 0; k < 2; k++)
+	for (int k = 0; k < 3; k++)
 		free(o[k]), free(d[k]), free(gv[k]);
 	free(xs), free(v), free(g), free(dxs0), free(rope);
 }

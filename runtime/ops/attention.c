@@ -495,9 +495,11 @@ static dg_status fwd_chunked(dg__op_exec *x, const dg_spec *spec, const dg_atten
 	dg_attention_chunk_state_args ta = { .qr = &qr, .src = a->v, .states = &states };
 	dg_attention_chunk_out_args ca = { .qr = &qr, .states = &states, .out = a->out };
 	char msg[512];
+	/* RoPE(xs) is made here either way: into the workspace, or into the
+	 * caller's qr, which the backward then reads instead of making it (as
+	 * the quadratic form's forward does) */
 	if (checks_first(x)) {
-		if (!a->qr)
-			st = rope_into(NULL, spec, a->xs, a->rope, &qr, msg, sizeof(msg));
+		st = rope_into(NULL, spec, a->xs, a->rope, &qr, msg, sizeof(msg));
 		if (!st && a->scores->ndim == 4 && (a->scores->shape[2] != T || a->scores->shape[3] != C))
 			snprintf(msg, sizeof(msg), "%s: scores: (B, H, T, C) = (%lld, %lld, %lld, %d) for the chunked form",
 				 fn, (long long)B, (long long)H, (long long)T, C),
@@ -515,8 +517,7 @@ static dg_status fwd_chunked(dg__op_exec *x, const dg_spec *spec, const dg_atten
 		if (st)
 			return dg__dev_fail_msg(dev, st, msg);
 	}
-	if (!a->qr)
-		st = rope_into(x, spec, a->xs, a->rope, &qr, NULL, 0);
+	st = rope_into(x, spec, a->xs, a->rope, &qr, NULL, 0);
 	if (!st)
 		st = dg__exec_args(x, &sv, &va);
 	if (!st)

@@ -421,8 +421,13 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 				    getenv("DRAGON_ATTN_CHUNK"), t);
 	/* the chunked form does not keep RoPE(xs): with it, a step of two
 	 * layers or more gave a NaN gradient from its second step on (the
-	 * H200, 25M w8a8, T 1024 to 16384, chunks 256 and 512); without it,
-	 * the same runs train */
+	 * H200, 25M w8a8, T 1024 to 16384, chunks 128 to 512); without it,
+	 * the same runs train. The cause: the chunked forward made RoPE(xs)
+	 * only into its workspace, never into a kept buffer, so the backward
+	 * read stale bytes. It now writes the kept buffer (the chains with it
+	 * against the chains without, bit for bit, in
+	 * tests/test_gpu_attention_chunk.c); keep_qr comes back to the chunked
+	 * form once that test has passed on a device */
 	if (m->attn_chunk > 0)
 		m->keep_qr = false;
 	dg__tape_init(&m->t, c, b, t);
