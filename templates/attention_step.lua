@@ -97,6 +97,31 @@ __device__ __forceinline__ void dg_step_row(float *__restrict__ S, int k, float 
 	r[1] = b;
 }
 
+// The block's sum of each of a thread's NC values, in a fixed order: a
+// warp's by an xor butterfly, then the warps in order; part (NT/32 rows of
+// NC) is the warps' sums; thread j < NC gets column j's (the others 0).
+// Both entries sum this way, so a column's bits do not depend on NC.
+template <int NC>
+__device__ __forceinline__ float dg_block_sum(const float (&acc)[NC], float (*part)[NC])
+{
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+	for (int j = 0; j < NC; ++j) {
+		float a = acc[j];
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1)
+			a += __shfl_xor_sync(0xffffffffu, a, o);
+		if (lane == 0)
+			part[warp][j] = a;
+	}
+	__syncthreads();
+	float a = 0.0f;
+	if (threadIdx.x < NC)
+		for (int w = 0; w < NT / 32; ++w)
+			a += part[w][threadIdx.x];
+	return a;
+}
+
 extern "C" __global__ void __launch_bounds__(NT)
 dg_attention_step(const XT *__restrict__ xs, const float *__restrict__ pos, const float *__restrict__ freq,
 		  const XT *__restrict__ v, float *__restrict__ state, XT *__restrict__ out, int B)
@@ -122,25 +147,10 @@ dg_attention_step(const XT *__restrict__ xs, const float *__restrict__ pos, cons
 		dg_step_row(S, 2 * p, q0, vv, acc);
 		dg_step_row(S, 2 * p + 1, q1, vv, acc);
 	}
-	// the block's sum of each column: warps by shuffles, then the warps in order
 	__shared__ float part[NT / 32][EC];
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-	for (int j = 0; j < EC; ++j) {
-		float a = acc[j];
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1)
-			a += __shfl_xor_sync(0xffffffffu, a, o);
-		if (lane == 0)
-			part[warp][j] = a;
-	}
-	__syncthreads();
-	if (threadIdx.x < EC) {
-		float a = 0.0f;
-		for (int w = 0; w < NT / 32; ++w)
-			a += part[w][threadIdx.x];
+	const float a = dg_block_sum<EC>(acc, part);
+	if (threadIdx.x < EC)
 		dg_st1(out, ((long long)b * H + h) * D + e0 + threadIdx.x, a);
-	}
 }
 // ---- dg_attention_window: T tokens a row (see the top) ----------------------
 constexpr int EW = 4;			// columns of S a window block owns
@@ -172,7 +182,6 @@ dg_attention_window(const XT *__restrict__ xs, const float *__restrict__ pos, co
 	for (int k = threadIdx.x; k < RW; k += NT)
 		dg_rows[k] = *reinterpret_cast<const float4 *>(S + (long long)k * D);
 	__syncthreads();
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const float t0 = pos[b];
 	for (int tok = 0; tok < T; ++tok) {
 		const float t = __fadd_rn(t0, (float)tok);	// exact below 2^24
@@ -196,24 +205,10 @@ dg_attention_window(const XT *__restrict__ xs, const float *__restrict__ pos, co
 		}
 		// dg_attention_step's fixed-order sum; part alternates by token, so a
 		// token's writes never meet the previous token's reads
-		float (*pt)[EW] = part[tok & 1];
 		const float accs[EW] = { acc.x, acc.y, acc.z, acc.w };
-#pragma unroll
-		for (int j = 0; j < EW; ++j) {
-			float a = accs[j];
-#pragma unroll
-			for (int o = 16; o > 0; o >>= 1)
-				a += __shfl_xor_sync(0xffffffffu, a, o);
-			if (lane == 0)
-				pt[warp][j] = a;
-		}
-		__syncthreads();
-		if (threadIdx.x < EW) {
-			float a = 0.0f;
-			for (int w = 0; w < NT / 32; ++w)
-				a += pt[w][threadIdx.x];
+		const float a = dg_block_sum<EW>(accs, part[tok & 1]);
+		if (threadIdx.x < EW)
 			dg_st1(out, (bh * T + tok) * D + e0 + threadIdx.x, a);
-		}
 	}
 	__syncthreads();	// every thread's last updates of the staged rows
 	for (int k = threadIdx.x; k < RW; k += NT)

@@ -86,6 +86,13 @@ __device__ __forceinline__ long long dg_vec_off(long long base, long long seg, i
 	return base + g * seg + (long long)(j - g * CV) * VE;
 }
 
+// Element i of the token at base: its offset.
+__device__ __forceinline__ long long dg_elem_off(long long base, long long seg, int i)
+{
+	const int g = i / L;
+	return base + g * seg + (i - g * L);
+}
+
 // xy of the VE values whose xs and ys are the 16 bytes ra and rb, packed
 // back as src; keep: their dropout bits.
 __device__ __forceinline__ uint4 dg_xy(const uint4 &ra, const uint4 &rb, unsigned keep, float s)
@@ -97,6 +104,15 @@ __device__ __forceinline__ uint4 dg_xy(const uint4 &ra, const uint4 &rb, unsigne
 	for (int j = 0; j < VE; ++j)
 		o[j] = (keep >> j) & 1u ? dg_to_src(__fmul_rn(__fmul_rn(a[j], b[j]), s)) : 0.0f;
 ${PACK}
+}
+
+// xy of the one value at element off (the element path).
+__device__ __forceinline__ float dg_xy1(const XT *__restrict__ xs, const XT *__restrict__ ys, long long off,
+				       unsigned long long elem0, unsigned thr, unsigned long long seed, unsigned step,
+				       unsigned layer, float s)
+{
+	const bool keep = dg_keep1((unsigned long long)off + elem0, thr, seed, step, layer);
+	return keep ? dg_to_src(__fmul_rn(__fmul_rn(dg_ldx(xs, off), dg_ldx(ys, off)), s)) : 0.0f;
 }
 
 // xy of the VE values at element off.
@@ -165,11 +181,8 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 			}
 		} else {
 			for (int i = tid; i < H * L; i += NT) {
-				const int g = i / L;
-				const long long off = base + g * seg + (i - g * L);
-				const bool keep = dg_keep1((unsigned long long)off + elem0, thr, seed, step, layer);
-				const float v = keep ? dg_to_src(__fmul_rn(__fmul_rn(dg_ldx(xs, off), dg_ldx(ys, off)), s)) : 0.0f;
-				a = fmaxf(a, fabsf(v));
+				const long long off = dg_elem_off(base, seg, i);
+				a = fmaxf(a, fabsf(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s)));
 			}
 		}
 #pragma unroll
@@ -210,11 +223,8 @@ ${STORE}
 			}
 		} else {
 			for (int i = tid; i < H * L; i += NT) {
-				const int g = i / L;
-				const long long off = base + g * seg + (i - g * L);
-				const bool keep = dg_keep1((unsigned long long)off + elem0, thr, seed, step, layer);
-				const float v = keep ? dg_to_src(__fmul_rn(__fmul_rn(dg_ldx(xs, off), dg_ldx(ys, off)), s)) : 0.0f;
-				codes[off] = (CT)dg_quant(v, sc);
+				const long long off = dg_elem_off(base, seg, i);
+				codes[off] = (CT)dg_quant(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s), sc);
 			}
 		}
 	}
