@@ -784,6 +784,18 @@ static dg_status upload_bf16(dg_model *m, int id, const float *src)
 	return st;
 }
 
+/* The RoPE table (T, N) the attention reads, made on the host. */
+static dg_status upload_rope(dg_model *m)
+{
+	float *rope = malloc((size_t)m->T * m->N * sizeof(float) + 4);
+	if (!rope)
+		return dg__dev_fail(m->dev, DG_ERR_NOMEM, "out of memory");
+	dg_ref_rope_pairs(m->T, m->N, rope);
+	dg_status st = dg_memcpy_htod(m->dev, dg__gm_tn(m, m->id.rope).data, rope, (size_t)m->T * m->N * sizeof(float));
+	free(rope);
+	return st;
+}
+
 dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 {
 	if (!m || !w)
@@ -806,13 +818,7 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 		st = upload_bf16(m, m->id.dec_fwd, w->params[DG_PARAM_DECODER]);
 	if (st)
 		return st;
-	float *rope = malloc((size_t)m->T * m->N * sizeof(float) + 4);
-	if (!rope)
-		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	dg_ref_rope_pairs(m->T, m->N, rope);
-	st = dg_memcpy_htod(dev, dg__gm_tn(m, m->id.rope).data, rope, (size_t)m->T * m->N * sizeof(float));
-	free(rope);
-	return st;
+	return upload_rope(m);
 }
 
 /* Whether a plan of `total` bytes fits the device's free memory (a device
@@ -921,13 +927,7 @@ static dg_status window_weights(dg_model *m)
 				    m->t.bufs[m->id.dec_fwd].bytes);
 	if (st)
 		return st;
-	float *rope = malloc((size_t)m->T * m->N * sizeof(float) + 4);
-	if (!rope)
-		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
-	dg_ref_rope_pairs(m->T, m->N, rope);
-	st = dg_memcpy_htod(dev, dg__gm_tn(m, m->id.rope).data, rope, (size_t)m->T * m->N * sizeof(float));
-	free(rope);
-	return st;
+	return upload_rope(m);
 }
 
 /* A model of c at (b, t) (see dg__gm_create), its weights w's; or, with
