@@ -155,14 +155,24 @@ dg_status dg__model_decode_graph(dg_model *m, bool on)
 
 /* A token's work on the device (see the top): the tokens into the tape's
  * buffer, the forward but its loss, the logits. */
+/* m's forward but its loss, on batch bt (the decoder's, or a window
+ * model's). */
+static dg_status forward(dg_model *m, const dg_model_batch *bt)
+{
+	dg_status st = DG_OK;
+	for (int k = 0; k < m->t.n_forward && !st; k++)
+		if (m->t.nodes[k].kind != DG__N_CE)
+			st = dg__gm_run_node(m, &m->t.nodes[k], bt, NULL);
+	return st;
+}
+
 static dg_status body(dg_model *m)
 {
 	struct dg__gm_decode *dc = m->dc;
 	const size_t row4 = (size_t)m->B * 4;
 	dg_status st = dg_memcpy_dtod(m->dev, dg__gm_addr(m, m->id.tokens), m->pos_d + row4, row4);
-	for (int k = 0; k < m->t.n_forward && !st; k++)
-		if (m->t.nodes[k].kind != DG__N_CE)
-			st = dg__gm_run_node(m, &m->t.nodes[k], &dc->bt, NULL);
+	if (!st)
+		st = forward(m, &dc->bt);
 	if (!st)
 		st = dg_prepared_launch(dc->lm, &dc->la);
 	return st;
@@ -223,8 +233,8 @@ static dg_status window_open(dg_model *m)
 	struct dg__gm_decode *dc = m->dc;
 	if (dc->win)
 		return DG_OK;
-	dc->win_tok = malloc((size_t)m->B * dc->win_t * sizeof(int32_t));
-	if (!dc->win_tok)
+	/* kept when the model's creation fails: a later prompt tries again */
+	if (!dc->win_tok && !(dc->win_tok = malloc((size_t)m->B * dc->win_t * sizeof(int32_t))))
 		return dg__dev_fail(m->dev, DG_ERR_NOMEM, "out of memory");
 	dg_status st = dg__gm_create_window(m->dev, m, dc->win_t, &dc->win);
 	if (!st)
@@ -255,9 +265,8 @@ static dg_status window(dg_model *m, const int32_t *tokens, int n, int k0)
 		st = dg_memcpy_htod(m->dev, dg__gm_addr(win, win->id.tokens), dc->win_tok,
 				    (size_t)B * P * sizeof(int32_t));
 	const dg_model_batch bt = { .b = B, .t = P, .train = false };
-	for (int k = 0; k < win->t.n_forward && !st; k++)
-		if (win->t.nodes[k].kind != DG__N_CE)
-			st = dg__gm_run_node(win, &win->t.nodes[k], &bt, NULL);
+	if (!st)
+		st = forward(win, &bt);
 	for (int r = 0; r < B && !st; r++)
 		m->pos[r] += P;
 	return st;

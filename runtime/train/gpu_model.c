@@ -784,9 +784,13 @@ static dg_status upload_bf16(dg_model *m, int id, const float *src)
 	return st;
 }
 
-/* The RoPE table (T, N) the attention reads, made on the host. */
+/* The RoPE table (T, N) the attention reads, made on the host; none for
+ * a decoder or a window model, whose attention (attention_step) makes
+ * each token's phases itself. */
 static dg_status upload_rope(dg_model *m)
 {
+	if (m->decode)
+		return DG_OK;
 	float *rope = malloc((size_t)m->T * m->N * sizeof(float) + 4);
 	if (!rope)
 		return dg__dev_fail(m->dev, DG_ERR_NOMEM, "out of memory");
