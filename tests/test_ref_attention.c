@@ -62,6 +62,36 @@ Test(ref_attention, rope_pairs_interleave_the_tables)
 	free(p);
 }
 
+/* Rows made a block at a time (dg_ref_rope_pairs_rows, as the model's
+ * threads make a long table) are the whole table's bits, and both are the
+ * reference's f32 arithmetic written out here: the frequency of each pair
+ * made per element (bdh.py's order), then the phase mod 1 times 2π. */
+Test(ref_attention, rope_rows_in_blocks_are_the_table)
+{
+	int t = 37, n = 96;
+	float *p = malloc(sizeof(float) * t * n), *q = malloc(sizeof(float) * t * n), *f = malloc(sizeof(float) * n);
+	memset(q, 0xff, sizeof(float) * t * n);
+	dg_ref_rope_pairs(t, n, p);
+	dg_ref_rope_freq(n, f);
+	for (int t0 = 0; t0 < t; t0 += 5)
+		dg_ref_rope_pairs_rows(t0, t0 + 5 < t ? t0 + 5 : t, n, f, q);
+	cr_assert_eq(memcmp(p, q, sizeof(float) * t * n), 0);
+	const float two_pi = (float)(2.0 * M_PI);
+	for (int r = 0; r < t; r++)
+		for (int k = 0; k < n / 2; k++) {
+			float expo = (float)(2 * k) / (float)n;
+			float fr = 1.0f / powf(65536.0f, expo) / two_pi;
+			float ph = (float)r * fr;
+			ph = (ph - floorf(ph)) * two_pi;
+			float c = cosf(ph), s = sinf(ph);
+			cr_assert_eq(memcmp(&p[(size_t)r * n + 2 * k], &c, 4), 0, "cos at t %d, pair %d", r, k);
+			cr_assert_eq(memcmp(&p[(size_t)r * n + 2 * k + 1], &s, 4), 0, "sin at t %d, pair %d", r, k);
+		}
+	free(p);
+	free(q);
+	free(f);
+}
+
 static void chain(int b, int h, int t, int n, int d)
 {
 	dg_rng r;

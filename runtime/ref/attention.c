@@ -15,21 +15,12 @@
 
 void dg_ref_rope_pairs(int t_len, int n, float *table)
 {
-	size_t half = (size_t)t_len * (size_t)(n / 2);
-	float *c = malloc((half ? half : 1) * sizeof(float));
-	float *s = malloc((half ? half : 1) * sizeof(float));
-	if (!c || !s) {
-		free(c);
-		free(s);
+	float *freq = malloc((n > 0 ? (size_t)n : 1) * sizeof(float));
+	if (!freq)
 		return;
-	}
-	dg_ref_rope_table(t_len, n, c, s);
-	for (size_t i = 0; i < half; i++) {
-		table[2 * i] = c[i];
-		table[2 * i + 1] = s[i];
-	}
-	free(c);
-	free(s);
+	dg_ref_rope_freq(n, freq);
+	dg_ref_rope_pairs_rows(0, t_len, n, freq, table);
+	free(freq);
 }
 
 /* n values of act storage f (f32 | bf16) as floats (malloc'd). */

@@ -14,26 +14,43 @@
 
 #define ROPE_THETA 65536.0f
 
-void dg_ref_rope_freq(int n, float *freq)
+/* Pair p's frequency at 2p and 2p+1 (the reference's f32 arithmetic:
+ * quantize(i) = 2·floor(i/2)). */
+static float rope_freq_of(int p, int n)
 {
 	const float two_pi = (float)(2.0 * M_PI);
-	for (int p = 0; p < n / 2; p++) {
-		float expo = (float)(2 * p) / (float)n;
-		freq[2 * p] = freq[2 * p + 1] = 1.0f / powf(ROPE_THETA, expo) / two_pi;
-	}
+	float expo = (float)(2 * p) / (float)n;
+	return 1.0f / powf(ROPE_THETA, expo) / two_pi;
+}
+
+/* cos and sin of the phase (t·freq mod 1)·2π, in f32. */
+static void rope_at(int t, float freq, float *c, float *s)
+{
+	const float two_pi = (float)(2.0 * M_PI);
+	float ph = (float)t * freq;
+	ph = (ph - floorf(ph)) * two_pi;
+	*c = cosf(ph);
+	*s = sinf(ph);
+}
+
+void dg_ref_rope_freq(int n, float *freq)
+{
+	for (int p = 0; p < n / 2; p++)
+		freq[2 * p] = freq[2 * p + 1] = rope_freq_of(p, n);
 }
 
 void dg_ref_rope_row(int t, int n, float *cos_t, float *sin_t)
 {
-	const float two_pi = (float)(2.0 * M_PI);
-	for (int p = 0; p < n / 2; p++) {
-		/* the reference's f32 arithmetic: quantize(i) = 2·floor(i/2) */
-		float expo = (float)(2 * p) / (float)n;
-		float freq = 1.0f / powf(ROPE_THETA, expo) / two_pi;
-		float ph = (float)t * freq;
-		ph = (ph - floorf(ph)) * two_pi;
-		cos_t[p] = cosf(ph);
-		sin_t[p] = sinf(ph);
+	for (int p = 0; p < n / 2; p++)
+		rope_at(t, rope_freq_of(p, n), &cos_t[p], &sin_t[p]);
+}
+
+void dg_ref_rope_pairs_rows(int t0, int t1, int n, const float *freq, float *table)
+{
+	for (int t = t0; t < t1; t++) {
+		float *row = table + (int64_t)t * n;
+		for (int p = 0; p < n / 2; p++)
+			rope_at(t, freq[2 * p], &row[2 * p], &row[2 * p + 1]);
 	}
 }
 

@@ -318,6 +318,10 @@ dg_status dg_ref_attention_step(const dg_spec *spec, const void *xs, const float
 				const void *v, float *state, void *out, int b, int t);
 /* Pair p's RoPE frequency (dg_ref_rope_table's) at 2p and 2p+1, n values. */
 void dg_ref_rope_freq(int n, float *freq);
+/* Rows t0 .. t1-1 of dg_ref_rope_pairs's table (rows of n floats from
+ * table's start), freq dg_ref_rope_freq's n values: the same bits, rows
+ * apart, so threads can share a long table. */
+void dg_ref_rope_pairs_rows(int t0, int t1, int n, const float *freq, float *table);
 dg_status dg_ref_attention_out(const dg_spec *spec, const void *scores, const void *v, void *out,
 			       int b, int t);
 /* grad_scores (b,H,t,t) = dS + dSᵀ, dS = tril(grad·vᵀ, −1), grad (b,H,t,E). */

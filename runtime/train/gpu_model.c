@@ -784,19 +784,51 @@ static dg_status upload_bf16(dg_model *m, int id, const float *src)
 	return st;
 }
 
-/* The RoPE table (T, N) the attention reads, made on the host; none for
- * a decoder or a window model, whose attention (attention_step) makes
- * each token's phases itself. */
+/* The RoPE table's rows a worker takes at a time. */
+#define ROPE_ROWS 64
+
+typedef struct rope_work {
+	float *table;
+	const float *freq;
+	int t, n;
+	atomic_int next; /* the next block of ROPE_ROWS rows */
+} rope_work;
+
+static void *rope_worker(void *arg)
+{
+	rope_work *w = arg;
+	for (int i; (i = atomic_fetch_add(&w->next, 1)) * ROPE_ROWS < w->t;) {
+		int t0 = i * ROPE_ROWS, t1 = t0 + ROPE_ROWS < w->t ? t0 + ROPE_ROWS : w->t;
+		dg_ref_rope_pairs_rows(t0, t1, w->n, w->freq, w->table);
+	}
+	return NULL;
+}
+
+/* The RoPE table (T, N) the attention reads, made on the host
+ * (dg_ref_rope_pairs's bits) a block of rows a thread on every core: its
+ * T·N/2 cosines and sines took 10.2 s of a single core at T 65536 (the
+ * 25M model's first step 12.2 s on the H200). None for a decoder or a
+ * window model, whose attention (attention_step) makes each token's
+ * phases itself. */
 static dg_status upload_rope(dg_model *m)
 {
 	if (m->decode)
 		return DG_OK;
-	float *rope = malloc((size_t)m->T * m->N * sizeof(float) + 4);
-	if (!rope)
-		return dg__dev_fail(m->dev, DG_ERR_NOMEM, "out of memory");
-	dg_ref_rope_pairs(m->T, m->N, rope);
-	dg_status st = dg_memcpy_htod(m->dev, dg__gm_tn(m, m->id.rope).data, rope, (size_t)m->T * m->N * sizeof(float));
+	const size_t bytes = (size_t)m->T * m->N * sizeof(float);
+	float *rope = malloc(bytes + 4), *freq = malloc((size_t)m->N * sizeof(float));
+	if (!rope || !freq) {
+		free(rope);
+		free(freq);
+		return dg__dev_fail(m->dev, DG_ERR_NOMEM, "out of memory (the RoPE table, %zu bytes)", bytes);
+	}
+	dg_ref_rope_freq(m->N, freq);
+	rope_work w = { .table = rope, .freq = freq, .t = m->T, .n = m->N };
+	atomic_init(&w.next, 0);
+	const int blocks = (m->T + ROPE_ROWS - 1) / ROPE_ROWS, cores = dg__pool_cores(SIZE_THREADS_MAX);
+	dg__pool_run(rope_worker, &w, cores < blocks ? cores : blocks);
+	dg_status st = dg_memcpy_htod(m->dev, dg__gm_tn(m, m->id.rope).data, rope, bytes);
 	free(rope);
+	free(freq);
 	return st;
 }
 
