@@ -61,6 +61,27 @@ function M.tile_ok(t)
   return require("wgmma_bf16").tile_ok(t, 5, 8)
 end
 
+-- The cluster a kernel of tile t runs in (CX blocks along N, CY along M)
+-- or nil: attention_grad_xs at 128 x 128 with 6 stages runs 2 x 2
+-- (wgmma_bf16.lua's cluster ring: the blocks of a cluster row share C's
+-- rows, those of a column RoPE(xs)'s, so each block loads half of A and
+-- half of B from L2). A block's loads are cut along the rows of A (64
+-- each, the runtime's map of C has boxes of BM / CX rows) and the 64-wide
+-- boxes of B. Measured on the H200 (B 8, H 4, T 512, L 8192, epi=mask,
+-- test_gpu_attention warp_specialized_grad_xs): 1184 us at 6 stages and
+-- 1198 at 5 in the cluster against 688-694 for the block's own ring (3, 5
+-- or 7 stages). Halving the L2 reads does not pay here: K = T = 512 is 8
+-- steps a tile, so a tile is mostly its ring's fill and its epilogue, and
+-- a cluster waits for its slowest block at both ends. Hence not the
+-- default: the form for a persistent kernel, whose blocks would stream
+-- tile after tile through the ring (the fill paid once, the epilogue
+-- under the next tile's loads).
+function M.cluster(op, t)
+  if op == "attention_grad_xs" and t.bm == 128 and t.bn == 128 and t.stages == 6 then
+    return 2, 2
+  end
+end
+
 -- Dynamic shared memory and threads a block: wgmma_bf16.lua's
 -- warp-specialized form's.
 M.smem_bytes = require("wgmma_bf16").ws_smem_bytes
@@ -100,8 +121,21 @@ local LOADS = {
 					dg_tma_load(bs + 8192 * g, &mb, full, n0 + 64 * g, k0, z);]],
 }
 
+-- The same in a cluster (M.cluster): this block's rows of A to its
+-- cluster row, its boxes of B to its cluster column.
+local LOADS_CLUSTER = {
+  attention_grad_xs = [[
+				const int k0 = (kt_begin + i) * BK;
+				dg_tma_load_mc(as + crx * (A_BYTES / CX), &ma, full, k0, m0 + crx * (BM / CX), z, mrow);
+#pragma unroll
+				for (int g = 0; g < BN / 64 / CY; ++g) {
+					const int gb = cry * (BN / 64 / CY) + g;
+					dg_tma_load_mc(bs + 8192 * gb, &mb, full, n0 + 64 * gb, k0, z, mcol);
+				}]],
+}
+
 local KERNEL = [[
-extern "C" __global__ void __launch_bounds__(NTB, 1)
+extern "C" __global__ void __launch_bounds__(NTB, 1)${CLUSTER_ATTR}
 ${ENTRY}(${SIG})
 {
 	extern __shared__ __align__(128) unsigned char smem[];
@@ -117,7 +151,7 @@ ${SKIP}
 	}
 	const int nsteps = kt_end > kt_begin ? kt_end - kt_begin : 0;
 	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
-	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;${CLUSTER_PRE}
 ${MAINLOOP}
 
 ${EPILOGUE}
@@ -136,6 +170,7 @@ function M.render(spec, plan, k, sh)
   local sig, geo, store = sh.op_text(k)
   sig = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb"
   local ring = WB.ring_bytes(t, k.epi_mask)
+  local cx, cy = M.cluster(k.op, t)
   local about = {
     fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
         k.op, k.H, k.E, k.L, k.act),
@@ -150,6 +185,10 @@ function M.render(spec, plan, k, sh)
   if k.epi_mask then
     about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, the f32 tile staged through shared memory, 8 columns a thread.", of)
   end
+  if cx then
+    about[#about + 1] = fmt("cluster %d x %d (__cluster_dims__): A's rows shared along x, B's columns along y by TMA multicast; the grid a multiple of it, the map of A boxes of 64 x %d.",
+                            cx, cy, t.bm // cx)
+  end
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "attention.lua", about))
   w:line(DEV.helpers({ bf16 = true, cp_async = true }))
@@ -157,6 +196,10 @@ function M.render(spec, plan, k, sh)
   w:line(EMIT.subst(HEAD, v))
   w:line(WB.WS_HEAD)
   w:line(WB.WS_HELPERS)
+  if cx then
+    w:line(fmt("constexpr int CX = %d, CY = %d;\t// the cluster's blocks along N and M", cx, cy))
+    w:line(WB.CLUSTER_HELPERS)
+  end
   w:line(sh.out_helpers(of))
   if k.epi_mask then
     w:line(EW.VEC_IO)
@@ -172,10 +215,15 @@ function M.render(spec, plan, k, sh)
       EMIT.subst(WB.PAIRS, { MLIM = "M",
         PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
   end
+  local keys = { LOADS = cx and LOADS_CLUSTER[k.op] or LOADS[k.op], RING_BYTES = tostring(ring),
+                A_KC = "A_KC", B_KC = "B_KC",
+                A_KS = o.a_kc and "32" or "2048", B_KS = o.b_kc and "32" or "2048" }
+  if cx then
+    for n, val in pairs(WB.CLUSTER_KEYS) do keys[n] = val end
+  end
   w:line(EMIT.subst(KERNEL, { ENTRY = entry, SIG = sig, GEO = geo, SKIP = o.skip or "", EPILOGUE = epi,
-    MAINLOOP = WB.ws_loop({ LOADS = LOADS[k.op], RING_BYTES = tostring(ring),
-                                         A_KC = "A_KC", B_KC = "B_KC",
-                                         A_KS = o.a_kc and "32" or "2048", B_KS = o.b_kc and "32" or "2048" }) }))
+    CLUSTER_ATTR = cx and " __cluster_dims__(CX, CY, 1)" or "", CLUSTER_PRE = cx and "\n" .. WB.CLUSTER_PRE or "",
+    MAINLOOP = WB.ws_loop(keys) }))
   return w:text()
 end
 

@@ -339,6 +339,116 @@ __device__ __forceinline__ void dg_consumers_sync()
 }
 ]]
 
+-- ---- a cluster's ring (CX x CY blocks, __cluster_dims__) ----------------
+-- The blocks of a cluster row (the same m0) share A, those of a cluster
+-- column (the same n0) share B: each block's producer loads its share of
+-- a stage (BM / CX rows of A, BN / CY columns of B) once from L2 and
+-- multicasts it to every block of its row or column, so a stage's bytes
+-- land in each block from CX + CY - 1 producers and a stage may be
+-- refilled only when the consumers of all those blocks are done with it:
+-- every consumer warp releases a stage (one lane, after the warpgroup's
+-- MMAs on it completed) on the empty barrier of each block that writes
+-- into it (its cluster row and column), so an empty barrier counts
+-- (CX + CY - 1) · NT / 32 arrivals. The barriers are made before any
+-- block of the cluster issues a load (the cluster's barrier after their
+-- init), and a block leaves only when its producer has seen every stage
+-- it wrote released (no arrival is then still on its way to a block that
+-- has left). The kernel defines crx, cry (its place in the cluster) and
+-- dg_release (CLUSTER_PRE) before the loop.
+M.CLUSTER_HELPERS = [[
+// ---- a cluster's pieces (templates/wgmma_bf16.lua) --------------------------
+__device__ __forceinline__ unsigned dg_cluster_x()
+{
+	unsigned v;
+	asm volatile("mov.u32 %0, %%cluster_ctaid.x;\n" : "=r"(v));
+	return v;
+}
+
+__device__ __forceinline__ unsigned dg_cluster_y()
+{
+	unsigned v;
+	asm volatile("mov.u32 %0, %%cluster_ctaid.y;\n" : "=r"(v));
+	return v;
+}
+
+// Every thread of every block of the cluster (the barriers' init visible).
+__device__ __forceinline__ void dg_cluster_sync()
+{
+	asm volatile("barrier.cluster.arrive.release.aligned;\n"
+		     "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Arrives on the mbarrier at shared address bar in block `cta` of the cluster.
+__device__ __forceinline__ void dg_mbar_arrive_at(unsigned bar, unsigned cta)
+{
+	asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n"
+		     :: "r"(bar), "r"(cta) : "memory");
+}
+
+// dg_mbar_wait at the cluster's scope (arrivals from other blocks).
+__device__ __forceinline__ void dg_mbar_wait_cluster(unsigned bar, unsigned parity)
+{
+	asm volatile("{\n.reg .pred p;\nDG_WAITC_%=:\n"
+		     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+		     "@!p bra DG_WAITC_%=;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
+// dg_tma_load into the same shared address of every block in mask (bits:
+// the blocks' ranks in the cluster), completing on each one's barrier bar.
+__device__ __forceinline__ void dg_tma_load_mc(unsigned dst, const dg_tmap *map, unsigned bar, int c0, int c1,
+					       int c2, unsigned short mask)
+{
+	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+		     " [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
+		     :: "r"(dst), "l"((unsigned long long)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+		     : "memory");
+}
+]]
+
+-- In the kernel before the loop: the block's place in its cluster, the
+-- masks of its cluster row (A's blocks) and column (B's), and dg_release.
+M.CLUSTER_PRE = [[
+	const unsigned crx = dg_cluster_x(), cry = dg_cluster_y();
+	const unsigned short mrow = (unsigned short)(((1u << CX) - 1u) << (CX * cry));
+	unsigned short mcol = 0;
+#pragma unroll
+	for (int y = 0; y < CY; ++y)
+		mcol |= (unsigned short)(1u << (crx + CX * y));
+	(void)mrow;
+	(void)mcol;
+	// a consumer warp's release of a stage: on the empty barrier of every
+	// block that writes into it (its cluster row and column, itself once)
+	auto dg_release = [&](unsigned bar) {
+		__syncwarp();
+		if (lane == 0) {
+#pragma unroll
+			for (int x = 0; x < CX; ++x)
+				dg_mbar_arrive_at(bar, x + CX * cry);
+#pragma unroll
+			for (int y = 0; y < CY; ++y)
+				if (y != (int)cry)
+					dg_mbar_arrive_at(bar, crx + CX * y);
+		}
+	};]]
+
+-- ws_loop's keys for a cluster's ring.
+M.CLUSTER_KEYS = {
+  EMPTY_COUNT = "(CX + CY - 1) * (NT / 32)",
+  INIT_SYNC = "dg_cluster_sync();",
+  EMPTY_WAIT = "dg_mbar_wait_cluster",
+  RELEASE = "dg_release",
+  PRODUCER_TAIL = [[
+
+			// every stage this block wrote released by every block it wrote into
+			for (int i = nsteps > S ? nsteps - S : 0; i < nsteps; ++i)
+				dg_mbar_wait_cluster(bars + 8 * (S + i % S), (i / S) & 1);]],
+  CONSUMER_TAIL = [[
+
+	if (nsteps > 0)	// the last stage too: the producers wait for it before they leave
+		dg_release(bars + 8 * (S + (nsteps - 1) % S));]],
+}
+
 -- The pipeline over nsteps K steps (sbase, tid, wg, S, STAGE, A_BYTES, BK,
 -- BN in scope): the mbarriers after ${RING_BYTES} of ring, the producer's
 -- loop (${LOADS}: step i's boxes into as / bs, completing on full), and
@@ -357,11 +467,11 @@ M.WS_MAINLOOP = [[
 	if (tid == 0) {
 		for (int s = 0; s < S; ++s) {
 			dg_mbar_init(bars + 8 * s, 1);
-			dg_mbar_init(bars + 8 * (S + s), NT);
+			dg_mbar_init(bars + 8 * (S + s), ${EMPTY_COUNT});
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 	}
-	__syncthreads();
+	${INIT_SYNC}
 
 	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
 		if constexpr (REG_MOVE)
@@ -373,10 +483,10 @@ M.WS_MAINLOOP = [[
 				(void)as;
 				(void)bs;
 				// the stage's previous use (step i - S) released by every consumer
-				dg_mbar_wait(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
+				${EMPTY_WAIT}(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
 				dg_mbar_expect_tx(full, TX);
 ${LOADS}
-			}
+			}${PRODUCER_TAIL}
 		}
 		return;
 	}
@@ -401,10 +511,10 @@ ${LOADS}
 		dg_wg_wait<1>();
 		dg_wb_pin(acc);
 		if (i > 0)
-			dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));
+			${RELEASE}(bars + 8 * (S + (i - 1) % S));
 	}
 	dg_wg_wait<0>();
-	dg_wb_pin(acc);
+	dg_wb_pin(acc);${CONSUMER_TAIL}
 ]]
 
 -- The accumulators into a staged f32 tile at ${TILE} (a float *), rows
@@ -448,6 +558,13 @@ function M.ws_loop(keys)
                                  k.MMA or "dg_wb_mma", k.A_KC, k.A_KS, k.B_KC, k.B_KS)
   k.MMA = nil
   k.STEP_BEGIN = k.STEP_BEGIN or ""
+  -- a cluster's loop (M.CLUSTER_KEYS) or the block's own
+  k.EMPTY_COUNT = k.EMPTY_COUNT or "NT"
+  k.INIT_SYNC = k.INIT_SYNC or "__syncthreads();"
+  k.EMPTY_WAIT = k.EMPTY_WAIT or "dg_mbar_wait"
+  k.RELEASE = k.RELEASE or "dg_mbar_arrive"
+  k.PRODUCER_TAIL = k.PRODUCER_TAIL or ""
+  k.CONSUMER_TAIL = k.CONSUMER_TAIL or ""
   return EMIT.subst(M.WS_MAINLOOP, k)
 end
 

@@ -1199,7 +1199,10 @@ Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
  * same tile: wg_case) and epi=mask (mask_case: the reference, the unfused
  * pair on the same tile bit for bit) at T % 8 == 0, whole and ragged tiles;
  * a tile of that path at another T is refused naming T, an auto tile there
- * runs the cp.async ring. Then the BDH shape's epi=mask time on each tile. */
+ * runs the cp.async ring. 128 x 128 at 6 stages runs in a 2 x 2 cluster
+ * (A's and B's boxes multicast), the grid padded to whole clusters (T 8,
+ * 136 and 200 and L 64 leave blocks past T or L).
+ * Then the BDH shape's epi=mask time on each tile. */
 Test(gpu_attention, warp_specialized_grad_xs)
 {
 	static const shape shapes[] = {
@@ -1208,6 +1211,7 @@ Test(gpu_attention, warp_specialized_grad_xs)
 	static const dg_tile tiles[] = {
 		{ 0, 0, 0, 0, 0, 0, 0 },      { 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 },
 		{ 64, 128, 64, 4, 1, 8, 0 },  { 64, 64, 64, 4, 1, 8, 0 },   { 64, 256, 64, 4, 1, 5, 0 },
+		{ 128, 128, 64, 8, 1, 7, 0 },
 	};
 	dg_device *dev = gh_open_sm90();
 	gh_seed(0x75b);
@@ -1267,7 +1271,7 @@ Test(gpu_attention, warp_specialized_grad_xs)
 	static const dg_tile timed_tiles[] = {
 		{ 128, 128, 64, 8, 1, 3, 0 }, { 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 },
 		{ 64, 256, 64, 4, 1, 5, 0 },  { 64, 128, 64, 4, 1, 8, 0 },  { 128, 256, 64, 8, 1, 3, 0 },
-		{ 128, 256, 64, 8, 1, 4, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },  { 128, 128, 64, 8, 1, 7, 0 },
 	};
 	double flop = (double)s.B * s.H * (double)s.T * s.T * s.N * 2;
 	for (size_t k = 0; k < sizeof(timed_tiles) / sizeof(timed_tiles[0]); k++) {

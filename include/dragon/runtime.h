@@ -271,6 +271,9 @@ typedef struct dg_kernel_info {
 	bool cache_hit;     /* the binary came from the disk cache */
 	dg_kernel_origin origin;
 	double load_ms;     /* render + compile/cache + load, first request */
+	int cluster[3];     /* blocks of a cluster along x, y, z (the kernel's
+			     * __cluster_dims__; 1, 1, 1 without): a launch's
+			     * grid must be a multiple of them */
 } dg_kernel_info;
 
 /*

@@ -40,6 +40,9 @@ struct dg_kernel {
 	int local_bytes;
 	int max_threads;
 	int smem_opted;    /* MAX_DYNAMIC_SHARED_SIZE_BYTES set so far (dev->mu) */
+	int cluster[3];    /* the blocks of a cluster the kernel was compiled for
+			    * (__cluster_dims__; 1, 1, 1 without): a launch's
+			    * grid is a multiple of them */
 };
 
 typedef enum dg__mod_state {

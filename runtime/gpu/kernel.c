@@ -250,6 +250,17 @@ static dg_status load_entry(dg_device *dev, dg__module *m, dg_kernel *k,
 		}
 		memcpy((char *)k + attrs[i].off, &v, sizeof(v));
 	}
+	/* a kernel's compile-time cluster (__cluster_dims__): 0 where none is
+	 * set, or where the driver does not say */
+	static const CUfunction_attribute cl[3] = { CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH,
+						     CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+						     CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH };
+	for (int i = 0; i < 3; i++) {
+		int v = 0;
+		if (cu->FuncGetAttribute(&v, cl[i], k->fn) != CUDA_SUCCESS || v < 1)
+			v = 1;
+		k->cluster[i] = v;
+	}
 
 	int optin = dev->info.smem_optin;
 	if (k->block_threads > k->max_threads) {
@@ -650,6 +661,8 @@ dg_status dg_kernel_info_get(const dg_kernel *k, dg_kernel_info *info)
 	snprintf(info->canonical, sizeof(info->canonical), "%s", k->mod->key);
 	info->block_threads = k->block_threads;
 	info->dyn_smem = k->dyn_smem;
+	for (int i = 0; i < 3; i++)
+		info->cluster[i] = k->cluster[i] > 1 ? k->cluster[i] : 1;
 	info->static_smem = k->static_smem;
 	info->regs = k->regs;
 	info->local_bytes = k->local_bytes;
@@ -721,6 +734,10 @@ dg_status dg__kernel_geometry(dg_device *dev, const dg_kernel *k, const dg_launc
 			return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
 					    "%s: block.%c=0: every block dimension must be at least 1",
 					    k->entry, dim[i]);
+		if (k->cluster[i] > 1 && launch->grid[i] % (unsigned)k->cluster[i])
+			return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
+					    "%s: grid.%c=%u is not a multiple of the kernel's cluster (%d blocks along %c)",
+					    k->entry, dim[i], launch->grid[i], k->cluster[i], dim[i]);
 		if (block[i] > (unsigned)dev->max_block[i])
 			return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
 					    "%s: block.%c=%u exceeds the device limit of %d",

@@ -145,7 +145,8 @@ static dg_status grad_xs_ptrs(const dg_prepared *p, const dg__op_call *c, char *
  * templates/attention_tma.lua), bf16 rank 3: attention_scores' A and B over
  * RoPE(xs) (L, T, B·H), boxes of 64 columns by bm and bn rows (the kernel's
  * tile); attention_grad_xs's A over C (T, T, B·H), boxes of 64 columns by
- * bm rows, and its B over RoPE(xs), boxes of 64 columns by 64 rows. */
+ * bm rows (the tile's, or a block's share in a cluster of blocks along N),
+ * and its B over RoPE(xs), boxes of 64 columns by 64 rows. */
 static dg_status tma_maps(dg_device *dev, const dg_spec *spec, int64_t bm, int64_t bn, dg_dptr c_ptr,
 			  dg_dptr qr, int64_t b, int64_t tl, dg__tmap *ma, dg__tmap *mb)
 {
@@ -219,9 +220,22 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
 				    "%s: T = %lld and B = %lld need a grid of %lld x %lld blocks (y, z); at most 65535 each",
 				    p->fn, (long long)T, (long long)B, (long long)gy, (long long)gz);
+	/* a kernel made for a cluster (templates/attention_tma.lua M.cluster)
+	 * gets a grid of whole clusters: its blocks past T or L load zeros
+	 * (TMA fills past the edges) and store nothing, and its map of A has
+	 * boxes of the rows each block loads for its cluster row */
+	dg_kernel_info ki;
+	if ((st = dg_kernel_info_get(k, &ki)))
+		return st;
+	int64_t gx = dg__op_cdiv(n, t->bn);
+	gx = dg__op_cdiv(gx, ki.cluster[0]) * ki.cluster[0];
+	gy = dg__op_cdiv(gy, ki.cluster[1]) * ki.cluster[1];
+	if (gy > 65535)
+		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG, "%s: T = %lld needs %lld row blocks; at most 65535",
+				    p->fn, (long long)T, (long long)gy);
 	dg_launch l;
 	memset(&l, 0, sizeof(l));
-	l.grid[0] = (unsigned)dg__op_cdiv(n, t->bn);
+	l.grid[0] = (unsigned)gx;
 	l.grid[1] = (unsigned)gy;
 	l.grid[2] = (unsigned)gz;
 	l.block[0] = (unsigned)(t->wm * t->wn * 32);
@@ -231,7 +245,7 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 		l.block[0] += 128;
 		p->iv[IV_B] = B;
 		p->iv[IV_T] = T;
-		p->iv[IV_BM] = t->bm;
+		p->iv[IV_BM] = t->bm / ki.cluster[0];
 		p->iv[IV_BN] = t->bn;
 		/* the maps of the call prepared with, made once here: a driver
 		 * that cannot make them refuses the prepare, not a launch */
