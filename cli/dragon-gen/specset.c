@@ -39,6 +39,7 @@ static const char *const flag_what[DG__SF__COUNT] = {
 	[DG__SF_EMBD] = "model width D",
 	[DG__SF_LATENT] = "neurons N a head",
 	[DG__SF_VOCAB] = "vocabulary V (token ids 0..V-1)",
+	[DG__SF_CHUNK] = "the chunked attention's chunk C: rows of T a state covers (a multiple of 64, 64 to 4096)",
 	[DG__SF_RELU] = "none, or a threshold such as 0 or 0.25",
 	[DG__SF_TILE] = "auto, t<threads> (t256) or BMxBNxBK/WMxWN/S",
 	[DG__SF_ASCALE] = "the act's scale: tensor, or token (one a row)",
