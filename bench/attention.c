@@ -14,7 +14,8 @@
  * Tensors: xs (B,H,T,N) bf16, v (B,1,T,D) bf16, rope (T,N) f32, scores
  * (B,H,T,T) bf16, out (B,H,T,D) bf16, grad (B,H,T,D) f32, grad_v
  * (B,1,T,D) f32, dxs (B,H,T,N) bf16, inputs from dg_rng (uniform; the
- * values do not change the work). B·T = 4096 up to T = 4096, then B = 1.
+ * values do not change the work). B·T = 4096 up to T = 4096, then B = 1;
+ * T 512 to 65536 by default (--times).
  * form "chunked" (DESIGN.md "Long context"; dragon/ops.h "The chunked
  * form"): the same chains with args.chunk = C (--chunk, default the
  * model's rule: runtime/train/gpu_model.c attn_chunk_for, 256, 512 from T
@@ -50,11 +51,19 @@
  * --reps calls each between CUDA events on the device's stream (cuBLASLt
  * on it too), the L2 flushed before each, outside the events.
  *
+ * --record FILE (with --form both): the choice of form by T as a record
+ * of the tuning DB (runtime/tunedb/form.h: the chunked form from the
+ * smallest T at which it wins there and at every larger T measured, its
+ * chunk by T), which the model takes (runtime/train/gpu_model.c
+ * attn_chunk_for) where FILE lies in its DB (in runtime/tunedb/records/
+ * it is built into the library).
+ *
  * Usage: attention [--form quadratic|chunked|both] [--chunk C] [--times 512,1024,...]
- *                  [--warmup N] [--reps N] [--out FILE] [--require-gpu]
+ *                  [--warmup N] [--reps N] [--out FILE] [--record FILE] [--require-gpu]
  * Exit: 0 (rows with "error" included, or skipped: no CUDA device), 1
  * the setup or the JSON failed, 2 usage.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,11 +75,12 @@
 #include "bench/bench_common.h"
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/ops/ops_int.h"
+#include "runtime/tunedb/form.h"
 
 #define TOKENS 4096 /* B·T up to T = TOKENS */
 #define MAX_TIMES 16
 
-static const int default_times[] = { 512, 1024, 2048, 4096, 16384, 65536 };
+static const int default_times[] = { 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536 };
 
 /* The buffers of one T, each its own allocation (0: none). */
 enum { XS, V, ROPE, SCORES, OUT, GRAD, GRAD_V, DXS, FWS, BWS, N_BUF };
@@ -391,9 +401,11 @@ static void print_row(const cJSON *row)
 static int usage(FILE *f, int code)
 {
 	fprintf(f, "usage: attention [--form quadratic|chunked|both] [--chunk C] [--times 512,1024,...]\n"
-		   "                 [--warmup N] [--reps N] [--out FILE] [--require-gpu]\n"
+		   "                 [--warmup N] [--reps N] [--out FILE] [--record FILE] [--require-gpu]\n"
 		   "BDH attention forward and backward by T at the 25M shape (H 4, N 8192, D 256, bf16),\n"
-		   "against cuBLASLt bf16 GEMMs of the same products; JSON to --out.\n");
+		   "against cuBLASLt bf16 GEMMs of the same products; JSON to --out. --record (with --form\n"
+		   "both): the measured choice of form by T as a tuning record (runtime/tunedb/form.h), the\n"
+		   "model's from then on where FILE is in its tuning DB (DRAGON_TUNE_DB, <cache>/tune).\n");
 	return code;
 }
 
@@ -428,7 +440,7 @@ static void add_notes(cJSON *doc)
 
 /* attention's own options */
 typedef struct attention_opts {
-	const char *out_path, *form;
+	const char *out_path, *form, *record;
 	int chunk; /* 0: the model's rule */
 	int times[MAX_TIMES], ntimes;
 } attention_opts;
@@ -440,6 +452,8 @@ static int attention_option(void *user, const char *a, const char *v)
 		return 0;
 	if (!strcmp(a, "--out"))
 		o->out_path = v;
+	else if (!strcmp(a, "--record"))
+		o->record = v;
 	else if (!strcmp(a, "--form"))
 		o->form = v;
 	else if (!strcmp(a, "--chunk"))
@@ -465,6 +479,10 @@ int main(int argc, char **argv)
 	const bool chunked = !strcmp(form, "chunked") || !strcmp(form, "both");
 	if (!quad && !chunked) {
 		fprintf(stderr, "attention: --form %s: expected quadratic, chunked or both\n", form);
+		return 2;
+	}
+	if (o.record && !(quad && chunked)) {
+		fprintf(stderr, "attention: --record needs --form both (the choice is between the two)\n");
 		return 2;
 	}
 	if (!bk_open(&b, "attention", &rc))
@@ -500,6 +518,8 @@ int main(int argc, char **argv)
 	printf("%-10s %5s %6s %5s %10s %10s %10s %10s %10s %10s\n", "form", "B", "T", "C", "fwd", "bwd", "TF/s fwd",
 	       "TF/s bwd", "floor fwd", "floor bwd");
 	int failed = 0, n_rows = 0;
+	dg__attn_form_row rec[MAX_TIMES];
+	memset(rec, 0, sizeof(rec));
 	for (int i = 0; i < o.ntimes; i++)
 		for (int f = 0; f < 2; f++) {
 			if ((f == 0 && !quad) || (f == 1 && !chunked))
@@ -509,11 +529,39 @@ int main(int argc, char **argv)
 			failed += cJSON_GetObjectItemCaseSensitive(row, "error") != NULL;
 			n_rows++;
 			print_row(row);
+			/* forward + backward of the form, for the record (0: not run) */
+			const cJSON *fw = cJSON_GetObjectItemCaseSensitive(row, "fwd_ms"),
+				    *bw = cJSON_GetObjectItemCaseSensitive(row, "bwd_ms"),
+				    *bb = cJSON_GetObjectItemCaseSensitive(row, "B");
+			const double ms = cJSON_IsNumber(fw) && cJSON_IsNumber(bw) ? fw->valuedouble + bw->valuedouble : 0;
+			rec[i].t = o.times[i];
+			rec[i].b = cJSON_IsNumber(bb) ? bb->valueint : 0;
+			if (f == 0)
+				rec[i].quadratic_ms = ms;
+			else {
+				rec[i].chunk = C;
+				rec[i].chunked_ms = ms;
+			}
 			cJSON_AddItemToArray(rows, row);
 		}
 	if (failed)
 		fprintf(stderr, "attention: %d of %d rows with an error (in their rows)\n", failed, n_rows);
-	rc = bc_write("attention", doc, out_path, out_path == NULL);
+	if (o.record) {
+		char *text = dg__attn_form_make(b.info.name, b.info.sm, BDH_H, BDH_L, BDH_E, DG_FMT_BF16,
+						cJSON_GetObjectItemCaseSensitive(doc, "date")->valuestring, rec, o.ntimes);
+		FILE *fp = text ? fopen(o.record, "w") : NULL;
+		bool ok = fp && fputs(text, fp) >= 0 && fputc('\n', fp) != EOF;
+		if (fp && fclose(fp))
+			ok = false;
+		if (!ok) {
+			fprintf(stderr, "attention: --record %s: %s\n", o.record, text ? strerror(errno) : "out of memory");
+			rc = 1;
+		} else
+			fprintf(stderr, "attention: the choice of form by T recorded in %s\n", o.record);
+		free(text);
+	}
+	int wrc = bc_write("attention", doc, out_path, out_path == NULL);
+	rc = rc ? rc : wrc;
 	cJSON_Delete(doc);
 	bk_fini(&b);
 	return rc;

@@ -118,6 +118,10 @@ size_t dg__dev_mem_high(dg_device *dev);
  * its first call on dev until it exits (runtime/gpu/thread.c). */
 size_t dg__dev_thread_count(dg_device *dev);
 
+/* The device's tuning DB (the records of its name and SM: the user's,
+ * then the built-in ones), read at the first call; NULL without one. */
+const dg_tune_db *dg__dev_tune_db(dg_device *dev);
+
 /* A launch's geometry resolved for kernel k (the block and shared memory
  * it leaves 0 taken from the template) and checked against k and the
  * device's limits, the kernel opted in to its shared memory: what a

@@ -443,6 +443,11 @@ static const dg_tune_db *tune_db(dg_device *dev)
 	return db;
 }
 
+const dg_tune_db *dg__dev_tune_db(dg_device *dev)
+{
+	return dev ? tune_db(dev) : NULL;
+}
+
 void dg__dev_tune_destroy(dg_device *dev)
 {
 	dg_tune_db_close(dev->tune_db);

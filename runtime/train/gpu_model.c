@@ -51,6 +51,7 @@
 #include "dragon/ref.h"
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/ref/ref_ops.h"
+#include "runtime/tunedb/form.h"
 #include "runtime/train/gpu_model_int.h"
 
 /* ---- create, plan ----------------------------------------------------------- */
@@ -348,9 +349,12 @@ double dg__gm_warm_join(dg__gm_warm *w)
  * the rope=pre path (bf16 on sm_90; gpu_nodes.c attn_spec), for a
  * training step (decoding runs attention_step), and needs T a multiple of
  * C. DRAGON_ATTN_CHUNK=C takes chunk C wherever it can run (0: the
- * quadratic form always); else the chunked form from T = ATTN_CHUNK_FROM
- * on, C 256 (512 from T 32768, where the states of 256 would take twice
- * the memory), the largest that divides T. The quadratic form's scores
+ * quadratic form always); else the device's tuning DB's record of the
+ * shape where it has one (runtime/tunedb/form.h: bench/attention --form
+ * both --record FILE makes one from its measured rows; none is built in
+ * yet); else the chunked form from T = ATTN_CHUNK_FROM on, C 256 (512
+ * from T 32768, where the states of 256 would take twice the memory),
+ * the largest that divides T. The quadratic form's scores
  * are B·H·T² act values a layer, saved: past T 16384 (25M, B 1: 2 GB a
  * layer) it does not fit, where the chunked form's are B·H·T·C and its
  * states a workspace of O(T). The crossover is measured (bench/attention
@@ -374,9 +378,16 @@ static int attn_chunk_for(const dg_model *m, int t)
 			return -1;
 		return (int)c;
 	}
+	/* the device's measured choice for the shape (a record of the tuning
+	 * DB, runtime/tunedb/form.h: bench/attention --record makes one) */
+	int c = 0;
+	const dg_device_info *di = m->dev ? dg__dev_info(m->dev) : NULL;
+	if (di && dg__tune_db_attn_chunk(dg__dev_tune_db(m->dev), di->name, di->sm, m->c.heads, m->c.neurons,
+					 m->c.embd, m->act, t, &c, NULL))
+		return c;
 	if (t < ATTN_CHUNK_FROM)
 		return 0;
-	for (int c = t >= 32768 ? 512 : 256; c >= 64; c /= 2)
+	for (c = t >= 32768 ? 512 : 256; c >= 64; c /= 2)
 		if (t % c == 0)
 			return c;
 	return 0;

@@ -16,6 +16,11 @@
  * the dates, so an H200 user gets tuned tiles with no set-up and keeps
  * whatever they tune themselves.
  *
+ * Beside the tiles' records the DB holds the attention's form records
+ * (attention_form-*.json, runtime/tunedb/form.h: which form and chunk
+ * the attention takes by T for a shape), merged by their own key the same
+ * way: the user's over a built-in one, else the newest.
+ *
  * A DB never fails to open over a bad record: an unreadable, truncated or
  * malformed file is skipped and its message kept (dg_tune_db_problem),
  * because one stray file in a shared folder must not stop training.
@@ -31,6 +36,7 @@
 #include "base/fnv.h"
 #include "dragon/cache.h"
 #include "dragon/tune.h"
+#include "runtime/tunedb/form.h"
 
 typedef struct entry {
 	struct entry *next; /* hash chain */
@@ -48,6 +54,8 @@ struct dg_tune_db {
 	size_t n_builtin;   /* entries holding a built-in record */
 	char **problems;
 	size_t n_problems, cap_problems;
+	dg__attn_form *forms; /* the attention's forms (runtime/tunedb/form.h), a key each */
+	size_t n_forms, cap_forms;
 	bool oom;
 };
 
@@ -168,10 +176,91 @@ static void add_record(dg_tune_db *db, dg_tune_record *r, const char *device, in
 	db->n_entries++;
 }
 
+/* Takes f's path: keeps the form of its key from the user's DB over a
+ * built-in one, else the newest (the path's order on equal dates). */
+static void add_form(dg_tune_db *db, dg__attn_form *f, const char *device, int sm)
+{
+	if ((device && strcmp(f->device, device) != 0) || (sm > 0 && f->sm != sm)) {
+		db->n_other++;
+		free(f->path);
+		return;
+	}
+	for (size_t i = 0; i < db->n_forms; i++) {
+		dg__attn_form *e = &db->forms[i];
+		if (e->sm != f->sm || e->heads != f->heads || e->latent != f->latent || e->embd != f->embd ||
+		    e->act != f->act || strcmp(e->device, f->device) != 0)
+			continue;
+		int d = strcmp(f->date, e->date);
+		bool take = e->builtin != f->builtin ? e->builtin
+						     : d ? d > 0 : strcmp(f->path, e->path) > 0;
+		if (take) {
+			free(e->path);
+			*e = *f;
+		} else {
+			free(f->path);
+		}
+		return;
+	}
+	if (db->n_forms == db->cap_forms) {
+		size_t cap = db->cap_forms ? db->cap_forms * 2 : 4;
+		dg__attn_form *p = realloc(db->forms, cap * sizeof(*p));
+		if (!p) {
+			db->oom = true;
+			free(f->path);
+			return;
+		}
+		db->forms = p;
+		db->cap_forms = cap;
+	}
+	db->forms[db->n_forms++] = *f;
+}
+
+/* A form record's bytes (name: where they came from). */
+static void load_form(dg_tune_db *db, const char *text, size_t len, const char *name, const char *device,
+		      int sm, bool builtin)
+{
+	char msg[1024];
+	dg__attn_form f;
+	dg_status st = dg__attn_form_parse(text, len, name, &f, msg, sizeof(msg));
+	if (st == DG_ERR_NOMEM)
+		db->oom = true;
+	else if (st)
+		problem(db, msg);
+	else {
+		f.builtin = builtin;
+		add_form(db, &f, device, sm);
+	}
+}
+
+/* A form record's file. */
+static void load_form_file(dg_tune_db *db, const char *path, const char *device, int sm)
+{
+	char msg[1024];
+	FILE *fp = fopen(path, "rb");
+	char *buf = NULL;
+	long n = -1;
+	if (fp && fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) >= 0 && n < (1L << 24) && fseek(fp, 0, SEEK_SET) == 0 &&
+	    (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, fp) == (size_t)n)
+		load_form(db, buf, (size_t)n, path, device, sm, false);
+	else if (fp && n >= 0 && !buf && n < (1L << 24))
+		db->oom = true;
+	else {
+		snprintf(msg, sizeof(msg), "%s: %s", path, fp ? "cannot be read (or over 16 MiB)" : strerror(errno));
+		problem(db, msg);
+	}
+	free(buf);
+	if (fp)
+		fclose(fp);
+}
+
 static void load_file(dg_tune_db *db, const char *path, const char *device, int sm)
 {
 	char msg[1024];
 	dg_tune_record *r = NULL;
+	if (dg__attn_form_file(path)) {
+		load_form_file(db, path, device, sm);
+		return;
+	}
 	dg_status st = dg_tune_record_load(path, &r, msg, sizeof(msg));
 
 	if (st == DG_ERR_NOMEM) {
@@ -193,6 +282,10 @@ static void load_builtin(dg_tune_db *db, const char *device, int sm)
 		char name[300], msg[1024];
 		dg_tune_record *r = NULL;
 		snprintf(name, sizeof(name), "built-in:%s", f->name);
+		if (dg__attn_form_file(name)) {
+			load_form(db, (const char *)f->bytes, f->size, name, device, sm, true);
+			continue;
+		}
 		dg_status st = dg_tune_record_parse((const char *)f->bytes, f->size, name, &r, msg,
 						    sizeof(msg));
 		if (st == DG_ERR_NOMEM) {
@@ -365,8 +458,32 @@ void dg_tune_db_close(dg_tune_db *db)
 	for (size_t i = 0; i < db->n_problems; i++)
 		free(db->problems[i]);
 	free(db->problems);
+	for (size_t i = 0; i < db->n_forms; i++)
+		free(db->forms[i].path);
+	free(db->forms);
 	free(db->where);
 	free(db);
+}
+
+bool dg__tune_db_attn_chunk(const dg_tune_db *db, const char *device, int sm, int heads, int latent, int embd,
+			    dg_fmt act, int t, int *chunk, const char **why)
+{
+	for (size_t i = 0; db && device && i < db->n_forms; i++) {
+		const dg__attn_form *f = &db->forms[i];
+		if (f->sm != sm || f->heads != heads || f->latent != latent || f->embd != embd || f->act != act ||
+		    strcmp(f->device, device) != 0)
+			continue;
+		int c = 0;
+		for (int k = 0; k < f->n && f->from_t[k] <= t; k++)
+			c = f->chunk[k];
+		while (c >= 64 && t % c) /* the largest multiple of 64 up to it that divides T */
+			c -= 64;
+		*chunk = c >= 64 ? c : 0;
+		if (why)
+			*why = f->path;
+		return true;
+	}
+	return false;
 }
 
 const char *dg_tune_db_where(const dg_tune_db *db)
