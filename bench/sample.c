@@ -21,7 +21,8 @@
  * token for every row), tokens_per_s (batch / a step's time), forward_ms
  * (the same forward alone, --tokens of them queued back to back then one
  * sync: no read-back, no logits on the host; ms_per_token − forward_ms is
- * the host's share)}. Contexts 512, 4096, 16384, 65536 (--contexts);
+ * the host's share), breakdown (the forward's nodes one at a time,
+ * dg_model_profile: [{what, count, ms}] by kind)}. Contexts 512, 4096, 16384, 65536 (--contexts);
  * batches 1 and 64 (--batches). One JSON document to --out (and stdout).
  *
  * Usage: sample [--preset P] [--tokens N] [--warmup N] [--batches 1,64]
@@ -92,6 +93,12 @@ static bool run_contexts(const sample_run *r, dg_model *m, int B, const int *con
 		if (!st)
 			st = dg_device_sync(r->dev);
 		double fwd = (now_s() - t1) / r->tokens * 1e3;
+		/* where a token's time goes: each node alone (dg_model_profile,
+		 * an event pair a node), summed by kind */
+		dg_model_time nt[48];
+		int nn = 0;
+		if (!st)
+			st = dg_model_profile(m, &bt, nt, (int)(sizeof(nt) / sizeof(nt[0])), &nn);
 		if (st)
 			break;
 		cJSON *row = cJSON_CreateObject();
@@ -100,6 +107,16 @@ static bool run_contexts(const sample_run *r, dg_model *m, int B, const int *con
 		cJSON_AddNumberToObject(row, "ms_per_token", ms);
 		cJSON_AddNumberToObject(row, "tokens_per_s", B / (ms * 1e-3));
 		cJSON_AddNumberToObject(row, "forward_ms", fwd);
+		cJSON *bd = cJSON_AddArrayToObject(row, "breakdown");
+		for (int i = 0; i < nn; i++) {
+			cJSON *e = cJSON_CreateObject();
+			cJSON_AddStringToObject(e, "what", nt[i].what);
+			cJSON_AddNumberToObject(e, "count", nt[i].count);
+			cJSON_AddNumberToObject(e, "ms", nt[i].ms);
+			cJSON_AddItemToArray(bd, e);
+			fprintf(stderr, "sample %s: batch %d context %d: %-32s %3d %8.4f ms\n", r->preset, B, contexts[ci],
+				nt[i].what, nt[i].count, nt[i].ms);
+		}
 		cJSON_AddItemToArray(rows, row);
 		fprintf(stderr, "sample %s: batch %d context %d: %.3f ms a step (the forward alone %.3f), %.0f tokens/s\n",
 			r->preset, B, contexts[ci], ms, fwd, B / (ms * 1e-3));
@@ -169,6 +186,8 @@ static void add_notes(cJSON *doc)
 		"ms_per_token: host time of a step (one token for every row); tokens_per_s = batch / that",
 		"forward_ms: the same forward op by op (dg_model_run, --tokens queued, one sync, its loss node "
 		"too): no read-back, no logits; with the graph, ms_per_token may be below it",
+		"breakdown: the forward's nodes one at a time between two events each (dg_model_profile), "
+		"summed by kind: each includes its launch's latency, so they sum to more than forward_ms",
 		"prefill: a prompt of `prompt` tokens a row (--prefill) from an empty state to the logits after "
 		"it, one dg__model_decode call: windows of `window` tokens a row (DRAGON_PREFILL_WINDOW), the "
 		"rest a token at a time; host time; tokens_per_s = batch * prompt / that",
