@@ -62,3 +62,16 @@ int bc_write(const char *prog, const cJSON *doc, const char *path, bool echo)
 	cJSON_free(text);
 	return rc;
 }
+
+cJSON *bc_breakdown(const dg_model_time *tm, int n)
+{
+	cJSON *a = cJSON_CreateArray();
+	for (int i = 0; a && i < n; i++) {
+		cJSON *e = cJSON_CreateObject();
+		cJSON_AddStringToObject(e, "what", tm[i].what);
+		cJSON_AddNumberToObject(e, "count", tm[i].count);
+		cJSON_AddNumberToObject(e, "ms", tm[i].ms);
+		cJSON_AddItemToArray(a, e);
+	}
+	return a;
+}

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "dragon/dragon.h"
+#include "dragon/model.h"
 
 /* "512,1024": at most max ints, each lo..hi, into v; the count, or -1
  * (empty, not a number, out of range, too many). */
@@ -24,5 +25,8 @@ cJSON *bc_doc(const char *bench, const dg_device_info *info);
 /* doc as text: on stdout when echo, into path when not NULL (a line on
  * stderr says so). 0, or 1 with "<prog>: cannot write <path>" on stderr. */
 int bc_write(const char *prog, const cJSON *doc, const char *path, bool echo);
+
+/* A model's dg_model_profile rows as a JSON array [{what, count, ms}]. */
+cJSON *bc_breakdown(const dg_model_time *tm, int n);
 
 #endif

@@ -107,16 +107,10 @@ static bool run_contexts(const sample_run *r, dg_model *m, int B, const int *con
 		cJSON_AddNumberToObject(row, "ms_per_token", ms);
 		cJSON_AddNumberToObject(row, "tokens_per_s", B / (ms * 1e-3));
 		cJSON_AddNumberToObject(row, "forward_ms", fwd);
-		cJSON *bd = cJSON_AddArrayToObject(row, "breakdown");
-		for (int i = 0; i < nn; i++) {
-			cJSON *e = cJSON_CreateObject();
-			cJSON_AddStringToObject(e, "what", nt[i].what);
-			cJSON_AddNumberToObject(e, "count", nt[i].count);
-			cJSON_AddNumberToObject(e, "ms", nt[i].ms);
-			cJSON_AddItemToArray(bd, e);
+		cJSON_AddItemToObject(row, "breakdown", bc_breakdown(nt, nn));
+		for (int i = 0; i < nn; i++)
 			fprintf(stderr, "sample %s: batch %d context %d: %-32s %3d %8.4f ms\n", r->preset, B, contexts[ci],
 				nt[i].what, nt[i].count, nt[i].ms);
-		}
 		cJSON_AddItemToArray(rows, row);
 		fprintf(stderr, "sample %s: batch %d context %d: %.3f ms a step (the forward alone %.3f), %.0f tokens/s\n",
 			r->preset, B, contexts[ci], ms, fwd, B / (ms * 1e-3));

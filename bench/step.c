@@ -56,6 +56,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench/bench_common.h"
 #include "bench/step_rows.h"
 #include "dragon/dragon.h"
 #include "dragon/model.h"
@@ -174,16 +175,8 @@ static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int w
 		/* where the time goes: each node alone, summed by kind */
 		dg_model_time tm[32];
 		int nt = 0;
-		if (!dg_model_profile(m, &bt, tm, 32, &nt)) {
-			cJSON *br = cJSON_AddArrayToObject(r, "breakdown");
-			for (int i = 0; i < nt; i++) {
-				cJSON *b = cJSON_CreateObject();
-				cJSON_AddStringToObject(b, "what", tm[i].what);
-				cJSON_AddNumberToObject(b, "count", tm[i].count);
-				cJSON_AddNumberToObject(b, "ms", tm[i].ms);
-				cJSON_AddItemToArray(br, b);
-			}
-		}
+		if (!dg_model_profile(m, &bt, tm, 32, &nt))
+			cJSON_AddItemToObject(r, "breakdown", bc_breakdown(tm, nt));
 	}
 	free(idx), free(tgt), free(ms);
 	dg_event_destroy(e0);
