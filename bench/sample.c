@@ -97,17 +97,21 @@ static bool run_contexts(const sample_run *r, dg_model *m, int B, const int *con
 		 * an event pair a node), summed by kind */
 		dg_model_time nt[48];
 		int nn = 0;
-		if (!st)
-			st = dg_model_profile(m, &bt, nt, (int)(sizeof(nt) / sizeof(nt[0])), &nn);
 		if (st)
 			break;
+		if (dg_model_profile(m, &bt, nt, (int)(sizeof(nt) / sizeof(nt[0])), &nn)) {
+			fprintf(stderr, "sample: batch %d context %d: no breakdown: %s\n", B, contexts[ci],
+				dg_device_errmsg(r->dev));
+			nn = -1;
+		}
 		cJSON *row = cJSON_CreateObject();
 		cJSON_AddNumberToObject(row, "context", contexts[ci]);
 		cJSON_AddNumberToObject(row, "batch", B);
 		cJSON_AddNumberToObject(row, "ms_per_token", ms);
 		cJSON_AddNumberToObject(row, "tokens_per_s", B / (ms * 1e-3));
 		cJSON_AddNumberToObject(row, "forward_ms", fwd);
-		cJSON_AddItemToObject(row, "breakdown", bc_breakdown(nt, nn));
+		if (nn >= 0)
+			cJSON_AddItemToObject(row, "breakdown", bc_breakdown(nt, nn));
 		for (int i = 0; i < nn; i++)
 			fprintf(stderr, "sample %s: batch %d context %d: %-32s %3d %8.4f ms\n", r->preset, B, contexts[ci],
 				nt[i].what, nt[i].count, nt[i].ms);
