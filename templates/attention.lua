@@ -106,10 +106,14 @@ tiles (test_gpu_attention warp_specialized_grad_xs prints them): how its
 operands are loaded does not move it. It is bound by traffic: a 128x128
 tile re-reads 256 KB of operands from L2 for K = T = 512 (2.1 GB a layer,
 16 bytes an output) beside its epilogue's dxs, mask_xs and table (1.07 GB
-of HBM), and the epilogue does not overlap the next tile's MMAs. Next:
-A shared by TMA multicast across a cluster along N, a persistent grid
-whose epilogue overlaps the next tile's loads, RoPE out of the x
-projection's epilogue. The model's forward keeps RoPE(xs) for the
+of HBM), and the epilogue does not overlap the next tile's MMAs. A and
+B shared by TMA multicast in a 2 x 2 cluster (templates/attention_tma.lua
+M.cluster, 6 stages) halves the L2 reads but took 1184 us: with K = 512
+a tile is 8 steps, mostly its ring's fill and its epilogue, and a
+cluster waits for its slowest block. Next: a persistent grid whose
+producer fills the ring with the next tile while the consumers run the
+epilogue (then the cluster on top of it), RoPE out of the x projection's
+epilogue. The model's forward keeps RoPE(xs) for the
 backward where the plan fits (runtime/train/gpu_model.c keep_qr), so the
 backward chain runs no rope_fwd: attention backward 6.02 -> 4.89 ms a
 step (w8a8, B 8, T 512).
