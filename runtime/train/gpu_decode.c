@@ -153,8 +153,6 @@ dg_status dg__model_decode_graph(dg_model *m, bool on)
 	return DG_OK;
 }
 
-/* A token's work on the device (see the top): the tokens into the tape's
- * buffer, the forward but its loss, the logits. */
 /* m's forward but its loss, on batch bt (the decoder's, or a window
  * model's). */
 static dg_status forward(dg_model *m, const dg_model_batch *bt)
@@ -166,6 +164,8 @@ static dg_status forward(dg_model *m, const dg_model_batch *bt)
 	return st;
 }
 
+/* A token's work on the device (see the top): the tokens into the tape's
+ * buffer, the forward but its loss, the logits. */
 static dg_status body(dg_model *m)
 {
 	struct dg__gm_decode *dc = m->dc;

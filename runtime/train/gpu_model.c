@@ -961,7 +961,7 @@ static dg_status decode_alloc(dg_model *m, dg_device *dev, const dg_model_config
 /* A window model's weights (dg__gm_create_window): its parameters are its
  * decoder's arena, so only what it keeps of its own is made: the
  * execution copies from them on the device, the bf16 decoder copy from the
- * decoder's, the RoPE table. */
+ * decoder's (no RoPE table: attention_step makes its phases). */
 static dg_status window_weights(dg_model *m)
 {
 	dg_device *dev = m->dev;
@@ -972,9 +972,7 @@ static dg_status window_weights(dg_model *m)
 	if (!st && m->id.dec_fwd >= 0)
 		st = dg_memcpy_dtod(dev, dg__gm_addr(m, m->id.dec_fwd), dg__gm_addr(d, d->id.dec_fwd),
 				    m->t.bufs[m->id.dec_fwd].bytes);
-	if (st)
-		return st;
-	return upload_rope(m);
+	return st;
 }
 
 /* A model of c at (b, t) (see dg__gm_create), its weights w's; or, with

@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 
 #include "base/embedded.h"
+#include "base/file.h"
 #include "base/fnv.h"
 #include "dragon/cache.h"
 #include "dragon/tune.h"
@@ -232,25 +233,20 @@ static void load_form(dg_tune_db *db, const char *text, size_t len, const char *
 	}
 }
 
-/* A form record's file. */
+/* A form record's file (at most 16 MiB, as a tile record). */
 static void load_form_file(dg_tune_db *db, const char *path, const char *device, int sm)
 {
 	char msg[1024];
-	FILE *fp = fopen(path, "rb");
-	char *buf = NULL;
-	long n = -1;
-	if (fp && fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) >= 0 && n < (1L << 24) && fseek(fp, 0, SEEK_SET) == 0 &&
-	    (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, fp) == (size_t)n)
-		load_form(db, buf, (size_t)n, path, device, sm, false);
-	else if (fp && n >= 0 && !buf && n < (1L << 24))
+	uint8_t *buf = NULL;
+	size_t n = 0;
+	dg_status st = dg__file_read(path, (size_t)16 << 20, &buf, &n, msg, sizeof(msg));
+	if (st == DG_ERR_NOMEM)
 		db->oom = true;
-	else {
-		snprintf(msg, sizeof(msg), "%s: %s", path, fp ? "cannot be read (or over 16 MiB)" : strerror(errno));
+	else if (st)
 		problem(db, msg);
-	}
+	else
+		load_form(db, (const char *)buf, n, path, device, sm, false);
 	free(buf);
-	if (fp)
-		fclose(fp);
 }
 
 static void load_file(dg_tune_db *db, const char *path, const char *device, int sm)

@@ -71,9 +71,13 @@ static bool parse_into(const cJSON *j, const char *name, dg__attn_form *f, char 
 		snprintf(msg, msg_size, "%s: act: \"%s\" is not a format", name, act);
 		return false;
 	}
-	if (!cJSON_IsObject(dev) || !str_field(dev, "name", f->device, sizeof(f->device), name, "device.", msg, msg_size) ||
+	if (!cJSON_IsObject(dev)) {
+		snprintf(msg, msg_size, "%s: device: must be an object", name);
+		return false;
+	}
+	if (!str_field(dev, "name", f->device, sizeof(f->device), name, "device.", msg, msg_size) ||
 	    !int_field(dev, "sm", 10, 1000, &f->sm, name, "device.", msg, msg_size))
-		return cJSON_IsObject(dev) ? false : (snprintf(msg, msg_size, "%s: device: must be an object", name), false);
+		return false;
 	const cJSON *forms = cJSON_GetObjectItemCaseSensitive(j, "forms");
 	if (!cJSON_IsArray(forms) || cJSON_GetArraySize(forms) > DG__FORM_MAX) {
 		snprintf(msg, msg_size, "%s: forms: must be an array of at most %d {from_t, chunk}", name, DG__FORM_MAX);
