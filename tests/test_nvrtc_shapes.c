@@ -96,7 +96,7 @@ static void step_compiles_into(seen *z, const char *preset, int D, int H, int N,
 	cr_assert_not_null(z->text);
 	cr_assert_eq(dg_codegen_create(&z->cg, NULL), DG_OK);
 	dg_model_config c = shape(preset, D, H, N, V);
-	cr_assert_eq(dg__gm_step_specs(&c, B, T, 90, check_spec, z, msg, sizeof(msg)), DG_OK, "%s: %s", z->shape, msg);
+	cr_assert_eq(dg__gm_step_specs(&c, B, T, 90, NULL, NULL, check_spec, z, msg, sizeof(msg)), DG_OK, "%s: %s", z->shape, msg);
 }
 
 static void step_compiles(const char *preset, int D, int H, int N, int V, int B, int T)
@@ -108,7 +108,7 @@ static void step_compiles(const char *preset, int D, int H, int N, int V, int B,
 	cr_assert_not_null(z.text);
 	cr_assert_eq(dg_codegen_create(&z.cg, NULL), DG_OK);
 	dg_model_config c = shape(preset, D, H, N, V);
-	cr_assert_eq(dg__gm_step_specs(&c, B, T, 90, check_spec, &z, msg, sizeof(msg)), DG_OK, "%s: %s", name, msg);
+	cr_assert_eq(dg__gm_step_specs(&c, B, T, 90, NULL, NULL, check_spec, &z, msg, sizeof(msg)), DG_OK, "%s: %s", name, msg);
 	printf("nvrtc_shapes %s: %d distinct specs of the step compiled for sm_90/sm_90a\n", name, z.compiled);
 	/* the step's families, each there: the projections, the decoder's
 	 * copies (a row of K = H·N), attention, norms, the loss, AdamW */
@@ -183,11 +183,11 @@ Test(nvrtc_shapes, long_context_takes_the_chunked_form, .timeout = 1200)
 	dg_model_config c = shape("w8a8", 256, 4, 8192, 256);
 	int ops[DG_OP__COUNT] = { 0 };
 	char msg[512];
-	cr_assert_eq(dg__gm_step_specs(&c, 1, 4096, 90, count_ops, ops, msg, sizeof(msg)), DG_OK, "%s", msg);
+	cr_assert_eq(dg__gm_step_specs(&c, 1, 4096, 90, NULL, NULL, count_ops, ops, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_expect_eq(ops[DG_OP_ATTENTION_CHUNK_STATE], 0);
 	cr_expect_gt(ops[DG_OP_ATTENTION_SCORES], 0);
 	setenv("DRAGON_ATTN_CHUNK", "96", 1);
-	cr_expect_eq(dg__gm_step_specs(&c, 1, 4096, 90, count_ops, ops, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_expect_eq(dg__gm_step_specs(&c, 1, 4096, 90, NULL, NULL, count_ops, ops, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
 	unsetenv("DRAGON_ATTN_CHUNK");
 }
 
@@ -242,7 +242,7 @@ Test(nvrtc_shapes, a_sweep_of_odd_shapes_plans)
 				snprintf(name, sizeof(name), "%s L %d D %d H %d N %d V %d B %d T %d", presets[p], c.layers,
 					 c.embd, c.heads, c.neurons, c.vocab, shapes[i][5], times[k]);
 				w.shape = name;
-				cr_expect_eq(dg__gm_step_specs(&c, shapes[i][5], times[k], 90, plan_only, &w, msg, sizeof(msg)),
+				cr_expect_eq(dg__gm_step_specs(&c, shapes[i][5], times[k], 90, NULL, NULL, plan_only, &w, msg, sizeof(msg)),
 					     DG_OK, "%s: %s", name, msg);
 			}
 	cr_expect_eq(w.failures, 0, "%d specs of the sweep did not plan (above)", w.failures);
@@ -277,7 +277,7 @@ Test(nvrtc_shapes, shapes_past_the_ranges_are_refused_by_field)
 		char msg[1024];
 		int n = 0;
 		dg_model_config c = shape("w8a8", bad[i].D, bad[i].H, bad[i].N, bad[i].V);
-		cr_expect_eq(dg__gm_step_specs(&c, 1, 16, 90, count_spec, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG,
+		cr_expect_eq(dg__gm_step_specs(&c, 1, 16, 90, NULL, NULL, count_spec, &n, msg, sizeof(msg)), DG_ERR_INVALID_ARG,
 			     "%s", bad[i].want);
 		cr_expect(strstr(msg, bad[i].want), "%s: %s", bad[i].want, msg);
 		cr_expect_eq(n, 0, "%s: %d specs listed before the refusal", bad[i].want, n);
@@ -287,9 +287,9 @@ Test(nvrtc_shapes, shapes_past_the_ranges_are_refused_by_field)
 	char msg[1024];
 	int n = 0;
 	dg_model_config c = shape("bitnet", 256, 3, 1000, 256);
-	cr_expect_neq(dg__gm_step_specs(&c, 1, 16, 90, count_spec, &n, msg, sizeof(msg)), DG_OK, "bitnet N 1000");
+	cr_expect_neq(dg__gm_step_specs(&c, 1, 16, 90, NULL, NULL, count_spec, &n, msg, sizeof(msg)), DG_OK, "bitnet N 1000");
 	cr_expect(strstr(msg, "neurons=1000") && strstr(msg, "multiple of 16"), "%s", msg);
 	cr_expect_eq(n, 0, "bitnet N 1000: %d specs listed before the refusal", n);
 	c = shape("bitnet", 256, 3, 1008, 256);
-	cr_expect_eq(dg__gm_step_specs(&c, 1, 16, 90, count_spec, &n, msg, sizeof(msg)), DG_OK, "N 1008: %s", msg);
+	cr_expect_eq(dg__gm_step_specs(&c, 1, 16, 90, NULL, NULL, count_spec, &n, msg, sizeof(msg)), DG_OK, "N 1008: %s", msg);
 }

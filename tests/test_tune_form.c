@@ -8,7 +8,10 @@
  *     largest multiple of 64 below it that does);
  *   - a record whose quadratic form wins at the largest T names none;
  *   - malformed records are skipped with a message naming the file and
- *     the field, records of another device or shape are not used.
+ *     the field, records of another device or shape are not used;
+ *   - the step's kernels listed ahead of the model (dg__gm_step_specs,
+ *     what model creation compiles at once) take the record's form, so
+ *     the kernels compiled first are the ones the step runs.
  * (No record is built in yet: bench/attention --form both --record makes
  * one on a device, into runtime/tunedb/records/.)
  */
@@ -20,6 +23,7 @@
 
 #include "dragon/tune.h"
 #include "helpers.h"
+#include "runtime/train/gpu_model_int.h"
 #include "runtime/tunedb/form.h"
 
 #define DEV "NVIDIA H200"
@@ -148,4 +152,42 @@ Test(tune_form, malformed_records_are_skipped_naming_the_field)
 		dg_tune_db_close(db);
 		dg_test_rmtree(dir);
 	}
+}
+
+static dg_status count_chunk_ops(void *user, const dg_spec *s)
+{
+	int *n = user;
+	n[0] += s->op == DG_OP_ATTENTION_CHUNK_STATE;
+	n[1] += s->op == DG_OP_ATTENTION_SCORES; /* the chunked form's intra-chunk scores too */
+	return DG_OK;
+}
+
+/* At T 4096 the built-in rule takes the quadratic form; a record that
+ * names chunk 256 from T 4096 on turns the listing to the chunked form
+ * for its device, and not for another. */
+Test(tune_form, the_step_listing_takes_the_record_form)
+{
+	const dg__attn_form_row rows[] = { { 2, 2048, 256, 2.0, 3.0 }, { 1, 4096, 256, 5.0, 4.0 },
+					   { 1, 16384, 256, 70.0, 19.0 } };
+	char *text = dg__attn_form_make(DEV, 90, 4, 8192, 256, DG_FMT_BF16, "2026-12-05", rows, 3);
+	cr_assert_not_null(text);
+	char *dir = dg_test_tmpdir();
+	dg_test_write_file(dir, "attention_form-25m.json", text);
+	dg_tune_db *db = open_db(dir, DEV, 90);
+	cr_assert_eq(chunk_at(db, 4096), 256);
+	dg_model_config c = dg_test_model("w8a8", 2, 256, 4, 8192);
+	char msg[512];
+	int none[2] = { 0, 0 }, rec[2] = { 0, 0 }, other[2] = { 0, 0 };
+	cr_assert_eq(dg__gm_step_specs(&c, 1, 4096, 90, NULL, NULL, count_chunk_ops, none, msg, sizeof(msg)), DG_OK,
+		     "%s", msg);
+	cr_assert_eq(dg__gm_step_specs(&c, 1, 4096, 90, db, DEV, count_chunk_ops, rec, msg, sizeof(msg)), DG_OK, "%s",
+		     msg);
+	cr_assert_eq(dg__gm_step_specs(&c, 1, 4096, 90, db, "NVIDIA H100", count_chunk_ops, other, msg, sizeof(msg)),
+		     DG_OK, "%s", msg);
+	cr_expect(none[0] == 0 && none[1] > 0, "the built-in rule: quadratic at T 4096 (%d chunk states)", none[0]);
+	cr_expect(rec[0] > 0, "the record: chunked at T 4096 (%d chunk states)", rec[0]);
+	cr_expect(other[0] == 0, "another device: the built-in rule (%d chunk states)", other[0]);
+	dg_tune_db_close(db);
+	free(text);
+	dg_test_rmtree(dir);
 }

@@ -258,7 +258,10 @@ static void warm_specs(dg_device *dev, int sm, const dg_model_config *c, int b, 
 	warm_list w = { .dev = dev };
 	atomic_init(&w.next, 0);
 	char msg[256];
-	if (dg__gm_step_specs(c, b, t, sm, warm_add, &w, msg, sizeof(msg)) == DG_OK && w.n > 0) {
+	const dg_device_info *di = dg__dev_info(dev);
+	if (dg__gm_step_specs(c, b, t, sm, dg__dev_tune_db(dev), di ? di->name : NULL, warm_add, &w, msg,
+			      sizeof(msg)) == DG_OK &&
+	    w.n > 0) {
 		int n = dg__pool_cores(SIZE_THREADS_MAX);
 		dg__pool_run(warm_worker, &w, n < w.n ? n : w.n);
 	}
@@ -382,8 +385,9 @@ static int attn_chunk_for(const dg_model *m, int t)
 	 * DB, runtime/tunedb/form.h: bench/attention --record makes one) */
 	int c = 0;
 	const dg_device_info *di = m->dev ? dg__dev_info(m->dev) : NULL;
-	if (di && dg__tune_db_attn_chunk(dg__dev_tune_db(m->dev), di->name, di->sm, m->c.heads, m->c.neurons,
-					 m->c.embd, m->act, t, &c, NULL))
+	const dg_tune_db *db = di ? dg__dev_tune_db(m->dev) : m->list_db;
+	const char *name = di ? di->name : m->list_device;
+	if (db && name && dg__tune_db_attn_chunk(db, name, m->sm, m->c.heads, m->c.neurons, m->c.embd, m->act, t, &c, NULL))
 		return c;
 	if (t < ATTN_CHUNK_FROM)
 		return 0;
@@ -1325,7 +1329,7 @@ dg_status dg_model_logits(dg_model *m, const dg_model_batch *batch, int pos, flo
 	return st;
 }
 
-dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm,
+dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm, const dg_tune_db *db, const char *device,
 			    dg_status (*sink)(void *user, const dg_spec *spec), void *user, char *msg,
 			    size_t msg_size)
 {
@@ -1347,6 +1351,8 @@ dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm,
 	if (!m)
 		return dg__msgf(DG_ERR_NOMEM, msg, msg_size, "out of memory");
 	m->failed_node = -1;
+	m->list_db = db;
+	m->list_device = device;
 	st = build(m, NULL, c, b, t, 1, sm, sink, user);
 	/* the execution copies' ops and the optimizer's */
 	for (int k = 0; k < DG_PROJ__COUNT && !st; k++) {

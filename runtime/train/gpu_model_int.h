@@ -20,6 +20,11 @@ struct dg_model {
 	int B, T, H, D, N, V;
 	int sm;                     /* the device's SM architecture (90: sm_90), 0 unknown */
 	int failed_node;            /* listing the specs (dg__gm_step_specs): the node that failed */
+	/* listing the specs (no device): the tuning DB and the device name
+	 * whose attention_form record decides the attention's form, as the
+	 * device's own does for a model (NULL: the built-in rule) */
+	const dg_tune_db *list_db;
+	const char *list_device;
 	dg_fmt act;
 	bool lowbit;
 	bool bf16_grads;            /* low-bit on sm_90: bf16 gradient GEMM operands */
@@ -125,11 +130,14 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
  * (transpose, quantize, dequantize, pack) and the optimizer's — handed to
  * sink in node order (repeats included), without a device: nothing is
  * compiled, allocated or launched. What a compile test asks to know that
- * a shape's step generates and compiles. The first status sink returns
- * that is not DG_OK stops it and is returned; msg names a refusal of
- * the config.
+ * a shape's step generates and compiles. db and device (either may be
+ * NULL: the built-in rule) name the tuning DB and the device whose
+ * attention_form record decides the attention's form, as dg_model_create
+ * on that device reads it (runtime/tunedb/form.h). The first status sink
+ * returns that is not DG_OK stops it and is returned; msg names a
+ * refusal of the config.
  */
-dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm,
+dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm, const dg_tune_db *db, const char *device,
 			    dg_status (*sink)(void *user, const dg_spec *spec), void *user, char *msg,
 			    size_t msg_size);
 
