@@ -112,6 +112,14 @@ Test(cli_train, refusals)
 	gen(&sb, &r, "train", "--dropout", "1", NULL);
 	expect_one_line_error(&r, 2, "dropout=1: must be in [0, 1)");
 	run_free(&r);
+	gen(&sb, &r, "train", "--memory", "four", NULL);
+	expect_one_line_error(&r, 2, "--memory four: not a size");
+	run_free(&r);
+	/* the CPU model's plan against --memory: refused before a step */
+	gen(&sb, &r, "train", "--cpu", "--preset", "f32", "--layers", "2", "--embd", "32", "--heads", "2", "--neurons",
+	    "64", "--batch", "2", "--time", "16", "--steps", "2", "--memory", "64K", "--data", data, "--out", out, NULL);
+	expect_one_line_error(&r, 1, "65.5 kB is available");
+	run_free(&r);
 	gen(&sb, &r, "train", "--cpu", "--preset", "bf16", "--data", data, "--out", out, NULL);
 	expect_one_line_error(&r, 2, "needs an NVIDIA GPU");
 	run_free(&r);

@@ -31,7 +31,7 @@ typedef struct first_step {
 } first_step;
 
 /* plan.<key> of the JSON: 1 true, 0 false, -1 missing or not a boolean. */
-static int plan_bool(const cJSON *j, const char *key)
+static int plan_bool(const cJSON *j, const char *key) /* j may be NULL */
 {
 	const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "plan");
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, key);
@@ -143,5 +143,67 @@ Test(cli_train_gpu, recompute_trains_the_same_steps)
 	cr_expect_eq(b.recompute, 1, "DRAGON_RECOMPUTE=1: not recomputing");
 	cr_expect(strstr(b.err, "makes them again"), "stderr: %s", b.err);
 	expect_same_log(out2, "recomputing", out, "saving xs and ys");
+	sandbox_fini(&sb);
+}
+
+/* --memory at the 25M model (w8a8, B 8, T 512): the plan that saves xs
+ * and ys (5.2 GB, 6.7 with keep_qr) does not fit 4 GiB, the one that
+ * makes ys again does (3.8 GB, AdamW's moments 0.2 more): plan.
+ * recompute_ys and not recompute or keep_qr, the run's peak under the
+ * budget, stderr says what it traded, and the losses are the default
+ * plan's byte for byte (keep_qr and recompute_ys change no bit). 1G fits
+ * no plan: refused before a step, naming the budget. */
+Test(cli_train_gpu, memory_budget_trades_time_for_memory, .timeout = 600)
+{
+	if (!gpu_or_skip())
+		cr_skip_test("skipped: no CUDA device");
+	sandbox sb;
+	char data[600], out[3][600];
+	cli_use_program("DRAGON", "dragon: ");
+	sandbox_init(&sb);
+	text_file(&sb, data, sizeof(data), 40000);
+	static const char *const names[3] = { "default", "budget", "small" };
+	static const char *const budgets[3] = { NULL, "4G", "1G" };
+	struct {
+		int code, keep_qr, recompute, recompute_ys;
+		double peak;
+		char err[2048];
+	} got[3];
+	for (int i = 0; i < 3; i++) {
+		snprintf(out[i], sizeof(out[i]), "%s/%s", sb.root, names[i]);
+		run r;
+		if (budgets[i])
+			gen(&sb, &r, "train", "--preset", "w8a8", "--batch", "8", "--time", "512", "--steps", "3",
+			    "--eval-every", "0", "--seed", "3", "--memory", budgets[i], "--data", data, "--out", out[i],
+			    "--json", NULL);
+		else
+			gen(&sb, &r, "train", "--preset", "w8a8", "--batch", "8", "--time", "512", "--steps", "3",
+			    "--eval-every", "0", "--seed", "3", "--data", data, "--out", out[i], "--json", NULL);
+		got[i].code = r.code;
+		snprintf(got[i].err, sizeof(got[i].err), "%s", r.err);
+		cJSON *j = r.code == 0 ? parse_json(r.out) : NULL;
+		got[i].keep_qr = plan_bool(j, "keep_qr");
+		got[i].recompute = plan_bool(j, "recompute");
+		got[i].recompute_ys = plan_bool(j, "recompute_ys");
+		got[i].peak = j ? num(j, "peak_bytes") : 0;
+		printf("memory %s: exit %d, keep_qr %d, recompute %d, recompute_ys %d, peak %.0f bytes\n",
+		       budgets[i] ? budgets[i] : "(free)", r.code, got[i].keep_qr, got[i].recompute,
+		       got[i].recompute_ys, got[i].peak);
+		cJSON_Delete(j);
+		run_free(&r);
+	}
+	cr_assert_eq(got[0].code, 0, "%s", got[0].err);
+	cr_expect_eq(got[0].recompute_ys, 0, "the whole device: nothing recomputed");
+	cr_assert_eq(got[1].code, 0, "%s", got[1].err);
+	cr_expect(got[1].recompute_ys == 1 && got[1].recompute == 0 && got[1].keep_qr == 0,
+		  "4G: keep_qr %d, recompute %d, recompute_ys %d", got[1].keep_qr, got[1].recompute,
+		  got[1].recompute_ys);
+	cr_expect(got[1].peak > 1e9 && got[1].peak <= 4.0 * (1 << 30), "4G: peak %.0f bytes", got[1].peak);
+	cr_expect(got[0].peak > got[1].peak, "peak %.0f with the whole device, %.0f under 4G", got[0].peak,
+		  got[1].peak);
+	cr_expect(strstr(got[1].err, "saves no encoder_v output"), "stderr: %s", got[1].err);
+	expect_same_log(out[1], "under --memory 4G", out[0], "the default plan");
+	cr_expect_eq(got[2].code, 1, "1G: exit %d", got[2].code);
+	cr_expect(strstr(got[2].err, "DRAGON_MEMORY=1G"), "1G: %s", got[2].err);
 	sandbox_fini(&sb);
 }

@@ -294,22 +294,25 @@ static void stack_pgrads_case(dg_device *dev, const char *preset)
 }
 
 /* DRAGON_RECOMPUTE=1: xs and ys not saved but made again by each layer's
- * backward (the plan's choice only where saving them does not fit): the
- * same step, bit for bit, and the saved activations smaller by the
- * layers' two (B,H,T,N) tensors. */
-static void recompute_case(dg_device *dev, const char *preset)
+ * backward (the plan's choice only where saving them does not fit); =ys:
+ * ys alone (the middle rung): the same step, bit for bit, and the saved
+ * activations smaller by the layers' two (one) (B,H,T,N) tensors. */
+static void recompute_case(dg_device *dev, const char *preset, const char *mode)
 {
-	static const char *const v[2] = { "1", "0" };
+	const char *const v[2] = { mode, "0" };
 	dg_model_config c = dg_test_tiny_model(preset);
 	dg_model_weights *g[2] = { NULL, NULL };
 	double loss[2];
 	dg_model_memory mem[2];
 	step_twice(dev, preset, "DRAGON_RECOMPUTE", v, 17, loss, g, mem);
-	printf("gpu_model %s recompute: loss %.9g / %.9g, saved %zu / %zu bytes\n", preset, loss[0], loss[1],
-	       mem[0].saved, mem[1].saved);
-	expect_same_step(&c, preset, loss, g);
+	printf("gpu_model %s DRAGON_RECOMPUTE=%s: loss %.9g / %.9g, saved %zu / %zu bytes\n", preset, mode, loss[0],
+	       loss[1], mem[0].saved, mem[1].saved);
+	char what[64];
+	snprintf(what, sizeof(what), "%s DRAGON_RECOMPUTE=%s", preset, mode);
+	expect_same_step(&c, what, loss, g);
 	const size_t bhtn = (size_t)2 * c.heads * 16 * c.neurons * (strcmp(preset, "f32") == 0 ? 4 : 2);
-	cr_expect_eq(mem[1].saved - mem[0].saved, 2 * (size_t)c.layers * bhtn, "%s: saved %zu -> %zu", preset,
+	const size_t tensors = strcmp(mode, "ys") == 0 ? 1 : 2;
+	cr_expect_eq(mem[1].saved - mem[0].saved, tensors * (size_t)c.layers * bhtn, "%s: saved %zu -> %zu", what,
 		     mem[1].saved, mem[0].saved);
 	dg_model_weights_destroy(g[0]);
 	dg_model_weights_destroy(g[1]);
@@ -318,9 +321,11 @@ static void recompute_case(dg_device *dev, const char *preset)
 Test(gpu_model, recompute_changes_no_bit)
 {
 	dg_device *dev = gh_open();
-	recompute_case(dev, "f32");
-	recompute_case(dev, "bf16");
-	recompute_case(dev, "w8a8");
+	static const char *const presets[] = { "f32", "bf16", "w8a8" };
+	for (int p = 0; p < 3; p++) {
+		recompute_case(dev, presets[p], "1");
+		recompute_case(dev, presets[p], "ys");
+	}
 	gh_close(dev);
 }
 

@@ -170,44 +170,48 @@ Test(model_cpu, gradients_match_finite_differences_at_an_odd_shape)
 }
 
 /* DRAGON_RECOMPUTE=1: xs and ys are not saved but made again by each
- * layer's backward (runtime/train/bdh_tape.c recompute) — the same loss
- * and every gradient the same bits, f32 and w8a8 (fake-quantized), with
- * dropout; and the plan's saved activations smaller by the layers' two
- * (B,H,T,N) f32 tensors. */
+ * layer's backward (runtime/train/bdh_tape.c recompute); =ys: ys alone
+ * (recompute_ys) — the same loss and every gradient the same bits, f32
+ * and w8a8 (fake-quantized), with dropout; and the plan's saved
+ * activations smaller by the layers' two (one) (B,H,T,N) f32 tensors. */
 Test(model_cpu, recompute_gives_the_same_bits)
 {
 	static const char *const presets[] = { "f32", "w8a8" };
-	for (int k = 0; k < 2; k++) {
-		fixture f;
-		setup_of(&f, 31 + k, presets[k]);
-		f.batch.train = true;
-		f.batch.seed = 5;
-		f.batch.step = 2;
-		const dg_model_config *c = &f.w->config;
-		char msg[512];
-		dg_model_weights *g2 = NULL;
-		cr_assert_eq(dg_model_weights_create(c, 0, &g2, msg, sizeof(msg)), DG_OK, "%s", msg);
-		double l1 = 0, l2 = 0;
-		dg_model_memory m1, m2;
-		cr_assert_eq(dg_model_cpu_step(f.w, &f.batch, &l1, f.g, msg, sizeof(msg)), DG_OK, "%s", msg);
-		cr_assert_eq(dg_model_cpu_memory(c, 2, 16, &m1, msg, sizeof(msg)), DG_OK, "%s", msg);
-		setenv("DRAGON_RECOMPUTE", "1", 1);
-		dg_status st = dg_model_cpu_step(f.w, &f.batch, &l2, g2, msg, sizeof(msg));
-		dg_status sm = dg_model_cpu_memory(c, 2, 16, &m2, msg, sizeof(msg));
-		unsetenv("DRAGON_RECOMPUTE");
-		cr_assert_eq(st, DG_OK, "%s", msg);
-		cr_assert_eq(sm, DG_OK, "%s", msg);
-		cr_expect(memcmp(&l1, &l2, sizeof(l1)) == 0, "%s: loss %.17g saved, %.17g recomputed", presets[k], l1, l2);
-		for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
-			cr_expect(memcmp(f.g->params[p], g2->params[p], dg_test_numel(c, p) * sizeof(float)) == 0,
-				  "%s: grad %s differs", presets[k], dg_model_param_name((dg_model_param)p));
-		const size_t bhtn = (size_t)2 * c->heads * 16 * c->neurons * sizeof(float);
-		cr_expect_eq(m1.saved - m2.saved, 2 * (size_t)c->layers * bhtn, "%s: saved %zu -> %zu", presets[k],
-			     m1.saved, m2.saved);
-		dg_model_weights_destroy(g2);
-		dg_model_weights_destroy(f.w);
-		dg_model_weights_destroy(f.g);
-	}
+	static const char *const modes[] = { "1", "ys" };
+	for (int k = 0; k < 2; k++)
+		for (int r = 0; r < 2; r++) {
+			fixture f;
+			setup_of(&f, 31 + k, presets[k]);
+			f.batch.train = true;
+			f.batch.seed = 5;
+			f.batch.step = 2;
+			const dg_model_config *c = &f.w->config;
+			char msg[512];
+			dg_model_weights *g2 = NULL;
+			cr_assert_eq(dg_model_weights_create(c, 0, &g2, msg, sizeof(msg)), DG_OK, "%s", msg);
+			double l1 = 0, l2 = 0;
+			dg_model_memory m1, m2;
+			cr_assert_eq(dg_model_cpu_step(f.w, &f.batch, &l1, f.g, msg, sizeof(msg)), DG_OK, "%s", msg);
+			cr_assert_eq(dg_model_cpu_memory(c, 2, 16, &m1, msg, sizeof(msg)), DG_OK, "%s", msg);
+			setenv("DRAGON_RECOMPUTE", modes[r], 1);
+			dg_status st = dg_model_cpu_step(f.w, &f.batch, &l2, g2, msg, sizeof(msg));
+			dg_status sm = dg_model_cpu_memory(c, 2, 16, &m2, msg, sizeof(msg));
+			unsetenv("DRAGON_RECOMPUTE");
+			cr_assert_eq(st, DG_OK, "%s", msg);
+			cr_assert_eq(sm, DG_OK, "%s", msg);
+			cr_expect(memcmp(&l1, &l2, sizeof(l1)) == 0, "%s, DRAGON_RECOMPUTE=%s: loss %.17g saved, %.17g recomputed",
+				  presets[k], modes[r], l1, l2);
+			for (int p = 0; p < DG_MODEL_N_PARAMS; p++)
+				cr_expect(memcmp(f.g->params[p], g2->params[p], dg_test_numel(c, p) * sizeof(float)) == 0,
+					  "%s, DRAGON_RECOMPUTE=%s: grad %s differs", presets[k], modes[r],
+					  dg_model_param_name((dg_model_param)p));
+			const size_t bhtn = (size_t)2 * c->heads * 16 * c->neurons * sizeof(float);
+			cr_expect_eq(m1.saved - m2.saved, (size_t)(2 - r) * (size_t)c->layers * bhtn,
+				     "%s, DRAGON_RECOMPUTE=%s: saved %zu -> %zu", presets[k], modes[r], m1.saved, m2.saved);
+			dg_model_weights_destroy(g2);
+			dg_model_weights_destroy(f.w);
+			dg_model_weights_destroy(f.g);
+		}
 }
 
 Test(model_cpu, dropout_is_regenerated_and_unbiased)

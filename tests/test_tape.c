@@ -418,32 +418,44 @@ Test(tape, stacked_projection_gradients)
  * backward then read; those nodes count as the backward (the tape stays
  * forward then backward, n_forward the same), and at the 25M shape
  * (w8a8 on the GPU) the saved activations shrink by the twelve (B,H,T,N)
- * bf16 tensors, 3.2 GB. */
+ * bf16 tensors, 3.2 GB. recompute_ys: ys.l alone (the encoder_v's
+ * projection again, ys.again.l, which the gate's backward reads; xs.l
+ * saved, read by the gate's and the attention's backward), the six ys
+ * fewer: the step's plan under 4 GB (3.8 GB beside 5.2) at 25M, B 8,
+ * T 512 — AdamW's moments (0.2 GB) and the ops' workspaces (the
+ * attention's RoPE(xs), 0.27 GB, inside the arena's free bytes at its
+ * node) not counted here. */
 Test(tape, recompute_sparse_activations)
 {
 	dg__tape t;
 	dg__bdh_ids id;
-	size_t saved[2] = { 0, 0 };
-	int n_fwd[2] = { 0, 0 };
-	for (int rec = 0; rec < 2; rec++) {
+	size_t saved[3] = { 0, 0, 0 }, total[3] = { 0, 0, 0 };
+	int n_fwd[3] = { 0, 0, 0 };
+	static const char *const mode[3] = { "", " recomputing ys", " recomputing" };
+	for (int rec = 0; rec < 3; rec++) {
+		const bool all = rec == 2, ys_again = rec > 0;
 		dg__bdh_target g = { .gpu = true, .act = DG_FMT_BF16, .lowbit = true, .bf16_grads = true,
-				     .dec_gate = true, .recompute = rec };
+				     .dec_gate = true, .gate_quant = true, .recompute = all, .recompute_ys = rec == 1 };
 		build_for("w8a8", 6, 256, 4, 8192, 8, 512, &g, &t, &id);
 		invariants(&t, 6, 8);
 		dg_model_memory mm;
 		dg__tape_report(&t, &mm);
 		saved[rec] = mm.saved;
+		total[rec] = mm.total;
 		n_fwd[rec] = t.n_forward;
-		printf("tape w8a8 25M%s: saved %zu, arena %zu, total %zu bytes\n", rec ? " recomputing" : "", mm.saved,
-		       mm.activations, mm.total);
+		printf("tape w8a8 25M%s: saved %zu, arena %zu, total %zu bytes\n", mode[rec], mm.saved, mm.activations,
+		       mm.total);
 		for (int l = 0; l < 6; l++) {
 			char nm[40];
 			snprintf(nm, sizeof(nm), "xs.%d", l);
-			cr_assert_eq(t.bufs[find(&t, nm)].bucket, rec ? DG__B_TEMP : DG__B_SAVED, "%s", nm);
+			cr_assert_eq(t.bufs[find(&t, nm)].bucket, all ? DG__B_TEMP : DG__B_SAVED, "%s%s", nm, mode[rec]);
 			snprintf(nm, sizeof(nm), "ys.%d", l);
-			cr_assert_eq(t.bufs[find(&t, nm)].bucket, rec ? DG__B_TEMP : DG__B_SAVED, "%s", nm);
+			cr_assert_eq(t.bufs[find(&t, nm)].bucket, ys_again ? DG__B_TEMP : DG__B_SAVED, "%s%s", nm,
+				     mode[rec]);
 			snprintf(nm, sizeof(nm), "xs.again.%d", l);
-			cr_assert_eq(find(&t, nm) >= 0, rec, "%s", nm);
+			cr_assert_eq(find(&t, nm) >= 0, all, "%s%s", nm, mode[rec]);
+			snprintf(nm, sizeof(nm), "ys.again.%d", l);
+			cr_assert_eq(find(&t, nm) >= 0, ys_again, "%s%s", nm, mode[rec]);
 		}
 		int proj_bwd = 0;
 		for (int n = t.n_forward; n < t.n_nodes; n++) {
@@ -457,21 +469,28 @@ Test(tape, recompute_sparse_activations)
 			snprintf(nm, sizeof(nm), "%s.%d", nd->arg == DG_PROJ_ENCODER ? "xq" : "aq", nd->layer);
 			cr_assert_eq(nd->in[0], find(&t, nm), "node %d reads %s", n, t.bufs[nd->in[0]].name);
 		}
-		cr_assert_eq(proj_bwd, rec ? 12 : 0);
+		cr_assert_eq(proj_bwd, all ? 12 : ys_again ? 6 : 0, "%s: %d projections in the backward", mode[rec],
+			     proj_bwd);
 		/* the gate's and the attention's backward read the recomputed ones */
-		for (int n = t.n_forward; rec && n < t.n_nodes; n++) {
+		for (int n = t.n_forward; n < t.n_nodes; n++) {
 			const dg__tnode *nd = &t.nodes[n];
 			if (nd->kind == DG__N_DEC_GATE || nd->kind == DG__N_ATTN_BWD) {
 				int xs = nd->kind == DG__N_DEC_GATE ? nd->in[2] : nd->in[3];
-				cr_assert(strncmp(t.bufs[xs].name, "xs.again.", 9) == 0, "node %d reads %s", n,
-					  t.bufs[xs].name);
+				cr_assert_eq(strncmp(t.bufs[xs].name, "xs.again.", 9) == 0, all, "node %d reads %s%s", n,
+					     t.bufs[xs].name, mode[rec]);
 			}
+			if (nd->kind == DG__N_DEC_GATE)
+				cr_assert_eq(strncmp(t.bufs[nd->in[3]].name, "ys.again.", 9) == 0, ys_again,
+					     "node %d reads %s%s", n, t.bufs[nd->in[3]].name, mode[rec]);
 		}
 		dg__tape_free(&t);
 	}
 	const size_t bhtn = (size_t)8 * 4 * 512 * 8192 * 2;
-	cr_assert_eq(n_fwd[0], n_fwd[1]);
-	cr_assert_eq(saved[0] - saved[1], 12 * bhtn, "saved %zu -> %zu", saved[0], saved[1]);
+	cr_assert(n_fwd[0] == n_fwd[1] && n_fwd[0] == n_fwd[2]);
+	cr_assert_eq(saved[0] - saved[1], 6 * bhtn, "saved %zu -> %zu", saved[0], saved[1]);
+	cr_assert_eq(saved[0] - saved[2], 12 * bhtn, "saved %zu -> %zu", saved[0], saved[2]);
+	cr_assert_lt(total[1], (size_t)3900 * 1000 * 1000, "recomputing ys: %zu bytes", total[1]);
+	cr_assert_gt(total[0], (size_t)5000 * 1000 * 1000, "saving both: %zu bytes", total[0]);
 }
 
 /* Gradient accumulation (keep_gexec): the projections' execution-layout

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/size.h"
 #include "cli/common/cli.h"
 #include "cli/common/progress.h"
 #include "cli/common/scan.h"
@@ -47,7 +48,7 @@ static const char help_text[] =
 	"                    [--stop-at N] [--cpu]\n"
 	"                    [--no-graph] [--loss-scale dynamic|off] [--gpus N]\n"
 	"                    [--layers L --embd D --heads H --neurons N]\n"
-	"                    [--dropout P] [--json]\n\n"
+	"                    [--dropout P] [--memory SIZE] [--json]\n\n"
 	"Trains a BDH model with AdamW on a corpus: a file whose bytes are tokens (its\n"
 	"first 90% to train, its last 10% to validate), llm.c's token shards or raw\n"
 	"uint16 tokens (nanoGPT's train.bin and val.bin).\n\n"
@@ -63,6 +64,13 @@ static const char help_text[] =
 	"                    default 1): the step of a batch of K*B rows up to the\n"
 	"                    sums' order, in the memory of B rows; not with\n"
 	"                    --loss-scale dynamic\n"
+	"  --memory SIZE     the memory the model may plan for, AdamW's moments\n"
+	"                    included (4G, 3.5GiB, 512M, or bytes; default the\n"
+	"                    device's free memory; DRAGON_MEMORY likewise, on the CPU\n"
+	"                    DRAGON_CPU_MEMORY): on a GPU the step trades time for\n"
+	"                    memory under it (plan.recompute_ys, plan.recompute);\n"
+	"                    a step that does not fit it is refused before anything\n"
+	"                    is allocated\n"
 	"  --lr X            peak learning rate (1e-3), after --warmup N linear steps\n"
 	"                    (min(100, steps/10)); a cosine to lr/10 at the last step\n"
 	"  --wd X            decoupled weight decay (0.1); --clip X: the global\n"
@@ -136,7 +144,9 @@ static const char help_text[] =
 	"                    backward; stack_pgrads, the encoders' weight gradients\n"
 	"                    as one GEMM over every layer; recompute, the\n"
 	"                    projections' outputs made again by the backward, taken\n"
-	"                    when the step does not fit with them saved; attn_chunk,\n"
+	"                    when the step does not fit with them saved;\n"
+	"                    recompute_ys, the encoder_v's output alone made again,\n"
+	"                    taken first, where it fits; attn_chunk,\n"
 	"                    the attention's chunked form's chunk, 0 the quadratic\n"
 	"                    form)\n\n"
 	"On a terminal a progress line shows the step, the loss, tokens a second,\n"
@@ -162,7 +172,7 @@ enum {
 	O_PRESET = 1, O_STEPS, O_BATCH, O_TIME, O_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_OUT,
 	O_EVAL_EVERY, O_EVAL_BATCHES, O_CKPT_EVERY, O_KEEP, O_RESUME, O_STOP_AT, O_CPU, O_JSON,
 	O_LAYERS, O_EMBD, O_HEADS, O_NEURONS, O_NO_GRAPH, O_DROPOUT, O_LOSS_SCALE, O_GPUS, O_HELP,
-	O_ALLOW_CHANGED, O_VOCAB, O_ACCUM,
+	O_ALLOW_CHANGED, O_VOCAB, O_ACCUM, O_MEMORY,
 };
 
 static const dg__cli_opt opts[] = {
@@ -181,7 +191,7 @@ static const dg__cli_opt opts[] = {
 	{ "dropout", 0, true, O_DROPOUT },	   { "loss-scale", 0, true, O_LOSS_SCALE },
 	{ "gpus", 0, true, O_GPUS },		   { "help", 'h', false, O_HELP },
 	{ "allow-changed", 0, false, O_ALLOW_CHANGED }, { "vocab", 0, true, O_VOCAB },
-	{ "accum", 0, true, O_ACCUM },
+	{ "accum", 0, true, O_ACCUM },		   { "memory", 0, true, O_MEMORY },
 	{ NULL, 0, false, 0 },
 };
 
@@ -264,6 +274,22 @@ static int parse(int argc, char **argv, train_args *a)
 		case O_BATCH: ok = parse_u("--batch", v, 1, 1 << 16, &u), a->o.batch = (int)u; break;
 		case O_TIME: ok = parse_u("--time", v, 1, 1 << 20, &u), a->o.time = (int)u; break;
 		case O_ACCUM: ok = parse_u("--accum", v, 1, DG_TRAIN_MAX_ACCUM, &u), a->o.accum = (int)u; break;
+		case O_MEMORY: {
+			/* the GPU's model reads it as DRAGON_MEMORY, the CPU's as
+			 * DRAGON_CPU_MEMORY (data parallel: every rank's, the
+			 * launcher's children inheriting both) */
+			size_t bytes = 0;
+			char num[32];
+			if (dg__parse_size(v, &bytes))
+				return dg__cli_err(DG__CLI_USAGE, DG_ERR_INVALID_ARG,
+						   "--memory %s: not a size (bytes, or a number with K, M, G or T: 4G, "
+						   "3.5GiB)",
+						   v);
+			snprintf(num, sizeof(num), "%zu", bytes);
+			setenv("DRAGON_MEMORY", v, 1);
+			setenv("DRAGON_CPU_MEMORY", num, 1);
+			break;
+		}
 		case O_SEED: ok = parse_u("--seed", v, 0, UINT64_MAX, &a->o.seed); break;
 		case O_EVAL_EVERY: ok = parse_u("--eval-every", v, 0, 1ull << 40, &u), a->o.eval_every = (int64_t)u; break;
 		case O_EVAL_BATCHES: ok = parse_u("--eval-batches", v, 1, 1 << 20, &u), a->o.eval_batches = (int)u; break;
@@ -577,8 +603,12 @@ int dg__cli_cmd_train(int argc, char **argv)
 	const long long done = (long long)(run_at.step - run_at.first), total = (long long)a.o.opt.steps;
 	if (dev && run_at.recompute && (world.world <= 1 || d.rank == 0))
 		/* a plan that had to trade time for memory says so */
-		fprintf(stderr, "dragon: the step saves no projection outputs (not enough device memory, or "
-				"DRAGON_RECOMPUTE=1): its backward makes them again, two projections a layer\n");
+		fprintf(stderr, "dragon: the step saves no projection outputs (not enough device memory, "
+				"--memory, or DRAGON_RECOMPUTE=1): its backward makes them again, two projections "
+				"a layer\n");
+	else if (dev && run_at.recompute_ys && (world.world <= 1 || d.rank == 0))
+		fprintf(stderr, "dragon: the step saves no encoder_v output (not enough device memory, --memory, "
+				"or DRAGON_RECOMPUTE=ys): its backward makes it again, a projection a layer\n");
 	if (st && run_at.resume_refused) {
 		code = dg__cli_err(DG__CLI_USAGE, st, "%s%s", who, msg);
 	} else if (st == DG_ERR_INTERRUPTED) {
@@ -628,6 +658,7 @@ int dg__cli_cmd_train(int argc, char **argv)
 				cJSON_AddBoolToObject(pl, "keep_qr", run_at.keep_qr);
 				cJSON_AddBoolToObject(pl, "stack_pgrads", run_at.stack_pgrads);
 				cJSON_AddBoolToObject(pl, "recompute", run_at.recompute);
+				cJSON_AddBoolToObject(pl, "recompute_ys", run_at.recompute_ys);
 				cJSON_AddNumberToObject(pl, "attn_chunk", run_at.attn_chunk);
 			}
 		}

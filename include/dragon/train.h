@@ -151,11 +151,16 @@ typedef struct dg_train_result {
 	 * encoders' weight gradients as one GEMM over every layer's rows;
 	 * recompute, the projections' outputs made again by the backward
 	 * rather than saved (taken only when the plan that saves them does
-	 * not fit) */
+	 * not fit); recompute_ys (below) */
 	bool keep_qr, stack_pgrads, recompute;
 	/* The attention's form (the GPU): 0 the quadratic one, else the
 	 * chunked one's chunk C (rows of T a state covers) */
 	int attn_chunk;
+	/* The GPU: the encoder_v's output alone made again by the backward
+	 * (taken where the plan that saves both projections' outputs does
+	 * not fit, or DRAGON_MEMORY's budget, and the one that saves xs does;
+	 * DRAGON_RECOMPUTE=ys) */
+	bool recompute_ys;
 } dg_train_result;
 
 /* The most micro-batches a step (dg_train_opts.accum). */

@@ -247,14 +247,15 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	id->x_final = x_final;
 	node(t, DG__N_EMBED, -1, id->params[DG_PARAM_EMBED], id->tokens, -1, -1, emb, -1, 0);
 	node(t, DG__N_LN, -1, emb, -1, -1, -1, x[0], x0_rstd, 0);
-	/* recompute: xs and ys live through their layer's forward only */
-	const bool rec = tg && tg->recompute;
+	/* recompute: xs and ys live through their layer's forward only;
+	 * recompute_ys: ys alone */
+	const bool rec = tg && tg->recompute, rec_ys = rec || (tg && tg->recompute_ys);
 	/* the GPU's saved scores: (B,H,T,T), or the chunks' (B,H,T,C) */
 	const int64_t sc_cols = gpu && tg->attn_chunk > 0 ? tg->attn_chunk : T;
-	const dg__bucket sparse = rec ? DG__B_TEMP : DG__B_SAVED;
+	const dg__bucket xs_bucket = rec ? DG__B_TEMP : DG__B_SAVED, ys_bucket = rec_ys ? DG__B_TEMP : DG__B_SAVED;
 	for (int l = 0; l < Ly; l++) {
 		snprintf(nm, sizeof(nm), "xs.%d", l);
-		xsl[l] = abuf(t, act, nm, sparse, 4, B, H, T, N);
+		xsl[l] = abuf(t, act, nm, xs_bucket, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "attn.saved.%d", l);
 		/* what the attention's backward reads: the CPU's RoPE'd
 		 * queries, the GPU's scores */
@@ -270,7 +271,7 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		snprintf(nm, sizeof(nm), "a.rstd.%d", l);
 		arl[l] = buf(t, nm, DG__B_SAVED, 1, B * H * T, 0, 0, 0);
 		snprintf(nm, sizeof(nm), "ys.%d", l);
-		ysl[l] = abuf(t, act, nm, sparse, 4, B, H, T, N);
+		ysl[l] = abuf(t, act, nm, ys_bucket, 4, B, H, T, N);
 		snprintf(nm, sizeof(nm), "xy.%d", l);
 		/* a low-bit recipe keeps xy's codes, not xy */
 		xyl[l] = lowbit ? abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N)
@@ -347,14 +348,17 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		int dxn = buf(t, "dx", DG__B_TEMP, 4, B, 1, T, D);
 
 		/* recompute: the layer's xs and ys again, as its forward made
-		 * them (the same projections of the same saved inputs) */
+		 * them (the same projections of the same saved inputs);
+		 * recompute_ys: ys alone */
 		int xs = xsl[l], ys = ysl[l];
 		if (rec) {
 			snprintf(nm, sizeof(nm), "xs.again.%d", l);
 			xs = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
+			proj(t, id, l, lowbit ? xql[l] : x[l], DG_PROJ_ENCODER, xs);
+		}
+		if (rec_ys) {
 			snprintf(nm, sizeof(nm), "ys.again.%d", l);
 			ys = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
-			proj(t, id, l, lowbit ? xql[l] : x[l], DG_PROJ_ENCODER, xs);
 			proj(t, id, l, lowbit ? aql[l] : al[l], DG_PROJ_ENCODER_V, ys);
 		}
 		node(t, DG__N_LN_BWD, l, dx, x[l + 1], orl[l], -1, ds, -1, 0);   /* d(x + y) */

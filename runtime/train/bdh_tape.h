@@ -85,6 +85,12 @@ typedef struct dg__bdh_target {
 	 * fewer saved, two projections a layer more (gpu_model.c: where the
 	 * plan would not fit otherwise; DRAGON_RECOMPUTE) */
 	bool recompute;
+	/* either target, where recompute is not set: ys alone not saved and
+	 * made again by its layer's backward (one projection a layer more,
+	 * B·H·T·N act bytes a layer fewer saved); xs, which the attention's
+	 * backward reads too, saved. The middle rung between saving both
+	 * and recompute (gpu_model.c build_fit; DRAGON_RECOMPUTE=ys) */
+	bool recompute_ys;
 	/* the GPU's low-bit recipes whose decoder input has a scale a token:
 	 * the gate and that quantizer one node (GATE_Q, gate_quant), so the
 	 * product xy is never in memory */

@@ -343,12 +343,14 @@ static const char *cpu_recipe(const dg_model_config *c, bool *lowbit)
 }
 
 /* The CPU model's tape target: f32 throughout, the recipe's fake-quantized
- * codes (lowbit), and recompute only when DRAGON_RECOMPUTE=1 (memory is
- * no constraint here; the switch lets the tests compare both forms). */
+ * codes (lowbit), and recompute only when DRAGON_RECOMPUTE asks for it,
+ * 1 (xs and ys) or ys (memory is no constraint here; the switch lets the
+ * tests compare the forms). */
 static dg__bdh_target cpu_target(bool lowbit)
 {
+	const dg__rec_mode rec = dg__recompute_env();
 	return (dg__bdh_target){ .gpu = false, .act = DG_FMT_F32, .lowbit = lowbit,
-				 .recompute = dg__env_switch("DRAGON_RECOMPUTE") == 1 };
+				 .recompute = rec == DG__REC_ALL, .recompute_ys = rec == DG__REC_YS };
 }
 
 /* Execution copy w of projection k (f32, the kernels' layout) replaced

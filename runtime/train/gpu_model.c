@@ -293,12 +293,14 @@ void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, d
 	*upload_s = m ? m->upload_s : 0;
 }
 
-void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute, int *attn_chunk)
+void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute, bool *recompute_ys,
+		       int *attn_chunk)
 {
 	*attn_chunk = m ? m->attn_chunk : 0;
 	*keep_qr = m && m->keep_qr;
 	*stack_pgrads = m && m->stack_pgrads;
 	*recompute = m && m->recompute;
+	*recompute_ys = m && m->recompute_ys;
 }
 
 /* The same ahead of the model, on a thread of its own (a trainer's while
@@ -450,6 +452,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
 			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1,
 			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads, .recompute = m->recompute,
+			      .recompute_ys = m->recompute_ys,
 			      .attn_chunk = m->attn_chunk,
 			      /* DRAGON_GATE_QUANT=0: the gate and the quantizer apart */
 			      .gate_quant = m->lowbit && dg__env_switch("DRAGON_GATE_QUANT") != 0 };
@@ -582,36 +585,38 @@ static bool pgrads_stackable(const dg_model *m, int b, int t)
 }
 
 /* build with the memory-for-time choices that fit the device's free
- * memory: keep_qr (RoPE(xs) kept for the attention's backward: no RoPE
- * pass there, B·H·T·N act bytes a layer more; 1.1 ms of RoPE passes a
- * step fewer at 25M, B 8, T 512 on the H200, for 1.6 GB) and
- * stack_pgrads (pgrads_stackable: 2·(L-1)·B·H·T·N act bytes more). The
- * step's numbers are the same bits with or without keep_qr (the backward
- * would make the same qr again); stack_pgrads sums each encoder's weight
- * gradient over the layers inside one GEMM, in another order than the
- * layer-at-a-time f32 adds. The plan without either is made first; where
- * it does not fit, the one that recomputes xs and ys instead of saving
- * them (recompute: time for memory, the same bits) becomes the base (a
- * step that fits neither way is refused by create, naming that plan's
- * arenas); then, while the base's total and the extra bytes fit: both,
- * keep_qr alone, stack_pgrads alone — the first whose plan fits is kept
- * (an arena can come out larger than the sum). */
+ * memory (or DRAGON_MEMORY's budget, when less): keep_qr (RoPE(xs) kept
+ * for the attention's backward: no RoPE pass there, B·H·T·N act bytes a
+ * layer more; 1.1 ms of RoPE passes a step fewer at 25M, B 8, T 512 on
+ * the H200, for 1.6 GB) and stack_pgrads (pgrads_stackable: 2·(L-1)·B·H·
+ * T·N act bytes more). The step's numbers are the same bits with or
+ * without keep_qr (the backward would make the same qr again);
+ * stack_pgrads sums each encoder's weight gradient over the layers inside
+ * one GEMM, in another order than the layer-at-a-time f32 adds. The plan
+ * that saves xs and ys is made first; where it does not fit, the one that
+ * recomputes ys alone (recompute_ys: one projection a layer more, B·H·T·N
+ * act bytes a layer fewer), then the one that recomputes both (recompute:
+ * two projections a layer) — time for memory, the same bits — becomes the
+ * base (a step that fits no way is refused by create, naming the last
+ * plan's arenas); then, while the base's total and the extra bytes fit:
+ * both, keep_qr alone, stack_pgrads alone — the first whose plan fits is
+ * kept (an arena can come out larger than the sum). */
 static dg_status build_fit(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum)
 {
 	m->keep_qr = false;
 	m->stack_pgrads = false;
-	/* recompute (dg__bdh_target): DRAGON_RECOMPUTE=1 always, =0 never,
-	 * else only where the plan that saves xs and ys does not fit the
-	 * device's free memory (a step that does not fit either way is then
-	 * refused by create, naming the recomputing plan's arenas) */
-	const int rec_env = dg__env_switch("DRAGON_RECOMPUTE");
-	m->recompute = rec_env == 1 && !m->decode;
+	/* DRAGON_RECOMPUTE (dg__recompute_env): 1 or all: xs and ys always,
+	 * ys: ys alone always, 0: never; else by the memory */
+	const dg__rec_mode rec_env = m->decode ? DG__REC_NONE : dg__recompute_env();
+	m->recompute = rec_env == DG__REC_ALL;
+	m->recompute_ys = rec_env == DG__REC_YS;
 	dg_status st = build(m, dev, c, b, t, accum, 0, NULL, NULL);
 	if (st)
 		return st;
-	if (rec_env < 0 && !m->decode && !room_for(m, 0)) {
+	for (int rung = 0; rec_env == DG__REC_AUTO && rung < 2 && !room_for(m, 0); rung++) {
 		unbuild(m);
-		m->recompute = true;
+		m->recompute_ys = rung == 0;
+		m->recompute = rung == 1;
 		if ((st = build(m, dev, c, b, t, accum, 0, NULL, NULL)))
 			return st;
 	}
@@ -649,7 +654,11 @@ dg_status dg_model_plan(dg_device *dev, const dg_model_config *c, int b, int t, 
 			   : DG_ERR_INVALID_ARG;
 	dg_model m;
 	memset(&m, 0, sizeof(m));
-	dg_status st = build_fit(&m, dev, c, b, t, 1);
+	char why[200];
+	dg_status st = dg__memory_budget(&m.budget, why, sizeof(why));
+	if (st)
+		return dg__dev_fail(dev, st, "%s", why);
+	st = build_fit(&m, dev, c, b, t, 1);
 	if (!st)
 		dg__tape_report(&m.t, out);
 	unbuild(&m);
@@ -872,10 +881,20 @@ dg_status dg_model_set_weights(dg_model *m, const dg_model_weights *w)
 	return upload_rope(m);
 }
 
+/* AdamW's two moments of every parameter (gpu_train.c allocates them
+ * beside the plan's arenas when the model trains). */
+static size_t moment_bytes(const dg_model *m)
+{
+	return m->decode ? 0 : 2 * m->t.arena[DG__B_PARAMS];
+}
+
 /* Whether a plan of `total` bytes fits the device's free memory (a device
- * that cannot say: yes). */
+ * that cannot say: yes) and DRAGON_MEMORY's budget (m->budget, the
+ * moments counted in it). */
 static bool room_total(dg_model *m, size_t total)
 {
+	if (m->budget && total + moment_bytes(m) > m->budget)
+		return false;
 	size_t free_b = 0, total_b = 0;
 	return dg_device_mem_info(m->dev, &free_b, &total_b) || total <= free_b;
 }
@@ -898,11 +917,19 @@ static dg_status fits(dg_model *m, int accum)
 	dg_model_memory mm;
 	dg__tape_report(&m->t, &mm);
 	size_t free_b = 0, total_b = 0;
-	(void)dg_device_mem_info(m->dev, &free_b, &total_b);
+	const bool known = !dg_device_mem_info(m->dev, &free_b, &total_b);
 	const double g = 1.0 / (1 << 30);
 	char acc[48] = "";
 	if (accum > 1)
 		snprintf(acc, sizeof(acc), " (accum %d)", accum);
+	if (m->budget && mm.total + moment_bytes(m) > m->budget && (!known || mm.total <= free_b))
+		return dg__dev_fail(m->dev, DG_ERR_NOMEM,
+				    "batch %dx%d%s: the model needs %.2f GiB (masters %.2f, copies %.2f, gradients "
+				    "%.2f, activations %.2f) and AdamW's moments %.2f, more than DRAGON_MEMORY=%s "
+				    "(%.2f GiB) even recomputing its projections; raise it, or take a smaller "
+				    "--batch (--accum K keeps the batch), --time or shape",
+				    m->B, m->T, acc, mm.total * g, mm.params * g, mm.lowbit * g, mm.grads * g,
+				    mm.activations * g, moment_bytes(m) * g, getenv("DRAGON_MEMORY"), m->budget * g);
 	return dg__dev_fail(m->dev, DG_ERR_NOMEM,
 			    "batch %dx%d%s: the model needs %.2f GiB (masters %.2f, copies %.2f, gradients %.2f, "
 			    "activations %.2f), more than the device's %.2f GiB free (of %.2f); take a smaller "
@@ -991,7 +1018,14 @@ static dg_status create(dg_device *dev, const dg_model_config *c, const dg_model
 	m->warm = warmed;
 	m->shares = share;
 	const double t0 = mono_s();
-	dg_status st = decode ? decode_alloc(m, dev, c, b) : DG_OK;
+	char why[200];
+	dg_status st = dg__memory_budget(&m->budget, why, sizeof(why));
+	if (st) {
+		free(m);
+		return dg__dev_fail(dev, st, "%s", why);
+	}
+	if (decode)
+		st = decode_alloc(m, dev, c, b);
 	if (!st)
 		st = build_fit(m, dev, c, b, t, accum);
 	if (!st)

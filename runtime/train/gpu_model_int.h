@@ -40,6 +40,12 @@ struct dg_model {
 	bool recompute;             /* xs and ys made again by the backward, not
 				     * saved (dg__bdh_target): where the plan
 				     * would not fit otherwise */
+	bool recompute_ys;          /* ys alone made again (dg__bdh_target):
+				     * where saving both would not fit, saving
+				     * xs does */
+	size_t budget;              /* DRAGON_MEMORY's bytes (0: none): the
+				     * plans fit under it as under the
+				     * device's free memory */
 	int attn_chunk;             /* the attention's chunked form, its chunk C
 				     * (gpu_model.c attn_chunk_for), or 0: the
 				     * quadratic form */

@@ -11,6 +11,7 @@
 
 #include "base/msg.h"
 #include "base/pool.h"
+#include "base/size.h"
 #include "dragon/model.h"
 #include "dragon/rng.h"
 #include "runtime/store/safetensors.h"
@@ -207,6 +208,31 @@ int dg__env_switch(const char *name)
 	if (e && strcmp(e, "1") == 0)
 		return 1;
 	return e && strcmp(e, "0") == 0 ? 0 : -1;
+}
+
+dg_status dg__memory_budget(size_t *bytes, char *why, size_t why_size)
+{
+	*bytes = 0;
+	const char *e = getenv("DRAGON_MEMORY");
+	if (!e || !*e)
+		return DG_OK;
+	if (dg__parse_size(e, bytes) == DG_OK)
+		return DG_OK;
+	*bytes = 0;
+	return dg__msgf(DG_ERR_INVALID_ARG, why, why_size,
+			"DRAGON_MEMORY=%s: not a size (bytes, or a number with K, M, G or T: 4G, 3.5GiB)", e);
+}
+
+dg__rec_mode dg__recompute_env(void)
+{
+	const char *e = getenv("DRAGON_RECOMPUTE");
+	if (!e)
+		return DG__REC_AUTO;
+	if (strcmp(e, "0") == 0)
+		return DG__REC_NONE;
+	if (strcmp(e, "ys") == 0)
+		return DG__REC_YS;
+	return strcmp(e, "1") == 0 || strcmp(e, "all") == 0 ? DG__REC_ALL : DG__REC_AUTO;
 }
 
 /* ---- the initial weights: normal(0, 0.02), on every core ----------------

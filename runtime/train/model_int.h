@@ -31,6 +31,19 @@ const char *dg__cpu_recipe(const dg_model_config *c, bool *lowbit);
  * DRAGON_KEEP_QR, DRAGON_STACK_PGRADS, DRAGON_RECOMPUTE): 1 when it is
  * "1", 0 when "0", else -1 (unset or anything else: the model decides). */
 int dg__env_switch(const char *name);
+/* DRAGON_RECOMPUTE: what the step's backward makes again instead of
+ * saving (dg__bdh_target): DG__REC_NONE for "0", DG__REC_YS for "ys" (the
+ * encoder_v's output alone), DG__REC_ALL for "1" or "all" (xs and ys),
+ * else DG__REC_AUTO (unset or anything else: the model decides by the
+ * memory it has). */
+typedef enum dg__rec_mode { DG__REC_AUTO = -1, DG__REC_NONE, DG__REC_YS, DG__REC_ALL } dg__rec_mode;
+dg__rec_mode dg__recompute_env(void);
+/* DRAGON_MEMORY: the device memory a model's plan may take, AdamW's
+ * moments included — bytes, or a number with K, M, G or T (powers of
+ * 1024; "GiB", "GB" and "G" alike), e.g. 4G or 3.5GiB: *bytes, 0 when
+ * unset or empty. DG_ERR_INVALID_ARG with why naming the variable and
+ * what it holds when it is not a positive size. */
+dg_status dg__memory_budget(size_t *bytes, char *why, size_t why_size);
 /* The CPU model's execution copies of w's projections into exec[k] (f32,
  * H·N·D each): the encoders (H, N, D), the decoder (D, H·N), each
  * replaced by its recipe's dequantized codes when lowbit. */
@@ -60,7 +73,8 @@ void dg__gm_create_times(const dg_model *m, double *compile_s, double *plan_s, d
 
 /* The plan's memory-for-time choices (dg_train_result's; all false for a
  * NULL model). */
-void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute, int *attn_chunk);
+void dg__gm_plan_modes(const dg_model *m, bool *keep_qr, bool *stack_pgrads, bool *recompute, bool *recompute_ys,
+		       int *attn_chunk);
 
 /* Decoding from a state on the GPU (gpu_decode.c): a model of w for b
  * rows of one token, each layer's attention state (L·b·H·N·D f32) on the

@@ -694,7 +694,7 @@ dg_status dg_train_run(const dg_train_opts *o, const dg_corpus *c, dg_train_prog
 					    &o->result->model_alloc_s, &o->result->model_upload_s);
 			o->result->model_compile_s += waited;
 			dg__gm_plan_modes(sp.m, &o->result->keep_qr, &o->result->stack_pgrads,
-					  &o->result->recompute, &o->result->attn_chunk);
+					  &o->result->recompute, &o->result->recompute_ys, &o->result->attn_chunk);
 		}
 		dg_device_stats ds;
 		if (o->dev && !dg_device_stats_get(o->dev, &ds)) {
