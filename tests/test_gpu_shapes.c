@@ -199,3 +199,38 @@ Test(gpu_shapes, a_step_past_free_memory_is_refused_with_its_bytes, .timeout = 1
 	dg_model_weights_destroy(w);
 	gh_close(dev);
 }
+
+/* A context the quadratic attention cannot hold and the chunked form
+ * cannot serve (T not a multiple of 64; neurons not a multiple of 8): the
+ * 25M model at T 65537 (B 1), and N 8196 at T 65536, are refused before
+ * anything is allocated, by the memory they would need, naming the
+ * attention's scores and what the chunked form needs (not, as once, as a
+ * workspace that seemed to overlap a buffer while the step was sized). */
+Test(gpu_shapes, a_long_context_the_chunked_form_cannot_serve_is_refused_by_name, .timeout = 600)
+{
+	dg_device *dev = gh_open();
+	static const struct {
+		int neurons, T;
+		const char *want;
+	} cases[] = { { 8192, 65537, "T a multiple of 64" }, { 8196, 65536, "neurons a multiple of 8" } };
+	for (int i = 0; i < 2; i++) {
+		char msg[1024];
+		dg_model_config c;
+		cr_assert_eq(dg_model_preset("w8a8", &c, msg, sizeof(msg)), DG_OK, "%s", msg);
+		c.neurons = cases[i].neurons;
+		dg_model_weights *w = NULL;
+		cr_assert_eq(dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)), DG_OK, "%s", msg);
+		size_t free0 = 0, free1 = 0, total = 0;
+		cr_assert_eq(dg_device_mem_info(dev, &free0, &total), DG_OK);
+		dg_model *m = NULL;
+		cr_assert_eq(dg_model_create(dev, w, 1, cases[i].T, &m), DG_ERR_NOMEM, "N %d T %d: %s", cases[i].neurons,
+			     cases[i].T, dg_device_errmsg(dev));
+		const char *e = dg_device_errmsg(dev);
+		printf("gpu_shapes N %d T %d: %s\n", cases[i].neurons, cases[i].T, e);
+		cr_expect(strstr(e, "scores of its quadratic form") && strstr(e, cases[i].want), "%s", e);
+		cr_assert_eq(dg_device_mem_info(dev, &free1, &total), DG_OK);
+		cr_expect(free1 + (64u << 20) >= free0, "the refusal left %zu bytes allocated", free0 - free1);
+		dg_model_weights_destroy(w);
+	}
+	gh_close(dev);
+}

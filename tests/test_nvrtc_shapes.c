@@ -249,6 +249,60 @@ Test(nvrtc_shapes, a_sweep_of_odd_shapes_plans)
 	dg_codegen_destroy(w.cg);
 }
 
+/* Shapes drawn at random over the whole range the config takes (layers
+ * 1-64, D a multiple of 64 up to 4096, H 1-64, N a multiple of 4, 16 or
+ * 64 with H·N up to 2^20 (bitnet: of 16), vocab 2-65536, B 1-8, T 1 to
+ * 70000) and every preset: each step lists its specs and every spec plans,
+ * nothing refused. What it found: the f32 recipe's gradient GEMMs took a
+ * K step of 8 that N 1004 does not divide; the chunked attention was
+ * taken at N not a multiple of 8, which its kernels refuse; and past
+ * 64 GiB a buffer (the quadratic attention's scores at a T the chunked
+ * form cannot serve) the sizing pass's placeholders overlapped and the
+ * step was refused as aliasing (runtime/train/gpu_nodes.c dg__gm_addr). */
+static uint64_t draw(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
+Test(nvrtc_shapes, random_shapes_in_range_plan)
+{
+	static const char *const presets[] = { "w8a8", "bf16", "bitnet", "f32" };
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+	sweep w = { .failures = 0 };
+	cr_assert_eq(dg_codegen_create(&w.cg, NULL), DG_OK);
+	char name[200], msg[1024];
+	const int n = getenv("DRAGON_TEST_QUICK") ? 300 : 1500;
+	for (int i = 0; i < n; i++) {
+		const char *pr = presets[draw(&x) % 4];
+		const bool bitnet = strcmp(pr, "bitnet") == 0;
+		const int D = 64 * (int)(1 + draw(&x) % 64), H = (int)(1 + draw(&x) % 64);
+		const int most = (1 << 20) / H < 65536 ? (1 << 20) / H : 65536;
+		const int unit = bitnet ? 16 : (int[]){ 4, 16, 64 }[draw(&x) % 3];
+		const int N = unit * (int)(1 + draw(&x) % (uint64_t)(most / unit));
+		const int V = (int)(2 + draw(&x) % 65535), B = (int)(1 + draw(&x) % 8);
+		const int T = (int)(1 + draw(&x) % (draw(&x) % 2 ? 4096 : 70000));
+		dg_model_config c = shape(pr, D, H, N, V);
+		c.layers = (int)(1 + draw(&x) % 64);
+		snprintf(name, sizeof(name), "%s L %d D %d H %d N %d V %d B %d T %d", pr, c.layers, D, H, N, V, B, T);
+		w.shape = name;
+		cr_expect_eq(dg__gm_step_specs(&c, B, T, 90, NULL, NULL, plan_only, &w, msg, sizeof(msg)), DG_OK, "%s: %s",
+			     name, msg);
+	}
+	cr_expect_eq(w.failures, 0, "%d specs of the random shapes did not plan (above)", w.failures);
+	dg_codegen_destroy(w.cg);
+}
+
+/* The f32 recipe at N 1004 (not a multiple of 8): its gradient GEMMs'
+ * fp32 tiles take a K step of 4 (runtime/train/gpu_nodes.c exact_tile),
+ * and every kernel of the step compiles. */
+Test(nvrtc_shapes, f32_neurons_not_a_multiple_of_8, .timeout = 1200)
+{
+	step_compiles("f32", 64, 3, 1004, 256, 2, 32);
+}
+
 Test(nvrtc_shapes, odd_small_bf16, .timeout = 1200)
 {
 	step_compiles("bf16", 64, 3, 96, 300, 2, 32);

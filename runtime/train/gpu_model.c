@@ -379,10 +379,13 @@ static int attn_chunk_for(const dg_model *m, int t)
 	if (e && *e) {
 		char *end;
 		long c = strtol(e, &end, 10);
-		if (*end || c < 0 || (c && (c % 64 || c > 4096 || t % c)))
+		if (*end || c < 0 || (c && (c % 64 || c > 4096 || t % c || m->N % 8)))
 			return -1;
 		return (int)c;
 	}
+	/* the chunked kernels read RoPE(xs) by rows of whole 16 bytes */
+	if (m->N % 8)
+		return 0;
 	/* the device's measured choice for the shape (a record of the tuning
 	 * DB, runtime/tunedb/form.h: bench/attention --record makes one) */
 	int c = 0;
@@ -397,6 +400,29 @@ static int attn_chunk_for(const dg_model *m, int t)
 		if (t % c == 0)
 			return c;
 	return 0;
+}
+
+/* The sizing pass's placeholder addresses (dg__gm_addr): every root
+ * buffer of the tape so far at its own bytes, laid end to end from
+ * FAKE_BASE in tape order (256-byte aligned, a 256-byte gap between), and
+ * the workspaces' placeholder past them all. */
+static dg_status fake_layout(dg_model *m)
+{
+	free(m->fake);
+	m->n_fake = m->t.n_bufs;
+	m->fake = malloc(((size_t)m->n_fake + 1) * sizeof(*m->fake));
+	if (!m->fake) {
+		m->n_fake = 0;
+		return DG_ERR_NOMEM;
+	}
+	dg_dptr at = FAKE_BASE;
+	for (int i = 0; i < m->n_fake; i++) {
+		m->fake[i] = at;
+		if (m->t.bufs[i].parent < 0)
+			at += ((dg_dptr)m->t.bufs[i].bytes + 255) / 256 * 256 + 256;
+	}
+	m->fake[m->n_fake] = at;
+	return DG_OK;
 }
 
 /* m's model of c at (b, t): the tape recorded, each node's ops prepared
@@ -434,8 +460,8 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	m->attn_chunk = attn_chunk_for(m, t);
 	if (m->attn_chunk < 0)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
-				    "DRAGON_ATTN_CHUNK=%s: the attention's chunk must be 0 (the quadratic form) or a multiple of 64 up to 4096 that divides T = %d",
-				    getenv("DRAGON_ATTN_CHUNK"), t);
+				    "DRAGON_ATTN_CHUNK=%s: the attention's chunk must be 0 (the quadratic form) or a multiple of 64 up to 4096 that divides T = %d (and the chunked form needs neurons a multiple of 8: %d)",
+				    getenv("DRAGON_ATTN_CHUNK"), t, m->N);
 	/* the chunked form does not keep RoPE(xs): with it, a step of two
 	 * layers or more gave a NaN gradient from its second step on (the
 	 * H200, 25M w8a8, T 1024 to 16384, chunks 128 to 512); without it,
@@ -475,6 +501,8 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 			return DG_OK;
 		warm_kernels(m, c, b, t);
 	}
+	if (fake_layout(m))
+		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	m->sizing = true;
 	int n_nodes = m->t.n_nodes;
 	m->ex = calloc((size_t)n_nodes, sizeof(*m->ex));
@@ -537,6 +565,9 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	if (st)
 		return st;
 	m->sizing = false;
+	free(m->fake);
+	m->fake = NULL;
+	m->n_fake = 0;
 	st = dg__tape_plan(&m->t);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's arena plan: %s", dg_status_str(st));
@@ -546,6 +577,9 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 /* What build made: the nodes' prepared slots and the tape. */
 static void unbuild(dg_model *m)
 {
+	free(m->fake);
+	m->fake = NULL;
+	m->n_fake = 0;
 	for (int n = 0; m->ex && n < m->t.n_nodes; n++)
 		dg__exec_free(&m->ex[n]);
 	free(m->ex);
@@ -922,20 +956,35 @@ static dg_status fits(dg_model *m, int accum)
 	char acc[48] = "";
 	if (accum > 1)
 		snprintf(acc, sizeof(acc), " (accum %d)", accum);
+	/* where the quadratic attention's saved scores (B·H·T² act a layer)
+	 * are the most of it at a long T: why not the chunked form */
+	char why[320] = "";
+	const size_t scores = (size_t)m->c.layers * (size_t)m->B * (size_t)m->H * (size_t)m->T * (size_t)m->T *
+			      dg_fmt_row_bytes(m->act, 1);
+	if (!m->attn_chunk && !m->decode && m->T >= ATTN_CHUNK_FROM && 2 * scores > mm.total)
+		snprintf(why, sizeof(why),
+			 "; %.2f GiB of it the attention's (B,H,T,T) scores of its quadratic form: %s, so take %s",
+			 scores * g,
+			 m->act != DG_FMT_BF16 || m->sm != 90 ? "the chunked form runs bf16 activations on sm_90"
+			 : m->N % 8			    ? "the chunked form needs neurons a multiple of 8"
+							    : "the chunked form needs T a multiple of 64",
+			 m->act != DG_FMT_BF16 || m->sm != 90 ? "the bf16 or a low-bit preset on an sm_90 GPU"
+			 : m->N % 8			    ? "such neurons"
+							    : "such a --time");
 	if (m->budget && mm.total + moment_bytes(m) > m->budget && (!known || mm.total <= free_b))
 		return dg__dev_fail(m->dev, DG_ERR_NOMEM,
 				    "batch %dx%d%s: the model needs %.2f GiB (masters %.2f, copies %.2f, gradients "
 				    "%.2f, activations %.2f) and AdamW's moments %.2f, more than DRAGON_MEMORY=%s "
-				    "(%.2f GiB) even recomputing its projections; raise it, or take a smaller "
+				    "(%.2f GiB) even recomputing its projections%s; raise it, or take a smaller "
 				    "--batch (--accum K keeps the batch), --time or shape",
 				    m->B, m->T, acc, mm.total * g, mm.params * g, mm.lowbit * g, mm.grads * g,
-				    mm.activations * g, moment_bytes(m) * g, getenv("DRAGON_MEMORY"), m->budget * g);
+				    mm.activations * g, moment_bytes(m) * g, getenv("DRAGON_MEMORY"), m->budget * g, why);
 	return dg__dev_fail(m->dev, DG_ERR_NOMEM,
 			    "batch %dx%d%s: the model needs %.2f GiB (masters %.2f, copies %.2f, gradients %.2f, "
-			    "activations %.2f), more than the device's %.2f GiB free (of %.2f); take a smaller "
+			    "activations %.2f), more than the device's %.2f GiB free (of %.2f)%s; take a smaller "
 			    "--batch (--accum K keeps the batch), --time or shape",
 			    m->B, m->T, acc, mm.total * g, mm.params * g, mm.lowbit * g, mm.grads * g,
-			    mm.activations * g, free_b * g, total_b * g);
+			    mm.activations * g, free_b * g, total_b * g, why);
 }
 
 dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t, dg_model **out)
@@ -1416,6 +1465,7 @@ dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm, cons
 	else if (st && msg && msg_size && !msg[0])
 		dg__msgf(st, msg, msg_size, "the step's specs at this shape: %s", dg_status_str(st));
 	free(m->ex);
+	free(m->fake);
 	dg__tape_free(&m->t);
 	free(m);
 	return st;

@@ -58,6 +58,11 @@ struct dg_model {
 	dg__bdh_ids id;
 	int qw_ws;                  /* quantize_weight's workspace (a per-tensor scale), or -1 */
 	bool sizing;                /* build: buffers at placeholder addresses */
+	dg_dptr *fake;              /* sizing: each root buffer's placeholder
+				     * address, [n_fake] the workspaces': the
+				     * buffers laid end to end, none sharing a
+				     * byte, whatever their sizes */
+	int n_fake;
 	dg_dptr base[DG__B__COUNT]; /* arena bases (FAKE_BASE while sizing) */
 	dg_dptr alloc[DG__B__COUNT];
 	dg_dptr step_at;            /* 0, or the dropout's step on the device (a

@@ -16,11 +16,17 @@
 
 /* A buffer's device address; while sizing (nothing planned), a distinct
  * placeholder a buffer, so the ops' aliasing checks see what the plan will
- * give (distinct buffers, views inside their parents). */
+ * give (distinct buffers, views inside their parents): the root buffers
+ * laid end to end (gpu_model.c fake_layout), so no two share a byte at any
+ * size (a fixed stride a buffer once made a workspace past it, the
+ * quadratic attention's scores at a long T, seem to overlap the next
+ * buffer, and refused the shape as aliasing instead of by its memory). */
 dg_dptr dg__gm_addr(const dg_model *m, int id)
 {
-	if (m->sizing)
-		return FAKE_BASE + ((dg_dptr)dg__tape_root(&m->t, id) << 36) + dg__tape_offset(&m->t, id);
+	if (m->sizing) {
+		const int root = dg__tape_root(&m->t, id);
+		return (root < m->n_fake ? m->fake[root] : FAKE_BASE) + dg__tape_offset(&m->t, id);
+	}
 	return m->base[dg__tape_arena_of(&m->t, id)] + dg__tape_offset(&m->t, id);
 }
 
@@ -54,7 +60,7 @@ static dg_workspace ws_of(const dg_model *m, const dg__tnode *nd)
 {
 	dg_workspace w = { 0, 0 };
 	if (m->sizing && nd->ws < 0) {
-		w.ptr = FAKE_BASE + ((dg_dptr)0xff << 36);
+		w.ptr = m->fake ? m->fake[m->n_fake] : FAKE_BASE;
 		return w;
 	}
 	if (nd->ws >= 0) {
@@ -125,14 +131,17 @@ static void set_recipe(const dg_model *m, dg_spec *s, dg_proj which)
 
 /* The f32 recipe is the parity one: its gradient GEMMs take the fp32
  * SIMT path (a K step of 8, which the bf16 tensor cores do not take), not
- * the default tensor-core tiles, which round the f32 gradient to bf16. */
+ * the default tensor-core tiles, which round the f32 gradient to bf16. A
+ * K step divides the GEMMs' compile-time reductions (the neurons a head,
+ * the embd): 4 where either is not a multiple of 8 (N 1004, say). */
 static void exact_tile(const dg_model *m, dg_spec *s)
 {
 	if (m->act != DG_FMT_F32)
 		return;
 	if (s->op == DG_OP_LOWRANK_GRAD_INPUT || s->op == DG_OP_LOWRANK_GRAD_WEIGHT ||
 	    s->op == DG_OP_DECODER_GRAD_INPUT || s->op == DG_OP_DECODER_GRAD_WEIGHT) {
-		dg_tile t = { .bm = 64, .bn = 64, .bk = 8, .wm = 2, .wn = 2, .stages = 2 };
+		const int bk = m->N % 8 || m->D % 8 ? 4 : 8;
+		dg_tile t = { .bm = 64, .bn = 64, .bk = bk, .wm = 2, .wn = 2, .stages = 2 };
 		s->tile = t;
 	}
 }
