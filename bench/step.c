@@ -19,8 +19,13 @@
  * gradients' norm, AdamW and the execution copies: dg_model_train_step)
  * replaying its captured graph and run eagerly: {impl, preset, mode
  * train_graph | train_eager, step_ms (the mean of --reps steps queued back
- * to back), graph_live; the graph row's update_ms: the step's tail alone —
- * the norm, AdamW on every master, the copies — dg_model_optim_time}.
+ * to back), graph_live, peak_bytes (the most device memory the model, its
+ * moments and its steps held at once: dragon train's, PyTorch's
+ * max_memory_allocated), plan (the memory-for-time choices, as dragon
+ * train --json's, and DRAGON_MEMORY's budget when set: memory); the graph
+ * row's update_ms: the step's tail alone — the norm, AdamW on every
+ * master, the copies — dg_model_optim_time}. The forward + backward rows
+ * carry plan too.
  *
  * dragon's rows: the median of --reps steps (dg_model_run, timed by
  * events), the peak device memory measured as the drop in free memory from
@@ -60,6 +65,7 @@
 #include "bench/step_rows.h"
 #include "dragon/dragon.h"
 #include "dragon/model.h"
+#include "runtime/gpu/gpu_int.h"
 #include "runtime/train/model_int.h"
 
 static int cmp_double(const void *a, const void *b)
@@ -118,6 +124,25 @@ static dg_status bench_config(const char *name, dg_model_config *c, char *msg, s
 }
 
 /* One preset: a row, or an error row naming why it did not run. */
+/* The model's memory-for-time choices (as dragon train --json's plan),
+ * and DRAGON_MEMORY's budget when one is set. */
+static cJSON *plan_json(const dg_model *m)
+{
+	bool kq = false, spg = false, rec = false, rys = false;
+	int chunk = 0;
+	dg__gm_plan_modes(m, &kq, &spg, &rec, &rys, &chunk);
+	cJSON *p = cJSON_CreateObject();
+	cJSON_AddBoolToObject(p, "keep_qr", kq);
+	cJSON_AddBoolToObject(p, "stack_pgrads", spg);
+	cJSON_AddBoolToObject(p, "recompute", rec);
+	cJSON_AddBoolToObject(p, "recompute_ys", rys);
+	cJSON_AddNumberToObject(p, "attn_chunk", chunk);
+	const char *budget = getenv("DRAGON_MEMORY");
+	if (budget && *budget)
+		cJSON_AddStringToObject(p, "memory", budget);
+	return p;
+}
+
 static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int warmup, int reps)
 {
 	char msg[512];
@@ -171,6 +196,7 @@ static cJSON *run_preset(dg_device *dev, const char *preset, int B, int T, int w
 		qsort(ms, (size_t)reps, sizeof(double), cmp_double);
 		r = row("dragon", preset, B, T, ms[reps / 2], (double)(free0 - lowest));
 		cJSON_AddNumberToObject(r, "plan_bytes", (double)plan.total);
+		cJSON_AddItemToObject(r, "plan", plan_json(m));
 		cJSON_AddNumberToObject(r, "min_ms", ms[0]);
 		/* where the time goes: each node alone, summed by kind */
 		dg_model_time tm[32];
@@ -215,6 +241,9 @@ static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int wa
 	if (bench_config(preset, &c, msg, sizeof(msg)) ||
 	    dg_model_weights_create(&c, 1, &w, msg, sizeof(msg)))
 		goto fail_msg;
+	/* the run's memory from here: the model, AdamW's moments, the step
+	 * (as dragon train's peak_bytes, PyTorch's max_memory_allocated) */
+	const size_t mem0 = dg__dev_mem_mark(dev);
 	if (dg_model_create(dev, w, B, T, &m) || dg_model_optim_init(m, &opt, NULL, NULL, graph, NULL))
 		goto fail_dev;
 	int32_t *idx = malloc((size_t)B * T * 4), *tgt = malloc((size_t)B * T * 4);
@@ -262,6 +291,9 @@ static cJSON *run_train(dg_device *dev, const char *preset, int B, int T, int wa
 	cJSON_AddNumberToObject(r, "T", T);
 	cJSON_AddNumberToObject(r, "step_ms", ms / reps);
 	cJSON_AddNumberToObject(r, "last_loss", loss);
+	const size_t high = dg__dev_mem_high(dev);
+	cJSON_AddNumberToObject(r, "peak_bytes", (double)(high > mem0 ? high - mem0 : 0));
+	cJSON_AddItemToObject(r, "plan", plan_json(m));
 	if (graph) /* the norm, AdamW on every master, the execution copies: alone */
 		cJSON_AddNumberToObject(r, "update_ms", tail_ms);
 	fprintf(stderr, "step: %s training step (%s): %.3f ms\n", preset, graph ? "graph" : "eager", ms / reps);
