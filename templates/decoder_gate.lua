@@ -60,7 +60,17 @@ as predicates it issues 260 M warp instructions, 62 an element (Philox-10
 is 10 of them), at 0.47 a cycle a scheduler: 16 warps an SM (128
 registers, 97 KiB a block) leave it latency- and issue-bound at 1.9 TB/s.
 Next: fewer instructions an element in the epilogue (its index and
-branch overhead), and more warps an SM.
+branch overhead), and more warps an SM. Then ys made here instead of read:
+where the step does not save ys (runtime/train/bdh_tape.c recompute_ys,
+taken under a memory budget: 1.6 GB fewer at 25M, B 8, T 512), a separate
+encoder_v projection makes it again before this kernel (a projection a
+layer, 0.25 ms on the H200 today). The tile's ys is the same (rows,
+columns) block of relu(aq · Ev[h]ᵀ · scales − thr): an int8 GEMM with
+K = D = 256 (wgmma m64nNk32 s8, whose int32 accumulators sit as dxy's f32
+ones do), staged as bf16 beside the dxy tile: about 70 us of tensor work
+a layer in place of a 268 MB read, under this kernel's memory time, so
+the budget's plan would cost nothing. (Two stages of ring, 65 KiB, keep
+two blocks an SM with the ys tile's 32 KiB.)
 
 Arithmetic: products and sums f32 (wgmma: grad rounded to bf16 first, w
 exact); g, g·ys and g·xs each rounded once (__fmul_rn), as gate_bwd; bf16
