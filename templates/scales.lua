@@ -40,10 +40,11 @@ function M.scale_kind(spec, fa, fw)
 end
 
 -- The C expression of the x row of output row m (an int expression) of
--- head h: m itself when the input is shared (Hin 1), else (b·H + h)·T + t.
+-- head h: m itself when the input is shared (Hin 1), else (b·H + h)·T + t,
+-- in 64 bits (B·H·T passes 2^31 where B·T does not: H 64, T 65536, B 513).
 function M.x_row(hin, m)
   if hin == 1 then return m end
-  return fmt("((%s) + ((%s) / T * (H - 1) + h) * T)", m, m)
+  return fmt("((long long)((%s) / T * H + h) * T + (%s) %% T)", m, m)
 end
 
 -- Lines before the element loops: the per-launch factors (sa_v, sw_v, and
