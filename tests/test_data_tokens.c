@@ -37,7 +37,7 @@ static char msg[1024];
 static void shard(const char *dir, const char *name, int n, int first, int magic, int version, int count)
 {
 	char path[700];
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	cr_assert_lt(snprintf(path, sizeof(path), "%s/%s", dir, name), (int)sizeof(path), "%s/%s: too long", dir, name);
 	FILE *f = fopen(path, "wb");
 	cr_assert_not_null(f, "%s", path);
 	int32_t h[256] = { 0 };
@@ -62,7 +62,7 @@ static void good_shard(const char *dir, const char *name, int n, int first)
 static void raw(const char *dir, const char *name, int n, int first, int odd)
 {
 	char path[700];
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	cr_assert_lt(snprintf(path, sizeof(path), "%s/%s", dir, name), (int)sizeof(path), "%s/%s: too long", dir, name);
 	FILE *f = fopen(path, "wb");
 	cr_assert_not_null(f, "%s", path);
 	for (int i = 0; i < n; i++) {
@@ -80,7 +80,7 @@ static void raw(const char *dir, const char *name, int n, int first, int odd)
 static void set_token(const char *dir, const char *name, long hdr, long i, unsigned v)
 {
 	char path[700];
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	cr_assert_lt(snprintf(path, sizeof(path), "%s/%s", dir, name), (int)sizeof(path), "%s/%s: too long", dir, name);
 	FILE *f = fopen(path, "r+b");
 	cr_assert_not_null(f, "%s", path);
 	cr_assert_eq(fseek(f, hdr + 2 * i, SEEK_SET), 0);
