@@ -63,7 +63,6 @@
  * Exit: 0 (rows with "error" included, or skipped: no CUDA device), 1
  * the setup or the JSON failed, 2 usage.
  */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -546,18 +545,12 @@ int main(int argc, char **argv)
 		}
 	if (failed)
 		fprintf(stderr, "attention: %d of %d rows with an error (in their rows)\n", failed, n_rows);
-	if (o.record) {
+	if (o.record) { /* published whole: the tuning DB may read it meanwhile */
 		char *text = dg__attn_form_make(b.info.name, b.info.sm, BDH_H, BDH_L, BDH_E, DG_FMT_BF16,
 						cJSON_GetObjectItemCaseSensitive(doc, "date")->valuestring, rec, o.ntimes);
-		FILE *fp = text ? fopen(o.record, "w") : NULL;
-		bool ok = fp && fputs(text, fp) >= 0 && fputc('\n', fp) != EOF;
-		if (fp && fclose(fp))
-			ok = false;
-		if (!ok) {
-			fprintf(stderr, "attention: --record %s: %s\n", o.record, text ? strerror(errno) : "out of memory");
-			rc = 1;
-		} else
-			fprintf(stderr, "attention: the choice of form by T recorded in %s\n", o.record);
+		if (!text)
+			fprintf(stderr, "attention: --record %s: out of memory\n", o.record);
+		rc = text ? bc_write_text("attention", text, o.record) : 1;
 		free(text);
 	}
 	int wrc = bc_write("attention", doc, out_path, out_path == NULL);

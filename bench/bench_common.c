@@ -6,7 +6,10 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#include "base/publish.h"
 
 int bc_parse_ints(const char *s, int *v, int max, long lo, long hi)
 {
@@ -37,6 +40,26 @@ cJSON *bc_doc(const char *bench, const dg_device_info *info)
 	return doc;
 }
 
+int bc_write_text(const char *prog, const char *text, const char *path)
+{
+	size_t n = strlen(text);
+	char *line = malloc(n + 2), msg[1024];
+	if (!line) {
+		fprintf(stderr, "%s: cannot write %s: out of memory\n", prog, path);
+		return 1;
+	}
+	memcpy(line, text, n);
+	line[n] = '\n';
+	dg_status st = dg__publish_file(path, line, n + 1, msg, sizeof(msg));
+	free(line);
+	if (st) {
+		fprintf(stderr, "%s: cannot write %s\n", prog, msg);
+		return 1;
+	}
+	fprintf(stderr, "%s: wrote %s\n", prog, path);
+	return 0;
+}
+
 int bc_write(const char *prog, const cJSON *doc, const char *path, bool echo)
 {
 	char *text = cJSON_Print(doc);
@@ -47,18 +70,8 @@ int bc_write(const char *prog, const cJSON *doc, const char *path, bool echo)
 	int rc = 0;
 	if (echo)
 		printf("%s\n", text);
-	if (path) {
-		FILE *f = fopen(path, "w");
-		bool ok = f && fprintf(f, "%s\n", text) >= 0;
-		if (f && fclose(f))
-			ok = false;
-		if (!ok) {
-			fprintf(stderr, "%s: cannot write %s\n", prog, path);
-			rc = 1;
-		} else {
-			fprintf(stderr, "%s: wrote %s\n", prog, path);
-		}
-	}
+	if (path)
+		rc = bc_write_text(prog, text, path);
 	cJSON_free(text);
 	return rc;
 }

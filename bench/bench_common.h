@@ -25,6 +25,10 @@ cJSON *bc_doc(const char *bench, const dg_device_info *info);
 /* doc as text: on stdout when echo, into path when not NULL (a line on
  * stderr says so). 0, or 1 with "<prog>: cannot write <path>" on stderr. */
 int bc_write(const char *prog, const cJSON *doc, const char *path, bool echo);
+/* text and a newline published whole at path (base/publish.h: a reader
+ * sees the old file or the new one): 0, or 1 with "<prog>: cannot write
+ * <why>" on stderr. */
+int bc_write_text(const char *prog, const char *text, const char *path);
 
 /* A model's dg_model_profile rows as a JSON array [{what, count, ms}]. */
 cJSON *bc_breakdown(const dg_model_time *tm, int n);

@@ -101,19 +101,27 @@ Test(tune_form, measured_rows_make_the_choice_the_db_serves)
 	dg_test_rmtree(dir);
 }
 
+/* A DB of one record made from rows (the 25M shape on DEV), in a new
+ * folder *dir as file. */
+static dg_tune_db *db_of_rows(const dg__attn_form_row *rows, int n, const char *file, char **dir)
+{
+	char *text = dg__attn_form_make(DEV, 90, 4, 8192, 256, DG_FMT_BF16, "2026-12-05", rows, n);
+	cr_assert_not_null(text);
+	*dir = dg_test_tmpdir();
+	dg_test_write_file(*dir, file, text);
+	free(text);
+	return open_db(*dir, DEV, 90);
+}
+
 Test(tune_form, the_quadratic_form_winning_at_the_largest_t_names_no_chunk)
 {
 	const dg__attn_form_row rows[] = { { 1, 4096, 256, 4.5, 4.7 }, { 1, 8192, 256, 9.0, 8.0 },
 					   { 1, 16384, 256, 15.0, 16.0 } };
-	char *text = dg__attn_form_make(DEV, 90, 4, 8192, 256, DG_FMT_BF16, "2026-12-05", rows, 3);
-	cr_assert_not_null(text);
-	char *dir = dg_test_tmpdir();
-	dg_test_write_file(dir, "attention_form-x.json", text);
-	dg_tune_db *db = open_db(dir, DEV, 90);
+	char *dir;
+	dg_tune_db *db = db_of_rows(rows, 3, "attention_form-x.json", &dir);
 	cr_assert_eq(chunk_at(db, 8192), 0);
 	cr_assert_eq(chunk_at(db, 65536), 0);
 	dg_tune_db_close(db);
-	free(text);
 	dg_test_rmtree(dir);
 }
 
@@ -169,11 +177,8 @@ Test(tune_form, the_step_listing_takes_the_record_form)
 {
 	const dg__attn_form_row rows[] = { { 2, 2048, 256, 2.0, 3.0 }, { 1, 4096, 256, 5.0, 4.0 },
 					   { 1, 16384, 256, 70.0, 19.0 } };
-	char *text = dg__attn_form_make(DEV, 90, 4, 8192, 256, DG_FMT_BF16, "2026-12-05", rows, 3);
-	cr_assert_not_null(text);
-	char *dir = dg_test_tmpdir();
-	dg_test_write_file(dir, "attention_form-25m.json", text);
-	dg_tune_db *db = open_db(dir, DEV, 90);
+	char *dir;
+	dg_tune_db *db = db_of_rows(rows, 3, "attention_form-25m.json", &dir);
 	cr_assert_eq(chunk_at(db, 4096), 256);
 	dg_model_config c = dg_test_model("w8a8", 2, 256, 4, 8192);
 	char msg[512];
@@ -188,6 +193,5 @@ Test(tune_form, the_step_listing_takes_the_record_form)
 	cr_expect(rec[0] > 0, "the record: chunked at T 4096 (%d chunk states)", rec[0]);
 	cr_expect(other[0] == 0, "another device: the built-in rule (%d chunk states)", other[0]);
 	dg_tune_db_close(db);
-	free(text);
 	dg_test_rmtree(dir);
 }

@@ -371,20 +371,38 @@ double dg__gm_warm_join(dg__gm_warm *w)
  * refused (-1).
  */
 #define ATTN_CHUNK_FROM 8192
+
+/* Why m's training step cannot take the chunked form whatever T (and what
+ * would let it), or NULL: it runs on the rope=pre path (bf16 activations
+ * on sm_90), and its kernels read RoPE(xs) by rows of whole 16 bytes. */
+static const char *chunk_refusal(const dg_model *m, const char **fix)
+{
+	if (m->act != DG_FMT_BF16 || m->sm != 90) {
+		*fix = "the bf16 or a low-bit preset on an sm_90 GPU";
+		return "the chunked form runs bf16 activations on sm_90";
+	}
+	if (m->N % 8) {
+		*fix = "such neurons";
+		return "the chunked form needs neurons a multiple of 8";
+	}
+	return NULL;
+}
+
 static int attn_chunk_for(const dg_model *m, int t)
 {
-	if (m->decode || m->act != DG_FMT_BF16 || m->sm != 90)
+	if (m->decode || m->act != DG_FMT_BF16 || m->sm != 90) /* DRAGON_ATTN_CHUNK too */
 		return 0;
+	const char *fix;
+	const bool servable = !chunk_refusal(m, &fix);
 	const char *e = getenv("DRAGON_ATTN_CHUNK");
 	if (e && *e) {
 		char *end;
 		long c = strtol(e, &end, 10);
-		if (*end || c < 0 || (c && (c % 64 || c > 4096 || t % c || m->N % 8)))
+		if (*end || c < 0 || (c && (c % 64 || c > 4096 || t % c || !servable)))
 			return -1;
 		return (int)c;
 	}
-	/* the chunked kernels read RoPE(xs) by rows of whole 16 bytes */
-	if (m->N % 8)
+	if (!servable)
 		return 0;
 	/* the device's measured choice for the shape (a record of the tuning
 	 * DB, runtime/tunedb/form.h: bench/attention --record makes one) */
@@ -402,13 +420,20 @@ static int attn_chunk_for(const dg_model *m, int t)
 	return 0;
 }
 
+static void fake_clear(dg_model *m)
+{
+	free(m->fake);
+	m->fake = NULL;
+	m->n_fake = 0;
+}
+
 /* The sizing pass's placeholder addresses (dg__gm_addr): every root
  * buffer of the tape so far at its own bytes, laid end to end from
  * FAKE_BASE in tape order (256-byte aligned, a 256-byte gap between), and
  * the workspaces' placeholder past them all. */
 static dg_status fake_layout(dg_model *m)
 {
-	free(m->fake);
+	fake_clear(m);
 	m->n_fake = m->t.n_bufs;
 	m->fake = malloc(((size_t)m->n_fake + 1) * sizeof(*m->fake));
 	if (!m->fake) {
@@ -565,9 +590,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	if (st)
 		return st;
 	m->sizing = false;
-	free(m->fake);
-	m->fake = NULL;
-	m->n_fake = 0;
+	fake_clear(m);
 	st = dg__tape_plan(&m->t);
 	if (st)
 		return dg__dev_fail(dev, st, "the step's arena plan: %s", dg_status_str(st));
@@ -577,9 +600,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 /* What build made: the nodes' prepared slots and the tape. */
 static void unbuild(dg_model *m)
 {
-	free(m->fake);
-	m->fake = NULL;
-	m->n_fake = 0;
+	fake_clear(m);
 	for (int n = 0; m->ex && n < m->t.n_nodes; n++)
 		dg__exec_free(&m->ex[n]);
 	free(m->ex);
@@ -961,30 +982,29 @@ static dg_status fits(dg_model *m, int accum)
 	char why[320] = "";
 	const size_t scores = (size_t)m->c.layers * (size_t)m->B * (size_t)m->H * (size_t)m->T * (size_t)m->T *
 			      dg_fmt_row_bytes(m->act, 1);
-	if (!m->attn_chunk && !m->decode && m->T >= ATTN_CHUNK_FROM && 2 * scores > mm.total)
+	if (!m->attn_chunk && !m->decode && m->T >= ATTN_CHUNK_FROM && 2 * scores > mm.total) {
+		const char *fix = "such a --time", *no = chunk_refusal(m, &fix);
 		snprintf(why, sizeof(why),
 			 "; %.2f GiB of it the attention's (B,H,T,T) scores of its quadratic form: %s, so take %s",
-			 scores * g,
-			 m->act != DG_FMT_BF16 || m->sm != 90 ? "the chunked form runs bf16 activations on sm_90"
-			 : m->N % 8			    ? "the chunked form needs neurons a multiple of 8"
-							    : "the chunked form needs T a multiple of 64",
-			 m->act != DG_FMT_BF16 || m->sm != 90 ? "the bf16 or a low-bit preset on an sm_90 GPU"
-			 : m->N % 8			    ? "such neurons"
-							    : "such a --time");
-	if (m->budget && mm.total + moment_bytes(m) > m->budget && (!known || mm.total <= free_b))
-		return dg__dev_fail(m->dev, DG_ERR_NOMEM,
-				    "batch %dx%d%s: the model needs %.2f GiB (masters %.2f, copies %.2f, gradients "
-				    "%.2f, activations %.2f) and AdamW's moments %.2f, more than DRAGON_MEMORY=%s "
-				    "(%.2f GiB) even recomputing its projections%s; raise it, or take a smaller "
-				    "--batch (--accum K keeps the batch), --time or shape",
-				    m->B, m->T, acc, mm.total * g, mm.params * g, mm.lowbit * g, mm.grads * g,
-				    mm.activations * g, moment_bytes(m) * g, getenv("DRAGON_MEMORY"), m->budget * g, why);
+			 scores * g, no ? no : "the chunked form needs T a multiple of 64", fix);
+	}
+	/* the limit it passed: the budget (its moments counted), or the free
+	 * memory */
+	char over[600];
+	const bool budget = m->budget && mm.total + moment_bytes(m) > m->budget && (!known || mm.total <= free_b);
+	if (budget)
+		snprintf(over, sizeof(over),
+			 " and AdamW's moments %.2f, more than DRAGON_MEMORY=%s (%.2f GiB) even recomputing its "
+			 "projections%s; raise it, or",
+			 moment_bytes(m) * g, getenv("DRAGON_MEMORY"), m->budget * g, why);
+	else
+		snprintf(over, sizeof(over), ", more than the device's %.2f GiB free (of %.2f)%s;", free_b * g,
+			 total_b * g, why);
 	return dg__dev_fail(m->dev, DG_ERR_NOMEM,
 			    "batch %dx%d%s: the model needs %.2f GiB (masters %.2f, copies %.2f, gradients %.2f, "
-			    "activations %.2f), more than the device's %.2f GiB free (of %.2f)%s; take a smaller "
-			    "--batch (--accum K keeps the batch), --time or shape",
+			    "activations %.2f)%s take a smaller --batch (--accum K keeps the batch), --time or shape",
 			    m->B, m->T, acc, mm.total * g, mm.params * g, mm.lowbit * g, mm.grads * g,
-			    mm.activations * g, free_b * g, total_b * g, why);
+			    mm.activations * g, over);
 }
 
 dg_status dg_model_create(dg_device *dev, const dg_model_weights *w, int b, int t, dg_model **out)
@@ -1465,7 +1485,7 @@ dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm, cons
 	else if (st && msg && msg_size && !msg[0])
 		dg__msgf(st, msg, msg_size, "the step's specs at this shape: %s", dg_status_str(st));
 	free(m->ex);
-	free(m->fake);
+	fake_clear(m);
 	dg__tape_free(&m->t);
 	free(m);
 	return st;
