@@ -131,12 +131,17 @@ static bool grid(list *l, const dg_spec *base)
 	if (!add(l, &s))
 		return false;
 	if (def.threads) {
-		for (size_t i = 0; i < N_OF(elem_threads); i++) {
-			memset(&s.tile, 0, sizeof(s.tile));
-			s.tile.threads = elem_threads[i];
-			if (!add(l, &s))
-				return false;
-		}
+		/* each thread count, alone and staged (t<N>/1: the ops whose
+		 * kernels stage their rows in shared memory; the others' plans
+		 * refuse it) */
+		for (int st = 0; st < 2; st++)
+			for (size_t i = 0; i < N_OF(elem_threads); i++) {
+				memset(&s.tile, 0, sizeof(s.tile));
+				s.tile.threads = elem_threads[i];
+				s.tile.stages = st;
+				if (!add(l, &s))
+					return false;
+			}
 		return true;
 	}
 	if (base->arch_specific && !warpgroup_grid(l, base, &def))

@@ -37,6 +37,8 @@ void dg_tile_to_string(const dg_tile *t, char *buf, size_t size)
 {
 	if (dg_tile_is_auto(t))
 		snprintf(buf, size, "auto");
+	else if (t->threads && t->stages)
+		snprintf(buf, size, "t%d/%d", t->threads, t->stages);
 	else if (t->threads)
 		snprintf(buf, size, "t%d", t->threads);
 	else
@@ -253,10 +255,9 @@ static dg_status check_tile_kind(const dg_spec *s, const dg_op_info *row, char *
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
 				"tile=%s: op %s takes a block tile BMxBNxBK/WMxWN/S (e.g. 64x64x64/2x2/2), not a thread count",
 				tb, dg_op_name(s->op));
-	if (row->tile == DG_TILE_THREADS &&
-	    (t->bm || t->bn || t->bk || t->wm || t->wn || t->stages))
+	if (row->tile == DG_TILE_THREADS && (t->bm || t->bn || t->bk || t->wm || t->wn || !t->threads))
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"tile=%s: op %s takes a thread count (tile=t256), not a block tile",
+				"tile=%s: op %s takes a thread count (tile=t256, or t256/1), not a block tile",
 				tb, dg_op_name(s->op));
 	return DG_OK;
 }

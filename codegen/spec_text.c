@@ -176,7 +176,7 @@ static bool parse_int(const char *v, int lo, int hi, int *out)
 	return true;
 }
 
-/* "auto" | "t<threads>" | "BMxBNxBK/WMxWN/S" */
+/* "auto" | "t<threads>" | "t<threads>/<stages>" | "BMxBNxBK/WMxWN/S" */
 static bool parse_tile(const char *v, dg_tile *t)
 {
 	dg_tile r = { 0 };
@@ -187,7 +187,16 @@ static bool parse_tile(const char *v, dg_tile *t)
 		return true;
 	}
 	if (v[0] == 't') {
-		if (!parse_int(v + 1, 1, 1 << 20, &r.threads))
+		char num[16];
+		const char *slash = strchr(v, '/');
+		size_t n = slash ? (size_t)(slash - (v + 1)) : strlen(v + 1);
+		if (n == 0 || n >= sizeof(num))
+			return false;
+		memcpy(num, v + 1, n);
+		num[n] = '\0';
+		if (!parse_int(num, 1, 1 << 20, &r.threads))
+			return false;
+		if (slash && !parse_int(slash + 1, 1, 64, &r.stages))
 			return false;
 		*t = r;
 		return true;
@@ -337,7 +346,7 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 	case DG_FIELD_TILE:
 		if (!parse_tile(v, &s->tile))
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-					"tile=%s: must be auto, t<threads> (e.g. t256) or BMxBNxBK/WMxWN/S (e.g. 64x64x64/2x2/2)",
+					"tile=%s: must be auto, t<threads> (e.g. t256; t<threads>/<stages> where the op stages its rows) or BMxBNxBK/WMxWN/S (e.g. 64x64x64/2x2/2)",
 					v);
 		return DG_OK;
 	case DG_FIELD_ARCH:

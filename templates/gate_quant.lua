@@ -35,6 +35,18 @@ these bits). Then the codes of each vector by quantize.lua's dg_quant_vec
 (a multiply by the token's reciprocal, exact by its argument) in one store.
 A token whose L is not a whole number of vectors, or a tensor not 16-byte
 aligned (codes VE-byte), goes element by element (dg_quant).
+
+The staged form (tile t<N>/1, M.staged_fits): the token's xy in shared
+memory instead of registers (H·L values of src: 64 KiB at the BDH shape in
+bf16), so a thread holds only the loads in flight (U vectors of xs and of
+ys at a time) and three blocks fit an SM where the register form fits one
+of 512 threads (the register form keeps loads in flight only at a token's
+start; ncu on the token quantizer it came from: 25% occupancy, the warps
+mostly waiting on loads). Vector j is thread j % NT's in both passes and
+lives at slot j of the stage, so a thread reads back only what it wrote:
+the barriers are the max's, as in the register form. The same values in
+the same order: the codes and scales are the register form's bit for bit.
+The grid is a block a token (the scheduler balances them).
 ]]
 local SPEC = require("spec")
 local EMIT = require("emit")
@@ -47,13 +59,15 @@ local fmt = string.format
 
 local M = {}
 
-local KERNEL = [[
+-- What both forms share: the constants, the dropout and quantizer
+-- functions, the vector and element helpers.
+local PRELUDE = [[
 constexpr int H = ${H};		// heads: a token's segments
 constexpr int L = ${L};		// latent: a segment's values
 constexpr int NT = ${NT};		// threads a block
 constexpr int NW = NT / 32;		// warps a block
 constexpr int VE = ${VE};		// values a vector (16 bytes of src)
-constexpr int RV = ${RV};		// vectors a thread keeps in registers
+${FORM_CONSTS}
 ${QCONSTS}
 typedef ${XT} XT;		// xs, ys (src)
 typedef ${CT} CT;		// codes (act)
@@ -115,6 +129,10 @@ __device__ __forceinline__ float dg_xy1(const XT *__restrict__ xs, const XT *__r
 	return keep ? dg_to_src(__fmul_rn(__fmul_rn(dg_ldx(xs, off), dg_ldx(ys, off)), s)) : 0.0f;
 }
 
+]]
+
+-- The register form (the banner).
+local KERNEL = [[
 // xy of the VE values at element off.
 __device__ __forceinline__ uint4 dg_xy_vec(const XT *__restrict__ xs, const XT *__restrict__ ys, long long off,
 					   unsigned keep, float s)
@@ -231,6 +249,95 @@ ${STORE}
 }
 ]]
 
+-- The staged form (the banner): xy in shared memory, U vectors of xs and
+-- ys a thread in flight.
+local KERNEL_STAGED = [[
+extern "C" __global__ void __launch_bounds__(NT)
+dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long rows, int T, float p,
+	      unsigned long long seed, unsigned step, unsigned layer, const unsigned *__restrict__ step_at,
+	      unsigned long long elem0, float *__restrict__ scales, CT *__restrict__ codes)
+{
+	if (step_at)
+		step += *step_at;		// a captured step's, from its control block
+	const unsigned thr = dg_drop_threshold(p);
+	const float s = p > 0.0f ? __fdiv_rn(1.0f, __fsub_rn(1.0f, p)) : 1.0f;	// 1/(1 - p)
+	extern __shared__ __align__(16) uint4 sxy[];	// the token's xy: vector j at slot j
+	__shared__ float red[NW];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const long long seg = (long long)T * L;
+	constexpr int NV = H * (L / VE);	// the token's vectors
+	const bool vec = ((unsigned long long)xs & 15ull) == 0 && ((unsigned long long)ys & 15ull) == 0 &&
+			 ((unsigned long long)codes & (unsigned long long)(VE - 1)) == 0;
+	for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+		const long long b = r / T, base = (b * H * T + (r - b * T)) * L;
+		float a = 0.0f;
+		if (vec) {
+			for (int j0 = tid; j0 < NV; j0 += U * NT) {
+				uint4 ra[U], rb[U];
+#pragma unroll
+				for (int u = 0; u < U; ++u) {	// the batch's loads first
+					const int j = j0 + u * NT;
+					if (j < NV) {
+						const long long off = dg_vec_off(base, seg, j);
+						ra[u] = __ldg((const uint4 *)(xs + off));
+						rb[u] = __ldg((const uint4 *)(ys + off));
+					}
+				}
+#pragma unroll
+				for (int u = 0; u < U; ++u) {
+					const int j = j0 + u * NT;
+					if (j < NV) {
+						const long long off = dg_vec_off(base, seg, j);
+						const uint4 q = dg_xy(ra[u], rb[u], dg_keep_at<VE>((unsigned long long)off + elem0, thr, seed, step, layer), s);
+						sxy[j] = q;
+						float f[VE];
+						dg_unpack(q, f);
+#pragma unroll
+						for (int e = 0; e < VE; ++e)
+							a = fmaxf(a, fabsf(f[e]));
+					}
+				}
+			}
+		} else {
+			for (int i = tid; i < H * L; i += NT) {
+				const long long off = dg_elem_off(base, seg, i);
+				a = fmaxf(a, fabsf(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s)));
+			}
+		}
+#pragma unroll
+		for (int m = 16; m > 0; m >>= 1)
+			a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, m));
+		if (lane == 0)
+			red[warp] = a;
+		__syncthreads();
+		a = red[0];
+#pragma unroll
+		for (int w = 1; w < NW; ++w)
+			a = fmaxf(a, red[w]);
+		__syncthreads();	// red is rewritten by the next token
+		const float sc = __fdiv_rn(a, (float)QMAX);
+		const float2 si = dg_quant_inv(sc);
+		if (tid == 0)
+			scales[r] = sc;
+		if (vec) {
+			for (int j = tid; j < NV; j += NT) {	// the slots this thread wrote
+				float f[VE];
+				dg_unpack(sxy[j], f);
+				unsigned w[VE / 4];
+				dg_quant_vec(f, sc, si, w);
+				const long long off = dg_vec_off(base, seg, j);
+${STORE}
+			}
+		} else {
+			for (int i = tid; i < H * L; i += NT) {
+				const long long off = dg_elem_off(base, seg, i);
+				codes[off] = (CT)dg_quant(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s), sc);
+			}
+		}
+	}
+}
+]]
+
 local UNPACK = {
   bf16 = [[
 	const unsigned u[4] = { q.x, q.y, q.z, q.w };
@@ -274,15 +381,48 @@ end
 -- vectors a thread, all in registers).
 local AUTO_THREADS = 512
 
+-- Vectors of xs and of ys a thread of the staged form has in flight: 4
+-- (64 bytes each way; 64 registers of loads would leave two blocks of 256
+-- an SM, not three).
+local STAGED_U = 4
+
+-- The staged form's shared memory: the token's H·L values of src.
+local function stage_bytes(H, L, src)
+  return H * L * (src == "bf16" and 2 or 4)
+end
+
+-- Whether the staged form (tile t<N>/1) takes the spec's shape: whole
+-- vectors a segment (L a multiple of VE) and the token within the
+-- shared memory a block may have on the arch; else nil and why.
+function M.staged_fits(H, L, src, arch)
+  local ve = src == "bf16" and 8 or 4
+  if L % ve ~= 0 then
+    return nil, fmt("the staged form takes whole %d-value vectors a head: latent %d is not a multiple of %d", ve, L, ve)
+  end
+  local bytes, limit = stage_bytes(H, L, src), TILES.smem_limit(arch)
+  if bytes > limit then
+    return nil, fmt("the staged form keeps a token's %d values of %s in shared memory, %d bytes, more than the %d an sm_%d block can have",
+                    H * L, src, bytes, limit, arch)
+  end
+  return true
+end
+
 function M.plan(spec)
   SPEC.one_of(spec, "op", { "gate_quant" })
-  SPEC.one_of(spec, "src", { "f32", "bf16" })
+  local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
   SPEC.one_of(spec, "act", ACTS)
   local auto = TILES.tile_is_auto(TILES.tile_of(spec))
-  local p, why = TILES.threads_plan(spec, { "dg_gate_quant" }, "gate_quant.cu")
+  local p, why = TILES.threads_plan(spec, { "dg_gate_quant" }, "gate_quant.cu", 1)
   if p and auto then
     p.tile.threads = AUTO_THREADS
     p.entries[1].threads = AUTO_THREADS
+  end
+  if p and p.tile.stages == 1 then
+    local H = SPEC.int_field(spec, "heads", 1)
+    local L = SPEC.int_field(spec, "latent", 1)
+    local ok, err = M.staged_fits(H, L, src, SPEC.int_field(spec, "arch", 1))
+    if not ok then return TILES.refuse(p.tile, false, "%s", err) end
+    p.entries[1].smem = stage_bytes(H, L, src)
   end
   return p, why
 end
@@ -294,11 +434,14 @@ function M.render(spec, plan)
   local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
   local act = SPEC.one_of(spec, "act", ACTS)
   local nt = plan.tile.threads
+  local staged = plan.tile.stages == 1
   local qmax = FM.formats[act].qmax
   local ve = src == "bf16" and 8 or 4
   local rv = keep_vectors(H, L, ve, nt)
   local v = {
-    H = H, L = L, NT = nt, VE = ve, RV = rv,
+    H = H, L = L, NT = nt, VE = ve,
+    FORM_CONSTS = staged and fmt("constexpr int U = %d;\t\t// vectors of xs and of ys a thread has in flight", STAGED_U) or
+      fmt("constexpr int RV = %d;\t\t// vectors a thread keeps in registers", rv),
     QCONSTS = EMIT.subst(Q.QCONSTS, { QMAX = qmax, QLO = act == "uint8pos" and 0 or -qmax, act = act }),
     XT = src == "bf16" and "unsigned short" or "float",
     CT = act == "uint8pos" and "unsigned char" or "signed char",
@@ -313,10 +456,13 @@ function M.render(spec, plan)
     fmt("the token's %d values, xs and ys %s; no xy in memory.", H * L, src),
     "",
     fmt("dg_gate_quant(xs, ys, long long rows, int T, float p, seed, step, layer, step_at, elem0, scales, codes)"),
-    fmt("   a block a token (grid-stride), %d threads, %d-value vectors, %d a thread in registers", nt, ve, rv),
+    staged and fmt("   a block a token, %d threads, %d-value vectors, the token's xy staged in %d bytes of dynamic shared memory",
+                   nt, ve, stage_bytes(H, L, src)) or
+      fmt("   a block a token (grid-stride), %d threads, %d-value vectors, %d a thread in registers", nt, ve, rv),
   }))
   w:line(DEV.helpers({ bf16 = true, code = true }))
-  w:line(EMIT.subst(KERNEL, v))
+  w:line(EMIT.subst(PRELUDE, v))
+  w:line(EMIT.subst(staged and KERNEL_STAGED or KERNEL, v))
   return w:text()
 end
 

@@ -41,6 +41,7 @@ end
 -- The tile's text, as the canonical spec writes it.
 function M.tile_text(t)
   if M.tile_is_auto(t) then return "auto" end
+  if t.threads ~= 0 and t.stages ~= 0 then return fmt("t%d/%d", t.threads, t.stages) end
   if t.threads ~= 0 then return "t" .. t.threads end
   return fmt("%dx%dx%d/%dx%d/%d", t.bm, t.bn, t.bk, t.wm, t.wn, t.stages)
 end
@@ -126,13 +127,21 @@ end
 
 -- The plan of an element-wise op (a thread count): default t256; threads a
 -- multiple of 32 from 32 to 1024. entries: the kernel names (each gets the
--- block size), name the NVRTC program.
-function M.threads_plan(spec, entries, name)
+-- block size), name the NVRTC program. max_stages: the stages (t<N>/<S>)
+-- the op's kernel makes something of, 0 (or nil) where none: a tile that
+-- names more is refused, so that no two specs render one kernel.
+function M.threads_plan(spec, entries, name, max_stages)
   local t = M.tile_of(spec)
   local auto = M.tile_is_auto(t)
   if auto then t.threads = 256 end
   if t.threads < 32 or t.threads > 1024 or t.threads % 32 ~= 0 then
     return M.refuse(t, auto, "threads must be a multiple of 32 between 32 and 1024")
+  end
+  if t.stages > (max_stages or 0) then
+    if (max_stages or 0) == 0 then
+      return M.refuse(t, auto, "%s stages nothing: a thread count alone (t%d)", name:gsub("%.cu$", ""), t.threads)
+    end
+    return M.refuse(t, auto, "at most %d stages", max_stages)
   end
   local p = { tile = t, path = "element-wise", arch_specific = false, name = name, entries = {} }
   for i, e in ipairs(entries) do p.entries[i] = { name = e, threads = t.threads, smem = 0 } end

@@ -36,8 +36,10 @@
  *     dg_ref_quantize_act_rows), src f32 and bf16, codes uint8pos and
  *     int8, p 0 and 0.1 (elem0 13: not whole Philox blocks), odd shapes
  *     (latent 13: the element path; latent 64, heads 1: a vector a
- *     thread), t64 and the default, the BDH shape with its time against
- *     the two ops'; codes over xs refused.
+ *     thread), t64, the default and the staged form (t256/1, t128/1:
+ *     the token's xy in shared memory; latent 13 refused by it, naming
+ *     it), the BDH shape with each form's time against the two ops';
+ *     codes over xs refused.
  */
 #include <criterion/criterion.h>
 
@@ -568,11 +570,11 @@ static double wall_s(void)
 /* gate_quant at (B, H, T, L) against gate_fwd then quantize_act on the
  * device and against the references; time: print both ways' time. */
 static void check_gate_quant(dg_device *dev, dg_fmt src, dg_fmt act, int B, int H, int T, int L, int threads,
-			     const drop *d, bool time)
+			     int stages, const drop *d, bool time)
 {
 	char what[200];
-	snprintf(what, sizeof(what), "gate_quant %s -> %s B%d H%d T%d L%d t%d p=%g elem0=%llu", dg_fmt_name(src),
-		 dg_fmt_name(act), B, H, T, L, threads, (double)d->p, (unsigned long long)d->elem0);
+	snprintf(what, sizeof(what), "gate_quant %s -> %s B%d H%d T%d L%d t%d/%d p=%g elem0=%llu", dg_fmt_name(src),
+		 dg_fmt_name(act), B, H, T, L, threads, stages, (double)d->p, (unsigned long long)d->elem0);
 	const size_t n = (size_t)B * H * T * L, xb = n * esz(src), rows = (size_t)B * T;
 	void *xs = rand_of(src, n), *ys = rand_of(src, n);
 	dg_tensor txs = dg_tensor_4d("xs", src, gh_upload(dev, xs, xb), B, H, T, L);
@@ -581,10 +583,16 @@ static void check_gate_quant(dg_device *dev, dg_fmt src, dg_fmt act, int B, int 
 	tq.scale = gh_alloc_ff(dev, rows * sizeof(float));
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_GATE_QUANT);
-	s.src = src, s.act = act, s.heads = H, s.latent = L, s.tile.threads = threads;
+	s.src = src, s.act = act, s.heads = H, s.latent = L, s.tile.threads = threads, s.tile.stages = stages;
 	dg_spec_normalize(&s);
 	dg_gate_quant_args a = { .xs = &txs, .ys = &tys, .codes = &tq, .p = d->p, .seed = d->seed, .step = d->step,
 				 .layer = d->layer, .elem0 = d->elem0 };
+	if (stages && L % (src == DG_FMT_BF16 ? 8 : 4)) { /* the staged form takes whole vectors */
+		cr_assert_neq(dg_gate_quant(dev, &s, &a), DG_OK, "%s: run", what);
+		cr_assert(strstr(dg_device_errmsg(dev), "staged"), "%s: %s", what, dg_device_errmsg(dev));
+		free(xs), free(ys);
+		return;
+	}
 	expect_ok(dev, dg_gate_quant(dev, &s, &a), what);
 	unsigned char *got = gh_xmalloc(n), *want = gh_xmalloc(n), *two = gh_xmalloc(n);
 	float *gs = gh_xmalloc(rows * sizeof(float)), *ws = gh_xmalloc(rows * sizeof(float));
@@ -641,16 +649,24 @@ Test(gpu_gate, gate_quant_is_gate_then_quantizer, .timeout = 600)
 	gh_seed(97);
 	const drop none = { 0.0f, 1, 0, 0, 0 }, a = { 0.1f, 42, 7, 3, 13 };
 	static const int shapes[][4] = { { 2, 3, 7, 13 }, { 2, 1, 130, 64 }, { 2, 4, 5, 256 }, { 1, 3, 3, 1000 } };
+	/* the default, t64, and the staged form at 256 and 128 threads */
+	static const int tiles[][2] = { { 0, 0 }, { 64, 0 }, { 256, 1 }, { 128, 1 } };
 	for (int sf = 0; sf < 2; sf++)
 		for (int af = 0; af < 2; af++)
 			for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++)
-				for (int th = 0; th < 2; th++)
+				for (int th = 0; th < 4; th++)
 					for (int dr = 0; dr < 2; dr++)
 						check_gate_quant(dev, sf ? DG_FMT_BF16 : DG_FMT_F32,
 								 af ? DG_FMT_INT8 : DG_FMT_UINT8POS, shapes[k][0], shapes[k][1],
-								 shapes[k][2], shapes[k][3], th ? 64 : 0, dr ? &a : &none, false);
-	check_gate_quant(dev, DG_FMT_BF16, DG_FMT_UINT8POS, 8, 4, 512, 8192, 0, &a, true);
-	check_gate_quant(dev, DG_FMT_BF16, DG_FMT_UINT8POS, 8, 4, 512, 8192, 0, &none, true);
+								 shapes[k][2], shapes[k][3], tiles[th][0], tiles[th][1],
+								 dr ? &a : &none, false);
+	for (int th = 0; th < 4; th++) {
+		if (th == 1)
+			continue;
+		check_gate_quant(dev, DG_FMT_BF16, DG_FMT_UINT8POS, 8, 4, 512, 8192, tiles[th][0], tiles[th][1], &a, true);
+		check_gate_quant(dev, DG_FMT_BF16, DG_FMT_UINT8POS, 8, 4, 512, 8192, tiles[th][0], tiles[th][1], &none,
+				 true);
+	}
 	/* codes over xs: refused */
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_GATE_QUANT);

@@ -113,6 +113,66 @@ Test(nvrtc_gate, gate_quant_formats_and_shapes)
 	dg_codegen_destroy(cg);
 }
 
+/* gate_quant's staged form (tile t<N>/1: the token's xy in shared
+ * memory): compiles for both srcs and codes at the BDH token, a vector a
+ * thread (1 × 64) and 3 × 1000, at 128, 256 and 512 threads, with the
+ * token's bytes as its dynamic shared memory; refused naming why where
+ * a head is not whole vectors (latent 13), where the token passes the
+ * arch's shared memory (16 × 65536; f32 4 × 8192 on sm_86, 99 KiB), and
+ * for any other element-wise op (quantize_act: nothing to stage). */
+Test(nvrtc_gate, gate_quant_staged_form)
+{
+	dg_codegen *cg = nh_codegen();
+	static const int HL[][2] = { { 4, 8192 }, { 1, 64 }, { 3, 1000 } };
+	static const int threads[] = { 128, 256, 512 };
+	for (int src = 0; src < 2; src++)
+		for (int act = 0; act < 2; act++)
+			for (int i = 0; i < 3; i++)
+				for (int th = 0; th < 3; th++) {
+					if (th != 1 && i != 0)
+						continue;
+					dg_spec s;
+					dg_spec_init(&s, DG_OP_GATE_QUANT);
+					s.src = src ? DG_FMT_BF16 : DG_FMT_F32;
+					s.act = act ? DG_FMT_INT8 : DG_FMT_UINT8POS;
+					s.heads = HL[i][0], s.latent = HL[i][1];
+					s.tile.threads = threads[th], s.tile.stages = 1;
+					char m[512];
+					cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s", m);
+					dg_plan p;
+					cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+					cr_assert_eq(p.entries[0].smem, s.heads * s.latent * (src ? 2 : 4), "smem %d",
+						     p.entries[0].smem);
+					cr_assert_eq(p.entries[0].threads, threads[th]);
+					nh_compile(cg, &s, "staged in", 90);
+				}
+	static const struct {
+		int h, l, src_bf16, arch;
+		const char *why;
+	} bad[] = { { 3, 13, 1, 90, "latent 13 is not a multiple of 8" },
+		    { 3, 13, 0, 90, "latent 13 is not a multiple of 4" },
+		    { 16, 65536, 1, 90, "2097152 bytes, more than the 232448" },
+		    { 4, 8192, 0, 86, "131072 bytes, more than the 101376 an sm_86" } };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		dg_spec s;
+		dg_spec_init(&s, DG_OP_GATE_QUANT);
+		s.src = bad[i].src_bf16 ? DG_FMT_BF16 : DG_FMT_F32;
+		s.heads = bad[i].h, s.latent = bad[i].l, s.arch = bad[i].arch;
+		s.tile.threads = 256, s.tile.stages = 1;
+		dg_plan p;
+		cr_assert_neq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s planned", bad[i].why);
+		cr_assert(strstr(dg_codegen_errmsg(cg), bad[i].why) && strstr(dg_codegen_errmsg(cg), "tile=t256/1"),
+			  "%s", dg_codegen_errmsg(cg));
+	}
+	dg_spec q;
+	dg_spec_init(&q, DG_OP_QUANTIZE_ACT);
+	q.tile.threads = 256, q.tile.stages = 1;
+	dg_plan p;
+	cr_assert_neq(dg_codegen_plan(cg, &q, &p), DG_OK);
+	cr_assert(strstr(dg_codegen_errmsg(cg), "stages nothing"), "%s", dg_codegen_errmsg(cg));
+	dg_codegen_destroy(cg);
+}
+
 /* Every combination of act, the gradient (out) and add_mask's other
  * (src) compiles; the kernel's types follow them. */
 Test(nvrtc_gate, gradient_formats)

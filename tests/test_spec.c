@@ -151,6 +151,12 @@ Test(spec, tile_forms)
 	s = parsed("op=quantize_act;tile=t512");
 	cr_assert_eq(s.tile.threads, 512);
 	cr_assert(strstr(canon(&s), "tile=t512;"));
+	/* a thread count with stages (an op that stages its rows: gate_quant) */
+	s = parsed("op=gate_quant;tile=t256/1");
+	cr_assert_eq(s.tile.threads, 256);
+	cr_assert_eq(s.tile.stages, 1);
+	cr_assert(strstr(canon(&s), "tile=t256/1;"), "%s", canon(&s));
+	cr_assert_eq(parsed(canon(&s)).tile.stages, 1, "round trip");
 }
 
 Test(spec, validation_names_the_field)
@@ -200,6 +206,12 @@ Test(spec, tile_syntax_and_kind)
 	refused("op=lowrank_fwd;tile=64x64x64/0x2/2", "tile=64x64x64/0x2/2: must be auto");
 	refused("op=lowrank_fwd;tile=64x64x64/2x2/2x", "must be auto");
 	refused("op=lowrank_fwd;tile=t", "tile=t: must be auto");
+	refused("op=gate_quant;tile=t256/", "tile=t256/: must be auto");
+	refused("op=gate_quant;tile=t256/0", "tile=t256/0: must be auto");
+	refused("op=gate_quant;tile=t/1", "tile=t/1: must be auto");
+	refused("op=gate_quant;tile=t256/1/2", "tile=t256/1/2: must be auto");
+	refused("op=gate_quant;tile=t256/65", "tile=t256/65: must be auto");
+	refused("op=lowrank_fwd;tile=t256/1", "takes a block tile");
 	refused("op=lowrank_fwd;relu=1e-60", "relu=1e-60");
 	refused("op=lowrank_fwd;tile=t256", "takes a block tile");
 	refused("op=quantize_act;tile=64x64x64/2x2/2", "takes a thread count");

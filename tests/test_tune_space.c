@@ -107,6 +107,16 @@ Test(tune_space, sizes_stay_small)
 	cr_assert_eq(dg_tune_space(cg, &e, 90, &c, &k, msg, sizeof(msg)), DG_OK, "%s", msg);
 	cr_assert_eq(k, 10, "t64..t1024 on sm_90 and sm_90a: %zu", k);
 	free(c);
+	/* gate_quant stages its token too: t64..t1024 and t64/1..t1024/1 on
+	 * both targets, the BDH token's 64 KiB within every one's limit */
+	e = dg_test_spec_parse("op=gate_quant;src=bf16;act=uint8pos");
+	cr_assert_eq(dg_tune_space(cg, &e, 90, &c, &k, msg, sizeof(msg)), DG_OK, "%s", msg);
+	size_t staged = 0;
+	for (size_t i = 0; i < k; i++)
+		staged += c[i].tile.stages == 1;
+	cr_assert_eq(k, 20, "gate_quant: %zu candidates", k);
+	cr_assert_eq(staged, 10, "gate_quant: %zu staged", staged);
+	free(c);
 	dg_codegen_destroy(cg);
 }
 

@@ -160,7 +160,10 @@ DG_API const char *dg_scale_name(dg_scale_gran g);
  * GEMM-like ops (lowrank_fwd) use bm, bn, bk (block tile, K step in
  * elements), wm x wn warps per block and `stages` shared-memory buffers;
  * text form `BMxBNxBK/WMxWN/S`, e.g. `64x64x32/2x2/2`.
- * Element-wise ops use `threads` per block; text form `t256`.
+ * Element-wise ops use `threads` per block; text form `t256`. An op
+ * whose kernel can stage its rows in shared memory (gate_quant) also
+ * takes `stages` with it, text form `t256/1`: the template says what it
+ * makes of them and refuses them where it makes nothing.
  */
 typedef struct dg_tile {
 	int bm, bn, bk;

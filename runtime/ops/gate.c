@@ -162,7 +162,8 @@ dg_status dg__check_gate_bwd(const dg_spec *spec, const dg__op_call *c, char *ms
  * A block a token, grid-stride (templates/gate_quant.lua): xs, ys, (long
  * long rows, int T), the dropout's arguments, the scales (codes' scale),
  * the codes. The grid: 4 blocks an SM, or one a token where there are
- * fewer. Its dropout rules are gate_fwd's (gate_check); outputs over an
+ * fewer; the staged form (tile t<N>/1: the token's xy in shared memory,
+ * a few blocks an SM) a block a token, which the scheduler balances. Its dropout rules are gate_fwd's (gate_check); outputs over an
  * input are refused there too. */
 
 dg_status dg__prep_gate_quant(dg_prepared *p, const dg__op_call *c)
@@ -181,8 +182,10 @@ dg_status dg__prep_gate_quant(dg_prepared *p, const dg__op_call *c)
 	dg_status st = dg_kernel_get(p->dev, spec, "dg_gate_quant", &k);
 	if (st)
 		return st;
-	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(p->dev)->sm_count;
-	dg_launch l = { { dg__op_grid(rows, 1, 4LL * (sms > 0 ? sms : 1)), 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
+	const dg_tile *tile = &dg_kernel_spec(k)->tile;
+	const int nt = tile->threads, sms = dg__dev_info(p->dev)->sm_count;
+	const long long cap = tile->stages ? INT32_MAX : 4LL * (sms > 0 ? sms : 1);
+	dg_launch l = { { dg__op_grid(rows, 1, cap), 1, 1 }, { (unsigned)nt, 1, 1 }, 0 };
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)
 		return st;
