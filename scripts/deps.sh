@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what dragon needs on Debian/Ubuntu, only what is missing:
-# a C compiler, CMake, pkg-config, Lua 5.4, cJSON, Criterion (tests),
+# a C compiler (and C++: the tests run generated kernels on the CPU), CMake, pkg-config, Lua 5.4, cJSON, Criterion (tests),
 # gnuplot (dragon plot), clang (fuzz targets: DG_WITH_CLANG=1) and
 # python3 with venv (the Python tests' environment, scripts/pydeps.sh:
 # DG_WITH_PYTHON=1). The CUDA toolkit (NVRTC)
@@ -8,7 +8,7 @@
 # and on PATH.
 set -euo pipefail
 
-pkgs=(gcc make cmake pkg-config liblua5.4-dev libcjson-dev libcriterion-dev gnuplot-nox)
+pkgs=(gcc g++ make cmake pkg-config liblua5.4-dev libcjson-dev libcriterion-dev gnuplot-nox)
 [ "${DG_WITH_CLANG:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev)  # libFuzzer + sanitizer runtimes
 [ "${DG_WITH_PYTHON:-0}" = 1 ] && pkgs+=(python3 python3-venv)
 
