@@ -1,26 +1,46 @@
 /*
- * cuda_emu.hpp — just enough of CUDA's device language, in C++20 on the
- * CPU, to run a generated element-wise kernel (tests/emu_helpers.c
- * compiles the rendered source after this header into a shared object):
- * a launch runs its blocks one after another, each block's threads as OS
- * threads, so __syncthreads is a barrier of the block and __shfl_xor_sync
- * an exchange among a warp's 32 threads. The arithmetic intrinsics are
- * the IEEE single/double operations they name, rounded to nearest even
- * (the build passes -ffp-contract=off, so nothing is fused that the
- * kernel did not fuse); fmaf is the fused one. Shared arrays are static
- * (one block runs at a time); a kernel's `extern __shared__` array is made
- * a pointer into dg_emu_dyn_smem by the helper's rewrite of the source.
+ * cuda_emu.hpp — enough of CUDA's device language and of sm_90a's inline
+ * PTX, in C++20 on the CPU, to run a generated kernel
+ * (tests/emu_helpers.c builds the rendered source after this header into
+ * a shared object, each asm statement rewritten as a call of the
+ * emulation below): a launch runs its blocks one after another, each
+ * block's threads as OS threads, so __syncthreads is a barrier of the
+ * block, bar.sync a named one, __shfl_xor_sync an exchange among a warp's
+ * 32 threads. The arithmetic intrinsics are the IEEE single/double
+ * operations they name, rounded to nearest even (the build passes
+ * -ffp-contract=off, so nothing is fused that the kernel did not fuse);
+ * fmaf is the fused one.
  *
- * What it does not model: warp-synchronous code without the _sync
- * intrinsics, atomics, inline PTX (a kernel whose path uses it does not
- * compile here), tensor cores, asynchronous copies. It checks a kernel's
- * indexing, its barriers' placement (a thread that misses a barrier hangs
- * the launch, which the test's timeout reports), its arithmetic and its
- * bounds — the logic, not the speed.
+ * Shared memory is one window (dg_emu_window), the dynamic shared memory
+ * at its start; a shared address is the offset into it. Emulated at
+ * issue, in program order: cp.async (the copy done when issued; commit
+ * and wait no-ops), TMA's bulk tensor copies (a rank-3 box through the
+ * test's own map, eh_tmap; zeros outside the tensor; the 128-byte swizzle
+ * on the shared addresses; its bytes complete on the mbarrier), mbarriers
+ * (arrival counts, transaction bytes, phases; try_wait blocks until its
+ * phase completed), wgmma (the descriptors' layouts, 128-byte swizzle or
+ * none, K- or MN-major; the accumulators of the calling thread only, f32
+ * or s32 sums; fence, commit and wait no-ops), setmaxnreg and the fences
+ * (no-ops).
+ *
+ * What it does not model: timing and the asynchrony itself (an MMA or a
+ * copy is complete when issued, so a stage released too early is not
+ * caught), warp-synchronous code without the _sync intrinsics, atomics,
+ * clusters, mma.sync and ldmatrix (an asm the rewrite does not know fails
+ * the build, naming it). It checks a kernel's indexing, its barriers'
+ * placement (a thread that misses one hangs the launch, which the test's
+ * timeout reports), its layouts and its arithmetic — the logic, not the
+ * speed. The tensor-core sums are in the order of k (the hardware's order
+ * differs in the last bits: compare by a tolerance).
  */
 #pragma once
 
 #include <barrier>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -65,7 +85,14 @@ static inline float4 make_float4(float x, float y, float z, float w) { return { 
  * translation unit a kernel, so defined here. */
 static thread_local dim3_emu threadIdx, blockIdx;
 static dim3_emu blockDim, gridDim;
-static unsigned char *dg_emu_dyn_smem;
+/* Shared memory: one window, the dynamic shared memory at its start, so
+ * that a shared address (__cvta_generic_to_shared: the offset into it)
+ * fits the 18 bits a wgmma descriptor takes and keeps its alignment (the
+ * window is 1024-byte aligned, as the swizzle's atoms need). */
+#define DG_EMU_SMEM (256 * 1024)
+alignas(1024) static unsigned char dg_emu_window[DG_EMU_SMEM];
+static unsigned char *dg_emu_dyn_smem = dg_emu_window;
+static size_t dg_emu_dyn_size;
 static std::barrier<> *dg_emu_block_bar;
 static std::vector<std::unique_ptr<std::barrier<>>> dg_emu_warp_bar;
 static unsigned dg_emu_slot[1024];
@@ -91,44 +118,6 @@ static inline float dg_emu_shfl_xor(float v, int m)
 	std::memcpy(&f, &r, 4);
 	return f;
 }
-
-/* Runs fn as a launch of grid x 1 x 1 blocks of nt x 1 x 1 threads with
- * smem bytes of dynamic shared memory: block after block, each one's
- * threads at once. */
-static inline void dg_emu_launch(unsigned grid, unsigned nt, size_t smem, const std::function<void()> &fn)
-{
-	std::vector<unsigned char> dyn(smem + 16);
-	dg_emu_dyn_smem = dyn.data();
-	blockDim = { nt, 1, 1 };
-	gridDim = { grid, 1, 1 };
-	for (unsigned b = 0; b < grid; ++b) {
-		/* a block's barriers: an exited thread drops out of them */
-		std::barrier<> block((std::ptrdiff_t)nt);
-		dg_emu_block_bar = &block;
-		dg_emu_warp_bar.clear();
-		for (unsigned w = 0; w < (nt + 31) / 32; ++w)
-			dg_emu_warp_bar.emplace_back(new std::barrier<>((std::ptrdiff_t)(nt - 32 * w < 32 ? nt - 32 * w : 32)));
-		std::vector<std::thread> th;
-		th.reserve(nt);
-		for (unsigned t = 0; t < nt; ++t)
-			th.emplace_back([&, b, t] {
-				blockIdx = { b, 0, 0 };
-				threadIdx = { t, 0, 0 };
-				fn();
-				/* an exited thread no longer counts at a barrier */
-				dg_emu_block_bar->arrive_and_drop();
-				dg_emu_warp_bar[t / 32]->arrive_and_drop();
-			});
-		for (auto &x : th)
-			x.join();
-	}
-}
-
-#define __syncthreads() dg_emu_syncthreads()
-static inline float __shfl_xor_sync(unsigned, float v, int m) { return dg_emu_shfl_xor(v, m); }
-static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int m) { return dg_emu_shfl_xor_u(v, m); }
-static inline int __shfl_xor_sync(unsigned, int v, int m) { return (int)dg_emu_shfl_xor_u((unsigned)v, m); }
-static inline void __syncwarp(unsigned = 0xffffffffu) {}
 
 template <class T> static inline T __ldg(const T *p) { return *p; }
 
@@ -179,4 +168,336 @@ static inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s)
 	for (int i = 0; i < 4; ++i)
 		r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
 	return r;
+}
+
+#define __syncthreads() dg_emu_syncthreads()
+static inline float __shfl_xor_sync(unsigned, float v, int m) { return dg_emu_shfl_xor(v, m); }
+static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int m) { return dg_emu_shfl_xor_u(v, m); }
+static inline int __shfl_xor_sync(unsigned, int v, int m) { return (int)dg_emu_shfl_xor_u((unsigned)v, m); }
+static inline void __syncwarp(unsigned = 0xffffffffu) {}
+
+/* ---- shared addresses ---------------------------------------------------- */
+
+static inline size_t __cvta_generic_to_shared(const void *p)
+{
+	const unsigned char *c = (const unsigned char *)p;
+	if (c < dg_emu_window || c >= dg_emu_window + DG_EMU_SMEM) {
+		fprintf(stderr, "emu: a shared address of memory outside the dynamic shared memory\n");
+		abort();
+	}
+	return (size_t)(c - dg_emu_window);
+}
+
+static inline unsigned char *dg_emu_sh(unsigned addr)
+{
+	if (addr >= DG_EMU_SMEM) {
+		fprintf(stderr, "emu: shared address 0x%x past the window\n", addr);
+		abort();
+	}
+	return dg_emu_window + addr;
+}
+
+/* the 128-byte swizzle: the 16-byte chunk (address bits 4-6) xor the row
+ * within its 1024-byte atom (bits 7-9) */
+static inline unsigned dg_emu_swz128(unsigned a) { return a ^ (((a >> 7) & 7u) << 4); }
+
+/* ---- named barriers (bar.sync id, count) ---------------------------------- */
+
+static std::mutex dg_emu_mu;
+static std::map<unsigned, std::unique_ptr<std::barrier<>>> dg_emu_named;
+
+static inline void dg_emu_named_reset() { dg_emu_named.clear(); }
+
+static inline void dg_emu_bar_sync(unsigned id, unsigned count)
+{
+	std::barrier<> *b;
+	{
+		std::lock_guard<std::mutex> g(dg_emu_mu);
+		auto &e = dg_emu_named[id];
+		if (!e)
+			e.reset(new std::barrier<>((std::ptrdiff_t)count));
+		b = e.get();
+	}
+	b->arrive_and_wait();
+}
+
+/* ---- mbarriers: arrivals a phase, pending transaction bytes ------------- */
+
+struct dg_emu_mbar {
+	unsigned count, pending;
+	long long tx;
+	unsigned phase;
+};
+static std::map<unsigned, dg_emu_mbar> dg_emu_mbars;
+static std::condition_variable dg_emu_cv;
+
+static inline void dg_emu_mbar_reset() { dg_emu_mbars.clear(); }
+
+static inline dg_emu_mbar &dg_emu_mbar_at(unsigned bar)
+{
+	auto it = dg_emu_mbars.find(bar);
+	if (it == dg_emu_mbars.end()) {
+		fprintf(stderr, "emu: mbarrier at 0x%x used before its init\n", bar);
+		abort();
+	}
+	return it->second;
+}
+
+/* the phase completes when every arrival came and no bytes are pending */
+static inline void dg_emu_mbar_check(dg_emu_mbar &m)
+{
+	if (m.pending == 0 && m.tx == 0) {
+		m.phase++;
+		m.pending = m.count;
+		dg_emu_cv.notify_all();
+	}
+}
+
+static inline void dg_emu_mbar_init(unsigned bar, unsigned count)
+{
+	std::lock_guard<std::mutex> g(dg_emu_mu);
+	dg_emu_mbars[bar] = { count, count, 0, 0 };
+}
+
+static inline void dg_emu_mbar_arrive(unsigned bar)
+{
+	std::lock_guard<std::mutex> g(dg_emu_mu);
+	dg_emu_mbar &m = dg_emu_mbar_at(bar);
+	if (m.pending == 0) {
+		fprintf(stderr, "emu: mbarrier at 0x%x: more arrivals than its count\n", bar);
+		abort();
+	}
+	m.pending--;
+	dg_emu_mbar_check(m);
+}
+
+static inline void dg_emu_mbar_expect_tx(unsigned bar, unsigned bytes)
+{
+	std::lock_guard<std::mutex> g(dg_emu_mu);
+	dg_emu_mbar &m = dg_emu_mbar_at(bar);
+	m.tx += bytes;
+	m.pending--;
+	dg_emu_mbar_check(m);
+}
+
+static inline void dg_emu_mbar_complete_tx(unsigned bar, unsigned bytes)
+{
+	std::lock_guard<std::mutex> g(dg_emu_mu);
+	dg_emu_mbar &m = dg_emu_mbar_at(bar);
+	m.tx -= bytes;
+	dg_emu_mbar_check(m);
+}
+
+/* waits until the phase of this parity completed: the current phase's
+ * parity is the other one */
+static inline void dg_emu_mbar_wait(unsigned bar, unsigned parity)
+{
+	std::unique_lock<std::mutex> g(dg_emu_mu);
+	dg_emu_mbar_at(bar);
+	dg_emu_cv.wait(g, [&] { return (dg_emu_mbar_at(bar).phase & 1u) != (parity & 1u); });
+}
+
+/* ---- copies into shared memory -------------------------------------------- */
+
+/* cp.async (cg 16 / ca 8): src_bytes of src, zeros to n (at once) */
+static inline void dg_emu_cp_async(size_t dst, unsigned long long src, unsigned n, unsigned src_bytes)
+{
+	unsigned char *d = dg_emu_sh((unsigned)dst);
+	std::memset(d, 0, n);
+	if (src_bytes)
+		std::memcpy(d, (const void *)src, src_bytes < n ? src_bytes : n);
+}
+
+static inline void dg_emu_st_shared_v4(size_t dst, unsigned a, unsigned b, unsigned c, unsigned d)
+{
+	unsigned v[4] = { a, b, c, d };
+	std::memcpy(dg_emu_sh((unsigned)dst), v, 16);
+}
+
+/* A tensor map as the tests make it (tests/emu_helpers.h eh_tmap, the
+ * same fields): the driver's CUtensorMap is opaque, so the emulated one is
+ * the test's own. */
+struct dg_emu_tmap {
+	unsigned long long base;
+	unsigned long long dims[3];
+	unsigned long long strides[2]; /* bytes, dims 1 and 2 */
+	unsigned box[3];
+	unsigned es;                   /* element bytes */
+	unsigned swizzle;              /* 128 or 0 */
+};
+
+/* a rank-3 box into shared dst (the 128-byte swizzle on its addresses),
+ * zeros outside the tensor; the whole box's bytes complete on bar */
+static inline void dg_emu_tma_load3(size_t dst, unsigned long long map, size_t bar, int c0, int c1, int c2)
+{
+	const dg_emu_tmap *m = (const dg_emu_tmap *)map;
+	unsigned off = 0;
+	for (unsigned i2 = 0; i2 < m->box[2]; ++i2)
+		for (unsigned i1 = 0; i1 < m->box[1]; ++i1)
+			for (unsigned i0 = 0; i0 < m->box[0]; ++i0, off += m->es) {
+				const long long x = (long long)c0 + i0, y = (long long)c1 + i1, z = (long long)c2 + i2;
+				unsigned a = (unsigned)dst + off;
+				if (m->swizzle == 128)
+					a = dg_emu_swz128(a);
+				unsigned char *d = dg_emu_sh(a);
+				if (x < 0 || y < 0 || z < 0 || x >= (long long)m->dims[0] || y >= (long long)m->dims[1] ||
+				    z >= (long long)m->dims[2])
+					std::memset(d, 0, m->es);
+				else
+					std::memcpy(d, (const unsigned char *)m->base + (unsigned long long)x * m->es +
+							       (unsigned long long)y * m->strides[0] +
+							       (unsigned long long)z * m->strides[1],
+						    m->es);
+			}
+	dg_emu_mbar_complete_tx((unsigned)bar, off);
+}
+
+/* ---- warpgroup MMA (wgmma.mma_async, at issue) ------------------------------ */
+
+/* An operand's element (r: its M or N index, k) through its descriptor:
+ * start (bits 0-13), LBO (16-29), SBO (32-45), 16-byte units; layout 1
+ * (bits 62-63) the 128-byte swizzle. K-major: rows of r, 8-row groups SBO
+ * apart, k along the row; MN-major (transposed): rows of k, 8-row groups
+ * SBO apart, 64-wide groups of r LBO apart. es: element bytes. */
+static inline const unsigned char *dg_emu_desc_elem(unsigned long long desc, bool mn, int r, int k, int es)
+{
+	const unsigned start = (unsigned)(desc & 0x3fffu) << 4, lbo = (unsigned)((desc >> 16) & 0x3fffu) << 4,
+		       sbo = (unsigned)((desc >> 32) & 0x3fffu) << 4, layout = (unsigned)(desc >> 62);
+	unsigned a;
+	if (layout == 1) {
+		const int per = 128 / es; /* elements a 128-byte row */
+		if (!mn)
+			a = start + (unsigned)(r / 8) * sbo + (unsigned)(r % 8) * 128u + (unsigned)(k * es);
+		else
+			a = start + (unsigned)(r / per) * lbo + (unsigned)(k / 8) * sbo + (unsigned)(k % 8) * 128u +
+			    (unsigned)((r % per) * es);
+		a = dg_emu_swz128(a);
+	} else if (layout == 0) {
+		/* no swizzle: core matrices of 8 rows x 16 bytes, K-major; along
+		 * K LBO apart, along M / N SBO apart */
+		if (mn) {
+			fprintf(stderr, "emu: an MN-major operand without the swizzle\n");
+			abort();
+		}
+		const int per = 16 / es;
+		a = start + (unsigned)(k / per) * lbo + (unsigned)(r / 8) * sbo + (unsigned)(r % 8) * 16u +
+		    (unsigned)((k % per) * es);
+	} else {
+		fprintf(stderr, "emu: descriptor layout %u\n", layout);
+		abort();
+	}
+	return dg_emu_sh(a);
+}
+
+static inline float dg_emu_bf16(const unsigned char *p)
+{
+	unsigned short h;
+	std::memcpy(&h, p, 2);
+	return __uint_as_float((unsigned)h << 16);
+}
+
+/* d (+)= A (64 x K) · B (N x K)ᵀ for the calling thread's accumulators:
+ * thread t of its warpgroup, warp w = t / 32 % 4, lane 4g + q, register
+ * 4j + i at row 16w + g (+8 for i >= 2), column 8j + 2q (+1 for odd i).
+ * kind 0: bf16 operands, f32 sums (K 16); 1: s8 · s8, 2: u8 · s8, s32
+ * sums (K 32). */
+static inline void dg_emu_wgmma(void *const *d, int n, int kind, unsigned long long da, unsigned long long db,
+				int scale_d, int ta, int tb)
+{
+	const int t = (int)(threadIdx.x % 128), w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+	const int K = kind == 0 ? 16 : 32, es = kind == 0 ? 2 : 1;
+	for (int reg = 0; reg < n / 2; ++reg) {
+		const int j = reg / 4, i = reg % 4, row = 16 * w + g + (i >= 2 ? 8 : 0), col = 8 * j + 2 * q + (i & 1);
+		if (kind == 0) {
+			float acc = scale_d ? *(float *)d[reg] : 0.0f;
+			for (int k = 0; k < K; ++k)
+				acc += dg_emu_bf16(dg_emu_desc_elem(da, ta, row, k, 2)) *
+				       dg_emu_bf16(dg_emu_desc_elem(db, tb, col, k, 2));
+			*(float *)d[reg] = acc;
+		} else {
+			int acc = scale_d ? *(int *)d[reg] : 0;
+			for (int k = 0; k < K; ++k) {
+				const unsigned char a = *dg_emu_desc_elem(da, false, row, k, es),
+						    b = *dg_emu_desc_elem(db, false, col, k, es);
+				acc += (kind == 2 ? (int)a : (int)(signed char)a) * (int)(signed char)b;
+			}
+			*(int *)d[reg] = acc;
+		}
+	}
+}
+
+/* ---- small instructions ---------------------------------------------------- */
+
+static inline unsigned dg_emu_cvt_bf16x2(float hi, float lo)
+{
+	auto rn = [](float f) {
+		unsigned u = __float_as_uint(f);
+		if ((u & 0x7fffffffu) > 0x7f800000u)
+			return (u >> 16) | 0x40u;
+		u += 0x7fffu + ((u >> 16) & 1u);
+		return u >> 16;
+	};
+	return (rn(lo) & 0xffffu) | (rn(hi) << 16);
+}
+
+static inline float dg_emu_fma_sat(float a, float b, float c)
+{
+	const float u = fmaf(a, b, c);
+	return std::isnan(u) ? 0.0f : u < 0.0f ? 0.0f : u > 1.0f ? 1.0f : u;
+}
+
+static inline int dg_emu_dp4a(unsigned a, unsigned b, int c, bool a_unsigned)
+{
+	int s = c;
+	for (int i = 0; i < 4; ++i) {
+		const int x = a_unsigned ? (int)((a >> (8 * i)) & 0xffu) : (int)(signed char)((a >> (8 * i)) & 0xffu);
+		s += x * (int)(signed char)((b >> (8 * i)) & 0xffu);
+	}
+	return s;
+}
+
+/* Runs fn as a launch of grid blocks (x fastest) of nt x 1 x 1 threads
+ * with smem bytes of dynamic shared memory: block after block, each
+ * one's threads at once. */
+static inline void dg_emu_launch3(dim3_emu grid, unsigned nt, size_t smem, const std::function<void()> &fn)
+{
+	if (smem > DG_EMU_SMEM) {
+		fprintf(stderr, "emu: %zu bytes of dynamic shared memory, more than the window's %d\n", smem, DG_EMU_SMEM);
+		abort();
+	}
+	dg_emu_dyn_size = smem;
+	blockDim = { nt, 1, 1 };
+	gridDim = grid;
+	for (unsigned bz = 0; bz < grid.z; ++bz)
+		for (unsigned by = 0; by < grid.y; ++by)
+			for (unsigned bx = 0; bx < grid.x; ++bx) {
+				/* a block's barriers: an exited thread drops out of them */
+				std::barrier<> block((std::ptrdiff_t)nt);
+				dg_emu_block_bar = &block;
+				std::memset(dg_emu_window, 0xcd, sizeof(dg_emu_window)); /* stale bytes are not zeros */
+				dg_emu_named_reset();
+				dg_emu_mbar_reset();
+				dg_emu_warp_bar.clear();
+				for (unsigned w = 0; w < (nt + 31) / 32; ++w)
+					dg_emu_warp_bar.emplace_back(
+						new std::barrier<>((std::ptrdiff_t)(nt - 32 * w < 32 ? nt - 32 * w : 32)));
+				std::vector<std::thread> th;
+				th.reserve(nt);
+				for (unsigned t = 0; t < nt; ++t)
+					th.emplace_back([&, bx, by, bz, t] {
+						blockIdx = { bx, by, bz };
+						threadIdx = { t, 0, 0 };
+						fn();
+						/* an exited thread no longer counts at a barrier */
+						dg_emu_block_bar->arrive_and_drop();
+						dg_emu_warp_bar[t / 32]->arrive_and_drop();
+					});
+				for (auto &x : th)
+					x.join();
+			}
+}
+
+static inline void dg_emu_launch(unsigned grid, unsigned nt, size_t smem, const std::function<void()> &fn)
+{
+	dg_emu_launch3({ grid, 1, 1 }, nt, smem, fn);
 }

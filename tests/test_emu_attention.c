@@ -1,0 +1,204 @@
+/*
+ * The sm_90a warp-specialized attention GEMMs (templates/attention_tma.lua:
+ * TMA loads into a ring of mbarrier-guarded stages, a producer warpgroup,
+ * wgmma consumers) run on the CPU (tests/emu_helpers.h: the rendered
+ * kernel built for the host, its inline PTX emulated — the tensor maps,
+ * the 128-byte swizzle, the mbarriers' phases and transaction bytes, the
+ * warpgroup MMA's descriptors and accumulator layout), against the C
+ * references by the GPU suite's bound (test_gpu_attention: the norm
+ * within 1e-2, each element within 2e-2 of the largest): attention_scores
+ * and attention_grad_xs (epi=store, f32, and epi=mask, bf16 in place) at
+ * a tile of each height (BM 128: two consumer warpgroups; BM 64: one),
+ * and on the cp.async ring (templates/attention_wgmma.lua: the threads
+ * stage the operands, swizzled by the kernel's own arithmetic),
+ * over T that is not a multiple of the tile (the maps' zero fill, the
+ * edges' guards, the skipped blocks above the diagonal) and two heads.
+ * These kernels pass on the H200 (test_gpu_attention); here they show that
+ * the emulation reads the same layouts the hardware does, so a kernel of
+ * this machinery can be checked before it meets a GPU.
+ */
+#include <criterion/criterion.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/codegen.h"
+#include "dragon/ref.h"
+#include "dragon/rng.h"
+#include "emu_helpers.h"
+#include "nvrtc_helpers.h"
+#include "runtime/ref/ref_ops.h"
+
+typedef void (*scores_fn)(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem, const void *xs,
+			  const float *rope, void *scores, int B, int T, const eh_tmap *ma, const eh_tmap *mb);
+typedef void (*grad_xs_fn)(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem, const void *c,
+			   const void *xs, const float *rope, void *out, const void *mask, int B, int T,
+			   const eh_tmap *ma, const eh_tmap *mb);
+
+/* The glue's call: the warp-specialized kernels take the two maps after
+ * the op's arguments, the cp.async ring's none. */
+static const char *maps_of(const dg_tile *t)
+{
+	return t->stages >= 5 ? ", a, b" : "";
+}
+
+/* the glue's maps from the test's bytes (none on the ring) */
+static const char *maps_in(const dg_tile *t)
+{
+	return t->stages >= 5 ? "dg_tmap a, b; memcpy(&a, ma, sizeof(dg_emu_tmap)), memcpy(&b, mb, sizeof(dg_emu_tmap));"
+			      : "(void)ma; (void)mb;";
+}
+
+static const char SCORES_GLUE[] =
+	"extern \"C\" void dg_emu_entry(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem,\n"
+	"	const void *xs, const float *rope, void *scores, int B, int T, const void *ma, const void *mb)\n"
+	"{\n"
+	"	%s\n"
+	"	dg_emu_launch3({ gx, gy, gz }, nt, smem, [&] {\n"
+	"		dg_attention_scores((const XT *)xs, rope, (XT *)scores, B, T%s);\n"
+	"	});\n"
+	"}\n";
+
+static const char GRAD_XS_GLUE[] =
+	"extern \"C\" void dg_emu_entry(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem,\n"
+	"	const void *c, const void *xs, const float *rope, void *out, const void *mask, int B, int T,\n"
+	"	const void *ma, const void *mb)\n"
+	"{\n"
+	"	%s\n"
+	"	dg_emu_launch3({ gx, gy, gz }, nt, smem, [&] {\n"
+	"		dg_attention_grad_xs((const XT *)c, (const XT *)xs, rope, (OT *)out,%s B, T%s);\n"
+	"	});\n"
+	"}\n";
+
+typedef struct shape {
+	int B, H, T, N, E;
+} shape;
+
+static float *widen(dg_fmt f, const void *p, size_t n)
+{
+	float *w = malloc(n * sizeof(float));
+	cr_assert_not_null(w);
+	for (size_t i = 0; i < n; i++)
+		w[i] = f == DG_FMT_BF16 ? dg_ref_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+	return w;
+}
+
+static void expect_close(const char *what, dg_fmt f, const void *got, const void *want, size_t n)
+{
+	char why[512];
+	float *g = widen(f, got, n), *w = widen(f, want, n);
+	cr_assert(dg_ref_close_norm(g, w, n, 1e-2, 2e-2f, why, sizeof(why)), "%s: %s", what, why);
+	free(g), free(w);
+}
+
+static dg_spec spec_of(dg_op op, const shape *s, const dg_tile *t)
+{
+	dg_spec sp;
+	dg_spec_init(&sp, op);
+	sp.act = DG_FMT_BF16, sp.heads = s->H, sp.latent = s->N, sp.embd = s->E;
+	sp.arch = 90, sp.arch_specific = true, sp.rope_pre = true, sp.tile = *t;
+	dg_spec_normalize(&sp);
+	return sp;
+}
+
+/* n random bf16 values (dg_rng_fill: [-1, 1)) */
+static uint16_t *rand_bf16(dg_rng *r, size_t n)
+{
+	uint16_t *p = calloc(n + 8, 2);
+	cr_assert_not_null(p);
+	dg_rng_fill(r, DG_FMT_BF16, p, n);
+	return p;
+}
+
+static void check_scores(dg_codegen *cg, dg_rng *r, const shape *s, const dg_tile *t)
+{
+	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, s, t);
+	dg_plan plan;
+	cr_assert_eq(dg_codegen_plan(cg, &sp, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(plan.path, t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s", plan.canonical);
+	char glue[2048];
+	snprintf(glue, sizeof(glue), SCORES_GLUE, maps_in(t), maps_of(t));
+	scores_fn fn = (scores_fn)eh_build(cg, &sp, glue, "dg_emu_entry");
+	const int B = s->B, H = s->H, T = s->T, N = s->N;
+	const size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T;
+	uint16_t *qr = rand_bf16(r, nx), *got = malloc(ns * 2), *want = malloc(ns * 2);
+	float *rope = malloc((size_t)T * N * 4);
+	cr_assert(got && want && rope);
+	dg_ref_rope_pairs(T, N, rope);
+	memset(got, 0xff, ns * 2);
+	const eh_tmap ma = eh_tmap3(qr, 2, (uint64_t)N, (uint64_t)T, (uint64_t)B * H, 64, (unsigned)t->bm),
+		      mb = eh_tmap3(qr, 2, (uint64_t)N, (uint64_t)T, (uint64_t)B * H, 64, (unsigned)t->bn);
+	fn((unsigned)((T + t->bn - 1) / t->bn), (unsigned)((T + t->bm - 1) / t->bm), (unsigned)(B * H),
+	   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, qr, rope, got, B, T, &ma, &mb);
+	cr_assert_eq(dg_ref_attention_scores(&sp, qr, rope, want, B, T), DG_OK);
+	expect_close(plan.canonical, DG_FMT_BF16, got, want, ns);
+	free(qr), free(got), free(want), free(rope);
+}
+
+/* epi: 0 store (f32 out), 1 mask (bf16 dxs in place) */
+static void check_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_tile *t, int epi)
+{
+	dg_spec sp = spec_of(DG_OP_ATTENTION_GRAD_XS, s, t);
+	sp.out = epi ? DG_FMT_BF16 : DG_FMT_F32;
+	sp.epi = epi ? DG_EPI_MASK : DG_EPI_STORE;
+	dg_spec_normalize(&sp);
+	dg_plan plan;
+	cr_assert_eq(dg_codegen_plan(cg, &sp, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(plan.path, t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s", plan.canonical);
+	char glue[2048];
+	snprintf(glue, sizeof(glue), GRAD_XS_GLUE, maps_in(t), epi ? " (const XT *)mask," : "", maps_of(t));
+	grad_xs_fn fn = (grad_xs_fn)eh_build(cg, &sp, glue, "dg_emu_entry");
+	const int B = s->B, H = s->H, T = s->T, N = s->N;
+	const size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, ob = epi ? 2 : 4;
+	uint16_t *qr = rand_bf16(r, nx), *c = rand_bf16(r, ns), *mask = rand_bf16(r, nx);
+	void *got = malloc(nx * ob), *want = malloc(nx * ob), *dxs = epi ? rand_bf16(r, nx) : NULL;
+	float *rope = malloc((size_t)T * N * 4);
+	cr_assert(got && want && rope);
+	dg_ref_rope_pairs(T, N, rope);
+	if (epi)
+		memcpy(got, dxs, nx * 2);
+	else
+		memset(got, 0xff, nx * ob);
+	const eh_tmap ma = eh_tmap3(c, 2, (uint64_t)T, (uint64_t)T, (uint64_t)B * H, 64, (unsigned)t->bm),
+		      mb = eh_tmap3(qr, 2, (uint64_t)N, (uint64_t)T, (uint64_t)B * H, 64, 64);
+	fn((unsigned)((N + t->bn - 1) / t->bn), (unsigned)((T + t->bm - 1) / t->bm), (unsigned)(B * H),
+	   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, c, qr, rope, got, mask, B, T, &ma, &mb);
+	if (epi)
+		cr_assert_eq(dg_ref_attention_grad_xs_mask(&sp, c, qr, rope, dxs, mask, want, B, T), DG_OK);
+	else
+		cr_assert_eq(dg_ref_attention_grad_xs(&sp, c, qr, rope, want, B, T), DG_OK);
+	expect_close(plan.canonical, epi ? DG_FMT_BF16 : DG_FMT_F32, got, want, nx);
+	free(qr), free(c), free(mask), free(got), free(want), free(dxs), free(rope);
+}
+
+/* the warp-specialized form at each height, and the cp.async ring (its
+ * operands staged by the threads with the swizzle computed in the kernel,
+ * dg_wb_kmaj / dg_wb_mnmaj: the layout the hardware reads, which the
+ * emulated descriptor must read the same) */
+static const dg_tile TILES[3] = { { 128, 128, 64, 8, 1, 5, 0 }, { 64, 128, 64, 4, 1, 6, 0 },
+				  { 128, 128, 64, 8, 1, 3, 0 } };
+
+Test(emu_attention, warp_specialized_scores, .timeout = 900)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 5);
+	const shape s = { 1, 2, 200, 128, 64 };
+	for (int i = 0; i < 3; i++)
+		check_scores(cg, &r, &s, &TILES[i]);
+	dg_codegen_destroy(cg);
+}
+
+Test(emu_attention, warp_specialized_grad_xs, .timeout = 900)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 6);
+	const shape s = { 1, 2, 136, 192, 64 };
+	for (int i = 0; i < 3; i++)
+		for (int epi = 0; epi < 2; epi++)
+			check_grad_xs(cg, &r, &s, &TILES[i], epi);
+	dg_codegen_destroy(cg);
+}
