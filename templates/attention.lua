@@ -110,10 +110,16 @@ of HBM), and the epilogue does not overlap the next tile's MMAs. A and
 B shared by TMA multicast in a 2 x 2 cluster (templates/attention_tma.lua
 M.cluster, 6 stages) halves the L2 reads but took 1184 us: with K = 512
 a tile is 8 steps, mostly its ring's fill and its epilogue, and a
-cluster waits for its slowest block. Next: a persistent grid whose
-producer fills the ring with the next tile while the consumers run the
-epilogue (then the cluster on top of it), RoPE out of the x projection's
-epilogue. The model's forward keeps RoPE(xs) for the
+cluster waits for its slowest block. The persistent form (a ring of 4
+stages at BN 128 or 64: templates/attention_tma.lua M.persistent_ok) is
+the next step: a grid of the SMs' blocks, each walking tiles m fastest,
+its producer filling the ring with the next tile's steps while the
+consumers run the epilogue, whose staged tile lies beside the ring. It
+passes the CPU emulation (tests/test_emu_attention.c: 3 blocks over 8 and
+12 tiles, the ring wrapping within and across tiles) and is in the GPU
+suite's tiles and timings (test_gpu_attention warp_specialized_grad_xs);
+not yet run on a device, so the default stays 5 stages. Then: the
+cluster on top of it, RoPE out of the x projection's epilogue. The model's forward keeps RoPE(xs) for the
 backward where the plan fits (runtime/train/gpu_model.c keep_qr), so the
 backward chain runs no rope_fwd: attention backward 6.02 -> 4.89 ms a
 step (w8a8, B 8, T 512).
@@ -385,6 +391,16 @@ function M.plan(spec)
   local p = { tile = t, arch_specific = false, name = k.op .. ".cu",
               entries = { { name = "dg_" .. k.op, threads = nt } } }
   local TMA = require("attention_tma")
+  if tma_op(k) and TMA.persistent_ok(k, t) then
+    p.path = "wgmma tma persistent"
+    p.arch_specific = true
+    p.entries[1].threads = TMA.threads(t)
+    local smem = TMA.persistent_smem(t, k.epi_mask)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
+    if not ok then return nil, err end
+    p.entries[1].smem = smem
+    return p
+  end
   if tma_op(k) and TMA.tile_ok(t) then
     p.path = "wgmma tma"
     p.arch_specific = true
@@ -481,7 +497,7 @@ function M.render(spec, plan)
   -- the pieces every path's kernel shares
   local sh = { CTYPE = CTYPE, op_text = op_text, operand_fmt = operand_fmt, out_helpers = out_helpers,
                MASK_PAIR = MASK_PAIR }
-  if plan.path == "wgmma tma" then
+  if plan.path == "wgmma tma" or plan.path == "wgmma tma persistent" then
     return require("attention_tma").render(spec, plan, k, sh)
   end
   if plan.path == "wgmma bf16" then

@@ -33,6 +33,14 @@ made by the runtime (runtime/ops/attention.c):
 Epilogues: attention.lua's pair stores, or (epi=mask) attention_wgmma.lua's
 staged one through the ring, synchronized among the consumers alone (named
 barrier 1: the producer has left).
+
+The persistent form (attention_grad_xs, a ring of 4 stages, BN 128 or 64:
+M.persistent_ok, KERNEL_P) runs the same loads, MMAs and epilogues over a
+grid of (the SMs' blocks, 1, 1): each block walks tiles it = blockIdx.x,
++= gridDim.x, m fastest; its producer and consumers count the block's K
+steps over all its tiles, so a stage's phase runs on from tile to tile;
+the staged f32 tile lies after the ring's barriers, so the producer fills
+the ring with the next tile while the consumers run the epilogue.
 ]]
 local EMIT = require("emit")
 local DEV = require("device")
@@ -80,6 +88,31 @@ function M.cluster(op, t)
   if op == "attention_grad_xs" and t.bm == 128 and t.bn == 128 and t.stages == 6 then
     return 2, 2
   end
+end
+
+-- The persistent form (tile of 4 stages, attention_grad_xs): a grid of as
+-- many blocks as the SMs hold (runtime/ops/attention.c), each walking
+-- tiles m fastest (the tiles of one column of RoPE(xs) back to back, so
+-- its boxes are read from L2 by the next ones), its producer filling the
+-- ring with the next tile's steps while the consumers run the epilogue
+-- (the f32 tile staged in a region of its own beside the ring, not in
+-- it). Why: at K = T = 512 a tile is 8 steps, and the non-persistent
+-- kernel pays the ring's fill and an epilogue that nothing overlaps on
+-- every tile (attention.lua's measurements above). A ring of 4 stages is
+-- what fits beside the 128 x 128 staged tile (128 KiB + 68 KiB).
+-- BN 64 or 128 (at BN 256 a ring of 4 stages is the cp.async ring's, as
+-- for every other op: the staged tile would not fit beside it).
+function M.persistent_ok(k, t)
+  return k.op == "attention_grad_xs" and t.bn <= 128 and require("wgmma_bf16").tile_ok(t, 4, 4)
+end
+
+-- Its dynamic shared memory: the ring, its 2·S mbarriers, the staged tile
+-- (epi=mask: BM rows of BN + 8 floats, 1 KiB aligned) and 1 KiB for the
+-- alignment of the atoms.
+function M.persistent_smem(t, staged)
+  local ring = t.stages * (t.bm + t.bn) * t.bk * 2 + 16 * t.stages
+  if staged then ring = (ring + 1023) // 1024 * 1024 + t.bm * (t.bn + 8) * 4 end
+  return ring + 1024
 end
 
 -- Dynamic shared memory and threads a block: wgmma_bf16.lua's
@@ -158,6 +191,102 @@ ${EPILOGUE}
 }
 ]]
 
+-- The persistent form's kernel (M.persistent_ok): grid (n, 1, 1), tile
+-- it = blockIdx.x, += gridDim.x over (T / BM) x (L / BN) x B·H, m fastest;
+-- step g counts the block's K steps over all its tiles, so the ring's
+-- stage g % S and phase (g / S) & 1 run on from tile to tile. The
+-- consumers release each stage once their MMAs on it are done (the last
+-- of a tile after the tile's wait), so the producer fills the next tile's
+-- stages while they run the epilogue.
+local KERNEL_P = [[
+extern "C" __global__ void __launch_bounds__(NTB, 1)
+${ENTRY}(${SIG})
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	(void)g;
+	(void)q;
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+	const unsigned bars = sbase + (unsigned)(S * STAGE);	// full[S], then empty[S]
+	// the staged f32 tile (epi=mask), after the barriers
+	const unsigned ebase = (bars + 16u * S + 1023u) & ~1023u;
+	(void)ebase;
+	const int tiles_m = (T + BM - 1) / BM, tiles_n = (L + BN - 1) / BN;
+	const long long tiles = (long long)tiles_m * tiles_n * B * H;
+	if (tid == 0) {
+		for (int s = 0; s < S; ++s) {
+			dg_mbar_init(bars + 8 * s, 1);
+			dg_mbar_init(bars + 8 * (S + s), NT);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	__syncthreads();
+
+	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
+		if constexpr (REG_MOVE)
+			dg_reg_dealloc<REG_P>();
+		if (tid == NT) {
+			long long gs = 0;	// the block's steps so far
+			for (long long it = blockIdx.x; it < tiles; it += gridDim.x) {
+				const int m0 = (int)(it % tiles_m) * BM, n0 = (int)(it / tiles_m % tiles_n) * BN;
+				const int z = (int)(it / ((long long)tiles_m * tiles_n));
+${GEO}
+				(void)pa; (void)pb; (void)ra; (void)rb; (void)a_hs; (void)b_hs; (void)LDA; (void)LDB; (void)NH; (void)M; (void)N; (void)skip; (void)po;${PM_VOID}
+				const int nsteps = kt_end > kt_begin ? kt_end - kt_begin : 0;
+				for (int i = 0; i < nsteps; ++i, ++gs) {
+					const int s = (int)(gs % S);
+					const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
+					// the stage's previous use released by every consumer
+					dg_mbar_wait(bars + 8 * (S + s), (unsigned)((gs / S) & 1) ^ 1u);
+					dg_mbar_expect_tx(full, TX);
+${LOADS}
+				}
+			}
+		}
+		return;
+	}
+
+	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of each tile
+	if constexpr (REG_MOVE)
+		dg_reg_alloc<REG_C>();
+	long long gs = 0;
+	for (long long it = blockIdx.x; it < tiles; it += gridDim.x) {
+		const int m0 = (int)(it % tiles_m) * BM, n0 = (int)(it / tiles_m % tiles_n) * BN;
+		const int z = (int)(it / ((long long)tiles_m * tiles_n));
+${GEO}
+		(void)pa; (void)pb; (void)ra; (void)rb; (void)a_hs; (void)b_hs; (void)LDA; (void)LDB; (void)NH; (void)skip;
+		const int nsteps = kt_end > kt_begin ? kt_end - kt_begin : 0;
+		float acc[BN / 2];
+#pragma unroll
+		for (int i = 0; i < BN / 2; ++i)
+			acc[i] = 0.0f;
+		for (int i = 0; i < nsteps; ++i, ++gs) {
+			const int s = (int)(gs % S);
+			dg_mbar_wait(bars + 8 * s, (unsigned)((gs / S) & 1));
+			const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
+			dg_wg_fence();
+#pragma unroll
+			for (int ks = 0; ks < BK / 16; ++ks)
+				${MMA_STEP}
+			dg_wg_commit();
+			// the step before's MMAs done: its stage is free
+			dg_wg_wait<1>();
+			dg_wb_pin(acc);
+			if (i > 0)
+				dg_mbar_arrive(bars + 8 * (S + (int)((gs - 1) % S)));
+		}
+		dg_wg_wait<0>();
+		dg_wb_pin(acc);
+		if (nsteps > 0)	// the tile's last stage: the producer fills it with the next tile's
+			dg_mbar_arrive(bars + 8 * (S + (int)((gs - 1) % S)));
+
+${EPILOGUE}
+	}
+}
+]]
+
 function M.render(spec, plan, k, sh)
   local WB = require("wgmma_bf16")
   local o, t = k.o, plan.tile
@@ -170,18 +299,25 @@ function M.render(spec, plan, k, sh)
   local sig, geo, store = sh.op_text(k)
   sig = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb"
   local ring = WB.ring_bytes(t, k.epi_mask)
+  local persistent = M.persistent_ok(k, t)
   local cx, cy = M.cluster(k.op, t)
   local about = {
     fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
         k.op, k.H, k.E, k.L, k.act),
     "",
     fmt("%s(%s)", entry, (sig:gsub("__restrict__ ", ""))),
-    fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
-        o.n, t.bn, t.bm, o.gz, M.threads(t), plan.entries[1].smem),
+    persistent and
+      fmt("grid (any, 1, 1): a block walks the tiles (ceil(T/%d) x ceil(%s/%d) x %s, m fastest); %d threads, %d bytes of dynamic shared memory.",
+          t.bm, o.n, t.bn, o.gz, M.threads(t), plan.entries[1].smem) or
+      fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
+          o.n, t.bn, t.bm, o.gz, M.threads(t), plan.entries[1].smem),
     fmt("path: warp-specialized wgmma m64n%dk16 bf16, f32 sums (sm_90a): %d consumer warpgroups, a producer warpgroup, a ring of %d stages with full/empty mbarriers; A %s by %s, B %s by TMA; rope=pre.",
         t.bn, t.bm // 64, t.stages, o.a_kc and "K-major" or "M-major", "TMA",
         o.b_kc and "K-major" or "N-major"),
   }
+  if persistent then
+    about[#about + 1] = "persistent: the producer fills the ring with the next tile's steps while the consumers run the epilogue (its staged tile beside the ring)."
+  end
   if k.epi_mask then
     about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, the f32 tile staged through shared memory, 8 columns a thread.", of)
   end
@@ -208,12 +344,24 @@ function M.render(spec, plan, k, sh)
   end
   w:line()
   local epi
-  if k.epi_mask then
+  if k.epi_mask and persistent then
+    -- in the region beside the ring; its first barrier also keeps a tile's
+    -- stores out of the tile before's reads
+    epi = require("attention_wgmma").EPI_STAGED:gsub("__syncthreads%(%);", "dg_consumers_sync();")
+      :gsub("%(sbase %- ", "(ebase - ")
+  elseif k.epi_mask then
     epi = require("attention_wgmma").EPI_STAGED:gsub("__syncthreads%(%);", "dg_consumers_sync();")
   else
     epi = "\t// ---- epilogue: the accumulator pairs (rows g, g+8 of the warp's 16)\n" .. store .. "\n" ..
       EMIT.subst(WB.PAIRS, { MLIM = "M",
         PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
+  end
+  if persistent then
+    w:line(EMIT.subst(KERNEL_P, { ENTRY = entry, SIG = sig, GEO = geo, EPILOGUE = epi, LOADS = LOADS[k.op],
+      PM_VOID = k.epi_mask and " (void)pm;" or "",
+      MMA_STEP = fmt("dg_wb_mma(acc, dg_wb_desc<%s>(as + ks * %s), dg_wb_desc<%s>(bs + ks * %s), 1);", "A_KC",
+                     o.a_kc and "32" or "2048", "B_KC", o.b_kc and "32" or "2048") }))
+    return w:text()
   end
   local keys = { LOADS = cx and LOADS_CLUSTER[k.op] or LOADS[k.op], RING_BYTES = tostring(ring),
                 A_KC = "A_KC", B_KC = "B_KC",

@@ -39,15 +39,20 @@ typedef void (*grad_xs_fn)(unsigned gx, unsigned gy, unsigned gz, unsigned nt, s
 
 /* The glue's call: the warp-specialized kernels take the two maps after
  * the op's arguments, the cp.async ring's none. */
+static bool tma_tile(const dg_tile *t)
+{
+	return t->stages >= 5 || t->stages == 4;
+}
+
 static const char *maps_of(const dg_tile *t)
 {
-	return t->stages >= 5 ? ", a, b" : "";
+	return tma_tile(t) ? ", a, b" : "";
 }
 
 /* the glue's maps from the test's bytes (none on the ring) */
 static const char *maps_in(const dg_tile *t)
 {
-	return t->stages >= 5 ? "dg_tmap a, b; memcpy(&a, ma, sizeof(dg_emu_tmap)), memcpy(&b, mb, sizeof(dg_emu_tmap));"
+	return tma_tile(t) ? "dg_tmap a, b; memcpy(&a, ma, sizeof(dg_emu_tmap)), memcpy(&b, mb, sizeof(dg_emu_tmap));"
 			      : "(void)ma; (void)mb;";
 }
 
@@ -117,7 +122,9 @@ static void check_scores(dg_codegen *cg, dg_rng *r, const shape *s, const dg_til
 	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, s, t);
 	dg_plan plan;
 	cr_assert_eq(dg_codegen_plan(cg, &sp, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(plan.path, t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s", plan.canonical);
+	const bool persistent = t->stages == 4;
+	cr_assert_str_eq(plan.path, persistent ? "wgmma tma persistent" : t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s",
+			 plan.canonical);
 	char glue[2048];
 	snprintf(glue, sizeof(glue), SCORES_GLUE, maps_in(t), maps_of(t));
 	scores_fn fn = (scores_fn)eh_build(cg, &sp, glue, "dg_emu_entry");
@@ -146,7 +153,9 @@ static void check_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_ti
 	dg_spec_normalize(&sp);
 	dg_plan plan;
 	cr_assert_eq(dg_codegen_plan(cg, &sp, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(plan.path, t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s", plan.canonical);
+	const bool persistent = t->stages == 4;
+	cr_assert_str_eq(plan.path, persistent ? "wgmma tma persistent" : t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s",
+			 plan.canonical);
 	char glue[2048];
 	snprintf(glue, sizeof(glue), GRAD_XS_GLUE, maps_in(t), epi ? " (const XT *)mask," : "", maps_of(t));
 	grad_xs_fn fn = (grad_xs_fn)eh_build(cg, &sp, glue, "dg_emu_entry");
@@ -163,8 +172,15 @@ static void check_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_ti
 		memset(got, 0xff, nx * ob);
 	const eh_tmap ma = eh_tmap3(c, 2, (uint64_t)T, (uint64_t)T, (uint64_t)B * H, 64, (unsigned)t->bm),
 		      mb = eh_tmap3(qr, 2, (uint64_t)N, (uint64_t)T, (uint64_t)B * H, 64, 64);
-	fn((unsigned)((N + t->bn - 1) / t->bn), (unsigned)((T + t->bm - 1) / t->bm), (unsigned)(B * H),
-	   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, c, qr, rope, got, mask, B, T, &ma, &mb);
+	/* the persistent form: 3 blocks walk the tiles (several each, the ring
+	 * running on from one to the next) */
+	if (persistent)
+		fn(3, 1, 1, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, c, qr, rope, got, mask, B, T,
+		   &ma, &mb);
+	else
+		fn((unsigned)((N + t->bn - 1) / t->bn), (unsigned)((T + t->bm - 1) / t->bm), (unsigned)(B * H),
+		   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, c, qr, rope, got, mask, B, T, &ma,
+		   &mb);
 	if (epi)
 		cr_assert_eq(dg_ref_attention_grad_xs_mask(&sp, c, qr, rope, dxs, mask, want, B, T), DG_OK);
 	else
@@ -179,6 +195,10 @@ static void check_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_ti
  * emulated descriptor must read the same) */
 static const dg_tile TILES[3] = { { 128, 128, 64, 8, 1, 5, 0 }, { 64, 128, 64, 4, 1, 6, 0 },
 				  { 128, 128, 64, 8, 1, 3, 0 } };
+
+/* attention_grad_xs's persistent form (templates/attention_tma.lua
+ * M.persistent_ok: 4 stages) at each height */
+static const dg_tile PERSISTENT[2] = { { 128, 128, 64, 8, 1, 4, 0 }, { 64, 128, 64, 4, 1, 4, 0 } };
 
 Test(emu_attention, warp_specialized_scores, .timeout = 900)
 {
@@ -200,5 +220,20 @@ Test(emu_attention, warp_specialized_grad_xs, .timeout = 900)
 	for (int i = 0; i < 3; i++)
 		for (int epi = 0; epi < 2; epi++)
 			check_grad_xs(cg, &r, &s, &TILES[i], epi);
+	dg_codegen_destroy(cg);
+}
+
+/* the persistent form: 3 blocks over 2 x 2 x 2 tiles (BM 128) or 3 x 2 x 2
+ * (BM 64), both epilogues; T 136 is 3 steps a tile, so the ring of 4
+ * wraps inside a tile and from tile to tile */
+Test(emu_attention, persistent_grad_xs, .timeout = 900)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 8);
+	const shape s = { 1, 2, 136, 192, 64 };
+	for (int i = 0; i < 2; i++)
+		for (int epi = 0; epi < 2; epi++)
+			check_grad_xs(cg, &r, &s, &PERSISTENT[i], epi);
 	dg_codegen_destroy(cg);
 }

@@ -708,7 +708,9 @@ static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
 static void expect_wgmma(const dg_spec *sp)
 {
 	bool ws = dg_tile_is_auto(&sp->tile) ? sp->latent % 8 == 0 : sp->tile.stages >= 5;
-	gh_expect_path(sp, ws ? "wgmma tma" : "wgmma bf16");
+	/* attention_grad_xs at 4 stages and BN up to 128: the persistent form */
+	bool persistent = sp->op == DG_OP_ATTENTION_GRAD_XS && sp->tile.stages == 4 && sp->tile.bn <= 128;
+	gh_expect_path(sp, persistent ? "wgmma tma persistent" : ws ? "wgmma tma" : "wgmma bf16");
 }
 
 /* RoPE(xs) in act at shape s, the operand of rope=pre (malloc'd). */
@@ -1201,7 +1203,9 @@ Test(gpu_attention, bdh_shape_epi_mask_warpgroup)
  * a tile of that path at another T is refused naming T, an auto tile there
  * runs the cp.async ring. 128 x 128 at 6 stages runs in a 2 x 2 cluster
  * (A's and B's boxes multicast), the grid padded to whole clusters (T 8,
- * 136 and 200 and L 64 leave blocks past T or L).
+ * 136 and 200 and L 64 leave blocks past T or L). 4 stages at BN 128 or
+ * 64 is the persistent form (a grid of the SMs' blocks, each walking
+ * tiles, the epilogue beside the ring under the next tile's loads).
  * Then the BDH shape's epi=mask time on each tile. */
 Test(gpu_attention, warp_specialized_grad_xs)
 {
@@ -1211,7 +1215,7 @@ Test(gpu_attention, warp_specialized_grad_xs)
 	static const dg_tile tiles[] = {
 		{ 0, 0, 0, 0, 0, 0, 0 },      { 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 },
 		{ 64, 128, 64, 4, 1, 8, 0 },  { 64, 64, 64, 4, 1, 8, 0 },   { 64, 256, 64, 4, 1, 5, 0 },
-		{ 128, 128, 64, 8, 1, 7, 0 },
+		{ 128, 128, 64, 8, 1, 7, 0 }, { 128, 128, 64, 8, 1, 4, 0 }, { 64, 128, 64, 4, 1, 4, 0 },
 	};
 	dg_device *dev = gh_open_sm90();
 	gh_seed(0x75b);
@@ -1271,7 +1275,8 @@ Test(gpu_attention, warp_specialized_grad_xs)
 	static const dg_tile timed_tiles[] = {
 		{ 128, 128, 64, 8, 1, 3, 0 }, { 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 },
 		{ 64, 256, 64, 4, 1, 5, 0 },  { 64, 128, 64, 4, 1, 8, 0 },  { 128, 256, 64, 8, 1, 3, 0 },
-		{ 128, 256, 64, 8, 1, 4, 0 },  { 128, 128, 64, 8, 1, 7, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },  { 128, 128, 64, 8, 1, 7, 0 }, { 128, 128, 64, 8, 1, 4, 0 },
+		{ 64, 128, 64, 4, 1, 4, 0 },
 	};
 	double flop = (double)s.B * s.H * (double)s.T * s.T * s.N * 2;
 	for (size_t k = 0; k < sizeof(timed_tiles) / sizeof(timed_tiles[0]); k++) {

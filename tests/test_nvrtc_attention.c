@@ -204,7 +204,7 @@ Test(nvrtc_attention, warpgroup_path_on_its_tiles)
 {
 	static const dg_tile tiles[] = {
 		{ 0, 0, 0, 0, 0, 0, 0 },          { 64, 64, 64, 4, 1, 3, 0 },
-		{ 128, 256, 64, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 4, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 3, 0 },
 	};
 	dg_codegen *cg = nh_codegen();
 	const dg_op ops[2] = { DG_OP_ATTENTION_SCORES, DG_OP_ATTENTION_GRAD_XS };
@@ -322,7 +322,7 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 {
 	static const dg_tile tiles[] = {
 		{ 0, 0, 0, 0, 0, 0, 0 },          { 64, 64, 64, 4, 1, 3, 0 },
-		{ 128, 256, 64, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 4, 0 },
+		{ 128, 256, 64, 8, 1, 4, 0 },     { 64, 128, 64, 4, 1, 3, 0 },
 	};
 	static const int latents[] = { 8192, 64, 100 };
 	dg_codegen *cg = nh_codegen();
@@ -435,4 +435,47 @@ Test(nvrtc_attention, epi_mask_checks)
 	expect_named(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), msg, "mask_xs");
 	a.mask_xs = NULL;
 	cr_assert_eq(dg_attention_grad_xs_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+}
+
+/* attention_grad_xs's persistent form (templates/attention_tma.lua
+ * M.persistent_ok): 4 stages at BN 128 or 64 where rows of L are a tensor
+ * map's, both epilogues, both heights; its threads are the warp-specialized
+ * form's, its shared memory the ring, the barriers and (epi=mask) the f32
+ * tile beside them; at BN 256, at L % 8 != 0 and for attention_scores a
+ * ring of 4 stages stays the cp.async ring. */
+Test(nvrtc_attention, persistent_grad_xs)
+{
+	static const dg_tile tiles[] = { { 128, 128, 64, 8, 1, 4, 0 }, { 64, 128, 64, 4, 1, 4, 0 },
+					 { 128, 64, 64, 8, 1, 4, 0 } };
+	dg_codegen *cg = nh_codegen();
+	for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
+		for (int mask = 0; mask < 2; mask++) {
+			dg_spec s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
+			s.tile = tiles[k];
+			if (mask)
+				s.epi = DG_EPI_MASK, s.out = DG_FMT_BF16;
+			dg_plan p;
+			cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+			cr_assert_str_eq(p.path, "wgmma tma persistent", "%s", p.canonical);
+			const dg_tile *t = &tiles[k];
+			cr_assert_eq(p.entries[0].threads, t->wm * 32 + 128, "%s", p.canonical);
+			int ring = 4 * (t->bm + t->bn) * 64 * 2 + 16 * 4;
+			int want = (mask ? (ring + 1023) / 1024 * 1024 + t->bm * (t->bn + 8) * 4 : ring) + 1024;
+			cr_assert_eq(p.entries[0].smem, want, "%s: %d bytes", p.canonical, p.entries[0].smem);
+			nh_compile(cg, &s, "persistent: the producer fills the ring", 90);
+		}
+	dg_spec s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
+	s.tile = (dg_tile){ 128, 256, 64, 8, 1, 4, 0 };
+	dg_plan p;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma bf16", "BN 256: %s", p.canonical);
+	s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 2, 100);
+	s.tile = tiles[0];
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma bf16", "L 100: %s", p.canonical);
+	s = wg_spec(DG_OP_ATTENTION_SCORES, 4, 8192);
+	s.tile = tiles[0];
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, "wgmma bf16", "scores: %s", p.canonical);
+	dg_codegen_destroy(cg);
 }

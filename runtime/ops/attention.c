@@ -216,6 +216,17 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	bool per_head;
 	int64_t n = gemm_cols(spec, T, &per_head);
 	int64_t gy = dg__op_cdiv(T, t->bm), gz = per_head ? B * spec->heads : B;
+	/* the persistent form (templates/attention_tma.lua M.persistent_ok: a
+	 * warp-specialized kernel of 4 stages, BN up to 128) walks the tiles
+	 * itself: a grid of the blocks the SMs hold at once (one: its ring and
+	 * staged tile take most of an SM's shared memory), none past the tiles */
+	const bool tma = spec->rope_pre && dg__tma_abi(k), persistent = tma && t->stages == 4;
+	if (persistent) {
+		const int sms = dg__dev_info(p->dev)->sm_count;
+		const int64_t tiles = dg__op_cdiv(n, t->bn) * gy * gz;
+		gy = gz = 1;
+		n = (tiles < (int64_t)(sms > 0 ? sms : 1) ? tiles : (int64_t)(sms > 0 ? sms : 1)) * t->bn;
+	}
 	if (gy > 65535 || gz > 65535)
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
 				    "%s: T = %lld and B = %lld need a grid of %lld x %lld blocks (y, z); at most 65535 each",
@@ -240,7 +251,6 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	l.grid[2] = (unsigned)gz;
 	l.block[0] = (unsigned)(t->wm * t->wn * 32);
 	l.block[1] = l.block[2] = 1;
-	bool tma = spec->rope_pre && dg__tma_abi(k);
 	if (tma) {
 		l.block[0] += 128;
 		p->iv[IV_B] = B;
