@@ -129,6 +129,47 @@ __device__ __forceinline__ float dg_xy1(const XT *__restrict__ xs, const XT *__r
 	return keep ? dg_to_src(__fmul_rn(__fmul_rn(dg_ldx(xs, off), dg_ldx(ys, off)), s)) : 0.0f;
 }
 
+
+// The block's max of each thread's a (an xor butterfly a warp, then the
+// warps in order: max is order-free, so any order gives these bits); red
+// holds a float a warp and is free again on return.
+__device__ __forceinline__ float dg_block_max(float a, float *red, int lane, int warp)
+{
+#pragma unroll
+	for (int m = 16; m > 0; m >>= 1)
+		a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, m));
+	if (lane == 0)
+		red[warp] = a;
+	__syncthreads();
+	a = red[0];
+#pragma unroll
+	for (int w = 1; w < NW; ++w)
+		a = fmaxf(a, red[w]);
+	__syncthreads();	// red is rewritten by the next token
+	return a;
+}
+
+// The element path (a token not of whole vectors, or tensors not aligned):
+// a thread's max over its elements of the token at base, then their codes.
+__device__ __forceinline__ float dg_elem_max(const XT *__restrict__ xs, const XT *__restrict__ ys, long long base,
+					     long long seg, unsigned long long elem0, unsigned thr, unsigned long long seed,
+					     unsigned step, unsigned layer, float s, int tid)
+{
+	float a = 0.0f;
+	for (int i = tid; i < H * L; i += NT)
+		a = fmaxf(a, fabsf(dg_xy1(xs, ys, dg_elem_off(base, seg, i), elem0, thr, seed, step, layer, s)));
+	return a;
+}
+
+__device__ __forceinline__ void dg_elem_codes(const XT *__restrict__ xs, const XT *__restrict__ ys, long long base,
+					      long long seg, unsigned long long elem0, unsigned thr, unsigned long long seed,
+					      unsigned step, unsigned layer, float s, int tid, float sc, CT *__restrict__ codes)
+{
+	for (int i = tid; i < H * L; i += NT) {
+		const long long off = dg_elem_off(base, seg, i);
+		codes[off] = (CT)dg_quant(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s), sc);
+	}
+}
 ]]
 
 -- The register form (the banner).
@@ -198,22 +239,9 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 					a = fmaxf(a, fabsf(f[e]));
 			}
 		} else {
-			for (int i = tid; i < H * L; i += NT) {
-				const long long off = dg_elem_off(base, seg, i);
-				a = fmaxf(a, fabsf(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s)));
-			}
+			a = dg_elem_max(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid);
 		}
-#pragma unroll
-		for (int m = 16; m > 0; m >>= 1)
-			a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, m));
-		if (lane == 0)
-			red[warp] = a;
-		__syncthreads();
-		a = red[0];
-#pragma unroll
-		for (int w = 1; w < NW; ++w)
-			a = fmaxf(a, red[w]);
-		__syncthreads();	// red is rewritten by the next token
+		a = dg_block_max(a, red, lane, warp);
 		const float sc = __fdiv_rn(a, (float)QMAX);
 		const float2 si = dg_quant_inv(sc);
 		if (tid == 0)
@@ -240,10 +268,7 @@ ${STORE}
 ${STORE}
 			}
 		} else {
-			for (int i = tid; i < H * L; i += NT) {
-				const long long off = dg_elem_off(base, seg, i);
-				codes[off] = (CT)dg_quant(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s), sc);
-			}
+			dg_elem_codes(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid, sc, codes);
 		}
 	}
 }
@@ -299,22 +324,9 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 				}
 			}
 		} else {
-			for (int i = tid; i < H * L; i += NT) {
-				const long long off = dg_elem_off(base, seg, i);
-				a = fmaxf(a, fabsf(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s)));
-			}
+			a = dg_elem_max(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid);
 		}
-#pragma unroll
-		for (int m = 16; m > 0; m >>= 1)
-			a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, m));
-		if (lane == 0)
-			red[warp] = a;
-		__syncthreads();
-		a = red[0];
-#pragma unroll
-		for (int w = 1; w < NW; ++w)
-			a = fmaxf(a, red[w]);
-		__syncthreads();	// red is rewritten by the next token
+		a = dg_block_max(a, red, lane, warp);
 		const float sc = __fdiv_rn(a, (float)QMAX);
 		const float2 si = dg_quant_inv(sc);
 		if (tid == 0)
@@ -329,10 +341,7 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 ${STORE}
 			}
 		} else {
-			for (int i = tid; i < H * L; i += NT) {
-				const long long off = dg_elem_off(base, seg, i);
-				codes[off] = (CT)dg_quant(dg_xy1(xs, ys, off, elem0, thr, seed, step, layer, s), sc);
-			}
+			dg_elem_codes(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid, sc, codes);
 		}
 	}
 }
