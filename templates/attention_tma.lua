@@ -215,19 +215,7 @@ ${ENTRY}(${SIG})
 	(void)ebase;
 	const int tiles_m = (T + BM - 1) / BM, tiles_n = (L + BN - 1) / BN;
 	const long long tiles = (long long)tiles_m * tiles_n * B * H;
-	if (tid == 0) {
-		for (int s = 0; s < S; ++s) {
-			dg_mbar_init(bars + 8 * s, 1);
-			dg_mbar_init(bars + 8 * (S + s), NT);
-		}
-		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-	}
-	__syncthreads();
-
-	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
-		if constexpr (REG_MOVE)
-			dg_reg_dealloc<REG_P>();
-		if (tid == NT) {
+${RING_START}
 			long long gs = 0;	// the block's steps so far
 			for (long long it = blockIdx.x; it < tiles; it += gridDim.x) {
 				const int m0 = (int)(it % tiles_m) * BM, n0 = (int)(it / tiles_m % tiles_n) * BN;
@@ -358,6 +346,7 @@ function M.render(spec, plan, k, sh)
   end
   if persistent then
     w:line(EMIT.subst(KERNEL_P, { ENTRY = entry, SIG = sig, GEO = geo, EPILOGUE = epi, LOADS = LOADS[k.op],
+      RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }),
       PM_VOID = k.epi_mask and " (void)pm;" or "",
       MMA_STEP = fmt("dg_wb_mma(acc, dg_wb_desc<%s>(as + ks * %s), dg_wb_desc<%s>(bs + ks * %s), 1);", "A_KC",
                      o.a_kc and "32" or "2048", "B_KC", o.b_kc and "32" or "2048") }))

@@ -569,19 +569,7 @@ dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
 	// bytes), then empty[S] (every consumer thread)
 	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
 	const unsigned bars = sbase + S * STAGE;
-	if (tid == 0) {
-		for (int s = 0; s < S; ++s) {
-			dg_mbar_init(bars + 8 * s, 1);
-			dg_mbar_init(bars + 8 * (S + s), NT);
-		}
-		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-	}
-	__syncthreads();
-
-	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
-		if constexpr (REG_MOVE)
-			dg_reg_dealloc<REG_P>();
-		if (tid == NT) {
+${RING_START}
 			int i = 0;	// the block's step, over all its items
 #pragma unroll 1
 			for (long long item = blockIdx.x; item < nitem; item += gridDim.x) {
@@ -666,7 +654,8 @@ local function render_ws(H, L, E, act, fa, fw, t)
   local WB = require("wgmma_bf16")
   local main = WG.helpers(t.bn, fa.unsigned) .. "\n" .. EMIT.subst(KERNEL_WS, {
     H = H, L = L, E = E, BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, YT = fa.ctype, WT = fw.ctype,
-    WS_HEAD = WB.WS_HEAD, WS_HELPERS = WB.WS_HELPERS })
+    WS_HEAD = WB.WS_HEAD, WS_HELPERS = WB.WS_HELPERS,
+    RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }) })
   local about = fmt("integer × integer, warp-specialized (sm_90a): a TMA producer warpgroup, %d consumer warpgroups "
     .. "of wgmma m64n%dk32 %s.s8, a ring of %d stages with full/empty mbarriers; two tensor maps follow nsplit "
     .. "(T %% 64 == 0); split-K into int32 slices", t.bm // 64, t.bn, FM.mma_type(act), t.stages)

@@ -449,6 +449,26 @@ M.CLUSTER_KEYS = {
 		dg_release(bars + 8 * (S + (nsteps - 1) % S));]],
 }
 
+-- The ring's barriers made (bars, S, tid in scope: full[S] of one arrival,
+-- empty[S] of ${EMPTY_COUNT}), then ${INIT_SYNC}, and the producer warpgroup
+-- entered down to its one issuing thread (tid NT), whose loop follows:
+-- every warp-specialized kernel's start, persistent or not (ws_loop's,
+-- decoder.lua's, attention_tma.lua's KERNEL_P).
+M.RING_START = [[
+	if (tid == 0) {
+		for (int s = 0; s < S; ++s) {
+			dg_mbar_init(bars + 8 * s, 1);
+			dg_mbar_init(bars + 8 * (S + s), ${EMPTY_COUNT});
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	${INIT_SYNC}
+
+	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
+		if constexpr (REG_MOVE)
+			dg_reg_dealloc<REG_P>();
+		if (tid == NT) {]]
+
 -- The pipeline over nsteps K steps (sbase, tid, wg, S, STAGE, A_BYTES, BK,
 -- BN in scope): the mbarriers after ${RING_BYTES} of ring, the producer's
 -- loop (${LOADS}: step i's boxes into as / bs, completing on full), and
@@ -464,19 +484,7 @@ M.WS_MAINLOOP = [[
 	// the barriers after the ring: full[S] (one arrival, the producer's
 	// expect_tx, and the bytes), then empty[S] (every consumer thread)
 	const unsigned bars = sbase + (unsigned)(${RING_BYTES});
-	if (tid == 0) {
-		for (int s = 0; s < S; ++s) {
-			dg_mbar_init(bars + 8 * s, 1);
-			dg_mbar_init(bars + 8 * (S + s), ${EMPTY_COUNT});
-		}
-		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-	}
-	${INIT_SYNC}
-
-	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
-		if constexpr (REG_MOVE)
-			dg_reg_dealloc<REG_P>();
-		if (tid == NT) {
+${RING_START}
 			for (int i = 0; i < nsteps; ++i) {
 				const int s = i % S;
 				const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
@@ -565,6 +573,7 @@ function M.ws_loop(keys)
   k.RELEASE = k.RELEASE or "dg_mbar_arrive"
   k.PRODUCER_TAIL = k.PRODUCER_TAIL or ""
   k.CONSUMER_TAIL = k.CONSUMER_TAIL or ""
+  k.RING_START = EMIT.subst(M.RING_START, { EMPTY_COUNT = k.EMPTY_COUNT, INIT_SYNC = k.INIT_SYNC })
   return EMIT.subst(M.WS_MAINLOOP, k)
 end
 

@@ -19,17 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A tensor map as the emulation reads it (tests/emu/cuda_emu.hpp
- * dg_emu_tmap, the same fields): the driver's CUtensorMap is opaque, so a
- * test makes its own and passes its bytes where the kernel takes a map. */
-typedef struct eh_tmap {
-	unsigned long long base;
-	unsigned long long dims[3];
-	unsigned long long strides[2]; /* bytes, dims 1 and 2 */
-	unsigned box[3];
-	unsigned es;      /* element bytes */
-	unsigned swizzle; /* 128 or 0 */
-} eh_tmap;
+#include "emu/tmap.h"
 
 /* A rank-3 map of elements of es bytes over base, dims (d0, d1, d2) with
  * d0 contiguous, boxes of b0 x b1 x 1, the 128-byte swizzle (as

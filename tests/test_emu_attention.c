@@ -211,29 +211,29 @@ Test(emu_attention, warp_specialized_scores, .timeout = 900)
 	dg_codegen_destroy(cg);
 }
 
-Test(emu_attention, warp_specialized_grad_xs, .timeout = 900)
+/* attention_grad_xs on each of n tiles, both epilogues, at T 136 (3 steps
+ * a tile: a ring of 4 wraps inside a tile and from tile to tile), L 192
+ * (BN 128 leaves a ragged column of tiles), two heads */
+static void grad_xs_tiles(uint64_t seed, const dg_tile *tiles, int n)
 {
 	dg_codegen *cg = nh_codegen();
 	dg_rng r;
-	dg_rng_seed(&r, 6);
+	dg_rng_seed(&r, seed);
 	const shape s = { 1, 2, 136, 192, 64 };
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < n; i++)
 		for (int epi = 0; epi < 2; epi++)
-			check_grad_xs(cg, &r, &s, &TILES[i], epi);
+			check_grad_xs(cg, &r, &s, &tiles[i], epi);
 	dg_codegen_destroy(cg);
 }
 
+Test(emu_attention, warp_specialized_grad_xs, .timeout = 900)
+{
+	grad_xs_tiles(6, TILES, 3);
+}
+
 /* the persistent form: 3 blocks over 2 x 2 x 2 tiles (BM 128) or 3 x 2 x 2
- * (BM 64), both epilogues; T 136 is 3 steps a tile, so the ring of 4
- * wraps inside a tile and from tile to tile */
+ * (BM 64) */
 Test(emu_attention, persistent_grad_xs, .timeout = 900)
 {
-	dg_codegen *cg = nh_codegen();
-	dg_rng r;
-	dg_rng_seed(&r, 8);
-	const shape s = { 1, 2, 136, 192, 64 };
-	for (int i = 0; i < 2; i++)
-		for (int epi = 0; epi < 2; epi++)
-			check_grad_xs(cg, &r, &s, &PERSISTENT[i], epi);
-	dg_codegen_destroy(cg);
+	grad_xs_tiles(8, PERSISTENT, 2);
 }

@@ -314,17 +314,9 @@ static inline void dg_emu_st_shared_v4(size_t dst, unsigned a, unsigned b, unsig
 	std::memcpy(dg_emu_sh((unsigned)dst), v, 16);
 }
 
-/* A tensor map as the tests make it (tests/emu_helpers.h eh_tmap, the
- * same fields): the driver's CUtensorMap is opaque, so the emulated one is
- * the test's own. */
-struct dg_emu_tmap {
-	unsigned long long base;
-	unsigned long long dims[3];
-	unsigned long long strides[2]; /* bytes, dims 1 and 2 */
-	unsigned box[3];
-	unsigned es;                   /* element bytes */
-	unsigned swizzle;              /* 128 or 0 */
-};
+/* A tensor map as the tests make it (tests/emu/tmap.h) */
+#include "tmap.h"
+typedef eh_tmap dg_emu_tmap;
 
 /* a rank-3 box into shared dst (the 128-byte swizzle on its addresses),
  * zeros outside the tensor; the whole box's bytes complete on bar */

@@ -1,0 +1,19 @@
+/*
+ * A tensor map as the CPU emulation reads it (tests/emu/cuda_emu.hpp, whose
+ * TMA copies take it where the kernel takes a CUtensorMap, and the tests
+ * that make one: tests/emu_helpers.h eh_tmap3): the driver's map is
+ * opaque, so the emulated one is the test's own. C and C++.
+ */
+#ifndef DG_TESTS_EMU_TMAP_H
+#define DG_TESTS_EMU_TMAP_H
+
+typedef struct eh_tmap {
+	unsigned long long base;
+	unsigned long long dims[3];
+	unsigned long long strides[2]; /* bytes, dims 1 and 2 */
+	unsigned box[3];
+	unsigned es;      /* element bytes */
+	unsigned swizzle; /* 128 or 0 */
+} eh_tmap;
+
+#endif
