@@ -391,21 +391,12 @@ function M.plan(spec)
   local p = { tile = t, arch_specific = false, name = k.op .. ".cu",
               entries = { { name = "dg_" .. k.op, threads = nt } } }
   local TMA = require("attention_tma")
-  if tma_op(k) and TMA.persistent_ok(k, t) then
-    p.path = "wgmma tma persistent"
+  local persistent = tma_op(k) and TMA.persistent_ok(k, t)
+  if persistent or (tma_op(k) and TMA.tile_ok(t)) then
+    p.path = persistent and "wgmma tma persistent" or "wgmma tma"
     p.arch_specific = true
     p.entries[1].threads = TMA.threads(t)
-    local smem = TMA.persistent_smem(t, k.epi_mask)
-    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
-    if not ok then return nil, err end
-    p.entries[1].smem = smem
-    return p
-  end
-  if tma_op(k) and TMA.tile_ok(t) then
-    p.path = "wgmma tma"
-    p.arch_specific = true
-    p.entries[1].threads = TMA.threads(t)
-    local smem = TMA.smem_bytes(t, k.epi_mask)
+    local smem = persistent and TMA.persistent_smem(t, k.epi_mask) or TMA.smem_bytes(t, k.epi_mask)
     ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.entries[1].smem = smem
