@@ -118,7 +118,13 @@ consumers run the epilogue, whose staged tile lies beside the ring. It
 passes the CPU emulation (tests/test_emu_attention.c: 3 blocks over 8 and
 12 tiles, the ring wrapping within and across tiles) and is in the GPU
 suite's tiles and timings (test_gpu_attention warp_specialized_grad_xs);
-not yet run on a device, so the default stays 5 stages. Then: the
+not yet run on a device, so the default stays 5 stages. It takes
+rope=load too: the producer warpgroup's three idle warps RoPE each
+stage's boxes of xs by the table once they land (the MMAs wait for that,
+not for the bytes), the bytes of rope=pre on rope_fwd's RoPE(xs), with no
+RoPE(xs) in memory and no rope_fwd pass — what the model's keep_qr
+(1.6 GB at 25M) buys today (tests/test_emu_attention.c; GPU test
+persistent_grad_xs_rope_load, written, not yet run). Then: the
 cluster on top of it, RoPE out of the x projection's epilogue. The model's forward keeps RoPE(xs) for the
 backward where the plan fits (runtime/train/gpu_model.c keep_qr), so the
 backward chain runs no rope_fwd: attention backward 6.02 -> 4.89 ms a
@@ -385,13 +391,14 @@ function M.plan(spec)
   if auto then t = default_tile(k) end
   local ok, err = TILES.gemm_tile_pow2(t, auto)
   if ok then ok, err = TILES.warps_ok(t, auto) end
-  if ok then ok, err = TILES.stages_ok(t, auto, 1, tma_op(k) and 8 or (wgmma_op(k) and 4 or 2)) end
+  local load_ws = require("attention_tma").applies_load(k)	-- rope=load: 4 stages name the persistent form
+  if ok then ok, err = TILES.stages_ok(t, auto, 1, tma_op(k) and 8 or ((wgmma_op(k) or load_ws) and 4 or 2)) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32
   local p = { tile = t, arch_specific = false, name = k.op .. ".cu",
               entries = { { name = "dg_" .. k.op, threads = nt } } }
   local TMA = require("attention_tma")
-  local persistent = tma_op(k) and TMA.persistent_ok(k, t)
+  local persistent = (tma_op(k) or TMA.applies_load(k)) and TMA.persistent_ok(k, t)
   if persistent or (tma_op(k) and TMA.tile_ok(t)) then
     p.path = persistent and "wgmma tma persistent" or "wgmma tma"
     p.arch_specific = true
@@ -416,7 +423,7 @@ function M.plan(spec)
     return TILES.refuse(t, auto, "stages 5 to 8 are the warp-specialized sm_90a path's (attention_scores and attention_grad_xs, rope=pre, L %% 8 == 0), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64, and whose ring fits shared memory")
   end
   if t.stages > 2 then
-    return TILES.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's, whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")
+    return TILES.refuse(t, auto, "stages 3 and 4 are the sm_90a warpgroup path's (rope=pre; attention_grad_xs with rope=load takes 4 at BN 64 or 128: the persistent form), whose tiles have WN 1, BM = 16*WM of 64 or 128, BN 64, 128 or 256 and BK 64; the other paths take 1 or 2")
   end
   local mma = mma_fits(k, t)
   if mma then

@@ -40,7 +40,10 @@ grid of (the SMs' blocks, 1, 1): each block walks tiles it = blockIdx.x,
 += gridDim.x, m fastest; its producer and consumers count the block's K
 steps over all its tiles, so a stage's phase runs on from tile to tile;
 the staged f32 tile lies after the ring's barriers, so the producer fills
-the ring with the next tile while the consumers run the epilogue.
+the ring with the next tile while the consumers run the epilogue. With
+rope=load (M.applies_load) its B operand is xs itself: warps 1 to 3 of the
+producer warpgroup turn each stage's boxes by the table (TURN) and arrive
+on a third barrier a stage (ready), which the consumers wait for.
 ]]
 local EMIT = require("emit")
 local DEV = require("device")
@@ -106,11 +109,19 @@ function M.persistent_ok(k, t)
   return k.op == "attention_grad_xs" and t.bn <= 128 and require("wgmma_bf16").tile_ok(t, 4, 4)
 end
 
--- Its dynamic shared memory: the ring, its 2·S mbarriers, the staged tile
+-- The persistent form also takes rope=load (KERNEL_P's turners: RoPE on
+-- the stages, no RoPE(xs) in memory) for bf16 on sm_90a where rows of L
+-- are a tensor map's.
+function M.applies_load(k)
+  return k.op == "attention_grad_xs" and not k.rope_pre and k.arch == 90 and k.arch_specific and k.act == "bf16" and
+         k.L % 8 == 0
+end
+
+-- Its dynamic shared memory: the ring, its 3·S mbarriers, the staged tile
 -- (epi=mask: BM rows of BN + 8 floats, 1 KiB aligned) and 1 KiB for the
 -- alignment of the atoms.
 function M.persistent_smem(t, staged)
-  local ring = t.stages * (t.bm + t.bn) * t.bk * 2 + 16 * t.stages
+  local ring = t.stages * (t.bm + t.bn) * t.bk * 2 + 24 * t.stages
   if staged then ring = (ring + 1023) // 1024 * 1024 + t.bm * (t.bn + 8) * 4 end
   return ring + 1024
 end
@@ -209,20 +220,17 @@ ${ENTRY}(${SIG})
 	(void)q;
 	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
 	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
-	const unsigned bars = sbase + (unsigned)(S * STAGE);	// full[S], then empty[S]
+	// full[S], empty[S], then (rope=load) ready[S]: the stage turned
+	const unsigned bars = sbase + (unsigned)(S * STAGE);
 	// the staged f32 tile (epi=mask), after the barriers
-	const unsigned ebase = (bars + 16u * S + 1023u) & ~1023u;
+	const unsigned ebase = (bars + 24u * S + 1023u) & ~1023u;
 	(void)ebase;
 	const int tiles_m = (T + BM - 1) / BM, tiles_n = (L + BN - 1) / BN;
 	const long long tiles = (long long)tiles_m * tiles_n * B * H;
+${READY_INIT}
 ${RING_START}
 			long long gs = 0;	// the block's steps so far
-			for (long long it = blockIdx.x; it < tiles; it += gridDim.x) {
-				const int m0 = (int)(it % tiles_m) * BM, n0 = (int)(it / tiles_m % tiles_n) * BN;
-				const int z = (int)(it / ((long long)tiles_m * tiles_n));
-${GEO}
-				(void)pa; (void)pb; (void)ra; (void)rb; (void)a_hs; (void)b_hs; (void)LDA; (void)LDB; (void)NH; (void)M; (void)N; (void)skip; (void)po;${PM_VOID}
-				const int nsteps = kt_end > kt_begin ? kt_end - kt_begin : 0;
+${TILE_BEGIN}
 				for (int i = 0; i < nsteps; ++i, ++gs) {
 					const int s = (int)(gs % S);
 					const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
@@ -232,7 +240,7 @@ ${GEO}
 ${LOADS}
 				}
 			}
-		}
+		}${TURN}
 		return;
 	}
 
@@ -240,19 +248,14 @@ ${LOADS}
 	if constexpr (REG_MOVE)
 		dg_reg_alloc<REG_C>();
 	long long gs = 0;
-	for (long long it = blockIdx.x; it < tiles; it += gridDim.x) {
-		const int m0 = (int)(it % tiles_m) * BM, n0 = (int)(it / tiles_m % tiles_n) * BN;
-		const int z = (int)(it / ((long long)tiles_m * tiles_n));
-${GEO}
-		(void)pa; (void)pb; (void)ra; (void)rb; (void)a_hs; (void)b_hs; (void)LDA; (void)LDB; (void)NH; (void)skip;
-		const int nsteps = kt_end > kt_begin ? kt_end - kt_begin : 0;
+${TILE_BEGIN}
 		float acc[BN / 2];
 #pragma unroll
 		for (int i = 0; i < BN / 2; ++i)
 			acc[i] = 0.0f;
 		for (int i = 0; i < nsteps; ++i, ++gs) {
 			const int s = (int)(gs % S);
-			dg_mbar_wait(bars + 8 * s, (unsigned)((gs / S) & 1));
+			dg_mbar_wait(${STAGE_BAR}, (unsigned)((gs / S) & 1));
 			const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
 			dg_wg_fence();
 #pragma unroll
@@ -274,6 +277,68 @@ ${EPILOGUE}
 	}
 }
 ]]
+
+-- A block's walk over its tiles (it, m0, n0, z, the op's geometry, nsteps
+-- in scope; the loop's brace left open): the producer's, the turners' and
+-- the consumers' the same walk.
+local TILE_BEGIN = [[
+	for (long long it = blockIdx.x; it < tiles; it += gridDim.x) {
+		const int m0 = (int)(it % tiles_m) * BM, n0 = (int)(it / tiles_m % tiles_n) * BN;
+		const int z = (int)(it / ((long long)tiles_m * tiles_n));
+${GEO}
+		(void)pa; (void)pb; (void)ra; (void)rb; (void)a_hs; (void)b_hs; (void)LDA; (void)LDB; (void)NH; (void)M; (void)N; (void)skip; (void)po;${PM_VOID}
+		const int nsteps = kt_end > kt_begin ? kt_end - kt_begin : 0;]]
+
+-- rope=load: the producer warpgroup's warps 1 to 3 turn each stage's B
+-- boxes (RoPE(xs)'s rows j = k0.., MN-major, 64 of L a box) by the table
+-- in place once its bytes landed (full), rotating each pair as rope_fwd
+-- does (templates/rope.lua: each product and the sum rounded once, then
+-- bf16), so the consumers' MMAs read what rope=pre's would: the same sums
+-- bit for bit, and no RoPE(xs) in memory. Their generic stores are made
+-- visible to the tensor cores (fence.proxy.async) before they arrive on
+-- ready[s], which the consumers wait for instead of full[s].
+local TURN = [[
+ else if (tid >= NT + 32) {	// warps 1 to 3: the turners
+			long long gs = 0;
+			const int u0 = tid - (NT + 32);
+			unsigned char *const sm = smem + (sbase - (unsigned)__cvta_generic_to_shared(smem));
+${TILE_BEGIN}
+				for (int i = 0; i < nsteps; ++i, ++gs) {
+					const int s = (int)(gs % S), k0 = (kt_begin + i) * BK;
+					dg_mbar_wait(bars + 8 * s, (unsigned)((gs / S) & 1));
+					unsigned char *const bp = sm + s * STAGE + A_BYTES;
+					// 16-byte chunks: box gb, its row kk (token k0 + kk), chunk c (8 of L)
+					for (int u = u0; u < BN / 64 * 512; u += 96) {
+						const int gb = u >> 9, kk = (u >> 3) & 63, c = u & 7;
+						const int j = k0 + kk, n = n0 + 64 * gb + 8 * c;
+						if (j >= T || n >= L)
+							continue;	// the map's zeros
+						uint4 *const p = (uint4 *)(bp + dg_wb_mnmaj(gb, kk, c));
+						const float4 *const tb = (const float4 *)(rope + (long long)j * L + n);
+						const float4 t0 = __ldg(tb), t1 = __ldg(tb + 1);
+						const uint4 v = *p;
+						*p = make_uint4(dg_turn(v.x, t0.x, t0.y), dg_turn(v.y, t0.z, t0.w),
+								dg_turn(v.z, t1.x, t1.y), dg_turn(v.w, t1.z, t1.w));
+					}
+					dg_fence_async_smem();
+					dg_mbar_arrive(bars + 8 * (2 * S + s));
+				}
+			}
+		}]]
+
+-- RoPE of one pair (the bf16 halves of w: element 2p low, 2p + 1 high) by
+-- (c, s), as rope_fwd: y0 = x0·c − x1·s, y1 = x1·c + x0·s, each product
+-- and the sum rounded once, then to bf16.
+local TURN_FN = [[
+__device__ __forceinline__ unsigned dg_turn(unsigned w, float c, float s)
+{
+	const float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xffff0000u);
+	const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+	const float y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+	return (unsigned)dg_f32_to_bf16(y0) | ((unsigned)dg_f32_to_bf16(y1) << 16);
+}
+]]
+
 
 function M.render(spec, plan, k, sh)
   local WB = require("wgmma_bf16")
@@ -345,9 +410,15 @@ function M.render(spec, plan, k, sh)
         PAIR = "\t\t\t\tstore_pair(m, n, acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);" })
   end
   if persistent then
-    w:line(EMIT.subst(KERNEL_P, { ENTRY = entry, SIG = sig, GEO = geo, EPILOGUE = epi, LOADS = LOADS[k.op],
+    local rl = not k.rope_pre	-- rope=load: the turners
+    if rl then w:line(TURN_FN) end
+    local walk = EMIT.subst(TILE_BEGIN, { GEO = geo, PM_VOID = k.epi_mask and " (void)pm;" or "" })
+    w:line(EMIT.subst(KERNEL_P, { ENTRY = entry, SIG = sig, EPILOGUE = epi, LOADS = LOADS[k.op],
+      TILE_BEGIN = walk,
       RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }),
-      PM_VOID = k.epi_mask and " (void)pm;" or "",
+      READY_INIT = rl and "\tif (tid == 0)\n\t\tfor (int s = 0; s < S; ++s)\n\t\t\tdg_mbar_init(bars + 8 * (2 * S + s), 96);" or "",
+      TURN = rl and EMIT.subst(TURN, { TILE_BEGIN = walk }) or "",
+      STAGE_BAR = rl and "bars + 8 * (2 * S + s)" or "bars + 8 * s",
       MMA_STEP = fmt("dg_wb_mma(acc, dg_wb_desc<%s>(as + ks * %s), dg_wb_desc<%s>(bs + ks * %s), 1);", "A_KC",
                      o.a_kc and "32" or "2048", "B_KC", o.b_kc and "32" or "2048") }))
     return w:text()

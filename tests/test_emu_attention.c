@@ -144,10 +144,36 @@ static void check_scores(dg_codegen *cg, dg_rng *r, const shape *s, const dg_til
 	free(qr), free(got), free(want), free(rope);
 }
 
-/* epi: 0 store (f32 out), 1 mask (bf16 dxs in place) */
+/* epi: 0 store (f32 out), 1 mask (bf16 dxs in place); load: rope=load
+ * (xs raw, RoPE'd on the stages; else qr is RoPE(xs) already). With
+ * given inputs (qr, c, mask, dxs: NULL draws them), the output is kept in
+ * *out (malloc'd; NULL: freed). */
+static void run_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_tile *t, int epi, bool load,
+			const uint16_t *qr_in, const uint16_t *c_in, const uint16_t *mask_in, const uint16_t *dxs_in,
+			void **out);
+
 static void check_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_tile *t, int epi)
 {
+	run_grad_xs(cg, r, s, t, epi, false, NULL, NULL, NULL, NULL, NULL);
+}
+
+static uint16_t *copy_or_rand(dg_rng *r, const uint16_t *in, size_t n)
+{
+	uint16_t *p = calloc(n + 8, 2);
+	cr_assert_not_null(p);
+	if (in)
+		memcpy(p, in, n * 2);
+	else
+		dg_rng_fill(r, DG_FMT_BF16, p, n);
+	return p;
+}
+
+static void run_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_tile *t, int epi, bool load,
+			const uint16_t *qr_in, const uint16_t *c_in, const uint16_t *mask_in, const uint16_t *dxs_in,
+			void **out)
+{
 	dg_spec sp = spec_of(DG_OP_ATTENTION_GRAD_XS, s, t);
+	sp.rope_pre = !load;
 	sp.out = epi ? DG_FMT_BF16 : DG_FMT_F32;
 	sp.epi = epi ? DG_EPI_MASK : DG_EPI_STORE;
 	dg_spec_normalize(&sp);
@@ -161,8 +187,8 @@ static void check_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_ti
 	grad_xs_fn fn = (grad_xs_fn)eh_build(cg, &sp, glue, "dg_emu_entry");
 	const int B = s->B, H = s->H, T = s->T, N = s->N;
 	const size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, ob = epi ? 2 : 4;
-	uint16_t *qr = rand_bf16(r, nx), *c = rand_bf16(r, ns), *mask = rand_bf16(r, nx);
-	void *got = malloc(nx * ob), *want = malloc(nx * ob), *dxs = epi ? rand_bf16(r, nx) : NULL;
+	uint16_t *qr = copy_or_rand(r, qr_in, nx), *c = copy_or_rand(r, c_in, ns), *mask = copy_or_rand(r, mask_in, nx);
+	void *got = malloc(nx * ob), *want = malloc(nx * ob), *dxs = epi ? copy_or_rand(r, dxs_in, nx) : NULL;
 	float *rope = malloc((size_t)T * N * 4);
 	cr_assert(got && want && rope);
 	dg_ref_rope_pairs(T, N, rope);
@@ -186,7 +212,11 @@ static void check_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_ti
 	else
 		cr_assert_eq(dg_ref_attention_grad_xs(&sp, c, qr, rope, want, B, T), DG_OK);
 	expect_close(plan.canonical, epi ? DG_FMT_BF16 : DG_FMT_F32, got, want, nx);
-	free(qr), free(c), free(mask), free(got), free(want), free(dxs), free(rope);
+	if (out)
+		*out = got;
+	else
+		free(got);
+	free(qr), free(c), free(mask), free(want), free(dxs), free(rope);
 }
 
 /* the warp-specialized form at each height, and the cp.async ring (its
@@ -236,4 +266,37 @@ Test(emu_attention, warp_specialized_grad_xs, .timeout = 900)
 Test(emu_attention, persistent_grad_xs, .timeout = 900)
 {
 	grad_xs_tiles(8, PERSISTENT, 2);
+}
+
+/* rope=load on the persistent form (its turners RoPE each stage's boxes
+ * of xs by the table): within the reference's bound, and the bytes of
+ * rope=pre on rope_fwd's RoPE(xs) (dg_ref_rope_op: rope.lua's arithmetic),
+ * both epilogues, both heights */
+Test(emu_attention, persistent_grad_xs_rope_load, .timeout = 900)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 9);
+	const shape s = { 1, 2, 136, 192, 64 };
+	const size_t nx = (size_t)s.B * s.H * s.T * s.N, ns = (size_t)s.B * s.H * s.T * s.T;
+	for (int i = 0; i < 2; i++)
+		for (int epi = 0; epi < 2; epi++) {
+			uint16_t *xs = rand_bf16(&r, nx), *c = rand_bf16(&r, ns), *mask = rand_bf16(&r, nx);
+			uint16_t *dxs = rand_bf16(&r, nx), *qr = calloc(nx + 8, 2);
+			float *rope = malloc((size_t)s.T * s.N * 4);
+			cr_assert(qr && rope);
+			dg_ref_rope_pairs(s.T, s.N, rope);
+			dg_spec rs = spec_of(DG_OP_ROPE_FWD, &s, &(dg_tile){ 0 });
+			rs.tile = (dg_tile){ 0 };
+			rs.arch_specific = false;
+			dg_spec_normalize(&rs);
+			cr_assert_eq(dg_ref_rope_op(&rs, xs, rope, qr, s.B, s.T), DG_OK);
+			void *load = NULL, *pre = NULL;
+			run_grad_xs(cg, &r, &s, &PERSISTENT[i], epi, true, xs, c, mask, dxs, &load);
+			run_grad_xs(cg, &r, &s, &PERSISTENT[i], epi, false, qr, c, mask, dxs, &pre);
+			cr_assert_eq(memcmp(load, pre, nx * (epi ? 2 : 4)), 0,
+				     "tile %d epi %d: rope=load is not rope=pre on rope_fwd's bytes", i, epi);
+			free(xs), free(c), free(mask), free(dxs), free(qr), free(rope), free(load), free(pre);
+		}
+	dg_codegen_destroy(cg);
 }

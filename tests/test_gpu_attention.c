@@ -1289,6 +1289,85 @@ Test(gpu_attention, warp_specialized_grad_xs)
 	gh_close(dev);
 }
 
+/* rope=load on attention_grad_xs's persistent form (4 stages: the
+ * producer warpgroup's turners RoPE each stage's boxes of xs by the table,
+ * templates/attention_tma.lua TURN): the bytes of rope=pre on rope_fwd's
+ * RoPE(xs) on the same tile, both epilogues (epi=mask's dxs bf16 in place,
+ * store's f32), T 136 and 512 and L 192 (a ragged column of tiles); then
+ * at the BDH shape the time of rope=load against rope_fwd then rope=pre
+ * (what it saves: the RoPE(xs) pass and its 268 MB a layer). */
+Test(gpu_attention, persistent_grad_xs_rope_load)
+{
+	static const shape shapes[] = { { 1, 2, 136, 192, 32 }, { 2, 2, 512, 256, 32 } };
+	static const dg_tile tiles[] = { { 128, 128, 64, 8, 1, 4, 0 }, { 64, 128, 64, 4, 1, 4, 0 } };
+	dg_device *dev = gh_open_sm90();
+	gh_seed(0x10ad);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
+			for (int epi = 0; epi < 2; epi++) {
+				const shape *sh = &shapes[i];
+				const int B = sh->B, H = sh->H, T = sh->T, N = sh->N;
+				const size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, ob = epi ? 2 : 4;
+				float *rope = rope_table(T, N);
+				void *xs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL), *c = rand_act(DG_FMT_BF16, ns, -1.0f, NULL);
+				void *mx = rand_mask(DG_FMT_BF16, nx), *dxs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL);
+				void *qr = rope_of(DG_FMT_BF16, sh, xs, rope);
+				dg_tensor t_c = dg_tensor_4d("grad_scores", DG_FMT_BF16, UP(c, ns * 2), B, H, T, T);
+				dg_tensor t_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, (size_t)T * N * 4), T, N);
+				dg_tensor t_m = dg_tensor_4d("mask_xs", DG_FMT_BF16, UP(mx, nx * 2), B, H, T, N);
+				void *got[2];
+				for (int load = 0; load < 2; load++) {
+					dg_spec sp = wg_spec(DG_OP_ATTENTION_GRAD_XS, sh, &tiles[k]);
+					sp.rope_pre = !load;
+					if (epi)
+						sp = mask_spec(sp, DG_FMT_BF16);
+					dg_spec_normalize(&sp);
+					gh_expect_path(&sp, "wgmma tma persistent");
+					dg_tensor t_x = dg_tensor_4d("xs", DG_FMT_BF16, UP(load ? xs : qr, nx * 2), B, H, T, N);
+					dg_tensor t_o = dg_tensor_4d(epi ? "dxs" : "grad_xs", epi ? DG_FMT_BF16 : DG_FMT_F32,
+								     epi ? UP(dxs, nx * 2) : FF(nx * 4), B, H, T, N);
+					const dg_tensor *a[5] = { &t_c, &t_x, &t_rope, &t_o, &t_m };
+					cr_assert_eq(run_op(dev, &sp, a), DG_OK, "%s", dg_device_errmsg(dev));
+					got[load] = gh_xmalloc(nx * ob);
+					gh_download(dev, got[load], t_o.data, nx * ob);
+				}
+				cr_assert_eq(memcmp(got[0], got[1], nx * ob), 0,
+					     "T %d tile %zu epi %d: rope=load is not rope=pre on rope_fwd's bytes", T, k, epi);
+				free(rope), free(xs), free(c), free(mx), free(dxs), free(qr), free(got[0]), free(got[1]);
+			}
+
+	/* the BDH shape, epi=mask dxs bf16: rope=load against rope_fwd then rope=pre */
+	shape s = { 8, 4, 512, 8192, 256 };
+	const size_t nx = (size_t)s.B * s.H * s.T * s.N, ns = (size_t)s.B * s.H * s.T * s.T, tn = (size_t)s.T * s.N;
+	float *rope = rope_table(s.T, s.N);
+	void *xs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL), *c = rand_act(DG_FMT_BF16, ns, -1.0f, NULL);
+	void *dxs = rand_act(DG_FMT_BF16, nx, -1.0f, NULL), *mx = rand_mask(DG_FMT_BF16, nx);
+	dg_tensor b_c = dg_tensor_4d("grad_scores", DG_FMT_BF16, UP(c, ns * 2), s.B, s.H, s.T, s.T);
+	dg_tensor b_x = dg_tensor_4d("xs", DG_FMT_BF16, UP(xs, nx * 2), s.B, s.H, s.T, s.N);
+	dg_tensor b_q = dg_tensor_4d("qr", DG_FMT_BF16, FF(nx * 2), s.B, s.H, s.T, s.N);
+	dg_tensor b_rope = dg_tensor_2d("rope", DG_FMT_F32, UP(rope, tn * 4), s.T, s.N);
+	dg_tensor b_d = dg_tensor_4d("dxs", DG_FMT_BF16, UP(dxs, nx * 2), s.B, s.H, s.T, s.N);
+	dg_tensor b_m = dg_tensor_4d("mask_xs", DG_FMT_BF16, UP(mx, nx * 2), s.B, s.H, s.T, s.N);
+	const double flop = (double)s.B * s.H * (double)s.T * s.T * s.N * 2;
+	const dg_tile *t = &tiles[0];
+	dg_spec rs = spec_of(DG_OP_ROPE_FWD, DG_FMT_BF16, &s, NULL);
+	const dg_tensor *a_r[3] = { &b_x, &b_rope, &b_q };
+	printf("rope_fwd (what rope=load saves): ");
+	report(dev, &rs, a_r, 3, 0.0);
+	for (int load = 0; load < 2; load++) {
+		dg_spec ms = wg_spec(DG_OP_ATTENTION_GRAD_XS, &s, t);
+		ms.rope_pre = !load;
+		ms = mask_spec(ms, DG_FMT_BF16);
+		dg_spec_normalize(&ms);
+		const dg_tensor *a_m[5] = { &b_c, load ? &b_x : &b_q, &b_rope, &b_d, &b_m };
+		printf("tile %dx%dx%d/%dx%d/%d rope=%s: ", t->bm, t->bn, t->bk, t->wm, t->wn, t->stages,
+		       load ? "load" : "pre");
+		report(dev, &ms, a_m, 5, flop);
+	}
+	free(rope), free(xs), free(c), free(dxs), free(mx);
+	gh_close(dev);
+}
+
 /* The chains with qr given (rope=pre): the forward writes RoPE(xs) there
  * (rope_fwd's bytes) and needs no workspace, the backward reads it instead
  * of making it again, and every output is the same bits as the chains

@@ -459,7 +459,7 @@ Test(nvrtc_attention, persistent_grad_xs)
 			cr_assert_str_eq(p.path, "wgmma tma persistent", "%s", p.canonical);
 			const dg_tile *t = &tiles[k];
 			cr_assert_eq(p.entries[0].threads, t->wm * 32 + 128, "%s", p.canonical);
-			int ring = 4 * (t->bm + t->bn) * 64 * 2 + 16 * 4;
+			int ring = 4 * (t->bm + t->bn) * 64 * 2 + 24 * 4; /* full, empty, ready */
 			int want = (mask ? (ring + 1023) / 1024 * 1024 + t->bm * (t->bn + 8) * 4 : ring) + 1024;
 			cr_assert_eq(p.entries[0].smem, want, "%s: %d bytes", p.canonical, p.entries[0].smem);
 			nh_compile(cg, &s, "persistent: the producer fills the ring", 90);
@@ -477,5 +477,21 @@ Test(nvrtc_attention, persistent_grad_xs)
 	s.tile = tiles[0];
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma bf16", "scores: %s", p.canonical);
+	/* rope=load: the persistent form with its turners (the stages' RoPE),
+	 * both epilogues; the block's own rings are rope=pre's alone */
+	for (int mask = 0; mask < 2; mask++) {
+		s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
+		s.rope_pre = false;
+		s.tile = tiles[0];
+		if (mask)
+			s.epi = DG_EPI_MASK, s.out = DG_FMT_BF16;
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "wgmma tma persistent", "%s", p.canonical);
+		nh_compile(cg, &s, "dg_turn", 90);
+	}
+	s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
+	s.rope_pre = false;
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+	cr_assert_neq(dg_codegen_plan(cg, &s, &p), DG_OK, "rope=load at 5 stages: %s", p.canonical);
 	dg_codegen_destroy(cg);
 }

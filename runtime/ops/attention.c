@@ -220,7 +220,8 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	 * warp-specialized kernel of 4 stages, BN up to 128) walks the tiles
 	 * itself: a grid of the blocks the SMs hold at once (one: its ring and
 	 * staged tile take most of an SM's shared memory), none past the tiles */
-	const bool tma = spec->rope_pre && dg__tma_abi(k), persistent = tma && t->stages == 4;
+	/* (rope=load too: its turners RoPE the stages; the maps are the same) */
+	const bool tma = dg__tma_abi(k), persistent = tma && t->stages == 4;
 	if (persistent) {
 		const int sms = dg__dev_info(p->dev)->sm_count;
 		const int64_t tiles = dg__op_cdiv(n, t->bn) * gy * gz;
