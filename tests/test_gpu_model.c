@@ -251,6 +251,36 @@ Test(gpu_model, kept_rope_queries_change_no_bit)
 	gh_close(dev);
 }
 
+/* DRAGON_ATTN_TURN=1: the attention's backward RoPEs xs on grad_xs's
+ * stages (its persistent form, rope=load) instead of reading the kept
+ * RoPE(xs): the same step, bit for bit, and the plan's activations
+ * smaller by what keep_qr keeps. */
+static void turn_case(dg_device *dev, const char *preset)
+{
+	static const char *const v[2] = { NULL, "1" };
+	dg_model_config c = dg_test_tiny_model(preset);
+	dg_model_weights *g[2] = { NULL, NULL };
+	double loss[2];
+	dg_model_memory mem[2];
+	step_twice(dev, preset, "DRAGON_ATTN_TURN", v, 13, loss, g, mem);
+	printf("gpu_model %s DRAGON_ATTN_TURN=1: loss %.9g / %.9g, activations %zu / %zu bytes\n", preset, loss[0],
+	       loss[1], mem[0].activations, mem[1].activations);
+	char what[64];
+	snprintf(what, sizeof(what), "%s DRAGON_ATTN_TURN=1", preset);
+	expect_same_step(&c, what, loss, g);
+	cr_expect_gt(mem[0].activations, mem[1].activations, "%s: the turning plan keeps no RoPE(xs)", what);
+	dg_model_weights_destroy(g[0]);
+	dg_model_weights_destroy(g[1]);
+}
+
+Test(gpu_model, turned_rope_queries_change_no_bit)
+{
+	dg_device *dev = gh_open_sm90();
+	turn_case(dev, "bf16");
+	turn_case(dev, "w8a8");
+	gh_close(dev);
+}
+
 /* The encoders' weight gradients over every layer's stacked rows, one GEMM
  * each (stack_pgrads: the plan's choice at few rows a layer, so at this
  * tiny batch) or a GEMM a layer adding into the f32 gradient

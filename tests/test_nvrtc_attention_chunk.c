@@ -297,3 +297,52 @@ Test(nvrtc_attention_chunk, chains_list_the_chunked_ops)
 	cr_assert_eq(l.n, 0);
 	dg__exec_free(&x);
 }
+
+/* The quadratic backward's chain (no device: its ops listed): with
+ * rope=pre and no qr it makes RoPE(xs) first (rope_fwd after C, in its
+ * workspace); given the persistent form's tile (dragon/ops.h: the model's
+ * DRAGON_ATTN_TURN) it makes none and grad_xs takes xs with rope=load on
+ * that tile, the workspace C's alone; another tile changes nothing. */
+Test(nvrtc_attention_chunk, quadratic_backward_turns_xs_on_the_persistent_tile)
+{
+	const int B = 2, H = 4, T = 512, N = 256, D = 64;
+	dg_tensor xs = dg_tensor_4d("xs", DG_FMT_BF16, AT(0), B, H, T, N);
+	dg_tensor v = dg_tensor_4d("v", DG_FMT_BF16, AT(1), B, 1, T, D);
+	dg_tensor rope = dg_tensor_2d("rope", DG_FMT_F32, AT(2), T, N);
+	dg_tensor sc = dg_tensor_4d("scores", DG_FMT_BF16, AT(3), B, H, T, T);
+	dg_tensor g = dg_tensor_4d("grad", DG_FMT_F32, AT(5), B, H, T, D);
+	dg_tensor gv = dg_tensor_4d("grad_v", DG_FMT_F32, AT(6), B, 1, T, D);
+	dg_tensor dxs = dg_tensor_4d("dxs", DG_FMT_BF16, AT(7), B, H, T, N);
+	const size_t c_bytes = (size_t)B * H * T * T * 2, qr_bytes = (size_t)B * H * T * N * 2;
+	for (int turn = 0; turn < 3; turn++) {
+		dg_spec sp = chain_spec(H, N, D);
+		if (turn == 1)
+			sp.tile = (dg_tile){ 128, 128, 64, 8, 1, 4, 0 };
+		if (turn == 2) /* not the persistent form: as without a tile */
+			sp.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+		dg_attention_bwd_args ba = { .grad = &g, .xs = &xs, .v = &v, .rope = &rope, .scores = &sc,
+					     .grad_v = &gv, .dxs = &dxs, .ws = { AT(10), 1u << 30 } };
+		size_t need = 0;
+		cr_assert_eq(dg_attention_bwd_workspace(&sp, &ba, &need), DG_OK);
+		cr_assert_eq(need, turn == 1 ? c_bytes : c_bytes + qr_bytes, "turn %d: %zu bytes", turn, need);
+		listed l = { .n = 0 };
+		dg__op_exec x = dg__exec_eager(NULL);
+		x.sink = collect;
+		x.sink_user = &l;
+		dg__exec_begin(&x, true);
+		cr_assert_eq(dg__attention_bwd_exec(&x, &sp, &ba), DG_OK);
+		if (turn == 1) {
+			const dg_op ops[] = { DG_OP_ATTENTION_GRAD_SCORES, DG_OP_ATTENTION_GRAD_V, DG_OP_ATTENTION_GRAD_XS };
+			expect_ops(&l, ops, 3, "turning");
+			const dg_spec *gx = &l.s[2];
+			cr_assert(!gx->rope_pre && gx->epi == DG_EPI_MASK && gx->tile.stages == 4, "grad_xs: rope %s, stages %d",
+				  gx->rope_pre ? "pre" : "load", gx->tile.stages);
+		} else {
+			const dg_op ops[] = { DG_OP_ROPE_FWD, DG_OP_ATTENTION_GRAD_SCORES, DG_OP_ATTENTION_GRAD_V,
+					      DG_OP_ATTENTION_GRAD_XS };
+			expect_ops(&l, ops, 4, turn ? "another tile" : "no tile");
+			cr_assert(l.s[3].rope_pre && dg_tile_is_auto(&l.s[3].tile));
+		}
+		dg__exec_free(&x);
+	}
+}

@@ -414,7 +414,12 @@ typedef struct dg_attention_chunk_hsum_args {
  * workspace, after C in the backward's, and the GEMMs read it raw.
  * The backward takes grad_xs (written, out = its format) or dxs (the
  * ReLU's gradient, f32 | bf16, in place: dxs = (dxs + grad_xs)·[xs > 0],
- * grad_xs's epi=mask with xs the mask, out = dxs's format), not both. */
+ * grad_xs's epi=mask with xs the mask, out = dxs's format), not both.
+ * The backward's spec->tile (auto: every step's own) is attention_grad_xs's
+ * where it names the persistent form (4 stages, BN 64 or 128:
+ * templates/attention_tma.lua): with rope=pre and no qr given, that
+ * kernel then turns xs by the table on its stages itself (rope=load), so
+ * no RoPE(xs) is made and the workspace holds C alone; the same bytes. */
 typedef struct dg_attention_fwd_args {
 	const dg_tensor *xs, *v, *rope;
 	const dg_tensor *scores; /* (B,H,T,T) act: saved for the backward */

@@ -186,7 +186,7 @@ static dg_status grad_xs_tile(dg_prepared *p, int64_t T, dg_kernel **k)
 		return DG_OK;
 	if (!dg_tile_is_auto(&p->spec.tile))
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
-				    "%s: T = %lld: the warp-specialized tile (stages %d) reads C by TMA, which needs T %% 8 == 0; take a tile of 3 or 4 stages or an auto tile",
+				    "%s: T = %lld: the warp-specialized tile (stages %d) reads C by TMA, which needs T %% 8 == 0; take the cp.async ring's tile (3 stages) or an auto tile",
 				    p->fn, (long long)T, dg_kernel_spec(*k)->tile.stages);
 	dg_spec s = p->spec;
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
@@ -764,6 +764,16 @@ static dg_tensor c_tensor(const dg_spec *spec, const dg_attention_bwd_args *a)
 	return t;
 }
 
+/* Whether the backward's grad_xs turns xs itself (dragon/ops.h: the
+ * chain's tile names the persistent form, rope=pre, no qr given): its
+ * kernel rope=load on that tile, no RoPE(xs) made. */
+static bool bwd_turns(const dg_spec *spec, const dg_attention_bwd_args *a)
+{
+	const dg_tile *t = &spec->tile;
+	return spec->rope_pre && spec->arch_specific && !a->qr && !a->chunk && t->stages == 4 && t->bn <= 128 &&
+	       !t->threads;
+}
+
 dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,
 				     size_t *bytes)
 {
@@ -782,7 +792,7 @@ dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd
 		return DG_OK;
 	}
 	dg_tensor t = c_tensor(spec, a);
-	size_t qb = a->qr ? 0 : qr_bytes(spec, a->xs);
+	size_t qb = a->qr || bwd_turns(spec, a) ? 0 : qr_bytes(spec, a->xs);
 	*bytes = (qb ? dg__op_align256(dg_tensor_bytes(&t)) : dg_tensor_bytes(&t)) + qb;
 	return DG_OK;
 }
@@ -811,6 +821,11 @@ dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 		s3.epi = DG_EPI_MASK;
 	if (gt && (gt->fmt == DG_FMT_F32 || gt->fmt == DG_FMT_BF16))
 		s3.out = gt->fmt;
+	const bool turns = bwd_turns(spec, a);
+	if (turns) { /* the persistent grad_xs RoPEs xs on its stages */
+		s3.tile = spec->tile;
+		s3.rope_pre = false;
+	}
 	dg_spec_normalize(&s3);
 	size_t need = 0;
 	dg_status st = qr_given_ok(dev, "dg_attention_bwd", spec, a->qr);
@@ -825,8 +840,9 @@ dg_status dg__attention_bwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 		return st;
 	dg_tensor ct = c_tensor(spec, a), qr;
 	const dg_tensor *xs = a->xs;
-	/* rope=pre: RoPE(xs) given (the forward's), or made after C */
-	const bool make_qr = spec->rope_pre && !a->qr;
+	/* rope=pre: RoPE(xs) given (the forward's), or made after C, or
+	 * (turns) made by grad_xs on its stages */
+	const bool make_qr = spec->rope_pre && !a->qr && !turns;
 	if (a->qr)
 		xs = a->qr;
 	else if (make_qr) {

@@ -450,6 +450,20 @@ static dg_status fake_layout(dg_model *m)
 	return DG_OK;
 }
 
+/* Whether the attention's backward turns xs on grad_xs's stages (its
+ * persistent form with rope=load, templates/attention_tma.lua), making
+ * RoPE(xs) neither kept (keep_qr's B·H·T·N act bytes a layer) nor again
+ * (the backward's rope_fwd pass): DRAGON_ATTN_TURN=1, where the rope=pre
+ * warpgroup path runs (bf16 on sm_90), the quadratic form, T % 8 == 0 (C
+ * by TMA). The same bytes as keep_qr's step; not the default until the GPU
+ * suite has run it (tests/test_gpu_attention.c
+ * persistent_grad_xs_rope_load, tests/test_gpu_model.c). */
+static bool attn_turns(const dg_model *m, int t)
+{
+	return m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode && m->attn_chunk == 0 && t % 8 == 0 &&
+	       dg__env_switch("DRAGON_ATTN_TURN") == 1;
+}
+
 /* m's model of c at (b, t): the tape recorded, each node's ops prepared
  * while sizing its workspace, the arenas planned. dev NULL: the specs
  * listed to sink instead (on an sm device), nothing planned. */
@@ -497,6 +511,9 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	 * tests/test_gpu_attention_chunk.c); keep_qr comes back to the chunked
 	 * form once that test has passed on a device */
 	if (m->attn_chunk > 0)
+		m->keep_qr = false;
+	m->attn_turn = attn_turns(m, t);
+	if (m->attn_turn)
 		m->keep_qr = false;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
@@ -613,8 +630,10 @@ static void unbuild(dg_model *m)
  * DRAGON_KEEP_QR is not 0. */
 static bool qr_keepable(const dg_model *m)
 {
-	return m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode && dg__env_switch("DRAGON_KEEP_QR") != 0;
+	return m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode && !m->attn_turn &&
+	       dg__env_switch("DRAGON_KEEP_QR") != 0;
 }
+
 
 /* Whether the encoders' weight gradients are made once over every
  * layer's stacked rows (stack_pgrads, dg__bdh_target) rather than a layer

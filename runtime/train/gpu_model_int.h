@@ -37,6 +37,12 @@ struct dg_model {
 	double compile_s, plan_s, alloc_s, upload_s;
 	bool keep_qr;               /* RoPE(xs) saved by the attention's forward
 				     * (dg__bdh_target): where the plan fits */
+	bool attn_turn;             /* DRAGON_ATTN_TURN=1: the attention's
+				     * backward RoPEs xs on grad_xs's stages
+				     * (its persistent form, rope=load), so
+				     * nothing keeps or makes RoPE(xs) for it
+				     * (keep_qr off): its memory without its
+				     * pass (gpu_model.c attn_turns) */
 	bool recompute;             /* xs and ys made again by the backward, not
 				     * saved (dg__bdh_target): where the plan
 				     * would not fit otherwise */
