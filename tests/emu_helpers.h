@@ -3,7 +3,7 @@
  * rendered source, its `extern __shared__` array made a pointer into the
  * launch's dynamic shared memory, its other `__shared__` arrays static and
  * each inline PTX statement a call of the emulation (one it does not know
- * fails the test, naming it), compiled by the system's C++ compiler with a
+ * stops the launch that reaches it, naming it), compiled by the system's C++ compiler with a
  * glue of the test's (the entry it calls, which launches the kernel by
  * dg_emu_launch / dg_emu_launch3) into a shared object, loaded. A test of a
  * kernel's logic where no GPU is: its indexing, barriers, layouts and

@@ -25,9 +25,10 @@
  *
  * What it does not model: timing and the asynchrony itself (an MMA or a
  * copy is complete when issued, so a stage released too early is not
- * caught), warp-synchronous code without the _sync intrinsics, atomics,
- * clusters, mma.sync and ldmatrix (an asm the rewrite does not know fails
- * the build, naming it). It checks a kernel's indexing, its barriers'
+ * caught), warp-synchronous code without the _sync intrinsics, atomics
+ * other than atomicAdd (under one lock),
+ * clusters, mma.sync and ldmatrix (an asm the rewrite does not know stops
+ * the launch that reaches it, naming it). It checks a kernel's indexing, its barriers'
  * placement (a thread that misses one hangs the launch, which the test's
  * timeout reports), its layouts and its arithmetic — the logic, not the
  * speed. The tensor-core sums are in the order of k (the hardware's order
@@ -416,6 +417,37 @@ static inline void dg_emu_wgmma(void *const *d, int n, int kind, unsigned long l
 			*(int *)d[reg] = acc;
 		}
 	}
+}
+
+/* atomics: one lock for all (the emulation's threads are OS threads) */
+static inline float atomicAdd(float *p, float v)
+{
+	std::lock_guard<std::mutex> g(dg_emu_mu);
+	const float o = *p;
+	*p = o + v;
+	return o;
+}
+static inline int atomicAdd(int *p, int v)
+{
+	std::lock_guard<std::mutex> g(dg_emu_mu);
+	const int o = *p;
+	*p = o + v;
+	return o;
+}
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+	std::lock_guard<std::mutex> g(dg_emu_mu);
+	const unsigned o = *p;
+	*p = o + v;
+	return o;
+}
+
+/* An inline PTX statement the emulation has no form of (the rewrite's
+ * call in its place): reached, it stops the launch naming it. */
+static inline void dg_emu_unknown(const char *tmpl)
+{
+	fprintf(stderr, "emu: no emulation of this inline PTX:\n%s\n", tmpl);
+	abort();
 }
 
 /* ---- small instructions ---------------------------------------------------- */
