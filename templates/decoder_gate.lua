@@ -70,7 +70,19 @@ K = D = 256 (wgmma m64nNk32 s8, whose int32 accumulators sit as dxy's f32
 ones do), staged as bf16 beside the dxy tile: about 70 us of tensor work
 a layer in place of a 268 MB read, under this kernel's memory time, so
 the budget's plan would cost nothing. (Two stages of ring, 65 KiB, keep
-two blocks an SM with the ys tile's 32 KiB.)
+two blocks an SM with the ys tile's 32 KiB.) The bits to match are
+lowrank_wgmma.lua's bf16 epilogue (its `epilogue`, with scales.lua):
+ys = bf16(fmaxf(__fsub_rn(__fmul_rn((float)acc, __fmul_rn(sa[r], sw[h·L +
+l])), thr_y), 0)), acc the exact int32 sum of aq's and Ev[h]'s codes, r
+scales.lua x_row's row of the encoder_v input ((b·H + h)·T + t: in_heads
+H). Its A (aq, (B,H,T,D) codes) and B (Ev[h], (N,D) codes) stage as
+lowrank_wgmma's resident tiles do (no swizzle, K-major); the CPU
+emulation runs both halves already (tests/test_emu_lowrank.c,
+tests/test_emu_decoder_gate.c), so the fused kernel can be checked bit
+for bit against the pair (encoder_v projection, then this kernel) before
+it meets a GPU. It needs the op to take aq, sa, Ev, sw and thr_y in ys's
+place (optable args, dragon/ops.h, the reference as that pair) and the
+tape's DEC_GATE to read them where recompute_ys is set.
 
 Arithmetic: products and sums f32 (wgmma: grad rounded to bf16 first, w
 exact); g, g·ys and g·xs each rounded once (__fmul_rn), as gate_bwd; bf16
