@@ -76,6 +76,14 @@ struct float2 {
 struct float4 {
 	float x, y, z, w;
 };
+struct int4 {
+	int x, y, z, w;
+};
+struct int2 {
+	int x, y;
+};
+static inline int4 make_int4(int x, int y, int z, int w) { return { x, y, z, w }; }
+static inline int2 make_int2(int x, int y) { return { x, y }; }
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return { x, y, z, w }; }
 static inline uint2 make_uint2(unsigned x, unsigned y) { return { x, y }; }
 static inline float2 make_float2(float x, float y) { return { x, y }; }
@@ -136,6 +144,8 @@ static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+static inline float __int2float_rn(int i) { return (float)i; }	/* nearest even, as the FPU rounds */
+static inline float __uint2float_rn(unsigned i) { return (float)i; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
