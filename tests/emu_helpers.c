@@ -140,6 +140,25 @@ static bool emulate_asm(const asm_stmt *a, buf *out)
 		puts_(out, s);
 		return true;
 	}
+	if (strstr(t, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") ||
+	    strstr(t, "mma.sync.aligned.m16n8k32.row.col.s32")) {
+		/* {d0..d3}, {a0..a3}, {b0, b1}, {d0..d3}: d in place */
+		cr_assert(a->n_out == 4 && a->n_in == 6, "%s: %d outputs, %d inputs", t, a->n_out, a->n_in);
+		const int kind = strstr(t, "f32.bf16") ? 0 : strstr(t, ".s32.u8.") ? 2 : 1;
+		snprintf(s, sizeof(s),
+			 "{ void *dg_o_[] = { (void *)&(%s), (void *)&(%s), (void *)&(%s), (void *)&(%s) }; "
+			 "dg_emu_mma_sync(dg_o_, %s, %s, %s, %s, %s, %s, %d); }",
+			 op(a, 0), op(a, 1), op(a, 2), op(a, 3), op(a, 4), op(a, 5), op(a, 6), op(a, 7), op(a, 8), op(a, 9), kind);
+		puts_(out, s);
+		return true;
+	}
+	if (strstr(t, "ldmatrix.sync.aligned.m8n8.x4")) {
+		cr_assert(a->n_out == 4 && a->n_in == 1, "%s", t);
+		snprintf(s, sizeof(s), "dg_emu_ldmatrix(&(%s), &(%s), &(%s), &(%s), %s, %d)", op(a, 0), op(a, 1), op(a, 2),
+			 op(a, 3), op(a, 4), strstr(t, ".trans") != NULL);
+		puts_(out, s);
+		return true;
+	}
 	static const char *const nops[] = { "cp.async.commit_group", "cp.async.wait_group", "wgmma.fence",
 					    "wgmma.commit_group", "wgmma.wait_group", "fence.proxy.async",
 					    "fence.mbarrier_init", "setmaxnreg" };

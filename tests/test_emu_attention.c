@@ -117,13 +117,32 @@ static uint16_t *rand_bf16(dg_rng *r, size_t n)
 	return p;
 }
 
+/* The sm_80 path's spec (mma.sync bf16, RoPE on the load): op at shape s,
+ * its auto tile. */
+static dg_spec mma_spec(dg_op op, const shape *s)
+{
+	dg_spec sp;
+	dg_spec_init(&sp, op);
+	sp.act = DG_FMT_BF16, sp.heads = s->H, sp.latent = s->N, sp.embd = s->E;
+	sp.arch = 80;
+	dg_spec_normalize(&sp);
+	return sp;
+}
+
+static void check_scores_spec(dg_codegen *cg, dg_rng *r, const shape *s, dg_spec sp);
+
 static void check_scores(dg_codegen *cg, dg_rng *r, const shape *s, const dg_tile *t)
 {
-	dg_spec sp = spec_of(DG_OP_ATTENTION_SCORES, s, t);
+	check_scores_spec(cg, r, s, spec_of(DG_OP_ATTENTION_SCORES, s, t));
+}
+
+static void check_scores_spec(dg_codegen *cg, dg_rng *r, const shape *s, dg_spec sp)
+{
 	dg_plan plan;
 	cr_assert_eq(dg_codegen_plan(cg, &sp, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
-	const bool persistent = t->stages == 4;
-	cr_assert_str_eq(plan.path, persistent ? "wgmma tma persistent" : t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s",
+	const dg_tile *t = &plan.spec.tile;
+	const bool mma = !sp.arch_specific;
+	cr_assert_str_eq(plan.path, mma ? "mma.sync bf16" : t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s",
 			 plan.canonical);
 	char glue[2048];
 	snprintf(glue, sizeof(glue), SCORES_GLUE, maps_in(t), maps_of(t));
@@ -139,7 +158,7 @@ static void check_scores(dg_codegen *cg, dg_rng *r, const shape *s, const dg_til
 		      mb = eh_tmap3(qr, 2, (uint64_t)N, (uint64_t)T, (uint64_t)B * H, 64, (unsigned)t->bn);
 	fn((unsigned)((T + t->bn - 1) / t->bn), (unsigned)((T + t->bm - 1) / t->bm), (unsigned)(B * H),
 	   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, qr, rope, got, B, T, &ma, &mb);
-	cr_assert_eq(dg_ref_attention_scores(&sp, qr, rope, want, B, T), DG_OK);
+	cr_assert_eq(dg_ref_attention_scores(&plan.spec, qr, rope, want, B, T), DG_OK);
 	expect_close(plan.canonical, DG_FMT_BF16, got, want, ns);
 	free(qr), free(got), free(want), free(rope);
 }
@@ -298,5 +317,18 @@ Test(emu_attention, persistent_grad_xs_rope_load, .timeout = 900)
 				     "tile %d epi %d: rope=load is not rope=pre on rope_fwd's bytes", i, epi);
 			free(xs), free(c), free(mask), free(dxs), free(qr), free(rope), free(load), free(pre);
 		}
+	dg_codegen_destroy(cg);
+}
+
+/* the sm_80 path (mma.sync bf16 with ldmatrix, RoPE on the load from the
+ * table, the block's cp.async buffers) on its auto tile: the warp's
+ * fragments exchanged as the hardware's are */
+Test(emu_attention, mma_sync_scores, .timeout = 900)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 10);
+	const shape s = { 1, 2, 136, 128, 64 };
+	check_scores_spec(cg, &r, &s, mma_spec(DG_OP_ATTENTION_SCORES, &s));
 	dg_codegen_destroy(cg);
 }

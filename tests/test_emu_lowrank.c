@@ -61,8 +61,9 @@ static float *rand_scales(dg_rng *r, size_t n)
 	return s;
 }
 
-/* out: bf16 (relu 0) or uint8pos codes (relu 0, a scale of the output) */
-static void check(dg_codegen *cg, dg_rng *r, dg_fmt out, int B, int T, int H, int N, int E)
+/* out: bf16 (relu 0) or uint8pos codes (relu 0, a scale of the output);
+ * sm 90: the warpgroup path, 80: mma.sync */
+static void check(dg_codegen *cg, dg_rng *r, dg_fmt out, int B, int T, int H, int N, int E, int sm)
 {
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
@@ -72,11 +73,11 @@ static void check(dg_codegen *cg, dg_rng *r, dg_fmt out, int B, int T, int H, in
 	/* bf16: a scale a token and a channel; codes out take tensor scales */
 	const bool codes = out != DG_FMT_BF16;
 	s.ascale = codes ? DG_SCALE_TENSOR : DG_SCALE_TOKEN, s.wscale = codes ? DG_SCALE_TENSOR : DG_SCALE_CHANNEL;
-	s.arch = 90, s.arch_specific = true;
+	s.arch = sm, s.arch_specific = sm == 90;
 	dg_spec_normalize(&s);
 	dg_plan plan;
 	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(plan.path, "wgmma", "%s", plan.canonical);
+	cr_assert_str_eq(plan.path, sm == 90 ? "wgmma" : "mma.sync", "%s", plan.canonical);
 	char glue[1024];
 	snprintf(glue, sizeof(glue), GLUE, out == DG_FMT_BF16 ? "unsigned short" : "unsigned char");
 	fwd_fn fn = (fwd_fn)eh_build(cg, &s, glue, "dg_emu_entry");
@@ -111,7 +112,19 @@ Test(emu_lowrank, warpgroup_codes_against_the_reference, .timeout = 900)
 	dg_codegen *cg = nh_codegen();
 	dg_rng r;
 	dg_rng_seed(&r, 3);
-	check(cg, &r, DG_FMT_BF16, 1, 130, 2, 96, 64);
-	check(cg, &r, DG_FMT_UINT8POS, 2, 40, 1, 160, 128);
+	check(cg, &r, DG_FMT_BF16, 1, 130, 2, 96, 64, 90);
+	check(cg, &r, DG_FMT_UINT8POS, 2, 40, 1, 160, 128, 90);
+	dg_codegen_destroy(cg);
+}
+
+/* the mma.sync path (sm_80: m16n8k32 s8 fragments exchanged in the warp,
+ * cp.async operands), the same references */
+Test(emu_lowrank, mma_sync_codes_against_the_reference, .timeout = 900)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 5);
+	check(cg, &r, DG_FMT_BF16, 1, 130, 2, 160, 64, 80);
+	check(cg, &r, DG_FMT_UINT8POS, 2, 40, 1, 96, 128, 80);
 	dg_codegen_destroy(cg);
 }

@@ -27,8 +27,11 @@
  * copy is complete when issued, so a stage released too early is not
  * caught), warp-synchronous code without the _sync intrinsics, atomics
  * other than atomicAdd (under one lock),
- * clusters, mma.sync and ldmatrix (an asm the rewrite does not know stops
- * the launch that reaches it, naming it). It checks a kernel's indexing, its barriers'
+ * clusters, the sm_80 copies and loads beyond cp.async and ldmatrix x4 (an
+ * asm the rewrite does not know stops the launch that reaches it, naming
+ * it). mma.sync (m16n8k16 bf16, m16n8k32 s8/u8) and ldmatrix exchange the
+ * warp's fragments at the warp's barrier, so every lane of the warp must
+ * reach them, as on the hardware. It checks a kernel's indexing, its barriers'
  * placement (a thread that misses one hangs the launch, which the test's
  * timeout reports), its layouts and its arithmetic — the logic, not the
  * speed. The tensor-core sums are in the order of k (the hardware's order
@@ -458,6 +461,79 @@ static inline void dg_emu_unknown(const char *tmpl)
 {
 	fprintf(stderr, "emu: no emulation of this inline PTX:\n%s\n", tmpl);
 	abort();
+}
+
+/* ---- warp-level MMA (mma.sync) and ldmatrix --------------------------------- */
+
+/* Each lane's operand registers, exchanged among its warp: a warp's lanes
+ * write theirs, meet at the warp's barrier, read the others', meet again
+ * (so no slot is rewritten before every lane read it). */
+static unsigned dg_emu_frag[1024][6];
+static size_t dg_emu_fragaddr[1024];
+
+static inline float dg_emu_bf16_half(unsigned w, int hi)
+{
+	return __uint_as_float(hi ? (w & 0xffff0000u) : (w << 16));
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (kind 0) or
+ * m16n8k32 .s32.{s8,u8}.s8.s32 (kind 1: s8, 2: u8), d (+)= A·B in place:
+ * lane 4g + q holds A rows g, g+8 (regs 0, 1: k 0..7 / 0..15; regs 2, 3:
+ * the upper half of k), B column g (reg 0: k low half, reg 1: high), D
+ * (g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1) (PTX ISA, the m16n8 fragments). */
+static inline void dg_emu_mma_sync(void *const *d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+				   unsigned b1, int kind)
+{
+	const unsigned t = threadIdx.x, w = t / 32, base = t & ~31u;
+	unsigned *f = dg_emu_frag[t];
+	f[0] = a0, f[1] = a1, f[2] = a2, f[3] = a3, f[4] = b0, f[5] = b1;
+	dg_emu_warp_bar[w]->arrive_and_wait();
+	const int lane = (int)(t & 31u), g = lane / 4, q = lane % 4;
+	const int K = kind == 0 ? 16 : 32, per = kind == 0 ? 2 : 4; /* elements a register */
+	for (int i = 0; i < 4; ++i) {
+		const int r = g + (i >= 2 ? 8 : 0), c = 2 * q + (i & 1);
+		float fs = kind == 0 ? *(float *)d[i] : 0.0f;
+		int is = kind == 0 ? 0 : *(int *)d[i];
+		for (int k = 0; k < K; ++k) {
+			const int hk = k >= K / 2, kk = k % (K / 2); /* the half of K, the place in it */
+			const unsigned *fa = dg_emu_frag[base + (unsigned)((r % 8) * 4 + kk / per)];
+			const unsigned *fb = dg_emu_frag[base + (unsigned)(c * 4 + kk / per)];
+			const unsigned wa = fa[(r >= 8 ? 1 : 0) + 2 * hk], wb = fb[4 + hk];
+			const int ea = kk % per;
+			if (kind == 0)
+				fs += dg_emu_bf16_half(wa, ea) * dg_emu_bf16_half(wb, ea);
+			else {
+				const unsigned ba = (wa >> (8 * ea)) & 0xffu, bb = (wb >> (8 * ea)) & 0xffu;
+				is += (kind == 2 ? (int)ba : (int)(signed char)ba) * (int)(signed char)bb;
+			}
+		}
+		if (kind == 0)
+			*(float *)d[i] = fs;
+		else
+			*(int *)d[i] = is;
+	}
+	dg_emu_warp_bar[w]->arrive_and_wait();
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give
+ * the row addresses of matrix i; register i of lane 4g + q gets matrix
+ * i's (g, 2q) and (g, 2q+1) (.trans: (2q, g) and (2q+1, g)). */
+static inline void dg_emu_ldmatrix(unsigned *r0, unsigned *r1, unsigned *r2, unsigned *r3, size_t addr, int trans)
+{
+	const unsigned t = threadIdx.x, w = t / 32, base = t & ~31u;
+	dg_emu_fragaddr[t] = addr;
+	dg_emu_warp_bar[w]->arrive_and_wait();
+	const int lane = (int)(t & 31u), g = lane / 4, q = lane % 4;
+	unsigned *out[4] = { r0, r1, r2, r3 };
+	for (int i = 0; i < 4; ++i) {
+		unsigned short e[2];
+		for (int h = 0; h < 2; ++h) {
+			const int row = trans ? 2 * q + h : g, col = trans ? g : 2 * q + h;
+			std::memcpy(&e[h], dg_emu_sh((unsigned)dg_emu_fragaddr[base + 8 * i + row] + 2u * (unsigned)col), 2);
+		}
+		*out[i] = (unsigned)e[0] | ((unsigned)e[1] << 16);
+	}
+	dg_emu_warp_bar[w]->arrive_and_wait();
 }
 
 /* ---- small instructions ---------------------------------------------------- */
