@@ -149,6 +149,30 @@ __device__ __forceinline__ float dg_block_max(float a, float *red, int lane, int
 	return a;
 }
 
+// a folded with |v| of the VE values of a vector's 16 bytes
+__device__ __forceinline__ float dg_vec_absmax(const uint4 &q, float a)
+{
+	float f[VE];
+	dg_unpack(q, f);
+#pragma unroll
+	for (int e = 0; e < VE; ++e)
+		a = fmaxf(a, fabsf(f[e]));
+	return a;
+}
+
+// The token's scale from each thread's max a (dg_block_max), its
+// reciprocal in si, written to scales[r] by thread 0.
+__device__ __forceinline__ float dg_token_scale(float a, float *red, int lane, int warp, int tid,
+					       float *__restrict__ scales, long long r, float2 &si)
+{
+	a = dg_block_max(a, red, lane, warp);
+	const float sc = __fdiv_rn(a, (float)QMAX);
+	si = dg_quant_inv(sc);
+	if (tid == 0)
+		scales[r] = sc;
+	return sc;
+}
+
 // The element path (a token not of whole vectors, or tensors not aligned):
 // a thread's max over its elements of the token at base, then their codes.
 __device__ __forceinline__ float dg_elem_max(const XT *__restrict__ xs, const XT *__restrict__ ys, long long base,
@@ -223,29 +247,17 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 			}
 #pragma unroll
 			for (int k = 0; k < RV; ++k)
-				if (tid + k * NT < NV) {
-					float f[VE];
-					dg_unpack(q[k], f);
-#pragma unroll
-					for (int e = 0; e < VE; ++e)
-						a = fmaxf(a, fabsf(f[e]));
-				}
+				if (tid + k * NT < NV)
+					a = dg_vec_absmax(q[k], a);
 			for (int j = tid + RV * NT; j < NV; j += NT) {	// past the registers: made again below
 				const long long off = dg_vec_off(base, seg, j);
-				float f[VE];
-				dg_unpack(dg_xy_vec(xs, ys, off, dg_keep_at<VE>((unsigned long long)off + elem0, thr, seed, step, layer), s), f);
-#pragma unroll
-				for (int e = 0; e < VE; ++e)
-					a = fmaxf(a, fabsf(f[e]));
+				a = dg_vec_absmax(dg_xy_vec(xs, ys, off, dg_keep_at<VE>((unsigned long long)off + elem0, thr, seed, step, layer), s), a);
 			}
 		} else {
 			a = dg_elem_max(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid);
 		}
-		a = dg_block_max(a, red, lane, warp);
-		const float sc = __fdiv_rn(a, (float)QMAX);
-		const float2 si = dg_quant_inv(sc);
-		if (tid == 0)
-			scales[r] = sc;
+		float2 si;
+		const float sc = dg_token_scale(a, red, lane, warp, tid, scales, r, si);
 		if (vec) {
 #pragma unroll
 			for (int k = 0; k < RV; ++k) {
@@ -315,22 +327,15 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 						const long long off = dg_vec_off(base, seg, j);
 						const uint4 q = dg_xy(ra[u], rb[u], dg_keep_at<VE>((unsigned long long)off + elem0, thr, seed, step, layer), s);
 						sxy[j] = q;
-						float f[VE];
-						dg_unpack(q, f);
-#pragma unroll
-						for (int e = 0; e < VE; ++e)
-							a = fmaxf(a, fabsf(f[e]));
+						a = dg_vec_absmax(q, a);
 					}
 				}
 			}
 		} else {
 			a = dg_elem_max(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid);
 		}
-		a = dg_block_max(a, red, lane, warp);
-		const float sc = __fdiv_rn(a, (float)QMAX);
-		const float2 si = dg_quant_inv(sc);
-		if (tid == 0)
-			scales[r] = sc;
+		float2 si;
+		const float sc = dg_token_scale(a, red, lane, warp, tid, scales, r, si);
 		if (vec) {
 			for (int j = tid; j < NV; j += NT) {	// the slots this thread wrote
 				float f[VE];

@@ -222,23 +222,27 @@ static void expect_same_step(const dg_model_config *c, const char *what, const d
 			  "%s: grad %s differs", what, dg_model_param_name((dg_model_param)p));
 }
 
-/* RoPE(xs) kept by the attention's forward for its backward (the plan's
- * choice where it fits: bf16 activations on sm_90) or made again there
- * (DRAGON_KEEP_QR=0): the same step, bit for bit — the loss and every
- * gradient — and the kept plan's activations larger by B·H·T·N bf16 a
- * layer. */
-static void keep_qr_case(dg_device *dev, const char *preset)
+/* The default step (keep_qr: RoPE(xs) kept by the attention's forward
+ * for its backward, the plan's choice where it fits, bf16 activations on
+ * sm_90) against env=val: the same step, bit for bit — the loss and every
+ * gradient — and the default plan's activations larger (by B·H·T·N bf16 a
+ * layer). DRAGON_KEEP_QR=0: RoPE(xs) made again in the backward;
+ * DRAGON_ATTN_TURN=1: RoPEd on grad_xs's stages (its persistent form,
+ * rope=load), made nowhere. */
+static void rope_kept_against(dg_device *dev, const char *preset, const char *env, const char *val, uint64_t seed)
 {
-	static const char *const v[2] = { NULL, "0" };
+	const char *const v[2] = { NULL, val };
 	dg_model_config c = dg_test_tiny_model(preset);
 	dg_model_weights *g[2] = { NULL, NULL };
 	double loss[2];
 	dg_model_memory mem[2];
-	step_twice(dev, preset, "DRAGON_KEEP_QR", v, 11, loss, g, mem);
-	printf("gpu_model %s keep_qr: loss %.9g / %.9g, activations %zu / %zu bytes\n", preset, loss[0], loss[1],
+	step_twice(dev, preset, env, v, seed, loss, g, mem);
+	char what[64];
+	snprintf(what, sizeof(what), "%s %s=%s", preset, env, val);
+	printf("gpu_model %s: loss %.9g / %.9g, activations %zu / %zu bytes\n", what, loss[0], loss[1],
 	       mem[0].activations, mem[1].activations);
-	expect_same_step(&c, preset, loss, g);
-	cr_expect_gt(mem[0].activations, mem[1].activations, "%s: the kept plan holds RoPE(xs)", preset);
+	expect_same_step(&c, what, loss, g);
+	cr_expect_gt(mem[0].activations, mem[1].activations, "%s: the default plan holds RoPE(xs), this one not", what);
 	dg_model_weights_destroy(g[0]);
 	dg_model_weights_destroy(g[1]);
 }
@@ -246,38 +250,16 @@ static void keep_qr_case(dg_device *dev, const char *preset)
 Test(gpu_model, kept_rope_queries_change_no_bit)
 {
 	dg_device *dev = gh_open_sm90();
-	keep_qr_case(dev, "bf16");
-	keep_qr_case(dev, "w8a8");
+	rope_kept_against(dev, "bf16", "DRAGON_KEEP_QR", "0", 11);
+	rope_kept_against(dev, "w8a8", "DRAGON_KEEP_QR", "0", 11);
 	gh_close(dev);
-}
-
-/* DRAGON_ATTN_TURN=1: the attention's backward RoPEs xs on grad_xs's
- * stages (its persistent form, rope=load) instead of reading the kept
- * RoPE(xs): the same step, bit for bit, and the plan's activations
- * smaller by what keep_qr keeps. */
-static void turn_case(dg_device *dev, const char *preset)
-{
-	static const char *const v[2] = { NULL, "1" };
-	dg_model_config c = dg_test_tiny_model(preset);
-	dg_model_weights *g[2] = { NULL, NULL };
-	double loss[2];
-	dg_model_memory mem[2];
-	step_twice(dev, preset, "DRAGON_ATTN_TURN", v, 13, loss, g, mem);
-	printf("gpu_model %s DRAGON_ATTN_TURN=1: loss %.9g / %.9g, activations %zu / %zu bytes\n", preset, loss[0],
-	       loss[1], mem[0].activations, mem[1].activations);
-	char what[64];
-	snprintf(what, sizeof(what), "%s DRAGON_ATTN_TURN=1", preset);
-	expect_same_step(&c, what, loss, g);
-	cr_expect_gt(mem[0].activations, mem[1].activations, "%s: the turning plan keeps no RoPE(xs)", what);
-	dg_model_weights_destroy(g[0]);
-	dg_model_weights_destroy(g[1]);
 }
 
 Test(gpu_model, turned_rope_queries_change_no_bit)
 {
 	dg_device *dev = gh_open_sm90();
-	turn_case(dev, "bf16");
-	turn_case(dev, "w8a8");
+	rope_kept_against(dev, "bf16", "DRAGON_ATTN_TURN", "1", 13);
+	rope_kept_against(dev, "w8a8", "DRAGON_ATTN_TURN", "1", 13);
 	gh_close(dev);
 }
 
