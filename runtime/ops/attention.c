@@ -217,10 +217,10 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	int64_t n = gemm_cols(spec, T, &per_head);
 	int64_t gy = dg__op_cdiv(T, t->bm), gz = per_head ? B * spec->heads : B;
 	/* the persistent form (templates/attention_tma.lua M.persistent_ok: a
-	 * warp-specialized kernel of 4 stages, BN up to 128) walks the tiles
-	 * itself: a grid of the blocks the SMs hold at once (one: its ring and
-	 * staged tile take most of an SM's shared memory), none past the tiles */
-	/* (rope=load too: its turners RoPE the stages; the maps are the same) */
+	 * warp-specialized kernel of 4 stages, BN up to 128; rope=pre or
+	 * load, the same maps) walks the tiles itself: a grid of the blocks
+	 * the SMs hold at once (one: its ring and staged tile take most of an
+	 * SM's shared memory), none past the tiles */
 	const bool tma = dg__tma_abi(k), persistent = tma && t->stages == 4;
 	if (persistent) {
 		const int sms = dg__dev_info(p->dev)->sm_count;

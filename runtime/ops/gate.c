@@ -163,8 +163,9 @@ dg_status dg__check_gate_bwd(const dg_spec *spec, const dg__op_call *c, char *ms
  * long rows, int T), the dropout's arguments, the scales (codes' scale),
  * the codes. The grid: 4 blocks an SM, or one a token where there are
  * fewer; the staged form (tile t<N>/1: the token's xy in shared memory,
- * a few blocks an SM) a block a token, which the scheduler balances. Its dropout rules are gate_fwd's (gate_check); outputs over an
- * input are refused there too. */
+ * a few blocks an SM) a block a token, which the scheduler balances. Its
+ * dropout rules are gate_fwd's (gate_check); outputs over an input are
+ * refused there too. */
 
 dg_status dg__prep_gate_quant(dg_prepared *p, const dg__op_call *c)
 {
