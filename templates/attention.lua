@@ -112,19 +112,21 @@ M.cluster, 6 stages) halves the L2 reads but took 1184 us: with K = 512
 a tile is 8 steps, mostly its ring's fill and its epilogue, and a
 cluster waits for its slowest block. The persistent form (a ring of 4
 stages at BN 128 or 64: templates/attention_tma.lua M.persistent_ok) is
-the next step: a grid of the SMs' blocks, each walking tiles m fastest,
+a grid of the SMs' blocks, each walking tiles m fastest,
 its producer filling the ring with the next tile's steps while the
 consumers run the epilogue, whose staged tile lies beside the ring. It
 passes the CPU emulation (tests/test_emu_attention.c: 3 blocks over 8 and
 12 tiles, the ring wrapping within and across tiles) and is in the GPU
 suite's tiles and timings (test_gpu_attention warp_specialized_grad_xs);
-not yet run on a device, so the default stays 5 stages. It takes
+grad_xs's default since it ran on an H100 (758 us against 5 stages' 780,
+epi=mask, BDH shape: the epilogue's overlap is not what bounds it). It takes
 rope=load too: the producer warpgroup's three idle warps RoPE each
 stage's boxes of xs by the table once they land (the MMAs wait for that,
 not for the bytes), the bytes of rope=pre on rope_fwd's RoPE(xs), with no
 RoPE(xs) in memory and no rope_fwd pass — what the model's keep_qr
 (1.6 GB at 25M) buys today (tests/test_emu_attention.c; GPU test
-persistent_grad_xs_rope_load, written, not yet run). Then: the
+persistent_grad_xs_rope_load passes on an H100, but took 3324 us against
+rope=pre's 760 + rope_fwd's 198: the turners are too slow). Then: the
 cluster on top of it, RoPE out of the x projection's epilogue. The model's forward keeps RoPE(xs) for the
 backward where the plan fits (runtime/train/gpu_model.c keep_qr), so the
 backward chain runs no rope_fwd: attention backward 6.02 -> 4.89 ms a
@@ -348,6 +350,12 @@ local function default_tile(k)
     -- (160 KiB: one block an SM). attention_grad_xs at T % 8 != 0 (C's
     -- rows cannot be a tensor map) takes the cp.async ring's tile below in
     -- the runtime (runtime/ops/attention.c).
+    -- attention_grad_xs the persistent form of 4 stages (a grid of the
+    -- SMs' blocks walking the tiles; attention_tma.lua M.persistent_ok):
+    -- 758 us against 5 stages' 780 at the BDH shape on an H100 (epi=mask).
+    if k.op == "attention_grad_xs" then
+      return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 4, threads = 0 }
+    end
     return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 5, threads = 0 }
   end
   if wgmma_op(k) then

@@ -391,9 +391,17 @@ local function keep_vectors(H, L, ve, nt)
   return math.max(1, math.min(8, (nv + nt - 1) // nt))
 end
 
--- The auto tile: 512 threads (a BDH token, 32768 bf16 values, is 8
--- vectors a thread, all in registers).
+-- The auto tile: 512 threads of the register form (a BDH token, 32768
+-- bf16 values, is 8 vectors a thread, all in registers), or the staged
+-- form's 256 (t256/1) where a token's values fill every thread with a
+-- vector and fit three blocks an SM. At the BDH shape (B 8, H 4, T 512,
+-- L 8192 bf16: 64 KiB a token) on an H100 the staged t256/1 took 443 us
+-- (p 0) / 526 (p 0.1) against the register form's 564 / 619 (t128/1: 589
+-- / 643): the staged form reads xs and ys once, coalesced, and its second
+-- pass (scale, quantize, store) reads shared memory, where the register
+-- form's 8 vectors a thread hold two blocks an SM.
 local AUTO_THREADS = 512
+local AUTO_STAGED_THREADS = 256
 
 -- Vectors of xs and of ys a thread of the staged form has in flight: 4
 -- (64 bytes each way; 64 registers of loads would leave two blocks of 256
@@ -428,8 +436,15 @@ function M.plan(spec)
   local auto = TILES.tile_is_auto(TILES.tile_of(spec))
   local p, why = TILES.threads_plan(spec, { "dg_gate_quant" }, "gate_quant.cu", 1)
   if p and auto then
-    p.tile.threads = AUTO_THREADS
-    p.entries[1].threads = AUTO_THREADS
+    local H = SPEC.int_field(spec, "heads", 1)
+    local L = SPEC.int_field(spec, "latent", 1)
+    local arch = SPEC.int_field(spec, "arch", 1)
+    local ve = src == "bf16" and 8 or 4
+    local staged = M.staged_fits(H, L, src, arch) and H * L // ve >= AUTO_STAGED_THREADS and
+                   3 * stage_bytes(H, L, src) <= TILES.smem_limit(arch)
+    p.tile.threads = staged and AUTO_STAGED_THREADS or AUTO_THREADS
+    p.tile.stages = staged and 1 or 0
+    p.entries[1].threads = p.tile.threads
   end
   if p and p.tile.stages == 1 then
     local H = SPEC.int_field(spec, "heads", 1)

@@ -75,7 +75,8 @@ Test(nvrtc_gate, every_op_act_and_shape)
  * int8, at the BDH token (4 × 8192: every vector in registers), a small
  * odd one (3 × 13: the element path), one of a vector a thread (1 × 64),
  * the widest token (16 × 65536: past the registers), on t64 and t1024
- * too; its auto tile is 512 threads; an int4 code or an f32 act refused. */
+ * too; its auto tile by the token's size; an int4 code or an f32 act
+ * refused. */
 Test(nvrtc_gate, gate_quant_formats_and_shapes)
 {
 	dg_codegen *cg = nh_codegen();
@@ -96,13 +97,28 @@ Test(nvrtc_gate, gate_quant_formats_and_shapes)
 					cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s", m);
 					nh_compile(cg, &s, "a block a token", 90);
 				}
+	/* the auto tile: the staged t256/1 where the token fills 256 threads
+	 * with vectors and fits three blocks an SM (4 × 8192 bf16: 64 KiB),
+	 * else the register form's 512 threads (f32's 128 KiB, a token past
+	 * shared memory, a token of a few vectors) */
+	static const struct {
+		int h, l, src;
+		const char *tile;
+	} AUTO[] = { { 4, 8192, DG_FMT_BF16, "tile=t256/1;" }, { 4, 8192, DG_FMT_F32, "tile=t512;" },
+		     { 16, 65536, DG_FMT_BF16, "tile=t512;" }, { 1, 64, DG_FMT_BF16, "tile=t512;" },
+		     { 1, 2048, DG_FMT_BF16, "tile=t256/1;" } };
 	dg_spec s;
-	dg_spec_init(&s, DG_OP_GATE_QUANT);
 	char m[512];
-	dg_source *src = NULL;
-	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert(strstr(src->text, "tile=t512;"), "the auto tile is 512 threads");
-	dg_source_destroy(src);
+	for (size_t i = 0; i < sizeof(AUTO) / sizeof(AUTO[0]); i++) {
+		dg_spec_init(&s, DG_OP_GATE_QUANT);
+		s.heads = AUTO[i].h, s.latent = AUTO[i].l, s.src = AUTO[i].src;
+		dg_source *src = NULL;
+		cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert(strstr(src->text, AUTO[i].tile), "%d x %d: the auto tile is %s", AUTO[i].h, AUTO[i].l,
+			  AUTO[i].tile);
+		dg_source_destroy(src);
+	}
+	dg_spec_init(&s, DG_OP_GATE_QUANT);
 	s.act = DG_FMT_INT4;
 	cr_assert_neq(dg_spec_validate(&s, m, sizeof(m)), DG_OK);
 	cr_assert(strstr(m, "act"), "%s", m);

@@ -109,9 +109,11 @@ static dg_status grad_xs_dxs_ok(const char *fn, const dg__op_call *c, char *msg,
 	const dg_op_info *row = dg_op_info_of(DG_OP_ATTENTION_GRAD_XS);
 	for (int i = 0; i < row->n_args; i++)
 		if (!row->args[i].output && overlap(c->t[GX_DXS], c->t[i])) {
+			const dg_tensor *d = c->t[GX_DXS], *o = c->t[i];
 			snprintf(msg, size,
-				 "dxs: %s: overlaps %s, which the kernel reads while it writes dxs in place; give dxs its own buffer",
-				 fn, row->args[i].name);
+				 "dxs: %s: overlaps %s, which the kernel reads while it writes dxs in place; give dxs its own buffer (dxs: %zu bytes at 0x%llx, %s: %zu at 0x%llx)",
+				 fn, row->args[i].name, dg_tensor_bytes(d), (unsigned long long)d->data, row->args[i].name,
+				 dg_tensor_bytes(o), (unsigned long long)o->data);
 			return DG_ERR_INVALID_ARG;
 		}
 	return DG_OK;
