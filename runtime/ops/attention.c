@@ -223,12 +223,13 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	 * load, the same maps) walks the tiles itself: a grid of the blocks
 	 * the SMs hold at once (one: its ring and staged tile take most of an
 	 * SM's shared memory), none past the tiles */
-	const bool tma = dg__tma_abi(k), persistent = tma && t->stages == 4;
+	const bool tma = dg__tma_abi(k), persistent = tma && dg__attn_persistent_tile(t);
+	int64_t gx = dg__op_cdiv(n, t->bn);
 	if (persistent) {
-		const int sms = dg__dev_info(p->dev)->sm_count;
-		const int64_t tiles = dg__op_cdiv(n, t->bn) * gy * gz;
+		const int64_t sms = dg__dev_info(p->dev)->sm_count > 0 ? dg__dev_info(p->dev)->sm_count : 1;
+		const int64_t tiles = gx * gy * gz;
+		gx = tiles < sms ? tiles : sms;
 		gy = gz = 1;
-		n = (tiles < (int64_t)(sms > 0 ? sms : 1) ? tiles : (int64_t)(sms > 0 ? sms : 1)) * t->bn;
 	}
 	if (gy > 65535 || gz > 65535)
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
@@ -241,7 +242,6 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	dg_kernel_info ki;
 	if ((st = dg_kernel_info_get(k, &ki)))
 		return st;
-	int64_t gx = dg__op_cdiv(n, t->bn);
 	gx = dg__op_cdiv(gx, ki.cluster[0]) * ki.cluster[0];
 	gy = dg__op_cdiv(gy, ki.cluster[1]) * ki.cluster[1];
 	if (gy > 65535)
@@ -771,9 +771,12 @@ static dg_tensor c_tensor(const dg_spec *spec, const dg_attention_bwd_args *a)
  * kernel rope=load on that tile, no RoPE(xs) made. */
 static bool bwd_turns(const dg_spec *spec, const dg_attention_bwd_args *a)
 {
-	const dg_tile *t = &spec->tile;
-	return spec->rope_pre && spec->arch_specific && !a->qr && !a->chunk && t->stages == 4 && t->bn <= 128 &&
-	       !t->threads;
+	return spec->rope_pre && spec->arch_specific && !a->qr && !a->chunk && dg__attn_persistent_tile(&spec->tile);
+}
+
+bool dg__attn_persistent_tile(const dg_tile *t)
+{
+	return t->stages == 4 && t->bn > 0 && t->bn <= 128 && !t->threads;
 }
 
 dg_status dg_attention_bwd_workspace(const dg_spec *spec, const dg_attention_bwd_args *a,

@@ -61,6 +61,13 @@ dg_status dg_attention_grad_v_check(const dg_spec *spec, const dg_attention_grad
 				    char *msg, size_t msg_size);
 dg_status dg_attention_step_check(const dg_spec *spec, const dg_attention_step_args *a, char *msg,
 				  size_t msg_size);
+/* attention_grad_xs's persistent form (templates/attention_tma.lua
+ * M.persistent_ok): a bf16 tile of 4 stages, BN at most 128, on the
+ * warp-specialized path; the grid walks the tiles (attention.c gemm_prep).
+ * DG__ATTN_PERSISTENT_TILE: the one the backward chain names to have
+ * grad_xs turn xs itself (dragon/ops.h). */
+bool dg__attn_persistent_tile(const dg_tile *t);
+#define DG__ATTN_PERSISTENT_TILE ((dg_tile){ 128, 128, 64, 8, 1, 4, 0 })
 dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
 				     char *msg, size_t msg_size);
 /* The chunked form's ops in one call (prepare and launch), for the

@@ -512,9 +512,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	 * form once that test has passed on a device */
 	if (m->attn_chunk > 0)
 		m->keep_qr = false;
-	m->attn_turn = attn_turns(m, t);
-	if (m->attn_turn)
-		m->keep_qr = false;
+	m->attn_turn = attn_turns(m, t); /* keep_qr then off: qr_keepable */
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,

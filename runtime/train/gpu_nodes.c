@@ -479,7 +479,7 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		 * the chain's grad_xs into the workspace's tail, then add_mask */
 		dg_spec s = attn_spec(m, DG_OP_ATTENTION_SCORES);
 		if (m->attn_turn) /* grad_xs's persistent form turns xs itself (dragon/ops.h) */
-			s.tile = (dg_tile){ 128, 128, 64, 8, 1, 4, 0 };
+			s.tile = DG__ATTN_PERSISTENT_TILE;
 		dg_tensor qr, sc = attn_saved(m, in[1], &qr);
 		dg_tensor g = dg__gm_tn(m, in[0]), v = dg__gm_tn(m, in[2]), xs = dg__gm_tn(m, in[3]),
 			  dxs = dg__gm_tn(m, out[0]), dv = dg__gm_tn(m, out[1]), rope = dg__gm_tn(m, m->id.rope);
