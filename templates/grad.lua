@@ -261,7 +261,13 @@ function M.plan(spec)
     ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.path, p.arch_specific, p.smem_bytes, p.entries[1].smem = "wgmma bf16", true, smem, smem
-    if WG.ws_tile(t) then p.path, p.entries[1].threads = "wgmma tma", WG.threads(t) end
+    if WG.ws_tile(t) then
+      p.path, p.entries[1].threads = "wgmma tma", WG.threads(t)
+      -- decoder_grad_weight's A: the gradient's bf16 copy, made first
+      if k.op == "decoder_grad_weight" then
+        p.entries[#p.entries + 1] = { name = entry .. "_cast", threads = 256, smem = 0 }
+      end
+    end
     return p
   end
   if MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then

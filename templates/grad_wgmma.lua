@@ -86,7 +86,7 @@ end
 -- grad_input's A, within one b), which only the call knows: the runtime
 -- (runtime/ops/grad.c) takes the cp.async ring's tile at another T.
 function M.ws_applies(k)
-  return M.applies(k) and k.op ~= "decoder_grad_weight" and k.L % 8 == 0 and k.E % 8 == 0
+  return M.applies(k) and k.L % 8 == 0 and k.E % 8 == 0
 end
 
 -- Whether tile t names the warp-specialized form (wgmma_bf16.lua's rule,
@@ -98,7 +98,9 @@ M.ws_tile = WB.ws_tile
 -- the warp-specialized form's 5 to 8.
 function M.fits(k, t)
   if not M.applies(k) then return false end
-  if M.ws_tile(t) then return M.ws_applies(k) and WB.tile_ok(t, 5, 8) end
+  if M.ws_tile(t) then
+    return M.ws_applies(k) and WB.tile_ok(t, 5, 8) and (k.op ~= "decoder_grad_weight" or t.bn <= 128)
+  end
   return WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
 end
 
@@ -114,9 +116,31 @@ local function staged_gw(op, E)
   return op == "lowrank_grad_weight" and E % 4 == 0
 end
 
+-- decoder_grad_weight's warp-specialized form (DGW_WS_KERNEL): its shared
+-- memory with r raw slots — the ring, the 2·S barriers, the slots of y and
+-- of the scales, and 1 KiB for the atoms' alignment.
+local function dgw_ws_bytes(t, bfmt, r)
+  local cb = bfmt == "bf16" and 16 or 8
+  return WB.ring_bytes(t, false) + 16 * t.stages + r * (t.bn * t.bk // 8 * cb + 128 * 4 * 4) + 1024
+end
+
+-- Its raw slots: 4 (three steps of y in flight a producer thread), fewer
+-- (at least 2) where the ring leaves no room for them (bf16 y's 16 KiB
+-- slots beside 5 stages: 3).
+local function dgw_ws_r(t, bfmt, arch)
+  local r = 4
+  while r > 2 and dgw_ws_bytes(t, bfmt, r) > require("tiles").smem_limit(arch) do r = r - 1 end
+  return r
+end
+
+local function dgw_ws_smem(t, bfmt, arch)
+  return dgw_ws_bytes(t, bfmt, dgw_ws_r(t, bfmt, arch))
+end
+
 -- The ring (or the staged epilogue's tile), and on the warp-specialized
--- form its 2·S mbarriers after it.
+-- form its 2·S mbarriers after it (decoder_grad_weight's: dgw_ws_smem).
 function M.smem_bytes(t, k)
+  if k.op == "decoder_grad_weight" and M.ws_tile(t) then return dgw_ws_smem(t, k.bfmt, k.arch) end
   return (M.ws_tile(t) and WB.ws_smem_bytes or WB.smem_bytes)(t, staged_gw(k.op, k.E))
 end
 
@@ -622,6 +646,196 @@ local DGW_PAIR = [[
 					*o = v;
 				}]]
 
+-- ---- decoder_grad_weight, warp-specialized (a tile of 5 to 8 stages, BN
+-- 64 or 128) ------------------------------------------------------------
+-- The ring form's consumers wait out every load and decode at a block
+-- barrier. Here a producer warpgroup feeds the consumers through full /
+-- empty mbarriers (wgmma_bf16.lua WS_CONSUMERS): its first thread loads A
+-- by TMA — not grad itself but its bf16 copy, which the runtime makes
+-- before the kernel with the module's dg_decoder_grad_weight_cast (grad
+-- rounded to nearest even once, exactly as the ring form rounds it as
+-- staged; the copy is 1/8 of y's bytes at the BDH shape) — and all 128
+-- copy y's chunks of a step by cp.async into a ring of R raw slots (R - 1
+-- steps in flight a thread, no registers held), then decode the chunks
+-- they copied themselves (so no barrier: a thread waits for its own
+-- copies) into the stage's B as the ring form decodes them, fence and
+-- arrive. The full barrier counts the 128 arrivals and the first
+-- thread's expect_tx (129). The same sums, step for step, as the ring
+-- form's: the same bits.
+local DGW_WS_HEAD = [[
+// ---- the warp-specialized form: consumers NCW warpgroups, a producer warpgroup
+constexpr int NCW = BM / 64;			// consumer warpgroups
+constexpr int NTB = NT + 128;			// threads a block
+constexpr int NP = 128;				// producer threads
+constexpr int R = ${R};				// raw slots of y: steps a producer thread has in flight, and one
+constexpr int CB = 32 / EPW_B;			// bytes of an 8-value chunk of y
+constexpr int PB = BN * BK / 8 / NP;		// chunks of B a producer thread a step
+constexpr int PKR = 512 / NP;			// its K rows: (p / 8) + 16·j
+constexpr int RING = ${RING};			// bytes of the ring
+constexpr int RAW = BN * BK / 8 * CB;		// bytes of a raw slot of y
+constexpr int RAW_S = NP * PKR * 4;		// bytes of a raw slot's scales (one a K row a thread)
+constexpr bool REG_MOVE = false;		// BN <= 128: 64 accumulators a thread
+constexpr int REG_C = 0;
+static_assert(BN <= 128 && PB % PKR == 0, "whole K rows a producer thread");
+]]
+
+local DGW_WS_KERNEL = [[
+// 8 or 4 bytes of global memory into shared memory (cp.async, L1-allocating)
+__device__ __forceinline__ void dg_cp8(unsigned dst, const void *src)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void dg_cp4(unsigned dst, const void *src)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void dg_cpy(unsigned dst, const void *src)
+{
+	if constexpr (CB == 16)
+		dg_cp16(dst, src, 16);
+	else
+		dg_cp8(dst, src);
+}
+
+// grad (B·T·E f32) to bf16, rounded to nearest even: 8 values a thread
+// and a step, grid-stride (the warp-specialized kernel's A).
+extern "C" __global__ void __launch_bounds__(256)
+${ENTRY}_cast(const float *__restrict__ grad, unsigned short *__restrict__ out, long long n8)
+{
+	for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n8; i += (long long)gridDim.x * 256) {
+		const float4 a = __ldg((const float4 *)grad + 2 * i), b = __ldg((const float4 *)grad + 2 * i + 1);
+		((uint4 *)out)[i] = make_uint4(dg_bf16x2(a.x, a.y), dg_bf16x2(a.z, a.w), dg_bf16x2(b.x, b.y),
+					       dg_bf16x2(b.z, b.w));
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(NTB, 1)
+${ENTRY}(${SIG}, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+	const int K = B * T;			// the reduction (b, t); T % 64 == 0 (A's boxes)
+	const int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split
+	const int kt_all = (K + BK - 1) / BK;
+	const int k_begin = min(sp * kt_per_split, kt_all);
+	const int k_end = min(k_begin + kt_per_split, kt_all);	// empty: writes zeros
+	const int nsteps = k_end - k_begin;
+	(void)grad;				// A: its bf16 copy, by the map ma
+	(void)mb;
+${SCALE_LOAD}
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
+	// after the ring its barriers, full[S] then empty[S], then the raw slots
+	const unsigned s0 = (unsigned)__cvta_generic_to_shared(smem);
+	const unsigned sbase = (s0 + 1023u) & ~1023u, bars = sbase + RING, raw = bars + 16 * S;
+	unsigned char *const rawp = smem + (raw - s0);
+	if (tid == 0) {
+		for (int s = 0; s < S; ++s) {
+			dg_mbar_init(bars + 8 * s, NP + 1);
+			dg_mbar_init(bars + 8 * (S + s), NT);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	__syncthreads();
+
+	if (wg == NCW) {	// ---- the producer warpgroup
+		const int p = tid - NT;
+		const unsigned *yw = (const unsigned *)y;	// y as 32-bit words
+		// step st's chunks of y that thread p decodes (and its K rows'
+		// scales) into raw slot st % R, one commit group
+		auto fetch = [&](int st) {
+			const unsigned slot = raw + (st % R) * RAW, sslot = raw + R * RAW + (st % R) * RAW_S + p * PKR * 4;
+			const int kb = (k_begin + st) * BK;
+#pragma unroll
+			for (int j = 0; j < PKR; ++j) {
+				const int k = kb + (p >> 3) + 16 * j;
+				if (k >= K)
+					continue;
+				const int b = k / T, t = k - b * T;
+				const unsigned *row = dg_b_krow(yw, b, t, h, T);
+${RS_FETCH}
+#pragma unroll
+				for (int s = j; s < PB; s += PKR) {
+					const int n = n0 + 64 * (s / PKR) + 8 * (p & 7);
+					if (n < N)
+						dg_cpy(slot + (p + s * NP) * CB, row + n / EPW_B);
+				}
+			}
+			dg_cp_commit();
+		};
+		// raw slot st % R decoded into B at bs: zeros past K or L
+		auto put = [&](int st, unsigned bs) {
+			const unsigned char *slot = rawp + (st % R) * RAW;
+			const float *rs = (const float *)(rawp + R * RAW + (st % R) * RAW_S) + p * PKR;
+			(void)rs;
+			const int kb = (k_begin + st) * BK;
+#pragma unroll
+			for (int s = 0; s < PB; ++s) {
+				const int j = s % PKR, kk = (p >> 3) + 16 * j, gg = s / PKR, c = p & 7;
+				const int n = n0 + 64 * gg + 8 * c;
+				uint4 v = make_uint4(0u, 0u, 0u, 0u);
+				if (kb + kk < K && n < N) {
+					const ${BT_REG} r = *(const ${BT_REG} *)(slot + (p + s * NP) * CB);
+${B_DECODE}
+${RS_APPLY}
+					v = d;
+				}
+				asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+					     :: "r"(bs + dg_wb_mnmaj(gg, kk, c)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+			}
+		};
+		for (int st = 0; st < R - 1; ++st) {
+			if (st < nsteps)
+				fetch(st);
+			else
+				dg_cp_commit();
+		}
+		for (int i = 0; i < nsteps; ++i) {
+			const int s = i % S;
+			if (i + R - 1 < nsteps)
+				fetch(i + R - 1);	// into step i-1's slot, decoded by this thread already
+			else
+				dg_cp_commit();
+			dg_cp_wait<R - 1>();		// this thread's copies of step i
+			const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
+			// the stage's previous use (step i - S) released by every consumer
+			dg_mbar_wait(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
+			if (p == 0) {
+				dg_mbar_expect_tx(full, A_BYTES);
+				const int k0 = (k_begin + i) * BK, b = k0 / T, t = k0 - b * T;
+#pragma unroll
+				for (int gg = 0; gg < BM / 64; ++gg)	// grad[b, 0, t.., m0 + 64gg ..] (its copy)
+					dg_tma_load(as + 8192 * gg, &ma, full, m0 + 64 * gg, t, b);
+			}
+			put(i, bs);
+			dg_fence_async_smem();		// this thread's stores, to the tensor cores
+			dg_mbar_arrive(full);
+		}
+		return;
+	}
+
+${CONSUMERS}
+
+	// ---- epilogue: splits == 1: grad_w (+)= ${SCALED_DESC}; else the raw sum
+	// into partial p (dst + p·NW), summed by the reduce entry. The accumulator
+	// pairs (rows g, g+8 of the warp's 16, cols 8j + 2q, +1; N is even).
+	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
+${PAIRS}
+}
+]]
+
+-- A per-token scale folded into a decoded chunk d (four bf16 pairs) of K
+-- row k: B(k, l) · sa[k] (${RS}), rounded to bf16 (the decoded code is exact).
+local RS_APPLY = [[
+			// B(k, l) · sa[k], rounded to bf16 (the decoded code is exact)
+			d.x = dg_bf16x2(__fmul_rn(__uint_as_float(d.x << 16), ${RS}), __fmul_rn(__uint_as_float(d.x & 0xffff0000u), ${RS}));
+			d.y = dg_bf16x2(__fmul_rn(__uint_as_float(d.y << 16), ${RS}), __fmul_rn(__uint_as_float(d.y & 0xffff0000u), ${RS}));
+			d.z = dg_bf16x2(__fmul_rn(__uint_as_float(d.z << 16), ${RS}), __fmul_rn(__uint_as_float(d.z & 0xffff0000u), ${RS}));
+			d.w = dg_bf16x2(__fmul_rn(__uint_as_float(d.w << 16), ${RS}), __fmul_rn(__uint_as_float(d.w & 0xffff0000u), ${RS}));]]
+
 local function render_dgw(c)
   local o, F = c.o, c.F
   local bt = DGW_B[c.bfmt]
@@ -638,6 +852,14 @@ local function render_dgw(c)
   c.about[#c.about + 1] = fmt("  A (grad, f32) rounded to bf16 and B (y, %s) %s as staged through registers,",
                               c.bfmt, c.bfmt == "bf16" and "copied" or (c.vec and "times sa[k], rounded to bf16," or "decoded"))
   c.about[#c.about + 1] = "  both MN-major (templates/grad_wgmma.lua)."
+  local ws = M.ws_tile(c)
+  if ws then
+    c.about[#c.about - 2] = fmt("  warp-specialized: a ring of %d stages (%d bytes of dynamic shared memory, one block an SM), a producer",
+                                c.stages, smem)
+    c.about[#c.about - 1] = fmt("  warpgroup: A (grad's bf16 copy, %s_cast) by TMA, B (y, %s) by cp.async %s,",
+                                c.entry, c.bfmt, c.bfmt == "bf16" and "and copied" or
+                                (c.vec and "then times sa[k], rounded to bf16" or "then decoded"))
+  end
   local w = EMIT.writer()
   w:line(EMIT.banner(c.spec, "grad.lua", c.about))
   w:line(DEV.helpers({ bf16x2 = true, cp_async = true }))
@@ -648,24 +870,33 @@ local function render_dgw(c)
   w:line(EMIT.subst(o.text, { HIN_H = "0" }))
   w:line(EMIT.subst(require("grad_ops").ADDR.decoder_grad_weight, { HIN_H = "0" }))
   local rs = c.vec
+  local pairs_text = EMIT.subst(WB.PAIRS, { MLIM = "MM", PAIR = EMIT.subst(DGW_PAIR, { S0 = scaled("c0"), S1 = scaled("c1") }) })
+  local scale_load = at_end and "\tconst float s = *sa;\t\t// the activation's scale"
+                     or (rs and "\t// per token: the scales go into B as it is staged" or "\t(void)sa;\t\t\t// bf16 y: no scale")
+  if ws then
+    w:line(EMIT.subst(DGW_WS_HEAD, { R = dgw_ws_r(c, c.bfmt, c.arch), RING = WB.ring_bytes(c, false) }))
+    w:line(WB.WS_HELPERS)
+    w:line(EMIT.subst(DGW_WS_KERNEL, {
+      ENTRY = c.entry, SIG = EMIT.subst(o.sig, { BT = F.ctype }), SCALE_LOAD = scale_load,
+      BT_REG = bt.T, B_DECODE = EMIT.indent(bt.DECODE, 5),
+      RS_FETCH = rs and "\t\t\t\tdg_cp4(sslot + j * 4, sa + k);\t// dg_b_scale's" or "",
+      RS_APPLY = rs and EMIT.indent(EMIT.subst(RS_APPLY, { RS = "rs[j]" }), 2) or "",
+      CONSUMERS = WB.ws_consumers({ A_KC = "false", A_KS = "2048", B_KC = "false", B_KS = "2048" }),
+      SCALED_DESC = at_end and "sa · Σ" or "Σ", PAIRS = pairs_text,
+    }))
+    return w:text()
+  end
   w:line(EMIT.subst(DGW_KERNEL, {
     MINB = minb, ENTRY = c.entry,
     SIG = EMIT.subst(o.sig, { BT = F.ctype }),
-    SCALE_LOAD = at_end and "\tconst float s = *sa;\t\t// the activation's scale"
-                 or (rs and "\t// per token: the scales go into B as it is staged" or "\t(void)sa;\t\t\t// bf16 y: no scale"),
+    SCALE_LOAD = scale_load,
     BT_REG = bt.T, BT_ZERO = bt.Z, B_LOAD = bt.LOAD,
     B_DECODE = EMIT.indent(bt.DECODE, 3),
     RS_DECL = rs and "\tfloat rs[KR];\t\t// the scale of each of this thread's K rows (0 past K)" or "",
     RS_LOAD = rs and "\t\t\trs[j] = k < K ? dg_b_scale(sa, k, h, T) : 0.0f;" or "",
-    RS_APPLY = rs and [[
-			// B(k, l) · sa[k], rounded to bf16 (the decoded code is exact)
-			d.x = dg_bf16x2(__fmul_rn(__uint_as_float(d.x << 16), rs[s % KR]), __fmul_rn(__uint_as_float(d.x & 0xffff0000u), rs[s % KR]));
-			d.y = dg_bf16x2(__fmul_rn(__uint_as_float(d.y << 16), rs[s % KR]), __fmul_rn(__uint_as_float(d.y & 0xffff0000u), rs[s % KR]));
-			d.z = dg_bf16x2(__fmul_rn(__uint_as_float(d.z << 16), rs[s % KR]), __fmul_rn(__uint_as_float(d.z & 0xffff0000u), rs[s % KR]));
-			d.w = dg_bf16x2(__fmul_rn(__uint_as_float(d.w << 16), rs[s % KR]), __fmul_rn(__uint_as_float(d.w & 0xffff0000u), rs[s % KR]));]]
-               or "",
+    RS_APPLY = rs and EMIT.subst(RS_APPLY, { RS = "rs[s % KR]" }) or "",
     SCALED_DESC = at_end and "sa · Σ" or "Σ",
-    PAIRS = EMIT.subst(WB.PAIRS, { MLIM = "MM", PAIR = EMIT.subst(DGW_PAIR, { S0 = scaled("c0"), S1 = scaled("c1") }) }),
+    PAIRS = pairs_text,
   }))
   return w:text()
 end

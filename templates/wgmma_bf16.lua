@@ -499,6 +499,15 @@ ${LOADS}
 		return;
 	}
 
+${CONSUMERS}${CONSUMER_TAIL}
+]]
+
+-- The consumers' loop of the form (bars, sbase, tid, wg, S, STAGE, A_BYTES,
+-- BK, BN, nsteps in scope): each waits for a stage to be full, runs its
+-- MMAs, and frees the stage of the step before once those completed;
+-- leaves the sums in acc[BN / 2]. Keys MMA_STEP, STEP_BEGIN and RELEASE as
+-- WS_MAINLOOP's.
+M.WS_CONSUMERS = [[
 	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of the tile
 	if constexpr (REG_MOVE)
 		dg_reg_alloc<REG_C>();
@@ -522,8 +531,7 @@ ${LOADS}
 			${RELEASE}(bars + 8 * (S + (i - 1) % S));
 	}
 	dg_wg_wait<0>();
-	dg_wb_pin(acc);${CONSUMER_TAIL}
-]]
+	dg_wb_pin(acc);]]
 
 -- The accumulators into a staged f32 tile at ${TILE} (a float *), rows
 -- ${PITCH} floats apart (BN + 8: a half-warp's pair stores hit 32 banks),
@@ -557,23 +565,36 @@ ${PAIR}
 		}
 	}]]
 
--- WS_MAINLOOP with keys (MMA_STEP: the MMA function's call on the A_KC /
--- B_KC descriptors; STEP_BEGIN: none).
-function M.ws_loop(keys)
+-- The consumers' keys filled in (MMA_STEP: the MMA function's call on the
+-- A_KC / B_KC descriptors; STEP_BEGIN: none; RELEASE: an arrive).
+local function consumer_keys(keys)
   local k = {}
   for n, v in pairs(keys) do k[n] = v end
   k.MMA_STEP = k.MMA_STEP or fmt("%s(acc, dg_wb_desc<%s>(as + ks * %s), dg_wb_desc<%s>(bs + ks * %s), 1);",
                                  k.MMA or "dg_wb_mma", k.A_KC, k.A_KS, k.B_KC, k.B_KS)
   k.MMA = nil
   k.STEP_BEGIN = k.STEP_BEGIN or ""
+  k.RELEASE = k.RELEASE or "dg_mbar_arrive"
+  return k
+end
+
+-- WS_CONSUMERS with keys (consumer_keys' defaults), for a kernel whose
+-- producers are its own.
+function M.ws_consumers(keys)
+  return EMIT.subst(M.WS_CONSUMERS, consumer_keys(keys))
+end
+
+-- WS_MAINLOOP with keys (consumer_keys' defaults).
+function M.ws_loop(keys)
+  local k = consumer_keys(keys)
   -- a cluster's loop (M.CLUSTER_KEYS) or the block's own
   k.EMPTY_COUNT = k.EMPTY_COUNT or "NT"
   k.INIT_SYNC = k.INIT_SYNC or "__syncthreads();"
   k.EMPTY_WAIT = k.EMPTY_WAIT or "dg_mbar_wait"
-  k.RELEASE = k.RELEASE or "dg_mbar_arrive"
   k.PRODUCER_TAIL = k.PRODUCER_TAIL or ""
   k.CONSUMER_TAIL = k.CONSUMER_TAIL or ""
   k.RING_START = EMIT.subst(M.RING_START, { EMPTY_COUNT = k.EMPTY_COUNT, INIT_SYNC = k.INIT_SYNC })
+  k.CONSUMERS = EMIT.subst(M.WS_CONSUMERS, k)
   return EMIT.subst(M.WS_MAINLOOP, k)
 end
 

@@ -83,15 +83,34 @@ static int64_t resident_of(dg_device *dev, const dg_kernel *k)
  * at T % 64 != 0 an auto tile takes the cp.async ring's 3 stages
  * (dg__tma_rows_tile). */
 
+/* decoder_grad_weight's warp-specialized kernel reads its A, the f32
+ * gradient's bf16 copy (B·T·E values, made by the module's _cast entry
+ * first), at the end of the workspace: its bytes, 256-aligned. */
+static size_t dgw_copy_bytes(const dg_prepared *p)
+{
+	return (size_t)dg__op_align256((size_t)p->shape.b * (size_t)p->shape.t * (size_t)p->spec.embd * 2);
+}
+
 /* The maps of a warp-specialized call, bf16 rank 3, boxes of 64 x 64:
  * ma over grad (L, T, B·H); mb over x (E, T, B·Hin) for grad_weight, over
- * w (E, H·L, 1) for grad_input. */
+ * w (E, H·L, 1) for grad_input. decoder_grad_weight: ma over the
+ * gradient's bf16 copy (E, T, B), mb the same (its kernel loads y itself). */
 static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[DG__PREP_TMAPS])
 {
 	const dg_spec *s = &p->spec;
 	const uint64_t B = (uint64_t)p->shape.b, T = (uint64_t)p->shape.t, H = (uint64_t)s->heads,
 		       L = (uint64_t)s->latent, E = (uint64_t)s->embd;
 	const uint32_t box[2] = { 64, 64 };
+	if (s->op == DG_OP_DECODER_GRAD_WEIGHT) {
+		/* (a call that only sizes the workspace has none: the trial map
+		 * of the prepare goes over grad's bytes, as many or more) */
+		const uint64_t dg[3] = { E, T, B };
+		const dg_dptr at = c->ws.ptr ? c->ws.ptr + (p->ws_bytes - dgw_copy_bytes(p)) : c->t[0]->data;
+		dg_status st = dg__tmap_bf16(p->dev, &maps[0], at, dg, box);
+		if (!st)
+			maps[1] = maps[0];
+		return st;
+	}
 	const uint64_t da[3] = { L, T, B * H };
 	dg_status st = dg__tmap_bf16(p->dev, &maps[0], c->t[0]->data, da, box);
 	if (st)
@@ -301,11 +320,27 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char 
 	}
 	dg_launch l = gemm_launch((unsigned)dg__op_cdiv(cols, t->bn),
 				  (unsigned)dg__op_cdiv(rows, t->bm), (unsigned)(H * splits));
+	dg__prep_launch *L;
+	const bool dgw_ws = spec->op == DG_OP_DECODER_GRAD_WEIGHT && dg__tma_abi(k);
+	if (dgw_ws) {
+		/* the gradient's bf16 copy after the partials: 8 values a thread a
+		 * step, at most 8 blocks an SM */
+		dg_kernel *kc;
+		if ((st = dg_kernel_get(dev, spec, "dg_decoder_grad_weight_cast", &kc)))
+			return st;
+		p->ws_bytes = (size_t)dg__op_align256(p->ws_bytes) + dgw_copy_bytes(p);
+		const int64_t n8 = p->shape.b * p->shape.t * spec->embd / 8;
+		dg_launch lc = reduce_launch(dev, 4 * n8);
+		if (!(L = dg__prep_add(p, kc, &lc, &st)))
+			return st;
+		dg__arg_data(p, L, 0);
+		dg__arg_ws(p, L, (int64_t)(p->ws_bytes - dgw_copy_bytes(p)));
+		dg__arg_i64(p, L, n8);
+	}
 	bool ws;
 	if ((st = ws_maps(p, c, k, &ws)))
 		return st;
-	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
-	if (!L)
+	if (!(L = dg__prep_add(p, k, &l, &st)))
 		return st;
 	dg__arg_data(p, L, 0);
 	dg__arg_data(p, L, 1);

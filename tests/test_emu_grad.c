@@ -1,0 +1,157 @@
+/*
+ * decoder_grad_weight's warp-specialized form (templates/grad_wgmma.lua
+ * DGW_WS_KERNEL: the gradient's bf16 copy made by the module's _cast entry
+ * and loaded by TMA, y's chunks by cp.async into raw slots a producer
+ * thread decodes itself, full / empty mbarriers, two consumer
+ * warpgroups) run on the CPU (tests/emu_helpers.h) against the ring form
+ * (the same module family's 128x128x64/8x1/2, which the GPU suite checks
+ * against the reference) bit for bit: the same roundings, the same sums
+ * step for step. y as uint8pos codes with a scale a token (w8a8's
+ * decoder), int8 codes with a tensor scale, and bf16; eight K steps (the
+ * ring of 5 stages and the 4 raw slots wrap), two heads, two column
+ * tiles, with and without a K split (the partials then compared). A
+ * swapped raw slot, a decode of another thread's chunk or a missing
+ * arrival fails or hangs it.
+ */
+#include <criterion/criterion.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dragon/codegen.h"
+#include "dragon/rng.h"
+#include "emu_helpers.h"
+#include "nvrtc_helpers.h"
+
+typedef void (*dgw_fn)(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem, const float *grad,
+		       const void *y, const float *sa, float *dst, int B, int T, int splits, int per, void *copy,
+		       const eh_tmap *ma);
+
+/* The ring form: the kernel alone. */
+static const char GLUE_RING[] =
+	"extern \"C\" void dg_emu_entry(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem,\n"
+	"	const float *grad, const void *y, const float *sa, float *dst, int B, int T, int splits, int per,\n"
+	"	void *copy, const void *ma)\n"
+	"{\n"
+	"	(void)copy, (void)ma;\n"
+	"	dg_emu_launch3({ gx, gy, gz }, nt, smem, [&] {\n"
+	"		dg_decoder_grad_weight(grad, (const %s *)y, sa, dst, B, T, splits, per, 0);\n"
+	"	});\n"
+	"}\n";
+
+/* The warp-specialized form: the cast into copy, then the kernel with the
+ * map over it (runtime/ops/grad.c ws_tmaps). */
+static const char GLUE_WS[] =
+	"extern \"C\" void dg_emu_entry(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem,\n"
+	"	const float *grad, const void *y, const float *sa, float *dst, int B, int T, int splits, int per,\n"
+	"	void *copy, const void *ma)\n"
+	"{\n"
+	"	const long long n8 = (long long)B * T * E / 8;\n"
+	"	dg_emu_launch(2, 256, 0, [&] { dg_decoder_grad_weight_cast(grad, (unsigned short *)copy, n8); });\n"
+	"	dg_tmap a;\n"
+	"	memcpy(&a, ma, sizeof(dg_emu_tmap));\n"
+	"	dg_emu_launch3({ gx, gy, gz }, nt, smem, [&] {\n"
+	"		dg_decoder_grad_weight(grad, (const %s *)y, sa, dst, B, T, splits, per, 0, a, a);\n"
+	"	});\n"
+	"}\n";
+
+enum { B = 2, T = 256, H = 2, E = 128, L = 256 };
+
+static void run_form(dg_codegen *cg, const dg_spec *base, dg_tile tile, const float *grad, const void *y,
+		     const float *sa, int splits, float *dst)
+{
+	dg_spec s = *base;
+	s.tile = tile;
+	dg_spec_normalize(&s);
+	dg_plan plan;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
+	const bool ws = tile.stages >= 5;
+	cr_assert_str_eq(plan.path, ws ? "wgmma tma" : "wgmma bf16", "%s", plan.canonical);
+	const char *yt = s.act == DG_FMT_BF16 ? "unsigned short" : "int";
+	char glue[2048];
+	snprintf(glue, sizeof(glue), ws ? GLUE_WS : GLUE_RING, yt);
+	dgw_fn fn = (dgw_fn)eh_build(cg, &s, glue, "dg_emu_entry");
+	unsigned short *copy = malloc((size_t)B * T * E * 2);
+	cr_assert_not_null(copy);
+	const eh_tmap ma = eh_tmap3(copy, 2, E, T, B, 64, 64);
+	const int steps = B * T / 64, per = (steps + splits - 1) / splits;
+	fn(L / tile.bn, E / tile.bm, (unsigned)(H * splits), (unsigned)plan.entries[0].threads,
+	   (size_t)plan.entries[0].smem, grad, y, sa, dst, B, T, splits, per, copy, &ma);
+	free(copy);
+}
+
+static void case_of(dg_fmt act, dg_scale_gran ascale, uint64_t seed)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, seed);
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DECODER_GRAD_WEIGHT);
+	s.act = act, s.ascale = ascale;
+	s.heads = H, s.latent = L, s.embd = E;
+	s.arch = 90, s.arch_specific = true;
+	const size_t ng = (size_t)B * T * E, ny = (size_t)B * H * T * L, nw = (size_t)H * L * E;
+	float *grad = malloc(ng * sizeof(float)), *f = malloc(ny * sizeof(float));
+	float *sa = malloc((size_t)B * T * sizeof(float));
+	unsigned char *y = malloc(ny * 2 + 16);
+	cr_assert(grad && f && sa && y);
+	dg_rng_fill(&r, DG_FMT_F32, grad, ng);
+	dg_rng_fill(&r, DG_FMT_F32, f, ny);
+	if (act == DG_FMT_BF16) {
+		uint16_t *yb = (uint16_t *)y;
+		for (size_t i = 0; i < ny; i++) { /* bf16 of [0, 2), a third zeros (the ReLU) */
+			const float v = f[i] < -0.33f ? 0.0f : f[i] + 1.0f;
+			uint32_t u;
+			memcpy(&u, &v, 4);
+			yb[i] = (uint16_t)(u >> 16);
+		}
+	} else {
+		for (size_t i = 0; i < ny; i++)
+			y[i] = act == DG_FMT_UINT8POS ? (f[i] < -0.8f ? 0 : (unsigned char)((f[i] + 1.0f) * 127.9f))
+						      : (unsigned char)(signed char)(int)(f[i] * 127.0f);
+	}
+	dg_rng_fill(&r, DG_FMT_F32, sa, (size_t)B * T);
+	for (int i = 0; i < B * T; i++)
+		sa[i] = 0.001f + 0.0005f * (sa[i] + 1.0f);
+	for (int splits = 1; splits <= 2; splits++) {
+		const size_t n = (size_t)splits * nw;
+		float *ring = malloc(n * sizeof(float) + 64), *wsf = malloc(n * sizeof(float) + 64);
+		cr_assert(ring && wsf);
+		memset(ring, 0xee, n * sizeof(float) + 64);
+		memset(wsf, 0xee, n * sizeof(float) + 64);
+		run_form(cg, &s, (dg_tile){ 128, 128, 64, 8, 1, 2, 0 }, grad, y, sa, splits, ring);
+		run_form(cg, &s, (dg_tile){ 128, 128, 64, 8, 1, 5, 0 }, grad, y, sa, splits, wsf);
+		size_t nz = 0;
+		for (size_t i = 0; i < n; i++)
+			nz += ring[i] != 0.0f;
+		cr_assert_gt(nz, n / 2, "the ring form wrote %zu nonzero sums of %zu", nz, n);
+		for (size_t i = 0; i < n; i++)
+			if (memcmp(&ring[i], &wsf[i], 4) != 0)
+				cr_assert_fail("act %d, splits %d: sum %zu (d %zu, h·L + l %zu): ring %.9g, warp-specialized %.9g",
+					       (int)act, splits, i, (i % nw) / ((size_t)H * L), i % ((size_t)H * L),
+					       (double)ring[i], (double)wsf[i]);
+		const unsigned char *tail = (const unsigned char *)(wsf + n);
+		for (int i = 0; i < 64; i++)
+			cr_assert_eq(tail[i], 0xee, "written past the output");
+		free(ring), free(wsf);
+	}
+	free(grad), free(f), free(sa), free(y);
+	dg_codegen_destroy(cg);
+}
+
+Test(emu_grad, dgw_warp_specialized_codes_a_scale_a_token, .timeout = 900)
+{
+	case_of(DG_FMT_UINT8POS, DG_SCALE_TOKEN, 31);
+}
+
+Test(emu_grad, dgw_warp_specialized_int8_a_tensor_scale, .timeout = 900)
+{
+	case_of(DG_FMT_INT8, DG_SCALE_TENSOR, 32);
+}
+
+Test(emu_grad, dgw_warp_specialized_bf16, .timeout = 900)
+{
+	case_of(DG_FMT_BF16, DG_SCALE_TENSOR, 33);
+}
