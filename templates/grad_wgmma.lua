@@ -125,11 +125,11 @@ local function dgw_ws_bytes(t, bfmt, r)
 end
 
 -- Its raw slots: 4 (three steps of y in flight a producer thread), fewer
--- (at least 2) where the ring leaves no room for them (bf16 y's 16 KiB
--- slots beside 5 stages: 3).
+-- (at least 1: none ahead) where the ring leaves no room for them (bf16
+-- y's 18 KiB slots beside 5 stages: 3, beside 6: 1).
 local function dgw_ws_r(t, bfmt, arch)
   local r = 4
-  while r > 2 and dgw_ws_bytes(t, bfmt, r) > require("tiles").smem_limit(arch) do r = r - 1 end
+  while r > 1 and dgw_ws_bytes(t, bfmt, r) > require("tiles").smem_limit(arch) do r = r - 1 end
   return r
 end
 
@@ -667,7 +667,7 @@ local DGW_WS_HEAD = [[
 constexpr int NCW = BM / 64;			// consumer warpgroups
 constexpr int NTB = NT + 128;			// threads a block
 constexpr int NP = 128;				// producer threads
-constexpr int R = ${R};				// raw slots of y: steps a producer thread has in flight, and one
+constexpr int R = ${R};				// raw slots of y: R - 1 steps in flight a producer thread
 constexpr int CB = 32 / EPW_B;			// bytes of an 8-value chunk of y
 constexpr int PB = BN * BK / 8 / NP;		// chunks of B a producer thread a step
 constexpr int PKR = 512 / NP;			// its K rows: (p / 8) + 16·j

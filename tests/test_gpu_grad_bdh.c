@@ -457,8 +457,8 @@ Test(gpu_grad, bdh_wgmma_bf16_against_mma)
  * have it (bf16; uint8pos codes a scale a token, w8a8's): the warpgroup
  * default against the mma.sync default tile of the same spec, within 1e-3
  * of the norm (both round the same operands to bf16 and sum exact
- * products in f32, in other orders), each one's time printed. Skips off
- * sm_90. */
+ * products in f32, in other orders), each one's time printed, and BN 256
+ * and the warp-specialized tiles beside them. Skips off sm_90. */
 Test(gpu_grad, bdh_wgmma_decoder_grad_weight_against_mma)
 {
 	dg_device *dev = gh_open_sm90();
@@ -501,6 +501,17 @@ Test(gpu_grad, bdh_wgmma_decoder_grad_weight_against_mma)
 			u.spec.tile = wide[k];
 			float *ww = wg_run_timed(&u, "wgmma bf16", no);
 			cr_assert(dg_ref_close_norm(ww, mm, no, 1e-3, FLT_MAX, why, sizeof(why)), "%s BN 256: %s",
+				  dg_fmt_name(yf), why);
+			free(ww);
+		}
+		/* the warp-specialized form (the gradient's bf16 copy by TMA, y
+		 * decoded by a producer warpgroup): its time beside the ring's */
+		static const dg_tile wsf[] = { { 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 },
+					       { 128, 64, 64, 8, 1, 8, 0 } };
+		for (size_t k = 0; k < sizeof(wsf) / sizeof(wsf[0]); k++) {
+			u.spec.tile = wsf[k];
+			float *ww = wg_run_timed(&u, "wgmma tma", no);
+			cr_assert(dg_ref_close_norm(ww, mm, no, 1e-3, FLT_MAX, why, sizeof(why)), "%s warp-specialized: %s",
 				  dg_fmt_name(yf), why);
 			free(ww);
 		}

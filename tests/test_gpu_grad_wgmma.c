@@ -429,3 +429,78 @@ Test(gpu_grad, wgmma_decoder_grad_weight_bdh, .timeout = 600)
 		check_dgw(dev, &s, dgw_fmts[f].f, dgw_fmts[f].token, &dgw_tiles[0], f == 1);
 	gh_close(dev);
 }
+
+/* The warp-specialized form (tiles of 5 to 8 stages, BN up to 128: the
+ * gradient's bf16 copy by TMA, y decoded by the producer warpgroup) at T %
+ * 64 == 0 (its A boxes), small and ragged in E and L, with a split, each
+ * format, accumulate off and on, against the reference; and its sums the
+ * bits of the ring form's (128x128x64/8x1/2) at the same shape. At T % 64
+ * != 0 the tile is refused naming T. */
+Test(gpu_grad, wgmma_tma_decoder_grad_weight, .timeout = 600)
+{
+	static const dshape shapes[] = {
+		{ 2, 40, 96, 1, 64 }, { 2, 64, 136, 2, 128 }, { 4, 136, 200, 3, 64 }, { 2, 40, 96, 2, 1024 },
+	};
+	static const dg_tile dgw_tma_tiles[] = {
+		{ 128, 128, 64, 8, 1, 5, 0 }, { 64, 128, 64, 4, 1, 6, 0 }, { 128, 64, 64, 8, 1, 8, 0 },
+	};
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(96);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (size_t k = 0; k < sizeof(dgw_tma_tiles) / sizeof(dgw_tma_tiles[0]); k++)
+			for (size_t f = 0; f < sizeof(dgw_fmts) / sizeof(dgw_fmts[0]); f++) {
+				size_t need = check_dgw(dev, &shapes[i], dgw_fmts[f].f, dgw_fmts[f].token, &dgw_tma_tiles[k],
+							(k + f) % 2 == 1);
+				cr_assert_gt(need, 0, "the gradient's bf16 copy lives in the workspace");
+			}
+	/* the ring form's bits, at the BDH widths on a short B·T */
+	static const dshape bdh = { 4, 256, 8192, 2, 128 };
+	static const dg_tile ring = { 128, 128, 64, 8, 1, 2, 0 }, wst = { 128, 128, 64, 8, 1, 5, 0 };
+	for (size_t f = 0; f < sizeof(dgw_fmts) / sizeof(dgw_fmts[0]); f++) {
+		const size_t ng = (size_t)bdh.B * bdh.T * bdh.E, ny = (size_t)bdh.B * bdh.H * bdh.T * bdh.L,
+			     nw = (size_t)bdh.E * bdh.H * bdh.L, nt = (size_t)bdh.B * bdh.T;
+		float *g = gr_rand_f32(ng), *sv = gr_rand_f32(nt);
+		for (size_t i = 0; i < nt; i++)
+			sv[i] = (0.5f + (sv[i] < 0 ? -sv[i] : sv[i])) / 255.0f;
+		void *y = gh_rand_storage(dgw_fmts[f].f, ny, NULL);
+		dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, g, ng * 4), bdh.B, 1, bdh.T, bdh.E);
+		dg_tensor ty = dg_tensor_4d("y", dgw_fmts[f].f, gh_upload(dev, y, gh_bytes(dgw_fmts[f].f, ny)), bdh.B,
+					    bdh.H, bdh.T, bdh.L);
+		if (dgw_fmts[f].f != DG_FMT_BF16)
+			ty.scale = dgw_fmts[f].token ? gh_upload(dev, sv, nt * 4) : gh_scalar(dev, 0.01f);
+		float *out[2];
+		for (int w = 0; w < 2; w++) {
+			dg_spec sp = dgw_spec(&bdh, dgw_fmts[f].f, dgw_fmts[f].token, w ? &wst : &ring);
+			dg_tensor tw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc_ff(dev, nw * 4), bdh.E,
+						    (int64_t)bdh.H * bdh.L);
+			dg_decoder_grad_weight_args a = { .grad = &tg, .y = &ty, .grad_w = &tw };
+			size_t need = 0;
+			cr_assert_eq(dg_decoder_grad_weight_workspace(dev, &sp, &a, &need), DG_OK, "%s", dg_device_errmsg(dev));
+			a.ws = gh_workspace(dev, need);
+			cr_assert_eq(dg_decoder_grad_weight(dev, &sp, &a), DG_OK, "%s", dg_device_errmsg(dev));
+			out[w] = gh_xmalloc(nw * 4);
+			gh_download(dev, out[w], tw.data, nw * 4);
+		}
+		gh_expect_bytes("decoder_grad_weight: warp-specialized against the ring", out[1], out[0], nw * 4);
+		free(g), free(sv), free(y), free(out[0]), free(out[1]);
+	}
+	/* T % 64 != 0: the tile asked for is refused, naming T */
+	static const dshape ragged = { 2, 40, 96, 2, 65 };
+	dg_spec sp = dgw_spec(&ragged, DG_FMT_UINT8POS, true, &dgw_tma_tiles[0]);
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_alloc(dev, 2 * 65 * 40 * 4), 2, 1, 65, 40);
+	dg_tensor ty = dg_tensor_4d("y", DG_FMT_UINT8POS, gh_alloc(dev, 2 * 2 * 65 * 96), 2, 2, 65, 96);
+	ty.scale = gh_alloc(dev, 2 * 65 * 4);
+	dg_tensor tw = dg_tensor_2d("grad_w", DG_FMT_F32, gh_alloc(dev, 40 * 2 * 96 * 4), 40, 2 * 96);
+	dg_decoder_grad_weight_args a = { .grad = &tg, .y = &ty, .grad_w = &tw };
+	size_t need = 0;
+	dg_status st = dg_decoder_grad_weight_workspace(dev, &sp, &a, &need);
+	if (!st) {
+		a.ws = gh_workspace(dev, need);
+		st = dg_decoder_grad_weight(dev, &sp, &a);
+	}
+	cr_assert_neq(st, DG_OK, "T 65 on the warp-specialized tile");
+	cr_assert(strstr(dg_device_errmsg(dev), "T = 65"), "%s", dg_device_errmsg(dev));
+	gh_close(dev);
+}
+

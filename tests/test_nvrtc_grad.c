@@ -820,12 +820,64 @@ Test(nvrtc_grad, wgmma_decoder_grad_weight_defaults_and_mma_fallback)
 	expect_plan_path(cg, &s, "mma.sync bf16", false);
 	s = dgw_wg_spec(2, 40, 100, DG_FMT_BF16, false);
 	expect_plan_path(cg, &s, "mma.sync bf16", false);
-	/* a ring of 1 stage is not the path's; 5 is no tile's */
+	/* a ring of 1 stage is not the path's; 5 stages at BN 256 is no
+	 * tile's (the warp-specialized form's ring would not fit) */
 	s = dgw_wg_spec(4, 256, 8192, DG_FMT_UINT8POS, true);
 	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 1, 0 };
 	expect_plan_path(cg, &s, "mma.sync bf16", false);
-	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+	s.tile = (dg_tile){ 128, 256, 64, 8, 1, 5, 0 };
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC);
+	dg_codegen_destroy(cg);
+}
+
+/* The warp-specialized form (tiles of 5 to 8 stages, BN 64 or 128): every
+ * y format at the BDH shape and a small ragged one renders and compiles
+ * for sm_90a on path "wgmma tma" with three entries (the kernel, the
+ * reduce, the gradient's cast), a producer warpgroup more a block, and
+ * shared memory within the block's (bf16 y's wider raw slots fewer); the
+ * source loads A by TMA from the copy and decodes y's chunks from its raw
+ * slots (a scale a token folded in there). */
+Test(nvrtc_grad, wgmma_tma_decoder_grad_weight_tiles_and_formats)
+{
+	static const dg_tile tiles[] = {
+		{ 128, 128, 64, 8, 1, 5, 0 }, { 128, 128, 64, 8, 1, 6, 0 }, { 64, 128, 64, 4, 1, 8, 0 },
+		{ 128, 64, 64, 8, 1, 8, 0 },
+	};
+	static const int shapes[][3] = { { 4, 256, 8192 }, { 2, 40, 200 } };
+	static const struct {
+		dg_fmt f;
+		bool token;
+	} fmts[] = { { DG_FMT_BF16, false }, { DG_FMT_UINT8POS, true }, { DG_FMT_INT8, false } };
+	static const char *const ens[] = { "dg_decoder_grad_weight", "dg_decoder_grad_weight_reduce",
+					   "dg_decoder_grad_weight_cast" };
+	dg_codegen *cg = nh_codegen();
+	for (size_t i = 0; i < 2; i++)
+		for (size_t k = 0; k < sizeof(tiles) / sizeof(tiles[0]); k++)
+			for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
+				if (i > 0 && (k + f) % 2)
+					continue;
+				dg_spec s = dgw_wg_spec(shapes[i][0], shapes[i][1], shapes[i][2], fmts[f].f, fmts[f].token);
+				s.tile = tiles[k];
+				dg_plan p;
+				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+				cr_assert_str_eq(p.path, "wgmma tma", "%s", p.canonical);
+				cr_assert_eq(p.n_entries, 3, "%s", p.canonical);
+				for (int e = 0; e < 3; e++)
+					cr_assert_str_eq(p.entries[e].name, ens[e], "%s", p.canonical);
+				cr_assert_eq(p.entries[0].threads, tiles[k].wm * 32 + 128, "%s", p.canonical);
+				cr_assert_leq(p.entries[0].smem, 227 * 1024, "%s", p.canonical);
+				cr_assert_gt(p.entries[0].smem, tiles[k].stages * (tiles[k].bm + tiles[k].bn) * 64 * 2,
+					     "%s: the ring and the raw slots", p.canonical);
+				compile_one(cg, &s, ens, 3);
+				dg_source *src = NULL;
+				cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+				cr_assert(strstr(src->text, "dg_tma_load(as + 8192 * gg, &ma, full, m0 + 64 * gg, t, b)"));
+				cr_assert(strstr(src->text, "dg_cp_wait<R - 1>()"));
+				cr_assert_eq(strstr(src->text, "dg_cp4(sslot + j * 4, sa + k)") != NULL, fmts[f].token);
+				cr_assert_eq(strstr(src->text, "__fmul_rn(c0, s)") != NULL,
+					     fmts[f].f != DG_FMT_BF16 && !fmts[f].token);
+				dg_source_destroy(src);
+			}
 	dg_codegen_destroy(cg);
 }
 
