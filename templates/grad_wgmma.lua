@@ -623,13 +623,17 @@ ${RS_APPLY}
 		dg_wb_pin(acc);
 	}
 
+${EPILOGUE}
+}
+]]
+
+-- decoder_grad_weight's epilogue (both forms): keys SCALED_DESC, PAIRS.
+local DGW_EPILOGUE = [[
 	// ---- epilogue: splits == 1: grad_w (+)= ${SCALED_DESC}; else the raw sum
 	// into partial p (dst + p·NW), summed by the reduce entry. The accumulator
 	// pairs (rows g, g+8 of the warp's 16, cols 8j + 2q, +1; N is even).
 	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
-${PAIRS}
-}
-]]
+${PAIRS}]]
 
 local DGW_PAIR = [[
 				float2 *o = (float2 *)(out + dg_out(m, n, h, T));
@@ -819,11 +823,7 @@ ${RS_APPLY}
 
 ${CONSUMERS}
 
-	// ---- epilogue: splits == 1: grad_w (+)= ${SCALED_DESC}; else the raw sum
-	// into partial p (dst + p·NW), summed by the reduce entry. The accumulator
-	// pairs (rows g, g+8 of the warp's 16, cols 8j + 2q, +1; N is even).
-	float *out = splits == 1 ? dst : dst + (long long)sp * NW;
-${PAIRS}
+${EPILOGUE}
 }
 ]]
 
@@ -870,7 +870,10 @@ local function render_dgw(c)
   w:line(EMIT.subst(o.text, { HIN_H = "0" }))
   w:line(EMIT.subst(require("grad_ops").ADDR.decoder_grad_weight, { HIN_H = "0" }))
   local rs = c.vec
-  local pairs_text = EMIT.subst(WB.PAIRS, { MLIM = "MM", PAIR = EMIT.subst(DGW_PAIR, { S0 = scaled("c0"), S1 = scaled("c1") }) })
+  local epilogue = EMIT.subst(DGW_EPILOGUE, {
+    SCALED_DESC = at_end and "sa · Σ" or "Σ",
+    PAIRS = EMIT.subst(WB.PAIRS, { MLIM = "MM", PAIR = EMIT.subst(DGW_PAIR, { S0 = scaled("c0"), S1 = scaled("c1") }) }),
+  })
   local scale_load = at_end and "\tconst float s = *sa;\t\t// the activation's scale"
                      or (rs and "\t// per token: the scales go into B as it is staged" or "\t(void)sa;\t\t\t// bf16 y: no scale")
   if ws then
@@ -882,7 +885,7 @@ local function render_dgw(c)
       RS_FETCH = rs and "\t\t\t\tdg_cp4(sslot + j * 4, sa + k);\t// dg_b_scale's" or "",
       RS_APPLY = rs and EMIT.indent(EMIT.subst(RS_APPLY, { RS = "rs[j]" }), 2) or "",
       CONSUMERS = WB.ws_consumers({ A_KC = "false", A_KS = "2048", B_KC = "false", B_KS = "2048" }),
-      SCALED_DESC = at_end and "sa · Σ" or "Σ", PAIRS = pairs_text,
+      EPILOGUE = epilogue,
     }))
     return w:text()
   end
@@ -895,8 +898,7 @@ local function render_dgw(c)
     RS_DECL = rs and "\tfloat rs[KR];\t\t// the scale of each of this thread's K rows (0 past K)" or "",
     RS_LOAD = rs and "\t\t\trs[j] = k < K ? dg_b_scale(sa, k, h, T) : 0.0f;" or "",
     RS_APPLY = rs and EMIT.subst(RS_APPLY, { RS = "rs[s % KR]" }) or "",
-    SCALED_DESC = at_end and "sa · Σ" or "Σ",
-    PAIRS = pairs_text,
+    EPILOGUE = epilogue,
   }))
   return w:text()
 end
