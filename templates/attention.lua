@@ -353,10 +353,8 @@ local function default_tile(k)
     -- attention_grad_xs the persistent form of 4 stages (a grid of the
     -- SMs' blocks walking the tiles; attention_tma.lua M.persistent_ok):
     -- 758 us against 5 stages' 780 at the BDH shape on an H100 (epi=mask).
-    if k.op == "attention_grad_xs" then
-      return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 4, threads = 0 }
-    end
-    return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 5, threads = 0 }
+    return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = k.op == "attention_grad_xs" and 4 or 5,
+             threads = 0 }
   end
   if wgmma_op(k) then
     -- 2 warpgroups, 64 f32 accumulators a thread; 96 KiB of ring: two

@@ -127,11 +127,27 @@ __device__ __forceinline__ void dg_cp_wait()
 }
 ]]
 
+H.cp_async_small = [[
+// 8- and 4-byte cp.async (.ca: .cg takes only 16), for rows aligned to 8
+// bytes only, codes, a scale; src_bytes 0 fills zeros.
+__device__ __forceinline__ void dg_cp8(unsigned dst, const void *src, int src_bytes)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n"
+		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void dg_cp4(unsigned dst, const void *src)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src) : "memory");
+}
+]]
+
 H.ternary = FM.DECODERS.ternary
 H.sign1 = FM.DECODERS.sign1
 H.i8x4f = FM.DECODERS.i8x4f
 
-local order = { "bf16", "bf16x2", "bf16x2_exact", "code", "dp4a", "ternary", "sign1", "i8x4f", "cp_async" }
+local order = { "bf16", "bf16x2", "bf16x2_exact", "code", "dp4a", "ternary", "sign1", "i8x4f", "cp_async",
+                "cp_async_small" }
 
 -- The device helper sections named in `want` (a set), in a fixed order.
 function M.helpers(want)

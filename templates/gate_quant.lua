@@ -433,12 +433,12 @@ function M.plan(spec)
   SPEC.one_of(spec, "op", { "gate_quant" })
   local src = SPEC.one_of(spec, "src", { "f32", "bf16" })
   SPEC.one_of(spec, "act", ACTS)
+  local H = SPEC.int_field(spec, "heads", 1)
+  local L = SPEC.int_field(spec, "latent", 1)
+  local arch = SPEC.int_field(spec, "arch", 1)
   local auto = TILES.tile_is_auto(TILES.tile_of(spec))
   local p, why = TILES.threads_plan(spec, { "dg_gate_quant" }, "gate_quant.cu", 1)
   if p and auto then
-    local H = SPEC.int_field(spec, "heads", 1)
-    local L = SPEC.int_field(spec, "latent", 1)
-    local arch = SPEC.int_field(spec, "arch", 1)
     local ve = src == "bf16" and 8 or 4
     local staged = M.staged_fits(H, L, src, arch) and H * L // ve >= AUTO_STAGED_THREADS and
                    3 * stage_bytes(H, L, src) <= TILES.smem_limit(arch)
@@ -447,9 +447,7 @@ function M.plan(spec)
     p.entries[1].threads = p.tile.threads
   end
   if p and p.tile.stages == 1 then
-    local H = SPEC.int_field(spec, "heads", 1)
-    local L = SPEC.int_field(spec, "latent", 1)
-    local ok, err = M.staged_fits(H, L, src, SPEC.int_field(spec, "arch", 1))
+    local ok, err = M.staged_fits(H, L, src, arch)
     if not ok then return TILES.refuse(p.tile, false, "%s", err) end
     p.entries[1].smem = stage_bytes(H, L, src)
   end

@@ -205,14 +205,6 @@ __device__ __forceinline__ unsigned dg_sign_bf(unsigned bit)
 	return bit ? 0x3f80u : 0xbf80u;
 }
 
-// 8-byte cp.async (.ca: .cg takes only 16), for bf16 rows aligned to 8
-// bytes only (L % 8 != 0); src_bytes 0 fills zeros.
-__device__ __forceinline__ void dg_cp8(unsigned dst, const void *src, int src_bytes)
-{
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n"
-		     :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
 // Four 8x8 b16 matrices from a shared-space address, as stored / transposed
 // (see the layout notes in the template).
 __device__ __forceinline__ void dg_ldsm_x4(unsigned (&d)[4], unsigned a)
@@ -773,7 +765,7 @@ function M.render(c)
                               (F.code or bfmt == "bf16") and "exact" or "rounded", S, a16 and "bf16" or "f32", smem)
   c.about[#c.about + 1] = "  dynamic shared memory (templates/grad_mma.lua)."
   w:line(EMIT.banner(c.spec, "grad.lua", c.about))
-  w:line(DEV.helpers({ bf16x2 = true, cp_async = true }))
+  w:line(DEV.helpers({ bf16x2 = true, cp_async = true, cp_async_small = true }))
   w:line(HELPERS)
   if u.i8 then w:line(I8_HELPERS) end
   w:line(EMIT.subst(HEAD, v))

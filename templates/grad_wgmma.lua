@@ -684,23 +684,13 @@ static_assert(BN <= 128 && PB % PKR == 0, "whole K rows a producer thread");
 ]]
 
 local DGW_WS_KERNEL = [[
-// 8 or 4 bytes of global memory into shared memory (cp.async, L1-allocating)
-__device__ __forceinline__ void dg_cp8(unsigned dst, const void *src)
-{
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void dg_cp4(unsigned dst, const void *src)
-{
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src) : "memory");
-}
-
+// A chunk of y (16 or 8 bytes) into shared memory by cp.async.
 __device__ __forceinline__ void dg_cpy(unsigned dst, const void *src)
 {
 	if constexpr (CB == 16)
 		dg_cp16(dst, src, 16);
 	else
-		dg_cp8(dst, src);
+		dg_cp8(dst, src, 8);
 }
 
 // grad (B·T·E f32) to bf16, rounded to nearest even: 8 values a thread
@@ -736,14 +726,7 @@ ${SCALE_LOAD}
 	const unsigned s0 = (unsigned)__cvta_generic_to_shared(smem);
 	const unsigned sbase = (s0 + 1023u) & ~1023u, bars = sbase + RING, raw = bars + 16 * S;
 	unsigned char *const rawp = smem + (raw - s0);
-	if (tid == 0) {
-		for (int s = 0; s < S; ++s) {
-			dg_mbar_init(bars + 8 * s, NP + 1);
-			dg_mbar_init(bars + 8 * (S + s), NT);
-		}
-		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-	}
-	__syncthreads();
+${RING_INIT}
 
 	if (wg == NCW) {	// ---- the producer warpgroup
 		const int p = tid - NT;
@@ -847,22 +830,23 @@ local function render_dgw(c)
   local minb = (c.bm == 128 and c.bn <= 128) and 2 or 1
   c.about[#c.about + 1] = fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups,",
                               c.bn, c.bm // 64)
-  c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d block%s an SM;",
-                              c.stages, smem, minb, minb == 2 and "s" or "")
-  c.about[#c.about + 1] = fmt("  A (grad, f32) rounded to bf16 and B (y, %s) %s as staged through registers,",
-                              c.bfmt, c.bfmt == "bf16" and "copied" or (c.vec and "times sa[k], rounded to bf16," or "decoded"))
-  c.about[#c.about + 1] = "  both MN-major (templates/grad_wgmma.lua)."
   local ws = M.ws_tile(c)
   if ws then
-    c.about[#c.about - 2] = fmt("  warp-specialized: a ring of %d stages (%d bytes of dynamic shared memory, one block an SM), a producer",
+    c.about[#c.about + 1] = fmt("  warp-specialized: a ring of %d stages (%d bytes of dynamic shared memory, one block an SM), a producer",
                                 c.stages, smem)
-    c.about[#c.about - 1] = fmt("  warpgroup: A (grad's bf16 copy, %s_cast) by TMA, B (y, %s) by cp.async %s,",
+    c.about[#c.about + 1] = fmt("  warpgroup: A (grad's bf16 copy, %s_cast) by TMA, B (y, %s) by cp.async %s,",
                                 c.entry, c.bfmt, c.bfmt == "bf16" and "and copied" or
                                 (c.vec and "then times sa[k], rounded to bf16" or "then decoded"))
+  else
+    c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d block%s an SM;",
+                                c.stages, smem, minb, minb == 2 and "s" or "")
+    c.about[#c.about + 1] = fmt("  A (grad, f32) rounded to bf16 and B (y, %s) %s as staged through registers,",
+                                c.bfmt, c.bfmt == "bf16" and "copied" or (c.vec and "times sa[k], rounded to bf16," or "decoded"))
   end
+  c.about[#c.about + 1] = "  both MN-major (templates/grad_wgmma.lua)."
   local w = EMIT.writer()
   w:line(EMIT.banner(c.spec, "grad.lua", c.about))
-  w:line(DEV.helpers({ bf16x2 = true, cp_async = true }))
+  w:line(DEV.helpers({ bf16x2 = true, cp_async = true, cp_async_small = ws }))
   w:line(WB.helpers(c.bn, true, true))
   if F.code then w:line(require("grad_mma").I8_HELPERS) end
   w:line(EMIT.subst(DGW_HEAD, { H = c.H, E = c.E, L = c.L, EPW_B = F.epw, BM = c.bm, BN = c.bn, BK = c.bk,
@@ -882,6 +866,7 @@ local function render_dgw(c)
     w:line(EMIT.subst(DGW_WS_KERNEL, {
       ENTRY = c.entry, SIG = EMIT.subst(o.sig, { BT = F.ctype }), SCALE_LOAD = scale_load,
       BT_REG = bt.T, B_DECODE = EMIT.indent(bt.DECODE, 5),
+      RING_INIT = EMIT.subst(WB.RING_INIT, { FULL_COUNT = "NP + 1", EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }),
       RS_FETCH = rs and "\t\t\t\tdg_cp4(sslot + j * 4, sa + k);\t// dg_b_scale's" or "",
       RS_APPLY = rs and EMIT.indent(EMIT.subst(RS_APPLY, { RS = "rs[j]" }), 2) or "",
       CONSUMERS = WB.ws_consumers({ A_KC = "false", A_KS = "2048", B_KC = "false", B_KS = "2048" }),

@@ -449,20 +449,24 @@ M.CLUSTER_KEYS = {
 		dg_release(bars + 8 * (S + (nsteps - 1) % S));]],
 }
 
--- The ring's barriers made (bars, S, tid in scope: full[S] of one arrival,
--- empty[S] of ${EMPTY_COUNT}), then ${INIT_SYNC}, and the producer warpgroup
+-- The ring's barriers made (RING_INIT: bars, S, tid in scope; full[S] of
+-- ${FULL_COUNT} arrivals, empty[S] of ${EMPTY_COUNT}; then ${INIT_SYNC});
+-- RING_START: with full[S] of one arrival, and the producer warpgroup
 -- entered down to its one issuing thread (tid NT), whose loop follows:
 -- every warp-specialized kernel's start, persistent or not (ws_loop's,
 -- decoder.lua's, attention_tma.lua's KERNEL_P).
-M.RING_START = [[
+M.RING_INIT = [[
 	if (tid == 0) {
 		for (int s = 0; s < S; ++s) {
-			dg_mbar_init(bars + 8 * s, 1);
+			dg_mbar_init(bars + 8 * s, ${FULL_COUNT});
 			dg_mbar_init(bars + 8 * (S + s), ${EMPTY_COUNT});
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 	}
-	${INIT_SYNC}
+	${INIT_SYNC}]]
+
+M.RING_START = M.RING_INIT:gsub("%${FULL_COUNT}", "1") .. [[
+
 
 	if (wg == NCW) {	// ---- the producer warpgroup: one thread issues every load
 		if constexpr (REG_MOVE)

@@ -226,8 +226,8 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 	const bool tma = dg__tma_abi(k), persistent = tma && dg__attn_persistent_tile(t);
 	int64_t gx = dg__op_cdiv(n, t->bn);
 	if (persistent) {
-		const int64_t sms = dg__dev_info(p->dev)->sm_count > 0 ? dg__dev_info(p->dev)->sm_count : 1;
-		const int64_t tiles = gx * gy * gz;
+		const int sm_count = dg__dev_info(p->dev)->sm_count;
+		const int64_t sms = sm_count > 0 ? sm_count : 1, tiles = gx * gy * gz;
 		gx = tiles < sms ? tiles : sms;
 		gy = gz = 1;
 	}
