@@ -741,6 +741,34 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 		.check = DG_CHECK_NORM,
 		.build = "",
 	},
+	/* decoder_gate_bwd with ys made in the tile instead of read: ys =
+	 * lowrank_fwd (in_heads = heads) of the encoder_v projection's codes,
+	 * rounded to src, so the step need not keep ys (templates/decoder_gate.lua).
+	 * w is the decoder's bf16 copy whatever the spec's weight, which is
+	 * ev's codes (a ternary recipe passes its int8 codes and scale). */
+	[DG_OP_DECODER_GATE_BWD_YS] = {
+		.family = "gate", .module = "decoder_gate",
+		.about = "decoder_gate_bwd with ys made in the tile: ys (B,H,T,N) src = relu(s * aq (B,H,T,D) act . ev (H,N,D)^T - thr), lowrank_fwd's bit for bit; dxy = grad (B,1,T,D) f32 . w (D,H*N) bf16 per head; g = keep ? dxy/(1-p) : 0; dxs = g*ys, dys = [ys > 0] g*xs (B,H,T,N) out",
+		.fields = DECODER_SHAPE | F(ACT) | F(WEIGHT) | F(ASCALE) | F(WSCALE) | F(RELU) | F(SRC) | F(OUT),
+		.tile = DG_TILE_GEMM,
+		.weight_fmts = B(INT8), .act_fmts = B(INT8) | B(UINT8POS), .out_fmts = FLOATS,
+		.src_fmts = FLOATS,
+		.pack_fmt = DG_FMT__COUNT, .latent_any = true,
+		.defaults = { .fields = F(ACT) | F(WEIGHT) | F(ASCALE) | F(WSCALE) | F(RELU) | F(SRC) | F(OUT),
+			      .act = DG_FMT_INT8, .weight = DG_FMT_INT8, .ascale = DG_SCALE_TOKEN,
+			      .wscale = DG_SCALE_CHANNEL, .relu = true, .relu_thr = 0.0f,
+			      .src = DG_FMT_BF16, .out = DG_FMT_BF16 },
+		.n_args = 7, .args = {
+			{ "grad", false, DG_ARG_F32, false, 4, { DIM(B), DIM(ONE), DIM(T), DIM(D) } },
+			{ "w", false, DG_ARG_BF16, false, 2, { DIM(D), DIM(HN) } },
+			{ "xs", false, DG_ARG_SRC, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			{ "aq", false, DG_ARG_ACT, true, 4, { DIM(B), DIM(H), DIM(T), DIM(D) } },
+			{ "ev", false, DG_ARG_WEIGHT, true, 3, { DIM(H), DIM(N), DIM(D) } },
+			{ "dxs", true, DG_ARG_OUT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			{ "dys", true, DG_ARG_OUT, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } } },
+		.check = DG_CHECK_NORM,
+		.build = "",
+	},
 	/* The optimizer: one fused AdamW update a tensor, its scalars from the
 	 * step's control block (dragon/optim.h dg_adamw_ctl), so a captured
 	 * training step replays every step; the gradient norm's entries beside
@@ -824,6 +852,8 @@ dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f)
 		return row ? row->pack_fmt : DG_FMT__COUNT;
 	case DG_ARG_I32:
 		return DG_FMT_I32;
+	case DG_ARG_BF16:
+		return DG_FMT_BF16;
 	default:
 		return DG_FMT_F32;
 	}

@@ -85,6 +85,10 @@ void dg_spec_init(dg_spec *spec, dg_op op)
 		spec->out = d->out;
 	if (d->fields & DG_FIELD_SRC)
 		spec->src = d->src;
+	if (d->fields & DG_FIELD_ASCALE)
+		spec->ascale = d->ascale;
+	if (d->fields & DG_FIELD_WSCALE)
+		spec->wscale = d->wscale;
 	if (d->fields & DG_FIELD_RELU) {
 		spec->relu = d->relu;
 		spec->relu_thr = d->relu_thr;

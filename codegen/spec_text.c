@@ -84,7 +84,9 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 			 s->arch_specific ? "a" : "");
 		sb_add(&b, "arch", t);
 	}
-	if ((uses & DG_FIELD_ASCALE) && s->ascale != DG_SCALE_TENSOR)
+	/* the scales: named when not tensor, or when the op's default is not
+	 * (so that ascale=tensor reads back as itself) */
+	if ((uses & DG_FIELD_ASCALE) && (s->ascale != DG_SCALE_TENSOR || d.ascale != DG_SCALE_TENSOR))
 		sb_add(&b, "ascale", dg_scale_name(s->ascale));
 	if (uses & DG_FIELD_CHUNK)
 		sb_addi(&b, "chunk", s->chunk);
@@ -120,7 +122,7 @@ dg_status dg_spec_to_string(const dg_spec *s, char *buf, size_t size)
 		sb_addi(&b, "vocab", s->vocab);
 	if (uses & DG_FIELD_WEIGHT)
 		sb_add(&b, "weight", dg_fmt_name(s->weight));
-	if ((uses & DG_FIELD_WSCALE) && s->wscale != DG_SCALE_TENSOR)
+	if ((uses & DG_FIELD_WSCALE) && (s->wscale != DG_SCALE_TENSOR || d.wscale != DG_SCALE_TENSOR))
 		sb_add(&b, "wscale", dg_scale_name(s->wscale));
 	return b.overflow ? DG_ERR_INVALID_ARG : DG_OK;
 }

@@ -60,29 +60,42 @@ as predicates it issues 260 M warp instructions, 62 an element (Philox-10
 is 10 of them), at 0.47 a cycle a scheduler: 16 warps an SM (128
 registers, 97 KiB a block) leave it latency- and issue-bound at 1.9 TB/s.
 Next: fewer instructions an element in the epilogue (its index and
-branch overhead), and more warps an SM. Then ys made here instead of read:
-where the step does not save ys (runtime/train/bdh_tape.c recompute_ys,
-taken under a memory budget: 1.6 GB fewer at 25M, B 8, T 512), a separate
-encoder_v projection makes it again before this kernel (a projection a
-layer, 0.25 ms on the H200 today). The tile's ys is the same (rows,
-columns) block of relu(aq · Ev[h]ᵀ · scales − thr): an int8 GEMM with
-K = D = 256 (wgmma m64nNk32 s8, whose int32 accumulators sit as dxy's f32
-ones do), staged as bf16 beside the dxy tile: about 70 us of tensor work
-a layer in place of a 268 MB read, under this kernel's memory time, so
-the budget's plan would cost nothing. (Two stages of ring, 65 KiB, keep
-two blocks an SM with the ys tile's 32 KiB.) The bits to match are
-lowrank_wgmma.lua's bf16 epilogue (its `epilogue`, with scales.lua):
-ys = bf16(fmaxf(__fsub_rn(__fmul_rn((float)acc, __fmul_rn(sa[r], sw[h·L +
-l])), thr_y), 0)), acc the exact int32 sum of aq's and Ev[h]'s codes, r
-scales.lua x_row's row of the encoder_v input ((b·H + h)·T + t: in_heads
-H). Its A (aq, (B,H,T,D) codes) and B (Ev[h], (N,D) codes) stage as
-lowrank_wgmma's resident tiles do (no swizzle, K-major); the CPU
-emulation runs both halves already (tests/test_emu_lowrank.c,
-tests/test_emu_decoder_gate.c), so the fused kernel can be checked bit
-for bit against the pair (encoder_v projection, then this kernel) before
-it meets a GPU. It needs the op to take aq, sa, Ev, sw and thr_y in ys's
-place (optable args, dragon/ops.h, the reference as that pair) and the
-tape's DEC_GATE to read them where recompute_ys is set.
+branch overhead), and more warps an SM.
+
+decoder_gate_bwd_ys — the same with ys made in the tile instead of read
+(dg_ref_decoder_gate_bwd_ys: lowrank_fwd's ys, then the above):
+
+  ys[b,h,t,l] = relu(Σ_d aq[b,h,t,d]·ev[h,l,d] · sa[(b·H + h)·T + t]·sw[h·L + l]
+                     − thr), rounded to src (bf16 | f32)
+
+bit for bit what the encoder_v projection (lowrank_fwd, in_heads H) wrote:
+a step that does not save ys (runtime/train/bdh_tape.c recompute_ys, the
+plan under a memory budget: B·H·T·L src bytes a layer fewer, 1.6 GB at
+25M, B 8, T 512) makes it here, not by a projection a layer (0.25 ms a
+layer on the H200), and reads the layer's codes aq (B·H·T·D bytes) in
+place of ys (B·H·T·L values). Kernel ABI:
+  extern "C" __global__ void dg_decoder_gate_bwd_ys(const float *grad,
+      const unsigned short *w, const XT *xs, const int *aq, const float *sa,
+      const int *ev, const float *sw, GT *dxs, GT *dys, int B, int T,
+      float p, unsigned long long seed, unsigned step, unsigned layer,
+      const unsigned *step_at, unsigned long long elem0)
+  aq (B,H,T,D) codes (act: int8 | uint8pos), sa its scales (ascale: a
+  float a row (b·H + h)·T + t, or one); ev (H,L,D) int8 codes, sw its
+  scales (wscale: a float a channel h·L + l, or one); the rest as above
+  (w always bf16, xs src).
+Paths: the warpgroup one's ring runs NI = D/KI integer steps first (KI
+128 bytes of K a step, or 64 where D is not whole 128s; aq's rows and
+ev's in no-swizzle core matrices, wgmma m64nNk32 s8 | u8.s8 into int32
+sums), whose accumulators become ys (lowrank_wgmma.lua's epilogue
+arithmetic: float(acc)·s, s = sa·sw rounded once, then relu(y − thr))
+in a tile of its own beside the staged one (BM rows of BN + 8 values:
+a half-warp's pair stores hit 32 banks), then dxy's bf16 steps on the
+same ring; the epilogue reads ys from that tile. Default tile
+128x128x64/8x1/2 (two stages: 104 KiB, two blocks an SM). The fp32 path
+sums the codes in int32 through shared memory beside its float GEMM.
+Checked on the CPU against the pair, bit for bit
+(tests/test_emu_decoder_gate.c), and on the GPU likewise
+(tests/test_gpu_decoder_gate.c, ys_made_in_the_tile_is_the_pair).
 
 Arithmetic: products and sums f32 (wgmma: grad rounded to bf16 first, w
 exact); g, g·ys and g·xs each rounded once (__fmul_rn), as gate_bwd; bf16
@@ -95,6 +108,7 @@ local TILES = require("tiles")
 local DEV = require("device")
 local EW = require("elementwise")
 local WB = require("wgmma_bf16")
+local SCL = require("scales")
 local PHILOX = require("gate").PHILOX
 local fmt = string.format
 
@@ -103,16 +117,29 @@ local M = {}
 local FLOATS = { "f32", "bf16" }
 
 local function fields(spec)
-  SPEC.one_of(spec, "op", { "decoder_gate_bwd" })
+  SPEC.one_of(spec, "op", { "decoder_gate_bwd", "decoder_gate_bwd_ys" })
   local k = {}
+  k.ys = spec.op == "decoder_gate_bwd_ys"
   k.H = SPEC.int_field(spec, "heads", 1)
   k.E = SPEC.int_field(spec, "embd", 4)
   k.L = SPEC.int_field(spec, "latent", 4)
   k.arch = SPEC.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
-  k.wfmt = SPEC.one_of(spec, "weight", FLOATS)
-  k.xfmt = SPEC.one_of(spec, "act", FLOATS)
+  if k.ys then
+    -- w the decoder's bf16 copy; xs and the ys made here in src; ys's
+    -- projection: aq codes (act) · ev codes (weight), its scales and ReLU
+    k.wfmt = "bf16"
+    k.xfmt = SPEC.one_of(spec, "src", FLOATS)
+    k.afmt = SPEC.one_of(spec, "act", { "int8", "uint8pos" })
+    k.evfmt = SPEC.one_of(spec, "weight", { "int8" })
+    k.thr = require("lowrank").relu_of(spec)
+    k.sc = SCL.scale_kind(spec, FM.formats[k.afmt], FM.formats[k.evfmt])
+  else
+    k.wfmt = SPEC.one_of(spec, "weight", FLOATS)
+    k.xfmt = SPEC.one_of(spec, "act", FLOATS)
+  end
   k.gfmt = SPEC.one_of(spec, "out", FLOATS)
+  k.entry = k.ys and "dg_decoder_gate_bwd_ys" or "dg_decoder_gate_bwd"
   return k
 end
 
@@ -120,23 +147,37 @@ local function wgmma_applies(k)
   return k.arch == 90 and k.arch_specific and k.wfmt == "bf16" and k.E % 64 == 0
 end
 
+-- ys's integer steps: 128 bytes of K (a stage's bytes), or 64 where E is
+-- not whole 128s.
+local function ys_step(k)
+  return k.E % 128 == 0 and 128 or 64
+end
+
 -- wgmma tiles: BM/64 warpgroups (WN 1, WM 4 or 8, BM = 16·WM), BN 64 |
 -- 128 | 256, BK 64, 2 to 4 stages. Default 128x128x64/8x1/3: K = E = 256
 -- is four steps; 97 KiB of ring (the 68 KiB dxy tile fits in it), two
 -- blocks an SM, so one block's memory-bound epilogue overlaps the other's
--- MMAs; 8192 blocks at the BDH shape.
+-- MMAs; 8192 blocks at the BDH shape. ys made here: 2 stages (the ys
+-- tile's 34 KiB beside the staged dxy tile's 69 keep two blocks an SM).
 local function wgmma_fits(k, t)
   return wgmma_applies(k) and WB.tile_ok(t, 2, 4)
 end
 
--- The ring, or the staged dxy tile and its rows' bases (BM long longs).
-local function wgmma_smem(t)
-  return WB.smem_bytes(t, true, t.bm * 8)
+-- The ys tile made in the kernel: BM rows of BN + 8 values of src.
+local function ys_tile_bytes(k, t)
+  if not k.ys then return 0 end
+  return t.bm * (t.bn + 8) * (k.xfmt == "bf16" and 2 or 4)
+end
+
+-- The ring, or the staged dxy tile and its rows' bases (BM long longs);
+-- then the ys tile.
+local function wgmma_smem(k, t)
+  return WB.smem_bytes(t, true, t.bm * 8) + ys_tile_bytes(k, t)
 end
 
 local function default_tile(k)
   if wgmma_applies(k) then
-    return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 3, threads = 0 }
+    return { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = k.ys and 2 or 3, threads = 0 }
   end
   return { bm = 64, bn = 64, bk = 32, wm = 4, wn = 2, stages = 1, threads = 0 }
 end
@@ -148,13 +189,13 @@ function M.plan(spec)
   if auto then t = default_tile(k) end
   local ok, err = TILES.gemm_tile_pow2(t, auto)
   if not ok then return nil, err end
-  local p = { tile = t, arch_specific = false, name = "decoder_gate_bwd.cu" }
+  local p = { tile = t, arch_specific = false, name = (k.ys and "decoder_gate_bwd_ys" or "decoder_gate_bwd") .. ".cu" }
   if wgmma_fits(k, t) then
-    local smem = wgmma_smem(t)
+    local smem = wgmma_smem(k, t)
     ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
-    p.path, p.arch_specific, p.smem_bytes = "wgmma bf16", true, smem
-    p.entries = { { name = "dg_decoder_gate_bwd", threads = (t.bm // 64) * 128, smem = smem } }
+    p.path, p.arch_specific, p.smem_bytes = k.ys and "wgmma s8 + bf16" or "wgmma bf16", true, smem
+    p.entries = { { name = k.entry, threads = (t.bm // 64) * 128, smem = smem } }
     return p
   end
   if not (t.bm == 64 and t.bn == 64 and (t.bk == 16 or t.bk == 32) and t.wm * t.wn == 8 and t.stages == 1) then
@@ -162,7 +203,7 @@ function M.plan(spec)
                     wgmma_applies(k) and "; the warpgroup path: WN 1, BM = 16*WM (64 or 128), BN 64|128|256, BK 64, 2-4 stages" or "")
   end
   p.path, p.smem_bytes = "fp32", 0
-  p.entries = { { name = "dg_decoder_gate_bwd", threads = 256, smem = 0 } }
+  p.entries = { { name = k.entry, threads = 256, smem = 0 } }
   return p
 end
 
@@ -235,10 +276,28 @@ __device__ __forceinline__ void dg_gate1(float d, const XT *xs, const XT *ys, GT
 }
 ]]
 
-local SIG = "const float *__restrict__ grad, const WT *__restrict__ w, const XT *__restrict__ xs, " ..
-            "const XT *__restrict__ ys, GT *__restrict__ dxs, GT *__restrict__ dys, int B, int T, " ..
+-- ys made here: dg_gate1 of a ys value.
+local GATE_Y = [[
+__device__ __forceinline__ void dg_gate1y(float d, const XT *xs, float y, GT *dxs, GT *dys,
+					  unsigned long long i, unsigned thr, float s, unsigned long long seed,
+					  unsigned step, unsigned layer, unsigned long long elem0)
+{
+	const bool keep = dg_keep1(elem0 + i, thr, seed, step, layer);
+	const float g = keep ? __fmul_rn(d, s) : 0.0f;
+	dg_st1(dxs, (long long)i, __fmul_rn(g, y));
+	dg_st1(dys, (long long)i, y > 0.0f ? __fmul_rn(g, dg_ld1(xs, (long long)i)) : 0.0f);
+}
+]]
+
+local SIG_TAIL = "GT *__restrict__ dxs, GT *__restrict__ dys, int B, int T, " ..
             "float p, unsigned long long seed, unsigned step, unsigned layer, " ..
             "const unsigned *__restrict__ step_at, unsigned long long elem0"
+local SIG = "const float *__restrict__ grad, const WT *__restrict__ w, const XT *__restrict__ xs, " ..
+            "const XT *__restrict__ ys, " .. SIG_TAIL
+-- ys made here: the encoder_v projection's codes and scales in ys's place
+local SIG_YS = "const float *__restrict__ grad, const WT *__restrict__ w, const XT *__restrict__ xs, " ..
+            "const AT *__restrict__ aq, const float *__restrict__ sa, const VT *__restrict__ ev, " ..
+            "const float *__restrict__ sw, " .. SIG_TAIL
 
 local PRE = [[
 	if (step_at)
@@ -264,15 +323,16 @@ constexpr int BNP = BN + 8;			// the staged tile's row (floats)
 constexpr int CH = BM * (BN / 8) / NT;		// epilogue vectors a thread
 constexpr int BATCH = CH < 4 ? CH : 4;		// of them in flight
 static_assert(CH % BATCH == 0, "whole batches");
-
+constexpr int NI = ${NI};			// the ring's integer steps before dxy's (ys made here)
+${YS_CONSTS}
 extern "C" __global__ void __launch_bounds__(NT, ${MINB})
-dg_decoder_gate_bwd(${SIG})
+${ENTRY}(${SIG})
 {
 	extern __shared__ __align__(128) unsigned char smem[];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 	const int g = lane >> 2, q = lane & 3;
 ${PRE}
-	const int nsteps = E / BK;
+	const int nsteps = NI + E / BK;		// the ring's run: NI integer steps, then dxy's
 	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more)
 	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
 	const unsigned short *wh = (const unsigned short *)w + (long long)h * L;	// head h's columns
@@ -288,7 +348,7 @@ ${PRE}
 	const bool full = m0 + BM <= M && n0 + BN <= L && VEC;
 	// (FULL is a constant at each call: inlined, each call its own copy)
 	auto load_t = [&](const bool FULL, int st) {
-		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
+		const unsigned as = sbase + ((NI + st) % S) * STAGE, bs = as + A_BYTES;
 		float4 v[SA][2];
 #pragma unroll
 		for (int s2 = 0; s2 < SA; ++s2) {
@@ -318,12 +378,8 @@ ${PRE}
 				dg_wb_stage(bs + dg_wb_mnmaj(gg, kk, c), wh, st * BK + kk, E, n0 + 64 * gg + 8 * c, N, HL);
 		}
 	};
-	auto load = [&](int st) {
-		if (full)
-			load_t(true, st);
-		else
-			load_t(false, st);
-	};
+${LOAD_I}	auto load = [&](int st) {
+${LOAD_BODY}	};
 
 ${MAINLOOP}
 	__syncthreads();			// every warpgroup's MMAs read the ring
@@ -356,7 +412,7 @@ ${STAGE_ACC}
 				i0[k] = (unsigned long long)(base + l);
 				if (ok[k]) {
 					dg_ld(xs, (long long)(i0[k] >> 3), a[k]);
-					dg_ld(ys, (long long)(i0[k] >> 3), b[k]);
+					${YS_VEC};
 				}
 			}
 #pragma unroll
@@ -387,8 +443,8 @@ ${STAGE_ACC}
 			const int r = u / BN, cc = u % BN, l = n0 + cc;
 			const long long base = rowbase[r];
 			if (base >= 0 && l < L)
-				dg_gate1(tile[r * BNP + cc], xs, ys, dxs, dys, (unsigned long long)(base + l), thr, s,
-					 seed, step, layer, elem0);
+				${GATE1}(tile[r * BNP + cc], xs, ${YS_ONE}, dxs, dys, (unsigned long long)(base + l), thr,
+					  s, seed, step, layer, elem0);
 		}
 	}
 }
@@ -402,7 +458,7 @@ __device__ __forceinline__ float dg_w_at(const float *w, long long i) { return _
 __device__ __forceinline__ float dg_w_at(const unsigned short *w, long long i) { return dg_bf16_to_f32(__ldg(w + i)); }
 
 extern "C" __global__ void __launch_bounds__(NT)
-dg_decoder_gate_bwd(${SIG})
+${ENTRY}(${SIG})
 {
 	__shared__ float As[BK][BM + 1];	// grad, k-major (transposed in)
 	__shared__ float Bs[BK][BN];		// w
@@ -441,7 +497,7 @@ ${PRE}
 		}
 		__syncthreads();
 	}
-#pragma unroll
+${YS_SUMS}#pragma unroll
 	for (int i = 0; i < 4; ++i) {
 		const int m = m0 + ty + 16 * i;
 		if (m >= M)
@@ -452,11 +508,212 @@ ${PRE}
 		for (int j = 0; j < 4; ++j) {
 			const int l = n0 + tx + 16 * j;
 			if (l < L)
-				dg_gate1(acc[i][j], xs, ys, dxs, dys, (unsigned long long)(row + l), thr, s, seed, step,
-					 layer, elem0);
+				${GATE1}(acc[i][j], xs, ${YS_ONE}, dxs, dys, (unsigned long long)(row + l), thr, s, seed,
+					  step, layer, elem0);
 		}
 	}
 }
+]]
+
+-- ---- ys made in the kernel (op decoder_gate_bwd_ys) ------------------------
+-- The encoder_v projection's ys of the tile, bit for bit what lowrank_fwd
+-- wrote (templates/lowrank_wgmma.lua's epilogue: y = acc · s, s = sa·sw
+-- rounded once, then relu(y − thr), rounded to src), from its int32 sums.
+
+-- The scale of output (row's sa_r, column l) (scales.lua), and y of an
+-- int32 sum `acc` (C expressions): relu(acc·s − thr), or acc·s.
+local function ys_of(k, acc, sw_e)
+  local y = fmt("__int2float_rn(%s)", acc)
+  local s_e = SCL.scale_expr(k.sc, "sa_r", sw_e)
+  if s_e == "s" then s_e = "sy" end -- (ys_scales: s is the dropout's here)
+  if s_e then y = fmt("__fmul_rn(%s, %s)", y, s_e) end
+  if k.thr then y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr)) end
+  return y
+end
+
+-- This thread's row scale sa_r of row m (a token's: the x row (b·H + h)·T + t).
+local function sa_row(k, m, ind)
+  if not k.sc.sa_vec then return "" end
+  return fmt("%sconst float sa_r = %s < M ? sa[%s] : 0.0f;\n", ind, m, SCL.x_row(k.H, m))
+end
+
+local function sw_col(k, l)
+  if not k.sc.sw_vec then return "0.0f" end
+  return fmt("(%s < L ? sw[(long long)h * L + %s] : 0.0f)", l, l)
+end
+
+local YS_CONSTS = [[
+constexpr int KI = ${KI};				// bytes of K an integer step
+constexpr int KCI = KI / 16, SBI = KCI * 128;	// its core matrices a row; 8 rows' bytes
+static_assert(E % KI == 0 && BM * KI <= A_BYTES && BN * KI <= B_BYTES, "an integer step fits a stage");
+constexpr int IA = BM * KCI / NT, IB = BN * KCI / NT;	// its 16-byte chunks a thread
+static_assert(IA * NT == BM * KCI && IB * NT == BN * KCI, "whole chunks a thread");
+constexpr int YP = BN + 8;			// the ys tile's row (values): pair stores hit 32 banks
+constexpr int YS_OFF = ${YS_OFF};		// its bytes from the ring's base (after the staged tile)
+typedef ${AB} AB;			// aq's codes (${afmt})
+typedef signed char VB;			// ev's codes (int8)
+]]
+
+-- After sbase: the ys tile, the scales' constants, the integer steps' loads.
+local YS_PRE = [[
+	XT *const ytile = (XT *)(smem + (sbase - (unsigned)__cvta_generic_to_shared(smem)) + YS_OFF);
+${SCALES}	// Integer step st (< NI): aq's rows (b, h, t) of the tile's rows (b, t)
+	// and ev's rows n0.. of head h, K bytes KI·st .., in no-swizzle core
+	// matrices (8 rows x 16 bytes; the next 8 rows SBI bytes on; a
+	// quarter warp fills one), by cp.async; zeros past M and L.
+	const unsigned char *aqb = (const unsigned char *)aq, *evb = (const unsigned char *)ev;
+	auto load_i = [&](int st) {
+		const unsigned as = sbase + (st % S) * STAGE, bs = as + A_BYTES;
+#pragma unroll
+		for (int s2 = 0; s2 < IA; ++s2) {
+			const int u = tid + s2 * NT, r = (u & 7) | ((u / (8 * KCI)) << 3), kc = (u >> 3) % KCI, m = m0 + r;
+			const void *src = aqb;
+			int bytes = 0;
+			if (m < M) {
+				const int bb = m / T, t = m - bb * T;
+				src = aqb + (((long long)bb * H + h) * T + t) * E + st * KI + kc * 16;
+				bytes = 16;
+			}
+			dg_cp16(as + (r >> 3) * SBI + kc * 128 + (r & 7) * 16, src, bytes);
+		}
+#pragma unroll
+		for (int s2 = 0; s2 < IB; ++s2) {
+			const int u = tid + s2 * NT, pr = (u & 7) | ((u / (8 * KCI)) << 3), kc = (u >> 3) % KCI, n = n0 + pr;
+			const bool in = n < L;
+			dg_cp16(bs + (pr >> 3) * SBI + kc * 128 + (pr & 7) * 16,
+				in ? (const void *)(evb + ((long long)h * L + n) * E + st * KI + kc * 16) : (const void *)evb,
+				in ? 16 : 0);
+		}
+	};
+]]
+
+local YS_LOAD = [[
+		if (full)
+			load_t(true, st - NI);
+		else
+			load_t(false, st - NI);
+]]
+
+-- (ys: the ring's prologue and integer steps load any step; dxy's steps
+-- only theirs, so the integer loads' state is dead there)
+local YS_LOAD_ANY = [[
+	auto load_any = [&](int st) {
+		if (st < NI)
+			load_i(st);
+		else
+			load(st);
+	};
+]]
+
+local PLAIN_LOAD = [[
+		if (full)
+			load_t(true, st);
+		else
+			load_t(false, st);
+]]
+
+-- The ring's first NI steps: ys's int32 sums (wgmma k32 on the codes,
+-- both K-major), then ys into its tile from the accumulators (register
+-- 4j + i: row 16w + g (+8 for i >= 2), column 8j + 2q (+1 for odd i)).
+local YS_LOOP = [[
+	// ---- ys's sums first: the ring's NI integer steps
+	int iacc[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; ++i)
+		iacc[i] = 0;
+#pragma unroll 1
+	for (int i = 0; i < NI; ++i) {
+		dg_cp_wait<P - 1>();		// this thread's copies of step i
+		dg_fence_async_smem();
+		__syncthreads();		// everyone's; and every MMA of step i-1 is done
+		if (i + P < nsteps)
+			load_any(i + P);	// into step i-1's stage
+		dg_cp_commit();
+		const unsigned as = sbase + (i % S) * STAGE + wg * 8 * SBI, bs = sbase + (i % S) * STAGE + A_BYTES;
+		dg_wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < KI / 32; ++ks)
+			dg_wgmma(iacc, dg_wg_desc(as + ks * 256, SBI), dg_wg_desc(bs + ks * 256, SBI), 1);
+		dg_wg_commit();
+		dg_wg_wait<0>();
+		dg_wg_pin(iacc);
+	}
+	// ys = the projection's bits, into the ys tile (read after the barriers
+	// below): a column pair's weight scales once for both rows
+	const int r0 = wg * 64 + (warp & 3) * 16 + g;
+	float sa_rr[2];
+#pragma unroll
+	for (int hh = 0; hh < 2; ++hh) {
+		const int m = m0 + r0 + 8 * hh;
+${SA_ROW}		sa_rr[hh] = ${SA_R};
+	}
+#pragma unroll
+	for (int j = 0; j < BN / 8; ++j) {
+		const int c = 8 * j + 2 * q, l = n0 + c;
+		const float sw0 = ${SW0}, sw1 = ${SW1};
+#pragma unroll
+		for (int hh = 0; hh < 2; ++hh) {
+			const int r = r0 + 8 * hh;
+			const float sa_r = sa_rr[hh];
+			const float y0 = ${Y0}, y1 = ${Y1};
+${STORE_PAIR}
+		}
+	}
+]]
+
+local FP32_SUMS = [[
+	// ys's int32 sums: aq (rows (b, h, t) of the tile's (b, t)) · ev (head
+	// h's rows), then ys as the projection wrote it (rounded to XT)
+	__shared__ int Ai[BK][BM + 1];
+	__shared__ int Bi[BK][BN];
+	int iacc[4][4];
+#pragma unroll
+	for (int i = 0; i < 4; ++i)
+#pragma unroll
+		for (int j = 0; j < 4; ++j)
+			iacc[i][j] = 0;
+	const AB *aqb = (const AB *)aq;
+	const VB *evb = (const VB *)ev;
+#pragma unroll 1
+	for (int k0 = 0; k0 < E; k0 += BK) {
+		for (int u = tid; u < BM * BK; u += NT) {
+			const int r = u / BK, kk = u % BK, m = m0 + r, d = k0 + kk;
+			int v_ = 0;
+			if (m < M && d < E) {
+				const int bb = m / T, t = m - bb * T;
+				v_ = (int)aqb[(((long long)bb * H + h) * T + t) * E + d];
+			}
+			Ai[kk][r] = v_;
+		}
+		for (int u = tid; u < BK * BN; u += NT) {
+			const int kk = u / BN, c = u % BN, d = k0 + kk, l = n0 + c;
+			Bi[kk][c] = d < E && l < L ? (int)evb[((long long)h * L + l) * E + d] : 0;
+		}
+		__syncthreads();
+#pragma unroll 4
+		for (int kk = 0; kk < BK; ++kk)
+#pragma unroll
+			for (int i = 0; i < 4; ++i)
+#pragma unroll
+				for (int j = 0; j < 4; ++j)
+					iacc[i][j] += Ai[kk][ty + 16 * i] * Bi[kk][tx + 16 * j];
+		__syncthreads();
+	}
+	float ysv[4][4];
+#pragma unroll
+	for (int i = 0; i < 4; ++i) {
+		const int m = m0 + ty + 16 * i;
+${SA_ROW}#pragma unroll
+		for (int j = 0; j < 4; ++j) {
+			const int l = n0 + tx + 16 * j;
+			ysv[i][j] = dg_as_xt(${Y});
+		}
+	}
+]]
+
+-- A value rounded to XT and back (the ys the projection stored).
+local AS_XT = [[
+__device__ __forceinline__ float dg_as_xt(float y) { return ${EXPR}; }
 ]]
 
 function M.render(spec, plan)
@@ -466,43 +723,98 @@ function M.render(spec, plan)
     H = k.H, E = k.E, L = k.L, wfmt = k.wfmt, xfmt = k.xfmt, gfmt = k.gfmt,
     WT = FM.formats[k.wfmt].ctype, XT = FM.formats[k.xfmt].ctype, GT = FM.formats[k.gfmt].ctype,
   }
-  local about = {
-    fmt("decoder_gate_bwd: dxy = grad (B,1,T,%d) f32 . w (%d,%d) %s per head; g = keep ? dxy/(1-p) : 0;",
-        k.E, k.E, k.H * k.L, k.wfmt),
-    fmt("  dxs = g*ys, dys = [ys > 0] g*xs (B,%d,T,%d) %s; xs, ys %s.", k.H, k.L, k.gfmt, k.xfmt),
-    "",
-    fmt("extern \"C\" __global__ void dg_decoder_gate_bwd(%s)", (EMIT.subst(SIG, {}):gsub("__restrict__ ", ""))),
-    fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", k.L, t.bn, t.bm, k.H, plan.entries[1].threads),
-  }
+  local sig = k.ys and SIG_YS or SIG
+  local about
+  if k.ys then
+    about = {
+      fmt("decoder_gate_bwd_ys: ys = %s (B,%d,T,%d) %s, made in the tile from aq (B,%d,T,%d) %s and ev (%d,%d,%d) int8",
+          k.thr and "relu(sa*sw * aq.ev^T - thr)" or "sa*sw * aq.ev^T", k.H, k.L, k.xfmt, k.H, k.E, k.afmt, k.H, k.L, k.E),
+      fmt("  (ascale %s, wscale %s: lowrank_fwd's bits); dxy = grad (B,1,T,%d) f32 . w (%d,%d) bf16 per head;",
+          k.sc.sa_vec and "token" or "tensor", k.sc.sw_vec and "channel" or "tensor", k.E, k.E, k.H * k.L),
+      fmt("  g = keep ? dxy/(1-p) : 0; dxs = g*ys, dys = [ys > 0] g*xs (B,%d,T,%d) %s; xs %s.", k.H, k.L, k.gfmt, k.xfmt),
+    }
+  else
+    about = {
+      fmt("decoder_gate_bwd: dxy = grad (B,1,T,%d) f32 . w (%d,%d) %s per head; g = keep ? dxy/(1-p) : 0;",
+          k.E, k.E, k.H * k.L, k.wfmt),
+      fmt("  dxs = g*ys, dys = [ys > 0] g*xs (B,%d,T,%d) %s; xs, ys %s.", k.H, k.L, k.gfmt, k.xfmt),
+    }
+  end
+  about[#about + 1] = ""
+  about[#about + 1] = fmt("extern \"C\" __global__ void %s(%s)", k.entry, (EMIT.subst(sig, {}):gsub("__restrict__ ", "")))
+  about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", k.L, t.bn, t.bm, k.H, plan.entries[1].threads)
   local w = EMIT.writer()
-  if plan.path == "wgmma bf16" then
+  local head = EMIT.subst(HEAD, v)
+  local sc = EMIT.writer()
+  sc:indent(1)
+  if k.ys then
+    v.AT, v.VT = "int", "int"
+    head = head .. "typedef int AT;			// aq: " .. k.afmt .. " codes, four a word\n" ..
+           "typedef int VT;			// ev: int8 codes, four a word\n"
+    for _, l in ipairs(SCL.scale_prologue(k.sc)) do sc:line((l:gsub("^const float s = ", "const float sy = "))) end
+  end
+  local ab = FM.out_types[k.afmt or "int8"].ctype
+  if plan.path ~= "fp32" then
     local minb = (t.bm == 128 and t.bn <= 128) and 2 or 1
-    about[#about + 1] = fmt("path: warpgroup tensor cores (wgmma m64n%dk16 bf16, f32 sums; sm_90a), %d warpgroups, a ring of %d stages",
-                            t.bn, t.bm // 64, t.stages)
-    about[#about + 1] = fmt("  (%d bytes of dynamic shared memory), __launch_bounds__ for %d blocks an SM; the epilogue staged.",
-                            plan.smem_bytes, minb)
+    local mma = k.ys and fmt("wgmma m64n%dk32 %s.s8 int32 sums for ys, then m64n%dk16 bf16 f32 sums for dxy",
+                             t.bn, FM.formats[k.afmt].unsigned and "u8" or "s8", t.bn)
+                      or fmt("wgmma m64n%dk16 bf16, f32 sums", t.bn)
+    about[#about + 1] = fmt("path: warpgroup tensor cores (%s; sm_90a), %d warpgroups, a ring of %d stages", mma, t.bm // 64, t.stages)
+    about[#about + 1] = fmt("  (%d bytes of dynamic shared memory), __launch_bounds__ for %d blocks an SM; the epilogue staged%s.",
+                            plan.smem_bytes, minb, k.ys and ", ys in a tile of its own" or "")
     w:line(EMIT.banner(spec, "decoder_gate.lua", about))
     w:line(DEV.helpers({ bf16 = true, bf16x2 = true, cp_async = true }))
     w:line(WB.helpers(t.bn, false, true))
-    w:line(EMIT.subst(HEAD, v))
+    if k.ys then w:line(require("wgmma").helpers(t.bn, FM.formats[k.afmt].unsigned, false, true)) end
+    w:line(head)
     w:line(EW.VEC_IO)
     w:line(PHILOX)
     w:line(GATE)
-    w:line(EMIT.subst(KERNEL_WG, {
-      BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, MINB = minb, SIG = SIG, PRE = PRE,
-      MAINLOOP = EMIT.subst(WB.MAINLOOP, { A_KC = "true", A_KS = "32", B_KC = "false", B_KS = "2048" }),
+    if k.ys then w:line(GATE_Y) end
+    local mm = { A_KC = "true", A_KS = "32", B_KC = "false", B_KS = "2048" }
+    local vars = {
+      BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, MINB = minb, SIG = sig, PRE = PRE, ENTRY = k.entry,
+      NI = k.ys and k.E // ys_step(k) or 0, YS_CONSTS = "", LOAD_I = "", LOAD_BODY = PLAIN_LOAD,
+      MAINLOOP = EMIT.subst(WB.MAINLOOP, mm),
       STAGE_ACC = EMIT.subst(WB.STAGE_ACC, { TILE = "tile", PITCH = "BNP" }),
-    }))
+      YS_VEC = "dg_ld(ys, (long long)(i0[k] >> 3), b[k])", YS_ONE = "ys", GATE1 = "dg_gate1",
+    }
+    if k.ys then
+      local pair = k.xfmt == "bf16" and "\t\t\t*(unsigned *)(ytile + r * YP + c) = dg_bf16x2(y0, y1);"
+                                     or "\t\t\t*(float2 *)(ytile + r * YP + c) = make_float2(y0, y1);"
+      mm.I0 = "NI"
+      vars.YS_CONSTS = EMIT.subst(YS_CONSTS, { YS_OFF = WB.ring_bytes(t, true, t.bm * 8), AB = ab, afmt = k.afmt,
+                                               KI = ys_step(k) })
+      vars.LOAD_I = EMIT.subst(YS_PRE, { SCALES = sc:text() })
+      vars.LOAD_BODY = YS_LOAD
+      vars.MAINLOOP = YS_LOAD_ANY .. WB.MAINLOOP_PROLOGUE:gsub("load%(s%)", "load_any(s)") .. EMIT.subst(YS_LOOP, {
+        SA_ROW = sa_row(k, "m", "\t\t"), SA_R = k.sc.sa_vec and "sa_r" or "0.0f", STORE_PAIR = pair,
+        SW0 = sw_col(k, "l"), SW1 = sw_col(k, "(l + 1)"),
+        Y0 = ys_of(k, "iacc[4 * j + 2 * hh]", "sw0"), Y1 = ys_of(k, "iacc[4 * j + 2 * hh + 1]", "sw1"),
+      }) .. WB.MAINLOOP_ACC .. EMIT.subst(WB.MAINLOOP_STEPS, mm)
+      vars.YS_VEC = "dg_ld(ytile + r * YP, c, b[k])"
+      vars.YS_ONE, vars.GATE1 = "dg_ld1(ytile, r * YP + cc)", "dg_gate1y"
+    end
+    w:line(EMIT.subst(KERNEL_WG, vars))
     return w:text()
   end
-  about[#about + 1] = fmt("path: fp32 FMA, 64x64 tiles, K steps of %d through shared memory; the gate per element.", t.bk)
+  about[#about + 1] = fmt("path: fp32 FMA, 64x64 tiles, K steps of %d through shared memory; the gate per element%s.", t.bk,
+                          k.ys and "; ys's int32 sums likewise" or "")
   w:line(EMIT.banner(spec, "decoder_gate.lua", about))
   w:line(DEV.helpers({ bf16 = true, bf16x2 = true }))
-  w:line(EMIT.subst(HEAD, v))
+  w:line(head)
   w:line(EW.VEC_IO)
   w:line(PHILOX)
   w:line(GATE)
-  w:line(EMIT.subst(KERNEL_FP32, { BK = t.bk, SIG = SIG, PRE = PRE }))
+  if k.ys then w:line(GATE_Y) end
+  local vars = { BK = t.bk, SIG = sig, PRE = PRE, ENTRY = k.entry, YS_SUMS = "", YS_ONE = "ys", GATE1 = "dg_gate1" }
+  if k.ys then
+    w:line(EMIT.subst(AS_XT, { EXPR = k.xfmt == "bf16" and "dg_bf16_to_f32(dg_f32_to_bf16(y))" or "y" }))
+    w:line(fmt("typedef %s AB;			// aq's codes (%s)\ntypedef signed char VB;			// ev's codes (int8)", ab, k.afmt))
+    vars.YS_SUMS = sc:text() .. EMIT.subst(FP32_SUMS, { SA_ROW = sa_row(k, "m", "\t\t"), Y = ys_of(k, "iacc[i][j]", sw_col(k, "l")) })
+    vars.YS_ONE, vars.GATE1 = "ysv[i][j]", "dg_gate1y"
+  end
+  w:line(EMIT.subst(KERNEL_FP32, vars))
   return w:text()
 end
 

@@ -86,6 +86,8 @@ local ACTS = { "f32", "bf16", "int8", "int4", "uint8pos" }
 local WEIGHTS = { "f32", "bf16", "int8", "ternary", "sign1" }
 local OUTS = { "f32", "bf16", "int8", "uint8pos" }
 
+-- The ReLU's threshold of spec (its relu field), nil for none (also
+-- decoder_gate.lua's, whose ys is this op's output).
 local function relu_of(spec)
   local r = spec.relu
   if r == false or r == nil then return nil end
@@ -93,6 +95,7 @@ local function relu_of(spec)
   SPEC.check(r == r and r ~= math.huge and r ~= -math.huge, "spec.relu=%s: the threshold must be finite", tostring(r))
   return r
 end
+M.relu_of = relu_of
 
 
 --[[

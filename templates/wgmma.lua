@@ -78,7 +78,9 @@ __device__ __forceinline__ void dg_fence_async_smem()
 -- of K), so the descriptor, LBO and SBO are the byte counts above and one
 -- instruction's K step (k16 bf16, k32 s8) is 32 bytes: two core matrices,
 -- 256 bytes of the tile. The accumulators are floats in the same layout.
-function M.helpers(n, act_unsigned, bf16)
+-- (no_sync: the ordering helpers left out, for a kernel that has them from
+-- templates/wgmma_bf16.lua's helpers already.)
+function M.helpers(n, act_unsigned, bf16, no_sync)
   local nr = n // 2
   local regs, outs = {}, {}
   for i = 0, nr - 1 do
@@ -116,7 +118,7 @@ __device__ __forceinline__ void dg_wg_pin(${CT} (&d)[${NR}])
 		asm volatile("" : "${PC}"(d[i]) :: "memory");
 }
 ]], { N = n, NR = nr, REGS = table.concat(regs, ", "), OUTS = table.concat(outs, ", "),
-      PA = nr, PB = nr + 1, PS = nr + 2, SYNC = M.SYNC,
+      PA = nr, PB = nr + 1, PS = nr + 2, SYNC = no_sync and "" or M.SYNC,
       AT = bf16 and "bf16" or (act_unsigned and "u8" or "s8"), BT = bf16 and "bf16" or "s8",
       DT = bf16 and "f32" or "s32", CT = bf16 and "float" or "int", PC = bf16 and "+f" or "+r",
       KS = bf16 and "k16" or "k32", KB = bf16 and "k16" or "k32",

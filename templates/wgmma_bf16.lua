@@ -216,12 +216,17 @@ end
 -- The main loop over the kernel's K steps (its `load(st)` lambda fills a
 -- stage; nsteps, sbase, wg, S, P, STAGE, A_BYTES, BK, BN in scope), leaving
 -- the sums in acc[BN / 2]. subst keys: A_KC, B_KC (C++ bools: K-major) and
--- A_KS, B_KS (bytes a k16 step: 32 K-major, 2048 MN-major).
-M.MAINLOOP = [[
+-- A_KS, B_KS (bytes a k16 step: 32 K-major, 2048 MN-major). In three
+-- pieces for a kernel whose ring runs other steps first (templates/
+-- decoder_gate.lua's integer ones): the accumulators, the prologue's
+-- loads (steps 0 .. P-1 of the ring's run), and the bf16 steps from ${I0}.
+M.MAINLOOP_ACC = [[
 	float acc[BN / 2];
 #pragma unroll
 	for (int i = 0; i < BN / 2; ++i)
 		acc[i] = 0.0f;
+]]
+M.MAINLOOP_PROLOGUE = [[
 	// ---- pipeline: P = S-1 steps fetched ahead. A step's MMAs are waited
 	// for (wait_group 0) before the next barrier, so after it the stage of
 	// step i-1 is free for step i+P; the other block an SM keeps the tensor
@@ -232,8 +237,10 @@ M.MAINLOOP = [[
 			load(s);
 		dg_cp_commit();
 	}
+]]
+M.MAINLOOP_STEPS = [[
 #pragma unroll 1
-	for (int i = 0; i < nsteps; ++i) {
+	for (int i = ${I0}; i < nsteps; ++i) {
 		dg_cp_wait<P - 1>();		// this thread's copies of step i
 		dg_fence_async_smem();
 		__syncthreads();		// everyone's; and every MMA of step i-1 is done
@@ -252,6 +259,7 @@ M.MAINLOOP = [[
 	}
 	dg_cp_wait<0>();
 ]]
+M.MAINLOOP = M.MAINLOOP_ACC .. M.MAINLOOP_PROLOGUE .. M.MAINLOOP_STEPS:gsub("%${I0}", "0")
 
 -- ---- the warp-specialized form (templates/attention_tma.lua's, and
 -- templates/grad_wgmma.lua's for the lowrank grads) ----------------------

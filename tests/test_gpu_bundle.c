@@ -308,12 +308,23 @@ static void case_make(op_case *c, dg_device *mem, const dg_spec *spec)
 			const dg_fmt_info *fi = dg_fmt_info_of(b->fmt);
 			b->scale = fi->per_word == 4 ? 1.0f / (float)fi->qmax : 0.05f;
 			b->t.scale = gh_scalar(mem, b->scale);
-			if (spec->op == DG_OP_DEQUANTIZE && spec->ascale == DG_SCALE_TOKEN) {
-				/* a scale a row: the same one for each of the rows */
-				float *sv = gh_xmalloc((size_t)shape[0] * sizeof(float));
-				for (int64_t r = 0; r < shape[0]; r++)
+			/* a scale a row (ascale=token: an input's act codes) or a
+			 * channel (wscale=channel: its weight codes): the same one
+			 * for each row of the last dimension, the most any op reads
+			 * (the decoder's y reads B·T of them) */
+			const unsigned uses = dg_spec_uses(spec->op);
+			const bool token = (uses & DG_FIELD_ASCALE) && spec->ascale == DG_SCALE_TOKEN &&
+					   a->fmt == DG_ARG_ACT && !a->output;
+			const bool channel = (uses & DG_FIELD_WSCALE) && spec->wscale == DG_SCALE_CHANNEL &&
+					     a->fmt == DG_ARG_WEIGHT && !a->output;
+			if (token || channel) {
+				int64_t rows = 1;
+				for (int d = 0; d < ndim - 1; d++)
+					rows *= shape[d];
+				float *sv = gh_xmalloc((size_t)rows * sizeof(float));
+				for (int64_t r = 0; r < rows; r++)
 					sv[r] = b->scale;
-				b->t.scale = gh_upload(mem, sv, (size_t)shape[0] * sizeof(float));
+				b->t.scale = gh_upload(mem, sv, (size_t)rows * sizeof(float));
 				free(sv);
 			}
 		}

@@ -30,7 +30,11 @@
  *     epilogue element by element), past 2^32 elements too: within the
  *     bounds of the reference at elem0, the fp32 path the full run's
  *     bytes, and elem0 0 another mask;
- *   - bad calls: an output aliasing an input, p = 1, a wrong format.
+ *   - bad calls: an output aliasing an input, p = 1, a wrong format;
+ *   - decoder_gate_bwd_ys (ys made in the tile from the encoder_v's codes):
+ *     the same bytes as the pair it replaces — lowrank_fwd's ys, then
+ *     decoder_gate_bwd on it — at ragged shapes and the BDH shape, timed
+ *     there against the pair's decoder_gate_bwd.
  */
 #include <criterion/criterion.h>
 
@@ -47,6 +51,7 @@
 #include "gpu_helpers.h"
 #include "helpers.h"
 #include "runtime/gpu/gpu_int.h"
+#include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 
 typedef struct shape {
@@ -471,5 +476,137 @@ Test(gpu_decoder_gate, elem0_draws_the_global_batchs_masks)
 			}
 			free(grad), free(w), free(xs), free(ys), free(fx), free(fy);
 		}
+	gh_close(dev);
+}
+
+/* ---- decoder_gate_bwd_ys -------------------------------------------------------- */
+
+typedef struct ys_run {
+	dg_device *dev;
+	dg_spec spec;
+	dg_decoder_gate_bwd_ys_args a;
+} ys_run;
+
+static dg_status call_ys(void *u)
+{
+	ys_run *r = u;
+	return dg_decoder_gate_bwd_ys(r->dev, &r->spec, &r->a);
+}
+
+/* n random scales in [lo, 2·lo] on the device */
+static dg_dptr rand_scales(dg_device *dev, size_t n, float lo)
+{
+	float *s = gh_xmalloc(n * sizeof(float));
+	for (size_t i = 0; i < n; i++)
+		s[i] = gh_uniform(lo, 2.0f * lo);
+	dg_dptr d = gh_upload(dev, s, n * sizeof(float));
+	free(s);
+	return d;
+}
+
+/* The fused op against lowrank_fwd's ys then decoder_gate_bwd (both on
+ * sm_90a), byte for byte; timed (BDH: cold L2) beside the pair's second
+ * op when `timed`. */
+static void ys_case(dg_device *dev, const shape *sh, float p, bool timed)
+{
+	const int B = sh->B, T = sh->T, H = sh->H, E = sh->E, L = sh->L, M = B * T;
+	const size_t n = (size_t)M * H * L, nw = (size_t)E * H * L, na = (size_t)M * H * E, ne = (size_t)H * L * E;
+	const float thr = 0.0625f;
+	char what[160];
+	snprintf(what, sizeof(what), "decoder_gate_bwd_ys B%d T%d H%d E%d L%d p=%g", B, T, H, E, L, (double)p);
+	float *grad = rand_exact(DG_FMT_F32, (size_t)M * E);
+	void *w = rand_exact(DG_FMT_BF16, nw), *xs = gh_rand_storage(DG_FMT_BF16, n, NULL);
+	size_t ab, eb;
+	void *aq = gh_rand_storage(DG_FMT_INT8, na, &ab), *ev = gh_rand_storage(DG_FMT_INT8, ne, &eb);
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, grad, (size_t)M * E * 4), B, 1, T, E);
+	int64_t wsh[2] = { E, (int64_t)H * L };
+	dg_tensor tw = dg_tensor_make("w", DG_FMT_BF16, gh_upload(dev, w, nw * 2), 2, wsh);
+	dg_tensor tx = dg_tensor_4d("xs", DG_FMT_BF16, gh_upload(dev, xs, n * 2), B, H, T, L);
+	dg_tensor ta = dg_tensor_4d("aq", DG_FMT_INT8, gh_upload(dev, aq, ab), B, H, T, E);
+	dg_tensor te = dg_tensor_3d("ev", DG_FMT_INT8, gh_upload(dev, ev, eb), H, L, E);
+	/* y of order 1: |acc| ~ 4e4 · sqrt(E / 256) for codes of ±127 */
+	ta.scale = rand_scales(dev, (size_t)M * H, 2e-3f);
+	te.scale = rand_scales(dev, (size_t)H * L, 6e-3f);
+	dg_tensor ty = dg_tensor_4d("ys", DG_FMT_BF16, gh_alloc_ff(dev, n * 2), B, H, T, L);
+	dg_tensor d0x = dg_tensor_4d("dxs", DG_FMT_BF16, gh_alloc_ff(dev, n * 2), B, H, T, L);
+	dg_tensor d0y = dg_tensor_4d("dys", DG_FMT_BF16, gh_alloc_ff(dev, n * 2), B, H, T, L);
+	dg_tensor d1x = dg_tensor_4d("dxs", DG_FMT_BF16, gh_alloc_ff(dev, n * 2), B, H, T, L);
+	dg_tensor d1y = dg_tensor_4d("dys", DG_FMT_BF16, gh_alloc_ff(dev, n * 2), B, H, T, L);
+
+	dg_spec lr = dg_test_spec_sized(DG_OP_LOWRANK_FWD, H, E, L);
+	lr.in_heads = H;
+	lr.act = DG_FMT_INT8, lr.weight = DG_FMT_INT8, lr.out = DG_FMT_BF16;
+	lr.ascale = DG_SCALE_TOKEN, lr.wscale = DG_SCALE_CHANNEL;
+	lr.relu = true, lr.relu_thr = thr;
+	lr.arch = 90, lr.arch_specific = true;
+	dg_spec_normalize(&lr);
+	dg_lowrank_fwd_args la = { .x = &ta, .w = &te, .out = &ty };
+	cr_assert_eq(dg_lowrank_fwd(dev, &lr, &la), DG_OK, "%s: the projection: %s", what, dg_device_errmsg(dev));
+	fmts f = { DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, true };
+	run pair = { dev, spec_of(sh, &f, 90),
+		     { .grad = &tg, .w = &tw, .xs = &tx, .ys = &ty, .dxs = &d0x, .dys = &d0y, .p = p, .seed = 31,
+		       .step = 4, .layer = 1 } };
+	cr_assert_eq(call(&pair), DG_OK, "%s: the pair's decoder_gate_bwd: %s", what, dg_device_errmsg(dev));
+
+	ys_run r = { dev, dg_test_spec_sized(DG_OP_DECODER_GATE_BWD_YS, H, E, L),
+		     { .grad = &tg, .w = &tw, .xs = &tx, .aq = &ta, .ev = &te, .dxs = &d1x, .dys = &d1y, .p = p,
+		       .seed = 31, .step = 4, .layer = 1 } };
+	r.spec.act = DG_FMT_INT8, r.spec.weight = DG_FMT_INT8, r.spec.src = DG_FMT_BF16, r.spec.out = DG_FMT_BF16;
+	r.spec.ascale = DG_SCALE_TOKEN, r.spec.wscale = DG_SCALE_CHANNEL;
+	r.spec.relu = true, r.spec.relu_thr = thr;
+	r.spec.arch = 90, r.spec.arch_specific = true;
+	dg_spec_normalize(&r.spec);
+	cr_assert_eq(call_ys(&r), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+
+	const size_t ob = n * 2;
+	uint16_t *ysh = gh_xmalloc(ob), *ax = gh_xmalloc(ob), *ay = gh_xmalloc(ob), *bx = gh_xmalloc(ob),
+		 *by = gh_xmalloc(ob);
+	gh_download(dev, ysh, ty.data, ob);
+	gh_download(dev, ax, d0x.data, ob);
+	gh_download(dev, ay, d0y.data, ob);
+	gh_download(dev, bx, d1x.data, ob);
+	gh_download(dev, by, d1y.data, ob);
+	size_t pos = 0;
+	for (size_t i = 0; i < n; i++)
+		pos += ysh[i] != 0 && !(ysh[i] & 0x8000);
+	cr_assert(pos > n / 5 && pos < n - n / 5, "%s: ys has %zu positive of %zu: the ReLU must cut some", what,
+		  pos, n);
+	size_t bad = 0, first = n;
+	for (size_t i = 0; i < n; i++)
+		if (ax[i] != bx[i] || ay[i] != by[i]) {
+			if (!bad)
+				first = i;
+			bad++;
+		}
+	cr_assert_eq(bad, 0, "%s: %zu elements differ from the pair's, the first at %zu: dxs %04x / %04x, dys %04x / %04x",
+		     what, bad, first, first < n ? ax[first] : 0, first < n ? bx[first] : 0, first < n ? ay[first] : 0,
+		     first < n ? by[first] : 0);
+	if (timed) {
+		dg_timer *tm;
+		dg_timing t0, t1;
+		cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_timer_opts o = { .reps = 10 };
+		cr_assert_eq(dg_timer_run(tm, &o, call, &pair, &t0), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(dg_timer_run(tm, &o, call_ys, &r, &t1), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_timer_destroy(tm);
+		printf("bdh decoder_gate_bwd_ys %9.1f us (ys made in the tile: xs in, dxs, dys out %.2f TB/s); "
+		       "decoder_gate_bwd %9.1f us (ys read)\n",
+		       t1.median_us, 3.0 * (double)n * 2 / t1.median_us * 1e-6, t0.median_us);
+		fflush(stdout);
+	}
+	free(grad), free(w), free(xs), free(aq), free(ev), free(ysh), free(ax), free(ay), free(bx), free(by);
+}
+
+Test(gpu_decoder_gate, ys_made_in_the_tile_is_the_pair)
+{
+	dg_device *dev = gh_open_sm90();
+	gh_seed(0x95);
+	static const shape shapes[] = { { 2, 37, 2, 128, 200 }, { 1, 130, 3, 256, 104 } };
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		ys_case(dev, &shapes[i], 0.0f, false);
+		ys_case(dev, &shapes[i], 0.1f, false);
+	}
+	shape bdh = { 8, 512, 4, 256, 8192 };
+	ys_case(dev, &bdh, 0.1f, true);
 	gh_close(dev);
 }

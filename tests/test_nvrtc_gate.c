@@ -13,7 +13,9 @@
  *   - bad specs are refused naming the field (act, out, src, threads, a
  *     block tile);
  *   - the _checks refuse wrong tensors by name, a drop probability outside
- *     [0, 1) and a dxs that aliases dxy, with no device.
+ *     [0, 1) and a dxs that aliases dxy, with no device; decoder_gate_bwd_ys's
+ *     a dxs or dys over any other tensor, codes without their scale, a w
+ *     that is not bf16, step_at misaligned.
  */
 #include <math.h>
 #include <stdio.h>
@@ -465,4 +467,85 @@ Test(nvrtc_gate, decoder_gate_bwd_refusals)
 	cr_assert_eq(dg_codegen_plan_for(cg, &s, 80, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert(!p.spec.arch_specific && p.spec.tile.bm == 64 && p.spec.tile.bk == 32, "%s", p.canonical);
 	dg_codegen_destroy(cg);
+}
+
+/* decoder_gate_bwd_ys's check, without a device: the call of its defaults
+ * (int8 codes, a scale a row and a channel, bf16 xs, w, dxs and dys)
+ * passes; dxs or dys over any other tensor is refused naming the output
+ * and the tensor, as are codes without their scale, a w that is not bf16
+ * (whatever the spec's weight), p outside [0, 1), a misaligned step_at and
+ * another op's spec. */
+Test(nvrtc_gate, decoder_gate_bwd_ys_checks)
+{
+	enum { B = 2, T = 7, H = 3, E = 32, L = 13 };
+	char msg[512];
+	dg_spec s = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD_YS, H, E, L);
+	cr_assert_eq(dg_spec_validate(&s, msg, sizeof(msg)), DG_OK, "%s", msg);
+	dg_tensor grad = dg_tensor_4d("grad", DG_FMT_F32, P(1), B, 1, T, E);
+	dg_tensor w = dg_tensor_2d("w", DG_FMT_BF16, P(2), E, (int64_t)H * L);
+	dg_tensor xs = dg_tensor_4d("xs", DG_FMT_BF16, P(3), B, H, T, L);
+	dg_tensor aq = dg_tensor_4d("aq", DG_FMT_INT8, P(4), B, H, T, E);
+	dg_tensor ev = dg_tensor_3d("ev", DG_FMT_INT8, P(5), H, L, E);
+	dg_tensor dxs = dg_tensor_4d("dxs", DG_FMT_BF16, P(6), B, H, T, L);
+	dg_tensor dys = dg_tensor_4d("dys", DG_FMT_BF16, P(7), B, H, T, L);
+	aq.scale = P(8);
+	ev.scale = P(9);
+	dg_decoder_gate_bwd_ys_args a = { .grad = &grad, .w = &w, .xs = &xs, .aq = &aq, .ev = &ev,
+					  .dxs = &dxs, .dys = &dys, .p = 0.1f };
+	cr_assert_eq(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	/* an output over each other tensor */
+	dg_tensor *ins[] = { &grad, &w, &xs, &aq, &ev };
+	static const char *const in_names[] = { "grad", "w", "xs", "aq", "ev" };
+	dg_tensor *outs[] = { &dxs, &dys };
+	static const char *const out_names[] = { "dxs", "dys" };
+	char also[48];
+	for (int o = 0; o < 2; o++) {
+		const dg_dptr own = outs[o]->data;
+		for (int i = 0; i < 5; i++) {
+			outs[o]->data = ins[i]->data;
+			snprintf(also, sizeof(also), "must not alias %s", in_names[i]);
+			nh_expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, out_names[o],
+					also);
+		}
+		/* the two outputs one tensor: dxs is the first checked */
+		outs[o]->data = outs[1 - o]->data;
+		nh_expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, "dxs",
+				"must not alias dys");
+		outs[o]->data = own;
+	}
+	cr_assert_eq(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	/* codes without their scale */
+	aq.scale = 0;
+	expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, "aq");
+	aq.scale = P(8);
+	ev.scale = 0;
+	expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, "ev");
+	ev.scale = P(9);
+	/* w is bf16 whatever the spec's weight (ev's int8) */
+	w.fmt = DG_FMT_INT8;
+	expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, "w");
+	w.fmt = DG_FMT_F32;
+	expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, "w");
+	w.fmt = DG_FMT_BF16;
+	/* xs is src's, aq act's */
+	xs.fmt = DG_FMT_F32;
+	expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, "xs");
+	s.src = DG_FMT_F32;
+	cr_assert_eq(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	aq.fmt = DG_FMT_UINT8POS;
+	expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, "aq");
+	s.act = DG_FMT_UINT8POS;
+	cr_assert_eq(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), DG_OK, "%s", msg);
+	/* the family's rules on the call's values */
+	a.p = 1.0f;
+	cr_assert_eq(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(msg, "[0, 1)"), "%s", msg);
+	a.p = 0.1f;
+	a.step_at = P(10) + 2;
+	expect_named(dg_decoder_gate_bwd_ys_check(&s, &a, msg, sizeof(msg)), msg, "step_at");
+	a.step_at = 0;
+	/* a spec of another op */
+	dg_spec other = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD, H, E, L);
+	cr_assert_eq(dg_decoder_gate_bwd_ys_check(&other, &a, msg, sizeof(msg)), DG_ERR_INVALID_SPEC);
+	cr_assert(strstr(msg, "decoder_gate_bwd_ys"), "%s", msg);
 }

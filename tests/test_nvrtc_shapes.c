@@ -130,6 +130,42 @@ static void step_compiles(const char *preset, int D, int H, int N, int V, int B,
 	free(z.text);
 }
 
+/* ys made again (DRAGON_RECOMPUTE=ys): by a projection node a layer, or,
+ * DRAGON_GATE_YS=1, inside the decoder's input gradient
+ * (decoder_gate_bwd_ys): the 25M w8a8 step lists a decoder_gate_bwd_ys a
+ * layer and no backward projection (two lowrank_fwd a layer, the
+ * forward's), and every spec of it compiles; bitnet (ternary encoder_v
+ * weights, which the kernel does not read) keeps the projection. */
+static void ys_made_in_gate_case(const char *preset, const char *gate_ys, int want_ys)
+{
+	char name[96];
+	snprintf(name, sizeof(name), "%s DRAGON_RECOMPUTE=ys DRAGON_GATE_YS=%s", preset, gate_ys);
+	setenv("DRAGON_RECOMPUTE", "ys", 1);
+	setenv("DRAGON_GATE_YS", gate_ys, 1);
+	seen z = { .shape = name };
+	step_compiles_into(&z, preset, 256, 4, 8192, 256, 8, 512);
+	int ops[DG_OP__COUNT] = { 0 };
+	char msg[1024];
+	dg_model_config c = shape(preset, 256, 4, 8192, 256);
+	cr_assert_eq(dg__gm_step_specs(&c, 8, 512, 90, NULL, NULL, count_ops, ops, msg, sizeof(msg)), DG_OK, "%s", msg);
+	unsetenv("DRAGON_RECOMPUTE");
+	unsetenv("DRAGON_GATE_YS");
+	printf("nvrtc_shapes %s: %d lowrank_fwd, %d decoder_gate_bwd_ys, %d decoder_gate_bwd listed\n", name,
+	       ops[DG_OP_LOWRANK_FWD], ops[DG_OP_DECODER_GATE_BWD_YS], ops[DG_OP_DECODER_GATE_BWD]);
+	cr_expect_eq(ops[DG_OP_DECODER_GATE_BWD_YS], want_ys ? c.layers : 0, "%s", name);
+	cr_expect_eq(ops[DG_OP_DECODER_GATE_BWD], want_ys ? 0 : c.layers, "%s", name);
+	cr_expect_eq(ops[DG_OP_LOWRANK_FWD], (want_ys ? 2 : 3) * c.layers, "%s", name);
+	dg_codegen_destroy(z.cg);
+	free(z.text);
+}
+
+Test(nvrtc_shapes, ys_made_in_the_gate_lists_no_projection, .timeout = 1200)
+{
+	ys_made_in_gate_case("w8a8", "1", 1);
+	ys_made_in_gate_case("w8a8", "0", 0);
+	ys_made_in_gate_case("bitnet", "1", 0);
+}
+
 Test(nvrtc_shapes, d768_h12_n8192_w8a8, .timeout = 1200)
 {
 	step_compiles("w8a8", 768, 12, 8192, 256, 4, 512);

@@ -540,6 +540,14 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 					       .seed = 1, .step = 2, .layer = 3 };
 		return dg_decoder_gate_bwd_check(s, &a, msg, size);
 	}
+	case DG_OP_DECODER_GATE_BWD_YS: {
+		dg_decoder_gate_bwd_ys_args a = { .grad = by_name(c, "grad"), .w = by_name(c, "w"),
+						  .xs = by_name(c, "xs"), .aq = by_name(c, "aq"),
+						  .ev = by_name(c, "ev"), .dxs = by_name(c, "dxs"),
+						  .dys = by_name(c, "dys"), .p = 0.1f, .seed = 1, .step = 2,
+						  .layer = 3 };
+		return dg_decoder_gate_bwd_ys_check(s, &a, msg, size);
+	}
 	case DG_OP_ADAMW_UPDATE: {
 		dg_adamw_update_args a = { .p = by_name(c, "p"), .grad = by_name(c, "grad"),
 					   .m = by_name(c, "m"), .v = by_name(c, "v"), .decay = true };
@@ -570,6 +578,8 @@ static dg_fmt fmt_of(const dg_spec *s, const dg_op_info *r, dg_arg_fmt f)
 		return r->pack_fmt;
 	case DG_ARG_I32:
 		return DG_FMT_I32;
+	case DG_ARG_BF16:
+		return DG_FMT_BF16;
 	default:
 		return DG_FMT_F32;
 	}
@@ -783,7 +793,7 @@ Test(optable, arg_formats_follow_the_spec)
 		s.weight = DG_FMT_TERNARY;
 		s.out = DG_FMT_BF16;
 		s.src = DG_FMT_UINT8POS;
-		for (int f = DG_ARG_ACT; f <= DG_ARG_I32; f++)
+		for (int f = DG_ARG_ACT; f <= DG_ARG_BF16; f++)
 			cr_assert_eq(dg_op_arg_fmt(&s, (dg_arg_fmt)f), fmt_of(&s, r, (dg_arg_fmt)f),
 				     "%s: arg format %d", dg_op_name((dg_op)op), f);
 	}

@@ -15,7 +15,10 @@
  *     elem0 = its first half's elements is the full batch's second half,
  *     bit for bit (gate fwd and bwd, the ops f32 and bf16, and
  *     decoder_gate_bwd), its masks dg_dropout_keep at elem0 + i; elem0 0
- *     draws other masks.
+ *     draws other masks;
+ *   - decoder_gate_bwd_ys is lowrank_fwd's ys then decoder_gate_bwd, bit
+ *     for bit, for each act and scale granularity, an element worked by
+ *     hand, and its bad calls refused without a write.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -312,6 +315,290 @@ Test(ref_gate, decoder_gate_bwd_is_decoder_grad_input_then_gate_bwd)
 		     DG_ERR_INVALID_ARG);
 	free(grad), free(w), free(xs), free(ys), free(dxy), free(wdxs), free(wdys), free(gdxs), free(gdys);
 	free(bdxs), free(bdys);
+}
+
+/* ---- decoder_gate_bwd_ys ----------------------------------------------------------
+ * Its inputs at (B, T, H, E, L) = (2, 5, 3, 12, 10) (L not a multiple of
+ * 4: the op takes any latent): grad (B,1,T,E) f32, w (E, H·L) bf16, xs
+ * (B,H,T,L) in f32 and rounded to bf16, aq (B,H,T,E) as int8 and as
+ * uint8pos codes, ev (H,L,E) int8, sa a scale a row (b·H + h)·T + t, sw one
+ * a channel h·L + l, each row's and channel's its own. */
+enum { YB = 2, YT = 5, YH = 3, YE = 12, YL = 10 };
+
+typedef struct ys_in {
+	float *grad;    /* (B,1,T,E) f32 */
+	uint16_t *w;    /* (E, H·L) bf16 */
+	float *xs;      /* (B,H,T,L) f32 */
+	uint16_t *xs16; /* (B,H,T,L) bf16, xs rounded */
+	int8_t *aq8;    /* (B,H,T,E) int8 codes */
+	uint8_t *aqu;   /* (B,H,T,E) uint8pos codes */
+	int8_t *ev;     /* (H,L,E) int8 codes */
+	float *sa;      /* (B·H·T) a row's scale; sa[0] the tensor's */
+	float *sw;      /* (H·L) a channel's scale; sw[0] the tensor's */
+} ys_in;
+
+static ys_in ys_make(uint64_t seed)
+{
+	const size_t n = (size_t)YB * YH * YT * YL, na = (size_t)YB * YH * YT * YE;
+	ys_in in;
+	dg_rng r;
+	dg_rng_seed(&r, seed);
+	const size_t nw = (size_t)YE * YH * YL;
+	in.grad = rnd(&r, (size_t)YB * YT * YE);
+	float *w = rnd(&r, nw), *wide = malloc((nw > n ? nw : n) * 4);
+	cr_assert_not_null(wide);
+	in.w = to_bf16(w, nw, wide);
+	in.xs = rnd(&r, n);
+	in.xs16 = to_bf16(in.xs, n, wide);
+	free(w);
+	free(wide);
+	in.aq8 = malloc(na);
+	in.aqu = malloc(na);
+	in.ev = malloc((size_t)YH * YL * YE);
+	cr_assert(in.aq8 && in.aqu && in.ev);
+	dg_rng_fill(&r, DG_FMT_INT8, in.aq8, na);
+	dg_rng_fill(&r, DG_FMT_UINT8POS, in.aqu, na);
+	dg_rng_fill(&r, DG_FMT_INT8, in.ev, (size_t)YH * YL * YE);
+	in.sa = malloc((size_t)YB * YH * YT * sizeof(float));
+	in.sw = malloc((size_t)YH * YL * sizeof(float));
+	cr_assert(in.sa && in.sw);
+	for (int i = 0; i < YB * YH * YT; i++)
+		in.sa[i] = 0.004f + 0.0005f * (float)(i % 7);
+	for (int i = 0; i < YH * YL; i++)
+		in.sw[i] = 0.003f + 0.00025f * (float)(i % 5);
+	return in;
+}
+
+static void ys_free(ys_in *in)
+{
+	free(in->grad), free(in->xs), free(in->w), free(in->xs16), free(in->aq8), free(in->ev);
+	free(in->aqu), free(in->sa), free(in->sw);
+}
+
+/* decoder_gate_bwd_ys of act, the scales, src (out the same) and relu thr. */
+static dg_spec ys_spec(dg_fmt act, dg_scale_gran as, dg_scale_gran ws, dg_fmt src, float thr)
+{
+	dg_spec s = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD_YS, YH, YE, YL);
+	s.act = act;
+	s.ascale = as;
+	s.wscale = ws;
+	s.src = src;
+	s.out = src;
+	s.relu = true;
+	s.relu_thr = thr;
+	char m[256];
+	cr_assert_eq(dg_spec_validate(&s, m, sizeof(m)), DG_OK, "%s", m);
+	return s;
+}
+
+/* The two ops the reference stands for, called one after the other:
+ * lowrank_fwd (in_heads = heads, out src) into ys, then decoder_gate_bwd
+ * (w bf16, act src) on it. */
+static void ys_chain(const dg_spec *s, const ys_in *in, float p, void *dxs, void *dys)
+{
+	const size_t n = (size_t)YB * YH * YT * YL;
+	dg_spec ly = dg_test_spec_sized(DG_OP_LOWRANK_FWD, YH, YE, YL);
+	ly.in_heads = YH;
+	ly.act = s->act;
+	ly.weight = DG_FMT_INT8;
+	ly.ascale = s->ascale;
+	ly.wscale = s->wscale;
+	ly.relu = s->relu;
+	ly.relu_thr = s->relu_thr;
+	ly.out = s->src;
+	void *ys = malloc(n * 4);
+	cr_assert_not_null(ys);
+	dg_ref_lowrank_args a = { .x = s->act == DG_FMT_INT8 ? (const void *)in->aq8 : (const void *)in->aqu,
+				  .w = in->ev, .sa = in->sa[0], .sw = in->sw[0],
+				  .sa_v = s->ascale == DG_SCALE_TOKEN ? in->sa : NULL,
+				  .sw_v = s->wscale == DG_SCALE_CHANNEL ? in->sw : NULL, .out = ys, .batch = YB,
+				  .time = YT };
+	cr_assert_eq(dg_ref_lowrank_fwd(&ly, &a), DG_OK);
+	dg_spec dg = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD, YH, YE, YL);
+	dg.weight = DG_FMT_BF16;
+	dg.act = s->src;
+	dg.out = s->out;
+	const void *xs = s->src == DG_FMT_BF16 ? (const void *)in->xs16 : (const void *)in->xs;
+	cr_assert_eq(dg_ref_decoder_gate_bwd(&dg, in->grad, in->w, xs, ys, YB, YT, p, 5, 2, 1, 0, dxs, dys),
+		     DG_OK);
+	free(ys);
+}
+
+static dg_status ys_run(const dg_spec *s, const ys_in *in, float p, void *dxs, void *dys)
+{
+	const void *aq = s->act == DG_FMT_INT8 ? (const void *)in->aq8 : (const void *)in->aqu;
+	const void *xs = s->src == DG_FMT_BF16 ? (const void *)in->xs16 : (const void *)in->xs;
+	return dg_ref_decoder_gate_bwd_ys(s, in->grad, in->w, xs, aq, in->sa, in->ev, in->sw, YB, YT, p, 5, 2, 1,
+					  0, dxs, dys);
+}
+
+/* decoder_gate_bwd_ys's reference is lowrank_fwd's ys then decoder_gate_bwd,
+ * bit for bit, with the dropout on, for int8 and uint8pos codes, a scale a
+ * tensor or a row, a tensor or a channel, src (and out) f32 and bf16, and
+ * ReLU thresholds 0 and 0.25; each scale's granularity changes the result
+ * (so the comparison sees which one was read), the ReLU zeroes some ys. */
+Test(ref_gate, decoder_gate_bwd_ys_is_lowrank_fwd_then_decoder_gate_bwd)
+{
+	const size_t n = (size_t)YB * YH * YT * YL;
+	ys_in in = ys_make(23);
+	float *gdxs = malloc(n * 4), *gdys = malloc(n * 4), *wdxs = malloc(n * 4), *wdys = malloc(n * 4);
+	float *tdxs = malloc(n * 4); /* per-tensor scales' dxs */
+	cr_assert(gdxs && gdys && wdxs && wdys && tdxs);
+	const dg_fmt acts[] = { DG_FMT_INT8, DG_FMT_UINT8POS }, srcs[] = { DG_FMT_F32, DG_FMT_BF16 };
+	const float thrs[] = { 0.0f, 0.25f };
+	int runs = 0;
+	for (int ia = 0; ia < 2; ia++)
+		for (int is = 0; is < 2; is++)
+			for (int it = 0; it < 2; it++)
+				for (int g = 0; g < 4; g++) {
+					dg_scale_gran as = g & 1 ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
+					dg_scale_gran ws = g & 2 ? DG_SCALE_CHANNEL : DG_SCALE_TENSOR;
+					dg_spec s = ys_spec(acts[ia], as, ws, srcs[is], thrs[it]);
+					char text[DG_SPEC_TEXT_MAX];
+					dg_spec_to_string(&s, text, sizeof(text));
+					const size_t bytes = n * (srcs[is] == DG_FMT_BF16 ? 2 : 4);
+					memset(gdxs, 0x5a, n * 4), memset(gdys, 0x5a, n * 4);
+					memset(wdxs, 0xa5, n * 4), memset(wdys, 0xa5, n * 4);
+					cr_assert_eq(ys_run(&s, &in, 0.1f, gdxs, gdys), DG_OK, "%s", text);
+					ys_chain(&s, &in, 0.1f, wdxs, wdys);
+					cr_assert_eq(memcmp(gdxs, wdxs, bytes), 0, "%s: dxs", text);
+					cr_assert_eq(memcmp(gdys, wdys, bytes), 0, "%s: dys", text);
+					if (g == 0)
+						memcpy(tdxs, gdxs, bytes);
+					else
+						cr_assert_neq(memcmp(tdxs, gdxs, bytes), 0,
+							      "%s: the same dxs as per-tensor scales", text);
+					/* the dropout and the ReLU each zero some dys */
+					size_t zero = 0;
+					for (size_t i = 0; i < n; i++)
+						zero += (srcs[is] == DG_FMT_BF16
+								 ? dg_bf16_to_f32(((uint16_t *)gdys)[i])
+								 : gdys[i]) == 0.0f;
+					cr_assert(zero > 0 && zero < n, "%s: %zu of %zu dys zero", text, zero, n);
+					runs++;
+				}
+	cr_assert_eq(runs, 32);
+	free(gdxs), free(gdys), free(wdxs), free(wdys), free(tdxs);
+	ys_free(&in);
+}
+
+/* One element worked by hand, without the other references: (b 1, h 2,
+ * t 3, l 4) of int8 codes, a scale a row and a channel, f32, thr 0.25,
+ * p 0: ys = max((float)Σ aq·ev · (sa·sw) − thr, 0), dxy = (float)Σ
+ * grad·w in double, dxs = dxy·ys, dys = ys > 0 ? dxy·xs : 0. */
+Test(ref_gate, decoder_gate_bwd_ys_by_hand)
+{
+	const size_t n = (size_t)YB * YH * YT * YL;
+	ys_in in = ys_make(29);
+	float *dxs = malloc(n * 4), *dys = malloc(n * 4);
+	cr_assert(dxs && dys);
+	dg_spec s = ys_spec(DG_FMT_INT8, DG_SCALE_TOKEN, DG_SCALE_CHANNEL, DG_FMT_F32, 0.25f);
+	cr_assert_eq(ys_run(&s, &in, 0.0f, dxs, dys), DG_OK);
+	int kept = 0, masked = 0;
+	for (int l = 0; l < YL; l++) {
+		const int b = 1, h = 2, t = 3, row = (b * YH + h) * YT + t;
+		int32_t isum = 0;
+		for (int e = 0; e < YE; e++)
+			isum += in.aq8[(size_t)row * YE + e] * in.ev[((size_t)h * YL + l) * YE + e];
+		float y = (float)isum * (in.sa[row] * in.sw[h * YL + l]);
+		y = y - 0.25f;
+		y = y > 0.0f ? y : 0.0f;
+		double sum = 0;
+		for (int e = 0; e < YE; e++)
+			sum += (double)in.grad[(b * YT + t) * YE + e] *
+			       dg_bf16_to_f32(in.w[(size_t)e * YH * YL + (size_t)h * YL + l]);
+		const size_t i = (size_t)row * YL + l;
+		cr_assert_eq(dxs[i], (float)sum * y, "dxs l %d", l);
+		cr_assert_eq(dys[i], y > 0.0f ? (float)sum * in.xs[i] : 0.0f, "dys l %d", l);
+		kept += y > 0.0f;
+		masked += y == 0.0f;
+	}
+	cr_assert(kept > 0 && masked > 0, "the row's ys: %d kept, %d masked by the ReLU", kept, masked);
+	free(dxs), free(dys);
+	ys_free(&in);
+}
+
+/* Expects spec's call on in refused (DG_ERR_INVALID_ARG). */
+static void ys_refused(const dg_spec *spec, const ys_in *in, void *dxs, void *dys, const char *what)
+{
+	cr_assert_eq(dg_ref_decoder_gate_bwd_ys(spec, in->grad, in->w, in->xs16, in->aq8, in->sa, in->ev, in->sw,
+						 YB, YT, 0.1f, 5, 2, 1, 0, dxs, dys),
+		     DG_ERR_INVALID_ARG, "%s: not refused", what);
+}
+
+/* Bad calls are refused (DG_ERR_INVALID_ARG) and write nothing: a missing
+ * tensor or scale, a negative size, p outside [0, 1), another op's spec,
+ * formats and scales the op does not take. */
+Test(ref_gate, decoder_gate_bwd_ys_refuses_bad_calls)
+{
+	const size_t n = (size_t)YB * YH * YT * YL;
+	ys_in in = ys_make(31);
+	uint16_t *dxs = malloc(n * 2), *dys = malloc(n * 2), *okx = malloc(n * 2), *oky = malloc(n * 2);
+	cr_assert(dxs && dys && okx && oky);
+	memset(dxs, 0x5a, n * 2);
+	memset(dys, 0x5a, n * 2);
+	const dg_spec s = ys_spec(DG_FMT_INT8, DG_SCALE_TOKEN, DG_SCALE_CHANNEL, DG_FMT_BF16, 0.0f);
+	const void *g = in.grad, *w = in.w, *xs = in.xs16, *aq = in.aq8, *ev = in.ev;
+	const float *sa = in.sa, *sw = in.sw;
+	/* the good call, then each argument spoiled */
+	cr_assert_eq(dg_ref_decoder_gate_bwd_ys(&s, g, w, xs, aq, sa, ev, sw, YB, YT, 0.1f, 5, 2, 1, 0, okx, oky),
+		     DG_OK);
+	const struct {
+		const char *what;
+		const dg_spec *s;
+		const void *g, *w, *xs, *aq, *ev;
+		const float *sa, *sw;
+		int b, t;
+		float p;
+		void *dxs, *dys;
+	} calls[] = {
+		{ "spec NULL", NULL, g, w, xs, aq, ev, sa, sw, YB, YT, 0.1f, dxs, dys },
+		{ "grad NULL", &s, NULL, w, xs, aq, ev, sa, sw, YB, YT, 0.1f, dxs, dys },
+		{ "w NULL", &s, g, NULL, xs, aq, ev, sa, sw, YB, YT, 0.1f, dxs, dys },
+		{ "xs NULL", &s, g, w, NULL, aq, ev, sa, sw, YB, YT, 0.1f, dxs, dys },
+		{ "aq NULL", &s, g, w, xs, NULL, ev, sa, sw, YB, YT, 0.1f, dxs, dys },
+		{ "ev NULL", &s, g, w, xs, aq, NULL, sa, sw, YB, YT, 0.1f, dxs, dys },
+		{ "sa NULL", &s, g, w, xs, aq, ev, NULL, sw, YB, YT, 0.1f, dxs, dys },
+		{ "sw NULL", &s, g, w, xs, aq, ev, sa, NULL, YB, YT, 0.1f, dxs, dys },
+		{ "dxs NULL", &s, g, w, xs, aq, ev, sa, sw, YB, YT, 0.1f, NULL, dys },
+		{ "dys NULL", &s, g, w, xs, aq, ev, sa, sw, YB, YT, 0.1f, dxs, NULL },
+		{ "batch -1", &s, g, w, xs, aq, ev, sa, sw, -1, YT, 0.1f, dxs, dys },
+		{ "time -1", &s, g, w, xs, aq, ev, sa, sw, YB, -1, 0.1f, dxs, dys },
+		{ "p 1", &s, g, w, xs, aq, ev, sa, sw, YB, YT, 1.0f, dxs, dys },
+		{ "p -0.1", &s, g, w, xs, aq, ev, sa, sw, YB, YT, -0.1f, dxs, dys },
+		{ "p NaN", &s, g, w, xs, aq, ev, sa, sw, YB, YT, NAN, dxs, dys },
+	};
+	for (size_t k = 0; k < sizeof(calls) / sizeof(calls[0]); k++)
+		cr_assert_eq(dg_ref_decoder_gate_bwd_ys(calls[k].s, calls[k].g, calls[k].w, calls[k].xs, calls[k].aq,
+							 calls[k].sa, calls[k].ev, calls[k].sw, calls[k].b, calls[k].t,
+							 calls[k].p, 5, 2, 1, 0, calls[k].dxs, calls[k].dys),
+			     DG_ERR_INVALID_ARG, "%s: not refused", calls[k].what);
+	/* specs it does not take, each a field away from s */
+	dg_spec b = s;
+	b.op = DG_OP_DECODER_GATE_BWD;
+	ys_refused(&b, &in, dxs, dys, "op decoder_gate_bwd");
+	b = s, b.act = DG_FMT_F32;
+	ys_refused(&b, &in, dxs, dys, "act f32");
+	b = s, b.act = DG_FMT_INT4;
+	ys_refused(&b, &in, dxs, dys, "act int4");
+	b = s, b.weight = DG_FMT_TERNARY;
+	ys_refused(&b, &in, dxs, dys, "weight ternary (its codes come as int8)");
+	b = s, b.src = DG_FMT_INT8;
+	ys_refused(&b, &in, dxs, dys, "src int8");
+	b = s, b.out = DG_FMT_UINT8POS;
+	ys_refused(&b, &in, dxs, dys, "out uint8pos");
+	b = s, b.ascale = DG_SCALE_CHANNEL;
+	ys_refused(&b, &in, dxs, dys, "ascale channel");
+	b = s, b.wscale = DG_SCALE_TOKEN;
+	ys_refused(&b, &in, dxs, dys, "wscale token");
+	b = s, b.heads = 0;
+	ys_refused(&b, &in, dxs, dys, "heads 0");
+	b = s, b.embd = 10;
+	ys_refused(&b, &in, dxs, dys, "embd 10 (codes four a word)");
+	for (size_t i = 0; i < n; i++)
+		cr_assert(dxs[i] == 0x5a5a && dys[i] == 0x5a5a, "a refused call wrote element %zu", i);
+	free(dxs), free(dys), free(okx), free(oky);
+	ys_free(&in);
 }
 
 /* A batch of 4 rows of (H, T, L) = (3, 7, 13) (273 elements a row: not

@@ -588,6 +588,16 @@ static dg_status direct(const dg_spec *s, const dg_ref_call *c, void *out, float
 		free(dxs);
 		return st;
 	}
+	case DG_OP_DECODER_GATE_BWD_YS: { /* out: dys, the last output; dxs to scratch */
+		void *dxs = rh_xmalloc((size_t)b * s->heads * t * s->latent * 4 + 16);
+		const float *sa = s->ascale == DG_SCALE_TOKEN ? c->scale_v[3] : &c->scale[3];
+		const float *sw = s->wscale == DG_SCALE_CHANNEL ? c->scale_v[4] : &c->scale[4];
+		dg_status st = dg_ref_decoder_gate_bwd_ys(s, c->in[0], c->in[1], c->in[2], c->in[3], sa, c->in[4],
+							  sw, b, t, c->p, c->seed, c->step, c->layer, c->elem0, dxs,
+							  out);
+		free(dxs);
+		return st;
+	}
 	case DG_OP_ADAMW_UPDATE: { /* out: v, the last output; p and m to scratch */
 		float p[RUN_N], m[RUN_N];
 		memcpy(p, c->in[0], sizeof(p));
@@ -618,6 +628,7 @@ static void run_both(dg_spec *s, bool unpack)
 	const dg_op_info *r = dg_op_info_of(s->op);
 	dg_ref_call c;
 	void *store[DG_OP_MAX_ARGS] = { 0 };
+	float *scales[DG_OP_MAX_ARGS] = { 0 };
 	dg_rng g;
 	int out_i = -1;
 	memset(&c, 0, sizeof(c));
@@ -630,6 +641,17 @@ static void run_both(dg_spec *s, bool unpack)
 		size_t n = arg_elems(s, a);
 		store[i] = rh_xmalloc(arg_bytes(f, n) + 16);
 		c.scale[i] = 0.01f * (float)(i + 1);
+		if (a->scale && dg_fmt_is_code(f) && !a->output && a->ndim > 0 &&
+		    ((a->fmt == DG_ARG_ACT && s->ascale == DG_SCALE_TOKEN) ||
+		     (a->fmt == DG_ARG_WEIGHT && s->wscale == DG_SCALE_CHANNEL))) {
+			/* a scale a row or a channel: one a row of the last
+			 * dimension (at least the token's B·T), each its own */
+			size_t rows = n / (size_t)run_extent(s, a->dims[a->ndim - 1]);
+			scales[i] = rh_xmalloc(rows * sizeof(float));
+			for (size_t k = 0; k < rows; k++)
+				scales[i][k] = c.scale[i] * (1.0f + 0.125f * (float)(k % 7));
+			c.scale_v[i] = scales[i];
+		}
 		bool is_out = unpack ? !a->output : a->output; /* unpack: packed in, codes out */
 		if (is_out) {
 			out_i = i;
@@ -696,8 +718,10 @@ static void run_both(dg_spec *s, bool unpack)
 	for (size_t i = 0; i < ob; i++)
 		untouched += o[i] == 0x5a;
 	cr_assert_lt(untouched, ob, "%s: dg_ref_run wrote nothing", text);
-	for (int i = 0; i < r->n_args; i++)
+	for (int i = 0; i < r->n_args; i++) {
 		free(store[i]);
+		free(scales[i]);
+	}
 	if (in_place)
 		free(obuf);
 	free(want);

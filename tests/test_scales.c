@@ -2,7 +2,8 @@
  * Scales a token and a channel (dragon/spec.h dg_scale_gran) without a GPU:
  *
  *   spec      ascale= / wscale= parse, print (only when not tensor, so a
- *             per-tensor spec keeps its text), and are refused where they
+ *             per-tensor spec keeps its text; always for an op whose
+ *             default is not tensor), and are refused where they
  *             cannot apply (a float operand, codes out, a bad value, an op
  *             that does not read them), each message naming the key;
  *   refs      every op's reference with a scale a row / a channel against
@@ -113,6 +114,22 @@ Test(scales, spec_text_and_refusals)
 	dg_spec d;
 	dg_spec_init(&d, DG_OP_LOWRANK_FWD);
 	cr_assert(dg_spec_equal(&s, &d));
+
+	/* an op whose defaults are a scale a token and a channel
+	 * (decoder_gate_bwd_ys) names both always, tensor too, so that
+	 * ascale=tensor reads back as itself and not as the default */
+	dg_spec_init(&d, DG_OP_DECODER_GATE_BWD_YS);
+	cr_assert_eq(d.ascale, DG_SCALE_TOKEN);
+	cr_assert_eq(d.wscale, DG_SCALE_CHANNEL);
+	cr_assert_eq(dg_spec_to_string(&d, t, sizeof(t)), DG_OK);
+	cr_assert(strstr(t, "ascale=token;") && strstr(t, "wscale=channel;"), "%s", t);
+	s = parse("op=decoder_gate_bwd_ys;ascale=tensor;wscale=tensor");
+	cr_assert_eq(dg_spec_to_string(&s, t, sizeof(t)), DG_OK);
+	cr_assert(strstr(t, "ascale=tensor;") && strstr(t, "wscale=tensor;"), "%s", t);
+	back = parse(t);
+	cr_assert(back.ascale == DG_SCALE_TENSOR && back.wscale == DG_SCALE_TENSOR, "%s read back other scales", t);
+	cr_assert(dg_spec_equal(&s, &back), "%s does not round-trip", t);
+	cr_assert(!dg_spec_equal(&s, &d), "%s equals the default", t);
 
 	static const struct {
 		const char *text, *want;

@@ -647,6 +647,35 @@ typedef struct dg_decoder_gate_bwd_args {
 DG_API dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
 				     const dg_decoder_gate_bwd_args *a);
 
+/* decoder_gate_bwd_ys: decoder_gate_bwd on a ys it makes itself, so the
+ * step need not keep ys from the forward to the backward: the tile
+ * recomputes it from the encoder_v projection's codes,
+ *   ys[b,h,t,n] = relu(Σ_d aq[b,h,t,d]·ev[h,n,d] · sa·sw − thr)
+ * rounded to spec->src: bit for bit what the lowrank_fwd projection
+ * (in_heads = heads, the spec's act, weight, scales and relu, out = src)
+ * wrote. Then decoder_gate_bwd's arithmetic on it:
+ *   dxy = grad (B,1,T,D) f32 · w (D, H·N) bf16 (head h: columns h·N ..);
+ *   g = keep ? dxy·(1/(1−p)) : 0; dxs = g·ys, dys = ys > 0 ? g·xs : 0.
+ * w is bf16 whatever the spec (the decoder's copy; spec->weight is ev's);
+ * xs spec->src; aq (B,H,T,D) spec->act int8 | uint8pos with its scale
+ * (ascale=token: one a row (b·H + h)·T + t, the default; tensor: one);
+ * ev (H,N,D) spec->weight int8 with its scale (wscale=channel: one a
+ * channel h·N + n, the default; tensor: one), a ternary recipe's codes
+ * passed as int8; dxs and dys spec->out (bf16 by default) alias nothing.
+ * Within the GEMM tolerance of the CPU reference (dg_ref_run: lowrank_fwd's
+ * ys, then decoder_gate_bwd's). Launched through dg_prepare /
+ * dg_prepared_launch with these arguments (no one-call form among the
+ * exports). */
+typedef struct dg_decoder_gate_bwd_ys_args {
+	const dg_tensor *grad, *w, *xs, *aq, *ev;
+	const dg_tensor *dxs, *dys; /* out */
+	float p;
+	uint64_t seed;
+	uint32_t step, layer;
+	dg_dptr step_at; /* as gate_fwd's */
+	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
+} dg_decoder_gate_bwd_ys_args;
+
 /* ---- step (the training step's element-wise glue and layout change) ------
  *   add_mask   dxs (B,H,T,N) in/out spec->out, other spec->src, xs act:
  *              dxs = xs > 0 ? dxs + other : 0 (xs = relu(·) from two consumers)

@@ -77,7 +77,7 @@ typedef struct dg_ref_call {
 	bool accumulate;                /* embed_bwd, *_bwd dx, lmhead_ce dw */
 	bool backward;                  /* lmhead_ce: also dx and dw (implied
 					 * when storage for either is given) */
-	/* gate_fwd / gate_bwd / decoder_gate_bwd: the dropout (p 0: none);
+	/* the gate family (gate_*, decoder_gate_bwd*): the dropout (p 0: none);
 	 * elem0 the first element's index in the mask's stream (0: the
 	 * tensor's own) */
 	float p;

@@ -82,6 +82,7 @@ extern "C" {
 	X(DG_OP_TRANSPOSE, transpose)                                       \
 	X(DG_OP_DEQUANTIZE, dequantize)                                     \
 	X(DG_OP_DECODER_GATE_BWD, decoder_gate_bwd)                         \
+	X(DG_OP_DECODER_GATE_BWD_YS, decoder_gate_bwd_ys)                   \
 	X(DG_OP_ADAMW_UPDATE, adamw_update)
 
 typedef enum dg_op {
@@ -144,7 +145,9 @@ DG_API const char *dg_epi_name(dg_epi e);
  * or (the gradients, where they run along the reduction) to the f32
  * operand as it is loaded. Text keys ascale= (tensor|token) and wscale=
  * (tensor|channel); the canonical text names them only when not tensor,
- * so a per-tensor spec keeps the text (and cache key) it always had.
+ * so a per-tensor spec keeps the text (and cache key) it always had, or
+ * always where the op's default is not tensor (decoder_gate_bwd_ys), so
+ * the text reads back to the same spec.
  */
 typedef enum dg_scale_gran {
 	DG_SCALE_TENSOR,
@@ -216,6 +219,8 @@ typedef struct dg_spec {
  *   gate_bwd             out: dxy, dys over it, dxs
  *   decoder_gate_bwd     out: dxs, dys          (grad stays f32; its own
  *                        op, out defaults to bf16)
+ *   decoder_gate_bwd_ys  out: dxs, dys; src: xs and the ys it makes
+ *                        (its own op, both bf16 by default)
  *   add_mask             out: dxs (read, then overwritten); src: other
  *   lowrank_grad_input   src: grad              (grad_x stays f32)
  *   lowrank_grad_weight  src: grad              (grad_w stays f32)
@@ -265,6 +270,7 @@ typedef enum dg_arg_fmt {
 	DG_ARG_INT8,   /* one code a byte */
 	DG_ARG_PACK,   /* the op's pack_fmt */
 	DG_ARG_I32,    /* int32 token ids (DG_FMT_I32) */
+	DG_ARG_BF16,   /* bf16 whatever the spec says (decoder_gate_bwd_ys's w) */
 } dg_arg_fmt;
 
 #define DG_OP_MAX_ARGS 10
@@ -308,6 +314,7 @@ typedef enum dg_op_check {
 typedef struct dg_op_defaults {
 	unsigned fields; /* the dg_field mask of the values below that apply */
 	dg_fmt weight, act, out, src;
+	dg_scale_gran ascale, wscale;
 	bool relu;
 	float relu_thr;
 	bool arch_specific; /* with DG_FIELD_ARCH: sm_90a (an op of sm_90a alone) */
@@ -355,7 +362,7 @@ typedef struct dg_op_info {
 DG_API const dg_op_info *dg_op_info_of(dg_op op);
 /* The format an argument of s's op has under s (f: the argument's
  * dg_op_arg.fmt): s's act, weight, out or src, int8 codes, the op's
- * pack_fmt, int32 token ids, or f32. */
+ * pack_fmt, int32 token ids, bf16, or f32. */
 DG_API dg_fmt dg_op_arg_fmt(const dg_spec *s, dg_arg_fmt f);
 
 /* The extent of dimension d under s: B, T and R the call's (b, t, r),
@@ -378,8 +385,9 @@ DG_API bool dg_op_from_name(const char *name, dg_op *out);
 DG_API unsigned dg_spec_uses(dg_op op);
 
 /* The defaults of `op`: BDH's shape (H=4, D=256, N=8192, V=256), int8 weights
- * and activations, int8 out, no ReLU, auto tile, sm_90, then the op's own
- * (dg_op_info.defaults: decoder_fwd writes bf16, relu_mask has relu=0).
+ * and activations, int8 out, no ReLU, per-tensor scales, auto tile, sm_90,
+ * then the op's own (dg_op_info.defaults: decoder_fwd writes bf16,
+ * relu_mask has relu=0, decoder_gate_bwd_ys a scale a token and a channel).
  * Always a valid spec. */
 DG_API void dg_spec_init(dg_spec *spec, dg_op op);
 

@@ -36,6 +36,7 @@
 #define T4(s, a, b, c, d) T3(s, a, b, c), TENSOR(s, d)
 #define T5(s, a, b, c, d, e) T4(s, a, b, c, d), TENSOR(s, e)
 #define T6(s, a, b, c, d, e, f) T5(s, a, b, c, d, e), TENSOR(s, f)
+#define T7(s, a, b, c, d, e, f, g) T6(s, a, b, c, d, e, f), TENSOR(s, g)
 #define T9(s, a, b, c, d, e, f, g, h, i) T6(s, a, b, c, d, e, f), TENSOR(s, g), TENSOR(s, h), TENSOR(s, i)
 
 /* Option `opt` of the call from field f of dg_<s>_args; both of `type`. */
@@ -45,7 +46,7 @@
 
 #define SIZE(s) .size = sizeof(dg_##s##_args)
 
-/* The dropout's options (gate_fwd, gate_bwd, decoder_gate_bwd). */
+/* The dropout's options (gate_fwd, gate_bwd, gate_quant, decoder_gate_bwd, _ys). */
 #define DROPOUT(s)                                                            \
 	OPT(s, p, float), OPT(s, seed, uint64_t), OPT(s, step, uint32_t),     \
 	OPT(s, layer, uint32_t), OPT(s, step_at, dg_dptr), OPT(s, elem0, uint64_t)
@@ -143,6 +144,9 @@ static const dg__args_layout layouts[DG_OP__COUNT] = {
 	[DG_OP_DECODER_GATE_BWD] = { SIZE(decoder_gate_bwd),
 				     .t = { T6(decoder_gate_bwd, grad, w, xs, ys, dxs, dys) },
 				     DROPOUT(decoder_gate_bwd) },
+	[DG_OP_DECODER_GATE_BWD_YS] = { SIZE(decoder_gate_bwd_ys),
+					.t = { T7(decoder_gate_bwd_ys, grad, w, xs, aq, ev, dxs, dys) },
+					DROPOUT(decoder_gate_bwd_ys) },
 	/* step */
 	[DG_OP_ADD_MASK] = { SIZE(add_mask), .t = { T3(add_mask, dxs, other, xs) } },
 	[DG_OP_ADD3] = { SIZE(add3), .t = { T4(add3, a, b, c, out) } },

@@ -114,6 +114,12 @@ dg_status dg_gate_quant_check(const dg_spec *spec, const dg_gate_quant_args *a, 
 dg_status dg_gate_quant(dg_device *dev, const dg_spec *spec, const dg_gate_quant_args *a);
 dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_bwd_args *a,
 				    char *msg, size_t msg_size);
+dg_status dg_decoder_gate_bwd_ys_check(const dg_spec *spec, const dg_decoder_gate_bwd_ys_args *a,
+				       char *msg, size_t msg_size);
+/* decoder_gate_bwd_ys in one call (prepare and launch), for the library's
+ * own callers and the tests: the public door is dg_prepare. */
+dg_status dg_decoder_gate_bwd_ys(dg_device *dev, const dg_spec *spec,
+				 const dg_decoder_gate_bwd_ys_args *a);
 dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,
 			    size_t msg_size);
 dg_status dg_add3_check(const dg_spec *spec, const dg_add3_args *a, char *msg, size_t msg_size);

@@ -23,8 +23,9 @@
  * misaligned address would fault the context instead of being refused),
  * and the outputs that must alias no other tensor — gate_bwd's dxs (dys
  * is written over dxy), decoder_gate_bwd's dxs and dys (its kernel reads
- * xs and ys after other blocks wrote them). c passed the op table's
- * check. */
+ * xs and ys after other blocks wrote them), and decoder_gate_bwd_ys's
+ * (xs, and aq and ev that ys is made from, the same). c passed the op
+ * table's check. */
 static dg_status call_rules(dg_op op, const char *fn, const dg__op_call *c, char *msg,
 			    size_t size)
 {
@@ -47,14 +48,16 @@ static dg_status call_rules(dg_op op, const char *fn, const dg__op_call *c, char
 		snprintf(msg, size, "dxs: %s: must not alias dxy (dys is written over dxy)", fn);
 		return DG_ERR_INVALID_ARG;
 	}
-	if (op == DG_OP_DECODER_GATE_BWD) {
-		static const char *const names[] = { "grad", "w", "xs", "ys", "dxs", "dys" };
-		for (int o = 4; o < 6; o++)
-			for (int i = 0; i < 6; i++)
+	if (op == DG_OP_DECODER_GATE_BWD || op == DG_OP_DECODER_GATE_BWD_YS) {
+		/* the outputs dxs and dys are the last two of the row */
+		const dg_op_info *row = dg_op_info_of(op);
+		const int n = row->n_args;
+		for (int o = n - 2; o < n; o++)
+			for (int i = 0; i < n; i++)
 				if (i != o && c->t[i]->data == c->t[o]->data) {
-					snprintf(msg, size, "%s: %s: %s: must not alias %s", names[o],
+					snprintf(msg, size, "%s: %s: %s: must not alias %s", row->args[o].name,
 						 c->t[o]->name ? c->t[o]->name : "(unnamed)", fn,
-						 names[i]);
+						 row->args[i].name);
 					return DG_ERR_INVALID_ARG;
 				}
 	}
@@ -205,43 +208,55 @@ dg_status dg__check_gate_quant(const dg_spec *spec, const dg__op_call *c, char *
 	return gate_check(spec, DG_OP_GATE_QUANT, "dg_gate_quant", c, msg, msg_size);
 }
 
-/* ---- decoder_gate_bwd ----------------------------------------------------------
+/* ---- decoder_gate_bwd, decoder_gate_bwd_ys ----------------------------------------
  * decoder_grad_input with gate_bwd in its epilogue (templates/decoder_gate.lua):
  * a GEMM grid (ceil(L/BN), ceil(B·T/BM), H) of the kernel's tile, the
- * dropout's arguments as gate_bwd's. */
+ * dropout's arguments as gate_bwd's. The _ys form makes ys in the tile
+ * from the encoder_v projection's codes (aq, ev and their scales). */
 
-/* The six tensors, (int B, int T), the dropout's arguments; the plan's
- * block and shared memory. */
-dg_status dg__prep_decoder_gate_bwd(dg_prepared *p, const dg__op_call *c)
+/* The kernel `entry` of the spec and its launch on the GEMM grid (the
+ * plan's block and shared memory), or NULL with *st (0: no rows, nothing
+ * to launch). */
+static dg__prep_launch *decoder_gate_launch(dg_prepared *p, const char *entry, dg_status *st)
 {
-	(void)c;
 	const dg_spec *spec = &p->spec;
 	int64_t B = p->shape.b, T = p->shape.t;
 
 	p->ptrs = gate_ptrs;
+	*st = DG_OK;
 	if (B * T == 0)
-		return DG_OK;
+		return NULL;
 	dg_kernel *k;
-	dg_status st = dg_kernel_get(p->dev, spec, "dg_decoder_gate_bwd", &k);
-	if (st)
-		return st;
+	*st = dg_kernel_get(p->dev, spec, entry, &k);
+	if (*st)
+		return NULL;
 	const dg_tile *t = &dg_kernel_spec(k)->tile;
 	dg_launch l;
 	memset(&l, 0, sizeof(l)); /* block and shared memory: the plan's */
 	l.grid[0] = (unsigned)dg__op_cdiv(spec->latent, t->bn);
 	l.grid[1] = (unsigned)dg__op_cdiv(B * T, t->bm);
 	l.grid[2] = (unsigned)spec->heads;
-	if (l.grid[1] > 65535)
-		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
-				    "dg_decoder_gate_bwd: batch·time = %lld rows need %u row blocks of %d, more than the grid's 65535",
-				    (long long)(B * T), l.grid[1], t->bm);
-	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	if (l.grid[1] > 65535) {
+		*st = dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
+				   "%s: batch·time = %lld rows need %u row blocks of %d, more than the grid's 65535",
+				   entry, (long long)(B * T), l.grid[1], t->bm);
+		return NULL;
+	}
+	return dg__prep_add(p, k, &l, st);
+}
+
+/* The six tensors, (int B, int T), the dropout's arguments. */
+dg_status dg__prep_decoder_gate_bwd(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	dg_status st;
+	dg__prep_launch *L = decoder_gate_launch(p, "dg_decoder_gate_bwd", &st);
 	if (!L)
 		return st;
 	for (int i = 0; i < 6; i++) /* grad, w, xs, ys, dxs, dys */
 		dg__arg_data(p, L, i);
-	dg__arg_i32(p, L, B);
-	dg__arg_i32(p, L, T);
+	dg__arg_i32(p, L, p->shape.b);
+	dg__arg_i32(p, L, p->shape.t);
 	dropout_args(p, L);
 	return DG_OK;
 }
@@ -250,4 +265,36 @@ dg_status dg__check_decoder_gate_bwd(const dg_spec *spec, const dg__op_call *c, 
 				     size_t msg_size)
 {
 	return gate_check(spec, DG_OP_DECODER_GATE_BWD, "dg_decoder_gate_bwd", c, msg, msg_size);
+}
+
+/* grad, w, xs, aq and its scale sa, ev and its scale sw, dxs, dys, (int
+ * B, int T), the dropout's arguments: sa a float a row (b·H + h)·T + t
+ * with ascale=token, else one; sw H·N floats with wscale=channel, else
+ * one. */
+dg_status dg__prep_decoder_gate_bwd_ys(dg_prepared *p, const dg__op_call *c)
+{
+	(void)c;
+	dg_status st;
+	dg__prep_launch *L = decoder_gate_launch(p, "dg_decoder_gate_bwd_ys", &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0);  /* grad */
+	dg__arg_data(p, L, 1);  /* w */
+	dg__arg_data(p, L, 2);  /* xs */
+	dg__arg_data(p, L, 3);  /* aq */
+	dg__arg_scale(p, L, 3); /* sa */
+	dg__arg_data(p, L, 4);  /* ev */
+	dg__arg_scale(p, L, 4); /* sw */
+	dg__arg_data(p, L, 5);  /* dxs */
+	dg__arg_data(p, L, 6);  /* dys */
+	dg__arg_i32(p, L, p->shape.b);
+	dg__arg_i32(p, L, p->shape.t);
+	dropout_args(p, L);
+	return DG_OK;
+}
+
+dg_status dg__check_decoder_gate_bwd_ys(const dg_spec *spec, const dg__op_call *c, char *msg,
+					size_t msg_size)
+{
+	return gate_check(spec, DG_OP_DECODER_GATE_BWD_YS, "dg_decoder_gate_bwd_ys", c, msg, msg_size);
 }

@@ -33,7 +33,7 @@ typedef struct dg__op_call {
 			  * outside 0..V-1, or 0 */
 	dg_dptr grad_scale; /* lmhead_ce: 0, or a device float dlogits are
 			     * multiplied by */
-	/* gate_fwd / gate_bwd / decoder_gate_bwd: the dropout of dragon/rng.h
+	/* the gate family (gate_*, decoder_gate_bwd*): the dropout of dragon/rng.h
 	 * (p 0: none) */
 	float p;
 	uint64_t seed;
@@ -80,7 +80,7 @@ long long dg__op_cdiv(long long a, long long b);
  * list of where each parameter comes from, so a launch only reads the
  * call's pointers and scalars into place. */
 #define DG__PREP_LAUNCHES 8
-#define DG__PREP_ARGS 16
+#define DG__PREP_ARGS 20 /* the most a kernel takes: decoder_gate_bwd_ys's 17 */
 #define DG__PREP_BLOB 128
 
 typedef enum dg__arg_kind {
@@ -361,6 +361,7 @@ DG_OP_LIST(DG__OP_ENTRY)
 	X(DG_OP_GATE_QUANT, gate_quant)                                       \
 	X(DG_OP_DEQUANTIZE, dequantize)                                       \
 	X(DG_OP_DECODER_GATE_BWD, decoder_gate_bwd)                           \
+	X(DG_OP_DECODER_GATE_BWD_YS, decoder_gate_bwd_ys)                     \
 	X(DG_OP_ADAMW_UPDATE, adamw_update)
 
 #define DG__OP_CHECK_ENTRY(e, name)                                           \

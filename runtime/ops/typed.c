@@ -459,6 +459,18 @@ dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
 	return dg__op_typed_run(dev, DG_OP_DECODER_GATE_BWD, spec, a);
 }
 
+dg_status dg_decoder_gate_bwd_ys_check(const dg_spec *spec, const dg_decoder_gate_bwd_ys_args *a,
+				       char *msg, size_t msg_size)
+{
+	return dg__op_typed_check(DG_OP_DECODER_GATE_BWD_YS, spec, a, msg, msg_size);
+}
+
+dg_status dg_decoder_gate_bwd_ys(dg_device *dev, const dg_spec *spec,
+				 const dg_decoder_gate_bwd_ys_args *a)
+{
+	return dg__op_typed_run(dev, DG_OP_DECODER_GATE_BWD_YS, spec, a);
+}
+
 /* ---- step ---------------------------------------------------------------- */
 
 dg_status dg_add_mask_check(const dg_spec *spec, const dg_add_mask_args *a, char *msg,

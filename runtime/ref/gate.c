@@ -4,7 +4,9 @@
  * the backward regenerates instead of storing. elem0 is the first
  * element's index in the mask's stream (a data-parallel rank's rows of the
  * global batch draw its masks): element i draws at elem0 + i.
+ * decoder_gate_bwd_ys is lowrank_fwd's reference, then decoder_gate_bwd's.
  */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "dragon/rng.h"
@@ -103,5 +105,79 @@ dg_status dg_ref_decoder_gate_bwd(const dg_spec *spec, const float *grad, const 
 		dg__ref_plain_store(grd, dys, (size_t)i, y > 0.0f ? g * x : 0.0f);
 	}
 	free(dxy);
+	return st;
+}
+
+/* ---- decoder_gate_bwd_ys (templates/decoder_gate.lua) ---------------------------
+ * ys as the lowrank_fwd projection writes it (dg_ref_lowrank_fwd, out =
+ * src), then dg_ref_decoder_gate_bwd on it: the two references chained,
+ * so the op is their arithmetic by construction. */
+
+/* Whether f is one of mask's formats (DG_FMT_BIT). */
+static bool fmt_in(unsigned mask, dg_fmt f)
+{
+	return (unsigned)f < DG_FMT__COUNT && (mask & DG_FMT_BIT(f));
+}
+
+dg_status dg_ref_decoder_gate_bwd_ys(const dg_spec *spec, const float *grad, const void *w,
+				     const void *xs, const void *aq, const float *sa, const void *ev,
+				     const float *sw, int batch, int time, float p, uint64_t seed,
+				     uint32_t step, uint32_t layer, uint64_t elem0, void *dxs, void *dys)
+{
+	if (!spec || spec->op != DG_OP_DECODER_GATE_BWD_YS || !grad || !w || !xs || !aq || !sa ||
+	    !ev || !sw || !dxs || !dys || batch < 0 || time < 0 || !(p >= 0.0f && p < 1.0f))
+		return DG_ERR_INVALID_ARG;
+	/* the formats and scales the op table's row takes */
+	const dg_op_info *row = dg_op_info_of(spec->op);
+	if (!fmt_in(row->act_fmts, spec->act) || !fmt_in(row->weight_fmts, spec->weight) ||
+	    !fmt_in(row->src_fmts, spec->src) || !fmt_in(row->out_fmts, spec->out) ||
+	    (spec->ascale != DG_SCALE_TENSOR && spec->ascale != DG_SCALE_TOKEN) ||
+	    (spec->wscale != DG_SCALE_TENSOR && spec->wscale != DG_SCALE_CHANNEL) ||
+	    spec->heads <= 0 || spec->latent <= 0 || spec->embd <= 0)
+		return DG_ERR_INVALID_ARG;
+	/* ys (B,H,T,L): its bytes fit a size_t */
+	const size_t ext[4] = { (size_t)batch, (size_t)spec->heads, (size_t)time, (size_t)spec->latent };
+	size_t n = 1;
+	for (int i = 0; i < 4; i++) {
+		if (ext[i] && n > SIZE_MAX / 4 / ext[i])
+			return DG_ERR_INVALID_ARG;
+		n *= ext[i];
+	}
+	/* the projection: in_heads = heads, ys in src */
+	dg_spec ly;
+	dg_spec_init(&ly, DG_OP_LOWRANK_FWD);
+	ly.heads = spec->heads;
+	ly.in_heads = spec->heads;
+	ly.embd = spec->embd;
+	ly.latent = spec->latent;
+	ly.act = spec->act;
+	ly.weight = spec->weight;
+	ly.ascale = spec->ascale;
+	ly.wscale = spec->wscale;
+	ly.relu = spec->relu;
+	ly.relu_thr = spec->relu_thr;
+	ly.out = spec->src;
+	/* the gate's backward on it: w the decoder's bf16 copy */
+	dg_spec dg;
+	dg_spec_init(&dg, DG_OP_DECODER_GATE_BWD);
+	dg.heads = spec->heads;
+	dg.embd = spec->embd;
+	dg.latent = spec->latent;
+	dg.weight = DG_FMT_BF16;
+	dg.act = spec->src;
+	dg.out = spec->out;
+	void *ys = malloc(n * (spec->src == DG_FMT_BF16 ? 2 : 4) + 1);
+	if (!ys)
+		return DG_ERR_NOMEM;
+	/* a tensor's scale is sa[0] / sw[0]; a row's or a channel's the vector */
+	dg_ref_lowrank_args a = { .x = aq, .w = ev, .sa = sa[0], .sw = sw[0],
+				  .sa_v = spec->ascale == DG_SCALE_TOKEN ? sa : NULL,
+				  .sw_v = spec->wscale == DG_SCALE_CHANNEL ? sw : NULL,
+				  .out = ys, .batch = batch, .time = time };
+	dg_status st = dg_ref_lowrank_fwd(&ly, &a);
+	if (!st)
+		st = dg_ref_decoder_gate_bwd(&dg, grad, w, xs, ys, batch, time, p, seed, step, layer,
+					     elem0, dxs, dys);
+	free(ys);
 	return st;
 }

@@ -376,6 +376,18 @@ dg_status dg_ref_decoder_gate_bwd(const dg_spec *spec, const float *grad, const 
 				  const void *xs, const void *ys, int batch, int time, float p,
 				  uint64_t seed, uint32_t step, uint32_t layer, uint64_t elem0, void *dxs,
 				  void *dys);
+/* decoder_gate_bwd_ys (dragon/ops.h): ys = dg_ref_lowrank_fwd of aq
+ * (B,H,T,E) spec->act and ev (H,L,E) spec->weight (in_heads = heads; the
+ * spec's scales and relu; out spec->src), then dg_ref_decoder_gate_bwd on
+ * it (w bf16, xs and ys spec->src, dxs and dys spec->out): the two ops'
+ * arithmetic by construction. sa: one float a row (b·H + h)·T + t with
+ * ascale=token, else one; sw: H·L floats with wscale=channel, else one.
+ * DG_ERR_INVALID_ARG for a bad spec or argument, DG_ERR_NOMEM when ys's
+ * buffer cannot be had. */
+dg_status dg_ref_decoder_gate_bwd_ys(const dg_spec *spec, const float *grad, const void *w,
+				     const void *xs, const void *aq, const float *sa, const void *ev,
+				     const float *sw, int batch, int time, float p, uint64_t seed,
+				     uint32_t step, uint32_t layer, uint64_t elem0, void *dxs, void *dys);
 
 /* The step ops (dragon/ops.h), n elements: add_mask out = xs > 0 ? dxs +
  * other : 0 (out may be dxs; xs act, dxs and out `grad` (the spec's out),

@@ -396,6 +396,24 @@ dg_status dg__ref_decoder_gate_bwd(const dg_spec *spec, const dg_ref_call *c)
 	return st;
 }
 
+/* aq's scale (3) and ev's (4): scale[i], or scale_v[i] with ascale=token /
+ * wscale=channel. */
+dg_status dg__ref_decoder_gate_bwd_ys(const dg_spec *spec, const dg_ref_call *c)
+{
+	void *dxs = out_at(spec, c, 5), *dys = out_at(spec, c, 6);
+	size_t n = (size_t)bhtl(spec, c) * (spec->out == DG_FMT_BF16 ? 2 : 4);
+	const float *sa = spec->ascale == DG_SCALE_TOKEN ? c->scale_v[3] : &c->scale[3];
+	const float *sw = spec->wscale == DG_SCALE_CHANNEL ? c->scale_v[4] : &c->scale[4];
+	void *scratch = NULL;
+	if (!dxs && !(dxs = scratch = malloc(n + 1)))
+		return DG_ERR_NOMEM;
+	dg_status st = dg_ref_decoder_gate_bwd_ys(spec, c->in[0], c->in[1], c->in[2], c->in[3], sa, c->in[4],
+						  sw, (int)c->b, (int)c->t, c->p, c->seed, c->step, c->layer,
+						  c->elem0, dxs, dys);
+	free(scratch);
+	return st;
+}
+
 dg_status dg__ref_attention_step(const dg_spec *spec, const dg_ref_call *c)
 {
 	/* state: read, then written (outs[4], else scratch; in[4] its old value) */

@@ -250,6 +250,8 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 	/* recompute: xs and ys live through their layer's forward only;
 	 * recompute_ys: ys alone */
 	const bool rec = tg && tg->recompute, rec_ys = rec || (tg && tg->recompute_ys);
+	/* ys made again inside DEC_GATE (decoder_gate_bwd_ys), from aq */
+	const bool ys_in_gate = rec_ys && dgate && codes && tg->gate_ys;
 	/* the GPU's saved scores: (B,H,T,T), or the chunks' (B,H,T,C) */
 	const int64_t sc_cols = gpu && tg->attn_chunk > 0 ? tg->attn_chunk : T;
 	const dg__bucket xs_bucket = rec ? DG__B_TEMP : DG__B_SAVED, ys_bucket = rec_ys ? DG__B_TEMP : DG__B_SAVED;
@@ -356,7 +358,7 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 			xs = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
 			proj(t, id, l, lowbit ? xql[l] : x[l], DG_PROJ_ENCODER, xs);
 		}
-		if (rec_ys) {
+		if (rec_ys && !ys_in_gate) {
 			snprintf(nm, sizeof(nm), "ys.again.%d", l);
 			ys = abuf(t, act, nm, DG__B_TEMP, 4, B, H, T, N);
 			proj(t, id, l, lowbit ? aql[l] : al[l], DG_PROJ_ENCODER_V, ys);
@@ -366,8 +368,11 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		/* dxy lands in dys's bytes; the gate's backward turns it into
 		 * dys in place (dgate: one node writes dxs and dys, no dxy) */
 		if (dgate) {
+			/* ys_in_gate: the layer's codes aq in ys's place (the
+			 * encoder_v's copy, a weight, is the node's own read) */
 			node(t, DG__N_DEC_GATE, l, dyd,
-			     codes ? id->exec_bf16[DG_PROJ_DECODER] : id->exec[DG_PROJ_DECODER], xs, ys, dxs, dys, 0);
+			     codes ? id->exec_bf16[DG_PROJ_DECODER] : id->exec[DG_PROJ_DECODER], xs,
+			     ys_in_gate ? aql[l] : ys, dxs, dys, 0);
 		} else {
 			node(t, DG__N_DEC_IN, l, dyd, id->exec[DG_PROJ_DECODER], -1, -1, dys, -1, 0);
 			node(t, DG__N_GATE_BWD, l, dys, xs, ys, -1, dxs, dys, 0);

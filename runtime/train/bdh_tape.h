@@ -91,6 +91,12 @@ typedef struct dg__bdh_target {
 	 * backward reads too, saved. The middle rung between saving both
 	 * and recompute (gpu_model.c build_fit; DRAGON_RECOMPUTE=ys) */
 	bool recompute_ys;
+	/* the GPU's, with recompute_ys (or recompute) and dec_gate on a
+	 * low-bit recipe whose encoder_v takes int8 weights: ys is made again
+	 * inside DEC_GATE (decoder_gate_bwd_ys: its tile's ys from the layer's
+	 * saved codes aq and the encoder_v's execution copy), not by a
+	 * projection node: the same bits, no (B,H,T,N) ys pass */
+	bool gate_ys;
 	/* the GPU's low-bit recipes whose decoder input has a scale a token:
 	 * the gate and that quantizer one node (GATE_Q, gate_quant), so the
 	 * product xy is never in memory */

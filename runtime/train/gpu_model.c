@@ -467,6 +467,17 @@ static bool attn_turns(const dg_model *m, int t)
 /* m's model of c at (b, t): the tape recorded, each node's ops prepared
  * while sizing its workspace, the arenas planned. dev NULL: the specs
  * listed to sink instead (on an sm device), nothing planned. */
+/* Whether DEC_GATE can make ys itself (decoder_gate_bwd_ys, templates/
+ * decoder_gate.lua): a low-bit recipe on sm_90 (dec_gate over codes)
+ * whose encoder_v reads integer codes (int8 | uint8pos) against int8
+ * weights — its execution copy's codes are what the kernel reads. */
+static bool gate_ys_applies(const dg_model *m)
+{
+	const dg_proj_recipe *r = dg__gm_recipe(m, DG_PROJ_ENCODER_V);
+	return m->lowbit && m->dec_gate && r->weight == DG_FMT_INT8 &&
+	       (r->act == DG_FMT_INT8 || r->act == DG_FMT_UINT8POS);
+}
+
 static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum,
 		       int sm, dg_status (*sink)(void *, const dg_spec *), void *user)
 {
@@ -513,12 +524,13 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	if (m->attn_chunk > 0)
 		m->keep_qr = false;
 	m->attn_turn = attn_turns(m, t); /* keep_qr then off: qr_keepable */
+	m->gate_ys = gate_ys_applies(m) && dg__env_switch("DRAGON_GATE_YS") == 1;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
 			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1,
 			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads, .recompute = m->recompute,
-			      .recompute_ys = m->recompute_ys,
+			      .recompute_ys = m->recompute_ys, .gate_ys = m->gate_ys,
 			      .attn_chunk = m->attn_chunk,
 			      /* DRAGON_GATE_QUANT=0: the gate and the quantizer apart */
 			      .gate_quant = m->lowbit && dg__env_switch("DRAGON_GATE_QUANT") != 0 };
@@ -1473,6 +1485,11 @@ dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm, cons
 	m->failed_node = -1;
 	m->list_db = db;
 	m->list_device = device;
+	/* DRAGON_RECOMPUTE's plans as create makes them (its memory rungs,
+	 * which need the device's free memory, are not taken here) */
+	const dg__rec_mode rec = dg__recompute_env();
+	m->recompute = rec == DG__REC_ALL;
+	m->recompute_ys = rec == DG__REC_YS;
 	st = build(m, NULL, c, b, t, 1, sm, sink, user);
 	/* the execution copies' ops and the optimizer's */
 	for (int k = 0; k < DG_PROJ__COUNT && !st; k++) {

@@ -274,6 +274,36 @@ static dg_status attn_step(dg_model *m, dg__op_exec *ex, const dg__tnode *nd, si
 	return node_op(ex, &s, &a, need);
 }
 
+/* DEC_GATE with ys made in its tiles (gate_ys where ys is made again:
+ * decoder_gate_bwd_ys): in[3] is the layer's encoder_v codes aq with their
+ * scales, the weight the encoder_v's execution copy (codes, (H, N, D),
+ * its scales); ys is relu(aq·evᵀ·sa·sw − thr_y) rounded to act, what the
+ * projection wrote. */
+static dg_status dec_gate_ys(dg_model *m, dg__op_exec *ex, const dg__tnode *nd, float p, uint64_t seed,
+			     uint32_t step, uint64_t elem0)
+{
+	const int *in = nd->in, *out = nd->out;
+	dg_spec s = dg__gm_op_spec(m, DG_OP_DECODER_GATE_BWD_YS);
+	const dg_proj_recipe *r = dg__gm_recipe(m, DG_PROJ_ENCODER_V);
+	s.act = r->act;
+	s.weight = r->weight;
+	s.ascale = r->ascale;
+	s.wscale = r->wscale;
+	s.relu = true;
+	s.relu_thr = m->c.thr_y;
+	s.src = m->act;
+	s.out = grad_fmt(m); /* dxs, dys */
+	dg_spec_normalize(&s);
+	dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), xs = dg__gm_tn(m, in[2]), aq = dg__gm_tn(m, in[3]),
+		  ev = dg__gm_tn(m, m->id.exec[DG_PROJ_ENCODER_V]), dxs = dg__gm_tn(m, out[0]),
+		  dys = dg__gm_tn(m, out[1]);
+	w.scale = 0;
+	dg_decoder_gate_bwd_ys_args a = { .grad = &g, .w = &w, .xs = &xs, .aq = &aq, .ev = &ev, .dxs = &dxs,
+					  .dys = &dys, .p = p, .seed = seed, .step = step,
+					  .layer = (uint32_t)nd->layer, .step_at = m->step_at, .elem0 = elem0 };
+	return node_op(ex, &s, &a, NULL);
+}
+
 /* One node on the device; sizing: *need gets its workspace bytes instead
  * (nothing launched). */
 dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch *bt, size_t *need)
@@ -450,6 +480,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_DEC_GATE: {
+		if (m->gate_ys && (m->recompute || m->recompute_ys))
+			return dec_gate_ys(m, ex, nd, p, seed, step, elem0);
 		/* the decoder's bf16 weight (D, H·N): the bf16 recipe's copy or
 		 * a low-bit one's dequantized codes; sm_90a picks the warpgroup
 		 * path (dg_codegen_plan_for) */

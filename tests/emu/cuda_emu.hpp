@@ -151,6 +151,7 @@ static inline float __int2float_rn(int i) { return (float)i; }	/* nearest even, 
 static inline float __uint2float_rn(unsigned i) { return (float)i; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __frcp_rn(float a) { return 1.0f / a; }
