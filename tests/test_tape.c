@@ -15,6 +15,7 @@
 #include "dragon/model.h"
 #include "helpers.h"
 #include "runtime/train/bdh_tape.h"
+#include "runtime/train/gpu_model_int.h"
 
 static void build_for(const char *preset, int layers, int D, int H, int N, int B, int T,
 		      const dg__bdh_target *tg, dg__tape *t, dg__bdh_ids *id)
@@ -516,4 +517,51 @@ Test(tape, accumulation_keeps_the_execution_gradients)
 		}
 		dg__tape_free(&t);
 	}
+}
+
+/* The sizing pass's placeholder addresses (dg__gm_addr while sizing, over
+ * dg__gm_fake_layout) of a planned tape — build plans before it sizes —
+ * give no two root buffers a common byte, every view a place inside its
+ * root, and the workspaces' placeholder a place past them all: the
+ * aliasing checks the ops run while sizing see distinct buffers. (The
+ * planned arena offset added to the placeholder once moved the 25M w8a8
+ * step's dxs onto the attention's workspace, and the step was refused.) */
+Test(tape, sizing_placeholders_are_distinct)
+{
+	dg__tape t;
+	dg__bdh_ids id;
+	const dg__bdh_target tg = { .gpu = true, .act = DG_FMT_BF16, .lowbit = true, .bf16_grads = true,
+				    .dec_gate = true, .keep_qr = true, .stack_pgrads = true, .gate_quant = true };
+	build_for("w8a8", 6, 256, 4, 8192, 8, 512, &tg, &t, &id);
+	dg_model m;
+	memset(&m, 0, sizeof(m));
+	m.t = t; /* borrowed: t is freed below, not through m */
+	cr_assert_eq(dg__gm_fake_layout(&m), DG_OK);
+	m.sizing = true;
+	int planned_apart = 0;
+	for (int i = 0; i < t.n_bufs; i++) {
+		const dg__tbuf *a = &t.bufs[i];
+		const dg_dptr a0 = dg__gm_addr(&m, i), a1 = a0 + a->bytes;
+		cr_assert_leq(a1, m.fake[m.n_fake], "%s: past the workspaces' placeholder", a->name);
+		if (a->parent >= 0) {
+			const int r = root(&t, i);
+			const dg_dptr r0 = dg__gm_addr(&m, r);
+			cr_assert(a0 >= r0 && a1 <= r0 + t.bufs[r].bytes, "%s: outside its root %s", a->name,
+				  t.bufs[r].name);
+			continue;
+		}
+		planned_apart += a->offset != 0;
+		for (int j = i + 1; j < t.n_bufs; j++) {
+			const dg__tbuf *b = &t.bufs[j];
+			if (b->parent >= 0)
+				continue;
+			const dg_dptr b0 = dg__gm_addr(&m, j), b1 = b0 + b->bytes;
+			cr_assert(a1 <= b0 || b1 <= a0, "%s [0x%llx, 0x%llx) and %s [0x%llx, 0x%llx) share bytes", a->name,
+				  (unsigned long long)a0, (unsigned long long)a1, b->name, (unsigned long long)b0,
+				  (unsigned long long)b1);
+		}
+	}
+	cr_assert_gt(planned_apart, 0, "the tape was planned: its roots have arena offsets");
+	free(m.fake);
+	dg__tape_free(&t);
 }

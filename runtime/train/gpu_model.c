@@ -427,11 +427,8 @@ static void fake_clear(dg_model *m)
 	m->n_fake = 0;
 }
 
-/* The sizing pass's placeholder addresses (dg__gm_addr): every root
- * buffer of the tape so far at its own bytes, laid end to end from
- * FAKE_BASE in tape order (256-byte aligned, a 256-byte gap between), and
- * the workspaces' placeholder past them all. */
-static dg_status fake_layout(dg_model *m)
+/* The sizing pass's placeholder addresses (gpu_model_int.h). */
+dg_status dg__gm_fake_layout(dg_model *m)
 {
 	fake_clear(m);
 	m->n_fake = m->t.n_bufs;
@@ -464,9 +461,6 @@ static bool attn_turns(const dg_model *m, int t)
 	       dg__env_switch("DRAGON_ATTN_TURN") == 1;
 }
 
-/* m's model of c at (b, t): the tape recorded, each node's ops prepared
- * while sizing its workspace, the arenas planned. dev NULL: the specs
- * listed to sink instead (on an sm device), nothing planned. */
 /* Whether DEC_GATE can make ys itself (decoder_gate_bwd_ys, templates/
  * decoder_gate.lua): a low-bit recipe on sm_90 (dec_gate over codes)
  * whose encoder_v reads integer codes (int8 | uint8pos) against int8
@@ -478,6 +472,9 @@ static bool gate_ys_applies(const dg_model *m)
 	       (r->act == DG_FMT_INT8 || r->act == DG_FMT_UINT8POS);
 }
 
+/* m's model of c at (b, t): the tape recorded, each node's ops prepared
+ * while sizing its workspace, the arenas planned. dev NULL: the specs
+ * listed to sink instead (on an sm device), nothing planned. */
 static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, int b, int t, int accum,
 		       int sm, dg_status (*sink)(void *, const dg_spec *), void *user)
 {
@@ -553,7 +550,7 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 			return DG_OK;
 		warm_kernels(m, c, b, t);
 	}
-	if (fake_layout(m))
+	if (dg__gm_fake_layout(m))
 		return dg__dev_fail(dev, DG_ERR_NOMEM, "out of memory");
 	m->sizing = true;
 	int n_nodes = m->t.n_nodes;

@@ -157,6 +157,13 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
  * returns that is not DG_OK stops it and is returned; msg names a
  * refusal of the config.
  */
+/* The sizing pass's placeholder addresses (dg__gm_addr while m->sizing):
+ * every root buffer of m's tape so far at its own bytes, laid end to end
+ * from FAKE_BASE in tape order (256-byte aligned, a 256-byte gap between),
+ * and the workspaces' placeholder past them all (m->fake[m->n_fake]).
+ * DG_ERR_NOMEM. */
+dg_status dg__gm_fake_layout(dg_model *m);
+
 dg_status dg__gm_step_specs(const dg_model_config *c, int b, int t, int sm, const dg_tune_db *db, const char *device,
 			    dg_status (*sink)(void *user, const dg_spec *spec), void *user, char *msg,
 			    size_t msg_size);

@@ -14,18 +14,23 @@
 #include "runtime/ops/checks.h"
 #include "runtime/train/gpu_model_int.h"
 
-/* A buffer's device address; while sizing (nothing planned), a distinct
- * placeholder a buffer, so the ops' aliasing checks see what the plan will
- * give (distinct buffers, views inside their parents): the root buffers
- * laid end to end (gpu_model.c fake_layout), so no two share a byte at any
- * size (a fixed stride a buffer once made a workspace past it, the
+/* A buffer's device address; while sizing, a distinct placeholder a
+ * buffer, so the ops' aliasing checks see what the plan will give
+ * (distinct buffers, views inside their parents): the root buffers laid
+ * end to end (gpu_model.c dg__gm_fake_layout), so no two share a byte at
+ * any size (a fixed stride a buffer once made a workspace past it, the
  * quadratic attention's scores at a long T, seem to overlap the next
- * buffer, and refused the shape as aliasing instead of by its memory). */
+ * buffer, and refused the shape as aliasing instead of by its memory),
+ * and a view at its place in its root. Not the root's arena offset: build
+ * plans the tape before sizing (its memory check), and that offset added
+ * to the placeholder moved buffers onto others (the 25M w8a8 step was
+ * refused as dxs overlapping the attention's workspace). */
 dg_dptr dg__gm_addr(const dg_model *m, int id)
 {
 	if (m->sizing) {
 		const int root = dg__tape_root(&m->t, id);
-		return (root < m->n_fake ? m->fake[root] : FAKE_BASE) + dg__tape_offset(&m->t, id);
+		const size_t in_root = dg__tape_offset(&m->t, id) - m->t.bufs[root].offset;
+		return (root < m->n_fake ? m->fake[root] : FAKE_BASE) + in_root;
 	}
 	return m->base[dg__tape_arena_of(&m->t, id)] + dg__tape_offset(&m->t, id);
 }
