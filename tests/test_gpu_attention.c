@@ -707,9 +707,12 @@ static dg_spec wg_spec(dg_op op, const shape *s, const dg_tile *tile)
  * to 8 stages, else the cp.async ring. */
 static void expect_wgmma(const dg_spec *sp)
 {
-	bool ws = dg_tile_is_auto(&sp->tile) ? sp->latent % 8 == 0 : sp->tile.stages >= 5;
-	/* attention_grad_xs at 4 stages and BN up to 128: the persistent form */
-	bool persistent = sp->op == DG_OP_ATTENTION_GRAD_XS && sp->tile.stages == 4 && sp->tile.bn <= 128;
+	const bool autot = dg_tile_is_auto(&sp->tile);
+	bool ws = autot ? sp->latent % 8 == 0 : sp->tile.stages >= 5;
+	/* attention_grad_xs at 4 stages and BN up to 128, its auto tile where
+	 * the warp-specialized path runs: the persistent form */
+	bool persistent = sp->op == DG_OP_ATTENTION_GRAD_XS && sp->latent % 8 == 0 &&
+			  (autot || (sp->tile.stages == 4 && sp->tile.bn <= 128));
 	gh_expect_path(sp, persistent ? "wgmma tma persistent" : ws ? "wgmma tma" : "wgmma bf16");
 }
 

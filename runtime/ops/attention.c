@@ -181,17 +181,22 @@ static dg_status gemm_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap
 /* attention_grad_xs's C by TMA needs rows of T bf16 of a multiple of 16
  * bytes. At another T an auto tile becomes the cp.async ring's (the
  * default of templates/attention.lua's wgmma path: 128 x 128 x 64, 8 warps,
- * 3 stages) and k the kernel of that tile; a tile asked for is refused. */
+ * 3 stages), and the persistent form's tile (4 stages, the auto one where
+ * T allows) the ring of its BM x BN at 3 stages; k the kernel of that
+ * tile. Another warp-specialized tile asked for is refused. */
 static dg_status grad_xs_tile(dg_prepared *p, int64_t T, dg_kernel **k)
 {
 	if (p->spec.op != DG_OP_ATTENTION_GRAD_XS || T % 8 == 0 || !dg__tma_abi(*k))
 		return DG_OK;
-	if (!dg_tile_is_auto(&p->spec.tile))
+	const dg_tile *kt = &dg_kernel_spec(*k)->tile;
+	const bool persistent = dg__attn_persistent_tile(kt);
+	if (!dg_tile_is_auto(&p->spec.tile) && !persistent)
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
 				    "%s: T = %lld: the warp-specialized tile (stages %d) reads C by TMA, which needs T %% 8 == 0; take the cp.async ring's tile (3 stages) or an auto tile",
-				    p->fn, (long long)T, dg_kernel_spec(*k)->tile.stages);
+				    p->fn, (long long)T, kt->stages);
 	dg_spec s = p->spec;
-	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
+	s.tile = persistent ? (dg_tile){ kt->bm, kt->bn, kt->bk, kt->wm, kt->wn, 3, 0 }
+			    : (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
 	dg_spec_normalize(&s);
 	return dg_kernel_get(p->dev, &s, p->fn, k);
 }
