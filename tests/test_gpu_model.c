@@ -341,16 +341,18 @@ Test(gpu_model, recompute_changes_no_bit)
 	gh_close(dev);
 }
 
-/* DRAGON_GATE_YS=1 where ys is made again (DRAGON_RECOMPUTE=ys): made
- * inside the decoder's input gradient (decoder_gate_bwd_ys, from the
- * layer's codes aq), no projection node: the same step, bit for bit, and
- * ys not saved. */
+/* ys made again (DRAGON_RECOMPUTE=ys) inside the decoder's input gradient
+ * (decoder_gate_bwd_ys, from the layer's codes aq; the default, here
+ * named), no projection node: the same step, bit for bit, and ys not
+ * saved; and the projection's way (DRAGON_GATE_YS=0) likewise. */
 Test(gpu_model, ys_made_in_the_gate_changes_no_bit)
 {
 	dg_device *dev = gh_open_sm90();
 	setenv("DRAGON_GATE_YS", "1", 1);
 	recompute_case(dev, "w8a8", "ys");
 	recompute_case(dev, "w8a8", "1");
+	setenv("DRAGON_GATE_YS", "0", 1);
+	recompute_case(dev, "w8a8", "ys");
 	unsetenv("DRAGON_GATE_YS");
 	gh_close(dev);
 }

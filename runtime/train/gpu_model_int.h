@@ -49,8 +49,8 @@ struct dg_model {
 	bool recompute_ys;          /* ys alone made again (dg__bdh_target):
 				     * where saving both would not fit, saving
 				     * xs does */
-	bool gate_ys;               /* DRAGON_GATE_YS=1 where it applies: ys,
-				     * where it is made again, made inside
+	bool gate_ys;               /* where it applies (not DRAGON_GATE_YS=0):
+				     * ys, where it is made again, made inside
 				     * DEC_GATE (dg__bdh_target gate_ys) */
 	size_t budget;              /* DRAGON_MEMORY's bytes (0: none): the
 				     * plans fit under it as under the
