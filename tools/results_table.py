@@ -17,8 +17,11 @@ when the README's text between the markers below is not what it prints;
 A row a recipe: the whole training step's time (forward, backward, the
 gradient clip and AdamW), its speed against the PyTorch row, the peak
 device memory, and the validation loss after the quality runs' steps (the
-mean over their seeds). Where each figure comes from, the newest file
-(by the date in its name) that has it:
+mean over their seeds). Every figure is of one machine, the newest
+quality file's (quality-<machine>-<date>.json: its step-train-<machine>-*
+and torch-step-<machine>-* files alone), so a step timed on another GPU
+does not stand beside its rows. Where each figure comes from, the newest
+file (by the date in its name) that has it:
   dragon's step     step-train-*.json: the captured step's row
                     (mode train_graph, step_ms)
   dragon's memory   the same file's forward + backward row of that
@@ -85,7 +88,13 @@ def same_file_row(doc, want):
 
 
 def gather(results):
-    step = newest_first(results, "step-train-*.json")
+    # one machine's figures: the quality runs' (quality-<machine>-<date>.json),
+    # so a step timed on another GPU does not stand beside them
+    q = newest_first(results, "quality-*.json")
+    if not q:
+        raise Missing("no quality-*.json")
+    machine = q[0][1].split("-")[1]
+    step = newest_first(results, f"step-train-{machine}-*.json")
     rows, used = [], {}
 
     def note(date, name, what):
@@ -101,7 +110,7 @@ def gather(results):
         note(date, name, "PyTorch's step and memory (bench/torch_bdh_step.py)")
         devices.add(doc.get("device"))
     else:
-        ts = find_row(newest_first(results, "torch-step-*.json"), {"impl": "torch.compile"})
+        ts = find_row(newest_first(results, f"torch-step-{machine}-*.json"), {"impl": "torch.compile"})
         if not ts:
             raise Missing("no PyTorch step: neither a step-train-*.json row {impl torch.compile, mode train} "
                           "nor a torch-step-*.json row {impl torch.compile}")
@@ -127,9 +136,6 @@ def gather(results):
                      "preset": p})
         note(date, name, f"dragon {p}'s step and memory")
     # quality
-    q = newest_first(results, "quality-*.json")
-    if not q:
-        raise Missing("no quality-*.json")
     qdate, qname, qdoc = q[0]
     steps = set()
     for r in rows:
