@@ -485,7 +485,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_DEC_GATE: {
-		if (m->gate_ys && (m->recompute || m->recompute_ys))
+		/* the tape's choice (bdh_tape.c ys_in_gate): the codes aq in ys's place */
+		if (dg_fmt_is_code(m->t.bufs[in[3]].fmt))
 			return dec_gate_ys(m, ex, nd, p, seed, step, elem0);
 		/* the decoder's bf16 weight (D, H·N): the bf16 recipe's copy or
 		 * a low-bit one's dequantized codes; sm_90a picks the warpgroup
