@@ -67,11 +67,14 @@ static int64_t extent(const dg__at_case *c, dg_dim d)
 	return dg_op_dim_extent(&c->spec, d, c->b, c->t_len, c->r);
 }
 
-/* The case's sizes from the op table: B = 1, T = rows; R and the
+/* The case's sizes from the op table: B = 1, T = rows (a chunked op's:
+ * rows up to a whole number of chunks, which its T must be); R and the
  * quantizers' (R, cols) from the case rule. */
 static void sizes(dg__at_case *c)
 {
 	const dg_op_case *k = &c->row->tune;
+	if (c->spec.chunk > 0 && c->rows % c->spec.chunk)
+		c->rows += c->spec.chunk - c->rows % c->spec.chunk;
 	int64_t r = k->r_div > 0 ? (int64_t)c->rows * (k->r_mul > 0 ? k->r_mul : 1) / k->r_div
 				 : c->rows;
 	if (r < 1)
