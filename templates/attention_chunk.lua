@@ -36,7 +36,8 @@ launches them).
       state's rows (latent), K = C + 4D — the chunk's C = dS + dSᵀ (the
       quadratic grad_scores on the chunk, K-major) against qr_c
       (N-major), then dout against S's hi and lo and v against R's (both
-      K-major): two transposes, chosen a step (MMA_STEP). The epilogue is
+      K-major): two transposes, each a loop of its own (a branch a step
+      between two wgmma forms has ptxas serialize them all). The epilogue is
       epi=mask's arithmetic, RoPEᵀ taken at the row's place in the whole
       sequence (the quadratic grad_xs run on a chunk as a sequence would
       take it at t mod C, so the intra term is here).
@@ -340,10 +341,11 @@ local DQ = {
 					for (int gg = 0; gg < BN / 64; ++gg)	// state rows (seg & 1)·N + n0 + 64gg.., columns kd..
 						dg_tma_load(bs + 8192 * gg, seg < 2 ? &ms : &mr, full, kd, (seg & 1) * N + n0 + 64 * gg, zc);
 				}]],
-  mma_step = [[if (i < ni)
-				dg_cm_mma_km(acc, dg_wb_desc<true>(as + ks * 32), dg_wb_desc<false>(bs + ks * 2048), 1);
-			else
-				dg_cm_mma_kk(acc, dg_wb_desc<true>(as + ks * 32), dg_wb_desc<true>(bs + ks * 32), 1);]],
+  -- the chunk's steps [0, ni) B N-major, the states' K-major: two loops
+  -- (wgmma_bf16.lua consumers_text), not a branch a step
+  split = "ni",
+  mma_step = "dg_cm_mma_km(acc, dg_wb_desc<true>(as + ks * 32), dg_wb_desc<false>(bs + ks * 2048), 1);",
+  mma_step2 = "dg_cm_mma_kk(acc, dg_wb_desc<true>(as + ks * 32), dg_wb_desc<true>(bs + ks * 32), 1);",
   a_kc = true, b_kc = true,
   epilogue = [[
 	// ---- epilogue: dxs = (dxs + RoPEᵀ(sums))·[mask_xs > 0] (epi=mask's
@@ -419,7 +421,8 @@ local function gemm(t, e, entry)
   local loop = WB.ws_loop({ LOADS = e.loads, RING_BYTES = tostring(WB.ring_bytes(t, false)),
                             A_KC = tostring(e.a_kc), B_KC = tostring(e.b_kc),
                             A_KS = e.a_kc and "32" or "2048", B_KS = e.b_kc and "32" or "2048",
-                            MMA = e.mma, MMA_STEP = e.mma_step, STEP_BEGIN = e.step or "" })
+                            MMA = e.mma, MMA_STEP = e.mma_step, STEP_BEGIN = e.step or "",
+                            SPLIT = e.split, MMA_STEP2 = e.mma_step2 })
   return EMIT.subst(GEMM, { ENTRY = entry, SIG = e.sig, GEO = e.geo, MAINLOOP = loop, EPILOGUE = e.epilogue })
 end
 

@@ -590,10 +590,36 @@ local function consumer_keys(keys)
   return k
 end
 
+-- A plain (not pattern) replacement of the first old in s by new.
+local function replace1(s, old, new)
+  local a, b = s:find(old, 1, true)
+  assert(a, "replace1: no " .. old)
+  return s:sub(1, a - 1) .. new .. s:sub(b + 1)
+end
+
+-- WS_CONSUMERS with keys k; with k.SPLIT (a step index in scope) and
+-- k.MMA_STEP2, two loops: steps [0, SPLIT) by MMA_STEP, [SPLIT, nsteps)
+-- by MMA_STEP2. A kernel whose steps take two wgmma forms (operands of
+-- other majors) must not choose between them by a branch inside one loop:
+-- ptxas then serializes every wgmma of the kernel (C7520, "compiler-
+-- inserted WG.AR in divergent path"), each waiting for the one before.
+local function consumers_text(k)
+  if not k.SPLIT then return EMIT.subst(M.WS_CONSUMERS, k) end
+  local head = "\tfor (int i = 0; i < nsteps; ++i) {"
+  local t = M.WS_CONSUMERS
+  local a = t:find(head, 1, true)
+  local b = t:find("\tdg_wg_wait<0>();", a, true)
+  local loop = t:sub(a, b - 1)
+  local first = replace1(loop, head, "\tfor (int i = 0; i < ${SPLIT}; ++i) {")
+  local second = replace1(replace1(loop, head, "\tfor (int i = ${SPLIT}; i < nsteps; ++i) {"), "${MMA_STEP}",
+                          "${MMA_STEP2}")
+  return EMIT.subst(t:sub(1, a - 1) .. first .. second .. t:sub(b), k)
+end
+
 -- WS_CONSUMERS with keys (consumer_keys' defaults), for a kernel whose
 -- producers are its own.
 function M.ws_consumers(keys)
-  return EMIT.subst(M.WS_CONSUMERS, consumer_keys(keys))
+  return consumers_text(consumer_keys(keys))
 end
 
 -- WS_MAINLOOP with keys (consumer_keys' defaults).
@@ -606,7 +632,7 @@ function M.ws_loop(keys)
   k.PRODUCER_TAIL = k.PRODUCER_TAIL or ""
   k.CONSUMER_TAIL = k.CONSUMER_TAIL or ""
   k.RING_START = EMIT.subst(M.RING_START, { EMPTY_COUNT = k.EMPTY_COUNT, INIT_SYNC = k.INIT_SYNC })
-  k.CONSUMERS = EMIT.subst(M.WS_CONSUMERS, k)
+  k.CONSUMERS = consumers_text(k)
   return EMIT.subst(M.WS_MAINLOOP, k)
 end
 

@@ -320,6 +320,82 @@ Test(emu_attention, persistent_grad_xs_rope_load, .timeout = 900)
 	dg_codegen_destroy(cg);
 }
 
+/* attention_chunk_dq (templates/attention_chunk.lua: the chunk's C·qr
+ * with B N-major, then dout·S and v·R K-major, each form a loop of its
+ * own) by its six maps, as runtime/ops/attention_chunk.c makes them: C
+ * (C, C, chunks), qr (N, T, B·H), dout (D, T, B·H), v (D, T, B), S and R
+ * (D, 2N, chunks); then its epilogue into dxs (bf16, masked) against the
+ * reference (dg_ref_run: the three terms in f32, RoPEᵀ, epi=mask's add).
+ * T 256 in chunks of 128 (two chunks a head, each a tile's rows), N 192
+ * (a ragged column of tiles), D 64, two heads: both loops, the ring of 6
+ * stages wrapping. */
+static const char CHUNK_DQ_GLUE[] =
+	"extern \"C\" void dg_emu_entry(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem,\n"
+	"	const void *const *maps, const float *rope, void *dxs, const void *mask, int B, int T)\n"
+	"{\n"
+	"	dg_tmap m[6];\n"
+	"	for (int i = 0; i < 6; i++)\n"
+	"		memcpy(&m[i], maps[i], sizeof(dg_emu_tmap));\n"
+	"	dg_emu_launch3({ gx, gy, gz }, nt, smem, [&] {\n"
+	"		dg_attention_chunk_dq(m[0], m[1], m[2], m[3], m[4], m[5], rope, (OT *)dxs,\n"
+	"				      (const unsigned short *)mask, B, T);\n"
+	"	});\n"
+	"}\n";
+
+typedef void (*chunk_dq_fn)(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem, const void *const *maps,
+			    const float *rope, void *dxs, const void *mask, int B, int T);
+
+Test(emu_attention, chunk_dq_two_loops, .timeout = 900)
+{
+	enum { B = 1, H = 2, T = 256, N = 192, D = 64, C = 128 };
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 14);
+	dg_spec sp;
+	dg_spec_init(&sp, DG_OP_ATTENTION_CHUNK_DQ);
+	sp.act = DG_FMT_BF16, sp.out = DG_FMT_BF16, sp.heads = H, sp.latent = N, sp.embd = D, sp.chunk = C;
+	sp.arch = 90, sp.arch_specific = true;
+	dg_spec_normalize(&sp);
+	dg_plan plan;
+	cr_assert_eq(dg_codegen_plan(cg, &sp, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
+	chunk_dq_fn fn = (chunk_dq_fn)eh_build(cg, &sp, CHUNK_DQ_GLUE, "dg_emu_entry");
+	const size_t chunks = (size_t)B * H * (T / C), nq = (size_t)B * H * T * N;
+	uint16_t *cc = rand_bf16(&r, chunks * C * C), *qr = rand_bf16(&r, nq);
+	uint16_t *dout = rand_bf16(&r, (size_t)B * H * T * D), *v = rand_bf16(&r, (size_t)B * T * D);
+	uint16_t *st = rand_bf16(&r, chunks * 2 * N * D), *rt = rand_bf16(&r, chunks * 2 * N * D);
+	uint16_t *dxs = rand_bf16(&r, nq), *mask = rand_bf16(&r, nq), *got = malloc(nq * 2), *want = malloc(nq * 2);
+	float *rope = malloc((size_t)T * N * 4);
+	cr_assert(got && want && rope);
+	dg_ref_rope_pairs(T, N, rope);
+	memcpy(got, dxs, nq * 2);
+	const eh_tmap m[6] = {
+		eh_tmap3(cc, 2, C, C, chunks, 64, 64),
+		eh_tmap3(qr, 2, N, T, (uint64_t)B * H, 64, 64),
+		eh_tmap3(dout, 2, D, T, (uint64_t)B * H, 64, 64),
+		eh_tmap3(v, 2, D, T, B, 64, 64),
+		eh_tmap3(st, 2, D, 2 * N, chunks, 64, 64),
+		eh_tmap3(rt, 2, D, 2 * N, chunks, 64, 64),
+	};
+	const void *maps[6] = { &m[0], &m[1], &m[2], &m[3], &m[4], &m[5] };
+	const dg_tile *t = &plan.spec.tile;
+	fn((unsigned)((N + t->bn - 1) / t->bn), (unsigned)(T / t->bm), (unsigned)(B * H),
+	   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, maps, rope, got, mask, B, T);
+	dg_ref_call rc;
+	memset(&rc, 0, sizeof(rc));
+	const void *in[9] = { cc, qr, dout, v, st, rt, rope, dxs, mask };
+	memcpy(rc.in, in, sizeof(in));
+	rc.b = B, rc.t = T, rc.out = want;
+	cr_assert_eq(dg_ref_run(&plan.spec, &rc), DG_OK);
+	expect_close(plan.canonical, DG_FMT_BF16, got, want, nq);
+	size_t changed = 0;
+	for (size_t i = 0; i < nq; i++)
+		changed += got[i] != dxs[i];
+	cr_assert_gt(changed, nq / 4, "the kernel changed %zu of %zu values of dxs", changed, nq);
+	free(cc), free(qr), free(dout), free(v), free(st), free(rt), free(dxs), free(mask), free(got), free(want);
+	free(rope);
+	dg_codegen_destroy(cg);
+}
+
 /* the sm_80 path (mma.sync bf16 with ldmatrix, RoPE on the load from the
  * table, the block's cp.async buffers) on its auto tile: the warp's
  * fragments exchanged as the hardware's are */
