@@ -16,7 +16,9 @@
  *   - the 25M model at T 16384 and 65536 (B 1), where the attention takes
  *     its chunked form (chunks of 256 and 512), and at T 4096 the
  *     quadratic one with DRAGON_ATTN_CHUNK=0;
- * for the w8a8 and bf16 presets. Distinct specs compile once. And the
+ * for the w8a8 and bf16 presets. Distinct specs compile once, with
+ * ptxas's -v log: no kernel's wgmma serialized at any shape, and no kernel
+ * of the 25M w8a8 and bitnet steps spilling. And the
  * config past the ranges is refused naming the field before anything is
  * listed (H·N above 2^20, N above 65536, vocab above 65536, and bitnet's
  * N off a multiple of 16).
@@ -41,9 +43,14 @@ typedef struct seen {
 	int n, compiled;
 	int ops[DG_OP__COUNT];
 	const char *shape;
+	bool no_spills; /* a shape whose kernels must all stay in registers */
 } seen;
 
-/* Each distinct spec: validated, planned, rendered and compiled. */
+/* Each distinct spec: validated, planned, rendered and compiled, with
+ * ptxas's -v log where NVRTC gives it: at no shape may ptxas serialize a
+ * kernel's wgmma ("wgmma.mma_async instructions are serialized", C7511 ..
+ * C7518: every MMA then waits for the one before), and at a no_spills
+ * shape (the 25M step) no kernel spills. */
 static dg_status check_spec(void *user, const dg_spec *spec)
 {
 	seen *z = user;
@@ -64,9 +71,22 @@ static dg_status check_spec(void *user, const dg_spec *spec)
 		     dg_codegen_errmsg(z->cg));
 	dg__nvrtc_target t;
 	cr_assert_eq(dg__nvrtc_target_for(s.arch, s.arch_specific, &t, e, sizeof(e)), DG_OK, "%s", e);
+	cr_assert_lt(t.n_opts, DG__NVRTC_MAX_OPTS);
+	snprintf(t.opts[t.n_opts++], sizeof(t.opts[0]), "--ptxas-options=-v");
 	dg__nvrtc_result res;
 	cr_assert_eq(dg__nvrtc_compile(src, &t, &res, e, sizeof(e)), DG_OK, "%s: %s: %s", z->shape, text, e);
 	cr_assert(res.size > 64, "%s", text);
+	if (res.log && strstr(res.log, "ptxas")) {
+		cr_expect(!strstr(res.log, "serialized"), "%s: %s: ptxas serializes the MMAs:\n%s", z->shape, text,
+			  res.log);
+		for (const char *l = strstr(res.log, "bytes spill stores"); l && z->no_spills;
+		     l = strstr(l + 1, "bytes spill stores")) {
+			const char *b = l;
+			while (b > res.log && b[-1] != '\n' && b[-1] != ',')
+				b--;
+			cr_expect_eq(atoi(b), 0, "%s: %s: spills:\n%s", z->shape, text, res.log);
+		}
+	}
 	dg__nvrtc_result_free(&res);
 	dg_source_destroy(src);
 	z->compiled++;
@@ -143,7 +163,7 @@ static void ys_made_in_gate_case(const char *preset, const char *gate_ys, int wa
 	setenv("DRAGON_RECOMPUTE", "ys", 1);
 	if (gate_ys)
 		setenv("DRAGON_GATE_YS", gate_ys, 1);
-	seen z = { .shape = name };
+	seen z = { .shape = name, .no_spills = true };
 	step_compiles_into(&z, preset, 256, 4, 8192, 256, 8, 512);
 	int ops[DG_OP__COUNT] = { 0 };
 	char msg[1024];
