@@ -654,7 +654,7 @@ local DGW_PAIR = [[
 -- 64 or 128) ------------------------------------------------------------
 -- The ring form's consumers wait out every load and decode at a block
 -- barrier. Here a producer warpgroup feeds the consumers through full /
--- empty mbarriers (wgmma_bf16.lua WS_CONSUMERS): its first thread loads A
+-- empty mbarriers (wgmma_bf16.lua ws_consumers): its first thread loads A
 -- by TMA — not grad itself but its bf16 copy, which the runtime makes
 -- before the kernel with the module's dg_decoder_grad_weight_cast (grad
 -- rounded to nearest even once, exactly as the ring form rounds it as

@@ -514,12 +514,12 @@ ${LOADS}
 ${CONSUMERS}${CONSUMER_TAIL}
 ]]
 
--- The consumers' loop of the form (bars, sbase, tid, wg, S, STAGE, A_BYTES,
--- BK, BN, nsteps in scope): each waits for a stage to be full, runs its
--- MMAs, and frees the stage of the step before once those completed;
--- leaves the sums in acc[BN / 2]. Keys MMA_STEP, STEP_BEGIN and RELEASE as
--- WS_MAINLOOP's.
-M.WS_CONSUMERS = [[
+-- The consumers of the form (bars, sbase, tid, wg, S, STAGE, A_BYTES, BK,
+-- BN, nsteps in scope; consumers_text puts the pieces together): each
+-- waits for a stage to be full, runs its MMAs, and frees the stage of the
+-- step before once those completed; leaves the sums in acc[BN / 2]. Keys
+-- MMA_STEP, STEP_BEGIN and RELEASE as WS_MAINLOOP's.
+M.WS_CONSUMERS_HEAD = [[
 	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of the tile
 	if constexpr (REG_MOVE)
 		dg_reg_alloc<REG_C>();
@@ -527,7 +527,11 @@ M.WS_CONSUMERS = [[
 #pragma unroll
 	for (int i = 0; i < BN / 2; ++i)
 		acc[i] = 0.0f;
-	for (int i = 0; i < nsteps; ++i) {
+]]
+
+-- One loop of it, over steps [${FROM}, ${TO}).
+M.WS_CONSUMER_LOOP = [[
+	for (int i = ${FROM}; i < ${TO}; ++i) {
 		const int s = i % S;
 		dg_mbar_wait(bars + 8 * s, (i / S) & 1);${STEP_BEGIN}
 		const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
@@ -542,6 +546,9 @@ M.WS_CONSUMERS = [[
 		if (i > 0)
 			${RELEASE}(bars + 8 * (S + (i - 1) % S));
 	}
+]]
+
+M.WS_CONSUMERS_TAIL = [[
 	dg_wg_wait<0>();
 	dg_wb_pin(acc);]]
 
@@ -590,33 +597,24 @@ local function consumer_keys(keys)
   return k
 end
 
--- A plain (not pattern) replacement of the first old in s by new.
-local function replace1(s, old, new)
-  local a, b = s:find(old, 1, true)
-  assert(a, "replace1: no " .. old)
-  return s:sub(1, a - 1) .. new .. s:sub(b + 1)
-end
-
--- WS_CONSUMERS with keys k; with k.SPLIT (a step index in scope) and
--- k.MMA_STEP2, two loops: steps [0, SPLIT) by MMA_STEP, [SPLIT, nsteps)
--- by MMA_STEP2. A kernel whose steps take two wgmma forms (operands of
--- other majors) must not choose between them by a branch inside one loop:
--- ptxas then serializes every wgmma of the kernel (C7520, "compiler-
--- inserted WG.AR in divergent path"), each waiting for the one before.
+-- The consumers' text with keys k: one loop over every step, or with
+-- k.SPLIT (a step index in scope) and k.MMA_STEP2 two, steps [0, SPLIT) by
+-- MMA_STEP and [SPLIT, nsteps) by MMA_STEP2. A kernel whose steps take two
+-- wgmma forms (operands of other majors) must not choose between them by a
+-- branch inside one loop: ptxas then serializes every wgmma of the kernel
+-- (C7520, "compiler-inserted WG.AR in divergent path"), each waiting for
+-- the one before.
 local function consumers_text(k)
-  if not k.SPLIT then return EMIT.subst(M.WS_CONSUMERS, k) end
-  local head = "\tfor (int i = 0; i < nsteps; ++i) {"
-  local t = M.WS_CONSUMERS
-  local a = t:find(head, 1, true)
-  local b = t:find("\tdg_wg_wait<0>();", a, true)
-  local loop = t:sub(a, b - 1)
-  local first = replace1(loop, head, "\tfor (int i = 0; i < ${SPLIT}; ++i) {")
-  local second = replace1(replace1(loop, head, "\tfor (int i = ${SPLIT}; i < nsteps; ++i) {"), "${MMA_STEP}",
-                          "${MMA_STEP2}")
-  return EMIT.subst(t:sub(1, a - 1) .. first .. second .. t:sub(b), k)
+  local function loop(from, to, step)
+    return EMIT.subst(M.WS_CONSUMER_LOOP, { FROM = from, TO = to, MMA_STEP = step, STEP_BEGIN = k.STEP_BEGIN,
+                                            RELEASE = k.RELEASE })
+  end
+  local loops = k.SPLIT and loop("0", k.SPLIT, k.MMA_STEP) .. loop(k.SPLIT, "nsteps", k.MMA_STEP2)
+                or loop("0", "nsteps", k.MMA_STEP)
+  return M.WS_CONSUMERS_HEAD .. loops .. M.WS_CONSUMERS_TAIL
 end
 
--- WS_CONSUMERS with keys (consumer_keys' defaults), for a kernel whose
+-- The consumers with keys (consumer_keys' defaults), for a kernel whose
 -- producers are its own.
 function M.ws_consumers(keys)
   return consumers_text(consumer_keys(keys))
