@@ -194,13 +194,10 @@ static dg_status grad_xs_tile(dg_prepared *p, int64_t T, dg_kernel **k)
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
 				    "%s: T = %lld: the warp-specialized tile (stages %d) reads C by TMA, which needs T %% 8 == 0; take the cp.async ring's tile (3 stages) or an auto tile",
 				    p->fn, (long long)T, kt->stages);
-	/* the kernel's own spec: an auto tile on the device's arch was planned
-	 * arch-specific (sm_90a), and so is its ring (dg__tma_rows_tile's rule) */
-	dg_spec s = *dg_kernel_spec(*k);
-	s.tile = persistent ? (dg_tile){ kt->bm, kt->bn, kt->bk, kt->wm, kt->wn, 3, 0 }
-			    : (dg_tile){ 128, 128, 64, 8, 1, 3, 0 };
-	dg_spec_normalize(&s);
-	return dg_kernel_get(p->dev, &s, p->fn, k);
+	return dg__kernel_retiled(p, *k,
+				  persistent ? (dg_tile){ kt->bm, kt->bn, kt->bk, kt->wm, kt->wn, 3, 0 }
+					     : (dg_tile){ 128, 128, 64, 8, 1, 3, 0 },
+				  p->fn, k);
 }
 
 /* Any of the five: the op's tensors its epilogue uses in the table's

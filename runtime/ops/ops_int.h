@@ -279,6 +279,10 @@ bool dg__tma_abi(const dg_kernel *k);
  * tile with ring_stages stages (`entry` of it), and a tile asked for is
  * refused, naming T. Nothing changes for another kernel. */
 dg_status dg__tma_rows_tile(dg_prepared *p, const char *entry, int ring_stages, dg_kernel **k);
+/* Kernel `entry` of k's own spec with `tile` instead of k's (a ring that
+ * stands in for a warp-specialized tile a call's T cannot serve): k's
+ * spec, not the call's, so an auto tile planned arch-specific keeps it. */
+dg_status dg__kernel_retiled(dg_prepared *p, const dg_kernel *k, dg_tile tile, const char *entry, dg_kernel **out);
 
 /* A scalar field of dg__op_call as a parameter: DG__ARG_OF(p, L, eps). */
 #define DG__ARG_OF(p, L, field) \

@@ -134,12 +134,15 @@ dg_status dg__tma_rows_tile(dg_prepared *p, const char *entry, int ring_stages, 
 		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
 				    "%s: T = %lld: the warp-specialized tile (stages %d) reads 64 rows of T a box by TMA, which needs T %% 64 == 0; take a tile of 3 or 4 stages or an auto tile",
 				    p->fn, (long long)p->shape.t, t->stages);
-	/* the kernel's own spec: an auto tile on the device's arch was planned
-	 * arch-specific (sm_90a), and the ring of the same tile is too */
-	dg_spec s = *dg_kernel_spec(*k);
-	s.tile = (dg_tile){ t->bm, t->bn, t->bk, t->wm, t->wn, ring_stages, 0 };
+	return dg__kernel_retiled(p, *k, (dg_tile){ t->bm, t->bn, t->bk, t->wm, t->wn, ring_stages, 0 }, entry, k);
+}
+
+dg_status dg__kernel_retiled(dg_prepared *p, const dg_kernel *k, dg_tile tile, const char *entry, dg_kernel **out)
+{
+	dg_spec s = *dg_kernel_spec(k);
+	s.tile = tile;
 	dg_spec_normalize(&s);
-	return dg_kernel_get(p->dev, &s, entry, k);
+	return dg_kernel_get(p->dev, &s, entry, out);
 }
 
 /* ---- the call against the prepared one ------------------------------------- */
