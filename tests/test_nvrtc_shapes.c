@@ -86,6 +86,10 @@ static dg_status check_spec(void *user, const dg_spec *spec)
 				b--;
 			cr_expect_eq(atoi(b), 0, "%s: %s: spills:\n%s", z->shape, text, res.log);
 		}
+	} else {
+		/* an NVRTC that keeps ptxas's -v to itself (an empty log) */
+		printf("note: %s: %s: this NVRTC prints no ptxas log; serialization and spills not checked\n", z->shape,
+		       text);
 	}
 	dg__nvrtc_result_free(&res);
 	dg_source_destroy(src);
