@@ -210,7 +210,11 @@ ${EPILOGUE}
 ]]
 
 -- The persistent form's kernel (M.persistent_ok): grid (n, 1, 1), tile
--- it = blockIdx.x, += gridDim.x over (T / BM) x (L / BN) x B·H, m fastest;
+-- it = blockIdx.x, += gridDim.x over (T / BM) x (L / BN) x B·H, m fastest,
+-- then the heads of a group of 8 (z), then n, then the group: the epilogue
+-- reads the RoPE table's rows of its tile (64 KiB at 128 x 128, twice a
+-- bf16 operand's), which the heads of a group read at once instead of a
+-- whole head's sweep of the table (16.8 MB at BDH) apart;
 -- step g counts the block's K steps over all its tiles, so the ring's
 -- stage g % S and phase (g / S) & 1 run on from tile to tile. The
 -- consumers release each stage once their MMAs on it are done (the last
@@ -234,6 +238,10 @@ ${ENTRY}(${SIG})
 	(void)ebase;
 	const int tiles_m = (T + BM - 1) / BM, tiles_n = (L + BN - 1) / BN;
 	const long long tiles = (long long)tiles_m * tiles_n * B * H;
+	// the walk takes the heads in groups of ZG: the RoPE table's rows of a
+	// column of tiles are read by a group's heads together, and their C
+	// stays in L2 across the group's columns
+	constexpr int ZG = 8;
 ${READY_INIT}
 ${RING_START}
 			long long gs = 0;	// the block's steps so far
@@ -290,8 +298,12 @@ ${EPILOGUE}
 -- the consumers' the same walk.
 local TILE_BEGIN = [[
 	for (long long it = blockIdx.x; it < tiles; it += gridDim.x) {
-		const int m0 = (int)(it % tiles_m) * BM, n0 = (int)(it / tiles_m % tiles_n) * BN;
-		const int z = (int)(it / ((long long)tiles_m * tiles_n));
+		// m fastest, then the heads of a group of ZG, then n, then the group
+		const int m0 = (int)(it % tiles_m) * BM;
+		const long long rest = it / tiles_m, zg = rest / ((long long)ZG * tiles_n);
+		const int gsz = (int)min((long long)ZG, (long long)B * H - zg * ZG);
+		const int within = (int)(rest - zg * ZG * tiles_n);
+		const int z = (int)(zg * ZG) + within % gsz, n0 = within / gsz * BN;
 ${GEO}
 		(void)pa; (void)pb; (void)ra; (void)rb; (void)a_hs; (void)b_hs; (void)LDA; (void)LDB; (void)NH; (void)M; (void)N; (void)skip; (void)po;${PM_VOID}
 		const int nsteps = kt_end > kt_begin ? kt_end - kt_begin : 0;]]
@@ -367,7 +379,7 @@ function M.render(spec, plan, k, sh)
     "",
     fmt("%s(%s)", entry, (sig:gsub("__restrict__ ", ""))),
     persistent and
-      fmt("grid (any, 1, 1): a block walks the tiles (ceil(T/%d) x ceil(%s/%d) x %s, m fastest); %d threads, %d bytes of dynamic shared memory.",
+      fmt("grid (any, 1, 1): a block walks the tiles (ceil(T/%d) x ceil(%s/%d) x %s: m fastest, then 8 heads, then n); %d threads, %d bytes of dynamic shared memory.",
           t.bm, o.n, t.bn, o.gz, M.threads(t), plan.entries[1].smem) or
       fmt("grid (ceil(%s/%d), ceil(T/%d), %s), %d threads, %d bytes of dynamic shared memory.",
           o.n, t.bn, t.bm, o.gz, M.threads(t), plan.entries[1].smem),

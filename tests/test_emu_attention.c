@@ -287,6 +287,20 @@ Test(emu_attention, persistent_grad_xs, .timeout = 900)
 	grad_xs_tiles(8, PERSISTENT, 2);
 }
 
+/* the persistent walk over more heads than a group (8): B 3 x H 4 = 12
+ * heads, a group of 8 and one of 4, two columns of tiles (the second
+ * ragged), 3 blocks over the 24 tiles: every tile once, both epilogues */
+Test(emu_attention, persistent_grad_xs_head_groups, .timeout = 900)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 12);
+	const shape s = { 3, 4, 72, 192, 64 };
+	for (int epi = 0; epi < 2; epi++)
+		check_grad_xs(cg, &r, &s, &PERSISTENT[0], epi);
+	dg_codegen_destroy(cg);
+}
+
 /* rope=load on the persistent form (its turners RoPE each stage's boxes
  * of xs by the table): within the reference's bound, and the bytes of
  * rope=pre on rope_fwd's RoPE(xs) (dg_ref_rope_op: rope.lua's arithmetic),
