@@ -263,10 +263,11 @@ function M.plan(spec)
     p.path, p.arch_specific, p.smem_bytes, p.entries[1].smem = "wgmma bf16", true, smem, smem
     if WG.ws_tile(t) then
       p.path, p.entries[1].threads = "wgmma tma", WG.threads(t)
-      -- decoder_grad_weight's A: the gradient's bf16 copy, made first
-      if k.op == "decoder_grad_weight" then
-        p.entries[#p.entries + 1] = { name = entry .. "_cast", threads = 256, smem = 0 }
-      end
+    end
+    -- decoder_grad_weight's A on both forms: the gradient's bf16 copy, made
+    -- first (the runtime launches the entry where the module has it)
+    if k.op == "decoder_grad_weight" then
+      p.entries[#p.entries + 1] = { name = entry .. "_cast", threads = 256, smem = 0 }
     end
     return p
   end

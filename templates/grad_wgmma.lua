@@ -1,9 +1,10 @@
 --[[
 grad_wgmma.lua — the sm_90a warpgroup path of lowrank_grad_input and
 lowrank_grad_weight when both operands are bf16 (src=bf16 and weight=bf16
-/ act=bf16), and of decoder_grad_weight with its f32 gradient and y bf16
-or 8-bit codes (render_dgw, below: register staging with the mma.sync
-path's conversions): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
+/ act=bf16), and of decoder_grad_weight with its f32 gradient (read as
+the bf16 copy its module's _cast entry makes first) and y bf16 or 8-bit
+codes (render_dgw, below: register staging with the mma.sync path's
+conversions): the cp.async ring and wgmma m64nBNk16 of templates/wgmma_bf16.lua
 (templates/grad.lua picks it with M.fits, keeps the ABI, the grids
 and the splits — grad_weight's over B·T, lowrank_grad_input's over K —
 and appends the _reduce entries).
@@ -461,11 +462,12 @@ local LOAD_WHY = [[
 ]]
 
 -- ---- decoder_grad_weight --------------------------------------------------
--- grad is f32 and y bf16 or 8-bit codes, neither of which cp.async can
--- convert: a thread loads its chunks of a step into registers (8 values of
--- one K row each: two float4 of grad, a uint2 of codes or a uint4 of bf16),
--- rounds / decodes them to bf16 — exactly as the mma.sync path does: grad
--- rounded to nearest even, codes exact, and with per-token scales
+-- A is the f32 gradient's bf16 copy (DGW_CAST, launched first by the
+-- runtime: grad rounded to nearest even once, as the mma.sync path rounds
+-- it) and y bf16 or 8-bit codes, which cp.async cannot decode: a thread
+-- loads its chunks of a step into registers (8 values of one K row each: a
+-- uint4 of the copy, a uint2 of codes or a uint4 of bf16), decodes y to
+-- bf16 — exactly as the mma.sync path does: codes exact, and with per-token scales
 -- (ascale=token) B(k, l) = bf16(code · sa[k]) — and stores them with one
 -- st.shared.v4 into the chunk's swizzled place (dg_wb_mnmaj; both operands
 -- MN-major: a K row is 64 contiguous d / l).
@@ -474,7 +476,7 @@ local DGW_HEAD = [[
 constexpr int H = ${H};		// heads
 constexpr int E = ${E};		// embd
 constexpr int L = ${L};		// latent width per head
-typedef float GT;		// the gradient (grad): f32, rounded to bf16 as staged
+typedef unsigned short GT;	// the gradient's bf16 copy (${ENTRY}_cast's, from the f32 grad)
 constexpr int EPW_B = ${EPW_B};		// y values a 32-bit word (the op table's B rows)
 
 // ---- tile: BM/64 warpgroups along M (d), each 64 x BN (l); a ring of S stages
@@ -531,7 +533,7 @@ ${SCALE_LOAD}
 	// ---- one step in registers: this thread's SA chunks of A (grad rows k,
 	// d = m0 + 64·(s / KR) + 8·(u % 8) ..) and SB of B (y rows k, l likewise);
 	// zeros past K, E or L (E % 8 == L % 8 == 0: a chunk is wholly in or out).
-	float4 ra[SA][2];
+	uint4 ra[SA];
 	${BT_REG} rb[SB];
 ${RS_DECL}
 	auto fetch = [&](int st) {	// st: the block's step, K step k_begin + st
@@ -553,11 +555,9 @@ ${RS_LOAD}
 #pragma unroll
 		for (int s = 0; s < SA; ++s) {
 			const int m = m0 + 64 * (s / KR) + 8 * ((tid + s * NT) & 7);
-			ra[s][0] = ra[s][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-			if (ar[s % KR] != nullptr && m < MM) {
-				ra[s][0] = __ldg((const float4 *)(ar[s % KR] + m));
-				ra[s][1] = __ldg((const float4 *)(ar[s % KR] + m + 4));
-			}
+			ra[s] = make_uint4(0u, 0u, 0u, 0u);
+			if (ar[s % KR] != nullptr && m < MM)
+				ra[s] = __ldg((const uint4 *)(ar[s % KR] + m));
 		}
 #pragma unroll
 		for (int s = 0; s < SB; ++s) {
@@ -573,10 +573,9 @@ ${RS_LOAD}
 #pragma unroll
 		for (int s = 0; s < SA; ++s) {
 			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = s / KR;
-			const float4 v0 = ra[s][0], v1 = ra[s][1];
+			const uint4 v = ra[s];
 			asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
-				     :: "r"(as + dg_wb_mnmaj(gg, kk, c)), "r"(dg_bf16x2(v0.x, v0.y)), "r"(dg_bf16x2(v0.z, v0.w)),
-				        "r"(dg_bf16x2(v1.x, v1.y)), "r"(dg_bf16x2(v1.z, v1.w)) : "memory");
+				     :: "r"(as + dg_wb_mnmaj(gg, kk, c)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 		}
 #pragma unroll
 		for (int s = 0; s < SB; ++s) {
@@ -683,6 +682,23 @@ constexpr int REG_C = 0;
 static_assert(BN <= 128 && PB % PKR == 0, "whole K rows a producer thread");
 ]]
 
+-- The gradient's bf16 copy both forms read as A (grad, f32, rounded to
+-- nearest even once: what staging it in registers rounded it to, so the
+-- same sums; 2 bytes a value through L2 on every tile instead of 4).
+local DGW_CAST = [[
+// grad (B·T·E f32) to bf16, rounded to nearest even: 8 values a thread
+// and a step, grid-stride (the kernel's A: its grad argument).
+extern "C" __global__ void __launch_bounds__(256)
+${ENTRY}_cast(const float *__restrict__ grad, unsigned short *__restrict__ out, long long n8)
+{
+	for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n8; i += (long long)gridDim.x * 256) {
+		const float4 a = __ldg((const float4 *)grad + 2 * i), b = __ldg((const float4 *)grad + 2 * i + 1);
+		((uint4 *)out)[i] = make_uint4(dg_bf16x2(a.x, a.y), dg_bf16x2(a.z, a.w), dg_bf16x2(b.x, b.y),
+					       dg_bf16x2(b.z, b.w));
+	}
+}
+]]
+
 local DGW_WS_KERNEL = [[
 // A chunk of y (16 or 8 bytes) into shared memory by cp.async.
 __device__ __forceinline__ void dg_cpy(unsigned dst, const void *src)
@@ -693,17 +709,6 @@ __device__ __forceinline__ void dg_cpy(unsigned dst, const void *src)
 		dg_cp8(dst, src, 8);
 }
 
-// grad (B·T·E f32) to bf16, rounded to nearest even: 8 values a thread
-// and a step, grid-stride (the warp-specialized kernel's A).
-extern "C" __global__ void __launch_bounds__(256)
-${ENTRY}_cast(const float *__restrict__ grad, unsigned short *__restrict__ out, long long n8)
-{
-	for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n8; i += (long long)gridDim.x * 256) {
-		const float4 a = __ldg((const float4 *)grad + 2 * i), b = __ldg((const float4 *)grad + 2 * i + 1);
-		((uint4 *)out)[i] = make_uint4(dg_bf16x2(a.x, a.y), dg_bf16x2(a.z, a.w), dg_bf16x2(b.x, b.y),
-					       dg_bf16x2(b.z, b.w));
-	}
-}
 
 extern "C" __global__ void __launch_bounds__(NTB, 1)
 ${ENTRY}(${SIG}, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)
@@ -718,7 +723,7 @@ ${ENTRY}(${SIG}, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_
 	const int k_begin = min(sp * kt_per_split, kt_all);
 	const int k_end = min(k_begin + kt_per_split, kt_all);	// empty: writes zeros
 	const int nsteps = k_end - k_begin;
-	(void)grad;				// A: its bf16 copy, by the map ma
+	(void)grad;				// A: the copy, by the map ma over it
 	(void)mb;
 ${SCALE_LOAD}
 	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
@@ -840,8 +845,8 @@ local function render_dgw(c)
   else
     c.about[#c.about + 1] = fmt("  a ring of %d stages (%d bytes of dynamic shared memory), __launch_bounds__ for %d block%s an SM;",
                                 c.stages, smem, minb, minb == 2 and "s" or "")
-    c.about[#c.about + 1] = fmt("  A (grad, f32) rounded to bf16 and B (y, %s) %s as staged through registers,",
-                                c.bfmt, c.bfmt == "bf16" and "copied" or (c.vec and "times sa[k], rounded to bf16," or "decoded"))
+    c.about[#c.about + 1] = fmt("  A (grad's bf16 copy, %s_cast) and B (y, %s) %s staged through registers,",
+                                c.entry, c.bfmt, c.bfmt == "bf16" and "copied" or (c.vec and "times sa[k], rounded to bf16," or "decoded"))
   end
   c.about[#c.about + 1] = "  both MN-major (templates/grad_wgmma.lua)."
   local w = EMIT.writer()
@@ -850,7 +855,8 @@ local function render_dgw(c)
   w:line(WB.helpers(c.bn, true, true))
   if F.code then w:line(require("grad_mma").I8_HELPERS) end
   w:line(EMIT.subst(DGW_HEAD, { H = c.H, E = c.E, L = c.L, EPW_B = F.epw, BM = c.bm, BN = c.bn, BK = c.bk,
-                               S = c.stages }))
+                               S = c.stages, ENTRY = c.entry }))
+  w:line(EMIT.subst(DGW_CAST, { ENTRY = c.entry }))
   w:line(EMIT.subst(o.text, { HIN_H = "0" }))
   w:line(EMIT.subst(require("grad_ops").ADDR.decoder_grad_weight, { HIN_H = "0" }))
   local rs = c.vec

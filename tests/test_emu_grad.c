@@ -1,7 +1,7 @@
 /*
  * decoder_grad_weight's warp-specialized form (templates/grad_wgmma.lua
  * DGW_WS_KERNEL: the gradient's bf16 copy made by the module's _cast entry
- * and loaded by TMA, y's chunks by cp.async into raw slots a producer
+ * (which the ring form reads too, through registers) and loaded by TMA, y's chunks by cp.async into raw slots a producer
  * thread decodes itself, full / empty mbarriers, two consumer
  * warpgroups) run on the CPU (tests/emu_helpers.h) against the ring form
  * (the same module family's 128x128x64/8x1/2, which the GPU suite checks
@@ -29,15 +29,17 @@ typedef void (*dgw_fn)(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_
 		       const void *y, const float *sa, float *dst, int B, int T, int splits, int per, void *copy,
 		       const eh_tmap *ma);
 
-/* The ring form: the kernel alone. */
+/* The ring form: the cast into copy, then the kernel on the copy. */
 static const char GLUE_RING[] =
 	"extern \"C\" void dg_emu_entry(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem,\n"
 	"	const float *grad, const void *y, const float *sa, float *dst, int B, int T, int splits, int per,\n"
 	"	void *copy, const void *ma)\n"
 	"{\n"
-	"	(void)copy, (void)ma;\n"
+	"	(void)ma;\n"
+	"	const long long n8 = (long long)B * T * E / 8;\n"
+	"	dg_emu_launch(2, 256, 0, [&] { dg_decoder_grad_weight_cast(grad, (unsigned short *)copy, n8); });\n"
 	"	dg_emu_launch3({ gx, gy, gz }, nt, smem, [&] {\n"
-	"		dg_decoder_grad_weight(grad, (const %s *)y, sa, dst, B, T, splits, per, 0);\n"
+	"		dg_decoder_grad_weight((const GT *)copy, (const %s *)y, sa, dst, B, T, splits, per, 0);\n"
 	"	});\n"
 	"}\n";
 
@@ -53,7 +55,7 @@ static const char GLUE_WS[] =
 	"	dg_tmap a;\n"
 	"	memcpy(&a, ma, sizeof(dg_emu_tmap));\n"
 	"	dg_emu_launch3({ gx, gy, gz }, nt, smem, [&] {\n"
-	"		dg_decoder_grad_weight(grad, (const %s *)y, sa, dst, B, T, splits, per, 0, a, a);\n"
+	"		dg_decoder_grad_weight((const GT *)copy, (const %s *)y, sa, dst, B, T, splits, per, 0, a, a);\n"
 	"	});\n"
 	"}\n";
 

@@ -82,8 +82,8 @@ static const char *gi_entries[] = { "dg_lowrank_grad_input", "dg_lowrank_grad_in
 static const char *dgi_entries[] = { "dg_decoder_grad_input" };
 static const char *gw_entries[] = { "dg_lowrank_grad_weight",
 				    "dg_lowrank_grad_weight_reduce" };
-static const char *dgw_entries[] = { "dg_decoder_grad_weight",
-				     "dg_decoder_grad_weight_reduce" };
+static const char *dgw_entries[] = { "dg_decoder_grad_weight", "dg_decoder_grad_weight_reduce",
+				     "dg_decoder_grad_weight_cast" };
 
 Test(nvrtc_grad, lowrank_grad_input_every_weight_and_in_heads)
 {
@@ -189,7 +189,11 @@ static void compile_on_path(dg_codegen *cg, const dg_spec *s, const char *path)
 			      : s->op == DG_OP_DECODER_GRAD_INPUT ? dgi_entries
 			      : s->op == DG_OP_LOWRANK_GRAD_WEIGHT ? gw_entries
 								   : dgw_entries;
-	int n = s->op == DG_OP_DECODER_GRAD_INPUT ? 1 : 2; /* the others have a _reduce */
+	/* the others have a _reduce; decoder_grad_weight's warpgroup forms
+	 * also the gradient's bf16 copy (_cast) */
+	int n = s->op == DG_OP_DECODER_GRAD_INPUT ? 1
+	      : s->op == DG_OP_DECODER_GRAD_WEIGHT && strstr(path, "warpgroup") ? 3
+										 : 2;
 
 	expect_path(cg, s, path);
 	compile_one(cg, s, en, n);
@@ -760,9 +764,13 @@ Test(nvrtc_grad, wgmma_decoder_grad_weight_tiles_and_formats)
 				compile_on_path(cg, &s, "path: warpgroup tensor cores");
 				dg_source *src = NULL;
 				cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
-				/* the gradient rounded to bf16 as staged; a scale a token
-				 * into B's rows, one a tensor on the sum (and the reduce) */
-				cr_assert(strstr(src->text, "dg_bf16x2(v0.x, v0.y)"));
+				/* the gradient's bf16 copy (the module's _cast) staged
+				 * as read; a scale a token into B's rows, one a tensor on
+				 * the sum (and the reduce) */
+				cr_assert(strstr(src->text, "dg_decoder_grad_weight_cast(const float *"));
+				cr_assert(strstr(src->text, "ra[s] = __ldg((const uint4 *)(ar[s % KR] + m));"));
+				cr_assert(src->n_entries == 3 && strcmp(src->entries[2], "dg_decoder_grad_weight_cast") == 0,
+					  "%d entries", src->n_entries);
 				bool token = fmts[f].token, code = fmts[f].f != DG_FMT_BF16;
 				cr_assert_eq(strstr(src->text, "rs[j] = k < K ? dg_b_scale(sa, k, h, T)") != NULL, token);
 				cr_assert_eq(strstr(src->text, "__fmul_rn(c0, s)") != NULL, code && !token);
@@ -788,8 +796,9 @@ Test(nvrtc_grad, wgmma_decoder_grad_weight_defaults_and_mma_fallback)
 		cr_assert_str_eq(p.path, "wgmma bf16");
 		cr_assert(p.needs_arch_specific);
 		cr_assert(strstr(p.canonical, "tile=128x256x64/8x1/2;"), "%s", p.canonical);
-		cr_assert_eq(p.n_entries, 2);
+		cr_assert_eq(p.n_entries, 3);
 		cr_assert_str_eq(p.entries[1].name, "dg_decoder_grad_weight_reduce");
+		cr_assert_str_eq(p.entries[2].name, "dg_decoder_grad_weight_cast");
 		cr_assert_eq(p.entries[0].threads, 256);
 		cr_assert_eq(p.entries[0].smem, 2 * (128 + 256) * 64 * 2 + 1024);
 		/* 4096 neurons a head and fewer: BN 128 */

@@ -83,9 +83,10 @@ static int64_t resident_of(dg_device *dev, const dg_kernel *k)
  * at T % 64 != 0 an auto tile takes the cp.async ring's 3 stages
  * (dg__tma_rows_tile). */
 
-/* decoder_grad_weight's warp-specialized kernel reads its A, the f32
- * gradient's bf16 copy (B·T·E values, made by the module's _cast entry
- * first), at the end of the workspace: its bytes, 256-aligned. */
+/* decoder_grad_weight's sm_90a kernels (the ring and the warp-specialized
+ * form) read their A, the f32 gradient's bf16 copy (B·T·E values, made by
+ * the module's _cast entry first), at the end of the workspace: its bytes,
+ * 256-aligned. */
 static size_t dgw_copy_bytes(const dg_prepared *p)
 {
 	return (size_t)dg__op_align256((size_t)p->shape.b * (size_t)p->shape.t * (size_t)p->spec.embd * 2);
@@ -296,6 +297,21 @@ static int splits_of(dg_device *dev, const dg_tile *t, int64_t heads, int64_t bt
 	return splits < 1 ? 1 : splits;
 }
 
+/* Whether decoder_grad_weight's kernel k reads the gradient's bf16 copy:
+ * its module has the _cast entry that makes it (templates/grad_wgmma.lua;
+ * the mma.sync and SIMT paths read the f32 gradient). */
+static bool dgw_reads_copy(const dg_kernel *k)
+{
+	for (int i = 0, n = dg_kernel_entry_count(k); i < n; i++) {
+		dg_kernel_info info;
+		const dg_kernel *e = dg_kernel_entry(k, i);
+		if (e && dg_kernel_info_get(e, &info) == DG_OK && info.entry &&
+		    strcmp(info.entry, "dg_decoder_grad_weight_cast") == 0)
+			return true;
+	}
+	return false;
+}
+
 dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char *entry,
 			       const char *reduce, int64_t rows, int64_t cols)
 {
@@ -321,8 +337,8 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char 
 	dg_launch l = gemm_launch((unsigned)dg__op_cdiv(cols, t->bn),
 				  (unsigned)dg__op_cdiv(rows, t->bm), (unsigned)(H * splits));
 	dg__prep_launch *L;
-	const bool dgw_ws = spec->op == DG_OP_DECODER_GRAD_WEIGHT && dg__tma_abi(k);
-	if (dgw_ws) {
+	const bool dgw_copy = spec->op == DG_OP_DECODER_GRAD_WEIGHT && dgw_reads_copy(k);
+	if (dgw_copy) {
 		/* the gradient's bf16 copy after the partials: 8 values a thread a
 		 * step, at most 8 blocks an SM */
 		dg_kernel *kc;
@@ -342,7 +358,10 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char 
 		return st;
 	if (!(L = dg__prep_add(p, k, &l, &st)))
 		return st;
-	dg__arg_data(p, L, 0);
+	if (dgw_copy) /* grad: its copy */
+		dg__arg_ws(p, L, (int64_t)(p->ws_bytes - dgw_copy_bytes(p)));
+	else
+		dg__arg_data(p, L, 0);
 	dg__arg_data(p, L, 1);
 	dg__arg_scale(p, L, 1);
 	if (splits > 1)
