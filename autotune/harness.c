@@ -193,6 +193,8 @@ static size_t n_scales(const dg__at_case *c, const dg_op_arg *a, int ndim, const
 		     (a->fmt == DG_ARG_ACT || (s->op == DG_OP_QUANTIZE_ACT && a->output));
 	bool channel = s->wscale == DG_SCALE_CHANNEL &&
 		       (a->fmt == DG_ARG_WEIGHT || (s->op == DG_OP_QUANTIZE_WEIGHT && a->output));
+	if (s->op == DG_OP_GATE_QUANT && a->output && a->scale)
+		return (size_t)(shape[0] * shape[2]); /* its codes: a scale a token (b, t) */
 	if (!a->scale || !(token || channel))
 		return 0;
 	if (token && ndim == 4 && strcmp(c->row->family, "decoder") == 0)
@@ -290,15 +292,18 @@ static dg_status reference(dg__at_case *c)
 	rc.elem0 = c->call.elem0;
 	rc.out_scale = &c->want_scale;
 	if (o->svec) {
-		/* the quantizers a scale a row: (1, 1, R, cols) tokens, R rows */
+		/* a scale a row: the quantizers' (1, 1, R, cols) tokens, R rows;
+		 * gate_quant's a token (b, t) of its (B, H, T, N) codes */
 		c->want_svec = malloc(o->nscale * sizeof(float));
 		if (!c->want_svec)
 			return DG_ERR_NOMEM;
 		rc.out_scale = c->want_svec;
-		rc.b = 1;
-		rc.t = c->r;
-		rc.groups = 1;
-		rc.cols = c->n / c->r;
+		if (s->op != DG_OP_GATE_QUANT) {
+			rc.b = 1;
+			rc.t = c->r;
+			rc.groups = 1;
+			rc.cols = c->n / c->r;
+		}
 	}
 	rc.backward = c->call.backward;
 	c->want = malloc(o->bytes + 16);
@@ -525,6 +530,17 @@ static bool compare(dg__at_case *c, const void *got, const float *gsv, char *why
 		return dg_ref_close_norm(got, c->want, o->n, 1e-2, 5e-2f, why, size);
 	case DG_CHECK_SCALED_CODES:
 		break;
+	}
+	if (s->op == DG_OP_GATE_QUANT) {
+		/* the gate and quantize_act's rule, bit for bit: a token's scale
+		 * (over its heads), then the codes */
+		for (size_t r = 0; r < o->nscale; r++)
+			if (memcmp(&gsv[r], &c->want_svec[r], sizeof(float)) != 0) {
+				snprintf(why, size, "scale of token %zu: %.9g, reference %.9g", r,
+					 (double)gsv[r], (double)c->want_svec[r]);
+				return false;
+			}
+		return dg_ref_same_bytes(got, c->want, o->bytes, why, size);
 	}
 	if (c->want_svec)
 		return compare_rows(c, got, gsv, why, size);

@@ -36,6 +36,9 @@ Test(gpu_ops, every_op_of_the_default_set_matches_its_reference, .timeout = 1200
 		if (s->arch > info.sm)
 			continue; /* a newer GPU's kernel */
 		cr_assert_eq(dg_spec_to_string(s, text, sizeof(text)), DG_OK);
+		/* which spec ran last, should one crash the process */
+		fprintf(stderr, "gpu_ops: %zu/%zu %s\n", i + 1, n, text);
+		fflush(stderr);
 		static const int rows[] = { 32, 80 };
 		/* a chunked op's T is a whole number of chunks: both rows are
 		 * one chunk (the harness rounds them up), checked once */
