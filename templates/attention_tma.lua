@@ -214,7 +214,8 @@ ${EPILOGUE}
 -- then the heads of a group of 8 (z), then n, then the group: the epilogue
 -- reads the RoPE table's rows of its tile (64 KiB at 128 x 128, twice a
 -- bf16 operand's), which the heads of a group read at once instead of a
--- whole head's sweep of the table (16.8 MB at BDH) apart;
+-- whole head's sweep of the table (16.8 MB at BDH) apart (H100, the w8a8
+-- step: attention backward 5.24 -> 4.93 ms, step 22.39 -> 22.11);
 -- step g counts the block's K steps over all its tiles, so the ring's
 -- stage g % S and phase (g / S) & 1 run on from tile to tile. The
 -- consumers release each stage once their MMAs on it are done (the last
