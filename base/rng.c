@@ -108,8 +108,8 @@ uint32_t dg_dropout_threshold(float p)
 	if (!(p > 0.0f))
 		return 0;
 	if (!(p < 1.0f))
-		return UINT32_MAX;
-	return (uint32_t)((double)p * 4294967296.0);
+		return 65536u;
+	return (uint32_t)((double)p * 65536.0);
 }
 
 bool dg_dropout_keep(uint64_t seed, uint32_t step, uint32_t layer, uint64_t i, float p)
@@ -117,10 +117,10 @@ bool dg_dropout_keep(uint64_t seed, uint32_t step, uint32_t layer, uint64_t i, f
 	uint32_t t = dg_dropout_threshold(p);
 	if (t == 0)
 		return true;
-	uint64_t q = i >> 2;
+	uint64_t q = i >> 3;
 	const uint32_t ctr[4] = { (uint32_t)q, (uint32_t)(q >> 32), step, layer };
 	const uint32_t key[2] = { (uint32_t)seed, (uint32_t)(seed >> 32) };
 	uint32_t out[4];
 	dg_philox4x32(ctr, key, out);
-	return out[i & 3] >= t;
+	return ((out[(i >> 1) & 3] >> (16 * (i & 1))) & 0xffffu) >= t;
 }

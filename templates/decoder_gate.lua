@@ -23,9 +23,9 @@ Kernel ABI (runtime/ops/gate.c launches it):
       const unsigned *step_at, unsigned long long elem0)
   step_at NULL, or a device word added to step (a captured step reads its
   step from its control block). elem0 added to every element's index
-  before its draw, any value (one that is not whole Philox blocks of 4
+  before its draw, any value (one that is not whole Philox blocks of 8
   elements runs the warpgroup epilogue element by element; a rank's
-  row0·H·T·L is whole blocks whenever L % 4 == 0).
+  row0·H·T·L is whole blocks whenever L % 8 == 0).
   grid (ceil(L/BN), ceil(B·T/BM), H), the plan's threads and dynamic shared
   memory. grad (B,1,T,E) f32; w (E, H·L) weight f32 | bf16 (no scale: the
   low-bit recipes pass their bf16 copy); xs, ys (B,H,T,L) act f32 | bf16;
@@ -40,8 +40,8 @@ Paths (M.plan):
     64 x BN. The epilogue stages the f32 tile dxy in the ring's shared
     memory (rows of BN + 8 floats: the pair stores of a half-warp hit 32
     banks), then each thread takes 8 consecutive l of a row at a time:
-    16-byte loads of xs and ys (4 such vectors in flight a thread), two
-    Philox blocks of mask words, 16-byte stores of dxs and dys (bf16 by
+    16-byte loads of xs and ys (4 such vectors in flight a thread), one
+    Philox block of mask words (8 16-bit draws), 16-byte stores of dxs and dys (bf16 by
     cvt.rn.bf16x2, a pair an instruction), a warp
     covering whole lines (bf16 pairs stored straight from the accumulators
     half-fill each 32-byte sector, measured slower in attention).
@@ -228,33 +228,26 @@ typedef ${GT} GT;		// dxs, dys: ${gfmt}
 ]]
 
 local GATE = [[
-// The gate's backward of 8 consecutive elements of one row, whose draws
-// are e0 .. e0+7 (the elements' index plus elem0; e0 % 4 == 0: two whole
-// Philox blocks): dxy in d, xs and ys loaded; the results into gx (dxs)
-// and d (dys).
-__device__ __forceinline__ void dg_gate8(float (&d)[8], const float (&a)[8], const float (&b)[8], float (&gx)[8],
-					 unsigned long long e0, unsigned thr, float s, unsigned long long seed,
-					 unsigned step, unsigned layer)
+// The keep bits of 8 consecutive elements of one row whose draws are
+// e0 .. e0+7 (the elements' index plus elem0; e0 % 8 == 0: one whole
+// Philox block), dg_keep_bits<1>(e0 / 8, ...): computed where the
+// epilogue's loads are in flight, every vector of a batch at once (their
+// Philox rounds independent chains the scheduler interleaves).
+__device__ __forceinline__ unsigned dg_keep8_at(unsigned long long e0, unsigned thr, unsigned long long seed,
+						unsigned step, unsigned layer)
 {
-	// the mask of dg_keep_bits<2>(e0 / 4, ...), word by word as predicates
-	// (no packing into bits and out again)
-	bool keep[8];
-	if (thr == 0u) {
-#pragma unroll
-		for (int j = 0; j < 8; ++j)
-			keep[j] = true;
-	} else {
-		const unsigned long long q = e0 / 4;
-		const uint4 r0 = dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer, (unsigned)seed,
-					   (unsigned)(seed >> 32));
-		const uint4 r1 = dg_philox((unsigned)(q + 1), (unsigned)((q + 1) >> 32), step, layer,
-					   (unsigned)seed, (unsigned)(seed >> 32));
-		keep[0] = r0.x >= thr, keep[1] = r0.y >= thr, keep[2] = r0.z >= thr, keep[3] = r0.w >= thr;
-		keep[4] = r1.x >= thr, keep[5] = r1.y >= thr, keep[6] = r1.z >= thr, keep[7] = r1.w >= thr;
-	}
+	return dg_keep_bits<1>(e0 / 8, thr, seed, step, layer);
+}
+
+// The gate's backward of 8 consecutive elements of one row, keep their
+// bits (dg_keep8_at): dxy in d, xs and ys loaded; the results into gx
+// (dxs) and d (dys).
+__device__ __forceinline__ void dg_gate8(float (&d)[8], const float (&a)[8], const float (&b)[8], float (&gx)[8],
+					 unsigned keep, float s)
+{
 #pragma unroll
 	for (int j = 0; j < 8; ++j) {
-		const float g = keep[j] ? __fmul_rn(d[j], s) : 0.0f;
+		const float g = (keep >> j) & 1u ? __fmul_rn(d[j], s) : 0.0f;
 		gx[j] = __fmul_rn(g, b[j]);
 		d[j] = b[j] > 0.0f ? __fmul_rn(g, a[j]) : 0.0f;
 	}
@@ -411,14 +404,21 @@ ${STAGE_ACC}
 		for (int c0 = 0; c0 < CH; c0 += BATCH) {
 			float a[BATCH][8], b[BATCH][8];
 			unsigned long long i0[BATCH];		// the vector's first element
+			unsigned keep[BATCH];			// its dropout bits
 			bool ok[BATCH];
 #pragma unroll
-			for (int k = 0; k < BATCH; ++k) {
+			for (int k = 0; k < BATCH; ++k) {	// the vectors, and their dropout bits
 				const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
 				const int l = n0 + 8 * c;
 				const long long base = rowbase[r];
 				ok[k] = FULL || (base >= 0 && l < L);
 				i0[k] = (unsigned long long)(base + l);
+				keep[k] = dg_keep8_at(i0[k] + elem0, thr, seed, step, layer);
+			}
+#pragma unroll
+			for (int k = 0; k < BATCH; ++k) {
+				const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
+				(void)r; (void)c;
 				if (ok[k]) {
 					dg_ld(xs, (long long)(i0[k] >> 3), a[k]);
 					${YS_VEC};
@@ -432,15 +432,15 @@ ${STAGE_ACC}
 				const float4 lo = *(const float4 *)(tile + r * BNP + 8 * c),
 					     hi = *(const float4 *)(tile + r * BNP + 8 * c + 4);
 				float d[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w }, gx[8];
-				dg_gate8(d, a[k], b[k], gx, i0[k] + elem0, thr, s, seed, step, layer);
+				dg_gate8(d, a[k], b[k], gx, keep[k], s);
 				dg_st8(dxs, (long long)(i0[k] >> 3), gx);
 				dg_st8(dys, (long long)(i0[k] >> 3), d);
 			}
 		}
 	};
 	// an elem0 that is not whole Philox blocks (uniform) would have a
-	// vector straddle three: element by element then
-	const bool whole = (elem0 & 3ull) == 0ull;
+	// vector straddle two: element by element then
+	const bool whole = (elem0 & 7ull) == 0ull;
 	if (full && whole) {
 		epilogue(true);
 	} else if (VEC && whole) {

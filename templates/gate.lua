@@ -7,10 +7,10 @@ over the flat (B, H, T, L) tensors (dg_ref_gate_op mirrors them):
             dxs[i] = g·ys[i]
             dys[i] = ys[i] > 0 ? g·xs[i] : 0     written over dxy (in place)
   s = 1/(1 − p) (1 when p = 0); keep(i) = dg_dropout_keep(seed, step, layer,
-  e, p) of dragon/rng.h at e = elem0 + i: word e % 4 of Philox4x32-10 at
-  counter (e/4 low, e/4 high, step, layer) under key (seed low, seed high),
-  kept when it is at least the threshold (uint32)(p·2^32) (every element
-  when that is 0). elem0 places the tensor in a larger one's stream: a
+  e, p) of dragon/rng.h at e = elem0 + i: the 16-bit half e % 2 of word
+  (e/2) % 4 of Philox4x32-10 at counter (e/8 low, e/8 high, step, layer)
+  under key (seed low, seed high), kept when it is at least the threshold
+  floor(p·2^16) (every element when that is 0). elem0 places the tensor in a larger one's stream: a
   data-parallel rank running rows row0 .. of the global batch passes
   row0·H·T·L, and draws the masks one process running it all draws there
   (0: the tensor's own).
@@ -32,8 +32,8 @@ each float (f32) | unsigned short (bf16)):
   of every gradient it writes, dys written over dxy included, so dxy, dys
   and dxs are all `out` (f32 by default).
   any grid (grid-stride over vectors of VE elements: 16 bytes of the
-  narrowest tensor, 4 when every tensor is f32, else 8 — one or two Philox
-  blocks), the plan's threads a block; 16-byte aligned.
+  narrowest tensor, 4 when every tensor is f32, else 8 — half a Philox
+  block or one), the plan's threads a block; 16-byte aligned.
 
 Schedule: 16-byte vectors, two a thread an iteration (U) with all their
 loads issued before the first use, kept as raw words (64 bytes in flight a
@@ -85,18 +85,31 @@ __device__ __forceinline__ uint4 dg_philox(unsigned c0, unsigned c1, unsigned c2
 	return make_uint4(c0, c1, c2, c3);
 }
 
-// The drop threshold of p (dg_dropout_threshold): 0 keeps every element.
+// The drop threshold of p (dg_dropout_threshold): an element is dropped
+// when its 16-bit draw is below it; 0 keeps every element, 65536 none.
 __device__ __forceinline__ unsigned dg_drop_threshold(float p)
 {
 	if (!(p > 0.0f))
 		return 0u;
 	if (!(p < 1.0f))
-		return 0xffffffffu;
-	return (unsigned)((double)p * 4294967296.0);
+		return 65536u;
+	return (unsigned)((double)p * 65536.0);
 }
 
-// The keep bits of the 4·G elements of Philox blocks q0 .. q0+G-1 (bit j:
-// element 4·q0 + j).
+// The keep bits of the 8 elements of one Philox block r (bit j: element
+// 8·q + j, its draw the 16-bit half j % 2 of word j / 2).
+__device__ __forceinline__ unsigned dg_keep8(const uint4 &r, unsigned thr)
+{
+	const unsigned w[4] = { r.x, r.y, r.z, r.w };
+	unsigned bits = 0u;
+#pragma unroll
+	for (int k = 0; k < 4; ++k)
+		bits |= ((unsigned)((w[k] & 0xffffu) >= thr) | (unsigned)((w[k] >> 16) >= thr) << 1) << (2 * k);
+	return bits;
+}
+
+// The keep bits of the 8·G elements of Philox blocks q0 .. q0+G-1 (bit j:
+// element 8·q0 + j).
 template <int G>
 __device__ __forceinline__ unsigned dg_keep_bits(unsigned long long q0, unsigned thr,
 						 unsigned long long seed, unsigned step, unsigned layer)
@@ -109,8 +122,7 @@ __device__ __forceinline__ unsigned dg_keep_bits(unsigned long long q0, unsigned
 		const unsigned long long q = q0 + g;
 		const uint4 r = dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer,
 					  (unsigned)seed, (unsigned)(seed >> 32));
-		bits |= ((unsigned)(r.x >= thr) | (unsigned)(r.y >= thr) << 1 |
-			 (unsigned)(r.z >= thr) << 2 | (unsigned)(r.w >= thr) << 3) << (4 * g);
+		bits |= dg_keep8(r, thr) << (8 * g);
 	}
 	return bits;
 }
@@ -119,24 +131,26 @@ __device__ __forceinline__ unsigned dg_keep_bits(unsigned long long q0, unsigned
 __device__ __forceinline__ bool dg_keep1(unsigned long long i, unsigned thr, unsigned long long seed,
 					 unsigned step, unsigned layer)
 {
-	return ((dg_keep_bits<1>(i >> 2, thr, seed, step, layer) >> (i & 3ull)) & 1u) != 0u;
+	return ((dg_keep_bits<1>(i >> 3, thr, seed, step, layer) >> (i & 7ull)) & 1u) != 0u;
 }
 
 // The keep bits of the N elements i .. i+N-1 (bit j: element i + j), any i:
-// the N/4 blocks from i/4 when i is a multiple of 4, else the N/4 + 1 it
-// straddles (an elem0 that is not whole blocks: uniform across the grid, so
-// the branch does not diverge).
+// the blocks from i/8 that N elements from a multiple of 4 cover (one for
+// N = 4 or 8 at a multiple of N), and one more where i's place in its block
+// makes them straddle it (an elem0 that is not whole blocks: uniform across
+// the grid, so the branch does not diverge).
 template <int N>
 __device__ __forceinline__ unsigned dg_keep_at(unsigned long long i, unsigned thr, unsigned long long seed,
 					       unsigned step, unsigned layer)
 {
-	static_assert(N % 4 == 0 && N + 4 <= 32, "whole blocks, and one more, in a word");
-	const unsigned sh = (unsigned)(i & 3ull);
-	const unsigned lo = dg_keep_bits<N / 4>(i >> 2, thr, seed, step, layer);
-	if (sh == 0u)
-		return lo;
-	const unsigned hi = dg_keep_bits<1>((i >> 2) + N / 4, thr, seed, step, layer);
-	return (lo | hi << N) >> sh;
+	static_assert(N % 4 == 0 && N <= 16, "whole half blocks, and one block more, in a word");
+	constexpr int NB = (N + 7) / 8;
+	const unsigned sh = (unsigned)(i & 7ull);
+	unsigned bits = dg_keep_bits<NB>(i >> 3, thr, seed, step, layer);
+	if (sh + N <= 8u * NB)
+		return (bits >> sh) & ((1u << N) - 1u);
+	const unsigned hi = dg_keep_bits<1>((i >> 3) + NB, thr, seed, step, layer);
+	return (unsigned)((((unsigned long long)hi << (8 * NB)) | bits) >> sh) & ((1u << N) - 1u);
 }
 ]]
 

@@ -578,7 +578,7 @@ typedef struct dg_lmhead_logits_args {
  * tensor in a larger one's stream: a data-parallel rank running rows
  * row0 .. of the global batch passes row0·H·T·N and draws what one
  * process running the whole batch draws for those rows (any value: one
- * that is not a multiple of 4, whole Philox blocks, costs the vectors a
+ * that is not a multiple of 8, whole Philox blocks, costs the vectors a
  * block more and decoder_gate_bwd's warpgroup epilogue its vectors). p, seed,
  * step, layer and elem0 are kernel arguments: one kernel a spec serves
  * every step, layer, rate and rank.

@@ -46,12 +46,16 @@ DG_API void dg_rng_fill(dg_rng *r, dg_fmt fmt, void *storage, size_t n);
 DG_API void dg_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
 /* The integer threshold of drop probability p in [0, 1): an element is
- * dropped when its 32-bit draw is below it. */
+ * dropped when its 16-bit draw is below it (floor(p·65536), 0 .. 65535;
+ * 65536 for p >= 1: every element dropped). The survival probability is
+ * 1 − floor(p·65536)/65536, within 2^-16 of 1 − p. */
 DG_API uint32_t dg_dropout_threshold(float p);
 
-/* Whether element i of (seed, step, layer) survives dropout p: the draw is
- * word i % 4 of Philox at counter (i/4 low, i/4 high, step, layer) under
- * key (seed low, seed high). */
+/* Whether element i of (seed, step, layer) survives dropout p: its draw is
+ * the 16-bit half i % 2 (low first) of word (i / 2) % 4 of Philox at counter
+ * (i/8 low, i/8 high, step, layer) under key (seed low, seed high): one
+ * Philox block draws 8 elements (half the rounds a 32-bit draw an element
+ * costs; the gate's kernels were bound by issuing them). */
 DG_API bool dg_dropout_keep(uint64_t seed, uint32_t step, uint32_t layer, uint64_t i, float p);
 
 #ifdef __cplusplus
