@@ -11,7 +11,8 @@
  * vector a thread and of odd heads, and inputs one element off 16 bytes
  * (the element path of both forms). The GPU suite (test_gpu_gate) checks
  * the same on the device with its times; this one checks the forms'
- * logic where no GPU is.
+ * logic where no GPU is. And gate_fwd's dropout bits (templates/gate.lua's
+ * dg_keep_at and dg_keep1) against dg_dropout_keep at every kind of elem0.
  */
 #include <criterion/criterion.h>
 
@@ -125,5 +126,62 @@ Test(emu_gate, gate_quant_element_path, .timeout = 900)
 	check(cg, &rng, DG_FMT_BF16, DG_FMT_UINT8POS, 2, 2, 3, 64, 0, 0, true);
 	check(cg, &rng, DG_FMT_BF16, DG_FMT_UINT8POS, 2, 2, 3, 64, 256, 1, true);
 	check(cg, &rng, DG_FMT_F32, DG_FMT_INT8, 2, 2, 3, 64, 128, 1, true);
+	dg_codegen_destroy(cg);
+}
+
+/* gate_fwd (templates/gate.lua) run on the CPU against dg_ref_gate_fwd_op,
+ * bit for bit: its vectors' dropout bits (dg_keep_at: 8 draws a Philox
+ * block, 16 bits each) and its tail's (dg_keep1) are dg_dropout_keep's at
+ * every elem0 — whole blocks, half a block, and one that has a vector
+ * straddle two — for f32 (4 values a vector) and bf16 (8). */
+typedef void (*gate_fwd_fn)(unsigned grid, unsigned nt, const void *xs, const void *ys, void *xy, int B, int T,
+			    float p, unsigned long long seed, unsigned step, unsigned layer,
+			    unsigned long long elem0);
+
+static const char GLUE_FWD[] =
+	"extern \"C\" void dg_emu_gate_fwd(unsigned grid, unsigned nt, const void *xs, const void *ys, void *xy,\n"
+	"	int B, int T, float p, unsigned long long seed, unsigned step, unsigned layer,\n"
+	"	unsigned long long elem0)\n"
+	"{\n"
+	"	dg_emu_launch(grid, nt, 0, [&] {\n"
+	"		dg_gate_fwd((const XT *)xs, (const XT *)ys, (XT *)xy, B, T, p, seed, step, layer, nullptr,\n"
+	"			    elem0);\n"
+	"	});\n"
+	"}\n";
+
+Test(emu_gate, gate_fwd_draws_the_reference_masks, .timeout = 900)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng rng;
+	dg_rng_seed(&rng, 23);
+	const dg_fmt acts[2] = { DG_FMT_F32, DG_FMT_BF16 };
+	for (int a = 0; a < 2; a++) {
+		/* 2 · 3 · 67 values: a tail past the tensor's whole vectors (dg_keep1) */
+		const int B = 2, H = 1, T = 3, L = 67;
+		dg_spec s;
+		dg_spec_init(&s, DG_OP_GATE_FWD);
+		s.act = acts[a], s.heads = H, s.latent = L;
+		dg_plan plan;
+		cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
+		gate_fwd_fn fn = (gate_fwd_fn)eh_build(cg, &s, GLUE_FWD, "dg_emu_gate_fwd");
+		const size_t n = (size_t)B * H * T * L + 3, e = esz(acts[a]);
+		unsigned char *xs = malloc(n * e), *ys = malloc(n * e), *got = malloc(n * e), *want = malloc(n * e);
+		cr_assert(xs && ys && got && want);
+		dg_rng_fill(&rng, acts[a], xs, n);
+		dg_rng_fill(&rng, acts[a], ys, n);
+		static const unsigned long long elem0s[] = { 0, 4, 13, 16 };
+		for (size_t k = 0; k < sizeof(elem0s) / sizeof(elem0s[0]); k++) {
+			/* the kernel's B·H·T·L values, then 3 it must not touch */
+			memset(got, 0xee, n * e);
+			fn(3, (unsigned)plan.entries[0].threads, xs, ys, got, B, T, 0.3f, 77, 5, 2, elem0s[k]);
+			cr_assert_eq(dg_ref_gate_fwd_op(acts[a], xs, ys, (int64_t)(n - 3), 0.3f, 77, 5, 2, elem0s[k], want),
+				     DG_OK);
+			cr_assert_eq(memcmp(got, want, (n - 3) * e), 0, "%s elem0 %llu: xy differs from the reference",
+				     plan.canonical, elem0s[k]);
+			for (size_t i = (n - 3) * e; i < n * e; i++)
+				cr_assert_eq(got[i], 0xee, "%s: a byte written past xy", plan.canonical);
+		}
+		free(xs), free(ys), free(got), free(want);
+	}
 	dg_codegen_destroy(cg);
 }
