@@ -202,6 +202,8 @@ static bool emulate_asm(const asm_stmt *a, buf *out)
 		snprintf(s, sizeof(s), "(%s) = (unsigned)dg_emu_dyn_size", op(a, 0));
 	else if (strstr(t, "cvt.rn.bf16x2.f32"))
 		snprintf(s, sizeof(s), "(%s) = dg_emu_cvt_bf16x2(%s, %s)", op(a, 0), op(a, 1), op(a, 2));
+	else if (strstr(t, "max.bf16x2"))
+		snprintf(s, sizeof(s), "(%s) = dg_emu_max_bf16x2(%s, %s)", op(a, 0), op(a, 1), op(a, 2));
 	else if (strstr(t, "fma.rn.sat.f32"))
 		snprintf(s, sizeof(s), "(%s) = dg_emu_fma_sat(%s, %s, %s)", op(a, 0), op(a, 1), op(a, 2), op(a, 3));
 	else if (strstr(t, "dp4a.u32.s32") || strstr(t, "dp4a.s32.s32"))

@@ -6,7 +6,8 @@
  * (t256/1, t128/1: the token's xy in shared memory) — against the
  * references (dg_ref_gate_fwd_op, then dg_ref_quantize_act_rows), codes
  * and scales bit for bit: src f32 and bf16, codes uint8pos and int8,
- * dropout off and on (p 0.1, elem0 13: not whole Philox blocks), a grid
+ * dropout off and on (p 0.1 at elem0 13: not whole Philox blocks; p 0.3 at
+ * elem0 8: whole ones), a grid
  * of 3 blocks (each strides over tokens), shapes of whole vectors, of a
  * vector a thread and of odd heads, and inputs one element off 16 bytes
  * (the element path of both forms). The GPU suite (test_gpu_gate) checks
@@ -71,8 +72,10 @@ static void check(dg_codegen *cg, dg_rng *rng, dg_fmt src, dg_fmt act, int B, in
 	const size_t k = off ? 1 : 0; /* elements past the allocation's alignment */
 	dg_rng_fill(rng, src, xs + k * e, n);
 	dg_rng_fill(rng, src, ys + k * e, n);
-	static const drop drops[2] = { { 0.0f, 1, 0, 0, 0 }, { 0.1f, 42, 13, 7, 3 } };
-	for (int d = 0; d < 2; d++) {
+	/* off; on at an elem0 of whole Philox blocks (the draws compared as
+	 * they are) and at one that is not (dg_keep_at's bits) */
+	static const drop drops[3] = { { 0.0f, 1, 0, 0, 0 }, { 0.1f, 42, 13, 7, 3 }, { 0.3f, 5, 8, 2, 1 } };
+	for (int d = 0; d < 3; d++) {
 		const drop *dr = &drops[d];
 		memset(got, 0xff, n + 16);
 		fn(3, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, xs + k * e, ys + k * e,

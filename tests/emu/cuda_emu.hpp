@@ -551,6 +551,20 @@ static inline unsigned dg_emu_cvt_bf16x2(float hi, float lo)
 	return (rn(lo) & 0xffffu) | (rn(hi) << 16);
 }
 
+/* max.bf16x2: each 16-bit lane the larger bf16, a NaN lane giving the
+ * other's value (both NaN: the canonical NaN) */
+static inline unsigned dg_emu_max_bf16x2(unsigned x, unsigned y)
+{
+	unsigned d = 0;
+	for (int sh = 0; sh < 32; sh += 16) {
+		const unsigned a = (x >> sh) & 0xffffu, b = (y >> sh) & 0xffffu;
+		const float fa = __uint_as_float(a << 16), fb = __uint_as_float(b << 16);
+		const unsigned m = fa != fa ? (fb != fb ? 0x7fffu : b) : fb != fb ? a : fa >= fb ? a : b;
+		d |= m << sh;
+	}
+	return d;
+}
+
 static inline float dg_emu_fma_sat(float a, float b, float c)
 {
 	const float u = fmaf(a, b, c);
