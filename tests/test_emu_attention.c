@@ -260,31 +260,32 @@ Test(emu_attention, warp_specialized_scores, .timeout = 900)
 	dg_codegen_destroy(cg);
 }
 
-/* attention_grad_xs on each of n tiles, both epilogues, at T 136 (3 steps
- * a tile: a ring of 4 wraps inside a tile and from tile to tile), L 192
- * (BN 128 leaves a ragged column of tiles), two heads */
-static void grad_xs_tiles(uint64_t seed, const dg_tile *tiles, int n)
+/* attention_grad_xs at shape s on each of n tiles, both epilogues */
+static void grad_xs_tiles(uint64_t seed, const shape *s, const dg_tile *tiles, int n)
 {
 	dg_codegen *cg = nh_codegen();
 	dg_rng r;
 	dg_rng_seed(&r, seed);
-	const shape s = { 1, 2, 136, 192, 64 };
 	for (int i = 0; i < n; i++)
 		for (int epi = 0; epi < 2; epi++)
-			check_grad_xs(cg, &r, &s, &tiles[i], epi);
+			check_grad_xs(cg, &r, s, &tiles[i], epi);
 	dg_codegen_destroy(cg);
 }
 
+/* T 136 (3 steps a tile: a ring of 4 wraps inside a tile and from tile to
+ * tile), L 192 (BN 128 leaves a ragged column of tiles), two heads */
+static const shape GRAD_XS_SHAPE = { 1, 2, 136, 192, 64 };
+
 Test(emu_attention, warp_specialized_grad_xs, .timeout = 900)
 {
-	grad_xs_tiles(6, TILES, 3);
+	grad_xs_tiles(6, &GRAD_XS_SHAPE, TILES, 3);
 }
 
 /* the persistent form: 3 blocks over 2 x 2 x 2 tiles (BM 128) or 3 x 2 x 2
  * (BM 64) */
 Test(emu_attention, persistent_grad_xs, .timeout = 900)
 {
-	grad_xs_tiles(8, PERSISTENT, 2);
+	grad_xs_tiles(8, &GRAD_XS_SHAPE, PERSISTENT, 2);
 }
 
 /* the persistent walk over more heads than a group (8): B 3 x H 4 = 12
@@ -292,13 +293,8 @@ Test(emu_attention, persistent_grad_xs, .timeout = 900)
  * ragged), 3 blocks over the 24 tiles: every tile once, both epilogues */
 Test(emu_attention, persistent_grad_xs_head_groups, .timeout = 900)
 {
-	dg_codegen *cg = nh_codegen();
-	dg_rng r;
-	dg_rng_seed(&r, 12);
 	const shape s = { 3, 4, 72, 192, 64 };
-	for (int epi = 0; epi < 2; epi++)
-		check_grad_xs(cg, &r, &s, &PERSISTENT[0], epi);
-	dg_codegen_destroy(cg);
+	grad_xs_tiles(12, &s, PERSISTENT, 1);
 }
 
 /* rope=load on the persistent form (its turners RoPE each stage's boxes
