@@ -249,14 +249,9 @@ __device__ __forceinline__ void dg_gate8(float (&d)[8], const float (&a)[8], con
 			keep[j] = true;
 	} else {
 		const unsigned long long q = e0 / 8;
-		const uint4 r = dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer, (unsigned)seed,
-					  (unsigned)(seed >> 32));
-		const unsigned w[4] = { r.x, r.y, r.z, r.w };
-#pragma unroll
-		for (int k = 0; k < 4; ++k) {
-			keep[2 * k] = (w[k] & 0xffffu) >= thr;
-			keep[2 * k + 1] = (w[k] >> 16) >= thr;
-		}
+		dg_keep8_flags(dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer, (unsigned)seed,
+					 (unsigned)(seed >> 32)),
+			       thr, keep);
 	}
 #pragma unroll
 	for (int j = 0; j < 8; ++j) {

@@ -96,15 +96,27 @@ __device__ __forceinline__ unsigned dg_drop_threshold(float p)
 	return (unsigned)((double)p * 65536.0);
 }
 
-// The keep bits of the 8 elements of one Philox block r (bit j: element
-// 8·q + j, its draw the 16-bit half j % 2 of word j / 2).
-__device__ __forceinline__ unsigned dg_keep8(const uint4 &r, unsigned thr)
+// Whether each of the 8 elements of one Philox block r survives (element
+// 8·q + j: its draw the 16-bit half j % 2 of word j / 2, at least thr).
+__device__ __forceinline__ void dg_keep8_flags(const uint4 &r, unsigned thr, bool (&keep)[8])
 {
 	const unsigned w[4] = { r.x, r.y, r.z, r.w };
+#pragma unroll
+	for (int k = 0; k < 4; ++k) {
+		keep[2 * k] = (w[k] & 0xffffu) >= thr;
+		keep[2 * k + 1] = (w[k] >> 16) >= thr;
+	}
+}
+
+// The same as bits (bit j: element 8·q + j).
+__device__ __forceinline__ unsigned dg_keep8(const uint4 &r, unsigned thr)
+{
+	bool keep[8];
+	dg_keep8_flags(r, thr, keep);
 	unsigned bits = 0u;
 #pragma unroll
-	for (int k = 0; k < 4; ++k)
-		bits |= ((unsigned)((w[k] & 0xffffu) >= thr) | (unsigned)((w[k] >> 16) >= thr) << 1) << (2 * k);
+	for (int j = 0; j < 8; ++j)
+		bits |= (unsigned)keep[j] << j;
 	return bits;
 }
 

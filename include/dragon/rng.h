@@ -54,8 +54,7 @@ DG_API uint32_t dg_dropout_threshold(float p);
 /* Whether element i of (seed, step, layer) survives dropout p: its draw is
  * the 16-bit half i % 2 (low first) of word (i / 2) % 4 of Philox at counter
  * (i/8 low, i/8 high, step, layer) under key (seed low, seed high): one
- * Philox block draws 8 elements (half the rounds a 32-bit draw an element
- * costs; the gate's kernels were bound by issuing them). */
+ * Philox block draws 8 elements. */
 DG_API bool dg_dropout_keep(uint64_t seed, uint32_t step, uint32_t layer, uint64_t i, float p);
 
 #ifdef __cplusplus
