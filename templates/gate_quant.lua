@@ -122,6 +122,34 @@ __device__ __forceinline__ uint4 dg_xy(const uint4 &ra, const uint4 &rb, unsigne
 ${PACK}
 }
 
+// xy of the vector whose first draw is e (e = its offset + elem0), its
+// dropout drawn here: where e is a whole Philox block's first draw (bf16's 8
+// values a vector, elem0 % 8 == 0: whole, uniform), the block's 8 16-bit
+// draws compared as they are (the high half against thr·2^16, no bits packed
+// and taken apart again); else dg_keep_at's bits. thr ≤ 65535 on the whole
+// path (p < 1: the op refuses any other).
+__device__ __forceinline__ uint4 dg_xy_at(const uint4 &ra, const uint4 &rb, unsigned long long e, bool whole,
+					  unsigned thr, float s, unsigned long long seed, unsigned step, unsigned layer)
+{
+	if (VE == 8 && whole) {
+		uint4 r = make_uint4(0u, 0u, 0u, 0u);	// p 0: every draw >= 0
+		if (thr != 0u)
+			r = dg_philox((unsigned)(e >> 3), (unsigned)(e >> 35), step, layer, (unsigned)seed,
+				      (unsigned)(seed >> 32));
+		const unsigned w[4] = { r.x, r.y, r.z, r.w }, th = thr << 16;
+		float a[VE], b[VE], o[VE];
+		dg_unpack(ra, a);
+		dg_unpack(rb, b);
+#pragma unroll
+		for (int j = 0; j < VE; ++j) {
+			const bool keep = (j & 1) ? w[j >> 1] >= th : (w[j >> 1] << 16) >= th;
+			o[j] = keep ? __fmul_rn(__fmul_rn(a[j], b[j]), s) : 0.0f;
+		}
+${PACK}
+	}
+	return dg_xy(ra, rb, dg_keep_at<VE>(e, thr, seed, step, layer), s);
+}
+
 // xy of the one value at element off (the element path).
 __device__ __forceinline__ float dg_xy1(const XT *__restrict__ xs, const XT *__restrict__ ys, long long off,
 				       unsigned long long elem0, unsigned thr, unsigned long long seed, unsigned step,
@@ -161,6 +189,8 @@ __device__ __forceinline__ float dg_vec_absmax(const uint4 &q, float a)
 		a = fmaxf(a, fabsf(f[e]));
 	return a;
 }
+
+${AMAX}
 
 // The token's scale from each thread's max a (dg_block_max), its
 // reciprocal in si, written to scales[r] by thread 0.
@@ -307,10 +337,12 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 	constexpr int NV = H * (L / VE);	// the token's vectors
 	const bool vec = ((unsigned long long)xs & 15ull) == 0 && ((unsigned long long)ys & 15ull) == 0 &&
 			 ((unsigned long long)codes & (unsigned long long)(VE - 1)) == 0;
+	const bool whole = (elem0 & 7ull) == 0ull && thr <= 0xffffu;	// dg_xy_at's draws as they are
 	for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
 		const long long b = r / T, base = (b * H * T + (r - b * T)) * L;
 		float a = 0.0f;
 		if (vec) {
+			dg_amax_t m = 0;
 			for (int j0 = tid; j0 < NV; j0 += U * NT) {
 				uint4 ra[U], rb[U];
 #pragma unroll
@@ -327,12 +359,14 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 					const int j = j0 + u * NT;
 					if (j < NV) {
 						const long long off = dg_vec_off(base, seg, j);
-						const uint4 q = dg_xy(ra[u], rb[u], dg_keep_at<VE>((unsigned long long)off + elem0, thr, seed, step, layer), s);
+						const uint4 q = dg_xy_at(ra[u], rb[u], (unsigned long long)off + elem0, whole, thr, s, seed,
+									 step, layer);
 						sxy[j] = q;
-						a = dg_vec_absmax(q, a);
+						m = dg_amax_fold(q, m);
 					}
 				}
 			}
+			a = dg_amax_value(m);
 		} else {
 			a = dg_elem_max(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid);
 		}
@@ -374,6 +408,36 @@ local PACK = {
 	return make_uint4(dg_bf16x2(o[0], o[1]), dg_bf16x2(o[2], o[3]), dg_bf16x2(o[4], o[5]), dg_bf16x2(o[6], o[7]));]],
   f32 = [[
 	return make_uint4(__float_as_uint(o[0]), __float_as_uint(o[1]), __float_as_uint(o[2]), __float_as_uint(o[3]));]],
+}
+
+-- A thread's max of |xy| over its vectors: bf16 a pair of lanes at a time
+-- (max.bf16x2 of the values with their sign bits cleared: the same max as
+-- fmaxf of the widened values, NaN ignored likewise, the two lanes widened
+-- once at the end); f32 as the values.
+local AMAX = {
+  bf16 = [[
+typedef unsigned dg_amax_t;	// a bf16 pair: the max of the even and of the odd values
+__device__ __forceinline__ unsigned dg_bmax2(unsigned x, unsigned y)
+{
+	unsigned d;
+	asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(x), "r"(y));
+	return d;
+}
+__device__ __forceinline__ dg_amax_t dg_amax_fold(const uint4 &q, dg_amax_t m)
+{
+	m = dg_bmax2(m, q.x & 0x7fff7fffu);
+	m = dg_bmax2(m, q.y & 0x7fff7fffu);
+	m = dg_bmax2(m, q.z & 0x7fff7fffu);
+	return dg_bmax2(m, q.w & 0x7fff7fffu);
+}
+__device__ __forceinline__ float dg_amax_value(dg_amax_t m)
+{
+	return fmaxf(__uint_as_float(m << 16), __uint_as_float(m & 0xffff0000u));
+}]],
+  f32 = [[
+typedef float dg_amax_t;
+__device__ __forceinline__ dg_amax_t dg_amax_fold(const uint4 &q, dg_amax_t m) { return dg_vec_absmax(q, m); }
+__device__ __forceinline__ float dg_amax_value(dg_amax_t m) { return m; }]],
 }
 
 local STORE = {
@@ -477,7 +541,7 @@ function M.render(spec, plan)
     CT = act == "uint8pos" and "unsigned char" or "signed char",
     PHILOX = GATE.PHILOX, QUANT_FN = Q.QUANT_FN, QUANT_VEC_FN = Q.QUANT_VEC_FN,
     ROUND = src == "bf16" and "dg_bf16_to_f32(dg_f32_to_bf16(v))" or "v",
-    UNPACK = UNPACK[src], PACK = PACK[src], STORE = STORE[ve],
+    UNPACK = UNPACK[src], PACK = PACK[src], STORE = STORE[ve], AMAX = AMAX[src],
   }
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "gate_quant.lua", {

@@ -157,9 +157,10 @@ __device__ __forceinline__ int dg_quant_near(float v, float s, float y)
 
 // The N codes of f at scale s, four a word (code e in byte e % 4): exactly
 // dg_quant's, by a multiply with the row's si = dg_quant_inv(s) where y is
-// not within 2^-12 of a half-integer, else by dg_quant_near.
-template <int N>
-__device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float2 si, unsigned (&w)[N / 4])
+// not within 2^-12 of a half-integer, else by dg_quant_near. UNIT: si.y is 1
+// (nearly every row), so v·si.y is v, exactly, and is not multiplied.
+template <int N, bool UNIT>
+__device__ __forceinline__ void dg_quant_vec_f(const float (&f)[N], float s, float2 si, unsigned (&w)[N / 4])
 {
 	constexpr float RM = 12582912.0f;	// 1.5·2^23: y + RM is rint(y) + RM
 	constexpr int RB = 0x4b400000;		// its bits at rint(y) = 0
@@ -168,7 +169,7 @@ __device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float
 	bool near = false;
 #pragma unroll
 	for (int e = 0; e < N; ++e) {
-		const float y = __fmul_rn(__fmul_rn(f[e], si.y), si.x);
+		const float y = UNIT ? __fmul_rn(f[e], si.x) : __fmul_rn(__fmul_rn(f[e], si.y), si.x);
 		const float t = __fadd_rn(y, RM);
 		near |= !(fabsf(__fsub_rn(y, __fsub_rn(t, RM))) < NEAR);
 		b[e] = min(max(__float_as_int(t), RB + QLO), RB + QMAX);
@@ -194,6 +195,16 @@ __device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float
 	for (int k = 0; k < N / 4; ++k)
 		w[k] = __byte_perm(__byte_perm(b[4 * k], b[4 * k + 1], 0x0040),
 				   __byte_perm(b[4 * k + 2], b[4 * k + 3], 0x0040), 0x5410);
+}
+
+// dg_quant_vec_f, the row's si.y deciding which (uniform across a row).
+template <int N>
+__device__ __forceinline__ void dg_quant_vec(const float (&f)[N], float s, float2 si, unsigned (&w)[N / 4])
+{
+	if (si.y == 1.0f)
+		dg_quant_vec_f<N, true>(f, s, si, w);
+	else
+		dg_quant_vec_f<N, false>(f, s, si, w);
 }]]
 
 -- The constants of dg_quant.
