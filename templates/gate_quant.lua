@@ -96,7 +96,7 @@ ${UNPACK}
 __device__ __forceinline__ long long dg_vec_off(long long base, long long seg, int j)
 {
 	constexpr int CV = L / VE;
-	const int g = j / CV;
+	const int g = (int)((unsigned)j / CV);	// j >= 0: no sign to mend
 	return base + g * seg + (long long)(j - g * CV) * VE;
 }
 
@@ -122,32 +122,25 @@ __device__ __forceinline__ uint4 dg_xy(const uint4 &ra, const uint4 &rb, unsigne
 ${PACK}
 }
 
-// xy of the vector whose first draw is e (e = its offset + elem0), its
-// dropout drawn here: where e is a whole Philox block's first draw (bf16's 8
-// values a vector, elem0 % 8 == 0: whole, uniform), the block's 8 16-bit
-// draws compared as they are (the high half against thr·2^16, no bits packed
-// and taken apart again); else dg_keep_at's bits. thr ≤ 65535 on the whole
-// path (p < 1: the op refuses any other).
-__device__ __forceinline__ uint4 dg_xy_at(const uint4 &ra, const uint4 &rb, unsigned long long e, bool whole,
-					  unsigned thr, float s, unsigned long long seed, unsigned step, unsigned layer)
+// xy of the vector whose first draw is e (e = its offset + elem0, a
+// multiple of 8: bf16's 8 values, elem0 whole Philox blocks), dropout on
+// (0 < thr <= 65535): the block's 8 16-bit draws compared as they are (the
+// high half against thr·2^16), no bits packed and taken apart again.
+__device__ __forceinline__ uint4 dg_xy_whole(const uint4 &ra, const uint4 &rb, unsigned long long e, unsigned thr,
+					     float s, unsigned long long seed, unsigned step, unsigned layer)
 {
-	if (VE == 8 && whole) {
-		uint4 r = make_uint4(0u, 0u, 0u, 0u);	// p 0: every draw >= 0
-		if (thr != 0u)
-			r = dg_philox((unsigned)(e >> 3), (unsigned)(e >> 35), step, layer, (unsigned)seed,
-				      (unsigned)(seed >> 32));
-		const unsigned w[4] = { r.x, r.y, r.z, r.w }, th = thr << 16;
-		float a[VE], b[VE], o[VE];
-		dg_unpack(ra, a);
-		dg_unpack(rb, b);
+	const uint4 r = dg_philox((unsigned)(e >> 3), (unsigned)(e >> 35), step, layer, (unsigned)seed,
+				  (unsigned)(seed >> 32));
+	const unsigned w[4] = { r.x, r.y, r.z, r.w }, th = thr << 16;
+	float a[VE], b[VE], o[VE];
+	dg_unpack(ra, a);
+	dg_unpack(rb, b);
 #pragma unroll
-		for (int j = 0; j < VE; ++j) {
-			const bool keep = (j & 1) ? w[j >> 1] >= th : (w[j >> 1] << 16) >= th;
-			o[j] = keep ? __fmul_rn(__fmul_rn(a[j], b[j]), s) : 0.0f;
-		}
-${PACK}
+	for (int j = 0; j < VE; ++j) {
+		const bool keep = (j & 1) ? w[j >> 1] >= th : (w[j >> 1] << 16) >= th;
+		o[j] = keep ? __fmul_rn(__fmul_rn(a[j], b[j]), s) : 0.0f;
 	}
-	return dg_xy(ra, rb, dg_keep_at<VE>(e, thr, seed, step, layer), s);
+${PACK}
 }
 
 // xy of the one value at element off (the element path).
@@ -337,35 +330,53 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 	constexpr int NV = H * (L / VE);	// the token's vectors
 	const bool vec = ((unsigned long long)xs & 15ull) == 0 && ((unsigned long long)ys & 15ull) == 0 &&
 			 ((unsigned long long)codes & (unsigned long long)(VE - 1)) == 0;
-	const bool whole = (elem0 & 7ull) == 0ull && thr <= 0xffffu;	// dg_xy_at's draws as they are
+	const bool whole = VE == 8 && (elem0 & 7ull) == 0ull && thr <= 0xffffu;	// dg_xy_whole's draws
+	constexpr bool FULLB = NV % (U * NT) == 0;	// every batch whole
+	constexpr bool HEADB = (L / VE) % (U * NT) == 0;	// every batch within one head (so whole)
 	for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
 		const long long b = r / T, base = (b * H * T + (r - b * T)) * L;
 		float a = 0.0f;
 		if (vec) {
 			dg_amax_t m = 0;
-			for (int j0 = tid; j0 < NV; j0 += U * NT) {
-				uint4 ra[U], rb[U];
+			// MODE (uniform; each its own copy of the loop, so a batch's
+			// U Philox chains are one block of code the scheduler
+			// interleaves): 0 no dropout, 1 whole blocks (dg_xy_whole), 2
+			// dg_keep_at's bits
+			auto stage = [&](const int MODE) {
+				for (int j0 = tid; j0 < NV; j0 += U * NT) {
+					uint4 ra[U], rb[U];
+					long long off[U];
 #pragma unroll
-				for (int u = 0; u < U; ++u) {	// the batch's loads first
-					const int j = j0 + u * NT;
-					if (j < NV) {
-						const long long off = dg_vec_off(base, seg, j);
-						ra[u] = __ldg((const uint4 *)(xs + off));
-						rb[u] = __ldg((const uint4 *)(ys + off));
+					for (int u = 0; u < U; ++u) {	// the batch's loads first
+						const int j = j0 + u * NT;
+						// a batch within one head: its vectors NT·VE values apart
+						off[u] = HEADB ? (u == 0 ? dg_vec_off(base, seg, j0) : off[0] + (long long)u * NT * VE)
+							       : dg_vec_off(base, seg, j);
+						if (FULLB || j < NV) {
+							ra[u] = __ldg((const uint4 *)(xs + off[u]));
+							rb[u] = __ldg((const uint4 *)(ys + off[u]));
+						}
+					}
+#pragma unroll
+					for (int u = 0; u < U; ++u) {
+						const int j = j0 + u * NT;
+						if (FULLB || j < NV) {
+							const unsigned long long e = (unsigned long long)off[u] + elem0;
+							const uint4 q = MODE == 0 ? dg_xy(ra[u], rb[u], 0xffffffffu, s)
+								      : MODE == 1 ? dg_xy_whole(ra[u], rb[u], e, thr, s, seed, step, layer)
+										  : dg_xy(ra[u], rb[u], dg_keep_at<VE>(e, thr, seed, step, layer), s);
+							sxy[j] = q;
+							m = dg_amax_fold(q, m);
+						}
 					}
 				}
-#pragma unroll
-				for (int u = 0; u < U; ++u) {
-					const int j = j0 + u * NT;
-					if (j < NV) {
-						const long long off = dg_vec_off(base, seg, j);
-						const uint4 q = dg_xy_at(ra[u], rb[u], (unsigned long long)off + elem0, whole, thr, s, seed,
-									 step, layer);
-						sxy[j] = q;
-						m = dg_amax_fold(q, m);
-					}
-				}
-			}
+			};
+			if (thr == 0u)
+				stage(0);
+			else if (whole)
+				stage(1);
+			else
+				stage(2);
 			a = dg_amax_value(m);
 		} else {
 			a = dg_elem_max(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid);

@@ -114,6 +114,11 @@ Test(emu_gate, gate_quant_forms_against_the_references, .timeout = 900)
 				if (af == 0)
 					check(cg, &rng, src, act, 1, 4, 3, 256, forms[f][0], forms[f][1], false);
 			}
+	/* the staged form where a head's vectors are whole batches (L / 8 a
+	 * multiple of U·NT = 4·64: a batch's vectors from one head's offset,
+	 * as at the BDH shape with t256/1) */
+	check(cg, &rng, DG_FMT_BF16, DG_FMT_UINT8POS, 1, 2, 3, 2048, 64, 1, false);
+	check(cg, &rng, DG_FMT_BF16, DG_FMT_INT8, 2, 3, 2, 2048, 64, 1, false);
 	dg_codegen_destroy(cg);
 }
 
