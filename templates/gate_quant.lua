@@ -333,6 +333,7 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 	const bool whole = VE == 8 && (elem0 & 7ull) == 0ull && thr <= 0xffffu;	// dg_xy_whole's draws
 	constexpr bool FULLB = NV % (U * NT) == 0;	// every batch whole
 	constexpr bool HEADB = (L / VE) % (U * NT) == 0;	// every batch within one head (so whole)
+	constexpr bool HEADT = (L / VE) % NT == 0;	// a head's vectors whole strides of the block
 	for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
 		const long long b = r / T, base = (b * H * T + (r - b * T)) * L;
 		float a = 0.0f;
@@ -384,13 +385,23 @@ dg_gate_quant(const XT *__restrict__ xs, const XT *__restrict__ ys, long long ro
 		float2 si;
 		const float sc = dg_token_scale(a, red, lane, warp, tid, scales, r, si);
 		if (vec) {
-			for (int j = tid; j < NV; j += NT) {	// the slots this thread wrote
+			auto codes_of = [&](int j, long long off) {
 				float f[VE];
 				dg_unpack(sxy[j], f);
 				unsigned w[VE / 4];
 				dg_quant_vec(f, sc, si, w);
-				const long long off = dg_vec_off(base, seg, j);
 ${STORE}
+			};
+			if (HEADT) {	// a head's vectors a whole number of strides: its offset once
+#pragma unroll 1
+				for (int g = 0; g < H; ++g) {
+					const long long hb = base + (long long)g * seg;
+					for (int jj = tid; jj < L / VE; jj += NT)	// the slots this thread wrote
+						codes_of(g * (L / VE) + jj, hb + (long long)jj * VE);
+				}
+			} else {
+				for (int j = tid; j < NV; j += NT)	// the slots this thread wrote
+					codes_of(j, dg_vec_off(base, seg, j));
 			}
 		} else {
 			dg_elem_codes(xs, ys, base, seg, elem0, thr, seed, step, layer, s, tid, sc, codes);

@@ -172,7 +172,10 @@ __device__ __forceinline__ void dg_quant_vec_f(const float (&f)[N], float s, flo
 		const float y = UNIT ? __fmul_rn(f[e], si.x) : __fmul_rn(__fmul_rn(f[e], si.y), si.x);
 		const float t = __fadd_rn(y, RM);
 		near |= !(fabsf(__fsub_rn(y, __fsub_rn(t, RM))) < NEAR);
-		b[e] = min(max(__float_as_int(t), RB + QLO), RB + QMAX);
+		// UNIT: s normal, so |y| <= QMAX·(1 + 2^-21) and rint(y) is within
+		// ±QMAX (the argument above): only uint8pos's floor 0 can bind
+		b[e] = UNIT ? (QLO == 0 ? max(__float_as_int(t), RB) : __float_as_int(t))
+			    : min(max(__float_as_int(t), RB + QLO), RB + QMAX);
 	}
 	if (near) {	// rare: a rolled loop, each near value exactly
 		const float sf = __fmul_rn(s, si.y);
