@@ -228,34 +228,28 @@ typedef ${GT} GT;		// dxs, dys: ${gfmt}
 ]]
 
 local GATE = [[
-// The gate's backward of 8 consecutive elements of one row, whose draws
-// are e0 .. e0+7 (the elements' index plus elem0; e0 % 8 == 0: one whole
-// Philox block): dxy in d, xs and ys loaded; the results into gx (dxs)
-// and d (dys).
-__device__ __forceinline__ void dg_gate8(float (&d)[8], const float (&a)[8], const float (&b)[8], float (&gx)[8],
-					 unsigned long long e0, unsigned thr, float s, unsigned long long seed,
-					 unsigned step, unsigned layer)
+// The keep bits of 8 consecutive elements of one row whose draws are
+// e0 .. e0+7 (the elements' index plus elem0; e0 % 8 == 0: one whole
+// Philox block), dropout on (thr > 0): dg_keep_bits<1>(e0 / 8, ...) without
+// its thr test, so that a batch's chains, drawn where the caller tests thr
+// once for all of them, are one block of code the scheduler interleaves.
+__device__ __forceinline__ unsigned dg_keep8_at(unsigned long long e0, unsigned thr, unsigned long long seed,
+						unsigned step, unsigned layer)
 {
-	// the mask of dg_keep_bits<1>(e0 / 8, ...), half-word by half-word as
-	// predicates (no packing into bits and out again). One Philox chain
-	// here where 32-bit draws had two: this kernel measured 0.11 ms slower
-	// over the w8a8 step on an H100 (3.23 -> 3.35 ms, fewer instructions but
-	// less to interleave); the batch's four chains drawn ahead of its loads
-	// (no spill at 128 registers) is the form to time next.
-	bool keep[8];
-	if (thr == 0u) {
-#pragma unroll
-		for (int j = 0; j < 8; ++j)
-			keep[j] = true;
-	} else {
-		const unsigned long long q = e0 / 8;
-		dg_keep8_flags(dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer, (unsigned)seed,
-					 (unsigned)(seed >> 32)),
-			       thr, keep);
-	}
+	const unsigned long long q = e0 / 8;
+	return dg_keep8(dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer, (unsigned)seed, (unsigned)(seed >> 32)),
+			thr);
+}
+
+// The gate's backward of 8 consecutive elements of one row, keep their
+// bits (dg_keep8_at): dxy in d, xs and ys loaded; the results into gx
+// (dxs) and d (dys).
+__device__ __forceinline__ void dg_gate8(float (&d)[8], const float (&a)[8], const float (&b)[8], float (&gx)[8],
+					 unsigned keep, float s)
+{
 #pragma unroll
 	for (int j = 0; j < 8; ++j) {
-		const float g = keep[j] ? __fmul_rn(d[j], s) : 0.0f;
+		const float g = (keep >> j) & 1u ? __fmul_rn(d[j], s) : 0.0f;
 		gx[j] = __fmul_rn(g, b[j]);
 		d[j] = b[j] > 0.0f ? __fmul_rn(g, a[j]) : 0.0f;
 	}
@@ -412,14 +406,26 @@ ${STAGE_ACC}
 		for (int c0 = 0; c0 < CH; c0 += BATCH) {
 			float a[BATCH][8], b[BATCH][8];
 			unsigned long long i0[BATCH];		// the vector's first element
+			unsigned keep[BATCH];			// its dropout bits
 			bool ok[BATCH];
 #pragma unroll
-			for (int k = 0; k < BATCH; ++k) {
+			for (int k = 0; k < BATCH; ++k) {	// the vectors
 				const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
 				const int l = n0 + 8 * c;
 				const long long base = rowbase[r];
 				ok[k] = FULL || (base >= 0 && l < L);
 				i0[k] = (unsigned long long)(base + l);
+				keep[k] = 0xffu;
+			}
+			if (thr != 0u) {	// their dropout bits, the batch's chains together
+#pragma unroll
+				for (int k = 0; k < BATCH; ++k)
+					keep[k] = dg_keep8_at(i0[k] + elem0, thr, seed, step, layer);
+			}
+#pragma unroll
+			for (int k = 0; k < BATCH; ++k) {
+				const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
+				(void)r; (void)c;
 				if (ok[k]) {
 					dg_ld(xs, (long long)(i0[k] >> 3), a[k]);
 					${YS_VEC};
@@ -433,7 +439,7 @@ ${STAGE_ACC}
 				const float4 lo = *(const float4 *)(tile + r * BNP + 8 * c),
 					     hi = *(const float4 *)(tile + r * BNP + 8 * c + 4);
 				float d[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w }, gx[8];
-				dg_gate8(d, a[k], b[k], gx, i0[k] + elem0, thr, s, seed, step, layer);
+				dg_gate8(d, a[k], b[k], gx, keep[k], s);
 				dg_st8(dxs, (long long)(i0[k] >> 3), gx);
 				dg_st8(dys, (long long)(i0[k] >> 3), d);
 			}
