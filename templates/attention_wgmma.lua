@@ -101,28 +101,112 @@ ${EPILOGUE}
 ]]
 
 local MASK_CHUNK = [[
+// The inputs of columns n..n+7 of row m at L % 8 == 0 (then n % 8 == 0 and
+// n + 8 <= N = L): the RoPE table's cos/sin pairs, dxs and mask_xs, one
+// 16-byte access of each bf16 tensor (two of f32). Loaded apart from their
+// use so that a thread's loads of several chunks are in flight together
+// (EPI_STAGED): loaded and used chunk by chunk, each chunk's store to dxs
+// came before the next chunk's loads, and the staged epilogue waited out
+// a round trip to memory a chunk (ptxas cannot move a load of dxs above a
+// store to it).
+// 8 values of T as loaded, their bits (converted where used: as dg_ld
+// does, so that a chunk in flight holds 4 registers of bf16, not 8).
+template <typename T>
+struct dg_raw8 {
+	uint4 w[sizeof(T) / 2];
+};
+
+template <typename T>
+__device__ __forceinline__ void dg_raw8_ld(dg_raw8<T> &r, const T *p)
+{
+#pragma unroll
+	for (int k = 0; k < (int)(sizeof(T) / 2); ++k)
+		r.w[k] = ((const uint4 *)p)[k];
+}
+
+__device__ __forceinline__ void dg_raw8_f(const dg_raw8<float> &r, float (&f)[8])
+{
+	const unsigned u[8] = { r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w, r.w[1].x, r.w[1].y, r.w[1].z, r.w[1].w };
+#pragma unroll
+	for (int j = 0; j < 8; ++j)
+		f[j] = __uint_as_float(u[j]);
+}
+
+__device__ __forceinline__ void dg_raw8_f(const dg_raw8<unsigned short> &r, float (&f)[8])
+{
+	const unsigned u[4] = { r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w };
+#pragma unroll
+	for (int j = 0; j < 4; ++j) {
+		f[2 * j] = __uint_as_float(u[j] << 16);
+		f[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+	}
+}
+
+// 8 values stored whole: one 16-byte store of bf16, two of f32 (as dg_st,
+// by __stwb: a plain vector store here reached ptxas as four 4-byte ones,
+// the loads of the address being elsewhere).
+__device__ __forceinline__ void dg_st8(float *p, const float (&f)[8])
+{
+	__stwb((float4 *)p, make_float4(f[0], f[1], f[2], f[3]));
+	__stwb((float4 *)p + 1, make_float4(f[4], f[5], f[6], f[7]));
+}
+
+__device__ __forceinline__ void dg_st8(unsigned short *p, const float (&f)[8])
+{
+	unsigned u[4];
+#pragma unroll
+	for (int j = 0; j < 4; ++j)
+		u[j] = (unsigned)dg_f32_to_bf16(f[2 * j]) | ((unsigned)dg_f32_to_bf16(f[2 * j + 1]) << 16);
+	__stwb((uint4 *)p, make_uint4(u[0], u[1], u[2], u[3]));
+}
+
+struct dg_mask_in {
+	float4 c0, c1;		// the table's cos/sin pairs
+	dg_raw8<OT> d;		// dxs
+	dg_raw8<XT> x;		// mask_xs
+};
+
+__device__ __forceinline__ void dg_mask_load(dg_mask_in &in, const OT *po, const XT *pm, const float *rope,
+					     int m, int n)
+{
+	const long long o = (long long)m * L + n;
+	in.c0 = __ldg((const float4 *)(rope + o));
+	in.c1 = __ldg((const float4 *)(rope + o) + 1);
+	dg_raw8_ld(in.d, po + o);
+	dg_raw8_ld(in.x, pm + o);
+}
+
+// The sums v turned by RoPEᵀ pair by pair, added to in's dxs and masked by
+// its mask_xs, stored to dxs.
+__device__ __forceinline__ void dg_mask_apply(OT *po, int m, int n, const dg_mask_in &in, const float (&v)[8])
+{
+	const long long o = (long long)m * L + n;
+	const float cs[8] = { in.c0.x, in.c0.y, in.c0.z, in.c0.w, in.c1.x, in.c1.y, in.c1.z, in.c1.w };
+	float d[8], x[8];
+	dg_raw8_f(in.d, d);
+	dg_raw8_f(in.x, x);
+#pragma unroll
+	for (int p = 0; p < 4; ++p) {
+		const float v0 = v[2 * p], v1 = v[2 * p + 1], c = cs[2 * p], s = cs[2 * p + 1];
+		d[2 * p] = dg_mask1(d[2 * p], __fadd_rn(__fmul_rn(v0, c), __fmul_rn(v1, s)), x[2 * p]);
+		d[2 * p + 1] = dg_mask1(d[2 * p + 1], __fsub_rn(__fmul_rn(v1, c), __fmul_rn(v0, s)), x[2 * p + 1]);
+	}
+	dg_st8(po + o, d);
+}
+
 // Columns n..n+7 of row m (dxs at po, mask_xs at pm, of rows of L): the
-// sums v turned by RoPEᵀ pair by pair, added and masked. L % 8 == 0 (then
-// n % 8 == 0 and n + 8 <= N = L): one 16-byte access of each bf16 tensor
-// (two of f32); else pair by pair up to L.
+// sums v turned by RoPEᵀ pair by pair, added and masked. L % 8 == 0: one
+// 16-byte access of each bf16 tensor (two of f32); else pair by pair up
+// to L.
 __device__ __forceinline__ void dg_mask_chunk(OT *po, const XT *pm, const float *rope, int m, int n,
 					      const float (&v)[8])
 {
-	const long long o = (long long)m * L + n;
 	if constexpr (L % 8 == 0) {
-		const float4 c0 = __ldg((const float4 *)(rope + o)), c1 = __ldg((const float4 *)(rope + o) + 1);
-		const float cs[8] = { c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w };
-		float d[8], x[8];
-		dg_ld(po + o, 0, d);
-		dg_ld(pm + o, 0, x);
-#pragma unroll
-		for (int p = 0; p < 4; ++p) {
-			const float v0 = v[2 * p], v1 = v[2 * p + 1], c = cs[2 * p], s = cs[2 * p + 1];
-			d[2 * p] = dg_mask1(d[2 * p], __fadd_rn(__fmul_rn(v0, c), __fmul_rn(v1, s)), x[2 * p]);
-			d[2 * p + 1] = dg_mask1(d[2 * p + 1], __fsub_rn(__fmul_rn(v1, c), __fmul_rn(v0, s)), x[2 * p + 1]);
-		}
-		dg_st(po + o, 0, d);
+		dg_mask_in in;
+		dg_mask_load(in, po, pm, rope, m, n);
+		dg_mask_apply(po, m, n, in, v);
 	} else {
+		const long long o = (long long)m * L + n;
 #pragma unroll
 		for (int p = 0; p < 4; ++p)
 			if (n + 2 * p < L)
@@ -152,17 +236,47 @@ ${STAGE_ACC}
 	// lanes 4..7 of each quarter-warp read their chunk's second half first,
 	// so a quarter-warp's eight float4 reads hit distinct banks
 	const int h0 = (lane >> 2) & 1;
-#pragma unroll 2
-	for (int it = 0; it < BM * CPR / NT; ++it) {
-		const int u = tid + it * NT, r = u / CPR, c = u % CPR * 8;
-		const int m = m0 + r, n = n0 + c;
-		if (m >= M || n >= N)
-			continue;
+	auto staged = [&](int r, int c, float (&v)[8]) {
 		const float *src = ct + r * CP + c;
 		const float4 a = *(const float4 *)(src + 4 * h0), b = *(const float4 *)(src + 4 - 4 * h0);
 		const float4 lo = h0 ? b : a, hi = h0 ? a : b;
-		const float v[8] = { lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w };
-		dg_mask_chunk(po, pm, rope, m, n, v);
+		v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+	};
+	constexpr int ITS = BM * CPR / NT;	// chunks a thread
+	if constexpr (L % 8 == 0) {
+		// EB chunks at a time: their loads first (all in flight together),
+		// then their sums, adds, masks and stores
+		constexpr int EB = ITS % 4 == 0 ? 4 : ITS % 2 == 0 ? 2 : 1;
+#pragma unroll 1
+		for (int i0 = 0; i0 < ITS; i0 += EB) {
+			dg_mask_in in[EB];
+#pragma unroll
+			for (int e = 0; e < EB; ++e) {
+				const int u = tid + (i0 + e) * NT, r = u / CPR, c = u % CPR * 8;
+				if (m0 + r < M && n0 + c < N)
+					dg_mask_load(in[e], po, pm, rope, m0 + r, n0 + c);
+			}
+#pragma unroll
+			for (int e = 0; e < EB; ++e) {
+				const int u = tid + (i0 + e) * NT, r = u / CPR, c = u % CPR * 8;
+				if (m0 + r >= M || n0 + c >= N)
+					continue;
+				float v[8];
+				staged(r, c, v);
+				dg_mask_apply(po, m0 + r, n0 + c, in[e], v);
+			}
+		}
+	} else {
+#pragma unroll 2
+		for (int it = 0; it < ITS; ++it) {
+			const int u = tid + it * NT, r = u / CPR, c = u % CPR * 8;
+			const int m = m0 + r, n = n0 + c;
+			if (m >= M || n >= N)
+				continue;
+			float v[8];
+			staged(r, c, v);
+			dg_mask_chunk(po, pm, rope, m, n, v);
+		}
 	}]]
 -- the staged epilogue with the accumulators' store into the tile in place
 local EPI_STAGED = EMIT.subst(EPI_STAGED_T,

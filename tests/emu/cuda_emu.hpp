@@ -132,6 +132,7 @@ static inline float dg_emu_shfl_xor(float v, int m)
 }
 
 template <class T> static inline T __ldg(const T *p) { return *p; }
+template <class T> static inline void __stwb(T *p, T v) { *p = v; }
 
 /* CUDA's min and max of integers and floats (the device overloads) */
 static inline int min(int a, int b) { return a < b ? a : b; }
