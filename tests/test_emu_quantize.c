@@ -79,8 +79,9 @@ static void check(dg_codegen *cg, dg_rng *rng, dg_fmt src, dg_fmt act, bool warp
 }
 
 /* the warp entry: tokens of a vector a lane at most (G·C 256 bf16 or 128
- * f32, and four heads of 64 / 32), 2 x 13 tokens (not a multiple of the
- * tokens a warp takes at a time); longer tokens (G·C 1024); odd ones */
+ * f32, and four heads of 64 / 32), 2 x 13 and 13 tokens (the second not
+ * a multiple of the tokens a warp takes at a time); longer tokens (G·C
+ * 1024); odd ones */
 Test(emu_quantize, rows_warp_against_the_reference, .timeout = 900)
 {
 	dg_codegen *cg = nh_codegen();
@@ -91,6 +92,7 @@ Test(emu_quantize, rows_warp_against_the_reference, .timeout = 900)
 			const dg_fmt src = sf ? DG_FMT_BF16 : DG_FMT_F32, act = af ? DG_FMT_INT8 : DG_FMT_UINT8POS;
 			const int ve = sf ? 8 : 4;
 			check(cg, &rng, src, act, true, 2, 1, 13, 32 * ve);
+			check(cg, &rng, src, act, true, 1, 1, 13, 32 * ve);
 			check(cg, &rng, src, act, true, 2, 4, 13, 8 * ve);
 			check(cg, &rng, src, act, true, 1, 2, 5, 512);
 			check(cg, &rng, src, act, true, 2, 3, 3, 13);
