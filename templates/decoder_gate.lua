@@ -228,22 +228,9 @@ typedef ${GT} GT;		// dxs, dys: ${gfmt}
 ]]
 
 local GATE = [[
-// The keep bits of 8 consecutive elements of one row whose draws are
-// e0 .. e0+7 (the elements' index plus elem0; e0 % 8 == 0: one whole
-// Philox block), dropout on (thr > 0): dg_keep_bits<1>(e0 / 8, ...) without
-// its thr test, so that a batch's chains, drawn where the caller tests thr
-// once for all of them, are one block of code the scheduler interleaves.
-__device__ __forceinline__ unsigned dg_keep8_at(unsigned long long e0, unsigned thr, unsigned long long seed,
-						unsigned step, unsigned layer)
-{
-	const unsigned long long q = e0 / 8;
-	return dg_keep8(dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer, (unsigned)seed, (unsigned)(seed >> 32)),
-			thr);
-}
-
 // The gate's backward of 8 consecutive elements of one row, keep their
-// bits (dg_keep8_at): dxy in d, xs and ys loaded; the results into gx
-// (dxs) and d (dys).
+// dropout bits: dxy in d, xs and ys loaded; the results into gx (dxs) and
+// d (dys).
 __device__ __forceinline__ void dg_gate8(float (&d)[8], const float (&a)[8], const float (&b)[8], float (&gx)[8],
 					 unsigned keep, float s)
 {
@@ -417,15 +404,18 @@ ${STAGE_ACC}
 				i0[k] = (unsigned long long)(base + l);
 				keep[k] = 0xffu;
 			}
-			if (thr != 0u) {	// their dropout bits, the batch's chains together
+			// their dropout bits (the draws of i0 + elem0, a multiple of 8:
+			// one whole Philox block each), thr tested once for the batch so
+			// that its chains are one block of code the scheduler interleaves
+			if (thr != 0u) {
 #pragma unroll
 				for (int k = 0; k < BATCH; ++k)
-					keep[k] = dg_keep8_at(i0[k] + elem0, thr, seed, step, layer);
+					keep[k] = dg_keep8(dg_drop_block((i0[k] + elem0) >> 3, seed, step, layer), thr);
 			}
 #pragma unroll
 			for (int k = 0; k < BATCH; ++k) {
 				const int u = tid + (c0 + k) * NT, r = u / (BN / 8), c = u % (BN / 8);
-				(void)r; (void)c;
+				(void)r; (void)c;	// read by the ys-in-the-kernel form's YS_VEC
 				if (ok[k]) {
 					dg_ld(xs, (long long)(i0[k] >> 3), a[k]);
 					${YS_VEC};

@@ -96,6 +96,15 @@ __device__ __forceinline__ unsigned dg_drop_threshold(float p)
 	return (unsigned)((double)p * 65536.0);
 }
 
+// The dropout stream's Philox block q of (seed, step, layer) (dragon/rng.h
+// dg_dropout_keep: counter (q low, q high, step, layer), key (seed low,
+// seed high)): the draws of elements 8·q .. 8·q+7.
+__device__ __forceinline__ uint4 dg_drop_block(unsigned long long q, unsigned long long seed, unsigned step,
+					       unsigned layer)
+{
+	return dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer, (unsigned)seed, (unsigned)(seed >> 32));
+}
+
 // Whether each of the 8 elements of one Philox block r survives (element
 // 8·q + j: its draw the 16-bit half j % 2 of word j / 2, at least thr).
 __device__ __forceinline__ void dg_keep8_flags(const uint4 &r, unsigned thr, bool (&keep)[8])
@@ -130,12 +139,8 @@ __device__ __forceinline__ unsigned dg_keep_bits(unsigned long long q0, unsigned
 		return 0xffffffffu;
 	unsigned bits = 0u;
 #pragma unroll
-	for (int g = 0; g < G; ++g) {
-		const unsigned long long q = q0 + g;
-		const uint4 r = dg_philox((unsigned)q, (unsigned)(q >> 32), step, layer,
-					  (unsigned)seed, (unsigned)(seed >> 32));
-		bits |= dg_keep8(r, thr) << (8 * g);
-	}
+	for (int g = 0; g < G; ++g)
+		bits |= dg_keep8(dg_drop_block(q0 + g, seed, step, layer), thr) << (8 * g);
 	return bits;
 }
 

@@ -129,8 +129,7 @@ ${PACK}
 __device__ __forceinline__ uint4 dg_xy_whole(const uint4 &ra, const uint4 &rb, unsigned long long e, unsigned thr,
 					     float s, unsigned long long seed, unsigned step, unsigned layer)
 {
-	const uint4 r = dg_philox((unsigned)(e >> 3), (unsigned)(e >> 35), step, layer, (unsigned)seed,
-				  (unsigned)(seed >> 32));
+	const uint4 r = dg_drop_block(e >> 3, seed, step, layer);
 	const unsigned w[4] = { r.x, r.y, r.z, r.w }, th = thr << 16;
 	float a[VE], b[VE], o[VE];
 	dg_unpack(ra, a);
