@@ -101,17 +101,6 @@ ${EPILOGUE}
 ]]
 
 local MASK_CHUNK = [[
-// The inputs of columns n..n+7 of row m at L % 8 == 0 (then n % 8 == 0 and
-// n + 8 <= N = L): the RoPE table's cos/sin pairs, dxs and mask_xs, one
-// 16-byte access of each bf16 tensor (two of f32). Loaded apart from their
-// use so that a thread's loads of several chunks are in flight together
-// (EPI_STAGED): loaded and used chunk by chunk, each chunk's store to dxs
-// came before the next chunk's loads, and the staged epilogue waited out
-// a round trip to memory a chunk (ptxas cannot move a load of dxs above a
-// store to it). Measured on an H100 (the w8a8 step, main's templates and
-// these alternately, bench/results/step-train-h100-2026-12-06_epi.json):
-// attention backward 4.93/4.93 -> 4.62/4.63 ms, step 21.34/21.35 ->
-// 21.04/21.03, the same loss.
 // 8 values of T as loaded, their bits (converted where used: as dg_ld
 // does, so that a chunk in flight holds 4 registers of bf16, not 8).
 template <typename T>
@@ -163,6 +152,17 @@ __device__ __forceinline__ void dg_st8(unsigned short *p, const float (&f)[8])
 	__stwb((uint4 *)p, make_uint4(u[0], u[1], u[2], u[3]));
 }
 
+// The inputs of columns n..n+7 of row m at L % 8 == 0 (then n % 8 == 0 and
+// n + 8 <= N = L): the RoPE table's cos/sin pairs, dxs and mask_xs, one
+// 16-byte access of each bf16 tensor (two of f32). Loaded apart from their
+// use so that a thread's loads of several chunks are in flight together
+// (EPI_STAGED): loaded and used chunk by chunk, each chunk's store to dxs
+// came before the next chunk's loads, and the staged epilogue waited out
+// a round trip to memory a chunk (ptxas cannot move a load of dxs above a
+// store to it). Measured on an H100 (the w8a8 step, main's templates and
+// these alternately, bench/results/step-train-h100-2026-12-06_epi.json):
+// attention backward 4.93/4.93 -> 4.62/4.63 ms, step 21.34/21.35 ->
+// 21.04/21.03, the same loss.
 struct dg_mask_in {
 	float4 c0, c1;		// the table's cos/sin pairs
 	dg_raw8<OT> d;		// dxs
@@ -197,25 +197,19 @@ __device__ __forceinline__ void dg_mask_apply(OT *po, int m, int n, const dg_mas
 	dg_st8(po + o, d);
 }
 
-// Columns n..n+7 of row m (dxs at po, mask_xs at pm, of rows of L): the
-// sums v turned by RoPEᵀ pair by pair, added and masked. L % 8 == 0: one
-// 16-byte access of each bf16 tensor (two of f32); else pair by pair up
-// to L.
+// Columns n..n+7 of row m (dxs at po, mask_xs at pm, of rows of L) where
+// L % 8 != 0: the sums v turned by RoPEᵀ, added and masked pair by pair up
+// to L (at L % 8 == 0 the staged epilogue takes dg_mask_load and
+// dg_mask_apply, whole 16-byte accesses).
 __device__ __forceinline__ void dg_mask_chunk(OT *po, const XT *pm, const float *rope, int m, int n,
 					      const float (&v)[8])
 {
-	if constexpr (L % 8 == 0) {
-		dg_mask_in in;
-		dg_mask_load(in, po, pm, rope, m, n);
-		dg_mask_apply(po, m, n, in, v);
-	} else {
-		const long long o = (long long)m * L + n;
+	const long long o = (long long)m * L + n;
 #pragma unroll
-		for (int p = 0; p < 4; ++p)
-			if (n + 2 * p < L)
-				dg_mask_pair(po + o + 2 * p, pm + o + 2 * p, __ldg((const float2 *)(rope + o + 2 * p)),
-					     v[2 * p], v[2 * p + 1]);
-	}
+	for (int p = 0; p < 4; ++p)
+		if (n + 2 * p < L)
+			dg_mask_pair(po + o + 2 * p, pm + o + 2 * p, __ldg((const float2 *)(rope + o + 2 * p)),
+				     v[2 * p], v[2 * p + 1]);
 }
 ]]
 
