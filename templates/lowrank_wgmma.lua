@@ -490,11 +490,19 @@ local function epilogue(k, magic, fsum)
                 4 * j, 4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3)
       end
     else
+      -- after the ReLU no value is NaN, so cvt.rn.bf16x2 (dg_bf16x2) rounds
+      -- each pair exactly as dg_f32_to_bf16 does, in one instruction where
+      -- the bit operations take about sixteen; without it a NaN keeps its
+      -- payload by dg_f32_to_bf16 (dg_pack2's branch to it spilled here)
       for j = 0, 1 do
         local p = {}
         for i = 0, 3 do
-          p[#p + 1] = fmt("(unsigned)dg_f32_to_bf16(y[%d]) | ((unsigned)dg_f32_to_bf16(y[%d]) << 16)",
-                          8 * j + 2 * i, 8 * j + 2 * i + 1)
+          if k.thr then
+            p[#p + 1] = fmt("dg_bf16x2(y[%d], y[%d])", 8 * j + 2 * i, 8 * j + 2 * i + 1)
+          else
+            p[#p + 1] = fmt("(unsigned)dg_f32_to_bf16(y[%d]) | ((unsigned)dg_f32_to_bf16(y[%d]) << 16)",
+                            8 * j + 2 * i, 8 * j + 2 * i + 1)
+          end
         end
         w:linef("*(uint4 *)(orp + 64 * a + %d) = make_uint4(%s);", 8 * j, table.concat(p, ",\n\t\t\t\t\t\t\t\t"))
       end
@@ -739,7 +747,8 @@ if (out_absum) {
   end
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "lowrank.lua", about))
-  w:line(DEV.helpers({ bf16 = (k.out == "bf16") or nil, sign1 = (k.weight == "sign1") or nil,
+  w:line(DEV.helpers({ bf16 = (k.out == "bf16") or nil, bf16x2 = (k.out == "bf16" and k.thr) and true or nil,
+                     sign1 = (k.weight == "sign1") or nil,
                      code = (k.out == "int8" or k.out == "uint8pos") or nil }))
   w:line(MMA.helpers({ decode = false }, fa.unsigned))
   w:line(WG.helpers(k.bn, fa.unsigned, bf))
