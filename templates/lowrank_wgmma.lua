@@ -452,6 +452,14 @@ local function epilogue(k, magic, fsum)
     if not s_e then return fmt(tofloat, acc_ref(i)) end
     return fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_e)
   end
+  -- y after the ReLU: max(y − thr, 0); at thr 0 the subtraction is left
+  -- out, being y itself bit for bit (y − +0 rounds to y for every y, −0
+  -- and NaN included), one instruction an output less
+  local function relu(y)
+    if not k.thr then return y end
+    if k.thr == 0 and 1 / k.thr > 0 then return fmt("fmaxf(%s, 0.0f)", y) end
+    return fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
+  end
   if out_code then
     w:line("unsigned cw[16];	// 1.5·2^23 + code: the low byte is the code (dg_code_t)")
     for i = 0, 15 do
@@ -467,20 +475,14 @@ local function epilogue(k, magic, fsum)
     w:line("*(uint4 *)(orp + 64 * a) = o;")
     w:line("if (out_absum) {	// Σ|y| of y = relu(acc·s − thr), as the float outputs compute it")
     for i = 0, 15 do
-      local y = scaled(i)
-      if k.thr then
-        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
-      end
+      local y = relu(scaled(i))
       w:linef("\tabsum += fabsf(%s);", y)
     end
     w:line("}")
   else
     w:line("float y[16];")
     for i = 0, 15 do
-      local y = scaled(i)
-      if k.thr then
-        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
-      end
+      local y = relu(scaled(i))
       w:linef("y[%d] = %s;", i, y)
       w:linef("absum += fabsf(y[%d]);", i)
     end
