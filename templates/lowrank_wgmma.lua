@@ -452,6 +452,14 @@ local function epilogue(k, magic, fsum)
     if not s_e then return fmt(tofloat, acc_ref(i)) end
     return fmt("__fmul_rn(%s, %s)", fmt(tofloat, acc_ref(i)), s_e)
   end
+  -- y after the ReLU: max(y − thr, 0); at thr 0 the subtraction is left
+  -- out, being y itself bit for bit (y − +0 rounds to y for every y, −0
+  -- and NaN included), one instruction an output less
+  local function relu(y)
+    if not k.thr then return y end
+    if k.thr == 0 and 1 / k.thr > 0 then return fmt("fmaxf(%s, 0.0f)", y) end
+    return fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
+  end
   if out_code then
     w:line("unsigned cw[16];	// 1.5·2^23 + code: the low byte is the code (dg_code_t)")
     for i = 0, 15 do
@@ -467,20 +475,14 @@ local function epilogue(k, magic, fsum)
     w:line("*(uint4 *)(orp + 64 * a) = o;")
     w:line("if (out_absum) {	// Σ|y| of y = relu(acc·s − thr), as the float outputs compute it")
     for i = 0, 15 do
-      local y = scaled(i)
-      if k.thr then
-        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
-      end
+      local y = relu(scaled(i))
       w:linef("\tabsum += fabsf(%s);", y)
     end
     w:line("}")
   else
     w:line("float y[16];")
     for i = 0, 15 do
-      local y = scaled(i)
-      if k.thr then
-        y = fmt("fmaxf(__fsub_rn(%s, %s), 0.0f)", y, EMIT.cfloat(k.thr))
-      end
+      local y = relu(scaled(i))
       w:linef("y[%d] = %s;", i, y)
       w:linef("absum += fabsf(y[%d]);", i)
     end
@@ -490,11 +492,19 @@ local function epilogue(k, magic, fsum)
                 4 * j, 4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3)
       end
     else
+      -- after the ReLU no value is NaN, so cvt.rn.bf16x2 (dg_bf16x2) rounds
+      -- each pair exactly as dg_f32_to_bf16 does, in one instruction where
+      -- the bit operations take about sixteen; without it a NaN keeps its
+      -- payload by dg_f32_to_bf16 (dg_pack2's branch to it spilled here)
       for j = 0, 1 do
         local p = {}
         for i = 0, 3 do
-          p[#p + 1] = fmt("(unsigned)dg_f32_to_bf16(y[%d]) | ((unsigned)dg_f32_to_bf16(y[%d]) << 16)",
-                          8 * j + 2 * i, 8 * j + 2 * i + 1)
+          if k.thr then
+            p[#p + 1] = fmt("dg_bf16x2(y[%d], y[%d])", 8 * j + 2 * i, 8 * j + 2 * i + 1)
+          else
+            p[#p + 1] = fmt("(unsigned)dg_f32_to_bf16(y[%d]) | ((unsigned)dg_f32_to_bf16(y[%d]) << 16)",
+                            8 * j + 2 * i, 8 * j + 2 * i + 1)
+          end
         end
         w:linef("*(uint4 *)(orp + 64 * a + %d) = make_uint4(%s);", 8 * j, table.concat(p, ",\n\t\t\t\t\t\t\t\t"))
       end
@@ -739,7 +749,8 @@ if (out_absum) {
   end
   local w = EMIT.writer()
   w:line(EMIT.banner(spec, "lowrank.lua", about))
-  w:line(DEV.helpers({ bf16 = (k.out == "bf16") or nil, sign1 = (k.weight == "sign1") or nil,
+  w:line(DEV.helpers({ bf16 = (k.out == "bf16") or nil, bf16x2 = (k.out == "bf16" and k.thr) and true or nil,
+                     sign1 = (k.weight == "sign1") or nil,
                      code = (k.out == "int8" or k.out == "uint8pos") or nil }))
   w:line(MMA.helpers({ decode = false }, fa.unsigned))
   w:line(WG.helpers(k.bn, fa.unsigned, bf))

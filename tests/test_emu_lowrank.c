@@ -61,15 +61,15 @@ static float *rand_scales(dg_rng *r, size_t n)
 	return s;
 }
 
-/* out: bf16 (relu 0) or uint8pos codes (relu 0, a scale of the output);
+/* out: bf16 or uint8pos codes (a scale of the output), the ReLU at thr;
  * sm 90: the warpgroup path, 80: mma.sync */
-static void check(dg_codegen *cg, dg_rng *r, dg_fmt out, int B, int T, int H, int N, int E, int sm)
+static void check_thr(dg_codegen *cg, dg_rng *r, dg_fmt out, int B, int T, int H, int N, int E, int sm, float thr)
 {
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
 	s.weight = DG_FMT_INT8, s.act = DG_FMT_INT8, s.out = out;
 	s.heads = H, s.latent = N, s.embd = E;
-	s.relu = true, s.relu_thr = 0.0f;
+	s.relu = true, s.relu_thr = thr;
 	/* bf16: a scale a token and a channel; codes out take tensor scales */
 	const bool codes = out != DG_FMT_BF16;
 	s.ascale = codes ? DG_SCALE_TENSOR : DG_SCALE_TOKEN, s.wscale = codes ? DG_SCALE_TENSOR : DG_SCALE_CHANNEL;
@@ -107,6 +107,11 @@ static void check(dg_codegen *cg, dg_rng *r, dg_fmt out, int B, int T, int H, in
 	free(x), free(w), free(sa), free(sw), free(got), free(want);
 }
 
+static void check(dg_codegen *cg, dg_rng *r, dg_fmt out, int B, int T, int H, int N, int E, int sm)
+{
+	check_thr(cg, r, out, B, T, H, N, E, sm, 0.0f);
+}
+
 /* both outputs at two shapes on a path (sm 90: the warpgroup one, 80:
  * mma.sync, whose m16n8k32 s8 fragments are exchanged within the warp) */
 static void both_outputs(uint64_t seed, int sm)
@@ -116,6 +121,8 @@ static void both_outputs(uint64_t seed, int sm)
 	dg_rng_seed(&r, seed);
 	check(cg, &r, DG_FMT_BF16, 1, 130, 2, sm == 90 ? 96 : 160, 64, sm);
 	check(cg, &r, DG_FMT_UINT8POS, 2, 40, 1, sm == 90 ? 160 : 96, 128, sm);
+	/* a threshold other than 0 (the epilogue subtracts it; at 0 it does not) */
+	check_thr(cg, &r, DG_FMT_BF16, 1, 70, 2, 96, 64, sm, 0.25f);
 	dg_codegen_destroy(cg);
 }
 
