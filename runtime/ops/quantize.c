@@ -74,6 +74,10 @@ static bool by_rows(const dg_spec *spec)
  * token (4 × 8192) the block entry. */
 #define ROWS_WARP_MAX 1024
 
+/* Rows of a vector a lane at most that the warp entry's warps take at a
+ * time (templates/qrows.lua WR): the grid gives each warp that many. */
+#define ROWS_WARP_AT_ONCE 2
+
 /* The longest row a rows entry takes: its element loops count in int. */
 #define ROWS_MAX_VALUES (1LL << 30)
 
@@ -135,11 +139,12 @@ static dg_status prep_rows(dg_prepared *p, const dg__op_call *c)
 	if (st || rows == 0)
 		return st;
 	const int nt = dg_kernel_spec(k)->tile.threads, sms = dg__dev_info(p->dev)->sm_count;
-	/* rows a block: the warp entry's warps a row each, or WV (8) rows each
-	 * where a row is a vector a lane at most (templates/qrows.lua; this
-	 * only sizes the grid) */
+	/* rows a block: the warp entry's warps a row each, or
+	 * ROWS_WARP_AT_ONCE rows each where a row is a vector a lane at most
+	 * (templates/qrows.lua WR; this only sizes the grid) */
 	const long long ve = spec->src == DG_FMT_BF16 ? 8 : 4;
-	const long long per_block = !rows_warp(G * C) ? 1 : (C % ve == 0 && G * C <= 32 * ve) ? nt / 32 * 8 : nt / 32;
+	const long long per_warp = C % ve == 0 && G * C <= 32 * ve ? ROWS_WARP_AT_ONCE : 1;
+	const long long per_block = rows_warp(G * C) ? nt / 32 * per_warp : 1;
 	/* the block entry: one block a row slot that stays resident (its stage
 	 * prefetches the block's next row), the warp entry as many as fit */
 	const long long blocks = rows_warp(G * C) ? 32 : resident_blocks(p->dev, k, nt);
