@@ -461,7 +461,9 @@ function M.render(spec, plan, o)
   -- rows of a vector a lane a warp takes at a time (the host's grid,
   -- runtime/ops/quantize.c ROWS_WARP_AT_ONCE, assumes 2): 8 at a time
   -- made the BDH x tokens (4096 rows) 64 blocks, half the SMs, each warp
-  -- through eight rows' codes in turn, 23.5 us for 2.2 MB on an H100
+  -- through eight rows' codes in turn, 23.5 us for 2.2 MB on an H100;
+  -- two at a time took the w8a8 step's twelve calls 0.36 -> 0.23 ms (H100,
+  -- bench/results/step-train-h100-2026-12-06_qrows.json)
   v.WR = 2
   v.ST, v.CT, v.P, v.PREFIX = FM.formats[o.src].ctype, o.ct, "x", o.prefix
   v.ACC, v.COMBINE, v.SCALE, v.QUANT, v.QUANT_FN = o.acc, o.combine, o.scale, o.quant, o.quant_fn
