@@ -102,7 +102,18 @@ function M.fits(k, t)
   if M.ws_tile(t) then
     return M.ws_applies(k) and WB.tile_ok(t, 5, 8) and (k.op ~= "decoder_grad_weight" or t.bn <= 128)
   end
+  if k.op == "decoder_grad_weight" and t.bm == 256 then return M.dgw_tall(t) end
   return WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
+end
+
+-- decoder_grad_weight's ring form also takes BM 256 (four warpgroups, 512
+-- threads, one block an SM) at BN up to 128 (64 accumulators a thread
+-- within 128 registers): at E = 256 a block then holds every d, so each
+-- chunk of y is read and decoded by one block, not by E/BM of them, for
+-- twice the gradient's bytes a step (A, bf16) — y's decode against L2.
+function M.dgw_tall(t)
+  return t.bm == 256 and t.wm == 16 and t.wn == 1 and t.bk == 64 and (t.bn == 64 or t.bn == 128) and
+         t.stages >= 2 and t.stages <= 4
 end
 
 -- Threads a block: the tile's warps, and the producer warpgroup of the

@@ -9,7 +9,8 @@
  * step for step. y as uint8pos codes with a scale a token (w8a8's
  * decoder), int8 codes with a tensor scale, and bf16; eight K steps (the
  * ring of 5 stages and the 4 raw slots wrap), two heads, two column
- * tiles, with and without a K split (the partials then compared). A
+ * tiles, with and without a K split (the partials then compared); and the
+ * ring form's BM 256 tile (four warpgroups, rows past E) likewise. A
  * swapped raw slot, a decode of another thread's chunk or a missing
  * arrival fails or hangs it.
  */
@@ -80,7 +81,7 @@ static void run_form(dg_codegen *cg, const dg_spec *base, dg_tile tile, const fl
 	cr_assert_not_null(copy);
 	const eh_tmap ma = eh_tmap3(copy, 2, E, T, B, 64, 64);
 	const int steps = B * T / 64, per = (steps + splits - 1) / splits;
-	fn(L / tile.bn, E / tile.bm, (unsigned)(H * splits), (unsigned)plan.entries[0].threads,
+	fn(L / tile.bn, (E + tile.bm - 1) / tile.bm, (unsigned)(H * splits), (unsigned)plan.entries[0].threads,
 	   (size_t)plan.entries[0].smem, grad, y, sa, dst, B, T, splits, per, copy, &ma);
 	free(copy);
 }
@@ -120,12 +121,20 @@ static void case_of(dg_fmt act, dg_scale_gran ascale, uint64_t seed)
 		sa[i] = 0.001f + 0.0005f * (sa[i] + 1.0f);
 	for (int splits = 1; splits <= 2; splits++) {
 		const size_t n = (size_t)splits * nw;
-		float *ring = malloc(n * sizeof(float) + 64), *wsf = malloc(n * sizeof(float) + 64);
-		cr_assert(ring && wsf);
+		float *ring = malloc(n * sizeof(float) + 64), *wsf = malloc(n * sizeof(float) + 64),
+		      *tall = malloc(n * sizeof(float) + 64);
+		cr_assert(ring && wsf && tall);
 		memset(ring, 0xee, n * sizeof(float) + 64);
 		memset(wsf, 0xee, n * sizeof(float) + 64);
+		memset(tall, 0xee, n * sizeof(float) + 64);
 		run_form(cg, &s, (dg_tile){ 128, 128, 64, 8, 1, 2, 0 }, grad, y, sa, splits, ring);
 		run_form(cg, &s, (dg_tile){ 128, 128, 64, 8, 1, 5, 0 }, grad, y, sa, splits, wsf);
+		/* BM 256 (four warpgroups; E = 128: half its rows past E) */
+		run_form(cg, &s, (dg_tile){ 256, 128, 64, 16, 1, 3, 0 }, grad, y, sa, splits, tall);
+		for (size_t i = 0; i < n + 16; i++)
+			if (memcmp(&ring[i], &tall[i], 4) != 0)
+				cr_assert_fail("act %d, splits %d: word %zu: ring %.9g, BM 256 %.9g", (int)act, splits, i,
+					       (double)ring[i], (double)tall[i]);
 		size_t nz = 0;
 		for (size_t i = 0; i < n; i++)
 			nz += ring[i] != 0.0f;
@@ -138,7 +147,7 @@ static void case_of(dg_fmt act, dg_scale_gran ascale, uint64_t seed)
 		const unsigned char *tail = (const unsigned char *)(wsf + n);
 		for (int i = 0; i < 64; i++)
 			cr_assert_eq(tail[i], 0xee, "written past the output");
-		free(ring), free(wsf);
+		free(ring), free(wsf), free(tall);
 	}
 	free(grad), free(f), free(sa), free(y);
 	dg_codegen_destroy(cg);
