@@ -203,6 +203,9 @@ end
 --     ring's 128x128x64/8x1/3 instead.)
 function M.default_tile(k)
   local dgw = k.op == "decoder_grad_weight"
+  if dgw and k.E % 256 == 0 then
+    return { bm = 256, bn = 128, bk = 64, wm = 16, wn = 1, stages = 3, threads = 0 }
+  end
   return { bm = 128, bn = (dgw and k.L > 4096) and 256 or 128, bk = 64, wm = 8, wn = 1,
            stages = dgw and 2 or (M.ws_applies(k) and 6 or 3), threads = 0 }
 end
