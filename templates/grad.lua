@@ -247,7 +247,9 @@ function M.plan(spec)
   if auto then t = default_tile(k) end
   local ok, err = TILES.gemm_tile_pow2(t, auto)
   if ok and k.red ~= 0 then ok, err = TILES.bk_divides(t, auto, k.red, k.red_name) end
-  if ok then ok, err = TILES.warps_ok(t, auto) end
+  -- (decoder_grad_weight's BM 256 of 16 warps: its warpgroup path only)
+  local tall = WG.applies(k) and k.op == "decoder_grad_weight" and WG.dgw_tall(t)
+  if ok and not tall then ok, err = TILES.warps_ok(t, auto) end
   if ok then ok, err = TILES.stages_ok(t, auto, 1, WG.ws_applies(k) and 8 or 4) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32

@@ -102,7 +102,18 @@ function M.fits(k, t)
   if M.ws_tile(t) then
     return M.ws_applies(k) and WB.tile_ok(t, 5, 8) and (k.op ~= "decoder_grad_weight" or t.bn <= 128)
   end
+  if k.op == "decoder_grad_weight" and t.bm == 256 then return M.dgw_tall(t) end
   return WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
+end
+
+-- decoder_grad_weight's ring form also takes BM 256 (four warpgroups, 512
+-- threads, one block an SM) at BN up to 128 (64 accumulators a thread
+-- within 128 registers): at E = 256 a block then holds every d, so each
+-- chunk of y is read and decoded by one block, not by E/BM of them, for
+-- twice the gradient's bytes a step (A, bf16) — y's decode against L2.
+function M.dgw_tall(t)
+  return t.bm == 256 and t.wm == 16 and t.wn == 1 and t.bk == 64 and (t.bn == 64 or t.bn == 128) and
+         t.stages >= 2 and t.stages <= 4
 end
 
 -- Threads a block: the tile's warps, and the producer warpgroup of the
@@ -192,6 +203,9 @@ end
 --     ring's 128x128x64/8x1/3 instead.)
 function M.default_tile(k)
   local dgw = k.op == "decoder_grad_weight"
+  if dgw and k.E % 256 == 0 then
+    return { bm = 256, bn = 128, bk = 64, wm = 16, wn = 1, stages = 3, threads = 0 }
+  end
   return { bm = 128, bn = (dgw and k.L > 4096) and 256 or 128, bk = 64, wm = 8, wn = 1,
            stages = dgw and 2 or (M.ws_applies(k) and 6 or 3), threads = 0 }
 end
@@ -582,7 +596,6 @@ ${RS_LOAD}
 			const int u = tid + s * NT, c = u & 7, kk = (u >> 3) & 63, gg = s / KR;
 			const ${BT_REG} r = rb[s];
 ${B_DECODE}
-${RS_APPLY}
 			asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
 				     :: "r"(bs + dg_wb_mnmaj(gg, kk, c)), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w) : "memory");
 		}
@@ -772,7 +785,6 @@ ${RS_FETCH}
 				if (kb + kk < K && n < N) {
 					const ${BT_REG} r = *(const ${BT_REG} *)(slot + (p + s * NP) * CB);
 ${B_DECODE}
-${RS_APPLY}
 					v = d;
 				}
 				asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
@@ -824,6 +836,36 @@ local RS_APPLY = [[
 			d.z = dg_bf16x2(__fmul_rn(__uint_as_float(d.z << 16), ${RS}), __fmul_rn(__uint_as_float(d.z & 0xffff0000u), ${RS}));
 			d.w = dg_bf16x2(__fmul_rn(__uint_as_float(d.w << 16), ${RS}), __fmul_rn(__uint_as_float(d.w & 0xffff0000u), ${RS}));]]
 
+-- uint8pos codes with a scale a token (w8a8's decoder): the decode and the
+-- scale in one (dg_u8x4_bf16_scaled), the same bits as dg_u8x4_bf16 then
+-- RS_APPLY. The two steps take about five instructions a value (the magic
+-- number's byte_perm and subtraction, the pack, the unpack, the product,
+-- half a cvt); here (2^23 + c)·s − 2^23·s, which is c·s exactly, goes
+-- through one fma, rounded as __fmul_rn(c, s) rounds it: two and a half
+-- (byte_perm, fma, half a cvt). −2^23·s is exact unless it overflows (|s|
+-- of 2^105 or more, or infinite), where the two steps run instead
+-- (tests/test_emu_grad.c dgw_scaled_decode_bit_for_bit).
+local U8_SCALED = [[
+// Four uint8pos codes of w (bytes 0..3) times s, each rounded to bf16: as
+// dg_u8x4_bf16's exact value times s by __fmul_rn, then to bf16.
+__device__ __forceinline__ uint2 dg_u8x4_bf16_scaled(unsigned w, float s)
+{
+	const float c = -8388608.0f * s;	// −2^23·s, exact unless it overflows
+	if ((__float_as_uint(c) & 0x7fffffffu) == 0x7f800000u) {
+		const uint2 v = dg_u8x4_bf16(w);
+		return make_uint2(dg_bf16x2(__fmul_rn(__uint_as_float(v.x << 16), s), __fmul_rn(__uint_as_float(v.x & 0xffff0000u), s)),
+				  dg_bf16x2(__fmul_rn(__uint_as_float(v.y << 16), s), __fmul_rn(__uint_as_float(v.y & 0xffff0000u), s)));
+	}
+	return make_uint2(dg_bf16x2(__fmaf_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7650)), s, c),
+				    __fmaf_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7651)), s, c)),
+			  dg_bf16x2(__fmaf_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7652)), s, c),
+				    __fmaf_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7653)), s, c)));
+}
+]]
+
+local U8_SCALED_DECODE = "const uint2 lo = dg_u8x4_bf16_scaled(r.x, ${RS}), hi = dg_u8x4_bf16_scaled(r.y, ${RS});\n" ..
+                         "uint4 d = make_uint4(lo.x, lo.y, hi.x, hi.y);"
+
 local function render_dgw(c)
   local o, F = c.o, c.F
   local bt = DGW_B[c.bfmt]
@@ -854,6 +896,15 @@ local function render_dgw(c)
   w:line(DEV.helpers({ bf16x2 = true, cp_async = true, cp_async_small = ws }))
   w:line(WB.helpers(c.bn, true, true))
   if F.code then w:line(require("grad_mma").I8_HELPERS) end
+  local u8s = c.bfmt == "uint8pos" and c.vec
+  if u8s then w:line(U8_SCALED) end
+  -- y's decode into d, and a per-token scale in it (RS: the scale's
+  -- expression, by form)
+  local function decode(rs_expr, ind)
+    if u8s then return EMIT.indent(EMIT.subst(U8_SCALED_DECODE, { RS = rs_expr }), ind) end
+    local d = EMIT.indent(bt.DECODE, ind)
+    return c.vec and d .. "\n" .. EMIT.indent(EMIT.subst(RS_APPLY, { RS = rs_expr }), ind - 3) or d
+  end
   w:line(EMIT.subst(DGW_HEAD, { H = c.H, E = c.E, L = c.L, EPW_B = F.epw, BM = c.bm, BN = c.bn, BK = c.bk,
                                S = c.stages, ENTRY = c.entry }))
   w:line(EMIT.subst(DGW_CAST, { ENTRY = c.entry }))
@@ -867,28 +918,28 @@ local function render_dgw(c)
   local scale_load = at_end and "\tconst float s = *sa;\t\t// the activation's scale"
                      or (rs and "\t// per token: the scales go into B as it is staged" or "\t(void)sa;\t\t\t// bf16 y: no scale")
   if ws then
+    local ws_dec = decode("rs[j]", 5)
     w:line(EMIT.subst(DGW_WS_HEAD, { R = dgw_ws_r(c, c.bfmt, c.arch), RING = WB.ring_bytes(c, false) }))
     w:line(WB.WS_HELPERS)
     w:line(EMIT.subst(DGW_WS_KERNEL, {
       ENTRY = c.entry, SIG = EMIT.subst(o.sig, { BT = F.ctype }), SCALE_LOAD = scale_load,
-      BT_REG = bt.T, B_DECODE = EMIT.indent(bt.DECODE, 5),
+      BT_REG = bt.T, B_DECODE = ws_dec,
       RING_INIT = EMIT.subst(WB.RING_INIT, { FULL_COUNT = "NP + 1", EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }),
       RS_FETCH = rs and "\t\t\t\tdg_cp4(sslot + j * 4, sa + k);\t// dg_b_scale's" or "",
-      RS_APPLY = rs and EMIT.indent(EMIT.subst(RS_APPLY, { RS = "rs[j]" }), 2) or "",
       CONSUMERS = WB.ws_consumers({ A_KC = "false", A_KS = "2048", B_KC = "false", B_KS = "2048" }),
       EPILOGUE = epilogue,
     }))
     return w:text()
   end
+  local ring_dec = decode("rs[s % KR]", 3)
   w:line(EMIT.subst(DGW_KERNEL, {
     MINB = minb, ENTRY = c.entry,
     SIG = EMIT.subst(o.sig, { BT = F.ctype }),
     SCALE_LOAD = scale_load,
     BT_REG = bt.T, BT_ZERO = bt.Z, B_LOAD = bt.LOAD,
-    B_DECODE = EMIT.indent(bt.DECODE, 3),
+    B_DECODE = ring_dec,
     RS_DECL = rs and "\tfloat rs[KR];\t\t// the scale of each of this thread's K rows (0 past K)" or "",
     RS_LOAD = rs and "\t\t\trs[j] = k < K ? dg_b_scale(sa, k, h, T) : 0.0f;" or "",
-    RS_APPLY = rs and EMIT.subst(RS_APPLY, { RS = "rs[s % KR]" }) or "",
     EPILOGUE = epilogue,
   }))
   return w:text()
