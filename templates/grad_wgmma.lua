@@ -191,6 +191,12 @@ end
 --     token), 128x256 against 128x128: D 256, N 8192, K 24576 (the 25M
 --     model's six layers) 1.445 against 1.496 ms; D 768, H 12, N 8192, K
 --     12288 6.29 against 6.93 ms.
+--   decoder_grad_weight at E % 256 == 0: 256x128x64/16x1/3 (M.dgw_tall),
+--     every d in one block, so each chunk of y is read and decoded once.
+--     On an H100, w8a8's spec at K 24576: 1080 us in the tuner against
+--     128x256's 1329 (with the two-step decode); in the step 1.33 -> 1.10
+--     ms (bench/results/step-train-h100-2026-12-06_dgw.json). bf16 y: 977
+--     (/2) and 989 us against 1059.
 --   The lowrank grads where the warp-specialized form applies (rows of
 --     whole 16 bytes): 128x128x64/8x1/6, a TMA producer warpgroup and a
 --     ring of six stages (193 KiB, one block an SM). `bench/step --train`
