@@ -161,6 +161,17 @@ local function default_tile(k)
     -- 64, 32, 16 that divides E, so that the plan's BK checks pass
     local bk = 64
     while k.E % bk ~= 0 and bk > 16 do bk = bk // 2 end
+    -- bf16 out (the training step's projections): 256x64/16x1/2, one
+    -- block of four warpgroups an SM, where the epilogue's issue is what
+    -- holds the kernel: on an H100 (`dragon-gen tune`, int8 weights a
+    -- scale a channel, int8 codes a scale a token, E 256, H 4, N 8192,
+    -- M 4096) 219 us against 128x64's 242.5, the w8a8 step's twelve
+    -- projections 2.93 -> 2.80 ms (bench/results/step-train-h100-2026-12-06_lrec.json)
+    -- (int8 weights only: the others' and bf16's not timed at this tile)
+    if k.out == "bf16" and k.weight == "int8" and LW.operands(k) ~= "bf16" then
+      local t = { bm = 256, bn = 64, bk = bk, wm = 16, wn = 1, stages = 2, threads = 0 }
+      if LW.fits(k, t) then return t end
+    end
     local t = { bm = 128, bn = 64, bk = bk, wm = 8, wn = 1, stages = 2, threads = 0 }
     if LW.fits(k, t) then return t end
     -- bf16 rows that do not fit resident: the K-streaming form, 128x256,
