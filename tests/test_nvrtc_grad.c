@@ -780,8 +780,9 @@ Test(nvrtc_grad, wgmma_decoder_grad_weight_tiles_and_formats)
 	dg_codegen_destroy(cg);
 }
 
-/* The default tile and its plan (BN 256 past 4096 neurons a head, else
- * 128; two stages, 97 KiB at BN 256, two entries), the
+/* The default tile and its plan (at E % 256 == 0 256x128x64/16x1/3, every
+ * d in one block; else BN 256 past 4096 neurons a head, else 128, two
+ * stages, 97 KiB at BN 256; three entries), the
  * promotion of an sm_90 spec by plan_for, and what stays on mma.sync: an
  * f32 / int4 y, embd or latent not a multiple of 8, a non-warpgroup tile,
  * sm_90 without a. */
@@ -795,14 +796,21 @@ Test(nvrtc_grad, wgmma_decoder_grad_weight_defaults_and_mma_fallback)
 		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 		cr_assert_str_eq(p.path, "wgmma bf16");
 		cr_assert(p.needs_arch_specific);
-		cr_assert(strstr(p.canonical, "tile=128x256x64/8x1/2;"), "%s", p.canonical);
+		cr_assert(strstr(p.canonical, "tile=256x128x64/16x1/3;"), "%s", p.canonical);
 		cr_assert_eq(p.n_entries, 3);
 		cr_assert_str_eq(p.entries[1].name, "dg_decoder_grad_weight_reduce");
 		cr_assert_str_eq(p.entries[2].name, "dg_decoder_grad_weight_cast");
+		cr_assert_eq(p.entries[0].threads, 512);
+		cr_assert_eq(p.entries[0].smem, 3 * (256 + 128) * 64 * 2 + 1024);
+		compile_on_path(cg, &s, "path: warpgroup tensor cores");
+		/* E 128 (not a multiple of 256): 128 rows, BN 256 past 4096
+		 * neurons a head, 128 at 4096 and fewer */
+		dg_spec s8 = dgw_wg_spec(4, 128, 8192, f ? DG_FMT_UINT8POS : DG_FMT_BF16, f == 1);
+		cr_assert_eq(dg_codegen_plan(cg, &s8, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert(strstr(p.canonical, "tile=128x256x64/8x1/2;"), "%s", p.canonical);
 		cr_assert_eq(p.entries[0].threads, 256);
 		cr_assert_eq(p.entries[0].smem, 2 * (128 + 256) * 64 * 2 + 1024);
-		/* 4096 neurons a head and fewer: BN 128 */
-		dg_spec s4 = dgw_wg_spec(4, 256, 4096, f ? DG_FMT_UINT8POS : DG_FMT_BF16, f == 1);
+		dg_spec s4 = dgw_wg_spec(4, 128, 4096, f ? DG_FMT_UINT8POS : DG_FMT_BF16, f == 1);
 		cr_assert_eq(dg_codegen_plan(cg, &s4, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 		cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/2;"), "%s", p.canonical);
 		cr_assert_eq(p.entries[0].smem, 2 * (128 + 128) * 64 * 2 + 1024);
