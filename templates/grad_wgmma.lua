@@ -837,10 +837,20 @@ ${EPILOGUE}
 -- row k: B(k, l) · sa[k] (${RS}), rounded to bf16 (the decoded code is exact).
 local RS_APPLY = [[
 			// B(k, l) · sa[k], rounded to bf16 (the decoded code is exact)
-			d.x = dg_bf16x2(__fmul_rn(__uint_as_float(d.x << 16), ${RS}), __fmul_rn(__uint_as_float(d.x & 0xffff0000u), ${RS}));
-			d.y = dg_bf16x2(__fmul_rn(__uint_as_float(d.y << 16), ${RS}), __fmul_rn(__uint_as_float(d.y & 0xffff0000u), ${RS}));
-			d.z = dg_bf16x2(__fmul_rn(__uint_as_float(d.z << 16), ${RS}), __fmul_rn(__uint_as_float(d.z & 0xffff0000u), ${RS}));
-			d.w = dg_bf16x2(__fmul_rn(__uint_as_float(d.w << 16), ${RS}), __fmul_rn(__uint_as_float(d.w & 0xffff0000u), ${RS}));]]
+			d.x = dg_bf16x2_times(d.x, ${RS});
+			d.y = dg_bf16x2_times(d.y, ${RS});
+			d.z = dg_bf16x2_times(d.z, ${RS});
+			d.w = dg_bf16x2_times(d.w, ${RS});]]
+
+-- A per-token scale's product of a decoded pair, for RS_APPLY and the
+-- fma decode's overflow branch.
+local TIMES = [[
+// A bf16 pair p (the low half first) times s, each product rounded to bf16.
+__device__ __forceinline__ unsigned dg_bf16x2_times(unsigned p, float s)
+{
+	return dg_bf16x2(__fmul_rn(__uint_as_float(p << 16), s), __fmul_rn(__uint_as_float(p & 0xffff0000u), s));
+}
+]]
 
 -- uint8pos codes with a scale a token (w8a8's decoder): the decode and the
 -- scale in one (dg_u8x4_bf16_scaled), the same bits as dg_u8x4_bf16 then
@@ -859,8 +869,7 @@ __device__ __forceinline__ uint2 dg_u8x4_bf16_scaled(unsigned w, float s)
 	const float c = -8388608.0f * s;	// −2^23·s, exact unless it overflows
 	if ((__float_as_uint(c) & 0x7fffffffu) == 0x7f800000u) {
 		const uint2 v = dg_u8x4_bf16(w);
-		return make_uint2(dg_bf16x2(__fmul_rn(__uint_as_float(v.x << 16), s), __fmul_rn(__uint_as_float(v.x & 0xffff0000u), s)),
-				  dg_bf16x2(__fmul_rn(__uint_as_float(v.y << 16), s), __fmul_rn(__uint_as_float(v.y & 0xffff0000u), s)));
+		return make_uint2(dg_bf16x2_times(v.x, s), dg_bf16x2_times(v.y, s));
 	}
 	return make_uint2(dg_bf16x2(__fmaf_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7650)), s, c),
 				    __fmaf_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7651)), s, c)),
@@ -903,6 +912,7 @@ local function render_dgw(c)
   w:line(WB.helpers(c.bn, true, true))
   if F.code then w:line(require("grad_mma").I8_HELPERS) end
   local u8s = c.bfmt == "uint8pos" and c.vec
+  if c.vec then w:line(TIMES) end
   if u8s then w:line(U8_SCALED) end
   -- y's decode into d, and a per-token scale in it (RS: the scale's
   -- expression, by form)
