@@ -247,9 +247,6 @@ function M.plan(spec)
   if auto then t = default_tile(k) end
   local ok, err = TILES.gemm_tile_pow2(t, auto)
   if ok and k.red ~= 0 then ok, err = TILES.bk_divides(t, auto, k.red, k.red_name) end
-  -- (decoder_grad_weight's BM 256 of 16 warps: its warpgroup path only)
-  local tall = WG.applies(k) and k.op == "decoder_grad_weight" and WG.dgw_tall(t)
-  if ok and not tall then ok, err = TILES.warps_ok(t, auto) end
   if ok then ok, err = TILES.stages_ok(t, auto, 1, WG.ws_applies(k) and 8 or 4) end
   if not ok then return nil, err end
   local nt = t.wm * t.wn * 32
@@ -273,6 +270,10 @@ function M.plan(spec)
     end
     return p
   end
+  -- the warp-tiled paths' warps (a warpgroup tile's are WG.fits' to judge:
+  -- decoder_grad_weight's BM 256 takes 16 warps in a column)
+  ok, err = TILES.warps_ok(t, auto)
+  if not ok then return nil, err end
   if MMA.fits(k.arch, t.bm, t.bn, t.bk, t.wm, t.wn) then
     local acc = (t.bm // t.wm) * (t.bn // t.wn) // 32
     if acc > 128 then
