@@ -168,7 +168,7 @@ local function default_tile(k)
     -- M 4096) 219 us against 128x64's 242.5, the w8a8 step's twelve
     -- projections 2.93 -> 2.80 ms (bench/results/step-train-h100-2026-12-06_lrec.json)
     -- (int8 weights only: the others' and bf16's not timed at this tile)
-    if k.out == "bf16" and k.weight == "int8" and LW.operands(k) ~= "bf16" then
+    if k.out == "bf16" and k.weight == "int8" then
       local t = { bm = 256, bn = 64, bk = bk, wm = 16, wn = 1, stages = 2, threads = 0 }
       if LW.fits(k, t) then return t end
     end
