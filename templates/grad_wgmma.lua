@@ -94,6 +94,16 @@ end
 -- as templates/attention_tma.lua's tiles).
 M.ws_tile = WB.ws_tile
 
+-- decoder_grad_weight's ring form also takes BM 256 (four warpgroups, 512
+-- threads, one block an SM) at BN up to 128 (64 accumulators a thread
+-- within 128 registers): at E = 256 a block then holds every d, so each
+-- chunk of y is read and decoded by one block, not by E/BM of them, for
+-- twice the gradient's bytes a step (A, bf16) — y's decode against L2.
+local function dgw_tall(t)
+  return t.wm == 16 and t.wn == 1 and t.bk == 64 and (t.bn == 64 or t.bn == 128) and
+         t.stages >= 2 and t.stages <= 4
+end
+
 -- Its tiles: wgmma_bf16.lua's (M.tile_ok), a ring of 3 or 4 stages
 -- (decoder_grad_weight, one step staged ahead in registers: 2 to 4), or
 -- the warp-specialized form's 5 to 8.
@@ -102,18 +112,8 @@ function M.fits(k, t)
   if M.ws_tile(t) then
     return M.ws_applies(k) and WB.tile_ok(t, 5, 8) and (k.op ~= "decoder_grad_weight" or t.bn <= 128)
   end
-  if k.op == "decoder_grad_weight" and t.bm == 256 then return M.dgw_tall(t) end
+  if k.op == "decoder_grad_weight" and t.bm == 256 then return dgw_tall(t) end
   return WB.tile_ok(t, k.op == "decoder_grad_weight" and 2 or 3, 4)
-end
-
--- decoder_grad_weight's ring form also takes BM 256 (four warpgroups, 512
--- threads, one block an SM) at BN up to 128 (64 accumulators a thread
--- within 128 registers): at E = 256 a block then holds every d, so each
--- chunk of y is read and decoded by one block, not by E/BM of them, for
--- twice the gradient's bytes a step (A, bf16) — y's decode against L2.
-function M.dgw_tall(t)
-  return t.bm == 256 and t.wm == 16 and t.wn == 1 and t.bk == 64 and (t.bn == 64 or t.bn == 128) and
-         t.stages >= 2 and t.stages <= 4
 end
 
 -- Threads a block: the tile's warps, and the producer warpgroup of the
@@ -191,7 +191,7 @@ end
 --     token), 128x256 against 128x128: D 256, N 8192, K 24576 (the 25M
 --     model's six layers) 1.445 against 1.496 ms; D 768, H 12, N 8192, K
 --     12288 6.29 against 6.93 ms.
---   decoder_grad_weight at E % 256 == 0: 256x128x64/16x1/3 (M.dgw_tall),
+--   decoder_grad_weight at E % 256 == 0: 256x128x64/16x1/3 (dgw_tall),
 --     every d in one block, so each chunk of y is read and decoded once.
 --     On an H100, w8a8's spec at K 24576: 1080 us in the tuner against
 --     128x256's 1329 (with the two-step decode); in the step 1.33 -> 1.10
