@@ -377,11 +377,12 @@ Test(ref_attention, chunked_bound_sees_a_lost_state)
 
 /* attention_step, token by token, is the model's attention: RoPE at each
  * token's position (dg_ref_rope_row), then the chunk-1 recurrence
- * (dg_ref_attention_state_chunk) — out and the state — and so the
- * quadratic form's rows; its zero pairs (a ReLU's) change nothing. */
+ * (dg_ref_attention_state_chunk) — out and the state, whose columns the
+ * step keeps in groups of 8 (D 16: two groups) — and so the quadratic
+ * form's rows; its zero pairs (a ReLU's) change nothing. */
 Test(ref_attention, step_is_the_recurrence)
 {
-	enum { B = 2, H = 2, T = 9, N = 16, D = 8 };
+	enum { B = 2, H = 2, T = 9, N = 16, D = 16 };
 	dg_spec s = spec_of(DG_OP_ATTENTION_STEP, H, N, D);
 	dg_spec_normalize(&s);
 	dg_rng r;
@@ -429,8 +430,13 @@ Test(ref_attention, step_is_the_recurrence)
 				}
 			}
 	}
-	for (int i = 0; i < B * H * N * D; i++)
-		cr_assert_float_eq((&state[0][0][0][0])[i], (&ref_state[0][0][0][0])[i], 1e-5f, "state[%d]", i);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < H; h++)
+			for (int k = 0; k < N; k++)
+				for (int e = 0; e < D; e++) /* S[k, e] at (e/8·N + k)·8 + e%8 of its (b, h) */
+					cr_assert_float_eq((&state[b][h][0][0])[(e / 8 * N + k) * 8 + e % 8],
+							   ref_state[b][h][k][e], 1e-5f, "state b %d h %d k %d e %d", b, h,
+							   k, e);
 	/* refusals */
 	cr_assert_eq(dg_ref_attention_step(&s, NULL, NULL, freq, v, &state[0][0][0][0], out, B, 1), DG_ERR_INVALID_ARG);
 }

@@ -152,6 +152,8 @@ dg_status dg_ref_attention_step(const dg_spec *spec, const void *xs, const float
 	if (!act_ok(spec) || !xs || !pos || !freq || !v || !state || !out || b < 0 || t < 0)
 		return DG_ERR_INVALID_ARG;
 	const int h = spec->heads, n = spec->latent, d = spec->embd;
+	if (d % 8)
+		return DG_ERR_INVALID_ARG; /* the state's groups of 8 columns */
 	const float two_pi = (float)(2.0 * M_PI);
 	float *x = widen(spec->act, xs, (size_t)b * h * t * n), *vv = widen(spec->act, v, (size_t)b * t * d);
 	float *q = malloc((size_t)n * sizeof(float) + 4);
@@ -176,7 +178,8 @@ dg_status dg_ref_attention_step(const dg_spec *spec, const void *xs, const float
 				if (q[k] == 0.0f)
 					continue;
 				for (int e = 0; e < d; e++) {
-					float *se = S + (int64_t)k * d + e;
+					/* the state's groups of 8 columns (dragon/ops.h) */
+					float *se = S + ((int64_t)(e / 8) * n + k) * 8 + e % 8;
 					acc[e] += (double)q[k] * *se;
 					*se = fmaf(q[k], vz[e], *se);
 				}

@@ -313,7 +313,8 @@ dg_status dg_ref_attention_scores(const dg_spec *spec, const void *xs, const flo
 /* attention_step (dragon/ops.h): xs (B,H,T,N) act, pos (B) f32, freq (N)
  * f32, v (B,1,T,D) act; token by token (token t at pos + t): out (B,H,T,D)
  * act = qr·S (sums in double), then state (B,H,N,D) f32 += qrᵀ·v (fmaf,
- * one rounding an entry). */
+ * one rounding an entry), stored in dragon/ops.h's groups of 8 columns
+ * (D % 8 == 0, else DG_ERR_INVALID_ARG). */
 dg_status dg_ref_attention_step(const dg_spec *spec, const void *xs, const float *pos, const float *freq,
 				const void *v, float *state, void *out, int b, int t);
 /* Pair p's RoPE frequency (dg_ref_rope_table's) at 2p and 2p+1, n values. */
