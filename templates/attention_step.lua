@@ -31,13 +31,13 @@ its threads stride over the pairs, skip a pair whose two xs are 0 (a ReLU
 output: most are, and their rows of S neither add to out nor change), and
 read, add to and write back the 64 contiguous bytes of the pair's two rows
 in the group; the block then sums its threads' partial outputs in a fixed
-order (deterministic). A thread takes its pairs' xs and frequencies and
-their RoPE first, then their rows in batches of UB pairs, every load of a
-batch issued before the first is used (the same fmaf chains in the same
-order). With the rows of a head laid out row after row (1 KiB a row at D
-256, a block reading 32 bytes of each), a token took 47.8 us a layer on
-the H200 (ncu, 25M model, batch 1): 27 MB at 0.56 TB/s, each 32-byte
-piece of a row a DRAM access of its own, by 32 blocks at different times.
+order (deterministic). With the rows of a head laid out row after row
+(1 KiB a row at D 256, a block reading 32 bytes of each) a token took 47.8
+us a layer on the H200 (ncu, the 25M model at batch 1: 27 MB at 0.56
+TB/s, each 32-byte piece of a row a DRAM access of its own, made by 32
+blocks at different times); in groups, the attention of a token's 6
+layers went from 0.343 to 0.219-0.24 ms (bench/sample's breakdown, same
+H200).
 
 dg_attention_window: the same recurrence a token at a time over T tokens
 without a trip to memory between them: a block owns 4 columns of one (row,
@@ -118,11 +118,14 @@ __device__ __forceinline__ float dg_block_sum(const float (&acc)[NC], float (*pa
 // A thread's pairs p = threadIdx.x + i·NT (p < N/2), i ascending, in chunks
 // of PC (their xs, frequencies and RoPE first) and batches of UB whose rows
 // of S are all loaded before the first is used: the same fmaf chains in the
-// same order as one pair at a time, with 4·UB loads of 16 bytes in flight a
-// thread instead of 4.
+// same order at any PC and UB. Measured on the H200 (bench/sample, 25M,
+// batch 1, the 6 layers' attention): PC 1, UB 1 — a pair's 4 loads of 16
+// bytes issued together, pair after pair — 0.219-0.24 ms; PC 16, UB 4 (16
+// loads in flight a thread) 0.386 ms. (Written as one loop over p, ptxas
+// put the store of row 2p between the pair's loads.)
 constexpr int PPT = (N / 2 + NT - 1) / NT;	// pairs a thread
-constexpr int PC = PPT < 16 ? PPT : 16;		// pairs a chunk
-constexpr int UB = 4;				// pairs a batch of loads
+constexpr int PC = 1;				// pairs a chunk
+constexpr int UB = 1;				// pairs a batch of loads
 
 __device__ __forceinline__ void dg_ld_pair(const float *x, int p, float *x0, float *x1)
 {
