@@ -352,7 +352,7 @@ static const dg_op_info rows[DG_OP__COUNT] = {
 	 * time (dragon/model.h dg_model_state) */
 	[DG_OP_ATTENTION_STEP] = {
 		.family = "attention", .module = "attention_step",
-		.about = "attention step: T tokens a row in order, each out (B,H,T,D) = qr . S, then S (B,H,N,D) f32 += qr^T v; qr = RoPE(xs (B,H,T,N)) at pos (B) f32 + t with freq (N), v (B,1,T,D)",
+		.about = "attention step: T tokens a row in order, each out (B,H,T,D) = qr . S, then S (B,H,N,D) f32 += qr^T v (S stored in groups of 8 columns, each group's N rows contiguous); qr = RoPE(xs (B,H,T,N)) at pos (B) f32 + t with freq (N), v (B,1,T,D)",
 		.fields = F(ACT) | F(ARCH) | F(EMBD) | F(HEADS) | F(LATENT) | F(TILE),
 		.tile = DG_TILE_THREADS,
 		.act_fmts = FLOATS,

@@ -3,8 +3,9 @@
  * dg__model_decoder_create, dg__model_decode): the GPU model planned for
  * (b, 1) — every op of its forward works a token at a time — with its
  * attention nodes running attention_step (templates/attention_step.lua)
- * against each layer's state (L × b × H × N × D f32 on the device) at each
- * row's own position, instead of the quadratic chain. A prompt is consumed
+ * against each layer's state (L × b × H × N × D f32 on the device, a (row,
+ * head)'s N × D in dragon/ops.h's groups of 8 columns) at each row's own
+ * position, instead of the quadratic chain. A prompt is consumed
  * a token at a time; each token costs the same at any position (no
  * window).
  *
