@@ -11,6 +11,8 @@
 
 #include "helpers.h"
 
+#include "dragon/fmt.h"
+
 char *dg_test_tmpdir(void)
 {
 	const char *base = getenv("TMPDIR");
@@ -402,6 +404,25 @@ dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N)
 	s.embd = E;
 	s.latent = N;
 	return s;
+}
+
+void *dg_test_sparse_pairs(dg_rng *r, dg_fmt f, size_t n, float zero)
+{
+	void *p = malloc(n * (f == DG_FMT_BF16 ? 2 : 4) + 4);
+	cr_assert(p, "out of memory");
+	for (size_t i = 0; i + 1 < n; i += 2) {
+		float a = dg_rng_uniform(r, -1.0f, 1.0f), b = dg_rng_uniform(r, -1.0f, 1.0f);
+		if (a < zero)
+			a = b = 0.0f;
+		if (f == DG_FMT_BF16) {
+			((uint16_t *)p)[i] = dg_f32_to_bf16(a);
+			((uint16_t *)p)[i + 1] = dg_f32_to_bf16(b);
+		} else {
+			((float *)p)[i] = a;
+			((float *)p)[i + 1] = b;
+		}
+	}
+	return p;
 }
 
 int64_t dg_test_dim_extent(const dg_spec *s, dg_dim d, int64_t b, int64_t t, int64_t r)

@@ -12,6 +12,7 @@
 #include "dragon/codegen.h"
 #include "dragon/data.h"
 #include "dragon/model.h"
+#include "dragon/rng.h"
 #include "dragon/spec.h"
 #include "dragon/train.h"
 #include "runtime/store/safetensors.h"
@@ -69,6 +70,10 @@ dg_spec dg_test_dequantize_spec(dg_fmt act, dg_fmt out, dg_scale_gran g, int thr
 /* dg_spec_init's spec of op at H heads, embd E and latent N: the sizes
  * the suites' specs set first. */
 dg_spec dg_test_spec_sized(dg_op op, int H, int E, int N);
+/* n values (n even) of f32 or bf16 storage f, uniform in [-1, 1) from r,
+ * both of a pair 0 where its first draw is below `zero` (whole zero pairs,
+ * as a ReLU's xs give RoPE); malloc'd, asserted. */
+void *dg_test_sparse_pairs(dg_rng *r, dg_fmt f, size_t n, float zero);
 
 /* The extent of dimension d of an op's argument at spec s, the batch b,
  * time t and rows r given: the suites' own statement of the op table's

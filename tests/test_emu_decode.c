@@ -1,18 +1,17 @@
 /*
- * The decoder's kernels (runtime/train/gpu_decode.c) run on the CPU.
- *
- * attention_step (templates/attention_step.lua)
+ * The decoder's kernels (runtime/train/gpu_decode.c) run on the CPU
  * (tests/emu_helpers.h: the rendered kernel built for the host, its blocks'
- * threads as OS threads): the one-token entry against the reference
- * (dg_ref_attention_step: out within a bf16 rounding or f32's sums, the
- * state bit for bit — one fmaf an entry in both), and the window entry
- * against T one-token launches from the same state, out and state bit for
- * bit — the two entries' per-column arithmetic must stay one. Shapes where
- * a thread has fewer pairs than a batch of loads, a chunk and a half of
- * them, and pairs that do not fill the last round of threads; xs sparse in
- * whole zero pairs (a ReLU's), positions 0, 1000 and 65530 onwards. The
- * GPU suite (test_gpu_attention_step) checks the same on the device with
- * its times.
+ * threads as OS threads).
+ *
+ * attention_step (templates/attention_step.lua): the one-token entry
+ * against the reference (dg_ref_attention_step: out within a bf16 rounding
+ * or f32's sums, the state bit for bit — one fmaf an entry in both), and
+ * the window entry against T one-token launches from the same state, out
+ * and state bit for bit — the two entries' per-column arithmetic must stay
+ * one. Shapes of 1 to 40 pairs a thread, and pairs that do not fill the
+ * last round of threads; xs sparse in whole zero pairs (a ReLU's),
+ * positions 0, 1000 and 65530 onwards. The GPU suite
+ * (test_gpu_attention_step) checks the same on the device with its times.
  *
  * lmhead_logits (templates/logits.lua) against dg_ref_lmhead_logits bit
  * for bit (each logit one double sum in k order), x f32 and bf16, rows
@@ -32,6 +31,7 @@
 #include "dragon/fmt.h"
 #include "dragon/rng.h"
 #include "emu_helpers.h"
+#include "helpers.h"
 #include "nvrtc_helpers.h"
 #include "runtime/ref/ref_ops.h"
 
@@ -71,27 +71,6 @@ static float as_f32(dg_fmt f, const void *p, size_t i)
 	return f == DG_FMT_BF16 ? dg_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-/* n values of f, uniform in [-1, 1), whole pairs zero where the first draw
- * is below `zero` */
-static void *sparse(dg_rng *rng, dg_fmt f, size_t n, float zero)
-{
-	void *p = malloc(n * esz(f));
-	cr_assert(p);
-	for (size_t i = 0; i < n; i += 2) {
-		float a = dg_rng_uniform(rng, -1.0f, 1.0f), b = dg_rng_uniform(rng, -1.0f, 1.0f);
-		if (a < zero)
-			a = b = 0.0f;
-		if (f == DG_FMT_BF16) {
-			((uint16_t *)p)[i] = dg_f32_to_bf16(a);
-			((uint16_t *)p)[i + 1] = dg_f32_to_bf16(b);
-		} else {
-			((float *)p)[i] = a;
-			((float *)p)[i + 1] = b;
-		}
-	}
-	return p;
-}
-
 static void check(dg_codegen *cg, dg_rng *rng, dg_fmt act, int B, int H, int N, int D, int threads, int T)
 {
 	dg_spec s;
@@ -115,7 +94,7 @@ static void check(dg_codegen *cg, dg_rng *rng, dg_fmt act, int B, int H, int N, 
 		s0[i] = 0.1f * dg_rng_uniform(rng, -1.0f, 1.0f);
 	for (int b = 0; b < B; b++)
 		pos[b] = (float)(b == 0 ? 0 : b == 1 ? 1000 : 65530 + 7 * b);
-	unsigned char *xs = sparse(rng, act, nx, 0.3f), *v = malloc(nv * e);
+	unsigned char *xs = dg_test_sparse_pairs(rng, act, nx, 0.3f), *v = malloc(nv * e);
 	cr_assert(v);
 	dg_rng_fill(rng, act, v, nv);
 
@@ -161,9 +140,10 @@ static void check(dg_codegen *cg, dg_rng *rng, dg_fmt act, int B, int H, int N, 
 		free(win_o), free(x1), free(v1), free(o1), free(xs), free(v);
 }
 
-/* pairs a thread (N/2 over 32 or 64 threads): 1 (fewer than a batch), 6 (a
- * batch and a part), 40 (two chunks and a half: 16 a chunk), and 100 pairs
- * over 64 threads (the last round part-filled) */
+/* pairs a thread (N/2 over 32 or 64 threads): 1, 6, 40, and 100 pairs over
+ * 64 threads (the last round part-filled) — whole and part chunks and
+ * batches of loads for the template's PC and UB at the sizes tried (1, 4,
+ * 16); D 16 and 8: two groups of the state, one */
 Test(emu_decode, attention_step_one_token_and_window_against_the_reference, .timeout = 900)
 {
 	dg_codegen *cg = nh_codegen();

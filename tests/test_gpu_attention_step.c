@@ -51,26 +51,6 @@ static float as_f32(dg_fmt f, const void *p, size_t i)
 	return f == DG_FMT_BF16 ? dg_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-/* n values of storage f, uniform in [-1, 1), those below `zero` set to 0
- * (both of a pair when its first is: whole zero pairs, as a ReLU's). */
-static void *sparse(dg_fmt f, size_t n, float zero)
-{
-	void *p = gh_xmalloc(gh_bytes(f, n));
-	for (size_t i = 0; i < n; i += 2) {
-		float a = gh_uniform(-1.0f, 1.0f), b = gh_uniform(-1.0f, 1.0f);
-		if (a < zero)
-			a = b = 0.0f;
-		if (f == DG_FMT_BF16) {
-			((uint16_t *)p)[i] = dg_f32_to_bf16(a);
-			((uint16_t *)p)[i + 1] = dg_f32_to_bf16(b);
-		} else {
-			((float *)p)[i] = a;
-			((float *)p)[i + 1] = b;
-		}
-	}
-	return p;
-}
-
 /* Host bytes into an existing device buffer. */
 static void upload_to(dg_device *dev, dg_dptr d, const void *host, size_t bytes)
 {
@@ -112,7 +92,7 @@ static void check(dg_device *dev, dg_fmt act, int B, int H, int N, int D, int th
 	dg_attention_step_args a = { .xs = &txs, .pos = &tpos, .freq = &tfreq, .v = &tv, .state = &tst, .out = &tout };
 	const float atol = act == DG_FMT_BF16 ? 1e-2f : 1e-5f;
 	for (int k = 0; k < steps; k++) {
-		void *xs = sparse(act, nx, 0.2f), *v = gh_rand_storage(act, nv, NULL);
+		void *xs = dg_test_sparse_pairs(gh_rng(), act, nx, 0.2f), *v = gh_rand_storage(act, nv, NULL);
 		for (int b = 0; b < B; b++)
 			pos[b] = (float)(k + (b == 0 ? 0 : b == 1 ? 1000 : 65530 + 7 * b));
 		upload_to(dev, dxs, xs, gh_bytes(act, nx));
@@ -203,7 +183,7 @@ static void check_window(dg_device *dev, dg_fmt act, int B, int H, int N, int D,
 		state[i] = want_state[i] = 0.1f * gh_uniform(-1.0f, 1.0f);
 	for (int b = 0; b < B; b++)
 		pos[b] = (float)(b == 0 ? 0 : b == 1 ? 1000 : 65530 + 7 * b);
-	void *xs = sparse(act, nx, 0.2f), *v = gh_rand_storage(act, nv, NULL);
+	void *xs = dg_test_sparse_pairs(gh_rng(), act, nx, 0.2f), *v = gh_rand_storage(act, nv, NULL);
 	dg_dptr dstate = gh_upload(dev, state, ns * sizeof(float)), dfreq = gh_upload(dev, freq, (size_t)N * 4);
 	dg_dptr dxs = gh_upload(dev, xs, gh_bytes(act, nx)), dv = gh_upload(dev, v, gh_bytes(act, nv));
 	dg_dptr dpos = gh_upload(dev, pos, (size_t)B * 4), dout = gh_alloc_ff(dev, gh_bytes(act, no));
