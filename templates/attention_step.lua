@@ -42,8 +42,8 @@ H200).
 dg_attention_window: the same recurrence a token at a time over T tokens
 without a trip to memory between them: a block owns 4 columns of one (row,
 head, half a group), stages the first RW rows of its columns of S in
-shared memory (N rows where they fit: 16 bytes a row), and for each token walks the pairs as
-dg_attention_step does (the same thread a pair for all T tokens, so a row
+shared memory (N rows where they fit: 16 bytes a row), and for each token
+walks the pairs as dg_attention_step does (the same thread a pair for all T tokens, so a row
 is only ever touched by one thread), then sums the partial outputs in a
 fixed order; rows past RW are read and written in memory as the step's.
 The columns go back to memory once at the end. A column's arithmetic does

@@ -864,24 +864,8 @@ function M.render(spec, plan)
   local cv = { OT = FM.out_types[out].ctype }
   if int_path then
     cv.WS_T, cv.WS_V, cv.CVT = "int", "int4", "__int2float_rn"
-    -- eight slices' loads in flight before their sums (exact in any order):
-    -- a slice at a time left a decoder's one row at 8.5 us (H100, 25M).
     cv.SUM = [[
-		int sp = 1;
-		for (; sp + 8 <= nsplit; sp += 8) {	// exact int32 sums of the slices
-			int4 u[8];
-#pragma unroll
-			for (int j = 0; j < 8; ++j)
-				u[j] = *(const int4 *)(ws + (sp + j) * n + i);
-#pragma unroll
-			for (int j = 0; j < 8; ++j) {
-				v.x += u[j].x;
-				v.y += u[j].y;
-				v.z += u[j].z;
-				v.w += u[j].w;
-			}
-		}
-		for (; sp < nsplit; ++sp) {
+		for (int sp = 1; sp < nsplit; ++sp) {	// exact int32 sums of the slices
 			const int4 u = *(const int4 *)(ws + sp * n + i);
 			v.x += u.x;
 			v.y += u.y;

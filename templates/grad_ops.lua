@@ -260,27 +260,10 @@ __device__ __forceinline__ const unsigned *dg_b_krow(const unsigned *yp, int b, 
 ]]
 
 -- The reduce entries' loop body: float4 iv of Σ_{p < splits} part[p·${NP} ..],
--- p ascending, into sum (iv, part, splits in scope). The partials are loaded
--- eight splits at a time before they are added (in the same order): with
--- few outputs (a decoder's one row: 64 float4s, 64 splits) a load a split
--- one after the other left the reduce at 10.8 us on the H200, its latency.
+-- p ascending, into sum (iv, part, splits in scope).
 local REDUCE_SUM = [[
 		float4 sum = __ldg((const float4 *)part + iv);
-		int q = 1;
-		for (; q + 8 <= splits; q += 8) {
-			float4 v[8];
-#pragma unroll
-			for (int j = 0; j < 8; ++j)
-				v[j] = __ldg((const float4 *)(part + (long long)(q + j) * ${NP}) + iv);
-#pragma unroll
-			for (int j = 0; j < 8; ++j) {
-				sum.x = __fadd_rn(sum.x, v[j].x);
-				sum.y = __fadd_rn(sum.y, v[j].y);
-				sum.z = __fadd_rn(sum.z, v[j].z);
-				sum.w = __fadd_rn(sum.w, v[j].w);
-			}
-		}
-		for (; q < splits; ++q) {
+		for (int q = 1; q < splits; ++q) {
 			const float4 v = __ldg((const float4 *)(part + (long long)q * ${NP}) + iv);
 			sum.x = __fadd_rn(sum.x, v.x);
 			sum.y = __fadd_rn(sum.y, v.y);

@@ -335,11 +335,11 @@ DG_API dg_status dg_attention_grad_xs(dg_device *dev, const dg_spec *spec,
  * frequency 1/θ^(2p/N)/2π at 2p and 2p+1), out (B,H,T,D) act = qr·S with
  * S the state before the token, then state (B,H,N,D) f32 += qrᵀ·v, v
  * (B,1,T,D) act; xs (B,H,T,N) act. The state's N·D values a (row, head)
- * are stored in groups of 8 columns, each group's N rows contiguous: S[k, e]
- * of (b, h) at ((b·H + h)·D/8 + e/8)·N·8 + k·8 + e%8. Deterministic (sums in a fixed order),
- * and a window of T tokens gives the bytes of T calls of one token at the
- * same tile; pairs whose xs are both 0 are skipped (their rows neither add
- * nor change). */
+ * are stored in groups of 8 columns, each group's N rows contiguous:
+ * S[k, e] of (b, h) at ((b·H + h)·D/8 + e/8)·N·8 + k·8 + e%8.
+ * Deterministic (sums in a fixed order), and a window of T tokens gives
+ * the bytes of T calls of one token at the same tile; pairs whose xs are
+ * both 0 are skipped (their rows neither add nor change). */
 typedef struct dg_attention_step_args {
 	const dg_tensor *xs, *pos, *freq, *v, *state, *out;
 } dg_attention_step_args;
