@@ -204,7 +204,7 @@ local function plan_of(k, t, path, arch_specific, threads, smem, dyn)
            entries = { { name = k.entry, threads = threads, smem = dyn and smem or 0 } } }
 end
 
-function M.plan(spec)
+local function plan_paths(spec)
   local k = fields(spec)
   local t = TILES.tile_of(spec)
   local auto = TILES.tile_is_auto(t)
@@ -258,7 +258,18 @@ function M.plan(spec)
   return plan_of(k, t, ints and "dp4a" or "fp32", false, nt, smem, false)
 end
 
-function M.render(spec, plan)
+-- The path's plan, with the few-rows entry (templates/lowrank_rows.lua)
+-- after the path's where that entry serves the spec.
+function M.plan(spec)
+  local p, err = plan_paths(spec)
+  if p and require("lowrank_rows").applies(fields(spec)) then
+    local R = require("lowrank_rows")
+    p.entries[#p.entries + 1] = { name = R.ENTRY, threads = R.THREADS, smem = 0 }
+  end
+  return p, err
+end
+
+local function render_path(spec, plan)
   local k = fields(spec)
   local t = plan.tile
   k.bm, k.bn, k.bk, k.wm, k.wn, k.stages = t.bm, t.bn, t.bk, t.wm, t.wn, t.stages
@@ -304,12 +315,25 @@ function M.render(spec, plan)
     return t
   end
 
+  local text
   if plan.path:match("^wgmma") then
-    return require("lowrank_wgmma").render(spec, k)
+    text = require("lowrank_wgmma").render(spec, k)
   elseif plan.path == "mma.sync" then
-    return require("lowrank_mma").render(spec, k)
+    text = require("lowrank_mma").render(spec, k)
+  else
+    text = require("lowrank_simt").render(spec, k)
   end
-  return require("lowrank_simt").render(spec, k)
+  return text, k
+end
+
+function M.render(spec, plan)
+  local text, k = render_path(spec, plan)
+  local R = require("lowrank_rows")
+  local e = plan.entries[#plan.entries]
+  if e and e.name == R.ENTRY then
+    text = text .. R.render(k, text)
+  end
+  return text
 end
 
 return M

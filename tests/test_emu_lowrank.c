@@ -13,12 +13,15 @@
  */
 #include <criterion/criterion.h>
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dragon/codegen.h"
+#include "dragon/fmt.h"
 #include "dragon/ref.h"
 #include "dragon/rng.h"
 #include "emu_helpers.h"
@@ -134,4 +137,132 @@ Test(emu_lowrank, warpgroup_codes_against_the_reference, .timeout = 900)
 Test(emu_lowrank, mma_sync_codes_against_the_reference, .timeout = 900)
 {
 	both_outputs(5, 80);
+}
+
+/* ---- the few-rows entry (templates/lowrank_rows.lua) ------------------------
+ * dg_lowrank_fwd_rows beside the path's kernel: warps over the output
+ * columns, lanes of a column over its weight row, x's rows in registers.
+ * Shapes cover one lane a chunk and several (E 20, 1280), columns that are
+ * not whole groups, x shared by the heads and a head's own, row passes
+ * (E 1280 holds 4 rows a pass, B·T 7 takes two). Integer sums against the
+ * reference bit for bit; float sums in another order, by a tolerance. */
+
+struct rcase {
+	dg_fmt act, weight, out;
+	int B, T, H, hin, N, E;
+	float thr; /* < 0: no ReLU */
+	bool vec;  /* a scale a token and a channel (codes) */
+};
+
+static const char *ctype_of(dg_fmt f)
+{
+	switch (f) {
+	case DG_FMT_F32: return "float";
+	case DG_FMT_BF16: return "unsigned short";
+	case DG_FMT_INT8: return "signed char";
+	case DG_FMT_UINT8POS: return "unsigned char";
+	default: return "int";
+	}
+}
+
+static const char RGLUE[] =
+	"extern \"C\" void dg_emu_rows(unsigned grid, unsigned nt, const void *x, const void *w,\n"
+	"	const float *sa, const float *sw, void *out, const float *so, float *absum, int B, int T)\n"
+	"{\n"
+	"	dg_emu_launch(grid, nt, 0, [&] {\n"
+	"		dg_lowrank_fwd_rows((const %s *)x, (const %s *)w, sa, sw, (%s *)out, so, absum, B, T);\n"
+	"	});\n"
+	"}\n";
+
+typedef void (*rows_fn)(unsigned grid, unsigned nt, const void *x, const void *w, const float *sa,
+			const float *sw, void *out, const float *so, float *absum, int B, int T);
+
+static void check_rows(dg_codegen *cg, dg_rng *r, const struct rcase *c)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	s.act = c->act, s.weight = c->weight, s.out = c->out;
+	s.heads = c->H, s.in_heads = c->hin, s.latent = c->N, s.embd = c->E;
+	s.relu = c->thr >= 0.0f, s.relu_thr = c->thr >= 0.0f ? c->thr : 0.0f;
+	s.ascale = c->vec ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
+	s.wscale = c->vec ? DG_SCALE_CHANNEL : DG_SCALE_TENSOR;
+	s.arch = 90, s.arch_specific = true;
+	dg_spec_normalize(&s);
+	dg_plan plan;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
+	const dg_plan_entry *e = &plan.entries[plan.n_entries - 1];
+	cr_assert_str_eq(e->name, "dg_lowrank_fwd_rows", "%s: no few-rows entry", plan.canonical);
+	const bool codes = c->act != DG_FMT_F32 && c->act != DG_FMT_BF16;
+	const bool code_out = c->out == DG_FMT_INT8 || c->out == DG_FMT_UINT8POS;
+	char glue[1024];
+	snprintf(glue, sizeof(glue), RGLUE, codes ? "int" : ctype_of(c->act), codes ? "int" : ctype_of(c->weight),
+		 ctype_of(c->out));
+	rows_fn fn = (rows_fn)eh_build(cg, &s, glue, "dg_emu_rows");
+
+	const int64_t M = (int64_t)c->B * c->T, xrows = (int64_t)c->B * c->hin * c->T;
+	const size_t xb = dg_fmt_row_bytes(c->act, (int64_t)c->E) * (size_t)xrows;
+	const size_t wb = dg_fmt_row_bytes(c->weight, (int64_t)c->E) * (size_t)c->H * (size_t)c->N;
+	const size_t no = (size_t)M * (size_t)c->H * (size_t)c->N, ob = c->out == DG_FMT_F32 ? 4 : c->out == DG_FMT_BF16 ? 2 : 1;
+	void *x = malloc(xb + 16), *w = malloc(wb + 16);
+	cr_assert(x && w);
+	dg_rng_fill(r, c->act, x, (size_t)xrows * (size_t)c->E);
+	dg_rng_fill(r, c->weight, w, (size_t)c->H * (size_t)c->N * (size_t)c->E);
+	float *sa = rand_scales(r, (size_t)xrows), *sw = rand_scales(r, (size_t)c->H * c->N), so = 0.05f;
+	unsigned char *got = malloc(no * ob + 16), *want = malloc(no * ob);
+	cr_assert(got && want);
+	memset(got, 0xee, no * ob + 16);
+	float absum = 0.0f;
+	fn(3, (unsigned)e->threads, x, w, sa, sw, got, code_out ? &so : NULL, &absum, c->B, c->T);
+
+	dg_ref_call rc;
+	memset(&rc, 0, sizeof(rc));
+	rc.in[0] = x, rc.in[1] = w;
+	if (c->vec)
+		rc.scale_v[0] = sa, rc.scale_v[1] = sw;
+	else
+		rc.scale[0] = sa[0], rc.scale[1] = sw[0];
+	rc.scale[2] = so;
+	rc.out = want;
+	rc.b = c->B, rc.t = c->T;
+	cr_assert_eq(dg_ref_run(&plan.spec, &rc), DG_OK);
+	char why[512];
+	if (codes)
+		cr_assert(dg_ref_same_bytes(got, want, no * ob, why, sizeof(why)), "%s: %s", plan.canonical, why);
+	else if (c->out == DG_FMT_BF16)
+		cr_assert(dg_ref_close(c->out, got, want, no, 1e-3f, 8e-3f, why, sizeof(why)), "%s: %s",
+			  plan.canonical, why);
+	else
+		cr_assert(dg_ref_close(c->out, got, want, no, 1e-4f, 1e-4f, why, sizeof(why)), "%s: %s",
+			  plan.canonical, why);
+	for (size_t i = no * ob; i < no * ob + 16; i++)
+		cr_assert_eq(got[i], 0xee, "%s: written past the output", plan.canonical);
+	/* Σ|y| over the outputs (before codes): the float outputs' own sum */
+	if (c->out == DG_FMT_F32) {
+		double ref = 0.0;
+		for (size_t i = 0; i < no; i++)
+			ref += fabs((double)((const float *)want)[i]);
+		cr_assert(fabs((double)absum - ref) <= 1e-4 * ref + 1e-4, "%s: absum %g, want %g", plan.canonical,
+			  (double)absum, ref);
+	}
+	free(x), free(w), free(sa), free(sw), free(got), free(want);
+}
+
+Test(emu_lowrank, rows_entry_against_the_reference, .timeout = 900)
+{
+	static const struct rcase cases[] = {
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 1, 2, 1, 96, 64, 0.0f, false },
+		{ DG_FMT_F32, DG_FMT_BF16, DG_FMT_F32, 2, 3, 2, 2, 40, 48, -1.0f, false },
+		{ DG_FMT_BF16, DG_FMT_F32, DG_FMT_F32, 1, 2, 1, 1, 36, 36, 0.1f, false },
+		{ DG_FMT_F32, DG_FMT_F32, DG_FMT_F32, 8, 1, 2, 1, 12, 20, -1.0f, false },
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 1, 1, 3, 1, 52, 64, 0.25f, true },
+		{ DG_FMT_UINT8POS, DG_FMT_INT8, DG_FMT_UINT8POS, 2, 2, 2, 2, 68, 96, 0.0f, false },
+		{ DG_FMT_INT4, DG_FMT_INT8, DG_FMT_INT8, 1, 5, 2, 1, 20, 32, -1.0f, false },
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 1, 7, 1, 1, 24, 1280, -1.0f, true },
+	};
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 11);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		check_rows(cg, &r, &cases[i]);
+	dg_codegen_destroy(cg);
 }

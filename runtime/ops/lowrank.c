@@ -10,9 +10,13 @@
  * path (sm_90a) as many blocks as an SM holds at once (two for the codes'
  * 128x64 tile, one for bf16's, whose 160 KiB of shared memory at E 256
  * leave room for one), each a run of (head, m-tile) tiles.
+ * At B·T <= 8 (decoding) the module's few-rows entry runs instead where
+ * it has one (templates/lowrank_rows.lua), its warps over the columns.
  * Block size and dynamic shared memory come from the plan (launch.block /
  * launch.smem left 0).
  */
+#include <string.h>
+
 #include "base/msg.h"
 #include "runtime/ops/ops_int.h"
 
@@ -39,6 +43,25 @@ static long long blocks_per_sm(const dg_kernel *k, const dg_device_info *di)
 
 /* ---- lowrank_fwd ---------------------------------------------------------- */
 
+/* B·T up to which the few-rows entry runs (decoding: a token a sequence)
+ * where the spec's module has one (templates/lowrank_rows.lua): a GEMM
+ * tile of 64 to 256 rows for one useful row reads the weights through
+ * shared memory at a fraction of the HBM's rate. */
+#define DG_LOWRANK_ROWS 8
+
+/* The module's few-rows entry beside k, or NULL. */
+static const dg_kernel *rows_entry(const dg_kernel *k)
+{
+	for (int i = 1, n = dg_kernel_entry_count(k); i < n; i++) {
+		dg_kernel_info info;
+		const dg_kernel *e = dg_kernel_entry(k, i);
+		if (e && dg_kernel_info_get(e, &info) == DG_OK && info.entry &&
+		    strcmp(info.entry, "dg_lowrank_fwd_rows") == 0)
+			return e;
+	}
+	return NULL;
+}
+
 dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 {
 	(void)c;
@@ -51,6 +74,7 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 		return st;
 	const dg_device_info *di = dg__dev_info(p->dev);
 	const int sms = di->sm_count;
+	const dg_kernel *kr = B * T <= DG_LOWRANK_ROWS ? rows_entry(k) : NULL;
 	/* the wgmma path (an arch-specific spec with a warpgroup tile; an
 	 * auto tile the path refuses resolves to another): (head, m-tile) rows
 	 * of tiles, split into as many runs along n as the SMs hold blocks at
@@ -61,8 +85,12 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	long long work = wg ? blocks_per_sm(k, di) * sms
 			    : dg__op_cdiv(B * T, 16) * dg__op_cdiv(p->spec.latent, 16) *
 				      p->spec.heads;
+	/* the few-rows entry: a warp per group of 1 to 8 columns, so a block of
+	 * 8 warps for every 32 columns at most */
+	if (kr)
+		work = dg__op_cdiv(p->spec.heads * p->spec.latent, 32);
 	dg_launch l = { { tile_grid(work, sms), 1, 1 }, { 0, 0, 0 }, 0 };
-	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
+	dg__prep_launch *L = dg__prep_add(p, kr ? kr : k, &l, &st);
 	if (!L)
 		return st;
 	dg__arg_data(p, L, 0);  /* x */

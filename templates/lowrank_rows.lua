@@ -1,0 +1,343 @@
+--[[
+lowrank_rows.lua — lowrank_fwd for a few rows (B·T <= 8: decoding a token,
+a small batch of them): the entry dg_lowrank_fwd_rows, appended to the
+module of any lowrank_fwd path whose spec it serves (M.applies), with the
+same arguments and the same op as dg_lowrank_fwd (templates/lowrank.lua's
+ABI; runtime/ops/lowrank.c launches it where B·T <= DG_LOWRANK_ROWS).
+
+Why: at one row a GEMM tile of 64 to 256 rows stages the weights through
+shared memory for one useful row, and the whole call is the H·L·E weight
+bytes read once (2 MB for a 25M model's bf16 projection: ~0.5 us at the
+HBM's rate, where the tile paths took ~16 us). Here warps walk the output
+columns; LPC lanes share a column, each reading 16-byte chunks of its
+weight row (RUC columns' loads in flight a lane), x's rows held in
+registers (loaded once, again only where the head of x changes), a dot
+product a chunk (fmaf on floats, dp4a on codes), the column's sum by
+warp shuffles, then the tile paths' epilogue: y = acc · scale (integer
+sums exact, so integer outputs equal the reference's bit for bit; float
+sums in another order than the tile paths', within rounding), − thr,
+ReLU, f32 | bf16 | codes, Σ|y| by one atomic a warp.
+
+Serves: op lowrank_fwd, float × float (act f32 | bf16, weight f32 | bf16)
+or codes × int8 weights (act int8 | int4 | uint8pos); E·(weight bytes) a
+multiple of 16 (whole chunks); codes out only with tensor scales (as the
+SIMT path). Not served (the tile path runs at every row count): relu_mask,
+ternary and sign1 weights, float × codes.
+
+Rows: the kernel is templated on MR, the rows a pass (1, 2, 4 or 8, the
+smallest that holds B·T, capped so that x's registers stay under 64 a
+lane); more rows than MR make passes, each reading the weights again.
+]]
+local EMIT = require("emit")
+local FM = require("formats")
+local DEV = require("device")
+local SCL = require("scales")
+local fmt = string.format
+
+local M = {}
+
+M.ENTRY = "dg_lowrank_fwd_rows"
+M.THREADS = 256
+
+local WBYTES = { f32 = 4, bf16 = 2, int8 = 1 }
+local XBYTES = { f32 = 4, bf16 = 2, int8 = 1, int4 = 1, uint8pos = 1 }
+
+-- Whether the entry serves spec fields k (lowrank.lua's fields).
+function M.applies(k)
+  if k.op ~= "lowrank_fwd" then return false end
+  local fa, fw = FM.formats[k.act], FM.formats[k.weight]
+  local floats = not fa.code and not fw.code and WBYTES[k.weight] ~= nil
+  local codes = fa.code and k.weight == "int8"
+  if not (floats or codes) then return false end
+  if (k.E * WBYTES[k.weight]) % 16 ~= 0 then return false end
+  if (k.out == "int8" or k.out == "uint8pos") and k.sc.vec then return false end
+  return true
+end
+
+-- The shape constants: chunk, lanes a column, columns in flight, rows a pass.
+local function geometry(k)
+  local g = {}
+  g.wb, g.xb = WBYTES[k.weight], XBYTES[k.act]
+  g.floats = not FM.formats[k.act].code
+  g.CE = 16 // g.wb                 -- elements a 16-byte weight chunk
+  g.NCH = k.E // g.CE               -- chunks a weight row
+  g.LPC = 32
+  while g.LPC > 1 and g.LPC > g.NCH do g.LPC = g.LPC // 2 end
+  g.CPL = (g.NCH + g.LPC - 1) // g.LPC
+  g.RUC = math.max(1, 4 // g.CPL)
+  g.XB = g.CE * g.xb                -- x bytes a chunk: 8, 16 or 32
+  g.XR = g.floats and g.CE or 4     -- registers of x a chunk a row (floats, or code words)
+  g.MRMAX = 8
+  while g.MRMAX > 1 and g.MRMAX * g.CPL * g.XR > 64 do g.MRMAX = g.MRMAX // 2 end
+  return g
+end
+
+local KERNEL = [[
+
+// ---- dg_lowrank_fwd_rows ----------------------------------------------------
+// lowrank_fwd for B·T <= 8 rows (templates/lowrank_rows.lua): warps over the
+// output columns, LPC lanes a column reading its weight row in 16-byte
+// chunks, x's rows in registers, the column's sum by shuffles, the same
+// epilogue as dg_lowrank_fwd. Grid: any number of blocks of NT threads
+// (warps stride over the column groups); no shared memory.
+${HELPERS}
+namespace dg_rows {
+constexpr int H = ${H}, HIN = ${HIN}, E = ${E}, L = ${L};
+constexpr int CE = ${CE};		// elements a 16-byte weight chunk
+constexpr int NCH = ${NCH};		// chunks a weight row
+constexpr int LPC = ${LPC};		// lanes a column
+constexpr int CPL = ${CPL};		// chunks a lane: lic + LPC·j
+constexpr int CPW = 32 / LPC;		// columns a warp at once
+constexpr int RUC = ${RUC};		// such column sets in flight
+constexpr int CW = CPW * RUC;		// columns a warp's group
+constexpr int GPH = (L + CW - 1) / CW;	// groups a head
+constexpr int NT = ${NT}, NW = NT / 32;
+constexpr int XR = ${XR};		// x registers a chunk a row
+
+${XLOAD}
+
+${DOT}
+
+template <int MR>
+__device__ __forceinline__ void run(const unsigned char *__restrict__ x, const uint4 *__restrict__ w,
+				    const float *__restrict__ sa, const float *__restrict__ sw,
+				    ${OT} *__restrict__ out, const float *__restrict__ so,
+				    float *__restrict__ out_absum, int B, int T)
+{
+	const int lane = threadIdx.x & 31, lic = lane % LPC, cg = lane / LPC;
+	const int M = B * T;
+	const long long gw = (long long)blockIdx.x * NW + (threadIdx.x >> 5);
+	const long long nwarps = (long long)gridDim.x * NW;
+${PROLOGUE}
+	float absum = 0.0f;		// Σ|y| of this lane's outputs
+#pragma unroll 1
+	for (int r0 = 0; r0 < M; r0 += MR) {
+		${XT} xr[MR][CPL][XR];	// rows r0.. of x at this lane's chunks
+		int xh = -1;		// the head of x in xr
+#pragma unroll 1
+		for (long long gi = gw; gi < (long long)H * GPH; gi += nwarps) {
+			const int h = (int)(gi / GPH), l0 = (int)(gi % GPH) * CW;
+			const int hx = HIN == 1 ? 0 : h;
+			if (hx != xh) {
+				xh = hx;
+#pragma unroll
+				for (int r = 0; r < MR; ++r) {
+					const int m = r0 + r;
+					const int b = m / T, t = m - b * T;
+					const unsigned char *row = x + ((long long)(b * HIN + hx) * T + t) * (E * ${XBYTES});
+#pragma unroll
+					for (int j = 0; j < CPL; ++j) {
+						const int c = lic + LPC * j;
+						dg_xload(xr[r][j], row + c * ${XCB}, m < M && c < NCH);
+					}
+				}
+			}
+			uint4 wv[RUC][CPL];
+#pragma unroll
+			for (int u = 0; u < RUC; ++u) {
+				const int l = l0 + u * CPW + cg;
+#pragma unroll
+				for (int j = 0; j < CPL; ++j) {
+					const int c = lic + LPC * j;
+					wv[u][j] = l < L && c < NCH ? __ldg(w + ((long long)h * L + l) * NCH + c)
+								    : make_uint4(0u, 0u, 0u, 0u);
+				}
+			}
+			${ACC} acc[RUC][MR];
+#pragma unroll
+			for (int u = 0; u < RUC; ++u)
+#pragma unroll
+				for (int r = 0; r < MR; ++r) {
+					${ACC} a = 0;
+#pragma unroll
+					for (int j = 0; j < CPL; ++j)
+						a = dg_dot(xr[r][j], wv[u][j], a);
+					acc[u][r] = a;
+				}
+			// the column's sum: its LPC lanes' partial sums (an aligned group)
+#pragma unroll
+			for (int u = 0; u < RUC; ++u)
+#pragma unroll
+				for (int r = 0; r < MR; ++r)
+#pragma unroll
+					for (int o = LPC / 2; o > 0; o >>= 1)
+						acc[u][r] += __shfl_xor_sync(0xffffffffu, acc[u][r], o);
+			// the epilogue: output (u, r) by lane (u·MR + r) % LPC of the group
+#pragma unroll
+			for (int u = 0; u < RUC; ++u) {
+				const int l = l0 + u * CPW + cg;
+#pragma unroll
+				for (int r = 0; r < MR; ++r) {
+					const int m = r0 + r;
+					if ((u * MR + r) % LPC != lic || l >= L || m >= M)
+						continue;
+					const int b = m / T, t = m - b * T;
+${EPILOGUE}
+				}
+			}
+		}
+	}
+	// Σ|y|: the warp's lanes, one atomic a warp
+	if (out_absum) {
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1)
+			absum += __shfl_xor_sync(0xffffffffu, absum, o);
+		if (lane == 0 && absum != 0.0f)
+			atomicAdd(out_absum, absum);
+	}
+}
+} // namespace dg_rows
+
+extern "C" __global__ void __launch_bounds__(${NT})
+${SIGNATURE}
+{
+	const int M = B * T;
+	const unsigned char *xb = (const unsigned char *)x;
+	const uint4 *wq = (const uint4 *)w;
+${DISPATCH}
+}
+]]
+
+-- dg_xload: one chunk of x (XB bytes) into XR registers (floats, or words).
+local function xload(g, act)
+  if not g.floats then
+    return [[
+__device__ __forceinline__ void dg_xload(unsigned (&r)[XR], const unsigned char *p, bool ok)
+{
+	const uint4 v = ok ? __ldg((const uint4 *)p) : make_uint4(0u, 0u, 0u, 0u);
+	r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+}]]
+  end
+  if act == "f32" then
+    -- CE floats: 4 (one uint4) or 8 (two)
+    return [[
+__device__ __forceinline__ void dg_xload(float (&r)[XR], const unsigned char *p, bool ok)
+{
+#pragma unroll
+	for (int i = 0; i < XR / 4; ++i) {
+		const float4 v = ok ? __ldg((const float4 *)p + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		r[4 * i] = v.x; r[4 * i + 1] = v.y; r[4 * i + 2] = v.z; r[4 * i + 3] = v.w;
+	}
+}]]
+  end
+  -- bf16: CE of them, 8 bytes (4) or 16 (8), each to f32 (<< 16)
+  local load = g.CE == 4
+    and "const uint2 v = ok ? __ldg((const uint2 *)p) : make_uint2(0u, 0u);\n\tconst unsigned q[2] = { v.x, v.y };"
+    or "const uint4 v = ok ? __ldg((const uint4 *)p) : make_uint4(0u, 0u, 0u, 0u);\n\tconst unsigned q[4] = { v.x, v.y, v.z, v.w };"
+  return EMIT.subst([[
+__device__ __forceinline__ void dg_xload(float (&r)[XR], const unsigned char *p, bool ok)
+{
+	${LOAD}
+#pragma unroll
+	for (int i = 0; i < XR / 2; ++i) {
+		r[2 * i] = __uint_as_float(q[i] << 16);
+		r[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
+	}
+}]], { LOAD = load })
+end
+
+-- dg_dot: a += the chunk's x · w, e ascending (fmaf) or four dp4a.
+local function dot(g, k)
+  if not g.floats then
+    local dp = FM.formats[k.act].unsigned and "dg_dp4a_us" or "dg_dp4a_ss"
+    return EMIT.subst([[
+__device__ __forceinline__ int dg_dot(const unsigned (&x)[XR], uint4 w, int a)
+{
+	a = ${DP}(x[0], w.x, a);
+	a = ${DP}(x[1], w.y, a);
+	a = ${DP}(x[2], w.z, a);
+	return ${DP}(x[3], w.w, a);
+}]], { DP = dp })
+  end
+  if k.weight == "f32" then
+    return [[
+__device__ __forceinline__ float dg_dot(const float (&x)[XR], uint4 w, float a)
+{
+	a = fmaf(x[0], __uint_as_float(w.x), a);
+	a = fmaf(x[1], __uint_as_float(w.y), a);
+	a = fmaf(x[2], __uint_as_float(w.z), a);
+	return fmaf(x[3], __uint_as_float(w.w), a);
+}]]
+  end
+  return [[
+__device__ __forceinline__ float dg_dot(const float (&x)[XR], uint4 w, float a)
+{
+	const unsigned q[4] = { w.x, w.y, w.z, w.w };
+#pragma unroll
+	for (int i = 0; i < 4; ++i) {
+		a = fmaf(x[2 * i], __uint_as_float(q[i] << 16), a);
+		a = fmaf(x[2 * i + 1], __uint_as_float(q[i] & 0xffff0000u), a);
+	}
+	return a;
+}]]
+end
+
+-- The epilogue of output (m = r0 + r, column l of head h): lowrank.lua's.
+local function epilogue(k, g)
+  local sc = k.sc
+  local t = {}
+  local function line(s, ...) t[#t + 1] = "\t\t\t\t\t" .. fmt(s, ...) end
+  local code = k.out == "int8" or k.out == "uint8pos"
+  line(g.floats and "const float accf = acc[u][r];" or "const float accf = __int2float_rn(acc[u][r]);")
+  local s = SCL.scale_expr(sc, fmt("sa[%s]", SCL.x_row(k.HIN, "m")), "sw[h * L + l]")
+  line(s and "float y = __fmul_rn(accf, %s);" or "float y = accf;%s", s or "")
+  if k.thr then
+    line("y = __fsub_rn(y, %s);	// relu(y - thr)", EMIT.cfloat(k.thr))
+    line("y = y > 0.0f ? y : 0.0f;")
+  end
+  line("absum += fabsf(y);")
+  local o = "out[((long long)(b * H + h) * T + t) * L + l]"
+  if k.out == "f32" then
+    line("%s = y;", o)
+  elseif k.out == "bf16" then
+    line("%s = dg_f32_to_bf16(y);", o)
+  else
+    line("const int cv = __float_as_int(dg_code_t(accf, a1, b1, CR, CLOM)) - 0x4b400000;")
+    line("%s = (%s)cv;", o, k.out == "int8" and "signed char" or "unsigned char")
+  end
+  local pro = {}
+  for _, l in ipairs(SCL.scale_prologue(sc)) do pro[#pro + 1] = "\t" .. l end
+  if code then
+    pro[#pro + 1] = "\tconst float so_v = *so;"
+    pro[#pro + 1] = "\tconst float so_r = so_v > 0.0f ? __frcp_rn(so_v) : 0.0f;"
+    for _, l in ipairs(SCL.code_consts(k.out, k.thr and EMIT.cfloat(k.thr) or nil, SCL.scale_expr(sc) or "1.0f")) do
+      pro[#pro + 1] = "\t" .. l
+    end
+  end
+  return table.concat(t, "\n"), table.concat(pro, "\n")
+end
+
+-- The entry's source, appended to `path_text` (the path's module, whose
+-- device helpers it reuses; those it lacks are added here).
+function M.render(k, path_text)
+  local g = geometry(k)
+  local want = {}
+  if k.out == "bf16" and not path_text:find("dg_f32_to_bf16(float f)", 1, true) then want.bf16 = true end
+  if (k.out == "int8" or k.out == "uint8pos") and not path_text:find("float dg_code_t(", 1, true) then
+    want.code = true
+  end
+  if not g.floats and not path_text:find("int dg_dp4a_ss(", 1, true) then want.dp4a = true end
+  local ot = FM.out_types[k.out].ctype
+  local ep, pro = epilogue(k, g)
+  -- the rows a pass: the smallest of 1, 2, 4 .. MRMAX that holds B·T
+  local disp = {}
+  local mr = 1
+  while mr < g.MRMAX do
+    disp[#disp + 1] = fmt("\tif (M <= %d) {\n\t\tdg_rows::run<%d>(xb, wq, sa, sw, out, so, out_absum, B, T);\n\t\treturn;\n\t}", mr, mr)
+    mr = mr * 2
+  end
+  disp[#disp + 1] = fmt("\tdg_rows::run<%d>(xb, wq, sa, sw, out, so, out_absum, B, T);", g.MRMAX)
+  local vars = {
+    H = k.H, HIN = k.HIN, E = k.E, L = k.L, CE = g.CE, NCH = g.NCH, LPC = g.LPC, CPL = g.CPL,
+    RUC = g.RUC, NT = M.THREADS, XR = g.XR, XT = g.floats and "float" or "unsigned",
+    ACC = g.floats and "float" or "int", XBYTES = g.xb, XCB = g.XB, OT = ot,
+    XLOAD = xload(g, k.act), DOT = dot(g, k), PROLOGUE = pro, EPILOGUE = ep,
+    SIGNATURE = k.signature(FM.formats[k.act].ctype, FM.formats[k.weight].ctype):gsub("dg_lowrank_fwd%(",
+      M.ENTRY .. "("),
+    DISPATCH = table.concat(disp, "\n"),
+  }
+  vars.HELPERS = next(want) and DEV.helpers(want) or ""
+  return EMIT.subst(KERNEL, vars)
+end
+
+return M
