@@ -66,6 +66,11 @@ Paths (which one a spec takes: M.plan)
   fp32 (SIMT, templates/lowrank_simt.lua): any float operand: each operand
     converted to f32 while staging, fp32 FMA accumulation, y = acc · (*sa
     if act is integer, *sw if weight is, else 1).
+  few rows (templates/lowrank_rows.lua): a second entry of lowrank_fwd's
+    module, dg_lowrank_fwd_rows (the same arguments), where it serves the
+    spec (float × float, codes × int8 weights): runtime/ops/lowrank.c
+    launches it at B·T <= 8 (decoding), warps over the columns, each
+    weight row read once.
   Integer paths: y = __fmul_rn((float)acc, __fmul_rn(*sa, *sw)).
   Epilogue (every path): y = __fsub_rn(y, thr); y = y > 0 ? y : 0 (only with
   ReLU), then f32 | bf16 (round half to even) | int8 clamp(rint(y · (1/so)),
