@@ -68,7 +68,7 @@ Paths (which one a spec takes: M.plan)
     if act is integer, *sw if weight is, else 1).
   few rows (templates/lowrank_rows.lua): a second entry of lowrank_fwd's
     module, dg_lowrank_fwd_rows (the same arguments), where it serves the
-    spec (float × float, codes × int8 weights): runtime/ops/lowrank.c
+    spec (float × float, codes × codes): runtime/ops/lowrank.c
     launches it at B·T <= 8 (decoding), warps over the columns, each
     weight row read once.
   Integer paths: y = __fmul_rn((float)acc, __fmul_rn(*sa, *sw)).

@@ -19,10 +19,11 @@ sums in another order than the tile paths', within rounding), − thr,
 ReLU, f32 | bf16 | codes, Σ|y| by one atomic a warp.
 
 Serves: op lowrank_fwd, float × float (act f32 | bf16, weight f32 | bf16)
-or codes × int8 weights (act int8 | int4 | uint8pos); E·(weight bytes) a
-multiple of 16 (whole chunks); codes out only with tensor scales (as the
-SIMT path). Not served (the tile path runs at every row count): relu_mask,
-ternary and sign1 weights, float × codes.
+or codes × codes (act int8 | int4 | uint8pos, weight int8 | ternary |
+sign1, decoded to i8x4 words for dp4a); a weight row whole 16-byte chunks
+(E a multiple of 4, 8, 16, 64, 128 for f32, bf16, int8, ternary, sign1);
+codes out only with tensor scales (as the SIMT path). Not served (the tile
+path runs at every row count): relu_mask, float × codes.
 
 Rows: the kernel is templated on MR, the rows a pass (1, 2, 4 or 8, the
 smallest that holds B·T, capped so that x's registers stay under 64 a
@@ -39,17 +40,16 @@ local M = {}
 M.ENTRY = "dg_lowrank_fwd_rows"
 M.THREADS = 256
 
-local WBYTES = { f32 = 4, bf16 = 2, int8 = 1 }
 local XBYTES = { f32 = 4, bf16 = 2, int8 = 1, int4 = 1, uint8pos = 1 }
 
 -- Whether the entry serves spec fields k (lowrank.lua's fields).
 function M.applies(k)
   if k.op ~= "lowrank_fwd" then return false end
   local fa, fw = FM.formats[k.act], FM.formats[k.weight]
-  local floats = not fa.code and not fw.code and WBYTES[k.weight] ~= nil
-  local codes = fa.code and k.weight == "int8"
+  local floats = not fa.code and not fw.code
+  local codes = fa.code and fw.code
   if not (floats or codes) then return false end
-  if (k.E * WBYTES[k.weight]) % 16 ~= 0 then return false end
+  if k.E % (4 * fw.epw) ~= 0 then return false end -- whole 16-byte chunks of a weight row
   if (k.out == "int8" or k.out == "uint8pos") and k.sc.vec then return false end
   return true
 end
@@ -57,16 +57,16 @@ end
 -- The shape constants: chunk, lanes a column, columns in flight, rows a pass.
 local function geometry(k)
   local g = {}
-  g.wb, g.xb = WBYTES[k.weight], XBYTES[k.act]
+  g.xb = XBYTES[k.act]
   g.floats = not FM.formats[k.act].code
-  g.CE = 16 // g.wb                 -- elements a 16-byte weight chunk
+  g.CE = 4 * FM.formats[k.weight].epw -- elements a 16-byte weight chunk
   g.NCH = k.E // g.CE               -- chunks a weight row
   g.LPC = 32
   while g.LPC > 1 and g.LPC > g.NCH do g.LPC = g.LPC // 2 end
   g.CPL = (g.NCH + g.LPC - 1) // g.LPC
   g.RUC = math.max(1, 4 // g.CPL)
-  g.XB = g.CE * g.xb                -- x bytes a chunk: 8, 16 or 32
-  g.XR = g.floats and g.CE or 4     -- registers of x a chunk a row (floats, or code words)
+  g.XB = g.CE * g.xb                -- x bytes a chunk: 8 to 128
+  g.XR = g.floats and g.CE or g.CE // 4 -- registers of x a chunk a row (floats, or i8x4 words)
   g.MRMAX = 8
   while g.MRMAX > 1 and g.MRMAX * g.CPL * g.XR > 64 do g.MRMAX = g.MRMAX // 2 end
   return g
@@ -204,8 +204,11 @@ local function xload(g, act)
     return [[
 __device__ __forceinline__ void dg_xload(unsigned (&r)[XR], const unsigned char *p, bool ok)
 {
-	const uint4 v = ok ? __ldg((const uint4 *)p) : make_uint4(0u, 0u, 0u, 0u);
-	r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+#pragma unroll
+	for (int i = 0; i < XR / 4; ++i) {
+		const uint4 v = ok ? __ldg((const uint4 *)p + i) : make_uint4(0u, 0u, 0u, 0u);
+		r[4 * i] = v.x; r[4 * i + 1] = v.y; r[4 * i + 2] = v.z; r[4 * i + 3] = v.w;
+	}
 }]]
   end
   if act == "f32" then
@@ -238,6 +241,24 @@ end
 
 -- dg_dot: a += the chunk's x · w, e ascending (fmaf) or four dp4a.
 local function dot(g, k)
+  if not g.floats and k.weight ~= "int8" then
+    -- ternary (16 codes a word, a byte of four decoded at a time) or sign1
+    -- (32 a word, a nibble of four): i8x4 words against x's
+    local dp = FM.formats[k.act].unsigned and "dg_dp4a_us" or "dg_dp4a_ss"
+    local per, dec = 4, "dg_tern4((q[i] >> (8 * j)) & 0xffu)"
+    if k.weight == "sign1" then per, dec = 8, "dg_sign4((q[i] >> (4 * j)) & 15u)" end
+    return EMIT.subst([[
+__device__ __forceinline__ int dg_dot(const unsigned (&x)[XR], uint4 w, int a)
+{
+	const unsigned q[4] = { w.x, w.y, w.z, w.w };
+#pragma unroll
+	for (int i = 0; i < 4; ++i)
+#pragma unroll
+		for (int j = 0; j < ${PER}; ++j)
+			a = ${DP}(x[${PER} * i + j], ${DEC}, a);
+	return a;
+}]], { DP = dp, PER = per, DEC = dec })
+  end
   if not g.floats then
     local dp = FM.formats[k.act].unsigned and "dg_dp4a_us" or "dg_dp4a_ss"
     return EMIT.subst([[
@@ -317,6 +338,8 @@ function M.render(k, path_text)
     want.code = true
   end
   if not g.floats and not path_text:find("int dg_dp4a_ss(", 1, true) then want.dp4a = true end
+  if k.weight == "ternary" and not path_text:find("unsigned dg_tern4(unsigned b)", 1, true) then want.ternary = true end
+  if k.weight == "sign1" and not path_text:find("unsigned dg_sign4(unsigned n)", 1, true) then want.sign1 = true end
   local ot = FM.out_types[k.out].ctype
   local ep, pro = epilogue(k, g)
   -- the rows a pass: the smallest of 1, 2, 4 .. MRMAX that holds B·T

@@ -144,8 +144,10 @@ Test(emu_lowrank, mma_sync_codes_against_the_reference, .timeout = 900)
  * columns, lanes of a column over its weight row, x's rows in registers.
  * Shapes cover one lane a chunk and several (E 20, 1280), columns that are
  * not whole groups, x shared by the heads and a head's own, row passes
- * (E 1280 holds 4 rows a pass, B·T 7 takes two). Integer sums against the
- * reference bit for bit; float sums in another order, by a tolerance. */
+ * (E 1280 holds 4 rows a pass, B·T 7 takes two; sign1 2 rows a pass, B·T 6
+ * three), ternary and sign1 weights decoded to i8x4 words. Integer sums
+ * against the reference bit for bit; float sums in another order, by a
+ * tolerance. */
 
 struct rcase {
 	dg_fmt act, weight, out;
@@ -195,8 +197,9 @@ static void check_rows(dg_codegen *cg, dg_rng *r, const struct rcase *c)
 	const bool codes = c->act != DG_FMT_F32 && c->act != DG_FMT_BF16;
 	const bool code_out = c->out == DG_FMT_INT8 || c->out == DG_FMT_UINT8POS;
 	char glue[1024];
-	snprintf(glue, sizeof(glue), RGLUE, codes ? "int" : ctype_of(c->act), codes ? "int" : ctype_of(c->weight),
-		 ctype_of(c->out));
+	const bool packed = c->weight == DG_FMT_TERNARY || c->weight == DG_FMT_SIGN1;
+	snprintf(glue, sizeof(glue), RGLUE, codes ? "int" : ctype_of(c->act),
+		 packed ? "unsigned" : codes ? "int" : ctype_of(c->weight), ctype_of(c->out));
 	rows_fn fn = (rows_fn)eh_build(cg, &s, glue, "dg_emu_rows");
 
 	const int64_t M = (int64_t)c->B * c->T, xrows = (int64_t)c->B * c->hin * c->T;
@@ -258,6 +261,9 @@ Test(emu_lowrank, rows_entry_against_the_reference, .timeout = 900)
 		{ DG_FMT_UINT8POS, DG_FMT_INT8, DG_FMT_UINT8POS, 2, 2, 2, 2, 68, 96, 0.0f, false },
 		{ DG_FMT_INT4, DG_FMT_INT8, DG_FMT_INT8, 1, 5, 2, 1, 20, 32, -1.0f, false },
 		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_F32, 1, 7, 1, 1, 24, 1280, -1.0f, true },
+		{ DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_BF16, 1, 1, 3, 1, 52, 128, 0.0f, true },
+		{ DG_FMT_INT8, DG_FMT_TERNARY, DG_FMT_INT8, 1, 1, 4, 4, 64, 256, -1.0f, false },
+		{ DG_FMT_UINT8POS, DG_FMT_SIGN1, DG_FMT_F32, 2, 3, 2, 2, 20, 256, 0.25f, false },
 	};
 	dg_codegen *cg = nh_codegen();
 	dg_rng r;
