@@ -231,6 +231,9 @@ Test(gpu_runtime, kernel_get_twice_loads_once)
 	cr_assert_eq(dg_kernel_entry_count(k1), 1);
 	cr_assert_eq(dg_kernel_entry(k1, 0), k1);
 	cr_assert_null(dg_kernel_entry(k1, 1));
+	cr_assert_eq(dg_kernel_entry_named(k1, "dg_pack_i8x4"), k1);
+	cr_assert_null(dg_kernel_entry_named(k1, "dg_pack_i8x4_rows"), "no entry of that name");
+	cr_assert_null(dg_kernel_entry_named(k1, NULL));
 	cr_assert_eq(dg_kernel_spec(k1)->tile.threads, 256, "the resolved tile");
 
 	dg_kernel_info in;

@@ -25,6 +25,9 @@ const dg_spec *dg_kernel_spec(const dg_kernel *k);
 /* The entries of k's spec (k is one of them): how many, and the i-th. */
 int dg_kernel_entry_count(const dg_kernel *k);
 const dg_kernel *dg_kernel_entry(const dg_kernel *k, int i); /* NULL out of range */
+/* The entry of k's module named `entry`, or NULL where it has none (a
+ * template's optional entry: lowrank_fwd's few-rows one, ...). */
+const dg_kernel *dg_kernel_entry_named(const dg_kernel *k, const char *entry);
 
 typedef struct dg_launch {
 	unsigned grid[3];

@@ -693,6 +693,16 @@ const dg_kernel *dg_kernel_entry(const dg_kernel *k, int i)
 	return k && i >= 0 && i < k->mod->n_kernels ? &k->mod->kernels[i] : NULL;
 }
 
+const dg_kernel *dg_kernel_entry_named(const dg_kernel *k, const char *entry)
+{
+	for (int i = 0, n = dg_kernel_entry_count(k); i < n; i++) {
+		const dg_kernel *e = &k->mod->kernels[i];
+		if (entry && e->entry && strcmp(e->entry, entry) == 0)
+			return e;
+	}
+	return NULL;
+}
+
 dg_status dg_device_stats_get(dg_device *dev, dg_device_stats *out)
 {
 	if (!dev)

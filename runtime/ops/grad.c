@@ -302,14 +302,7 @@ static int splits_of(dg_device *dev, const dg_tile *t, int64_t heads, int64_t bt
  * the mma.sync and SIMT paths read the f32 gradient). */
 static bool dgw_reads_copy(const dg_kernel *k)
 {
-	for (int i = 0, n = dg_kernel_entry_count(k); i < n; i++) {
-		dg_kernel_info info;
-		const dg_kernel *e = dg_kernel_entry(k, i);
-		if (e && dg_kernel_info_get(e, &info) == DG_OK && info.entry &&
-		    strcmp(info.entry, "dg_decoder_grad_weight_cast") == 0)
-			return true;
-	}
-	return false;
+	return dg_kernel_entry_named(k, "dg_decoder_grad_weight_cast") != NULL;
 }
 
 dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char *entry,

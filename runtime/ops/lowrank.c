@@ -15,8 +15,6 @@
  * Block size and dynamic shared memory come from the plan (launch.block /
  * launch.smem left 0).
  */
-#include <string.h>
-
 #include "base/msg.h"
 #include "runtime/ops/ops_int.h"
 
@@ -49,18 +47,6 @@ static long long blocks_per_sm(const dg_kernel *k, const dg_device_info *di)
  * shared memory at a fraction of the HBM's rate. */
 #define DG_LOWRANK_ROWS 8
 
-/* The module's few-rows entry beside k, or NULL. */
-static const dg_kernel *rows_entry(const dg_kernel *k)
-{
-	for (int i = 1, n = dg_kernel_entry_count(k); i < n; i++) {
-		dg_kernel_info info;
-		const dg_kernel *e = dg_kernel_entry(k, i);
-		if (e && dg_kernel_info_get(e, &info) == DG_OK && info.entry &&
-		    strcmp(info.entry, "dg_lowrank_fwd_rows") == 0)
-			return e;
-	}
-	return NULL;
-}
 
 dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 {
@@ -74,7 +60,7 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 		return st;
 	const dg_device_info *di = dg__dev_info(p->dev);
 	const int sms = di->sm_count;
-	const dg_kernel *kr = B * T <= DG_LOWRANK_ROWS ? rows_entry(k) : NULL;
+	const dg_kernel *kr = B * T <= DG_LOWRANK_ROWS ? dg_kernel_entry_named(k, "dg_lowrank_fwd_rows") : NULL;
 	/* the wgmma path (an arch-specific spec with a warpgroup tile; an
 	 * auto tile the path refuses resolves to another): (head, m-tile) rows
 	 * of tiles, split into as many runs along n as the SMs hold blocks at
