@@ -22,8 +22,10 @@ Serves: op lowrank_fwd, float × float (act f32 | bf16, weight f32 | bf16)
 or codes × codes (act int8 | int4 | uint8pos, weight int8 | ternary |
 sign1, decoded to i8x4 words for dp4a); a weight row whole 16-byte chunks
 (E a multiple of 4, 8, 16, 64, 128 for f32, bf16, int8, ternary, sign1);
-codes out only with tensor scales (as the SIMT path). Not served (the tile
-path runs at every row count): relu_mask, float × codes.
+codes out only with tensor scales (as the SIMT path); a row of x at a
+lane's chunks in at most 64 registers (E <= 2048 for float x, 8192 for
+codes). Not served (the tile path runs at every row count): relu_mask,
+float × codes, longer rows.
 
 Rows: the kernel is templated on MR, the rows a pass (1, 2, 4 or 8, the
 smallest that holds B·T, capped so that x's registers stay under 64 a
@@ -42,20 +44,8 @@ M.THREADS = 256
 
 local XBYTES = { f32 = 4, bf16 = 2, int8 = 1, int4 = 1, uint8pos = 1 }
 
--- Whether the entry serves spec fields k (lowrank.lua's fields).
-function M.applies(k)
-  if k.op ~= "lowrank_fwd" then return false end
-  local fa, fw = FM.formats[k.act], FM.formats[k.weight]
-  local floats = not fa.code and not fw.code
-  local codes = fa.code and fw.code
-  if not (floats or codes) then return false end
-  if k.E % (4 * fw.epw) ~= 0 then return false end -- whole 16-byte chunks of a weight row
-  if (k.out == "int8" or k.out == "uint8pos") and k.sc.vec then return false end
-  return true
-end
-
 -- The shape constants: chunk, lanes a column, columns in flight, rows a pass.
-local function geometry(k)
+function M.geometry(k)
   local g = {}
   g.xb = XBYTES[k.act]
   g.floats = not FM.formats[k.act].code
@@ -70,6 +60,21 @@ local function geometry(k)
   g.MRMAX = 8
   while g.MRMAX > 1 and g.MRMAX * g.CPL * g.XR > 64 do g.MRMAX = g.MRMAX // 2 end
   return g
+end
+
+-- Whether the entry serves spec fields k (lowrank.lua's fields).
+function M.applies(k)
+  if k.op ~= "lowrank_fwd" then return false end
+  local fa, fw = FM.formats[k.act], FM.formats[k.weight]
+  local floats = not fa.code and not fw.code
+  local codes = fa.code and fw.code
+  if not (floats or codes) then return false end
+  if k.E % (4 * fw.epw) ~= 0 then return false end -- whole 16-byte chunks of a weight row
+  if (k.out == "int8" or k.out == "uint8pos") and k.sc.vec then return false end
+  -- one row of x at a lane's chunks in registers: at most 64 (E up to 2048
+  -- in f32 or bf16, 8192 in codes; past that the tile path runs)
+  local g = M.geometry(k)
+  return g.CPL * g.XR <= 64
 end
 
 local KERNEL = [[
@@ -331,7 +336,7 @@ end
 -- The entry's source, appended to `path_text` (the path's module, whose
 -- device helpers it reuses; those it lacks are added here).
 function M.render(k, path_text)
-  local g = geometry(k)
+  local g = M.geometry(k)
   local want = {}
   if k.out == "bf16" and not path_text:find("dg_f32_to_bf16(float f)", 1, true) then want.bf16 = true end
   if (k.out == "int8" or k.out == "uint8pos") and not path_text:find("float dg_code_t(", 1, true) then
