@@ -272,3 +272,35 @@ Test(emu_lowrank, rows_entry_against_the_reference, .timeout = 900)
 		check_rows(cg, &r, &cases[i]);
 	dg_codegen_destroy(cg);
 }
+
+/* Which specs the plan gives the few-rows entry: float × float and codes ×
+ * codes whose weight rows are whole 16-byte chunks (not ternary at E 96) and
+ * whose x row fits a lane's registers (not bf16 at E 4096); not relu_mask,
+ * not float × codes. */
+Test(emu_lowrank, rows_entry_where_it_serves, .timeout = 900)
+{
+	static const struct {
+		const char *text;
+		bool rows;
+	} cases[] = {
+		{ "op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0;embd=2048;arch=sm_90a", true },
+		{ "op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0;embd=4096;arch=sm_90a", false },
+		{ "op=lowrank_fwd;weight=int8;act=int8;out=bf16;relu=0;embd=4096;arch=sm_90a", true },
+		{ "op=lowrank_fwd;weight=sign1;act=uint8pos;out=f32;relu=0;embd=256", true },
+		{ "op=lowrank_fwd;weight=ternary;act=int8;out=f32;relu=0;embd=96", false },
+		{ "op=lowrank_fwd;weight=int8;act=bf16;out=bf16;relu=0", false },
+		{ "op=relu_mask;weight=int8;act=int8;relu=0", false },
+	};
+	dg_codegen *cg = nh_codegen();
+	char err[512];
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dg_spec s;
+		cr_assert_eq(dg_spec_parse(cases[i].text, &s, err, sizeof(err)), DG_OK, "%s: %s", cases[i].text, err);
+		dg_plan plan;
+		cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s: %s", cases[i].text, dg_codegen_errmsg(cg));
+		bool has = strcmp(plan.entries[plan.n_entries - 1].name, "dg_lowrank_fwd_rows") == 0;
+		cr_assert_eq(has, cases[i].rows, "%s: the few-rows entry %s", cases[i].text,
+			     cases[i].rows ? "missing" : "where it does not serve");
+	}
+	dg_codegen_destroy(cg);
+}
