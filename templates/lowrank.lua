@@ -83,6 +83,7 @@ local SPEC = require("spec")
 local FM = require("formats")
 local TILES = require("tiles")
 local SCL = require("scales")
+local ROWS = require("lowrank_rows")
 local fmt = string.format
 
 local M = {}
@@ -267,9 +268,8 @@ end
 -- after the path's where that entry serves the spec.
 function M.plan(spec)
   local p, err = plan_paths(spec)
-  if p and require("lowrank_rows").applies(fields(spec)) then
-    local R = require("lowrank_rows")
-    p.entries[#p.entries + 1] = { name = R.ENTRY, threads = R.THREADS, smem = 0 }
+  if p and ROWS.applies(fields(spec)) then
+    p.entries[#p.entries + 1] = { name = ROWS.ENTRY, threads = ROWS.THREADS, smem = 0 }
   end
   return p, err
 end
@@ -333,10 +333,9 @@ end
 
 function M.render(spec, plan)
   local text, k = render_path(spec, plan)
-  local R = require("lowrank_rows")
   local e = plan.entries[#plan.entries]
-  if e and e.name == R.ENTRY then
-    text = text .. R.render(k, text)
+  if e and e.name == ROWS.ENTRY then
+    text = text .. ROWS.render(k, text)
   end
   return text
 end

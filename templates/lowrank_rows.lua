@@ -48,12 +48,10 @@ local M = {}
 M.ENTRY = "dg_lowrank_fwd_rows"
 M.THREADS = 256
 
-local XBYTES = { f32 = 4, bf16 = 2, int8 = 1, int4 = 1, uint8pos = 1 }
-
 -- The shape constants: chunk, lanes a column, columns in flight, rows a pass.
 function M.geometry(k)
   local g = {}
-  g.xb = XBYTES[k.act]
+  g.xb = FM.formats[k.act].code and 1 or FM.formats[k.act].size -- x bytes an element (codes one a byte)
   g.floats = not FM.formats[k.act].code
   g.CE = 4 * FM.formats[k.weight].epw -- elements a 16-byte weight chunk
   g.NCH = k.E // g.CE               -- chunks a weight row

@@ -47,7 +47,6 @@ static long long blocks_per_sm(const dg_kernel *k, const dg_device_info *di)
  * shared memory at a fraction of the HBM's rate. */
 #define DG_LOWRANK_ROWS 8
 
-
 dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 {
 	(void)c;
