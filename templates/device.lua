@@ -149,11 +149,17 @@ H.i8x4f = FM.DECODERS.i8x4f
 local order = { "bf16", "bf16x2", "bf16x2_exact", "code", "dp4a", "ternary", "sign1", "i8x4f", "cp_async",
                 "cp_async_small" }
 
--- The device helper sections named in `want` (a set), in a fixed order.
+-- The device helper sections named in `want` (a set), in a fixed order,
+-- each under an include guard (DG_HELPER_<NAME>): a second entry appended
+-- to a module (lowrank_rows.lua's) asks for what it needs, and the sections
+-- the module already holds compile once.
 function M.helpers(want)
   local out = {}
   for _, k in ipairs(order) do
-    if want[k] then out[#out + 1] = H[k] end
+    if want[k] then
+      local g = "DG_HELPER_" .. k:upper()
+      out[#out + 1] = fmt("#ifndef %s\n#define %s\n%s#endif // %s\n", g, g, H[k], g)
+    end
   end
   for k in pairs(want) do
     if not H[k] then error(fmt("unknown helper section %q", k), 2) end

@@ -335,7 +335,7 @@ function M.render(spec, plan)
   local text, k = render_path(spec, plan)
   local e = plan.entries[#plan.entries]
   if e and e.name == ROWS.ENTRY then
-    text = text .. ROWS.render(k, text)
+    text = text .. ROWS.render(k)
   end
   return text
 end

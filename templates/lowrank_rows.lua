@@ -337,18 +337,17 @@ local function epilogue(k, g)
   return table.concat(t, "\n"), table.concat(pro, "\n")
 end
 
--- The entry's source, appended to `path_text` (the path's module, whose
--- device helpers it reuses; those it lacks are added here).
-function M.render(k, path_text)
+-- The entry's source, appended to the path's module: the device helpers
+-- it needs come from device.lua under their include guards, so those the
+-- module already holds are not defined twice.
+function M.render(k)
   local g = M.geometry(k)
   local want = {}
-  if k.out == "bf16" and not path_text:find("dg_f32_to_bf16(float f)", 1, true) then want.bf16 = true end
-  if (k.out == "int8" or k.out == "uint8pos") and not path_text:find("float dg_code_t(", 1, true) then
-    want.code = true
-  end
-  if not g.floats and not path_text:find("int dg_dp4a_ss(", 1, true) then want.dp4a = true end
-  if k.weight == "ternary" and not path_text:find("unsigned dg_tern4(unsigned b)", 1, true) then want.ternary = true end
-  if k.weight == "sign1" and not path_text:find("unsigned dg_sign4(unsigned n)", 1, true) then want.sign1 = true end
+  if k.out == "bf16" then want.bf16 = true end
+  if k.out == "int8" or k.out == "uint8pos" then want.code = true end
+  if not g.floats then want.dp4a = true end
+  if k.weight == "ternary" then want.ternary = true end
+  if k.weight == "sign1" then want.sign1 = true end
   local ot = FM.out_types[k.out].ctype
   local ep, pro = epilogue(k, g)
   -- the rows a pass: the smallest of 1, 2, 4 .. MRMAX that holds B·T
@@ -368,7 +367,7 @@ function M.render(k, path_text)
       M.ENTRY .. "("),
     DISPATCH = table.concat(disp, "\n"),
   }
-  vars.HELPERS = next(want) and DEV.helpers(want) or ""
+  vars.HELPERS = DEV.helpers(want)
   return EMIT.subst(KERNEL, vars)
 end
 
