@@ -191,7 +191,11 @@ local function default_tile(k)
     -- may still pick a streaming tile.
     if LW.operands(k) == "bf16" then
       t = { bm = 128, bn = 256, bk = 32, wm = 8, wn = 1, stages = 4, threads = 0 }
-      if LW.stream_fits(k, t) then return t end
+      if LW.ws_fits(k, t) then
+    return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16 tma" or "wgmma tma", true,
+                   t.bm // 64 * 128 + 128, LW.ws_smem(t), true)
+  end
+  if LW.stream_fits(k, t) then return t end
     end
   end
   if ints and k.arch >= 80 and k.E % 32 == 0 then
@@ -230,6 +234,10 @@ local function plan_paths(spec)
   if LW.fits(k, t) then
     return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16" or "wgmma", true, t.bm // 64 * 128,
                    LW.smem(k, t), true)
+  end
+  if LW.ws_fits(k, t) then
+    return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16 tma" or "wgmma tma", true,
+                   t.bm // 64 * 128 + 128, LW.ws_smem(t), true)
   end
   if LW.stream_fits(k, t) then
     return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16 stream" or "wgmma stream", true,

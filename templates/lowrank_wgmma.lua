@@ -124,6 +124,7 @@ function M.stream_fits(k, t)
   if not (k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and ops) then return false end
   if not (k.weight == "int8" or k.weight == "bf16") then return false end
   local kb = t.bk * elem_bytes(k)
+  if M.ws_form(k, t) then return false end
   return t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
     (t.bn == 64 or t.bn == 128 or (t.bn == 256 and t.bm == 128)) and (kb == 64 or kb == 128) and
     k.E % t.bk == 0 and k.L % 16 == 0 and t.stages >= 3 and t.stages <= 8 and
@@ -134,6 +135,32 @@ end
 -- weight tiles' BK-element slices.
 function M.stream_smem(k, t)
   return t.stages * (t.bm + t.bn) * t.bk * elem_bytes(k)
+end
+
+-- The warp-specialized form (stages >= 5 and BK·ES = 128 bytes: one
+-- 128-byte swizzle row of K a stage): a producer warpgroup loads x's and
+-- the weights' slices by TMA into a ring of S stages guarded by
+-- mbarriers, BM / 64 consumer warpgroups run the MMAs and the epilogue
+-- (KERNEL_WSP). Int8 and bf16 weights, BM 64 or 128, BN 64 or 128 (the
+-- tile's 4-stage stream twin serves a T that is no multiple of 64:
+-- runtime/ops/lowrank.c), L a multiple of BN and of 64 (whole 64-column
+-- groups of a head, loaded in dg_bcol's order by boxes of 8 rows), E of
+-- the slice, within 227 KiB with the 2·S barriers and 1 KiB of alignment.
+function M.ws_form(k, t)
+  return t.stages >= 5 and t.bk * elem_bytes(k) == 128
+end
+
+function M.ws_smem(t)
+  return t.stages * (t.bm + t.bn) * 128 + 16 * t.stages + 1024
+end
+
+function M.ws_fits(k, t)
+  local ops = M.operands(k)
+  if not (k.arch == 90 and k.arch_specific and k.op == "lowrank_fwd" and ops) then return false end
+  if not (k.weight == "int8" or k.weight == "bf16") then return false end
+  return M.ws_form(k, t) and t.wn == 1 and (t.wm == 4 or t.wm == 8) and t.bm == 16 * t.wm and
+    (t.bn == 64 or t.bn == 128) and t.stages <= 8 and k.E % t.bk == 0 and k.L % t.bn == 0 and
+    k.L % 64 == 0 and M.ws_smem(t) <= 227 * 1024
 end
 
 -- The epilogue's output rows of a tile (m0, h) and its stores (n0, the
@@ -633,6 +660,148 @@ ${PUT_LATE}			dg_wg_wait<0>();
 			}
 		}]]
 
+
+--[[
+The warp-specialized form (M.ws_fits). The tiles are the stream form's
+(head, m-tile, n-tile), m fastest, dealt with a stride of the grid, and a
+block's tiles and their KT = E/KE slices make one flat run of steps. The
+block's last warpgroup is the producer: one thread waits for a stage's
+empty barrier, arms its full barrier with the stage's bytes and loads it
+by TMA with the 128-byte swizzle — x's BM rows in boxes of 64 rows of one
+(b, input head) (the map ma over x (E, T, B·HIN)), the BN weight rows in
+boxes of 8 rows, one 1024-byte swizzle atom each, taken in the column
+order dg_bcol (the map mb over w (E, 16, H·L/16): a box of 2 x 4 rows at
+rows 16·c2 + c1 is rows c1, c1+1 of 4 groups of 16, which is B rows
+8j .. 8j+7 of dg_bcol for c1 = 2·(j % 8)) — so the epilogue stores 16
+contiguous columns a lane as the other forms do. The consumers wait on a
+stage's full barrier, run its four wgmma K steps (32 bytes each, on the
+swizzle's descriptors), keep one step's MMAs in flight across the next
+wait, and free a stage on its empty barrier (every consumer thread) once
+the MMAs that read it completed. A tile's last step waits for its sums
+and runs the epilogue while the producer already loads the next tile's
+slices (up to S of them). Needs T % 64 == 0 (a box's 64 rows within one
+b); the runtime takes the tile's 4-stage stream twin at another T.
+]]
+local KERNEL_WSP = [[
+// ---- specialization constants ----------------------------------------------
+constexpr int H = ${H};		// output heads
+constexpr int HIN = ${HIN};		// input heads
+constexpr int E = ${E};		// the reduction, streamed in 128-byte slices
+constexpr int L = ${L};		// latent width per head
+constexpr int BM = ${BM}, BN = ${BN};	// block tile
+constexpr int NT = BM / 64 * 128;	// consumer threads: BM / 64 warpgroups
+constexpr int ES = ${ES};		// bytes an element (${ELEM})
+constexpr int KE = 128 / ES;		// elements of a row a stage: one 128-byte swizzle row
+constexpr int KT = E / KE;		// stages of K a tile
+constexpr int S = ${S};			// stages
+constexpr int A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES;
+static_assert(E % KE == 0 && L % BN == 0 && L % 64 == 0 && BN % 64 == 0, "whole slices; whole 64-column groups");
+${WS_HEAD}
+${WS_HELPERS}
+// The descriptor of a K-major tile of rows of 128 bytes with the 128-byte
+// swizzle (layout type 1): 1024 bytes between 8-row groups (SBO), LBO unused.
+__device__ __forceinline__ unsigned long long dg_sw_desc(unsigned saddr)
+{
+	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024u >> 4) << 32) |
+	       (1ull << 62);
+}
+
+extern "C" __global__ void __launch_bounds__(NTB, 1)
+${SIGNATURE}
+{
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int tid = threadIdx.x;
+	const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+	const int g = lane >> 2, q = lane & 3;
+	const int M = B * T;
+	(void)x;			// read by the map ma
+	(void)w;			// and mb
+	constexpr int NTN = L / BN;
+	const int NTM = (M + BM - 1) / BM;
+	const long long ntiles = (long long)H * NTM * NTN;
+	// this block's tiles blockIdx.x + i·gridDim.x, i < mine
+	const long long mine = blockIdx.x < ntiles ? (ntiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+	auto tile_at = [&](long long i, int &h, int &m0, int &n0) {
+		const long long tl = blockIdx.x + i * gridDim.x;
+		const int mt = (int)(tl % NTM);
+		const long long r_ = tl / NTM;
+		n0 = (int)(r_ % NTN) * BN;
+		h = (int)(r_ / NTN);
+		m0 = mt * BM;
+	};
+	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
+	// the barriers after the ring: full[S] (the producer's expect_tx and the
+	// bytes), then empty[S] (every consumer thread)
+	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+	const unsigned bars = sbase + S * STAGE;
+${RING_START}
+			int i = 0;	// the block's step, over all its tiles
+#pragma unroll 1
+			for (long long it = 0; it < mine; ++it) {
+				int h, m0, n0;
+				tile_at(it, h, m0, n0);
+				const int c2 = (h * L + n0) / 16;	// the tile's first group of 16 weight rows
+#pragma unroll 1
+				for (int kt = 0; kt < KT; ++kt, ++i) {
+					const int s = i % S;
+					const unsigned full = bars + 8 * s, as = sbase + s * STAGE, bs = as + A_BYTES;
+					// the stage's previous use (step i - S) released by every consumer
+					dg_mbar_wait(bars + 8 * (S + s), ((i / S) & 1) ^ 1);
+					dg_mbar_expect_tx(full, TX);
+#pragma unroll
+					for (int gg = 0; gg < BM / 64; ++gg) {	// rows m0 + 64gg ..: one b's (past M: zeros)
+						const int m = m0 + 64 * gg, b = m / T, t = m - b * T;
+						dg_tma_load(as + 8192 * gg, &ma, full, kt * KE, t, b * HIN + ${HIN_H});
+					}
+#pragma unroll
+					for (int j = 0; j < BN / 8; ++j)	// B rows 8j ..: dg_bcol's 8 rows, one atom
+						dg_tma_load(bs + 1024 * j, &mb, full, kt * KE, 2 * (j & 7), c2 + 4 * (j >> 3));
+				}
+			}
+		}
+		return;
+	}
+
+	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of each tile
+	if constexpr (REG_MOVE)
+		dg_reg_alloc<REG_C>();
+${SCALES}
+	float absum = 0.0f;
+	${ACC_T} acc[BN / 2];	// ${ACC_WHAT}
+	// The epilogue of tile i from the accumulators (the other forms').
+	auto epilogue = [&](long long i) {
+		int h, m0, n0;
+		tile_at(i, h, m0, n0);
+${OUT_ROWS_IN}${SA_ROWS}${STORES}
+	};
+	int i = 0;
+#pragma unroll 1
+	for (long long it = 0; it < mine; ++it) {
+#pragma unroll 1
+		for (int kt = 0; kt < KT; ++kt, ++i) {
+			const int s = i % S;
+			dg_mbar_wait(bars + 8 * s, (i / S) & 1);
+			const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
+			dg_wg_fence();
+#pragma unroll
+			for (int ks = 0; ks < 4; ++ks)
+				dg_wgmma(acc, dg_sw_desc(as + 32 * ks), dg_sw_desc(bs + 32 * ks), (kt > 0 || ks > 0) ? 1 : 0);
+			dg_wg_commit();
+			// step i-1's MMAs done: its stage is free (a step of this tile)
+			dg_wg_wait<1>();
+			dg_wg_pin(acc);
+			if (kt > 0)
+				dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));
+		}
+		dg_wg_wait<0>();	// the tile's sums are complete once its MMAs are
+		dg_wg_pin(acc);
+		dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));	// the tile's last step
+		epilogue(it);
+	}
+${ABSUM}
+}
+]]
+
 function M.render(spec, k)
   local WG = require("wgmma")
   local MMA = require("mma")
@@ -697,7 +866,8 @@ if (out_absum) {
   local put_early = cp_weights and fmt("\t\t\t\t%s\n\t\t\t\tdg_cp_commit();\n", put) or ""
   local put_late = cp_weights and "" or
     fmt("\t\t\tif (jj + 2 < cnt)\n\t\t\t\t%s\t// decoded under tile jj+1's MMAs\n", put)
-  local stream = k.stages >= 3
+  local ws = M.ws_form(k, k)
+  local stream = k.stages >= 3 and not ws
   -- two blocks an SM when both accumulator sets (BN registers) and the
   -- rest fit 65536 / (2·NT) registers and the shared memory fits (the
   -- stream form: BN up to 128, its accumulators one set)
@@ -726,20 +896,39 @@ if (out_absum) {
     STORES = EMIT.subst(STORES, { OT = FM.out_types[k.out].ctype, EPI = epilogue(k, magic, bf) }),
     ABSUM = ab:text(),
   }
+  if ws then
+    -- the producer warpgroup has left: the consumers' named barrier for
+    -- the block's Σ|y| (the ring is free by then: every load consumed)
+    vars.ABSUM = vars.ABSUM:gsub("__syncthreads%(%)", "dg_consumers_sync()")
+    vars.SIGNATURE = k.signature(fa.ctype, fw.ctype):gsub("int B, int T%)$",
+      "int B, int T,\n\t       const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)")
+    local WB = require("wgmma_bf16")
+    vars.WS_HEAD = WB.WS_HEAD
+    vars.WS_HELPERS = WB.WS_HELPERS
+    vars.RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" })
+  end
   local path, conv
   if bf then
     path = fmt("bf16 × bf16 on warpgroup tensor cores (sm_90a): wgmma m64n%dk16 f32.bf16.bf16, f32 sums; "
-               .. "cp.async operands%s", k.bn, stream and ", K streamed" or ", the next weight tile fetched under the epilogue")
+               .. "%s", k.bn, ws and "TMA operands, warp-specialized" or
+               ("cp.async operands" .. (stream and ", K streamed" or ", the next weight tile fetched under the epilogue")))
     conv = "f32 accumulators, y = acc (float operands carry no scale)"
   else
     path = fmt("integer × integer on warpgroup tensor cores (sm_90a): wgmma m64n%dk32 %s.s8, exact int32 sums; %s",
                k.bn, fa.unsigned and "u8" or "s8",
-               ((k.weight == "int8") and "cp.async operands" or (k.weight .. " weights decoded to s8 in shared memory"))
-               .. (stream and ", K streamed" or ""))
+               ws and "TMA operands, warp-specialized" or
+               (((k.weight == "int8") and "cp.async operands" or (k.weight .. " weights decoded to s8 in shared memory"))
+               .. (stream and ", K streamed" or "")))
     conv = magic and "accumulators to float by the 1.5·2^23 trick (|acc| < 2^22)" or "accumulators to float by I2F"
   end
   local about
-  if stream then
+  if ws then
+    about = k.about(path, nt, fmt("dynamic shared memory %d bytes (a ring of %d stages of 128-byte K slices of "
+      .. "the x and weight tiles, their mbarriers); a TMA producer warpgroup and %d consumer warpgroups; tiles "
+      .. "dealt with a stride of the grid, m fastest, their slices one run; two tensor maps follow T (T %% 64 "
+      .. "== 0); %s; epilogue straight from the accumulators, 16-byte stores.",
+      smem, k.stages, k.bm // 64, conv))
+  elseif stream then
     about = k.about(path, nt, fmt("dynamic shared memory %d bytes (%d stages of %d-byte K slices of the x and "
       .. "weight tiles, %d in flight); tiles dealt with a stride of the grid, m fastest, their slices one run; "
       .. "%s; epilogue straight from the accumulators, 16-byte stores.",
@@ -757,7 +946,7 @@ if (out_absum) {
   w:line(MMA.helpers({ decode = false }, fa.unsigned))
   w:line(WG.helpers(k.bn, fa.unsigned, bf))
   if k.weight == "ternary" then w:line(WG.decoders) end
-  w:line(EMIT.subst(stream and KERNEL_STREAM or KERNEL, vars))
+  w:line(EMIT.subst(ws and KERNEL_WSP or (stream and KERNEL_STREAM or KERNEL), vars))
   return w:text()
 end
 

@@ -304,3 +304,127 @@ Test(emu_lowrank, rows_entry_where_it_serves, .timeout = 900)
 	}
 	dg_codegen_destroy(cg);
 }
+
+/* ---- the warp-specialized form (templates/lowrank_wgmma.lua KERNEL_WSP) ----
+ * A TMA producer warpgroup, the consumers' ring of mbarrier-guarded
+ * stages of 128-byte K slices with the 128-byte swizzle, the weight rows
+ * loaded in dg_bcol's column order by boxes of 2 x 4 rows, the other
+ * forms' epilogue: int8 and uint8pos codes × int8 weights (bf16 out with
+ * a scale a token and a channel, codes out with tensor scales) bit for
+ * bit, bf16 × bf16 within rounding; several tiles a block (a grid of 3
+ * blocks), a last m-tile past B·T (its boxes zeros), x shared by the
+ * heads and a head's own, one K slice a tile and several. The maps are
+ * the runtime's (runtime/ops/lowrank.c ws_tmaps). */
+
+struct wcase {
+	dg_fmt act, weight, out;
+	int B, T, H, hin, N, E;
+	dg_tile tile;
+	float thr;
+	bool vec;
+};
+
+static const char WGLUE[] =
+	"extern \"C\" void dg_emu_ws(unsigned grid, unsigned nt, size_t smem, const void *x, const void *w,\n"
+	"	const float *sa, const float *sw, void *out, const float *so, float *absum, int B, int T,\n"
+	"	const void *ma, const void *mb)\n"
+	"{\n"
+	"	dg_tmap a, b;\n"
+	"	memcpy(&a, ma, sizeof(dg_emu_tmap)), memcpy(&b, mb, sizeof(dg_emu_tmap));\n"
+	"	dg_emu_launch(grid, nt, smem, [&] {\n"
+	"		dg_lowrank_fwd((const %s *)x, (const %s *)w, sa, sw, (%s *)out, so, absum, B, T, a, b);\n"
+	"	});\n"
+	"}\n";
+
+typedef void (*ws_fn)(unsigned grid, unsigned nt, size_t smem, const void *x, const void *w, const float *sa,
+		      const float *sw, void *out, const float *so, float *absum, int B, int T, const eh_tmap *ma,
+		      const eh_tmap *mb);
+
+static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
+	s.act = c->act, s.weight = c->weight, s.out = c->out;
+	s.heads = c->H, s.in_heads = c->hin, s.latent = c->N, s.embd = c->E;
+	s.relu = true, s.relu_thr = c->thr;
+	s.ascale = c->vec ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
+	s.wscale = c->vec ? DG_SCALE_CHANNEL : DG_SCALE_TENSOR;
+	s.arch = 90, s.arch_specific = true;
+	s.tile = c->tile;
+	dg_spec_normalize(&s);
+	dg_plan plan;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
+	const bool bf = c->act == DG_FMT_BF16;
+	cr_assert_str_eq(plan.path, bf ? "wgmma bf16 tma" : "wgmma tma", "%s", plan.canonical);
+	cr_assert_eq(plan.entries[0].threads, c->tile.bm / 64 * 128 + 128, "%s", plan.canonical);
+	const bool code_out = c->out == DG_FMT_INT8 || c->out == DG_FMT_UINT8POS;
+	char glue[1024];
+	snprintf(glue, sizeof(glue), WGLUE, bf ? "unsigned short" : "int", bf ? "unsigned short" : "int",
+		 ctype_of(c->out));
+	ws_fn fn = (ws_fn)eh_build(cg, &s, glue, "dg_emu_ws");
+
+	const int es = bf ? 2 : 1;
+	const int64_t M = (int64_t)c->B * c->T, xrows = (int64_t)c->B * c->hin * c->T;
+	const size_t xb = (size_t)es * (size_t)c->E * (size_t)xrows, wb = (size_t)es * (size_t)c->E * c->H * c->N;
+	const size_t no = (size_t)M * (size_t)c->H * (size_t)c->N, ob = c->out == DG_FMT_BF16 ? 2 : 1;
+	void *x = malloc(xb + 16), *w = malloc(wb + 16);
+	cr_assert(x && w);
+	dg_rng_fill(r, c->act, x, (size_t)xrows * (size_t)c->E);
+	dg_rng_fill(r, c->weight, w, (size_t)c->H * (size_t)c->N * (size_t)c->E);
+	float *sa = rand_scales(r, (size_t)xrows), *sw = rand_scales(r, (size_t)c->H * c->N), so = 0.05f;
+	unsigned char *got = malloc(no * ob + 16), *want = malloc(no * ob);
+	cr_assert(got && want);
+	memset(got, 0xee, no * ob + 16);
+	/* the runtime's maps */
+	const unsigned ke = 128u / (unsigned)es;
+	const eh_tmap ma = eh_tmap3(x, es, (uint64_t)c->E, (uint64_t)c->T, (uint64_t)c->B * c->hin, ke, 64);
+	eh_tmap mb = eh_tmap3(w, es, (uint64_t)c->E, 16, (uint64_t)c->H * c->N / 16, ke, 2);
+	mb.box[2] = 4;
+	float absum = 0.0f;
+	fn(3, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, x, w, sa, sw, got,
+	   code_out ? &so : NULL, &absum, c->B, c->T, &ma, &mb);
+
+	dg_ref_call rc;
+	memset(&rc, 0, sizeof(rc));
+	rc.in[0] = x, rc.in[1] = w;
+	if (c->vec)
+		rc.scale_v[0] = sa, rc.scale_v[1] = sw;
+	else
+		rc.scale[0] = sa[0], rc.scale[1] = sw[0];
+	rc.scale[2] = so;
+	rc.out = want;
+	rc.b = c->B, rc.t = c->T;
+	cr_assert_eq(dg_ref_run(&plan.spec, &rc), DG_OK);
+	char why[512];
+	if (!bf)
+		cr_assert(dg_ref_same_bytes(got, want, no * ob, why, sizeof(why)), "%s: %s", plan.canonical, why);
+	else
+		cr_assert(dg_ref_close(c->out, got, want, no, 1e-3f, 8e-3f, why, sizeof(why)), "%s: %s",
+			  plan.canonical, why);
+	for (size_t i = no * ob; i < no * ob + 16; i++)
+		cr_assert_eq(got[i], 0xee, "%s: written past the output", plan.canonical);
+	free(x), free(w), free(sa), free(sw), free(got), free(want);
+}
+
+Test(emu_lowrank, warp_specialized_against_the_reference, .timeout = 900)
+{
+	static const struct wcase cases[] = {
+		/* 2 x 2 tiles of 128 x 64 for 3 blocks, 2 K slices a tile */
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 2, 64, 2, 1, 128, 256, { 128, 64, 128, 8, 1, 5, 0 }, 0.0f, true },
+		/* three m-tiles of 64, a head's own x, 3 slices, codes out */
+		{ DG_FMT_UINT8POS, DG_FMT_INT8, DG_FMT_UINT8POS, 1, 192, 2, 2, 64, 384, { 64, 64, 128, 4, 1, 6, 0 },
+		  0.0f, false },
+		/* bf16: 64-element slices, the ReLU at 0.25 */
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 128, 2, 1, 128, 128, { 128, 128, 64, 8, 1, 5, 0 }, 0.25f,
+		  false },
+		/* the last m-tile half past B·T (zeros from the map), one slice a tile */
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_INT8, 3, 64, 1, 1, 128, 128, { 128, 64, 128, 8, 1, 8, 0 }, 0.0f,
+		  false },
+	};
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 13);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		check_ws(cg, &r, &cases[i]);
+	dg_codegen_destroy(cg);
+}

@@ -691,6 +691,64 @@ Test(gpu_lowrank_stream, many_tiles_a_block)
 	gh_close(dev);
 }
 
+/* ---- the warp-specialized form of the sm_90a warpgroup path ---------------
+ * templates/lowrank_wgmma.lua KERNEL_WSP (plan paths "wgmma tma" and
+ * "wgmma bf16 tma": a tile of 5 to 8 stages of 128-byte slices): x and the
+ * weights by TMA from a producer warpgroup, the weight rows in boxes of
+ * 2 x 4 rows. Every out format, x shared and a head's own, E 1280 (10
+ * slices of codes, 20 of bf16) and 256, B·T 2×64, 1×192 and 3×128 (a last
+ * m-tile of 64 rows at BM 128); integer codes bit for bit. At a T that is
+ * no multiple of 64 an explicit tile is refused naming T and an auto one
+ * (a tuning record's) runs its 4-stage stream twin (runtime/ops/lowrank.c). */
+
+static const char *ws_path(dg_fmt w)
+{
+	return w == DG_FMT_BF16 ? "wgmma bf16 tma" : "wgmma tma";
+}
+
+Test(gpu_lowrank_ws, tiles)
+{
+	static const dg_tile T8[] = {
+		{ 128, 128, 128, 8, 1, 6, 0 }, { 64, 64, 128, 4, 1, 5, 0 }, { 128, 64, 128, 8, 1, 8, 0 },
+		{ 64, 128, 128, 4, 1, 7, 0 },
+	};
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(9898);
+	for (size_t i = 0; i < sizeof(T8) / sizeof(T8[0]); i++)
+		for (int f = 0; f < 3; f++)
+			for (int e = 0; e < 2; e++) {
+				const int E = e ? 256 : 1280;
+				dg_spec s = stream_spec(f, 2, (i + (size_t)e) % 2 ? 2 : 1, E, 256, T8[i]);
+				s.out = O_FMTS[(i + (size_t)f + (size_t)e) % 4];
+				if (dg_spec_validate(&s, NULL, 0) != DG_OK)
+					continue;
+				gh_expect_path(&s, ws_path(STREAM_W[f]));
+				run_lowrank(dev, &s, 2, 64);
+				run_lowrank(dev, &s, 1, 192);
+				run_lowrank(dev, &s, 3, 128);
+			}
+	gh_close(dev);
+}
+
+/* An explicit warp-specialized tile at T % 64 != 0: refused, naming T. */
+Test(gpu_lowrank_ws, refuses_ragged_t)
+{
+	dg_device *dev = gh_open_sm90();
+	dg_spec s = stream_spec(0, 2, 1, 256, 128, (dg_tile){ 128, 128, 128, 8, 1, 6, 0 });
+	const int B = 1, T = 100;
+	dg_tensor x = dg_tensor_4d("x", s.act, gh_alloc_ff(dev, (size_t)B * T * 256), B, 1, T, 256);
+	dg_tensor w = dg_tensor_3d("w", s.weight, gh_alloc_ff(dev, (size_t)2 * 128 * 256), 2, 128, 256);
+	dg_tensor out = dg_tensor_4d("out", s.out, gh_alloc_ff(dev, (size_t)B * 2 * T * 128 * 2), B, 2, T, 128);
+	x.scale = gh_scalar(dev, 0.01f);
+	w.scale = gh_scalar(dev, 0.01f);
+	dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out };
+	cr_assert_eq(dg_lowrank_fwd(dev, &s, &a), DG_ERR_INVALID_ARG);
+	cr_assert(strstr(dg_device_errmsg(dev), "T = 100") && strstr(dg_device_errmsg(dev), "T % 64 == 0"), "%s",
+		  dg_device_errmsg(dev));
+	gh_close(dev);
+}
+
 /* ---- decoder_fwd ---------------------------------------------------------- */
 
 /* The workspace a's call needs (its split-K slices), as the op sizes it. */

@@ -161,5 +161,10 @@ dg_status dg__tmap_bf16(dg_device *dev, dg__tmap *out, dg_dptr base, const uint6
  * box[0] <= 128). */
 dg_status dg__tmap_u8(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
 		      const uint32_t box[2]);
+/* Either (es 2: bf16, 1: bytes) with boxes of box[0] x box[1] x box[2]
+ * elements (box[2] planes a box, at most 256): the projection's weight
+ * rows in groups of 8 taken 2 x 4 (runtime/ops/lowrank.c). */
+dg_status dg__tmap_box3(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[3],
+			const uint32_t box[3]);
 
 #endif

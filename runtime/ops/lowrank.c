@@ -47,9 +47,25 @@ static long long blocks_per_sm(const dg_kernel *k, const dg_device_info *di)
  * shared memory at a fraction of the HBM's rate. */
 #define DG_LOWRANK_ROWS 8
 
+/* The maps of the warp-specialized form (templates/lowrank_wgmma.lua
+ * KERNEL_WSP), 128-byte slices of K with the 128-byte swizzle: ma over x
+ * (E, T, B·Hin), boxes of 64 rows; mb over w (E, 16, H·L/16), boxes of
+ * 2 x 4 rows (the 8 rows of a group in the column order dg_bcol). iv[0]:
+ * bytes an element (bf16 2, codes 1). */
+static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[DG__PREP_TMAPS])
+{
+	const dg_spec *s = &p->spec;
+	const int es = (int)p->iv[0];
+	const uint64_t E = (uint64_t)s->embd;
+	const uint64_t dx[3] = { E, (uint64_t)p->shape.t, (uint64_t)p->shape.b * (uint64_t)s->in_heads };
+	const uint64_t dw[3] = { E, 16, (uint64_t)s->heads * (uint64_t)s->latent / 16 };
+	const uint32_t box_x[3] = { 128u / (uint32_t)es, 64, 1 }, box_w[3] = { 128u / (uint32_t)es, 2, 4 };
+	dg_status st = dg__tmap_box3(p->dev, &maps[0], c->t[0]->data, es, dx, box_x);
+	return st ? st : dg__tmap_box3(p->dev, &maps[1], c->t[1]->data, es, dw, box_w);
+}
+
 dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 {
-	(void)c;
 	int64_t B = p->shape.b, T = p->shape.t;
 	if (B * T == 0)
 		return DG_OK;
@@ -60,6 +76,20 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	const dg_device_info *di = dg__dev_info(p->dev);
 	const int sms = di->sm_count;
 	const dg_kernel *kr = B * T <= DG_LOWRANK_ROWS ? dg_kernel_entry_named(k, "dg_lowrank_fwd_rows") : NULL;
+	/* the warp-specialized form reads 64 rows of T a box: at another T
+	 * its tile's 4-stage stream twin (the few-rows entry needs neither) */
+	if (!kr && (st = dg__tma_rows_tile(p, "dg_lowrank_fwd", 4, &k)))
+		return st;
+	const bool tma = !kr && dg__tma_abi(k);
+	if (tma) {
+		/* the maps of the call prepared with, made once here: a driver
+		 * that cannot make them refuses the prepare, not a launch */
+		p->iv[0] = p->spec.act == DG_FMT_BF16 ? 2 : 1;
+		dg__tmap maps[DG__PREP_TMAPS];
+		if ((st = ws_tmaps(p, c, maps)))
+			return st;
+		p->tmaps = ws_tmaps;
+	}
 	/* the wgmma path (an arch-specific spec with a warpgroup tile; an
 	 * auto tile the path refuses resolves to another): (head, m-tile) rows
 	 * of tiles, split into as many runs along n as the SMs hold blocks at
@@ -87,6 +117,10 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	DG__ARG_OF(p, L, absum);
 	dg__arg_i32(p, L, B);
 	dg__arg_i32(p, L, T);
+	if (tma) {
+		dg__arg_tmap(p, L, 0);
+		dg__arg_tmap(p, L, 1);
+	}
 	return DG_OK;
 }
 
