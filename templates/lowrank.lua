@@ -193,7 +193,7 @@ local function default_tile(k)
       t = { bm = 128, bn = 256, bk = 32, wm = 8, wn = 1, stages = 4, threads = 0 }
       if LW.ws_fits(k, t) then
     return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16 tma" or "wgmma tma", true,
-                   t.bm // 64 * 128 + 128, LW.ws_smem(t), true)
+                   384, LW.ws_smem(t), true)
   end
   if LW.stream_fits(k, t) then return t end
     end
@@ -237,7 +237,7 @@ local function plan_paths(spec)
   end
   if LW.ws_fits(k, t) then
     return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16 tma" or "wgmma tma", true,
-                   t.bm // 64 * 128 + 128, LW.ws_smem(t), true)
+                   384, LW.ws_smem(t), true)
   end
   if LW.stream_fits(k, t) then
     return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16 stream" or "wgmma stream", true,

@@ -140,8 +140,9 @@ end
 -- The warp-specialized form (stages >= 5 and BK·ES = 128 bytes: one
 -- 128-byte swizzle row of K a stage): a producer warpgroup loads x's and
 -- the weights' slices by TMA into a ring of S stages guarded by
--- mbarriers, BM / 64 consumer warpgroups run the MMAs and the epilogue
--- (KERNEL_WSP). Int8 and bf16 weights, BM 64 or 128, BN 64 or 128 (the
+-- mbarriers, two consumer warpgroups run the MMAs and the epilogue
+-- (KERNEL_WSP): both on each tile at BM 128, each its own tiles in turn
+-- at BM 64 (ping-pong). Int8 and bf16 weights, BM 64 or 128, BN 64 or 128 (the
 -- tile's 4-stage stream twin serves a T that is no multiple of 64:
 -- runtime/ops/lowrank.c), L a multiple of BN and of 64 (whole 64-column
 -- groups of a head, loaded in dg_bcol's order by boxes of 8 rows), E of
@@ -676,11 +677,16 @@ rows 16·c2 + c1 is rows c1, c1+1 of 4 groups of 16, which is B rows
 contiguous columns a lane as the other forms do. The consumers wait on a
 stage's full barrier, run its four wgmma K steps (32 bytes each, on the
 swizzle's descriptors), keep one step's MMAs in flight across the next
-wait, and free a stage on its empty barrier (every consumer thread) once
-the MMAs that read it completed. A tile's last step waits for its sums
-and runs the epilogue while the producer already loads the next tile's
-slices (up to S of them). Needs T % 64 == 0 (a box's 64 rows within one
-b); the runtime takes the tile's 4-stage stream twin at another T.
+wait, and free a stage on its empty barrier (every thread of the
+warpgroups that read it) once the MMAs that read it completed. A tile's
+last step waits for its sums and runs the epilogue while the producer
+already loads the next tile's slices (up to S of them). At BM 128 both
+consumer warpgroups work on each tile (64 rows each) and the tensor cores
+wait out the epilogue; at BM 64 they take the block's tiles in turn
+(ping-pong: warpgroup w the tiles w, w + 2, ...), the stages of a tile
+being consumed by its warpgroup alone, so one warpgroup's epilogue runs
+under the other's MMAs. Needs T % 64 == 0 (a box's 64 rows within one b);
+the runtime takes the tile's 4-stage stream twin at another T.
 ]]
 local KERNEL_WSP = [[
 // ---- specialization constants ----------------------------------------------
@@ -688,8 +694,12 @@ constexpr int H = ${H};		// output heads
 constexpr int HIN = ${HIN};		// input heads
 constexpr int E = ${E};		// the reduction, streamed in 128-byte slices
 constexpr int L = ${L};		// latent width per head
-constexpr int BM = ${BM}, BN = ${BN};	// block tile
-constexpr int NT = BM / 64 * 128;	// consumer threads: BM / 64 warpgroups
+constexpr int BM = ${BM}, BN = ${BN};	// tile
+// BM 128: two consumer warpgroups share each tile (64 rows each); BM 64:
+// two consumer warpgroups take the block's tiles in turn (ping-pong), so
+// one's epilogue runs under the other's MMAs
+constexpr bool PP = BM == 64;
+constexpr int NT = 256;			// consumer threads: two warpgroups
 constexpr int ES = ${ES};		// bytes an element (${ELEM})
 constexpr int KE = 128 / ES;		// elements of a row a stage: one 128-byte swizzle row
 constexpr int KT = E / KE;		// stages of K a tile
@@ -763,8 +773,10 @@ ${RING_START}
 	}
 
 	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of each tile
+	// (ping-pong: all 64 rows of every other tile)
 	if constexpr (REG_MOVE)
 		dg_reg_alloc<REG_C>();
+	const int wr = PP ? 0 : wg;		// the warpgroup's 64 rows of its tiles
 ${SCALES}
 	float absum = 0.0f;
 	${ACC_T} acc[BN / 2];	// ${ACC_WHAT}
@@ -774,14 +786,14 @@ ${SCALES}
 		tile_at(i, h, m0, n0);
 ${OUT_ROWS_IN}${SA_ROWS}${STORES}
 	};
-	int i = 0;
 #pragma unroll 1
-	for (long long it = 0; it < mine; ++it) {
+	for (long long it = PP ? wg : 0; it < mine; it += PP ? 2 : 1) {
+		int i = (int)(it * KT);	// the tile's first step of the block's run
 #pragma unroll 1
 		for (int kt = 0; kt < KT; ++kt, ++i) {
 			const int s = i % S;
 			dg_mbar_wait(bars + 8 * s, (i / S) & 1);
-			const unsigned as = sbase + s * STAGE + wg * 8192, bs = sbase + s * STAGE + A_BYTES;
+			const unsigned as = sbase + s * STAGE + wr * 8192, bs = sbase + s * STAGE + A_BYTES;
 			dg_wg_fence();
 #pragma unroll
 			for (int ks = 0; ks < 4; ++ks)
@@ -903,9 +915,14 @@ if (out_absum) {
     vars.SIGNATURE = k.signature(fa.ctype, fw.ctype):gsub("int B, int T%)$",
       "int B, int T,\n\t       const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)")
     local WB = require("wgmma_bf16")
-    vars.WS_HEAD = WB.WS_HEAD
+    -- two consumer warpgroups at BM 64 too (ping-pong)
+    vars.WS_HEAD = WB.WS_HEAD:gsub("constexpr int NCW = BM / 64;", "constexpr int NCW = NT / 128;")
+    assert(vars.WS_HEAD:find("NCW = NT / 128", 1, true), "lowrank_wgmma.lua: WS_HEAD's NCW")
     vars.WS_HELPERS = WB.WS_HELPERS
-    vars.RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" })
+    vars.RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "(PP ? 128 : NT)", INIT_SYNC = "__syncthreads();" })
+    -- a consumer's rows of its tile: wr (0 in ping-pong) for wg
+    vars.OUT_ROWS_IN = vars.OUT_ROWS_IN:gsub("m0 %+ wg %* 64", "m0 + wr * 64")
+    vars.SA_ROWS = vars.SA_ROWS:gsub("m0 %+ wg %* 64", "m0 + wr * 64")
   end
   local path, conv
   if bf then

@@ -313,8 +313,9 @@ Test(emu_lowrank, rows_entry_where_it_serves, .timeout = 900)
  * a scale a token and a channel, codes out with tensor scales) bit for
  * bit, bf16 × bf16 within rounding; several tiles a block (a grid of 3
  * blocks), a last m-tile past B·T (its boxes zeros), x shared by the
- * heads and a head's own, one K slice a tile and several. The maps are
- * the runtime's (runtime/ops/lowrank.c ws_tmaps). */
+ * heads and a head's own, one K slice a tile and several, both consumer
+ * warpgroups on a tile (BM 128) and each its own tiles (BM 64, ping-pong).
+ * The maps are the runtime's (runtime/ops/lowrank.c ws_tmaps). */
 
 struct wcase {
 	dg_fmt act, weight, out;
@@ -356,7 +357,7 @@ static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
 	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
 	const bool bf = c->act == DG_FMT_BF16;
 	cr_assert_str_eq(plan.path, bf ? "wgmma bf16 tma" : "wgmma tma", "%s", plan.canonical);
-	cr_assert_eq(plan.entries[0].threads, c->tile.bm / 64 * 128 + 128, "%s", plan.canonical);
+	cr_assert_eq(plan.entries[0].threads, 384, "%s: two consumer warpgroups and the producer", plan.canonical);
 	const bool code_out = c->out == DG_FMT_INT8 || c->out == DG_FMT_UINT8POS;
 	char glue[1024];
 	snprintf(glue, sizeof(glue), WGLUE, bf ? "unsigned short" : "int", bf ? "unsigned short" : "int",
@@ -416,6 +417,11 @@ Test(emu_lowrank, warp_specialized_against_the_reference, .timeout = 900)
 		  0.0f, false },
 		/* bf16: 64-element slices, the ReLU at 0.25 */
 		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 128, 2, 1, 128, 128, { 128, 128, 64, 8, 1, 5, 0 }, 0.25f,
+		  false },
+		/* ping-pong (BM 64): 16 tiles over 3 blocks, a warpgroup 2 or 3 of them */
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 2, 128, 2, 1, 256, 256, { 64, 128, 128, 4, 1, 8, 0 }, 0.0f,
+		  true },
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 256, 1, 1, 128, 192, { 64, 128, 64, 4, 1, 5, 0 }, 0.0f,
 		  false },
 		/* the last m-tile half past B·T (zeros from the map), one slice a tile */
 		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_INT8, 3, 64, 1, 1, 128, 128, { 128, 64, 128, 8, 1, 8, 0 }, 0.0f,

@@ -64,6 +64,33 @@ static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap m
 	return st ? st : dg__tmap_box3(p->dev, &maps[1], c->t[1]->data, es, dw, box_w);
 }
 
+/* Whether k is the warp-specialized form (templates/lowrank_wgmma.lua
+ * M.ws_form: 5 to 8 stages of 128-byte K slices on the sm_90a target; a
+ * block of two consumer warpgroups and the producer's, at BM 64 too). */
+static bool ws_kernel(const dg_kernel *k)
+{
+	const dg_spec *s = dg_kernel_spec(k);
+	const int es = s->act == DG_FMT_BF16 ? 2 : 1;
+	dg_kernel_info ki;
+	return s->arch_specific && s->tile.stages >= 5 && s->tile.bk * es == 128 &&
+	       dg_kernel_info_get(k, &ki) == DG_OK && ki.block_threads == 384;
+}
+
+/* The form reads 64 rows of T a box: at another T an auto tile (a
+ * tuning record's) runs its 4-stage stream twin, an explicit one is
+ * refused naming T. */
+static dg_status ws_rows_tile(dg_prepared *p, dg_kernel **k)
+{
+	if (!ws_kernel(*k) || p->shape.t % 64 == 0)
+		return DG_OK;
+	const dg_tile *t = &dg_kernel_spec(*k)->tile;
+	if (!dg_tile_is_auto(&p->spec.tile))
+		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
+				    "%s: T = %lld: the warp-specialized tile (stages %d) reads 64 rows of T a box by TMA, which needs T %% 64 == 0; take a tile of 3 or 4 stages or an auto tile",
+				    p->fn, (long long)p->shape.t, t->stages);
+	return dg__kernel_retiled(p, *k, (dg_tile){ t->bm, t->bn, t->bk, t->wm, t->wn, 4, 0 }, "dg_lowrank_fwd", k);
+}
+
 dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 {
 	int64_t B = p->shape.b, T = p->shape.t;
@@ -78,9 +105,9 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	const dg_kernel *kr = B * T <= DG_LOWRANK_ROWS ? dg_kernel_entry_named(k, "dg_lowrank_fwd_rows") : NULL;
 	/* the warp-specialized form reads 64 rows of T a box: at another T
 	 * its tile's 4-stage stream twin (the few-rows entry needs neither) */
-	if (!kr && (st = dg__tma_rows_tile(p, "dg_lowrank_fwd", 4, &k)))
+	if (!kr && (st = ws_rows_tile(p, &k)))
 		return st;
-	const bool tma = !kr && dg__tma_abi(k);
+	const bool tma = !kr && ws_kernel(k);
 	if (tma) {
 		/* the maps of the call prepared with, made once here: a driver
 		 * that cannot make them refuses the prepare, not a launch */
