@@ -10,6 +10,10 @@
  * path (sm_90a) as many blocks as an SM holds at once (two for the codes'
  * 128x64 tile, one for bf16's, whose 160 KiB of shared memory at E 256
  * leave room for one), each a run of (head, m-tile) tiles.
+ * A tile of 5 to 8 stages of 128-byte K slices names the warp-specialized
+ * form (TMA operands, templates/lowrank_wgmma.lua KERNEL_WSP): its block is
+ * two consumer warpgroups and the producer's, it takes two tensor maps
+ * after T (ws_tmaps), and it needs T % 64 == 0 (ws_rows_tile).
  * At B·T <= 8 (decoding) the module's few-rows entry runs instead where
  * it has one (templates/lowrank_rows.lua), its warps over the columns.
  * Block size and dynamic shared memory come from the plan (launch.block /
