@@ -541,14 +541,7 @@ constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE = A_BYTES + B_BYTES;
 static_assert(BK == 128 && L % BK == 0, "a step is one 128-byte swizzle row of one head's codes");
 ${WS_HEAD}
 ${WS_HELPERS}
-// The descriptor of a K-major tile of rows of 128 bytes with the 128-byte
-// swizzle (layout type 1): 1024 bytes between 8-row groups (SBO), LBO unused.
-__device__ __forceinline__ unsigned long long dg_sw_desc(unsigned saddr)
-{
-	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024u >> 4) << 32) |
-	       (1ull << 62);
-}
-
+${SW_DESC}
 extern "C" __global__ void __launch_bounds__(NTB, 1)
 dg_decoder_fwd(const ${YT} *__restrict__ y, const ${WT} *__restrict__ w,
 	       void *__restrict__ ws_, int B, int T, int nsplit,
@@ -654,7 +647,7 @@ local function render_ws(H, L, E, act, fa, fw, t)
   local WB = require("wgmma_bf16")
   local main = WG.helpers(t.bn, fa.unsigned) .. "\n" .. EMIT.subst(KERNEL_WS, {
     H = H, L = L, E = E, BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, YT = fa.ctype, WT = fw.ctype,
-    WS_HEAD = WB.WS_HEAD, WS_HELPERS = WB.WS_HELPERS,
+    WS_HEAD = WB.WS_HEAD, WS_HELPERS = WB.WS_HELPERS, SW_DESC = WG.SW_DESC,
     RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }) })
   local about = fmt("integer × integer, warp-specialized (sm_90a): a TMA producer warpgroup, %d consumer warpgroups "
     .. "of wgmma m64n%dk32 %s.s8, a ring of %d stages with full/empty mbarriers; two tensor maps follow nsplit "

@@ -715,14 +715,7 @@ constexpr int A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES;
 static_assert(E % KE == 0 && L % BN == 0 && L % 64 == 0 && BN % 64 == 0, "whole slices; whole 64-column groups");
 ${WS_HEAD}
 ${WS_HELPERS}
-// The descriptor of a K-major tile of rows of 128 bytes with the 128-byte
-// swizzle (layout type 1): 1024 bytes between 8-row groups (SBO), LBO unused.
-__device__ __forceinline__ unsigned long long dg_sw_desc(unsigned saddr)
-{
-	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024u >> 4) << 32) |
-	       (1ull << 62);
-}
-
+${SW_DESC}
 extern "C" __global__ void __launch_bounds__(NTB, 1)
 ${SIGNATURE}
 {
@@ -926,6 +919,7 @@ if (out_absum) {
     vars.WS_HEAD = WB.WS_HEAD:gsub("constexpr int NCW = BM / 64;", "constexpr int NCW = NT / 128;")
     assert(vars.WS_HEAD:find("NCW = NT / 128", 1, true), "lowrank_wgmma.lua: WS_HEAD's NCW")
     vars.WS_HELPERS = WB.WS_HELPERS
+    vars.SW_DESC = WG.SW_DESC
     vars.RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "(PP ? 128 : NT)", INIT_SYNC = "__syncthreads();" })
     -- a consumer's rows of its tile: wr (0 in ping-pong) for wg
     vars.OUT_ROWS_IN = vars.OUT_ROWS_IN:gsub("m0 %+ wg %* 64", "m0 + wr * 64")

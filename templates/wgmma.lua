@@ -177,4 +177,17 @@ for (int i = 0; i < 4; ++i) {
 }]], FM.quad(q, 1, ",\n\t\t\t\t\t\t    "), FM.quad(q, 5, ",\n\t\t\t\t\t\t\t"))
 end
 
+-- The descriptor of a K-major operand in 128-byte swizzled rows, as TMA
+-- writes them (the warp-specialized integer kernels: decoder.lua's,
+-- lowrank_wgmma.lua's); ${SW_DESC} in their text.
+M.SW_DESC = [[
+// The descriptor of a K-major tile of rows of 128 bytes with the 128-byte
+// swizzle (layout type 1): 1024 bytes between 8-row groups (SBO), LBO unused.
+__device__ __forceinline__ unsigned long long dg_sw_desc(unsigned saddr)
+{
+	return (unsigned long long)((saddr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024u >> 4) << 32) |
+	       (1ull << 62);
+}
+]]
+
 return M

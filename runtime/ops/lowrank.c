@@ -13,7 +13,8 @@
  * A tile of 5 to 8 stages of 128-byte K slices names the warp-specialized
  * form (TMA operands, templates/lowrank_wgmma.lua KERNEL_WSP): its block is
  * two consumer warpgroups and the producer's, it takes two tensor maps
- * after T (ws_tmaps), and it needs T % 64 == 0 (ws_rows_tile).
+ * after T (ws_tmaps), and it needs T % 64 == 0 (at another T an auto tile
+ * runs its 4-stage stream twin: dg__ws_rows_tile).
  * At B·T <= 8 (decoding) the module's few-rows entry runs instead where
  * it has one (templates/lowrank_rows.lua), its warps over the columns.
  * Block size and dynamic shared memory come from the plan (launch.block /
@@ -80,21 +81,6 @@ static bool ws_kernel(const dg_kernel *k)
 	       dg_kernel_info_get(k, &ki) == DG_OK && ki.block_threads == 384;
 }
 
-/* The form reads 64 rows of T a box: at another T an auto tile (a
- * tuning record's) runs its 4-stage stream twin, an explicit one is
- * refused naming T. */
-static dg_status ws_rows_tile(dg_prepared *p, dg_kernel **k)
-{
-	if (!ws_kernel(*k) || p->shape.t % 64 == 0)
-		return DG_OK;
-	const dg_tile *t = &dg_kernel_spec(*k)->tile;
-	if (!dg_tile_is_auto(&p->spec.tile))
-		return dg__dev_fail(p->dev, DG_ERR_INVALID_ARG,
-				    "%s: T = %lld: the warp-specialized tile (stages %d) reads 64 rows of T a box by TMA, which needs T %% 64 == 0; take a tile of 3 or 4 stages or an auto tile",
-				    p->fn, (long long)p->shape.t, t->stages);
-	return dg__kernel_retiled(p, *k, (dg_tile){ t->bm, t->bn, t->bk, t->wm, t->wn, 4, 0 }, "dg_lowrank_fwd", k);
-}
-
 dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 {
 	int64_t B = p->shape.b, T = p->shape.t;
@@ -109,7 +95,7 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	const dg_kernel *kr = B * T <= DG_LOWRANK_ROWS ? dg_kernel_entry_named(k, "dg_lowrank_fwd_rows") : NULL;
 	/* the warp-specialized form reads 64 rows of T a box: at another T
 	 * its tile's 4-stage stream twin (the few-rows entry needs neither) */
-	if (!kr && (st = ws_rows_tile(p, &k)))
+	if (!kr && (st = dg__ws_rows_tile(p, "dg_lowrank_fwd", 4, ws_kernel(k), &k)))
 		return st;
 	const bool tma = !kr && ws_kernel(k);
 	if (tma) {

@@ -279,6 +279,9 @@ bool dg__tma_abi(const dg_kernel *k);
  * tile with ring_stages stages (`entry` of it), and a tile asked for is
  * refused, naming T. Nothing changes for another kernel. */
 dg_status dg__tma_rows_tile(dg_prepared *p, const char *entry, int ring_stages, dg_kernel **k);
+/* The same for a kernel the caller knows to be of such a path (ws), whose
+ * block dg__tma_abi does not describe (lowrank_fwd's ping-pong tiles). */
+dg_status dg__ws_rows_tile(dg_prepared *p, const char *entry, int ring_stages, bool ws, dg_kernel **k);
 /* Kernel `entry` of k's own spec with `tile` instead of k's (a ring that
  * stands in for a warp-specialized tile a call's T cannot serve): k's
  * spec, not the call's, so an auto tile planned arch-specific keeps it. */

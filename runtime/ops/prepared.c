@@ -127,7 +127,12 @@ bool dg__tma_abi(const dg_kernel *k)
 
 dg_status dg__tma_rows_tile(dg_prepared *p, const char *entry, int ring_stages, dg_kernel **k)
 {
-	if (!dg__tma_abi(*k) || p->shape.t % 64 == 0)
+	return dg__ws_rows_tile(p, entry, ring_stages, dg__tma_abi(*k), k);
+}
+
+dg_status dg__ws_rows_tile(dg_prepared *p, const char *entry, int ring_stages, bool ws, dg_kernel **k)
+{
+	if (!ws || p->shape.t % 64 == 0)
 		return DG_OK;
 	const dg_tile *t = &dg_kernel_spec(*k)->tile;
 	if (!dg_tile_is_auto(&p->spec.tile))
