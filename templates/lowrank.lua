@@ -191,11 +191,7 @@ local function default_tile(k)
     -- may still pick a streaming tile.
     if LW.operands(k) == "bf16" then
       t = { bm = 128, bn = 256, bk = 32, wm = 8, wn = 1, stages = 4, threads = 0 }
-      if LW.ws_fits(k, t) then
-    return plan_of(k, t, LW.operands(k) == "bf16" and "wgmma bf16 tma" or "wgmma tma", true,
-                   384, LW.ws_smem(t), true)
-  end
-  if LW.stream_fits(k, t) then return t end
+      if LW.stream_fits(k, t) then return t end
     end
   end
   if ints and k.arch >= 80 and k.E % 32 == 0 then

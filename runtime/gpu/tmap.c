@@ -12,11 +12,13 @@
 #include "runtime/gpu/gpu_int.h"
 
 /* A rank-3 tiled map of elements of es bytes (bf16 2, codes 1), boxes of
- * box[0] x box[1] x box2. */
-static dg_status tmap_tiled(dg_device *dev, dg__tmap *out, dg_dptr base, int es, CUtensorMapDataType type,
-			    const char *what, const uint64_t dims[3], const uint32_t box[2], uint32_t box2)
+ * box[0] x box[1] x box[2]. */
+static dg_status tmap_tiled(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[3],
+			    const uint32_t box[3])
 {
 	_Static_assert(sizeof(dg__tmap) == sizeof(CUtensorMap), "dg__tmap is a CUtensorMap");
+	const char *what = es == 2 ? "bf16" : "bytes";
+	const CUtensorMapDataType type = es == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
 	memset(out, 0, sizeof(*out));
 	if (!dev || !dev->cu)
 		return DG_ERR_INVALID_ARG;
@@ -27,13 +29,13 @@ static dg_status tmap_tiled(dg_device *dev, dg__tmap *out, dg_dptr base, int es,
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
 				    "tensor map: rows of %llu %s at 0x%llx: TMA needs a 16-byte aligned base and rows a multiple of 16 bytes",
 				    (unsigned long long)dims[0], what, (unsigned long long)base);
-	if (box[0] * (uint32_t)es > 128 || box[0] == 0 || box[1] == 0 || box[1] > 256 || box2 == 0 || box2 > 256)
+	if (box[0] * (uint32_t)es > 128 || box[0] == 0 || box[1] == 0 || box[1] > 256 || box[2] == 0 || box[2] > 256)
 		return dg__dev_fail(dev, DG_ERR_INVALID_ARG,
 				    "tensor map: box %u x %u x %u %s: at most 128 bytes x 256 x 256 rows with the 128-byte swizzle",
-				    box[0], box[1], box2, what);
+				    box[0], box[1], box[2], what);
 	cuuint64_t gdim[3] = { dims[0], dims[1], dims[2] };
 	cuuint64_t gstride[2] = { dims[0] * (uint64_t)es, dims[0] * dims[1] * (uint64_t)es };
-	cuuint32_t b[3] = { box[0], box[1], box2 }, st[3] = { 1, 1, 1 };
+	cuuint32_t b[3] = { box[0], box[1], box[2] }, st[3] = { 1, 1, 1 };
 	CUresult rc = dev->cu->TensorMapEncodeTiled(
 		(CUtensorMap *)(void *)out->bytes, type, 3, (void *)(uintptr_t)base, gdim, gstride, b, st,
 		CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -46,19 +48,17 @@ static dg_status tmap_tiled(dg_device *dev, dg__tmap *out, dg_dptr base, int es,
 dg_status dg__tmap_bf16(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
 			const uint32_t box[2])
 {
-	return tmap_tiled(dev, out, base, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, "bf16", dims, box, 1);
+	return tmap_tiled(dev, out, base, 2, dims, (const uint32_t[3]){ box[0], box[1], 1 });
 }
 
 dg_status dg__tmap_u8(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
 		      const uint32_t box[2])
 {
-	return tmap_tiled(dev, out, base, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8, "bytes", dims, box, 1);
+	return tmap_tiled(dev, out, base, 1, dims, (const uint32_t[3]){ box[0], box[1], 1 });
 }
 
 dg_status dg__tmap_box3(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[3],
 			const uint32_t box[3])
 {
-	if (es == 2)
-		return tmap_tiled(dev, out, base, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, "bf16", dims, box, box[2]);
-	return tmap_tiled(dev, out, base, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8, "bytes", dims, box, box[2]);
+	return tmap_tiled(dev, out, base, es, dims, box);
 }

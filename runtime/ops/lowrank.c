@@ -95,9 +95,10 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	const dg_kernel *kr = B * T <= DG_LOWRANK_ROWS ? dg_kernel_entry_named(k, "dg_lowrank_fwd_rows") : NULL;
 	/* the warp-specialized form reads 64 rows of T a box: at another T
 	 * its tile's 4-stage stream twin (the few-rows entry needs neither) */
-	if (!kr && (st = dg__ws_rows_tile(p, "dg_lowrank_fwd", 4, ws_kernel(k), &k)))
+	const bool ws = !kr && ws_kernel(k);
+	if ((st = dg__ws_rows_tile(p, "dg_lowrank_fwd", 4, ws, &k)))
 		return st;
-	const bool tma = !kr && ws_kernel(k);
+	const bool tma = ws && p->shape.t % 64 == 0;
 	if (tma) {
 		/* the maps of the call prepared with, made once here: a driver
 		 * that cannot make them refuses the prepare, not a launch */
