@@ -26,7 +26,7 @@ Kernel ABI (runtime/ops/gate.c launches it):
   before its draw, any value (one that is not whole Philox blocks of 8
   elements runs the warpgroup epilogue element by element; a rank's
   row0·H·T·L is whole blocks whenever L % 8 == 0).
-  grid (ceil(L/BN), ceil(B·T/BM), H), the plan's threads and dynamic shared
+  grid (ceil(B·T/BM), ceil(L/BN), H), the plan's threads and dynamic shared
   memory. grad (B,1,T,E) f32; w (E, H·L) weight f32 | bf16 (no scale: the
   low-bit recipes pass their bf16 copy); xs, ys (B,H,T,L) act f32 | bf16;
   dxs, dys (B,H,T,L) out f32 | bf16, neither aliasing an input. 16-byte
@@ -297,7 +297,9 @@ local PRE = [[
 	const float s = p > 0.0f ? __fdiv_rn(1.0f, __fsub_rn(1.0f, p)) : 1.0f;	// 1/(1 - p)
 	const int M = B * T;			// rows (b, t)
 	const int h = blockIdx.z;		// head
-	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;]]
+	// the grid (row tiles, column tiles, H): the row tiles fastest, so the
+	// blocks resident at once share w's columns (runtime/ops/gate.c)
+	const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;]]
 
 local KERNEL_WG = [[
 // ---- tile: BM/64 warpgroups along M, each 64 x BN; a ring of S stages
@@ -748,7 +750,7 @@ function M.render(spec, plan)
   end
   about[#about + 1] = ""
   about[#about + 1] = fmt("extern \"C\" __global__ void %s(%s)", k.entry, (EMIT.subst(sig, {}):gsub("__restrict__ ", "")))
-  about[#about + 1] = fmt("grid (ceil(%d/%d), ceil(B*T/%d), %d), block %d threads.", k.L, t.bn, t.bm, k.H, plan.entries[1].threads)
+  about[#about + 1] = fmt("grid (ceil(B*T/%d), ceil(%d/%d), %d), block %d threads.", t.bm, k.L, t.bn, k.H, plan.entries[1].threads)
   local w = EMIT.writer()
   local head = EMIT.subst(HEAD, v)
   local sc = EMIT.writer()

@@ -538,7 +538,7 @@ ${ENTRY}(${SIG})
 	extern __shared__ __align__(128) unsigned char smem[];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 	const int g = lane >> 2, q = lane & 3;
-	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+${M_FASTEST}
 	const int K = B * T;			// the reduction (b, t)
 	const int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split
 	const int kt_all = (K + BK - 1) / BK;
@@ -735,7 +735,7 @@ ${ENTRY}(${SIG}, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_
 	extern __shared__ __align__(128) unsigned char smem[];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 	const int g = lane >> 2, q = lane & 3;
-	const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+${M_FASTEST}
 	const int K = B * T;			// the reduction (b, t); T % 64 == 0 (A's boxes)
 	const int h = blockIdx.z % H, sp = blockIdx.z / H;	// head, split
 	const int kt_all = (K + BK - 1) / BK;
@@ -940,6 +940,7 @@ local function render_dgw(c)
     w:line(EMIT.subst(DGW_WS_KERNEL, {
       ENTRY = c.entry, SIG = EMIT.subst(o.sig, { BT = F.ctype }), SCALE_LOAD = scale_load,
       BT_REG = bt.T, B_DECODE = ws_dec,
+      M_FASTEST = require("tiles").M_FASTEST,
       RING_INIT = EMIT.subst(WB.RING_INIT, { FULL_COUNT = "NP + 1", EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }),
       RS_FETCH = rs and "\t\t\t\tdg_cp4(sslot + j * 4, sa + k);\t// dg_b_scale's" or "",
       CONSUMERS = WB.ws_consumers({ A_KC = "false", A_KS = "2048", B_KC = "false", B_KS = "2048" }),
@@ -951,6 +952,7 @@ local function render_dgw(c)
   w:line(EMIT.subst(DGW_KERNEL, {
     MINB = minb, ENTRY = c.entry,
     SIG = EMIT.subst(o.sig, { BT = F.ctype }),
+    M_FASTEST = require("tiles").M_FASTEST,
     SCALE_LOAD = scale_load,
     BT_REG = bt.T, BT_ZERO = bt.Z, B_LOAD = bt.LOAD,
     B_DECODE = ring_dec,

@@ -34,6 +34,16 @@ function M.smem_limit(arch)
   return M.SMEM_STATIC
 end
 
+-- A GEMM block's tile from a grid of (n-tiles, m-tiles) blocks, taken m
+-- fastest: the blocks resident at once cover few n-tiles and every m-tile
+-- of them, so they share the B operand's columns through L2. For a kernel
+-- whose B is the large operand (decoder_grad_weight's y, 0.5 GB a layer at
+-- D 1280, H 16, N 16384), read from HBM once instead of once an m-tile.
+-- (A grid laid out m first needs no remapping: decoder_gate_bwd's.)
+M.M_FASTEST = [[
+	const unsigned tile_id = blockIdx.y * gridDim.x + blockIdx.x;	// m fastest (tiles.lua M_FASTEST)
+	const int m0 = (int)(tile_id % gridDim.y) * BM, n0 = (int)(tile_id / gridDim.y) * BN;]]
+
 function M.tile_is_auto(t)
   return t.bm == 0 and t.bn == 0 and t.bk == 0 and t.wm == 0 and t.wn == 0 and t.stages == 0 and t.threads == 0
 end

@@ -86,7 +86,7 @@ static void check(dg_codegen *cg, dg_rng *r, int B, int T, int H, int L, int E, 
 	const dg_tile *t = &plan.spec.tile;
 	const unsigned long long seed = 42, elem0 = 0;
 	const unsigned step = 7, layer = 3;
-	fn((unsigned)((L + t->bn - 1) / t->bn), (unsigned)((B * T + t->bm - 1) / t->bm), (unsigned)H,
+	fn((unsigned)((B * T + t->bm - 1) / t->bm), (unsigned)((L + t->bn - 1) / t->bn), (unsigned)H,
 	   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, grad, w, xs, ys, dxs, dys, B, T, p, seed, step,
 	   layer, elem0);
 	cr_assert_eq(dg_ref_decoder_gate_bwd(&plan.spec, grad, w, xs, ys, B, T, p, seed, step, layer, elem0, wx, wy),
@@ -230,10 +230,10 @@ static void check_ys(dg_codegen *cg, dg_rng *r, int B, int T, int H, int L, int 
 	const unsigned long long seed = 9, elem0 = 0;
 	const unsigned step = 2, layer = 1;
 	const dg_tile *t = &plan.spec.tile;
-	fy((unsigned)((L + t->bn - 1) / t->bn), (unsigned)((B * T + t->bm - 1) / t->bm), (unsigned)H,
+	fy((unsigned)((B * T + t->bm - 1) / t->bm), (unsigned)((L + t->bn - 1) / t->bn), (unsigned)H,
 	   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, grad, w, xs, aq, sa, ev, sw, dxs, dys, B,
 	   T, p, seed, step, layer, elem0);
-	fg((unsigned)((L + t->bn - 1) / t->bn), (unsigned)((B * T + t->bm - 1) / t->bm), (unsigned)H,
+	fg((unsigned)((B * T + t->bm - 1) / t->bm), (unsigned)((L + t->bn - 1) / t->bn), (unsigned)H,
 	   (unsigned)gp.entries[0].threads, (size_t)gp.entries[0].smem, grad, w, xs, ys, wx, wy, B, T, p, seed, step,
 	   layer, elem0);
 	char why[512];

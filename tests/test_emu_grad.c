@@ -122,8 +122,8 @@ static void case_of(dg_fmt act, dg_scale_gran ascale, uint64_t seed)
 	for (int splits = 1; splits <= 2; splits++) {
 		const size_t n = (size_t)splits * nw;
 		float *ring = malloc(n * sizeof(float) + 64), *wsf = malloc(n * sizeof(float) + 64),
-		      *tall = malloc(n * sizeof(float) + 64);
-		cr_assert(ring && wsf && tall);
+		      *tall = malloc(n * sizeof(float) + 64), *low = malloc(n * sizeof(float) + 64);
+		cr_assert(ring && wsf && tall && low);
 		memset(ring, 0xee, n * sizeof(float) + 64);
 		memset(wsf, 0xee, n * sizeof(float) + 64);
 		memset(tall, 0xee, n * sizeof(float) + 64);
@@ -135,6 +135,17 @@ static void case_of(dg_fmt act, dg_scale_gran ascale, uint64_t seed)
 			if (memcmp(&ring[i], &tall[i], 4) != 0)
 				cr_assert_fail("act %d, splits %d: word %zu: ring %.9g, BM 256 %.9g", (int)act, splits, i,
 					       (double)ring[i], (double)tall[i]);
+		/* BM 64, both forms: two m-tiles by two n-tiles a head, the
+		 * blocks' tiles taken m fastest (tiles.lua M_FASTEST) */
+		for (int st = 2; st <= 5; st += 3) {
+			memset(low, 0xee, n * sizeof(float) + 64);
+			run_form(cg, &s, (dg_tile){ 64, 128, 64, 4, 1, st, 0 }, grad, y, sa, splits, low);
+			for (size_t i = 0; i < n + 16; i++)
+				if (memcmp(&ring[i], &low[i], 4) != 0)
+					cr_assert_fail("act %d, splits %d: word %zu: ring %.9g, BM 64 stages %d %.9g", (int)act,
+						       splits, i, (double)ring[i], st, (double)low[i]);
+		}
+		free(low);
 		size_t nz = 0;
 		for (size_t i = 0; i < n; i++)
 			nz += ring[i] != 0.0f;
