@@ -179,17 +179,61 @@ static const char RGLUE[] =
 typedef void (*rows_fn)(unsigned grid, unsigned nt, const void *x, const void *w, const float *sa,
 			const float *sw, void *out, const float *so, float *absum, int B, int T);
 
-static void check_rows(dg_codegen *cg, dg_rng *r, const struct rcase *c)
+/* The projection's spec for the emulation's cases: vec, a scale a token
+ * and a channel (else one a tensor); thr < 0, no ReLU. */
+static dg_spec case_spec(dg_fmt act, dg_fmt weight, dg_fmt out, int H, int hin, int N, int E, float thr, bool vec,
+			 dg_tile tile)
 {
 	dg_spec s;
 	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
-	s.act = c->act, s.weight = c->weight, s.out = c->out;
-	s.heads = c->H, s.in_heads = c->hin, s.latent = c->N, s.embd = c->E;
-	s.relu = c->thr >= 0.0f, s.relu_thr = c->thr >= 0.0f ? c->thr : 0.0f;
-	s.ascale = c->vec ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
-	s.wscale = c->vec ? DG_SCALE_CHANNEL : DG_SCALE_TENSOR;
+	s.act = act, s.weight = weight, s.out = out;
+	s.heads = H, s.in_heads = hin, s.latent = N, s.embd = E;
+	s.relu = thr >= 0.0f, s.relu_thr = thr >= 0.0f ? thr : 0.0f;
+	s.ascale = vec ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
+	s.wscale = vec ? DG_SCALE_CHANNEL : DG_SCALE_TENSOR;
 	s.arch = 90, s.arch_specific = true;
+	s.tile = tile;
 	dg_spec_normalize(&s);
+	return s;
+}
+
+/* got (no outputs of ob bytes, 16 bytes of 0xee after them) against the
+ * reference's run of plan's spec on the same inputs: bit for bit where
+ * exact, else within bf16's or f32's rounding. */
+static void expect_ref(const dg_plan *plan, const void *x, const void *w, float *sa, float *sw, float so, bool vec,
+		       int B, int T, const unsigned char *got, size_t no, size_t ob, bool exact)
+{
+	unsigned char *want = malloc(no * ob);
+	cr_assert_not_null(want);
+	dg_ref_call rc;
+	memset(&rc, 0, sizeof(rc));
+	rc.in[0] = x, rc.in[1] = w;
+	if (vec)
+		rc.scale_v[0] = sa, rc.scale_v[1] = sw;
+	else
+		rc.scale[0] = sa[0], rc.scale[1] = sw[0];
+	rc.scale[2] = so;
+	rc.out = want;
+	rc.b = B, rc.t = T;
+	cr_assert_eq(dg_ref_run(&plan->spec, &rc), DG_OK);
+	char why[512];
+	const dg_fmt out = plan->spec.out;
+	if (exact)
+		cr_assert(dg_ref_same_bytes(got, want, no * ob, why, sizeof(why)), "%s: %s", plan->canonical, why);
+	else if (out == DG_FMT_BF16)
+		cr_assert(dg_ref_close(out, got, want, no, 1e-3f, 8e-3f, why, sizeof(why)), "%s: %s", plan->canonical,
+			  why);
+	else
+		cr_assert(dg_ref_close(out, got, want, no, 1e-4f, 1e-4f, why, sizeof(why)), "%s: %s", plan->canonical,
+			  why);
+	for (size_t i = no * ob; i < no * ob + 16; i++)
+		cr_assert_eq(got[i], 0xee, "%s: written past the output", plan->canonical);
+	free(want);
+}
+
+static void check_rows(dg_codegen *cg, dg_rng *r, const struct rcase *c)
+{
+	dg_spec s = case_spec(c->act, c->weight, c->out, c->H, c->hin, c->N, c->E, c->thr, c->vec, (dg_tile){ 0 });
 	dg_plan plan;
 	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
 	const dg_plan_entry *e = &plan.entries[plan.n_entries - 1];
@@ -211,43 +255,23 @@ static void check_rows(dg_codegen *cg, dg_rng *r, const struct rcase *c)
 	dg_rng_fill(r, c->act, x, (size_t)xrows * (size_t)c->E);
 	dg_rng_fill(r, c->weight, w, (size_t)c->H * (size_t)c->N * (size_t)c->E);
 	float *sa = rand_scales(r, (size_t)xrows), *sw = rand_scales(r, (size_t)c->H * c->N), so = 0.05f;
-	unsigned char *got = malloc(no * ob + 16), *want = malloc(no * ob);
-	cr_assert(got && want);
+	unsigned char *got = malloc(no * ob + 16);
+	cr_assert_not_null(got);
 	memset(got, 0xee, no * ob + 16);
 	float absum = 0.0f;
 	fn(3, (unsigned)e->threads, x, w, sa, sw, got, code_out ? &so : NULL, &absum, c->B, c->T);
-
-	dg_ref_call rc;
-	memset(&rc, 0, sizeof(rc));
-	rc.in[0] = x, rc.in[1] = w;
-	if (c->vec)
-		rc.scale_v[0] = sa, rc.scale_v[1] = sw;
-	else
-		rc.scale[0] = sa[0], rc.scale[1] = sw[0];
-	rc.scale[2] = so;
-	rc.out = want;
-	rc.b = c->B, rc.t = c->T;
-	cr_assert_eq(dg_ref_run(&plan.spec, &rc), DG_OK);
-	char why[512];
-	if (codes)
-		cr_assert(dg_ref_same_bytes(got, want, no * ob, why, sizeof(why)), "%s: %s", plan.canonical, why);
-	else if (c->out == DG_FMT_BF16)
-		cr_assert(dg_ref_close(c->out, got, want, no, 1e-3f, 8e-3f, why, sizeof(why)), "%s: %s",
-			  plan.canonical, why);
-	else
-		cr_assert(dg_ref_close(c->out, got, want, no, 1e-4f, 1e-4f, why, sizeof(why)), "%s: %s",
-			  plan.canonical, why);
-	for (size_t i = no * ob; i < no * ob + 16; i++)
-		cr_assert_eq(got[i], 0xee, "%s: written past the output", plan.canonical);
-	/* Σ|y| over the outputs (before codes): the float outputs' own sum */
+	expect_ref(&plan, x, w, sa, sw, so, c->vec, c->B, c->T, got, no, ob, codes);
+	/* Σ|y| over the outputs (before codes): the float outputs' own sum
+	 * (the outputs themselves checked above) */
 	if (c->out == DG_FMT_F32) {
 		double ref = 0.0;
 		for (size_t i = 0; i < no; i++)
-			ref += fabs((double)((const float *)want)[i]);
+			ref += fabs((double)((const float *)got)[i]);
 		cr_assert(fabs((double)absum - ref) <= 1e-4 * ref + 1e-4, "%s: absum %g, want %g", plan.canonical,
 			  (double)absum, ref);
 	}
-	free(x), free(w), free(sa), free(sw), free(got), free(want);
+	free(x), free(w), free(sa), free(sw), free(got);
+
 }
 
 Test(emu_lowrank, rows_entry_against_the_reference, .timeout = 900)
@@ -343,16 +367,7 @@ typedef void (*ws_fn)(unsigned grid, unsigned nt, size_t smem, const void *x, co
 
 static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
 {
-	dg_spec s;
-	dg_spec_init(&s, DG_OP_LOWRANK_FWD);
-	s.act = c->act, s.weight = c->weight, s.out = c->out;
-	s.heads = c->H, s.in_heads = c->hin, s.latent = c->N, s.embd = c->E;
-	s.relu = true, s.relu_thr = c->thr;
-	s.ascale = c->vec ? DG_SCALE_TOKEN : DG_SCALE_TENSOR;
-	s.wscale = c->vec ? DG_SCALE_CHANNEL : DG_SCALE_TENSOR;
-	s.arch = 90, s.arch_specific = true;
-	s.tile = c->tile;
-	dg_spec_normalize(&s);
+	dg_spec s = case_spec(c->act, c->weight, c->out, c->H, c->hin, c->N, c->E, c->thr, c->vec, c->tile);
 	dg_plan plan;
 	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
 	const bool bf = c->act == DG_FMT_BF16;
@@ -373,8 +388,8 @@ static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
 	dg_rng_fill(r, c->act, x, (size_t)xrows * (size_t)c->E);
 	dg_rng_fill(r, c->weight, w, (size_t)c->H * (size_t)c->N * (size_t)c->E);
 	float *sa = rand_scales(r, (size_t)xrows), *sw = rand_scales(r, (size_t)c->H * c->N), so = 0.05f;
-	unsigned char *got = malloc(no * ob + 16), *want = malloc(no * ob);
-	cr_assert(got && want);
+	unsigned char *got = malloc(no * ob + 16);
+	cr_assert_not_null(got);
 	memset(got, 0xee, no * ob + 16);
 	/* the runtime's maps */
 	const unsigned ke = 128u / (unsigned)es;
@@ -384,27 +399,8 @@ static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
 	float absum = 0.0f;
 	fn(3, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, x, w, sa, sw, got,
 	   code_out ? &so : NULL, &absum, c->B, c->T, &ma, &mb);
-
-	dg_ref_call rc;
-	memset(&rc, 0, sizeof(rc));
-	rc.in[0] = x, rc.in[1] = w;
-	if (c->vec)
-		rc.scale_v[0] = sa, rc.scale_v[1] = sw;
-	else
-		rc.scale[0] = sa[0], rc.scale[1] = sw[0];
-	rc.scale[2] = so;
-	rc.out = want;
-	rc.b = c->B, rc.t = c->T;
-	cr_assert_eq(dg_ref_run(&plan.spec, &rc), DG_OK);
-	char why[512];
-	if (!bf)
-		cr_assert(dg_ref_same_bytes(got, want, no * ob, why, sizeof(why)), "%s: %s", plan.canonical, why);
-	else
-		cr_assert(dg_ref_close(c->out, got, want, no, 1e-3f, 8e-3f, why, sizeof(why)), "%s: %s",
-			  plan.canonical, why);
-	for (size_t i = no * ob; i < no * ob + 16; i++)
-		cr_assert_eq(got[i], 0xee, "%s: written past the output", plan.canonical);
-	free(x), free(w), free(sa), free(sw), free(got), free(want);
+	expect_ref(&plan, x, w, sa, sw, so, c->vec, c->B, c->T, got, no, ob, !bf);
+	free(x), free(w), free(sa), free(sw), free(got);
 }
 
 Test(emu_lowrank, warp_specialized_against_the_reference, .timeout = 900)
