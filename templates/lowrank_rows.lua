@@ -94,6 +94,7 @@ namespace dg_rows {
 constexpr int H = ${H}, HIN = ${HIN}, E = ${E}, L = ${L};
 constexpr int CE = ${CE};		// elements a 16-byte weight chunk
 constexpr int NCH = ${NCH};		// chunks a weight row
+static_assert(NCH * CE == E, "whole 16-byte chunks a weight row");
 constexpr int LPC = ${LPC};		// lanes a column
 constexpr int CPL = ${CPL};		// chunks a lane: lic + LPC·j
 constexpr int CPW = 32 / LPC;		// columns a warp at once

@@ -210,7 +210,7 @@ __device__ __forceinline__ int dg_bcol(int p)
 	return ((j >> 3) << 6) + (q << 4) + ((j & 7) << 1) + r;
 }
 
-extern "C" __global__ void __launch_bounds__(NT, ${MINB})
+extern "C" __global__ void __launch_bounds__(${BOUNDS})
 ${SIGNATURE}
 {
 	extern __shared__ __align__(128) unsigned char smem[];
@@ -218,9 +218,23 @@ ${SIGNATURE}
 	const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 	const int g = lane >> 2, q = lane & 3;
 	const int M = B * T;
-	const unsigned char *xb = (const unsigned char *)x;
-	const unsigned char *wb = (const unsigned char *)w;
+	const unsigned char *xb __attribute__((unused)) = (const unsigned char *)x;	// (the warp-specialized
+	const unsigned char *wb __attribute__((unused)) = (const unsigned char *)w;	// form: by its maps)
 	const int NTN = (L + BN - 1) / BN, NTM = (M + BM - 1) / BM;]]
+
+-- The walk of the stream and warp-specialized forms: the block's tiles
+-- blockIdx.x + i·gridDim.x (i < mine), m fastest, then n, then the head.
+local TILE_WALK = [[
+	const long long ntiles = (long long)H * NTM * NTN;
+	const long long mine = blockIdx.x < ntiles ? (ntiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+	auto tile_at = [&](long long i, int &h, int &m0, int &n0) {
+		const long long tl = blockIdx.x + i * gridDim.x;
+		const int mt = (int)(tl % NTM);
+		const long long r_ = tl / NTM;
+		n0 = (int)(r_ % NTN) * BN;
+		h = (int)(r_ / NTN);
+		m0 = mt * BM;
+	};]]
 
 local KERNEL = [[
 // ---- specialization constants ----------------------------------------------
@@ -347,23 +361,13 @@ constexpr int SB = (BN * KCH + NT - 1) / NT;	// weight chunks a thread a stage
 static_assert(SA * NT == BM * KCH, "whole x chunks a thread");
 
 ${OPENING}
-	const long long ntiles = (long long)H * NTM * NTN;
+${TILE_WALK}
 	const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
 ${SCALES}
 	float absum = 0.0f;
 	${ACC_T} acc[BN / 2];	// ${ACC_WHAT}
-	// this block's tiles blockIdx.x + i·gridDim.x, i < mine; step st of the
-	// run is slice st % KT of tile st / KT
-	const long long mine = blockIdx.x < ntiles ? (ntiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+	// step st of the block's run is slice st % KT of its tile st / KT
 	const long long nsteps = mine * KT;
-	auto tile_at = [&](long long i, int &h, int &m0, int &n0) {
-		const long long tl = blockIdx.x + i * gridDim.x;
-		const int mt = (int)(tl % NTM);
-		const long long r_ = tl / NTM;
-		n0 = (int)(r_ % NTN) * BN;
-		h = (int)(r_ / NTN);
-		m0 = mt * BM;
-	};
 	// The loading side: the tile whose slices are being fetched and this
 	// thread's source rows in it (nullptr: zeros past M or L), found once a tile.
 	long long ld_tile = -1;
@@ -716,29 +720,8 @@ static_assert(E % KE == 0 && L % BN == 0 && L % 64 == 0 && BN % 64 == 0, "whole 
 ${WS_HEAD}
 ${WS_HELPERS}
 ${SW_DESC}
-extern "C" __global__ void __launch_bounds__(NTB, 1)
-${SIGNATURE}
-{
-	extern __shared__ __align__(128) unsigned char smem[];
-	const int tid = threadIdx.x;
-	const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-	const int g = lane >> 2, q = lane & 3;
-	const int M = B * T;
-	(void)x;			// read by the map ma
-	(void)w;			// and mb
-	constexpr int NTN = L / BN;
-	const int NTM = (M + BM - 1) / BM;
-	const long long ntiles = (long long)H * NTM * NTN;
-	// this block's tiles blockIdx.x + i·gridDim.x, i < mine
-	const long long mine = blockIdx.x < ntiles ? (ntiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-	auto tile_at = [&](long long i, int &h, int &m0, int &n0) {
-		const long long tl = blockIdx.x + i * gridDim.x;
-		const int mt = (int)(tl % NTM);
-		const long long r_ = tl / NTM;
-		n0 = (int)(r_ % NTN) * BN;
-		h = (int)(r_ / NTN);
-		m0 = mt * BM;
-	};
+${OPENING}
+${TILE_WALK}
 	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
 	// the barriers after the ring: full[S] (the producer's expect_tx and the
 	// bytes), then empty[S] (every consumer thread)
@@ -902,7 +885,8 @@ if (out_absum) {
       STEP1 = EMIT.subst(STEP_SYNC, { P = 1, ACCA = "acc1", ACCB = "acc0", PUT_EARLY = put_early,
                                       PUT_LATE = put_late }),
     }),
-    OPENING = EMIT.subst(OPENING, { MINB = minb, SIGNATURE = k.signature(fa.ctype, fw.ctype) }),
+    OPENING = EMIT.subst(OPENING, { BOUNDS = fmt("NT, %d", minb), SIGNATURE = k.signature(fa.ctype, fw.ctype) }),
+    TILE_WALK = TILE_WALK,
     OUT_ROWS = out_rows,
     OUT_ROWS_IN = EMIT.indent(out_rows, 1),
     STORES = EMIT.subst(STORES, { OT = FM.out_types[k.out].ctype, EPI = epilogue(k, magic, bf) }),
@@ -912,8 +896,9 @@ if (out_absum) {
     -- the producer warpgroup has left: the consumers' named barrier for
     -- the block's Σ|y| (the ring is free by then: every load consumed)
     vars.ABSUM = vars.ABSUM:gsub("__syncthreads%(%)", "dg_consumers_sync()")
-    vars.SIGNATURE = k.signature(fa.ctype, fw.ctype):gsub("int B, int T%)$",
+    local sig = k.signature(fa.ctype, fw.ctype):gsub("int B, int T%)$",
       "int B, int T,\n\t       const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)")
+    vars.OPENING = EMIT.subst(OPENING, { BOUNDS = "NTB, 1", SIGNATURE = sig })
     local WB = require("wgmma_bf16")
     -- two consumer warpgroups at BM 64 too (ping-pong)
     vars.WS_HEAD = WB.WS_HEAD:gsub("constexpr int NCW = BM / 64;", "constexpr int NCW = NT / 128;")
