@@ -174,6 +174,19 @@ local function default_tile(k)
     -- M 4096) 219 us against 128x64's 242.5, the w8a8 step's twelve
     -- projections 2.93 -> 2.80 ms (bench/results/step-train-h100-2026-12-06_lrec.json)
     -- (int8 weights only: the others' and bf16's not timed at this tile)
+    -- codes: the warp-specialized form, 128x128, 6 stages of 128 codes
+    -- (one 128-byte swizzle row a stage), wherever it fits (int8 weights,
+    -- L a multiple of 128, E of 128). Measured on an H100 (2026-12-07, the
+    -- w8a8 step's projections, bench/step --train, one call; the same
+    -- losses bit for bit): 25M 2.67 -> 2.43 ms (the resident 256x64 before;
+    -- step 20.46 -> 20.19), D 768 9.67 -> 7.39 (mma.sync before; step
+    -- 60.53 -> 58.09), 1B 19.17 -> 16.28 (mma.sync; step 129.35 -> 126.57).
+    -- Its ping-pong twin 64x128x128/4x1/8 lost at each (2.94, 11.60).
+    -- (bf16 operands keep the forms below: not measured there.)
+    if LW.operands(k) ~= "bf16" then
+      local tw = { bm = 128, bn = 128, bk = 128, wm = 8, wn = 1, stages = 6, threads = 0 }
+      if LW.ws_fits(k, tw) then return tw end
+    end
     if k.out == "bf16" and k.weight == "int8" then
       local t = { bm = 256, bn = 64, bk = bk, wm = 16, wn = 1, stages = 2, threads = 0 }
       if LW.fits(k, t) then return t end

@@ -260,9 +260,11 @@ static void lowrank_bdh_on(dg_device *dev, dg_fmt weight, dg_fmt act, dg_op op, 
 	s.relu_thr = 0.0f;
 	s.out = act == DG_FMT_UINT8POS ? DG_FMT_UINT8POS : DG_FMT_INT8;
 	if (wg) {
+		/* int8 weights: the warp-specialized form (the auto tile where
+		 * it fits); the packed ones: the resident kernel */
 		s.arch = 90;
 		s.arch_specific = true;
-		gh_expect_path(&s, "wgmma");
+		gh_expect_path(&s, weight == DG_FMT_INT8 && op == DG_OP_LOWRANK_FWD ? "wgmma tma" : "wgmma");
 	}
 	cr_assert_eq(dg_spec_validate(&s, NULL, 0), DG_OK);
 	const int H = s.heads, E = s.embd, L = s.latent, B = BDH_B, T = BDH_T;
@@ -411,6 +413,10 @@ static void pipeline_depths(uint64_t seed, const dg_fmt *w, const dg_fmt *a, int
 			for (int hin = 0; hin < 2; hin++) {
 				dg_spec s = codes_spec(w[f], a[f], 4, hin ? 4 : 1, 256, Ls[i]);
 				s.out = hin ? out_hin : DG_FMT_BF16;
+				/* the resident kernel's tile (int8 weights' auto tile
+				 * is the warp-specialized form: gpu_lowrank_ws) */
+				if (w[f] == DG_FMT_INT8)
+					s.tile = (dg_tile){ 128, 64, 64, 8, 1, 2, 0 };
 				gh_expect_path(&s, path);
 				run_lowrank(dev, &s, B, 1024);
 			}

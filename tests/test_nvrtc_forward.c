@@ -336,7 +336,7 @@ Test(nvrtc_forward, lowrank_codes_wgmma)
 					     "tile=128x128x64/8x1/2;", "tile=256x64x64/16x1/2;" };
 	static const char *const others[] = {
 		"op=lowrank_fwd;weight=sign1;act=uint8pos;arch=sm_90a;" BDH "out=uint8pos;relu=0",
-		"op=lowrank_fwd;weight=int8;act=int8;arch=sm_90a;" BDH "in_heads=4;out=int8;relu=0.25",
+		"op=lowrank_fwd;weight=int8;act=int8;arch=sm_90a;" BDH "in_heads=4;out=int8;relu=0.25;tile=128x64x64/8x1/2",
 		"op=lowrank_fwd;weight=ternary;act=uint8pos;arch=sm_90a;" BDH "out=f32",
 		"op=lowrank_fwd;weight=sign1;act=int8;arch=sm_90a;heads=3;embd=128;latent=208;out=bf16;relu=0;"
 		"tile=128x128x64/8x1/2",
@@ -348,6 +348,10 @@ Test(nvrtc_forward, lowrank_codes_wgmma)
 	for (int preset = 0; preset < 2; preset++)
 		for (int hin = 0; hin < 2; hin++)
 			for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++) {
+				/* int8 weights' auto tile: the warp-specialized form
+				 * (lowrank_ws_default, below) */
+				if (preset == 0 && !*tiles[i])
+					continue;
 				snprintf(text, sizeof(text), "%s" BDH "in_heads=%d;%s", preset ? BITNET : W8A8,
 					 hin ? 4 : 1, tiles[i]);
 				text[strlen(text) - 1] = '\0'; /* the last ';' */
@@ -423,12 +427,13 @@ Test(nvrtc_forward, lowrank_stream_wgmma)
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		compile_stream(cg, cases[i].text, cases[i].path, cases[i].smem);
-	/* resident while the rows fit (codes at E 704, bf16 at E 352); past
-	 * that the codes' auto tile is mma.sync's */
+	/* resident while the rows fit (codes at E 704, which is no whole
+	 * number of 128-code slices, bf16 at E 352); int8 weights at E a
+	 * multiple of 128 take the warp-specialized form at any E */
 	static const char *const resident[][2] = {
 		{ W8A8 "heads=4;embd=704;latent=8192", "wgmma" },
 		{ BF "heads=4;embd=352;latent=8192;out=bf16;relu=0", "wgmma bf16" },
-		{ W8A8 "heads=12;embd=768;latent=8192", "mma.sync" },
+		{ W8A8 "heads=12;embd=768;latent=8192", "wgmma tma" },
 	};
 	for (size_t i = 0; i < 3; i++) {
 		dg_spec s;
@@ -446,6 +451,61 @@ Test(nvrtc_forward, lowrank_stream_wgmma)
 	spec_of(BITNET BDH "tile=128x128x64/8x1/5", &s);
 	if (dg_codegen_plan(cg, &s, &p) == DG_OK)
 		cr_assert(strncmp(p.path, "wgmma", 5) != 0, "%s", p.canonical);
+	dg_codegen_destroy(cg);
+}
+
+/* ---- the projection's warp-specialized form (templates/lowrank_wgmma.lua
+ * KERNEL_WSP): int8 weights' auto tile on sm_90a wherever it fits (L a
+ * multiple of 128, E of 128 codes) — at the BDH shape, D 768 and 1B, x
+ * shared or a head's own, every out — plans 128x128x128/8x1/6 "wgmma tma"
+ * with a producer warpgroup (384 threads) and its ring, and compiles for
+ * sm_90a without spills or serialized MMAs; bf16 operands at BK 64 only
+ * by an explicit tile; the packed weights keep the resident kernel. */
+Test(nvrtc_forward, lowrank_ws_default)
+{
+	static const char *const shapes[] = { BDH, "heads=12;embd=768;latent=8192;", "heads=16;embd=1280;latent=16384;" };
+	static const int heads[] = { 4, 12, 16 };
+	static const char *const outs[] = { "out=bf16;relu=0", "out=int8;relu=0.25", "out=f32;relu=0" };
+	char text[512];
+	dg_codegen *cg = NULL;
+
+	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
+	for (size_t i = 0; i < 3; i++)
+		for (int hin = 0; hin < 2; hin++)
+			for (size_t o = 0; o < 3; o++) {
+				dg_spec s;
+				dg_plan p;
+				dg_source *src = NULL;
+				snprintf(text, sizeof(text), "op=lowrank_fwd;weight=int8;act=%s;arch=sm_90a;%sin_heads=%d;%s",
+					 hin ? "uint8pos" : "int8", shapes[i], hin ? heads[i] : 1, outs[o]);
+				spec_of(text, &s);
+				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+				cr_assert_str_eq(p.path, "wgmma tma", "%s", p.canonical);
+				const dg_tile *tl = &p.spec.tile;
+				cr_assert(tl->bm == 128 && tl->bn == 128 && tl->bk == 128 && tl->stages == 6, "%s", p.canonical);
+				cr_assert_eq(p.entries[0].threads, 384, "%s", p.canonical);
+				cr_assert_eq(p.entries[0].smem, 6 * 256 * 128 + 16 * 6 + 1024, "%s", p.canonical);
+				cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+				cr_assert(strstr(src->text, "cp.async.bulk.tensor.3d"), "%s: no TMA copy", p.canonical);
+				cr_assert(strstr(src->text, "wgmma.mma_async.sync.aligned.m64n128k32.s32."), "%s", p.canonical);
+				if (o == 0)	/* one compile a shape and x (the outs share the main loop) */
+					compile_sm90a_checked(src, p.canonical, true);
+				dg_source_destroy(src);
+			}
+	static const char *const resident[][2] = {
+		{ "op=lowrank_fwd;weight=ternary;act=int8;arch=sm_90a;" BDH "out=bf16;relu=0", "wgmma" },
+		{ "op=lowrank_fwd;weight=int8;act=int8;arch=sm_90a;heads=4;embd=256;latent=8144;out=bf16;relu=0",
+		  "wgmma" },
+		{ BF BDH "out=bf16;relu=0", "wgmma bf16" },
+		{ BF BDH "out=bf16;relu=0;tile=128x128x64/8x1/6", "wgmma bf16 tma" },
+	};
+	for (size_t i = 0; i < 4; i++) {
+		dg_spec s;
+		dg_plan p;
+		spec_of(resident[i][0], &s);
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, resident[i][1], "%s", p.canonical);
+	}
 	dg_codegen_destroy(cg);
 }
 
