@@ -30,8 +30,9 @@ float × codes, longer rows.
 Measured (H200, bench/sample, the same binary with and without the entry):
 a bf16 token 0.554 -> 0.476 ms, w8a8 0.60 -> 0.52 (docs/benchmarks.md,
 "Sampling from the state"). Ternary and sign1 weights are checked in the
-CPU emulation (tests/test_emu_lowrank.c) and compiled by NVRTC, not yet
-run on a GPU (bitnet's token not yet timed with them).
+CPU emulation (tests/test_emu_lowrank.c) and on an H100
+(tests/test_gpu_forward.c gpu_lowrank/weight_*, 2026-12-07); bitnet's
+token is not yet timed with them.
 
 Rows: the kernel is templated on MR, the rows a pass (1, 2, 4 or 8, the
 smallest that holds B·T, capped so that x's registers stay under 64 a

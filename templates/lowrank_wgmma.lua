@@ -147,13 +147,12 @@ end
 -- runtime/ops/lowrank.c), L a multiple of BN and of 64 (whole 64-column
 -- groups of a head, loaded in dg_bcol's order by boxes of 8 rows), E of
 -- the slice, within 227 KiB with the 2·S barriers and 1 KiB of alignment.
--- Where it stands: checked in the CPU emulation (tests/test_emu_lowrank.c,
--- bit for bit on codes) and compiled by NVRTC; not yet run on a GPU nor
--- timed (tests/test_gpu_forward.c gpu_lowrank_ws holds it there), so no
--- default tile takes it. The measurement to make: the w8a8 step at 1B
--- (E 1280) and D 768 with the codes' auto tile past resident rows set to
--- 128x128x128/8x1/6 and to 64x128x128/4x1/8 (ping-pong) against
--- mma.sync's 128x128x64/2x4/4, and at 25M against the resident 256x64.
+-- Checked in the CPU emulation (tests/test_emu_lowrank.c, bit for bit on
+-- codes) and on the GPU (tests/test_gpu_forward.c gpu_lowrank_ws: every
+-- out format, E 1280 and 256; the w8a8 step's losses bit for bit those of
+-- the kernels before). The codes' default where it fits, 128x128x128/8x1/6
+-- (lowrank.lua default_tile has the figures); the ping-pong tile lost
+-- there, and bf16 operands are not yet timed on it.
 function M.ws_form(k, t)
   return t.stages >= 5 and t.bk * elem_bytes(k) == 128
 end
