@@ -308,6 +308,16 @@ static void compile_sm90a_checked(dg_source *src, const char *canon, bool no_spi
 	dg__nvrtc_result_free(&res);
 }
 
+/* The plan of spec text takes path. */
+static void expect_plan_path(dg_codegen *cg, const char *text, const char *path)
+{
+	dg_spec s;
+	dg_plan p;
+	spec_of(text, &s);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, path, "%s", p.canonical);
+}
+
 static void compile_wgmma_codes(dg_codegen *cg, const char *text, bool no_spills)
 {
 	dg_spec s;
@@ -435,13 +445,8 @@ Test(nvrtc_forward, lowrank_stream_wgmma)
 		{ BF "heads=4;embd=352;latent=8192;out=bf16;relu=0", "wgmma bf16" },
 		{ W8A8 "heads=12;embd=768;latent=8192", "wgmma tma" },
 	};
-	for (size_t i = 0; i < 3; i++) {
-		dg_spec s;
-		dg_plan p;
-		spec_of(resident[i][0], &s);
-		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-		cr_assert_str_eq(p.path, resident[i][1], "%s", p.canonical);
-	}
+	for (size_t i = 0; i < 3; i++)
+		expect_plan_path(cg, resident[i][0], resident[i][1]);
 	/* ternary weights never stream; a stream tile for them is refused */
 	dg_spec s;
 	dg_plan p;
@@ -499,13 +504,8 @@ Test(nvrtc_forward, lowrank_ws_default)
 		{ BF BDH "out=bf16;relu=0", "wgmma bf16" },
 		{ BF BDH "out=bf16;relu=0;tile=128x128x64/8x1/6", "wgmma bf16 tma" },
 	};
-	for (size_t i = 0; i < 4; i++) {
-		dg_spec s;
-		dg_plan p;
-		spec_of(resident[i][0], &s);
-		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-		cr_assert_str_eq(p.path, resident[i][1], "%s", p.canonical);
-	}
+	for (size_t i = 0; i < 4; i++)
+		expect_plan_path(cg, resident[i][0], resident[i][1]);
 	dg_codegen_destroy(cg);
 }
 
