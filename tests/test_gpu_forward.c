@@ -755,6 +755,26 @@ Test(gpu_lowrank_ws, refuses_ragged_t)
 	gh_close(dev);
 }
 
+/* int8 weights' auto tile (the warp-specialized 128x128x128/8x1/6 where it
+ * fits) at T % 64 != 0: its 4-stage stream twin runs, against the reference
+ * on every output (codes bit for bit); and at T % 64 == 0 the form itself,
+ * x shared and a head's own, bf16 and codes out. */
+Test(gpu_lowrank_ws, auto_tile_any_t)
+{
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(9797);
+	for (int f = 0; f < 2; f++) {
+		dg_spec s = codes_spec(STREAM_W[f], STREAM_A[f], 2, f ? 2 : 1, 256, 256);
+		s.out = f ? DG_FMT_UINT8POS : DG_FMT_BF16;
+		gh_expect_path(&s, "wgmma tma");
+		run_lowrank(dev, &s, 1, 100);
+		run_lowrank(dev, &s, 2, 65);
+		run_lowrank(dev, &s, 2, 128);
+	}
+	gh_close(dev);
+}
+
 /* ---- decoder_fwd ---------------------------------------------------------- */
 
 /* The workspace a's call needs (its split-K slices), as the op sizes it. */
