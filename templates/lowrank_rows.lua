@@ -203,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(${NT})
 ${SIGNATURE}
 {
 	const int M = B * T;
+	(void)M;			// (a dispatch of one row count does not read it)
 	const unsigned char *xb = (const unsigned char *)x;
 	const uint4 *wq = (const uint4 *)w;
 ${DISPATCH}

@@ -719,6 +719,24 @@ static_assert(E % KE == 0 && L % BN == 0 && L % 64 == 0 && BN % 64 == 0, "whole 
 ${WS_HEAD}
 ${WS_HELPERS}
 ${SW_DESC}
+// The ping-pong turn between the two consumer warpgroups (named barriers
+// 2 and 3 of NT threads): warpgroup w waits on barrier 2 + w for the other
+// one's arrival there.
+__device__ __forceinline__ void dg_pp_turn_wait(int w)
+{
+	if (w == 0)
+		asm volatile("bar.sync 2, %0;\n" :: "n"(NT) : "memory");
+	else
+		asm volatile("bar.sync 3, %0;\n" :: "n"(NT) : "memory");
+}
+
+__device__ __forceinline__ void dg_pp_turn_give(int w)
+{
+	if (w == 0)
+		asm volatile("bar.arrive 3, %0;\n" :: "n"(NT) : "memory");
+	else
+		asm volatile("bar.arrive 2, %0;\n" :: "n"(NT) : "memory");
+}
 ${OPENING}
 ${TILE_WALK}
 	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
@@ -771,6 +789,13 @@ ${OUT_ROWS_IN}${SA_ROWS}${STORES}
 #pragma unroll 1
 	for (long long it = PP ? wg : 0; it < mine; it += PP ? 2 : 1) {
 		int i = (int)(it * KT);	// the tile's first step of the block's run
+		// ping-pong: a tile's K loop starts once the other warpgroup has
+		// waited for every stage of the tile before (its named barrier),
+		// so each stage's phase this one waits for is its next: a stage's
+		// full barrier tells phases apart by parity only, and with KT >= S
+		// a step KT ahead is two phases on
+		if (PP && it > 0)
+			dg_pp_turn_wait(wg);
 #pragma unroll 1
 		for (int kt = 0; kt < KT; ++kt, ++i) {
 			const int s = i % S;
@@ -787,6 +812,8 @@ ${OUT_ROWS_IN}${SA_ROWS}${STORES}
 			if (kt > 0)
 				dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));
 		}
+		if (PP && it + 1 < mine)	// the next tile's warpgroup may start its K loop
+			dg_pp_turn_give(wg);
 		dg_wg_wait<0>();	// the tile's sums are complete once its MMAs are
 		dg_wg_pin(acc);
 		dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));	// the tile's last step

@@ -198,6 +198,10 @@ static bool emulate_asm(const asm_stmt *a, buf *out)
 		unsigned id = 0;
 		cr_assert_eq(sscanf(strstr(t, "bar.sync"), "bar.sync %u", &id), 1, "%s", t);
 		snprintf(s, sizeof(s), "dg_emu_bar_sync(%u, %s)", id, op(a, 0));
+	} else if (strstr(t, "bar.arrive")) {
+		unsigned id = 0;
+		cr_assert_eq(sscanf(strstr(t, "bar.arrive"), "bar.arrive %u", &id), 1, "%s", t);
+		snprintf(s, sizeof(s), "dg_emu_bar_arrive(%u, %s)", id, op(a, 0));
 	} else if (strstr(t, "%dynamic_smem_size"))
 		snprintf(s, sizeof(s), "(%s) = (unsigned)dg_emu_dyn_size", op(a, 0));
 	else if (strstr(t, "cvt.rn.bf16x2.f32"))

@@ -419,6 +419,10 @@ Test(emu_lowrank, warp_specialized_against_the_reference, .timeout = 900)
 		  true },
 		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 256, 1, 1, 128, 192, { 64, 128, 64, 4, 1, 5, 0 }, 0.0f,
 		  false },
+		/* ping-pong bf16 with more slices a tile than stages (E 1280: 20 of 8),
+		 * two tiles a block for the first */
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 128, 1, 1, 256, 1280, { 64, 128, 64, 4, 1, 8, 0 }, 0.0f,
+		  false },
 		/* the last m-tile half past B·T (zeros from the map), one slice a tile */
 		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_INT8, 3, 64, 1, 1, 128, 128, { 128, 64, 128, 8, 1, 8, 0 }, 0.0f,
 		  false },

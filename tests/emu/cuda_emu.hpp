@@ -5,7 +5,7 @@
  * a shared object, each asm statement rewritten as a call of the
  * emulation below): a launch runs its blocks one after another, each
  * block's threads as OS threads, so __syncthreads is a barrier of the
- * block, bar.sync a named one, __shfl_xor_sync an exchange among a warp's
+ * block, bar.sync a named one (bar.arrive counts towards it), __shfl_xor_sync an exchange among a warp's
  * 32 threads. The arithmetic intrinsics are the IEEE single/double
  * operations they name, rounded to nearest even (the build passes
  * -ffp-contract=off, so nothing is fused that the kernel did not fuse);
@@ -226,17 +226,24 @@ static std::map<unsigned, std::unique_ptr<std::barrier<>>> dg_emu_named;
 
 static inline void dg_emu_named_reset() { dg_emu_named.clear(); }
 
+static inline std::barrier<> *dg_emu_named_at(unsigned id, unsigned count)
+{
+	std::lock_guard<std::mutex> g(dg_emu_mu);
+	auto &e = dg_emu_named[id];
+	if (!e)
+		e.reset(new std::barrier<>((std::ptrdiff_t)count));
+	return e.get();
+}
+
 static inline void dg_emu_bar_sync(unsigned id, unsigned count)
 {
-	std::barrier<> *b;
-	{
-		std::lock_guard<std::mutex> g(dg_emu_mu);
-		auto &e = dg_emu_named[id];
-		if (!e)
-			e.reset(new std::barrier<>((std::ptrdiff_t)count));
-		b = e.get();
-	}
-	b->arrive_and_wait();
+	dg_emu_named_at(id, count)->arrive_and_wait();
+}
+
+/* bar.arrive: counts towards the barrier's phase without waiting for it */
+static inline void dg_emu_bar_arrive(unsigned id, unsigned count)
+{
+	(void)dg_emu_named_at(id, count)->arrive();
 }
 
 /* ---- mbarriers: arrivals a phase, pending transaction bytes ------------- */
