@@ -182,11 +182,18 @@ local function default_tile(k)
     -- step 20.46 -> 20.19), D 768 9.67 -> 7.39 (mma.sync before; step
     -- 60.53 -> 58.09), 1B 19.17 -> 16.28 (mma.sync; step 129.35 -> 126.57).
     -- Its ping-pong twin 64x128x128/4x1/8 lost at each (2.94, 11.60).
-    -- (bf16 operands keep the forms below: not measured there.)
-    if LW.operands(k) ~= "bf16" then
-      local tw = { bm = 128, bn = 128, bk = 128, wm = 8, wn = 1, stages = 6, threads = 0 }
-      if LW.ws_fits(k, tw) then return tw end
-    end
+    -- bf16 operands: the same form, 64 elements (128 bytes) a stage, where
+    -- it fits. Measured on an H100 (2026-12-07, the bf16 step's
+    -- projections, bench/step --train, one call, the same losses bit for
+    -- bit): 25M 4.62 -> 3.35 ms (the resident 128x64 before; step 22.57 ->
+    -- 21.36), D 768 19.18 -> 14.35 (the stream form 128x256; step 67.74 ->
+    -- 62.28), 1B 43.21 -> 31.36 (the stream form; step 143.77 -> 131.77);
+    -- its ping-pong twin 64x128x64/4x1/8 took 48.24 at 1B
+    -- (bench/results/step-train-h100-2026-12-07_bf16_ws.json).
+    local tw = LW.operands(k) == "bf16"
+      and { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 6, threads = 0 }
+      or { bm = 128, bn = 128, bk = 128, wm = 8, wn = 1, stages = 6, threads = 0 }
+    if LW.ws_fits(k, tw) then return tw end
     if k.out == "bf16" and k.weight == "int8" then
       local t = { bm = 256, bn = 64, bk = bk, wm = 16, wn = 1, stages = 2, threads = 0 }
       if LW.fits(k, t) then return t end

@@ -150,9 +150,9 @@ end
 -- Checked in the CPU emulation (tests/test_emu_lowrank.c, bit for bit on
 -- codes) and on the GPU (tests/test_gpu_forward.c gpu_lowrank_ws: every
 -- out format, E 1280 and 256; the w8a8 step's losses bit for bit those of
--- the kernels before). The codes' default where it fits, 128x128x128/8x1/6
--- (lowrank.lua default_tile has the figures); the ping-pong tile lost
--- there, and bf16 operands are not yet timed on it.
+-- the kernels before). The default where it fits, 128x128x128/8x1/6 for
+-- codes and 128x128x64/8x1/6 for bf16 (lowrank.lua default_tile has the
+-- figures); the ping-pong tiles lost to both.
 function M.ws_form(k, t)
   return t.stages >= 5 and t.bk * elem_bytes(k) == 128
 end

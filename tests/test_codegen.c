@@ -604,8 +604,10 @@ Test(codegen_plan, plan_for_moves_an_auto_tile_to_the_arch_specific_target)
 }
 
 /* bf16 × bf16 projections: an auto tile on an sm_90 device moves to the
- * sm_90a warpgroup path ("wgmma bf16", the bf16 preset's projections);
- * the portable plan, relu_mask and shapes the path refuses stay fp32. */
+ * sm_90a warpgroup path (the bf16 preset's projections: the
+ * warp-specialized form, "wgmma bf16 tma"; "wgmma bf16" at a resident
+ * tile); the portable plan, relu_mask and shapes the path refuses stay
+ * fp32. */
 Test(codegen_plan, bf16_projection_takes_the_warpgroup_path)
 {
 	dg_codegen *cg = dg_test_codegen();
@@ -613,13 +615,20 @@ Test(codegen_plan, bf16_projection_takes_the_warpgroup_path)
 	dg_spec s = dg_test_spec_parse("op=lowrank_fwd;weight=bf16;act=bf16;out=bf16;relu=0");
 	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert(p.spec.arch_specific && p.needs_arch_specific, "%s", p.canonical);
+	cr_assert_str_eq(p.path, "wgmma bf16 tma");
+	cr_assert(strstr(p.canonical, "tile=128x128x64/8x1/6;"), "%s", p.canonical);
+	cr_assert_eq(p.entries[0].threads, 384);
+	dg_spec r = s;
+	r.tile = (dg_tile){ 128, 64, 64, 8, 1, 2, 0 };
+	r.arch = 90;
+	r.arch_specific = true;
+	cr_assert_eq(dg_codegen_plan(cg, &r, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
 	cr_assert_str_eq(p.path, "wgmma bf16");
-	cr_assert(strstr(p.canonical, "tile=128x64x64/8x1/2;"), "%s", p.canonical);
 	cr_assert_eq(p.entries[0].threads, 256);
 	cr_assert_eq(p.entries[0].smem, 256 * 2 * (128 + 3 * 64));
 	s.in_heads = 4;
 	cr_assert_eq(dg_codegen_plan_for(cg, &s, 90, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert_str_eq(p.path, "wgmma bf16");
+	cr_assert_str_eq(p.path, "wgmma bf16 tma");
 	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK);
 	cr_assert_str_eq(p.path, "fp32");
 	dg_spec m = dg_test_spec_parse("op=relu_mask;weight=bf16;act=bf16;relu=0;arch=sm_90a");

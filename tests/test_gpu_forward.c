@@ -413,9 +413,10 @@ static void pipeline_depths(uint64_t seed, const dg_fmt *w, const dg_fmt *a, int
 			for (int hin = 0; hin < 2; hin++) {
 				dg_spec s = codes_spec(w[f], a[f], 4, hin ? 4 : 1, 256, Ls[i]);
 				s.out = hin ? out_hin : DG_FMT_BF16;
-				/* the resident kernel's tile (int8 weights' auto tile
-				 * is the warp-specialized form: gpu_lowrank_ws) */
-				if (w[f] == DG_FMT_INT8)
+				/* the resident kernel's tile (the auto tile of int8
+				 * and bf16 weights is the warp-specialized form here:
+				 * gpu_lowrank_ws, gpu_bdh/lowrank_bf16_bf16) */
+				if (w[f] == DG_FMT_INT8 || w[f] == DG_FMT_BF16)
 					s.tile = (dg_tile){ 128, 64, 64, 8, 1, 2, 0 };
 				gh_expect_path(&s, path);
 				run_lowrank(dev, &s, B, 1024);
@@ -484,16 +485,17 @@ Test(gpu_lowrank_bf16, pipeline_depths)
 	pipeline_depths(9292, bf16, bf16, 1, DG_FMT_BF16, "wgmma bf16", 2);
 }
 
-/* The BDH shape (H 4, E 256, B·T 4096; L 8192: 128 n-tiles a block, or
- * L 8112: 127, the last one 48 columns wide, with B·T 4000: a last m-tile
- * of 32 rows) on the full GPU run, the reference on sampled rows (the
- * start, middle and end), within the float tolerance; every output
- * written (0xffff, the fill, is a NaN). */
+/* The BDH shape (H 4, E 256, B·T 4096; L 8192: the auto tile is the
+ * warp-specialized form, 128x128x64/8x1/6, or L 8112: the resident one,
+ * 127 n-tiles of 64 a block, the last one 48 columns wide, with B·T 4000:
+ * a last m-tile of 32 rows) on the full GPU run, the reference on sampled
+ * rows (the start, middle and end), within the float tolerance; every
+ * output written (0xffff, the fill, is a NaN). */
 static void bdh_bf16(int Hin, int L, int B, int T)
 {
 	dg_device *dev = gh_open_sm90();
 	dg_spec s = bf16_spec(4, Hin, 256, L);
-	gh_expect_path(&s, "wgmma bf16");
+	gh_expect_path(&s, L % 128 == 0 ? "wgmma bf16 tma" : "wgmma bf16");
 	const int H = s.heads, E = s.embd;
 	size_t nx = (size_t)B * Hin * T * E, nw = (size_t)H * L * E, no = (size_t)B * H * T * L;
 	size_t xb, wb;

@@ -217,17 +217,20 @@ static void compile_wgmma_bf16(dg_codegen *cg, const struct wgcase *c)
 
 #define BF "op=lowrank_fwd;weight=bf16;act=bf16;arch=sm_90a;"
 #define BDH "heads=4;embd=256;latent=8192;"
+#define R128 "tile=128x64x64/8x1/2"
 
 Test(nvrtc_forward, lowrank_bf16_wgmma)
 {
 	static const struct wgcase cases[] = {
-		/* the bf16 preset's projections: encoder (in_heads 1), encoder_v (H) */
-		{ BF BDH "in_heads=1;out=bf16;relu=0", 256, 163840 },
-		{ BF BDH "in_heads=4;out=bf16;relu=0", 256, 163840 },
-		{ BF BDH "out=f32;relu=0.25", 256, 163840 },
-		{ BF BDH "out=int8;relu=0", 256, 163840 },
-		{ BF BDH "in_heads=4;out=uint8pos;relu=0", 256, 163840 },
-		{ BF BDH "out=bf16", 256, 163840 },
+		/* the resident kernel at the bf16 preset's projections' shape (their
+		 * auto tile is the warp-specialized form: lowrank_ws_default):
+		 * encoder (in_heads 1), encoder_v (H) */
+		{ BF BDH "in_heads=1;out=bf16;relu=0;" R128, 256, 163840 },
+		{ BF BDH "in_heads=4;out=bf16;relu=0;" R128, 256, 163840 },
+		{ BF BDH "out=f32;relu=0.25;" R128, 256, 163840 },
+		{ BF BDH "out=int8;relu=0;" R128, 256, 163840 },
+		{ BF BDH "in_heads=4;out=uint8pos;relu=0;" R128, 256, 163840 },
+		{ BF BDH "out=bf16;" R128, 256, 163840 },
 		/* the other warpgroup tiles that fit at E 256 */
 		{ BF BDH "out=bf16;relu=0;tile=64x64x64/4x1/2", 128, 131072 },
 		{ BF BDH "out=bf16;relu=0;tile=256x64x64/16x1/2", 512, 229376 },
@@ -421,9 +424,12 @@ Test(nvrtc_forward, lowrank_stream_wgmma)
 		{ W8A8 "heads=12;embd=768;latent=8192;in_heads=1;tile=128x128x64/8x1/5", "wgmma stream", 81920 },
 		{ W8A8 "heads=12;embd=768;latent=8192;in_heads=12;tile=128x128x64/8x1/5", "wgmma stream", 81920 },
 		{ W8A8 "heads=16;embd=1280;latent=16384;in_heads=1;tile=128x128x128/8x1/3", "wgmma stream", 98304 },
-		/* bf16 at D 512 and 768: 128x256x32/8x1/4, 4·384·64 bytes */
-		{ BF "heads=8;embd=512;latent=4096;in_heads=1;out=bf16;relu=0", "wgmma bf16 stream", 98304 },
-		{ BF "heads=12;embd=768;latent=8192;in_heads=12;out=bf16;relu=0", "wgmma bf16 stream", 98304 },
+		/* bf16 at D 512 and 768 on the stream tile that was their auto one
+		 * (128x256x32/8x1/4, 4·384·64 bytes; now the warp-specialized form's) */
+		{ BF "heads=8;embd=512;latent=4096;in_heads=1;out=bf16;relu=0;tile=128x256x32/8x1/4", "wgmma bf16 stream",
+		  98304 },
+		{ BF "heads=12;embd=768;latent=8192;in_heads=12;out=bf16;relu=0;tile=128x256x32/8x1/4",
+		  "wgmma bf16 stream", 98304 },
 		/* explicit tiles, other outputs, a ragged L */
 		{ W8A8 BDH "tile=64x64x64/4x1/3", "wgmma stream", 0 },
 		{ W8A8 BDH "in_heads=4;tile=128x64x128/8x1/4", "wgmma stream", 0 },
@@ -438,8 +444,9 @@ Test(nvrtc_forward, lowrank_stream_wgmma)
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		compile_stream(cg, cases[i].text, cases[i].path, cases[i].smem);
 	/* resident while the rows fit (codes at E 704, which is no whole
-	 * number of 128-code slices, bf16 at E 352); int8 weights at E a
-	 * multiple of 128 take the warp-specialized form at any E */
+	 * number of 128-code slices, bf16 at E 352, no whole number of 64);
+	 * int8 weights at E a multiple of 128 (bf16 of 64) take the
+	 * warp-specialized form at any E */
 	static const char *const resident[][2] = {
 		{ W8A8 "heads=4;embd=704;latent=8192", "wgmma" },
 		{ BF "heads=4;embd=352;latent=8192;out=bf16;relu=0", "wgmma bf16" },
@@ -464,8 +471,9 @@ Test(nvrtc_forward, lowrank_stream_wgmma)
  * multiple of 128, E of 128 codes) — at the BDH shape, D 768 and 1B, x
  * shared or a head's own, every out — plans 128x128x128/8x1/6 "wgmma tma"
  * with a producer warpgroup (384 threads) and its ring, and compiles for
- * sm_90a without spills or serialized MMAs; bf16 operands at BK 64 only
- * by an explicit tile; the packed weights keep the resident kernel. */
+ * sm_90a without spills or serialized MMAs; bf16 operands likewise at
+ * 128x128x64/8x1/6 "wgmma bf16 tma" (E a multiple of 64); the packed
+ * weights keep the resident kernel. */
 Test(nvrtc_forward, lowrank_ws_default)
 {
 	static const char *const shapes[] = { BDH, "heads=12;embd=768;latent=8192;", "heads=16;embd=1280;latent=16384;" };
@@ -497,12 +505,31 @@ Test(nvrtc_forward, lowrank_ws_default)
 					compile_sm90a_checked(src, p.canonical, true);
 				dg_source_destroy(src);
 			}
+	for (size_t i = 0; i < 3; i++)
+		for (int hin = 0; hin < 2; hin++) {
+			dg_spec s;
+			dg_plan p;
+			dg_source *src = NULL;
+			snprintf(text, sizeof(text), BF "%sin_heads=%d;out=bf16;relu=0", shapes[i], hin ? heads[i] : 1);
+			spec_of(text, &s);
+			cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+			cr_assert_str_eq(p.path, "wgmma bf16 tma", "%s", p.canonical);
+			const dg_tile *tl = &p.spec.tile;
+			cr_assert(tl->bm == 128 && tl->bn == 128 && tl->bk == 64 && tl->stages == 6, "%s", p.canonical);
+			cr_assert_eq(p.entries[0].threads, 384, "%s", p.canonical);
+			cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+			cr_assert(strstr(src->text, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"), "%s",
+				  p.canonical);
+			if (hin == 0)
+				compile_sm90a_checked(src, p.canonical, true);
+			dg_source_destroy(src);
+		}
 	static const char *const resident[][2] = {
 		{ "op=lowrank_fwd;weight=ternary;act=int8;arch=sm_90a;" BDH "out=bf16;relu=0", "wgmma" },
 		{ "op=lowrank_fwd;weight=int8;act=int8;arch=sm_90a;heads=4;embd=256;latent=8144;out=bf16;relu=0",
 		  "wgmma" },
-		{ BF BDH "out=bf16;relu=0", "wgmma bf16" },
-		{ BF BDH "out=bf16;relu=0;tile=128x128x64/8x1/6", "wgmma bf16 tma" },
+		{ BF BDH "out=bf16;relu=0;" R128, "wgmma bf16" },
+		{ BF "heads=4;embd=352;latent=8192;out=bf16;relu=0", "wgmma bf16" },
 	};
 	for (size_t i = 0; i < 4; i++)
 		expect_plan_path(cg, resident[i][0], resident[i][1]);
