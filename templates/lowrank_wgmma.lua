@@ -145,8 +145,14 @@ end
 -- at BM 64 (ping-pong). Int8 and bf16 weights, BM 64 or 128, BN 64 or 128 (the
 -- tile's 4-stage stream twin serves a T that is no multiple of 64:
 -- runtime/ops/lowrank.c), L a multiple of BN and of 64 (whole 64-column
--- groups of a head, loaded in dg_bcol's order by boxes of 8 rows), E of
--- the slice, within 227 KiB with the 2·S barriers and 1 KiB of alignment.
+-- groups of a head, each loaded in dg_bcol's order by one box of a rank-5
+-- map: four copies a stage at 128x128 where they were eighteen, which
+-- had the producer's issue as slow as the MMAs at 1B), E of the slice,
+-- within 227 KiB with the 2·S barriers, the scales' two slots and 1 KiB
+-- of alignment. Scales a channel or a token are put into a slot a tile
+-- ahead by the producer warpgroup's warp 1, so the epilogue reads them
+-- from shared memory (at 25M their L2 latency in the epilogue was a
+-- quarter of the consumers' stalls).
 -- Checked in the CPU emulation (tests/test_emu_lowrank.c, bit for bit on
 -- codes) and on the GPU (tests/test_gpu_forward.c gpu_lowrank_ws: every
 -- out format, E 1280 and 256; the w8a8 step's losses bit for bit those of
@@ -158,7 +164,7 @@ function M.ws_form(k, t)
 end
 
 function M.ws_smem(t)
-  return t.stages * (t.bm + t.bn) * 128 + 16 * t.stages + 1024
+  return t.stages * (t.bm + t.bn) * 128 + 16 * t.stages + 32 + 8 * (t.bm + t.bn) + 1024
 end
 
 function M.ws_fits(k, t)
@@ -715,6 +721,7 @@ constexpr int KE = 128 / ES;		// elements of a row a stage: one 128-byte swizzle
 constexpr int KT = E / KE;		// stages of K a tile
 constexpr int S = ${S};			// stages
 constexpr int A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES;
+constexpr bool SCV = ${SCV};		// scales a channel or a token: staged in shared memory a tile
 static_assert(E % KE == 0 && L % BN == 0 && L % 64 == 0 && BN % 64 == 0, "whole slices; whole 64-column groups");
 ${WS_HEAD}
 ${WS_HELPERS}
@@ -737,20 +744,43 @@ __device__ __forceinline__ void dg_pp_turn_give(int w)
 	else
 		asm volatile("bar.arrive 2, %0;\n" :: "n"(NT) : "memory");
 }
+
+// Box (c0 .. c4) of the rank-5 map into shared dst, completing on bar: the
+// weights' map gathers a group of 64 rows in dg_bcol's order in one box.
+__device__ __forceinline__ void dg_tma_load5(unsigned dst, const dg_tmap *map, unsigned bar, int c0, int c1, int c2,
+					     int c3, int c4)
+{
+	asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n"
+		     :: "r"(dst), "l"((unsigned long long)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+		     : "memory");
+}
 ${OPENING}
 ${TILE_WALK}
 	// the swizzle atoms are 1024-byte aligned (the plan asks 1 KiB more);
 	// the barriers after the ring: full[S] (the producer's expect_tx and the
-	// bytes), then empty[S] (every consumer thread)
+	// bytes), then empty[S] (every consumer thread); then the scales' two
+	// slots (a tile's BN weight scales, then its BM act scales, where they
+	// vary: SCV), their full[2] (the loader warp's 32 arrivals) and
+	// empty[2] (the tile's consumers) before them
 	const unsigned sbase = ((unsigned)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
 	const unsigned bars = sbase + S * STAGE;
+	const unsigned scbar = bars + 16 * S;
+	float *const scs0 = (float *)(smem + (scbar + 32u - (unsigned)__cvta_generic_to_shared(smem)));
+	(void)scs0;
+	if (SCV && tid == 0) {
+		for (int z = 0; z < 2; ++z) {
+			dg_mbar_init(scbar + 8 * z, 32);
+			dg_mbar_init(scbar + 16 + 8 * z, PP ? 128 : NT);
+		}
+	}
 ${RING_START}
 			int i = 0;	// the block's step, over all its tiles
 #pragma unroll 1
 			for (long long it = 0; it < mine; ++it) {
 				int h, m0, n0;
 				tile_at(it, h, m0, n0);
-				const int c2 = (h * L + n0) / 16;	// the tile's first group of 16 weight rows
+				const int c6 = (h * L + n0) / 64;	// the tile's first group of 64 weight rows
 #pragma unroll 1
 				for (int kt = 0; kt < KT; ++kt, ++i) {
 					const int s = i % S;
@@ -764,9 +794,24 @@ ${RING_START}
 						dg_tma_load(as + 8192 * gg, &ma, full, kt * KE, t, b * HIN + ${HIN_H});
 					}
 #pragma unroll
-					for (int j = 0; j < BN / 8; ++j)	// B rows 8j ..: dg_bcol's 8 rows, one atom
-						dg_tma_load(bs + 1024 * j, &mb, full, kt * KE, 2 * (j & 7), c2 + 4 * (j >> 3));
+					for (int j = 0; j < BN / 64; ++j)	// B rows 64j ..: a group of 64 in dg_bcol's order
+						dg_tma_load5(bs + 8192 * j, &mb, full, kt * KE, 0, 0, 0, c6 + j);
 				}
+			}
+		} else if (SCV && tid >= NT + 32 && tid < NT + 64) {
+			// ---- the scales' loader (the producer warpgroup's warp 1): tile
+			// it's scales into slot it % 2, once the tile two before has
+			// left it, ahead of the epilogue that reads them
+#pragma unroll 1
+			for (long long it = 0; it < mine; ++it) {
+				const int z = (int)(it & 1);
+				dg_mbar_wait(scbar + 16 + 8 * z, (unsigned)(((it >> 1) & 1) ^ 1));
+				int h, m0, n0;
+				tile_at(it, h, m0, n0);
+				float *const sc = scs0 + z * (BN + BM);
+				(void)sc;
+${SC_LOAD}
+				dg_mbar_arrive(scbar + 8 * z);
 			}
 		}
 		return;
@@ -780,10 +825,13 @@ ${RING_START}
 ${SCALES}
 	float absum = 0.0f;
 	${ACC_T} acc[BN / 2];	// ${ACC_WHAT}
-	// The epilogue of tile i from the accumulators (the other forms').
+	// The epilogue of tile i from the accumulators (the other forms'), its
+	// varying scales read from the tile's slot (SCV)
 	auto epilogue = [&](long long i) {
 		int h, m0, n0;
 		tile_at(i, h, m0, n0);
+		const float *const sc = scs0 + (int)(i & 1) * (BN + BM);
+		(void)sc;
 ${OUT_ROWS_IN}${SA_ROWS}${STORES}
 	};
 #pragma unroll 1
@@ -817,7 +865,11 @@ ${OUT_ROWS_IN}${SA_ROWS}${STORES}
 		dg_wg_wait<0>();	// the tile's sums are complete once its MMAs are
 		dg_wg_pin(acc);
 		dg_mbar_arrive(bars + 8 * (S + (i - 1) % S));	// the tile's last step
+		if constexpr (SCV)
+			dg_mbar_wait(scbar + 8 * (int)(it & 1), (unsigned)((it >> 1) & 1));
 		epilogue(it);
+		if constexpr (SCV)	// the slot is free for tile it + 2
+			dg_mbar_arrive(scbar + 16 + 8 * (int)(it & 1));
 	}
 ${ABSUM}
 }
@@ -934,7 +986,37 @@ if (out_absum) {
     vars.RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "(PP ? 128 : NT)", INIT_SYNC = "__syncthreads();" })
     -- a consumer's rows of its tile: wr (0 in ping-pong) for wg
     vars.OUT_ROWS_IN = vars.OUT_ROWS_IN:gsub("m0 %+ wg %* 64", "m0 + wr * 64")
-    vars.SA_ROWS = vars.SA_ROWS:gsub("m0 %+ wg %* 64", "m0 + wr * 64")
+    -- the varying scales: the loader warp puts a tile's into its slot (sc:
+    -- BN weight scales, then BM act scales, zeros past M), the epilogue
+    -- reads them there instead of from global memory (ncu at 25M: a
+    -- quarter of the consumers' stall samples were the L2 latency of the
+    -- sixteen weight-scale loads a column group)
+    vars.SCV = (k.sc.sw_vec or k.sc.sa_vec) and "true" or "false"
+    local ld = EMIT.writer()
+    ld:indent(4)
+    if k.sc.sw_vec then
+      ld:line("for (int c = lane; c < BN; c += 32)")
+      ld:line("\tsc[c] = sw[(long long)h * L + n0 + c];")
+    end
+    if k.sc.sa_vec then
+      ld:line("for (int r = lane; r < BM; r += 32) {")
+      ld:line("\tconst int m = m0 + r;")
+      ld:linef("\tsc[BN + r] = m < M ? sa[%s] : 0.0f;", SCL.x_row(k.HIN, "m"))
+      ld:line("}")
+      vars.SA_ROWS = [[
+	float sa_r[2];	// the act's scale of this thread's two rows (per token), from the tile's slot
+#pragma unroll
+	for (int hh = 0; hh < 2; ++hh)
+		sa_r[hh] = sc[BN + wr * 64 + (warp & 3) * 16 + g + 8 * hh];
+]]
+    end
+    vars.SC_LOAD = ld:text()
+    local from = "sw[(long long)h * L + n0 + 64 * a + 16 * q + i]"
+    local at = vars.STORES:find(from, 1, true)
+    SPEC.check(not k.sc.sw_vec or at, "lowrank_wgmma.lua: the epilogue's weight-scale load")
+    if k.sc.sw_vec then
+      vars.STORES = vars.STORES:sub(1, at - 1) .. "sc[64 * a + 16 * q + i]" .. vars.STORES:sub(at + #from)
+    end
   end
   local path, conv
   if bf then

@@ -185,6 +185,9 @@ static bool emulate_asm(const asm_stmt *a, buf *out)
 	else if (strstr(t, "cp.async.bulk.tensor.3d") && !strstr(t, "multicast"))
 		snprintf(s, sizeof(s), "dg_emu_tma_load3(%s, %s, %s, %s, %s, %s)", op(a, 0), op(a, 1), op(a, 2), op(a, 3),
 			 op(a, 4), op(a, 5));
+	else if (strstr(t, "cp.async.bulk.tensor.5d") && !strstr(t, "multicast"))
+		snprintf(s, sizeof(s), "dg_emu_tma_load5(%s, %s, %s, %s, %s, %s, %s, %s)", op(a, 0), op(a, 1), op(a, 2),
+			 op(a, 3), op(a, 4), op(a, 5), op(a, 6), op(a, 7));
 	else if (strstr(t, "cp.async.cg.shared.global") || strstr(t, "cp.async.ca.shared.global")) {
 		int n = 0;
 		const char *sz = strstr(t, "[%1], ");

@@ -30,9 +30,9 @@ static inline eh_tmap eh_tmap3(const void *base, int es, uint64_t d0, uint64_t d
 	eh_tmap m;
 	memset(&m, 0, sizeof(m));
 	m.base = (unsigned long long)(uintptr_t)base;
-	m.dims[0] = d0, m.dims[1] = d1, m.dims[2] = d2;
+	m.dims[0] = d0, m.dims[1] = d1, m.dims[2] = d2, m.dims[3] = 1, m.dims[4] = 1;
 	m.strides[0] = d0 * (uint64_t)es, m.strides[1] = d0 * d1 * (uint64_t)es;
-	m.box[0] = b0, m.box[1] = b1, m.box[2] = 1;
+	m.box[0] = b0, m.box[1] = b1, m.box[2] = 1, m.box[3] = 1, m.box[4] = 1;
 	m.es = (unsigned)es;
 	m.swizzle = 128;
 	return m;

@@ -394,8 +394,11 @@ static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
 	/* the runtime's maps */
 	const unsigned ke = 128u / (unsigned)es;
 	const eh_tmap ma = eh_tmap3(x, es, (uint64_t)c->E, (uint64_t)c->T, (uint64_t)c->B * c->hin, ke, 64);
-	eh_tmap mb = eh_tmap3(w, es, (uint64_t)c->E, 16, (uint64_t)c->H * c->N / 16, ke, 2);
-	mb.box[2] = 4;
+	eh_tmap mb = eh_tmap3(w, es, (uint64_t)c->E, 2, 4, ke, 2);
+	const uint64_t row = (uint64_t)es * (uint64_t)c->E;
+	mb.dims[3] = 8, mb.dims[4] = (uint64_t)c->H * c->N / 64;
+	mb.strides[0] = row, mb.strides[1] = 16 * row, mb.strides[2] = 2 * row, mb.strides[3] = 64 * row;
+	mb.box[2] = 4, mb.box[3] = 8;
 	float absum = 0.0f;
 	fn(3, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, x, w, sa, sw, got,
 	   code_out ? &so : NULL, &absum, c->B, c->T, &ma, &mb);

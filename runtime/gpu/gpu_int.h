@@ -162,9 +162,15 @@ dg_status dg__tmap_bf16(dg_device *dev, dg__tmap *out, dg_dptr base, const uint6
 dg_status dg__tmap_u8(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
 		      const uint32_t box[2]);
 /* Either (es 2: bf16, 1: bytes) with boxes of box[0] x box[1] x box[2]
- * elements (box[2] planes a box, at most 256): the projection's weight
- * rows in groups of 8 taken 2 x 4 (runtime/ops/lowrank.c). */
+ * elements (box[2] planes a box, at most 256): the projection's x rows
+ * (runtime/ops/lowrank.c). */
 dg_status dg__tmap_box3(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[3],
 			const uint32_t box[3]);
+/* A rank-5 map whose dims 1 to 4 have strides of their own (bytes,
+ * multiples of 16, in any order: a box gathers rows in a permuted order),
+ * dim 0 contiguous, the 128-byte swizzle: the projection's weight rows, a
+ * group of 64 in its column order a box (runtime/ops/lowrank.c). */
+dg_status dg__tmap_rank5(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[5],
+			 const uint64_t strides[4], const uint32_t box[5]);
 
 #endif

@@ -54,19 +54,23 @@ static long long blocks_per_sm(const dg_kernel *k, const dg_device_info *di)
 
 /* The maps of the warp-specialized form (templates/lowrank_wgmma.lua
  * KERNEL_WSP), 128-byte slices of K with the 128-byte swizzle: ma over x
- * (E, T, B·Hin), boxes of 64 rows; mb over w (E, 16, H·L/16), boxes of
- * 2 x 4 rows (the 8 rows of a group in the column order dg_bcol). iv[0]:
- * bytes an element (bf16 2, codes 1). */
+ * (E, T, B·Hin), boxes of 64 rows; mb over w's rows of a group of 64 as
+ * (E, r 2, q 4, j 8, H·L/64) at row strides (1, 16, 2, 64), boxes of a
+ * whole group: row 8j + 2q + r of the box is the group's row 16q + 2j +
+ * r, the column order dg_bcol (one copy a group where it took eight).
+ * iv[0]: bytes an element (bf16 2, codes 1). */
 static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[DG__PREP_TMAPS])
 {
 	const dg_spec *s = &p->spec;
 	const int es = (int)p->iv[0];
 	const uint64_t E = (uint64_t)s->embd;
 	const uint64_t dx[3] = { E, (uint64_t)p->shape.t, (uint64_t)p->shape.b * (uint64_t)s->in_heads };
-	const uint64_t dw[3] = { E, 16, (uint64_t)s->heads * (uint64_t)s->latent / 16 };
-	const uint32_t box_x[3] = { 128u / (uint32_t)es, 64, 1 }, box_w[3] = { 128u / (uint32_t)es, 2, 4 };
+	const uint64_t row = E * (uint64_t)es;
+	const uint64_t dw[5] = { E, 2, 4, 8, (uint64_t)s->heads * (uint64_t)s->latent / 64 };
+	const uint64_t sw[4] = { row, 16 * row, 2 * row, 64 * row };
+	const uint32_t box_x[3] = { 128u / (uint32_t)es, 64, 1 }, box_w[5] = { 128u / (uint32_t)es, 2, 4, 8, 1 };
 	dg_status st = dg__tmap_box3(p->dev, &maps[0], c->t[0]->data, es, dx, box_x);
-	return st ? st : dg__tmap_box3(p->dev, &maps[1], c->t[1]->data, es, dw, box_w);
+	return st ? st : dg__tmap_rank5(p->dev, &maps[1], c->t[1]->data, es, dw, sw, box_w);
 }
 
 /* Whether k is the warp-specialized form (templates/lowrank_wgmma.lua

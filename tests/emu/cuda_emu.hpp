@@ -343,30 +343,50 @@ static inline void dg_emu_st_shared_v4(size_t dst, unsigned a, unsigned b, unsig
 #include "tmap.h"
 typedef eh_tmap dg_emu_tmap;
 
-/* a rank-3 box into shared dst (the 128-byte swizzle on its addresses),
- * zeros outside the tensor; the whole box's bytes complete on bar */
-static inline void dg_emu_tma_load3(size_t dst, unsigned long long map, size_t bar, int c0, int c1, int c2)
+/* a box of up to rank 5 at coordinates c into shared dst, dim 0 fastest
+ * (the 128-byte swizzle on its addresses), zeros outside the tensor; the
+ * whole box's bytes complete on bar. The strides of dims 1 to 4 are the
+ * map's own, in any order (a permuted gather of rows). */
+static inline void dg_emu_tma_load(size_t dst, unsigned long long map, size_t bar, const int c[5])
 {
 	const dg_emu_tmap *m = (const dg_emu_tmap *)map;
 	unsigned off = 0;
-	for (unsigned i2 = 0; i2 < m->box[2]; ++i2)
-		for (unsigned i1 = 0; i1 < m->box[1]; ++i1)
-			for (unsigned i0 = 0; i0 < m->box[0]; ++i0, off += m->es) {
-				const long long x = (long long)c0 + i0, y = (long long)c1 + i1, z = (long long)c2 + i2;
-				unsigned a = (unsigned)dst + off;
-				if (m->swizzle == 128)
-					a = dg_emu_swz128(a);
-				unsigned char *d = dg_emu_sh(a);
-				if (x < 0 || y < 0 || z < 0 || x >= (long long)m->dims[0] || y >= (long long)m->dims[1] ||
-				    z >= (long long)m->dims[2])
-					std::memset(d, 0, m->es);
-				else
-					std::memcpy(d, (const unsigned char *)m->base + (unsigned long long)x * m->es +
-							       (unsigned long long)y * m->strides[0] +
-							       (unsigned long long)z * m->strides[1],
-						    m->es);
-			}
+	for (unsigned i4 = 0; i4 < m->box[4]; ++i4)
+		for (unsigned i3 = 0; i3 < m->box[3]; ++i3)
+			for (unsigned i2 = 0; i2 < m->box[2]; ++i2)
+				for (unsigned i1 = 0; i1 < m->box[1]; ++i1)
+					for (unsigned i0 = 0; i0 < m->box[0]; ++i0, off += m->es) {
+						const unsigned ii[5] = { i0, i1, i2, i3, i4 };
+						bool in = true;
+						unsigned long long at = 0;
+						for (int d = 0; d < 5; ++d) {
+							const long long x = (long long)c[d] + ii[d];
+							in = in && x >= 0 && x < (long long)m->dims[d];
+							at += (unsigned long long)x * (d ? m->strides[d - 1] : m->es);
+						}
+						unsigned a = (unsigned)dst + off;
+						if (m->swizzle == 128)
+							a = dg_emu_swz128(a);
+						unsigned char *p = dg_emu_sh(a);
+						if (!in)
+							std::memset(p, 0, m->es);
+						else
+							std::memcpy(p, (const unsigned char *)m->base + at, m->es);
+					}
 	dg_emu_mbar_complete_tx((unsigned)bar, off);
+}
+
+static inline void dg_emu_tma_load3(size_t dst, unsigned long long map, size_t bar, int c0, int c1, int c2)
+{
+	const int c[5] = { c0, c1, c2, 0, 0 };
+	dg_emu_tma_load(dst, map, bar, c);
+}
+
+static inline void dg_emu_tma_load5(size_t dst, unsigned long long map, size_t bar, int c0, int c1, int c2, int c3,
+				    int c4)
+{
+	const int c[5] = { c0, c1, c2, c3, c4 };
+	dg_emu_tma_load(dst, map, bar, c);
 }
 
 /* ---- warpgroup MMA (wgmma.mma_async, at issue) ------------------------------ */

@@ -9,9 +9,9 @@
 
 typedef struct eh_tmap {
 	unsigned long long base;
-	unsigned long long dims[3];
-	unsigned long long strides[2]; /* bytes, dims 1 and 2 */
-	unsigned box[3];
+	unsigned long long dims[5];    /* ranks below 5: the rest 1 */
+	unsigned long long strides[4]; /* bytes, dims 1 to 4, in any order */
+	unsigned box[5];
 	unsigned es;      /* element bytes */
 	unsigned swizzle; /* 128 or 0 */
 } eh_tmap;
