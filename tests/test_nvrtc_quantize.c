@@ -8,7 +8,8 @@
  *     tuning record moves it): the register cache of the block entry is
  *     sized for 256 threads (16 uint4 a thread = one 32768-value token);
  *   - the host (dg__quantize_rows_entry) sends the row length to the warp
- *     entry (256 values) or the block entry (32768);
+ *     entry (256 values; bf16 tokens up to 2048: 1B's 1280) or the block
+ *     entry (32768);
  *   - that entry compiles for sm_90 with no spills (ptxas -v through
  *     NVRTC), and the block entry within 128 registers a thread, so two
  *     256-thread blocks (128 KiB of loads in flight) share an SM;
@@ -90,6 +91,12 @@ Test(nvrtc_quantize, rows_at_the_bdh_shapes)
 	} cases[] = {
 		{ "x, a tokens (B,1,T,256)", DG_OP_QUANTIZE_ACT, DG_FMT_BF16, DG_FMT_INT8, 256,
 		  "dg_quantize_act_rows_warp" },
+		{ "1B's a tokens (B·16,1,T,1280)", DG_OP_QUANTIZE_ACT, DG_FMT_BF16, DG_FMT_INT8, 1280,
+		  "dg_quantize_act_rows_warp" },
+		{ "bf16 tokens of 2048, the most a warp keeps", DG_OP_QUANTIZE_ACT, DG_FMT_BF16, DG_FMT_INT8, 2048,
+		  "dg_quantize_act_rows_warp" },
+		{ "bf16 tokens of 2056", DG_OP_QUANTIZE_ACT, DG_FMT_BF16, DG_FMT_INT8, 2056, "dg_quantize_act_rows" },
+		{ "f32 tokens of 1280", DG_OP_QUANTIZE_ACT, DG_FMT_F32, DG_FMT_INT8, 1280, "dg_quantize_act_rows" },
 		{ "xy token (B,4,T,8192)", DG_OP_QUANTIZE_ACT, DG_FMT_BF16, DG_FMT_UINT8POS, 4 * 8192,
 		  "dg_quantize_act_rows" },
 		{ "xy token, int8 codes", DG_OP_QUANTIZE_ACT, DG_FMT_BF16, DG_FMT_INT8, 4 * 8192,

@@ -71,8 +71,13 @@ static bool by_rows(const dg_spec *spec)
  * row, which keeps up to 2048 bf16 or 512 f32 values in registers), longer
  * ones _rows (a block a row: 256 threads keep 32768 bf16). At the BDH
  * shapes the x and a tokens (256 values) take the warp entry and the xy
- * token (4 × 8192) the block entry. */
+ * token (4 × 8192) the block entry. The activations' bf16 tokens take the
+ * warp entry up to the 2048 its lanes keep (ROWS_WARP_MAX_BF16: at 1B, D
+ * 1280, the a tokens — 16 heads × 1024 rows a layer — ran a block a row,
+ * 1.7 ms of the w8a8 step's quantize_act); their max is the same bits by
+ * either entry. */
 #define ROWS_WARP_MAX 1024
+#define ROWS_WARP_MAX_BF16 2048
 
 /* Rows of a vector a lane at most that the warp entry's warps take at a
  * time (templates/qrows.lua WR): the grid gives each warp that many. */
@@ -81,15 +86,16 @@ static bool by_rows(const dg_spec *spec)
 /* The longest row a rows entry takes: its element loops count in int. */
 #define ROWS_MAX_VALUES (1LL << 30)
 
-static bool rows_warp(long long values)
+static bool rows_warp(const dg_spec *spec, long long values)
 {
-	return values <= ROWS_WARP_MAX;
+	const bool bf16_act = spec->op == DG_OP_QUANTIZE_ACT && spec->src == DG_FMT_BF16;
+	return values <= (bf16_act ? ROWS_WARP_MAX_BF16 : ROWS_WARP_MAX);
 }
 
 const char *dg__quantize_rows_entry(const dg_spec *spec, long long values)
 {
 	bool act = spec->op == DG_OP_QUANTIZE_ACT;
-	if (rows_warp(values))
+	if (rows_warp(spec, values))
 		return act ? "dg_quantize_act_rows_warp" : "dg_quantize_weight_rows_warp";
 	return act ? "dg_quantize_act_rows" : "dg_quantize_weight_rows";
 }
@@ -144,10 +150,10 @@ static dg_status prep_rows(dg_prepared *p, const dg__op_call *c)
 	 * (templates/qrows.lua WR; this only sizes the grid) */
 	const long long ve = spec->src == DG_FMT_BF16 ? 8 : 4;
 	const long long per_warp = C % ve == 0 && G * C <= 32 * ve ? ROWS_WARP_AT_ONCE : 1;
-	const long long per_block = rows_warp(G * C) ? nt / 32 * per_warp : 1;
+	const long long per_block = rows_warp(spec, G * C) ? nt / 32 * per_warp : 1;
 	/* the block entry: one block a row slot that stays resident (its stage
 	 * prefetches the block's next row), the warp entry as many as fit */
-	const long long blocks = rows_warp(G * C) ? 32 : resident_blocks(p->dev, k, nt);
+	const long long blocks = rows_warp(spec, G * C) ? 32 : resident_blocks(p->dev, k, nt);
 	dg_launch l = flat(dg__op_grid(rows, per_block, blocks * (sms > 0 ? sms : 1)), nt);
 	dg__prep_launch *L = dg__prep_add(p, k, &l, &st);
 	if (!L)
