@@ -474,6 +474,31 @@ Test(nvrtc_forward, lowrank_stream_wgmma)
  * sm_90a without spills or serialized MMAs; bf16 operands likewise at
  * 128x128x64/8x1/6 "wgmma bf16 tma" (E a multiple of 64); the packed
  * weights keep the resident kernel. */
+/* text plans the warp-specialized default: path, 128x128 with BK bk and 6
+ * stages, 384 threads, the ring, its 2·6 barriers, the scales' 4 and two
+ * slots of 256 floats and 1 KiB of alignment; its source has the rank-5
+ * weight copy and the wgmma inst, and with compile it compiles for sm_90a
+ * without spills or serialized MMAs. */
+static void ws_default(dg_codegen *cg, const char *text, const char *path, int bk, const char *inst, bool compile)
+{
+	dg_spec s;
+	dg_plan p;
+	dg_source *src = NULL;
+	spec_of(text, &s);
+	cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert_str_eq(p.path, path, "%s", p.canonical);
+	const dg_tile *tl = &p.spec.tile;
+	cr_assert(tl->bm == 128 && tl->bn == 128 && tl->bk == bk && tl->stages == 6, "%s", p.canonical);
+	cr_assert_eq(p.entries[0].threads, 384, "%s", p.canonical);
+	cr_assert_eq(p.entries[0].smem, 6 * 256 * 128 + 16 * 6 + 32 + 2 * 256 * 4 + 1024, "%s", p.canonical);
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
+	cr_assert(strstr(src->text, "cp.async.bulk.tensor.5d"), "%s: no rank-5 TMA copy", p.canonical);
+	cr_assert(strstr(src->text, inst), "%s: no %s", p.canonical, inst);
+	if (compile)
+		compile_sm90a_checked(src, p.canonical, true);
+	dg_source_destroy(src);
+}
+
 Test(nvrtc_forward, lowrank_ws_default)
 {
 	static const char *const shapes[] = { BDH, "heads=12;embd=768;latent=8192;", "heads=16;embd=1280;latent=16384;" };
@@ -484,47 +509,15 @@ Test(nvrtc_forward, lowrank_ws_default)
 
 	cr_assert_eq(dg_codegen_create(&cg, NULL), DG_OK);
 	for (size_t i = 0; i < 3; i++)
-		for (int hin = 0; hin < 2; hin++)
-			for (size_t o = 0; o < 3; o++) {
-				dg_spec s;
-				dg_plan p;
-				dg_source *src = NULL;
+		for (int hin = 0; hin < 2; hin++) {
+			for (size_t o = 0; o < 3; o++) { /* one compile a shape and x (the outs share the main loop) */
 				snprintf(text, sizeof(text), "op=lowrank_fwd;weight=int8;act=%s;arch=sm_90a;%sin_heads=%d;%s",
 					 hin ? "uint8pos" : "int8", shapes[i], hin ? heads[i] : 1, outs[o]);
-				spec_of(text, &s);
-				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
-				cr_assert_str_eq(p.path, "wgmma tma", "%s", p.canonical);
-				const dg_tile *tl = &p.spec.tile;
-				cr_assert(tl->bm == 128 && tl->bn == 128 && tl->bk == 128 && tl->stages == 6, "%s", p.canonical);
-				cr_assert_eq(p.entries[0].threads, 384, "%s", p.canonical);
-				/* the ring, its 2·6 barriers, the scales' 4 and two slots of 256 floats, 1 KiB of alignment */
-				cr_assert_eq(p.entries[0].smem, 6 * 256 * 128 + 16 * 6 + 32 + 2 * 256 * 4 + 1024, "%s",
-					     p.canonical);
-				cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
-				cr_assert(strstr(src->text, "cp.async.bulk.tensor.3d"), "%s: no TMA copy", p.canonical);
-				cr_assert(strstr(src->text, "wgmma.mma_async.sync.aligned.m64n128k32.s32."), "%s", p.canonical);
-				if (o == 0)	/* one compile a shape and x (the outs share the main loop) */
-					compile_sm90a_checked(src, p.canonical, true);
-				dg_source_destroy(src);
+				ws_default(cg, text, "wgmma tma", 128, "wgmma.mma_async.sync.aligned.m64n128k32.s32.", o == 0);
 			}
-	for (size_t i = 0; i < 3; i++)
-		for (int hin = 0; hin < 2; hin++) {
-			dg_spec s;
-			dg_plan p;
-			dg_source *src = NULL;
 			snprintf(text, sizeof(text), BF "%sin_heads=%d;out=bf16;relu=0", shapes[i], hin ? heads[i] : 1);
-			spec_of(text, &s);
-			cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
-			cr_assert_str_eq(p.path, "wgmma bf16 tma", "%s", p.canonical);
-			const dg_tile *tl = &p.spec.tile;
-			cr_assert(tl->bm == 128 && tl->bn == 128 && tl->bk == 64 && tl->stages == 6, "%s", p.canonical);
-			cr_assert_eq(p.entries[0].threads, 384, "%s", p.canonical);
-			cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s: %s", text, dg_codegen_errmsg(cg));
-			cr_assert(strstr(src->text, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"), "%s",
-				  p.canonical);
-			if (hin == 0)
-				compile_sm90a_checked(src, p.canonical, true);
-			dg_source_destroy(src);
+			ws_default(cg, text, "wgmma bf16 tma", 64, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+				   hin == 0);
 		}
 	static const char *const resident[][2] = {
 		{ "op=lowrank_fwd;weight=ternary;act=int8;arch=sm_90a;" BDH "out=bf16;relu=0", "wgmma" },
