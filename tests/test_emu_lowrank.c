@@ -426,6 +426,10 @@ Test(emu_lowrank, warp_specialized_against_the_reference, .timeout = 900)
 		 * two tiles a block for the first */
 		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 128, 1, 1, 256, 1280, { 64, 128, 64, 4, 1, 8, 0 }, 0.0f,
 		  false },
+		/* a head's own x with scales a token and a channel (the encoder_v's):
+		 * the loader warp's act-scale rows (b·Hin + h)·T + t */
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 2, 64, 2, 2, 128, 256, { 128, 128, 128, 8, 1, 6, 0 }, 0.0f,
+		  true },
 		/* the last m-tile half past B·T (zeros from the map), one slice a tile */
 		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_INT8, 3, 64, 1, 1, 128, 128, { 128, 64, 128, 8, 1, 8, 0 }, 0.0f,
 		  false },
