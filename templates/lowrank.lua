@@ -190,9 +190,8 @@ local function default_tile(k)
     -- 62.28), 1B 43.21 -> 31.36 (the stream form; step 143.77 -> 131.77);
     -- its ping-pong twin 64x128x64/4x1/8 took 48.24 at 1B
     -- (bench/results/step-train-h100-2026-12-07_bf16_ws.json).
-    local tw = LW.operands(k) == "bf16"
-      and { bm = 128, bn = 128, bk = 64, wm = 8, wn = 1, stages = 6, threads = 0 }
-      or { bm = 128, bn = 128, bk = 128, wm = 8, wn = 1, stages = 6, threads = 0 }
+    local tw = { bm = 128, bn = 128, bk = LW.operands(k) == "bf16" and 64 or 128, wm = 8, wn = 1, stages = 6,
+                 threads = 0 }
     if LW.ws_fits(k, tw) then return tw end
     if k.out == "bf16" and k.weight == "int8" then
       local t = { bm = 256, bn = 64, bk = bk, wm = 16, wn = 1, stages = 2, threads = 0 }

@@ -477,7 +477,7 @@ end
 -- The epilogue's statements for one (row half hh, column group a): y of the
 -- 16 accumulators, then the stores. magic: the 1.5·2^23 int → float trick
 -- applies; fsum: the accumulators are f32 sums (bf16 operands) already.
-local function epilogue(k, magic, fsum)
+local function epilogue(k, magic, fsum, sw_at)
   local w = EMIT.writer()
   w:indent(7)
   local out_code = k.out == "int8" or k.out == "uint8pos"
@@ -486,7 +486,7 @@ local function epilogue(k, magic, fsum)
     w:line("float sw_g[16];	// the weight's scale of each of the 16 columns (per channel)")
     w:line("#pragma unroll")
     w:line("for (int i = 0; i < 16; ++i)")
-    w:line("\tsw_g[i] = sw[(long long)h * L + n0 + 64 * a + 16 * q + i];")
+    w:linef("\tsw_g[i] = %s;", sw_at or "sw[(long long)h * L + n0 + 64 * a + 16 * q + i]")
   end
   local function s_of(i) return SCL.scale_expr(sc, "sa_r[hh]", fmt("sw_g[%d]", i)) end
   local tofloat = fsum and "%s" or (magic and "(__int_as_float(%s + 0x4b400000) - 12582912.0f)" or "__int2float_rn(%s)")
@@ -967,7 +967,9 @@ if (out_absum) {
     TILE_WALK = TILE_WALK,
     OUT_ROWS = out_rows,
     OUT_ROWS_IN = EMIT.indent(out_rows, 1),
-    STORES = EMIT.subst(STORES, { OT = FM.out_types[k.out].ctype, EPI = epilogue(k, magic, bf) }),
+    -- the warp-specialized form reads a tile's weight scales from its slot
+    STORES = EMIT.subst(STORES, { OT = FM.out_types[k.out].ctype,
+                                  EPI = epilogue(k, magic, bf, ws and "sc[64 * a + 16 * q + i]" or nil) }),
     ABSUM = ab:text(),
   }
   if ws then
@@ -1011,12 +1013,6 @@ if (out_absum) {
 ]]
     end
     vars.SC_LOAD = ld:text()
-    local from = "sw[(long long)h * L + n0 + 64 * a + 16 * q + i]"
-    local at = vars.STORES:find(from, 1, true)
-    SPEC.check(not k.sc.sw_vec or at, "lowrank_wgmma.lua: the epilogue's weight-scale load")
-    if k.sc.sw_vec then
-      vars.STORES = vars.STORES:sub(1, at - 1) .. "sc[64 * a + 16 * q + i]" .. vars.STORES:sub(at + #from)
-    end
   end
   local path, conv
   if bf then
