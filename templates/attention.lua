@@ -409,7 +409,7 @@ function M.plan(spec)
     p.path = persistent and "wgmma tma persistent" or "wgmma tma"
     p.arch_specific = true
     p.entries[1].threads = TMA.threads(t)
-    local smem = persistent and TMA.persistent_smem(t, k.epi_mask) or TMA.smem_bytes(t, k.epi_mask)
+    local smem = persistent and TMA.persistent_smem(t, k.epi_mask, TMA.tma_epi(k, t)) or TMA.smem_bytes(t, k.epi_mask)
     ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
     if not ok then return nil, err end
     p.entries[1].smem = smem

@@ -127,10 +127,31 @@ end
 -- Its dynamic shared memory: the ring, its 3·S mbarriers, the staged tile
 -- (epi=mask: BM rows of BN + 8 floats, 1 KiB aligned) and 1 KiB for the
 -- alignment of the atoms.
-function M.persistent_smem(t, staged)
+function M.persistent_smem(t, staged, tepi)
   local ring = t.stages * (t.bm + t.bn) * t.bk * 2 + 24 * t.stages
-  if staged then ring = (ring + 1023) // 1024 * 1024 + t.bm * (t.bn + 8) * 4 end
+  if tepi then
+    ring = (ring + 1023) // 1024 * 1024 + M.EPS * M.eslot(t) + 16 * M.EPS
+  elseif staged then ring = (ring + 1023) // 1024 * 1024 + t.bm * (t.bn + 8) * 4 end
   return ring + 1024
+end
+
+-- The epilogue's operands by TMA (M.tma_epi: the persistent form, epi=mask,
+-- dxs and mask_xs bf16): the producer thread, after a tile's K steps, loads
+-- the tile's epilogue inputs in subtiles of BM rows by EC = 32 columns into
+-- a ring of EPS = 3 slots (full / empty mbarriers of their own): the RoPE
+-- table's 32 floats a row (128-byte rows, the 128-byte swizzle), dxs's and
+-- mask_xs's 32 bf16 (64-byte rows, the 64-byte swizzle). The consumers take
+-- each subtile from the accumulators' own layout (a thread's pairs: no f32
+-- tile staged), write dxs's new bf16 pairs into its slot in place, and one
+-- thread stores the slot by TMA. Why: the staged epilogue's global loads
+-- were half the kernel's stall samples (ncu, H100, the w8a8 step: long
+-- scoreboard 50%, bench/results/ncu-h100-2026-12-07.json); here they are in
+-- flight while the tile's MMAs run, and a subtile's wait is on bytes
+-- already landed.
+M.EPS, M.EC = 3, 32
+function M.eslot(t) return (t.bm * M.EC * 8 + 1023) // 1024 * 1024 end
+function M.tma_epi(k, t)
+  return k.epi_mask and M.persistent_ok(k, t) and k.out == "bf16" and k.act == "bf16"
 end
 
 -- Dynamic shared memory and threads a block: wgmma_bf16.lua's
@@ -236,16 +257,16 @@ ${ENTRY}(${SIG})
 	const unsigned bars = sbase + (unsigned)(S * STAGE);
 	// the staged f32 tile (epi=mask), after the barriers
 	const unsigned ebase = (bars + 24u * S + 1023u) & ~1023u;
-	(void)ebase;
+	(void)ebase;${EPI_BARS}
 	const int tiles_m = (T + BM - 1) / BM, tiles_n = (L + BN - 1) / BN;
 	const long long tiles = (long long)tiles_m * tiles_n * B * H;
 	// the walk takes the heads in groups of ZG: the RoPE table's rows of a
 	// column of tiles are read by a group's heads together, and their C
 	// stays in L2 across the group's columns
 	constexpr int ZG = 8;
-${READY_INIT}
+${READY_INIT}${EPI_INIT}
 ${RING_START}
-			long long gs = 0;	// the block's steps so far
+			long long gs = 0;	// the block's steps so far${EPI_COUNT}
 ${TILE_BEGIN}
 				for (int i = 0; i < nsteps; ++i, ++gs) {
 					const int s = (int)(gs % S);
@@ -254,7 +275,7 @@ ${TILE_BEGIN}
 					dg_mbar_wait(bars + 8 * (S + s), (unsigned)((gs / S) & 1) ^ 1u);
 					dg_mbar_expect_tx(full, TX);
 ${LOADS}
-				}
+				}${EPI_LOADS}
 			}
 		}${TURN}
 		return;
@@ -263,7 +284,7 @@ ${LOADS}
 	// ---- the consumers: warpgroup wg, rows wg·64 .. +63 of each tile
 	if constexpr (REG_MOVE)
 		dg_reg_alloc<REG_C>();
-	long long gs = 0;
+	long long gs = 0;${EPI_COUNT}
 ${TILE_BEGIN}
 		float acc[BN / 2];
 #pragma unroll
@@ -290,7 +311,7 @@ ${TILE_BEGIN}
 			dg_mbar_arrive(bars + 8 * (S + (int)((gs - 1) % S)));
 
 ${EPILOGUE}
-	}
+	}${CONSUMER_END}
 }
 ]]
 
@@ -346,6 +367,120 @@ ${TILE_BEGIN}
 			}
 		}]]
 
+-- The epilogue by TMA (M.tma_epi): its constants and helpers, the barriers,
+-- the producer's loads after a tile's steps, the consumers' subtiles.
+local TEPI_HEAD = [[
+// ---- the epilogue's operands by TMA: subtiles of BM rows x EC columns in
+// EPS slots, each the RoPE table's EC floats a row (128-byte swizzle), then
+// dxs's and mask_xs's EC bf16 a row (64-byte swizzle)
+constexpr int EC = ${EC}, EPS = ${EPS};
+constexpr unsigned ER_BYTES = BM * EC * 4, ED_BYTES = BM * EC * 2;
+constexpr unsigned ESLOT = (ER_BYTES + 2 * ED_BYTES + 1023) / 1024 * 1024;
+constexpr unsigned ETX = ER_BYTES + 2 * ED_BYTES;	// bytes a subtile's boxes bring
+static_assert(BN % EC == 0 && EC * 4 == 128, "a subtile's table rows are one 128-byte swizzle row");
+
+__device__ __forceinline__ unsigned dg_swz128(unsigned o) { return o ^ (((o >> 7) & 7u) << 4); }
+__device__ __forceinline__ unsigned dg_swz64(unsigned o) { return o ^ (((o >> 7) & 3u) << 4); }
+
+// Box (c0, c1, c2) of shared src into the rank-3 map's tensor (the bulk
+// group of this thread; nothing past the tensor's edges is written).
+__device__ __forceinline__ void dg_tma_store(const dg_tmap *map, unsigned src, int c0, int c1, int c2)
+{
+	asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+		     :: "l"((unsigned long long)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+__device__ __forceinline__ void dg_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// This thread's bulk groups but the newest N done reading shared memory.
+template <int N>
+__device__ __forceinline__ void dg_bulk_wait_read()
+{
+	asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+
+// This thread's bulk groups all complete (their writes performed).
+__device__ __forceinline__ void dg_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+]]
+
+local TEPI_BARS = [[
+
+	// the epilogue's slots (EPS of ESLOT bytes) at ebase, then their
+	// full[EPS] (the producer's expect_tx and the bytes) and empty[EPS]
+	// (the thread that stored the slot, once the store has read it)
+	const unsigned ebars = ebase + EPS * ESLOT;]]
+
+local TEPI_INIT = [[
+
+	if (tid == 0)
+		for (int s = 0; s < EPS; ++s) {
+			dg_mbar_init(ebars + 8 * s, 1);
+			dg_mbar_init(ebars + 8 * (EPS + s), 1);
+		}]]
+
+local TEPI_LOADS = [[
+
+				// the tile's epilogue inputs, a subtile of EC columns a slot
+				for (int e = 0; e < BN / EC; ++e, ++ge) {
+					const int s = (int)(ge % EPS);
+					const unsigned eb = ebase + s * ESLOT, ef = ebars + 8 * s;
+					dg_mbar_wait(ebars + 8 * (EPS + s), (unsigned)((ge / EPS) & 1) ^ 1u);
+					dg_mbar_expect_tx(ef, ETX);
+					dg_tma_load(eb, &mr, ef, n0 + EC * e, m0, 0);
+					dg_tma_load(eb + ER_BYTES, &md, ef, n0 + EC * e, m0, z);
+					dg_tma_load(eb + ER_BYTES + ED_BYTES, &mx, ef, n0 + EC * e, m0, z);
+				}]]
+
+-- The consumers' epilogue: each subtile's pairs from the accumulators (a
+-- thread's rows g and g + 8 of its warp's 16, columns 8j + 2q and the next),
+-- RoPEᵀ by the slot's table, added to dxs and masked by mask_xs as the
+-- staged epilogue does (the same roundings), the bf16 pair written over
+-- dxs's in the slot; then the consumers' barrier, and thread 0 stores the
+-- slot (TMA clips rows past T and columns past L) and frees the slot of the
+-- subtile before once its store has read it.
+local TEPI_EPILOGUE = [[
+	// ---- epilogue (epi=mask): the tile's subtiles from the slots
+	{
+		unsigned char *const sm = smem + (ebase - (unsigned)__cvta_generic_to_shared(smem));
+#pragma unroll
+		for (int e = 0; e < BN / EC; ++e, ++ge) {
+			const int s = (int)(ge % EPS);
+			unsigned char *const sl = sm + s * ESLOT;
+			dg_mbar_wait(ebars + 8 * s, (unsigned)((ge / EPS) & 1));
+#pragma unroll
+			for (int hr = 0; hr < 2; ++hr) {
+				const int r = wg * 64 + (warp & 3) * 16 + g + 8 * hr;
+#pragma unroll
+				for (int jj = 0; jj < EC / 8; ++jj) {
+					const int j = e * (EC / 8) + jj, c = 8 * jj + 2 * q;
+					const float v0 = acc[4 * j + 2 * hr], v1 = acc[4 * j + 2 * hr + 1];
+					const float2 cs = *(const float2 *)(sl + dg_swz128(r * 128 + 4 * c));
+					unsigned *const dp = (unsigned *)(sl + ER_BYTES + dg_swz64(r * 64 + 2 * c));
+					const unsigned dw = dp[0], xw = *(const unsigned *)((const unsigned char *)dp + ED_BYTES);
+					const float g0 = __fadd_rn(__fmul_rn(v0, cs.x), __fmul_rn(v1, cs.y));
+					const float g1 = __fsub_rn(__fmul_rn(v1, cs.x), __fmul_rn(v0, cs.y));
+					const float d0 = dg_mask1(__uint_as_float(dw << 16), g0, __uint_as_float(xw << 16));
+					const float d1 = dg_mask1(__uint_as_float(dw & 0xffff0000u), g1, __uint_as_float(xw & 0xffff0000u));
+					dp[0] = (unsigned)dg_f32_to_bf16(d0) | ((unsigned)dg_f32_to_bf16(d1) << 16);
+				}
+			}
+			dg_fence_async_smem();	// the pairs written, seen by the store
+			dg_consumers_sync();
+			if (tid == 0) {
+				dg_tma_store(&md, ebase + s * ESLOT + ER_BYTES, n0 + EC * e, m0, z);
+				dg_bulk_commit();
+				dg_bulk_wait_read<1>();	// the subtile before's store has read its slot
+				if (ge > 0)
+					dg_mbar_arrive(ebars + 8 * (EPS + (int)((ge - 1) % EPS)));
+			}
+		}
+	}]]
+
+local TEPI_END = [[
+
+	if (tid == 0)
+		dg_bulk_wait_all();	// the last stores done before the block's shared memory goes]]
+
 -- RoPE of one pair (the bf16 halves of w: element 2p low, 2p + 1 high) by
 -- (c, s), as rope_fwd: y0 = x0·c − x1·s, y1 = x1·c + x0·s, each product
 -- and the sum rounded once, then to bf16.
@@ -373,6 +508,10 @@ function M.render(spec, plan, k, sh)
   sig = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb"
   local ring = WB.ring_bytes(t, k.epi_mask)
   local persistent = M.persistent_ok(k, t)
+  local tepi = M.tma_epi(k, t)
+  if tepi then
+    sig = sig .. ", const __grid_constant__ dg_tmap md, const __grid_constant__ dg_tmap mx, const __grid_constant__ dg_tmap mr"
+  end
   local cx, cy = M.cluster(k.op, t)
   local about = {
     fmt("%s: heads %d, embd %d, latent %d, act %s (templates/attention.lua: the math, the ABI).",
@@ -391,7 +530,10 @@ function M.render(spec, plan, k, sh)
   if persistent then
     about[#about + 1] = "persistent: the producer fills the ring with the next tile's steps while the consumers run the epilogue (its staged tile beside the ring)."
   end
-  if k.epi_mask then
+  if tepi then
+    about[#about + 1] = fmt("epi=mask: dxs (bf16) = (dxs + grad_xs)·[mask_xs > 0] in place, from the accumulators: the RoPE table's, dxs's and mask_xs's subtiles of %d columns by TMA into %d slots (maps md over dxs, mx over mask_xs: (L, T, B·H), boxes %d x BM, the 64-byte swizzle; mr over the table: (L, T, 1) f32, boxes %d x BM, the 128-byte swizzle), dxs's subtile stored back by TMA.",
+                            M.EC, M.EPS, M.EC, M.EC)
+  elseif k.epi_mask then
     about[#about + 1] = fmt("epi=mask: dxs (%s) = (dxs + grad_xs)·[mask_xs > 0] in place, the f32 tile staged through shared memory, 8 columns a thread.", of)
   end
   if cx then
@@ -410,14 +552,20 @@ function M.render(spec, plan, k, sh)
     w:line(WB.CLUSTER_HELPERS)
   end
   w:line(sh.out_helpers(of))
-  if k.epi_mask then
+  if tepi then
+    w:line(EW.VEC_IO)
+    w:line(sh.MASK_PAIR)
+    w:line(EMIT.subst(TEPI_HEAD, { EC = M.EC, EPS = M.EPS }))
+  elseif k.epi_mask then
     w:line(EW.VEC_IO)
     w:line(sh.MASK_PAIR)
     w:line(require("attention_wgmma").MASK_CHUNK)
   end
   w:line()
   local epi
-  if k.epi_mask and persistent then
+  if tepi then
+    epi = TEPI_EPILOGUE
+  elseif k.epi_mask and persistent then
     -- in the region beside the ring; its first barrier also keeps a tile's
     -- stores out of the tile before's reads
     epi = require("attention_wgmma").EPI_STAGED:gsub("__syncthreads%(%);", "dg_consumers_sync();")
@@ -435,6 +583,9 @@ function M.render(spec, plan, k, sh)
     local walk = EMIT.subst(TILE_BEGIN, { GEO = geo, PM_VOID = k.epi_mask and " (void)pm;" or "" })
     w:line(EMIT.subst(KERNEL_P, { ENTRY = entry, SIG = sig, EPILOGUE = epi, LOADS = LOADS[k.op],
       TILE_BEGIN = walk,
+      EPI_BARS = tepi and TEPI_BARS or "", EPI_INIT = tepi and TEPI_INIT or "",
+      EPI_COUNT = tepi and "\n\tlong long ge = 0;\t// the block's epilogue subtiles so far" or "",
+      EPI_LOADS = tepi and TEPI_LOADS or "", CONSUMER_END = tepi and TEPI_END or "",
       RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }),
       READY_INIT = rl and "\tif (tid == 0)\n\t\tfor (int s = 0; s < S; ++s)\n\t\t\tdg_mbar_init(bars + 8 * (2 * S + s), 96);" or "",
       TURN = rl and EMIT.subst(TURN, { TILE_BEGIN = walk }) or "",

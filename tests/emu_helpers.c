@@ -159,7 +159,8 @@ static bool emulate_asm(const asm_stmt *a, buf *out)
 		puts_(out, s);
 		return true;
 	}
-	static const char *const nops[] = { "cp.async.commit_group", "cp.async.wait_group", "wgmma.fence",
+	static const char *const nops[] = { "cp.async.commit_group", "cp.async.wait_group", "cp.async.bulk.commit_group",
+					    "cp.async.bulk.wait_group", "wgmma.fence",
 					    "wgmma.commit_group", "wgmma.wait_group", "fence.proxy.async",
 					    "fence.mbarrier_init", "setmaxnreg" };
 	bool blank = true;
@@ -182,6 +183,9 @@ static bool emulate_asm(const asm_stmt *a, buf *out)
 		snprintf(s, sizeof(s), "dg_emu_mbar_expect_tx(%s, %s)", op(a, 0), op(a, 1));
 	else if (strstr(t, "mbarrier.arrive.shared::cta"))
 		snprintf(s, sizeof(s), "dg_emu_mbar_arrive(%s)", op(a, 0));
+	else if (strstr(t, "cp.async.bulk.tensor.3d.global.shared::cta")) /* [map, {c}], [src] */
+		snprintf(s, sizeof(s), "dg_emu_tma_store3(%s, %s, %s, %s, %s)", op(a, 0), op(a, 1), op(a, 2), op(a, 3),
+			 op(a, 4));
 	else if (strstr(t, "cp.async.bulk.tensor.3d") && !strstr(t, "multicast"))
 		snprintf(s, sizeof(s), "dg_emu_tma_load3(%s, %s, %s, %s, %s, %s)", op(a, 0), op(a, 1), op(a, 2), op(a, 3),
 			 op(a, 4), op(a, 5));

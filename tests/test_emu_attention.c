@@ -35,7 +35,7 @@ typedef void (*scores_fn)(unsigned gx, unsigned gy, unsigned gz, unsigned nt, si
 			  const float *rope, void *scores, int B, int T, const eh_tmap *ma, const eh_tmap *mb);
 typedef void (*grad_xs_fn)(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem, const void *c,
 			   const void *xs, const float *rope, void *out, const void *mask, int B, int T,
-			   const eh_tmap *ma, const eh_tmap *mb);
+			   const eh_tmap *ma, const eh_tmap *mb, const eh_tmap *me);
 
 /* The glue's call: the warp-specialized kernels take the two maps after
  * the op's arguments, the cp.async ring's none. */
@@ -66,11 +66,14 @@ static const char SCORES_GLUE[] =
 	"	});\n"
 	"}\n";
 
+/* me: the epilogue's three maps (dxs, mask_xs, the RoPE table) of the
+ * persistent form with epi=mask (templates/attention_tma.lua M.tma_epi) */
 static const char GRAD_XS_GLUE[] =
 	"extern \"C\" void dg_emu_entry(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem,\n"
 	"	const void *c, const void *xs, const float *rope, void *out, const void *mask, int B, int T,\n"
-	"	const void *ma, const void *mb)\n"
+	"	const void *ma, const void *mb, const dg_emu_tmap *me)\n"
 	"{\n"
+	"	(void)me;\n"
 	"	%s\n"
 	"	dg_emu_launch3({ gx, gy, gz }, nt, smem, [&] {\n"
 	"		dg_attention_grad_xs((const XT *)c, (const XT *)xs, rope, (OT *)out,%s B, T%s);\n"
@@ -201,8 +204,15 @@ static void run_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_tile
 	const bool persistent = t->stages == 4;
 	cr_assert_str_eq(plan.path, persistent ? "wgmma tma persistent" : t->stages >= 5 ? "wgmma tma" : "wgmma bf16", "%s",
 			 plan.canonical);
-	char glue[2048];
-	snprintf(glue, sizeof(glue), GRAD_XS_GLUE, maps_in(t), epi ? " (const XT *)mask," : "", maps_of(t));
+	/* the epilogue by TMA: three maps more, as runtime/ops/attention.c
+	 * makes them (boxes of 32 columns by BM rows) */
+	const bool tepi = persistent && epi;
+	char glue[2048], maps[512];
+	snprintf(maps, sizeof(maps), "%s%s", maps_in(t),
+		 tepi ? " dg_tmap d, x, rt; memcpy(&d, &me[0], sizeof(dg_emu_tmap)), memcpy(&x, &me[1], sizeof(dg_emu_tmap)), memcpy(&rt, &me[2], sizeof(dg_emu_tmap));"
+		      : "");
+	snprintf(glue, sizeof(glue), GRAD_XS_GLUE, maps, epi ? " (const XT *)mask," : "",
+		 tepi ? ", a, b, d, x, rt" : maps_of(t));
 	grad_xs_fn fn = (grad_xs_fn)eh_build(cg, &sp, glue, "dg_emu_entry");
 	const int B = s->B, H = s->H, T = s->T, N = s->N;
 	const size_t nx = (size_t)B * H * T * N, ns = (size_t)B * H * T * T, ob = epi ? 2 : 4;
@@ -217,15 +227,19 @@ static void run_grad_xs(dg_codegen *cg, dg_rng *r, const shape *s, const dg_tile
 		memset(got, 0xff, nx * ob);
 	const eh_tmap ma = eh_tmap3(c, 2, (uint64_t)T, (uint64_t)T, (uint64_t)B * H, 64, (unsigned)t->bm),
 		      mb = eh_tmap3(qr, 2, (uint64_t)N, (uint64_t)T, (uint64_t)B * H, 64, 64);
+	eh_tmap me[3] = { eh_tmap3(got, 2, (uint64_t)N, (uint64_t)T, (uint64_t)B * H, 32, (unsigned)t->bm),
+			  eh_tmap3(mask, 2, (uint64_t)N, (uint64_t)T, (uint64_t)B * H, 32, (unsigned)t->bm),
+			  eh_tmap3(rope, 4, (uint64_t)N, (uint64_t)T, 1, 32, (unsigned)t->bm) };
+	me[0].swizzle = me[1].swizzle = 64;
 	/* the persistent form: 3 blocks walk the tiles (several each, the ring
 	 * running on from one to the next) */
 	if (persistent)
 		fn(3, 1, 1, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, c, qr, rope, got, mask, B, T,
-		   &ma, &mb);
+		   &ma, &mb, me);
 	else
 		fn((unsigned)((N + t->bn - 1) / t->bn), (unsigned)((T + t->bm - 1) / t->bm), (unsigned)(B * H),
 		   (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, c, qr, rope, got, mask, B, T, &ma,
-		   &mb);
+		   &mb, me);
 	if (epi)
 		cr_assert_eq(dg_ref_attention_grad_xs_mask(&sp, c, qr, rope, dxs, mask, want, B, T), DG_OK);
 	else

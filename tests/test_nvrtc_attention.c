@@ -365,9 +365,23 @@ Test(nvrtc_attention, epi_mask_on_every_path)
 	s.out = DG_FMT_BF16;
 	dg_source *src = NULL;
 	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
-	cr_assert(strstr(src->text, "OT *dxs, const XT *mask_xs, int B, int T, const __grid_constant__ dg_tmap ma"), "the banner's ABI");
+	cr_assert(strstr(src->text,
+			 "OT *dxs, const XT *mask_xs, int B, int T, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb, const __grid_constant__ dg_tmap md, const __grid_constant__ dg_tmap mx, const __grid_constant__ dg_tmap mr)"),
+		  "the banner's ABI: the epilogue's maps after the ring's");
 	cr_assert_null(strstr(src->text, "grad_xs, int B"), "epi=mask writes no grad_xs");
+	/* bf16 dxs on the persistent form: the epilogue's operands by TMA
+	 * (templates/attention_tma.lua M.tma_epi), dxs stored back by TMA */
+	cr_assert(strstr(src->text, "dg_tma_store(&md, ebase + s * ESLOT + ER_BYTES, n0 + EC * e, m0, z);"),
+		  "the epilogue by TMA");
+	cr_assert_null(strstr(src->text, "dg_mask_chunk(po, pm, rope, m, n, v)"), "no staged epilogue");
+	dg_source_destroy(src);
+	/* f32 dxs: the staged epilogue, two maps */
+	s.out = DG_FMT_F32;
+	cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert(strstr(src->text, "OT *dxs, const XT *mask_xs, int B, int T, const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)"),
+		  "the banner's ABI");
 	cr_assert(strstr(src->text, "dg_mask_chunk(po, pm, rope, m, n, v)"), "the staged epilogue");
+	cr_assert_null(strstr(src->text, "dg_tma_store"), "no epilogue by TMA");
 	dg_source_destroy(src);
 	/* sm_80: mma.sync (bf16) and fp32 (f32, and a SIMT tile), either dxs */
 	for (int ob = 0; ob < 2; ob++)
@@ -450,8 +464,8 @@ Test(nvrtc_attention, epi_mask_checks)
 /* attention_grad_xs's persistent form (templates/attention_tma.lua
  * M.persistent_ok): 4 stages at BN 128 or 64 where rows of L are a tensor
  * map's, both epilogues, both heights; its threads are the warp-specialized
- * form's, its shared memory the ring, the barriers and (epi=mask) the f32
- * tile beside them; at BN 256, at L % 8 != 0 and for attention_scores a
+ * form's, its shared memory the ring, the barriers and (epi=mask) the
+ * epilogue's slots (bf16 dxs) or the f32 tile (f32 dxs) beside them; at BN 256, at L % 8 != 0 and for attention_scores a
  * ring of 4 stages stays the cp.async ring. */
 Test(nvrtc_attention, persistent_grad_xs)
 {
@@ -470,9 +484,18 @@ Test(nvrtc_attention, persistent_grad_xs)
 			const dg_tile *t = &tiles[k];
 			cr_assert_eq(p.entries[0].threads, t->wm * 32 + 128, "%s", p.canonical);
 			int ring = 4 * (t->bm + t->bn) * 64 * 2 + 24 * 4; /* full, empty, ready */
-			int want = (mask ? (ring + 1023) / 1024 * 1024 + t->bm * (t->bn + 8) * 4 : ring) + 1024;
+			/* epi=mask, bf16: 3 slots of the epilogue's subtiles (BM x 32:
+			 * f32 table, bf16 dxs and mask_xs) and their barriers */
+			int want = (mask ? (ring + 1023) / 1024 * 1024 + 3 * t->bm * 256 + 16 * 3 : ring) + 1024;
 			cr_assert_eq(p.entries[0].smem, want, "%s: %d bytes", p.canonical, p.entries[0].smem);
-			nh_compile(cg, &s, "persistent: the producer fills the ring", 90);
+			nh_compile(cg, &s, mask ? "subtiles of 32 columns by TMA into 3 slots" : "persistent: the producer fills the ring", 90);
+			if (mask) { /* f32 dxs: the staged f32 tile beside the ring */
+				s.out = DG_FMT_F32;
+				cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+				want = (ring + 1023) / 1024 * 1024 + t->bm * (t->bn + 8) * 4 + 1024;
+				cr_assert_eq(p.entries[0].smem, want, "%s: %d bytes", p.canonical, p.entries[0].smem);
+				nh_compile(cg, &s, "the f32 tile staged through shared memory", 90);
+			}
 		}
 	dg_spec s = wg_spec(DG_OP_ATTENTION_GRAD_XS, 4, 8192);
 	s.tile = (dg_tile){ 128, 256, 64, 8, 1, 4, 0 };

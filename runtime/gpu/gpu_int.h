@@ -172,5 +172,11 @@ dg_status dg__tmap_box3(dg_device *dev, dg__tmap *out, dg_dptr base, int es, con
  * group of 64 in its column order a box (runtime/ops/lowrank.c). */
 dg_status dg__tmap_rank5(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[5],
 			 const uint64_t strides[4], const uint32_t box[5]);
+/* A packed rank-3 map (as dg__tmap_box3's) of f32 (es 4), bf16 or bytes
+ * whose boxes of box[0] x box[1] x 1 have rows of 64 bytes or fewer (the
+ * 64-byte swizzle) or up to 128 (the 128-byte one): a kernel's epilogue
+ * subtiles, loaded and stored (templates/attention_tma.lua M.tma_epi). */
+dg_status dg__tmap_rows(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[3],
+			const uint32_t box[2]);
 
 #endif

@@ -74,6 +74,7 @@ dg_status dg__prep_rope_bwd(dg_prepared *p, const dg__op_call *c)
 
 /* attention_grad_xs's dxs in the op table's order (codegen/optable.c). */
 #define GX_DXS 4
+#define GX_ROPE 2 /* and mask_xs GX_DXS + 1 */
 
 /* The columns N of op's GEMM and whether its grid z is B·H (else B). */
 static int64_t gemm_cols(const dg_spec *spec, int64_t t, bool *per_head)
@@ -165,8 +166,32 @@ static dg_status tma_maps(dg_device *dev, const dg_spec *spec, int64_t bm, int64
 }
 
 /* The iv of a prepared GEMM on the warp-specialized path: what its maps
- * are made of besides the call's pointer. */
-enum { IV_B, IV_T, IV_BM, IV_BN };
+ * are made of besides the call's pointer (IV_TEPI: the epilogue's three). */
+enum { IV_B, IV_T, IV_BM, IV_BN, IV_TEPI };
+
+/* Whether kernel k of attention_grad_xs takes its epilogue's operands by
+ * TMA (templates/attention_tma.lua M.tma_epi: the persistent form with
+ * epi=mask, dxs and mask_xs bf16), so its ABI ends in three maps more. */
+static bool grad_xs_tma_epi(const dg_kernel *k)
+{
+	const dg_spec *s = dg_kernel_spec(k);
+	return s->op == DG_OP_ATTENTION_GRAD_XS && s->epi == DG_EPI_MASK && s->out == DG_FMT_BF16 &&
+	       s->act == DG_FMT_BF16 && dg__tma_abi(k) && dg__attn_persistent_tile(&s->tile);
+}
+
+/* The epilogue's maps (rank 3, boxes of 32 columns by bm rows): md over
+ * dxs and mx over mask_xs, bf16 (L, T, B·H), and mr over the RoPE table,
+ * f32 (L, T, 1). */
+static dg_status epi_maps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[3])
+{
+	const uint64_t L = (uint64_t)p->spec.latent, T = (uint64_t)p->iv[IV_T];
+	const uint64_t dims[3] = { L, T, (uint64_t)(p->iv[IV_B] * p->spec.heads) }, dims_r[3] = { L, T, 1 };
+	const uint32_t box[2] = { 32, (uint32_t)p->iv[IV_BM] };
+	dg_status st = dg__tmap_rows(p->dev, &maps[0], c->t[GX_DXS]->data, 2, dims, box);
+	if (!st)
+		st = dg__tmap_rows(p->dev, &maps[1], c->t[GX_DXS + 1]->data, 2, dims, box);
+	return st ? st : dg__tmap_rows(p->dev, &maps[2], c->t[GX_ROPE]->data, 4, dims_r, box);
+}
 
 /* A prepared GEMM's maps over the call's tensors: RoPE(xs) is scores'
  * operand 0 and grad_xs' operand 1 (C its operand 0). */
@@ -174,8 +199,9 @@ static dg_status gemm_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap
 {
 	bool scores = p->spec.op == DG_OP_ATTENTION_SCORES;
 	dg_dptr qr = c->t[scores ? 0 : 1]->data, cp = scores ? 0 : c->t[0]->data;
-	return tma_maps(p->dev, &p->spec, p->iv[IV_BM], p->iv[IV_BN], cp, qr, p->iv[IV_B], p->iv[IV_T],
-			&maps[0], &maps[1]);
+	dg_status st = tma_maps(p->dev, &p->spec, p->iv[IV_BM], p->iv[IV_BN], cp, qr, p->iv[IV_B], p->iv[IV_T],
+				&maps[0], &maps[1]);
+	return st || !p->iv[IV_TEPI] ? st : epi_maps(p, c, &maps[2]);
 }
 
 /* attention_grad_xs's C by TMA needs rows of T bf16 of a multiple of 16
@@ -264,6 +290,7 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 		p->iv[IV_T] = T;
 		p->iv[IV_BM] = t->bm / ki.cluster[0];
 		p->iv[IV_BN] = t->bn;
+		p->iv[IV_TEPI] = grad_xs_tma_epi(k);
 		/* the maps of the call prepared with, made once here: a driver
 		 * that cannot make them refuses the prepare, not a launch */
 		dg__tmap maps[DG__PREP_TMAPS];
@@ -280,10 +307,9 @@ static dg_status gemm_prep(dg_prepared *p, const dg__op_call *c)
 			dg__arg_data(p, L, i);
 	dg__arg_i32(p, L, B);
 	dg__arg_i32(p, L, T);
-	if (tma) {
-		dg__arg_tmap(p, L, 0);
-		dg__arg_tmap(p, L, 1);
-	}
+	if (tma)
+		for (int i = 0; i < (p->iv[IV_TEPI] ? 5 : 2); i++)
+			dg__arg_tmap(p, L, i);
 	return DG_OK;
 }
 

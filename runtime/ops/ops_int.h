@@ -146,7 +146,7 @@ struct dg_prepared {
 	dg__prep_launch launch[DG__PREP_LAUNCHES];
 	dg__tmaps_fn tmaps;
 	dg__ptrs_fn ptrs;
-	int64_t iv[4];      /* what tmaps reads (sizes) */
+	int64_t iv[5];      /* what tmaps reads (sizes) */
 	uint16_t blob_used;
 	bool overflow;      /* a launch or argument past the arrays: refused */
 	dg__arg sink;       /* where the arguments past the end are written

@@ -14,9 +14,11 @@
  * Shared memory is one window (dg_emu_window), the dynamic shared memory
  * at its start; a shared address is the offset into it. Emulated at
  * issue, in program order: cp.async (the copy done when issued; commit
- * and wait no-ops), TMA's bulk tensor copies (a rank-3 box through the
- * test's own map, eh_tmap; zeros outside the tensor; the 128-byte swizzle
- * on the shared addresses; its bytes complete on the mbarrier), mbarriers
+ * and wait no-ops), TMA's bulk tensor copies (a box of rank 3 or 5
+ * through the test's own map, eh_tmap; zeros outside the tensor; the
+ * map's 128- or 64-byte swizzle on the shared addresses; its bytes
+ * complete on the mbarrier) and rank-3 bulk tensor stores (nothing past
+ * the tensor's edges written; bulk groups' commit and wait no-ops), mbarriers
  * (arrival counts, transaction bytes, phases; try_wait blocks until its
  * phase completed), wgmma (the descriptors' layouts, 128-byte swizzle or
  * none, K- or MN-major; the accumulators of the calling thread only, f32
@@ -219,6 +221,15 @@ static inline unsigned char *dg_emu_sh(unsigned addr)
  * within its 1024-byte atom (bits 7-9) */
 static inline unsigned dg_emu_swz128(unsigned a) { return a ^ (((a >> 7) & 7u) << 4); }
 
+/* the 64-byte swizzle: the 16-byte chunk (bits 4-5) xor bits 7-8 */
+static inline unsigned dg_emu_swz64(unsigned a) { return a ^ (((a >> 7) & 3u) << 4); }
+
+/* a map's swizzle on a shared address (128, 64 or none) */
+static inline unsigned dg_emu_swz(unsigned swizzle, unsigned a)
+{
+	return swizzle == 128 ? dg_emu_swz128(a) : swizzle == 64 ? dg_emu_swz64(a) : a;
+}
+
 /* ---- named barriers (bar.sync id, count) ---------------------------------- */
 
 static std::mutex dg_emu_mu;
@@ -344,10 +355,12 @@ static inline void dg_emu_st_shared_v4(size_t dst, unsigned a, unsigned b, unsig
 typedef eh_tmap dg_emu_tmap;
 
 /* a box of up to rank 5 at coordinates c into shared dst, dim 0 fastest
- * (the 128-byte swizzle on its addresses), zeros outside the tensor; the
+ * (the map's swizzle on its addresses), zeros outside the tensor; the
  * whole box's bytes complete on bar. The strides of dims 1 to 4 are the
- * map's own, in any order (a permuted gather of rows). */
-static inline void dg_emu_tma_load(size_t dst, unsigned long long map, size_t bar, const int c[5])
+ * map's own, in any order (a permuted gather of rows). With store, the
+ * other way: shared src into the tensor, nothing outside it written (a
+ * bulk tensor store, complete at issue). */
+static inline void dg_emu_tma_copy(size_t dst, unsigned long long map, size_t bar, const int c[5], bool store)
 {
 	const dg_emu_tmap *m = (const dg_emu_tmap *)map;
 	unsigned off = 0;
@@ -364,16 +377,28 @@ static inline void dg_emu_tma_load(size_t dst, unsigned long long map, size_t ba
 							in = in && x >= 0 && x < (long long)m->dims[d];
 							at += (unsigned long long)x * (d ? m->strides[d - 1] : m->es);
 						}
-						unsigned a = (unsigned)dst + off;
-						if (m->swizzle == 128)
-							a = dg_emu_swz128(a);
-						unsigned char *p = dg_emu_sh(a);
-						if (!in)
+						unsigned char *p = dg_emu_sh(dg_emu_swz(m->swizzle, (unsigned)dst + off));
+						if (store) {
+							if (in)
+								std::memcpy((unsigned char *)m->base + at, p, m->es);
+						} else if (!in)
 							std::memset(p, 0, m->es);
 						else
 							std::memcpy(p, (const unsigned char *)m->base + at, m->es);
 					}
-	dg_emu_mbar_complete_tx((unsigned)bar, off);
+	if (!store)
+		dg_emu_mbar_complete_tx((unsigned)bar, off);
+}
+
+static inline void dg_emu_tma_load(size_t dst, unsigned long long map, size_t bar, const int c[5])
+{
+	dg_emu_tma_copy(dst, map, bar, c, false);
+}
+
+static inline void dg_emu_tma_store3(unsigned long long map, size_t src, int c0, int c1, int c2)
+{
+	const int c[5] = { c0, c1, c2, 0, 0 };
+	dg_emu_tma_copy(src, map, 0, c, true);
 }
 
 static inline void dg_emu_tma_load3(size_t dst, unsigned long long map, size_t bar, int c0, int c1, int c2)

@@ -13,7 +13,7 @@ typedef struct eh_tmap {
 	unsigned long long strides[4]; /* bytes, dims 1 to 4, in any order */
 	unsigned box[5];
 	unsigned es;      /* element bytes */
-	unsigned swizzle; /* 128 or 0 */
+	unsigned swizzle; /* 128, 64 or 0 (none) */
 } eh_tmap;
 
 #endif
