@@ -32,7 +32,9 @@ made by the runtime (runtime/ops/attention.c):
 
 Epilogues: attention.lua's pair stores, or (epi=mask) attention_wgmma.lua's
 staged one through the ring, synchronized among the consumers alone (named
-barrier 1: the producer has left).
+barrier 1: the producer has left); the persistent form with bf16 dxs takes
+its epilogue's operands by TMA instead (M.tma_epi: three maps more after
+mb, md over dxs, mx over mask_xs, mr over the RoPE table).
 
 The persistent form (attention_grad_xs, a ring of 4 stages, BN 128 or 64:
 M.persistent_ok, KERNEL_P) runs the same loads, MMAs and epilogues over a
