@@ -485,14 +485,25 @@ __device__ __forceinline__ float2 dg_ld2(const unsigned short *p)
 
 __device__ __forceinline__ float dg_mask1(float d, float g, float x) { return x > 0.0f ? __fadd_rn(d, g) : 0.0f; }
 
-// The pair (n, n+1) of a row: RoPEᵀ of its sums (v0, v1) with the table's
-// (cos, sin) cs, added into dxs at d, masked by mask_xs at x.
-__device__ __forceinline__ void dg_mask_pair(OT *d, const XT *x, float2 cs, float v0, float v1)
+// One pair's new dxs (d0, d1 in place): RoPEᵀ of its sums (v0, v1) by the
+// table's (cos, sin) cs, each product and the sum rounded once, added to
+// dxs and masked by mask_xs's (x0, x1). Every epi=mask epilogue's arithmetic.
+__device__ __forceinline__ void dg_mask_turn(float &d0, float &d1, float x0, float x1, float2 cs, float v0, float v1)
 {
 	const float g0 = __fadd_rn(__fmul_rn(v0, cs.x), __fmul_rn(v1, cs.y));
 	const float g1 = __fsub_rn(__fmul_rn(v1, cs.x), __fmul_rn(v0, cs.y));
-	const float2 dv = dg_ld2(d), xv = dg_ld2(x);
-	dg_store2(d, dg_mask1(dv.x, g0, xv.x), dg_mask1(dv.y, g1, xv.y));
+	d0 = dg_mask1(d0, g0, x0);
+	d1 = dg_mask1(d1, g1, x1);
+}
+
+// The pair (n, n+1) of a row: its sums (v0, v1) turned, added into dxs at
+// d and masked by mask_xs at x (dg_mask_turn).
+__device__ __forceinline__ void dg_mask_pair(OT *d, const XT *x, float2 cs, float v0, float v1)
+{
+	float2 dv = dg_ld2(d);
+	const float2 xv = dg_ld2(x);
+	dg_mask_turn(dv.x, dv.y, xv.x, xv.y, cs, v0, v1);
+	dg_store2(d, dv.x, dv.y);
 }
 ]]
 

@@ -384,7 +384,8 @@ constexpr unsigned ESLOT = (ER_BYTES + 2 * ED_BYTES + 1023) / 1024 * 1024;
 constexpr unsigned ETX = ER_BYTES + 2 * ED_BYTES;	// bytes a subtile's boxes bring
 static_assert(BN % EC == 0 && EC * 4 == 128, "a subtile's table rows are one 128-byte swizzle row");
 
-__device__ __forceinline__ unsigned dg_swz128(unsigned o) { return o ^ (((o >> 7) & 7u) << 4); }
+// dxs's and mask_xs's rows of 64 bytes: the 64-byte swizzle (the 16-byte
+// chunk, bits 4-5, xor bits 7-8 of the offset in a 512-byte aligned box)
 __device__ __forceinline__ unsigned dg_swz64(unsigned o) { return o ^ (((o >> 7) & 3u) << 4); }
 
 // Box (c0, c1, c2) of shared src into the rank-3 map's tensor (the bulk
@@ -459,14 +460,13 @@ local TEPI_EPILOGUE = [[
 				for (int jj = 0; jj < EC / 8; ++jj) {
 					const int j = e * (EC / 8) + jj, c = 8 * jj + 2 * q;
 					const float v0 = acc[4 * j + 2 * hr], v1 = acc[4 * j + 2 * hr + 1];
-					const float2 cs = *(const float2 *)(sl + dg_swz128(r * 128 + 4 * c));
-					unsigned *const dp = (unsigned *)(sl + ER_BYTES + dg_swz64(r * 64 + 2 * c));
-					const unsigned dw = dp[0], xw = *(const unsigned *)((const unsigned char *)dp + ED_BYTES);
-					const float g0 = __fadd_rn(__fmul_rn(v0, cs.x), __fmul_rn(v1, cs.y));
-					const float g1 = __fsub_rn(__fmul_rn(v1, cs.x), __fmul_rn(v0, cs.y));
-					const float d0 = dg_mask1(__uint_as_float(dw << 16), g0, __uint_as_float(xw << 16));
-					const float d1 = dg_mask1(__uint_as_float(dw & 0xffff0000u), g1, __uint_as_float(xw & 0xffff0000u));
-					dp[0] = (unsigned)dg_f32_to_bf16(d0) | ((unsigned)dg_f32_to_bf16(d1) << 16);
+					// the table's row r: 128 bytes, the 128-byte swizzle (dg_wb_kmaj's atoms)
+					const float2 cs = *(const float2 *)(sl + dg_wb_kmaj(r, c >> 2) + 4 * (c & 3));
+					OT *const dp = (OT *)(sl + ER_BYTES + dg_swz64(r * 64 + 2 * c));
+					float2 d = dg_ld2(dp);
+					const float2 x = dg_ld2((const XT *)((const unsigned char *)dp + ED_BYTES));
+					dg_mask_turn(d.x, d.y, x.x, x.y, cs, v0, v1);
+					dg_store2(dp, d.x, d.y);
 				}
 			}
 			dg_fence_async_smem();	// the pairs written, seen by the store

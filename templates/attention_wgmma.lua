@@ -189,11 +189,9 @@ __device__ __forceinline__ void dg_mask_apply(OT *po, int m, int n, const dg_mas
 	dg_raw8_f(in.d, d);
 	dg_raw8_f(in.x, x);
 #pragma unroll
-	for (int p = 0; p < 4; ++p) {
-		const float v0 = v[2 * p], v1 = v[2 * p + 1], c = cs[2 * p], s = cs[2 * p + 1];
-		d[2 * p] = dg_mask1(d[2 * p], __fadd_rn(__fmul_rn(v0, c), __fmul_rn(v1, s)), x[2 * p]);
-		d[2 * p + 1] = dg_mask1(d[2 * p + 1], __fsub_rn(__fmul_rn(v1, c), __fmul_rn(v0, s)), x[2 * p + 1]);
-	}
+	for (int p = 0; p < 4; ++p)
+		dg_mask_turn(d[2 * p], d[2 * p + 1], x[2 * p], x[2 * p + 1], make_float2(cs[2 * p], cs[2 * p + 1]),
+			     v[2 * p], v[2 * p + 1]);
 	dg_st8(po + o, d);
 }
 

@@ -61,28 +61,28 @@ static dg_status tmap_tiled(dg_device *dev, dg__tmap *out, dg_dptr base, int es,
 
 /* dims packed: dim 1's stride a row of dim 0, dim 2's a plane */
 static dg_status tmap_packed(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[3],
-			     const uint32_t box[3])
+			     const uint32_t box[3], int swz)
 {
 	const uint64_t strides[2] = { dims[0] * (uint64_t)es, dims[0] * dims[1] * (uint64_t)es };
-	return tmap_tiled(dev, out, base, es, 3, dims, strides, box, 128);
+	return tmap_tiled(dev, out, base, es, 3, dims, strides, box, swz);
 }
 
 dg_status dg__tmap_bf16(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
 			const uint32_t box[2])
 {
-	return tmap_packed(dev, out, base, 2, dims, (const uint32_t[3]){ box[0], box[1], 1 });
+	return tmap_packed(dev, out, base, 2, dims, (const uint32_t[3]){ box[0], box[1], 1 }, 128);
 }
 
 dg_status dg__tmap_u8(dg_device *dev, dg__tmap *out, dg_dptr base, const uint64_t dims[3],
 		      const uint32_t box[2])
 {
-	return tmap_packed(dev, out, base, 1, dims, (const uint32_t[3]){ box[0], box[1], 1 });
+	return tmap_packed(dev, out, base, 1, dims, (const uint32_t[3]){ box[0], box[1], 1 }, 128);
 }
 
 dg_status dg__tmap_box3(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[3],
 			const uint32_t box[3])
 {
-	return tmap_packed(dev, out, base, es, dims, box);
+	return tmap_packed(dev, out, base, es, dims, box, 128);
 }
 
 dg_status dg__tmap_rank5(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[5],
@@ -94,7 +94,6 @@ dg_status dg__tmap_rank5(dg_device *dev, dg__tmap *out, dg_dptr base, int es, co
 dg_status dg__tmap_rows(dg_device *dev, dg__tmap *out, dg_dptr base, int es, const uint64_t dims[3],
 			const uint32_t box[2])
 {
-	const uint64_t strides[2] = { dims[0] * (uint64_t)es, dims[0] * dims[1] * (uint64_t)es };
 	const int swz = box[0] * (uint32_t)es <= 64 ? 64 : 128;
-	return tmap_tiled(dev, out, base, es, 3, dims, strides, (const uint32_t[3]){ box[0], box[1], 1 }, swz);
+	return tmap_packed(dev, out, base, es, dims, (const uint32_t[3]){ box[0], box[1], 1 }, swz);
 }
