@@ -119,6 +119,7 @@ local EW = require("elementwise")
 local WB = require("wgmma_bf16")
 local SCL = require("scales")
 local PHILOX = require("gate").PHILOX
+local DGT = require("decoder_gate_tma")
 local fmt = string.format
 
 local M = {}
@@ -199,6 +200,17 @@ function M.plan(spec)
   local ok, err = TILES.gemm_tile_pow2(t, auto)
   if not ok then return nil, err end
   local p = { tile = t, arch_specific = false, name = (k.ys and "decoder_gate_bwd_ys" or "decoder_gate_bwd") .. ".cu" }
+  if wgmma_applies(k) and DGT.applies(k, t) then
+    -- the persistent form by TMA (templates/decoder_gate_tma.lua); its
+    -- _cast entry makes the gradient's bf16 copy the maps read
+    local smem = DGT.smem_bytes(t)
+    ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
+    if not ok then return nil, err end
+    p.path, p.arch_specific, p.smem_bytes = "wgmma tma persistent", true, smem
+    p.entries = { { name = k.entry, threads = DGT.threads(t), smem = smem },
+                  { name = k.entry .. "_cast", threads = 256, smem = 0 } }
+    return p
+  end
   if wgmma_fits(k, t) then
     local smem = wgmma_smem(k, t)
     ok, err = TILES.smem_fits(t, auto, smem, k.arch, false)
@@ -209,7 +221,8 @@ function M.plan(spec)
   end
   if not (t.bm == 64 and t.bn == 64 and (t.bk == 16 or t.bk == 32) and t.wm * t.wn == 8 and t.stages == 1) then
     return TILES.refuse(t, auto, "the fp32 path runs 64x64x16|32 tiles of 8 warps (WM*WN = 8), one stage%s",
-                    wgmma_applies(k) and "; the warpgroup path: WN 1, BM = 16*WM (64 or 128), BN 64|128|256, BK 64, 2-4 stages" or "")
+                    wgmma_applies(k) and "; the warpgroup path: WN 1, BM = 16*WM (64 or 128), BN 64|128|256, BK 64, 2-4 stages" ..
+                      (k.ys and "" or "; its persistent form by TMA (bf16 act and out, latent % 8 == 0): BN 64|128, 5-8 stages as shared memory allows") or "")
   end
   p.path, p.smem_bytes = "fp32", 0
   p.entries = { { name = k.entry, threads = 256, smem = 0 } }
@@ -750,7 +763,9 @@ function M.render(spec, plan)
   end
   about[#about + 1] = ""
   about[#about + 1] = fmt("extern \"C\" __global__ void %s(%s)", k.entry, (EMIT.subst(sig, {}):gsub("__restrict__ ", "")))
-  about[#about + 1] = fmt("grid (ceil(B*T/%d), ceil(%d/%d), %d), block %d threads.", t.bm, k.L, t.bn, k.H, plan.entries[1].threads)
+  if plan.path ~= "wgmma tma persistent" then
+    about[#about + 1] = fmt("grid (ceil(B*T/%d), ceil(%d/%d), %d), block %d threads.", t.bm, k.L, t.bn, k.H, plan.entries[1].threads)
+  end
   local w = EMIT.writer()
   local head = EMIT.subst(HEAD, v)
   local sc = EMIT.writer()
@@ -762,6 +777,16 @@ function M.render(spec, plan)
     for _, l in ipairs(SCL.scale_prologue(k.sc)) do sc:line((l:gsub("^const float s = ", "const float sy = "))) end
   end
   local ab = FM.out_types[k.afmt or "int8"].ctype
+  if plan.path == "wgmma tma persistent" then
+    about[#about + 1] = fmt("path: persistent, warp-specialized (templates/decoder_gate_tma.lua): wgmma m64n%dk16 bf16, f32 sums (sm_90a); %d consumer warpgroups, a producer warpgroup: a ring of %d stages by TMA (A the gradient's bf16 copy, B w MN-major), xs and ys in subtiles of %d columns by TMA into %d slots, dxs and dys stored from them by TMA.",
+                            t.bn, t.bm // 64, t.stages, DGT.EC, DGT.eps(t))
+    about[#about + 1] = fmt("grid (any, 1, 1), %d threads, %d bytes of dynamic shared memory; maps ma (grad's copy: E, T, B; boxes 64 x %d), mb (w: H*L, E, 1; 64 x 64), mx, my, md, me (xs, ys, dxs, dys: L, T, B*H; 32 x %d, the 64-byte swizzle).",
+                            DGT.threads(t), plan.smem_bytes, t.bm, t.bm)
+    about[#about + 1] = "dg_decoder_gate_bwd_cast(const float *grad, unsigned short *copy, long long n8): the copy, first."
+    w:line(EMIT.banner(spec, "decoder_gate.lua", about))
+    w:line(DGT.render(t, EMIT.subst(HEAD, v), sig, PHILOX))
+    return w:text()
+  end
   if plan.path ~= "fp32" then
     local minb = (t.bm == 128 and t.bn <= 128) and 2 or 1
     local mma = k.ys and fmt("wgmma m64n%dk32 %s.s8 int32 sums for ys, then m64n%dk16 bf16 f32 sums for dxy",

@@ -109,6 +109,115 @@ Test(emu_decoder_gate, warpgroup_path_against_the_reference, .timeout = 900)
 	dg_codegen_destroy(cg);
 }
 
+/* ---- the persistent form by TMA (templates/decoder_gate_tma.lua) ----------
+ * Its _cast entry, then the kernel on 3 blocks that walk the tiles (the
+ * ring's and the slots' phases running on from tile to tile), with the
+ * six maps as runtime/ops/gate.c makes them, against the ring form's
+ * kernel run the same way: the same MMAs in the same order on the same
+ * bf16 operands and the gate's roundings, so the same bytes, dropout's
+ * bits included (drawn a block by one quad thread and shuffled here, by
+ * each vector's thread there). Shapes: T not whole tiles (rows past T
+ * clipped by the maps), L not whole tiles nor subtiles (L 200: the last
+ * subtile 8 columns wide), several K steps; elem0 whole Philox blocks
+ * and not (each element drawn by itself). Checked to fail with the quad's
+ * masks taken unswapped and with the dys box stored over dxs's. */
+
+typedef void (*dgt_fn)(unsigned g, unsigned nt, size_t smem, const float *grad, void *copy, const void *w,
+		       const void *xs, const void *ys, void *dxs, void *dys, int B, int T, float p,
+		       unsigned long long seed, unsigned step, unsigned layer, unsigned long long elem0,
+		       const eh_tmap *maps);
+
+static const char GLUE_TMA[] =
+	"extern \"C\" void dg_emu_entry_tma(unsigned g, unsigned nt, size_t smem, const float *grad, void *copy,\n"
+	"	const void *w, const void *xs, const void *ys, void *dxs, void *dys, int B, int T, float p,\n"
+	"	unsigned long long seed, unsigned step, unsigned layer, unsigned long long elem0, const dg_emu_tmap *m)\n"
+	"{\n"
+	"	dg_tmap ma, mb, mx, my, md, me;\n"
+	"	memcpy(&ma, &m[0], sizeof(dg_emu_tmap)), memcpy(&mb, &m[1], sizeof(dg_emu_tmap));\n"
+	"	memcpy(&mx, &m[2], sizeof(dg_emu_tmap)), memcpy(&my, &m[3], sizeof(dg_emu_tmap));\n"
+	"	memcpy(&md, &m[4], sizeof(dg_emu_tmap)), memcpy(&me, &m[5], sizeof(dg_emu_tmap));\n"
+	"	const long long n8 = (long long)B * T * E / 8;\n"
+	"	dg_emu_launch3({ 2, 1, 1 }, 256, 0, [&] { dg_decoder_gate_bwd_cast(grad, (unsigned short *)copy, n8); });\n"
+	"	dg_emu_launch3({ g, 1, 1 }, nt, smem, [&] {\n"
+	"		dg_decoder_gate_bwd(grad, (const WT *)w, (const XT *)xs, (const XT *)ys, (GT *)dxs, (GT *)dys, B, T,\n"
+	"				    p, seed, step, layer, nullptr, elem0, ma, mb, mx, my, md, me);\n"
+	"	});\n"
+	"}\n";
+
+static void check_tma(dg_codegen *cg, dg_rng *r, int B, int T, int H, int L, int E, float p,
+		      unsigned long long elem0)
+{
+	dg_spec s;
+	dg_spec_init(&s, DG_OP_DECODER_GATE_BWD);
+	s.weight = DG_FMT_BF16, s.act = DG_FMT_BF16, s.out = DG_FMT_BF16;
+	s.heads = H, s.latent = L, s.embd = E;
+	s.arch = 90, s.arch_specific = true;
+	s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+	dg_spec_normalize(&s);
+	dg_plan plan;
+	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(plan.path, "wgmma tma persistent", "%s", plan.canonical);
+	cr_assert_eq(plan.n_entries, 2, "%s: the kernel and its _cast", plan.canonical);
+	cr_assert_str_eq(plan.entries[1].name, "dg_decoder_gate_bwd_cast");
+	dgt_fn ft = (dgt_fn)eh_build(cg, &s, GLUE_TMA, "dg_emu_entry_tma");
+	/* the ring form (the default tile) */
+	dg_spec rs = s;
+	rs.tile = (dg_tile){ 0 };
+	dg_spec_normalize(&rs);
+	dg_plan rp;
+	cr_assert_eq(dg_codegen_plan(cg, &rs, &rp), DG_OK, "%s", dg_codegen_errmsg(cg));
+	cr_assert_str_eq(rp.path, "wgmma bf16", "%s", rp.canonical);
+	dgb_fn fr = (dgb_fn)eh_build(cg, &rs, GLUE, "dg_emu_entry");
+
+	const size_t ng = (size_t)B * T * E, nw = (size_t)E * H * L, nx = (size_t)B * H * T * L;
+	uint16_t *w = rand_bf16(r, nw), *xs = rand_bf16(r, nx), *ys = rand_bf16(r, nx);
+	float *grad = malloc(ng * sizeof(float));
+	uint16_t *copy = malloc(ng * 2 + 16);
+	uint16_t *dxs = malloc(nx * 2 + 16), *dys = malloc(nx * 2 + 16), *wx = malloc(nx * 2 + 16), *wy = malloc(nx * 2 + 16);
+	cr_assert(grad && copy && dxs && dys && wx && wy);
+	dg_rng_fill(r, DG_FMT_F32, grad, ng); /* f32, not bf16-exact: the cast rounds it */
+	memset(dxs, 0xff, nx * 2 + 16), memset(dys, 0xff, nx * 2 + 16);
+	memset(wx, 0xee, nx * 2 + 16), memset(wy, 0xee, nx * 2 + 16);
+	const unsigned bm = (unsigned)plan.spec.tile.bm;
+	eh_tmap m[6] = {
+		eh_tmap3(copy, 2, (uint64_t)E, (uint64_t)T, (uint64_t)B, 64, bm),
+		eh_tmap3(w, 2, (uint64_t)H * L, (uint64_t)E, 1, 64, 64),
+		eh_tmap3(xs, 2, (uint64_t)L, (uint64_t)T, (uint64_t)B * H, 32, bm),
+		eh_tmap3(ys, 2, (uint64_t)L, (uint64_t)T, (uint64_t)B * H, 32, bm),
+		eh_tmap3(dxs, 2, (uint64_t)L, (uint64_t)T, (uint64_t)B * H, 32, bm),
+		eh_tmap3(dys, 2, (uint64_t)L, (uint64_t)T, (uint64_t)B * H, 32, bm),
+	};
+	for (int i = 2; i < 6; i++)
+		m[i].swizzle = 64;
+	const unsigned long long seed = 5;
+	const unsigned step = 3, layer = 2;
+	ft(3, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, grad, copy, w, xs, ys, dxs, dys, B, T, p,
+	   seed, step, layer, elem0, m);
+	const dg_tile *t = &rp.spec.tile;
+	fr((unsigned)((B * T + t->bm - 1) / t->bm), (unsigned)((L + t->bn - 1) / t->bn), (unsigned)H,
+	   (unsigned)rp.entries[0].threads, (size_t)rp.entries[0].smem, grad, w, xs, ys, wx, wy, B, T, p, seed, step,
+	   layer, elem0);
+	char why[512];
+	cr_assert(dg_ref_same_bytes(dxs, wx, nx * 2, why, sizeof(why)), "%s p %g elem0 %llu: dxs against the ring form: %s",
+		  plan.canonical, (double)p, elem0, why);
+	cr_assert(dg_ref_same_bytes(dys, wy, nx * 2, why, sizeof(why)), "%s p %g elem0 %llu: dys against the ring form: %s",
+		  plan.canonical, (double)p, elem0, why);
+	for (size_t i = nx; i < nx + 8; i++)
+		cr_assert(dxs[i] == 0xffff && dys[i] == 0xffff, "%s: written past the output", plan.canonical);
+	free(w), free(xs), free(ys), free(grad), free(copy), free(dxs), free(dys), free(wx), free(wy);
+}
+
+Test(emu_decoder_gate, persistent_tma_form_is_the_ring_form, .timeout = 1800)
+{
+	dg_codegen *cg = nh_codegen();
+	dg_rng r;
+	dg_rng_seed(&r, 17);
+	check_tma(cg, &r, 2, 136, 2, 200, 128, 0.1f, 0);
+	check_tma(cg, &r, 1, 72, 1, 136, 64, 0.1f, 3);
+	check_tma(cg, &r, 1, 64, 2, 64, 192, 0.0f, 16);
+	dg_codegen_destroy(cg);
+}
+
 /* ---- ys made in the tile (op decoder_gate_bwd_ys) ---------------------------
  * The fused kernel against the pair it replaces, bit for bit: ys as the
  * encoder_v projection writes it (dg_ref_run of lowrank_fwd, which every

@@ -296,6 +296,101 @@ Test(gpu_decoder_gate, bdh_shape_sampled)
 	gh_close(dev);
 }
 
+/*
+ * The persistent form by TMA (templates/decoder_gate_tma.lua; the tile of
+ * 5 stages the model names, DG__DEC_GATE_TMA_TILE) against the ring form
+ * (the default tile), byte for byte: the same MMAs on the same bf16
+ * operands and the gate's roundings (the gradient here is not bf16-exact,
+ * so the cast's rounding counts too). The BDH shape (timed, both forms,
+ * the same run: the figure the model's step gains), ragged shapes (T and
+ * L not whole tiles, L not whole subtiles), the 1B model's heads and embd
+ * at a short batch, dropout on and off, and an elem0 that is not whole
+ * Philox blocks (each element drawn by itself).
+ */
+static void tma_case(dg_device *dev, const shape *sh, float p, uint64_t elem0, bool timed)
+{
+	char what[200];
+	snprintf(what, sizeof(what), "decoder_gate_bwd persistent B%d T%d H%d E%d L%d p=%g elem0 %llu", sh->B, sh->T,
+		 sh->H, sh->E, sh->L, (double)p, (unsigned long long)elem0);
+	const int M = sh->B * sh->T;
+	const size_t n = (size_t)M * sh->H * sh->L, nw = (size_t)sh->E * sh->H * sh->L, ng = (size_t)M * sh->E;
+	float *grad = gh_xmalloc(ng * 4);
+	for (size_t i = 0; i < ng; i++)
+		grad[i] = gh_uniform(-1.0f, 1.0f);
+	void *w = rand_exact(DG_FMT_BF16, nw), *xs = gh_rand_storage(DG_FMT_BF16, n, NULL),
+	     *ys = gh_rand_storage(DG_FMT_BF16, n, NULL);
+	const size_t ob = n * 2;
+	dg_tensor tg = dg_tensor_4d("grad", DG_FMT_F32, gh_upload(dev, grad, ng * 4), sh->B, 1, sh->T, sh->E);
+	int64_t wsh[2] = { sh->E, (int64_t)sh->H * sh->L };
+	dg_tensor tw = dg_tensor_make("w", DG_FMT_BF16, gh_upload(dev, w, nw * 2), 2, wsh);
+	dg_tensor tx = dg_tensor_4d("xs", DG_FMT_BF16, gh_upload(dev, xs, ob), sh->B, sh->H, sh->T, sh->L);
+	dg_tensor ty = dg_tensor_4d("ys", DG_FMT_BF16, gh_upload(dev, ys, ob), sh->B, sh->H, sh->T, sh->L);
+	dg_tensor tdx = dg_tensor_4d("dxs", DG_FMT_BF16, gh_alloc_ff(dev, ob), sh->B, sh->H, sh->T, sh->L);
+	dg_tensor tdy = dg_tensor_4d("dys", DG_FMT_BF16, gh_alloc_ff(dev, ob), sh->B, sh->H, sh->T, sh->L);
+	dg_tensor rdx = dg_tensor_4d("dxs", DG_FMT_BF16, gh_alloc_ff(dev, ob), sh->B, sh->H, sh->T, sh->L);
+	dg_tensor rdy = dg_tensor_4d("dys", DG_FMT_BF16, gh_alloc_ff(dev, ob), sh->B, sh->H, sh->T, sh->L);
+	fmts f = { DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, true };
+	run ring = { dev, spec_of(sh, &f, 90),
+		     { .grad = &tg, .w = &tw, .xs = &tx, .ys = &ty, .dxs = &rdx, .dys = &rdy, .p = p, .seed = 77,
+		       .step = 4, .layer = 1, .elem0 = elem0 } };
+	run tma = ring;
+	tma.a.dxs = &tdx, tma.a.dys = &tdy;
+	tma.spec.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+	size_t need = 0;
+	cr_assert_eq(dg_decoder_gate_bwd_workspace(dev, &tma.spec, &tma.a, &need), DG_OK, "%s: %s", what,
+		     dg_device_errmsg(dev));
+	cr_assert_eq(need, ((size_t)M * sh->E * 2 + 255) / 256 * 256, "%s: the copy's bytes", what);
+	/* without its workspace: refused, naming it */
+	cr_assert_neq(call(&tma), DG_OK, "%s: ran without its workspace", what);
+	cr_assert(strstr(dg_device_errmsg(dev), "ws"), "%s: %s", what, dg_device_errmsg(dev));
+	tma.a.ws.ptr = gh_alloc_ff(dev, need), tma.a.ws.bytes = need;
+	cr_assert_eq(call(&ring), DG_OK, "%s: ring: %s", what, dg_device_errmsg(dev));
+	cr_assert_eq(call(&tma), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+	void *gx = gh_xmalloc(ob), *gy = gh_xmalloc(ob), *wx = gh_xmalloc(ob), *wy = gh_xmalloc(ob);
+	gh_download(dev, gx, tdx.data, ob);
+	gh_download(dev, gy, tdy.data, ob);
+	gh_download(dev, wx, rdx.data, ob);
+	gh_download(dev, wy, rdy.data, ob);
+	size_t dx = 0, dy = 0;
+	for (size_t i = 0; i < n; i++)
+		dx += ((uint16_t *)gx)[i] != ((uint16_t *)wx)[i], dy += ((uint16_t *)gy)[i] != ((uint16_t *)wy)[i];
+	cr_assert(dx == 0 && dy == 0, "%s: %zu of dxs and %zu of dys differ from the ring form's", what, dx, dy);
+	if (timed) {
+		dg_timer *tm;
+		dg_timing tr, tt;
+		cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_timer_opts o = { .reps = 20 };
+		cr_assert_eq(dg_timer_run(tm, &o, call, &ring, &tr), DG_OK, "%s", dg_device_errmsg(dev));
+		cr_assert_eq(dg_timer_run(tm, &o, call, &tma, &tt), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_timer_destroy(tm);
+		const double bytes = 4.0 * (double)n * 2;
+		printf("%s: ring %9.1f us (%5.2f TB/s), persistent %9.1f us (%5.2f TB/s of xs, ys, dxs, dys)\n", what,
+		       tr.median_us, bytes / tr.median_us * 1e-6, tt.median_us, bytes / tt.median_us * 1e-6);
+		fflush(stdout);
+	}
+	free(grad), free(w), free(xs), free(ys), free(gx), free(gy), free(wx), free(wy);
+}
+
+Test(gpu_decoder_gate, persistent_form_is_the_ring_form)
+{
+	dg_device *dev = gh_open();
+	gh_seed(0x7a4);
+	if (!device_sm90(dev)) {
+		printf("decoder_gate_bwd: not an sm_90 device: the persistent form is not run\n");
+		gh_close(dev);
+		return;
+	}
+	static const shape shapes[] = { { 2, 136, 2, 128, 200 }, { 1, 72, 3, 64, 136 }, { 2, 128, 16, 1280, 256 } };
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		tma_case(dev, &shapes[i], 0.1f, 0, false);
+		tma_case(dev, &shapes[i], 0.0f, 8, false);
+	}
+	tma_case(dev, &shapes[0], 0.1f, 3, false);
+	shape bdh = { 8, 512, 4, 256, 8192 };
+	tma_case(dev, &bdh, 0.1f, 0, true);
+	gh_close(dev);
+}
+
 Test(gpu_decoder_gate, step_at_adds_the_device_step)
 {
 	dg_device *dev = gh_open();

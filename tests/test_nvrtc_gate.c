@@ -438,6 +438,57 @@ Test(nvrtc_gate, decoder_gate_bwd_both_paths)
 	dg_codegen_destroy(cg);
 }
 
+/* The persistent form by TMA (templates/decoder_gate_tma.lua): a tile of
+ * 5 stages names it where the formats and L allow; its module has the
+ * _cast entry; the shared memory (ring, slots, barriers) within sm_90's
+ * limit; it compiles, at the BDH shape, the 1B one and a ragged one.
+ * Elsewhere (f32 act, L % 8 != 0) the tile is refused naming it. */
+Test(nvrtc_gate, decoder_gate_bwd_persistent_form)
+{
+	dg_codegen *cg = nh_codegen();
+	char e[8192];
+	static const int SH[3][3] = { { 4, 256, 8192 }, { 16, 1280, 16384 }, { 2, 64, 200 } };
+	for (int i = 0; i < 3; i++) {
+		dg_spec s = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD, SH[i][0], SH[i][1], SH[i][2]);
+		s.weight = s.act = s.out = DG_FMT_BF16;
+		s.arch = 90, s.arch_specific = true;
+		s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+		dg_plan p;
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_str_eq(p.path, "wgmma tma persistent", "%s", p.canonical);
+		cr_assert_eq(p.n_entries, 2, "%s", p.canonical);
+		cr_assert_str_eq(p.entries[0].name, "dg_decoder_gate_bwd");
+		cr_assert_str_eq(p.entries[1].name, "dg_decoder_gate_bwd_cast");
+		cr_assert_eq(p.entries[0].threads, 384, "%s", p.canonical);
+		cr_assert(p.entries[0].smem > 200 * 1024 && p.entries[0].smem <= 232448, "%s: %d bytes", p.canonical,
+			  p.entries[0].smem);
+		dg_source *src = NULL;
+		cr_assert_eq(dg_codegen_render(cg, &s, &src), DG_OK, "%s", dg_codegen_errmsg(cg));
+		cr_assert_eq(src->n_entries, 2);
+		cr_assert(strstr(src->text, "dg_tmap ma") && strstr(src->text, "dg_tmap me"), "%s: six maps", p.canonical);
+		dg__nvrtc_target t;
+		dg__nvrtc_result res;
+		cr_assert_eq(dg__nvrtc_target_for(90, true, &t, e, sizeof(e)), DG_OK, "%s", e);
+		cr_assert_eq(dg__nvrtc_compile(src, &t, &res, e, sizeof(e)), DG_OK, "%s: %s", p.canonical, e);
+		cr_assert(res.size > 64 && memcmp(res.image, "\177ELF", 4) == 0, "%s: not an ELF cubin", p.canonical);
+		dg__nvrtc_result_free(&res);
+		dg_source_destroy(src);
+	}
+	/* f32 activations, or rows of L that no tensor map takes: refused */
+	for (int i = 0; i < 2; i++) {
+		dg_spec s = dg_test_spec_sized(DG_OP_DECODER_GATE_BWD, 2, 64, i ? 100 : 128);
+		s.weight = s.act = s.out = DG_FMT_BF16;
+		if (!i)
+			s.act = DG_FMT_F32;
+		s.arch = 90, s.arch_specific = true;
+		s.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
+		dg_plan p;
+		cr_assert_eq(dg_codegen_plan(cg, &s, &p), DG_ERR_INVALID_SPEC, "%s", p.canonical);
+		cr_assert(strstr(dg_codegen_errmsg(cg), "tile=128x128x64/8x1/5"), "%s", dg_codegen_errmsg(cg));
+	}
+	dg_codegen_destroy(cg);
+}
+
 Test(nvrtc_gate, decoder_gate_bwd_refusals)
 {
 	dg_codegen *cg = nh_codegen();

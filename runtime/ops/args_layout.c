@@ -143,7 +143,7 @@ static const dg__args_layout layouts[DG_OP__COUNT] = {
 			     DROPOUT(gate_bwd) },
 	[DG_OP_DECODER_GATE_BWD] = { SIZE(decoder_gate_bwd),
 				     .t = { T6(decoder_gate_bwd, grad, w, xs, ys, dxs, dys) },
-				     DROPOUT(decoder_gate_bwd) },
+				     DROPOUT(decoder_gate_bwd), OPT(decoder_gate_bwd, ws, dg_workspace) },
 	[DG_OP_DECODER_GATE_BWD_YS] = { SIZE(decoder_gate_bwd_ys),
 					.t = { T7(decoder_gate_bwd_ys, grad, w, xs, aq, ev, dxs, dys) },
 					DROPOUT(decoder_gate_bwd_ys) },

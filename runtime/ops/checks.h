@@ -68,6 +68,10 @@ dg_status dg_attention_step_check(const dg_spec *spec, const dg_attention_step_a
  * grad_xs turn xs itself (dragon/ops.h). */
 bool dg__attn_persistent_tile(const dg_tile *t);
 #define DG__ATTN_PERSISTENT_TILE ((dg_tile){ 128, 128, 64, 8, 1, 4, 0 })
+/* decoder_gate_bwd's persistent form by TMA (templates/decoder_gate_tma.lua,
+ * gate.c dgb_prep_tma): the tile the model names for it, 5 stages (and 4
+ * epilogue slots beside them). */
+#define DG__DEC_GATE_TMA_TILE ((dg_tile){ 128, 128, 64, 8, 1, 5, 0 })
 dg_status dg_attention_grad_xs_check(const dg_spec *spec, const dg_attention_grad_xs_args *a,
 				     char *msg, size_t msg_size);
 /* The chunked form's ops in one call (prepare and launch), for the

@@ -242,10 +242,102 @@ static dg__prep_launch *decoder_gate_launch(dg_prepared *p, const char *entry, d
 	return dg__prep_add(p, k, &l, st);
 }
 
-/* The six tensors, (int B, int T), the dropout's arguments. */
+/* ---- decoder_gate_bwd's persistent form (templates/decoder_gate_tma.lua) --
+ * A tile of 5 to 8 stages (DG__DEC_GATE_TMA_TILE the model's) names it: its
+ * module has the _cast entry, launched first, which writes the gradient's
+ * bf16 copy (B·T·E values) at the start of the workspace; the kernel walks
+ * its tiles on a grid of one block an SM and takes six maps after the op's
+ * arguments: ma over the copy (E, T, B), boxes 64 x BM; mb over w (H·L, E,
+ * 1), boxes 64 x 64; mx, my, md, me over xs, ys, dxs, dys (L, T, B·H),
+ * boxes 32 x BM (the 64-byte swizzle). iv[0] holds BM. */
+#define DGB_BM 0
+
+static size_t dgb_copy_bytes(const dg_prepared *p)
+{
+	return (size_t)dg__op_align256((size_t)p->shape.b * (size_t)p->shape.t * (size_t)p->spec.embd * 2);
+}
+
+static dg_status dgb_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[DG__PREP_TMAPS])
+{
+	const uint64_t B = (uint64_t)p->shape.b, T = (uint64_t)p->shape.t, H = (uint64_t)p->spec.heads,
+		       L = (uint64_t)p->spec.latent, E = (uint64_t)p->spec.embd;
+	const uint32_t bm = (uint32_t)p->iv[DGB_BM];
+	/* (a call that only sizes the workspace has none: grad's bytes, more,
+	 * stand in for the trial map) */
+	const dg_dptr copy = c->ws.ptr ? c->ws.ptr : c->t[0]->data;
+	dg_status st = dg__tmap_bf16(p->dev, &maps[0], copy, (const uint64_t[3]){ E, T, B },
+				     (const uint32_t[2]){ 64, bm });
+	if (!st)
+		st = dg__tmap_bf16(p->dev, &maps[1], c->t[1]->data, (const uint64_t[3]){ H * L, E, 1 },
+				   (const uint32_t[2]){ 64, 64 });
+	for (int i = 0; i < 4 && !st; i++) /* xs, ys, dxs, dys */
+		st = dg__tmap_rows(p->dev, &maps[2 + i], c->t[2 + i]->data, 2, (const uint64_t[3]){ L, T, B * H },
+				   (const uint32_t[2]){ 32, bm });
+	return st;
+}
+
+/* The cast, then the kernel k over its tiles. */
+static dg_status dgb_prep_tma(dg_prepared *p, const dg__op_call *c, dg_kernel *k)
+{
+	dg_device *dev = p->dev;
+	const dg_spec *spec = &p->spec;
+	const dg_tile *t = &dg_kernel_spec(k)->tile;
+	const int64_t B = p->shape.b, T = p->shape.t;
+	dg_kernel *kc;
+	dg_status st = dg_kernel_get(dev, spec, "dg_decoder_gate_bwd_cast", &kc);
+	if (st)
+		return st;
+	p->ws_bytes = dgb_copy_bytes(p);
+	p->iv[DGB_BM] = t->bm;
+	p->tmaps = dgb_tmaps;
+	dg__tmap maps[DG__PREP_TMAPS];
+	if ((st = dgb_tmaps(p, c, maps))) /* the shapes' maps encode, or the message names why */
+		return st;
+	const int64_t n8 = B * T * spec->embd / 8; /* E % 64 == 0 on this path */
+	dg_launch lc;
+	memset(&lc, 0, sizeof(lc));
+	lc.grid[0] = dg__op_grid(n8, 256, 8LL * dg__dev_info(dev)->sm_count);
+	lc.grid[1] = lc.grid[2] = 1;
+	lc.block[0] = 256, lc.block[1] = lc.block[2] = 1;
+	dg__prep_launch *L = dg__prep_add(p, kc, &lc, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0);
+	dg__arg_ws(p, L, 0);
+	dg__arg_i64(p, L, n8);
+
+	const int64_t tiles = B * dg__op_cdiv(T, t->bm) * dg__op_cdiv(spec->latent, t->bn) * spec->heads;
+	const int64_t sms = dg__dev_info(dev)->sm_count;
+	dg_launch l;
+	memset(&l, 0, sizeof(l)); /* block and shared memory: the plan's */
+	l.grid[0] = (unsigned)(tiles < sms ? tiles : sms);
+	l.grid[1] = l.grid[2] = 1;
+	if (!(L = dg__prep_add(p, k, &l, &st)))
+		return st;
+	for (int i = 0; i < 6; i++) /* grad, w, xs, ys, dxs, dys: the maps carry them */
+		dg__arg_data(p, L, i);
+	dg__arg_i32(p, L, B);
+	dg__arg_i32(p, L, T);
+	dropout_args(p, L);
+	for (int i = 0; i < 6; i++)
+		dg__arg_tmap(p, L, i);
+	return DG_OK;
+}
+
+/* The six tensors, (int B, int T), the dropout's arguments (the persistent
+ * form: and its maps). */
 dg_status dg__prep_decoder_gate_bwd(dg_prepared *p, const dg__op_call *c)
 {
-	(void)c;
+	if (p->shape.b * p->shape.t > 0) {
+		dg_kernel *k;
+		dg_status st = dg_kernel_get(p->dev, &p->spec, "dg_decoder_gate_bwd", &k);
+		if (st)
+			return st;
+		if (dg_kernel_entry_named(k, "dg_decoder_gate_bwd_cast")) {
+			p->ptrs = gate_ptrs;
+			return dgb_prep_tma(p, c, k);
+		}
+	}
 	dg_status st;
 	dg__prep_launch *L = decoder_gate_launch(p, "dg_decoder_gate_bwd", &st);
 	if (!L)

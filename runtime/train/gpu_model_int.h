@@ -49,6 +49,9 @@ struct dg_model {
 	bool recompute_ys;          /* ys alone made again (dg__bdh_target):
 				     * where saving both would not fit, saving
 				     * xs does */
+	bool gate_tma;              /* DEC_GATE by decoder_gate_bwd's persistent
+				     * form (bf16 on sm_90, N % 8 == 0;
+				     * DRAGON_GATE_TMA=1) */
 	bool gate_ys;               /* where it applies (not DRAGON_GATE_YS=0):
 				     * ys, where it is made again, made inside
 				     * DEC_GATE (dg__bdh_target gate_ys) */

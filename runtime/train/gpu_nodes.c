@@ -495,14 +495,17 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		s.weight = DG_FMT_BF16;
 		s.act = m->act;
 		s.out = grad_fmt(m); /* dxs, dys */
+		if (m->gate_tma) /* the persistent form by TMA (gpu_model.c) */
+			s.tile = DG__DEC_GATE_TMA_TILE;
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), xs = dg__gm_tn(m, in[2]), ys = dg__gm_tn(m, in[3]),
 			  dxs = dg__gm_tn(m, out[0]), dys = dg__gm_tn(m, out[1]);
 		w.scale = 0;
 		dg_decoder_gate_bwd_args a = { .grad = &g, .w = &w, .xs = &xs, .ys = &ys, .dxs = &dxs,
 					       .dys = &dys, .p = p, .seed = seed, .step = step,
-					       .layer = (uint32_t)nd->layer, .step_at = m->step_at, .elem0 = elem0 };
-		return node_op(ex, &s, &a, NULL);
+					       .layer = (uint32_t)nd->layer, .step_at = m->step_at, .elem0 = elem0,
+					       .ws = ws };
+		return node_op(ex, &s, &a, need);
 	}
 	case DG__N_PROJ_IN: {
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_GRAD_INPUT, (dg_proj)nd->arg);
