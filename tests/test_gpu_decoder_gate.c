@@ -336,9 +336,10 @@ static void tma_case(dg_device *dev, const shape *sh, float p, uint64_t elem0, b
 	run tma = ring;
 	tma.a.dxs = &tdx, tma.a.dys = &tdy;
 	tma.spec.tile = (dg_tile){ 128, 128, 64, 8, 1, 5, 0 };
-	size_t need = 0;
-	cr_assert_eq(dg_decoder_gate_bwd_workspace(dev, &tma.spec, &tma.a, &need), DG_OK, "%s: %s", what,
-		     dg_device_errmsg(dev));
+	dg_prepared *pp = NULL;
+	cr_assert_eq(dg_prepare(dev, &tma.spec, &tma.a, &pp), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
+	const size_t need = dg_prepared_workspace(pp);
+	dg_prepared_destroy(pp);
 	cr_assert_eq(need, ((size_t)M * sh->E * 2 + 255) / 256 * 256, "%s: the copy's bytes", what);
 	/* without its workspace: refused, naming it */
 	cr_assert_neq(call(&tma), DG_OK, "%s: ran without its workspace", what);

@@ -646,12 +646,9 @@ typedef struct dg_decoder_gate_bwd_args {
 	dg_dptr step_at; /* as gate_fwd's */
 	uint64_t elem0;  /* as gate_fwd's: the forward's, so the masks match */
 	dg_workspace ws; /* the persistent form's (a tile of 5 to 8 stages on
-			  * sm_90a): grad's bf16 copy, B·T·D values */
+			  * sm_90a): grad's bf16 copy, B·T·D values
+			  * (dg_prepare, dg_prepared_workspace) */
 } dg_decoder_gate_bwd_args;
-/* The workspace a call with a's tensors needs on dev (a->ws is ignored):
- * 0 but for the persistent form. */
-DG_API dg_status dg_decoder_gate_bwd_workspace(dg_device *dev, const dg_spec *spec,
-					       const dg_decoder_gate_bwd_args *a, size_t *bytes);
 DG_API dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
 				     const dg_decoder_gate_bwd_args *a);
 

@@ -453,12 +453,6 @@ dg_status dg_decoder_gate_bwd_check(const dg_spec *spec, const dg_decoder_gate_b
 	return dg__op_typed_check(DG_OP_DECODER_GATE_BWD, spec, a, msg, msg_size);
 }
 
-dg_status dg_decoder_gate_bwd_workspace(dg_device *dev, const dg_spec *spec,
-					const dg_decoder_gate_bwd_args *a, size_t *bytes)
-{
-	return dg__op_typed_workspace(dev, DG_OP_DECODER_GATE_BWD, spec, a, bytes);
-}
-
 dg_status dg_decoder_gate_bwd(dg_device *dev, const dg_spec *spec,
 			      const dg_decoder_gate_bwd_args *a)
 {
