@@ -55,6 +55,19 @@ unread: the maps carry them) followed by six maps,
 Arithmetic: decoder_gate.lua's warpgroup path's, step for step (the same
 MMAs in the same order on the same bf16 operands, the gate's roundings):
 the same bits as the ring form.
+
+Where it stands: checked on the CPU (tests/test_emu_decoder_gate.c
+persistent_tma_form_is_the_ring_form: byte for byte against the ring
+form, 3 blocks walking ragged shapes; shown to fail with the quad's masks
+unswapped, with dys stored over dxs and with a slot read before its bytes
+landed) and compiled by NVRTC (test_nvrtc_gate); not yet run on a GPU (no
+device came when it was written). Next: tests/test_gpu_decoder_gate.c
+persistent_form_is_the_ring_form (bytes against the ring form, and both
+timed at the BDH shape in the same run), the step with DRAGON_GATE_TMA=1
+against without (bench/step: the same losses, the node's time), the GPU
+model suite with it; then make it the model's default (gpu_model.c
+gate_tma). Expected: the ring form's 565 us a layer on an H100 (3.39 ms
+for 6 layers at 25M) toward the traffic floor (1.07 GB: about 350 us).
 ]]
 local EMIT = require("emit")
 local DEV = require("device")
