@@ -384,29 +384,8 @@ constexpr unsigned ESLOT = (ER_BYTES + 2 * ED_BYTES + 1023) / 1024 * 1024;
 constexpr unsigned ETX = ER_BYTES + 2 * ED_BYTES;	// bytes a subtile's boxes bring
 static_assert(BN % EC == 0 && EC * 4 == 128, "a subtile's table rows are one 128-byte swizzle row");
 
-// dxs's and mask_xs's rows of 64 bytes: the 64-byte swizzle (the 16-byte
-// chunk, bits 4-5, xor bits 7-8 of the offset in a 512-byte aligned box)
-__device__ __forceinline__ unsigned dg_swz64(unsigned o) { return o ^ (((o >> 7) & 3u) << 4); }
-
-// Box (c0, c1, c2) of shared src into the rank-3 map's tensor (the bulk
-// group of this thread; nothing past the tensor's edges is written).
-__device__ __forceinline__ void dg_tma_store(const dg_tmap *map, unsigned src, int c0, int c1, int c2)
-{
-	asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
-		     :: "l"((unsigned long long)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-
-__device__ __forceinline__ void dg_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-
-// This thread's bulk groups but the newest N done reading shared memory.
-template <int N>
-__device__ __forceinline__ void dg_bulk_wait_read()
-{
-	asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
-}
-
-// This thread's bulk groups all complete (their writes performed).
-__device__ __forceinline__ void dg_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// (dxs's and mask_xs's rows of 64 bytes: the 64-byte swizzle, dg_swz64;
+// the stores: wgmma_bf16.lua's TMA_STORE_HELPERS)
 ]]
 
 local TEPI_BARS = [[
@@ -560,6 +539,7 @@ function M.render(spec, plan, k, sh)
   if tepi then
     w:line(EW.VEC_IO)
     w:line(sh.MASK_PAIR)
+    w:line(WB.TMA_STORE_HELPERS)
     w:line(EMIT.subst(TEPI_HEAD, { EC = M.EC, EPS = M.EPS }))
   elseif k.epi_mask then
     w:line(EW.VEC_IO)

@@ -120,29 +120,6 @@ static_assert(BN % EC == 0 && EC * 2 == 64, "a subtile's rows are one 64-byte sw
 ]]
 
 local KERNEL = [[
-// The 64-byte swizzle (the 16-byte chunk, bits 4-5, xor bits 7-8 of the
-// offset in a 512-byte aligned box).
-__device__ __forceinline__ unsigned dg_swz64(unsigned o) { return o ^ (((o >> 7) & 3u) << 4); }
-
-// Box (c0, c1, c2) of shared src into the rank-3 map's tensor (this
-// thread's bulk group; nothing past the tensor's edges is written).
-__device__ __forceinline__ void dg_tma_store(const dg_tmap *map, unsigned src, int c0, int c1, int c2)
-{
-	asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
-		     :: "l"((unsigned long long)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-
-__device__ __forceinline__ void dg_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-
-// This thread's bulk groups but the newest N done reading shared memory.
-template <int N>
-__device__ __forceinline__ void dg_bulk_wait_read()
-{
-	asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
-}
-
-__device__ __forceinline__ void dg_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
 // The gate's backward of one pair (columns c, c + 1 of a row): d the dxy
 // sums, keep its two dropout bits, xy the slot's xs and ys pairs (bf16),
 // overwritten by dxs's and dys's (decoder_gate.lua dg_gate8's roundings).
@@ -155,18 +132,7 @@ __device__ __forceinline__ void dg_gate_pair(float d0, float d1, unsigned keep, 
 	yw = dg_bf16x2(y0 > 0.0f ? __fmul_rn(g0, x0) : 0.0f, y1 > 0.0f ? __fmul_rn(g1, x1) : 0.0f);
 }
 
-// grad (B·T·E f32) to bf16, rounded to nearest even: 8 values a thread
-// and a step, grid-stride (the kernel's A, through the map ma).
-extern "C" __global__ void __launch_bounds__(256)
-dg_decoder_gate_bwd_cast(const float *__restrict__ grad, unsigned short *__restrict__ out, long long n8)
-{
-	for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n8; i += (long long)gridDim.x * 256) {
-		const float4 a = __ldg((const float4 *)grad + 2 * i), b = __ldg((const float4 *)grad + 2 * i + 1);
-		((uint4 *)out)[i] = make_uint4(dg_bf16x2(a.x, a.y), dg_bf16x2(a.z, a.w), dg_bf16x2(b.x, b.y),
-					       dg_bf16x2(b.z, b.w));
-	}
-}
-
+${CAST}
 extern "C" __global__ void __launch_bounds__(NTB, 1)
 dg_decoder_gate_bwd(${SIG})
 {
@@ -341,6 +307,7 @@ function M.render(t, head, sig, philox)
   w:line(EMIT.subst(CONSTS, { BM = t.bm, BN = t.bn, BK = t.bk, S = t.stages, EC = M.EC, EPS = M.eps(t) }))
   w:line(WB.WS_HEAD)
   w:line(WB.WS_HELPERS)
+  w:line(WB.TMA_STORE_HELPERS)
   w:line(philox)
   w:line(EMIT.subst(KERNEL, {
     SIG = sig .. ", const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb, " ..
@@ -348,6 +315,7 @@ function M.render(t, head, sig, philox)
           "const __grid_constant__ dg_tmap md, const __grid_constant__ dg_tmap me",
     RING_START = EMIT.subst(WB.RING_START, { EMPTY_COUNT = "NT", INIT_SYNC = "__syncthreads();" }),
     TILE2 = EMIT.indent(TILE, 2), TILE4 = EMIT.indent(TILE, 4),
+    CAST = require("grad_wgmma").cast_entry("dg_decoder_gate_bwd"),
   }))
   return w:text()
 end

@@ -718,6 +718,11 @@ ${ENTRY}_cast(const float *__restrict__ grad, unsigned short *__restrict__ out, 
 }
 ]]
 
+-- The cast entry ${entry}_cast (decoder_gate_tma.lua's kernel reads the same copy).
+function M.cast_entry(entry)
+  return EMIT.subst(DGW_CAST, { ENTRY = entry })
+end
+
 local DGW_WS_KERNEL = [[
 // A chunk of y (16 or 8 bytes) into shared memory by cp.async.
 __device__ __forceinline__ void dg_cpy(unsigned dst, const void *src)

@@ -347,6 +347,35 @@ __device__ __forceinline__ void dg_consumers_sync()
 }
 ]]
 
+-- Stores by TMA from shared memory (an epilogue's boxes: attention_tma.lua's
+-- and decoder_gate_tma.lua's) and the 64-byte swizzle of 64-byte rows.
+M.TMA_STORE_HELPERS = [[
+// ---- bulk tensor stores, the 64-byte swizzle (templates/wgmma_bf16.lua) ----
+// The 64-byte swizzle (the 16-byte chunk, bits 4-5, xor bits 7-8 of the
+// offset in a 512-byte aligned box).
+__device__ __forceinline__ unsigned dg_swz64(unsigned o) { return o ^ (((o >> 7) & 3u) << 4); }
+
+// Box (c0, c1, c2) of shared src into the rank-3 map's tensor (the bulk
+// group of this thread; nothing past the tensor's edges is written).
+__device__ __forceinline__ void dg_tma_store(const dg_tmap *map, unsigned src, int c0, int c1, int c2)
+{
+	asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+		     :: "l"((unsigned long long)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+__device__ __forceinline__ void dg_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// This thread's bulk groups but the newest N done reading shared memory.
+template <int N>
+__device__ __forceinline__ void dg_bulk_wait_read()
+{
+	asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+
+// This thread's bulk groups all complete (their writes performed).
+__device__ __forceinline__ void dg_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+]]
+
 -- ---- a cluster's ring (CX x CY blocks, __cluster_dims__) ----------------
 -- The blocks of a cluster row (the same m0) share A, those of a cluster
 -- column (the same n0) share B: each block's producer loads its share of
