@@ -60,8 +60,8 @@ Where it stands: checked on the CPU (tests/test_emu_decoder_gate.c
 persistent_tma_form_is_the_ring_form: byte for byte against the ring
 form, 3 blocks walking ragged shapes; shown to fail with the quad's masks
 unswapped, with dys stored over dxs and with a slot read before its bytes
-landed) and compiled by NVRTC (test_nvrtc_gate); not yet run on a GPU (no
-device came when it was written). Next: tests/test_gpu_decoder_gate.c
+landed) and compiled by NVRTC (test_nvrtc_gate); not yet run on a GPU.
+Next: tests/test_gpu_decoder_gate.c
 persistent_form_is_the_ring_form (bytes against the ring form, and both
 timed at the BDH shape in the same run), the step with DRAGON_GATE_TMA=1
 against without (bench/step: the same losses, the node's time), the GPU
