@@ -252,11 +252,6 @@ static dg__prep_launch *decoder_gate_launch(dg_prepared *p, const char *entry, d
  * boxes 32 x BM (the 64-byte swizzle). iv[0] holds BM. */
 #define DGB_BM 0
 
-static size_t dgb_copy_bytes(const dg_prepared *p)
-{
-	return (size_t)dg__op_align256((size_t)p->shape.b * (size_t)p->shape.t * (size_t)p->spec.embd * 2);
-}
-
 static dg_status dgb_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap maps[DG__PREP_TMAPS])
 {
 	const uint64_t B = (uint64_t)p->shape.b, T = (uint64_t)p->shape.t, H = (uint64_t)p->spec.heads,
@@ -287,25 +282,15 @@ static dg_status dgb_prep_tma(dg_prepared *p, const dg__op_call *c, dg_kernel *k
 	dg_status st = dg_kernel_get(dev, spec, "dg_decoder_gate_bwd_cast", &kc);
 	if (st)
 		return st;
-	p->ws_bytes = dgb_copy_bytes(p);
+	p->ws_bytes = dg__grad_copy_bytes(p);
 	p->iv[DGB_BM] = t->bm;
 	p->tmaps = dgb_tmaps;
 	dg__tmap maps[DG__PREP_TMAPS];
 	if ((st = dgb_tmaps(p, c, maps))) /* the shapes' maps encode, or the message names why */
 		return st;
-	const int64_t n8 = B * T * spec->embd / 8; /* E % 64 == 0 on this path */
-	dg_launch lc;
-	memset(&lc, 0, sizeof(lc));
-	lc.grid[0] = dg__op_grid(n8, 256, 8LL * dg__dev_info(dev)->sm_count);
-	lc.grid[1] = lc.grid[2] = 1;
-	lc.block[0] = 256, lc.block[1] = lc.block[2] = 1;
-	dg__prep_launch *L = dg__prep_add(p, kc, &lc, &st);
-	if (!L)
+	if ((st = dg__prep_grad_cast(p, kc, 0))) /* E % 64 == 0 on this path */
 		return st;
-	dg__arg_data(p, L, 0);
-	dg__arg_ws(p, L, 0);
-	dg__arg_i64(p, L, n8);
-
+	dg__prep_launch *L;
 	const int64_t tiles = B * dg__op_cdiv(T, t->bm) * dg__op_cdiv(spec->latent, t->bn) * spec->heads;
 	const int64_t sms = dg__dev_info(dev)->sm_count;
 	dg_launch l;

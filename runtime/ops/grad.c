@@ -87,9 +87,23 @@ static int64_t resident_of(dg_device *dev, const dg_kernel *k)
  * form) read their A, the f32 gradient's bf16 copy (B·T·E values, made by
  * the module's _cast entry first), at the end of the workspace: its bytes,
  * 256-aligned. */
-static size_t dgw_copy_bytes(const dg_prepared *p)
+size_t dg__grad_copy_bytes(const dg_prepared *p)
 {
 	return (size_t)dg__op_align256((size_t)p->shape.b * (size_t)p->shape.t * (size_t)p->spec.embd * 2);
+}
+
+dg_status dg__prep_grad_cast(dg_prepared *p, dg_kernel *kc, int64_t ws_off)
+{
+	const int64_t n8 = p->shape.b * p->shape.t * p->spec.embd / 8;
+	dg_launch lc = reduce_launch(p->dev, 4 * n8);
+	dg_status st;
+	dg__prep_launch *L = dg__prep_add(p, kc, &lc, &st);
+	if (!L)
+		return st;
+	dg__arg_data(p, L, 0);
+	dg__arg_ws(p, L, ws_off);
+	dg__arg_i64(p, L, n8);
+	return DG_OK;
 }
 
 /* The maps of a warp-specialized call, bf16 rank 3, boxes of 64 x 64:
@@ -106,7 +120,7 @@ static dg_status ws_tmaps(const dg_prepared *p, const dg__op_call *c, dg__tmap m
 		/* (a call that only sizes the workspace has none: the trial map
 		 * of the prepare goes over grad's bytes, as many or more) */
 		const uint64_t dg[3] = { E, T, B };
-		const dg_dptr at = c->ws.ptr ? c->ws.ptr + (p->ws_bytes - dgw_copy_bytes(p)) : c->t[0]->data;
+		const dg_dptr at = c->ws.ptr ? c->ws.ptr + (p->ws_bytes - dg__grad_copy_bytes(p)) : c->t[0]->data;
 		dg_status st = dg__tmap_bf16(p->dev, &maps[0], at, dg, box);
 		if (!st)
 			maps[1] = maps[0];
@@ -337,14 +351,9 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char 
 		dg_kernel *kc;
 		if ((st = dg_kernel_get(dev, spec, "dg_decoder_grad_weight_cast", &kc)))
 			return st;
-		p->ws_bytes = (size_t)dg__op_align256(p->ws_bytes) + dgw_copy_bytes(p);
-		const int64_t n8 = p->shape.b * p->shape.t * spec->embd / 8;
-		dg_launch lc = reduce_launch(dev, 4 * n8);
-		if (!(L = dg__prep_add(p, kc, &lc, &st)))
+		p->ws_bytes = (size_t)dg__op_align256(p->ws_bytes) + dg__grad_copy_bytes(p);
+		if ((st = dg__prep_grad_cast(p, kc, (int64_t)(p->ws_bytes - dg__grad_copy_bytes(p)))))
 			return st;
-		dg__arg_data(p, L, 0);
-		dg__arg_ws(p, L, (int64_t)(p->ws_bytes - dgw_copy_bytes(p)));
-		dg__arg_i64(p, L, n8);
 	}
 	bool ws;
 	if ((st = ws_maps(p, c, k, &ws)))
@@ -352,7 +361,7 @@ dg_status dg__grad_weight_prep(dg_prepared *p, const dg__op_call *c, const char 
 	if (!(L = dg__prep_add(p, k, &l, &st)))
 		return st;
 	if (dgw_copy) /* grad: its copy */
-		dg__arg_ws(p, L, (int64_t)(p->ws_bytes - dgw_copy_bytes(p)));
+		dg__arg_ws(p, L, (int64_t)(p->ws_bytes - dg__grad_copy_bytes(p)));
 	else
 		dg__arg_data(p, L, 0);
 	dg__arg_data(p, L, 1);

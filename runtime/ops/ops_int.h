@@ -402,6 +402,12 @@ const char *dg__quantize_rows_entry(const dg_spec *spec, long long values);
  * has the model). Returns the count; *per gets the K steps of a split
  * (split p sums [p·per, (p+1)·per) clipped to steps). */
 int dg__grad_input_splits(int64_t blocks, int64_t steps, int64_t slots, int want, int *per);
+/* The f32 gradient's bf16 copy (B·T·E values, grad.c): its workspace bytes
+ * (256-aligned), and the launch of cast kernel kc (a module's _cast entry:
+ * grad, the copy, n8) writing it at workspace offset ws_off. decoder_grad_
+ * weight's sm_90a kernels and decoder_gate_bwd's persistent form read it. */
+size_t dg__grad_copy_bytes(const dg_prepared *p);
+dg_status dg__prep_grad_cast(dg_prepared *p, dg_kernel *kc, int64_t ws_off);
 
 /* grad_input: out (rows B·T, n_cols) per grid z of kernel `entry`, a
  * reduction of k_len (a multiple of the tile's BK). reduce names the
