@@ -78,15 +78,18 @@ local M = {}
 
 M.EC = 32
 
--- Epilogue slots: as many as fit beside the ring (at most 4).
-function M.eps(t)
-  local ring = (t.stages * (t.bm + t.bn) * t.bk * 2 + 16 * t.stages + 1023) // 1024 * 1024
-  local slot = M.eslot(t)
-  local n = (232448 - 1024 - ring - 64) // slot
-  return n > 4 and 4 or n
+function M.eslot(t) return t.bm * M.EC * 2 * 2 end
+
+-- The ring and its 2·S barriers, to the slots' 1 KiB alignment.
+local function ring_bytes(t)
+  return (t.stages * (t.bm + t.bn) * t.bk * 2 + 16 * t.stages + 1023) // 1024 * 1024
 end
 
-function M.eslot(t) return t.bm * M.EC * 2 * 2 end
+-- Epilogue slots: as many as fit beside the ring (at most 4).
+function M.eps(t)
+  local n = (232448 - 1024 - ring_bytes(t) - 64) // M.eslot(t)
+  return n > 4 and 4 or n
+end
 
 -- The form serves decoder_gate_bwd (ys read) with bf16 xs, ys, dxs and dys,
 -- rows of L a tensor map's (L % 8 == 0), on the warpgroup path's arch and
@@ -98,8 +101,7 @@ function M.applies(k, t)
 end
 
 function M.smem_bytes(t)
-  local ring = (t.stages * (t.bm + t.bn) * t.bk * 2 + 16 * t.stages + 1023) // 1024 * 1024
-  return ring + M.eps(t) * M.eslot(t) + 16 * M.eps(t) + 1024
+  return ring_bytes(t) + M.eps(t) * M.eslot(t) + 16 * M.eps(t) + 1024
 end
 
 function M.threads(t) return (t.bm // 64) * 128 + 128 end
