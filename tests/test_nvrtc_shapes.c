@@ -192,6 +192,30 @@ Test(nvrtc_shapes, ys_made_in_the_gate_lists_no_projection, .timeout = 1200)
 	ys_made_in_gate_case("bitnet", NULL, 0);
 }
 
+/* The decoder's input gradient by its persistent form by TMA (gpu_model.c
+ * gate_tma): the 25M w8a8 step lists decoder_gate_bwd a layer on the
+ * model's tile, arch-specific (a named tile is planned as asked: without
+ * sm_90a the op once took the fp32 path's check and the model refused the
+ * tile), and every spec of that step compiles with no spill. */
+Test(nvrtc_shapes, decoder_gate_by_tma_lists_sm90a, .timeout = 1200)
+{
+	setenv("DRAGON_GATE_TMA", "1", 1);
+	seen z = { .shape = "w8a8 DRAGON_GATE_TMA=1", .no_spills = true };
+	step_compiles_into(&z, "w8a8", 256, 4, 8192, 256, 8, 512);
+	unsetenv("DRAGON_GATE_TMA");
+	int n = 0;
+	for (int i = 0; i < z.n; i++) {
+		if (!strstr(z.text[i], "op=decoder_gate_bwd;"))
+			continue;
+		n++;
+		cr_expect(strstr(z.text[i], "tile=128x128x64/8x1/5") && strstr(z.text[i], "arch=sm_90a"),
+			  "the persistent form's spec: %s", z.text[i]);
+	}
+	cr_expect_eq(n, 1, "decoder_gate_bwd: %d distinct specs listed", n);
+	dg_codegen_destroy(z.cg);
+	free(z.text);
+}
+
 Test(nvrtc_shapes, d768_h12_n8192_w8a8, .timeout = 1200)
 {
 	step_compiles("w8a8", 768, 12, 8192, 256, 4, 512);

@@ -495,8 +495,11 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		s.weight = DG_FMT_BF16;
 		s.act = m->act;
 		s.out = grad_fmt(m); /* dxs, dys */
-		if (m->gate_tma) /* the persistent form by TMA (gpu_model.c) */
+		if (m->gate_tma) { /* the persistent form by TMA (gpu_model.c): a
+				    * named tile is planned as asked, so sm_90a too */
 			s.tile = DG__DEC_GATE_TMA_TILE;
+			s.arch_specific = true;
+		}
 		dg_spec_normalize(&s);
 		dg_tensor g = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), xs = dg__gm_tn(m, in[2]), ys = dg__gm_tn(m, in[3]),
 			  dxs = dg__gm_tn(m, out[0]), dys = dg__gm_tn(m, out[1]);
