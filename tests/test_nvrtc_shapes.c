@@ -193,27 +193,54 @@ Test(nvrtc_shapes, ys_made_in_the_gate_lists_no_projection, .timeout = 1200)
 }
 
 /* The decoder's input gradient by its persistent form by TMA (gpu_model.c
- * gate_tma): the 25M w8a8 step lists decoder_gate_bwd a layer on the
+ * gate_tma, the default): the 25M w8a8 step lists decoder_gate_bwd on the
  * model's tile, arch-specific (a named tile is planned as asked: without
  * sm_90a the op once took the fp32 path's check and the model refused the
- * tile), and every spec of that step compiles with no spill. */
-Test(nvrtc_shapes, decoder_gate_by_tma_lists_sm90a, .timeout = 1200)
+ * tile), and that spec compiles with no spill; DRAGON_GATE_TMA=0 lists the
+ * template's default (the ring form) instead. */
+typedef struct gate_seen {
+	int n;
+	dg_spec spec;
+} gate_seen;
+
+static dg_status keep_gate(void *user, const dg_spec *s)
 {
-	setenv("DRAGON_GATE_TMA", "1", 1);
-	seen z = { .shape = "w8a8 DRAGON_GATE_TMA=1", .no_spills = true };
-	step_compiles_into(&z, "w8a8", 256, 4, 8192, 256, 8, 512);
-	unsetenv("DRAGON_GATE_TMA");
-	int n = 0;
-	for (int i = 0; i < z.n; i++) {
-		if (!strstr(z.text[i], "op=decoder_gate_bwd;"))
-			continue;
-		n++;
-		cr_expect(strstr(z.text[i], "tile=128x128x64/8x1/5") && strstr(z.text[i], "arch=sm_90a"),
-			  "the persistent form's spec: %s", z.text[i]);
+	gate_seen *g = user;
+	if (s->op == DG_OP_DECODER_GATE_BWD) {
+		g->n++;
+		g->spec = *s;
 	}
-	cr_expect_eq(n, 1, "decoder_gate_bwd: %d distinct specs listed", n);
+	return DG_OK;
+}
+
+static void gate_specs(const char *env, const char *want, const char *want2)
+{
+	char name[64], msg[1024], text[DG_SPEC_TEXT_MAX];
+	snprintf(name, sizeof(name), "w8a8 DRAGON_GATE_TMA=%s", env ? env : "(unset)");
+	if (env)
+		setenv("DRAGON_GATE_TMA", env, 1);
+	gate_seen g = { 0 };
+	dg_model_config c = shape("w8a8", 256, 4, 8192, 256);
+	dg_status st = dg__gm_step_specs(&c, 8, 512, 90, NULL, NULL, keep_gate, &g, msg, sizeof(msg));
+	unsetenv("DRAGON_GATE_TMA");
+	cr_assert_eq(st, DG_OK, "%s: %s", name, msg);
+	cr_assert_eq(g.n, c.layers, "%s: %d decoder_gate_bwd listed", name, g.n);
+	dg_spec_to_string(&g.spec, text, sizeof(text));
+	cr_expect(strstr(text, want) && strstr(text, want2), "%s: %s", name, text);
+	seen z = { .shape = name, .no_spills = true };
+	z.text = calloc(MAX_SPECS, sizeof(*z.text));
+	cr_assert_not_null(z.text);
+	cr_assert_eq(dg_codegen_create(&z.cg, NULL), DG_OK);
+	check_spec(&z, &g.spec);
+	cr_expect_eq(z.compiled, 1, "%s", name);
 	dg_codegen_destroy(z.cg);
 	free(z.text);
+}
+
+Test(nvrtc_shapes, decoder_gate_by_tma_lists_sm90a, .timeout = 600)
+{
+	gate_specs(NULL, "arch=sm_90a;", "tile=128x128x64/8x1/5;");
+	gate_specs("0", "arch=sm_90;", "tile=auto;"); /* the template's default: the ring */
 }
 
 Test(nvrtc_shapes, d768_h12_n8192_w8a8, .timeout = 1200)

@@ -50,8 +50,8 @@ struct dg_model {
 				     * where saving both would not fit, saving
 				     * xs does */
 	bool gate_tma;              /* DEC_GATE by decoder_gate_bwd's persistent
-				     * form (bf16 on sm_90, N % 8 == 0;
-				     * DRAGON_GATE_TMA=1) */
+				     * form (bf16 on sm_90, N % 8 == 0, D % 64
+				     * == 0; not DRAGON_GATE_TMA=0) */
 	bool gate_ys;               /* where it applies (not DRAGON_GATE_YS=0):
 				     * ys, where it is made again, made inside
 				     * DEC_GATE (dg__bdh_target gate_ys) */
