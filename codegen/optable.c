@@ -45,15 +45,18 @@
 static const dg_op_info rows[DG_OP__COUNT] = {
 	[DG_OP_LOWRANK_FWD] = {
 		.family = "lowrank", .module = "lowrank",
-		.about = "projection: out (B,H,T,N) = relu(s * x (B,Hin,T,D) . w (H,N,D)^T - thr)",
-		.fields = LOWRANK_SHAPE | F(ACT) | F(OUT) | F(RELU) | F(WEIGHT) | F(ASCALE) | F(WSCALE),
+		.about = "projection: out (B,H,T,N) = relu(s * x (B,Hin,T,D) . w (H,N,D)^T - thr) (epi=rope: and qr = RoPE(out) by the rope table (T,N))",
+		.fields = LOWRANK_SHAPE | F(ACT) | F(EPI) | F(OUT) | F(RELU) | F(WEIGHT) | F(ASCALE) | F(WSCALE),
 		.tile = DG_TILE_GEMM,
 		.weight_fmts = W_ALL, .act_fmts = A_ALL, .out_fmts = O_ALL,
 		.weight_axis = F(EMBD), .pack_fmt = DG_FMT__COUNT,
-		.n_args = 3, .args = {
+		.n_args = 5, .args = {
 			{ "x", false, DG_ARG_ACT, true, 4, { DIM(B), DIM(HIN), DIM(T), DIM(D) } },
 			{ "w", false, DG_ARG_WEIGHT, true, 3, { DIM(H), DIM(N), DIM(D) } },
-			{ "out", true, DG_ARG_OUT, true, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } } },
+			{ "out", true, DG_ARG_OUT, true, 4, { DIM(B), DIM(H), DIM(T), DIM(N) } },
+			/* epi=rope: the table, and RoPE(out) (rope_fwd's from out) */
+			{ "rope", false, DG_ARG_F32, false, 2, { DIM(T), DIM(N) }, .epi = EPI(ROPE) },
+			{ "qr", true, DG_ARG_BF16, false, 4, { DIM(B), DIM(H), DIM(T), DIM(N) }, .epi = EPI(ROPE) } },
 		.check = DG_CHECK_EXACT,
 		.build = "in_heads=1,4;" LOWBIT ";act=int8;out=bf16,uint8pos;relu=0",
 	},

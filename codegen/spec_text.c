@@ -338,12 +338,12 @@ static dg_status set_field(dg_spec *s, const key_info *k, const char *v,
 				"rope=%s: must be load (RoPE on the GEMM's load) or pre (xs is RoPE(xs) already)",
 				v);
 	case DG_FIELD_EPI:
-		if (strcmp(v, "store") == 0 || strcmp(v, "mask") == 0) {
-			s->epi = v[0] == 'm' ? DG_EPI_MASK : DG_EPI_STORE;
+		if (strcmp(v, "store") == 0 || strcmp(v, "mask") == 0 || strcmp(v, "rope") == 0) {
+			s->epi = v[0] == 'm' ? DG_EPI_MASK : (v[0] == 'r' ? DG_EPI_ROPE : DG_EPI_STORE);
 			return DG_OK;
 		}
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"epi=%s: must be store (write grad_xs) or mask (add it into dxs in place, masked by mask_xs > 0)",
+				"epi=%s: must be store (write the output), mask (attention_grad_xs: add it into dxs in place, masked by mask_xs > 0) or rope (lowrank_fwd: RoPE(out) into qr too)",
 				v);
 	case DG_FIELD_TILE:
 		if (!parse_tile(v, &s->tile))

@@ -478,6 +478,7 @@ __device__ __forceinline__ unsigned dg_turn(unsigned w, float c, float s)
 }
 ]]
 
+M.TURN_FN = TURN_FN -- (templates/lowrank_wgmma.lua's epi=rope turns out's pairs alike)
 
 function M.render(spec, plan, k, sh)
   local WB = require("wgmma_bf16")

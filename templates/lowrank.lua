@@ -140,6 +140,8 @@ local function fields(spec)
   k.arch = SPEC.int_field(spec, "arch", 1)
   k.arch_specific = spec.arch_specific == true
   k.entry = k.mask and "dg_relu_mask" or "dg_lowrank_fwd"
+  -- epi=rope: RoPE(out) into qr too (templates/lowrank_wgmma.lua)
+  k.rope = not k.mask and spec.epi == "rope"
   k.sc = SCL.scale_kind(spec, FM.formats[k.act], FM.formats[k.weight])
   return k
 end
@@ -291,7 +293,12 @@ end
 -- after the path's where that entry serves the spec.
 function M.plan(spec)
   local p, err = plan_paths(spec)
-  if p and ROWS.applies(fields(spec)) then
+  local k = fields(spec)
+  if p and k.rope and not (p.path:match("^wgmma") and k.out == "bf16") then
+    return nil, fmt("epi=rope (RoPE(out) into qr): the warpgroup path (sm_90a, a warpgroup tile) with out=bf16 only; this spec takes the %s path with out=%s",
+                    p.path, k.out)
+  end
+  if p and ROWS.applies(k) and not k.rope then
     p.entries[#p.entries + 1] = { name = ROWS.ENTRY, threads = ROWS.THREADS, smem = 0 }
   end
   return p, err
@@ -314,7 +321,8 @@ local function render_path(spec, plan)
     return fmt("dg_lowrank_fwd(const %s *__restrict__ x, const %s *__restrict__ w,\n"
       .. "\t       const float *__restrict__ sa, const float *__restrict__ sw,\n"
       .. "\t       %s *__restrict__ out, const float *__restrict__ so,\n"
-      .. "\t       float *__restrict__ out_absum, int B, int T)", xt, wt, ot)
+      .. "\t       float *__restrict__ out_absum, int B, int T%s)", xt, wt, ot,
+      k.rope and ",\n\t       const float *__restrict__ rope, unsigned short *__restrict__ qr" or "")
   end
   k.about = function(path, nt, extra)
     local fa, fw = FM.formats[k.act], FM.formats[k.weight]
@@ -330,7 +338,10 @@ local function render_path(spec, plan)
       t[#t + 1] = ""
       t[#t + 1] = fmt("extern \"C\" __global__ void dg_lowrank_fwd(const %s *x, const %s *w,", fa.ctype, fw.ctype)
       t[#t + 1] = fmt("    const float *sa, const float *sw, %s *out, const float *so, float *out_absum,", ot)
-      t[#t + 1] = "    int B, int T)"
+      t[#t + 1] = k.rope and "    int B, int T, const float *rope, unsigned short *qr)" or "    int B, int T)"
+      if k.rope then
+        t[#t + 1] = "epi=rope: qr (B, H, T, L) bf16 = RoPE(out) by rope (T, L) f32, as rope_fwd makes it from out's bf16 values (each product and the sum rounded once, then bf16)."
+      end
     end
     t[#t + 1] = fmt("grid: any number of blocks (they stride over the ceil(B*T/%d)·ceil(%d/%d)·%d tiles);",
                     k.bm, k.L, k.bn, k.H)

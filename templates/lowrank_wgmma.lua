@@ -180,17 +180,26 @@ end
 -- format's ${EPI}), the same in both forms.
 local OUT_ROWS = [[
 	// This thread's two output rows (g and g + 8 of its warp's 16) of the tile.
-	${OT} *orow[2];
+	${OT} *orow[2];${QR_DECL}
 #pragma unroll
 	for (int hh = 0; hh < 2; ++hh) {
 		const int m = m0 + wg * 64 + (warp & 3) * 16 + g + 8 * hh;
 		orow[hh] = nullptr;
 		if (m < M) {
 			const int b = m / T, t = m - b * T;
-			orow[hh] = out + ((long long)(b * H + h) * T + t) * L + 16 * q;
+			orow[hh] = out + ((long long)(b * H + h) * T + t) * L + 16 * q;${QR_ROWS}
 		}
 	}
 ]]
+-- epi=rope: qr's rows beside out's (the same offsets) and the table's row t
+local QR_DECL = [[
+
+	unsigned short *qrow[2];	// epi=rope: qr's rows, and the table's row t
+	const float *rrow[2];]]
+local QR_ROWS = [[
+
+			qrow[hh] = qr + ((long long)(b * H + h) * T + t) * L + 16 * q;
+			rrow[hh] = rope + (long long)t * L + 16 * q;]]
 local STORES = [[
 #pragma unroll
 		for (int hh = 0; hh < 2; ++hh) {
@@ -198,7 +207,7 @@ local STORES = [[
 #pragma unroll
 				for (int a = 0; a < BN / 64; ++a) {
 					if (n0 + 64 * a + 16 * q < L) {
-						${OT} *orp = orow[hh] + n0;
+						${OT} *orp = orow[hh] + n0;${QR_PTRS}
 ${EPI}
 					}
 				}
@@ -552,7 +561,20 @@ local function epilogue(k, magic, fsum, sw_at)
                             8 * j + 2 * i, 8 * j + 2 * i + 1)
           end
         end
-        w:linef("*(uint4 *)(orp + 64 * a + %d) = make_uint4(%s);", 8 * j, table.concat(p, ",\n\t\t\t\t\t\t\t\t"))
+        if k.rope then
+          -- epi=rope: the stored bf16 pairs turned by the table's (cos,
+          -- sin) of their columns, as rope_fwd turns out's (dg_turn)
+          w:line("{")
+          w:linef("\tconst uint4 o_ = make_uint4(%s);", table.concat(p, ",\n\t\t\t\t\t\t\t\t"))
+          w:linef("\t*(uint4 *)(orp + 64 * a + %d) = o_;", 8 * j)
+          w:linef("\tconst float4 r0_ = __ldg((const float4 *)(rtp + 64 * a + %d)), r1_ = __ldg((const float4 *)(rtp + 64 * a + %d));",
+                  8 * j, 8 * j + 4)
+          w:linef("\t*(uint4 *)(qrp + 64 * a + %d) = make_uint4(dg_turn(o_.x, r0_.x, r0_.y), dg_turn(o_.y, r0_.z, r0_.w),", 8 * j)
+          w:line("\t\t\t\t\t\t\t   dg_turn(o_.z, r1_.x, r1_.y), dg_turn(o_.w, r1_.z, r1_.w));")
+          w:line("}")
+        else
+          w:linef("*(uint4 *)(orp + 64 * a + %d) = make_uint4(%s);", 8 * j, table.concat(p, ",\n\t\t\t\t\t\t\t\t"))
+        end
       end
     end
   end
@@ -946,7 +968,9 @@ if (out_absum) {
   -- stream form: BN up to 128, its accumulators one set)
   local minb = (nt <= 256 and k.bn <= (stream and 128 or 64) and 2 * (smem + 1024) <= 227 * 1024) and 2 or 1
   local es = elem_bytes(k)
-  local out_rows = EMIT.subst(OUT_ROWS, { OT = FM.out_types[k.out].ctype })
+  SPEC.check(not k.rope or k.out == "bf16", "lowrank_wgmma.lua: epi=rope needs out=bf16")
+  local out_rows = EMIT.subst(OUT_ROWS, { OT = FM.out_types[k.out].ctype, QR_DECL = k.rope and QR_DECL or "",
+                                          QR_ROWS = k.rope and QR_ROWS or "" })
   local vars = {
     H = k.H, HIN = k.HIN, E = k.E, L = k.L, WROW = bf and 2 * k.E or k.E // wdiv,
     KB = k.bk * es, S = k.stages,
@@ -969,6 +993,7 @@ if (out_absum) {
     OUT_ROWS_IN = EMIT.indent(out_rows, 1),
     -- the warp-specialized form reads a tile's weight scales from its slot
     STORES = EMIT.subst(STORES, { OT = FM.out_types[k.out].ctype,
+                                  QR_PTRS = k.rope and "\n\t\t\t\t\t\tunsigned short *qrp = qrow[hh] + n0;\n\t\t\t\t\t\tconst float *rtp = rrow[hh] + n0;" or "",
                                   EPI = epilogue(k, magic, bf, ws and "sc[64 * a + 16 * q + i]" or nil) }),
     ABSUM = ab:text(),
   }
@@ -976,8 +1001,8 @@ if (out_absum) {
     -- the producer warpgroup has left: the consumers' named barrier for
     -- the block's Σ|y| (the ring is free by then: every load consumed)
     vars.ABSUM = vars.ABSUM:gsub("__syncthreads%(%)", "dg_consumers_sync()")
-    local sig = k.signature(fa.ctype, fw.ctype):gsub("int B, int T%)$",
-      "int B, int T,\n\t       const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)")
+    local sig = k.signature(fa.ctype, fw.ctype):gsub("%)$",
+      ",\n\t       const __grid_constant__ dg_tmap ma, const __grid_constant__ dg_tmap mb)")
     vars.OPENING = EMIT.subst(OPENING, { BOUNDS = "NTB, 1", SIGNATURE = sig })
     local WB = require("wgmma_bf16")
     -- two consumer warpgroups at BM 64 too (ping-pong)
@@ -1053,6 +1078,7 @@ if (out_absum) {
   w:line(MMA.helpers({ decode = false }, fa.unsigned))
   w:line(WG.helpers(k.bn, fa.unsigned, bf))
   if k.weight == "ternary" then w:line(WG.decoders) end
+  if k.rope then w:line(require("attention_tma").TURN_FN) end
   w:line(EMIT.subst(ws and KERNEL_WSP or (stream and KERNEL_STREAM or KERNEL), vars))
   return w:text()
 end

@@ -347,6 +347,7 @@ struct wcase {
 	dg_tile tile;
 	float thr;
 	bool vec;
+	bool rope; /* epi=rope: qr = RoPE(out) too */
 };
 
 static const char WGLUE[] =
@@ -361,6 +362,23 @@ static const char WGLUE[] =
 	"	});\n"
 	"}\n";
 
+/* epi=rope: the table and qr before the maps */
+static const char WGLUE_ROPE[] =
+	"extern \"C\" void dg_emu_ws(unsigned grid, unsigned nt, size_t smem, const void *x, const void *w,\n"
+	"	const float *sa, const float *sw, void *out, const float *so, float *absum, int B, int T,\n"
+	"	const void *ma, const void *mb, const float *rope, unsigned short *qr)\n"
+	"{\n"
+	"	dg_tmap a, b;\n"
+	"	memcpy(&a, ma, sizeof(dg_emu_tmap)), memcpy(&b, mb, sizeof(dg_emu_tmap));\n"
+	"	dg_emu_launch(grid, nt, smem, [&] {\n"
+	"		dg_lowrank_fwd((const %s *)x, (const %s *)w, sa, sw, (%s *)out, so, absum, B, T, rope, qr, a, b);\n"
+	"	});\n"
+	"}\n";
+
+typedef void (*ws_rope_fn)(unsigned grid, unsigned nt, size_t smem, const void *x, const void *w, const float *sa,
+			   const float *sw, void *out, const float *so, float *absum, int B, int T, const eh_tmap *ma,
+			   const eh_tmap *mb, const float *rope, uint16_t *qr);
+
 typedef void (*ws_fn)(unsigned grid, unsigned nt, size_t smem, const void *x, const void *w, const float *sa,
 		      const float *sw, void *out, const float *so, float *absum, int B, int T, const eh_tmap *ma,
 		      const eh_tmap *mb);
@@ -368,6 +386,10 @@ typedef void (*ws_fn)(unsigned grid, unsigned nt, size_t smem, const void *x, co
 static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
 {
 	dg_spec s = case_spec(c->act, c->weight, c->out, c->H, c->hin, c->N, c->E, c->thr, c->vec, c->tile);
+	if (c->rope) {
+		s.epi = DG_EPI_ROPE;
+		dg_spec_normalize(&s);
+	}
 	dg_plan plan;
 	cr_assert_eq(dg_codegen_plan(cg, &s, &plan), DG_OK, "%s", dg_codegen_errmsg(cg));
 	const bool bf = c->act == DG_FMT_BF16;
@@ -375,9 +397,9 @@ static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
 	cr_assert_eq(plan.entries[0].threads, 384, "%s: two consumer warpgroups and the producer", plan.canonical);
 	const bool code_out = c->out == DG_FMT_INT8 || c->out == DG_FMT_UINT8POS;
 	char glue[1024];
-	snprintf(glue, sizeof(glue), WGLUE, bf ? "unsigned short" : "int", bf ? "unsigned short" : "int",
-		 ctype_of(c->out));
-	ws_fn fn = (ws_fn)eh_build(cg, &s, glue, "dg_emu_ws");
+	snprintf(glue, sizeof(glue), c->rope ? WGLUE_ROPE : WGLUE, bf ? "unsigned short" : "int",
+		 bf ? "unsigned short" : "int", ctype_of(c->out));
+	void *built = eh_build(cg, &s, glue, "dg_emu_ws");
 
 	const int es = bf ? 2 : 1;
 	const int64_t M = (int64_t)c->B * c->T, xrows = (int64_t)c->B * c->hin * c->T;
@@ -400,39 +422,92 @@ static void check_ws(dg_codegen *cg, dg_rng *r, const struct wcase *c)
 	mb.strides[0] = row, mb.strides[1] = 16 * row, mb.strides[2] = 2 * row, mb.strides[3] = 64 * row;
 	mb.box[2] = 4, mb.box[3] = 8;
 	float absum = 0.0f;
-	fn(3, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, x, w, sa, sw, got,
-	   code_out ? &so : NULL, &absum, c->B, c->T, &ma, &mb);
-	expect_ref(&plan, x, w, sa, sw, so, c->vec, c->B, c->T, got, no, ob, !bf);
-	free(x), free(w), free(sa), free(sw), free(got);
+	if (!c->rope) {
+		((ws_fn)built)(3, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, x, w, sa, sw, got,
+			       code_out ? &so : NULL, &absum, c->B, c->T, &ma, &mb);
+		expect_ref(&plan, x, w, sa, sw, so, c->vec, c->B, c->T, got, no, ob, !bf);
+		free(x), free(w), free(sa), free(sw), free(got);
+		return;
+	}
+	/* epi=rope: out as the plain form's (the reference, the same
+	 * spec with epi=store), and qr rope_fwd's of that out bit for bit */
+	float *table = malloc((size_t)c->T * (size_t)c->N * sizeof(float));
+	uint16_t *qr = malloc(no * 2 + 16), *want = malloc(no * 2);
+	cr_assert(table && qr && want);
+	dg_ref_rope_pairs(c->T, c->N, table);
+	memset(qr, 0xee, no * 2 + 16);
+	((ws_rope_fn)built)(3, (unsigned)plan.entries[0].threads, (size_t)plan.entries[0].smem, x, w, sa, sw, got,
+			    code_out ? &so : NULL, &absum, c->B, c->T, &ma, &mb, table, qr);
+	dg_plan store = plan;
+	store.spec.epi = DG_EPI_STORE;
+	expect_ref(&store, x, w, sa, sw, so, c->vec, c->B, c->T, got, no, ob, !bf);
+	dg_spec rs;
+	dg_spec_init(&rs, DG_OP_ROPE_FWD);
+	rs.act = DG_FMT_BF16, rs.heads = c->H, rs.latent = c->N;
+	dg_spec_normalize(&rs);
+	dg_ref_call rc;
+	memset(&rc, 0, sizeof(rc));
+	rc.in[0] = got, rc.in[1] = table;
+	rc.out = want;
+	rc.b = c->B, rc.t = c->T;
+	cr_assert_eq(dg_ref_run(&rs, &rc), DG_OK);
+	char why[512];
+	cr_assert(dg_ref_same_bytes(qr, want, no * 2, why, sizeof(why)), "%s: qr: %s", plan.canonical, why);
+	for (size_t i = no * 2; i < no * 2 + 16; i++)
+		cr_assert_eq(((unsigned char *)qr)[i], 0xee, "%s: written past qr", plan.canonical);
+	/* the reference's own epi=rope (out then rope_fwd of it) on exact paths */
+	if (!bf) {
+		memset(&rc, 0, sizeof(rc));
+		rc.in[0] = x, rc.in[1] = w, rc.in[3] = table;
+		if (c->vec)
+			rc.scale_v[0] = sa, rc.scale_v[1] = sw;
+		else
+			rc.scale[0] = sa[0], rc.scale[1] = sw[0];
+		rc.out = want;
+		rc.b = c->B, rc.t = c->T;
+		cr_assert_eq(dg_ref_run(&plan.spec, &rc), DG_OK);
+		cr_assert(dg_ref_same_bytes(qr, want, no * 2, why, sizeof(why)), "%s: qr against dg_ref_run: %s",
+			  plan.canonical, why);
+	}
+	free(x), free(w), free(sa), free(sw), free(got), free(table), free(qr), free(want);
 }
 
 Test(emu_lowrank, warp_specialized_against_the_reference, .timeout = 900)
 {
 	static const struct wcase cases[] = {
 		/* 2 x 2 tiles of 128 x 64 for 3 blocks, 2 K slices a tile */
-		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 2, 64, 2, 1, 128, 256, { 128, 64, 128, 8, 1, 5, 0 }, 0.0f, true },
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 2, 64, 2, 1, 128, 256, { 128, 64, 128, 8, 1, 5, 0 }, 0.0f, true, false },
 		/* three m-tiles of 64, a head's own x, 3 slices, codes out */
 		{ DG_FMT_UINT8POS, DG_FMT_INT8, DG_FMT_UINT8POS, 1, 192, 2, 2, 64, 384, { 64, 64, 128, 4, 1, 6, 0 },
-		  0.0f, false },
+		  0.0f, false, false },
 		/* bf16: 64-element slices, the ReLU at 0.25 */
 		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 128, 2, 1, 128, 128, { 128, 128, 64, 8, 1, 5, 0 }, 0.25f,
-		  false },
+		  false, false },
 		/* ping-pong (BM 64): 16 tiles over 3 blocks, a warpgroup 2 or 3 of them */
 		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 2, 128, 2, 1, 256, 256, { 64, 128, 128, 4, 1, 8, 0 }, 0.0f,
-		  true },
+		  true, false },
 		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 256, 1, 1, 128, 192, { 64, 128, 64, 4, 1, 5, 0 }, 0.0f,
-		  false },
+		  false, false },
 		/* ping-pong bf16 with more slices a tile than stages (E 1280: 20 of 8),
 		 * two tiles a block for the first */
 		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 128, 1, 1, 256, 1280, { 64, 128, 64, 4, 1, 8, 0 }, 0.0f,
-		  false },
+		  false, false },
 		/* a head's own x with scales a token and a channel (the encoder_v's):
 		 * the loader warp's act-scale rows (b·Hin + h)·T + t */
 		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 2, 64, 2, 2, 128, 256, { 128, 128, 128, 8, 1, 6, 0 }, 0.0f,
-		  true },
+		  true, false },
 		/* the last m-tile half past B·T (zeros from the map), one slice a tile */
 		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_INT8, 3, 64, 1, 1, 128, 128, { 128, 64, 128, 8, 1, 8, 0 }, 0.0f,
-		  false },
+		  false, false },
+		/* epi=rope: the model's encoder (x shared by the heads, scales a
+		 * token and a channel, 128x128 of 6 stages), T not a multiple of
+		 * the tile (rows past B·T), and bf16 operands with a threshold */
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 2, 64, 2, 1, 256, 256, { 128, 128, 128, 8, 1, 6, 0 }, 0.0f,
+		  true, true },
+		{ DG_FMT_INT8, DG_FMT_INT8, DG_FMT_BF16, 3, 64, 2, 2, 128, 128, { 128, 128, 128, 8, 1, 6, 0 }, 0.0f,
+		  true, true },
+		{ DG_FMT_BF16, DG_FMT_BF16, DG_FMT_BF16, 1, 128, 2, 1, 128, 128, { 128, 128, 64, 8, 1, 5, 0 }, 0.25f,
+		  false, true },
 	};
 	dg_codegen *cg = nh_codegen();
 	dg_rng r;

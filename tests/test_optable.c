@@ -107,15 +107,17 @@ Test(optable, every_row_is_complete)
 			/* an epilogue's argument: of an op that reads epi, of a known one */
 			cr_assert(!g->epi || (r->fields & DG_FIELD_EPI), "%s.%s: of an epilogue, but %s reads no epi",
 				  op, g->name, op);
-			cr_assert_eq(g->epi & ~((1u << DG_EPI_STORE) | (1u << DG_EPI_MASK)), 0, "%s.%s: epi bits", op,
-				     g->name);
+			cr_assert_eq(g->epi & ~((1u << DG_EPI_STORE) | (1u << DG_EPI_MASK) | (1u << DG_EPI_ROPE)), 0,
+				     "%s.%s: epi bits", op, g->name);
 		}
 		cr_assert_geq(outputs, 1, "%s: no output", op);
 		/* every epilogue's call has an output of its own */
-		for (int e = DG_EPI_STORE; (r->fields & DG_FIELD_EPI) && e <= DG_EPI_MASK; e++) {
+		for (int e = DG_EPI_STORE; (r->fields & DG_FIELD_EPI) && e <= DG_EPI_ROPE; e++) {
 			dg_spec es;
 			dg_spec_init(&es, (dg_op)i);
 			es.epi = (dg_epi)e;
+			if ((e == DG_EPI_ROPE) != (i == DG_OP_LOWRANK_FWD) && e != DG_EPI_STORE)
+				continue; /* rope is lowrank_fwd's, mask attention_grad_xs's */
 			int outs = 0;
 			for (int a = 0; a < r->n_args; a++)
 				outs += r->args[a].output && dg_op_arg_used(&es, a);
@@ -337,7 +339,8 @@ static dg_status run_check(const dg_spec *s, const call *c, char *msg, size_t si
 {
 	switch (c->op) {
 	case DG_OP_LOWRANK_FWD: {
-		dg_lowrank_fwd_args a = { .x = by_name(c, "x"), .w = by_name(c, "w"), .out = by_name(c, "out") };
+		dg_lowrank_fwd_args a = { .x = by_name(c, "x"), .w = by_name(c, "w"), .out = by_name(c, "out"),
+					  .rope = by_name(c, "rope"), .qr = by_name(c, "qr") };
 		return dg_lowrank_fwd_check(s, &a, msg, size);
 	}
 	case DG_OP_RELU_MASK: {
@@ -706,7 +709,9 @@ static void check_signature(const dg_spec *s, bool unpack)
 			make_call(s, &c);
 			c.unpack = unpack;
 			dg_spec u = *s;
-			u.epi = u.epi == DG_EPI_STORE ? DG_EPI_MASK : DG_EPI_STORE;
+			/* the op's other epilogue: lowrank_fwd's rope, attention_grad_xs's mask */
+			const dg_epi other = s->op == DG_OP_LOWRANK_FWD ? DG_EPI_ROPE : DG_EPI_MASK;
+			u.epi = u.epi == DG_EPI_STORE ? other : DG_EPI_STORE;
 			call full;
 			make_call(&u, &full);
 			c.t[i] = full.t[i];
@@ -811,9 +816,10 @@ Test(optable, signatures_are_what_the_checks_take)
 			s.in_heads = 1;
 			check_signature(&s, false);
 		}
-		/* the other epilogue's call (attention_grad_xs epi=mask) */
+		/* the other epilogue's call (attention_grad_xs epi=mask,
+		 * lowrank_fwd epi=rope: bf16 out) */
 		if (dg_op_info_of(s.op)->fields & DG_FIELD_EPI) {
-			s.epi = DG_EPI_MASK;
+			s.epi = s.op == DG_OP_LOWRANK_FWD ? DG_EPI_ROPE : DG_EPI_MASK;
 			s.out = DG_FMT_BF16;
 			check_signature(&s, false);
 		}

@@ -540,7 +540,11 @@ Test(spec, epi_rules)
 	dg_spec d;
 	dg_spec_init(&d, DG_OP_ATTENTION_GRAD_XS);
 	cr_assert(dg_spec_equal(&d, &s), "epi=store is the default");
-	refused("op=attention_grad_xs;epi=add", "epi=add: must be store (write grad_xs) or mask");
+	refused("op=attention_grad_xs;epi=add", "epi=add: must be store (write the output), mask");
+	refused("op=attention_grad_xs;epi=rope", "epi=rope: must be store (write grad_xs) or mask");
+	refused("op=lowrank_fwd;epi=mask", "epi=mask: lowrank_fwd's must be store (out alone) or rope");
+	s = parsed("op=lowrank_fwd;epi=rope;out=bf16");
+	cr_assert_eq(s.epi, DG_EPI_ROPE);
 	refused("op=attention_scores;epi=mask", "epi: op attention_scores does not take it");
 	refused("op=add_mask;epi=store", "epi: op add_mask does not take it");
 	s = parsed("op=attention_grad_xs");

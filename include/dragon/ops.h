@@ -122,6 +122,10 @@ typedef struct dg_lowrank_fwd_args {
 	const dg_tensor *w;
 	const dg_tensor *out;
 	dg_dptr out_absum; /* 0, or a float that gets += Σ|y| (caller zeroes) */
+	/* epi=rope only (NULL otherwise): the RoPE table (T, N) f32 and
+	 * qr (B,H,T,N) bf16, which gets RoPE(out) as rope_fwd makes it */
+	const dg_tensor *rope;
+	const dg_tensor *qr;
 } dg_lowrank_fwd_args;
 DG_API dg_status dg_lowrank_fwd(dg_device *dev, const dg_spec *spec,
 				const dg_lowrank_fwd_args *a);

@@ -127,9 +127,14 @@ typedef enum dg_field {
 typedef enum dg_epi {
 	DG_EPI_STORE,
 	DG_EPI_MASK,
+	/* lowrank_fwd: out, and RoPE(out) into qr (B,H,T,N) bf16 by the rope
+	 * table (T,N) f32, as rope_fwd would make it from out: the attention's
+	 * rope=pre operand without a pass of its own (the sm_90a warpgroup
+	 * path, out=bf16) */
+	DG_EPI_ROPE,
 } dg_epi;
 
-/* "store", "mask"; "?" outside the enum. */
+/* "store", "mask", "rope"; "?" outside the enum. */
 DG_API const char *dg_epi_name(dg_epi e);
 
 /*

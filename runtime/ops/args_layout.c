@@ -53,7 +53,7 @@
 
 static const dg__args_layout layouts[DG_OP__COUNT] = {
 	/* projection */
-	[DG_OP_LOWRANK_FWD] = { SIZE(lowrank_fwd), .t = { T3(lowrank_fwd, x, w, out) },
+	[DG_OP_LOWRANK_FWD] = { SIZE(lowrank_fwd), .t = { T5(lowrank_fwd, x, w, out, rope, qr) },
 				OPT_AS(absum, lowrank_fwd, out_absum, dg_dptr) },
 	[DG_OP_RELU_MASK] = { SIZE(relu_mask), .t = { T4(relu_mask, x, w, grad, grad_out) } },
 	[DG_OP_LOWRANK_GRAD_INPUT] = { SIZE(lowrank_grad_input),

@@ -17,6 +17,8 @@
  * runs its 4-stage stream twin: dg__ws_rows_tile).
  * At B·T <= 8 (decoding) the module's few-rows entry runs instead where
  * it has one (templates/lowrank_rows.lua), its warps over the columns.
+ * epi=rope (the warpgroup paths, bf16 out): the RoPE table and qr follow
+ * T (before the maps), and qr gets RoPE(out) as rope_fwd makes it.
  * Block size and dynamic shared memory come from the plan (launch.block /
  * launch.smem left 0).
  */
@@ -139,6 +141,10 @@ dg_status dg__prep_lowrank_fwd(dg_prepared *p, const dg__op_call *c)
 	DG__ARG_OF(p, L, absum);
 	dg__arg_i32(p, L, B);
 	dg__arg_i32(p, L, T);
+	if (p->spec.epi == DG_EPI_ROPE) { /* the table, and qr (its kernels have no few-rows entry) */
+		dg__arg_data(p, L, 3);
+		dg__arg_data(p, L, 4);
+	}
 	if (tma) {
 		dg__arg_tmap(p, L, 0);
 		dg__arg_tmap(p, L, 1);

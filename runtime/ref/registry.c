@@ -8,13 +8,33 @@
 
 #include "runtime/ref/ref_int.h"
 
+/* epi=rope: out into outs[2] (else scratch), then qr = rope_fwd's of it
+ * into outs[4] (else `out`, the last output the spec uses). */
 dg_status dg__ref_lowrank_fwd(const dg_spec *spec, const dg_ref_call *c)
 {
+	const bool rope = spec->epi == DG_EPI_ROPE;
+	const size_t n = (size_t)c->b * (size_t)spec->heads * (size_t)c->t * (size_t)spec->latent;
+	void *out = rope ? (c->outs[2] ? c->outs[2] : malloc(n * sizeof(uint16_t) + 1)) : c->out;
+	if (!out)
+		return DG_ERR_NOMEM;
 	dg_ref_lowrank_args a = { .x = c->in[0], .w = c->in[1], .sa = c->scale[0],
 				  .sw = c->scale[1], .so = c->scale[2], .sa_v = c->scale_v[0],
-				  .sw_v = c->scale_v[1], .out = c->out, .batch = (int)c->b,
+				  .sw_v = c->scale_v[1], .out = out, .batch = (int)c->b,
 				  .time = (int)c->t };
-	return dg_ref_lowrank_fwd(spec, &a);
+	dg_status st = dg_ref_lowrank_fwd(spec, &a);
+	if (!st && rope) {
+		dg_spec r;
+		dg_spec_init(&r, DG_OP_ROPE_FWD);
+		r.act = spec->out;
+		r.heads = spec->heads;
+		r.latent = spec->latent;
+		st = !c->in[3] ? DG_ERR_INVALID_ARG
+			       : dg_ref_rope_op(&r, out, c->in[3], c->outs[4] ? c->outs[4] : c->out, (int)c->b,
+						(int)c->t);
+	}
+	if (rope && out != c->outs[2])
+		free(out);
+	return st;
 }
 
 dg_status dg__ref_relu_mask(const dg_spec *spec, const dg_ref_call *c)
@@ -193,13 +213,14 @@ static void store_floats(dg_fmt f, const float *v, size_t n, void *dst)
 		memcpy(dst, v, n * sizeof(float));
 }
 
-/* Output i's storage: outs[i], else `out` for the op's last output, else NULL. */
+/* Output i's storage: outs[i], else `out` for the last output the spec
+ * uses (dg_op_arg_used), else NULL. */
 static void *out_at(const dg_spec *spec, const dg_ref_call *c, int i)
 {
 	const dg_op_info *row = dg_op_info_of(spec->op);
 	int last = -1;
 	for (int j = 0; j < row->n_args; j++)
-		if (row->args[j].output)
+		if (row->args[j].output && dg_op_arg_used(spec, j))
 			last = j;
 	return c->outs[i] ? c->outs[i] : i == last ? c->out : NULL;
 }
