@@ -40,6 +40,7 @@
 #include "dragon/ref.h"
 #include "gpu_helpers.h"
 #include "helpers.h"
+#include "runtime/gpu/gpu_int.h"
 #include "runtime/ops/checks.h"
 #include "runtime/ref/ref_ops.h"
 
@@ -116,9 +117,35 @@ static void run_lowrank(dg_device *dev, const dg_spec *spec0, int B, int T)
 			out.scale = gh_scalar(dev, so);
 		dg_dptr absum = gh_scalar(dev, 0.0f);
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out, .out_absum = absum };
+		/* epi=rope: the table and qr (B,H,T,L) bf16, 16 bytes of 0xff past it */
+		const bool rope = spec.epi == DG_EPI_ROPE;
+		float *table = rope ? gh_xmalloc((size_t)T * L * 4) : NULL;
+		dg_tensor tt, qt;
+		if (rope) {
+			dg_ref_rope_pairs(T, L, table);
+			tt = dg_tensor_2d("rope", DG_FMT_F32, gh_upload(dev, table, (size_t)T * L * 4), T, L);
+			qt = dg_tensor_4d("qr", DG_FMT_BF16, gh_alloc_ff(dev, no * 2 + 16), B, H, T, L);
+			a.rope = &tt;
+			a.qr = &qt;
+		}
 		cr_assert_eq(dg_lowrank_fwd(dev, &spec, &a), DG_OK, "%s: %s", what, dg_device_errmsg(dev));
 		void *got = gh_xmalloc(ob), *want = gh_xmalloc(ob);
 		gh_download(dev, got, od, ob);
+		if (rope) { /* qr: rope_fwd's of the out it wrote, bit for bit */
+			unsigned char *gq = gh_xmalloc(no * 2 + 16);
+			uint16_t *wq = gh_xmalloc(no * 2);
+			gh_download(dev, gq, qt.data, no * 2 + 16);
+			dg_spec rs;
+			dg_spec_init(&rs, DG_OP_ROPE_FWD);
+			rs.act = DG_FMT_BF16, rs.heads = H, rs.latent = L;
+			cr_assert_eq(dg_ref_rope_op(&rs, got, table, wq, B, T), DG_OK);
+			gh_expect_bytes(what, gq, wq, no * 2);
+			for (size_t i = no * 2; i < no * 2 + 16; i++)
+				cr_assert_eq(gq[i], 0xff, "%s: written past qr", what);
+			free(gq);
+			free(wq);
+			free(table);
+		}
 		double want_absum = 0;
 		ra.out = want;
 		ra.so = so;
@@ -774,6 +801,92 @@ Test(gpu_lowrank_ws, auto_tile_any_t)
 		run_lowrank(dev, &s, 2, 65);
 		run_lowrank(dev, &s, 2, 128);
 	}
+	gh_close(dev);
+}
+
+/* epi=rope (the projection writes RoPE(out) into qr too: the attention's
+ * rope=pre operand, no rope_fwd pass): the model's encoder spec (int8
+ * codes a scale a token, int8 weights a scale a channel, bf16 out, x
+ * shared by the heads) on its warp-specialized tile and, at a T off 64,
+ * its stream twin; a head's own x; bf16 operands; out bit for bit the
+ * plain call's reference and qr rope_fwd's of that out. Then, at the BDH
+ * shape (B 8, T 512, H 4, E 256, L 8192), the projection with and without
+ * the rope epilogue beside rope_fwd, timed in the same run. */
+typedef struct timed {
+	const dg_prepared *p;
+	const void *a;
+} timed;
+
+static dg_status timed_launch(void *u)
+{
+	const timed *t = u;
+	return dg_prepared_launch(t->p, t->a);
+}
+
+Test(gpu_lowrank_ws, rope_epilogue)
+{
+	dg_device *dev = gh_open_sm90();
+
+	gh_seed(7171);
+	for (int f = 0; f < 2; f++) {
+		dg_spec s = f ? bf16_spec(2, 1, 256, 256) : codes_spec(DG_FMT_INT8, DG_FMT_INT8, 2, 1, 256, 256);
+		s.out = DG_FMT_BF16;
+		s.epi = DG_EPI_ROPE;
+		dg_spec_normalize(&s);
+		run_lowrank(dev, &s, 2, 128);
+		run_lowrank(dev, &s, 1, 100); /* the stream twin */
+		s.in_heads = 2;
+		run_lowrank(dev, &s, 2, 64);
+	}
+	/* timed: the BDH encoder */
+	dg_spec s = codes_spec(DG_FMT_INT8, DG_FMT_INT8, 4, 1, 256, 8192);
+	s.out = DG_FMT_BF16;
+	const int B = 8, T = 512, H = 4, L = 8192, E = 256;
+	const size_t no = (size_t)B * H * T * L;
+	float *table = gh_xmalloc((size_t)T * L * 4);
+	dg_ref_rope_pairs(T, L, table);
+	dg_tensor x = dg_tensor_4d("x", DG_FMT_INT8, gh_alloc_ff(dev, (size_t)B * T * E), B, 1, T, E);
+	dg_tensor w = dg_tensor_3d("w", DG_FMT_INT8, gh_alloc_ff(dev, (size_t)H * L * E), H, L, E);
+	x.scale = gh_alloc_ff(dev, (size_t)B * T * 4);
+	w.scale = gh_alloc_ff(dev, (size_t)H * L * 4);
+	cr_assert_eq(dg_memset8(dev, x.data, 0x11, (size_t)B * T * E), DG_OK);
+	cr_assert_eq(dg_memset8(dev, w.data, 0x03, (size_t)H * L * E), DG_OK);
+	cr_assert_eq(dg_memset8(dev, x.scale, 0x3c, (size_t)B * T * 4), DG_OK); /* ~0.012 a scale */
+	cr_assert_eq(dg_memset8(dev, w.scale, 0x3c, (size_t)H * L * 4), DG_OK);
+	dg_tensor out = dg_tensor_4d("out", DG_FMT_BF16, gh_alloc_ff(dev, no * 2), B, H, T, L);
+	dg_tensor qr = dg_tensor_4d("qr", DG_FMT_BF16, gh_alloc_ff(dev, no * 2), B, H, T, L);
+	dg_tensor tt = dg_tensor_2d("rope", DG_FMT_F32, gh_upload(dev, table, (size_t)T * L * 4), T, L);
+	double us[3];
+	for (int v = 0; v < 3; v++) {
+		dg_spec vs = s;
+		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &out };
+		dg_rope_fwd_args ra = { .x = &out, .rope = &tt, .out = &qr };
+		if (v == 1) {
+			vs.epi = DG_EPI_ROPE;
+			a.rope = &tt;
+			a.qr = &qr;
+		}
+		if (v == 2) {
+			dg_spec_init(&vs, DG_OP_ROPE_FWD);
+			vs.act = DG_FMT_BF16, vs.heads = H, vs.latent = L, vs.arch = 90, vs.arch_specific = true;
+		}
+		dg_spec_normalize(&vs);
+		dg_prepared *p;
+		cr_assert_eq(dg_prepare(dev, &vs, v == 2 ? (const void *)&ra : (const void *)&a, &p), DG_OK, "%s",
+			     dg_device_errmsg(dev));
+		timed tc = { p, v == 2 ? (const void *)&ra : (const void *)&a };
+		dg_timer *tm;
+		dg_timing tr;
+		cr_assert_eq(dg_timer_create(dev, 0, &tm), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_timer_opts o = { .reps = 20 };
+		cr_assert_eq(dg_timer_run(tm, &o, timed_launch, &tc, &tr), DG_OK, "%s", dg_device_errmsg(dev));
+		dg_timer_destroy(tm);
+		us[v] = tr.median_us;
+		dg_prepared_destroy(p);
+	}
+	printf("lowrank_fwd epi=rope B8 T512 H4 E256 L8192 w8a8 encoder: %.1f us against %.1f (epi=store) + rope_fwd "
+	       "%.1f = %.1f\n", us[1], us[0], us[2], us[0] + us[2]);
+	free(table);
 	gh_close(dev);
 }
 
