@@ -440,6 +440,9 @@ typedef struct dg_attention_fwd_args {
 	 * bf16), scores then (B,H,T,C): each chunk's C x C block, the
 	 * workspace the values a head each and the states */
 	int chunk;
+	/* rope=pre, qr given, the quadratic form: qr holds RoPE(xs) already
+	 * (the projection's epi=rope made it), so no RoPE pass is run */
+	bool qr_made;
 } dg_attention_fwd_args;
 DG_API dg_status dg_attention_fwd_workspace(const dg_spec *spec, const dg_attention_fwd_args *a,
 					    size_t *bytes);

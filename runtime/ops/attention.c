@@ -764,8 +764,10 @@ dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 	dg_attention_out_args oa = { .scores = a->scores, .v = a->v, .out = a->out };
 	char msg[512];
 	/* all checked before anything is launched */
+	/* qr_made: the projection's epi=rope wrote RoPE(xs) into qr */
+	const bool made = spec->rope_pre && a->qr && a->qr_made;
 	if (checks_first(x)) {
-		if (spec->rope_pre)
+		if (spec->rope_pre && !made)
 			st = rope_into(NULL, spec, a->xs, a->rope, xs, msg, sizeof(msg));
 		if (!st)
 			st = dg_attention_scores_check(&s1, &sa, msg, sizeof(msg));
@@ -774,7 +776,7 @@ dg_status dg__attention_fwd_exec(dg__op_exec *x, const dg_spec *spec, const dg_a
 		if (st)
 			return dg__dev_fail_msg(dev, st, msg);
 	}
-	if (spec->rope_pre)
+	if (spec->rope_pre && !made)
 		st = rope_into(x, spec, a->xs, a->rope, xs, NULL, 0);
 	if (!st)
 		st = dg__exec_args(x, &s1, &sa);

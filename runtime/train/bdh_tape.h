@@ -70,6 +70,10 @@ typedef struct dg__bdh_target {
 	 * layer's saved attention buffer holds the scores, then (256-byte
 	 * aligned) RoPE(xs) (B,H,T,N) act, one buffer of bytes */
 	bool keep_qr;
+	bool proj_rope;    /* with keep_qr: the forward's encoder projection
+			    * writes RoPE(xs) into the layer's attention buffer
+			    * too (its second output, so that buffer lives
+			    * from the projection on) */
 	/* the GPU: the encoders' (B,H,T,N) gradients dxs and dys of every
 	 * layer kept, stacked (L·B, H, T, N) in act, so each encoder's weight
 	 * gradient is one GEMM over all layers' rows after the backward (as

@@ -533,11 +533,18 @@ static dg_status build(dg_model *m, dg_device *dev, const dg_model_config *c, in
 	 * at 1B. DRAGON_GATE_TMA=0: the ring form */
 	m->gate_tma = m->dec_gate && m->act == DG_FMT_BF16 && m->sm == 90 && m->N % 8 == 0 && m->D % 64 == 0 &&
 		      dg__env_switch("DRAGON_GATE_TMA") != 0;
+	/* the encoder's projection makes RoPE(xs) into the kept qr too
+	 * (lowrank_fwd epi=rope, templates/lowrank_wgmma.lua): no rope_fwd
+	 * pass in the forward, the same bits (test_emu_lowrank,
+	 * test_gpu_forward rope_epilogue); DRAGON_PROJ_ROPE=1 until the GPU
+	 * suite and the step have run it */
+	m->proj_rope = m->keep_qr && m->act == DG_FMT_BF16 && m->sm == 90 && !m->decode && m->attn_chunk == 0 &&
+		       dg__env_switch("DRAGON_PROJ_ROPE") == 1;
 	dg__tape_init(&m->t, c, b, t);
 	dg__bdh_target tg = { .gpu = true, .act = m->act, .lowbit = m->lowbit,
 			      .bf16_grads = m->bf16_grads, .dec_gate = m->dec_gate,
 			      .dec_fwd_gemm = m->dec_gate && !m->lowbit, .keep_gexec = accum > 1,
-			      .keep_qr = m->keep_qr, .stack_pgrads = m->stack_pgrads, .recompute = m->recompute,
+			      .keep_qr = m->keep_qr, .proj_rope = m->proj_rope, .stack_pgrads = m->stack_pgrads, .recompute = m->recompute,
 			      .recompute_ys = m->recompute_ys, .gate_ys = m->gate_ys,
 			      .attn_chunk = m->attn_chunk,
 			      /* DRAGON_GATE_QUANT=0: the gate and the quantizer apart */

@@ -49,6 +49,11 @@ struct dg_model {
 	bool recompute_ys;          /* ys alone made again (dg__bdh_target):
 				     * where saving both would not fit, saving
 				     * xs does */
+	bool proj_rope;             /* with keep_qr (the quadratic form, bf16 on
+				     * sm_90): the encoder's projection writes
+				     * RoPE(xs) into the kept qr (lowrank_fwd
+				     * epi=rope) and the attention makes no RoPE
+				     * pass (DRAGON_PROJ_ROPE=1) */
 	bool gate_tma;              /* DEC_GATE by decoder_gate_bwd's persistent
 				     * form (bf16 on sm_90, N % 8 == 0, D % 64
 				     * == 0; not DRAGON_GATE_TMA=0) */

@@ -254,6 +254,18 @@ static bool attn_fused(const dg_model *m)
 	return attn_spec(m, DG_OP_ATTENTION_GRAD_XS).arch_specific;
 }
 
+/* Whether nd (a projection) is a forward encoder's whose xs the model's
+ * proj_rope turns into the layer's kept RoPE(xs) too (lowrank_fwd
+ * epi=rope), and that buffer's qr (the layer's attention buffer, the
+ * node's second output). */
+static bool proj_ropes(const dg_model *m, const dg__tnode *nd, dg_tensor *qr)
+{
+	if (!m->proj_rope || !m->keep_qr || nd->backward || nd->arg != DG_PROJ_ENCODER || nd->out[1] < 0)
+		return false;
+	attn_saved(m, nd->out[1], qr); /* the tape's second output (bdh_tape.c proj_qr) */
+	return true;
+}
+
 /* A decoder's attention node (gpu_decode.c): attention_step on layer
  * nd->layer's state, xs (B,H,1,N), v = the layer's input x (B,1,1,D) and
  * att (B,H,1,D), all in act, at the rows' positions in pos_d. */
@@ -346,6 +358,14 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_spec s = proj_spec(m, DG_OP_LOWRANK_FWD, (dg_proj)nd->arg);
 		dg_tensor x = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &o };
+		dg_tensor qr, rope;
+		if (proj_ropes(m, nd, &qr)) { /* RoPE(xs) into the kept qr as well */
+			rope = dg__gm_tn(m, m->id.rope);
+			s.epi = DG_EPI_ROPE;
+			dg_spec_normalize(&s);
+			a.rope = &rope;
+			a.qr = &qr;
+		}
 		return node_op(ex, &s, &a, NULL);
 	}
 	case DG__N_ATTN: {
@@ -356,7 +376,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor xs = dg__gm_tn(m, in[0]), v = dg__gm_tn(m, in[1]), rope = dg__gm_tn(m, in[2]),
 			  o = dg__gm_tn(m, out[0]);
 		dg_attention_fwd_args a = { .xs = &xs, .v = &v, .rope = &rope, .scores = &sc, .out = &o,
-					    .ws = ws, .qr = m->keep_qr ? &qr : NULL, .chunk = m->attn_chunk };
+					    .ws = ws, .qr = m->keep_qr ? &qr : NULL, .chunk = m->attn_chunk,
+					    .qr_made = m->proj_rope };
 		if (need) {
 			dg_status st = dg_attention_fwd_workspace(&s, &a, need);
 			if (st)
