@@ -38,6 +38,14 @@ runtime/ops/lowrank.c launches it):
          element is read, then written, by one thread)
   x, w, out, grad, grad_out must be 16-byte aligned (whole allocations are);
   B*T < 2^30 (int row arithmetic).
+  epi=rope (lowrank_fwd on the warpgroup paths, out=bf16; M.plan refuses
+  it elsewhere): two more parameters after T (before the warp-specialized
+  form's maps), const float *rope (T, L) (the attention's table) and
+  unsigned short *qr (B, H, T, L) bf16, which gets RoPE(out) as rope_fwd
+  makes it from out (templates/rope.lua's arithmetic on out's bf16
+  values: each product and the sum rounded once, then bf16), so the
+  attention's rope=pre operand needs no pass over xs of its own; no
+  few-rows entry (the model's decoding keeps epi=store).
 
 Paths (which one a spec takes: M.plan)
   warpgroup tensor cores (templates/lowrank_wgmma.lua, lowrank_fwd on
