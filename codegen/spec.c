@@ -355,17 +355,19 @@ dg_status dg_spec_validate(const dg_spec *s, char *msg, size_t size)
 	}
 	if ((st = check_scales(s, uses, msg, size)))
 		return st;
-	char en[16]; /* the epilogue's name, or its number outside the enum */
-	snprintf(en, sizeof(en), "%s", dg_epi_name(s->epi));
-	if (en[0] == '?')
-		snprintf(en, sizeof(en), "%d", (int)s->epi);
-	if ((uses & DG_FIELD_EPI) && s->op == DG_OP_LOWRANK_FWD && s->epi != DG_EPI_STORE && s->epi != DG_EPI_ROPE)
+	/* store, and the op's other epilogue: lowrank_fwd's rope,
+	 * attention_grad_xs's mask */
+	const bool lr = s->op == DG_OP_LOWRANK_FWD;
+	if ((uses & DG_FIELD_EPI) && s->epi != DG_EPI_STORE && s->epi != (lr ? DG_EPI_ROPE : DG_EPI_MASK)) {
+		char en[16]; /* its name, or its number outside the enum */
+		snprintf(en, sizeof(en), "%s", dg_epi_name(s->epi));
+		if (en[0] == '?')
+			snprintf(en, sizeof(en), "%d", (int)s->epi);
 		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"epi=%s: lowrank_fwd's must be store (out alone) or rope (out, and RoPE(out) into qr)", en);
-	if ((uses & DG_FIELD_EPI) && s->op != DG_OP_LOWRANK_FWD && s->epi != DG_EPI_STORE && s->epi != DG_EPI_MASK)
-		return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,
-				"epi=%s: must be store (write grad_xs) or mask (dxs = (dxs + grad_xs)·[mask_xs > 0] in place)",
+				lr ? "epi=%s: lowrank_fwd's must be store (out alone) or rope (out, and RoPE(out) into qr)"
+				   : "epi=%s: must be store (write grad_xs) or mask (dxs = (dxs + grad_xs)·[mask_xs > 0] in place)",
 				en);
+	}
 	if (uses & DG_FIELD_ARCH) {
 		if (s->arch < 50 || s->arch > 999)
 			return dg__msgf(DG_ERR_INVALID_SPEC, msg, size,

@@ -465,20 +465,6 @@ local TEPI_END = [[
 	if (tid == 0)
 		dg_bulk_wait_all();	// the last stores done before the block's shared memory goes]]
 
--- RoPE of one pair (the bf16 halves of w: element 2p low, 2p + 1 high) by
--- (c, s), as rope_fwd: y0 = x0·c − x1·s, y1 = x1·c + x0·s, each product
--- and the sum rounded once, then to bf16.
-local TURN_FN = [[
-__device__ __forceinline__ unsigned dg_turn(unsigned w, float c, float s)
-{
-	const float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xffff0000u);
-	const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-	const float y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
-	return (unsigned)dg_f32_to_bf16(y0) | ((unsigned)dg_f32_to_bf16(y1) << 16);
-}
-]]
-
-M.TURN_FN = TURN_FN -- (templates/lowrank_wgmma.lua's epi=rope turns out's pairs alike)
 
 function M.render(spec, plan, k, sh)
   local WB = require("wgmma_bf16")
@@ -565,7 +551,7 @@ function M.render(spec, plan, k, sh)
   end
   if persistent then
     local rl = not k.rope_pre	-- rope=load: the turners
-    if rl then w:line(TURN_FN) end
+    if rl then w:line(require("rope").TURN_BF16X2) end
     local walk = EMIT.subst(TILE_BEGIN, { GEO = geo, PM_VOID = k.epi_mask and " (void)pm;" or "" })
     w:line(EMIT.subst(KERNEL_P, { ENTRY = entry, SIG = sig, EPILOGUE = epi, LOADS = LOADS[k.op],
       TILE_BEGIN = walk,

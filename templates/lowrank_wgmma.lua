@@ -1078,7 +1078,7 @@ if (out_absum) {
   w:line(MMA.helpers({ decode = false }, fa.unsigned))
   w:line(WG.helpers(k.bn, fa.unsigned, bf))
   if k.weight == "ternary" then w:line(WG.decoders) end
-  if k.rope then w:line(require("attention_tma").TURN_FN) end
+  if k.rope then w:line(require("rope").TURN_BF16X2) end
   w:line(EMIT.subst(ws and KERNEL_WSP or (stream and KERNEL_STREAM or KERNEL), vars))
   return w:text()
 end

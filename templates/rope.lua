@@ -51,6 +51,22 @@ local fmt = string.format
 
 local M = {}
 
+-- RoPE of one pair packed as bf16 (w: element 2p low, 2p + 1 high) by
+-- (c, s), rope_fwd's arithmetic (y0 = x0·c − x1·s, y1 = x1·c + x0·s, each
+-- product and the sum rounded once, then to bf16): for the kernels that
+-- turn bf16 pairs in place of a rope_fwd pass (attention_tma.lua's
+-- turners, lowrank_wgmma.lua's epi=rope); they include device.lua's bf16
+-- helper (dg_f32_to_bf16).
+M.TURN_BF16X2 = [[
+__device__ __forceinline__ unsigned dg_turn(unsigned w, float c, float s)
+{
+	const float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xffff0000u);
+	const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+	const float y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+	return (unsigned)dg_f32_to_bf16(y0) | ((unsigned)dg_f32_to_bf16(y1) << 16);
+}
+]]
+
 local KERNEL = [[
 constexpr int H = ${H};		// heads
 constexpr int L = ${L};		// latent: pairs (2p, 2p+1) along it

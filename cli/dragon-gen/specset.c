@@ -45,7 +45,7 @@ static const char *const flag_what[DG__SF__COUNT] = {
 	[DG__SF_ASCALE] = "the act's scale: tensor, or token (one a row)",
 	[DG__SF_WSCALE] = "the weight's scale: tensor, or channel (one an output channel)",
 	[DG__SF_ROPE] = "attention: load (RoPE on the GEMM's load), or pre (xs is RoPE(xs) already)",
-	[DG__SF_EPI] = "attention_grad_xs: store (write grad_xs), or mask (dxs = (dxs + grad_xs)*[mask_xs > 0] in place)",
+	[DG__SF_EPI] = "attention_grad_xs: store (write grad_xs), or mask (dxs = (dxs + grad_xs)*[mask_xs > 0] in place); lowrank_fwd: store, or rope (qr = RoPE(out) too)",
 };
 
 /* Prints text's words wrapped at 78 columns under a 21-column hanging

@@ -79,13 +79,6 @@ static void proj(dg__tape *t, const dg__bdh_ids *id, int l, int in, dg_proj k, i
 	node(t, DG__N_PROJ, l, in, id->exec[k], -1, -1, out, -1, k);
 }
 
-/* The forward's encoder projection with proj_rope: RoPE(xs) into the
- * layer's attention buffer sv as well (its second output). */
-static void proj_qr(dg__tape *t, const dg__bdh_ids *id, int l, int in, int out, int sv)
-{
-	node(t, DG__N_PROJ, l, in, id->exec[DG_PROJ_ENCODER], -1, -1, out, sv, DG_PROJ_ENCODER);
-}
-
 /* Layer l's share of projection k's weight gradient: gexec[k] (+)= the
  * rows of grad (B,H,T,N)ᵀ · in (its input: x, a, or their saved codes),
  * written by the backward's first layer and added by the others
@@ -312,10 +305,10 @@ dg_status dg__bdh_tape_build(dg__tape *t, dg__bdh_ids *id, const dg__bdh_target 
 		}
 		xql[l] = xq;
 		aql[l] = aq;
-		if (gpu && tg->keep_qr && tg->proj_rope)
-			proj_qr(t, id, l, lowbit ? xq : x[l], xsl[l], svl[l]);
-		else
-			proj(t, id, l, lowbit ? xq : x[l], DG_PROJ_ENCODER, xsl[l]);
+		/* proj_rope: RoPE(xs) into the layer's attention buffer as well,
+		 * its second output (so that buffer lives from here on) */
+		node(t, DG__N_PROJ, l, lowbit ? xq : x[l], id->exec[DG_PROJ_ENCODER], -1, -1, xsl[l],
+		     gpu && tg->keep_qr && tg->proj_rope ? svl[l] : -1, DG_PROJ_ENCODER);
 		node(t, DG__N_ATTN, l, xsl[l], x[l], gpu ? id->rope : id->cos, gpu ? -1 : id->sin, att,
 		     svl[l], 0);
 		node(t, DG__N_LN, l, att, -1, -1, -1, al[l], arl[l], 0);

@@ -254,18 +254,6 @@ static bool attn_fused(const dg_model *m)
 	return attn_spec(m, DG_OP_ATTENTION_GRAD_XS).arch_specific;
 }
 
-/* Whether nd (a projection) is a forward encoder's whose xs the model's
- * proj_rope turns into the layer's kept RoPE(xs) too (lowrank_fwd
- * epi=rope), and that buffer's qr (the layer's attention buffer, the
- * node's second output). */
-static bool proj_ropes(const dg_model *m, const dg__tnode *nd, dg_tensor *qr)
-{
-	if (!m->proj_rope || !m->keep_qr || nd->backward || nd->arg != DG_PROJ_ENCODER || nd->out[1] < 0)
-		return false;
-	attn_saved(m, nd->out[1], qr); /* the tape's second output (bdh_tape.c proj_qr) */
-	return true;
-}
-
 /* A decoder's attention node (gpu_decode.c): attention_step on layer
  * nd->layer's state, xs (B,H,1,N), v = the layer's input x (B,1,1,D) and
  * att (B,H,1,D), all in act, at the rows' positions in pos_d. */
@@ -359,7 +347,8 @@ dg_status dg__gm_run_node(dg_model *m, const dg__tnode *nd, const dg_model_batch
 		dg_tensor x = dg__gm_tn(m, in[0]), w = dg__gm_tn(m, in[1]), o = dg__gm_tn(m, out[0]);
 		dg_lowrank_fwd_args a = { .x = &x, .w = &w, .out = &o };
 		dg_tensor qr, rope;
-		if (proj_ropes(m, nd, &qr)) { /* RoPE(xs) into the kept qr as well */
+		if (out[1] >= 0) { /* proj_rope (bdh_tape.c): RoPE(xs) into the layer's kept qr too */
+			attn_saved(m, out[1], &qr);
 			rope = dg__gm_tn(m, m->id.rope);
 			s.epi = DG_EPI_ROPE;
 			dg_spec_normalize(&s);
